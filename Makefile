@@ -1,0 +1,76 @@
+# bloomery: a thin layer over meson.
+#   make          build everything; every program ends up in build/bin/
+#   make deps     install the Debian and npm packages the build and the tests need
+#   make test     deps + build (release, sanitizer and fuzz builds) + every test suite
+#   make serve    deps + build + start the server
+# Variables: BUILD (build folder, default build), MESON_ARGS (extra meson options).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PY := /usr/bin/python3
+# meson looks for nvcc on PATH only; CI's non-login shell may not have CUDA there.
+export PATH := $(PATH):/usr/local/cuda/bin
+
+BUILD ?= build
+ASAN_BUILD := $(BUILD)-asan
+FUZZ_BUILD := $(BUILD)-fuzz
+MESON_ARGS ?=
+
+# Everything the build and the tests use, by Debian package name.
+DEB_PACKAGES := meson ninja-build pkg-config gcc clang libclang-rt-14-dev \
+	libjansson-dev libcmocka-dev \
+	python3-numpy python3-jinja2 python3-pytest nodejs npm
+NPM_DIR := tests
+NPM_STAMP := $(NPM_DIR)/node_modules/.package-lock.json
+
+.PHONY: all build deps test serve clean
+
+all: build
+
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do \
+		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; \
+	done); \
+	if [ -n "$$missing" ]; then \
+		echo "deps: installing" $$missing; \
+		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		$$sudo apt-get update -qq; \
+		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+	@if [ ! -f $(NPM_STAMP) ] || [ $(NPM_DIR)/package-lock.json -nt $(NPM_STAMP) ]; then \
+		echo "deps: npm ci in $(NPM_DIR)"; \
+		npm ci --prefix $(NPM_DIR) --no-audit --no-fund --loglevel=error; \
+	fi
+
+$(BUILD)/build.ninja:
+	meson setup $(BUILD) --buildtype=release $(MESON_ARGS)
+
+build: $(BUILD)/build.ninja
+	ninja -C $(BUILD)
+	@mkdir -p $(BUILD)/bin
+	@find $(BUILD) -path $(BUILD)/bin -prune -o -type f -perm -u+x -name 'bloomery-*' -print | \
+		while read -r f; do ln -f "$$f" $(BUILD)/bin/; done
+
+# The unit tests again under AddressSanitizer and UndefinedBehaviorSanitizer.
+$(ASAN_BUILD)/build.ninja:
+	meson setup $(ASAN_BUILD) --buildtype=debug -Dgpu=disabled -Dcpu_baseline= \
+		-Db_sanitize=address,undefined -Db_lundef=false $(MESON_ARGS)
+
+# libFuzzer targets, under clang with the same sanitizers on every object.
+$(FUZZ_BUILD)/build.ninja:
+	CC=clang meson setup $(FUZZ_BUILD) --buildtype=debugoptimized -Dgpu=disabled \
+		-Dfuzz=true -Dtests=false -Db_sanitize=address,undefined -Db_lundef=false \
+		-Dc_args=-fsanitize=fuzzer-no-link $(MESON_ARGS)
+
+test: deps build $(ASAN_BUILD)/build.ninja $(FUZZ_BUILD)/build.ninja
+	ninja -C $(ASAN_BUILD)
+	ninja -C $(FUZZ_BUILD)
+	$(PY) tests/run_suites.py --build $(BUILD) --asan-build $(ASAN_BUILD) --fuzz-build $(FUZZ_BUILD)
+
+serve: deps build
+	@if [ -x $(BUILD)/bin/bloomery-serve ]; then exec $(BUILD)/bin/bloomery-serve $(ARGS); fi; \
+	echo "serve: bloomery-serve is not built yet (it arrives with the server); nothing to serve" >&2; \
+	exit 1
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

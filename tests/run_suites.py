@@ -1,0 +1,190 @@
+#!/usr/bin/python3
+"""Runs every test suite of `make test` and prints one total line.
+
+Suites: the cmocka unit tests (release build, then again under ASan and UBSan),
+the pytest suites (tests/reference, tests/tools) and the libFuzzer targets for a
+fixed time each. Each suite prints its own output and a summary line; the last
+line is "N passed, N failed, N skipped" over all of them. Exit status 1 when
+anything failed.
+
+Environment: BLOOMERY_SHARED (default: ../shared beside the repository) is where
+the oracles live; suites that need it skip with a message when it is absent.
+BLOOMERY_FUZZ_SECONDS overrides the fuzzing time (default 60 per target).
+"""
+import argparse
+import glob
+import os
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = "/usr/bin/python3"
+PYTEST_DIRS = ["tests/reference", "tests/tools"]
+FUZZ_TARGETS = {"fuzz_gguf": "tests/fuzz/make_corpus.py"}
+
+
+class Tally:
+    def __init__(self):
+        self.passed = self.failed = self.skipped = 0
+        self.failures = []
+
+    def add(self, other, suite):
+        self.passed += other.passed
+        self.failed += other.failed
+        self.skipped += other.skipped
+        self.failures += [("%s: %s" % (suite, f)) if suite else f for f in other.failures]
+
+    def line(self):
+        return "%d passed, %d failed, %d skipped" % (self.passed, self.failed, self.skipped)
+
+
+TAP_LINE = re.compile(r"^(ok|not ok)\s+\d+\s*-?\s*(.*?)(\s+#\s*(SKIP|TODO).*)?$", re.I)
+
+
+def run_tap(exe, env):
+    """Runs one cmocka program with TAP output; a non-zero exit with no failing
+    test (a sanitizer report, a crash) counts as one more failure."""
+    t = Tally()
+    p = subprocess.run([exe], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, errors="replace", timeout=900)
+    sys.stdout.write(p.stdout)
+    for line in p.stdout.splitlines():
+        m = TAP_LINE.match(line.strip())
+        if not m:
+            continue
+        if m.group(4):
+            t.skipped += 1
+        elif m.group(1).lower() == "ok":
+            t.passed += 1
+        else:
+            t.failed += 1
+            t.failures.append("%s: %s" % (os.path.basename(exe), m.group(2)))
+    if p.returncode != 0 and t.failed == 0:
+        t.failed += 1
+        t.failures.append("%s exited with status %d" % (os.path.basename(exe), p.returncode))
+    return t
+
+
+def suite_unit(build, sanitized):
+    env = dict(os.environ, CMOCKA_MESSAGE_OUTPUT="TAP")
+    if sanitized:
+        env["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=0:exitcode=86"
+        env["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1:exitcode=87"
+    exes = sorted(glob.glob(os.path.join(build, "tests", "unit", "test_*")))
+    exes = [e for e in exes if os.access(e, os.X_OK) and os.path.isfile(e)]
+    t = Tally()
+    if not exes:
+        t.failed += 1
+        t.failures.append("no unit test programs in %s" % build)
+    for exe in exes:
+        t.add(run_tap(exe, env), "")
+    return t
+
+
+def suite_pytest(build):
+    t = Tally()
+    xml = os.path.join(build, "pytest-results.xml")
+    env = dict(os.environ, BLOOMERY_BIN=os.path.abspath(os.path.join(build, "bin")),
+               PYTHONDONTWRITEBYTECODE="1")
+    dirs = [d for d in PYTEST_DIRS if os.path.isdir(os.path.join(ROOT, d))]
+    p = subprocess.run([PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                        "--junitxml", xml] + dirs, cwd=ROOT, env=env)
+    if not os.path.exists(xml):
+        t.failed += 1
+        t.failures.append("pytest wrote no results (status %d)" % p.returncode)
+        return t
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        name = "%s::%s" % (case.get("classname"), case.get("name"))
+        if case.find("skipped") is not None:
+            t.skipped += 1
+        elif case.find("failure") is not None or case.find("error") is not None:
+            t.failed += 1
+            t.failures.append(name)
+        else:
+            t.passed += 1
+    # exit 5 is "no tests collected": not a failure of ours if nothing was there
+    if p.returncode not in (0, 1, 5) and t.failed == 0:
+        t.failed += 1
+        t.failures.append("pytest exited with status %d" % p.returncode)
+    return t
+
+
+def suite_fuzz(build, seconds):
+    t = Tally()
+    for target, corpus_script in FUZZ_TARGETS.items():
+        exe = os.path.join(build, "tests", "fuzz", target)
+        if not os.access(exe, os.X_OK):
+            t.failed += 1
+            t.failures.append("%s is not built in %s" % (target, build))
+            continue
+        corpus = os.path.join(build, "corpus-" + target)
+        os.makedirs(corpus, exist_ok=True)
+        subprocess.run([PY, os.path.join(ROOT, corpus_script), corpus], check=True)
+        crashes = os.path.join(build, "crashes-" + target)
+        os.makedirs(crashes, exist_ok=True)
+        print("fuzz: %s for %d s from %s" % (target, seconds, corpus), flush=True)
+        p = subprocess.run([exe, "-max_total_time=%d" % seconds, "-timeout=10",
+                            "-rss_limit_mb=2048", "-print_final_stats=1",
+                            "-artifact_prefix=" + crashes + "/", corpus],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           errors="replace")
+        tail = p.stdout.splitlines()[-25:]
+        print("\n".join(tail))
+        if p.returncode == 0:
+            t.passed += 1
+        else:
+            t.failed += 1
+            t.failures.append("%s found a failure (status %d); inputs in %s"
+                              % (target, p.returncode, crashes))
+    return t
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--asan-build", default="build-asan")
+    ap.add_argument("--fuzz-build", default="build-fuzz")
+    ap.add_argument("--only", choices=["unit", "asan", "pytest", "fuzz"], action="append")
+    args = ap.parse_args()
+    os.chdir(ROOT)
+
+    shared = os.environ.get("BLOOMERY_SHARED") or os.path.join(os.path.dirname(ROOT), "shared")
+    if os.path.isdir(shared):
+        os.environ["BLOOMERY_SHARED"] = os.path.abspath(shared)
+    else:
+        print("run_suites: %s is absent: tests that need the shared oracles and models skip"
+              % shared)
+
+    suites = [
+        ("unit", lambda: suite_unit(args.build, False)),
+        ("asan", lambda: suite_unit(args.asan_build, True)),
+        ("pytest", lambda: suite_pytest(args.build)),
+        ("fuzz", lambda: suite_fuzz(args.fuzz_build,
+                                    int(os.environ.get("BLOOMERY_FUZZ_SECONDS", "60")))),
+    ]
+    total = Tally()
+    results = []
+    for name, fn in suites:
+        if args.only and name not in args.only:
+            continue
+        print("=== suite %s" % name, flush=True)
+        t0 = time.monotonic()
+        t = fn()
+        results.append((name, t, time.monotonic() - t0))
+        total.add(t, name)
+        sys.stdout.flush()
+
+    print("=== summary")
+    for name, t, secs in results:
+        print("%-8s %s (%.0f s)" % (name, t.line(), secs))
+    for f in total.failures:
+        print("FAILED %s" % f)
+    print(total.line(), flush=True)
+    return 1 if total.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
