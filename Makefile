@@ -18,7 +18,7 @@ MESON_ARGS ?=
 
 # Everything the build and the tests use, by Debian package name.
 DEB_PACKAGES := meson ninja-build pkg-config gcc clang libclang-rt-14-dev \
-	libjansson-dev libcmocka-dev \
+	libjansson-dev libcmocka-dev libpcre2-dev libutf8proc-dev \
 	python3-numpy python3-jinja2 python3-pytest nodejs npm
 NPM_DIR := tests
 NPM_STAMP := $(NPM_DIR)/node_modules/.package-lock.json
