@@ -83,4 +83,48 @@ uint16_t bl_fp32_to_fp16(float f);
 float bl_bf16_to_fp32(uint16_t h);
 uint16_t bl_fp32_to_bf16(float f);
 
+/* Per-type scalar references, for kernels that test themselves against one format.
+ * src points at n / block_elems blocks of that type (blocks.h); n is a multiple of
+ * the block size (unchecked here: the dispatchers above check it). */
+void bl_dequantize_row_f32_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_f16_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_bf16_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_q4_0_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_q4_1_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_q5_0_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_q5_1_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_q8_0_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_q8_1_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_q2_K_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_q3_K_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_q4_K_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_q5_K_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_q6_K_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_q8_K_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_iq2_xxs_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_iq2_xs_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_iq2_s_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_iq3_xxs_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_iq3_s_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_iq1_s_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_iq1_m_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_iq4_nl_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_iq4_xs_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_tq1_0_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_tq2_0_ref(const void *src, float *dst, int64_t n);
+void bl_dequantize_row_mxfp4_ref(const void *src, float *dst, int64_t n);
+
+void bl_quantize_row_f32_ref(const float *src, void *dst, int64_t n);
+void bl_quantize_row_f16_ref(const float *src, void *dst, int64_t n);
+void bl_quantize_row_bf16_ref(const float *src, void *dst, int64_t n);
+void bl_quantize_row_q8_0_ref(const float *src, void *dst, int64_t n);
+void bl_quantize_row_q4_K_ref(const float *src, void *dst, int64_t n);
+void bl_quantize_row_q5_K_ref(const float *src, void *dst, int64_t n);
+void bl_quantize_row_q6_K_ref(const float *src, void *dst, int64_t n);
+void bl_quantize_row_q8_K_ref(const float *src, void *dst, int64_t n);
+
+/* The value of an MX E8M0 exponent byte halved, 2^(e - 128), as mxfp4 stores its
+ * E2M1 table doubled (0xff, NaN in MX, gives 2^127 here as it does in GGUF tools). */
+float bl_e8m0_to_fp32_half(uint8_t e);
+
 #endif
