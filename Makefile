@@ -17,9 +17,12 @@ FUZZ_BUILD := $(BUILD)-fuzz
 MESON_ARGS ?=
 
 # Everything the build and the tests use, by Debian package name.
-DEB_PACKAGES := meson ninja-build pkg-config gcc clang libclang-rt-14-dev \
+DEB_PACKAGES := build-essential meson ninja-build pkg-config clang libclang-rt-14-dev \
 	libjansson-dev libcmocka-dev libpcre2-dev libutf8proc-dev \
-	python3-numpy python3-jinja2 python3-pytest nodejs npm
+	python3-numpy python3-jinja2 python3-pytest
+# Node.js may come from elsewhere than Debian (its npm then conflicts with Debian's):
+# Debian's nodejs and npm are installed only when no npm is on PATH.
+NODE_PACKAGES := nodejs npm
 NPM_DIR := tests
 NPM_STAMP := $(NPM_DIR)/node_modules/.package-lock.json
 
@@ -31,6 +34,7 @@ deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do \
 		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; \
 	done); \
+	command -v npm >/dev/null || missing="$$missing $(NODE_PACKAGES)"; \
 	if [ -n "$$missing" ]; then \
 		echo "deps: installing" $$missing; \
 		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
