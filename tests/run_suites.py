@@ -41,7 +41,8 @@ class Tally:
         return "%d passed, %d failed, %d skipped" % (self.passed, self.failed, self.skipped)
 
 
-TAP_LINE = re.compile(r"^(ok|not ok)\s+\d+\s*-?\s*(.*?)(\s+#\s*(SKIP|TODO).*)?$", re.I)
+TAP_LINE = re.compile(r"^(ok|not ok)\b\s*\d*\s*-?\s*(.*)$", re.I)
+TAP_SKIP = re.compile(r"#\s*(SKIP|TODO)\b", re.I)
 
 
 def run_tap(exe, env):
@@ -55,7 +56,7 @@ def run_tap(exe, env):
         m = TAP_LINE.match(line.strip())
         if not m:
             continue
-        if m.group(4):
+        if TAP_SKIP.search(m.group(2)):
             t.skipped += 1
         elif m.group(1).lower() == "ok":
             t.passed += 1
