@@ -1,1 +1,776 @@
-int main(void) { return 1; }
+/* bloomery-mkmodel: writes deterministic synthetic GGUF models of the qwen3moe and
+ * qwen3 architectures (tensor names and shapes as llama.cpp loads them), with
+ * random zero-mean weights quantized by common/quant.c's reference quantizers, and
+ * either a small built-in BPE vocabulary or a Hugging Face tokenizer folder.
+ * Same flags and seed give the same bytes on every machine. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "err.h"
+#include "gguf_writer.h"
+#include "mkmodel_vocab.h"
+#include "quant.h"
+
+#define PROG "bloomery-mkmodel"
+#define EXIT_USAGE 2
+#define MAX_THREADS 64
+
+enum { ARCH_QWEN3MOE, ARCH_QWEN3 };
+
+/* Everything the flags decide. The *_set fields remember which flags were given,
+ * for the flags whose default depends on others or which only some archs take. */
+typedef struct opts {
+    const char *out;
+    int arch;
+    int64_t n_layer, n_embd, n_head, n_head_kv, head_dim;
+    int64_t n_expert, n_expert_used, n_ff_exp, n_ff;
+    int64_t n_vocab, n_ctx;
+    double rope_base, eps;
+    uint64_t seed;
+    bl_type_t type, type_attn_v, type_ffn_down, type_output, type_embd;
+    const char *tok_dir;
+    int tied;
+    int64_t n_threads;
+    int vocab_set, ff_set, attn_v_set, ffn_down_set, output_set, embd_set;
+    const char *expert_flag; /* the first expert flag given, refused for qwen3 */
+} opts_t;
+
+/* How a tensor's values are drawn. */
+enum { KIND_NORM, KIND_MAT };
+
+typedef struct tdesc {
+    char name[BL_GW_MAX_NAME + 1];
+    int n_dims;
+    int64_t ne[3];      /* ne[0] = row length */
+    bl_type_t type;
+    int kind;
+    double std;         /* KIND_MAT: standard deviation of the values */
+    const char *row_flag;  /* the flag(s) that set ne[0], for error messages */
+    const char *type_flag; /* the flag that chose the type */
+} tdesc_t;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: " PROG " -o FILE [options]\n"
+        "\n"
+        "Writes a synthetic GGUF model with random zero-mean weights; the same flags and\n"
+        "seed give a byte-identical file on any machine.\n"
+        "\n"
+        "  -o, --output FILE      file to write (required)\n"
+        "  --arch NAME            qwen3moe (default) or qwen3 (dense)\n"
+        "  --layers N             blocks (default 4)\n"
+        "  --n-embd N             embedding width (default 256)\n"
+        "  --heads N              attention heads (default 4)\n"
+        "  --kv-heads N           key/value heads, dividing --heads (default 2)\n"
+        "  --head-dim N           width of one head, even (default 128)\n"
+        "  --experts N            routed experts per layer, qwen3moe (default 8)\n"
+        "  --experts-used N       experts chosen per token, qwen3moe (default 2)\n"
+        "  --expert-ff N          expert FFN width, qwen3moe (default 256)\n"
+        "  --ff N                 dense FFN width: the FFN of qwen3, metadata only for\n"
+        "                         qwen3moe (default 3 x --n-embd)\n"
+        "  --vocab N              tokens (rows of token_embd). Built-in vocabulary: default\n"
+        "                         1024, at least %d. With --tokenizer: default the larger of\n"
+        "                         151936 (Qwen3's embedding rows) and the tokenizer's size\n"
+        "  --ctx N                context_length (default 4096)\n"
+        "  --rope-base X          RoPE frequency base (default 1000000)\n"
+        "  --eps X                RMS norm epsilon (default 1e-6)\n"
+        "  --seed N               weight seed, decimal or 0x hex (default 1)\n"
+        "  --type T               matrix type: f32, f16, bf16, q8_0, q4_K, q5_K, q6_K\n"
+        "                         (default q4_K). Norms and the router are always f32\n"
+        "  --type-attn-v T        attn_v type (default q6_K when --type is q4_K or q5_K,\n"
+        "                         else --type)\n"
+        "  --type-ffn-down T      ffn_down / ffn_down_exps type (default as --type-attn-v)\n"
+        "  --type-output T        output.weight type (default as --type-attn-v)\n"
+        "  --type-embd T          token_embd type (default --type)\n"
+        "  --tokenizer DIR        take the vocabulary, merges, special tokens and chat\n"
+        "                         template from DIR/tokenizer.json and\n"
+        "                         DIR/tokenizer_config.json (a Qwen3 tokenizer); the\n"
+        "                         pre-tokenizer is recorded as qwen2\n"
+        "  --tied                 no output.weight: the head reuses token_embd\n"
+        "  --threads N            threads quantizing weights (default: online CPUs, at\n"
+        "                         most %d); the file does not depend on it\n"
+        "  -h, --help             this text\n"
+        "\n"
+        "Exit status: 0 written, 1 a file could not be read or written, 2 bad flags.\n",
+        MK_VOCAB_BUILTIN_MIN, MAX_THREADS);
+}
+
+static int flag_error(const char *fmt, ...) BL_PRINTF(1, 2);
+
+/* Prints one line naming the flag at fault and returns the usage exit status. */
+static int flag_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs(PROG ": ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs(" (see --help)\n", stderr);
+    va_end(ap);
+    return EXIT_USAGE;
+}
+
+static int parse_i64(const char *flag, const char *arg, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(arg, &end, 10);
+    if (errno || end == arg || *end || v < lo || v > hi)
+        return flag_error("%s: '%s' is not an integer in %lld..%lld", flag, arg, (long long)lo,
+                          (long long)hi);
+    *out = v;
+    return 0;
+}
+
+static int parse_f64(const char *flag, const char *arg, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(arg, &end);
+    if (errno || end == arg || *end || !isfinite(v) || v < lo || v > hi)
+        return flag_error("%s: '%s' is not a number in %g..%g", flag, arg, lo, hi);
+    *out = v;
+    return 0;
+}
+
+static int parse_u64(const char *flag, const char *arg, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    /* strtoull accepts "-1" as a huge value; a seed with a sign is a mistake. */
+    unsigned long long v = strtoull(arg, &end, 0);
+    if (errno || end == arg || *end || arg[0] == '-' || arg[0] == '+')
+        return flag_error("%s: '%s' is not an unsigned 64-bit integer", flag, arg);
+    *out = v;
+    return 0;
+}
+
+/* The weight types this tool writes (the ones common/quant.c can quantize to). */
+static int parse_type(const char *flag, const char *arg, bl_type_t *out)
+{
+    static const bl_type_t ok[] = {BL_TYPE_F32, BL_TYPE_F16, BL_TYPE_BF16, BL_TYPE_Q8_0,
+                                   BL_TYPE_Q4_K, BL_TYPE_Q5_K, BL_TYPE_Q6_K};
+    bl_type_t t;
+    if (bl_type_from_name(arg, &t) == 0)
+        for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+            if (ok[i] == t) {
+                *out = t;
+                return 0;
+            }
+    return flag_error("%s: '%s' is not one of f32, f16, bf16, q8_0, q4_K, q5_K, q6_K", flag, arg);
+}
+
+enum {
+    OPT_ARCH = 256, OPT_LAYERS, OPT_N_EMBD, OPT_HEADS, OPT_KV_HEADS, OPT_HEAD_DIM, OPT_EXPERTS,
+    OPT_EXPERTS_USED, OPT_EXPERT_FF, OPT_FF, OPT_VOCAB, OPT_CTX, OPT_ROPE_BASE, OPT_EPS, OPT_SEED,
+    OPT_TYPE, OPT_TYPE_ATTN_V, OPT_TYPE_FFN_DOWN, OPT_TYPE_OUTPUT, OPT_TYPE_EMBD, OPT_TOKENIZER,
+    OPT_TIED, OPT_THREADS,
+};
+
+static const struct option long_opts[] = {
+    {"output", required_argument, NULL, 'o'},
+    {"help", no_argument, NULL, 'h'},
+    {"arch", required_argument, NULL, OPT_ARCH},
+    {"layers", required_argument, NULL, OPT_LAYERS},
+    {"n-embd", required_argument, NULL, OPT_N_EMBD},
+    {"heads", required_argument, NULL, OPT_HEADS},
+    {"kv-heads", required_argument, NULL, OPT_KV_HEADS},
+    {"head-dim", required_argument, NULL, OPT_HEAD_DIM},
+    {"experts", required_argument, NULL, OPT_EXPERTS},
+    {"experts-used", required_argument, NULL, OPT_EXPERTS_USED},
+    {"expert-ff", required_argument, NULL, OPT_EXPERT_FF},
+    {"ff", required_argument, NULL, OPT_FF},
+    {"vocab", required_argument, NULL, OPT_VOCAB},
+    {"ctx", required_argument, NULL, OPT_CTX},
+    {"rope-base", required_argument, NULL, OPT_ROPE_BASE},
+    {"eps", required_argument, NULL, OPT_EPS},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"type", required_argument, NULL, OPT_TYPE},
+    {"type-attn-v", required_argument, NULL, OPT_TYPE_ATTN_V},
+    {"type-ffn-down", required_argument, NULL, OPT_TYPE_FFN_DOWN},
+    {"type-output", required_argument, NULL, OPT_TYPE_OUTPUT},
+    {"type-embd", required_argument, NULL, OPT_TYPE_EMBD},
+    {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
+    {"tied", no_argument, NULL, OPT_TIED},
+    {"threads", required_argument, NULL, OPT_THREADS},
+    {NULL, 0, NULL, 0},
+};
+
+/* The flag as the user spelled it, for getopt's error cases. */
+static const char *flag_name(int c)
+{
+    for (const struct option *o = long_opts; o->name; o++)
+        if (o->val == c)
+            return o->name;
+    return "?";
+}
+
+/* Parses argv into o. Returns 0, -1 after --help (exit 0), or EXIT_USAGE. */
+static int parse_args(int argc, char **argv, opts_t *o)
+{
+    *o = (opts_t){
+        .arch = ARCH_QWEN3MOE, .n_layer = 4, .n_embd = 256, .n_head = 4, .n_head_kv = 2,
+        .head_dim = 128, .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 256, .n_vocab = 1024,
+        .n_ctx = 4096, .rope_base = 1e6, .eps = 1e-6, .seed = 1, .type = BL_TYPE_Q4_K,
+    };
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    o->n_threads = ncpu < 1 ? 1 : ncpu > MAX_THREADS ? MAX_THREADS : ncpu;
+    int rc = 0, c;
+    const int64_t big = 1 << 20;
+    opterr = 0; /* messages are ours, naming the flag */
+    while ((c = getopt_long(argc, argv, ":o:h", long_opts, NULL)) != -1) {
+        const char *f = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
+        switch (c) {
+        case 'o': o->out = optarg; break;
+        case 'h': usage(stdout); return -1;
+        case OPT_ARCH:
+            if (strcmp(optarg, "qwen3moe") == 0)
+                o->arch = ARCH_QWEN3MOE;
+            else if (strcmp(optarg, "qwen3") == 0)
+                o->arch = ARCH_QWEN3;
+            else
+                return flag_error("--arch: '%s' is not qwen3moe or qwen3", optarg);
+            break;
+        case OPT_LAYERS: rc = parse_i64("--layers", optarg, 1, 4096, &o->n_layer); break;
+        case OPT_N_EMBD: rc = parse_i64("--n-embd", optarg, 1, 1 << 16, &o->n_embd); break;
+        case OPT_HEADS: rc = parse_i64("--heads", optarg, 1, 4096, &o->n_head); break;
+        case OPT_KV_HEADS: rc = parse_i64("--kv-heads", optarg, 1, 4096, &o->n_head_kv); break;
+        case OPT_HEAD_DIM: rc = parse_i64("--head-dim", optarg, 2, 4096, &o->head_dim); break;
+        case OPT_EXPERTS:
+            rc = parse_i64("--experts", optarg, 1, 4096, &o->n_expert);
+            if (!o->expert_flag) o->expert_flag = "--experts";
+            break;
+        case OPT_EXPERTS_USED:
+            rc = parse_i64("--experts-used", optarg, 1, 4096, &o->n_expert_used);
+            if (!o->expert_flag) o->expert_flag = "--experts-used";
+            break;
+        case OPT_EXPERT_FF:
+            rc = parse_i64("--expert-ff", optarg, 1, big, &o->n_ff_exp);
+            if (!o->expert_flag) o->expert_flag = "--expert-ff";
+            break;
+        case OPT_FF: rc = parse_i64("--ff", optarg, 1, big, &o->n_ff); o->ff_set = 1; break;
+        case OPT_VOCAB:
+            rc = parse_i64("--vocab", optarg, 1, 1 << 24, &o->n_vocab);
+            o->vocab_set = 1;
+            break;
+        case OPT_CTX: rc = parse_i64("--ctx", optarg, 1, UINT32_MAX, &o->n_ctx); break;
+        case OPT_ROPE_BASE: rc = parse_f64("--rope-base", optarg, 1e-3, 1e12, &o->rope_base); break;
+        case OPT_EPS: rc = parse_f64("--eps", optarg, 1e-12, 1e-1, &o->eps); break;
+        case OPT_SEED: rc = parse_u64("--seed", optarg, &o->seed); break;
+        case OPT_TYPE: rc = parse_type("--type", optarg, &o->type); break;
+        case OPT_TYPE_ATTN_V:
+            rc = parse_type("--type-attn-v", optarg, &o->type_attn_v);
+            o->attn_v_set = 1;
+            break;
+        case OPT_TYPE_FFN_DOWN:
+            rc = parse_type("--type-ffn-down", optarg, &o->type_ffn_down);
+            o->ffn_down_set = 1;
+            break;
+        case OPT_TYPE_OUTPUT:
+            rc = parse_type("--type-output", optarg, &o->type_output);
+            o->output_set = 1;
+            break;
+        case OPT_TYPE_EMBD:
+            rc = parse_type("--type-embd", optarg, &o->type_embd);
+            o->embd_set = 1;
+            break;
+        case OPT_TOKENIZER: o->tok_dir = optarg; break;
+        case OPT_TIED: o->tied = 1; break;
+        case OPT_THREADS: rc = parse_i64("--threads", optarg, 1, MAX_THREADS, &o->n_threads); break;
+        case ':':
+            if (optopt == 'o')
+                return flag_error("-o needs a value");
+            if (optopt)
+                return flag_error("--%s needs a value", flag_name(optopt));
+            return flag_error("%s needs a value", f);
+        default:
+            if (optopt && optopt < 256)
+                return flag_error("unknown flag '-%c'", optopt);
+            return flag_error("unknown flag '%s'", f);
+        }
+        if (rc)
+            return rc;
+    }
+    if (optind < argc)
+        return flag_error("unexpected argument '%s'", argv[optind]);
+    if (!o->out)
+        return flag_error("-o FILE is required");
+
+    /* Cross-flag rules. */
+    if (o->arch == ARCH_QWEN3 && o->expert_flag)
+        return flag_error("%s applies to --arch qwen3moe only", o->expert_flag);
+    if (o->n_head % o->n_head_kv)
+        return flag_error("--heads %lld is not a multiple of --kv-heads %lld",
+                          (long long)o->n_head, (long long)o->n_head_kv);
+    if (o->head_dim % 2)
+        return flag_error("--head-dim %lld is odd; RoPE rotates pairs", (long long)o->head_dim);
+    if (o->arch == ARCH_QWEN3MOE && o->n_expert_used > o->n_expert)
+        return flag_error("--experts-used %lld is more than --experts %lld",
+                          (long long)o->n_expert_used, (long long)o->n_expert);
+    if (o->tied && o->output_set)
+        return flag_error("--type-output has no tensor to apply to with --tied");
+    if (!o->tok_dir && o->n_vocab < MK_VOCAB_BUILTIN_MIN)
+        return flag_error("--vocab %lld: the built-in vocabulary needs at least %d tokens",
+                          (long long)o->n_vocab, MK_VOCAB_BUILTIN_MIN);
+    if (!o->ff_set)
+        o->n_ff = 3 * o->n_embd;
+
+    /* Role types: K-quant files keep the most sensitive matrices at q6_K, as the
+     * usual Q4_K_M / Q5_K_M mixes do; other types apply everywhere. */
+    int kmix = o->type == BL_TYPE_Q4_K || o->type == BL_TYPE_Q5_K;
+    bl_type_t sensitive = kmix ? BL_TYPE_Q6_K : o->type;
+    if (!o->attn_v_set) o->type_attn_v = sensitive;
+    if (!o->ffn_down_set) o->type_ffn_down = sensitive;
+    if (!o->output_set) o->type_output = sensitive;
+    if (!o->embd_set) o->type_embd = o->type;
+    return 0;
+}
+
+/* --- tensors ------------------------------------------------------------------------- */
+
+typedef struct tlist {
+    tdesc_t *t;
+    size_t n, cap;
+} tlist_t;
+
+static int add_t(tlist_t *L, const char *name, int n_dims, int64_t ne0, int64_t ne1, int64_t ne2,
+                 bl_type_t type, int kind, double std, const char *row_flag, const char *type_flag)
+{
+    if (L->n == L->cap) {
+        size_t cap = L->cap ? L->cap * 2 : 64;
+        tdesc_t *t = realloc(L->t, cap * sizeof *t);
+        if (!t)
+            return BL_ENOMEM;
+        L->t = t;
+        L->cap = cap;
+    }
+    tdesc_t *t = &L->t[L->n++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->n_dims = n_dims;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1;
+    t->ne[2] = ne2;
+    t->type = type;
+    t->kind = kind;
+    t->std = std;
+    t->row_flag = row_flag;
+    t->type_flag = type_flag;
+    return 0;
+}
+
+/* The tensor list, in the order llama.cpp's converter writes it. Shapes are
+ * GGUF's (ne[0] first, the row length): a matrix (in, out) maps in -> out.
+ * Scales: matrices draw N(0, 1/fan_in) so activations keep their size through
+ * each layer; the router and the head draw twice that, so that routing is not
+ * uniform and the logits spread (std about 2). */
+static int build_tensors(const opts_t *o, tlist_t *L)
+{
+    const int64_t E = o->n_embd, V = o->n_vocab, H = o->head_dim;
+    const int64_t QD = o->n_head * H, KD = o->n_head_kv * H;
+    const int64_t X = o->n_expert, FE = o->n_ff_exp, F = o->n_ff;
+    const double inv_e = 1.0 / sqrt((double)E);
+    const char *tf = "--type";
+    const char *v_flag = o->attn_v_set ? "--type-attn-v" : "--type";
+    const char *d_flag = o->ffn_down_set ? "--type-ffn-down" : "--type";
+    const char *e_flag = o->embd_set ? "--type-embd" : "--type";
+    const char *qd_flag = "--heads x --head-dim";
+    char nm[BL_GW_MAX_NAME + 1];
+    int rc = 0;
+
+    /* (E, V): with tied embeddings these rows are also the head, hence the head's scale. */
+    rc |= add_t(L, "token_embd.weight", 2, E, V, 1, o->type_embd, KIND_MAT,
+                o->tied ? 2 * inv_e : 1.0, "--n-embd", e_flag);
+    rc |= add_t(L, "output_norm.weight", 1, E, 1, 1, BL_TYPE_F32, KIND_NORM, 0, "--n-embd", NULL);
+    if (!o->tied)
+        rc |= add_t(L, "output.weight", 2, E, V, 1, o->type_output, KIND_MAT, 2 * inv_e,
+                    "--n-embd", o->output_set ? "--type-output" : "--type");
+    for (int64_t i = 0; i < o->n_layer && !rc; i++) {
+#define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%lld." suffix, (long long)i), nm)
+        rc |= add_t(L, BLK("attn_norm.weight"), 1, E, 1, 1, BL_TYPE_F32, KIND_NORM, 0, NULL, NULL);
+        rc |= add_t(L, BLK("attn_q.weight"), 2, E, QD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
+        rc |= add_t(L, BLK("attn_k.weight"), 2, E, KD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
+        rc |= add_t(L, BLK("attn_v.weight"), 2, E, KD, 1, o->type_attn_v, KIND_MAT, inv_e,
+                    "--n-embd", v_flag);
+        rc |= add_t(L, BLK("attn_output.weight"), 2, QD, E, 1, o->type, KIND_MAT,
+                    1.0 / sqrt((double)QD), qd_flag, tf);
+        rc |= add_t(L, BLK("attn_q_norm.weight"), 1, H, 1, 1, BL_TYPE_F32, KIND_NORM, 0, NULL, NULL);
+        rc |= add_t(L, BLK("attn_k_norm.weight"), 1, H, 1, 1, BL_TYPE_F32, KIND_NORM, 0, NULL, NULL);
+        rc |= add_t(L, BLK("ffn_norm.weight"), 1, E, 1, 1, BL_TYPE_F32, KIND_NORM, 0, NULL, NULL);
+        if (o->arch == ARCH_QWEN3MOE) {
+            rc |= add_t(L, BLK("ffn_gate_inp.weight"), 2, E, X, 1, BL_TYPE_F32, KIND_MAT, 2 * inv_e,
+                        NULL, NULL);
+            rc |= add_t(L, BLK("ffn_gate_exps.weight"), 3, E, FE, X, o->type, KIND_MAT, inv_e,
+                        "--n-embd", tf);
+            rc |= add_t(L, BLK("ffn_up_exps.weight"), 3, E, FE, X, o->type, KIND_MAT, inv_e,
+                        "--n-embd", tf);
+            rc |= add_t(L, BLK("ffn_down_exps.weight"), 3, FE, E, X, o->type_ffn_down, KIND_MAT,
+                        1.0 / sqrt((double)FE), "--expert-ff", d_flag);
+        } else {
+            rc |= add_t(L, BLK("ffn_gate.weight"), 2, E, F, 1, o->type, KIND_MAT, inv_e,
+                        "--n-embd", tf);
+            rc |= add_t(L, BLK("ffn_up.weight"), 2, E, F, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
+            rc |= add_t(L, BLK("ffn_down.weight"), 2, F, E, 1, o->type_ffn_down, KIND_MAT,
+                        1.0 / sqrt((double)F), "--ff", d_flag);
+        }
+#undef BLK
+    }
+    return rc ? BL_ENOMEM : 0;
+}
+
+/* Every row length must be whole blocks of its type; the message names the flag
+ * that set the length and the one that chose the type. */
+static int check_blocks(const tlist_t *L)
+{
+    for (size_t i = 0; i < L->n; i++) {
+        const tdesc_t *t = &L->t[i];
+        const bl_type_info_t *ti = bl_type_info((uint32_t)t->type);
+        if (t->ne[0] % ti->block_elems)
+            return flag_error("%s %lld does not fit %s (%s): rows of %s hold %lld values, not a "
+                              "multiple of its %u-value blocks",
+                              t->row_flag ? t->row_flag : "shape", (long long)t->ne[0], ti->name,
+                              t->type_flag ? t->type_flag : "fixed", t->name, (long long)t->ne[0],
+                              ti->block_elems);
+    }
+    return 0;
+}
+
+/* --- weights -------------------------------------------------------------------------
+ * Each row has its own random stream, keyed by (seed, tensor name, row index): a
+ * tensor's values do not depend on which other tensors exist (--tied leaves
+ * token_embd's rows alone) nor on the order rows are produced in. Values use
+ * integer arithmetic and one double multiply, so no libm call can make two
+ * machines disagree. */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+typedef struct rng {
+    uint64_t s[4];
+} rng_t;
+
+static uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+/* xoshiro256** */
+static uint64_t rng_next(rng_t *r)
+{
+    uint64_t *s = r->s;
+    uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return out;
+}
+
+static uint64_t fnv1a(const char *s)
+{
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 0x100000001B3ull;
+    return h;
+}
+
+static void rng_for_row(rng_t *r, uint64_t tensor_key, uint64_t row)
+{
+    uint64_t x = tensor_key ^ (row * 0xD1B54A32D192ED03ull);
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix64(&x);
+}
+
+/* Standard deviation of a sum of four uniform 16-bit integers: sqrt(4 (2^32 - 1) / 12). */
+#define SUM4_STD 37837.22692
+
+/* n values of mean exactly 0 and standard deviation std: each is the sum of four
+ * uniform 16-bit integers, centred (an Irwin-Hall draw, close to a normal one and
+ * symmetric, so the weights are zero-mean), then scaled. */
+static void draw_row(rng_t *r, float *x, int64_t n, double std, double offset)
+{
+    const double k = std / SUM4_STD;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t u = rng_next(r);
+        int64_t s = (int64_t)(u & 0xFFFF) + (int64_t)((u >> 16) & 0xFFFF) +
+                    (int64_t)((u >> 32) & 0xFFFF) + (int64_t)(u >> 48) - 2 * 65535;
+        x[i] = (float)(offset + (double)s * k);
+    }
+}
+
+/* Rows are drawn and quantized by several threads into a batch buffer, which the
+ * main thread then writes in row order. Each row depends only on its own key, so
+ * the bytes are the same for any thread count. */
+#define BATCH_BYTES (8u << 20)
+
+typedef struct job {
+    const tdesc_t *t;
+    uint64_t key;
+    int64_t r0, r1;   /* rows [r0, r1) */
+    size_t row_bytes;
+    uint8_t *out;     /* row r goes to out + (r - r0) * row_bytes */
+    float *row;       /* (ne[0]) scratch */
+    int rc;
+} job_t;
+
+static void *run_job(void *p)
+{
+    job_t *j = p;
+    const tdesc_t *t = j->t;
+    j->rc = 0;
+    for (int64_t r = j->r0; r < j->r1 && !j->rc; r++) {
+        rng_t rng;
+        rng_for_row(&rng, j->key, (uint64_t)r);
+        if (t->kind == KIND_NORM)
+            draw_row(&rng, j->row, t->ne[0], 0.05, 1.0); /* norm gains near 1 */
+        else
+            draw_row(&rng, j->row, t->ne[0], t->std, 0.0);
+        j->rc = bl_quantize_row_ref(t->type, j->row, j->out + (size_t)(r - j->r0) * j->row_bytes,
+                                    t->ne[0]);
+    }
+    return NULL;
+}
+
+typedef struct gen {
+    const tlist_t *L;
+    uint64_t seed;
+    int n_threads;
+    float *rows[MAX_THREADS]; /* per thread: one row of the widest tensor */
+    uint8_t *batch;           /* BATCH_BYTES, or one row if a row is larger */
+    size_t batch_bytes;
+} gen_t;
+
+static int fill_tensor(void *ud, bl_gguf_writer_t *w, size_t i, bl_err_t *err)
+{
+    gen_t *g = ud;
+    const tdesc_t *t = &g->L->t[i];
+    size_t row_bytes;
+    int rc = bl_row_bytes((uint32_t)t->type, t->ne[0], &row_bytes, err);
+    if (rc)
+        return rc;
+    uint64_t key = splitmix64(&(uint64_t){g->seed ^ fnv1a(t->name)});
+    int64_t rows = t->ne[1] * t->ne[2];
+    int64_t per_batch = (int64_t)(g->batch_bytes / row_bytes);
+    for (int64_t b = 0; b < rows; b += per_batch) {
+        int64_t n = rows - b < per_batch ? rows - b : per_batch;
+        int nt = n < g->n_threads ? (int)n : g->n_threads;
+        job_t jobs[MAX_THREADS];
+        pthread_t tid[MAX_THREADS];
+        int started[MAX_THREADS] = {0};
+        for (int k = 0; k < nt; k++) {
+            int64_t r0 = b + n * k / nt, r1 = b + n * (k + 1) / nt;
+            jobs[k] = (job_t){t, key, r0, r1, row_bytes, g->batch + (size_t)(r0 - b) * row_bytes,
+                              g->rows[k], 0};
+        }
+        /* Job 0 runs here; a thread that cannot start runs here too. */
+        for (int k = 1; k < nt; k++)
+            started[k] = pthread_create(&tid[k], NULL, run_job, &jobs[k]) == 0;
+        run_job(&jobs[0]);
+        for (int k = 1; k < nt; k++) {
+            if (started[k])
+                pthread_join(tid[k], NULL);
+            else
+                run_job(&jobs[k]);
+        }
+        for (int k = 0; k < nt; k++)
+            if (jobs[k].rc)
+                return bl_err_set(err, jobs[k].rc, "%s: quantizing to %s failed: %s", t->name,
+                                  bl_type_info((uint32_t)t->type)->name, bl_strerror(jobs[k].rc));
+        if ((rc = bl_gw_write_data(w, g->batch, (size_t)n * row_bytes, err)))
+            return rc;
+    }
+    return 0;
+}
+
+/* --- metadata -------------------------------------------------------------------------- */
+
+/* general.file_type: llama.cpp's name for the file's main type (LLAMA_FTYPE_*);
+ * the q4_K and q5_K mixes with q6_K for the sensitive matrices are its _M kinds. */
+static uint32_t file_type(bl_type_t t)
+{
+    switch (t) {
+    case BL_TYPE_F32: return 0;
+    case BL_TYPE_F16: return 1;
+    case BL_TYPE_Q8_0: return 7;
+    case BL_TYPE_Q4_K: return 15;
+    case BL_TYPE_Q5_K: return 17;
+    case BL_TYPE_Q6_K: return 18;
+    case BL_TYPE_BF16: return 32;
+    default: return 0;
+    }
+}
+
+static int write_metadata(bl_gguf_writer_t *w, const opts_t *o, const mk_vocab_t *v, bl_err_t *err)
+{
+    const char *arch = o->arch == ARCH_QWEN3MOE ? "qwen3moe" : "qwen3";
+    char key[128], name[96];
+    int rc;
+#define K(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
+    snprintf(name, sizeof name, "synthetic-%s-%lldL", arch, (long long)o->n_layer);
+    if ((rc = bl_gw_set_str(w, "general.architecture", arch, err)) ||
+        (rc = bl_gw_set_str(w, "general.name", name, err)) ||
+        (rc = bl_gw_set_u32(w, "general.alignment", BL_GGUF_DEFAULT_ALIGNMENT, err)) ||
+        (rc = bl_gw_set_u32(w, "general.file_type", file_type(o->type), err)) ||
+        (rc = bl_gw_set_u32(w, "general.quantization_version", 2, err)) ||
+        (rc = bl_gw_set_u32(w, K("block_count"), (uint32_t)o->n_layer, err)) ||
+        (rc = bl_gw_set_u32(w, K("context_length"), (uint32_t)o->n_ctx, err)) ||
+        (rc = bl_gw_set_u32(w, K("embedding_length"), (uint32_t)o->n_embd, err)) ||
+        (rc = bl_gw_set_u32(w, K("feed_forward_length"), (uint32_t)o->n_ff, err)) ||
+        (rc = bl_gw_set_u32(w, K("attention.head_count"), (uint32_t)o->n_head, err)) ||
+        (rc = bl_gw_set_u32(w, K("attention.head_count_kv"), (uint32_t)o->n_head_kv, err)) ||
+        (rc = bl_gw_set_u32(w, K("attention.key_length"), (uint32_t)o->head_dim, err)) ||
+        (rc = bl_gw_set_u32(w, K("attention.value_length"), (uint32_t)o->head_dim, err)) ||
+        (rc = bl_gw_set_f32(w, K("rope.freq_base"), (float)o->rope_base, err)) ||
+        (rc = bl_gw_set_f32(w, K("attention.layer_norm_rms_epsilon"), (float)o->eps, err)))
+        return rc;
+    if (o->arch == ARCH_QWEN3MOE &&
+        ((rc = bl_gw_set_u32(w, K("expert_count"), (uint32_t)o->n_expert, err)) ||
+         (rc = bl_gw_set_u32(w, K("expert_used_count"), (uint32_t)o->n_expert_used, err)) ||
+         (rc = bl_gw_set_u32(w, K("expert_feed_forward_length"), (uint32_t)o->n_ff_exp, err))))
+        return rc;
+#undef K
+    if ((rc = bl_gw_set_str(w, "tokenizer.ggml.model", "gpt2", err)) ||
+        (rc = bl_gw_set_str(w, "tokenizer.ggml.pre", "qwen2", err)) ||
+        (rc = bl_gw_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v->tokens, v->n,
+                                err)) ||
+        (rc = bl_gw_set_arr(w, "tokenizer.ggml.token_type", BL_GGUF_I32, v->types, v->n, err)) ||
+        (rc = bl_gw_set_arr_str(w, "tokenizer.ggml.merges", (const char *const *)v->merges,
+                                v->n_merges, err)))
+        return rc;
+    if (v->eos_id >= 0 && (rc = bl_gw_set_u32(w, "tokenizer.ggml.eos_token_id",
+                                              (uint32_t)v->eos_id, err)))
+        return rc;
+    if (v->pad_id >= 0 && (rc = bl_gw_set_u32(w, "tokenizer.ggml.padding_token_id",
+                                              (uint32_t)v->pad_id, err)))
+        return rc;
+    if (v->bos_id >= 0 && (rc = bl_gw_set_u32(w, "tokenizer.ggml.bos_token_id",
+                                              (uint32_t)v->bos_id, err)))
+        return rc;
+    if ((rc = bl_gw_set_bool(w, "tokenizer.ggml.add_bos_token", v->add_bos, err)))
+        return rc;
+    if (v->chat_template && (rc = bl_gw_set_str(w, "tokenizer.chat_template", v->chat_template, err)))
+        return rc;
+    return 0;
+}
+
+/* --- main -------------------------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int main(int argc, char **argv)
+{
+    opts_t o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+
+    double t0 = now_s();
+    bl_err_t err = {0};
+    mk_vocab_t v = {0};
+    tlist_t L = {0};
+    bl_gguf_writer_t *w = NULL;
+    gen_t g = {0};
+    int status = 1;
+
+    /* Shapes are checked before the (slow) tokenizer is read; the vocabulary size
+     * only sets the embedding's row count, which no block rule depends on. */
+    if (build_tensors(&o, &L)) {
+        bl_err_set(&err, BL_ENOMEM, "out of memory for the tensor list");
+        goto fail;
+    }
+    if (check_blocks(&L)) {
+        status = EXIT_USAGE; /* check_blocks printed which flag */
+        goto fail;
+    }
+    L.n = 0;
+
+    if (o.tok_dir) {
+        if (mk_vocab_load(&v, o.tok_dir, &err))
+            goto fail;
+        /* Qwen3 checkpoints have 151936 embedding rows, more than the tokenizer's ids. */
+        if (!o.vocab_set)
+            o.n_vocab = v.n > 151936 ? (int64_t)v.n : 151936;
+        if ((size_t)o.n_vocab < v.n) {
+            status = flag_error("--vocab %lld is smaller than the %zu tokens of %s",
+                                (long long)o.n_vocab, v.n, o.tok_dir);
+            goto fail;
+        }
+        if (mk_vocab_pad(&v, (size_t)o.n_vocab, &err))
+            goto fail;
+    } else if (mk_vocab_builtin(&v, (size_t)o.n_vocab, &err)) {
+        goto fail;
+    }
+
+    if (build_tensors(&o, &L)) {
+        bl_err_set(&err, BL_ENOMEM, "out of memory for the tensor list");
+        goto fail;
+    }
+
+    int64_t max_row = 0;
+    uint64_t n_params = 0;
+    for (size_t i = 0; i < L.n; i++) {
+        if (L.t[i].ne[0] > max_row)
+            max_row = L.t[i].ne[0];
+        n_params += (uint64_t)L.t[i].ne[0] * (uint64_t)L.t[i].ne[1] * (uint64_t)L.t[i].ne[2];
+    }
+    g.L = &L;
+    g.seed = o.seed;
+    g.n_threads = (int)o.n_threads;
+    /* A row is at most 4 bytes per value (f32); a batch holds at least one. */
+    g.batch_bytes = (size_t)max_row * sizeof(float) > BATCH_BYTES ? (size_t)max_row * sizeof(float)
+                                                                   : BATCH_BYTES;
+    g.batch = malloc(g.batch_bytes);
+    int nomem = !g.batch;
+    for (int k = 0; k < g.n_threads; k++)
+        nomem |= !(g.rows[k] = malloc((size_t)max_row * sizeof(float)));
+    if (nomem) {
+        bl_err_set(&err, BL_ENOMEM, "out of memory for rows of %lld values", (long long)max_row);
+        goto fail;
+    }
+
+    if (bl_gw_create(&w, &err) || write_metadata(w, &o, &v, &err))
+        goto fail;
+    for (size_t i = 0; i < L.n; i++)
+        if (bl_gw_add_tensor(w, L.t[i].name, L.t[i].type, L.t[i].n_dims, L.t[i].ne, &err))
+            goto fail;
+    if (bl_gw_write_file(w, o.out, fill_tensor, &g, &err))
+        goto fail;
+
+    printf("wrote %s: %s, %lld layers, n_embd %lld, %zu tokens, %zu tensors, %.2fM parameters, "
+           "%llu bytes in %.2f s\n",
+           o.out, o.arch == ARCH_QWEN3MOE ? "qwen3moe" : "qwen3", (long long)o.n_layer,
+           (long long)o.n_embd, v.n, L.n, (double)n_params / 1e6,
+           (unsigned long long)bl_gw_bytes_written(w), now_s() - t0);
+    status = 0;
+fail:
+    /* Usage errors were reported where they were found; the rest carry err. */
+    if (status == 1)
+        fprintf(stderr, PROG ": %s\n", err.msg[0] ? err.msg : bl_strerror(err.code));
+    bl_gw_destroy(w);
+    free(g.batch);
+    for (int k = 0; k < MAX_THREADS; k++)
+        free(g.rows[k]);
+    free(L.t);
+    mk_vocab_free(&v);
+    return status;
+}
