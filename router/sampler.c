@@ -1,0 +1,470 @@
+/* Token sampling: llama-server's chain over one row of logits. See sampler.h for
+ * the order; each stage below narrows or reweights the candidate list in place. */
+#include "sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+typedef struct cand {
+    int32_t id;
+    float logit;
+    float p;   /* probability, filled by softmax() */
+    float key; /* a stage's own sort key (typical-p: distance from the entropy) */
+} cand_t;
+
+struct rt_sampler {
+    rt_sampler_params_t p; /* p.logit_bias points at bias below */
+    rt_logit_bias_t *bias;
+    int32_t n_vocab;
+    uint32_t seed;
+    uint64_t rng[4];       /* xoshiro256** state */
+
+    /* penalty window: the last `window` accepted tokens, a ring */
+    int32_t window;
+    int32_t *ring;
+    int32_t ring_head, ring_len;
+    uint32_t *counts;      /* (n_vocab) occurrences in the window, zero between calls */
+
+    cand_t *cand;          /* (n_vocab) candidate list of the current call */
+    size_t n_cand;
+    int cand_sorted;       /* cand is in descending logit order */
+};
+
+// --- random numbers ------------------------------------------------------------------
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t xoshiro_next(uint64_t s[4])
+{
+    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return r;
+}
+
+/* Uniform in [0, 1) with 53 random bits. */
+static double uniform01(uint64_t s[4]) { return (double)(xoshiro_next(s) >> 11) * 0x1.0p-53; }
+
+static void seed_rng(rt_sampler_t *s)
+{
+    uint64_t x = s->seed;
+    for (int i = 0; i < 4; i++)
+        s->rng[i] = splitmix64(&x);
+}
+
+static uint32_t random_seed(void)
+{
+    uint32_t v;
+    if (getrandom(&v, sizeof v, GRND_NONBLOCK) == (ssize_t)sizeof v && v != RT_SEED_RANDOM)
+        return v;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    v = (uint32_t)(ts.tv_nsec ^ ts.tv_sec ^ (uint64_t)(uintptr_t)&ts);
+    return v == RT_SEED_RANDOM ? 0 : v;
+}
+
+// --- parameters -----------------------------------------------------------------------
+
+void rt_sampler_params_default(rt_sampler_params_t *p)
+{
+    memset(p, 0, sizeof *p);
+    p->temp = 0.8f;
+    p->top_k = 40;
+    p->top_p = 0.95f;
+    p->min_p = 0.05f;
+    p->typical_p = 1.0f;
+    p->penalty_last_n = 64;
+    p->repeat_penalty = 1.0f;
+    p->presence_penalty = 0.0f;
+    p->frequency_penalty = 0.0f;
+    p->min_keep = 0;
+    p->seed = RT_SEED_RANDOM;
+}
+
+int rt_sampler_params_check(const rt_sampler_params_t *p, int32_t n_vocab, bl_err_t *err)
+{
+    const struct { const char *name; float v; } finite[] = {
+        {"temperature", p->temp},         {"top_p", p->top_p},
+        {"min_p", p->min_p},              {"typical_p", p->typical_p},
+        {"repeat_penalty", p->repeat_penalty}, {"presence_penalty", p->presence_penalty},
+        {"frequency_penalty", p->frequency_penalty},
+    };
+    for (size_t i = 0; i < sizeof finite / sizeof finite[0]; i++)
+        if (!isfinite(finite[i].v))
+            return bl_err_set(err, BL_EINVAL, "sampler: %s is not a finite number", finite[i].name);
+    if (p->top_p < 0 || p->top_p > 1)
+        return bl_err_set(err, BL_EINVAL, "sampler: top_p %g is outside [0, 1]", p->top_p);
+    if (p->min_p < 0 || p->min_p > 1)
+        return bl_err_set(err, BL_EINVAL, "sampler: min_p %g is outside [0, 1]", p->min_p);
+    if (p->typical_p < 0 || p->typical_p > 1)
+        return bl_err_set(err, BL_EINVAL, "sampler: typical_p %g is outside [0, 1]", p->typical_p);
+    if (p->repeat_penalty <= 0)
+        return bl_err_set(err, BL_EINVAL, "sampler: repeat_penalty %g must be positive",
+                          p->repeat_penalty);
+    if (p->penalty_last_n < -1)
+        return bl_err_set(err, BL_EINVAL, "sampler: repeat_last_n %d must be -1 or more",
+                          p->penalty_last_n);
+    if (p->min_keep < 0)
+        return bl_err_set(err, BL_EINVAL, "sampler: min_keep %d is negative", p->min_keep);
+    if (p->n_logit_bias && !p->logit_bias)
+        return bl_err_set(err, BL_EINVAL, "sampler: logit_bias count without entries");
+    for (size_t i = 0; i < p->n_logit_bias; i++) {
+        const rt_logit_bias_t *b = &p->logit_bias[i];
+        if (b->token < 0 || b->token >= n_vocab)
+            return bl_err_set(err, BL_EINVAL,
+                              "sampler: logit_bias token %d is outside the vocabulary (%d tokens)",
+                              b->token, n_vocab);
+        if (isnan(b->bias) || b->bias == INFINITY)
+            return bl_err_set(err, BL_EINVAL, "sampler: logit_bias for token %d is %g",
+                              b->token, b->bias);
+    }
+    return 0;
+}
+
+// --- life cycle -------------------------------------------------------------------------
+
+int rt_sampler_create(rt_sampler_t **out, const rt_sampler_params_t *p, int32_t n_vocab,
+                      int32_t n_ctx, bl_err_t *err)
+{
+    *out = NULL;
+    if (n_vocab <= 0)
+        return bl_err_set(err, BL_EINVAL, "sampler: vocabulary size %d", n_vocab);
+    int rc = rt_sampler_params_check(p, n_vocab, err);
+    if (rc)
+        return rc;
+
+    rt_sampler_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return bl_err_set(err, BL_ENOMEM, "sampler: out of memory");
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->window = p->penalty_last_n == -1 ? (n_ctx > 0 ? n_ctx : 0) : p->penalty_last_n;
+    s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
+    s->counts = calloc((size_t)n_vocab, sizeof *s->counts);
+    s->ring = malloc((size_t)(s->window > 0 ? s->window : 1) * sizeof *s->ring);
+    if (p->n_logit_bias)
+        s->bias = malloc(p->n_logit_bias * sizeof *s->bias);
+    if (!s->cand || !s->counts || !s->ring || (p->n_logit_bias && !s->bias)) {
+        rt_sampler_destroy(s);
+        return bl_err_set(err, BL_ENOMEM, "sampler: out of memory for %d tokens", n_vocab);
+    }
+    if (p->n_logit_bias)
+        memcpy(s->bias, p->logit_bias, p->n_logit_bias * sizeof *s->bias);
+    s->p.logit_bias = s->bias;
+    s->seed = p->seed == RT_SEED_RANDOM ? random_seed() : p->seed;
+    seed_rng(s);
+    *out = s;
+    return 0;
+}
+
+void rt_sampler_destroy(rt_sampler_t *s)
+{
+    if (!s)
+        return;
+    free(s->cand);
+    free(s->counts);
+    free(s->ring);
+    free(s->bias);
+    free(s);
+}
+
+uint32_t rt_sampler_seed(const rt_sampler_t *s) { return s->seed; }
+
+void rt_sampler_accept(rt_sampler_t *s, int32_t token)
+{
+    if (s->window <= 0 || token < 0 || token >= s->n_vocab)
+        return;
+    s->ring[(s->ring_head + s->ring_len) % s->window] = token;
+    if (s->ring_len < s->window)
+        s->ring_len++;
+    else
+        s->ring_head = (s->ring_head + 1) % s->window;
+}
+
+void rt_sampler_reset(rt_sampler_t *s)
+{
+    s->ring_head = s->ring_len = 0;
+    seed_rng(s);
+}
+
+// --- stages -------------------------------------------------------------------------------
+
+static size_t keep_floor(const rt_sampler_t *s) { return s->p.min_keep > 1 ? (size_t)s->p.min_keep : 1; }
+
+static int by_logit_desc(const void *a, const void *b)
+{
+    const cand_t *x = a, *y = b;
+    if (x->logit != y->logit)
+        return x->logit > y->logit ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id; /* ties: lower id first, for determinism */
+}
+
+static void sort_desc(rt_sampler_t *s)
+{
+    if (!s->cand_sorted)
+        qsort(s->cand, s->n_cand, sizeof *s->cand, by_logit_desc);
+    s->cand_sorted = 1;
+}
+
+/* Probabilities of the candidates (softmax of their logits, in double). */
+static void softmax(rt_sampler_t *s)
+{
+    float max = -INFINITY;
+    for (size_t i = 0; i < s->n_cand; i++)
+        if (s->cand[i].logit > max)
+            max = s->cand[i].logit;
+    double sum = 0;
+    for (size_t i = 0; i < s->n_cand; i++) {
+        double e = s->cand[i].logit == -INFINITY ? 0.0 : exp((double)s->cand[i].logit - max);
+        s->cand[i].p = (float)e;
+        sum += e;
+    }
+    for (size_t i = 0; i < s->n_cand; i++)
+        s->cand[i].p = (float)(s->cand[i].p / sum);
+}
+
+static void apply_penalties(rt_sampler_t *s)
+{
+    const rt_sampler_params_t *p = &s->p;
+    if (s->ring_len == 0 ||
+        (p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f))
+        return;
+    for (int32_t i = 0; i < s->ring_len; i++)
+        s->counts[s->ring[(s->ring_head + i) % s->window]]++;
+    /* The candidate list is still the full vocabulary in id order here. */
+    for (int32_t i = 0; i < s->ring_len; i++) {
+        int32_t t = s->ring[(s->ring_head + i) % s->window];
+        uint32_t c = s->counts[t];
+        if (c == 0)
+            continue; /* already applied for an earlier copy of t */
+        float *l = &s->cand[t].logit;
+        /* a repeat penalty pushes the logit towards -inf whatever its sign */
+        if (*l <= 0)
+            *l *= p->repeat_penalty;
+        else
+            *l /= p->repeat_penalty;
+        *l -= (float)c * p->frequency_penalty + p->presence_penalty;
+        s->counts[t] = 0;
+    }
+}
+
+/* Moves the k largest to the front, sorted. A bounded min-heap keeps it O(n log k). */
+static void top_k(rt_sampler_t *s, size_t k)
+{
+    if (k >= s->n_cand)
+        return;
+    if (s->cand_sorted) {
+        s->n_cand = k;
+        return;
+    }
+    cand_t *h = s->cand; /* heap of the best k in cand[0..k), root = smallest */
+    size_t n = 0;
+    for (size_t i = 0; i < s->n_cand; i++) {
+        cand_t c = s->cand[i];
+        if (n < k) {
+            size_t j = n++;
+            while (j > 0) { /* sift up */
+                size_t parent = (j - 1) / 2;
+                if (by_logit_desc(&h[parent], &c) >= 0)
+                    break;
+                h[j] = h[parent];
+                j = parent;
+            }
+            h[j] = c;
+        } else if (by_logit_desc(&c, &h[0]) < 0) { /* c beats the smallest kept */
+            size_t j = 0;
+            for (;;) { /* sift down */
+                size_t l = 2 * j + 1, r = l + 1, m = j;
+                const cand_t *mv = &c;
+                if (l < n && by_logit_desc(&h[l], mv) > 0)
+                    m = l, mv = &h[l];
+                if (r < n && by_logit_desc(&h[r], mv) > 0)
+                    m = r, mv = &h[r];
+                if (m == j)
+                    break;
+                h[j] = h[m];
+                j = m;
+            }
+            h[j] = c;
+        }
+    }
+    s->n_cand = k;
+    qsort(s->cand, k, sizeof *s->cand, by_logit_desc);
+    s->cand_sorted = 1;
+}
+
+static int by_key_asc(const void *a, const void *b)
+{
+    const cand_t *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Locally typical sampling: keep the tokens whose surprise is closest to the
+ * entropy of the distribution, until their mass reaches typical_p. */
+static void typical(rt_sampler_t *s, float tp)
+{
+    softmax(s);
+    double ent = 0;
+    for (size_t i = 0; i < s->n_cand; i++)
+        if (s->cand[i].p > 0)
+            ent -= s->cand[i].p * log(s->cand[i].p);
+    for (size_t i = 0; i < s->n_cand; i++) {
+        double surprise = s->cand[i].p > 0 ? -log(s->cand[i].p) : INFINITY;
+        s->cand[i].key = (float)fabs(surprise - ent);
+    }
+    qsort(s->cand, s->n_cand, sizeof *s->cand, by_key_asc);
+    s->cand_sorted = 0;
+    double cum = 0;
+    for (size_t i = 0; i < s->n_cand; i++) {
+        cum += s->cand[i].p;
+        if (cum >= tp && i + 1 >= keep_floor(s)) {
+            s->n_cand = i + 1;
+            return;
+        }
+    }
+}
+
+static void top_p(rt_sampler_t *s, float tp)
+{
+    sort_desc(s);
+    softmax(s);
+    double cum = 0;
+    for (size_t i = 0; i < s->n_cand; i++) {
+        cum += s->cand[i].p;
+        if (cum >= tp && i + 1 >= keep_floor(s)) {
+            s->n_cand = i + 1;
+            return;
+        }
+    }
+}
+
+/* Keeps the tokens at least min_p times as likely as the best: on logits, those
+ * within log(min_p) of the largest. */
+static void min_p(rt_sampler_t *s, float mp)
+{
+    float max = -INFINITY;
+    for (size_t i = 0; i < s->n_cand; i++)
+        if (s->cand[i].logit > max)
+            max = s->cand[i].logit;
+    float min_logit = max + logf(mp);
+    size_t n = 0;
+    for (size_t i = 0; i < s->n_cand; i++)
+        n += s->cand[i].logit >= min_logit;
+    if (n < keep_floor(s)) { /* too few pass: keep the best min_keep instead */
+        sort_desc(s);
+        if (keep_floor(s) < s->n_cand)
+            s->n_cand = keep_floor(s);
+        return;
+    }
+    n = 0;
+    for (size_t i = 0; i < s->n_cand; i++)
+        if (s->cand[i].logit >= min_logit)
+            s->cand[n++] = s->cand[i];
+    s->n_cand = n; /* filtering keeps the relative order, so sortedness stays */
+}
+
+static void temperature(rt_sampler_t *s, float t)
+{
+    if (t <= 0) { /* only the most likely survives */
+        size_t best = 0;
+        for (size_t i = 1; i < s->n_cand; i++)
+            if (by_logit_desc(&s->cand[i], &s->cand[best]) < 0)
+                best = i;
+        s->cand[0] = s->cand[best];
+        s->n_cand = 1;
+        s->cand_sorted = 1;
+        return;
+    }
+    for (size_t i = 0; i < s->n_cand; i++)
+        s->cand[i].logit /= t;
+}
+
+static int32_t draw(rt_sampler_t *s)
+{
+    softmax(s);
+    double r = uniform01(s->rng), cum = 0;
+    for (size_t i = 0; i < s->n_cand; i++) {
+        cum += s->cand[i].p;
+        if (r < cum)
+            return s->cand[i].id;
+    }
+    /* rounding left r above the total: the last token with any mass */
+    for (size_t i = s->n_cand; i-- > 0;)
+        if (s->cand[i].p > 0)
+            return s->cand[i].id;
+    return s->cand[0].id;
+}
+
+// --- entry points ---------------------------------------------------------------------------
+
+int32_t rt_sampler_sample(rt_sampler_t *s, const float *logits)
+{
+    const rt_sampler_params_t *p = &s->p;
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        s->cand[i].id = i;
+        s->cand[i].logit = isnan(logits[i]) ? -INFINITY : logits[i];
+    }
+    s->n_cand = (size_t)s->n_vocab;
+    s->cand_sorted = 0;
+
+    for (size_t i = 0; i < p->n_logit_bias; i++)
+        s->cand[p->logit_bias[i].token].logit += p->logit_bias[i].bias;
+    apply_penalties(s);
+    if (p->top_k > 0)
+        top_k(s, (size_t)p->top_k > keep_floor(s) ? (size_t)p->top_k : keep_floor(s));
+    if (p->typical_p < 1.0f)
+        typical(s, p->typical_p);
+    if (p->top_p < 1.0f)
+        top_p(s, p->top_p);
+    if (p->min_p > 0.0f)
+        min_p(s, p->min_p);
+    temperature(s, p->temp);
+    return draw(s);
+}
+
+static int prob_before(float p, int32_t id, const float *probs, const int32_t *ids, size_t j)
+{
+    return p > probs[j] || (p == probs[j] && id < ids[j]);
+}
+
+size_t rt_sampler_last_candidates(const rt_sampler_t *s, int32_t *ids, float *probs,
+                                  size_t max_n)
+{
+    /* draw() left the probabilities in cand; an insertion sort into the caller's
+     * arrays keeps the best max_n without reordering cand */
+    size_t n = 0;
+    for (size_t i = 0; i < s->n_cand; i++) {
+        const cand_t *c = &s->cand[i];
+        size_t j;
+        if (n < max_n)
+            j = n++;
+        else if (max_n > 0 && prob_before(c->p, c->id, probs, ids, max_n - 1))
+            j = max_n - 1;
+        else
+            continue;
+        for (; j > 0 && prob_before(c->p, c->id, probs, ids, j - 1); j--) {
+            ids[j] = ids[j - 1];
+            probs[j] = probs[j - 1];
+        }
+        ids[j] = c->id;
+        probs[j] = c->p;
+    }
+    return n;
+}

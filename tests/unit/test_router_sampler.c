@@ -1,0 +1,370 @@
+/* Tests of router/sampler.c: each stage of the chain alone, the chain's order,
+ * determinism under a seed, and the refusal of bad parameters. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sampler.h"
+
+/* Parameters with every filter off, so a test switches on only what it tests. */
+static rt_sampler_params_t plain(void)
+{
+    rt_sampler_params_t p;
+    rt_sampler_params_default(&p);
+    p.temp = 1.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.penalty_last_n = 0;
+    p.seed = 1234;
+    return p;
+}
+
+static rt_sampler_t *make(const rt_sampler_params_t *p, int32_t n_vocab)
+{
+    rt_sampler_t *s = NULL;
+    bl_err_t err = {0};
+    int rc = rt_sampler_create(&s, p, n_vocab, 4096, &err);
+    if (rc)
+        fail_msg("rt_sampler_create: %s", err.msg);
+    return s;
+}
+
+/* How often each token comes out of n draws. */
+static void histogram(rt_sampler_t *s, const float *logits, int32_t n_vocab, int n, int *hist)
+{
+    memset(hist, 0, (size_t)n_vocab * sizeof *hist);
+    for (int i = 0; i < n; i++) {
+        int32_t t = rt_sampler_sample(s, logits);
+        assert_in_range(t, 0, n_vocab - 1);
+        hist[t]++;
+    }
+}
+
+static void test_sampler_defaults_are_llama_server_defaults(void **state)
+{
+    (void)state;
+    rt_sampler_params_t p;
+    rt_sampler_params_default(&p);
+    assert_float_equal(p.temp, 0.8f, 0);
+    assert_int_equal(p.top_k, 40);
+    assert_float_equal(p.top_p, 0.95f, 0);
+    assert_float_equal(p.min_p, 0.05f, 0);
+    assert_float_equal(p.typical_p, 1.0f, 0);
+    assert_int_equal(p.penalty_last_n, 64);
+    assert_float_equal(p.repeat_penalty, 1.0f, 0);
+    assert_int_equal(p.seed, RT_SEED_RANDOM);
+}
+
+static void test_sampler_zero_temperature_is_argmax(void **state)
+{
+    (void)state;
+    rt_sampler_params_t p = plain();
+    p.temp = 0.0f;
+    enum { V = 1000 };
+    float logits[V];
+    srand(7);
+    for (int i = 0; i < V; i++)
+        logits[i] = (float)rand() / RAND_MAX * 10.0f - 5.0f;
+    logits[613] = 9.0f;
+    rt_sampler_t *s = make(&p, V);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(rt_sampler_sample(s, logits), 613);
+    rt_sampler_destroy(s);
+}
+
+static void test_sampler_top_k_one_is_argmax(void **state)
+{
+    (void)state;
+    rt_sampler_params_t p = plain();
+    p.top_k = 1;
+    float logits[6] = {0.1f, 2.0f, 1.9f, -1.0f, 1.99f, 0.0f};
+    rt_sampler_t *s = make(&p, 6);
+    for (int i = 0; i < 50; i++)
+        assert_int_equal(rt_sampler_sample(s, logits), 1);
+    rt_sampler_destroy(s);
+}
+
+static void test_sampler_top_k_keeps_only_k(void **state)
+{
+    (void)state;
+    rt_sampler_params_t p = plain();
+    p.top_k = 3;
+    float logits[8] = {1.0f, 1.1f, 0.2f, 1.2f, 0.3f, 0.1f, 0.0f, 0.4f};
+    int hist[8];
+    rt_sampler_t *s = make(&p, 8);
+    histogram(s, logits, 8, 3000, hist);
+    for (int i = 0; i < 8; i++) {
+        if (i == 0 || i == 1 || i == 3)
+            assert_true(hist[i] > 0);
+        else
+            assert_int_equal(hist[i], 0);
+    }
+    rt_sampler_destroy(s);
+}
+
+static void test_sampler_same_seed_same_tokens(void **state)
+{
+    (void)state;
+    rt_sampler_params_t p = plain();
+    p.seed = 42;
+    enum { V = 50 };
+    float logits[V];
+    for (int i = 0; i < V; i++)
+        logits[i] = (float)(i % 7) * 0.3f;
+    rt_sampler_t *a = make(&p, V), *b = make(&p, V);
+    int same_as_other_seed = 0;
+    p.seed = 43;
+    rt_sampler_t *c = make(&p, V);
+    for (int i = 0; i < 200; i++) {
+        int32_t ta = rt_sampler_sample(a, logits), tb = rt_sampler_sample(b, logits);
+        assert_int_equal(ta, tb);
+        same_as_other_seed += ta == rt_sampler_sample(c, logits);
+    }
+    assert_true(same_as_other_seed < 150);
+    rt_sampler_reset(a);
+    rt_sampler_reset(b);
+    assert_int_equal(rt_sampler_sample(a, logits), rt_sampler_sample(b, logits));
+    rt_sampler_destroy(a);
+    rt_sampler_destroy(b);
+    rt_sampler_destroy(c);
+}
+
+static void test_sampler_random_seed_is_reported(void **state)
+{
+    (void)state;
+    rt_sampler_params_t p = plain();
+    p.seed = RT_SEED_RANDOM;
+    rt_sampler_t *s = make(&p, 4);
+    assert_int_not_equal(rt_sampler_seed(s), RT_SEED_RANDOM);
+    rt_sampler_destroy(s);
+}
+
+static void test_sampler_draws_follow_the_distribution(void **state)
+{
+    (void)state;
+    rt_sampler_params_t p = plain();
+    /* probabilities 0.5, 0.25, 0.125, 0.125 */
+    float logits[4] = {logf(4), logf(2), 0, 0};
+    int hist[4];
+    rt_sampler_t *s = make(&p, 4);
+    enum { N = 40000 };
+    histogram(s, logits, 4, N, hist);
+    const double want[4] = {0.5, 0.25, 0.125, 0.125};
+    for (int i = 0; i < 4; i++) {
+        double got = (double)hist[i] / N, sd = sqrt(want[i] * (1 - want[i]) / N);
+        if (fabs(got - want[i]) > 5 * sd)
+            fail_msg("token %d drawn %.4f of the time, expected %.4f", i, got, want[i]);
+    }
+    rt_sampler_destroy(s);
+}
+
+static void test_sampler_temperature_sharpens(void **state)
+{
+    (void)state;
+    rt_sampler_params_t p = plain();
+    p.temp = 0.25f; /* logits 1 and 0 become 4 and 0: p = e^4/(e^4+1) = 0.982 */
+    float logits[2] = {1.0f, 0.0f};
+    int hist[2];
+    rt_sampler_t *s = make(&p, 2);
+    histogram(s, logits, 2, 10000, hist);
+    assert_in_range(hist[0], 9700, 9950);
+    rt_sampler_destroy(s);
+}
+
+static void test_sampler_top_p_keeps_the_smallest_covering_set(void **state)
+{
+    (void)state;
+    rt_sampler_params_t p = plain();
+    p.top_p = 0.7f; /* 0.5 + 0.25 covers 0.7: tokens 0 and 1 stay */
+    float logits[4] = {logf(4), logf(2), 0, 0};
+    int hist[4];
+    rt_sampler_t *s = make(&p, 4);
+    histogram(s, logits, 4, 3000, hist);
+    assert_true(hist[0] > 0 && hist[1] > 0);
+    assert_int_equal(hist[2] + hist[3], 0);
+    rt_sampler_destroy(s);
+}
+
+static void test_sampler_min_p_drops_unlikely_tokens(void **state)
+{
+    (void)state;
+    rt_sampler_params_t p = plain();
+    p.min_p = 0.3f; /* relative to the best (0.5): 0.25 passes, 0.125 does not */
+    float logits[4] = {logf(4), logf(2), 0, 0};
+    int hist[4];
+    rt_sampler_t *s = make(&p, 4);
+    histogram(s, logits, 4, 3000, hist);
+    assert_true(hist[0] > 0 && hist[1] > 0);
+    assert_int_equal(hist[2] + hist[3], 0);
+    rt_sampler_destroy(s);
+}
+
+static void test_sampler_typical_p_prefers_typical_tokens(void **state)
+{
+    (void)state;
+    rt_sampler_params_t p = plain();
+    /* one dominant token and many equal small ones: the entropy is low, so the
+     * dominant token is the typical one and a small typical_p keeps only it */
+    enum { V = 64 };
+    float logits[V];
+    for (int i = 0; i < V; i++)
+        logits[i] = 0.0f;
+    logits[5] = 8.0f;
+    p.typical_p = 0.2f;
+    int hist[V];
+    rt_sampler_t *s = make(&p, V);
+    histogram(s, logits, V, 500, hist);
+    assert_int_equal(hist[5], 500);
+    rt_sampler_destroy(s);
+}
+
+static void test_sampler_logit_bias_bans_and_forces(void **state)
+{
+    (void)state;
+    rt_sampler_params_t p = plain();
+    p.temp = 0.0f;
+    rt_logit_bias_t bias[2] = {{2, -INFINITY}, {0, 5.0f}};
+    p.logit_bias = bias;
+    p.n_logit_bias = 1;
+    float logits[3] = {1.0f, 2.0f, 3.0f};
+    rt_sampler_t *s = make(&p, 3);
+    assert_int_equal(rt_sampler_sample(s, logits), 1);
+    rt_sampler_destroy(s);
+    p.n_logit_bias = 2;
+    s = make(&p, 3);
+    assert_int_equal(rt_sampler_sample(s, logits), 0);
+    rt_sampler_destroy(s);
+}
+
+static void test_sampler_repeat_penalty_pushes_down_seen_tokens(void **state)
+{
+    (void)state;
+    rt_sampler_params_t p = plain();
+    p.temp = 0.0f;
+    p.penalty_last_n = 4;
+    p.repeat_penalty = 2.0f;
+    float logits[3] = {3.0f, 2.0f, -1.0f};
+    rt_sampler_t *s = make(&p, 3);
+    assert_int_equal(rt_sampler_sample(s, logits), 0);
+    rt_sampler_accept(s, 0); /* 3 / 2 = 1.5 < 2 */
+    assert_int_equal(rt_sampler_sample(s, logits), 1);
+    rt_sampler_accept(s, 1); /* 2 / 2 = 1 < 1.5 */
+    assert_int_equal(rt_sampler_sample(s, logits), 0);
+    /* the window holds 4 tokens: after four more of token 2, 0 and 1 are forgotten */
+    for (int i = 0; i < 4; i++)
+        rt_sampler_accept(s, 2);
+    assert_int_equal(rt_sampler_sample(s, logits), 0);
+    logits[0] = -1.5f;
+    logits[1] = -1.5f; /* -1 * 2 = -2 < -1.5: a negative logit is multiplied */
+    assert_int_equal(rt_sampler_sample(s, logits), 0);
+    rt_sampler_destroy(s);
+}
+
+static void test_sampler_frequency_and_presence_penalties(void **state)
+{
+    (void)state;
+    rt_sampler_params_t p = plain();
+    p.temp = 0.0f;
+    p.penalty_last_n = 64;
+    p.frequency_penalty = 0.5f;
+    p.presence_penalty = 0.25f;
+    float logits[2] = {2.0f, 1.0f};
+    rt_sampler_t *s = make(&p, 2);
+    rt_sampler_accept(s, 0); /* 2 - 0.5 - 0.25 = 1.25 > 1 */
+    assert_int_equal(rt_sampler_sample(s, logits), 0);
+    rt_sampler_accept(s, 0); /* 2 - 1.0 - 0.25 = 0.75 < 1 */
+    assert_int_equal(rt_sampler_sample(s, logits), 1);
+    rt_sampler_reset(s); /* forgets the window */
+    assert_int_equal(rt_sampler_sample(s, logits), 0);
+    rt_sampler_destroy(s);
+}
+
+static void test_sampler_candidates_are_sorted_probabilities(void **state)
+{
+    (void)state;
+    rt_sampler_params_t p = plain();
+    p.top_k = 3;
+    float logits[5] = {0.0f, 3.0f, 1.0f, 2.0f, -1.0f};
+    rt_sampler_t *s = make(&p, 5);
+    (void)rt_sampler_sample(s, logits);
+    int32_t ids[5];
+    float probs[5];
+    size_t n = rt_sampler_last_candidates(s, ids, probs, 5);
+    assert_int_equal(n, 3);
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(ids[1], 3);
+    assert_int_equal(ids[2], 2);
+    assert_float_equal(probs[0] + probs[1] + probs[2], 1.0f, 1e-5);
+    assert_true(probs[0] > probs[1] && probs[1] > probs[2]);
+    assert_int_equal(rt_sampler_last_candidates(s, ids, probs, 2), 2);
+    assert_int_equal(ids[1], 3);
+    rt_sampler_destroy(s);
+}
+
+static void test_sampler_nan_logits_are_never_chosen(void **state)
+{
+    (void)state;
+    rt_sampler_params_t p = plain();
+    float logits[3] = {NAN, 0.0f, NAN};
+    rt_sampler_t *s = make(&p, 3);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(rt_sampler_sample(s, logits), 1);
+    rt_sampler_destroy(s);
+}
+
+static void test_sampler_rejects_bad_parameters(void **state)
+{
+    (void)state;
+    const char *fields[] = {"top_p", "min_p", "temperature", "repeat_penalty",
+                            "repeat_last_n", "logit_bias"};
+    rt_logit_bias_t far = {99, 1.0f};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        rt_sampler_params_t p = plain();
+        switch (i) {
+        case 0: p.top_p = 1.5f; break;
+        case 1: p.min_p = -0.1f; break;
+        case 2: p.temp = NAN; break;
+        case 3: p.repeat_penalty = 0.0f; break;
+        case 4: p.penalty_last_n = -2; break;
+        case 5: p.logit_bias = &far; p.n_logit_bias = 1; break;
+        }
+        rt_sampler_t *s = NULL;
+        bl_err_t err = {0};
+        assert_int_equal(rt_sampler_create(&s, &p, 10, 100, &err), BL_EINVAL);
+        assert_null(s);
+        if (!strstr(err.msg, fields[i]))
+            fail_msg("error for %s does not name it: %s", fields[i], err.msg);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sampler_defaults_are_llama_server_defaults),
+        cmocka_unit_test(test_sampler_zero_temperature_is_argmax),
+        cmocka_unit_test(test_sampler_top_k_one_is_argmax),
+        cmocka_unit_test(test_sampler_top_k_keeps_only_k),
+        cmocka_unit_test(test_sampler_same_seed_same_tokens),
+        cmocka_unit_test(test_sampler_random_seed_is_reported),
+        cmocka_unit_test(test_sampler_draws_follow_the_distribution),
+        cmocka_unit_test(test_sampler_temperature_sharpens),
+        cmocka_unit_test(test_sampler_top_p_keeps_the_smallest_covering_set),
+        cmocka_unit_test(test_sampler_min_p_drops_unlikely_tokens),
+        cmocka_unit_test(test_sampler_typical_p_prefers_typical_tokens),
+        cmocka_unit_test(test_sampler_logit_bias_bans_and_forces),
+        cmocka_unit_test(test_sampler_repeat_penalty_pushes_down_seen_tokens),
+        cmocka_unit_test(test_sampler_frequency_and_presence_penalties),
+        cmocka_unit_test(test_sampler_candidates_are_sorted_probabilities),
+        cmocka_unit_test(test_sampler_nan_logits_are_never_chosen),
+        cmocka_unit_test(test_sampler_rejects_bad_parameters),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
