@@ -1,0 +1,53 @@
+/* Command-line flags, table-driven, with llama.cpp's spellings: short and long names
+ * ("-t", "--threads"), "--flag value" and "--flag=value", and an environment variable
+ * per flag (LLAMA_ARG_*) that the command line overrides. Every program shares this
+ * parser, so a flag is spelled, checked and reported the same way everywhere. */
+#ifndef BL_ARGS_H
+#define BL_ARGS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "err.h"
+
+typedef enum bl_arg_kind {
+    BL_ARG_FLAG, /* no value; sets *(int *)dst = 1 */
+    BL_ARG_STR,  /* *(const char **)dst = the value (borrowed from argv or environ) */
+    BL_ARG_I64,  /* *(int64_t *)dst, checked against [min, max] */
+    BL_ARG_F32,  /* *(float *)dst, finite, checked against [fmin, fmax] */
+    BL_ARG_FN,   /* fn(ud, value, err) parses the value itself */
+} bl_arg_kind_t;
+
+typedef struct bl_arg {
+    const char *names;   /* comma-separated spellings: "-t,--threads" */
+    const char *env;     /* environment variable, or NULL */
+    bl_arg_kind_t kind;
+    void *dst;
+    int64_t min, max;    /* BL_ARG_I64 */
+    float fmin, fmax;    /* BL_ARG_F32 */
+    int (*fn)(void *ud, const char *value, bl_err_t *err); /* BL_ARG_FN */
+    void *ud;
+    const char *metavar; /* "N", "FILE", ...; NULL for flags */
+    const char *help;
+    int seen;            /* set by bl_args_parse: 1 from the command line, 2 from env */
+} bl_arg_t;
+
+/* Applies the environment variables of args, then argv[1..argc). Positional
+ * arguments (and everything after "--") are moved, in order, to the front of argv
+ * after argv[0]; *n_positional counts them (NULL: positionals are an error).
+ * "-h"/"--help" sets *help (NULL: an unknown flag). Returns 0, or BL_EINVAL with
+ * err naming the flag or variable: unknown flag, missing value, a value that does
+ * not parse or is out of range. */
+int bl_args_parse(bl_arg_t *args, int n_args, int argc, char **argv, int *n_positional,
+                  int *help, bl_err_t *err) BL_WUR;
+
+/* Prints "usage: prog synopsis" and one line per flag with its variable and help. */
+void bl_args_usage(FILE *f, const char *prog, const char *synopsis, const bl_arg_t *args,
+                   int n_args);
+
+/* Number parsing as the flags use it, for callers with their own formats: the whole
+ * string must be the number. */
+int bl_parse_i64(const char *s, int64_t *out) BL_WUR;
+int bl_parse_f32(const char *s, float *out) BL_WUR;
+
+#endif

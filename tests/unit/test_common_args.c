@@ -1,0 +1,189 @@
+/* Tests of common/args.c: spellings, values, environment variables and the errors
+ * that name the flag. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"
+
+typedef struct opts {
+    const char *model;
+    int64_t threads;
+    float temp;
+    int chat;
+    int calls;
+} opts_t;
+
+static int count_call(void *ud, const char *value, bl_err_t *err)
+{
+    opts_t *o = ud;
+    if (!strcmp(value, "bad"))
+        return bl_err_set(err, BL_EINVAL, "'bad' is refused");
+    o->calls++;
+    return 0;
+}
+
+static int parse(opts_t *o, int argc, char **argv, int *n_pos, bl_err_t *err)
+{
+    memset(o, 0, sizeof *o);
+    o->threads = 4;
+    bl_arg_t args[] = {
+        {"-m,--model", "BLTEST_MODEL", BL_ARG_STR, &o->model, .metavar = "FILE", .help = "model"},
+        {"-t,--threads", "BLTEST_THREADS", BL_ARG_I64, &o->threads, 1, 64, .metavar = "N"},
+        {"--temp", NULL, BL_ARG_F32, &o->temp, .fmin = 0, .fmax = 2, .metavar = "T"},
+        {"-cnv,--chat", "BLTEST_CHAT", BL_ARG_FLAG, &o->chat},
+        {"-x", NULL, BL_ARG_FN, NULL, .fn = count_call, .ud = o, .metavar = "V"},
+    };
+    int help = 0;
+    return bl_args_parse(args, 5, argc, argv, n_pos, &help, err);
+}
+
+static void test_args_short_long_and_equals(void **state)
+{
+    (void)state;
+    char *argv[] = {"prog", "-m", "a.gguf", "--threads=8", "--temp", "0.5", "-cnv", NULL};
+    opts_t o;
+    bl_err_t err = {0};
+    assert_int_equal(parse(&o, 7, argv, NULL, &err), 0);
+    assert_string_equal(o.model, "a.gguf");
+    assert_int_equal(o.threads, 8);
+    assert_float_equal(o.temp, 0.5f, 0);
+    assert_int_equal(o.chat, 1);
+}
+
+static void test_args_unknown_flag_is_named(void **state)
+{
+    (void)state;
+    char *argv[] = {"prog", "--nope", NULL};
+    opts_t o;
+    bl_err_t err = {0};
+    assert_int_equal(parse(&o, 2, argv, NULL, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "--nope"));
+}
+
+static void test_args_missing_value_is_named(void **state)
+{
+    (void)state;
+    char *argv[] = {"prog", "-m", NULL};
+    opts_t o;
+    bl_err_t err = {0};
+    assert_int_equal(parse(&o, 2, argv, NULL, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "-m"));
+}
+
+static void test_args_rejects_out_of_range_and_garbage(void **state)
+{
+    (void)state;
+    const char *bad[][2] = {{"-t", "0"}, {"-t", "65"}, {"-t", "8x"}, {"-t", ""},
+                            {"--temp", "3"}, {"--temp", "nan"}, {"--temp", "inf"}, {"-x", "bad"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *argv[] = {"prog", (char *)bad[i][0], (char *)bad[i][1], NULL};
+        opts_t o;
+        bl_err_t err = {0};
+        assert_int_equal(parse(&o, 3, argv, NULL, &err), BL_EINVAL);
+        /* the message names the flag by its long spelling when it has one */
+        const char *want = !strcmp(bad[i][0], "-t") ? "--threads" : bad[i][0];
+        if (!strstr(err.msg, want))
+            fail_msg("'%s %s': message does not name %s: %s", bad[i][0], bad[i][1], want, err.msg);
+    }
+}
+
+static void test_args_flag_takes_no_value(void **state)
+{
+    (void)state;
+    char *argv[] = {"prog", "--chat=1", NULL};
+    opts_t o;
+    bl_err_t err = {0};
+    assert_int_equal(parse(&o, 2, argv, NULL, &err), BL_EINVAL);
+}
+
+static void test_args_environment_then_command_line(void **state)
+{
+    (void)state;
+    setenv("BLTEST_THREADS", "16", 1);
+    setenv("BLTEST_MODEL", "env.gguf", 1);
+    setenv("BLTEST_CHAT", "true", 1);
+    char *argv[] = {"prog", "-t", "2", NULL};
+    opts_t o;
+    bl_err_t err = {0};
+    assert_int_equal(parse(&o, 3, argv, NULL, &err), 0);
+    assert_int_equal(o.threads, 2);        /* the command line wins */
+    assert_string_equal(o.model, "env.gguf");
+    assert_int_equal(o.chat, 1);
+    setenv("BLTEST_THREADS", "many", 1);
+    char *argv2[] = {"prog", NULL};
+    assert_int_equal(parse(&o, 1, argv2, NULL, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "BLTEST_THREADS"));
+    setenv("BLTEST_THREADS", "3", 1);
+    setenv("BLTEST_CHAT", "perhaps", 1);
+    assert_int_equal(parse(&o, 1, argv2, NULL, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "BLTEST_CHAT"));
+    unsetenv("BLTEST_THREADS");
+    unsetenv("BLTEST_MODEL");
+    unsetenv("BLTEST_CHAT");
+}
+
+static void test_args_positionals(void **state)
+{
+    (void)state;
+    char *argv[] = {"prog", "info", "-t", "3", "file.gguf", "--", "-m", NULL};
+    opts_t o;
+    bl_err_t err = {0};
+    int n = -1;
+    assert_int_equal(parse(&o, 7, argv, &n, &err), 0);
+    assert_int_equal(n, 3);
+    assert_string_equal(argv[1], "info");
+    assert_string_equal(argv[2], "file.gguf");
+    assert_string_equal(argv[3], "-m");
+    char *argv2[] = {"prog", "stray", NULL};
+    assert_int_equal(parse(&o, 2, argv2, NULL, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "stray"));
+}
+
+static void test_args_fn_is_called_per_use(void **state)
+{
+    (void)state;
+    char *argv[] = {"prog", "-x", "a", "-x", "b", NULL};
+    opts_t o;
+    bl_err_t err = {0};
+    assert_int_equal(parse(&o, 5, argv, NULL, &err), 0);
+    assert_int_equal(o.calls, 2);
+}
+
+static void test_args_number_parsers(void **state)
+{
+    (void)state;
+    int64_t i;
+    float f;
+    assert_int_equal(bl_parse_i64("0x10", &i), 0);
+    assert_int_equal(i, 16);
+    assert_int_equal(bl_parse_i64("-5", &i), 0);
+    assert_int_equal(i, -5);
+    assert_int_not_equal(bl_parse_i64("99999999999999999999", &i), 0);
+    assert_int_not_equal(bl_parse_i64("1 ", &i), 0);
+    assert_int_equal(bl_parse_f32("1e-3", &f), 0);
+    assert_float_equal(f, 1e-3f, 0);
+    assert_int_not_equal(bl_parse_f32("1e99", &f), 0);
+    assert_int_not_equal(bl_parse_f32("", &f), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_args_short_long_and_equals),
+        cmocka_unit_test(test_args_unknown_flag_is_named),
+        cmocka_unit_test(test_args_missing_value_is_named),
+        cmocka_unit_test(test_args_rejects_out_of_range_and_garbage),
+        cmocka_unit_test(test_args_flag_takes_no_value),
+        cmocka_unit_test(test_args_environment_then_command_line),
+        cmocka_unit_test(test_args_positionals),
+        cmocka_unit_test(test_args_fn_is_called_per_use),
+        cmocka_unit_test(test_args_number_parsers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
