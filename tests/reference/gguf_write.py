@@ -1,0 +1,180 @@
+"""Minimal GGUF v3 writer for building test models.
+
+Owns: writing metadata (typed values, arrays, nested arrays) and F32/F16
+tensors, and the helpers that build tiny random qwen3moe / qwen3 models.
+Values are given as (type, value) pairs or plain Python values (int -> i32 or
+u64 when large, float -> f32, bool, str, list -> array of the first element's
+type). Tensors are float arrays in numpy order (slowest dimension first); they
+are stored with ne = reversed(shape).
+"""
+
+import struct
+
+import numpy as np
+
+import gguf as G
+
+_FMT = {
+    G.T_UINT8: "<B", G.T_INT8: "<b", G.T_UINT16: "<H", G.T_INT16: "<h",
+    G.T_UINT32: "<I", G.T_INT32: "<i", G.T_FLOAT32: "<f", G.T_BOOL: "<?",
+    G.T_UINT64: "<Q", G.T_INT64: "<q", G.T_FLOAT64: "<d",
+}
+
+
+def _str(s):
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def _infer(v):
+    if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], int):
+        return v
+    if isinstance(v, bool):
+        return (G.T_BOOL, v)
+    if isinstance(v, int):
+        return (G.T_INT32, v) if -2**31 <= v < 2**31 else (G.T_INT64 if v < 0 else G.T_UINT64, v)
+    if isinstance(v, float):
+        return (G.T_FLOAT32, v)
+    if isinstance(v, str):
+        return (G.T_STRING, v)
+    if isinstance(v, list):
+        return (G.T_ARRAY, v)
+    raise TypeError("cannot infer GGUF type of %r" % (v,))
+
+
+def _value(typ, v, elem_type=None):
+    if typ in _FMT:
+        return struct.pack(_FMT[typ], v)
+    if typ == G.T_STRING:
+        return _str(v)
+    if typ == G.T_ARRAY:
+        if elem_type is None:
+            elem_type = _infer(v[0])[0] if v else G.T_INT32
+        out = struct.pack("<IQ", elem_type, len(v))
+        for x in v:
+            if elem_type == G.T_ARRAY:
+                out += _value(G.T_ARRAY, x)
+            else:
+                out += _value(elem_type, x)
+        return out
+    raise TypeError("unknown type %r" % typ)
+
+
+class Writer:
+    def __init__(self, alignment=32):
+        self.kv = []
+        self.tensors = []
+        self.alignment = alignment
+
+    def add(self, key, value, typ=None, elem_type=None):
+        if typ is None:
+            typ, value = _infer(value)
+        self.kv.append((key, typ, value, elem_type))
+
+    def add_tensor(self, name, arr, ggml_type="F32"):
+        arr = np.asarray(arr)
+        if ggml_type == "F32":
+            data = arr.astype("<f4").tobytes()
+        elif ggml_type == "F16":
+            data = arr.astype("<f2").tobytes()
+        else:
+            raise ValueError("writer supports F32 and F16 only")
+        ne = tuple(reversed(arr.shape))
+        self.tensors.append((name, ne, G.GGML_TYPE_IDS[ggml_type], data))
+
+    def tobytes(self):
+        a = self.alignment
+        if a != 32:
+            self.kv = [k for k in self.kv if k[0] != "general.alignment"]
+            self.kv.append(("general.alignment", G.T_UINT32, a, None))
+        out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(self.tensors), len(self.kv)))
+        for key, typ, value, et in self.kv:
+            out += _str(key) + struct.pack("<I", typ) + _value(typ, value, et)
+        off = 0
+        offs = []
+        for name, ne, t, data in self.tensors:
+            offs.append(off)
+            out += _str(name) + struct.pack("<I", len(ne))
+            out += b"".join(struct.pack("<Q", n) for n in ne)
+            out += struct.pack("<IQ", t, off)
+            off += (len(data) + a - 1) // a * a
+        out += b"\0" * ((-len(out)) % a)
+        for (name, ne, t, data), o in zip(self.tensors, offs):
+            out += data + b"\0" * ((-len(data)) % a)
+        return bytes(out)
+
+    def write(self, path):
+        with open(path, "wb") as f:
+            f.write(self.tobytes())
+
+
+def tiny_weights(seed=0, n_vocab=64, n_embd=32, n_layer=2, n_head=4, n_head_kv=2,
+                 head_dim=16, n_ff=48, n_expert=1, scale=0.3):
+    """Random zero-mean float weights (numpy order) for a tiny model."""
+    rng = np.random.default_rng(seed)
+
+    def r(*shape, s=scale):
+        return rng.standard_normal(shape) * s
+
+    w = {
+        "token_embd.weight": r(n_vocab, n_embd, s=1.0),
+        "output_norm.weight": 1.0 + r(n_embd, s=0.1),
+        "output.weight": r(n_vocab, n_embd),
+    }
+    for i in range(n_layer):
+        p = "blk.%d." % i
+        w[p + "attn_norm.weight"] = 1.0 + r(n_embd, s=0.1)
+        w[p + "attn_q.weight"] = r(n_head * head_dim, n_embd)
+        w[p + "attn_k.weight"] = r(n_head_kv * head_dim, n_embd)
+        w[p + "attn_v.weight"] = r(n_head_kv * head_dim, n_embd)
+        w[p + "attn_output.weight"] = r(n_embd, n_head * head_dim)
+        w[p + "attn_q_norm.weight"] = 1.0 + r(head_dim, s=0.1)
+        w[p + "attn_k_norm.weight"] = 1.0 + r(head_dim, s=0.1)
+        w[p + "ffn_norm.weight"] = 1.0 + r(n_embd, s=0.1)
+        w[p + "ffn_gate_inp.weight"] = r(n_expert, n_embd)
+        w[p + "ffn_gate_exps.weight"] = r(n_expert, n_ff, n_embd)
+        w[p + "ffn_up_exps.weight"] = r(n_expert, n_ff, n_embd)
+        w[p + "ffn_down_exps.weight"] = r(n_expert, n_embd, n_ff)
+    hp = dict(n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+              n_head_kv=n_head_kv, head_dim=head_dim, n_ff=n_ff, n_expert=n_expert)
+    return w, hp
+
+
+def write_model(path, arch, weights, hp, n_expert_used=1, rope_base=1e6, eps=1e-6, tied=False):
+    """Write `weights` (from tiny_weights) as a qwen3moe or dense qwen3 file.
+
+    For qwen3 the first expert's matrices become ffn_gate/ffn_up/ffn_down.
+    """
+    wr = Writer()
+    wr.add("general.architecture", arch)
+    wr.add("general.name", "tiny-" + arch)
+    wr.add("general.alignment", (G.T_UINT32, 32))
+    wr.add(arch + ".block_count", (G.T_UINT32, hp["n_layer"]))
+    wr.add(arch + ".context_length", (G.T_UINT32, 256))
+    wr.add(arch + ".embedding_length", (G.T_UINT32, hp["n_embd"]))
+    wr.add(arch + ".feed_forward_length", (G.T_UINT32, hp["n_ff"]))
+    wr.add(arch + ".attention.head_count", (G.T_UINT32, hp["n_head"]))
+    wr.add(arch + ".attention.head_count_kv", (G.T_UINT32, hp["n_head_kv"]))
+    wr.add(arch + ".attention.key_length", (G.T_UINT32, hp["head_dim"]))
+    wr.add(arch + ".attention.value_length", (G.T_UINT32, hp["head_dim"]))
+    wr.add(arch + ".rope.freq_base", (G.T_FLOAT32, rope_base))
+    wr.add(arch + ".attention.layer_norm_rms_epsilon", (G.T_FLOAT32, eps))
+    if arch == "qwen3moe":
+        wr.add(arch + ".expert_count", (G.T_UINT32, hp["n_expert"]))
+        wr.add(arch + ".expert_used_count", (G.T_UINT32, n_expert_used))
+        wr.add(arch + ".expert_feed_forward_length", (G.T_UINT32, hp["n_ff"]))
+    wr.add("tokenizer.ggml.model", "gpt2")
+    wr.add("tokenizer.ggml.tokens", ["t%d" % i for i in range(hp["n_vocab"])])
+    for name, arr in weights.items():
+        if tied and name == "output.weight":
+            continue
+        if arch == "qwen3":
+            if name.endswith("ffn_gate_inp.weight"):
+                continue
+            for src, dst in (("ffn_gate_exps", "ffn_gate"), ("ffn_up_exps", "ffn_up"),
+                             ("ffn_down_exps", "ffn_down")):
+                if name.endswith(src + ".weight"):
+                    name = name.replace(src, dst)
+                    arr = arr[0]
+        wr.add_tensor(name, arr)
+    wr.write(path)
