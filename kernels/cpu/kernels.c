@@ -1,1 +1,707 @@
-/* placeholder */
+/* The CPU backend's ops (matmul, rms_norm, rope, attention, MoE routing, SwiGLU,
+ * KV stores), the thread pool that splits them, the op context that owns their
+ * scratch, and the one-time choice of kernel set. The dot kernels themselves are
+ * in vec_dot.c (scalar references) and vec_dot_avx2.c. */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blocks.h"
+#include "kcpu.h"
+#include "kcpu_impl.h"
+#include "quant.h"
+
+// --- kernel sets and dispatch ----------------------------------------------------------
+
+/* q4_0 has no fused two-row kernel: two single AVX2 dots. */
+static float dot2_q4_0_q8_0_avx2(const void *w, const void *x0, const void *x1, int64_t n)
+{
+    return kcpu_vec_dot_q4_0_q8_0_avx2(w, x0, n) + kcpu_vec_dot_q4_0_q8_0_avx2(w, x1, n);
+}
+
+static const kcpu_kernels_t kernels_ref = {
+    .name = "ref",
+    .dot_f32_f32 = kcpu_vec_dot_f32_f32_ref,
+    .dot_f16_f32 = kcpu_vec_dot_f16_f32_ref,
+    .dot_q8_0_q8_0 = kcpu_vec_dot_q8_0_q8_0_ref,
+    .dot_q4_0_q8_0 = kcpu_vec_dot_q4_0_q8_0_ref,
+    .dot_q4_K_q8_K = kcpu_vec_dot_q4_K_q8_K_ref,
+    .dot_q5_K_q8_K = kcpu_vec_dot_q5_K_q8_K_ref,
+    .dot_q6_K_q8_K = kcpu_vec_dot_q6_K_q8_K_ref,
+    .dot2_q8_0_q8_0 = kcpu_vec_dot2_q8_0_q8_0_ref,
+    .dot2_q4_0_q8_0 = kcpu_vec_dot2_q4_0_q8_0_ref,
+    .dot2_q4_K_q8_K = kcpu_vec_dot2_q4_K_q8_K_ref,
+    .dot2_q5_K_q8_K = kcpu_vec_dot2_q5_K_q8_K_ref,
+    .dot2_q6_K_q8_K = kcpu_vec_dot2_q6_K_q8_K_ref,
+    .axpy_f32 = kcpu_axpy_f32_ref,
+    .axpy_f16 = kcpu_axpy_f16_ref,
+};
+
+static const kcpu_kernels_t kernels_avx2 = {
+    .name = "avx2",
+    .dot_f32_f32 = kcpu_vec_dot_f32_f32_avx2,
+    .dot_f16_f32 = kcpu_vec_dot_f16_f32_avx2,
+    .dot_q8_0_q8_0 = kcpu_vec_dot_q8_0_q8_0_avx2,
+    .dot_q4_0_q8_0 = kcpu_vec_dot_q4_0_q8_0_avx2,
+    .dot_q4_K_q8_K = kcpu_vec_dot_q4_K_q8_K_avx2,
+    .dot_q5_K_q8_K = kcpu_vec_dot_q5_K_q8_K_avx2,
+    .dot_q6_K_q8_K = kcpu_vec_dot_q6_K_q8_K_avx2,
+    .dot2_q8_0_q8_0 = kcpu_vec_dot2_q8_0_q8_0_avx2,
+    .dot2_q4_0_q8_0 = dot2_q4_0_q8_0_avx2,
+    .dot2_q4_K_q8_K = kcpu_vec_dot2_q4_K_q8_K_avx2,
+    .dot2_q5_K_q8_K = kcpu_vec_dot2_q5_K_q8_K_avx2,
+    .dot2_q6_K_q8_K = kcpu_vec_dot2_q6_K_q8_K_avx2,
+    .axpy_f32 = kcpu_axpy_f32_avx2,
+    .axpy_f16 = kcpu_axpy_f16_avx2,
+};
+
+const kcpu_kernels_t *kcpu__k = &kernels_ref;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+int kcpu_have_avx2(void)
+{
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
+/* BLOOMERY_CPU_KERNELS=ref forces the scalar references (to rule a SIMD kernel in
+ * or out when chasing a numeric difference); anything else, or unset, takes the
+ * widest set the CPU runs. */
+static void init_kernels(void)
+{
+    const char *force = getenv("BLOOMERY_CPU_KERNELS");
+    if (force && strcmp(force, "ref") == 0)
+        kcpu__k = &kernels_ref;
+    else
+        kcpu__k = kcpu_have_avx2() ? &kernels_avx2 : &kernels_ref;
+}
+
+const char *kcpu_init(void)
+{
+    pthread_once(&init_once, init_kernels);
+    return kcpu__k->name;
+}
+
+int kcpu_select(const char *name)
+{
+    (void)kcpu_init(); /* later kcpu_init calls must not undo the choice */
+    if (strcmp(name, "ref") == 0) {
+        kcpu__k = &kernels_ref;
+        return 0;
+    }
+    if (strcmp(name, "avx2") == 0) {
+        if (!kcpu_have_avx2())
+            return BL_ENOTSUP;
+        kcpu__k = &kernels_avx2;
+        return 0;
+    }
+    return BL_EINVAL;
+}
+
+const char *kcpu_variant_name(void) { return kcpu__k->name; }
+
+int kcpu_act_type(uint32_t t)
+{
+    switch (t) {
+    case BL_TYPE_Q8_0:
+    case BL_TYPE_Q4_0:
+        return BL_TYPE_Q8_0;
+    case BL_TYPE_Q4_K:
+    case BL_TYPE_Q5_K:
+    case BL_TYPE_Q6_K:
+        return BL_TYPE_Q8_K;
+    default:
+        return -1;
+    }
+}
+
+static kcpu_dot2_fn int_dot2(uint32_t t)
+{
+    switch (t) {
+    case BL_TYPE_Q8_0: return kcpu__k->dot2_q8_0_q8_0;
+    case BL_TYPE_Q4_0: return kcpu__k->dot2_q4_0_q8_0;
+    case BL_TYPE_Q4_K: return kcpu__k->dot2_q4_K_q8_K;
+    case BL_TYPE_Q5_K: return kcpu__k->dot2_q5_K_q8_K;
+    case BL_TYPE_Q6_K: return kcpu__k->dot2_q6_K_q8_K;
+    default: return NULL;
+    }
+}
+
+static kcpu_dot_fn int_dot(uint32_t t)
+{
+    switch (t) {
+    case BL_TYPE_Q8_0: return kcpu__k->dot_q8_0_q8_0;
+    case BL_TYPE_Q4_0: return kcpu__k->dot_q4_0_q8_0;
+    case BL_TYPE_Q4_K: return kcpu__k->dot_q4_K_q8_K;
+    case BL_TYPE_Q5_K: return kcpu__k->dot_q5_K_q8_K;
+    case BL_TYPE_Q6_K: return kcpu__k->dot_q6_K_q8_K;
+    default: return NULL;
+    }
+}
+
+// --- thread pool -------------------------------------------------------------------------
+
+typedef struct pool_thread {
+    struct kcpu_pool *pool;
+    int ith;
+} pool_thread_t;
+
+/* Waits spin this many pauses (a few microseconds) before sleeping: a decode step
+ * runs small ops back to back and a futex wake costs about as much as one, but a
+ * long spin starves the other threads when the machine has more runnable threads
+ * than cores (measured: 2 threads on 2 loaded cores fell from 82 to 9 tok/s with a
+ * spin of 4096). */
+#define POOL_SPIN 256
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* The caller is thread 0. A task starts when the caller bumps gen (release, after
+ * writing fn and ctx, so a helper that sees the new gen sees them too); helpers spin
+ * on gen, then sleep on cv_go. Each helper decrements pending when done (release, so
+ * the caller sees its results); the caller spins on pending, then sleeps on cv_done.
+ * Both condition variables are signalled under mu, and sleepers re-check under mu,
+ * so no wake-up is lost. */
+struct kcpu_pool {
+    int n;
+    pthread_t *th;      /* (n - 1) helpers */
+    pool_thread_t *arg; /* (n - 1) */
+    int n_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_go, cv_done;
+    _Atomic uint64_t gen;
+    _Atomic int pending;
+    _Atomic int stop;
+    kcpu_task_fn fn;
+    void *ctx;
+};
+
+static void *pool_main(void *p)
+{
+    pool_thread_t *t = p;
+    struct kcpu_pool *pool = t->pool;
+    uint64_t seen = 0;
+    for (;;) {
+        for (int i = 0; i < POOL_SPIN; i++) {
+            if (atomic_load_explicit(&pool->gen, memory_order_acquire) != seen ||
+                atomic_load_explicit(&pool->stop, memory_order_relaxed))
+                break;
+            cpu_relax();
+        }
+        if (atomic_load_explicit(&pool->gen, memory_order_acquire) == seen) {
+            pthread_mutex_lock(&pool->mu);
+            while (atomic_load_explicit(&pool->gen, memory_order_acquire) == seen &&
+                   !atomic_load_explicit(&pool->stop, memory_order_relaxed))
+                pthread_cond_wait(&pool->cv_go, &pool->mu);
+            pthread_mutex_unlock(&pool->mu);
+        }
+        if (atomic_load_explicit(&pool->stop, memory_order_relaxed))
+            break;
+        seen = atomic_load_explicit(&pool->gen, memory_order_acquire);
+        pool->fn(pool->ctx, t->ith, pool->n);
+        if (atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&pool->mu);
+            pthread_cond_signal(&pool->cv_done);
+            pthread_mutex_unlock(&pool->mu);
+        }
+    }
+    return NULL;
+}
+
+int kcpu_pool_create(kcpu_pool_t **out, int n_threads, bl_err_t *err)
+{
+    *out = NULL;
+    if (n_threads < 1 || n_threads > 256)
+        return bl_err_set(err, BL_ERANGE, "n_threads %d is outside 1..256", n_threads);
+    kcpu_pool_t *p = calloc(1, sizeof *p);
+    if (!p)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for a thread pool");
+    p->n = n_threads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv_go, NULL);
+    pthread_cond_init(&p->cv_done, NULL);
+    if (n_threads > 1) {
+        p->th = calloc((size_t)n_threads - 1, sizeof *p->th);
+        p->arg = calloc((size_t)n_threads - 1, sizeof *p->arg);
+        if (!p->th || !p->arg) {
+            kcpu_pool_destroy(p);
+            return bl_err_set(err, BL_ENOMEM, "out of memory for a thread pool");
+        }
+    }
+    for (int i = 0; i < n_threads - 1; i++) {
+        p->arg[i].pool = p;
+        p->arg[i].ith = i + 1;
+        if (pthread_create(&p->th[i], NULL, pool_main, &p->arg[i]) != 0) {
+            kcpu_pool_destroy(p);
+            return bl_err_set(err, BL_ENOMEM, "could not start pool thread %d of %d", i + 1,
+                              n_threads);
+        }
+        p->n_started++;
+    }
+    *out = p;
+    return 0;
+}
+
+void kcpu_pool_destroy(kcpu_pool_t *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->stop, 1);
+    pthread_cond_broadcast(&p->cv_go);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->n_started; i++)
+        pthread_join(p->th[i], NULL);
+    pthread_cond_destroy(&p->cv_go);
+    pthread_cond_destroy(&p->cv_done);
+    pthread_mutex_destroy(&p->mu);
+    free(p->th);
+    free(p->arg);
+    free(p);
+}
+
+int kcpu_pool_n_threads(const kcpu_pool_t *p) { return p->n; }
+
+void kcpu_pool_run(kcpu_pool_t *p, kcpu_task_fn fn, void *ctx)
+{
+    if (p->n == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    pthread_cond_broadcast(&p->cv_go);
+    pthread_mutex_unlock(&p->mu);
+    fn(ctx, 0, p->n);
+    for (int i = 0; i < POOL_SPIN; i++) {
+        if (atomic_load_explicit(&p->pending, memory_order_acquire) == 0)
+            return;
+        cpu_relax();
+    }
+    pthread_mutex_lock(&p->mu);
+    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0)
+        pthread_cond_wait(&p->cv_done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Thread ith's share [*lo, *hi) of n items: contiguous, fixed by (n, ith, nth). */
+static void split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi)
+{
+    *lo = n * ith / nth;
+    *hi = n * (ith + 1) / nth;
+}
+
+// --- matrices and context ------------------------------------------------------------------
+
+int kcpu_mat_init(kcpu_mat_t *m, const void *data, uint32_t type, int64_t ncols, int64_t nrows,
+                  bl_err_t *err)
+{
+    size_t rb;
+    int rc = bl_row_bytes(type, ncols, &rb, err);
+    if (rc < 0)
+        return rc;
+    m->data = data;
+    m->type = type;
+    m->ncols = ncols;
+    m->nrows = nrows;
+    m->row_bytes = rb;
+    m->precise = 0;
+    return 0;
+}
+
+kcpu_mat_t kcpu_mat_rows(const kcpu_mat_t *m, int64_t r0, int64_t n)
+{
+    kcpu_mat_t s = *m;
+    s.data = (const uint8_t *)m->data + (size_t)r0 * m->row_bytes;
+    s.nrows = n;
+    return s;
+}
+
+/* Weight rows dequantized per tile in the precise path: small enough to stay in
+ * L1/L2 while every activation row of the batch passes over them. */
+#define MM_TILE 16
+
+struct kcpu_ctx {
+    kcpu_pool_t *pool;
+    int precise;
+    int act_terms;        /* fast path: 1 or 2 q8 terms per activation row */
+    kcpu_limits_t lim;
+    void *actq;           /* (max_batch, act_terms, act_row_bytes) quantized activations */
+    size_t act_row_bytes; /* q8_K bytes of max_cols, which also covers q8_0 */
+    float *deq;           /* (n_threads, MM_TILE, max_cols) dequantized weight tiles */
+    float *att;           /* (n_threads, att_stride) scores and a dequantized head */
+    size_t att_stride;
+};
+
+int kcpu_ctx_create(kcpu_ctx_t **out, int n_threads, int mode, const kcpu_limits_t *lim,
+                    bl_err_t *err)
+{
+    *out = NULL;
+    if (mode != KCPU_PRECISE && mode != KCPU_FAST8 && mode != KCPU_FAST16)
+        return bl_err_set(err, BL_EINVAL, "unknown kernel mode %d", mode);
+    (void)kcpu_init();
+    if (lim->max_cols < 1 || lim->max_cols > (1 << 24) || lim->max_batch < 1 ||
+        lim->max_batch > (1 << 20) || lim->max_ctx < 1 || lim->max_ctx > (1 << 24) ||
+        lim->head_dim < 1 || lim->head_dim > (1 << 16))
+        return bl_err_set(err, BL_ERANGE,
+                          "kernel limits out of range (cols %lld, batch %lld, ctx %lld, head %lld)",
+                          (long long)lim->max_cols, (long long)lim->max_batch,
+                          (long long)lim->max_ctx, (long long)lim->head_dim);
+    kcpu_ctx_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the kernel context");
+    int rc = kcpu_pool_create(&c->pool, n_threads, err);
+    if (rc < 0)
+        goto fail;
+    c->precise = mode == KCPU_PRECISE;
+    c->act_terms = mode == KCPU_FAST8 ? 1 : 2;
+    c->lim = *lim;
+    /* Every size below is a product of values bounded above, well inside size_t. */
+    c->act_row_bytes = (size_t)((lim->max_cols + BL_QK_K - 1) / BL_QK_K) * sizeof(bl_block_q8_K);
+    c->actq = malloc(c->act_row_bytes * 2 * (size_t)lim->max_batch);
+    c->deq = malloc(sizeof(float) * (size_t)n_threads * MM_TILE * (size_t)lim->max_cols);
+    c->att_stride = (size_t)(lim->max_ctx + lim->head_dim + 16);
+    c->att = malloc(sizeof(float) * (size_t)n_threads * c->att_stride);
+    if (!c->actq || !c->deq || !c->att) {
+        rc = bl_err_set(err, BL_ENOMEM, "out of memory for kernel scratch (%d threads, batch %lld)",
+                        n_threads, (long long)lim->max_batch);
+        goto fail;
+    }
+    *out = c;
+    return 0;
+fail:
+    kcpu_ctx_destroy(c);
+    return rc;
+}
+
+void kcpu_ctx_destroy(kcpu_ctx_t *c)
+{
+    if (!c)
+        return;
+    kcpu_pool_destroy(c->pool);
+    free(c->actq);
+    free(c->deq);
+    free(c->att);
+    free(c);
+}
+
+int kcpu_ctx_mode(const kcpu_ctx_t *c)
+{
+    return c->precise ? KCPU_PRECISE : c->act_terms == 1 ? KCPU_FAST8 : KCPU_FAST16;
+}
+int kcpu_ctx_n_threads(const kcpu_ctx_t *c) { return kcpu_pool_n_threads(c->pool); }
+
+// --- matmul --------------------------------------------------------------------------------
+
+enum { MM_F32, MM_F16, MM_DEQ, MM_INT };
+
+typedef struct mm_task {
+    kcpu_ctx_t *c;
+    const kcpu_mat_t *w;
+    const float *x; /* (n, ncols) */
+    int64_t n;
+    float *y;       /* (n, nrows) */
+    int mode;
+    int act;        /* MM_INT: the activation type */
+    kcpu_dot_fn dot;   /* MM_INT, one term */
+    kcpu_dot2_fn dot2; /* MM_INT, two terms */
+} mm_task_t;
+
+/* Quantizes activation row b into act_terms rows of the activation format: the
+ * value, then (with 2 terms) the residual it left, so that the two integer dots
+ * together see about 16 bits of each activation. */
+static void mm_quantize(void *p, int ith, int nth)
+{
+    mm_task_t *t = p;
+    const int64_t k = t->w->ncols;
+    const int terms = t->c->act_terms;
+    float *res = t->c->deq + (size_t)ith * MM_TILE * (size_t)t->c->lim.max_cols;
+    int64_t lo, hi;
+    split(t->n, ith, nth, &lo, &hi);
+    for (int64_t b = lo; b < hi; b++) {
+        const float *x = t->x + b * k;
+        for (int term = 0; term < terms; term++) {
+            void *dst = (uint8_t *)t->c->actq + (size_t)(b * terms + term) * t->c->act_row_bytes;
+            if (t->act == BL_TYPE_Q8_K) {
+                bl_quantize_row_q8_K_ref(x, dst, k);
+                if (term + 1 < terms)
+                    bl_dequantize_row_q8_K_ref(dst, res, k);
+            } else {
+                bl_quantize_row_q8_0_ref(x, dst, k);
+                if (term + 1 < terms)
+                    bl_dequantize_row_q8_0_ref(dst, res, k);
+            }
+            if (term + 1 < terms) {
+                for (int64_t i = 0; i < k; i++)
+                    res[i] = x[i] - res[i];
+                x = res;
+            }
+        }
+    }
+}
+
+static void mm_rows(void *p, int ith, int nth)
+{
+    mm_task_t *t = p;
+    const kcpu_mat_t *w = t->w;
+    const int64_t k = w->ncols, nr = w->nrows;
+    const uint8_t *wd = w->data;
+    float *deq = t->c->deq + (size_t)ith * MM_TILE * (size_t)t->c->lim.max_cols;
+    int64_t lo, hi;
+    split(nr, ith, nth, &lo, &hi);
+    for (int64_t r0 = lo; r0 < hi; r0 += MM_TILE) {
+        const int64_t r1 = r0 + MM_TILE < hi ? r0 + MM_TILE : hi;
+        switch (t->mode) {
+        case MM_F32:
+            for (int64_t b = 0; b < t->n; b++)
+                for (int64_t r = r0; r < r1; r++)
+                    t->y[b * nr + r] = kcpu__k->dot_f32_f32(
+                        (const float *)(wd + (size_t)r * w->row_bytes), t->x + b * k, k);
+            break;
+        case MM_F16:
+            for (int64_t b = 0; b < t->n; b++)
+                for (int64_t r = r0; r < r1; r++)
+                    t->y[b * nr + r] = kcpu__k->dot_f16_f32(
+                        (const uint16_t *)(wd + (size_t)r * w->row_bytes), t->x + b * k, k);
+            break;
+        case MM_DEQ:
+            for (int64_t r = r0; r < r1; r++) {
+                /* The type was checked to have a dequantizer when the model loaded. */
+                int rc = bl_dequantize_row_ref(w->type, wd + (size_t)r * w->row_bytes,
+                                               deq + (r - r0) * k, k);
+                KCPU_ASSERT(rc == 0);
+            }
+            for (int64_t b = 0; b < t->n; b++)
+                for (int64_t r = r0; r < r1; r++)
+                    t->y[b * nr + r] = kcpu__k->dot_f32_f32(deq + (r - r0) * k, t->x + b * k, k);
+            break;
+        case MM_INT:
+            for (int64_t b = 0; b < t->n; b++) {
+                const size_t arb = t->c->act_row_bytes;
+                const uint8_t *xq = (const uint8_t *)t->c->actq + (size_t)b * t->c->act_terms * arb;
+                if (t->c->act_terms == 2)
+                    for (int64_t r = r0; r < r1; r++)
+                        t->y[b * nr + r] = t->dot2(wd + (size_t)r * w->row_bytes, xq, xq + arb, k);
+                else
+                    for (int64_t r = r0; r < r1; r++)
+                        t->y[b * nr + r] = t->dot(wd + (size_t)r * w->row_bytes, xq, k);
+            }
+            break;
+        }
+    }
+}
+
+void kcpu_matmul(kcpu_ctx_t *c, const kcpu_mat_t *w, const float *x, int64_t n, float *y)
+{
+    KCPU_ASSERT(n >= 0 && n <= c->lim.max_batch && w->ncols <= c->lim.max_cols);
+    if (n == 0)
+        return;
+    mm_task_t t = {.c = c, .w = w, .x = x, .n = n, .y = y};
+    if (w->type == BL_TYPE_F32) {
+        t.mode = MM_F32;
+    } else if (w->type == BL_TYPE_F16) {
+        t.mode = MM_F16;
+    } else if (!c->precise && !w->precise && kcpu_act_type(w->type) >= 0) {
+        t.mode = MM_INT;
+        t.act = kcpu_act_type(w->type);
+        t.dot = int_dot(w->type);
+        t.dot2 = int_dot2(w->type);
+        kcpu_pool_run(c->pool, mm_quantize, &t);
+    } else {
+        t.mode = MM_DEQ;
+    }
+    kcpu_pool_run(c->pool, mm_rows, &t);
+}
+
+// --- elementwise ops ---------------------------------------------------------------------------
+
+void kcpu_rms_norm(float *y, const float *x, const float *g, int64_t n, int64_t d, int64_t ld,
+                   float eps)
+{
+    for (int64_t b = 0; b < n; b++) {
+        const float *xr = x + b * ld;
+        float *yr = y + b * ld;
+        double ss = 0.0;
+        for (int64_t i = 0; i < d; i++)
+            ss += (double)xr[i] * (double)xr[i];
+        const float s = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+        for (int64_t i = 0; i < d; i++)
+            yr[i] = xr[i] * s * g[i];
+    }
+}
+
+void kcpu_rope_table(float *cs, const int32_t *pos, int64_t n, int64_t head_dim, float base)
+{
+    const int64_t half = head_dim / 2;
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t i = 0; i < half; i++) {
+            const double theta = (double)pos[b] * pow((double)base, -2.0 * (double)i / (double)head_dim);
+            cs[(b * half + i) * 2] = (float)cos(theta);
+            cs[(b * half + i) * 2 + 1] = (float)sin(theta);
+        }
+}
+
+void kcpu_rope_neox(float *x, const float *cs, int64_t n, int64_t n_head, int64_t head_dim)
+{
+    const int64_t half = head_dim / 2;
+    for (int64_t b = 0; b < n; b++) {
+        const float *t = cs + b * half * 2;
+        for (int64_t h = 0; h < n_head; h++) {
+            float *v = x + (b * n_head + h) * head_dim;
+            for (int64_t i = 0; i < half; i++) {
+                const float c = t[2 * i], s = t[2 * i + 1];
+                const float x0 = v[i], x1 = v[i + half];
+                v[i] = x0 * c - x1 * s;
+                v[i + half] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+void kcpu_swiglu(float *y, const float *g, const float *u, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void kcpu_moe_route(const float *logits, int64_t n, int64_t n_expert, int64_t k, int norm,
+                    int32_t *ids, float *w)
+{
+    for (int64_t b = 0; b < n; b++) {
+        const float *l = logits + b * n_expert;
+        float mx = l[0];
+        for (int64_t e = 1; e < n_expert; e++)
+            mx = l[e] > mx ? l[e] : mx;
+        double sum = 0.0;
+        for (int64_t e = 0; e < n_expert; e++)
+            sum += exp((double)(l[e] - mx));
+        /* The k largest by repeated scan (k and n_expert are small); a strict > keeps
+         * the lower id on ties. */
+        double wsum = 0.0;
+        for (int64_t j = 0; j < k; j++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < n_expert; e++) {
+                int taken = 0;
+                for (int64_t i = 0; i < j; i++)
+                    taken |= ids[b * k + i] == e;
+                if (!taken && (best < 0 || l[e] > l[best]))
+                    best = e;
+            }
+            ids[b * k + j] = (int32_t)best;
+            const double p = exp((double)(l[best] - mx)) / sum;
+            w[b * k + j] = (float)p;
+            wsum += p;
+        }
+        if (norm)
+            for (int64_t j = 0; j < k; j++)
+                w[b * k + j] = (float)((double)w[b * k + j] / wsum);
+    }
+}
+
+// --- KV cache and attention ----------------------------------------------------------------------
+
+void kcpu_kv_store(const kcpu_kv_view_t *kv, int is_v, const float *src, int64_t pos0, int64_t n,
+                   int64_t row_elems)
+{
+    uint8_t *base = is_v ? kv->v : kv->k;
+    for (int64_t b = 0; b < n; b++) {
+        void *dst = base + (size_t)(pos0 + b) * kv->row_bytes;
+        const float *s = src + b * row_elems;
+        switch (kv->type) {
+        case BL_TYPE_F32: memcpy(dst, s, sizeof(float) * (size_t)row_elems); break;
+        case BL_TYPE_F16: bl_quantize_row_f16_ref(s, dst, row_elems); break;
+        case BL_TYPE_Q8_0: bl_quantize_row_q8_0_ref(s, dst, row_elems); break;
+        default: KCPU_ASSERT(0 && "kv type");
+        }
+    }
+}
+
+typedef struct att_task {
+    kcpu_ctx_t *c;
+    const kcpu_kv_view_t *kv;
+    const float *q;
+    float *out;
+    int64_t n, pos0, n_head, n_kv_head, hd;
+    float scale;
+} att_task_t;
+
+/* Head kvh of cache row t as a pointer to hd elements of the cache type, or, for
+ * q8_0, dequantized into tmp. */
+static const void *kv_head(const att_task_t *t, const uint8_t *base, int64_t row, int64_t kvh,
+                           float *tmp)
+{
+    const uint8_t *r = base + (size_t)row * t->kv->row_bytes;
+    switch (t->kv->type) {
+    case BL_TYPE_F32: return r + sizeof(float) * (size_t)(kvh * t->hd);
+    case BL_TYPE_F16: return r + sizeof(uint16_t) * (size_t)(kvh * t->hd);
+    default:
+        bl_dequantize_row_q8_0_ref(r + sizeof(bl_block_q8_0) * (size_t)(kvh * t->hd / BL_QK), tmp,
+                                   t->hd);
+        return tmp;
+    }
+}
+
+static void att_rows(void *p, int ith, int nth)
+{
+    att_task_t *t = p;
+    float *scores = t->c->att + (size_t)ith * t->c->att_stride;
+    float *tmp = scores + t->c->lim.max_ctx;
+    const int64_t group = t->n_head / t->n_kv_head;
+    const int is_f16 = t->kv->type == BL_TYPE_F16;
+    /* Rows get longer down the batch (causal), so (row, head) pairs are dealt out
+     * round-robin rather than in contiguous shares. */
+    for (int64_t idx = ith; idx < t->n * t->n_head; idx += nth) {
+        const int64_t b = idx / t->n_head, h = idx % t->n_head, kvh = h / group;
+        const int64_t len = t->pos0 + b + 1; /* causal: positions 0 .. pos0 + b */
+        const float *q = t->q + idx * t->hd;
+        float mx = -INFINITY;
+        for (int64_t s = 0; s < len; s++) {
+            const void *k = kv_head(t, t->kv->k, s, kvh, tmp);
+            const float d = is_f16 ? kcpu__k->dot_f16_f32(k, q, t->hd)
+                                   : kcpu__k->dot_f32_f32(k, q, t->hd);
+            scores[s] = d * t->scale;
+            mx = scores[s] > mx ? scores[s] : mx;
+        }
+        double sum = 0.0;
+        for (int64_t s = 0; s < len; s++) {
+            scores[s] = expf(scores[s] - mx);
+            sum += scores[s];
+        }
+        const float inv = (float)(1.0 / sum);
+        float *o = t->out + idx * t->hd;
+        memset(o, 0, sizeof(float) * (size_t)t->hd);
+        for (int64_t s = 0; s < len; s++) {
+            const void *v = kv_head(t, t->kv->v, s, kvh, tmp);
+            if (is_f16)
+                kcpu__k->axpy_f16(o, scores[s] * inv, v, t->hd);
+            else
+                kcpu__k->axpy_f32(o, scores[s] * inv, v, t->hd);
+        }
+    }
+}
+
+void kcpu_attention(kcpu_ctx_t *c, const kcpu_kv_view_t *kv, const float *q, float *out,
+                    int64_t n, int64_t pos0, int64_t n_head, int64_t n_kv_head,
+                    int64_t head_dim, float scale)
+{
+    KCPU_ASSERT(pos0 + n <= c->lim.max_ctx && head_dim <= c->lim.head_dim);
+    KCPU_ASSERT(n_kv_head > 0 && n_head % n_kv_head == 0);
+    att_task_t t = {.c = c, .kv = kv, .q = q, .out = out, .n = n, .pos0 = pos0,
+                    .n_head = n_head, .n_kv_head = n_kv_head, .hd = head_dim, .scale = scale};
+    kcpu_pool_run(c->pool, att_rows, &t);
+}

@@ -1,1 +1,714 @@
-/* placeholder */
+/* The Qwen3 family's forward pass on the CPU backend: qwen3moe (routed experts) and
+ * qwen3 (dense FFN) in one file, since they differ only in the FFN block. Also owns
+ * loading (Config from the metadata, Weights as views into the mapping, RunState
+ * scratch sized once) and the per-sequence KV cache, until a second architecture
+ * gives the shared parts a file of their own.
+ *
+ * The computation is llama.cpp's for these architectures: RMSNorm, Q/K/V, per-head
+ * RMSNorm of q and k, NEOX RoPE, causal GQA attention, residual; RMSNorm, FFN
+ * (softmax top-k router renormalised to 1, SwiGLU experts), residual; final norm
+ * and head (token_embd when output.weight is absent). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blocks.h"
+#include "gguf.h"
+#include "kcpu.h"
+#include "quant.h"
+#include "wk.h"
+
+/* Limits on metadata values, far above any real Qwen3 and low enough that every
+ * buffer size computed from them fits in size_t. */
+#define MAX_DIM (1 << 20)
+#define MAX_LAYERS 4096
+#define MAX_EXPERTS 4096
+#define MAX_VOCAB (1 << 24)
+#define MAX_CTX (1 << 24)
+
+typedef struct layer {
+    const float *attn_norm; // (n_embd)
+    kcpu_mat_t wq;          // (n_head * head_dim, n_embd)
+    kcpu_mat_t wk;          // (n_head_kv * head_dim, n_embd)
+    kcpu_mat_t wv;          // (n_head_kv * head_dim, n_embd)
+    kcpu_mat_t wo;          // (n_embd, n_head * head_dim)
+    const float *q_norm;    // (head_dim)
+    const float *k_norm;    // (head_dim)
+    const float *ffn_norm;  // (n_embd)
+    /* qwen3moe */
+    kcpu_mat_t gate_inp;    // (n_expert, n_embd)
+    kcpu_mat_t gate_exps;   // (n_expert * n_ff_exp, n_embd): expert e is rows e*n_ff_exp..
+    kcpu_mat_t up_exps;     // (n_expert * n_ff_exp, n_embd)
+    kcpu_mat_t down_exps;   // (n_expert * n_embd, n_ff_exp)
+    /* qwen3 */
+    kcpu_mat_t ffn_gate;    // (n_ff, n_embd)
+    kcpu_mat_t ffn_up;      // (n_ff, n_embd)
+    kcpu_mat_t ffn_down;    // (n_embd, n_ff)
+} layer_t;
+
+typedef struct weights {
+    kcpu_mat_t tok_embd;      // (n_vocab, n_embd)
+    const float *output_norm; // (n_embd)
+    kcpu_mat_t output;        // (n_vocab, n_embd); tok_embd when tied
+    layer_t *layers;          // (n_layer)
+} weights_t;
+
+/* One sequence's rows in a step: rows [row0, row0 + n) of the run state, at
+ * positions pos.., logits wanted for its last n_out. */
+typedef struct seg {
+    wk_kv_t *kv;
+    const int32_t *tokens;
+    int64_t row0, n, pos, n_out;
+} seg_t;
+
+/* Scratch for one forward pass of up to n_batch rows; allocated at load. */
+typedef struct run_state {
+    float *x;     // (n_batch, n_embd) the residual stream
+    float *xn;    // (n_batch, n_embd) normed input of a block
+    float *q;     // (n_batch, n_head, head_dim)
+    float *k;     // (n_batch, n_head_kv, head_dim)
+    float *v;     // (n_batch, n_head_kv, head_dim)
+    float *att;   // (n_batch, n_head, head_dim) attention output
+    float *o;     // (n_batch, n_embd) a block's output before the residual add
+    float *rope;  // (n_batch, head_dim / 2, 2) cos, sin
+    int32_t *pos; // (n_batch)
+    float *rl;    // (n_batch, n_expert) router logits
+    int32_t *ids; // (n_batch, n_expert_used) selected experts
+    float *wts;   // (n_batch, n_expert_used) their weights
+    int32_t *rows; // (n_batch) rows routed to the expert at hand
+    float *rw;    // (n_batch) and their weights
+    float *xg;    // (n_batch, n_embd) those rows gathered
+    float *g;     // (n_batch, ffn width) gate, then SwiGLU output
+    float *u;     // (n_batch, ffn width) up
+    float *dg;    // (n_batch, n_embd) down
+    seg_t *segs;  // (n_batch) the sequences of a multi-sequence step
+} run_state_t;
+
+struct wk_model {
+    wk_config_t cfg;
+    weights_t w;
+    run_state_t s;
+    wk_model_opts_t opts;
+    kcpu_ctx_t *kc;
+    bl_gguf_t *g;
+    char path[256]; /* for messages; truncated */
+};
+
+struct wk_kv {
+    const wk_model_t *model; /* the model it was made for; another's is refused */
+    int64_t n_layer, n_ctx, n_past;
+    uint32_t type;
+    size_t row_bytes; /* one position of one layer's K (or V) */
+    uint8_t *buf;     // (n_layer, 2, n_ctx, row_bytes): K then V per layer
+};
+
+void wk_model_opts_default(wk_model_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->n_threads = 1;
+    o->n_batch = 512;
+    o->act_terms = 2;
+}
+
+// --- loading ------------------------------------------------------------------------------
+
+/* Reads ARCH.<key> as a u32 in 1..max; a missing key is an error unless def > 0. */
+static int get_dim(const bl_gguf_t *g, const char *arch, const char *key, int64_t def,
+                   int64_t max, int64_t *out, bl_err_t *err)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    uint32_t v;
+    if (!bl_gguf_find_kv(g, full) && def > 0) {
+        *out = def;
+        return 0;
+    }
+    int rc = bl_gguf_get_u32(g, full, &v, err);
+    if (rc < 0)
+        return rc;
+    if (v < 1 || v > max)
+        return bl_err_set(err, BL_ERANGE, "metadata %s = %u is outside 1..%lld", full, v,
+                          (long long)max);
+    *out = v;
+    return 0;
+}
+
+static int get_float(const bl_gguf_t *g, const char *arch, const char *key, float def,
+                     float lo, float hi, float *out, bl_err_t *err)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    if (!bl_gguf_find_kv(g, full)) {
+        *out = def;
+        return 0;
+    }
+    int rc = bl_gguf_get_f32(g, full, out, err);
+    if (rc < 0)
+        return rc;
+    if (!(*out >= lo && *out <= hi))
+        return bl_err_set(err, BL_ERANGE, "metadata %s = %g is outside %g..%g", full,
+                          (double)*out, (double)lo, (double)hi);
+    return 0;
+}
+
+static int read_config(wk_model_t *m, bl_err_t *err)
+{
+    const bl_gguf_t *g = m->g;
+    wk_config_t *c = &m->cfg;
+    bl_gguf_str_t a;
+    int rc = bl_gguf_get_str(g, "general.architecture", &a, err);
+    if (rc < 0)
+        return rc;
+    if (a.len == 8 && memcmp(a.ptr, "qwen3moe", 8) == 0)
+        c->moe = 1;
+    else if (a.len == 5 && memcmp(a.ptr, "qwen3", 5) == 0)
+        c->moe = 0;
+    else
+        return bl_err_set(err, BL_ENOTSUP, "%s: architecture '%.*s' is not supported (qwen3moe, qwen3)",
+                          m->path, (int)(a.len > 64 ? 64 : a.len), a.ptr);
+    snprintf(c->arch, sizeof c->arch, "%s", c->moe ? "qwen3moe" : "qwen3");
+    const char *ar = c->arch;
+    if ((rc = get_dim(g, ar, "block_count", 0, MAX_LAYERS, &c->n_layer, err)) < 0 ||
+        (rc = get_dim(g, ar, "embedding_length", 0, MAX_DIM, &c->n_embd, err)) < 0 ||
+        (rc = get_dim(g, ar, "attention.head_count", 0, MAX_DIM, &c->n_head, err)) < 0 ||
+        (rc = get_dim(g, ar, "attention.head_count_kv", c->n_head, MAX_DIM, &c->n_head_kv, err)) < 0 ||
+        (rc = get_dim(g, ar, "attention.key_length", c->n_embd / c->n_head, MAX_DIM, &c->head_dim, err)) < 0 ||
+        (rc = get_dim(g, ar, "context_length", 0, MAX_CTX, &c->n_ctx_train, err)) < 0)
+        return rc;
+    int64_t vlen = 0;
+    if ((rc = get_dim(g, ar, "attention.value_length", c->head_dim, MAX_DIM, &vlen, err)) < 0)
+        return rc;
+    if (vlen != c->head_dim)
+        return bl_err_set(err, BL_ENOTSUP, "%s: %s.attention.value_length %lld differs from key_length %lld",
+                          m->path, ar, (long long)vlen, (long long)c->head_dim);
+    if (c->head_dim % 2 != 0 || c->n_head % c->n_head_kv != 0 || c->n_head * c->head_dim > MAX_DIM)
+        return bl_err_set(err, BL_EINVAL,
+                          "%s: head_dim %lld must be even, head_count %lld a multiple of head_count_kv %lld, and their product at most %d",
+                          m->path, (long long)c->head_dim, (long long)c->n_head,
+                          (long long)c->n_head_kv, MAX_DIM);
+    if ((rc = get_float(g, ar, "rope.freq_base", 10000.0f, 1.0f, 1e12f, &c->rope_base, err)) < 0 ||
+        (rc = get_float(g, ar, "attention.layer_norm_rms_epsilon", 1e-6f, 0.0f, 1.0f, &c->eps, err)) < 0)
+        return rc;
+    /* Context extension changes the RoPE angles; refused rather than run wrong. */
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", ar);
+    bl_gguf_str_t st;
+    if (bl_gguf_find_kv(g, key)) {
+        if ((rc = bl_gguf_get_str(g, key, &st, err)) < 0)
+            return rc;
+        if (!(st.len == 4 && memcmp(st.ptr, "none", 4) == 0))
+            return bl_err_set(err, BL_ENOTSUP, "%s: %s '%.*s' is not supported", m->path, key,
+                              (int)(st.len > 32 ? 32 : st.len), st.ptr);
+    }
+    if (c->moe) {
+        if ((rc = get_dim(g, ar, "expert_count", 0, MAX_EXPERTS, &c->n_expert, err)) < 0 ||
+            (rc = get_dim(g, ar, "expert_used_count", 0, MAX_EXPERTS, &c->n_expert_used, err)) < 0 ||
+            (rc = get_dim(g, ar, "expert_feed_forward_length", 0, MAX_DIM, &c->n_ff_exp, err)) < 0)
+            return rc;
+        if (c->n_expert_used > c->n_expert)
+            return bl_err_set(err, BL_EINVAL, "%s: %s.expert_used_count %lld exceeds expert_count %lld",
+                              m->path, ar, (long long)c->n_expert_used, (long long)c->n_expert);
+    } else {
+        if ((rc = get_dim(g, ar, "feed_forward_length", 0, MAX_DIM, &c->n_ff, err)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static void shape_str(char *buf, size_t len, const int64_t ne[4])
+{
+    snprintf(buf, len, "[%lld, %lld, %lld, %lld]", (long long)ne[0], (long long)ne[1],
+             (long long)ne[2], (long long)ne[3]);
+}
+
+/* Finds name and checks its shape (ne0, ne1, ne2; 1 for an unused dimension) and
+ * type: f32 only when need_f32, else any type with a reference dequantizer. */
+static int find(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, int64_t ne2,
+                int need_f32, const bl_gguf_tensor_t **out, bl_err_t *err)
+{
+    const bl_gguf_tensor_t *t = bl_gguf_find_tensor(m->g, name);
+    if (!t)
+        return bl_err_set(err, BL_ENOENT, "%s: tensor '%s' is missing", m->path, name);
+    const int64_t want[4] = {ne0, ne1, ne2, 1};
+    if (memcmp(want, t->ne, sizeof want) != 0) {
+        char a[96], b[96];
+        shape_str(a, sizeof a, t->ne);
+        shape_str(b, sizeof b, want);
+        return bl_err_set(err, BL_EINVAL, "%s: tensor '%s' has shape %s, expected %s", m->path,
+                          name, a, b);
+    }
+    const bl_type_info_t *ti = bl_type_info(t->type);
+    if (need_f32 && t->type != BL_TYPE_F32)
+        return bl_err_set(err, BL_EINVAL, "%s: tensor '%s' has type %s, expected f32", m->path,
+                          name, ti ? ti->name : "?");
+    if (!ti || !ti->has_dequant)
+        return bl_err_set(err, BL_ENOTSUP, "%s: tensor '%s' has type %s, which has no dequantizer",
+                          m->path, name, ti ? ti->name : "?");
+    /* A file may declare an alignment of 1 or 2; the kernels read floats and halves
+     * in place, so the data must sit on a 4-byte boundary. */
+    if ((uintptr_t)t->data % 4 != 0)
+        return bl_err_set(err, BL_EINVAL, "%s: tensor '%s' data at file offset %llu is not 4-byte aligned",
+                          m->path, name, (unsigned long long)t->file_offset);
+    size_t rb;
+    int rc = bl_row_bytes(t->type, ne0, &rb, err);
+    if (rc < 0)
+        return bl_err_set(err, rc, "%s: tensor '%s': rows of %lld are not whole %s blocks", m->path,
+                          name, (long long)ne0, ti->name);
+    if ((uint64_t)rb * (uint64_t)ne1 * (uint64_t)ne2 != t->nbytes)
+        return bl_err_set(err, BL_EINVAL, "%s: tensor '%s' holds %llu bytes, expected %llu",
+                          m->path, name, (unsigned long long)t->nbytes,
+                          (unsigned long long)((uint64_t)rb * (uint64_t)ne1 * (uint64_t)ne2));
+    *out = t;
+    return 0;
+}
+
+/* A matrix tensor name (ne0 = ncols, ne1 * ne2 rows). */
+static int find_mat(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, int64_t ne2,
+                    kcpu_mat_t *out, bl_err_t *err)
+{
+    const bl_gguf_tensor_t *t = NULL;
+    int rc = find(m, name, ne0, ne1, ne2, 0, &t, err);
+    if (rc < 0)
+        return rc;
+    return kcpu_mat_init(out, t->data, t->type, ne0, ne1 * ne2, err);
+}
+
+static int find_vec(wk_model_t *m, const char *name, int64_t ne0, const float **out, bl_err_t *err)
+{
+    const bl_gguf_tensor_t *t = NULL;
+    int rc = find(m, name, ne0, 1, 1, 1, &t, err);
+    if (rc < 0)
+        return rc;
+    *out = t->data;
+    return 0;
+}
+
+static int map_weights(wk_model_t *m, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    weights_t *w = &m->w;
+    const int64_t E = c->n_embd, nq = c->n_head * c->head_dim, nkv = c->n_head_kv * c->head_dim;
+    const bl_gguf_tensor_t *te = bl_gguf_find_tensor(m->g, "token_embd.weight");
+    if (!te)
+        return bl_err_set(err, BL_ENOENT, "%s: tensor 'token_embd.weight' is missing", m->path);
+    m->cfg.n_vocab = te->ne[1];
+    if (c->n_vocab < 1 || c->n_vocab > MAX_VOCAB)
+        return bl_err_set(err, BL_ERANGE, "%s: token_embd.weight has %lld rows, outside 1..%d",
+                          m->path, (long long)c->n_vocab, MAX_VOCAB);
+    int rc;
+    if ((rc = find_mat(m, "token_embd.weight", E, c->n_vocab, 1, &w->tok_embd, err)) < 0 ||
+        (rc = find_vec(m, "output_norm.weight", E, &w->output_norm, err)) < 0)
+        return rc;
+    if (bl_gguf_find_tensor(m->g, "output.weight")) {
+        if ((rc = find_mat(m, "output.weight", E, c->n_vocab, 1, &w->output, err)) < 0)
+            return rc;
+    } else {
+        m->cfg.tied_output = 1;
+        w->output = w->tok_embd;
+    }
+    w->layers = calloc((size_t)c->n_layer, sizeof *w->layers);
+    if (!w->layers)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for %lld layers", (long long)c->n_layer);
+    for (int64_t l = 0; l < c->n_layer; l++) {
+        layer_t *L = &w->layers[l];
+        char n[96];
+#define NAME(s) (snprintf(n, sizeof n, "blk.%lld.%s", (long long)l, s), n)
+        if ((rc = find_vec(m, NAME("attn_norm.weight"), E, &L->attn_norm, err)) < 0 ||
+            (rc = find_mat(m, NAME("attn_q.weight"), E, nq, 1, &L->wq, err)) < 0 ||
+            (rc = find_mat(m, NAME("attn_k.weight"), E, nkv, 1, &L->wk, err)) < 0 ||
+            (rc = find_mat(m, NAME("attn_v.weight"), E, nkv, 1, &L->wv, err)) < 0 ||
+            (rc = find_mat(m, NAME("attn_output.weight"), nq, E, 1, &L->wo, err)) < 0 ||
+            (rc = find_vec(m, NAME("attn_q_norm.weight"), c->head_dim, &L->q_norm, err)) < 0 ||
+            (rc = find_vec(m, NAME("attn_k_norm.weight"), c->head_dim, &L->k_norm, err)) < 0 ||
+            (rc = find_vec(m, NAME("ffn_norm.weight"), E, &L->ffn_norm, err)) < 0)
+            return rc;
+        if (c->moe) {
+            if ((rc = find_mat(m, NAME("ffn_gate_inp.weight"), E, c->n_expert, 1, &L->gate_inp, err)) < 0 ||
+                (rc = find_mat(m, NAME("ffn_gate_exps.weight"), E, c->n_ff_exp, c->n_expert, &L->gate_exps, err)) < 0 ||
+                (rc = find_mat(m, NAME("ffn_up_exps.weight"), E, c->n_ff_exp, c->n_expert, &L->up_exps, err)) < 0 ||
+                (rc = find_mat(m, NAME("ffn_down_exps.weight"), c->n_ff_exp, E, c->n_expert, &L->down_exps, err)) < 0)
+                return rc;
+        } else {
+            if ((rc = find_mat(m, NAME("ffn_gate.weight"), E, c->n_ff, 1, &L->ffn_gate, err)) < 0 ||
+                (rc = find_mat(m, NAME("ffn_up.weight"), E, c->n_ff, 1, &L->ffn_up, err)) < 0 ||
+                (rc = find_mat(m, NAME("ffn_down.weight"), c->n_ff, E, 1, &L->ffn_down, err)) < 0)
+                return rc;
+        }
+#undef NAME
+    }
+    return 0;
+}
+
+static int alloc_state(wk_model_t *m, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    run_state_t *s = &m->s;
+    const size_t B = (size_t)m->opts.n_batch;
+    const size_t E = (size_t)c->n_embd, nq = (size_t)(c->n_head * c->head_dim);
+    const size_t nkv = (size_t)(c->n_head_kv * c->head_dim);
+    const size_t ff = (size_t)(c->moe ? c->n_ff_exp : c->n_ff);
+    const size_t ne = (size_t)(c->moe ? c->n_expert : 1), nu = (size_t)(c->moe ? c->n_expert_used : 1);
+    s->x = malloc(sizeof(float) * B * E);
+    s->xn = malloc(sizeof(float) * B * E);
+    s->q = malloc(sizeof(float) * B * nq);
+    s->k = malloc(sizeof(float) * B * nkv);
+    s->v = malloc(sizeof(float) * B * nkv);
+    s->att = malloc(sizeof(float) * B * nq);
+    s->o = malloc(sizeof(float) * B * E);
+    s->rope = malloc(sizeof(float) * B * (size_t)c->head_dim);
+    s->pos = malloc(sizeof(int32_t) * B);
+    s->rl = malloc(sizeof(float) * B * ne);
+    s->ids = malloc(sizeof(int32_t) * B * nu);
+    s->wts = malloc(sizeof(float) * B * nu);
+    s->rows = malloc(sizeof(int32_t) * B);
+    s->rw = malloc(sizeof(float) * B);
+    s->xg = malloc(sizeof(float) * B * E);
+    s->g = malloc(sizeof(float) * B * ff);
+    s->u = malloc(sizeof(float) * B * ff);
+    s->dg = malloc(sizeof(float) * B * E);
+    s->segs = malloc(sizeof(seg_t) * B);
+    if (!s->segs || !s->x || !s->xn || !s->q || !s->k || !s->v || !s->att || !s->o || !s->rope || !s->pos ||
+        !s->rl || !s->ids || !s->wts || !s->rows || !s->rw || !s->xg || !s->g || !s->u || !s->dg)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for run state (n_batch %zu)", B);
+    return 0;
+}
+
+static void free_state(run_state_t *s)
+{
+    free(s->x); free(s->xn); free(s->q); free(s->k); free(s->v); free(s->att); free(s->o);
+    free(s->rope); free(s->pos); free(s->rl); free(s->ids); free(s->wts); free(s->rows);
+    free(s->rw); free(s->xg); free(s->g); free(s->u); free(s->dg); free(s->segs);
+}
+
+int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opts, bl_err_t *err)
+{
+    *out = NULL;
+    wk_model_t *m = calloc(1, sizeof *m);
+    if (!m)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for a model");
+    int rc;
+    wk_model_opts_default(&m->opts);
+    if (opts)
+        m->opts = *opts;
+    snprintf(m->path, sizeof m->path, "%s", path);
+    if (m->opts.n_batch < 1 || m->opts.n_batch > 65536) {
+        rc = bl_err_set(err, BL_ERANGE, "n_batch %lld is outside 1..65536", (long long)m->opts.n_batch);
+        goto fail;
+    }
+    if ((rc = bl_gguf_open(&m->g, path, err)) < 0 || (rc = read_config(m, err)) < 0 ||
+        (rc = map_weights(m, err)) < 0)
+        goto fail;
+    if (m->opts.n_ctx_max <= 0)
+        m->opts.n_ctx_max = m->cfg.n_ctx_train;
+    if (m->opts.n_ctx_max > MAX_CTX) {
+        rc = bl_err_set(err, BL_ERANGE, "n_ctx_max %lld exceeds %d", (long long)m->opts.n_ctx_max, MAX_CTX);
+        goto fail;
+    }
+    if ((rc = alloc_state(m, err)) < 0)
+        goto fail;
+    const wk_config_t *c = &m->cfg;
+    int64_t cols = c->n_embd;
+    cols = c->n_head * c->head_dim > cols ? c->n_head * c->head_dim : cols;
+    cols = c->n_ff > cols ? c->n_ff : cols;
+    cols = c->n_ff_exp > cols ? c->n_ff_exp : cols;
+    const kcpu_limits_t lim = {.max_cols = cols, .max_batch = m->opts.n_batch,
+                               .max_ctx = m->opts.n_ctx_max, .head_dim = c->head_dim};
+    const int mode = m->opts.precise ? KCPU_PRECISE : m->opts.act_terms == 1 ? KCPU_FAST8 : KCPU_FAST16;
+    if (m->opts.act_terms != 1 && m->opts.act_terms != 2) {
+        rc = bl_err_set(err, BL_EINVAL, "act_terms %d is not 1 or 2", m->opts.act_terms);
+        goto fail;
+    }
+    if ((rc = kcpu_ctx_create(&m->kc, m->opts.n_threads, mode, &lim, err)) < 0)
+        goto fail;
+    *out = m;
+    return 0;
+fail:
+    wk_model_free(m);
+    return rc;
+}
+
+void wk_model_free(wk_model_t *m)
+{
+    if (!m)
+        return;
+    kcpu_ctx_destroy(m->kc);
+    free_state(&m->s);
+    free(m->w.layers);
+    bl_gguf_close(m->g);
+    free(m);
+}
+
+const wk_config_t *wk_model_config(const wk_model_t *m) { return &m->cfg; }
+const bl_gguf_t *wk_model_gguf(const wk_model_t *m) { return m->g; }
+const char *wk_model_kernels(const wk_model_t *m) { return kcpu_variant_name(); }
+
+// --- KV cache ----------------------------------------------------------------------------------
+
+int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t type, bl_err_t *err)
+{
+    *out = NULL;
+    const wk_config_t *c = &m->cfg;
+    if (n_ctx < 1 || n_ctx > m->opts.n_ctx_max)
+        return bl_err_set(err, BL_ERANGE, "KV cache of %lld positions is outside 1..%lld",
+                          (long long)n_ctx, (long long)m->opts.n_ctx_max);
+    if (type != WK_KV_F32 && type != WK_KV_F16 && type != WK_KV_Q8_0)
+        return bl_err_set(err, BL_EINVAL, "KV cache type %u is not f32, f16 or q8_0", type);
+    if (type == WK_KV_Q8_0 && c->head_dim % BL_QK != 0)
+        return bl_err_set(err, BL_EINVAL, "a q8_0 KV cache needs head_dim %lld to be a multiple of %d",
+                          (long long)c->head_dim, BL_QK);
+    wk_kv_t *kv = calloc(1, sizeof *kv);
+    if (!kv)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for a KV cache");
+    int rc = bl_row_bytes(type, c->n_head_kv * c->head_dim, &kv->row_bytes, err);
+    if (rc < 0) {
+        free(kv);
+        return rc;
+    }
+    kv->model = m;
+    kv->n_layer = c->n_layer;
+    kv->n_ctx = n_ctx;
+    kv->type = type;
+    /* (n_layer <= 4096) * 2 * (n_ctx <= 2^24) * row_bytes may pass 2^63 only for
+     * absurd requests; checked rather than assumed. */
+    const double want = (double)kv->n_layer * 2.0 * (double)n_ctx * (double)kv->row_bytes;
+    if (want > (double)(SIZE_MAX / 2)) {
+        free(kv);
+        return bl_err_set(err, BL_ERANGE, "KV cache of %lld positions is too large", (long long)n_ctx);
+    }
+    kv->buf = malloc((size_t)kv->n_layer * 2 * (size_t)n_ctx * kv->row_bytes);
+    if (!kv->buf) {
+        free(kv);
+        return bl_err_set(err, BL_ENOMEM, "out of memory for a KV cache of %.0f bytes", want);
+    }
+    *out = kv;
+    return 0;
+}
+
+void wk_kv_free(wk_kv_t *kv)
+{
+    if (!kv)
+        return;
+    free(kv->buf);
+    free(kv);
+}
+
+int64_t wk_kv_n_past(const wk_kv_t *kv) { return kv->n_past; }
+
+static kcpu_kv_view_t kv_layer(const wk_kv_t *kv, int64_t l)
+{
+    const size_t plane = (size_t)kv->n_ctx * kv->row_bytes;
+    kcpu_kv_view_t v = {.k = kv->buf + (size_t)(2 * l) * plane,
+                        .v = kv->buf + (size_t)(2 * l + 1) * plane,
+                        .type = kv->type, .row_bytes = kv->row_bytes};
+    return v;
+}
+
+// --- forward pass -------------------------------------------------------------------------------
+
+static void add_rows(float *x, const float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] += y[i];
+}
+
+/* Routed experts for n rows of s->xn into s->o. Rows are grouped by expert so each
+ * expert's weights are read once per batch; each row's sum runs in expert-id order. */
+static void moe_ffn(wk_model_t *m, const layer_t *L, int64_t n)
+{
+    const wk_config_t *c = &m->cfg;
+    run_state_t *s = &m->s;
+    const int64_t E = c->n_embd, F = c->n_ff_exp, K = c->n_expert_used;
+    kcpu_matmul(m->kc, &L->gate_inp, s->xn, n, s->rl);
+    kcpu_moe_route(s->rl, n, c->n_expert, K, 1, s->ids, s->wts);
+    memset(s->o, 0, sizeof(float) * (size_t)(n * E));
+    for (int64_t e = 0; e < c->n_expert; e++) {
+        int64_t cnt = 0;
+        for (int64_t b = 0; b < n; b++)
+            for (int64_t j = 0; j < K; j++)
+                if (s->ids[b * K + j] == e) {
+                    s->rows[cnt] = (int32_t)b;
+                    s->rw[cnt] = s->wts[b * K + j];
+                    memcpy(s->xg + cnt * E, s->xn + b * E, sizeof(float) * (size_t)E);
+                    cnt++;
+                }
+        if (cnt == 0)
+            continue;
+        const kcpu_mat_t gate = kcpu_mat_rows(&L->gate_exps, e * F, F);
+        const kcpu_mat_t up = kcpu_mat_rows(&L->up_exps, e * F, F);
+        const kcpu_mat_t down = kcpu_mat_rows(&L->down_exps, e * E, E);
+        kcpu_matmul(m->kc, &gate, s->xg, cnt, s->g);
+        kcpu_matmul(m->kc, &up, s->xg, cnt, s->u);
+        kcpu_swiglu(s->g, s->g, s->u, cnt * F);
+        kcpu_matmul(m->kc, &down, s->g, cnt, s->dg);
+        for (int64_t i = 0; i < cnt; i++) {
+            float *o = s->o + (int64_t)s->rows[i] * E;
+            const float *d = s->dg + i * E;
+            for (int64_t j = 0; j < E; j++)
+                o[j] += s->rw[i] * d[j];
+        }
+    }
+}
+
+static void dense_ffn(wk_model_t *m, const layer_t *L, int64_t n)
+{
+    run_state_t *s = &m->s;
+    kcpu_matmul(m->kc, &L->ffn_gate, s->xn, n, s->g);
+    kcpu_matmul(m->kc, &L->ffn_up, s->xn, n, s->u);
+    kcpu_swiglu(s->g, s->g, s->u, n * m->cfg.n_ff);
+    kcpu_matmul(m->kc, &L->ffn_down, s->g, n, s->o);
+}
+
+/* One step over the rows of nseg sequences (n_rows <= n_batch in all). The weights
+ * see all rows at once; attention and the KV cache go sequence by sequence. Logits
+ * of each sequence's last n_out rows go to logits in sequence order. */
+static void forward(wk_model_t *m, const seg_t *seg, int64_t nseg, int64_t n, float *logits)
+{
+    const wk_config_t *c = &m->cfg;
+    const weights_t *w = &m->w;
+    run_state_t *s = &m->s;
+    const int64_t E = c->n_embd, hd = c->head_dim;
+    const int64_t nq = c->n_head * hd, nkv = c->n_head_kv * hd;
+    const float scale = (float)(1.0 / sqrt((double)hd));
+
+    /* Token embeddings: dequantize each row from the table. */
+    for (int64_t j = 0; j < nseg; j++)
+        for (int64_t i = 0; i < seg[j].n; i++) {
+            const int64_t b = seg[j].row0 + i;
+            const uint8_t *row = (const uint8_t *)w->tok_embd.data +
+                                 (size_t)seg[j].tokens[i] * w->tok_embd.row_bytes;
+            /* The type was checked at load to have a dequantizer, so this cannot fail. */
+            if (bl_dequantize_row_ref(w->tok_embd.type, row, s->x + b * E, E) != 0)
+                memset(s->x + b * E, 0, sizeof(float) * (size_t)E);
+            s->pos[b] = (int32_t)(seg[j].pos + i);
+        }
+    kcpu_rope_table(s->rope, s->pos, n, hd, c->rope_base);
+
+    for (int64_t l = 0; l < c->n_layer; l++) {
+        const layer_t *L = &w->layers[l];
+
+        /* Attention: norm, projections, per-head q/k norm, RoPE, cache, attend. */
+        kcpu_rms_norm(s->xn, s->x, L->attn_norm, n, E, E, c->eps);
+        kcpu_matmul(m->kc, &L->wq, s->xn, n, s->q);
+        kcpu_matmul(m->kc, &L->wk, s->xn, n, s->k);
+        kcpu_matmul(m->kc, &L->wv, s->xn, n, s->v);
+        kcpu_rms_norm(s->q, s->q, L->q_norm, n * c->n_head, hd, hd, c->eps);
+        kcpu_rms_norm(s->k, s->k, L->k_norm, n * c->n_head_kv, hd, hd, c->eps);
+        kcpu_rope_neox(s->q, s->rope, n, c->n_head, hd);
+        kcpu_rope_neox(s->k, s->rope, n, c->n_head_kv, hd);
+        for (int64_t j = 0; j < nseg; j++) {
+            const kcpu_kv_view_t kvl = kv_layer(seg[j].kv, l);
+            const int64_t r0 = seg[j].row0;
+            kcpu_kv_store(&kvl, 0, s->k + r0 * nkv, seg[j].pos, seg[j].n, nkv);
+            kcpu_kv_store(&kvl, 1, s->v + r0 * nkv, seg[j].pos, seg[j].n, nkv);
+            kcpu_attention(m->kc, &kvl, s->q + r0 * nq, s->att + r0 * nq, seg[j].n, seg[j].pos,
+                           c->n_head, c->n_head_kv, hd, scale);
+        }
+        kcpu_matmul(m->kc, &L->wo, s->att, n, s->o);
+        add_rows(s->x, s->o, n * E);
+
+        /* FFN: norm, experts or dense SwiGLU, residual. */
+        kcpu_rms_norm(s->xn, s->x, L->ffn_norm, n, E, E, c->eps);
+        if (c->moe)
+            moe_ffn(m, L, n);
+        else
+            dense_ffn(m, L, n);
+        add_rows(s->x, s->o, n * E);
+    }
+
+    /* Head, only for the rows whose logits were asked for, gathered in order. */
+    int64_t n_out = 0;
+    for (int64_t j = 0; j < nseg; j++) {
+        const int64_t r0 = seg[j].row0 + seg[j].n - seg[j].n_out;
+        kcpu_rms_norm(s->xg + n_out * E, s->x + r0 * E, w->output_norm, seg[j].n_out, E, E, c->eps);
+        n_out += seg[j].n_out;
+    }
+    if (n_out > 0)
+        kcpu_matmul(m->kc, &w->output, s->xg, n_out, logits);
+}
+
+/* The checks one sequence's part of a step must pass; i names it in messages. */
+static int check_seq(const wk_model_t *m, const wk_kv_t *kv, const int32_t *tokens, int64_t n,
+                     int64_t pos, int64_t n_out, int64_t i, bl_err_t *err)
+{
+    if (!kv || !tokens || n < 1 || n_out < 0 || n_out > n)
+        return bl_err_set(err, BL_EINVAL, "sequence %lld: %lld rows asking for %lld logit rows",
+                          (long long)i, (long long)n, (long long)n_out);
+    if (kv->model != m)
+        return bl_err_set(err, BL_EINVAL, "sequence %lld: the KV cache was made for another model",
+                          (long long)i);
+    if (pos < 0 || pos > kv->n_past)
+        return bl_err_set(err, BL_EINVAL, "sequence %lld: eval at position %lld, but the cache holds %lld",
+                          (long long)i, (long long)pos, (long long)kv->n_past);
+    if (n > kv->n_ctx - pos)
+        return bl_err_set(err, BL_ERANGE, "sequence %lld: positions %lld..%lld do not fit a cache of %lld",
+                          (long long)i, (long long)pos, (long long)(pos + n - 1), (long long)kv->n_ctx);
+    for (int64_t t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= m->cfg.n_vocab)
+            return bl_err_set(err, BL_EINVAL, "sequence %lld: token %lld is %d, outside 0..%lld",
+                              (long long)i, (long long)t, tokens[t], (long long)(m->cfg.n_vocab - 1));
+    return 0;
+}
+
+int wk_model_eval(wk_model_t *m, wk_kv_t *kv, const int32_t *tokens, int64_t n, int64_t pos,
+                  int64_t n_out, float *logits, bl_err_t *err)
+{
+    int rc = check_seq(m, kv, tokens, n, pos, n_out, 0, err);
+    if (rc < 0)
+        return rc;
+    if (n_out > 0 && !logits)
+        return bl_err_set(err, BL_EINVAL, "logits asked for but no buffer given");
+    /* Chunks of n_batch rows; the logit rows (the last n_out of all n) may span the
+     * last chunks. */
+    const int64_t first_out = n - n_out;
+    kv->n_past = pos;
+    for (int64_t c0 = 0; c0 < n; c0 += m->opts.n_batch) {
+        const int64_t cn = n - c0 < m->opts.n_batch ? n - c0 : m->opts.n_batch;
+        const int64_t out0 = first_out > c0 ? (first_out - c0 < cn ? first_out - c0 : cn) : 0;
+        float *lg = out0 < cn ? logits + (size_t)(c0 + out0 - first_out) * (size_t)m->cfg.n_vocab : NULL;
+        const seg_t sg = {.kv = kv, .tokens = tokens + c0, .row0 = 0, .n = cn, .pos = pos + c0,
+                          .n_out = cn - out0};
+        forward(m, &sg, 1, cn, lg);
+        kv->n_past = pos + c0 + cn;
+    }
+    return 0;
+}
+
+int wk_model_eval_multi(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, float *logits,
+                        bl_err_t *err)
+{
+    if (n_seqs < 1 || n_seqs > m->opts.n_batch)
+        return bl_err_set(err, BL_ERANGE, "%lld sequences in one step, outside 1..%lld",
+                          (long long)n_seqs, (long long)m->opts.n_batch);
+    int64_t rows = 0, outs = 0;
+    for (int64_t i = 0; i < n_seqs; i++) {
+        const wk_seq_t *q = &seqs[i];
+        int rc = check_seq(m, q->kv, q->tokens, q->n, q->pos, q->n_out, i, err);
+        if (rc < 0)
+            return rc;
+        for (int64_t j = 0; j < i; j++)
+            if (seqs[j].kv == q->kv)
+                return bl_err_set(err, BL_EINVAL, "sequences %lld and %lld share a KV cache",
+                                  (long long)j, (long long)i);
+        if (q->n > m->opts.n_batch - rows)
+            return bl_err_set(err, BL_ERANGE, "the step's rows exceed n_batch %lld",
+                              (long long)m->opts.n_batch);
+        rows += q->n;
+        outs += q->n_out;
+    }
+    if (outs > 0 && !logits)
+        return bl_err_set(err, BL_EINVAL, "logits asked for but no buffer given");
+    /* The segments live in the run state's scratch: no allocation in the step. */
+    seg_t *sg = m->s.segs;
+    rows = 0;
+    for (int64_t i = 0; i < n_seqs; i++) {
+        sg[i] = (seg_t){.kv = seqs[i].kv, .tokens = seqs[i].tokens, .row0 = rows, .n = seqs[i].n,
+                        .pos = seqs[i].pos, .n_out = seqs[i].n_out};
+        rows += seqs[i].n;
+    }
+    forward(m, sg, n_seqs, rows, logits);
+    for (int64_t i = 0; i < n_seqs; i++)
+        seqs[i].kv->n_past = seqs[i].pos + seqs[i].n;
+    return 0;
+}

@@ -1,0 +1,199 @@
+/* The CPU backend: the ops a model's forward pass calls (matmul over GGML weight
+ * formats, rms_norm, rope, causal attention over a KV cache, softmax/top-k routing,
+ * SwiGLU), a thread pool that splits them, and the dot-product kernels beneath them
+ * (one scalar _ref per weight/activation format pair, SIMD variants beside it).
+ *
+ * Numeric modes, fixed when a context is created:
+ *   precise: activations stay f32; a weight row is dequantized exactly with the
+ *            reference dequantizer and dotted in f32 (the _ref dot sums in double).
+ *   fast:    activations are quantized to the weight's partner format (q8_K for
+ *            K-quants, q8_0 for q8_0/q4_0) and dotted in integers; a weight format
+ *            without an integer kernel takes the precise path. By default each
+ *            activation row is stored as two q8 rows, the value and the residual it
+ *            leaves, and each weight row is dotted with both (KCPU_FAST16): about
+ *            16-bit activations for twice the integer arithmetic but the same weight
+ *            traffic. KCPU_FAST8 keeps one term, as llama.cpp does; its error is
+ *            llama.cpp's (mean |dlogit| ~0.06 on the tiny oracle model against
+ *            ~0.0007 for two terms). f32 and f16 weights are always dotted in f32.
+ * Results never depend on the thread count: every output element is computed by
+ * one thread with the same code in the same order. */
+#ifndef KCPU_H
+#define KCPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+// --- kernel variants ---------------------------------------------------------------
+
+/* Picks the widest kernel set the CPU runs (CPUID), once; later calls are free.
+ * BLOOMERY_CPU_KERNELS=ref in the environment forces the scalar references.
+ * Thread-safe. Returns the chosen set's name: "avx2" or "ref". */
+const char *kcpu_init(void);
+
+/* Forces a kernel set by name ("ref", "avx2"); BL_ENOTSUP if the CPU lacks it,
+ * BL_EINVAL for an unknown name. For tests and benchmarks; not thread-safe against
+ * running kernels. */
+int kcpu_select(const char *name) BL_WUR;
+
+/* Name of the kernel set in use ("ref" or "avx2"). */
+const char *kcpu_variant_name(void);
+
+/* Whether this CPU can run the avx2 set (AVX2, FMA, F16C). */
+int kcpu_have_avx2(void);
+
+// --- dot products --------------------------------------------------------------------
+/* kcpu_vec_dot_<weight fmt>_<act fmt>_<variant>: the dot of n elements (a multiple
+ * of the weight's block size) of a weight row w and an activation row x, both in
+ * their block formats (common/blocks.h). */
+
+float kcpu_vec_dot_f32_f32_ref(const float *w, const float *x, int64_t n);
+float kcpu_vec_dot_f16_f32_ref(const uint16_t *w, const float *x, int64_t n);
+float kcpu_vec_dot_q8_0_q8_0_ref(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot_q4_0_q8_0_ref(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot_q4_K_q8_K_ref(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot_q5_K_q8_K_ref(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot_q6_K_q8_K_ref(const void *w, const void *x, int64_t n);
+
+float kcpu_vec_dot_f32_f32_avx2(const float *w, const float *x, int64_t n);
+float kcpu_vec_dot_f16_f32_avx2(const uint16_t *w, const float *x, int64_t n);
+float kcpu_vec_dot_q8_0_q8_0_avx2(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot_q4_0_q8_0_avx2(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot_q4_K_q8_K_avx2(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot_q5_K_q8_K_avx2(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot_q6_K_q8_K_avx2(const void *w, const void *x, int64_t n);
+
+/* kcpu_vec_dot2_*: dot(w, x0) + dot(w, x1), one weight row against an activation
+ * row's two q8 terms (KCPU_FAST16); the SIMD variants unpack each weight block once
+ * for both. q4_0 has no fused SIMD variant (its AVX2 set runs two single dots). */
+float kcpu_vec_dot2_q8_0_q8_0_ref(const void *w, const void *x0, const void *x1, int64_t n);
+float kcpu_vec_dot2_q4_0_q8_0_ref(const void *w, const void *x0, const void *x1, int64_t n);
+float kcpu_vec_dot2_q4_K_q8_K_ref(const void *w, const void *x0, const void *x1, int64_t n);
+float kcpu_vec_dot2_q5_K_q8_K_ref(const void *w, const void *x0, const void *x1, int64_t n);
+float kcpu_vec_dot2_q6_K_q8_K_ref(const void *w, const void *x0, const void *x1, int64_t n);
+float kcpu_vec_dot2_q8_0_q8_0_avx2(const void *w, const void *x0, const void *x1, int64_t n);
+float kcpu_vec_dot2_q4_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n);
+float kcpu_vec_dot2_q5_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n);
+float kcpu_vec_dot2_q6_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n);
+
+/* y[i] += a * x[i] for n elements; the V side of attention. */
+void kcpu_axpy_f32_ref(float *y, float a, const float *x, int64_t n);
+void kcpu_axpy_f16_ref(float *y, float a, const uint16_t *x, int64_t n);
+void kcpu_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
+void kcpu_axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n);
+
+/* The activation format the fast path pairs with weight type t (a bl_type_t):
+ * BL_TYPE_Q8_K, BL_TYPE_Q8_0, or -1 when t has no integer kernel (precise path). */
+int kcpu_act_type(uint32_t t);
+
+// --- thread pool ---------------------------------------------------------------------
+
+typedef struct kcpu_pool kcpu_pool_t;
+
+/* A task body: called once on each of nth threads with ith = 0..nth-1. */
+typedef void (*kcpu_task_fn)(void *ctx, int ith, int nth);
+
+/* Starts n_threads - 1 helper threads (the caller is thread 0). n_threads 1..256.
+ * Caller frees with kcpu_pool_destroy. */
+int kcpu_pool_create(kcpu_pool_t **out, int n_threads, bl_err_t *err) BL_WUR;
+void kcpu_pool_destroy(kcpu_pool_t *p); /* NULL is a no-op; joins the helpers */
+int kcpu_pool_n_threads(const kcpu_pool_t *p);
+/* Runs fn on every thread and returns when all are done. One caller at a time. */
+void kcpu_pool_run(kcpu_pool_t *p, kcpu_task_fn fn, void *ctx);
+
+// --- matrices and the op context -----------------------------------------------------
+
+/* A weight matrix in the mapping: nrows rows of ncols elements of type, each row
+ * row_bytes long, rows contiguous. Borrowed; never copied. */
+typedef struct kcpu_mat {
+    const void *data;
+    uint32_t type;    /* bl_type_t */
+    int64_t ncols;    /* elements per row (the reduction length) */
+    int64_t nrows;    /* output features */
+    size_t row_bytes;
+    int precise;      /* 1: always the precise path, even in a fast context */
+} kcpu_mat_t;
+
+/* Fills m for a tensor of type with rows of ncols; BL_ERANGE/BL_EINVAL as bl_row_bytes. */
+int kcpu_mat_init(kcpu_mat_t *m, const void *data, uint32_t type, int64_t ncols, int64_t nrows,
+                  bl_err_t *err) BL_WUR;
+/* Rows [r0, r0 + n) of m as a matrix (an expert of a 3D stack is a slice). */
+kcpu_mat_t kcpu_mat_rows(const kcpu_mat_t *m, int64_t r0, int64_t n);
+
+/* Limits a context's scratch is sized for. */
+typedef struct kcpu_limits {
+    int64_t max_cols;  /* longest row any matmul reduces over */
+    int64_t max_batch; /* most activation rows in one call */
+    int64_t max_ctx;   /* longest KV sequence attention reads */
+    int64_t head_dim;  /* attention head size */
+} kcpu_limits_t;
+
+/* Owns the pool and all scratch the ops need; nothing is allocated per call. One
+ * owning thread calls the ops. */
+typedef struct kcpu_ctx kcpu_ctx_t;
+
+/* Numeric modes (see the top of this file). */
+enum {
+    KCPU_FAST16 = 0,  /* fast path, each activation row as a q8 value plus a q8 residual */
+    KCPU_PRECISE = 1, /* f32 activations, exactly dequantized weights */
+    KCPU_FAST8 = 2,   /* fast path, one q8 term per activation row (llama.cpp's scheme) */
+};
+
+/* mode: a KCPU_* mode. Caller frees with kcpu_ctx_destroy. */
+int kcpu_ctx_create(kcpu_ctx_t **out, int n_threads, int mode, const kcpu_limits_t *lim,
+                    bl_err_t *err) BL_WUR;
+void kcpu_ctx_destroy(kcpu_ctx_t *c);
+int kcpu_ctx_mode(const kcpu_ctx_t *c);
+int kcpu_ctx_n_threads(const kcpu_ctx_t *c);
+
+// --- ops -----------------------------------------------------------------------------
+/* Activations are row-major f32: a (n, d) argument holds n rows of d floats, rows
+ * ld floats apart where an ld is given. Callers keep every size within the limits
+ * the context was created with (KCPU_ASSERT aborts otherwise: these are our own
+ * invariants, never file or request input). */
+
+/* y (n, w->nrows) = x (n, w->ncols) times w transposed: y[b][r] = dot(w row r, x row b). */
+void kcpu_matmul(kcpu_ctx_t *c, const kcpu_mat_t *w, const float *x, int64_t n, float *y);
+
+/* y (n, d) = x / sqrt(mean(x^2) + eps) * g, row by row, in place allowed. Rows are
+ * ld floats apart in both x and y. */
+void kcpu_rms_norm(float *y, const float *x, const float *g, int64_t n, int64_t d, int64_t ld,
+                   float eps);
+
+/* The NEOX rotation table for positions pos[0..n): cs (n, head_dim/2, 2) = cos, sin
+ * of pos * base^(-2i/head_dim), computed in double. */
+void kcpu_rope_table(float *cs, const int32_t *pos, int64_t n, int64_t head_dim, float base);
+/* Rotates x (n, n_head, head_dim) in place with the table: pairs (i, i + head_dim/2). */
+void kcpu_rope_neox(float *x, const float *cs, int64_t n, int64_t n_head, int64_t head_dim);
+
+/* y (n, d) = silu(g) * u, elementwise; y may alias g. */
+void kcpu_swiglu(float *y, const float *g, const float *u, int64_t n);
+
+/* One layer's KV cache: rows of n_kv_head * head_dim elements of type (f32, f16 or
+ * q8_0), row_bytes apart, one per position. */
+typedef struct kcpu_kv_view {
+    void *k;
+    void *v;
+    uint32_t type;
+    size_t row_bytes;
+} kcpu_kv_view_t;
+
+/* Stores n rows of f32 (n, n_kv_head * head_dim) at positions pos0.. of k or v. */
+void kcpu_kv_store(const kcpu_kv_view_t *kv, int is_v, const float *src, int64_t pos0, int64_t n,
+                   int64_t row_elems);
+
+/* Causal GQA attention: for row b (at position pos0 + b) and head h, out = softmax(
+ * scale * q . K[0..pos0+b]) V over the cache, with query head h reading KV head
+ * h / (n_head / n_kv_head). q (n, n_head, head_dim), out (n, n_head, head_dim). */
+void kcpu_attention(kcpu_ctx_t *c, const kcpu_kv_view_t *kv, const float *q, float *out,
+                    int64_t n, int64_t pos0, int64_t n_head, int64_t n_kv_head,
+                    int64_t head_dim, float scale);
+
+/* MoE routing for n rows of router logits (n, n_expert): softmax, the k largest
+ * (ties to the lower id), their probabilities renormalised to sum 1 when norm.
+ * ids (n, k) in descending weight order, w (n, k). */
+void kcpu_moe_route(const float *logits, int64_t n, int64_t n_expert, int64_t k, int norm,
+                    int32_t *ids, float *w);
+
+#endif

@@ -1,0 +1,66 @@
+/* What kernels/cpu's own files share: the kernel-set table the ops dispatch through,
+ * K-quant scale unpacking, and an invariant check. Not part of the public API. */
+#ifndef KCPU_IMPL_H
+#define KCPU_IMPL_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kcpu.h"
+
+/* Our own invariants (sizes the caller promised to keep within the context's
+ * limits); input from files is validated long before it reaches a kernel. */
+#define KCPU_ASSERT(cond)                                                            \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            fprintf(stderr, "kcpu: %s:%d: invariant failed: %s\n", __FILE__, __LINE__, \
+                    #cond);                                                          \
+            abort();                                                                 \
+        }                                                                            \
+    } while (0)
+
+typedef float (*kcpu_dot_fn)(const void *w, const void *x, int64_t n);
+typedef float (*kcpu_dot2_fn)(const void *w, const void *x0, const void *x1, int64_t n);
+typedef float (*kcpu_dot_f32_fn)(const float *w, const float *x, int64_t n);
+typedef float (*kcpu_dot_f16_fn)(const uint16_t *w, const float *x, int64_t n);
+typedef void (*kcpu_axpy_f32_fn)(float *y, float a, const float *x, int64_t n);
+typedef void (*kcpu_axpy_f16_fn)(float *y, float a, const uint16_t *x, int64_t n);
+
+/* One kernel set; chosen once by kcpu_init. */
+typedef struct kcpu_kernels {
+    const char *name;
+    kcpu_dot_f32_fn dot_f32_f32;
+    kcpu_dot_f16_fn dot_f16_f32;
+    kcpu_dot_fn dot_q8_0_q8_0;
+    kcpu_dot_fn dot_q4_0_q8_0;
+    kcpu_dot_fn dot_q4_K_q8_K;
+    kcpu_dot_fn dot_q5_K_q8_K;
+    kcpu_dot_fn dot_q6_K_q8_K;
+    kcpu_dot2_fn dot2_q8_0_q8_0;
+    kcpu_dot2_fn dot2_q4_0_q8_0;
+    kcpu_dot2_fn dot2_q4_K_q8_K;
+    kcpu_dot2_fn dot2_q5_K_q8_K;
+    kcpu_dot2_fn dot2_q6_K_q8_K;
+    kcpu_axpy_f32_fn axpy_f32;
+    kcpu_axpy_f16_fn axpy_f16;
+} kcpu_kernels_t;
+
+/* The set in use; valid after kcpu_init. */
+extern const kcpu_kernels_t *kcpu__k;
+
+/* The 6-bit scale and min of sub-block j (0..7) from a q4_K/q5_K 12-byte array:
+ * j < 4 in the low 6 bits of bytes j and j+4; j >= 4 split over a nibble of byte
+ * j+4 and the top 2 bits of bytes j-4 (scale) and j (min). */
+static inline void kcpu__k_scale_min(const uint8_t *q, int j, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+#endif

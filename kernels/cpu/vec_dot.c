@@ -1,0 +1,172 @@
+/* Scalar reference dot products, one per (weight format, activation format) pair,
+ * and the reference axpy of attention's V side. Every SIMD variant is tested
+ * against these. Integer products are summed exactly per (sub-)block; the float
+ * f32/f16 dots sum in double so that the reference is the more accurate side. */
+#include <stdint.h>
+
+#include "blocks.h"
+#include "kcpu.h"
+#include "kcpu_impl.h"
+#include "quant.h"
+
+float kcpu_vec_dot_f32_f32_ref(const float *w, const float *x, int64_t n)
+{
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)w[i] * (double)x[i];
+    return (float)s;
+}
+
+float kcpu_vec_dot_f16_f32_ref(const uint16_t *w, const float *x, int64_t n)
+{
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)bl_fp16_to_fp32(w[i]) * (double)x[i];
+    return (float)s;
+}
+
+float kcpu_vec_dot_q8_0_q8_0_ref(const void *w, const void *x, int64_t n)
+{
+    const bl_block_q8_0 *a = w;
+    const bl_block_q8_0 *b = x;
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / BL_QK; i++) {
+        int32_t isum = 0;
+        for (int j = 0; j < BL_QK; j++)
+            isum += a[i].qs[j] * b[i].qs[j];
+        s += bl_fp16_to_fp32(a[i].d) * bl_fp16_to_fp32(b[i].d) * (float)isum;
+    }
+    return s;
+}
+
+float kcpu_vec_dot_q4_0_q8_0_ref(const void *w, const void *x, int64_t n)
+{
+    const bl_block_q4_0 *a = w;
+    const bl_block_q8_0 *b = x;
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / BL_QK; i++) {
+        int32_t isum = 0;
+        for (int j = 0; j < BL_QK / 2; j++) {
+            isum += ((a[i].qs[j] & 0xf) - 8) * b[i].qs[j];
+            isum += ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + BL_QK / 2];
+        }
+        s += bl_fp16_to_fp32(a[i].d) * bl_fp16_to_fp32(b[i].d) * (float)isum;
+    }
+    return s;
+}
+
+/* q4_K and q5_K: x = d*sc*q - dmin*m per sub-block of 32, so a block's dot is
+ * d*xd*sum(sc * sum(q*y)) - dmin*xd*sum(m * sum(y)); the sums of y come from the
+ * q8_K bsums (two groups of 16 per sub-block). */
+float kcpu_vec_dot_q4_K_q8_K_ref(const void *w, const void *x, int64_t n)
+{
+    const bl_block_q4_K *a = w;
+    const bl_block_q8_K *b = x;
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / BL_QK_K; i++) {
+        int32_t sumi = 0, summ = 0;
+        for (int sb = 0; sb < 8; sb++) {
+            int sc, m;
+            kcpu__k_scale_min(a[i].scales, sb, &sc, &m);
+            const uint8_t *q = a[i].qs + 32 * (sb / 2);
+            const int shift = 4 * (sb & 1);
+            int32_t isum = 0;
+            for (int l = 0; l < 32; l++)
+                isum += ((q[l] >> shift) & 0xf) * b[i].qs[32 * sb + l];
+            sumi += sc * isum;
+            summ += m * (b[i].bsums[2 * sb] + b[i].bsums[2 * sb + 1]);
+        }
+        s += b[i].d * (bl_fp16_to_fp32(a[i].d) * (float)sumi -
+                       bl_fp16_to_fp32(a[i].dmin) * (float)summ);
+    }
+    return s;
+}
+
+float kcpu_vec_dot_q5_K_q8_K_ref(const void *w, const void *x, int64_t n)
+{
+    const bl_block_q5_K *a = w;
+    const bl_block_q8_K *b = x;
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / BL_QK_K; i++) {
+        int32_t sumi = 0, summ = 0;
+        for (int sb = 0; sb < 8; sb++) {
+            int sc, m;
+            kcpu__k_scale_min(a[i].scales, sb, &sc, &m);
+            const uint8_t *q = a[i].qs + 32 * (sb / 2);
+            const int shift = 4 * (sb & 1);
+            int32_t isum = 0;
+            for (int l = 0; l < 32; l++) {
+                const int v = ((q[l] >> shift) & 0xf) | ((a[i].qh[l] >> sb) & 1) << 4;
+                isum += v * b[i].qs[32 * sb + l];
+            }
+            sumi += sc * isum;
+            summ += m * (b[i].bsums[2 * sb] + b[i].bsums[2 * sb + 1]);
+        }
+        s += b[i].d * (bl_fp16_to_fp32(a[i].d) * (float)sumi -
+                       bl_fp16_to_fp32(a[i].dmin) * (float)summ);
+    }
+    return s;
+}
+
+/* q6_K: x = d*sc*(q - 32) per group of 16; element layout as in
+ * bl_dequantize_row_q6_K_ref. */
+float kcpu_vec_dot_q6_K_q8_K_ref(const void *w, const void *x, int64_t n)
+{
+    const bl_block_q6_K *a = w;
+    const bl_block_q8_K *b = x;
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / BL_QK_K; i++) {
+        int32_t sumi = 0;
+        for (int g = 0; g < BL_QK_K / 16; g++) {
+            int32_t isum = 0;
+            for (int e = 16 * g; e < 16 * g + 16; e++) {
+                const int h = e / 128, k = (e / 32) % 4, l = e % 32;
+                const int lo = (a[i].ql[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 0xf;
+                const int hi = (a[i].qh[32 * h + l] >> (2 * k)) & 3;
+                isum += ((lo | hi << 4) - 32) * b[i].qs[e];
+            }
+            sumi += a[i].scales[g] * isum;
+        }
+        s += bl_fp16_to_fp32(a[i].d) * b[i].d * (float)sumi;
+    }
+    return s;
+}
+
+/* Two activation rows (a value and its residual) against one weight row: by
+ * definition the sum of the two dots, which the fused SIMD variants match. */
+float kcpu_vec_dot2_q8_0_q8_0_ref(const void *w, const void *x0, const void *x1, int64_t n)
+{
+    return kcpu_vec_dot_q8_0_q8_0_ref(w, x0, n) + kcpu_vec_dot_q8_0_q8_0_ref(w, x1, n);
+}
+
+float kcpu_vec_dot2_q4_0_q8_0_ref(const void *w, const void *x0, const void *x1, int64_t n)
+{
+    return kcpu_vec_dot_q4_0_q8_0_ref(w, x0, n) + kcpu_vec_dot_q4_0_q8_0_ref(w, x1, n);
+}
+
+float kcpu_vec_dot2_q4_K_q8_K_ref(const void *w, const void *x0, const void *x1, int64_t n)
+{
+    return kcpu_vec_dot_q4_K_q8_K_ref(w, x0, n) + kcpu_vec_dot_q4_K_q8_K_ref(w, x1, n);
+}
+
+float kcpu_vec_dot2_q5_K_q8_K_ref(const void *w, const void *x0, const void *x1, int64_t n)
+{
+    return kcpu_vec_dot_q5_K_q8_K_ref(w, x0, n) + kcpu_vec_dot_q5_K_q8_K_ref(w, x1, n);
+}
+
+float kcpu_vec_dot2_q6_K_q8_K_ref(const void *w, const void *x0, const void *x1, int64_t n)
+{
+    return kcpu_vec_dot_q6_K_q8_K_ref(w, x0, n) + kcpu_vec_dot_q6_K_q8_K_ref(w, x1, n);
+}
+
+void kcpu_axpy_f32_ref(float *y, float a, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+void kcpu_axpy_f16_ref(float *y, float a, const uint16_t *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] += a * bl_fp16_to_fp32(x[i]);
+}

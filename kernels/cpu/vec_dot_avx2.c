@@ -1,0 +1,311 @@
+/* AVX2 (+FMA, F16C) variants of the dot products and axpy in vec_dot.c. Each is
+ * compiled with a target attribute so the file builds whatever the baseline -march,
+ * and is only called after kcpu_init has seen the CPU run it. Tails shorter than a
+ * vector finish with the scalar loop. Integer kernels use the sign trick
+ * (|w| times y carrying w's sign) so that _mm256_maddubs_epi16 can multiply: this
+ * needs activations in -127..127, which our q8_0/q8_K quantizers guarantee. */
+#include <stdint.h>
+
+#include "blocks.h"
+#include "kcpu.h"
+#include "kcpu_impl.h"
+#include "quant.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+AVX2 static inline float hsum_ps(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* One half to float with F16C, instead of the portable (slower) bl_fp16_to_fp32. */
+AVX2 static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+AVX2 static inline __m256i ones16(void) { return _mm256_set1_epi16(1); }
+
+/* Sum of the signed byte products of 32 lanes, as 8 int32. */
+AVX2 static inline __m256i dot_i8(__m256i w, __m256i y)
+{
+    const __m256i aw = _mm256_sign_epi8(w, w);
+    const __m256i sy = _mm256_sign_epi8(y, w);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sy), ones16());
+}
+
+AVX2 float kcpu_vec_dot_f32_f32_avx2(const float *w, const float *x, int64_t n)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8)
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+    float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++)
+        s += w[i] * x[i];
+    return s;
+}
+
+AVX2 float kcpu_vec_dot_f16_f32_avx2(const uint16_t *w, const float *x, int64_t n)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i)));
+        const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 8)));
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), a1);
+    }
+    for (; i + 8 <= n; i += 8) {
+        const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i)));
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), a0);
+    }
+    float s = hsum_ps(_mm256_add_ps(a0, a1));
+    for (; i < n; i++)
+        s += h2f(w[i]) * x[i];
+    return s;
+}
+
+AVX2 void kcpu_axpy_f32_avx2(float *y, float a, const float *x, int64_t n)
+{
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+
+AVX2 void kcpu_axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n)
+{
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, xv, _mm256_loadu_ps(y + i)));
+    }
+    for (; i < n; i++)
+        y[i] += a * h2f(x[i]);
+}
+
+/* The q8_0 body for nx (1 or 2) activation rows sharing one pass over the weights:
+ * with two rows (a value and its residual) |w| is formed once per block. */
+AVX2 static inline float dot_q8_0(const bl_block_q8_0 *a, const bl_block_q8_0 *const *bx, int nx,
+                                  int64_t nb)
+{
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        const __m256i qw = _mm256_loadu_si256((const __m256i *)a[i].qs);
+        const __m256i aw = _mm256_sign_epi8(qw, qw);
+        const float dw = h2f(a[i].d);
+        for (int t = 0; t < nx; t++) {
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)bx[t][i].qs);
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(qy, qw)),
+                                                ones16());
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * h2f(bx[t][i].d)), _mm256_cvtepi32_ps(p),
+                                     acc[t]);
+        }
+    }
+    return nx == 1 ? hsum_ps(acc[0]) : hsum_ps(acc[0]) + hsum_ps(acc[1]);
+}
+
+AVX2 float kcpu_vec_dot_q8_0_q8_0_avx2(const void *w, const void *x, int64_t n)
+{
+    const bl_block_q8_0 *bx[1] = {x};
+    return dot_q8_0(w, bx, 1, n / BL_QK);
+}
+
+AVX2 float kcpu_vec_dot2_q8_0_q8_0_avx2(const void *w, const void *x0, const void *x1, int64_t n)
+{
+    const bl_block_q8_0 *bx[2] = {x0, x1};
+    return dot_q8_0(w, bx, 2, n / BL_QK);
+}
+
+AVX2 float kcpu_vec_dot_q4_0_q8_0_avx2(const void *w, const void *x, int64_t n)
+{
+    const bl_block_q4_0 *a = w;
+    const bl_block_q8_0 *b = x;
+    const __m256i lo4 = _mm256_set1_epi8(0xf);
+    const __m256i eight = _mm256_set1_epi8(8);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / BL_QK; i++) {
+        /* Low nibbles are elements 0..15, high nibbles 16..31. */
+        const __m128i raw = _mm_loadu_si128((const __m128i *)a[i].qs);
+        __m256i qw = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+        qw = _mm256_sub_epi8(_mm256_and_si256(qw, lo4), eight);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)b[i].qs);
+        const __m256 d = _mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(qw, qy)), acc);
+    }
+    return hsum_ps(acc);
+}
+
+/* q4_K/q5_K share this: the unsigned 4/5-bit values times y with maddubs (at most
+ * 31*127*2 per pair, no saturation), weighted by the sub-block scale with madd; nx
+ * (1 or 2) activation rows share the unpacking of each weight block. */
+AVX2 static inline float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K *a5,
+                                   const bl_block_q8_K *const *bx, int nx, int64_t nb)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0xf);
+    const __m256i one = _mm256_set1_epi8(1);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    float accm = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *scales = a4 ? a4[i].scales : a5[i].scales;
+        const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
+        const float dw = h2f(a4 ? a4[i].d : a5[i].d);
+        const float dmin = h2f(a4 ? a4[i].dmin : a5[i].dmin);
+        int sc[8], m[8];
+        for (int j = 0; j < 8; j++)
+            kcpu__k_scale_min(scales, j, &sc[j], &m[j]);
+        for (int t = 0; t < nx; t++) {
+            int32_t summ = 0;
+            for (int j = 0; j < 8; j++)
+                summ += m[j] * (bx[t][i].bsums[2 * j] + bx[t][i].bsums[2 * j + 1]);
+            accm += dmin * bx[t][i].d * (float)summ;
+        }
+        const __m256i hbits = a5 ? _mm256_loadu_si256((const __m256i *)a5[i].qh)
+                                 : _mm256_setzero_si256();
+        __m256i sumi[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int j = 0; j < 4; j++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            __m256i ql = _mm256_and_si256(q, lo4);
+            __m256i qh = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
+            if (a5) {
+                /* Fifth bit of sub-block s is bit s of qh[l]; s = 2j (low) and 2j+1. */
+                const __m256i b0 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * j)), one);
+                const __m256i b1 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * j + 1)), one);
+                ql = _mm256_or_si256(ql, _mm256_slli_epi16(b0, 4));
+                qh = _mm256_or_si256(qh, _mm256_slli_epi16(b1, 4));
+            }
+            const __m256i s0 = _mm256_set1_epi16((int16_t)sc[2 * j]);
+            const __m256i s1 = _mm256_set1_epi16((int16_t)sc[2 * j + 1]);
+            for (int t = 0; t < nx; t++) {
+                const __m256i y0 = _mm256_loadu_si256((const __m256i *)(bx[t][i].qs + 64 * j));
+                const __m256i y1 = _mm256_loadu_si256((const __m256i *)(bx[t][i].qs + 64 * j + 32));
+                const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(ql, y0), s0);
+                const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(qh, y1), s1);
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p0, p1));
+            }
+        }
+        for (int t = 0; t < nx; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * bx[t][i].d), _mm256_cvtepi32_ps(sumi[t]),
+                                     acc[t]);
+    }
+    return (nx == 1 ? hsum_ps(acc[0]) : hsum_ps(acc[0]) + hsum_ps(acc[1])) - accm;
+}
+
+AVX2 float kcpu_vec_dot_q4_K_q8_K_avx2(const void *w, const void *x, int64_t n)
+{
+    const bl_block_q8_K *bx[1] = {x};
+    return dot_q45_K(w, NULL, bx, 1, n / BL_QK_K);
+}
+
+AVX2 float kcpu_vec_dot_q5_K_q8_K_avx2(const void *w, const void *x, int64_t n)
+{
+    const bl_block_q8_K *bx[1] = {x};
+    return dot_q45_K(NULL, w, bx, 1, n / BL_QK_K);
+}
+
+AVX2 float kcpu_vec_dot2_q4_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n)
+{
+    const bl_block_q8_K *bx[2] = {x0, x1};
+    return dot_q45_K(w, NULL, bx, 2, n / BL_QK_K);
+}
+
+AVX2 float kcpu_vec_dot2_q5_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n)
+{
+    const bl_block_q8_K *bx[2] = {x0, x1};
+    return dot_q45_K(NULL, w, bx, 2, n / BL_QK_K);
+}
+
+/* q6_K: the unsigned 6-bit q (0..63) times y with maddubs (at most 63*127*2 per
+ * pair), and the -32 offset applied once per block through the bsums. A block's
+ * integer sum stays below 2^31: 256 * 63 * 128 * 128. nx (1 or 2) activation rows
+ * share the unpacking. */
+AVX2 static inline float dot_q6_K(const bl_block_q6_K *a, const bl_block_q8_K *const *bx, int nx,
+                                  int64_t nb)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0xf);
+    const __m256i three = _mm256_set1_epi8(3);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        const float dw = h2f(a[i].d);
+        /* 32 * sum(sc_g * bsum_g), subtracted in integers before the float scale. */
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a[i].scales));
+        __m256i sumi[2];
+        for (int t = 0; t < nx; t++) {
+            const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)bx[t][i].bsums));
+            sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(a[i].qh + 32 * h));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, lo4),
+                                   _mm256_slli_epi16(_mm256_and_si256(hb, three), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, lo4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), three), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), three), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), three), 4));
+            for (int k = 0; k < 4; k++) {
+                /* Elements 128h + 32k .. +31: groups 8h + 2k (low 16) and +1 (high 16). */
+                const int g = 8 * h + 2 * k;
+                const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(a[i].scales[g + 1]),
+                                                     _mm_set1_epi16(a[i].scales[g]));
+                for (int t = 0; t < nx; t++) {
+                    const __m256i y = _mm256_loadu_si256((const __m256i *)(bx[t][i].qs + 128 * h + 32 * k));
+                    sumi[t] = _mm256_add_epi32(sumi[t],
+                                               _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], y), scv));
+                }
+            }
+        }
+        for (int t = 0; t < nx; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * bx[t][i].d), _mm256_cvtepi32_ps(sumi[t]),
+                                     acc[t]);
+    }
+    return nx == 1 ? hsum_ps(acc[0]) : hsum_ps(acc[0]) + hsum_ps(acc[1]);
+}
+
+AVX2 float kcpu_vec_dot_q6_K_q8_K_avx2(const void *w, const void *x, int64_t n)
+{
+    const bl_block_q8_K *bx[1] = {x};
+    return dot_q6_K(w, bx, 1, n / BL_QK_K);
+}
+
+AVX2 float kcpu_vec_dot2_q6_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n)
+{
+    const bl_block_q8_K *bx[2] = {x0, x1};
+    return dot_q6_K(w, bx, 2, n / BL_QK_K);
+}
+
+#else /* not x86-64: the names exist so the table compiles; kcpu_init never picks them */
+
+float kcpu_vec_dot_f32_f32_avx2(const float *w, const float *x, int64_t n) { return kcpu_vec_dot_f32_f32_ref(w, x, n); }
+float kcpu_vec_dot_f16_f32_avx2(const uint16_t *w, const float *x, int64_t n) { return kcpu_vec_dot_f16_f32_ref(w, x, n); }
+float kcpu_vec_dot_q8_0_q8_0_avx2(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q8_0_q8_0_ref(w, x, n); }
+float kcpu_vec_dot_q4_0_q8_0_avx2(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q4_0_q8_0_ref(w, x, n); }
+float kcpu_vec_dot_q4_K_q8_K_avx2(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q4_K_q8_K_ref(w, x, n); }
+float kcpu_vec_dot_q5_K_q8_K_avx2(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q5_K_q8_K_ref(w, x, n); }
+float kcpu_vec_dot_q6_K_q8_K_avx2(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q6_K_q8_K_ref(w, x, n); }
+float kcpu_vec_dot2_q8_0_q8_0_avx2(const void *w, const void *x0, const void *x1, int64_t n) { return kcpu_vec_dot2_q8_0_q8_0_ref(w, x0, x1, n); }
+float kcpu_vec_dot2_q4_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n) { return kcpu_vec_dot2_q4_K_q8_K_ref(w, x0, x1, n); }
+float kcpu_vec_dot2_q5_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n) { return kcpu_vec_dot2_q5_K_q8_K_ref(w, x0, x1, n); }
+float kcpu_vec_dot2_q6_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n) { return kcpu_vec_dot2_q6_K_q8_K_ref(w, x0, x1, n); }
+void kcpu_axpy_f32_avx2(float *y, float a, const float *x, int64_t n) { kcpu_axpy_f32_ref(y, a, x, n); }
+void kcpu_axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) { kcpu_axpy_f16_ref(y, a, x, n); }
+
+#endif

@@ -1,0 +1,323 @@
+/* Tests for kernels/cpu/vec_dot.c and vec_dot_avx2.c: each scalar reference dot
+ * against a double-precision dot of the dequantized operands, and each AVX2 variant
+ * against its reference, on fresh random blocks every run at block counts and
+ * lengths that hit every tail. The seed is printed; BLOOMERY_TEST_SEED replays it. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "blocks.h"
+#include "kcpu.h"
+#include "quant.h"
+
+static uint64_t g_seed;
+
+typedef struct rng {
+    uint64_t s;
+} rng_t;
+
+static uint64_t rng_next(rng_t *r)
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float rng_f(rng_t *r, float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((double)(rng_next(r) >> 11) / 9007199254740992.0);
+}
+
+static rng_t rng_for(uint64_t salt)
+{
+    rng_t r = {g_seed ^ (salt * 0x2545f4914f6cdd1dull)};
+    return r;
+}
+
+/* Activations with a few outliers, as real hidden states have. */
+static void rand_act(rng_t *r, float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = rng_f(r, -1.0f, 1.0f);
+        if (rng_next(r) % 61 == 0)
+            x[i] *= 20.0f;
+    }
+}
+
+/* Random bytes for every field, then fp16 scales set to sane values so no block
+ * decodes to inf: every bit pattern of quants and sub-scales is exercised. */
+static void rand_weights(rng_t *r, uint32_t type, void *dst, int64_t nblocks)
+{
+    const bl_type_info_t *ti = bl_type_info(type);
+    uint8_t *p = dst;
+    for (size_t i = 0; i < (size_t)nblocks * ti->block_bytes; i++)
+        p[i] = (uint8_t)rng_next(r);
+    for (int64_t b = 0; b < nblocks; b++) {
+        uint8_t *blk = p + (size_t)b * ti->block_bytes;
+        const uint16_t d = bl_fp32_to_fp16(rng_f(r, -0.05f, 0.05f));
+        const uint16_t dm = bl_fp32_to_fp16(rng_f(r, 0.0f, 0.05f));
+        switch (type) {
+        case BL_TYPE_Q8_0: ((bl_block_q8_0 *)blk)->d = d; break;
+        case BL_TYPE_Q4_0: ((bl_block_q4_0 *)blk)->d = d; break;
+        case BL_TYPE_Q4_K: ((bl_block_q4_K *)blk)->d = d; ((bl_block_q4_K *)blk)->dmin = dm; break;
+        case BL_TYPE_Q5_K: ((bl_block_q5_K *)blk)->d = d; ((bl_block_q5_K *)blk)->dmin = dm; break;
+        case BL_TYPE_Q6_K: ((bl_block_q6_K *)blk)->d = d; break;
+        default: fail();
+        }
+    }
+}
+
+typedef float (*dot_fn)(const void *, const void *, int64_t);
+typedef float (*dot2_fn)(const void *, const void *, const void *, int64_t);
+
+typedef struct pair {
+    const char *name;
+    uint32_t wtype, atype;
+    dot_fn ref, avx2;
+    dot2_fn ref2, avx2_2; /* the fused two-row form; avx2_2 NULL where none */
+} pair_t;
+
+static const pair_t k_pairs[] = {
+    {"q8_0_q8_0", BL_TYPE_Q8_0, BL_TYPE_Q8_0, kcpu_vec_dot_q8_0_q8_0_ref, kcpu_vec_dot_q8_0_q8_0_avx2,
+     kcpu_vec_dot2_q8_0_q8_0_ref, kcpu_vec_dot2_q8_0_q8_0_avx2},
+    {"q4_0_q8_0", BL_TYPE_Q4_0, BL_TYPE_Q8_0, kcpu_vec_dot_q4_0_q8_0_ref, kcpu_vec_dot_q4_0_q8_0_avx2,
+     kcpu_vec_dot2_q4_0_q8_0_ref, NULL},
+    {"q4_K_q8_K", BL_TYPE_Q4_K, BL_TYPE_Q8_K, kcpu_vec_dot_q4_K_q8_K_ref, kcpu_vec_dot_q4_K_q8_K_avx2,
+     kcpu_vec_dot2_q4_K_q8_K_ref, kcpu_vec_dot2_q4_K_q8_K_avx2},
+    {"q5_K_q8_K", BL_TYPE_Q5_K, BL_TYPE_Q8_K, kcpu_vec_dot_q5_K_q8_K_ref, kcpu_vec_dot_q5_K_q8_K_avx2,
+     kcpu_vec_dot2_q5_K_q8_K_ref, kcpu_vec_dot2_q5_K_q8_K_avx2},
+    {"q6_K_q8_K", BL_TYPE_Q6_K, BL_TYPE_Q8_K, kcpu_vec_dot_q6_K_q8_K_ref, kcpu_vec_dot_q6_K_q8_K_avx2,
+     kcpu_vec_dot2_q6_K_q8_K_ref, kcpu_vec_dot2_q6_K_q8_K_avx2},
+};
+
+/* Block counts: one block, odd counts, and the largest real row (Qwen3-30B-A3B's
+ * 6144-wide rows in q8_0 blocks, 2048-wide in K blocks). */
+static const int64_t k_nblocks[] = {1, 2, 3, 5, 7, 8, 13, 17, 24, 192};
+
+/* |a - b| <= abs + rel * scale, where scale is the sum of |w_i x_i| (the size a
+ * rounding error can take relative to). */
+static int close_enough(double a, double b, double scale, double abs_tol, double rel)
+{
+    return fabs(a - b) <= abs_tol + rel * scale;
+}
+
+static void check_pair(const pair_t *p, int check_avx2)
+{
+    rng_t r = rng_for((uint64_t)p->wtype * 131 + 7);
+    const bl_type_info_t *wi = bl_type_info(p->wtype), *ai = bl_type_info(p->atype);
+    int bad = 0;
+    for (size_t si = 0; si < sizeof k_nblocks / sizeof k_nblocks[0]; si++) {
+        const int64_t nb = k_nblocks[si], n = nb * wi->block_elems;
+        for (int rep = 0; rep < 20; rep++) {
+            void *w = malloc((size_t)nb * wi->block_bytes);
+            void *xq = malloc((size_t)(n / ai->block_elems) * ai->block_bytes);
+            float *x = malloc(sizeof(float) * (size_t)n), *wf = malloc(sizeof(float) * (size_t)n);
+            float *xf = malloc(sizeof(float) * (size_t)n);
+            rand_weights(&r, p->wtype, w, nb);
+            rand_act(&r, x, n);
+            assert_int_equal(bl_quantize_row_ref(p->atype, x, xq, n), 0);
+            assert_int_equal(bl_dequantize_row_ref(p->wtype, w, wf, n), 0);
+            assert_int_equal(bl_dequantize_row_ref(p->atype, xq, xf, n), 0);
+            double exact = 0.0, scale = 0.0;
+            for (int64_t i = 0; i < n; i++) {
+                exact += (double)wf[i] * (double)xf[i];
+                scale += fabs((double)wf[i] * (double)xf[i]);
+            }
+            const float ref = p->ref(w, xq, n);
+            if (!close_enough(ref, exact, scale, 1e-6, 2e-6)) {
+                if (bad++ < 5)
+                    print_error("%s_ref: %lld blocks rep %d: ref %.9g exact %.9g (scale %.3g)\n",
+                                p->name, (long long)nb, rep, (double)ref, exact, scale);
+            }
+            if (check_avx2) {
+                const float v = p->avx2(w, xq, n);
+                if (!close_enough(v, ref, scale, 1e-6, 2e-6)) {
+                    if (bad++ < 5)
+                        print_error("%s_avx2: %lld blocks rep %d: avx2 %.9g ref %.9g (scale %.3g)\n",
+                                    p->name, (long long)nb, rep, (double)v, (double)ref, scale);
+                }
+            }
+            /* The fused two-row form, on the residual the fast path makes as its
+             * second row. */
+            void *xq2 = malloc((size_t)(n / ai->block_elems) * ai->block_bytes);
+            for (int64_t i = 0; i < n; i++)
+                x[i] -= xf[i];
+            assert_int_equal(bl_quantize_row_ref(p->atype, x, xq2, n), 0);
+            const float r2 = p->ref2(w, xq, xq2, n);
+            if (!close_enough(r2, (double)ref + (double)p->ref(w, xq2, n), scale, 1e-6, 2e-6) && bad++ < 5)
+                print_error("%s dot2_ref: %lld blocks rep %d: %.9g\n", p->name, (long long)nb, rep, (double)r2);
+            if (check_avx2 && p->avx2_2) {
+                const float v2 = p->avx2_2(w, xq, xq2, n);
+                if (!close_enough(v2, r2, scale, 1e-6, 2e-6) && bad++ < 5)
+                    print_error("%s dot2_avx2: %lld blocks rep %d: avx2 %.9g ref %.9g (scale %.3g)\n",
+                                p->name, (long long)nb, rep, (double)v2, (double)r2, scale);
+            }
+            free(xq2);
+            free(w);
+            free(xq);
+            free(x);
+            free(wf);
+            free(xf);
+        }
+    }
+    assert_int_equal(bad, 0);
+}
+
+static void test_vec_dot_quant_pairs(void **state)
+{
+    (void)state;
+    const int avx2 = kcpu_have_avx2();
+    if (!avx2)
+        printf("# this CPU lacks AVX2/FMA/F16C: only the references are checked\n");
+    for (size_t i = 0; i < sizeof k_pairs / sizeof k_pairs[0]; i++)
+        check_pair(&k_pairs[i], avx2);
+}
+
+/* The extreme activation -128 (llama.cpp-style q8_K can produce it) is handled by
+ * the K-quant kernels, which need no sign trick. */
+static void test_vec_dot_k_quants_take_minus_128(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(99);
+    const uint32_t types[] = {BL_TYPE_Q4_K, BL_TYPE_Q5_K, BL_TYPE_Q6_K};
+    const dot_fn refs[] = {kcpu_vec_dot_q4_K_q8_K_ref, kcpu_vec_dot_q5_K_q8_K_ref, kcpu_vec_dot_q6_K_q8_K_ref};
+    const dot_fn avx[] = {kcpu_vec_dot_q4_K_q8_K_avx2, kcpu_vec_dot_q5_K_q8_K_avx2, kcpu_vec_dot_q6_K_q8_K_avx2};
+    for (int t = 0; t < 3; t++) {
+        uint8_t w[3 * 210];
+        bl_block_q8_K x[3];
+        rand_weights(&r, types[t], w, 3);
+        memset(x, 0, sizeof x);
+        for (int b = 0; b < 3; b++) {
+            x[b].d = 0.01f;
+            for (int j = 0; j < BL_QK_K; j++) {
+                x[b].qs[j] = (int8_t)(j % 3 == 0 ? -128 : (int)(rng_next(&r) % 255) - 127);
+                x[b].bsums[j / 16] = (int16_t)(x[b].bsums[j / 16] + x[b].qs[j]);
+            }
+        }
+        float wf[3 * BL_QK_K];
+        assert_int_equal(bl_dequantize_row_ref(types[t], w, wf, 3 * BL_QK_K), 0);
+        double exact = 0.0, scale = 0.0;
+        for (int i = 0; i < 3 * BL_QK_K; i++) {
+            exact += (double)wf[i] * 0.01 * x[i / BL_QK_K].qs[i % BL_QK_K];
+            scale += fabs((double)wf[i] * 0.01 * x[i / BL_QK_K].qs[i % BL_QK_K]);
+        }
+        const float ref = refs[t](w, x, 3 * BL_QK_K);
+        assert_true(close_enough(ref, exact, scale, 1e-6, 2e-6));
+        if (kcpu_have_avx2())
+            assert_true(close_enough(avx[t](w, x, 3 * BL_QK_K), ref, scale, 1e-6, 2e-6));
+    }
+}
+
+static const int64_t k_lens[] = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 100, 128, 255, 256, 257, 1000};
+
+static void test_vec_dot_f32_f16(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(3);
+    int bad = 0;
+    for (size_t li = 0; li < sizeof k_lens / sizeof k_lens[0]; li++) {
+        const int64_t n = k_lens[li];
+        float *w = malloc(sizeof(float) * (size_t)n), *x = malloc(sizeof(float) * (size_t)n);
+        uint16_t *h = malloc(sizeof(uint16_t) * (size_t)n);
+        rand_act(&r, w, n);
+        rand_act(&r, x, n);
+        bl_quantize_row_f16_ref(w, h, n);
+        double e32 = 0.0, e16 = 0.0, scale = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            e32 += (double)w[i] * x[i];
+            e16 += (double)bl_fp16_to_fp32(h[i]) * x[i];
+            scale += fabs((double)w[i] * x[i]);
+        }
+        const float r32 = kcpu_vec_dot_f32_f32_ref(w, x, n), r16 = kcpu_vec_dot_f16_f32_ref(h, x, n);
+        if (!close_enough(r32, e32, scale, 1e-7, 1e-7) || !close_enough(r16, e16, scale, 1e-7, 1e-7))
+            if (bad++ < 5)
+                print_error("ref n=%lld: f32 %.9g vs %.9g, f16 %.9g vs %.9g\n", (long long)n,
+                            (double)r32, e32, (double)r16, e16);
+        if (kcpu_have_avx2()) {
+            const float a32 = kcpu_vec_dot_f32_f32_avx2(w, x, n), a16 = kcpu_vec_dot_f16_f32_avx2(h, x, n);
+            if (!close_enough(a32, r32, scale, 1e-6, 1e-6) || !close_enough(a16, r16, scale, 1e-6, 1e-6))
+                if (bad++ < 5)
+                    print_error("avx2 n=%lld: f32 %.9g vs ref %.9g, f16 %.9g vs ref %.9g\n",
+                                (long long)n, (double)a32, (double)r32, (double)a16, (double)r16);
+        }
+        free(w);
+        free(x);
+        free(h);
+    }
+    assert_int_equal(bad, 0);
+}
+
+static void test_axpy(void **state)
+{
+    (void)state;
+    if (!kcpu_have_avx2())
+        skip();
+    rng_t r = rng_for(4);
+    int bad = 0;
+    for (size_t li = 0; li < sizeof k_lens / sizeof k_lens[0]; li++) {
+        const int64_t n = k_lens[li];
+        float *x = malloc(sizeof(float) * (size_t)n), *y0 = malloc(sizeof(float) * (size_t)n);
+        float *y1 = malloc(sizeof(float) * (size_t)n), *y2 = malloc(sizeof(float) * (size_t)n);
+        float *y3 = malloc(sizeof(float) * (size_t)n);
+        uint16_t *h = malloc(sizeof(uint16_t) * (size_t)n);
+        rand_act(&r, x, n);
+        rand_act(&r, y0, n);
+        bl_quantize_row_f16_ref(x, h, n);
+        memcpy(y1, y0, sizeof(float) * (size_t)n);
+        memcpy(y2, y0, sizeof(float) * (size_t)n);
+        memcpy(y3, y0, sizeof(float) * (size_t)n);
+        const float a = rng_f(&r, -2.0f, 2.0f);
+        kcpu_axpy_f32_ref(y0, a, x, n);
+        kcpu_axpy_f32_avx2(y1, a, x, n);
+        kcpu_axpy_f16_ref(y2, a, h, n);
+        kcpu_axpy_f16_avx2(y3, a, h, n);
+        for (int64_t i = 0; i < n; i++)
+            if (!close_enough(y1[i], y0[i], fabs(y0[i]), 1e-6, 1e-6) ||
+                !close_enough(y3[i], y2[i], fabs(y2[i]), 1e-6, 1e-6))
+                if (bad++ < 5)
+                    print_error("axpy n=%lld i=%lld: f32 %.9g vs %.9g, f16 %.9g vs %.9g\n",
+                                (long long)n, (long long)i, (double)y1[i], (double)y0[i],
+                                (double)y3[i], (double)y2[i]);
+        free(x); free(y0); free(y1); free(y2); free(y3); free(h);
+    }
+    assert_int_equal(bad, 0);
+}
+
+static void test_kernel_set_selection(void **state)
+{
+    (void)state;
+    const char *name = kcpu_init();
+    assert_string_equal(name, kcpu_have_avx2() ? "avx2" : "ref");
+    assert_int_equal(kcpu_select("ref"), 0);
+    assert_string_equal(kcpu_variant_name(), "ref");
+    assert_int_equal(kcpu_select("avx9"), BL_EINVAL);
+    assert_int_equal(kcpu_select("avx2"), kcpu_have_avx2() ? 0 : BL_ENOTSUP);
+    assert_int_equal(kcpu_act_type(BL_TYPE_Q4_K), BL_TYPE_Q8_K);
+    assert_int_equal(kcpu_act_type(BL_TYPE_Q4_0), BL_TYPE_Q8_0);
+    assert_int_equal(kcpu_act_type(BL_TYPE_IQ2_XXS), -1);
+}
+
+int main(void)
+{
+    const char *s = getenv("BLOOMERY_TEST_SEED");
+    g_seed = s && *s ? strtoull(s, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    printf("# seed %llu (BLOOMERY_TEST_SEED=%llu replays it)\n", (unsigned long long)g_seed,
+           (unsigned long long)g_seed);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_vec_dot_quant_pairs),
+        cmocka_unit_test(test_vec_dot_k_quants_take_minus_128),
+        cmocka_unit_test(test_vec_dot_f32_f16),
+        cmocka_unit_test(test_axpy),
+        cmocka_unit_test(test_kernel_set_selection),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,116 @@
+/* The worker's model API: load a model from a GGUF file (validated against its
+ * metadata), keep one KV cache per sequence, and run forward passes over it on the
+ * CPU backend (kernels/cpu). A CLI or the stage runner drives these calls.
+ *
+ * Threads: a wk_model_t and the caches used with it belong to one owning thread;
+ * the model's own thread pool does the parallel work inside each call. */
+#ifndef WK_H
+#define WK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "gguf.h"
+
+/* KV cache element types (their bl_type_t ids). f16 is the default, as in
+ * llama.cpp; f32 for checking against the exact oracle; q8_0 halves the memory. */
+#define WK_KV_F32 0u
+#define WK_KV_F16 1u
+#define WK_KV_Q8_0 8u
+#define WK_KV_DEFAULT WK_KV_F16
+
+typedef struct wk_model_opts {
+    int precise;       /* 1: f32 activations and exactly dequantized weights (slow, for
+                        * checking); 0: the fast path (8-bit activations, integer dots) */
+    int act_terms;     /* fast path: 2 (default) quantizes each activation row as a q8
+                        * value plus a q8 residual, two integer dots per weight row that
+                        * share one read of the weights, about 16-bit activations; 1 is
+                        * llama.cpp's single q8 term: half the arithmetic, more error */
+    int n_threads;     /* threads the ops split over, 1..256 */
+    int64_t n_batch;   /* most rows one forward pass takes; longer prompts run in chunks */
+    int64_t n_ctx_max; /* longest KV cache a wk_kv_t may hold; 0: the file's context_length */
+} wk_model_opts_t;
+
+/* Defaults: fast path with act_terms 2, 1 thread, n_batch 512, n_ctx_max 0. */
+void wk_model_opts_default(wk_model_opts_t *o);
+
+/* What the forward pass reads from the file's metadata. */
+typedef struct wk_config {
+    char arch[16];         /* "qwen3moe" or "qwen3" */
+    int moe;               /* routed experts (qwen3moe) or a dense FFN (qwen3) */
+    int64_t n_layer;
+    int64_t n_embd;
+    int64_t n_head;
+    int64_t n_head_kv;
+    int64_t head_dim;
+    int64_t n_ff;          /* dense FFN width (qwen3) */
+    int64_t n_expert;      /* qwen3moe */
+    int64_t n_expert_used;
+    int64_t n_ff_exp;      /* one expert's FFN width */
+    int64_t n_vocab;
+    int64_t n_ctx_train;
+    float rope_base;
+    float eps;
+    int tied_output;       /* no output.weight: the head is token_embd */
+} wk_config_t;
+
+typedef struct wk_model wk_model_t;
+typedef struct wk_kv wk_kv_t;
+
+/* Opens path, checks every tensor the architecture needs for presence, type and
+ * shape against the metadata, and sets *out (caller frees with wk_model_free).
+ * Weights stay in the file's mapping. Errors: the reader's (bl_gguf_open),
+ * BL_ENOTSUP (an architecture other than qwen3moe/qwen3, a tensor type without a
+ * dequantizer), BL_ENOENT (a missing key or tensor, named), BL_EINVAL (a tensor of
+ * the wrong shape or type, named with both shapes), BL_ERANGE, BL_ENOMEM. */
+int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opts,
+                  bl_err_t *err) BL_WUR;
+void wk_model_free(wk_model_t *m); /* NULL is a no-op */
+
+const wk_config_t *wk_model_config(const wk_model_t *m);
+/* The open GGUF file the model reads (metadata, tokenizer, template); borrowed,
+ * valid until wk_model_free. */
+const bl_gguf_t *wk_model_gguf(const wk_model_t *m);
+/* The CPU kernel set in use ("avx2", "ref"), chosen once per process. */
+const char *wk_model_kernels(const wk_model_t *m);
+
+/* A KV cache for one sequence of up to n_ctx positions (1..n_ctx_max) with elements
+ * of type (WK_KV_*; q8_0 needs head_dim a multiple of 32). Caller frees with
+ * wk_kv_free. */
+int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t type,
+                 bl_err_t *err) BL_WUR;
+void wk_kv_free(wk_kv_t *kv);
+int64_t wk_kv_n_past(const wk_kv_t *kv); /* positions filled so far */
+
+/* Runs tokens[0..n) at positions pos.. (pos <= wk_kv_n_past: rewinding drops what
+ * came after) through the model, appending their K/V to kv, and writes the logits
+ * of the last n_out rows to logits (n_out, n_vocab); n_out may be 0. Afterwards
+ * wk_kv_n_past(kv) == pos + n. Errors: BL_EINVAL (a token id out of range, n < 1,
+ * n_out > n, pos past n_past, a cache made for another model), BL_ERANGE (pos + n >
+ * the cache's n_ctx). On an error nothing has been computed and kv is unchanged.
+ * Batched rows give the same bits as the same rows one at a time, and the thread
+ * count never changes a bit. */
+int wk_model_eval(wk_model_t *m, wk_kv_t *kv, const int32_t *tokens, int64_t n, int64_t pos,
+                  int64_t n_out, float *logits, bl_err_t *err) BL_WUR;
+
+/* One sequence's part of a multi-sequence step. */
+typedef struct wk_seq {
+    wk_kv_t *kv;           /* its cache; each sequence of a step has its own */
+    const int32_t *tokens; /* (n) */
+    int64_t n;             /* rows: 1 for a decode step, more for a prompt chunk */
+    int64_t pos;           /* position of tokens[0], <= wk_kv_n_past(kv) */
+    int64_t n_out;         /* logits for its last n_out rows, 0..n */
+} wk_seq_t;
+
+/* One forward pass over the rows of n_seqs sequences together (decode: one row per
+ * slot), so that each weight row is read once for all of them. Logits go to logits
+ * (sum of n_out, n_vocab) in sequence order. The rows of all sequences together are
+ * at most n_batch (no chunking here). Each sequence gives the same bits as it would
+ * alone through wk_model_eval. Errors as wk_model_eval, naming the sequence, plus
+ * BL_EINVAL for two sequences sharing a cache and BL_ERANGE for too many rows;
+ * on an error no cache has changed. */
+int wk_model_eval_multi(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, float *logits,
+                        bl_err_t *err) BL_WUR;
+
+#endif
