@@ -7,14 +7,16 @@
  * Prints one "id -> 'piece'" line per token, or with --ids one JSON array of ids.
  * --stats adds bytes, tokens and throughput on stderr. Exit status: 0 done, 1 the
  * model or the input could not be read or tokenized, 2 usage. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "file.h"
 #include "gguf.h"
 #include "tokenizer.h"
+
+#define TEXT_FILE_MAX (1u << 30) /* -f reads at most this much */
 
 static void usage(FILE *f)
 {
@@ -27,40 +29,6 @@ static void usage(FILE *f)
                "  --no-parse-special   treat control tokens written in the text as plain text\n"
                "  --no-bos             do not add bos/eos even where the vocabulary asks for them\n"
                "  --stats              print bytes, tokens and MB/s on stderr\n");
-}
-
-static int read_file(const char *path, char **out, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "bloomery-tokenize: cannot open %s: %s\n", path, strerror(errno));
-        return 1;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap)
-            break;
-        char *p = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
-        if (!p) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = p;
-        cap *= 2;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad) {
-        fprintf(stderr, "bloomery-tokenize: cannot read %s\n", path);
-        free(buf);
-        return 1;
-    }
-    *out = buf;
-    *len = n;
-    return 0;
 }
 
 /* Prints a piece between quotes with control bytes escaped, so one token is one line. */
@@ -128,8 +96,10 @@ int main(int argc, char **argv)
     bl_err_t err = { 0 };
 
     if (file) {
-        if (read_file(file, &buf, &len))
+        if (bl_read_file(file, TEXT_FILE_MAX, &buf, &len, &err)) {
+            fprintf(stderr, "bloomery-tokenize: %s\n", err.msg);
             goto done;
+        }
         text = buf;
     } else {
         len = strlen(text);

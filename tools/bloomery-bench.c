@@ -1,0 +1,380 @@
+/* bloomery-bench: prompt and decode speed in llama-bench's interface and table
+ * (-m, -p, -n, -r, -t; one row per test with t/s as mean ± standard deviation),
+ * followed by the decode roofline: the bytes a decode token reads over the memory
+ * read bandwidth this machine shows with the same threads.
+ *
+ * A pp test evaluates N random tokens from an empty cache in batches of -b rows; a
+ * tg test decodes N tokens one at a time from an empty cache. Each test runs once
+ * untimed, then -r times timed. */
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "args.h"
+#include "gguf.h"
+#include "wk.h"
+
+#define MAX_LIST 16
+
+typedef struct list {
+    int64_t v[MAX_LIST];
+    int n;
+} list_t;
+
+typedef struct bench {
+    const char *model, *output;
+    list_t pp, tg, threads;
+    int64_t reps, n_batch;
+    int precise, no_roofline;
+} bench_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* "512", "512,4096", "0" (none) */
+static int parse_list(void *ud, const char *v, bl_err_t *err)
+{
+    list_t *l = ud;
+    l->n = 0;
+    char buf[256];
+    if (strlen(v) >= sizeof buf)
+        return bl_err_set(err, BL_EINVAL, "list too long");
+    strcpy(buf, v);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int64_t x;
+        if (bl_parse_i64(tok, &x) || x < 0 || x > (1 << 20))
+            return bl_err_set(err, BL_EINVAL, "'%.32s' is not a count in 0..1048576", tok);
+        if (l->n == MAX_LIST)
+            return bl_err_set(err, BL_EINVAL, "more than %d values", MAX_LIST);
+        if (x > 0)
+            l->v[l->n++] = x;
+    }
+    return 0;
+}
+
+// --- memory bandwidth -------------------------------------------------------------------
+
+typedef struct bw_job {
+    const uint8_t *p;
+    size_t n;
+    uint64_t sink;
+} bw_job_t;
+
+static void *bw_read(void *arg)
+{
+    bw_job_t *j = arg;
+    uint64_t acc = 0;
+#ifdef __AVX2__
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 128 <= j->n; i += 128) {
+        a0 = _mm256_xor_si256(a0, _mm256_load_si256((const __m256i *)(j->p + i)));
+        a1 = _mm256_xor_si256(a1, _mm256_load_si256((const __m256i *)(j->p + i + 32)));
+        a2 = _mm256_xor_si256(a2, _mm256_load_si256((const __m256i *)(j->p + i + 64)));
+        a3 = _mm256_xor_si256(a3, _mm256_load_si256((const __m256i *)(j->p + i + 96)));
+    }
+    a0 = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+    acc = (uint64_t)_mm256_extract_epi64(a0, 0) ^ (uint64_t)_mm256_extract_epi64(a0, 3);
+#else
+    for (size_t i = 0; i + 8 <= j->n; i += 8) {
+        uint64_t v;
+        memcpy(&v, j->p + i, 8);
+        acc ^= v;
+    }
+#endif
+    j->sink = acc;
+    return NULL;
+}
+
+/* Best of three reads of a 1 GiB buffer split over n threads, in bytes per second. */
+static double measure_read_bandwidth(int n_threads)
+{
+    const size_t size = (size_t)1 << 30;
+    uint8_t *buf = aligned_alloc(4096, size);
+    if (!buf)
+        return 0;
+    memset(buf, 1, size);
+    double best = 0;
+    bw_job_t jobs[256];
+    pthread_t th[256];
+    for (int rep = 0; rep < 3; rep++) {
+        size_t per = size / (size_t)n_threads / 128 * 128;
+        double t0 = now_s();
+        int started[256] = {0};
+        for (int i = 0; i < n_threads; i++)
+            jobs[i] = (bw_job_t){buf + (size_t)i * per, per, 0};
+        for (int i = 1; i < n_threads; i++)
+            started[i] = pthread_create(&th[i], NULL, bw_read, &jobs[i]) == 0;
+        for (int i = 0; i < n_threads; i++)
+            if (!started[i]) /* the calling thread reads its own part and any left over */
+                bw_read(&jobs[i]);
+        for (int i = 1; i < n_threads; i++)
+            if (started[i])
+                pthread_join(th[i], NULL);
+        double dt = now_s() - t0;
+        if (per * (size_t)n_threads / dt > best)
+            best = per * (size_t)n_threads / dt;
+    }
+    free(buf);
+    return best;
+}
+
+// --- the model's bytes ---------------------------------------------------------------------
+
+typedef struct model_bytes {
+    double total;       /* every tensor */
+    double params;      /* elements */
+    double per_token;   /* weights a decode token reads */
+    double kv_per_pos;  /* KV cache bytes read per cached position per token (f16) */
+} model_bytes_t;
+
+static model_bytes_t count_bytes(const bl_gguf_t *g, const wk_config_t *cfg)
+{
+    model_bytes_t b = {0};
+    for (uint64_t i = 0; i < bl_gguf_n_tensors(g); i++) {
+        const bl_gguf_tensor_t *t = bl_gguf_tensor_at(g, i);
+        double n = (double)t->nbytes;
+        b.total += n;
+        b.params += (double)t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+        if (!strcmp(t->name, "token_embd.weight"))
+            b.per_token += cfg->tied_output ? n : n / (double)t->ne[1];
+        else if (strstr(t->name, "_exps.") && cfg->n_expert > 0)
+            b.per_token += n * (double)cfg->n_expert_used / (double)cfg->n_expert;
+        else
+            b.per_token += n;
+    }
+    b.kv_per_pos = 2.0 * 2.0 * (double)cfg->n_layer * cfg->n_head_kv * cfg->head_dim;
+    return b;
+}
+
+static const char *ftype_name(const bl_gguf_t *g)
+{
+    static const struct { uint32_t id; const char *name; } names[] = {
+        {0, "all F32"}, {1, "F16"}, {2, "Q4_0"}, {3, "Q4_1"}, {7, "Q8_0"}, {8, "Q5_0"},
+        {9, "Q5_1"}, {10, "Q2_K - Medium"}, {11, "Q3_K - Small"}, {12, "Q3_K - Medium"},
+        {13, "Q3_K - Large"}, {14, "Q4_K - Small"}, {15, "Q4_K - Medium"}, {16, "Q5_K - Small"},
+        {17, "Q5_K - Medium"}, {18, "Q6_K"}, {32, "BF16"},
+    };
+    uint32_t ft;
+    bl_err_t err;
+    if (!bl_gguf_find_kv(g, "general.file_type") || bl_gguf_get_u32(g, "general.file_type", &ft, &err))
+        return "?";
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (names[i].id == ft)
+            return names[i].name;
+    return "?";
+}
+
+// --- tests ---------------------------------------------------------------------------------
+
+typedef struct result {
+    char test[32];
+    int64_t threads;
+    double mean, sd;   /* tok/s */
+    int64_t n;
+} result_t;
+
+static int run_test(wk_model_t *m, wk_kv_t *kv, int is_pp, int64_t n, int64_t n_batch,
+                    int64_t reps, float *logits, int32_t *tokens, result_t *r, bl_err_t *err)
+{
+    const wk_config_t *cfg = wk_model_config(m);
+    double sum = 0, sum2 = 0;
+    for (int64_t rep = -1; rep < reps; rep++) { /* rep -1: the untimed warm-up */
+        for (int64_t i = 0; i < n; i++)
+            tokens[i] = (int32_t)(rand() % cfg->n_vocab);
+        double t0 = now_s();
+        if (is_pp) {
+            for (int64_t at = 0; at < n; at += n_batch) {
+                int64_t k = n - at < n_batch ? n - at : n_batch;
+                int rc = wk_model_eval(m, kv, tokens + at, k, at, at + k == n ? 1 : 0, logits, err);
+                if (rc)
+                    return rc;
+            }
+        } else {
+            for (int64_t i = 0; i < n; i++) {
+                int rc = wk_model_eval(m, kv, tokens + i, 1, i, 1, logits, err);
+                if (rc)
+                    return rc;
+            }
+        }
+        double ts = (double)n / (now_s() - t0);
+        if (rep >= 0) {
+            sum += ts;
+            sum2 += ts * ts;
+        }
+    }
+    r->mean = sum / (double)reps;
+    r->sd = reps > 1 ? sqrt(fmax(0.0, (sum2 - sum * sum / (double)reps) / (double)(reps - 1))) : 0;
+    r->n = n;
+    snprintf(r->test, sizeof r->test, "%s%lld", is_pp ? "pp" : "tg", (long long)n);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static bench_t b;
+    b.pp = (list_t){{512}, 1};
+    b.tg = (list_t){{128}, 1};
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    b.threads = (list_t){{ncpu > 0 ? ncpu : 1}, 1};
+    b.reps = 5;
+    b.n_batch = 512;
+    b.output = "md";
+
+    bl_arg_t args[] = {
+        {"-m,--model", NULL, BL_ARG_STR, &b.model, .metavar = "FILE", .help = "model file (GGUF)"},
+        {"-p,--n-prompt", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.pp, .metavar = "N[,N...]", .help = "prompt lengths to test (default 512; 0: none)"},
+        {"-n,--n-gen", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.tg, .metavar = "N[,N...]", .help = "decode lengths to test (default 128; 0: none)"},
+        {"-t,--threads", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.threads, .metavar = "N[,N...]", .help = "thread counts (default: the number of CPUs)"},
+        {"-r,--repetitions", NULL, BL_ARG_I64, &b.reps, 1, 1000, .metavar = "N", .help = "timed runs per test (default 5)"},
+        {"-b,--batch-size", NULL, BL_ARG_I64, &b.n_batch, 1, 1 << 16, .metavar = "N", .help = "prompt rows per forward pass (default 512)"},
+        {"-o,--output", NULL, BL_ARG_STR, &b.output, .metavar = "md|jsonl", .help = "table format (default md)"},
+        {"--precise", NULL, BL_ARG_FLAG, &b.precise, .help = "f32 activations (the checking mode)"},
+        {"--no-roofline", NULL, BL_ARG_FLAG, &b.no_roofline, .help = "skip the bandwidth measurement"},
+    };
+    int n_args = (int)(sizeof args / sizeof args[0]);
+    bl_err_t err = {0};
+    int help = 0;
+    if (bl_args_parse(args, n_args, argc, argv, NULL, &help, &err)) {
+        fprintf(stderr, "bloomery-bench: %s (see --help)\n", err.msg);
+        return 2;
+    }
+    if (help) {
+        bl_args_usage(stdout, "bloomery-bench", "-m FILE [options]", args, n_args);
+        return 0;
+    }
+    if (!b.model) {
+        fprintf(stderr, "bloomery-bench: -m FILE is required (see --help)\n");
+        return 2;
+    }
+    int md = !strcmp(b.output, "md");
+    if (!md && strcmp(b.output, "jsonl")) {
+        fprintf(stderr, "bloomery-bench: -o: '%s' is not md or jsonl\n", b.output);
+        return 2;
+    }
+    for (int i = 0; i < b.threads.n; i++)
+        if (b.threads.v[i] > 256) {
+            fprintf(stderr, "bloomery-bench: -t: %lld threads is more than 256\n",
+                    (long long)b.threads.v[i]);
+            return 2;
+        }
+
+    int64_t max_n = 1;
+    for (int i = 0; i < b.pp.n; i++)
+        max_n = b.pp.v[i] > max_n ? b.pp.v[i] : max_n;
+    for (int i = 0; i < b.tg.n; i++)
+        max_n = b.tg.v[i] > max_n ? b.tg.v[i] : max_n;
+
+    srand(1);
+    int rc = 1;
+    int32_t *tokens = malloc((size_t)max_n * sizeof *tokens);
+    float *logits = NULL;
+    result_t results[3 * MAX_LIST * MAX_LIST];
+    int n_results = 0;
+    double tg_best = 0;
+    int64_t tg_best_n = 0, tg_best_threads = 0;
+    model_bytes_t mb = {0};
+    const char *ftype = "?";
+    char arch[16] = "?";
+    if (!tokens)
+        goto oom;
+    if (md) {
+        printf("| model | size | params | backend | threads | test | t/s |\n");
+        printf("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
+        fflush(stdout);
+    }
+    for (int ti = 0; ti < b.threads.n; ti++) {
+        wk_model_opts_t mo;
+        wk_model_opts_default(&mo);
+        mo.precise = b.precise;
+        mo.n_threads = (int)b.threads.v[ti];
+        mo.n_batch = b.n_batch;
+        mo.n_ctx_max = max_n;
+        wk_model_t *m = NULL;
+        wk_kv_t *kv = NULL;
+        if (wk_model_load(&m, b.model, &mo, &err) ||
+            wk_kv_create(&kv, m, max_n, WK_KV_F16, &err)) {
+            wk_model_free(m);
+            fprintf(stderr, "bloomery-bench: %s\n", err.msg);
+            goto done;
+        }
+        const wk_config_t *cfg = wk_model_config(m);
+        mb = count_bytes(wk_model_gguf(m), cfg);
+        ftype = ftype_name(wk_model_gguf(m));
+        snprintf(arch, sizeof arch, "%s", cfg->arch);
+        free(logits);
+        logits = malloc((size_t)cfg->n_vocab * sizeof *logits);
+        if (!logits) {
+            wk_kv_free(kv);
+            wk_model_free(m);
+            goto oom;
+        }
+        for (int pass = 0; pass < 2; pass++) {
+            const list_t *l = pass == 0 ? &b.pp : &b.tg;
+            for (int i = 0; i < l->n; i++) {
+                result_t *r = &results[n_results++];
+                r->threads = b.threads.v[ti];
+                if (run_test(m, kv, pass == 0, l->v[i], b.n_batch, b.reps, logits, tokens, r, &err)) {
+                    fprintf(stderr, "bloomery-bench: %s\n", err.msg);
+                    wk_kv_free(kv);
+                    wk_model_free(m);
+                    goto done;
+                }
+                if (pass == 1 && r->mean > tg_best) {
+                    tg_best = r->mean;
+                    tg_best_n = r->n;
+                    tg_best_threads = r->threads;
+                }
+                if (md)
+                    printf("| %s %.2fB %s | %.2f GiB | %.2f B | CPU (%s) | %lld | %s | %.2f ± %.2f |\n",
+                           arch, mb.params / 1e9, ftype, mb.total / (1 << 30), mb.params / 1e9,
+                           wk_model_kernels(m), (long long)r->threads, r->test, r->mean, r->sd);
+                else
+                    printf("{\"model\":\"%s\",\"arch\":\"%s\",\"size\":%.0f,\"params\":%.0f,\"backend\":\"CPU\",\"kernels\":\"%s\",\"threads\":%lld,\"test\":\"%s\",\"n\":%lld,\"reps\":%lld,\"avg_ts\":%.3f,\"stddev_ts\":%.3f}\n",
+                           b.model, arch, mb.total, mb.params, wk_model_kernels(m),
+                           (long long)r->threads, r->test, (long long)r->n, (long long)b.reps,
+                           r->mean, r->sd);
+                fflush(stdout);
+            }
+        }
+        wk_kv_free(kv);
+        wk_model_free(m);
+    }
+
+    if (!b.no_roofline && tg_best > 0) {
+        double bw = measure_read_bandwidth((int)tg_best_threads);
+        /* a tg run of n tokens reads on average n/2 cached positions per token */
+        double kv = mb.kv_per_pos * (double)tg_best_n / 2.0;
+        double per_token = mb.per_token + kv;
+        double limit = bw / per_token;
+        if (md)
+            printf("\ndecode roofline: a token reads %.1f MB (weights %.1f MB, KV cache %.2f MB at tg%lld); "
+                   "memory read bandwidth %.1f GB/s with %lld threads: at most %.1f tok/s; "
+                   "tg%lld reached %.2f tok/s = %.0f%% of it\n",
+                   per_token / 1e6, mb.per_token / 1e6, kv / 1e6, (long long)tg_best_n, bw / 1e9,
+                   (long long)tg_best_threads, limit, (long long)tg_best_n, tg_best,
+                   100.0 * tg_best / limit);
+        else
+            printf("{\"roofline\":{\"bytes_per_token\":%.0f,\"weights_per_token\":%.0f,\"read_bandwidth\":%.0f,\"threads\":%lld,\"max_ts\":%.3f,\"tg_ts\":%.3f,\"fraction\":%.4f}}\n",
+                   per_token, mb.per_token, bw, (long long)tg_best_threads, limit, tg_best,
+                   tg_best / limit);
+    }
+    rc = 0;
+    goto done;
+oom:
+    fprintf(stderr, "bloomery-bench: out of memory\n");
+done:
+    free(tokens);
+    free(logits);
+    return rc;
+}

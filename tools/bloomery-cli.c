@@ -1,0 +1,425 @@
+/* bloomery-cli: runs a model on a prompt from the command line and streams the
+ * continuation to stdout; with --dump-logits it writes every prompt position's
+ * log-sum-exp and top logits (and the generated tokens' top logits) in the oracle
+ * format, so that any two runs, or a run and an oracle, compare with one script. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "args.h"
+#include "chat.h"
+#include "file.h"
+#include "gguf.h"
+#include "sampler.h"
+#include "tokenizer.h"
+#include "wk.h"
+
+#define PROMPT_FILE_MAX (256u << 20)
+#define MAX_LOGIT_BIAS 4096
+
+typedef struct cli {
+    const char *model, *prompt, *prompt_file, *dump_logits, *template_file, *system;
+    const char *cache_type_k, *cache_type_v;
+    int64_t n_predict, n_threads, n_ctx, n_batch, dump_top;
+    int chat, precise, no_parse_special, ignore_eos, jinja, show_special;
+    rt_sampler_params_t sp;
+    int64_t seed, top_k, repeat_last_n; /* widened: the flag parser stores int64_t */
+    rt_logit_bias_t bias[MAX_LOGIT_BIAS];
+    size_t n_bias;
+} cli_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* "TOKEN(+|-)BIAS", as llama.cpp spells it: 15043+1, 15043-inf. */
+static int parse_logit_bias(void *ud, const char *v, bl_err_t *err)
+{
+    cli_t *c = ud;
+    if (c->n_bias == MAX_LOGIT_BIAS)
+        return bl_err_set(err, BL_ERANGE, "more than %d biases", MAX_LOGIT_BIAS);
+    const char *sign = strpbrk(v, "+-");
+    if (!sign || sign == v)
+        return bl_err_set(err, BL_EINVAL, "'%.64s' is not TOKEN+BIAS or TOKEN-BIAS", v);
+    char id[32];
+    size_t n = (size_t)(sign - v);
+    if (n >= sizeof id)
+        return bl_err_set(err, BL_EINVAL, "'%.64s': token id too long", v);
+    memcpy(id, v, n);
+    id[n] = 0;
+    int64_t tok;
+    float b;
+    if (bl_parse_i64(id, &tok) || tok < 0 || tok > INT32_MAX)
+        return bl_err_set(err, BL_EINVAL, "'%.64s': bad token id", v);
+    if (!strcmp(sign + 1, "inf"))
+        b = INFINITY;
+    else if (bl_parse_f32(sign + 1, &b) || !isfinite(b))
+        return bl_err_set(err, BL_EINVAL, "'%.64s': bad bias", v);
+    if (*sign == '-')
+        b = -b;
+    if (b == INFINITY)
+        return bl_err_set(err, BL_EINVAL, "'%.64s': a bias of +inf is not allowed", v);
+    c->bias[c->n_bias++] = (rt_logit_bias_t){(int32_t)tok, b};
+    return 0;
+}
+
+static int kv_type_from_name(const char *name, uint32_t *out)
+{
+    if (!strcmp(name, "f16"))
+        *out = WK_KV_F16;
+    else if (!strcmp(name, "f32"))
+        *out = WK_KV_F32;
+    else if (!strcmp(name, "q8_0"))
+        *out = WK_KV_Q8_0;
+    else
+        return BL_EINVAL;
+    return 0;
+}
+
+// --- logits dump ------------------------------------------------------------------------
+
+/* The top n ids of a row (best first, ties to the lower id) and the row's lse. */
+static double row_top(const float *row, int64_t n_vocab, int64_t n, int32_t *ids, float *vals)
+{
+    int64_t k = 0;
+    double max = -INFINITY;
+    for (int64_t i = 0; i < n_vocab; i++)
+        if (row[i] > max)
+            max = row[i];
+    double sum = 0;
+    for (int64_t i = 0; i < n_vocab; i++) {
+        float v = row[i];
+        sum += exp((double)v - max);
+        if (k < n || v > vals[k - 1]) {
+            int64_t j = k < n ? k++ : n - 1;
+            for (; j > 0 && v > vals[j - 1]; j--) {
+                vals[j] = vals[j - 1];
+                ids[j] = ids[j - 1];
+            }
+            vals[j] = v;
+            ids[j] = (int32_t)i;
+        }
+    }
+    return max + log(sum);
+}
+
+static json_t *row_json(const float *row, int64_t n_vocab, int64_t top)
+{
+    int32_t ids[256];
+    float vals[256];
+    if (top > 256)
+        top = 256;
+    if (top > n_vocab)
+        top = n_vocab;
+    double lse = row_top(row, n_vocab, top, ids, vals);
+    json_t *o = json_object(), *ji = json_array(), *jl = json_array();
+    for (int64_t i = 0; i < top; i++) {
+        json_array_append_new(ji, json_integer(ids[i]));
+        json_array_append_new(jl, json_real(vals[i]));
+    }
+    json_object_set_new(o, "lse", json_real(lse));
+    json_object_set_new(o, "ids", ji);
+    json_object_set_new(o, "logits", jl);
+    return o;
+}
+
+// --- main -------------------------------------------------------------------------------
+
+static int run(cli_t *c)
+{
+    bl_err_t err = {0};
+    int rc = 1;
+    wk_model_t *m = NULL;
+    wk_kv_t *kv = NULL;
+    rt_tokenizer_t *tok = NULL;
+    rt_template_t *tpl = NULL;
+    rt_sampler_t *smp = NULL;
+    rt_detok_t *dt = NULL;
+    rt_tokens_t prompt = {0};
+    char *text = NULL, *file_text = NULL;
+    float *logits = NULL;
+    json_t *dump = NULL, *positions = NULL, *greedy = NULL;
+
+    /* the precise mode checks the arithmetic, so its cache keeps f32 unless told */
+    uint32_t kv_type = c->precise ? WK_KV_F32 : WK_KV_F16;
+    if (c->cache_type_k && kv_type_from_name(c->cache_type_k, &kv_type)) {
+        fprintf(stderr, "bloomery-cli: --cache-type-k: '%s' is not f16, f32 or q8_0\n",
+                c->cache_type_k);
+        return 2;
+    }
+    uint32_t kv_type_v = kv_type;
+    if (c->cache_type_v && kv_type_from_name(c->cache_type_v, &kv_type_v)) {
+        fprintf(stderr, "bloomery-cli: --cache-type-v: '%s' is not f16, f32 or q8_0\n",
+                c->cache_type_v);
+        return 2;
+    }
+    if (kv_type_v != kv_type) {
+        fprintf(stderr, "bloomery-cli: different K and V cache types are not supported\n");
+        return 2;
+    }
+
+    wk_model_opts_t mo;
+    wk_model_opts_default(&mo);
+    mo.precise = c->precise;
+    mo.n_threads = (int)c->n_threads;
+    mo.n_batch = c->n_batch;
+    mo.n_ctx_max = c->n_ctx;
+    double t0 = now_s();
+    if (wk_model_load(&m, c->model, &mo, &err))
+        goto fail;
+    const wk_config_t *cfg = wk_model_config(m);
+    if (rt_tokenizer_from_gguf(&tok, wk_model_gguf(m), &err))
+        goto fail;
+    if ((int64_t)rt_tokenizer_n_vocab(tok) > cfg->n_vocab) {
+        bl_err_set(&err, BL_EINVAL, "%s: the vocabulary has %u tokens, the output head %lld",
+                   c->model, rt_tokenizer_n_vocab(tok), (long long)cfg->n_vocab);
+        goto fail;
+    }
+    fprintf(stderr, "bloomery-cli: loaded %s (%s, %lld layers) in %.2f s; kernels %s, %lld threads\n",
+            c->model, cfg->arch, (long long)cfg->n_layer, now_s() - t0, wk_model_kernels(m),
+            (long long)c->n_threads);
+
+    /* the prompt text */
+    const char *ptext = c->prompt;
+    size_t plen = ptext ? strlen(ptext) : 0;
+    if (c->prompt_file) {
+        if (bl_read_file(c->prompt_file, PROMPT_FILE_MAX, &file_text, &plen, &err))
+            goto fail;
+        ptext = file_text;
+    }
+    if (!ptext) {
+        ptext = "";
+        plen = 0;
+    }
+    if (c->chat) {
+        if (rt_chat_template_load(&tpl, wk_model_gguf(m), c->template_file, &err))
+            goto fail;
+        json_t *msgs = json_array();
+        if (c->system)
+            json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", c->system));
+        json_array_append_new(msgs, json_pack("{s:s,s:s%}", "role", "user", "content", ptext, plen));
+        size_t tlen;
+        int rrc = rt_chat_render(tpl, tok, msgs, 1, NULL, &text, &tlen, &err);
+        json_decref(msgs);
+        if (rrc)
+            goto fail;
+        ptext = text;
+        plen = tlen;
+    }
+    unsigned tflags = RT_TOKENIZE_ADD_SPECIAL | (c->no_parse_special ? 0 : RT_TOKENIZE_PARSE_SPECIAL);
+    if (rt_tokenize(tok, ptext, plen, tflags, &prompt, &err))
+        goto fail;
+    if (prompt.n == 0) {
+        bl_err_set(&err, BL_EINVAL, "the prompt is empty (give -p TEXT or -f FILE)");
+        goto fail;
+    }
+    int64_t n_ctx = c->n_ctx;
+    if ((int64_t)prompt.n > n_ctx) {
+        bl_err_set(&err, BL_ERANGE, "the prompt has %zu tokens, more than the context (-c %lld)",
+                   prompt.n, (long long)n_ctx);
+        goto fail;
+    }
+    if (wk_kv_create(&kv, m, n_ctx, kv_type, &err))
+        goto fail;
+
+    rt_sampler_params_t sp = c->sp;
+    sp.seed = c->seed < 0 ? RT_SEED_RANDOM : (uint32_t)c->seed;
+    sp.logit_bias = c->bias;
+    sp.n_logit_bias = c->n_bias;
+    if (rt_sampler_create(&smp, &sp, (int32_t)cfg->n_vocab, (int32_t)n_ctx, &err))
+        goto fail;
+    if (rt_detok_create(&dt, tok, c->show_special ? RT_DETOK_SPECIAL : 0, &err))
+        goto fail;
+
+    const int64_t n_vocab = cfg->n_vocab;
+    int64_t chunk = c->n_batch;
+    logits = malloc((size_t)chunk * (size_t)n_vocab * sizeof *logits);
+    if (!logits) {
+        bl_err_set(&err, BL_ENOMEM, "out of memory for %lld rows of logits", (long long)chunk);
+        goto fail;
+    }
+    if (c->dump_logits) {
+        dump = json_object();
+        positions = json_array();
+        greedy = json_array();
+        json_t *ids = json_array();
+        for (size_t i = 0; i < prompt.n; i++)
+            json_array_append_new(ids, json_integer(prompt.ids[i]));
+        json_object_set_new(dump, "model", json_string(c->model));
+        json_object_set_new(dump, "n_vocab", json_integer(n_vocab));
+        json_object_set_new(dump, "prompt_ids", ids);
+    }
+
+    /* the prompt, in chunks of n_batch rows */
+    double tp0 = now_s();
+    const float *last = NULL;
+    for (size_t at = 0; at < prompt.n; at += (size_t)chunk) {
+        int64_t n = (int64_t)(prompt.n - at) < chunk ? (int64_t)(prompt.n - at) : chunk;
+        int64_t n_out = c->dump_logits ? n : (at + (size_t)n == prompt.n ? 1 : 0);
+        if (wk_model_eval(m, kv, prompt.ids + at, n, (int64_t)at, n_out, logits, &err))
+            goto fail;
+        for (int64_t r = 0; c->dump_logits && r < n; r++)
+            json_array_append_new(positions, row_json(logits + r * n_vocab, n_vocab, c->dump_top));
+        if (n_out)
+            last = logits + (n_out - 1) * n_vocab;
+    }
+    double tp = now_s() - tp0;
+    for (size_t i = 0; i < prompt.n; i++)
+        rt_sampler_accept(smp, prompt.ids[i]);
+
+    /* generation */
+    int64_t n_gen = 0;
+    double tg0 = now_s();
+    int64_t budget = c->n_predict < 0 ? n_ctx - (int64_t)prompt.n : c->n_predict;
+    if (budget > n_ctx - (int64_t)prompt.n)
+        budget = n_ctx - (int64_t)prompt.n;
+    for (int64_t pos = (int64_t)prompt.n; n_gen < budget; pos++) {
+        int32_t t = rt_sampler_sample(smp, last);
+        if (greedy) {
+            json_t *g = json_object();
+            json_object_set_new(g, "id", json_integer(t));
+            json_object_set_new(g, "top", row_json(last, n_vocab, c->dump_top));
+            json_array_append_new(greedy, g);
+        }
+        rt_sampler_accept(smp, t);
+        n_gen++;
+        if (!c->ignore_eos && rt_tokenizer_is_eog(tok, t))
+            break;
+        const char *piece;
+        size_t plen2;
+        if (rt_detok_push(dt, t, &piece, &plen2, &err))
+            goto fail;
+        fwrite(piece, 1, plen2, stdout);
+        fflush(stdout);
+        if (n_gen == budget)
+            break;
+        if (wk_model_eval(m, kv, &t, 1, pos, 1, logits, &err))
+            goto fail;
+        last = logits;
+    }
+    const char *tail;
+    size_t tail_len;
+    rt_detok_flush(dt, &tail, &tail_len);
+    fwrite(tail, 1, tail_len, stdout);
+    if (n_gen)
+        fputc('\n', stdout);
+    fflush(stdout);
+    double tg = now_s() - tg0;
+    fprintf(stderr, "bloomery-cli: prompt %zu tokens in %.3f s (%.2f tok/s); generated %lld tokens in %.3f s (%.2f tok/s); seed %u\n",
+            prompt.n, tp, prompt.n / (tp > 0 ? tp : 1e-9), (long long)n_gen, tg,
+            n_gen / (tg > 0 ? tg : 1e-9), rt_sampler_seed(smp));
+
+    if (dump) {
+        json_object_set_new(dump, "positions", positions);
+        positions = NULL;
+        if (c->n_predict != 0) {
+            json_object_set_new(dump, "greedy", greedy);
+            greedy = NULL;
+        }
+        if (json_dump_file(dump, c->dump_logits, JSON_COMPACT | JSON_REAL_PRECISION(9))) {
+            bl_err_set(&err, BL_EIO, "%s: cannot write", c->dump_logits);
+            goto fail;
+        }
+    }
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "bloomery-cli: %s\n", err.msg[0] ? err.msg : "failed");
+    rc = 1;
+done:
+    json_decref(dump);
+    json_decref(positions);
+    json_decref(greedy);
+    free(logits);
+    free(text);
+    free(file_text);
+    rt_tokens_free(&prompt);
+    rt_detok_destroy(dt);
+    rt_sampler_destroy(smp);
+    rt_template_destroy(tpl);
+    rt_tokenizer_destroy(tok);
+    wk_kv_free(kv);
+    wk_model_free(m);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    static cli_t c;
+    rt_sampler_params_default(&c.sp);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    c.n_threads = ncpu > 0 ? ncpu : 1;
+    c.n_predict = -1;
+    c.n_ctx = 4096;
+    c.n_batch = 512;
+    c.dump_top = 32;
+    c.seed = -1;
+    c.top_k = c.sp.top_k;
+    c.repeat_last_n = c.sp.penalty_last_n;
+
+    bl_arg_t args[] = {
+        {"-m,--model", "LLAMA_ARG_MODEL", BL_ARG_STR, &c.model, .metavar = "FILE", .help = "model file (GGUF; the first part of a split model)"},
+        {"-p,--prompt", NULL, BL_ARG_STR, &c.prompt, .metavar = "TEXT", .help = "prompt text (special tokens are parsed)"},
+        {"-f,--file", NULL, BL_ARG_STR, &c.prompt_file, .metavar = "FILE", .help = "read the prompt from FILE ('-': stdin)"},
+        {"-n,--n-predict,--predict", "LLAMA_ARG_N_PREDICT", BL_ARG_I64, &c.n_predict, -1, INT32_MAX, .metavar = "N", .help = "tokens to generate (-1: until end of text or a full context; 0: evaluate the prompt only)"},
+        {"-t,--threads", "LLAMA_ARG_THREADS", BL_ARG_I64, &c.n_threads, 1, 256, .metavar = "N", .help = "threads (default: the number of CPUs)"},
+        {"-c,--ctx-size", "LLAMA_ARG_CTX_SIZE", BL_ARG_I64, &c.n_ctx, 1, 1 << 24, .metavar = "N", .help = "context size in tokens (default 4096)"},
+        {"-b,--batch-size", "LLAMA_ARG_BATCH", BL_ARG_I64, &c.n_batch, 1, 1 << 16, .metavar = "N", .help = "prompt rows per forward pass (default 512)"},
+        {"-cnv,--conversation,--chat", NULL, BL_ARG_FLAG, &c.chat, .help = "wrap the prompt as a user message in the chat template"},
+        {"-sys,--system-prompt", NULL, BL_ARG_STR, &c.system, .metavar = "TEXT", .help = "system message (with --chat)"},
+        {"--chat-template-file", "LLAMA_ARG_CHAT_TEMPLATE_FILE", BL_ARG_STR, &c.template_file, .metavar = "FILE", .help = "Jinja chat template instead of the model's"},
+        {"--jinja", "LLAMA_ARG_JINJA", BL_ARG_FLAG, &c.jinja, .help = "accepted: templates are always Jinja"},
+        {"--temp,--temperature", NULL, BL_ARG_F32, &c.sp.temp, .fmin = 0, .fmax = 100, .metavar = "T", .help = "temperature (default 0.8; 0: greedy)"},
+        {"--top-k", NULL, BL_ARG_I64, &c.top_k, 0, INT32_MAX, .metavar = "N", .help = "top-k (default 40; 0: off)"},
+        {"--top-p", NULL, BL_ARG_F32, &c.sp.top_p, .fmin = 0, .fmax = 1, .metavar = "P", .help = "top-p (default 0.95; 1: off)"},
+        {"--min-p", NULL, BL_ARG_F32, &c.sp.min_p, .fmin = 0, .fmax = 1, .metavar = "P", .help = "min-p (default 0.05; 0: off)"},
+        {"--typical,--typical-p", NULL, BL_ARG_F32, &c.sp.typical_p, .fmin = 0, .fmax = 1, .metavar = "P", .help = "locally typical sampling (default 1: off)"},
+        {"--repeat-penalty", NULL, BL_ARG_F32, &c.sp.repeat_penalty, .fmin = 1e-6f, .fmax = 100, .metavar = "X", .help = "repetition penalty (default 1: off)"},
+        {"--repeat-last-n", NULL, BL_ARG_I64, &c.repeat_last_n, -1, INT32_MAX, .metavar = "N", .help = "penalty window (default 64; 0: off; -1: the context)"},
+        {"--presence-penalty", NULL, BL_ARG_F32, &c.sp.presence_penalty, .fmin = -100, .fmax = 100, .metavar = "X", .help = "presence penalty (default 0)"},
+        {"--frequency-penalty", NULL, BL_ARG_F32, &c.sp.frequency_penalty, .fmin = -100, .fmax = 100, .metavar = "X", .help = "frequency penalty (default 0)"},
+        {"-s,--seed", NULL, BL_ARG_I64, &c.seed, -1, UINT32_MAX - 1, .metavar = "N", .help = "sampling seed (default -1: random)"},
+        {"-l,--logit-bias", NULL, BL_ARG_FN, NULL, .fn = parse_logit_bias, .ud = &c, .metavar = "ID(+|-)BIAS", .help = "add BIAS to token ID's logit (repeatable; -inf bans it)"},
+        {"--ignore-eos", NULL, BL_ARG_FLAG, &c.ignore_eos, .help = "go on past end-of-text tokens"},
+        {"--special", NULL, BL_ARG_FLAG, &c.show_special, .help = "print control tokens as text"},
+        {"--no-parse-special", NULL, BL_ARG_FLAG, &c.no_parse_special, .help = "tokenize special-token text as plain text"},
+        {"-ctk,--cache-type-k", "LLAMA_ARG_CACHE_TYPE_K", BL_ARG_STR, &c.cache_type_k, .metavar = "TYPE", .help = "KV cache type: f16 (default; f32 with --precise), f32, q8_0"},
+        {"-ctv,--cache-type-v", "LLAMA_ARG_CACHE_TYPE_V", BL_ARG_STR, &c.cache_type_v, .metavar = "TYPE", .help = "must equal the K type"},
+        {"--precise", NULL, BL_ARG_FLAG, &c.precise, .help = "f32 activations and KV cache, no activation quantization (for checking)"},
+        {"--dump-logits", NULL, BL_ARG_STR, &c.dump_logits, .metavar = "FILE", .help = "write lse and top logits of every position as JSON"},
+        {"--dump-top", NULL, BL_ARG_I64, &c.dump_top, 1, 256, .metavar = "N", .help = "ids per position in --dump-logits (default 32)"},
+    };
+    int n_args = (int)(sizeof args / sizeof args[0]);
+    bl_err_t err = {0};
+    int help = 0;
+    if (bl_args_parse(args, n_args, argc, argv, NULL, &help, &err)) {
+        fprintf(stderr, "bloomery-cli: %s (see --help)\n", err.msg);
+        return 2;
+    }
+    if (help) {
+        bl_args_usage(stdout, "bloomery-cli", "-m FILE [-p TEXT | -f FILE] [options]", args, n_args);
+        return 0;
+    }
+    c.sp.top_k = (int32_t)c.top_k;
+    c.sp.penalty_last_n = (int32_t)c.repeat_last_n;
+    if (!c.model) {
+        fprintf(stderr, "bloomery-cli: -m FILE is required (see --help)\n");
+        return 2;
+    }
+    if (c.prompt && c.prompt_file) {
+        fprintf(stderr, "bloomery-cli: give -p or -f, not both\n");
+        return 2;
+    }
+    if (c.system && !c.chat) {
+        fprintf(stderr, "bloomery-cli: --system-prompt needs --chat\n");
+        return 2;
+    }
+    return run(&c);
+}
