@@ -2,6 +2,8 @@
  * the order; each stage below narrows or reweights the candidate list in place. */
 #include "sampler.h"
 
+#include "rng.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +22,7 @@ struct rt_sampler {
     rt_logit_bias_t *bias;
     int32_t n_vocab;
     uint32_t seed;
-    uint64_t rng[4];       /* xoshiro256** state */
+    bl_rng_t rng;
 
     /* penalty window: the last `window` accepted tokens, a ring */
     int32_t window;
@@ -35,37 +37,7 @@ struct rt_sampler {
 
 // --- random numbers ------------------------------------------------------------------
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t xoshiro_next(uint64_t s[4])
-{
-    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return r;
-}
-
-/* Uniform in [0, 1) with 53 random bits. */
-static double uniform01(uint64_t s[4]) { return (double)(xoshiro_next(s) >> 11) * 0x1.0p-53; }
-
-static void seed_rng(rt_sampler_t *s)
-{
-    uint64_t x = s->seed;
-    for (int i = 0; i < 4; i++)
-        s->rng[i] = splitmix64(&x);
-}
+static void seed_rng(rt_sampler_t *s) { bl_rng_seed(&s->rng, s->seed); }
 
 static uint32_t random_seed(void)
 {
@@ -399,7 +371,7 @@ static void temperature(rt_sampler_t *s, float t)
 static int32_t draw(rt_sampler_t *s)
 {
     softmax(s);
-    double r = uniform01(s->rng), cum = 0;
+    double r = bl_rng_uniform(&s->rng), cum = 0;
     for (size_t i = 0; i < s->n_cand; i++) {
         cum += s->cand[i].p;
         if (r < cum)

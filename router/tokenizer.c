@@ -1145,3 +1145,43 @@ fail:
     rt_detok_destroy(d);
     return rc;
 }
+
+// --- merge heap (shared by BPE and SentencePiece) ---------------------------------
+
+static int pair_less(const rt__pair_t *a, const rt__pair_t *b)
+{
+    return a->prio < b->prio || (a->prio == b->prio && a->left < b->left);
+}
+
+void rt__heap_push(rt__pair_t *h, size_t *n, rt__pair_t v)
+{
+    size_t i = (*n)++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!pair_less(&v, &h[p]))
+            break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = v;
+}
+
+rt__pair_t rt__heap_pop(rt__pair_t *h, size_t *n)
+{
+    rt__pair_t top = h[0], v = h[--(*n)];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && pair_less(&h[c + 1], &h[c]))
+            c++;
+        if (!pair_less(&h[c], &v))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n)
+        h[i] = v;
+    return top;
+}

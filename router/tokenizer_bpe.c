@@ -179,46 +179,6 @@ static inline const rt__merge_t *find_merge(const rt_tokenizer_t *tok, int32_t l
     }
 }
 
-/* The heap orders candidate merges by rank, then by position: the leftmost of
- * equal merges goes first, as in the reference. */
-static inline int pair_less(const rt__pair_t *a, const rt__pair_t *b)
-{
-    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
-}
-
-static void heap_push(rt__pair_t *h, size_t *n, rt__pair_t v)
-{
-    size_t i = (*n)++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!pair_less(&v, &h[p]))
-            break;
-        h[i] = h[p];
-        i = p;
-    }
-    h[i] = v;
-}
-
-static rt__pair_t heap_pop(rt__pair_t *h, size_t *n)
-{
-    rt__pair_t top = h[0], v = h[--(*n)];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= *n)
-            break;
-        if (c + 1 < *n && pair_less(&h[c + 1], &h[c]))
-            c++;
-        if (!pair_less(&h[c], &v))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (*n)
-        h[i] = v;
-    return top;
-}
-
 static inline void try_pair(const rt_tokenizer_t *tok, rt__pair_t *h, size_t *nh, int32_t l,
                             int32_t r)
 {
@@ -229,7 +189,7 @@ static inline void try_pair(const rt_tokenizer_t *tok, rt__pair_t *h, size_t *nh
         return;
     const rt__merge_t *m = find_merge(tok, lid, rid);
     if (m)
-        heap_push(h, nh, (rt__pair_t){ .rank = m->rank, .left = l, .right = r, .lid = lid,
+        rt__heap_push(h, nh, (rt__pair_t){ .prio = (double)m->rank, .left = l, .right = r, .lid = lid,
                                        .rid = rid, .id = m->id });
 }
 
@@ -297,7 +257,7 @@ static int encode_word(rt_tokenizer_t *tok, const uint8_t *w, size_t n, rt_token
         for (size_t i = 0; i + 1 < n; i++)
             try_pair(tok, tok->heap, &nh, (int32_t)i, (int32_t)i + 1);
         while (nh) {
-            rt__pair_t pr = heap_pop(tok->heap, &nh);
+            rt__pair_t pr = rt__heap_pop(tok->heap, &nh);
             rt__sym_t *l = &sy[pr.left];
             /* Stale when either side has merged since the pair was pushed. */
             if (l->id != pr.lid || l->next != pr.right || sy[pr.right].id != pr.rid)

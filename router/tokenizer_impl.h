@@ -56,12 +56,16 @@ typedef struct rt__sym {
 
 /* A candidate merge of symbols left and left's next. */
 typedef struct rt__pair {
-    uint32_t rank;  /* BPE: merge rank (lower first) */
-    float score;    /* SPM: token score (higher first) */
+    double prio;    /* lower merges first: BPE the merge rank, SPM minus the token score */
     int32_t left, right;
     int32_t lid, rid; /* BPE: the ids when pushed; SPM: lengths when pushed */
     int32_t id;       /* the token the merge makes */
 } rt__pair_t;
+
+/* A binary min-heap of candidate merges in h[0..*n): lowest prio first, the
+ * leftmost of equal prios first (both merge orders need exactly this tie rule). */
+void rt__heap_push(rt__pair_t *h, size_t *n, rt__pair_t v);
+rt__pair_t rt__heap_pop(rt__pair_t *h, size_t *n);
 
 /* A fragment of the input: text (id < 0) or a special token matched in it. */
 typedef struct rt__frag {

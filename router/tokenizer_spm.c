@@ -5,45 +5,6 @@
 
 #include <string.h>
 
-/* Higher score first; the leftmost of equal scores first, as in the reference. */
-static inline int pair_less(const rt__pair_t *a, const rt__pair_t *b)
-{
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
-static void heap_push(rt__pair_t *h, size_t *n, rt__pair_t v)
-{
-    size_t i = (*n)++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!pair_less(&v, &h[p]))
-            break;
-        h[i] = h[p];
-        i = p;
-    }
-    h[i] = v;
-}
-
-static rt__pair_t heap_pop(rt__pair_t *h, size_t *n)
-{
-    rt__pair_t top = h[0], v = h[--(*n)];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= *n)
-            break;
-        if (c + 1 < *n && pair_less(&h[c + 1], &h[c]))
-            c++;
-        if (!pair_less(&h[c], &v))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (*n)
-        h[i] = v;
-    return top;
-}
-
 /* Symbols are contiguous in s, so the text of two neighbours is one span of s. */
 static void try_pair(const rt_tokenizer_t *tok, const char *s, rt__pair_t *h, size_t *nh,
                      int32_t l, int32_t r)
@@ -54,7 +15,7 @@ static void try_pair(const rt_tokenizer_t *tok, const char *s, rt__pair_t *h, si
     int32_t id = rt__lookup(tok, s + a->start, a->len + b->len);
     if (id < 0)
         return;
-    heap_push(h, nh, (rt__pair_t){ .score = tok->scores[id], .left = l, .right = r,
+    rt__heap_push(h, nh, (rt__pair_t){ .prio = -(double)tok->scores[id], .left = l, .right = r,
                                    .lid = (int32_t)a->len, .rid = (int32_t)b->len, .id = id });
 }
 
@@ -93,7 +54,7 @@ int rt__spm_encode(rt_tokenizer_t *tok, const char *s, size_t n, rt_tokens_t *ou
     for (int32_t i = 0; i + 1 < ns; i++)
         try_pair(tok, s, tok->heap, &nh, i, i + 1);
     while (nh) {
-        rt__pair_t pr = heap_pop(tok->heap, &nh);
+        rt__pair_t pr = rt__heap_pop(tok->heap, &nh);
         rt__sym_t *l = &sy[pr.left], *r = &sy[pr.right];
         /* Stale when either side has grown or been absorbed since the push. */
         if (l->len != (uint32_t)pr.lid || r->len != (uint32_t)pr.rid || l->next != pr.right)

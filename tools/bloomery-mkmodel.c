@@ -18,6 +18,7 @@
 #include "gguf_writer.h"
 #include "mkmodel_vocab.h"
 #include "quant.h"
+#include "rng.h"
 
 #define PROG "bloomery-mkmodel"
 #define EXIT_USAGE 2
@@ -450,37 +451,6 @@ static int check_blocks(const tlist_t *L)
  * integer arithmetic and one double multiply, so no libm call can make two
  * machines disagree. */
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-typedef struct rng {
-    uint64_t s[4];
-} rng_t;
-
-static uint64_t rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
-
-/* xoshiro256** */
-static uint64_t rng_next(rng_t *r)
-{
-    uint64_t *s = r->s;
-    uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return out;
-}
-
 static uint64_t fnv1a(const char *s)
 {
     uint64_t h = 0xCBF29CE484222325ull;
@@ -489,11 +459,9 @@ static uint64_t fnv1a(const char *s)
     return h;
 }
 
-static void rng_for_row(rng_t *r, uint64_t tensor_key, uint64_t row)
+static void rng_for_row(bl_rng_t *r, uint64_t tensor_key, uint64_t row)
 {
-    uint64_t x = tensor_key ^ (row * 0xD1B54A32D192ED03ull);
-    for (int i = 0; i < 4; i++)
-        r->s[i] = splitmix64(&x);
+    bl_rng_seed(r, tensor_key ^ (row * 0xD1B54A32D192ED03ull));
 }
 
 /* Standard deviation of a sum of four uniform 16-bit integers: sqrt(4 (2^32 - 1) / 12). */
@@ -502,11 +470,11 @@ static void rng_for_row(rng_t *r, uint64_t tensor_key, uint64_t row)
 /* n values of mean exactly 0 and standard deviation std: each is the sum of four
  * uniform 16-bit integers, centred (an Irwin-Hall draw, close to a normal one and
  * symmetric, so the weights are zero-mean), then scaled. */
-static void draw_row(rng_t *r, float *x, int64_t n, double std, double offset)
+static void draw_row(bl_rng_t *r, float *x, int64_t n, double std, double offset)
 {
     const double k = std / SUM4_STD;
     for (int64_t i = 0; i < n; i++) {
-        uint64_t u = rng_next(r);
+        uint64_t u = bl_rng_next(r);
         int64_t s = (int64_t)(u & 0xFFFF) + (int64_t)((u >> 16) & 0xFFFF) +
                     (int64_t)((u >> 32) & 0xFFFF) + (int64_t)(u >> 48) - 2 * 65535;
         x[i] = (float)(offset + (double)s * k);
@@ -534,7 +502,7 @@ static void *run_job(void *p)
     const tdesc_t *t = j->t;
     j->rc = 0;
     for (int64_t r = j->r0; r < j->r1 && !j->rc; r++) {
-        rng_t rng;
+        bl_rng_t rng;
         rng_for_row(&rng, j->key, (uint64_t)r);
         if (t->kind == KIND_NORM)
             draw_row(&rng, j->row, t->ne[0], 0.05, 1.0); /* norm gains near 1 */
@@ -563,7 +531,7 @@ static int fill_tensor(void *ud, bl_gguf_writer_t *w, size_t i, bl_err_t *err)
     int rc = bl_row_bytes((uint32_t)t->type, t->ne[0], &row_bytes, err);
     if (rc)
         return rc;
-    uint64_t key = splitmix64(&(uint64_t){g->seed ^ fnv1a(t->name)});
+    uint64_t key = bl_splitmix64(&(uint64_t){g->seed ^ fnv1a(t->name)});
     int64_t rows = t->ne[1] * t->ne[2];
     int64_t per_batch = (int64_t)(g->batch_bytes / row_bytes);
     for (int64_t b = 0; b < rows; b += per_batch) {

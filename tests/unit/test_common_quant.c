@@ -21,6 +21,7 @@
 
 #include "blocks.h"
 #include "quant.h"
+#include "rng.h"
 
 #ifndef BL_SOURCE_ROOT
 #define BL_SOURCE_ROOT "."
@@ -50,13 +51,7 @@ typedef struct rng {
     uint64_t s;
 } rng_t;
 
-static uint64_t rng_next(rng_t *r)
-{
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static uint64_t rng_next(rng_t *r) { return bl_splitmix64(&r->s); }
 
 static rng_t rng_for(uint64_t stream)
 {
