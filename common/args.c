@@ -34,6 +34,19 @@ int bl_parse_f32(const char *s, float *out)
     return 0;
 }
 
+int bl_parse_f64(const char *s, double *out)
+{
+    if (!s || !*s)
+        return BL_EINVAL;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if ((errno == ERANGE && fabs(v) > 1.0) || *end)
+        return BL_EINVAL;
+    *out = v;
+    return 0;
+}
+
 /* Does spelling [s, s + len) appear among the comma-separated names? */
 static int has_name(const char *names, const char *s, size_t len)
 {
@@ -92,9 +105,20 @@ static int apply(bl_arg_t *a, const char *value, const char *where, bl_err_t *er
             return bl_err_set(err, BL_EINVAL, "%s%s: '%.64s' is not a finite number", where, name,
                               value);
         if (v < a->fmin || v > a->fmax)
-            return bl_err_set(err, BL_EINVAL, "%s%s: %g is outside %g..%g", where, name, v,
+            return bl_err_set(err, BL_EINVAL, "%s%s: %g is outside %g..%g", where, name, (double)v,
                               a->fmin, a->fmax);
         *(float *)a->dst = v;
+        return 0;
+    }
+    case BL_ARG_F64: {
+        double v;
+        if (bl_parse_f64(value, &v) || !isfinite(v))
+            return bl_err_set(err, BL_EINVAL, "%s%s: '%.64s' is not a finite number", where, name,
+                              value);
+        if (v < a->fmin || v > a->fmax)
+            return bl_err_set(err, BL_EINVAL, "%s%s: %g is outside %g..%g", where, name, v,
+                              a->fmin, a->fmax);
+        *(double *)a->dst = v;
         return 0;
     }
     case BL_ARG_FN: {

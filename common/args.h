@@ -15,6 +15,7 @@ typedef enum bl_arg_kind {
     BL_ARG_STR,  /* *(const char **)dst = the value (borrowed from argv or environ) */
     BL_ARG_I64,  /* *(int64_t *)dst, checked against [min, max] */
     BL_ARG_F32,  /* *(float *)dst, finite, checked against [fmin, fmax] */
+    BL_ARG_F64,  /* *(double *)dst, finite, checked against [fmin, fmax] */
     BL_ARG_FN,   /* fn(ud, value, err) parses the value itself */
 } bl_arg_kind_t;
 
@@ -24,7 +25,7 @@ typedef struct bl_arg {
     bl_arg_kind_t kind;
     void *dst;
     int64_t min, max;    /* BL_ARG_I64 */
-    float fmin, fmax;    /* BL_ARG_F32 */
+    double fmin, fmax;   /* BL_ARG_F32, BL_ARG_F64 */
     int (*fn)(void *ud, const char *value, bl_err_t *err); /* BL_ARG_FN */
     void *ud;
     const char *metavar; /* "N", "FILE", ...; NULL for flags */
@@ -49,5 +50,6 @@ void bl_args_usage(FILE *f, const char *prog, const char *synopsis, const bl_arg
  * string must be the number. */
 int bl_parse_i64(const char *s, int64_t *out) BL_WUR;
 int bl_parse_f32(const char *s, float *out) BL_WUR;
+int bl_parse_f64(const char *s, double *out) BL_WUR;
 
 #endif

@@ -4,7 +4,6 @@
  * either a small built-in BPE vocabulary or a Hugging Face tokenizer folder.
  * Same flags and seed give the same bytes on every machine. */
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -14,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "err.h"
 #include "gguf_writer.h"
 #include "mkmodel_vocab.h"
@@ -119,43 +119,8 @@ static int flag_error(const char *fmt, ...)
     return EXIT_USAGE;
 }
 
-static int parse_i64(const char *flag, const char *arg, int64_t lo, int64_t hi, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(arg, &end, 10);
-    if (errno || end == arg || *end || v < lo || v > hi)
-        return flag_error("%s: '%s' is not an integer in %lld..%lld", flag, arg, (long long)lo,
-                          (long long)hi);
-    *out = v;
-    return 0;
-}
-
-static int parse_f64(const char *flag, const char *arg, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(arg, &end);
-    if (errno || end == arg || *end || !isfinite(v) || v < lo || v > hi)
-        return flag_error("%s: '%s' is not a number in %g..%g", flag, arg, lo, hi);
-    *out = v;
-    return 0;
-}
-
-static int parse_u64(const char *flag, const char *arg, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    /* strtoull accepts "-1" as a huge value; a seed with a sign is a mistake. */
-    unsigned long long v = strtoull(arg, &end, 0);
-    if (errno || end == arg || *end || arg[0] == '-' || arg[0] == '+')
-        return flag_error("%s: '%s' is not an unsigned 64-bit integer", flag, arg);
-    *out = v;
-    return 0;
-}
-
 /* The weight types this tool writes (the ones common/quant.c can quantize to). */
-static int parse_type(const char *flag, const char *arg, bl_type_t *out)
+static int parse_type(void *ud, const char *arg, bl_err_t *err)
 {
     static const bl_type_t ok[] = {BL_TYPE_F32, BL_TYPE_F16, BL_TYPE_BF16, BL_TYPE_Q8_0,
                                    BL_TYPE_Q4_K, BL_TYPE_Q5_K, BL_TYPE_Q6_K};
@@ -163,55 +128,34 @@ static int parse_type(const char *flag, const char *arg, bl_type_t *out)
     if (bl_type_from_name(arg, &t) == 0)
         for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
             if (ok[i] == t) {
-                *out = t;
+                *(bl_type_t *)ud = t;
                 return 0;
             }
-    return flag_error("%s: '%s' is not one of f32, f16, bf16, q8_0, q4_K, q5_K, q6_K", flag, arg);
+    return bl_err_set(err, BL_EINVAL, "'%.32s' is not one of f32, f16, bf16, q8_0, q4_K, q5_K, q6_K",
+                      arg);
 }
 
-enum {
-    OPT_ARCH = 256, OPT_LAYERS, OPT_N_EMBD, OPT_HEADS, OPT_KV_HEADS, OPT_HEAD_DIM, OPT_EXPERTS,
-    OPT_EXPERTS_USED, OPT_EXPERT_FF, OPT_FF, OPT_VOCAB, OPT_CTX, OPT_ROPE_BASE, OPT_EPS, OPT_SEED,
-    OPT_TYPE, OPT_TYPE_ATTN_V, OPT_TYPE_FFN_DOWN, OPT_TYPE_OUTPUT, OPT_TYPE_EMBD, OPT_TOKENIZER,
-    OPT_TIED, OPT_THREADS,
-};
-
-static const struct option long_opts[] = {
-    {"output", required_argument, NULL, 'o'},
-    {"help", no_argument, NULL, 'h'},
-    {"arch", required_argument, NULL, OPT_ARCH},
-    {"layers", required_argument, NULL, OPT_LAYERS},
-    {"n-embd", required_argument, NULL, OPT_N_EMBD},
-    {"heads", required_argument, NULL, OPT_HEADS},
-    {"kv-heads", required_argument, NULL, OPT_KV_HEADS},
-    {"head-dim", required_argument, NULL, OPT_HEAD_DIM},
-    {"experts", required_argument, NULL, OPT_EXPERTS},
-    {"experts-used", required_argument, NULL, OPT_EXPERTS_USED},
-    {"expert-ff", required_argument, NULL, OPT_EXPERT_FF},
-    {"ff", required_argument, NULL, OPT_FF},
-    {"vocab", required_argument, NULL, OPT_VOCAB},
-    {"ctx", required_argument, NULL, OPT_CTX},
-    {"rope-base", required_argument, NULL, OPT_ROPE_BASE},
-    {"eps", required_argument, NULL, OPT_EPS},
-    {"seed", required_argument, NULL, OPT_SEED},
-    {"type", required_argument, NULL, OPT_TYPE},
-    {"type-attn-v", required_argument, NULL, OPT_TYPE_ATTN_V},
-    {"type-ffn-down", required_argument, NULL, OPT_TYPE_FFN_DOWN},
-    {"type-output", required_argument, NULL, OPT_TYPE_OUTPUT},
-    {"type-embd", required_argument, NULL, OPT_TYPE_EMBD},
-    {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
-    {"tied", no_argument, NULL, OPT_TIED},
-    {"threads", required_argument, NULL, OPT_THREADS},
-    {NULL, 0, NULL, 0},
-};
-
-/* The flag as the user spelled it, for getopt's error cases. */
-static const char *flag_name(int c)
+static int parse_arch(void *ud, const char *arg, bl_err_t *err)
 {
-    for (const struct option *o = long_opts; o->name; o++)
-        if (o->val == c)
-            return o->name;
-    return "?";
+    if (strcmp(arg, "qwen3moe") == 0)
+        *(int *)ud = ARCH_QWEN3MOE;
+    else if (strcmp(arg, "qwen3") == 0)
+        *(int *)ud = ARCH_QWEN3;
+    else
+        return bl_err_set(err, BL_EINVAL, "'%.32s' is not qwen3moe or qwen3", arg);
+    return 0;
+}
+
+/* A seed: any unsigned 64-bit value, decimal or 0x hex; a sign is a mistake. */
+static int parse_seed(void *ud, const char *arg, bl_err_t *err)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(arg, &end, 0);
+    if (errno || end == arg || *end || arg[0] == '-' || arg[0] == '+')
+        return bl_err_set(err, BL_EINVAL, "'%.32s' is not an unsigned 64-bit integer", arg);
+    *(uint64_t *)ud = v;
+    return 0;
 }
 
 /* Parses argv into o. Returns 0, -1 after --help (exit 0), or EXIT_USAGE. */
@@ -224,84 +168,52 @@ static int parse_args(int argc, char **argv, opts_t *o)
     };
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     o->n_threads = ncpu < 1 ? 1 : ncpu > MAX_THREADS ? MAX_THREADS : ncpu;
-    int rc = 0, c;
     const int64_t big = 1 << 20;
-    opterr = 0; /* messages are ours, naming the flag */
-    while ((c = getopt_long(argc, argv, ":o:h", long_opts, NULL)) != -1) {
-        const char *f = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
-        switch (c) {
-        case 'o': o->out = optarg; break;
-        case 'h': usage(stdout); return -1;
-        case OPT_ARCH:
-            if (strcmp(optarg, "qwen3moe") == 0)
-                o->arch = ARCH_QWEN3MOE;
-            else if (strcmp(optarg, "qwen3") == 0)
-                o->arch = ARCH_QWEN3;
-            else
-                return flag_error("--arch: '%s' is not qwen3moe or qwen3", optarg);
-            break;
-        case OPT_LAYERS: rc = parse_i64("--layers", optarg, 1, 4096, &o->n_layer); break;
-        case OPT_N_EMBD: rc = parse_i64("--n-embd", optarg, 1, 1 << 16, &o->n_embd); break;
-        case OPT_HEADS: rc = parse_i64("--heads", optarg, 1, 4096, &o->n_head); break;
-        case OPT_KV_HEADS: rc = parse_i64("--kv-heads", optarg, 1, 4096, &o->n_head_kv); break;
-        case OPT_HEAD_DIM: rc = parse_i64("--head-dim", optarg, 2, 4096, &o->head_dim); break;
-        case OPT_EXPERTS:
-            rc = parse_i64("--experts", optarg, 1, 4096, &o->n_expert);
-            if (!o->expert_flag) o->expert_flag = "--experts";
-            break;
-        case OPT_EXPERTS_USED:
-            rc = parse_i64("--experts-used", optarg, 1, 4096, &o->n_expert_used);
-            if (!o->expert_flag) o->expert_flag = "--experts-used";
-            break;
-        case OPT_EXPERT_FF:
-            rc = parse_i64("--expert-ff", optarg, 1, big, &o->n_ff_exp);
-            if (!o->expert_flag) o->expert_flag = "--expert-ff";
-            break;
-        case OPT_FF: rc = parse_i64("--ff", optarg, 1, big, &o->n_ff); o->ff_set = 1; break;
-        case OPT_VOCAB:
-            rc = parse_i64("--vocab", optarg, 1, 1 << 24, &o->n_vocab);
-            o->vocab_set = 1;
-            break;
-        case OPT_CTX: rc = parse_i64("--ctx", optarg, 1, UINT32_MAX, &o->n_ctx); break;
-        case OPT_ROPE_BASE: rc = parse_f64("--rope-base", optarg, 1e-3, 1e12, &o->rope_base); break;
-        case OPT_EPS: rc = parse_f64("--eps", optarg, 1e-12, 1e-1, &o->eps); break;
-        case OPT_SEED: rc = parse_u64("--seed", optarg, &o->seed); break;
-        case OPT_TYPE: rc = parse_type("--type", optarg, &o->type); break;
-        case OPT_TYPE_ATTN_V:
-            rc = parse_type("--type-attn-v", optarg, &o->type_attn_v);
-            o->attn_v_set = 1;
-            break;
-        case OPT_TYPE_FFN_DOWN:
-            rc = parse_type("--type-ffn-down", optarg, &o->type_ffn_down);
-            o->ffn_down_set = 1;
-            break;
-        case OPT_TYPE_OUTPUT:
-            rc = parse_type("--type-output", optarg, &o->type_output);
-            o->output_set = 1;
-            break;
-        case OPT_TYPE_EMBD:
-            rc = parse_type("--type-embd", optarg, &o->type_embd);
-            o->embd_set = 1;
-            break;
-        case OPT_TOKENIZER: o->tok_dir = optarg; break;
-        case OPT_TIED: o->tied = 1; break;
-        case OPT_THREADS: rc = parse_i64("--threads", optarg, 1, MAX_THREADS, &o->n_threads); break;
-        case ':':
-            if (optopt == 'o')
-                return flag_error("-o needs a value");
-            if (optopt)
-                return flag_error("--%s needs a value", flag_name(optopt));
-            return flag_error("%s needs a value", f);
-        default:
-            if (optopt && optopt < 256)
-                return flag_error("unknown flag '-%c'", optopt);
-            return flag_error("unknown flag '%s'", f);
-        }
-        if (rc)
-            return rc;
+    enum { A_EXPERTS = 7, A_EXPERTS_USED, A_EXPERT_FF, A_FF, A_VOCAB, A_TYPE_ATTN_V = 17,
+           A_TYPE_FFN_DOWN, A_TYPE_OUTPUT, A_TYPE_EMBD };
+    bl_arg_t args[] = {
+        {"-o,--output", NULL, BL_ARG_STR, &o->out},
+        {"--arch", NULL, BL_ARG_FN, NULL, .fn = parse_arch, .ud = &o->arch},
+        {"--layers", NULL, BL_ARG_I64, &o->n_layer, 1, 4096},
+        {"--n-embd", NULL, BL_ARG_I64, &o->n_embd, 1, 1 << 16},
+        {"--heads", NULL, BL_ARG_I64, &o->n_head, 1, 4096},
+        {"--kv-heads", NULL, BL_ARG_I64, &o->n_head_kv, 1, 4096},
+        {"--head-dim", NULL, BL_ARG_I64, &o->head_dim, 2, 4096},
+        [A_EXPERTS] = {"--experts", NULL, BL_ARG_I64, &o->n_expert, 1, 4096},
+        [A_EXPERTS_USED] = {"--experts-used", NULL, BL_ARG_I64, &o->n_expert_used, 1, 4096},
+        [A_EXPERT_FF] = {"--expert-ff", NULL, BL_ARG_I64, &o->n_ff_exp, 1, big},
+        [A_FF] = {"--ff", NULL, BL_ARG_I64, &o->n_ff, 1, big},
+        [A_VOCAB] = {"--vocab", NULL, BL_ARG_I64, &o->n_vocab, 1, 1 << 24},
+        {"--ctx", NULL, BL_ARG_I64, &o->n_ctx, 1, UINT32_MAX},
+        {"--rope-base", NULL, BL_ARG_F64, &o->rope_base, .fmin = 1e-3, .fmax = 1e12},
+        {"--eps", NULL, BL_ARG_F64, &o->eps, .fmin = 1e-12, .fmax = 1e-1},
+        {"--seed", NULL, BL_ARG_FN, NULL, .fn = parse_seed, .ud = &o->seed},
+        {"--type", NULL, BL_ARG_FN, NULL, .fn = parse_type, .ud = &o->type},
+        [A_TYPE_ATTN_V] = {"--type-attn-v", NULL, BL_ARG_FN, NULL, .fn = parse_type, .ud = &o->type_attn_v},
+        [A_TYPE_FFN_DOWN] = {"--type-ffn-down", NULL, BL_ARG_FN, NULL, .fn = parse_type, .ud = &o->type_ffn_down},
+        [A_TYPE_OUTPUT] = {"--type-output", NULL, BL_ARG_FN, NULL, .fn = parse_type, .ud = &o->type_output},
+        [A_TYPE_EMBD] = {"--type-embd", NULL, BL_ARG_FN, NULL, .fn = parse_type, .ud = &o->type_embd},
+        {"--tokenizer", NULL, BL_ARG_STR, &o->tok_dir},
+        {"--tied", NULL, BL_ARG_FLAG, &o->tied},
+        {"--threads", NULL, BL_ARG_I64, &o->n_threads, 1, MAX_THREADS},
+    };
+    int help = 0;
+    bl_err_t err = {0};
+    if (bl_args_parse(args, (int)(sizeof args / sizeof args[0]), argc, argv, NULL, &help, &err))
+        return flag_error("%s", err.msg);
+    if (help) {
+        usage(stdout);
+        return -1;
     }
-    if (optind < argc)
-        return flag_error("unexpected argument '%s'", argv[optind]);
+    for (int i = A_EXPERTS; i <= A_EXPERT_FF && !o->expert_flag; i++)
+        if (args[i].seen)
+            o->expert_flag = args[i].names;
+    o->ff_set = args[A_FF].seen;
+    o->vocab_set = args[A_VOCAB].seen;
+    o->attn_v_set = args[A_TYPE_ATTN_V].seen;
+    o->ffn_down_set = args[A_TYPE_FFN_DOWN].seen;
+    o->output_set = args[A_TYPE_OUTPUT].seen;
+    o->embd_set = args[A_TYPE_EMBD].seen;
     if (!o->out)
         return flag_error("-o FILE is required");
 

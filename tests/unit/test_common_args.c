@@ -170,6 +170,25 @@ static void test_args_number_parsers(void **state)
     assert_float_equal(f, 1e-3f, 0);
     assert_int_not_equal(bl_parse_f32("1e99", &f), 0);
     assert_int_not_equal(bl_parse_f32("", &f), 0);
+    double d;
+    assert_int_equal(bl_parse_f64("1e12", &d), 0);
+    assert_true(d == 1e12);
+    assert_int_not_equal(bl_parse_f64("1e999", &d), 0);
+    assert_int_not_equal(bl_parse_f64("2x", &d), 0);
+}
+
+static void test_args_double_values_and_range(void **state)
+{
+    (void)state;
+    double base = 0;
+    bl_arg_t args[] = {{"--rope-base", NULL, BL_ARG_F64, &base, .fmin = 1e-3, .fmax = 1e12}};
+    char *ok[] = {"prog", "--rope-base", "1e7", NULL};
+    bl_err_t err = {0};
+    assert_int_equal(bl_args_parse(args, 1, 3, ok, NULL, NULL, &err), 0);
+    assert_true(base == 1e7);
+    char *bad[] = {"prog", "--rope-base=1e13", NULL};
+    assert_int_equal(bl_args_parse(args, 1, 2, bad, NULL, NULL, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "--rope-base"));
 }
 
 int main(void)
@@ -184,6 +203,7 @@ int main(void)
         cmocka_unit_test(test_args_positionals),
         cmocka_unit_test(test_args_fn_is_called_per_use),
         cmocka_unit_test(test_args_number_parsers),
+        cmocka_unit_test(test_args_double_values_and_range),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
