@@ -26,6 +26,10 @@ const char *bl_strerror(int code)
     case BL_ERANGE: return "out of range";
     case BL_ENOTSUP: return "not supported";
     case BL_ENOENT: return "not found";
+    case BL_ETIMEDOUT: return "timed out";
+    case BL_ECLOSED: return "closed by the peer";
+    case BL_EAGAIN: return "would wait";
+    case BL_EPROTO: return "protocol error";
     }
     return "unknown error";
 }

@@ -19,6 +19,10 @@ enum {
     BL_ERANGE = -4,   /* a count, size or offset is out of range or overflows */
     BL_ENOTSUP = -5,  /* a valid input this build does not handle (type, version) */
     BL_ENOENT = -6,   /* a named thing (file, key, tensor) does not exist */
+    BL_ETIMEDOUT = -7, /* a peer did not answer within the timeout */
+    BL_ECLOSED = -8,  /* a peer closed its end (or a ring is drained and closed) */
+    BL_EAGAIN = -9,   /* no message or no room now, and the caller asked not to wait */
+    BL_EPROTO = -10,  /* a peer's bytes break the protocol (corrupt header, index) */
 };
 
 typedef struct bl_err {

@@ -1,0 +1,273 @@
+/* Framing and validation of the control messages: see msg.h. The only file outside
+ * the generated code that calls protobuf-c. */
+#include "msg.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Indexed by bp_msg_type_t. */
+static const struct {
+    const char *name;
+    const ProtobufCMessageDescriptor *desc;
+} g_types[] = {
+    [BP_MSG_HELLO] = {"hello", &bloomery__hello__descriptor},
+    [BP_MSG_PLAN] = {"plan", &bloomery__plan__descriptor},
+    [BP_MSG_LOAD_PROGRESS] = {"load_progress", &bloomery__load_progress__descriptor},
+    [BP_MSG_READY] = {"ready", &bloomery__ready__descriptor},
+    [BP_MSG_STATS] = {"stats", &bloomery__stats__descriptor},
+    [BP_MSG_ERROR] = {"error", &bloomery__error__descriptor},
+    [BP_MSG_SHUTDOWN] = {"shutdown", &bloomery__shutdown__descriptor},
+    [BP_MSG_MOVE_EXPERTS] = {"move_experts", &bloomery__move_experts__descriptor},
+};
+
+/* Limits that no sane plan reaches; they bound the loops below and what a peer can
+ * make the receiver iterate over. */
+#define MAX_LAYERS 4096u
+#define MAX_EXPERTS 65536u
+#define MAX_CTX (1u << 24)
+#define MAX_SLOTS 4096u
+
+static int known_type(int type)
+{
+    return type >= 1 && type <= BP_MSG_TYPE_MAX;
+}
+
+const char *bp_msg_type_name(int type)
+{
+    return known_type(type) ? g_types[type].name : "unknown";
+}
+
+static int empty(const char *s)
+{
+    return s == NULL || s[0] == '\0';
+}
+
+static int bad(bl_err_t *err, const char *field, const char *why)
+{
+    return bl_err_set(err, BL_EINVAL, "control message: field %s %s", field, why);
+}
+
+static int bad_at(bl_err_t *err, const char *field, size_t i, const char *sub, const char *why)
+{
+    return bl_err_set(err, BL_EINVAL, "control message: field %s[%zu].%s %s", field, i, sub,
+                      why);
+}
+
+/* ------------------------------------------------------------ per-type checks */
+
+static int validate_hello(const Bloomery__Hello *h, bl_err_t *err)
+{
+    if (h->kind < BLOOMERY__PROCESS_KIND__PROCESS_KIND_ROUTER ||
+        h->kind > BLOOMERY__PROCESS_KIND__PROCESS_KIND_HOSTTIER)
+        return bad(err, "Hello.kind", "is missing or not a process kind");
+    if (h->pid == 0)
+        return bad(err, "Hello.pid", "is missing");
+    if (empty(h->version))
+        return bad(err, "Hello.version", "is missing");
+    if (h->protocol == 0)
+        return bad(err, "Hello.protocol", "is missing");
+    if (h->protocol != BP_PROTOCOL_VERSION)
+        return bl_err_set(err, BL_ENOTSUP,
+                          "control message: field Hello.protocol is %u, this build speaks %u",
+                          h->protocol, BP_PROTOCOL_VERSION);
+    if (h->n_devices > 0 && h->devices == NULL)
+        return bad(err, "Hello.devices", "has a count but no array");
+    for (size_t i = 0; i < h->n_devices; i++) {
+        const Bloomery__Device *d = h->devices[i];
+        if (d == NULL)
+            return bad_at(err, "Hello.devices", i, "", "is NULL");
+        if (d->kind != BLOOMERY__DEVICE_KIND__DEVICE_KIND_CPU &&
+            d->kind != BLOOMERY__DEVICE_KIND__DEVICE_KIND_CUDA)
+            return bad_at(err, "Hello.devices", i, "kind", "is missing or not a device kind");
+        if (empty(d->name))
+            return bad_at(err, "Hello.devices", i, "name", "is missing");
+        if (d->kind == BLOOMERY__DEVICE_KIND__DEVICE_KIND_CUDA &&
+            (d->cc_major == 0 || d->index < 0))
+            return bad_at(err, "Hello.devices", i, "cc_major/index", "is missing for CUDA");
+    }
+    if (h->kind == BLOOMERY__PROCESS_KIND__PROCESS_KIND_WORKER && h->n_devices == 0)
+        return bad(err, "Hello.devices", "is empty for a worker");
+    return 0;
+}
+
+static int validate_plan(const Bloomery__Plan *p, bl_err_t *err)
+{
+    if (empty(p->model_path))
+        return bad(err, "Plan.model_path", "is missing");
+    if (p->n_layers == 0 || p->n_layers > MAX_LAYERS)
+        return bad(err, "Plan.n_layers", "is missing or above 4096");
+    if (p->n_expert > MAX_EXPERTS)
+        return bad(err, "Plan.n_expert", "is above 65536");
+    if (p->n_stages == 0 || p->stages == NULL)
+        return bad(err, "Plan.stages", "is empty");
+    /* Stages tile [0, n_layers) in order: each begins where the previous ended. */
+    uint32_t next = 0;
+    for (size_t i = 0; i < p->n_stages; i++) {
+        const Bloomery__Stage *s = p->stages[i];
+        if (s == NULL)
+            return bad_at(err, "Plan.stages", i, "", "is NULL");
+        if (s->layer_begin != next)
+            return bad_at(err, "Plan.stages", i, "layer_begin",
+                          "does not continue the previous stage");
+        if (s->layer_end <= s->layer_begin || s->layer_end > p->n_layers)
+            return bad_at(err, "Plan.stages", i, "layer_end", "is not in (layer_begin, n_layers]");
+        next = s->layer_end;
+    }
+    if (next != p->n_layers)
+        return bad(err, "Plan.stages", "do not cover every layer");
+    if (p->n_placements > 0 && p->placements == NULL)
+        return bad(err, "Plan.placements", "has a count but no array");
+    for (size_t i = 0; i < p->n_placements; i++) {
+        const Bloomery__ExpertPlacement *e = p->placements[i];
+        if (e == NULL)
+            return bad_at(err, "Plan.placements", i, "", "is NULL");
+        if (e->layer >= p->n_layers)
+            return bad_at(err, "Plan.placements", i, "layer", "is not below n_layers");
+        if (e->expert >= p->n_expert)
+            return bad_at(err, "Plan.placements", i, "expert", "is not below n_expert");
+    }
+    if (p->kv_type < BLOOMERY__KV_TYPE__KV_TYPE_F16 || p->kv_type > BLOOMERY__KV_TYPE__KV_TYPE_Q4_0)
+        return bad(err, "Plan.kv_type", "is missing or not a KV cache type");
+    if (p->n_ctx == 0 || p->n_ctx > MAX_CTX)
+        return bad(err, "Plan.n_ctx", "is missing or above 2^24");
+    if (p->n_slots == 0 || p->n_slots > MAX_SLOTS)
+        return bad(err, "Plan.n_slots", "is missing or above 4096");
+    return 0;
+}
+
+static int validate_load_progress(const Bloomery__LoadProgress *l, bl_err_t *err)
+{
+    if (l->bytes_done > l->bytes_total)
+        return bad(err, "LoadProgress.bytes_done", "exceeds bytes_total");
+    if (empty(l->stage))
+        return bad(err, "LoadProgress.stage", "is missing");
+    return 0;
+}
+
+static int validate_stats(const Bloomery__Stats *s, bl_err_t *err)
+{
+    if (s->n_counters > 0 && s->counters == NULL)
+        return bad(err, "Stats.counters", "has a count but no array");
+    for (size_t i = 0; i < s->n_counters; i++) {
+        if (s->counters[i] == NULL)
+            return bad_at(err, "Stats.counters", i, "", "is NULL");
+        if (empty(s->counters[i]->name))
+            return bad_at(err, "Stats.counters", i, "name", "is missing");
+    }
+    return 0;
+}
+
+static int validate_error(const Bloomery__Error *e, bl_err_t *err)
+{
+    if (e->code >= 0)
+        return bad(err, "Error.code", "is missing or not negative");
+    if (empty(e->message))
+        return bad(err, "Error.message", "is missing");
+    return 0;
+}
+
+static int validate_move_experts(const Bloomery__MoveExperts *m, bl_err_t *err)
+{
+    if (m->n_moves == 0 || m->moves == NULL)
+        return bad(err, "MoveExperts.moves", "is empty");
+    for (size_t i = 0; i < m->n_moves; i++) {
+        const Bloomery__ExpertMove *e = m->moves[i];
+        if (e == NULL)
+            return bad_at(err, "MoveExperts.moves", i, "", "is NULL");
+        if (e->layer >= MAX_LAYERS)
+            return bad_at(err, "MoveExperts.moves", i, "layer", "is above 4096");
+        if (e->expert >= MAX_EXPERTS)
+            return bad_at(err, "MoveExperts.moves", i, "expert", "is above 65536");
+        if (e->from == e->to)
+            return bad_at(err, "MoveExperts.moves", i, "to", "equals from");
+    }
+    return 0;
+}
+
+int bp_msg_validate(const bp_msg_t *m, bl_err_t *err)
+{
+    if (!known_type((int)m->type))
+        return bl_err_set(err, BL_EINVAL, "control message: unknown type %d", (int)m->type);
+    if (m->u.base == NULL || m->u.base->descriptor != g_types[m->type].desc)
+        return bl_err_set(err, BL_EINVAL, "control message: %s does not hold a %s struct",
+                          g_types[m->type].name, g_types[m->type].name);
+    switch (m->type) {
+    case BP_MSG_HELLO: return validate_hello(m->u.hello, err);
+    case BP_MSG_PLAN: return validate_plan(m->u.plan, err);
+    case BP_MSG_LOAD_PROGRESS: return validate_load_progress(m->u.load_progress, err);
+    case BP_MSG_STATS: return validate_stats(m->u.stats, err);
+    case BP_MSG_ERROR: return validate_error(m->u.error, err);
+    case BP_MSG_MOVE_EXPERTS: return validate_move_experts(m->u.move_experts, err);
+    case BP_MSG_READY:
+    case BP_MSG_SHUTDOWN:
+        return 0;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ pack and unpack */
+
+size_t bp_msg_packed_size(const bp_msg_t *m)
+{
+    if (!known_type((int)m->type) || m->u.base == NULL)
+        return 0;
+    return 1 + protobuf_c_message_get_packed_size(m->u.base);
+}
+
+int bp_msg_pack(const bp_msg_t *m, uint8_t *buf, size_t cap, size_t *nbytes, bl_err_t *err)
+{
+    *nbytes = 0;
+    int rc = bp_msg_validate(m, err);
+    if (rc)
+        return rc;
+    size_t n = bp_msg_packed_size(m);
+    if (n > BP_MSG_MAX_BYTES)
+        return bl_err_set(err, BL_ERANGE, "control message: %s of %zu bytes exceeds %zu",
+                          g_types[m->type].name, n, BP_MSG_MAX_BYTES);
+    if (n > cap)
+        return bl_err_set(err, BL_ERANGE, "control message: %s of %zu bytes, buffer of %zu",
+                          g_types[m->type].name, n, cap);
+    buf[0] = (uint8_t)m->type;
+    size_t body = protobuf_c_message_pack(m->u.base, buf + 1);
+    if (body + 1 != n) /* our invariant: the size we asked for is the size written */
+        return bl_err_set(err, BL_EINVAL, "control message: %s packed to %zu bytes, not %zu",
+                          g_types[m->type].name, body + 1, n);
+    *nbytes = n;
+    return 0;
+}
+
+int bp_msg_unpack(bp_msg_t *out, const uint8_t *buf, size_t nbytes, bl_err_t *err)
+{
+    int rc;
+    memset(out, 0, sizeof *out);
+    if (nbytes == 0)
+        return bl_err_set(err, BL_ERANGE, "control message: empty");
+    if (nbytes > BP_MSG_MAX_BYTES)
+        return bl_err_set(err, BL_ERANGE, "control message: %zu bytes exceeds %zu", nbytes,
+                          BP_MSG_MAX_BYTES);
+    int type = buf[0];
+    if (!known_type(type))
+        return bl_err_set(err, BL_EINVAL, "control message: unknown type byte %d", type);
+    /* protobuf-c bounds every length and count by the input, so garbage fails here. */
+    ProtobufCMessage *pm = protobuf_c_message_unpack(g_types[type].desc, NULL, nbytes - 1, buf + 1);
+    if (pm == NULL)
+        return bl_err_set(err, BL_EINVAL, "control message: %s of %zu bytes does not decode",
+                          g_types[type].name, nbytes);
+    out->type = (bp_msg_type_t)type;
+    out->u.base = pm;
+    out->_owned = 1;
+    rc = bp_msg_validate(out, err);
+    if (rc)
+        goto fail;
+    return 0;
+fail:
+    bp_msg_free(out);
+    return rc;
+}
+
+void bp_msg_free(bp_msg_t *m)
+{
+    if (m->_owned && m->u.base)
+        protobuf_c_message_free_unpacked(m->u.base, NULL);
+    memset(m, 0, sizeof *m);
+}
