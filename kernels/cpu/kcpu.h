@@ -16,7 +16,10 @@
  *            llama.cpp's (mean |dlogit| ~0.06 on the tiny oracle model against
  *            ~0.0007 for two terms). f32 and f16 weights are always dotted in f32.
  * Results never depend on the thread count: every output element is computed by
- * one thread with the same code in the same order. */
+ * one thread with the same code in the same order. Nor on the batch: a batch of
+ * K-quant products unpacks each weight row once per tile of activation rows
+ * (kcpu_kunpacked_t) and its kernels repeat the packed kernels' float steps, so a
+ * row gets the same bits alone, in a prompt, or in kcpu_matmul_many. */
 #ifndef KCPU_H
 #define KCPU_H
 
@@ -76,6 +79,50 @@ float kcpu_vec_dot2_q8_0_q8_0_avx2(const void *w, const void *x0, const void *x1
 float kcpu_vec_dot2_q4_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n);
 float kcpu_vec_dot2_q5_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n);
 float kcpu_vec_dot2_q6_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n);
+
+/* A K-quant weight block unpacked once so that many activation rows can be dotted
+ * with it (a batched matmul decodes each weight block once per tile of rows, not
+ * once per row): q holds the 256 unsigned quants in element order, scv the scale
+ * of each 16-bit lane of a 32-element chunk's pair products, corr what the q8_K
+ * bsums meet (q4_K/q5_K: the min of each pair of 16-element groups' sub-block;
+ * q6_K: the 16 group scales, for the -32 offset). */
+typedef struct kcpu_kunpacked {
+    uint8_t q[256];
+    int16_t scv[8][16];
+    int16_t corr[16];
+    float d;
+    float dmin; /* q4_K/q5_K; 0 for q6_K */
+} kcpu_kunpacked_t;
+
+/* Unpacks the n / 256 blocks of one weight row into u (n / 256 entries); the AVX2
+ * variants write the same bytes. */
+void kcpu_unpack_q4_K(const void *w, kcpu_kunpacked_t *u, int64_t n);
+void kcpu_unpack_q5_K(const void *w, kcpu_kunpacked_t *u, int64_t n);
+void kcpu_unpack_q6_K(const void *w, kcpu_kunpacked_t *u, int64_t n);
+void kcpu_unpack_q4_K_avx2(const void *w, kcpu_kunpacked_t *u, int64_t n);
+void kcpu_unpack_q5_K_avx2(const void *w, kcpu_kunpacked_t *u, int64_t n);
+void kcpu_unpack_q6_K_avx2(const void *w, kcpu_kunpacked_t *u, int64_t n);
+
+/* kcpu_vec_dotu_*: the dot of an unpacked weight row with one activation row (x1
+ * NULL) or with its two q8 terms; the same bits as kcpu_vec_dot_* / kcpu_vec_dot2_*
+ * of the same variant on the packed row, so a row's result never depends on
+ * whether it was computed in a batch. */
+float kcpu_vec_dotu_q4_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *x0, const void *x1,
+                                   int64_t n);
+float kcpu_vec_dotu_q5_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *x0, const void *x1,
+                                   int64_t n);
+float kcpu_vec_dotu_q6_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *x0, const void *x1,
+                                   int64_t n);
+
+/* kcpu_vec_dotu2_*: two activation rows xa and xb (each terms q8 rows, term_bytes
+ * apart) against one unpacked weight row: out[0], out[1] with the same bits as two
+ * kcpu_vec_dotu_* calls, the weights loaded once for both. */
+void kcpu_vec_dotu2_q4_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *xa, const void *xb,
+                                   size_t term_bytes, int terms, int64_t n, float out[2]);
+void kcpu_vec_dotu2_q5_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *xa, const void *xb,
+                                   size_t term_bytes, int terms, int64_t n, float out[2]);
+void kcpu_vec_dotu2_q6_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *xa, const void *xb,
+                                   size_t term_bytes, int terms, int64_t n, float out[2]);
 
 /* y[i] += a * x[i] for n elements; the V side of attention. */
 void kcpu_axpy_f32_ref(float *y, float a, const float *x, int64_t n);
@@ -155,6 +202,28 @@ int kcpu_ctx_n_threads(const kcpu_ctx_t *c);
 
 /* y (n, w->nrows) = x (n, w->ncols) times w transposed: y[b][r] = dot(w row r, x row b). */
 void kcpu_matmul(kcpu_ctx_t *c, const kcpu_mat_t *w, const float *x, int64_t n, float *y);
+
+/* One product of a kcpu_matmul_many call: y (n, w->nrows) = the activation rows
+ * times w^T, where output row b reads x row rows[b] of x (nx, w->ncols), or x row b
+ * when rows is NULL (nx is then unused). Products with the same x and nx share one
+ * quantization of it, so experts can read their rows of a step's input in place. */
+typedef struct kcpu_mm_job {
+    const kcpu_mat_t *w;
+    const float *x;
+    int64_t nx;
+    const int32_t *rows;
+    int64_t n;
+    float *y;
+} kcpu_mm_job_t;
+
+#define KCPU_MM_MAX_JOBS 512
+
+/* Runs njobs (<= KCPU_MM_MAX_JOBS) independent products as kcpu_matmul would, each
+ * output with the same bits, but in one pass over the threads: for many small
+ * products (a decode step's experts) the wake-ups would cost more than the work.
+ * Each job's nx (or n) is within the context's max_batch; jobs whose quantized rows
+ * together exceed it run in several passes. Outputs must not overlap any input. */
+void kcpu_matmul_many(kcpu_ctx_t *c, const kcpu_mm_job_t *jobs, int njobs);
 
 /* y (n, d) = x / sqrt(mean(x^2) + eps) * g, row by row, in place allowed. Rows are
  * ld floats apart in both x and y. */

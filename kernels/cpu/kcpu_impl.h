@@ -26,6 +26,10 @@ typedef float (*kcpu_dot_f32_fn)(const float *w, const float *x, int64_t n);
 typedef float (*kcpu_dot_f16_fn)(const uint16_t *w, const float *x, int64_t n);
 typedef void (*kcpu_axpy_f32_fn)(float *y, float a, const float *x, int64_t n);
 typedef void (*kcpu_axpy_f16_fn)(float *y, float a, const uint16_t *x, int64_t n);
+typedef void (*kcpu_unpack_fn)(const void *w, kcpu_kunpacked_t *u, int64_t n);
+typedef float (*kcpu_dotu_fn)(const kcpu_kunpacked_t *u, const void *x0, const void *x1, int64_t n);
+typedef void (*kcpu_dotu2_fn)(const kcpu_kunpacked_t *u, const void *xa, const void *xb,
+                              size_t term_bytes, int terms, int64_t n, float out[2]);
 
 /* One kernel set; chosen once by kcpu_init. */
 typedef struct kcpu_kernels {
@@ -44,6 +48,17 @@ typedef struct kcpu_kernels {
     kcpu_dot2_fn dot2_q6_K_q8_K;
     kcpu_axpy_f32_fn axpy_f32;
     kcpu_axpy_f16_fn axpy_f16;
+    /* Unpacked-row dots for batched matmuls; NULL where a set has none (the batch
+     * then runs the packed dots row by row). */
+    kcpu_unpack_fn unpack_q4_K;
+    kcpu_unpack_fn unpack_q5_K;
+    kcpu_unpack_fn unpack_q6_K;
+    kcpu_dotu_fn dotu_q4_K_q8_K;
+    kcpu_dotu_fn dotu_q5_K_q8_K;
+    kcpu_dotu_fn dotu_q6_K_q8_K;
+    kcpu_dotu2_fn dotu2_q4_K_q8_K;
+    kcpu_dotu2_fn dotu2_q5_K_q8_K;
+    kcpu_dotu2_fn dotu2_q6_K_q8_K;
 } kcpu_kernels_t;
 
 /* The set in use; valid after kcpu_init. */

@@ -1,7 +1,8 @@
 /* Scalar reference dot products, one per (weight format, activation format) pair,
  * and the reference axpy of attention's V side. Every SIMD variant is tested
  * against these. Integer products are summed exactly per (sub-)block; the float
- * f32/f16 dots sum in double so that the reference is the more accurate side. */
+ * f32/f16 dots sum in double so that the reference is the more accurate side.
+ * Also the scalar unpackers of K-quant rows for batched products. */
 #include <stdint.h>
 
 #include "blocks.h"
@@ -169,4 +170,68 @@ void kcpu_axpy_f16_ref(float *y, float a, const uint16_t *x, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
         y[i] += a * bl_fp16_to_fp32(x[i]);
+}
+
+// --- unpacked K-quant rows (batched matmul) ----------------------------------------------
+
+/* q4_K and q5_K: element 64j + l (l < 32) is the low nibble of qs[32j + l], element
+ * 64j + 32 + l its high nibble; q5_K's fifth bit of chunk c is bit c of qh[l]. */
+static void unpack_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K *a5, kcpu_kunpacked_t *u,
+                         int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, u++) {
+        const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
+        const uint8_t *scales = a4 ? a4[i].scales : a5[i].scales;
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) {
+                u->q[64 * j + l] = qs[32 * j + l] & 0xf;
+                u->q[64 * j + 32 + l] = qs[32 * j + l] >> 4;
+            }
+        if (a5)
+            for (int c = 0; c < 8; c++)
+                for (int l = 0; l < 32; l++)
+                    u->q[32 * c + l] |= (uint8_t)(((a5[i].qh[l] >> c) & 1) << 4);
+        for (int c = 0; c < 8; c++) {
+            int sc, m;
+            kcpu__k_scale_min(scales, c, &sc, &m);
+            for (int k = 0; k < 16; k++)
+                u->scv[c][k] = (int16_t)sc;
+            u->corr[2 * c] = u->corr[2 * c + 1] = (int16_t)m;
+        }
+        u->d = bl_fp16_to_fp32(a4 ? a4[i].d : a5[i].d);
+        u->dmin = bl_fp16_to_fp32(a4 ? a4[i].dmin : a5[i].dmin);
+    }
+}
+
+void kcpu_unpack_q4_K(const void *w, kcpu_kunpacked_t *u, int64_t n)
+{
+    unpack_q45_K(w, NULL, u, n / BL_QK_K);
+}
+
+void kcpu_unpack_q5_K(const void *w, kcpu_kunpacked_t *u, int64_t n)
+{
+    unpack_q45_K(NULL, w, u, n / BL_QK_K);
+}
+
+/* q6_K in the layout of bl_dequantize_row_q6_K_ref, without the -32 (kept unsigned
+ * for maddubs; the offset is applied through the bsums). Chunk c's 16 lanes take the
+ * scales of groups 2c (lanes 0..7) and 2c + 1. */
+void kcpu_unpack_q6_K(const void *w, kcpu_kunpacked_t *u, int64_t n)
+{
+    const bl_block_q6_K *b = w;
+    for (int64_t i = 0; i < n / BL_QK_K; i++, b++, u++) {
+        for (int e = 0; e < BL_QK_K; e++) {
+            const int h = e / 128, k = (e / 32) % 4, l = e % 32;
+            const int lo = (b->ql[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 0xf;
+            const int hi = (b->qh[32 * h + l] >> (2 * k)) & 3;
+            u->q[e] = (uint8_t)(lo | hi << 4);
+        }
+        for (int c = 0; c < 8; c++)
+            for (int k = 0; k < 16; k++)
+                u->scv[c][k] = b->scales[2 * c + k / 8];
+        for (int g = 0; g < 16; g++)
+            u->corr[g] = b->scales[g];
+        u->d = bl_fp16_to_fp32(b->d);
+        u->dmin = 0.0f;
+    }
 }

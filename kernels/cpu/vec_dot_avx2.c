@@ -5,6 +5,7 @@
  * (|w| times y carrying w's sign) so that _mm256_maddubs_epi16 can multiply: this
  * needs activations in -127..127, which our q8_0/q8_K quantizers guarantee. */
 #include <stdint.h>
+#include <string.h>
 
 #include "blocks.h"
 #include "kcpu.h"
@@ -150,30 +151,46 @@ AVX2 float kcpu_vec_dot_q4_0_q8_0_avx2(const void *w, const void *x, int64_t n)
     return hsum_ps(acc);
 }
 
+/* The 8 sub-block scales and mins of a q4_K/q5_K block without per-element
+ * branches: read the 12 bytes as 3 words w0..w2 (the layout of kcpu__k_scale_min),
+ * sc[0..3] = w0 & 63, sc[4..7] = low nibbles of w2 with the top 2 bits of w0 above,
+ * m[0..3] = w1 & 63, m[4..7] = high nibbles of w2 with the top 2 bits of w1. Gives
+ * sc16 = the 8 scales as int16 in both 128-bit halves (for in-lane broadcasts) and
+ * mv = (m0, m0, m1, m1, ..., m7, m7), each min once per 16-element bsums group. */
+AVX2 static inline void k_scales(const uint8_t *q, __m256i *sc16, __m256i *mv)
+{
+    uint32_t w0, w1, w2;
+    memcpy(&w0, q, 4);
+    memcpy(&w1, q + 4, 4);
+    memcpy(&w2, q + 8, 4);
+    const uint32_t s_lo = w0 & 0x3f3f3f3fu;
+    const uint32_t s_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
+    const uint32_t m_lo = w1 & 0x3f3f3f3fu;
+    const uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
+    const __m128i sc8 = _mm_cvtsi64_si128((long long)((uint64_t)s_hi << 32 | s_lo));
+    const __m128i m8 = _mm_cvtsi64_si128((long long)((uint64_t)m_hi << 32 | m_lo));
+    *sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8));
+    *mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+}
+
 /* q4_K/q5_K share this: the unsigned 4/5-bit values times y with maddubs (at most
  * 31*127*2 per pair, no saturation), weighted by the sub-block scale with madd; nx
- * (1 or 2) activation rows share the unpacking of each weight block. */
+ * (1 or 2) activation rows share the unpacking of each weight block. The mins term
+ * (dmin * min * sum(y) per sub-block pair) is subtracted from the same vector
+ * accumulator, block by block, in the order dotu_q45_K repeats exactly. */
 AVX2 static inline float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K *a5,
                                    const bl_block_q8_K *const *bx, int nx, int64_t nb)
 {
     const __m256i lo4 = _mm256_set1_epi8(0xf);
     const __m256i one = _mm256_set1_epi8(1);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    float accm = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *scales = a4 ? a4[i].scales : a5[i].scales;
         const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
         const float dw = h2f(a4 ? a4[i].d : a5[i].d);
         const float dmin = h2f(a4 ? a4[i].dmin : a5[i].dmin);
-        int sc[8], m[8];
-        for (int j = 0; j < 8; j++)
-            kcpu__k_scale_min(scales, j, &sc[j], &m[j]);
-        for (int t = 0; t < nx; t++) {
-            int32_t summ = 0;
-            for (int j = 0; j < 8; j++)
-                summ += m[j] * (bx[t][i].bsums[2 * j] + bx[t][i].bsums[2 * j + 1]);
-            accm += dmin * bx[t][i].d * (float)summ;
-        }
+        __m256i sc16, mv;
+        k_scales(scales, &sc16, &mv);
         const __m256i hbits = a5 ? _mm256_loadu_si256((const __m256i *)a5[i].qh)
                                  : _mm256_setzero_si256();
         __m256i sumi[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
@@ -188,8 +205,8 @@ AVX2 static inline float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K 
                 ql = _mm256_or_si256(ql, _mm256_slli_epi16(b0, 4));
                 qh = _mm256_or_si256(qh, _mm256_slli_epi16(b1, 4));
             }
-            const __m256i s0 = _mm256_set1_epi16((int16_t)sc[2 * j]);
-            const __m256i s1 = _mm256_set1_epi16((int16_t)sc[2 * j + 1]);
+            const __m256i s0 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((int16_t)(0x0100 + 0x0202 * 2 * j)));
+            const __m256i s1 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((int16_t)(0x0100 + 0x0202 * (2 * j + 1))));
             for (int t = 0; t < nx; t++) {
                 const __m256i y0 = _mm256_loadu_si256((const __m256i *)(bx[t][i].qs + 64 * j));
                 const __m256i y1 = _mm256_loadu_si256((const __m256i *)(bx[t][i].qs + 64 * j + 32));
@@ -198,11 +215,15 @@ AVX2 static inline float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K 
                 sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p0, p1));
             }
         }
-        for (int t = 0; t < nx; t++)
+        for (int t = 0; t < nx; t++) {
+            const __m256i msum = _mm256_madd_epi16(mv, _mm256_loadu_si256((const __m256i *)bx[t][i].bsums));
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * bx[t][i].d), _mm256_cvtepi32_ps(sumi[t]),
                                      acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * bx[t][i].d), _mm256_cvtepi32_ps(msum),
+                                      acc[t]);
+        }
     }
-    return (nx == 1 ? hsum_ps(acc[0]) : hsum_ps(acc[0]) + hsum_ps(acc[1])) - accm;
+    return nx == 1 ? hsum_ps(acc[0]) : hsum_ps(acc[0]) + hsum_ps(acc[1]);
 }
 
 AVX2 float kcpu_vec_dot_q4_K_q8_K_avx2(const void *w, const void *x, int64_t n)
@@ -238,11 +259,20 @@ AVX2 static inline float dot_q6_K(const bl_block_q6_K *a, const bl_block_q8_K *c
 {
     const __m256i lo4 = _mm256_set1_epi8(0xf);
     const __m256i three = _mm256_set1_epi8(3);
+    /* scmask[k]: int16 lane 2k in the low half, lane 2k + 1 in the high half. */
+    __m256i scmask[4];
+    for (int k = 0; k < 4; k++)
+        scmask[k] = _mm256_set_m128i(_mm_set1_epi16((int16_t)(0x0100 + 0x0202 * (2 * k + 1))),
+                                     _mm_set1_epi16((int16_t)(0x0100 + 0x0202 * 2 * k)));
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t i = 0; i < nb; i++) {
         const float dw = h2f(a[i].d);
         /* 32 * sum(sc_g * bsum_g), subtracted in integers before the float scale. */
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a[i].scales));
+        /* Scales 0..7 and 8..15 in both halves, so an in-lane byte shuffle can spread
+         * group g over the low 8 lanes and g + 1 over the high 8. */
+        const __m256i sc_lo = _mm256_permute2x128_si256(sc16, sc16, 0x00);
+        const __m256i sc_hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
         __m256i sumi[2];
         for (int t = 0; t < nx; t++) {
             const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)bx[t][i].bsums));
@@ -263,9 +293,7 @@ AVX2 static inline float dot_q6_K(const bl_block_q6_K *a, const bl_block_q8_K *c
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), three), 4));
             for (int k = 0; k < 4; k++) {
                 /* Elements 128h + 32k .. +31: groups 8h + 2k (low 16) and +1 (high 16). */
-                const int g = 8 * h + 2 * k;
-                const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(a[i].scales[g + 1]),
-                                                     _mm_set1_epi16(a[i].scales[g]));
+                const __m256i scv = _mm256_shuffle_epi8(h ? sc_hi : sc_lo, scmask[k]);
                 for (int t = 0; t < nx; t++) {
                     const __m256i y = _mm256_loadu_si256((const __m256i *)(bx[t][i].qs + 128 * h + 32 * k));
                     sumi[t] = _mm256_add_epi32(sumi[t],
@@ -292,6 +320,240 @@ AVX2 float kcpu_vec_dot2_q6_K_q8_K_avx2(const void *w, const void *x0, const voi
     return dot_q6_K(w, bx, 2, n / BL_QK_K);
 }
 
+/* The unpacked twins of dot_q45_K and dot_q6_K: the integer sums are the same
+ * (exact, whatever their order) and the float steps are the same operations in the
+ * same order, so the result has the same bits as the packed kernel's. The unpacked
+ * row saves the nibble and scale decoding, which a batch pays once per tile. */
+AVX2 static inline float dotu_q45_K(const kcpu_kunpacked_t *u, const bl_block_q8_K *const *bx,
+                                    int nx, int64_t nb)
+{
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++, u++) {
+        __m256i sumi[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int c = 0; c < 8; c++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(u->q + 32 * c));
+            const __m256i s = _mm256_loadu_si256((const __m256i *)u->scv[c]);
+            for (int t = 0; t < nx; t++) {
+                const __m256i y = _mm256_loadu_si256((const __m256i *)(bx[t][i].qs + 32 * c));
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), s));
+            }
+        }
+        const __m256i mv = _mm256_loadu_si256((const __m256i *)u->corr);
+        for (int t = 0; t < nx; t++) {
+            const __m256i msum = _mm256_madd_epi16(mv, _mm256_loadu_si256((const __m256i *)bx[t][i].bsums));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(u->d * bx[t][i].d), _mm256_cvtepi32_ps(sumi[t]),
+                                     acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(u->dmin * bx[t][i].d), _mm256_cvtepi32_ps(msum),
+                                      acc[t]);
+        }
+    }
+    return nx == 1 ? hsum_ps(acc[0]) : hsum_ps(acc[0]) + hsum_ps(acc[1]);
+}
+
+AVX2 static inline float dotu_q6_K(const kcpu_kunpacked_t *u, const bl_block_q8_K *const *bx,
+                                   int nx, int64_t nb)
+{
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++, u++) {
+        const __m256i sc16 = _mm256_loadu_si256((const __m256i *)u->corr);
+        __m256i sumi[2];
+        for (int t = 0; t < nx; t++) {
+            const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)bx[t][i].bsums));
+            sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
+        }
+        for (int c = 0; c < 8; c++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(u->q + 32 * c));
+            const __m256i s = _mm256_loadu_si256((const __m256i *)u->scv[c]);
+            for (int t = 0; t < nx; t++) {
+                const __m256i y = _mm256_loadu_si256((const __m256i *)(bx[t][i].qs + 32 * c));
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), s));
+            }
+        }
+        for (int t = 0; t < nx; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(u->d * bx[t][i].d), _mm256_cvtepi32_ps(sumi[t]),
+                                     acc[t]);
+    }
+    return nx == 1 ? hsum_ps(acc[0]) : hsum_ps(acc[0]) + hsum_ps(acc[1]);
+}
+
+/* The unpackers of vec_dot.c with the nibble and bit shuffling in vectors: a batch
+ * of few rows (an expert's share of a prompt) pays the unpacking almost per row. */
+AVX2 static inline void unpack_q45_K_avx2(const bl_block_q4_K *a4, const bl_block_q5_K *a5,
+                                          kcpu_kunpacked_t *u, int64_t nb)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0xf);
+    const __m256i one = _mm256_set1_epi8(1);
+    for (int64_t i = 0; i < nb; i++, u++) {
+        const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
+        const uint8_t *scales = a4 ? a4[i].scales : a5[i].scales;
+        const __m256i hbits = a5 ? _mm256_loadu_si256((const __m256i *)a5[i].qh)
+                                 : _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            __m256i ql = _mm256_and_si256(q, lo4);
+            __m256i qh = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
+            if (a5) {
+                const __m256i b0 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * j)), one);
+                const __m256i b1 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * j + 1)), one);
+                ql = _mm256_or_si256(ql, _mm256_slli_epi16(b0, 4));
+                qh = _mm256_or_si256(qh, _mm256_slli_epi16(b1, 4));
+            }
+            _mm256_storeu_si256((__m256i *)(u->q + 64 * j), ql);
+            _mm256_storeu_si256((__m256i *)(u->q + 64 * j + 32), qh);
+        }
+        for (int c = 0; c < 8; c++) {
+            int sc, m;
+            kcpu__k_scale_min(scales, c, &sc, &m);
+            _mm256_storeu_si256((__m256i *)u->scv[c], _mm256_set1_epi16((int16_t)sc));
+            u->corr[2 * c] = u->corr[2 * c + 1] = (int16_t)m;
+        }
+        u->d = h2f(a4 ? a4[i].d : a5[i].d);
+        u->dmin = h2f(a4 ? a4[i].dmin : a5[i].dmin);
+    }
+}
+
+AVX2 void kcpu_unpack_q4_K_avx2(const void *w, kcpu_kunpacked_t *u, int64_t n)
+{
+    unpack_q45_K_avx2(w, NULL, u, n / BL_QK_K);
+}
+
+AVX2 void kcpu_unpack_q5_K_avx2(const void *w, kcpu_kunpacked_t *u, int64_t n)
+{
+    unpack_q45_K_avx2(NULL, w, u, n / BL_QK_K);
+}
+
+AVX2 void kcpu_unpack_q6_K_avx2(const void *w, kcpu_kunpacked_t *u, int64_t n)
+{
+    const bl_block_q6_K *a = w;
+    const __m256i lo4 = _mm256_set1_epi8(0xf);
+    const __m256i three = _mm256_set1_epi8(3);
+    for (int64_t i = 0; i < n / BL_QK_K; i++, u++) {
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(a[i].qh + 32 * h));
+            uint8_t *q = u->q + 128 * h;
+            _mm256_storeu_si256((__m256i *)q,
+                                _mm256_or_si256(_mm256_and_si256(l0, lo4),
+                                                _mm256_slli_epi16(_mm256_and_si256(hb, three), 4)));
+            _mm256_storeu_si256((__m256i *)(q + 32),
+                                _mm256_or_si256(_mm256_and_si256(l1, lo4),
+                                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), three), 4)));
+            _mm256_storeu_si256((__m256i *)(q + 64),
+                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4),
+                                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), three), 4)));
+            _mm256_storeu_si256((__m256i *)(q + 96),
+                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
+                                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), three), 4)));
+        }
+        for (int c = 0; c < 8; c++)
+            _mm256_storeu_si256((__m256i *)u->scv[c],
+                                _mm256_set_m128i(_mm_set1_epi16(a[i].scales[2 * c + 1]),
+                                                 _mm_set1_epi16(a[i].scales[2 * c])));
+        _mm256_storeu_si256((__m256i *)u->corr,
+                            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a[i].scales)));
+        u->d = h2f(a[i].d);
+        u->dmin = 0.0f;
+    }
+}
+
+/* dotu_q45_K / dotu_q6_K for two activation rows at once (xa and xb, nx terms
+ * each): the unpacked weights are loaded once for both. Each row's sums are the
+ * same operations in the same order as the one-row kernel's, so the same bits. */
+AVX2 static inline void dotu2_K(const kcpu_kunpacked_t *u, const bl_block_q8_K *const *bx, int nx,
+                                int64_t nb, int q6, float *out)
+{
+    /* Streams s = 2 * row + term: bx[s] is row s / 2's term s % 2 (rows of nx == 1
+     * use streams 0 and 2). */
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++, u++) {
+        const __m256i cv = _mm256_loadu_si256((const __m256i *)u->corr);
+        __m256i sumi[4];
+        for (int r = 0; r < 2; r++)
+            for (int t = 0; t < nx; t++) {
+                const int st = 2 * r + t;
+                if (q6) {
+                    const __m256i off = _mm256_madd_epi16(cv, _mm256_loadu_si256((const __m256i *)bx[st][i].bsums));
+                    sumi[st] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
+                } else {
+                    sumi[st] = _mm256_setzero_si256();
+                }
+            }
+        for (int c = 0; c < 8; c++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(u->q + 32 * c));
+            const __m256i s = _mm256_loadu_si256((const __m256i *)u->scv[c]);
+            for (int r = 0; r < 2; r++)
+                for (int t = 0; t < nx; t++) {
+                    const int st = 2 * r + t;
+                    const __m256i y = _mm256_loadu_si256((const __m256i *)(bx[st][i].qs + 32 * c));
+                    sumi[st] = _mm256_add_epi32(sumi[st], _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), s));
+                }
+        }
+        for (int r = 0; r < 2; r++)
+            for (int t = 0; t < nx; t++) {
+                const int st = 2 * r + t;
+                acc[st] = _mm256_fmadd_ps(_mm256_set1_ps(u->d * bx[st][i].d), _mm256_cvtepi32_ps(sumi[st]),
+                                          acc[st]);
+                if (!q6) {
+                    const __m256i msum = _mm256_madd_epi16(cv, _mm256_loadu_si256((const __m256i *)bx[st][i].bsums));
+                    acc[st] = _mm256_fnmadd_ps(_mm256_set1_ps(u->dmin * bx[st][i].d),
+                                               _mm256_cvtepi32_ps(msum), acc[st]);
+                }
+            }
+    }
+    for (int r = 0; r < 2; r++)
+        out[r] = nx == 1 ? hsum_ps(acc[2 * r]) : hsum_ps(acc[2 * r]) + hsum_ps(acc[2 * r + 1]);
+}
+
+AVX2 void kcpu_vec_dotu2_q4_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *xa, const void *xb,
+                                        size_t term_bytes, int terms, int64_t n, float out[2])
+{
+    const bl_block_q8_K *bx[4] = {xa, (const bl_block_q8_K *)((const uint8_t *)xa + term_bytes), xb,
+                                  (const bl_block_q8_K *)((const uint8_t *)xb + term_bytes)};
+    if (terms == 2)
+        dotu2_K(u, bx, 2, n / BL_QK_K, 0, out);
+    else
+        dotu2_K(u, bx, 1, n / BL_QK_K, 0, out);
+}
+
+AVX2 void kcpu_vec_dotu2_q5_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *xa, const void *xb,
+                                        size_t term_bytes, int terms, int64_t n, float out[2])
+{
+    kcpu_vec_dotu2_q4_K_q8_K_avx2(u, xa, xb, term_bytes, terms, n, out);
+}
+
+AVX2 void kcpu_vec_dotu2_q6_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *xa, const void *xb,
+                                        size_t term_bytes, int terms, int64_t n, float out[2])
+{
+    const bl_block_q8_K *bx[4] = {xa, (const bl_block_q8_K *)((const uint8_t *)xa + term_bytes), xb,
+                                  (const bl_block_q8_K *)((const uint8_t *)xb + term_bytes)};
+    if (terms == 2)
+        dotu2_K(u, bx, 2, n / BL_QK_K, 1, out);
+    else
+        dotu2_K(u, bx, 1, n / BL_QK_K, 1, out);
+}
+
+AVX2 float kcpu_vec_dotu_q4_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *x0, const void *x1,
+                                        int64_t n)
+{
+    const bl_block_q8_K *bx[2] = {x0, x1};
+    return x1 ? dotu_q45_K(u, bx, 2, n / BL_QK_K) : dotu_q45_K(u, bx, 1, n / BL_QK_K);
+}
+
+AVX2 float kcpu_vec_dotu_q5_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *x0, const void *x1,
+                                        int64_t n)
+{
+    return kcpu_vec_dotu_q4_K_q8_K_avx2(u, x0, x1, n);
+}
+
+AVX2 float kcpu_vec_dotu_q6_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *x0, const void *x1,
+                                        int64_t n)
+{
+    const bl_block_q8_K *bx[2] = {x0, x1};
+    return x1 ? dotu_q6_K(u, bx, 2, n / BL_QK_K) : dotu_q6_K(u, bx, 1, n / BL_QK_K);
+}
+
 #else /* not x86-64: the names exist so the table compiles; kcpu_init never picks them */
 
 float kcpu_vec_dot_f32_f32_avx2(const float *w, const float *x, int64_t n) { return kcpu_vec_dot_f32_f32_ref(w, x, n); }
@@ -305,6 +567,16 @@ float kcpu_vec_dot2_q8_0_q8_0_avx2(const void *w, const void *x0, const void *x1
 float kcpu_vec_dot2_q4_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n) { return kcpu_vec_dot2_q4_K_q8_K_ref(w, x0, x1, n); }
 float kcpu_vec_dot2_q5_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n) { return kcpu_vec_dot2_q5_K_q8_K_ref(w, x0, x1, n); }
 float kcpu_vec_dot2_q6_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n) { return kcpu_vec_dot2_q6_K_q8_K_ref(w, x0, x1, n); }
+void kcpu_unpack_q4_K_avx2(const void *w, kcpu_kunpacked_t *u, int64_t n) { kcpu_unpack_q4_K(w, u, n); }
+void kcpu_unpack_q5_K_avx2(const void *w, kcpu_kunpacked_t *u, int64_t n) { kcpu_unpack_q5_K(w, u, n); }
+void kcpu_unpack_q6_K_avx2(const void *w, kcpu_kunpacked_t *u, int64_t n) { kcpu_unpack_q6_K(w, u, n); }
+void kcpu_vec_dotu2_q4_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *xa, const void *xb, size_t term_bytes, int terms, int64_t n, float out[2]) { (void)u; (void)xa; (void)xb; (void)term_bytes; (void)terms; (void)n; (void)out; abort(); }
+void kcpu_vec_dotu2_q5_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *xa, const void *xb, size_t term_bytes, int terms, int64_t n, float out[2]) { (void)u; (void)xa; (void)xb; (void)term_bytes; (void)terms; (void)n; (void)out; abort(); }
+void kcpu_vec_dotu2_q6_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *xa, const void *xb, size_t term_bytes, int terms, int64_t n, float out[2]) { (void)u; (void)xa; (void)xb; (void)term_bytes; (void)terms; (void)n; (void)out; abort(); }
+/* No unpacked reference kernel exists; kcpu_init never selects these off x86-64. */
+float kcpu_vec_dotu_q4_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *x0, const void *x1, int64_t n) { (void)u; (void)x0; (void)x1; (void)n; abort(); }
+float kcpu_vec_dotu_q5_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *x0, const void *x1, int64_t n) { (void)u; (void)x0; (void)x1; (void)n; abort(); }
+float kcpu_vec_dotu_q6_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *x0, const void *x1, int64_t n) { (void)u; (void)x0; (void)x1; (void)n; abort(); }
 void kcpu_axpy_f32_avx2(float *y, float a, const float *x, int64_t n) { kcpu_axpy_f32_ref(y, a, x, n); }
 void kcpu_axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) { kcpu_axpy_f16_ref(y, a, x, n); }
 

@@ -173,6 +173,65 @@ static void test_matmul_threads_and_batch_bitwise(void **state)
     free_weights(&w);
 }
 
+/* kcpu_matmul_many gives each product the bits kcpu_matmul gives it: products that
+ * read rows of a shared input by index (as experts read a step's rows), products of
+ * several weight types in one pass, and batches of every parity (the batched
+ * kernels take activation rows in pairs) in every mode; also when the products'
+ * rows overflow the context's batch scratch and run in several passes. */
+static void test_matmul_many_matches_matmul(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(7);
+    enum { NT = 5, B = 7 };
+    const int64_t K = 512;
+    const uint32_t types[] = {BL_TYPE_Q4_K, BL_TYPE_Q5_K, BL_TYPE_Q6_K, BL_TYPE_Q8_0, BL_TYPE_F16};
+    const int64_t nrows[] = {33, 17, 40, 9, 5};
+    wmat_t w[NT];
+    for (int i = 0; i < NT; i++)
+        make_weights(&r, &w[i], types[i], K, nrows[i]);
+    float *x = malloc(sizeof(float) * (size_t)(B * K)), *xg = malloc(sizeof(float) * (size_t)(B * K));
+    rand_vec(&r, x, B * K, 1.0f);
+    const int32_t rows[NT][B] = {{6, 0, 3, 4, 1, 2, 5}, {2, 2, 5}, {1, 3, 5, 6}, {0}, {4, 6}};
+    const int64_t cnt[NT] = {7, 3, 4, 1, 2};
+    const int modes[] = {KCPU_PRECISE, KCPU_FAST16, KCPU_FAST8};
+    for (size_t mi = 0; mi < 3; mi++)
+        /* A batch scratch of B rows holds one quantized input, not the q8_0 and q8_K
+         * copies together: the group runs in two passes there. */
+        for (int64_t cap = B; cap <= 4 * B; cap += 3 * B) {
+            kcpu_ctx_t *c = make_ctx(2, modes[mi], K, cap, 8, 8);
+            kcpu_mm_job_t jobs[NT];
+            float *y[NT], *e = malloc(sizeof(float) * (size_t)(B * 64));
+            for (int i = 0; i < NT; i++) {
+                y[i] = malloc(sizeof(float) * (size_t)(cnt[i] * nrows[i]));
+                jobs[i] = (kcpu_mm_job_t){.w = &w[i].m, .x = x, .nx = B, .rows = rows[i], .n = cnt[i], .y = y[i]};
+            }
+            kcpu_matmul_many(c, jobs, NT);
+            for (int i = 0; i < NT; i++) {
+                for (int64_t b = 0; b < cnt[i]; b++)
+                    memcpy(xg + b * K, x + rows[i][b] * K, sizeof(float) * (size_t)K);
+                kcpu_matmul(c, &w[i].m, xg, cnt[i], e);
+                assert_memory_equal(e, y[i], sizeof(float) * (size_t)(cnt[i] * nrows[i]));
+                for (int64_t b = 0; b < cnt[i]; b++) {
+                    kcpu_matmul(c, &w[i].m, xg + b * K, 1, e);
+                    assert_memory_equal(e, y[i] + b * nrows[i], sizeof(float) * (size_t)nrows[i]);
+                }
+            }
+            /* Without row indices: every row of x, in order. */
+            const kcpu_mm_job_t plain = {.w = &w[0].m, .x = x, .n = B, .y = y[0]};
+            kcpu_matmul_many(c, &plain, 1);
+            kcpu_matmul(c, &w[0].m, x, B, e);
+            assert_memory_equal(e, y[0], sizeof(float) * (size_t)(B * nrows[0]));
+            for (int i = 0; i < NT; i++)
+                free(y[i]);
+            free(e);
+            kcpu_ctx_destroy(c);
+        }
+    for (int i = 0; i < NT; i++)
+        free_weights(&w[i]);
+    free(x);
+    free(xg);
+}
+
 /* matmul follows kcpu_select, and the two kernel sets agree closely: their integer
  * sums are exact in both, only the order of the float scaling differs. */
 static void test_matmul_ref_and_avx2_agree(void **state)
@@ -409,6 +468,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_modes_match_double),
         cmocka_unit_test(test_matmul_threads_and_batch_bitwise),
+        cmocka_unit_test(test_matmul_many_matches_matmul),
         cmocka_unit_test(test_matmul_ref_and_avx2_agree),
         cmocka_unit_test(test_attention_each_cache_type),
         cmocka_unit_test(test_rms_norm_and_rope),

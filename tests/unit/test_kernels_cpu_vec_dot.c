@@ -182,6 +182,100 @@ static void test_vec_dot_quant_pairs(void **state)
         check_pair(&k_pairs[i], avx2);
 }
 
+/* Unpacked K-quant rows (the batched matmul's tiles): the AVX2 unpackers write the
+ * scalar ones' bytes; the unpacked dots, one and two activation rows, one and two
+ * terms, give exactly the bits of the packed AVX2 dots (a row's result must not
+ * depend on whether it was batched) and so stay within the references' tolerance. */
+static void test_vec_dot_unpacked_k_quants(void **state)
+{
+    (void)state;
+    if (!kcpu_have_avx2())
+        skip();
+    typedef void (*unpack_fn)(const void *, kcpu_kunpacked_t *, int64_t);
+    typedef float (*dotu_fn)(const kcpu_kunpacked_t *, const void *, const void *, int64_t);
+    typedef void (*dotu2_fn)(const kcpu_kunpacked_t *, const void *, const void *, size_t, int,
+                             int64_t, float *);
+    const struct {
+        uint32_t type;
+        unpack_fn ref, avx2;
+        dotu_fn dotu;
+        dotu2_fn dotu2;
+        dot_fn dot, dot_ref;
+        dot2_fn dot2;
+    } k[] = {
+        {BL_TYPE_Q4_K, kcpu_unpack_q4_K, kcpu_unpack_q4_K_avx2, kcpu_vec_dotu_q4_K_q8_K_avx2,
+         kcpu_vec_dotu2_q4_K_q8_K_avx2, kcpu_vec_dot_q4_K_q8_K_avx2, kcpu_vec_dot_q4_K_q8_K_ref,
+         kcpu_vec_dot2_q4_K_q8_K_avx2},
+        {BL_TYPE_Q5_K, kcpu_unpack_q5_K, kcpu_unpack_q5_K_avx2, kcpu_vec_dotu_q5_K_q8_K_avx2,
+         kcpu_vec_dotu2_q5_K_q8_K_avx2, kcpu_vec_dot_q5_K_q8_K_avx2, kcpu_vec_dot_q5_K_q8_K_ref,
+         kcpu_vec_dot2_q5_K_q8_K_avx2},
+        {BL_TYPE_Q6_K, kcpu_unpack_q6_K, kcpu_unpack_q6_K_avx2, kcpu_vec_dotu_q6_K_q8_K_avx2,
+         kcpu_vec_dotu2_q6_K_q8_K_avx2, kcpu_vec_dot_q6_K_q8_K_avx2, kcpu_vec_dot_q6_K_q8_K_ref,
+         kcpu_vec_dot2_q6_K_q8_K_avx2},
+    };
+    int bad = 0;
+    for (size_t ti = 0; ti < sizeof k / sizeof k[0]; ti++) {
+        rng_t r = rng_for(500 + ti);
+        const bl_type_info_t *wi = bl_type_info(k[ti].type);
+        for (size_t si = 0; si < sizeof k_nblocks / sizeof k_nblocks[0]; si++) {
+            const int64_t nb = k_nblocks[si], n = nb * BL_QK_K;
+            const size_t arb = (size_t)nb * sizeof(bl_block_q8_K);
+            for (int rep = 0; rep < 8; rep++) {
+                void *w = malloc((size_t)nb * wi->block_bytes);
+                kcpu_kunpacked_t *ur = malloc(sizeof *ur * (size_t)nb), *ua = malloc(sizeof *ua * (size_t)nb);
+                uint8_t *xq = malloc(4 * arb); /* rows a and b, two terms each */
+                float *x = malloc(sizeof(float) * (size_t)n), *xf = malloc(sizeof(float) * (size_t)n);
+                rand_weights(&r, k[ti].type, w, nb);
+                for (int row = 0; row < 2; row++) {
+                    rand_act(&r, x, n);
+                    bl_quantize_row_q8_K_ref(x, xq + (2 * row) * arb, n);
+                    bl_dequantize_row_q8_K_ref(xq + (2 * row) * arb, xf, n);
+                    for (int64_t i = 0; i < n; i++)
+                        x[i] -= xf[i];
+                    bl_quantize_row_q8_K_ref(x, xq + (2 * row + 1) * arb, n);
+                }
+                k[ti].ref(w, ur, n);
+                k[ti].avx2(w, ua, n);
+                if (memcmp(ur, ua, sizeof *ur * (size_t)nb) != 0 && bad++ < 5)
+                    print_error("type %u: %lld blocks rep %d: AVX2 unpack differs from scalar\n",
+                                k[ti].type, (long long)nb, rep);
+                for (int row = 0; row < 2; row++) {
+                    const uint8_t *x0 = xq + (2 * row) * arb, *x1 = x0 + arb;
+                    const float one = k[ti].dotu(ur, x0, NULL, n), two = k[ti].dotu(ur, x0, x1, n);
+                    const float p1 = k[ti].dot(w, x0, n), p2 = k[ti].dot2(w, x0, x1, n);
+                    if ((memcmp(&one, &p1, sizeof one) != 0 || memcmp(&two, &p2, sizeof two) != 0) &&
+                        bad++ < 5)
+                        print_error("type %u: %lld blocks rep %d row %d: dotu %.9g %.9g, packed %.9g %.9g\n",
+                                    k[ti].type, (long long)nb, rep, row, (double)one, (double)two,
+                                    (double)p1, (double)p2);
+                    const float ref = k[ti].dot_ref(w, x0, n);
+                    if (!close_enough(one, ref, fabs((double)ref) + 1.0, 1e-5, 1e-4) && bad++ < 5)
+                        print_error("type %u: %lld blocks rep %d: dotu %.9g ref %.9g\n", k[ti].type,
+                                    (long long)nb, rep, (double)one, (double)ref);
+                }
+                for (int terms = 1; terms <= 2; terms++) {
+                    float o[2];
+                    k[ti].dotu2(ur, xq, xq + 2 * arb, arb, terms, n, o);
+                    for (int row = 0; row < 2; row++) {
+                        const uint8_t *x0 = xq + (2 * row) * arb;
+                        const float e = k[ti].dotu(ur, x0, terms == 2 ? x0 + arb : NULL, n);
+                        if (memcmp(&o[row], &e, sizeof e) != 0 && bad++ < 5)
+                            print_error("type %u: %lld blocks rep %d: dotu2 row %d terms %d %.9g, dotu %.9g\n",
+                                        k[ti].type, (long long)nb, rep, row, terms, (double)o[row], (double)e);
+                    }
+                }
+                free(w);
+                free(ur);
+                free(ua);
+                free(xq);
+                free(x);
+                free(xf);
+            }
+        }
+    }
+    assert_int_equal(bad, 0);
+}
+
 /* The extreme activation -128 (llama.cpp-style q8_K can produce it) is handled by
  * the K-quant kernels, which need no sign trick. */
 static void test_vec_dot_k_quants_take_minus_128(void **state)
@@ -315,6 +409,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vec_dot_quant_pairs),
         cmocka_unit_test(test_vec_dot_k_quants_take_minus_128),
+        cmocka_unit_test(test_vec_dot_unpacked_k_quants),
         cmocka_unit_test(test_vec_dot_f32_f16),
         cmocka_unit_test(test_axpy),
         cmocka_unit_test(test_kernel_set_selection),

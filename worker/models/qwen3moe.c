@@ -63,6 +63,17 @@ typedef struct seg {
     int64_t row0, n, pos, n_out;
 } seg_t;
 
+/* Most experts one step's rows may use for the grouped path of moe_ffn: a job list
+ * of gate and up per expert must fit kcpu_matmul_many. */
+#define MOE_GROUP_MAX (KCPU_MM_MAX_JOBS / 2)
+
+/* The grouped expert pass's job list (kept out of the stack: it is large). */
+typedef struct moe_jobs {
+    kcpu_mat_t gate[MOE_GROUP_MAX], up[MOE_GROUP_MAX], down[MOE_GROUP_MAX];
+    kcpu_mm_job_t job[2 * MOE_GROUP_MAX];
+    int64_t at[MOE_GROUP_MAX], cnt[MOE_GROUP_MAX];
+} moe_jobs_t;
+
 /* Scratch for one forward pass of up to n_batch rows; allocated at load. */
 typedef struct run_state {
     float *x;     // (n_batch, n_embd) the residual stream
@@ -77,12 +88,13 @@ typedef struct run_state {
     float *rl;    // (n_batch, n_expert) router logits
     int32_t *ids; // (n_batch, n_expert_used) selected experts
     float *wts;   // (n_batch, n_expert_used) their weights
-    int32_t *rows; // (n_batch) rows routed to the expert at hand
-    float *rw;    // (n_batch) and their weights
-    float *xg;    // (n_batch, n_embd) those rows gathered
-    float *g;     // (n_batch, ffn width) gate, then SwiGLU output
-    float *u;     // (n_batch, ffn width) up
-    float *dg;    // (n_batch, n_embd) down
+    int32_t *rows; // (n_batch * n_expert_used) rows routed to each expert, expert by expert
+    float *rw;    // (n_batch * n_expert_used) and their weights
+    float *xg;    // (n_batch, n_embd) rows gathered (norm before the head, expert fallback)
+    float *g;     // (n_batch * n_expert_used, ffn width) gate, then SwiGLU output
+    float *u;     // (n_batch * n_expert_used, ffn width) up
+    float *dg;    // (n_batch * n_expert_used, n_embd) down
+    moe_jobs_t jobs;
     seg_t *segs;  // (n_batch) the sequences of a multi-sequence step
 } run_state_t;
 
@@ -362,12 +374,12 @@ static int alloc_state(wk_model_t *m, bl_err_t *err)
     s->rl = malloc(sizeof(float) * B * ne);
     s->ids = malloc(sizeof(int32_t) * B * nu);
     s->wts = malloc(sizeof(float) * B * nu);
-    s->rows = malloc(sizeof(int32_t) * B);
-    s->rw = malloc(sizeof(float) * B);
+    s->rows = malloc(sizeof(int32_t) * B * nu);
+    s->rw = malloc(sizeof(float) * B * nu);
     s->xg = malloc(sizeof(float) * B * E);
-    s->g = malloc(sizeof(float) * B * ff);
-    s->u = malloc(sizeof(float) * B * ff);
-    s->dg = malloc(sizeof(float) * B * E);
+    s->g = malloc(sizeof(float) * B * nu * ff);
+    s->u = malloc(sizeof(float) * B * nu * ff);
+    s->dg = malloc(sizeof(float) * B * nu * E);
     s->segs = malloc(sizeof(seg_t) * B);
     if (!s->segs || !s->x || !s->xn || !s->q || !s->k || !s->v || !s->att || !s->o || !s->rope || !s->pos ||
         !s->rl || !s->ids || !s->wts || !s->rows || !s->rw || !s->xg || !s->g || !s->u || !s->dg)
@@ -514,7 +526,12 @@ static void add_rows(float *x, const float *y, int64_t n)
 }
 
 /* Routed experts for n rows of s->xn into s->o. Rows are grouped by expert so each
- * expert's weights are read once per batch; each row's sum runs in expert-id order. */
+ * expert's weights are read once per batch; each row's sum runs in expert-id order.
+ * All experts' products go to the threads together, in two passes (gate and up of
+ * every expert, then every down) rather than two per product: the experts read
+ * their rows of s->xn in place, quantized once for all of them. A model with more
+ * experts than a job list holds runs expert by expert; both compute the same
+ * products on the same data, so they give the same bits. */
 static void moe_ffn(wk_model_t *m, const layer_t *L, int64_t n)
 {
     const wk_config_t *c = &m->cfg;
@@ -523,6 +540,47 @@ static void moe_ffn(wk_model_t *m, const layer_t *L, int64_t n)
     kcpu_matmul(m->kc, &L->gate_inp, s->xn, n, s->rl);
     kcpu_moe_route(s->rl, n, c->n_expert, K, 1, s->ids, s->wts);
     memset(s->o, 0, sizeof(float) * (size_t)(n * E));
+    if (c->n_expert <= MOE_GROUP_MAX) {
+        moe_jobs_t *sj = &s->jobs;
+        int64_t total = 0;
+        int ne = 0;
+        for (int64_t e = 0; e < c->n_expert; e++) {
+            int64_t k = 0;
+            for (int64_t b = 0; b < n; b++)
+                for (int64_t j = 0; j < K; j++)
+                    if (s->ids[b * K + j] == e) {
+                        s->rows[total + k] = (int32_t)b;
+                        s->rw[total + k] = s->wts[b * K + j];
+                        k++;
+                    }
+            if (k == 0)
+                continue;
+            sj->gate[ne] = kcpu_mat_rows(&L->gate_exps, e * F, F);
+            sj->up[ne] = kcpu_mat_rows(&L->up_exps, e * F, F);
+            sj->down[ne] = kcpu_mat_rows(&L->down_exps, e * E, E);
+            sj->job[2 * ne] = (kcpu_mm_job_t){.w = &sj->gate[ne], .x = s->xn, .nx = n,
+                                              .rows = s->rows + total, .n = k, .y = s->g + total * F};
+            sj->job[2 * ne + 1] = (kcpu_mm_job_t){.w = &sj->up[ne], .x = s->xn, .nx = n,
+                                                  .rows = s->rows + total, .n = k, .y = s->u + total * F};
+            sj->at[ne] = total;
+            sj->cnt[ne] = k;
+            total += k;
+            ne++;
+        }
+        kcpu_matmul_many(m->kc, sj->job, 2 * ne);
+        kcpu_swiglu(s->g, s->g, s->u, total * F);
+        for (int i = 0; i < ne; i++)
+            sj->job[i] = (kcpu_mm_job_t){.w = &sj->down[i], .x = s->g + sj->at[i] * F, .n = sj->cnt[i],
+                                         .y = s->dg + sj->at[i] * E};
+        kcpu_matmul_many(m->kc, sj->job, ne);
+        for (int64_t i = 0; i < total; i++) {
+            float *o = s->o + (int64_t)s->rows[i] * E;
+            const float *d = s->dg + i * E;
+            for (int64_t j = 0; j < E; j++)
+                o[j] += s->rw[i] * d[j];
+        }
+        return;
+    }
     for (int64_t e = 0; e < c->n_expert; e++) {
         int64_t cnt = 0;
         for (int64_t b = 0; b < n; b++)
@@ -590,9 +648,10 @@ static void forward(wk_model_t *m, const seg_t *seg, int64_t nseg, int64_t n, fl
 
         /* Attention: norm, projections, per-head q/k norm, RoPE, cache, attend. */
         kcpu_rms_norm(s->xn, s->x, L->attn_norm, n, E, E, c->eps);
-        kcpu_matmul(m->kc, &L->wq, s->xn, n, s->q);
-        kcpu_matmul(m->kc, &L->wk, s->xn, n, s->k);
-        kcpu_matmul(m->kc, &L->wv, s->xn, n, s->v);
+        const kcpu_mm_job_t qkv[3] = {{.w = &L->wq, .x = s->xn, .n = n, .y = s->q},
+                                      {.w = &L->wk, .x = s->xn, .n = n, .y = s->k},
+                                      {.w = &L->wv, .x = s->xn, .n = n, .y = s->v}};
+        kcpu_matmul_many(m->kc, qkv, 3);
         kcpu_rms_norm(s->q, s->q, L->q_norm, n * c->n_head, hd, hd, c->eps);
         kcpu_rms_norm(s->k, s->k, L->k_norm, n * c->n_head_kv, hd, hd, c->eps);
         kcpu_rope_neox(s->q, s->rope, n, c->n_head, hd);
