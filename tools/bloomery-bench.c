@@ -19,6 +19,7 @@
 
 #include "args.h"
 #include "gguf.h"
+#include "quant.h"
 #include "wk.h"
 
 #define MAX_LIST 16
@@ -157,7 +158,9 @@ static model_bytes_t count_bytes(const bl_gguf_t *g, const wk_config_t *cfg)
     return b;
 }
 
-static const char *ftype_name(const bl_gguf_t *g)
+/* The file type as llama-bench names it, from general.file_type; a file without one
+ * is named by the type holding most of its bytes ("Q4_K mostly"). */
+static void ftype_name(const bl_gguf_t *g, char *buf, size_t size)
 {
     static const struct { uint32_t id; const char *name; } names[] = {
         {0, "all F32"}, {1, "F16"}, {2, "Q4_0"}, {3, "Q4_1"}, {7, "Q8_0"}, {8, "Q5_0"},
@@ -167,12 +170,28 @@ static const char *ftype_name(const bl_gguf_t *g)
     };
     uint32_t ft;
     bl_err_t err;
-    if (!bl_gguf_find_kv(g, "general.file_type") || bl_gguf_get_u32(g, "general.file_type", &ft, &err))
-        return "?";
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (names[i].id == ft)
-            return names[i].name;
-    return "?";
+    if (bl_gguf_find_kv(g, "general.file_type") &&
+        bl_gguf_get_u32(g, "general.file_type", &ft, &err) == 0)
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+            if (names[i].id == ft) {
+                snprintf(buf, size, "%s", names[i].name);
+                return;
+            }
+    double bytes[BL_TYPE_COUNT] = {0};
+    for (uint64_t i = 0; i < bl_gguf_n_tensors(g); i++) {
+        const bl_gguf_tensor_t *t = bl_gguf_tensor_at(g, i);
+        if (t->type < BL_TYPE_COUNT)
+            bytes[t->type] += (double)t->nbytes;
+    }
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < BL_TYPE_COUNT; i++)
+        if (bytes[i] > bytes[best])
+            best = i;
+    const bl_type_info_t *ti = bl_type_info(best);
+    snprintf(buf, size, "%s mostly", ti ? ti->name : "?");
+    for (char *p = buf; *p && *p != ' '; p++)
+        if (*p >= 'a' && *p <= 'z')
+            *p = (char)(*p - 'a' + 'A');
 }
 
 // --- tests ---------------------------------------------------------------------------------
@@ -284,7 +303,7 @@ int main(int argc, char **argv)
     double tg_best = 0;
     int64_t tg_best_n = 0, tg_best_threads = 0;
     model_bytes_t mb = {0};
-    const char *ftype = "?";
+    char ftype[32] = "?";
     char arch[16] = "?";
     if (!tokens)
         goto oom;
@@ -310,7 +329,7 @@ int main(int argc, char **argv)
         }
         const wk_config_t *cfg = wk_model_config(m);
         mb = count_bytes(wk_model_gguf(m), cfg);
-        ftype = ftype_name(wk_model_gguf(m));
+        ftype_name(wk_model_gguf(m), ftype, sizeof ftype);
         snprintf(arch, sizeof arch, "%s", cfg->arch);
         free(logits);
         logits = malloc((size_t)cfg->n_vocab * sizeof *logits);

@@ -1,0 +1,72 @@
+"""bloomery-bench as a user runs it: llama-bench's table, the roofline line, jsonl
+output, and bad flags. Speed itself is never asserted."""
+import json
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.environ.get("BLOOMERY_BIN") or os.path.join(ROOT, "build", "bin")
+
+
+def tool(name):
+    path = os.path.join(BIN, name)
+    if not os.access(path, os.X_OK):
+        pytest.fail("%s is not built (set BLOOMERY_BIN to the folder of the programs)" % path)
+    return path
+
+
+def run(args):
+    return subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=600)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "m.gguf"
+    p = run([tool("bloomery-mkmodel"), "-o", str(path)])
+    assert p.returncode == 0, p.stderr
+    return str(path)
+
+
+def test_bench_prints_llama_bench_table_and_roofline(model):
+    p = run([tool("bloomery-bench"), "-m", model, "-p", "16,32", "-n", "4", "-r", "2", "-t", "1,2"])
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "| model | size | params | backend | threads | test | t/s |"
+    rows = [l for l in lines[2:] if l.startswith("| ")]
+    assert [(r.split("|")[5].strip(), r.split("|")[6].strip()) for r in rows] == [
+        ("1", "pp16"), ("1", "pp32"), ("1", "tg4"), ("2", "pp16"), ("2", "pp32"), ("2", "tg4")]
+    for r in rows:
+        mean, sd = r.split("|")[7].split("±")
+        assert float(mean) > 0 and float(sd) >= 0
+    assert any(l.startswith("decode roofline: a token reads") for l in lines)
+
+
+def test_bench_jsonl(model):
+    p = run([tool("bloomery-bench"), "-m", model, "-p", "8", "-n", "2", "-r", "1", "-o", "jsonl",
+             "--no-roofline"])
+    assert p.returncode == 0, p.stderr
+    recs = [json.loads(l) for l in p.stdout.splitlines()]
+    assert [r["test"] for r in recs] == ["pp8", "tg2"]
+    assert all(r["avg_ts"] > 0 and r["arch"] == "qwen3moe" for r in recs)
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([], "-m FILE"),
+    (["-m", "x.gguf", "-p", "abc"], "--n-prompt"),
+    (["-m", "x.gguf", "-r", "0"], "--repetitions"),
+    (["-m", "x.gguf", "-o", "csv"], "-o"),
+    (["-m", "x.gguf", "--gpu"], "--gpu"),
+])
+def test_bench_bad_flags_exit_2(args, needle):
+    p = run([tool("bloomery-bench")] + args)
+    assert p.returncode == 2 and needle in p.stderr, p.stderr
+
+
+def test_bench_bad_model_exits_1(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf at all")
+    p = run([tool("bloomery-bench"), "-m", str(bad), "-p", "8", "-n", "0"])
+    assert p.returncode == 1 and "bad.gguf" in p.stderr
