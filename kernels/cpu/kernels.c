@@ -11,6 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include "blocks.h"
 #include "kcpu.h"
 #include "kcpu_impl.h"
@@ -76,8 +80,12 @@ int kcpu_have_avx2(void)
 {
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    /* F16C from CPUID leaf 1 (ECX bit 29) directly: clang 14's
+     * __builtin_cpu_supports does not know the "f16c" name. */
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 29)))
+        return 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
     return 0;
 #endif

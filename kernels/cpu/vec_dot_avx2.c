@@ -259,6 +259,9 @@ AVX2 static inline float dot_q6_K(const bl_block_q6_K *a, const bl_block_q8_K *c
 {
     const __m256i lo4 = _mm256_set1_epi8(0xf);
     const __m256i three = _mm256_set1_epi8(3);
+    const __m256i m0c = _mm256_set1_epi8(0x0c);
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    const __m256i mc0 = _mm256_set1_epi8((char)0xc0);
     /* scmask[k]: int16 lane 2k in the low half, lane 2k + 1 in the high half. */
     __m256i scmask[4];
     for (int k = 0; k < 4; k++)
@@ -282,15 +285,18 @@ AVX2 static inline float dot_q6_K(const bl_block_q6_K *a, const bl_block_q8_K *c
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h));
             const __m256i l1 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h + 32));
             const __m256i hb = _mm256_loadu_si256((const __m256i *)(a[i].qh + 32 * h));
+            /* The two high bits of each 32-element chunk go to bits 4-5: masked in
+             * place first, so each takes at most one shift (bits masked off cannot
+             * cross into the neighbouring byte of a 16-bit shift). */
             __m256i q[4];
             q[0] = _mm256_or_si256(_mm256_and_si256(l0, lo4),
                                    _mm256_slli_epi16(_mm256_and_si256(hb, three), 4));
             q[1] = _mm256_or_si256(_mm256_and_si256(l1, lo4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), three), 4));
+                                   _mm256_slli_epi16(_mm256_and_si256(hb, m0c), 2));
             q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), three), 4));
+                                   _mm256_and_si256(hb, m30));
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), three), 4));
+                                   _mm256_srli_epi16(_mm256_and_si256(hb, mc0), 2));
             for (int k = 0; k < 4; k++) {
                 /* Elements 128h + 32k .. +31: groups 8h + 2k (low 16) and +1 (high 16). */
                 const __m256i scv = _mm256_shuffle_epi8(h ? sc_hi : sc_lo, scmask[k]);

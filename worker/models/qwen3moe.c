@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "blocks.h"
 #include "gguf.h"
@@ -105,6 +107,8 @@ struct wk_model {
     wk_model_opts_t opts;
     kcpu_ctx_t *kc;
     bl_gguf_t *g;
+    uint8_t *arena;   /* anonymous copy of the matrices (weights_arena), or NULL */
+    size_t arena_len, arena_used;
     char path[256]; /* for messages; truncated */
 };
 
@@ -284,7 +288,42 @@ static int find_mat(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, i
     int rc = find(m, name, ne0, ne1, ne2, 0, &t, err);
     if (rc < 0)
         return rc;
-    return kcpu_mat_init(out, t->data, t->type, ne0, ne1 * ne2, err);
+    const void *data = t->data;
+    if (m->arena && m->arena_used + t->nbytes <= m->arena_len) {
+        memcpy(m->arena + m->arena_used, t->data, t->nbytes);
+        data = m->arena + m->arena_used;
+        m->arena_used += (t->nbytes + 63) & ~(uint64_t)63;
+    }
+    return kcpu_mat_init(out, data, t->type, ne0, ne1 * ne2, err);
+}
+
+/* Decode streams every active weight once per token, and a file mapping is in 4 KiB
+ * pages: a TLB miss every 4 KiB and a hardware prefetcher that stops at each page.
+ * The matrices are therefore copied once into anonymous memory advised as huge
+ * pages (measured on the 2-core EPYC: tg64 on m8.gguf about +12%). Best effort: a
+ * model larger than half the physical memory, or a failed mapping, leaves the
+ * matrices in the file mapping, which the page cache can evict; a copy of such a
+ * model could not be. Sized for every tensor of the file, which bounds the
+ * matrices' total. */
+static void weights_arena(wk_model_t *m)
+{
+    const size_t huge = (size_t)2 << 20;
+    uint64_t total = 0;
+    for (uint64_t i = 0; i < bl_gguf_n_tensors(m->g); i++)
+        total += (bl_gguf_tensor_at(m->g, i)->nbytes + 63) & ~(uint64_t)63;
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (total == 0 || total > SIZE_MAX - huge || pages <= 0 || page <= 0 ||
+        total > (uint64_t)pages / 2 * (uint64_t)page)
+        return;
+    const size_t len = ((size_t)total + huge - 1) & ~(huge - 1);
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, len, MADV_HUGEPAGE);
+#endif
+    m->arena = p;
+    m->arena_len = len;
 }
 
 static int find_vec(wk_model_t *m, const char *name, int64_t ne0, const float **out, bl_err_t *err)
@@ -409,8 +448,10 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         rc = bl_err_set(err, BL_ERANGE, "n_batch %lld is outside 1..65536", (long long)m->opts.n_batch);
         goto fail;
     }
-    if ((rc = bl_gguf_open(&m->g, path, err)) < 0 || (rc = read_config(m, err)) < 0 ||
-        (rc = map_weights(m, err)) < 0)
+    if ((rc = bl_gguf_open(&m->g, path, err)) < 0 || (rc = read_config(m, err)) < 0)
+        goto fail;
+    weights_arena(m);
+    if ((rc = map_weights(m, err)) < 0)
         goto fail;
     if (m->opts.n_ctx_max <= 0)
         m->opts.n_ctx_max = m->cfg.n_ctx_train;
@@ -448,6 +489,8 @@ void wk_model_free(wk_model_t *m)
     kcpu_ctx_destroy(m->kc);
     free_state(&m->s);
     free(m->w.layers);
+    if (m->arena)
+        munmap(m->arena, m->arena_len);
     bl_gguf_close(m->g);
     free(m);
 }
