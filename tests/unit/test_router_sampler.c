@@ -72,7 +72,7 @@ static void test_sampler_zero_temperature_is_argmax(void **state)
     float logits[V];
     srand(7);
     for (int i = 0; i < V; i++)
-        logits[i] = (float)rand() / RAND_MAX * 10.0f - 5.0f;
+        logits[i] = (float)rand() / (float)RAND_MAX * 10.0f - 5.0f;
     logits[613] = 9.0f;
     rt_sampler_t *s = make(&p, V);
     for (int i = 0; i < 20; i++)
