@@ -21,13 +21,12 @@
 
 #include "blocks.h"
 #include "quant.h"
-#include "rng.h"
+#include "test_seed.h"
 
 #ifndef BL_SOURCE_ROOT
 #define BL_SOURCE_ROOT "."
 #endif
 
-static uint64_t g_seed;
 
 // --- helpers ---------------------------------------------------------------------------
 
@@ -43,21 +42,6 @@ static float bits_f32(uint32_t u)
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
-}
-
-/* splitmix64: a small, well-mixed generator; each test seeds its own stream from
- * the run seed and a constant, so tests do not depend on their order. */
-typedef struct rng {
-    uint64_t s;
-} rng_t;
-
-static uint64_t rng_next(rng_t *r) { return bl_splitmix64(&r->s); }
-
-static rng_t rng_for(uint64_t stream)
-{
-    rng_t r = {g_seed ^ (stream * 0xd1342543de82ef95ull)};
-    (void)rng_next(&r); /* discard: decorrelates nearby streams */
-    return r;
 }
 
 /* Uniform in (0, 1). */
@@ -709,13 +693,7 @@ static void test_quant_e8m0_scales(void **state)
 
 int main(void)
 {
-    const char *s = getenv("BLOOMERY_TEST_SEED");
-    if (s && *s)
-        g_seed = strtoull(s, NULL, 0);
-    else
-        g_seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
-    printf("# test_common_quant: seed %llu (BLOOMERY_TEST_SEED=%llu replays it)\n",
-           (unsigned long long)g_seed, (unsigned long long)g_seed);
+    test_seed_init("test_common_quant");
 
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quant_oracle_q4_0),

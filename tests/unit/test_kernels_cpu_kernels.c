@@ -18,31 +18,7 @@
 #include "blocks.h"
 #include "kcpu.h"
 #include "quant.h"
-
-static uint64_t g_seed;
-
-typedef struct rng {
-    uint64_t s;
-} rng_t;
-
-static uint64_t rng_next(rng_t *r)
-{
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static float rng_f(rng_t *r, float lo, float hi)
-{
-    return lo + (hi - lo) * (float)((double)(rng_next(r) >> 11) / 9007199254740992.0);
-}
-
-static rng_t rng_for(uint64_t salt)
-{
-    rng_t r = {g_seed ^ (salt * 0x2545f4914f6cdd1dull)};
-    return r;
-}
+#include "test_seed.h"
 
 static void rand_vec(rng_t *r, float *x, int64_t n, float amp)
 {
@@ -461,10 +437,8 @@ static void test_ctx_create_out_of_memory(void **state)
 
 int main(void)
 {
-    const char *s = getenv("BLOOMERY_TEST_SEED");
-    g_seed = s && *s ? strtoull(s, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    printf("# seed %llu (BLOOMERY_TEST_SEED=%llu replays it); kernels %s\n",
-           (unsigned long long)g_seed, (unsigned long long)g_seed, kcpu_init());
+    test_seed_init("test_kernels_cpu_kernels");
+    printf("# kernels %s\n", kcpu_init());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_modes_match_double),
         cmocka_unit_test(test_matmul_threads_and_batch_bitwise),

@@ -17,33 +17,8 @@
 #include "blocks.h"
 #include "kcpu.h"
 #include "quant.h"
+#include "test_seed.h"
 
-static uint64_t g_seed;
-
-typedef struct rng {
-    uint64_t s;
-} rng_t;
-
-static uint64_t rng_next(rng_t *r)
-{
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static float rng_f(rng_t *r, float lo, float hi)
-{
-    return lo + (hi - lo) * (float)((double)(rng_next(r) >> 11) / 9007199254740992.0);
-}
-
-static rng_t rng_for(uint64_t salt)
-{
-    rng_t r = {g_seed ^ (salt * 0x2545f4914f6cdd1dull)};
-    return r;
-}
-
-/* Activations with a few outliers, as real hidden states have. */
 static void rand_act(rng_t *r, float *x, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {
@@ -410,10 +385,7 @@ static void test_kernel_set_selection(void **state)
 
 int main(void)
 {
-    const char *s = getenv("BLOOMERY_TEST_SEED");
-    g_seed = s && *s ? strtoull(s, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    printf("# seed %llu (BLOOMERY_TEST_SEED=%llu replays it)\n", (unsigned long long)g_seed,
-           (unsigned long long)g_seed);
+    test_seed_init("test_kernels_cpu_vec_dot");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vec_dot_quant_pairs),
         cmocka_unit_test(test_vec_dot_k_quants_take_minus_128),
