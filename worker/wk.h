@@ -30,9 +30,23 @@ typedef struct wk_model_opts {
     int n_threads;     /* threads the ops split over, 1..256 */
     int64_t n_batch;   /* most rows one forward pass takes; longer prompts run in chunks */
     int64_t n_ctx_max; /* longest KV cache a wk_kv_t may hold; 0: the file's context_length */
+    int64_t layer_begin; /* a pipeline stage: this process runs layers [layer_begin, */
+    int64_t layer_end;   /* layer_end); 0 and 0: every layer. The first stage embeds
+                          * tokens, the last computes logits; wk_model_stage passes
+                          * the hidden state between them */
+    int experts;       /* WK_EXPERTS_*: where the routed experts are computed */
 } wk_model_opts_t;
 
-/* Defaults: fast path with act_terms 2, 1 thread, n_batch 512, n_ctx_max 0. */
+/* Where a qwen3moe model's routed experts run (a dense model ignores it). */
+#define WK_EXPERTS_LOCAL 0  /* here, in the step (default) */
+#define WK_EXPERTS_REMOTE 1 /* the gate and top-k run here; the selected experts run in
+                             * the callback of wk_model_set_experts (the hosttier); their
+                             * weights are not copied into this process's memory */
+#define WK_EXPERTS_ONLY 2   /* a hosttier: only the routed experts' weights are used,
+                             * and only wk_model_experts runs */
+
+/* Defaults: fast path with act_terms 2, 1 thread, n_batch 512, n_ctx_max 0, every
+ * layer, experts local. */
 void wk_model_opts_default(wk_model_opts_t *o);
 
 /* What the forward pass reads from the file's metadata. */
@@ -112,5 +126,39 @@ typedef struct wk_seq {
  * on an error no cache has changed. */
 int wk_model_eval_multi(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, float *logits,
                         bl_err_t *err) BL_WUR;
+
+/* --- pipeline stages and remote experts ------------------------------------------- */
+
+/* Computes the routed experts of n rows for one layer (see wk_model_experts) into
+ * out (n, n_embd): the sum over each row's k experts of weight times the expert's
+ * SwiGLU FFN of the row. Returns 0 or a negative BL_E* code with err set; a failure
+ * fails the step. */
+typedef int (*wk_experts_fn)(void *ctx, int64_t layer, const float *xn, int64_t n,
+                             const int32_t *ids, const float *wts, float *out, bl_err_t *err);
+
+/* Where a WK_EXPERTS_REMOTE model sends its routed experts; called on the step's
+ * thread, inside wk_model_stage. */
+void wk_model_set_experts(wk_model_t *m, wk_experts_fn fn, void *ctx);
+
+/* The hosttier's computation: layer's routed experts for n rows (1..n_batch) of
+ * normed hidden states xn (n, n_embd), each row with n_expert_used expert ids (n,
+ * k) and weights (n, k), into out (n, n_embd). The bits equal what the same rows
+ * get from the experts inside wk_model_eval. Needs WK_EXPERTS_LOCAL or _ONLY.
+ * BL_EINVAL (layer or an id out of range, named; a non-MoE model; n outside
+ * 1..n_batch; the wrong experts mode). */
+int wk_model_experts(wk_model_t *m, int64_t layer, const float *xn, int64_t n,
+                     const int32_t *ids, const float *wts, float *out, bl_err_t *err) BL_WUR;
+
+/* One step of this process's stage over the rows of n_seqs sequences, as
+ * wk_model_eval_multi: the first stage reads seqs[].tokens, a later one reads the
+ * hidden state x_in (rows, n_embd) the stage before wrote, where tokens may be NULL;
+ * the last stage writes the logits of each sequence's last n_out rows, an earlier one
+ * writes the hidden state of every row to x_out (rows, n_embd). KV caches made for
+ * this model hold only the stage's layers. Splitting the layers over stages gives
+ * the same bits as one stage. Errors as wk_model_eval_multi, plus BL_EINVAL for a
+ * missing x_in/x_out, and the experts callback's error (the caches may then hold
+ * part of the step; the caller drops the step). */
+int wk_model_stage(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, const float *x_in,
+                   float *x_out, float *logits, bl_err_t *err) BL_WUR;
 
 #endif

@@ -771,6 +771,162 @@ static void test_load_rejects_unknown_arch(void **state)
     unlink(path);
 }
 
+// --- pipeline stages and remote experts ---------------------------------------------------------
+
+static wk_model_t *load_opts(const char *name, int64_t lb, int64_t le, int experts)
+{
+    char path[1400];
+    snprintf(path, sizeof path, "%s/models/%s.gguf", g_shared, name);
+    wk_model_opts_t o;
+    wk_model_opts_default(&o);
+    o.n_threads = n_threads();
+    o.n_batch = 64;
+    o.n_ctx_max = 256;
+    o.layer_begin = lb;
+    o.layer_end = le;
+    o.experts = experts;
+    wk_model_t *m = NULL;
+    bl_err_t err = {0};
+    int rc = wk_model_load(&m, path, &o, &err);
+    if (rc != 0)
+        print_error("load %s: %s\n", path, err.msg);
+    assert_int_equal(rc, 0);
+    return m;
+}
+
+/* The remote-experts callback of the test: the "hosttier" is another model in the
+ * same process, loaded for its experts only. */
+static int experts_cb(void *ctx, int64_t layer, const float *xn, int64_t n, const int32_t *ids,
+                      const float *wts, float *out, bl_err_t *err)
+{
+    return wk_model_experts(ctx, layer, xn, n, ids, wts, out, err);
+}
+
+/* Runs a 2-sequence prompt step and three decode steps through stages[0..ns) (each
+ * a stage of consecutive layers) and returns every logit row produced, in order. */
+static float *run_stages(wk_model_t **st, int ns, int64_t *n_rows_out)
+{
+    const wk_config_t *c = wk_model_config(st[0]);
+    const int64_t V = c->n_vocab, E = c->n_embd;
+    wk_kv_t *kv[4][2] = {{0}};
+    bl_err_t err = {0};
+    for (int i = 0; i < ns; i++)
+        for (int j = 0; j < 2; j++)
+            assert_int_equal(wk_kv_create(&kv[i][j], st[i], 64, WK_KV_F16, &err), 0);
+    float *logits = malloc(sizeof(float) * (size_t)(2 * 4 * V));
+    float *xa = malloc(sizeof(float) * 64 * (size_t)E), *xb = malloc(sizeof(float) * 64 * (size_t)E);
+    int32_t p0[7] = {3, 17, 5, 99, 41, 8, 250}, p1[4] = {12, 12, 7, 301};
+    int32_t d0 = 44, d1 = 45;
+    int64_t rows = 0;
+    for (int step = 0; step < 4; step++) {
+        wk_seq_t q[2];
+        for (int i = 0; i < ns; i++) {
+            if (step == 0) {
+                q[0] = (wk_seq_t){.kv = kv[i][0], .tokens = p0, .n = 7, .pos = 0, .n_out = 1};
+                q[1] = (wk_seq_t){.kv = kv[i][1], .tokens = p1, .n = 4, .pos = 0, .n_out = 1};
+            } else {
+                q[0] = (wk_seq_t){.kv = kv[i][0], .tokens = &d0, .n = 1, .pos = 6 + step, .n_out = 1};
+                q[1] = (wk_seq_t){.kv = kv[i][1], .tokens = &d1, .n = 1, .pos = 3 + step, .n_out = 1};
+            }
+            if (i > 0)
+                q[0].tokens = q[1].tokens = NULL;
+            const float *in = i == 0 ? NULL : (i % 2 ? xa : xb);
+            float *out = i == ns - 1 ? NULL : (i % 2 ? xb : xa);
+            int rc = wk_model_stage(st[i], q, 2, in, out, logits + rows * V, &err);
+            if (rc)
+                print_error("stage %d: %s\n", i, err.msg);
+            assert_int_equal(rc, 0);
+        }
+        rows += 2;
+    }
+    for (int i = 0; i < ns; i++)
+        for (int j = 0; j < 2; j++)
+            wk_kv_free(kv[i][j]);
+    free(xa);
+    free(xb);
+    *n_rows_out = rows;
+    return logits;
+}
+
+static void test_qwen3moe_stages_bitwise_equal_whole(void **state)
+{
+    (void)state;
+    if (!shared_dir())
+        skip();
+    wk_model_t *whole = load_opts("qwen3moe-tiny-q4k", 0, 0, WK_EXPERTS_LOCAL);
+    const int64_t L = wk_model_config(whole)->n_layer, V = wk_model_config(whole)->n_vocab;
+    assert_true(L >= 3);
+    int64_t n_ref = 0, n = 0;
+    float *ref = run_stages(&whole, 1, &n_ref);
+    /* Three stages, the middle one with its experts in another "process". */
+    wk_model_t *ht = load_opts("qwen3moe-tiny-q4k", 0, 0, WK_EXPERTS_ONLY);
+    wk_model_t *st[3] = {load_opts("qwen3moe-tiny-q4k", 0, 1, WK_EXPERTS_LOCAL),
+                         load_opts("qwen3moe-tiny-q4k", 1, L - 1, WK_EXPERTS_REMOTE),
+                         load_opts("qwen3moe-tiny-q4k", L - 1, L, WK_EXPERTS_REMOTE)};
+    wk_model_set_experts(st[1], experts_cb, ht);
+    wk_model_set_experts(st[2], experts_cb, ht);
+    float *got = run_stages(st, 3, &n);
+    assert_int_equal(n, n_ref);
+    assert_memory_equal(got, ref, sizeof(float) * (size_t)(n * V));
+    free(got);
+    free(ref);
+    for (int i = 0; i < 3; i++)
+        wk_model_free(st[i]);
+    wk_model_free(ht);
+    wk_model_free(whole);
+}
+
+static void test_qwen3moe_stage_refusals(void **state)
+{
+    (void)state;
+    if (!shared_dir())
+        skip();
+    char path[1400];
+    snprintf(path, sizeof path, "%s/models/qwen3moe-tiny-q4k.gguf", g_shared);
+    wk_model_opts_t o;
+    wk_model_opts_default(&o);
+    wk_model_t *m = NULL;
+    bl_err_t err = {0};
+    o.layer_begin = 2;
+    o.layer_end = 1;
+    assert_int_equal(wk_model_load(&m, path, &o, &err), BL_ERANGE);
+    assert_non_null(strstr(err.msg, "stage layers"));
+    o.layer_begin = 0;
+    o.layer_end = 1000;
+    assert_int_equal(wk_model_load(&m, path, &o, &err), BL_ERANGE);
+    o.layer_end = 0;
+    o.experts = 7;
+    assert_int_equal(wk_model_load(&m, path, &o, &err), BL_EINVAL);
+
+    /* A stage is not a whole model; remote experts need a callback; an experts-only
+     * model runs no steps and checks the ids it is sent. */
+    wk_model_t *st = load_opts("qwen3moe-tiny-q4k", 0, 1, WK_EXPERTS_REMOTE);
+    wk_kv_t *kv = NULL;
+    assert_int_equal(wk_kv_create(&kv, st, 16, WK_KV_F16, &err), 0);
+    const int32_t tok = 5;
+    float x[4096];
+    assert_int_equal(wk_model_eval(st, kv, &tok, 1, 0, 0, NULL, &err), BL_EINVAL);
+    const wk_seq_t q = {.kv = kv, .tokens = &tok, .n = 1, .pos = 0, .n_out = 0};
+    assert_int_equal(wk_model_stage(st, &q, 1, NULL, x, NULL, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "callback"));
+    wk_kv_free(kv);
+    wk_model_free(st);
+
+    wk_model_t *ht = load_opts("qwen3moe-tiny-q4k", 0, 0, WK_EXPERTS_ONLY);
+    const wk_config_t *c = wk_model_config(ht);
+    assert_true(c->n_embd <= 4096 && c->n_expert_used <= 16);
+    float xn[4096] = {0}, out[4096], wts[16] = {0};
+    int32_t ids[16] = {0};
+    ids[0] = (int32_t)c->n_expert;
+    assert_int_equal(wk_model_experts(ht, 0, xn, 1, ids, wts, out, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "expert id"));
+    ids[0] = 0;
+    assert_int_equal(wk_model_experts(ht, c->n_layer, xn, 1, ids, wts, out, &err), BL_EINVAL);
+    assert_int_equal(wk_model_experts(ht, 0, xn, 0, ids, wts, out, &err), BL_ERANGE);
+    assert_int_equal(wk_model_experts(ht, 0, xn, 1, ids, wts, out, &err), 0);
+    wk_model_free(ht);
+}
+
 int main(void)
 {
     if (!shared_dir())
@@ -791,6 +947,8 @@ int main(void)
         cmocka_unit_test(test_qwen3moe_multi_sequence_step),
         cmocka_unit_test(test_qwen3moe_greedy_matches_llamacpp),
         cmocka_unit_test(test_qwen3_dense_fast_agrees_with_precise),
+        cmocka_unit_test(test_qwen3moe_stages_bitwise_equal_whole),
+        cmocka_unit_test(test_qwen3moe_stage_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

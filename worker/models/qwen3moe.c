@@ -110,11 +110,14 @@ struct wk_model {
     uint8_t *arena;   /* anonymous copy of the matrices (weights_arena), or NULL */
     size_t arena_len, arena_used;
     char path[256]; /* for messages; truncated */
+    int64_t lb, le;   /* the stage's layers [lb, le) */
+    wk_experts_fn efn; /* WK_EXPERTS_REMOTE: where routed experts go */
+    void *ectx;
 };
 
 struct wk_kv {
     const wk_model_t *model; /* the model it was made for; another's is refused */
-    int64_t n_layer, n_ctx, n_past;
+    int64_t n_layer, n_ctx, n_past; /* n_layer: the stage's layers */
     uint32_t type;
     size_t row_bytes; /* one position of one layer's K (or V) */
     uint8_t *buf;     // (n_layer, 2, n_ctx, row_bytes): K then V per layer
@@ -282,14 +285,17 @@ static int find(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, int64
 
 /* A matrix tensor name (ne0 = ncols, ne1 * ne2 rows). */
 static int find_mat(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, int64_t ne2,
-                    kcpu_mat_t *out, bl_err_t *err)
+                    int use, kcpu_mat_t *out, bl_err_t *err)
 {
     const bl_gguf_tensor_t *t = NULL;
     int rc = find(m, name, ne0, ne1, ne2, 0, &t, err);
     if (rc < 0)
         return rc;
     const void *data = t->data;
-    if (m->arena && m->arena_used + t->nbytes <= m->arena_len) {
+    /* A matrix another process computes (another stage's, or the routed experts of a
+     * worker whose hosttier runs them) is checked but stays in the file mapping,
+     * where it costs nothing until read. */
+    if (use && m->arena && m->arena_used + t->nbytes <= m->arena_len) {
         memcpy(m->arena + m->arena_used, t->data, t->nbytes);
         data = m->arena + m->arena_used;
         m->arena_used += (t->nbytes + 63) & ~(uint64_t)63;
@@ -348,12 +354,18 @@ static int map_weights(wk_model_t *m, bl_err_t *err)
     if (c->n_vocab < 1 || c->n_vocab > MAX_VOCAB)
         return bl_err_set(err, BL_ERANGE, "%s: token_embd.weight has %lld rows, outside 1..%d",
                           m->path, (long long)c->n_vocab, MAX_VOCAB);
+    /* What this process computes: its stage's layers (the first stage embeds, the
+     * last one has the head; a tied head reads token_embd), or only the experts. */
+    const int only = m->opts.experts == WK_EXPERTS_ONLY;
+    const int last = m->le == c->n_layer;
+    const int use_head = !only && last;
+    const int use_embd = !only && (m->lb == 0 || (last && !bl_gguf_find_tensor(m->g, "output.weight")));
     int rc;
-    if ((rc = find_mat(m, "token_embd.weight", E, c->n_vocab, 1, &w->tok_embd, err)) < 0 ||
+    if ((rc = find_mat(m, "token_embd.weight", E, c->n_vocab, 1, use_embd, &w->tok_embd, err)) < 0 ||
         (rc = find_vec(m, "output_norm.weight", E, &w->output_norm, err)) < 0)
         return rc;
     if (bl_gguf_find_tensor(m->g, "output.weight")) {
-        if ((rc = find_mat(m, "output.weight", E, c->n_vocab, 1, &w->output, err)) < 0)
+        if ((rc = find_mat(m, "output.weight", E, c->n_vocab, 1, use_head, &w->output, err)) < 0)
             return rc;
     } else {
         m->cfg.tied_output = 1;
@@ -365,26 +377,29 @@ static int map_weights(wk_model_t *m, bl_err_t *err)
     for (int64_t l = 0; l < c->n_layer; l++) {
         layer_t *L = &w->layers[l];
         char n[96];
+        const int in_stage = l >= m->lb && l < m->le;
+        const int use_attn = !only && in_stage;
+        const int use_exps = only || (in_stage && m->opts.experts == WK_EXPERTS_LOCAL);
 #define NAME(s) (snprintf(n, sizeof n, "blk.%lld.%s", (long long)l, s), n)
         if ((rc = find_vec(m, NAME("attn_norm.weight"), E, &L->attn_norm, err)) < 0 ||
-            (rc = find_mat(m, NAME("attn_q.weight"), E, nq, 1, &L->wq, err)) < 0 ||
-            (rc = find_mat(m, NAME("attn_k.weight"), E, nkv, 1, &L->wk, err)) < 0 ||
-            (rc = find_mat(m, NAME("attn_v.weight"), E, nkv, 1, &L->wv, err)) < 0 ||
-            (rc = find_mat(m, NAME("attn_output.weight"), nq, E, 1, &L->wo, err)) < 0 ||
+            (rc = find_mat(m, NAME("attn_q.weight"), E, nq, 1, use_attn, &L->wq, err)) < 0 ||
+            (rc = find_mat(m, NAME("attn_k.weight"), E, nkv, 1, use_attn, &L->wk, err)) < 0 ||
+            (rc = find_mat(m, NAME("attn_v.weight"), E, nkv, 1, use_attn, &L->wv, err)) < 0 ||
+            (rc = find_mat(m, NAME("attn_output.weight"), nq, E, 1, use_attn, &L->wo, err)) < 0 ||
             (rc = find_vec(m, NAME("attn_q_norm.weight"), c->head_dim, &L->q_norm, err)) < 0 ||
             (rc = find_vec(m, NAME("attn_k_norm.weight"), c->head_dim, &L->k_norm, err)) < 0 ||
             (rc = find_vec(m, NAME("ffn_norm.weight"), E, &L->ffn_norm, err)) < 0)
             return rc;
         if (c->moe) {
-            if ((rc = find_mat(m, NAME("ffn_gate_inp.weight"), E, c->n_expert, 1, &L->gate_inp, err)) < 0 ||
-                (rc = find_mat(m, NAME("ffn_gate_exps.weight"), E, c->n_ff_exp, c->n_expert, &L->gate_exps, err)) < 0 ||
-                (rc = find_mat(m, NAME("ffn_up_exps.weight"), E, c->n_ff_exp, c->n_expert, &L->up_exps, err)) < 0 ||
-                (rc = find_mat(m, NAME("ffn_down_exps.weight"), c->n_ff_exp, E, c->n_expert, &L->down_exps, err)) < 0)
+            if ((rc = find_mat(m, NAME("ffn_gate_inp.weight"), E, c->n_expert, 1, use_attn, &L->gate_inp, err)) < 0 ||
+                (rc = find_mat(m, NAME("ffn_gate_exps.weight"), E, c->n_ff_exp, c->n_expert, use_exps, &L->gate_exps, err)) < 0 ||
+                (rc = find_mat(m, NAME("ffn_up_exps.weight"), E, c->n_ff_exp, c->n_expert, use_exps, &L->up_exps, err)) < 0 ||
+                (rc = find_mat(m, NAME("ffn_down_exps.weight"), c->n_ff_exp, E, c->n_expert, use_exps, &L->down_exps, err)) < 0)
                 return rc;
         } else {
-            if ((rc = find_mat(m, NAME("ffn_gate.weight"), E, c->n_ff, 1, &L->ffn_gate, err)) < 0 ||
-                (rc = find_mat(m, NAME("ffn_up.weight"), E, c->n_ff, 1, &L->ffn_up, err)) < 0 ||
-                (rc = find_mat(m, NAME("ffn_down.weight"), c->n_ff, E, 1, &L->ffn_down, err)) < 0)
+            if ((rc = find_mat(m, NAME("ffn_gate.weight"), E, c->n_ff, 1, use_attn, &L->ffn_gate, err)) < 0 ||
+                (rc = find_mat(m, NAME("ffn_up.weight"), E, c->n_ff, 1, use_attn, &L->ffn_up, err)) < 0 ||
+                (rc = find_mat(m, NAME("ffn_down.weight"), c->n_ff, E, 1, use_attn, &L->ffn_down, err)) < 0)
                 return rc;
         }
 #undef NAME
@@ -450,6 +465,19 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
     }
     if ((rc = bl_gguf_open(&m->g, path, err)) < 0 || (rc = read_config(m, err)) < 0)
         goto fail;
+    m->lb = m->opts.layer_begin;
+    m->le = m->opts.layer_end;
+    if (m->lb == 0 && m->le == 0)
+        m->le = m->cfg.n_layer;
+    if (m->lb < 0 || m->lb >= m->le || m->le > m->cfg.n_layer) {
+        rc = bl_err_set(err, BL_ERANGE, "%s: stage layers %lld..%lld are not a range inside 0..%lld",
+                        m->path, (long long)m->lb, (long long)m->le, (long long)m->cfg.n_layer);
+        goto fail;
+    }
+    if (m->opts.experts < WK_EXPERTS_LOCAL || m->opts.experts > WK_EXPERTS_ONLY) {
+        rc = bl_err_set(err, BL_EINVAL, "experts mode %d is not local, remote or only", m->opts.experts);
+        goto fail;
+    }
     weights_arena(m);
     if ((rc = map_weights(m, err)) < 0)
         goto fail;
@@ -522,7 +550,7 @@ int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t typ
         return rc;
     }
     kv->model = m;
-    kv->n_layer = c->n_layer;
+    kv->n_layer = m->le - m->lb;
     kv->n_ctx = n_ctx;
     kv->type = type;
     /* (n_layer <= 4096) * 2 * (n_ctx <= 2^24) * row_bytes may pass 2^63 only for
@@ -551,8 +579,10 @@ void wk_kv_free(wk_kv_t *kv)
 
 int64_t wk_kv_n_past(const wk_kv_t *kv) { return kv->n_past; }
 
+/* The cache of model layer l (inside the stage the cache was made for). */
 static kcpu_kv_view_t kv_layer(const wk_kv_t *kv, int64_t l)
 {
+    l -= kv->model->lb;
     const size_t plane = (size_t)kv->n_ctx * kv->row_bytes;
     kcpu_kv_view_t v = {.k = kv->buf + (size_t)(2 * l) * plane,
                         .v = kv->buf + (size_t)(2 * l + 1) * plane,
@@ -568,21 +598,21 @@ static void add_rows(float *x, const float *y, int64_t n)
         x[i] += y[i];
 }
 
-/* Routed experts for n rows of s->xn into s->o. Rows are grouped by expert so each
- * expert's weights are read once per batch; each row's sum runs in expert-id order.
- * All experts' products go to the threads together, in two passes (gate and up of
- * every expert, then every down) rather than two per product: the experts read
- * their rows of s->xn in place, quantized once for all of them. A model with more
- * experts than a job list holds runs expert by expert; both compute the same
- * products on the same data, so they give the same bits. */
-static void moe_ffn(wk_model_t *m, const layer_t *L, int64_t n)
+/* Routed experts for n rows of xn (n, n_embd), each with K expert ids and weights,
+ * into out (n, n_embd). Rows are grouped by expert so each expert's weights are
+ * read once per batch; each row's sum runs in expert-id order. All experts'
+ * products go to the threads together, in two passes (gate and up of every expert,
+ * then every down) rather than two per product: the experts read their rows of xn
+ * in place, quantized once for all of them. A model with more experts than a job
+ * list holds runs expert by expert; both compute the same products on the same
+ * data, so they give the same bits, and so does the hosttier (wk_model_experts). */
+static void experts_ffn(wk_model_t *m, const layer_t *L, const float *xn, int64_t n,
+                        const int32_t *ids, const float *wts, float *out)
 {
     const wk_config_t *c = &m->cfg;
     run_state_t *s = &m->s;
     const int64_t E = c->n_embd, F = c->n_ff_exp, K = c->n_expert_used;
-    kcpu_matmul(m->kc, &L->gate_inp, s->xn, n, s->rl);
-    kcpu_moe_route(s->rl, n, c->n_expert, K, 1, s->ids, s->wts);
-    memset(s->o, 0, sizeof(float) * (size_t)(n * E));
+    memset(out, 0, sizeof(float) * (size_t)(n * E));
     if (c->n_expert <= MOE_GROUP_MAX) {
         moe_jobs_t *sj = &s->jobs;
         int64_t total = 0;
@@ -591,9 +621,9 @@ static void moe_ffn(wk_model_t *m, const layer_t *L, int64_t n)
             int64_t k = 0;
             for (int64_t b = 0; b < n; b++)
                 for (int64_t j = 0; j < K; j++)
-                    if (s->ids[b * K + j] == e) {
+                    if (ids[b * K + j] == e) {
                         s->rows[total + k] = (int32_t)b;
-                        s->rw[total + k] = s->wts[b * K + j];
+                        s->rw[total + k] = wts[b * K + j];
                         k++;
                     }
             if (k == 0)
@@ -601,9 +631,9 @@ static void moe_ffn(wk_model_t *m, const layer_t *L, int64_t n)
             sj->gate[ne] = kcpu_mat_rows(&L->gate_exps, e * F, F);
             sj->up[ne] = kcpu_mat_rows(&L->up_exps, e * F, F);
             sj->down[ne] = kcpu_mat_rows(&L->down_exps, e * E, E);
-            sj->job[2 * ne] = (kcpu_mm_job_t){.w = &sj->gate[ne], .x = s->xn, .nx = n,
+            sj->job[2 * ne] = (kcpu_mm_job_t){.w = &sj->gate[ne], .x = xn, .nx = n,
                                               .rows = s->rows + total, .n = k, .y = s->g + total * F};
-            sj->job[2 * ne + 1] = (kcpu_mm_job_t){.w = &sj->up[ne], .x = s->xn, .nx = n,
+            sj->job[2 * ne + 1] = (kcpu_mm_job_t){.w = &sj->up[ne], .x = xn, .nx = n,
                                                   .rows = s->rows + total, .n = k, .y = s->u + total * F};
             sj->at[ne] = total;
             sj->cnt[ne] = k;
@@ -617,7 +647,7 @@ static void moe_ffn(wk_model_t *m, const layer_t *L, int64_t n)
                                          .y = s->dg + sj->at[i] * E};
         kcpu_matmul_many(m->kc, sj->job, ne);
         for (int64_t i = 0; i < total; i++) {
-            float *o = s->o + (int64_t)s->rows[i] * E;
+            float *o = out + (int64_t)s->rows[i] * E;
             const float *d = s->dg + i * E;
             for (int64_t j = 0; j < E; j++)
                 o[j] += s->rw[i] * d[j];
@@ -628,10 +658,10 @@ static void moe_ffn(wk_model_t *m, const layer_t *L, int64_t n)
         int64_t cnt = 0;
         for (int64_t b = 0; b < n; b++)
             for (int64_t j = 0; j < K; j++)
-                if (s->ids[b * K + j] == e) {
+                if (ids[b * K + j] == e) {
                     s->rows[cnt] = (int32_t)b;
-                    s->rw[cnt] = s->wts[b * K + j];
-                    memcpy(s->xg + cnt * E, s->xn + b * E, sizeof(float) * (size_t)E);
+                    s->rw[cnt] = wts[b * K + j];
+                    memcpy(s->xg + cnt * E, xn + b * E, sizeof(float) * (size_t)E);
                     cnt++;
                 }
         if (cnt == 0)
@@ -644,12 +674,27 @@ static void moe_ffn(wk_model_t *m, const layer_t *L, int64_t n)
         kcpu_swiglu(s->g, s->g, s->u, cnt * F);
         kcpu_matmul(m->kc, &down, s->g, cnt, s->dg);
         for (int64_t i = 0; i < cnt; i++) {
-            float *o = s->o + (int64_t)s->rows[i] * E;
+            float *o = out + (int64_t)s->rows[i] * E;
             const float *d = s->dg + i * E;
             for (int64_t j = 0; j < E; j++)
                 o[j] += s->rw[i] * d[j];
         }
     }
+}
+
+/* The MoE block for n rows of s->xn into s->o: the gate and top-k here, the experts
+ * here or through the remote callback. */
+static int moe_ffn(wk_model_t *m, int64_t l, int64_t n, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    const layer_t *L = &m->w.layers[l];
+    run_state_t *s = &m->s;
+    kcpu_matmul(m->kc, &L->gate_inp, s->xn, n, s->rl);
+    kcpu_moe_route(s->rl, n, c->n_expert, c->n_expert_used, 1, s->ids, s->wts);
+    if (m->opts.experts == WK_EXPERTS_REMOTE)
+        return m->efn(m->ectx, l, s->xn, n, s->ids, s->wts, s->o, err);
+    experts_ffn(m, L, s->xn, n, s->ids, s->wts, s->o);
+    return 0;
 }
 
 static void dense_ffn(wk_model_t *m, const layer_t *L, int64_t n)
@@ -661,10 +706,13 @@ static void dense_ffn(wk_model_t *m, const layer_t *L, int64_t n)
     kcpu_matmul(m->kc, &L->ffn_down, s->g, n, s->o);
 }
 
-/* One step over the rows of nseg sequences (n_rows <= n_batch in all). The weights
- * see all rows at once; attention and the KV cache go sequence by sequence. Logits
- * of each sequence's last n_out rows go to logits in sequence order. */
-static void forward(wk_model_t *m, const seg_t *seg, int64_t nseg, int64_t n, float *logits)
+/* One step of the stage's layers over the rows of nseg sequences (n_rows <= n_batch
+ * in all). The first stage embeds the tokens, a later one starts from x_in; the last
+ * stage writes the logits of each sequence's last n_out rows in sequence order, an
+ * earlier one the hidden rows to x_out. The weights see all rows at once; attention
+ * and the KV cache go sequence by sequence. Fails only when the remote experts do. */
+static int forward(wk_model_t *m, const seg_t *seg, int64_t nseg, int64_t n, const float *x_in,
+                   float *x_out, float *logits, bl_err_t *err)
 {
     const wk_config_t *c = &m->cfg;
     const weights_t *w = &m->w;
@@ -673,20 +721,24 @@ static void forward(wk_model_t *m, const seg_t *seg, int64_t nseg, int64_t n, fl
     const int64_t nq = c->n_head * hd, nkv = c->n_head_kv * hd;
     const float scale = (float)(1.0 / sqrt((double)hd));
 
-    /* Token embeddings: dequantize each row from the table. */
+    /* Token embeddings (first stage): dequantize each row from the table. */
     for (int64_t j = 0; j < nseg; j++)
         for (int64_t i = 0; i < seg[j].n; i++) {
             const int64_t b = seg[j].row0 + i;
-            const uint8_t *row = (const uint8_t *)w->tok_embd.data +
-                                 (size_t)seg[j].tokens[i] * w->tok_embd.row_bytes;
-            /* The type was checked at load to have a dequantizer, so this cannot fail. */
-            if (bl_dequantize_row_ref(w->tok_embd.type, row, s->x + b * E, E) != 0)
-                memset(s->x + b * E, 0, sizeof(float) * (size_t)E);
+            if (m->lb == 0) {
+                const uint8_t *row = (const uint8_t *)w->tok_embd.data +
+                                     (size_t)seg[j].tokens[i] * w->tok_embd.row_bytes;
+                /* The type was checked at load to have a dequantizer: cannot fail. */
+                if (bl_dequantize_row_ref(w->tok_embd.type, row, s->x + b * E, E) != 0)
+                    memset(s->x + b * E, 0, sizeof(float) * (size_t)E);
+            }
             s->pos[b] = (int32_t)(seg[j].pos + i);
         }
+    if (m->lb > 0)
+        memcpy(s->x, x_in, sizeof(float) * (size_t)(n * E));
     kcpu_rope_table(s->rope, s->pos, n, hd, c->rope_base);
 
-    for (int64_t l = 0; l < c->n_layer; l++) {
+    for (int64_t l = m->lb; l < m->le; l++) {
         const layer_t *L = &w->layers[l];
 
         /* Attention: norm, projections, per-head q/k norm, RoPE, cache, attend. */
@@ -712,11 +764,18 @@ static void forward(wk_model_t *m, const seg_t *seg, int64_t nseg, int64_t n, fl
 
         /* FFN: norm, experts or dense SwiGLU, residual. */
         kcpu_rms_norm(s->xn, s->x, L->ffn_norm, n, E, E, c->eps);
-        if (c->moe)
-            moe_ffn(m, L, n);
-        else
+        if (c->moe) {
+            int rc = moe_ffn(m, l, n, err);
+            if (rc < 0)
+                return rc;
+        } else {
             dense_ffn(m, L, n);
+        }
         add_rows(s->x, s->o, n * E);
+    }
+    if (m->le < c->n_layer) {
+        memcpy(x_out, s->x, sizeof(float) * (size_t)(n * E));
+        return 0;
     }
 
     /* Head, only for the rows whose logits were asked for, gathered in order. */
@@ -728,13 +787,15 @@ static void forward(wk_model_t *m, const seg_t *seg, int64_t nseg, int64_t n, fl
     }
     if (n_out > 0)
         kcpu_matmul(m->kc, &w->output, s->xg, n_out, logits);
+    return 0;
 }
 
-/* The checks one sequence's part of a step must pass; i names it in messages. */
+/* The checks one sequence's part of a step must pass; i names it in messages. A
+ * stage after the first reads no tokens. */
 static int check_seq(const wk_model_t *m, const wk_kv_t *kv, const int32_t *tokens, int64_t n,
                      int64_t pos, int64_t n_out, int64_t i, bl_err_t *err)
 {
-    if (!kv || !tokens || n < 1 || n_out < 0 || n_out > n)
+    if (!kv || (!tokens && m->lb == 0) || n < 1 || n_out < 0 || n_out > n)
         return bl_err_set(err, BL_EINVAL, "sequence %lld: %lld rows asking for %lld logit rows",
                           (long long)i, (long long)n, (long long)n_out);
     if (kv->model != m)
@@ -746,17 +807,34 @@ static int check_seq(const wk_model_t *m, const wk_kv_t *kv, const int32_t *toke
     if (n > kv->n_ctx - pos)
         return bl_err_set(err, BL_ERANGE, "sequence %lld: positions %lld..%lld do not fit a cache of %lld",
                           (long long)i, (long long)pos, (long long)(pos + n - 1), (long long)kv->n_ctx);
-    for (int64_t t = 0; t < n; t++)
-        if (tokens[t] < 0 || tokens[t] >= m->cfg.n_vocab)
-            return bl_err_set(err, BL_EINVAL, "sequence %lld: token %lld is %d, outside 0..%lld",
-                              (long long)i, (long long)t, tokens[t], (long long)(m->cfg.n_vocab - 1));
+    if (m->lb == 0)
+        for (int64_t t = 0; t < n; t++)
+            if (tokens[t] < 0 || tokens[t] >= m->cfg.n_vocab)
+                return bl_err_set(err, BL_EINVAL, "sequence %lld: token %lld is %d, outside 0..%lld",
+                                  (long long)i, (long long)t, tokens[t], (long long)(m->cfg.n_vocab - 1));
+    return 0;
+}
+
+/* Whether m can run steps, and a whole model's when whole is set. */
+static int check_runnable(const wk_model_t *m, int whole, bl_err_t *err)
+{
+    if (m->opts.experts == WK_EXPERTS_ONLY)
+        return bl_err_set(err, BL_EINVAL, "%s: loaded for its experts only; it runs no steps", m->path);
+    if (m->opts.experts == WK_EXPERTS_REMOTE && m->cfg.moe && !m->efn)
+        return bl_err_set(err, BL_EINVAL, "%s: remote experts but no experts callback set", m->path);
+    if (whole && (m->lb != 0 || m->le != m->cfg.n_layer))
+        return bl_err_set(err, BL_EINVAL, "%s: loaded as the stage of layers %lld..%lld, not the whole model",
+                          m->path, (long long)m->lb, (long long)m->le);
     return 0;
 }
 
 int wk_model_eval(wk_model_t *m, wk_kv_t *kv, const int32_t *tokens, int64_t n, int64_t pos,
                   int64_t n_out, float *logits, bl_err_t *err)
 {
-    int rc = check_seq(m, kv, tokens, n, pos, n_out, 0, err);
+    int rc = check_runnable(m, 1, err);
+    if (rc < 0)
+        return rc;
+    rc = check_seq(m, kv, tokens, n, pos, n_out, 0, err);
     if (rc < 0)
         return rc;
     if (n_out > 0 && !logits)
@@ -771,22 +849,27 @@ int wk_model_eval(wk_model_t *m, wk_kv_t *kv, const int32_t *tokens, int64_t n, 
         float *lg = out0 < cn ? logits + (size_t)(c0 + out0 - first_out) * (size_t)m->cfg.n_vocab : NULL;
         const seg_t sg = {.kv = kv, .tokens = tokens + c0, .row0 = 0, .n = cn, .pos = pos + c0,
                           .n_out = cn - out0};
-        forward(m, &sg, 1, cn, lg);
+        rc = forward(m, &sg, 1, cn, NULL, NULL, lg, err);
+        if (rc < 0)
+            return rc;
         kv->n_past = pos + c0 + cn;
     }
     return 0;
 }
 
-int wk_model_eval_multi(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, float *logits,
-                        bl_err_t *err)
+int wk_model_stage(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, const float *x_in,
+                   float *x_out, float *logits, bl_err_t *err)
 {
+    int rc = check_runnable(m, 0, err);
+    if (rc < 0)
+        return rc;
     if (n_seqs < 1 || n_seqs > m->opts.n_batch)
         return bl_err_set(err, BL_ERANGE, "%lld sequences in one step, outside 1..%lld",
                           (long long)n_seqs, (long long)m->opts.n_batch);
     int64_t rows = 0, outs = 0;
     for (int64_t i = 0; i < n_seqs; i++) {
         const wk_seq_t *q = &seqs[i];
-        int rc = check_seq(m, q->kv, q->tokens, q->n, q->pos, q->n_out, i, err);
+        rc = check_seq(m, q->kv, q->tokens, q->n, q->pos, q->n_out, i, err);
         if (rc < 0)
             return rc;
         for (int64_t j = 0; j < i; j++)
@@ -799,7 +882,12 @@ int wk_model_eval_multi(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, flo
         rows += q->n;
         outs += q->n_out;
     }
-    if (outs > 0 && !logits)
+    if (m->lb > 0 && !x_in)
+        return bl_err_set(err, BL_EINVAL, "a stage from layer %lld needs the hidden state in", (long long)m->lb);
+    if (m->le < m->cfg.n_layer && !x_out)
+        return bl_err_set(err, BL_EINVAL, "a stage to layer %lld needs a buffer for the hidden state out",
+                          (long long)m->le);
+    if (m->le == m->cfg.n_layer && outs > 0 && !logits)
         return bl_err_set(err, BL_EINVAL, "logits asked for but no buffer given");
     /* The segments live in the run state's scratch: no allocation in the step. */
     seg_t *sg = m->s.segs;
@@ -809,8 +897,53 @@ int wk_model_eval_multi(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, flo
                         .pos = seqs[i].pos, .n_out = seqs[i].n_out};
         rows += seqs[i].n;
     }
-    forward(m, sg, n_seqs, rows, logits);
+    rc = forward(m, sg, n_seqs, rows, x_in, x_out, logits, err);
+    if (rc < 0)
+        return rc;
     for (int64_t i = 0; i < n_seqs; i++)
         seqs[i].kv->n_past = seqs[i].pos + seqs[i].n;
+    return 0;
+}
+
+int wk_model_eval_multi(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, float *logits,
+                        bl_err_t *err)
+{
+    int rc = check_runnable(m, 1, err);
+    if (rc < 0)
+        return rc;
+    return wk_model_stage(m, seqs, n_seqs, NULL, NULL, logits, err);
+}
+
+void wk_model_set_experts(wk_model_t *m, wk_experts_fn fn, void *ctx)
+{
+    m->efn = fn;
+    m->ectx = ctx;
+}
+
+int wk_model_experts(wk_model_t *m, int64_t layer, const float *xn, int64_t n, const int32_t *ids,
+                     const float *wts, float *out, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    if (!c->moe)
+        return bl_err_set(err, BL_EINVAL, "%s: %s has no routed experts", m->path, c->arch);
+    if (m->opts.experts == WK_EXPERTS_REMOTE)
+        return bl_err_set(err, BL_EINVAL, "%s: this process sends its experts away; it cannot compute them",
+                          m->path);
+    if (layer < 0 || layer >= c->n_layer)
+        return bl_err_set(err, BL_EINVAL, "experts of layer %lld, outside 0..%lld", (long long)layer,
+                          (long long)(c->n_layer - 1));
+    if (m->opts.experts == WK_EXPERTS_LOCAL && (layer < m->lb || layer >= m->le))
+        return bl_err_set(err, BL_EINVAL, "experts of layer %lld, outside this stage's %lld..%lld",
+                          (long long)layer, (long long)m->lb, (long long)(m->le - 1));
+    if (n < 1 || n > m->opts.n_batch)
+        return bl_err_set(err, BL_ERANGE, "%lld expert rows, outside 1..%lld", (long long)n,
+                          (long long)m->opts.n_batch);
+    if (!xn || !ids || !wts || !out)
+        return bl_err_set(err, BL_EINVAL, "experts: a NULL buffer");
+    for (int64_t i = 0; i < n * c->n_expert_used; i++)
+        if (ids[i] < 0 || ids[i] >= c->n_expert)
+            return bl_err_set(err, BL_EINVAL, "row %lld: expert id %d, outside 0..%lld",
+                              (long long)(i / c->n_expert_used), ids[i], (long long)(c->n_expert - 1));
+    experts_ffn(m, &m->w.layers[layer], xn, n, ids, wts, out);
     return 0;
 }
