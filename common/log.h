@@ -1,0 +1,41 @@
+/* Levelled one-line logs for the daemons (bloomery-serve, -worker, -hosttier):
+ *   2026-11-30T12:00:00.123Z INFO  serve event=listening addr=127.0.0.1:8080
+ * to stderr, one write(2) per line so that lines of several processes sharing a
+ * terminal never interleave. The level is checked before the arguments are
+ * formatted (BL_LOG is a macro), so a DEBUG line costs a compare when it is off.
+ * Untrusted text goes through bl_log_escape first. Thread-safe. */
+#ifndef BL_LOG_H
+#define BL_LOG_H
+
+#include <stddef.h>
+
+#include "err.h"
+
+typedef enum bl_log_level {
+    BL_LOG_DEBUG = 0,
+    BL_LOG_INFO = 1,
+    BL_LOG_WARN = 2,
+    BL_LOG_ERROR = 3,
+    BL_LOG_OFF = 4,
+} bl_log_level_t;
+
+/* Process-wide settings: the lowest level written (default INFO) and the name put
+ * on every line ("serve", "worker0", "hosttier"; default "bloomery"). Call before
+ * other threads log. */
+void bl_log_init(const char *name, bl_log_level_t level);
+bl_log_level_t bl_log_level(void);
+
+void bl_log_write(bl_log_level_t level, const char *fmt, ...) BL_PRINTF(2, 3);
+
+#define BL_LOG(level, ...)                                                                         \
+    do {                                                                                           \
+        if ((level) >= bl_log_level())                                                             \
+            bl_log_write((level), __VA_ARGS__);                                                    \
+    } while (0)
+
+/* Copies at most max_in bytes of untrusted text into buf (cap bytes, NUL-terminated)
+ * with quotes, backslashes and bytes outside printable ASCII written as \xNN, and
+ * "..." when cut. Returns buf. */
+const char *bl_log_escape(char *buf, size_t cap, const char *s, size_t len);
+
+#endif

@@ -1,0 +1,389 @@
+/* bloomery-hosttier: the routed experts in host RAM. Started by the router with one
+ * ring pair per worker at known fds (proto/step.h); it says Hello, takes the Plan,
+ * loads only the experts' weights, reports Ready, then its ring thread serves every
+ * worker: pop rows, compute their experts (wk_model_experts), push the sums. The
+ * main thread is the control thread and owns the ZeroMQ socket. A bad request is
+ * answered with an error message on that worker's ring, never an exit. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "args.h"
+#include "bl_config.h"
+#include "chan.h"
+#include "log.h"
+#include "step.h"
+#include "wk.h"
+
+#define POLL_US 100000
+#define POLL_MS 100
+/* With several workers no single futex can be waited on, so the ring thread polls
+ * every request ring in turn: without waiting while requests came recently (a decode
+ * step sends one per MoE layer), then parked on each ring for PARK_US. */
+#define BUSY_US 5000
+#define PARK_US 1000
+
+/* The hosttier. The ring thread owns the rings and ids; the control thread owns chan. */
+typedef struct hosttier {
+    uint32_t process;
+    bp_chan_t *chan;
+    wk_model_t *m;
+    bp_step_limits_t lim;
+    int n_pairs;
+    bp_ring_t **req;  /* (n_pairs) worker i's rows, consumer */
+    bp_ring_t **rep;  /* (n_pairs) the sums to worker i, producer */
+    int32_t *ids;     /* (n_batch, n_expert_used) copied from a request */
+    _Atomic int stop; /* set by either thread, polled by both */
+    _Atomic uint64_t n_calls, n_rows, n_errors;
+} hosttier_t;
+
+static pid_t g_parent;
+
+static int parent_gone(void)
+{
+    return getppid() != g_parent;
+}
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* ------------------------------------------------------------ ring thread */
+
+static void reply_error(hosttier_t *h, int i, uint64_t call, int code, const char *why)
+{
+    char text[BP_STEP_MAX_TEXT];
+    bl_err_t e2;
+    snprintf(text, sizeof text, "hosttier: %s", why);
+    atomic_fetch_add_explicit(&h->n_errors, 1, memory_order_relaxed);
+    if (bp_step_push_error(h->rep[i], call, code, text, POLL_US * 10, &e2) != 0)
+        BL_LOG(BL_LOG_WARN, "event=reply_lost worker=%d reason=\"%s\"", i, e2.msg);
+}
+
+/* One request from worker i: compute its experts straight into the reply. */
+static void serve(hosttier_t *h, int i, const void *msg, size_t nbytes)
+{
+    bl_err_t err = {0};
+    bp_step_in_t in = {.ids = h->ids};
+    int rc = bp_step_parse(msg, nbytes, &h->lim, BP_STEP_EXPERTS, BP_STEP_ANY, &in, &err);
+    if (rc || in.hdr.kind == BP_STEP_ERROR) {
+        reply_error(h, i, in.hdr.step, rc ? rc : BL_EPROTO,
+                    rc ? err.msg : "an error message is not a request");
+        return;
+    }
+    bp_step_hdr_t rh = {.kind = BP_STEP_SUMS, .step = in.hdr.step, .n_rows = in.hdr.n_rows,
+                        .width = h->lim.n_embd, .layer = in.hdr.layer};
+    bp_step_out_t o;
+    for (;;) {
+        rc = bp_step_reserve(h->rep[i], &rh, &o, POLL_US, &err);
+        if (rc != BL_ETIMEDOUT || atomic_load_explicit(&h->stop, memory_order_relaxed))
+            break;
+    }
+    if (rc == 0)
+        rc = wk_model_experts(h->m, in.hdr.layer, in.rows, in.hdr.n_rows, h->ids, in.wts,
+                              o.rows, &err);
+    if (rc == 0 && (rc = bp_ring_commit(h->rep[i], o.nbytes, &err)) == 0) {
+        atomic_fetch_add_explicit(&h->n_calls, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&h->n_rows, (uint64_t)in.hdr.n_rows, memory_order_relaxed);
+        return;
+    }
+    reply_error(h, i, in.hdr.step, rc, err.msg);
+}
+
+/* Serves ring i if it holds a request; 1 if it did, 0 if empty, -1 if the ring ended. */
+static int try_ring(hosttier_t *h, int i, int64_t wait_us)
+{
+    const void *msg;
+    size_t nbytes;
+    bl_err_t err = {0};
+    int rc = bp_ring_peek(h->req[i], &msg, &nbytes, wait_us, &err);
+    if (rc == BL_EAGAIN || rc == BL_ETIMEDOUT)
+        return 0;
+    if (rc) {
+        if (rc != BL_ECLOSED)
+            BL_LOG(BL_LOG_ERROR, "event=ring_broken worker=%d reason=\"%s\"", i, err.msg);
+        return -1;
+    }
+    serve(h, i, msg, nbytes);
+    bp_ring_release(h->req[i]);
+    return 1;
+}
+
+static void *ring_main(void *arg)
+{
+    hosttier_t *h = arg;
+    uint64_t last_us = now_us();
+    while (!atomic_load_explicit(&h->stop, memory_order_relaxed)) {
+        if (h->n_pairs == 1) { /* one ring: its doorbell does the waiting */
+            if (try_ring(h, 0, POLL_US) < 0)
+                break;
+            continue;
+        }
+        int busy = now_us() - last_us < BUSY_US, served = 0;
+        for (int i = 0; i < h->n_pairs; i++) {
+            int r = try_ring(h, i, busy ? 0 : PARK_US);
+            if (r < 0)
+                goto out;
+            served |= r;
+        }
+        if (served)
+            last_us = now_us();
+    }
+out:
+    atomic_store_explicit(&h->stop, 1, memory_order_relaxed);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ control plane */
+
+static int send_msg(hosttier_t *h, bp_msg_t *m)
+{
+    bl_err_t err = {0};
+    int rc = bp_chan_send(h->chan, NULL, m, 2000, &err);
+    if (rc)
+        BL_LOG(BL_LOG_WARN, "event=control_send_failed type=%s reason=\"%s\"",
+               bp_msg_type_name(m->type), err.msg);
+    return rc;
+}
+
+static void send_fatal(hosttier_t *h, const bl_err_t *e)
+{
+    BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"%s\"", e->msg);
+    char text[sizeof e->msg + 32];
+    snprintf(text, sizeof text, "hosttier: %s", e->msg);
+    Bloomery__Error er;
+    bloomery__error__init(&er);
+    er.code = e->code < 0 ? e->code : BL_EIO;
+    er.message = text;
+    er.process = h->process;
+    er.fatal = 1;
+    bp_msg_t m = {.type = BP_MSG_ERROR, .u.error = &er};
+    (void)send_msg(h, &m); /* best effort: the exit status tells the rest */
+}
+
+static void send_hello(hosttier_t *h)
+{
+    char host[64] = "localhost";
+    (void)gethostname(host, sizeof host - 1); /* a label only */
+    Bloomery__Device dev;
+    bloomery__device__init(&dev);
+    dev.kind = BLOOMERY__DEVICE_KIND__DEVICE_KIND_CPU;
+    dev.name = (char *)"host RAM";
+    dev.memory_bytes = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    dev.cores = (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
+    dev.index = -1;
+    Bloomery__Device *devs[] = {&dev};
+    Bloomery__Hello m;
+    bloomery__hello__init(&m);
+    m.kind = BLOOMERY__PROCESS_KIND__PROCESS_KIND_HOSTTIER;
+    m.pid = (uint32_t)getpid();
+    m.version = (char *)BL_VERSION;
+    m.host = host;
+    m.devices = devs;
+    m.n_devices = 1;
+    m.protocol = BP_PROTOCOL_VERSION;
+    bp_msg_t msg = {.type = BP_MSG_HELLO, .u.hello = &m};
+    (void)send_msg(h, &msg); /* a lost Hello shows as a load timeout in the router */
+}
+
+static int recv_plan(hosttier_t *h, bp_msg_t *plan, bl_err_t *err)
+{
+    for (;;) {
+        if (parent_gone())
+            return bl_err_set(err, BL_ECLOSED, "the router is gone");
+        bp_msg_t m = {0};
+        int rc = bp_chan_recv(h->chan, NULL, &m, POLL_MS, err);
+        if (rc == 0 && m.type == BP_MSG_PLAN) {
+            *plan = m;
+            return 0;
+        }
+        if (rc && rc != BL_ETIMEDOUT)
+            BL_LOG(BL_LOG_WARN, "event=bad_control_message reason=\"%s\"", err->msg);
+        int shutdown = rc == 0 && m.type == BP_MSG_SHUTDOWN;
+        bp_msg_free(&m);
+        if (shutdown)
+            return bl_err_set(err, BL_ECLOSED, "shutdown before the plan");
+    }
+}
+
+static int load(hosttier_t *h, const Bloomery__Plan *p, int n_threads, bl_err_t *err)
+{
+    if (p->n_batch > 65536 || p->threads > 256 || p->n_stages > 64)
+        return bl_err_set(err, BL_EINVAL, "plan: n_batch %u, threads %u or %zu stages out of "
+                          "range", p->n_batch, p->threads, p->n_stages);
+    h->process = p->you;
+    h->n_pairs = (int)p->n_stages;
+    h->req = calloc((size_t)h->n_pairs, sizeof *h->req);
+    h->rep = calloc((size_t)h->n_pairs, sizeof *h->rep);
+    if (!h->req || !h->rep)
+        return bl_err_set(err, BL_ENOMEM, "rings: out of memory");
+    for (int i = 0; i < h->n_pairs; i++) {
+        int fd_req = BP_STEP_FD_HOSTTIER_BASE + 2 * i, fd_rep = fd_req + 1;
+        int rc = bp_ring_attach_fd(&h->req[i], fd_req, "experts-req", BP_RING_CONSUMER, err);
+        close(fd_req);
+        if (rc == 0)
+            rc = bp_ring_attach_fd(&h->rep[i], fd_rep, "experts-rep", BP_RING_PRODUCER, err);
+        close(fd_rep);
+        if (rc)
+            return rc;
+    }
+    struct stat sb;
+    uint64_t total = stat(p->model_path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    wk_model_opts_t o;
+    wk_model_opts_default(&o);
+    o.n_threads = n_threads > 0 ? n_threads : (p->threads ? (int)p->threads : 1);
+    if (p->n_batch)
+        o.n_batch = p->n_batch;
+    o.n_ctx_max = p->n_ctx;
+    o.experts = WK_EXPERTS_ONLY;
+    int rc = wk_model_load(&h->m, p->model_path, &o, err);
+    if (rc)
+        return rc;
+    const wk_config_t *c = wk_model_config(h->m);
+    if (!c->moe)
+        return bl_err_set(err, BL_EINVAL, "%s: a dense model has no routed experts",
+                          p->model_path);
+    h->lim = (bp_step_limits_t){.n_slots = (int32_t)p->n_slots, .n_batch = (int32_t)o.n_batch,
+                                .n_ctx = p->n_ctx, .n_embd = (int32_t)c->n_embd,
+                                .n_vocab = (int32_t)c->n_vocab, .n_layer = (int32_t)c->n_layer,
+                                .n_expert = (int32_t)c->n_expert,
+                                .n_expert_used = (int32_t)c->n_expert_used};
+    h->ids = calloc((size_t)o.n_batch * (size_t)c->n_expert_used, sizeof *h->ids);
+    if (!h->ids)
+        return bl_err_set(err, BL_ENOMEM, "ids: out of memory");
+    Bloomery__LoadProgress lp;
+    bloomery__load_progress__init(&lp);
+    lp.bytes_done = lp.bytes_total = total;
+    lp.stage = (char *)"experts";
+    bp_msg_t m = {.type = BP_MSG_LOAD_PROGRESS, .u.load_progress = &lp};
+    (void)send_msg(h, &m); /* progress is informational */
+    return 0;
+}
+
+static void send_stats(hosttier_t *h, uint64_t t0)
+{
+    const char *names[3] = {"expert_calls", "expert_rows", "errors"};
+    uint64_t vals[3] = {atomic_load(&h->n_calls), atomic_load(&h->n_rows),
+                        atomic_load(&h->n_errors)};
+    Bloomery__Counter c[3], *cp[3];
+    for (int i = 0; i < 3; i++) {
+        bloomery__counter__init(&c[i]);
+        c[i].name = (char *)names[i];
+        c[i].value = vals[i];
+        cp[i] = &c[i];
+    }
+    Bloomery__Stats s;
+    bloomery__stats__init(&s);
+    s.process = h->process;
+    s.uptime_us = now_us() - t0;
+    s.counters = cp;
+    s.n_counters = 3;
+    bp_msg_t m = {.type = BP_MSG_STATS, .u.stats = &s};
+    (void)send_msg(h, &m); /* a lost reply only leaves a gap in /metrics */
+}
+
+static void hosttier_free(hosttier_t *h)
+{
+    for (int i = 0; i < h->n_pairs; i++) {
+        bp_ring_destroy(h->req ? h->req[i] : NULL);
+        bp_ring_destroy(h->rep ? h->rep[i] : NULL);
+    }
+    free(h->req);
+    free(h->rep);
+    free(h->ids);
+    wk_model_free(h->m);
+    bp_chan_destroy(h->chan);
+}
+
+int main(int argc, char **argv)
+{
+    const char *endpoint = NULL, *identity = "hosttier";
+    int64_t parent = 0, n_threads = 0;
+    int verbose = 0, quiet = 0, help = 0;
+    bl_arg_t args[] = {
+        {"--control", NULL, BL_ARG_STR, &endpoint, .metavar = "ENDPOINT", .help = "the router's control socket"},
+        {"--identity", NULL, BL_ARG_STR, &identity, .metavar = "ID", .help = "routing id on the control socket"},
+        {"--parent", NULL, BL_ARG_I64, &parent, 1, INT32_MAX, .metavar = "PID", .help = "the router's pid"},
+        {"-t,--threads", NULL, BL_ARG_I64, &n_threads, 1, 256, .metavar = "N", .help = "expert pool threads (default: the plan's)"},
+        {"-v,--verbose", NULL, BL_ARG_FLAG, &verbose, .help = "log at DEBUG"},
+        {"--log-disable", NULL, BL_ARG_FLAG, &quiet, .help = "write no log lines"},
+    };
+    int n_args = (int)(sizeof args / sizeof args[0]);
+    bl_err_t err = {0};
+    if (bl_args_parse(args, n_args, argc, argv, NULL, &help, &err)) {
+        fprintf(stderr, "bloomery-hosttier: %s\n", err.msg);
+        return 2;
+    }
+    if (help || !endpoint || !parent) {
+        bl_args_usage(help ? stdout : stderr, "bloomery-hosttier",
+                      "--control ENDPOINT --parent PID [options] (started by bloomery-serve)",
+                      args, n_args);
+        return help ? 0 : 2;
+    }
+    bl_log_init("hosttier", quiet ? BL_LOG_OFF : verbose ? BL_LOG_DEBUG : BL_LOG_INFO);
+    g_parent = (pid_t)parent;
+    (void)prctl(PR_SET_PDEATHSIG, SIGKILL); /* best effort; parent_gone() polls too */
+    if (parent_gone())
+        return 1;
+
+    static hosttier_t h;
+    int rc = bp_chan_connect(&h.chan, BP_CHAN_DEALER, endpoint, identity, &err);
+    if (rc) {
+        BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"%s\"", err.msg);
+        return 1;
+    }
+    send_hello(&h);
+    bp_msg_t plan = {0};
+    if ((rc = recv_plan(&h, &plan, &err)) != 0) {
+        bp_msg_free(&plan);
+        hosttier_free(&h);
+        return rc == BL_ECLOSED ? 0 : 1;
+    }
+    rc = load(&h, plan.u.plan, (int)n_threads, &err);
+    bp_msg_free(&plan);
+    if (rc) {
+        send_fatal(&h, &err);
+        hosttier_free(&h);
+        return 1;
+    }
+    Bloomery__Ready r;
+    bloomery__ready__init(&r);
+    r.process = h.process;
+    bp_msg_t rm = {.type = BP_MSG_READY, .u.ready = &r};
+    (void)send_msg(&h, &rm); /* a lost Ready shows as a load timeout in the router */
+    BL_LOG(BL_LOG_INFO, "event=ready workers=%d kernels=%s", h.n_pairs, wk_model_kernels(h.m));
+
+    pthread_t th;
+    if (pthread_create(&th, NULL, ring_main, &h) != 0) {
+        bl_err_set(&err, BL_ENOMEM, "cannot start the ring thread");
+        send_fatal(&h, &err);
+        hosttier_free(&h);
+        return 1;
+    }
+    uint64_t t0 = now_us();
+    while (!atomic_load_explicit(&h.stop, memory_order_relaxed) && !parent_gone()) {
+        bp_msg_t m = {0};
+        rc = bp_chan_recv(h.chan, NULL, &m, POLL_MS, &err);
+        if (rc == 0 && m.type == BP_MSG_SHUTDOWN)
+            atomic_store_explicit(&h.stop, 1, memory_order_relaxed);
+        else if (rc == 0 && m.type == BP_MSG_STATS)
+            send_stats(&h, t0);
+        else if (rc && rc != BL_ETIMEDOUT)
+            BL_LOG(BL_LOG_WARN, "event=bad_control_message reason=\"%s\"", err.msg);
+        bp_msg_free(&m);
+    }
+    atomic_store_explicit(&h.stop, 1, memory_order_relaxed);
+    pthread_join(th, NULL);
+    hosttier_free(&h);
+    return 0;
+}

@@ -1,0 +1,154 @@
+/* The per-step messages on the shared-memory rings (proto/ring.h) and their checks:
+ * router -> stage 0 (tokens), stage -> next stage (hidden rows), last stage -> router
+ * (logits), worker -> hosttier (rows for the routed experts), hosttier -> worker (their
+ * sums), and an error that a failing stage sends on in place of its output, so that it
+ * reaches the router. Every message echoes a step counter, so a stale reply is caught.
+ *
+ * A message is a header, then sections that each start 16-byte aligned:
+ *   TOKENS   hdr | seqs (n_seqs) | tokens int32 (n_rows)
+ *   HIDDEN   hdr | seqs (n_seqs) | rows float (n_rows, width = n_embd)
+ *   LOGITS   hdr | rows float (n_rows, width = n_vocab)
+ *   EXPERTS  hdr | rows float (n_rows, width = n_embd) | ids int32 (n_rows, k)
+ *                | weights float (n_rows, k)
+ *   SUMS     hdr | rows float (n_rows, width = n_embd)
+ *   ERROR    hdr (code, text_len) | text (text_len bytes, no NUL)
+ * The writer reserves the whole message in the ring and fills it in place; the reader
+ * checks a peeked message against its plan limits before it uses any count in it.
+ * Nothing here allocates or logs. */
+#ifndef BP_STEP_H
+#define BP_STEP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "ring.h"
+
+/* The ring fds a child finds open at start (the router dup2()s them there):
+ * a worker reads its input at 3 and writes its output at 4; with a hosttier it
+ * writes expert rows at 5 and reads their sums at 6. The hosttier reads worker i's
+ * rows at 3 + 2i and writes the sums at 4 + 2i. */
+#define BP_STEP_FD_IN 3
+#define BP_STEP_FD_OUT 4
+#define BP_STEP_FD_EXPERTS_OUT 5
+#define BP_STEP_FD_EXPERTS_IN 6
+#define BP_STEP_FD_HOSTTIER_BASE 3
+
+#define BP_STEP_MAGIC 0x50455453u /* "STEP" little-endian */
+/* Longest error text carried (longer text is cut). */
+#define BP_STEP_MAX_TEXT 1024u
+/* A reader that accepts any step counter (a stage takes what its input sends). */
+#define BP_STEP_ANY UINT64_MAX
+
+typedef enum bp_step_kind {
+    BP_STEP_TOKENS = 1,
+    BP_STEP_HIDDEN = 2,
+    BP_STEP_LOGITS = 3,
+    BP_STEP_EXPERTS = 4,
+    BP_STEP_SUMS = 5,
+    BP_STEP_ERROR = 6,
+} bp_step_kind_t;
+
+/* 48 bytes; fields a kind does not use are 0. */
+typedef struct bp_step_hdr {
+    uint32_t magic;
+    uint32_t kind;     /* bp_step_kind_t */
+    uint64_t step;     /* the router's step counter, or the worker's experts call counter */
+    int32_t n_seqs;    /* TOKENS, HIDDEN */
+    int32_t n_rows;    /* rows of every section */
+    int32_t width;     /* floats per row: n_embd, or n_vocab for LOGITS */
+    int32_t k;         /* EXPERTS: experts per row */
+    int32_t layer;     /* EXPERTS, SUMS */
+    int32_t code;      /* ERROR: a negative BL_E* code */
+    uint32_t text_len; /* ERROR: bytes of text */
+    uint32_t _pad;
+} bp_step_hdr_t;
+
+/* One sequence of a TOKENS or HIDDEN message (rt_step_seq_t on the wire). */
+typedef struct bp_step_seq {
+    int32_t slot;
+    int32_t n;     /* rows */
+    int64_t pos;   /* position of its first row */
+    int32_t n_out; /* logits for its last n_out rows */
+    int32_t _pad;
+} bp_step_seq_t;
+
+/* What a receiver accepts: from the plan and the model. */
+typedef struct bp_step_limits {
+    int32_t n_slots;
+    int32_t n_batch;       /* rows per step */
+    int64_t n_ctx;         /* positions per slot */
+    int32_t n_out_max;     /* logits rows per step */
+    int32_t n_embd;
+    int32_t n_vocab;
+    int32_t n_layer;
+    int32_t n_expert;
+    int32_t n_expert_used;
+} bp_step_limits_t;
+
+/* Byte offsets of a message's sections (0 where the kind has none) and its size. */
+typedef struct bp_step_layout {
+    size_t seqs, tokens, rows, ids, wts, text;
+    size_t nbytes;
+} bp_step_layout_t;
+
+/* Computes h's layout from its kind and counts. BL_EINVAL (unknown kind, a negative
+ * count), BL_ERANGE (the size overflows). */
+int bp_step_layout(const bp_step_hdr_t *h, bp_step_layout_t *out, bl_err_t *err) BL_WUR;
+
+/* A message being written: pointers into the reserved ring room. */
+typedef struct bp_step_out {
+    bp_step_seq_t *seqs;
+    int32_t *tokens; /* TOKENS */
+    float *rows;
+    int32_t *ids;    /* EXPERTS */
+    float *wts;      /* EXPERTS */
+    char *text;      /* ERROR */
+    size_t nbytes;   /* pass to bp_ring_commit */
+} bp_step_out_t;
+
+/* Reserves room for a message with header h (magic is filled in) in r, writes the
+ * header and points out at its sections, for the caller to fill and commit with
+ * bp_ring_commit(r, out->nbytes). Errors of bp_step_layout and bp_ring_reserve. */
+int bp_step_reserve(bp_ring_t *r, const bp_step_hdr_t *h, bp_step_out_t *out,
+                    int64_t timeout_us, bl_err_t *err) BL_WUR;
+
+/* Writes the same into buf (cap bytes) instead of a ring (for tests and the
+ * router's copies). BL_ERANGE if it does not fit. */
+int bp_step_write(void *buf, size_t cap, const bp_step_hdr_t *h, bp_step_out_t *out,
+                  bl_err_t *err) BL_WUR;
+
+/* Reserves, fills and commits an ERROR message: code (negative) and text, cut at
+ * BP_STEP_MAX_TEXT bytes. */
+int bp_step_push_error(bp_ring_t *r, uint64_t step, int code, const char *text,
+                       int64_t timeout_us, bl_err_t *err) BL_WUR;
+
+/* A message read: the header and the index arrays copied out of the shared memory
+ * (a peer cannot change them after they were checked), the floats pointed at. */
+typedef struct bp_step_in {
+    bp_step_hdr_t hdr;
+    bp_step_seq_t *seqs; /* set by the caller: room for limits.n_slots sequences */
+    int32_t *ids;        /* set by the caller: room for n_batch tokens (TOKENS) or
+                          * n_batch * n_expert_used expert ids (EXPERTS); may be NULL
+                          * when the caller never accepts either kind */
+    const float *rows;
+    const float *wts;
+    const char *text;    /* ERROR: hdr.text_len bytes, not NUL-terminated */
+} bp_step_in_t;
+
+/* Checks nbytes of an untrusted message against lim, expecting kind want (an ERROR
+ * is always accepted: check in->hdr.kind) and step counter want_step (or
+ * BP_STEP_ANY), and fills in. Checks: size, magic, kind, step; counts within lim
+ * (rows 1..n_batch, widths equal to the model's, k equal to n_expert_used, layer
+ * below n_layer); for sequences: slot below n_slots, n >= 1 and summing to n_rows,
+ * pos >= 0, pos + n <= n_ctx, n_out in 0..n; token ids below n_vocab; expert ids
+ * below n_expert; the size equal to the layout's. BL_EPROTO naming the field and the
+ * value; nothing is read past nbytes. */
+int bp_step_parse(const void *msg, size_t nbytes, const bp_step_limits_t *lim,
+                  bp_step_kind_t want, uint64_t want_step, bp_step_in_t *in,
+                  bl_err_t *err) BL_WUR;
+
+/* "tokens", "hidden", ...; "unknown" otherwise. */
+const char *bp_step_kind_name(uint32_t kind);
+
+#endif

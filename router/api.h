@@ -1,0 +1,49 @@
+/* The server's routes and the state they share. api_info.c: /health, /v1/models,
+ * /models, /props, /slots, /metrics, /tokenize, /detokenize. api_gen.c and its
+ * neighbours: everything that generates or renders prompts (OpenAI chat and
+ * completions, llama-server's /completion, /apply-template, input_tokens, Anthropic
+ * messages and count_tokens) and the request-field parsing they share.
+ *
+ * Thread: the loop thread. */
+#ifndef RT_API_H
+#define RT_API_H
+
+#include <jansson.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "chat.h"
+#include "cluster.h"
+#include "engine.h"
+#include "gguf.h"
+#include "http.h"
+#include "template.h"
+#include "tokenizer.h"
+
+/* What every route reads. Built by serve.c before the listener opens. */
+typedef struct rt_app {
+    rt_engine_t *engine;
+    rt_cluster_t *cluster;
+    rt_tokenizer_t *tok;        /* tokenizing requests (loop thread) */
+    rt_template_t *tpl;         /* the chat template in use */
+    const char *tpl_source;     /* its text (for /props chat_template) */
+    const bl_gguf_t *gguf;      /* metadata only (the router maps no weights) */
+    const char *model_path;
+    const char *model_alias;    /* -a, else the file name */
+    int64_t n_ctx_train;
+    int64_t n_ctx_slot;         /* per slot */
+    int64_t n_ctx_total;        /* -c */
+    int n_slots;
+    int64_t n_vocab;
+    int64_t n_predict_default;  /* -n (-1: none) */
+    int64_t n_params;           /* model parameters */
+    uint64_t model_bytes;       /* bytes of tensor data */
+    time_t started;
+    int loading;                /* 1 until the cluster is READY: /health 503, generation 503 */
+    int stopping;               /* 1 after SIGINT/SIGTERM: generation 503 */
+} rt_app_t;
+
+void rt_api_info_register(rt_http_t *h);   /* api_info.c */
+void rt_api_gen_register(rt_http_t *h);    /* api_gen.c */
+
+#endif

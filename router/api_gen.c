@@ -1,0 +1,1728 @@
+/* The generating routes' common ground: registration of every route that renders or
+ * generates, the request fields they share (sampling, stop, logit_bias, limits and
+ * the refusals of what cannot be honoured), prompt forms, chat messages, the <think>
+ * splitter, and the life of one generation from rt_engine_submit to its last
+ * event. llama-server's own /completion and /apply-template live here too; the
+ * OpenAI routes are in api_openai.c and the Anthropic ones in api_anthropic.c.
+ *
+ * Thread: the loop thread. */
+#include "api_gen_impl.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+
+/* ---------------------------------------------------------------------------- */
+/* buffers                                                                        */
+/* ---------------------------------------------------------------------------- */
+
+int rt__gen_buf_add(rt_gen_buf_t *b, const char *s, size_t n)
+{
+    if (n == 0 && b->p)
+        return 0;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p)
+            return BL_ENOMEM;
+        b->p = p;
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+    return 0;
+}
+
+void rt__gen_buf_free(rt_gen_buf_t *b)
+{
+    free(b->p);
+    b->p = NULL;
+    b->n = b->cap = 0;
+}
+
+/* Drops the first n bytes. */
+static void buf_consume(rt_gen_buf_t *b, size_t n)
+{
+    if (n >= b->n) {
+        b->n = 0;
+    } else {
+        memmove(b->p, b->p + n, b->n - n);
+        b->n -= n;
+    }
+    if (b->p)
+        b->p[b->n] = '\0';
+}
+
+/* ---------------------------------------------------------------------------- */
+/* typed field access                                                             */
+/* ---------------------------------------------------------------------------- */
+
+/* A member that is present and not null (null reads as absent, as clients send
+ * null for "not given"). */
+static json_t *field(const json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+static int get_double(const json_t *o, const char *k, double *out, int *found, bl_err_t *err)
+{
+    json_t *v = field(o, k);
+    if (found)
+        *found = 0;
+    if (!v)
+        return 0;
+    if (!json_is_number(v))
+        return bl_err_set(err, BL_EINVAL, "'%s' must be a number", k);
+    double x = json_number_value(v);
+    if (!isfinite(x))
+        return bl_err_set(err, BL_EINVAL, "'%s' must be a finite number", k);
+    *out = x;
+    if (found)
+        *found = 1;
+    return 0;
+}
+
+static int get_float(const json_t *o, const char *k, float *out, bl_err_t *err)
+{
+    double x = *out;
+    int rc = get_double(o, k, &x, NULL, err);
+    if (rc)
+        return rc;
+    if (fabs(x) > FLT_MAX)
+        return bl_err_set(err, BL_EINVAL, "'%s' is out of range", k);
+    *out = (float)x;
+    return 0;
+}
+
+/* An integer; a real with an integral value is taken too (JavaScript clients send
+ * 1.0 for 1). */
+static int get_int(const json_t *o, const char *k, int64_t lo, int64_t hi, int64_t *out, int *found,
+                   bl_err_t *err)
+{
+    json_t *v = field(o, k);
+    if (found)
+        *found = 0;
+    if (!v)
+        return 0;
+    int64_t x;
+    if (json_is_integer(v)) {
+        x = (int64_t)json_integer_value(v);
+    } else if (json_is_real(v)) {
+        double d = json_real_value(v);
+        if (!isfinite(d) || d != floor(d) || d < -9.2e18 || d > 9.2e18)
+            return bl_err_set(err, BL_EINVAL, "'%s' must be an integer", k);
+        x = (int64_t)d;
+    } else {
+        return bl_err_set(err, BL_EINVAL, "'%s' must be an integer", k);
+    }
+    if (x < lo || x > hi)
+        return bl_err_set(err, BL_EINVAL, "'%s' must be between %lld and %lld (got %lld)", k,
+                          (long long)lo, (long long)hi, (long long)x);
+    *out = x;
+    if (found)
+        *found = 1;
+    return 0;
+}
+
+static int get_bool(const json_t *o, const char *k, int *out, bl_err_t *err)
+{
+    json_t *v = field(o, k);
+    if (!v)
+        return 0;
+    if (!json_is_boolean(v))
+        return bl_err_set(err, BL_EINVAL, "'%s' must be a boolean", k);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------- */
+/* request fields                                                                 */
+/* ---------------------------------------------------------------------------- */
+
+static int bias_add(rt_gen_params_t *p, int32_t token, float bias)
+{
+    if (p->n_bias == p->cap_bias) {
+        size_t cap = p->cap_bias ? p->cap_bias * 2 : 16;
+        rt_logit_bias_t *b = realloc(p->bias, cap * sizeof *b);
+        if (!b)
+            return BL_ENOMEM;
+        p->bias = b;
+        p->cap_bias = cap;
+    }
+    p->bias[p->n_bias].token = token;
+    p->bias[p->n_bias].bias = bias;
+    p->n_bias++;
+    return 0;
+}
+
+/* The bias of one logit_bias entry: a number, or false to ban the token. *skip:
+ * true, which llama-server ignores. */
+static int bias_value(const json_t *v, float *out, int *skip, bl_err_t *err)
+{
+    *skip = 0;
+    if (json_is_false(v)) {
+        *out = -INFINITY;
+        return 0;
+    }
+    if (json_is_true(v)) {
+        *skip = 1;
+        return 0;
+    }
+    if (!json_is_number(v) || !isfinite(json_number_value(v)))
+        return bl_err_set(err, BL_EINVAL, "'logit_bias' values must be numbers or false");
+    double x = json_number_value(v);
+    *out = (float)(x > FLT_MAX ? FLT_MAX : x < -FLT_MAX ? -FLT_MAX : x);
+    return 0;
+}
+
+/* A logit_bias key or first element: a token id (a JSON integer, or a string of
+ * digits as OpenAI's object form has it), or text whose every token gets the bias
+ * (as llama-server does). */
+static int bias_target(rt_gen_params_t *p, const rt_gen_limits_t *lim, const json_t *key_json,
+                       const char *key, float bias, bl_err_t *err)
+{
+    if (key_json && json_is_integer(key_json)) {
+        json_int_t t = json_integer_value(key_json);
+        if (t < 0 || t >= lim->n_vocab)
+            return bl_err_set(err, BL_EINVAL,
+                              "'logit_bias': token %lld is outside the vocabulary (0..%lld)",
+                              (long long)t, (long long)lim->n_vocab - 1);
+        return bias_add(p, (int32_t)t, bias);
+    }
+    if (key_json && !json_is_string(key_json))
+        return bl_err_set(err, BL_EINVAL,
+                          "'logit_bias' entries must be [token id or text, bias] pairs");
+    size_t len = strlen(key);
+    if (len > 0 && len <= 18) {
+        char *end;
+        errno = 0;
+        long long t = strtoll(key, &end, 10);
+        if (*end == '\0' && errno == 0 && (isdigit((unsigned char)key[0]) || key[0] == '-')) {
+            if (t < 0 || t >= lim->n_vocab)
+                return bl_err_set(err, BL_EINVAL,
+                                  "'logit_bias': token %lld is outside the vocabulary (0..%lld)",
+                                  t, (long long)lim->n_vocab - 1);
+            return bias_add(p, (int32_t)t, bias);
+        }
+    }
+    if (!lim->tok)
+        return bl_err_set(err, BL_EINVAL, "'logit_bias': text keys need a tokenizer");
+    rt_tokens_t toks = {0};
+    bl_err_t terr;
+    int rc = rt_tokenize(lim->tok, key, len, 0, &toks, &terr);
+    if (rc) {
+        rt_tokens_free(&toks);
+        return bl_err_set(err, rc == BL_ENOMEM ? BL_ENOMEM : BL_EINVAL, "'logit_bias': %s",
+                          terr.msg);
+    }
+    for (size_t i = 0; i < toks.n && !rc; i++)
+        rc = bias_add(p, toks.ids[i], bias);
+    rt_tokens_free(&toks);
+    return rc ? bl_err_set(err, rc, "out of memory") : 0;
+}
+
+static int parse_logit_bias(const json_t *body, const rt_gen_limits_t *lim, rt_gen_params_t *p,
+                            bl_err_t *err)
+{
+    json_t *lb = field(body, "logit_bias");
+    if (!lb)
+        return 0;
+    int rc = 0, skip;
+    float bias = 0.0f;
+    if (json_is_object(lb)) {
+        const char *key;
+        json_t *v;
+        json_object_foreach(lb, key, v) {
+            if ((rc = bias_value(v, &bias, &skip, err)))
+                return rc;
+            if (!skip && (rc = bias_target(p, lim, NULL, key, bias, err)))
+                return rc;
+        }
+        return 0;
+    }
+    if (!json_is_array(lb))
+        return bl_err_set(err, BL_EINVAL, "'logit_bias' must be an object or an array of pairs");
+    size_t i;
+    json_t *el;
+    json_array_foreach(lb, i, el) {
+        if (!json_is_array(el) || json_array_size(el) != 2)
+            return bl_err_set(err, BL_EINVAL,
+                              "'logit_bias'[%zu] must be a [token id or text, bias] pair", i);
+        json_t *k = json_array_get(el, 0);
+        if ((rc = bias_value(json_array_get(el, 1), &bias, &skip, err)))
+            return rc;
+        if (skip)
+            continue;
+        if ((rc = bias_target(p, lim, k, json_is_string(k) ? json_string_value(k) : "", bias, err)))
+            return rc;
+    }
+    return 0;
+}
+
+/* stop (a string or an array of strings) or Anthropic's stop_sequences. The
+ * strings stay in the request JSON; rt_engine_submit copies them. */
+static int parse_stop(const json_t *body, const char *name, int array_only, rt_gen_params_t *p,
+                      bl_err_t *err)
+{
+    json_t *st = field(body, name);
+    if (!st)
+        return 0;
+    if (json_is_string(st) && !array_only) {
+        if (json_string_length(st) > 0)
+            p->task.stop[p->task.n_stop++] = json_string_value(st);
+        return 0;
+    }
+    if (!json_is_array(st))
+        return bl_err_set(err, BL_EINVAL, "'%s' must be %s", name,
+                          array_only ? "an array of strings" : "a string or an array of strings");
+    size_t i;
+    json_t *s;
+    json_array_foreach(st, i, s) {
+        if (!json_is_string(s))
+            return bl_err_set(err, BL_EINVAL, "'%s'[%zu] must be a string", name, i);
+        if (json_string_length(s) == 0)
+            continue; /* llama-server skips empty stop words */
+        if (p->task.n_stop == RT_MAX_STOP)
+            return bl_err_set(err, BL_EINVAL, "'%s' has more than %d strings", name, RT_MAX_STOP);
+        p->task.stop[p->task.n_stop++] = json_string_value(s);
+    }
+    return 0;
+}
+
+/* Fields whose only value we can honour is the one that turns them off. */
+static int refuse_unsupported(const json_t *body, rt_gen_api_t api, bl_err_t *err)
+{
+    int64_t iv;
+    double dv;
+    int found, rc;
+    json_t *v;
+
+    if ((rc = get_int(body, "n", 1, INT32_MAX, &iv, &found, err)))
+        return rc;
+    if (found && iv != 1)
+        return bl_err_set(err, BL_EINVAL, "'n': only one completion choice is allowed");
+    if ((rc = get_int(body, "n_cmpl", 1, INT32_MAX, &iv, &found, err)))
+        return rc;
+    if (found && iv != 1)
+        return bl_err_set(err, BL_EINVAL, "'n_cmpl': only one completion choice is allowed");
+    if (api == RT_GEN_API_ANTHROPIC)
+        return 0;
+
+    if ((rc = get_int(body, "mirostat", 0, 2, &iv, &found, err)))
+        return rc;
+    if (found && iv != 0)
+        return bl_err_set(err, BL_EINVAL, "'mirostat' sampling is not supported (only 0)");
+    static const char *const off_when_zero[] = {"dry_multiplier", "xtc_probability",
+                                                "dynatemp_range"};
+    for (size_t i = 0; i < sizeof off_when_zero / sizeof *off_when_zero; i++) {
+        if ((rc = get_double(body, off_when_zero[i], &dv, &found, err)))
+            return rc;
+        if (found && dv != 0.0)
+            return bl_err_set(err, BL_EINVAL, "'%s' is not supported (only 0)", off_when_zero[i]);
+    }
+    if ((rc = get_double(body, "top_n_sigma", &dv, &found, err)))
+        return rc;
+    if (found && dv > 0.0)
+        return bl_err_set(err, BL_EINVAL, "'top_n_sigma' is not supported (only -1)");
+    if (field(body, "samplers"))
+        return bl_err_set(err, BL_EINVAL,
+                          "'samplers' is not supported: the order is fixed (penalties, top_k, "
+                          "typ_p, top_p, min_p, temperature)");
+    if ((v = field(body, "grammar")) && !(json_is_string(v) && json_string_length(v) == 0))
+        return bl_err_set(err, BL_EINVAL, "'grammar' is not supported");
+    if (field(body, "json_schema"))
+        return bl_err_set(err, BL_EINVAL, "'json_schema' is not supported");
+    if ((v = field(body, "response_format"))) {
+        json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+        if (!json_is_object(v) || (t && !json_is_string(t)))
+            return bl_err_set(err, BL_EINVAL, "'response_format' must be an object with a 'type'");
+        if (t && strcmp(json_string_value(t), "text") != 0)
+            return bl_err_set(err, BL_EINVAL,
+                              "'response_format' of type \"%.64s\" is not supported (only \"text\")",
+                              json_string_value(t));
+    }
+    if ((v = field(body, "lora")) && !(json_is_array(v) && json_array_size(v) == 0))
+        return bl_err_set(err, BL_EINVAL, "'lora' is not supported: no adapters are loaded");
+    if ((rc = get_int(body, "n_indent", 0, INT32_MAX, &iv, &found, err)))
+        return rc;
+    if (found && iv != 0)
+        return bl_err_set(err, BL_EINVAL, "'n_indent' is not supported (only 0)");
+    int b = 0;
+    if ((rc = get_bool(body, "return_progress", &b, err)))
+        return rc;
+    if (b)
+        return bl_err_set(err, BL_EINVAL, "'return_progress' is not supported");
+
+    if (api == RT_GEN_API_OAI_CMPL) {
+        b = 0;
+        if ((rc = get_bool(body, "echo", &b, err)))
+            return rc;
+        if (b)
+            return bl_err_set(err, BL_EINVAL, "'echo': only no echo is supported");
+        if ((rc = get_int(body, "best_of", 1, INT32_MAX, &iv, &found, err)))
+            return rc;
+        if (found && iv != 1)
+            return bl_err_set(err, BL_EINVAL, "'best_of' is not supported (only 1)");
+        if ((v = field(body, "suffix")) && !(json_is_string(v) && json_string_length(v) == 0))
+            return bl_err_set(err, BL_EINVAL, "'suffix' is not supported");
+    }
+    return 0;
+}
+
+int rt__gen_parse_params(const json_t *body, rt_gen_api_t api, const rt_gen_limits_t *lim,
+                         rt_gen_params_t *p, bl_err_t *err)
+{
+    memset(p, 0, sizeof *p);
+    rt_task_params_default(&p->task);
+    p->task.n_predict = lim->n_predict_default >= 0 ? lim->n_predict_default : -1;
+    p->seed_req = -1;
+    int rc, found;
+    int64_t iv;
+    rt_sampler_params_t *s = &p->task.sampling;
+
+    if (!json_is_object(body))
+        return bl_err_set(err, BL_EINVAL, "the request body must be a JSON object");
+    if ((rc = refuse_unsupported(body, api, err)))
+        goto fail;
+
+    /* sampling */
+    if ((rc = get_float(body, "temperature", &s->temp, err)) ||
+        (rc = get_float(body, "top_p", &s->top_p, err)))
+        goto fail;
+    if ((rc = get_int(body, "top_k", INT32_MIN, INT32_MAX, &iv, &found, err)))
+        goto fail;
+    if (found)
+        s->top_k = (int32_t)iv;
+    if (api != RT_GEN_API_ANTHROPIC) {
+        if ((rc = get_float(body, "min_p", &s->min_p, err)) ||
+            (rc = get_float(body, "typical_p", &s->typical_p, err)) ||
+            (rc = get_float(body, "repeat_penalty", &s->repeat_penalty, err)) ||
+            (rc = get_float(body, "presence_penalty", &s->presence_penalty, err)) ||
+            (rc = get_float(body, "frequency_penalty", &s->frequency_penalty, err)))
+            goto fail;
+        if ((rc = get_int(body, "repeat_last_n", -1, INT32_MAX, &iv, &found, err)))
+            goto fail;
+        if (found)
+            s->penalty_last_n = (int32_t)iv;
+        if ((rc = get_int(body, "min_keep", 0, INT32_MAX, &iv, &found, err)))
+            goto fail;
+        if (found)
+            s->min_keep = (int32_t)iv;
+        if ((rc = get_int(body, "seed", -1, UINT32_MAX, &iv, &found, err)))
+            goto fail;
+        if (found) {
+            p->seed_req = iv;
+            s->seed = iv < 0 ? RT_SEED_RANDOM : (uint32_t)iv;
+        }
+        if ((rc = parse_logit_bias(body, lim, p, err)))
+            goto fail;
+        s->logit_bias = p->bias;
+        s->n_logit_bias = p->n_bias;
+    }
+
+    /* the token limit: n_predict wins over max_completion_tokens over max_tokens, as
+     * in llama-server; Anthropic's max_tokens is required */
+    if (api == RT_GEN_API_ANTHROPIC) {
+        if (!field(body, "max_tokens")) {
+            rc = bl_err_set(err, BL_EINVAL, "'max_tokens' is required");
+            goto fail;
+        }
+        if ((rc = get_int(body, "max_tokens", 1, INT64_MAX, &p->task.n_predict, NULL, err)))
+            goto fail;
+    } else {
+        static const char *const limits[] = {"max_tokens", "max_completion_tokens", "n_predict"};
+        for (size_t i = 0; i < 3; i++) {
+            int is_native = i == 2; /* -1: no limit */
+            if ((rc = get_int(body, limits[i], is_native ? -1 : 0, INT64_MAX, &iv, &found, err)))
+                goto fail;
+            if (found)
+                p->task.n_predict = iv;
+        }
+    }
+    if (p->task.n_predict > lim->n_ctx_slot && lim->n_ctx_slot > 0)
+        p->task.n_predict = lim->n_ctx_slot; /* the context ends it there anyway */
+
+    /* stop strings */
+    if ((rc = parse_stop(body, api == RT_GEN_API_ANTHROPIC ? "stop_sequences" : "stop",
+                         api == RT_GEN_API_ANTHROPIC, p, err)))
+        goto fail;
+
+    /* streaming */
+    if ((rc = get_bool(body, "stream", &p->stream, err)))
+        goto fail;
+    json_t *so = field(body, "stream_options");
+    if (so && api != RT_GEN_API_ANTHROPIC) {
+        if (!json_is_object(so)) {
+            rc = bl_err_set(err, BL_EINVAL, "'stream_options' must be an object");
+            goto fail;
+        }
+        if ((rc = get_bool(so, "include_usage", &p->include_usage, err)))
+            goto fail;
+    }
+    if (api == RT_GEN_API_ANTHROPIC)
+        goto check;
+
+    /* probabilities */
+    if (api == RT_GEN_API_OAI_CHAT) {
+        int lp = 0;
+        if ((rc = get_bool(body, "logprobs", &lp, err)))
+            goto fail;
+        if ((rc = get_int(body, "top_logprobs", 0, RT_MAX_N_PROBS, &iv, &found, err)))
+            goto fail;
+        if (found && !lp) {
+            rc = bl_err_set(err, BL_EINVAL, "top_logprobs requires logprobs to be set to true");
+            goto fail;
+        }
+        if (lp) {
+            p->want_probs = 1;
+            p->task.n_probs = found ? (int)iv : RT_MAX_N_PROBS; /* llama-server's default */
+        }
+    } else if (api == RT_GEN_API_OAI_CMPL && field(body, "logprobs") && !field(body, "n_probs")) {
+        if ((rc = get_int(body, "logprobs", 0, RT_MAX_N_PROBS, &iv, NULL, err)))
+            goto fail;
+        p->want_probs = 1;
+        p->task.n_probs = (int)iv;
+    }
+    if ((rc = get_int(body, "n_probs", 0, RT_MAX_N_PROBS, &iv, &found, err)))
+        goto fail;
+    if (found) {
+        p->task.n_probs = (int)iv;
+        p->want_probs = iv > 0;
+    }
+    if ((rc = get_bool(body, "post_sampling_probs", &p->post_sampling_probs, err)))
+        goto fail;
+
+    /* llama-server's slot and cache controls */
+    if ((rc = get_bool(body, "cache_prompt", &p->task.cache_prompt, err)) ||
+        (rc = get_bool(body, "ignore_eos", &p->task.ignore_eos, err)) ||
+        (rc = get_bool(body, "return_tokens", &p->return_tokens, err)) ||
+        (rc = get_bool(body, "timings_per_token", &p->timings_per_token, err)))
+        goto fail;
+    if ((rc = get_int(body, "id_slot", -1, lim->n_slots > 0 ? lim->n_slots - 1 : INT32_MAX, &iv,
+                      &found, err)))
+        goto fail;
+    if (found)
+        p->task.slot_id = (int32_t)iv;
+    if ((rc = get_int(body, "t_max_predict_ms", 0, INT64_MAX / 2, &p->task.t_max_predict_ms, NULL,
+                      err)))
+        goto fail;
+
+check:
+    if ((rc = rt_sampler_params_check(s, (int32_t)lim->n_vocab, err)))
+        goto fail;
+    return 0;
+fail:
+    rt__gen_params_fini(p);
+    return rc;
+}
+
+void rt__gen_params_fini(rt_gen_params_t *p)
+{
+    free(p->bias);
+    p->bias = NULL;
+    p->n_bias = p->cap_bias = 0;
+    p->task.sampling.logit_bias = NULL;
+    p->task.sampling.n_logit_bias = 0;
+}
+
+/* ---------------------------------------------------------------------------- */
+/* prompts                                                                        */
+/* ---------------------------------------------------------------------------- */
+
+/* Appends a string or an id of a prompt array; first: the first element, before
+ * which the vocabulary's special tokens go. */
+static int prompt_piece(const json_t *v, int first, rt_tokenizer_t *tok, int64_t n_vocab,
+                        rt_tokens_t *out, bl_err_t *err)
+{
+    if (json_is_string(v)) {
+        unsigned flags = RT_TOKENIZE_PARSE_SPECIAL | (first ? RT_TOKENIZE_ADD_SPECIAL : 0);
+        bl_err_t terr;
+        int rc = rt_tokenize(tok, json_string_value(v), json_string_length(v), flags, out, &terr);
+        if (rc)
+            return bl_err_set(err, rc == BL_ENOMEM ? BL_ENOMEM : BL_EINVAL, "\"prompt\": %s",
+                              terr.msg);
+        return 0;
+    }
+    if (json_is_integer(v)) {
+        json_int_t id = json_integer_value(v);
+        if (id < 0 || id >= n_vocab)
+            return bl_err_set(err, BL_EINVAL,
+                              "\"prompt\": token %lld is outside the vocabulary (0..%lld)",
+                              (long long)id, (long long)n_vocab - 1);
+        if (out->n == out->cap) {
+            size_t cap = out->cap ? out->cap * 2 : 64;
+            int32_t *ids = realloc(out->ids, cap * sizeof *ids);
+            if (!ids)
+                return bl_err_set(err, BL_ENOMEM, "out of memory");
+            out->ids = ids;
+            out->cap = cap;
+        }
+        out->ids[out->n++] = (int32_t)id;
+        return 0;
+    }
+    return bl_err_set(err, BL_EINVAL,
+                      "\"prompt\" elements must be a string, a list of tokens, a JSON object "
+                      "containing a prompt string, or a list of mixed strings & tokens.");
+}
+
+int rt__gen_prompt_tokens(const json_t *prompt, rt_tokenizer_t *tok, int64_t n_vocab,
+                          rt_tokens_t *out, bl_err_t *err)
+{
+    if (!prompt || json_is_null(prompt))
+        return bl_err_set(err, BL_EINVAL, "\"prompt\" is required");
+    /* one prompt inside an array of prompts: llama-server answers several prompts with
+     * several results; one is all this server answers */
+    if (json_is_array(prompt) && json_array_size(prompt) >= 1) {
+        json_t *e0 = json_array_get(prompt, 0);
+        int nested = json_is_array(e0) || json_is_object(e0);
+        int all_strings = 1;
+        size_t i;
+        json_t *e;
+        json_array_foreach(prompt, i, e) all_strings &= json_is_string(e);
+        if (nested || (all_strings && json_array_size(prompt) > 1)) {
+            if (json_array_size(prompt) > 1)
+                return bl_err_set(err, BL_EINVAL,
+                                  "\"prompt\": several prompts in one request are not supported");
+            prompt = e0;
+        }
+    }
+    if (json_is_object(prompt)) {
+        if (field(prompt, "multimodal_data"))
+            return bl_err_set(err, BL_EINVAL,
+                              "\"prompt\": multimodal_data is not supported (no media model)");
+        json_t *ps = json_object_get(prompt, "prompt_string");
+        if (!ps)
+            return bl_err_set(err, BL_EINVAL, "\"prompt\": the object has no prompt_string");
+        prompt = ps;
+        if (json_is_object(prompt))
+            return bl_err_set(err, BL_EINVAL, "\"prompt\": prompt_string must be a string or ids");
+    }
+    if (json_is_string(prompt))
+        return prompt_piece(prompt, 1, tok, n_vocab, out, err);
+    if (!json_is_array(prompt))
+        return bl_err_set(err, BL_EINVAL,
+                          "\"prompt\" must be a string, an array of token ids, or a mixed array");
+    size_t i;
+    json_t *e;
+    json_array_foreach(prompt, i, e) {
+        int rc = prompt_piece(e, i == 0, tok, n_vocab, out, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------- */
+/* chat messages                                                                  */
+/* ---------------------------------------------------------------------------- */
+
+/* The text of a content value: a string, null, or text parts joined with "\n" (as
+ * llama-server joins them for templates that take strings). */
+static int content_text(const json_t *c, size_t mi, rt_gen_buf_t *out, bl_err_t *err)
+{
+    if (!c || json_is_null(c))
+        return rt__gen_buf_add(out, "", 0) ? bl_err_set(err, BL_ENOMEM, "out of memory") : 0;
+    if (json_is_string(c))
+        return rt__gen_buf_add(out, json_string_value(c), json_string_length(c))
+                   ? bl_err_set(err, BL_ENOMEM, "out of memory")
+                   : 0;
+    if (!json_is_array(c))
+        return bl_err_set(err, BL_EINVAL,
+                          "messages[%zu]: expected 'content' to be a string or an array", mi);
+    size_t j, n_text = 0;
+    json_t *part;
+    if (rt__gen_buf_add(out, "", 0))
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    json_array_foreach(c, j, part) {
+        json_t *type = json_is_object(part) ? json_object_get(part, "type") : NULL;
+        if (!json_is_string(type))
+            return bl_err_set(err, BL_EINVAL,
+                              "messages[%zu].content[%zu]: each part must be an object with a "
+                              "string 'type'", mi, j);
+        const char *t = json_string_value(type);
+        if (strcmp(t, "text") != 0) {
+            if (!strcmp(t, "image_url") || !strcmp(t, "image"))
+                return bl_err_set(err, BL_EINVAL,
+                                  "messages[%zu].content[%zu]: image input is not supported", mi,
+                                  j);
+            if (!strcmp(t, "input_audio") || !strcmp(t, "audio"))
+                return bl_err_set(err, BL_EINVAL,
+                                  "messages[%zu].content[%zu]: audio input is not supported", mi,
+                                  j);
+            return bl_err_set(err, BL_EINVAL,
+                              "messages[%zu].content[%zu]: unsupported content[].type \"%.64s\"",
+                              mi, j, t);
+        }
+        json_t *text = json_object_get(part, "text");
+        if (!json_is_string(text))
+            return bl_err_set(err, BL_EINVAL,
+                              "messages[%zu].content[%zu]: a text part needs a string 'text'", mi,
+                              j);
+        if ((n_text++ && rt__gen_buf_add(out, "\n", 1)) ||
+            rt__gen_buf_add(out, json_string_value(text), json_string_length(text)))
+            return bl_err_set(err, BL_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+int rt__gen_chat_messages(const json_t *messages, json_t **out, char **prefill, bl_err_t *err)
+{
+    *out = NULL;
+    *prefill = NULL;
+    if (!messages || json_is_null(messages))
+        return bl_err_set(err, BL_EINVAL, "'messages' is required");
+    if (!json_is_array(messages))
+        return bl_err_set(err, BL_EINVAL, "Expected 'messages' to be an array");
+    if (json_array_size(messages) == 0)
+        return bl_err_set(err, BL_EINVAL, "'messages' must not be empty");
+    json_t *arr = json_array();
+    if (!arr)
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    int rc = 0;
+    size_t i, n = json_array_size(messages);
+    json_t *m;
+    rt_gen_buf_t text = {0};
+    json_array_foreach(messages, i, m) {
+        if (!json_is_object(m)) {
+            rc = bl_err_set(err, BL_EINVAL, "messages[%zu] must be an object", i);
+            goto fail;
+        }
+        json_t *role = json_object_get(m, "role");
+        if (!json_is_string(role)) {
+            rc = bl_err_set(err, BL_EINVAL, "messages[%zu]: 'role' must be a string", i);
+            goto fail;
+        }
+        const char *r = json_string_value(role);
+        int assistant = !strcmp(r, "assistant");
+        /* developer is OpenAI's newer name for system; templates know only system */
+        if (!strcmp(r, "developer"))
+            r = "system";
+        else if (strcmp(r, "system") && strcmp(r, "user") && !assistant && strcmp(r, "tool")) {
+            rc = bl_err_set(err, BL_EINVAL,
+                            "messages[%zu]: unknown role \"%.64s\" (system, developer, user, "
+                            "assistant or tool)", i, r);
+            goto fail;
+        }
+        json_t *content = json_object_get(m, "content");
+        json_t *tc = field(m, "tool_calls");
+        if (tc && !(json_is_array(tc) && json_array_size(tc) == 0)) {
+            rc = bl_err_set(err, BL_EINVAL, "messages[%zu]: 'tool_calls' are not supported", i);
+            goto fail;
+        }
+        if (!content && !assistant) {
+            rc = bl_err_set(err, BL_EINVAL,
+                            "messages[%zu]: all non-assistant messages must contain 'content'", i);
+            goto fail;
+        }
+        text.n = 0;
+        if ((rc = content_text(content, i, &text, err)))
+            goto fail;
+        if (assistant && i + 1 == n) {
+            /* a last assistant message is a prefill: the reply continues it */
+            if (i > 0) {
+                json_t *prev = json_object_get(json_array_get(messages, i - 1), "role");
+                if (json_is_string(prev) && !strcmp(json_string_value(prev), "assistant")) {
+                    rc = bl_err_set(err, BL_EINVAL,
+                                    "Cannot have 2 or more assistant messages at the end of the "
+                                    "list.");
+                    goto fail;
+                }
+            }
+            *prefill = strdup(text.p);
+            if (!*prefill) {
+                rc = bl_err_set(err, BL_ENOMEM, "out of memory");
+                goto fail;
+            }
+            break;
+        }
+        json_t *o = json_object();
+        if (!o || json_array_append_new(arr, o) ||
+            json_object_set_new(o, "role", json_string(r)) ||
+            json_object_set_new(o, "content", json_stringn(text.p, text.n))) {
+            rc = bl_err_set(err, BL_ENOMEM, "out of memory");
+            goto fail;
+        }
+        static const char *const keep[] = {"name", "tool_call_id", "reasoning_content"};
+        for (size_t k = 0; k < 3; k++) {
+            json_t *v = field(m, keep[k]);
+            if (!v)
+                continue;
+            if (!json_is_string(v)) {
+                rc = bl_err_set(err, BL_EINVAL, "messages[%zu]: '%s' must be a string", i,
+                                keep[k]);
+                goto fail;
+            }
+            if (json_object_set(o, keep[k], v)) {
+                rc = bl_err_set(err, BL_ENOMEM, "out of memory");
+                goto fail;
+            }
+        }
+    }
+    rt__gen_buf_free(&text);
+    *out = arr;
+    return 0;
+fail:
+    rt__gen_buf_free(&text);
+    json_decref(arr);
+    free(*prefill);
+    *prefill = NULL;
+    return rc;
+}
+
+int rt__gen_chat_options(const json_t *body, json_t **kwargs, int *reasoning, bl_err_t *err)
+{
+    *kwargs = NULL;
+    *reasoning = 1; /* llama-server's default reasoning format splits <think> */
+    json_t *v;
+    if ((v = field(body, "tools")) && !json_is_array(v))
+        return bl_err_set(err, BL_EINVAL, "'tools' must be an array");
+    int has_tools = v && json_array_size(v) > 0;
+    if (has_tools)
+        return bl_err_set(err, BL_EINVAL, "'tools' is not supported: tool calls are not parsed");
+    if ((v = field(body, "tool_choice"))) {
+        if (!json_is_string(v) || (strcmp(json_string_value(v), "none") &&
+                                   strcmp(json_string_value(v), "auto")))
+            return bl_err_set(err, BL_EINVAL,
+                              "'tool_choice' is not supported (only \"none\" or \"auto\" without "
+                              "tools)");
+    }
+    if (field(body, "functions"))
+        return bl_err_set(err, BL_EINVAL, "'functions' is not supported");
+    if (field(body, "function_call"))
+        return bl_err_set(err, BL_EINVAL, "'function_call' is not supported");
+    if ((v = field(body, "reasoning_format"))) {
+        if (!json_is_string(v))
+            return bl_err_set(err, BL_EINVAL, "'reasoning_format' must be a string");
+        const char *f = json_string_value(v);
+        if (!strcmp(f, "none"))
+            *reasoning = 0;
+        else if (strcmp(f, "auto") && strcmp(f, "deepseek") && strcmp(f, "deepseek-legacy"))
+            return bl_err_set(err, BL_EINVAL,
+                              "'reasoning_format' \"%.64s\" is not supported (none, auto, "
+                              "deepseek)", f);
+    }
+    if ((v = field(body, "chat_template_kwargs"))) {
+        if (!json_is_object(v))
+            return bl_err_set(err, BL_EINVAL, "'chat_template_kwargs' must be an object");
+        json_t *et = json_object_get(v, "enable_thinking");
+        if (et && !json_is_boolean(et))
+            return bl_err_set(err, BL_EINVAL,
+                              "invalid type for \"enable_thinking\" (expected boolean)");
+        *kwargs = json_deep_copy(v);
+        if (!*kwargs)
+            return bl_err_set(err, BL_ENOMEM, "out of memory");
+    }
+    if ((v = field(body, "reasoning_effort"))) {
+        if (!json_is_string(v)) {
+            json_decref(*kwargs);
+            *kwargs = NULL;
+            return bl_err_set(err, BL_EINVAL, "'reasoning_effort' must be a string");
+        }
+        /* llama-server: "none" turns thinking off; any value reaches the template */
+        if (!*kwargs && !(*kwargs = json_object()))
+            return bl_err_set(err, BL_ENOMEM, "out of memory");
+        if (json_object_set(*kwargs, "reasoning_effort", v) ||
+            (!strcmp(json_string_value(v), "none") && !json_object_get(*kwargs, "enable_thinking") &&
+             json_object_set_new(*kwargs, "enable_thinking", json_false()))) {
+            json_decref(*kwargs);
+            *kwargs = NULL;
+            return bl_err_set(err, BL_ENOMEM, "out of memory");
+        }
+    }
+    return 0;
+}
+
+static int is_ws(char c)
+{
+    return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
+
+int rt__gen_render_chat(rt_app_t *app, const json_t *messages, const json_t *kwargs,
+                        int add_generation_prompt, const char *prefill, char **out,
+                        size_t *out_len, int *think_open, bl_err_t *err)
+{
+    *out = NULL;
+    *think_open = 0;
+    if (!app->tpl)
+        return bl_err_set(err, BL_EINVAL, "the server has no chat template");
+    char *text;
+    size_t len;
+    bl_err_t terr;
+    int rc = rt_chat_render(app->tpl, app->tok, messages, add_generation_prompt, kwargs, &text,
+                            &len, &terr);
+    if (rc)
+        return bl_err_set(err, rc, "chat template: %s", terr.msg);
+    if (prefill && *prefill) {
+        size_t pl = strlen(prefill);
+        char *t = realloc(text, len + pl + 1);
+        if (!t) {
+            free(text);
+            return bl_err_set(err, BL_ENOMEM, "out of memory");
+        }
+        memcpy(t + len, prefill, pl + 1);
+        text = t;
+        len += pl;
+    } else {
+        /* a template that opens <think> in the generation prompt: the model's first
+         * words are reasoning */
+        size_t e = len;
+        while (e > 0 && is_ws(text[e - 1]))
+            e--;
+        *think_open = e >= 7 && !memcmp(text + e - 7, "<think>", 7);
+    }
+    *out = text;
+    *out_len = len;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------- */
+/* <think> splitting                                                              */
+/* ---------------------------------------------------------------------------- */
+
+enum {
+    TS_START = 0,    /* nothing decided: a <think> may still come (after whitespace) */
+    TS_THINK_LEAD,   /* inside the span, before its first non-space */
+    TS_THINK,        /* inside the span */
+    TS_CONTENT_LEAD, /* after </think>, before the first non-space */
+    TS_CONTENT,      /* plain content to the end */
+};
+
+static const char THINK_OPEN[] = "<think>";
+static const char THINK_CLOSE[] = "</think>";
+
+void rt__gen_think_init(rt_gen_think_t *t, int open)
+{
+    t->state = open ? TS_THINK_LEAD : TS_START;
+    memset(&t->hold, 0, sizeof t->hold);
+}
+
+void rt__gen_think_fini(rt_gen_think_t *t)
+{
+    rt__gen_buf_free(&t->hold);
+}
+
+/* Emits hold[0..n) to out and drops it from hold. */
+static int emit(rt_gen_buf_t *hold, size_t n, rt_gen_buf_t *out)
+{
+    if (n && rt__gen_buf_add(out, hold->p, n))
+        return BL_ENOMEM;
+    buf_consume(hold, n);
+    return 0;
+}
+
+int rt__gen_think_feed(rt_gen_think_t *t, const char *s, size_t n, rt_gen_buf_t *reason,
+                       rt_gen_buf_t *content)
+{
+    if (t->state == TS_CONTENT && t->hold.n == 0)
+        return n ? rt__gen_buf_add(content, s, n) : 0;
+    if (rt__gen_buf_add(&t->hold, s, n))
+        return BL_ENOMEM;
+    rt_gen_buf_t *h = &t->hold;
+    for (;;) {
+        size_t i = 0;
+        switch (t->state) {
+        case TS_START: {
+            while (i < h->n && is_ws(h->p[i]))
+                i++;
+            if (i == h->n)
+                return 0;
+            size_t rem = h->n - i, m = rem < 7 ? rem : 7;
+            if (memcmp(h->p + i, THINK_OPEN, m) != 0) {
+                t->state = TS_CONTENT;
+                continue;
+            }
+            if (rem < 7)
+                return 0;
+            buf_consume(h, i + 7);
+            t->state = TS_THINK_LEAD;
+            continue;
+        }
+        case TS_THINK_LEAD:
+        case TS_CONTENT_LEAD:
+            while (i < h->n && is_ws(h->p[i]))
+                i++;
+            buf_consume(h, i);
+            if (h->n == 0)
+                return 0;
+            t->state = t->state == TS_THINK_LEAD ? TS_THINK : TS_CONTENT;
+            continue;
+        case TS_THINK: {
+            char *close = memmem(h->p, h->n, THINK_CLOSE, 8);
+            if (close) {
+                size_t k = (size_t)(close - h->p), e = k;
+                while (e > 0 && is_ws(h->p[e - 1]))
+                    e--;
+                if (emit(h, e, reason))
+                    return BL_ENOMEM;
+                buf_consume(h, k - e + 8);
+                t->state = TS_CONTENT_LEAD;
+                continue;
+            }
+            /* keep a tail that may begin </think>, and trailing whitespace, which is
+             * dropped if the span closes after it */
+            size_t cut = h->n;
+            for (size_t j = h->n > 7 ? h->n - 7 : 0; j < h->n; j++) {
+                if (!memcmp(h->p + j, THINK_CLOSE, h->n - j)) {
+                    cut = j;
+                    break;
+                }
+            }
+            while (cut > 0 && is_ws(h->p[cut - 1]))
+                cut--;
+            return emit(h, cut, reason);
+        }
+        default: /* TS_CONTENT */
+            return emit(h, h->n, content);
+        }
+    }
+}
+
+int rt__gen_think_finish(rt_gen_think_t *t, rt_gen_buf_t *reason, rt_gen_buf_t *content)
+{
+    rt_gen_buf_t *h = &t->hold;
+    int rc = 0;
+    switch (t->state) {
+    case TS_START:
+    case TS_CONTENT:
+        rc = emit(h, h->n, content);
+        break;
+    case TS_THINK: {
+        size_t e = h->n;
+        while (e > 0 && is_ws(h->p[e - 1]))
+            e--;
+        rc = emit(h, e, reason);
+        break;
+    }
+    default:
+        break;
+    }
+    buf_consume(h, h->n);
+    t->state = TS_CONTENT;
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------- */
+/* reply pieces                                                                   */
+/* ---------------------------------------------------------------------------- */
+
+/* The length of the valid UTF-8 sequence at s[0..n), or 0 when it is not one. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t len;
+    unsigned min;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC2 && c <= 0xDF)
+        len = 2, min = 0x80;
+    else if (c >= 0xE0 && c <= 0xEF)
+        len = 3, min = 0x800;
+    else if (c >= 0xF0 && c <= 0xF4)
+        len = 4, min = 0x10000;
+    else
+        return 0;
+    if (n < len)
+        return 0;
+    unsigned cp = c & (0x3F >> (len - 1));
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[i] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return len;
+}
+
+json_t *rt__gen_json_piece(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    /* an incomplete character at the end: dropped, as llama-server's validate_utf8 */
+    size_t end = n;
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        unsigned c = u[n - back];
+        if ((c & 0xC0) == 0x80)
+            continue;
+        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        if (need > back)
+            end = n - back;
+        break;
+    }
+    rt_gen_buf_t b = {0};
+    size_t i = 0;
+    while (i < end) {
+        size_t l = utf8_seq(u + i, end - i);
+        if (l) {
+            if (rt__gen_buf_add(&b, s + i, l))
+                goto oom;
+            i += l;
+        } else {
+            if (rt__gen_buf_add(&b, "\xEF\xBF\xBD", 3))
+                goto oom;
+            i++;
+        }
+    }
+    json_t *j = json_stringn(b.p ? b.p : "", b.n);
+    rt__gen_buf_free(&b);
+    return j;
+oom:
+    rt__gen_buf_free(&b);
+    return NULL;
+}
+
+json_t *rt__gen_json_real(double x)
+{
+    if (isnan(x) || x < -FLT_MAX)
+        x = -FLT_MAX;
+    else if (x > FLT_MAX)
+        x = FLT_MAX;
+    return json_real(x);
+}
+
+json_t *rt__gen_timings_json(const rt_timings_t *t)
+{
+    int64_t prompt_n = t->n_prompt - t->n_cached;
+    if (prompt_n < 0)
+        prompt_n = 0;
+    double ppt = prompt_n > 0 ? t->prompt_ms / (double)prompt_n : 0.0;
+    double pps = t->prompt_ms > 0 ? 1e3 / t->prompt_ms * (double)prompt_n : 0.0;
+    double gpt = t->n_predicted > 0 ? t->predicted_ms / (double)t->n_predicted : 0.0;
+    double gps = t->predicted_ms > 0 ? 1e3 / t->predicted_ms * (double)t->n_predicted : 0.0;
+    return json_pack("{s:I, s:I, s:o, s:o, s:o, s:I, s:o, s:o, s:o}", "cache_n",
+                     (json_int_t)t->n_cached, "prompt_n", (json_int_t)prompt_n, "prompt_ms",
+                     rt__gen_json_real(t->prompt_ms), "prompt_per_token_ms", rt__gen_json_real(ppt),
+                     "prompt_per_second", rt__gen_json_real(pps), "predicted_n",
+                     (json_int_t)t->n_predicted, "predicted_ms", rt__gen_json_real(t->predicted_ms),
+                     "predicted_per_token_ms", rt__gen_json_real(gpt), "predicted_per_second",
+                     rt__gen_json_real(gps));
+}
+
+static json_t *bytes_json(const char *s, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++)
+        if (json_array_append_new(a, json_integer((unsigned char)s[i]))) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
+/* {id, token, bytes, logprob|prob} of one candidate. */
+static json_t *prob_one(const rt_tokenizer_t *tok, const rt_token_prob_t *p, int post)
+{
+    rt_str_t piece = rt_tokenizer_piece(tok, p->id);
+    const char *s = piece.ptr ? piece.ptr : "";
+    size_t n = piece.ptr ? piece.len : 0;
+    return json_pack("{s:i, s:o, s:o, s:o}", "id", (int)p->id, "token", rt__gen_json_piece(s, n),
+                     "bytes", bytes_json(s, n), post ? "prob" : "logprob",
+                     rt__gen_json_real(post ? p->prob : p->logprob));
+}
+
+json_t *rt__gen_prob_entry(const rt_tokenizer_t *tok, const rt_event_t *ev, int post)
+{
+    json_t *e = prob_one(tok, &ev->sampled, post);
+    json_t *top = json_array();
+    if (!e || !top)
+        goto fail;
+    for (int i = 0; i < ev->n_probs_out; i++)
+        if (json_array_append_new(top, prob_one(tok, &ev->probs[i], post)))
+            goto fail;
+    if (json_object_set_new(e, post ? "top_probs" : "top_logprobs", top))
+        goto fail_e;
+    return e;
+fail:
+    json_decref(top);
+fail_e:
+    json_decref(e);
+    return NULL;
+}
+
+char *rt__gen_sse(const char *event, json_t *j, size_t *len)
+{
+    *len = 0;
+    if (!j)
+        return NULL;
+    char *body = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!body)
+        return NULL;
+    size_t bl = strlen(body), el = event ? strlen(event) : 0;
+    size_t cap = bl + el + 32;
+    char *out = malloc(cap);
+    if (out) {
+        int n = event ? snprintf(out, cap, "event: %s\ndata: %s\n\n", event, body)
+                      : snprintf(out, cap, "data: %s\n\n", body);
+        *len = (size_t)n;
+    }
+    free(body);
+    return out;
+}
+
+void rt__gen_random_id(char *out, size_t cap, const char *prefix)
+{
+    static const char alnum[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    unsigned char r[32];
+    if (getrandom(r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
+        /* no entropy yet (early boot): ids need only be unlikely to repeat */
+        static uint64_t x;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        x ^= (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
+        for (size_t i = 0; i < sizeof r; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            r[i] = (unsigned char)x;
+        }
+    }
+    size_t pl = strlen(prefix);
+    if (cap < pl + 33) {
+        if (cap)
+            out[0] = '\0';
+        return;
+    }
+    memcpy(out, prefix, pl);
+    for (size_t i = 0; i < 32; i++)
+        out[pl + i] = alnum[r[i] % 62];
+    out[pl + 32] = '\0';
+}
+
+const char *rt__gen_finish_reason(rt_stop_type_t s)
+{
+    return s == RT_STOP_EOS || s == RT_STOP_WORD ? "stop" : "length";
+}
+
+const char *rt__gen_anthropic_stop_reason(rt_stop_type_t s)
+{
+    return s == RT_STOP_EOS ? "end_turn" : s == RT_STOP_WORD ? "stop_sequence" : "max_tokens";
+}
+
+const char *rt__gen_stop_type_name(rt_stop_type_t s)
+{
+    switch (s) {
+    case RT_STOP_EOS:
+        return "eos";
+    case RT_STOP_WORD:
+        return "word";
+    case RT_STOP_LIMIT:
+        return "limit";
+    default:
+        return "none";
+    }
+}
+
+/* ---------------------------------------------------------------------------- */
+/* errors                                                                         */
+/* ---------------------------------------------------------------------------- */
+
+/* Anthropic's error type for a status. */
+static const char *anthropic_error_type(int status)
+{
+    switch (status) {
+    case 400:
+    case 413:
+        return "invalid_request_error";
+    case 401:
+        return "authentication_error";
+    case 403:
+        return "permission_error";
+    case 404:
+        return "not_found_error";
+    case 503:
+        return "overloaded_error";
+    default:
+        return "api_error";
+    }
+}
+
+static void send_error_v(rt_req_t *r, rt_gen_api_t api, int status, const char *type,
+                         const char *fmt, va_list ap)
+{
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (api == RT_GEN_API_ANTHROPIC) {
+        json_t *j = json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
+                              anthropic_error_type(status), "message", msg);
+        if (j) {
+            rt_req_send_json(r, status, j);
+            return;
+        }
+    }
+    rt_req_send_error(r, status, type, "%s", msg);
+}
+
+void rt__gen_send_error(rt_req_t *r, rt_gen_api_t api, int status, const char *type,
+                        const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    send_error_v(r, api, status, type, fmt, ap);
+    va_end(ap);
+}
+
+int rt__gen_unavailable(rt_req_t *r, int anthropic)
+{
+    rt_app_t *app = rt_req_app(r);
+    rt_gen_api_t api = anthropic ? RT_GEN_API_ANTHROPIC : RT_GEN_API_NATIVE;
+    if (app->loading) {
+        rt__gen_send_error(r, api, 503, "unavailable_error", "Loading model");
+        return 1;
+    }
+    if (app->stopping) {
+        rt__gen_send_error(r, api, 503, "unavailable_error", "server is shutting down");
+        return 1;
+    }
+    return 0;
+}
+
+/* llama-server's answer to a prompt longer than a slot's context. */
+static void send_exceed_context(rt_req_t *r, rt_gen_api_t api, size_t n_prompt, int64_t n_ctx)
+{
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "request (%zu tokens) exceeds the available context size (%lld tokens), try "
+             "increasing it", n_prompt, (long long)n_ctx);
+    if (api == RT_GEN_API_ANTHROPIC) {
+        rt__gen_send_error(r, api, 400, NULL, "%s", msg);
+        return;
+    }
+    json_t *j = json_pack("{s:{s:i, s:s, s:s, s:I, s:I}}", "error", "code", 400, "message", msg,
+                          "type", "exceed_context_size_error", "n_prompt_tokens",
+                          (json_int_t)n_prompt, "n_ctx", (json_int_t)n_ctx);
+    if (j)
+        rt_req_send_json(r, 400, j);
+    else
+        rt_req_send_error(r, 400, "exceed_context_size_error", "%s", msg);
+}
+
+/* ---------------------------------------------------------------------------- */
+/* one generation                                                                 */
+/* ---------------------------------------------------------------------------- */
+
+rt_gen_req_t *rt__gen_req_new(rt_req_t *r, rt_app_t *app, rt_gen_api_t api, const rt_gen_ops_t *ops,
+                              const char *id_prefix)
+{
+    rt_gen_req_t *g = calloc(1, sizeof *g);
+    if (!g)
+        return NULL;
+    g->r = r;
+    g->app = app;
+    g->api = api;
+    g->ops = ops;
+    g->created = (int64_t)time(NULL);
+    g->block_index = -1;
+    rt__gen_random_id(g->id, sizeof g->id, id_prefix);
+    rt__gen_think_init(&g->think, 0);
+    return g;
+}
+
+void rt__gen_req_free(rt_gen_req_t *g)
+{
+    if (!g)
+        return;
+    rt__gen_params_fini(&g->params);
+    rt__gen_think_fini(&g->think);
+    rt__gen_buf_free(&g->content);
+    rt__gen_buf_free(&g->reasoning);
+    json_decref(g->probs);
+    json_decref(g->tokens);
+    free(g->prompt_text);
+    free(g);
+}
+
+void rt__gen_write(rt_gen_req_t *g, const char *s, size_t n)
+{
+    if (!g->gone && g->streaming && n)
+        rt_req_stream_write(g->r, s, n);
+}
+
+void rt__gen_write_sse(rt_gen_req_t *g, const char *event, json_t *j)
+{
+    size_t len;
+    char *s = rt__gen_sse(event, j, &len);
+    if (!s) {
+        BL_LOG(BL_LOG_ERROR, "event=sse_format_failed req=%s reason=out_of_memory", g->id);
+        return;
+    }
+    rt__gen_write(g, s, len);
+    free(s);
+}
+
+void rt__gen_fail(rt_gen_req_t *g, int status, const char *message)
+{
+    if (g->gone)
+        return;
+    if (!g->streaming) {
+        rt__gen_send_error(g->r, g->api, status, NULL, "%s", message);
+        return;
+    }
+    if (g->api == RT_GEN_API_ANTHROPIC) {
+        rt__gen_write_sse(g, "error",
+                          json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
+                                    anthropic_error_type(status), "message", message));
+    } else {
+        const char *type = status == 400 ? "invalid_request_error"
+                           : status == 503 ? "unavailable_error"
+                                           : "server_error";
+        rt__gen_write_sse(g, NULL,
+                          json_pack("{s:{s:i, s:s, s:s}}", "error", "code", status, "message",
+                                    message, "type", type));
+    }
+    rt_req_stream_end(g->r);
+}
+
+/* The client left: the task stops and nothing more is written. Runs at most once;
+ * if it comes while an event is handled, the event's handler frees g. */
+static void on_gone(void *ud)
+{
+    rt_gen_req_t *g = ud;
+    g->gone = 1;
+    if (g->task) {
+        rt_engine_cancel(g->app->engine, g->task);
+        g->task = NULL;
+    }
+    if (!g->in_event)
+        rt__gen_req_free(g);
+}
+
+/* Text an event released, split when reasoning is on, to the reply. */
+static int deliver_text(rt_gen_req_t *g, const rt_event_t *ev, const char *text, size_t len,
+                        int last)
+{
+    rt_gen_buf_t reason = {0}, content = {0};
+    int rc = 0;
+    if (g->params.reasoning) {
+        if ((len && rt__gen_think_feed(&g->think, text, len, &reason, &content)) ||
+            (last && rt__gen_think_finish(&g->think, &reason, &content)))
+            rc = BL_ENOMEM;
+    } else if (len && rt__gen_buf_add(&content, text, len)) {
+        rc = BL_ENOMEM;
+    }
+    if (!rc && (memchr(content.p ? content.p : "", '\n', content.n)))
+        g->has_new_line = 1;
+    if (!rc && !g->params.stream) {
+        if ((reason.n && rt__gen_buf_add(&g->reasoning, reason.p, reason.n)) ||
+            (content.n && rt__gen_buf_add(&g->content, content.p, content.n)))
+            rc = BL_ENOMEM;
+    }
+    if (!rc && g->params.stream && g->ops->token &&
+        (reason.n || content.n || ev->kind == RT_EV_TOKEN))
+        g->ops->token(g, ev, reason.p ? reason.p : "", reason.n, content.p ? content.p : "",
+                      content.n);
+    rt__gen_buf_free(&reason);
+    rt__gen_buf_free(&content);
+    return rc;
+}
+
+static void on_event(void *ud, const rt_event_t *ev)
+{
+    rt_gen_req_t *g = ud;
+    if (g->gone)
+        return; /* cannot happen after rt_engine_cancel; kept for safety */
+    g->in_event = 1;
+    switch (ev->kind) {
+    case RT_EV_TOKEN:
+        g->n_events++;
+        if (!g->params.stream) {
+            if ((g->params.return_tokens &&
+                 json_array_append_new(g->tokens, json_integer(ev->token))) ||
+                (g->params.want_probs &&
+                 json_array_append_new(g->probs,
+                                       rt__gen_prob_entry(g->app->tok, ev,
+                                                          g->params.post_sampling_probs)))) {
+                BL_LOG(BL_LOG_WARN, "event=reply_incomplete req=%s reason=out_of_memory", g->id);
+            }
+        }
+        if (deliver_text(g, ev, ev->text, ev->len, 0))
+            BL_LOG(BL_LOG_WARN, "event=reply_incomplete req=%s reason=out_of_memory", g->id);
+        break;
+    case RT_EV_DONE:
+        g->task = NULL; /* over: nothing to cancel */
+        if (deliver_text(g, ev, ev->tail ? ev->tail : "", ev->tail ? ev->tail_len : 0, 1))
+            BL_LOG(BL_LOG_WARN, "event=reply_incomplete req=%s reason=out_of_memory", g->id);
+        if (!g->gone)
+            g->ops->done(g, ev);
+        g->gone = 1; /* answered: the request is the HTTP layer's again */
+        break;
+    case RT_EV_ERROR:
+        g->task = NULL;
+        rt__gen_fail(g, ev->status ? ev->status : 500,
+                     ev->message ? ev->message : "generation failed");
+        g->gone = 1;
+        break;
+    }
+    g->in_event = 0;
+    if (g->gone)
+        rt__gen_req_free(g);
+}
+
+void rt__gen_submit(rt_gen_req_t *g, const int32_t *prompt, size_t n)
+{
+    rt_app_t *app = g->app;
+    rt_req_t *r = g->r;
+    g->n_prompt = (int64_t)n;
+    if (n == 0) {
+        rt__gen_send_error(r, g->api, 400, NULL, "\"prompt\" must not be empty");
+        rt__gen_req_free(g);
+        return;
+    }
+    if ((g->params.want_probs && !(g->probs = json_array())) ||
+        (g->params.return_tokens && !(g->tokens = json_array()))) {
+        rt__gen_send_error(r, g->api, 500, NULL, "out of memory");
+        rt__gen_req_free(g);
+        return;
+    }
+    rt__gen_think_fini(&g->think);
+    rt__gen_think_init(&g->think, g->think_open);
+    bl_err_t err = {0};
+    rt_task_t *task = NULL;
+    int rc = rt_engine_submit(app->engine, prompt, n, &g->params.task, on_event, g, &task, &err);
+    if (rc) {
+        if (rc == BL_ERANGE)
+            send_exceed_context(r, g->api, n, app->n_ctx_slot);
+        else if (rc == BL_ECLOSED)
+            rt__gen_send_error(r, g->api, 503, "unavailable_error", "server is shutting down");
+        else if (rc == BL_EINVAL)
+            rt__gen_send_error(r, g->api, 400, NULL, "%s", err.msg);
+        else
+            rt__gen_send_error(r, g->api, 500, NULL, "%s", err.msg[0] ? err.msg : "out of memory");
+        rt__gen_req_free(g);
+        return;
+    }
+    g->task = task;
+    if (g->params.stream) {
+        rt_req_stream_start(r, 200, "text/event-stream", on_gone, g);
+        g->streaming = 1;
+        if (g->ops->start)
+            g->ops->start(g);
+    } else {
+        rt_req_on_gone(r, on_gone, g);
+    }
+}
+
+/* ---------------------------------------------------------------------------- */
+/* llama-server's /completion                                                     */
+/* ---------------------------------------------------------------------------- */
+
+json_t *rt__gen_settings_json(const rt_gen_req_t *g)
+{
+    const rt_task_params_t *t = &g->params.task;
+    const rt_sampler_params_t *s = &t->sampling;
+    json_t *stop = json_array(), *bias = json_array();
+    for (int i = 0; stop && i < t->n_stop; i++)
+        json_array_append_new(stop, json_string(t->stop[i]));
+    for (size_t i = 0; bias && i < s->n_logit_bias; i++)
+        json_array_append_new(bias, json_pack("{s:o, s:i}", "bias",
+                                              rt__gen_json_real(s->logit_bias[i].bias), "token",
+                                              (int)s->logit_bias[i].token));
+    json_t *j = json_pack(
+        "{s:I, s:I, s:o, s:i, s:o, s:o, s:o, s:i, s:o, s:o, s:o, s:i, s:o, s:I, s:I, s:b, s:b, "
+        "s:i, s:i, s:o, s:s, s:[sssss], s:b, s:b}",
+        "n_predict", (json_int_t)t->n_predict, "seed",
+        (json_int_t)(g->params.seed_req < 0 ? (json_int_t)RT_SEED_RANDOM : g->params.seed_req),
+        "temperature", rt__gen_json_real(s->temp), "top_k", (int)s->top_k, "top_p",
+        rt__gen_json_real(s->top_p), "min_p", rt__gen_json_real(s->min_p), "typical_p",
+        rt__gen_json_real(s->typical_p), "repeat_last_n", (int)s->penalty_last_n, "repeat_penalty",
+        rt__gen_json_real(s->repeat_penalty), "presence_penalty",
+        rt__gen_json_real(s->presence_penalty), "frequency_penalty",
+        rt__gen_json_real(s->frequency_penalty), "mirostat", 0, "stop",
+        stop ? stop : json_array(), "max_tokens", (json_int_t)t->n_predict, "n_keep",
+        (json_int_t)0, "ignore_eos", t->ignore_eos, "stream", g->params.stream, "n_probs",
+        t->n_probs, "min_keep", (int)s->min_keep, "logit_bias", bias ? bias : json_array(),
+        "grammar", "", "samplers", "penalties", "top_k", "typ_p", "top_p", "min_p",
+        "timings_per_token", g->params.timings_per_token, "post_sampling_probs",
+        g->params.post_sampling_probs);
+    /* "temperature" closes the sampler list in llama-server's names */
+    json_t *sm = json_object_get(j, "samplers");
+    if (sm)
+        json_array_append_new(sm, json_string("temperature"));
+    if (j)
+        json_object_set_new(j, "n_ctx", json_integer(g->app->n_ctx_slot));
+    if (j)
+        json_object_set_new(j, "model", json_string(g->app->model_alias ? g->app->model_alias : ""));
+    return j;
+}
+
+static void native_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason,
+                         size_t reason_len, const char *content, size_t content_len)
+{
+    (void)reason;
+    (void)reason_len;
+    json_t *j = json_pack("{s:i, s:s%, s:[], s:b, s:i, s:I, s:I}", "index", 0, "content", content,
+                          content_len, "tokens", "stop", 0, "id_slot", ev->slot,
+                          "tokens_predicted", (json_int_t)ev->timings.n_predicted,
+                          "tokens_evaluated", (json_int_t)g->n_prompt);
+    if (!j)
+        return;
+    if (ev->kind == RT_EV_TOKEN) {
+        json_array_append_new(json_object_get(j, "tokens"), json_integer(ev->token));
+        if (g->params.want_probs) {
+            json_t *a = json_array();
+            json_array_append_new(a, rt__gen_prob_entry(g->app->tok, ev,
+                                                        g->params.post_sampling_probs));
+            json_object_set_new(j, "completion_probabilities", a);
+        }
+    }
+    if (g->params.timings_per_token)
+        json_object_set_new(j, "timings", rt__gen_timings_json(&ev->timings));
+    rt__gen_write_sse(g, NULL, j);
+}
+
+/* The final object of /completion: the whole reply, or the stream's last event. */
+static json_t *native_final(rt_gen_req_t *g, const rt_event_t *ev)
+{
+    int stream = g->params.stream;
+    json_t *j = json_pack(
+        "{s:i, s:s%, s:o, s:i, s:b, s:s, s:I, s:I, s:o, s:s, s:b, s:b, s:s, s:s, s:I, s:o}",
+        "index", 0, "content", stream ? "" : (g->content.p ? g->content.p : ""),
+        stream ? (size_t)0 : g->content.n, "tokens",
+        (!stream && g->tokens) ? json_incref(g->tokens) : json_array(), "id_slot", ev->slot,
+        "stop", 1, "model", g->app->model_alias ? g->app->model_alias : "", "tokens_predicted",
+        (json_int_t)ev->timings.n_predicted, "tokens_evaluated", (json_int_t)g->n_prompt,
+        "generation_settings", rt__gen_settings_json(g), "prompt",
+        g->prompt_text ? g->prompt_text : "", "has_new_line", g->has_new_line, "truncated", 0,
+        "stop_type", rt__gen_stop_type_name(ev->stop_type), "stopping_word",
+        ev->stop_type == RT_STOP_WORD && ev->stopping_word ? ev->stopping_word : "",
+        "tokens_cached", (json_int_t)(g->n_prompt + ev->timings.n_predicted), "timings",
+        rt__gen_timings_json(&ev->timings));
+    if (j && !stream && g->probs && json_array_size(g->probs))
+        json_object_set(j, "completion_probabilities", g->probs);
+    return j;
+}
+
+static void native_done(rt_gen_req_t *g, const rt_event_t *ev)
+{
+    json_t *j = native_final(g, ev);
+    if (g->params.stream) {
+        rt__gen_write_sse(g, NULL, j);
+        rt_req_stream_end(g->r);
+    } else if (j) {
+        rt_req_send_json(g->r, 200, j);
+    } else {
+        rt__gen_send_error(g->r, g->api, 500, NULL, "out of memory");
+    }
+}
+
+static const rt_gen_ops_t native_ops = {NULL, native_token, native_done};
+
+static rt_gen_limits_t limits_of(rt_app_t *app)
+{
+    rt_gen_limits_t l = {app->tok, app->n_vocab, app->n_ctx_slot, app->n_slots,
+                         app->n_predict_default};
+    return l;
+}
+
+int rt__gen_limits(rt_app_t *app, rt_gen_limits_t *out)
+{
+    *out = limits_of(app);
+    return 0;
+}
+
+static void route_completion(rt_req_t *r)
+{
+    if (rt__gen_unavailable(r, 0))
+        return;
+    rt_app_t *app = rt_req_app(r);
+    const json_t *body = rt_req_json(r);
+    bl_err_t err = {0};
+    rt_gen_limits_t lim = limits_of(app);
+    rt_gen_req_t *g = rt__gen_req_new(r, app, RT_GEN_API_NATIVE, &native_ops, "cmpl-");
+    if (!g) {
+        rt_req_send_error(r, 500, NULL, "out of memory");
+        return;
+    }
+    rt_tokens_t toks = {0};
+    int rc = rt__gen_parse_params(body, RT_GEN_API_NATIVE, &lim, &g->params, &err);
+    if (!rc)
+        rc = rt__gen_prompt_tokens(json_object_get(body, "prompt"), app->tok, app->n_vocab, &toks,
+                                   &err);
+    if (!rc && toks.n) {
+        size_t len;
+        bl_err_t derr;
+        if (rt_detokenize(app->tok, toks.ids, toks.n, RT_DETOK_SPECIAL, &g->prompt_text, &len,
+                          &derr))
+            g->prompt_text = NULL; /* the echo of the prompt is informative only */
+    }
+    if (rc) {
+        rt__gen_send_error(r, RT_GEN_API_NATIVE, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
+        rt_tokens_free(&toks);
+        rt__gen_req_free(g);
+        return;
+    }
+    rt__gen_submit(g, toks.ids, toks.n);
+    rt_tokens_free(&toks);
+}
+
+/* POST /apply-template: the chat prompt the template makes of messages. */
+static void route_apply_template(rt_req_t *r)
+{
+    rt_app_t *app = rt_req_app(r);
+    const json_t *body = rt_req_json(r);
+    bl_err_t err = {0};
+    json_t *msgs = NULL, *kwargs = NULL;
+    char *prefill = NULL, *text = NULL;
+    size_t len;
+    int reasoning, think_open, rc;
+    if (!json_is_object(body)) {
+        rt_req_send_error(r, 400, NULL, "the request body must be a JSON object");
+        return;
+    }
+    int add_gen = 1;
+    if ((rc = rt__gen_chat_options(body, &kwargs, &reasoning, &err)) ||
+        (rc = get_bool(body, "add_generation_prompt", &add_gen, &err)) ||
+        (rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs, &prefill, &err)) ||
+        (rc = rt__gen_render_chat(app, msgs, kwargs, add_gen, prefill, &text, &len, &think_open,
+                                  &err))) {
+        rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
+    } else {
+        json_t *j = json_pack("{s:s%}", "prompt", text, len);
+        if (j)
+            rt_req_send_json(r, 200, j);
+        else
+            rt_req_send_error(r, 500, NULL, "out of memory");
+    }
+    free(text);
+    free(prefill);
+    json_decref(msgs);
+    json_decref(kwargs);
+}
+
+/* ---------------------------------------------------------------------------- */
+/* registration                                                                   */
+/* ---------------------------------------------------------------------------- */
+
+void rt_api_gen_register(rt_http_t *h)
+{
+    static const struct {
+        const char *path;
+        rt_route_fn fn;
+    } routes[] = {
+        {"/completion", route_completion},
+        {"/completions", rt__api_oai_completions},
+        {"/v1/completions", rt__api_oai_completions},
+        {"/chat/completions", rt__api_chat},
+        {"/v1/chat/completions", rt__api_chat},
+        {"/v1/chat/completions/input_tokens", rt__api_chat_input_tokens},
+        {"/apply-template", route_apply_template},
+        {"/v1/messages", rt__api_messages},
+        {"/v1/messages/count_tokens", rt__api_messages_count_tokens},
+    };
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
+        if (rt_http_route(h, "POST", routes[i].path, routes[i].fn, 0))
+            BL_LOG(BL_LOG_ERROR, "event=route_failed path=%s reason=out_of_memory",
+                   routes[i].path);
+}

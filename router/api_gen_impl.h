@@ -1,0 +1,237 @@
+/* What api_gen.c, api_openai.c and api_anthropic.c share: request-field parsing
+ * into rt_task_params_t, prompt forms, chat messages, the <think> splitter, the
+ * JSON pieces of responses, and one generation in flight (rt_gen_req_t) that turns
+ * engine events into an API's replies. Everything here runs on the loop thread. */
+#ifndef RT_API_GEN_IMPL_H
+#define RT_API_GEN_IMPL_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "api.h"
+#include "engine.h"
+#include "err.h"
+#include "tokenizer.h"
+
+/* The API a request came through: which fields it reads and how it answers. */
+typedef enum rt_gen_api {
+    RT_GEN_API_NATIVE = 0, /* llama-server's /completion */
+    RT_GEN_API_OAI_CMPL,   /* /v1/completions */
+    RT_GEN_API_OAI_CHAT,   /* /v1/chat/completions */
+    RT_GEN_API_ANTHROPIC,  /* /v1/messages */
+} rt_gen_api_t;
+
+/* --- growable byte buffer --------------------------------------------------- */
+
+typedef struct rt_gen_buf {
+    char *p; /* NUL-terminated when non-NULL */
+    size_t n;
+    size_t cap;
+} rt_gen_buf_t;
+
+int rt__gen_buf_add(rt_gen_buf_t *b, const char *s, size_t n) BL_WUR; /* 0 or BL_ENOMEM */
+void rt__gen_buf_free(rt_gen_buf_t *b);
+
+/* --- request fields --------------------------------------------------------- */
+
+/* A request's generation options: the engine's part plus what shapes the reply. */
+typedef struct rt_gen_params {
+    rt_task_params_t task;     /* stop strings point into the request JSON */
+    rt_logit_bias_t *bias;     /* owned (task.sampling.logit_bias points here) */
+    size_t n_bias;
+    size_t cap_bias;
+    int stream;
+    int include_usage;         /* stream_options.include_usage */
+    int return_tokens;
+    int post_sampling_probs;   /* report prob instead of logprob */
+    int want_probs;            /* report per-token probabilities at all */
+    int reasoning;             /* split <think> spans out of the content */
+    int timings_per_token;     /* timings in every streamed chunk */
+    int64_t seed_req;          /* the seed as asked (-1: random), for generation_settings */
+} rt_gen_params_t;
+
+/* What the parser needs to know about the server. */
+typedef struct rt_gen_limits {
+    rt_tokenizer_t *tok;       /* for logit_bias string keys; may be NULL (strings refused) */
+    int64_t n_vocab;
+    int64_t n_ctx_slot;        /* huge token limits are capped here */
+    int n_slots;
+    int64_t n_predict_default; /* -n: -1 none */
+} rt_gen_limits_t;
+
+/* The server's side of the parser's limits. Always 0. */
+int rt__gen_limits(rt_app_t *app, rt_gen_limits_t *out);
+
+/* Reads every generation field of body (an object) for api into *p, refusing what
+ * cannot be honoured and wrong types with BL_EINVAL and a message naming the field
+ * (the reply's 400 text). BL_ENOMEM. On failure p holds nothing to free; on success
+ * free with rt__gen_params_fini. */
+int rt__gen_parse_params(const json_t *body, rt_gen_api_t api, const rt_gen_limits_t *lim, rt_gen_params_t *p,
+                     bl_err_t *err) BL_WUR;
+void rt__gen_params_fini(rt_gen_params_t *p);
+
+/* A prompt as /completion and /v1/completions take it: a string, an array of token
+ * ids, a mixed array of strings and ids, a one-element array of any of those, or
+ * {"prompt_string": ...}. Strings are tokenized with the vocabulary's special
+ * tokens added (only before a leading string) and parsed. Ids are checked against
+ * the vocabulary. BL_EINVAL naming "prompt", BL_ENOMEM. */
+int rt__gen_prompt_tokens(const json_t *prompt, rt_tokenizer_t *tok, int64_t n_vocab, rt_tokens_t *out,
+                      bl_err_t *err) BL_WUR;
+
+/* Checks an OpenAI messages array and builds the one the chat template reads: roles
+ * system, developer, user, assistant, tool; content a string, null (assistant) or
+ * text parts (joined with "\n"); name, tool_call_id and reasoning_content kept.
+ * Other part types, tool_calls: refused by name. A last assistant message is a
+ * prefill: it is removed and its text returned in *prefill (caller frees; NULL when
+ * there is none). BL_EINVAL naming the message, BL_ENOMEM. *out: caller decrefs. */
+int rt__gen_chat_messages(const json_t *messages, json_t **out, char **prefill, bl_err_t *err) BL_WUR;
+
+/* The refusals the chat routes share: tools, tool_choice, functions, grammar,
+ * json_schema, response_format; and chat_template_kwargs (an object or absent),
+ * reasoning_format. *kwargs: a new reference to the template arguments or NULL. */
+int rt__gen_chat_options(const json_t *body, json_t **kwargs, int *reasoning, bl_err_t *err) BL_WUR;
+
+/* The Anthropic request's system and messages as OpenAI-style messages for the
+ * template. BL_EINVAL naming the field, BL_ENOMEM. */
+int rt__gen_anthropic_messages(const json_t *body, json_t **out, bl_err_t *err) BL_WUR;
+
+/* Renders messages through the app's template with the generation prompt, appends
+ * prefill, and reports whether generation starts inside a <think> span. Template
+ * errors: 400 text in err, returned code from the template. */
+int rt__gen_render_chat(rt_app_t *app, const json_t *messages, const json_t *kwargs,
+                    int add_generation_prompt, const char *prefill, char **out, size_t *out_len,
+                    int *think_open, bl_err_t *err) BL_WUR;
+
+/* --- <think> splitting --------------------------------------------------------- */
+
+/* Splits generated text into reasoning (inside a leading <think>...</think>) and
+ * content, as llama-server's "deepseek" reasoning format does, fed piece by piece.
+ * Text that might be the start of a tag, or whitespace at the edges of either part,
+ * is held until it is decided. A <think> that is not at the start is content. */
+typedef struct rt_gen_think {
+    int state;
+    rt_gen_buf_t hold;
+} rt_gen_think_t;
+
+/* open: generation starts inside the span (the prompt ended with <think>). */
+void rt__gen_think_init(rt_gen_think_t *t, int open);
+void rt__gen_think_fini(rt_gen_think_t *t);
+/* Feeds text; the reasoning and content it releases are appended to reason and
+ * content. BL_ENOMEM. */
+int rt__gen_think_feed(rt_gen_think_t *t, const char *s, size_t n, rt_gen_buf_t *reason,
+                   rt_gen_buf_t *content) BL_WUR;
+/* The end of the text: releases what is held. */
+int rt__gen_think_finish(rt_gen_think_t *t, rt_gen_buf_t *reason, rt_gen_buf_t *content) BL_WUR;
+
+/* --- reply pieces -------------------------------------------------------------- */
+
+/* A JSON string of s[0..n), with an incomplete UTF-8 sequence at the end dropped
+ * and other invalid bytes replaced with U+FFFD (a token's piece may be part of a
+ * character). Never NULL unless out of memory. */
+json_t *rt__gen_json_piece(const char *s, size_t n);
+/* A real that is never NaN or infinite (JSON has neither): those become the
+ * lowest float, as llama-server reports log(0). */
+json_t *rt__gen_json_real(double x);
+/* llama-server's timings object. */
+json_t *rt__gen_timings_json(const rt_timings_t *t);
+/* One token's probability entry, llama-server's shape: {id, token, bytes, logprob
+ * or prob, top_logprobs or top_probs}. */
+json_t *rt__gen_prob_entry(const rt_tokenizer_t *tok, const rt_event_t *ev, int post_sampling);
+/* "data: <json>\n\n" (and "event: NAME\n" first when event is not NULL); steals j.
+ * Caller frees. NULL when out of memory. */
+char *rt__gen_sse(const char *event, json_t *j, size_t *len);
+/* A random id: prefix and 32 letters and digits. */
+void rt__gen_random_id(char *out, size_t cap, const char *prefix);
+/* "stop" or "length" (OpenAI), or the Anthropic stop_reason. */
+const char *rt__gen_finish_reason(rt_stop_type_t s);
+const char *rt__gen_anthropic_stop_reason(rt_stop_type_t s);
+const char *rt__gen_stop_type_name(rt_stop_type_t s);
+
+/* --- one generation in flight ------------------------------------------------- */
+
+typedef struct rt_gen_req rt_gen_req_t;
+
+/* The API's side of a generation, called on the loop thread while the request is
+ * open. start: the stream has just started (streams only; may be NULL). token: the
+ * text an event released (after <think> splitting when reasoning is on; either part
+ * may be empty); ev is the TOKEN event, or the DONE event for the held-back tail
+ * (streams only: a reply that is not streamed reads g->content). done: the final
+ * event; it answers or ends the stream. Errors are answered by rt__gen_fail. */
+typedef struct rt_gen_ops {
+    void (*start)(rt_gen_req_t *g);
+    void (*token)(rt_gen_req_t *g, const rt_event_t *ev, const char *reason, size_t reason_len,
+                  const char *content, size_t content_len);
+    void (*done)(rt_gen_req_t *g, const rt_event_t *ev);
+} rt_gen_ops_t;
+
+struct rt_gen_req {
+    rt_req_t *r;
+    rt_app_t *app;
+    rt_task_t *task;
+    const rt_gen_ops_t *ops;
+    rt_gen_api_t api;
+    rt_gen_params_t params;
+    char id[64];
+    int64_t created;
+    int64_t n_prompt;
+    int streaming;          /* the stream has started */
+    int in_event;           /* an engine event is being handled */
+    int gone;               /* the client left: r must not be touched */
+    int think_open;         /* generation starts inside <think> */
+    rt_gen_think_t think;
+    rt_gen_buf_t content;      /* generated content (not streamed: the reply) */
+    rt_gen_buf_t reasoning;
+    json_t *probs;          /* array of prob entries (not streamed) */
+    json_t *tokens;         /* generated ids (return_tokens) */
+    char *prompt_text;      /* /completion's "prompt" field */
+    /* API state */
+    int n_events;
+    int block_index;        /* Anthropic: index of the open content block, -1 none */
+    int block_kind;         /* 0 none, 1 thinking, 2 text */
+    int has_new_line;
+    int64_t text_offset;    /* /v1/completions logprobs: bytes of text before the token */
+};
+
+/* Answers 503 while the model loads or the server stops; returns 1 when it did. */
+int rt__gen_unavailable(rt_req_t *r, int anthropic);
+/* An error reply in the API's shape (Anthropic's for RT_GEN_API_ANTHROPIC). */
+void rt__gen_send_error(rt_req_t *r, rt_gen_api_t api, int status, const char *type, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* Allocates a generation for r (caller fills params, then rt__gen_submit). */
+rt_gen_req_t *rt__gen_req_new(rt_req_t *r, rt_app_t *app, rt_gen_api_t api, const rt_gen_ops_t *ops,
+                       const char *id_prefix);
+/* Submits prompt; on success the reply is owned by the events (start runs now for a
+ * stream). On failure answers the error itself (400 naming the problem, 400
+ * exceed_context_size_error, 503) and frees g. */
+void rt__gen_submit(rt_gen_req_t *g, const int32_t *prompt, size_t n);
+/* Frees g and what it holds (the request is not touched). */
+void rt__gen_req_free(rt_gen_req_t *g);
+/* The error reply for a failure after submission: the error JSON, or inside a
+ * stream that started an SSE error object and the end of the stream. */
+void rt__gen_fail(rt_gen_req_t *g, int status, const char *message);
+/* llama-server's generation_settings for g's parameters. */
+json_t *rt__gen_settings_json(const rt_gen_req_t *g);
+/* Streams one piece (copied). */
+void rt__gen_write(rt_gen_req_t *g, const char *s, size_t n);
+/* Streams j as an SSE event (steals j). */
+void rt__gen_write_sse(rt_gen_req_t *g, const char *event, json_t *j);
+
+/* One chat.completion.chunk around delta (stolen); finish_reason NULL: null. */
+json_t *rt__gen_chat_chunk(const rt_gen_req_t *g, json_t *delta, const char *finish_reason);
+/* OpenAI's usage object. */
+json_t *rt__gen_usage_json(int64_t n_prompt, int64_t n_predicted, int64_t n_cached);
+/* /v1/completions' logprobs of entries (prob entries as rt__gen_prob_entry makes them):
+ * OpenAI's legacy tokens, token_logprobs, top_logprobs, text_offset, and
+ * llama-server's content. *offset advances over the tokens' bytes. */
+json_t *rt__gen_legacy_logprobs(const json_t *entries, int post, int64_t *offset);
+
+/* Route handlers (api_openai.c, api_anthropic.c). */
+void rt__api_chat(rt_req_t *r);
+void rt__api_oai_completions(rt_req_t *r);
+void rt__api_chat_input_tokens(rt_req_t *r);
+void rt__api_messages(rt_req_t *r);
+void rt__api_messages_count_tokens(rt_req_t *r);
+
+#endif

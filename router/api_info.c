@@ -1,0 +1,463 @@
+/* llama-server's routes that describe the server rather than generate: /health,
+ * /v1/models and /models, /props, /slots, /metrics (Prometheus text with
+ * llama-server's metric names), /tokenize and /detokenize. Shapes follow
+ * llama-server's answers so that its clients and dashboards work unchanged.
+ *
+ * Thread: the loop thread (the engine's snapshots are thread-safe). */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api.h"
+#include "bl_config.h"
+#include "log.h"
+
+#define MAX_SLOTS_REPORTED 1024
+
+static rt_app_t *app_of(rt_req_t *r)
+{
+    return (rt_app_t *)rt_req_app(r);
+}
+
+/* llama-server answers everything but /health and the model list with 503 while
+ * the model loads. Returns 1 when it answered. */
+static int refuse_while_loading(rt_req_t *r)
+{
+    if (!app_of(r)->loading)
+        return 0;
+    rt_req_send_error(r, 503, "unavailable_error", "Loading model");
+    return 1;
+}
+
+/* A string of the GGUF metadata, NUL-terminated into buf ("" when absent). */
+static const char *gguf_str(const bl_gguf_t *g, const char *key, char *buf, size_t cap)
+{
+    bl_gguf_str_t s;
+    buf[0] = 0;
+    if (g && bl_gguf_get_str(g, key, &s, NULL) == 0)
+        snprintf(buf, cap, "%.*s", (int)(s.len > cap ? cap : s.len), s.ptr);
+    return buf;
+}
+
+static int64_t model_n_embd(const rt_app_t *app)
+{
+    char arch[64], key[128];
+    gguf_str(app->gguf, "general.architecture", arch, sizeof arch);
+    snprintf(key, sizeof key, "%s.embedding_length", arch);
+    int64_t v = 0;
+    if (!app->gguf || bl_gguf_get_i64(app->gguf, key, &v, NULL) != 0)
+        v = app->cluster ? rt_cluster_n_embd(app->cluster) : 0;
+    return v;
+}
+
+/* llama.cpp's vocab type: 1 SentencePiece, 2 byte-level BPE. */
+static int model_vocab_type(const rt_app_t *app)
+{
+    char model[32];
+    gguf_str(app->gguf, "tokenizer.ggml.model", model, sizeof model);
+    if (!strcmp(model, "llama"))
+        return 1;
+    if (!strcmp(model, "gpt2"))
+        return 2;
+    return 0;
+}
+
+/* A token's text for /props (bos_token, eos_token): the piece with control tokens
+ * spelled out, as llama-server renders them. */
+static json_t *token_text(const rt_app_t *app, int32_t id)
+{
+    if (id < 0 || !app->tok)
+        return json_string("");
+    rt_str_t p = rt_tokenizer_piece(app->tok, id);
+    /* a piece that is only part of a UTF-8 sequence cannot be a JSON string */
+    json_t *s = p.ptr ? json_stringn(p.ptr, p.len) : NULL;
+    return s ? s : json_string("");
+}
+
+/* llama-server's slot_params JSON, with this server's defaults and limits. Samplers
+ * it does not have (dry, xtc, mirostat, top_n_sigma) show their "off" values. */
+static json_t *params_json(const rt_app_t *app)
+{
+    rt_task_params_t p;
+    rt_task_params_default(&p);
+    const rt_sampler_params_t *s = &p.sampling;
+    int64_t n_predict = app->n_predict_default >= 0 ? app->n_predict_default : p.n_predict;
+    return json_pack(
+        "{s:I,s:I,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:f,s:f,s:i,s:i,"
+        "s:[],s:i,s:f,s:f,s:[],s:I,s:i,s:i,s:b,s:b,s:[],s:i,s:i,s:s,"
+        "s:[s,s,s,s,s,s],s:b,s:b}",
+        "n_predict", (json_int_t)n_predict,
+        "seed", (json_int_t)s->seed,
+        "temperature", (double)s->temp,
+        "dynatemp_range", 0.0,
+        "dynatemp_exponent", 1.0,
+        "top_k", (int)s->top_k,
+        "top_p", (double)s->top_p,
+        "min_p", (double)s->min_p,
+        "top_n_sigma", -1.0,
+        "xtc_probability", 0.0,
+        "xtc_threshold", 0.1,
+        "typical_p", (double)s->typical_p,
+        "repeat_last_n", (int)s->penalty_last_n,
+        "repeat_penalty", (double)s->repeat_penalty,
+        "presence_penalty", (double)s->presence_penalty,
+        "frequency_penalty", (double)s->frequency_penalty,
+        "dry_multiplier", 0.0,
+        "dry_base", 1.75,
+        "dry_allowed_length", 2,
+        "dry_penalty_last_n", -1,
+        "dry_sequence_breakers",
+        "mirostat", 0,
+        "mirostat_tau", 5.0,
+        "mirostat_eta", 0.1,
+        "stop",
+        "max_tokens", (json_int_t)n_predict,
+        "n_keep", 0,
+        "n_discard", 0,
+        "ignore_eos", p.ignore_eos,
+        "stream", 0,
+        "logit_bias",
+        "n_probs", p.n_probs,
+        "min_keep", (int)s->min_keep,
+        "grammar", "",
+        "samplers", "penalties", "top_k", "typ_p", "top_p", "min_p", "temperature",
+        "timings_per_token", 0,
+        "post_sampling_probs", 0);
+}
+
+/* --- /health ----------------------------------------------------------------------- */
+
+static void route_health(rt_req_t *r)
+{
+    if (refuse_while_loading(r))
+        return;
+    rt_req_send_json(r, 200, json_pack("{s:s}", "status", "ok"));
+}
+
+/* --- /v1/models, /models ------------------------------------------------------------- */
+
+static void route_models(rt_req_t *r)
+{
+    rt_app_t *app = app_of(r);
+    const char *alias = app->model_alias ? app->model_alias : "";
+    json_t *meta = json_pack("{s:i,s:I,s:I,s:I,s:I,s:I}", "vocab_type", model_vocab_type(app),
+                             "n_vocab", (json_int_t)app->n_vocab, "n_ctx_train",
+                             (json_int_t)app->n_ctx_train, "n_embd", (json_int_t)model_n_embd(app),
+                             "n_params", (json_int_t)app->n_params, "size",
+                             (json_int_t)app->model_bytes);
+    json_t *data = json_pack("[{s:s,s:s,s:I,s:s,s:o}]", "id", alias, "object", "model", "created",
+                             (json_int_t)app->started, "owned_by", "llamacpp", "meta", meta);
+    /* the Ollama-style list llama-server gives beside the OpenAI one */
+    json_t *models = json_pack(
+        "[{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:[s],s:[s],s:s,s:{s:s,s:s,s:s,s:[s],s:s,s:s}}]", "name",
+        alias, "model", alias, "modified_at", "", "size", "", "digest", "", "type", "model",
+        "description", "", "tags", "", "capabilities", "completion", "parameters", "", "details",
+        "parent_model", "", "format", "gguf", "family", "", "families", "", "parameter_size", "",
+        "quantization_level", "");
+    json_t *j = json_pack("{s:o,s:s,s:o}", "models", models, "object", "list", "data", data);
+    rt_req_send_json(r, 200, j);
+}
+
+/* --- /props ------------------------------------------------------------------------ */
+
+static void route_props(rt_req_t *r)
+{
+    if (refuse_while_loading(r))
+        return;
+    rt_app_t *app = app_of(r);
+    json_t *dgs = json_pack("{s:i,s:i,s:I,s:b,s:b,s:o,s:s}", "id", 0, "id_task", -1, "n_ctx",
+                            (json_int_t)app->n_ctx_slot, "speculative", 0, "is_processing", 0,
+                            "params", params_json(app), "prompt", "");
+    json_t *j = json_pack(
+        "{s:o,s:i,s:s,s:s,s:{s:b,s:b},s:b,s:b,s:b,s:b,s:s,s:o,s:o,s:s}",
+        "default_generation_settings", dgs,
+        "total_slots", app->n_slots,
+        "model_alias", app->model_alias ? app->model_alias : "",
+        "model_path", app->model_path ? app->model_path : "",
+        "modalities", "vision", 0, "audio", 0,
+        "endpoint_slots", 1,
+        "endpoint_props", 0,
+        "endpoint_metrics", 1,
+        "webui", 0,
+        "chat_template", app->tpl_source ? app->tpl_source : "",
+        "bos_token", token_text(app, app->tok ? rt_tokenizer_bos(app->tok) : -1),
+        "eos_token", token_text(app, app->tok ? rt_tokenizer_eos(app->tok) : -1),
+        "build_info", "bloomery-" BL_VERSION);
+    rt_req_send_json(r, 200, j);
+}
+
+/* --- /slots ------------------------------------------------------------------------ */
+
+static void route_slots(rt_req_t *r)
+{
+    if (refuse_while_loading(r))
+        return;
+    rt_app_t *app = app_of(r);
+    int cap = app->n_slots > 0 && app->n_slots < MAX_SLOTS_REPORTED ? app->n_slots
+                                                                    : MAX_SLOTS_REPORTED;
+    rt_slot_info_t *slots = calloc((size_t)cap, sizeof *slots);
+    if (!slots) {
+        rt_req_send_error(r, 500, NULL, "out of memory");
+        return;
+    }
+    int n = app->engine ? rt_engine_slots(app->engine, slots, cap) : 0;
+    if (n > cap)
+        n = cap;
+    json_t *arr = json_array();
+    for (int i = 0; arr && i < n; i++) {
+        const rt_slot_info_t *s = &slots[i];
+        json_t *o = json_pack(
+            "{s:i,s:I,s:I,s:b,s:b,s:o,s:s,s:{s:b,s:b,s:I,s:I,s:s}}", "id", s->id, "id_task",
+            s->busy ? (json_int_t)s->task_id : (json_int_t)-1, "n_ctx", (json_int_t)s->n_ctx,
+            "speculative", 0, "is_processing", s->busy, "params", params_json(app), "prompt", "",
+            "next_token", "has_next_token", s->busy, "has_new_line", 0, "n_remain",
+            (json_int_t)-1, "n_decoded", (json_int_t)s->n_decoded, "stopping_word", "");
+        if (!o || json_array_append_new(arr, o) != 0) {
+            json_decref(arr);
+            arr = NULL;
+        }
+    }
+    free(slots);
+    rt_req_send_json(r, 200, arr);
+}
+
+/* --- /metrics ---------------------------------------------------------------------- */
+
+typedef struct textbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+} textbuf_t;
+
+static void tb_printf(textbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tb_printf(textbuf_t *b, const char *fmt, ...)
+{
+    if (b->oom)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if (b->p && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap < b->len + (size_t)n + 1)
+            cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q) {
+            b->oom = 1;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+}
+
+static void metric(textbuf_t *b, const char *name, const char *type, const char *help, double v)
+{
+    tb_printf(b, "# HELP llamacpp:%s %s\n# TYPE llamacpp:%s %s\nllamacpp:%s %.15g\n", name, help,
+              name, type, name, v);
+}
+
+static void route_metrics(rt_req_t *r)
+{
+    if (refuse_while_loading(r))
+        return;
+    rt_app_t *app = app_of(r);
+    rt_engine_stats_t st;
+    memset(&st, 0, sizeof st);
+    if (app->engine)
+        rt_engine_get_stats(app->engine, &st);
+    double busy_per_decode =
+        st.n_decode_total ? (double)st.n_busy_slots_total / (double)st.n_decode_total : 0.0;
+    double prompt_tps =
+        st.prompt_seconds_total > 0 ? (double)st.prompt_tokens_total / st.prompt_seconds_total : 0.0;
+    double predicted_tps = st.tokens_predicted_seconds_total > 0
+                               ? (double)st.tokens_predicted_total / st.tokens_predicted_seconds_total
+                               : 0.0;
+    textbuf_t b = {0};
+    metric(&b, "prompt_tokens_total", "counter", "Number of prompt tokens processed.",
+           (double)st.prompt_tokens_total);
+    metric(&b, "prompt_seconds_total", "counter", "Prompt process time",
+           st.prompt_seconds_total);
+    metric(&b, "tokens_predicted_total", "counter", "Number of generation tokens processed.",
+           (double)st.tokens_predicted_total);
+    metric(&b, "tokens_predicted_seconds_total", "counter", "Predict process time",
+           st.tokens_predicted_seconds_total);
+    metric(&b, "n_decode_total", "counter", "Total number of llama_decode() calls",
+           (double)st.n_decode_total);
+    metric(&b, "n_busy_slots_per_decode", "counter",
+           "Average number of busy slots per llama_decode() call", busy_per_decode);
+    metric(&b, "prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
+           prompt_tps);
+    metric(&b, "predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
+           predicted_tps);
+    metric(&b, "requests_processing", "gauge", "Number of requests processing.",
+           (double)st.requests_processing);
+    metric(&b, "requests_deferred", "gauge", "Number of requests deferred.",
+           (double)st.requests_deferred);
+    metric(&b, "n_tokens_max", "counter", "Largest observed n_tokens.", (double)st.n_tokens_max);
+    if (b.oom) {
+        free(b.p);
+        rt_req_send_error(r, 500, NULL, "out of memory");
+        return;
+    }
+    rt_req_send_text(r, 200, "text/plain; version=0.0.4", b.p, b.len);
+    free(b.p);
+}
+
+/* --- /tokenize, /detokenize -------------------------------------------------------- */
+
+/* Reads an optional boolean member; answers r and returns -1 on a wrong type. */
+static int opt_bool(rt_req_t *r, const json_t *body, const char *name, int *out)
+{
+    json_t *v = json_object_get(body, name);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_boolean(v)) {
+        rt_req_send_error(r, 400, NULL, "'%s' must be a boolean", name);
+        return -1;
+    }
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* A piece as llama-server reports it: the text when it is valid UTF-8 on its own,
+ * else the list of its bytes. */
+static json_t *piece_json(const rt_tokenizer_t *tok, int32_t id)
+{
+    rt_str_t p = rt_tokenizer_piece(tok, id);
+    json_t *s = json_stringn(p.ptr ? p.ptr : "", p.len);
+    if (s)
+        return s;
+    json_t *arr = json_array();
+    for (size_t i = 0; arr && i < p.len; i++)
+        json_array_append_new(arr, json_integer((unsigned char)p.ptr[i]));
+    return arr;
+}
+
+static void route_tokenize(rt_req_t *r)
+{
+    if (refuse_while_loading(r))
+        return;
+    rt_app_t *app = app_of(r);
+    json_t *body = rt_req_json(r);
+    json_t *content = json_object_get(body, "content");
+    int add_special = 0, parse_special = 1, with_pieces = 0;
+    if (opt_bool(r, body, "add_special", &add_special) || opt_bool(r, body, "parse_special", &parse_special) ||
+        opt_bool(r, body, "with_pieces", &with_pieces))
+        return;
+    if (content && !json_is_null(content) && !json_is_string(content)) {
+        rt_req_send_error(r, 400, NULL, "'content' must be a string");
+        return;
+    }
+    rt_tokens_t toks = {0};
+    if (content && json_is_string(content)) {
+        unsigned flags = (add_special ? RT_TOKENIZE_ADD_SPECIAL : 0) |
+                         (parse_special ? RT_TOKENIZE_PARSE_SPECIAL : 0);
+        bl_err_t err = {0};
+        if (rt_tokenize(app->tok, json_string_value(content), json_string_length(content), flags,
+                        &toks, &err) != 0) {
+            rt_tokens_free(&toks);
+            rt_req_send_error(r, err.code == BL_ENOMEM ? 500 : 400, NULL, "tokenize: %s", err.msg);
+            return;
+        }
+    }
+    json_t *arr = json_array();
+    for (size_t i = 0; arr && i < toks.n; i++) {
+        json_t *e = with_pieces ? json_pack("{s:i,s:o}", "id", (int)toks.ids[i], "piece",
+                                            piece_json(app->tok, toks.ids[i]))
+                                : json_integer(toks.ids[i]);
+        if (!e || json_array_append_new(arr, e) != 0) {
+            json_decref(arr);
+            arr = NULL;
+        }
+    }
+    rt_tokens_free(&toks);
+    rt_req_send_json(r, 200, arr ? json_pack("{s:o}", "tokens", arr) : NULL);
+}
+
+static void route_detokenize(rt_req_t *r)
+{
+    if (refuse_while_loading(r))
+        return;
+    rt_app_t *app = app_of(r);
+    json_t *body = rt_req_json(r);
+    json_t *tokens = json_object_get(body, "tokens");
+    if (!tokens || json_is_null(tokens)) {
+        rt_req_send_json(r, 200, json_pack("{s:s}", "content", ""));
+        return;
+    }
+    if (!json_is_array(tokens)) {
+        rt_req_send_error(r, 400, NULL, "'tokens' must be an array of token ids");
+        return;
+    }
+    size_t n = json_array_size(tokens);
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    if (!ids) {
+        rt_req_send_error(r, 500, NULL, "out of memory");
+        return;
+    }
+    uint32_t n_vocab = rt_tokenizer_n_vocab(app->tok);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(tokens, i);
+        if (!json_is_integer(v)) {
+            free(ids);
+            rt_req_send_error(r, 400, NULL, "'tokens[%zu]' must be an integer token id", i);
+            return;
+        }
+        json_int_t id = json_integer_value(v);
+        if (id < 0 || id >= (json_int_t)n_vocab) {
+            free(ids);
+            rt_req_send_error(r, 400, NULL,
+                              "'tokens[%zu]': token id %" JSON_INTEGER_FORMAT
+                              " is out of range (vocabulary of %u tokens)",
+                              i, id, n_vocab);
+            return;
+        }
+        ids[i] = (int32_t)id;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    bl_err_t err = {0};
+    int rc = rt_detokenize(app->tok, ids, n, RT_DETOK_SPECIAL, &text, &len, &err);
+    free(ids);
+    if (rc != 0) {
+        rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "detokenize: %s", err.msg);
+        return;
+    }
+    json_t *s = json_stringn(text, len);
+    free(text);
+    rt_req_send_json(r, 200, s ? json_pack("{s:o}", "content", s) : NULL);
+}
+
+void rt_api_info_register(rt_http_t *h)
+{
+    static const struct {
+        const char *method, *path;
+        rt_route_fn fn;
+        unsigned flags;
+    } routes[] = {
+        {"GET", "/health", route_health, RT_ROUTE_PUBLIC},
+        {"GET", "/v1/health", route_health, RT_ROUTE_PUBLIC},
+        {"GET", "/v1/models", route_models, RT_ROUTE_PUBLIC},
+        {"GET", "/models", route_models, RT_ROUTE_PUBLIC},
+        {"GET", "/props", route_props, 0},
+        {"GET", "/slots", route_slots, 0},
+        {"GET", "/metrics", route_metrics, 0},
+        {"POST", "/tokenize", route_tokenize, 0},
+        {"POST", "/detokenize", route_detokenize, 0},
+    };
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (rt_http_route(h, routes[i].method, routes[i].path, routes[i].fn, routes[i].flags) != 0)
+            BL_LOG(BL_LOG_ERROR, "event=route_failed path=%s", routes[i].path);
+}

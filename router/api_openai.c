@@ -1,0 +1,347 @@
+/* The OpenAI routes in llama-server's shapes: POST /v1/chat/completions (and
+ * /chat/completions), /v1/completions (and /completions), and
+ * /v1/chat/completions/input_tokens. Request parsing and the life of a generation
+ * are in api_gen.c; this file builds the prompts and the replies.
+ *
+ * Thread: the loop thread. */
+#include "api_gen_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "bl_config.h"
+
+#define SYSTEM_FINGERPRINT "bloomery-" BL_VERSION
+
+/* ---------------------------------------------------------------------------- */
+/* shared pieces                                                                  */
+/* ---------------------------------------------------------------------------- */
+
+json_t *rt__gen_usage_json(int64_t n_prompt, int64_t n_predicted, int64_t n_cached)
+{
+    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "completion_tokens", (json_int_t)n_predicted,
+                     "prompt_tokens", (json_int_t)n_prompt, "total_tokens",
+                     (json_int_t)(n_prompt + n_predicted), "prompt_tokens_details",
+                     "cached_tokens", (json_int_t)n_cached);
+}
+
+static const char *model_name(const rt_gen_req_t *g)
+{
+    return g->app->model_alias ? g->app->model_alias : "";
+}
+
+json_t *rt__gen_chat_chunk(const rt_gen_req_t *g, json_t *delta, const char *finish_reason)
+{
+    return json_pack("{s:[{s:o, s:i, s:o}], s:I, s:s, s:s, s:s, s:s}", "choices", "finish_reason",
+                     finish_reason ? json_string(finish_reason) : json_null(), "index", 0, "delta",
+                     delta, "created", (json_int_t)g->created, "id", g->id, "model", model_name(g),
+                     "system_fingerprint", SYSTEM_FINGERPRINT, "object", "chat.completion.chunk");
+}
+
+json_t *rt__gen_legacy_logprobs(const json_t *entries, int post, int64_t *offset)
+{
+    const char *key = post ? "prob" : "logprob";
+    const char *top_key = post ? "top_probs" : "top_logprobs";
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(),
+           *offs = json_array();
+    json_t *j = json_pack("{s:o, s:o, s:o, s:o, s:O}", "tokens", tokens, "token_logprobs", lps,
+                          "top_logprobs", tops, "text_offset", offs, "content", entries);
+    if (!j)
+        return NULL;
+    size_t i, k;
+    json_t *e, *t;
+    json_array_foreach(entries, i, e) {
+        json_array_append(tokens, json_object_get(e, "token"));
+        json_array_append(lps, json_object_get(e, key));
+        json_array_append_new(offs, json_integer(*offset));
+        *offset += (int64_t)json_array_size(json_object_get(e, "bytes"));
+        json_t *top = json_object();
+        json_array_foreach(json_object_get(e, top_key), k, t) {
+            json_t *tok = json_object_get(t, "token");
+            if (json_is_string(tok))
+                json_object_set(top, json_string_value(tok), json_object_get(t, key));
+        }
+        json_array_append_new(tops, top);
+    }
+    return j;
+}
+
+/* ---------------------------------------------------------------------------- */
+/* chat prompts                                                                   */
+/* ---------------------------------------------------------------------------- */
+
+/* The tokens of a chat request's prompt and how to read its reply. Answers nothing;
+ * BL_EINVAL (400 text in err), BL_ENOMEM. */
+static int chat_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int *reasoning,
+                       int *think_open, bl_err_t *err)
+{
+    json_t *msgs = NULL, *kwargs = NULL;
+    char *prefill = NULL, *text = NULL;
+    size_t len = 0;
+    int add_gen = 1, rc;
+    *think_open = 0;
+    if (!json_is_object(body))
+        return bl_err_set(err, BL_EINVAL, "the request body must be a JSON object");
+    json_t *agp = json_object_get(body, "add_generation_prompt");
+    if (agp && !json_is_null(agp)) {
+        if (!json_is_boolean(agp))
+            return bl_err_set(err, BL_EINVAL, "'add_generation_prompt' must be a boolean");
+        add_gen = json_is_true(agp);
+    }
+    if ((rc = rt__gen_chat_options(body, &kwargs, reasoning, err)) ||
+        (rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs, &prefill, err)) ||
+        (rc = rt__gen_render_chat(app, msgs, kwargs, add_gen, prefill, &text, &len, think_open,
+                                  err)))
+        goto done;
+    if (prefill)
+        *reasoning = 0; /* as llama-server: a continued reply is not parsed */
+    bl_err_t terr;
+    rc = rt_tokenize(app->tok, text, len, RT_TOKENIZE_ADD_SPECIAL | RT_TOKENIZE_PARSE_SPECIAL,
+                     toks, &terr);
+    if (rc)
+        bl_err_set(err, rc, "tokenizing the prompt: %s", terr.msg);
+done:
+    if (rc && rc != BL_ENOMEM)
+        rc = BL_EINVAL; /* every template failure is the request's */
+    free(text);
+    free(prefill);
+    json_decref(msgs);
+    json_decref(kwargs);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------- */
+/* /v1/chat/completions                                                           */
+/* ---------------------------------------------------------------------------- */
+
+static void chat_start(rt_gen_req_t *g)
+{
+    /* OpenAI's first chunk names the role */
+    rt__gen_write_sse(g, NULL,
+                      rt__gen_chat_chunk(g, json_pack("{s:s, s:n}", "role", "assistant",
+                                                      "content"),
+                                         NULL));
+}
+
+static void chat_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason,
+                       size_t reason_len, const char *content, size_t content_len)
+{
+    json_t *chunks[2];
+    int n = 0;
+    if (reason_len)
+        chunks[n++] = rt__gen_chat_chunk(
+            g, json_pack("{s:s%}", "reasoning_content", reason, reason_len), NULL);
+    if (content_len)
+        chunks[n++] = rt__gen_chat_chunk(g, json_pack("{s:s%}", "content", content, content_len),
+                                         NULL);
+    int probs = ev->kind == RT_EV_TOKEN && g->params.want_probs;
+    if (n == 0 && (probs || g->params.timings_per_token) && ev->kind == RT_EV_TOKEN)
+        chunks[n++] = rt__gen_chat_chunk(g, json_object(), NULL); /* text held back */
+    if (n > 0) {
+        json_t *last = chunks[n - 1];
+        if (last && probs) {
+            json_t *choice = json_array_get(json_object_get(last, "choices"), 0);
+            json_t *entry = rt__gen_prob_entry(g->app->tok, ev, g->params.post_sampling_probs);
+            json_object_set_new(choice, "logprobs", json_pack("{s:[o]}", "content", entry));
+        }
+        if (last && g->params.timings_per_token)
+            json_object_set_new(last, "timings", rt__gen_timings_json(&ev->timings));
+    }
+    for (int i = 0; i < n; i++)
+        rt__gen_write_sse(g, NULL, chunks[i]);
+}
+
+static void chat_done(rt_gen_req_t *g, const rt_event_t *ev)
+{
+    const rt_timings_t *t = &ev->timings;
+    const char *finish = rt__gen_finish_reason(ev->stop_type);
+    if (g->params.stream) {
+        json_t *last = rt__gen_chat_chunk(g, json_object(), finish);
+        if (g->params.include_usage) {
+            rt__gen_write_sse(g, NULL, last);
+            /* OpenAI: usage comes in a last chunk with no choices */
+            last = json_pack("{s:[], s:I, s:s, s:s, s:s, s:s, s:o}", "choices", "created",
+                             (json_int_t)g->created, "id", g->id, "model", model_name(g),
+                             "system_fingerprint", SYSTEM_FINGERPRINT, "object",
+                             "chat.completion.chunk", "usage",
+                             rt__gen_usage_json(g->n_prompt, t->n_predicted, t->n_cached));
+        }
+        if (last)
+            json_object_set_new(last, "timings", rt__gen_timings_json(t));
+        rt__gen_write_sse(g, NULL, last);
+        rt__gen_write(g, "data: [DONE]\n\n", 14);
+        rt_req_stream_end(g->r);
+        return;
+    }
+    json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content",
+                            g->content.p ? g->content.p : "", g->content.n);
+    if (msg && g->reasoning.n)
+        json_object_set_new(msg, "reasoning_content",
+                            json_stringn(g->reasoning.p, g->reasoning.n));
+    json_t *choice = json_pack("{s:s, s:i, s:o}", "finish_reason", finish, "index", 0, "message",
+                               msg);
+    if (choice && g->params.want_probs && g->probs)
+        json_object_set_new(choice, "logprobs", json_pack("{s:O}", "content", g->probs));
+    json_t *j = json_pack("{s:[o], s:I, s:s, s:s, s:s, s:o, s:s, s:o}", "choices", choice,
+                          "created", (json_int_t)g->created, "model", model_name(g),
+                          "system_fingerprint", SYSTEM_FINGERPRINT, "object", "chat.completion",
+                          "usage", rt__gen_usage_json(g->n_prompt, t->n_predicted, t->n_cached),
+                          "id", g->id, "timings", rt__gen_timings_json(t));
+    if (j)
+        rt_req_send_json(g->r, 200, j);
+    else
+        rt__gen_send_error(g->r, g->api, 500, NULL, "out of memory");
+}
+
+static const rt_gen_ops_t chat_ops = {chat_start, chat_token, chat_done};
+
+void rt__api_chat(rt_req_t *r)
+{
+    if (rt__gen_unavailable(r, 0))
+        return;
+    rt_app_t *app = rt_req_app(r);
+    const json_t *body = rt_req_json(r);
+    rt_gen_limits_t lim;
+    (void)rt__gen_limits(app, &lim);
+    rt_gen_req_t *g = rt__gen_req_new(r, app, RT_GEN_API_OAI_CHAT, &chat_ops, "chatcmpl-");
+    if (!g) {
+        rt_req_send_error(r, 500, NULL, "out of memory");
+        return;
+    }
+    bl_err_t err = {0};
+    rt_tokens_t toks = {0};
+    int reasoning = 0;
+    int rc = rt__gen_parse_params(body, RT_GEN_API_OAI_CHAT, &lim, &g->params, &err);
+    if (!rc)
+        rc = chat_prompt(app, body, &toks, &reasoning, &g->think_open, &err);
+    if (rc) {
+        rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
+        rt_tokens_free(&toks);
+        rt__gen_req_free(g);
+        return;
+    }
+    g->params.reasoning = reasoning;
+    rt__gen_submit(g, toks.ids, toks.n);
+    rt_tokens_free(&toks);
+}
+
+/* POST /v1/chat/completions/input_tokens: how many tokens the chat request's prompt
+ * takes, in llama-server's shape. */
+void rt__api_chat_input_tokens(rt_req_t *r)
+{
+    rt_app_t *app = rt_req_app(r);
+    const json_t *body = rt_req_json(r);
+    bl_err_t err = {0};
+    rt_tokens_t toks = {0};
+    int reasoning, think_open;
+    int rc = chat_prompt(app, body, &toks, &reasoning, &think_open, &err);
+    if (rc) {
+        rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
+    } else {
+        json_t *j = json_pack("{s:s, s:I}", "object", "response.input_tokens", "input_tokens",
+                              (json_int_t)toks.n);
+        if (j)
+            rt_req_send_json(r, 200, j);
+        else
+            rt_req_send_error(r, 500, NULL, "out of memory");
+    }
+    rt_tokens_free(&toks);
+}
+
+/* ---------------------------------------------------------------------------- */
+/* /v1/completions                                                                */
+/* ---------------------------------------------------------------------------- */
+
+static json_t *cmpl_object(const rt_gen_req_t *g, const char *text, size_t len, json_t *logprobs,
+                           const char *finish)
+{
+    return json_pack("{s:[{s:s%, s:i, s:o, s:o}], s:I, s:s, s:s, s:s, s:s}", "choices", "text",
+                     text, len, "index", 0, "logprobs", logprobs ? logprobs : json_null(),
+                     "finish_reason", finish ? json_string(finish) : json_null(), "created",
+                     (json_int_t)g->created, "model", model_name(g), "system_fingerprint",
+                     SYSTEM_FINGERPRINT, "object", "text_completion", "id", g->id);
+}
+
+static void cmpl_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason,
+                       size_t reason_len, const char *content, size_t content_len)
+{
+    (void)reason;
+    (void)reason_len;
+    json_t *lp = NULL;
+    if (ev->kind == RT_EV_TOKEN && g->params.want_probs) {
+        json_t *entries = json_array();
+        json_array_append_new(entries, rt__gen_prob_entry(g->app->tok, ev,
+                                                          g->params.post_sampling_probs));
+        lp = rt__gen_legacy_logprobs(entries, g->params.post_sampling_probs, &g->text_offset);
+        json_decref(entries);
+    }
+    if (!content_len && !lp && !g->params.timings_per_token)
+        return;
+    json_t *j = cmpl_object(g, content, content_len, lp, NULL);
+    if (j && g->params.timings_per_token)
+        json_object_set_new(j, "timings", rt__gen_timings_json(&ev->timings));
+    rt__gen_write_sse(g, NULL, j);
+}
+
+static void cmpl_done(rt_gen_req_t *g, const rt_event_t *ev)
+{
+    const rt_timings_t *t = &ev->timings;
+    const char *finish = rt__gen_finish_reason(ev->stop_type);
+    json_t *j;
+    if (g->params.stream) {
+        j = cmpl_object(g, "", 0, NULL, finish);
+    } else {
+        json_t *lp = NULL;
+        if (g->params.want_probs && g->probs) {
+            g->text_offset = 0;
+            lp = rt__gen_legacy_logprobs(g->probs, g->params.post_sampling_probs,
+                                         &g->text_offset);
+        }
+        j = cmpl_object(g, g->content.p ? g->content.p : "", g->content.n, lp, finish);
+    }
+    if (j) {
+        json_object_set_new(j, "usage",
+                            rt__gen_usage_json(g->n_prompt, t->n_predicted, t->n_cached));
+        json_object_set_new(j, "timings", rt__gen_timings_json(t));
+    }
+    if (g->params.stream) {
+        rt__gen_write_sse(g, NULL, j);
+        rt__gen_write(g, "data: [DONE]\n\n", 14);
+        rt_req_stream_end(g->r);
+    } else if (j) {
+        rt_req_send_json(g->r, 200, j);
+    } else {
+        rt__gen_send_error(g->r, g->api, 500, NULL, "out of memory");
+    }
+}
+
+static const rt_gen_ops_t cmpl_ops = {NULL, cmpl_token, cmpl_done};
+
+void rt__api_oai_completions(rt_req_t *r)
+{
+    if (rt__gen_unavailable(r, 0))
+        return;
+    rt_app_t *app = rt_req_app(r);
+    const json_t *body = rt_req_json(r);
+    rt_gen_limits_t lim;
+    (void)rt__gen_limits(app, &lim);
+    rt_gen_req_t *g = rt__gen_req_new(r, app, RT_GEN_API_OAI_CMPL, &cmpl_ops, "cmpl-");
+    if (!g) {
+        rt_req_send_error(r, 500, NULL, "out of memory");
+        return;
+    }
+    bl_err_t err = {0};
+    rt_tokens_t toks = {0};
+    int rc = rt__gen_parse_params(body, RT_GEN_API_OAI_CMPL, &lim, &g->params, &err);
+    if (!rc)
+        rc = rt__gen_prompt_tokens(json_object_get(body, "prompt"), app->tok, app->n_vocab, &toks,
+                                   &err);
+    if (rc) {
+        rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
+        rt_tokens_free(&toks);
+        rt__gen_req_free(g);
+        return;
+    }
+    rt__gen_submit(g, toks.ids, toks.n);
+    rt_tokens_free(&toks);
+}

@@ -1,0 +1,1062 @@
+/* The engine's processes from the router's side (see cluster.h): the supervisor
+ * thread spawns the workers and the hosttier, wires the rings between them, hands
+ * out the plan over the ZeroMQ ROUTER socket, watches the children, and restarts
+ * the whole set when one dies; rt_cluster_step runs one step through the rings.
+ *
+ * A dense (qwen3) model has no routed experts, so no hosttier is started for it:
+ * an idle process would cost a model load and a ring pair for nothing, and the
+ * workers run their dense FFNs themselves.
+ *
+ * Locks: mu guards state, the error texts and the wait condition; step_mu is held by
+ * rt_cluster_step for a whole step, and by the supervisor while it tears the rings
+ * down, so a step never sees a ring disappear under it. */
+#include "cluster.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bl_config.h"
+#include "chan.h"
+#include "gguf.h"
+#include "log.h"
+#include "step.h"
+
+extern char **environ;
+
+#define MAX_WORKERS 64
+/* How often the supervisor looks at its children, and a waiting step at the flags. */
+#define POLL_MS 100
+#define POLL_US 100000
+/* A child that neither reports Ready nor dies within this long fails the start. */
+#define LOAD_TIMEOUT_MS (10 * 60 * 1000)
+/* After a child exits during load, how long its Error message may still arrive. */
+#define LAST_WORDS_MS 300
+#define GRACE_MS 2000
+/* Restarts that fail in a row before the cluster gives up (FAILED). */
+#define MAX_FAILED_RESTARTS 3
+
+typedef struct child {
+    char name[24];     /* "worker 0", "hosttier": in errors */
+    char tag[24];      /* "worker0": its log name */
+    char identity[40]; /* routing id, unique per start so a reconnect is never confused */
+    pid_t pid;         /* 0 when not running */
+    int hosttier;
+    int hello, ready;
+} child_t;
+
+struct rt_cluster {
+    rt_cluster_opts_t o; /* strings point into the copies below */
+    char *model_path, *bin_dir, *runtime_dir;
+    char worker_bin[PATH_MAX], hosttier_bin[PATH_MAX];
+    char endpoint[160], sock_path[128];
+
+    /* Model facts read from the file at create (they size the rings). */
+    int64_t n_layer, n_embd, n_vocab, n_expert, n_expert_used;
+    int has_hosttier;
+    int n_children; /* workers, then the hosttier */
+    child_t kids[MAX_WORKERS + 1];
+    bp_step_limits_t lim; /* what the router accepts from the last stage */
+
+    /* Rings of the current set. The router keeps a handle on every ring it made,
+     * including those between children, until the children are gone: destroying a
+     * handle marks its side closed, which the children would take as the end. */
+    bp_ring_t *to_first, *from_last;        /* the router's ends */
+    bp_ring_t *links[MAX_WORKERS];          /* stage i -> stage i+1 */
+    bp_ring_t *x_req[MAX_WORKERS], *x_rep[MAX_WORKERS]; /* worker i <-> hosttier */
+
+    /* ---- supervisor thread */
+    pthread_t sup;
+    bp_chan_t *chan;
+    uint64_t gen;
+
+    /* ---- step thread (under step_mu) */
+    pthread_mutex_t step_mu;
+    uint64_t step_no;
+    float *logits;           /* (n_out_max, n_vocab) */
+
+    /* ---- shared */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    rt_cluster_state_t state;  /* under mu */
+    char error[512];           /* under mu */
+    int pending_closed;        /* under mu: a death the engine has not been told of */
+    _Atomic int broken;        /* the set is dead or being torn down: steps end */
+    _Atomic int stopping;      /* destroy was called */
+    _Atomic int restart_req;   /* a step saw a protocol error: restart the set */
+    _Atomic uint64_t starts, child_deaths, steps, rows;
+};
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void set_state(rt_cluster_t *c, rt_cluster_state_t s)
+{
+    pthread_mutex_lock(&c->mu);
+    c->state = s;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void set_error(rt_cluster_t *c, const char *msg)
+{
+    pthread_mutex_lock(&c->mu);
+    snprintf(c->error, sizeof c->error, "%s", msg);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* ------------------------------------------------------------ model facts */
+
+static int meta_dim(const bl_gguf_t *g, const char *arch, const char *key, int64_t *out,
+                    bl_err_t *err)
+{
+    char full[96];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    uint32_t v;
+    int rc = bl_gguf_get_u32(g, full, &v, err);
+    if (rc)
+        return rc;
+    if (v < 1 || v > (1u << 24))
+        return bl_err_set(err, BL_ERANGE, "%s: %s = %u is out of range", bl_gguf_part_path(g, 0),
+                          full, v);
+    *out = v;
+    return 0;
+}
+
+/* Reads what the plan and the ring sizes need; the workers check the rest. */
+static int read_model(rt_cluster_t *c, bl_err_t *err)
+{
+    bl_gguf_t *g;
+    int rc = bl_gguf_open(&g, c->model_path, err);
+    if (rc)
+        return rc;
+    bl_gguf_str_t a;
+    char arch[16] = "";
+    if ((rc = bl_gguf_get_str(g, "general.architecture", &a, err)) == 0) {
+        if (a.len >= sizeof arch)
+            rc = bl_err_set(err, BL_ENOTSUP, "%s: architecture is not supported (qwen3moe, qwen3)",
+                            c->model_path);
+        else
+            memcpy(arch, a.ptr, a.len);
+    }
+    int moe = strcmp(arch, "qwen3moe") == 0;
+    if (rc == 0 && !moe && strcmp(arch, "qwen3") != 0)
+        rc = bl_err_set(err, BL_ENOTSUP, "%s: architecture '%s' is not supported (qwen3moe, qwen3)",
+                        c->model_path, arch);
+    if (rc == 0)
+        rc = meta_dim(g, arch, "block_count", &c->n_layer, err);
+    if (rc == 0)
+        rc = meta_dim(g, arch, "embedding_length", &c->n_embd, err);
+    if (rc == 0 && moe)
+        rc = meta_dim(g, arch, "expert_count", &c->n_expert, err);
+    if (rc == 0 && moe)
+        rc = meta_dim(g, arch, "expert_used_count", &c->n_expert_used, err);
+    const bl_gguf_tensor_t *emb = rc == 0 ? bl_gguf_find_tensor(g, "token_embd.weight") : NULL;
+    if (rc == 0 && (!emb || emb->n_dims != 2 || emb->ne[1] < 1 || emb->ne[1] > INT32_MAX))
+        rc = bl_err_set(err, BL_ENOENT, "%s: tensor 'token_embd.weight' is missing or not 2-D",
+                        c->model_path);
+    if (rc == 0)
+        c->n_vocab = emb->ne[1];
+    bl_gguf_close(g);
+    return rc;
+}
+
+/* ------------------------------------------------------------ rings */
+
+/* The smallest power-of-two capacity whose largest message holds msg bytes. */
+static size_t ring_capacity(size_t msg)
+{
+    size_t want = msg < BP_STEP_MAX_TEXT + 64 ? BP_STEP_MAX_TEXT + 64 : msg;
+    size_t cap = BP_RING_MIN_CAPACITY;
+    while (cap < BP_RING_MAX_CAPACITY && bp_ring_max_msg(cap) < want)
+        cap <<= 1;
+    return cap;
+}
+
+static size_t msg_size(uint32_t kind, int32_t n_seqs, int32_t rows, int32_t width, int32_t k)
+{
+    bp_step_hdr_t h = {.kind = kind, .n_seqs = n_seqs, .n_rows = rows, .width = width, .k = k};
+    bp_step_layout_t lay;
+    bl_err_t err;
+    return bp_step_layout(&h, &lay, &err) == 0 ? lay.nbytes : SIZE_MAX;
+}
+
+static int make_ring(bp_ring_t **r, const char *what, int i, size_t msg, bp_ring_role_t role,
+                     bl_err_t *err)
+{
+    char name[48];
+    snprintf(name, sizeof name, "bloomery-%s%d", what, i);
+    return bp_ring_create(r, name, ring_capacity(msg), role, err);
+}
+
+static void destroy_rings(rt_cluster_t *c)
+{
+    bp_ring_destroy(c->to_first);
+    bp_ring_destroy(c->from_last);
+    c->to_first = c->from_last = NULL;
+    for (int i = 0; i < MAX_WORKERS; i++) {
+        bp_ring_destroy(c->links[i]);
+        bp_ring_destroy(c->x_req[i]);
+        bp_ring_destroy(c->x_rep[i]);
+        c->links[i] = c->x_req[i] = c->x_rep[i] = NULL;
+    }
+}
+
+static int create_rings(rt_cluster_t *c, bl_err_t *err)
+{
+    int nw = c->o.n_workers, slots = c->o.n_slots, batch = (int)c->o.n_batch;
+    int embd = (int)c->n_embd, k = (int)c->n_expert_used;
+    size_t tokens = msg_size(BP_STEP_TOKENS, slots, batch, 0, 0);
+    size_t hidden = msg_size(BP_STEP_HIDDEN, slots, batch, embd, 0);
+    size_t logits = msg_size(BP_STEP_LOGITS, 0, c->lim.n_out_max, (int)c->n_vocab, 0);
+    size_t xreq = msg_size(BP_STEP_EXPERTS, 0, batch, embd, k);
+    size_t xrep = msg_size(BP_STEP_SUMS, 0, batch, embd, 0);
+    int rc = make_ring(&c->to_first, "tokens", 0, tokens, BP_RING_PRODUCER, err);
+    if (rc == 0)
+        rc = make_ring(&c->from_last, "logits", 0, logits, BP_RING_CONSUMER, err);
+    for (int i = 0; rc == 0 && i + 1 < nw; i++)
+        rc = make_ring(&c->links[i], "hidden", i, hidden, BP_RING_PRODUCER, err);
+    for (int i = 0; rc == 0 && c->has_hosttier && i < nw; i++) {
+        rc = make_ring(&c->x_req[i], "experts", i, xreq, BP_RING_PRODUCER, err);
+        if (rc == 0)
+            rc = make_ring(&c->x_rep[i], "sums", i, xrep, BP_RING_PRODUCER, err);
+    }
+    if (rc)
+        destroy_rings(c);
+    return rc;
+}
+
+/* ------------------------------------------------------------ spawning */
+
+/* Starts child i with its rings at the fds proto/step.h names. The sources are first
+ * duplicated above every target, so that no dup2 overwrites a source still needed. */
+static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
+{
+    child_t *k = &c->kids[i];
+    int nw = c->o.n_workers;
+    int src[2 * MAX_WORKERS];
+    int n_fds = 0;
+    if (k->hosttier) {
+        for (int w = 0; w < nw; w++) {
+            src[n_fds++] = bp_ring_fd(c->x_req[w]);
+            src[n_fds++] = bp_ring_fd(c->x_rep[w]);
+        }
+    } else {
+        src[n_fds++] = bp_ring_fd(i == 0 ? c->to_first : c->links[i - 1]);
+        src[n_fds++] = bp_ring_fd(i == nw - 1 ? c->from_last : c->links[i]);
+        if (c->has_hosttier) {
+            src[n_fds++] = bp_ring_fd(c->x_req[i]);
+            src[n_fds++] = bp_ring_fd(c->x_rep[i]);
+        }
+    }
+    int tmp[2 * MAX_WORKERS];
+    int n_tmp = 0, rc = 0;
+    for (; n_tmp < n_fds; n_tmp++) {
+        tmp[n_tmp] = fcntl(src[n_tmp], F_DUPFD_CLOEXEC, BP_STEP_FD_IN + n_fds);
+        if (tmp[n_tmp] < 0) {
+            rc = bl_err_set(err, BL_EIO, "%s: dup of a ring fd: %s", k->name, strerror(errno));
+            goto out;
+        }
+    }
+
+    char parent[24], threads[24];
+    snprintf(parent, sizeof parent, "%d", (int)getpid());
+    snprintf(threads, sizeof threads, "%d", c->o.n_threads_hosttier > 0 ? c->o.n_threads_hosttier
+                                                                        : c->o.n_threads);
+    char *argv[16];
+    int a = 0;
+    argv[a++] = k->hosttier ? c->hosttier_bin : c->worker_bin;
+    argv[a++] = (char *)"--control";
+    argv[a++] = c->endpoint;
+    argv[a++] = (char *)"--identity";
+    argv[a++] = k->identity;
+    argv[a++] = (char *)"--parent";
+    argv[a++] = parent;
+    if (k->hosttier) {
+        argv[a++] = (char *)"--threads";
+        argv[a++] = threads;
+    } else {
+        argv[a++] = (char *)"--name";
+        argv[a++] = k->tag;
+    }
+    if (c->o.verbose)
+        argv[a++] = (char *)"--verbose";
+    if (c->o.quiet)
+        argv[a++] = (char *)"--log-disable";
+    argv[a] = NULL;
+
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawnattr_init(&at);
+    for (int f = 0; f < n_fds; f++)
+        posix_spawn_file_actions_adddup2(&fa, tmp[f], BP_STEP_FD_IN + f);
+    /* Nothing else of the router's leaks into the child (listening sockets, ...). */
+    posix_spawn_file_actions_addclosefrom_np(&fa, BP_STEP_FD_IN + n_fds);
+    /* Own process group: a Ctrl-C at the terminal reaches the router, which stops the
+     * children in order, rather than killing them under it. Default signal actions
+     * and an empty mask, whatever the router's threads had. */
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    posix_spawnattr_setsigmask(&at, &none);
+    posix_spawnattr_setsigdefault(&at, &all);
+    posix_spawnattr_setpgroup(&at, 0);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
+                                      POSIX_SPAWN_SETSIGDEF);
+    pid_t pid;
+    int e = posix_spawn(&pid, argv[0], &fa, &at, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    if (e != 0) {
+        rc = bl_err_set(err, e == ENOENT ? BL_ENOENT : BL_EIO, "%s: cannot start %s: %s",
+                        k->name, argv[0], strerror(e));
+        goto out;
+    }
+    k->pid = pid;
+    k->hello = k->ready = 0;
+    BL_LOG(BL_LOG_INFO, "event=child_started process=%s pid=%d", k->tag, (int)pid);
+out:
+    for (int f = 0; f < n_tmp; f++)
+        close(tmp[f]);
+    return rc;
+}
+
+/* "killed by signal 9", "exited with status 1". */
+static void describe_status(int status, char *buf, size_t cap)
+{
+    if (WIFSIGNALED(status))
+        snprintf(buf, cap, "killed by signal %d", WTERMSIG(status));
+    else
+        snprintf(buf, cap, "exited with status %d", WEXITSTATUS(status));
+}
+
+/* Returns the index of a child that has exited (reaped; *status set), or -1. */
+static int reap_one(rt_cluster_t *c, int *status)
+{
+    for (int i = 0; i < c->n_children; i++) {
+        if (c->kids[i].pid <= 0)
+            continue;
+        pid_t r = waitpid(c->kids[i].pid, status, WNOHANG);
+        if (r == c->kids[i].pid || (r < 0 && errno == ECHILD))
+            return i;
+    }
+    return -1;
+}
+
+/* Stops every child: Shutdown and a grace (graceful), then SIGKILL; reaps them all
+ * and destroys the rings with no step in flight. */
+static void stop_set(rt_cluster_t *c, int graceful)
+{
+    atomic_store(&c->broken, 1);
+    if (graceful && c->chan) {
+        Bloomery__Shutdown s;
+        bloomery__shutdown__init(&s);
+        s.reason = (char *)"router stopping";
+        s.grace_ms = GRACE_MS;
+        bp_msg_t m = {.type = BP_MSG_SHUTDOWN, .u.shutdown = &s};
+        for (int i = 0; i < c->n_children; i++) {
+            child_t *k = &c->kids[i];
+            bp_peer_t to = {.len = strlen(k->identity)};
+            memcpy(to.id, k->identity, to.len);
+            bl_err_t err;
+            if (k->pid > 0 && k->hello && bp_chan_send(c->chan, &to, &m, 100, &err) != 0)
+                BL_LOG(BL_LOG_DEBUG, "event=shutdown_not_sent process=%s reason=\"%s\"",
+                       k->tag, err.msg);
+        }
+        int64_t until = now_ms() + GRACE_MS;
+        int live = 1;
+        while (live && now_ms() < until) {
+            live = 0;
+            for (int i = 0; i < c->n_children; i++) {
+                if (c->kids[i].pid > 0 && waitpid(c->kids[i].pid, NULL, WNOHANG) == 0)
+                    live = 1;
+                else
+                    c->kids[i].pid = 0;
+            }
+            if (live)
+                usleep(10000);
+        }
+    }
+    for (int i = 0; i < c->n_children; i++) {
+        if (c->kids[i].pid > 0) {
+            kill(c->kids[i].pid, SIGKILL);
+            while (waitpid(c->kids[i].pid, NULL, 0) < 0 && errno == EINTR) {
+            }
+            c->kids[i].pid = 0;
+        }
+    }
+    /* A step still waiting sees broken within POLL_US and lets go of step_mu. */
+    pthread_mutex_lock(&c->step_mu);
+    destroy_rings(c);
+    pthread_mutex_unlock(&c->step_mu);
+}
+
+/* ------------------------------------------------------------ control plane */
+
+static int child_of(rt_cluster_t *c, const bp_peer_t *p)
+{
+    for (int i = 0; i < c->n_children; i++)
+        if (strlen(c->kids[i].identity) == p->len &&
+            memcmp(c->kids[i].identity, p->id, p->len) == 0)
+            return i;
+    return -1;
+}
+
+static uint32_t kv_type_proto(uint32_t t)
+{
+    switch (t) {
+    case 0u: return BLOOMERY__KV_TYPE__KV_TYPE_F32; /* WK_KV_F32 */
+    case 8u: return BLOOMERY__KV_TYPE__KV_TYPE_Q8_0; /* WK_KV_Q8_0 */
+    default: return BLOOMERY__KV_TYPE__KV_TYPE_F16;
+    }
+}
+
+static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
+{
+    int nw = c->o.n_workers;
+    Bloomery__Stage st[MAX_WORKERS], *stp[MAX_WORKERS];
+    /* Even split, earlier stages taking the remainder. */
+    int64_t base = c->n_layer / nw, extra = c->n_layer % nw, at = 0;
+    for (int s = 0; s < nw; s++) {
+        bloomery__stage__init(&st[s]);
+        st[s].process = (uint32_t)s;
+        st[s].layer_begin = (uint32_t)at;
+        at += base + (s < extra ? 1 : 0);
+        st[s].layer_end = (uint32_t)at;
+        stp[s] = &st[s];
+    }
+    Bloomery__Plan p;
+    bloomery__plan__init(&p);
+    p.model_path = c->model_path;
+    p.n_layers = (uint32_t)c->n_layer;
+    p.n_expert = (uint32_t)c->n_expert;
+    p.stages = stp;
+    p.n_stages = (size_t)nw;
+    p.kv_type = kv_type_proto(c->o.kv_type);
+    p.n_ctx = (uint32_t)c->o.n_ctx_slot;
+    p.n_slots = (uint32_t)c->o.n_slots;
+    p.threads = (uint32_t)c->o.n_threads;
+    p.threads_batch = (uint32_t)c->o.n_threads_batch;
+    p.n_batch = (uint32_t)c->o.n_batch;
+    p.experts_remote = c->has_hosttier;
+    p.you = (uint32_t)i;
+    bp_msg_t m = {.type = BP_MSG_PLAN, .u.plan = &p};
+    return bp_chan_send(c->chan, to, &m, 1000, err);
+}
+
+/* Handles one control message. During a start (loading) a fatal Error ends it:
+ * returns the error's code with the child's text in c->error. */
+static int on_message(rt_cluster_t *c, const bp_peer_t *from, const bp_msg_t *m, int loading)
+{
+    char who[64];
+    int i = child_of(c, from);
+    if (i < 0) {
+        BL_LOG(BL_LOG_WARN, "event=unknown_peer peer=%s type=%s",
+               bp_peer_name(from, who, sizeof who), bp_msg_type_name(m->type));
+        return 0;
+    }
+    child_t *k = &c->kids[i];
+    bl_err_t err = {0};
+    char esc[400];
+    switch (m->type) {
+    case BP_MSG_HELLO:
+        if (strcmp(m->u.hello->version, BL_VERSION) != 0) {
+            bl_log_escape(esc, sizeof esc, m->u.hello->version, strlen(m->u.hello->version));
+            snprintf(err.msg, sizeof err.msg, "%s: version %s, the router is %s", k->name, esc,
+                     BL_VERSION);
+            set_error(c, err.msg);
+            return BL_ENOTSUP;
+        }
+        k->hello = 1;
+        if (send_plan(c, i, from, &err) != 0) {
+            set_error(c, err.msg);
+            return err.code ? err.code : BL_EIO;
+        }
+        return 0;
+    case BP_MSG_LOAD_PROGRESS:
+        BL_LOG(BL_LOG_INFO, "event=load_progress process=%s stage=%s done=%llu total=%llu",
+               k->tag, bl_log_escape(esc, 64, m->u.load_progress->stage,
+                                     strlen(m->u.load_progress->stage)),
+               (unsigned long long)m->u.load_progress->bytes_done,
+               (unsigned long long)m->u.load_progress->bytes_total);
+        return 0;
+    case BP_MSG_READY:
+        if (!k->hosttier && (m->u.ready->n_vocab != (uint64_t)c->n_vocab ||
+                             m->u.ready->n_embd != (uint64_t)c->n_embd)) {
+            snprintf(err.msg, sizeof err.msg, "%s: reports n_vocab %llu, n_embd %llu; the file "
+                     "says %lld, %lld", k->name, (unsigned long long)m->u.ready->n_vocab,
+                     (unsigned long long)m->u.ready->n_embd, (long long)c->n_vocab,
+                     (long long)c->n_embd);
+            set_error(c, err.msg);
+            return BL_EPROTO;
+        }
+        k->ready = 1;
+        BL_LOG(BL_LOG_INFO, "event=child_ready process=%s pid=%d", k->tag, (int)k->pid);
+        return 0;
+    case BP_MSG_ERROR: {
+        const char *text = m->u.error->message;
+        bl_log_escape(esc, sizeof esc, text, strlen(text));
+        BL_LOG(BL_LOG_ERROR, "event=child_error process=%s code=%d fatal=%d reason=\"%s\"",
+               k->tag, m->u.error->code, (int)m->u.error->fatal, esc);
+        if (loading && m->u.error->fatal) {
+            /* Children prefix their texts with their name; keep ours if one does not. */
+            if (strncmp(text, k->name, strlen(k->name)) == 0)
+                snprintf(err.msg, sizeof err.msg, "%s", esc);
+            else
+                snprintf(err.msg, sizeof err.msg, "%s: %s", k->name, esc);
+            set_error(c, err.msg);
+            return m->u.error->code;
+        }
+        return 0;
+    }
+    default:
+        return 0; /* Stats replies and others: nothing to do yet */
+    }
+}
+
+/* Receives control messages for up to timeout_ms. */
+static int pump(rt_cluster_t *c, int timeout_ms, int loading)
+{
+    bp_peer_t from;
+    bp_msg_t m = {0};
+    bl_err_t err = {0};
+    int rc = bp_chan_recv(c->chan, &from, &m, timeout_ms, &err);
+    if (rc == 0)
+        rc = on_message(c, &from, &m, loading);
+    else if (rc == BL_ETIMEDOUT)
+        rc = 0;
+    else {
+        char esc[600];
+        BL_LOG(BL_LOG_WARN, "event=bad_control_message reason=\"%s\"",
+               bl_log_escape(esc, sizeof esc, err.msg, strlen(err.msg)));
+        rc = 0; /* a bad message loses that message only */
+    }
+    bp_msg_free(&m);
+    return rc;
+}
+
+/* ------------------------------------------------------------ one start */
+
+/* Creates the rings, spawns every child and waits until all are ready. On failure
+ * c->error says why and everything started is stopped again. */
+static int start_set(rt_cluster_t *c)
+{
+    bl_err_t err = {0};
+    c->gen++;
+    for (int i = 0; i < c->n_children; i++) {
+        child_t *k = &c->kids[i];
+        char tag[sizeof k->tag];
+        memcpy(tag, k->tag, sizeof tag);
+        snprintf(k->identity, sizeof k->identity, "%s.%d.%llu", tag, (int)getpid(),
+                 (unsigned long long)c->gen);
+    }
+    int rc = create_rings(c, &err);
+    for (int i = 0; rc == 0 && i < c->n_children; i++)
+        rc = spawn_child(c, i, &err);
+    if (rc) {
+        set_error(c, err.msg);
+        stop_set(c, 0);
+        return rc;
+    }
+    int64_t deadline = now_ms() + LOAD_TIMEOUT_MS;
+    for (;;) {
+        int n_ready = 0;
+        for (int i = 0; i < c->n_children; i++)
+            n_ready += c->kids[i].ready;
+        if (n_ready == c->n_children)
+            break;
+        if (atomic_load(&c->stopping)) {
+            set_error(c, "the cluster was stopped while loading");
+            rc = BL_ECLOSED;
+            break;
+        }
+        if ((rc = pump(c, POLL_MS, 1)) != 0)
+            break;
+        int status, i = reap_one(c, &status);
+        if (i >= 0) {
+            child_t *k = &c->kids[i];
+            char how[64];
+            describe_status(status, how, sizeof how);
+            pid_t pid = k->pid;
+            k->pid = 0;
+            /* Its Error message may still be on its way: that is the better reason. */
+            int64_t until = now_ms() + LAST_WORDS_MS;
+            while (rc == 0 && now_ms() < until)
+                rc = pump(c, 20, 1);
+            if (rc == 0) {
+                snprintf(err.msg, sizeof err.msg, "%s (pid %d) %s while loading %s", k->name,
+                         (int)pid, how, c->model_path);
+                set_error(c, err.msg);
+                rc = BL_EIO;
+            }
+            BL_LOG(BL_LOG_ERROR, "event=child_exited_during_load process=%s %s", k->tag, how);
+            break;
+        }
+        if (now_ms() > deadline) {
+            snprintf(err.msg, sizeof err.msg, "the children did not report ready within %d s",
+                     LOAD_TIMEOUT_MS / 1000);
+            set_error(c, err.msg);
+            rc = BL_ETIMEDOUT;
+            break;
+        }
+    }
+    if (rc) {
+        stop_set(c, 0);
+        return rc;
+    }
+    atomic_fetch_add(&c->starts, 1);
+    atomic_store(&c->broken, 0);
+    atomic_store(&c->restart_req, 0);
+    BL_LOG(BL_LOG_INFO, "event=cluster_ready workers=%d hosttier=%d start=%llu", c->o.n_workers,
+           c->has_hosttier, (unsigned long long)atomic_load(&c->starts));
+    return 0;
+}
+
+/* Tells steps the set is gone. The reason is set before broken (both under mu), so a
+ * step that sees broken finds the reason. */
+static void mark_broken(rt_cluster_t *c, const char *why)
+{
+    pthread_mutex_lock(&c->mu);
+    snprintf(c->error, sizeof c->error, "%s", why);
+    c->pending_closed = 1;
+    c->state = RT_CLUSTER_RESTARTING;
+    atomic_store(&c->broken, 1);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Watches a running set: control messages, dead children, restart requests. Returns
+ * when the set must go (1: restart it, 0: the cluster is stopping). */
+static int watch_set(rt_cluster_t *c)
+{
+    while (!atomic_load(&c->stopping)) {
+        (void)pump(c, POLL_MS, 0); /* after load, messages are informational */
+        int status, i = reap_one(c, &status);
+        if (i >= 0) {
+            child_t *k = &c->kids[i];
+            char how[64], msg[256];
+            describe_status(status, how, sizeof how);
+            snprintf(msg, sizeof msg, "%s (pid %d) died: %s", k->name, (int)k->pid, how);
+            k->pid = 0;
+            BL_LOG(BL_LOG_ERROR, "event=child_died process=%s %s", k->tag, how);
+            atomic_fetch_add(&c->child_deaths, 1);
+            mark_broken(c, msg);
+            return 1;
+        }
+        if (atomic_load(&c->restart_req)) {
+            BL_LOG(BL_LOG_WARN, "event=cluster_restart reason=protocol_error");
+            mark_broken(c, "a child broke the step protocol; the engine's processes restart");
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void *supervisor_main(void *arg)
+{
+    rt_cluster_t *c = arg;
+    bl_err_t err = {0};
+    if (bp_chan_bind(&c->chan, BP_CHAN_ROUTER, c->endpoint, &err) != 0) {
+        set_error(c, err.msg);
+        set_state(c, RT_CLUSTER_FAILED);
+        return NULL;
+    }
+    int failed = 0, first = 1;
+    while (!atomic_load(&c->stopping)) {
+        if (start_set(c) != 0) {
+            /* The first start failing is the user's problem (a bad file): report it.
+             * Later ones may be passing trouble: retry a few times. */
+            if (first || ++failed >= MAX_FAILED_RESTARTS || atomic_load(&c->stopping)) {
+                set_state(c, atomic_load(&c->stopping) ? RT_CLUSTER_STOPPED : RT_CLUSTER_FAILED);
+                break;
+            }
+            usleep(200000);
+            continue;
+        }
+        first = failed = 0;
+        set_state(c, RT_CLUSTER_READY);
+        int restart = watch_set(c);
+        stop_set(c, !restart);
+        if (!restart)
+            break;
+    }
+    bp_chan_destroy(c->chan);
+    c->chan = NULL;
+    unlink(c->sock_path); /* ZeroMQ leaves the ipc file behind on some versions */
+    pthread_mutex_lock(&c->mu);
+    if (c->state != RT_CLUSTER_FAILED)
+        c->state = RT_CLUSTER_STOPPED;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ public */
+
+static int check_opts(const rt_cluster_opts_t *o, bl_err_t *err)
+{
+    if (!o->model_path || !o->model_path[0])
+        return bl_err_set(err, BL_EINVAL, "cluster: no model path");
+    if (!o->bin_dir || !o->bin_dir[0])
+        return bl_err_set(err, BL_EINVAL, "cluster: no bin_dir");
+    if (!o->runtime_dir || !o->runtime_dir[0])
+        return bl_err_set(err, BL_EINVAL, "cluster: no runtime_dir");
+    if (o->n_workers < 1 || o->n_workers > MAX_WORKERS)
+        return bl_err_set(err, BL_EINVAL, "cluster: n_workers %d is not in 1..%d", o->n_workers,
+                          MAX_WORKERS);
+    if (o->n_threads < 1 || o->n_threads > 256)
+        return bl_err_set(err, BL_EINVAL, "cluster: n_threads %d is not in 1..256", o->n_threads);
+    if (o->n_slots < 1 || o->n_slots > 4096)
+        return bl_err_set(err, BL_EINVAL, "cluster: n_slots %d is not in 1..4096", o->n_slots);
+    if (o->n_ctx_slot < 1 || o->n_ctx_slot > (1 << 24))
+        return bl_err_set(err, BL_EINVAL, "cluster: n_ctx_slot %lld is not in 1..2^24",
+                          (long long)o->n_ctx_slot);
+    if (o->n_batch < 1 || o->n_batch > 65536)
+        return bl_err_set(err, BL_EINVAL, "cluster: n_batch %lld is not in 1..65536",
+                          (long long)o->n_batch);
+    if (o->kv_type != 0u && o->kv_type != 1u && o->kv_type != 8u)
+        return bl_err_set(err, BL_EINVAL, "cluster: KV type %u is not f32, f16 or q8_0",
+                          o->kv_type);
+    return 0;
+}
+
+static int find_program(char *out, size_t cap, const char *dir, const char *name, bl_err_t *err)
+{
+    if ((size_t)snprintf(out, cap, "%s/%s", dir, name) >= cap)
+        return bl_err_set(err, BL_ERANGE, "cluster: path %s/%s is too long", dir, name);
+    if (access(out, X_OK) != 0)
+        return bl_err_set(err, BL_ENOENT, "cluster: %s: %s", out, strerror(errno));
+    return 0;
+}
+
+int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_t *err)
+{
+    *out = NULL;
+    int rc = check_opts(opts, err);
+    if (rc)
+        return rc;
+    rt_cluster_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return bl_err_set(err, BL_ENOMEM, "cluster: out of memory");
+    c->o = *opts;
+    c->model_path = strdup(opts->model_path);
+    c->bin_dir = strdup(opts->bin_dir);
+    c->runtime_dir = strdup(opts->runtime_dir);
+    if (!c->model_path || !c->bin_dir || !c->runtime_dir) {
+        rc = bl_err_set(err, BL_ENOMEM, "cluster: out of memory");
+        goto fail;
+    }
+    c->o.model_path = c->model_path;
+    c->o.bin_dir = c->bin_dir;
+    c->o.runtime_dir = c->runtime_dir;
+    if (c->o.n_threads_batch < 1)
+        c->o.n_threads_batch = c->o.n_threads;
+    if ((rc = find_program(c->worker_bin, sizeof c->worker_bin, c->bin_dir, "bloomery-worker",
+                           err)) ||
+        (rc = read_model(c, err)))
+        goto fail;
+    if (c->o.n_workers > c->n_layer) {
+        rc = bl_err_set(err, BL_EINVAL, "cluster: %d workers for %lld layers", c->o.n_workers,
+                        (long long)c->n_layer);
+        goto fail;
+    }
+    c->has_hosttier = c->n_expert > 0;
+    if (c->has_hosttier && (rc = find_program(c->hosttier_bin, sizeof c->hosttier_bin,
+                                              c->bin_dir, "bloomery-hosttier", err)))
+        goto fail;
+    if (mkdir(c->runtime_dir, 0700) != 0 && errno != EEXIST) {
+        rc = bl_err_set(err, BL_EIO, "cluster: mkdir %s: %s", c->runtime_dir, strerror(errno));
+        goto fail;
+    }
+    /* A name unique per process and cluster, so that tests may run several. */
+    static _Atomic unsigned g_seq;
+    char name[48];
+    snprintf(name, sizeof name, "bloomery-%d-%u", (int)getpid(), atomic_fetch_add(&g_seq, 1));
+    if ((rc = bp_chan_ipc_endpoint(c->endpoint, sizeof c->endpoint, c->runtime_dir, name, err)))
+        goto fail;
+    snprintf(c->sock_path, sizeof c->sock_path, "%s", c->endpoint + strlen("ipc://"));
+
+    c->n_children = c->o.n_workers + (c->has_hosttier ? 1 : 0);
+    for (int i = 0; i < c->o.n_workers; i++) {
+        snprintf(c->kids[i].name, sizeof c->kids[i].name, "worker %d", i);
+        snprintf(c->kids[i].tag, sizeof c->kids[i].tag, "worker%d", i);
+    }
+    if (c->has_hosttier) {
+        child_t *h = &c->kids[c->o.n_workers];
+        snprintf(h->name, sizeof h->name, "hosttier");
+        snprintf(h->tag, sizeof h->tag, "hosttier");
+        h->hosttier = 1;
+    }
+    /* Logits rows per step: one per slot for decode, a few more for a caller that wants
+     * the last rows of a prompt; the ring is sized for this many. */
+    int64_t n_out_max = c->o.n_slots < 8 ? 8 : c->o.n_slots;
+    if (n_out_max > c->o.n_batch)
+        n_out_max = c->o.n_batch;
+    c->lim = (bp_step_limits_t){.n_slots = c->o.n_slots, .n_batch = (int32_t)c->o.n_batch,
+                                .n_ctx = c->o.n_ctx_slot, .n_out_max = (int32_t)n_out_max,
+                                .n_embd = (int32_t)c->n_embd, .n_vocab = (int32_t)c->n_vocab,
+                                .n_layer = (int32_t)c->n_layer, .n_expert = (int32_t)c->n_expert,
+                                .n_expert_used = (int32_t)c->n_expert_used};
+    c->logits = malloc((size_t)n_out_max * (size_t)c->n_vocab * sizeof(float));
+    if (!c->logits) {
+        rc = bl_err_set(err, BL_ENOMEM, "cluster: out of memory for logits");
+        goto fail;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->step_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    c->state = RT_CLUSTER_LOADING;
+    atomic_store(&c->broken, 1);
+    if (pthread_create(&c->sup, NULL, supervisor_main, c) != 0) {
+        pthread_cond_destroy(&c->cv);
+        pthread_mutex_destroy(&c->mu);
+        pthread_mutex_destroy(&c->step_mu);
+        rc = bl_err_set(err, BL_ENOMEM, "cluster: cannot start the supervisor thread");
+        goto fail;
+    }
+    *out = c;
+    return 0;
+fail:
+    free(c->logits);
+    free(c->model_path);
+    free(c->bin_dir);
+    free(c->runtime_dir);
+    free(c);
+    return rc;
+}
+
+void rt_cluster_destroy(rt_cluster_t *c)
+{
+    if (!c)
+        return;
+    atomic_store(&c->stopping, 1);
+    pthread_join(c->sup, NULL);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->step_mu);
+    free(c->logits);
+    free(c->model_path);
+    free(c->bin_dir);
+    free(c->runtime_dir);
+    free(c);
+}
+
+rt_cluster_state_t rt_cluster_state(const rt_cluster_t *c)
+{
+    rt_cluster_t *m = (rt_cluster_t *)c; /* the lock is not part of the value */
+    pthread_mutex_lock(&m->mu);
+    rt_cluster_state_t s = m->state;
+    pthread_mutex_unlock(&m->mu);
+    return s;
+}
+
+rt_cluster_state_t rt_cluster_wait(rt_cluster_t *c, int timeout_ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&c->mu);
+    while (c->state != RT_CLUSTER_READY && c->state != RT_CLUSTER_FAILED &&
+           c->state != RT_CLUSTER_STOPPED) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&c->cv, &c->mu);
+        else if (pthread_cond_timedwait(&c->cv, &c->mu, &until) == ETIMEDOUT)
+            break;
+    }
+    rt_cluster_state_t s = c->state;
+    pthread_mutex_unlock(&c->mu);
+    return s;
+}
+
+const char *rt_cluster_error(rt_cluster_t *c, char *buf, size_t cap)
+{
+    pthread_mutex_lock(&c->mu);
+    snprintf(buf, cap, "%s", c->error);
+    pthread_mutex_unlock(&c->mu);
+    return buf;
+}
+
+int64_t rt_cluster_n_vocab(const rt_cluster_t *c)
+{
+    return c->n_vocab;
+}
+
+int64_t rt_cluster_n_embd(const rt_cluster_t *c)
+{
+    return c->n_embd;
+}
+
+void rt_cluster_get_stats(const rt_cluster_t *c, rt_cluster_stats_t *out)
+{
+    rt_cluster_t *m = (rt_cluster_t *)c; /* atomics are read, not changed */
+    out->starts = atomic_load(&m->starts);
+    out->child_deaths = atomic_load(&m->child_deaths);
+    out->steps = atomic_load(&m->steps);
+    out->rows = atomic_load(&m->rows);
+}
+
+/* ------------------------------------------------------------ steps */
+
+/* The checks the workers would make anyway, made here so that a step that cannot run
+ * never reaches them (and leaves every cache as it was). */
+static int check_step(const rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs,
+                      int32_t *rows, int32_t *outs, bl_err_t *err)
+{
+    if (n_seqs < 1 || n_seqs > c->o.n_slots)
+        return bl_err_set(err, BL_EINVAL, "step: %d sequences, the plan has %d slots", n_seqs,
+                          c->o.n_slots);
+    int64_t r = 0, o = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        const rt_step_seq_t *s = &seqs[i];
+        if (s->slot < 0 || s->slot >= c->o.n_slots)
+            return bl_err_set(err, BL_EINVAL, "step: sequence %d: slot %d is not in 0..%d", i,
+                              s->slot, c->o.n_slots - 1);
+        for (int j = 0; j < i; j++)
+            if (seqs[j].slot == s->slot)
+                return bl_err_set(err, BL_EINVAL, "step: sequences %d and %d share slot %d", j,
+                                  i, s->slot);
+        if (s->n < 1 || !s->tokens)
+            return bl_err_set(err, BL_EINVAL, "step: sequence %d has no rows", i);
+        if (s->n_out < 0 || s->n_out > s->n)
+            return bl_err_set(err, BL_EINVAL, "step: sequence %d: n_out %d is not in 0..%d", i,
+                              s->n_out, s->n);
+        if (s->pos < 0 || s->pos > c->o.n_ctx_slot - s->n)
+            return bl_err_set(err, BL_ERANGE, "step: sequence %d: positions %lld..%lld exceed "
+                              "the slot's context of %lld", i, (long long)s->pos,
+                              (long long)s->pos + s->n, (long long)c->o.n_ctx_slot);
+        for (int32_t t = 0; t < s->n; t++)
+            if (s->tokens[t] < 0 || s->tokens[t] >= c->n_vocab)
+                return bl_err_set(err, BL_EINVAL, "step: sequence %d: token %d at row %d is not "
+                                  "in the vocabulary of %lld", i, s->tokens[t], t,
+                                  (long long)c->n_vocab);
+        r += s->n;
+        o += s->n_out;
+    }
+    if (r > c->o.n_batch)
+        return bl_err_set(err, BL_ERANGE, "step: %lld rows exceed the batch of %lld", (long long)r,
+                          (long long)c->o.n_batch);
+    if (o > c->lim.n_out_max)
+        return bl_err_set(err, BL_ERANGE, "step: %lld logits rows exceed the %d a step returns",
+                          (long long)o, c->lim.n_out_max);
+    *rows = (int32_t)r;
+    *outs = (int32_t)o;
+    return 0;
+}
+
+/* The reason a step ends because the set went away. */
+static int closed(rt_cluster_t *c, bl_err_t *err)
+{
+    pthread_mutex_lock(&c->mu);
+    c->pending_closed = 0;
+    int rc = bl_err_set(err, BL_ECLOSED, "%s",
+                        atomic_load(&c->stopping) ? "the cluster is stopping"
+                        : c->error[0]             ? c->error
+                                                  : "the engine's processes are restarting");
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+static int step_locked(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, int32_t n_rows,
+                       int32_t n_out, const float **logits, bl_err_t *err)
+{
+    pthread_mutex_lock(&c->mu);
+    rt_cluster_state_t st = c->state;
+    int pending = c->pending_closed;
+    pthread_mutex_unlock(&c->mu);
+    if (pending || atomic_load(&c->stopping))
+        return closed(c, err); /* the engine learns its caches are gone, once */
+    if (st != RT_CLUSTER_READY || atomic_load(&c->broken))
+        return bl_err_set(err, BL_EAGAIN, "step: the engine's processes are %s",
+                          st == RT_CLUSTER_LOADING ? "loading"
+                          : st == RT_CLUSTER_FAILED ? "failed"
+                          : st == RT_CLUSTER_STOPPED ? "stopped" : "restarting");
+
+    uint64_t step = ++c->step_no;
+    bp_step_hdr_t h = {.kind = BP_STEP_TOKENS, .step = step, .n_seqs = n_seqs, .n_rows = n_rows};
+    bp_step_out_t o;
+    int rc;
+    while ((rc = bp_step_reserve(c->to_first, &h, &o, POLL_US, err)) == BL_ETIMEDOUT)
+        if (atomic_load(&c->broken))
+            return closed(c, err);
+    if (rc)
+        return rc == BL_ECLOSED ? closed(c, err) : rc;
+    int32_t row = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        o.seqs[i] = (bp_step_seq_t){.slot = seqs[i].slot, .n = seqs[i].n, .pos = seqs[i].pos,
+                                    .n_out = seqs[i].n_out};
+        memcpy(o.tokens + row, seqs[i].tokens, (size_t)seqs[i].n * sizeof(int32_t));
+        row += seqs[i].n;
+    }
+    if ((rc = bp_ring_commit(c->to_first, o.nbytes, err)) != 0)
+        return rc;
+
+    const void *msg;
+    size_t nbytes;
+    while ((rc = bp_ring_peek(c->from_last, &msg, &nbytes, POLL_US, err)) == BL_ETIMEDOUT)
+        if (atomic_load(&c->broken) || atomic_load(&c->stopping))
+            return closed(c, err);
+    if (rc == BL_ECLOSED)
+        return closed(c, err);
+    if (rc) { /* the ring is corrupt: only a new set helps */
+        atomic_store(&c->restart_req, 1);
+        return rc;
+    }
+    bp_step_in_t in = {0};
+    rc = bp_step_parse(msg, nbytes, &c->lim, BP_STEP_LOGITS, step, &in, err);
+    if (rc == 0 && in.hdr.kind == BP_STEP_ERROR) {
+        rc = bl_err_set(err, in.hdr.code, "%.*s", (int)in.hdr.text_len, in.text);
+    } else if (rc == 0 && in.hdr.n_rows != n_out) {
+        rc = bl_err_set(err, BL_EPROTO, "step %llu: %d logits rows from the last stage, %d asked",
+                        (unsigned long long)step, in.hdr.n_rows, n_out);
+    } else if (rc == 0) {
+        memcpy(c->logits, in.rows, (size_t)n_out * (size_t)c->n_vocab * sizeof(float));
+        *logits = c->logits;
+    }
+    bp_ring_release(c->from_last);
+    if (rc == BL_EPROTO)
+        atomic_store(&c->restart_req, 1);
+    return rc;
+}
+
+int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, const float **logits,
+                    bl_err_t *err)
+{
+    *logits = NULL;
+    int32_t n_rows = 0, n_out = 0;
+    int rc = check_step(c, seqs, n_seqs, &n_rows, &n_out, err);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&c->step_mu);
+    rc = step_locked(c, seqs, n_seqs, n_rows, n_out, logits, err);
+    pthread_mutex_unlock(&c->step_mu);
+    if (rc == 0) {
+        atomic_fetch_add_explicit(&c->steps, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->rows, (uint64_t)n_rows, memory_order_relaxed);
+    }
+    return rc;
+}

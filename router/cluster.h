@@ -1,0 +1,107 @@
+/* The router's side of the engine's processes: it spawns one bloomery-worker per
+ * pipeline stage and one bloomery-hosttier, creates the shared-memory rings between
+ * them (router -> worker 0 -> ... -> worker N-1 -> router; each worker <-> the
+ * hosttier), hands each its plan over the ZeroMQ control channel, waits until all
+ * report ready, and from then on runs steps through the rings. A supervisor thread
+ * inside owns the children and the control socket: it notices a child that dies
+ * within a second, fails the step in flight with an error naming the process,
+ * stops the other children, and starts the whole set again (a worker's KV caches
+ * die with it, so nothing survives a restart but the model file).
+ *
+ * Threads: rt_cluster_create/_destroy and the getters from any one thread;
+ * rt_cluster_step from one thread at a time (the engine thread). */
+#ifndef RT_CLUSTER_H
+#define RT_CLUSTER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+typedef struct rt_cluster rt_cluster_t;
+
+typedef struct rt_cluster_opts {
+    const char *model_path;  /* GGUF file (first part of a split file) */
+    const char *bin_dir;     /* folder holding bloomery-worker and bloomery-hosttier */
+    const char *runtime_dir; /* folder for the control socket (ipc://); created if missing */
+    int n_workers;           /* pipeline stages, 1..n_layer; layers split evenly, earlier
+                              * stages taking the remainder */
+    int n_threads;           /* threads per worker for decode (-t) */
+    int n_threads_batch;     /* threads per worker for prompt steps (-tb) */
+    int n_threads_hosttier;  /* threads of the hosttier's expert pool */
+    int n_slots;             /* KV caches per worker (-np) */
+    int64_t n_ctx_slot;      /* positions per slot's cache */
+    int64_t n_batch;         /* most rows one step may carry (-ub) */
+    uint32_t kv_type;        /* WK_KV_* of worker/wk.h */
+    int verbose;             /* children log at DEBUG */
+    int quiet;               /* children write no log lines (--log-disable); a load
+                              * failure still reaches the router as an Error */
+} rt_cluster_opts_t;
+
+/* State of the processes, for /health and the engine. */
+typedef enum rt_cluster_state {
+    RT_CLUSTER_LOADING = 1,    /* first start: children loading */
+    RT_CLUSTER_READY = 2,      /* steps run */
+    RT_CLUSTER_RESTARTING = 3, /* a child died; the set is being started again */
+    RT_CLUSTER_FAILED = 4,     /* the first start failed (rt_cluster_error says why),
+                                * or restarts keep failing: the server should exit */
+    RT_CLUSTER_STOPPED = 5,
+} rt_cluster_state_t;
+
+/* Copies opts, starts the supervisor thread, which spawns the children, and returns
+ * at once; the state is LOADING until every child reports ready. Load progress is
+ * logged (event=load_progress). BL_EINVAL (bad options, named), BL_ENOENT (a program
+ * missing in bin_dir), BL_ENOMEM, BL_EIO. Caller frees with rt_cluster_destroy. */
+int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_t *err) BL_WUR;
+
+/* Sends every child a Shutdown, waits for them (grace 2 s, then SIGKILL), reaps them,
+ * destroys the rings (memfd: nothing named is left behind), joins the supervisor.
+ * A step blocked in rt_cluster_step returns BL_ECLOSED. NULL is a no-op. */
+void rt_cluster_destroy(rt_cluster_t *c);
+
+rt_cluster_state_t rt_cluster_state(const rt_cluster_t *c);
+
+/* Waits until the state is READY, FAILED or STOPPED, or timeout_ms passes (negative:
+ * no limit); returns the state. */
+rt_cluster_state_t rt_cluster_wait(rt_cluster_t *c, int timeout_ms);
+
+/* Why the cluster is FAILED, or the last child failure ("worker 0 (pid 123) died:
+ * killed by signal 9"); "" when none. Copied into buf. */
+const char *rt_cluster_error(rt_cluster_t *c, char *buf, size_t cap);
+
+/* Model facts the workers report in their Ready (filled once READY). */
+int64_t rt_cluster_n_vocab(const rt_cluster_t *c);
+int64_t rt_cluster_n_embd(const rt_cluster_t *c);
+
+/* One sequence's part of a step: n rows of tokens at positions pos.. in slot's
+ * cache (pos <= what the cache holds: a smaller pos drops what came after it, for
+ * prompt-cache reuse), logits wanted for the last n_out rows (0 or 1 in practice). */
+typedef struct rt_step_seq {
+    int32_t slot;
+    int32_t n;
+    int64_t pos;
+    int32_t n_out;
+    const int32_t *tokens; /* (n) */
+} rt_step_seq_t;
+
+/* Runs one step through the pipeline and points *logits at (sum of n_out, n_vocab)
+ * floats in sequence order, valid until the next call. Rows of all sequences
+ * together are at most n_batch. Returns 0, or: BL_EINVAL/BL_ERANGE (the step does not
+ * fit the plan: slot, rows, positions; nothing ran), BL_ECLOSED (a child died or the
+ * cluster is stopping: err names the process; every slot's cache is gone, so the
+ * engine must forget its prompt caches), BL_EAGAIN (not READY; nothing ran),
+ * BL_EPROTO (a child sent something malformed: the cluster restarts), BL_EIO.
+ * Blocks while the step runs; a dead child ends the wait within a second. */
+int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, const float **logits,
+                    bl_err_t *err) BL_WUR;
+
+/* How many times the set was (re)started, and counters for /metrics. */
+typedef struct rt_cluster_stats {
+    uint64_t starts;
+    uint64_t child_deaths;
+    uint64_t steps;
+    uint64_t rows;
+} rt_cluster_stats_t;
+void rt_cluster_get_stats(const rt_cluster_t *c, rt_cluster_stats_t *out);
+
+#endif

@@ -1,0 +1,1426 @@
+/* The generation engine (see engine.h): the engine thread with its slots, the FIFO of
+ * waiting tasks, the step loop over rt_cluster, sampling, stop conditions and the
+ * events it posts to the loop thread. Threads: the engine thread owns the slots (and
+ * everything in slot_t); the loop thread submits, cancels and receives events; the
+ * fields under rt_engine.mu are the only ones both touch. */
+#include "engine.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+
+#define STOP_MAX_LEN 1024 /* bytes per stop string: bounds the text held back */
+#define N_CAND_LOOKUP 128 /* sampler candidates searched for the reported probabilities */
+#define CLUSTER_POLL_MS 100 /* how often a wait for the cluster rechecks shutdown and timeouts */
+
+// --- tasks and events -----------------------------------------------------------------------
+
+/* A task lives in one allocation (prompt, stop strings and logit bias behind it) and
+ * is freed when its last reference goes: the engine's (dropped when the task leaves
+ * the waiting list or its slot), the loop's handle (dropped by the final event's
+ * delivery or by rt_engine_cancel) and one per event queued for it. Counts change
+ * under rt_engine.mu only. */
+struct rt_task {
+    rt_task_t *next;              /* waiting list (mu) */
+    rt_task_t *all_prev, *all_next; /* every live task, for rt_engine_destroy (mu) */
+    uint64_t id;
+    rt_task_params_t p;           /* stop[] and sampling.logit_bias point behind the struct */
+    const int32_t *prompt;        /* (n_prompt) */
+    size_t n_prompt;
+    size_t stop_len[RT_MAX_STOP];
+    size_t max_stop_len;
+    int64_t n_predict;            /* the request's, capped by the server's; -1: none */
+    rt_event_fn cb;
+    void *ud;
+    int64_t t_submit_us;
+    /* Set by the loop thread under mu; the engine thread reads it without the lock
+     * at each step, and a late read costs one step at most. */
+    atomic_int cancelled;
+    int refs;                     /* mu */
+    int loop_ref;                 /* mu: the loop still holds its handle */
+    int waiting;                  /* mu: in the waiting list */
+};
+
+/* An event on its way to the loop thread. Nodes are recycled through a free list, and
+ * their text buffers only grow, so after the first tokens posting allocates nothing. */
+typedef struct ev_node {
+    struct ev_node *next;
+    rt_task_t *task;
+    rt_event_t ev;
+    char *buf; /* text (TOKEN) or tail (DONE), NUL-terminated */
+    size_t cap;
+    rt_token_prob_t probs[RT_MAX_N_PROBS];
+    char msg[sizeof(((bl_err_t *)0)->msg)];
+} ev_node_t;
+
+// --- slots ----------------------------------------------------------------------------------
+
+typedef enum slot_state {
+    SLOT_IDLE = 0,
+    SLOT_PROMPT = 1, /* evaluating prompt chunks */
+    SLOT_GEN = 2,    /* one row per step */
+} slot_state_t;
+
+/* Engine thread only. */
+typedef struct slot {
+    int id;
+    slot_state_t state;
+    rt_task_t *task;
+    int32_t *seq;       /* (n_ctx_slot) the tokens in the cache [0, n_past), then the
+                         * prompt rest or the sampled token still to evaluate [n_past, n_seq) */
+    int64_t n_past;
+    int64_t n_seq;
+    int64_t n_cached;
+    int64_t n_decoded;
+    uint64_t last_used; /* engine clock: least recently used slot goes first */
+    uint64_t start_order;
+    rt_sampler_t *smpl;
+    rt_detok_t *detok[2]; /* plain, RT_DETOK_SPECIAL */
+    rt_detok_t *dt;       /* the one the task uses */
+    char *held;           /* generated text not yet sent (may begin a stop string) */
+    size_t held_len, held_cap;
+    int64_t t_start_us, t_first_us;
+    int got_first;
+} slot_t;
+
+struct rt_engine {
+    rt_engine_opts_t o;
+    rt_cluster_t *cluster;
+    const rt_tokenizer_t *tok;
+    uv_loop_t *loop;
+    uv_async_t *async; /* its own allocation: uv_close finishes after rt_engine_destroy */
+    int32_t n_vocab_tok;
+    int32_t *eog;      /* the end-of-generation ids, banned by ignore_eos */
+    size_t n_eog;
+
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+
+    /* --- under mu --- */
+    rt_task_t *wait_head, *wait_tail;
+    size_t n_waiting;
+    rt_task_t *all; /* every live task */
+    ev_node_t *ev_head, *ev_tail, *ev_free;
+    int delivering;
+    int shutdown; /* no new tasks; the engine thread ends everything with 503 */
+    int quit;     /* rt_engine_destroy: the engine thread returns */
+    int finished; /* the engine thread posted its last events */
+    uint64_t next_task_id;
+    rt_engine_stats_t stats;
+    rt_slot_info_t *info; /* (n_slots) snapshot for rt_engine_slots */
+
+    /* --- engine thread --- */
+    slot_t *slots;          /* (n_slots) */
+    rt_step_seq_t *seqs;    /* (n_slots) */
+    int *seq_slot;          /* (n_slots) */
+    slot_t **order;         /* (n_slots) scratch for ordering prompt slots */
+    int32_t cand_id[N_CAND_LOOKUP];
+    float cand_p[N_CAND_LOOKUP];
+    uint64_t clock;
+    uint64_t cluster_starts;
+    int rr;                 /* first decode slot considered, rotated when rows run short */
+    int posted;             /* events posted since the last uv_async_send */
+};
+
+static int64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+void rt_task_params_default(rt_task_params_t *p)
+{
+    memset(p, 0, sizeof *p);
+    rt_sampler_params_default(&p->sampling);
+    p->n_predict = -1;
+    p->n_stop = 0;
+    p->n_probs = 0;
+    p->cache_prompt = 1;
+    p->ignore_eos = 0;
+    p->special = 0;
+    p->slot_id = -1;
+    p->t_max_predict_ms = 0;
+}
+
+// --- task references and the event queue (mu held) ----------------------------------------
+
+/* Drops n references; the last one frees the task. Callers dropping several at
+ * once do so in one call, so that no path reads t after a possible free. */
+static void task_unref_n_locked(rt_engine_t *e, rt_task_t *t, int n)
+{
+    t->refs -= n;
+    if (t->refs > 0)
+        return;
+    if (t->all_prev)
+        t->all_prev->all_next = t->all_next;
+    else
+        e->all = t->all_next;
+    if (t->all_next)
+        t->all_next->all_prev = t->all_prev;
+    free(t);
+}
+
+static void task_unref_locked(rt_engine_t *e, rt_task_t *t)
+{
+    task_unref_n_locked(e, t, 1);
+}
+
+static ev_node_t *ev_alloc_locked(rt_engine_t *e)
+{
+    ev_node_t *n = e->ev_free;
+    if (n) {
+        e->ev_free = n->next;
+    } else {
+        n = calloc(1, sizeof *n);
+        if (!n)
+            return NULL;
+    }
+    n->next = NULL;
+    n->task = NULL;
+    memset(&n->ev, 0, sizeof n->ev);
+    n->msg[0] = '\0';
+    return n;
+}
+
+static ev_node_t *ev_alloc(rt_engine_t *e)
+{
+    pthread_mutex_lock(&e->mu);
+    ev_node_t *n = ev_alloc_locked(e);
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+static void ev_recycle_locked(rt_engine_t *e, ev_node_t *n)
+{
+    n->task = NULL;
+    n->next = e->ev_free;
+    e->ev_free = n;
+}
+
+/* Copies len bytes into the node's buffer; 0, or -1 when it cannot grow (the text is
+ * then lost, which only happens when memory is gone). */
+static int ev_set_text(ev_node_t *n, const char *s, size_t len)
+{
+    if (len + 1 > n->cap) {
+        size_t cap = n->cap ? n->cap : 256;
+        while (cap < len + 1)
+            cap *= 2;
+        char *b = realloc(n->buf, cap);
+        if (!b)
+            return -1;
+        n->buf = b;
+        n->cap = cap;
+    }
+    if (len)
+        memcpy(n->buf, s, len);
+    n->buf[len] = '\0';
+    return 0;
+}
+
+/* Queues n for t unless t was cancelled, in which case no callback may run for it. */
+static void ev_post_locked(rt_engine_t *e, rt_task_t *t, ev_node_t *n)
+{
+    if (atomic_load(&t->cancelled)) {
+        ev_recycle_locked(e, n);
+        return;
+    }
+    n->task = t;
+    t->refs++;
+    if (e->ev_tail)
+        e->ev_tail->next = n;
+    else
+        e->ev_head = n;
+    e->ev_tail = n;
+    e->posted = 1;
+}
+
+static void ev_post(rt_engine_t *e, rt_task_t *t, ev_node_t *n)
+{
+    pthread_mutex_lock(&e->mu);
+    ev_post_locked(e, t, n);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Posts an ERROR event; the caller still drops its own reference. */
+static void post_error_locked(rt_engine_t *e, rt_task_t *t, int status, int slot, const char *msg)
+{
+    ev_node_t *n = ev_alloc_locked(e);
+    if (!n) {
+        /* Without memory for the event the task still ends: its handle stays with
+         * the loop, which sees no final event (the client times out). */
+        BL_LOG(BL_LOG_ERROR, "event=event_lost task=%llu reason=out_of_memory",
+               (unsigned long long)t->id);
+        return;
+    }
+    n->ev.kind = RT_EV_ERROR;
+    n->ev.status = status;
+    n->ev.slot = slot;
+    snprintf(n->msg, sizeof n->msg, "%s", msg);
+    ev_post_locked(e, t, n);
+}
+
+static void wake_loop(rt_engine_t *e)
+{
+    if (e->posted) {
+        e->posted = 0;
+        (void)uv_async_send(e->async); /* fails only for a closing handle */
+    }
+}
+
+/* Loop thread: delivers the queued events in order. The lock is dropped around each
+ * callback so that the callback may submit or cancel. */
+static void on_async(uv_async_t *h)
+{
+    rt_engine_t *e = h->data;
+    pthread_mutex_lock(&e->mu);
+    ev_node_t *n;
+    while ((n = e->ev_head)) {
+        e->ev_head = n->next;
+        if (!e->ev_head)
+            e->ev_tail = NULL;
+        rt_task_t *t = n->task;
+        int final = n->ev.kind != RT_EV_TOKEN;
+        int run = t->loop_ref && !atomic_load(&t->cancelled);
+        e->delivering = 1;
+        pthread_mutex_unlock(&e->mu);
+
+        if (run) {
+            rt_event_t *ev = &n->ev;
+            if (ev->kind == RT_EV_TOKEN) {
+                ev->text = n->buf ? n->buf : "";
+                ev->probs = n->probs;
+            } else if (ev->kind == RT_EV_DONE) {
+                ev->tail = n->buf ? n->buf : "";
+            } else {
+                ev->message = n->msg;
+            }
+            t->cb(t->ud, ev);
+        }
+
+        pthread_mutex_lock(&e->mu);
+        e->delivering = 0;
+        int drop = 1; /* the event's reference */
+        if (final && t->loop_ref) {
+            t->loop_ref = 0;
+            drop++;
+        }
+        task_unref_n_locked(e, t, drop);
+        ev_recycle_locked(e, n);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+// --- waiting list (mu held) -----------------------------------------------------------------
+
+static void wait_remove_locked(rt_engine_t *e, rt_task_t *t)
+{
+    rt_task_t **pp = &e->wait_head, *prev = NULL;
+    while (*pp && *pp != t) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    if (!*pp)
+        return;
+    *pp = t->next;
+    if (e->wait_tail == t)
+        e->wait_tail = prev;
+    t->next = NULL;
+    t->waiting = 0;
+    e->n_waiting--;
+}
+
+/* Fails the tasks that waited longer than --timeout for a slot. */
+static void expire_waiting_locked(rt_engine_t *e, int64_t now)
+{
+    if (e->o.timeout_ms <= 0)
+        return;
+    rt_task_t *t = e->wait_head;
+    while (t) {
+        rt_task_t *next = t->next;
+        if (now - t->t_submit_us > e->o.timeout_ms * 1000) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "timed out after %lld ms waiting for a free slot",
+                     (long long)e->o.timeout_ms);
+            wait_remove_locked(e, t);
+            post_error_locked(e, t, 503, -1, msg);
+            task_unref_locked(e, t);
+        }
+        t = next;
+    }
+}
+
+/* Ends every waiting task with status and msg. */
+static void fail_waiting_locked(rt_engine_t *e, int status, const char *msg)
+{
+    while (e->wait_head) {
+        rt_task_t *t = e->wait_head;
+        wait_remove_locked(e, t);
+        post_error_locked(e, t, status, -1, msg);
+        task_unref_locked(e, t);
+    }
+}
+
+// --- slots ----------------------------------------------------------------------------------
+
+static size_t common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb)
+{
+    size_t n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}
+
+/* The snapshot for rt_engine_slots and the gauges of rt_engine_get_stats. */
+static void update_snapshot_locked(rt_engine_t *e)
+{
+    uint64_t busy = 0;
+    int64_t kv = 0;
+    for (int i = 0; i < e->o.n_slots; i++) {
+        const slot_t *s = &e->slots[i];
+        rt_slot_info_t *in = &e->info[i];
+        in->id = s->id;
+        in->busy = s->task != NULL;
+        in->n_ctx = e->o.n_ctx_slot;
+        in->n_past = s->n_past;
+        in->n_decoded = s->task ? s->n_decoded : 0;
+        in->n_prompt = s->task ? (int64_t)s->task->n_prompt : 0;
+        in->task_id = s->task ? s->task->id : 0;
+        busy += s->task != NULL;
+        kv += s->n_past;
+        if ((uint64_t)s->n_past > e->stats.n_tokens_max)
+            e->stats.n_tokens_max = (uint64_t)s->n_past;
+    }
+    e->stats.requests_processing = busy;
+    e->stats.requests_deferred = e->n_waiting;
+    e->stats.kv_cache_tokens = kv;
+}
+
+static void update_snapshot(rt_engine_t *e)
+{
+    pthread_mutex_lock(&e->mu);
+    update_snapshot_locked(e);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Frees the slot and posts the task's final event (NULL: none, it was cancelled) in
+ * the same critical section as the snapshot, so that a client that got its DONE sees
+ * the slot idle in /slots. */
+static void slot_release(rt_engine_t *e, slot_t *s, ev_node_t *final)
+{
+    rt_task_t *t = s->task;
+    rt_sampler_destroy(s->smpl);
+    s->smpl = NULL;
+    s->task = NULL;
+    s->state = SLOT_IDLE;
+    s->n_seq = s->n_past; /* a sampled token never evaluated is not in the cache */
+    s->held_len = 0;
+    s->last_used = ++e->clock;
+    pthread_mutex_lock(&e->mu);
+    if (final)
+        ev_post_locked(e, t, final);
+    update_snapshot_locked(e);
+    if (t)
+        task_unref_locked(e, t);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* An ERROR event, not yet posted; NULL without memory (the task then ends silently). */
+static ev_node_t *error_event(rt_engine_t *e, int status, int slot, const char *msg)
+{
+    ev_node_t *n = ev_alloc(e);
+    if (!n)
+        return NULL;
+    n->ev.kind = RT_EV_ERROR;
+    n->ev.status = status;
+    n->ev.slot = slot;
+    snprintf(n->msg, sizeof n->msg, "%s", msg);
+    return n;
+}
+
+static double ms_between(int64_t a_us, int64_t b_us) { return (double)(b_us - a_us) / 1000.0; }
+
+static rt_timings_t slot_timings(const slot_t *s, int64_t now)
+{
+    rt_timings_t tm;
+    tm.n_prompt = (int64_t)s->task->n_prompt;
+    tm.n_cached = s->n_cached;
+    tm.n_predicted = s->n_decoded;
+    tm.prompt_ms = ms_between(s->t_start_us, s->got_first ? s->t_first_us : now);
+    tm.predicted_ms = s->got_first ? ms_between(s->t_first_us, now) : 0.0;
+    return tm;
+}
+
+/* Forgets what the processes held: after a restart every cache starts empty. */
+static void forget_caches(rt_engine_t *e)
+{
+    for (int i = 0; i < e->o.n_slots; i++) {
+        e->slots[i].n_past = 0;
+        e->slots[i].n_seq = 0;
+    }
+}
+
+/* Ends every task in a slot with an ERROR (a failed step: its rows are lost). */
+static void fail_running(rt_engine_t *e, int status, const char *msg)
+{
+    for (int i = 0; i < e->o.n_slots; i++) {
+        slot_t *s = &e->slots[i];
+        if (!s->task)
+            continue;
+        BL_LOG(BL_LOG_WARN, "event=task_failed task=%llu slot=%d status=%d",
+               (unsigned long long)s->task->id, s->id, status);
+        slot_release(e, s, error_event(e, status, s->id, msg));
+    }
+}
+
+/* Puts t into s: keeps the cached prefix, creates the sampler, resets the text state.
+ * Returns 0, or -1 after ending the task with an ERROR. */
+static int slot_start(rt_engine_t *e, slot_t *s, rt_task_t *t, int32_t n_vocab)
+{
+    bl_err_t err = { 0 };
+    rt_sampler_t *smpl = NULL;
+    if (rt_sampler_create(&smpl, &t->p.sampling, n_vocab, (int32_t)e->o.n_ctx_slot, &err)) {
+        pthread_mutex_lock(&e->mu);
+        post_error_locked(e, t, 400, s->id, err.msg);
+        task_unref_locked(e, t);
+        pthread_mutex_unlock(&e->mu);
+        return -1;
+    }
+    size_t keep = 0;
+    if (t->p.cache_prompt) {
+        keep = common_prefix(s->seq, (size_t)s->n_past, t->prompt, t->n_prompt);
+        /* the logits of the prompt's last token are needed: evaluate it again */
+        if (keep >= t->n_prompt)
+            keep = t->n_prompt - 1;
+    }
+    memcpy(s->seq + keep, t->prompt + keep, (t->n_prompt - keep) * sizeof *t->prompt);
+    s->n_past = (int64_t)keep;
+    s->n_seq = (int64_t)t->n_prompt;
+    s->n_cached = (int64_t)keep;
+    s->n_decoded = 0;
+    s->task = t;
+    s->smpl = smpl;
+    /* the penalties look back over the prompt too, as llama-server's do */
+    for (size_t i = 0; i < t->n_prompt; i++)
+        rt_sampler_accept(smpl, t->prompt[i]);
+    s->dt = s->detok[t->p.special ? 1 : 0];
+    rt_detok_reset(s->dt);
+    s->held_len = 0;
+    s->state = SLOT_PROMPT;
+    s->start_order = ++e->clock;
+    s->last_used = s->start_order;
+    s->t_start_us = now_us();
+    s->t_first_us = 0;
+    s->got_first = 0;
+    BL_LOG(BL_LOG_DEBUG, "event=task_start task=%llu slot=%d n_prompt=%zu n_cached=%zu",
+           (unsigned long long)t->id, s->id, t->n_prompt, keep);
+    return 0;
+}
+
+/* The idle slot for t: the one it asks for, else the one sharing the longest prefix
+ * with its prompt, else the least recently used. NULL: none now. */
+static slot_t *pick_slot(rt_engine_t *e, const rt_task_t *t)
+{
+    if (t->p.slot_id >= 0) {
+        slot_t *s = &e->slots[t->p.slot_id];
+        return s->task ? NULL : s;
+    }
+    slot_t *best = NULL;
+    size_t best_lcp = 0;
+    for (int i = 0; i < e->o.n_slots; i++) {
+        slot_t *s = &e->slots[i];
+        if (s->task)
+            continue;
+        size_t lcp = t->p.cache_prompt
+                         ? common_prefix(s->seq, (size_t)s->n_past, t->prompt, t->n_prompt)
+                         : 0;
+        if (!best || lcp > best_lcp || (lcp == best_lcp && s->last_used < best->last_used)) {
+            best = s;
+            best_lcp = lcp;
+        }
+    }
+    return best;
+}
+
+/* Moves waiting tasks into idle slots in FIFO order; a task asking for a busy slot
+ * waits without holding back the ones behind it. */
+static void assign_waiting(rt_engine_t *e, int32_t n_vocab)
+{
+    for (;;) {
+        rt_task_t *t = NULL;
+        slot_t *s = NULL;
+        pthread_mutex_lock(&e->mu);
+        for (rt_task_t *c = e->wait_head; c; c = c->next) {
+            if ((s = pick_slot(e, c))) {
+                t = c;
+                wait_remove_locked(e, t);
+                break;
+            }
+        }
+        pthread_mutex_unlock(&e->mu);
+        if (!t)
+            return;
+        (void)slot_start(e, s, t, n_vocab); /* a failure already ended the task */
+    }
+}
+
+// --- text and stop strings ------------------------------------------------------------------
+
+/* Searches the unsent text s (len) for the task's stop strings. Returns the offset of
+ * the earliest full match (with *which set), or -1 and *release: how many leading bytes
+ * can no longer begin a stop string and may be sent. */
+static long find_stop(const rt_task_t *t, const char *s, size_t len, int *which, size_t *release)
+{
+    long best = -1;
+    for (int i = 0; i < t->p.n_stop; i++) {
+        size_t sl = t->stop_len[i];
+        if (sl > len)
+            continue;
+        const char *hit = memmem(s, len, t->p.stop[i], sl);
+        if (hit && (best < 0 || hit - s < best)) {
+            best = hit - s;
+            *which = i;
+        }
+    }
+    if (best >= 0)
+        return best;
+
+    /* the earliest suffix that is a proper prefix of some stop string stays */
+    size_t from = len > t->max_stop_len ? len - t->max_stop_len : 0;
+    size_t p = len;
+    for (size_t q = from; q < len && p == len; q++) {
+        for (int i = 0; i < t->p.n_stop; i++) {
+            if (t->stop_len[i] > len - q && memcmp(s + q, t->p.stop[i], len - q) == 0) {
+                p = q;
+                break;
+            }
+        }
+    }
+    /* never cut a character in two */
+    while (p > 0 && p < len && ((unsigned char)s[p] & 0xC0) == 0x80)
+        p--;
+    *release = p;
+    return -1;
+}
+
+static int held_append(slot_t *s, const char *text, size_t len)
+{
+    if (s->held_len + len + 1 > s->held_cap) {
+        size_t cap = s->held_cap ? s->held_cap : 256;
+        while (cap < s->held_len + len + 1)
+            cap *= 2;
+        char *b = realloc(s->held, cap);
+        if (!b)
+            return -1;
+        s->held = b;
+        s->held_cap = cap;
+    }
+    memcpy(s->held + s->held_len, text, len);
+    s->held_len += len;
+    return 0;
+}
+
+static void held_consume(slot_t *s, size_t n)
+{
+    memmove(s->held, s->held + n, s->held_len - n);
+    s->held_len -= n;
+}
+
+// --- the end of a task ----------------------------------------------------------------------
+
+static const char *stop_name(rt_stop_type_t st)
+{
+    switch (st) {
+    case RT_STOP_EOS: return "eos";
+    case RT_STOP_WORD: return "word";
+    case RT_STOP_LIMIT: return "limit";
+    default: return "none";
+    }
+}
+
+/* Posts DONE and frees the slot. The held text (and, unless a stop string ended the
+ * task, the bytes of an unfinished character) is released as the tail. */
+static void finish_task(rt_engine_t *e, slot_t *s, rt_stop_type_t st, int which)
+{
+    rt_task_t *t = s->task;
+    int64_t now = now_us();
+    rt_timings_t tm = slot_timings(s, now);
+    ev_node_t *n = ev_alloc(e);
+    if (n) {
+        n->ev.kind = RT_EV_DONE;
+        n->ev.stop_type = st;
+        n->ev.stopping_word = st == RT_STOP_WORD ? t->p.stop[which] : NULL;
+        n->ev.timings = tm;
+        n->ev.slot = s->id;
+        size_t tl = 0;
+        if (st == RT_STOP_WORD) {
+            rt_detok_reset(s->dt);
+        } else {
+            const char *rest;
+            size_t rest_len;
+            rt_detok_flush(s->dt, &rest, &rest_len);
+            if (held_append(s, rest, rest_len))
+                BL_LOG(BL_LOG_ERROR, "event=text_lost task=%llu", (unsigned long long)t->id);
+            tl = s->held_len;
+        }
+        if (ev_set_text(n, s->held, tl)) {
+            (void)ev_set_text(n, "", 0);
+            tl = 0;
+        }
+        n->ev.tail_len = tl;
+    }
+    pthread_mutex_lock(&e->mu); /* counted before the DONE can be seen */
+    e->stats.tokens_predicted_total += (uint64_t)s->n_decoded;
+    e->stats.tokens_predicted_seconds_total += tm.predicted_ms / 1000.0;
+    pthread_mutex_unlock(&e->mu);
+    BL_LOG(BL_LOG_INFO,
+           "event=task_done task=%llu slot=%d stop=%s n_prompt=%lld n_cached=%lld "
+           "n_predicted=%lld prompt_ms=%.1f predicted_ms=%.1f",
+           (unsigned long long)t->id, s->id, stop_name(st), (long long)tm.n_prompt,
+           (long long)tm.n_cached, (long long)tm.n_predicted, tm.prompt_ms, tm.predicted_ms);
+    slot_release(e, s, n);
+}
+
+// --- sampling one row -----------------------------------------------------------------------
+
+/* Fills the TOKEN event's probabilities: the n_probs most likely tokens by the raw
+ * logits, each with its log-softmax and its probability after the sampler's chain (0
+ * when the filters dropped it), and the sampled token's own entry. */
+static void fill_probs(rt_engine_t *e, slot_t *s, const float *row, int32_t n_vocab, int32_t tok,
+                       ev_node_t *n)
+{
+    int k = s->task->p.n_probs;
+    if (k > n_vocab)
+        k = n_vocab;
+    int32_t top_id[RT_MAX_N_PROBS];
+    float top_l[RT_MAX_N_PROBS];
+    int nt = 0;
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < n_vocab; i++) {
+        float l = isnan(row[i]) ? -INFINITY : row[i];
+        if (l > mx)
+            mx = l;
+        if (nt < k || l > top_l[nt - 1]) {
+            int j = nt < k ? nt++ : nt - 1;
+            for (; j > 0 && l > top_l[j - 1]; j--) {
+                top_l[j] = top_l[j - 1];
+                top_id[j] = top_id[j - 1];
+            }
+            top_l[j] = l;
+            top_id[j] = i;
+        }
+    }
+    double sum = 0;
+    if (isfinite(mx))
+        for (int32_t i = 0; i < n_vocab; i++)
+            if (!isnan(row[i]))
+                sum += exp((double)row[i] - mx);
+    double lse = isfinite(mx) ? (double)mx + log(sum) : 0.0;
+
+    size_t nc = rt_sampler_last_candidates(s->smpl, e->cand_id, e->cand_p, N_CAND_LOOKUP);
+    for (int j = 0; j < nt; j++) {
+        rt_token_prob_t *p = &n->probs[j];
+        p->id = top_id[j];
+        p->logprob = (float)((double)top_l[j] - lse);
+        p->prob = 0.0f;
+        for (size_t c = 0; c < nc; c++)
+            if (e->cand_id[c] == p->id) {
+                p->prob = e->cand_p[c];
+                break;
+            }
+    }
+    n->ev.n_probs_out = nt;
+    float lt = isnan(row[tok]) ? -INFINITY : row[tok];
+    n->ev.sampled.id = tok;
+    n->ev.sampled.logprob = (float)((double)lt - lse);
+    n->ev.sampled.prob = 0.0f;
+    for (size_t c = 0; c < nc; c++)
+        if (e->cand_id[c] == tok) {
+            n->ev.sampled.prob = e->cand_p[c];
+            break;
+        }
+}
+
+/* The slot's logits row came back: sample, emit, check the stop conditions. */
+static void on_output(rt_engine_t *e, slot_t *s, const float *row, int32_t n_vocab)
+{
+    rt_task_t *t = s->task;
+    int64_t now = now_us();
+    if (t->n_predict == 0) { /* a prompt-only request: the cache is warm, nothing more */
+        finish_task(e, s, RT_STOP_LIMIT, 0);
+        return;
+    }
+    int32_t tok = rt_sampler_sample(s->smpl, row);
+    rt_sampler_accept(s->smpl, tok);
+    s->n_decoded++;
+    if (!s->got_first) {
+        s->got_first = 1;
+        s->t_first_us = now;
+        pthread_mutex_lock(&e->mu);
+        e->stats.prompt_seconds_total += ms_between(s->t_start_us, now) / 1000.0;
+        pthread_mutex_unlock(&e->mu);
+    }
+
+    if (rt_tokenizer_is_eog(e->tok, tok)) { /* its text is never sent */
+        finish_task(e, s, RT_STOP_EOS, 0);
+        return;
+    }
+
+    const char *text = "";
+    size_t len = 0;
+    bl_err_t err = { 0 };
+    if (rt_detok_push(s->dt, tok, &text, &len, &err)) {
+        /* an id past the tokenizer's vocabulary (a padded output row) has no text */
+        text = "";
+        len = 0;
+    }
+    if (held_append(s, text, len))
+        BL_LOG(BL_LOG_ERROR, "event=text_lost task=%llu", (unsigned long long)t->id);
+
+    int which = -1;
+    size_t release = s->held_len;
+    long hit = t->p.n_stop ? find_stop(t, s->held, s->held_len, &which, &release) : -1;
+    if (hit >= 0)
+        release = (size_t)hit;
+
+    ev_node_t *n = ev_alloc(e);
+    if (n) {
+        n->ev.kind = RT_EV_TOKEN;
+        n->ev.token = tok;
+        n->ev.slot = s->id;
+        if (ev_set_text(n, s->held, release)) {
+            (void)ev_set_text(n, "", 0);
+            release = 0;
+        }
+        n->ev.len = release;
+        if (t->p.n_probs > 0)
+            fill_probs(e, s, row, n_vocab, tok, n);
+        n->ev.timings = slot_timings(s, now);
+        ev_post(e, t, n);
+    }
+    held_consume(s, release);
+
+    if (hit >= 0) {
+        s->held_len = 0; /* the stop string and what follows it are never sent */
+        finish_task(e, s, RT_STOP_WORD, which);
+        return;
+    }
+    if ((t->n_predict > 0 && s->n_decoded >= t->n_predict) || s->n_past >= e->o.n_ctx_slot ||
+        (t->p.t_max_predict_ms > 0 && now - s->t_first_us >= t->p.t_max_predict_ms * 1000)) {
+        finish_task(e, s, RT_STOP_LIMIT, 0);
+        return;
+    }
+    s->seq[s->n_past] = tok;
+    s->n_seq = s->n_past + 1;
+    s->state = SLOT_GEN;
+}
+
+// --- the step -------------------------------------------------------------------------------
+
+static void reap_cancelled(rt_engine_t *e)
+{
+    for (int i = 0; i < e->o.n_slots; i++) {
+        slot_t *s = &e->slots[i];
+        if (s->task && atomic_load(&s->task->cancelled)) {
+            BL_LOG(BL_LOG_INFO, "event=task_cancelled task=%llu slot=%d",
+                   (unsigned long long)s->task->id, s->id);
+            slot_release(e, s, NULL);
+        }
+    }
+}
+
+/* Builds the step: one row per decoding slot, then prompt chunks sharing the rest of
+ * n_batch, oldest task first. Returns the number of sequences. */
+static int build_step(rt_engine_t *e)
+{
+    int ns = 0;
+    int64_t rows = 0;
+    for (int i = 0; i < e->o.n_slots && rows < e->o.n_batch; i++) {
+        slot_t *s = &e->slots[(e->rr + i) % e->o.n_slots];
+        if (s->state != SLOT_GEN)
+            continue;
+        e->seqs[ns] = (rt_step_seq_t){ .slot = s->id, .n = 1, .pos = s->n_past, .n_out = 1,
+                                        .tokens = s->seq + s->n_past };
+        e->seq_slot[ns++] = s->id;
+        rows++;
+    }
+    e->rr = (e->rr + 1) % e->o.n_slots;
+
+    int np = 0;
+    for (int i = 0; i < e->o.n_slots; i++) {
+        slot_t *s = &e->slots[i];
+        if (s->state != SLOT_PROMPT)
+            continue;
+        int j = np++;
+        for (; j > 0 && e->order[j - 1]->start_order > s->start_order; j--)
+            e->order[j] = e->order[j - 1];
+        e->order[j] = s;
+    }
+    for (int i = 0; i < np; i++) {
+        int64_t budget = e->o.n_batch - rows;
+        if (budget <= 0)
+            break;
+        int64_t share = (budget + (np - i) - 1) / (np - i);
+        slot_t *s = e->order[i];
+        int64_t take = s->n_seq - s->n_past;
+        if (take > share)
+            take = share;
+        e->seqs[ns] = (rt_step_seq_t){ .slot = s->id, .n = (int32_t)take, .pos = s->n_past,
+                                        .n_out = s->n_past + take == s->n_seq ? 1 : 0,
+                                        .tokens = s->seq + s->n_past };
+        e->seq_slot[ns++] = s->id;
+        rows += take;
+    }
+    return ns;
+}
+
+/* Runs one step and hands each output row to its slot. */
+static void run_step(rt_engine_t *e, int32_t n_vocab)
+{
+    int ns = build_step(e);
+    if (ns == 0)
+        return;
+    const float *logits = NULL;
+    bl_err_t err = { 0 };
+    int rc = rt_cluster_step(e->cluster, e->seqs, ns, &logits, &err);
+    if (rc) {
+        /* whatever failed, the rows are lost and the caches may be gone with the
+         * processes: the running tasks end, and the waiting ones run once READY */
+        BL_LOG(BL_LOG_WARN, "event=step_failed code=%d reason=\"%s\"", rc, err.msg);
+        const char *msg = err.msg[0] ? err.msg : bl_strerror(rc);
+        char buf[sizeof err.msg];
+        if (rc == BL_EAGAIN) {
+            rt_cluster_error(e->cluster, buf, sizeof buf);
+            msg = buf[0] ? buf : "the model processes are restarting";
+        }
+        fail_running(e, 500, msg);
+        forget_caches(e);
+        return;
+    }
+
+    uint64_t prompt_rows = 0;
+    for (int j = 0; j < ns; j++) {
+        slot_t *s = &e->slots[e->seq_slot[j]];
+        if (s->state == SLOT_PROMPT)
+            prompt_rows += (uint64_t)e->seqs[j].n;
+    }
+    pthread_mutex_lock(&e->mu);
+    e->stats.n_decode_total++;
+    e->stats.n_busy_slots_total += (uint64_t)ns;
+    e->stats.prompt_tokens_total += prompt_rows;
+    pthread_mutex_unlock(&e->mu);
+
+    size_t out = 0;
+    for (int j = 0; j < ns; j++) {
+        slot_t *s = &e->slots[e->seq_slot[j]];
+        s->n_past += e->seqs[j].n;
+        if (!e->seqs[j].n_out)
+            continue;
+        const float *row = logits + out * (size_t)n_vocab;
+        out++;
+        if (!s->task)
+            continue;
+        if (atomic_load(&s->task->cancelled)) {
+            slot_release(e, s, NULL);
+            continue;
+        }
+        on_output(e, s, row, n_vocab);
+    }
+}
+
+static int any_busy(const rt_engine_t *e)
+{
+    for (int i = 0; i < e->o.n_slots; i++)
+        if (e->slots[i].task)
+            return 1;
+    return 0;
+}
+
+static void *engine_main(void *arg)
+{
+    rt_engine_t *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        if (e->shutdown || e->quit) {
+            pthread_mutex_unlock(&e->mu);
+            break;
+        }
+        expire_waiting_locked(e, now_us());
+        if (!any_busy(e) && !e->wait_head) {
+            wake_loop(e);
+            pthread_cond_wait(&e->cv, &e->mu);
+            pthread_mutex_unlock(&e->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&e->mu);
+
+        rt_cluster_state_t st = rt_cluster_state(e->cluster);
+        if (st != RT_CLUSTER_READY) {
+            char buf[sizeof(((bl_err_t *)0)->msg)];
+            rt_cluster_error(e->cluster, buf, sizeof buf);
+            if (any_busy(e)) { /* the processes went away between two steps */
+                fail_running(e, 500, buf[0] ? buf : "the model processes are restarting");
+                forget_caches(e);
+            }
+            if (st == RT_CLUSTER_FAILED || st == RT_CLUSTER_STOPPED) {
+                pthread_mutex_lock(&e->mu);
+                if (st == RT_CLUSTER_FAILED)
+                    fail_waiting_locked(e, 500, buf[0] ? buf : "the model processes failed");
+                else
+                    fail_waiting_locked(e, 503, "server is shutting down");
+                pthread_mutex_unlock(&e->mu);
+            } else {
+                wake_loop(e);
+                (void)rt_cluster_wait(e->cluster, CLUSTER_POLL_MS);
+            }
+            update_snapshot(e);
+            wake_loop(e);
+            continue;
+        }
+        rt_cluster_stats_t cs;
+        rt_cluster_get_stats(e->cluster, &cs);
+        if (cs.starts != e->cluster_starts) { /* a restart: the new processes start empty */
+            if (e->cluster_starts != 0) {
+                fail_running(e, 500, "the model processes were restarted");
+                forget_caches(e);
+            }
+            e->cluster_starts = cs.starts;
+        }
+        int32_t n_vocab = (int32_t)rt_cluster_n_vocab(e->cluster);
+
+        reap_cancelled(e);
+        assign_waiting(e, n_vocab);
+        run_step(e, n_vocab);
+        update_snapshot(e);
+        wake_loop(e);
+    }
+
+    /* shutting down: every task still here ends with 503 */
+    for (int i = 0; i < e->o.n_slots; i++) {
+        slot_t *s = &e->slots[i];
+        if (s->task) {
+            slot_release(e, s, error_event(e, 503, s->id, "server is shutting down"));
+        }
+    }
+    pthread_mutex_lock(&e->mu);
+    fail_waiting_locked(e, 503, "server is shutting down");
+    e->finished = 1;
+    e->posted = 1;
+    pthread_mutex_unlock(&e->mu);
+    update_snapshot(e);
+    wake_loop(e);
+    return NULL;
+}
+
+// --- entry points ---------------------------------------------------------------------------
+
+static void free_async(uv_handle_t *h) { free(h); }
+
+int rt_engine_create(rt_engine_t **out, const rt_engine_opts_t *o, rt_cluster_t *cluster,
+                     const rt_tokenizer_t *tok, uv_loop_t *loop, bl_err_t *err)
+{
+    *out = NULL;
+    if (!o || !cluster || !tok || !loop)
+        return bl_err_set(err, BL_EINVAL, "engine: options, cluster, tokenizer and loop are required");
+    if (o->n_slots < 1 || o->n_slots > 4096)
+        return bl_err_set(err, BL_EINVAL, "engine: n_slots %d is outside 1..4096", o->n_slots);
+    if (o->n_ctx_slot < 2 || o->n_ctx_slot > INT32_MAX)
+        return bl_err_set(err, BL_EINVAL, "engine: n_ctx_slot %lld is outside 2..%d",
+                          (long long)o->n_ctx_slot, INT32_MAX);
+    if (o->n_batch < 1 || o->n_batch > INT32_MAX)
+        return bl_err_set(err, BL_EINVAL, "engine: n_batch %lld is outside 1..%d",
+                          (long long)o->n_batch, INT32_MAX);
+
+    rt_engine_t *e = calloc(1, sizeof *e);
+    if (!e)
+        return bl_err_set(err, BL_ENOMEM, "engine: out of memory");
+    e->o = *o;
+    if (e->o.timeout_ms < 0)
+        e->o.timeout_ms = 0;
+    e->cluster = cluster;
+    e->tok = tok;
+    e->loop = loop;
+    e->n_vocab_tok = (int32_t)rt_tokenizer_n_vocab(tok);
+    int mu_ok = 0, cv_ok = 0;
+    int rc = BL_ENOMEM, have_msg = 0; /* have_msg: err already names the failure */
+
+    if (pthread_mutex_init(&e->mu, NULL))
+        goto fail;
+    mu_ok = 1;
+    if (pthread_cond_init(&e->cv, NULL))
+        goto fail;
+    cv_ok = 1;
+
+    for (int32_t i = 0; i < e->n_vocab_tok; i++)
+        e->n_eog += rt_tokenizer_is_eog(tok, i) != 0;
+    e->eog = malloc((e->n_eog ? e->n_eog : 1) * sizeof *e->eog);
+    size_t n_slots = (size_t)o->n_slots;
+    e->slots = calloc(n_slots, sizeof *e->slots);
+    e->seqs = calloc(n_slots, sizeof *e->seqs);
+    e->seq_slot = calloc(n_slots, sizeof *e->seq_slot);
+    e->order = calloc(n_slots, sizeof *e->order);
+    e->info = calloc(n_slots, sizeof *e->info);
+    if (!e->eog || !e->slots || !e->seqs || !e->seq_slot || !e->order || !e->info)
+        goto fail;
+    for (int32_t i = 0, j = 0; i < e->n_vocab_tok; i++)
+        if (rt_tokenizer_is_eog(tok, i))
+            e->eog[j++] = i;
+    for (int i = 0; i < o->n_slots; i++) {
+        slot_t *s = &e->slots[i];
+        s->id = i;
+        s->seq = malloc((size_t)o->n_ctx_slot * sizeof *s->seq);
+        s->held_cap = 2 * STOP_MAX_LEN;
+        s->held = malloc(s->held_cap);
+        if (!s->seq || !s->held)
+            goto fail;
+        if ((rc = rt_detok_create(&s->detok[0], tok, 0, err)) ||
+            (rc = rt_detok_create(&s->detok[1], tok, RT_DETOK_SPECIAL, err))) {
+            have_msg = 1;
+            goto fail;
+        }
+        e->info[i].id = i;
+        e->info[i].n_ctx = o->n_ctx_slot;
+    }
+
+    e->async = calloc(1, sizeof *e->async);
+    if (!e->async)
+        goto fail;
+    if (uv_async_init(loop, e->async, on_async)) {
+        free(e->async);
+        e->async = NULL;
+        rc = bl_err_set(err, BL_EIO, "engine: uv_async_init failed");
+        have_msg = 1;
+        goto fail;
+    }
+    e->async->data = e;
+    if (pthread_create(&e->thread, NULL, engine_main, e)) {
+        rc = bl_err_set(err, BL_ENOMEM, "engine: cannot start the engine thread");
+        have_msg = 1;
+        goto fail;
+    }
+    e->thread_started = 1;
+    *out = e;
+    return 0;
+
+fail:
+    if (!have_msg)
+        rc = bl_err_set(err, BL_ENOMEM, "engine: out of memory for %d slots of %lld positions",
+                   o->n_slots, (long long)o->n_ctx_slot);
+    if (e->async)
+        uv_close((uv_handle_t *)e->async, free_async);
+    e->async = NULL;
+    if (e->slots)
+        for (int i = 0; i < o->n_slots; i++) {
+            free(e->slots[i].seq);
+            free(e->slots[i].held);
+            rt_detok_destroy(e->slots[i].detok[0]);
+            rt_detok_destroy(e->slots[i].detok[1]);
+        }
+    free(e->slots);
+    free(e->seqs);
+    free(e->seq_slot);
+    free(e->order);
+    free(e->info);
+    free(e->eog);
+    if (cv_ok)
+        pthread_cond_destroy(&e->cv);
+    if (mu_ok)
+        pthread_mutex_destroy(&e->mu);
+    free(e);
+    return rc;
+}
+
+void rt_engine_shutdown(rt_engine_t *e)
+{
+    if (!e)
+        return;
+    pthread_mutex_lock(&e->mu);
+    e->shutdown = 1;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+int rt_engine_drained(const rt_engine_t *e)
+{
+    rt_engine_t *m = (rt_engine_t *)e; /* the lock only; nothing visible changes */
+    pthread_mutex_lock(&m->mu);
+    int d = m->finished && !m->ev_head && !m->delivering;
+    pthread_mutex_unlock(&m->mu);
+    return d;
+}
+
+void rt_engine_destroy(rt_engine_t *e)
+{
+    if (!e)
+        return;
+    pthread_mutex_lock(&e->mu);
+    e->shutdown = 1;
+    e->quit = 1;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    if (e->thread_started)
+        pthread_join(e->thread, NULL);
+
+    /* events never delivered, and tasks whose handle the loop still held */
+    ev_node_t *n = e->ev_head;
+    while (n) {
+        ev_node_t *next = n->next;
+        free(n->buf);
+        free(n);
+        n = next;
+    }
+    for (n = e->ev_free; n;) {
+        ev_node_t *next = n->next;
+        free(n->buf);
+        free(n);
+        n = next;
+    }
+    for (rt_task_t *t = e->all; t;) {
+        rt_task_t *next = t->all_next;
+        free(t);
+        t = next;
+    }
+    for (int i = 0; i < e->o.n_slots; i++) {
+        slot_t *s = &e->slots[i];
+        rt_sampler_destroy(s->smpl);
+        rt_detok_destroy(s->detok[0]);
+        rt_detok_destroy(s->detok[1]);
+        free(s->seq);
+        free(s->held);
+    }
+    if (e->async)
+        uv_close((uv_handle_t *)e->async, free_async);
+    free(e->slots);
+    free(e->seqs);
+    free(e->seq_slot);
+    free(e->order);
+    free(e->info);
+    free(e->eog);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+}
+
+static int valid_utf8(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        size_t k;
+        uint32_t cp;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xE0) == 0xC0) {
+            k = 1;
+            cp = c & 0x1F;
+        } else if ((c & 0xF0) == 0xE0) {
+            k = 2;
+            cp = c & 0x0F;
+        } else if ((c & 0xF8) == 0xF0) {
+            k = 3;
+            cp = c & 0x07;
+        } else {
+            return 0;
+        }
+        if (i + k >= n)
+            return 0;
+        for (size_t j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xC0) != 0x80)
+                return 0;
+            cp = (cp << 6) | (s[i + j] & 0x3F);
+        }
+        if ((k == 1 && cp < 0x80) || (k == 2 && cp < 0x800) || (k == 3 && cp < 0x10000) ||
+            cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return 0;
+        i += k + 1;
+    }
+    return 1;
+}
+
+int rt_engine_submit(rt_engine_t *e, const int32_t *prompt, size_t n, const rt_task_params_t *p,
+                     rt_event_fn cb, void *ud, rt_task_t **task, bl_err_t *err)
+{
+    *task = NULL;
+    if (!p || !cb)
+        return bl_err_set(err, BL_EINVAL, "engine: params and callback are required");
+    if (n == 0 || !prompt)
+        return bl_err_set(err, BL_EINVAL, "the prompt is empty");
+    if ((int64_t)n >= e->o.n_ctx_slot)
+        return bl_err_set(err, BL_ERANGE,
+                          "the request exceeds the available context size, try increasing it "
+                          "(the prompt has %zu tokens, the context of a slot %lld)",
+                          n, (long long)e->o.n_ctx_slot);
+    for (size_t i = 0; i < n; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->n_vocab_tok)
+            return bl_err_set(err, BL_EINVAL,
+                              "prompt token %zu is %d, outside the vocabulary (%d tokens)", i,
+                              prompt[i], e->n_vocab_tok);
+    int rc = rt_sampler_params_check(&p->sampling, e->n_vocab_tok, err);
+    if (rc)
+        return rc;
+    if (p->n_probs < 0 || p->n_probs > RT_MAX_N_PROBS)
+        return bl_err_set(err, BL_EINVAL, "n_probs %d is outside 0..%d", p->n_probs,
+                          RT_MAX_N_PROBS);
+    if (p->n_stop < 0 || p->n_stop > RT_MAX_STOP)
+        return bl_err_set(err, BL_EINVAL, "%d stop strings; at most %d", p->n_stop, RT_MAX_STOP);
+    if (p->slot_id < -1 || p->slot_id >= e->o.n_slots)
+        return bl_err_set(err, BL_EINVAL, "id_slot %d is outside -1..%d", p->slot_id,
+                          e->o.n_slots - 1);
+    size_t stop_bytes = 0;
+    for (int i = 0; i < p->n_stop; i++) {
+        if (!p->stop[i])
+            return bl_err_set(err, BL_EINVAL, "stop string %d is missing", i);
+        size_t sl = strlen(p->stop[i]);
+        if (sl > STOP_MAX_LEN)
+            return bl_err_set(err, BL_EINVAL, "stop string %d is %zu bytes; at most %d", i, sl,
+                              STOP_MAX_LEN);
+        if (!valid_utf8((const unsigned char *)p->stop[i], sl))
+            return bl_err_set(err, BL_EINVAL, "stop string %d is not valid UTF-8", i);
+        stop_bytes += sl + 1;
+    }
+    size_t n_bias = p->sampling.n_logit_bias;
+    if (n_bias > SIZE_MAX / 2 / sizeof(rt_logit_bias_t))
+        return bl_err_set(err, BL_ERANGE, "%zu logit_bias entries", n_bias);
+    size_t n_bias_all = n_bias + (p->ignore_eos ? e->n_eog : 0);
+
+    size_t size = sizeof(rt_task_t) + n_bias_all * sizeof(rt_logit_bias_t) +
+                  n * sizeof(int32_t) + stop_bytes;
+    rt_task_t *t = calloc(1, size);
+    if (!t)
+        return bl_err_set(err, BL_ENOMEM, "engine: out of memory for a task of %zu tokens", n);
+    /* layout behind the struct: bias, prompt, stop strings (alignment descending) */
+    rt_logit_bias_t *bias = (rt_logit_bias_t *)(t + 1);
+    int32_t *pr = (int32_t *)(bias + n_bias_all);
+    char *sp = (char *)(pr + n);
+    t->p = *p;
+    if (n_bias)
+        memcpy(bias, p->sampling.logit_bias, n_bias * sizeof *bias);
+    if (p->ignore_eos)
+        for (size_t i = 0; i < e->n_eog; i++)
+            bias[n_bias + i] = (rt_logit_bias_t){ e->eog[i], -INFINITY };
+    t->p.sampling.logit_bias = n_bias_all ? bias : NULL;
+    t->p.sampling.n_logit_bias = n_bias_all;
+    memcpy(pr, prompt, n * sizeof *pr);
+    t->prompt = pr;
+    t->n_prompt = n;
+    int ns = 0;
+    for (int i = 0; i < p->n_stop; i++) {
+        size_t sl = strlen(p->stop[i]);
+        if (sl == 0) /* an empty stop string would end every generation at once */
+            continue;
+        memcpy(sp, p->stop[i], sl + 1);
+        t->p.stop[ns] = sp;
+        t->stop_len[ns] = sl;
+        if (sl > t->max_stop_len)
+            t->max_stop_len = sl;
+        sp += sl + 1;
+        ns++;
+    }
+    for (int i = ns; i < RT_MAX_STOP; i++)
+        t->p.stop[i] = NULL;
+    t->p.n_stop = ns;
+    t->n_predict = p->n_predict < 0 ? -1 : p->n_predict;
+    if (e->o.n_predict_max >= 0 && (t->n_predict < 0 || t->n_predict > e->o.n_predict_max))
+        t->n_predict = e->o.n_predict_max;
+    if (t->p.t_max_predict_ms < 0)
+        t->p.t_max_predict_ms = 0;
+    t->cb = cb;
+    t->ud = ud;
+    t->t_submit_us = now_us();
+    atomic_init(&t->cancelled, 0);
+    t->refs = 2; /* the engine's and the loop's handle */
+    t->loop_ref = 1;
+
+    pthread_mutex_lock(&e->mu);
+    if (e->shutdown) {
+        pthread_mutex_unlock(&e->mu);
+        free(t);
+        return bl_err_set(err, BL_ECLOSED, "server is shutting down");
+    }
+    t->id = ++e->next_task_id;
+    t->all_next = e->all;
+    if (e->all)
+        e->all->all_prev = t;
+    e->all = t;
+    t->waiting = 1;
+    if (e->wait_tail)
+        e->wait_tail->next = t;
+    else
+        e->wait_head = t;
+    e->wait_tail = t;
+    e->n_waiting++;
+    e->stats.requests_deferred = e->n_waiting;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    *task = t;
+    return 0;
+}
+
+void rt_engine_cancel(rt_engine_t *e, rt_task_t *t)
+{
+    if (!e || !t)
+        return;
+    pthread_mutex_lock(&e->mu);
+    if (!t->loop_ref) { /* cancelled already */
+        pthread_mutex_unlock(&e->mu);
+        return;
+    }
+    atomic_store(&t->cancelled, 1);
+    /* events still queued for it are dropped, each with its reference */
+    ev_node_t **pp = &e->ev_head, *prev = NULL;
+    while (*pp) {
+        ev_node_t *n = *pp;
+        if (n->task == t) {
+            *pp = n->next;
+            if (e->ev_tail == n)
+                e->ev_tail = prev;
+            task_unref_locked(e, t);
+            ev_recycle_locked(e, n);
+        } else {
+            prev = n;
+            pp = &n->next;
+        }
+    }
+    int drop = 1; /* the loop's */
+    if (t->waiting) {
+        wait_remove_locked(e, t);
+        e->stats.requests_deferred = e->n_waiting;
+        drop++; /* and the engine's */
+    }
+    t->loop_ref = 0;
+    task_unref_n_locked(e, t, drop);
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+int rt_engine_slots(rt_engine_t *e, rt_slot_info_t *slots, int cap)
+{
+    pthread_mutex_lock(&e->mu);
+    int n = e->o.n_slots < cap ? e->o.n_slots : cap;
+    if (n > 0)
+        memcpy(slots, e->info, (size_t)n * sizeof *slots);
+    pthread_mutex_unlock(&e->mu);
+    return n < 0 ? 0 : n;
+}
+
+void rt_engine_get_stats(rt_engine_t *e, rt_engine_stats_t *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    out->requests_deferred = e->n_waiting;
+    pthread_mutex_unlock(&e->mu);
+}
+
+int rt_engine_n_slots(const rt_engine_t *e) { return e->o.n_slots; }
+
+int64_t rt_engine_n_ctx_slot(const rt_engine_t *e) { return e->o.n_ctx_slot; }

@@ -1,0 +1,178 @@
+/* The generation engine: slots, the queue of waiting requests, the step loop and
+ * sampling. It runs on its own thread (the engine thread owns the slots, the
+ * samplers, the streaming detokenizers and the calls into rt_cluster); the HTTP
+ * loop thread submits tasks and cancels them, and receives each task's events as
+ * callbacks on the loop thread (posted with uv_async_send).
+ *
+ * A step takes every slot that has work: each decoding slot adds one row, and a
+ * slot still reading its prompt adds a chunk of it, up to n_batch rows in all
+ * (decode rows first, so streams never wait behind a long prompt). With
+ * cache_prompt, a new task in a slot keeps the cached prefix it shares with the
+ * slot's last sequence and only evaluates the rest. A task picks the idle slot whose
+ * cached sequence shares the longest prefix with its prompt (or the one asked for).
+ * When no slot is free it waits in FIFO order. */
+#ifndef RT_ENGINE_H
+#define RT_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "cluster.h"
+#include "err.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+typedef struct rt_engine rt_engine_t;
+typedef struct rt_task rt_task_t;
+
+#define RT_MAX_STOP 16      /* stop strings per request */
+#define RT_MAX_N_PROBS 20   /* most candidates reported per token */
+
+/* What one request asks for. Strings and arrays are copied by rt_engine_submit. */
+typedef struct rt_task_params {
+    rt_sampler_params_t sampling; /* logit_bias copied */
+    int64_t n_predict;            /* most tokens to generate; -1: until an end token or
+                                   * the slot's context is full */
+    const char *stop[RT_MAX_STOP]; /* stop strings: generation ends before the first
+                                    * occurrence in the generated text, which is not sent */
+    int n_stop;
+    int n_probs;                  /* 0..RT_MAX_N_PROBS: candidates per token in events */
+    int cache_prompt;             /* 1 (default): reuse the slot's cached prefix */
+    int ignore_eos;               /* end tokens are sampled around (banned) */
+    int special;                  /* detokenize control tokens as text */
+    int32_t slot_id;              /* -1 (default): any slot */
+    int64_t t_max_predict_ms;     /* 0: none; stop generating after this long */
+} rt_task_params_t;
+
+/* The defaults of llama-server: rt_sampler_params_default, n_predict -1, no stop,
+ * n_probs 0, cache_prompt 1, ignore_eos 0, special 0, slot_id -1. */
+void rt_task_params_default(rt_task_params_t *p);
+
+/* One candidate in a token event: id, its probability after the sampler's filters
+ * and temperature, and its log-probability before them (log-softmax of the raw
+ * logits, as llama-server's logprobs report). */
+typedef struct rt_token_prob {
+    int32_t id;
+    float prob;
+    float logprob;
+} rt_token_prob_t;
+
+typedef enum rt_stop_type {
+    RT_STOP_NONE = 0,
+    RT_STOP_EOS = 1,   /* an end-of-generation token ("stop") */
+    RT_STOP_WORD = 2,  /* a stop string ("stop") */
+    RT_STOP_LIMIT = 3, /* n_predict, the context, or the time limit ("length") */
+} rt_stop_type_t;
+
+typedef struct rt_timings {
+    int64_t n_prompt;     /* prompt tokens of the task */
+    int64_t n_cached;     /* of which came from the slot's cache */
+    int64_t n_predicted;  /* tokens generated */
+    double prompt_ms;     /* from the first prompt step to the first token */
+    double predicted_ms;  /* from the first token to the end */
+} rt_timings_t;
+
+typedef enum rt_event_kind {
+    RT_EV_TOKEN = 1, /* a generated token and the text it completes */
+    RT_EV_DONE = 2,  /* the task ended normally (last event) */
+    RT_EV_ERROR = 3, /* the task failed (last event) */
+} rt_event_kind_t;
+
+/* An event; every pointer is valid only during the callback. */
+typedef struct rt_event {
+    rt_event_kind_t kind;
+    /* TOKEN */
+    int32_t token;
+    const char *text;  /* text released by this token: complete UTF-8, with text that
+                        * might begin a stop string held back until it is decided */
+    size_t len;
+    const rt_token_prob_t *probs; /* n_probs candidates, most likely first */
+    int n_probs_out;
+    rt_token_prob_t sampled;      /* the sampled token's own probability entry */
+    /* DONE */
+    rt_stop_type_t stop_type;
+    const char *stopping_word;    /* RT_STOP_WORD: the stop string matched */
+    const char *tail;             /* DONE: text held back that is now released (may be "") */
+    size_t tail_len;
+    rt_timings_t timings;         /* TOKEN and DONE */
+    int slot;                     /* slot that ran the task */
+    /* ERROR */
+    int status;                   /* HTTP status: 500 (a process died, named in message),
+                                   * 503 (shutting down), 400 (the task cannot run) */
+    const char *message;
+} rt_event_t;
+
+/* Called on the loop thread. After a DONE or ERROR event, or after rt_engine_cancel
+ * returned, no more calls come for that task. */
+typedef void (*rt_event_fn)(void *ud, const rt_event_t *ev);
+
+typedef struct rt_engine_opts {
+    int n_slots;
+    int64_t n_ctx_slot;     /* positions per slot */
+    int64_t n_batch;        /* most rows per step (the cluster's n_batch) */
+    int64_t n_predict_max;  /* server-wide cap (-n): -1 none */
+    int64_t timeout_ms;     /* --timeout: a task waiting longer than this for a slot
+                             * fails with 503; 0: no limit */
+} rt_engine_opts_t;
+
+/* Starts the engine thread. tok is borrowed (its detokenizing side is used from the
+ * engine thread; the loop thread may keep tokenizing with it), cluster and loop
+ * are borrowed. Caller frees with rt_engine_destroy. */
+int rt_engine_create(rt_engine_t **out, const rt_engine_opts_t *o, rt_cluster_t *cluster,
+                     const rt_tokenizer_t *tok, uv_loop_t *loop, bl_err_t *err) BL_WUR;
+
+/* Stops taking tasks; every queued or running task ends with an ERROR 503 "server
+ * is shutting down", delivered on the loop thread, which must keep running until
+ * rt_engine_drained says 1. Loop thread. */
+void rt_engine_shutdown(rt_engine_t *e);
+int rt_engine_drained(const rt_engine_t *e);
+/* Joins the thread and frees everything. Call after rt_engine_shutdown and once the
+ * loop has delivered the last events. */
+void rt_engine_destroy(rt_engine_t *e);
+
+/* Queues a generation of prompt (n tokens, copied). Loop thread only. Returns 0 and
+ * *task (a handle for rt_engine_cancel, owned by the engine), or, without queueing:
+ * BL_EINVAL (bad params, named; empty prompt), BL_ERANGE (the prompt does not fit a
+ * slot's context: the message says both sizes), BL_ECLOSED (shutting down), BL_ENOMEM. */
+int rt_engine_submit(rt_engine_t *e, const int32_t *prompt, size_t n,
+                     const rt_task_params_t *p, rt_event_fn cb, void *ud, rt_task_t **task,
+                     bl_err_t *err) BL_WUR;
+
+/* The client went away: the task stops within one step and its slot is freed. No
+ * callback for it runs after this returns. Loop thread only. The handle is valid until
+ * the task's DONE or ERROR callback returns (cancelling from inside that callback is
+ * fine) or until this call: do not cancel a task after its last event. */
+void rt_engine_cancel(rt_engine_t *e, rt_task_t *task);
+
+/* Snapshots for /slots, /metrics, /props (thread-safe). */
+typedef struct rt_slot_info {
+    int id;
+    int busy;             /* processing a task */
+    int64_t n_ctx;
+    int64_t n_past;       /* tokens in its cache */
+    int64_t n_decoded;    /* tokens generated for the current task */
+    int64_t n_prompt;     /* prompt tokens of the current task */
+    uint64_t task_id;
+} rt_slot_info_t;
+
+typedef struct rt_engine_stats {
+    uint64_t prompt_tokens_total;     /* prompt tokens evaluated (cache hits excluded) */
+    double prompt_seconds_total;
+    uint64_t tokens_predicted_total;
+    double tokens_predicted_seconds_total;
+    uint64_t n_decode_total;          /* steps */
+    uint64_t n_busy_slots_total;      /* sum over steps of the slots in the step */
+    uint64_t requests_processing;     /* tasks in slots now */
+    uint64_t requests_deferred;       /* tasks waiting for a slot now */
+    uint64_t n_tokens_max;            /* largest n_past any slot reached */
+    int64_t kv_cache_tokens;          /* sum of n_past over slots */
+} rt_engine_stats_t;
+
+/* Fills slots[0..n_slots) and returns n_slots (at most cap). */
+int rt_engine_slots(rt_engine_t *e, rt_slot_info_t *slots, int cap);
+void rt_engine_get_stats(rt_engine_t *e, rt_engine_stats_t *out);
+int rt_engine_n_slots(const rt_engine_t *e);
+int64_t rt_engine_n_ctx_slot(const rt_engine_t *e);
+
+#endif

@@ -1,0 +1,926 @@
+/* bloomery-serve: the router's main. It reads llama-server's flags (command line,
+ * --config file, LLAMA_ARG_* variables), opens the model's metadata, builds the
+ * tokenizer and chat template, starts the cluster of child processes and the
+ * engine, serves HTTP on the loop, and on SIGINT/SIGTERM drains and stops it all.
+ *
+ * Thread: main runs the libuv loop; the engine and the cluster have their own. */
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <uv.h>
+
+#include "api.h"
+#include "args.h"
+#include "file.h"
+#include "log.h"
+#include "../worker/wk.h"
+
+#define PROG "bloomery-serve"
+#define MAX_BODY_BYTES ((size_t)32 << 20)  /* request bodies larger than this: 413 */
+#define CONFIG_FILE_MAX ((size_t)1 << 20)
+#define KEY_FILE_MAX ((size_t)1 << 20)
+#define TEMPLATE_FILE_MAX ((size_t)16 << 20)
+#define DRAIN_LIMIT_MS 5000                /* longest wait for open requests at shutdown */
+#define WATCH_MS 100                       /* how often the cluster's state is read */
+#define MAX_OT 64
+
+/* A chat template for models that carry none and for --chat-template chatml. */
+static const char chatml_template[] =
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
+
+/* --- flags ------------------------------------------------------------------------- */
+
+typedef struct opts {
+    const char *model, *alias, *host;
+    int64_t port, ctx, parallel, n_predict, threads, threads_batch, batch, ubatch;
+    const char *chat_template, *chat_template_file;
+    int jinja, metrics;
+    const char *api_key, *api_key_file;
+    int64_t timeout;
+    int log_disable, verbose;
+    int64_t workers;
+    const char *cache_type_k, *cache_type_v;
+    const char *config;
+    /* placement */
+    const char *gpu_layers, *tensor_split, *device, *fit;
+    int cpu_moe;
+    int64_t n_cpu_moe;
+    const char *override_tensor[MAX_OT];
+    int n_override_tensor;
+} opts_t;
+
+/* -ot may be given several times; each value is a comma list of PATTERN=BUFFER. */
+static int parse_override_tensor(void *ud, const char *value, bl_err_t *err)
+{
+    opts_t *o = ud;
+    if (!value || !*value)
+        return bl_err_set(err, BL_EINVAL, "empty value (expected PATTERN=BUFFER_TYPE)");
+    if (o->n_override_tensor >= MAX_OT)
+        return bl_err_set(err, BL_ERANGE, "more than %d values", MAX_OT);
+    for (const char *p = value; *p;) {
+        const char *comma = strchr(p, ',');
+        size_t n = comma ? (size_t)(comma - p) : strlen(p);
+        const char *eq = memchr(p, '=', n);
+        if (!eq || eq == p || eq + 1 == p + n)
+            return bl_err_set(err, BL_EINVAL, "'%.*s' is not PATTERN=BUFFER_TYPE", (int)n, p);
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    o->override_tensor[o->n_override_tensor++] = value;
+    return 0;
+}
+
+enum { A_CONFIG = 0 };
+
+static int build_args(bl_arg_t *a, opts_t *o)
+{
+    int n = 0;
+#define STR(NAMES, ENV, DST, META, HELP)                                                           \
+    a[n++] = (bl_arg_t){.names = NAMES, .env = ENV, .kind = BL_ARG_STR, .dst = DST, .metavar = META, \
+                        .help = HELP}
+#define I64(NAMES, ENV, DST, LO, HI, META, HELP)                                                   \
+    a[n++] = (bl_arg_t){.names = NAMES, .env = ENV, .kind = BL_ARG_I64, .dst = DST, .min = LO,       \
+                        .max = HI, .metavar = META, .help = HELP}
+#define FLAG(NAMES, ENV, DST, HELP)                                                                \
+    a[n++] = (bl_arg_t){.names = NAMES, .env = ENV, .kind = BL_ARG_FLAG, .dst = DST, .help = HELP}
+    /* A_CONFIG first: main reads it after parsing */
+    STR("--config", "BLOOMERY_ARG_CONFIG", &o->config, "FILE",
+        "JSON object of these flags by long name without dashes; the command line wins");
+    STR("-m,--model", "LLAMA_ARG_MODEL", &o->model, "FNAME", "model path (GGUF)");
+    STR("-a,--alias", "LLAMA_ARG_ALIAS", &o->alias, "NAME",
+        "model name in /v1/models and responses (default: the file name)");
+    STR("--host", "LLAMA_ARG_HOST", &o->host, "HOST", "address to listen on (default 127.0.0.1)");
+    I64("--port", "LLAMA_ARG_PORT", &o->port, 0, 65535, "PORT", "port to listen on (default 8080)");
+    I64("-c,--ctx-size", "LLAMA_ARG_CTX_SIZE", &o->ctx, 0, INT32_MAX, "N",
+        "total context over all slots (default 4096, at most the model's; 0: the model's)");
+    I64("-np,--parallel", "LLAMA_ARG_N_PARALLEL", &o->parallel, 1, 256, "N",
+        "slots: requests served at once, each with ctx-size / N positions (default 1)");
+    I64("-n,--predict,--n-predict", "LLAMA_ARG_N_PREDICT", &o->n_predict, -1, INT32_MAX, "N",
+        "most tokens one request may generate (default -1: no limit)");
+    I64("-t,--threads", "LLAMA_ARG_THREADS", &o->threads, 1, 1024, "N",
+        "threads per worker for decode steps (default: the CPUs online)");
+    I64("-tb,--threads-batch", "LLAMA_ARG_THREADS_BATCH", &o->threads_batch, 1, 1024, "N",
+        "threads per worker for prompt steps (default: --threads)");
+    I64("-b,--batch-size", "LLAMA_ARG_BATCH", &o->batch, 1, 1 << 20, "N",
+        "logical batch: most prompt tokens per step together with -ub (default 2048)");
+    I64("-ub,--ubatch-size", "LLAMA_ARG_UBATCH", &o->ubatch, 1, 1 << 20, "N",
+        "rows per step (default 512)");
+    STR("--chat-template", "LLAMA_ARG_CHAT_TEMPLATE", &o->chat_template, "NAME|TEXT",
+        "chat template: a built-in name (chatml) or the Jinja text itself");
+    STR("--chat-template-file", "LLAMA_ARG_CHAT_TEMPLATE_FILE", &o->chat_template_file, "FILE",
+        "chat template from a Jinja file");
+    FLAG("--jinja", "LLAMA_ARG_JINJA", &o->jinja, "accepted: templates are always Jinja");
+    FLAG("--metrics", "LLAMA_ARG_ENDPOINT_METRICS", &o->metrics,
+         "accepted: /metrics is always served");
+    STR("--api-key", "LLAMA_API_KEY", &o->api_key, "KEY[,KEY...]",
+        "accept only requests carrying one of these keys (/health and /v1/models stay public)");
+    STR("--api-key-file", NULL, &o->api_key_file, "FILE", "file with one API key per line");
+    I64("-to,--timeout", "LLAMA_ARG_TIMEOUT", &o->timeout, 1, 86400 * 7, "N",
+        "seconds a connection may idle and a request may wait for a slot (default 600)");
+    FLAG("--log-disable", NULL, &o->log_disable, "write no log lines");
+    FLAG("-v,--verbose,--log-verbose", NULL, &o->verbose, "log at DEBUG (children too)");
+    I64("--workers", "BLOOMERY_ARG_WORKERS", &o->workers, 1, 1024, "N",
+        "CPU worker processes: the layers split into N pipeline stages (default 1)");
+    STR("-ctk,--cache-type-k", "LLAMA_ARG_CACHE_TYPE_K", &o->cache_type_k, "TYPE",
+        "KV cache type: f16 (default), f32, q8_0; -ctv must match");
+    STR("-ctv,--cache-type-v", "LLAMA_ARG_CACHE_TYPE_V", &o->cache_type_v, "TYPE",
+        "KV cache type of V: must equal -ctk");
+    STR("-ngl,--gpu-layers,--n-gpu-layers", "LLAMA_ARG_N_GPU_LAYERS", &o->gpu_layers, "N",
+        "layers on the GPU: 0 and auto are accepted (CPU only); more is refused");
+    STR("-ts,--tensor-split", "LLAMA_ARG_TENSOR_SPLIT", &o->tensor_split, "N0,N1,...",
+        "split over GPUs: refused (no GPU in this build)");
+    STR("-dev,--device", "LLAMA_ARG_DEVICE", &o->device, "DEV",
+        "devices: none (the CPU) is accepted; a GPU is refused");
+    FLAG("-cmoe,--cpu-moe", "LLAMA_ARG_CPU_MOE", &o->cpu_moe,
+         "keep all MoE experts on the CPU (what this build does)");
+    I64("-ncmoe,--n-cpu-moe", "LLAMA_ARG_N_CPU_MOE", &o->n_cpu_moe, 0, 1 << 20, "N",
+        "keep the experts of the first N layers on the CPU (all are)");
+    a[n++] = (bl_arg_t){.names = "-ot,--override-tensor", .env = "LLAMA_ARG_OVERRIDE_TENSOR",
+                        .kind = BL_ARG_FN, .fn = parse_override_tensor, .ud = o,
+                        .metavar = "PATTERN=TYPE,...",
+                        .help = "tensor placement: CPU is accepted, another buffer is refused"};
+    STR("-fit,--fit", "LLAMA_ARG_FIT", &o->fit, "on|off",
+        "fit unset options to device memory: accepted, nothing to fit on the CPU");
+#undef STR
+#undef I64
+#undef FLAG
+    return n;
+}
+
+/* Values from --config; strings made from numbers are kept until exit. */
+typedef struct keep {
+    json_t *root;
+    char **strs;
+    size_t n;
+} keep_t;
+
+static const char *keep_str(keep_t *k, const char *s)
+{
+    char **p = realloc(k->strs, (k->n + 1) * sizeof *p);
+    if (!p)
+        return NULL;
+    k->strs = p;
+    p[k->n] = strdup(s);
+    if (!p[k->n])
+        return NULL;
+    return p[k->n++];
+}
+
+static int has_long_name(const char *names, const char *key)
+{
+    size_t klen = strlen(key);
+    for (const char *p = names; *p;) {
+        const char *comma = strchr(p, ',');
+        size_t n = comma ? (size_t)(comma - p) : strlen(p);
+        if (n == klen + 2 && p[0] == '-' && p[1] == '-' && memcmp(p + 2, key, klen) == 0)
+            return 1;
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    return 0;
+}
+
+/* The config value as the text a flag would take; NULL with err set. */
+static const char *config_value_text(keep_t *k, const char *path, const char *key, json_t *v,
+                                     bl_err_t *err)
+{
+    char buf[64];
+    switch (json_typeof(v)) {
+    case JSON_STRING:
+        return json_string_value(v);
+    case JSON_INTEGER:
+        snprintf(buf, sizeof buf, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        return keep_str(k, buf);
+    case JSON_REAL:
+        snprintf(buf, sizeof buf, "%.17g", json_real_value(v));
+        return keep_str(k, buf);
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return json_is_true(v) ? "on" : "off";
+    case JSON_ARRAY: {
+        /* a list joins with commas, as the flags take lists */
+        size_t cap = 1, i;
+        json_t *e;
+        json_array_foreach(v, i, e) {
+            if (!json_is_string(e) && !json_is_integer(e) && !json_is_real(e)) {
+                bl_err_set(err, BL_EINVAL, "--config %s: '%s'[%zu] must be a string or a number",
+                           path, key, i);
+                return NULL;
+            }
+            cap += (json_is_string(e) ? json_string_length(e) : 32) + 1;
+        }
+        char *s = calloc(1, cap);
+        if (!s)
+            return NULL;
+        json_array_foreach(v, i, e) {
+            if (i)
+                strcat(s, ",");
+            if (json_is_string(e))
+                strcat(s, json_string_value(e));
+            else if (json_is_integer(e))
+                snprintf(s + strlen(s), cap - strlen(s), "%" JSON_INTEGER_FORMAT,
+                         json_integer_value(e));
+            else
+                snprintf(s + strlen(s), cap - strlen(s), "%.17g", json_real_value(e));
+        }
+        const char *r = keep_str(k, s);
+        free(s);
+        return r;
+    }
+    default:
+        bl_err_set(err, BL_EINVAL, "--config %s: '%s' must be a string, number, boolean or list",
+                   path, key);
+        return NULL;
+    }
+}
+
+/* Applies the members of the JSON object in path to the flags not given on the
+ * command line (so: command line > config file > environment). */
+static int apply_config(bl_arg_t *args, int n_args, const char *path, keep_t *k, bl_err_t *err)
+{
+    char *text = NULL;
+    size_t len = 0;
+    int rc = bl_read_file(path, CONFIG_FILE_MAX, &text, &len, err);
+    if (rc)
+        return rc;
+    json_error_t je;
+    json_t *root = json_loadb(text, len, 0, &je);
+    free(text);
+    if (!root)
+        return bl_err_set(err, BL_EINVAL, "--config %s: line %d, column %d: %s", path, je.line,
+                          je.column, je.text);
+    k->root = root;
+    if (!json_is_object(root))
+        return bl_err_set(err, BL_EINVAL, "--config %s: expected a JSON object of flags", path);
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        int idx = -1;
+        for (int i = 0; i < n_args && idx < 0; i++)
+            if (has_long_name(args[i].names, key))
+                idx = i;
+        if (idx < 0 || idx == A_CONFIG)
+            return bl_err_set(err, BL_EINVAL, "--config %s: unknown key '%.64s'", path, key);
+        bl_arg_t *a = &args[idx];
+        if (a->seen == 1 || json_is_null(v))
+            continue;
+        if (a->kind == BL_ARG_FLAG) {
+            if (!json_is_boolean(v))
+                return bl_err_set(err, BL_EINVAL, "--config %s: '%s' must be true or false", path,
+                                  key);
+            *(int *)a->dst = json_is_true(v);
+            a->seen = 3;
+            continue;
+        }
+        const char *value = config_value_text(k, path, key, v, err);
+        if (!value)
+            return err && err->code ? err->code : bl_err_set(err, BL_ENOMEM, "out of memory");
+        char flag[96];
+        snprintf(flag, sizeof flag, "--%s", key);
+        char *argv[] = {PROG, flag, (char *)value, NULL};
+        bl_arg_t one = *a;
+        one.env = NULL;
+        bl_err_t inner = {0};
+        if (bl_args_parse(&one, 1, 3, argv, NULL, NULL, &inner) != 0)
+            return bl_err_set(err, BL_EINVAL, "--config %s: %s", path, inner.msg);
+        a->seen = 3;
+    }
+    return 0;
+}
+
+/* Whether a flag was given at all (command line, config or environment). */
+static int arg_seen(const bl_arg_t *args, int n_args, const char *long_name)
+{
+    for (int i = 0; i < n_args; i++)
+        if (has_long_name(args[i].names, long_name + 2))
+            return args[i].seen != 0;
+    return 0;
+}
+
+/* --- start-up checks ---------------------------------------------------------------- */
+
+/* The placement flags: what keeps everything on the CPU is accepted; a request for
+ * a device this build cannot use is refused by name. */
+static int check_placement(const opts_t *o, bl_err_t *err)
+{
+    if (o->gpu_layers) {
+        int64_t n;
+        const char *v = o->gpu_layers;
+        int cpu = !strcmp(v, "auto") || (bl_parse_i64(v, &n) == 0 && (n == 0 || n == -1));
+        if (!cpu && strcmp(v, "all") != 0 && bl_parse_i64(v, &n) != 0)
+            return bl_err_set(err, BL_EINVAL, "--gpu-layers: '%.32s' is not a number, auto or all",
+                              v);
+        if (!cpu)
+            return bl_err_set(err, BL_ENOTSUP,
+                              "--gpu-layers %s: GPU offload is not available in this build; "
+                              "every layer runs on the CPU (use -ngl 0)",
+                              v);
+    }
+    if (o->tensor_split)
+        return bl_err_set(err, BL_ENOTSUP,
+                          "--tensor-split %s: there are no GPUs to split the model across in "
+                          "this build",
+                          o->tensor_split);
+    if (o->device && strcmp(o->device, "none") != 0)
+        return bl_err_set(err, BL_ENOTSUP,
+                          "--device %s: no such device; this build runs on the CPU only "
+                          "(use -dev none)",
+                          o->device);
+    for (int i = 0; i < o->n_override_tensor; i++) {
+        for (const char *p = o->override_tensor[i]; *p;) {
+            const char *comma = strchr(p, ',');
+            size_t n = comma ? (size_t)(comma - p) : strlen(p);
+            const char *eq = memchr(p, '=', n);
+            size_t blen = (size_t)(p + n - (eq + 1));
+            if (!(blen == 3 && strncasecmp(eq + 1, "CPU", 3) == 0))
+                return bl_err_set(err, BL_ENOTSUP,
+                                  "--override-tensor %.*s: buffer type '%.*s' does not exist in "
+                                  "this build (only CPU)",
+                                  (int)n, p, (int)blen, eq + 1);
+            if (!comma)
+                break;
+            p = comma + 1;
+        }
+    }
+    if (o->fit && strcmp(o->fit, "on") != 0 && strcmp(o->fit, "off") != 0)
+        return bl_err_set(err, BL_EINVAL, "--fit: '%.32s' is not on or off", o->fit);
+    return 0;
+}
+
+static int kv_type_of(const char *flag, const char *s, uint32_t *out, bl_err_t *err)
+{
+    if (!s || !strcmp(s, "f16"))
+        *out = WK_KV_F16;
+    else if (!strcmp(s, "f32"))
+        *out = WK_KV_F32;
+    else if (!strcmp(s, "q8_0"))
+        *out = WK_KV_Q8_0;
+    else
+        return bl_err_set(err, BL_ENOTSUP, "%s %.32s: not a KV cache type of this build "
+                                           "(f16, f32, q8_0)",
+                          flag, s);
+    return 0;
+}
+
+/* Keys from --api-key (comma list) and --api-key-file (one per line). */
+typedef struct keys {
+    char **v;
+    size_t n;
+} keys_t;
+
+static int keys_add(keys_t *k, const char *s, size_t len, const char *from, bl_err_t *err)
+{
+    while (len && (s[len - 1] == '\r' || s[len - 1] == ' ' || s[len - 1] == '\t'))
+        len--;
+    while (len && (*s == ' ' || *s == '\t')) {
+        s++;
+        len--;
+    }
+    if (len == 0)
+        return bl_err_set(err, BL_EINVAL, "%s: an API key is empty", from);
+    char **p = realloc(k->v, (k->n + 1) * sizeof *p);
+    if (!p)
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    k->v = p;
+    p[k->n] = strndup(s, len);
+    if (!p[k->n])
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    k->n++;
+    return 0;
+}
+
+static int load_keys(const opts_t *o, keys_t *k, bl_err_t *err)
+{
+    if (o->api_key) {
+        for (const char *p = o->api_key;;) {
+            const char *comma = strchr(p, ',');
+            size_t n = comma ? (size_t)(comma - p) : strlen(p);
+            int rc = keys_add(k, p, n, "--api-key", err);
+            if (rc)
+                return rc;
+            if (!comma)
+                break;
+            p = comma + 1;
+        }
+    }
+    if (o->api_key_file) {
+        char *text;
+        size_t len;
+        int rc = bl_read_file(o->api_key_file, KEY_FILE_MAX, &text, &len, err);
+        if (rc)
+            return rc;
+        size_t before = k->n;
+        for (char *p = text; p < text + len;) {
+            char *nl = memchr(p, '\n', (size_t)(text + len - p));
+            size_t n = nl ? (size_t)(nl - p) : (size_t)(text + len - p);
+            int blank = 1;
+            for (size_t i = 0; i < n; i++)
+                if (p[i] != ' ' && p[i] != '\t' && p[i] != '\r')
+                    blank = 0;
+            if (!blank && (rc = keys_add(k, p, n, o->api_key_file, err)) != 0) {
+                free(text);
+                return rc;
+            }
+            if (!nl)
+                break;
+            p = nl + 1;
+        }
+        free(text);
+        if (k->n == before)
+            return bl_err_set(err, BL_EINVAL, "--api-key-file %s: no key in the file",
+                              o->api_key_file);
+    }
+    return 0;
+}
+
+/* The chat template's text: --chat-template (a built-in name or Jinja text),
+ * --chat-template-file, the model's tokenizer.chat_template, or chatml. */
+static int template_source(const opts_t *o, const bl_gguf_t *g, char **out, bl_err_t *err)
+{
+    *out = NULL;
+    if (o->chat_template && o->chat_template_file)
+        return bl_err_set(err, BL_EINVAL, "--chat-template and --chat-template-file exclude "
+                                          "each other");
+    if (o->chat_template) {
+        const char *t = o->chat_template;
+        if (strstr(t, "{{") || strstr(t, "{%")) {
+            *out = strdup(t);
+        } else if (!strcmp(t, "chatml")) {
+            *out = strdup(chatml_template);
+        } else {
+            return bl_err_set(err, BL_EINVAL,
+                              "--chat-template %.64s: unknown built-in template (built in: "
+                              "chatml); pass the Jinja text or --chat-template-file",
+                              t);
+        }
+        return *out ? 0 : bl_err_set(err, BL_ENOMEM, "out of memory");
+    }
+    if (o->chat_template_file) {
+        size_t len;
+        int rc = bl_read_file(o->chat_template_file, TEMPLATE_FILE_MAX, out, &len, err);
+        if (rc == 0 && strlen(*out) != len) {
+            free(*out);
+            *out = NULL;
+            return bl_err_set(err, BL_EINVAL, "--chat-template-file %s: holds a NUL byte",
+                              o->chat_template_file);
+        }
+        return rc;
+    }
+    bl_gguf_str_t s;
+    if (bl_gguf_find_kv(g, "tokenizer.chat_template") &&
+        bl_gguf_get_str(g, "tokenizer.chat_template", &s, NULL) == 0 &&
+        memchr(s.ptr, 0, (size_t)s.len) == NULL) {
+        *out = strndup(s.ptr, (size_t)s.len);
+    } else {
+        BL_LOG(BL_LOG_WARN, "event=chat_template source=chatml reason=the model has none");
+        *out = strdup(chatml_template);
+    }
+    return *out ? 0 : bl_err_set(err, BL_ENOMEM, "out of memory");
+}
+
+/* The folder holding this program, where bloomery-worker and bloomery-hosttier are
+ * expected; in a meson build tree they sit in bin/ beside router/. */
+static int find_bin_dir(char *buf, size_t cap, bl_err_t *err)
+{
+    ssize_t n = readlink("/proc/self/exe", buf, cap - 1);
+    if (n <= 0 || (size_t)n >= cap - 1)
+        return bl_err_set(err, BL_EIO, "cannot read /proc/self/exe: %s", strerror(errno));
+    buf[n] = 0;
+    char *slash = strrchr(buf, '/');
+    if (!slash)
+        return bl_err_set(err, BL_EIO, "/proc/self/exe is not a path");
+    *slash = 0;
+    char probe[PATH_MAX + 32];
+    snprintf(probe, sizeof probe, "%s/bloomery-worker", buf);
+    if (access(probe, X_OK) != 0) {
+        snprintf(probe, sizeof probe, "%s/../bin/bloomery-worker", buf);
+        if (access(probe, X_OK) == 0 && strlen(buf) + 8 < cap)
+            strcat(buf, "/../bin");
+    }
+    return 0;
+}
+
+/* A private folder for this process's control sockets, removed at exit. */
+static int make_runtime_dir(char *buf, size_t cap, bl_err_t *err)
+{
+    const char *base = getenv("XDG_RUNTIME_DIR");
+    struct stat st;
+    if (!base || !*base || stat(base, &st) != 0 || !S_ISDIR(st.st_mode) || access(base, W_OK) != 0)
+        base = "/tmp";
+    if ((size_t)snprintf(buf, cap, "%s/bloomery-serve-%ld-XXXXXX", base, (long)getpid()) >= cap)
+        return bl_err_set(err, BL_ERANGE, "runtime folder path too long under %s", base);
+    if (!mkdtemp(buf))
+        return bl_err_set(err, BL_EIO, "cannot create a runtime folder under %s: %s", base,
+                          strerror(errno));
+    return 0;
+}
+
+static void remove_runtime_dir(const char *dir)
+{
+    if (!dir || !*dir)
+        return;
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char path[PATH_MAX];
+        while ((e = readdir(d)) != NULL) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+                continue;
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+        closedir(d);
+    }
+    if (rmdir(dir) != 0 && errno != ENOENT)
+        BL_LOG(BL_LOG_WARN, "event=runtime_dir_left path=%s error=%s", dir, strerror(errno));
+}
+
+/* --- the running server ------------------------------------------------------------ */
+
+typedef struct serve {
+    uv_loop_t loop;
+    rt_app_t app;
+    rt_http_t *http;
+    uv_signal_t sigint, sigterm;
+    uv_timer_t watch;   /* the cluster's state */
+    uv_timer_t drain;   /* shutdown: waits for the engine and open requests */
+    int ever_ready;
+    int log_disable;    /* --log-disable: a load failure still goes to stderr */
+    int shutting_down;
+    int exit_code;
+    uint64_t drain_deadline;
+    rt_cluster_state_t last_state;
+} serve_t;
+
+static void on_drain(uv_timer_t *t)
+{
+    serve_t *s = t->data;
+    int engine_done = !s->app.engine || rt_engine_drained(s->app.engine);
+    size_t open = rt_http_open_requests(s->http);
+    if ((engine_done && open == 0) || uv_now(&s->loop) >= s->drain_deadline) {
+        if (!engine_done || open)
+            BL_LOG(BL_LOG_WARN, "event=drain_timeout engine_drained=%d open_requests=%zu",
+                   engine_done, open);
+        uv_stop(&s->loop);
+    }
+}
+
+static void begin_shutdown(serve_t *s, int exit_code, const char *why)
+{
+    if (s->shutting_down) {
+        BL_LOG(BL_LOG_WARN, "event=shutdown_now reason=%s", why);
+        uv_stop(&s->loop);
+        return;
+    }
+    s->shutting_down = 1;
+    s->exit_code = exit_code;
+    BL_LOG(BL_LOG_INFO, "event=shutdown reason=%s", why);
+    rt_http_stop_accepting(s->http);
+    s->app.stopping = 1;
+    if (s->app.engine)
+        rt_engine_shutdown(s->app.engine);
+    s->drain_deadline = uv_now(&s->loop) + DRAIN_LIMIT_MS;
+    uv_timer_start(&s->drain, on_drain, 0, 20);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    serve_t *s = h->data;
+    begin_shutdown(s, 0, signum == SIGINT ? "SIGINT" : "SIGTERM");
+}
+
+static void on_watch(uv_timer_t *t)
+{
+    serve_t *s = t->data;
+    rt_cluster_state_t st = rt_cluster_state(s->app.cluster);
+    if (st == s->last_state)
+        return;
+    s->last_state = st;
+    char why[512];
+    switch (st) {
+    case RT_CLUSTER_READY:
+        s->app.loading = 0;
+        if (!s->ever_ready)
+            BL_LOG(BL_LOG_INFO, "event=ready model=%s", s->app.model_alias);
+        else
+            BL_LOG(BL_LOG_INFO, "event=ready after=restart");
+        s->ever_ready = 1;
+        break;
+    case RT_CLUSTER_FAILED:
+        rt_cluster_error(s->app.cluster, why, sizeof why);
+        BL_LOG(BL_LOG_ERROR, "event=%s reason=%s", s->ever_ready ? "cluster_failed" : "load_failed",
+               why[0] ? why : "unknown");
+        if (s->log_disable)
+            fprintf(stderr, "%s: %s\n", PROG, why[0] ? why : "the model failed to load");
+        if (!s->shutting_down)
+            begin_shutdown(s, 1, s->ever_ready ? "cluster failed" : "model failed to load");
+        break;
+    case RT_CLUSTER_RESTARTING:
+        rt_cluster_error(s->app.cluster, why, sizeof why);
+        BL_LOG(BL_LOG_WARN, "event=restarting reason=%s", why[0] ? why : "unknown");
+        break;
+    default:
+        break;
+    }
+}
+
+static void close_walk(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+/* --- model facts -------------------------------------------------------------------- */
+
+static void model_facts(rt_app_t *app, const bl_gguf_t *g)
+{
+    char arch[64] = "", key[128];
+    bl_gguf_str_t s;
+    if (bl_gguf_get_str(g, "general.architecture", &s, NULL) == 0)
+        snprintf(arch, sizeof arch, "%.*s", (int)(s.len < 63 ? s.len : 63), s.ptr);
+    snprintf(key, sizeof key, "%s.context_length", arch);
+    int64_t v = 0;
+    app->n_ctx_train = bl_gguf_get_i64(g, key, &v, NULL) == 0 && v > 0 ? v : 0;
+    uint64_t nt = bl_gguf_n_tensors(g);
+    int64_t params = 0;
+    uint64_t bytes = 0;
+    for (uint64_t i = 0; i < nt; i++) {
+        const bl_gguf_tensor_t *t = bl_gguf_tensor_at(g, i);
+        if (!t)
+            continue;
+        params += t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+        bytes += t->nbytes;
+    }
+    app->n_params = params;
+    app->model_bytes = bytes;
+}
+
+/* The model name shown to clients: -a, else the file name. */
+static char *default_alias(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return strdup(slash ? slash + 1 : path);
+}
+
+int main(int argc, char **argv)
+{
+    opts_t o = {0};
+    o.host = "127.0.0.1";
+    o.port = 8080;
+    o.ctx = 4096;
+    o.parallel = 1;
+    o.n_predict = -1;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    o.threads = ncpu > 0 ? ncpu : 1;
+    o.threads_batch = 0;
+    o.batch = 2048;
+    o.ubatch = 512;
+    o.timeout = 600;
+    o.workers = 1;
+    o.n_cpu_moe = 0;
+
+    bl_arg_t args[40];
+    int n_args = build_args(args, &o);
+    int help = 0;
+    bl_err_t err = {0};
+    bl_log_init("serve", BL_LOG_INFO);
+    if (bl_args_parse(args, n_args, argc, argv, NULL, &help, &err) != 0) {
+        fprintf(stderr, "%s: %s\n", PROG, err.msg);
+        fprintf(stderr, "Try '%s --help'.\n", PROG);
+        return 2;
+    }
+    if (help) {
+        bl_args_usage(stdout, PROG, "-m FILE [options]", args, n_args);
+        return 0;
+    }
+    keep_t keep = {0};
+    keys_t keys = {0};
+    char *tpl_text = NULL, *alias = NULL;
+    bl_gguf_t *g = NULL;
+    rt_tokenizer_t *tok = NULL;
+    rt_template_t *tpl = NULL;
+    rt_cluster_t *cluster = NULL;
+    rt_engine_t *engine = NULL;
+    char runtime_dir[PATH_MAX] = "";
+    int exit_code = 1;
+    serve_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        fprintf(stderr, "%s: out of memory\n", PROG);
+        return 1;
+    }
+    int loop_inited = 0;
+
+    if (o.config && apply_config(args, n_args, o.config, &keep, &err) != 0) {
+        fprintf(stderr, "%s: %s\n", PROG, err.msg);
+        exit_code = 2;
+        goto out;
+    }
+    bl_log_init("serve", o.log_disable ? BL_LOG_OFF : o.verbose ? BL_LOG_DEBUG : BL_LOG_INFO);
+    if (!o.model) {
+        BL_LOG(BL_LOG_ERROR, "event=start_failed reason=no model: give -m FILE");
+        fprintf(stderr, "%s: no model: give -m FILE (see --help)\n", PROG);
+        goto out;
+    }
+    uint32_t ktype, vtype;
+    if (check_placement(&o, &err) || kv_type_of("--cache-type-k", o.cache_type_k, &ktype, &err) ||
+        kv_type_of("--cache-type-v", o.cache_type_v, &vtype, &err) || load_keys(&o, &keys, &err))
+        goto fail;
+    if (ktype != vtype) {
+        bl_err_set(&err, BL_ENOTSUP, "--cache-type-k %s and --cache-type-v %s differ: this build "
+                                     "keeps K and V in one type",
+                   o.cache_type_k ? o.cache_type_k : "f16", o.cache_type_v ? o.cache_type_v : "f16");
+        goto fail;
+    }
+    if (o.threads_batch == 0)
+        o.threads_batch = o.threads;
+
+    /* the model's metadata, tokenizer and chat template */
+    if (bl_gguf_open(&g, o.model, &err) != 0)
+        goto fail;
+    if (rt_tokenizer_from_gguf(&tok, g, &err) != 0)
+        goto fail;
+    if (template_source(&o, g, &tpl_text, &err) != 0)
+        goto fail;
+    if (rt_template_compile(tpl_text, strlen(tpl_text), &tpl, &err) != 0)
+        goto fail;
+
+    rt_app_t *app = &s->app;
+    model_facts(app, g);
+    int64_t n_ctx = o.ctx;
+    if (n_ctx == 0) {
+        if (app->n_ctx_train <= 0) {
+            bl_err_set(&err, BL_EINVAL, "--ctx-size 0 asks for the model's context length, "
+                                        "which %s does not give", o.model);
+            goto fail;
+        }
+        n_ctx = app->n_ctx_train;
+    } else if (!arg_seen(args, n_args, "--ctx-size") && app->n_ctx_train > 0 && n_ctx > app->n_ctx_train) {
+        n_ctx = app->n_ctx_train;
+    } else if (app->n_ctx_train > 0 && n_ctx > app->n_ctx_train) {
+        BL_LOG(BL_LOG_WARN, "event=ctx_over_train ctx=%lld n_ctx_train=%lld", (long long)n_ctx,
+               (long long)app->n_ctx_train);
+    }
+    int64_t n_ctx_slot = n_ctx / o.parallel;
+    if (n_ctx_slot < 1) {
+        bl_err_set(&err, BL_EINVAL, "--ctx-size %lld over --parallel %lld leaves no context per slot",
+                   (long long)n_ctx, (long long)o.parallel);
+        goto fail;
+    }
+    int64_t rows = o.ubatch < o.batch ? o.ubatch : o.batch;
+    alias = o.alias ? strdup(o.alias) : default_alias(o.model);
+    if (!alias) {
+        bl_err_set(&err, BL_ENOMEM, "out of memory");
+        goto fail;
+    }
+    app->tok = tok;
+    app->tpl = tpl;
+    app->tpl_source = tpl_text;
+    app->gguf = g;
+    app->model_path = o.model;
+    app->model_alias = alias;
+    app->n_ctx_slot = n_ctx_slot;
+    app->n_ctx_total = n_ctx;
+    app->n_slots = (int)o.parallel;
+    app->n_vocab = rt_tokenizer_n_vocab(tok);
+    app->n_predict_default = o.n_predict;
+    app->started = time(NULL);
+    app->loading = 1;
+    BL_LOG(BL_LOG_INFO,
+           "event=config model=%s alias=%s n_ctx=%lld slots=%lld n_ctx_slot=%lld rows_per_step=%lld "
+           "threads=%lld threads_batch=%lld workers=%lld kv=%s api_keys=%zu",
+           o.model, alias, (long long)n_ctx, (long long)o.parallel, (long long)n_ctx_slot,
+           (long long)rows, (long long)o.threads, (long long)o.threads_batch, (long long)o.workers,
+           o.cache_type_k ? o.cache_type_k : "f16", keys.n);
+
+    /* the listener first (a busy port fails before any child is started; nothing is
+     * served until the loop runs), then the child processes and the engine */
+    char bin_dir[PATH_MAX];
+    if (find_bin_dir(bin_dir, sizeof bin_dir, &err) || make_runtime_dir(runtime_dir, sizeof runtime_dir, &err))
+        goto fail;
+    if (uv_loop_init(&s->loop) != 0) {
+        bl_err_set(&err, BL_EIO, "cannot create the event loop");
+        goto fail;
+    }
+    loop_inited = 1;
+    rt_http_opts_t ho = {
+        .host = o.host,
+        .port = (int)o.port,
+        .api_keys = (const char *const *)keys.v,
+        .n_api_keys = keys.n,
+        .max_body_bytes = MAX_BODY_BYTES,
+        .timeout_s = (int)o.timeout,
+    };
+    if (rt_http_create(&s->http, &s->loop, &ho, app, &err) != 0)
+        goto fail;
+    signal(SIGPIPE, SIG_IGN); /* a client gone mid-write is an error code, not a signal */
+    rt_cluster_opts_t co = {
+        .model_path = o.model,
+        .bin_dir = bin_dir,
+        .runtime_dir = runtime_dir,
+        .n_workers = (int)o.workers,
+        .n_threads = (int)o.threads,
+        .n_threads_batch = (int)o.threads_batch,
+        .n_threads_hosttier = (int)o.threads,
+        .n_slots = (int)o.parallel,
+        .n_ctx_slot = n_ctx_slot,
+        .n_batch = rows,
+        .kv_type = ktype,
+        .verbose = o.verbose,
+        .quiet = o.log_disable,
+    };
+    if (rt_cluster_create(&cluster, &co, &err) != 0)
+        goto fail;
+    app->cluster = cluster;
+    s->last_state = RT_CLUSTER_LOADING;
+    s->log_disable = o.log_disable;
+    rt_engine_opts_t eo = {
+        .n_slots = (int)o.parallel,
+        .n_ctx_slot = n_ctx_slot,
+        .n_batch = rows,
+        .n_predict_max = o.n_predict,
+        .timeout_ms = o.timeout * 1000,
+    };
+    if (rt_engine_create(&engine, &eo, cluster, tok, &s->loop, &err) != 0)
+        goto fail;
+    app->engine = engine;
+
+    rt_api_info_register(s->http);
+    rt_api_gen_register(s->http);
+
+    uv_signal_init(&s->loop, &s->sigint);
+    uv_signal_init(&s->loop, &s->sigterm);
+    s->sigint.data = s->sigterm.data = s;
+    uv_signal_start(&s->sigint, on_signal, SIGINT);
+    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    uv_timer_init(&s->loop, &s->watch);
+    uv_timer_init(&s->loop, &s->drain);
+    s->watch.data = s->drain.data = s;
+    uv_timer_start(&s->watch, on_watch, 0, WATCH_MS);
+
+    BL_LOG(BL_LOG_INFO, "event=listening addr=%s:%d", o.host, rt_http_port(s->http));
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    exit_code = s->exit_code;
+
+    /* teardown, in the reverse order of start-up */
+    rt_http_destroy(s->http);
+    s->http = NULL;
+    rt_engine_destroy(engine);
+    engine = NULL;
+    app->engine = NULL;
+    rt_cluster_destroy(cluster);
+    cluster = NULL;
+    app->cluster = NULL;
+    BL_LOG(BL_LOG_INFO, "event=stopped exit_code=%d", exit_code);
+    goto out;
+
+fail:
+    BL_LOG(BL_LOG_ERROR, "event=start_failed reason=%s", err.msg);
+    if (o.log_disable)
+        fprintf(stderr, "%s: %s\n", PROG, err.msg);
+    exit_code = 1;
+out:
+    if (s->http)
+        rt_http_destroy(s->http);
+    if (engine) {
+        rt_engine_shutdown(engine);
+        rt_engine_destroy(engine);
+    }
+    rt_cluster_destroy(cluster);
+    if (loop_inited) {
+        uv_walk(&s->loop, close_walk, NULL);
+        for (int i = 0; i < 100 && uv_loop_alive(&s->loop); i++)
+            uv_run(&s->loop, UV_RUN_NOWAIT);
+        if (uv_loop_close(&s->loop) != 0)
+            BL_LOG(BL_LOG_WARN, "event=loop_not_closed");
+    }
+    remove_runtime_dir(runtime_dir);
+    rt_template_destroy(tpl);
+    rt_tokenizer_destroy(tok);
+    bl_gguf_close(g);
+    free(tpl_text);
+    free(alias);
+    for (size_t i = 0; i < keys.n; i++)
+        free(keys.v[i]);
+    free(keys.v);
+    for (size_t i = 0; i < keep.n; i++)
+        free(keep.strs[i]);
+    free(keep.strs);
+    json_decref(keep.root);
+    free(s);
+    return exit_code;
+}

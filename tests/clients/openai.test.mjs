@@ -1,0 +1,93 @@
+// The official OpenAI SDK against a running bloomery-serve (BLOOMERY_URL, e.g.
+// http://127.0.0.1:8080): chat completions plain and streamed, completions plain and
+// streamed, the model list, logprobs, and an error the SDK turns into its exception.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import OpenAI from 'openai';
+
+const base = process.env.BLOOMERY_URL;
+if (!base) throw new Error('BLOOMERY_URL is not set: the address of a running bloomery-serve');
+const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: process.env.BLOOMERY_API_KEY || 'none', maxRetries: 0, timeout: 60000 });
+const messages = [{ role: 'user', content: 'Write one short sentence about rivers.' }];
+
+test('models.list names the served model', async () => {
+  const page = await client.models.list();
+  assert.ok(page.data.length >= 1);
+  assert.equal(typeof page.data[0].id, 'string');
+});
+
+test('chat.completions.create', async () => {
+  const r = await client.chat.completions.create({ model: 'any', messages, max_tokens: 5, temperature: 0, ignore_eos: true });
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(r.choices.length, 1);
+  assert.equal(r.choices[0].message.role, 'assistant');
+  assert.equal(typeof r.choices[0].message.content, 'string');
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(r.usage.completion_tokens, 5);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + 5);
+});
+
+test('chat.completions.create stream matches the plain answer', async () => {
+  const plain = await client.chat.completions.create({ model: 'any', messages, max_tokens: 8, temperature: 0, ignore_eos: true });
+  const stream = await client.chat.completions.create({
+    model: 'any', messages, max_tokens: 8, temperature: 0, ignore_eos: true, stream: true,
+    stream_options: { include_usage: true },
+  });
+  let text = '';
+  let finish = null;
+  let usage = null;
+  let first = true;
+  for await (const chunk of stream) {
+    assert.equal(chunk.object, 'chat.completion.chunk');
+    if (chunk.usage) usage = chunk.usage;
+    if (!chunk.choices.length) continue;
+    const c = chunk.choices[0];
+    if (first) { assert.equal(c.delta.role, 'assistant'); first = false; }
+    text += c.delta.content ?? '';
+    if (c.finish_reason) finish = c.finish_reason;
+  }
+  assert.equal(text, plain.choices[0].message.content);
+  assert.equal(finish, 'length');
+  assert.ok(usage, 'include_usage gave no usage chunk');
+  assert.equal(usage.completion_tokens, 8);
+});
+
+test('chat.completions.create with logprobs', async () => {
+  const r = await client.chat.completions.create({ model: 'any', messages, max_tokens: 3, temperature: 0, ignore_eos: true, logprobs: true, top_logprobs: 2 });
+  const items = r.choices[0].logprobs.content;
+  assert.equal(items.length, 3);
+  for (const it of items) {
+    assert.ok(it.logprob <= 0);
+    assert.equal(it.top_logprobs.length, 2);
+    assert.equal(it.token, it.top_logprobs[0].token);
+  }
+});
+
+test('completions.create', async () => {
+  const r = await client.completions.create({ model: 'any', prompt: 'The old lighthouse keeper', max_tokens: 4, temperature: 0, ignore_eos: true });
+  assert.equal(r.object, 'text_completion');
+  assert.equal(typeof r.choices[0].text, 'string');
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(r.usage.completion_tokens, 4);
+});
+
+test('completions.create stream matches the plain answer', async () => {
+  const plain = await client.completions.create({ model: 'any', prompt: 'The old lighthouse keeper', max_tokens: 6, temperature: 0, ignore_eos: true });
+  const stream = await client.completions.create({ model: 'any', prompt: 'The old lighthouse keeper', max_tokens: 6, temperature: 0, ignore_eos: true, stream: true });
+  let text = '';
+  for await (const chunk of stream) {
+    if (chunk.choices.length) text += chunk.choices[0].text ?? '';
+  }
+  assert.equal(text, plain.choices[0].text);
+});
+
+test('a refused request raises BadRequestError with the message', async () => {
+  await assert.rejects(
+    client.chat.completions.create({ model: 'any', messages: [], max_tokens: 2 }),
+    (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && /messages/i.test(e.message),
+  );
+  await assert.rejects(
+    client.chat.completions.create({ model: 'any', messages, n: 2, max_tokens: 2 }),
+    (e) => e instanceof OpenAI.BadRequestError && e.status === 400,
+  );
+});

@@ -1,0 +1,259 @@
+"""bloomery-serve's flags: llama-server's spellings in --help, an unknown flag (exit 2
+naming it), a model that cannot load (a quick non-zero exit with the reason),
+--config FILE (the command line wins), LLAMA_ARG_* variables, and placement flags
+whose effect does not exist yet (refused by name)."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+import serverctl
+from sse import get, post
+
+FAST = ["-np", "1", "-c", "512", "-t", "1"]
+
+
+def run_serve(args, timeout=30, env=None):
+    """Runs bloomery-serve to its end: (status, output, seconds). One that is still
+    running after timeout is killed with everything below it, and the test fails."""
+    e = dict(os.environ)
+    e.update(env or {})
+    t0 = time.monotonic()
+    p = subprocess.Popen([serverctl.program("bloomery-serve")] + args, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, errors="replace", env=e,
+                         stdin=subprocess.DEVNULL)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid, _, _ in serverctl.descendants(p.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        p.kill()
+        out, _ = p.communicate()
+        pytest.fail("bloomery-serve %s was still running after %d s:\n%s" % (" ".join(args), timeout, out))
+    return p.returncode, out, time.monotonic() - t0
+
+
+# every flag the issue lists, in llama-server's spelling
+HELP_FLAGS = ["-m", "--model", "-a", "--alias", "--host", "--port", "-c", "--ctx-size", "-np",
+              "--parallel", "-n", "-t", "--threads", "-tb", "--threads-batch", "-b",
+              "--batch-size", "-ub", "--ubatch-size", "--chat-template", "--chat-template-file",
+              "--jinja", "--api-key", "--api-key-file", "--timeout", "--log-disable", "-v",
+              "-ngl", "-ts", "-dev", "--cpu-moe", "--n-cpu-moe", "-ot", "--fit", "--config",
+              "--workers"]
+
+
+def test_help_lists_the_flags():
+    rc, out, _ = run_serve(["--help"])
+    assert rc == 0, out
+    for f in HELP_FLAGS:
+        assert any(tok.strip(",") == f for tok in out.replace("=", " ").split()), \
+            "--help does not list %s" % f
+    for env in ("LLAMA_ARG_MODEL", "LLAMA_ARG_CTX_SIZE", "LLAMA_ARG_N_PARALLEL", "LLAMA_ARG_PORT",
+                "LLAMA_API_KEY", "LLAMA_ARG_ALIAS"):
+        assert env in out, "--help does not name %s" % env
+
+
+@pytest.mark.parametrize("flag", ["--no-such-flag", "-zz", "--port-number"])
+def test_unknown_flag(model, flag):
+    rc, out, secs = run_serve(["-m", model, "--port", str(serverctl.free_port()), flag, "1"],
+                              timeout=15)
+    assert rc == 2, "exit %d for %s:\n%s" % (rc, flag, out)
+    assert flag in out, "the message does not name %s: %s" % (flag, out)
+    assert secs < 10
+
+
+@pytest.mark.parametrize("args,names", [
+    (["--port", "notaport"], ["--port"]),
+    (["-c", "-5"], ["-c", "--ctx-size"]),
+    (["-np", "0"], ["-np", "--parallel"]),
+])
+def test_bad_flag_values(model, args, names):
+    rc, out, _ = run_serve(["-m", model, "--port", str(serverctl.free_port())] + args, timeout=15)
+    assert rc == 2, "exit %d for %r:\n%s" % (rc, args, out)
+    assert any(n in out for n in names), "the message does not name %s: %s" % (args[0], out)
+
+
+def test_missing_model_file(tmp_path):
+    path = str(tmp_path / "no-such-model.gguf")
+    rc, out, secs = run_serve(["-m", path, "--port", str(serverctl.free_port())] + FAST)
+    assert rc == 1, out
+    assert "no-such-model.gguf" in out, out
+    assert secs < 15
+
+
+@pytest.mark.parametrize("kind", ["truncated", "garbage"])
+def test_model_that_cannot_load(model, tmp_path, kind):
+    bad = tmp_path / ("bad-%s.gguf" % kind)
+    with open(model, "rb") as f:
+        data = f.read()
+    if kind == "truncated":
+        bad.write_bytes(data[:len(data) // 3])
+    else:
+        bad.write_bytes(b"GGUF" + b"\xff" * 4096)
+    srv = serverctl.Server(str(bad), FAST, log_dir=str(tmp_path))
+    srv.launch()
+    try:
+        rc = srv.proc.wait(20)
+    except subprocess.TimeoutExpired:
+        srv.kill()
+        pytest.fail("bloomery-serve did not exit on a bad model within 20 s:\n" + srv.log())
+    assert rc == 1, srv.log()
+    log = srv.log()
+    assert "bad-%s.gguf" % kind in log, "the reason does not name the file:\n" + log
+    # nothing left behind by the failed start
+    srv.tree = []
+    shm = sorted(serverctl.shm_objects() - srv.shm_before)
+    assert not shm, "left in /dev/shm: %r" % shm
+    assert not serverctl.runtime_dirs(srv.pid), "runtime folder left behind"
+
+
+def test_config_file_and_command_line_wins(servers, tmp_path):
+    cfg = tmp_path / "serve.json"
+    cfg.write_text(json.dumps({"alias": "from-config", "ctx-size": 1024, "parallel": 1,
+                               "threads": 1, "n-gpu-layers": 0, "cpu-moe": True, "fit": "on"}))
+    # precedence: command line, then the file, then the environment
+    srv = servers.start(["--config", str(cfg), "-c", "768"],
+                        env={"LLAMA_ARG_ALIAS": "from-env", "LLAMA_ARG_CTX_SIZE": "640"})
+    models = get(srv.url, "/v1/models").json()
+    assert models["data"][0]["id"] == "from-config"
+    slots = get(srv.url, "/slots").json()
+    assert len(slots) == 1
+    assert slots[0]["n_ctx"] == 768, "the command line's -c must win over the file's ctx-size"
+
+
+def test_config_file_errors(model, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    port = ["--port", str(serverctl.free_port())]
+    rc, out, _ = run_serve(["-m", model, "--config", str(bad)] + port, timeout=15)
+    assert rc != 0 and "bad.json" in out, out
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({"no-such-option": 1}))
+    rc, out, _ = run_serve(["-m", model, "--config", str(unknown)] + port, timeout=15)
+    assert rc == 2 and "no-such-option" in out, out
+    typed = tmp_path / "typed.json"
+    typed.write_text(json.dumps({"ctx-size": "lots"}))
+    rc, out, _ = run_serve(["-m", model, "--config", str(typed)] + port, timeout=15)
+    assert rc == 2 and "ctx-size" in out, out
+    nested = tmp_path / "nested.json"
+    nested.write_text(json.dumps({"config": str(typed)}))
+    rc, out, _ = run_serve(["-m", model, "--config", str(nested)] + port, timeout=15)
+    assert rc == 2 and "config" in out, out
+    rc, out, _ = run_serve(["-m", model, "--config", str(tmp_path / "absent.json")] + port, timeout=15)
+    assert rc != 0 and "absent.json" in out, out
+
+
+def test_llama_arg_environment(servers):
+    srv = servers.start(FAST + ["-a", "from-flag"], env={"LLAMA_ARG_ALIAS": "from-env",
+                                                          "LLAMA_ARG_N_PARALLEL": "2"})
+    assert get(srv.url, "/v1/models").json()["data"][0]["id"] == "from-flag"
+    # -np 1 on the command line wins over LLAMA_ARG_N_PARALLEL
+    assert len(get(srv.url, "/slots").json()) == 1
+    srv2 = servers.start(["-c", "512", "-t", "1"], env={"LLAMA_ARG_ALIAS": "from-env",
+                                                        "LLAMA_ARG_N_PARALLEL": "2"})
+    assert get(srv2.url, "/v1/models").json()["data"][0]["id"] == "from-env"
+    assert len(get(srv2.url, "/slots").json()) == 2
+
+
+def gpu_present():
+    return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
+
+
+@pytest.mark.parametrize("args,names", [
+    (["-ngl", "99"], ["-ngl", "gpu-layers"]),
+    (["-ngl", "all"], ["-ngl", "gpu-layers"]),
+    (["-ts", "1,1"], ["-ts", "tensor-split"]),
+    (["-dev", "CUDA0"], ["-dev", "--device"]),
+    (["-ot", "exps=CUDA0"], ["-ot", "override-tensor"]),
+    (["-ctk", "q4_0", "-ctv", "q4_0"], ["-ctk", "cache-type-k"]),
+    (["-ctk", "f16", "-ctv", "f32"], ["-ctv", "cache-type-v"]),
+    (["--chat-template", "no-such-template"], ["no-such-template"]),
+    (["--workers", "3"], ["--workers", "workers"]),  # the test model has 2 layers
+])
+def test_refused_at_start_by_name(model, args, names):
+    """Valid flags asking for what this build cannot do: status 1 (2 when the value
+    itself does not parse), naming the flag, before anything loads."""
+    if gpu_present() and args[0] in ("-ngl", "-ts", "-dev", "-ot"):
+        pytest.skip("a GPU is present: placement flags may have an effect here")
+    rc, out, secs = run_serve(["-m", model, "--port", str(serverctl.free_port())] + FAST + args,
+                              timeout=15)
+    assert rc in (1, 2), "%r: exit %d:\n%s" % (args, rc, out)
+    assert any(n in out for n in names), "the refusal does not name %r:\n%s" % (args[0], out)
+    assert secs < 10
+
+
+def test_override_tensor_without_equals_is_a_parse_error(model):
+    rc, out, _ = run_serve(["-m", model, "--port", str(serverctl.free_port()), "-ot", "exps"] + FAST,
+                           timeout=15)
+    assert rc == 2 and ("-ot" in out or "override-tensor" in out), out
+
+
+def test_template_flags_exclude_each_other(model, tmp_path):
+    f = tmp_path / "t.jinja"
+    f.write_text("{{ messages[0].content }}")
+    rc, out, _ = run_serve(["-m", model, "--port", str(serverctl.free_port()), "--chat-template",
+                            "chatml", "--chat-template-file", str(f)] + FAST, timeout=15)
+    assert rc in (1, 2) and "chat-template" in out, out
+
+
+def test_api_key_file_without_keys(model, tmp_path):
+    f = tmp_path / "empty-keys.txt"
+    f.write_text("\n\n")
+    rc, out, _ = run_serve(["-m", model, "--port", str(serverctl.free_port()), "--api-key-file",
+                            str(f)] + FAST, timeout=15)
+    assert rc in (1, 2) and "empty-keys.txt" in out, out
+
+
+def test_accepted_placement_flags(servers):
+    """The placement flags whose effect is what the CPU build does anyway."""
+    srv = servers.start(FAST + ["-ngl", "0", "-dev", "none", "--cpu-moe", "--n-cpu-moe", "4",
+                                "-ot", "exps=CPU", "--fit", "on", "--jinja", "--metrics",
+                                "-ctk", "q8_0", "-ctv", "q8_0"])
+    r = post(srv.url, "/completion", {"prompt": "Hello", "n_predict": 2})
+    assert r.status_code == 200, r.text
+
+
+TEMPLATE = ("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}[assistant] {% endif %}")
+CONV = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+RENDERED = "[system] Be brief.\n[user] Hi there\n[assistant] "
+
+
+def test_predict_cap_template_and_log_disable(servers):
+    srv = servers.start(FAST + ["-n", "3", "--chat-template", TEMPLATE, "--log-disable"])
+    r = post(srv.url, "/completion", {"prompt": "Hello", "n_predict": 10, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["timings"]["predicted_n"] == 3, "-n 3 must cap n_predict"
+    r = post(srv.url, "/v1/chat/completions", {"messages": CONV, "max_tokens": 10, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 3
+    r = post(srv.url, "/apply-template", {"messages": CONV})
+    assert r.json()["prompt"] == RENDERED
+    assert get(srv.url, "/props").json()["chat_template"] == TEMPLATE
+    n = len(post(srv.url, "/tokenize", {"content": RENDERED}).json()["tokens"])
+    r = post(srv.url, "/v1/chat/completions/input_tokens", {"messages": CONV})
+    assert r.json()["input_tokens"] == n
+    log = srv.log()
+    assert "event=" not in log, "--log-disable still wrote log lines:\n" + log
+
+
+def test_chat_template_file(servers, tmp_path):
+    f = tmp_path / "tpl.jinja"
+    f.write_text(TEMPLATE)
+    srv = servers.start(FAST + ["--chat-template-file", str(f)])
+    assert post(srv.url, "/apply-template", {"messages": CONV}).json()["prompt"] == RENDERED
+
+
+def test_chat_template_that_does_not_parse(model, tmp_path):
+    f = tmp_path / "broken.jinja"
+    f.write_text("{% for m in messages %}{{ m.content ")
+    rc, out, _ = run_serve(["-m", model, "--port", str(serverctl.free_port()), "--chat-template-file",
+                            str(f)] + FAST, timeout=15)
+    assert rc != 0, out
+    assert "broken.jinja" in out or "template" in out.lower(), out

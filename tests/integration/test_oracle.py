@@ -1,0 +1,106 @@
+"""The server against the in-process path: /completion's n_probs agree with
+`bloomery-cli --dump-logits` on the same prompt, and `--workers 2` (the layers split
+over two worker processes) gives exactly what one worker gives."""
+import json
+import math
+import os
+import subprocess
+
+import pytest
+
+import serverctl
+from sse import post
+
+PROMPTS = ["The old lighthouse keeper walked down to the",
+           "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"]
+# |logprob| difference allowed between the server and bloomery-cli at the first
+# generated position: the same kernels on the same rows; a wrong row, position or
+# slot moves the values by far more (the logits' spread is several units)
+TOL = 2e-3
+
+
+def cli_dump(model, prompt, out):
+    p = subprocess.run([serverctl.program("bloomery-cli"), "-m", model, "-p", prompt, "-n", "0",
+                        "-t", "1", "--dump-logits", str(out), "--dump-top", "32"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout
+    with open(out) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("k", range(len(PROMPTS)))
+def test_n_probs_agree_with_cli(url, model, tmp_path, k):
+    dump = cli_dump(model, PROMPTS[k], tmp_path / "dump.json")
+    ids = dump["prompt_ids"]
+    last = dump["positions"][-1]
+    cli_lp = {i: lg - last["lse"] for i, lg in zip(last["ids"], last["logits"])}
+    r = post(url, "/completion", {"prompt": ids, "n_predict": 1, "n_probs": 10, "temperature": 0,
+                                  "ignore_eos": True, "cache_prompt": False})
+    assert r.status_code == 200, r.text
+    b = r.json()
+    assert b["tokens_evaluated"] == len(ids)
+    top = b["completion_probabilities"][0]["top_logprobs"]
+    assert len(top) == 10
+    worst = 0.0
+    for t in top:
+        assert t["id"] in cli_lp, "server candidate %r is not in the cli's top 32" % t
+        worst = max(worst, abs(t["logprob"] - cli_lp[t["id"]]))
+    assert worst <= TOL, "server and cli logprobs differ by %.5f (> %g)" % (worst, TOL)
+    best = last["ids"][0]
+    gap = last["logits"][0] - last["logits"][1]
+    if gap > TOL:
+        assert top[0]["id"] == best
+    # the probabilities add up as a softmax does
+    assert sum(math.exp(t["logprob"]) for t in top) <= 1.0 + 1e-4
+
+
+def test_small_ubatch_agrees_with_cli(servers, model, tmp_path):
+    """-ub 8: a prompt of 30+ tokens is evaluated in several steps; the logits at its
+    end still agree with the cli's single pass."""
+    srv = servers.start(["-np", "1", "-c", "1024", "-t", "1", "-ub", "8", "-b", "8"])
+    prompt = "A longer prompt, so that it needs several steps of eight rows each: " * 2
+    dump = cli_dump(model, prompt, tmp_path / "dump.json")
+    last = dump["positions"][-1]
+    assert len(dump["prompt_ids"]) > 24
+    cli_lp = {i: lg - last["lse"] for i, lg in zip(last["ids"], last["logits"])}
+    b = greedy(srv.url, dump["prompt_ids"], 1)
+    for t in b["completion_probabilities"][0]["top_logprobs"]:
+        assert t["id"] in cli_lp
+        assert abs(t["logprob"] - cli_lp[t["id"]]) <= TOL, (t, cli_lp[t["id"]])
+
+
+def greedy(url, prompt, n=12):
+    r = post(url, "/completion", {"prompt": prompt, "n_predict": n, "n_probs": 5, "temperature": 0,
+                                  "ignore_eos": True, "cache_prompt": False, "return_tokens": True})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_two_workers_same_as_one(url, servers):
+    srv = servers.start(["-np", "1", "-c", "1024", "-t", "1", "-tb", "1", "--workers", "2"])
+    names = [n for _, n, _ in srv.children()]
+    assert names.count("bloomery-worker") == 2, names
+    assert names.count("bloomery-hosttier") == 1, names
+    for p in PROMPTS:
+        one, two = greedy(url, p), greedy(srv.url, p)
+        assert two["tokens"] == one["tokens"]
+        assert two["content"] == one["content"]
+        # bit-identical logits give identical log-probabilities
+        for a, b in zip(one["completion_probabilities"], two["completion_probabilities"]):
+            assert [(t["id"], t["logprob"]) for t in a["top_logprobs"]] == \
+                   [(t["id"], t["logprob"]) for t in b["top_logprobs"]]
+
+
+def test_shared_oracle_model_if_present(servers, tmp_path):
+    """The shared tiny oracle model (a 4-layer qwen3moe) through the server and the cli."""
+    shared = os.environ.get("BLOOMERY_SHARED") or os.path.join(os.path.dirname(serverctl.ROOT), "shared")
+    gguf = os.path.join(shared, "models", "qwen3moe-tiny-q4k.gguf")
+    if not os.path.isfile(gguf):
+        pytest.skip("%s is absent" % gguf)
+    srv = servers.start(["-np", "1", "-c", "1024", "-t", "1"], model=gguf)
+    dump = cli_dump(gguf, PROMPTS[1], tmp_path / "dump.json")
+    last = dump["positions"][-1]
+    cli_lp = {i: lg - last["lse"] for i, lg in zip(last["ids"], last["logits"])}
+    b = greedy(srv.url, dump["prompt_ids"], 1)
+    for t in b["completion_probabilities"][0]["top_logprobs"]:
+        assert abs(t["logprob"] - cli_lp[t["id"]]) <= TOL, (t, cli_lp.get(t["id"]))

@@ -1,0 +1,323 @@
+/* Tests of proto/step.c: every kind of step message round-trips through a buffer and
+ * a ring; truncated, oversized, stale, miscounted messages and bad slots, positions,
+ * token and expert ids are refused with BL_EPROTO naming the field. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "step.h"
+#include "test_seed.h"
+
+static const bp_step_limits_t g_lim = {
+    .n_slots = 4, .n_batch = 16, .n_ctx = 64, .n_out_max = 4, .n_embd = 8, .n_vocab = 100,
+    .n_layer = 3, .n_expert = 6, .n_expert_used = 2,
+};
+
+static _Alignas(16) uint8_t g_buf[1 << 14];
+static bp_step_seq_t g_seqs[4];
+static int32_t g_ids[16 * 2];
+
+static bp_step_in_t fresh_in(void)
+{
+    return (bp_step_in_t){.seqs = g_seqs, .ids = g_ids};
+}
+
+/* Writes a TOKENS message of two sequences (slot 1: 3 rows at 5, slot 2: 1 row at 0). */
+static size_t write_tokens(uint64_t step)
+{
+    bl_err_t err = {0};
+    bp_step_hdr_t h = {.kind = BP_STEP_TOKENS, .step = step, .n_seqs = 2, .n_rows = 4};
+    bp_step_out_t o;
+    assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
+    o.seqs[0] = (bp_step_seq_t){.slot = 1, .n = 3, .pos = 5, .n_out = 1};
+    o.seqs[1] = (bp_step_seq_t){.slot = 2, .n = 1, .pos = 0, .n_out = 1};
+    for (int i = 0; i < 4; i++)
+        o.tokens[i] = 10 * i + 7;
+    return o.nbytes;
+}
+
+static size_t write_experts(uint64_t step, int32_t layer, int32_t n)
+{
+    bl_err_t err = {0};
+    bp_step_hdr_t h = {.kind = BP_STEP_EXPERTS, .step = step, .n_rows = n, .width = 8,
+                       .k = 2, .layer = layer};
+    bp_step_out_t o;
+    assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
+    for (int i = 0; i < n * 8; i++)
+        o.rows[i] = (float)i * 0.5f;
+    for (int i = 0; i < n * 2; i++) {
+        o.ids[i] = i % 6;
+        o.wts[i] = 1.0f / (float)(i + 1);
+    }
+    return o.nbytes;
+}
+
+/* Offset of the first token of the message write_tokens makes. */
+static size_t tokens_offset(void)
+{
+    bp_step_hdr_t h = {.kind = BP_STEP_TOKENS, .n_seqs = 2, .n_rows = 4};
+    bp_step_layout_t lay;
+    bl_err_t err = {0};
+    assert_int_equal(bp_step_layout(&h, &lay, &err), 0);
+    return lay.tokens;
+}
+
+static void expect_proto(size_t n, bp_step_kind_t want, uint64_t step, const char *field)
+{
+    bl_err_t err = {0};
+    bp_step_in_t in = fresh_in();
+    assert_int_equal(bp_step_parse(g_buf, n, &g_lim, want, step, &in, &err), BL_EPROTO);
+    if (field && !strstr(err.msg, field))
+        fail_msg("error '%s' does not name '%s'", err.msg, field);
+}
+
+static void test_step_tokens_round_trip(void **state)
+{
+    (void)state;
+    size_t n = write_tokens(9);
+    assert_int_equal(n % 16, 0);
+    bl_err_t err = {0};
+    bp_step_in_t in = fresh_in();
+    assert_int_equal(bp_step_parse(g_buf, n, &g_lim, BP_STEP_TOKENS, 9, &in, &err), 0);
+    assert_int_equal(in.hdr.n_seqs, 2);
+    assert_int_equal(g_seqs[0].slot, 1);
+    assert_int_equal(g_seqs[0].pos, 5);
+    assert_int_equal(g_seqs[1].n, 1);
+    assert_int_equal(g_ids[3], 37);
+    assert_int_equal(bp_step_parse(g_buf, n, &g_lim, BP_STEP_TOKENS, BP_STEP_ANY, &in, &err), 0);
+}
+
+static void test_step_hidden_logits_sums_round_trip(void **state)
+{
+    (void)state;
+    bl_err_t err = {0};
+    bp_step_out_t o;
+    bp_step_hdr_t h = {.kind = BP_STEP_HIDDEN, .step = 3, .n_seqs = 1, .n_rows = 2, .width = 8};
+    assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
+    o.seqs[0] = (bp_step_seq_t){.slot = 0, .n = 2, .pos = 0, .n_out = 0};
+    for (int i = 0; i < 16; i++)
+        o.rows[i] = (float)i;
+    assert_int_equal(((uintptr_t)o.rows) % 16, 0);
+    bp_step_in_t in = fresh_in();
+    assert_int_equal(bp_step_parse(g_buf, o.nbytes, &g_lim, BP_STEP_HIDDEN, 3, &in, &err), 0);
+    assert_true(in.rows[15] == 15.0f);
+
+    h = (bp_step_hdr_t){.kind = BP_STEP_LOGITS, .step = 4, .n_rows = 2, .width = 100};
+    assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
+    o.rows[199] = 1.5f;
+    assert_int_equal(bp_step_parse(g_buf, o.nbytes, &g_lim, BP_STEP_LOGITS, 4, &in, &err), 0);
+    assert_true(in.rows[199] == 1.5f);
+    /* no logits wanted: still a valid reply */
+    h.n_rows = 0;
+    assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
+    assert_int_equal(bp_step_parse(g_buf, o.nbytes, &g_lim, BP_STEP_LOGITS, 4, &in, &err), 0);
+
+    h = (bp_step_hdr_t){.kind = BP_STEP_SUMS, .step = 5, .n_rows = 1, .width = 8, .layer = 2};
+    assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
+    assert_int_equal(bp_step_parse(g_buf, o.nbytes, &g_lim, BP_STEP_SUMS, 5, &in, &err), 0);
+    assert_int_equal(in.hdr.layer, 2);
+}
+
+static void test_step_experts_round_trip(void **state)
+{
+    (void)state;
+    size_t n = write_experts(11, 1, 3);
+    bl_err_t err = {0};
+    bp_step_in_t in = fresh_in();
+    assert_int_equal(bp_step_parse(g_buf, n, &g_lim, BP_STEP_EXPERTS, 11, &in, &err), 0);
+    assert_int_equal(in.hdr.n_rows, 3);
+    assert_int_equal(g_ids[5], 5);
+    assert_true(in.wts[1] == 0.5f);
+    assert_true(in.rows[23] == 11.5f);
+}
+
+static void test_step_error_through_ring(void **state)
+{
+    (void)state;
+    bl_err_t err = {0};
+    bp_ring_t *p, *c;
+    assert_int_equal(bp_ring_create(&p, "test-step", 1 << 16, BP_RING_PRODUCER, &err), 0);
+    assert_int_equal(bp_ring_attach_fd(&c, bp_ring_fd(p), "test-step", BP_RING_CONSUMER, &err), 0);
+    assert_int_equal(bp_step_push_error(p, 7, BL_EINVAL, "worker 1: token 5 out of range", 0,
+                                        &err), 0);
+    const void *m;
+    size_t n;
+    assert_int_equal(bp_ring_peek(c, &m, &n, 0, &err), 0);
+    bp_step_in_t in = fresh_in();
+    assert_int_equal(bp_step_parse(m, n, &g_lim, BP_STEP_LOGITS, 7, &in, &err), 0);
+    assert_int_equal(in.hdr.kind, BP_STEP_ERROR);
+    assert_int_equal(in.hdr.code, BL_EINVAL);
+    assert_int_equal(in.hdr.text_len, strlen("worker 1: token 5 out of range"));
+    assert_memory_equal(in.text, "worker 1: token 5", 17);
+    bp_ring_release(c);
+
+    /* an over-long text is cut, not refused */
+    char longtext[3000];
+    memset(longtext, 'x', sizeof longtext - 1);
+    longtext[sizeof longtext - 1] = '\0';
+    assert_int_equal(bp_step_push_error(p, 8, BL_EIO, longtext, 0, &err), 0);
+    assert_int_equal(bp_ring_peek(c, &m, &n, 0, &err), 0);
+    assert_int_equal(bp_step_parse(m, n, &g_lim, BP_STEP_LOGITS, 8, &in, &err), 0);
+    assert_int_equal(in.hdr.text_len, BP_STEP_MAX_TEXT);
+    bp_ring_release(c);
+    bp_ring_destroy(c);
+    bp_ring_destroy(p);
+}
+
+static void test_step_rejects_truncated_and_oversized(void **state)
+{
+    (void)state;
+    size_t n = write_tokens(1);
+    expect_proto(0, BP_STEP_TOKENS, 1, "shorter than its header");
+    expect_proto(20, BP_STEP_TOKENS, 1, "shorter than its header");
+    expect_proto(n - 4, BP_STEP_TOKENS, 1, "bytes");
+    expect_proto(n + 16, BP_STEP_TOKENS, 1, "bytes");
+    n = write_experts(1, 0, 2);
+    expect_proto(n - 1, BP_STEP_EXPERTS, 1, "bytes");
+}
+
+static void test_step_rejects_bad_header(void **state)
+{
+    (void)state;
+    size_t n = write_tokens(1);
+    bp_step_hdr_t *h = (bp_step_hdr_t *)g_buf;
+    expect_proto(n, BP_STEP_HIDDEN, 1, "where hidden was expected");
+    expect_proto(n, BP_STEP_TOKENS, 2, "stale step 1");
+    h->magic ^= 1;
+    expect_proto(n, BP_STEP_TOKENS, 1, "magic");
+    h->magic ^= 1;
+    h->kind = 77;
+    expect_proto(n, BP_STEP_TOKENS, 1, "unknown");
+    h->kind = BP_STEP_TOKENS;
+    h->n_rows = 17; /* past n_batch */
+    expect_proto(n, BP_STEP_TOKENS, 1, "n_rows");
+    h->n_rows = -1;
+    expect_proto(n, BP_STEP_TOKENS, 1, "n_rows");
+    h->n_rows = 4;
+    h->n_seqs = 5; /* more than the slots */
+    expect_proto(n, BP_STEP_TOKENS, 1, "n_seqs");
+    h->n_seqs = 0x7fffffff;
+    expect_proto(n, BP_STEP_TOKENS, 1, "n_seqs");
+    h->n_seqs = 2;
+    h->width = 8; /* tokens carry no floats */
+    expect_proto(n, BP_STEP_TOKENS, 1, "width");
+    h->width = 0;
+    h->code = BL_EIO;
+    expect_proto(n, BP_STEP_TOKENS, 1, "code");
+}
+
+static void test_step_rejects_bad_sequences(void **state)
+{
+    (void)state;
+    bp_step_seq_t *s = (bp_step_seq_t *)(g_buf + sizeof(bp_step_hdr_t));
+    size_t n = write_tokens(1);
+    s[0].slot = 4;
+    expect_proto(n, BP_STEP_TOKENS, 1, "slot");
+    n = write_tokens(1);
+    s[1].slot = -1;
+    expect_proto(n, BP_STEP_TOKENS, 1, "slot");
+    n = write_tokens(1);
+    s[0].pos = 62; /* 62 + 3 > n_ctx 64 */
+    expect_proto(n, BP_STEP_TOKENS, 1, "pos");
+    n = write_tokens(1);
+    s[0].pos = INT64_MAX;
+    expect_proto(n, BP_STEP_TOKENS, 1, "pos");
+    n = write_tokens(1);
+    s[0].pos = -1;
+    expect_proto(n, BP_STEP_TOKENS, 1, "pos");
+    n = write_tokens(1);
+    s[0].n_out = 4;
+    expect_proto(n, BP_STEP_TOKENS, 1, "n_out");
+    n = write_tokens(1);
+    s[0].n = 2; /* rows no longer add up */
+    expect_proto(n, BP_STEP_TOKENS, 1, "n_rows");
+    n = write_tokens(1);
+    s[1].n = 0;
+    expect_proto(n, BP_STEP_TOKENS, 1, "seqs[].n");
+}
+
+static void test_step_rejects_bad_ids(void **state)
+{
+    (void)state;
+    size_t n = write_tokens(1);
+    int32_t *tok = (int32_t *)(g_buf + tokens_offset());
+    tok[2] = 100; /* n_vocab */
+    expect_proto(n, BP_STEP_TOKENS, 1, "tokens[]");
+    tok[2] = -5;
+    expect_proto(n, BP_STEP_TOKENS, 1, "tokens[]");
+
+    n = write_experts(1, 0, 2);
+    bp_step_hdr_t *h = (bp_step_hdr_t *)g_buf;
+    bp_step_layout_t lay;
+    bl_err_t err = {0};
+    assert_int_equal(bp_step_layout(h, &lay, &err), 0);
+    int32_t *ids = (int32_t *)(g_buf + lay.ids);
+    ids[3] = 6;
+    expect_proto(n, BP_STEP_EXPERTS, 1, "ids[]");
+    ids[3] = 0;
+    h->layer = 3;
+    expect_proto(n, BP_STEP_EXPERTS, 1, "layer");
+    h->layer = 0;
+    h->k = 3;
+    expect_proto(n, BP_STEP_EXPERTS, 1, "k");
+    h->k = 2;
+    h->width = 9;
+    expect_proto(n, BP_STEP_EXPERTS, 1, "width");
+}
+
+static void test_step_layout_refuses_negative_and_unknown(void **state)
+{
+    (void)state;
+    bl_err_t err = {0};
+    bp_step_layout_t lay;
+    bp_step_hdr_t h = {.kind = BP_STEP_HIDDEN, .n_seqs = 1, .n_rows = -3, .width = 8};
+    assert_int_equal(bp_step_layout(&h, &lay, &err), BL_EINVAL);
+    h = (bp_step_hdr_t){.kind = 0};
+    assert_int_equal(bp_step_layout(&h, &lay, &err), BL_EINVAL);
+    h = (bp_step_hdr_t){.kind = BP_STEP_SUMS, .n_rows = 4, .width = 8};
+    bp_step_out_t o;
+    assert_int_equal(bp_step_write(g_buf, 100, &h, &o, &err), BL_ERANGE);
+}
+
+/* Valid messages with random bytes changed and random lengths: every parse either
+ * succeeds or says BL_EPROTO, and (under ASan) reads nothing outside the bytes. */
+static void test_step_survives_corrupted_messages(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(1);
+    for (int it = 0; it < 20000; it++) {
+        size_t n = it % 2 ? write_tokens(4) : write_experts(4, 1, 3);
+        int flips = (int)(rng_next(&r) % 4);
+        for (int f = 0; f < flips; f++)
+            g_buf[rng_next(&r) % n] ^= (uint8_t)(1u << (rng_next(&r) % 8));
+        size_t len = rng_next(&r) % 3 == 0 ? (size_t)(rng_next(&r) % (n + 32)) : n;
+        bl_err_t err = {0};
+        bp_step_in_t in = fresh_in();
+        int rc = bp_step_parse(g_buf, len, &g_lim, it % 2 ? BP_STEP_TOKENS : BP_STEP_EXPERTS,
+                               BP_STEP_ANY, &in, &err);
+        if (rc != 0 && rc != BL_EPROTO)
+            fail_msg("iteration %d: rc %d (%s)", it, rc, err.msg);
+    }
+}
+
+int main(void)
+{
+    test_seed_init("test_proto_step");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_step_tokens_round_trip),
+        cmocka_unit_test(test_step_hidden_logits_sums_round_trip),
+        cmocka_unit_test(test_step_experts_round_trip),
+        cmocka_unit_test(test_step_error_through_ring),
+        cmocka_unit_test(test_step_rejects_truncated_and_oversized),
+        cmocka_unit_test(test_step_rejects_bad_header),
+        cmocka_unit_test(test_step_rejects_bad_sequences),
+        cmocka_unit_test(test_step_rejects_bad_ids),
+        cmocka_unit_test(test_step_layout_refuses_negative_and_unknown),
+        cmocka_unit_test(test_step_survives_corrupted_messages),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,1166 @@
+/* Tests of router/api_gen.c, api_openai.c and api_anthropic.c: request fields to
+ * rt_task_params_t, the refusals, prompt forms, chat and Anthropic messages, the
+ * <think> splitter fed piece by piece, the JSON and SSE pieces of replies, and whole
+ * replies driven by scripted engine events. The HTTP layer and the engine are
+ * replaced by the stand-ins below, so only these files are exercised. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "api_gen.c"
+#include "api_openai.c"
+#include "api_anthropic.c"
+
+#include "chat.h"
+#include "gguf.h"
+
+/* ---------------------------------------------------------------------------- */
+/* stand-ins for the HTTP layer and the engine                                    */
+/* ---------------------------------------------------------------------------- */
+
+struct rt_req {
+    rt_app_t *app;
+    json_t *body;
+    int status;          /* of the reply or of the stream */
+    json_t *reply;       /* a JSON reply */
+    rt_gen_buf_t stream; /* what was streamed */
+    int ended;
+    rt_req_gone_fn gone;
+    void *gone_ud;
+};
+
+static rt_event_fn g_cb;
+static void *g_cb_ud;
+static int g_submits, g_cancels;
+static rt_task_params_t g_submitted;
+static int g_submit_rc;
+
+void rt_task_params_default(rt_task_params_t *p)
+{
+    memset(p, 0, sizeof *p);
+    rt_sampler_params_default(&p->sampling);
+    p->n_predict = -1;
+    p->cache_prompt = 1;
+    p->slot_id = -1;
+}
+
+int rt_engine_submit(rt_engine_t *e, const int32_t *prompt, size_t n, const rt_task_params_t *p,
+                     rt_event_fn cb, void *ud, rt_task_t **task, bl_err_t *err)
+{
+    (void)e;
+    (void)prompt;
+    if (g_submit_rc)
+        return bl_err_set(err, g_submit_rc, "prompt of %zu tokens does not fit", n);
+    g_submits++;
+    g_submitted = *p;
+    g_cb = cb;
+    g_cb_ud = ud;
+    *task = (rt_task_t *)&g_cb;
+    return 0;
+}
+
+void rt_engine_cancel(rt_engine_t *e, rt_task_t *task)
+{
+    (void)e;
+    (void)task;
+    g_cancels++;
+}
+
+int rt_http_route(rt_http_t *h, const char *method, const char *path, rt_route_fn fn,
+                  unsigned flags)
+{
+    (void)h, (void)method, (void)path, (void)fn, (void)flags;
+    return 0;
+}
+
+void *rt_req_app(const rt_req_t *r) { return r->app; }
+json_t *rt_req_json(const rt_req_t *r) { return r->body; }
+
+void rt_req_send_json(rt_req_t *r, int status, json_t *j)
+{
+    assert_null(r->reply);
+    r->status = status;
+    r->reply = j;
+}
+
+void rt_req_send_error(rt_req_t *r, int status, const char *type, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    rt_req_send_json(r, status,
+                     json_pack("{s:{s:i, s:s, s:s}}", "error", "code", status, "message", msg,
+                               "type", type ? type : "invalid_request_error"));
+}
+
+void rt_req_stream_start(rt_req_t *r, int status, const char *content_type, rt_req_gone_fn gone,
+                         void *ud)
+{
+    assert_string_equal(content_type, "text/event-stream");
+    r->status = status;
+    r->gone = gone;
+    r->gone_ud = ud;
+}
+
+void rt_req_stream_write(rt_req_t *r, const char *data, size_t len)
+{
+    assert_false(r->ended);
+    assert_int_equal(rt__gen_buf_add(&r->stream, data, len), 0);
+}
+
+void rt_req_stream_end(rt_req_t *r) { r->ended = 1; }
+
+void rt_req_on_gone(rt_req_t *r, rt_req_gone_fn gone, void *ud)
+{
+    r->gone = gone;
+    r->gone_ud = ud;
+}
+
+/* ---------------------------------------------------------------------------- */
+/* helpers                                                                        */
+/* ---------------------------------------------------------------------------- */
+
+static json_t *J(const char *text)
+{
+    json_error_t e;
+    json_t *j = json_loads(text, 0, &e);
+    if (!j)
+        fail_msg("bad test JSON: %s: %s", e.text, text);
+    return j;
+}
+
+static rt_gen_limits_t plain_limits(void)
+{
+    rt_gen_limits_t l = {NULL, 1000, 4096, 2, -1};
+    return l;
+}
+
+/* Parses body for api; returns the code and leaves the message in err. */
+static int parse(const char *body, rt_gen_api_t api, rt_gen_params_t *p, bl_err_t *err)
+{
+    rt_gen_limits_t l = plain_limits();
+    json_t *j = J(body);
+    int rc = rt__gen_parse_params(j, api, &l, p, err);
+    json_decref(j);
+    return rc;
+}
+
+static void expect_refused(const char *body, rt_gen_api_t api, const char *needle)
+{
+    rt_gen_params_t p;
+    bl_err_t err = {0};
+    json_t *j = J(body);
+    rt_gen_limits_t l = plain_limits();
+    int rc = rt__gen_parse_params(j, api, &l, &p, &err);
+    json_decref(j);
+    if (rc != BL_EINVAL || !strstr(err.msg, needle))
+        fail_msg("%s: rc %d, message \"%s\" (wanted one naming %s)", body, rc, err.msg, needle);
+}
+
+static const char *shared_dir(char *buf, size_t cap)
+{
+    const char *env = getenv("BLOOMERY_SHARED");
+    snprintf(buf, cap, "%s", env && *env ? env : BL_SOURCE_ROOT "/../shared");
+    return buf;
+}
+
+/* The Qwen3 tokenizer and chat template of the tiny model, or NULL when absent. */
+static bl_gguf_t *open_model(rt_tokenizer_t **tok, rt_template_t **tpl)
+{
+    char dir[1024], path[1200];
+    shared_dir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/models/qwen3moe-tiny-q4k.gguf", dir);
+    if (access(path, R_OK) != 0)
+        return NULL;
+    bl_gguf_t *g = NULL;
+    bl_err_t err = {0};
+    assert_int_equal(bl_gguf_open(&g, path, &err), 0);
+    int rc = rt_tokenizer_from_gguf(tok, g, &err);
+    if (rc)
+        fail_msg("tokenizer: %s", err.msg);
+    if (tpl && (rc = rt_chat_template_load(tpl, g, NULL, &err)))
+        fail_msg("template: %s", err.msg);
+    return g;
+}
+
+/* ---------------------------------------------------------------------------- */
+/* request fields                                                                 */
+/* ---------------------------------------------------------------------------- */
+
+static void test_params_defaults_are_llama_servers(void **state)
+{
+    (void)state;
+    rt_gen_params_t p;
+    bl_err_t err = {0};
+    assert_int_equal(parse("{}", RT_GEN_API_NATIVE, &p, &err), 0);
+    assert_int_equal(p.task.n_predict, -1);
+    assert_float_equal(p.task.sampling.temp, 0.8f, 0);
+    assert_int_equal(p.task.sampling.top_k, 40);
+    assert_int_equal(p.task.n_stop, 0);
+    assert_int_equal(p.task.cache_prompt, 1);
+    assert_int_equal(p.task.slot_id, -1);
+    assert_int_equal(p.stream, 0);
+    assert_int_equal(p.want_probs, 0);
+    rt__gen_params_fini(&p);
+}
+
+static void test_params_sampling_fields(void **state)
+{
+    (void)state;
+    rt_gen_params_t p;
+    bl_err_t err = {0};
+    int rc = parse("{\"temperature\":0.5,\"top_k\":7,\"top_p\":0.9,\"min_p\":0.1,\"typical_p\":0.7,"
+                   "\"repeat_penalty\":1.1,\"repeat_last_n\":-1,\"presence_penalty\":0.3,"
+                   "\"frequency_penalty\":0.4,\"seed\":42,\"min_keep\":2,\"ignore_eos\":true,"
+                   "\"cache_prompt\":false,\"id_slot\":1,\"t_max_predict_ms\":500,"
+                   "\"return_tokens\":true,\"stream\":true,"
+                   "\"stream_options\":{\"include_usage\":true}}",
+                   RT_GEN_API_OAI_CHAT, &p, &err);
+    if (rc)
+        fail_msg("%s", err.msg);
+    const rt_sampler_params_t *s = &p.task.sampling;
+    assert_float_equal(s->temp, 0.5f, 0);
+    assert_int_equal(s->top_k, 7);
+    assert_float_equal(s->top_p, 0.9f, 0);
+    assert_float_equal(s->min_p, 0.1f, 0);
+    assert_float_equal(s->typical_p, 0.7f, 0);
+    assert_float_equal(s->repeat_penalty, 1.1f, 0);
+    assert_int_equal(s->penalty_last_n, -1);
+    assert_float_equal(s->presence_penalty, 0.3f, 0);
+    assert_float_equal(s->frequency_penalty, 0.4f, 0);
+    assert_int_equal(s->seed, 42);
+    assert_int_equal(s->min_keep, 2);
+    assert_int_equal(p.task.ignore_eos, 1);
+    assert_int_equal(p.task.cache_prompt, 0);
+    assert_int_equal(p.task.slot_id, 1);
+    assert_int_equal(p.task.t_max_predict_ms, 500);
+    assert_int_equal(p.return_tokens, 1);
+    assert_int_equal(p.stream, 1);
+    assert_int_equal(p.include_usage, 1);
+    rt__gen_params_fini(&p);
+
+    assert_int_equal(parse("{\"seed\":-1}", RT_GEN_API_NATIVE, &p, &err), 0);
+    assert_int_equal(p.task.sampling.seed, RT_SEED_RANDOM);
+    rt__gen_params_fini(&p);
+    /* null reads as absent */
+    assert_int_equal(parse("{\"temperature\":null,\"stop\":null}", RT_GEN_API_NATIVE, &p, &err), 0);
+    assert_float_equal(p.task.sampling.temp, 0.8f, 0);
+    rt__gen_params_fini(&p);
+}
+
+static void test_params_token_limits(void **state)
+{
+    (void)state;
+    rt_gen_params_t p;
+    bl_err_t err = {0};
+    assert_int_equal(parse("{\"max_tokens\":5}", RT_GEN_API_OAI_CHAT, &p, &err), 0);
+    assert_int_equal(p.task.n_predict, 5);
+    rt__gen_params_fini(&p);
+    assert_int_equal(parse("{\"max_tokens\":5,\"max_completion_tokens\":6}", RT_GEN_API_OAI_CHAT,
+                           &p, &err), 0);
+    assert_int_equal(p.task.n_predict, 6);
+    rt__gen_params_fini(&p);
+    assert_int_equal(parse("{\"max_tokens\":5,\"n_predict\":7}", RT_GEN_API_NATIVE, &p, &err), 0);
+    assert_int_equal(p.task.n_predict, 7);
+    rt__gen_params_fini(&p);
+    assert_int_equal(parse("{\"n_predict\":-1}", RT_GEN_API_NATIVE, &p, &err), 0);
+    assert_int_equal(p.task.n_predict, -1);
+    rt__gen_params_fini(&p);
+    /* huge: the context caps it */
+    assert_int_equal(parse("{\"max_tokens\":100000000000}", RT_GEN_API_OAI_CHAT, &p, &err), 0);
+    assert_int_equal(p.task.n_predict, 4096);
+    rt__gen_params_fini(&p);
+    expect_refused("{\"max_tokens\":-1}", RT_GEN_API_OAI_CHAT, "max_tokens");
+    expect_refused("{\"max_completion_tokens\":-5}", RT_GEN_API_OAI_CHAT, "max_completion_tokens");
+    expect_refused("{\"n_predict\":-2}", RT_GEN_API_NATIVE, "n_predict");
+    expect_refused("{\"max_tokens\":\"ten\"}", RT_GEN_API_OAI_CHAT, "max_tokens");
+    expect_refused("{\"max_tokens\":1.5}", RT_GEN_API_OAI_CHAT, "max_tokens");
+    /* the server's -n is the default */
+    rt_gen_limits_t l = plain_limits();
+    l.n_predict_default = 33;
+    json_t *j = J("{}");
+    assert_int_equal(rt__gen_parse_params(j, RT_GEN_API_NATIVE, &l, &p, &err), 0);
+    assert_int_equal(p.task.n_predict, 33);
+    rt__gen_params_fini(&p);
+    json_decref(j);
+}
+
+static void test_params_wrong_types_name_the_field(void **state)
+{
+    (void)state;
+    expect_refused("[]", RT_GEN_API_NATIVE, "object");
+    expect_refused("{\"temperature\":\"hot\"}", RT_GEN_API_NATIVE, "temperature");
+    expect_refused("{\"top_k\":\"7\"}", RT_GEN_API_NATIVE, "top_k");
+    expect_refused("{\"stream\":1}", RT_GEN_API_NATIVE, "stream");
+    expect_refused("{\"stream_options\":[]}", RT_GEN_API_OAI_CHAT, "stream_options");
+    expect_refused("{\"seed\":5000000000}", RT_GEN_API_NATIVE, "seed");
+    expect_refused("{\"repeat_last_n\":-2}", RT_GEN_API_NATIVE, "repeat_last_n");
+    expect_refused("{\"id_slot\":2}", RT_GEN_API_NATIVE, "id_slot");
+    expect_refused("{\"cache_prompt\":\"yes\"}", RT_GEN_API_NATIVE, "cache_prompt");
+    expect_refused("{\"top_p\":1.5}", RT_GEN_API_NATIVE, "top_p");
+}
+
+static void test_params_stop(void **state)
+{
+    (void)state;
+    rt_gen_params_t p;
+    bl_err_t err = {0};
+    json_t *j = J("{\"stop\":\"END\"}");
+    rt_gen_limits_t l = plain_limits();
+    assert_int_equal(rt__gen_parse_params(j, RT_GEN_API_OAI_CHAT, &l, &p, &err), 0);
+    assert_int_equal(p.task.n_stop, 1);
+    assert_string_equal(p.task.stop[0], "END");
+    rt__gen_params_fini(&p);
+    json_decref(j);
+    j = J("{\"stop\":[\"a\",\"\",\"b\"]}");
+    assert_int_equal(rt__gen_parse_params(j, RT_GEN_API_NATIVE, &l, &p, &err), 0);
+    assert_int_equal(p.task.n_stop, 2);
+    assert_string_equal(p.task.stop[1], "b");
+    rt__gen_params_fini(&p);
+    json_decref(j);
+    expect_refused("{\"stop\":[1]}", RT_GEN_API_NATIVE, "stop");
+    expect_refused("{\"stop\":{}}", RT_GEN_API_NATIVE, "stop");
+    expect_refused("{\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\","
+                   "\"12\",\"13\",\"14\",\"15\",\"16\",\"17\"]}",
+                   RT_GEN_API_NATIVE, "stop");
+    expect_refused("{\"max_tokens\":4,\"stop_sequences\":\"x\"}", RT_GEN_API_ANTHROPIC,
+                   "stop_sequences");
+}
+
+static void test_params_logit_bias(void **state)
+{
+    (void)state;
+    rt_gen_params_t p;
+    bl_err_t err = {0};
+    assert_int_equal(parse("{\"logit_bias\":{\"5\":1.5,\"9\":false,\"7\":true}}",
+                           RT_GEN_API_OAI_CHAT, &p, &err), 0);
+    assert_int_equal(p.task.sampling.n_logit_bias, 2);
+    assert_int_equal(p.task.sampling.logit_bias[0].token, 5);
+    assert_float_equal(p.task.sampling.logit_bias[0].bias, 1.5f, 0);
+    assert_int_equal(p.task.sampling.logit_bias[1].token, 9);
+    assert_true(isinf(p.task.sampling.logit_bias[1].bias) && p.task.sampling.logit_bias[1].bias < 0);
+    rt__gen_params_fini(&p);
+    assert_int_equal(parse("{\"logit_bias\":[[3,-2],[4,false]]}", RT_GEN_API_NATIVE, &p, &err), 0);
+    assert_int_equal(p.task.sampling.n_logit_bias, 2);
+    assert_int_equal(p.task.sampling.logit_bias[0].token, 3);
+    rt__gen_params_fini(&p);
+    expect_refused("{\"logit_bias\":{\"1000\":1}}", RT_GEN_API_OAI_CHAT, "logit_bias");
+    expect_refused("{\"logit_bias\":{\"5\":\"x\"}}", RT_GEN_API_OAI_CHAT, "logit_bias");
+    expect_refused("{\"logit_bias\":[[3]]}", RT_GEN_API_NATIVE, "logit_bias");
+    expect_refused("{\"logit_bias\":7}", RT_GEN_API_NATIVE, "logit_bias");
+    /* text keys need the tokenizer: refused by name without one */
+    expect_refused("{\"logit_bias\":{\"hello\":1}}", RT_GEN_API_OAI_CHAT, "logit_bias");
+
+    rt_tokenizer_t *tok = NULL;
+    bl_gguf_t *g = open_model(&tok, NULL);
+    if (!g) {
+        print_message("skipped the text keys: the qwen3moe-tiny model is absent\n");
+        return;
+    }
+    rt_gen_limits_t l = {tok, rt_tokenizer_n_vocab(tok), 4096, 1, -1};
+    json_t *j = J("{\"logit_bias\":{\"Hello world\":-3}}");
+    assert_int_equal(rt__gen_parse_params(j, RT_GEN_API_OAI_CHAT, &l, &p, &err), 0);
+    rt_tokens_t t = {0};
+    assert_int_equal(rt_tokenize(tok, "Hello world", 11, 0, &t, &err), 0);
+    assert_int_equal(p.task.sampling.n_logit_bias, t.n);
+    for (size_t i = 0; i < t.n; i++)
+        assert_int_equal(p.task.sampling.logit_bias[i].token, t.ids[i]);
+    rt_tokens_free(&t);
+    rt__gen_params_fini(&p);
+    json_decref(j);
+    rt_tokenizer_destroy(tok);
+    bl_gguf_close(g);
+}
+
+static void test_params_refusals(void **state)
+{
+    (void)state;
+    expect_refused("{\"n\":2}", RT_GEN_API_OAI_CHAT, "'n'");
+    expect_refused("{\"mirostat\":2}", RT_GEN_API_NATIVE, "mirostat");
+    expect_refused("{\"grammar\":\"root ::= x\"}", RT_GEN_API_NATIVE, "grammar");
+    expect_refused("{\"json_schema\":{}}", RT_GEN_API_NATIVE, "json_schema");
+    expect_refused("{\"response_format\":{\"type\":\"json_object\"}}", RT_GEN_API_OAI_CHAT,
+                   "response_format");
+    expect_refused("{\"samplers\":[\"top_k\"]}", RT_GEN_API_NATIVE, "samplers");
+    expect_refused("{\"dry_multiplier\":0.8}", RT_GEN_API_NATIVE, "dry_multiplier");
+    expect_refused("{\"xtc_probability\":0.5}", RT_GEN_API_NATIVE, "xtc_probability");
+    expect_refused("{\"lora\":[{\"id\":0,\"scale\":1}]}", RT_GEN_API_NATIVE, "lora");
+    expect_refused("{\"echo\":true}", RT_GEN_API_OAI_CMPL, "echo");
+    expect_refused("{\"best_of\":3}", RT_GEN_API_OAI_CMPL, "best_of");
+    expect_refused("{\"suffix\":\"}\"}", RT_GEN_API_OAI_CMPL, "suffix");
+    /* the values that mean "off" are accepted */
+    rt_gen_params_t p;
+    bl_err_t err = {0};
+    assert_int_equal(parse("{\"n\":1,\"mirostat\":0,\"grammar\":\"\",\"dry_multiplier\":0,"
+                           "\"response_format\":{\"type\":\"text\"},\"lora\":[],\"echo\":false,"
+                           "\"best_of\":1}",
+                           RT_GEN_API_OAI_CMPL, &p, &err), 0);
+    rt__gen_params_fini(&p);
+}
+
+static void test_params_probabilities(void **state)
+{
+    (void)state;
+    rt_gen_params_t p;
+    bl_err_t err = {0};
+    assert_int_equal(parse("{\"logprobs\":true}", RT_GEN_API_OAI_CHAT, &p, &err), 0);
+    assert_int_equal(p.want_probs, 1);
+    assert_int_equal(p.task.n_probs, RT_MAX_N_PROBS);
+    rt__gen_params_fini(&p);
+    assert_int_equal(parse("{\"logprobs\":true,\"top_logprobs\":3}", RT_GEN_API_OAI_CHAT, &p, &err),
+                     0);
+    assert_int_equal(p.task.n_probs, 3);
+    rt__gen_params_fini(&p);
+    expect_refused("{\"top_logprobs\":3}", RT_GEN_API_OAI_CHAT, "top_logprobs");
+    expect_refused("{\"logprobs\":true,\"top_logprobs\":21}", RT_GEN_API_OAI_CHAT, "top_logprobs");
+    assert_int_equal(parse("{\"logprobs\":2}", RT_GEN_API_OAI_CMPL, &p, &err), 0);
+    assert_int_equal(p.want_probs, 1);
+    assert_int_equal(p.task.n_probs, 2);
+    rt__gen_params_fini(&p);
+    assert_int_equal(parse("{\"n_probs\":5,\"post_sampling_probs\":true}", RT_GEN_API_NATIVE, &p,
+                           &err), 0);
+    assert_int_equal(p.want_probs, 1);
+    assert_int_equal(p.task.n_probs, 5);
+    assert_int_equal(p.post_sampling_probs, 1);
+    rt__gen_params_fini(&p);
+    expect_refused("{\"n_probs\":-1}", RT_GEN_API_NATIVE, "n_probs");
+}
+
+static void test_params_anthropic(void **state)
+{
+    (void)state;
+    rt_gen_params_t p;
+    bl_err_t err = {0};
+    expect_refused("{}", RT_GEN_API_ANTHROPIC, "max_tokens");
+    expect_refused("{\"max_tokens\":0}", RT_GEN_API_ANTHROPIC, "max_tokens");
+    assert_int_equal(parse("{\"max_tokens\":9,\"stop_sequences\":[\"Z\"],\"temperature\":0.2,"
+                           "\"top_k\":3}",
+                           RT_GEN_API_ANTHROPIC, &p, &err), 0);
+    assert_int_equal(p.task.n_predict, 9);
+    assert_int_equal(p.task.n_stop, 1);
+    assert_int_equal(p.task.sampling.top_k, 3);
+    rt__gen_params_fini(&p);
+}
+
+/* ---------------------------------------------------------------------------- */
+/* prompts and messages                                                           */
+/* ---------------------------------------------------------------------------- */
+
+static int prompt_rc(const char *text, rt_tokenizer_t *tok, int64_t n_vocab, rt_tokens_t *t,
+                     bl_err_t *err)
+{
+    json_t *j = J(text);
+    int rc = rt__gen_prompt_tokens(json_object_get(j, "prompt"), tok, n_vocab, t, err);
+    json_decref(j);
+    return rc;
+}
+
+static void test_prompt_forms(void **state)
+{
+    (void)state;
+    rt_tokens_t t = {0};
+    bl_err_t err = {0};
+    assert_int_equal(prompt_rc("{\"prompt\":[1,2,3]}", NULL, 10, &t, &err), 0);
+    assert_int_equal(t.n, 3);
+    assert_int_equal(t.ids[2], 3);
+    rt_tokens_free(&t);
+    memset(&t, 0, sizeof t);
+    assert_int_equal(prompt_rc("{\"prompt\":[[4,5]]}", NULL, 10, &t, &err), 0);
+    assert_int_equal(t.n, 2);
+    rt_tokens_free(&t);
+    memset(&t, 0, sizeof t);
+    assert_int_equal(prompt_rc("{\"prompt\":{\"prompt_string\":[6]}}", NULL, 10, &t, &err), 0);
+    assert_int_equal(t.n, 1);
+    rt_tokens_free(&t);
+    memset(&t, 0, sizeof t);
+    assert_int_equal(prompt_rc("{\"prompt\":[1,10]}", NULL, 10, &t, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "prompt"));
+    rt_tokens_free(&t);
+    memset(&t, 0, sizeof t);
+    assert_int_equal(prompt_rc("{\"prompt\":[[1],[2]]}", NULL, 10, &t, &err), BL_EINVAL);
+    assert_int_equal(prompt_rc("{}", NULL, 10, &t, &err), BL_EINVAL);
+    assert_int_equal(prompt_rc("{\"prompt\":3}", NULL, 10, &t, &err), BL_EINVAL);
+    assert_int_equal(prompt_rc("{\"prompt\":[1,{}]}", NULL, 10, &t, &err), BL_EINVAL);
+    assert_int_equal(prompt_rc("{\"prompt\":{\"prompt_string\":\"x\",\"multimodal_data\":[\"A\"]}}",
+                               NULL, 10, &t, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "multimodal"));
+    rt_tokens_free(&t);
+
+    rt_tokenizer_t *tok = NULL;
+    bl_gguf_t *g = open_model(&tok, NULL);
+    if (!g) {
+        print_message("skipped the text prompts: the qwen3moe-tiny model is absent\n");
+        return;
+    }
+    int64_t nv = rt_tokenizer_n_vocab(tok);
+    rt_tokens_t a = {0}, b = {0};
+    assert_int_equal(prompt_rc("{\"prompt\":\"<|im_start|>Hi\"}", tok, nv, &a, &err), 0);
+    assert_int_equal(a.ids[0], rt_tokenizer_find(tok, "<|im_start|>", 12)); /* parsed special */
+    /* a mixed array: strings and ids in order */
+    assert_int_equal(prompt_rc("{\"prompt\":[\"<|im_start|>Hi\", 11, \"Hi\"]}", tok, nv, &b, &err),
+                     0);
+    assert_true(b.n > a.n + 1);
+    assert_memory_equal(b.ids, a.ids, a.n * sizeof *a.ids);
+    assert_int_equal(b.ids[a.n], 11);
+    rt_tokens_free(&a);
+    rt_tokens_free(&b);
+    /* a single-element array of strings is one prompt; several are refused */
+    memset(&a, 0, sizeof a);
+    assert_int_equal(prompt_rc("{\"prompt\":[\"Hi\"]}", tok, nv, &a, &err), 0);
+    assert_true(a.n > 0);
+    rt_tokens_free(&a);
+    memset(&a, 0, sizeof a);
+    assert_int_equal(prompt_rc("{\"prompt\":[\"Hi\",\"Yo\"]}", tok, nv, &a, &err), BL_EINVAL);
+    rt_tokens_free(&a);
+    rt_tokenizer_destroy(tok);
+    bl_gguf_close(g);
+}
+
+static int messages_rc(const char *text, json_t **out, char **prefill, bl_err_t *err)
+{
+    json_t *j = J(text);
+    int rc = rt__gen_chat_messages(json_object_get(j, "messages"), out, prefill, err);
+    json_decref(j);
+    return rc;
+}
+
+static void test_chat_messages(void **state)
+{
+    (void)state;
+    json_t *m = NULL;
+    char *pre = NULL;
+    bl_err_t err = {0};
+    assert_int_equal(messages_rc("{\"messages\":[{\"role\":\"developer\",\"content\":\"S\"},"
+                                 "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+                                 "{\"type\":\"text\",\"text\":\"b\"}]}]}",
+                                 &m, &pre, &err), 0);
+    assert_null(pre);
+    assert_int_equal(json_array_size(m), 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 0), "role")), "system");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 1), "content")), "a\nb");
+    json_decref(m);
+
+    /* a last assistant message is a prefill */
+    assert_int_equal(messages_rc("{\"messages\":[{\"role\":\"user\",\"content\":\"Q\"},"
+                                 "{\"role\":\"assistant\",\"content\":\"The answer is\"}]}",
+                                 &m, &pre, &err), 0);
+    assert_int_equal(json_array_size(m), 1);
+    assert_string_equal(pre, "The answer is");
+    free(pre);
+    json_decref(m);
+
+    static const struct {
+        const char *body, *needle;
+    } bad[] = {
+        {"{}", "messages"},
+        {"{\"messages\":\"hi\"}", "messages"},
+        {"{\"messages\":[]}", "empty"},
+        {"{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "wizard"},
+        {"{\"messages\":[{\"role\":\"user\"}]}", "content"},
+        {"{\"messages\":[{\"content\":\"x\"}]}", "role"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":7}]}", "content"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}",
+         "image"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_audio\"}]}]}", "audio"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}", "text"},
+        {"{\"messages\":[{\"role\":\"assistant\",\"content\":\"a\",\"tool_calls\":[{}]},"
+         "{\"role\":\"user\",\"content\":\"b\"}]}",
+         "tool_calls"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"Q\"},{\"role\":\"assistant\","
+         "\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"}]}",
+         "assistant messages"},
+        {"{\"messages\":[1]}", "messages[0]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int rc = messages_rc(bad[i].body, &m, &pre, &err);
+        if (rc != BL_EINVAL || !strstr(err.msg, bad[i].needle))
+            fail_msg("%s: rc %d \"%s\"", bad[i].body, rc, err.msg);
+        assert_null(m);
+        assert_null(pre);
+    }
+}
+
+static void test_chat_options(void **state)
+{
+    (void)state;
+    json_t *kw;
+    int reasoning;
+    bl_err_t err = {0};
+    json_t *j = J("{\"tool_choice\":\"auto\",\"tools\":[],\"chat_template_kwargs\":"
+                  "{\"enable_thinking\":false}}");
+    assert_int_equal(rt__gen_chat_options(j, &kw, &reasoning, &err), 0);
+    assert_int_equal(reasoning, 1);
+    assert_true(json_is_false(json_object_get(kw, "enable_thinking")));
+    json_decref(kw);
+    json_decref(j);
+    static const struct {
+        const char *body, *needle;
+    } bad[] = {
+        {"{\"tools\":[{\"type\":\"function\"}]}", "tools"},
+        {"{\"tool_choice\":\"required\"}", "tool_choice"},
+        {"{\"functions\":[]}", "functions"},
+        {"{\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}}", "enable_thinking"},
+        {"{\"chat_template_kwargs\":[]}", "chat_template_kwargs"},
+        {"{\"reasoning_format\":\"magic\"}", "reasoning_format"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        j = J(bad[i].body);
+        int rc = rt__gen_chat_options(j, &kw, &reasoning, &err);
+        json_decref(j);
+        if (rc != BL_EINVAL || !strstr(err.msg, bad[i].needle))
+            fail_msg("%s: rc %d \"%s\"", bad[i].body, rc, err.msg);
+        assert_null(kw);
+    }
+    j = J("{\"reasoning_format\":\"none\"}");
+    assert_int_equal(rt__gen_chat_options(j, &kw, &reasoning, &err), 0);
+    assert_int_equal(reasoning, 0);
+    json_decref(j);
+}
+
+static void test_anthropic_messages(void **state)
+{
+    (void)state;
+    json_t *m;
+    bl_err_t err = {0};
+    json_t *j = J("{\"system\":[{\"type\":\"text\",\"text\":\"Be \"},{\"type\":\"text\",\"text\":"
+                  "\"brief.\"}],\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+                  "\"text\":\"Hi\"}]}]}");
+    assert_int_equal(rt__gen_anthropic_messages(j, &m, &err), 0);
+    assert_int_equal(json_array_size(m), 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 0), "content")),
+                        "Be brief.");
+    json_decref(m);
+    json_decref(j);
+    static const struct {
+        const char *body, *needle;
+    } bad[] = {
+        {"{\"messages\":[]}", "empty"},
+        {"{\"system\":3,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "system"},
+        {"{\"messages\":[{\"role\":\"system\",\"content\":\"x\"}]}", "system"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\",\"source\":{}}]}]}",
+         "image"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\"}]}]}",
+         "tool_result"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        j = J(bad[i].body);
+        int rc = rt__gen_anthropic_messages(j, &m, &err);
+        json_decref(j);
+        if (rc != BL_EINVAL || !strstr(err.msg, bad[i].needle))
+            fail_msg("%s: rc %d \"%s\"", bad[i].body, rc, err.msg);
+    }
+}
+
+/* ---------------------------------------------------------------------------- */
+/* <think> splitting                                                              */
+/* ---------------------------------------------------------------------------- */
+
+/* Feeds text in pieces of step bytes (0: one piece) and checks both parts. */
+static void split_check(const char *text, int open, size_t step, const char *want_reason,
+                        const char *want_content)
+{
+    rt_gen_think_t t;
+    rt_gen_buf_t r = {0}, c = {0};
+    rt__gen_think_init(&t, open);
+    size_t n = strlen(text);
+    if (step == 0)
+        step = n ? n : 1;
+    for (size_t i = 0; i < n; i += step)
+        assert_int_equal(rt__gen_think_feed(&t, text + i, n - i < step ? n - i : step, &r, &c), 0);
+    assert_int_equal(rt__gen_think_finish(&t, &r, &c), 0);
+    const char *gr = r.p ? r.p : "", *gc = c.p ? c.p : "";
+    if (strcmp(gr, want_reason) || strcmp(gc, want_content))
+        fail_msg("\"%s\" (open %d, step %zu): reasoning \"%s\" content \"%s\"", text, open, step,
+                 gr, gc);
+    rt__gen_buf_free(&r);
+    rt__gen_buf_free(&c);
+    rt__gen_think_fini(&t);
+}
+
+static void test_think_split_every_piece_size(void **state)
+{
+    (void)state;
+    for (size_t step = 0; step <= 9; step++) {
+        split_check("<think>\nPlan: add.\n</think>\n\nThe sum is 4.", 0, step, "Plan: add.",
+                    "The sum is 4.");
+        split_check("Plan: add.\n</think>\n\nThe sum is 4.", 1, step, "Plan: add.",
+                    "The sum is 4.");
+        split_check("  <think>a</think>b", 0, step, "a", "b");
+        split_check("No thinking here.", 0, step, "", "No thinking here.");
+        split_check("Say <think> later </think> x", 0, step, "",
+                    "Say <think> later </think> x");
+        split_check("<think>\n\n</think>\n\nDirect.", 0, step, "", "Direct.");
+        split_check("<think>unclosed thought  ", 0, step, "unclosed thought", "");
+        split_check("<thin", 0, step, "", "<thin");
+        split_check("a < b </thinking> c </think>d", 1, step, "a < b </thinking> c", "d");
+        split_check("", 0, step, "", "");
+    }
+}
+
+static void test_think_streams_before_the_end(void **state)
+{
+    (void)state;
+    rt_gen_think_t t;
+    rt_gen_buf_t r = {0}, c = {0};
+    rt__gen_think_init(&t, 0);
+    assert_int_equal(rt__gen_think_feed(&t, "<think>one two", 14, &r, &c), 0);
+    assert_string_equal(r.p, "one two"); /* released before </think> arrives */
+    assert_int_equal(rt__gen_think_feed(&t, " </th", 5, &r, &c), 0);
+    assert_string_equal(r.p, "one two"); /* a possible tag and a space are held */
+    assert_int_equal(rt__gen_think_feed(&t, "ink>Done", 8, &r, &c), 0);
+    assert_string_equal(c.p, "Done");
+    rt__gen_buf_free(&r);
+    rt__gen_buf_free(&c);
+    rt__gen_think_fini(&t);
+}
+
+/* ---------------------------------------------------------------------------- */
+/* reply pieces                                                                   */
+/* ---------------------------------------------------------------------------- */
+
+static void test_json_piece_utf8(void **state)
+{
+    (void)state;
+    json_t *j = rt__gen_json_piece("ab\xC3", 3); /* a character cut at the end */
+    assert_string_equal(json_string_value(j), "ab");
+    json_decref(j);
+    j = rt__gen_json_piece("a\xFF" "b", 3);
+    assert_string_equal(json_string_value(j), "a\xEF\xBF\xBD" "b");
+    json_decref(j);
+    j = rt__gen_json_piece("\xC3\xA9", 2);
+    assert_string_equal(json_string_value(j), "\xC3\xA9");
+    json_decref(j);
+    j = rt__gen_json_real(-INFINITY);
+    assert_true(json_real_value(j) == -FLT_MAX);
+    json_decref(j);
+}
+
+static void test_sse_format(void **state)
+{
+    (void)state;
+    size_t len;
+    char *s = rt__gen_sse(NULL, json_pack("{s:i}", "a", 1), &len);
+    assert_string_equal(s, "data: {\"a\":1}\n\n");
+    assert_int_equal(len, strlen(s));
+    free(s);
+    s = rt__gen_sse("message_stop", json_pack("{s:s}", "type", "message_stop"), &len);
+    assert_string_equal(s, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+    free(s);
+}
+
+static void test_timings_and_usage(void **state)
+{
+    (void)state;
+    rt_timings_t t = {.n_prompt = 10, .n_cached = 4, .n_predicted = 5, .prompt_ms = 12.0,
+                      .predicted_ms = 50.0};
+    json_t *j = rt__gen_timings_json(&t);
+    assert_int_equal(json_integer_value(json_object_get(j, "cache_n")), 4);
+    assert_int_equal(json_integer_value(json_object_get(j, "prompt_n")), 6);
+    assert_float_equal(json_real_value(json_object_get(j, "prompt_per_token_ms")), 2.0, 1e-9);
+    assert_float_equal(json_real_value(json_object_get(j, "prompt_per_second")), 500.0, 1e-9);
+    assert_float_equal(json_real_value(json_object_get(j, "predicted_per_token_ms")), 10.0, 1e-9);
+    assert_float_equal(json_real_value(json_object_get(j, "predicted_per_second")), 100.0, 1e-9);
+    json_decref(j);
+    rt_timings_t z = {0};
+    j = rt__gen_timings_json(&z); /* no division by zero */
+    assert_float_equal(json_real_value(json_object_get(j, "prompt_per_second")), 0.0, 0);
+    json_decref(j);
+    j = rt__gen_usage_json(10, 5, 4);
+    assert_int_equal(json_integer_value(json_object_get(j, "total_tokens")), 15);
+    json_decref(j);
+}
+
+static void test_legacy_logprobs(void **state)
+{
+    (void)state;
+    json_t *e = J("[{\"id\":1,\"token\":\"He\",\"bytes\":[72,101],\"logprob\":-0.5,"
+                  "\"top_logprobs\":[{\"id\":1,\"token\":\"He\",\"bytes\":[72,101],"
+                  "\"logprob\":-0.5}]},{\"id\":2,\"token\":\"y\",\"bytes\":[121],"
+                  "\"logprob\":-1.0,\"top_logprobs\":[]}]");
+    int64_t off = 0;
+    json_t *j = rt__gen_legacy_logprobs(e, 0, &off);
+    assert_int_equal(off, 3);
+    assert_string_equal(json_string_value(json_array_get(json_object_get(j, "tokens"), 1)), "y");
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(j, "text_offset"), 1)), 2);
+    assert_float_equal(json_real_value(json_object_get(
+                           json_array_get(json_object_get(j, "top_logprobs"), 0), "He")),
+                       -0.5, 0);
+    assert_int_equal(json_array_size(json_object_get(j, "content")), 2);
+    json_decref(j);
+    json_decref(e);
+}
+
+/* ---------------------------------------------------------------------------- */
+/* whole replies from scripted events                                             */
+/* ---------------------------------------------------------------------------- */
+
+typedef struct fixture {
+    bl_gguf_t *g;
+    rt_tokenizer_t *tok;
+    rt_template_t *tpl;
+    rt_app_t app;
+} fixture_t;
+
+static int setup_model(void **state)
+{
+    fixture_t *f = calloc(1, sizeof *f);
+    f->g = open_model(&f->tok, &f->tpl);
+    f->app.tok = f->tok;
+    f->app.tpl = f->tpl;
+    f->app.model_alias = "tiny";
+    f->app.n_vocab = f->tok ? rt_tokenizer_n_vocab(f->tok) : 0;
+    f->app.n_ctx_slot = 256;
+    f->app.n_slots = 1;
+    f->app.n_predict_default = -1;
+    *state = f;
+    return 0;
+}
+
+static int teardown_model(void **state)
+{
+    fixture_t *f = *state;
+    if (f->tok)
+        rt_tokenizer_destroy(f->tok);
+    if (f->tpl)
+        rt_template_destroy(f->tpl);
+    if (f->g)
+        bl_gguf_close(f->g);
+    free(f);
+    return 0;
+}
+
+static void token_event(int32_t id, const char *text, int64_t n)
+{
+    rt_event_t ev = {0};
+    ev.kind = RT_EV_TOKEN;
+    ev.token = id;
+    ev.text = text;
+    ev.len = strlen(text);
+    ev.sampled.id = id;
+    ev.sampled.prob = 0.5f;
+    ev.sampled.logprob = -0.25f;
+    ev.timings.n_predicted = n;
+    g_cb(g_cb_ud, &ev);
+}
+
+static void done_event(rt_stop_type_t st, const char *word, int64_t n_prompt, int64_t n)
+{
+    rt_event_t ev = {0};
+    ev.kind = RT_EV_DONE;
+    ev.stop_type = st;
+    ev.stopping_word = word;
+    ev.tail = "";
+    ev.timings.n_prompt = n_prompt;
+    ev.timings.n_predicted = n;
+    ev.timings.prompt_ms = 10;
+    ev.timings.predicted_ms = 20;
+    g_cb(g_cb_ud, &ev);
+}
+
+/* The data objects of an SSE stream, in order (the [DONE] marker as a string). */
+static json_t *sse_objects(const char *s)
+{
+    json_t *a = json_array();
+    const char *p = s;
+    while ((p = strstr(p, "data: "))) {
+        p += 6;
+        const char *e = strstr(p, "\n\n");
+        assert_non_null(e);
+        if (!strncmp(p, "[DONE]", 6)) {
+            json_array_append_new(a, json_string("[DONE]"));
+        } else {
+            json_error_t err;
+            json_t *j = json_loadb(p, (size_t)(e - p), 0, &err);
+            if (!j)
+                fail_msg("bad SSE data: %.*s", (int)(e - p), p);
+            json_array_append_new(a, j);
+        }
+        p = e + 2;
+    }
+    return a;
+}
+
+static void test_chat_stream_reply(void **state)
+{
+    fixture_t *f = *state;
+    if (!f->tok) {
+        print_message("skipped: the qwen3moe-tiny model is absent\n");
+        skip();
+    }
+    rt_req_t r = {.app = &f->app};
+    r.body = J("{\"messages\":[{\"role\":\"user\",\"content\":\"2+2?\"}],\"stream\":true,"
+               "\"stream_options\":{\"include_usage\":true},\"logprobs\":true,\"top_logprobs\":0}");
+    g_submits = 0;
+    rt__api_chat(&r);
+    assert_int_equal(g_submits, 1);
+    assert_int_equal(r.status, 200);
+    token_event(1, "<think>", 1);
+    token_event(2, "add", 2);
+    token_event(3, "</think>\n\n", 3);
+    token_event(4, "4", 4);
+    done_event(RT_STOP_EOS, NULL, 12, 4);
+    assert_true(r.ended);
+    json_t *a = sse_objects(r.stream.p);
+    size_t n = json_array_size(a);
+    assert_true(n >= 6);
+    /* the role first, then reasoning, then content, then the finish, usage, [DONE] */
+    json_t *d0 = json_object_get(json_array_get(json_object_get(json_array_get(a, 0), "choices"), 0),
+                                 "delta");
+    assert_string_equal(json_string_value(json_object_get(d0, "role")), "assistant");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(a, 0), "object")),
+                        "chat.completion.chunk");
+    rt_gen_buf_t reason = {0}, content = {0};
+    const char *finish = NULL;
+    int logprob_entries = 0;
+    for (size_t i = 0; i + 1 < n; i++) {
+        json_t *c = json_array_get(json_object_get(json_array_get(a, i), "choices"), 0);
+        json_t *d = json_object_get(c, "delta");
+        json_t *rc = json_object_get(d, "reasoning_content"), *cc = json_object_get(d, "content");
+        if (json_is_string(rc))
+            assert_int_equal(rt__gen_buf_add(&reason, json_string_value(rc),
+                                             json_string_length(rc)), 0);
+        if (json_is_string(cc))
+            assert_int_equal(rt__gen_buf_add(&content, json_string_value(cc),
+                                             json_string_length(cc)), 0);
+        if (json_is_string(json_object_get(c, "finish_reason")))
+            finish = json_string_value(json_object_get(c, "finish_reason"));
+        logprob_entries += (int)json_array_size(
+            json_object_get(json_object_get(c, "logprobs"), "content"));
+    }
+    assert_string_equal(reason.p, "add");
+    assert_string_equal(content.p, "4");
+    assert_string_equal(finish, "stop");
+    assert_int_equal(logprob_entries, 4);
+    json_t *usage_chunk = json_array_get(a, n - 2);
+    assert_int_equal(json_array_size(json_object_get(usage_chunk, "choices")), 0);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(usage_chunk, "usage"),
+                                                        "completion_tokens")), 4);
+    assert_non_null(json_object_get(usage_chunk, "timings"));
+    assert_string_equal(json_string_value(json_array_get(a, n - 1)), "[DONE]");
+    rt__gen_buf_free(&reason);
+    rt__gen_buf_free(&content);
+    rt__gen_buf_free(&r.stream);
+    json_decref(a);
+    json_decref(r.body);
+}
+
+static void test_chat_reply_not_streamed(void **state)
+{
+    fixture_t *f = *state;
+    if (!f->tok) {
+        print_message("skipped: the qwen3moe-tiny model is absent\n");
+        skip();
+    }
+    rt_req_t r = {.app = &f->app};
+    r.body = J("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":3,"
+               "\"stop\":[\"!\"]}");
+    rt__api_chat(&r);
+    assert_int_equal(g_submitted.n_predict, 3);
+    assert_int_equal(g_submitted.n_stop, 1);
+    token_event(1, "<think>x</think>", 1);
+    token_event(2, "Hello", 2);
+    done_event(RT_STOP_WORD, "!", 9, 2);
+    assert_int_equal(r.status, 200);
+    json_t *c = json_array_get(json_object_get(r.reply, "choices"), 0);
+    json_t *msg = json_object_get(c, "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "content")), "Hello");
+    assert_string_equal(json_string_value(json_object_get(msg, "reasoning_content")), "x");
+    assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "stop");
+    assert_string_equal(json_string_value(json_object_get(r.reply, "object")), "chat.completion");
+    assert_string_equal(json_string_value(json_object_get(r.reply, "model")), "tiny");
+    assert_int_equal(strncmp(json_string_value(json_object_get(r.reply, "id")), "chatcmpl-", 9), 0);
+    json_t *u = json_object_get(r.reply, "usage");
+    assert_int_equal(json_integer_value(json_object_get(u, "prompt_tokens")),
+                     json_integer_value(json_object_get(u, "total_tokens")) - 2);
+    assert_non_null(json_object_get(json_object_get(r.reply, "timings"), "predicted_per_second"));
+    json_decref(r.reply);
+    json_decref(r.body);
+}
+
+static void test_chat_errors_before_and_after_start(void **state)
+{
+    fixture_t *f = *state;
+    if (!f->tok) {
+        print_message("skipped: the qwen3moe-tiny model is absent\n");
+        skip();
+    }
+    /* a prompt the engine finds too long: llama-server's exceed_context_size_error */
+    rt_req_t r = {.app = &f->app};
+    r.body = J("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}");
+    g_submit_rc = BL_ERANGE;
+    rt__api_chat(&r);
+    g_submit_rc = 0;
+    assert_int_equal(r.status, 400);
+    json_t *e = json_object_get(r.reply, "error");
+    assert_string_equal(json_string_value(json_object_get(e, "type")), "exceed_context_size_error");
+    assert_int_equal(json_integer_value(json_object_get(e, "n_ctx")), 256);
+    json_decref(r.reply);
+    json_decref(r.body);
+
+    /* loading: 503 */
+    rt_req_t r2 = {.app = &f->app};
+    r2.body = J("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}");
+    f->app.loading = 1;
+    rt__api_chat(&r2);
+    f->app.loading = 0;
+    assert_int_equal(r2.status, 503);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(r2.reply, "error"),
+                                                          "message")), "Loading model");
+    json_decref(r2.reply);
+    json_decref(r2.body);
+
+    /* a worker dies mid-stream: an SSE error object, then the end */
+    rt_req_t r3 = {.app = &f->app};
+    r3.body = J("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"stream\":true}");
+    rt__api_chat(&r3);
+    token_event(1, "Hel", 1);
+    rt_event_t ev = {.kind = RT_EV_ERROR, .status = 500, .message = "worker0 died"};
+    g_cb(g_cb_ud, &ev);
+    assert_true(r3.ended);
+    json_t *a = sse_objects(r3.stream.p);
+    json_t *last = json_array_get(a, json_array_size(a) - 1);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(last, "error"),
+                                                          "message")), "worker0 died");
+    assert_null(strstr(r3.stream.p, "[DONE]"));
+    json_decref(a);
+    rt__gen_buf_free(&r3.stream);
+    json_decref(r3.body);
+
+    /* the client leaves: the task is cancelled */
+    rt_req_t r4 = {.app = &f->app};
+    r4.body = J("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"stream\":true}");
+    rt__api_chat(&r4);
+    g_cancels = 0;
+    r4.gone(r4.gone_ud);
+    assert_int_equal(g_cancels, 1);
+    rt__gen_buf_free(&r4.stream);
+    json_decref(r4.body);
+}
+
+static void test_anthropic_stream_reply(void **state)
+{
+    fixture_t *f = *state;
+    if (!f->tok) {
+        print_message("skipped: the qwen3moe-tiny model is absent\n");
+        skip();
+    }
+    rt_req_t r = {.app = &f->app};
+    r.body = J("{\"model\":\"x\",\"max_tokens\":8,\"stream\":true,\"system\":\"Be brief.\","
+               "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}");
+    rt__api_messages(&r);
+    token_event(1, "<think>hm</think>", 1);
+    token_event(2, "Hello", 2);
+    done_event(RT_STOP_LIMIT, NULL, 9, 2);
+    assert_true(r.ended);
+    /* event names in order */
+    static const char *const want[] = {
+        "message_start",      "content_block_start", "content_block_delta", "content_block_delta",
+        "content_block_stop", "content_block_start", "content_block_delta", "content_block_stop",
+        "message_delta",      "message_stop"};
+    const char *p = r.stream.p;
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        p = strstr(p, "event: ");
+        assert_non_null(p);
+        p += 7;
+        if (strncmp(p, want[i], strlen(want[i])) || p[strlen(want[i])] != '\n')
+            fail_msg("event %zu: wanted %s in %s", i, want[i], r.stream.p);
+    }
+    assert_non_null(strstr(r.stream.p, "\"thinking_delta\""));
+    assert_non_null(strstr(r.stream.p, "\"stop_reason\":\"max_tokens\""));
+    rt__gen_buf_free(&r.stream);
+    json_decref(r.body);
+
+    /* not streamed, and an error in Anthropic's shape */
+    rt_req_t r2 = {.app = &f->app};
+    r2.body = J("{\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                "\"stop_sequences\":[\"!\"]}");
+    rt__api_messages(&r2);
+    token_event(1, "Hi there", 1);
+    done_event(RT_STOP_WORD, "!", 9, 1);
+    assert_string_equal(json_string_value(json_object_get(r2.reply, "type")), "message");
+    assert_string_equal(json_string_value(json_object_get(r2.reply, "stop_reason")),
+                        "stop_sequence");
+    assert_string_equal(json_string_value(json_object_get(r2.reply, "stop_sequence")), "!");
+    json_t *b0 = json_array_get(json_object_get(r2.reply, "content"), 0);
+    assert_string_equal(json_string_value(json_object_get(b0, "text")), "Hi there");
+    assert_int_equal(strncmp(json_string_value(json_object_get(r2.reply, "id")), "msg_", 4), 0);
+    json_decref(r2.reply);
+    json_decref(r2.body);
+
+    rt_req_t r3 = {.app = &f->app};
+    r3.body = J("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}");
+    rt__api_messages(&r3);
+    assert_int_equal(r3.status, 400);
+    assert_string_equal(json_string_value(json_object_get(r3.reply, "type")), "error");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(r3.reply, "error"),
+                                                          "type")), "invalid_request_error");
+    json_decref(r3.reply);
+    json_decref(r3.body);
+}
+
+static void test_native_completion_reply(void **state)
+{
+    fixture_t *f = *state;
+    if (!f->tok) {
+        print_message("skipped: the qwen3moe-tiny model is absent\n");
+        skip();
+    }
+    rt_req_t r = {.app = &f->app};
+    r.body = J("{\"prompt\":[1,2,3],\"n_predict\":2,\"n_probs\":1,\"return_tokens\":true}");
+    route_completion(&r);
+    token_event(7, "A", 1);
+    token_event(8, "B", 2);
+    done_event(RT_STOP_LIMIT, NULL, 3, 2);
+    assert_string_equal(json_string_value(json_object_get(r.reply, "content")), "AB");
+    assert_string_equal(json_string_value(json_object_get(r.reply, "stop_type")), "limit");
+    assert_int_equal(json_array_size(json_object_get(r.reply, "tokens")), 2);
+    assert_int_equal(json_array_size(json_object_get(r.reply, "completion_probabilities")), 2);
+    assert_int_equal(json_integer_value(json_object_get(r.reply, "tokens_evaluated")), 3);
+    assert_true(json_is_false(json_object_get(r.reply, "truncated")));
+    assert_non_null(json_object_get(json_object_get(r.reply, "generation_settings"), "n_predict"));
+    json_decref(r.reply);
+    json_decref(r.body);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_params_defaults_are_llama_servers),
+        cmocka_unit_test(test_params_sampling_fields),
+        cmocka_unit_test(test_params_token_limits),
+        cmocka_unit_test(test_params_wrong_types_name_the_field),
+        cmocka_unit_test(test_params_stop),
+        cmocka_unit_test(test_params_logit_bias),
+        cmocka_unit_test(test_params_refusals),
+        cmocka_unit_test(test_params_probabilities),
+        cmocka_unit_test(test_params_anthropic),
+        cmocka_unit_test(test_prompt_forms),
+        cmocka_unit_test(test_chat_messages),
+        cmocka_unit_test(test_chat_options),
+        cmocka_unit_test(test_anthropic_messages),
+        cmocka_unit_test(test_think_split_every_piece_size),
+        cmocka_unit_test(test_think_streams_before_the_end),
+        cmocka_unit_test(test_json_piece_utf8),
+        cmocka_unit_test(test_sse_format),
+        cmocka_unit_test(test_timings_and_usage),
+        cmocka_unit_test(test_legacy_logprobs),
+        cmocka_unit_test_setup_teardown(test_chat_stream_reply, setup_model, teardown_model),
+        cmocka_unit_test_setup_teardown(test_chat_reply_not_streamed, setup_model, teardown_model),
+        cmocka_unit_test_setup_teardown(test_chat_errors_before_and_after_start, setup_model,
+                                        teardown_model),
+        cmocka_unit_test_setup_teardown(test_anthropic_stream_reply, setup_model, teardown_model),
+        cmocka_unit_test_setup_teardown(test_native_completion_reply, setup_model, teardown_model),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

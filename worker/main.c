@@ -1,0 +1,578 @@
+/* bloomery-worker: one pipeline stage as a process. Started by the router with its
+ * rings at known fds (proto/step.h) and the control endpoint on the command line; it
+ * says Hello, takes the Plan, loads its layers, reports Ready, then its step thread
+ * runs steps from the input ring to the next ring (hidden rows, or logits from the
+ * last stage), sending routed experts to the hosttier when the plan says so. The main
+ * thread is the control thread: it owns the ZeroMQ socket (Shutdown, Stats).
+ * A failing step is reported down the pipeline as an error message, never an exit. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "args.h"
+#include "bl_config.h"
+#include "chan.h"
+#include "log.h"
+#include "step.h"
+#include "wk.h"
+
+/* How long a wait on a ring or the control socket lasts before it looks again at the
+ * stop flag and at the parent. */
+#define POLL_US 100000
+#define POLL_MS 100
+
+/* One worker. Fields above the line are set before the step thread starts and only
+ * read after; the step thread owns the rings, caches and scratch; the control thread
+ * owns chan. */
+typedef struct worker {
+    char label[24];    /* "worker 0": names this stage in error texts */
+    uint32_t process;  /* id in the plan */
+    bp_chan_t *chan;
+    wk_model_t *m;
+    wk_kv_t **kvs;     /* (n_slots) */
+    bp_step_limits_t lim;
+    int first, last, remote;
+    int64_t layer_begin, layer_end;
+    bp_ring_t *in, *out, *x_out, *x_in;
+    /* ---- step thread */
+    bp_step_seq_t *seqs; /* (n_slots) copied from the input */
+    int32_t *tokens;     /* (n_batch) copied from the input */
+    wk_seq_t *wseqs;     /* (n_slots) */
+    uint64_t x_call;     /* experts calls made: the counter the hosttier echoes */
+    /* ---- shared: stop is set by either thread, read by both (relaxed is enough:
+     * each side polls it at least every POLL_US) */
+    _Atomic int stop;
+    _Atomic uint64_t n_steps, n_rows, n_errors;
+} worker_t;
+
+static pid_t g_parent;
+
+/* The router is our parent; PR_SET_PDEATHSIG covers its death after the prctl, this
+ * covers a death before it (we were reparented). */
+static int parent_gone(void)
+{
+    return getppid() != g_parent;
+}
+
+/* ------------------------------------------------------------ ring waits */
+
+/* Reserves a step message, waiting in POLL_US slices so that stop is seen. */
+static int reserve(worker_t *w, bp_ring_t *r, const bp_step_hdr_t *h, bp_step_out_t *o,
+                   bl_err_t *err)
+{
+    for (;;) {
+        int rc = bp_step_reserve(r, h, o, POLL_US, err);
+        if (rc != BL_ETIMEDOUT)
+            return rc;
+        if (atomic_load_explicit(&w->stop, memory_order_relaxed))
+            return bl_err_set(err, BL_ECLOSED, "%s: stopping", w->label);
+    }
+}
+
+static int peek(worker_t *w, bp_ring_t *r, const void **msg, size_t *n, bl_err_t *err)
+{
+    for (;;) {
+        int rc = bp_ring_peek(r, msg, n, POLL_US, err);
+        if (rc != BL_ETIMEDOUT)
+            return rc;
+        if (atomic_load_explicit(&w->stop, memory_order_relaxed))
+            return bl_err_set(err, BL_ECLOSED, "%s: stopping", w->label);
+    }
+}
+
+/* ------------------------------------------------------------ experts */
+
+/* wk_experts_fn: the rows go to the hosttier, the sums come back. On the step thread,
+ * inside wk_model_stage. */
+static int experts_remote(void *ctx, int64_t layer, const float *xn, int64_t n,
+                          const int32_t *ids, const float *wts, float *out, bl_err_t *err)
+{
+    worker_t *w = ctx;
+    const bp_step_limits_t *lim = &w->lim;
+    uint64_t call = ++w->x_call;
+    bp_step_hdr_t h = {.kind = BP_STEP_EXPERTS, .step = call, .n_rows = (int32_t)n,
+                       .width = lim->n_embd, .k = lim->n_expert_used, .layer = (int32_t)layer};
+    bp_step_out_t o;
+    int rc = reserve(w, w->x_out, &h, &o, err);
+    if (rc)
+        return rc;
+    size_t picks = (size_t)n * (size_t)lim->n_expert_used;
+    memcpy(o.rows, xn, (size_t)n * (size_t)lim->n_embd * sizeof(float));
+    memcpy(o.ids, ids, picks * sizeof(int32_t));
+    memcpy(o.wts, wts, picks * sizeof(float));
+    if ((rc = bp_ring_commit(w->x_out, o.nbytes, err)) != 0)
+        return rc;
+
+    const void *msg;
+    size_t nbytes;
+    if ((rc = peek(w, w->x_in, &msg, &nbytes, err)) != 0)
+        return rc == BL_ECLOSED ? bl_err_set(err, BL_ECLOSED, "%s: the hosttier closed its ring",
+                                             w->label)
+                                : rc;
+    bp_step_in_t in = {0};
+    rc = bp_step_parse(msg, nbytes, lim, BP_STEP_SUMS, call, &in, err);
+    if (rc == 0 && in.hdr.kind == BP_STEP_ERROR)
+        rc = bl_err_set(err, in.hdr.code, "%.*s", (int)in.hdr.text_len, in.text);
+    else if (rc == 0 && (in.hdr.layer != layer || in.hdr.n_rows != n))
+        rc = bl_err_set(err, BL_EPROTO, "%s: the hosttier answered layer %d with %d rows for "
+                        "layer %lld with %lld", w->label, in.hdr.layer, in.hdr.n_rows,
+                        (long long)layer, (long long)n);
+    else if (rc == 0)
+        memcpy(out, in.rows, (size_t)n * (size_t)lim->n_embd * sizeof(float));
+    bp_ring_release(w->x_in);
+    return rc;
+}
+
+/* ------------------------------------------------------------ step thread */
+
+/* Sends an error on in place of this stage's output; it travels to the router. */
+static void send_error(worker_t *w, uint64_t step, int code, const char *text)
+{
+    bl_err_t e2;
+    atomic_fetch_add_explicit(&w->n_errors, 1, memory_order_relaxed);
+    if (bp_step_push_error(w->out, step, code, text, POLL_US * 10, &e2) != 0)
+        BL_LOG(BL_LOG_WARN, "event=step_error_lost step=%llu reason=\"%s\"",
+               (unsigned long long)step, e2.msg);
+}
+
+/* One message from the input ring: run the stage on it, or pass an error on. */
+static void run_step(worker_t *w, const void *msg, size_t nbytes)
+{
+    bl_err_t err = {0};
+    bp_step_in_t in = {.seqs = w->seqs, .ids = w->tokens};
+    bp_step_kind_t want = w->first ? BP_STEP_TOKENS : BP_STEP_HIDDEN;
+    int rc = bp_step_parse(msg, nbytes, &w->lim, want, BP_STEP_ANY, &in, &err);
+    uint64_t step = in.hdr.step;
+    if (rc) {
+        char text[BP_STEP_MAX_TEXT];
+        snprintf(text, sizeof text, "%s: bad message from the previous stage: %s", w->label,
+                 err.msg);
+        send_error(w, step, rc, text);
+        return;
+    }
+    if (in.hdr.kind == BP_STEP_ERROR) { /* an earlier stage failed: pass it on */
+        char text[BP_STEP_MAX_TEXT + 1];
+        memcpy(text, in.text, in.hdr.text_len);
+        text[in.hdr.text_len] = '\0';
+        send_error(w, step, in.hdr.code, text);
+        return;
+    }
+
+    int32_t n_out = 0, row = 0;
+    for (int32_t i = 0; i < in.hdr.n_seqs; i++) {
+        const bp_step_seq_t *s = &w->seqs[i];
+        w->wseqs[i] = (wk_seq_t){.kv = w->kvs[s->slot],
+                                 .tokens = w->first ? w->tokens + row : NULL,
+                                 .n = s->n, .pos = s->pos, .n_out = s->n_out};
+        row += s->n;
+        n_out += s->n_out;
+    }
+    bp_step_hdr_t h = w->last
+        ? (bp_step_hdr_t){.kind = BP_STEP_LOGITS, .step = step, .n_rows = n_out,
+                          .width = w->lim.n_vocab}
+        : (bp_step_hdr_t){.kind = BP_STEP_HIDDEN, .step = step, .n_seqs = in.hdr.n_seqs,
+                          .n_rows = in.hdr.n_rows, .width = w->lim.n_embd};
+    bp_step_out_t o;
+    if ((rc = reserve(w, w->out, &h, &o, &err)) != 0) {
+        send_error(w, step, rc, err.msg);
+        return;
+    }
+    if (!w->last)
+        memcpy(o.seqs, w->seqs, (size_t)in.hdr.n_seqs * sizeof *o.seqs);
+    rc = wk_model_stage(w->m, w->wseqs, in.hdr.n_seqs, w->first ? NULL : in.rows,
+                        w->last ? NULL : o.rows, w->last ? o.rows : NULL, &err);
+    if (rc == 0 && (rc = bp_ring_commit(w->out, o.nbytes, &err)) == 0) {
+        atomic_fetch_add_explicit(&w->n_steps, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&w->n_rows, (uint64_t)in.hdr.n_rows, memory_order_relaxed);
+        return;
+    }
+    /* The error replaces the reserved output (a second reserve replaces the first). */
+    char text[BP_STEP_MAX_TEXT];
+    if (strncmp(err.msg, "hosttier", 8) == 0 || strncmp(err.msg, w->label, strlen(w->label)) == 0)
+        snprintf(text, sizeof text, "%s", err.msg);
+    else
+        snprintf(text, sizeof text, "%s: %s", w->label, err.msg);
+    send_error(w, step, rc, text);
+}
+
+static void *step_main(void *arg)
+{
+    worker_t *w = arg;
+    for (;;) {
+        const void *msg;
+        size_t nbytes;
+        bl_err_t err = {0};
+        int rc = peek(w, w->in, &msg, &nbytes, &err);
+        if (rc == BL_ECLOSED)
+            break; /* the router closed our input, or we are stopping */
+        if (rc) {
+            /* The ring itself is corrupt: nothing more can be read from it. */
+            char text[BP_STEP_MAX_TEXT];
+            snprintf(text, sizeof text, "%s: input ring: %s", w->label, err.msg);
+            send_error(w, 0, rc, text);
+            BL_LOG(BL_LOG_ERROR, "event=ring_broken reason=\"%s\"", err.msg);
+            break;
+        }
+        run_step(w, msg, nbytes);
+        bp_ring_release(w->in);
+    }
+    atomic_store_explicit(&w->stop, 1, memory_order_relaxed);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ control plane */
+
+static int send_msg(worker_t *w, bp_msg_t *m)
+{
+    bl_err_t err = {0};
+    int rc = bp_chan_send(w->chan, NULL, m, 2000, &err);
+    if (rc)
+        BL_LOG(BL_LOG_WARN, "event=control_send_failed type=%s reason=\"%s\"",
+               bp_msg_type_name(m->type), err.msg);
+    return rc;
+}
+
+/* Tells the router why start-up failed; it logs it and stops the set. */
+static void send_fatal(worker_t *w, const bl_err_t *e)
+{
+    BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"%s\"", e->msg);
+    if (!w->chan)
+        return;
+    char text[sizeof e->msg + 32];
+    snprintf(text, sizeof text, "%s: %s", w->label, e->msg);
+    Bloomery__Error er;
+    bloomery__error__init(&er);
+    er.code = e->code < 0 ? e->code : BL_EIO;
+    er.message = text;
+    er.process = w->process;
+    er.fatal = 1;
+    bp_msg_t m = {.type = BP_MSG_ERROR, .u.error = &er};
+    (void)send_msg(w, &m); /* best effort: the exit status tells the rest */
+}
+
+static void send_hello(worker_t *w)
+{
+    char cpu[128] = "cpu", host[64] = "localhost";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) == 0 && colon) {
+            snprintf(cpu, sizeof cpu, "%s", colon + 2);
+            cpu[strcspn(cpu, "\n")] = '\0';
+            break;
+        }
+    }
+    if (f)
+        fclose(f);
+    (void)gethostname(host, sizeof host - 1); /* a label only */
+    Bloomery__Device dev;
+    bloomery__device__init(&dev);
+    dev.kind = BLOOMERY__DEVICE_KIND__DEVICE_KIND_CPU;
+    dev.name = cpu;
+    dev.memory_bytes = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    dev.cores = (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
+    dev.index = -1;
+    Bloomery__Device *devs[] = {&dev};
+    Bloomery__Hello h;
+    bloomery__hello__init(&h);
+    h.kind = BLOOMERY__PROCESS_KIND__PROCESS_KIND_WORKER;
+    h.pid = (uint32_t)getpid();
+    h.version = (char *)BL_VERSION;
+    h.host = host;
+    h.devices = devs;
+    h.n_devices = 1;
+    h.protocol = BP_PROTOCOL_VERSION;
+    bp_msg_t m = {.type = BP_MSG_HELLO, .u.hello = &h};
+    (void)send_msg(w, &m); /* a lost Hello shows as a load timeout in the router */
+}
+
+static void send_progress(worker_t *w, uint64_t done, uint64_t total, const char *stage)
+{
+    Bloomery__LoadProgress p;
+    bloomery__load_progress__init(&p);
+    p.bytes_done = done;
+    p.bytes_total = total;
+    p.stage = (char *)stage;
+    bp_msg_t m = {.type = BP_MSG_LOAD_PROGRESS, .u.load_progress = &p};
+    (void)send_msg(w, &m); /* progress is informational */
+}
+
+/* Waits for the Plan; *plan is freed by the caller. BL_ECLOSED on Shutdown or a
+ * dead parent. */
+static int recv_plan(worker_t *w, bp_msg_t *plan, bl_err_t *err)
+{
+    for (;;) {
+        if (parent_gone())
+            return bl_err_set(err, BL_ECLOSED, "the router is gone");
+        bp_msg_t m = {0};
+        int rc = bp_chan_recv(w->chan, NULL, &m, POLL_MS, err);
+        if (rc == BL_ETIMEDOUT) {
+            bp_msg_free(&m);
+            continue;
+        }
+        if (rc) {
+            bp_msg_free(&m);
+            BL_LOG(BL_LOG_WARN, "event=bad_control_message reason=\"%s\"", err->msg);
+            continue;
+        }
+        if (m.type == BP_MSG_PLAN) {
+            *plan = m;
+            return 0;
+        }
+        int shutdown = m.type == BP_MSG_SHUTDOWN;
+        bp_msg_free(&m);
+        if (shutdown)
+            return bl_err_set(err, BL_ECLOSED, "shutdown before the plan");
+    }
+}
+
+static int kv_type_of(int t, uint32_t *out, bl_err_t *err)
+{
+    switch (t) {
+    case BLOOMERY__KV_TYPE__KV_TYPE_F16: *out = WK_KV_F16; return 0;
+    case BLOOMERY__KV_TYPE__KV_TYPE_F32: *out = WK_KV_F32; return 0;
+    case BLOOMERY__KV_TYPE__KV_TYPE_Q8_0: *out = WK_KV_Q8_0; return 0;
+    }
+    return bl_err_set(err, BL_ENOTSUP, "plan: KV cache type %d is not supported", t);
+}
+
+static int attach(bp_ring_t **r, int fd, const char *what, bp_ring_role_t role, bl_err_t *err)
+{
+    int rc = bp_ring_attach_fd(r, fd, what, role, err);
+    close(fd); /* the handle holds its own dup */
+    return rc;
+}
+
+/* Everything between the Plan and Ready: rings, model, caches, scratch. */
+static int load_stage(worker_t *w, const Bloomery__Plan *p, bl_err_t *err)
+{
+    const Bloomery__Stage *st = NULL;
+    size_t idx = 0;
+    for (; idx < p->n_stages; idx++)
+        if (p->stages[idx]->process == p->you) {
+            st = p->stages[idx];
+            break;
+        }
+    if (!st)
+        return bl_err_set(err, BL_EINVAL, "plan: no stage for process %u", p->you);
+    w->process = p->you;
+    snprintf(w->label, sizeof w->label, "worker %zu", idx);
+    w->first = idx == 0;
+    w->last = idx + 1 == p->n_stages;
+    w->remote = p->experts_remote && p->n_expert > 0;
+    w->layer_begin = st->layer_begin;
+    w->layer_end = st->layer_end;
+    /* msg.c checked slots and context; these two are ours to bound. */
+    if (p->n_batch > 65536 || p->threads > 256)
+        return bl_err_set(err, BL_EINVAL, "plan: n_batch %u or threads %u out of range",
+                          p->n_batch, p->threads);
+    uint32_t kv_type = WK_KV_DEFAULT;
+    int rc = kv_type_of(p->kv_type, &kv_type, err);
+    if (rc)
+        return rc;
+
+    if ((rc = attach(&w->in, BP_STEP_FD_IN, "stage-in", BP_RING_CONSUMER, err)) ||
+        (rc = attach(&w->out, BP_STEP_FD_OUT, "stage-out", BP_RING_PRODUCER, err)))
+        return rc;
+    if (w->remote &&
+        ((rc = attach(&w->x_out, BP_STEP_FD_EXPERTS_OUT, "experts-out", BP_RING_PRODUCER, err)) ||
+         (rc = attach(&w->x_in, BP_STEP_FD_EXPERTS_IN, "experts-in", BP_RING_CONSUMER, err))))
+        return rc;
+
+    struct stat sb;
+    uint64_t total = stat(p->model_path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    send_progress(w, 0, total, "mmap");
+    wk_model_opts_t o;
+    wk_model_opts_default(&o);
+    o.n_threads = p->threads ? (int)p->threads : 1;
+    if (p->n_batch)
+        o.n_batch = p->n_batch;
+    o.n_ctx_max = p->n_ctx;
+    o.layer_begin = st->layer_begin;
+    o.layer_end = st->layer_end;
+    o.experts = w->remote ? WK_EXPERTS_REMOTE : WK_EXPERTS_LOCAL;
+    if ((rc = wk_model_load(&w->m, p->model_path, &o, err)) != 0)
+        return rc;
+    const wk_config_t *cfg = wk_model_config(w->m);
+    if (cfg->n_layer != p->n_layers)
+        return bl_err_set(err, BL_EINVAL, "plan: %u layers, the model has %lld", p->n_layers,
+                          (long long)cfg->n_layer);
+    if (w->remote)
+        wk_model_set_experts(w->m, experts_remote, w);
+
+    w->lim = (bp_step_limits_t){
+        .n_slots = (int32_t)p->n_slots, .n_batch = (int32_t)o.n_batch, .n_ctx = p->n_ctx,
+        .n_out_max = (int32_t)o.n_batch, .n_embd = (int32_t)cfg->n_embd,
+        .n_vocab = (int32_t)cfg->n_vocab, .n_layer = (int32_t)cfg->n_layer,
+        .n_expert = (int32_t)cfg->n_expert, .n_expert_used = (int32_t)cfg->n_expert_used};
+    w->kvs = calloc(p->n_slots, sizeof *w->kvs);
+    w->seqs = calloc(p->n_slots, sizeof *w->seqs);
+    w->wseqs = calloc(p->n_slots, sizeof *w->wseqs);
+    w->tokens = calloc((size_t)o.n_batch, sizeof *w->tokens);
+    if (!w->kvs || !w->seqs || !w->wseqs || !w->tokens)
+        return bl_err_set(err, BL_ENOMEM, "slots: out of memory");
+    for (uint32_t i = 0; i < p->n_slots; i++)
+        if ((rc = wk_kv_create(&w->kvs[i], w->m, p->n_ctx, kv_type, err)) != 0)
+            return rc;
+    send_progress(w, total, total, "weights");
+    return 0;
+}
+
+static void send_ready(worker_t *w)
+{
+    Bloomery__Ready r;
+    bloomery__ready__init(&r);
+    r.process = w->process;
+    r.n_vocab = (uint64_t)w->lim.n_vocab;
+    r.n_embd = (uint64_t)w->lim.n_embd;
+    bp_msg_t m = {.type = BP_MSG_READY, .u.ready = &r};
+    (void)send_msg(w, &m); /* a lost Ready shows as a load timeout in the router */
+}
+
+static void send_stats(worker_t *w, uint64_t t0_us, uint64_t now_us)
+{
+    Bloomery__Counter c[3];
+    Bloomery__Counter *cp[3];
+    const char *names[3] = {"steps", "rows", "step_errors"};
+    uint64_t vals[3] = {atomic_load(&w->n_steps), atomic_load(&w->n_rows),
+                        atomic_load(&w->n_errors)};
+    for (int i = 0; i < 3; i++) {
+        bloomery__counter__init(&c[i]);
+        c[i].name = (char *)names[i];
+        c[i].value = vals[i];
+        cp[i] = &c[i];
+    }
+    Bloomery__Stats s;
+    bloomery__stats__init(&s);
+    s.process = w->process;
+    s.uptime_us = now_us - t0_us;
+    s.counters = cp;
+    s.n_counters = 3;
+    bp_msg_t m = {.type = BP_MSG_STATS, .u.stats = &s};
+    (void)send_msg(w, &m); /* a lost reply only leaves a gap in /metrics */
+}
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* The control loop after Ready: Shutdown and Stats from the router, until the step
+ * thread stops or the router goes. */
+static void control_loop(worker_t *w)
+{
+    uint64_t t0 = now_us();
+    while (!atomic_load_explicit(&w->stop, memory_order_relaxed)) {
+        if (parent_gone())
+            break;
+        bp_msg_t m = {0};
+        bl_err_t err = {0};
+        int rc = bp_chan_recv(w->chan, NULL, &m, POLL_MS, &err);
+        if (rc == 0 && m.type == BP_MSG_SHUTDOWN)
+            atomic_store_explicit(&w->stop, 1, memory_order_relaxed);
+        else if (rc == 0 && m.type == BP_MSG_STATS)
+            send_stats(w, t0, now_us());
+        else if (rc && rc != BL_ETIMEDOUT)
+            BL_LOG(BL_LOG_WARN, "event=bad_control_message reason=\"%s\"", err.msg);
+        bp_msg_free(&m);
+    }
+    atomic_store_explicit(&w->stop, 1, memory_order_relaxed);
+}
+
+static void worker_free(worker_t *w, uint32_t n_slots)
+{
+    for (uint32_t i = 0; w->kvs && i < n_slots; i++)
+        wk_kv_free(w->kvs[i]);
+    free(w->kvs);
+    free(w->seqs);
+    free(w->wseqs);
+    free(w->tokens);
+    wk_model_free(w->m);
+    bp_ring_destroy(w->in);
+    bp_ring_destroy(w->out);
+    bp_ring_destroy(w->x_out);
+    bp_ring_destroy(w->x_in);
+    bp_chan_destroy(w->chan);
+}
+
+int main(int argc, char **argv)
+{
+    const char *endpoint = NULL, *name = "worker", *identity = NULL;
+    int64_t parent = 0;
+    int verbose = 0, quiet = 0, help = 0;
+    bl_arg_t args[] = {
+        {"--control", NULL, BL_ARG_STR, &endpoint, .metavar = "ENDPOINT", .help = "the router's control socket"},
+        {"--name", NULL, BL_ARG_STR, &name, .metavar = "NAME", .help = "this process in logs and errors (worker0)"},
+        {"--identity", NULL, BL_ARG_STR, &identity, .metavar = "ID", .help = "routing id on the control socket"},
+        {"--parent", NULL, BL_ARG_I64, &parent, 1, INT32_MAX, .metavar = "PID", .help = "the router's pid"},
+        {"-v,--verbose", NULL, BL_ARG_FLAG, &verbose, .help = "log at DEBUG"},
+        {"--log-disable", NULL, BL_ARG_FLAG, &quiet, .help = "write no log lines"},
+    };
+    int n_args = (int)(sizeof args / sizeof args[0]);
+    bl_err_t err = {0};
+    if (bl_args_parse(args, n_args, argc, argv, NULL, &help, &err)) {
+        fprintf(stderr, "bloomery-worker: %s\n", err.msg);
+        return 2;
+    }
+    if (help || !endpoint || !parent) {
+        bl_args_usage(help ? stdout : stderr, "bloomery-worker",
+                      "--control ENDPOINT --parent PID [options] (started by bloomery-serve)",
+                      args, n_args);
+        return help ? 0 : 2;
+    }
+    bl_log_init(name, quiet ? BL_LOG_OFF : verbose ? BL_LOG_DEBUG : BL_LOG_INFO);
+    g_parent = (pid_t)parent;
+    (void)prctl(PR_SET_PDEATHSIG, SIGKILL); /* best effort; parent_gone() polls too */
+    if (parent_gone())
+        return 1;
+
+    static worker_t w;
+    snprintf(w.label, sizeof w.label, "%s", name);
+    int rc = bp_chan_connect(&w.chan, BP_CHAN_DEALER, endpoint, identity ? identity : name, &err);
+    if (rc) {
+        BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"%s\"", err.msg);
+        return 1;
+    }
+    send_hello(&w);
+    bp_msg_t plan = {0};
+    if ((rc = recv_plan(&w, &plan, &err)) != 0) {
+        bp_msg_free(&plan);
+        worker_free(&w, 0);
+        return rc == BL_ECLOSED ? 0 : 1;
+    }
+    uint32_t n_slots = plan.u.plan->n_slots;
+    if ((rc = load_stage(&w, plan.u.plan, &err)) != 0) {
+        send_fatal(&w, &err);
+        bp_msg_free(&plan);
+        worker_free(&w, n_slots);
+        return 1;
+    }
+    BL_LOG(BL_LOG_INFO, "event=ready layers=%lld..%lld kernels=%s experts=%s",
+           (long long)w.layer_begin, (long long)w.layer_end, wk_model_kernels(w.m),
+           w.remote ? "hosttier" : "local");
+    bp_msg_free(&plan);
+    send_ready(&w);
+
+    pthread_t th;
+    if (pthread_create(&th, NULL, step_main, &w) != 0) {
+        bl_err_set(&err, BL_ENOMEM, "cannot start the step thread");
+        send_fatal(&w, &err);
+        worker_free(&w, n_slots);
+        return 1;
+    }
+    control_loop(&w);
+    pthread_join(th, NULL);
+    worker_free(&w, n_slots);
+    return 0;
+}
