@@ -890,7 +890,12 @@ int rt_http_create(rt_http_t **out, uv_loop_t *loop, const rt_http_opts_t *o, vo
 
     h2o_config_init(&h->config);
     h->config.server_name = h2o_iovec_init(H2O_STRLIT("bloomery"));
-    h->config.max_request_entity_size = h->max_body_bytes;
+    /* h2o refuses a body over its limit as soon as it sees it and closes the
+     * connection, which a client still sending takes as a reset, not as the 413.
+     * So h2o reads bodies up to twice our limit, and parse_body answers those with
+     * a 413 on a connection that stays usable; only beyond that does h2o cut. */
+    h->config.max_request_entity_size =
+        h->max_body_bytes <= SIZE_MAX / 2 ? 2 * h->max_body_bytes : h->max_body_bytes;
     h->config.http1.upgrade_to_http2 = 0;
     if (o->timeout_s > 0) {
         h->config.http1.req_timeout = (uint64_t)o->timeout_s * 1000;
