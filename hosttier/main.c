@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -18,22 +17,21 @@
 #include "args.h"
 #include "bl_config.h"
 #include "chan.h"
+#include "child.h"
 #include "log.h"
 #include "step.h"
 #include "wk.h"
 
 #define POLL_US 100000
-#define POLL_MS 100
 /* With several workers no single futex can be waited on, so the ring thread polls
  * every request ring in turn: without waiting while requests came recently (a decode
  * step sends one per MoE layer), then parked on each ring for PARK_US. */
 #define BUSY_US 5000
 #define PARK_US 1000
 
-/* The hosttier. The ring thread owns the rings and ids; the control thread owns chan. */
+/* The hosttier. The ring thread owns the rings and ids; the control thread owns ctl. */
 typedef struct hosttier {
-    uint32_t process;
-    bp_chan_t *chan;
+    bp_child_t ctl;   /* control plane */
     wk_model_t *m;
     bp_step_limits_t lim;
     int n_pairs;
@@ -43,20 +41,6 @@ typedef struct hosttier {
     _Atomic int stop; /* set by either thread, polled by both */
     _Atomic uint64_t n_calls, n_rows, n_errors;
 } hosttier_t;
-
-static pid_t g_parent;
-
-static int parent_gone(void)
-{
-    return getppid() != g_parent;
-}
-
-static uint64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
 
 /* ------------------------------------------------------------ ring thread */
 
@@ -122,14 +106,14 @@ static int try_ring(hosttier_t *h, int i, int64_t wait_us)
 static void *ring_main(void *arg)
 {
     hosttier_t *h = arg;
-    uint64_t last_us = now_us();
+    uint64_t last_us = bp_now_us();
     while (!atomic_load_explicit(&h->stop, memory_order_relaxed)) {
         if (h->n_pairs == 1) { /* one ring: its doorbell does the waiting */
             if (try_ring(h, 0, POLL_US) < 0)
                 break;
             continue;
         }
-        int busy = now_us() - last_us < BUSY_US, served = 0;
+        int busy = bp_now_us() - last_us < BUSY_US, served = 0;
         for (int i = 0; i < h->n_pairs; i++) {
             int r = try_ring(h, i, busy ? 0 : PARK_US);
             if (r < 0)
@@ -137,7 +121,7 @@ static void *ring_main(void *arg)
             served |= r;
         }
         if (served)
-            last_us = now_us();
+            last_us = bp_now_us();
     }
 out:
     atomic_store_explicit(&h->stop, 1, memory_order_relaxed);
@@ -146,82 +130,12 @@ out:
 
 /* ------------------------------------------------------------ control plane */
 
-static int send_msg(hosttier_t *h, bp_msg_t *m)
-{
-    bl_err_t err = {0};
-    int rc = bp_chan_send(h->chan, NULL, m, 2000, &err);
-    if (rc)
-        BL_LOG(BL_LOG_WARN, "event=control_send_failed type=%s reason=\"%s\"",
-               bp_msg_type_name(m->type), err.msg);
-    return rc;
-}
-
-static void send_fatal(hosttier_t *h, const bl_err_t *e)
-{
-    BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"%s\"", e->msg);
-    char text[sizeof e->msg + 32];
-    snprintf(text, sizeof text, "hosttier: %s", e->msg);
-    Bloomery__Error er;
-    bloomery__error__init(&er);
-    er.code = e->code < 0 ? e->code : BL_EIO;
-    er.message = text;
-    er.process = h->process;
-    er.fatal = 1;
-    bp_msg_t m = {.type = BP_MSG_ERROR, .u.error = &er};
-    (void)send_msg(h, &m); /* best effort: the exit status tells the rest */
-}
-
-static void send_hello(hosttier_t *h)
-{
-    char host[64] = "localhost";
-    (void)gethostname(host, sizeof host - 1); /* a label only */
-    Bloomery__Device dev;
-    bloomery__device__init(&dev);
-    dev.kind = BLOOMERY__DEVICE_KIND__DEVICE_KIND_CPU;
-    dev.name = (char *)"host RAM";
-    dev.memory_bytes = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
-    dev.cores = (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
-    dev.index = -1;
-    Bloomery__Device *devs[] = {&dev};
-    Bloomery__Hello m;
-    bloomery__hello__init(&m);
-    m.kind = BLOOMERY__PROCESS_KIND__PROCESS_KIND_HOSTTIER;
-    m.pid = (uint32_t)getpid();
-    m.version = (char *)BL_VERSION;
-    m.host = host;
-    m.devices = devs;
-    m.n_devices = 1;
-    m.protocol = BP_PROTOCOL_VERSION;
-    bp_msg_t msg = {.type = BP_MSG_HELLO, .u.hello = &m};
-    (void)send_msg(h, &msg); /* a lost Hello shows as a load timeout in the router */
-}
-
-static int recv_plan(hosttier_t *h, bp_msg_t *plan, bl_err_t *err)
-{
-    for (;;) {
-        if (parent_gone())
-            return bl_err_set(err, BL_ECLOSED, "the router is gone");
-        bp_msg_t m = {0};
-        int rc = bp_chan_recv(h->chan, NULL, &m, POLL_MS, err);
-        if (rc == 0 && m.type == BP_MSG_PLAN) {
-            *plan = m;
-            return 0;
-        }
-        if (rc && rc != BL_ETIMEDOUT)
-            BL_LOG(BL_LOG_WARN, "event=bad_control_message reason=\"%s\"", err->msg);
-        int shutdown = rc == 0 && m.type == BP_MSG_SHUTDOWN;
-        bp_msg_free(&m);
-        if (shutdown)
-            return bl_err_set(err, BL_ECLOSED, "shutdown before the plan");
-    }
-}
-
 static int load(hosttier_t *h, const Bloomery__Plan *p, int n_threads, bl_err_t *err)
 {
     if (p->n_batch > 65536 || p->threads > 256 || p->n_stages > 64)
         return bl_err_set(err, BL_EINVAL, "plan: n_batch %u, threads %u or %zu stages out of "
                           "range", p->n_batch, p->threads, p->n_stages);
-    h->process = p->you;
+    h->ctl.process = p->you;
     h->n_pairs = (int)p->n_stages;
     h->req = calloc((size_t)h->n_pairs, sizeof *h->req);
     h->rep = calloc((size_t)h->n_pairs, sizeof *h->rep);
@@ -261,35 +175,19 @@ static int load(hosttier_t *h, const Bloomery__Plan *p, int n_threads, bl_err_t 
     h->ids = calloc((size_t)o.n_batch * (size_t)c->n_expert_used, sizeof *h->ids);
     if (!h->ids)
         return bl_err_set(err, BL_ENOMEM, "ids: out of memory");
-    Bloomery__LoadProgress lp;
-    bloomery__load_progress__init(&lp);
-    lp.bytes_done = lp.bytes_total = total;
-    lp.stage = (char *)"experts";
-    bp_msg_t m = {.type = BP_MSG_LOAD_PROGRESS, .u.load_progress = &lp};
-    (void)send_msg(h, &m); /* progress is informational */
+    bp_child_progress(&h->ctl, total, total, "experts");
     return 0;
 }
 
-static void send_stats(hosttier_t *h, uint64_t t0)
+static int hosttier_stats(void *ud, bp_counter_t *out, int cap)
 {
-    const char *names[3] = {"expert_calls", "expert_rows", "errors"};
-    uint64_t vals[3] = {atomic_load(&h->n_calls), atomic_load(&h->n_rows),
-                        atomic_load(&h->n_errors)};
-    Bloomery__Counter c[3], *cp[3];
-    for (int i = 0; i < 3; i++) {
-        bloomery__counter__init(&c[i]);
-        c[i].name = (char *)names[i];
-        c[i].value = vals[i];
-        cp[i] = &c[i];
-    }
-    Bloomery__Stats s;
-    bloomery__stats__init(&s);
-    s.process = h->process;
-    s.uptime_us = now_us() - t0;
-    s.counters = cp;
-    s.n_counters = 3;
-    bp_msg_t m = {.type = BP_MSG_STATS, .u.stats = &s};
-    (void)send_msg(h, &m); /* a lost reply only leaves a gap in /metrics */
+    hosttier_t *h = ud;
+    if (cap < 3)
+        return 0;
+    out[0] = (bp_counter_t){"expert_calls", atomic_load(&h->n_calls)};
+    out[1] = (bp_counter_t){"expert_rows", atomic_load(&h->n_rows)};
+    out[2] = (bp_counter_t){"errors", atomic_load(&h->n_errors)};
+    return 3;
 }
 
 static void hosttier_free(hosttier_t *h)
@@ -302,7 +200,7 @@ static void hosttier_free(hosttier_t *h)
     free(h->rep);
     free(h->ids);
     wk_model_free(h->m);
-    bp_chan_destroy(h->chan);
+    bp_child_stop(&h->ctl);
 }
 
 int main(int argc, char **argv)
@@ -331,20 +229,16 @@ int main(int argc, char **argv)
         return help ? 0 : 2;
     }
     bl_log_init("hosttier", quiet ? BL_LOG_OFF : verbose ? BL_LOG_DEBUG : BL_LOG_INFO);
-    g_parent = (pid_t)parent;
-    (void)prctl(PR_SET_PDEATHSIG, SIGKILL); /* best effort; parent_gone() polls too */
-    if (parent_gone())
-        return 1;
-
     static hosttier_t h;
-    int rc = bp_chan_connect(&h.chan, BP_CHAN_DEALER, endpoint, identity, &err);
+    int rc = bp_child_start(&h.ctl, endpoint, identity, (pid_t)parent, "hosttier", &err);
     if (rc) {
         BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"%s\"", err.msg);
+        bp_child_stop(&h.ctl);
         return 1;
     }
-    send_hello(&h);
+    bp_child_hello(&h.ctl, BP_CHILD_HOSTTIER, "host RAM");
     bp_msg_t plan = {0};
-    if ((rc = recv_plan(&h, &plan, &err)) != 0) {
+    if ((rc = bp_child_recv_plan(&h.ctl, &plan, &err)) != 0) {
         bp_msg_free(&plan);
         hosttier_free(&h);
         return rc == BL_ECLOSED ? 0 : 1;
@@ -352,37 +246,21 @@ int main(int argc, char **argv)
     rc = load(&h, plan.u.plan, (int)n_threads, &err);
     bp_msg_free(&plan);
     if (rc) {
-        send_fatal(&h, &err);
+        bp_child_fatal(&h.ctl, &err);
         hosttier_free(&h);
         return 1;
     }
-    Bloomery__Ready r;
-    bloomery__ready__init(&r);
-    r.process = h.process;
-    bp_msg_t rm = {.type = BP_MSG_READY, .u.ready = &r};
-    (void)send_msg(&h, &rm); /* a lost Ready shows as a load timeout in the router */
+    bp_child_ready(&h.ctl, 0, 0);
     BL_LOG(BL_LOG_INFO, "event=ready workers=%d kernels=%s", h.n_pairs, wk_model_kernels(h.m));
 
     pthread_t th;
     if (pthread_create(&th, NULL, ring_main, &h) != 0) {
         bl_err_set(&err, BL_ENOMEM, "cannot start the ring thread");
-        send_fatal(&h, &err);
+        bp_child_fatal(&h.ctl, &err);
         hosttier_free(&h);
         return 1;
     }
-    uint64_t t0 = now_us();
-    while (!atomic_load_explicit(&h.stop, memory_order_relaxed) && !parent_gone()) {
-        bp_msg_t m = {0};
-        rc = bp_chan_recv(h.chan, NULL, &m, POLL_MS, &err);
-        if (rc == 0 && m.type == BP_MSG_SHUTDOWN)
-            atomic_store_explicit(&h.stop, 1, memory_order_relaxed);
-        else if (rc == 0 && m.type == BP_MSG_STATS)
-            send_stats(&h, t0);
-        else if (rc && rc != BL_ETIMEDOUT)
-            BL_LOG(BL_LOG_WARN, "event=bad_control_message reason=\"%s\"", err.msg);
-        bp_msg_free(&m);
-    }
-    atomic_store_explicit(&h.stop, 1, memory_order_relaxed);
+    bp_child_control_loop(&h.ctl, &h.stop, hosttier_stats, &h);
     pthread_join(th, NULL);
     hosttier_free(&h);
     return 0;

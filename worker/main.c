@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,22 +19,20 @@
 #include "args.h"
 #include "bl_config.h"
 #include "chan.h"
+#include "child.h"
 #include "log.h"
 #include "step.h"
 #include "wk.h"
 
-/* How long a wait on a ring or the control socket lasts before it looks again at the
- * stop flag and at the parent. */
+/* How long a wait on a ring lasts before it looks again at the stop flag. */
 #define POLL_US 100000
-#define POLL_MS 100
 
 /* One worker. Fields above the line are set before the step thread starts and only
  * read after; the step thread owns the rings, caches and scratch; the control thread
- * owns chan. */
+ * owns ctl. */
 typedef struct worker {
-    char label[24];    /* "worker 0": names this stage in error texts */
-    uint32_t process;  /* id in the plan */
-    bp_chan_t *chan;
+    bp_child_t ctl;    /* control plane; ctl.label ("worker 0") names this stage in
+                        * error texts */
     wk_model_t *m;
     wk_kv_t **kvs;     /* (n_slots) */
     bp_step_limits_t lim;
@@ -53,15 +50,6 @@ typedef struct worker {
     _Atomic uint64_t n_steps, n_rows, n_errors;
 } worker_t;
 
-static pid_t g_parent;
-
-/* The router is our parent; PR_SET_PDEATHSIG covers its death after the prctl, this
- * covers a death before it (we were reparented). */
-static int parent_gone(void)
-{
-    return getppid() != g_parent;
-}
-
 /* ------------------------------------------------------------ ring waits */
 
 /* Reserves a step message, waiting in POLL_US slices so that stop is seen. */
@@ -73,7 +61,7 @@ static int reserve(worker_t *w, bp_ring_t *r, const bp_step_hdr_t *h, bp_step_ou
         if (rc != BL_ETIMEDOUT)
             return rc;
         if (atomic_load_explicit(&w->stop, memory_order_relaxed))
-            return bl_err_set(err, BL_ECLOSED, "%s: stopping", w->label);
+            return bl_err_set(err, BL_ECLOSED, "%s: stopping", w->ctl.label);
     }
 }
 
@@ -84,7 +72,7 @@ static int peek(worker_t *w, bp_ring_t *r, const void **msg, size_t *n, bl_err_t
         if (rc != BL_ETIMEDOUT)
             return rc;
         if (atomic_load_explicit(&w->stop, memory_order_relaxed))
-            return bl_err_set(err, BL_ECLOSED, "%s: stopping", w->label);
+            return bl_err_set(err, BL_ECLOSED, "%s: stopping", w->ctl.label);
     }
 }
 
@@ -115,7 +103,7 @@ static int experts_remote(void *ctx, int64_t layer, const float *xn, int64_t n,
     size_t nbytes;
     if ((rc = peek(w, w->x_in, &msg, &nbytes, err)) != 0)
         return rc == BL_ECLOSED ? bl_err_set(err, BL_ECLOSED, "%s: the hosttier closed its ring",
-                                             w->label)
+                                             w->ctl.label)
                                 : rc;
     bp_step_in_t in = {0};
     rc = bp_step_parse(msg, nbytes, lim, BP_STEP_SUMS, call, &in, err);
@@ -123,7 +111,7 @@ static int experts_remote(void *ctx, int64_t layer, const float *xn, int64_t n,
         rc = bl_err_set(err, in.hdr.code, "%.*s", (int)in.hdr.text_len, in.text);
     else if (rc == 0 && (in.hdr.layer != layer || in.hdr.n_rows != n))
         rc = bl_err_set(err, BL_EPROTO, "%s: the hosttier answered layer %d with %d rows for "
-                        "layer %lld with %lld", w->label, in.hdr.layer, in.hdr.n_rows,
+                        "layer %lld with %lld", w->ctl.label, in.hdr.layer, in.hdr.n_rows,
                         (long long)layer, (long long)n);
     else if (rc == 0)
         memcpy(out, in.rows, (size_t)n * (size_t)lim->n_embd * sizeof(float));
@@ -153,7 +141,7 @@ static void run_step(worker_t *w, const void *msg, size_t nbytes)
     uint64_t step = in.hdr.step;
     if (rc) {
         char text[BP_STEP_MAX_TEXT];
-        snprintf(text, sizeof text, "%s: bad message from the previous stage: %s", w->label,
+        snprintf(text, sizeof text, "%s: bad message from the previous stage: %s", w->ctl.label,
                  err.msg);
         send_error(w, step, rc, text);
         return;
@@ -196,10 +184,10 @@ static void run_step(worker_t *w, const void *msg, size_t nbytes)
     }
     /* The error replaces the reserved output (a second reserve replaces the first). */
     char text[BP_STEP_MAX_TEXT];
-    if (strncmp(err.msg, "hosttier", 8) == 0 || strncmp(err.msg, w->label, strlen(w->label)) == 0)
+    if (strncmp(err.msg, "hosttier", 8) == 0 || strncmp(err.msg, w->ctl.label, strlen(w->ctl.label)) == 0)
         snprintf(text, sizeof text, "%s", err.msg);
     else
-        snprintf(text, sizeof text, "%s: %s", w->label, err.msg);
+        snprintf(text, sizeof text, "%s: %s", w->ctl.label, err.msg);
     send_error(w, step, rc, text);
 }
 
@@ -216,7 +204,7 @@ static void *step_main(void *arg)
         if (rc) {
             /* The ring itself is corrupt: nothing more can be read from it. */
             char text[BP_STEP_MAX_TEXT];
-            snprintf(text, sizeof text, "%s: input ring: %s", w->label, err.msg);
+            snprintf(text, sizeof text, "%s: input ring: %s", w->ctl.label, err.msg);
             send_error(w, 0, rc, text);
             BL_LOG(BL_LOG_ERROR, "event=ring_broken reason=\"%s\"", err.msg);
             break;
@@ -229,111 +217,6 @@ static void *step_main(void *arg)
 }
 
 /* ------------------------------------------------------------ control plane */
-
-static int send_msg(worker_t *w, bp_msg_t *m)
-{
-    bl_err_t err = {0};
-    int rc = bp_chan_send(w->chan, NULL, m, 2000, &err);
-    if (rc)
-        BL_LOG(BL_LOG_WARN, "event=control_send_failed type=%s reason=\"%s\"",
-               bp_msg_type_name(m->type), err.msg);
-    return rc;
-}
-
-/* Tells the router why start-up failed; it logs it and stops the set. */
-static void send_fatal(worker_t *w, const bl_err_t *e)
-{
-    BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"%s\"", e->msg);
-    if (!w->chan)
-        return;
-    char text[sizeof e->msg + 32];
-    snprintf(text, sizeof text, "%s: %s", w->label, e->msg);
-    Bloomery__Error er;
-    bloomery__error__init(&er);
-    er.code = e->code < 0 ? e->code : BL_EIO;
-    er.message = text;
-    er.process = w->process;
-    er.fatal = 1;
-    bp_msg_t m = {.type = BP_MSG_ERROR, .u.error = &er};
-    (void)send_msg(w, &m); /* best effort: the exit status tells the rest */
-}
-
-static void send_hello(worker_t *w)
-{
-    char cpu[128] = "cpu", host[64] = "localhost";
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[256];
-    while (f && fgets(line, sizeof line, f)) {
-        char *colon = strchr(line, ':');
-        if (strncmp(line, "model name", 10) == 0 && colon) {
-            snprintf(cpu, sizeof cpu, "%s", colon + 2);
-            cpu[strcspn(cpu, "\n")] = '\0';
-            break;
-        }
-    }
-    if (f)
-        fclose(f);
-    (void)gethostname(host, sizeof host - 1); /* a label only */
-    Bloomery__Device dev;
-    bloomery__device__init(&dev);
-    dev.kind = BLOOMERY__DEVICE_KIND__DEVICE_KIND_CPU;
-    dev.name = cpu;
-    dev.memory_bytes = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
-    dev.cores = (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
-    dev.index = -1;
-    Bloomery__Device *devs[] = {&dev};
-    Bloomery__Hello h;
-    bloomery__hello__init(&h);
-    h.kind = BLOOMERY__PROCESS_KIND__PROCESS_KIND_WORKER;
-    h.pid = (uint32_t)getpid();
-    h.version = (char *)BL_VERSION;
-    h.host = host;
-    h.devices = devs;
-    h.n_devices = 1;
-    h.protocol = BP_PROTOCOL_VERSION;
-    bp_msg_t m = {.type = BP_MSG_HELLO, .u.hello = &h};
-    (void)send_msg(w, &m); /* a lost Hello shows as a load timeout in the router */
-}
-
-static void send_progress(worker_t *w, uint64_t done, uint64_t total, const char *stage)
-{
-    Bloomery__LoadProgress p;
-    bloomery__load_progress__init(&p);
-    p.bytes_done = done;
-    p.bytes_total = total;
-    p.stage = (char *)stage;
-    bp_msg_t m = {.type = BP_MSG_LOAD_PROGRESS, .u.load_progress = &p};
-    (void)send_msg(w, &m); /* progress is informational */
-}
-
-/* Waits for the Plan; *plan is freed by the caller. BL_ECLOSED on Shutdown or a
- * dead parent. */
-static int recv_plan(worker_t *w, bp_msg_t *plan, bl_err_t *err)
-{
-    for (;;) {
-        if (parent_gone())
-            return bl_err_set(err, BL_ECLOSED, "the router is gone");
-        bp_msg_t m = {0};
-        int rc = bp_chan_recv(w->chan, NULL, &m, POLL_MS, err);
-        if (rc == BL_ETIMEDOUT) {
-            bp_msg_free(&m);
-            continue;
-        }
-        if (rc) {
-            bp_msg_free(&m);
-            BL_LOG(BL_LOG_WARN, "event=bad_control_message reason=\"%s\"", err->msg);
-            continue;
-        }
-        if (m.type == BP_MSG_PLAN) {
-            *plan = m;
-            return 0;
-        }
-        int shutdown = m.type == BP_MSG_SHUTDOWN;
-        bp_msg_free(&m);
-        if (shutdown)
-            return bl_err_set(err, BL_ECLOSED, "shutdown before the plan");
-    }
-}
 
 static int kv_type_of(int t, uint32_t *out, bl_err_t *err)
 {
@@ -364,8 +247,8 @@ static int load_stage(worker_t *w, const Bloomery__Plan *p, bl_err_t *err)
         }
     if (!st)
         return bl_err_set(err, BL_EINVAL, "plan: no stage for process %u", p->you);
-    w->process = p->you;
-    snprintf(w->label, sizeof w->label, "worker %zu", idx);
+    w->ctl.process = p->you;
+    snprintf(w->ctl.label, sizeof w->ctl.label, "worker %zu", idx);
     w->first = idx == 0;
     w->last = idx + 1 == p->n_stages;
     w->remote = p->experts_remote && p->n_expert > 0;
@@ -390,7 +273,7 @@ static int load_stage(worker_t *w, const Bloomery__Plan *p, bl_err_t *err)
 
     struct stat sb;
     uint64_t total = stat(p->model_path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
-    send_progress(w, 0, total, "mmap");
+    bp_child_progress(&w->ctl, 0, total, "mmap");
     wk_model_opts_t o;
     wk_model_opts_default(&o);
     o.n_threads = p->threads ? (int)p->threads : 1;
@@ -423,71 +306,37 @@ static int load_stage(worker_t *w, const Bloomery__Plan *p, bl_err_t *err)
     for (uint32_t i = 0; i < p->n_slots; i++)
         if ((rc = wk_kv_create(&w->kvs[i], w->m, p->n_ctx, kv_type, err)) != 0)
             return rc;
-    send_progress(w, total, total, "weights");
+    bp_child_progress(&w->ctl, total, total, "weights");
     return 0;
 }
 
-static void send_ready(worker_t *w)
+static int worker_stats(void *ud, bp_counter_t *out, int cap)
 {
-    Bloomery__Ready r;
-    bloomery__ready__init(&r);
-    r.process = w->process;
-    r.n_vocab = (uint64_t)w->lim.n_vocab;
-    r.n_embd = (uint64_t)w->lim.n_embd;
-    bp_msg_t m = {.type = BP_MSG_READY, .u.ready = &r};
-    (void)send_msg(w, &m); /* a lost Ready shows as a load timeout in the router */
+    worker_t *w = ud;
+    if (cap < 3)
+        return 0;
+    out[0] = (bp_counter_t){"steps", atomic_load(&w->n_steps)};
+    out[1] = (bp_counter_t){"rows", atomic_load(&w->n_rows)};
+    out[2] = (bp_counter_t){"step_errors", atomic_load(&w->n_errors)};
+    return 3;
 }
 
-static void send_stats(worker_t *w, uint64_t t0_us, uint64_t now_us)
+/* The CPU's model name for the device inventory. */
+static void cpu_name(char *buf, size_t cap)
 {
-    Bloomery__Counter c[3];
-    Bloomery__Counter *cp[3];
-    const char *names[3] = {"steps", "rows", "step_errors"};
-    uint64_t vals[3] = {atomic_load(&w->n_steps), atomic_load(&w->n_rows),
-                        atomic_load(&w->n_errors)};
-    for (int i = 0; i < 3; i++) {
-        bloomery__counter__init(&c[i]);
-        c[i].name = (char *)names[i];
-        c[i].value = vals[i];
-        cp[i] = &c[i];
-    }
-    Bloomery__Stats s;
-    bloomery__stats__init(&s);
-    s.process = w->process;
-    s.uptime_us = now_us - t0_us;
-    s.counters = cp;
-    s.n_counters = 3;
-    bp_msg_t m = {.type = BP_MSG_STATS, .u.stats = &s};
-    (void)send_msg(w, &m); /* a lost reply only leaves a gap in /metrics */
-}
-
-static uint64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-/* The control loop after Ready: Shutdown and Stats from the router, until the step
- * thread stops or the router goes. */
-static void control_loop(worker_t *w)
-{
-    uint64_t t0 = now_us();
-    while (!atomic_load_explicit(&w->stop, memory_order_relaxed)) {
-        if (parent_gone())
+    snprintf(buf, cap, "cpu");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) == 0 && colon) {
+            snprintf(buf, cap, "%s", colon + 2);
+            buf[strcspn(buf, "\n")] = '\0';
             break;
-        bp_msg_t m = {0};
-        bl_err_t err = {0};
-        int rc = bp_chan_recv(w->chan, NULL, &m, POLL_MS, &err);
-        if (rc == 0 && m.type == BP_MSG_SHUTDOWN)
-            atomic_store_explicit(&w->stop, 1, memory_order_relaxed);
-        else if (rc == 0 && m.type == BP_MSG_STATS)
-            send_stats(w, t0, now_us());
-        else if (rc && rc != BL_ETIMEDOUT)
-            BL_LOG(BL_LOG_WARN, "event=bad_control_message reason=\"%s\"", err.msg);
-        bp_msg_free(&m);
+        }
     }
-    atomic_store_explicit(&w->stop, 1, memory_order_relaxed);
+    if (f)
+        fclose(f);
 }
 
 static void worker_free(worker_t *w, uint32_t n_slots)
@@ -503,7 +352,7 @@ static void worker_free(worker_t *w, uint32_t n_slots)
     bp_ring_destroy(w->out);
     bp_ring_destroy(w->x_out);
     bp_ring_destroy(w->x_in);
-    bp_chan_destroy(w->chan);
+    bp_child_stop(&w->ctl);
 }
 
 int main(int argc, char **argv)
@@ -532,28 +381,25 @@ int main(int argc, char **argv)
         return help ? 0 : 2;
     }
     bl_log_init(name, quiet ? BL_LOG_OFF : verbose ? BL_LOG_DEBUG : BL_LOG_INFO);
-    g_parent = (pid_t)parent;
-    (void)prctl(PR_SET_PDEATHSIG, SIGKILL); /* best effort; parent_gone() polls too */
-    if (parent_gone())
-        return 1;
-
     static worker_t w;
-    snprintf(w.label, sizeof w.label, "%s", name);
-    int rc = bp_chan_connect(&w.chan, BP_CHAN_DEALER, endpoint, identity ? identity : name, &err);
+    int rc = bp_child_start(&w.ctl, endpoint, identity ? identity : name, (pid_t)parent, name, &err);
     if (rc) {
         BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"%s\"", err.msg);
+        bp_child_stop(&w.ctl);
         return 1;
     }
-    send_hello(&w);
+    char cpu[128];
+    cpu_name(cpu, sizeof cpu);
+    bp_child_hello(&w.ctl, BP_CHILD_WORKER, cpu);
     bp_msg_t plan = {0};
-    if ((rc = recv_plan(&w, &plan, &err)) != 0) {
+    if ((rc = bp_child_recv_plan(&w.ctl, &plan, &err)) != 0) {
         bp_msg_free(&plan);
         worker_free(&w, 0);
         return rc == BL_ECLOSED ? 0 : 1;
     }
     uint32_t n_slots = plan.u.plan->n_slots;
     if ((rc = load_stage(&w, plan.u.plan, &err)) != 0) {
-        send_fatal(&w, &err);
+        bp_child_fatal(&w.ctl, &err);
         bp_msg_free(&plan);
         worker_free(&w, n_slots);
         return 1;
@@ -562,16 +408,16 @@ int main(int argc, char **argv)
            (long long)w.layer_begin, (long long)w.layer_end, wk_model_kernels(w.m),
            w.remote ? "hosttier" : "local");
     bp_msg_free(&plan);
-    send_ready(&w);
+    bp_child_ready(&w.ctl, (uint64_t)w.lim.n_vocab, (uint64_t)w.lim.n_embd);
 
     pthread_t th;
     if (pthread_create(&th, NULL, step_main, &w) != 0) {
         bl_err_set(&err, BL_ENOMEM, "cannot start the step thread");
-        send_fatal(&w, &err);
+        bp_child_fatal(&w.ctl, &err);
         worker_free(&w, n_slots);
         return 1;
     }
-    control_loop(&w);
+    bp_child_control_loop(&w.ctl, &w.stop, worker_stats, &w);
     pthread_join(th, NULL);
     worker_free(&w, n_slots);
     return 0;

@@ -1,0 +1,185 @@
+/* The child side of the control plane (proto/child.h). */
+#include "child.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bl_config.h"
+#include "chan.h"
+#include "log.h"
+
+/* How long one wait on the control socket lasts before the router's liveness and
+ * the stop flag are checked again. */
+#define POLL_MS 100
+#define MAX_COUNTERS 16
+
+uint64_t bp_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+int bp_child_parent_gone(const bp_child_t *c)
+{
+    /* PR_SET_PDEATHSIG covers the router's death after the prctl; this covers a
+     * death before it (we were re-parented). */
+    return getppid() != c->parent;
+}
+
+int bp_child_start(bp_child_t *c, const char *endpoint, const char *identity, pid_t parent,
+                   const char *label, bl_err_t *err)
+{
+    memset(c, 0, sizeof *c);
+    c->parent = parent;
+    c->t0_us = bp_now_us();
+    snprintf(c->label, sizeof c->label, "%s", label);
+    (void)prctl(PR_SET_PDEATHSIG, SIGKILL); /* best effort; bp_child_parent_gone polls too */
+    if (bp_child_parent_gone(c))
+        return bl_err_set(err, BL_ECLOSED, "the router (pid %d) is gone", (int)parent);
+    return bp_chan_connect(&c->chan, BP_CHAN_DEALER, endpoint, identity, err);
+}
+
+void bp_child_stop(bp_child_t *c)
+{
+    bp_chan_destroy(c->chan);
+    c->chan = NULL;
+}
+
+int bp_child_send(bp_child_t *c, const bp_msg_t *m)
+{
+    if (!c->chan)
+        return BL_ECLOSED;
+    bl_err_t err = {0};
+    int rc = bp_chan_send(c->chan, NULL, m, 2000, &err);
+    if (rc)
+        BL_LOG(BL_LOG_WARN, "event=control_send_failed type=%s reason=\"%s\"",
+               bp_msg_type_name(m->type), err.msg);
+    return rc;
+}
+
+void bp_child_hello(bp_child_t *c, bp_child_kind_t kind, const char *device_name)
+{
+    char host[64] = "localhost";
+    (void)gethostname(host, sizeof host - 1); /* a label only */
+    Bloomery__Device dev;
+    bloomery__device__init(&dev);
+    dev.kind = BLOOMERY__DEVICE_KIND__DEVICE_KIND_CPU;
+    dev.name = (char *)device_name;
+    dev.memory_bytes = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    dev.cores = (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
+    dev.index = -1;
+    Bloomery__Device *devs[] = {&dev};
+    Bloomery__Hello h;
+    bloomery__hello__init(&h);
+    h.kind = kind == BP_CHILD_HOSTTIER ? BLOOMERY__PROCESS_KIND__PROCESS_KIND_HOSTTIER
+                                       : BLOOMERY__PROCESS_KIND__PROCESS_KIND_WORKER;
+    h.pid = (uint32_t)getpid();
+    h.version = (char *)BL_VERSION;
+    h.host = host;
+    h.devices = devs;
+    h.n_devices = 1;
+    h.protocol = BP_PROTOCOL_VERSION;
+    const bp_msg_t m = {.type = BP_MSG_HELLO, .u.hello = &h};
+    (void)bp_child_send(c, &m); /* a lost Hello shows as a load timeout in the router */
+}
+
+int bp_child_recv_plan(bp_child_t *c, bp_msg_t *plan, bl_err_t *err)
+{
+    for (;;) {
+        if (bp_child_parent_gone(c))
+            return bl_err_set(err, BL_ECLOSED, "the router is gone");
+        bp_msg_t m = {0};
+        int rc = bp_chan_recv(c->chan, NULL, &m, POLL_MS, err);
+        if (rc == 0 && m.type == BP_MSG_PLAN) {
+            *plan = m;
+            return 0;
+        }
+        if (rc && rc != BL_ETIMEDOUT)
+            BL_LOG(BL_LOG_WARN, "event=bad_control_message reason=\"%s\"", err->msg);
+        const int shutdown = rc == 0 && m.type == BP_MSG_SHUTDOWN;
+        bp_msg_free(&m);
+        if (shutdown)
+            return bl_err_set(err, BL_ECLOSED, "shutdown before the plan");
+    }
+}
+
+void bp_child_progress(bp_child_t *c, uint64_t done, uint64_t total, const char *stage)
+{
+    Bloomery__LoadProgress p;
+    bloomery__load_progress__init(&p);
+    p.bytes_done = done;
+    p.bytes_total = total;
+    p.stage = (char *)stage;
+    const bp_msg_t m = {.type = BP_MSG_LOAD_PROGRESS, .u.load_progress = &p};
+    (void)bp_child_send(c, &m); /* progress is informational */
+}
+
+void bp_child_ready(bp_child_t *c, uint64_t n_vocab, uint64_t n_embd)
+{
+    Bloomery__Ready r;
+    bloomery__ready__init(&r);
+    r.process = c->process;
+    r.n_vocab = n_vocab;
+    r.n_embd = n_embd;
+    const bp_msg_t m = {.type = BP_MSG_READY, .u.ready = &r};
+    (void)bp_child_send(c, &m); /* a lost Ready shows as a load timeout in the router */
+}
+
+void bp_child_fatal(bp_child_t *c, const bl_err_t *e)
+{
+    BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"%s\"", e->msg);
+    char text[sizeof e->msg + 40];
+    snprintf(text, sizeof text, "%s: %s", c->label, e->msg);
+    Bloomery__Error er;
+    bloomery__error__init(&er);
+    er.code = e->code < 0 ? e->code : BL_EIO;
+    er.message = text;
+    er.process = c->process;
+    er.fatal = 1;
+    const bp_msg_t m = {.type = BP_MSG_ERROR, .u.error = &er};
+    (void)bp_child_send(c, &m); /* best effort: the exit status tells the rest */
+}
+
+static void send_stats(bp_child_t *c, bp_child_stats_fn stats, void *ud)
+{
+    bp_counter_t v[MAX_COUNTERS];
+    int n = stats ? stats(ud, v, MAX_COUNTERS) : 0;
+    n = n < 0 ? 0 : n > MAX_COUNTERS ? MAX_COUNTERS : n;
+    Bloomery__Counter pc[MAX_COUNTERS], *pp[MAX_COUNTERS];
+    for (int i = 0; i < n; i++) {
+        bloomery__counter__init(&pc[i]);
+        pc[i].name = (char *)v[i].name;
+        pc[i].value = v[i].value;
+        pp[i] = &pc[i];
+    }
+    Bloomery__Stats s;
+    bloomery__stats__init(&s);
+    s.process = c->process;
+    s.uptime_us = bp_now_us() - c->t0_us;
+    s.counters = pp;
+    s.n_counters = (size_t)n;
+    const bp_msg_t m = {.type = BP_MSG_STATS, .u.stats = &s};
+    (void)bp_child_send(c, &m); /* a lost reply only leaves a gap in /metrics */
+}
+
+void bp_child_control_loop(bp_child_t *c, _Atomic int *stop, bp_child_stats_fn stats, void *ud)
+{
+    while (!atomic_load_explicit(stop, memory_order_relaxed) && !bp_child_parent_gone(c)) {
+        bp_msg_t m = {0};
+        bl_err_t err = {0};
+        int rc = bp_chan_recv(c->chan, NULL, &m, POLL_MS, &err);
+        if (rc == 0 && m.type == BP_MSG_SHUTDOWN)
+            atomic_store_explicit(stop, 1, memory_order_relaxed);
+        else if (rc == 0 && m.type == BP_MSG_STATS)
+            send_stats(c, stats, ud);
+        else if (rc && rc != BL_ETIMEDOUT)
+            BL_LOG(BL_LOG_WARN, "event=bad_control_message reason=\"%s\"", err.msg);
+        bp_msg_free(&m);
+    }
+    atomic_store_explicit(stop, 1, memory_order_relaxed);
+}

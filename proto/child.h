@@ -1,0 +1,74 @@
+/* The control plane as a child process sees it (bloomery-worker, bloomery-hosttier):
+ * connect a DEALER to the router's control socket, say Hello, wait for the Plan,
+ * report load progress, Ready, Stats and fatal errors, and serve Shutdown and Stats
+ * requests until told to stop or the router is gone.
+ *
+ * Thread: the child's control thread owns a bp_child_t (its ZeroMQ socket); the
+ * stop flag given to bp_child_control_loop may be set by any thread. */
+#ifndef BP_CHILD_H
+#define BP_CHILD_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "err.h"
+#include "msg.h"
+
+typedef struct bp_chan bp_chan_t;
+
+typedef struct bp_child {
+    bp_chan_t *chan;
+    pid_t parent;     /* the router */
+    uint32_t process; /* this process's id in the plan, once known */
+    char label[32];   /* "worker 0", "hosttier": starts every error text */
+    uint64_t t0_us;   /* start, for Stats.uptime */
+} bp_child_t;
+
+typedef enum bp_child_kind {
+    BP_CHILD_WORKER = 1,
+    BP_CHILD_HOSTTIER = 2,
+} bp_child_kind_t;
+
+typedef struct bp_counter {
+    const char *name;
+    uint64_t value;
+} bp_counter_t;
+
+/* Monotonic microseconds. */
+uint64_t bp_now_us(void);
+
+/* Asks to be killed with the router (PR_SET_PDEATHSIG), checks the router is still
+ * the parent, and connects to endpoint as identity. BL_ECLOSED (the router is gone),
+ * the channel's errors. Undo with bp_child_stop (also after a failure). */
+int bp_child_start(bp_child_t *c, const char *endpoint, const char *identity, pid_t parent,
+                   const char *label, bl_err_t *err) BL_WUR;
+void bp_child_stop(bp_child_t *c);
+
+/* Whether the router is gone (we were re-parented). */
+int bp_child_parent_gone(const bp_child_t *c);
+
+/* Sends m; a failure is logged and returned (the callers' messages are best effort:
+ * a lost one shows in the router as a timeout or a gap in its stats). */
+int bp_child_send(bp_child_t *c, const bp_msg_t *m);
+
+/* Hello with this host's CPU or RAM as the device inventory. */
+void bp_child_hello(bp_child_t *c, bp_child_kind_t kind, const char *device_name);
+
+/* Waits for the Plan (*plan freed by the caller with bp_msg_free, also on failure).
+ * BL_ECLOSED on Shutdown or when the router is gone; malformed messages are logged
+ * and skipped. */
+int bp_child_recv_plan(bp_child_t *c, bp_msg_t *plan, bl_err_t *err) BL_WUR;
+
+void bp_child_progress(bp_child_t *c, uint64_t done, uint64_t total, const char *stage);
+void bp_child_ready(bp_child_t *c, uint64_t n_vocab, uint64_t n_embd);
+/* Logs e and sends it as a fatal Error, "<label>: <message>". */
+void bp_child_fatal(bp_child_t *c, const bl_err_t *e);
+
+/* Serves the router until *stop is set, Shutdown arrives (which sets *stop) or the
+ * router is gone (which sets it too): Stats requests are answered with the counters
+ * stats(ud, out, cap) fills (it returns how many). */
+typedef int (*bp_child_stats_fn)(void *ud, bp_counter_t *out, int cap);
+void bp_child_control_loop(bp_child_t *c, _Atomic int *stop, bp_child_stats_fn stats, void *ud);
+
+#endif
