@@ -336,17 +336,12 @@ static const rt_gen_ops_t msg_ops = {msg_start, msg_token, msg_done};
 
 void rt__api_messages(rt_req_t *r)
 {
-    if (rt__gen_unavailable(r, 1))
+    rt_gen_limits_t lim;
+    rt_gen_req_t *g = rt__gen_begin(r, RT_GEN_API_ANTHROPIC, &msg_ops, "msg_", &lim);
+    if (!g)
         return;
     rt_app_t *app = rt_req_app(r);
     const json_t *body = rt_req_json(r);
-    rt_gen_limits_t lim;
-    (void)rt__gen_limits(app, &lim);
-    rt_gen_req_t *g = rt__gen_req_new(r, app, RT_GEN_API_ANTHROPIC, &msg_ops, "msg_");
-    if (!g) {
-        rt__gen_send_error(r, RT_GEN_API_ANTHROPIC, 500, NULL, "out of memory");
-        return;
-    }
     bl_err_t err = {0};
     rt_tokens_t toks = {0};
     int prefilled = 0;

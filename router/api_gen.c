@@ -1330,6 +1330,19 @@ rt_gen_req_t *rt__gen_req_new(rt_req_t *r, rt_app_t *app, rt_gen_api_t api, cons
     return g;
 }
 
+rt_gen_req_t *rt__gen_begin(rt_req_t *r, rt_gen_api_t api, const rt_gen_ops_t *ops,
+                            const char *id_prefix, rt_gen_limits_t *lim)
+{
+    if (rt__gen_unavailable(r, api == RT_GEN_API_ANTHROPIC))
+        return NULL;
+    rt_app_t *app = rt_req_app(r);
+    (void)rt__gen_limits(app, lim); /* cannot fail */
+    rt_gen_req_t *g = rt__gen_req_new(r, app, api, ops, id_prefix);
+    if (!g)
+        rt__gen_send_error(r, api, 500, NULL, "out of memory");
+    return g;
+}
+
 void rt__gen_req_free(rt_gen_req_t *g)
 {
     if (!g)
@@ -1634,17 +1647,13 @@ int rt__gen_limits(rt_app_t *app, rt_gen_limits_t *out)
 
 static void route_completion(rt_req_t *r)
 {
-    if (rt__gen_unavailable(r, 0))
+    rt_gen_limits_t lim;
+    rt_gen_req_t *g = rt__gen_begin(r, RT_GEN_API_NATIVE, &native_ops, "cmpl-", &lim);
+    if (!g)
         return;
     rt_app_t *app = rt_req_app(r);
     const json_t *body = rt_req_json(r);
     bl_err_t err = {0};
-    rt_gen_limits_t lim = limits_of(app);
-    rt_gen_req_t *g = rt__gen_req_new(r, app, RT_GEN_API_NATIVE, &native_ops, "cmpl-");
-    if (!g) {
-        rt_req_send_error(r, 500, NULL, "out of memory");
-        return;
-    }
     rt_tokens_t toks = {0};
     int rc = rt__gen_parse_params(body, RT_GEN_API_NATIVE, &lim, &g->params, &err);
     if (!rc)

@@ -202,6 +202,11 @@ void rt__gen_send_error(rt_req_t *r, rt_gen_api_t api, int status, const char *t
 /* Allocates a generation for r (caller fills params, then rt__gen_submit). */
 rt_gen_req_t *rt__gen_req_new(rt_req_t *r, rt_app_t *app, rt_gen_api_t api, const rt_gen_ops_t *ops,
                        const char *id_prefix);
+/* What every generation route does first: 503 while loading or stopping, the
+ * limits into *lim, a new generation for r. NULL when r was answered (503, or 500
+ * out of memory). */
+rt_gen_req_t *rt__gen_begin(rt_req_t *r, rt_gen_api_t api, const rt_gen_ops_t *ops,
+                            const char *id_prefix, rt_gen_limits_t *lim);
 /* Submits prompt; on success the reply is owned by the events (start runs now for a
  * stream). On failure answers the error itself (400 naming the problem, 400
  * exceed_context_size_error, 503) and frees g. */

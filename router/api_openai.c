@@ -197,17 +197,12 @@ static const rt_gen_ops_t chat_ops = {chat_start, chat_token, chat_done};
 
 void rt__api_chat(rt_req_t *r)
 {
-    if (rt__gen_unavailable(r, 0))
+    rt_gen_limits_t lim;
+    rt_gen_req_t *g = rt__gen_begin(r, RT_GEN_API_OAI_CHAT, &chat_ops, "chatcmpl-", &lim);
+    if (!g)
         return;
     rt_app_t *app = rt_req_app(r);
     const json_t *body = rt_req_json(r);
-    rt_gen_limits_t lim;
-    (void)rt__gen_limits(app, &lim);
-    rt_gen_req_t *g = rt__gen_req_new(r, app, RT_GEN_API_OAI_CHAT, &chat_ops, "chatcmpl-");
-    if (!g) {
-        rt_req_send_error(r, 500, NULL, "out of memory");
-        return;
-    }
     bl_err_t err = {0};
     rt_tokens_t toks = {0};
     int reasoning = 0;
@@ -319,17 +314,12 @@ static const rt_gen_ops_t cmpl_ops = {NULL, cmpl_token, cmpl_done};
 
 void rt__api_oai_completions(rt_req_t *r)
 {
-    if (rt__gen_unavailable(r, 0))
+    rt_gen_limits_t lim;
+    rt_gen_req_t *g = rt__gen_begin(r, RT_GEN_API_OAI_CMPL, &cmpl_ops, "cmpl-", &lim);
+    if (!g)
         return;
     rt_app_t *app = rt_req_app(r);
     const json_t *body = rt_req_json(r);
-    rt_gen_limits_t lim;
-    (void)rt__gen_limits(app, &lim);
-    rt_gen_req_t *g = rt__gen_req_new(r, app, RT_GEN_API_OAI_CMPL, &cmpl_ops, "cmpl-");
-    if (!g) {
-        rt_req_send_error(r, 500, NULL, "out of memory");
-        return;
-    }
     bl_err_t err = {0};
     rt_tokens_t toks = {0};
     int rc = rt__gen_parse_params(body, RT_GEN_API_OAI_CMPL, &lim, &g->params, &err);
