@@ -268,6 +268,30 @@ static void metric(textbuf_t *b, const char *name, const char *type, const char 
               name, type, name, v);
 }
 
+/* The engine's processes: starts, deaths, and each child's own counters as
+ * bloomery:child_<name>{process="worker0"} (names are [a-z0-9_], checked by the
+ * cluster). */
+static void cluster_metrics(textbuf_t *b, rt_cluster_t *cluster)
+{
+    rt_cluster_stats_t cs;
+    rt_cluster_get_stats(cluster, &cs);
+    tb_printf(b, "# HELP bloomery:process_starts_total Times the worker and hosttier processes were started.\n"
+                 "# TYPE bloomery:process_starts_total counter\nbloomery:process_starts_total %llu\n",
+              (unsigned long long)cs.starts);
+    tb_printf(b, "# HELP bloomery:child_deaths_total Worker or hosttier processes that died.\n"
+                 "# TYPE bloomery:child_deaths_total counter\nbloomery:child_deaths_total %llu\n",
+              (unsigned long long)cs.child_deaths);
+    rt_child_stats_t kids[66];
+    const int n = rt_cluster_child_stats(cluster, kids, (int)(sizeof kids / sizeof kids[0]));
+    for (int i = 0; i < n; i++) {
+        tb_printf(b, "bloomery:child_uptime_seconds{process=\"%s\"} %.3f\n", kids[i].process,
+                  (double)kids[i].uptime_us / 1e6);
+        for (int j = 0; j < kids[i].n; j++)
+            tb_printf(b, "bloomery:child_%s{process=\"%s\"} %llu\n", kids[i].c[j].name,
+                      kids[i].process, (unsigned long long)kids[i].c[j].value);
+    }
+}
+
 static void route_metrics(rt_req_t *r)
 {
     if (refuse_while_loading(r))
@@ -306,6 +330,8 @@ static void route_metrics(rt_req_t *r)
     metric(&b, "requests_deferred", "gauge", "Number of requests deferred.",
            (double)st.requests_deferred);
     metric(&b, "n_tokens_max", "counter", "Largest observed n_tokens.", (double)st.n_tokens_max);
+    if (app->cluster)
+        cluster_metrics(&b, app->cluster);
     if (b.oom) {
         free(b.p);
         rt_req_send_error(r, 500, NULL, "out of memory");

@@ -54,6 +54,7 @@ typedef struct child {
     pid_t pid;         /* 0 when not running */
     int hosttier;
     int hello, ready;
+    rt_child_stats_t stats; /* under mu; stats.n 0 until the first report */
 } child_t;
 
 struct rt_cluster {
@@ -460,6 +461,47 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
     return bp_chan_send(c->chan, to, &m, 1000, err);
 }
 
+/* Keeps a child's Stats for /metrics; names outside [a-z0-9_] (or too long) are
+ * dropped, so that they can go into metric names as they are. */
+static void store_stats(rt_cluster_t *c, child_t *k, const Bloomery__Stats *s)
+{
+    rt_child_stats_t st;
+    memset(&st, 0, sizeof st);
+    snprintf(st.process, sizeof st.process, "%s", k->tag);
+    st.uptime_us = s->uptime_us;
+    for (size_t i = 0; i < s->n_counters && st.n < RT_CLUSTER_MAX_COUNTERS; i++) {
+        const char *name = s->counters[i]->name;
+        size_t len = strlen(name);
+        if (len == 0 || len >= sizeof st.c[0].name || strspn(name, "abcdefghijklmnopqrstuvwxyz0123456789_") != len)
+            continue;
+        memcpy(st.c[st.n].name, name, len + 1);
+        st.c[st.n].value = s->counters[i]->value;
+        st.n++;
+    }
+    pthread_mutex_lock(&c->mu);
+    k->stats = st;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Asks every ready child for its Stats (the replies arrive through pump). */
+static void request_stats(rt_cluster_t *c)
+{
+    for (int i = 0; i < c->n_children; i++) {
+        child_t *k = &c->kids[i];
+        if (!k->ready || k->pid == 0)
+            continue;
+        bp_peer_t to = {.len = strlen(k->identity)};
+        memcpy(to.id, k->identity, to.len);
+        Bloomery__Stats s;
+        bloomery__stats__init(&s);
+        s.process = (uint32_t)i;
+        const bp_msg_t m = {.type = BP_MSG_STATS, .u.stats = &s};
+        bl_err_t err = {0};
+        if (bp_chan_send(c->chan, &to, &m, 0, &err) != 0)
+            BL_LOG(BL_LOG_DEBUG, "event=stats_request_failed process=%s reason=\"%s\"", k->tag, err.msg);
+    }
+}
+
 /* Handles one control message. During a start (loading) a fatal Error ends it:
  * returns the error's code with the child's text in c->error. */
 static int on_message(rt_cluster_t *c, const bp_peer_t *from, const bp_msg_t *m, int loading)
@@ -525,8 +567,11 @@ static int on_message(rt_cluster_t *c, const bp_peer_t *from, const bp_msg_t *m,
         }
         return 0;
     }
+    case BP_MSG_STATS:
+        store_stats(c, k, m->u.stats);
+        return 0;
     default:
-        return 0; /* Stats replies and others: nothing to do yet */
+        return 0;
     }
 }
 
@@ -559,6 +604,10 @@ static int start_set(rt_cluster_t *c)
 {
     bl_err_t err = {0};
     c->gen++;
+    pthread_mutex_lock(&c->mu); /* a new set has reported nothing yet */
+    for (int i = 0; i < c->n_children; i++)
+        c->kids[i].stats.n = 0;
+    pthread_mutex_unlock(&c->mu);
     for (int i = 0; i < c->n_children; i++) {
         child_t *k = &c->kids[i];
         char tag[sizeof k->tag];
@@ -645,7 +694,12 @@ static void mark_broken(rt_cluster_t *c, const char *why)
  * when the set must go (1: restart it, 0: the cluster is stopping). */
 static int watch_set(rt_cluster_t *c)
 {
+    int64_t next_stats = now_ms();
     while (!atomic_load(&c->stopping)) {
+        if (now_ms() >= next_stats) {
+            request_stats(c);
+            next_stats = now_ms() + RT_CLUSTER_STATS_MS;
+        }
         (void)pump(c, POLL_MS, 0); /* after load, messages are informational */
         int status, i = reap_one(c, &status);
         if (i >= 0) {
@@ -909,6 +963,17 @@ int64_t rt_cluster_n_vocab(const rt_cluster_t *c)
 int64_t rt_cluster_n_embd(const rt_cluster_t *c)
 {
     return c->n_embd;
+}
+
+int rt_cluster_child_stats(rt_cluster_t *c, rt_child_stats_t *out, int cap)
+{
+    int n = 0;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n_children && n < cap; i++)
+        if (c->kids[i].stats.n > 0)
+            out[n++] = c->kids[i].stats;
+    pthread_mutex_unlock(&c->mu);
+    return n;
 }
 
 void rt_cluster_get_stats(const rt_cluster_t *c, rt_cluster_stats_t *out)

@@ -104,4 +104,22 @@ typedef struct rt_cluster_stats {
 } rt_cluster_stats_t;
 void rt_cluster_get_stats(const rt_cluster_t *c, rt_cluster_stats_t *out);
 
+/* The counters a child last reported in its Stats (the supervisor asks every child
+ * for them every RT_CLUSTER_STATS_MS while the set runs). */
+#define RT_CLUSTER_STATS_MS 2000
+#define RT_CLUSTER_MAX_COUNTERS 8
+typedef struct rt_child_stats {
+    char process[24];  /* "worker0", "hosttier" */
+    uint64_t uptime_us;
+    int n;
+    struct {
+        char name[32]; /* [a-z0-9_] only: a child's other names are dropped */
+        uint64_t value;
+    } c[RT_CLUSTER_MAX_COUNTERS];
+} rt_child_stats_t;
+
+/* Copies the latest Stats of the running children into out (at most cap); returns
+ * how many. Children that have not reported yet are left out. Thread-safe. */
+int rt_cluster_child_stats(rt_cluster_t *c, rt_child_stats_t *out, int cap);
+
 #endif

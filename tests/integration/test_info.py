@@ -1,6 +1,7 @@
 """The GET routes of bloomery-serve against llama-server's shapes: /health, /v1/models,
 /models, /props, /slots, /metrics, plus 404/405 for routes that do not exist."""
 import re
+import time
 
 import pytest
 
@@ -108,6 +109,30 @@ def test_metrics_names_and_counting(url):
     assert after["llamacpp:prompt_tokens_total"] > before["llamacpp:prompt_tokens_total"]
     assert after["llamacpp:n_decode_total"] >= before["llamacpp:n_decode_total"] + 5
     assert after["llamacpp:requests_processing"] == 0
+
+
+def test_metrics_of_the_processes(url):
+    # the supervisor asks every child for its Stats every 2 s; after a step the
+    # worker's and the hosttier's counters show under bloomery:child_*
+    r = post(url, "/completion", {"prompt": "Stats", "n_predict": 2, "temperature": 0})
+    assert r.status_code == 200, r.text
+    deadline = time.time() + 6
+    while True:
+        _, text = metrics(url)
+        if 'bloomery:child_steps{process="worker0"}' in text and \
+                'bloomery:child_expert_rows{process="hosttier"}' in text:
+            break
+        assert time.time() < deadline, "no child counters in /metrics:\n" + text
+        time.sleep(0.5)
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith("bloomery:"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    assert samples["bloomery:process_starts_total"] >= 1
+    assert "bloomery:child_deaths_total" in samples
+    assert samples['bloomery:child_steps{process="worker0"}'] >= 1
+    assert samples['bloomery:child_expert_rows{process="hosttier"}'] >= 1
 
 
 def test_unknown_route_is_404(url):
