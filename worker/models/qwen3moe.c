@@ -734,7 +734,7 @@ static int forward(wk_model_t *m, const seg_t *seg, int64_t nseg, int64_t n, con
             }
             s->pos[b] = (int32_t)(seg[j].pos + i);
         }
-    if (m->lb > 0)
+    if (m->lb > 0 && x_in) /* wk_model_stage checked that a later stage has x_in */
         memcpy(s->x, x_in, sizeof(float) * (size_t)(n * E));
     kcpu_rope_table(s->rope, s->pos, n, hd, c->rope_base);
 
@@ -774,7 +774,8 @@ static int forward(wk_model_t *m, const seg_t *seg, int64_t nseg, int64_t n, con
         add_rows(s->x, s->o, n * E);
     }
     if (m->le < c->n_layer) {
-        memcpy(x_out, s->x, sizeof(float) * (size_t)(n * E));
+        if (x_out) /* checked by wk_model_stage */
+            memcpy(x_out, s->x, sizeof(float) * (size_t)(n * E));
         return 0;
     }
 

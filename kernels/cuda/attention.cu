@@ -1,0 +1,245 @@
+/* Decode attention over an f16 KV cache (flash-decoding) and the cache store.
+ *
+ * Split pass, grid (n_split, n_kv_head, n): a block of 128 threads takes one row,
+ * one KV head and KCUDA_ATT_CHUNK positions of its context, for all the query heads
+ * of that KV head's group, so each K and V row is read once per group. It scores
+ * its positions (16-byte K loads, head_dim / 8 lanes per position, a shuffle sum),
+ * takes the chunk's softmax (max m, sum l), and accumulates p * V (half2 loads,
+ * one pair of dimensions per thread, a few position phases summed in shared
+ * memory). It writes the unnormalised sum and (m, l) to scratch.
+ * Combine pass, grid (n_head, n): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
+ * A chunk past a row's causal end writes m = -inf, l = 0 and drops out. */
+#include <math.h>
+
+#include "kcuda_impl.cuh"
+
+#define ATT_THREADS 128
+#define ATT_CHUNK KCUDA_ATT_CHUNK
+#define ATT_MAXG KCUDA_ATT_MAX_GROUP
+
+static int64_t att_splits(int64_t max_len) { return kc_cdiv(max_len, ATT_CHUNK); }
+
+/* Shared floats for a group: q (group, hd), scores (group, CHUNK), phase sums
+ * (256 / hd phases, group, hd) = 256 * group, and (m, l) per head. */
+static size_t att_smem_bytes(int group, int hd)
+{
+    return sizeof(float) * (size_t)group * (size_t)(hd + ATT_CHUNK + 256 + 2);
+}
+
+__global__ void __launch_bounds__(ATT_THREADS)
+att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q, int64_t pos0,
+                 int n_head, int group, int hd, float scale, int64_t n_split, float *pacc, float *pml)
+{
+    extern __shared__ float4 att_smem4[];
+    float *qs = (float *)att_smem4;      // (group, hd), pre-scaled
+    float *sc = qs + group * hd;         // (group, CHUNK): scores, then probabilities
+    float *red = sc + group * ATT_CHUNK; // (phases, group, hd)
+    float *ml = red + 256 * group;       // (group, 2)
+    const int64_t s = blockIdx.x;
+    const int g = blockIdx.y, b = blockIdx.z;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int64_t len = pos0 + b + 1, t0 = s * ATT_CHUNK;
+    const int cnt = len - t0 <= 0 ? 0 : (len - t0 < ATT_CHUNK ? (int)(len - t0) : ATT_CHUNK);
+    const int h0 = g * group;
+    /* Head h0 + j's partial for this split: pacc[(ph(j)) * hd + d], pml[ph(j) * 2]. */
+#define PH(j) (((size_t)b * n_head + h0 + (j)) * (size_t)n_split + (size_t)s)
+    if (cnt == 0) {
+        for (int idx = tid; idx < group * hd; idx += ATT_THREADS)
+            pacc[PH(idx / hd) * hd + idx % hd] = 0.0f;
+        if (tid < group) {
+            pml[PH(tid) * 2] = -INFINITY;
+            pml[PH(tid) * 2 + 1] = 0.0f;
+        }
+        return;
+    }
+    const float *qg = q + ((size_t)b * n_head + h0) * hd;
+    for (int idx = tid; idx < group * hd; idx += ATT_THREADS)
+        qs[idx] = qg[idx] * scale;
+    __syncthreads();
+
+    /* Scores: L lanes per position, P positions per warp step, 4 warps. */
+    const int L = hd >> 3, P = 32 / L, li = lane % L, pi = lane / L;
+    const size_t koff = ((size_t)g * hd + (size_t)li * 8) * sizeof(__half);
+    for (int base = warp * P; base < cnt; base += 4 * P) {
+        const int t = base + pi;
+        float kf[8];
+        if (t < cnt) {
+            const uint4 raw = *(const uint4 *)(kc + (size_t)(t0 + t) * rb + koff);
+            const __half2 *h2 = (const __half2 *)&raw;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float2 f = __half22float2(h2[i]);
+                kf[2 * i] = f.x;
+                kf[2 * i + 1] = f.y;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                kf[i] = 0.0f;
+        }
+        for (int j = 0; j < group; j++) {
+            const float *qq = qs + j * hd + li * 8;
+            const float4 qa = *(const float4 *)qq, qb = *(const float4 *)(qq + 4);
+            float part = qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] +
+                         qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+            for (int off = L >> 1; off > 0; off >>= 1)
+                part += __shfl_xor_sync(KCUDA_FULL_MASK, part, off);
+            if (li == 0 && t < cnt)
+                sc[j * ATT_CHUNK + t] = part;
+        }
+    }
+    __syncthreads();
+
+    /* The chunk's softmax per head: a warp per head. */
+    for (int j = warp; j < group; j += ATT_THREADS / 32) {
+        float *sj = sc + j * ATT_CHUNK;
+        float m = -INFINITY;
+        for (int t = lane; t < cnt; t += 32)
+            m = fmaxf(m, sj[t]);
+        m = kc_warp_max(m);
+        float l = 0.0f;
+        for (int t = lane; t < cnt; t += 32) {
+            const float p = expf(sj[t] - m);
+            sj[t] = p;
+            l += p;
+        }
+        l = kc_warp_sum(l);
+        if (lane == 0) {
+            ml[2 * j] = m;
+            ml[2 * j + 1] = l;
+        }
+    }
+    __syncthreads();
+
+    /* p * V: thread (phase ph, dimension pair dp); phases summed below. */
+    const int np = hd >> 1, nph = ATT_THREADS / np, dp = tid % np, ph = tid / np;
+    const size_t voff = ((size_t)g * hd + 2 * (size_t)dp) * sizeof(__half);
+    float2 acc[ATT_MAXG];
+#pragma unroll
+    for (int j = 0; j < ATT_MAXG; j++)
+        acc[j] = make_float2(0.0f, 0.0f);
+    for (int t = ph; t < cnt; t += nph) {
+        const float2 vf = __half22float2(*(const __half2 *)(vc + (size_t)(t0 + t) * rb + voff));
+#pragma unroll
+        for (int j = 0; j < ATT_MAXG; j++) {
+            if (j >= group)
+                break;
+            const float p = sc[j * ATT_CHUNK + t];
+            acc[j].x += p * vf.x;
+            acc[j].y += p * vf.y;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < ATT_MAXG; j++) {
+        if (j >= group)
+            break;
+        red[(ph * group + j) * hd + 2 * dp] = acc[j].x;
+        red[(ph * group + j) * hd + 2 * dp + 1] = acc[j].y;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < group * hd; idx += ATT_THREADS) {
+        const int j = idx / hd, d = idx % hd;
+        float a = 0.0f;
+        for (int p2 = 0; p2 < nph; p2++)
+            a += red[(p2 * group + j) * hd + d];
+        pacc[PH(j) * hd + d] = a;
+    }
+    if (tid < group) {
+        pml[PH(tid) * 2] = ml[2 * tid];
+        pml[PH(tid) * 2 + 1] = ml[2 * tid + 1];
+    }
+#undef PH
+}
+
+/* grid (n_head, n): merges the splits of one (row, head). */
+__global__ void __launch_bounds__(ATT_THREADS)
+att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int64_t n_split, float *out)
+{
+    const int h = blockIdx.x, b = blockIdx.y;
+    const size_t base = ((size_t)b * n_head + h) * (size_t)n_split;
+    float M = -INFINITY;
+    for (int64_t s = 0; s < n_split; s++)
+        M = fmaxf(M, pml[(base + s) * 2]);
+    float L = 0.0f;
+    for (int64_t s = 0; s < n_split; s++)
+        L += pml[(base + s) * 2 + 1] * expf(pml[(base + s) * 2] - M);
+    const float inv = 1.0f / L;
+    for (int d = threadIdx.x; d < hd; d += ATT_THREADS) {
+        float a = 0.0f;
+        for (int64_t s = 0; s < n_split; s++)
+            a += pacc[(base + s) * hd + d] * expf(pml[(base + s) * 2] - M);
+        out[((size_t)b * n_head + h) * hd + d] = a * inv;
+    }
+}
+
+size_t kcuda_attention_scratch_bytes(int64_t n, int64_t n_head, int64_t head_dim, int64_t max_len)
+{
+    if (n < 1 || n_head < 1 || head_dim < 1 || max_len < 1)
+        return 0;
+    return sizeof(float) * (size_t)n * (size_t)n_head * (size_t)att_splits(max_len) *
+           (size_t)(head_dim + 2);
+}
+
+int kcuda_attention(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, int64_t n, int64_t pos0,
+                    int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale, void *d_scratch,
+                    size_t scratch_bytes, void *stream, bl_err_t *err)
+{
+    if (!kv || !kv->k || !kv->v || !d_q || !d_out || !d_scratch || n < 1 || n > 65535 || pos0 < 0)
+        return bl_err_set(err, BL_EINVAL, "attention: %lld rows at position %lld, or a NULL buffer",
+                          (long long)n, (long long)pos0);
+    if (head_dim != 32 && head_dim != 64 && head_dim != 128 && head_dim != 256)
+        return bl_err_set(err, BL_ENOTSUP, "attention: head_dim %lld (32, 64, 128 or 256)",
+                          (long long)head_dim);
+    if (n_kv_head < 1 || n_kv_head > 65535 || n_head % n_kv_head != 0 || n_head / n_kv_head > ATT_MAXG)
+        return bl_err_set(err, BL_ENOTSUP, "attention: %lld query heads over %lld KV heads (groups up to %d)",
+                          (long long)n_head, (long long)n_kv_head, ATT_MAXG);
+    if (kv->row_bytes % 16 != 0 || kv->row_bytes < (size_t)(n_kv_head * head_dim) * 2 ||
+        (uintptr_t)kv->k % 16 != 0 || (uintptr_t)kv->v % 16 != 0)
+        return bl_err_set(err, BL_EINVAL, "attention: cache rows of %zu bytes (a multiple of 16, at least %lld) or misaligned",
+                          kv->row_bytes, (long long)(n_kv_head * head_dim * 2));
+    const int64_t n_split = att_splits(pos0 + n);
+    const size_t need = kcuda_attention_scratch_bytes(n, n_head, head_dim, pos0 + n);
+    if (scratch_bytes < need)
+        return bl_err_set(err, BL_ERANGE, "attention: scratch of %zu bytes, %zu needed", scratch_bytes, need);
+    float *pacc = (float *)d_scratch;
+    float *pml = pacc + (size_t)n * (size_t)n_head * (size_t)n_split * (size_t)head_dim;
+    const int group = (int)(n_head / n_kv_head);
+    cudaStream_t st = (cudaStream_t)stream;
+    const dim3 g1((unsigned)n_split, (unsigned)n_kv_head, (unsigned)n);
+    att_split_kernel<<<g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st>>>(
+        (const uint8_t *)kv->k, (const uint8_t *)kv->v, kv->row_bytes, d_q, pos0, (int)n_head, group,
+        (int)head_dim, scale, n_split, pacc, pml);
+    KCUDA_CHECK_LAUNCH(err);
+    const dim3 g2((unsigned)n_head, (unsigned)n);
+    att_combine_kernel<<<g2, ATT_THREADS, 0, st>>>(pacc, pml, (int)n_head, (int)head_dim, n_split, d_out);
+    KCUDA_CHECK_LAUNCH(err);
+    return 0;
+}
+
+/* Thread per element of the n rows, K and V together. */
+__global__ void kv_store_kernel(uint8_t *kc, uint8_t *vc, size_t rb, const float *k, const float *v,
+                                int64_t ld, int64_t pos0, int64_t n, int64_t row_elems)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * row_elems;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t b = i / row_elems, e = i % row_elems;
+        const size_t off = (size_t)(pos0 + b) * rb + (size_t)e * sizeof(__half);
+        *(__half *)(kc + off) = __float2half_rn(k[b * ld + e]);
+        *(__half *)(vc + off) = __float2half_rn(v[b * ld + e]);
+    }
+}
+
+int kcuda_kv_store(const kcuda_kv_view_t *kv, const float *d_k, const float *d_v, int64_t ld, int64_t pos0,
+                   int64_t n, int64_t row_elems, void *stream, bl_err_t *err)
+{
+    if (!kv || !kv->k || !kv->v || !d_k || !d_v || n < 1 || pos0 < 0 || row_elems < 1 || ld < row_elems ||
+        kv->row_bytes < (size_t)row_elems * 2)
+        return bl_err_set(err, BL_EINVAL, "kv_store: %lld rows of %lld at %lld, ld %lld, cache rows of %zu bytes",
+                          (long long)n, (long long)row_elems, (long long)pos0, (long long)ld, kv ? kv->row_bytes : 0);
+    const int64_t total = n * row_elems;
+    const int64_t blocks = kc_cdiv(total, 256);
+    kv_store_kernel<<<(unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, (cudaStream_t)stream>>>(
+        (uint8_t *)kv->k, (uint8_t *)kv->v, kv->row_bytes, d_k, d_v, ld, pos0, n, row_elems);
+    KCUDA_CHECK_LAUNCH(err);
+    return 0;
+}

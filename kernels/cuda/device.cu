@@ -1,0 +1,166 @@
+/* Device set-up, memory helpers, the error check behind KCUDA_CHECK, and weight
+ * matrix descriptions for the CUDA kernels. */
+#include <stdio.h>
+#include <string.h>
+
+#include "kcuda_impl.cuh"
+
+int kcuda__check(int code, const char *call, const char *file, int line, bl_err_t *err)
+{
+    if (code == 0)
+        return 0;
+    const cudaError_t e = (cudaError_t)code;
+    int rc = BL_EIO;
+    if (e == cudaErrorMemoryAllocation)
+        rc = BL_ENOMEM;
+    else if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorInvalidDevice)
+        rc = BL_ENOTSUP;
+    else if (e == cudaErrorInvalidValue || e == cudaErrorInvalidConfiguration)
+        rc = BL_EINVAL;
+    /* Clears a sticky-free error so the next call does not report it again. */
+    (void)cudaGetLastError();
+    return bl_err_set(err, rc, "%s failed at %s:%d: %s (code %d)", call, file, line,
+                      cudaGetErrorString(e), code);
+}
+
+int kcuda_device_count(int *n, bl_err_t *err)
+{
+    *n = 0;
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    KCUDA_CHECK(e, err);
+    *n = count;
+    return 0;
+}
+
+int kcuda_init(int device, kcuda_device_info_t *info, bl_err_t *err)
+{
+    int n = 0;
+    int rc = kcuda_device_count(&n, err);
+    if (rc < 0)
+        return rc;
+    if (device < 0 || device >= n)
+        return bl_err_set(err, BL_ENOTSUP, "CUDA device %d does not exist (%d device%s)", device, n,
+                          n == 1 ? "" : "s");
+    KCUDA_CHECK(cudaSetDevice(device), err);
+    KCUDA_CHECK(cudaFree(0), err); /* creates the context now, not in the first step */
+    if (!info)
+        return 0;
+    memset(info, 0, sizeof *info);
+    cudaDeviceProp p;
+    KCUDA_CHECK(cudaGetDeviceProperties(&p, device), err);
+    info->id = device;
+    snprintf(info->name, sizeof info->name, "%s", p.name);
+    info->cc_major = p.major;
+    info->cc_minor = p.minor;
+    info->sm_count = p.multiProcessorCount;
+    info->total_bytes = p.totalGlobalMem;
+    info->bus_bits = p.memoryBusWidth;
+    /* CUDA 13 dropped memoryClockRate from the properties; the attribute may be
+     * refused too, in which case the peak stays unknown (0). */
+    int khz = 0;
+    if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        khz = 0;
+    }
+    info->mem_clock_khz = khz;
+    info->peak_gbs = 2.0 * (double)khz * 1e3 * (double)p.memoryBusWidth / 8.0 / 1e9;
+    size_t fr = 0, tot = 0;
+    KCUDA_CHECK(cudaMemGetInfo(&fr, &tot), err);
+    info->free_bytes = fr;
+    return 0;
+}
+
+int kcuda_alloc(void **d_out, size_t nbytes, bl_err_t *err)
+{
+    *d_out = NULL;
+    if (nbytes > SIZE_MAX - 255)
+        return bl_err_set(err, BL_ERANGE, "device allocation of %zu bytes overflows", nbytes);
+    const size_t len = (nbytes + 255) & ~(size_t)255;
+    KCUDA_CHECK(cudaMalloc(d_out, len ? len : 256), err);
+    return 0;
+}
+
+void kcuda_free(void *d_p)
+{
+    if (d_p)
+        (void)cudaFree(d_p); /* nothing useful to do with a failure at teardown */
+}
+
+int kcuda_upload(void *d_dst, const void *src, size_t nbytes, void *stream, bl_err_t *err)
+{
+    KCUDA_CHECK(cudaMemcpyAsync(d_dst, src, nbytes, cudaMemcpyHostToDevice, (cudaStream_t)stream), err);
+    return 0;
+}
+
+int kcuda_download(void *dst, const void *d_src, size_t nbytes, void *stream, bl_err_t *err)
+{
+    KCUDA_CHECK(cudaMemcpyAsync(dst, d_src, nbytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream), err);
+    return 0;
+}
+
+int kcuda_memset(void *d_dst, int byte, size_t nbytes, void *stream, bl_err_t *err)
+{
+    KCUDA_CHECK(cudaMemsetAsync(d_dst, byte, nbytes, (cudaStream_t)stream), err);
+    return 0;
+}
+
+int kcuda_sync(void *stream, bl_err_t *err)
+{
+    KCUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream), err);
+    KCUDA_CHECK(cudaGetLastError(), err);
+    return 0;
+}
+
+int kcuda_stream_create(void **out, bl_err_t *err)
+{
+    cudaStream_t s = NULL;
+    *out = NULL;
+    KCUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), err);
+    *out = (void *)s;
+    return 0;
+}
+
+void kcuda_stream_destroy(void *stream)
+{
+    if (stream)
+        (void)cudaStreamDestroy((cudaStream_t)stream);
+}
+
+int kcuda_type_supported(uint32_t type)
+{
+    switch (type) {
+    case BL_TYPE_F32: case BL_TYPE_F16: case BL_TYPE_BF16: case BL_TYPE_Q8_0:
+    case BL_TYPE_Q4_K: case BL_TYPE_Q5_K: case BL_TYPE_Q6_K:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int kcuda_mat_init(kcuda_mat_t *m, const void *d_data, uint32_t type, int64_t ncols,
+                   int64_t nrows, bl_err_t *err)
+{
+    const bl_type_info_t *ti = bl_type_info(type);
+    if (!kcuda_type_supported(type))
+        return bl_err_set(err, BL_ENOTSUP, "the CUDA kernels do not read weights of type %s",
+                          ti ? ti->name : "?");
+    if (nrows < 1 || nrows > INT32_MAX * (int64_t)64)
+        return bl_err_set(err, BL_ERANGE, "a matrix of %lld rows", (long long)nrows);
+    size_t rb = 0;
+    const int rc = bl_row_bytes(type, ncols, &rb, err);
+    if (rc < 0)
+        return rc;
+    if ((uintptr_t)d_data % 16 != 0)
+        return bl_err_set(err, BL_EINVAL, "weight data at %p is not 16-byte aligned", d_data);
+    m->data = d_data;
+    m->type = type;
+    m->ncols = ncols;
+    m->nrows = nrows;
+    m->row_bytes = rb;
+    return 0;
+}

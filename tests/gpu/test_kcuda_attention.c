@@ -1,0 +1,122 @@
+/* GPU tests for kernels/cuda/attention.cu: the f16 cache store (bit for bit as
+ * kcpu_kv_store) and flash-decoding attention against kcpu_attention on the scalar
+ * reference kernels, for contexts shorter than one chunk, exactly a chunk, not a
+ * multiple of it, several rows at once (each with its own causal end), GQA groups
+ * from 1 to KCUDA_ATT_MAX_GROUP and every head size. TAP output; the seed is printed. */
+#include "gpu_test.h"
+
+#include "kcpu.h"
+#include "quant.h"
+
+static void case_attention(rng_t *r, int64_t n, int64_t pos0, int64_t n_head, int64_t n_kv, int64_t hd)
+{
+    bl_err_t err = {0};
+    const int64_t len = pos0 + n, kvw = n_kv * hd;
+    const size_t rb = (size_t)kvw * 2;
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    /* f32 rows of every position, stored as f16 by both sides */
+    float *kf = xmalloc(sizeof(float) * (size_t)(len * kvw)), *vf = xmalloc(sizeof(float) * (size_t)(len * kvw));
+    rand_fill(r, kf, len * kvw, 1.0f);
+    rand_fill(r, vf, len * kvw, 1.0f);
+    uint8_t *kc = xmalloc(rb * (size_t)len), *vc = xmalloc(rb * (size_t)len);
+    uint8_t *kg = xmalloc(rb * (size_t)len), *vg = xmalloc(rb * (size_t)len);
+    const kcpu_kv_view_t hv = {.k = kc, .v = vc, .type = BL_TYPE_F16, .row_bytes = rb};
+    kcpu_kv_store(&hv, 0, kf, 0, len, kvw);
+    kcpu_kv_store(&hv, 1, vf, 0, len, kvw);
+    float *q = xmalloc(sizeof(float) * (size_t)(n * n_head * hd));
+    rand_fill(r, q, n * n_head * hd, 1.0f);
+
+    kcpu_ctx_t *c = NULL;
+    const kcpu_limits_t lim = {.max_cols = hd, .max_batch = n, .max_ctx = len, .head_dim = hd};
+    if (kcpu_ctx_create(&c, 1, KCPU_PRECISE, &lim, &err) < 0)
+        bail("kcpu_ctx_create", &err);
+    float *want = xmalloc(sizeof(float) * (size_t)(n * n_head * hd));
+    kcpu_attention(c, &hv, q, want, n, pos0, n_head, n_kv, hd, scale);
+    kcpu_ctx_destroy(c);
+
+    /* the card: store every position in two calls (a prefix, then the rest) */
+    float *dkf = d_upload(kf, sizeof(float) * (size_t)(len * kvw));
+    float *dvf = d_upload(vf, sizeof(float) * (size_t)(len * kvw));
+    const kcuda_kv_view_t dv = {.k = d_poison(rb * (size_t)len), .v = d_poison(rb * (size_t)len), .row_bytes = rb};
+    const int64_t cut = len / 2;
+    int ok = (cut == 0 || kcuda_kv_store(&dv, dkf, dvf, kvw, 0, cut, kvw, NULL, &err) == 0) &&
+             kcuda_kv_store(&dv, dkf + cut * kvw, dvf + cut * kvw, kvw, cut, len - cut, kvw, NULL, &err) == 0 &&
+             d_fetch(kg, dv.k, rb * (size_t)len, &err) == 0 && d_fetch(vg, dv.v, rb * (size_t)len, &err) == 0;
+    if (!ok)
+        printf("#   %s\n", err.msg);
+    else if (memcmp(kg, kc, rb * (size_t)len) != 0 || memcmp(vg, vc, rb * (size_t)len) != 0) {
+        for (size_t i = 0; i < rb * (size_t)len / 2; i++)
+            if (((uint16_t *)kg)[i] != ((uint16_t *)kc)[i] || ((uint16_t *)vg)[i] != ((uint16_t *)vc)[i]) {
+                printf("#   first differing half at %zu: K %04x vs %04x, V %04x vs %04x\n", i,
+                       ((uint16_t *)kg)[i], ((uint16_t *)kc)[i], ((uint16_t *)vg)[i], ((uint16_t *)vc)[i]);
+                break;
+            }
+        ok = 0;
+    }
+    tap_ok(ok, "kv_store f16: %lld positions of %lld KV heads x %lld", (long long)len, (long long)n_kv,
+           (long long)hd);
+
+    const size_t sb = kcuda_attention_scratch_bytes(n, n_head, hd, len);
+    void *ds = d_poison(sb);
+    float *dq = d_upload(q, sizeof(float) * (size_t)(n * n_head * hd));
+    float *dout = d_poison(sizeof(float) * (size_t)(n * n_head * hd));
+    float *got = xmalloc(sizeof(float) * (size_t)(n * n_head * hd));
+    ok = kcuda_attention(&dv, dq, dout, n, pos0, n_head, n_kv, hd, scale, ds, sb, NULL, &err) == 0 &&
+         d_fetch(got, dout, sizeof(float) * (size_t)(n * n_head * hd), &err) == 0;
+    if (!ok)
+        printf("#   %s\n", err.msg);
+    else {
+        double *ref = xmalloc(sizeof(double) * (size_t)(n * n_head * hd));
+        for (int64_t i = 0; i < n * n_head * hd; i++)
+            ref[i] = want[i];
+        ok = check_close(got, n_head * hd, ref, n, n_head * hd, 2e-5, 1e-4);
+        free(ref);
+    }
+    tap_ok(ok, "attention: %lld row%s at %lld (context %lld, %lld chunk%s), %lld heads over %lld KV heads, head_dim %lld",
+           (long long)n, n == 1 ? "" : "s", (long long)pos0, (long long)len,
+           (long long)((len + KCUDA_ATT_CHUNK - 1) / KCUDA_ATT_CHUNK),
+           (len + KCUDA_ATT_CHUNK - 1) / KCUDA_ATT_CHUNK == 1 ? "" : "s", (long long)n_head, (long long)n_kv,
+           (long long)hd);
+
+    kcuda_free(dkf); kcuda_free(dvf); kcuda_free(dv.k); kcuda_free(dv.v);
+    kcuda_free(ds); kcuda_free(dq); kcuda_free(dout);
+    free(kf); free(vf); free(kc); free(vc); free(kg); free(vg); free(q); free(want); free(got);
+}
+
+static void case_refusals(void)
+{
+    bl_err_t err = {0};
+    void *d = d_alloc(1 << 16);
+    const kcuda_kv_view_t kv = {.k = d, .v = d, .row_bytes = 256};
+    int ok = kcuda_attention(&kv, d, d, 1, 0, 4, 1, 96, 0.1f, d, 1 << 16, NULL, &err) == BL_ENOTSUP;
+    ok &= kcuda_attention(&kv, d, d, 1, 0, 17 * 2, 2, 64, 0.1f, d, 1 << 16, NULL, &err) == BL_ENOTSUP;
+    ok &= kcuda_attention(&kv, d, d, 1, 0, 6, 4, 64, 0.1f, d, 1 << 16, NULL, &err) == BL_ENOTSUP;
+    ok &= kcuda_attention(&kv, d, d, 1, 4000, 2, 2, 64, 0.1f, d, 64, NULL, &err) == BL_ERANGE;
+    if (!ok)
+        printf("#   last message: %s\n", err.msg);
+    tap_ok(ok, "attention refuses unsupported shapes and short scratch");
+    kcuda_free(d);
+}
+
+int main(void)
+{
+    gpu_test_init("test_kcuda_attention");
+    if (kcpu_select("ref") != 0) /* the scalar reference, not the AVX2 kernels */
+        bail("kcpu_select(ref)", NULL);
+    rng_t r = rng_for(4);
+    case_refusals();
+
+    case_attention(&r, 1, 0, 4, 4, 128);      /* one position */
+    case_attention(&r, 1, 36, 8, 2, 128);     /* less than a chunk */
+    case_attention(&r, 1, 127, 32, 4, 128);   /* exactly one chunk (Qwen3-30B-A3B heads) */
+    case_attention(&r, 2, 127, 8, 8, 256);    /* rows ending at 128 and 129 */
+    case_attention(&r, 1, 299, 32, 4, 128);   /* 2 chunks and a part */
+    case_attention(&r, 3, 1010, 16, 1, 64);   /* group 16, three causal ends */
+    case_attention(&r, 5, 50, 6, 2, 32);
+    case_attention(&r, 8, 383, 12, 4, 128);   /* the last row ends a chunk */
+    if (!g_small) {
+        case_attention(&r, 1, 4095, 32, 4, 128);
+        case_attention(&r, 2, 20000, 32, 4, 128);
+    }
+    return tap_done();
+}

@@ -1,0 +1,243 @@
+/* GPU tests for the MoE kernels: routing (kernels/cuda/moe.cu against
+ * kcpu_moe_route: the same ids, weights within f32 rounding) and the expert
+ * products of kernels/cuda/matvec.cu (gate/up, gate/up with SwiGLU, down with the
+ * weighted sum) against the dequantized experts dotted in double, including an
+ * out-of-range id, which must contribute nothing. TAP output; the seed is printed. */
+#include "gpu_test.h"
+
+#include "kcpu.h"
+#include "quant.h"
+
+static void case_route(rng_t *r, int64_t n, int64_t n_expert, int k, int norm)
+{
+    bl_err_t err = {0};
+    float *lg = xmalloc(sizeof(float) * (size_t)(n * n_expert));
+    rand_fill(r, lg, n * n_expert, 4.0f);
+    int32_t *ids_ref = xmalloc(sizeof(int32_t) * (size_t)(n * k)), *ids = xmalloc(sizeof(int32_t) * (size_t)(n * k));
+    float *w_ref = xmalloc(sizeof(float) * (size_t)(n * k)), *w = xmalloc(sizeof(float) * (size_t)(n * k));
+    kcpu_moe_route(lg, n, n_expert, k, norm, ids_ref, w_ref);
+    float *dl = d_upload(lg, sizeof(float) * (size_t)(n * n_expert));
+    int32_t *di = d_poison(sizeof(int32_t) * (size_t)(n * k));
+    float *dw = d_poison(sizeof(float) * (size_t)(n * k));
+    int ok = kcuda_moe_route(dl, n, n_expert, k, norm, di, dw, NULL, &err) == 0 &&
+             d_fetch(ids, di, sizeof(int32_t) * (size_t)(n * k), &err) == 0 &&
+             d_fetch(w, dw, sizeof(float) * (size_t)(n * k), &err) == 0;
+    if (!ok) {
+        printf("#   %s\n", err.msg);
+    } else {
+        int shown = 0;
+        for (int64_t i = 0; i < n * k; i++)
+            if (ids[i] != ids_ref[i]) {
+                if (shown++ < 5)
+                    printf("#   ids[%lld][%lld]: got %d, want %d\n", (long long)(i / k), (long long)(i % k),
+                           ids[i], ids_ref[i]);
+                ok = 0;
+            }
+        double *ref = xmalloc(sizeof(double) * (size_t)(n * k));
+        for (int64_t i = 0; i < n * k; i++)
+            ref[i] = w_ref[i];
+        ok &= check_close(w, k, ref, n, k, 1e-7, 2e-5);
+        free(ref);
+    }
+    tap_ok(ok, "moe_route: %lld rows, top %d of %lld%s", (long long)n, k, (long long)n_expert,
+           norm ? ", renormalised" : "");
+    kcuda_free(dl);
+    kcuda_free(di);
+    kcuda_free(dw);
+    free(lg);
+    free(ids_ref);
+    free(ids);
+    free(w_ref);
+    free(w);
+}
+
+typedef struct emat {
+    uint32_t type;
+    int64_t ncols, rows; /* rows = n_expert * rows per expert */
+    void *d;
+    float *deq;
+} emat_t;
+
+static void make_emat(rng_t *r, emat_t *w, uint32_t type, int64_t ncols, int64_t rows)
+{
+    bl_err_t err = {0};
+    size_t rb;
+    if (bl_row_bytes(type, ncols, &rb, &err) < 0)
+        bail("bl_row_bytes", &err);
+    w->type = type;
+    w->ncols = ncols;
+    w->rows = rows;
+    uint8_t *q = xmalloc(rb * (size_t)rows);
+    w->deq = xmalloc(sizeof(float) * (size_t)(rows * ncols));
+    float *src = xmalloc(sizeof(float) * (size_t)ncols);
+    for (int64_t i = 0; i < rows; i++) {
+        rand_fill(r, src, ncols, 1.0f);
+        if (bl_quantize_row_ref(type, src, q + rb * (size_t)i, ncols) != 0 ||
+            bl_dequantize_row_ref(type, q + rb * (size_t)i, w->deq + i * ncols, ncols) != 0)
+            bail("reference quantizer", NULL);
+    }
+    w->d = d_upload(q, rb * (size_t)rows);
+    free(q);
+    free(src);
+}
+
+static kcuda_mat_t ekmat(const emat_t *w)
+{
+    kcuda_mat_t m;
+    bl_err_t err = {0};
+    if (kcuda_mat_init(&m, w->d, w->type, w->ncols, w->rows, &err) < 0)
+        bail("kcuda_mat_init", &err);
+    return m;
+}
+
+static double dot_d(const float *a, const float *b, int64_t n)
+{
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)a[i] * (double)b[i];
+    return s;
+}
+
+/* An MoE FFN's expert products for n rows choosing k of ne experts, E = n_embd,
+ * F = the expert's FFN width: gate/up alone, gate/up with SwiGLU, then down with
+ * the weighted sum (accumulating onto random values). Slot (n-1, k-1) names an
+ * expert past the end. */
+static void case_experts(rng_t *r, uint32_t type_up, uint32_t type_down, int64_t ne, int64_t E,
+                         int64_t F, int n, int k)
+{
+    bl_err_t err = {0};
+    emat_t gate, up, down;
+    make_emat(r, &gate, type_up, E, ne * F);
+    make_emat(r, &up, type_up, E, ne * F);
+    make_emat(r, &down, type_down, F, ne * E);
+    const int S = n * k;
+    const int64_t ldx = E + 4, ldh = F + 8, ldy = E + 4;
+    float *x = xmalloc(sizeof(float) * (size_t)(n * ldx));
+    rand_fill(r, x, n * ldx, 1.0f);
+    int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)S);
+    float *wts = xmalloc(sizeof(float) * (size_t)S);
+    for (int b = 0; b < n; b++)
+        for (int j = 0; j < k; j++) {
+            /* distinct experts per row, as routing gives */
+            int32_t e;
+            int dup;
+            do {
+                e = (int32_t)(rng_next(r) % (uint64_t)ne);
+                dup = 0;
+                for (int i = 0; i < j; i++)
+                    dup |= ids[b * k + i] == e;
+            } while (dup && k <= ne);
+            ids[b * k + j] = e;
+            wts[b * k + j] = rng_f(r, 0.0f, 1.0f);
+        }
+    ids[S - 1] = (int32_t)ne; /* out of range */
+
+    /* references */
+    double *rg = xmalloc(sizeof(double) * (size_t)(S * F)), *rsw = xmalloc(sizeof(double) * (size_t)(S * F));
+    float *hf = xmalloc(sizeof(float) * (size_t)(S * ldh)); /* the SwiGLU rows down reads */
+    rand_fill(r, hf, S * ldh, 1.0f);
+    for (int s = 0; s < S; s++)
+        for (int64_t i = 0; i < F; i++) {
+            if (ids[s] >= ne) {
+                rg[s * F + i] = rsw[s * F + i] = 0.0;
+                continue;
+            }
+            const float *xr = x + (s / k) * ldx;
+            const double g = dot_d(gate.deq + (ids[s] * F + i) * E, xr, E);
+            const double u = dot_d(up.deq + (ids[s] * F + i) * E, xr, E);
+            rg[s * F + i] = g;
+            rsw[s * F + i] = g / (1.0 + exp(-g)) * u;
+        }
+    float *y0 = xmalloc(sizeof(float) * (size_t)(n * ldy));
+    rand_fill(r, y0, n * ldy, 1.0f);
+    double *rd = xmalloc(sizeof(double) * (size_t)(n * E));
+    for (int b = 0; b < n; b++)
+        for (int64_t i = 0; i < E; i++) {
+            double a = y0[b * ldy + i];
+            for (int j = 0; j < k; j++) {
+                const int s = b * k + j;
+                if (ids[s] < ne)
+                    a += (double)wts[s] * dot_d(down.deq + (ids[s] * E + i) * F, hf + s * ldh, F);
+            }
+            rd[b * E + i] = a;
+        }
+
+    float *dx = d_upload(x, sizeof(float) * (size_t)(n * ldx));
+    int32_t *dids = d_upload(ids, sizeof(int32_t) * (size_t)S);
+    float *dwts = d_upload(wts, sizeof(float) * (size_t)S);
+    float *dh = d_upload(hf, sizeof(float) * (size_t)(S * ldh));
+    float *dg = d_poison(sizeof(float) * (size_t)(S * ldh));
+    float *dsw = d_poison(sizeof(float) * (size_t)(S * ldh));
+    float *dy = d_upload(y0, sizeof(float) * (size_t)(n * ldy));
+    float *hg = xmalloc(sizeof(float) * (size_t)(S * ldh)), *y = xmalloc(sizeof(float) * (size_t)(n * ldy));
+    const kcuda_mat_t mg = ekmat(&gate), mu = ekmat(&up), md = ekmat(&down);
+    const char *tu = bl_type_info(type_up)->name, *td = bl_type_info(type_down)->name;
+    const double atol_up = 1e-4 + 2e-6 * (double)E, atol_down = 1e-4 + 2e-6 * (double)F * k;
+
+    int ok = kcuda_matvec_experts(&mg, ne, dids, n, k, dx, ldx, dg, ldh, NULL, &err) == 0 &&
+             d_fetch(hg, dg, sizeof(float) * (size_t)(S * ldh), &err) == 0;
+    if (!ok)
+        printf("#   %s\n", err.msg);
+    else
+        ok = check_close(hg, ldh, rg, S, F, atol_up, 1e-4);
+    tap_ok(ok, "matvec_experts %s: %d rows x top %d of %lld experts, %lld x %lld", tu, n, k, (long long)ne,
+           (long long)F, (long long)E);
+
+    ok = kcuda_matvec_experts_swiglu(&mg, &mu, ne, dids, n, k, dx, ldx, dsw, ldh, NULL, &err) == 0 &&
+         d_fetch(hg, dsw, sizeof(float) * (size_t)(S * ldh), &err) == 0;
+    if (!ok)
+        printf("#   %s\n", err.msg);
+    else
+        ok = check_close(hg, ldh, rsw, S, F, 2 * atol_up, 1e-4);
+    tap_ok(ok, "matvec_experts_swiglu %s: %d rows x top %d of %lld experts, %lld x %lld", tu, n, k,
+           (long long)ne, (long long)F, (long long)E);
+
+    ok = kcuda_matvec_experts_down(&md, ne, dids, dwts, n, k, dh, ldh, dy, ldy, 1, NULL, &err) == 0 &&
+         d_fetch(y, dy, sizeof(float) * (size_t)(n * ldy), &err) == 0;
+    if (!ok)
+        printf("#   %s\n", err.msg);
+    else
+        ok = check_close(y, ldy, rd, n, E, atol_down, 1e-4);
+    tap_ok(ok, "matvec_experts_down %s: %d rows x top %d of %lld experts, %lld x %lld, weighted, accumulate",
+           td, n, k, (long long)ne, (long long)E, (long long)F);
+
+    kcuda_free(dx); kcuda_free(dids); kcuda_free(dwts); kcuda_free(dh);
+    kcuda_free(dg); kcuda_free(dsw); kcuda_free(dy);
+    kcuda_free(gate.d); kcuda_free(up.d); kcuda_free(down.d);
+    free(gate.deq); free(up.deq); free(down.deq);
+    free(x); free(ids); free(wts); free(rg); free(rsw); free(hf); free(y0); free(rd); free(hg); free(y);
+}
+
+int main(void)
+{
+    gpu_test_init("test_kcuda_moe");
+    rng_t r = rng_for(2);
+
+    case_route(&r, 1, 8, 2, 1);
+    case_route(&r, 5, 128, 8, 1);
+    case_route(&r, 9, 100, 8, 0);    /* not a multiple of 32 */
+    case_route(&r, 3, 512, 32, 1);   /* the limits */
+    case_route(&r, 7, 60, 1, 1);
+    case_route(&r, 4, 32, 32, 1);    /* k = n_expert */
+    {
+        bl_err_t err = {0};
+        void *d = d_alloc(4096);
+        int ok = kcuda_moe_route(d, 1, 40, KCUDA_MOE_MAX_K + 1, 1, d, d, NULL, &err) == BL_ENOTSUP &&
+                 kcuda_moe_route(d, 1, KCUDA_MOE_MAX_EXPERT + 1, 8, 1, d, d, NULL, &err) == BL_ENOTSUP &&
+                 kcuda_moe_route(d, 1, 4, 5, 1, d, d, NULL, &err) == BL_ENOTSUP;
+        tap_ok(ok, "moe_route refuses k or n_expert past its limits");
+        kcuda_free(d);
+    }
+
+    /* Small experts first (odd counts, q6_K rows of 630 bytes for down), then the
+     * shapes of a 30B-A3B-class layer (E 2048, F 768, top 8), with 9 experts rather
+     * than 128 to keep the reference quick. */
+    case_experts(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 6, 256, 768, 1, 3);
+    case_experts(&r, BL_TYPE_Q5_K, BL_TYPE_Q8_0, 5, 512, 96, 3, 2);
+    case_experts(&r, BL_TYPE_Q8_0, BL_TYPE_Q4_K, 4, 64, 256, 2, 4);
+    case_experts(&r, BL_TYPE_F16, BL_TYPE_BF16, 3, 40, 24, 2, 2);
+    case_experts(&r, BL_TYPE_Q6_K, BL_TYPE_Q5_K, 7, 768, 512, 1, 7);
+    if (!g_small)
+        case_experts(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 9, 2048, 768, 1, 8);
+    return tap_done();
+}
