@@ -111,6 +111,8 @@ static int validate_plan(const Bloomery__Plan *p, bl_err_t *err)
                           "does not continue the previous stage");
         if (s->layer_end <= s->layer_begin || s->layer_end > p->n_layers)
             return bad_at(err, "Plan.stages", i, "layer_end", "is not in (layer_begin, n_layers]");
+        if (s->gpu > 256)
+            return bad_at(err, "Plan.stages", i, "gpu", "is not 0 (CPU) or 1 + a CUDA ordinal 0..255");
         next = s->layer_end;
     }
     if (next != p->n_layers)

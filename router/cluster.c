@@ -440,6 +440,7 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
         st[s].layer_begin = (uint32_t)at;
         at += base + (s < extra ? 1 : 0);
         st[s].layer_end = (uint32_t)at;
+        st[s].gpu = c->o.n_gpus > 0 ? (uint32_t)c->o.gpus[s % c->o.n_gpus] + 1 : 0;
         stp[s] = &st[s];
     }
     Bloomery__Plan p;
@@ -776,6 +777,12 @@ static int check_opts(const rt_cluster_opts_t *o, bl_err_t *err)
                           MAX_WORKERS);
     if (o->n_threads < 1 || o->n_threads > 256)
         return bl_err_set(err, BL_EINVAL, "cluster: n_threads %d is not in 1..256", o->n_threads);
+    if (o->n_gpus < 0 || o->n_gpus > RT_CLUSTER_MAX_GPUS)
+        return bl_err_set(err, BL_EINVAL, "cluster: n_gpus %d is not in 0..%d", o->n_gpus,
+                          RT_CLUSTER_MAX_GPUS);
+    for (int i = 0; i < o->n_gpus; i++)
+        if (o->gpus[i] < 0 || o->gpus[i] > 255)
+            return bl_err_set(err, BL_EINVAL, "cluster: GPU %d is not a CUDA ordinal", o->gpus[i]);
     if (o->n_slots < 1 || o->n_slots > 4096)
         return bl_err_set(err, BL_EINVAL, "cluster: n_slots %d is not in 1..4096", o->n_slots);
     if (o->n_ctx_slot < 1 || o->n_ctx_slot > (1 << 24))
@@ -830,7 +837,9 @@ int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_
                         (long long)c->n_layer);
         goto fail;
     }
-    c->has_hosttier = c->n_expert > 0;
+    /* A GPU worker keeps its routed experts on the card (experts in host RAM beside
+     * a card come later); a dense model has none to send. */
+    c->has_hosttier = c->n_expert > 0 && c->o.n_gpus == 0;
     if (c->has_hosttier && (rc = find_program(c->hosttier_bin, sizeof c->hosttier_bin,
                                               c->bin_dir, "bloomery-hosttier", err)))
         goto fail;

@@ -20,6 +20,8 @@
 
 typedef struct rt_cluster rt_cluster_t;
 
+#define RT_CLUSTER_MAX_GPUS 16
+
 typedef struct rt_cluster_opts {
     const char *model_path;  /* GGUF file (first part of a split file) */
     const char *bin_dir;     /* folder holding bloomery-worker and bloomery-hosttier */
@@ -33,6 +35,9 @@ typedef struct rt_cluster_opts {
     int64_t n_ctx_slot;      /* positions per slot's cache */
     int64_t n_batch;         /* most rows one step may carry (-ub) */
     uint32_t kv_type;        /* WK_KV_* of worker/wk.h */
+    int n_gpus;              /* 0: every stage on the CPU; else stage i runs on CUDA device
+                              * gpus[i % n_gpus] with its routed experts (no hosttier) */
+    int gpus[RT_CLUSTER_MAX_GPUS];
     int verbose;             /* children log at DEBUG */
     int quiet;               /* children write no log lines (--log-disable); a load
                               * failure still reaches the router as an Error */

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,9 +21,13 @@
 
 #include "api.h"
 #include "args.h"
+#include "bl_config.h"
 #include "file.h"
 #include "log.h"
 #include "../worker/wk.h"
+#if BL_HAVE_CUDA
+#include "kcuda.h"
+#endif
 
 #define PROG "bloomery-serve"
 #define MAX_BODY_BYTES ((size_t)32 << 20)  /* request bodies larger than this: 413 */
@@ -313,44 +318,112 @@ static int arg_seen(const bl_arg_t *args, int n_args, const char *long_name)
 
 /* --- start-up checks ---------------------------------------------------------------- */
 
-/* The placement flags: what keeps everything on the CPU is accepted; a request for
- * a device this build cannot use is refused by name. */
-static int check_placement(const opts_t *o, bl_err_t *err)
+/* CUDA devices this machine has: 0 in a build without CUDA, without a driver or
+ * without a card. */
+static int count_gpus(void)
 {
+#if BL_HAVE_CUDA
+    int n = 0;
+    bl_err_t err = {0};
+    if (kcuda_device_count(&n, &err) != 0) {
+        BL_LOG(BL_LOG_WARN, "event=no_gpu reason=\"%s\"", err.msg);
+        return 0;
+    }
+    return n;
+#else
+    return 0;
+#endif
+}
+
+/* Parses -dev: "none", or a comma list of CUDA devices ("cuda0", "CUDA1"); each must
+ * exist. Fills gpus[] with their ordinals; *n = 0 for none. */
+static int parse_devices(const char *v, int have, int *gpus, int *n, bl_err_t *err)
+{
+    *n = 0;
+    if (!strcmp(v, "none"))
+        return 0;
+    for (const char *p = v; *p;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char one[32];
+        int64_t idx = -1;
+        if (len >= sizeof one)
+            return bl_err_set(err, BL_EINVAL, "--device: '%.40s' is not none or cudaN", p);
+        memcpy(one, p, len);
+        one[len] = '\0';
+        if (strncasecmp(one, "cuda", 4) != 0 || bl_parse_i64(one + 4, &idx) != 0 || idx < 0)
+            return bl_err_set(err, BL_EINVAL, "--device: '%s' is not none or cudaN", one);
+        if (idx >= have)
+            return bl_err_set(err, BL_ENOTSUP, "--device %s: no such device (this machine has %d "
+                              "CUDA device%s)", one, have, have == 1 ? "" : "s");
+        if (*n >= RT_CLUSTER_MAX_GPUS)
+            return bl_err_set(err, BL_EINVAL, "--device: more than %d devices", RT_CLUSTER_MAX_GPUS);
+        gpus[(*n)++] = (int)idx;
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    return 0;
+}
+
+/* The placement flags with llama-server's meaning, against what exists: the whole
+ * model on the CPU, or every layer on CUDA devices (stage i on gpus[i % n]). The
+ * default, as in llama-server, is every layer on the GPU when there is one. What
+ * asks for a split that does not exist yet (part of the layers, a tensor split,
+ * routed experts in host RAM beside a GPU, another buffer type) is refused by name. */
+static int resolve_placement(const opts_t *o, int64_t n_layer, int *gpus, int *n_gpus,
+                             bl_err_t *err)
+{
+    const int have = count_gpus();
+    *n_gpus = 0;
+    for (int i = 0; i < have && i < RT_CLUSTER_MAX_GPUS; i++)
+        gpus[(*n_gpus)++] = i;
+    if (o->device) {
+        int rc = parse_devices(o->device, have, gpus, n_gpus, err);
+        if (rc)
+            return rc;
+    }
     if (o->gpu_layers) {
-        int64_t n;
+        int64_t n = -1;
         const char *v = o->gpu_layers;
-        int cpu = !strcmp(v, "auto") || (bl_parse_i64(v, &n) == 0 && (n == 0 || n == -1));
-        if (!cpu && strcmp(v, "all") != 0 && bl_parse_i64(v, &n) != 0)
-            return bl_err_set(err, BL_EINVAL, "--gpu-layers: '%.32s' is not a number, auto or all",
-                              v);
-        if (!cpu)
+        const int is_auto = !strcmp(v, "auto"), all = is_auto || !strcmp(v, "all");
+        if (!all && bl_parse_i64(v, &n) != 0)
+            return bl_err_set(err, BL_EINVAL, "--gpu-layers: '%.32s' is not a number, auto or all", v);
+        if (all && !is_auto)
+            n = INT64_MAX;
+        /* auto and -1 take a GPU when there is one; a number or "all" asks for one */
+        if (n == 0)
+            *n_gpus = 0;
+        else if (!is_auto && n != -1 && have == 0)
             return bl_err_set(err, BL_ENOTSUP,
-                              "--gpu-layers %s: GPU offload is not available in this build; "
-                              "every layer runs on the CPU (use -ngl 0)",
-                              v);
+                              "--gpu-layers %s: GPU offload needs a CUDA device and this machine "
+                              "has none; every layer runs on the CPU (use -ngl 0)", v);
+        else if (!all && n > 0 && n < n_layer && *n_gpus > 0)
+            return bl_err_set(err, BL_ENOTSUP,
+                              "--gpu-layers %s: part of the layers on the GPU (%lld of %lld) is not "
+                              "supported yet; use -ngl 0 or -ngl all", v, (long long)n, (long long)n_layer);
     }
     if (o->tensor_split)
         return bl_err_set(err, BL_ENOTSUP,
-                          "--tensor-split %s: there are no GPUs to split the model across in "
-                          "this build",
+                          "--tensor-split %s: splitting the model across GPUs by proportion is "
+                          "not supported yet (--workers N puts stage i on the i-th device)",
                           o->tensor_split);
-    if (o->device && strcmp(o->device, "none") != 0)
+    if (*n_gpus > 0 && (o->cpu_moe || o->n_cpu_moe > 0))
         return bl_err_set(err, BL_ENOTSUP,
-                          "--device %s: no such device; this build runs on the CPU only "
-                          "(use -dev none)",
-                          o->device);
+                          "%s: routed experts in host RAM beside a GPU worker are not supported "
+                          "yet; with -ngl 0 everything, experts included, runs on the CPU",
+                          o->cpu_moe ? "--cpu-moe" : "--n-cpu-moe");
     for (int i = 0; i < o->n_override_tensor; i++) {
         for (const char *p = o->override_tensor[i]; *p;) {
             const char *comma = strchr(p, ',');
             size_t n = comma ? (size_t)(comma - p) : strlen(p);
             const char *eq = memchr(p, '=', n);
             size_t blen = (size_t)(p + n - (eq + 1));
-            if (!(blen == 3 && strncasecmp(eq + 1, "CPU", 3) == 0))
+            if (!(blen == 3 && strncasecmp(eq + 1, "CPU", 3) == 0) || *n_gpus > 0)
                 return bl_err_set(err, BL_ENOTSUP,
-                                  "--override-tensor %.*s: buffer type '%.*s' does not exist in "
-                                  "this build (only CPU)",
-                                  (int)n, p, (int)blen, eq + 1);
+                                  "--override-tensor %.*s: placing tensors by name is supported only "
+                                  "with everything on the CPU (-ngl 0, buffer type CPU)",
+                                  (int)n, p);
             if (!comma)
                 break;
             p = comma + 1;
@@ -670,6 +743,18 @@ static void model_facts(rt_app_t *app, const bl_gguf_t *g)
     app->model_bytes = bytes;
 }
 
+/* The model's layer count (0 when the file does not say). */
+static int64_t model_layers(const bl_gguf_t *g)
+{
+    char arch[64] = "", key[128];
+    bl_gguf_str_t s;
+    if (bl_gguf_get_str(g, "general.architecture", &s, NULL) == 0)
+        snprintf(arch, sizeof arch, "%.*s", (int)(s.len < 63 ? s.len : 63), s.ptr);
+    snprintf(key, sizeof key, "%s.block_count", arch);
+    int64_t v = 0;
+    return bl_gguf_get_i64(g, key, &v, NULL) == 0 && v > 0 ? v : 0;
+}
+
 /* The model name shown to clients: -a, else the file name. */
 static char *default_alias(const char *path)
 {
@@ -737,7 +822,7 @@ int main(int argc, char **argv)
         goto out;
     }
     uint32_t ktype, vtype;
-    if (check_placement(&o, &err) || kv_type_of("--cache-type-k", o.cache_type_k, &ktype, &err) ||
+    if (kv_type_of("--cache-type-k", o.cache_type_k, &ktype, &err) ||
         kv_type_of("--cache-type-v", o.cache_type_v, &vtype, &err) || load_keys(&o, &keys, &err))
         goto fail;
     if (ktype != vtype) {
@@ -761,6 +846,9 @@ int main(int argc, char **argv)
 
     rt_app_t *app = &s->app;
     model_facts(app, g);
+    int gpus[RT_CLUSTER_MAX_GPUS], n_gpus = 0;
+    if (resolve_placement(&o, model_layers(g), gpus, &n_gpus, &err) != 0)
+        goto fail;
     int64_t n_ctx = o.ctx;
     if (n_ctx == 0) {
         if (app->n_ctx_train <= 0) {
@@ -842,7 +930,9 @@ int main(int argc, char **argv)
         .kv_type = ktype,
         .verbose = o.verbose,
         .quiet = o.log_disable,
+        .n_gpus = n_gpus,
     };
+    memcpy(co.gpus, gpus, sizeof co.gpus);
     if (rt_cluster_create(&cluster, &co, &err) != 0)
         goto fail;
     app->cluster = cluster;
