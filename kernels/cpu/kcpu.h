@@ -6,20 +6,21 @@
  * Numeric modes, fixed when a context is created:
  *   precise: activations stay f32; a weight row is dequantized exactly with the
  *            reference dequantizer and dotted in f32 (the _ref dot sums in double).
- *   fast:    activations are quantized to the weight's partner format (q8_K for
- *            K-quants, q8_0 for q8_0/q4_0) and dotted in integers; a weight format
- *            without an integer kernel takes the precise path. By default each
- *            activation row is stored as two q8 rows, the value and the residual it
- *            leaves, and each weight row is dotted with both (KCPU_FAST16): about
- *            16-bit activations for twice the integer arithmetic but the same weight
- *            traffic. KCPU_FAST8 keeps one term, as llama.cpp does; its error is
- *            llama.cpp's (mean |dlogit| ~0.06 on the tiny oracle model against
- *            ~0.0007 for two terms). f32 and f16 weights are always dotted in f32.
+ *   fast:    activations are quantized to the weight's partner format and dotted
+ *            in integers; a weight format without an integer kernel takes the
+ *            precise path. By default (KCPU_FAST16) K-quant weights meet 16-bit
+ *            activations (kcpu_block_q16_K, _mm256_madd_epi16 against int16 weights
+ *            times their scales), and q8_0/q4_0 weights two q8_0 rows, the value and
+ *            the residual it leaves; a matrix marked act_q8 (the output head) keeps
+ *            two q8_K rows. KCPU_FAST8 keeps one q8 term, as llama.cpp does; its
+ *            error is llama.cpp's (mean |dlogit| ~0.06 on the tiny oracle model
+ *            against ~0.0009 for 16 bits). f32 and f16 weights are dotted in f32.
  * Results never depend on the thread count: every output element is computed by
  * one thread with the same code in the same order. Nor on the batch: a batch of
- * K-quant products unpacks each weight row once per tile of activation rows
- * (kcpu_kunpacked_t) and its kernels repeat the packed kernels' float steps, so a
- * row gets the same bits alone, in a prompt, or in kcpu_matmul_many. */
+ * K-quant products unpacks each weight row once per tile (kcpu_kunpacked16_t,
+ * kcpu_kunpacked_t) and its kernels form the packed kernels' integer lane sums and
+ * repeat their float steps, so a row gets the same bits alone, in a prompt, or in
+ * kcpu_matmul_many. */
 #ifndef KCPU_H
 #define KCPU_H
 
@@ -124,6 +125,71 @@ void kcpu_vec_dotu2_q5_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *xa, co
 void kcpu_vec_dotu2_q6_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *xa, const void *xb,
                                    size_t term_bytes, int terms, int64_t n, float out[2]);
 
+/* The fast path's activation block for K-quant weights: 256 values as x = d * q
+ * with |q| <= 32767 (16 bits: the precision of two q8 terms at one term's integer
+ * multiplies, through _mm256_madd_epi16), and bsum[j] = d * the sum of q over
+ * sub-block j of 32 (what the q4_K/q5_K mins meet). 576 bytes, a multiple of 64. */
+typedef struct kcpu_block_q16_K {
+    int16_t q[256];
+    float bsum[8];
+    float d;
+    float _pad[7];
+} kcpu_block_q16_K;
+
+/* Quantizes n values (a multiple of 256) of x into n / 256 blocks; the AVX2 variant
+ * writes the same bytes. */
+void kcpu_quantize_row_q16_K_ref(const float *x, kcpu_block_q16_K *y, int64_t n);
+void kcpu_quantize_row_q16_K_avx2(const float *x, kcpu_block_q16_K *y, int64_t n);
+
+float kcpu_vec_dot_q4_K_q16_K_ref(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot_q5_K_q16_K_ref(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot_q6_K_q16_K_ref(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot_q4_K_q16_K_avx2(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot_q5_K_q16_K_avx2(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot_q6_K_q16_K_avx2(const void *w, const void *x, int64_t n);
+
+/* A K-quant weight block unpacked for q16_K activations: w holds each weight's
+ * integer times its group scale (sc * q for q4_K/q5_K, at most 1953; sc * (q - 32)
+ * for q6_K, at most 4096 in magnitude) in element order, mins the float
+ * dmin * m of each sub-block of 32 (0 for q6_K). 576 bytes. */
+typedef struct kcpu_kunpacked16 {
+    int16_t w[256];
+    float mins[8];
+    float d;
+    float _pad[7];
+} kcpu_kunpacked16_t;
+
+/* Unpack the n / 256 blocks of one weight row into u; the AVX2 variants write the
+ * same bytes. */
+void kcpu_unpack16_q4_K(const void *w, kcpu_kunpacked16_t *u, int64_t n);
+void kcpu_unpack16_q5_K(const void *w, kcpu_kunpacked16_t *u, int64_t n);
+void kcpu_unpack16_q6_K(const void *w, kcpu_kunpacked16_t *u, int64_t n);
+void kcpu_unpack16_q4_K_avx2(const void *w, kcpu_kunpacked16_t *u, int64_t n);
+void kcpu_unpack16_q5_K_avx2(const void *w, kcpu_kunpacked16_t *u, int64_t n);
+void kcpu_unpack16_q6_K_avx2(const void *w, kcpu_kunpacked16_t *u, int64_t n);
+
+/* The batched product's register tile: nr (1 or 2) unpacked weight rows (u[0], and
+ * u[1] when nr is 2; nb blocks each) against nc (1..4) activation rows x[0..nc),
+ * out[r * 4 + c] = dot(weight row r, activation row c). q6 is 1 for q6_K rows. Each
+ * output has the bits of the packed kcpu_vec_dot_*_q16_K_avx2 of the same rows. */
+void kcpu_gemm_u16_q16_K_avx2(const kcpu_kunpacked16_t *const u[2], int nr,
+                              const kcpu_block_q16_K *const x[4], int nc, int64_t nb, int q6,
+                              float out[8]);
+
+/* Attention over an f16 cache for ng (1..8) query heads sharing one KV head, each
+ * cache row read and converted once for all of them. qk: sc[g * ld + s] = scale *
+ * dot(q row g, K row s) for s < len, q (ng, hd), K rows k_stride elements apart.
+ * pv: out row g (ng, hd) = sum over s < len of p[g * ld + s] * V row s, in order of s.
+ * The AVX2 variants need hd a multiple of 8. */
+void kcpu_att_qk_f16_ref(const float *q, int ng, const uint16_t *k, int64_t k_stride, int64_t len,
+                         int64_t hd, float scale, float *sc, int64_t ld);
+void kcpu_att_pv_f16_ref(const float *p, int ng, int64_t ld, const uint16_t *v, int64_t v_stride,
+                         int64_t len, int64_t hd, float *out);
+void kcpu_att_qk_f16_avx2(const float *q, int ng, const uint16_t *k, int64_t k_stride, int64_t len,
+                          int64_t hd, float scale, float *sc, int64_t ld);
+void kcpu_att_pv_f16_avx2(const float *p, int ng, int64_t ld, const uint16_t *v, int64_t v_stride,
+                          int64_t len, int64_t hd, float *out);
+
 /* y[i] += a * x[i] for n elements; the V side of attention. */
 void kcpu_axpy_f32_ref(float *y, float a, const float *x, int64_t n);
 void kcpu_axpy_f16_ref(float *y, float a, const uint16_t *x, int64_t n);
@@ -160,6 +226,9 @@ typedef struct kcpu_mat {
     int64_t nrows;    /* output features */
     size_t row_bytes;
     int precise;      /* 1: always the precise path, even in a fast context */
+    int act_q8;       /* 1: K-quant rows meet two q8_K terms, not q16_K, in a
+                       * KCPU_FAST16 context (for a matrix only decode streams, like
+                       * the output head: its q8 kernels read faster) */
 } kcpu_mat_t;
 
 /* Fills m for a tensor of type with rows of ncols; BL_ERANGE/BL_EINVAL as bl_row_bytes. */
@@ -182,7 +251,7 @@ typedef struct kcpu_ctx kcpu_ctx_t;
 
 /* Numeric modes (see the top of this file). */
 enum {
-    KCPU_FAST16 = 0,  /* fast path, each activation row as a q8 value plus a q8 residual */
+    KCPU_FAST16 = 0,  /* fast path, 16-bit activations (K-quants) or a q8 value plus a q8 residual */
     KCPU_PRECISE = 1, /* f32 activations, exactly dequantized weights */
     KCPU_FAST8 = 2,   /* fast path, one q8 term per activation row (llama.cpp's scheme) */
 };

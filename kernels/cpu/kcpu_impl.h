@@ -30,6 +30,11 @@ typedef void (*kcpu_unpack_fn)(const void *w, kcpu_kunpacked_t *u, int64_t n);
 typedef float (*kcpu_dotu_fn)(const kcpu_kunpacked_t *u, const void *x0, const void *x1, int64_t n);
 typedef void (*kcpu_dotu2_fn)(const kcpu_kunpacked_t *u, const void *xa, const void *xb,
                               size_t term_bytes, int terms, int64_t n, float out[2]);
+typedef void (*kcpu_quant16_fn)(const float *x, kcpu_block_q16_K *y, int64_t n);
+typedef void (*kcpu_unpack16_fn)(const void *w, kcpu_kunpacked16_t *u, int64_t n);
+typedef void (*kcpu_gemm16_fn)(const kcpu_kunpacked16_t *const u[2], int nr,
+                               const kcpu_block_q16_K *const x[4], int nc, int64_t nb, int q6,
+                               float out[8]);
 
 /* One kernel set; chosen once by kcpu_init. */
 typedef struct kcpu_kernels {
@@ -59,6 +64,22 @@ typedef struct kcpu_kernels {
     kcpu_dotu2_fn dotu2_q4_K_q8_K;
     kcpu_dotu2_fn dotu2_q5_K_q8_K;
     kcpu_dotu2_fn dotu2_q6_K_q8_K;
+    /* 16-bit activations (the default fast path for K-quants). gemm16 NULL: a batch
+     * runs the packed dots row by row. */
+    kcpu_quant16_fn quantize_q16_K;
+    kcpu_dot_fn dot_q4_K_q16_K;
+    kcpu_dot_fn dot_q5_K_q16_K;
+    kcpu_dot_fn dot_q6_K_q16_K;
+    kcpu_unpack16_fn unpack16_q4_K;
+    kcpu_unpack16_fn unpack16_q5_K;
+    kcpu_unpack16_fn unpack16_q6_K;
+    kcpu_gemm16_fn gemm16;
+    /* Attention over an f16 cache, a KV head's query heads at once (hd % 8 == 0 for
+     * the AVX2 set; other head sizes take the references). */
+    void (*att_qk_f16)(const float *q, int ng, const uint16_t *k, int64_t k_stride, int64_t len,
+                       int64_t hd, float scale, float *sc, int64_t ld);
+    void (*att_pv_f16)(const float *p, int ng, int64_t ld, const uint16_t *v, int64_t v_stride,
+                       int64_t len, int64_t hd, float *out);
 } kcpu_kernels_t;
 
 /* The set in use; valid after kcpu_init. */

@@ -44,6 +44,12 @@ static const kcpu_kernels_t kernels_ref = {
     .dot2_q6_K_q8_K = kcpu_vec_dot2_q6_K_q8_K_ref,
     .axpy_f32 = kcpu_axpy_f32_ref,
     .axpy_f16 = kcpu_axpy_f16_ref,
+    .quantize_q16_K = kcpu_quantize_row_q16_K_ref,
+    .dot_q4_K_q16_K = kcpu_vec_dot_q4_K_q16_K_ref,
+    .dot_q5_K_q16_K = kcpu_vec_dot_q5_K_q16_K_ref,
+    .dot_q6_K_q16_K = kcpu_vec_dot_q6_K_q16_K_ref,
+    .att_qk_f16 = kcpu_att_qk_f16_ref,
+    .att_pv_f16 = kcpu_att_pv_f16_ref,
 };
 
 static const kcpu_kernels_t kernels_avx2 = {
@@ -71,6 +77,16 @@ static const kcpu_kernels_t kernels_avx2 = {
     .dotu2_q4_K_q8_K = kcpu_vec_dotu2_q4_K_q8_K_avx2,
     .dotu2_q5_K_q8_K = kcpu_vec_dotu2_q5_K_q8_K_avx2,
     .dotu2_q6_K_q8_K = kcpu_vec_dotu2_q6_K_q8_K_avx2,
+    .quantize_q16_K = kcpu_quantize_row_q16_K_avx2,
+    .dot_q4_K_q16_K = kcpu_vec_dot_q4_K_q16_K_avx2,
+    .dot_q5_K_q16_K = kcpu_vec_dot_q5_K_q16_K_avx2,
+    .dot_q6_K_q16_K = kcpu_vec_dot_q6_K_q16_K_avx2,
+    .unpack16_q4_K = kcpu_unpack16_q4_K_avx2,
+    .unpack16_q5_K = kcpu_unpack16_q5_K_avx2,
+    .unpack16_q6_K = kcpu_unpack16_q6_K_avx2,
+    .gemm16 = kcpu_gemm_u16_q16_K_avx2,
+    .att_qk_f16 = kcpu_att_qk_f16_avx2,
+    .att_pv_f16 = kcpu_att_pv_f16_avx2,
 };
 
 const kcpu_kernels_t *kcpu__k = &kernels_ref;
@@ -162,6 +178,37 @@ static kcpu_dot_fn int_dot(uint32_t t)
     case BL_TYPE_Q4_K: return kcpu__k->dot_q4_K_q8_K;
     case BL_TYPE_Q5_K: return kcpu__k->dot_q5_K_q8_K;
     case BL_TYPE_Q6_K: return kcpu__k->dot_q6_K_q8_K;
+    default: return NULL;
+    }
+}
+
+/* The fast path's activation kind for matrix w in a context of act_terms: the
+ * public kcpu_act_type, except that in KCPU_FAST16 (act_terms 2) K-quants take one
+ * 16-bit q16_K term (KCPU__ACT_Q16_K) instead of two q8_K rows, unless w->act_q8. */
+#define KCPU__ACT_Q16_K 0x10016
+
+static int act_kind(int act_terms, const kcpu_mat_t *w)
+{
+    const int a = kcpu_act_type(w->type);
+    return a == BL_TYPE_Q8_K && act_terms == 2 && !w->act_q8 ? KCPU__ACT_Q16_K : a;
+}
+
+static kcpu_dot_fn int_dot16(uint32_t t)
+{
+    switch (t) {
+    case BL_TYPE_Q4_K: return kcpu__k->dot_q4_K_q16_K;
+    case BL_TYPE_Q5_K: return kcpu__k->dot_q5_K_q16_K;
+    case BL_TYPE_Q6_K: return kcpu__k->dot_q6_K_q16_K;
+    default: return NULL;
+    }
+}
+
+static kcpu_unpack16_fn int_unpack16(uint32_t t)
+{
+    switch (t) {
+    case BL_TYPE_Q4_K: return kcpu__k->unpack16_q4_K;
+    case BL_TYPE_Q5_K: return kcpu__k->unpack16_q5_K;
+    case BL_TYPE_Q6_K: return kcpu__k->unpack16_q6_K;
     default: return NULL;
     }
 }
@@ -363,6 +410,7 @@ int kcpu_mat_init(kcpu_mat_t *m, const void *data, uint32_t type, int64_t ncols,
     m->nrows = nrows;
     m->row_bytes = rb;
     m->precise = 0;
+    m->act_q8 = 0;
     return 0;
 }
 
@@ -374,6 +422,9 @@ kcpu_mat_t kcpu_mat_rows(const kcpu_mat_t *m, int64_t r0, int64_t n)
     return s;
 }
 
+/* Query heads of one KV head attended together over an f16 cache. */
+#define ATT_GROUP 8
+
 /* Weight rows dequantized per tile in the precise path: small enough to stay in
  * L1/L2 while every activation row of the batch passes over them. */
 #define MM_TILE 16
@@ -384,6 +435,11 @@ kcpu_mat_t kcpu_mat_rows(const kcpu_mat_t *m, int64_t r0, int64_t n)
  * terms) stay in L2, so each weight block is decoded once per MM_UBATCH rows. */
 #define MM_UROWS 4
 #define MM_UBATCH 64
+
+/* Weight rows per unpacked q16_K tile: 16 rows of 2048 columns are 74 KB, in L2,
+ * while each group of 4 activation rows (18 KB) stays in L1 as the tile's row
+ * pairs pass over it. */
+#define MM_U16ROWS 16
 
 struct kcpu_ctx {
     kcpu_pool_t *pool;
@@ -427,8 +483,13 @@ int kcpu_ctx_create(kcpu_ctx_t **out, int n_threads, int mode, const kcpu_limits
      * residual and MM_UROWS unpacked K-quant rows (552 bytes per 256 columns). */
     _Static_assert(MM_UROWS * sizeof(kcpu_kunpacked_t) <= MM_TILE * sizeof(float) * BL_QK_K,
                    "unpacked tile fits the dequantization scratch");
+    _Static_assert(MM_U16ROWS * sizeof(kcpu_kunpacked16_t) <= MM_TILE * sizeof(float) * BL_QK_K,
+                   "unpacked q16_K tile fits the dequantization scratch");
+    /* A q16_K row takes the room of two q8_K rows (see mm_prepare). */
+    _Static_assert(sizeof(kcpu_block_q16_K) <= 2 * sizeof(bl_block_q8_K), "q16_K row fits");
     c->deq = malloc(sizeof(float) * (size_t)n_threads * MM_TILE * (size_t)lim->max_cols);
-    c->att_stride = (size_t)(lim->max_ctx + lim->head_dim + 16);
+    /* Scores of ATT_GROUP heads (f16 caches) or one score row and a dequantized head. */
+    c->att_stride = (size_t)(ATT_GROUP * lim->max_ctx + lim->head_dim + 16);
     c->att = malloc(sizeof(float) * (size_t)n_threads * c->att_stride);
     if (!c->actq || !c->deq || !c->att) {
         rc = bl_err_set(err, BL_ENOMEM, "out of memory for kernel scratch (%d threads, batch %lld)",
@@ -474,13 +535,16 @@ typedef struct mm_task {
     int64_t n;
     float *y;       /* (n, nrows) */
     int mode;
-    int act;        /* MM_INT: the activation type */
+    int act;        /* MM_INT: the activation type, or KCPU__ACT_Q16_K */
     kcpu_dot_fn dot;   /* MM_INT, one term */
     kcpu_dot2_fn dot2; /* MM_INT, two terms */
     kcpu_dotu_fn dotu; /* MM_INT with a batch: the unpacked dot, or NULL */
     kcpu_dotu2_fn dotu2; /* with dotu: two activation rows at once */
     kcpu_unpack_fn unpack;
-    uint8_t *actq;  /* MM_INT: (nx, terms, act_row_bytes), a slice of c->actq */
+    kcpu_unpack16_fn unpack16; /* q16_K with a batch and a tile kernel, or NULL */
+    int q6;         /* the weights are q6_K (the tile kernel's flag) */
+    uint8_t *actq;  /* MM_INT: nx rows xstride bytes apart, a slice of c->actq */
+    size_t xstride; /* MM_INT: bytes per quantized activation row */
     int shared_act; /* MM_INT: actq is an earlier product's (same x), not quantized again */
     int terms;      /* MM_INT: q8 terms per activation row */
 } mm_task_t;
@@ -494,6 +558,10 @@ typedef struct mm_group {
     int nt;
     int64_t act_rows; /* sum of nx over MM_INT products that quantize their own */
     int64_t w_rows;   /* sum of nrows */
+    /* The weight rows are handed out in chunks of chunk rows from next (relaxed:
+     * the pool's start and end order everything else). */
+    _Atomic int64_t next;
+    int64_t chunk;
 } mm_group_t;
 
 /* The activation row output row b of t reads. */
@@ -507,8 +575,12 @@ static void mm_quantize_row(const mm_task_t *t, int64_t b, float *res)
     const int64_t k = t->w->ncols;
     const int terms = t->terms;
     const float *x = t->x + b * k;
+    if (t->act == KCPU__ACT_Q16_K) {
+        kcpu__k->quantize_q16_K(x, (kcpu_block_q16_K *)(t->actq + (size_t)b * t->xstride), k);
+        return;
+    }
     for (int term = 0; term < terms; term++) {
-        void *dst = t->actq + (size_t)(b * terms + term) * t->c->act_row_bytes;
+        void *dst = t->actq + (size_t)b * t->xstride + (size_t)term * t->c->act_row_bytes;
         if (t->act == BL_TYPE_Q8_K) {
             bl_quantize_row_q8_K_ref(x, dst, k);
             if (term + 1 < terms)
@@ -563,8 +635,8 @@ static void mm_rows_unpacked(const mm_task_t *t, int ith, int64_t lo, int64_t hi
                 t->unpack(wd + (size_t)r * w->row_bytes, u + (r - r0) * nblk, k);
             int64_t b = b0;
             for (; b + 1 < b1; b += 2) {
-                const uint8_t *xa = t->actq + (size_t)mm_xrow(t, b) * (size_t)terms * arb;
-                const uint8_t *xb = t->actq + (size_t)mm_xrow(t, b + 1) * (size_t)terms * arb;
+                const uint8_t *xa = t->actq + (size_t)mm_xrow(t, b) * t->xstride;
+                const uint8_t *xb = t->actq + (size_t)mm_xrow(t, b + 1) * t->xstride;
                 for (int64_t r = r0; r < r1; r++) {
                     float o[2];
                     t->dotu2(u + (r - r0) * nblk, xa, xb, arb, terms, k, o);
@@ -573,10 +645,45 @@ static void mm_rows_unpacked(const mm_task_t *t, int ith, int64_t lo, int64_t hi
                 }
             }
             for (; b < b1; b++) {
-                const uint8_t *xq = t->actq + (size_t)mm_xrow(t, b) * (size_t)terms * arb;
+                const uint8_t *xq = t->actq + (size_t)mm_xrow(t, b) * t->xstride;
                 const void *x1 = terms == 2 ? xq + arb : NULL;
                 for (int64_t r = r0; r < r1; r++)
                     t->y[b * nr + r] = t->dotu(u + (r - r0) * nblk, xq, x1, k);
+            }
+        }
+    }
+}
+
+/* MM_INT with q16_K activations over a batch: tiles of MM_U16ROWS weight rows are
+ * unpacked once for all n activation rows, which pass over them 4 at a time in
+ * register tiles of 2 weight rows by 4 activation rows. Each output is the packed
+ * dot's bits (kcpu_gemm_u16_q16_K_avx2), whatever the tile it fell in. */
+static void mm_rows_unpacked16(const mm_task_t *t, int ith, int64_t lo, int64_t hi)
+{
+    const kcpu_mat_t *w = t->w;
+    const int64_t k = w->ncols, nr = w->nrows;
+    const uint8_t *wd = w->data;
+    const int64_t nblk = k / BL_QK_K;
+    kcpu_kunpacked16_t *u =
+        (kcpu_kunpacked16_t *)(t->c->deq + (size_t)ith * MM_TILE * (size_t)t->c->lim.max_cols);
+    for (int64_t r0 = lo; r0 < hi; r0 += MM_U16ROWS) {
+        const int64_t r1 = r0 + MM_U16ROWS < hi ? r0 + MM_U16ROWS : hi;
+        for (int64_t r = r0; r < r1; r++)
+            t->unpack16(wd + (size_t)r * w->row_bytes, u + (r - r0) * nblk, k);
+        for (int64_t b0 = 0; b0 < t->n; b0 += 4) {
+            const int nc = t->n - b0 < 4 ? (int)(t->n - b0) : 4;
+            const kcpu_block_q16_K *x[4];
+            for (int c = 0; c < 4; c++)
+                x[c] = (const kcpu_block_q16_K *)(t->actq +
+                                                   (size_t)mm_xrow(t, b0 + (c < nc ? c : 0)) * t->xstride);
+            for (int64_t r = r0; r < r1; r += 2) {
+                const int nw = r1 - r < 2 ? 1 : 2;
+                const kcpu_kunpacked16_t *ur[2] = {u + (r - r0) * nblk, u + (r + nw - 1 - r0) * nblk};
+                float o[8];
+                kcpu__k->gemm16(ur, nw, x, nc, nblk, t->q6, o);
+                for (int i = 0; i < nw; i++)
+                    for (int c = 0; c < nc; c++)
+                        t->y[(b0 + c) * nr + r + i] = o[4 * i + c];
             }
         }
     }
@@ -599,6 +706,10 @@ static void mm_rows_range(const mm_task_t *t, int ith, int64_t lo, int64_t hi)
     const int64_t k = w->ncols, nr = w->nrows;
     const uint8_t *wd = w->data;
     float *deq = t->c->deq + (size_t)ith * MM_TILE * (size_t)t->c->lim.max_cols;
+    if (t->mode == MM_INT && t->unpack16) {
+        mm_rows_unpacked16(t, ith, lo, hi);
+        return;
+    }
     if (t->mode == MM_INT && t->dotu) {
         mm_rows_unpacked(t, ith, lo, hi);
         return;
@@ -632,7 +743,7 @@ static void mm_rows_range(const mm_task_t *t, int ith, int64_t lo, int64_t hi)
         case MM_INT:
             for (int64_t b = 0; b < t->n; b++) {
                 const size_t arb = t->c->act_row_bytes;
-                const uint8_t *xq = t->actq + (size_t)mm_xrow(t, b) * (size_t)t->terms * arb;
+                const uint8_t *xq = t->actq + (size_t)mm_xrow(t, b) * t->xstride;
                 if (t->terms == 2)
                     for (int64_t r = r0; r < r1; r++) {
                         if (r + MM_PF_ROWS < hi)
@@ -652,17 +763,27 @@ static void mm_rows_range(const mm_task_t *t, int ith, int64_t lo, int64_t hi)
 }
 
 /* Thread ith's contiguous share of the concatenated weight rows of the group. */
+/* Chunks of the concatenated weight rows of the group, taken by whichever thread
+ * is free: on a machine shared with other work a preempted thread no longer holds
+ * up the step with a fixed share. Which thread computes a row changes no bit: every
+ * row's output is the same code on the same data, whatever chunk or tile it is in. */
 static void mm_rows(void *p, int ith, int nth)
 {
-    const mm_group_t *g = p;
-    int64_t lo, hi, at = 0;
-    split(g->w_rows, ith, nth, &lo, &hi);
-    for (int j = 0; j < g->nt && at < hi; j++) {
-        const int64_t nr = g->t[j].w->nrows;
-        const int64_t a = lo > at ? lo - at : 0, b = hi - at < nr ? hi - at : nr;
-        if (a < b)
-            mm_rows_range(&g->t[j], ith, a, b);
-        at += nr;
+    mm_group_t *g = p;
+    (void)nth;
+    for (;;) {
+        const int64_t lo = atomic_fetch_add_explicit(&g->next, g->chunk, memory_order_relaxed);
+        if (lo >= g->w_rows)
+            break;
+        const int64_t hi = lo + g->chunk < g->w_rows ? lo + g->chunk : g->w_rows;
+        int64_t at = 0;
+        for (int j = 0; j < g->nt && at < hi; j++) {
+            const int64_t nr = g->t[j].w->nrows;
+            const int64_t a = lo > at ? lo - at : 0, b = hi - at < nr ? hi - at : nr;
+            if (a < b)
+                mm_rows_range(&g->t[j], ith, a, b);
+            at += nr;
+        }
     }
 }
 
@@ -679,14 +800,26 @@ static void mm_prepare(kcpu_ctx_t *c, mm_task_t *t, const kcpu_mm_job_t *jb, int
         t->mode = MM_F16;
     } else if (!c->precise && !w->precise && kcpu_act_type(w->type) >= 0) {
         t->mode = MM_INT;
-        t->act = kcpu_act_type(w->type);
-        t->dot = int_dot(w->type);
-        t->dot2 = int_dot2(w->type);
-        /* One row gains nothing from unpacking: it streams the packed weights. */
-        if (jb->n > 1)
-            t->dotu = int_dotu(w->type, &t->unpack, &t->dotu2);
-        t->terms = c->act_terms;
+        t->act = act_kind(c->act_terms, w);
+        /* Every row has the room of two q8 rows: q8 terms are act_row_bytes apart,
+         * a q16_K row takes the room of both. */
         t->actq = (uint8_t *)c->actq + (size_t)(*act_at * 2) * c->act_row_bytes;
+        t->q6 = w->type == BL_TYPE_Q6_K;
+        if (t->act == KCPU__ACT_Q16_K) {
+            t->terms = 1;
+            t->xstride = 2 * c->act_row_bytes;
+            t->dot = int_dot16(w->type);
+            /* One row gains nothing from unpacking: it streams the packed weights. */
+            if (jb->n > 1 && kcpu__k->gemm16)
+                t->unpack16 = int_unpack16(w->type);
+        } else {
+            t->terms = c->act_terms;
+            t->xstride = (size_t)t->terms * c->act_row_bytes;
+            t->dot = int_dot(w->type);
+            t->dot2 = int_dot2(w->type);
+            if (jb->n > 1)
+                t->dotu = int_dotu(w->type, &t->unpack, &t->dotu2);
+        }
         *act_at += nx;
     } else {
         t->mode = MM_DEQ;
@@ -703,6 +836,10 @@ static void mm_run(kcpu_ctx_t *c, mm_group_t *g)
         kcpu_pool_run(c->pool, mm_quantize, g);
     else if (g->act_rows > 0)
         mm_quantize(g, 0, 1);
+    /* About 8 chunks per thread, whole q16_K tiles. */
+    const int64_t per = g->w_rows / (8 * (int64_t)kcpu_pool_n_threads(c->pool)) + 1;
+    g->chunk = (per + MM_U16ROWS - 1) / MM_U16ROWS * MM_U16ROWS;
+    atomic_store_explicit(&g->next, 0, memory_order_relaxed);
     kcpu_pool_run(c->pool, mm_rows, g);
 }
 
@@ -732,7 +869,7 @@ void kcpu_matmul_many(kcpu_ctx_t *c, const kcpu_mm_job_t *jobs, int njobs)
         const mm_task_t *same = NULL;
         for (int i = 0; i < g.nt && !same; i++)
             if (t[i].mode == MM_INT && t[i].x == jb->x && t[i].nx == (jb->rows ? jb->nx : jb->n) &&
-                t[i].w->ncols == jb->w->ncols && t[i].act == kcpu_act_type(jb->w->type))
+                t[i].w->ncols == jb->w->ncols && t[i].act == act_kind(c->act_terms, jb->w))
                 same = &t[i];
         /* The group's quantized rows must fit the scratch: run what is there first. */
         if (!same && act + (jb->rows ? jb->nx : jb->n) > c->lim.max_batch && g.nt > 0) {
@@ -870,6 +1007,7 @@ typedef struct att_task {
     float *out;
     int64_t n, pos0, n_head, n_kv_head, hd;
     float scale;
+    _Atomic int64_t next; /* f16 caches: the next work item to take */
 } att_task_t;
 
 /* Head kvh of cache row t as a pointer to hd elements of the cache type, or, for
@@ -888,9 +1026,59 @@ static const void *kv_head(const att_task_t *t, const uint8_t *base, int64_t row
     }
 }
 
+/* An f16 cache (the default): work items are (row, KV head, up to ATT_GROUP of its
+ * query heads), so each cache row is read and converted once for the group. Items
+ * go to whichever thread is free; an item's outputs depend only on the shapes,
+ * never on the thread that ran it. */
+static void att_rows_f16(att_task_t *t, int ith)
+{
+    float *sc = t->c->att + (size_t)ith * t->c->att_stride;
+    const int64_t ld = t->c->lim.max_ctx;
+    const int64_t group = t->n_head / t->n_kv_head, nsub = (group + ATT_GROUP - 1) / ATT_GROUP;
+    const int64_t kst = (int64_t)(t->kv->row_bytes / sizeof(uint16_t));
+    const int vec = t->hd % 8 == 0;
+    const int64_t items = t->n * t->n_kv_head * nsub;
+    for (int64_t idx = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed); idx < items;
+         idx = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed)) {
+        const int64_t b = idx / (t->n_kv_head * nsub), rem = idx % (t->n_kv_head * nsub);
+        const int64_t kvh = rem / nsub, h0 = kvh * group + (rem % nsub) * ATT_GROUP;
+        const int ng = (int)(kvh * group + group - h0 < ATT_GROUP ? kvh * group + group - h0 : ATT_GROUP);
+        const int64_t len = t->pos0 + b + 1; /* causal: positions 0 .. pos0 + b */
+        const float *q = t->q + (b * t->n_head + h0) * t->hd;
+        const uint16_t *k = (const uint16_t *)t->kv->k + kvh * t->hd;
+        const uint16_t *v = (const uint16_t *)t->kv->v + kvh * t->hd;
+        if (vec)
+            kcpu__k->att_qk_f16(q, ng, k, kst, len, t->hd, t->scale, sc, ld);
+        else
+            kcpu_att_qk_f16_ref(q, ng, k, kst, len, t->hd, t->scale, sc, ld);
+        for (int g = 0; g < ng; g++) {
+            float *s = sc + g * ld, mx = -INFINITY;
+            for (int64_t j = 0; j < len; j++)
+                mx = s[j] > mx ? s[j] : mx;
+            double sum = 0.0;
+            for (int64_t j = 0; j < len; j++) {
+                s[j] = expf(s[j] - mx);
+                sum += s[j];
+            }
+            const float inv = (float)(1.0 / sum);
+            for (int64_t j = 0; j < len; j++)
+                s[j] *= inv;
+        }
+        float *o = t->out + (b * t->n_head + h0) * t->hd;
+        if (vec)
+            kcpu__k->att_pv_f16(sc, ng, ld, v, kst, len, t->hd, o);
+        else
+            kcpu_att_pv_f16_ref(sc, ng, ld, v, kst, len, t->hd, o);
+    }
+}
+
 static void att_rows(void *p, int ith, int nth)
 {
     att_task_t *t = p;
+    if (t->kv->type == BL_TYPE_F16) {
+        att_rows_f16(t, ith);
+        return;
+    }
     float *scores = t->c->att + (size_t)ith * t->c->att_stride;
     float *tmp = scores + t->c->lim.max_ctx;
     const int64_t group = t->n_head / t->n_kv_head;

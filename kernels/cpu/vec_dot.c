@@ -2,8 +2,12 @@
  * and the reference axpy of attention's V side. Every SIMD variant is tested
  * against these. Integer products are summed exactly per (sub-)block; the float
  * f32/f16 dots sum in double so that the reference is the more accurate side.
- * Also the scalar unpackers of K-quant rows for batched products. */
+ * Also the scalar unpackers of K-quant rows for batched products, and the 16-bit
+ * activation format of the fast path (kcpu_block_q16_K): its quantizer, its dots
+ * with q4_K, q5_K and q6_K, and the unpackers of its batched tiles. */
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "blocks.h"
 #include "kcpu.h"
@@ -172,6 +176,25 @@ void kcpu_axpy_f16_ref(float *y, float a, const uint16_t *x, int64_t n)
         y[i] += a * bl_fp16_to_fp32(x[i]);
 }
 
+void kcpu_att_qk_f16_ref(const float *q, int ng, const uint16_t *k, int64_t k_stride, int64_t len,
+                         int64_t hd, float scale, float *sc, int64_t ld)
+{
+    for (int64_t s = 0; s < len; s++)
+        for (int g = 0; g < ng; g++)
+            sc[g * ld + s] = kcpu_vec_dot_f16_f32_ref(k + s * k_stride, q + g * hd, hd) * scale;
+}
+
+void kcpu_att_pv_f16_ref(const float *p, int ng, int64_t ld, const uint16_t *v, int64_t v_stride,
+                         int64_t len, int64_t hd, float *out)
+{
+    for (int g = 0; g < ng; g++) {
+        for (int64_t i = 0; i < hd; i++)
+            out[g * hd + i] = 0.0f;
+        for (int64_t s = 0; s < len; s++)
+            kcpu_axpy_f16_ref(out + g * hd, p[g * ld + s], v + s * v_stride, hd);
+    }
+}
+
 // --- unpacked K-quant rows (batched matmul) ----------------------------------------------
 
 /* q4_K and q5_K: element 64j + l (l < 32) is the low nibble of qs[32j + l], element
@@ -233,5 +256,151 @@ void kcpu_unpack_q6_K(const void *w, kcpu_kunpacked_t *u, int64_t n)
             u->corr[g] = b->scales[g];
         u->d = bl_fp16_to_fp32(b->d);
         u->dmin = 0.0f;
+    }
+}
+
+// --- 16-bit activations (q16_K) ----------------------------------------------------------
+
+/* x = d * q with d = amax / 32767: the largest value maps to +-32767 and every q
+ * stays in int16 (the clamp only guards the last rounding of x * id). */
+void kcpu_quantize_row_q16_K_ref(const float *x, kcpu_block_q16_K *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / BL_QK_K; i++, x += BL_QK_K, y++) {
+        float amax = 0.0f;
+        for (int j = 0; j < BL_QK_K; j++) {
+            const float a = fabsf(x[j]);
+            amax = a > amax ? a : amax;
+        }
+        const float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        for (int j = 0; j < BL_QK_K; j++) {
+            float v = x[j] * id;
+            v = v < -32767.0f ? -32767.0f : v > 32767.0f ? 32767.0f : v;
+            y->q[j] = (int16_t)lrintf(v);
+        }
+        y->d = amax / 32767.0f;
+        for (int sb = 0; sb < 8; sb++) {
+            int32_t sum = 0;
+            for (int l = 0; l < 32; l++)
+                sum += y->q[32 * sb + l];
+            y->bsum[sb] = y->d * (float)sum;
+        }
+        memset(y->_pad, 0, sizeof y->_pad);
+    }
+}
+
+/* The q16_K dots sum each block's integer products exactly (int64) and the blocks
+ * in double: the reference is the accurate side of every comparison. */
+static float dot_q45_K_q16_K(const bl_block_q4_K *a4, const bl_block_q5_K *a5,
+                             const kcpu_block_q16_K *b, int64_t nb)
+{
+    double s = 0.0;
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
+        const uint8_t *scales = a4 ? a4[i].scales : a5[i].scales;
+        int64_t sumi = 0;
+        double summ = 0.0;
+        for (int sb = 0; sb < 8; sb++) {
+            int sc, m;
+            kcpu__k_scale_min(scales, sb, &sc, &m);
+            const uint8_t *q = qs + 32 * (sb / 2);
+            const int shift = 4 * (sb & 1);
+            int64_t isum = 0;
+            for (int l = 0; l < 32; l++) {
+                int v = (q[l] >> shift) & 0xf;
+                if (a5)
+                    v |= ((a5[i].qh[l] >> sb) & 1) << 4;
+                isum += (int64_t)v * b[i].q[32 * sb + l];
+            }
+            sumi += sc * isum;
+            summ += m * (double)b[i].bsum[sb];
+        }
+        const float d = bl_fp16_to_fp32(a4 ? a4[i].d : a5[i].d);
+        const float dmin = bl_fp16_to_fp32(a4 ? a4[i].dmin : a5[i].dmin);
+        s += (double)b[i].d * (double)d * (double)sumi - (double)dmin * summ;
+    }
+    return (float)s;
+}
+
+float kcpu_vec_dot_q4_K_q16_K_ref(const void *w, const void *x, int64_t n)
+{
+    return dot_q45_K_q16_K(w, NULL, x, n / BL_QK_K);
+}
+
+float kcpu_vec_dot_q5_K_q16_K_ref(const void *w, const void *x, int64_t n)
+{
+    return dot_q45_K_q16_K(NULL, w, x, n / BL_QK_K);
+}
+
+float kcpu_vec_dot_q6_K_q16_K_ref(const void *w, const void *x, int64_t n)
+{
+    const bl_block_q6_K *a = w;
+    const kcpu_block_q16_K *b = x;
+    double s = 0.0;
+    for (int64_t i = 0; i < n / BL_QK_K; i++) {
+        int64_t sumi = 0;
+        for (int g = 0; g < BL_QK_K / 16; g++) {
+            int64_t isum = 0;
+            for (int e = 16 * g; e < 16 * g + 16; e++) {
+                const int h = e / 128, k = (e / 32) % 4, l = e % 32;
+                const int lo = (a[i].ql[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 0xf;
+                const int hi = (a[i].qh[32 * h + l] >> (2 * k)) & 3;
+                isum += (int64_t)((lo | hi << 4) - 32) * b[i].q[e];
+            }
+            sumi += a[i].scales[g] * isum;
+        }
+        s += (double)bl_fp16_to_fp32(a[i].d) * (double)b[i].d * (double)sumi;
+    }
+    return (float)s;
+}
+
+static void unpack16_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K *a5, kcpu_kunpacked16_t *u,
+                           int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, u++) {
+        const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
+        const uint8_t *scales = a4 ? a4[i].scales : a5[i].scales;
+        const float dmin = bl_fp16_to_fp32(a4 ? a4[i].dmin : a5[i].dmin);
+        for (int sb = 0; sb < 8; sb++) {
+            int sc, m;
+            kcpu__k_scale_min(scales, sb, &sc, &m);
+            const uint8_t *q = qs + 32 * (sb / 2);
+            const int shift = 4 * (sb & 1);
+            for (int l = 0; l < 32; l++) {
+                int v = (q[l] >> shift) & 0xf;
+                if (a5)
+                    v |= ((a5[i].qh[l] >> sb) & 1) << 4;
+                u->w[32 * sb + l] = (int16_t)(sc * v);
+            }
+            u->mins[sb] = dmin * (float)m;
+        }
+        u->d = bl_fp16_to_fp32(a4 ? a4[i].d : a5[i].d);
+        memset(u->_pad, 0, sizeof u->_pad);
+    }
+}
+
+void kcpu_unpack16_q4_K(const void *w, kcpu_kunpacked16_t *u, int64_t n)
+{
+    unpack16_q45_K(w, NULL, u, n / BL_QK_K);
+}
+
+void kcpu_unpack16_q5_K(const void *w, kcpu_kunpacked16_t *u, int64_t n)
+{
+    unpack16_q45_K(NULL, w, u, n / BL_QK_K);
+}
+
+void kcpu_unpack16_q6_K(const void *w, kcpu_kunpacked16_t *u, int64_t n)
+{
+    const bl_block_q6_K *b = w;
+    for (int64_t i = 0; i < n / BL_QK_K; i++, b++, u++) {
+        for (int e = 0; e < BL_QK_K; e++) {
+            const int h = e / 128, k = (e / 32) % 4, l = e % 32;
+            const int lo = (b->ql[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 0xf;
+            const int hi = (b->qh[32 * h + l] >> (2 * k)) & 3;
+            u->w[e] = (int16_t)(b->scales[e / 16] * ((lo | hi << 4) - 32));
+        }
+        for (int sb = 0; sb < 8; sb++)
+            u->mins[sb] = 0.0f;
+        u->d = bl_fp16_to_fp32(b->d);
+        memset(u->_pad, 0, sizeof u->_pad);
     }
 }

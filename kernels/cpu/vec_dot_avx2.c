@@ -560,6 +560,75 @@ AVX2 float kcpu_vec_dotu_q6_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *x
     return x1 ? dotu_q6_K(u, bx, 2, n / BL_QK_K) : dotu_q6_K(u, bx, 1, n / BL_QK_K);
 }
 
+// --- attention over an f16 cache, a KV head's query heads together ------------------------
+
+/* NG query heads against each K row: the row is converted once, and each head's
+ * 8-lane sum is reduced at the end of the row. */
+AVX2 static inline __attribute__((always_inline)) void att_qk(const float *q, const uint16_t *k,
+                                                              int64_t k_stride, int64_t len,
+                                                              int64_t hd, float scale, float *sc,
+                                                              int64_t ld, const int NG)
+{
+    for (int64_t s = 0; s < len; s++) {
+        const uint16_t *kr = k + s * k_stride;
+        __m256 acc[8];
+        for (int g = 0; g < NG; g++)
+            acc[g] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < hd; d += 8) {
+            const __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kr + d)));
+            for (int g = 0; g < NG; g++)
+                acc[g] = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q + g * hd + d), acc[g]);
+        }
+        for (int g = 0; g < NG; g++)
+            sc[g * ld + s] = hsum_ps(acc[g]) * scale;
+    }
+}
+
+AVX2 void kcpu_att_qk_f16_avx2(const float *q, int ng, const uint16_t *k, int64_t k_stride, int64_t len,
+                               int64_t hd, float scale, float *sc, int64_t ld)
+{
+    switch (ng) {
+    case 8: att_qk(q, k, k_stride, len, hd, scale, sc, ld, 8); break;
+    case 4: att_qk(q, k, k_stride, len, hd, scale, sc, ld, 4); break;
+    default:
+        for (int g = 0; g < ng; g++)
+            att_qk(q + g * hd, k, k_stride, len, hd, scale, sc + g * ld, ld, 1);
+    }
+}
+
+/* NG heads' outputs, 8 columns at a time, accumulated in registers over every row
+ * (the V row chunk converted once for all heads). */
+AVX2 static inline __attribute__((always_inline)) void att_pv(const float *p, int64_t ld,
+                                                              const uint16_t *v, int64_t v_stride,
+                                                              int64_t len, int64_t hd, float *out,
+                                                              const int NG)
+{
+    for (int64_t d = 0; d < hd; d += 8) {
+        __m256 acc[8];
+        for (int g = 0; g < NG; g++)
+            acc[g] = _mm256_setzero_ps();
+        for (int64_t s = 0; s < len; s++) {
+            const __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + s * v_stride + d)));
+            for (int g = 0; g < NG; g++)
+                acc[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + g * ld + s), vv, acc[g]);
+        }
+        for (int g = 0; g < NG; g++)
+            _mm256_storeu_ps(out + g * hd + d, acc[g]);
+    }
+}
+
+AVX2 void kcpu_att_pv_f16_avx2(const float *p, int ng, int64_t ld, const uint16_t *v, int64_t v_stride,
+                               int64_t len, int64_t hd, float *out)
+{
+    switch (ng) {
+    case 8: att_pv(p, ld, v, v_stride, len, hd, out, 8); break;
+    case 4: att_pv(p, ld, v, v_stride, len, hd, out, 4); break;
+    default:
+        for (int g = 0; g < ng; g++)
+            att_pv(p + g * ld, ld, v, v_stride, len, hd, out + g * hd, 1);
+    }
+}
+
 #else /* not x86-64: the names exist so the table compiles; kcpu_init never picks them */
 
 float kcpu_vec_dot_f32_f32_avx2(const float *w, const float *x, int64_t n) { return kcpu_vec_dot_f32_f32_ref(w, x, n); }
@@ -584,6 +653,8 @@ float kcpu_vec_dotu_q4_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *x0, co
 float kcpu_vec_dotu_q5_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *x0, const void *x1, int64_t n) { (void)u; (void)x0; (void)x1; (void)n; abort(); }
 float kcpu_vec_dotu_q6_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *x0, const void *x1, int64_t n) { (void)u; (void)x0; (void)x1; (void)n; abort(); }
 void kcpu_axpy_f32_avx2(float *y, float a, const float *x, int64_t n) { kcpu_axpy_f32_ref(y, a, x, n); }
+void kcpu_att_qk_f16_avx2(const float *q, int ng, const uint16_t *k, int64_t k_stride, int64_t len, int64_t hd, float scale, float *sc, int64_t ld) { kcpu_att_qk_f16_ref(q, ng, k, k_stride, len, hd, scale, sc, ld); }
+void kcpu_att_pv_f16_avx2(const float *p, int ng, int64_t ld, const uint16_t *v, int64_t v_stride, int64_t len, int64_t hd, float *out) { kcpu_att_pv_f16_ref(p, ng, ld, v, v_stride, len, hd, out); }
 void kcpu_axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) { kcpu_axpy_f16_ref(y, a, x, n); }
 
 #endif

@@ -369,6 +369,229 @@ static void test_axpy(void **state)
     assert_int_equal(bad, 0);
 }
 
+// --- 16-bit activations (q16_K) ---------------------------------------------------------
+
+/* The AVX2 quantizer writes the reference's bytes; every value is within half a step
+ * of its input (and the roundings of d and 1/d) and the sub-block sums are the
+ * integers' sums times d. */
+static void test_quantize_q16_K(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(600);
+    int bad = 0;
+    for (size_t si = 0; si < sizeof k_nblocks / sizeof k_nblocks[0]; si++) {
+        const int64_t nb = k_nblocks[si], n = nb * BL_QK_K;
+        float *x = malloc(sizeof(float) * (size_t)n);
+        kcpu_block_q16_K *a = malloc(sizeof *a * (size_t)nb), *b = malloc(sizeof *b * (size_t)nb);
+        rand_act(&r, x, n);
+        if (si == 0)
+            for (int j = 0; j < BL_QK_K; j++)
+                x[j] = 0.0f; /* an all-zero block: d 0, q 0 */
+        kcpu_quantize_row_q16_K_ref(x, a, n);
+        for (int64_t i = 0; i < nb; i++)
+            for (int j = 0; j < BL_QK_K; j++) {
+                const double e = fabs((double)a[i].d * a[i].q[j] - x[i * BL_QK_K + j]);
+                if ((e > 0.51 * a[i].d || a[i].q[j] < -32767) && bad++ < 5)
+                    print_error("q16_K %lld blocks: x %.9g -> %d * %.9g\n", (long long)nb,
+                                (double)x[i * BL_QK_K + j], a[i].q[j], (double)a[i].d);
+            }
+        for (int64_t i = 0; i < nb; i++)
+            for (int sb = 0; sb < 8; sb++) {
+                int32_t sum = 0;
+                for (int l = 0; l < 32; l++)
+                    sum += a[i].q[32 * sb + l];
+                if (a[i].bsum[sb] != a[i].d * (float)sum && bad++ < 5)
+                    print_error("q16_K bsum %lld/%d: %.9g\n", (long long)i, sb, (double)a[i].bsum[sb]);
+            }
+        if (kcpu_have_avx2()) {
+            kcpu_quantize_row_q16_K_avx2(x, b, n);
+            if (memcmp(a, b, sizeof *a * (size_t)nb) != 0 && bad++ < 5)
+                print_error("q16_K %lld blocks: AVX2 bytes differ from the reference\n", (long long)nb);
+        }
+        free(x);
+        free(a);
+        free(b);
+    }
+    assert_int_equal(bad, 0);
+}
+
+typedef void (*unpack16_fn)(const void *, kcpu_kunpacked16_t *, int64_t);
+
+static const struct q16_pair {
+    uint32_t type;
+    dot_fn ref, avx2;
+    unpack16_fn unpack_ref, unpack_avx2;
+} k_q16[] = {
+    {BL_TYPE_Q4_K, kcpu_vec_dot_q4_K_q16_K_ref, kcpu_vec_dot_q4_K_q16_K_avx2, kcpu_unpack16_q4_K,
+     kcpu_unpack16_q4_K_avx2},
+    {BL_TYPE_Q5_K, kcpu_vec_dot_q5_K_q16_K_ref, kcpu_vec_dot_q5_K_q16_K_avx2, kcpu_unpack16_q5_K,
+     kcpu_unpack16_q5_K_avx2},
+    {BL_TYPE_Q6_K, kcpu_vec_dot_q6_K_q16_K_ref, kcpu_vec_dot_q6_K_q16_K_avx2, kcpu_unpack16_q6_K,
+     kcpu_unpack16_q6_K_avx2},
+};
+
+/* Each reference against the double dot of the dequantized operands; each packed
+ * AVX2 dot against its reference; the unpackers' AVX2 bytes against the scalar
+ * ones; and the batched tile, at every shape (1-2 weight rows by 1-4 activation
+ * rows), against the packed AVX2 dot bit for bit. */
+static void test_vec_dot_q16_K(void **state)
+{
+    (void)state;
+    const int avx2 = kcpu_have_avx2();
+    int bad = 0;
+    for (size_t ti = 0; ti < sizeof k_q16 / sizeof k_q16[0]; ti++) {
+        const struct q16_pair *p = &k_q16[ti];
+        rng_t r = rng_for(610 + ti);
+        const bl_type_info_t *wi = bl_type_info(p->type);
+        for (size_t si = 0; si < sizeof k_nblocks / sizeof k_nblocks[0]; si++) {
+            const int64_t nb = k_nblocks[si], n = nb * BL_QK_K;
+            for (int rep = 0; rep < 6; rep++) {
+                uint8_t *w = malloc(2 * (size_t)nb * wi->block_bytes);
+                kcpu_block_q16_K *xq = malloc(sizeof *xq * 4 * (size_t)nb);
+                kcpu_kunpacked16_t *ur = malloc(sizeof *ur * 2 * (size_t)nb), *ua = malloc(sizeof *ua * 2 * (size_t)nb);
+                float *x = malloc(sizeof(float) * (size_t)n), *wf = malloc(sizeof(float) * (size_t)n);
+                rand_weights(&r, p->type, w, 2 * nb);
+                for (int c = 0; c < 4; c++) {
+                    rand_act(&r, x, n);
+                    kcpu_quantize_row_q16_K_ref(x, xq + c * nb, n);
+                }
+                assert_int_equal(bl_dequantize_row_ref(p->type, w, wf, n), 0);
+                double exact = 0.0, scale = 0.0;
+                for (int64_t i = 0; i < n; i++) {
+                    const double xv = (double)xq[i / BL_QK_K].d * xq[i / BL_QK_K].q[i % BL_QK_K];
+                    exact += (double)wf[i] * xv;
+                    scale += fabs((double)wf[i] * xv);
+                }
+                const float ref = p->ref(w, xq, n);
+                if (!close_enough(ref, exact, scale, 1e-6, 2e-6) && bad++ < 5)
+                    print_error("type %u q16_K ref: %lld blocks: %.9g exact %.9g\n", p->type,
+                                (long long)nb, (double)ref, exact);
+                if (avx2) {
+                    const float v = p->avx2(w, xq, n);
+                    if (!close_enough(v, ref, scale, 1e-6, 2e-6) && bad++ < 5)
+                        print_error("type %u q16_K avx2: %lld blocks: %.9g ref %.9g\n", p->type,
+                                    (long long)nb, (double)v, (double)ref);
+                    p->unpack_ref(w, ur, 2 * n);
+                    p->unpack_avx2(w, ua, 2 * n);
+                    if (memcmp(ur, ua, sizeof *ur * 2 * (size_t)nb) != 0 && bad++ < 5)
+                        print_error("type %u: %lld blocks: AVX2 unpack16 differs\n", p->type, (long long)nb);
+                    const kcpu_kunpacked16_t *u2[2] = {ur, ur + nb};
+                    const kcpu_block_q16_K *x4[4] = {xq, xq + nb, xq + 2 * nb, xq + 3 * nb};
+                    for (int nr = 1; nr <= 2; nr++)
+                        for (int nc = 1; nc <= 4; nc++) {
+                            float o[8];
+                            kcpu_gemm_u16_q16_K_avx2(u2, nr, x4, nc, nb, p->type == BL_TYPE_Q6_K, o);
+                            for (int rr = 0; rr < nr; rr++)
+                                for (int c = 0; c < nc; c++) {
+                                    const float e = p->avx2(w + (size_t)rr * nb * wi->block_bytes, x4[c], n);
+                                    if (memcmp(&e, &o[4 * rr + c], sizeof e) != 0 && bad++ < 5)
+                                        print_error("type %u: %lld blocks tile %dx%d (%d,%d): %.9g packed %.9g\n",
+                                                    p->type, (long long)nb, nr, nc, rr, c,
+                                                    (double)o[4 * rr + c], (double)e);
+                                }
+                        }
+                }
+                free(w); free(xq); free(ur); free(ua); free(x); free(wf);
+            }
+        }
+    }
+    assert_int_equal(bad, 0);
+}
+
+/* The int32 lane bounds: the largest weights times scale (q5_K 31 * 63, q6_K -32 *
+ * -128) against activations of +-32767 everywhere sum without overflow. */
+static void test_vec_dot_q16_K_extremes(void **state)
+{
+    (void)state;
+    enum { NB = 3 };
+    kcpu_block_q16_K x[NB];
+    float xf[NB * BL_QK_K];
+    for (int i = 0; i < NB * BL_QK_K; i++)
+        xf[i] = i < BL_QK_K ? 1.0f : i < 2 * BL_QK_K ? -1.0f : (i % 2 ? 1.0f : -1.0f);
+    kcpu_quantize_row_q16_K_ref(xf, x, NB * BL_QK_K);
+    assert_int_equal(x[0].q[0], 32767);
+    bl_block_q5_K w5[NB];
+    bl_block_q6_K w6[NB];
+    memset(w5, 0xff, sizeof w5); /* q 31, scales and mins 63 */
+    memset(w6, 0, sizeof w6);    /* q 0: q - 32 = -32 */
+    for (int b = 0; b < NB; b++) {
+        w5[b].d = bl_fp32_to_fp16(0.01f);
+        w5[b].dmin = 0;
+        memset(w6[b].scales, 0x80, sizeof w6[b].scales); /* -128 */
+        w6[b].d = bl_fp32_to_fp16(0.01f);
+    }
+    const struct { const void *w; uint32_t type; dot_fn ref, avx2; } k[] = {
+        {w5, BL_TYPE_Q5_K, kcpu_vec_dot_q5_K_q16_K_ref, kcpu_vec_dot_q5_K_q16_K_avx2},
+        {w6, BL_TYPE_Q6_K, kcpu_vec_dot_q6_K_q16_K_ref, kcpu_vec_dot_q6_K_q16_K_avx2},
+    };
+    for (int t = 0; t < 2; t++) {
+        float wf[NB * BL_QK_K];
+        assert_int_equal(bl_dequantize_row_ref(k[t].type, k[t].w, wf, NB * BL_QK_K), 0);
+        double exact = 0.0, scale = 0.0;
+        for (int i = 0; i < NB * BL_QK_K; i++) {
+            const double xv = (double)x[i / BL_QK_K].d * x[i / BL_QK_K].q[i % BL_QK_K];
+            exact += wf[i] * xv;
+            scale += fabs(wf[i] * xv);
+        }
+        const float ref = k[t].ref(k[t].w, x, NB * BL_QK_K);
+        assert_true(close_enough(ref, exact, scale, 1e-6, 2e-6));
+        if (kcpu_have_avx2()) {
+            assert_true(close_enough(k[t].avx2(k[t].w, x, NB * BL_QK_K), ref, scale, 1e-6, 2e-6));
+            kcpu_kunpacked16_t u[NB];
+            if (k[t].type == BL_TYPE_Q5_K)
+                kcpu_unpack16_q5_K_avx2(k[t].w, u, NB * BL_QK_K);
+            else
+                kcpu_unpack16_q6_K_avx2(k[t].w, u, NB * BL_QK_K);
+            const kcpu_kunpacked16_t *u2[2] = {u, u};
+            const kcpu_block_q16_K *x4[4] = {x, x, x, x};
+            float o[8];
+            kcpu_gemm_u16_q16_K_avx2(u2, 1, x4, 1, NB, k[t].type == BL_TYPE_Q6_K, o);
+            assert_true(close_enough(o[0], ref, scale, 1e-6, 2e-6));
+        }
+    }
+}
+
+/* Attention over an f16 cache, a KV head's query heads at once: the AVX2 kernels
+ * against the references for group sizes with and without a fixed-size path. */
+static void test_attention_f16_group(void **state)
+{
+    (void)state;
+    if (!kcpu_have_avx2())
+        skip();
+    rng_t r = rng_for(620);
+    const int ngs[] = {1, 3, 4, 8};
+    const int64_t hds[] = {8, 64, 128};
+    const int64_t lens[] = {1, 2, 7, 33};
+    int bad = 0;
+    for (size_t hi = 0; hi < 3; hi++)
+        for (size_t gi = 0; gi < 4; gi++)
+            for (size_t li = 0; li < 4; li++) {
+                const int64_t hd = hds[hi], len = lens[li], stride = 3 * hd, ld = 40;
+                const int ng = ngs[gi];
+                float *q = malloc(sizeof(float) * (size_t)(ng * hd)), *tmp = malloc(sizeof(float) * (size_t)(len * stride));
+                uint16_t *kv = malloc(sizeof(uint16_t) * (size_t)(len * stride));
+                float *s0 = calloc((size_t)(ng * ld), sizeof(float)), *s1 = calloc((size_t)(ng * ld), sizeof(float));
+                float *o0 = malloc(sizeof(float) * (size_t)(ng * hd)), *o1 = malloc(sizeof(float) * (size_t)(ng * hd));
+                rand_act(&r, q, ng * hd);
+                rand_act(&r, tmp, len * stride);
+                bl_quantize_row_f16_ref(tmp, kv, len * stride);
+                kcpu_att_qk_f16_ref(q, ng, kv + hd, stride, len, hd, 0.125f, s0, ld);
+                kcpu_att_qk_f16_avx2(q, ng, kv + hd, stride, len, hd, 0.125f, s1, ld);
+                for (int64_t i = 0; i < ng * ld; i++)
+                    if (!close_enough(s1[i], s0[i], 1.0 + fabs(s0[i]), 1e-6, 1e-5) && bad++ < 5)
+                        print_error("att qk hd %lld ng %d len %lld: [%lld] %.9g ref %.9g\n", (long long)hd,
+                                    ng, (long long)len, (long long)i, (double)s1[i], (double)s0[i]);
+                kcpu_att_pv_f16_ref(s0, ng, ld, kv + 2 * hd, stride, len, hd, o0);
+                kcpu_att_pv_f16_avx2(s0, ng, ld, kv + 2 * hd, stride, len, hd, o1);
+                for (int64_t i = 0; i < ng * hd; i++)
+                    if (!close_enough(o1[i], o0[i], 1.0 + fabs(o0[i]), 1e-6, 1e-5) && bad++ < 5)
+                        print_error("att pv hd %lld ng %d len %lld: [%lld] %.9g ref %.9g\n", (long long)hd,
+                                    ng, (long long)len, (long long)i, (double)o1[i], (double)o0[i]);
+                free(q); free(tmp); free(kv); free(s0); free(s1); free(o0); free(o1);
+            }
+    assert_int_equal(bad, 0);
+}
+
 static void test_kernel_set_selection(void **state)
 {
     (void)state;
@@ -392,6 +615,10 @@ int main(void)
         cmocka_unit_test(test_vec_dot_unpacked_k_quants),
         cmocka_unit_test(test_vec_dot_f32_f16),
         cmocka_unit_test(test_axpy),
+        cmocka_unit_test(test_quantize_q16_K),
+        cmocka_unit_test(test_vec_dot_q16_K),
+        cmocka_unit_test(test_vec_dot_q16_K_extremes),
+        cmocka_unit_test(test_attention_f16_group),
         cmocka_unit_test(test_kernel_set_selection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,402 @@
+/* AVX2 kernels of the 16-bit activation format (kcpu_block_q16_K), the fast path's
+ * partner of K-quant weights: the quantizer, the packed dots a decode step streams
+ * the weights through, the unpackers of a batch's weight tiles and the tile kernel.
+ * Products are _mm256_madd_epi16 of int16 weights (already times their group
+ * scale) and int16 activations, summed exactly in int32 lanes.
+ *
+ * A row's bits never depend on whether it was batched: the packed dots and the tile
+ * kernel form the same eight int32 lane sums per block (lane l holds elements 2l and
+ * 2l+1 of every 16), then take the same float steps in the same order:
+ *   acc = fma(d_w * d_x, float(lane sums), acc)   (q6_K: once per half block)
+ *   acc = acc - mins * bsum                        (q4_K, q5_K: the 8 sub-blocks)
+ * and a fixed horizontal sum. Bounds: q4_K/q5_K weights times scale are at most
+ * 1953 and a lane adds 32 products per block, under 2^31 with |q| <= 32767; q6_K's
+ * reach 4096, so its lanes are converted every 128 elements (16 products). */
+#include <stdint.h>
+#include <string.h>
+
+#include "blocks.h"
+#include "kcpu.h"
+#include "kcpu_impl.h"
+#include "quant.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define INLINE inline __attribute__((always_inline))
+
+AVX2 static INLINE float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2 static INLINE int32_t hsum8_epi32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+// --- quantizer --------------------------------------------------------------------------
+
+/* The reference's steps in vectors: the same amax (max is exact in any order), the
+ * same x * id rounded to nearest even, the same integer sums. */
+AVX2 void kcpu_quantize_row_q16_K_avx2(const float *x, kcpu_block_q16_K *y, int64_t n)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 hi = _mm256_set1_ps(32767.0f), lo = _mm256_set1_ps(-32767.0f);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t i = 0; i < n / BL_QK_K; i++, x += BL_QK_K, y++) {
+        __m256 mx = _mm256_setzero_ps();
+        for (int j = 0; j < BL_QK_K; j += 8)
+            mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(x + j), absmask));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        const float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        const float d = amax / 32767.0f;
+        const __m256 vid = _mm256_set1_ps(id);
+        for (int sb = 0; sb < 8; sb++) {
+            __m256i bs = _mm256_setzero_si256();
+            for (int j = 32 * sb; j < 32 * sb + 32; j += 16) {
+                __m256 v0 = _mm256_mul_ps(_mm256_loadu_ps(x + j), vid);
+                __m256 v1 = _mm256_mul_ps(_mm256_loadu_ps(x + j + 8), vid);
+                v0 = _mm256_min_ps(_mm256_max_ps(v0, lo), hi);
+                v1 = _mm256_min_ps(_mm256_max_ps(v1, lo), hi);
+                const __m256i q = _mm256_permute4x64_epi64(
+                    _mm256_packs_epi32(_mm256_cvtps_epi32(v0), _mm256_cvtps_epi32(v1)), 0xd8);
+                _mm256_storeu_si256((__m256i *)(y->q + j), q);
+                bs = _mm256_add_epi32(bs, _mm256_madd_epi16(q, ones));
+            }
+            y->bsum[sb] = d * (float)hsum8_epi32(bs);
+        }
+        y->d = d;
+        memset(y->_pad, 0, sizeof y->_pad);
+    }
+}
+
+// --- weight decoding shared by the packed dots and the unpackers ---------------------------
+
+/* The 8 six-bit scales and mins of a q4_K/q5_K block (kcpu__k_scale_min's layout)
+ * from its 12 bytes read as three words. */
+static INLINE void k_scales(const uint8_t *s12, uint8_t sc[8], uint8_t m[8])
+{
+    uint32_t w[3];
+    memcpy(w, s12, 12);
+    const uint32_t s_lo = w[0] & 0x3f3f3f3f, m_lo = w[1] & 0x3f3f3f3f;
+    const uint32_t s_hi = (w[2] & 0x0f0f0f0f) | ((w[0] >> 6) & 0x03030303) << 4;
+    const uint32_t m_hi = ((w[2] >> 4) & 0x0f0f0f0f) | ((w[1] >> 6) & 0x03030303) << 4;
+    memcpy(sc, &s_lo, 4);
+    memcpy(sc + 4, &s_hi, 4);
+    memcpy(m, &m_lo, 4);
+    memcpy(m + 4, &m_hi, 4);
+}
+
+/* Sub-block sb (32 elements) of a q4_K/q5_K block as two int16 vectors of q * sc:
+ * nib holds the 32 nibbles, hbit (q5_K) the fifth bits at bit 4, or zero. */
+AVX2 static INLINE void q45_sub(__m256i nib, __m256i hbit, int sc, __m256i *w0, __m256i *w1)
+{
+    const __m256i q = _mm256_or_si256(nib, hbit);
+    const __m256i s = _mm256_set1_epi16((int16_t)sc);
+    *w0 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)), s);
+    *w1 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1)), s);
+}
+
+/* The 32 elements of chunk k (0..3) of half h of a q6_K block as unsigned 0..63. */
+AVX2 static INLINE __m256i q6_chunk(const bl_block_q6_K *a, int h, int k)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0xf), three = _mm256_set1_epi8(3);
+    const __m256i l = _mm256_loadu_si256((const __m256i *)(a->ql + 64 * h + 32 * (k & 1)));
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)(a->qh + 32 * h));
+    const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(l, 4 * (k >> 1)), lo4);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * k), three);
+    return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+}
+
+/* Chunk k of half h of a q6_K block as two int16 vectors of sc * (q - 32). */
+AVX2 static INLINE void q6_sub(const bl_block_q6_K *a, int h, int k, __m256i *w0, __m256i *w1)
+{
+    const __m256i q = _mm256_sub_epi8(q6_chunk(a, h, k), _mm256_set1_epi8(32));
+    const int g = 8 * h + 2 * k;
+    *w0 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)),
+                             _mm256_set1_epi16(a->scales[g]));
+    *w1 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)),
+                             _mm256_set1_epi16(a->scales[g + 1]));
+}
+
+AVX2 static INLINE __m256i madd_at(__m256i w, const int16_t *x)
+{
+    return _mm256_madd_epi16(w, _mm256_loadu_si256((const __m256i *)x));
+}
+
+/* Word g of each 128-bit half of v, in every word lane: the scale of group g. */
+AVX2 static INLINE __m256i bcast_word(__m256i v, int g)
+{
+    return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(0x0100 * (2 * g + 1) + 2 * g)));
+}
+
+// --- packed dots (one activation row) -------------------------------------------------------
+
+AVX2 static INLINE float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K *a5,
+                                   const kcpu_block_q16_K *b, int64_t nb)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0xf), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
+        uint8_t sc[8], m[8];
+        k_scales(a4 ? a4[i].scales : a5[i].scales, sc, m);
+        const __m256i qh = a5 ? _mm256_loadu_si256((const __m256i *)a5[i].qh) : _mm256_setzero_si256();
+        uint64_t sc8;
+        memcpy(&sc8, sc, 8);
+        /* The 8 scales as words in both halves, broadcast per sub-block below. */
+        const __m256i scw = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
+        __m256i isum = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            __m256i n0 = _mm256_and_si256(raw, lo4);
+            __m256i n1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+            if (a5) {
+                n0 = _mm256_or_si256(n0, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4));
+                n1 = _mm256_or_si256(n1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4));
+            }
+            const __m256i s0 = bcast_word(scw, 2 * j), s1 = bcast_word(scw, 2 * j + 1);
+            const __m256i w0 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(n0)), s0);
+            const __m256i w1 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(n0, 1)), s0);
+            const __m256i w2 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(n1)), s1);
+            const __m256i w3 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(n1, 1)), s1);
+            const int16_t *x = b[i].q + 64 * j;
+            isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w0, x), madd_at(w1, x + 16)));
+            isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w2, x + 32), madd_at(w3, x + 48)));
+        }
+        const float d = _cvtsh_ss(a4 ? a4[i].d : a5[i].d);
+        const float dmin = _cvtsh_ss(a4 ? a4[i].dmin : a5[i].dmin);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * b[i].d), _mm256_cvtepi32_ps(isum), acc);
+        uint64_t m8;
+        memcpy(&m8, m, 8);
+        const __m256 mins = _mm256_mul_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8))),
+            _mm256_set1_ps(dmin));
+        acc = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(b[i].bsum), acc);
+    }
+    return hsum8(acc);
+}
+
+AVX2 float kcpu_vec_dot_q4_K_q16_K_avx2(const void *w, const void *x, int64_t n)
+{
+    return dot_q45_K(w, NULL, x, n / BL_QK_K);
+}
+
+AVX2 float kcpu_vec_dot_q5_K_q16_K_avx2(const void *w, const void *x, int64_t n)
+{
+    return dot_q45_K(NULL, w, x, n / BL_QK_K);
+}
+
+/* The packed q6_K dot, decoding as q6_sub does but with the loads shared per half
+ * and the 16 group scales widened once per block (a decode step streams the output
+ * head, half of its bytes, through here). */
+AVX2 float kcpu_vec_dot_q6_K_q16_K_avx2(const void *w, const void *x, int64_t n)
+{
+    const bl_block_q6_K *a = w;
+    const kcpu_block_q16_K *b = x;
+    const __m256i lo4 = _mm256_set1_epi8(0xf), m30 = _mm256_set1_epi8(0x30);
+    const __m256i off = _mm256_set1_epi8(32);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / BL_QK_K; i++) {
+        const __m256 dd = _mm256_set1_ps(_cvtsh_ss(a[i].d) * b[i].d);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a[i].scales));
+        for (int h = 0; h < 2; h++) {
+            /* Scales of groups 8h..8h+7 in both halves. */
+            const __m256i sh = _mm256_permute2x128_si256(sc16, sc16, h ? 0x11 : 0x00);
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(a[i].qh + 32 * h));
+            const __m256i q[4] = {
+                _mm256_or_si256(_mm256_and_si256(l0, lo4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
+                _mm256_or_si256(_mm256_and_si256(l1, lo4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4), _mm256_and_si256(hb, m30)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
+                                _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
+            };
+            __m256i isum = _mm256_setzero_si256();
+            for (int k = 0; k < 4; k++) {
+                const __m256i qs = _mm256_sub_epi8(q[k], off);
+                const __m256i w0 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(qs)),
+                                                      bcast_word(sh, 2 * k));
+                const __m256i w1 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(qs, 1)),
+                                                      bcast_word(sh, 2 * k + 1));
+                const int16_t *xq = b[i].q + 128 * h + 32 * k;
+                isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w0, xq), madd_at(w1, xq + 16)));
+            }
+            acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum), acc);
+        }
+    }
+    return hsum8(acc);
+}
+
+// --- unpackers ------------------------------------------------------------------------------
+
+AVX2 static INLINE void unpack16_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K *a5,
+                                       kcpu_kunpacked16_t *u, int64_t nb)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0xf), one = _mm256_set1_epi8(1);
+    for (int64_t i = 0; i < nb; i++, u++) {
+        const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
+        uint8_t sc[8], m[8];
+        k_scales(a4 ? a4[i].scales : a5[i].scales, sc, m);
+        const __m256i qh = a5 ? _mm256_loadu_si256((const __m256i *)a5[i].qh) : _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            const __m256i n0 = _mm256_and_si256(raw, lo4);
+            const __m256i n1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+            __m256i h0 = _mm256_setzero_si256(), h1 = _mm256_setzero_si256();
+            if (a5) {
+                h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4);
+                h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4);
+            }
+            __m256i w[4];
+            q45_sub(n0, h0, sc[2 * j], &w[0], &w[1]);
+            q45_sub(n1, h1, sc[2 * j + 1], &w[2], &w[3]);
+            for (int t = 0; t < 4; t++)
+                _mm256_storeu_si256((__m256i *)(u->w + 64 * j + 16 * t), w[t]);
+        }
+        const float dmin = _cvtsh_ss(a4 ? a4[i].dmin : a5[i].dmin);
+        for (int sb = 0; sb < 8; sb++)
+            u->mins[sb] = dmin * (float)m[sb];
+        u->d = _cvtsh_ss(a4 ? a4[i].d : a5[i].d);
+        memset(u->_pad, 0, sizeof u->_pad);
+    }
+}
+
+AVX2 void kcpu_unpack16_q4_K_avx2(const void *w, kcpu_kunpacked16_t *u, int64_t n)
+{
+    unpack16_q45_K(w, NULL, u, n / BL_QK_K);
+}
+
+AVX2 void kcpu_unpack16_q5_K_avx2(const void *w, kcpu_kunpacked16_t *u, int64_t n)
+{
+    unpack16_q45_K(NULL, w, u, n / BL_QK_K);
+}
+
+AVX2 void kcpu_unpack16_q6_K_avx2(const void *w, kcpu_kunpacked16_t *u, int64_t n)
+{
+    const bl_block_q6_K *a = w;
+    for (int64_t i = 0; i < n / BL_QK_K; i++, u++) {
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 4; k++) {
+                __m256i w0, w1;
+                q6_sub(&a[i], h, k, &w0, &w1);
+                _mm256_storeu_si256((__m256i *)(u->w + 128 * h + 32 * k), w0);
+                _mm256_storeu_si256((__m256i *)(u->w + 128 * h + 32 * k + 16), w1);
+            }
+        memset(u->mins, 0, sizeof u->mins);
+        u->d = _cvtsh_ss(a[i].d);
+        memset(u->_pad, 0, sizeof u->_pad);
+    }
+}
+
+// --- the batched tile -------------------------------------------------------------------------
+
+/* *acc += madd(a, b), written so that the sum lands in acc's own register: from
+ * the intrinsics GCC 12 adds into a fresh register and copies it back, one extra
+ * instruction per madd (the tile loop ran about 10% slower that way on the 2-core
+ * EPYC, single thread, data in L1). */
+AVX2 static INLINE void madd_acc(__m256i *acc, __m256i a, __m256i b)
+{
+    __m256i t;
+    __asm__("vpmaddwd %2, %3, %1\n\tvpaddd %1, %0, %0" : "+x"(*acc), "=&x"(t) : "x"(a), "x"(b));
+}
+
+/* NR weight rows times NC activation rows, both compile-time constants: each 16
+ * elements cost NR + NC loads and NR * NC madds. */
+AVX2 static INLINE void gemm_tile(const kcpu_kunpacked16_t *const u[2], const int NR,
+                                  const kcpu_block_q16_K *const x[4], const int NC, int64_t nb,
+                                  const int q6, float out[8])
+{
+    __m256 acc[2][4];
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++)
+            acc[r][c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i is[2][4];
+        for (int r = 0; r < NR; r++)
+            for (int c = 0; c < NC; c++)
+                is[r][c] = _mm256_setzero_si256();
+        /* Not unrolled: unrolled, the compiler interleaves the chunks and spills
+         * the accumulators. */
+#pragma GCC unroll 1
+        for (int h = 0; h < 2; h++) {
+#pragma GCC unroll 1
+            for (int k = 0; k < 8; k++) {
+                const int o = 128 * h + 16 * k;
+                __m256i w[2];
+                for (int r = 0; r < NR; r++)
+                    w[r] = _mm256_loadu_si256((const __m256i *)(u[r][i].w + o));
+                for (int c = 0; c < NC; c++) {
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(x[c][i].q + o));
+                    for (int r = 0; r < NR; r++)
+                        madd_acc(&is[r][c], w[r], xv);
+                }
+            }
+            if (q6 || h == 1)
+                for (int r = 0; r < NR; r++)
+                    for (int c = 0; c < NC; c++) {
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(u[r][i].d * x[c][i].d),
+                                                    _mm256_cvtepi32_ps(is[r][c]), acc[r][c]);
+                        is[r][c] = _mm256_setzero_si256();
+                    }
+        }
+        if (!q6)
+            for (int r = 0; r < NR; r++)
+                for (int c = 0; c < NC; c++)
+                    acc[r][c] = _mm256_fnmadd_ps(_mm256_loadu_ps(u[r][i].mins),
+                                                 _mm256_loadu_ps(x[c][i].bsum), acc[r][c]);
+    }
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++)
+            out[4 * r + c] = hsum8(acc[r][c]);
+}
+
+#define GEMM_CASE(nr, nc)                                           \
+    case 4 * (nr) + (nc):                                           \
+        if (q6)                                                     \
+            gemm_tile(u, nr, x, nc, nb, 1, out);                    \
+        else                                                        \
+            gemm_tile(u, nr, x, nc, nb, 0, out);                    \
+        break;
+
+AVX2 void kcpu_gemm_u16_q16_K_avx2(const kcpu_kunpacked16_t *const u[2], int nr,
+                                   const kcpu_block_q16_K *const x[4], int nc, int64_t nb, int q6,
+                                   float out[8])
+{
+    switch (4 * nr + nc) {
+        GEMM_CASE(1, 1)
+        GEMM_CASE(1, 2)
+        GEMM_CASE(1, 3)
+        GEMM_CASE(1, 4)
+        GEMM_CASE(2, 1)
+        GEMM_CASE(2, 2)
+        GEMM_CASE(2, 3)
+        GEMM_CASE(2, 4)
+    default: KCPU_ASSERT(0 && "tile shape");
+    }
+}
+
+#else /* not x86-64: the names exist so the table compiles; kcpu_init never picks them */
+
+void kcpu_quantize_row_q16_K_avx2(const float *x, kcpu_block_q16_K *y, int64_t n) { kcpu_quantize_row_q16_K_ref(x, y, n); }
+float kcpu_vec_dot_q4_K_q16_K_avx2(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q4_K_q16_K_ref(w, x, n); }
+float kcpu_vec_dot_q5_K_q16_K_avx2(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q5_K_q16_K_ref(w, x, n); }
+float kcpu_vec_dot_q6_K_q16_K_avx2(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q6_K_q16_K_ref(w, x, n); }
+void kcpu_unpack16_q4_K_avx2(const void *w, kcpu_kunpacked16_t *u, int64_t n) { kcpu_unpack16_q4_K(w, u, n); }
+void kcpu_unpack16_q5_K_avx2(const void *w, kcpu_kunpacked16_t *u, int64_t n) { kcpu_unpack16_q5_K(w, u, n); }
+void kcpu_unpack16_q6_K_avx2(const void *w, kcpu_kunpacked16_t *u, int64_t n) { kcpu_unpack16_q6_K(w, u, n); }
+void kcpu_gemm_u16_q16_K_avx2(const kcpu_kunpacked16_t *const u[2], int nr, const kcpu_block_q16_K *const x[4], int nc, int64_t nb, int q6, float out[8]) { (void)u; (void)nr; (void)x; (void)nc; (void)nb; (void)q6; (void)out; abort(); }
+
+#endif
