@@ -64,16 +64,40 @@ int bp_child_send(bp_child_t *c, const bp_msg_t *m)
 
 void bp_child_hello(bp_child_t *c, bp_child_kind_t kind, const char *device_name)
 {
+    bp_child_hello_gpus(c, kind, device_name, NULL, 0);
+}
+
+void bp_child_hello_gpus(bp_child_t *c, bp_child_kind_t kind, const char *cpu_name,
+                         const bp_gpu_t *gpus, int n_gpus)
+{
     char host[64] = "localhost";
     (void)gethostname(host, sizeof host - 1); /* a label only */
-    Bloomery__Device dev;
-    bloomery__device__init(&dev);
-    dev.kind = BLOOMERY__DEVICE_KIND__DEVICE_KIND_CPU;
-    dev.name = (char *)device_name;
-    dev.memory_bytes = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
-    dev.cores = (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
-    dev.index = -1;
-    Bloomery__Device *devs[] = {&dev};
+    enum { MAX_GPUS = 64 };
+    if (n_gpus < 0 || !gpus)
+        n_gpus = 0;
+    if (n_gpus > MAX_GPUS)
+        n_gpus = MAX_GPUS;
+    Bloomery__Device dev[1 + MAX_GPUS];
+    Bloomery__Device *devs[1 + MAX_GPUS];
+    bloomery__device__init(&dev[0]);
+    dev[0].kind = BLOOMERY__DEVICE_KIND__DEVICE_KIND_CPU;
+    dev[0].name = (char *)cpu_name;
+    dev[0].memory_bytes = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    dev[0].cores = (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
+    dev[0].index = -1;
+    devs[0] = &dev[0];
+    for (int i = 0; i < n_gpus; i++) {
+        Bloomery__Device *d = &dev[1 + i];
+        bloomery__device__init(d);
+        d->kind = BLOOMERY__DEVICE_KIND__DEVICE_KIND_CUDA;
+        d->name = (char *)gpus[i].name;
+        d->memory_bytes = gpus[i].memory_bytes;
+        d->cc_major = gpus[i].cc_major;
+        d->cc_minor = gpus[i].cc_minor;
+        d->cores = gpus[i].sms;
+        d->index = gpus[i].index;
+        devs[1 + i] = d;
+    }
     Bloomery__Hello h;
     bloomery__hello__init(&h);
     h.kind = kind == BP_CHILD_HOSTTIER ? BLOOMERY__PROCESS_KIND__PROCESS_KIND_HOSTTIER
@@ -82,7 +106,7 @@ void bp_child_hello(bp_child_t *c, bp_child_kind_t kind, const char *device_name
     h.version = (char *)BL_VERSION;
     h.host = host;
     h.devices = devs;
-    h.n_devices = 1;
+    h.n_devices = 1 + (size_t)n_gpus;
     h.protocol = BP_PROTOCOL_VERSION;
     const bp_msg_t m = {.type = BP_MSG_HELLO, .u.hello = &h};
     (void)bp_child_send(c, &m); /* a lost Hello shows as a load timeout in the router */

@@ -55,6 +55,19 @@ int bp_child_send(bp_child_t *c, const bp_msg_t *m);
 /* Hello with this host's CPU or RAM as the device inventory. */
 void bp_child_hello(bp_child_t *c, bp_child_kind_t kind, const char *device_name);
 
+/* A CUDA device for the Hello inventory (plain C: the protobuf types stay in proto/). */
+typedef struct bp_gpu {
+    const char *name;      /* "NVIDIA H200"; borrowed for the call */
+    uint64_t memory_bytes;
+    uint32_t cc_major, cc_minor;
+    uint32_t sms;
+    int32_t index;         /* the CUDA ordinal */
+} bp_gpu_t;
+
+/* bp_child_hello with the host's CUDA devices listed after the CPU (at most 64). */
+void bp_child_hello_gpus(bp_child_t *c, bp_child_kind_t kind, const char *cpu_name,
+                         const bp_gpu_t *gpus, int n_gpus);
+
 /* Waits for the Plan (*plan freed by the caller with bp_msg_free, also on failure).
  * BL_ECLOSED on Shutdown or when the router is gone; malformed messages are logged
  * and skipped. */

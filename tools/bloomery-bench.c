@@ -1,7 +1,9 @@
 /* bloomery-bench: prompt and decode speed in llama-bench's interface and table
  * (-m, -p, -n, -r, -t; one row per test with t/s as mean ± standard deviation),
  * followed by the decode roofline: the bytes a decode token reads over the memory
- * read bandwidth this machine shows with the same threads.
+ * read bandwidth this machine shows with the same threads, or, on a CUDA device
+ * (-ngl, -dev), over the card's device-to-device copy bandwidth. --profile adds a
+ * per-op time breakdown of a decode step on the card (CUDA events per launch).
  *
  * A pp test evaluates N random tokens from an empty cache in batches of -b rows; a
  * tg test decodes N tokens one at a time from an empty cache. Each test runs once
@@ -33,8 +35,58 @@ typedef struct bench {
     const char *model, *output;
     list_t pp, tg, threads;
     int64_t reps, n_batch;
-    int precise, no_roofline;
+    int precise, no_roofline, profile;
+    int64_t ngl;    /* -1: not given; 0: the CPU; >= n_layer (or "all"): the card */
+    int dev;        /* -dev: -2 not given, -1 none, N cuda:N */
 } bench_t;
+
+/* -ngl N | all | auto (llama.cpp's spellings). */
+static int parse_ngl(void *ud, const char *v, bl_err_t *err)
+{
+    int64_t *n = ud;
+    if (!strcmp(v, "all") || !strcmp(v, "auto")) {
+        *n = INT32_MAX;
+        return 0;
+    }
+    if (bl_parse_i64(v, n) || *n < 0)
+        return bl_err_set(err, BL_EINVAL, "'%.32s' is not a layer count, all or auto", v);
+    return 0;
+}
+
+/* -dev cuda:N | none */
+static int parse_dev(void *ud, const char *v, bl_err_t *err)
+{
+    int *d = ud;
+    int64_t n;
+    if (!strcmp(v, "none")) {
+        *d = -1;
+        return 0;
+    }
+    if (strncmp(v, "cuda:", 5) || bl_parse_i64(v + 5, &n) || n < 0 || n > 1024)
+        return bl_err_set(err, BL_EINVAL, "'%.32s' is not cuda:N or none", v);
+    *d = (int)n;
+    return 0;
+}
+
+/* The model's block count, read before loading so that a partial -ngl is refused
+ * before gigabytes move. */
+static int layer_count(const char *path, int64_t *n, bl_err_t *err)
+{
+    bl_gguf_t *g = NULL;
+    int rc = bl_gguf_open(&g, path, err);
+    if (rc)
+        return rc;
+    bl_gguf_str_t a;
+    char key[96];
+    uint32_t v = 0;
+    if ((rc = bl_gguf_get_str(g, "general.architecture", &a, err)) == 0) {
+        snprintf(key, sizeof key, "%.*s.block_count", (int)(a.len > 64 ? 64 : a.len), a.ptr);
+        rc = bl_gguf_get_u32(g, key, &v, err);
+    }
+    bl_gguf_close(g);
+    *n = v;
+    return rc;
+}
 
 static double now_s(void)
 {
@@ -194,6 +246,13 @@ static void ftype_name(const bl_gguf_t *g, char *buf, size_t size)
             *p = (char)(*p - 'a' + 'A');
 }
 
+static const char *thr_note(int64_t threads)
+{
+    static char buf[48];
+    snprintf(buf, sizeof buf, " with %lld threads", (long long)threads);
+    return buf;
+}
+
 // --- tests ---------------------------------------------------------------------------------
 
 typedef struct result {
@@ -239,6 +298,54 @@ static int run_test(wk_model_t *m, wk_kv_t *kv, int is_pp, int64_t n, int64_t n_
     return 0;
 }
 
+/* The per-op breakdown of a decode step on the card: 32 steps after a 512-token
+ * prompt, each step captured with an event node after every launch and replayed
+ * (timestamps from the card, no host gaps), printed per step, largest first. */
+static int profile_decode(wk_model_t *m, wk_kv_t *kv, float *logits, int32_t *tokens, int64_t max_n,
+                          bl_err_t *err)
+{
+    const wk_config_t *cfg = wk_model_config(m);
+    const int64_t ctx = 512, steps = 32;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(ctx + steps));
+    if (!tok)
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    (void)tokens, (void)max_n;
+    for (int64_t i = 0; i < ctx + steps; i++)
+        tok[i] = (int32_t)(rand() % cfg->n_vocab);
+    int rc = wk_model_eval(m, kv, tok, ctx, 0, 1, logits, err);
+    wk_prof_op_t ops[64];
+    (void)wk_model_profile(m, ops, 64, 1); /* drop anything before */
+    wk_model_set_profile(m, 1);
+    double t0 = now_s();
+    for (int64_t i = 0; rc == 0 && i < steps; i++)
+        rc = wk_model_eval(m, kv, tok + ctx + i, 1, ctx + i, 1, logits, err);
+    const double wall_us = (now_s() - t0) * 1e6 / (double)steps;
+    wk_model_set_profile(m, 0);
+    free(tok);
+    if (rc)
+        return rc;
+    int n = wk_model_profile(m, ops, 64, 1);
+    n = n > 64 ? 64 : n;
+    for (int i = 0; i < n; i++) /* largest first */
+        for (int j = i + 1; j < n; j++)
+            if (ops[j].us > ops[i].us) {
+                wk_prof_op_t t = ops[i];
+                ops[i] = ops[j];
+                ops[j] = t;
+            }
+    double total = 0;
+    for (int i = 0; i < n; i++)
+        total += ops[i].us;
+    printf("\ndecode step breakdown (context %lld, %lld steps, a graph with an event node after each launch):\n\n",
+           (long long)ctx, (long long)steps);
+    printf("| op | launches/step | us/step | share |\n| --- | ---: | ---: | ---: |\n");
+    for (int i = 0; i < n; i++)
+        printf("| %s | %.0f | %.1f | %.1f%% |\n", ops[i].op, (double)ops[i].calls / (double)steps,
+               ops[i].us / (double)steps, 100.0 * ops[i].us / total);
+    printf("| all | | %.1f | |\n\n(wall %.1f us per profiled step, capture included)\n", total / (double)steps, wall_us);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static bench_t b;
@@ -249,6 +356,8 @@ int main(int argc, char **argv)
     b.reps = 5;
     b.n_batch = 512;
     b.output = "md";
+    b.ngl = -1;
+    b.dev = -2;
 
     bl_arg_t args[] = {
         {"-m,--model", NULL, BL_ARG_STR, &b.model, .metavar = "FILE", .help = "model file (GGUF)"},
@@ -260,6 +369,9 @@ int main(int argc, char **argv)
         {"-o,--output", NULL, BL_ARG_STR, &b.output, .metavar = "md|jsonl", .help = "table format (default md)"},
         {"--precise", NULL, BL_ARG_FLAG, &b.precise, .help = "f32 activations (the checking mode)"},
         {"--no-roofline", NULL, BL_ARG_FLAG, &b.no_roofline, .help = "skip the bandwidth measurement"},
+        {"-ngl,--n-gpu-layers", NULL, BL_ARG_FN, NULL, .fn = parse_ngl, .ud = &b.ngl, .metavar = "N|all|auto", .help = "layers on the GPU: all of them (N >= the layer count, all, auto) or 0 (the CPU, default); a partial split is refused for now"},
+        {"-dev,--device", NULL, BL_ARG_FN, NULL, .fn = parse_dev, .ud = &b.dev, .metavar = "cuda:N|none", .help = "the GPU for -ngl (default cuda:0; alone it puts every layer there); none: the CPU"},
+        {"--profile", NULL, BL_ARG_FLAG, &b.profile, .help = "on a GPU: time each launch of 32 decode steps and print the breakdown of one step"},
     };
     int n_args = (int)(sizeof args / sizeof args[0]);
     bl_err_t err = {0};
@@ -288,6 +400,23 @@ int main(int argc, char **argv)
             return 2;
         }
 
+    /* Where the layers go: -dev none or -ngl 0 keeps the CPU; -ngl N needs every
+     * layer (the split between CPU and GPU is not there yet). */
+    int device = -1;
+    if (b.dev != -1 && (b.ngl > 0 || (b.ngl < 0 && b.dev >= 0))) {
+        int64_t n_layer = 0;
+        if (layer_count(b.model, &n_layer, &err)) {
+            fprintf(stderr, "bloomery-bench: %s\n", err.msg);
+            return 1;
+        }
+        if (b.ngl > 0 && b.ngl < n_layer) {
+            fprintf(stderr, "bloomery-bench: -ngl %lld: the model has %lld layers; a partial offload is not supported yet (all or 0)\n",
+                    (long long)b.ngl, (long long)n_layer);
+            return 2;
+        }
+        device = b.dev >= 0 ? b.dev : 0;
+    }
+
     int64_t max_n = 1;
     for (int i = 0; i < b.pp.n; i++)
         max_n = b.pp.v[i] > max_n ? b.pp.v[i] : max_n;
@@ -303,6 +432,8 @@ int main(int argc, char **argv)
     double tg_best = 0;
     int64_t tg_best_n = 0, tg_best_threads = 0;
     model_bytes_t mb = {0};
+    double dev_bw = 0;
+    char dev_name[256] = "";
     char ftype[32] = "?";
     char arch[16] = "?";
     if (!tokens)
@@ -318,11 +449,12 @@ int main(int argc, char **argv)
         mo.precise = b.precise;
         mo.n_threads = (int)b.threads.v[ti];
         mo.n_batch = b.n_batch;
-        mo.n_ctx_max = max_n;
+        mo.n_ctx_max = max_n + (b.profile ? 544 : 0);
+        mo.device = device;
         wk_model_t *m = NULL;
         wk_kv_t *kv = NULL;
         if (wk_model_load(&m, b.model, &mo, &err) ||
-            wk_kv_create(&kv, m, max_n, WK_KV_F16, &err)) {
+            wk_kv_create(&kv, m, mo.n_ctx_max, WK_KV_F16, &err)) {
             wk_model_free(m);
             fprintf(stderr, "bloomery-bench: %s\n", err.msg);
             goto done;
@@ -354,35 +486,44 @@ int main(int argc, char **argv)
                     tg_best_n = r->n;
                     tg_best_threads = r->threads;
                 }
+                const char *backend = device >= 0 ? "CUDA" : "CPU";
                 if (md)
-                    printf("| %s %.2fB %s | %.2f GiB | %.2f B | CPU (%s) | %lld | %s | %.2f ± %.2f |\n",
-                           arch, mb.params / 1e9, ftype, mb.total / (1 << 30), mb.params / 1e9,
+                    printf("| %s %.2fB %s | %.2f GiB | %.2f B | %s (%s) | %lld | %s | %.2f ± %.2f |\n",
+                           arch, mb.params / 1e9, ftype, mb.total / (1 << 30), mb.params / 1e9, backend,
                            wk_model_kernels(m), (long long)r->threads, r->test, r->mean, r->sd);
                 else
-                    printf("{\"model\":\"%s\",\"arch\":\"%s\",\"size\":%.0f,\"params\":%.0f,\"backend\":\"CPU\",\"kernels\":\"%s\",\"threads\":%lld,\"test\":\"%s\",\"n\":%lld,\"reps\":%lld,\"avg_ts\":%.3f,\"stddev_ts\":%.3f}\n",
-                           b.model, arch, mb.total, mb.params, wk_model_kernels(m),
+                    printf("{\"model\":\"%s\",\"arch\":\"%s\",\"size\":%.0f,\"params\":%.0f,\"backend\":\"%s\",\"kernels\":\"%s\",\"threads\":%lld,\"test\":\"%s\",\"n\":%lld,\"reps\":%lld,\"avg_ts\":%.3f,\"stddev_ts\":%.3f}\n",
+                           b.model, arch, mb.total, mb.params, backend, wk_model_kernels(m),
                            (long long)r->threads, r->test, (long long)r->n, (long long)b.reps,
                            r->mean, r->sd);
                 fflush(stdout);
             }
         }
+        if (device >= 0 && !b.no_roofline &&
+            wk_model_device_bandwidth(m, (size_t)1 << 30, &dev_bw, &err) != 0)
+            fprintf(stderr, "bloomery-bench: device bandwidth: %s\n", err.msg);
+        snprintf(dev_name, sizeof dev_name, "%s", wk_model_kernels(m));
+        if (device >= 0 && b.profile && profile_decode(m, kv, logits, tokens, max_n, &err) != 0)
+            fprintf(stderr, "bloomery-bench: profile: %s\n", err.msg);
         wk_kv_free(kv);
         wk_model_free(m);
     }
 
     if (!b.no_roofline && tg_best > 0) {
-        double bw = measure_read_bandwidth((int)tg_best_threads);
+        double bw = device >= 0 ? dev_bw : measure_read_bandwidth((int)tg_best_threads);
         /* a tg run of n tokens reads on average n/2 cached positions per token */
         double kv = mb.kv_per_pos * (double)tg_best_n / 2.0;
         double per_token = mb.per_token + kv;
         double limit = bw / per_token;
         if (md)
             printf("\ndecode roofline: a token reads %.1f MB (weights %.1f MB, KV cache %.2f MB at tg%lld); "
-                   "memory read bandwidth %.1f GB/s with %lld threads: at most %.1f tok/s; "
-                   "tg%lld reached %.2f tok/s = %.0f%% of it\n",
-                   per_token / 1e6, mb.per_token / 1e6, kv / 1e6, (long long)tg_best_n, bw / 1e9,
-                   (long long)tg_best_threads, limit, (long long)tg_best_n, tg_best,
-                   100.0 * tg_best / limit);
+                   "%s %.1f GB/s%s: at most %.1f tok/s; "
+                   "tg%lld reached %.2f tok/s = %.0f%% of it (%.0f GB/s achieved)\n",
+                   per_token / 1e6, mb.per_token / 1e6, kv / 1e6, (long long)tg_best_n,
+                   device >= 0 ? dev_name : "memory read bandwidth", bw / 1e9,
+                   device >= 0 ? " device-to-device copy (read + write)" : thr_note(tg_best_threads),
+                   limit, (long long)tg_best_n, tg_best, 100.0 * tg_best / limit,
+                   tg_best * per_token / 1e9);
         else
             printf("{\"roofline\":{\"bytes_per_token\":%.0f,\"weights_per_token\":%.0f,\"read_bandwidth\":%.0f,\"threads\":%lld,\"max_ts\":%.3f,\"tg_ts\":%.3f,\"fraction\":%.4f}}\n",
                    per_token, mb.per_token, bw, (long long)tg_best_threads, limit, tg_best,

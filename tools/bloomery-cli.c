@@ -25,6 +25,8 @@ typedef struct cli {
     const char *model, *prompt, *prompt_file, *dump_logits, *template_file, *system;
     const char *cache_type_k, *cache_type_v;
     int64_t n_predict, n_threads, n_ctx, n_batch, dump_top;
+    int64_t ngl; /* -1: not given; 0: the CPU; >= the layer count (or "all"): the GPU */
+    int dev;     /* -dev: -2 not given, -1 none, N cuda:N */
     int chat, precise, no_parse_special, ignore_eos, jinja, show_special;
     rt_sampler_params_t sp;
     int64_t seed, top_k, repeat_last_n; /* widened: the flag parser stores int64_t */
@@ -67,6 +69,34 @@ static int parse_logit_bias(void *ud, const char *v, bl_err_t *err)
     if (b == INFINITY)
         return bl_err_set(err, BL_EINVAL, "'%.64s': a bias of +inf is not allowed", v);
     c->bias[c->n_bias++] = (rt_logit_bias_t){(int32_t)tok, b};
+    return 0;
+}
+
+/* -ngl N | all | auto (llama.cpp's spellings). */
+static int parse_ngl(void *ud, const char *v, bl_err_t *err)
+{
+    int64_t *n = ud;
+    if (!strcmp(v, "all") || !strcmp(v, "auto")) {
+        *n = INT32_MAX;
+        return 0;
+    }
+    if (bl_parse_i64(v, n) || *n < 0)
+        return bl_err_set(err, BL_EINVAL, "'%.32s' is not a layer count, all or auto", v);
+    return 0;
+}
+
+/* -dev cuda:N | none */
+static int parse_dev(void *ud, const char *v, bl_err_t *err)
+{
+    int *d = ud;
+    int64_t n;
+    if (!strcmp(v, "none")) {
+        *d = -1;
+        return 0;
+    }
+    if (strncmp(v, "cuda:", 5) || bl_parse_i64(v + 5, &n) || n < 0 || n > 1024)
+        return bl_err_set(err, BL_EINVAL, "'%.32s' is not cuda:N or none", v);
+    *d = (int)n;
     return 0;
 }
 
@@ -171,10 +201,20 @@ static int run(cli_t *c)
     mo.n_threads = (int)c->n_threads;
     mo.n_batch = c->n_batch;
     mo.n_ctx_max = c->n_ctx;
+    /* -ngl: every layer on the card or none; a split comes with the CPU+GPU plan. */
+    if (c->dev != -1 && (c->ngl > 0 || (c->ngl < 0 && c->dev >= 0)))
+        mo.device = c->dev >= 0 ? c->dev : 0;
+    if (mo.device >= 0 && !c->cache_type_k) /* the card keeps f16 caches only */
+        kv_type = WK_KV_F16;
     double t0 = now_s();
     if (wk_model_load(&m, c->model, &mo, &err))
         goto fail;
     const wk_config_t *cfg = wk_model_config(m);
+    if (mo.device >= 0 && c->ngl > 0 && c->ngl < cfg->n_layer) {
+        bl_err_set(&err, BL_ENOTSUP, "-ngl %lld: the model has %lld layers; a partial offload is not supported yet (all or 0)",
+                   (long long)c->ngl, (long long)cfg->n_layer);
+        goto fail;
+    }
     if (rt_tokenizer_from_gguf(&tok, wk_model_gguf(m), &err))
         goto fail;
     if ((int64_t)rt_tokenizer_n_vocab(tok) > cfg->n_vocab) {
@@ -356,6 +396,8 @@ int main(int argc, char **argv)
     rt_sampler_params_default(&c.sp);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     c.n_threads = ncpu > 0 ? ncpu : 1;
+    c.ngl = -1;
+    c.dev = -2;
     c.n_predict = -1;
     c.n_ctx = 4096;
     c.n_batch = 512;
@@ -392,6 +434,8 @@ int main(int argc, char **argv)
         {"--no-parse-special", NULL, BL_ARG_FLAG, &c.no_parse_special, .help = "tokenize special-token text as plain text"},
         {"-ctk,--cache-type-k", "LLAMA_ARG_CACHE_TYPE_K", BL_ARG_STR, &c.cache_type_k, .metavar = "TYPE", .help = "KV cache type: f16 (default; f32 with --precise), f32, q8_0"},
         {"-ctv,--cache-type-v", "LLAMA_ARG_CACHE_TYPE_V", BL_ARG_STR, &c.cache_type_v, .metavar = "TYPE", .help = "must equal the K type"},
+        {"-ngl,--n-gpu-layers", "LLAMA_ARG_N_GPU_LAYERS", BL_ARG_FN, NULL, .fn = parse_ngl, .ud = &c.ngl, .metavar = "N|all|auto", .help = "layers on the GPU: all (N >= the layer count, all, auto) or 0 (the CPU, default); a partial split is refused for now"},
+        {"-dev,--device", "LLAMA_ARG_DEVICE", BL_ARG_FN, NULL, .fn = parse_dev, .ud = &c.dev, .metavar = "cuda:N|none", .help = "the GPU for -ngl (default cuda:0; alone it puts every layer there); none: the CPU"},
         {"--precise", NULL, BL_ARG_FLAG, &c.precise, .help = "f32 activations and KV cache, no activation quantization (for checking)"},
         {"--dump-logits", NULL, BL_ARG_STR, &c.dump_logits, .metavar = "FILE", .help = "write lse and top logits of every position as JSON"},
         {"--dump-top", NULL, BL_ARG_I64, &c.dump_top, 1, 256, .metavar = "N", .help = "ids per position in --dump-logits (default 32)"},

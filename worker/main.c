@@ -23,6 +23,9 @@
 #include "log.h"
 #include "step.h"
 #include "wk.h"
+#if BL_HAVE_CUDA
+#include "kcuda.h"
+#endif
 
 /* How long a wait on a ring lasts before it looks again at the stop flag. */
 #define POLL_US 100000
@@ -251,7 +254,11 @@ static int load_stage(worker_t *w, const Bloomery__Plan *p, bl_err_t *err)
     snprintf(w->ctl.label, sizeof w->ctl.label, "worker %zu", idx);
     w->first = idx == 0;
     w->last = idx + 1 == p->n_stages;
-    w->remote = p->experts_remote && p->n_expert > 0;
+    /* Stage.gpu: 0 the CPU, N CUDA device N - 1, where every expert stays local. */
+    if (st->gpu > 1024)
+        return bl_err_set(err, BL_EINVAL, "plan: stage gpu %u is out of range", st->gpu);
+    const int device = st->gpu ? (int)st->gpu - 1 : WK_DEVICE_CPU;
+    w->remote = p->experts_remote && p->n_expert > 0 && device == WK_DEVICE_CPU;
     w->layer_begin = st->layer_begin;
     w->layer_end = st->layer_end;
     /* msg.c checked slots and context; these two are ours to bound. */
@@ -283,6 +290,7 @@ static int load_stage(worker_t *w, const Bloomery__Plan *p, bl_err_t *err)
     o.layer_begin = st->layer_begin;
     o.layer_end = st->layer_end;
     o.experts = w->remote ? WK_EXPERTS_REMOTE : WK_EXPERTS_LOCAL;
+    o.device = device;
     if ((rc = wk_model_load(&w->m, p->model_path, &o, err)) != 0)
         return rc;
     const wk_config_t *cfg = wk_model_config(w->m);
@@ -339,6 +347,43 @@ static void cpu_name(char *buf, size_t cap)
         fclose(f);
 }
 
+/* The names list_gpus points into. */
+typedef struct kcuda_names {
+    char name[16][256];
+} kcuda_names_t;
+
+/* This host's CUDA devices for the Hello (none in a build without CUDA, or where
+ * there is no GPU or driver); listing them creates no context on them. */
+static int list_gpus(bp_gpu_t *out, kcuda_names_t *names, int cap)
+{
+    int n = 0;
+#if BL_HAVE_CUDA
+    bl_err_t err = {0};
+    if (kcuda_device_count(&n, &err) != 0) {
+        BL_LOG(BL_LOG_WARN, "event=cuda_unavailable reason=\"%s\"", err.msg);
+        return 0;
+    }
+    n = n < cap ? n : cap;
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        kcuda_device_info_t info;
+        if (kcuda_device_query(i, &info, &err) != 0) {
+            BL_LOG(BL_LOG_WARN, "event=cuda_device_unreadable device=%d reason=\"%s\"", i, err.msg);
+            continue;
+        }
+        snprintf(names->name[k], sizeof names->name[k], "%s", info.name);
+        out[k] = (bp_gpu_t){.name = names->name[k], .memory_bytes = info.total_bytes,
+                            .cc_major = (uint32_t)info.cc_major, .cc_minor = (uint32_t)info.cc_minor,
+                            .sms = (uint32_t)info.sm_count, .index = i};
+        k++;
+    }
+    n = k;
+#else
+    (void)out, (void)names, (void)cap;
+#endif
+    return n;
+}
+
 static void worker_free(worker_t *w, uint32_t n_slots)
 {
     for (uint32_t i = 0; w->kvs && i < n_slots; i++)
@@ -390,7 +435,10 @@ int main(int argc, char **argv)
     }
     char cpu[128];
     cpu_name(cpu, sizeof cpu);
-    bp_child_hello(&w.ctl, BP_CHILD_WORKER, cpu);
+    bp_gpu_t gpus[16];
+    kcuda_names_t names;
+    const int n_gpus = list_gpus(gpus, &names, 16);
+    bp_child_hello_gpus(&w.ctl, BP_CHILD_WORKER, cpu, gpus, n_gpus);
     bp_msg_t plan = {0};
     if ((rc = bp_child_recv_plan(&w.ctl, &plan, &err)) != 0) {
         bp_msg_free(&plan);

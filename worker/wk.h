@@ -23,10 +23,10 @@
 typedef struct wk_model_opts {
     int precise;       /* 1: f32 activations and exactly dequantized weights (slow, for
                         * checking); 0: the fast path (8-bit activations, integer dots) */
-    int act_terms;     /* fast path: 2 (default) quantizes each activation row as a q8
-                        * value plus a q8 residual, two integer dots per weight row that
-                        * share one read of the weights, about 16-bit activations; 1 is
-                        * llama.cpp's single q8 term: half the arithmetic, more error */
+    int act_terms;     /* fast path: 2 (default) keeps about 16-bit activations (int16
+                        * rows for K-quant weights, a q8 value plus a q8 residual for
+                        * q8_0 and the head; kernels/cpu/kcpu.h); 1 is llama.cpp's single
+                        * q8 term: less arithmetic, more error */
     int n_threads;     /* threads the ops split over, 1..256 */
     int64_t n_batch;   /* most rows one forward pass takes; longer prompts run in chunks */
     int64_t n_ctx_max; /* longest KV cache a wk_kv_t may hold; 0: the file's context_length */
@@ -35,7 +35,21 @@ typedef struct wk_model_opts {
                           * tokens, the last computes logits; wk_model_stage passes
                           * the hidden state between them */
     int experts;       /* WK_EXPERTS_*: where the routed experts are computed */
+    int device;        /* WK_DEVICE_CPU, or a CUDA ordinal: the stage's weights, scratch
+                        * and KV caches live on that card and the forward pass runs
+                        * there (f32 activations, weights dequantized exactly; f16 KV
+                        * caches only; every expert local) */
+    int cuda_graph;    /* device: capture each decode step (every sequence one row) as
+                        * a CUDA graph per sequence count and replay it (default 1);
+                        * 0 enqueues the same launches one by one */
+    int profile;       /* device: time every launch of a step with CUDA events (a
+                        * decode step is captured afresh with an event node after
+                        * each launch); read with wk_model_profile, switch with
+                        * wk_model_set_profile */
 } wk_model_opts_t;
+
+/* The CPU (the default of wk_model_opts_t.device). */
+#define WK_DEVICE_CPU (-1)
 
 /* Where a qwen3moe model's routed experts run (a dense model ignores it). */
 #define WK_EXPERTS_LOCAL 0  /* here, in the step (default) */
@@ -46,7 +60,7 @@ typedef struct wk_model_opts {
                              * and only wk_model_experts runs */
 
 /* Defaults: fast path with act_terms 2, 1 thread, n_batch 512, n_ctx_max 0, every
- * layer, experts local. */
+ * layer, experts local, the CPU (graphs on, profile off for a device). */
 void wk_model_opts_default(wk_model_opts_t *o);
 
 /* What the forward pass reads from the file's metadata. */
@@ -74,7 +88,9 @@ typedef struct wk_kv wk_kv_t;
 
 /* Opens path, checks every tensor the architecture needs for presence, type and
  * shape against the metadata, and sets *out (caller frees with wk_model_free).
- * Weights stay in the file's mapping. Errors: the reader's (bl_gguf_open),
+ * Weights stay in the file's mapping; with opts.device >= 0 the stage's weights are
+ * then uploaded to that card (BL_ENOTSUP in a build without CUDA, for remote
+ * experts, or for a type or shape the CUDA kernels do not take). Errors: the reader's (bl_gguf_open),
  * BL_ENOTSUP (an architecture other than qwen3moe/qwen3, a tensor type without a
  * dequantizer), BL_ENOENT (a missing key or tensor, named), BL_EINVAL (a tensor of
  * the wrong shape or type, named with both shapes), BL_ERANGE, BL_ENOMEM. */
@@ -86,12 +102,14 @@ const wk_config_t *wk_model_config(const wk_model_t *m);
 /* The open GGUF file the model reads (metadata, tokenizer, template); borrowed,
  * valid until wk_model_free. */
 const bl_gguf_t *wk_model_gguf(const wk_model_t *m);
-/* The CPU kernel set in use ("avx2", "ref"), chosen once per process. */
+/* The CPU kernel set in use ("avx2", "ref"), chosen once per process; for a model
+ * on a CUDA device, the device's name ("NVIDIA H200"). */
 const char *wk_model_kernels(const wk_model_t *m);
 
 /* A KV cache for one sequence of up to n_ctx positions (1..n_ctx_max) with elements
- * of type (WK_KV_*; q8_0 needs head_dim a multiple of 32). Caller frees with
- * wk_kv_free. */
+ * of type (WK_KV_*; q8_0 needs head_dim a multiple of 32). On a model's CUDA
+ * device the cache lives on the card and must be f16 (another type: BL_ENOTSUP
+ * naming it). Caller frees with wk_kv_free, before the model. */
 int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t type,
                  bl_err_t *err) BL_WUR;
 void wk_kv_free(wk_kv_t *kv);
@@ -126,6 +144,28 @@ typedef struct wk_seq {
  * on an error no cache has changed. */
 int wk_model_eval_multi(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, float *logits,
                         bl_err_t *err) BL_WUR;
+
+/* --- a model on a CUDA device ---------------------------------------------------- */
+
+/* One op's share of the steps a profiling model (opts.profile) ran on the card. */
+typedef struct wk_prof_op {
+    const char *op;  /* "attn_q", "ffn_moe_down", ...; static */
+    int64_t calls;   /* launches timed */
+    double us;       /* their total time on the card */
+} wk_prof_op_t;
+
+/* Copies up to cap ops, in first-launch order, into out and returns how many there
+ * are (0 on the CPU); resets the totals when reset is set. */
+int wk_model_profile(wk_model_t *m, wk_prof_op_t *out, int cap, int reset);
+
+/* Turns the per-launch timing of later steps on or off (opts.profile is the initial
+ * state); a no-op on the CPU. */
+void wk_model_set_profile(wk_model_t *m, int on);
+
+/* Device memory bandwidth: the best of a few device-to-device copies of nbytes on
+ * the model's card, as bytes read plus written per second. BL_ENOTSUP on the CPU. */
+int wk_model_device_bandwidth(wk_model_t *m, size_t nbytes, double *bytes_per_s,
+                              bl_err_t *err) BL_WUR;
 
 /* --- pipeline stages and remote experts ------------------------------------------- */
 

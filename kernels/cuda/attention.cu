@@ -1,14 +1,23 @@
 /* Decode attention over an f16 KV cache (flash-decoding) and the cache store.
  *
  * Split pass, grid (n_split, n_kv_head, n): a block of 128 threads takes one row,
- * one KV head and KCUDA_ATT_CHUNK positions of its context, for all the query heads
+ * one KV head and `chunk` positions of its context (att_chunk: 16 to
+ * KCUDA_ATT_CHUNK, shorter for short contexts so that a decode step's few rows
+ * still give the card a few hundred blocks, each with little serial work), for all the query heads
  * of that KV head's group, so each K and V row is read once per group. It scores
  * its positions (16-byte K loads, head_dim / 8 lanes per position, a shuffle sum),
  * takes the chunk's softmax (max m, sum l), and accumulates p * V (half2 loads,
  * one pair of dimensions per thread, a few position phases summed in shared
  * memory). It writes the unnormalised sum and (m, l) to scratch.
- * Combine pass, grid (n_head, n): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
- * A chunk past a row's causal end writes m = -inf, l = 0 and drops out. */
+ * Combine pass, grid (n_head, n): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
+ * the weights e^(m_s - M) computed once per split into shared memory.
+ * A chunk past a row's causal end writes m = -inf, l = 0 and drops out.
+ *
+ * The _rows variants (graph-friendly) take each row's cache address and position
+ * from a table on the card (kcuda_kv_row_t) instead of launch arguments, so a
+ * captured step replays for any caches and positions; the kernels are the same,
+ * with a chunk past a row's end returning at once and the combine reading only
+ * the row's own chunks. */
 #include <math.h>
 
 #include "kcuda_impl.cuh"
@@ -17,7 +26,29 @@
 #define ATT_CHUNK KCUDA_ATT_CHUNK
 #define ATT_MAXG KCUDA_ATT_MAX_GROUP
 
-static int64_t att_splits(int64_t max_len) { return kc_cdiv(max_len, ATT_CHUNK); }
+/* Positions per split block for a grid over max_len positions: 16 up to 1024
+ * positions, then 32, 64, and KCUDA_ATT_CHUNK past 4096, so that a context of
+ * 256 to 8192 gets 16 to 64 splits per (row, KV head). It depends on max_len
+ * alone (never on the row count): a row gives the same bits in any step over the
+ * same max_len. */
+static int att_chunk(int64_t max_len)
+{
+    return max_len <= 1024 ? 16 : max_len <= 2048 ? 32 : max_len <= 4096 ? 64 : ATT_CHUNK;
+}
+
+static int64_t att_splits(int64_t max_len) { return kc_cdiv(max_len, att_chunk(max_len)); }
+
+/* The most splits any max_len' <= max_len gives (what scratch must hold):
+ * att_splits is at most 64 up to 8192 positions, then ceil(max_len / 128). */
+static int64_t att_splits_bound(int64_t max_len)
+{
+    const int64_t a = kc_cdiv(max_len, 16), b = kc_cdiv(max_len, ATT_CHUNK);
+    const int64_t hi = b > 64 ? b : 64;
+    return a < hi ? a : hi;
+}
+
+/* The combine's shared weights: one float per split, within the default 48 KB. */
+#define ATT_MAX_SPLITS 12000
 
 /* Shared floats for a group: q (group, hd), scores (group, CHUNK), phase sums
  * (256 / hd phases, group, hd) = 256 * group, and (m, l) per head. */
@@ -28,7 +59,8 @@ static size_t att_smem_bytes(int group, int hd)
 
 __global__ void __launch_bounds__(ATT_THREADS)
 att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q, int64_t pos0,
-                 int n_head, int group, int hd, float scale, int64_t n_split, float *pacc, float *pml)
+                 int n_head, int group, int hd, float scale, int64_t n_split, int chunk, float *pacc,
+                 float *pml, const kcuda_kv_row_t *rows, int64_t layer)
 {
     extern __shared__ float4 att_smem4[];
     float *qs = (float *)att_smem4;      // (group, hd), pre-scaled
@@ -38,12 +70,21 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
     const int64_t s = blockIdx.x;
     const int g = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int64_t len = pos0 + b + 1, t0 = s * ATT_CHUNK;
-    const int cnt = len - t0 <= 0 ? 0 : (len - t0 < ATT_CHUNK ? (int)(len - t0) : ATT_CHUNK);
+    int64_t len = pos0 + b + 1;
+    if (rows) {
+        const kcuda_kv_row_t r = rows[b];
+        kc = (const uint8_t *)(uintptr_t)(r.k + (uint64_t)layer * r.layer_bytes);
+        vc = kc + r.v_bytes;
+        len = (int64_t)r.pos + 1;
+    }
+    const int64_t t0 = s * chunk;
+    const int cnt = len - t0 <= 0 ? 0 : (len - t0 < chunk ? (int)(len - t0) : chunk);
     const int h0 = g * group;
     /* Head h0 + j's partial for this split: pacc[(ph(j)) * hd + d], pml[ph(j) * 2]. */
 #define PH(j) (((size_t)b * n_head + h0 + (j)) * (size_t)n_split + (size_t)s)
     if (cnt == 0) {
+        if (rows) /* the combine reads only this row's own chunks */
+            return;
         for (int idx = tid; idx < group * hd; idx += ATT_THREADS)
             pacc[PH(idx / hd) * hd + idx % hd] = 0.0f;
         if (tid < group) {
@@ -60,32 +101,42 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
     /* Scores: L lanes per position, P positions per warp step, 4 warps. */
     const int L = hd >> 3, P = 32 / L, li = lane % L, pi = lane / L;
     const size_t koff = ((size_t)g * hd + (size_t)li * 8) * sizeof(__half);
-    for (int base = warp * P; base < cnt; base += 4 * P) {
-        const int t = base + pi;
-        float kf[8];
-        if (t < cnt) {
-            const uint4 raw = *(const uint4 *)(kc + (size_t)(t0 + t) * rb + koff);
-            const __half2 *h2 = (const __half2 *)&raw;
+    /* Four K loads in flight per lane before the dots (latency, as for V below). */
+    for (int base0 = warp * P; base0 < cnt; base0 += 16 * P) {
+        float kf[4][8];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float2 f = __half22float2(h2[i]);
-                kf[2 * i] = f.x;
-                kf[2 * i + 1] = f.y;
+        for (int u = 0; u < 4; u++) {
+            const int t = base0 + u * 4 * P + pi;
+            if (t < cnt) {
+                const uint4 raw = *(const uint4 *)(kc + (size_t)(t0 + t) * rb + koff);
+                const __half2 *h2 = (const __half2 *)&raw;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float2 f = __half22float2(h2[i]);
+                    kf[u][2 * i] = f.x;
+                    kf[u][2 * i + 1] = f.y;
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    kf[u][i] = 0.0f;
             }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                kf[i] = 0.0f;
         }
-        for (int j = 0; j < group; j++) {
-            const float *qq = qs + j * hd + li * 8;
-            const float4 qa = *(const float4 *)qq, qb = *(const float4 *)(qq + 4);
-            float part = qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] +
-                         qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
-            for (int off = L >> 1; off > 0; off >>= 1)
-                part += __shfl_xor_sync(KCUDA_FULL_MASK, part, off);
-            if (li == 0 && t < cnt)
-                sc[j * ATT_CHUNK + t] = part;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int base = base0 + u * 4 * P, t = base + pi;
+            if (base >= cnt) /* the same for the whole warp */
+                break;
+            for (int j = 0; j < group; j++) {
+                const float *qq = qs + j * hd + li * 8;
+                const float4 qa = *(const float4 *)qq, qb = *(const float4 *)(qq + 4);
+                float part = qa.x * kf[u][0] + qa.y * kf[u][1] + qa.z * kf[u][2] + qa.w * kf[u][3] +
+                             qb.x * kf[u][4] + qb.y * kf[u][5] + qb.z * kf[u][6] + qb.w * kf[u][7];
+                for (int off = L >> 1; off > 0; off >>= 1)
+                    part += __shfl_xor_sync(KCUDA_FULL_MASK, part, off);
+                if (li == 0 && t < cnt)
+                    sc[j * ATT_CHUNK + t] = part;
+            }
         }
     }
     __syncthreads();
@@ -118,7 +169,27 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
 #pragma unroll
     for (int j = 0; j < ATT_MAXG; j++)
         acc[j] = make_float2(0.0f, 0.0f);
-    for (int t = ph; t < cnt; t += nph) {
+    /* Eight V loads are issued before any is used: one at a time, a decode step's
+     * few blocks waited out a memory latency per position. The sums still run in
+     * position order, so the bits are those of the one-at-a-time loop. */
+    int t = ph;
+    for (; t + 7 * nph < cnt; t += 8 * nph) {
+        float2 vf[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            vf[u] = __half22float2(*(const __half2 *)(vc + (size_t)(t0 + t + u * nph) * rb + voff));
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+#pragma unroll
+            for (int j = 0; j < ATT_MAXG; j++) {
+                if (j >= group)
+                    break;
+                const float p = sc[j * ATT_CHUNK + t + u * nph];
+                acc[j].x += p * vf[u].x;
+                acc[j].y += p * vf[u].y;
+            }
+    }
+    for (; t < cnt; t += nph) {
         const float2 vf = __half22float2(*(const __half2 *)(vc + (size_t)(t0 + t) * rb + voff));
 #pragma unroll
         for (int j = 0; j < ATT_MAXG; j++) {
@@ -151,23 +222,51 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
 #undef PH
 }
 
-/* grid (n_head, n): merges the splits of one (row, head). */
-__global__ void __launch_bounds__(ATT_THREADS)
-att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int64_t n_split, float *out)
+/* Dynamic shared memory of the combine pass: n_split weights, padded to whole
+ * 16-byte groups (loads of the weight list may be widened by the compiler). */
+static size_t att_combine_smem(int64_t n_split)
 {
-    const int h = blockIdx.x, b = blockIdx.y;
+    return sizeof(float) * (size_t)((n_split + 3) / 4 * 4 + 4);
+}
+
+/* grid (n_head, n): merges the splits of one (row, head). Dynamic shared memory:
+ * n_split weights. Every thread sums L in the same order, so all hold the same L. */
+__global__ void __launch_bounds__(ATT_THREADS)
+att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int64_t n_split, int chunk,
+                   float *out, const kcuda_kv_row_t *rows)
+{
+    extern __shared__ float att_wsm[];
+    __shared__ float wmax[ATT_THREADS / 32];
+    const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
     const size_t base = ((size_t)b * n_head + h) * (size_t)n_split;
+    /* A row of the table has only its own chunks written; the chunks a launch
+     * argument's row skips hold l = 0 and add exact zeros, so both give the same bits. */
+    int n_act = (int)n_split;
+    if (rows) {
+        const int64_t a = ((int64_t)rows[b].pos + chunk) / chunk;
+        n_act = a < n_split ? (int)a : (int)n_split;
+    }
     float M = -INFINITY;
-    for (int64_t s = 0; s < n_split; s++)
+    for (int s = tid; s < n_act; s += ATT_THREADS)
         M = fmaxf(M, pml[(base + s) * 2]);
+    M = kc_warp_max(M);
+    if ((tid & 31) == 0)
+        wmax[tid >> 5] = M;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < ATT_THREADS / 32; w++)
+        M = fmaxf(M, wmax[w]);
+    for (int s = tid; s < n_act; s += ATT_THREADS)
+        att_wsm[s] = expf(pml[(base + s) * 2] - M);
+    __syncthreads();
     float L = 0.0f;
-    for (int64_t s = 0; s < n_split; s++)
-        L += pml[(base + s) * 2 + 1] * expf(pml[(base + s) * 2] - M);
+    for (int s = 0; s < n_act; s++)
+        L += pml[(base + s) * 2 + 1] * att_wsm[s];
     const float inv = 1.0f / L;
-    for (int d = threadIdx.x; d < hd; d += ATT_THREADS) {
+    for (int d = tid; d < hd; d += ATT_THREADS) {
         float a = 0.0f;
-        for (int64_t s = 0; s < n_split; s++)
-            a += pacc[(base + s) * hd + d] * expf(pml[(base + s) * 2] - M);
+        for (int s = 0; s < n_act; s++)
+            a += pacc[(base + s) * hd + d] * att_wsm[s];
         out[((size_t)b * n_head + h) * hd + d] = a * inv;
     }
 }
@@ -176,7 +275,7 @@ size_t kcuda_attention_scratch_bytes(int64_t n, int64_t n_head, int64_t head_dim
 {
     if (n < 1 || n_head < 1 || head_dim < 1 || max_len < 1)
         return 0;
-    return sizeof(float) * (size_t)n * (size_t)n_head * (size_t)att_splits(max_len) *
+    return sizeof(float) * (size_t)n * (size_t)n_head * (size_t)att_splits_bound(max_len) *
            (size_t)(head_dim + 2);
 }
 
@@ -198,9 +297,13 @@ int kcuda_attention(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, i
         return bl_err_set(err, BL_EINVAL, "attention: cache rows of %zu bytes (a multiple of 16, at least %lld) or misaligned",
                           kv->row_bytes, (long long)(n_kv_head * head_dim * 2));
     const int64_t n_split = att_splits(pos0 + n);
+    const int chunk = att_chunk(pos0 + n);
     const size_t need = kcuda_attention_scratch_bytes(n, n_head, head_dim, pos0 + n);
     if (scratch_bytes < need)
         return bl_err_set(err, BL_ERANGE, "attention: scratch of %zu bytes, %zu needed", scratch_bytes, need);
+    if (n_split > ATT_MAX_SPLITS)
+        return bl_err_set(err, BL_ENOTSUP, "attention: a context of %lld positions (at most %lld)",
+                          (long long)(pos0 + n), (long long)ATT_MAX_SPLITS * ATT_CHUNK);
     float *pacc = (float *)d_scratch;
     float *pml = pacc + (size_t)n * (size_t)n_head * (size_t)n_split * (size_t)head_dim;
     const int group = (int)(n_head / n_kv_head);
@@ -208,10 +311,52 @@ int kcuda_attention(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, i
     const dim3 g1((unsigned)n_split, (unsigned)n_kv_head, (unsigned)n);
     att_split_kernel<<<g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st>>>(
         (const uint8_t *)kv->k, (const uint8_t *)kv->v, kv->row_bytes, d_q, pos0, (int)n_head, group,
-        (int)head_dim, scale, n_split, pacc, pml);
+        (int)head_dim, scale, n_split, chunk, pacc, pml, NULL, 0);
     KCUDA_CHECK_LAUNCH(err);
     const dim3 g2((unsigned)n_head, (unsigned)n);
-    att_combine_kernel<<<g2, ATT_THREADS, 0, st>>>(pacc, pml, (int)n_head, (int)head_dim, n_split, d_out);
+    att_combine_kernel<<<g2, ATT_THREADS, att_combine_smem(n_split), st>>>(
+        pacc, pml, (int)n_head, (int)head_dim, n_split, chunk, d_out, NULL);
+    KCUDA_CHECK_LAUNCH(err);
+    return 0;
+}
+
+int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, const float *d_q,
+                         float *d_out, int64_t n, int64_t max_len, int64_t n_head, int64_t n_kv_head,
+                         int64_t head_dim, float scale, void *d_scratch, size_t scratch_bytes, void *stream,
+                         bl_err_t *err)
+{
+    if (!d_rows || !d_q || !d_out || !d_scratch || n < 1 || n > 65535 || max_len < 1 || layer < 0)
+        return bl_err_set(err, BL_EINVAL, "attention_rows: %lld rows, max_len %lld, layer %lld, or a NULL buffer",
+                          (long long)n, (long long)max_len, (long long)layer);
+    if (head_dim != 32 && head_dim != 64 && head_dim != 128 && head_dim != 256)
+        return bl_err_set(err, BL_ENOTSUP, "attention_rows: head_dim %lld (32, 64, 128 or 256)",
+                          (long long)head_dim);
+    if (n_kv_head < 1 || n_kv_head > 65535 || n_head % n_kv_head != 0 || n_head / n_kv_head > ATT_MAXG)
+        return bl_err_set(err, BL_ENOTSUP, "attention_rows: %lld query heads over %lld KV heads (groups up to %d)",
+                          (long long)n_head, (long long)n_kv_head, ATT_MAXG);
+    if (row_bytes % 16 != 0 || row_bytes < (size_t)(n_kv_head * head_dim) * 2)
+        return bl_err_set(err, BL_EINVAL, "attention_rows: cache rows of %zu bytes (a multiple of 16, at least %lld)",
+                          row_bytes, (long long)(n_kv_head * head_dim * 2));
+    const int64_t n_split = att_splits(max_len);
+    const int chunk = att_chunk(max_len);
+    const size_t need = kcuda_attention_scratch_bytes(n, n_head, head_dim, max_len);
+    if (scratch_bytes < need)
+        return bl_err_set(err, BL_ERANGE, "attention_rows: scratch of %zu bytes, %zu needed", scratch_bytes, need);
+    if (n_split > ATT_MAX_SPLITS)
+        return bl_err_set(err, BL_ENOTSUP, "attention_rows: max_len %lld (at most %lld)", (long long)max_len,
+                          (long long)ATT_MAX_SPLITS * ATT_CHUNK);
+    float *pacc = (float *)d_scratch;
+    float *pml = pacc + (size_t)n * (size_t)n_head * (size_t)n_split * (size_t)head_dim;
+    const int group = (int)(n_head / n_kv_head);
+    cudaStream_t st = (cudaStream_t)stream;
+    const dim3 g1((unsigned)n_split, (unsigned)n_kv_head, (unsigned)n);
+    att_split_kernel<<<g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st>>>(
+        NULL, NULL, row_bytes, d_q, 0, (int)n_head, group, (int)head_dim, scale, n_split, chunk, pacc, pml,
+        d_rows, layer);
+    KCUDA_CHECK_LAUNCH(err);
+    const dim3 g2((unsigned)n_head, (unsigned)n);
+    att_combine_kernel<<<g2, ATT_THREADS, att_combine_smem(n_split), st>>>(
+        pacc, pml, (int)n_head, (int)head_dim, n_split, chunk, d_out, d_rows);
     KCUDA_CHECK_LAUNCH(err);
     return 0;
 }
@@ -240,6 +385,35 @@ int kcuda_kv_store(const kcuda_kv_view_t *kv, const float *d_k, const float *d_v
     const int64_t blocks = kc_cdiv(total, 256);
     kv_store_kernel<<<(unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, (cudaStream_t)stream>>>(
         (uint8_t *)kv->k, (uint8_t *)kv->v, kv->row_bytes, d_k, d_v, ld, pos0, n, row_elems);
+    KCUDA_CHECK_LAUNCH(err);
+    return 0;
+}
+
+/* Thread per element of the n rows; row b's cache and position from the table. */
+__global__ void kv_store_rows_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const float *k,
+                                     const float *v, int64_t ld, int64_t n, int64_t row_elems)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * row_elems;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t b = i / row_elems, e = i % row_elems;
+        const kcuda_kv_row_t r = rows[b];
+        uint8_t *kc = (uint8_t *)(uintptr_t)(r.k + (uint64_t)layer * r.layer_bytes);
+        const size_t off = (size_t)r.pos * rb + (size_t)e * sizeof(__half);
+        *(__half *)(kc + off) = __float2half_rn(k[b * ld + e]);
+        *(__half *)(kc + r.v_bytes + off) = __float2half_rn(v[b * ld + e]);
+    }
+}
+
+int kcuda_kv_store_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, const float *d_k,
+                        const float *d_v, int64_t ld, int64_t n, int64_t row_elems, void *stream, bl_err_t *err)
+{
+    if (!d_rows || !d_k || !d_v || n < 1 || layer < 0 || row_elems < 1 || ld < row_elems ||
+        row_bytes < (size_t)row_elems * 2)
+        return bl_err_set(err, BL_EINVAL, "kv_store_rows: %lld rows of %lld, layer %lld, ld %lld, cache rows of %zu bytes",
+                          (long long)n, (long long)row_elems, (long long)layer, (long long)ld, row_bytes);
+    const int64_t blocks = kc_cdiv(n * row_elems, 256);
+    kv_store_rows_kernel<<<(unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, (cudaStream_t)stream>>>(
+        d_rows, layer, row_bytes, d_k, d_v, ld, n, row_elems);
     KCUDA_CHECK_LAUNCH(err);
     return 0;
 }

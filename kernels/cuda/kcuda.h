@@ -10,9 +10,14 @@
  * named d_* or documented "on the card" are device memory. Nothing here allocates
  * except kcuda_alloc, so a decode step's launches can be captured in a CUDA graph.
  *
- * Numerics: activations are f32; weights are dequantized in registers to f32 and
- * accumulated in f32 with FMA. Results match the CPU references in kernels/cpu and
- * common/quant.c to within f32 rounding (tests/gpu states the tolerances). Output
+ * Numerics: activations are f32. Products over f16, bf16 and f32 weights accumulate
+ * in f32 and match the CPU references to within f32 rounding. Products over block
+ * formats (q4_K, q5_K, q6_K, q8_0) round the activations to two q8 terms per 32
+ * elements (the value, d = amax / 127, and the residual it leaves, rounded the same
+ * way) and take integer dot products: they match the references on the rounded
+ * activations to within f32 rounding, and differ from the exact product by the
+ * rounding (about 0.001 % of |y| on random data with two terms, 0.4 % with one;
+ * docs/cuda.md, tests/gpu). Output
  * rows never depend on the launch shape's timing: every reduction has a fixed order
  * (no atomics), so two runs give the same bits. docs/cuda.md describes each kernel. */
 #ifndef KCUDA_H
@@ -118,10 +123,39 @@ int kcuda_type_supported(uint32_t type);
 /* Most activation rows one kcuda_matvec reads with each weight load. */
 #define KCUDA_MV_MAX_ROWS 8
 
+/* q8 terms per 32-element activation block in the block-format products (every
+ * kcuda_matvec* over q4_K, q5_K, q6_K, q8_0): 2 (the default) rounds the value and
+ * the residual it leaves, about 16 bits per activation for twice the integer work
+ * and the same weight traffic; 1 keeps one q8 term (llama.cpp's precision), for
+ * comparison. Process-wide, read by each launch (a captured graph keeps the value
+ * it was captured with); returns the previous value, ignores anything but 1 or 2. */
+int kcuda_matvec_set_act_terms(int terms);
+int kcuda_matvec_act_terms(void);
+
 /* y (n, w->nrows) = x (n, w->ncols) times w^T, for n in 1..KCUDA_MV_MAX_ROWS: every
  * weight row is read once for all n activation rows. */
 int kcuda_matvec(const kcuda_mat_t *w, const float *d_x, int64_t ldx, int n, float *d_y,
                  int64_t ldy, int accumulate, void *stream, bl_err_t *err) BL_WUR;
+
+/* One output of kcuda_matvec_split: `rows` consecutive output rows of the matrix,
+ * written at d_y (n rows, ldy floats apart). */
+typedef struct kcuda_out {
+    float *d_y;
+    int64_t ldy;
+    int64_t rows;
+} kcuda_out_t;
+
+/* Most outputs of one kcuda_matvec_split. */
+#define KCUDA_MV_MAX_OUTS 3
+
+/* kcuda_matvec (no accumulate) of a matrix whose rows are several products
+ * stacked (q, k and v stored one after another), in one launch: output i takes
+ * the next outs[i].rows rows (the rows sum to w->nrows). Each output row is
+ * computed as the streaming kernel computes it, so for the block formats (and any
+ * matrix too large for kcuda_matvec's small-matrix path) it has the bits the same
+ * rows give through kcuda_matvec on a matrix of their own. */
+int kcuda_matvec_split(const kcuda_mat_t *w, const float *d_x, int64_t ldx, int n,
+                       const kcuda_out_t *outs, int nouts, void *stream, bl_err_t *err) BL_WUR;
 
 /* y (n, gate->nrows) = silu(x gate^T) * (x up^T), the dense SwiGLU FFN's first half
  * in one pass (gate and up of the same type and shape). */
@@ -217,14 +251,17 @@ int kcuda_kv_store(const kcuda_kv_view_t *kv, const float *d_k, const float *d_v
                    int64_t pos0, int64_t n, int64_t row_elems, void *stream,
                    bl_err_t *err) BL_WUR;
 
-/* Positions one flash-decoding block covers; a context of L positions is split
- * into ceil(L / KCUDA_ATT_CHUNK) blocks per (row, KV head). */
+/* Most positions one flash-decoding block covers. A grid over L positions uses
+ * chunks of 16 (L <= 1024), 32 (<= 2048), 64 (<= 4096) or KCUDA_ATT_CHUNK
+ * positions: ceil(L / chunk) blocks per (row, KV head), so short contexts still
+ * fill the card. */
 #define KCUDA_ATT_CHUNK 128
 /* Most query heads per KV head (GQA group) the attention kernel takes. */
 #define KCUDA_ATT_MAX_GROUP 16
 
 /* Bytes of scratch kcuda_attention needs for n rows, n_head heads, head_dim, and a
- * context of at most max_len positions (pos0 + n). */
+ * context of at most max_len positions (pos0 + n); enough for any shorter context
+ * too. */
 size_t kcuda_attention_scratch_bytes(int64_t n, int64_t n_head, int64_t head_dim,
                                      int64_t max_len);
 
@@ -238,6 +275,163 @@ int kcuda_attention(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, i
                     int64_t pos0, int64_t n_head, int64_t n_kv_head, int64_t head_dim,
                     float scale, void *d_scratch, size_t scratch_bytes, void *stream,
                     bl_err_t *err) BL_WUR;
+
+/* --- per-row caches (graph-friendly attention) ---------------------------------------
+ * A captured decode step must not bake a sequence's cache address, position or
+ * length into its launches: each row reads them from this table on the card, which
+ * the step fills with one copy before the graph is replayed. */
+
+/* One row's cache and position. Layer i's K plane starts at k + i * layer_bytes,
+ * its V plane v_bytes after the K plane; position t of a plane is t * row_bytes
+ * further (row_bytes as in kcuda_kv_view_t, passed to the launchers). */
+typedef struct kcuda_kv_row {
+    uint64_t k;           /* device address of layer 0's K plane (16-byte aligned) */
+    uint64_t layer_bytes; /* from one layer's K plane to the next */
+    uint64_t v_bytes;     /* from a layer's K plane to its V plane */
+    int32_t pos;          /* the row's position: it writes there and attends to 0..pos */
+    int32_t _pad;
+} kcuda_kv_row_t;
+
+/* kcuda_kv_store for n rows (n, row_elems) of k and v, row b stored at position
+ * d_rows[b].pos of its own cache, layer `layer` of it. */
+int kcuda_kv_store_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes,
+                        const float *d_k, const float *d_v, int64_t ld, int64_t n,
+                        int64_t row_elems, void *stream, bl_err_t *err) BL_WUR;
+
+/* kcuda_attention for n rows, each over its own cache (d_rows[b], layer `layer`)
+ * at positions 0..d_rows[b].pos. max_len bounds every row's pos + 1 and sizes the
+ * grid and the chunk (chunks past a row's length return at once); scratch holds
+ * kcuda_attention_scratch_bytes(n, n_head, head_dim, max_len) bytes. The same
+ * arithmetic as kcuda_attention: a row gives the same bits through either when
+ * max_len equals pos0 + n there (the chunk follows the grid's length), and the same
+ * bits in any step over the same max_len, whatever the other rows. */
+int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes,
+                         const float *d_q, float *d_out, int64_t n, int64_t max_len,
+                         int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale,
+                         void *d_scratch, size_t scratch_bytes, void *stream,
+                         bl_err_t *err) BL_WUR;
+
+// --- prompts: tensor-core products, expert grouping, prefill attention (gemm.cu, prefill.cu)
+/* The path of steps with many rows per sequence. Weights are dequantized to f16
+ * (exactly, then rounded to nearest f16), activations rounded to f16 once per
+ * product, products accumulated in f32 on tensor cores and written as f32. So a
+ * prompt row's arithmetic differs from a decode row's (8-bit activations): both
+ * are within the oracle gates; docs/cuda.md, "Prompts". */
+
+/* out (nrows, w->ncols) f16 = rows row0 .. row0+nrows-1 of w, dequantized as the
+ * references do, rounded to f16. w->ncols a multiple of 8; out 16-byte aligned.
+ * With d_counts, rows of group (row0 + r) / rows_per_group are skipped (left as
+ * they were) when d_counts[group] is 0: the experts no row chose. */
+int kcuda_dequant_f16(const kcuda_mat_t *w, int64_t row0, int64_t nrows, void *d_out,
+                      const int32_t *d_counts, int64_t rows_per_group, void *stream,
+                      bl_err_t *err) BL_WUR;
+
+/* y (n, ncols) f16, ldy halves apart = x (n, ncols) f32 rounded to nearest. ncols,
+ * ldx, ldy multiples of 4. */
+int kcuda_to_f16(const float *d_x, int64_t ldx, int64_t n, int64_t ncols, void *d_y,
+                 int64_t ldy, void *stream, bl_err_t *err) BL_WUR;
+
+/* A cuBLAS handle bound to stream (void * to a cublasHandle_t); destroy with
+ * kcuda_blas_destroy. Default math mode: f32 products do not use TF32. */
+int kcuda_blas_create(void **out, void *stream, bl_err_t *err) BL_WUR;
+void kcuda_blas_destroy(void *blas); /* NULL is a no-op */
+
+/* Weight scratch kcuda_gemm needs to take w in one piece (0 for f32 and f16
+ * weights, which are read as stored); less scratch means more pieces. */
+size_t kcuda_gemm_scratch_bytes(const kcuda_mat_t *w);
+
+/* y (n, w->nrows) [+]= x (n, w->ncols) w^T. f32 weights: cublasSgemm on the f32
+ * activations d_x32 (ldx32 floats apart), exact to f32 rounding. Other types: the
+ * f16 activations d_x16 (ldx16 halves apart, 16-byte aligned) times w (f16 as
+ * stored, else dequantized into d_wscratch in pieces of whole rows), cublasGemmEx
+ * with f32 accumulation. accumulate adds onto y (the residual). */
+int kcuda_gemm(void *blas, const kcuda_mat_t *w, const void *d_x16, int64_t ldx16,
+               const float *d_x32, int64_t ldx32, int64_t n, float *d_y, int64_t ldy,
+               int accumulate, void *d_wscratch, size_t wscratch_bytes, void *stream,
+               bl_err_t *err) BL_WUR;
+
+/* Expert grouping of n_slots (row, choice) slots, d_ids (n_slots) as
+ * kcuda_moe_route writes them: d_counts (n_expert) slots per expert, d_offsets
+ * (n_expert + 1) where each expert's slots start in sorted order, d_tile0
+ * (n_expert + 1) the same in tiles of KCUDA_GG_ROWS rows, d_perm (n_slots) the slot
+ * at each sorted position (each expert's slots in slot order), d_inv (n_slots) the
+ * sorted position of each slot (-1 for an id out of range, which takes no place).
+ * One block on the card: no host round trip. */
+#define KCUDA_GG_ROWS 64
+int kcuda_moe_sort(const int32_t *d_ids, int64_t n_slots, int64_t n_expert, int32_t *d_counts,
+                   int32_t *d_offsets, int32_t *d_tile0, int32_t *d_perm, int32_t *d_inv,
+                   void *stream, bl_err_t *err) BL_WUR;
+
+/* y (n_sorted, ncols) f16 = x row d_perm[p] / k for each sorted position p: the
+ * activation rows in expert order, rounded once. */
+int kcuda_moe_gather_f16(const float *d_x, int64_t ldx, const int32_t *d_perm, int64_t n_sorted,
+                         int k, int64_t ncols, void *d_y, int64_t ldy, void *stream,
+                         bl_err_t *err) BL_WUR;
+
+/* y (n_sorted, rows_per_expert) f32, ldy apart: sorted row p (of expert e, from the
+ * offsets) times expert e's rows of d_w16 (n_expert * rows_per_expert, k) f16. One
+ * launch for all experts (tiles of 64 rows of one expert x 64 outputs, mma.sync,
+ * f32 accumulation in a fixed order: a row's result does not depend on the other
+ * rows). k a multiple of 32; d_offsets, d_tile0 from kcuda_moe_sort. */
+int kcuda_gemm_grouped(const void *d_w16, int64_t n_expert, int64_t rows_per_expert, int64_t k,
+                       const void *d_x16, const int32_t *d_offsets, const int32_t *d_tile0,
+                       int64_t n_sorted, float *d_y, int64_t ldy, void *stream,
+                       bl_err_t *err) BL_WUR;
+
+/* h (n) f16 = silu(g) * u. */
+int kcuda_swiglu_f16(const float *d_g, const float *d_u, int64_t n, void *d_h, void *stream,
+                     bl_err_t *err) BL_WUR;
+
+/* x row b [+]= sum over j < k, in j order, of wts[b k + j] * d row d_inv[b k + j]
+ * (skipped when -1): the experts' down outputs, weighted, back in row order. */
+int kcuda_moe_combine(const float *d_d, int64_t ldd, const int32_t *d_inv, const float *d_wts,
+                      int64_t n, int k, int64_t ncols, float *d_x, int64_t ldx, int accumulate,
+                      void *stream, bl_err_t *err) BL_WUR;
+
+/* Causal GQA flash attention for n prompt rows at positions pos0 .. pos0+n-1 over
+ * the f16 cache (which holds their K and V already: kcuda_kv_store first), as
+ * kcuda_attention, on tensor cores: q rounded to f16 after scaling, scores and
+ * sums in f32, probabilities rounded to f16 for the P.V product. head_dim 64 or
+ * 128 (BL_ENOTSUP otherwise: use kcuda_attention). No scratch. */
+int kcuda_attention_prefill(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, int64_t n,
+                            int64_t pos0, int64_t n_head, int64_t n_kv_head, int64_t head_dim,
+                            float scale, void *stream, bl_err_t *err) BL_WUR;
+
+// --- pinned memory, events, graphs, devices (runtime.cu) -----------------------------
+
+/* Page-locked host memory (cudaHostAlloc), so that async copies overlap the host.
+ * Caller frees with kcuda_host_free. */
+int kcuda_host_alloc(void **out, size_t nbytes, bl_err_t *err) BL_WUR;
+void kcuda_host_free(void *p); /* NULL is a no-op */
+
+/* Makes device current for the calling thread (a step thread other than the one
+ * that loaded must call it before its first launch). */
+int kcuda_set_device(int device, bl_err_t *err) BL_WUR;
+
+/* Fills info for device from its properties without creating a context (so listing
+ * the devices costs no memory on them); free_bytes stays 0. */
+int kcuda_device_query(int device, kcuda_device_info_t *info, bl_err_t *err) BL_WUR;
+
+/* Device-to-device copy on stream. */
+int kcuda_copy(void *d_dst, const void *d_src, size_t nbytes, void *stream, bl_err_t *err) BL_WUR;
+
+/* Timing events (cudaEvent_t as void *). Recorded while stream is being captured,
+ * an event becomes a node of the graph that takes its timestamp at each replay. */
+int kcuda_event_create(void **out, bl_err_t *err) BL_WUR;
+void kcuda_event_destroy(void *ev);
+int kcuda_event_record(void *ev, void *stream, bl_err_t *err) BL_WUR;
+int kcuda_event_sync(void *ev, bl_err_t *err) BL_WUR;
+int kcuda_event_elapsed_ms(float *ms, void *start, void *end, bl_err_t *err) BL_WUR;
+
+/* Graph capture of what is enqueued on stream (a non-default stream) between
+ * kcuda_graph_begin and kcuda_graph_end; the second ends the capture and
+ * instantiates it into *exec (caller destroys with kcuda_graph_destroy). A launcher
+ * that fails in between leaves the capture open: kcuda_graph_end then ends it and
+ * returns the failure. kcuda_graph_launch replays exec on stream. */
+int kcuda_graph_begin(void *stream, bl_err_t *err) BL_WUR;
+int kcuda_graph_end(void *stream, void **exec, bl_err_t *err) BL_WUR;
+int kcuda_graph_launch(void *exec, void *stream, bl_err_t *err) BL_WUR;
+void kcuda_graph_destroy(void *exec); /* NULL is a no-op */
 
 #ifdef __cplusplus
 }

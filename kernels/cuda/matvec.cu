@@ -4,28 +4,43 @@
  * (optionally with SwiGLU) and down (with the weighted sum) of 3-D expert tensors,
  * and the embedding gather.
  *
- * Shape: a block of MV_WARPS warps; each warp owns one output row (one weight row,
- * or a gate/up pair). The warp walks its row in groups of whole blocks (about 2 KiB:
- * 8 K-quant super-blocks, 32 q8_0 blocks, 1024 halves, 512 floats), copies each
- * group into its own shared-memory buffer with 16-byte loads (aligned down and up
- * to 16 bytes, which is why weight data must be padded: kcuda.h), then decodes it
- * from shared memory, each lane taking a fixed part of the group (a quarter of a
- * super-block, one q8_0 block, strided elements), and keeps one f32 partial per
- * activation row. A warp shuffle sums the lanes; lane 0 writes. Row groups of any
- * byte alignment (q6_K's 210-byte and q8_0's 34-byte blocks) go through the same
- * path; only the offset into the buffer changes. No block-wide barrier: a warp
- * whose row is past the end simply leaves. */
+ * Shape: blocks of MV_WARPS warps. A warp owns rpw output rows (rpw chosen by the
+ * launcher so that the grid is about one wave of the card) and walks its work as a
+ * list of segments: for each row, each part (gate and up; or each routed expert
+ * for down), each group of whole weight blocks (about 2 KiB). Segments stream into
+ * the warp's MV_STAGES shared-memory stages with 16-byte cp.async copies of the
+ * aligned span around them (why weight data must be padded: kcuda.h), two segments
+ * ahead of the one being decoded, so each warp keeps up to three in flight.
+ *
+ * Block formats (q4_K, q5_K, q6_K, q8_0): the block first rounds the activation
+ * rows it reads to 8 bits per 32 elements in shared memory (d = amax / 127, q =
+ * round(x / d), plus the integer sums of each half), and by default the residual
+ * x - d q the same way (two q8 terms, kcuda_matvec_set_act_terms), overlapping the
+ * first segments' copies; lanes then take integer dot products of packed weights
+ * and each term (dp4a) per sub-block and scale them once. The result is W times
+ * the rounded activations, to f32 rounding (docs/cuda.md, "Numerics"): the same
+ * weight bytes, twice the integer work. f16, bf16 and f32 weights multiply the f32
+ * activations as given (read through L1).
+ *
+ * A lane's share of a segment is fixed per format (8 lanes per q4_K/q5_K block, 4
+ * per q6_K block, one q8_0 block, strided elements); the rounded activations are
+ * laid out per format (xunit) so that the lanes' 16-byte reads hit distinct banks.
+ * A warp shuffle sums the lanes; lane 0 writes. Sums have a fixed order: the same
+ * inputs give the same bits. */
 #include "kcuda_impl.cuh"
 
-#define MV_WARPS 4
-/* A group is at most 2048 bytes; aligned down and up to 16 it spans at most 2080. */
+#define MV_WARPS 8
+#define MV_THREADS (MV_WARPS * 32)
+/* A group is at most 2048 bytes; its aligned span at most 2080; unaligned word
+ * reads (ldw4) may touch 4 bytes past it. */
 #define MV_GROUP_BYTES 2048
-#define MV_STAGE_BYTES (MV_GROUP_BYTES + 32)
-#define MV_STAGE_VECS ((MV_STAGE_BYTES / 16 + 31) / 32) /* uint4 loads per lane, at most */
+#define MV_STAGE_BYTES (MV_GROUP_BYTES + 48)
+#define MV_STAGES 3
+#define MV_STAGE_ALL (MV_WARPS * MV_STAGES * MV_STAGE_BYTES) /* 50304 bytes per block */
 #define MAXR KCUDA_MV_MAX_ROWS
-/* Blocks per SM the register budget must allow: decode is latency-bound, so
- * occupancy (bytes in flight) matters more than registers per thread. */
-#define MV_MIN_BLOCKS 4
+/* Blocks per SM the register budget must allow, and the launcher's wave size. */
+#define MV_MIN_BLOCKS 2
+#define MV_MAX_DEVICES 16
 
 enum { MV_PLAIN = 0, MV_EXPERT = 1, MV_EXPERT_DOWN = 2 };
 
@@ -46,18 +61,27 @@ typedef struct mv_args {
     int k;             /* choices per row (expert modes) */
     int mode;
     int accumulate;
+    int rpw;           /* rows per warp */
+    int xs;            /* bytes per rounded activation row in shared memory */
+    int terms;         /* q8 terms per activation block (block formats): 1 or 2 */
+    /* Plain mode, split outputs (kcuda_matvec_split): rows r1.. go to y1 (row r -
+     * r1, ldy1 apart), rows r2.. to y2; r1 = r2 = nrows when there is one output. */
+    int64_t r1, r2;
+    float *y1, *y2;
+    int64_t ldy1, ldy2;
 } mv_args_t;
 
 // --- formats ------------------------------------------------------------------------------
-/* BE elements and BB bytes per block; G blocks per staged group (G * BB <= 2048). */
+/* BE elements and BB bytes per block; G blocks per group (G * BB <= 2048); Q: the
+ * activations are rounded to 8 bits. */
 template <int T> struct fmt;
-template <> struct fmt<BL_TYPE_Q4_K> { enum { BE = 256, BB = 144, G = 8 }; };
-template <> struct fmt<BL_TYPE_Q5_K> { enum { BE = 256, BB = 176, G = 8 }; };
-template <> struct fmt<BL_TYPE_Q6_K> { enum { BE = 256, BB = 210, G = 8 }; };
-template <> struct fmt<BL_TYPE_Q8_0> { enum { BE = 32, BB = 34, G = 32 }; };
-template <> struct fmt<BL_TYPE_F16> { enum { BE = 1, BB = 2, G = 1024 }; };
-template <> struct fmt<BL_TYPE_BF16> { enum { BE = 1, BB = 2, G = 1024 }; };
-template <> struct fmt<BL_TYPE_F32> { enum { BE = 1, BB = 4, G = 512 }; };
+template <> struct fmt<BL_TYPE_Q4_K> { enum { BE = 256, BB = 144, G = 8, Q = 1 }; };
+template <> struct fmt<BL_TYPE_Q5_K> { enum { BE = 256, BB = 176, G = 8, Q = 1 }; };
+template <> struct fmt<BL_TYPE_Q6_K> { enum { BE = 256, BB = 210, G = 8, Q = 1 }; };
+template <> struct fmt<BL_TYPE_Q8_0> { enum { BE = 32, BB = 34, G = 32, Q = 1 }; };
+template <> struct fmt<BL_TYPE_F16> { enum { BE = 1, BB = 2, G = 1024, Q = 0 }; };
+template <> struct fmt<BL_TYPE_BF16> { enum { BE = 1, BB = 2, G = 1024, Q = 0 }; };
+template <> struct fmt<BL_TYPE_F32> { enum { BE = 1, BB = 4, G = 512, Q = 0 }; };
 
 static_assert(fmt<BL_TYPE_Q6_K>::G * fmt<BL_TYPE_Q6_K>::BB <= MV_GROUP_BYTES, "q6_K group");
 static_assert(fmt<BL_TYPE_Q5_K>::G * fmt<BL_TYPE_Q5_K>::BB <= MV_GROUP_BYTES, "q5_K group");
@@ -71,15 +95,39 @@ static __device__ __forceinline__ uint16_t ld_u16(const uint8_t *p)
     return *(const uint16_t *)p;
 }
 
-/* Four bytes at a 2-byte aligned shared-memory address. */
-static __device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t *p)
+static __device__ __forceinline__ uint4 ld_u4(const uint8_t *p)
 {
-    return (uint32_t)ld_u16(p) | (uint32_t)ld_u16(p + 2) << 16;
+    return *(const uint4 *)p;
 }
 
-static __device__ __forceinline__ float4 ld_f4(const float *p)
+/* Four words at any byte alignment in shared memory (q6_K's 210-byte and q8_0's
+ * 34-byte blocks): five aligned reads and funnel shifts. */
+static __device__ __forceinline__ void ldw4(const uint8_t *p, uint32_t *w)
 {
-    return *(const float4 *)p;
+    const uintptr_t a = (uintptr_t)p;
+    const uint32_t *q = (const uint32_t *)(a & ~(uintptr_t)3);
+    const int sh = (int)(a & 3) * 8;
+    uint32_t t[5];
+#pragma unroll
+    for (int i = 0; i < 5; i++)
+        t[i] = q[i];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        w[i] = __funnelshift_r(t[i], t[i + 1], sh);
+}
+
+/* The signed 16-bit half hl (0: low) of a packed pair of sums. */
+static __device__ __forceinline__ int half_sum(int v, int hl)
+{
+    return hl ? v >> 16 : (int)(int16_t)(v & 0xffff);
+}
+
+static __device__ __forceinline__ int dot4x4(const uint32_t *w, uint4 x, int acc)
+{
+    acc = __dp4a((int)w[0], (int)x.x, acc);
+    acc = __dp4a((int)w[1], (int)x.y, acc);
+    acc = __dp4a((int)w[2], (int)x.z, acc);
+    return __dp4a((int)w[3], (int)x.w, acc);
 }
 
 /* Scale and min j (0..7) of a q4_K/q5_K block (k_scale_min in common/quant.c). */
@@ -94,202 +142,258 @@ static __device__ __forceinline__ void k_scale_min(const uint8_t *s, int j, int 
     }
 }
 
-/* Copies nbytes at src into the warp's buffer with 16-byte loads of the aligned
- * span around them; returns where src's first byte landed. All lanes call it. */
-static __device__ __forceinline__ const uint8_t *stage(uint8_t *buf, const uint8_t *src,
-                                                       int nbytes, int lane)
+/* The same from the block's first 16 bytes held in registers (scales in y, z, w). */
+static __device__ __forceinline__ void k_scale_min_w(uint4 hd, int j, int *sc, int *m)
 {
-    const uintptr_t a0 = (uintptr_t)src & ~(uintptr_t)15;
-    const uintptr_t a1 = ((uintptr_t)src + (uintptr_t)nbytes + 15) & ~(uintptr_t)15;
-    const int nv = (int)((a1 - a0) >> 4);
-    const uint4 *g = (const uint4 *)a0;
-    uint4 r[MV_STAGE_VECS];
-    __syncwarp(); /* every lane is done with the previous group */
-#pragma unroll
-    for (int j = 0; j < MV_STAGE_VECS; j++) {
-        const int i = lane + 32 * j;
-        if (i < nv)
-            r[j] = __ldg(g + i);
+    const int sh = 8 * (j & 3);
+    const int a = (int)(hd.y >> sh) & 0xff, b = (int)(hd.z >> sh) & 0xff, c = (int)(hd.w >> sh) & 0xff;
+    if (j < 4) {
+        *sc = a & 63;
+        *m = b & 63;
+    } else {
+        *sc = (c & 0xf) | (a >> 6) << 4;
+        *m = (c >> 4) | (b >> 6) << 4;
     }
-#pragma unroll
-    for (int j = 0; j < MV_STAGE_VECS; j++) {
-        const int i = lane + 32 * j;
-        if (i < nv)
-            ((uint4 *)buf)[i] = r[j];
+}
+
+// --- rounded activations --------------------------------------------------------------------
+/* Where the 16-element unit u of a rounded activation row lives (in units of 16
+ * bytes), per format, so that each phase of a lane's 16-byte reads covers 8
+ * distinct 16-byte bank groups:
+ * - q4_K, q5_K: in each 256-element super-block, lane c (of 8) reads unit c (the
+ *   low-nibble half it needs) and unit 8 + c (the high-nibble half): unit 4p + t
+ *   (sub-block pair p, quarter t) goes to 8 (t / 2) + 2p + t % 2.
+ * - q6_K: lane p (of 4) reads, for each k, unit 4 (k ^ parity) + p: unit
+ *   8h + 2k + hl goes to 4 (k ^ (super-block & 1)) + 2h + hl, so that two
+ *   neighbouring super-blocks use different banks.
+ * - q8_0: in each 8 blocks, first halves at 0..7, second halves at 8..15.
+ * Rows are padded to 256 elements, so every position is inside the row. */
+template <int T>
+static __device__ __forceinline__ int xunit(int u)
+{
+    const int U = u & 15, base = u & ~15;
+    if (T == BL_TYPE_Q4_K || T == BL_TYPE_Q5_K)
+        return base + ((U & 3) >> 1) * 8 + 2 * (U >> 2) + (U & 1);
+    if (T == BL_TYPE_Q6_K)
+        return base + 4 * (((U >> 1) & 3) ^ ((u >> 4) & 1)) + 2 * (U >> 3) + (U & 1);
+    return base + (U & 1) * 8 + (U >> 1);
+}
+
+/* The rounded activations a block reads. Activation row i is `terms` rounded
+ * rows, v = i * terms + t for term t (0: the value, 1: the residual it left):
+ * row v's bytes at q + v * xs (laid out by xunit), its 32-element scales d and
+ * packed half sums s (low half: elements 0..15) at v * xs / 32 + block. f: the
+ * f32 rows (i at f + i * ldx) for f16, bf16 and f32 weights. */
+typedef struct mv_x {
+    const uint8_t *q;
+    const float *d;
+    const int *s;
+    int xs;
+    int terms;
+    const float *f;
+    int64_t ldx;
+} mv_x_t;
+
+/* Rounds nx activation rows (row i at x + i * ldx, ncols a multiple of 32) into
+ * q, d, s, as act_q8_round in tests/gpu/gpu_test.h: per 32 elements d = amax /
+ * 127, q = roundf(x * (1 / d)); with two terms the residual x - d * q (f32 product,
+ * then f32 difference) is rounded the same way into the next rounded row, so the
+ * two integer dots together see about 16 bits of each activation. A quarter-warp
+ * per 32 elements, 4 per lane; the whole block calls it (terms is uniform). */
+template <int T>
+static __device__ void round_acts(const float *x, int64_t ldx, int nx, int64_t ncols, uint8_t *q,
+                                  float *d, int *s, int xs, int terms)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane & 7;
+    const int nb32 = (int)(ncols / 32), total = nx * nb32, xb = xs / 32;
+    for (int b0 = warp * 4; b0 < total; b0 += MV_WARPS * 4) {
+        const int blk = b0 + (lane >> 3);
+        const bool ok = blk < total;
+        const int i = ok ? blk / nb32 : 0, j = ok ? blk - i * nb32 : 0;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (ok)
+            v = __ldg((const float4 *)(x + i * ldx + 32 * j + 4 * sub));
+        for (int t = 0; t < terms; t++) {
+            float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+            amax = fmaxf(amax, __shfl_xor_sync(KCUDA_FULL_MASK, amax, 1));
+            amax = fmaxf(amax, __shfl_xor_sync(KCUDA_FULL_MASK, amax, 2));
+            amax = fmaxf(amax, __shfl_xor_sync(KCUDA_FULL_MASK, amax, 4));
+            const float dd = amax / 127.0f;
+            const float id = dd > 0.0f ? 1.0f / dd : 0.0f;
+            const int q0 = (int)roundf(__fmul_rn(v.x, id)), q1 = (int)roundf(__fmul_rn(v.y, id));
+            const int q2 = (int)roundf(__fmul_rn(v.z, id)), q3 = (int)roundf(__fmul_rn(v.w, id));
+            const uint32_t pk = (uint32_t)(q0 & 0xff) | (uint32_t)(q1 & 0xff) << 8 |
+                                (uint32_t)(q2 & 0xff) << 16 | (uint32_t)(q3 & 0xff) << 24;
+            int sm = q0 + q1 + q2 + q3;
+            sm += __shfl_xor_sync(KCUDA_FULL_MASK, sm, 1);
+            sm += __shfl_xor_sync(KCUDA_FULL_MASK, sm, 2);
+            const int hi = __shfl_xor_sync(KCUDA_FULL_MASK, sm, 4);
+            if (ok) {
+                const int vr = i * terms + t;
+                *(uint32_t *)(q + vr * xs + 16 * xunit<T>(2 * j + (sub >> 2)) + 4 * (sub & 3)) = pk;
+                if (sub == 0) {
+                    d[vr * xb + j] = dd;
+                    s[vr * xb + j] = (sm & 0xffff) | (hi << 16);
+                }
+            }
+            /* the residual: what d * q left of each element (no FMA: the test's
+             * reference takes the same two roundings) */
+            v.x = __fsub_rn(v.x, __fmul_rn(dd, (float)q0));
+            v.y = __fsub_rn(v.y, __fmul_rn(dd, (float)q1));
+            v.z = __fsub_rn(v.z, __fmul_rn(dd, (float)q2));
+            v.w = __fsub_rn(v.w, __fmul_rn(dd, (float)q3));
+        }
     }
-    __syncwarp();
-    return buf + ((uintptr_t)src & 15);
 }
 
 // --- one lane's share of a staged group ------------------------------------------------------
-/* lane_dot<T>(s, nblk, lane, x, ldx, n, acc): adds to acc[b] (b < n) this lane's part
- * of dot(group, x row b), s the group's first block in shared memory, nblk blocks in
- * it, x the activations at the group's first element. */
+/* lane_dot<T, NX>(s, nb, lane, xv, xr0, nxr, e0, part): adds to part[r] (r < nxr)
+ * this lane's part of dot(group, activation row xr0 + r), s the group's first
+ * block in shared memory, nb blocks in it, e0 the row element of its first. */
 
-template <int T>
-static __device__ __forceinline__ void lane_dot(const uint8_t *s, int nblk, int lane, const float *x,
-                                                int64_t ldx, int n, float *acc);
-
-/* q4_K: four lanes per super-block; lane part p takes sub-blocks 2p (low nibbles of
- * qs[32p .. 32p+31]) and 2p+1 (high nibbles): elements 64p .. 64p+63. */
-template <>
-__device__ __forceinline__ void lane_dot<BL_TYPE_Q4_K>(const uint8_t *s, int nblk, int lane,
-                                                       const float *x, int64_t ldx, int n, float *acc)
+/* q4_K, q5_K: 8 lanes per block, 4 blocks per pass. Lane c = 2p + hh takes the 16
+ * bytes qs[32p + 16hh ..] (q5_K: and qh[16hh ..]): elements 64p + 16hh + i of
+ * sub-block 2p (low nibbles) and 64p + 32 + 16hh + i of sub-block 2p + 1 (high). */
+template <int T, int NX>
+static __device__ __forceinline__ void lane_dot_k45(const uint8_t *s, int nb, int lane, const mv_x_t &xv,
+                                                    int xr0, int nxr, int64_t e0, float *part)
 {
-    const int blk = lane >> 2, p = lane & 3;
-    if (blk >= nblk)
-        return;
-    const uint8_t *b = s + blk * 144;
-    const float d = kc_half(ld_u16(b)), dmin = kc_half(ld_u16(b + 2));
-    int sc0, m0, sc1, m1;
-    k_scale_min(b + 4, 2 * p, &sc0, &m0);
-    k_scale_min(b + 4, 2 * p + 1, &sc1, &m1);
-    const uint4 qa = *(const uint4 *)(b + 16 + 32 * p), qb = *(const uint4 *)(b + 32 + 32 * p);
-    const uint32_t qw[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
-    const float d0 = d * (float)sc0, mn0 = dmin * (float)m0;
-    const float d1 = d * (float)sc1, mn1 = dmin * (float)m1;
+    const int c = lane & 7, p = c >> 1, hh = c & 1;
+    const int sb0 = (int)(e0 >> 8), xb = xv.xs >> 5;
 #pragma unroll
-    for (int r = 0; r < MAXR; r++) {
-        if (r >= n)
+    for (int pass = 0; pass < fmt<T>::G / 4; pass++) {
+        const int blk = pass * 4 + (lane >> 3);
+        if (blk >= nb)
             break;
-        const float *xr = x + r * ldx + blk * 256 + 64 * p;
-        float s0 = 0.0f, s1 = 0.0f, x0 = 0.0f, x1 = 0.0f;
+        const uint8_t *b = s + blk * fmt<T>::BB;
+        const uint4 hd = ld_u4(b);
+        uint32_t lo[4], hi[4];
+        if (T == BL_TYPE_Q4_K) {
+            const uint4 qv = ld_u4(b + 16 + 16 * c);
+            const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w};
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const float4 xl = ld_f4(xr + 4 * i), xh = ld_f4(xr + 32 + 4 * i);
-            const uint32_t w = qw[i];
-            s0 += (float)(w & 0xf) * xl.x + (float)((w >> 8) & 0xf) * xl.y +
-                  (float)((w >> 16) & 0xf) * xl.z + (float)((w >> 24) & 0xf) * xl.w;
-            s1 += (float)((w >> 4) & 0xf) * xh.x + (float)((w >> 12) & 0xf) * xh.y +
-                  (float)((w >> 20) & 0xf) * xh.z + (float)((w >> 28) & 0xf) * xh.w;
-            x0 += xl.x + xl.y + xl.z + xl.w;
-            x1 += xh.x + xh.y + xh.z + xh.w;
-        }
-        acc[r] += d0 * s0 - mn0 * x0 + d1 * s1 - mn1 * x1;
-    }
-}
-
-/* q5_K: as q4_K, the fifth bit of element 64p + l (low) at bit 2p of qh[l], of
- * element 64p + 32 + l (high) at bit 2p + 1. */
-template <>
-__device__ __forceinline__ void lane_dot<BL_TYPE_Q5_K>(const uint8_t *s, int nblk, int lane,
-                                                       const float *x, int64_t ldx, int n, float *acc)
-{
-    const int blk = lane >> 2, p = lane & 3;
-    if (blk >= nblk)
-        return;
-    const uint8_t *b = s + blk * 176;
-    const float d = kc_half(ld_u16(b)), dmin = kc_half(ld_u16(b + 2));
-    int sc0, m0, sc1, m1;
-    k_scale_min(b + 4, 2 * p, &sc0, &m0);
-    k_scale_min(b + 4, 2 * p + 1, &sc1, &m1);
-    const uint4 ha = *(const uint4 *)(b + 16), hb = *(const uint4 *)(b + 32);
-    const uint4 qa = *(const uint4 *)(b + 48 + 32 * p), qb = *(const uint4 *)(b + 64 + 32 * p);
-    const uint32_t hw[8] = {ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w};
-    const uint32_t qw[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
-    const float d0 = d * (float)sc0, mn0 = dmin * (float)m0;
-    const float d1 = d * (float)sc1, mn1 = dmin * (float)m1;
-    const int lb = 2 * p, hbit = 2 * p + 1;
+            for (int i = 0; i < 4; i++) {
+                lo[i] = qw[i] & 0x0f0f0f0fu;
+                hi[i] = (qw[i] >> 4) & 0x0f0f0f0fu;
+            }
+        } else {
+            const uint4 qv = ld_u4(b + 48 + 16 * c), hv = ld_u4(b + 16 + 16 * hh);
+            const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w}, hw[4] = {hv.x, hv.y, hv.z, hv.w};
 #pragma unroll
-    for (int r = 0; r < MAXR; r++) {
-        if (r >= n)
-            break;
-        const float *xr = x + r * ldx + blk * 256 + 64 * p;
-        float s0 = 0.0f, s1 = 0.0f, x0 = 0.0f, x1 = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const float4 xl = ld_f4(xr + 4 * i), xh = ld_f4(xr + 32 + 4 * i);
-            const float xlv[4] = {xl.x, xl.y, xl.z, xl.w}, xhv[4] = {xh.x, xh.y, xh.z, xh.w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const uint32_t q = qw[i] >> (8 * j), h = hw[i] >> (8 * j);
-                const int ql = (int)(q & 0xf) | (int)((h >> lb) & 1) << 4;
-                const int qh = (int)((q >> 4) & 0xf) | (int)((h >> hbit) & 1) << 4;
-                s0 += (float)ql * xlv[j];
-                s1 += (float)qh * xhv[j];
-                x0 += xlv[j];
-                x1 += xhv[j];
+            for (int i = 0; i < 4; i++) {
+                lo[i] = (qw[i] & 0x0f0f0f0fu) | (((hw[i] >> (2 * p)) << 4) & 0x10101010u);
+                hi[i] = ((qw[i] >> 4) & 0x0f0f0f0fu) | (((hw[i] >> (2 * p + 1)) << 4) & 0x10101010u);
             }
         }
-        acc[r] += d0 * s0 - mn0 * x0 + d1 * s1 - mn1 * x1;
+        const float d = kc_half((uint16_t)(hd.x & 0xffff)), dmin = kc_half((uint16_t)(hd.x >> 16));
+        int sc0, m0, sc1, m1;
+        k_scale_min_w(hd, 2 * p, &sc0, &m0);
+        k_scale_min_w(hd, 2 * p + 1, &sc1, &m1);
+        const float ds0 = d * (float)sc0, dm0 = dmin * (float)m0;
+        const float ds1 = d * (float)sc1, dm1 = dmin * (float)m1;
+        const int sb = sb0 + blk, j0 = sb * 8 + 2 * p, ul = sb * 16 + c;
+#pragma unroll
+        for (int r = 0; r < NX; r++) {
+            if (r >= nxr)
+                break;
+#pragma unroll
+            for (int t = 0; t < 2; t++) {
+                if (t >= xv.terms)
+                    break;
+                const int xr = (xr0 + r) * xv.terms + t;
+                const uint8_t *xq = xv.q + xr * xv.xs;
+                const int il = dot4x4(lo, ld_u4(xq + 16 * ul), 0);
+                const int ih = dot4x4(hi, ld_u4(xq + 16 * (ul + 8)), 0);
+                const float *xd = xv.d + xr * xb + j0;
+                const int *xsum = xv.s + xr * xb + j0;
+                const int s0 = half_sum(xsum[0], hh), s1 = half_sum(xsum[1], hh);
+                part[r] += xd[0] * (ds0 * (float)il - dm0 * (float)s0) + xd[1] * (ds1 * (float)ih - dm1 * (float)s1);
+            }
+        }
     }
 }
 
-/* q6_K: four lanes per super-block; lane part p takes half h = p / 2 and l in
- * 16 (p % 2) .. +15 of that half, and for each l the four elements 128h + 32k + l
- * (k = 0..3): low nibbles from ql[64h + l] (k = 0, 2: low, high nibble) and
- * ql[64h + 32 + l] (k = 1, 3), two high bits at bit 2k of qh[32h + l], scale
- * scales[8h + 2k + p % 2]. Blocks are 210 bytes: only 2-byte reads are aligned. */
-template <>
-__device__ __forceinline__ void lane_dot<BL_TYPE_Q6_K>(const uint8_t *s, int nblk, int lane,
-                                                       const float *x, int64_t ldx, int n, float *acc)
+/* q6_K: 4 lanes per block; lane p takes half h = p / 2 and l in 16 (p % 2) .. +15
+ * of it, and for each l the four elements 128h + 32k + l (k = 0..3): low nibbles
+ * from ql[64h + l] (k = 0, 2) and ql[64h + 32 + l] (k = 1, 3), two high bits at bit
+ * 2k of qh[32h + l], scale scales[8h + 2k + p % 2]. q - 32 by the activations'
+ * half sums. Blocks are 210 bytes: word reads through ldw4. */
+template <int NX>
+static __device__ __forceinline__ void lane_dot_q6(const uint8_t *s, int nb, int lane, const mv_x_t &xv,
+                                                   int xr0, int nxr, int64_t e0, float *part)
 {
     const int blk = lane >> 2, p = lane & 3, h = p >> 1, hl = p & 1;
-    if (blk >= nblk)
+    if (blk >= nb)
         return;
     const uint8_t *b = s + blk * 210;
+    uint32_t A[4], C[4], H[4];
+    ldw4(b + 64 * h + 16 * hl, A);
+    ldw4(b + 64 * h + 32 + 16 * hl, C);
+    ldw4(b + 128 + 32 * h + 16 * hl, H);
     const float d = kc_half(ld_u16(b + 208));
-    const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + hl;
-    const float dk[4] = {d * (float)sc[0], d * (float)sc[2], d * (float)sc[4], d * (float)sc[6]};
-    const uint8_t *ql0 = b + 64 * h + 16 * hl, *ql1 = ql0 + 32, *qh = b + 128 + 32 * h + 16 * hl;
-    const int e0 = blk * 256 + 128 * h + 16 * hl;
+    const int8_t *sc = (const int8_t *)(b + 192 + 8 * h + hl);
+    float dk[4];
+    uint32_t qk[4][4];
 #pragma unroll
-    for (int lq = 0; lq < 4; lq++) {
-        const uint32_t a = ld_u32_a2(ql0 + 4 * lq), c = ld_u32_a2(ql1 + 4 * lq);
-        const uint32_t hb = ld_u32_a2(qh + 4 * lq);
-        float wv[4][4]; /* [k][j]: element 128h + 32k + 16hl + 4lq + j */
+    for (int k = 0; k < 4; k++)
+        dk[k] = d * (float)sc[2 * k];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const uint32_t aj = (a >> (8 * j)) & 0xff, cj = (c >> (8 * j)) & 0xff;
-            const uint32_t hj = (hb >> (8 * j)) & 0xff;
-            wv[0][j] = dk[0] * (float)((int)((aj & 0xf) | (hj & 3) << 4) - 32);
-            wv[1][j] = dk[1] * (float)((int)((cj & 0xf) | ((hj >> 2) & 3) << 4) - 32);
-            wv[2][j] = dk[2] * (float)((int)((aj >> 4) | ((hj >> 4) & 3) << 4) - 32);
-            wv[3][j] = dk[3] * (float)((int)((cj >> 4) | ((hj >> 6) & 3) << 4) - 32);
-        }
+    for (int i = 0; i < 4; i++) {
+        qk[0][i] = (A[i] & 0x0f0f0f0fu) | ((H[i] << 4) & 0x30303030u);
+        qk[1][i] = (C[i] & 0x0f0f0f0fu) | ((H[i] << 2) & 0x30303030u);
+        qk[2][i] = ((A[i] >> 4) & 0x0f0f0f0fu) | (H[i] & 0x30303030u);
+        qk[3][i] = ((C[i] >> 4) & 0x0f0f0f0fu) | ((H[i] >> 2) & 0x30303030u);
+    }
+    const int sb = (int)(e0 >> 8) + blk, par = sb & 1, xb = xv.xs >> 5;
 #pragma unroll
-        for (int r = 0; r < MAXR; r++) {
-            if (r >= n)
+    for (int r = 0; r < NX; r++) {
+        if (r >= nxr)
+            break;
+#pragma unroll
+        for (int tm = 0; tm < 2; tm++) {
+            if (tm >= xv.terms)
                 break;
-            const float *xr = x + r * ldx + e0 + 4 * lq;
+            const int xr = (xr0 + r) * xv.terms + tm;
+            const uint8_t *xq = xv.q + xr * xv.xs + 16 * (sb * 16 + p);
+            const float *xd = xv.d + xr * xb + sb * 8 + 4 * h;
+            const int *xsum = xv.s + xr * xb + sb * 8 + 4 * h;
             float t = 0.0f;
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const float4 xv = ld_f4(xr + 32 * k);
-                t += wv[k][0] * xv.x + wv[k][1] * xv.y + wv[k][2] * xv.z + wv[k][3] * xv.w;
+                const int is = dot4x4(qk[k], ld_u4(xq + 64 * (k ^ par)), 0);
+                t += dk[k] * xd[k] * (float)(is - 32 * half_sum(xsum[k], hl));
             }
-            acc[r] += t;
+            part[r] += t;
         }
     }
 }
 
-/* q8_0: one block of 32 per lane; 34-byte blocks, so 2-byte reads. */
-template <>
-__device__ __forceinline__ void lane_dot<BL_TYPE_Q8_0>(const uint8_t *s, int nblk, int lane,
-                                                       const float *x, int64_t ldx, int n, float *acc)
+/* q8_0: one 34-byte block per lane. */
+template <int NX>
+static __device__ __forceinline__ void lane_dot_q8(const uint8_t *s, int nb, int lane, const mv_x_t &xv,
+                                                   int xr0, int nxr, int64_t e0, float *part)
 {
-    if (lane >= nblk)
+    if (lane >= nb)
         return;
     const uint8_t *b = s + lane * 34;
     const float d = kc_half(ld_u16(b));
-    int32_t qw[8];
+    uint32_t w[8];
+    ldw4(b + 2, w);
+    ldw4(b + 18, w + 4);
+    const int bi = (int)(e0 >> 5) + lane, u0 = (bi >> 3) * 16 + (bi & 7), xb = xv.xs >> 5;
 #pragma unroll
-    for (int i = 0; i < 8; i++)
-        qw[i] = (int32_t)ld_u32_a2(b + 2 + 4 * i);
-#pragma unroll
-    for (int r = 0; r < MAXR; r++) {
-        if (r >= n)
+    for (int r = 0; r < NX; r++) {
+        if (r >= nxr)
             break;
-        const float *xr = x + r * ldx + lane * 32;
-        float t = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const float4 xv = ld_f4(xr + 4 * i);
-            const int32_t w = qw[i];
-            t += (float)(int8_t)(w & 0xff) * xv.x + (float)(int8_t)((w >> 8) & 0xff) * xv.y +
-                 (float)(int8_t)((w >> 16) & 0xff) * xv.z + (float)(int8_t)((w >> 24) & 0xff) * xv.w;
+        for (int t = 0; t < 2; t++) {
+            if (t >= xv.terms)
+                break;
+            const int xr = (xr0 + r) * xv.terms + t;
+            const uint8_t *xq = xv.q + xr * xv.xs;
+            const int is = dot4x4(w + 4, ld_u4(xq + 16 * (u0 + 8)), dot4x4(w, ld_u4(xq + 16 * u0), 0));
+            part[r] += d * xv.d[xr * xb + bi] * (float)is;
         }
-        acc[r] += d * t;
     }
 }
 
@@ -305,100 +409,311 @@ static __device__ __forceinline__ float plain_elem(const uint8_t *s, int e)
     return kc_bf16(ld_u16(s + 2 * e));
 }
 
-#define PLAIN_LANE_DOT(T)                                                                       \
-    template <>                                                                                 \
-    __device__ __forceinline__ void lane_dot<T>(const uint8_t *s, int nblk, int lane,           \
-                                                const float *x, int64_t ldx, int n, float *acc) \
-    {                                                                                           \
-        for (int e = lane; e < nblk; e += 32) {                                                 \
-            const float w = plain_elem<T>(s, e);                                                \
-            _Pragma("unroll") for (int r = 0; r < MAXR; r++)                                    \
-            {                                                                                   \
-                if (r >= n)                                                                     \
-                    break;                                                                      \
-                acc[r] += w * x[r * ldx + e];                                                   \
-            }                                                                                   \
-        }                                                                                       \
-    }
-PLAIN_LANE_DOT(BL_TYPE_F16)
-PLAIN_LANE_DOT(BL_TYPE_BF16)
-PLAIN_LANE_DOT(BL_TYPE_F32)
-
-/* This lane's partial dot products of one weight row with n activation rows. */
-template <int T>
-static __device__ __forceinline__ void row_dot(const uint8_t *wrow, int64_t ncols, const float *x,
-                                               int64_t ldx, int n, float *acc, uint8_t *buf, int lane)
+template <int T, int NX>
+static __device__ __forceinline__ void lane_dot(const uint8_t *s, int nb, int lane, const mv_x_t &xv, int xr0,
+                                                int nxr, int64_t e0, float *part)
 {
-    typedef fmt<T> F;
-    const int64_t nblk = ncols / F::BE;
-    for (int64_t g0 = 0; g0 < nblk; g0 += F::G) {
-        const int gb = (int)(nblk - g0 < F::G ? nblk - g0 : F::G);
-        const uint8_t *s = stage(buf, wrow + g0 * F::BB, gb * F::BB, lane);
-        lane_dot<T>(s, gb, lane, x + g0 * F::BE, ldx, n, acc);
+    if (T == BL_TYPE_Q4_K || T == BL_TYPE_Q5_K) {
+        lane_dot_k45<T, NX>(s, nb, lane, xv, xr0, nxr, e0, part);
+    } else if (T == BL_TYPE_Q6_K) {
+        lane_dot_q6<NX>(s, nb, lane, xv, xr0, nxr, e0, part);
+    } else if (T == BL_TYPE_Q8_0) {
+        lane_dot_q8<NX>(s, nb, lane, xv, xr0, nxr, e0, part);
+    } else {
+        for (int e = lane; e < nb; e += 32) {
+            const float w = plain_elem<T>(s, e);
+#pragma unroll
+            for (int r = 0; r < NX; r++) {
+                if (r >= nxr)
+                    break;
+                part[r] += w * __ldg(xv.f + (xr0 + r) * xv.ldx + e0 + e);
+            }
+        }
     }
 }
 
-// --- the kernel ----------------------------------------------------------------------------
+// --- segments and the kernel ---------------------------------------------------------------
 
-/* grid (ceil(nrows / MV_WARPS), slots): slots = 1 (plain), n * k (expert), n (down). */
-template <int T>
-__global__ void __launch_bounds__(MV_WARPS * 32, MV_MIN_BLOCKS) mv_kernel(const mv_args_t a)
+static __device__ __forceinline__ void cp16(uint8_t *dst, const void *src)
 {
-    __shared__ __align__(16) uint8_t sbuf[MV_WARPS][MV_STAGE_BYTES];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t r = (int64_t)blockIdx.x * MV_WARPS + warp;
-    if (r >= a.nrows)
-        return; /* the whole warp: no barrier below spans warps */
-    uint8_t *buf = sbuf[warp];
-    float acc[MAXR], acc2[MAXR];
-#pragma unroll
-    for (int i = 0; i < MAXR; i++)
-        acc[i] = acc2[i] = 0.0f;
-    int nout = 1;
-    int64_t yrow = 0;
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+
+static __device__ __forceinline__ void cp_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N>
+static __device__ __forceinline__ void cp_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* One segment: nb whole blocks at src (NULL: an expert id out of range, nothing). */
+typedef struct mv_seg {
+    const uint8_t *src;
+    int nb;
+} mv_seg_t;
+
+/* The warp's work: nrow rows r0, r0 + MV_WARPS, ...; each of nparts parts of
+ * ngroups groups. Segment t is group t % ngroups of part (t / ngroups) % nparts of
+ * row t / (ngroups * nparts). */
+typedef struct mv_work {
+    int64_t r0;
+    int64_t nblk;  /* blocks per row */
+    int ngroups, nparts;
+} mv_work_t;
+
+template <int T>
+static __device__ __forceinline__ mv_seg_t seg_at(const mv_args_t &a, const mv_work_t &wk, int t)
+{
+    const int g = t % wk.ngroups, tq = t / wk.ngroups, q = tq % wk.nparts, i = tq / wk.nparts;
+    const int64_t r = wk.r0 + (int64_t)i * MV_WARPS;
+    const uint8_t *row = NULL;
     if (a.mode == MV_PLAIN) {
-        nout = a.n;
-        row_dot<T>(a.w + r * a.row_bytes, a.ncols, a.x, a.ldx, a.n, acc, buf, lane);
-        if (a.w2)
-            row_dot<T>(a.w2 + r * a.row_bytes, a.ncols, a.x, a.ldx, a.n, acc2, buf, lane);
-    } else if (a.mode == MV_EXPERT) {
-        const int64_t slot = blockIdx.y;
-        const int32_t e = a.ids[slot];
-        yrow = slot;
-        if (e >= 0 && e < a.n_expert) {
-            const size_t off = (size_t)(e * a.nrows + r) * a.row_bytes;
-            const float *x = a.x + (slot / a.k) * a.ldx;
-            row_dot<T>(a.w + off, a.ncols, x, a.ldx, 1, acc, buf, lane);
-            if (a.w2)
-                row_dot<T>(a.w2 + off, a.ncols, x, a.ldx, 1, acc2, buf, lane);
-        }
+        row = (q ? a.w2 : a.w) + r * a.row_bytes;
     } else {
-        const int64_t b = blockIdx.y;
-        yrow = b;
-        for (int j = 0; j < a.k; j++) {
-            const int64_t slot = b * a.k + j;
-            const int32_t e = a.ids[slot];
-            if (e < 0 || e >= a.n_expert)
-                continue;
-            float t[MAXR];
-            t[0] = 0.0f;
-            row_dot<T>(a.w + (size_t)(e * a.nrows + r) * a.row_bytes, a.ncols, a.x + slot * a.ldx,
-                       a.ldx, 1, t, buf, lane);
-            acc[0] += a.wts[slot] * t[0];
+        const int32_t e = a.mode == MV_EXPERT ? a.ids[blockIdx.y] : a.ids[blockIdx.y * a.k + q];
+        if (e >= 0 && e < a.n_expert)
+            row = (a.mode == MV_EXPERT && q ? a.w2 : a.w) + ((int64_t)e * a.nrows + r) * a.row_bytes;
+    }
+    mv_seg_t sg;
+    const int64_t left = wk.nblk - (int64_t)g * fmt<T>::G;
+    sg.nb = row ? (int)(left < fmt<T>::G ? left : fmt<T>::G) : 0;
+    sg.src = row ? row + (size_t)g * fmt<T>::G * fmt<T>::BB : NULL;
+    return sg;
+}
+
+/* Starts the copies of a segment's aligned span into a stage (the calling lane's
+ * share); the caller commits. */
+template <int T>
+static __device__ __forceinline__ void issue(uint8_t *dst, mv_seg_t sg, int lane)
+{
+    if (!sg.src)
+        return;
+    const uintptr_t a0 = (uintptr_t)sg.src & ~(uintptr_t)15;
+    const uintptr_t a1 = ((uintptr_t)sg.src + (uintptr_t)sg.nb * fmt<T>::BB + 15) & ~(uintptr_t)15;
+    const int nv = (int)((a1 - a0) >> 4);
+    for (int i = lane; i < nv; i += 32)
+        cp16(dst + 16 * i, (const void *)(a0 + 16 * (uintptr_t)i));
+}
+
+/* grid (ceil(nrows / (MV_WARPS * rpw)), slots): slots = 1 (plain), n * k (expert),
+ * n (down). Dynamic shared memory: the stages, then (block formats) the rounded
+ * activations: nx * terms rows of xs bytes, then nx * terms * xs / 32 scales and
+ * as many sums. */
+template <int T, int NX>
+__global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS) mv_kernel(const mv_args_t a)
+{
+    typedef fmt<T> F;
+    extern __shared__ __align__(16) uint8_t mv_smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint8_t *stg = mv_smem + warp * (MV_STAGES * MV_STAGE_BYTES);
+
+    mv_work_t wk;
+    wk.r0 = (int64_t)blockIdx.x * MV_WARPS * a.rpw + warp;
+    wk.nblk = a.ncols / F::BE;
+    wk.ngroups = (int)((wk.nblk + F::G - 1) / F::G);
+    wk.nparts = a.mode == MV_EXPERT_DOWN ? a.k : (a.w2 ? 2 : 1);
+    const int64_t left = a.nrows - wk.r0;
+    const int nrow = left > 0 ? (int)min((int64_t)a.rpw, (left + MV_WARPS - 1) / MV_WARPS) : 0;
+    const int nseg = nrow * wk.nparts * wk.ngroups;
+
+    /* The activation rows this block reads: row i at xb + i * ldx. */
+    const int64_t slot = blockIdx.y;
+    const float *xb = a.x;
+    int nx = a.n;
+    if (a.mode == MV_EXPERT) {
+        xb = a.x + (slot / a.k) * a.ldx;
+        nx = 1;
+    } else if (a.mode == MV_EXPERT_DOWN) {
+        xb = a.x + slot * a.k * a.ldx;
+        nx = a.k;
+    }
+
+    /* The first segments' copies go out before the rounding, which hides under them. */
+#pragma unroll
+    for (int t = 0; t < MV_STAGES - 1; t++) {
+        if (t < nseg)
+            issue<T>(stg + t * MV_STAGE_BYTES, seg_at<T>(a, wk, t), lane);
+        cp_commit();
+    }
+    mv_x_t xv;
+    xv.f = xb;
+    xv.ldx = a.ldx;
+    xv.xs = a.xs;
+    xv.terms = a.terms;
+    xv.q = mv_smem + MV_STAGE_ALL;
+    xv.d = (const float *)(xv.q + (size_t)nx * a.terms * a.xs);
+    xv.s = (const int *)(xv.d + (size_t)nx * a.terms * (a.xs / 32));
+    if (F::Q) {
+        round_acts<T>(xb, a.ldx, nx, a.ncols, (uint8_t *)xv.q, (float *)xv.d, (int *)xv.s, a.xs, a.terms);
+        __syncthreads(); /* the only block-wide barrier: every warp reaches it */
+    }
+    if (nseg == 0) {
+        cp_wait<0>();
+        return;
+    }
+
+    float acc[NX], acc2[NX], part[NX];
+#pragma unroll
+    for (int i = 0; i < NX; i++)
+        acc[i] = acc2[i] = part[i] = 0.0f;
+    const int nxr = a.mode == MV_PLAIN ? a.n : 1;
+    for (int t = 0; t < nseg; t++) {
+        __syncwarp(); /* every lane is done with the stage segment t + 2 reuses */
+        if (t + MV_STAGES - 1 < nseg)
+            issue<T>(stg + ((t + MV_STAGES - 1) % MV_STAGES) * MV_STAGE_BYTES,
+                     seg_at<T>(a, wk, t + MV_STAGES - 1), lane);
+        cp_commit();
+        cp_wait<MV_STAGES - 1>(); /* this lane's copies of segment t have landed */
+        __syncwarp();             /* and every lane's */
+        const mv_seg_t cur = seg_at<T>(a, wk, t);
+        const int g = t % wk.ngroups, tq = t / wk.ngroups, q = tq % wk.nparts, i = tq / wk.nparts;
+        const uint8_t *s = stg + (t % MV_STAGES) * MV_STAGE_BYTES + ((uintptr_t)cur.src & 15);
+        lane_dot<T, NX>(s, cur.nb, lane, xv, a.mode == MV_EXPERT_DOWN ? q : 0, nxr,
+                        (int64_t)g * F::G * F::BE, part);
+        if (g != wk.ngroups - 1)
+            continue;
+        /* end of a part */
+        if (a.mode == MV_EXPERT_DOWN) {
+            if (cur.src)
+                acc[0] += a.wts[slot * a.k + q] * part[0];
+        } else {
+#pragma unroll
+            for (int j = 0; j < NX; j++) {
+                if (q)
+                    acc2[j] = part[j];
+                else
+                    acc[j] = part[j];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NX; j++)
+            part[j] = 0.0f;
+        if (q != wk.nparts - 1)
+            continue;
+        /* end of a row */
+        const int64_t r = wk.r0 + (int64_t)i * MV_WARPS;
+        const int64_t yrow = a.mode == MV_PLAIN ? 0 : slot;
+        /* the output this row goes to (split outputs: plain mode only) */
+        float *yo = a.y;
+        int64_t ldo = a.ldy, ro = r;
+        if (r >= a.r2) {
+            yo = a.y2;
+            ldo = a.ldy2;
+            ro = r - a.r2;
+        } else if (r >= a.r1) {
+            yo = a.y1;
+            ldo = a.ldy1;
+            ro = r - a.r1;
+        }
+#pragma unroll
+        for (int j = 0; j < NX; j++) {
+            if (j >= nxr)
+                break;
+            const float v = kc_warp_sum(acc[j]);
+            const float u = a.w2 ? kc_warp_sum(acc2[j]) : 0.0f;
+            if (lane == 0) {
+                const float o = a.w2 ? kc_silu_mul(v, u) : v;
+                float *y = yo + (yrow + j) * ldo + ro;
+                *y = a.accumulate ? *y + o : o;
+            }
+            acc[j] = acc2[j] = 0.0f;
+        }
+    }
+}
+
+// --- small f32 / f16 / bf16 matrices -------------------------------------------------------
+/* The plain product of a matrix with few rows (the MoE router: 128 x 2048 f32, 1
+ * MB), where the streaming kernel's one-warp-per-row grid would leave most SMs
+ * idle and each warp with a long serial walk: here a block of SM_THREADS threads
+ * per output row, each thread 4 elements per pass (one 16-byte weight load for
+ * f32, 8 bytes for f16/bf16), every pass's loads independent, then a fixed-order
+ * block sum (warp shuffles, then the warps in order), so the bits do not depend
+ * on timing. ncols a multiple of 4 (row starts 16- or 8-byte aligned). */
+#define SM_THREADS 128
+
+template <int T>
+static __device__ __forceinline__ float4 ld_w4(const uint8_t *row, int64_t e)
+{
+    if (T == BL_TYPE_F32)
+        return __ldg((const float4 *)(row + 4 * e));
+    const uint2 h = __ldg((const uint2 *)(row + 2 * e));
+    if (T == BL_TYPE_F16)
+        return make_float4(kc_half((uint16_t)(h.x & 0xffff)), kc_half((uint16_t)(h.x >> 16)),
+                           kc_half((uint16_t)(h.y & 0xffff)), kc_half((uint16_t)(h.y >> 16)));
+    return make_float4(kc_bf16((uint16_t)(h.x & 0xffff)), kc_bf16((uint16_t)(h.x >> 16)),
+                       kc_bf16((uint16_t)(h.y & 0xffff)), kc_bf16((uint16_t)(h.y >> 16)));
+}
+
+/* grid (nrows): block i computes y[j][i] for the n activation rows j. */
+template <int T, int NX>
+__global__ void __launch_bounds__(SM_THREADS) mv_small_kernel(const mv_args_t a)
+{
+    __shared__ float red[SM_THREADS / 32][NX];
+    const int64_t i = blockIdx.x;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const uint8_t *row = a.w + (size_t)i * a.row_bytes;
+    float acc[NX];
+#pragma unroll
+    for (int j = 0; j < NX; j++)
+        acc[j] = 0.0f;
+#pragma unroll 4
+    for (int64_t e = 4 * (int64_t)tid; e < a.ncols; e += 4 * SM_THREADS) {
+        const float4 w = ld_w4<T>(row, e);
+#pragma unroll
+        for (int j = 0; j < NX; j++) {
+            if (j >= a.n)
+                break;
+            const float4 x = __ldg((const float4 *)(a.x + j * a.ldx + e));
+            acc[j] += w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
         }
     }
 #pragma unroll
-    for (int i = 0; i < MAXR; i++) {
-        if (i >= nout)
+    for (int j = 0; j < NX; j++) {
+        if (j >= a.n)
             break;
-        const float v = kc_warp_sum(acc[i]);
-        const float u = a.w2 ? kc_warp_sum(acc2[i]) : 0.0f;
-        if (lane == 0) {
-            const float o = a.w2 ? kc_silu_mul(v, u) : v;
-            float *y = a.y + (yrow + i) * a.ldy + r;
-            *y = a.accumulate ? *y + o : o;
-        }
+        const float v = kc_warp_sum(acc[j]);
+        if (lane == 0)
+            red[warp][j] = v;
     }
+    __syncthreads();
+    if (tid < a.n && tid < NX) {
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < SM_THREADS / 32; w++)
+            v += red[w][tid];
+        float *y = a.y + tid * a.ldy + i;
+        *y = a.accumulate ? *y + v : v;
+    }
+}
+
+/* Whether a plain product goes to mv_small_kernel: f32/f16/bf16 weights, no
+ * SwiGLU pair, no split outputs, ncols a multiple of 4 and 16-byte aligned rows
+ * (f32) or 8-byte (f16, bf16), and fewer rows than about two waves of the
+ * streaming kernel's warps would take. */
+static int small_ok(const kcuda_mat_t *w, int sms)
+{
+    if (w->type != BL_TYPE_F32 && w->type != BL_TYPE_F16 && w->type != BL_TYPE_BF16)
+        return 0;
+    const size_t al = w->type == BL_TYPE_F32 ? 16 : 8;
+    return w->ncols % 4 == 0 && w->row_bytes % al == 0 && w->nrows <= (int64_t)sms * 16 &&
+           w->nrows <= 2147483647;
+}
+
+template <int T>
+static int small_go(const mv_args_t *a, cudaStream_t st, bl_err_t *err)
+{
+    const dim3 grid((unsigned)a->nrows);
+    if (a->n == 1)
+        mv_small_kernel<T, 1><<<grid, SM_THREADS, 0, st>>>(*a);
+    else
+        mv_small_kernel<T, MAXR><<<grid, SM_THREADS, 0, st>>>(*a);
+    KCUDA_CHECK_LAUNCH(err);
+    return 0;
 }
 
 // --- embedding gather ------------------------------------------------------------------------
@@ -514,54 +829,229 @@ static int same_shape(const kcuda_mat_t *a, const kcuda_mat_t *b, const char *wh
     return 0;
 }
 
-static int mv_launch(const kcuda_mat_t *w, mv_args_t *a, unsigned slots, void *stream, bl_err_t *err)
+
+/* Per device: SM count and the opt-in shared-memory limit per block (0: not read
+ * yet). Written once per device by whichever thread gets there first; every writer
+ * writes the same values. */
+static int g_sm_count[MV_MAX_DEVICES], g_smem_optin[MV_MAX_DEVICES];
+
+static int device_limits(int *dev, int *sms, int *optin, bl_err_t *err)
 {
-    const dim3 grid((unsigned)kc_cdiv(a->nrows, MV_WARPS), slots);
-    const dim3 block(MV_WARPS * 32);
-    cudaStream_t st = (cudaStream_t)stream;
-    a->w = (const uint8_t *)w->data;
-    a->row_bytes = w->row_bytes;
-    a->ncols = w->ncols;
-    switch (w->type) {
-    case BL_TYPE_Q4_K: mv_kernel<BL_TYPE_Q4_K><<<grid, block, 0, st>>>(*a); break;
-    case BL_TYPE_Q5_K: mv_kernel<BL_TYPE_Q5_K><<<grid, block, 0, st>>>(*a); break;
-    case BL_TYPE_Q6_K: mv_kernel<BL_TYPE_Q6_K><<<grid, block, 0, st>>>(*a); break;
-    case BL_TYPE_Q8_0: mv_kernel<BL_TYPE_Q8_0><<<grid, block, 0, st>>>(*a); break;
-    case BL_TYPE_F16: mv_kernel<BL_TYPE_F16><<<grid, block, 0, st>>>(*a); break;
-    case BL_TYPE_BF16: mv_kernel<BL_TYPE_BF16><<<grid, block, 0, st>>>(*a); break;
-    case BL_TYPE_F32: mv_kernel<BL_TYPE_F32><<<grid, block, 0, st>>>(*a); break;
-    default: return bl_err_set(err, BL_ENOTSUP, "matvec: weight type %u", w->type);
+    KCUDA_CHECK(cudaGetDevice(dev), err);
+    if (*dev >= 0 && *dev < MV_MAX_DEVICES && g_sm_count[*dev] > 0) {
+        *sms = g_sm_count[*dev];
+        *optin = g_smem_optin[*dev];
+        return 0;
     }
+    KCUDA_CHECK(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, *dev), err);
+    KCUDA_CHECK(cudaDeviceGetAttribute(optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, *dev), err);
+    if (*dev >= 0 && *dev < MV_MAX_DEVICES) {
+        g_smem_optin[*dev] = *optin;
+        g_sm_count[*dev] = *sms;
+    }
+    return 0;
+}
+
+/* Raises the kernel's dynamic shared-memory limit to the device's opt-in limit,
+ * once per device (a host-side attribute, not a stream operation). */
+template <int T, int NX>
+static int mv_prepare(int dev, int optin, bl_err_t *err)
+{
+    static int done[MV_MAX_DEVICES];
+    if (dev >= 0 && dev < MV_MAX_DEVICES && done[dev])
+        return 0;
+    KCUDA_CHECK(cudaFuncSetAttribute(mv_kernel<T, NX>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin), err);
+    if (dev >= 0 && dev < MV_MAX_DEVICES)
+        done[dev] = 1;
+    return 0;
+}
+
+template <int T, int NX>
+static int mv_go(const mv_args_t *a, dim3 grid, size_t smem, int dev, int optin, cudaStream_t st, bl_err_t *err)
+{
+    int rc = mv_prepare<T, NX>(dev, optin, err);
+    if (rc < 0)
+        return rc;
+    mv_kernel<T, NX><<<grid, MV_THREADS, smem, st>>>(*a);
     KCUDA_CHECK_LAUNCH(err);
     return 0;
 }
 
+/* Bytes of shared memory nx rounded activation rows of ncols take (rows padded to
+ * 256 elements: xunit's positions), and the padded row. */
+static size_t xq_bytes(int64_t ncols, int nx, int *xs)
+{
+    const int64_t pad = (ncols + 255) / 256 * 256;
+    *xs = (int)pad;
+    return (size_t)nx * (size_t)pad * 5 / 4; /* bytes, then a scale and a sum per 32 */
+}
+
+/* q8 terms per activation block of the block-format products (kcuda.h): read at
+ * each launch, so a captured graph keeps the value it was captured with. */
+static int g_act_terms = 2;
+
+int kcuda_matvec_set_act_terms(int terms)
+{
+    const int old = g_act_terms;
+    if (terms == 1 || terms == 2)
+        g_act_terms = terms;
+    return old;
+}
+
+int kcuda_matvec_act_terms(void) { return g_act_terms; }
+
+/* The largest activation-row count whose rounded rows (all their terms) fit
+ * beside the stages (0: not even one). */
+static int rows_that_fit(uint32_t type, int64_t ncols, int optin)
+{
+    if (!kcuda_type_supported(type))
+        return 0;
+    if (bl_type_info((bl_type_t)type)->block_elems == 1)
+        return KCUDA_MV_MAX_ROWS; /* f16, bf16, f32 read activations from L1 */
+    int xs;
+    const size_t one = xq_bytes(ncols, g_act_terms, &xs);
+    if ((size_t)optin <= MV_STAGE_ALL)
+        return 0;
+    const size_t n = ((size_t)optin - MV_STAGE_ALL) / one;
+    return n > 1024 ? 1024 : (int)n;
+}
+
+/* Launches one product: nx activation rows per block (plain: a->n; expert: 1;
+ * down: k). Rows per warp: enough that about MV_MIN_BLOCKS blocks per SM cover
+ * the rows of all slots in one wave. */
+static int mv_launch(const kcuda_mat_t *w, mv_args_t *a, unsigned slots, int nx, void *stream, bl_err_t *err)
+{
+    int dev = 0, sms = 0, optin = 0;
+    int rc = device_limits(&dev, &sms, &optin, err);
+    if (rc < 0)
+        return rc;
+    a->w = (const uint8_t *)w->data;
+    a->row_bytes = w->row_bytes;
+    a->ncols = w->ncols;
+    if (a->y1 == NULL) /* one output */
+        a->r1 = a->r2 = a->nrows;
+    const int q = bl_type_info((bl_type_t)w->type)->block_elems > 1;
+    a->terms = q ? g_act_terms : 1;
+    int xs = 0;
+    const size_t smem = MV_STAGE_ALL + (q ? xq_bytes(w->ncols, nx * a->terms, &xs) : 0);
+    if (smem > (size_t)optin)
+        return bl_err_set(err, BL_ENOTSUP,
+                          "matvec: %d activation rows (%d term%s) of %lld columns need %zu bytes of shared memory (the device gives %d)",
+                          nx, a->terms, a->terms == 1 ? "" : "s", (long long)w->ncols, smem, optin);
+    a->xs = xs;
+    const int64_t rows = a->nrows * (int64_t)slots;
+    const int64_t wave = (int64_t)sms * MV_MIN_BLOCKS * MV_WARPS;
+    int64_t rpw = (rows + wave - 1) / wave;
+    if (rpw < 1)
+        rpw = 1;
+    if (rpw > 1024)
+        rpw = 1024;
+    a->rpw = (int)rpw;
+    const dim3 grid((unsigned)kc_cdiv(a->nrows, MV_WARPS * rpw), slots);
+    cudaStream_t st = (cudaStream_t)stream;
+    const int one = a->mode != MV_PLAIN || a->n == 1;
+#define MV_GO(T) (one ? mv_go<T, 1>(a, grid, smem, dev, optin, st, err) : mv_go<T, MAXR>(a, grid, smem, dev, optin, st, err))
+    switch (w->type) {
+    case BL_TYPE_Q4_K: return MV_GO(BL_TYPE_Q4_K);
+    case BL_TYPE_Q5_K: return MV_GO(BL_TYPE_Q5_K);
+    case BL_TYPE_Q6_K: return MV_GO(BL_TYPE_Q6_K);
+    case BL_TYPE_Q8_0: return MV_GO(BL_TYPE_Q8_0);
+    case BL_TYPE_F16: return MV_GO(BL_TYPE_F16);
+    case BL_TYPE_BF16: return MV_GO(BL_TYPE_BF16);
+    case BL_TYPE_F32: return MV_GO(BL_TYPE_F32);
+    default: return bl_err_set(err, BL_ENOTSUP, "matvec: weight type %u", w->type);
+    }
+#undef MV_GO
+}
+
+/* outs: NULL (one output d_y, ldy) or the split outputs (kcuda_matvec_split). */
 static int matvec_plain(const kcuda_mat_t *w, const kcuda_mat_t *w2, const float *d_x, int64_t ldx,
-                        int n, float *d_y, int64_t ldy, int accumulate, void *stream, bl_err_t *err)
+                        int n, float *d_y, int64_t ldy, int accumulate, const kcuda_out_t *outs,
+                        int nouts, void *stream, bl_err_t *err)
 {
     int rc = check_x(w, d_x, ldx, "matvec", err);
     if (rc < 0)
         return rc;
-    if (n < 1 || n > KCUDA_MV_MAX_ROWS || !d_y || ldy < w->nrows)
+    if (n < 1 || n > KCUDA_MV_MAX_ROWS || !d_y || (!outs && ldy < w->nrows))
         return bl_err_set(err, BL_EINVAL, "matvec: %d rows (1..%d), ldy %lld for %lld outputs",
                           n, KCUDA_MV_MAX_ROWS, (long long)ldy, (long long)w->nrows);
-    mv_args_t a = {};
-    a.w2 = w2 ? (const uint8_t *)w2->data : NULL;
-    a.nrows = w->nrows;
-    a.x = d_x;
-    a.ldx = ldx;
-    a.y = d_y;
-    a.ldy = ldy;
-    a.n = n;
-    a.mode = MV_PLAIN;
-    a.accumulate = accumulate;
-    return mv_launch(w, &a, 1, stream, err);
+    int dev = 0, sms = 0, optin = 0;
+    if ((rc = device_limits(&dev, &sms, &optin, err)) < 0)
+        return rc;
+    if (!w2 && !outs && small_ok(w, sms)) {
+        mv_args_t a = {};
+        a.w = (const uint8_t *)w->data;
+        a.row_bytes = w->row_bytes;
+        a.ncols = w->ncols;
+        a.nrows = w->nrows;
+        a.x = d_x;
+        a.ldx = ldx;
+        a.y = d_y;
+        a.ldy = ldy;
+        a.n = n;
+        a.accumulate = accumulate;
+        cudaStream_t st = (cudaStream_t)stream;
+        switch (w->type) {
+        case BL_TYPE_F32: return small_go<BL_TYPE_F32>(&a, st, err);
+        case BL_TYPE_F16: return small_go<BL_TYPE_F16>(&a, st, err);
+        default: return small_go<BL_TYPE_BF16>(&a, st, err);
+        }
+    }
+    /* Rows whose rounded activations do not fit one block go in several launches,
+     * each reading the weights again. */
+    const int fit = rows_that_fit(w->type, w->ncols, optin);
+    if (fit < 1)
+        return bl_err_set(err, BL_ENOTSUP, "matvec: rows of %lld columns do not fit shared memory",
+                          (long long)w->ncols);
+    for (int b = 0; b < n; b += fit) {
+        mv_args_t a = {};
+        a.w2 = w2 ? (const uint8_t *)w2->data : NULL;
+        a.nrows = w->nrows;
+        a.x = d_x + (int64_t)b * ldx;
+        a.ldx = ldx;
+        a.y = d_y + (int64_t)b * ldy;
+        a.ldy = ldy;
+        if (outs) {
+            a.r1 = outs[0].rows;
+            a.y1 = nouts > 1 ? outs[1].d_y + (int64_t)b * outs[1].ldy : NULL;
+            a.ldy1 = nouts > 1 ? outs[1].ldy : 0;
+            a.r2 = nouts > 2 ? a.r1 + outs[1].rows : w->nrows;
+            a.y2 = nouts > 2 ? outs[2].d_y + (int64_t)b * outs[2].ldy : NULL;
+            a.ldy2 = nouts > 2 ? outs[2].ldy : 0;
+            if (nouts == 1)
+                a.r1 = a.r2 = w->nrows;
+        }
+        a.n = n - b < fit ? n - b : fit;
+        a.mode = MV_PLAIN;
+        a.accumulate = accumulate;
+        if ((rc = mv_launch(w, &a, 1, a.n, stream, err)) < 0)
+            return rc;
+    }
+    return 0;
 }
 
 int kcuda_matvec(const kcuda_mat_t *w, const float *d_x, int64_t ldx, int n, float *d_y, int64_t ldy,
                  int accumulate, void *stream, bl_err_t *err)
 {
-    return matvec_plain(w, NULL, d_x, ldx, n, d_y, ldy, accumulate, stream, err);
+    return matvec_plain(w, NULL, d_x, ldx, n, d_y, ldy, accumulate, NULL, 0, stream, err);
+}
+
+int kcuda_matvec_split(const kcuda_mat_t *w, const float *d_x, int64_t ldx, int n, const kcuda_out_t *outs,
+                       int nouts, void *stream, bl_err_t *err)
+{
+    if (!w || !outs || nouts < 1 || nouts > KCUDA_MV_MAX_OUTS)
+        return bl_err_set(err, BL_EINVAL, "matvec_split: %d outputs (1..%d)", nouts, KCUDA_MV_MAX_OUTS);
+    int64_t sum = 0;
+    for (int i = 0; i < nouts; i++) {
+        if (!outs[i].d_y || outs[i].rows < 1 || outs[i].ldy < outs[i].rows)
+            return bl_err_set(err, BL_EINVAL, "matvec_split: output %d: %lld rows, ldy %lld", i,
+                              (long long)outs[i].rows, (long long)outs[i].ldy);
+        sum += outs[i].rows;
+    }
+    if (sum != w->nrows)
+        return bl_err_set(err, BL_EINVAL, "matvec_split: the outputs take %lld rows of %lld", (long long)sum,
+                          (long long)w->nrows);
+    return matvec_plain(w, NULL, d_x, ldx, n, outs[0].d_y, outs[0].ldy, 0, outs, nouts, stream, err);
 }
 
 int kcuda_matvec_swiglu(const kcuda_mat_t *gate, const kcuda_mat_t *up, const float *d_x,
@@ -570,7 +1060,7 @@ int kcuda_matvec_swiglu(const kcuda_mat_t *gate, const kcuda_mat_t *up, const fl
     int rc = same_shape(gate, up, "matvec_swiglu", err);
     if (rc < 0)
         return rc;
-    return matvec_plain(gate, up, d_x, ldx, n, d_y, ldy, 0, stream, err);
+    return matvec_plain(gate, up, d_x, ldx, n, d_y, ldy, 0, NULL, 0, stream, err);
 }
 
 static int experts_args(const kcuda_mat_t *w, int64_t n_expert, const int32_t *d_ids, int n, int k,
@@ -608,7 +1098,7 @@ static int experts_up(const kcuda_mat_t *w, const kcuda_mat_t *w2, int64_t n_exp
     a.n = n;
     a.k = k;
     a.mode = MV_EXPERT;
-    return mv_launch(w, &a, (unsigned)(n * k), stream, err);
+    return mv_launch(w, &a, (unsigned)(n * k), 1, stream, err);
 }
 
 int kcuda_matvec_experts(const kcuda_mat_t *w, int64_t n_expert, const int32_t *d_ids, int n, int k,
@@ -652,7 +1142,7 @@ int kcuda_matvec_experts_down(const kcuda_mat_t *w, int64_t n_expert, const int3
     a.k = k;
     a.mode = MV_EXPERT_DOWN;
     a.accumulate = accumulate;
-    return mv_launch(w, &a, (unsigned)n, stream, err);
+    return mv_launch(w, &a, (unsigned)n, k, stream, err);
 }
 
 int kcuda_get_rows(const kcuda_mat_t *t, const int32_t *d_ids, int64_t n, float *d_y, int64_t ldy,

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "kcuda.h"
+#include "quant.h"
 #include "test_seed.h"
 
 static int g_tap_n, g_tap_fail;
@@ -127,6 +128,59 @@ static void *xmalloc(size_t n)
         exit(1);
     }
     return p;
+}
+
+/* The activation rounding of the CUDA products over quantized weights (q4_K, q5_K,
+ * q6_K, q8_0; docs/cuda.md), with `terms` q8 terms per 32 elements: d = amax / 127,
+ * q = roundf(x / d) computed as x * (1 / d); with two terms the residual r = x - d *
+ * q (f32 product, then f32 difference, as the kernel) is rounded the same way (d',
+ * q'). xh = d * q + d' * q' in f32, the values the card multiplies (to f32 rounding:
+ * the card scales each term's exact integer sum instead). n a multiple of 32. When
+ * d2 is not NULL it receives each element's last scale squared (the rounding noise
+ * of element j is uniform in +-d/2 of the last term: variance d^2 / 12). */
+static inline void act_q8_round_terms(const float *x, float *xh, float *d2, int64_t n, int terms)
+{
+    for (int64_t b = 0; b < n; b += 32) {
+        float r[32], acc[32];
+        float d = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            r[j] = x[b + j];
+            acc[j] = 0.0f;
+        }
+        for (int t = 0; t < terms; t++) {
+            float amax = 0.0f;
+            for (int j = 0; j < 32; j++)
+                amax = fmaxf(amax, fabsf(r[j]));
+            d = amax / 127.0f;
+            const float id = d > 0.0f ? 1.0f / d : 0.0f;
+            for (int j = 0; j < 32; j++) {
+                const float q = roundf(r[j] * id);
+                const float dq = d * q;
+                acc[j] = t == 0 ? dq : acc[j] + dq;
+                r[j] = r[j] - dq;
+            }
+        }
+        for (int j = 0; j < 32; j++) {
+            xh[b + j] = acc[j];
+            if (d2)
+                d2[b + j] = d * d;
+        }
+    }
+}
+
+/* The rounding the kernels use now (kcuda_matvec_act_terms: two terms unless a
+ * test chose one). */
+static inline void act_q8_round(const float *x, float *xh, float *d2, int64_t n)
+{
+    act_q8_round_terms(x, xh, d2, n, kcuda_matvec_act_terms());
+}
+
+/* Whether the CUDA products round activations for this weight type (the block
+ * formats do; f16, bf16 and f32 multiply the f32 activations as given). */
+static inline int act_rounded(uint32_t type)
+{
+    return type == BL_TYPE_Q4_K || type == BL_TYPE_Q5_K || type == BL_TYPE_Q6_K ||
+           type == BL_TYPE_Q8_0;
 }
 
 /* Compares got (rows, cols; got row i at got + i * ldg) with ref (rows, cols,

@@ -72,15 +72,105 @@ static void case_attention(rng_t *r, int64_t n, int64_t pos0, int64_t n_head, in
         ok = check_close(got, n_head * hd, ref, n, n_head * hd, 2e-5, 1e-4);
         free(ref);
     }
-    tap_ok(ok, "attention: %lld row%s at %lld (context %lld, %lld chunk%s), %lld heads over %lld KV heads, head_dim %lld",
-           (long long)n, n == 1 ? "" : "s", (long long)pos0, (long long)len,
-           (long long)((len + KCUDA_ATT_CHUNK - 1) / KCUDA_ATT_CHUNK),
-           (len + KCUDA_ATT_CHUNK - 1) / KCUDA_ATT_CHUNK == 1 ? "" : "s", (long long)n_head, (long long)n_kv,
+    tap_ok(ok, "attention: %lld row%s at %lld (context %lld), %lld heads over %lld KV heads, head_dim %lld",
+           (long long)n, n == 1 ? "" : "s", (long long)pos0, (long long)len, (long long)n_head, (long long)n_kv,
            (long long)hd);
 
     kcuda_free(dkf); kcuda_free(dvf); kcuda_free(dv.k); kcuda_free(dv.v);
     kcuda_free(ds); kcuda_free(dq); kcuda_free(dout);
     free(kf); free(vf); free(kc); free(vc); free(kg); free(vg); free(q); free(want); free(got);
+}
+
+/* The graph-friendly variants: n rows, each over its own cache (its own length, in
+ * layer 1 of a 2-layer buffer so that the layer offset counts), positions and cache
+ * addresses read from a rows table on the card; against kcpu_kv_store (bit for bit)
+ * and kcpu_attention row by row. max_len bounds the grid, as a captured step does. */
+static void case_rows(rng_t *r, int64_t n, const int64_t *pos, int64_t n_head, int64_t n_kv, int64_t hd,
+                      int64_t max_len)
+{
+    bl_err_t err = {0};
+    const int64_t kvw = n_kv * hd;
+    const size_t rb = (size_t)kvw * 2;
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    kcuda_kv_row_t rows[16];
+    uint8_t *dcache[16];
+    float *knew = xmalloc(sizeof(float) * (size_t)(n * kvw)), *vnew = xmalloc(sizeof(float) * (size_t)(n * kvw));
+    float *q = xmalloc(sizeof(float) * (size_t)(n * n_head * hd));
+    float *want = xmalloc(sizeof(float) * (size_t)(n * n_head * hd));
+    rand_fill(r, knew, n * kvw, 1.0f);
+    rand_fill(r, vnew, n * kvw, 1.0f);
+    rand_fill(r, q, n * n_head * hd, 1.0f);
+    uint8_t *hk[16], *hv[16];
+    int ok = 1;
+    for (int64_t b = 0; b < n; b++) {
+        const int64_t len = pos[b] + 1, cap = len + 3;
+        const size_t plane = rb * (size_t)cap;
+        float *kf = xmalloc(sizeof(float) * (size_t)(len * kvw)), *vf = xmalloc(sizeof(float) * (size_t)(len * kvw));
+        rand_fill(r, kf, len * kvw, 1.0f);
+        rand_fill(r, vf, len * kvw, 1.0f);
+        memcpy(kf + pos[b] * kvw, knew + b * kvw, sizeof(float) * (size_t)kvw); /* the row's own K and V */
+        memcpy(vf + pos[b] * kvw, vnew + b * kvw, sizeof(float) * (size_t)kvw);
+        hk[b] = xmalloc(plane);
+        hv[b] = xmalloc(plane);
+        const kcpu_kv_view_t view = {.k = hk[b], .v = hv[b], .type = BL_TYPE_F16, .row_bytes = rb};
+        kcpu_kv_store(&view, 0, kf, 0, len, kvw);
+        kcpu_kv_store(&view, 1, vf, 0, len, kvw);
+        kcpu_ctx_t *c = NULL;
+        const kcpu_limits_t lim = {.max_cols = hd, .max_batch = 1, .max_ctx = len, .head_dim = hd};
+        if (kcpu_ctx_create(&c, 1, KCPU_PRECISE, &lim, &err) < 0)
+            bail("kcpu_ctx_create", &err);
+        kcpu_attention(c, &view, q + b * n_head * hd, want + b * n_head * hd, 1, pos[b], n_head, n_kv, hd, scale);
+        kcpu_ctx_destroy(c);
+        /* the card: 2 layers of (K, V) planes; layer 1 holds the positions before pos */
+        dcache[b] = d_poison(4 * plane);
+        ok &= kcuda_upload(dcache[b] + 2 * plane, hk[b], rb * (size_t)pos[b], NULL, &err) == 0 &&
+              kcuda_upload(dcache[b] + 3 * plane, hv[b], rb * (size_t)pos[b], NULL, &err) == 0;
+        rows[b] = (kcuda_kv_row_t){.k = (uint64_t)(uintptr_t)dcache[b], .layer_bytes = 2 * plane,
+                                   .v_bytes = plane, .pos = (int32_t)pos[b]};
+        free(kf);
+        free(vf);
+    }
+    kcuda_kv_row_t *drows = d_upload(rows, sizeof(kcuda_kv_row_t) * (size_t)n);
+    float *dk = d_upload(knew, sizeof(float) * (size_t)(n * kvw)), *dvv = d_upload(vnew, sizeof(float) * (size_t)(n * kvw));
+    float *dq = d_upload(q, sizeof(float) * (size_t)(n * n_head * hd));
+    float *dout = d_poison(sizeof(float) * (size_t)(n * n_head * hd));
+    const size_t sb = kcuda_attention_scratch_bytes(n, n_head, hd, max_len);
+    void *ds = d_poison(sb);
+    float *got = xmalloc(sizeof(float) * (size_t)(n * n_head * hd));
+    ok = ok && kcuda_kv_store_rows(drows, 1, rb, dk, dvv, kvw, n, kvw, NULL, &err) == 0 &&
+         kcuda_attention_rows(drows, 1, rb, dq, dout, n, max_len, n_head, n_kv, hd, scale, ds, sb, NULL, &err) == 0 &&
+         d_fetch(got, dout, sizeof(float) * (size_t)(n * n_head * hd), &err) == 0;
+    if (!ok)
+        printf("#   %s\n", err.msg);
+    int same = ok;
+    for (int64_t b = 0; ok && b < n; b++) {
+        const size_t plane = rb * (size_t)(pos[b] + 4), used = rb * (size_t)(pos[b] + 1);
+        uint8_t *kg = xmalloc(used), *vg = xmalloc(used);
+        if (d_fetch(kg, dcache[b] + 2 * plane, used, &err) != 0 || d_fetch(vg, dcache[b] + 3 * plane, used, &err) != 0 ||
+            memcmp(kg, hk[b], used) != 0 || memcmp(vg, hv[b], used) != 0) {
+            printf("#   row %lld: the cache differs from kcpu_kv_store's\n", (long long)b);
+            same = 0;
+        }
+        free(kg);
+        free(vg);
+    }
+    tap_ok(same, "kv_store_rows f16: %lld rows, each in its own cache", (long long)n);
+    if (ok) {
+        double *ref = xmalloc(sizeof(double) * (size_t)(n * n_head * hd));
+        for (int64_t i = 0; i < n * n_head * hd; i++)
+            ref[i] = want[i];
+        ok = check_close(got, n_head * hd, ref, n, n_head * hd, 2e-5, 1e-4);
+        free(ref);
+    }
+    tap_ok(ok, "attention_rows: %lld rows over their own caches (last position %lld), max_len %lld, %lld heads over %lld, head_dim %lld",
+           (long long)n, (long long)pos[n - 1], (long long)max_len, (long long)n_head, (long long)n_kv, (long long)hd);
+    for (int64_t b = 0; b < n; b++) {
+        kcuda_free(dcache[b]);
+        free(hk[b]);
+        free(hv[b]);
+    }
+    kcuda_free(drows); kcuda_free(dk); kcuda_free(dvv); kcuda_free(dq); kcuda_free(dout); kcuda_free(ds);
+    free(knew); free(vnew); free(q); free(want); free(got);
 }
 
 static void case_refusals(void)
@@ -114,7 +204,21 @@ int main(void)
     case_attention(&r, 3, 1010, 16, 1, 64);   /* group 16, three causal ends */
     case_attention(&r, 5, 50, 6, 2, 32);
     case_attention(&r, 8, 383, 12, 4, 128);   /* the last row ends a chunk */
+    const int64_t p1[1] = {0}, p3[3] = {5, 200, 129}, p5[5] = {127, 1, 1013, 300, 40};
+    case_rows(&r, 1, p1, 8, 2, 128, 256);
+    case_rows(&r, 3, p3, 32, 4, 128, 256);      /* a grid larger than two rows need */
+    case_rows(&r, 5, p5, 16, 1, 64, 1024 + 128);
+    /* each chunk size (16 up to 1024 positions, 32, 64, 128 past 4096), with
+     * causal ends inside a chunk and on its edge */
+    case_attention(&r, 2, 1022, 32, 4, 128);  /* chunks of 16: ends at 1023, 1024 */
+    case_attention(&r, 1, 1500, 16, 2, 128);  /* chunks of 32 */
+    case_attention(&r, 3, 3000, 8, 1, 64);    /* chunks of 64 */
+    const int64_t p6[2] = {31, 2047}, p7[3] = {4096, 17, 300};
+    case_rows(&r, 2, p6, 32, 4, 128, 2048);   /* chunks of 32, a row ending a chunk */
+    case_rows(&r, 3, p7, 16, 2, 128, 4097 + 500); /* chunks of 128 */
     if (!g_small) {
+        const int64_t p2[2] = {4095, 2500};
+        case_rows(&r, 2, p2, 32, 4, 128, 4096);
         case_attention(&r, 1, 4095, 32, 4, 128);
         case_attention(&r, 2, 20000, 32, 4, 128);
     }

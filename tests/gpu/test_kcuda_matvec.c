@@ -3,7 +3,17 @@
  * dequantized by common/quant.c's reference, dotted in double), on fresh random
  * weights and activations, with row counts that are not a multiple of the block's
  * rows, row lengths that end in a partial group and rows whose start is not
- * 16-byte aligned (q6_K, q8_0). TAP output; the seed is printed. */
+ * 16-byte aligned (q6_K, q8_0). TAP output; the seed is printed.
+ *
+ * The block formats multiply activations rounded to two q8 terms per 32 elements
+ * (the value and its residual; act_q8_round in gpu_test.h): their reference is the
+ * double dot with the rounded activations, checked to f32 rounding; the distance to
+ * the exact product is checked separately against the rounding noise (6 sigma).
+ * A few cases run with one term (kcuda_matvec_set_act_terms), and case_terms checks
+ * that the second term brings the product at least 32 times closer to the exact one.
+ *
+ * BLOOMERY_MV_BENCH=1 runs only the bandwidth bench (GB/s per format, activation
+ * rows and the expert shapes of a 30B-A3B-class layer). */
 #include "gpu_test.h"
 
 #include <time.h>
@@ -88,14 +98,35 @@ static void case_matvec(rng_t *r, uint32_t type, int64_t ncols, int64_t nrows, i
     double *ref = xmalloc(sizeof(double) * (size_t)(nrows * n));
     rand_fill(r, x, ldx * n, 1.0f);
     rand_fill(r, y0, ldy * n, 1.0f);
-    for (int b = 0; b < n; b++)
+    /* ref: what the card computes (rounded activations for the block formats);
+     * ex and sig: the exact product and the rounding noise's standard deviation. */
+    const int rounded = act_rounded(type);
+    float *xh = xmalloc(sizeof(float) * (size_t)ncols), *d2 = xmalloc(sizeof(float) * (size_t)ncols);
+    double *ex = xmalloc(sizeof(double) * (size_t)(nrows * n)), *sig = xmalloc(sizeof(double) * (size_t)(nrows * n));
+    for (int b = 0; b < n; b++) {
+        const float *xb = x + b * ldx;
+        if (rounded)
+            act_q8_round(xb, xh, d2, ncols);
         for (int64_t i = 0; i < nrows; i++) {
-            const double g = ref_dot(w.deq + i * ncols, x + b * ldx, ncols);
-            double v = g;
-            if (pair)
-                v = silu_mul(g, ref_dot(u.deq + i * ncols, x + b * ldx, ncols));
-            ref[b * nrows + i] = v + (accumulate ? (double)y0[b * ldy + i] : 0.0);
+            const float *wr = w.deq + i * ncols;
+            double g = ref_dot(wr, rounded ? xh : xb, ncols), ge = ref_dot(wr, xb, ncols);
+            double var = 0.0;
+            for (int64_t j = 0; rounded && j < ncols; j++)
+                var += (double)wr[j] * wr[j] * d2[j] / 12.0;
+            double v = g, ve = ge;
+            if (pair) {
+                const float *ur = u.deq + i * ncols;
+                const double uu = ref_dot(ur, rounded ? xh : xb, ncols), ue = ref_dot(ur, xb, ncols);
+                v = silu_mul(g, uu);
+                ve = silu_mul(ge, ue);
+                var = 0.0; /* not propagated through silu: the pair's distance is not checked */
+            }
+            const double base = accumulate ? (double)y0[b * ldy + i] : 0.0;
+            ref[b * nrows + i] = v + base;
+            ex[b * nrows + i] = ve + base;
+            sig[b * nrows + i] = sqrt(var);
         }
+    }
     float *dx = d_upload(x, sizeof(float) * (size_t)(ldx * n));
     float *dy = accumulate ? d_upload(y0, sizeof(float) * (size_t)(ldy * n))
                            : d_poison(sizeof(float) * (size_t)(ldy * n));
@@ -112,14 +143,34 @@ static void case_matvec(rng_t *r, uint32_t type, int64_t ncols, int64_t nrows, i
         printf("#   %s\n", err.msg);
     else
         ok = check_close(y, ldy, ref, n, nrows, mv_atol(ncols) * (pair ? 2 : 1), 1e-4);
-    tap_ok(ok, "matvec%s %s: %lld x %lld, %d row%s%s", pair ? "_swiglu" : "", bl_type_info(type)->name,
-           (long long)nrows, (long long)ncols, n, n == 1 ? "" : "s", accumulate ? ", accumulate" : "");
+    if (ok && rounded && !pair) {
+        /* the activation rounding's effect: within 6 sigma of its noise, everywhere */
+        double worst = 0.0;
+        for (int b = 0; b < n; b++)
+            for (int64_t i = 0; i < nrows; i++) {
+                const double e = fabs((double)y[b * ldy + i] - ex[b * nrows + i]);
+                const double t = mv_atol(ncols) + 6.0 * sig[b * nrows + i];
+                if (e / t > worst)
+                    worst = e / t;
+            }
+        if (worst > 1.0) {
+            printf("#   distance to the exact product %.2f times the 6-sigma rounding bound\n", worst);
+            ok = 0;
+        }
+    }
+    tap_ok(ok, "matvec%s %s: %lld x %lld, %d row%s%s%s", pair ? "_swiglu" : "", bl_type_info(type)->name,
+           (long long)nrows, (long long)ncols, n, n == 1 ? "" : "s", accumulate ? ", accumulate" : "",
+           rounded && kcuda_matvec_act_terms() == 1 ? ", one q8 term" : "");
     kcuda_free(dx);
     kcuda_free(dy);
     free(x);
     free(y0);
     free(y);
     free(ref);
+    free(xh);
+    free(d2);
+    free(ex);
+    free(sig);
     free_mat(&w);
     if (pair)
         free_mat(&u);
@@ -160,6 +211,123 @@ static void case_get_rows(rng_t *r, uint32_t type, int64_t ncols, int64_t nrows,
     free_mat(&w);
 }
 
+/* The same product with one and with two q8 terms against the exact W x: the
+ * root-mean-square distance of two terms must be under 1/32 of one term's (the
+ * second term's scale is at most 1/254 of the first's; f32 sums add a little). */
+static void case_terms(rng_t *r, uint32_t type, int64_t ncols, int64_t nrows, int n)
+{
+    bl_err_t err = {0};
+    wmat_t w;
+    make_mat(r, &w, type, ncols, nrows);
+    const int64_t ldx = round4(ncols), ldy = nrows;
+    float *x = xmalloc(sizeof(float) * (size_t)(ldx * n)), *y = xmalloc(sizeof(float) * (size_t)(ldy * n));
+    double *ex = xmalloc(sizeof(double) * (size_t)(nrows * n));
+    rand_fill(r, x, ldx * n, 1.0f);
+    for (int b = 0; b < n; b++)
+        for (int64_t i = 0; i < nrows; i++)
+            ex[b * nrows + i] = ref_dot(w.deq + i * ncols, x + b * ldx, ncols);
+    float *dx = d_upload(x, sizeof(float) * (size_t)(ldx * n));
+    float *dy = d_poison(sizeof(float) * (size_t)(ldy * n));
+    const kcuda_mat_t mw = kmat(&w);
+    double rms[2] = {0.0, 0.0};
+    int ok = 1;
+    for (int t = 1; t <= 2 && ok; t++) {
+        const int old = kcuda_matvec_set_act_terms(t);
+        ok = kcuda_matvec(&mw, dx, ldx, n, dy, ldy, 0, NULL, &err) == 0 &&
+             d_fetch(y, dy, sizeof(float) * (size_t)(ldy * n), &err) == 0;
+        kcuda_matvec_set_act_terms(old);
+        if (!ok)
+            printf("#   %s\n", err.msg);
+        for (int64_t i = 0; ok && i < nrows * n; i++) {
+            const double e = (double)y[i] - ex[i];
+            rms[t - 1] += e * e;
+        }
+        rms[t - 1] = sqrt(rms[t - 1] / (double)(nrows * n));
+    }
+    if (ok) {
+        printf("#   rms distance to W x: one term %.3g, two terms %.3g (%.0fx closer)\n", rms[0], rms[1],
+               rms[1] > 0.0 ? rms[0] / rms[1] : 0.0);
+        ok = rms[1] * 32.0 < rms[0];
+    }
+    tap_ok(ok, "two q8 terms are closer to the exact product than one: %s %lld x %lld, %d row%s",
+           bl_type_info(type)->name, (long long)nrows, (long long)ncols, n, n == 1 ? "" : "s");
+    kcuda_free(dx);
+    kcuda_free(dy);
+    free(x);
+    free(y);
+    free(ex);
+    free_mat(&w);
+}
+
+/* kcuda_matvec_split: one matrix of ra + rb + rc rows (row counts that keep each
+ * part 16-byte aligned, so the parts are matrices of their own too) into three
+ * outputs with their own ldy, against the reference and, bit for bit, against
+ * kcuda_matvec on each part. */
+static void case_split(rng_t *r, uint32_t type, int64_t ncols, int64_t ra, int64_t rb, int64_t rc, int n)
+{
+    bl_err_t err = {0};
+    wmat_t w;
+    const int64_t nrows = ra + rb + rc, rows[3] = {ra, rb, rc}, ldys[3] = {ra + 1, rb + 5, rc};
+    make_mat(r, &w, type, ncols, nrows);
+    const int64_t ldx = round4(ncols);
+    float *x = xmalloc(sizeof(float) * (size_t)(ldx * n));
+    rand_fill(r, x, ldx * n, 1.0f);
+    float *dx = d_upload(x, sizeof(float) * (size_t)(ldx * n));
+    float *xh = xmalloc(sizeof(float) * (size_t)ncols);
+    int ok = 1, same = 1;
+    float *dys[3], *dsep[3], *got[3], *sep[3];
+    kcuda_out_t outs[3];
+    for (int p = 0; p < 3; p++) {
+        const size_t nb = sizeof(float) * (size_t)(ldys[p] * n);
+        dys[p] = d_poison(nb);
+        dsep[p] = d_poison(nb);
+        got[p] = xmalloc(nb);
+        sep[p] = xmalloc(nb);
+        outs[p] = (kcuda_out_t){.d_y = dys[p], .ldy = ldys[p], .rows = rows[p]};
+    }
+    const kcuda_mat_t mw = kmat(&w);
+    ok = kcuda_matvec_split(&mw, dx, ldx, n, outs, 3, NULL, &err) == 0;
+    int64_t r0 = 0;
+    for (int p = 0; ok && p < 3; p++) {
+        kcuda_mat_t part;
+        const size_t nb = sizeof(float) * (size_t)(ldys[p] * n);
+        ok = kcuda_mat_init(&part, (const uint8_t *)w.d + (size_t)r0 * w.row_bytes, type, ncols, rows[p], &err) == 0 &&
+             kcuda_matvec(&part, dx, ldx, n, dsep[p], ldys[p], 0, NULL, &err) == 0 &&
+             d_fetch(got[p], dys[p], nb, &err) == 0 && d_fetch(sep[p], dsep[p], nb, &err) == 0;
+        if (!ok)
+            break;
+        double *ref = xmalloc(sizeof(double) * (size_t)(rows[p] * n));
+        for (int b = 0; b < n; b++) {
+            const float *xb = x + b * ldx;
+            if (act_rounded(type))
+                act_q8_round(xb, xh, NULL, ncols);
+            for (int64_t i = 0; i < rows[p]; i++)
+                ref[b * rows[p] + i] = ref_dot(w.deq + (r0 + i) * ncols, act_rounded(type) ? xh : xb, ncols);
+            same &= memcmp(got[p] + b * ldys[p], sep[p] + b * ldys[p], sizeof(float) * (size_t)rows[p]) == 0;
+        }
+        ok = check_close(got[p], ldys[p], ref, n, rows[p], mv_atol(ncols), 1e-4);
+        free(ref);
+        r0 += rows[p];
+    }
+    if (!ok && err.msg[0])
+        printf("#   %s\n", err.msg);
+    if (ok && !same)
+        printf("#   the split outputs differ from separate products\n");
+    tap_ok(ok && same, "matvec_split %s: %lld + %lld + %lld rows x %lld, %d row%s, the bits of separate products",
+           bl_type_info(type)->name, (long long)ra, (long long)rb, (long long)rc, (long long)ncols, n,
+           n == 1 ? "" : "s");
+    for (int p = 0; p < 3; p++) {
+        kcuda_free(dys[p]);
+        kcuda_free(dsep[p]);
+        free(got[p]);
+        free(sep[p]);
+    }
+    kcuda_free(dx);
+    free(x);
+    free(xh);
+    free_mat(&w);
+}
+
 /* Arguments the launchers must refuse, without launching anything. */
 static void case_refusals(void)
 {
@@ -179,54 +347,171 @@ static void case_refusals(void)
     kcuda_free(d);
 }
 
-/* Not a test: the achieved weight bandwidth of one-row products over a matrix
- * larger than L2 (random bytes: the values do not matter for time), printed as a
- * TAP comment for docs/cuda.md. Wall time of back-to-back launches. */
-static void bench_matvec(uint32_t type, int64_t ncols, int64_t nrows)
+// --- bench ---------------------------------------------------------------------------
+/* Not a test: the achieved weight bandwidth of the products over matrices larger
+ * than L2 (random bytes with finite halves: the values do not matter for time),
+ * printed as TAP comments for docs/cuda.md. Wall time of back-to-back launches
+ * divided by their count, so a launch's gap is included. */
+
+static double now_us(void)
 {
-    bl_err_t err = {0};
-    size_t rb;
-    if (bl_row_bytes(type, ncols, &rb, &err) < 0)
-        bail("bl_row_bytes", &err);
-    const size_t nbytes = rb * (size_t)nrows;
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+static void *rand_weights(size_t nbytes)
+{
     uint8_t *h = xmalloc(nbytes);
     rng_t r = rng_for(99);
     for (size_t i = 0; i + 8 <= nbytes; i += 8) {
         const uint64_t v = rng_next(&r) & 0x3bff3bff3bff3bffull; /* finite halves */
         memcpy(h + i, &v, 8);
     }
-    void *dw = d_upload(h, nbytes);
-    float *dx = d_alloc(sizeof(float) * (size_t)ncols), *dy = d_alloc(sizeof(float) * (size_t)nrows);
+    void *d = d_upload(h, nbytes);
+    free(h);
+    return d;
+}
+
+static float *rand_acts(int64_t n)
+{
+    rng_t r = rng_for(98);
+    float *h = xmalloc(sizeof(float) * (size_t)n);
+    rand_fill(&r, h, n, 1.0f);
+    float *d = d_upload(h, sizeof(float) * (size_t)n);
+    free(h);
+    return d;
+}
+
+static void bench_line(const char *what, const char *fmt, const char *shape, int n, double nbytes,
+                       double us, int rc, const bl_err_t *err)
+{
+    if (rc == 0)
+        printf("# bench | %-13s | %-5s | %-18s | %d | %7.1f MB | %8.1f us | %5.0f GB/s\n", what, fmt, shape,
+               n, nbytes / 1e6, us, nbytes / us / 1e3);
+    else
+        printf("# bench | %s %s failed: %s\n", what, fmt, err->msg);
+}
+
+static void bench_matvec(uint32_t type, int64_t ncols, int64_t nrows, int n)
+{
+    bl_err_t err = {0};
+    size_t rb;
+    if (bl_row_bytes(type, ncols, &rb, &err) < 0)
+        bail("bl_row_bytes", &err);
+    const size_t nbytes = rb * (size_t)nrows;
+    void *dw = rand_weights(nbytes);
+    float *dx = rand_acts(ncols * n), *dy = d_alloc(sizeof(float) * (size_t)(nrows * n));
     kcuda_mat_t m;
-    if (kcuda_mat_init(&m, dw, type, ncols, nrows, &err) < 0 || kcuda_memset(dx, 0, sizeof(float) * (size_t)ncols, NULL, &err) < 0)
+    if (kcuda_mat_init(&m, dw, type, ncols, nrows, &err) < 0)
         bail("bench set-up", &err);
-    const int reps = 50;
-    struct timespec t0, t1;
+    const int reps = 40;
     int rc = 0;
     for (int i = 0; i < 3; i++)
-        rc |= kcuda_matvec(&m, dx, ncols, 1, dy, nrows, 0, NULL, &err);
+        rc |= kcuda_matvec(&m, dx, ncols, n, dy, nrows, 0, NULL, &err);
     rc |= kcuda_sync(NULL, &err);
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int i = 0; i < reps; i++)
-        rc |= kcuda_matvec(&m, dx, ncols, 1, dy, nrows, 0, NULL, &err);
+    const double t0 = now_us();
+    for (int i = 0; i < reps && rc == 0; i++)
+        rc |= kcuda_matvec(&m, dx, ncols, n, dy, nrows, 0, NULL, &err);
     rc |= kcuda_sync(NULL, &err);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    const double us = ((double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3) / reps;
-    if (rc == 0)
-        printf("# bandwidth: matvec %s %lld x %lld (%.1f MB), 1 row: %.1f us, %.0f GB/s\n",
-               bl_type_info(type)->name, (long long)nrows, (long long)ncols, (double)nbytes / 1e6, us,
-               (double)nbytes / us / 1e3);
-    else
-        printf("# bandwidth: matvec %s failed: %s\n", bl_type_info(type)->name, err.msg);
+    char shape[64];
+    snprintf(shape, sizeof shape, "%lld x %lld", (long long)nrows, (long long)ncols);
+    bench_line("matvec", bl_type_info(type)->name, shape, n, (double)nbytes, (now_us() - t0) / reps, rc, &err);
     kcuda_free(dw);
     kcuda_free(dx);
     kcuda_free(dy);
-    free(h);
+}
+
+/* One MoE layer's expert products for one token (n = 1), E n_embd, F the expert
+ * width, top k of ne: gate/up with SwiGLU, then down with the weighted sum. Each
+ * launch takes the next of ne / k disjoint id sets, so that no expert's rows are
+ * still in L2 from the launch before. */
+static void bench_experts(uint32_t tu, uint32_t td, int64_t ne, int64_t E, int64_t F, int k)
+{
+    bl_err_t err = {0};
+    size_t rbu, rbd;
+    if (bl_row_bytes(tu, E, &rbu, &err) < 0 || bl_row_bytes(td, F, &rbd, &err) < 0)
+        bail("bl_row_bytes", &err);
+    void *dg = rand_weights(rbu * (size_t)(ne * F)), *du = rand_weights(rbu * (size_t)(ne * F));
+    void *dd = rand_weights(rbd * (size_t)(ne * E));
+    const int nsets = (int)(ne / k);
+    int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)(nsets * k));
+    float *wts = xmalloc(sizeof(float) * (size_t)(nsets * k));
+    for (int i = 0; i < nsets * k; i++) {
+        ids[i] = (int32_t)((i * 37) % ne); /* 37 is odd: a permutation of 0..ne-1 for ne a power of 2 */
+        wts[i] = 1.0f / (float)k;
+    }
+    int32_t *dids = d_upload(ids, sizeof(int32_t) * (size_t)(nsets * k));
+    float *dwts = d_upload(wts, sizeof(float) * (size_t)(nsets * k));
+    float *dx = rand_acts(E), *dh = rand_acts(F * k);
+    float *dsw = d_alloc(sizeof(float) * (size_t)(F * k)), *dy = d_alloc(sizeof(float) * (size_t)E);
+    kcuda_mat_t mg, mu, md;
+    if (kcuda_mat_init(&mg, dg, tu, E, ne * F, &err) < 0 || kcuda_mat_init(&mu, du, tu, E, ne * F, &err) < 0 ||
+        kcuda_mat_init(&md, dd, td, F, ne * E, &err) < 0)
+        bail("bench set-up", &err);
+    const int reps = 200;
+    int rc = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < 4; i++) /* warm-up */
+            rc |= pass == 0 ? kcuda_matvec_experts_swiglu(&mg, &mu, ne, dids, 1, k, dx, E, dsw, F, NULL, &err)
+                            : kcuda_matvec_experts_down(&md, ne, dids, dwts, 1, k, dh, F, dy, E, 1, NULL, &err);
+        rc |= kcuda_sync(NULL, &err);
+        const double t0 = now_us();
+        for (int i = 0; i < reps && rc == 0; i++) {
+            const int32_t *si = dids + (i % nsets) * k;
+            const float *sw = dwts + (i % nsets) * k;
+            rc |= pass == 0 ? kcuda_matvec_experts_swiglu(&mg, &mu, ne, si, 1, k, dx, E, dsw, F, NULL, &err)
+                            : kcuda_matvec_experts_down(&md, ne, si, sw, 1, k, dh, F, dy, E, 1, NULL, &err);
+        }
+        rc |= kcuda_sync(NULL, &err);
+        const double us = (now_us() - t0) / reps;
+        char shape[64];
+        if (pass == 0) {
+            snprintf(shape, sizeof shape, "%dx2 x %lld x %lld", k, (long long)F, (long long)E);
+            bench_line("experts_swiglu", bl_type_info(tu)->name, shape, 1, 2.0 * (double)(rbu * (size_t)(k * F)), us, rc, &err);
+        } else {
+            snprintf(shape, sizeof shape, "%d x %lld x %lld", k, (long long)E, (long long)F);
+            bench_line("experts_down", bl_type_info(td)->name, shape, 1, (double)(rbd * (size_t)(k * E)), us, rc, &err);
+        }
+    }
+    kcuda_free(dg); kcuda_free(du); kcuda_free(dd); kcuda_free(dids); kcuda_free(dwts);
+    kcuda_free(dx); kcuda_free(dh); kcuda_free(dsw); kcuda_free(dy);
+    free(ids);
+    free(wts);
+}
+
+static void bench_all(void)
+{
+    printf("# bench | what          | fmt   | rows x cols        | n |      MB    |       us    |  GB/s\n");
+    const uint32_t bt[] = {BL_TYPE_Q4_K, BL_TYPE_Q5_K, BL_TYPE_Q6_K, BL_TYPE_Q8_0, BL_TYPE_F16};
+    const int ns[] = {1, 2, 4, 8};
+    for (int t = 0; t < 5; t++)
+        for (int i = 0; i < 4; i++)
+            bench_matvec(bt[t], 4096, 32768, ns[i]);
+    bench_matvec(BL_TYPE_Q6_K, 768, 131072, 1); /* expert down rows: 630 bytes, unaligned */
+    bench_matvec(BL_TYPE_Q4_K, 2048, 65536, 1);
+    /* 30B-A3B-class decode shapes: attention q (4096 x 2048), the head (151936 x 2048) */
+    bench_matvec(BL_TYPE_Q4_K, 2048, 4096, 1);
+    bench_matvec(BL_TYPE_Q6_K, 2048, 151936, 1);
+    bench_experts(BL_TYPE_Q4_K, BL_TYPE_Q6_K, 128, 2048, 768, 8);
+    /* what the second activation term costs: the same lines with one term */
+    const int old = kcuda_matvec_set_act_terms(1);
+    printf("# bench | one q8 activation term from here\n");
+    bench_matvec(BL_TYPE_Q4_K, 4096, 32768, 1);
+    bench_matvec(BL_TYPE_Q6_K, 4096, 32768, 8);
+    bench_matvec(BL_TYPE_Q4_K, 2048, 4096, 1);
+    bench_experts(BL_TYPE_Q4_K, BL_TYPE_Q6_K, 128, 2048, 768, 8);
+    kcuda_matvec_set_act_terms(old);
 }
 
 int main(void)
 {
     gpu_test_init("test_kcuda_matvec");
+    const char *bo = getenv("BLOOMERY_MV_BENCH");
+    if (bo && *bo && strcmp(bo, "0") != 0) {
+        bench_all();
+        return tap_done();
+    }
     rng_t r = rng_for(1);
     case_refusals();
 
@@ -255,6 +540,19 @@ int main(void)
         case_matvec(&r, fl[t], 2048, 128, KCUDA_MV_MAX_ROWS, 0, 0);
         case_matvec(&r, fl[t], 515, 19, 1, 0, 1);
     }
+    /* Many rows per warp (the launcher gives a warp several rows when there are more
+     * than the card holds at once), a partial last block, odd block counts. */
+    case_matvec(&r, BL_TYPE_Q4_K, 512, 9001, 1, 0, 0);
+    case_matvec(&r, BL_TYPE_Q5_K, 256, 7003, 3, 1, 0);
+    case_matvec(&r, BL_TYPE_Q6_K, 768, 6007, 2, 0, 0);
+    case_matvec(&r, BL_TYPE_Q8_0, 96, 12001, 1, 0, 0);
+    case_matvec(&r, BL_TYPE_F16, 99, 8001, 1, 0, 0);
+    case_matvec(&r, BL_TYPE_Q4_K, 256, 5001, 1, 0, 1);
+    /* Long rows: rounded activations past 48 KB of shared memory (8 rows of 12288),
+     * and past what one block holds (8 rows of 25600: the launcher splits the rows). */
+    case_matvec(&r, BL_TYPE_Q4_K, 12288, 67, KCUDA_MV_MAX_ROWS, 0, 0);
+    case_matvec(&r, BL_TYPE_Q8_0, 25600, 19, KCUDA_MV_MAX_ROWS, 1, 0);
+    case_matvec(&r, BL_TYPE_Q6_K, 25600, 11, 5, 0, 0);
     /* The largest decode shapes of a 30B-A3B-class model: q (4096 x 2048), o (2048 x
      * 4096), the router (128 x 2048, f32). */
     if (!g_small) {
@@ -264,18 +562,36 @@ int main(void)
         case_matvec(&r, BL_TYPE_F32, 2048, 128, 1, 0, 0);
     }
 
+    /* One q8 term (the kernels' option), its reference rounded the same way. */
+    {
+        const int old = kcuda_matvec_set_act_terms(1);
+        case_matvec(&r, BL_TYPE_Q4_K, 2304, 130, 3, 1, 0);
+        case_matvec(&r, BL_TYPE_Q5_K, 768, 37, 1, 0, 1);
+        case_matvec(&r, BL_TYPE_Q6_K, 768, 37, KCUDA_MV_MAX_ROWS, 0, 0);
+        case_matvec(&r, BL_TYPE_Q8_0, 1056, 66, 2, 0, 0);
+        kcuda_matvec_set_act_terms(old);
+    }
+    /* q, k and v in one launch; the small f32/f16/bf16 path (few rows, ncols a
+     * multiple of 4) with 1..8 rows and accumulate */
+    case_split(&r, BL_TYPE_Q4_K, 512, 64, 16, 32, 1);
+    case_split(&r, BL_TYPE_Q6_K, 768, 48, 16, 16, 3);
+    case_split(&r, BL_TYPE_Q8_0, 96, 16, 32, 48, KCUDA_MV_MAX_ROWS);
+    case_split(&r, BL_TYPE_Q5_K, 2048, 4096 / 8, 512 / 8, 512 / 8, 2);
+    case_matvec(&r, BL_TYPE_F32, 2048, 128, 1, 0, 0);
+    case_matvec(&r, BL_TYPE_F32, 516, 61, 3, 1, 0);
+    case_matvec(&r, BL_TYPE_F16, 1024, 130, KCUDA_MV_MAX_ROWS, 1, 0);
+    case_matvec(&r, BL_TYPE_BF16, 4, 3, 2, 0, 0);
+    case_terms(&r, BL_TYPE_Q4_K, 2048, 512, 1);
+    case_terms(&r, BL_TYPE_Q5_K, 4096, 256, 2);
+    case_terms(&r, BL_TYPE_Q6_K, 768, 512, KCUDA_MV_MAX_ROWS);
+    case_terms(&r, BL_TYPE_Q8_0, 1056, 300, 3);
     const uint32_t all[] = {BL_TYPE_Q4_K, BL_TYPE_Q5_K, BL_TYPE_Q6_K, BL_TYPE_Q8_0,
                             BL_TYPE_F16, BL_TYPE_BF16, BL_TYPE_F32};
     for (int t = 0; t < 7; t++) {
         const int64_t cols = bl_type_info(all[t])->block_elems == 1 ? 77 : 512;
         case_get_rows(&r, all[t], cols, 50, 6);
     }
-    if (!g_small) {
-        const uint32_t bt[] = {BL_TYPE_Q4_K, BL_TYPE_Q5_K, BL_TYPE_Q6_K, BL_TYPE_Q8_0, BL_TYPE_F16};
-        for (int t = 0; t < 5; t++)
-            bench_matvec(bt[t], 4096, 32768);
-        bench_matvec(BL_TYPE_Q6_K, 768, 131072); /* expert down rows: 630 bytes, unaligned */
-        bench_matvec(BL_TYPE_Q4_K, 2048, 65536);
-    }
+    if (!g_small)
+        bench_all();
     return tap_done();
 }

@@ -2,7 +2,10 @@
  * kcpu_moe_route: the same ids, weights within f32 rounding) and the expert
  * products of kernels/cuda/matvec.cu (gate/up, gate/up with SwiGLU, down with the
  * weighted sum) against the dequantized experts dotted in double, including an
- * out-of-range id, which must contribute nothing. TAP output; the seed is printed. */
+ * out-of-range id, which must contribute nothing. The block formats multiply
+ * activations rounded to 8 bits per 32 (act_q8_round): their references use the
+ * rounded rows (test_kcuda_matvec checks the distance to the exact product). TAP
+ * output; the seed is printed. */
 #include "gpu_test.h"
 
 #include "kcpu.h"
@@ -132,7 +135,13 @@ static void case_experts(rng_t *r, uint32_t type_up, uint32_t type_down, int64_t
         }
     ids[S - 1] = (int32_t)ne; /* out of range */
 
-    /* references */
+    /* references: the block formats multiply activations rounded as act_q8_round
+     * (gpu_test.h) rounds them, so their references use the rounded rows */
+    float *xr_all = xmalloc(sizeof(float) * (size_t)(n * ldx));
+    memcpy(xr_all, x, sizeof(float) * (size_t)(n * ldx));
+    if (act_rounded(type_up))
+        for (int b = 0; b < n; b++)
+            act_q8_round(x + b * ldx, xr_all + b * ldx, NULL, E);
     double *rg = xmalloc(sizeof(double) * (size_t)(S * F)), *rsw = xmalloc(sizeof(double) * (size_t)(S * F));
     float *hf = xmalloc(sizeof(float) * (size_t)(S * ldh)); /* the SwiGLU rows down reads */
     rand_fill(r, hf, S * ldh, 1.0f);
@@ -142,12 +151,17 @@ static void case_experts(rng_t *r, uint32_t type_up, uint32_t type_down, int64_t
                 rg[s * F + i] = rsw[s * F + i] = 0.0;
                 continue;
             }
-            const float *xr = x + (s / k) * ldx;
+            const float *xr = xr_all + (s / k) * ldx;
             const double g = dot_d(gate.deq + (ids[s] * F + i) * E, xr, E);
             const double u = dot_d(up.deq + (ids[s] * F + i) * E, xr, E);
             rg[s * F + i] = g;
             rsw[s * F + i] = g / (1.0 + exp(-g)) * u;
         }
+    float *hr = xmalloc(sizeof(float) * (size_t)(S * ldh));
+    memcpy(hr, hf, sizeof(float) * (size_t)(S * ldh));
+    if (act_rounded(type_down))
+        for (int s = 0; s < S; s++)
+            act_q8_round(hf + s * ldh, hr + s * ldh, NULL, F);
     float *y0 = xmalloc(sizeof(float) * (size_t)(n * ldy));
     rand_fill(r, y0, n * ldy, 1.0f);
     double *rd = xmalloc(sizeof(double) * (size_t)(n * E));
@@ -157,7 +171,7 @@ static void case_experts(rng_t *r, uint32_t type_up, uint32_t type_down, int64_t
             for (int j = 0; j < k; j++) {
                 const int s = b * k + j;
                 if (ids[s] < ne)
-                    a += (double)wts[s] * dot_d(down.deq + (ids[s] * E + i) * F, hf + s * ldh, F);
+                    a += (double)wts[s] * dot_d(down.deq + (ids[s] * E + i) * F, hr + s * ldh, F);
             }
             rd[b * E + i] = a;
         }
@@ -206,6 +220,7 @@ static void case_experts(rng_t *r, uint32_t type_up, uint32_t type_down, int64_t
     kcuda_free(gate.d); kcuda_free(up.d); kcuda_free(down.d);
     free(gate.deq); free(up.deq); free(down.deq);
     free(x); free(ids); free(wts); free(rg); free(rsw); free(hf); free(y0); free(rd); free(hg); free(y);
+    free(xr_all); free(hr);
 }
 
 int main(void)

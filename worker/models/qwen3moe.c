@@ -20,6 +20,7 @@
 #include "gguf.h"
 #include "kcpu.h"
 #include "quant.h"
+#include "qwen3moe_impl.h"
 #include "wk.h"
 
 /* Limits on metadata values, far above any real Qwen3 and low enough that every
@@ -30,105 +31,14 @@
 #define MAX_VOCAB (1 << 24)
 #define MAX_CTX (1 << 24)
 
-typedef struct layer {
-    const float *attn_norm; // (n_embd)
-    kcpu_mat_t wq;          // (n_head * head_dim, n_embd)
-    kcpu_mat_t wk;          // (n_head_kv * head_dim, n_embd)
-    kcpu_mat_t wv;          // (n_head_kv * head_dim, n_embd)
-    kcpu_mat_t wo;          // (n_embd, n_head * head_dim)
-    const float *q_norm;    // (head_dim)
-    const float *k_norm;    // (head_dim)
-    const float *ffn_norm;  // (n_embd)
-    /* qwen3moe */
-    kcpu_mat_t gate_inp;    // (n_expert, n_embd)
-    kcpu_mat_t gate_exps;   // (n_expert * n_ff_exp, n_embd): expert e is rows e*n_ff_exp..
-    kcpu_mat_t up_exps;     // (n_expert * n_ff_exp, n_embd)
-    kcpu_mat_t down_exps;   // (n_expert * n_embd, n_ff_exp)
-    /* qwen3 */
-    kcpu_mat_t ffn_gate;    // (n_ff, n_embd)
-    kcpu_mat_t ffn_up;      // (n_ff, n_embd)
-    kcpu_mat_t ffn_down;    // (n_embd, n_ff)
-} layer_t;
-
-typedef struct weights {
-    kcpu_mat_t tok_embd;      // (n_vocab, n_embd)
-    const float *output_norm; // (n_embd)
-    kcpu_mat_t output;        // (n_vocab, n_embd); tok_embd when tied
-    layer_t *layers;          // (n_layer)
-} weights_t;
-
-/* One sequence's rows in a step: rows [row0, row0 + n) of the run state, at
- * positions pos.., logits wanted for its last n_out. */
-typedef struct seg {
-    wk_kv_t *kv;
-    const int32_t *tokens;
-    int64_t row0, n, pos, n_out;
-} seg_t;
-
-/* Most experts one step's rows may use for the grouped path of moe_ffn: a job list
- * of gate and up per expert must fit kcpu_matmul_many. */
-#define MOE_GROUP_MAX (KCPU_MM_MAX_JOBS / 2)
-
-/* The grouped expert pass's job list (kept out of the stack: it is large). */
-typedef struct moe_jobs {
-    kcpu_mat_t gate[MOE_GROUP_MAX], up[MOE_GROUP_MAX], down[MOE_GROUP_MAX];
-    kcpu_mm_job_t job[2 * MOE_GROUP_MAX];
-    int64_t at[MOE_GROUP_MAX], cnt[MOE_GROUP_MAX];
-} moe_jobs_t;
-
-/* Scratch for one forward pass of up to n_batch rows; allocated at load. */
-typedef struct run_state {
-    float *x;     // (n_batch, n_embd) the residual stream
-    float *xn;    // (n_batch, n_embd) normed input of a block
-    float *q;     // (n_batch, n_head, head_dim)
-    float *k;     // (n_batch, n_head_kv, head_dim)
-    float *v;     // (n_batch, n_head_kv, head_dim)
-    float *att;   // (n_batch, n_head, head_dim) attention output
-    float *o;     // (n_batch, n_embd) a block's output before the residual add
-    float *rope;  // (n_batch, head_dim / 2, 2) cos, sin
-    int32_t *pos; // (n_batch)
-    float *rl;    // (n_batch, n_expert) router logits
-    int32_t *ids; // (n_batch, n_expert_used) selected experts
-    float *wts;   // (n_batch, n_expert_used) their weights
-    int32_t *rows; // (n_batch * n_expert_used) rows routed to each expert, expert by expert
-    float *rw;    // (n_batch * n_expert_used) and their weights
-    float *xg;    // (n_batch, n_embd) rows gathered (norm before the head, expert fallback)
-    float *g;     // (n_batch * n_expert_used, ffn width) gate, then SwiGLU output
-    float *u;     // (n_batch * n_expert_used, ffn width) up
-    float *dg;    // (n_batch * n_expert_used, n_embd) down
-    moe_jobs_t jobs;
-    seg_t *segs;  // (n_batch) the sequences of a multi-sequence step
-} run_state_t;
-
-struct wk_model {
-    wk_config_t cfg;
-    weights_t w;
-    run_state_t s;
-    wk_model_opts_t opts;
-    kcpu_ctx_t *kc;
-    bl_gguf_t *g;
-    uint8_t *arena;   /* anonymous copy of the matrices (weights_arena), or NULL */
-    size_t arena_len, arena_used;
-    char path[256]; /* for messages; truncated */
-    int64_t lb, le;   /* the stage's layers [lb, le) */
-    wk_experts_fn efn; /* WK_EXPERTS_REMOTE: where routed experts go */
-    void *ectx;
-};
-
-struct wk_kv {
-    const wk_model_t *model; /* the model it was made for; another's is refused */
-    int64_t n_layer, n_ctx, n_past; /* n_layer: the stage's layers */
-    uint32_t type;
-    size_t row_bytes; /* one position of one layer's K (or V) */
-    uint8_t *buf;     // (n_layer, 2, n_ctx, row_bytes): K then V per layer
-};
-
 void wk_model_opts_default(wk_model_opts_t *o)
 {
     memset(o, 0, sizeof *o);
     o->n_threads = 1;
     o->n_batch = 512;
     o->act_terms = 2;
+    o->device = WK_DEVICE_CPU;
+    o->cuda_graph = 1;
 }
 
 // --- loading ------------------------------------------------------------------------------
@@ -371,6 +281,9 @@ static int map_weights(wk_model_t *m, bl_err_t *err)
         m->cfg.tied_output = 1;
         w->output = w->tok_embd;
     }
+    /* The head runs for one row per sequence, even in a prompt: its activations stay
+     * two q8 terms, whose packed q6_K kernel streams faster than the q16_K one. */
+    w->output.act_q8 = 1;
     w->layers = calloc((size_t)c->n_layer, sizeof *w->layers);
     if (!w->layers)
         return bl_err_set(err, BL_ENOMEM, "out of memory for %lld layers", (long long)c->n_layer);
@@ -478,7 +391,17 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         rc = bl_err_set(err, BL_EINVAL, "experts mode %d is not local, remote or only", m->opts.experts);
         goto fail;
     }
-    weights_arena(m);
+    if (m->opts.device < WK_DEVICE_CPU) {
+        rc = bl_err_set(err, BL_EINVAL, "device %d is not a CUDA ordinal or WK_DEVICE_CPU", m->opts.device);
+        goto fail;
+    }
+    if (m->opts.device >= 0 && m->opts.experts != WK_EXPERTS_LOCAL) {
+        rc = bl_err_set(err, BL_ENOTSUP, "%s: on CUDA device %d every expert runs on the card; "
+                        "remote or experts-only modes are not supported there", m->path, m->opts.device);
+        goto fail;
+    }
+    if (m->opts.device < 0) /* on a device the weights go to the card instead */
+        weights_arena(m);
     if ((rc = map_weights(m, err)) < 0)
         goto fail;
     if (m->opts.n_ctx_max <= 0)
@@ -503,6 +426,8 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
     }
     if ((rc = kcpu_ctx_create(&m->kc, m->opts.n_threads, mode, &lim, err)) < 0)
         goto fail;
+    if (m->opts.device >= 0 && (rc = wk__cuda_load(m, err)) < 0)
+        goto fail;
     *out = m;
     return 0;
 fail:
@@ -514,6 +439,7 @@ void wk_model_free(wk_model_t *m)
 {
     if (!m)
         return;
+    wk__cuda_free(m);
     kcpu_ctx_destroy(m->kc);
     free_state(&m->s);
     free(m->w.layers);
@@ -525,7 +451,7 @@ void wk_model_free(wk_model_t *m)
 
 const wk_config_t *wk_model_config(const wk_model_t *m) { return &m->cfg; }
 const bl_gguf_t *wk_model_gguf(const wk_model_t *m) { return m->g; }
-const char *wk_model_kernels(const wk_model_t *m) { return kcpu_variant_name(); }
+const char *wk_model_kernels(const wk_model_t *m) { return m->cu ? wk__cuda_name(m) : kcpu_variant_name(); }
 
 // --- KV cache ----------------------------------------------------------------------------------
 
@@ -538,6 +464,9 @@ int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t typ
                           (long long)n_ctx, (long long)m->opts.n_ctx_max);
     if (type != WK_KV_F32 && type != WK_KV_F16 && type != WK_KV_Q8_0)
         return bl_err_set(err, BL_EINVAL, "KV cache type %u is not f32, f16 or q8_0", type);
+    if (m->cu && type != WK_KV_F16)
+        return bl_err_set(err, BL_ENOTSUP, "a KV cache of type %s on the card: only f16 is supported there",
+                          type == WK_KV_F32 ? "f32" : "q8_0");
     if (type == WK_KV_Q8_0 && c->head_dim % BL_QK != 0)
         return bl_err_set(err, BL_EINVAL, "a q8_0 KV cache needs head_dim %lld to be a multiple of %d",
                           (long long)c->head_dim, BL_QK);
@@ -560,6 +489,14 @@ int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t typ
         free(kv);
         return bl_err_set(err, BL_ERANGE, "KV cache of %lld positions is too large", (long long)n_ctx);
     }
+    if (m->cu) {
+        if ((rc = wk__cuda_kv_alloc(kv, err)) < 0) {
+            free(kv);
+            return rc;
+        }
+        *out = kv;
+        return 0;
+    }
     kv->buf = malloc((size_t)kv->n_layer * 2 * (size_t)n_ctx * kv->row_bytes);
     if (!kv->buf) {
         free(kv);
@@ -573,7 +510,10 @@ void wk_kv_free(wk_kv_t *kv)
 {
     if (!kv)
         return;
-    free(kv->buf);
+    if (kv->on_device)
+        wk__cuda_kv_free(kv);
+    else
+        free(kv->buf);
     free(kv);
 }
 
@@ -714,6 +654,8 @@ static void dense_ffn(wk_model_t *m, const layer_t *L, int64_t n)
 static int forward(wk_model_t *m, const seg_t *seg, int64_t nseg, int64_t n, const float *x_in,
                    float *x_out, float *logits, bl_err_t *err)
 {
+    if (m->cu)
+        return wk__cuda_forward(m, seg, nseg, n, x_in, x_out, logits, err);
     const wk_config_t *c = &m->cfg;
     const weights_t *w = &m->w;
     run_state_t *s = &m->s;

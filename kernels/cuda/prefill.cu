@@ -1,0 +1,217 @@
+/* Flash attention for prompt rows: causal GQA over the f16 KV cache with tensor
+ * cores (mma.sync m16n8k16, f16 inputs, f32 scores and accumulators), the rows'
+ * own K and V stored in the cache first. docs/cuda.md, "Prompts". */
+#include "kcuda_impl.cuh"
+
+#define PF_BQ 64  /* query rows per block: 4 warps of 16 */
+#define PF_BKV 64 /* cache positions per step */
+
+static __device__ __forceinline__ void pf_ldsm_x4(unsigned r[4], const void *smem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+static __device__ __forceinline__ void pf_ldsm_x4_t(unsigned r[4], const void *smem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+static __device__ __forceinline__ void pf_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ unsigned pack_half2(float a, float b)
+{
+    const __half2 h = __floats2half2_rn(a, b);
+    return *(const unsigned *)&h;
+}
+
+/* grid (ceil(n / 64), n_head). Query row i of the block's tile is at position
+ * pos0 + row; it attends to positions 0 .. pos0 + row. Shared: Q, K, V tiles of
+ * 64 x D halves, rows D + 8 halves apart (ldmatrix without bank conflicts). Scores
+ * are kept in the log2 domain (q pre-scaled by scale * log2 e). */
+template <int D>
+static __global__ void __launch_bounds__(128) prefill_kernel(const uint8_t *kc, const uint8_t *vc, size_t row_bytes,
+                                                             const float *q, float *out, int64_t n, int64_t pos0,
+                                                             int n_head, int group, float qscale)
+{
+    constexpr int LDS = D + 8;
+    extern __shared__ __align__(16) __half smem[];
+    __half *sq = smem, *sk = smem + PF_BQ * LDS, *sv = sk + PF_BKV * LDS;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int h = blockIdx.y, kvh = h / group;
+    const int64_t r0 = (int64_t)blockIdx.x * PF_BQ;
+    const int64_t rows = n - r0 < PF_BQ ? n - r0 : PF_BQ;
+    const int64_t qstride = (int64_t)n_head * D;
+
+    /* Q tile, scaled, in f16; rows past n are zeros. */
+    for (int c = tid; c < PF_BQ * D / 4; c += 128) {
+        const int r = c / (D / 4), d = (c % (D / 4)) * 4;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < rows)
+            v = *(const float4 *)(q + (r0 + r) * qstride + (int64_t)h * D + d);
+        __half2 *o = (__half2 *)(sq + r * LDS + d);
+        o[0] = __floats2half2_rn(v.x * qscale, v.y * qscale);
+        o[1] = __floats2half2_rn(v.z * qscale, v.w * qscale);
+    }
+
+    const int64_t end = pos0 + rows; /* positions 0 .. end-1 are read */
+    const int64_t pa = pos0 + r0 + warp * 16 + lane / 4, pb = pa + 8;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+    float o[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < D / 8; j++)
+        o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+
+    for (int64_t t0 = 0; t0 < end; t0 += PF_BKV) {
+        __syncthreads(); /* the previous tile is consumed (and Q is written) */
+        for (int c = tid; c < PF_BKV * D / 8; c += 128) {
+            const int r = c / (D / 8), d = (c % (D / 8)) * 8;
+            const int64_t p = t0 + r;
+            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
+            if (p < end) {
+                const size_t off = (size_t)p * row_bytes + ((size_t)kvh * D + d) * 2;
+                kv4 = *(const uint4 *)(kc + off);
+                vv4 = *(const uint4 *)(vc + off);
+            }
+            *(uint4 *)(sk + r * LDS + d) = kv4;
+            *(uint4 *)(sv + r * LDS + d) = vv4;
+        }
+        __syncthreads();
+        /* The warp's 16 rows end at pb (pa for the first 8); skip tiles past them. */
+        const int64_t wlast = pos0 + r0 + warp * 16 + 15;
+        if (t0 > wlast)
+            continue;
+
+        /* S (16 x 64) = Q K^T */
+        float s[PF_BKV / 8][4];
+#pragma unroll
+        for (int j = 0; j < PF_BKV / 8; j++)
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < D; ks += 16) {
+            unsigned a[4];
+            pf_ldsm_x4(a, sq + (warp * 16 + lane % 16) * LDS + ks + (lane / 16) * 8);
+#pragma unroll
+            for (int j = 0; j < PF_BKV / 16; j++) {
+                unsigned b[4];
+                pf_ldsm_x4(b, sk + (j * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS + ks + ((lane >> 3) & 1) * 8);
+                pf_mma(s[2 * j], a, b[0], b[1]);
+                pf_mma(s[2 * j + 1], a, b[2], b[3]);
+            }
+        }
+        /* Causal mask, online softmax (each row's max and sum over its quad). */
+        float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < PF_BKV / 8; j++) {
+            const int64_t key = t0 + j * 8 + 2 * (lane % 4);
+            if (key > pa) s[j][0] = -INFINITY;
+            if (key + 1 > pa) s[j][1] = -INFINITY;
+            if (key > pb) s[j][2] = -INFINITY;
+            if (key + 1 > pb) s[j][3] = -INFINITY;
+            mx_a = fmaxf(mx_a, fmaxf(s[j][0], s[j][1]));
+            mx_b = fmaxf(mx_b, fmaxf(s[j][2], s[j][3]));
+        }
+#pragma unroll
+        for (int off = 1; off <= 2; off <<= 1) {
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(KCUDA_FULL_MASK, mx_a, off));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(KCUDA_FULL_MASK, mx_b, off));
+        }
+        const float na = fmaxf(m_a, mx_a), nb = fmaxf(m_b, mx_b);
+        const float ua = na == -INFINITY ? 0.f : na, ub = nb == -INFINITY ? 0.f : nb;
+        const float ca = exp2f(m_a - ua), cb = exp2f(m_b - ub);
+        m_a = na;
+        m_b = nb;
+        l_a *= ca;
+        l_b *= cb;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            o[j][0] *= ca;
+            o[j][1] *= ca;
+            o[j][2] *= cb;
+            o[j][3] *= cb;
+        }
+        unsigned p[PF_BKV / 16][4];
+#pragma unroll
+        for (int j = 0; j < PF_BKV / 8; j++) {
+            const float e0 = exp2f(s[j][0] - ua), e1 = exp2f(s[j][1] - ua);
+            const float e2 = exp2f(s[j][2] - ub), e3 = exp2f(s[j][3] - ub);
+            l_a += e0 + e1;
+            l_b += e2 + e3;
+            /* The C layout of n-tiles 2kk, 2kk + 1 is the A layout of k-step kk. */
+            p[j / 2][(j % 2) * 2] = pack_half2(e0, e1);
+            p[j / 2][(j % 2) * 2 + 1] = pack_half2(e2, e3);
+        }
+        /* O (16 x D) += P (16 x 64) V (64 x D) */
+#pragma unroll
+        for (int kk = 0; kk < PF_BKV / 16; kk++) {
+#pragma unroll
+            for (int dt = 0; dt < D / 16; dt++) {
+                unsigned b[4];
+                pf_ldsm_x4_t(b, sv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + dt * 16 + (lane >> 4) * 8);
+                pf_mma(o[2 * dt], p[kk], b[0], b[1]);
+                pf_mma(o[2 * dt + 1], p[kk], b[2], b[3]);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        l_a += __shfl_xor_sync(KCUDA_FULL_MASK, l_a, off);
+        l_b += __shfl_xor_sync(KCUDA_FULL_MASK, l_b, off);
+    }
+    const float ia = l_a > 0.f ? 1.f / l_a : 0.f, ib = l_b > 0.f ? 1.f / l_b : 0.f;
+    const int64_t ra = warp * 16 + lane / 4, rb = ra + 8;
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) {
+        const int d = j * 8 + 2 * (lane % 4);
+        if (ra < rows)
+            *(float2 *)(out + (r0 + ra) * qstride + (int64_t)h * D + d) = make_float2(o[j][0] * ia, o[j][1] * ia);
+        if (rb < rows)
+            *(float2 *)(out + (r0 + rb) * qstride + (int64_t)h * D + d) = make_float2(o[j][2] * ib, o[j][3] * ib);
+    }
+}
+
+template <int D>
+static int prefill_launch(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, int64_t n, int64_t pos0,
+                          int64_t n_head, int64_t group, float qscale, void *stream, bl_err_t *err)
+{
+    const size_t smem = (size_t)(PF_BQ + 2 * PF_BKV) * (D + 8) * sizeof(__half);
+    KCUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                err);
+    const dim3 grid((unsigned)kc_cdiv(n, PF_BQ), (unsigned)n_head);
+    prefill_kernel<D><<<grid, 128, smem, (cudaStream_t)stream>>>((const uint8_t *)kv->k, (const uint8_t *)kv->v,
+                                                                 kv->row_bytes, d_q, d_out, n, pos0, (int)n_head,
+                                                                 (int)group, qscale);
+    KCUDA_CHECK_LAUNCH(err);
+    return 0;
+}
+
+int kcuda_attention_prefill(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, int64_t n, int64_t pos0,
+                            int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale, void *stream,
+                            bl_err_t *err)
+{
+    if (head_dim != 64 && head_dim != 128)
+        return bl_err_set(err, BL_ENOTSUP, "prefill attention: head_dim %lld (64 or 128)", (long long)head_dim);
+    if (n < 0 || pos0 < 0 || n_kv_head < 1 || n_head % n_kv_head != 0 || n_head > 65535 ||
+        kv->row_bytes % 16 != 0 || kv->row_bytes < (size_t)(n_kv_head * head_dim * 2) ||
+        (uintptr_t)kv->k % 16 || (uintptr_t)kv->v % 16 || (uintptr_t)d_q % 16 || (uintptr_t)d_out % 8)
+        return bl_err_set(err, BL_EINVAL, "prefill attention: %lld rows at %lld, %lld heads over %lld, row_bytes %zu",
+                          (long long)n, (long long)pos0, (long long)n_head, (long long)n_kv_head, kv->row_bytes);
+    if (n == 0)
+        return 0;
+    const float qscale = scale * 1.4426950408889634f; /* exp(x) = exp2(x log2 e) */
+    const int64_t group = n_head / n_kv_head;
+    return head_dim == 64 ? prefill_launch<64>(kv, d_q, d_out, n, pos0, n_head, group, qscale, stream, err)
+                          : prefill_launch<128>(kv, d_q, d_out, n, pos0, n_head, group, qscale, stream, err);
+}

@@ -1,0 +1,331 @@
+/* GPU tests for the prompt path (kernels/cuda/gemm.cu, prefill.cu): dequantization
+ * to f16 against the reference dequantizers rounded to f16; the dense GEMM (cuBLAS)
+ * against the f16-rounded weights and activations dotted in double, whole and in
+ * pieces, stored and accumulated; the expert grouping (sort, gather, grouped GEMM,
+ * SwiGLU, weighted combine) against a per-slot reference, an out-of-range id
+ * included; prefill flash attention against kcpu_attention. Fresh random inputs,
+ * odd sizes. TAP output; the seed is printed. */
+#include "gpu_test.h"
+
+#include "kcpu.h"
+#include "quant.h"
+
+static const uint32_t k_types[] = {BL_TYPE_Q4_K, BL_TYPE_Q5_K, BL_TYPE_Q6_K, BL_TYPE_Q8_0,
+                                   BL_TYPE_F16,  BL_TYPE_BF16, BL_TYPE_F32};
+
+static float f16r(float x) { return bl_fp16_to_fp32(bl_fp32_to_fp16(x)); }
+
+typedef struct wmat {
+    kcuda_mat_t m;
+    float *deq; /* (rows, ncols) the reference dequantization */
+} wmat_t;
+
+static void make_w(rng_t *r, wmat_t *w, uint32_t type, int64_t ncols, int64_t rows)
+{
+    bl_err_t err = {0};
+    size_t rb;
+    if (bl_row_bytes(type, ncols, &rb, &err) < 0)
+        bail("bl_row_bytes", &err);
+    uint8_t *q = xmalloc(rb * (size_t)rows);
+    w->deq = xmalloc(sizeof(float) * (size_t)(rows * ncols));
+    float *src = xmalloc(sizeof(float) * (size_t)ncols);
+    for (int64_t i = 0; i < rows; i++) {
+        rand_fill(r, src, ncols, 1.0f);
+        if (bl_quantize_row_ref(type, src, q + rb * (size_t)i, ncols) != 0 ||
+            bl_dequantize_row_ref(type, q + rb * (size_t)i, w->deq + i * ncols, ncols) != 0)
+            bail("reference quantizer", NULL);
+    }
+    if (kcuda_mat_init(&w->m, d_upload(q, rb * (size_t)rows), type, ncols, rows, &err) < 0)
+        bail("kcuda_mat_init", &err);
+    free(q);
+    free(src);
+}
+
+static void free_w(wmat_t *w)
+{
+    kcuda_free((void *)w->m.data);
+    free(w->deq);
+}
+
+static float *fetch_f16(const void *d, int64_t n)
+{
+    bl_err_t err = {0};
+    uint16_t *h = xmalloc(2 * (size_t)n);
+    float *f = xmalloc(sizeof(float) * (size_t)n);
+    if (d_fetch(h, d, 2 * (size_t)n, &err) < 0)
+        bail("fetch", &err);
+    for (int64_t i = 0; i < n; i++)
+        f[i] = bl_fp16_to_fp32(h[i]);
+    free(h);
+    return f;
+}
+
+static void case_dequant(rng_t *r, uint32_t type, int64_t ncols, int64_t rows)
+{
+    bl_err_t err = {0};
+    wmat_t w;
+    make_w(r, &w, type, ncols, rows);
+    const int64_t r0 = rows > 3 ? 2 : 0, nr = rows - r0;
+    void *d = d_poison(2 * (size_t)(nr * ncols));
+    int ok = kcuda_dequant_f16(&w.m, r0, nr, d, NULL, 1, NULL, &err) == 0;
+    if (ok) {
+        float *got = fetch_f16(d, nr * ncols);
+        double *ref = xmalloc(sizeof(double) * (size_t)(nr * ncols));
+        for (int64_t i = 0; i < nr * ncols; i++)
+            ref[i] = f16r(w.deq[r0 * ncols + i]);
+        ok = check_close(got, ncols, ref, nr, ncols, 0.0, 0.0); /* the same f16 bits */
+        free(got);
+        free(ref);
+    } else {
+        printf("#   %s\n", err.msg);
+    }
+    tap_ok(ok, "dequant f16 %s: rows %lld..%lld of %lld x %lld", bl_type_info(type)->name, (long long)r0,
+           (long long)rows, (long long)rows, (long long)ncols);
+    kcuda_free(d);
+    free_w(&w);
+}
+
+/* y (n, rows) = x w^T through kcuda_gemm; scratch of `scr_rows` rows forces pieces. */
+static void case_gemm(rng_t *r, void *blas, uint32_t type, int64_t ncols, int64_t rows, int64_t n, int acc,
+                      int64_t scr_rows)
+{
+    bl_err_t err = {0};
+    wmat_t w;
+    make_w(r, &w, type, ncols, rows);
+    const int64_t ldx = ncols + 8, ldy = rows + 3;
+    float *x = xmalloc(sizeof(float) * (size_t)(n * ldx)), *y0 = xmalloc(sizeof(float) * (size_t)(n * ldy));
+    rand_fill(r, x, n * ldx, 1.0f);
+    rand_fill(r, y0, n * ldy, 1.0f);
+    double *ref = xmalloc(sizeof(double) * (size_t)(n * rows));
+    const int exact = type == BL_TYPE_F32;
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t o = 0; o < rows; o++) {
+            double s = acc ? y0[b * ldy + o] : 0.0;
+            for (int64_t k = 0; k < ncols; k++) {
+                const float xv = exact ? x[b * ldx + k] : f16r(x[b * ldx + k]);
+                const float wv = exact ? w.deq[o * ncols + k] : f16r(w.deq[o * ncols + k]);
+                s += (double)xv * (double)wv;
+            }
+            ref[b * rows + o] = s;
+        }
+    float *dx = d_upload(x, sizeof(float) * (size_t)(n * ldx));
+    float *dy = d_upload(y0, sizeof(float) * (size_t)(n * ldy));
+    void *dx16 = d_poison(2 * (size_t)(n * ldx));
+    const size_t scr = 2 * (size_t)(scr_rows * ncols);
+    void *ds = d_poison(scr);
+    float *y = xmalloc(sizeof(float) * (size_t)(n * ldy));
+    int ok = kcuda_to_f16(dx, ldx, n, ncols, dx16, ldx, NULL, &err) == 0 &&
+             kcuda_gemm(blas, &w.m, dx16, ldx, dx, ldx, n, dy, ldy, acc, ds, scr, NULL, &err) == 0 &&
+             d_fetch(y, dy, sizeof(float) * (size_t)(n * ldy), &err) == 0;
+    if (ok)
+        ok = check_close(y, ldy, ref, n, rows, 1e-3, 1e-4);
+    else
+        printf("#   %s\n", err.msg);
+    tap_ok(ok, "gemm %s: %lld rows x %lld outputs x %lld%s, scratch %lld rows", bl_type_info(type)->name,
+           (long long)n, (long long)rows, (long long)ncols, acc ? ", accumulate" : "", (long long)scr_rows);
+    kcuda_free(dx);
+    kcuda_free(dy);
+    kcuda_free(dx16);
+    kcuda_free(ds);
+    free(x);
+    free(y0);
+    free(y);
+    free(ref);
+    free_w(&w);
+}
+
+/* The prompt MoE FFN's expert part for n rows choosing k of ne experts: sort,
+ * gather, gate/up grouped GEMMs, SwiGLU, down, combine onto random x. The last
+ * slot names an expert past the end (it must contribute nothing). */
+static void case_experts(rng_t *r, uint32_t type_up, uint32_t type_down, int64_t ne, int64_t E, int64_t F, int64_t n,
+                         int k)
+{
+    bl_err_t err = {0};
+    wmat_t gate, up, down;
+    make_w(r, &gate, type_up, E, ne * F);
+    make_w(r, &up, type_up, E, ne * F);
+    make_w(r, &down, type_down, F, ne * E);
+    const int64_t S = n * k;
+    float *x = xmalloc(sizeof(float) * (size_t)(n * E)), *x0 = xmalloc(sizeof(float) * (size_t)(n * E));
+    rand_fill(r, x, n * E, 1.0f);
+    rand_fill(r, x0, n * E, 1.0f);
+    int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)S);
+    float *wts = xmalloc(sizeof(float) * (size_t)S);
+    for (int64_t s = 0; s < S; s++) {
+        ids[s] = (int32_t)(rng_next(r) % (uint64_t)(ne > 3 ? ne / 2 + 1 : ne)); /* some experts unused */
+        wts[s] = rng_f(r, 0.0f, 1.0f);
+    }
+    ids[S - 1] = (int32_t)ne;
+    /* the reference, slot by slot, on f16-rounded operands */
+    double *ref = xmalloc(sizeof(double) * (size_t)(n * E));
+    float *h = xmalloc(sizeof(float) * (size_t)F);
+    for (int64_t b = 0; b < n; b++) {
+        for (int64_t c = 0; c < E; c++)
+            ref[b * E + c] = x0[b * E + c];
+        for (int j = 0; j < k; j++) {
+            const int e = ids[b * k + j];
+            if (e < 0 || e >= ne)
+                continue;
+            for (int64_t o = 0; o < F; o++) {
+                double g = 0, u = 0;
+                for (int64_t c = 0; c < E; c++) {
+                    const double xv = f16r(x[b * E + c]);
+                    g += xv * f16r(gate.deq[(e * F + o) * E + c]);
+                    u += xv * f16r(up.deq[(e * F + o) * E + c]);
+                }
+                h[o] = f16r((float)(g / (1.0 + exp(-g)) * u));
+            }
+            for (int64_t c = 0; c < E; c++) {
+                double d = 0;
+                for (int64_t o = 0; o < F; o++)
+                    d += (double)h[o] * f16r(down.deq[(e * E + c) * F + o]);
+                ref[b * E + c] += wts[b * k + j] * d;
+            }
+        }
+    }
+    float *dx = d_upload(x, sizeof(float) * (size_t)(n * E)), *dy = d_upload(x0, sizeof(float) * (size_t)(n * E));
+    int32_t *dids = d_upload(ids, sizeof(int32_t) * (size_t)S);
+    float *dw = d_upload(wts, sizeof(float) * (size_t)S);
+    int32_t *srt = d_poison(4 * (size_t)(3 * ne + 2 + 2 * S));
+    int32_t *counts = srt, *offs = counts + ne, *tile0 = offs + ne + 1, *perm = tile0 + ne + 1, *inv = perm + S;
+    const int64_t wide = E > F ? E : F;
+    void *xs16 = d_poison(2 * (size_t)(S * wide)), *wscr = d_poison(2 * (size_t)(ne * F * E));
+    float *g = d_poison(sizeof(float) * (size_t)(S * F)), *u = d_poison(sizeof(float) * (size_t)(S * F));
+    float *dd = d_poison(sizeof(float) * (size_t)(S * E));
+    float *y = xmalloc(sizeof(float) * (size_t)(n * E));
+    int32_t *hperm = xmalloc(sizeof(int32_t) * (size_t)S), *hinv = xmalloc(sizeof(int32_t) * (size_t)S);
+    int ok = kcuda_moe_sort(dids, S, ne, counts, offs, tile0, perm, inv, NULL, &err) == 0 &&
+             kcuda_moe_gather_f16(dx, E, perm, S - 1, k, E, xs16, E, NULL, &err) == 0 &&
+             kcuda_dequant_f16(&gate.m, 0, ne * F, wscr, counts, F, NULL, &err) == 0 &&
+             kcuda_gemm_grouped(wscr, ne, F, E, xs16, offs, tile0, S - 1, g, F, NULL, &err) == 0 &&
+             kcuda_dequant_f16(&up.m, 0, ne * F, wscr, counts, F, NULL, &err) == 0 &&
+             kcuda_gemm_grouped(wscr, ne, F, E, xs16, offs, tile0, S - 1, u, F, NULL, &err) == 0 &&
+             kcuda_swiglu_f16(g, u, (S - 1) * F, xs16, NULL, &err) == 0 &&
+             kcuda_dequant_f16(&down.m, 0, ne * E, wscr, counts, E, NULL, &err) == 0 &&
+             kcuda_gemm_grouped(wscr, ne, E, F, xs16, offs, tile0, S - 1, dd, E, NULL, &err) == 0 &&
+             kcuda_moe_combine(dd, E, inv, dw, n, k, E, dy, E, 1, NULL, &err) == 0 &&
+             d_fetch(y, dy, sizeof(float) * (size_t)(n * E), &err) == 0 &&
+             d_fetch(hperm, perm, sizeof(int32_t) * (size_t)S, &err) == 0 &&
+             d_fetch(hinv, inv, sizeof(int32_t) * (size_t)S, &err) == 0;
+    if (ok) {
+        /* the permutation: stable by expert, inv its inverse, the bad id dropped */
+        int sorted = hinv[S - 1] == -1;
+        for (int64_t p = 0; p < S - 1; p++)
+            sorted &= hperm[p] >= 0 && hperm[p] < S - 1 && hinv[hperm[p]] == p;
+        for (int64_t p = 0; sorted && p + 1 < S - 1; p++)
+            sorted &= ids[hperm[p]] < ids[hperm[p + 1]] ||
+                      (ids[hperm[p]] == ids[hperm[p + 1]] && hperm[p] < hperm[p + 1]);
+        if (!sorted)
+            printf("#   the permutation is not a stable sort by expert\n");
+        ok = sorted & check_close(y, E, ref, n, E, 2e-3, 2e-3);
+    } else {
+        printf("#   %s\n", err.msg);
+    }
+    tap_ok(ok, "experts %s/%s: %lld rows, top %d of %lld, E %lld, F %lld (sorted, grouped, combined)",
+           bl_type_info(type_up)->name, bl_type_info(type_down)->name, (long long)n, k, (long long)ne, (long long)E,
+           (long long)F);
+    void *bufs[] = {dx, dy, dids, dw, srt, xs16, wscr, g, u, dd};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        kcuda_free(bufs[i]);
+    free(x), free(x0), free(ids), free(wts), free(ref), free(h), free(y), free(hperm), free(hinv);
+    free_w(&gate), free_w(&up), free_w(&down);
+}
+
+static void case_prefill(rng_t *r, int64_t n, int64_t pos0, int64_t n_head, int64_t n_kv, int64_t hd)
+{
+    bl_err_t err = {0};
+    const int64_t len = pos0 + n, kvw = n_kv * hd, nq = n_head * hd;
+    const size_t rb = (size_t)kvw * 2;
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    float *kf = xmalloc(sizeof(float) * (size_t)(len * kvw)), *vf = xmalloc(sizeof(float) * (size_t)(len * kvw));
+    rand_fill(r, kf, len * kvw, 1.0f);
+    rand_fill(r, vf, len * kvw, 1.0f);
+    uint8_t *kc = xmalloc(rb * (size_t)len), *vc = xmalloc(rb * (size_t)len);
+    const kcpu_kv_view_t hv = {.k = kc, .v = vc, .type = BL_TYPE_F16, .row_bytes = rb};
+    kcpu_kv_store(&hv, 0, kf, 0, len, kvw);
+    kcpu_kv_store(&hv, 1, vf, 0, len, kvw);
+    float *q = xmalloc(sizeof(float) * (size_t)(n * nq));
+    rand_fill(r, q, n * nq, 2.0f);
+    kcpu_ctx_t *c = NULL;
+    const kcpu_limits_t lim = {.max_cols = hd, .max_batch = n, .max_ctx = len, .head_dim = hd};
+    if (kcpu_ctx_create(&c, 1, KCPU_PRECISE, &lim, &err) < 0)
+        bail("kcpu_ctx_create", &err);
+    float *want = xmalloc(sizeof(float) * (size_t)(n * nq));
+    kcpu_attention(c, &hv, q, want, n, pos0, n_head, n_kv, hd, scale);
+    kcpu_ctx_destroy(c);
+    /* a cache longer than the context, poisoned past it: nothing there may be read */
+    const int64_t cap = len + 77;
+    uint8_t *dk = d_poison(rb * (size_t)cap), *dv = d_poison(rb * (size_t)cap);
+    float *dq = d_upload(q, sizeof(float) * (size_t)(n * nq));
+    float *dout = d_poison(sizeof(float) * (size_t)(n * nq));
+    float *got = xmalloc(sizeof(float) * (size_t)(n * nq));
+    const kcuda_kv_view_t view = {.k = dk, .v = dv, .row_bytes = rb};
+    int ok = kcuda_upload(dk, kc, rb * (size_t)len, NULL, &err) == 0 &&
+             kcuda_upload(dv, vc, rb * (size_t)len, NULL, &err) == 0 &&
+             kcuda_attention_prefill(&view, dq, dout, n, pos0, n_head, n_kv, hd, scale, NULL, &err) == 0 &&
+             d_fetch(got, dout, sizeof(float) * (size_t)(n * nq), &err) == 0;
+    if (ok) {
+        double *ref = xmalloc(sizeof(double) * (size_t)(n * nq));
+        for (int64_t i = 0; i < n * nq; i++)
+            ref[i] = want[i];
+        /* q and the probabilities are rounded to f16 (relative 2^-11 each): the
+         * output, a weighted mean of values in [-1, 1], moves by a few 1e-3 at most */
+        ok = check_close(got, nq, ref, n, nq, 4e-3, 4e-3);
+        free(ref);
+    } else {
+        printf("#   %s\n", err.msg);
+    }
+    tap_ok(ok, "prefill attention: %lld rows at %lld, %lld heads over %lld KV heads x %lld", (long long)n,
+           (long long)pos0, (long long)n_head, (long long)n_kv, (long long)hd);
+    kcuda_free(dk), kcuda_free(dv), kcuda_free(dq), kcuda_free(dout);
+    free(kf), free(vf), free(kc), free(vc), free(q), free(want), free(got);
+}
+
+static void case_refusals(void *blas)
+{
+    bl_err_t err = {0};
+    tap_ok(kcuda_gemm_grouped((void *)16, 4, 64, 48, (void *)16, NULL, NULL, 1, (float *)16, 64, NULL, &err) ==
+               BL_EINVAL,
+           "grouped gemm refuses k not a multiple of 32 (%s)", err.msg);
+    const kcuda_kv_view_t v = {.k = (void *)256, .v = (void *)256, .row_bytes = 512};
+    tap_ok(kcuda_attention_prefill(&v, (float *)256, (float *)256, 4, 0, 4, 2, 256, 1.0f, NULL, &err) == BL_ENOTSUP,
+           "prefill attention refuses head_dim 256 (%s)", err.msg);
+    tap_ok(kcuda_moe_sort((int32_t *)16, 8, KCUDA_MOE_MAX_EXPERT + 1, NULL, NULL, NULL, NULL, NULL, NULL, &err) ==
+               BL_EINVAL,
+           "moe sort refuses %d experts (%s)", KCUDA_MOE_MAX_EXPERT + 1, err.msg);
+    (void)blas;
+}
+
+int main(void)
+{
+    gpu_test_init("test_kcuda_gemm");
+    rng_t r = rng_for(1);
+    bl_err_t err = {0};
+    void *blas = NULL;
+    if (kcuda_blas_create(&blas, NULL, &err) < 0)
+        bail("kcuda_blas_create", &err);
+    for (size_t t = 0; t < sizeof k_types / sizeof k_types[0]; t++) {
+        case_dequant(&r, k_types[t], 256, 1);
+        case_dequant(&r, k_types[t], 768, 37);
+    }
+    for (size_t t = 0; t < sizeof k_types / sizeof k_types[0]; t++) {
+        case_gemm(&r, blas, k_types[t], 256, 77, 1, 0, 77);
+        case_gemm(&r, blas, k_types[t], 768, 301, 37, 1, 128); /* 3 pieces */
+        if (!g_small)
+            case_gemm(&r, blas, k_types[t], 2304, 1001, 130, 0, 1001);
+    }
+    case_experts(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 8, 256, 256, 37, 3);
+    case_experts(&r, BL_TYPE_Q8_0, BL_TYPE_Q8_0, 5, 96, 160, 70, 2);
+    case_experts(&r, BL_TYPE_F16, BL_TYPE_Q5_K, 16, 512, 256, 9, 8);
+    if (!g_small)
+        case_experts(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 128, 512, 256, 200, 8);
+    const int64_t cases[][5] = {{1, 0, 4, 4, 64},    {37, 0, 8, 2, 128},  {64, 0, 32, 4, 128},
+                                {130, 5, 8, 1, 64},  {65, 300, 16, 2, 128}, {200, 1013, 32, 4, 128},
+                                {3, 4093, 12, 4, 64}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (!g_small || cases[i][0] + cases[i][1] < 400)
+            case_prefill(&r, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
+    case_refusals(blas);
+    kcuda_blas_destroy(blas);
+    return tap_done();
+}
