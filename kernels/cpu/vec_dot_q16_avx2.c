@@ -213,7 +213,8 @@ AVX2 float kcpu_vec_dot_q6_K_q16_K_avx2(const void *w, const void *x, int64_t n)
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a[i].scales));
         for (int h = 0; h < 2; h++) {
             /* Scales of groups 8h..8h+7 in both halves. */
-            const __m256i sh = _mm256_permute2x128_si256(sc16, sc16, h ? 0x11 : 0x00);
+            const __m256i sh = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
+                                 : _mm256_permute2x128_si256(sc16, sc16, 0x00);
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h));
             const __m256i l1 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h + 32));
             const __m256i hb = _mm256_loadu_si256((const __m256i *)(a[i].qh + 32 * h));
