@@ -147,6 +147,7 @@ AVX2 static INLINE float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K 
                                    const kcpu_block_q16_K *b, int64_t nb)
 {
     const __m256i lo4 = _mm256_set1_epi8(0xf), one = _mm256_set1_epi8(1);
+    const __m256i lo4w = _mm256_set1_epi16(0xf);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
@@ -158,23 +159,41 @@ AVX2 static INLINE float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K 
         /* The 8 scales as words in both halves, broadcast per sub-block below. */
         const __m256i scw = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
         __m256i isum = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            __m256i n0 = _mm256_and_si256(raw, lo4);
-            __m256i n1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
-            if (a5) {
-                n0 = _mm256_or_si256(n0, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4));
-                n1 = _mm256_or_si256(n1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4));
+        if (!a5)
+            /* q4_K: the bytes widened to words straight from memory (one vpmovzxbw
+             * with a load, no extract), then each word masked for its low nibble or
+             * shifted for its high one: the same weights in the same lanes. */
+            for (int j = 0; j < 4; j++) {
+                const __m128i *p = (const __m128i *)(qs + 32 * j);
+                const __m256i r0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(p));
+                const __m256i r1 = _mm256_cvtepu8_epi16(_mm_loadu_si128(p + 1));
+                const __m256i s0 = bcast_word(scw, 2 * j), s1 = bcast_word(scw, 2 * j + 1);
+                const __m256i w0 = _mm256_mullo_epi16(_mm256_and_si256(r0, lo4w), s0);
+                const __m256i w1 = _mm256_mullo_epi16(_mm256_and_si256(r1, lo4w), s0);
+                const __m256i w2 = _mm256_mullo_epi16(_mm256_srli_epi16(r0, 4), s1);
+                const __m256i w3 = _mm256_mullo_epi16(_mm256_srli_epi16(r1, 4), s1);
+                const int16_t *x = b[i].q + 64 * j;
+                isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w0, x), madd_at(w1, x + 16)));
+                isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w2, x + 32), madd_at(w3, x + 48)));
             }
-            const __m256i s0 = bcast_word(scw, 2 * j), s1 = bcast_word(scw, 2 * j + 1);
-            const __m256i w0 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(n0)), s0);
-            const __m256i w1 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(n0, 1)), s0);
-            const __m256i w2 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(n1)), s1);
-            const __m256i w3 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(n1, 1)), s1);
-            const int16_t *x = b[i].q + 64 * j;
-            isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w0, x), madd_at(w1, x + 16)));
-            isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w2, x + 32), madd_at(w3, x + 48)));
-        }
+        else
+            for (int j = 0; j < 4; j++) {
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+                __m256i n0 = _mm256_and_si256(raw, lo4);
+                __m256i n1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+                if (a5) {
+                    n0 = _mm256_or_si256(n0, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4));
+                    n1 = _mm256_or_si256(n1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4));
+                }
+                const __m256i s0 = bcast_word(scw, 2 * j), s1 = bcast_word(scw, 2 * j + 1);
+                const __m256i w0 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(n0)), s0);
+                const __m256i w1 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(n0, 1)), s0);
+                const __m256i w2 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(n1)), s1);
+                const __m256i w3 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(n1, 1)), s1);
+                const int16_t *x = b[i].q + 64 * j;
+                isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w0, x), madd_at(w1, x + 16)));
+                isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w2, x + 32), madd_at(w3, x + 48)));
+            }
         const float d = _cvtsh_ss(a4 ? a4[i].d : a5[i].d);
         const float dmin = _cvtsh_ss(a4 ? a4[i].dmin : a5[i].dmin);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d * b[i].d), _mm256_cvtepi32_ps(isum), acc);
@@ -205,8 +224,7 @@ AVX2 float kcpu_vec_dot_q6_K_q16_K_avx2(const void *w, const void *x, int64_t n)
 {
     const bl_block_q6_K *a = w;
     const kcpu_block_q16_K *b = x;
-    const __m256i lo4 = _mm256_set1_epi8(0xf), m30 = _mm256_set1_epi8(0x30);
-    const __m256i off = _mm256_set1_epi8(32);
+    const __m256i lo4w = _mm256_set1_epi16(0xf), m30w = _mm256_set1_epi16(0x30), offw = _mm256_set1_epi16(32);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / BL_QK_K; i++) {
         const __m256 dd = _mm256_set1_ps(_cvtsh_ss(a[i].d) * b[i].d);
@@ -215,25 +233,23 @@ AVX2 float kcpu_vec_dot_q6_K_q16_K_avx2(const void *w, const void *x, int64_t n)
             /* Scales of groups 8h..8h+7 in both halves. */
             const __m256i sh = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
                                  : _mm256_permute2x128_si256(sc16, sc16, 0x00);
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h));
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h + 32));
-            const __m256i hb = _mm256_loadu_si256((const __m256i *)(a[i].qh + 32 * h));
-            const __m256i q[4] = {
-                _mm256_or_si256(_mm256_and_si256(l0, lo4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
-                _mm256_or_si256(_mm256_and_si256(l1, lo4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4), _mm256_and_si256(hb, m30)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
-                                _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
-            };
             __m256i isum = _mm256_setzero_si256();
-            for (int k = 0; k < 4; k++) {
-                const __m256i qs = _mm256_sub_epi8(q[k], off);
-                const __m256i w0 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(qs)),
-                                                      bcast_word(sh, 2 * k));
-                const __m256i w1 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(qs, 1)),
-                                                      bcast_word(sh, 2 * k + 1));
-                const int16_t *xq = b[i].q + 128 * h + 32 * k;
-                isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w0, xq), madd_at(w1, xq + 16)));
+            for (int e = 0; e < 2; e++) {
+                /* Elements 16e..16e+15 of each 32-element chunk, as words straight
+                 * from memory (one vpmovzxbw with a load each). */
+                const __m256i l0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(a[i].ql + 64 * h + 16 * e)));
+                const __m256i l1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(a[i].ql + 64 * h + 32 + 16 * e)));
+                const __m256i hb = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(a[i].qh + 32 * h + 16 * e)));
+                const __m256i q[4] = {
+                    _mm256_or_si256(_mm256_and_si256(l0, lo4w), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30w)),
+                    _mm256_or_si256(_mm256_and_si256(l1, lo4w), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30w)),
+                    _mm256_or_si256(_mm256_srli_epi16(l0, 4), _mm256_and_si256(hb, m30w)),
+                    _mm256_or_si256(_mm256_srli_epi16(l1, 4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30w)),
+                };
+                for (int k = 0; k < 4; k++) {
+                    const __m256i w0 = _mm256_mullo_epi16(_mm256_sub_epi16(q[k], offw), bcast_word(sh, 2 * k + e));
+                    isum = _mm256_add_epi32(isum, madd_at(w0, b[i].q + 128 * h + 32 * k + 16 * e));
+                }
             }
             acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum), acc);
         }
