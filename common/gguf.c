@@ -1225,6 +1225,17 @@ GET_BY_KEY(str, bl_gguf_str_t)
 GET_BY_KEY(arr, const bl_gguf_arr_t *)
 #undef GET_BY_KEY
 
+int bl_gguf_get_arch_i64(const bl_gguf_t *g, const char *key, int64_t *out, bl_err_t *err)
+{
+    bl_gguf_str_t arch = {0};
+    int rc = bl_gguf_get_str(g, "general.architecture", &arch, err);
+    if (rc)
+        return rc;
+    char full[160];
+    snprintf(full, sizeof full, "%.*s.%s", (int)(arch.len < 64 ? arch.len : 64), arch.ptr, key);
+    return bl_gguf_get_i64(g, full, out, err);
+}
+
 /* --- arrays ---------------------------------------------------------------------- */
 
 bl_gguf_type_t bl_gguf_arr_type(const bl_gguf_arr_t *a) { return (bl_gguf_type_t)a->elem_type; }

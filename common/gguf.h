@@ -128,6 +128,11 @@ int bl_gguf_get_f32(const bl_gguf_t *g, const char *key, float *out, bl_err_t *e
 int bl_gguf_get_f64(const bl_gguf_t *g, const char *key, double *out, bl_err_t *err) BL_WUR;
 int bl_gguf_get_bool(const bl_gguf_t *g, const char *key, int *out, bl_err_t *err) BL_WUR;
 int bl_gguf_get_str(const bl_gguf_t *g, const char *key, bl_gguf_str_t *out, bl_err_t *err) BL_WUR;
+
+/* An integer of the file's architecture: "<general.architecture>.<key>", e.g. key
+ * "block_count" reads "qwen3moe.block_count". BL_ENOENT (no architecture, no such
+ * key), BL_EINVAL (not an integer), as bl_gguf_get_i64. */
+int bl_gguf_get_arch_i64(const bl_gguf_t *g, const char *key, int64_t *out, bl_err_t *err) BL_WUR;
 int bl_gguf_get_arr(const bl_gguf_t *g, const char *key, const bl_gguf_arr_t **out,
                     bl_err_t *err) BL_WUR;
 

@@ -43,11 +43,8 @@ static const char *gguf_str(const bl_gguf_t *g, const char *key, char *buf, size
 
 static int64_t model_n_embd(const rt_app_t *app)
 {
-    char arch[64], key[128];
-    gguf_str(app->gguf, "general.architecture", arch, sizeof arch);
-    snprintf(key, sizeof key, "%s.embedding_length", arch);
     int64_t v = 0;
-    if (!app->gguf || bl_gguf_get_i64(app->gguf, key, &v, NULL) != 0)
+    if (!app->gguf || bl_gguf_get_arch_i64(app->gguf, "embedding_length", &v, NULL) != 0)
         v = app->cluster ? rt_cluster_n_embd(app->cluster) : 0;
     return v;
 }

@@ -722,13 +722,8 @@ static void close_walk(uv_handle_t *h, void *arg)
 
 static void model_facts(rt_app_t *app, const bl_gguf_t *g)
 {
-    char arch[64] = "", key[128];
-    bl_gguf_str_t s;
-    if (bl_gguf_get_str(g, "general.architecture", &s, NULL) == 0)
-        snprintf(arch, sizeof arch, "%.*s", (int)(s.len < 63 ? s.len : 63), s.ptr);
-    snprintf(key, sizeof key, "%s.context_length", arch);
     int64_t v = 0;
-    app->n_ctx_train = bl_gguf_get_i64(g, key, &v, NULL) == 0 && v > 0 ? v : 0;
+    app->n_ctx_train = bl_gguf_get_arch_i64(g, "context_length", &v, NULL) == 0 && v > 0 ? v : 0;
     uint64_t nt = bl_gguf_n_tensors(g);
     int64_t params = 0;
     uint64_t bytes = 0;
@@ -746,13 +741,8 @@ static void model_facts(rt_app_t *app, const bl_gguf_t *g)
 /* The model's layer count (0 when the file does not say). */
 static int64_t model_layers(const bl_gguf_t *g)
 {
-    char arch[64] = "", key[128];
-    bl_gguf_str_t s;
-    if (bl_gguf_get_str(g, "general.architecture", &s, NULL) == 0)
-        snprintf(arch, sizeof arch, "%.*s", (int)(s.len < 63 ? s.len : 63), s.ptr);
-    snprintf(key, sizeof key, "%s.block_count", arch);
     int64_t v = 0;
-    return bl_gguf_get_i64(g, key, &v, NULL) == 0 && v > 0 ? v : 0;
+    return bl_gguf_get_arch_i64(g, "block_count", &v, NULL) == 0 && v > 0 ? v : 0;
 }
 
 /* The model name shown to clients: -a, else the file name. */

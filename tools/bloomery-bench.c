@@ -40,51 +40,15 @@ typedef struct bench {
     int dev;        /* -dev: -2 not given, -1 none, N cuda:N */
 } bench_t;
 
-/* -ngl N | all | auto (llama.cpp's spellings). */
-static int parse_ngl(void *ud, const char *v, bl_err_t *err)
-{
-    int64_t *n = ud;
-    if (!strcmp(v, "all") || !strcmp(v, "auto")) {
-        *n = INT32_MAX;
-        return 0;
-    }
-    if (bl_parse_i64(v, n) || *n < 0)
-        return bl_err_set(err, BL_EINVAL, "'%.32s' is not a layer count, all or auto", v);
-    return 0;
-}
-
-/* -dev cuda:N | none */
-static int parse_dev(void *ud, const char *v, bl_err_t *err)
-{
-    int *d = ud;
-    int64_t n;
-    if (!strcmp(v, "none")) {
-        *d = -1;
-        return 0;
-    }
-    if (strncmp(v, "cuda:", 5) || bl_parse_i64(v + 5, &n) || n < 0 || n > 1024)
-        return bl_err_set(err, BL_EINVAL, "'%.32s' is not cuda:N or none", v);
-    *d = (int)n;
-    return 0;
-}
-
 /* The model's block count, read before loading so that a partial -ngl is refused
  * before gigabytes move. */
 static int layer_count(const char *path, int64_t *n, bl_err_t *err)
 {
     bl_gguf_t *g = NULL;
     int rc = bl_gguf_open(&g, path, err);
-    if (rc)
-        return rc;
-    bl_gguf_str_t a;
-    char key[96];
-    uint32_t v = 0;
-    if ((rc = bl_gguf_get_str(g, "general.architecture", &a, err)) == 0) {
-        snprintf(key, sizeof key, "%.*s.block_count", (int)(a.len > 64 ? 64 : a.len), a.ptr);
-        rc = bl_gguf_get_u32(g, key, &v, err);
-    }
+    if (rc == 0)
+        rc = bl_gguf_get_arch_i64(g, "block_count", n, err);
     bl_gguf_close(g);
-    *n = v;
     return rc;
 }
 
@@ -369,8 +333,8 @@ int main(int argc, char **argv)
         {"-o,--output", NULL, BL_ARG_STR, &b.output, .metavar = "md|jsonl", .help = "table format (default md)"},
         {"--precise", NULL, BL_ARG_FLAG, &b.precise, .help = "f32 activations (the checking mode)"},
         {"--no-roofline", NULL, BL_ARG_FLAG, &b.no_roofline, .help = "skip the bandwidth measurement"},
-        {"-ngl,--n-gpu-layers", NULL, BL_ARG_FN, NULL, .fn = parse_ngl, .ud = &b.ngl, .metavar = "N|all|auto", .help = "layers on the GPU: all of them (N >= the layer count, all, auto) or 0 (the CPU, default); a partial split is refused for now"},
-        {"-dev,--device", NULL, BL_ARG_FN, NULL, .fn = parse_dev, .ud = &b.dev, .metavar = "cuda:N|none", .help = "the GPU for -ngl (default cuda:0; alone it puts every layer there); none: the CPU"},
+        {"-ngl,--n-gpu-layers", NULL, BL_ARG_FN, NULL, .fn = bl_arg_gpu_layers, .ud = &b.ngl, .metavar = "N|all|auto", .help = "layers on the GPU: all of them (N >= the layer count, all, auto) or 0 (the CPU, default); a partial split is refused for now"},
+        {"-dev,--device", NULL, BL_ARG_FN, NULL, .fn = bl_arg_cuda_device, .ud = &b.dev, .metavar = "cuda:N|none", .help = "the GPU for -ngl (default cuda:0; alone it puts every layer there); none: the CPU"},
         {"--profile", NULL, BL_ARG_FLAG, &b.profile, .help = "on a GPU: time each launch of 32 decode steps and print the breakdown of one step"},
     };
     int n_args = (int)(sizeof args / sizeof args[0]);

@@ -72,34 +72,6 @@ static int parse_logit_bias(void *ud, const char *v, bl_err_t *err)
     return 0;
 }
 
-/* -ngl N | all | auto (llama.cpp's spellings). */
-static int parse_ngl(void *ud, const char *v, bl_err_t *err)
-{
-    int64_t *n = ud;
-    if (!strcmp(v, "all") || !strcmp(v, "auto")) {
-        *n = INT32_MAX;
-        return 0;
-    }
-    if (bl_parse_i64(v, n) || *n < 0)
-        return bl_err_set(err, BL_EINVAL, "'%.32s' is not a layer count, all or auto", v);
-    return 0;
-}
-
-/* -dev cuda:N | none */
-static int parse_dev(void *ud, const char *v, bl_err_t *err)
-{
-    int *d = ud;
-    int64_t n;
-    if (!strcmp(v, "none")) {
-        *d = -1;
-        return 0;
-    }
-    if (strncmp(v, "cuda:", 5) || bl_parse_i64(v + 5, &n) || n < 0 || n > 1024)
-        return bl_err_set(err, BL_EINVAL, "'%.32s' is not cuda:N or none", v);
-    *d = (int)n;
-    return 0;
-}
-
 static int kv_type_from_name(const char *name, uint32_t *out)
 {
     if (!strcmp(name, "f16"))
@@ -434,8 +406,8 @@ int main(int argc, char **argv)
         {"--no-parse-special", NULL, BL_ARG_FLAG, &c.no_parse_special, .help = "tokenize special-token text as plain text"},
         {"-ctk,--cache-type-k", "LLAMA_ARG_CACHE_TYPE_K", BL_ARG_STR, &c.cache_type_k, .metavar = "TYPE", .help = "KV cache type: f16 (default; f32 with --precise), f32, q8_0"},
         {"-ctv,--cache-type-v", "LLAMA_ARG_CACHE_TYPE_V", BL_ARG_STR, &c.cache_type_v, .metavar = "TYPE", .help = "must equal the K type"},
-        {"-ngl,--n-gpu-layers", "LLAMA_ARG_N_GPU_LAYERS", BL_ARG_FN, NULL, .fn = parse_ngl, .ud = &c.ngl, .metavar = "N|all|auto", .help = "layers on the GPU: all (N >= the layer count, all, auto) or 0 (the CPU, default); a partial split is refused for now"},
-        {"-dev,--device", "LLAMA_ARG_DEVICE", BL_ARG_FN, NULL, .fn = parse_dev, .ud = &c.dev, .metavar = "cuda:N|none", .help = "the GPU for -ngl (default cuda:0; alone it puts every layer there); none: the CPU"},
+        {"-ngl,--n-gpu-layers", "LLAMA_ARG_N_GPU_LAYERS", BL_ARG_FN, NULL, .fn = bl_arg_gpu_layers, .ud = &c.ngl, .metavar = "N|all|auto", .help = "layers on the GPU: all (N >= the layer count, all, auto) or 0 (the CPU, default); a partial split is refused for now"},
+        {"-dev,--device", "LLAMA_ARG_DEVICE", BL_ARG_FN, NULL, .fn = bl_arg_cuda_device, .ud = &c.dev, .metavar = "cuda:N|none", .help = "the GPU for -ngl (default cuda:0; alone it puts every layer there); none: the CPU"},
         {"--precise", NULL, BL_ARG_FLAG, &c.precise, .help = "f32 activations and KV cache, no activation quantization (for checking)"},
         {"--dump-logits", NULL, BL_ARG_STR, &c.dump_logits, .metavar = "FILE", .help = "write lse and top logits of every position as JSON"},
         {"--dump-top", NULL, BL_ARG_I64, &c.dump_top, 1, 256, .metavar = "N", .help = "ids per position in --dump-logits (default 32)"},
