@@ -19,6 +19,9 @@
 #include "gpu_test.h"
 #include "wk.h"
 
+#define ORACLE_SAY(...) (printf("# "), printf(__VA_ARGS__))
+#include "../unit/test_oracle.h"
+
 #ifndef BL_SOURCE_ROOT
 #define BL_SOURCE_ROOT "."
 #endif
@@ -36,106 +39,6 @@ static int find_shared(void)
 }
 
 // --- oracle files --------------------------------------------------------------------------
-
-typedef struct oracle {
-    json_t *root;
-    int32_t *ids; /* prompt_ids */
-    int64_t n;
-    json_t *positions;
-} oracle_t;
-
-static int oracle_load(oracle_t *o, const char *model, const char *prompt, int exact)
-{
-    char path[1400];
-    snprintf(path, sizeof path, "%s/oracle/logits/%s.%s%s.json", g_shared, model, prompt, exact ? ".exact" : "");
-    json_error_t je;
-    memset(o, 0, sizeof *o);
-    o->root = json_load_file(path, 0, &je);
-    if (!o->root) {
-        printf("# cannot read %s: %s\n", path, je.text);
-        return -1;
-    }
-    json_t *pi = json_object_get(o->root, "prompt_ids");
-    o->positions = json_object_get(o->root, "positions");
-    if (!json_is_array(pi) || !json_is_array(o->positions))
-        return -1;
-    o->n = (int64_t)json_array_size(pi);
-    o->ids = malloc(sizeof(int32_t) * (size_t)o->n);
-    for (int64_t i = 0; i < o->n; i++)
-        o->ids[i] = (int32_t)json_integer_value(json_array_get(pi, (size_t)i));
-    return (int64_t)json_array_size(o->positions) == o->n ? 0 : -1;
-}
-
-static void oracle_free(oracle_t *o)
-{
-    json_decref(o->root);
-    free(o->ids);
-}
-
-typedef struct stats {
-    int64_t n, top1;
-    double mean, max, lse_max;
-} stats_t;
-
-/* Our logits (n, n_vocab) against the exact file: its top-32 ids at each position. */
-static stats_t compare_ours(const oracle_t *ex, const float *logits, int64_t n_vocab)
-{
-    stats_t s = {0};
-    double sum = 0;
-    int64_t cnt = 0;
-    for (int64_t p = 0; p < ex->n; p++) {
-        const float *l = logits + p * n_vocab;
-        json_t *pos = json_array_get(ex->positions, (size_t)p);
-        json_t *ids = json_object_get(pos, "ids"), *lg = json_object_get(pos, "logits");
-        int64_t best = 0;
-        for (int64_t v = 1; v < n_vocab; v++)
-            if (l[v] > l[best])
-                best = v;
-        double se = 0;
-        for (int64_t v = 0; v < n_vocab; v++)
-            se += exp((double)l[v] - l[best]);
-        const double dl = fabs(l[best] + log(se) - json_number_value(json_object_get(pos, "lse")));
-        s.lse_max = dl > s.lse_max ? dl : s.lse_max;
-        s.top1 += best == json_integer_value(json_array_get(ids, 0));
-        for (size_t j = 0; j < json_array_size(ids); j++) {
-            const double d = fabs((double)l[json_integer_value(json_array_get(ids, j))] -
-                                  json_number_value(json_array_get(lg, j)));
-            sum += d;
-            s.max = d > s.max ? d : s.max;
-            cnt++;
-        }
-    }
-    s.n = ex->n;
-    s.mean = cnt ? sum / (double)cnt : 0;
-    return s;
-}
-
-/* llama.cpp's file against the exact file, measured the same way. */
-static stats_t compare_files(const oracle_t *ex, const oracle_t *ll)
-{
-    stats_t s = {0};
-    double sum = 0;
-    int64_t cnt = 0;
-    for (int64_t p = 0; p < ex->n; p++) {
-        json_t *pe = json_array_get(ex->positions, (size_t)p), *pl = json_array_get(ll->positions, (size_t)p);
-        json_t *ie = json_object_get(pe, "ids"), *le = json_object_get(pe, "logits");
-        json_t *il = json_object_get(pl, "ids"), *lv = json_object_get(pl, "logits");
-        s.top1 += json_integer_value(json_array_get(ie, 0)) == json_integer_value(json_array_get(il, 0));
-        for (size_t j = 0; j < json_array_size(ie); j++)
-            for (size_t k = 0; k < json_array_size(il); k++)
-                if (json_integer_value(json_array_get(il, k)) == json_integer_value(json_array_get(ie, j))) {
-                    const double d = fabs(json_number_value(json_array_get(le, j)) -
-                                          json_number_value(json_array_get(lv, k)));
-                    sum += d;
-                    s.max = d > s.max ? d : s.max;
-                    cnt++;
-                    break;
-                }
-    }
-    s.n = ex->n;
-    s.mean = cnt ? sum / (double)cnt : 0;
-    return s;
-}
 
 // --- running -------------------------------------------------------------------------------
 
@@ -218,7 +121,7 @@ static void test_oracle(void)
             if (g_small && pi > 0)
                 continue;
             oracle_t ex, ll;
-            if (oracle_load(&ex, k_models[mi], k_prompts[pi], 1) || oracle_load(&ll, k_models[mi], k_prompts[pi], 0))
+            if (oracle_load(&ex, g_shared, k_models[mi], k_prompts[pi], 1) || oracle_load(&ll, g_shared, k_models[mi], k_prompts[pi], 0))
                 bail("oracle file", NULL);
             float *logits = run_prompt(m, ex.ids, ex.n, WK_KV_F16);
             const stats_t us = compare_ours(&ex, logits, wk_model_config(m)->n_vocab);
@@ -250,7 +153,7 @@ static void test_oracle(void)
 static void test_batch_decode_graph(void)
 {
     oracle_t ex;
-    if (oracle_load(&ex, k_models[1], "chat-short", 1))
+    if (oracle_load(&ex, g_shared, k_models[1], "chat-short", 1))
         bail("oracle file", NULL);
     wk_model_t *m = load(k_models[1], 0, 1, 0, 0), *m2 = load(k_models[1], 0, 0, 0, 0);
     const int64_t V = wk_model_config(m)->n_vocab, n = ex.n;
@@ -264,7 +167,7 @@ static void test_batch_decode_graph(void)
      * |d| over the oracle's top-32 ids at most twice llama.cpp's mean distance to
      * the exact pass, and the same top-1 at every position. */
     oracle_t ll;
-    if (oracle_load(&ll, k_models[1], "chat-short", 0))
+    if (oracle_load(&ll, g_shared, k_models[1], "chat-short", 0))
         bail("oracle file", NULL);
     const stats_t them = compare_files(&ex, &ll);
     double sum = 0;
@@ -304,7 +207,7 @@ static void test_batch_decode_graph(void)
 static void test_multi_slot(void)
 {
     oracle_t ex;
-    if (oracle_load(&ex, k_models[0], "chat-code", 1))
+    if (oracle_load(&ex, g_shared, k_models[0], "chat-code", 1))
         bail("oracle file", NULL);
     wk_model_t *m = load(k_models[0], 0, 1, 0, 0);
     const int64_t V = wk_model_config(m)->n_vocab;
@@ -358,7 +261,7 @@ static void test_multi_slot(void)
 static void test_stages(void)
 {
     oracle_t ex;
-    if (oracle_load(&ex, k_models[0], "chat-short", 1))
+    if (oracle_load(&ex, g_shared, k_models[0], "chat-short", 1))
         bail("oracle file", NULL);
     wk_model_t *whole = load(k_models[0], 0, 1, 0, 0);
     const wk_config_t *c = wk_model_config(whole);
@@ -420,7 +323,7 @@ static void test_dense(void)
         return;
     }
     oracle_t ex;
-    if (oracle_load(&ex, k_models[1], "chat-code", 1))
+    if (oracle_load(&ex, g_shared, k_models[1], "chat-code", 1))
         bail("oracle file", NULL);
     wk_model_t *gpu = load("qwen3-draft-trained-q8", 0, 1, 0, 0);
     wk_model_t *cpu = load("qwen3-draft-trained-q8", WK_DEVICE_CPU, 1, 0, 0);

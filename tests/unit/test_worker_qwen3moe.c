@@ -33,6 +33,9 @@
 #include "quant.h"
 #include "wk.h"
 
+#define ORACLE_SAY print_error
+#include "test_oracle.h"
+
 #ifndef BL_SOURCE_ROOT
 #define BL_SOURCE_ROOT "."
 #endif
@@ -81,126 +84,6 @@ static int prompt_enabled(const char *prompt)
 }
 
 // --- oracle files ---------------------------------------------------------------------------
-
-typedef struct oracle {
-    json_t *root;
-    int32_t *ids;      /* prompt_ids */
-    int64_t n;
-    json_t *positions; /* array of {lse, ids, logits} */
-} oracle_t;
-
-static int oracle_load(oracle_t *o, const char *model, const char *prompt, int exact)
-{
-    char path[1400];
-    snprintf(path, sizeof path, "%s/oracle/logits/%s.%s%s.json", g_shared, model, prompt,
-             exact ? ".exact" : "");
-    json_error_t je;
-    memset(o, 0, sizeof *o);
-    o->root = json_load_file(path, 0, &je);
-    if (!o->root) {
-        print_error("cannot read %s: %s\n", path, je.text);
-        return -1;
-    }
-    json_t *pi = json_object_get(o->root, "prompt_ids");
-    o->positions = json_object_get(o->root, "positions");
-    if (!json_is_array(pi) || !json_is_array(o->positions))
-        return -1;
-    o->n = (int64_t)json_array_size(pi);
-    o->ids = malloc(sizeof(int32_t) * (size_t)o->n);
-    for (int64_t i = 0; i < o->n; i++)
-        o->ids[i] = (int32_t)json_integer_value(json_array_get(pi, (size_t)i));
-    return (int64_t)json_array_size(o->positions) == o->n ? 0 : -1;
-}
-
-static void oracle_free(oracle_t *o)
-{
-    json_decref(o->root);
-    free(o->ids);
-}
-
-typedef struct stats {
-    int64_t n;      /* positions */
-    int64_t top1;   /* positions whose best id matches the exact file's */
-    double mean;    /* mean |dlogit| over the exact top-32 ids found */
-    double max;
-    double lse_max; /* largest |dlse| */
-    double lse_mean;
-} stats_t;
-
-/* Our full logits (n, n_vocab) against the exact file. */
-static stats_t compare_ours(const oracle_t *ex, const float *logits, int64_t n_vocab)
-{
-    stats_t s = {0};
-    double sum = 0.0, lsum = 0.0;
-    int64_t cnt = 0;
-    for (int64_t p = 0; p < ex->n; p++) {
-        const float *l = logits + p * n_vocab;
-        json_t *pos = json_array_get(ex->positions, (size_t)p);
-        json_t *ids = json_object_get(pos, "ids"), *lg = json_object_get(pos, "logits");
-        int64_t best = 0;
-        double mx = l[0];
-        for (int64_t v = 1; v < n_vocab; v++)
-            if (l[v] > mx) {
-                mx = l[v];
-                best = v;
-            }
-        double se = 0.0;
-        for (int64_t v = 0; v < n_vocab; v++)
-            se += exp((double)l[v] - mx);
-        const double lse = mx + log(se);
-        const double dl = fabs(lse - json_number_value(json_object_get(pos, "lse")));
-        lsum += dl;
-        s.lse_max = dl > s.lse_max ? dl : s.lse_max;
-        if (best == json_integer_value(json_array_get(ids, 0)))
-            s.top1++;
-        for (size_t j = 0; j < json_array_size(ids); j++) {
-            const int64_t id = json_integer_value(json_array_get(ids, j));
-            const double d = fabs((double)l[id] - json_number_value(json_array_get(lg, j)));
-            sum += d;
-            s.max = d > s.max ? d : s.max;
-            cnt++;
-        }
-    }
-    s.n = ex->n;
-    s.mean = cnt ? sum / (double)cnt : 0.0;
-    s.lse_mean = ex->n ? lsum / (double)ex->n : 0.0;
-    return s;
-}
-
-/* llama.cpp's file against the exact file: the exact top-32 ids found in its top-32. */
-static stats_t compare_files(const oracle_t *ex, const oracle_t *ll)
-{
-    stats_t s = {0};
-    double sum = 0.0, lsum = 0.0;
-    int64_t cnt = 0;
-    for (int64_t p = 0; p < ex->n; p++) {
-        json_t *pe = json_array_get(ex->positions, (size_t)p), *pl = json_array_get(ll->positions, (size_t)p);
-        json_t *ie = json_object_get(pe, "ids"), *le = json_object_get(pe, "logits");
-        json_t *il = json_object_get(pl, "ids"), *ll_ = json_object_get(pl, "logits");
-        if (json_integer_value(json_array_get(ie, 0)) == json_integer_value(json_array_get(il, 0)))
-            s.top1++;
-        const double dl = fabs(json_number_value(json_object_get(pe, "lse")) -
-                               json_number_value(json_object_get(pl, "lse")));
-        lsum += dl;
-        s.lse_max = dl > s.lse_max ? dl : s.lse_max;
-        for (size_t j = 0; j < json_array_size(ie); j++) {
-            const json_int_t id = json_integer_value(json_array_get(ie, j));
-            for (size_t k = 0; k < json_array_size(il); k++)
-                if (json_integer_value(json_array_get(il, k)) == id) {
-                    const double d = fabs(json_number_value(json_array_get(le, j)) -
-                                          json_number_value(json_array_get(ll_, k)));
-                    sum += d;
-                    s.max = d > s.max ? d : s.max;
-                    cnt++;
-                    break;
-                }
-        }
-    }
-    s.n = ex->n;
-    s.mean = cnt ? sum / (double)cnt : 0.0;
-    s.lse_mean = ex->n ? lsum / (double)ex->n : 0.0;
-    return s;
-}
 
 // --- running a model ----------------------------------------------------------------------------
 
@@ -258,8 +141,8 @@ static void oracle_gate(int precise)
             if (!prompt_enabled(k_prompts[pi]))
                 continue;
             oracle_t ex, ll;
-            assert_int_equal(oracle_load(&ex, k_models[mi], k_prompts[pi], 1), 0);
-            assert_int_equal(oracle_load(&ll, k_models[mi], k_prompts[pi], 0), 0);
+            assert_int_equal(oracle_load(&ex, g_shared, k_models[mi], k_prompts[pi], 1), 0);
+            assert_int_equal(oracle_load(&ll, g_shared, k_models[mi], k_prompts[pi], 0), 0);
             const double t0 = now_s();
             const char *fkv = getenv("BLOOMERY_TEST_FAST_KV");
             const uint32_t kvt = precise ? WK_KV_F32 : fkv ? (uint32_t)atoi(fkv) : WK_KV_F16;
@@ -311,8 +194,8 @@ static void test_qwen3moe_fast8_near_llamacpp(void **state)
     for (size_t mi = 0; mi < 2; mi++) {
         wk_model_t *m = load(k_models[mi], 0, n_threads());
         oracle_t ex, ll;
-        assert_int_equal(oracle_load(&ex, k_models[mi], "chat-short", 1), 0);
-        assert_int_equal(oracle_load(&ll, k_models[mi], "chat-short", 0), 0);
+        assert_int_equal(oracle_load(&ex, g_shared, k_models[mi], "chat-short", 1), 0);
+        assert_int_equal(oracle_load(&ll, g_shared, k_models[mi], "chat-short", 0), 0);
         float *logits = run_prompt(m, ex.ids, ex.n, WK_KV_F16);
         const stats_t us = compare_ours(&ex, logits, wk_model_config(m)->n_vocab);
         const stats_t them = compare_files(&ex, &ll);
@@ -337,7 +220,7 @@ static void test_qwen3moe_threads_bitwise_equal(void **state)
     if (!shared_dir())
         skip();
     oracle_t ex;
-    assert_int_equal(oracle_load(&ex, "qwen3moe-tiny-q4k", "chat-code", 1), 0);
+    assert_int_equal(oracle_load(&ex, g_shared, "qwen3moe-tiny-q4k", "chat-code", 1), 0);
     const int64_t n = SLOW_BUILD ? 24 : ex.n;
     float *ref = NULL;
     for (int threads = 1; threads <= 3; threads++) {
@@ -364,7 +247,7 @@ static void test_qwen3moe_batch_equals_decode(void **state)
     if (!shared_dir())
         skip();
     oracle_t ex;
-    assert_int_equal(oracle_load(&ex, "qwen3moe-trained-q8", "chat-short", 1), 0);
+    assert_int_equal(oracle_load(&ex, g_shared, "qwen3moe-trained-q8", "chat-short", 1), 0);
     const uint32_t kv_types[] = {WK_KV_F16, WK_KV_F32, WK_KV_Q8_0};
     for (int precise = 0; precise <= 1; precise++) {
         wk_model_t *m = load("qwen3moe-trained-q8", precise, n_threads());
@@ -401,7 +284,7 @@ static void test_qwen3moe_multi_sequence_step(void **state)
     if (!shared_dir())
         skip();
     oracle_t ex;
-    assert_int_equal(oracle_load(&ex, "qwen3moe-trained-q8", "chat-code", 1), 0);
+    assert_int_equal(oracle_load(&ex, g_shared, "qwen3moe-trained-q8", "chat-code", 1), 0);
     wk_model_t *m = load("qwen3moe-trained-q8", 0, n_threads());
     const int64_t nv = wk_model_config(m)->n_vocab;
     const int64_t len[3] = {10, 5, 1}, off[3] = {0, 40, 90};
@@ -454,7 +337,7 @@ static void test_qwen3moe_chunked_prompt(void **state)
     if (!shared_dir())
         skip();
     oracle_t ex;
-    assert_int_equal(oracle_load(&ex, "qwen3moe-tiny-q4k", "chat-short", 1), 0);
+    assert_int_equal(oracle_load(&ex, g_shared, "qwen3moe-tiny-q4k", "chat-short", 1), 0);
     wk_model_t *m = load("qwen3moe-tiny-q4k", 0, n_threads());
     const int64_t nv = wk_model_config(m)->n_vocab, n = ex.n;
     float *batch = run_prompt(m, ex.ids, n, WK_KV_F16);
@@ -489,7 +372,7 @@ static void test_qwen3moe_greedy_matches_llamacpp(void **state)
     if (!shared_dir())
         skip();
     oracle_t ll;
-    assert_int_equal(oracle_load(&ll, "qwen3moe-trained-q8", "chat-short", 0), 0);
+    assert_int_equal(oracle_load(&ll, g_shared, "qwen3moe-trained-q8", "chat-short", 0), 0);
     json_t *greedy = json_object_get(ll.root, "greedy");
     const int64_t ng = SLOW_BUILD ? 8 : (int64_t)json_array_size(greedy);
     assert_true(ng > 0 && ng <= (int64_t)json_array_size(greedy));
@@ -542,7 +425,7 @@ static void test_qwen3_dense_fast_agrees_with_precise(void **state)
     if (!shared_dir())
         skip();
     oracle_t ex;
-    assert_int_equal(oracle_load(&ex, "qwen3moe-trained-q8", "chat-code", 1), 0);
+    assert_int_equal(oracle_load(&ex, g_shared, "qwen3moe-trained-q8", "chat-code", 1), 0);
     const int64_t n = SLOW_BUILD ? 24 : ex.n;
     wk_model_t *mp = load("qwen3-draft-trained-q8", 1, n_threads());
     wk_model_t *mf = load("qwen3-draft-trained-q8", 0, n_threads());
