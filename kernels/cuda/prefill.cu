@@ -36,23 +36,47 @@ static __device__ __forceinline__ unsigned pack_half2(float a, float b)
     return *(const unsigned *)&h;
 }
 
-/* grid (ceil(n / 64), n_head). Query row i of the block's tile is at position
- * pos0 + row; it attends to positions 0 .. pos0 + row. Shared: Q, K, V tiles of
- * 64 x D halves, rows D + 8 halves apart (ldmatrix without bank conflicts). Scores
- * are kept in the log2 domain (q pre-scaled by scale * log2 e). */
+static __device__ __forceinline__ void pf_cp16(void *smem, const void *gmem, int bytes)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes) : "memory");
+}
+
+/* grid (ceil(n / 64), n_head); block x takes the row tile counted from the end, so
+ * the tiles with the longest causal span start first. Query row i of the block's
+ * tile is at position pos0 + r0 + i; it attends to positions 0 .. pos0 + r0 + i.
+ * Shared: the Q tile and two stages of K and V tiles, 64 x D halves each, rows
+ * D + 8 halves apart (ldmatrix without bank conflicts); the next K/V tile is copied
+ * (cp.async) while the current one is multiplied. Scores are kept in the log2
+ * domain (q pre-scaled by scale * log2 e). */
 template <int D>
 static __global__ void __launch_bounds__(128) prefill_kernel(const uint8_t *kc, const uint8_t *vc, size_t row_bytes,
                                                              const float *q, float *out, int64_t n, int64_t pos0,
                                                              int n_head, int group, float qscale)
 {
-    constexpr int LDS = D + 8;
+    constexpr int LDS = D + 8, TILE = PF_BKV * LDS;
     extern __shared__ __align__(16) __half smem[];
-    __half *sq = smem, *sk = smem + PF_BQ * LDS, *sv = sk + PF_BKV * LDS;
+    __half *sq = smem, *sk0 = smem + PF_BQ * LDS, *sv0 = sk0 + 2 * TILE;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int h = blockIdx.y, kvh = h / group;
-    const int64_t r0 = (int64_t)blockIdx.x * PF_BQ;
+    const int64_t r0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * PF_BQ;
     const int64_t rows = n - r0 < PF_BQ ? n - r0 : PF_BQ;
     const int64_t qstride = (int64_t)n_head * D;
+    const int64_t end = pos0 + r0 + rows; /* positions 0 .. end-1 are read */
+
+    /* K/V tile t0 into stage st; positions at or past end are zero-filled. */
+    auto load = [&](int st, int64_t t0) {
+        for (int c = tid; c < PF_BKV * D / 8; c += 128) {
+            const int r = c / (D / 8), d = (c % (D / 8)) * 8;
+            const int64_t p = t0 + r;
+            const int ok = p < end;
+            const size_t off = (size_t)(ok ? p : 0) * row_bytes + ((size_t)kvh * D + d) * 2;
+            pf_cp16(sk0 + st * TILE + r * LDS + d, kc + off, ok ? 16 : 0);
+            pf_cp16(sv0 + st * TILE + r * LDS + d, vc + off, ok ? 16 : 0);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+    load(0, 0);
 
     /* Q tile, scaled, in f16; rows past n are zeros. */
     for (int c = tid; c < PF_BQ * D / 4; c += 128) {
@@ -65,7 +89,6 @@ static __global__ void __launch_bounds__(128) prefill_kernel(const uint8_t *kc, 
         o[1] = __floats2half2_rn(v.z * qscale, v.w * qscale);
     }
 
-    const int64_t end = pos0 + rows; /* positions 0 .. end-1 are read */
     const int64_t pa = pos0 + r0 + warp * 16 + lane / 4, pb = pa + 8;
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
     float o[D / 8][4];
@@ -73,21 +96,15 @@ static __global__ void __launch_bounds__(128) prefill_kernel(const uint8_t *kc, 
     for (int j = 0; j < D / 8; j++)
         o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
 
-    for (int64_t t0 = 0; t0 < end; t0 += PF_BKV) {
-        __syncthreads(); /* the previous tile is consumed (and Q is written) */
-        for (int c = tid; c < PF_BKV * D / 8; c += 128) {
-            const int r = c / (D / 8), d = (c % (D / 8)) * 8;
-            const int64_t p = t0 + r;
-            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
-            if (p < end) {
-                const size_t off = (size_t)p * row_bytes + ((size_t)kvh * D + d) * 2;
-                kv4 = *(const uint4 *)(kc + off);
-                vv4 = *(const uint4 *)(vc + off);
-            }
-            *(uint4 *)(sk + r * LDS + d) = kv4;
-            *(uint4 *)(sv + r * LDS + d) = vv4;
-        }
+    int st = 0;
+    for (int64_t t0 = 0; t0 < end; t0 += PF_BKV, st ^= 1) {
+        /* Tile t0 has landed for every thread, and every warp is done with the
+         * previous tile (and Q is written), so its stage can be refilled. */
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         __syncthreads();
+        if (t0 + PF_BKV < end)
+            load(st ^ 1, t0 + PF_BKV);
+        const __half *sk = sk0 + st * TILE, *sv = sv0 + st * TILE;
         /* The warp's 16 rows end at pb (pa for the first 8); skip tiles past them. */
         const int64_t wlast = pos0 + r0 + warp * 16 + 15;
         if (t0 > wlast)
@@ -186,7 +203,7 @@ template <int D>
 static int prefill_launch(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, int64_t n, int64_t pos0,
                           int64_t n_head, int64_t group, float qscale, void *stream, bl_err_t *err)
 {
-    const size_t smem = (size_t)(PF_BQ + 2 * PF_BKV) * (D + 8) * sizeof(__half);
+    const size_t smem = (size_t)(PF_BQ + 4 * PF_BKV) * (D + 8) * sizeof(__half);
     KCUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                 err);
     const dim3 grid((unsigned)kc_cdiv(n, PF_BQ), (unsigned)n_head);
