@@ -62,6 +62,8 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
                  int n_head, int group, int hd, float scale, int64_t n_split, int chunk, float *pacc,
                  float *pml, const kcuda_kv_row_t *rows, int64_t layer)
 {
+    kc_wait_prior();
+    kc_allow_next();
     extern __shared__ float4 att_smem4[];
     float *qs = (float *)att_smem4;      // (group, hd), pre-scaled
     float *sc = qs + group * hd;         // (group, CHUNK): scores, then probabilities
@@ -235,6 +237,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
 att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int64_t n_split, int chunk,
                    float *out, const kcuda_kv_row_t *rows)
 {
+    kc_wait_prior();
+    kc_allow_next();
     extern __shared__ float att_wsm[];
     __shared__ float wmax[ATT_THREADS / 32];
     const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
@@ -309,14 +313,10 @@ int kcuda_attention(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, i
     const int group = (int)(n_head / n_kv_head);
     cudaStream_t st = (cudaStream_t)stream;
     const dim3 g1((unsigned)n_split, (unsigned)n_kv_head, (unsigned)n);
-    att_split_kernel<<<g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st>>>(
-        (const uint8_t *)kv->k, (const uint8_t *)kv->v, kv->row_bytes, d_q, pos0, (int)n_head, group,
+    KC_LAUNCH(err, att_split_kernel, g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st, (const uint8_t *)kv->k, (const uint8_t *)kv->v, kv->row_bytes, d_q, pos0, (int)n_head, group,
         (int)head_dim, scale, n_split, chunk, pacc, pml, NULL, 0);
-    KCUDA_CHECK_LAUNCH(err);
     const dim3 g2((unsigned)n_head, (unsigned)n);
-    att_combine_kernel<<<g2, ATT_THREADS, att_combine_smem(n_split), st>>>(
-        pacc, pml, (int)n_head, (int)head_dim, n_split, chunk, d_out, NULL);
-    KCUDA_CHECK_LAUNCH(err);
+    KC_LAUNCH(err, att_combine_kernel, g2, ATT_THREADS, att_combine_smem(n_split), st, pacc, pml, (int)n_head, (int)head_dim, n_split, chunk, d_out, NULL);
     return 0;
 }
 
@@ -350,14 +350,10 @@ int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row
     const int group = (int)(n_head / n_kv_head);
     cudaStream_t st = (cudaStream_t)stream;
     const dim3 g1((unsigned)n_split, (unsigned)n_kv_head, (unsigned)n);
-    att_split_kernel<<<g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st>>>(
-        NULL, NULL, row_bytes, d_q, 0, (int)n_head, group, (int)head_dim, scale, n_split, chunk, pacc, pml,
+    KC_LAUNCH(err, att_split_kernel, g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st, NULL, NULL, row_bytes, d_q, 0, (int)n_head, group, (int)head_dim, scale, n_split, chunk, pacc, pml,
         d_rows, layer);
-    KCUDA_CHECK_LAUNCH(err);
     const dim3 g2((unsigned)n_head, (unsigned)n);
-    att_combine_kernel<<<g2, ATT_THREADS, att_combine_smem(n_split), st>>>(
-        pacc, pml, (int)n_head, (int)head_dim, n_split, chunk, d_out, d_rows);
-    KCUDA_CHECK_LAUNCH(err);
+    KC_LAUNCH(err, att_combine_kernel, g2, ATT_THREADS, att_combine_smem(n_split), st, pacc, pml, (int)n_head, (int)head_dim, n_split, chunk, d_out, d_rows);
     return 0;
 }
 
@@ -365,6 +361,8 @@ int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row
 __global__ void kv_store_kernel(uint8_t *kc, uint8_t *vc, size_t rb, const float *k, const float *v,
                                 int64_t ld, int64_t pos0, int64_t n, int64_t row_elems)
 {
+    kc_wait_prior();
+    kc_allow_next();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * row_elems;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t b = i / row_elems, e = i % row_elems;
@@ -383,9 +381,7 @@ int kcuda_kv_store(const kcuda_kv_view_t *kv, const float *d_k, const float *d_v
                           (long long)n, (long long)row_elems, (long long)pos0, (long long)ld, kv ? kv->row_bytes : 0);
     const int64_t total = n * row_elems;
     const int64_t blocks = kc_cdiv(total, 256);
-    kv_store_kernel<<<(unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, (cudaStream_t)stream>>>(
-        (uint8_t *)kv->k, (uint8_t *)kv->v, kv->row_bytes, d_k, d_v, ld, pos0, n, row_elems);
-    KCUDA_CHECK_LAUNCH(err);
+    KC_LAUNCH(err, kv_store_kernel, (unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, (cudaStream_t)stream, (uint8_t *)kv->k, (uint8_t *)kv->v, kv->row_bytes, d_k, d_v, ld, pos0, n, row_elems);
     return 0;
 }
 
@@ -393,6 +389,8 @@ int kcuda_kv_store(const kcuda_kv_view_t *kv, const float *d_k, const float *d_v
 __global__ void kv_store_rows_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const float *k,
                                      const float *v, int64_t ld, int64_t n, int64_t row_elems)
 {
+    kc_wait_prior();
+    kc_allow_next();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * row_elems;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t b = i / row_elems, e = i % row_elems;
@@ -412,8 +410,61 @@ int kcuda_kv_store_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_
         return bl_err_set(err, BL_EINVAL, "kv_store_rows: %lld rows of %lld, layer %lld, ld %lld, cache rows of %zu bytes",
                           (long long)n, (long long)row_elems, (long long)layer, (long long)ld, row_bytes);
     const int64_t blocks = kc_cdiv(n * row_elems, 256);
-    kv_store_rows_kernel<<<(unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, (cudaStream_t)stream>>>(
-        d_rows, layer, row_bytes, d_k, d_v, ld, n, row_elems);
-    KCUDA_CHECK_LAUNCH(err);
+    KC_LAUNCH(err, kv_store_rows_kernel, (unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, (cudaStream_t)stream, d_rows, layer, row_bytes, d_k, d_v, ld, n, row_elems);
+    return 0;
+}
+
+/* grid (ceil(n * (n_head + 2 n_kv_head) / 4)), 4 warps: a warp per (row, head) of
+ * q, then k, then v. */
+#define QKV_WARPS 4
+__global__ void __launch_bounds__(QKV_WARPS * 32)
+qkv_rows_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, float *q, float *k, const float *v,
+                const float *qg, const float *kg, const int32_t *pos, int64_t n, int n_head, int n_kv, int hd,
+                float eps, float base)
+{
+    kc_wait_prior();
+    kc_allow_next();
+    const int64_t w = (int64_t)blockIdx.x * QKV_WARPS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31, per = n_head + 2 * n_kv;
+    if (w >= n * per)
+        return;
+    const int64_t b = w / per;
+    const int j = (int)(w % per);
+    if (j < n_head) {
+        kc_head_norm_rope(q + (b * n_head + j) * hd, qg, pos[b], hd, eps, base, lane, NULL);
+        return;
+    }
+    const kcuda_kv_row_t r = rows[b];
+    uint8_t *kc = (uint8_t *)(uintptr_t)(r.k + (uint64_t)layer * r.layer_bytes) + (size_t)r.pos * rb;
+    if (j < n_head + n_kv) {
+        const int h = j - n_head;
+        kc_head_norm_rope(k + (b * n_kv + h) * hd, kg, pos[b], hd, eps, base, lane, (__half *)kc + (int64_t)h * hd);
+        return;
+    }
+    const int h = j - n_head - n_kv;
+    __half *vc = (__half *)(kc + r.v_bytes) + (int64_t)h * hd;
+    const float *vr = v + (b * n_kv + h) * hd;
+    for (int i = lane; i < hd; i += 32)
+        vc[i] = __float2half_rn(vr[i]);
+}
+
+int kcuda_qkv_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, float *d_q, float *d_k,
+                   const float *d_v, const float *d_q_norm, const float *d_k_norm, const int32_t *d_pos,
+                   int64_t n, int64_t n_head, int64_t n_kv_head, int64_t head_dim, float eps, float base,
+                   void *stream, bl_err_t *err)
+{
+    if (!d_rows || !d_q || !d_k || !d_v || !d_q_norm || !d_k_norm || !d_pos || n < 1 || layer < 0 ||
+        n_head < 1 || n_kv_head < 1 || n_head > 65535 || n_kv_head > 65535 || head_dim < 2 || head_dim % 2 != 0 ||
+        head_dim > 65535 || row_bytes < (size_t)(n_kv_head * head_dim) * 2 ||
+        n * (n_head + 2 * n_kv_head) > (int64_t)QKV_WARPS * 2147483647)
+        return bl_err_set(err, BL_EINVAL,
+                          "qkv_rows: %lld rows, %lld heads over %lld of %lld, layer %lld, cache rows of %zu bytes, "
+                          "or a NULL buffer",
+                          (long long)n, (long long)n_head, (long long)n_kv_head, (long long)head_dim,
+                          (long long)layer, row_bytes);
+    const int64_t warps = n * (n_head + 2 * n_kv_head);
+    KC_LAUNCH(err, qkv_rows_kernel, (unsigned)kc_cdiv(warps, QKV_WARPS), QKV_WARPS * 32, 0, (cudaStream_t)stream,
+              d_rows, layer, row_bytes, d_q, d_k, d_v, d_q_norm, d_k_norm, d_pos, n, (int)n_head, (int)n_kv_head,
+              (int)head_dim, eps, base);
     return 0;
 }

@@ -37,6 +37,37 @@ int kcuda_device_count(int *n, bl_err_t *err)
     return 0;
 }
 
+static int g_pdl = 1;
+#define PDL_MAX_DEVICES 16
+static int g_cc_major[PDL_MAX_DEVICES]; /* 0: not read yet */
+
+int kcuda_set_pdl(int on)
+{
+    const int old = g_pdl;
+    g_pdl = on ? 1 : 0;
+    return old;
+}
+
+int kcuda__pdl_on(void)
+{
+    if (!g_pdl)
+        return 0;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= PDL_MAX_DEVICES) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (g_cc_major[dev] == 0) {
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 0;
+        }
+        g_cc_major[dev] = major; /* every thread that gets here writes the same value */
+    }
+    return g_cc_major[dev] >= 9;
+}
+
 int kcuda_init(int device, kcuda_device_info_t *info, bl_err_t *err)
 {
     int n = 0;

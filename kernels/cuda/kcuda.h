@@ -64,6 +64,16 @@ typedef struct kcuda_device_info {
     double peak_gbs;         /* 2 * clock * bus / 8, or 0 when the clock is unknown */
 } kcuda_device_info_t;
 
+/* Programmatic dependent launch: the kernels of this library launched on a stream
+ * other than the legacy default stream may start while the kernel before them
+ * still runs, so that their launch and their weight prefetch overlap its tail
+ * (devices of compute capability 9.0 and later; elsewhere launches are ordinary).
+ * The ordering of the stream is kept: each kernel waits for its predecessor's
+ * results before it reads them. On by default; process-wide and read by each
+ * launch, so a captured graph keeps the value it was captured with. Returns the
+ * previous value. */
+int kcuda_set_pdl(int on);
+
 /* Number of CUDA devices into *n. A machine without a GPU or without a driver
  * (cudaGetDeviceCount gives cudaErrorNoDevice 100 or cudaErrorInsufficientDriver 35)
  * is not an error: *n = 0 and 0 is returned. Other failures return their code. */
@@ -297,6 +307,16 @@ typedef struct kcuda_kv_row {
 int kcuda_kv_store_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes,
                         const float *d_k, const float *d_v, int64_t ld, int64_t n,
                         int64_t row_elems, void *stream, bl_err_t *err) BL_WUR;
+
+/* The decode step's work between the q/k/v products and attention, in one launch:
+ * for n rows of q (n, n_head * head_dim), k and v (n, n_kv_head * head_dim), the
+ * per-head RMSNorm (gains q_norm, k_norm) and NEOX RoPE at d_pos[b] of q and k in
+ * place (kcuda_rms_norm_rope's bits), then k and v stored to the rows' caches as
+ * kcuda_kv_store_rows stores them. */
+int kcuda_qkv_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, float *d_q, float *d_k,
+                   const float *d_v, const float *d_q_norm, const float *d_k_norm, const int32_t *d_pos,
+                   int64_t n, int64_t n_head, int64_t n_kv_head, int64_t head_dim, float eps, float base,
+                   void *stream, bl_err_t *err) BL_WUR;
 
 /* kcuda_attention for n rows, each over its own cache (d_rows[b], layer `layer`)
  * at positions 0..d_rows[b].pos. max_len bounds every row's pos + 1 and sizes the

@@ -5,6 +5,7 @@
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 
 extern "C" {
@@ -50,6 +51,219 @@ static __device__ __forceinline__ float kc_silu_mul(float g, float u)
     return g / (1.0f + expf(-g)) * u;
 }
 
+/* cos and sin of pos * base^(-2i/hd), in double as kcpu_rope_table, rounded to float. */
+static __device__ __forceinline__ void kc_rope_cs(int32_t pos, int64_t i, int64_t hd, float base, float *c,
+                                                  float *s)
+{
+    const double theta = (double)pos * pow((double)base, -2.0 * (double)i / (double)hd);
+    double sd, cd;
+    sincos(theta, &sd, &cd);
+    *c = (float)cd;
+    *s = (float)sd;
+}
+
+/* One head v (hd elements) of Qwen3's q or k, by one warp: RMSNorm with gains g, then
+ * NEOX RoPE at position p, in place; h16, when not NULL, gets the results in f16 too
+ * (round to nearest even, the cache's bits). Lane l owns the pairs (i, i + hd/2) for
+ * i = l, l + 32, ..., and reads only what it writes, so no barrier is needed. */
+static __device__ __forceinline__ void kc_head_norm_rope(float *v, const float *g, int32_t p, int64_t hd, float eps,
+                                                         float base, int lane, __half *h16)
+{
+    float ss = 0.0f;
+    for (int64_t i = lane; i < hd; i += 32)
+        ss += v[i] * v[i];
+    ss = kc_warp_sum(ss);
+    const float sc = rsqrtf(ss / (float)hd + eps);
+    const int64_t half = hd / 2;
+    for (int64_t i = lane; i < half; i += 32) {
+        const float x0 = v[i] * sc * g[i], x1 = v[i + half] * sc * g[i + half];
+        float c, s;
+        kc_rope_cs(p, i, hd, base, &c, &s);
+        const float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
+        v[i] = y0;
+        v[i + half] = y1;
+        if (h16) {
+            h16[i] = __float2half_rn(y0);
+            h16[i + half] = __float2half_rn(y1);
+        }
+    }
+}
+
 static inline int64_t kc_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* RMSNorm of one row by a whole block of KC_NORM_BLOCK threads: yr = xr * s * g with
+ * s = 1 / sqrt(mean(xr^2) + eps); part: KC_NORM_BLOCK / 32 floats of shared memory.
+ * Rows whose length is a multiple of 4 and whose pointers are 16-byte aligned are
+ * read as float4, up to KC_NORM_VEC per thread held in registers between the two
+ * passes (every load of the first pass issued before any is used); the rest of a
+ * longer row, and other rows, element by element, read again in the second pass.
+ * The sum's order is fixed by the thread layout, so every caller gets the same bits.
+ * The row is read through L2 (a caller may normalise what other blocks just wrote).
+ * yr may be xr. Ends with the block synchronised. */
+#define KC_NORM_BLOCK 256
+#define KC_NORM_VEC 4
+static __device__ __forceinline__ void kc_rms_norm_row(float *yr, const float *xr, const float *g, int64_t d,
+                                                       float eps, float *part)
+{
+    const int tid = threadIdx.x;
+    const bool vec = d % 4 == 0 && ((uintptr_t)xr % 16) == 0 && ((uintptr_t)yr % 16) == 0 &&
+                     ((uintptr_t)g % 16) == 0;
+    const int64_t nv = vec ? d / 4 : 0; /* float4s of the row */
+    float4 v[KC_NORM_VEC];
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < KC_NORM_VEC; c++) {
+        const int64_t i = tid + (int64_t)c * KC_NORM_BLOCK;
+        v[c] = i < nv ? __ldcg((const float4 *)xr + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int c = 0; c < KC_NORM_VEC; c++)
+        ss += v[c].x * v[c].x + v[c].y * v[c].y + v[c].z * v[c].z + v[c].w * v[c].w;
+    for (int64_t i = tid + (int64_t)KC_NORM_VEC * KC_NORM_BLOCK; i < nv; i += KC_NORM_BLOCK) {
+        const float4 t = __ldcg((const float4 *)xr + i);
+        ss += t.x * t.x + t.y * t.y + t.z * t.z + t.w * t.w;
+    }
+    for (int64_t i = 4 * nv + tid; i < d; i += KC_NORM_BLOCK) {
+        const float t = __ldcg(xr + i);
+        ss += t * t;
+    }
+    ss = kc_warp_sum(ss);
+    if ((tid & 31) == 0)
+        part[tid >> 5] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+#pragma unroll
+    for (int w = 0; w < KC_NORM_BLOCK / 32; w++)
+        tot += part[w];
+    const float s = rsqrtf(tot / (float)d + eps);
+#pragma unroll
+    for (int c = 0; c < KC_NORM_VEC; c++) {
+        const int64_t i = tid + (int64_t)c * KC_NORM_BLOCK;
+        if (i < nv) {
+            const float4 gg = ((const float4 *)g)[i];
+            ((float4 *)yr)[i] = make_float4(v[c].x * s * gg.x, v[c].y * s * gg.y, v[c].z * s * gg.z, v[c].w * s * gg.w);
+        }
+    }
+    for (int64_t i = tid + (int64_t)KC_NORM_VEC * KC_NORM_BLOCK; i < nv; i += KC_NORM_BLOCK) {
+        const float4 t = __ldcg((const float4 *)xr + i), gg = ((const float4 *)g)[i];
+        ((float4 *)yr)[i] = make_float4(t.x * s * gg.x, t.y * s * gg.y, t.z * s * gg.z, t.w * s * gg.w);
+    }
+    for (int64_t i = 4 * nv + tid; i < d; i += KC_NORM_BLOCK)
+        yr[i] = __ldcg(xr + i) * s * g[i];
+    __syncthreads(); /* part is free again, and the row is written for the block */
+}
+
+/* MoE routing of one row by one warp: softmax over n_expert logits (read through
+ * L2, so a caller may route what other blocks of its grid just wrote), the top k
+ * (ties to the lower id, as kcpu_moe_route), weights p or p / sum when norm. Lane l
+ * holds experts l, l + 32, ... in registers (PL of them), so k rounds of a warp-wide
+ * argmax pick the experts without touching memory again. */
+template <int PL> /* logits per lane: n_expert <= 32 PL (the loops are unrolled over PL) */
+static __device__ __forceinline__ void kc_moe_route_row(const float *l, int n_expert, int k, int norm, int32_t *ids,
+                                                        float *w, int lane)
+{
+    float v[PL];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < PL; i++) {
+        const int e = lane + 32 * i;
+        v[i] = e < n_expert ? __ldcg(l + e) : -INFINITY;
+        mx = fmaxf(mx, v[i]);
+    }
+    mx = kc_warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PL; i++)
+        if (lane + 32 * i < n_expert)
+            sum += expf(v[i] - mx);
+    sum = kc_warp_sum(sum);
+
+    uint32_t taken = 0; /* bit i: expert lane + 32 i already chosen */
+    float wsum = 0.0f, mine = 0.0f; /* lane j < k keeps choice j's probability */
+    int32_t mine_id = 0;
+    for (int j = 0; j < k; j++) {
+        /* This lane's best untaken logit; ascending ids, so a strict > keeps the
+         * lower id on ties. */
+        float bv = -INFINITY;
+        int be = INT32_MAX;
+#pragma unroll
+        for (int i = 0; i < PL; i++) {
+            const int e = lane + 32 * i;
+            if (e < n_expert && !(taken >> i & 1u) && (be == INT32_MAX || v[i] > bv)) {
+                bv = v[i];
+                be = e;
+            }
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const float ov = __shfl_xor_sync(KCUDA_FULL_MASK, bv, off);
+            const int oe = __shfl_xor_sync(KCUDA_FULL_MASK, be, off);
+            if (oe != INT32_MAX && (be == INT32_MAX || ov > bv || (ov == bv && oe < be))) {
+                bv = ov;
+                be = oe;
+            }
+        }
+        if (be != INT32_MAX && (be & 31) == lane)
+            taken |= 1u << (be >> 5);
+        const float p = expf(bv - mx) / sum;
+        wsum += p;
+        if (lane == j) {
+            mine = p;
+            mine_id = be;
+        }
+    }
+    if (lane < k) {
+        ids[lane] = mine_id;
+        w[lane] = norm ? mine / wsum : mine;
+    }
+}
+
+/* Programmatic dependent launch (sm_90 and later; kcuda_set_pdl). A kernel launched
+ * by kc_launch may start while the previous kernel on its stream still runs: it
+ * must call kc_wait_prior() before it reads or writes anything an earlier kernel
+ * writes or reads (only constant data, such as weights, may be read before), and
+ * every block calls it before it can exit, so that a kernel's completion implies
+ * its predecessors' and the chain stays ordered. kc_allow_next() then lets the next
+ * kernel's blocks be placed and run their own prologue. Both are no-ops for a
+ * kernel launched the ordinary way and on older devices. */
+static __device__ __forceinline__ void kc_wait_prior(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void kc_allow_next(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+/* Whether kc_launch asks for programmatic serialization (device.cu). */
+int kcuda__pdl_on(void);
+
+/* kernel<<<grid, block, smem, st>>>(args...), with programmatic stream
+ * serialization when it is on and the stream is not the legacy default stream. */
+template <typename T> struct kc_same { typedef T type; };
+template <typename... P>
+static inline cudaError_t kc_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                    typename kc_same<P>::type... args) /* converted as in a call */
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = at;
+    cfg.numAttrs = st && kcuda__pdl_on() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+/* Launches through kc_launch and checks it (KCUDA_CHECK, so it returns on error). */
+#define KC_LAUNCH(err, ...) KCUDA_CHECK(kc_launch(__VA_ARGS__), err)
 
 #endif

@@ -10,7 +10,9 @@
  * for down), each group of whole weight blocks (about 2 KiB). Segments stream into
  * the warp's MV_STAGES shared-memory stages with 16-byte cp.async copies of the
  * aligned span around them (why weight data must be padded: kcuda.h), two segments
- * ahead of the one being decoded, so each warp keeps up to three in flight.
+ * ahead of the one being decoded, so each warp keeps up to three in flight (five
+ * measured no faster on the H200: the expert products are not bound by the bytes
+ * a warp keeps in flight).
  *
  * Block formats (q4_K, q5_K, q6_K, q8_0): the block first rounds the activation
  * rows it reads to 8 bits per 32 elements in shared memory (d = amax / 127, q =
@@ -458,31 +460,47 @@ typedef struct mv_seg {
 } mv_seg_t;
 
 /* The warp's work: nrow rows r0, r0 + MV_WARPS, ...; each of nparts parts of
- * ngroups groups. Segment t is group t % ngroups of part (t / ngroups) % nparts of
- * row t / (ngroups * nparts). */
+ * ngroups groups, walked in that order (segment t is group t % ngroups of part
+ * (t / ngroups) % nparts of row t / (ngroups * nparts)). */
 typedef struct mv_work {
     int64_t r0;
     int64_t nblk;  /* blocks per row */
     int ngroups, nparts;
 } mv_work_t;
 
-template <int T>
-static __device__ __forceinline__ mv_seg_t seg_at(const mv_args_t &a, const mv_work_t &wk, int t)
+/* A position in the warp's walk: group g of part q of the warp's row i. The walk
+ * advances with increments (no division: the decode loop is instruction-bound). */
+typedef struct mv_pos {
+    int g, q, i;
+} mv_pos_t;
+
+static __device__ __forceinline__ void pos_next(mv_pos_t &p, const mv_work_t &wk)
 {
-    const int g = t % wk.ngroups, tq = t / wk.ngroups, q = tq % wk.nparts, i = tq / wk.nparts;
-    const int64_t r = wk.r0 + (int64_t)i * MV_WARPS;
+    if (++p.g == wk.ngroups) {
+        p.g = 0;
+        if (++p.q == wk.nparts) {
+            p.q = 0;
+            p.i++;
+        }
+    }
+}
+
+template <int T>
+static __device__ __forceinline__ mv_seg_t seg_at(const mv_args_t &a, const mv_work_t &wk, const mv_pos_t &p)
+{
+    const int64_t r = wk.r0 + (int64_t)p.i * MV_WARPS;
     const uint8_t *row = NULL;
     if (a.mode == MV_PLAIN) {
-        row = (q ? a.w2 : a.w) + r * a.row_bytes;
+        row = (p.q ? a.w2 : a.w) + r * a.row_bytes;
     } else {
-        const int32_t e = a.mode == MV_EXPERT ? a.ids[blockIdx.y] : a.ids[blockIdx.y * a.k + q];
+        const int32_t e = a.mode == MV_EXPERT ? a.ids[blockIdx.y] : a.ids[blockIdx.y * a.k + p.q];
         if (e >= 0 && e < a.n_expert)
-            row = (a.mode == MV_EXPERT && q ? a.w2 : a.w) + ((int64_t)e * a.nrows + r) * a.row_bytes;
+            row = (a.mode == MV_EXPERT && p.q ? a.w2 : a.w) + ((int64_t)e * a.nrows + r) * a.row_bytes;
     }
     mv_seg_t sg;
-    const int64_t left = wk.nblk - (int64_t)g * fmt<T>::G;
+    const int64_t left = wk.nblk - (int64_t)p.g * fmt<T>::G;
     sg.nb = row ? (int)(left < fmt<T>::G ? left : fmt<T>::G) : 0;
-    sg.src = row ? row + (size_t)g * fmt<T>::G * fmt<T>::BB : NULL;
+    sg.src = row ? row + (size_t)p.g * fmt<T>::G * fmt<T>::BB : NULL;
     return sg;
 }
 
@@ -500,86 +518,53 @@ static __device__ __forceinline__ void issue(uint8_t *dst, mv_seg_t sg, int lane
         cp16(dst + 16 * i, (const void *)(a0 + 16 * (uintptr_t)i));
 }
 
-/* grid (ceil(nrows / (MV_WARPS * rpw)), slots): slots = 1 (plain), n * k (expert),
- * n (down). Dynamic shared memory: the stages, then (block formats) the rounded
- * activations: nx * terms rows of xs bytes, then nx * terms * xs / 32 scales and
- * as many sums. */
+/* The warp's segments: decode each as it lands, keep MV_STAGES - 1 ahead, sum and
+ * write each row when its last part ends. pend: the segments the prologue issued
+ * (positions 0 .. MV_STAGES - 2), rotated as the walk goes; stage t % MV_STAGES
+ * holds segment t. */
 template <int T, int NX>
-__global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS) mv_kernel(const mv_args_t a)
+static __device__ __forceinline__ void mv_rows(const mv_args_t &a, const mv_work_t &wk, const mv_x_t &xv,
+                                               uint8_t *stg, int nseg, int64_t slot, int lane,
+                                               mv_seg_t (&pend)[MV_STAGES - 1])
 {
     typedef fmt<T> F;
-    extern __shared__ __align__(16) uint8_t mv_smem[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    uint8_t *stg = mv_smem + warp * (MV_STAGES * MV_STAGE_BYTES);
-
-    mv_work_t wk;
-    wk.r0 = (int64_t)blockIdx.x * MV_WARPS * a.rpw + warp;
-    wk.nblk = a.ncols / F::BE;
-    wk.ngroups = (int)((wk.nblk + F::G - 1) / F::G);
-    wk.nparts = a.mode == MV_EXPERT_DOWN ? a.k : (a.w2 ? 2 : 1);
-    const int64_t left = a.nrows - wk.r0;
-    const int nrow = left > 0 ? (int)min((int64_t)a.rpw, (left + MV_WARPS - 1) / MV_WARPS) : 0;
-    const int nseg = nrow * wk.nparts * wk.ngroups;
-
-    /* The activation rows this block reads: row i at xb + i * ldx. */
-    const int64_t slot = blockIdx.y;
-    const float *xb = a.x;
-    int nx = a.n;
-    if (a.mode == MV_EXPERT) {
-        xb = a.x + (slot / a.k) * a.ldx;
-        nx = 1;
-    } else if (a.mode == MV_EXPERT_DOWN) {
-        xb = a.x + slot * a.k * a.ldx;
-        nx = a.k;
-    }
-
-    /* The first segments' copies go out before the rounding, which hides under them. */
-#pragma unroll
-    for (int t = 0; t < MV_STAGES - 1; t++) {
-        if (t < nseg)
-            issue<T>(stg + t * MV_STAGE_BYTES, seg_at<T>(a, wk, t), lane);
-        cp_commit();
-    }
-    mv_x_t xv;
-    xv.f = xb;
-    xv.ldx = a.ldx;
-    xv.xs = a.xs;
-    xv.terms = a.terms;
-    xv.q = mv_smem + MV_STAGE_ALL;
-    xv.d = (const float *)(xv.q + (size_t)nx * a.terms * a.xs);
-    xv.s = (const int *)(xv.d + (size_t)nx * a.terms * (a.xs / 32));
-    if (F::Q) {
-        round_acts<T>(xb, a.ldx, nx, a.ncols, (uint8_t *)xv.q, (float *)xv.d, (int *)xv.s, a.xs, a.terms);
-        __syncthreads(); /* the only block-wide barrier: every warp reaches it */
-    }
-    if (nseg == 0) {
-        cp_wait<0>();
-        return;
-    }
-
     float acc[NX], acc2[NX], part[NX];
 #pragma unroll
     for (int i = 0; i < NX; i++)
         acc[i] = acc2[i] = part[i] = 0.0f;
     const int nxr = a.mode == MV_PLAIN ? a.n : 1;
+    mv_pos_t cur = {0, 0, 0}, ahead = {0, 0, 0};
+    for (int j = 0; j < MV_STAGES - 1; j++)
+        pos_next(ahead, wk);
+    int st = 0, st_ahead = MV_STAGES - 1;
     for (int t = 0; t < nseg; t++) {
-        __syncwarp(); /* every lane is done with the stage segment t + 2 reuses */
-        if (t + MV_STAGES - 1 < nseg)
-            issue<T>(stg + ((t + MV_STAGES - 1) % MV_STAGES) * MV_STAGE_BYTES,
-                     seg_at<T>(a, wk, t + MV_STAGES - 1), lane);
+        __syncwarp(); /* every lane is done with the stage segment t + MV_STAGES - 1 reuses */
+        mv_seg_t nxt = {NULL, 0};
+        if (t + MV_STAGES - 1 < nseg) {
+            nxt = seg_at<T>(a, wk, ahead);
+            issue<T>(stg + st_ahead * MV_STAGE_BYTES, nxt, lane);
+        }
+        pos_next(ahead, wk);
+        st_ahead = st_ahead == MV_STAGES - 1 ? 0 : st_ahead + 1;
         cp_commit();
         cp_wait<MV_STAGES - 1>(); /* this lane's copies of segment t have landed */
         __syncwarp();             /* and every lane's */
-        const mv_seg_t cur = seg_at<T>(a, wk, t);
-        const int g = t % wk.ngroups, tq = t / wk.ngroups, q = tq % wk.nparts, i = tq / wk.nparts;
-        const uint8_t *s = stg + (t % MV_STAGES) * MV_STAGE_BYTES + ((uintptr_t)cur.src & 15);
-        lane_dot<T, NX>(s, cur.nb, lane, xv, a.mode == MV_EXPERT_DOWN ? q : 0, nxr,
-                        (int64_t)g * F::G * F::BE, part);
+        const mv_seg_t sg = pend[0];
+#pragma unroll
+        for (int j = 0; j + 1 < MV_STAGES - 1; j++)
+            pend[j] = pend[j + 1];
+        pend[MV_STAGES - 2] = nxt;
+        const int g = cur.g, q = cur.q, i = cur.i;
+        pos_next(cur, wk);
+        const uint8_t *s = stg + st * MV_STAGE_BYTES + ((uintptr_t)sg.src & 15);
+        st = st == MV_STAGES - 1 ? 0 : st + 1;
+        lane_dot<T, NX>(s, sg.nb, lane, xv, a.mode == MV_EXPERT_DOWN ? q : 0, nxr, (int64_t)g * F::G * F::BE,
+                        part);
         if (g != wk.ngroups - 1)
             continue;
         /* end of a part */
         if (a.mode == MV_EXPERT_DOWN) {
-            if (cur.src)
+            if (sg.src)
                 acc[0] += a.wts[slot * a.k + q] * part[0];
         } else {
 #pragma unroll
@@ -626,6 +611,79 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS) mv_kernel(const mv_
     }
 }
 
+/* grid (ceil(nrows / (MV_WARPS * rpw)), slots): slots = 1 (plain), n * k (expert),
+ * n (down). Dynamic shared memory: the stages, then (block formats) the rounded
+ * activations: nx * terms rows of xs bytes, then nx * terms * xs / 32 scales and
+ * as many sums. */
+template <int T, int NX>
+__global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS) mv_kernel(const mv_args_t a)
+{
+    typedef fmt<T> F;
+    extern __shared__ __align__(16) uint8_t mv_smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint8_t *stg = mv_smem + warp * (MV_STAGES * MV_STAGE_BYTES);
+
+    mv_work_t wk;
+    wk.r0 = (int64_t)blockIdx.x * MV_WARPS * a.rpw + warp;
+    wk.nblk = a.ncols / F::BE;
+    wk.ngroups = (int)((wk.nblk + F::G - 1) / F::G);
+    wk.nparts = a.mode == MV_EXPERT_DOWN ? a.k : (a.w2 ? 2 : 1);
+    const int64_t left = a.nrows - wk.r0;
+    const int nrow = left > 0 ? (int)min((int64_t)a.rpw, (left + MV_WARPS - 1) / MV_WARPS) : 0;
+    const int nseg = nrow * wk.nparts * wk.ngroups;
+
+    /* The activation rows this block reads: row i at xb + i * ldx. */
+    const int64_t slot = blockIdx.y;
+    const float *xb = a.x;
+    int nx = a.n;
+    if (a.mode == MV_EXPERT) {
+        xb = a.x + (slot / a.k) * a.ldx;
+        nx = 1;
+    } else if (a.mode == MV_EXPERT_DOWN) {
+        xb = a.x + slot * a.k * a.ldx;
+        nx = a.k;
+    }
+
+    /* The first segments' copies go out before the rounding, which hides under them.
+     * A plain product's segments are weights only, so they are issued before
+     * waiting for the previous kernel (kc_wait_prior); the expert modes read the
+     * routing it wrote to find theirs. */
+    const bool early = a.mode == MV_PLAIN;
+    if (!early)
+        kc_wait_prior();
+    mv_seg_t pend[MV_STAGES - 1];
+    mv_pos_t p0 = {0, 0, 0};
+#pragma unroll
+    for (int t = 0; t < MV_STAGES - 1; t++) {
+        pend[t] = (mv_seg_t){NULL, 0};
+        if (t < nseg) {
+            pend[t] = seg_at<T>(a, wk, p0);
+            issue<T>(stg + t * MV_STAGE_BYTES, pend[t], lane);
+        }
+        pos_next(p0, wk);
+        cp_commit();
+    }
+    if (early)
+        kc_wait_prior();
+    kc_allow_next();
+    mv_x_t xv;
+    xv.f = xb;
+    xv.ldx = a.ldx;
+    xv.xs = a.xs;
+    xv.terms = a.terms;
+    xv.q = mv_smem + MV_STAGE_ALL;
+    xv.d = (const float *)(xv.q + (size_t)nx * a.terms * a.xs);
+    xv.s = (const int *)(xv.d + (size_t)nx * a.terms * (a.xs / 32));
+    if (F::Q) {
+        round_acts<T>(xb, a.ldx, nx, a.ncols, (uint8_t *)xv.q, (float *)xv.d, (int *)xv.s, a.xs, a.terms);
+        __syncthreads(); /* the only block-wide barrier: every warp reaches it */
+    }
+    if (nseg == 0)
+        cp_wait<0>();
+    else
+        mv_rows<T, NX>(a, wk, xv, stg, nseg, slot, lane, pend);
+}
+
 // --- small f32 / f16 / bf16 matrices -------------------------------------------------------
 /* The plain product of a matrix with few rows (the MoE router: 128 x 2048 f32, 1
  * MB), where the streaming kernel's one-warp-per-row grid would leave most SMs
@@ -635,6 +693,7 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS) mv_kernel(const mv_
  * block sum (warp shuffles, then the warps in order), so the bits do not depend
  * on timing. ncols a multiple of 4 (row starts 16- or 8-byte aligned). */
 #define SM_THREADS 128
+#define SM_PRE 4 /* weight passes loaded before kc_wait_prior: 2048 columns */
 
 template <int T>
 static __device__ __forceinline__ float4 ld_w4(const uint8_t *row, int64_t e)
@@ -657,12 +716,36 @@ __global__ void __launch_bounds__(SM_THREADS) mv_small_kernel(const mv_args_t a)
     const int64_t i = blockIdx.x;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const uint8_t *row = a.w + (size_t)i * a.row_bytes;
+    /* The first SM_PRE passes' weights (constant) load before the wait for the
+     * previous kernel; the activations after it. */
+    float4 wpre[SM_PRE];
+#pragma unroll
+    for (int c = 0; c < SM_PRE; c++) {
+        const int64_t e = 4 * (int64_t)tid + (int64_t)c * 4 * SM_THREADS;
+        wpre[c] = e < a.ncols ? ld_w4<T>(row, e) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    kc_wait_prior();
+    kc_allow_next();
     float acc[NX];
 #pragma unroll
     for (int j = 0; j < NX; j++)
         acc[j] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < SM_PRE; c++) {
+        const int64_t e = 4 * (int64_t)tid + (int64_t)c * 4 * SM_THREADS;
+        if (e >= a.ncols)
+            break;
+        const float4 w = wpre[c];
+#pragma unroll
+        for (int j = 0; j < NX; j++) {
+            if (j >= a.n)
+                break;
+            const float4 x = __ldg((const float4 *)(a.x + j * a.ldx + e));
+            acc[j] += w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
+        }
+    }
 #pragma unroll 4
-    for (int64_t e = 4 * (int64_t)tid; e < a.ncols; e += 4 * SM_THREADS) {
+    for (int64_t e = 4 * (int64_t)tid + (int64_t)SM_PRE * 4 * SM_THREADS; e < a.ncols; e += 4 * SM_THREADS) {
         const float4 w = ld_w4<T>(row, e);
 #pragma unroll
         for (int j = 0; j < NX; j++) {
@@ -709,10 +792,9 @@ static int small_go(const mv_args_t *a, cudaStream_t st, bl_err_t *err)
 {
     const dim3 grid((unsigned)a->nrows);
     if (a->n == 1)
-        mv_small_kernel<T, 1><<<grid, SM_THREADS, 0, st>>>(*a);
+        KC_LAUNCH(err, mv_small_kernel<T, 1>, grid, SM_THREADS, 0, st, *a);
     else
-        mv_small_kernel<T, MAXR><<<grid, SM_THREADS, 0, st>>>(*a);
-    KCUDA_CHECK_LAUNCH(err);
+        KC_LAUNCH(err, mv_small_kernel<T, MAXR>, grid, SM_THREADS, 0, st, *a);
     return 0;
 }
 
@@ -773,6 +855,8 @@ template <int T>
 __global__ void get_rows_q_kernel(const uint8_t *table, size_t row_bytes, int64_t nrows,
                                   int64_t ncols, const int32_t *ids, float *y, int64_t ldy)
 {
+    kc_wait_prior();
+    kc_allow_next();
     typedef fmt<T> F;
     const int64_t i = blockIdx.y;
     const int32_t id = ids[i];
@@ -796,6 +880,8 @@ template <int T>
 __global__ void get_rows_plain_kernel(const uint8_t *table, size_t row_bytes, int64_t nrows,
                                       int64_t ncols, const int32_t *ids, float *y, int64_t ldy)
 {
+    kc_wait_prior();
+    kc_allow_next();
     const int64_t i = blockIdx.y;
     const int32_t id = ids[i];
     const uint8_t *row = table + (size_t)(id >= 0 && id < nrows ? id : 0) * row_bytes;
@@ -872,8 +958,7 @@ static int mv_go(const mv_args_t *a, dim3 grid, size_t smem, int dev, int optin,
     int rc = mv_prepare<T, NX>(dev, optin, err);
     if (rc < 0)
         return rc;
-    mv_kernel<T, NX><<<grid, MV_THREADS, smem, st>>>(*a);
-    KCUDA_CHECK_LAUNCH(err);
+    KC_LAUNCH(err, mv_kernel<T, NX>, grid, MV_THREADS, smem, st, *a);
     return 0;
 }
 
@@ -1154,7 +1239,7 @@ int kcuda_get_rows(const kcuda_mat_t *t, const int32_t *d_ids, int64_t n, float 
     const dim3 grid(1, (unsigned)n), block(256);
     cudaStream_t st = (cudaStream_t)stream;
     const uint8_t *d = (const uint8_t *)t->data;
-#define GR(K, T) K<T><<<grid, block, 0, st>>>(d, t->row_bytes, t->nrows, t->ncols, d_ids, d_y, ldy)
+#define GR(K, T) KC_LAUNCH(err, K<T>, grid, block, 0, st, d, t->row_bytes, t->nrows, t->ncols, d_ids, d_y, ldy)
     switch (t->type) {
     case BL_TYPE_Q4_K: GR(get_rows_q_kernel, BL_TYPE_Q4_K); break;
     case BL_TYPE_Q5_K: GR(get_rows_q_kernel, BL_TYPE_Q5_K); break;

@@ -5,33 +5,18 @@
 
 #include "kcuda_impl.cuh"
 
-#define NORM_BLOCK 256
 #define NORM_WARPS 4
 /* Rows up to this long get a warp each; longer ones a block. */
 #define NORM_WARP_MAX 512
 
-/* grid (n): one block per row; two passes over the row (sum of squares, then scale),
- * the second reading what the first read from L1/L2. */
-__global__ void __launch_bounds__(NORM_BLOCK)
+/* grid (n): one block of KC_NORM_BLOCK threads per row (kc_rms_norm_row). */
+__global__ void __launch_bounds__(KC_NORM_BLOCK)
 rms_norm_block_kernel(float *y, const float *x, const float *g, int64_t d, int64_t ld, float eps)
 {
-    __shared__ float part[NORM_BLOCK / 32];
-    const float *xr = x + blockIdx.x * ld;
-    float *yr = y + blockIdx.x * ld;
-    float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < d; i += NORM_BLOCK)
-        ss += xr[i] * xr[i];
-    ss = kc_warp_sum(ss);
-    if ((threadIdx.x & 31) == 0)
-        part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    float tot = 0.0f;
-#pragma unroll
-    for (int w = 0; w < NORM_BLOCK / 32; w++)
-        tot += part[w];
-    const float s = rsqrtf(tot / (float)d + eps);
-    for (int64_t i = threadIdx.x; i < d; i += NORM_BLOCK)
-        yr[i] = xr[i] * s * g[i];
+    kc_wait_prior();
+    kc_allow_next();
+    __shared__ float part[KC_NORM_BLOCK / 32];
+    kc_rms_norm_row(y + blockIdx.x * ld, x + blockIdx.x * ld, g, d, eps, part);
 }
 
 /* grid (ceil(n / NORM_WARPS)): one warp per row. */
@@ -39,6 +24,8 @@ __global__ void __launch_bounds__(NORM_WARPS * 32)
 rms_norm_warp_kernel(float *y, const float *x, const float *g, int64_t n, int64_t d, int64_t ld,
                      float eps)
 {
+    kc_wait_prior();
+    kc_allow_next();
     const int64_t row = (int64_t)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (row >= n)
@@ -62,36 +49,25 @@ int kcuda_rms_norm(float *d_y, const float *d_x, const float *d_g, int64_t n, in
                           (long long)d, (long long)ld);
     cudaStream_t st = (cudaStream_t)stream;
     if (d <= NORM_WARP_MAX)
-        rms_norm_warp_kernel<<<(unsigned)kc_cdiv(n, NORM_WARPS), NORM_WARPS * 32, 0, st>>>(
-            d_y, d_x, d_g, n, d, ld, eps);
+        KC_LAUNCH(err, rms_norm_warp_kernel, (unsigned)kc_cdiv(n, NORM_WARPS), NORM_WARPS * 32, 0, st, d_y, d_x, d_g, n, d, ld, eps);
     else
-        rms_norm_block_kernel<<<(unsigned)n, NORM_BLOCK, 0, st>>>(d_y, d_x, d_g, d, ld, eps);
-    KCUDA_CHECK_LAUNCH(err);
+        KC_LAUNCH(err, rms_norm_block_kernel, (unsigned)n, KC_NORM_BLOCK, 0, st, d_y, d_x, d_g, d, ld, eps);
     return 0;
-}
-
-/* cos and sin of pos * base^(-2i/hd), in double as kcpu_rope_table, rounded to float. */
-static __device__ __forceinline__ void rope_cs(int32_t pos, int64_t i, int64_t hd, float base,
-                                               float *c, float *s)
-{
-    const double theta = (double)pos * pow((double)base, -2.0 * (double)i / (double)hd);
-    double sd, cd;
-    sincos(theta, &sd, &cd);
-    *c = (float)cd;
-    *s = (float)sd;
 }
 
 /* grid (ceil(n * n_head * half / 256)): one thread per rotated pair. */
 __global__ void rope_neox_kernel(float *x, const int32_t *pos, int64_t n, int64_t n_head, int64_t hd,
                                  float base)
 {
+    kc_wait_prior();
+    kc_allow_next();
     const int64_t half = hd / 2;
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n * n_head * half)
         return;
     const int64_t i = idx % half, bh = idx / half, b = bh / n_head;
     float c, s;
-    rope_cs(pos[b], i, hd, base, &c, &s);
+    kc_rope_cs(pos[b], i, hd, base, &c, &s);
     float *v = x + bh * hd;
     const float x0 = v[i], x1 = v[i + half];
     v[i] = x0 * c - x1 * s;
@@ -105,9 +81,7 @@ int kcuda_rope_neox(float *d_x, const int32_t *d_pos, int64_t n, int64_t n_head,
         return bl_err_set(err, BL_EINVAL, "rope_neox: %lld rows, %lld heads of %lld", (long long)n,
                           (long long)n_head, (long long)head_dim);
     const int64_t total = n * n_head * (head_dim / 2);
-    rope_neox_kernel<<<(unsigned)kc_cdiv(total, 256), 256, 0, (cudaStream_t)stream>>>(
-        d_x, d_pos, n, n_head, head_dim, base);
-    KCUDA_CHECK_LAUNCH(err);
+    KC_LAUNCH(err, rope_neox_kernel, (unsigned)kc_cdiv(total, 256), 256, 0, (cudaStream_t)stream, d_x, d_pos, n, n_head, head_dim, base);
     return 0;
 }
 
@@ -117,25 +91,13 @@ __global__ void __launch_bounds__(NORM_WARPS * 32)
 rms_norm_rope_kernel(float *x, const float *g, const int32_t *pos, int64_t n, int64_t n_head,
                      int64_t hd, float eps, float base)
 {
+    kc_wait_prior();
+    kc_allow_next();
     const int64_t bh = (int64_t)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (bh >= n * n_head)
         return;
-    float *v = x + bh * hd;
-    float ss = 0.0f;
-    for (int64_t i = lane; i < hd; i += 32)
-        ss += v[i] * v[i];
-    ss = kc_warp_sum(ss);
-    const float sc = rsqrtf(ss / (float)hd + eps);
-    const int64_t half = hd / 2;
-    const int32_t p = pos[bh / n_head];
-    for (int64_t i = lane; i < half; i += 32) {
-        const float x0 = v[i] * sc * g[i], x1 = v[i + half] * sc * g[i + half];
-        float c, s;
-        rope_cs(p, i, hd, base, &c, &s);
-        v[i] = x0 * c - x1 * s;
-        v[i + half] = x0 * s + x1 * c;
-    }
+    kc_head_norm_rope(x + bh * hd, g, pos[bh / n_head], hd, eps, base, lane, NULL);
 }
 
 int kcuda_rms_norm_rope(float *d_x, const float *d_g, const int32_t *d_pos, int64_t n, int64_t n_head,
@@ -144,14 +106,15 @@ int kcuda_rms_norm_rope(float *d_x, const float *d_g, const int32_t *d_pos, int6
     if (!d_x || !d_g || !d_pos || n < 1 || n_head < 1 || head_dim < 2 || head_dim % 2 != 0)
         return bl_err_set(err, BL_EINVAL, "rms_norm_rope: %lld rows, %lld heads of %lld", (long long)n,
                           (long long)n_head, (long long)head_dim);
-    rms_norm_rope_kernel<<<(unsigned)kc_cdiv(n * n_head, NORM_WARPS), NORM_WARPS * 32, 0,
-                           (cudaStream_t)stream>>>(d_x, d_g, d_pos, n, n_head, head_dim, eps, base);
-    KCUDA_CHECK_LAUNCH(err);
+    KC_LAUNCH(err, rms_norm_rope_kernel, (unsigned)kc_cdiv(n * n_head, NORM_WARPS), NORM_WARPS * 32, 0,
+                           (cudaStream_t)stream, d_x, d_g, d_pos, n, n_head, head_dim, eps, base);
     return 0;
 }
 
 __global__ void swiglu_kernel(float *y, const float *g, const float *u, int64_t n)
 {
+    kc_wait_prior();
+    kc_allow_next();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         y[i] = kc_silu_mul(g[i], u[i]);
@@ -159,6 +122,8 @@ __global__ void swiglu_kernel(float *y, const float *g, const float *u, int64_t 
 
 __global__ void add_kernel(float *y, const float *x, int64_t n)
 {
+    kc_wait_prior();
+    kc_allow_next();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         y[i] += x[i];
@@ -174,8 +139,7 @@ int kcuda_swiglu(float *d_y, const float *d_g, const float *d_u, int64_t n, void
 {
     if (!d_y || !d_g || !d_u || n < 1)
         return bl_err_set(err, BL_EINVAL, "swiglu: %lld elements", (long long)n);
-    swiglu_kernel<<<elem_blocks(n), 256, 0, (cudaStream_t)stream>>>(d_y, d_g, d_u, n);
-    KCUDA_CHECK_LAUNCH(err);
+    KC_LAUNCH(err, swiglu_kernel, elem_blocks(n), 256, 0, (cudaStream_t)stream, d_y, d_g, d_u, n);
     return 0;
 }
 
@@ -183,7 +147,6 @@ int kcuda_add(float *d_y, const float *d_x, int64_t n, void *stream, bl_err_t *e
 {
     if (!d_y || !d_x || n < 1)
         return bl_err_set(err, BL_EINVAL, "add: %lld elements", (long long)n);
-    add_kernel<<<elem_blocks(n), 256, 0, (cudaStream_t)stream>>>(d_y, d_x, n);
-    KCUDA_CHECK_LAUNCH(err);
+    KC_LAUNCH(err, add_kernel, elem_blocks(n), 256, 0, (cudaStream_t)stream, d_y, d_x, n);
     return 0;
 }

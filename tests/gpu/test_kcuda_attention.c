@@ -173,6 +173,90 @@ static void case_rows(rng_t *r, int64_t n, const int64_t *pos, int64_t n_head, i
     free(knew); free(vnew); free(q); free(want); free(got);
 }
 
+/* kcuda_qkv_rows (the decode step's q/k norm, RoPE and cache store in one launch,
+ * on a stream of its own, so with programmatic dependent launch where the device
+ * has it) against kcuda_rms_norm_rope twice and kcuda_kv_store_rows: the same bits
+ * in q, k and every byte of the caches (layer 1 of two, poisoned elsewhere). */
+static void case_qkv_rows(rng_t *r, int64_t n, const int32_t *pos, int64_t n_head, int64_t n_kv, int64_t hd)
+{
+    bl_err_t err = {0};
+    const int64_t nq = n * n_head * hd, nk = n * n_kv * hd, kvw = n_kv * hd;
+    const size_t rb = (size_t)kvw * 2 + 16; /* rows wider than the heads: the stride counts */
+    float *q = xmalloc(sizeof(float) * (size_t)nq), *k = xmalloc(sizeof(float) * (size_t)nk);
+    float *v = xmalloc(sizeof(float) * (size_t)nk), *g = xmalloc(sizeof(float) * (size_t)(2 * hd));
+    rand_fill(r, q, nq, 3.0f);
+    rand_fill(r, k, nk, 3.0f);
+    rand_fill(r, v, nk, 3.0f);
+    rand_fill(r, g, 2 * hd, 1.5f);
+    kcuda_kv_row_t rows[2][8];
+    uint8_t *dc[2][8];
+    size_t plane[8];
+    for (int64_t b = 0; b < n; b++) {
+        plane[b] = rb * (size_t)(pos[b] + 5);
+        for (int w = 0; w < 2; w++) {
+            dc[w][b] = d_poison(4 * plane[b]);
+            rows[w][b] = (kcuda_kv_row_t){.k = (uint64_t)(uintptr_t)dc[w][b], .layer_bytes = 2 * plane[b],
+                                          .v_bytes = plane[b], .pos = pos[b]};
+        }
+    }
+    void *st = NULL;
+    if (kcuda_stream_create(&st, &err) < 0)
+        bail("kcuda_stream_create", &err);
+    float *dq[2], *dk[2];
+    kcuda_kv_row_t *drows[2];
+    for (int w = 0; w < 2; w++) {
+        dq[w] = d_upload(q, sizeof(float) * (size_t)nq);
+        dk[w] = d_upload(k, sizeof(float) * (size_t)nk);
+        drows[w] = d_upload(rows[w], sizeof(kcuda_kv_row_t) * (size_t)n);
+    }
+    float *dv = d_upload(v, sizeof(float) * (size_t)nk), *dg = d_upload(g, sizeof(float) * (size_t)(2 * hd));
+    int32_t *dpos = d_upload(pos, sizeof(int32_t) * (size_t)n);
+    const float eps = 1e-6f, base = 1000000.0f;
+    int ok = kcuda_qkv_rows(drows[0], 1, rb, dq[0], dk[0], dv, dg, dg + hd, dpos, n, n_head, n_kv, hd, eps, base,
+                            st, &err) == 0 &&
+             kcuda_sync(st, &err) == 0 &&
+             kcuda_rms_norm_rope(dq[1], dg, dpos, n, n_head, hd, eps, base, NULL, &err) == 0 &&
+             kcuda_rms_norm_rope(dk[1], dg + hd, dpos, n, n_kv, hd, eps, base, NULL, &err) == 0 &&
+             kcuda_kv_store_rows(drows[1], 1, rb, dk[1], dv, kvw, n, kvw, NULL, &err) == 0 &&
+             kcuda_sync(NULL, &err) == 0;
+    int same = ok;
+    if (ok) {
+        float *a = xmalloc(sizeof(float) * (size_t)nq), *b2 = xmalloc(sizeof(float) * (size_t)nq);
+        same &= d_fetch(a, dq[0], sizeof(float) * (size_t)nq, &err) == 0 &&
+                d_fetch(b2, dq[1], sizeof(float) * (size_t)nq, &err) == 0 && memcmp(a, b2, sizeof(float) * (size_t)nq) == 0;
+        same &= d_fetch(a, dk[0], sizeof(float) * (size_t)nk, &err) == 0 &&
+                d_fetch(b2, dk[1], sizeof(float) * (size_t)nk, &err) == 0 && memcmp(a, b2, sizeof(float) * (size_t)nk) == 0;
+        if (!same)
+            printf("#   q or k differs from kcuda_rms_norm_rope's\n");
+        for (int64_t b = 0; b < n; b++) {
+            uint8_t *c0 = xmalloc(4 * plane[b]), *c1 = xmalloc(4 * plane[b]);
+            if (d_fetch(c0, dc[0][b], 4 * plane[b], &err) != 0 || d_fetch(c1, dc[1][b], 4 * plane[b], &err) != 0 ||
+                memcmp(c0, c1, 4 * plane[b]) != 0) {
+                printf("#   row %lld: the cache differs from kcuda_kv_store_rows'\n", (long long)b);
+                same = 0;
+            }
+            free(c0);
+            free(c1);
+        }
+        free(a);
+        free(b2);
+    } else {
+        printf("#   %s\n", err.msg);
+    }
+    tap_ok(same, "qkv_rows: %lld rows, %lld heads over %lld of %lld, the bits of norm+rope twice and kv_store_rows",
+           (long long)n, (long long)n_head, (long long)n_kv, (long long)hd);
+    for (int w = 0; w < 2; w++) {
+        kcuda_free(dq[w]);
+        kcuda_free(dk[w]);
+        kcuda_free(drows[w]);
+        for (int64_t b = 0; b < n; b++)
+            kcuda_free(dc[w][b]);
+    }
+    kcuda_free(dv), kcuda_free(dg), kcuda_free(dpos);
+    kcuda_stream_destroy(st);
+    free(q), free(k), free(v), free(g);
+}
+
 static void case_refusals(void)
 {
     bl_err_t err = {0};
@@ -195,6 +279,10 @@ int main(void)
         bail("kcpu_select(ref)", NULL);
     rng_t r = rng_for(4);
     case_refusals();
+    const int32_t qp1[1] = {0}, qp3[3] = {7, 130, 4000};
+    case_qkv_rows(&r, 1, qp1, 32, 4, 128);
+    case_qkv_rows(&r, 3, qp3, 16, 2, 64);
+    case_qkv_rows(&r, 2, qp3, 6, 3, 256);
 
     case_attention(&r, 1, 0, 4, 4, 128);      /* one position */
     case_attention(&r, 1, 36, 8, 2, 128);     /* less than a chunk */

@@ -127,6 +127,7 @@ int main(void)
 
     case_rms_norm(&r, 1, 2048, 2048, 0);  /* block path */
     case_rms_norm(&r, 3, 4103, 4108, 0);  /* odd length, strided */
+    case_rms_norm(&r, 2, 6144, 6148, 1);  /* float4 rows past what the registers hold, in place */
     case_rms_norm(&r, 2, 513, 520, 1);    /* just past the warp path, in place */
     case_rms_norm(&r, 5, 37, 40, 0);      /* warp path, odd */
     case_rms_norm(&r, 4 * 32, 128, 128, 1); /* per-head: 4 rows x 32 heads */

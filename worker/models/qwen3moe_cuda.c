@@ -43,8 +43,10 @@
 typedef struct dlayer {
     const float *attn_norm, *q_norm, *k_norm, *ffn_norm; // (n_embd), (head_dim) x2, (n_embd)
     kcuda_mat_t wq, wk, wv, wo;                          // as layer_t
-    kcuda_mat_t wqkv; /* wq, wk, wv stacked in the arena (same type and width): the
-                       * decode step's one q/k/v launch; data NULL when they differ */
+    kcuda_mat_t wqkv; /* wq and wk, and wv when it has their type too, stacked in
+                       * the arena: the decode step's q/k(/v) launch; data NULL when
+                       * q and k differ */
+    int nstack;       /* matrices in wqkv: 3, 2 (v apart) or 0 */
     kcuda_mat_t gate_inp, gate_exps, up_exps, down_exps; // qwen3moe
     kcuda_mat_t ffn_gate, ffn_up, ffn_down;              // qwen3
 } dlayer_t;
@@ -202,44 +204,47 @@ static int add_mat(plan_t *p, refs_t *r, const kcpu_mat_t *h, kcuda_mat_t *d, bl
     return 0;
 }
 
-/* q, k and v: when they share type and width and their sizes keep 16-byte
- * alignment, k and v go right after q (no padding), so the three are also one
- * matrix (dlayer_t.wqkv, made by bind_qkv); otherwise three plain tensors. */
+/* q, k and v: the longest run from q of matrices sharing type and width whose sizes
+ * keep 16-byte alignment (q and k; q, k and v) goes back to back in the arena (no
+ * padding), so that the run is also one matrix (dlayer_t.wqkv, made by bind_qkv);
+ * the others are plain tensors. Qwen3-30B-A3B's files store v as q6_K beside q4_K
+ * q and k: two launches instead of three. */
 static int add_qkv(plan_t *p, refs_t *r, const layer_t *L, dlayer_t *D, bl_err_t *err)
 {
     const kcpu_mat_t *m[3] = {&L->wq, &L->wk, &L->wv};
     kcuda_mat_t *d[3] = {&D->wq, &D->wk, &D->wv};
-    int stack = 1;
-    for (int i = 1; i < 3; i++)
-        stack &= m[i]->type == m[0]->type && m[i]->ncols == m[0]->ncols && m[i]->row_bytes == m[0]->row_bytes;
-    for (int i = 0; i < 2; i++)
-        stack &= (m[i]->row_bytes * (size_t)m[i]->nrows) % 16 == 0;
+    int ns = 1;
+    while (ns < 3 && m[ns]->type == m[0]->type && m[ns]->ncols == m[0]->ncols &&
+           m[ns]->row_bytes == m[0]->row_bytes && (m[ns - 1]->row_bytes * (size_t)m[ns - 1]->nrows) % 16 == 0)
+        ns++;
+    if (ns < 2)
+        ns = 0;
+    int64_t rows = 0;
     for (int i = 0; i < 3; i++) {
         const size_t nbytes = m[i]->row_bytes * (size_t)m[i]->nrows;
         size_t off = 0;
-        if (stack && i > 0) { /* right after the one before: p->total is 16-aligned */
-            int rc = plan_add(p, m[i]->data, nbytes, &off, err);
-            if (rc < 0)
-                return rc;
+        int rc = plan_add(p, m[i]->data, nbytes, &off, err);
+        if (rc < 0)
+            return rc;
+        if (i > 0 && i < ns) { /* right after the one before: p->total is 16-aligned */
             off = p->u[p->n - 2].off + p->u[p->n - 2].nbytes;
             p->u[p->n - 1].off = off;
             p->total = off + nbytes;
-        } else {
-            int rc = plan_add(p, m[i]->data, nbytes, &off, err);
-            if (rc < 0)
-                return rc;
         }
+        if (i < ns)
+            rows += m[i]->nrows;
         r->mats[r->nm++] = (mat_ref_t){m[i], d[i], off};
     }
     D->wqkv.data = NULL;
-    D->wqkv.nrows = stack ? m[0]->nrows + m[1]->nrows + m[2]->nrows : 0;
+    D->wqkv.nrows = rows;
+    D->nstack = ns;
     return 0;
 }
 
-/* The stacked view of a layer whose q, k, v add_qkv placed together. */
+/* The stacked view of a layer whose q, k (and v) add_qkv placed together. */
 static int bind_qkv(dlayer_t *D, bl_err_t *err)
 {
-    if (D->wqkv.nrows == 0)
+    if (D->nstack == 0)
         return 0;
     return kcuda_mat_init(&D->wqkv, D->wq.data, D->wq.type, D->wq.ncols, D->wqkv.nrows, err);
 }
@@ -454,6 +459,11 @@ int wk__cuda_load(wk_model_t *m, bl_err_t *err)
         cu->output = cu->tok_embd;
     /* BLOOMERY_CUDA_PROMPT=rows keeps prompts on the row-chunk matvec path (the
      * reference the GEMM path is checked against; docs/cuda.md). */
+    /* BLOOMERY_CUDA_PDL=0 launches every kernel the ordinary way (kcuda_set_pdl), to
+     * measure what programmatic dependent launch gives. */
+    const char *pdl_env = getenv("BLOOMERY_CUDA_PDL");
+    if (pdl_env && strcmp(pdl_env, "0") == 0)
+        (void)kcuda_set_pdl(0);
     const char *pp_env = getenv("BLOOMERY_CUDA_PROMPT");
     cu->pp_ok = prompt_shapes_ok(c) && !(pp_env && strcmp(pp_env, "rows") == 0);
     if ((rc = upload_all(cu, &p, err)) < 0 || (rc = alloc_scratch(m, cu, err)) < 0)
@@ -631,8 +641,8 @@ static int mv(struct wk_cuda *cu, const kcuda_mat_t *w, const float *x, int64_t 
     return 0;
 }
 
-/* q, k, v of n rows of x from the stacked matrix, one launch per KCUDA_MV_MAX_ROWS
- * rows: the bits of the three separate products. */
+/* q, k, v of n rows of x: the stacked run in one launch per KCUDA_MV_MAX_ROWS rows
+ * (the bits of separate products), v apart when it is not in the run. */
 static int mv_qkv(struct wk_cuda *cu, const dlayer_t *D, const float *x, int64_t ldx, int64_t n, int64_t nq,
                   int64_t nkv, bl_err_t *err)
 {
@@ -641,10 +651,12 @@ static int mv_qkv(struct wk_cuda *cu, const dlayer_t *D, const float *x, int64_t
         const kcuda_out_t outs[3] = {{cu->q + r * nq, nq, D->wq.nrows},
                                      {cu->k + r * nkv, nkv, D->wk.nrows},
                                      {cu->v + r * nkv, nkv, D->wv.nrows}};
-        int rc = kcuda_matvec_split(&D->wqkv, x + r * ldx, ldx, cn, outs, 3, cu->stream, err);
+        int rc = kcuda_matvec_split(&D->wqkv, x + r * ldx, ldx, cn, outs, D->nstack, cu->stream, err);
         if (rc < 0)
             return rc;
     }
+    if (D->nstack == 2)
+        return mv(cu, &D->wv, x, ldx, n, cu->v, nkv, 0, err);
     return 0;
 }
 
@@ -744,17 +756,18 @@ static int enqueue_step(wk_model_t *m, const seg_t *seg, int64_t nseg, int64_t n
             OP("attn_k", mv(cu, &D->wk, cu->xn, E, n, cu->k, nkv, 0, err));
             OP("attn_v", mv(cu, &D->wv, cu->xn, E, n, cu->v, nkv, 0, err));
         }
-        OP("attn_qk_norm_rope", kcuda_rms_norm_rope(cu->q, D->q_norm, cu->d_pos, n, c->n_head, hd, c->eps,
-                                                    c->rope_base, st, err));
-        OP("attn_qk_norm_rope", kcuda_rms_norm_rope(cu->k, D->k_norm, cu->d_pos, n, c->n_head_kv, hd, c->eps,
-                                                    c->rope_base, st, err));
         if (decode) {
-            OP("kv_store", kcuda_kv_store_rows(cu->d_rows, l - m->lb, cu->kv_row_bytes, cu->k, cu->v, nkv, n, nkv,
-                                               st, err));
+            OP("attn_qk_norm_rope_store", kcuda_qkv_rows(cu->d_rows, l - m->lb, cu->kv_row_bytes, cu->q, cu->k, cu->v,
+                                                         D->q_norm, D->k_norm, cu->d_pos, n, c->n_head, c->n_head_kv,
+                                                         hd, c->eps, c->rope_base, st, err));
             OP("attention", kcuda_attention_rows(cu->d_rows, l - m->lb, cu->kv_row_bytes, cu->q, cu->att, n,
                                                  max_len, c->n_head, c->n_head_kv, hd, scale, cu->att_scratch,
                                                  cu->att_scratch_bytes, st, err));
         } else {
+            OP("attn_qk_norm_rope", kcuda_rms_norm_rope(cu->q, D->q_norm, cu->d_pos, n, c->n_head, hd, c->eps,
+                                                        c->rope_base, st, err));
+            OP("attn_qk_norm_rope", kcuda_rms_norm_rope(cu->k, D->k_norm, cu->d_pos, n, c->n_head_kv, hd, c->eps,
+                                                        c->rope_base, st, err));
             for (int64_t j = 0; j < nseg; j++) {
                 const kcuda_kv_view_t kv = kv_view(seg[j].kv, l);
                 const int64_t r0 = seg[j].row0;
@@ -869,12 +882,10 @@ static int enqueue_prompt(wk_model_t *m, const seg_t *seg, int64_t nseg, int64_t
     const int64_t E = c->n_embd, hd = c->head_dim;
     const int64_t nq = c->n_head * hd, nkv = c->n_head_kv * hd;
     const float scale = (float)(1.0 / sqrt((double)hd));
-    /* kcuda_attention_prefill gives wrong rows past the first 64 of a sequence on the
-     * H200 (tests/gpu/test_kcuda_gemm's prefill cases): until it is fixed, prompts
-     * attend through the split attention in 64-row pieces, which the tests pass.
-     * BLOOMERY_CUDA_FLASH=1 turns it back on for debugging. */
+    /* Flash prefill for head_dim 64 and 128; BLOOMERY_CUDA_FLASH=0 keeps the split
+     * attention in 64-row pieces (the reference it is compared with). */
     const char *fl_env = getenv("BLOOMERY_CUDA_FLASH");
-    const int flash = (hd == 64 || hd == 128) && fl_env && strcmp(fl_env, "1") == 0;
+    const int flash = (hd == 64 || hd == 128) && !(fl_env && strcmp(fl_env, "0") == 0);
     void *st = cu->stream;
 
     if (m->lb == 0)
