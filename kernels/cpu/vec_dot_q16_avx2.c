@@ -12,6 +12,7 @@
  * and a fixed horizontal sum. Bounds: q4_K/q5_K weights times scale are at most
  * 1953 and a lane adds 32 products per block, under 2^31 with |q| <= 32767; q6_K's
  * reach 4096, so its lanes are converted every 128 elements (16 products). */
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -83,6 +84,9 @@ AVX2 void kcpu_quantize_row_q16_K_avx2(const float *x, kcpu_block_q16_K *y, int6
 
 // --- weight decoding shared by the packed dots and the unpackers ---------------------------
 
+_Static_assert(offsetof(bl_block_q4_K, dmin) == offsetof(bl_block_q4_K, d) + 2, "q4_K dmin follows d");
+_Static_assert(offsetof(bl_block_q5_K, dmin) == offsetof(bl_block_q5_K, d) + 2, "q5_K dmin follows d");
+
 /* The 8 six-bit scales and mins of a q4_K/q5_K block (kcpu__k_scale_min's layout)
  * from its 12 bytes read as three words. */
 static INLINE void k_scales(const uint8_t *s12, uint8_t sc[8], uint8_t m[8])
@@ -141,6 +145,15 @@ AVX2 static INLINE __m256i bcast_word(__m256i v, int g)
     return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(0x0100 * (2 * g + 1) + 2 * g)));
 }
 
+/* Pins v to a register here and keeps later memory reads below this point. In the
+ * packed dots GCC 12 otherwise hoists the next chunks' loads and products above the
+ * running sums and spills them: one per chunk of 64 weights is what keeps the q4_K
+ * dot free of spills (the values are the same; only the order of issue moves). */
+AVX2 static INLINE void issue_after(__m256i *v)
+{
+    __asm__ volatile("" : "+x"(*v) : : "memory");
+}
+
 // --- packed dots (one activation row) -------------------------------------------------------
 
 AVX2 static INLINE float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K *a5,
@@ -175,6 +188,7 @@ AVX2 static INLINE float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K 
                 const int16_t *x = b[i].q + 64 * j;
                 isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w0, x), madd_at(w1, x + 16)));
                 isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w2, x + 32), madd_at(w3, x + 48)));
+                issue_after(&isum);
             }
         else
             for (int j = 0; j < 4; j++) {
@@ -193,15 +207,19 @@ AVX2 static INLINE float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K 
                 const int16_t *x = b[i].q + 64 * j;
                 isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w0, x), madd_at(w1, x + 16)));
                 isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w2, x + 32), madd_at(w3, x + 48)));
+                issue_after(&isum);
             }
-        const float d = _cvtsh_ss(a4 ? a4[i].d : a5[i].d);
-        const float dmin = _cvtsh_ss(a4 ? a4[i].dmin : a5[i].dmin);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * b[i].d), _mm256_cvtepi32_ps(isum), acc);
+        /* d and dmin (adjacent halves) converted together: lanes 0 and 1. */
+        uint32_t d2;
+        memcpy(&d2, a4 ? &a4[i].d : &a5[i].d, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)d2));
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_mul_ss(dm, _mm_load_ss(&b[i].d))),
+                              _mm256_cvtepi32_ps(isum), acc);
         uint64_t m8;
         memcpy(&m8, m, 8);
         const __m256 mins = _mm256_mul_ps(
             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8))),
-            _mm256_set1_ps(dmin));
+            _mm256_broadcastss_ps(_mm_movehdup_ps(dm)));
         acc = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(b[i].bsum), acc);
     }
     return hsum8(acc);
