@@ -235,9 +235,20 @@ AVX2 float kcpu_vec_dot_q5_K_q16_K_avx2(const void *w, const void *x, int64_t n)
     return dot_q45_K(NULL, w, x, n / BL_QK_K);
 }
 
-/* The packed q6_K dot, decoding as q6_sub does but with the loads shared per half
- * and the 16 group scales widened once per block (a decode step streams the output
- * head, half of its bytes, through here). */
+/* The word w in every word lane, read from memory as the dword (w, w): a load, where
+ * _mm256_set1_epi32 from an array the compiler has just written becomes register
+ * shuffles on the port the bit extraction needs. */
+AVX2 static INLINE __m256i bcast_word_mem(const int32_t *ww)
+{
+    __m256i v;
+    __asm__("vpbroadcastd %1, %0" : "=x"(v) : "m"(*ww));
+    return v;
+}
+
+/* The packed q6_K dot, decoding as q6_sub does but with the loads shared per half;
+ * the 16 group scales are widened once per block and stored as (sc, sc) dwords that
+ * each product broadcasts from memory (a decode step streams the experts' ffn_down
+ * and attn_v through here). */
 AVX2 float kcpu_vec_dot_q6_K_q16_K_avx2(const void *w, const void *x, int64_t n)
 {
     const bl_block_q6_K *a = w;
@@ -246,11 +257,13 @@ AVX2 float kcpu_vec_dot_q6_K_q16_K_avx2(const void *w, const void *x, int64_t n)
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / BL_QK_K; i++) {
         const __m256 dd = _mm256_set1_ps(_cvtsh_ss(a[i].d) * b[i].d);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a[i].scales));
+        /* Words of scales 0-3, 8-11 | 4-7, 12-15, so the unpacks give group order. */
+        const __m256i sc16 = _mm256_permute4x64_epi64(
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a[i].scales)), 0xd8);
+        int32_t scd[16];
+        _mm256_storeu_si256((__m256i *)scd, _mm256_unpacklo_epi16(sc16, sc16));
+        _mm256_storeu_si256((__m256i *)(scd + 8), _mm256_unpackhi_epi16(sc16, sc16));
         for (int h = 0; h < 2; h++) {
-            /* Scales of groups 8h..8h+7 in both halves. */
-            const __m256i sh = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
-                                 : _mm256_permute2x128_si256(sc16, sc16, 0x00);
             __m256i isum = _mm256_setzero_si256();
             for (int e = 0; e < 2; e++) {
                 /* Elements 16e..16e+15 of each 32-element chunk, as words straight
@@ -265,9 +278,11 @@ AVX2 float kcpu_vec_dot_q6_K_q16_K_avx2(const void *w, const void *x, int64_t n)
                     _mm256_or_si256(_mm256_srli_epi16(l1, 4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30w)),
                 };
                 for (int k = 0; k < 4; k++) {
-                    const __m256i w0 = _mm256_mullo_epi16(_mm256_sub_epi16(q[k], offw), bcast_word(sh, 2 * k + e));
+                    const __m256i w0 = _mm256_mullo_epi16(_mm256_sub_epi16(q[k], offw),
+                                                          bcast_word_mem(&scd[8 * h + 2 * k + e]));
                     isum = _mm256_add_epi32(isum, madd_at(w0, b[i].q + 128 * h + 32 * k + 16 * e));
                 }
+                issue_after(&isum);
             }
             acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum), acc);
         }
