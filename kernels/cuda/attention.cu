@@ -95,6 +95,21 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
         }
         return;
     }
+    /* p * V below: thread (phase ph, dimension pair dp). A chunk of at most 8 phases
+     * per thread (every decode chunk of up to 1024 positions) has its V loads
+     * issued here, before the scores, so they land while the scores are taken. */
+    const int np = hd >> 1, nph = ATT_THREADS / np, dp = tid % np, ph = tid / np;
+    const size_t voff = ((size_t)g * hd + 2 * (size_t)dp) * sizeof(__half);
+    const bool vpre_all = cnt <= 8 * nph;
+    float2 vpre[8];
+    if (vpre_all) {
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int t = ph + u * nph;
+            vpre[u] = t < cnt ? __half22float2(*(const __half2 *)(vc + (size_t)(t0 + t) * rb + voff))
+                              : make_float2(0.0f, 0.0f);
+        }
+    }
     const float *qg = q + ((size_t)b * n_head + h0) * hd;
     for (int idx = tid; idx < group * hd; idx += ATT_THREADS)
         qs[idx] = qg[idx] * scale;
@@ -165,16 +180,30 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
     __syncthreads();
 
     /* p * V: thread (phase ph, dimension pair dp); phases summed below. */
-    const int np = hd >> 1, nph = ATT_THREADS / np, dp = tid % np, ph = tid / np;
-    const size_t voff = ((size_t)g * hd + 2 * (size_t)dp) * sizeof(__half);
     float2 acc[ATT_MAXG];
 #pragma unroll
     for (int j = 0; j < ATT_MAXG; j++)
         acc[j] = make_float2(0.0f, 0.0f);
+    if (vpre_all) { /* positions in the order of the loops below: the same bits */
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int t = ph + u * nph;
+            if (t >= cnt)
+                break;
+#pragma unroll
+            for (int j = 0; j < ATT_MAXG; j++) {
+                if (j >= group)
+                    break;
+                const float p = sc[j * ATT_CHUNK + t];
+                acc[j].x += p * vpre[u].x;
+                acc[j].y += p * vpre[u].y;
+            }
+        }
+    }
     /* Eight V loads are issued before any is used: one at a time, a decode step's
      * few blocks waited out a memory latency per position. The sums still run in
      * position order, so the bits are those of the one-at-a-time loop. */
-    int t = ph;
+    int t = vpre_all ? cnt : ph;
     for (; t + 7 * nph < cnt; t += 8 * nph) {
         float2 vf[8];
 #pragma unroll

@@ -41,7 +41,10 @@
 #define MV_STAGE_ALL (MV_WARPS * MV_STAGES * MV_STAGE_BYTES) /* 50304 bytes per block */
 #define MAXR KCUDA_MV_MAX_ROWS
 /* Blocks per SM the register budget must allow, and the launcher's wave size. */
-#define MV_MIN_BLOCKS 2
+/* Blocks per SM the register budget must allow (three for one activation row
+ * measured slower on the H200 in a decode step: fewer registers per thread, and
+ * less room for the next kernel's blocks to start early). */
+#define MV_MIN_BLOCKS(nx) 2
 #define MV_MAX_DEVICES 16
 
 enum { MV_PLAIN = 0, MV_EXPERT = 1, MV_EXPERT_DOWN = 2 };
@@ -453,11 +456,17 @@ static __device__ __forceinline__ void cp_wait(void)
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-/* One segment: nb whole blocks at src (NULL: an expert id out of range, nothing). */
+/* One segment: nb whole blocks at src (NULL: an expert id out of range, nothing);
+ * paired (mv_work_t.pair), a second expert's row of nb blocks at src2 too. */
 typedef struct mv_seg {
-    const uint8_t *src;
+    const uint8_t *src, *src2;
     int nb;
 } mv_seg_t;
+
+/* Where a paired segment's second span starts in its stage: each span (4 q6_K
+ * blocks, aligned, and ldw4's 4 bytes past) fits its half. */
+#define MV_PAIR_OFF 1024
+static_assert(16 + 4 * 210 + 4 <= MV_PAIR_OFF && MV_PAIR_OFF + 16 + 4 * 210 + 4 <= MV_STAGE_BYTES, "q6_K pairs");
 
 /* The warp's work: nrow rows r0, r0 + MV_WARPS, ...; each of nparts parts of
  * ngroups groups, walked in that order (segment t is group t % ngroups of part
@@ -466,6 +475,10 @@ typedef struct mv_work {
     int64_t r0;
     int64_t nblk;  /* blocks per row */
     int ngroups, nparts;
+    /* Down products over q6_K rows of at most 4 blocks (768 columns: 3 blocks, 12
+     * of the warp's 32 lanes): part q holds choices 2q and 2q + 1, one per half of
+     * the warp, so each segment keeps 24 lanes busy and there are half as many. */
+    int pair;
 } mv_work_t;
 
 /* A position in the warp's walk: group g of part q of the warp's row i. The walk
@@ -489,9 +502,16 @@ template <int T>
 static __device__ __forceinline__ mv_seg_t seg_at(const mv_args_t &a, const mv_work_t &wk, const mv_pos_t &p)
 {
     const int64_t r = wk.r0 + (int64_t)p.i * MV_WARPS;
-    const uint8_t *row = NULL;
+    const uint8_t *row = NULL, *row2 = NULL;
     if (a.mode == MV_PLAIN) {
         row = (p.q ? a.w2 : a.w) + r * a.row_bytes;
+    } else if (wk.pair) {
+        const int j = 2 * p.q;
+        const int32_t e = a.ids[blockIdx.y * a.k + j], e2 = j + 1 < a.k ? a.ids[blockIdx.y * a.k + j + 1] : -1;
+        if (e >= 0 && e < a.n_expert)
+            row = a.w + ((int64_t)e * a.nrows + r) * a.row_bytes;
+        if (e2 >= 0 && e2 < a.n_expert)
+            row2 = a.w + ((int64_t)e2 * a.nrows + r) * a.row_bytes;
     } else {
         const int32_t e = a.mode == MV_EXPERT ? a.ids[blockIdx.y] : a.ids[blockIdx.y * a.k + p.q];
         if (e >= 0 && e < a.n_expert)
@@ -499,23 +519,31 @@ static __device__ __forceinline__ mv_seg_t seg_at(const mv_args_t &a, const mv_w
     }
     mv_seg_t sg;
     const int64_t left = wk.nblk - (int64_t)p.g * fmt<T>::G;
-    sg.nb = row ? (int)(left < fmt<T>::G ? left : fmt<T>::G) : 0;
+    sg.nb = row || row2 ? (int)(left < fmt<T>::G ? left : fmt<T>::G) : 0;
     sg.src = row ? row + (size_t)p.g * fmt<T>::G * fmt<T>::BB : NULL;
+    sg.src2 = row2; /* paired segments are whole rows (one group) */
     return sg;
 }
 
 /* Starts the copies of a segment's aligned span into a stage (the calling lane's
  * share); the caller commits. */
 template <int T>
-static __device__ __forceinline__ void issue(uint8_t *dst, mv_seg_t sg, int lane)
+static __device__ __forceinline__ void issue_span(uint8_t *dst, const uint8_t *src, int nb, int lane)
 {
-    if (!sg.src)
-        return;
-    const uintptr_t a0 = (uintptr_t)sg.src & ~(uintptr_t)15;
-    const uintptr_t a1 = ((uintptr_t)sg.src + (uintptr_t)sg.nb * fmt<T>::BB + 15) & ~(uintptr_t)15;
+    const uintptr_t a0 = (uintptr_t)src & ~(uintptr_t)15;
+    const uintptr_t a1 = ((uintptr_t)src + (uintptr_t)nb * fmt<T>::BB + 15) & ~(uintptr_t)15;
     const int nv = (int)((a1 - a0) >> 4);
     for (int i = lane; i < nv; i += 32)
         cp16(dst + 16 * i, (const void *)(a0 + 16 * (uintptr_t)i));
+}
+
+template <int T>
+static __device__ __forceinline__ void issue(uint8_t *dst, mv_seg_t sg, int lane)
+{
+    if (sg.src)
+        issue_span<T>(dst, sg.src, sg.nb, lane);
+    if (sg.src2)
+        issue_span<T>(dst + MV_PAIR_OFF, sg.src2, sg.nb, lane);
 }
 
 /* The warp's segments: decode each as it lands, keep MV_STAGES - 1 ahead, sum and
@@ -539,7 +567,7 @@ static __device__ __forceinline__ void mv_rows(const mv_args_t &a, const mv_work
     int st = 0, st_ahead = MV_STAGES - 1;
     for (int t = 0; t < nseg; t++) {
         __syncwarp(); /* every lane is done with the stage segment t + MV_STAGES - 1 reuses */
-        mv_seg_t nxt = {NULL, 0};
+        mv_seg_t nxt = {NULL, NULL, 0};
         if (t + MV_STAGES - 1 < nseg) {
             nxt = seg_at<T>(a, wk, ahead);
             issue<T>(stg + st_ahead * MV_STAGE_BYTES, nxt, lane);
@@ -556,16 +584,29 @@ static __device__ __forceinline__ void mv_rows(const mv_args_t &a, const mv_work
         pend[MV_STAGES - 2] = nxt;
         const int g = cur.g, q = cur.q, i = cur.i;
         pos_next(cur, wk);
-        const uint8_t *s = stg + st * MV_STAGE_BYTES + ((uintptr_t)sg.src & 15);
+        const uint8_t *sbase = stg + st * MV_STAGE_BYTES;
         st = st == MV_STAGES - 1 ? 0 : st + 1;
-        lane_dot<T, NX>(s, sg.nb, lane, xv, a.mode == MV_EXPERT_DOWN ? q : 0, nxr, (int64_t)g * F::G * F::BE,
-                        part);
+        /* paired: this lane's half of the warp and its choice */
+        const int half = lane >> 4;
+        const uint8_t *mine = half ? sg.src2 : sg.src;
+        if (T == BL_TYPE_Q6_K && wk.pair) {
+            if (mine)
+                lane_dot<T, NX>(sbase + half * MV_PAIR_OFF + ((uintptr_t)mine & 15), sg.nb, lane & 15, xv,
+                                2 * q + half, nxr, 0, part);
+        } else {
+            lane_dot<T, NX>(sbase + ((uintptr_t)sg.src & 15), sg.nb, lane, xv, a.mode == MV_EXPERT_DOWN ? q : 0,
+                            nxr, (int64_t)g * F::G * F::BE, part);
+        }
         if (g != wk.ngroups - 1)
             continue;
         /* end of a part */
         if (a.mode == MV_EXPERT_DOWN) {
-            if (sg.src)
+            if (T == BL_TYPE_Q6_K && wk.pair) {
+                if (mine)
+                    acc[0] += a.wts[slot * a.k + 2 * q + half] * part[0];
+            } else if (sg.src) {
                 acc[0] += a.wts[slot * a.k + q] * part[0];
+            }
         } else {
 #pragma unroll
             for (int j = 0; j < NX; j++) {
@@ -616,7 +657,7 @@ static __device__ __forceinline__ void mv_rows(const mv_args_t &a, const mv_work
  * activations: nx * terms rows of xs bytes, then nx * terms * xs / 32 scales and
  * as many sums. */
 template <int T, int NX>
-__global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS) mv_kernel(const mv_args_t a)
+__global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS(NX)) mv_kernel(const mv_args_t a)
 {
     typedef fmt<T> F;
     extern __shared__ __align__(16) uint8_t mv_smem[];
@@ -627,7 +668,8 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS) mv_kernel(const mv_
     wk.r0 = (int64_t)blockIdx.x * MV_WARPS * a.rpw + warp;
     wk.nblk = a.ncols / F::BE;
     wk.ngroups = (int)((wk.nblk + F::G - 1) / F::G);
-    wk.nparts = a.mode == MV_EXPERT_DOWN ? a.k : (a.w2 ? 2 : 1);
+    wk.pair = T == BL_TYPE_Q6_K && a.mode == MV_EXPERT_DOWN && wk.nblk <= 4;
+    wk.nparts = a.mode == MV_EXPERT_DOWN ? (wk.pair ? (a.k + 1) / 2 : a.k) : (a.w2 ? 2 : 1);
     const int64_t left = a.nrows - wk.r0;
     const int nrow = left > 0 ? (int)min((int64_t)a.rpw, (left + MV_WARPS - 1) / MV_WARPS) : 0;
     const int nseg = nrow * wk.nparts * wk.ngroups;
@@ -655,7 +697,7 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS) mv_kernel(const mv_
     mv_pos_t p0 = {0, 0, 0};
 #pragma unroll
     for (int t = 0; t < MV_STAGES - 1; t++) {
-        pend[t] = (mv_seg_t){NULL, 0};
+        pend[t] = (mv_seg_t){NULL, NULL, 0};
         if (t < nseg) {
             pend[t] = seg_at<T>(a, wk, p0);
             issue<T>(stg + t * MV_STAGE_BYTES, pend[t], lane);
@@ -938,6 +980,20 @@ static int device_limits(int *dev, int *sms, int *optin, bl_err_t *err)
     return 0;
 }
 
+/* Shared memory per SM (the blocks of a launch that can share one), per device. */
+static int sm_smem(int dev, int *out, bl_err_t *err)
+{
+    static int cache[MV_MAX_DEVICES];
+    if (dev >= 0 && dev < MV_MAX_DEVICES && cache[dev] > 0) {
+        *out = cache[dev];
+        return 0;
+    }
+    KCUDA_CHECK(cudaDeviceGetAttribute(out, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), err);
+    if (dev >= 0 && dev < MV_MAX_DEVICES)
+        cache[dev] = *out;
+    return 0;
+}
+
 /* Raises the kernel's dynamic shared-memory limit to the device's opt-in limit,
  * once per device (a host-side attribute, not a stream operation). */
 template <int T, int NX>
@@ -1006,9 +1062,9 @@ static int rows_that_fit(uint32_t type, int64_t ncols, int optin)
  * the rows of all slots in one wave. */
 static int mv_launch(const kcuda_mat_t *w, mv_args_t *a, unsigned slots, int nx, void *stream, bl_err_t *err)
 {
-    int dev = 0, sms = 0, optin = 0;
+    int dev = 0, sms = 0, optin = 0, smem_sm = 0;
     int rc = device_limits(&dev, &sms, &optin, err);
-    if (rc < 0)
+    if (rc < 0 || (rc = sm_smem(dev, &smem_sm, err)) < 0)
         return rc;
     a->w = (const uint8_t *)w->data;
     a->row_bytes = w->row_bytes;
@@ -1025,7 +1081,12 @@ static int mv_launch(const kcuda_mat_t *w, mv_args_t *a, unsigned slots, int nx,
                           nx, a->terms, a->terms == 1 ? "" : "s", (long long)w->ncols, smem, optin);
     a->xs = xs;
     const int64_t rows = a->nrows * (int64_t)slots;
-    const int64_t wave = (int64_t)sms * MV_MIN_BLOCKS * MV_WARPS;
+    const int one = a->mode != MV_PLAIN || a->n == 1;
+    /* as many blocks as fit beside each other (registers: MV_MIN_BLOCKS; shared memory) */
+    int per_sm = MV_MIN_BLOCKS(one ? 1 : MAXR);
+    while (per_sm > 1 && (size_t)per_sm * (smem + 1024) > (size_t)smem_sm)
+        per_sm--;
+    const int64_t wave = (int64_t)sms * per_sm * MV_WARPS;
     int64_t rpw = (rows + wave - 1) / wave;
     if (rpw < 1)
         rpw = 1;
@@ -1034,7 +1095,6 @@ static int mv_launch(const kcuda_mat_t *w, mv_args_t *a, unsigned slots, int nx,
     a->rpw = (int)rpw;
     const dim3 grid((unsigned)kc_cdiv(a->nrows, MV_WARPS * rpw), slots);
     cudaStream_t st = (cudaStream_t)stream;
-    const int one = a->mode != MV_PLAIN || a->n == 1;
 #define MV_GO(T) (one ? mv_go<T, 1>(a, grid, smem, dev, optin, st, err) : mv_go<T, MAXR>(a, grid, smem, dev, optin, st, err))
     switch (w->type) {
     case BL_TYPE_Q4_K: return MV_GO(BL_TYPE_Q4_K);
