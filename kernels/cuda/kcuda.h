@@ -167,6 +167,14 @@ typedef struct kcuda_out {
 int kcuda_matvec_split(const kcuda_mat_t *w, const float *d_x, int64_t ldx, int n,
                        const kcuda_out_t *outs, int nouts, void *stream, bl_err_t *err) BL_WUR;
 
+/* kcuda_matvec_split of w into outs, and y2 (n, w2->nrows) = x w2^T, over the same
+ * activation rows: in one launch when w and w2 are a pair of block formats that
+ * quantised attention uses (q4_K or q5_K beside q6_K, q5_K or q8_0), else in two.
+ * Either way the bits of the two calls. */
+int kcuda_matvec_split2(const kcuda_mat_t *w, const kcuda_out_t *outs, int nouts, const kcuda_mat_t *w2,
+                        float *d_y2, int64_t ldy2, const float *d_x, int64_t ldx, int n, void *stream,
+                        bl_err_t *err) BL_WUR;
+
 /* y (n, gate->nrows) = silu(x gate^T) * (x up^T), the dense SwiGLU FFN's first half
  * in one pass (gate and up of the same type and shape). */
 int kcuda_matvec_swiglu(const kcuda_mat_t *gate, const kcuda_mat_t *up, const float *d_x,

@@ -44,7 +44,7 @@
 /* Blocks per SM the register budget must allow (three for one activation row
  * measured slower on the H200 in a decode step: fewer registers per thread, and
  * less room for the next kernel's blocks to start early). */
-#define MV_MIN_BLOCKS(nx) 2
+#define MV_MIN_BLOCKS 2
 #define MV_MAX_DEVICES 16
 
 enum { MV_PLAIN = 0, MV_EXPERT = 1, MV_EXPERT_DOWN = 2 };
@@ -652,12 +652,12 @@ static __device__ __forceinline__ void mv_rows(const mv_args_t &a, const mv_work
     }
 }
 
-/* grid (ceil(nrows / (MV_WARPS * rpw)), slots): slots = 1 (plain), n * k (expert),
- * n (down). Dynamic shared memory: the stages, then (block formats) the rounded
- * activations: nx * terms rows of xs bytes, then nx * terms * xs / 32 scales and
- * as many sums. */
+/* One block of a product: block column bx of grid (ceil(nrows / (MV_WARPS * rpw)),
+ * slots): slots = 1 (plain), n * k (expert), n (down). Dynamic shared memory: the
+ * stages, then (block formats) the rounded activations: nx * terms rows of xs bytes,
+ * then nx * terms * xs / 32 scales and as many sums. */
 template <int T, int NX>
-__global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS(NX)) mv_kernel(const mv_args_t a)
+static __device__ __forceinline__ void mv_body(const mv_args_t &a, unsigned bx)
 {
     typedef fmt<T> F;
     extern __shared__ __align__(16) uint8_t mv_smem[];
@@ -665,7 +665,7 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS(NX)) mv_kernel(const
     uint8_t *stg = mv_smem + warp * (MV_STAGES * MV_STAGE_BYTES);
 
     mv_work_t wk;
-    wk.r0 = (int64_t)blockIdx.x * MV_WARPS * a.rpw + warp;
+    wk.r0 = (int64_t)bx * MV_WARPS * a.rpw + warp;
     wk.nblk = a.ncols / F::BE;
     wk.ngroups = (int)((wk.nblk + F::G - 1) / F::G);
     wk.pair = T == BL_TYPE_Q6_K && a.mode == MV_EXPERT_DOWN && wk.nblk <= 4;
@@ -724,6 +724,25 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS(NX)) mv_kernel(const
         cp_wait<0>();
     else
         mv_rows<T, NX>(a, wk, xv, stg, nseg, slot, lane, pend);
+}
+
+template <int T, int NX>
+__global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS) mv_kernel(const mv_args_t a)
+{
+    mv_body<T, NX>(a, blockIdx.x);
+}
+
+/* Two plain products over the same activations in one launch (kcuda_matvec_split2):
+ * block columns below nbx1 are a1's, the rest a2's; each block is what its own
+ * launch would run, so the bits are those of the two launches. */
+template <int T1, int T2, int NX>
+__global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
+mv_kernel2(const mv_args_t a1, const mv_args_t a2, unsigned nbx1)
+{
+    if (blockIdx.x < nbx1)
+        mv_body<T1, NX>(a1, blockIdx.x);
+    else
+        mv_body<T2, NX>(a2, blockIdx.x - nbx1);
 }
 
 // --- small f32 / f16 / bf16 matrices -------------------------------------------------------
@@ -1057,15 +1076,10 @@ static int rows_that_fit(uint32_t type, int64_t ncols, int optin)
     return n > 1024 ? 1024 : (int)n;
 }
 
-/* Launches one product: nx activation rows per block (plain: a->n; expert: 1;
- * down: k). Rows per warp: enough that about MV_MIN_BLOCKS blocks per SM cover
- * the rows of all slots in one wave. */
-static int mv_launch(const kcuda_mat_t *w, mv_args_t *a, unsigned slots, int nx, void *stream, bl_err_t *err)
+/* Fills a's weight fields and activation layout for nx activation rows per block;
+ * *smem: the dynamic shared memory a block needs. */
+static int mv_setup(const kcuda_mat_t *w, mv_args_t *a, int nx, int optin, size_t *smem_out, bl_err_t *err)
 {
-    int dev = 0, sms = 0, optin = 0, smem_sm = 0;
-    int rc = device_limits(&dev, &sms, &optin, err);
-    if (rc < 0 || (rc = sm_smem(dev, &smem_sm, err)) < 0)
-        return rc;
     a->w = (const uint8_t *)w->data;
     a->row_bytes = w->row_bytes;
     a->ncols = w->ncols;
@@ -1080,20 +1094,36 @@ static int mv_launch(const kcuda_mat_t *w, mv_args_t *a, unsigned slots, int nx,
                           "matvec: %d activation rows (%d term%s) of %lld columns need %zu bytes of shared memory (the device gives %d)",
                           nx, a->terms, a->terms == 1 ? "" : "s", (long long)w->ncols, smem, optin);
     a->xs = xs;
-    const int64_t rows = a->nrows * (int64_t)slots;
-    const int one = a->mode != MV_PLAIN || a->n == 1;
-    /* as many blocks as fit beside each other (registers: MV_MIN_BLOCKS; shared memory) */
-    int per_sm = MV_MIN_BLOCKS(one ? 1 : MAXR);
+    *smem_out = smem;
+    return 0;
+}
+
+/* Rows per warp so that the blocks that fit an SM together (registers:
+ * MV_MIN_BLOCKS; shared memory) cover `rows` rows in about one wave. */
+static int mv_rpw(int64_t rows, size_t smem, int sms, int smem_sm)
+{
+    int per_sm = MV_MIN_BLOCKS;
     while (per_sm > 1 && (size_t)per_sm * (smem + 1024) > (size_t)smem_sm)
         per_sm--;
     const int64_t wave = (int64_t)sms * per_sm * MV_WARPS;
     int64_t rpw = (rows + wave - 1) / wave;
-    if (rpw < 1)
-        rpw = 1;
-    if (rpw > 1024)
-        rpw = 1024;
-    a->rpw = (int)rpw;
-    const dim3 grid((unsigned)kc_cdiv(a->nrows, MV_WARPS * rpw), slots);
+    return (int)(rpw < 1 ? 1 : rpw > 1024 ? 1024 : rpw);
+}
+
+/* Launches one product: nx activation rows per block (plain: a->n; expert: 1;
+ * down: k). */
+static int mv_launch(const kcuda_mat_t *w, mv_args_t *a, unsigned slots, int nx, void *stream, bl_err_t *err)
+{
+    int dev = 0, sms = 0, optin = 0, smem_sm = 0;
+    int rc = device_limits(&dev, &sms, &optin, err);
+    if (rc < 0 || (rc = sm_smem(dev, &smem_sm, err)) < 0)
+        return rc;
+    size_t smem = 0;
+    if ((rc = mv_setup(w, a, nx, optin, &smem, err)) < 0)
+        return rc;
+    const int one = a->mode != MV_PLAIN || a->n == 1;
+    a->rpw = mv_rpw(a->nrows * (int64_t)slots, smem, sms, smem_sm);
+    const dim3 grid((unsigned)kc_cdiv(a->nrows, MV_WARPS * a->rpw), slots);
     cudaStream_t st = (cudaStream_t)stream;
 #define MV_GO(T) (one ? mv_go<T, 1>(a, grid, smem, dev, optin, st, err) : mv_go<T, MAXR>(a, grid, smem, dev, optin, st, err))
     switch (w->type) {
@@ -1107,6 +1137,90 @@ static int mv_launch(const kcuda_mat_t *w, mv_args_t *a, unsigned slots, int nx,
     default: return bl_err_set(err, BL_ENOTSUP, "matvec: weight type %u", w->type);
     }
 #undef MV_GO
+}
+
+template <int T1, int T2, int NX>
+static int mv_go2(const mv_args_t *a1, const mv_args_t *a2, unsigned nbx1, dim3 grid, size_t smem, int dev,
+                  int optin, cudaStream_t st, bl_err_t *err)
+{
+    static int done[MV_MAX_DEVICES];
+    if (!(dev >= 0 && dev < MV_MAX_DEVICES && done[dev])) {
+        KCUDA_CHECK(cudaFuncSetAttribute(mv_kernel2<T1, T2, NX>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
+                    err);
+        if (dev >= 0 && dev < MV_MAX_DEVICES)
+            done[dev] = 1;
+    }
+    KC_LAUNCH(err, mv_kernel2<T1, T2, NX>, grid, MV_THREADS, smem, st, *a1, *a2, nbx1);
+    return 0;
+}
+
+/* The type pairs kcuda_matvec_split2 takes in one launch (q and k in the first
+ * type, v in the second, as quantised GGUFs store attention): 1 when launched,
+ * 0 when the pair is not one of them (the caller launches twice). */
+static int mv_launch2(const kcuda_mat_t *w1, mv_args_t *a1, const kcuda_mat_t *w2, mv_args_t *a2, int nx,
+                      void *stream, bl_err_t *err)
+{
+    const uint32_t t1 = w1->type, t2 = w2->type;
+    const int known = (t1 == BL_TYPE_Q4_K && (t2 == BL_TYPE_Q6_K || t2 == BL_TYPE_Q5_K || t2 == BL_TYPE_Q8_0)) ||
+                      (t1 == BL_TYPE_Q5_K && (t2 == BL_TYPE_Q6_K || t2 == BL_TYPE_Q8_0));
+    if (!known)
+        return 0;
+    int dev = 0, sms = 0, optin = 0, smem_sm = 0;
+    int rc = device_limits(&dev, &sms, &optin, err);
+    if (rc < 0 || (rc = sm_smem(dev, &smem_sm, err)) < 0)
+        return rc;
+    size_t s1 = 0, s2 = 0;
+    if ((rc = mv_setup(w1, a1, nx, optin, &s1, err)) < 0 || (rc = mv_setup(w2, a2, nx, optin, &s2, err)) < 0)
+        return rc;
+    const size_t smem = s1 > s2 ? s1 : s2;
+    const int one = nx == 1;
+    a1->rpw = a2->rpw = mv_rpw(a1->nrows + a2->nrows, smem, sms, smem_sm);
+    const unsigned nbx1 = (unsigned)kc_cdiv(a1->nrows, MV_WARPS * a1->rpw);
+    const dim3 grid(nbx1 + (unsigned)kc_cdiv(a2->nrows, MV_WARPS * a2->rpw));
+    cudaStream_t st = (cudaStream_t)stream;
+#define MV_GO2(A, B)                                                                                        \
+    rc = one ? mv_go2<A, B, 1>(a1, a2, nbx1, grid, smem, dev, optin, st, err)                               \
+             : mv_go2<A, B, MAXR>(a1, a2, nbx1, grid, smem, dev, optin, st, err)
+    if (t1 == BL_TYPE_Q4_K && t2 == BL_TYPE_Q6_K)
+        MV_GO2(BL_TYPE_Q4_K, BL_TYPE_Q6_K);
+    else if (t1 == BL_TYPE_Q4_K && t2 == BL_TYPE_Q5_K)
+        MV_GO2(BL_TYPE_Q4_K, BL_TYPE_Q5_K);
+    else if (t1 == BL_TYPE_Q4_K)
+        MV_GO2(BL_TYPE_Q4_K, BL_TYPE_Q8_0);
+    else if (t2 == BL_TYPE_Q6_K)
+        MV_GO2(BL_TYPE_Q5_K, BL_TYPE_Q6_K);
+    else
+        MV_GO2(BL_TYPE_Q5_K, BL_TYPE_Q8_0);
+#undef MV_GO2
+    return rc < 0 ? rc : 1;
+}
+
+/* The arguments of a plain product of n activation rows starting at row b of x
+ * (and of the outputs). */
+static mv_args_t plain_args(const kcuda_mat_t *w, const kcuda_mat_t *w2, const float *d_x, int64_t ldx, int n,
+                            float *d_y, int64_t ldy, int accumulate, const kcuda_out_t *outs, int nouts, int b)
+{
+    mv_args_t a = {};
+    a.w2 = w2 ? (const uint8_t *)w2->data : NULL;
+    a.nrows = w->nrows;
+    a.x = d_x + (int64_t)b * ldx;
+    a.ldx = ldx;
+    a.y = d_y + (int64_t)b * ldy;
+    a.ldy = ldy;
+    if (outs) {
+        a.r1 = outs[0].rows;
+        a.y1 = nouts > 1 ? outs[1].d_y + (int64_t)b * outs[1].ldy : NULL;
+        a.ldy1 = nouts > 1 ? outs[1].ldy : 0;
+        a.r2 = nouts > 2 ? a.r1 + outs[1].rows : w->nrows;
+        a.y2 = nouts > 2 ? outs[2].d_y + (int64_t)b * outs[2].ldy : NULL;
+        a.ldy2 = nouts > 2 ? outs[2].ldy : 0;
+        if (nouts == 1)
+            a.r1 = a.r2 = w->nrows;
+    }
+    a.n = n;
+    a.mode = MV_PLAIN;
+    a.accumulate = accumulate;
+    return a;
 }
 
 /* outs: NULL (one output d_y, ldy) or the split outputs (kcuda_matvec_split). */
@@ -1149,26 +1263,7 @@ static int matvec_plain(const kcuda_mat_t *w, const kcuda_mat_t *w2, const float
         return bl_err_set(err, BL_ENOTSUP, "matvec: rows of %lld columns do not fit shared memory",
                           (long long)w->ncols);
     for (int b = 0; b < n; b += fit) {
-        mv_args_t a = {};
-        a.w2 = w2 ? (const uint8_t *)w2->data : NULL;
-        a.nrows = w->nrows;
-        a.x = d_x + (int64_t)b * ldx;
-        a.ldx = ldx;
-        a.y = d_y + (int64_t)b * ldy;
-        a.ldy = ldy;
-        if (outs) {
-            a.r1 = outs[0].rows;
-            a.y1 = nouts > 1 ? outs[1].d_y + (int64_t)b * outs[1].ldy : NULL;
-            a.ldy1 = nouts > 1 ? outs[1].ldy : 0;
-            a.r2 = nouts > 2 ? a.r1 + outs[1].rows : w->nrows;
-            a.y2 = nouts > 2 ? outs[2].d_y + (int64_t)b * outs[2].ldy : NULL;
-            a.ldy2 = nouts > 2 ? outs[2].ldy : 0;
-            if (nouts == 1)
-                a.r1 = a.r2 = w->nrows;
-        }
-        a.n = n - b < fit ? n - b : fit;
-        a.mode = MV_PLAIN;
-        a.accumulate = accumulate;
+        mv_args_t a = plain_args(w, w2, d_x, ldx, n - b < fit ? n - b : fit, d_y, ldy, accumulate, outs, nouts, b);
         if ((rc = mv_launch(w, &a, 1, a.n, stream, err)) < 0)
             return rc;
     }
@@ -1181,8 +1276,7 @@ int kcuda_matvec(const kcuda_mat_t *w, const float *d_x, int64_t ldx, int n, flo
     return matvec_plain(w, NULL, d_x, ldx, n, d_y, ldy, accumulate, NULL, 0, stream, err);
 }
 
-int kcuda_matvec_split(const kcuda_mat_t *w, const float *d_x, int64_t ldx, int n, const kcuda_out_t *outs,
-                       int nouts, void *stream, bl_err_t *err)
+static int check_outs(const kcuda_mat_t *w, const kcuda_out_t *outs, int nouts, bl_err_t *err)
 {
     if (!w || !outs || nouts < 1 || nouts > KCUDA_MV_MAX_OUTS)
         return bl_err_set(err, BL_EINVAL, "matvec_split: %d outputs (1..%d)", nouts, KCUDA_MV_MAX_OUTS);
@@ -1196,7 +1290,44 @@ int kcuda_matvec_split(const kcuda_mat_t *w, const float *d_x, int64_t ldx, int 
     if (sum != w->nrows)
         return bl_err_set(err, BL_EINVAL, "matvec_split: the outputs take %lld rows of %lld", (long long)sum,
                           (long long)w->nrows);
+    return 0;
+}
+
+int kcuda_matvec_split(const kcuda_mat_t *w, const float *d_x, int64_t ldx, int n, const kcuda_out_t *outs,
+                       int nouts, void *stream, bl_err_t *err)
+{
+    int rc = check_outs(w, outs, nouts, err);
+    if (rc < 0)
+        return rc;
     return matvec_plain(w, NULL, d_x, ldx, n, outs[0].d_y, outs[0].ldy, 0, outs, nouts, stream, err);
+}
+
+int kcuda_matvec_split2(const kcuda_mat_t *w, const kcuda_out_t *outs, int nouts, const kcuda_mat_t *w2,
+                        float *d_y2, int64_t ldy2, const float *d_x, int64_t ldx, int n, void *stream,
+                        bl_err_t *err)
+{
+    int rc = check_outs(w, outs, nouts, err);
+    if (rc < 0 || (rc = check_x(w, d_x, ldx, "matvec_split2", err)) < 0 ||
+        (rc = check_x(w2, d_x, ldx, "matvec_split2", err)) < 0)
+        return rc;
+    if (n < 1 || n > KCUDA_MV_MAX_ROWS || !d_y2 || ldy2 < w2->nrows || w2->ncols != w->ncols)
+        return bl_err_set(err, BL_EINVAL, "matvec_split2: %d rows (1..%d), a second matrix of %lld columns (%lld), "
+                          "ldy %lld for %lld outputs", n, KCUDA_MV_MAX_ROWS, (long long)w2->ncols,
+                          (long long)w->ncols, (long long)ldy2, (long long)w2->nrows);
+    int dev = 0, sms = 0, optin = 0;
+    if ((rc = device_limits(&dev, &sms, &optin, err)) < 0)
+        return rc;
+    /* One launch when both take the n rows in one block and the pair of types is
+     * one mv_launch2 knows; otherwise the two products one after the other. */
+    if (n <= rows_that_fit(w->type, w->ncols, optin) && n <= rows_that_fit(w2->type, w2->ncols, optin)) {
+        mv_args_t a1 = plain_args(w, NULL, d_x, ldx, n, outs[0].d_y, outs[0].ldy, 0, outs, nouts, 0);
+        mv_args_t a2 = plain_args(w2, NULL, d_x, ldx, n, d_y2, ldy2, 0, NULL, 0, 0);
+        if ((rc = mv_launch2(w, &a1, w2, &a2, n, stream, err)) != 0)
+            return rc < 0 ? rc : 0;
+    }
+    if ((rc = kcuda_matvec_split(w, d_x, ldx, n, outs, nouts, stream, err)) < 0)
+        return rc;
+    return kcuda_matvec(w2, d_x, ldx, n, d_y2, ldy2, 0, stream, err);
 }
 
 int kcuda_matvec_swiglu(const kcuda_mat_t *gate, const kcuda_mat_t *up, const float *d_x,

@@ -328,6 +328,62 @@ static void case_split(rng_t *r, uint32_t type, int64_t ncols, int64_t ra, int64
     free_mat(&w);
 }
 
+/* kcuda_matvec_split2: q and k stacked (type t1, two outputs) and v (type t2) over
+ * the same rows, on a stream of its own, against kcuda_matvec_split and
+ * kcuda_matvec one after the other: the same bits (one launch for the pairs the
+ * kernel knows, two otherwise). */
+static void case_split2(rng_t *r, uint32_t t1, uint32_t t2, int64_t ncols, int64_t rq, int64_t rk, int64_t rv, int n)
+{
+    bl_err_t err = {0};
+    wmat_t w, v;
+    make_mat(r, &w, t1, ncols, rq + rk);
+    make_mat(r, &v, t2, ncols, rv);
+    const int64_t ldx = round4(ncols);
+    float *x = xmalloc(sizeof(float) * (size_t)(ldx * n));
+    rand_fill(r, x, ldx * n, 1.0f);
+    float *dx = d_upload(x, sizeof(float) * (size_t)(ldx * n));
+    const int64_t ld[3] = {rq + 3, rk, rv + 1}, rows[3] = {rq, rk, rv};
+    float *d1[3], *d2[3];
+    for (int p = 0; p < 3; p++) {
+        d1[p] = d_poison(sizeof(float) * (size_t)(ld[p] * n));
+        d2[p] = d_poison(sizeof(float) * (size_t)(ld[p] * n));
+    }
+    void *st = NULL;
+    if (kcuda_stream_create(&st, &err) < 0)
+        bail("kcuda_stream_create", &err);
+    const kcuda_mat_t mw = kmat(&w), mv = kmat(&v);
+    const kcuda_out_t o1[2] = {{d1[0], ld[0], rq}, {d1[1], ld[1], rk}}, o2[2] = {{d2[0], ld[0], rq}, {d2[1], ld[1], rk}};
+    int ok = kcuda_matvec_split2(&mw, o1, 2, &mv, d1[2], ld[2], dx, ldx, n, st, &err) == 0 &&
+             kcuda_sync(st, &err) == 0 && kcuda_matvec_split(&mw, dx, ldx, n, o2, 2, NULL, &err) == 0 &&
+             kcuda_matvec(&mv, dx, ldx, n, d2[2], ld[2], 0, NULL, &err) == 0;
+    int same = ok;
+    for (int p = 0; ok && p < 3; p++) {
+        const size_t nb = sizeof(float) * (size_t)(ld[p] * n);
+        float *a = xmalloc(nb), *b = xmalloc(nb);
+        ok = d_fetch(a, d1[p], nb, &err) == 0 && d_fetch(b, d2[p], nb, &err) == 0;
+        for (int i = 0; ok && i < n; i++)
+            same &= memcmp(a + i * ld[p], b + i * ld[p], sizeof(float) * (size_t)rows[p]) == 0;
+        free(a);
+        free(b);
+    }
+    if (!ok)
+        printf("#   %s\n", err.msg);
+    else if (!same)
+        printf("#   the outputs differ from the separate products\n");
+    tap_ok(ok && same, "matvec_split2 %s (%lld + %lld) beside %s (%lld) x %lld, %d row%s: the bits of separate products",
+           bl_type_info(t1)->name, (long long)rq, (long long)rk, bl_type_info(t2)->name, (long long)rv,
+           (long long)ncols, n, n == 1 ? "" : "s");
+    for (int p = 0; p < 3; p++) {
+        kcuda_free(d1[p]);
+        kcuda_free(d2[p]);
+    }
+    kcuda_stream_destroy(st);
+    kcuda_free(dx);
+    free(x);
+    free_mat(&w);
+    free_mat(&v);
+}
+
 /* Arguments the launchers must refuse, without launching anything. */
 static void case_refusals(void)
 {
@@ -577,6 +633,11 @@ int main(void)
     case_split(&r, BL_TYPE_Q6_K, 768, 48, 16, 16, 3);
     case_split(&r, BL_TYPE_Q8_0, 96, 16, 32, 48, KCUDA_MV_MAX_ROWS);
     case_split(&r, BL_TYPE_Q5_K, 2048, 4096 / 8, 512 / 8, 512 / 8, 2);
+    case_split2(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 2048, 4096, 512, 512, 1); /* Qwen3-30B-A3B's attention */
+    case_split2(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 512, 128, 64, 77, 3);
+    case_split2(&r, BL_TYPE_Q5_K, BL_TYPE_Q8_0, 1024, 256, 96, 131, KCUDA_MV_MAX_ROWS);
+    case_split2(&r, BL_TYPE_Q4_K, BL_TYPE_Q5_K, 256, 32, 32, 40, 2);
+    case_split2(&r, BL_TYPE_Q8_0, BL_TYPE_Q4_K, 256, 64, 32, 16, 1); /* not a known pair: two launches */
     case_matvec(&r, BL_TYPE_F32, 2048, 128, 1, 0, 0);
     case_matvec(&r, BL_TYPE_F32, 516, 61, 3, 1, 0);
     case_matvec(&r, BL_TYPE_F16, 1024, 130, KCUDA_MV_MAX_ROWS, 1, 0);

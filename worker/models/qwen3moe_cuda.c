@@ -641,8 +641,8 @@ static int mv(struct wk_cuda *cu, const kcuda_mat_t *w, const float *x, int64_t 
     return 0;
 }
 
-/* q, k, v of n rows of x: the stacked run in one launch per KCUDA_MV_MAX_ROWS rows
- * (the bits of separate products), v apart when it is not in the run. */
+/* q, k, v of n rows of x, one launch per KCUDA_MV_MAX_ROWS rows (the bits of separate
+ * products): the stacked run, and v beside it when it is not in the run. */
 static int mv_qkv(struct wk_cuda *cu, const dlayer_t *D, const float *x, int64_t ldx, int64_t n, int64_t nq,
                   int64_t nkv, bl_err_t *err)
 {
@@ -651,12 +651,12 @@ static int mv_qkv(struct wk_cuda *cu, const dlayer_t *D, const float *x, int64_t
         const kcuda_out_t outs[3] = {{cu->q + r * nq, nq, D->wq.nrows},
                                      {cu->k + r * nkv, nkv, D->wk.nrows},
                                      {cu->v + r * nkv, nkv, D->wv.nrows}};
-        int rc = kcuda_matvec_split(&D->wqkv, x + r * ldx, ldx, cn, outs, D->nstack, cu->stream, err);
+        int rc = D->nstack == 2 ? kcuda_matvec_split2(&D->wqkv, outs, 2, &D->wv, outs[2].d_y, nkv, x + r * ldx,
+                                                      ldx, cn, cu->stream, err)
+                                : kcuda_matvec_split(&D->wqkv, x + r * ldx, ldx, cn, outs, 3, cu->stream, err);
         if (rc < 0)
             return rc;
     }
-    if (D->nstack == 2)
-        return mv(cu, &D->wv, x, ldx, n, cu->v, nkv, 0, err);
     return 0;
 }
 
