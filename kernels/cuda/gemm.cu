@@ -5,6 +5,10 @@
  * card, one launch per expert matrix and layer). Also the expert grouping itself
  * (counting sort, gather, weighted combine). docs/cuda.md, "Prompts". */
 #include <cublas_v2.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "kcuda_impl.cuh"
 
@@ -175,6 +179,56 @@ int kcuda_to_f16(const float *d_x, int64_t ldx, int64_t n, int64_t ncols, void *
 }
 
 // --- dense products through cuBLAS -------------------------------------------------
+/* cuBLAS is opened at run time (dlopen), not linked: a binary built with CUDA must
+ * start where no CUDA library is installed (the CPU worker), and only the prompt
+ * path on a card needs cuBLAS. The functions used, by their exported names (the
+ * _v2 ones that cublas_v2.h maps the plain names to). */
+typedef struct blas_api {
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasDestroy_v2) destroy;
+    decltype(&cublasSetStream_v2) set_stream;
+    decltype(&cublasSetMathMode) set_math_mode;
+    cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
+                              const void *, cudaDataType, int, const void *, cudaDataType, int, const void *,
+                              void *, cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+    decltype(&cublasSgemm_v2) sgemm;
+    decltype(&cublasGetStatusString) status_string;
+} blas_api_t;
+
+static blas_api_t g_blas;
+static char g_blas_why[160]; /* why it could not be opened; empty when it was */
+static pthread_once_t g_blas_once = PTHREAD_ONCE_INIT;
+
+static void blas_open(void)
+{
+    char name[32];
+    snprintf(name, sizeof name, "libcublas.so.%d", CUBLAS_VER_MAJOR);
+    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(g_blas_why, sizeof g_blas_why, "%s", e ? e : name);
+        return;
+    }
+    struct {
+        void **slot;
+        const char *sym;
+    } syms[] = {{(void **)&g_blas.create, "cublasCreate_v2"},
+                {(void **)&g_blas.destroy, "cublasDestroy_v2"},
+                {(void **)&g_blas.set_stream, "cublasSetStream_v2"},
+                {(void **)&g_blas.set_math_mode, "cublasSetMathMode"},
+                {(void **)&g_blas.gemm_ex, "cublasGemmEx"},
+                {(void **)&g_blas.sgemm, "cublasSgemm_v2"},
+                {(void **)&g_blas.status_string, "cublasGetStatusString"}};
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+        *syms[i].slot = dlsym(h, syms[i].sym);
+        if (!*syms[i].slot) {
+            snprintf(g_blas_why, sizeof g_blas_why, "%s has no %s", name, syms[i].sym);
+            memset(&g_blas, 0, sizeof g_blas);
+            dlclose(h);
+            return;
+        }
+    }
+}
 
 static int blas_check(cublasStatus_t s, const char *call, int line, bl_err_t *err)
 {
@@ -184,8 +238,8 @@ static int blas_check(cublasStatus_t s, const char *call, int line, bl_err_t *er
                    : s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_ARCH_MISMATCH ? BL_ENOTSUP
                    : s == CUBLAS_STATUS_INVALID_VALUE                                       ? BL_EINVAL
                                                                                             : BL_EIO;
-    return bl_err_set(err, rc, "%s failed at %s:%d: %s (status %d)", call, __FILE__, line, cublasGetStatusString(s),
-                      (int)s);
+    return bl_err_set(err, rc, "%s failed at %s:%d: %s (status %d)", call, __FILE__, line,
+                      g_blas.status_string ? g_blas.status_string(s) : "?", (int)s);
 }
 #define BLAS_CHECK(call, err)                                               \
     do {                                                                    \
@@ -197,13 +251,17 @@ static int blas_check(cublasStatus_t s, const char *call, int line, bl_err_t *er
 int kcuda_blas_create(void **out, void *stream, bl_err_t *err)
 {
     *out = NULL;
+    pthread_once(&g_blas_once, blas_open);
+    if (!g_blas.create)
+        return bl_err_set(err, BL_ENOTSUP, "cuBLAS could not be opened (%s): prompts on the card need it",
+                          g_blas_why);
     cublasHandle_t h = NULL;
-    BLAS_CHECK(cublasCreate(&h), err);
-    int rc = blas_check(cublasSetStream(h, (cudaStream_t)stream), "cublasSetStream", __LINE__, err);
+    BLAS_CHECK(g_blas.create(&h), err);
+    int rc = blas_check(g_blas.set_stream(h, (cudaStream_t)stream), "cublasSetStream", __LINE__, err);
     if (rc == 0) /* no TF32: the f32 products (the router) stay f32 */
-        rc = blas_check(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode", __LINE__, err);
+        rc = blas_check(g_blas.set_math_mode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode", __LINE__, err);
     if (rc < 0) {
-        cublasDestroy(h);
+        g_blas.destroy(h);
         return rc;
     }
     *out = h;
@@ -212,8 +270,8 @@ int kcuda_blas_create(void **out, void *stream, bl_err_t *err)
 
 void kcuda_blas_destroy(void *blas)
 {
-    if (blas)
-        cublasDestroy((cublasHandle_t)blas);
+    if (blas && g_blas.destroy) /* a handle exists only when cuBLAS was opened */
+        g_blas.destroy((cublasHandle_t)blas);
 }
 
 size_t kcuda_gemm_scratch_bytes(const kcuda_mat_t *w)
@@ -229,7 +287,7 @@ static int gemm_f16(cublasHandle_t h, const void *a, int64_t lda, const void *x1
                     int64_t n, int64_t k, float *y, int64_t ldy, int acc, bl_err_t *err)
 {
     const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
-    BLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n, (int)k, &alpha, a, CUDA_R_16F, (int)lda,
+    BLAS_CHECK(g_blas.gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n, (int)k, &alpha, a, CUDA_R_16F, (int)lda,
                             x16, CUDA_R_16F, (int)ldx, &beta, y, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F,
                             CUBLAS_GEMM_DEFAULT),
                err);
@@ -247,12 +305,12 @@ int kcuda_gemm(void *blas, const kcuda_mat_t *w, const void *d_x16, int64_t ldx1
                           (long long)K, (long long)ldy, (long long)w->nrows);
     if (n == 0)
         return 0;
-    BLAS_CHECK(cublasSetStream(h, (cudaStream_t)stream), err);
+    BLAS_CHECK(g_blas.set_stream(h, (cudaStream_t)stream), err);
     if (w->type == BL_TYPE_F32) { /* exact f32 product on the f32 rows (the router) */
         if (!d_x32 || ldx32 < K)
             return bl_err_set(err, BL_EINVAL, "gemm: f32 weights need the f32 activations");
         const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-        BLAS_CHECK(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->nrows, (int)n, (int)K, &alpha,
+        BLAS_CHECK(g_blas.sgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->nrows, (int)n, (int)K, &alpha,
                                (const float *)w->data, (int)K, d_x32, (int)ldx32, &beta, d_y, (int)ldy),
                    err);
         return 0;

@@ -25,6 +25,7 @@
 #if BL_HAVE_CUDA
 
 #include "kcuda.h"
+#include "log.h"
 #include "quant.h"
 
 /* Decode steps of up to this many sequences are captured as graphs. */
@@ -334,9 +335,13 @@ static int alloc_prompt(wk_model_t *m, struct wk_cuda *cu, bl_err_t *err)
         w = max_sz(w, head < ((size_t)256 << 20) ? head : ((size_t)256 << 20));
     }
     cu->wscr_bytes = w;
-    int rc;
-    if ((rc = kcuda_blas_create(&cu->blas, cu->stream, err)) < 0 ||
-        (rc = dalloc(&cu->x16, 2 * B * max_sz(max_sz(E, nq), ff), err)) < 0 ||
+    int rc = kcuda_blas_create(&cu->blas, cu->stream, err);
+    if (rc == BL_ENOTSUP) { /* no cuBLAS on this machine: prompts take the row-chunk path */
+        BL_LOG(BL_LOG_WARN, "event=prompt_path_rows reason=\"%s\"", err->msg);
+        cu->pp_ok = 0;
+        return 0;
+    }
+    if (rc < 0 || (rc = dalloc(&cu->x16, 2 * B * max_sz(max_sz(E, nq), ff), err)) < 0 ||
         (rc = dalloc(&cu->wscr, w, err)) < 0)
         return rc;
     if (c->moe && ((rc = dalloc(&cu->xs16, 2 * B * K * max_sz(E, ff), err)) < 0 ||
