@@ -95,7 +95,7 @@ struct rt_cluster {
     int pending_closed;        /* under mu: a death the engine has not been told of */
     _Atomic int broken;        /* the set is dead or being torn down: steps end */
     _Atomic int stopping;      /* destroy was called */
-    _Atomic int restart_req;   /* a step saw a protocol error: restart the set */
+    _Atomic int restart_req;   /* a step saw a protocol error or no answer: restart the set */
     _Atomic uint64_t starts, child_deaths, steps, rows;
 };
 
@@ -715,8 +715,9 @@ static int watch_set(rt_cluster_t *c)
             return 1;
         }
         if (atomic_load(&c->restart_req)) {
-            BL_LOG(BL_LOG_WARN, "event=cluster_restart reason=protocol_error");
-            mark_broken(c, "a child broke the step protocol; the engine's processes restart");
+            BL_LOG(BL_LOG_WARN, "event=cluster_restart reason=step_failed");
+            if (!atomic_load(&c->broken)) /* a step that timed out has marked it already */
+                mark_broken(c, "a child broke the step protocol; the engine's processes restart");
             return 1;
         }
     }
@@ -794,6 +795,8 @@ static int check_opts(const rt_cluster_opts_t *o, bl_err_t *err)
     if (o->kv_type != 0u && o->kv_type != 1u && o->kv_type != 8u)
         return bl_err_set(err, BL_EINVAL, "cluster: KV type %u is not f32, f16 or q8_0",
                           o->kv_type);
+    if (o->step_timeout_ms < 0)
+        return bl_err_set(err, BL_EINVAL, "cluster: step timeout %d ms is negative", o->step_timeout_ms);
     return 0;
 }
 
@@ -1055,6 +1058,21 @@ static int closed(rt_cluster_t *c, bl_err_t *err)
     return rc;
 }
 
+/* A step that got no answer within o.step_timeout_ms: the processes are taken for
+ * hung (alive but stuck: a deadlock, a stopped process, a wedged device); the
+ * supervisor restarts the whole set, which ends them (Shutdown, then SIGKILL). */
+static int hung(rt_cluster_t *c, uint64_t step, bl_err_t *err)
+{
+    char why[160];
+    snprintf(why, sizeof why, "step %llu: no answer from the engine's processes in %.1f s; they restart",
+             (unsigned long long)step, c->o.step_timeout_ms / 1000.0);
+    BL_LOG(BL_LOG_ERROR, "event=step_timeout step=%llu timeout_ms=%d", (unsigned long long)step,
+           c->o.step_timeout_ms);
+    mark_broken(c, why); /* /health says restarting at once, and the engine hears it here */
+    atomic_store(&c->restart_req, 1);
+    return closed(c, err);
+}
+
 static int step_locked(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, int32_t n_rows,
                        int32_t n_out, const float **logits, bl_err_t *err)
 {
@@ -1074,9 +1092,13 @@ static int step_locked(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, i
     bp_step_hdr_t h = {.kind = BP_STEP_TOKENS, .step = step, .n_seqs = n_seqs, .n_rows = n_rows};
     bp_step_out_t o;
     int rc;
-    while ((rc = bp_step_reserve(c->to_first, &h, &o, POLL_US, err)) == BL_ETIMEDOUT)
+    const int64_t deadline = c->o.step_timeout_ms > 0 ? now_ms() + c->o.step_timeout_ms : 0;
+    while ((rc = bp_step_reserve(c->to_first, &h, &o, POLL_US, err)) == BL_ETIMEDOUT) {
         if (atomic_load(&c->broken))
             return closed(c, err);
+        if (deadline && now_ms() > deadline)
+            return hung(c, step, err);
+    }
     if (rc)
         return rc == BL_ECLOSED ? closed(c, err) : rc;
     int32_t row = 0;
@@ -1091,9 +1113,12 @@ static int step_locked(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, i
 
     const void *msg;
     size_t nbytes;
-    while ((rc = bp_ring_peek(c->from_last, &msg, &nbytes, POLL_US, err)) == BL_ETIMEDOUT)
+    while ((rc = bp_ring_peek(c->from_last, &msg, &nbytes, POLL_US, err)) == BL_ETIMEDOUT) {
         if (atomic_load(&c->broken) || atomic_load(&c->stopping))
             return closed(c, err);
+        if (deadline && now_ms() > deadline)
+            return hung(c, step, err);
+    }
     if (rc == BL_ECLOSED)
         return closed(c, err);
     if (rc) { /* the ring is corrupt: only a new set helps */

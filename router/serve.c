@@ -922,6 +922,7 @@ int main(int argc, char **argv)
         .quiet = o.log_disable,
         .n_gpus = n_gpus,
     };
+    co.step_timeout_ms = (int)(o.timeout * 1000); /* at most 7 days: fits an int */
     memcpy(co.gpus, gpus, sizeof co.gpus);
     if (rt_cluster_create(&cluster, &co, &err) != 0)
         goto fail;

@@ -1,6 +1,7 @@
 """The server's processes under stress: kill -9 of bloomery-worker or bloomery-hosttier
 during a request (the request ends with an error naming the process within about a
-second, /health recovers, the next request succeeds), SIGTERM and SIGINT (open
+second, /health recovers, the next request succeeds), a worker that hangs (SIGSTOP:
+the step times out after -to, the set restarts), SIGTERM and SIGINT (open
 streams end cleanly, exit 0, nothing left behind), and clients that leave mid-request
 (their slot is freed)."""
 import os
@@ -147,6 +148,49 @@ def test_kill_worker_during_plain_request(life):
     assert out["t"] - t_kill < DEATH_NOTICED_S
     wait_health(life.url)
     assert post(life.url, "/completion", {"prompt": "again", "n_predict": 2}).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def short_timeout(module_servers):
+    """A server whose steps may take 2 s (-to 2): these tests stop its worker."""
+    return module_servers.start(["-np", "1", "-c", "4096", "-t", "1", "-tb", "1", "-to", "2"])
+
+
+@pytest.mark.lifecycle
+def test_hung_worker_is_restarted(short_timeout):
+    """A worker that stops answering without dying (SIGSTOP) fails the request in the
+    step with a 500 after the timeout; the set restarts and the next request works."""
+    srv = short_timeout
+    pid = srv.child("bloomery-worker")
+    assert pid
+    out = {}
+
+    def send():
+        out["r"] = post(srv.url, "/completion", LONG, timeout=30)
+        out["t"] = time.monotonic()
+
+    th = threading.Thread(target=send)
+    th.start()
+    deadline = time.monotonic() + 10
+    while not busy_slots(srv.url):
+        assert time.monotonic() < deadline, "the request never took a slot"
+        time.sleep(0.02)
+    time.sleep(0.2)
+    os.kill(pid, signal.SIGSTOP)
+    t_stop = time.monotonic()
+    th.join(30)
+    r = out["r"]
+    assert r.status_code == 500, r.text[:300]
+    assert "no answer" in r.json()["error"]["message"], r.text
+    assert 1.5 < out["t"] - t_stop < 2.0 + DEATH_NOTICED_S, "ended %.2f s after the stop" % (out["t"] - t_stop)
+    wait_health(srv.url)
+    assert post(srv.url, "/completion", {"prompt": "again", "n_predict": 2}).status_code == 200
+    new = srv.child("bloomery-worker")
+    assert new and new != pid, "the stopped worker was not replaced (pid %r)" % new
+    with pytest.raises(ProcessLookupError):  # killed, not left stopped
+        for _ in range(50):
+            os.kill(pid, 0)
+            time.sleep(0.1)
 
 
 @pytest.mark.lifecycle

@@ -458,6 +458,13 @@ static void test_cluster_load_failure_names_the_child(void **state)
     o.bin_dir = g_dir;
     assert_int_equal(rt_cluster_create(&c, &o, &err), BL_ENOENT);
     assert_non_null(strstr(err.msg, "bloomery-worker"));
+
+    /* A negative step timeout is refused by name. */
+    o.bin_dir = g_bin;
+    o.kv_type = WK_KV_F16;
+    o.step_timeout_ms = -1;
+    assert_int_equal(rt_cluster_create(&c, &o, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "step timeout"));
 }
 
 int main(void)
