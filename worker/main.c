@@ -262,9 +262,9 @@ static int load_stage(worker_t *w, const Bloomery__Plan *p, bl_err_t *err)
     w->layer_begin = st->layer_begin;
     w->layer_end = st->layer_end;
     /* msg.c checked slots and context; these two are ours to bound. */
-    if (p->n_batch > 65536 || p->threads > 256)
-        return bl_err_set(err, BL_EINVAL, "plan: n_batch %u or threads %u out of range",
-                          p->n_batch, p->threads);
+    if (p->n_batch > 65536 || p->threads > 256 || p->threads_batch > 256)
+        return bl_err_set(err, BL_EINVAL, "plan: n_batch %u, threads %u or threads_batch %u out of range",
+                          p->n_batch, p->threads, p->threads_batch);
     uint32_t kv_type = WK_KV_DEFAULT;
     int rc = kv_type_of(p->kv_type, &kv_type, err);
     if (rc)
@@ -284,6 +284,7 @@ static int load_stage(worker_t *w, const Bloomery__Plan *p, bl_err_t *err)
     wk_model_opts_t o;
     wk_model_opts_default(&o);
     o.n_threads = p->threads ? (int)p->threads : 1;
+    o.n_threads_batch = (int)p->threads_batch; /* 0: as n_threads */
     if (p->n_batch)
         o.n_batch = p->n_batch;
     o.n_ctx_max = p->n_ctx;

@@ -211,7 +211,12 @@ typedef void (*kcpu_task_fn)(void *ctx, int ith, int nth);
  * Caller frees with kcpu_pool_destroy. */
 int kcpu_pool_create(kcpu_pool_t **out, int n_threads, bl_err_t *err) BL_WUR;
 void kcpu_pool_destroy(kcpu_pool_t *p); /* NULL is a no-op; joins the helpers */
-int kcpu_pool_n_threads(const kcpu_pool_t *p);
+int kcpu_pool_n_threads(const kcpu_pool_t *p); /* threads a run splits over */
+/* Threads the next runs use: n clamped to 1..the pool's size (the others sleep
+ * through them); returns the previous count. Called by the pool's one caller
+ * between runs. Work is split by row, never inside a sum, so results do not
+ * depend on it. */
+int kcpu_pool_set_active(kcpu_pool_t *p, int n);
 /* Runs fn on every thread and returns when all are done. One caller at a time. */
 void kcpu_pool_run(kcpu_pool_t *p, kcpu_task_fn fn, void *ctx);
 
@@ -262,6 +267,9 @@ int kcpu_ctx_create(kcpu_ctx_t **out, int n_threads, int mode, const kcpu_limits
 void kcpu_ctx_destroy(kcpu_ctx_t *c);
 int kcpu_ctx_mode(const kcpu_ctx_t *c);
 int kcpu_ctx_n_threads(const kcpu_ctx_t *c);
+/* kcpu_pool_set_active on the context's pool (a ctx made for n_threads can run its
+ * ops over fewer: the worker's --threads for decode, --threads-batch for prompts). */
+int kcpu_ctx_set_threads(kcpu_ctx_t *c, int n);
 
 // --- ops -----------------------------------------------------------------------------
 /* Activations are row-major f32: a (n, d) argument holds n rows of d floats, rows

@@ -265,6 +265,8 @@ static inline void cpu_relax(void)
  * so no wake-up is lost. */
 struct kcpu_pool {
     int n;
+    int active;         /* threads a run uses, 1..n (kcpu_pool_set_active); the owner's */
+    int run_nth;        /* the current run's: published before gen moves */
     pthread_t *th;      /* (n - 1) helpers */
     pool_thread_t *arg; /* (n - 1) */
     int n_started;
@@ -299,7 +301,9 @@ static void *pool_main(void *p)
         if (atomic_load_explicit(&pool->stop, memory_order_relaxed))
             break;
         seen = atomic_load_explicit(&pool->gen, memory_order_acquire);
-        pool->fn(pool->ctx, t->ith, pool->n);
+        if (t->ith >= pool->run_nth) /* not in this run: pending does not count it */
+            continue;
+        pool->fn(pool->ctx, t->ith, pool->run_nth);
         if (atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_acq_rel) == 1) {
             pthread_mutex_lock(&pool->mu);
             pthread_cond_signal(&pool->cv_done);
@@ -317,7 +321,7 @@ int kcpu_pool_create(kcpu_pool_t **out, int n_threads, bl_err_t *err)
     kcpu_pool_t *p = calloc(1, sizeof *p);
     if (!p)
         return bl_err_set(err, BL_ENOMEM, "out of memory for a thread pool");
-    p->n = n_threads;
+    p->n = p->active = n_threads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv_go, NULL);
     pthread_cond_init(&p->cv_done, NULL);
@@ -361,22 +365,30 @@ void kcpu_pool_destroy(kcpu_pool_t *p)
     free(p);
 }
 
-int kcpu_pool_n_threads(const kcpu_pool_t *p) { return p->n; }
+int kcpu_pool_n_threads(const kcpu_pool_t *p) { return p->active; }
+
+int kcpu_pool_set_active(kcpu_pool_t *p, int n)
+{
+    const int old = p->active;
+    p->active = n < 1 ? 1 : n > p->n ? p->n : n;
+    return old;
+}
 
 void kcpu_pool_run(kcpu_pool_t *p, kcpu_task_fn fn, void *ctx)
 {
-    if (p->n == 1) {
+    if (p->active == 1) {
         fn(ctx, 0, 1);
         return;
     }
     p->fn = fn;
     p->ctx = ctx;
-    atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
+    p->run_nth = p->active;
+    atomic_store_explicit(&p->pending, p->run_nth - 1, memory_order_relaxed);
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
     pthread_cond_broadcast(&p->cv_go);
     pthread_mutex_unlock(&p->mu);
-    fn(ctx, 0, p->n);
+    fn(ctx, 0, p->run_nth);
     for (int i = 0; i < POOL_SPIN; i++) {
         if (atomic_load_explicit(&p->pending, memory_order_acquire) == 0)
             return;
@@ -519,6 +531,8 @@ int kcpu_ctx_mode(const kcpu_ctx_t *c)
     return c->precise ? KCPU_PRECISE : c->act_terms == 1 ? KCPU_FAST8 : KCPU_FAST16;
 }
 int kcpu_ctx_n_threads(const kcpu_ctx_t *c) { return kcpu_pool_n_threads(c->pool); }
+
+int kcpu_ctx_set_threads(kcpu_ctx_t *c, int n) { return kcpu_pool_set_active(c->pool, n); }
 
 // --- matmul --------------------------------------------------------------------------------
 

@@ -399,6 +399,23 @@ static void test_pool_runs_every_thread(void **state)
         kcpu_pool_run(p, count_task, hits);
     for (int i = 0; i < 4; i++)
         assert_int_equal(hits[i], 4000);
+    /* Fewer active threads: only they run, each told the smaller count; back to all. */
+    assert_int_equal(kcpu_pool_set_active(p, 2), 4);
+    assert_int_equal(kcpu_pool_n_threads(p), 2);
+    for (int i = 0; i < 1000; i++)
+        kcpu_pool_run(p, count_task, hits);
+    assert_int_equal(hits[0], 6000);
+    assert_int_equal(hits[1], 6000);
+    assert_int_equal(hits[2], 4000);
+    assert_int_equal(hits[3], 4000);
+    assert_int_equal(kcpu_pool_set_active(p, 99), 2); /* clamped to the pool */
+    assert_int_equal(kcpu_pool_n_threads(p), 4);
+    kcpu_pool_run(p, count_task, hits);
+    assert_int_equal(hits[3], 4004);
+    assert_int_equal(kcpu_pool_set_active(p, 0), 4);
+    assert_int_equal(kcpu_pool_n_threads(p), 1);
+    kcpu_pool_run(p, count_task, hits);
+    assert_int_equal(hits[0], 6005);
     kcpu_pool_destroy(p);
     kcpu_ctx_t *c = NULL;
     const kcpu_limits_t bad = {.max_cols = 0, .max_batch = 1, .max_ctx = 1, .head_dim = 1};

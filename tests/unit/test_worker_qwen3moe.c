@@ -89,7 +89,14 @@ static int prompt_enabled(const char *prompt)
 
 static int g_act_terms = 2;
 
+static wk_model_t *load_tb(const char *name, int precise, int threads, int threads_batch);
+
 static wk_model_t *load(const char *name, int precise, int threads)
+{
+    return load_tb(name, precise, threads, 0);
+}
+
+static wk_model_t *load_tb(const char *name, int precise, int threads, int threads_batch)
 {
     char path[1400];
     snprintf(path, sizeof path, "%s/models/%s.gguf", g_shared, name);
@@ -97,6 +104,7 @@ static wk_model_t *load(const char *name, int precise, int threads)
     wk_model_opts_default(&o);
     o.precise = precise;
     o.n_threads = threads;
+    o.n_threads_batch = threads_batch;
     o.n_batch = 512;
     o.n_ctx_max = 2048;
     o.act_terms = g_act_terms;
@@ -273,6 +281,40 @@ static void test_qwen3moe_batch_equals_decode(void **state)
         }
         wk_model_free(m);
     }
+    oracle_free(&ex);
+}
+
+/* --threads-batch: prompt steps on 3 threads, decode on 1, against 1 thread for both:
+ * the same bits (work is split by row, never inside a sum). */
+static void test_qwen3moe_threads_batch(void **state)
+{
+    (void)state;
+    if (!shared_dir())
+        skip();
+    oracle_t ex;
+    assert_int_equal(oracle_load(&ex, g_shared, "qwen3moe-trained-q8", "chat-short", 1), 0);
+    wk_model_t *a = load_tb("qwen3moe-trained-q8", 0, 1, 3), *b = load("qwen3moe-trained-q8", 0, 1);
+    const int64_t nv = wk_model_config(a)->n_vocab, n = ex.n;
+    bl_err_t err = {0};
+    wk_kv_t *ka = NULL, *kb = NULL;
+    assert_int_equal(wk_kv_create(&ka, a, 64, WK_KV_F16, &err), 0);
+    assert_int_equal(wk_kv_create(&kb, b, 64, WK_KV_F16, &err), 0);
+    float *la = malloc(sizeof(float) * (size_t)nv), *lb = malloc(sizeof(float) * (size_t)nv);
+    assert_non_null(la);
+    assert_non_null(lb);
+    /* the prompt but its last token, then that token as a decode step */
+    assert_int_equal(wk_model_eval(a, ka, ex.ids, n - 1, 0, 1, la, &err), 0);
+    assert_int_equal(wk_model_eval(b, kb, ex.ids, n - 1, 0, 1, lb, &err), 0);
+    assert_memory_equal(la, lb, sizeof(float) * (size_t)nv);
+    assert_int_equal(wk_model_eval(a, ka, ex.ids + n - 1, 1, n - 1, 1, la, &err), 0);
+    assert_int_equal(wk_model_eval(b, kb, ex.ids + n - 1, 1, n - 1, 1, lb, &err), 0);
+    assert_memory_equal(la, lb, sizeof(float) * (size_t)nv);
+    free(la);
+    free(lb);
+    wk_kv_free(ka);
+    wk_kv_free(kb);
+    wk_model_free(a);
+    wk_model_free(b);
     oracle_free(&ex);
 }
 
@@ -828,6 +870,7 @@ int main(void)
         cmocka_unit_test(test_qwen3moe_batch_equals_decode),
         cmocka_unit_test(test_qwen3moe_chunked_prompt),
         cmocka_unit_test(test_qwen3moe_multi_sequence_step),
+        cmocka_unit_test(test_qwen3moe_threads_batch),
         cmocka_unit_test(test_qwen3moe_greedy_matches_llamacpp),
         cmocka_unit_test(test_qwen3_dense_fast_agrees_with_precise),
         cmocka_unit_test(test_qwen3moe_stages_bitwise_equal_whole),

@@ -424,7 +424,13 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         rc = bl_err_set(err, BL_EINVAL, "act_terms %d is not 1 or 2", m->opts.act_terms);
         goto fail;
     }
-    if ((rc = kcpu_ctx_create(&m->kc, m->opts.n_threads, mode, &lim, err)) < 0)
+    if (m->opts.n_threads_batch < 0 || m->opts.n_threads_batch > 256) {
+        rc = bl_err_set(err, BL_EINVAL, "n_threads_batch %d is outside 0..256", m->opts.n_threads_batch);
+        goto fail;
+    }
+    /* one pool as large as the larger count; each step runs on the count it needs */
+    const int nt_max = m->opts.n_threads_batch > m->opts.n_threads ? m->opts.n_threads_batch : m->opts.n_threads;
+    if ((rc = kcpu_ctx_create(&m->kc, nt_max, mode, &lim, err)) < 0)
         goto fail;
     if (m->opts.device >= 0 && (rc = wk__cuda_load(m, err)) < 0)
         goto fail;
@@ -656,6 +662,11 @@ static int forward(wk_model_t *m, const seg_t *seg, int64_t nseg, int64_t n, con
 {
     if (m->cu)
         return wk__cuda_forward(m, seg, nseg, n, x_in, x_out, logits, err);
+    int prompt = 0;
+    for (int64_t j = 0; j < nseg; j++)
+        prompt |= seg[j].n > 1;
+    (void)kcpu_ctx_set_threads(m->kc, prompt && m->opts.n_threads_batch > 0 ? m->opts.n_threads_batch
+                                                                             : m->opts.n_threads);
     const wk_config_t *c = &m->cfg;
     const weights_t *w = &m->w;
     run_state_t *s = &m->s;
