@@ -81,16 +81,8 @@ int kcuda_init(int device, kcuda_device_info_t *info, bl_err_t *err)
     KCUDA_CHECK(cudaFree(0), err); /* creates the context now, not in the first step */
     if (!info)
         return 0;
-    memset(info, 0, sizeof *info);
-    cudaDeviceProp p;
-    KCUDA_CHECK(cudaGetDeviceProperties(&p, device), err);
-    info->id = device;
-    snprintf(info->name, sizeof info->name, "%s", p.name);
-    info->cc_major = p.major;
-    info->cc_minor = p.minor;
-    info->sm_count = p.multiProcessorCount;
-    info->total_bytes = p.totalGlobalMem;
-    info->bus_bits = p.memoryBusWidth;
+    if ((rc = kcuda_device_query(device, info, err)) < 0)
+        return rc;
     /* CUDA 13 dropped memoryClockRate from the properties; the attribute may be
      * refused too, in which case the peak stays unknown (0). */
     int khz = 0;
@@ -99,7 +91,7 @@ int kcuda_init(int device, kcuda_device_info_t *info, bl_err_t *err)
         khz = 0;
     }
     info->mem_clock_khz = khz;
-    info->peak_gbs = 2.0 * (double)khz * 1e3 * (double)p.memoryBusWidth / 8.0 / 1e9;
+    info->peak_gbs = 2.0 * (double)khz * 1e3 * (double)info->bus_bits / 8.0 / 1e9;
     size_t fr = 0, tot = 0;
     KCUDA_CHECK(cudaMemGetInfo(&fr, &tot), err);
     info->free_bytes = fr;

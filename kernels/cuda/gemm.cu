@@ -461,30 +461,6 @@ int kcuda_moe_combine(const float *d_d, int64_t ldd, const int32_t *d_inv, const
 
 // --- grouped GEMM over experts (mma.sync) --------------------------------------------
 
-static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int bytes)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
-}
-static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-static __device__ __forceinline__ void ldsm_x4(unsigned r[4], const void *smem)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-
-static __device__ __forceinline__ void mma16816(float c[4], const unsigned a[4], unsigned b0, unsigned b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* Block: 4 warps, a 64 x 64 tile of one expert's output (sorted rows x outputs);
  * warp (wm, wn) owns 32 x 32. grid (ceil(rows_per_expert / 64), tile count bound);
  * block y finds its expert from tile0. K in steps of 32, two stages of cp.async. */
@@ -529,10 +505,10 @@ static __global__ void __launch_bounds__(128) gemm_grouped_kernel(const __half *
             const int c = tid + 128 * i, r = c / 4, kc = (c % 4) * 8;
             const int64_t ra = m0 + r, rb = n0 + r;
             const int oka = ra < m_end, okb = rb < rows_per_expert;
-            cp_async16(&sa[stage][r * GG_LDS + kc], x + (oka ? ra : m0) * K + k0 + kc, oka ? 16 : 0);
-            cp_async16(&sb[stage][r * GG_LDS + kc], wb + (okb ? rb : 0) * K + k0 + kc, okb ? 16 : 0);
+            kc_cp_async16(&sa[stage][r * GG_LDS + kc], x + (oka ? ra : m0) * K + k0 + kc, oka ? 16 : 0);
+            kc_cp_async16(&sb[stage][r * GG_LDS + kc], wb + (okb ? rb : 0) * K + k0 + kc, okb ? 16 : 0);
         }
-        cp_async_commit();
+        kc_cp_async_commit();
     };
 
     const int64_t nk = K / GG_BK;
@@ -541,9 +517,9 @@ static __global__ void __launch_bounds__(128) gemm_grouped_kernel(const __half *
         const int st = (int)(kt & 1);
         if (kt + 1 < nk) {
             load(st ^ 1, (kt + 1) * GG_BK);
-            cp_async_wait<1>();
+            kc_cp_async_wait<1>();
         } else {
-            cp_async_wait<0>();
+            kc_cp_async_wait<0>();
         }
         __syncthreads();
 #pragma unroll
@@ -551,16 +527,16 @@ static __global__ void __launch_bounds__(128) gemm_grouped_kernel(const __half *
             unsigned a[2][4], b[2][4];
 #pragma unroll
             for (int i = 0; i < 2; i++)
-                ldsm_x4(a[i], &sa[st][(wm * 32 + i * 16 + lane % 16) * GG_LDS + ks + (lane / 16) * 8]);
+                kc_ldsm_x4(a[i], &sa[st][(wm * 32 + i * 16 + lane % 16) * GG_LDS + ks + (lane / 16) * 8]);
 #pragma unroll
             for (int j = 0; j < 2; j++)
-                ldsm_x4(b[j], &sb[st][(wn * 32 + j * 16 + (lane & 7) + ((lane >> 4) << 3)) * GG_LDS + ks +
+                kc_ldsm_x4(b[j], &sb[st][(wn * 32 + j * 16 + (lane & 7) + ((lane >> 4) << 3)) * GG_LDS + ks +
                                        ((lane >> 3) & 1) * 8]);
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
                 for (int j = 0; j < 4; j++)
-                    mma16816(acc[i][j], a[i], b[j / 2][(j % 2) * 2], b[j / 2][(j % 2) * 2 + 1]);
+                    kc_mma16816(acc[i][j], a[i], b[j / 2][(j % 2) * 2], b[j / 2][(j % 2) * 2 + 1]);
         }
         __syncthreads(); /* the stage is refilled next iteration */
     }

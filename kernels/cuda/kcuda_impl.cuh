@@ -218,6 +218,51 @@ static __device__ __forceinline__ void kc_moe_route_row(const float *l, int n_ex
     }
 }
 
+/* Asynchronous copies and tensor-core fragments (sm_80 and later), for the kernels
+ * that stage tiles in shared memory: a 16-byte global-to-shared copy (bytes < 16
+ * zero-fills the rest; 0 reads nothing), its group commit and wait; ldmatrix of four
+ * 8x8 b16 matrices (plain or transposed); mma m16n8k16 f16 x f16 + f32. */
+static __device__ __forceinline__ void kc_cp_async16(void *smem, const void *gmem, int bytes)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes) : "memory");
+}
+
+static __device__ __forceinline__ void kc_cp_async_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N>
+static __device__ __forceinline__ void kc_cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+static __device__ __forceinline__ void kc_ldsm_x4(unsigned r[4], const void *smem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+static __device__ __forceinline__ void kc_ldsm_x4_t(unsigned r[4], const void *smem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+static __device__ __forceinline__ void kc_mma16816(float c[4], const unsigned a[4], unsigned b0, unsigned b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /* Programmatic dependent launch (sm_90 and later; kcuda_set_pdl). A kernel launched
  * by kc_launch may start while the previous kernel on its stream still runs: it
  * must call kc_wait_prior() before it reads or writes anything an earlier kernel

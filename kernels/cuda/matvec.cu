@@ -445,17 +445,6 @@ static __device__ __forceinline__ void cp16(uint8_t *dst, const void *src)
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
 }
 
-static __device__ __forceinline__ void cp_commit(void)
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N>
-static __device__ __forceinline__ void cp_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 /* One segment: nb whole blocks at src (NULL: an expert id out of range, nothing);
  * paired (mv_work_t.pair), a second expert's row of nb blocks at src2 too. */
 typedef struct mv_seg {
@@ -574,8 +563,8 @@ static __device__ __forceinline__ void mv_rows(const mv_args_t &a, const mv_work
         }
         pos_next(ahead, wk);
         st_ahead = st_ahead == MV_STAGES - 1 ? 0 : st_ahead + 1;
-        cp_commit();
-        cp_wait<MV_STAGES - 1>(); /* this lane's copies of segment t have landed */
+        kc_cp_async_commit();
+        kc_cp_async_wait<MV_STAGES - 1>(); /* this lane's copies of segment t have landed */
         __syncwarp();             /* and every lane's */
         const mv_seg_t sg = pend[0];
 #pragma unroll
@@ -703,7 +692,7 @@ static __device__ __forceinline__ void mv_body(const mv_args_t &a, unsigned bx)
             issue<T>(stg + t * MV_STAGE_BYTES, pend[t], lane);
         }
         pos_next(p0, wk);
-        cp_commit();
+        kc_cp_async_commit();
     }
     if (early)
         kc_wait_prior();
@@ -721,7 +710,7 @@ static __device__ __forceinline__ void mv_body(const mv_args_t &a, unsigned bx)
         __syncthreads(); /* the only block-wide barrier: every warp reaches it */
     }
     if (nseg == 0)
-        cp_wait<0>();
+        kc_cp_async_wait<0>();
     else
         mv_rows<T, NX>(a, wk, xv, stg, nseg, slot, lane, pend);
 }
@@ -1015,13 +1004,12 @@ static int sm_smem(int dev, int *out, bl_err_t *err)
 
 /* Raises the kernel's dynamic shared-memory limit to the device's opt-in limit,
  * once per device (a host-side attribute, not a stream operation). */
-template <int T, int NX>
-static int mv_prepare(int dev, int optin, bl_err_t *err)
+template <typename K>
+static int mv_prepare(K kernel, int *done, int dev, int optin, bl_err_t *err)
 {
-    static int done[MV_MAX_DEVICES];
     if (dev >= 0 && dev < MV_MAX_DEVICES && done[dev])
         return 0;
-    KCUDA_CHECK(cudaFuncSetAttribute(mv_kernel<T, NX>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin), err);
+    KCUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin), err);
     if (dev >= 0 && dev < MV_MAX_DEVICES)
         done[dev] = 1;
     return 0;
@@ -1030,7 +1018,8 @@ static int mv_prepare(int dev, int optin, bl_err_t *err)
 template <int T, int NX>
 static int mv_go(const mv_args_t *a, dim3 grid, size_t smem, int dev, int optin, cudaStream_t st, bl_err_t *err)
 {
-    int rc = mv_prepare<T, NX>(dev, optin, err);
+    static int done[MV_MAX_DEVICES]; /* one set per kernel instance and device */
+    int rc = mv_prepare(mv_kernel<T, NX>, done, dev, optin, err);
     if (rc < 0)
         return rc;
     KC_LAUNCH(err, mv_kernel<T, NX>, grid, MV_THREADS, smem, st, *a);
@@ -1144,12 +1133,9 @@ static int mv_go2(const mv_args_t *a1, const mv_args_t *a2, unsigned nbx1, dim3 
                   int optin, cudaStream_t st, bl_err_t *err)
 {
     static int done[MV_MAX_DEVICES];
-    if (!(dev >= 0 && dev < MV_MAX_DEVICES && done[dev])) {
-        KCUDA_CHECK(cudaFuncSetAttribute(mv_kernel2<T1, T2, NX>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
-                    err);
-        if (dev >= 0 && dev < MV_MAX_DEVICES)
-            done[dev] = 1;
-    }
+    int rc = mv_prepare(mv_kernel2<T1, T2, NX>, done, dev, optin, err);
+    if (rc < 0)
+        return rc;
     KC_LAUNCH(err, mv_kernel2<T1, T2, NX>, grid, MV_THREADS, smem, st, *a1, *a2, nbx1);
     return 0;
 }

@@ -6,40 +6,10 @@
 #define PF_BQ 64  /* query rows per block: 4 warps of 16 */
 #define PF_BKV 64 /* cache positions per step */
 
-static __device__ __forceinline__ void pf_ldsm_x4(unsigned r[4], const void *smem)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-
-static __device__ __forceinline__ void pf_ldsm_x4_t(unsigned r[4], const void *smem)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-
-static __device__ __forceinline__ void pf_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 static __device__ __forceinline__ unsigned pack_half2(float a, float b)
 {
     const __half2 h = __floats2half2_rn(a, b);
     return *(const unsigned *)&h;
-}
-
-static __device__ __forceinline__ void pf_cp16(void *smem, const void *gmem, int bytes)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes) : "memory");
 }
 
 /* grid (ceil(n / 64), n_head); block x takes the row tile counted from the end, so
@@ -71,10 +41,10 @@ static __global__ void __launch_bounds__(128) prefill_kernel(const uint8_t *kc, 
             const int64_t p = t0 + r;
             const int ok = p < end;
             const size_t off = (size_t)(ok ? p : 0) * row_bytes + ((size_t)kvh * D + d) * 2;
-            pf_cp16(sk0 + st * TILE + r * LDS + d, kc + off, ok ? 16 : 0);
-            pf_cp16(sv0 + st * TILE + r * LDS + d, vc + off, ok ? 16 : 0);
+            kc_cp_async16(sk0 + st * TILE + r * LDS + d, kc + off, ok ? 16 : 0);
+            kc_cp_async16(sv0 + st * TILE + r * LDS + d, vc + off, ok ? 16 : 0);
         }
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        kc_cp_async_commit();
     };
     load(0, 0);
 
@@ -100,7 +70,7 @@ static __global__ void __launch_bounds__(128) prefill_kernel(const uint8_t *kc, 
     for (int64_t t0 = 0; t0 < end; t0 += PF_BKV, st ^= 1) {
         /* Tile t0 has landed for every thread, and every warp is done with the
          * previous tile (and Q is written), so its stage can be refilled. */
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        kc_cp_async_wait<0>();
         __syncthreads();
         if (t0 + PF_BKV < end)
             load(st ^ 1, t0 + PF_BKV);
@@ -118,13 +88,13 @@ static __global__ void __launch_bounds__(128) prefill_kernel(const uint8_t *kc, 
 #pragma unroll
         for (int ks = 0; ks < D; ks += 16) {
             unsigned a[4];
-            pf_ldsm_x4(a, sq + (warp * 16 + lane % 16) * LDS + ks + (lane / 16) * 8);
+            kc_ldsm_x4(a, sq + (warp * 16 + lane % 16) * LDS + ks + (lane / 16) * 8);
 #pragma unroll
             for (int j = 0; j < PF_BKV / 16; j++) {
                 unsigned b[4];
-                pf_ldsm_x4(b, sk + (j * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS + ks + ((lane >> 3) & 1) * 8);
-                pf_mma(s[2 * j], a, b[0], b[1]);
-                pf_mma(s[2 * j + 1], a, b[2], b[3]);
+                kc_ldsm_x4(b, sk + (j * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS + ks + ((lane >> 3) & 1) * 8);
+                kc_mma16816(s[2 * j], a, b[0], b[1]);
+                kc_mma16816(s[2 * j + 1], a, b[2], b[3]);
             }
         }
         /* Causal mask, online softmax (each row's max and sum over its quad). */
@@ -175,9 +145,9 @@ static __global__ void __launch_bounds__(128) prefill_kernel(const uint8_t *kc, 
 #pragma unroll
             for (int dt = 0; dt < D / 16; dt++) {
                 unsigned b[4];
-                pf_ldsm_x4_t(b, sv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + dt * 16 + (lane >> 4) * 8);
-                pf_mma(o[2 * dt], p[kk], b[0], b[1]);
-                pf_mma(o[2 * dt + 1], p[kk], b[2], b[3]);
+                kc_ldsm_x4_t(b, sv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + dt * 16 + (lane >> 4) * 8);
+                kc_mma16816(o[2 * dt], p[kk], b[0], b[1]);
+                kc_mma16816(o[2 * dt + 1], p[kk], b[2], b[3]);
             }
         }
     }

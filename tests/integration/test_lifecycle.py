@@ -122,45 +122,9 @@ def test_kill_hosttier_during_stream(life):
     kill_child_during_stream(life, "bloomery-hosttier", "hosttier")
 
 
-@pytest.mark.lifecycle
-def test_kill_worker_during_plain_request(life):
-    pid = life.child("bloomery-worker")
-    assert pid
-    out = {}
-
-    def send():
-        out["r"] = post(life.url, "/completion", LONG, timeout=30)
-        out["t"] = time.monotonic()
-
-    th = threading.Thread(target=send)
-    th.start()
-    deadline = time.monotonic() + 10
-    while not busy_slots(life.url):
-        assert time.monotonic() < deadline, "the request never took a slot"
-        time.sleep(0.02)
-    time.sleep(0.2)
-    os.kill(pid, signal.SIGKILL)
-    t_kill = time.monotonic()
-    th.join(30)
-    r = out["r"]
-    assert r.status_code == 500, r.text[:300]
-    assert "worker" in r.json()["error"]["message"].lower(), r.text
-    assert out["t"] - t_kill < DEATH_NOTICED_S
-    wait_health(life.url)
-    assert post(life.url, "/completion", {"prompt": "again", "n_predict": 2}).status_code == 200
-
-
-@pytest.fixture(scope="module")
-def short_timeout(module_servers):
-    """A server whose steps may take 2 s (-to 2): these tests stop its worker."""
-    return module_servers.start(["-np", "1", "-c", "4096", "-t", "1", "-tb", "1", "-to", "2"])
-
-
-@pytest.mark.lifecycle
-def test_hung_worker_is_restarted(short_timeout):
-    """A worker that stops answering without dying (SIGSTOP) fails the request in the
-    step with a 500 after the timeout; the set restarts and the next request works."""
-    srv = short_timeout
+def signal_worker_during_plain_request(srv, sig):
+    """Sends sig to the worker while a long plain request runs: (worker pid, the
+    response, seconds from the signal to the answer)."""
     pid = srv.child("bloomery-worker")
     assert pid
     out = {}
@@ -176,13 +140,37 @@ def test_hung_worker_is_restarted(short_timeout):
         assert time.monotonic() < deadline, "the request never took a slot"
         time.sleep(0.02)
     time.sleep(0.2)
-    os.kill(pid, signal.SIGSTOP)
-    t_stop = time.monotonic()
+    os.kill(pid, sig)
+    t_sig = time.monotonic()
     th.join(30)
-    r = out["r"]
+    return pid, out["r"], out["t"] - t_sig
+
+
+@pytest.mark.lifecycle
+def test_kill_worker_during_plain_request(life):
+    _, r, took = signal_worker_during_plain_request(life, signal.SIGKILL)
+    assert r.status_code == 500, r.text[:300]
+    assert "worker" in r.json()["error"]["message"].lower(), r.text
+    assert took < DEATH_NOTICED_S
+    wait_health(life.url)
+    assert post(life.url, "/completion", {"prompt": "again", "n_predict": 2}).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def short_timeout(module_servers):
+    """A server whose steps may take 2 s (-to 2): these tests stop its worker."""
+    return module_servers.start(["-np", "1", "-c", "4096", "-t", "1", "-tb", "1", "-to", "2"])
+
+
+@pytest.mark.lifecycle
+def test_hung_worker_is_restarted(short_timeout):
+    """A worker that stops answering without dying (SIGSTOP) fails the request in the
+    step with a 500 after the timeout; the set restarts and the next request works."""
+    srv = short_timeout
+    pid, r, took = signal_worker_during_plain_request(srv, signal.SIGSTOP)
     assert r.status_code == 500, r.text[:300]
     assert "no answer" in r.json()["error"]["message"], r.text
-    assert 1.5 < out["t"] - t_stop < 2.0 + DEATH_NOTICED_S, "ended %.2f s after the stop" % (out["t"] - t_stop)
+    assert 1.5 < took < 2.0 + DEATH_NOTICED_S, "ended %.2f s after the stop" % took
     wait_health(srv.url)
     assert post(srv.url, "/completion", {"prompt": "again", "n_predict": 2}).status_code == 200
     new = srv.child("bloomery-worker")

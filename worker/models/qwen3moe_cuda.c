@@ -77,6 +77,7 @@ struct wk_cuda {
     float *logits; // (n_batch, n_vocab), last stage
     /* the prompt path (enqueue_prompt) */
     int pp_ok;     /* the shapes suit it; else prompts take the row-chunk path */
+    int flash;     /* prompts attend through kcuda_attention_prefill (read at load) */
     void *blas;    /* cuBLAS handle on stream */
     void *x16;     // (n_batch, max(n_embd, n_head * head_dim, n_ff)) f16 activations
     void *xs16;    // (n_batch * n_expert_used, max(n_embd, n_ff_exp)) f16, rows by expert
@@ -469,6 +470,10 @@ int wk__cuda_load(wk_model_t *m, bl_err_t *err)
     const char *pdl_env = getenv("BLOOMERY_CUDA_PDL");
     if (pdl_env && strcmp(pdl_env, "0") == 0)
         (void)kcuda_set_pdl(0);
+    /* Flash prefill for head_dim 64 and 128; BLOOMERY_CUDA_FLASH=0 keeps the split
+     * attention in 64-row pieces (the reference it is compared with). */
+    const char *fl_env = getenv("BLOOMERY_CUDA_FLASH");
+    cu->flash = (c->head_dim == 64 || c->head_dim == 128) && !(fl_env && strcmp(fl_env, "0") == 0);
     const char *pp_env = getenv("BLOOMERY_CUDA_PROMPT");
     cu->pp_ok = prompt_shapes_ok(c) && !(pp_env && strcmp(pp_env, "rows") == 0);
     if ((rc = upload_all(cu, &p, err)) < 0 || (rc = alloc_scratch(m, cu, err)) < 0)
@@ -887,10 +892,6 @@ static int enqueue_prompt(wk_model_t *m, const seg_t *seg, int64_t nseg, int64_t
     const int64_t E = c->n_embd, hd = c->head_dim;
     const int64_t nq = c->n_head * hd, nkv = c->n_head_kv * hd;
     const float scale = (float)(1.0 / sqrt((double)hd));
-    /* Flash prefill for head_dim 64 and 128; BLOOMERY_CUDA_FLASH=0 keeps the split
-     * attention in 64-row pieces (the reference it is compared with). */
-    const char *fl_env = getenv("BLOOMERY_CUDA_FLASH");
-    const int flash = (hd == 64 || hd == 128) && !(fl_env && strcmp(fl_env, "0") == 0);
     void *st = cu->stream;
 
     if (m->lb == 0)
@@ -911,7 +912,7 @@ static int enqueue_prompt(wk_model_t *m, const seg_t *seg, int64_t nseg, int64_t
             const int64_t r0 = seg[j].row0;
             OP("kv_store", kcuda_kv_store(&kv, cu->k + r0 * nkv, cu->v + r0 * nkv, nkv, seg[j].pos, seg[j].n, nkv,
                                           st, err));
-            if (flash) {
+            if (cu->flash) {
                 OP("attention", kcuda_attention_prefill(&kv, cu->q + r0 * nq, cu->att + r0 * nq, seg[j].n, seg[j].pos,
                                                         c->n_head, c->n_head_kv, hd, scale, st, err));
                 continue;
