@@ -92,7 +92,8 @@ struct rt_cluster {
     pthread_cond_t cv;
     rt_cluster_state_t state;  /* under mu */
     char error[512];           /* under mu */
-    int pending_closed;        /* under mu: a death the engine has not been told of */
+    int pending_closed;        /* under mu: a death the engine has not been told of: the
+                                * next step that reads a cache ends with BL_ECLOSED */
     _Atomic int broken;        /* the set is dead or being torn down: steps end */
     _Atomic int stopping;      /* destroy was called */
     _Atomic int restart_req;   /* a step saw a protocol error or no answer: restart the set */
@@ -1076,12 +1077,20 @@ static int hung(rt_cluster_t *c, uint64_t step, bl_err_t *err)
 static int step_locked(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, int32_t n_rows,
                        int32_t n_out, const float **logits, bl_err_t *err)
 {
+    /* A step that reads no cache (every sequence starts at 0) is as good on a new
+     * set as on the old one; only one that continues a sequence learns, once, that
+     * the caches are gone. So a death while idle does not fail the next request. */
+    int reads_cache = 0;
+    for (int i = 0; i < n_seqs; i++)
+        reads_cache |= seqs[i].pos > 0;
     pthread_mutex_lock(&c->mu);
     rt_cluster_state_t st = c->state;
     int pending = c->pending_closed;
+    if (pending && !reads_cache && st == RT_CLUSTER_READY && !atomic_load(&c->broken))
+        c->pending_closed = pending = 0;
     pthread_mutex_unlock(&c->mu);
-    if (pending || atomic_load(&c->stopping))
-        return closed(c, err); /* the engine learns its caches are gone, once */
+    if ((pending && reads_cache) || atomic_load(&c->stopping))
+        return closed(c, err);
     if (st != RT_CLUSTER_READY || atomic_load(&c->broken))
         return bl_err_set(err, BL_EAGAIN, "step: the engine's processes are %s",
                           st == RT_CLUSTER_LOADING ? "loading"

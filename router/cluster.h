@@ -97,7 +97,9 @@ typedef struct rt_step_seq {
  * together are at most n_batch. Returns 0, or: BL_EINVAL/BL_ERANGE (the step does not
  * fit the plan: slot, rows, positions; nothing ran), BL_ECLOSED (a child died or the
  * cluster is stopping: err names the process; every slot's cache is gone, so the
- * engine must forget its prompt caches), BL_EAGAIN (not READY; nothing ran),
+ * engine must forget its prompt caches; a death between steps is reported once, to
+ * the first later step with a sequence at pos > 0: a step of only new sequences runs
+ * on the restarted set), BL_EAGAIN (not READY; nothing ran),
  * BL_EPROTO (a child sent something malformed: the cluster restarts), BL_EIO.
  * Blocks while the step runs; a dead child ends the wait within a second. */
 int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, const float **logits,

@@ -156,6 +156,27 @@ def test_kill_worker_during_plain_request(life):
     assert post(life.url, "/completion", {"prompt": "again", "n_predict": 2}).status_code == 200
 
 
+@pytest.mark.lifecycle
+def test_kill_worker_while_idle(life):
+    """A worker that dies with no request running is replaced, and the next request,
+    the first on the new processes, succeeds (the death is nobody's error)."""
+    wait_health(life.url)
+    r = post(life.url, "/completion", GREEDY)
+    assert r.status_code == 200, r.text[:300]
+    before = r.json()["tokens"]
+    pid = life.child("bloomery-worker")
+    assert pid
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while life.child("bloomery-worker") in (None, pid):
+        assert time.monotonic() < deadline, "the dead worker was not replaced"
+        time.sleep(0.05)
+    wait_health(life.url)
+    r = post(life.url, "/completion", GREEDY)
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["tokens"] == before
+
+
 @pytest.fixture(scope="module")
 def short_timeout(module_servers):
     """A server whose steps may take 2 s (-to 2): these tests stop its worker."""

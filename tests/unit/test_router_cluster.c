@@ -335,6 +335,37 @@ static void test_cluster_kill_hosttier_between_steps(void **state)
     kill_and_recover("bloomery-hostti", "hosttier");
 }
 
+/* A child dies while nothing runs and the set restarts before the next step: a
+ * step of new sequences (pos 0) runs on the new set at once, and the whole script
+ * gives the in-process logits; the death is not reported to it. */
+static void test_cluster_death_while_idle_spares_new_steps(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    static float ref[N_LOGITS * 1024], got[N_LOGITS * 1024];
+    rt_cluster_t *c = start(g_moe, 1);
+    int64_t nv = rt_cluster_n_vocab(c);
+    reference(g_moe, ref, nv);
+    bl_err_t err = {0};
+    assert_int_equal(through(c, got, &err), 0);
+
+    pid_t p[4];
+    assert_true(children("bloomery-worker", p, 4) >= 1);
+    assert_int_equal(kill(p[0], SIGKILL), 0);
+    rt_cluster_stats_t st = {0};
+    for (double t_end = now_s() + 60; now_s() < t_end; usleep(10000)) {
+        rt_cluster_get_stats(c, &st);
+        if (st.starts == 2 && rt_cluster_state(c) == RT_CLUSTER_READY)
+            break;
+    }
+    assert_int_equal(st.starts, 2);
+    if (through(c, got, &err) != 0)
+        fail_msg("the first step after an idle restart failed: %s", err.msg);
+    assert_memory_equal(ref, got, N_LOGITS * (size_t)nv * sizeof(float));
+    rt_cluster_destroy(c);
+    assert_no_children();
+}
+
 typedef struct killer {
     pid_t pid;
     int delay_us;
@@ -478,6 +509,7 @@ int main(void)
         cmocka_unit_test(test_cluster_kill_worker_between_steps),
         cmocka_unit_test(test_cluster_kill_hosttier_between_steps),
         cmocka_unit_test(test_cluster_kill_worker_during_steps),
+        cmocka_unit_test(test_cluster_death_while_idle_spares_new_steps),
         cmocka_unit_test(test_cluster_kill_hosttier_during_steps),
         cmocka_unit_test(test_cluster_load_failure_names_the_child),
     };
