@@ -139,10 +139,14 @@ AVX2 static INLINE __m256i madd_at(__m256i w, const int16_t *x)
     return _mm256_madd_epi16(w, _mm256_loadu_si256((const __m256i *)x));
 }
 
-/* Word g of each 128-bit half of v, in every word lane: the scale of group g. */
-AVX2 static INLINE __m256i bcast_word(__m256i v, int g)
+/* The dword *p in every dword lane (a scale stored as (sc, sc) words reaches every
+ * word lane): a load, where _mm256_set1_epi32 from an array the compiler has just
+ * written becomes register shuffles on the port the bit extraction needs. */
+AVX2 static INLINE __m256i bcast_dword_mem(const int32_t *p)
 {
-    return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(0x0100 * (2 * g + 1) + 2 * g)));
+    __m256i v;
+    __asm__("vpbroadcastd %1, %0" : "=x"(v) : "m"(*p));
+    return v;
 }
 
 /* Pins v to a register here and keeps later memory reads below this point. In the
@@ -156,6 +160,10 @@ AVX2 static INLINE void issue_after(__m256i *v)
 
 // --- packed dots (one activation row) -------------------------------------------------------
 
+/* The packed q4_K/q5_K dot. Each sub-block's 32 products are summed unscaled
+ * (two madds) and the sum multiplied by its scale in int32 (vpmulld): the same
+ * integers as scaling every weight first (exact, and within the bound above), at
+ * one multiply per 32 weights instead of two. */
 AVX2 static INLINE float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K *a5,
                                    const kcpu_block_q16_K *b, int64_t nb)
 {
@@ -169,8 +177,9 @@ AVX2 static INLINE float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K 
         const __m256i qh = a5 ? _mm256_loadu_si256((const __m256i *)a5[i].qh) : _mm256_setzero_si256();
         uint64_t sc8;
         memcpy(&sc8, sc, 8);
-        /* The 8 scales as words in both halves, broadcast per sub-block below. */
-        const __m256i scw = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
+        /* The 8 scales as dwords, each broadcast from memory below. */
+        int32_t scd[8];
+        _mm256_storeu_si256((__m256i *)scd, _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc8)));
         __m256i isum = _mm256_setzero_si256();
         if (!a5)
             /* q4_K: the bytes widened to words straight from memory (one vpmovzxbw
@@ -180,14 +189,13 @@ AVX2 static INLINE float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K 
                 const __m128i *p = (const __m128i *)(qs + 32 * j);
                 const __m256i r0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(p));
                 const __m256i r1 = _mm256_cvtepu8_epi16(_mm_loadu_si128(p + 1));
-                const __m256i s0 = bcast_word(scw, 2 * j), s1 = bcast_word(scw, 2 * j + 1);
-                const __m256i w0 = _mm256_mullo_epi16(_mm256_and_si256(r0, lo4w), s0);
-                const __m256i w1 = _mm256_mullo_epi16(_mm256_and_si256(r1, lo4w), s0);
-                const __m256i w2 = _mm256_mullo_epi16(_mm256_srli_epi16(r0, 4), s1);
-                const __m256i w3 = _mm256_mullo_epi16(_mm256_srli_epi16(r1, 4), s1);
                 const int16_t *x = b[i].q + 64 * j;
-                isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w0, x), madd_at(w1, x + 16)));
-                isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w2, x + 32), madd_at(w3, x + 48)));
+                const __m256i s0 = _mm256_add_epi32(madd_at(_mm256_and_si256(r0, lo4w), x),
+                                                    madd_at(_mm256_and_si256(r1, lo4w), x + 16));
+                const __m256i s1 = _mm256_add_epi32(madd_at(_mm256_srli_epi16(r0, 4), x + 32),
+                                                    madd_at(_mm256_srli_epi16(r1, 4), x + 48));
+                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(s0, bcast_dword_mem(&scd[2 * j])));
+                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(s1, bcast_dword_mem(&scd[2 * j + 1])));
                 issue_after(&isum);
             }
         else
@@ -195,18 +203,15 @@ AVX2 static INLINE float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K 
                 const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
                 __m256i n0 = _mm256_and_si256(raw, lo4);
                 __m256i n1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
-                if (a5) {
-                    n0 = _mm256_or_si256(n0, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4));
-                    n1 = _mm256_or_si256(n1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4));
-                }
-                const __m256i s0 = bcast_word(scw, 2 * j), s1 = bcast_word(scw, 2 * j + 1);
-                const __m256i w0 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(n0)), s0);
-                const __m256i w1 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(n0, 1)), s0);
-                const __m256i w2 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(n1)), s1);
-                const __m256i w3 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(n1, 1)), s1);
+                n0 = _mm256_or_si256(n0, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4));
+                n1 = _mm256_or_si256(n1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4));
                 const int16_t *x = b[i].q + 64 * j;
-                isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w0, x), madd_at(w1, x + 16)));
-                isum = _mm256_add_epi32(isum, _mm256_add_epi32(madd_at(w2, x + 32), madd_at(w3, x + 48)));
+                const __m256i s0 = _mm256_add_epi32(madd_at(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(n0)), x),
+                                                    madd_at(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(n0, 1)), x + 16));
+                const __m256i s1 = _mm256_add_epi32(madd_at(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(n1)), x + 32),
+                                                    madd_at(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(n1, 1)), x + 48));
+                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(s0, bcast_dword_mem(&scd[2 * j])));
+                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(s1, bcast_dword_mem(&scd[2 * j + 1])));
                 issue_after(&isum);
             }
         /* d and dmin (adjacent halves) converted together: lanes 0 and 1. */
@@ -233,16 +238,6 @@ AVX2 float kcpu_vec_dot_q4_K_q16_K_avx2(const void *w, const void *x, int64_t n)
 AVX2 float kcpu_vec_dot_q5_K_q16_K_avx2(const void *w, const void *x, int64_t n)
 {
     return dot_q45_K(NULL, w, x, n / BL_QK_K);
-}
-
-/* The word w in every word lane, read from memory as the dword (w, w): a load, where
- * _mm256_set1_epi32 from an array the compiler has just written becomes register
- * shuffles on the port the bit extraction needs. */
-AVX2 static INLINE __m256i bcast_word_mem(const int32_t *ww)
-{
-    __m256i v;
-    __asm__("vpbroadcastd %1, %0" : "=x"(v) : "m"(*ww));
-    return v;
 }
 
 /* The packed q6_K dot, decoding as q6_sub does but with the loads shared per half;
@@ -279,7 +274,7 @@ AVX2 float kcpu_vec_dot_q6_K_q16_K_avx2(const void *w, const void *x, int64_t n)
                 };
                 for (int k = 0; k < 4; k++) {
                     const __m256i w0 = _mm256_mullo_epi16(_mm256_sub_epi16(q[k], offw),
-                                                          bcast_word_mem(&scd[8 * h + 2 * k + e]));
+                                                          bcast_dword_mem(&scd[8 * h + 2 * k + e]));
                     isum = _mm256_add_epi32(isum, madd_at(w0, b[i].q + 128 * h + 32 * k + 16 * e));
                 }
                 issue_after(&isum);
