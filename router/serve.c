@@ -144,21 +144,24 @@ static int build_args(bl_arg_t *a, opts_t *o)
     STR("-ctv,--cache-type-v", "LLAMA_ARG_CACHE_TYPE_V", &o->cache_type_v, "TYPE",
         "KV cache type of V: must equal -ctk");
     STR("-ngl,--gpu-layers,--n-gpu-layers", "LLAMA_ARG_N_GPU_LAYERS", &o->gpu_layers, "N",
-        "layers on the GPU: 0 and auto are accepted (CPU only); more is refused");
+        "layers on the GPU: auto/-1 (default: all when there is a CUDA device), all or at least "
+        "the model's layer count (every layer), 0 (CPU only); part of the layers is refused");
     STR("-ts,--tensor-split", "LLAMA_ARG_TENSOR_SPLIT", &o->tensor_split, "N0,N1,...",
-        "split over GPUs: refused (no GPU in this build)");
+        "split over GPUs by proportion: refused (--workers N puts stage i on device i)");
     STR("-dev,--device", "LLAMA_ARG_DEVICE", &o->device, "DEV",
-        "devices: none (the CPU) is accepted; a GPU is refused");
+        "devices: none (the CPU) or a comma list of cudaN (default: every CUDA device)");
     FLAG("-cmoe,--cpu-moe", "LLAMA_ARG_CPU_MOE", &o->cpu_moe,
-         "keep all MoE experts on the CPU (what this build does)");
+         "keep all MoE experts on the CPU: what -ngl 0 does; refused beside a GPU worker");
     I64("-ncmoe,--n-cpu-moe", "LLAMA_ARG_N_CPU_MOE", &o->n_cpu_moe, 0, 1 << 20, "N",
-        "keep the experts of the first N layers on the CPU (all are)");
+        "keep the experts of the first N layers on the CPU: with -ngl 0 all are; refused beside a "
+        "GPU worker");
     a[n++] = (bl_arg_t){.names = "-ot,--override-tensor", .env = "LLAMA_ARG_OVERRIDE_TENSOR",
                         .kind = BL_ARG_FN, .fn = parse_override_tensor, .ud = o,
                         .metavar = "PATTERN=TYPE,...",
                         .help = "tensor placement: CPU is accepted, another buffer is refused"};
     STR("-fit,--fit", "LLAMA_ARG_FIT", &o->fit, "on|off",
-        "fit unset options to device memory: accepted, nothing to fit on the CPU");
+        "fit unset options to device memory: accepted, nothing is adjusted (a stage that does "
+        "not fit its card fails to load, naming the shortfall)");
 #undef STR
 #undef I64
 #undef FLAG

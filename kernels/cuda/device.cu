@@ -104,7 +104,23 @@ int kcuda_alloc(void **d_out, size_t nbytes, bl_err_t *err)
     if (nbytes > SIZE_MAX - 255)
         return bl_err_set(err, BL_ERANGE, "device allocation of %zu bytes overflows", nbytes);
     const size_t len = (nbytes + 255) & ~(size_t)255;
-    KCUDA_CHECK(cudaMalloc(d_out, len ? len : 256), err);
+    const cudaError_t e = cudaMalloc(d_out, len ? len : 256);
+    if (e == cudaErrorMemoryAllocation) {
+        /* The case a user meets with a model larger than the card: say by how much. */
+        (void)cudaGetLastError();
+        *d_out = NULL;
+        size_t free_b = 0, total_b = 0;
+        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return bl_err_set(err, BL_ENOMEM, "out of device memory for %.2f GiB",
+                              (double)len / (1 << 30));
+        }
+        return bl_err_set(err, BL_ENOMEM,
+                          "out of device memory: %.2f GiB asked, %.2f GiB of the device's %.2f GiB "
+                          "free", (double)len / (1 << 30), (double)free_b / (1 << 30),
+                          (double)total_b / (1 << 30));
+    }
+    KCUDA_CHECK(e, err);
     return 0;
 }
 

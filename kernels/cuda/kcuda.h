@@ -85,7 +85,8 @@ int kcuda_init(int device, kcuda_device_info_t *info, bl_err_t *err) BL_WUR;
 
 /* cudaMalloc of nbytes rounded up to 256: the start is 256-byte aligned and the
  * bytes up to the rounded size are readable, as the matrix kernels' 16-byte loads
- * of a weight tensor's last row need. Caller frees with kcuda_free. */
+ * of a weight tensor's last row need. Caller frees with kcuda_free. BL_ENOMEM names
+ * the size asked and what the device has free. */
 int kcuda_alloc(void **d_out, size_t nbytes, bl_err_t *err) BL_WUR;
 void kcuda_free(void *d_p); /* NULL is a no-op */
 

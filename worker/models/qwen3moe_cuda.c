@@ -451,8 +451,15 @@ int wk__cuda_load(wk_model_t *m, bl_err_t *err)
     /* One allocation for every weight: 256-aligned tensors, and kcuda_alloc pads the
      * end, so each matrix's last 16-byte load stays inside. */
     cu->arena_bytes = p.total;
-    if ((rc = kcuda_alloc((void **)&cu->arena, p.total + 256, err)) < 0)
+    if ((rc = kcuda_alloc((void **)&cu->arena, p.total + 256, err)) < 0) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        rc = bl_err_set(err, rc, "the weights of layers %lld..%lld (%.2f GiB) on CUDA device %d: "
+                        "%s; the whole stage must fit the card (-ngl 0 runs on the CPU)",
+                        (long long)m->lb, (long long)m->le - 1, (double)p.total / (1 << 30),
+                        cu->device, why);
         goto out;
+    }
     for (int64_t i = 0; i <= c->n_layer; i++)
         if ((rc = bind(cu, &r[i], err)) < 0 ||
             (i >= m->lb && i < m->le && (rc = bind_qkv(&cu->layers[i], err)) < 0)) {
