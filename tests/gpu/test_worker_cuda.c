@@ -364,6 +364,17 @@ static void test_refusals(void)
     o.device = 999;
     rc = wk_model_load(&m, path, &o, &err);
     tap_ok(rc == BL_ENOTSUP && m == NULL, "a device that does not exist is refused (%s)", err.msg);
+
+    /* More than the card holds: BL_ENOMEM naming the size and what is free, and the
+     * device stays usable (no sticky error). */
+    void *d = NULL;
+    rc = kcuda_alloc(&d, (size_t)1 << 46, &err);
+    tap_ok(rc == BL_ENOMEM && d == NULL && strstr(err.msg, "65536.00 GiB asked") &&
+               strstr(err.msg, "free"),
+           "an allocation larger than the card names the shortfall (%s)", err.msg);
+    rc = kcuda_alloc(&d, 1 << 20, &err);
+    tap_ok(rc == 0 && d != NULL, "the next allocation succeeds (%s)", rc ? err.msg : "");
+    kcuda_free(d);
 }
 
 int main(void)
