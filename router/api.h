@@ -33,6 +33,7 @@ typedef struct rt_app {
     int64_t n_ctx_train;
     int64_t n_ctx_slot;         /* per slot */
     int64_t n_ctx_total;        /* -c */
+    int64_t n_batch;            /* -b, the logical batch (/infill's budget for the prefix) */
     int n_slots;
     int64_t n_vocab;
     int64_t n_predict_default;  /* -n (-1: none) */

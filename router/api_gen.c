@@ -564,16 +564,7 @@ static int prompt_piece(const json_t *v, int first, rt_tokenizer_t *tok, int64_t
             return bl_err_set(err, BL_EINVAL,
                               "\"prompt\": token %lld is outside the vocabulary (0..%lld)",
                               (long long)id, (long long)n_vocab - 1);
-        if (out->n == out->cap) {
-            size_t cap = out->cap ? out->cap * 2 : 64;
-            int32_t *ids = realloc(out->ids, cap * sizeof *ids);
-            if (!ids)
-                return bl_err_set(err, BL_ENOMEM, "out of memory");
-            out->ids = ids;
-            out->cap = cap;
-        }
-        out->ids[out->n++] = (int32_t)id;
-        return 0;
+        return rt_tokens_push(out, (int32_t)id) ? bl_err_set(err, BL_ENOMEM, "out of memory") : 0;
     }
     return bl_err_set(err, BL_EINVAL,
                       "\"prompt\" elements must be a string, a list of tokens, a JSON object "
@@ -1645,7 +1636,13 @@ int rt__gen_limits(rt_app_t *app, rt_gen_limits_t *out)
     return 0;
 }
 
-static void route_completion(rt_req_t *r)
+/* The prompt ids of a native request; the route's own part of native_route. */
+typedef int (*native_prompt_fn)(rt_app_t *app, const json_t *body, const rt_gen_params_t *p,
+                                rt_tokens_t *out, bl_err_t *err);
+
+/* A generation in /completion's shape: the fields, the prompt from prompt_fn (its
+ * error: 400, or 501 for BL_ENOTSUP), then the task. */
+static void native_route(rt_req_t *r, native_prompt_fn prompt_fn)
 {
     rt_gen_limits_t lim;
     rt_gen_req_t *g = rt__gen_begin(r, RT_GEN_API_NATIVE, &native_ops, "cmpl-", &lim);
@@ -1657,8 +1654,7 @@ static void route_completion(rt_req_t *r)
     rt_tokens_t toks = {0};
     int rc = rt__gen_parse_params(body, RT_GEN_API_NATIVE, &lim, &g->params, &err);
     if (!rc)
-        rc = rt__gen_prompt_tokens(json_object_get(body, "prompt"), app->tok, app->n_vocab, &toks,
-                                   &err);
+        rc = prompt_fn(app, body, &g->params, &toks, &err);
     if (!rc && toks.n) {
         size_t len;
         bl_err_t derr;
@@ -1667,7 +1663,8 @@ static void route_completion(rt_req_t *r)
             g->prompt_text = NULL; /* the echo of the prompt is informative only */
     }
     if (rc) {
-        rt__gen_send_error(r, RT_GEN_API_NATIVE, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
+        rt__gen_send_error(r, RT_GEN_API_NATIVE,
+                           rc == BL_ENOMEM ? 500 : rc == BL_ENOTSUP ? 501 : 400, NULL, "%s", err.msg);
         rt_tokens_free(&toks);
         rt__gen_req_free(g);
         return;
@@ -1675,6 +1672,192 @@ static void route_completion(rt_req_t *r)
     rt__gen_submit(g, toks.ids, toks.n);
     rt_tokens_free(&toks);
 }
+
+static int completion_prompt(rt_app_t *app, const json_t *body, const rt_gen_params_t *p,
+                             rt_tokens_t *out, bl_err_t *err)
+{
+    (void)p;
+    return rt__gen_prompt_tokens(json_object_get(body, "prompt"), app->tok, app->n_vocab, out, err);
+}
+
+static void route_completion(rt_req_t *r) { native_route(r, completion_prompt); }
+
+/* ---------------------------------------------------------------------------- */
+/* /infill: fill-in-the-middle                                                    */
+/* ---------------------------------------------------------------------------- */
+
+/* A text field of an /infill body: "" when absent or null, else it must be a string. */
+static int infill_text(const json_t *o, const char *k, const char *where, const char **s,
+                       size_t *len, bl_err_t *err)
+{
+    json_t *v = field(o, k);
+    *s = "";
+    *len = 0;
+    if (!v)
+        return 0;
+    if (!json_is_string(v))
+        return bl_err_set(err, BL_EINVAL, "%s\"%s\" must be a string", where, k);
+    *s = json_string_value(v);
+    *len = json_string_length(v);
+    return 0;
+}
+
+/* Appends the ids of text, special tokens taken as plain text and no bos (code may
+ * hold anything, <|im_start|> included). */
+static int infill_tokenize(rt_tokenizer_t *tok, const char *s, size_t len, rt_tokens_t *out,
+                           bl_err_t *err)
+{
+    bl_err_t terr;
+    int rc = rt_tokenize(tok, s, len, 0, out, &terr);
+    if (rc)
+        return bl_err_set(err, rc == BL_ENOMEM ? BL_ENOMEM : BL_EINVAL, "infill: %s", terr.msg);
+    return 0;
+}
+
+static int infill_push(rt_tokens_t *out, int32_t id, bl_err_t *err)
+{
+    return rt_tokens_push(out, id) ? bl_err_set(err, BL_ENOMEM, "out of memory") : 0;
+}
+
+
+/* The context chunks of input_extra (other files of the project) as llama-server
+ * lays them out: <repo>myproject\n, then per chunk <file_sep>FILENAME\n TEXT (or a
+ * "--- snippet ---" line where the vocabulary has no file separator), then
+ * <file_sep>filename\n for the file being edited. */
+static int infill_extra(rt_tokenizer_t *tok, const json_t *body, rt_tokens_t *out, bl_err_t *err)
+{
+    const int32_t rep = rt_tokenizer_fim(tok, RT_FIM_REP), sep = rt_tokenizer_fim(tok, RT_FIM_SEP);
+    int rc = 0;
+    if (rep >= 0 && ((rc = infill_push(out, rep, err)) ||
+                     (rc = infill_tokenize(tok, "myproject\n", 10, out, err))))
+        return rc;
+    json_t *extra = field(body, "input_extra");
+    if (extra && !json_is_array(extra))
+        return bl_err_set(err, BL_EINVAL, "\"input_extra\" must be an array of {\"filename\", "
+                                          "\"text\"} objects");
+    size_t i;
+    json_t *c;
+    json_array_foreach(extra, i, c) {
+        char where[48];
+        snprintf(where, sizeof where, "input_extra[%zu]: ", i);
+        if (!json_is_object(c))
+            return bl_err_set(err, BL_EINVAL, "input_extra[%zu] must be an object with \"text\"",
+                              i);
+        if (!json_is_string(json_object_get(c, "text")))
+            return bl_err_set(err, BL_EINVAL, "input_extra[%zu]: \"text\" must be a string", i);
+        const char *name, *text;
+        size_t name_len, text_len;
+        if ((rc = infill_text(c, "filename", where, &name, &name_len, err)) ||
+            (rc = infill_text(c, "text", where, &text, &text_len, err)))
+            return rc;
+        if (!field(c, "filename")) {
+            name = "tmp";
+            name_len = 3;
+        }
+        if (sep >= 0) {
+            if ((rc = infill_push(out, sep, err)) ||
+                (rc = infill_tokenize(tok, name, name_len, out, err)) ||
+                (rc = infill_tokenize(tok, "\n", 1, out, err)))
+                return rc;
+        } else if ((rc = infill_tokenize(tok, "\n\n--- snippet ---\n\n", 19, out, err))) {
+            return rc;
+        }
+        if ((rc = infill_tokenize(tok, text, text_len, out, err)))
+            return rc;
+    }
+    if (sep >= 0 && ((rc = infill_push(out, sep, err)) ||
+                     (rc = infill_tokenize(tok, "filename\n", 9, out, err))))
+        return rc;
+    return 0;
+}
+
+/* The prompt of an /infill request, llama-server's layout:
+ *   [the last n_extra ids of the extra chunks] [bos] <pre> PREFIX PROMPT <suf> SUFFIX <mid>
+ * The prefix keeps its last 3/4 of the batch, the suffix its first
+ * batch/4 - 2 - |PROMPT| ids, the extra chunks what is left of the context after a
+ * batch and twice n_predict. "prompt" (the text already typed after the prefix) is
+ * optional here. Returns 0, BL_EINVAL (a field named in err), BL_ENOTSUP (the model
+ * has no FIM tokens: 501) or BL_ENOMEM. */
+static int infill_tokens(rt_app_t *app, const json_t *body, int64_t n_predict, rt_tokens_t *out,
+                         bl_err_t *err)
+{
+    rt_tokenizer_t *tok = app->tok;
+    const int32_t pre = rt_tokenizer_fim(tok, RT_FIM_PRE), suf = rt_tokenizer_fim(tok, RT_FIM_SUF),
+                  mid = rt_tokenizer_fim(tok, RT_FIM_MID);
+    if (pre < 0 || suf < 0 || mid < 0)
+        return bl_err_set(err, BL_ENOTSUP, "infill is not supported by this model:%s%s%s",
+                          pre < 0 ? " no prefix token." : "", suf < 0 ? " no suffix token." : "",
+                          mid < 0 ? " no middle token." : "");
+    const char *ps, *ss;
+    size_t pl, sl;
+    rt_tokens_t prefix = {0}, suffix = {0}, prompt = {0}, extra = {0};
+    int rc;
+    if ((rc = infill_text(body, "input_prefix", "", &ps, &pl, err)) ||
+        (rc = infill_text(body, "input_suffix", "", &ss, &sl, err)) ||
+        (rc = infill_extra(tok, body, &extra, err)) ||
+        (rc = infill_tokenize(tok, ps, pl, &prefix, err)) ||
+        (rc = infill_tokenize(tok, ss, sl, &suffix, err)))
+        goto done;
+    json_t *p = field(body, "prompt");
+    if (p && !json_is_string(p) && !json_is_array(p)) {
+        rc = bl_err_set(err, BL_EINVAL, "\"prompt\" must be a string or an array of token ids "
+                                        "and strings");
+        goto done;
+    }
+    if (p && json_is_string(p)) {
+        rc = prompt_piece(p, 0, tok, app->n_vocab, &prompt, err);
+    } else if (p) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(p, i, e) {
+            if ((rc = prompt_piece(e, 0, tok, app->n_vocab, &prompt, err)))
+                break;
+        }
+    }
+    if (rc)
+        goto done;
+
+    /* The batch the prefix and suffix share, at most the slot's context. */
+    const int64_t nb = app->n_batch < app->n_ctx_slot ? app->n_batch : app->n_ctx_slot;
+    const int64_t n_pre = (int64_t)prefix.n < 3 * (nb / 4) ? (int64_t)prefix.n : 3 * (nb / 4);
+    int64_t n_suf = nb / 4 - (2 + (int64_t)prompt.n);
+    n_suf = n_suf < 0 ? 0 : n_suf > (int64_t)suffix.n ? (int64_t)suffix.n : n_suf;
+    int64_t n_extra = app->n_ctx_slot - nb - 2 * n_predict;
+    n_extra = n_extra < 0 ? 0 : n_extra > (int64_t)extra.n ? (int64_t)extra.n : n_extra;
+    const int32_t bos = rt_tokenizer_add_bos(tok) ? rt_tokenizer_bos(tok) : -1;
+    const struct {
+        const int32_t *ids;
+        size_t from, n;
+    } seg[] = {
+        {extra.ids, extra.n - (size_t)n_extra, (size_t)n_extra},
+        {&bos, 0, bos >= 0},
+        {&pre, 0, 1},
+        {prefix.ids, prefix.n - (size_t)n_pre, (size_t)n_pre},
+        {prompt.ids, 0, prompt.n},
+        {&suf, 0, 1},
+        {suffix.ids, 0, (size_t)n_suf},
+        {&mid, 0, 1},
+    };
+    for (size_t k = 0; !rc && k < sizeof seg / sizeof *seg; k++)
+        for (size_t i = 0; !rc && i < seg[k].n; i++)
+            rc = infill_push(out, seg[k].ids[seg[k].from + i], err);
+done:
+    rt_tokens_free(&prefix);
+    rt_tokens_free(&suffix);
+    rt_tokens_free(&prompt);
+    rt_tokens_free(&extra);
+    return rc;
+}
+
+/* POST /infill: code completion between input_prefix and input_suffix; the body
+ * takes every /completion field, and the reply is /completion's. */
+static int infill_prompt(rt_app_t *app, const json_t *body, const rt_gen_params_t *p,
+                         rt_tokens_t *out, bl_err_t *err)
+{
+    return infill_tokens(app, body, p->task.n_predict, out, err);
+}
+
+static void route_infill(rt_req_t *r) { native_route(r, infill_prompt); }
 
 /* POST /apply-template: the chat prompt the template makes of messages. */
 static void route_apply_template(rt_req_t *r)
@@ -1722,6 +1905,7 @@ void rt_api_gen_register(rt_http_t *h)
     } routes[] = {
         {"/completion", route_completion},
         {"/completions", rt__api_oai_completions},
+        {"/infill", route_infill},
         {"/v1/completions", rt__api_oai_completions},
         {"/chat/completions", rt__api_chat},
         {"/v1/chat/completions", rt__api_chat},

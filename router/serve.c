@@ -875,6 +875,7 @@ int main(int argc, char **argv)
     app->model_path = o.model;
     app->model_alias = alias;
     app->n_ctx_slot = n_ctx_slot;
+    app->n_batch = o.batch;
     app->n_ctx_total = n_ctx;
     app->n_slots = (int)o.parallel;
     app->n_vocab = rt_tokenizer_n_vocab(tok);

@@ -98,7 +98,7 @@ int rt__reserve(void **buf, size_t *cap, size_t need, size_t elem)
     return 0;
 }
 
-int rt__push_id(rt_tokens_t *out, int32_t id)
+int rt_tokens_push(rt_tokens_t *out, int32_t id)
 {
     if (out->n == out->cap) {
         void *p = out->ids;
@@ -190,6 +190,8 @@ void rt_tokenizer_desc_init(rt_tokenizer_desc_t *d)
 {
     memset(d, 0, sizeof *d);
     d->bos_id = d->eos_id = d->eot_id = d->pad_id = d->unk_id = -1;
+    for (int i = 0; i < 6; i++)
+        d->fim_id[i] = -1;
     d->add_bos = d->add_eos = d->add_space_prefix = d->nfc = -1;
 }
 
@@ -404,6 +406,22 @@ static int32_t valid_id(const rt_tokenizer_t *tok, int32_t id)
     return (id >= 0 && (uint32_t)id < tok->n_vocab) ? id : -1;
 }
 
+/* The texts FIM tokens go by in the vocabularies of code models, in order of
+ * preference (StarCoder, CodeLlama, DeepSeek-Coder, Qwen2.5-Coder/Qwen3, CodeGemma). */
+#define DS_BAR "\xEF\xBD\x9C" /* the fullwidth bar of DeepSeek's special tokens */
+#define DS_SP "\xE2\x96\x81"  /* ▁ */
+static const char *const fim_texts[6][7] = {
+    [RT_FIM_PRE] = {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", DS_SP "<PRE>",
+                    "<" DS_BAR "fim" DS_SP "begin" DS_BAR ">", NULL},
+    [RT_FIM_SUF] = {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", DS_SP "<SUF>",
+                    "<" DS_BAR "fim" DS_SP "hole" DS_BAR ">", NULL},
+    [RT_FIM_MID] = {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", DS_SP "<MID>",
+                    "<" DS_BAR "fim" DS_SP "end" DS_BAR ">", NULL},
+    [RT_FIM_PAD] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", NULL},
+    [RT_FIM_REP] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", NULL},
+    [RT_FIM_SEP] = {"<|file_sep|>", "<file_sep>", "<|file_separator|>", NULL},
+};
+
 static int parse_model(rt_tokenizer_t *tok, const rt_tokenizer_desc_t *d, bl_err_t *err)
 {
     if (!d->model)
@@ -575,6 +593,11 @@ int rt_tokenizer_create(rt_tokenizer_t **out, const rt_tokenizer_desc_t *d, bl_e
     tok->eot = valid_id(tok, d->eot_id);
     tok->pad = valid_id(tok, d->pad_id);
     tok->unk = valid_id(tok, d->unk_id);
+    for (int f = 0; f < 6; f++) {
+        tok->fim[f] = valid_id(tok, d->fim_id[f]);
+        for (int k = 0; tok->fim[f] < 0 && fim_texts[f][k]; k++)
+            tok->fim[f] = rt__lookup(tok, fim_texts[f][k], strlen(fim_texts[f][k]));
+    }
     if (tok->model == RT__MODEL_SPM) {
         if (d->bos_id < 0)
             tok->bos = valid_id(tok, 1);
@@ -591,6 +614,11 @@ int rt_tokenizer_create(rt_tokenizer_t **out, const rt_tokenizer_desc_t *d, bl_e
         if (tok->eot < 0)
             tok->eot = id;
     }
+    /* A code model that writes a pad, a repository or a file separator has finished
+     * the middle it was asked for (llama.cpp ends generation on them too). */
+    for (int f = RT_FIM_PAD; f <= RT_FIM_SEP; f++)
+        if (tok->fim[f] >= 0)
+            tok->eog[tok->fim[f]] = 1;
     if (tok->eos >= 0)
         tok->eog[tok->eos] = 1;
     if (tok->eot >= 0)
@@ -659,6 +687,10 @@ int32_t rt_tokenizer_bos(const rt_tokenizer_t *tok) { return tok->bos; }
 int32_t rt_tokenizer_eos(const rt_tokenizer_t *tok) { return tok->eos; }
 int32_t rt_tokenizer_eot(const rt_tokenizer_t *tok) { return tok->eot; }
 int32_t rt_tokenizer_pad(const rt_tokenizer_t *tok) { return tok->pad; }
+int32_t rt_tokenizer_fim(const rt_tokenizer_t *tok, rt_fim_t which)
+{
+    return (unsigned)which < 6u ? tok->fim[which] : -1;
+}
 int32_t rt_tokenizer_unk(const rt_tokenizer_t *tok) { return tok->unk; }
 int rt_tokenizer_add_bos(const rt_tokenizer_t *tok) { return tok->add_bos; }
 int rt_tokenizer_add_eos(const rt_tokenizer_t *tok) { return tok->add_eos; }
@@ -934,7 +966,7 @@ static int tokenize(rt_tokenizer_t *tok, const char *text, size_t len, unsigned 
     if (sanitize(tok, s, len, &s, &n))
         return bl_err_set(err, BL_ENOMEM, "tokenizer: no memory for %zu bytes of text", len);
 
-    if ((flags & RT_TOKENIZE_ADD_SPECIAL) && tok->add_bos && rt__push_id(out, tok->bos))
+    if ((flags & RT_TOKENIZE_ADD_SPECIAL) && tok->add_bos && rt_tokens_push(out, tok->bos))
         goto nomem;
 
     if (n) {
@@ -946,7 +978,7 @@ static int tokenize(rt_tokenizer_t *tok, const char *text, size_t len, unsigned 
         for (size_t f = 0; f < nf; f++) {
             /* partition's list lives in tok->frags, which the encoders do not touch. */
             if (fr[f].id >= 0) {
-                if (rt__push_id(out, fr[f].id))
+                if (rt_tokens_push(out, fr[f].id))
                     goto nomem;
                 prev_special = 1;
                 continue;
@@ -969,7 +1001,7 @@ static int tokenize(rt_tokenizer_t *tok, const char *text, size_t len, unsigned 
         }
     }
 
-    if ((flags & RT_TOKENIZE_ADD_SPECIAL) && tok->add_eos && rt__push_id(out, tok->eos))
+    if ((flags & RT_TOKENIZE_ADD_SPECIAL) && tok->add_eos && rt_tokens_push(out, tok->eos))
         goto nomem;
     return 0;
 nomem:

@@ -50,12 +50,13 @@ typedef struct rt_tokenizer_desc {
     uint32_t n_merges;
     const rt_str_t *merges;  /* BPE only: n_merges "left right" pairs, rank = index */
     int32_t bos_id, eos_id, eot_id, pad_id, unk_id; /* -1: absent (see create) */
+    int32_t fim_id[6];       /* RT_FIM_* ids; -1: looked up by text (see create) */
     int add_bos, add_eos;    /* -1: the model's default; 0 or 1 */
     int add_space_prefix;    /* SentencePiece: -1: default (1); 0 or 1 */
     int nfc;                 /* -1: decide from model and pre (see create); 0 or 1 */
 } rt_tokenizer_desc_t;
 
-/* Fills d with "absent"/"default" values (-1) and zero counts. */
+/* Fills d with "absent"/"default" values (-1, FIM ids too) and zero counts. */
 void rt_tokenizer_desc_init(rt_tokenizer_desc_t *d);
 
 /* Builds a tokenizer from d. Returns 0 and sets *out (caller frees with
@@ -94,7 +95,8 @@ int32_t rt_tokenizer_unk(const rt_tokenizer_t *tok);
 int rt_tokenizer_add_bos(const rt_tokenizer_t *tok); /* 1: prompts start with bos */
 int rt_tokenizer_add_eos(const rt_tokenizer_t *tok);
 /* 1 when generating id ends the turn: eos, eot, and control tokens known to end a
- * turn (<|im_end|>, <|endoftext|>, <|eot_id|>, ...). 0 for ids out of range. */
+ * turn (<|im_end|>, <|endoftext|>, <|eot_id|>, ...), and the FIM pad, repository
+ * and file-separator tokens. 0 for ids out of range. */
 int rt_tokenizer_is_eog(const rt_tokenizer_t *tok, int32_t id);
 /* The rt_token_type_t of id; RT_TOKEN_UNDEFINED for ids out of range. */
 int rt_tokenizer_token_type(const rt_tokenizer_t *tok, int32_t id);
@@ -109,6 +111,21 @@ rt_str_t rt_tokenizer_piece(const rt_tokenizer_t *tok, int32_t id);
 /* The id of the token whose vocabulary text is exactly s, or -1. */
 int32_t rt_tokenizer_find(const rt_tokenizer_t *tok, const char *s, size_t len);
 
+/* Fill-in-the-middle tokens of code models (/infill): prefix, suffix, middle, pad,
+ * repository name and file separator. */
+typedef enum rt_fim {
+    RT_FIM_PRE = 0,
+    RT_FIM_SUF = 1,
+    RT_FIM_MID = 2,
+    RT_FIM_PAD = 3,
+    RT_FIM_REP = 4,
+    RT_FIM_SEP = 5,
+} rt_fim_t;
+/* The id of a FIM token: tokenizer.ggml.fim_*_token_id when the file names one, else
+ * the first of its usual texts in the vocabulary (<|fim_prefix|>, <fim-prefix>,
+ * <PRE>, ...; <|repo_name|>, <|file_sep|> for Qwen); -1 when there is none. */
+int32_t rt_tokenizer_fim(const rt_tokenizer_t *tok, rt_fim_t which);
+
 /* --- text to ids ------------------------------------------------------------- */
 
 /* A growable id array. Zero-initialise; free with rt_tokens_free. */
@@ -119,6 +136,8 @@ typedef struct rt_tokens {
 } rt_tokens_t;
 
 void rt_tokens_free(rt_tokens_t *t);
+/* Appends id to t; 0 or BL_ENOMEM (t unchanged). */
+int rt_tokens_push(rt_tokens_t *t, int32_t id) BL_WUR;
 
 enum {
     /* Add bos/eos as the vocabulary's add_bos/add_eos flags say. */

@@ -197,7 +197,7 @@ static int encode_word(rt_tokenizer_t *tok, const uint8_t *w, size_t n, rt_token
 {
     if (n == 1) {
         int32_t id = tok->byte_tok[w[0]];
-        return id >= 0 ? rt__push_id(out, id) : 0;
+        return id >= 0 ? rt_tokens_push(out, id) : 0;
     }
     uint64_t h = rt__hash(w, n);
     rt__cache_slot_t *slot = NULL;
@@ -205,7 +205,7 @@ static int encode_word(rt_tokenizer_t *tok, const uint8_t *w, size_t n, rt_token
         slot = &tok->cache[h & (RT__CACHE_SLOTS - 1)];
         if (slot->wlen == n && slot->hash == h && memcmp(slot->word, w, n) == 0) {
             for (uint32_t i = 0; i < slot->nids; i++)
-                if (rt__push_id(out, slot->ids[i]))
+                if (rt_tokens_push(out, slot->ids[i]))
                     return BL_ENOMEM;
             return 0;
         }
@@ -231,7 +231,7 @@ static int encode_word(rt_tokenizer_t *tok, const uint8_t *w, size_t n, rt_token
         whole = rt__lookup(tok, tok->mapped, m);
     }
     if (whole >= 0) {
-        if (rt__push_id(out, whole))
+        if (rt_tokens_push(out, whole))
             return BL_ENOMEM;
     } else {
         void *p = tok->syms;
@@ -274,7 +274,7 @@ static int encode_word(rt_tokenizer_t *tok, const uint8_t *w, size_t n, rt_token
         /* Symbol 0 is never absorbed (only right symbols are), so the list starts
          * there. A byte no token covers (id -1) is dropped. */
         for (int32_t i = 0; i >= 0; i = sy[i].next)
-            if (sy[i].id >= 0 && rt__push_id(out, sy[i].id))
+            if (sy[i].id >= 0 && rt_tokens_push(out, sy[i].id))
                 return BL_ENOMEM;
     }
 

@@ -182,6 +182,12 @@ int rt_tokenizer_from_gguf(rt_tokenizer_t **out, const bl_gguf_t *g, bl_err_t *e
         (rc = get_id(g, KEY("eot_token_id"), &d.eot_id, err)) ||
         (rc = get_id(g, KEY("padding_token_id"), &d.pad_id, err)) ||
         (rc = get_id(g, KEY("unknown_token_id"), &d.unk_id, err)) ||
+        (rc = get_id(g, KEY("fim_pre_token_id"), &d.fim_id[RT_FIM_PRE], err)) ||
+        (rc = get_id(g, KEY("fim_suf_token_id"), &d.fim_id[RT_FIM_SUF], err)) ||
+        (rc = get_id(g, KEY("fim_mid_token_id"), &d.fim_id[RT_FIM_MID], err)) ||
+        (rc = get_id(g, KEY("fim_pad_token_id"), &d.fim_id[RT_FIM_PAD], err)) ||
+        (rc = get_id(g, KEY("fim_rep_token_id"), &d.fim_id[RT_FIM_REP], err)) ||
+        (rc = get_id(g, KEY("fim_sep_token_id"), &d.fim_id[RT_FIM_SEP], err)) ||
         (rc = get_flag(g, KEY("add_bos_token"), &d.add_bos, err)) ||
         (rc = get_flag(g, KEY("add_eos_token"), &d.add_eos, err)) ||
         (rc = get_flag(g, KEY("add_space_prefix"), &d.add_space_prefix, err)))

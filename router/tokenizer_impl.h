@@ -84,6 +84,7 @@ struct rt_tokenizer {
     int nfc, ignore_merges, add_bos, add_eos, add_space_prefix;
     uint32_t n_vocab;
     int32_t bos, eos, eot, pad, unk;
+    int32_t fim[6];            /* rt_fim_t -> id, -1: none */
 
     /* vocabulary: text of id i at text + text_off[i], text_off[i + 1] - text_off[i] bytes */
     char *text;
@@ -135,7 +136,6 @@ uint64_t rt__hash(const void *p, size_t n);
 int32_t rt__lookup(const rt_tokenizer_t *tok, const char *s, size_t n);
 /* Grows *buf (of *cap elements of size elem) to hold at least need; 0 or BL_ENOMEM. */
 int rt__reserve(void **buf, size_t *cap, size_t need, size_t elem);
-int rt__push_id(rt_tokens_t *out, int32_t id);
 
 /* --- byte-level BPE (tokenizer_bpe.c) ---------------------------------------- */
 

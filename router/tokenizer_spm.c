@@ -71,7 +71,7 @@ int rt__spm_encode(rt_tokenizer_t *tok, const char *s, size_t n, rt_tokens_t *ou
     for (int32_t i = 0; i >= 0; i = sy[i].next) {
         int32_t id = rt__lookup(tok, s + sy[i].start, sy[i].len);
         if (id >= 0) {
-            if (rt__push_id(out, id))
+            if (rt_tokens_push(out, id))
                 goto nomem;
             continue;
         }
@@ -81,7 +81,7 @@ int rt__spm_encode(rt_tokenizer_t *tok, const char *s, size_t n, rt_tokens_t *ou
             int32_t b = tok->byte_tok[(uint8_t)s[sy[i].start + k]];
             if (b < 0)
                 b = tok->unk;
-            if (b >= 0 && rt__push_id(out, b))
+            if (b >= 0 && rt_tokens_push(out, b))
                 goto nomem;
         }
     }

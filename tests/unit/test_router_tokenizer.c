@@ -298,6 +298,57 @@ static void test_special_ids_and_flags(void **state)
     rt_tokenizer_destroy(tok);
 }
 
+/* FIM tokens: by their usual texts (the first text in the preference order wins),
+ * or by the ids the file names; pad, repository and file separator end generation. */
+static void test_fim_tokens(void **state)
+{
+    (void)state;
+    static vb_t v;
+    memset(&v, 0, sizeof v);
+    vb_bytes(&v);
+    int32_t pre = vb_add(&v, "<|fim_prefix|>", RT_TOKEN_USER_DEFINED, 0);
+    int32_t suf = vb_add(&v, "<|fim_suffix|>", RT_TOKEN_USER_DEFINED, 0);
+    int32_t mid = vb_add(&v, "<|fim_middle|>", RT_TOKEN_USER_DEFINED, 0);
+    int32_t pad = vb_add(&v, "<|fim_pad|>", RT_TOKEN_USER_DEFINED, 0);
+    int32_t rep = vb_add(&v, "<|repo_name|>", RT_TOKEN_USER_DEFINED, 0);
+    int32_t sep = vb_add(&v, "<|file_sep|>", RT_TOKEN_USER_DEFINED, 0);
+    int32_t alt = vb_add(&v, "<PRE>", RT_TOKEN_USER_DEFINED, 0);
+    rt_tokenizer_desc_t d = vb_desc(&v, "gpt2", "qwen2");
+    rt_tokenizer_t *tok = NULL;
+    bl_err_t err = { 0 };
+    assert_int_equal(rt_tokenizer_create(&tok, &d, &err), 0);
+    assert_int_equal(rt_tokenizer_fim(tok, RT_FIM_PRE), pre);
+    assert_int_equal(rt_tokenizer_fim(tok, RT_FIM_SUF), suf);
+    assert_int_equal(rt_tokenizer_fim(tok, RT_FIM_MID), mid);
+    assert_int_equal(rt_tokenizer_fim(tok, RT_FIM_PAD), pad);
+    assert_int_equal(rt_tokenizer_fim(tok, RT_FIM_REP), rep);
+    assert_int_equal(rt_tokenizer_fim(tok, RT_FIM_SEP), sep);
+    assert_int_equal(rt_tokenizer_fim(tok, (rt_fim_t)6), -1);
+    assert_false(rt_tokenizer_is_eog(tok, pre));
+    assert_false(rt_tokenizer_is_eog(tok, mid));
+    assert_true(rt_tokenizer_is_eog(tok, pad));
+    assert_true(rt_tokenizer_is_eog(tok, rep));
+    assert_true(rt_tokenizer_is_eog(tok, sep));
+    rt_tokenizer_destroy(tok);
+
+    /* The file's ids win over the texts; an id out of range falls back to them. */
+    d.fim_id[RT_FIM_PRE] = alt;
+    d.fim_id[RT_FIM_SUF] = 1 << 20;
+    assert_int_equal(rt_tokenizer_create(&tok, &d, &err), 0);
+    assert_int_equal(rt_tokenizer_fim(tok, RT_FIM_PRE), alt);
+    assert_int_equal(rt_tokenizer_fim(tok, RT_FIM_SUF), suf);
+    rt_tokenizer_destroy(tok);
+
+    /* A vocabulary without them. */
+    memset(&v, 0, sizeof v);
+    vb_bytes(&v);
+    d = vb_desc(&v, "gpt2", "qwen2");
+    assert_int_equal(rt_tokenizer_create(&tok, &d, &err), 0);
+    for (int f = RT_FIM_PRE; f <= RT_FIM_SEP; f++)
+        assert_int_equal(rt_tokenizer_fim(tok, (rt_fim_t)f), -1);
+    rt_tokenizer_destroy(tok);
+}
+
 /* --- SentencePiece ---------------------------------------------------------------------- */
 
 typedef struct spm {
@@ -963,6 +1014,7 @@ int main(void)
         cmocka_unit_test(test_bpe_long_space_run_is_not_refused),
         cmocka_unit_test(test_special_tokens_longest_first),
         cmocka_unit_test(test_special_ids_and_flags),
+        cmocka_unit_test(test_fim_tokens),
         cmocka_unit_test(test_spm_merges_by_score),
         cmocka_unit_test(test_spm_byte_fallback),
         cmocka_unit_test(test_detok_holds_split_characters),
