@@ -1897,6 +1897,21 @@ static void route_apply_template(rt_req_t *r)
 /* registration                                                                   */
 /* ---------------------------------------------------------------------------- */
 
+/* Routes of llama-server this server does not serve: 501 with the reason, as
+ * llama-server answers them when started without --embeddings / --reranking,
+ * rather than a 404 that reads like a wrong URL. */
+static void route_embeddings(rt_req_t *r)
+{
+    rt_req_send_error(r, 501, NULL, "embeddings are not supported by this server (generation "
+                                    "models only)");
+}
+
+static void route_rerank(rt_req_t *r)
+{
+    rt_req_send_error(r, 501, NULL, "reranking is not supported by this server (generation "
+                                    "models only)");
+}
+
 void rt_api_gen_register(rt_http_t *h)
 {
     static const struct {
@@ -1913,6 +1928,13 @@ void rt_api_gen_register(rt_http_t *h)
         {"/apply-template", route_apply_template},
         {"/v1/messages", rt__api_messages},
         {"/v1/messages/count_tokens", rt__api_messages_count_tokens},
+        {"/embedding", route_embeddings},
+        {"/embeddings", route_embeddings},
+        {"/v1/embeddings", route_embeddings},
+        {"/rerank", route_rerank},
+        {"/reranking", route_rerank},
+        {"/v1/rerank", route_rerank},
+        {"/v1/reranking", route_rerank},
     };
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
         if (rt_http_route(h, "POST", routes[i].path, routes[i].fn, 0))

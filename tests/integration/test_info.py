@@ -139,6 +139,17 @@ def test_unknown_route_is_404(url):
     assert_error(post(url, "/v1/no-such-thing", {}), 404)
 
 
+@pytest.mark.parametrize("path,word", [
+    ("/embedding", "embeddings"), ("/embeddings", "embeddings"), ("/v1/embeddings", "embeddings"),
+    ("/rerank", "reranking"), ("/reranking", "reranking"), ("/v1/rerank", "reranking"),
+    ("/v1/reranking", "reranking"),
+])
+def test_embeddings_and_rerank_are_501(url, path, word):
+    err = assert_error(post(url, path, {"input": "hello", "query": "q", "documents": ["d"]}), 501)
+    assert word in err["message"]
+    assert err["type"] == "not_supported_error"
+
+
 def test_known_route_wrong_method(url):
     # llama-server answers 404 here; bloomery-serve documents 405 with Allow
     err = assert_error(get(url, "/v1/chat/completions"), 405)
