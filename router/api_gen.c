@@ -378,8 +378,8 @@ static int refuse_unsupported(const json_t *body, rt_gen_api_t api, bl_err_t *er
             return rc;
         if (found && iv != 1)
             return bl_err_set(err, BL_EINVAL, "'best_of' is not supported (only 1)");
-        if ((v = field(body, "suffix")) && !(json_is_string(v) && json_string_length(v) == 0))
-            return bl_err_set(err, BL_EINVAL, "'suffix' is not supported");
+        if ((v = field(body, "suffix")) && !json_is_string(v))
+            return bl_err_set(err, BL_EINVAL, "'suffix' must be a string");
     }
     return 0;
 }
@@ -1771,34 +1771,41 @@ static int infill_extra(rt_tokenizer_t *tok, const json_t *body, rt_tokens_t *ou
     return 0;
 }
 
-/* The prompt of an /infill request, llama-server's layout:
+/* The prompt of a fill-in-the-middle request, llama-server's /infill layout:
  *   [the last n_extra ids of the extra chunks] [bos] <pre> PREFIX PROMPT <suf> SUFFIX <mid>
  * The prefix keeps its last 3/4 of the batch, the suffix its first
  * batch/4 - 2 - |PROMPT| ids, the extra chunks what is left of the context after a
- * batch and twice n_predict. "prompt" (the text already typed after the prefix) is
- * optional here. Returns 0, BL_EINVAL (a field named in err), BL_ENOTSUP (the model
- * has no FIM tokens: 501) or BL_ENOMEM. */
-static int infill_tokens(rt_app_t *app, const json_t *body, int64_t n_predict, rt_tokens_t *out,
-                         bl_err_t *err)
+ * batch and twice n_predict. /infill (RT_GEN_API_NATIVE) reads input_prefix,
+ * input_suffix, input_extra and an optional "prompt" (the text already typed after
+ * the prefix); /v1/completions (RT_GEN_API_OAI_CMPL) the "prompt" string before
+ * the gap and the "suffix" after it. Returns 0, BL_EINVAL (a field named in err),
+ * BL_ENOTSUP (the model has no FIM tokens) or BL_ENOMEM. */
+int rt__gen_fim_tokens(rt_app_t *app, const json_t *body, rt_gen_api_t api, int64_t n_predict,
+                       rt_tokens_t *out, bl_err_t *err)
 {
     rt_tokenizer_t *tok = app->tok;
+    const int oai = api == RT_GEN_API_OAI_CMPL;
     const int32_t pre = rt_tokenizer_fim(tok, RT_FIM_PRE), suf = rt_tokenizer_fim(tok, RT_FIM_SUF),
                   mid = rt_tokenizer_fim(tok, RT_FIM_MID);
     if (pre < 0 || suf < 0 || mid < 0)
-        return bl_err_set(err, BL_ENOTSUP, "infill is not supported by this model:%s%s%s",
+        return bl_err_set(err, BL_ENOTSUP, "%s is not supported by this model:%s%s%s",
+                          oai ? "'suffix' (fill-in-the-middle)" : "infill",
                           pre < 0 ? " no prefix token." : "", suf < 0 ? " no suffix token." : "",
                           mid < 0 ? " no middle token." : "");
     const char *ps, *ss;
     size_t pl, sl;
     rt_tokens_t prefix = {0}, suffix = {0}, prompt = {0}, extra = {0};
     int rc;
-    if ((rc = infill_text(body, "input_prefix", "", &ps, &pl, err)) ||
-        (rc = infill_text(body, "input_suffix", "", &ss, &sl, err)) ||
-        (rc = infill_extra(tok, body, &extra, err)) ||
+    if (oai && !json_is_string(field(body, "prompt")))
+        return bl_err_set(err, BL_EINVAL, "'suffix' needs \"prompt\" as one string (the text "
+                                          "before the gap)");
+    if ((rc = infill_text(body, oai ? "prompt" : "input_prefix", "", &ps, &pl, err)) ||
+        (rc = infill_text(body, oai ? "suffix" : "input_suffix", "", &ss, &sl, err)) ||
+        (!oai && (rc = infill_extra(tok, body, &extra, err))) ||
         (rc = infill_tokenize(tok, ps, pl, &prefix, err)) ||
         (rc = infill_tokenize(tok, ss, sl, &suffix, err)))
         goto done;
-    json_t *p = field(body, "prompt");
+    json_t *p = oai ? NULL : field(body, "prompt");
     if (p && !json_is_string(p) && !json_is_array(p)) {
         rc = bl_err_set(err, BL_EINVAL, "\"prompt\" must be a string or an array of token ids "
                                         "and strings");
@@ -1854,7 +1861,7 @@ done:
 static int infill_prompt(rt_app_t *app, const json_t *body, const rt_gen_params_t *p,
                          rt_tokens_t *out, bl_err_t *err)
 {
-    return infill_tokens(app, body, p->task.n_predict, out, err);
+    return rt__gen_fim_tokens(app, body, RT_GEN_API_NATIVE, p->task.n_predict, out, err);
 }
 
 static void route_infill(rt_req_t *r) { native_route(r, infill_prompt); }

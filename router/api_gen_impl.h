@@ -71,6 +71,13 @@ int rt__gen_parse_params(const json_t *body, rt_gen_api_t api, const rt_gen_limi
                      bl_err_t *err) BL_WUR;
 void rt__gen_params_fini(rt_gen_params_t *p);
 
+/* The ids of a fill-in-the-middle prompt: /infill's fields (api RT_GEN_API_NATIVE) or
+ * /v1/completions' "prompt" and "suffix" (RT_GEN_API_OAI_CMPL), laid out as
+ * llama-server's /infill does (api_gen.c). BL_EINVAL naming the field, BL_ENOTSUP
+ * (the model has no FIM tokens), BL_ENOMEM. */
+int rt__gen_fim_tokens(rt_app_t *app, const json_t *body, rt_gen_api_t api, int64_t n_predict,
+                       rt_tokens_t *out, bl_err_t *err) BL_WUR;
+
 /* A prompt as /completion and /v1/completions take it: a string, an array of token
  * ids, a mixed array of strings and ids, a one-element array of any of those, or
  * {"prompt_string": ...}. Strings are tokenized with the vocabulary's special

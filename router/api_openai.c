@@ -323,7 +323,12 @@ void rt__api_oai_completions(rt_req_t *r)
     bl_err_t err = {0};
     rt_tokens_t toks = {0};
     int rc = rt__gen_parse_params(body, RT_GEN_API_OAI_CMPL, &lim, &g->params, &err);
-    if (!rc)
+    /* A non-empty suffix asks for the text between prompt and suffix: FIM. */
+    const json_t *sfx = json_object_get(body, "suffix");
+    if (!rc && json_is_string(sfx) && json_string_length(sfx) > 0)
+        rc = rt__gen_fim_tokens(app, body, RT_GEN_API_OAI_CMPL, g->params.task.n_predict, &toks,
+                                &err);
+    else if (!rc)
         rc = rt__gen_prompt_tokens(json_object_get(body, "prompt"), app->tok, app->n_vocab, &toks,
                                    &err);
     if (rc) {

@@ -2,7 +2,7 @@
 then <|fim_prefix|>PREFIX PROMPT<|fim_suffix|>SUFFIX<|fim_middle|>), the prefix and
 suffix cut to the batch (3/4 and 1/4 of -b), /completion's fields and replies, and
 the errors: wrong field types (400 naming the field) and a model without FIM tokens
-(501)."""
+(501). /v1/completions with a non-empty "suffix" takes the same path."""
 import os
 import subprocess
 
@@ -123,5 +123,39 @@ def test_infill_without_fim_tokens_is_501(module_servers, tmp_path):
     assert r.status_code == 501, r.text
     assert "prefix token" in r.json()["error"]["message"]
     assert r.json()["error"]["type"] == "not_supported_error"
+    r = post(srv.url, "/v1/completions", {"prompt": "a", "suffix": "b"})
+    assert r.status_code == 400, r.text
+    assert "suffix" in r.json()["error"]["message"]
     assert post(srv.url, "/completion", {"prompt": "a", "n_predict": 1}).status_code == 200
     os.unlink(path)
+
+
+def test_v1_completions_suffix_is_fim(small_batch):
+    """/v1/completions with a non-empty suffix completes the gap between prompt and
+    suffix: <pre>PROMPT<suf>SUFFIX<mid> (no extra chunks), the reply /completion
+    gives for those ids."""
+    url = small_batch.url
+    body = {"prompt": "def f(x):\n    ", "suffix": "\n    return y\n", "max_tokens": 5,
+            "temperature": 0}
+    a = post(url, "/v1/completions", body)
+    assert a.status_code == 200, a.text
+    want = ids(url, PRE + body["prompt"] + SUF + body["suffix"] + MID)
+    assert len(want) == 3 + len(ids(url, body["prompt"])) + len(ids(url, body["suffix"]))
+    b = post(url, "/completion", {"prompt": want, "n_predict": 5, "temperature": 0})
+    assert b.status_code == 200, b.text
+    assert a.json()["choices"][0]["text"] == b.json()["content"]
+    assert a.json()["usage"]["prompt_tokens"] == len(want)
+    # an empty suffix is a plain completion
+    c = post(url, "/v1/completions", dict(body, suffix=""))
+    assert c.status_code == 200, c.text
+    assert c.json()["usage"]["prompt_tokens"] == len(ids(url, body["prompt"]))
+
+
+@pytest.mark.parametrize("body,word", [
+    ({"prompt": [1, 2], "suffix": "x"}, "suffix"),
+    ({"prompt": "a", "suffix": 3}, "suffix"),
+])
+def test_v1_completions_bad_suffix(url, body, word):
+    r = post(url, "/v1/completions", body)
+    assert r.status_code == 400, r.text
+    assert word in r.json()["error"]["message"]
