@@ -339,10 +339,6 @@ static int refuse_unsupported(const json_t *body, rt_gen_api_t api, bl_err_t *er
         return rc;
     if (found && dv > 0.0)
         return bl_err_set(err, BL_EINVAL, "'top_n_sigma' is not supported (only -1)");
-    if (field(body, "samplers"))
-        return bl_err_set(err, BL_EINVAL,
-                          "'samplers' is not supported: the order is fixed (penalties, top_k, "
-                          "typ_p, top_p, min_p, temperature)");
     if ((v = field(body, "grammar")) && !(json_is_string(v) && json_string_length(v) == 0))
         return bl_err_set(err, BL_EINVAL, "'grammar' is not supported");
     if (field(body, "json_schema"))
@@ -358,10 +354,6 @@ static int refuse_unsupported(const json_t *body, rt_gen_api_t api, bl_err_t *er
     }
     if ((v = field(body, "lora")) && !(json_is_array(v) && json_array_size(v) == 0))
         return bl_err_set(err, BL_EINVAL, "'lora' is not supported: no adapters are loaded");
-    if ((rc = get_int(body, "n_indent", 0, INT32_MAX, &iv, &found, err)))
-        return rc;
-    if (found && iv != 0)
-        return bl_err_set(err, BL_EINVAL, "'n_indent' is not supported (only 0)");
     int b = 0;
     if ((rc = get_bool(body, "return_progress", &b, err)))
         return rc;
@@ -381,6 +373,41 @@ static int refuse_unsupported(const json_t *body, rt_gen_api_t api, bl_err_t *er
         if ((v = field(body, "suffix")) && !json_is_string(v))
             return bl_err_set(err, BL_EINVAL, "'suffix' must be a string");
     }
+    return 0;
+}
+
+/* "samplers": the chain's stages in order, as an array of llama.cpp's names or a
+ * string of their letters ("kpt"); an unknown name is refused by name. */
+static int parse_samplers(const json_t *body, rt_sampler_params_t *s, bl_err_t *err)
+{
+    json_t *v = field(body, "samplers");
+    if (!v)
+        return 0;
+    size_t n = json_is_string(v) ? json_string_length(v) : json_is_array(v) ? json_array_size(v) : 0;
+    if (!json_is_string(v) && !json_is_array(v))
+        return bl_err_set(err, BL_EINVAL, "'samplers' must be an array of sampler names or a "
+                                          "string of their letters");
+    if (n > RT_SAMPLER_MAX_STAGES)
+        return bl_err_set(err, BL_EINVAL, "'samplers': %zu samplers (at most %d)", n,
+                          RT_SAMPLER_MAX_STAGES);
+    for (size_t i = 0; i < n; i++) {
+        int st;
+        if (json_is_string(v)) {
+            const char c = json_string_value(v)[i];
+            if ((st = rt_sampler_stage_by_char(c)) < 0)
+                return bl_err_set(err, BL_EINVAL, "'samplers': '%c' is not a sampler letter "
+                                                  "(e d s k y p m x t i)", c >= ' ' && c < 127 ? c : '?');
+        } else {
+            json_t *e = json_array_get(v, i);
+            if (!json_is_string(e))
+                return bl_err_set(err, BL_EINVAL, "'samplers'[%zu] must be a string", i);
+            if ((st = rt_sampler_stage_by_name(json_string_value(e), json_string_length(e))) < 0)
+                return bl_err_set(err, BL_EINVAL, "'samplers': unknown sampler \"%.64s\"",
+                                  json_string_value(e));
+        }
+        s->stages[i] = (uint8_t)st;
+    }
+    s->n_stages = (int)n;
     return 0;
 }
 
@@ -429,7 +456,7 @@ int rt__gen_parse_params(const json_t *body, rt_gen_api_t api, const rt_gen_limi
             p->seed_req = iv;
             s->seed = iv < 0 ? RT_SEED_RANDOM : (uint32_t)iv;
         }
-        if ((rc = parse_logit_bias(body, lim, p, err)))
+        if ((rc = parse_logit_bias(body, lim, p, err)) || (rc = parse_samplers(body, s, err)))
             goto fail;
         s->logit_bias = p->bias;
         s->n_logit_bias = p->n_bias;
@@ -521,6 +548,26 @@ int rt__gen_parse_params(const json_t *body, rt_gen_api_t api, const rt_gen_limi
     if ((rc = get_int(body, "t_max_predict_ms", 0, INT64_MAX / 2, &p->task.t_max_predict_ms, NULL,
                       err)))
         goto fail;
+    if ((rc = get_int(body, "n_indent", 0, INT32_MAX, &iv, &found, err)))
+        goto fail;
+    if (found)
+        p->task.n_indent = (int32_t)iv;
+    const json_t *rf;
+    if (api == RT_GEN_API_NATIVE && (rf = field(body, "response_fields"))) {
+        size_t i;
+        json_t *e;
+        if (!json_is_array(rf)) {
+            rc = bl_err_set(err, BL_EINVAL, "'response_fields' must be an array of strings");
+            goto fail;
+        }
+        json_array_foreach(rf, i, e) {
+            if (!json_is_string(e)) {
+                rc = bl_err_set(err, BL_EINVAL, "'response_fields'[%zu] must be a string", i);
+                goto fail;
+            }
+        }
+        p->response_fields = json_array_size(rf) ? rf : NULL;
+    }
 
 check:
     if ((rc = rt_sampler_params_check(s, (int32_t)lim->n_vocab, err)))
@@ -1526,16 +1573,18 @@ json_t *rt__gen_settings_json(const rt_gen_req_t *g)
 {
     const rt_task_params_t *t = &g->params.task;
     const rt_sampler_params_t *s = &t->sampling;
-    json_t *stop = json_array(), *bias = json_array();
+    json_t *stop = json_array(), *bias = json_array(), *samplers = json_array();
     for (int i = 0; stop && i < t->n_stop; i++)
         json_array_append_new(stop, json_string(t->stop[i]));
+    for (int i = 0; samplers && i < s->n_stages; i++)
+        json_array_append_new(samplers, json_string(rt_sampler_stage_name(s->stages[i])));
     for (size_t i = 0; bias && i < s->n_logit_bias; i++)
         json_array_append_new(bias, json_pack("{s:o, s:i}", "bias",
                                               rt__gen_json_real(s->logit_bias[i].bias), "token",
                                               (int)s->logit_bias[i].token));
     json_t *j = json_pack(
         "{s:I, s:I, s:o, s:i, s:o, s:o, s:o, s:i, s:o, s:o, s:o, s:i, s:o, s:I, s:I, s:b, s:b, "
-        "s:i, s:i, s:o, s:s, s:[sssss], s:b, s:b}",
+        "s:i, s:i, s:o, s:s, s:o, s:b, s:b}",
         "n_predict", (json_int_t)t->n_predict, "seed",
         (json_int_t)(g->params.seed_req < 0 ? (json_int_t)RT_SEED_RANDOM : g->params.seed_req),
         "temperature", rt__gen_json_real(s->temp), "top_k", (int)s->top_k, "top_p",
@@ -1547,13 +1596,9 @@ json_t *rt__gen_settings_json(const rt_gen_req_t *g)
         stop ? stop : json_array(), "max_tokens", (json_int_t)t->n_predict, "n_keep",
         (json_int_t)0, "ignore_eos", t->ignore_eos, "stream", g->params.stream, "n_probs",
         t->n_probs, "min_keep", (int)s->min_keep, "logit_bias", bias ? bias : json_array(),
-        "grammar", "", "samplers", "penalties", "top_k", "typ_p", "top_p", "min_p",
+        "grammar", "", "samplers", samplers ? samplers : json_array(),
         "timings_per_token", g->params.timings_per_token, "post_sampling_probs",
         g->params.post_sampling_probs);
-    /* "temperature" closes the sampler list in llama-server's names */
-    json_t *sm = json_object_get(j, "samplers");
-    if (sm)
-        json_array_append_new(sm, json_string("temperature"));
     if (j)
         json_object_set_new(j, "n_ctx", json_integer(g->app->n_ctx_slot));
     if (j)
@@ -1608,9 +1653,41 @@ static json_t *native_final(rt_gen_req_t *g, const rt_event_t *ev)
     return j;
 }
 
+/* llama-server's response_fields: the reply reduced to the paths asked for ("a/b"
+ * reads j["a"]["b"]), each under its whole path as the key; a path that leads
+ * nowhere is left out. Takes j; NULL when out of memory. */
+static json_t *pick_fields(json_t *j, const json_t *paths)
+{
+    json_t *out = j ? json_object() : NULL;
+    size_t i;
+    json_t *p;
+    json_array_foreach(paths, i, p) {
+        if (!out)
+            break;
+        const char *path = json_string_value(p), *seg = path;
+        json_t *cur = j;
+        for (;;) {
+            const char *slash = strchr(seg, '/');
+            size_t n = slash ? (size_t)(slash - seg) : strlen(seg);
+            cur = json_is_object(cur) ? json_object_getn(cur, seg, n) : NULL;
+            if (!cur || !slash)
+                break;
+            seg = slash + 1;
+        }
+        if (cur && json_object_set(out, path, cur)) {
+            json_decref(out);
+            out = NULL;
+        }
+    }
+    json_decref(j);
+    return out;
+}
+
 static void native_done(rt_gen_req_t *g, const rt_event_t *ev)
 {
     json_t *j = native_final(g, ev);
+    if (g->params.response_fields)
+        j = pick_fields(j, g->params.response_fields);
     if (g->params.stream) {
         rt__gen_write_sse(g, NULL, j);
         rt_req_stream_end(g->r);

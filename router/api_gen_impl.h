@@ -49,6 +49,8 @@ typedef struct rt_gen_params {
     int reasoning;             /* split <think> spans out of the content */
     int timings_per_token;     /* timings in every streamed chunk */
     int64_t seed_req;          /* the seed as asked (-1: random), for generation_settings */
+    const json_t *response_fields; /* native: the final reply's paths to keep; borrowed
+                                    * from the request JSON; NULL: all */
 } rt_gen_params_t;
 
 /* What the parser needs to know about the server. */

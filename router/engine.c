@@ -88,6 +88,9 @@ typedef struct slot {
     size_t held_len, held_cap;
     int64_t t_start_us, t_first_us;
     int got_first;
+    int has_new_line;     /* the generated text holds a line break */
+    int in_indent;        /* at the leading blanks of a generated line */
+    int32_t line_indent;  /* how many there are so far */
 } slot_t;
 
 struct rt_engine {
@@ -488,7 +491,7 @@ static int slot_start(rt_engine_t *e, slot_t *s, rt_task_t *t, int32_t n_vocab)
 {
     bl_err_t err = { 0 };
     rt_sampler_t *smpl = NULL;
-    if (rt_sampler_create(&smpl, &t->p.sampling, n_vocab, (int32_t)e->o.n_ctx_slot, &err)) {
+    if (rt_sampler_create(&smpl, &t->p.sampling, n_vocab, (int32_t)e->o.n_ctx_slot, e->tok, &err)) {
         pthread_mutex_lock(&e->mu);
         post_error_locked(e, t, 400, s->id, err.msg);
         task_unref_locked(e, t);
@@ -521,6 +524,8 @@ static int slot_start(rt_engine_t *e, slot_t *s, rt_task_t *t, int32_t n_vocab)
     s->t_start_us = now_us();
     s->t_first_us = 0;
     s->got_first = 0;
+    s->has_new_line = s->in_indent = 0;
+    s->line_indent = 0;
     BL_LOG(BL_LOG_DEBUG, "event=task_start task=%llu slot=%d n_prompt=%zu n_cached=%zu",
            (unsigned long long)t->id, s->id, t->n_prompt, keep);
     return 0;
@@ -751,6 +756,28 @@ static void fill_probs(rt_engine_t *e, slot_t *s, const float *row, int32_t n_vo
 }
 
 /* The slot's logits row came back: sample, emit, check the stop conditions. */
+/* n_indent: how much of text (a token's) stays when a line of the generated text
+ * starts with fewer than n_indent blanks: up to the line's first other character
+ * (the line break and the blanks stay, as llama-server keeps them); len when none
+ * does. Lines are those after a generated line break. */
+static size_t indent_cut(slot_t *s, int32_t n_indent, const char *text, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        const char c = text[i];
+        if (c == '\n') {
+            s->in_indent = 1;
+            s->line_indent = 0;
+        } else if (s->in_indent && (c == ' ' || c == '\t')) {
+            s->line_indent++;
+        } else if (s->in_indent) {
+            s->in_indent = 0;
+            if (s->line_indent < n_indent)
+                return i;
+        }
+    }
+    return len;
+}
+
 static void on_output(rt_engine_t *e, slot_t *s, const float *row, int32_t n_vocab)
 {
     rt_task_t *t = s->task;
@@ -783,6 +810,12 @@ static void on_output(rt_engine_t *e, slot_t *s, const float *row, int32_t n_voc
         text = "";
         len = 0;
     }
+    const size_t whole = len;
+    if (t->p.n_indent > 0)
+        len = indent_cut(s, t->p.n_indent, text, len);
+    const int had_new_line = s->has_new_line;
+    if (memchr(text, '\n', len))
+        s->has_new_line = 1;
     if (held_append(s, text, len))
         BL_LOG(BL_LOG_ERROR, "event=text_lost task=%llu", (unsigned long long)t->id);
 
@@ -814,8 +847,14 @@ static void on_output(rt_engine_t *e, slot_t *s, const float *row, int32_t n_voc
         finish_task(e, s, RT_STOP_WORD, which);
         return;
     }
+    if (len < whole) { /* a line indented less than n_indent: it and the rest go */
+        rt_detok_reset(s->dt);
+        finish_task(e, s, RT_STOP_LIMIT, 0);
+        return;
+    }
     if ((t->n_predict > 0 && s->n_decoded >= t->n_predict) || s->n_past >= e->o.n_ctx_slot ||
-        (t->p.t_max_predict_ms > 0 && now - s->t_first_us >= t->p.t_max_predict_ms * 1000)) {
+        (t->p.t_max_predict_ms > 0 && had_new_line &&
+         now - s->t_first_us >= t->p.t_max_predict_ms * 1000)) {
         finish_task(e, s, RT_STOP_LIMIT, 0);
         return;
     }

@@ -42,7 +42,12 @@ typedef struct rt_task_params {
     int ignore_eos;               /* end tokens are sampled around (banned) */
     int special;                  /* detokenize control tokens as text */
     int32_t slot_id;              /* -1 (default): any slot */
-    int64_t t_max_predict_ms;     /* 0: none; stop generating after this long */
+    int64_t t_max_predict_ms;     /* 0: none; past this long since the first token,
+                                   * generation stops at the first token after a line
+                                   * break has been generated (llama-server's rule) */
+    int32_t n_indent;             /* 0: off; else a generated line indented by fewer
+                                   * spaces or tabs ends generation before its first
+                                   * other character (code completion) */
 } rt_task_params_t;
 
 /* The defaults of llama-server: rt_sampler_params_default, n_predict -1, no stop,

@@ -3,6 +3,7 @@
 #include "sampler.h"
 
 #include "rng.h"
+#include "tokenizer.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@ typedef struct cand {
 
 struct rt_sampler {
     rt_sampler_params_t p; /* p.logit_bias points at bias below */
+    const rt_tokenizer_t *tok; /* the infill stage's vocabulary; may be NULL */
     rt_logit_bias_t *bias;
     int32_t n_vocab;
     uint32_t seed;
@@ -52,6 +54,66 @@ static uint32_t random_seed(void)
 
 // --- parameters -----------------------------------------------------------------------
 
+/* llama-server's default order of the stages (less dry, top_n_sigma and xtc,
+ * which are off). */
+static const uint8_t default_chain[] = {
+    RT_STAGE_PENALTIES, RT_STAGE_TOP_K, RT_STAGE_TYPICAL_P,
+    RT_STAGE_TOP_P,     RT_STAGE_MIN_P, RT_STAGE_TEMPERATURE,
+};
+
+static const char *const stage_names[] = {
+    [RT_STAGE_PENALTIES] = "penalties", [RT_STAGE_DRY] = "dry",
+    [RT_STAGE_TOP_N_SIGMA] = "top_n_sigma", [RT_STAGE_TOP_K] = "top_k",
+    [RT_STAGE_TYPICAL_P] = "typ_p",     [RT_STAGE_TOP_P] = "top_p",
+    [RT_STAGE_MIN_P] = "min_p",         [RT_STAGE_XTC] = "xtc",
+    [RT_STAGE_TEMPERATURE] = "temperature", [RT_STAGE_INFILL] = "infill",
+};
+
+const char *rt_sampler_stage_name(int stage)
+{
+    return stage >= 0 && stage <= RT_STAGE_INFILL ? stage_names[stage] : "";
+}
+
+int rt_sampler_stage_by_name(const char *name, size_t len)
+{
+    static const struct {
+        const char *name;
+        int stage;
+    } names[] = {
+        {"penalties", RT_STAGE_PENALTIES}, {"dry", RT_STAGE_DRY},
+        {"top_n_sigma", RT_STAGE_TOP_N_SIGMA}, {"top_k", RT_STAGE_TOP_K},
+        {"top-k", RT_STAGE_TOP_K},         {"typ_p", RT_STAGE_TYPICAL_P},
+        {"typical_p", RT_STAGE_TYPICAL_P}, {"typical-p", RT_STAGE_TYPICAL_P},
+        {"typical", RT_STAGE_TYPICAL_P},   {"typ-p", RT_STAGE_TYPICAL_P},
+        {"typ", RT_STAGE_TYPICAL_P},       {"top_p", RT_STAGE_TOP_P},
+        {"top-p", RT_STAGE_TOP_P},         {"nucleus", RT_STAGE_TOP_P},
+        {"min_p", RT_STAGE_MIN_P},         {"min-p", RT_STAGE_MIN_P},
+        {"xtc", RT_STAGE_XTC},             {"temperature", RT_STAGE_TEMPERATURE},
+        {"temp", RT_STAGE_TEMPERATURE},    {"infill", RT_STAGE_INFILL},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strlen(names[i].name) == len && memcmp(names[i].name, name, len) == 0)
+            return names[i].stage;
+    return -1;
+}
+
+int rt_sampler_stage_by_char(char c)
+{
+    switch (c) {
+    case 'e': return RT_STAGE_PENALTIES;
+    case 'd': return RT_STAGE_DRY;
+    case 's': return RT_STAGE_TOP_N_SIGMA;
+    case 'k': return RT_STAGE_TOP_K;
+    case 'y': return RT_STAGE_TYPICAL_P;
+    case 'p': return RT_STAGE_TOP_P;
+    case 'm': return RT_STAGE_MIN_P;
+    case 'x': return RT_STAGE_XTC;
+    case 't': return RT_STAGE_TEMPERATURE;
+    case 'i': return RT_STAGE_INFILL;
+    default: return -1;
+    }
+}
+
 void rt_sampler_params_default(rt_sampler_params_t *p)
 {
     memset(p, 0, sizeof *p);
@@ -66,6 +128,8 @@ void rt_sampler_params_default(rt_sampler_params_t *p)
     p->frequency_penalty = 0.0f;
     p->min_keep = 0;
     p->seed = RT_SEED_RANDOM;
+    memcpy(p->stages, default_chain, sizeof default_chain);
+    p->n_stages = (int)sizeof default_chain;
 }
 
 int rt_sampler_params_check(const rt_sampler_params_t *p, int32_t n_vocab, bl_err_t *err)
@@ -95,6 +159,12 @@ int rt_sampler_params_check(const rt_sampler_params_t *p, int32_t n_vocab, bl_er
         return bl_err_set(err, BL_EINVAL, "sampler: min_keep %d is negative", p->min_keep);
     if (p->n_logit_bias && !p->logit_bias)
         return bl_err_set(err, BL_EINVAL, "sampler: logit_bias count without entries");
+    if (p->n_stages < 0 || p->n_stages > RT_SAMPLER_MAX_STAGES)
+        return bl_err_set(err, BL_EINVAL, "sampler: %d samplers (at most %d)", p->n_stages,
+                          RT_SAMPLER_MAX_STAGES);
+    for (int i = 0; i < p->n_stages; i++)
+        if (p->stages[i] > RT_STAGE_INFILL)
+            return bl_err_set(err, BL_EINVAL, "sampler: samplers[%d] is not a stage", i);
     for (size_t i = 0; i < p->n_logit_bias; i++) {
         const rt_logit_bias_t *b = &p->logit_bias[i];
         if (b->token < 0 || b->token >= n_vocab)
@@ -111,7 +181,7 @@ int rt_sampler_params_check(const rt_sampler_params_t *p, int32_t n_vocab, bl_er
 // --- life cycle -------------------------------------------------------------------------
 
 int rt_sampler_create(rt_sampler_t **out, const rt_sampler_params_t *p, int32_t n_vocab,
-                      int32_t n_ctx, bl_err_t *err)
+                      int32_t n_ctx, const rt_tokenizer_t *tok, bl_err_t *err)
 {
     *out = NULL;
     if (n_vocab <= 0)
@@ -119,11 +189,14 @@ int rt_sampler_create(rt_sampler_t **out, const rt_sampler_params_t *p, int32_t 
     int rc = rt_sampler_params_check(p, n_vocab, err);
     if (rc)
         return rc;
+    if (!tok && memchr(p->stages, RT_STAGE_INFILL, (size_t)p->n_stages))
+        return bl_err_set(err, BL_EINVAL, "sampler: the infill sampler needs the vocabulary");
 
     rt_sampler_t *s = calloc(1, sizeof *s);
     if (!s)
         return bl_err_set(err, BL_ENOMEM, "sampler: out of memory");
     s->p = *p;
+    s->tok = tok;
     s->n_vocab = n_vocab;
     s->window = p->penalty_last_n == -1 ? (n_ctx > 0 ? n_ctx : 0) : p->penalty_last_n;
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
@@ -368,6 +441,90 @@ static void temperature(rt_sampler_t *s, float t)
         s->cand[i].logit /= t;
 }
 
+/* The text of a candidate for the infill stage's prefix test: control tokens have
+ * none (they are never a prefix of anything, as in llama.cpp). */
+static rt_str_t infill_text(const rt_sampler_t *s, int32_t id)
+{
+    if (rt_tokenizer_token_type(s->tok, id) == RT_TOKEN_CONTROL)
+        return (rt_str_t){NULL, 0};
+    return rt_tokenizer_piece(s->tok, id);
+}
+
+/* Keeps the candidates keep() says yes to, renormalised; returns how many text
+ * (not end-of-generation) tokens are kept. */
+static size_t infill_keep(rt_sampler_t *s, float thold)
+{
+    size_t n = 0, n_text = 0;
+    double sum = 0;
+    for (size_t i = 0; i < s->n_cand; i++) {
+        const int eog = rt_tokenizer_is_eog(s->tok, s->cand[i].id);
+        if (!eog && s->cand[i].p < thold)
+            continue;
+        n_text += !eog;
+        sum += s->cand[i].p;
+        s->cand[n++] = s->cand[i];
+    }
+    s->n_cand = n;
+    for (size_t i = 0; i < n && sum > 0; i++)
+        s->cand[i].p = (float)(s->cand[i].p / sum);
+    return n_text;
+}
+
+/* Candidates compared for shared prefixes: the likeliest ones. What lies beyond
+ * holds too little mass to lift a token over the 0.2 threshold, and comparing every
+ * pair of a whole vocabulary would cost seconds a token. */
+#define INFILL_MERGE_MAX 1024
+
+/* llama.cpp's infill stage (see rt_sampler_stage_t). It decides on probabilities;
+ * the logits of the survivors become log p, so the draw samples what it kept. */
+static void infill(rt_sampler_t *s)
+{
+    sort_desc(s);
+    softmax(s);
+    double p_txt = 0, p_eog = 0;
+    for (size_t i = 0; i < s->n_cand; i++)
+        *(rt_tokenizer_is_eog(s->tok, s->cand[i].id) ? &p_eog : &p_txt) += s->cand[i].p;
+    if (3 * p_eog * (double)s->n_cand > p_txt) {
+        (void)infill_keep(s, INFINITY); /* the end-of-generation tokens alone */
+    } else {
+        const size_t m = s->n_cand < INFILL_MERGE_MAX ? s->n_cand : INFILL_MERGE_MAX;
+        for (size_t i0 = 0; i0 < m; i0++) {
+            for (size_t i1 = 0; i1 < m; i1++) {
+                if (s->cand[i0].logit == -INFINITY)
+                    break;
+                if (i0 == i1 || s->cand[i1].logit == -INFINITY)
+                    continue;
+                const rt_str_t a = infill_text(s, s->cand[i0].id), b = infill_text(s, s->cand[i1].id);
+                if (a.len == 0 || a.len > b.len || memcmp(a.ptr, b.ptr, a.len) != 0)
+                    continue;
+                /* i0's text begins i1's: the likelier of the two takes both */
+                cand_t *dst = &s->cand[i0], *src = &s->cand[i1];
+                if (src->p > dst->p) {
+                    cand_t *t = dst;
+                    dst = src;
+                    src = t;
+                }
+                dst->p += src->p;
+                src->p = 0.0f;
+                src->logit = -INFINITY;
+            }
+        }
+        const size_t n_text = infill_keep(s, 0.2f);
+        if (n_text == 0) { /* nothing worth writing: end the turn */
+            int32_t eot = rt_tokenizer_eot(s->tok);
+            if (eot < 0)
+                eot = rt_tokenizer_eos(s->tok);
+            s->cand[0] = (cand_t){.id = eot >= 0 ? eot : s->cand[0].id, .logit = 0, .p = 1};
+            s->n_cand = 1;
+        } else {
+            (void)infill_keep(s, 1.0f / (float)(n_text + 1));
+        }
+    }
+    for (size_t i = 0; i < s->n_cand; i++)
+        s->cand[i].logit = s->cand[i].p > 0 ? logf(s->cand[i].p) : -INFINITY;
+    s->cand_sorted = 0;
+}
+
 static int32_t draw(rt_sampler_t *s)
 {
     softmax(s);
@@ -398,16 +555,39 @@ int32_t rt_sampler_sample(rt_sampler_t *s, const float *logits)
 
     for (size_t i = 0; i < p->n_logit_bias; i++)
         s->cand[p->logit_bias[i].token].logit += p->logit_bias[i].bias;
-    apply_penalties(s);
-    if (p->top_k > 0)
-        top_k(s, (size_t)p->top_k > keep_floor(s) ? (size_t)p->top_k : keep_floor(s));
-    if (p->typical_p < 1.0f)
-        typical(s, p->typical_p);
-    if (p->top_p < 1.0f)
-        top_p(s, p->top_p);
-    if (p->min_p > 0.0f)
-        min_p(s, p->min_p);
-    temperature(s, p->temp);
+    for (int i = 0; i < p->n_stages; i++) {
+        switch ((rt_sampler_stage_t)p->stages[i]) {
+        case RT_STAGE_PENALTIES:
+            apply_penalties(s);
+            break;
+        case RT_STAGE_TOP_K:
+            if (p->top_k > 0)
+                top_k(s, (size_t)p->top_k > keep_floor(s) ? (size_t)p->top_k : keep_floor(s));
+            break;
+        case RT_STAGE_TYPICAL_P:
+            if (p->typical_p < 1.0f)
+                typical(s, p->typical_p);
+            break;
+        case RT_STAGE_TOP_P:
+            if (p->top_p < 1.0f)
+                top_p(s, p->top_p);
+            break;
+        case RT_STAGE_MIN_P:
+            if (p->min_p > 0.0f)
+                min_p(s, p->min_p);
+            break;
+        case RT_STAGE_TEMPERATURE:
+            temperature(s, p->temp);
+            break;
+        case RT_STAGE_INFILL:
+            infill(s);
+            break;
+        case RT_STAGE_DRY:
+        case RT_STAGE_TOP_N_SIGMA:
+        case RT_STAGE_XTC:
+            break; /* off: their parameters take no other value here */
+        }
+    }
     return draw(s);
 }
 

@@ -4,6 +4,10 @@
  *   logit bias -> penalties (repeat, presence, frequency over the last N tokens)
  *   -> top-k -> typical-p -> top-p -> min-p -> temperature -> draw
  *
+ * or the stages a request lists ("samplers"), in its order, between the bias and
+ * the draw; a stage left out of the list does not run. The list may hold the infill
+ * stage of code completion (see rt_sampler_stage_t).
+ *
  * A temperature <= 0 keeps only the most likely remaining token (greedy). The draw
  * uses the sampler's own generator, seeded from params.seed: the same seed, logits
  * and accepted tokens give the same choices on every machine.
@@ -19,6 +23,40 @@
 #include "err.h"
 
 #define RT_SEED_RANDOM 0xFFFFFFFFu /* params.seed: draw a seed from the system */
+
+typedef struct rt_tokenizer rt_tokenizer_t;
+
+/* The stages of a chain. dry, top_n_sigma and xtc are names a list may hold; they
+ * change nothing, as their parameters are off (the only values taken). infill, for
+ * fill-in-the-middle, is llama.cpp's: when end-of-generation tokens hold enough of
+ * the mass (3 * p_eog * n > p_text) only they remain; else candidates whose text is
+ * a prefix of another's give their probability to the likelier of the two, those
+ * under 0.2 and then under 1 / (n_text + 1) go (end-of-generation tokens stay), and
+ * when no text token is left the end-of-turn token alone remains. */
+typedef enum rt_sampler_stage {
+    RT_STAGE_PENALTIES = 0,
+    RT_STAGE_DRY,
+    RT_STAGE_TOP_N_SIGMA,
+    RT_STAGE_TOP_K,
+    RT_STAGE_TYPICAL_P,
+    RT_STAGE_TOP_P,
+    RT_STAGE_MIN_P,
+    RT_STAGE_XTC,
+    RT_STAGE_TEMPERATURE,
+    RT_STAGE_INFILL,
+} rt_sampler_stage_t;
+
+#define RT_SAMPLER_MAX_STAGES 32
+
+/* The stage a name of llama.cpp's "samplers" list stands for ("penalties", "dry",
+ * "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature", "infill",
+ * and the aliases "top-k", "top-p", "nucleus", "typical", "typical_p", "typical-p",
+ * "typ-p", "typ", "min-p", "temp"), or -1. */
+int rt_sampler_stage_by_name(const char *name, size_t len);
+/* The stage of one letter of a "samplers" string (e d s k y p m x t i), or -1. */
+int rt_sampler_stage_by_char(char c);
+/* llama.cpp's name of a stage ("typ_p" for typical-p); "" for other values. */
+const char *rt_sampler_stage_name(int stage);
 
 typedef struct rt_logit_bias {
     int32_t token;
@@ -39,6 +77,8 @@ typedef struct rt_sampler_params {
     uint32_t seed;           /* RT_SEED_RANDOM */
     const rt_logit_bias_t *logit_bias; /* borrowed; copied by rt_sampler_create */
     size_t n_logit_bias;
+    uint8_t stages[RT_SAMPLER_MAX_STAGES]; /* rt_sampler_stage_t values, in order: */
+    int n_stages;            /* penalties, top_k, typ_p, top_p, min_p, temperature */
 } rt_sampler_params_t;
 
 typedef struct rt_sampler rt_sampler_t;
@@ -48,13 +88,16 @@ void rt_sampler_params_default(rt_sampler_params_t *p);
 
 /* Checks p against the vocabulary: BL_EINVAL naming the field for a NaN, a negative
  * penalty window other than -1, a top_p/min_p/typical_p outside [0, 1], a repeat
- * penalty <= 0, a bias token outside the vocabulary or a NaN/+inf bias. */
+ * penalty <= 0, a bias token outside the vocabulary or a NaN/+inf bias, a stage
+ * count outside 0..RT_SAMPLER_MAX_STAGES or an unknown stage. */
 int rt_sampler_params_check(const rt_sampler_params_t *p, int32_t n_vocab, bl_err_t *err) BL_WUR;
 
 /* A sampler over n_vocab logits; n_ctx bounds the penalty window when
- * penalty_last_n is -1. Caller frees with rt_sampler_destroy. */
+ * penalty_last_n is -1. tok (borrowed, may be NULL) is the vocabulary the infill
+ * stage reads; a chain with that stage and no tok is refused (BL_EINVAL). Caller
+ * frees with rt_sampler_destroy. */
 int rt_sampler_create(rt_sampler_t **out, const rt_sampler_params_t *p, int32_t n_vocab,
-                      int32_t n_ctx, bl_err_t *err) BL_WUR;
+                      int32_t n_ctx, const rt_tokenizer_t *tok, bl_err_t *err) BL_WUR;
 void rt_sampler_destroy(rt_sampler_t *s);
 
 /* The seed in use (the drawn one when params.seed was RT_SEED_RANDOM). */

@@ -245,7 +245,7 @@ static int run(cli_t *c)
     sp.seed = c->seed < 0 ? RT_SEED_RANDOM : (uint32_t)c->seed;
     sp.logit_bias = c->bias;
     sp.n_logit_bias = c->n_bias;
-    if (rt_sampler_create(&smp, &sp, (int32_t)cfg->n_vocab, (int32_t)n_ctx, &err))
+    if (rt_sampler_create(&smp, &sp, (int32_t)cfg->n_vocab, (int32_t)n_ctx, tok, &err))
         goto fail;
     if (rt_detok_create(&dt, tok, c->show_special ? RT_DETOK_SPECIAL : 0, &err))
         goto fail;

@@ -94,6 +94,30 @@ def test_infill_cuts_prefix_and_suffix_to_the_batch(small_batch):
     assert PRE + detok in r.json()["prompt"]
 
 
+def test_infill_as_an_editor_plugin_sends_it(url):
+    """The request a code-completion plugin sends (llama.vim's fields): its own
+    sampler chain with the infill stage, n_indent, the time limits, cache_prompt."""
+    body = {"input_prefix": "def f(x):\n    if x:\n", "input_suffix": "\n    return x\n",
+            "input_extra": [{"filename": "a.py", "text": "import os\n"}],
+            "prompt": "        ", "n_predict": 16, "stop": [], "n_indent": 8, "top_k": 40,
+            "top_p": 0.90, "samplers": ["top_k", "top_p", "infill"], "stream": False,
+            "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1000,
+            "response_fields": ["content", "timings/prompt_n", "generation_settings/samplers",
+                                "stop_type", "no/such"]}
+    r = post(url, "/infill", body)
+    assert r.status_code == 200, r.text
+    j = r.json()
+    # response_fields: only those paths, each under its whole path
+    assert set(j) == {"content", "timings/prompt_n", "generation_settings/samplers", "stop_type"}
+    assert j["generation_settings/samplers"] == ["top_k", "top_p", "infill"]
+    assert j["timings/prompt_n"] > 10
+    assert j["stop_type"] in ("eos", "limit")
+    # a line shallower than 8 blanks ends the text before its first character
+    for line in j["content"].split("\n")[1:]:
+        stripped = line.lstrip(" \t")
+        assert not stripped or len(line) - len(stripped) >= 8, repr(j["content"])
+
+
 @pytest.mark.parametrize("body,word", [
     ({"input_prefix": 5}, "input_prefix"),
     ({"input_suffix": ["a"]}, "input_suffix"),
@@ -104,7 +128,10 @@ def test_infill_cuts_prefix_and_suffix_to_the_batch(small_batch):
     ({"prompt": {"x": 1}}, "prompt"),
     ({"prompt": [1 << 40]}, "prompt"),
     ({"input_prefix": "a", "temperature": "hot"}, "temperature"),
-    ({"input_prefix": "a", "n_indent": 4}, "n_indent"),
+    ({"input_prefix": "a", "n_indent": -1}, "n_indent"),
+    ({"input_prefix": "a", "samplers": ["top_k", "warp"]}, "warp"),
+    ({"input_prefix": "a", "response_fields": "content"}, "response_fields"),
+    ({"input_prefix": "a", "response_fields": [1]}, "response_fields"),
 ])
 def test_infill_refuses_bad_fields(url, body, word):
     r = post(url, "/infill", body)

@@ -392,7 +392,32 @@ static void test_params_refusals(void **state)
     expect_refused("{\"json_schema\":{}}", RT_GEN_API_NATIVE, "json_schema");
     expect_refused("{\"response_format\":{\"type\":\"json_object\"}}", RT_GEN_API_OAI_CHAT,
                    "response_format");
-    expect_refused("{\"samplers\":[\"top_k\"]}", RT_GEN_API_NATIVE, "samplers");
+    expect_refused("{\"samplers\":[\"warp\"]}", RT_GEN_API_NATIVE, "warp");
+    expect_refused("{\"samplers\":\"kq\"}", RT_GEN_API_NATIVE, "samplers");
+    expect_refused("{\"samplers\":5}", RT_GEN_API_NATIVE, "samplers");
+    expect_refused("{\"samplers\":[1]}", RT_GEN_API_NATIVE, "samplers");
+    {
+        /* names and letters give the chain in order; an empty list none */
+        rt_gen_params_t q;
+        bl_err_t e = {0};
+        assert_int_equal(parse("{\"samplers\":[\"top_k\",\"top-p\",\"infill\"]}",
+                               RT_GEN_API_NATIVE, &q, &e), 0);
+        assert_int_equal(q.task.sampling.n_stages, 3);
+        assert_int_equal(q.task.sampling.stages[0], RT_STAGE_TOP_K);
+        assert_int_equal(q.task.sampling.stages[1], RT_STAGE_TOP_P);
+        assert_int_equal(q.task.sampling.stages[2], RT_STAGE_INFILL);
+        rt__gen_params_fini(&q);
+        assert_int_equal(parse("{\"samplers\":\"ekt\"}", RT_GEN_API_OAI_CHAT, &q, &e), 0);
+        assert_int_equal(q.task.sampling.n_stages, 3);
+        assert_int_equal(q.task.sampling.stages[2], RT_STAGE_TEMPERATURE);
+        rt__gen_params_fini(&q);
+        assert_int_equal(parse("{\"samplers\":[]}", RT_GEN_API_NATIVE, &q, &e), 0);
+        assert_int_equal(q.task.sampling.n_stages, 0);
+        rt__gen_params_fini(&q);
+        assert_int_equal(parse("{}", RT_GEN_API_NATIVE, &q, &e), 0);
+        assert_int_equal(q.task.sampling.n_stages, 6); /* the default chain */
+        rt__gen_params_fini(&q);
+    }
     expect_refused("{\"dry_multiplier\":0.8}", RT_GEN_API_NATIVE, "dry_multiplier");
     expect_refused("{\"xtc_probability\":0.5}", RT_GEN_API_NATIVE, "xtc_probability");
     expect_refused("{\"lora\":[{\"id\":0,\"scale\":1}]}", RT_GEN_API_NATIVE, "lora");

@@ -973,13 +973,19 @@ static void test_engine_context_full_stops_with_limit(void **state)
     assert_int_equal(r.tm.n_predicted, 7); /* positions 10..15 fed back, one more sampled */
 }
 
+/* t_max_predict_ms, llama-server's rule: past the time, the first token after a
+ * generated line break ends it; without a line break the time does not. */
 static void test_engine_time_limit_stops_with_limit(void **state)
 {
     (void)state;
+    static char script[1001];
+    memset(script, 'b', 1000);
+    script[1] = '\n';
     rt_engine_t *e = start(1, 4096, 64);
+    fk.script = script;
+    fk.base = 2;
     fk.step_delay_us = 2000;
     rt_task_params_t p = greedy();
-    p.ignore_eos = 1;
     p.n_predict = 1000;
     p.t_max_predict_ms = 20;
     rec_t r = { 0 };
@@ -987,7 +993,53 @@ static void test_engine_time_limit_stops_with_limit(void **state)
     pump(&r, 1);
     assert_false(r.error);
     assert_int_equal(r.stop, RT_STOP_LIMIT);
-    assert_true(r.tm.n_predicted >= 2 && r.tm.n_predicted < 1000);
+    assert_true(r.tm.n_predicted >= 3 && r.tm.n_predicted < 1000);
+}
+
+static void test_engine_time_limit_waits_for_a_line_break(void **state)
+{
+    (void)state;
+    static char script[101];
+    memset(script, 'b', 100);
+    rt_engine_t *e = start(1, 4096, 64);
+    fk.script = script;
+    fk.base = 2;
+    fk.step_delay_us = 1000;
+    rt_task_params_t p = greedy();
+    p.n_predict = 40;
+    p.t_max_predict_ms = 2;
+    rec_t r = { 0 };
+    submit(e, &r, "xy", &p);
+    pump(&r, 1);
+    assert_int_equal(r.stop, RT_STOP_LIMIT);
+    assert_int_equal(r.tm.n_predicted, 40);
+}
+
+/* n_indent: a generated line indented less ends generation before its first other
+ * character; the line break and its blanks are kept; the first line is not judged. */
+static void test_engine_n_indent_stops_at_a_shallower_line(void **state)
+{
+    (void)state;
+    rt_engine_t *e = start(1, 4096, 64);
+    fk.script = "x = 1\n    y\n\t \t z\n  w\nmore";
+    fk.base = 2;
+    rt_task_params_t p = greedy();
+    p.n_indent = 3;
+    rec_t r = { 0 };
+    submit(e, &r, "ab", &p);
+    pump(&r, 1);
+    assert_false(r.error);
+    assert_int_equal(r.stop, RT_STOP_LIMIT);
+    assert_string_equal(r.text, "x = 1\n    y\n\t \t z\n  ");
+    assert_string_equal(r.tail, "");
+
+    /* off (0): the whole script */
+    rt_task_params_t q = greedy();
+    rec_t r2 = { 0 };
+    submit(e, &r2, "ab", &q);
+    pump(&r2, 1);
+    assert_int_equal(r2.stop, RT_STOP_EOS);
+    assert_string_equal(r2.text, "x = 1\n    y\n\t \t z\n  w\nmore");
 }
 
 static void test_engine_refuses_bad_requests(void **state)
@@ -1159,6 +1211,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_engine_context_full_stops_with_limit, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_engine_time_limit_stops_with_limit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_engine_time_limit_waits_for_a_line_break, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_engine_n_indent_stops_at_a_shallower_line, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_refuses_bad_requests, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_n_probs_are_log_softmax_of_the_logits, setup,
                                         teardown),

@@ -1,5 +1,6 @@
-/* Tests of router/sampler.c: each stage of the chain alone, the chain's order,
- * determinism under a seed, and the refusal of bad parameters. */
+/* Tests of router/sampler.c: each stage of the chain alone, the chain's order and
+ * a request's own list of stages, the infill stage, determinism under a seed, and
+ * the refusal of bad parameters. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "sampler.h"
+#include "tokenizer.h"
 
 /* Parameters with every filter off, so a test switches on only what it tests. */
 static rt_sampler_params_t plain(void)
@@ -31,7 +33,7 @@ static rt_sampler_t *make(const rt_sampler_params_t *p, int32_t n_vocab)
 {
     rt_sampler_t *s = NULL;
     bl_err_t err = {0};
-    int rc = rt_sampler_create(&s, p, n_vocab, 4096, &err);
+    int rc = rt_sampler_create(&s, p, n_vocab, 4096, NULL, &err);
     if (rc)
         fail_msg("rt_sampler_create: %s", err.msg);
     return s;
@@ -338,11 +340,140 @@ static void test_sampler_rejects_bad_parameters(void **state)
         }
         rt_sampler_t *s = NULL;
         bl_err_t err = {0};
-        assert_int_equal(rt_sampler_create(&s, &p, 10, 100, &err), BL_EINVAL);
+        assert_int_equal(rt_sampler_create(&s, &p, 10, 100, NULL, &err), BL_EINVAL);
         assert_null(s);
         if (!strstr(err.msg, fields[i]))
             fail_msg("error for %s does not name it: %s", fields[i], err.msg);
     }
+}
+
+/* A request's list: only the stages it names run, in its order. */
+static void test_sampler_chain_of_the_request(void **state)
+{
+    (void)state;
+    const float logits[4] = {1.0f, 0.9f, 0.8f, 0.7f};
+    int hist[4];
+    rt_sampler_params_t p = plain();
+    p.temp = 0.0f;
+    p.n_stages = 0; /* no stage: temperature 0 does not apply, the draw is random */
+    rt_sampler_t *s = make(&p, 4);
+    histogram(s, logits, 4, 400, hist);
+    for (int i = 0; i < 4; i++)
+        assert_true(hist[i] > 40);
+    rt_sampler_destroy(s);
+
+    p.stages[0] = RT_STAGE_TEMPERATURE; /* now greedy */
+    p.n_stages = 1;
+    s = make(&p, 4);
+    histogram(s, logits, 4, 100, hist);
+    assert_int_equal(hist[0], 100);
+    rt_sampler_destroy(s);
+
+    /* top_k 2 then top_p 0.5 keeps one token; top_p 0.5 over four then top_k 2
+     * keeps two (p of the best is 0.29 < 0.5) */
+    p = plain();
+    p.top_k = 2;
+    p.top_p = 0.5f;
+    p.stages[0] = RT_STAGE_TOP_K;
+    p.stages[1] = RT_STAGE_TOP_P;
+    p.n_stages = 2;
+    s = make(&p, 4);
+    histogram(s, logits, 4, 200, hist);
+    assert_int_equal(hist[0], 200);
+    rt_sampler_destroy(s);
+    p.stages[0] = RT_STAGE_TOP_P;
+    p.stages[1] = RT_STAGE_TOP_K;
+    s = make(&p, 4);
+    histogram(s, logits, 4, 200, hist);
+    assert_true(hist[0] > 0 && hist[1] > 0 && hist[2] == 0 && hist[3] == 0);
+    rt_sampler_destroy(s);
+
+    /* names and letters */
+    assert_int_equal(rt_sampler_stage_by_name("typ_p", 5), RT_STAGE_TYPICAL_P);
+    assert_int_equal(rt_sampler_stage_by_name("nucleus", 7), RT_STAGE_TOP_P);
+    assert_int_equal(rt_sampler_stage_by_name("top_k2", 6), -1);
+    assert_int_equal(rt_sampler_stage_by_char('i'), RT_STAGE_INFILL);
+    assert_int_equal(rt_sampler_stage_by_char('q'), -1);
+    assert_string_equal(rt_sampler_stage_name(RT_STAGE_TYPICAL_P), "typ_p");
+
+    /* bad lists */
+    bl_err_t err = {0};
+    p.n_stages = RT_SAMPLER_MAX_STAGES + 1;
+    assert_int_equal(rt_sampler_params_check(&p, 4, &err), BL_EINVAL);
+    p.n_stages = 1;
+    p.stages[0] = 77;
+    assert_int_equal(rt_sampler_params_check(&p, 4, &err), BL_EINVAL);
+    p.stages[0] = RT_STAGE_INFILL; /* needs the vocabulary */
+    assert_int_equal(rt_sampler_create(&s, &p, 4, 16, NULL, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "infill"));
+}
+
+/* A tiny vocabulary for the infill stage: a ab abc x b c y z, and <|im_end|>
+ * (control, the end of a turn). */
+enum { T_A, T_AB, T_ABC, T_X, T_B, T_C, T_END, T_Y, T_Z, N_TOY };
+static rt_tokenizer_t *toy_vocab(void)
+{
+    static const rt_str_t texts[N_TOY] = {{"a", 1}, {"ab", 2}, {"abc", 3}, {"x", 1},
+                                          {"b", 1}, {"c", 1}, {"<|im_end|>", 10}, {"y", 1},
+                                          {"z", 1}};
+    static const int32_t types[N_TOY] = {1, 1, 1, 1, 1, 1, RT_TOKEN_CONTROL, 1, 1};
+    rt_tokenizer_desc_t d;
+    rt_tokenizer_desc_init(&d);
+    d.model = "gpt2";
+    d.pre = "qwen2";
+    d.n_vocab = N_TOY;
+    d.tokens = texts;
+    d.types = types;
+    rt_tokenizer_t *tok = NULL;
+    bl_err_t err = {0};
+    if (rt_tokenizer_create(&tok, &d, &err))
+        fail_msg("toy vocabulary: %s", err.msg);
+    assert_true(rt_tokenizer_is_eog(tok, T_END));
+    return tok;
+}
+
+static void test_sampler_infill_stage(void **state)
+{
+    (void)state;
+    rt_tokenizer_t *tok = toy_vocab();
+    rt_sampler_params_t p = plain();
+    p.stages[0] = RT_STAGE_INFILL;
+    p.n_stages = 1;
+    rt_sampler_t *s = NULL;
+    bl_err_t err = {0};
+    assert_int_equal(rt_sampler_create(&s, &p, N_TOY, 64, tok, &err), 0);
+    int hist[N_TOY];
+    int32_t ids[N_TOY];
+    float probs[N_TOY];
+
+    /* the end of generation holds enough of the mass: only it remains */
+    float eog[N_TOY] = {0, 0, 0, 0, 0, 0, 1.0f, 0, 0};
+    histogram(s, eog, N_TOY, 50, hist);
+    assert_int_equal(hist[T_END], 50);
+
+    /* a takes ab and abc (its text begins theirs): 0.75; x (0.15), b, c fall under
+     * 0.2; the end token stays */
+    const float pr[N_TOY] = {0.30f, 0.25f, 0.20f, 0.15f, 0.03f, 0.02f, 0.01f, 0.02f, 0.02f};
+    float lg[N_TOY];
+    for (int i = 0; i < N_TOY; i++)
+        lg[i] = logf(pr[i]);
+    histogram(s, lg, N_TOY, 300, hist);
+    assert_int_equal(hist[T_AB] + hist[T_ABC] + hist[T_X] + hist[T_B] + hist[T_C] + hist[T_Y] +
+                         hist[T_Z], 0);
+    assert_true(hist[T_A] > 280);
+    (void)rt_sampler_sample(s, lg);
+    size_t n = rt_sampler_last_candidates(s, ids, probs, N_TOY);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], T_A);
+    assert_float_equal(probs[0], 0.75f / 0.76f, 1e-4);
+    assert_int_equal(ids[1], T_END);
+
+    /* no text token reaches 0.2 (five at 0.198): the end of the turn alone */
+    const float flat[N_TOY] = {-90.0f, -90.0f, -90.0f, 0, 0, 0, logf(0.01f / 0.198f), 0, 0};
+    histogram(s, flat, N_TOY, 20, hist);
+    assert_int_equal(hist[T_END], 20);
+    rt_sampler_destroy(s);
+    rt_tokenizer_destroy(tok);
 }
 
 int main(void)
@@ -365,6 +496,8 @@ int main(void)
         cmocka_unit_test(test_sampler_candidates_are_sorted_probabilities),
         cmocka_unit_test(test_sampler_nan_logits_are_never_chosen),
         cmocka_unit_test(test_sampler_rejects_bad_parameters),
+        cmocka_unit_test(test_sampler_chain_of_the_request),
+        cmocka_unit_test(test_sampler_infill_stage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
