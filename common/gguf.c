@@ -1010,6 +1010,12 @@ uint64_t bl_gguf_data_offset(const bl_gguf_t *g, uint32_t part)
     return part < g->n_parts ? g->parts[part].data_offset : 0;
 }
 
+const void *bl_gguf_part_bytes(const bl_gguf_t *g, uint32_t part, uint64_t *size)
+{
+    *size = part < g->n_parts ? g->parts[part].size : 0;
+    return part < g->n_parts ? g->parts[part].base : NULL;
+}
+
 uint64_t bl_gguf_n_kv(const bl_gguf_t *g) { return g->parts[0].n_kv; }
 const bl_gguf_kv_t *bl_gguf_kv_at(const bl_gguf_t *g, uint64_t i)
 {

@@ -94,6 +94,9 @@ uint32_t bl_gguf_n_parts(const bl_gguf_t *g);
 const char *bl_gguf_part_path(const bl_gguf_t *g, uint32_t part); /* NULL if out of range */
 uint64_t bl_gguf_part_size(const bl_gguf_t *g, uint32_t part);     /* file bytes */
 uint64_t bl_gguf_data_offset(const bl_gguf_t *g, uint32_t part);   /* data section start */
+/* The part's bytes as mapped (or as given to bl_gguf_open_memory); NULL and 0 when
+ * part is out of range. For mlock and madvise over a whole file. */
+const void *bl_gguf_part_bytes(const bl_gguf_t *g, uint32_t part, uint64_t *size);
 
 /* --- metadata ------------------------------------------------------------------ */
 

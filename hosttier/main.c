@@ -160,6 +160,8 @@ static int load(hosttier_t *h, const Bloomery__Plan *p, int n_threads, bl_err_t 
         o.n_batch = p->n_batch;
     o.n_ctx_max = p->n_ctx;
     o.experts = WK_EXPERTS_ONLY;
+    o.no_mmap = p->no_mmap;
+    o.mlock = p->mlock;
     int rc = wk_model_load(&h->m, p->model_path, &o, err);
     if (rc)
         return rc;

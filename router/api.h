@@ -37,6 +37,8 @@ typedef struct rt_app {
     int n_slots;
     int64_t n_vocab;
     int64_t n_predict_default;  /* -n (-1: none) */
+    rt_task_params_t defaults;  /* a request's fields before its own: the sampling flags
+                                 * (--temp, --top-k, --samplers, ...) over llama-server's */
     int64_t n_params;           /* model parameters */
     uint64_t model_bytes;       /* bytes of tensor data */
     time_t started;
@@ -45,6 +47,9 @@ typedef struct rt_app {
 } rt_app_t;
 
 void rt_api_info_register(rt_http_t *h);   /* api_info.c */
+/* The sampler chain of s as llama.cpp's names (a new array; NULL when out of memory),
+ * for generation_settings and /props (api_gen.c). */
+json_t *rt_api_samplers_json(const rt_sampler_params_t *s);
 void rt_api_gen_register(rt_http_t *h);    /* api_gen.c */
 
 #endif

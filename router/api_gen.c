@@ -415,9 +415,12 @@ int rt__gen_parse_params(const json_t *body, rt_gen_api_t api, const rt_gen_limi
                          rt_gen_params_t *p, bl_err_t *err)
 {
     memset(p, 0, sizeof *p);
-    rt_task_params_default(&p->task);
+    if (lim->defaults)
+        p->task = *lim->defaults;
+    else
+        rt_task_params_default(&p->task);
     p->task.n_predict = lim->n_predict_default >= 0 ? lim->n_predict_default : -1;
-    p->seed_req = -1;
+    p->seed_req = p->task.sampling.seed == RT_SEED_RANDOM ? -1 : (int64_t)p->task.sampling.seed;
     int rc, found;
     int64_t iv;
     rt_sampler_params_t *s = &p->task.sampling;
@@ -1569,15 +1572,21 @@ void rt__gen_submit(rt_gen_req_t *g, const int32_t *prompt, size_t n)
 /* llama-server's /completion                                                     */
 /* ---------------------------------------------------------------------------- */
 
+json_t *rt_api_samplers_json(const rt_sampler_params_t *s)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < s->n_stages; i++)
+        json_array_append_new(a, json_string(rt_sampler_stage_name(s->stages[i])));
+    return a;
+}
+
 json_t *rt__gen_settings_json(const rt_gen_req_t *g)
 {
     const rt_task_params_t *t = &g->params.task;
     const rt_sampler_params_t *s = &t->sampling;
-    json_t *stop = json_array(), *bias = json_array(), *samplers = json_array();
+    json_t *stop = json_array(), *bias = json_array(), *samplers = rt_api_samplers_json(s);
     for (int i = 0; stop && i < t->n_stop; i++)
         json_array_append_new(stop, json_string(t->stop[i]));
-    for (int i = 0; samplers && i < s->n_stages; i++)
-        json_array_append_new(samplers, json_string(rt_sampler_stage_name(s->stages[i])));
     for (size_t i = 0; bias && i < s->n_logit_bias; i++)
         json_array_append_new(bias, json_pack("{s:o, s:i}", "bias",
                                               rt__gen_json_real(s->logit_bias[i].bias), "token",
@@ -1703,7 +1712,7 @@ static const rt_gen_ops_t native_ops = {NULL, native_token, native_done};
 static rt_gen_limits_t limits_of(rt_app_t *app)
 {
     rt_gen_limits_t l = {app->tok, app->n_vocab, app->n_ctx_slot, app->n_slots,
-                         app->n_predict_default};
+                         app->n_predict_default, &app->defaults};
     return l;
 }
 

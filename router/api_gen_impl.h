@@ -60,6 +60,7 @@ typedef struct rt_gen_limits {
     int64_t n_ctx_slot;        /* huge token limits are capped here */
     int n_slots;
     int64_t n_predict_default; /* -n: -1 none */
+    const rt_task_params_t *defaults; /* the server's; NULL: rt_task_params_default */
 } rt_gen_limits_t;
 
 /* The server's side of the parser's limits. Always 0. */

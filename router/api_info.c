@@ -77,14 +77,14 @@ static json_t *token_text(const rt_app_t *app, int32_t id)
  * it does not have (dry, xtc, mirostat, top_n_sigma) show their "off" values. */
 static json_t *params_json(const rt_app_t *app)
 {
-    rt_task_params_t p;
-    rt_task_params_default(&p);
+    const rt_task_params_t p = app->defaults;
     const rt_sampler_params_t *s = &p.sampling;
+    json_t *samplers = rt_api_samplers_json(s);
     int64_t n_predict = app->n_predict_default >= 0 ? app->n_predict_default : p.n_predict;
     return json_pack(
         "{s:I,s:I,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:f,s:f,s:i,s:i,"
         "s:[],s:i,s:f,s:f,s:[],s:I,s:i,s:i,s:b,s:b,s:[],s:i,s:i,s:s,"
-        "s:[s,s,s,s,s,s],s:b,s:b}",
+        "s:o,s:b,s:b}",
         "n_predict", (json_int_t)n_predict,
         "seed", (json_int_t)s->seed,
         "temperature", (double)s->temp,
@@ -119,7 +119,7 @@ static json_t *params_json(const rt_app_t *app)
         "n_probs", p.n_probs,
         "min_keep", (int)s->min_keep,
         "grammar", "",
-        "samplers", "penalties", "top_k", "typ_p", "top_p", "min_p", "temperature",
+        "samplers", samplers ? samplers : json_array(),
         "timings_per_token", 0,
         "post_sampling_probs", 0);
 }

@@ -458,6 +458,9 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
     p.threads_batch = (uint32_t)c->o.n_threads_batch;
     p.n_batch = (uint32_t)c->o.n_batch;
     p.experts_remote = c->has_hosttier;
+    p.flash_attn = (uint32_t)c->o.flash_attn;
+    p.no_mmap = c->o.no_mmap != 0;
+    p.mlock = c->o.mlock != 0;
     p.you = (uint32_t)i;
     bp_msg_t m = {.type = BP_MSG_PLAN, .u.plan = &p};
     return bp_chan_send(c->chan, to, &m, 1000, err);

@@ -38,6 +38,9 @@ typedef struct rt_cluster_opts {
     int n_gpus;              /* 0: every stage on the CPU; else stage i runs on CUDA device
                               * gpus[i % n_gpus] with its routed experts (no hosttier) */
     int gpus[RT_CLUSTER_MAX_GPUS];
+    int flash_attn;          /* WK_FLASH_*: prompt attention on a card (-fa) */
+    int no_mmap;             /* workers copy every weight into their memory (--no-mmap) */
+    int mlock;               /* workers and hosttier lock their weights in RAM (--mlock) */
     int step_timeout_ms;     /* a step without an answer for this long counts the processes
                               * as hung: the step fails and the whole set restarts (0: wait
                               * as long as they live) */

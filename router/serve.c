@@ -37,6 +37,7 @@
 #define DRAIN_LIMIT_MS 5000                /* longest wait for open requests at shutdown */
 #define WATCH_MS 100                       /* how often the cluster's state is read */
 #define MAX_OT 64
+#define MAX_ARGS 96 /* the flags of build_args, with room */
 
 /* A chat template for models that carry none and for --chat-template chatml. */
 static const char chatml_template[] =
@@ -64,6 +65,13 @@ typedef struct opts {
     int64_t n_cpu_moe;
     const char *override_tensor[MAX_OT];
     int n_override_tensor;
+    /* the requests' defaults (llama-server's sampling flags) */
+    float temp, top_p, min_p, typical, repeat_penalty, presence_penalty, frequency_penalty;
+    int64_t top_k, repeat_last_n, seed, min_keep;
+    const char *samplers, *sampling_seq;
+    /* memory and kernels */
+    const char *flash_attn;
+    int no_mmap, mlock;
 } opts_t;
 
 /* -ot may be given several times; each value is a comma list of PATTERN=BUFFER. */
@@ -101,6 +109,9 @@ static int build_args(bl_arg_t *a, opts_t *o)
                         .max = HI, .metavar = META, .help = HELP}
 #define FLAG(NAMES, ENV, DST, HELP)                                                                \
     a[n++] = (bl_arg_t){.names = NAMES, .env = ENV, .kind = BL_ARG_FLAG, .dst = DST, .help = HELP}
+#define F32(NAMES, DST, LO, HI, HELP)                                                              \
+    a[n++] = (bl_arg_t){.names = NAMES, .kind = BL_ARG_F32, .dst = DST, .fmin = LO, .fmax = HI,       \
+                        .metavar = "N", .help = HELP}
     /* A_CONFIG first: main reads it after parsing */
     STR("--config", "BLOOMERY_ARG_CONFIG", &o->config, "FILE",
         "JSON object of these flags by long name without dashes; the command line wins");
@@ -162,9 +173,44 @@ static int build_args(bl_arg_t *a, opts_t *o)
     STR("-fit,--fit", "LLAMA_ARG_FIT", &o->fit, "on|off",
         "fit unset options to device memory: accepted, nothing is adjusted (a stage that does "
         "not fit its card fails to load, naming the shortfall)");
+    STR("-fa,--flash-attn", "LLAMA_ARG_FLASH_ATTN", &o->flash_attn, "on|off|auto",
+        "prompt attention on a GPU as one flash kernel (on), as score/softmax/value pieces "
+        "(off), or flash where the head size has it (auto, the default); the CPU path is the "
+        "same either way");
+    FLAG("--no-mmap", "LLAMA_ARG_NO_MMAP", &o->no_mmap,
+         "copy every weight into the processes' memory, even a model larger than half the RAM "
+         "(default: such a model stays in the file mapping)");
+    FLAG("--mlock", "LLAMA_ARG_MLOCK", &o->mlock,
+         "lock the weights in RAM (a refusal, such as RLIMIT_MEMLOCK, is logged and ignored)");
+    /* sampling: the defaults of every request, which its own fields override */
+    F32("--temp", &o->temp, -1e6, 1e6, "temperature (default 0.8; <= 0: greedy)");
+    I64("--top-k", NULL, &o->top_k, 0, INT32_MAX, "N", "top-k sampling (default 40, 0: off)");
+    F32("--top-p", &o->top_p, 0, 1, "top-p sampling (default 0.95, 1.0: off)");
+    F32("--min-p", &o->min_p, 0, 1, "min-p sampling (default 0.05, 0.0: off)");
+    F32("--typical", &o->typical, 0, 1, "locally typical sampling (default 1.0: off)");
+    F32("--repeat-penalty", &o->repeat_penalty, 1e-6, 1e6,
+        "penalise repeated tokens (default 1.0: off)");
+    I64("--repeat-last-n", NULL, &o->repeat_last_n, -1, INT32_MAX, "N",
+        "tokens the penalties look back over (default 64; 0: off; -1: the context)");
+    F32("--presence-penalty", &o->presence_penalty, -1e6, 1e6, "presence penalty (default 0.0)");
+    F32("--frequency-penalty", &o->frequency_penalty, -1e6, 1e6,
+        "frequency penalty (default 0.0)");
+    I64("-s,--seed", NULL, &o->seed, -1, UINT32_MAX, "SEED", "sampling seed (default -1: random)");
+    I64("--min-keep", NULL, &o->min_keep, 0, INT32_MAX, "N",
+        "the least tokens the filters keep (default 0)");
+    STR("--samplers", NULL, &o->samplers, "SAMPLERS",
+        "the sampler chain, names separated by ';' (default "
+        "penalties;top_k;typ_p;top_p;min_p;temperature)");
+    STR("--sampling-seq,--sampler-seq", NULL, &o->sampling_seq, "SEQUENCE",
+        "the sampler chain as letters (e k y p m t i; default ekypmt)");
 #undef STR
 #undef I64
 #undef FLAG
+#undef F32
+    if (n > MAX_ARGS) { /* a programming error: the table outgrew its array */
+        fprintf(stderr, "build_args: %d flags for %d places\n", n, MAX_ARGS);
+        abort();
+    }
     return n;
 }
 
@@ -435,6 +481,58 @@ static int resolve_placement(const opts_t *o, int64_t n_layer, int *gpus, int *n
     if (o->fit && strcmp(o->fit, "on") != 0 && strcmp(o->fit, "off") != 0)
         return bl_err_set(err, BL_EINVAL, "--fit: '%.32s' is not on or off", o->fit);
     return 0;
+}
+
+/* The requests' defaults from the sampling flags (o starts from
+ * rt_sampler_params_default, so an unset flag keeps llama-server's value). */
+static int sampling_defaults(const opts_t *o, rt_task_params_t *d, bl_err_t *err)
+{
+    rt_task_params_default(d);
+    rt_sampler_params_t *s = &d->sampling;
+    s->temp = o->temp;
+    s->top_k = (int32_t)o->top_k;
+    s->top_p = o->top_p;
+    s->min_p = o->min_p;
+    s->typical_p = o->typical;
+    s->repeat_penalty = o->repeat_penalty;
+    s->penalty_last_n = (int32_t)o->repeat_last_n;
+    s->presence_penalty = o->presence_penalty;
+    s->frequency_penalty = o->frequency_penalty;
+    s->seed = o->seed < 0 ? RT_SEED_RANDOM : (uint32_t)o->seed;
+    s->min_keep = (int32_t)o->min_keep;
+    if (o->samplers && o->sampling_seq)
+        return bl_err_set(err, BL_EINVAL, "--samplers and --sampling-seq both name the chain");
+    if (o->samplers) {
+        s->n_stages = 0;
+        for (const char *p = o->samplers; *p;) {
+            const char *semi = strchr(p, ';');
+            size_t n = semi ? (size_t)(semi - p) : strlen(p);
+            int st = rt_sampler_stage_by_name(p, n);
+            if (st < 0)
+                return bl_err_set(err, BL_EINVAL, "--samplers: unknown sampler '%.*s'", (int)n, p);
+            if (s->n_stages == RT_SAMPLER_MAX_STAGES)
+                return bl_err_set(err, BL_EINVAL, "--samplers: more than %d samplers",
+                                  RT_SAMPLER_MAX_STAGES);
+            s->stages[s->n_stages++] = (uint8_t)st;
+            if (!semi)
+                break;
+            p = semi + 1;
+        }
+    }
+    if (o->sampling_seq) {
+        s->n_stages = 0;
+        for (const char *p = o->sampling_seq; *p; p++) {
+            int st = rt_sampler_stage_by_char(*p);
+            if (st < 0)
+                return bl_err_set(err, BL_EINVAL, "--sampling-seq: '%c' is not a sampler letter "
+                                  "(e d s k y p m x t i)", *p);
+            if (s->n_stages == RT_SAMPLER_MAX_STAGES)
+                return bl_err_set(err, BL_EINVAL, "--sampling-seq: more than %d samplers",
+                                  RT_SAMPLER_MAX_STAGES);
+            s->stages[s->n_stages++] = (uint8_t)st;
+        }
+    }
+    return rt_sampler_params_check(s, INT32_MAX, err);
 }
 
 static int kv_type_of(const char *flag, const char *s, uint32_t *out, bl_err_t *err)
@@ -771,8 +869,21 @@ int main(int argc, char **argv)
     o.timeout = 600;
     o.workers = 1;
     o.n_cpu_moe = 0;
+    rt_sampler_params_t sd;
+    rt_sampler_params_default(&sd);
+    o.temp = sd.temp;
+    o.top_k = sd.top_k;
+    o.top_p = sd.top_p;
+    o.min_p = sd.min_p;
+    o.typical = sd.typical_p;
+    o.repeat_penalty = sd.repeat_penalty;
+    o.repeat_last_n = sd.penalty_last_n;
+    o.presence_penalty = sd.presence_penalty;
+    o.frequency_penalty = sd.frequency_penalty;
+    o.seed = -1;
+    o.min_keep = sd.min_keep;
 
-    bl_arg_t args[40];
+    bl_arg_t args[MAX_ARGS];
     int n_args = build_args(args, &o);
     int help = 0;
     bl_err_t err = {0};
@@ -826,6 +937,20 @@ int main(int argc, char **argv)
     }
     if (o.threads_batch == 0)
         o.threads_batch = o.threads;
+    rt_task_params_t defaults;
+    if (sampling_defaults(&o, &defaults, &err) != 0)
+        goto fail;
+    int flash = WK_FLASH_AUTO;
+    if (o.flash_attn && (!strcmp(o.flash_attn, "on") || !strcmp(o.flash_attn, "1") ||
+                         !strcmp(o.flash_attn, "true")))
+        flash = WK_FLASH_ON;
+    else if (o.flash_attn && (!strcmp(o.flash_attn, "off") || !strcmp(o.flash_attn, "0") ||
+                              !strcmp(o.flash_attn, "false")))
+        flash = WK_FLASH_OFF;
+    else if (o.flash_attn && strcmp(o.flash_attn, "auto") != 0) {
+        bl_err_set(&err, BL_EINVAL, "--flash-attn: '%.32s' is not on, off or auto", o.flash_attn);
+        goto fail;
+    }
 
     /* the model's metadata, tokenizer and chat template */
     if (bl_gguf_open(&g, o.model, &err) != 0)
@@ -880,6 +1005,7 @@ int main(int argc, char **argv)
     app->n_slots = (int)o.parallel;
     app->n_vocab = rt_tokenizer_n_vocab(tok);
     app->n_predict_default = o.n_predict;
+    app->defaults = defaults;
     app->started = time(NULL);
     app->loading = 1;
     BL_LOG(BL_LOG_INFO,
@@ -925,6 +1051,9 @@ int main(int argc, char **argv)
         .verbose = o.verbose,
         .quiet = o.log_disable,
         .n_gpus = n_gpus,
+        .flash_attn = flash,
+        .no_mmap = o.no_mmap,
+        .mlock = o.mlock,
     };
     co.step_timeout_ms = (int)(o.timeout * 1000); /* at most 7 days: fits an int */
     memcpy(co.gpus, gpus, sizeof co.gpus);

@@ -292,6 +292,11 @@ static int load_stage(worker_t *w, const Bloomery__Plan *p, bl_err_t *err)
     o.layer_end = st->layer_end;
     o.experts = w->remote ? WK_EXPERTS_REMOTE : WK_EXPERTS_LOCAL;
     o.device = device;
+    if (p->flash_attn > WK_FLASH_OFF)
+        return bl_err_set(err, BL_EINVAL, "plan: flash_attn %u is not 0, 1 or 2", p->flash_attn);
+    o.flash_attn = (int)p->flash_attn;
+    o.no_mmap = p->no_mmap;
+    o.mlock = p->mlock;
     if ((rc = wk_model_load(&w->m, p->model_path, &o, err)) != 0)
         return rc;
     const wk_config_t *cfg = wk_model_config(w->m);

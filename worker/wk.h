@@ -44,11 +44,23 @@ typedef struct wk_model_opts {
     int cuda_graph;    /* device: capture each decode step (every sequence one row) as
                         * a CUDA graph per sequence count and replay it (default 1);
                         * 0 enqueues the same launches one by one */
+    int flash_attn;    /* device: prompt attention as one flash kernel (WK_FLASH_ON), as
+                        * score/softmax/value pieces (WK_FLASH_OFF), or flash where the
+                        * head size has it (WK_FLASH_AUTO, the default) */
+    int no_mmap;       /* CPU: copy every matrix into anonymous memory even when the
+                        * model is larger than half the RAM (default: such a model
+                        * stays in the file mapping, which the page cache can evict) */
+    int mlock;         /* lock the weights in RAM (mlock); a refusal (RLIMIT_MEMLOCK) is
+                        * logged and the load goes on, as in llama.cpp */
     int profile;       /* device: time every launch of a step with CUDA events (a
                         * decode step is captured afresh with an event node after
                         * each launch); read with wk_model_profile, switch with
                         * wk_model_set_profile */
 } wk_model_opts_t;
+
+#define WK_FLASH_AUTO 0
+#define WK_FLASH_ON 1
+#define WK_FLASH_OFF 2
 
 /* The CPU (the default of wk_model_opts_t.device). */
 #define WK_DEVICE_CPU (-1)

@@ -175,6 +175,11 @@ def gpu_present():
     (["-ctk", "f16", "-ctv", "f32"], ["-ctv", "cache-type-v"]),
     (["--chat-template", "no-such-template"], ["no-such-template"]),
     (["--workers", "3"], ["--workers", "workers"]),  # the test model has 2 layers
+    (["--samplers", "top_k;warp"], ["--samplers", "warp"]),
+    (["--sampling-seq", "kq"], ["--sampling-seq"]),
+    (["--samplers", "top_k", "--sampling-seq", "k"], ["--samplers"]),
+    (["-fa", "maybe"], ["--flash-attn"]),
+    (["--top-p", "1.5"], ["--top-p"]),
 ])
 def test_refused_at_start_by_name(model, args, names):
     """Valid flags asking for what this build cannot do: status 1 (2 when the value
@@ -217,6 +222,36 @@ def test_accepted_placement_flags(servers):
                                 "-ctk", "q8_0", "-ctv", "q8_0"])
     r = post(srv.url, "/completion", {"prompt": "Hello", "n_predict": 2})
     assert r.status_code == 200, r.text
+
+
+def test_sampling_flags_are_the_requests_defaults(servers):
+    """--temp, --top-k, ... set what a request gets when it does not say; its own
+    fields win. -fa, --no-mmap and --mlock are accepted (the CPU path computes the same;
+    the weights are copied and locked, a refused lock only logged)."""
+    srv = servers.start(FAST + ["--temp", "0", "--top-k", "7", "--top-p", "0.5", "--min-p",
+                                "0.01", "--repeat-penalty", "1.1", "--repeat-last-n", "32",
+                                "--presence-penalty", "0.25", "-s", "42",
+                                "--samplers", "penalties;top_k;top_p;temperature",
+                                "-fa", "on", "--no-mmap", "--mlock"])
+    params = get(srv.url, "/props").json()["default_generation_settings"]["params"]
+    assert params["temperature"] == 0 and params["top_k"] == 7 and params["seed"] == 42
+    assert abs(params["top_p"] - 0.5) < 1e-6 and abs(params["min_p"] - 0.01) < 1e-6
+    assert abs(params["repeat_penalty"] - 1.1) < 1e-6 and params["repeat_last_n"] == 32
+    assert abs(params["presence_penalty"] - 0.25) < 1e-6
+    assert params["samplers"] == ["penalties", "top_k", "top_p", "temperature"]
+    body = {"prompt": "Once upon a time", "n_predict": 6, "ignore_eos": True,
+            "cache_prompt": False}
+    a = post(srv.url, "/completion", body).json()
+    b = post(srv.url, "/completion", body).json()
+    gs = a["generation_settings"]
+    assert gs["temperature"] == 0 and gs["top_k"] == 7 and gs["seed"] == 42
+    assert gs["samplers"] == ["penalties", "top_k", "top_p", "temperature"]
+    assert a["content"] == b["content"]  # greedy by the server's default
+    own = post(srv.url, "/completion", dict(body, temperature=0.9, top_k=3,
+                                            samplers=["top_k"])).json()["generation_settings"]
+    assert abs(own["temperature"] - 0.9) < 1e-6 and own["top_k"] == 3
+    assert own["samplers"] == ["top_k"]
+    assert "event=mlock" in srv.log()  # locked, or the refusal logged
 
 
 TEMPLATE = ("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"

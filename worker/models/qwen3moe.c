@@ -8,6 +8,7 @@
  * RMSNorm of q and k, NEOX RoPE, causal GQA attention, residual; RMSNorm, FFN
  * (softmax top-k router renormalised to 1, SwiGLU experts), residual; final norm
  * and head (token_embd when output.weight is absent). */
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@
 #include "blocks.h"
 #include "gguf.h"
 #include "kcpu.h"
+#include "log.h"
 #include "quant.h"
 #include "qwen3moe_impl.h"
 #include "wk.h"
@@ -229,7 +231,7 @@ static void weights_arena(wk_model_t *m)
         total += (bl_gguf_tensor_at(m->g, i)->nbytes + 63) & ~(uint64_t)63;
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     if (total == 0 || total > SIZE_MAX - huge || pages <= 0 || page <= 0 ||
-        total > (uint64_t)pages / 2 * (uint64_t)page)
+        (!m->opts.no_mmap && total > (uint64_t)pages / 2 * (uint64_t)page))
         return;
     const size_t len = ((size_t)total + huge - 1) & ~(huge - 1);
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -240,6 +242,25 @@ static void weights_arena(wk_model_t *m)
 #endif
     m->arena = p;
     m->arena_len = len;
+}
+
+/* --mlock: the copied matrices, or the file mapping where they stayed, locked in
+ * RAM. A refusal (RLIMIT_MEMLOCK, most often) is logged and the load goes on, as
+ * llama.cpp does. */
+static void lock_weights(wk_model_t *m)
+{
+    const uint32_t n = m->arena ? 1 : bl_gguf_n_parts(m->g);
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t len = m->arena_used;
+        const void *p = m->arena ? (const void *)m->arena : bl_gguf_part_bytes(m->g, i, &len);
+        if (!p || len == 0 || len > SIZE_MAX)
+            continue;
+        if (mlock(p, (size_t)len) != 0)
+            BL_LOG(BL_LOG_WARN, "event=mlock_failed bytes=%llu reason=\"%s\" hint=\"raise ulimit "
+                   "-l (RLIMIT_MEMLOCK)\"", (unsigned long long)len, strerror(errno));
+        else
+            BL_LOG(BL_LOG_INFO, "event=mlock bytes=%llu", (unsigned long long)len);
+    }
 }
 
 static int find_vec(wk_model_t *m, const char *name, int64_t ne0, const float **out, bl_err_t *err)
@@ -404,6 +425,8 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         weights_arena(m);
     if ((rc = map_weights(m, err)) < 0)
         goto fail;
+    if (m->opts.mlock)
+        lock_weights(m);
     if (m->opts.n_ctx_max <= 0)
         m->opts.n_ctx_max = m->cfg.n_ctx_train;
     if (m->opts.n_ctx_max > MAX_CTX) {

@@ -477,10 +477,18 @@ int wk__cuda_load(wk_model_t *m, bl_err_t *err)
     const char *pdl_env = getenv("BLOOMERY_CUDA_PDL");
     if (pdl_env && strcmp(pdl_env, "0") == 0)
         (void)kcuda_set_pdl(0);
-    /* Flash prefill for head_dim 64 and 128; BLOOMERY_CUDA_FLASH=0 keeps the split
-     * attention in 64-row pieces (the reference it is compared with). */
+    /* Flash prefill for head_dim 64 and 128 unless -fa off (WK_FLASH_OFF) asks for
+     * the split attention in 64-row pieces (the reference it is compared with); so
+     * does BLOOMERY_CUDA_FLASH=0 under -fa auto. -fa on with another head size runs
+     * the split kernel and says so. */
     const char *fl_env = getenv("BLOOMERY_CUDA_FLASH");
-    cu->flash = (c->head_dim == 64 || c->head_dim == 128) && !(fl_env && strcmp(fl_env, "0") == 0);
+    const int flash_shape = c->head_dim == 64 || c->head_dim == 128;
+    cu->flash = flash_shape && m->opts.flash_attn != WK_FLASH_OFF &&
+                !(m->opts.flash_attn == WK_FLASH_AUTO && fl_env && strcmp(fl_env, "0") == 0);
+    if (m->opts.flash_attn == WK_FLASH_ON && !flash_shape)
+        BL_LOG(BL_LOG_WARN, "event=flash_attn_unavailable head_dim=%lld reason=\"the flash "
+               "kernel takes head sizes 64 and 128; prompts use the split attention\"",
+               (long long)c->head_dim);
     const char *pp_env = getenv("BLOOMERY_CUDA_PROMPT");
     cu->pp_ok = prompt_shapes_ok(c) && !(pp_env && strcmp(pp_env, "rows") == 0);
     if ((rc = upload_all(cu, &p, err)) < 0 || (rc = alloc_scratch(m, cu, err)) < 0)
