@@ -39,12 +39,20 @@ typedef struct rt_app {
     int64_t n_predict_default;  /* -n (-1: none) */
     rt_task_params_t defaults;  /* a request's fields before its own: the sampling flags
                                  * (--temp, --top-k, --samplers, ...) over llama-server's */
+    int reasoning;              /* 1: <think> spans go to reasoning_content (default);
+                                 * 0: --reasoning-format none leaves them in the text */
+    json_t *tpl_kwargs;         /* --chat-template-kwargs (and --reasoning-budget 0's
+                                 * enable_thinking false), under every request's; or NULL */
     int64_t n_params;           /* model parameters */
     uint64_t model_bytes;       /* bytes of tensor data */
     time_t started;
     int loading;                /* 1 until the cluster is READY: /health 503, generation 503 */
     int stopping;               /* 1 after SIGINT/SIGTERM: generation 503 */
 } rt_app_t;
+
+/* llama-server's defaults for what the flags may change: requests' parameters,
+ * reasoning on, no template arguments, no generation cap (api_gen.c). */
+void rt_app_defaults(rt_app_t *app);
 
 void rt_api_info_register(rt_http_t *h);   /* api_info.c */
 /* The sampler chain of s as llama.cpp's names (a new array; NULL when out of memory),

@@ -355,7 +355,7 @@ void rt__api_messages(rt_req_t *r)
         rt__gen_req_free(g);
         return;
     }
-    g->params.reasoning = !prefilled;
+    g->params.reasoning = !prefilled && app->reasoning;
     rt__gen_submit(g, toks.ids, toks.n);
     rt_tokens_free(&toks);
 }

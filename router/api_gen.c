@@ -825,10 +825,11 @@ fail:
     return rc;
 }
 
-int rt__gen_chat_options(const json_t *body, json_t **kwargs, int *reasoning, bl_err_t *err)
+int rt__gen_chat_options(const rt_app_t *app, const json_t *body, json_t **kwargs, int *reasoning,
+                         bl_err_t *err)
 {
     *kwargs = NULL;
-    *reasoning = 1; /* llama-server's default reasoning format splits <think> */
+    *reasoning = app->reasoning; /* llama-server's default (auto) splits <think> */
     json_t *v;
     if ((v = field(body, "tools")) && !json_is_array(v))
         return bl_err_set(err, BL_EINVAL, "'tools' must be an array");
@@ -850,9 +851,9 @@ int rt__gen_chat_options(const json_t *body, json_t **kwargs, int *reasoning, bl
         if (!json_is_string(v))
             return bl_err_set(err, BL_EINVAL, "'reasoning_format' must be a string");
         const char *f = json_string_value(v);
-        if (!strcmp(f, "none"))
-            *reasoning = 0;
-        else if (strcmp(f, "auto") && strcmp(f, "deepseek") && strcmp(f, "deepseek-legacy"))
+        *reasoning = strcmp(f, "none") != 0;
+        if (strcmp(f, "none") && strcmp(f, "auto") && strcmp(f, "deepseek") &&
+            strcmp(f, "deepseek-legacy"))
             return bl_err_set(err, BL_EINVAL,
                               "'reasoning_format' \"%.64s\" is not supported (none, auto, "
                               "deepseek)", f);
@@ -904,8 +905,19 @@ int rt__gen_render_chat(rt_app_t *app, const json_t *messages, const json_t *kwa
     char *text;
     size_t len;
     bl_err_t terr;
+    /* the server's template arguments, then the request's over them */
+    json_t *merged = NULL;
+    if (app->tpl_kwargs) {
+        if (!(merged = json_deep_copy(app->tpl_kwargs)) ||
+            (kwargs && json_object_update(merged, (json_t *)kwargs))) {
+            json_decref(merged);
+            return bl_err_set(err, BL_ENOMEM, "out of memory");
+        }
+        kwargs = merged;
+    }
     int rc = rt_chat_render(app->tpl, app->tok, messages, add_generation_prompt, kwargs, &text,
                             &len, &terr);
+    json_decref(merged);
     if (rc)
         return bl_err_set(err, rc, "chat template: %s", terr.msg);
     if (prefill && *prefill) {
@@ -1572,6 +1584,14 @@ void rt__gen_submit(rt_gen_req_t *g, const int32_t *prompt, size_t n)
 /* llama-server's /completion                                                     */
 /* ---------------------------------------------------------------------------- */
 
+void rt_app_defaults(rt_app_t *app)
+{
+    rt_task_params_default(&app->defaults);
+    app->reasoning = 1;
+    app->tpl_kwargs = NULL;
+    app->n_predict_default = -1;
+}
+
 json_t *rt_api_samplers_json(const rt_sampler_params_t *s)
 {
     json_t *a = json_array();
@@ -1967,7 +1987,7 @@ static void route_apply_template(rt_req_t *r)
         return;
     }
     int add_gen = 1;
-    if ((rc = rt__gen_chat_options(body, &kwargs, &reasoning, &err)) ||
+    if ((rc = rt__gen_chat_options(app, body, &kwargs, &reasoning, &err)) ||
         (rc = get_bool(body, "add_generation_prompt", &add_gen, &err)) ||
         (rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs, &prefill, &err)) ||
         (rc = rt__gen_render_chat(app, msgs, kwargs, add_gen, prefill, &text, &len, &think_open,

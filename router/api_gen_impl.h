@@ -100,7 +100,8 @@ int rt__gen_chat_messages(const json_t *messages, json_t **out, char **prefill, 
 /* The refusals the chat routes share: tools, tool_choice, functions, grammar,
  * json_schema, response_format; and chat_template_kwargs (an object or absent),
  * reasoning_format. *kwargs: a new reference to the template arguments or NULL. */
-int rt__gen_chat_options(const json_t *body, json_t **kwargs, int *reasoning, bl_err_t *err) BL_WUR;
+int rt__gen_chat_options(const rt_app_t *app, const json_t *body, json_t **kwargs, int *reasoning,
+                         bl_err_t *err) BL_WUR;
 
 /* The Anthropic request's system and messages as OpenAI-style messages for the
  * template. BL_EINVAL naming the field, BL_ENOMEM. */

@@ -88,7 +88,7 @@ static int chat_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int
             return bl_err_set(err, BL_EINVAL, "'add_generation_prompt' must be a boolean");
         add_gen = json_is_true(agp);
     }
-    if ((rc = rt__gen_chat_options(body, &kwargs, reasoning, err)) ||
+    if ((rc = rt__gen_chat_options(app, body, &kwargs, reasoning, err)) ||
         (rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs, &prefill, err)) ||
         (rc = rt__gen_render_chat(app, msgs, kwargs, add_gen, prefill, &text, &len, think_open,
                                   err)))

@@ -72,6 +72,9 @@ typedef struct opts {
     /* memory and kernels */
     const char *flash_attn;
     int no_mmap, mlock;
+    /* chat */
+    const char *reasoning_format, *chat_template_kwargs;
+    int64_t reasoning_budget;
 } opts_t;
 
 /* -ot may be given several times; each value is a comma list of PATTERN=BUFFER. */
@@ -182,6 +185,15 @@ static int build_args(bl_arg_t *a, opts_t *o)
          "(default: such a model stays in the file mapping)");
     FLAG("--mlock", "LLAMA_ARG_MLOCK", &o->mlock,
          "lock the weights in RAM (a refusal, such as RLIMIT_MEMLOCK, is logged and ignored)");
+    STR("--reasoning-format", "LLAMA_ARG_THINK", &o->reasoning_format, "FORMAT",
+        "where a reply's <think> span goes: auto or deepseek (reasoning_content, the "
+        "default), none (left in the content); a request's reasoning_format wins");
+    I64("--reasoning-budget", "LLAMA_ARG_THINK_BUDGET", &o->reasoning_budget, -1, 0, "N",
+        "-1: thinking as the template does it (default); 0: templates get enable_thinking "
+        "false");
+    STR("--chat-template-kwargs", "LLAMA_CHAT_TEMPLATE_KWARGS", &o->chat_template_kwargs,
+        "JSON", "a JSON object of chat template arguments every request gets (its own "
+        "chat_template_kwargs win)");
     /* sampling: the defaults of every request, which its own fields override */
     F32("--temp", &o->temp, -1e6, 1e6, "temperature (default 0.8; <= 0: greedy)");
     I64("--top-k", NULL, &o->top_k, 0, INT32_MAX, "N", "top-k sampling (default 40, 0: off)");
@@ -900,6 +912,7 @@ int main(int argc, char **argv)
     keep_t keep = {0};
     keys_t keys = {0};
     char *tpl_text = NULL, *alias = NULL;
+    json_t *tpl_kwargs = NULL;
     bl_gguf_t *g = NULL;
     rt_tokenizer_t *tok = NULL;
     rt_template_t *tpl = NULL;
@@ -940,6 +953,37 @@ int main(int argc, char **argv)
     rt_task_params_t defaults;
     if (sampling_defaults(&o, &defaults, &err) != 0)
         goto fail;
+    /* chat defaults */
+    int reasoning = 1;
+    if (o.reasoning_format) {
+        if (!strcmp(o.reasoning_format, "none")) {
+            reasoning = 0;
+        } else if (strcmp(o.reasoning_format, "auto") && strcmp(o.reasoning_format, "deepseek") &&
+                   strcmp(o.reasoning_format, "deepseek-legacy")) {
+            bl_err_set(&err, BL_EINVAL, "--reasoning-format: '%.32s' is not none, auto, deepseek "
+                       "or deepseek-legacy", o.reasoning_format);
+            goto fail;
+        }
+    }
+    if (o.chat_template_kwargs) {
+        json_error_t je;
+        tpl_kwargs = json_loads(o.chat_template_kwargs, JSON_REJECT_DUPLICATES, &je);
+        if (!json_is_object(tpl_kwargs)) {
+            json_decref(tpl_kwargs);
+            tpl_kwargs = NULL;
+            bl_err_set(&err, BL_EINVAL, "--chat-template-kwargs: not a JSON object (%s)",
+                       je.text[0] ? je.text : "another JSON value");
+            goto fail;
+        }
+    }
+    if (o.reasoning_budget == 0) {
+        if (!tpl_kwargs && !(tpl_kwargs = json_object())) {
+            bl_err_set(&err, BL_ENOMEM, "out of memory");
+            goto fail;
+        }
+        if (!json_object_get(tpl_kwargs, "enable_thinking"))
+            json_object_set_new(tpl_kwargs, "enable_thinking", json_false());
+    }
     int flash = WK_FLASH_AUTO;
     if (o.flash_attn && (!strcmp(o.flash_attn, "on") || !strcmp(o.flash_attn, "1") ||
                          !strcmp(o.flash_attn, "true")))
@@ -963,6 +1007,7 @@ int main(int argc, char **argv)
         goto fail;
 
     rt_app_t *app = &s->app;
+    rt_app_defaults(app);
     model_facts(app, g);
     int gpus[RT_CLUSTER_MAX_GPUS], n_gpus = 0;
     if (resolve_placement(&o, model_layers(g), gpus, &n_gpus, &err) != 0)
@@ -1006,6 +1051,9 @@ int main(int argc, char **argv)
     app->n_vocab = rt_tokenizer_n_vocab(tok);
     app->n_predict_default = o.n_predict;
     app->defaults = defaults;
+    app->reasoning = reasoning;
+    app->tpl_kwargs = tpl_kwargs;
+    tpl_kwargs = NULL;
     app->started = time(NULL);
     app->loading = 1;
     BL_LOG(BL_LOG_INFO,
@@ -1128,6 +1176,8 @@ out:
     bl_gguf_close(g);
     free(tpl_text);
     free(alias);
+    json_decref(tpl_kwargs);
+    json_decref(s->app.tpl_kwargs);
     for (size_t i = 0; i < keys.n; i++)
         free(keys.v[i]);
     free(keys.v);

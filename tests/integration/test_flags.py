@@ -179,6 +179,10 @@ def gpu_present():
     (["--sampling-seq", "kq"], ["--sampling-seq"]),
     (["--samplers", "top_k", "--sampling-seq", "k"], ["--samplers"]),
     (["-fa", "maybe"], ["--flash-attn"]),
+    (["--reasoning-format", "magic"], ["--reasoning-format"]),
+    (["--reasoning-budget", "100"], ["--reasoning-budget"]),
+    (["--chat-template-kwargs", "[1]"], ["--chat-template-kwargs"]),
+    (["--chat-template-kwargs", "{bad"], ["--chat-template-kwargs"]),
     (["--top-p", "1.5"], ["--top-p"]),
 ])
 def test_refused_at_start_by_name(model, args, names):
@@ -252,6 +256,39 @@ def test_sampling_flags_are_the_requests_defaults(servers):
     assert abs(own["temperature"] - 0.9) < 1e-6 and own["top_k"] == 3
     assert own["samplers"] == ["top_k"]
     assert "event=mlock" in srv.log()  # locked, or the refusal logged
+
+
+KW_TEMPLATE = ("{% for m in messages %}{{ m.content }}{% endfor %}"
+               "|think={{ enable_thinking | default('unset') }}|x={{ x | default('unset') }}")
+
+
+def test_chat_template_kwargs_and_reasoning_budget(servers):
+    """--chat-template-kwargs and --reasoning-budget 0 reach the template under every
+    request's own chat_template_kwargs."""
+    srv = servers.start(FAST + ["--chat-template", KW_TEMPLATE, "--chat-template-kwargs",
+                                '{"x": 5}', "--reasoning-budget", "0"])
+    msgs = [{"role": "user", "content": "Hi"}]
+    r = post(srv.url, "/apply-template", {"messages": msgs})
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt"] == "Hi|think=False|x=5"
+    r = post(srv.url, "/apply-template", {"messages": msgs, "chat_template_kwargs":
+                                          {"enable_thinking": True, "x": 6}})
+    assert r.json()["prompt"] == "Hi|think=True|x=6"
+
+
+def test_reasoning_format_none(servers):
+    """--reasoning-format none leaves a <think> span in the content; a request's own
+    reasoning_format still wins."""
+    srv = servers.start(FAST + ["--reasoning-format", "none"])
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+            "temperature": 0, "logit_bias": {"<think>": 100}}
+    r = post(srv.url, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    msg = r.json()["choices"][0]["message"]
+    assert msg["content"].startswith("<think>") and not msg.get("reasoning_content")
+    r = post(srv.url, "/v1/chat/completions", dict(body, reasoning_format="auto"))
+    msg = r.json()["choices"][0]["message"]
+    assert not msg["content"].startswith("<think>")
 
 
 TEMPLATE = ("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"

@@ -619,12 +619,14 @@ static void test_chat_messages(void **state)
 static void test_chat_options(void **state)
 {
     (void)state;
+    rt_app_t app = {0};
+    rt_app_defaults(&app);
     json_t *kw;
     int reasoning;
     bl_err_t err = {0};
     json_t *j = J("{\"tool_choice\":\"auto\",\"tools\":[],\"chat_template_kwargs\":"
                   "{\"enable_thinking\":false}}");
-    assert_int_equal(rt__gen_chat_options(j, &kw, &reasoning, &err), 0);
+    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, &err), 0);
     assert_int_equal(reasoning, 1);
     assert_true(json_is_false(json_object_get(kw, "enable_thinking")));
     json_decref(kw);
@@ -641,15 +643,25 @@ static void test_chat_options(void **state)
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         j = J(bad[i].body);
-        int rc = rt__gen_chat_options(j, &kw, &reasoning, &err);
+        int rc = rt__gen_chat_options(&app, j, &kw, &reasoning, &err);
         json_decref(j);
         if (rc != BL_EINVAL || !strstr(err.msg, bad[i].needle))
             fail_msg("%s: rc %d \"%s\"", bad[i].body, rc, err.msg);
         assert_null(kw);
     }
     j = J("{\"reasoning_format\":\"none\"}");
-    assert_int_equal(rt__gen_chat_options(j, &kw, &reasoning, &err), 0);
+    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, &err), 0);
     assert_int_equal(reasoning, 0);
+    json_decref(j);
+    /* the server's --reasoning-format none is the default a request may override */
+    app.reasoning = 0;
+    j = J("{}");
+    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, &err), 0);
+    assert_int_equal(reasoning, 0);
+    json_decref(j);
+    j = J("{\"reasoning_format\":\"auto\"}");
+    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, &err), 0);
+    assert_int_equal(reasoning, 1);
     json_decref(j);
 }
 
@@ -841,6 +853,7 @@ static int setup_model(void **state)
 {
     fixture_t *f = calloc(1, sizeof *f);
     f->g = open_model(&f->tok, &f->tpl);
+    rt_app_defaults(&f->app);
     f->app.tok = f->tok;
     f->app.tpl = f->tpl;
     f->app.model_alias = "tiny";
