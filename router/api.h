@@ -43,6 +43,8 @@ typedef struct rt_app {
                                  * 0: --reasoning-format none leaves them in the text */
     json_t *tpl_kwargs;         /* --chat-template-kwargs (and --reasoning-budget 0's
                                  * enable_thinking false), under every request's; or NULL */
+    int spm_infill;             /* --spm-infill: FIM prompts put the suffix first */
+    int no_slots;               /* --no-slots: GET /slots answers 501 */
     int64_t n_params;           /* model parameters */
     uint64_t model_bytes;       /* bytes of tensor data */
     time_t started;

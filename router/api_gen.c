@@ -1938,22 +1938,35 @@ int rt__gen_fim_tokens(rt_app_t *app, const json_t *body, rt_gen_api_t api, int6
     int64_t n_extra = app->n_ctx_slot - nb - 2 * n_predict;
     n_extra = n_extra < 0 ? 0 : n_extra > (int64_t)extra.n ? (int64_t)extra.n : n_extra;
     const int32_t bos = rt_tokenizer_add_bos(tok) ? rt_tokenizer_bos(tok) : -1;
-    const struct {
+    typedef struct {
         const int32_t *ids;
         size_t from, n;
-    } seg[] = {
+    } seg_t;
+    const seg_t head[] = {
         {extra.ids, extra.n - (size_t)n_extra, (size_t)n_extra},
         {&bos, 0, bos >= 0},
+    }, pre_part[] = {
         {&pre, 0, 1},
         {prefix.ids, prefix.n - (size_t)n_pre, (size_t)n_pre},
         {prompt.ids, 0, prompt.n},
+    }, suf_part[] = {
         {&suf, 0, 1},
         {suffix.ids, 0, (size_t)n_suf},
-        {&mid, 0, 1},
+    }, tail[] = {{&mid, 0, 1}};
+    /* --spm-infill: the suffix part first, as SentencePiece-style FIM models expect */
+    const struct {
+        const seg_t *s;
+        size_t n;
+    } order[] = {
+        {head, 2},
+        {app->spm_infill ? suf_part : pre_part, app->spm_infill ? 2 : 3},
+        {app->spm_infill ? pre_part : suf_part, app->spm_infill ? 3 : 2},
+        {tail, 1},
     };
-    for (size_t k = 0; !rc && k < sizeof seg / sizeof *seg; k++)
-        for (size_t i = 0; !rc && i < seg[k].n; i++)
-            rc = infill_push(out, seg[k].ids[seg[k].from + i], err);
+    for (size_t o = 0; !rc && o < sizeof order / sizeof *order; o++)
+        for (size_t k = 0; !rc && k < order[o].n; k++)
+            for (size_t i = 0; !rc && i < order[o].s[k].n; i++)
+                rc = infill_push(out, order[o].s[k].ids[order[o].s[k].from + i], err);
 done:
     rt_tokens_free(&prefix);
     rt_tokens_free(&suffix);

@@ -189,9 +189,14 @@ static void route_props(rt_req_t *r)
 
 static void route_slots(rt_req_t *r)
 {
+    rt_app_t *app = app_of(r);
+    if (app->no_slots) { /* llama-server's answer without --slots */
+        rt_req_send_error(r, 501, NULL, "This server does not support slots endpoint. Start it "
+                                        "without --no-slots");
+        return;
+    }
     if (refuse_while_loading(r))
         return;
-    rt_app_t *app = app_of(r);
     int cap = app->n_slots > 0 && app->n_slots < MAX_SLOTS_REPORTED ? app->n_slots
                                                                     : MAX_SLOTS_REPORTED;
     rt_slot_info_t *slots = calloc((size_t)cap, sizeof *slots);

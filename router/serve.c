@@ -75,6 +75,10 @@ typedef struct opts {
     /* chat */
     const char *reasoning_format, *chat_template_kwargs;
     int64_t reasoning_budget;
+    /* what this server always or never does, in llama-server's words */
+    int cont_batching, no_cont_batching, context_shift, no_context_shift, spm_infill;
+    int slots, no_slots, no_webui;
+    int64_t cache_reuse;
 } opts_t;
 
 /* -ot may be given several times; each value is a comma list of PATTERN=BUFFER. */
@@ -194,6 +198,22 @@ static int build_args(bl_arg_t *a, opts_t *o)
     STR("--chat-template-kwargs", "LLAMA_CHAT_TEMPLATE_KWARGS", &o->chat_template_kwargs,
         "JSON", "a JSON object of chat template arguments every request gets (its own "
         "chat_template_kwargs win)");
+    FLAG("-cb,--cont-batching", "LLAMA_ARG_CONT_BATCHING", &o->cont_batching,
+         "accepted: batching is always continuous");
+    FLAG("-nocb,--no-cont-batching", "LLAMA_ARG_NO_CONT_BATCHING", &o->no_cont_batching,
+         "refused: batching is always continuous");
+    FLAG("--no-context-shift", "LLAMA_ARG_NO_CONTEXT_SHIFT", &o->no_context_shift,
+         "accepted: a full context ends generation (llama-server's default)");
+    FLAG("--context-shift", "LLAMA_ARG_CONTEXT_SHIFT", &o->context_shift,
+         "refused: the context is never shifted");
+    I64("--cache-reuse", "LLAMA_ARG_CACHE_REUSE", &o->cache_reuse, 0, INT32_MAX, "N",
+        "0 (default) is accepted; reusing cached chunks by shifting them is refused (the "
+        "prompt cache keeps the longest common prefix)");
+    FLAG("--spm-infill", NULL, &o->spm_infill,
+         "fill-in-the-middle prompts put the suffix before the prefix");
+    FLAG("--slots", "LLAMA_ARG_ENDPOINT_SLOTS", &o->slots, "serve GET /slots (the default)");
+    FLAG("--no-slots", "LLAMA_ARG_NO_ENDPOINT_SLOTS", &o->no_slots, "GET /slots answers 501");
+    FLAG("--no-webui", "LLAMA_ARG_NO_WEBUI", &o->no_webui, "accepted: there is no web UI");
     /* sampling: the defaults of every request, which its own fields override */
     F32("--temp", &o->temp, -1e6, 1e6, "temperature (default 0.8; <= 0: greedy)");
     I64("--top-k", NULL, &o->top_k, 0, INT32_MAX, "N", "top-k sampling (default 40, 0: off)");
@@ -953,6 +973,17 @@ int main(int argc, char **argv)
     rt_task_params_t defaults;
     if (sampling_defaults(&o, &defaults, &err) != 0)
         goto fail;
+    if (o.no_cont_batching || o.context_shift || o.cache_reuse > 0 || (o.slots && o.no_slots)) {
+        bl_err_set(&err, BL_ENOTSUP, "%s",
+                   o.no_cont_batching ? "--no-cont-batching: batching is always continuous here"
+                   : o.context_shift  ? "--context-shift: shifting the context is not supported; "
+                                        "a full context ends generation"
+                   : o.cache_reuse > 0 ? "--cache-reuse: reusing cached chunks by shifting them "
+                                         "is not supported (the prompt cache keeps the longest "
+                                         "common prefix); use --cache-reuse 0"
+                                       : "--slots and --no-slots contradict each other");
+        goto fail;
+    }
     /* chat defaults */
     int reasoning = 1;
     if (o.reasoning_format) {
@@ -1052,6 +1083,8 @@ int main(int argc, char **argv)
     app->n_predict_default = o.n_predict;
     app->defaults = defaults;
     app->reasoning = reasoning;
+    app->spm_infill = o.spm_infill;
+    app->no_slots = o.no_slots;
     app->tpl_kwargs = tpl_kwargs;
     tpl_kwargs = NULL;
     app->started = time(NULL);

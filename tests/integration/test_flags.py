@@ -180,6 +180,10 @@ def gpu_present():
     (["--samplers", "top_k", "--sampling-seq", "k"], ["--samplers"]),
     (["-fa", "maybe"], ["--flash-attn"]),
     (["--reasoning-format", "magic"], ["--reasoning-format"]),
+    (["-nocb"], ["--no-cont-batching"]),
+    (["--context-shift"], ["--context-shift"]),
+    (["--cache-reuse", "256"], ["--cache-reuse"]),
+    (["--slots", "--no-slots"], ["--no-slots"]),
     (["--reasoning-budget", "100"], ["--reasoning-budget"]),
     (["--chat-template-kwargs", "[1]"], ["--chat-template-kwargs"]),
     (["--chat-template-kwargs", "{bad"], ["--chat-template-kwargs"]),
@@ -256,6 +260,21 @@ def test_sampling_flags_are_the_requests_defaults(servers):
     assert abs(own["temperature"] - 0.9) < 1e-6 and own["top_k"] == 3
     assert own["samplers"] == ["top_k"]
     assert "event=mlock" in srv.log()  # locked, or the refusal logged
+
+
+def test_always_and_never_flags(servers):
+    """-cb, --no-context-shift, --cache-reuse 0 and --no-webui describe what the
+    server does anyway; --no-slots turns GET /slots into a 501 as llama-server
+    does; --spm-infill puts the suffix first in FIM prompts."""
+    srv = servers.start(FAST + ["-cb", "--no-context-shift", "--cache-reuse", "0", "--no-webui",
+                                "--no-slots", "--spm-infill"])
+    r = get(srv.url, "/slots")
+    assert r.status_code == 501, r.text
+    assert r.json()["error"]["type"] == "not_supported_error"
+    r = post(srv.url, "/infill", {"input_prefix": "A", "input_suffix": "B", "n_predict": 1})
+    assert r.status_code == 200, r.text
+    p = r.json()["prompt"]
+    assert p.index("<|fim_suffix|>B") < p.index("<|fim_prefix|>A") < p.index("<|fim_middle|>")
 
 
 KW_TEMPLATE = ("{% for m in messages %}{{ m.content }}{% endfor %}"
