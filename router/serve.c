@@ -6,6 +6,7 @@
  * Thread: main runs the libuv loop; the engine and the cluster have their own. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -77,8 +78,11 @@ typedef struct opts {
     int64_t reasoning_budget;
     /* what this server always or never does, in llama-server's words */
     int cont_batching, no_cont_batching, context_shift, no_context_shift, spm_infill;
-    int slots, no_slots, no_webui;
+    int slots, no_slots, no_webui, no_warmup, swa_full;
     int64_t cache_reuse;
+    const char *split_mode, *log_file;
+    int64_t main_gpu;
+    double defrag_thold;
 } opts_t;
 
 /* -ot may be given several times; each value is a comma list of PATTERN=BUFFER. */
@@ -214,6 +218,21 @@ static int build_args(bl_arg_t *a, opts_t *o)
     FLAG("--slots", "LLAMA_ARG_ENDPOINT_SLOTS", &o->slots, "serve GET /slots (the default)");
     FLAG("--no-slots", "LLAMA_ARG_NO_ENDPOINT_SLOTS", &o->no_slots, "GET /slots answers 501");
     FLAG("--no-webui", "LLAMA_ARG_NO_WEBUI", &o->no_webui, "accepted: there is no web UI");
+    FLAG("--no-warmup", NULL, &o->no_warmup, "accepted: no warm-up run is made");
+    FLAG("--swa-full", "LLAMA_ARG_SWA_FULL", &o->swa_full,
+         "accepted: the models served here have no sliding-window attention");
+    a[n++] = (bl_arg_t){.names = "-dt,--defrag-thold", .env = "LLAMA_ARG_DEFRAG_THOLD",
+                        .kind = BL_ARG_F64, .dst = &o->defrag_thold, .fmin = -1e9, .fmax = 1e9,
+                        .metavar = "N",
+                        .help = "accepted: deprecated in llama.cpp; each slot's cache is one "
+                                "contiguous range here"};
+    STR("-sm,--split-mode", "LLAMA_ARG_SPLIT_MODE", &o->split_mode, "none|layer|row",
+        "several GPUs: layer (the default: a pipeline stage per device), none (the main GPU "
+        "only); row is refused");
+    I64("-mg,--main-gpu", "LLAMA_ARG_MAIN_GPU", &o->main_gpu, 0, RT_CLUSTER_MAX_GPUS - 1, "INDEX",
+        "with -sm none, which of the devices runs the model (default 0)");
+    STR("--log-file", NULL, &o->log_file, "FNAME",
+        "append the log (the server's and its processes') to this file instead of stderr");
     /* sampling: the defaults of every request, which its own fields override */
     F32("--temp", &o->temp, -1e6, 1e6, "temperature (default 0.8; <= 0: greedy)");
     I64("--top-k", NULL, &o->top_k, 0, INT32_MAX, "N", "top-k sampling (default 40, 0: off)");
@@ -483,6 +502,21 @@ static int resolve_placement(const opts_t *o, int64_t n_layer, int *gpus, int *n
             return bl_err_set(err, BL_ENOTSUP,
                               "--gpu-layers %s: part of the layers on the GPU (%lld of %lld) is not "
                               "supported yet; use -ngl 0 or -ngl all", v, (long long)n, (long long)n_layer);
+    }
+    if (o->split_mode && strcmp(o->split_mode, "layer") && strcmp(o->split_mode, "none"))
+        return bl_err_set(err, !strcmp(o->split_mode, "row") ? BL_ENOTSUP : BL_EINVAL,
+                          "--split-mode %.32s: %s", o->split_mode,
+                          !strcmp(o->split_mode, "row")
+                              ? "splitting matrices by rows across GPUs is not supported (layer "
+                                "puts a pipeline stage on each device)"
+                              : "not none, layer or row");
+    if (o->split_mode && !strcmp(o->split_mode, "none") && *n_gpus > 0) {
+        if (o->main_gpu >= *n_gpus)
+            return bl_err_set(err, BL_EINVAL, "--main-gpu %lld: there %s %d device%s",
+                              (long long)o->main_gpu, *n_gpus == 1 ? "is" : "are", *n_gpus,
+                              *n_gpus == 1 ? "" : "s");
+        gpus[0] = gpus[o->main_gpu];
+        *n_gpus = 1;
     }
     if (o->tensor_split)
         return bl_err_set(err, BL_ENOTSUP,
@@ -951,6 +985,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", PROG, err.msg);
         exit_code = 2;
         goto out;
+    }
+    if (o.log_file) {
+        /* stderr itself goes to the file, so the processes started later log there too */
+        int fd = open(o.log_file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (fd < 0 || dup2(fd, STDERR_FILENO) < 0) {
+            fprintf(stderr, "%s: --log-file %s: %s\n", PROG, o.log_file, strerror(errno));
+            if (fd >= 0)
+                close(fd);
+            goto out;
+        }
+        close(fd);
     }
     bl_log_init("serve", o.log_disable ? BL_LOG_OFF : o.verbose ? BL_LOG_DEBUG : BL_LOG_INFO);
     if (!o.model) {

@@ -181,6 +181,8 @@ def gpu_present():
     (["-fa", "maybe"], ["--flash-attn"]),
     (["--reasoning-format", "magic"], ["--reasoning-format"]),
     (["-nocb"], ["--no-cont-batching"]),
+    (["-sm", "row"], ["--split-mode"]),
+    (["-sm", "diagonal"], ["--split-mode"]),
     (["--context-shift"], ["--context-shift"]),
     (["--cache-reuse", "256"], ["--cache-reuse"]),
     (["--slots", "--no-slots"], ["--no-slots"]),
@@ -260,6 +262,25 @@ def test_sampling_flags_are_the_requests_defaults(servers):
     assert abs(own["temperature"] - 0.9) < 1e-6 and own["top_k"] == 3
     assert own["samplers"] == ["top_k"]
     assert "event=mlock" in srv.log()  # locked, or the refusal logged
+
+
+def test_log_file_and_accepted_flags(servers, tmp_path):
+    """--log-file takes the server's log and its processes'; -sm layer/none, -mg 0,
+    -dt, --swa-full and --no-warmup are accepted."""
+    log = tmp_path / "serve.log"
+    srv = servers.start(FAST + ["--log-file", str(log), "-sm", "none", "-mg", "0", "-dt", "0.1",
+                                "--swa-full", "--no-warmup"])
+    assert post(srv.url, "/completion", {"prompt": "Hi", "n_predict": 2}).status_code == 200
+    text = log.read_text()
+    assert "serve" in text and "event=listening" in text
+    assert "worker0" in text  # a child's lines
+
+
+def test_log_file_that_cannot_open(model, tmp_path):
+    bad = str(tmp_path / "no-such-dir" / "x.log")
+    rc, out, _ = run_serve(["-m", model, "--port", str(serverctl.free_port()), "--log-file", bad]
+                           + FAST, timeout=15)
+    assert rc == 1 and "--log-file" in out and "no-such-dir" in out, out
 
 
 def test_always_and_never_flags(servers):
