@@ -241,6 +241,20 @@ int bl_arg_gpu_layers(void *ud, const char *v, bl_err_t *err)
     return 0;
 }
 
+int bl_arg_flash_attn(void *ud, const char *v, bl_err_t *err)
+{
+    int *fa = ud;
+    if (!strcmp(v, "auto"))
+        *fa = BL_FLASH_AUTO;
+    else if (!strcmp(v, "on") || !strcmp(v, "1") || !strcmp(v, "true"))
+        *fa = BL_FLASH_ON;
+    else if (!strcmp(v, "off") || !strcmp(v, "0") || !strcmp(v, "false"))
+        *fa = BL_FLASH_OFF;
+    else
+        return bl_err_set(err, BL_EINVAL, "'%.32s' is not on, off or auto", v);
+    return 0;
+}
+
 int bl_arg_cuda_device(void *ud, const char *v, bl_err_t *err)
 {
     int *d = ud;

@@ -71,7 +71,7 @@ typedef struct opts {
     int64_t top_k, repeat_last_n, seed, min_keep;
     const char *samplers, *sampling_seq;
     /* memory and kernels */
-    const char *flash_attn;
+    int flash_attn; /* BL_FLASH_* */
     int no_mmap, mlock;
     /* chat */
     const char *reasoning_format, *chat_template_kwargs;
@@ -184,10 +184,12 @@ static int build_args(bl_arg_t *a, opts_t *o)
     STR("-fit,--fit", "LLAMA_ARG_FIT", &o->fit, "on|off",
         "fit unset options to device memory: accepted, nothing is adjusted (a stage that does "
         "not fit its card fails to load, naming the shortfall)");
-    STR("-fa,--flash-attn", "LLAMA_ARG_FLASH_ATTN", &o->flash_attn, "on|off|auto",
-        "prompt attention on a GPU as one flash kernel (on), as score/softmax/value pieces "
-        "(off), or flash where the head size has it (auto, the default); the CPU path is the "
-        "same either way");
+    a[n++] = (bl_arg_t){.names = "-fa,--flash-attn", .env = "LLAMA_ARG_FLASH_ATTN",
+                        .kind = BL_ARG_FN, .fn = bl_arg_flash_attn, .ud = &o->flash_attn,
+                        .metavar = "on|off|auto",
+                        .help = "prompt attention on a GPU as one flash kernel (on), as "
+                                "score/softmax/value pieces (off), or flash where the head size "
+                                "has it (auto, the default); the CPU path is the same either way"};
     FLAG("--no-mmap", "LLAMA_ARG_NO_MMAP", &o->no_mmap,
          "copy every weight into the processes' memory, even a model larger than half the RAM "
          "(default: such a model stays in the file mapping)");
@@ -1060,17 +1062,6 @@ int main(int argc, char **argv)
         if (!json_object_get(tpl_kwargs, "enable_thinking"))
             json_object_set_new(tpl_kwargs, "enable_thinking", json_false());
     }
-    int flash = WK_FLASH_AUTO;
-    if (o.flash_attn && (!strcmp(o.flash_attn, "on") || !strcmp(o.flash_attn, "1") ||
-                         !strcmp(o.flash_attn, "true")))
-        flash = WK_FLASH_ON;
-    else if (o.flash_attn && (!strcmp(o.flash_attn, "off") || !strcmp(o.flash_attn, "0") ||
-                              !strcmp(o.flash_attn, "false")))
-        flash = WK_FLASH_OFF;
-    else if (o.flash_attn && strcmp(o.flash_attn, "auto") != 0) {
-        bl_err_set(&err, BL_EINVAL, "--flash-attn: '%.32s' is not on, off or auto", o.flash_attn);
-        goto fail;
-    }
 
     /* the model's metadata, tokenizer and chat template */
     if (bl_gguf_open(&g, o.model, &err) != 0)
@@ -1177,7 +1168,7 @@ int main(int argc, char **argv)
         .verbose = o.verbose,
         .quiet = o.log_disable,
         .n_gpus = n_gpus,
-        .flash_attn = flash,
+        .flash_attn = o.flash_attn,
         .no_mmap = o.no_mmap,
         .mlock = o.mlock,
     };

@@ -36,6 +36,7 @@ typedef struct bench {
     list_t pp, tg, threads;
     int64_t reps, n_batch;
     int precise, no_roofline, profile;
+    int flash_attn; /* BL_FLASH_*: -fa */
     int64_t ngl;    /* -1: not given; 0: the CPU; >= n_layer (or "all"): the card */
     int dev;        /* -dev: -2 not given, -1 none, N cuda:N */
 } bench_t;
@@ -335,6 +336,7 @@ int main(int argc, char **argv)
         {"--no-roofline", NULL, BL_ARG_FLAG, &b.no_roofline, .help = "skip the bandwidth measurement"},
         {"-ngl,--n-gpu-layers", NULL, BL_ARG_FN, NULL, .fn = bl_arg_gpu_layers, .ud = &b.ngl, .metavar = "N|all|auto", .help = "layers on the GPU: all of them (N >= the layer count, all, auto) or 0 (the CPU, default); a partial split is refused for now"},
         {"-dev,--device", NULL, BL_ARG_FN, NULL, .fn = bl_arg_cuda_device, .ud = &b.dev, .metavar = "cuda:N|none", .help = "the GPU for -ngl (default cuda:0; alone it puts every layer there); none: the CPU"},
+        {"-fa,--flash-attn", NULL, BL_ARG_FN, NULL, .fn = bl_arg_flash_attn, .ud = &b.flash_attn, .metavar = "on|off|auto|1|0", .help = "on a GPU: prompt attention as one flash kernel (on), as score/softmax/value pieces (off), flash where the head size has it (auto, default); the CPU computes the same either way"},
         {"--profile", NULL, BL_ARG_FLAG, &b.profile, .help = "on a GPU: time each launch of 32 decode steps and print the breakdown of one step"},
     };
     int n_args = (int)(sizeof args / sizeof args[0]);
@@ -415,6 +417,7 @@ int main(int argc, char **argv)
         mo.n_batch = b.n_batch;
         mo.n_ctx_max = max_n + (b.profile ? 544 : 0);
         mo.device = device;
+        mo.flash_attn = b.flash_attn;
         wk_model_t *m = NULL;
         wk_kv_t *kv = NULL;
         if (wk_model_load(&m, b.model, &mo, &err) ||

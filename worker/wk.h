@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "args.h"
 #include "err.h"
 #include "gguf.h"
 
@@ -58,9 +59,9 @@ typedef struct wk_model_opts {
                         * wk_model_set_profile */
 } wk_model_opts_t;
 
-#define WK_FLASH_AUTO 0
-#define WK_FLASH_ON 1
-#define WK_FLASH_OFF 2
+#define WK_FLASH_AUTO BL_FLASH_AUTO /* the values bl_arg_flash_attn parses -fa into */
+#define WK_FLASH_ON BL_FLASH_ON
+#define WK_FLASH_OFF BL_FLASH_OFF
 
 /* The CPU (the default of wk_model_opts_t.device). */
 #define WK_DEVICE_CPU (-1)

@@ -191,6 +191,26 @@ static void test_args_double_values_and_range(void **state)
     assert_non_null(strstr(err.msg, "--rope-base"));
 }
 
+static void test_args_shared_parsers(void **state)
+{
+    (void)state;
+    bl_err_t err = {0};
+    int fa = -1;
+    static const struct {
+        const char *v;
+        int want;
+    } ok[] = {{"on", BL_FLASH_ON},   {"1", BL_FLASH_ON},    {"true", BL_FLASH_ON},
+              {"off", BL_FLASH_OFF}, {"0", BL_FLASH_OFF},   {"false", BL_FLASH_OFF},
+              {"auto", BL_FLASH_AUTO}};
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        assert_int_equal(bl_arg_flash_attn(&fa, ok[i].v, &err), 0);
+        assert_int_equal(fa, ok[i].want);
+    }
+    assert_int_equal(bl_arg_flash_attn(&fa, "yes", &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "yes"));
+    assert_int_equal(bl_arg_flash_attn(&fa, "", &err), BL_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -204,6 +224,7 @@ int main(void)
         cmocka_unit_test(test_args_fn_is_called_per_use),
         cmocka_unit_test(test_args_number_parsers),
         cmocka_unit_test(test_args_double_values_and_range),
+        cmocka_unit_test(test_args_shared_parsers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
