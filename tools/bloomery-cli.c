@@ -27,6 +27,7 @@ typedef struct cli {
     int64_t n_predict, n_threads, n_ctx, n_batch, dump_top;
     int64_t ngl; /* -1: not given; 0: the CPU; >= the layer count (or "all"): the GPU */
     int dev;     /* -dev: -2 not given, -1 none, N cuda:N */
+    int flash_attn; /* -fa: BL_FLASH_* */
     int chat, precise, no_parse_special, ignore_eos, jinja, show_special;
     rt_sampler_params_t sp;
     int64_t seed, top_k, repeat_last_n; /* widened: the flag parser stores int64_t */
@@ -176,6 +177,7 @@ static int run(cli_t *c)
     /* -ngl: every layer on the card or none; a split comes with the CPU+GPU plan. */
     if (c->dev != -1 && (c->ngl > 0 || (c->ngl < 0 && c->dev >= 0)))
         mo.device = c->dev >= 0 ? c->dev : 0;
+    mo.flash_attn = c->flash_attn;
     if (mo.device >= 0 && !c->cache_type_k) /* the card keeps f16 caches only */
         kv_type = WK_KV_F16;
     double t0 = now_s();
@@ -406,6 +408,7 @@ int main(int argc, char **argv)
         {"--no-parse-special", NULL, BL_ARG_FLAG, &c.no_parse_special, .help = "tokenize special-token text as plain text"},
         {"-ctk,--cache-type-k", "LLAMA_ARG_CACHE_TYPE_K", BL_ARG_STR, &c.cache_type_k, .metavar = "TYPE", .help = "KV cache type: f16 (default; f32 with --precise), f32, q8_0"},
         {"-ctv,--cache-type-v", "LLAMA_ARG_CACHE_TYPE_V", BL_ARG_STR, &c.cache_type_v, .metavar = "TYPE", .help = "must equal the K type"},
+        {"-fa,--flash-attn", "LLAMA_ARG_FLASH_ATTN", BL_ARG_FN, NULL, .fn = bl_arg_flash_attn, .ud = &c.flash_attn, .metavar = "on|off|auto", .help = "on a GPU: prompt attention as one flash kernel (on), as score/softmax/value pieces (off), flash where the head size has it (auto, default)"},
         {"-ngl,--n-gpu-layers", "LLAMA_ARG_N_GPU_LAYERS", BL_ARG_FN, NULL, .fn = bl_arg_gpu_layers, .ud = &c.ngl, .metavar = "N|all|auto", .help = "layers on the GPU: all (N >= the layer count, all, auto) or 0 (the CPU, default); a partial split is refused for now"},
         {"-dev,--device", "LLAMA_ARG_DEVICE", BL_ARG_FN, NULL, .fn = bl_arg_cuda_device, .ud = &c.dev, .metavar = "cuda:N|none", .help = "the GPU for -ngl (default cuda:0; alone it puts every layer there); none: the CPU"},
         {"--precise", NULL, BL_ARG_FLAG, &c.precise, .help = "f32 activations and KV cache, no activation quantization (for checking)"},
