@@ -468,6 +468,36 @@ static void route_detokenize(rt_req_t *r)
     rt_req_send_json(r, 200, s ? json_pack("{s:o}", "content", s) : NULL);
 }
 
+/* --- /lora-adapters ----------------------------------------------------------------- */
+
+/* No adapters are loaded (there is no --lora): the list is empty, and setting the
+ * scale of any adapter is refused by its id, as llama-server refuses an unknown id. */
+static void route_lora_list(rt_req_t *r)
+{
+    json_t *a = json_array();
+    if (a)
+        rt_req_send_json(r, 200, a);
+    else
+        rt_req_send_error(r, 500, NULL, "out of memory");
+}
+
+static void route_lora_set(rt_req_t *r)
+{
+    const json_t *body = rt_req_json(r);
+    if (!json_is_array(body)) {
+        rt_req_send_error(r, 400, NULL, "the request body must be an array of {\"id\", \"scale\"}");
+        return;
+    }
+    if (json_array_size(body) > 0) {
+        const json_t *id = json_is_object(json_array_get(body, 0))
+                               ? json_object_get(json_array_get(body, 0), "id") : NULL;
+        rt_req_send_error(r, 400, NULL, "invalid adapter id %lld: no LoRA adapters are loaded",
+                          json_is_integer(id) ? (long long)json_integer_value(id) : -1LL);
+        return;
+    }
+    rt_req_send_json(r, 200, json_pack("{s:b}", "success", 1));
+}
+
 void rt_api_info_register(rt_http_t *h)
 {
     static const struct {
@@ -484,6 +514,8 @@ void rt_api_info_register(rt_http_t *h)
         {"GET", "/metrics", route_metrics, 0},
         {"POST", "/tokenize", route_tokenize, 0},
         {"POST", "/detokenize", route_detokenize, 0},
+        {"GET", "/lora-adapters", route_lora_list, 0},
+        {"POST", "/lora-adapters", route_lora_set, RT_ROUTE_ANY_JSON},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (rt_http_route(h, routes[i].method, routes[i].path, routes[i].fn, routes[i].flags) != 0)

@@ -624,8 +624,9 @@ static void answer_options(rt_req_t *r)
     rt_req_send_text(r, 200, "text/html", "", 0);
 }
 
-/* Parses the POST body into r->json; on failure answers r and returns -1. */
-static int parse_body(rt_http_t *h, rt_req_t *r)
+/* Parses the POST body into r->json (an object unless any_json); on failure answers
+ * r and returns -1. */
+static int parse_body(rt_http_t *h, rt_req_t *r, int any_json)
 {
     h2o_iovec_t body = r->req->entity;
     if (body.len > h->max_body_bytes) {
@@ -649,7 +650,7 @@ static int parse_body(rt_http_t *h, rt_req_t *r)
                               e.line, e.column, e.position, e.text);
         return -1;
     }
-    if (!json_is_object(j)) {
+    if (!any_json && !json_is_object(j)) {
         json_decref(j);
         rt_req_send_error(r, 400, NULL, "request body must be a JSON object");
         return -1;
@@ -716,7 +717,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
         rt_req_send_error(r, 401, "authentication_error", "Invalid API Key");
         goto done;
     }
-    if (strcmp(rt->method, "POST") == 0 && parse_body(h, r) != 0)
+    if (strcmp(rt->method, "POST") == 0 && parse_body(h, r, (rt->flags & RT_ROUTE_ANY_JSON) != 0) != 0)
         goto done;
     rt->fn(r);
 done:

@@ -43,6 +43,7 @@ typedef void (*rt_route_fn)(rt_req_t *r);
 
 enum {
     RT_ROUTE_PUBLIC = 1u << 0, /* no API key needed (/health, /v1/models, /models) */
+    RT_ROUTE_ANY_JSON = 1u << 1, /* a POST body may be any JSON value, not only an object */
 };
 
 /* Adds a route: method "GET" or "POST", an exact path. A known path with another

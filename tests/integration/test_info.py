@@ -150,6 +150,17 @@ def test_embeddings_and_rerank_are_501(url, path, word):
     assert err["type"] == "not_supported_error"
 
 
+def test_lora_adapters(url):
+    """No adapters are loaded: the list is empty, [] sets nothing, an id is refused."""
+    r = get(url, "/lora-adapters")
+    assert r.status_code == 200 and r.json() == []
+    r = post(url, "/lora-adapters", [])
+    assert r.status_code == 200 and r.json() == {"success": True}
+    err = assert_error(post(url, "/lora-adapters", [{"id": 0, "scale": 0.5}]), 400)
+    assert "adapter id 0" in err["message"]
+    assert_error(post(url, "/lora-adapters", {"id": 0}), 400)
+
+
 def test_known_route_wrong_method(url):
     # llama-server answers 404 here; bloomery-serve documents 405 with Allow
     err = assert_error(get(url, "/v1/chat/completions"), 405)
