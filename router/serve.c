@@ -949,6 +949,7 @@ int main(int argc, char **argv)
     o.presence_penalty = sd.presence_penalty;
     o.frequency_penalty = sd.frequency_penalty;
     o.seed = -1;
+    o.reasoning_budget = -1;
     o.min_keep = sd.min_keep;
 
     bl_arg_t args[MAX_ARGS];
