@@ -509,7 +509,10 @@ int rt__gen_parse_params(const json_t *body, rt_gen_api_t api, const rt_gen_limi
 
     /* probabilities */
     if (api == RT_GEN_API_OAI_CHAT) {
-        int lp = 0;
+        int lp = 0, parallel = 1;
+        if ((rc = get_bool(body, "parallel_tool_calls", &parallel, err)))
+            goto fail;
+        p->one_call = !parallel;
         if ((rc = get_bool(body, "logprobs", &lp, err)))
             goto fail;
         if ((rc = get_int(body, "top_logprobs", 0, RT_MAX_N_PROBS, &iv, &found, err)))
@@ -736,7 +739,7 @@ int rt__gen_chat_messages(const json_t *messages, json_t **out, char **prefill, 
         return bl_err_set(err, BL_ENOMEM, "out of memory");
     int rc = 0;
     size_t i, n = json_array_size(messages);
-    json_t *m;
+    json_t *m, *calls = NULL; /* the message's tool_calls until its object takes them */
     rt_gen_buf_t text = {0};
     json_array_foreach(messages, i, m) {
         if (!json_is_object(m)) {
@@ -761,10 +764,14 @@ int rt__gen_chat_messages(const json_t *messages, json_t **out, char **prefill, 
         }
         json_t *content = json_object_get(m, "content");
         json_t *tc = field(m, "tool_calls");
-        if (tc && !(json_is_array(tc) && json_array_size(tc) == 0)) {
-            rc = bl_err_set(err, BL_EINVAL, "messages[%zu]: 'tool_calls' are not supported", i);
+        if (tc && !assistant) {
+            rc = bl_err_set(err, BL_EINVAL, "messages[%zu]: only assistant messages carry "
+                            "'tool_calls'", i);
             goto fail;
         }
+        if (tc && json_array_size(tc) > 0 &&
+            (rc = rt__gen_message_tool_calls(tc, i, &calls, err)))
+            goto fail;
         if (!content && !assistant) {
             rc = bl_err_set(err, BL_EINVAL,
                             "messages[%zu]: all non-assistant messages must contain 'content'", i);
@@ -773,7 +780,7 @@ int rt__gen_chat_messages(const json_t *messages, json_t **out, char **prefill, 
         text.n = 0;
         if ((rc = content_text(content, i, &text, err)))
             goto fail;
-        if (assistant && i + 1 == n) {
+        if (assistant && i + 1 == n && !calls) {
             /* a last assistant message is a prefill: the reply continues it */
             if (i > 0) {
                 json_t *prev = json_object_get(json_array_get(messages, i - 1), "role");
@@ -798,6 +805,14 @@ int rt__gen_chat_messages(const json_t *messages, json_t **out, char **prefill, 
             rc = bl_err_set(err, BL_ENOMEM, "out of memory");
             goto fail;
         }
+        if (calls) {
+            int bad = json_object_set_new(o, "tool_calls", calls); /* takes calls either way */
+            calls = NULL;
+            if (bad) {
+                rc = bl_err_set(err, BL_ENOMEM, "out of memory");
+                goto fail;
+            }
+        }
         static const char *const keep[] = {"name", "tool_call_id", "reasoning_content"};
         for (size_t k = 0; k < 3; k++) {
             json_t *v = field(m, keep[k]);
@@ -819,6 +834,7 @@ int rt__gen_chat_messages(const json_t *messages, json_t **out, char **prefill, 
     return 0;
 fail:
     rt__gen_buf_free(&text);
+    json_decref(calls);
     json_decref(arr);
     free(*prefill);
     *prefill = NULL;
@@ -826,23 +842,27 @@ fail:
 }
 
 int rt__gen_chat_options(const rt_app_t *app, const json_t *body, json_t **kwargs, int *reasoning,
-                         bl_err_t *err)
+                         int *tools, bl_err_t *err)
 {
     *kwargs = NULL;
     *reasoning = app->reasoning; /* llama-server's default (auto) splits <think> */
-    json_t *v;
-    if ((v = field(body, "tools")) && !json_is_array(v))
-        return bl_err_set(err, BL_EINVAL, "'tools' must be an array");
-    int has_tools = v && json_array_size(v) > 0;
-    if (has_tools)
-        return bl_err_set(err, BL_EINVAL, "'tools' is not supported: tool calls are not parsed");
+    if (tools)
+        *tools = 0;
+    json_t *v, *tool_list = field(body, "tools");
+    int rc;
+    if (tool_list && (rc = rt__gen_check_tools(tool_list, err)))
+        return rc;
+    int use_tools = tool_list && json_array_size(tool_list) > 0;
     if ((v = field(body, "tool_choice"))) {
         if (!json_is_string(v) || (strcmp(json_string_value(v), "none") &&
                                    strcmp(json_string_value(v), "auto")))
             return bl_err_set(err, BL_EINVAL,
-                              "'tool_choice' is not supported (only \"none\" or \"auto\" without "
-                              "tools)");
+                              "'tool_choice' is not supported but as \"auto\" or \"none\" (a "
+                              "call cannot be forced: there is no constrained decoding)");
+        use_tools &= strcmp(json_string_value(v), "none") != 0;
     }
+    if ((v = field(body, "parallel_tool_calls")) && !json_is_boolean(v))
+        return bl_err_set(err, BL_EINVAL, "'parallel_tool_calls' must be a boolean");
     if (field(body, "functions"))
         return bl_err_set(err, BL_EINVAL, "'functions' is not supported");
     if (field(body, "function_call"))
@@ -885,6 +905,16 @@ int rt__gen_chat_options(const rt_app_t *app, const json_t *body, json_t **kwarg
             *kwargs = NULL;
             return bl_err_set(err, BL_ENOMEM, "out of memory");
         }
+    }
+    if (use_tools) { /* the template lists them; the reply's calls are parsed */
+        if ((!*kwargs && !(*kwargs = json_object())) ||
+            json_object_set(*kwargs, "tools", tool_list)) {
+            json_decref(*kwargs);
+            *kwargs = NULL;
+            return bl_err_set(err, BL_ENOMEM, "out of memory");
+        }
+        if (tools)
+            *tools = 1;
     }
     return 0;
 }
@@ -1403,6 +1433,7 @@ void rt__gen_req_free(rt_gen_req_t *g)
     rt__gen_params_fini(&g->params);
     rt__gen_think_fini(&g->think);
     rt__gen_buf_free(&g->content);
+    rt__gen_tools_fini(&g->calls);
     rt__gen_buf_free(&g->reasoning);
     json_decref(g->probs);
     json_decref(g->tokens);
@@ -1477,6 +1508,12 @@ static int deliver_text(rt_gen_req_t *g, const rt_event_t *ev, const char *text,
             rc = BL_ENOMEM;
     } else if (len && rt__gen_buf_add(&content, text, len)) {
         rc = BL_ENOMEM;
+    }
+    if (!rc && g->params.tools) { /* the content's tool calls come out of it */
+        rt_gen_buf_t plain = {0};
+        rc = rt__gen_tools_feed(&g->calls, content.p ? content.p : "", content.n, last, &plain);
+        rt__gen_buf_free(&content);
+        content = plain;
     }
     if (!rc && (memchr(content.p ? content.p : "", '\n', content.n)))
         g->has_new_line = 1;
@@ -2000,7 +2037,7 @@ static void route_apply_template(rt_req_t *r)
         return;
     }
     int add_gen = 1;
-    if ((rc = rt__gen_chat_options(app, body, &kwargs, &reasoning, &err)) ||
+    if ((rc = rt__gen_chat_options(app, body, &kwargs, &reasoning, NULL, &err)) ||
         (rc = get_bool(body, "add_generation_prompt", &add_gen, &err)) ||
         (rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs, &prefill, &err)) ||
         (rc = rt__gen_render_chat(app, msgs, kwargs, add_gen, prefill, &text, &len, &think_open,

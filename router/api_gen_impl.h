@@ -47,6 +47,8 @@ typedef struct rt_gen_params {
     int post_sampling_probs;   /* report prob instead of logprob */
     int want_probs;            /* report per-token probabilities at all */
     int reasoning;             /* split <think> spans out of the content */
+    int tools;                 /* split <tool_call> spans out of the content into calls */
+    int one_call;              /* parallel_tool_calls false: only the first call */
     int timings_per_token;     /* timings in every streamed chunk */
     int64_t seed_req;          /* the seed as asked (-1: random), for generation_settings */
     const json_t *response_fields; /* native: the final reply's paths to keep; borrowed
@@ -97,11 +99,13 @@ int rt__gen_prompt_tokens(const json_t *prompt, rt_tokenizer_t *tok, int64_t n_v
  * there is none). BL_EINVAL naming the message, BL_ENOMEM. *out: caller decrefs. */
 int rt__gen_chat_messages(const json_t *messages, json_t **out, char **prefill, bl_err_t *err) BL_WUR;
 
-/* The refusals the chat routes share: tools, tool_choice, functions, grammar,
- * json_schema, response_format; and chat_template_kwargs (an object or absent),
- * reasoning_format. *kwargs: a new reference to the template arguments or NULL. */
+/* The chat routes' options: tools (checked, then given to the template as "tools"
+ * unless tool_choice is "none"; *tools, when not NULL, says so), tool_choice (auto
+ * or none), parallel_tool_calls, chat_template_kwargs (an object or absent),
+ * reasoning_format and reasoning_effort; functions and function_call are refused.
+ * *kwargs: a new reference to the template arguments or NULL. */
 int rt__gen_chat_options(const rt_app_t *app, const json_t *body, json_t **kwargs, int *reasoning,
-                         bl_err_t *err) BL_WUR;
+                         int *tools, bl_err_t *err) BL_WUR;
 
 /* The Anthropic request's system and messages as OpenAI-style messages for the
  * template. BL_EINVAL naming the field, BL_ENOMEM. */
@@ -134,6 +138,34 @@ int rt__gen_think_feed(rt_gen_think_t *t, const char *s, size_t n, rt_gen_buf_t 
                    rt_gen_buf_t *content) BL_WUR;
 /* The end of the text: releases what is held. */
 int rt__gen_think_finish(rt_gen_think_t *t, rt_gen_buf_t *reason, rt_gen_buf_t *content) BL_WUR;
+
+/* --- tool calls (api_tools.c) ------------------------------------------------ */
+
+/* OpenAI "tools": an array of {"type": "function", "function": {"name", "description"?,
+ * "parameters"?}}. BL_EINVAL naming the entry. */
+int rt__gen_check_tools(const json_t *tools, bl_err_t *err) BL_WUR;
+/* An assistant message's "tool_calls" as the template takes them: each
+ * {"id"?, "type": "function", "function": {"name", "arguments"}} with the arguments
+ * as JSON text (an object is written out). *out a new array. BL_EINVAL naming
+ * messages[mi], BL_ENOMEM. */
+int rt__gen_message_tool_calls(const json_t *calls, size_t mi, json_t **out, bl_err_t *err) BL_WUR;
+
+/* Splits generated content into text and <tool_call>{"name", "arguments"}</tool_call>
+ * calls, fed piece by piece: text that may begin the tag is held, a call's body
+ * until its end. A body that is not such an object stays text, tags and all; a
+ * body the text ends inside is taken as it is. calls: the finished calls, each
+ * {"id", "type": "function", "function": {"name", "arguments": JSON text}}. */
+typedef struct rt_gen_tools {
+    int in_call;
+    rt_gen_buf_t hold;
+    json_t *calls; /* NULL until the first */
+} rt_gen_tools_t;
+
+void rt__gen_tools_init(rt_gen_tools_t *t);
+void rt__gen_tools_fini(rt_gen_tools_t *t);
+/* Feeds s[0..n); the text it releases is appended to text. last: the content has
+ * ended (everything held is decided). BL_ENOMEM. */
+int rt__gen_tools_feed(rt_gen_tools_t *t, const char *s, size_t n, int last, rt_gen_buf_t *text) BL_WUR;
 
 /* --- reply pieces -------------------------------------------------------------- */
 
@@ -191,6 +223,8 @@ struct rt_gen_req {
     int gone;               /* the client left: r must not be touched */
     int think_open;         /* generation starts inside <think> */
     rt_gen_think_t think;
+    rt_gen_tools_t calls;      /* tool calls out of the content (params.tools) */
+    size_t n_calls_sent;       /* streams: calls already written */
     rt_gen_buf_t content;      /* generated content (not streamed: the reply) */
     rt_gen_buf_t reasoning;
     json_t *probs;          /* array of prob entries (not streamed) */

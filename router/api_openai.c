@@ -73,7 +73,7 @@ json_t *rt__gen_legacy_logprobs(const json_t *entries, int post, int64_t *offset
 /* The tokens of a chat request's prompt and how to read its reply. Answers nothing;
  * BL_EINVAL (400 text in err), BL_ENOMEM. */
 static int chat_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int *reasoning,
-                       int *think_open, bl_err_t *err)
+                       int *tools, int *think_open, bl_err_t *err)
 {
     json_t *msgs = NULL, *kwargs = NULL;
     char *prefill = NULL, *text = NULL;
@@ -88,7 +88,7 @@ static int chat_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int
             return bl_err_set(err, BL_EINVAL, "'add_generation_prompt' must be a boolean");
         add_gen = json_is_true(agp);
     }
-    if ((rc = rt__gen_chat_options(app, body, &kwargs, reasoning, err)) ||
+    if ((rc = rt__gen_chat_options(app, body, &kwargs, reasoning, tools, err)) ||
         (rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs, &prefill, err)) ||
         (rc = rt__gen_render_chat(app, msgs, kwargs, add_gen, prefill, &text, &len, think_open,
                                   err)))
@@ -123,10 +123,28 @@ static void chat_start(rt_gen_req_t *g)
                                          NULL));
 }
 
+/* The calls the reply keeps: all, or the first when parallel_tool_calls is false. */
+static size_t calls_kept(const rt_gen_req_t *g)
+{
+    size_t n = json_array_size(g->calls.calls);
+    return g->params.one_call && n > 1 ? 1 : n;
+}
+
+/* A call as a streamed delta's tool_calls entry: OpenAI's with its index. */
+static json_t *call_delta(const rt_gen_req_t *g, size_t i)
+{
+    json_t *c = json_deep_copy(json_array_get(g->calls.calls, i));
+    if (c && json_object_set_new(c, "index", json_integer((json_int_t)i))) {
+        json_decref(c);
+        c = NULL;
+    }
+    return c ? json_pack("{s:[o]}", "tool_calls", c) : NULL;
+}
+
 static void chat_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason,
                        size_t reason_len, const char *content, size_t content_len)
 {
-    json_t *chunks[2];
+    json_t *chunks[2 + 8];
     int n = 0;
     if (reason_len)
         chunks[n++] = rt__gen_chat_chunk(
@@ -134,6 +152,9 @@ static void chat_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason
     if (content_len)
         chunks[n++] = rt__gen_chat_chunk(g, json_pack("{s:s%}", "content", content, content_len),
                                          NULL);
+    /* tool calls are sent whole, each in its own delta, as soon as they close */
+    for (size_t kept = calls_kept(g); g->n_calls_sent < kept && n < 10; g->n_calls_sent++)
+        chunks[n++] = rt__gen_chat_chunk(g, call_delta(g, g->n_calls_sent), NULL);
     int probs = ev->kind == RT_EV_TOKEN && g->params.want_probs;
     if (n == 0 && (probs || g->params.timings_per_token) && ev->kind == RT_EV_TOKEN)
         chunks[n++] = rt__gen_chat_chunk(g, json_object(), NULL); /* text held back */
@@ -154,7 +175,7 @@ static void chat_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason
 static void chat_done(rt_gen_req_t *g, const rt_event_t *ev)
 {
     const rt_timings_t *t = &ev->timings;
-    const char *finish = rt__gen_finish_reason(ev->stop_type);
+    const char *finish = calls_kept(g) ? "tool_calls" : rt__gen_finish_reason(ev->stop_type);
     if (g->params.stream) {
         json_t *last = rt__gen_chat_chunk(g, json_object(), finish);
         if (g->params.include_usage) {
@@ -175,6 +196,19 @@ static void chat_done(rt_gen_req_t *g, const rt_event_t *ev)
     }
     json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content",
                             g->content.p ? g->content.p : "", g->content.n);
+    if (msg && calls_kept(g)) { /* OpenAI: content null when there is only a call */
+        json_t *calls = json_array();
+        for (size_t i = 0; calls && i < calls_kept(g); i++)
+            json_array_append(calls, json_array_get(g->calls.calls, i));
+        size_t b = 0, e = g->content.n;
+        while (b < e && strchr(" \t\r\n", g->content.p[b]))
+            b++;
+        while (e > b && strchr(" \t\r\n", g->content.p[e - 1]))
+            e--;
+        json_object_set_new(msg, "content", e > b ? json_stringn(g->content.p + b, e - b)
+                                                  : json_null());
+        json_object_set_new(msg, "tool_calls", calls ? calls : json_array());
+    }
     if (msg && g->reasoning.n)
         json_object_set_new(msg, "reasoning_content",
                             json_stringn(g->reasoning.p, g->reasoning.n));
@@ -205,10 +239,10 @@ void rt__api_chat(rt_req_t *r)
     const json_t *body = rt_req_json(r);
     bl_err_t err = {0};
     rt_tokens_t toks = {0};
-    int reasoning = 0;
+    int reasoning = 0, tools = 0;
     int rc = rt__gen_parse_params(body, RT_GEN_API_OAI_CHAT, &lim, &g->params, &err);
     if (!rc)
-        rc = chat_prompt(app, body, &toks, &reasoning, &g->think_open, &err);
+        rc = chat_prompt(app, body, &toks, &reasoning, &tools, &g->think_open, &err);
     if (rc) {
         rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
         rt_tokens_free(&toks);
@@ -216,6 +250,7 @@ void rt__api_chat(rt_req_t *r)
         return;
     }
     g->params.reasoning = reasoning;
+    g->params.tools = tools;
     rt__gen_submit(g, toks.ids, toks.n);
     rt_tokens_free(&toks);
 }
@@ -228,8 +263,8 @@ void rt__api_chat_input_tokens(rt_req_t *r)
     const json_t *body = rt_req_json(r);
     bl_err_t err = {0};
     rt_tokens_t toks = {0};
-    int reasoning, think_open;
-    int rc = chat_prompt(app, body, &toks, &reasoning, &think_open, &err);
+    int reasoning, tools, think_open;
+    int rc = chat_prompt(app, body, &toks, &reasoning, &tools, &think_open, &err);
     if (rc) {
         rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
     } else {

@@ -254,7 +254,9 @@ def test_huge_max_tokens_is_capped(url):
 
 
 @pytest.mark.parametrize("path,body,field", [
-    (CHAT, {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    (CHAT, {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            "tool_choice": "required"}, "tool_choice"),
+    (CHAT, {"messages": MSGS, "tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools"),
     (CHAT, {"messages": MSGS, "n": 2}, "n"),
     (CHAT, {"messages": MSGS, "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format"),
     (CHAT, {"messages": MSGS, "grammar": "root ::= \"a\""}, "grammar"),

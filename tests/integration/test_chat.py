@@ -224,3 +224,35 @@ def test_chat_prompt_cache(url):
     n = b["usage"]["prompt_tokens"]
     assert b["timings"]["cache_n"] >= n - 1, (a["timings"], b["timings"])
     assert b["choices"][0]["message"]["content"] == a["choices"][0]["message"]["content"]
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+
+
+def test_chat_tools_reach_the_template(url):
+    """tools go to the template (Qwen3's lists them in <tools>); tool_choice none
+    leaves them out; an assistant turn with tool_calls and the tool's answer render
+    as the template writes them."""
+    msgs = [{"role": "user", "content": "Weather in Oslo?"}]
+    p = post(url, "/apply-template", {"messages": msgs, "tools": TOOLS}).json()["prompt"]
+    assert "<tools>" in p and '"get_weather"' in p
+    p = post(url, "/apply-template", {"messages": msgs, "tools": TOOLS,
+                                      "tool_choice": "none"}).json()["prompt"]
+    assert "<tools>" not in p
+    turns = msgs + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "-3 C, snow"}]
+    p = post(url, "/apply-template", {"messages": turns, "tools": TOOLS}).json()["prompt"]
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in p
+    assert "<tool_response>\n-3 C, snow\n</tool_response>" in p
+    r = post(url, "/v1/chat/completions", {"messages": turns, "tools": TOOLS, "max_tokens": 4,
+                                           "temperature": 0})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] in ("stop", "length", "tool_calls")
+    assert "message" in choice

@@ -19,6 +19,7 @@
 #include "api_gen.c"
 #include "api_openai.c"
 #include "api_anthropic.c"
+#include "api_tools.c"
 
 #include "chat.h"
 #include "gguf.h"
@@ -626,7 +627,7 @@ static void test_chat_options(void **state)
     bl_err_t err = {0};
     json_t *j = J("{\"tool_choice\":\"auto\",\"tools\":[],\"chat_template_kwargs\":"
                   "{\"enable_thinking\":false}}");
-    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, &err), 0);
+    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, NULL, &err), 0);
     assert_int_equal(reasoning, 1);
     assert_true(json_is_false(json_object_get(kw, "enable_thinking")));
     json_decref(kw);
@@ -643,24 +644,24 @@ static void test_chat_options(void **state)
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         j = J(bad[i].body);
-        int rc = rt__gen_chat_options(&app, j, &kw, &reasoning, &err);
+        int rc = rt__gen_chat_options(&app, j, &kw, &reasoning, NULL, &err);
         json_decref(j);
         if (rc != BL_EINVAL || !strstr(err.msg, bad[i].needle))
             fail_msg("%s: rc %d \"%s\"", bad[i].body, rc, err.msg);
         assert_null(kw);
     }
     j = J("{\"reasoning_format\":\"none\"}");
-    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, &err), 0);
+    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, NULL, &err), 0);
     assert_int_equal(reasoning, 0);
     json_decref(j);
     /* the server's --reasoning-format none is the default a request may override */
     app.reasoning = 0;
     j = J("{}");
-    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, &err), 0);
+    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, NULL, &err), 0);
     assert_int_equal(reasoning, 0);
     json_decref(j);
     j = J("{\"reasoning_format\":\"auto\"}");
-    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, &err), 0);
+    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, NULL, &err), 0);
     assert_int_equal(reasoning, 1);
     json_decref(j);
 }
@@ -760,6 +761,154 @@ static void test_think_streams_before_the_end(void **state)
     rt__gen_buf_free(&r);
     rt__gen_buf_free(&c);
     rt__gen_think_fini(&t);
+}
+
+/* ---------------------------------------------------------------------------- */
+/* tool calls                                                                     */
+/* ---------------------------------------------------------------------------- */
+
+/* Feeds s in pieces of step bytes (0: whole) and checks the text and the calls
+ * (names and arguments joined as "name(args);"). */
+static void tools_check(const char *s, size_t step, const char *want_text, const char *want_calls)
+{
+    rt_gen_tools_t t;
+    rt__gen_tools_init(&t);
+    rt_gen_buf_t text = {0}, calls = {0};
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n || (i == 0 && n == 0);) {
+        size_t k = step == 0 ? n : (n - i < step ? n - i : step);
+        assert_int_equal(rt__gen_tools_feed(&t, s + i, k, 0, &text), 0);
+        i += k;
+        if (k == 0)
+            break;
+    }
+    assert_int_equal(rt__gen_tools_feed(&t, "", 0, 1, &text), 0);
+    size_t j;
+    json_t *c;
+    json_array_foreach(t.calls, j, c) {
+        json_t *fn = json_object_get(c, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        const char *args = json_string_value(json_object_get(fn, "arguments"));
+        assert_int_equal(strncmp(json_string_value(json_object_get(c, "id")), "call_", 5), 0);
+        assert_string_equal(json_string_value(json_object_get(c, "type")), "function");
+        assert_int_equal(rt__gen_buf_add(&calls, name, strlen(name)), 0);
+        assert_int_equal(rt__gen_buf_add(&calls, "(", 1), 0);
+        assert_int_equal(rt__gen_buf_add(&calls, args, strlen(args)), 0);
+        assert_int_equal(rt__gen_buf_add(&calls, ");", 2), 0);
+    }
+    if (strcmp(text.p ? text.p : "", want_text) || strcmp(calls.p ? calls.p : "", want_calls))
+        fail_msg("step %zu, '%s': text '%s' calls '%s'", step, s, text.p ? text.p : "",
+                 calls.p ? calls.p : "");
+    rt__gen_buf_free(&text);
+    rt__gen_buf_free(&calls);
+    rt__gen_tools_fini(&t);
+}
+
+static void test_tool_calls_split_every_piece_size(void **state)
+{
+    (void)state;
+    for (size_t step = 0; step <= 13; step++) {
+        tools_check("Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                    "{\"city\": \"Paris\", \"days\": 2}}\n</tool_call>",
+                    step, "Let me look.\n", "get_weather({\"city\":\"Paris\",\"days\":2});");
+        tools_check("<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>\n<tool_call>"
+                    "{\"name\":\"b\",\"arguments\":\"{\\\"x\\\":1}\"}</tool_call>",
+                    step, "\n", "a({});b({\"x\":1});");
+        /* not a call: the span stays text, tags and all */
+        tools_check("x <tool_call>not json</tool_call> y", step,
+                    "x <tool_call>not json</tool_call> y", "");
+        tools_check("<tool_call>{\"arguments\":{}}</tool_call>", step,
+                    "<tool_call>{\"arguments\":{}}</tool_call>", "");
+        /* the text ends inside a call whose JSON is whole: taken */
+        tools_check("<tool_call>\n{\"name\": \"f\"}\n", step, "", "f({});");
+        tools_check("<tool_call>{\"name\": \"f\", \"argu", step, "<tool_call>{\"name\": \"f\", \"argu",
+                    "");
+        tools_check("a <tool_ca", step, "a <tool_ca", "");
+        tools_check("<tool_call>", step, "<tool_call>", "");
+        tools_check("plain", step, "plain", "");
+        tools_check("", step, "", "");
+    }
+}
+
+static void test_tool_calls_hold_only_what_may_be_a_tag(void **state)
+{
+    (void)state;
+    rt_gen_tools_t t;
+    rt__gen_tools_init(&t);
+    rt_gen_buf_t text = {0};
+    assert_int_equal(rt__gen_tools_feed(&t, "one <tool", 9, 0, &text), 0);
+    assert_string_equal(text.p, "one "); /* "<tool" may grow into the tag */
+    assert_int_equal(rt__gen_tools_feed(&t, "box> two", 8, 0, &text), 0);
+    assert_string_equal(text.p, "one <toolbox> two");
+    rt__gen_buf_free(&text);
+    rt__gen_tools_fini(&t);
+}
+
+static void test_tools_in_requests(void **state)
+{
+    (void)state;
+    rt_app_t app = {0};
+    rt_app_defaults(&app);
+    json_t *kw;
+    int reasoning, tools;
+    bl_err_t err = {0};
+    json_t *j = J("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":"
+                  "\"d\",\"parameters\":{\"type\":\"object\"}}}],\"parallel_tool_calls\":false}");
+    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, &tools, &err), 0);
+    assert_int_equal(tools, 1);
+    assert_true(json_equal(json_object_get(kw, "tools"), json_object_get(j, "tools")));
+    json_decref(kw);
+    json_object_set_new(j, "tool_choice", json_string("none"));
+    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, &tools, &err), 0);
+    assert_int_equal(tools, 0); /* none: the template gets no tools, nothing is parsed */
+    assert_null(json_object_get(kw, "tools"));
+    json_decref(kw);
+    json_decref(j);
+    static const struct {
+        const char *body, *needle;
+    } bad[] = {
+        {"{\"tools\":{}}", "tools"},
+        {"{\"tools\":[{\"type\":\"retrieval\"}]}", "tools[0]"},
+        {"{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"\"}}]}", "tools[0].function"},
+        {"{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":1}}]}",
+         "parameters"},
+        {"{\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}", "tool_choice"},
+        {"{\"parallel_tool_calls\":\"yes\"}", "parallel_tool_calls"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        j = J(bad[i].body);
+        int rc = rt__gen_chat_options(&app, j, &kw, &reasoning, &tools, &err);
+        json_decref(j);
+        if (rc != BL_EINVAL || !strstr(err.msg, bad[i].needle))
+            fail_msg("%s: rc %d \"%s\"", bad[i].body, rc, err.msg);
+        assert_null(kw);
+    }
+
+    /* an assistant turn with calls, and the tool's answer, reach the template */
+    json_t *msgs;
+    char *prefill;
+    j = J("[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\",\"content\":null,"
+          "\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"w\","
+          "\"arguments\":{\"city\":\"Oslo\"}}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_1\","
+          "\"content\":\"-3C\"}]");
+    assert_int_equal(rt__gen_chat_messages(j, &msgs, &prefill, &err), 0);
+    assert_null(prefill);
+    json_t *tc = json_array_get(json_object_get(json_array_get(msgs, 1), "tool_calls"), 0);
+    assert_string_equal(json_string_value(json_object_get(tc, "id")), "call_1");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(tc, "function"),
+                                                          "arguments")), "{\"city\":\"Oslo\"}");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(msgs, 2),
+                                                          "tool_call_id")), "call_1");
+    json_decref(msgs);
+    json_decref(j);
+    j = J("[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[]}]");
+    assert_int_equal(rt__gen_chat_messages(j, &msgs, &prefill, &err), BL_EINVAL);
+    json_decref(j);
+    j = J("[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"tool_calls\":"
+          "[{\"function\":{\"arguments\":\"{}\"}}]}]");
+    assert_int_equal(rt__gen_chat_messages(j, &msgs, &prefill, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "messages[1].tool_calls[0]"));
+    json_decref(j);
 }
 
 /* ---------------------------------------------------------------------------- */
@@ -1026,6 +1175,82 @@ static void test_chat_reply_not_streamed(void **state)
     json_decref(r.body);
 }
 
+static const char *const TOOLS_BODY =
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+    "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}]";
+
+static void test_chat_tool_call_reply(void **state)
+{
+    fixture_t *f = *state;
+    if (!f->tok) {
+        print_message("skipped: the qwen3moe-tiny model is absent\n");
+        skip();
+    }
+    char body[1024];
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Paris?\"}],%s}",
+             TOOLS_BODY);
+    rt_req_t r = {.app = &f->app};
+    r.body = J(body);
+    rt__api_chat(&r);
+    token_event(1, "<think>need weather</think>\n\n", 1);
+    token_event(2, "<tool_call>\n{\"name\": \"get_weather\", ", 2);
+    token_event(3, "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", 3);
+    done_event(RT_STOP_EOS, NULL, 40, 3);
+    assert_int_equal(r.status, 200);
+    json_t *c = json_array_get(json_object_get(r.reply, "choices"), 0);
+    json_t *msg = json_object_get(c, "message");
+    assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "tool_calls");
+    assert_true(json_is_null(json_object_get(msg, "content")));
+    assert_string_equal(json_string_value(json_object_get(msg, "reasoning_content")),
+                        "need weather");
+    json_t *call = json_array_get(json_object_get(msg, "tool_calls"), 0);
+    json_t *fn = json_object_get(call, "function");
+    assert_string_equal(json_string_value(json_object_get(fn, "name")), "get_weather");
+    assert_string_equal(json_string_value(json_object_get(fn, "arguments")), "{\"city\":\"Paris\"}");
+    json_decref(r.reply);
+    json_decref(r.body);
+
+    /* streamed: the text, then the call in one delta with its index, then the finish */
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Paris?\"}],"
+             "\"stream\":true,%s}", TOOLS_BODY);
+    rt_req_t s = {.app = &f->app};
+    s.body = J(body);
+    rt__api_chat(&s);
+    token_event(1, "Checking.", 1);
+    token_event(2, "<tool_", 2);
+    token_event(3, "call>{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}</tool_call>", 3);
+    done_event(RT_STOP_EOS, NULL, 40, 3);
+    json_t *a = sse_objects(s.stream.p);
+    rt_gen_buf_t content = {0};
+    int n_calls = 0;
+    const char *finish = NULL;
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        json_t *ch = json_array_get(json_object_get(json_array_get(a, i), "choices"), 0);
+        json_t *d = json_object_get(ch, "delta");
+        json_t *cc = json_object_get(d, "content");
+        if (json_is_string(cc))
+            assert_int_equal(rt__gen_buf_add(&content, json_string_value(cc),
+                                             json_string_length(cc)), 0);
+        json_t *tcs = json_object_get(d, "tool_calls");
+        if (tcs) {
+            json_t *t0 = json_array_get(tcs, 0);
+            assert_int_equal(json_integer_value(json_object_get(t0, "index")), n_calls);
+            assert_string_equal(json_string_value(json_object_get(
+                                    json_object_get(t0, "function"), "name")), "get_weather");
+            n_calls++;
+        }
+        if (json_is_string(json_object_get(ch, "finish_reason")))
+            finish = json_string_value(json_object_get(ch, "finish_reason"));
+    }
+    assert_string_equal(content.p, "Checking.");
+    assert_int_equal(n_calls, 1);
+    assert_string_equal(finish, "tool_calls");
+    rt__gen_buf_free(&content);
+    rt__gen_buf_free(&s.stream);
+    json_decref(a);
+    json_decref(s.body);
+}
+
 static void test_chat_errors_before_and_after_start(void **state)
 {
     fixture_t *f = *state;
@@ -1189,12 +1414,16 @@ int main(void)
         cmocka_unit_test(test_anthropic_messages),
         cmocka_unit_test(test_think_split_every_piece_size),
         cmocka_unit_test(test_think_streams_before_the_end),
+        cmocka_unit_test(test_tool_calls_split_every_piece_size),
+        cmocka_unit_test(test_tool_calls_hold_only_what_may_be_a_tag),
+        cmocka_unit_test(test_tools_in_requests),
         cmocka_unit_test(test_json_piece_utf8),
         cmocka_unit_test(test_sse_format),
         cmocka_unit_test(test_timings_and_usage),
         cmocka_unit_test(test_legacy_logprobs),
         cmocka_unit_test_setup_teardown(test_chat_stream_reply, setup_model, teardown_model),
         cmocka_unit_test_setup_teardown(test_chat_reply_not_streamed, setup_model, teardown_model),
+        cmocka_unit_test_setup_teardown(test_chat_tool_call_reply, setup_model, teardown_model),
         cmocka_unit_test_setup_teardown(test_chat_errors_before_and_after_start, setup_model,
                                         teardown_model),
         cmocka_unit_test_setup_teardown(test_anthropic_stream_reply, setup_model, teardown_model),

@@ -1,0 +1,225 @@
+/* Tool calls in the Hermes form Qwen's chat templates teach the model:
+ *
+ *   <tool_call>
+ *   {"name": "get_weather", "arguments": {"city": "Paris"}}
+ *   </tool_call>
+ *
+ * The request side checks OpenAI's "tools" and the tool_calls of assistant messages
+ * (the template renders both); the reply side splits generated content into text and
+ * calls, fed piece by piece so that a stream never shows a tag or half a call.
+ *
+ * Thread: the loop thread. */
+#include "api_gen_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+static const char CALL_OPEN[] = "<tool_call>";
+static const char CALL_CLOSE[] = "</tool_call>";
+#define OPEN_LEN (sizeof CALL_OPEN - 1)
+#define CLOSE_LEN (sizeof CALL_CLOSE - 1)
+
+/* ---------------------------------------------------------------------------- */
+/* request                                                                        */
+/* ---------------------------------------------------------------------------- */
+
+int rt__gen_check_tools(const json_t *tools, bl_err_t *err)
+{
+    if (!json_is_array(tools))
+        return bl_err_set(err, BL_EINVAL, "'tools' must be an array");
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        json_t *type = json_is_object(t) ? json_object_get(t, "type") : NULL;
+        json_t *fn = json_is_object(t) ? json_object_get(t, "function") : NULL;
+        if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0)
+            return bl_err_set(err, BL_EINVAL, "tools[%zu]: only {\"type\": \"function\", ...} "
+                                              "tools are supported", i);
+        if (!json_is_object(fn) || !json_is_string(json_object_get(fn, "name")) ||
+            json_string_length(json_object_get(fn, "name")) == 0)
+            return bl_err_set(err, BL_EINVAL, "tools[%zu].function must be an object with a "
+                                              "non-empty 'name'", i);
+        json_t *d = json_object_get(fn, "description"), *p = json_object_get(fn, "parameters");
+        if (d && !json_is_null(d) && !json_is_string(d))
+            return bl_err_set(err, BL_EINVAL, "tools[%zu].function.description must be a string",
+                              i);
+        if (p && !json_is_null(p) && !json_is_object(p))
+            return bl_err_set(err, BL_EINVAL, "tools[%zu].function.parameters must be an object",
+                              i);
+    }
+    return 0;
+}
+
+int rt__gen_message_tool_calls(const json_t *calls, size_t mi, json_t **out, bl_err_t *err)
+{
+    *out = NULL;
+    if (!json_is_array(calls))
+        return bl_err_set(err, BL_EINVAL, "messages[%zu]: 'tool_calls' must be an array", mi);
+    json_t *arr = json_array();
+    if (!arr)
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c) {
+        json_t *fn = json_is_object(c) ? json_object_get(c, "function") : NULL;
+        json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+        json_t *args = json_is_object(fn) ? json_object_get(fn, "arguments") : NULL;
+        json_t *id = json_is_object(c) ? json_object_get(c, "id") : NULL;
+        if (!json_is_string(name) || (args && !json_is_string(args) && !json_is_object(args)) ||
+            (id && !json_is_null(id) && !json_is_string(id))) {
+            json_decref(arr);
+            return bl_err_set(err, BL_EINVAL,
+                              "messages[%zu].tool_calls[%zu] must be {\"id\", \"type\": "
+                              "\"function\", \"function\": {\"name\", \"arguments\"}}", mi, i);
+        }
+        /* arguments as the JSON text the model wrote (an object is written out) */
+        char *text = args && json_is_object(args)
+                         ? json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER)
+                         : strdup(args ? json_string_value(args) : "{}");
+        json_t *o = text ? json_pack("{s:s, s:{s:O, s:s}}", "type", "function", "function",
+                                     "name", name, "arguments", text)
+                         : NULL;
+        free(text);
+        if (!o || (json_is_string(id) && json_object_set(o, "id", id)) ||
+            json_array_append_new(arr, o)) {
+            json_decref(arr);
+            return bl_err_set(err, BL_ENOMEM, "out of memory");
+        }
+    }
+    *out = arr;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------- */
+/* reply                                                                          */
+/* ---------------------------------------------------------------------------- */
+
+void rt__gen_tools_init(rt_gen_tools_t *t)
+{
+    memset(t, 0, sizeof *t);
+}
+
+void rt__gen_tools_fini(rt_gen_tools_t *t)
+{
+    rt__gen_buf_free(&t->hold);
+    json_decref(t->calls);
+    t->calls = NULL;
+}
+
+/* "call_" and 24 random letters and digits, as OpenAI's ids look. */
+static void call_id(char out[32])
+{
+    static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    unsigned char r[24];
+    if (getrandom(r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
+        static unsigned seq;
+        for (size_t i = 0; i < sizeof r; i++)
+            r[i] = (unsigned char)(++seq * 2654435761u >> 24);
+    }
+    memcpy(out, "call_", 5);
+    for (size_t i = 0; i < sizeof r; i++)
+        out[5 + i] = abc[r[i] % (sizeof abc - 1)];
+    out[29] = '\0';
+}
+
+/* The call a <tool_call> body holds: {"name": "...", "arguments": {...}} (arguments
+ * may also be a JSON string). NULL when it is not one, or out of memory. */
+static json_t *parse_call(const char *s, size_t n)
+{
+    json_error_t e;
+    json_t *j = json_loadb(s, n, 0, &e);
+    json_t *name = json_is_object(j) ? json_object_get(j, "name") : NULL;
+    json_t *args = json_is_object(j) ? json_object_get(j, "arguments") : NULL;
+    json_t *call = NULL;
+    if (json_is_string(name) && json_string_length(name) > 0 &&
+        (!args || json_is_object(args) || json_is_string(args))) {
+        char *text = !args ? strdup("{}")
+                     : json_is_string(args)
+                         ? strdup(json_string_value(args))
+                         : json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        char id[32];
+        call_id(id);
+        if (text)
+            call = json_pack("{s:s, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function",
+                             "name", name, "arguments", text);
+        free(text);
+    }
+    json_decref(j);
+    return call;
+}
+
+/* The length of the longest end of s[0..n) that begins tag (held: it may grow into
+ * the tag). */
+static size_t partial_tag(const char *s, size_t n, const char *tag, size_t tag_len)
+{
+    for (size_t k = n < tag_len - 1 ? n : tag_len - 1; k > 0; k--)
+        if (!memcmp(s + n - k, tag, k))
+            return k;
+    return 0;
+}
+
+/* One finished <tool_call> body: a call, or (not a call) the whole span as text, its
+ * closing tag only if it had one. */
+static int close_call(rt_gen_tools_t *t, const char *body, size_t n, int closed,
+                      rt_gen_buf_t *text)
+{
+    json_t *call = parse_call(body, n);
+    if (call) {
+        if (!t->calls && !(t->calls = json_array())) {
+            json_decref(call);
+            return BL_ENOMEM;
+        }
+        return json_array_append_new(t->calls, call) ? BL_ENOMEM : 0;
+    }
+    return rt__gen_buf_add(text, CALL_OPEN, OPEN_LEN) || rt__gen_buf_add(text, body, n) ||
+                   (closed && rt__gen_buf_add(text, CALL_CLOSE, CLOSE_LEN))
+               ? BL_ENOMEM
+               : 0;
+}
+
+int rt__gen_tools_feed(rt_gen_tools_t *t, const char *s, size_t n, int last, rt_gen_buf_t *text)
+{
+    if (n && rt__gen_buf_add(&t->hold, s, n))
+        return BL_ENOMEM;
+    int rc = 0;
+    for (;;) {
+        const char *h = t->hold.p; /* NULL only while nothing is held */
+        size_t hn = t->hold.n, used;
+        if (!t->in_call) {
+            const char *o = hn >= OPEN_LEN ? memmem(h, hn, CALL_OPEN, OPEN_LEN) : NULL;
+            if (!o) { /* text, but for an end that may become <tool_call> */
+                used = hn - (last || !hn ? 0 : partial_tag(h, hn, CALL_OPEN, OPEN_LEN));
+                rc = used ? rt__gen_buf_add(text, h, used) : 0;
+            } else {
+                used = (size_t)(o - h) + OPEN_LEN;
+                rc = rt__gen_buf_add(text, h, (size_t)(o - h));
+                t->in_call = 1;
+            }
+        } else {
+            const char *c = hn >= CLOSE_LEN ? memmem(h, hn, CALL_CLOSE, CLOSE_LEN) : NULL;
+            if (!c && !last)
+                return 0; /* the body is still coming */
+            if (!c && hn == 0) { /* the text ended right after <tool_call> */
+                t->in_call = 0;
+                return rt__gen_buf_add(text, CALL_OPEN, OPEN_LEN) ? BL_ENOMEM : 0;
+            }
+            /* closed, or the text ended inside the call (a model that stops right
+             * after the JSON): the body as it is */
+            size_t body = c ? (size_t)(c - h) : hn;
+            rc = close_call(t, h, body, c != NULL, text);
+            used = c ? body + CLOSE_LEN : hn;
+            t->in_call = 0;
+        }
+        if (rc)
+            return rc;
+        if (used) {
+            memmove(t->hold.p, t->hold.p + used, hn - used);
+            t->hold.n = hn - used;
+            t->hold.p[t->hold.n] = '\0';
+        }
+        if ((used == 0 || t->hold.n == 0) && !(last && t->in_call))
+            return 0;
+    }
+}
