@@ -6,6 +6,7 @@
  * Thread: the loop thread. */
 #include "api_gen_impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,8 +42,56 @@ static int system_text(const json_t *sys, rt_gen_buf_t *out, bl_err_t *err)
     return 0;
 }
 
-/* One Anthropic message as an OpenAI-style one: text blocks become text parts,
- * thinking blocks the reasoning_content. */
+/* The text of a tool_result block's content: a string or text blocks, joined. */
+static int tool_result_text(const json_t *c, size_t i, size_t j, rt_gen_buf_t *out, bl_err_t *err)
+{
+    if (!c || json_is_null(c) || json_is_string(c))
+        return rt__gen_buf_add(out, json_is_string(c) ? json_string_value(c) : "",
+                               json_is_string(c) ? json_string_length(c) : 0)
+                   ? bl_err_set(err, BL_ENOMEM, "out of memory")
+                   : 0;
+    size_t k;
+    json_t *b;
+    if (json_is_array(c))
+        json_array_foreach(c, k, b) {
+            json_t *type = json_is_object(b) ? json_object_get(b, "type") : NULL;
+            json_t *text = json_is_object(b) ? json_object_get(b, "text") : NULL;
+            if (!json_is_string(type) || strcmp(json_string_value(type), "text") ||
+                !json_is_string(text))
+                return bl_err_set(err, BL_EINVAL, "messages[%zu].content[%zu].content[%zu]: only "
+                                                  "text blocks are supported in a tool result",
+                                  i, j, k);
+            if ((k && rt__gen_buf_add(out, "\n", 1)) ||
+                rt__gen_buf_add(out, json_string_value(text), json_string_length(text)))
+                return bl_err_set(err, BL_ENOMEM, "out of memory");
+        }
+    else
+        return bl_err_set(err, BL_EINVAL, "messages[%zu].content[%zu]: a tool_result's content "
+                                          "must be a string or text blocks", i, j);
+    return 0;
+}
+
+/* A tool_use block as an OpenAI tool call, appended to the message's tool_calls. */
+static int tool_use_call(json_t *o, const json_t *b, size_t i, size_t j, bl_err_t *err)
+{
+    json_t *id = json_object_get(b, "id"), *name = json_object_get(b, "name"),
+           *input = json_object_get(b, "input");
+    if (!json_is_string(id) || !json_is_string(name) || (input && !json_is_object(input)))
+        return bl_err_set(err, BL_EINVAL, "messages[%zu].content[%zu]: a tool_use block needs a "
+                                          "string 'id' and 'name' and an object 'input'", i, j);
+    json_t *calls = json_object_get(o, "tool_calls");
+    if (!calls && (json_object_set_new(o, "tool_calls", json_array()) ||
+                   !(calls = json_object_get(o, "tool_calls"))))
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    json_t *call = json_pack("{s:O, s:s, s:{s:O, s:o}}", "id", id, "type", "function", "function",
+                             "name", name, "arguments", input ? json_incref(input) : json_object());
+    return !call || json_array_append_new(calls, call) ? bl_err_set(err, BL_ENOMEM, "out of memory")
+                                                       : 0;
+}
+
+/* One Anthropic message as OpenAI-style ones: text blocks become text parts, thinking
+ * blocks the reasoning_content, tool_use blocks tool_calls, and each tool_result
+ * block a "tool" message before what remains of the user's. */
 static int convert_message(const json_t *m, size_t i, json_t *out_arr, bl_err_t *err)
 {
     if (!json_is_object(m))
@@ -58,54 +107,91 @@ static int convert_message(const json_t *m, size_t i, json_t *out_arr, bl_err_t 
     if (!content || json_is_null(content))
         return bl_err_set(err, BL_EINVAL, "messages[%zu]: 'content' is required", i);
     json_t *o = json_pack("{s:s}", "role", r);
-    if (!o || json_array_append_new(out_arr, o))
+    if (!o)
         return bl_err_set(err, BL_ENOMEM, "out of memory");
-    if (json_is_string(content))
-        return json_object_set(o, "content", content) ? bl_err_set(err, BL_ENOMEM, "out of memory")
-                                                      : 0;
-    if (!json_is_array(content))
+    if (json_is_string(content)) {
+        int bad = json_object_set(o, "content", content) || json_array_append(out_arr, o);
+        json_decref(o);
+        return bad ? bl_err_set(err, BL_ENOMEM, "out of memory") : 0;
+    }
+    if (!json_is_array(content)) {
+        json_decref(o);
         return bl_err_set(err, BL_EINVAL,
                           "messages[%zu]: 'content' must be a string or an array of blocks", i);
+    }
     json_t *parts = json_array();
-    if (!parts || json_object_set_new(o, "content", parts))
+    if (!parts || json_object_set_new(o, "content", parts)) {
+        json_decref(o);
         return bl_err_set(err, BL_ENOMEM, "out of memory");
+    }
+    int rc = 0, n_results = 0;
     size_t j;
     json_t *b;
     json_array_foreach(content, j, b) {
         json_t *type = json_is_object(b) ? json_object_get(b, "type") : NULL;
-        if (!json_is_string(type))
-            return bl_err_set(err, BL_EINVAL,
-                              "messages[%zu].content[%zu] must be a block with a string 'type'", i,
-                              j);
+        if (!json_is_string(type)) {
+            rc = bl_err_set(err, BL_EINVAL,
+                            "messages[%zu].content[%zu] must be a block with a string 'type'", i, j);
+            break;
+        }
         const char *t = json_string_value(type);
         if (!strcmp(t, "text")) {
             json_t *text = json_object_get(b, "text");
-            if (!json_is_string(text))
-                return bl_err_set(err, BL_EINVAL,
-                                  "messages[%zu].content[%zu]: a text block needs a string 'text'",
-                                  i, j);
-            if (json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", text)))
-                return bl_err_set(err, BL_ENOMEM, "out of memory");
+            if (!json_is_string(text)) {
+                rc = bl_err_set(err, BL_EINVAL,
+                                "messages[%zu].content[%zu]: a text block needs a string 'text'",
+                                i, j);
+                break;
+            }
+            if (json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", text))) {
+                rc = bl_err_set(err, BL_ENOMEM, "out of memory");
+                break;
+            }
         } else if (!strcmp(t, "thinking") && !strcmp(r, "assistant")) {
             json_t *th = json_object_get(b, "thinking");
-            if (json_is_string(th) && json_object_set(o, "reasoning_content", th))
-                return bl_err_set(err, BL_ENOMEM, "out of memory");
+            if (json_is_string(th) && json_object_set(o, "reasoning_content", th)) {
+                rc = bl_err_set(err, BL_ENOMEM, "out of memory");
+                break;
+            }
         } else if (!strcmp(t, "redacted_thinking") && !strcmp(r, "assistant")) {
             continue; /* opaque to this server */
         } else if (!strcmp(t, "image") || !strcmp(t, "document")) {
-            return bl_err_set(err, BL_EINVAL,
-                              "messages[%zu].content[%zu]: %s input is not supported", i, j, t);
-        } else if (!strcmp(t, "tool_use") || !strcmp(t, "tool_result")) {
-            return bl_err_set(err, BL_EINVAL,
-                              "messages[%zu].content[%zu]: %s blocks are not supported (no tool "
-                              "use)", i, j, t);
+            rc = bl_err_set(err, BL_EINVAL, "messages[%zu].content[%zu]: %s input is not supported",
+                            i, j, t);
+            break;
+        } else if (!strcmp(t, "tool_use") && !strcmp(r, "assistant")) {
+            if ((rc = tool_use_call(o, b, i, j, err)))
+                break;
+        } else if (!strcmp(t, "tool_result") && !strcmp(r, "user")) {
+            json_t *id = json_object_get(b, "tool_use_id");
+            rt_gen_buf_t text = {0};
+            if (!json_is_string(id))
+                rc = bl_err_set(err, BL_EINVAL, "messages[%zu].content[%zu]: a tool_result needs "
+                                                "a string 'tool_use_id'", i, j);
+            else if (!(rc = tool_result_text(json_object_get(b, "content"), i, j, &text, err)) &&
+                     json_array_append_new(out_arr,
+                                           json_pack("{s:s, s:O, s:s%}", "role", "tool",
+                                                     "tool_call_id", id, "content",
+                                                     text.p ? text.p : "", text.n)))
+                rc = bl_err_set(err, BL_ENOMEM, "out of memory");
+            rt__gen_buf_free(&text);
+            if (rc)
+                break;
+            n_results++;
         } else {
-            return bl_err_set(err, BL_EINVAL,
-                              "messages[%zu].content[%zu]: unsupported block type \"%.64s\"", i, j,
-                              t);
+            rc = bl_err_set(err, BL_EINVAL, "messages[%zu].content[%zu]: %s \"%.64s\"", i, j,
+                            !strcmp(t, "tool_use") || !strcmp(t, "tool_result")
+                                ? "a block of another role:"
+                                : "unsupported block type",
+                            t);
+            break;
         }
     }
-    return 0;
+    /* a user message of only tool results is those results */
+    if (!rc && (!n_results || json_array_size(parts) > 0) && json_array_append(out_arr, o))
+        rc = bl_err_set(err, BL_ENOMEM, "out of memory");
+    json_decref(o);
+    return rc;
 }
 
 int rt__gen_anthropic_messages(const json_t *body, json_t **out, bl_err_t *err)
@@ -149,51 +235,115 @@ fail:
     return rc;
 }
 
-/* Tools, tool_choice and thinking; *kwargs the template arguments (or NULL). */
-static int anthropic_options(const json_t *body, json_t **kwargs, bl_err_t *err)
+/* Anthropic's tools ({"name", "description"?, "input_schema"}) as OpenAI function
+ * tools for the template; *out a new array. Tools run by the provider (a "type"
+ * other than "custom") are refused. */
+static int convert_tools(const json_t *tools, json_t **out, bl_err_t *err)
+{
+    *out = NULL;
+    if (!json_is_array(tools))
+        return bl_err_set(err, BL_EINVAL, "'tools' must be an array");
+    json_t *arr = json_array();
+    if (!arr)
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        json_t *type = json_is_object(t) ? json_object_get(t, "type") : NULL;
+        json_t *name = json_is_object(t) ? json_object_get(t, "name") : NULL;
+        json_t *schema = json_is_object(t) ? json_object_get(t, "input_schema") : NULL;
+        json_t *desc = json_is_object(t) ? json_object_get(t, "description") : NULL;
+        if (type && !json_is_null(type) &&
+            !(json_is_string(type) && !strcmp(json_string_value(type), "custom"))) {
+            json_decref(arr);
+            return bl_err_set(err, BL_EINVAL, "tools[%zu]: server tools (type \"%.64s\") are "
+                                              "not supported; only client tools", i,
+                              json_is_string(type) ? json_string_value(type) : "?");
+        }
+        if (!json_is_string(name) || !json_is_object(schema) ||
+            (desc && !json_is_null(desc) && !json_is_string(desc))) {
+            json_decref(arr);
+            return bl_err_set(err, BL_EINVAL, "tools[%zu] must be {\"name\", \"description\"?, "
+                                              "\"input_schema\": {...}}", i);
+        }
+        json_t *fn = json_pack("{s:O, s:O}", "name", name, "parameters", schema);
+        if (!fn || (json_is_string(desc) && json_object_set(fn, "description", desc)) ||
+            json_array_append_new(arr, json_pack("{s:s, s:o}", "type", "function", "function", fn))) {
+            json_decref(arr);
+            return bl_err_set(err, BL_ENOMEM, "out of memory");
+        }
+    }
+    int rc = rt__gen_check_tools(arr, err);
+    if (rc)
+        json_decref(arr);
+    else
+        *out = arr;
+    return rc;
+}
+
+/* Tools, tool_choice and thinking; *kwargs the template arguments (or NULL); *tools
+ * whether the reply's calls are parsed; *one_call tool_choice's
+ * disable_parallel_tool_use. */
+static int anthropic_options(const json_t *body, json_t **kwargs, int *tools, int *one_call,
+                             bl_err_t *err)
 {
     *kwargs = NULL;
-    json_t *v = json_object_get(body, "tools");
+    *tools = *one_call = 0;
+    int think = -1; /* thinking.type: -1 not given, 0 disabled, 1 enabled */
+    json_t *v = json_object_get(body, "thinking");
     if (v && !json_is_null(v)) {
-        if (!json_is_array(v))
-            return bl_err_set(err, BL_EINVAL, "'tools' must be an array");
-        if (json_array_size(v) > 0)
-            return bl_err_set(err, BL_EINVAL, "'tools' is not supported: tool calls are not parsed");
+        json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+        if (!json_is_string(t))
+            return bl_err_set(err, BL_EINVAL, "'thinking' must be an object with a 'type'");
+        const char *ts = json_string_value(t);
+        if (!strcmp(ts, "enabled") || !strcmp(ts, "adaptive"))
+            think = 1;
+        else if (!strcmp(ts, "disabled"))
+            think = 0;
+        else
+            return bl_err_set(err, BL_EINVAL,
+                              "'thinking.type' \"%.64s\" is not supported (enabled or disabled)",
+                              ts);
     }
+    int use_tools = 1;
     v = json_object_get(body, "tool_choice");
     if (v && !json_is_null(v)) {
         json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
         if (!json_is_string(t) ||
             (strcmp(json_string_value(t), "auto") && strcmp(json_string_value(t), "none")))
             return bl_err_set(err, BL_EINVAL,
-                              "'tool_choice' is not supported (only {\"type\": \"auto\"} or "
-                              "{\"type\": \"none\"} without tools)");
+                              "'tool_choice' is not supported but as {\"type\": \"auto\"} or "
+                              "{\"type\": \"none\"} (a call cannot be forced: there is no "
+                              "constrained decoding)");
+        use_tools = strcmp(json_string_value(t), "none") != 0;
+        *one_call = json_is_true(json_object_get(v, "disable_parallel_tool_use"));
     }
-    v = json_object_get(body, "thinking");
-    if (v && !json_is_null(v)) {
-        json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
-        if (!json_is_string(t))
-            return bl_err_set(err, BL_EINVAL, "'thinking' must be an object with a 'type'");
-        const char *ts = json_string_value(t);
-        int on;
-        if (!strcmp(ts, "enabled") || !strcmp(ts, "adaptive"))
-            on = 1;
-        else if (!strcmp(ts, "disabled"))
-            on = 0;
-        else
-            return bl_err_set(err, BL_EINVAL,
-                              "'thinking.type' \"%.64s\" is not supported (enabled or disabled)",
-                              ts);
-        *kwargs = json_pack("{s:b}", "enable_thinking", on);
+    json_t *list = NULL;
+    v = json_object_get(body, "tools");
+    int rc;
+    if (v && !json_is_null(v) && (rc = convert_tools(v, &list, err)))
+        return rc;
+    if (list && (json_array_size(list) == 0 || !use_tools)) {
+        json_decref(list);
+        list = NULL;
+    }
+    if (think < 0 && !list)
+        return 0;
+    if (!(*kwargs = json_object()) || (list && json_object_set_new(*kwargs, "tools", list)) ||
+        (think >= 0 && json_object_set_new(*kwargs, "enable_thinking", json_boolean(think)))) {
         if (!*kwargs)
-            return bl_err_set(err, BL_ENOMEM, "out of memory");
+            json_decref(list);
+        json_decref(*kwargs);
+        *kwargs = NULL;
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
     }
+    *tools = list != NULL;
     return 0;
 }
 
 /* The prompt tokens of an Anthropic request. BL_EINVAL (400 text), BL_ENOMEM. */
 static int anthropic_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int *think_open,
-                            int *prefilled, bl_err_t *err)
+                            int *prefilled, int *tools, int *one_call, bl_err_t *err)
 {
     json_t *amsgs = NULL, *msgs = NULL, *kwargs = NULL;
     char *prefill = NULL, *text = NULL;
@@ -201,7 +351,7 @@ static int anthropic_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks
     int rc;
     *think_open = 0;
     if ((rc = rt__gen_anthropic_messages(body, &amsgs, err)) ||
-        (rc = anthropic_options(body, &kwargs, err)) ||
+        (rc = anthropic_options(body, &kwargs, tools, one_call, err)) ||
         (rc = rt__gen_chat_messages(amsgs, &msgs, &prefill, err)) ||
         (rc = rt__gen_render_chat(app, msgs, kwargs, 1, prefill, &text, &len, think_open, err)))
         goto done;
@@ -280,6 +430,20 @@ static void block_text(rt_gen_req_t *g, int kind, const char *s, size_t n)
                                     thinking ? "thinking" : "text", s, n));
 }
 
+/* A tool call as Anthropic's tool_use block: its id as "toolu_..." and the
+ * arguments as the input object. NULL when out of memory. */
+static json_t *tool_use_block(const json_t *call)
+{
+    const char *id = json_string_value(json_object_get(call, "id"));
+    json_t *fn = json_object_get(call, "function");
+    json_t *input = json_loads(json_string_value(json_object_get(fn, "arguments")), 0, NULL);
+    char tid[64];
+    snprintf(tid, sizeof tid, "toolu_%s", id && !strncmp(id, "call_", 5) ? id + 5 : "");
+    return json_pack("{s:s, s:s, s:O, s:o}", "type", "tool_use", "id", tid, "name",
+                     json_object_get(fn, "name"), "input",
+                     json_is_object(input) ? input : (json_decref(input), json_object()));
+}
+
 static void msg_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason,
                       size_t reason_len, const char *content, size_t content_len)
 {
@@ -288,11 +452,34 @@ static void msg_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason,
         block_text(g, BLOCK_THINKING, reason, reason_len);
     if (content_len)
         block_text(g, BLOCK_TEXT, content, content_len);
+    /* each call as its own tool_use block: start (empty input), the input JSON, stop */
+    for (size_t kept = rt__gen_calls_kept(g); g->n_calls_sent < kept; g->n_calls_sent++) {
+        const json_t *call = json_array_get(g->calls.calls, g->n_calls_sent);
+        json_t *b = tool_use_block(call);
+        if (!b)
+            continue;
+        block_close(g);
+        g->block_index++;
+        const char *args = json_string_value(
+            json_object_get(json_object_get(call, "function"), "arguments"));
+        json_object_set_new(b, "input", json_object());
+        rt__gen_write_sse(g, "content_block_start",
+                          json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index",
+                                    g->block_index, "content_block", b));
+        rt__gen_write_sse(g, "content_block_delta",
+                          json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta",
+                                    "index", g->block_index, "delta", "type", "input_json_delta",
+                                    "partial_json", args ? args : "{}"));
+        rt__gen_write_sse(g, "content_block_stop",
+                          json_pack("{s:s, s:i}", "type", "content_block_stop", "index",
+                                    g->block_index));
+    }
 }
 
 static void msg_done(rt_gen_req_t *g, const rt_event_t *ev)
 {
-    const char *stop_reason = rt__gen_anthropic_stop_reason(ev->stop_type);
+    const size_t n_calls = rt__gen_calls_kept(g);
+    const char *stop_reason = n_calls ? "tool_use" : rt__gen_anthropic_stop_reason(ev->stop_type);
     json_t *stop_seq = ev->stop_type == RT_STOP_WORD && ev->stopping_word
                            ? json_string(ev->stopping_word)
                            : json_null();
@@ -314,9 +501,16 @@ static void msg_done(rt_gen_req_t *g, const rt_event_t *ev)
         json_array_append_new(content, json_pack("{s:s, s:s%, s:s}", "type", "thinking",
                                                  "thinking", g->reasoning.p, g->reasoning.n,
                                                  "signature", ""));
-    if (content && (g->content.n || !g->reasoning.n))
+    size_t b = 0, e = g->content.n; /* beside calls, only text that is not blank */
+    while (n_calls && b < e && strchr(" \t\r\n", g->content.p[b]))
+        b++;
+    while (n_calls && e > b && strchr(" \t\r\n", g->content.p[e - 1]))
+        e--;
+    if (content && (e > b || (!g->reasoning.n && !n_calls)))
         json_array_append_new(content, json_pack("{s:s, s:s%}", "type", "text", "text",
-                                                 g->content.p ? g->content.p : "", g->content.n));
+                                                 g->content.p ? g->content.p + b : "", e - b));
+    for (size_t i = 0; content && i < n_calls; i++)
+        json_array_append_new(content, tool_use_block(json_array_get(g->calls.calls, i)));
     json_t *j = json_pack("{s:s, s:s, s:s, s:o, s:s, s:s, s:o, s:{s:I, s:I}}", "id", g->id, "type",
                           "message", "role", "assistant", "content", content, "model",
                           msg_model(g), "stop_reason", stop_reason, "stop_sequence", stop_seq,
@@ -344,10 +538,11 @@ void rt__api_messages(rt_req_t *r)
     const json_t *body = rt_req_json(r);
     bl_err_t err = {0};
     rt_tokens_t toks = {0};
-    int prefilled = 0;
+    int prefilled = 0, tools = 0, one_call = 0;
     int rc = rt__gen_parse_params(body, RT_GEN_API_ANTHROPIC, &lim, &g->params, &err);
     if (!rc)
-        rc = anthropic_prompt(app, body, &toks, &g->think_open, &prefilled, &err);
+        rc = anthropic_prompt(app, body, &toks, &g->think_open, &prefilled, &tools, &one_call,
+                              &err);
     if (rc) {
         rt__gen_send_error(r, RT_GEN_API_ANTHROPIC, rc == BL_ENOMEM ? 500 : 400, NULL, "%s",
                            err.msg);
@@ -356,6 +551,8 @@ void rt__api_messages(rt_req_t *r)
         return;
     }
     g->params.reasoning = !prefilled && app->reasoning;
+    g->params.tools = tools;
+    g->params.one_call = one_call;
     rt__gen_submit(g, toks.ids, toks.n);
     rt_tokens_free(&toks);
 }
@@ -366,8 +563,8 @@ void rt__api_messages_count_tokens(rt_req_t *r)
     const json_t *body = rt_req_json(r);
     bl_err_t err = {0};
     rt_tokens_t toks = {0};
-    int think_open, prefilled;
-    int rc = anthropic_prompt(app, body, &toks, &think_open, &prefilled, &err);
+    int think_open, prefilled, tools, one_call;
+    int rc = anthropic_prompt(app, body, &toks, &think_open, &prefilled, &tools, &one_call, &err);
     if (rc) {
         rt__gen_send_error(r, RT_GEN_API_ANTHROPIC, rc == BL_ENOMEM ? 500 : 400, NULL, "%s",
                            err.msg);

@@ -238,6 +238,10 @@ struct rt_gen_req {
     int64_t text_offset;    /* /v1/completions logprobs: bytes of text before the token */
 };
 
+/* The tool calls a reply keeps: all, or the first when the request said not to call
+ * in parallel (api_tools.c). */
+size_t rt__gen_calls_kept(const rt_gen_req_t *g);
+
 /* Answers 503 while the model loads or the server stops; returns 1 when it did. */
 int rt__gen_unavailable(rt_req_t *r, int anthropic);
 /* An error reply in the API's shape (Anthropic's for RT_GEN_API_ANTHROPIC). */

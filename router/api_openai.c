@@ -123,13 +123,6 @@ static void chat_start(rt_gen_req_t *g)
                                          NULL));
 }
 
-/* The calls the reply keeps: all, or the first when parallel_tool_calls is false. */
-static size_t calls_kept(const rt_gen_req_t *g)
-{
-    size_t n = json_array_size(g->calls.calls);
-    return g->params.one_call && n > 1 ? 1 : n;
-}
-
 /* A call as a streamed delta's tool_calls entry: OpenAI's with its index. */
 static json_t *call_delta(const rt_gen_req_t *g, size_t i)
 {
@@ -153,7 +146,7 @@ static void chat_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason
         chunks[n++] = rt__gen_chat_chunk(g, json_pack("{s:s%}", "content", content, content_len),
                                          NULL);
     /* tool calls are sent whole, each in its own delta, as soon as they close */
-    for (size_t kept = calls_kept(g); g->n_calls_sent < kept && n < 10; g->n_calls_sent++)
+    for (size_t kept = rt__gen_calls_kept(g); g->n_calls_sent < kept && n < 10; g->n_calls_sent++)
         chunks[n++] = rt__gen_chat_chunk(g, call_delta(g, g->n_calls_sent), NULL);
     int probs = ev->kind == RT_EV_TOKEN && g->params.want_probs;
     if (n == 0 && (probs || g->params.timings_per_token) && ev->kind == RT_EV_TOKEN)
@@ -175,7 +168,7 @@ static void chat_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason
 static void chat_done(rt_gen_req_t *g, const rt_event_t *ev)
 {
     const rt_timings_t *t = &ev->timings;
-    const char *finish = calls_kept(g) ? "tool_calls" : rt__gen_finish_reason(ev->stop_type);
+    const char *finish = rt__gen_calls_kept(g) ? "tool_calls" : rt__gen_finish_reason(ev->stop_type);
     if (g->params.stream) {
         json_t *last = rt__gen_chat_chunk(g, json_object(), finish);
         if (g->params.include_usage) {
@@ -196,9 +189,9 @@ static void chat_done(rt_gen_req_t *g, const rt_event_t *ev)
     }
     json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content",
                             g->content.p ? g->content.p : "", g->content.n);
-    if (msg && calls_kept(g)) { /* OpenAI: content null when there is only a call */
+    if (msg && rt__gen_calls_kept(g)) { /* OpenAI: content null when there is only a call */
         json_t *calls = json_array();
-        for (size_t i = 0; calls && i < calls_kept(g); i++)
+        for (size_t i = 0; calls && i < rt__gen_calls_kept(g); i++)
             json_array_append(calls, json_array_get(g->calls.calls, i));
         size_t b = 0, e = g->content.n;
         while (b < e && strchr(" \t\r\n", g->content.p[b]))

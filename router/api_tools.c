@@ -96,6 +96,12 @@ int rt__gen_message_tool_calls(const json_t *calls, size_t mi, json_t **out, bl_
 /* reply                                                                          */
 /* ---------------------------------------------------------------------------- */
 
+size_t rt__gen_calls_kept(const rt_gen_req_t *g)
+{
+    size_t n = json_array_size(g->calls.calls);
+    return g->params.one_call && n > 1 ? 1 : n;
+}
+
 void rt__gen_tools_init(rt_gen_tools_t *t)
 {
     memset(t, 0, sizeof *t);

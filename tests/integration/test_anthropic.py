@@ -134,3 +134,30 @@ def test_messages_stream_stop_sequence(url):
     md = [d for d in datas if d["type"] == "message_delta"][0]
     assert md["delta"]["stop_reason"] == "stop_sequence"
     assert md["delta"].get("stop_sequence") == stop
+
+
+TOOLS = [{"name": "get_weather", "description": "The weather in a city",
+          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+
+
+def test_messages_tools_and_tool_history(url):
+    """Client tools reach the template (the prompt grows by their listing); a history
+    with a tool_use and its tool_result is accepted and rendered."""
+    base = post(url, "/v1/messages/count_tokens", {"messages": MSGS}).json()["input_tokens"]
+    with_tools = post(url, "/v1/messages/count_tokens",
+                      {"messages": MSGS, "tools": TOOLS}).json()["input_tokens"]
+    assert with_tools > base + 20
+    none = post(url, "/v1/messages/count_tokens", {"messages": MSGS, "tools": TOOLS,
+                                                   "tool_choice": {"type": "none"}})
+    assert none.json()["input_tokens"] == base
+    history = MSGS + [
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Let me check."},
+            {"type": "tool_use", "id": "toolu_01", "name": "get_weather",
+             "input": {"city": "Oslo"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_01", "content": "-3 C"}]}]
+    r = post(url, PATH, {"model": "x", "max_tokens": 4, "messages": history, "tools": TOOLS,
+                         "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["stop_reason"] in ("end_turn", "max_tokens", "tool_use")

@@ -266,7 +266,9 @@ def test_huge_max_tokens_is_capped(url):
     ("/completion", {"prompt": "x", "json_schema": {"type": "object"}}, "json_schema"),
     ("/v1/completions", {"prompt": "x", "n": 3}, "n"),
     ("/v1/messages", {"messages": MSGS, "max_tokens": 4,
-                      "tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "tools"),
+                      "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
+    ("/v1/messages", {"messages": MSGS, "max_tokens": 4, "tool_choice": {"type": "any"},
+                      "tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "tool_choice"),
 ])
 def test_refused_fields(url, path, body, field):
     err = assert_error(post(url, path, body), 400)

@@ -1311,6 +1311,104 @@ static void test_chat_errors_before_and_after_start(void **state)
     json_decref(r4.body);
 }
 
+static void test_anthropic_tool_use(void **state)
+{
+    fixture_t *f = *state;
+    if (!f->tok) {
+        print_message("skipped: the qwen3moe-tiny model is absent\n");
+        skip();
+    }
+    /* a history with a call and its result becomes assistant tool_calls and a tool
+     * message; the tools reach the template */
+    json_t *msgs;
+    bl_err_t err = {0};
+    json_t *j = J("{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},"
+                  "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"Looking.\"},"
+                  "{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"w\",\"input\":{\"city\":"
+                  "\"Oslo\"}}]},{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\","
+                  "\"tool_use_id\":\"toolu_1\",\"content\":[{\"type\":\"text\",\"text\":\"-3C\"}]}]}]}");
+    assert_int_equal(rt__gen_anthropic_messages(j, &msgs, &err), 0);
+    assert_int_equal(json_array_size(msgs), 3); /* the results-only user turn is the result */
+    json_t *call = json_array_get(json_object_get(json_array_get(msgs, 1), "tool_calls"), 0);
+    assert_string_equal(json_string_value(json_object_get(call, "id")), "toolu_1");
+    json_t *tool = json_array_get(msgs, 2);
+    assert_string_equal(json_string_value(json_object_get(tool, "role")), "tool");
+    assert_string_equal(json_string_value(json_object_get(tool, "tool_call_id")), "toolu_1");
+    assert_string_equal(json_string_value(json_object_get(tool, "content")), "-3C");
+    json_decref(msgs);
+    json_decref(j);
+    json_t *kw;
+    int tools, one;
+    j = J("{\"tools\":[{\"name\":\"w\",\"description\":\"weather\",\"input_schema\":{\"type\":"
+          "\"object\"}}],\"tool_choice\":{\"type\":\"auto\",\"disable_parallel_tool_use\":true},"
+          "\"thinking\":{\"type\":\"disabled\"}}");
+    assert_int_equal(anthropic_options(j, &kw, &tools, &one, &err), 0);
+    assert_int_equal(tools, 1);
+    assert_int_equal(one, 1);
+    json_t *fn = json_object_get(json_array_get(json_object_get(kw, "tools"), 0), "function");
+    assert_string_equal(json_string_value(json_object_get(fn, "name")), "w");
+    assert_non_null(json_object_get(fn, "parameters"));
+    assert_true(json_is_false(json_object_get(kw, "enable_thinking")));
+    json_decref(kw);
+    json_decref(j);
+    static const char *const bad[] = {
+        "{\"tools\":[{\"type\":\"web_search_20250305\",\"name\":\"web_search\"}]}",
+        "{\"tools\":[{\"name\":\"w\"}]}",
+        "{\"tool_choice\":{\"type\":\"any\"}}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        j = J(bad[i]);
+        assert_int_equal(anthropic_options(j, &kw, &tools, &one, &err), BL_EINVAL);
+        assert_null(kw);
+        json_decref(j);
+    }
+
+    /* the reply's call as a tool_use block, not streamed and streamed */
+    rt_req_t r = {.app = &f->app};
+    r.body = J("{\"max_tokens\":32,\"messages\":[{\"role\":\"user\",\"content\":\"Oslo?\"}],"
+               "\"tools\":[{\"name\":\"w\",\"input_schema\":{\"type\":\"object\"}}]}");
+    rt__api_messages(&r);
+    token_event(1, "\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"city\": \"Oslo\"}}\n"
+                   "</tool_call>", 1);
+    done_event(RT_STOP_EOS, NULL, 30, 1);
+    assert_string_equal(json_string_value(json_object_get(r.reply, "stop_reason")), "tool_use");
+    json_t *content = json_object_get(r.reply, "content");
+    assert_int_equal(json_array_size(content), 1);
+    json_t *tu = json_array_get(content, 0);
+    assert_string_equal(json_string_value(json_object_get(tu, "type")), "tool_use");
+    assert_int_equal(strncmp(json_string_value(json_object_get(tu, "id")), "toolu_", 6), 0);
+    assert_string_equal(json_string_value(json_object_get(tu, "name")), "w");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(tu, "input"), "city")),
+                        "Oslo");
+    json_decref(r.reply);
+    json_decref(r.body);
+
+    rt_req_t s = {.app = &f->app};
+    s.body = J("{\"max_tokens\":32,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":"
+               "\"Oslo?\"}],\"tools\":[{\"name\":\"w\",\"input_schema\":{\"type\":\"object\"}}]}");
+    rt__api_messages(&s);
+    token_event(1, "Checking. <tool_call>{\"name\": \"w\", \"arguments\": {\"city\": \"Oslo\"}}", 1);
+    token_event(2, "</tool_call>", 2);
+    done_event(RT_STOP_EOS, NULL, 30, 2);
+    static const char *const want[] = {
+        "message_start",       "content_block_start", "content_block_delta", "content_block_stop",
+        "content_block_start", "content_block_delta", "content_block_stop",  "message_delta",
+        "message_stop"};
+    const char *p = s.stream.p;
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        p = strstr(p, "event: ");
+        assert_non_null(p);
+        p += 7;
+        if (strncmp(p, want[i], strlen(want[i])) || p[strlen(want[i])] != '\n')
+            fail_msg("event %zu: wanted %s in %s", i, want[i], s.stream.p);
+    }
+    assert_non_null(strstr(s.stream.p, "\"type\":\"tool_use\""));
+    assert_non_null(strstr(s.stream.p, "\"partial_json\":\"{\\\"city\\\":\\\"Oslo\\\"}\""));
+    assert_non_null(strstr(s.stream.p, "\"stop_reason\":\"tool_use\""));
+    rt__gen_buf_free(&s.stream);
+    json_decref(s.body);
+}
+
 static void test_anthropic_stream_reply(void **state)
 {
     fixture_t *f = *state;
@@ -1427,6 +1525,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_chat_errors_before_and_after_start, setup_model,
                                         teardown_model),
         cmocka_unit_test_setup_teardown(test_anthropic_stream_reply, setup_model, teardown_model),
+        cmocka_unit_test_setup_teardown(test_anthropic_tool_use, setup_model, teardown_model),
         cmocka_unit_test_setup_teardown(test_native_completion_reply, setup_model, teardown_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
