@@ -67,3 +67,15 @@ test('a refused request raises BadRequestError', async () => {
     (e) => e instanceof Anthropic.BadRequestError && e.status === 400,
   );
 });
+
+test('messages.create with tools and a tool history', async () => {
+  const tools = [{ name: 'get_weather', description: 'The weather in a city', input_schema: { type: 'object', properties: { city: { type: 'string' } } } }];
+  const history = [
+    { role: 'user', content: 'Weather in Oslo?' },
+    { role: 'assistant', content: [{ type: 'tool_use', id: 'toolu_01', name: 'get_weather', input: { city: 'Oslo' } }] },
+    { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_01', content: '-3 C' }] },
+  ];
+  const m = await client.messages.create({ model: 'any', max_tokens: 4, messages: history, tools, temperature: 0 });
+  assert.equal(m.type, 'message');
+  assert.ok(['end_turn', 'max_tokens', 'tool_use'].includes(m.stop_reason));
+});

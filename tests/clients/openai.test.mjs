@@ -91,3 +91,19 @@ test('a refused request raises BadRequestError with the message', async () => {
     (e) => e instanceof OpenAI.BadRequestError && e.status === 400,
   );
 });
+
+test('chat.completions.create with tools and a tool history', async () => {
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'The weather in a city', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }];
+  const history = [
+    { role: 'user', content: 'Weather in Oslo?' },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Oslo"}' } }] },
+    { role: 'tool', tool_call_id: 'call_1', content: '-3 C' },
+  ];
+  const r = await client.chat.completions.create({ model: 'any', messages: history, tools, max_tokens: 4, temperature: 0 });
+  assert.equal(r.choices.length, 1);
+  assert.ok(['stop', 'length', 'tool_calls'].includes(r.choices[0].finish_reason));
+  await assert.rejects(
+    client.chat.completions.create({ model: 'any', messages: history, tools, tool_choice: 'required', max_tokens: 4 }),
+    (e) => e instanceof OpenAI.BadRequestError && /tool_choice/.test(e.message),
+  );
+});
