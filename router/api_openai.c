@@ -137,7 +137,7 @@ static json_t *call_delta(const rt_gen_req_t *g, size_t i)
 static void chat_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason,
                        size_t reason_len, const char *content, size_t content_len)
 {
-    json_t *chunks[2 + 8];
+    json_t *chunks[2];
     int n = 0;
     if (reason_len)
         chunks[n++] = rt__gen_chat_chunk(
@@ -145,9 +145,6 @@ static void chat_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason
     if (content_len)
         chunks[n++] = rt__gen_chat_chunk(g, json_pack("{s:s%}", "content", content, content_len),
                                          NULL);
-    /* tool calls are sent whole, each in its own delta, as soon as they close */
-    for (size_t kept = rt__gen_calls_kept(g); g->n_calls_sent < kept && n < 10; g->n_calls_sent++)
-        chunks[n++] = rt__gen_chat_chunk(g, call_delta(g, g->n_calls_sent), NULL);
     int probs = ev->kind == RT_EV_TOKEN && g->params.want_probs;
     if (n == 0 && (probs || g->params.timings_per_token) && ev->kind == RT_EV_TOKEN)
         chunks[n++] = rt__gen_chat_chunk(g, json_object(), NULL); /* text held back */
@@ -163,6 +160,9 @@ static void chat_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason
     }
     for (int i = 0; i < n; i++)
         rt__gen_write_sse(g, NULL, chunks[i]);
+    /* tool calls are sent whole, each in its own delta, as soon as they close */
+    for (size_t kept = rt__gen_calls_kept(g); g->n_calls_sent < kept; g->n_calls_sent++)
+        rt__gen_write_sse(g, NULL, rt__gen_chat_chunk(g, call_delta(g, g->n_calls_sent), NULL));
 }
 
 static void chat_done(rt_gen_req_t *g, const rt_event_t *ev)
