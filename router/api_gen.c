@@ -55,7 +55,7 @@ void rt__gen_buf_free(rt_gen_buf_t *b)
 }
 
 /* Drops the first n bytes. */
-static void buf_consume(rt_gen_buf_t *b, size_t n)
+void rt__gen_buf_consume(rt_gen_buf_t *b, size_t n)
 {
     if (n >= b->n) {
         b->n = 0;
@@ -383,32 +383,25 @@ static int parse_samplers(const json_t *body, rt_sampler_params_t *s, bl_err_t *
     json_t *v = field(body, "samplers");
     if (!v)
         return 0;
-    size_t n = json_is_string(v) ? json_string_length(v) : json_is_array(v) ? json_array_size(v) : 0;
     if (!json_is_string(v) && !json_is_array(v))
         return bl_err_set(err, BL_EINVAL, "'samplers' must be an array of sampler names or a "
                                           "string of their letters");
-    if (n > RT_SAMPLER_MAX_STAGES)
-        return bl_err_set(err, BL_EINVAL, "'samplers': %zu samplers (at most %d)", n,
-                          RT_SAMPLER_MAX_STAGES);
-    for (size_t i = 0; i < n; i++) {
-        int st;
-        if (json_is_string(v)) {
-            const char c = json_string_value(v)[i];
-            if ((st = rt_sampler_stage_by_char(c)) < 0)
-                return bl_err_set(err, BL_EINVAL, "'samplers': '%c' is not a sampler letter "
-                                                  "(e d s k y p m x t i)", c >= ' ' && c < 127 ? c : '?');
-        } else {
-            json_t *e = json_array_get(v, i);
+    bl_err_t e2;
+    int rc = 0;
+    s->n_stages = 0;
+    if (json_is_string(v)) {
+        rc = rt_sampler_chain_add(s, json_string_value(v), json_string_length(v), 1, &e2);
+    } else {
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) {
             if (!json_is_string(e))
                 return bl_err_set(err, BL_EINVAL, "'samplers'[%zu] must be a string", i);
-            if ((st = rt_sampler_stage_by_name(json_string_value(e), json_string_length(e))) < 0)
-                return bl_err_set(err, BL_EINVAL, "'samplers': unknown sampler \"%.64s\"",
-                                  json_string_value(e));
+            if ((rc = rt_sampler_chain_add(s, json_string_value(e), json_string_length(e), 0, &e2)))
+                break;
         }
-        s->stages[i] = (uint8_t)st;
     }
-    s->n_stages = (int)n;
-    return 0;
+    return rc ? bl_err_set(err, rc, "'samplers': %s", e2.msg) : 0;
 }
 
 int rt__gen_parse_params(const json_t *body, rt_gen_api_t api, const rt_gen_limits_t *lim,
@@ -999,12 +992,19 @@ void rt__gen_think_fini(rt_gen_think_t *t)
     rt__gen_buf_free(&t->hold);
 }
 
-/* Emits hold[0..n) to out and drops it from hold. */
-static int emit(rt_gen_buf_t *hold, size_t n, rt_gen_buf_t *out)
+int rt__gen_buf_move(rt_gen_buf_t *from, size_t n, rt_gen_buf_t *to)
 {
-    if (n && rt__gen_buf_add(out, hold->p, n))
+    if (n && rt__gen_buf_add(to, from->p, n))
         return BL_ENOMEM;
-    buf_consume(hold, n);
+    rt__gen_buf_consume(from, n);
+    return 0;
+}
+
+size_t rt__gen_tag_tail(const char *s, size_t n, const char *tag, size_t tag_len)
+{
+    for (size_t k = n < tag_len - 1 ? n : tag_len - 1; k > 0; k--)
+        if (!memcmp(s + n - k, tag, k))
+            return k;
     return 0;
 }
 
@@ -1031,7 +1031,7 @@ int rt__gen_think_feed(rt_gen_think_t *t, const char *s, size_t n, rt_gen_buf_t 
             }
             if (rem < 7)
                 return 0;
-            buf_consume(h, i + 7);
+            rt__gen_buf_consume(h, i + 7);
             t->state = TS_THINK_LEAD;
             continue;
         }
@@ -1039,7 +1039,7 @@ int rt__gen_think_feed(rt_gen_think_t *t, const char *s, size_t n, rt_gen_buf_t 
         case TS_CONTENT_LEAD:
             while (i < h->n && is_ws(h->p[i]))
                 i++;
-            buf_consume(h, i);
+            rt__gen_buf_consume(h, i);
             if (h->n == 0)
                 return 0;
             t->state = t->state == TS_THINK_LEAD ? TS_THINK : TS_CONTENT;
@@ -1050,27 +1050,21 @@ int rt__gen_think_feed(rt_gen_think_t *t, const char *s, size_t n, rt_gen_buf_t 
                 size_t k = (size_t)(close - h->p), e = k;
                 while (e > 0 && is_ws(h->p[e - 1]))
                     e--;
-                if (emit(h, e, reason))
+                if (rt__gen_buf_move(h, e, reason))
                     return BL_ENOMEM;
-                buf_consume(h, k - e + 8);
+                rt__gen_buf_consume(h, k - e + 8);
                 t->state = TS_CONTENT_LEAD;
                 continue;
             }
             /* keep a tail that may begin </think>, and trailing whitespace, which is
              * dropped if the span closes after it */
-            size_t cut = h->n;
-            for (size_t j = h->n > 7 ? h->n - 7 : 0; j < h->n; j++) {
-                if (!memcmp(h->p + j, THINK_CLOSE, h->n - j)) {
-                    cut = j;
-                    break;
-                }
-            }
+            size_t cut = h->n - rt__gen_tag_tail(h->p, h->n, THINK_CLOSE, 8);
             while (cut > 0 && is_ws(h->p[cut - 1]))
                 cut--;
-            return emit(h, cut, reason);
+            return rt__gen_buf_move(h, cut, reason);
         }
         default: /* TS_CONTENT */
-            return emit(h, h->n, content);
+            return rt__gen_buf_move(h, h->n, content);
         }
     }
 }
@@ -1082,19 +1076,19 @@ int rt__gen_think_finish(rt_gen_think_t *t, rt_gen_buf_t *reason, rt_gen_buf_t *
     switch (t->state) {
     case TS_START:
     case TS_CONTENT:
-        rc = emit(h, h->n, content);
+        rc = rt__gen_buf_move(h, h->n, content);
         break;
     case TS_THINK: {
         size_t e = h->n;
         while (e > 0 && is_ws(h->p[e - 1]))
             e--;
-        rc = emit(h, e, reason);
+        rc = rt__gen_buf_move(h, e, reason);
         break;
     }
     default:
         break;
     }
-    buf_consume(h, h->n);
+    rt__gen_buf_consume(h, h->n);
     t->state = TS_CONTENT;
     return rc;
 }

@@ -32,6 +32,13 @@ typedef struct rt_gen_buf {
 
 int rt__gen_buf_add(rt_gen_buf_t *b, const char *s, size_t n) BL_WUR; /* 0 or BL_ENOMEM */
 void rt__gen_buf_free(rt_gen_buf_t *b);
+/* Drops b's first n bytes (all when n >= b->n). */
+void rt__gen_buf_consume(rt_gen_buf_t *b, size_t n);
+/* Appends from's first n bytes to to and drops them from from. 0 or BL_ENOMEM. */
+int rt__gen_buf_move(rt_gen_buf_t *from, size_t n, rt_gen_buf_t *to) BL_WUR;
+/* How many bytes at the end of s[0..n) could be the start of tag (a splitter holds
+ * them until the next piece decides): 0 when none. */
+size_t rt__gen_tag_tail(const char *s, size_t n, const char *tag, size_t tag_len);
 
 /* --- request fields --------------------------------------------------------- */
 

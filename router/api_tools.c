@@ -156,16 +156,6 @@ static json_t *parse_call(const char *s, size_t n)
     return call;
 }
 
-/* The length of the longest end of s[0..n) that begins tag (held: it may grow into
- * the tag). */
-static size_t partial_tag(const char *s, size_t n, const char *tag, size_t tag_len)
-{
-    for (size_t k = n < tag_len - 1 ? n : tag_len - 1; k > 0; k--)
-        if (!memcmp(s + n - k, tag, k))
-            return k;
-    return 0;
-}
-
 /* One finished <tool_call> body: a call, or (not a call) the whole span as text, its
  * closing tag only if it had one. */
 static int close_call(rt_gen_tools_t *t, const char *body, size_t n, int closed,
@@ -187,45 +177,34 @@ static int close_call(rt_gen_tools_t *t, const char *body, size_t n, int closed,
 
 int rt__gen_tools_feed(rt_gen_tools_t *t, const char *s, size_t n, int last, rt_gen_buf_t *text)
 {
-    if (n && rt__gen_buf_add(&t->hold, s, n))
+    rt_gen_buf_t *h = &t->hold;
+    if (n && rt__gen_buf_add(h, s, n))
         return BL_ENOMEM;
-    int rc = 0;
     for (;;) {
-        const char *h = t->hold.p; /* NULL only while nothing is held */
-        size_t hn = t->hold.n, used;
         if (!t->in_call) {
-            const char *o = hn >= OPEN_LEN ? memmem(h, hn, CALL_OPEN, OPEN_LEN) : NULL;
-            if (!o) { /* text, but for an end that may become <tool_call> */
-                used = hn - (last || !hn ? 0 : partial_tag(h, hn, CALL_OPEN, OPEN_LEN));
-                rc = used ? rt__gen_buf_add(text, h, used) : 0;
-            } else {
-                used = (size_t)(o - h) + OPEN_LEN;
-                rc = rt__gen_buf_add(text, h, (size_t)(o - h));
-                t->in_call = 1;
-            }
-        } else {
-            const char *c = hn >= CLOSE_LEN ? memmem(h, hn, CALL_CLOSE, CLOSE_LEN) : NULL;
-            if (!c && !last)
-                return 0; /* the body is still coming */
-            if (!c && hn == 0) { /* the text ended right after <tool_call> */
-                t->in_call = 0;
-                return rt__gen_buf_add(text, CALL_OPEN, OPEN_LEN) ? BL_ENOMEM : 0;
-            }
-            /* closed, or the text ended inside the call (a model that stops right
-             * after the JSON): the body as it is */
-            size_t body = c ? (size_t)(c - h) : hn;
-            rc = close_call(t, h, body, c != NULL, text);
-            used = c ? body + CLOSE_LEN : hn;
-            t->in_call = 0;
+            const char *o = h->n >= OPEN_LEN ? memmem(h->p, h->n, CALL_OPEN, OPEN_LEN) : NULL;
+            if (!o) /* text, but for an end that may become <tool_call> */
+                return rt__gen_buf_move(
+                    h, h->n - (last ? 0 : rt__gen_tag_tail(h->p, h->n, CALL_OPEN, OPEN_LEN)), text);
+            if (rt__gen_buf_move(h, (size_t)(o - h->p), text))
+                return BL_ENOMEM;
+            rt__gen_buf_consume(h, OPEN_LEN);
+            t->in_call = 1;
+            continue;
         }
-        if (rc)
-            return rc;
-        if (used) {
-            memmove(t->hold.p, t->hold.p + used, hn - used);
-            t->hold.n = hn - used;
-            t->hold.p[t->hold.n] = '\0';
-        }
-        if ((used == 0 || t->hold.n == 0) && !(last && t->in_call))
+        const char *c = h->n >= CLOSE_LEN ? memmem(h->p, h->n, CALL_CLOSE, CLOSE_LEN) : NULL;
+        if (!c && !last)
+            return 0; /* the body is still coming */
+        t->in_call = 0;
+        if (!c && h->n == 0) /* the text ended right after <tool_call> */
+            return rt__gen_buf_add(text, CALL_OPEN, OPEN_LEN) ? BL_ENOMEM : 0;
+        /* closed, or the text ended inside the call (a model that stops right after
+         * the JSON): the body as it is */
+        const size_t body = c ? (size_t)(c - h->p) : h->n;
+        if (close_call(t, h->p, body, c != NULL, text))
+            return BL_ENOMEM;
+        rt__gen_buf_consume(h, c ? body + CLOSE_LEN : body);
+        if (h->n == 0)
             return 0;
     }
 }

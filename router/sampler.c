@@ -74,6 +74,24 @@ const char *rt_sampler_stage_name(int stage)
     return stage >= 0 && stage <= RT_STAGE_INFILL ? stage_names[stage] : "";
 }
 
+int rt_sampler_chain_add(rt_sampler_params_t *s, const char *text, size_t len, int letters,
+                         bl_err_t *err)
+{
+    for (size_t i = 0; i < (letters ? len : 1); i++) {
+        const int st = letters ? rt_sampler_stage_by_char(text[i]) : rt_sampler_stage_by_name(text, len);
+        if (st < 0 && letters)
+            return bl_err_set(err, BL_EINVAL, "'%c' is not a sampler letter (e d s k y p m x t i)",
+                              text[i] >= ' ' && text[i] < 127 ? text[i] : '?');
+        if (st < 0)
+            return bl_err_set(err, BL_EINVAL, "unknown sampler \"%.*s\"",
+                              (int)(len > 64 ? 64 : len), text);
+        if (s->n_stages >= RT_SAMPLER_MAX_STAGES)
+            return bl_err_set(err, BL_EINVAL, "more than %d samplers", RT_SAMPLER_MAX_STAGES);
+        s->stages[s->n_stages++] = (uint8_t)st;
+    }
+    return 0;
+}
+
 int rt_sampler_stage_by_name(const char *name, size_t len)
 {
     static const struct {

@@ -82,6 +82,12 @@ typedef struct rt_sampler_params {
 } rt_sampler_params_t;
 
 typedef struct rt_sampler rt_sampler_t;
+/* Appends to s's chain the stage named text[0..len), or with letters one stage per
+ * letter of text. BL_EINVAL (the caller names its field): an unknown name or letter,
+ * more than RT_SAMPLER_MAX_STAGES stages. */
+int rt_sampler_chain_add(rt_sampler_params_t *s, const char *text, size_t len, int letters,
+                         bl_err_t *err) BL_WUR;
+
 
 /* llama-server's defaults (the values in the comments above). */
 void rt_sampler_params_default(rt_sampler_params_t *p);

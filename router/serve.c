@@ -570,35 +570,24 @@ static int sampling_defaults(const opts_t *o, rt_task_params_t *d, bl_err_t *err
     s->min_keep = (int32_t)o->min_keep;
     if (o->samplers && o->sampling_seq)
         return bl_err_set(err, BL_EINVAL, "--samplers and --sampling-seq both name the chain");
-    if (o->samplers) {
+    bl_err_t e2;
+    int rc = 0;
+    if (o->samplers) { /* names separated by ';' */
         s->n_stages = 0;
-        for (const char *p = o->samplers; *p;) {
+        for (const char *p = o->samplers; !rc;) {
             const char *semi = strchr(p, ';');
-            size_t n = semi ? (size_t)(semi - p) : strlen(p);
-            int st = rt_sampler_stage_by_name(p, n);
-            if (st < 0)
-                return bl_err_set(err, BL_EINVAL, "--samplers: unknown sampler '%.*s'", (int)n, p);
-            if (s->n_stages == RT_SAMPLER_MAX_STAGES)
-                return bl_err_set(err, BL_EINVAL, "--samplers: more than %d samplers",
-                                  RT_SAMPLER_MAX_STAGES);
-            s->stages[s->n_stages++] = (uint8_t)st;
+            rc = rt_sampler_chain_add(s, p, semi ? (size_t)(semi - p) : strlen(p), 0, &e2);
             if (!semi)
                 break;
             p = semi + 1;
         }
+        if (rc)
+            return bl_err_set(err, rc, "--samplers: %s", e2.msg);
     }
     if (o->sampling_seq) {
         s->n_stages = 0;
-        for (const char *p = o->sampling_seq; *p; p++) {
-            int st = rt_sampler_stage_by_char(*p);
-            if (st < 0)
-                return bl_err_set(err, BL_EINVAL, "--sampling-seq: '%c' is not a sampler letter "
-                                  "(e d s k y p m x t i)", *p);
-            if (s->n_stages == RT_SAMPLER_MAX_STAGES)
-                return bl_err_set(err, BL_EINVAL, "--sampling-seq: more than %d samplers",
-                                  RT_SAMPLER_MAX_STAGES);
-            s->stages[s->n_stages++] = (uint8_t)st;
-        }
+        if ((rc = rt_sampler_chain_add(s, o->sampling_seq, strlen(o->sampling_seq), 1, &e2)))
+            return bl_err_set(err, rc, "--sampling-seq: %s", e2.msg);
     }
     return rt_sampler_params_check(s, INT32_MAX, err);
 }
