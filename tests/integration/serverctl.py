@@ -113,14 +113,17 @@ def shm_objects():
         return set()
 
 
-def runtime_dirs(pid):
-    """The server's private folders of control sockets (bloomery-serve-PID-*) that exist."""
+def runtime_dirs(pid=None, before=frozenset()):
+    """The servers' private folders of control sockets (bloomery-serve-PID-*) that exist,
+    of one pid when given, less those in `before`: a folder that an earlier process of
+    the same pid left (killed, on a machine whose /tmp outlives runs) is not this one's."""
     bases = {"/tmp", tempfile.gettempdir()}
     if os.environ.get("XDG_RUNTIME_DIR"):
         bases.add(os.environ["XDG_RUNTIME_DIR"])
+    pat = "bloomery-serve-%s-*" % ("*" if pid is None else "%d" % pid)
     out = []
     for b in sorted(bases):
-        out += glob.glob(os.path.join(b, "bloomery-serve-%d-*" % pid))
+        out += [d for d in glob.glob(os.path.join(b, pat)) if d not in before]
     return out
 
 
@@ -158,6 +161,7 @@ class Server:
         self.log_path = None
         self.tree = []
         self.shm_before = set()
+        self.dirs_before = frozenset()
 
     @property
     def url(self):
@@ -189,6 +193,7 @@ class Server:
             self.port = free_port()
         fd, self.log_path = tempfile.mkstemp(prefix="serve-", suffix=".log", dir=self.log_dir)
         self.shm_before = shm_objects()
+        self.dirs_before = frozenset(runtime_dirs())
         env = dict(os.environ)
         if self.env:
             env.update(self.env)
@@ -265,6 +270,9 @@ class Server:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+        # a killed server cannot remove its folder of sockets itself
+        for d in runtime_dirs(self.proc.pid, self.dirs_before):
+            shutil.rmtree(d, ignore_errors=True)
 
     def stop(self, timeout=15):
         """SIGTERM, then returns a list of what went wrong (empty when the exit was
@@ -312,7 +320,7 @@ class Server:
         shm = sorted(shm_objects() - self.shm_before)
         if shm:
             problems.append("left in /dev/shm: " + ", ".join(shm))
-        dirs = runtime_dirs(self.pid)
+        dirs = runtime_dirs(self.pid, self.dirs_before)
         if dirs:
             problems.append("runtime folder left behind: " + ", ".join(dirs))
             for d in dirs:  # reported; do not let it pile up in /tmp

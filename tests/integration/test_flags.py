@@ -110,7 +110,7 @@ def test_model_that_cannot_load(model, tmp_path, kind):
     srv.tree = []
     shm = sorted(serverctl.shm_objects() - srv.shm_before)
     assert not shm, "left in /dev/shm: %r" % shm
-    assert not serverctl.runtime_dirs(srv.pid), "runtime folder left behind"
+    assert not serverctl.runtime_dirs(srv.pid, srv.dirs_before), "runtime folder left behind"
 
 
 def test_config_file_and_command_line_wins(servers, tmp_path):
