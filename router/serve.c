@@ -24,6 +24,7 @@
 #include "args.h"
 #include "bl_config.h"
 #include "file.h"
+#include "hub.h"
 #include "log.h"
 #include "../worker/wk.h"
 #if BL_HAVE_CUDA
@@ -51,6 +52,7 @@ static const char chatml_template[] =
 
 typedef struct opts {
     const char *model, *alias, *host;
+    bl_hub_opts_t hub; /* -hf and its companions */
     int64_t port, ctx, parallel, n_predict, threads, threads_batch, batch, ubatch;
     const char *chat_template, *chat_template_file;
     int jinja, metrics;
@@ -127,8 +129,13 @@ static int build_args(bl_arg_t *a, opts_t *o)
     STR("--config", "BLOOMERY_ARG_CONFIG", &o->config, "FILE",
         "JSON object of these flags by long name without dashes; the command line wins");
     STR("-m,--model", "LLAMA_ARG_MODEL", &o->model, "FNAME", "model path (GGUF)");
+    {
+        const bl_arg_t hub[] = {BL_HUB_ARGS(&o->hub)};
+        for (size_t i = 0; i < sizeof hub / sizeof *hub; i++)
+            a[n++] = hub[i];
+    }
     STR("-a,--alias", "LLAMA_ARG_ALIAS", &o->alias, "NAME",
-        "model name in /v1/models and responses (default: the file name)");
+        "model name in /v1/models and responses (default: the file name, or -hf's USER/MODEL:QUANT)");
     STR("--host", "LLAMA_ARG_HOST", &o->host, "HOST", "address to listen on (default 127.0.0.1)");
     I64("--port", "LLAMA_ARG_PORT", &o->port, 0, 65535, "PORT", "port to listen on (default 8080)");
     I64("-c,--ctx-size", "LLAMA_ARG_CTX_SIZE", &o->ctx, 0, INT32_MAX, "N",
@@ -957,7 +964,7 @@ int main(int argc, char **argv)
     }
     keep_t keep = {0};
     keys_t keys = {0};
-    char *tpl_text = NULL, *alias = NULL;
+    char *tpl_text = NULL, *alias = NULL, *model_path = NULL;
     json_t *tpl_kwargs = NULL;
     bl_gguf_t *g = NULL;
     rt_tokenizer_t *tok = NULL;
@@ -990,11 +997,19 @@ int main(int argc, char **argv)
         close(fd);
     }
     bl_log_init("serve", o.log_disable ? BL_LOG_OFF : o.verbose ? BL_LOG_DEBUG : BL_LOG_INFO);
-    if (!o.model) {
-        BL_LOG(BL_LOG_ERROR, "event=start_failed reason=no model: give -m FILE");
-        fprintf(stderr, "%s: no model: give -m FILE (see --help)\n", PROG);
+    if (!o.model && !o.hub.spec) {
+        BL_LOG(BL_LOG_ERROR, "event=start_failed reason=no model: give -m FILE or -hf REPO");
+        fprintf(stderr, "%s: no model: give -m FILE or -hf REPO (see --help)\n", PROG);
         goto out;
     }
+    /* a hub model is downloaded (or found in the cache) before anything else starts */
+    if (bl_hub_model_path(&o.hub, o.model, &model_path, &err) != 0) {
+        BL_LOG(BL_LOG_ERROR, "event=start_failed reason=%s", err.msg);
+        if (o.log_disable)
+            fprintf(stderr, "%s: %s\n", PROG, err.msg);
+        goto out;
+    }
+    o.model = model_path;
     uint32_t ktype, vtype;
     if (kv_type_of("--cache-type-k", o.cache_type_k, &ktype, &err) ||
         kv_type_of("--cache-type-v", o.cache_type_v, &vtype, &err) || load_keys(&o, &keys, &err))
@@ -1090,7 +1105,7 @@ int main(int argc, char **argv)
         goto fail;
     }
     int64_t rows = o.ubatch < o.batch ? o.ubatch : o.batch;
-    alias = o.alias ? strdup(o.alias) : default_alias(o.model);
+    alias = o.alias ? strdup(o.alias) : o.hub.spec ? strdup(o.hub.spec) : default_alias(o.model);
     if (!alias) {
         bl_err_set(&err, BL_ENOMEM, "out of memory");
         goto fail;
@@ -1235,6 +1250,7 @@ out:
     bl_gguf_close(g);
     free(tpl_text);
     free(alias);
+    free(model_path);
     json_decref(tpl_kwargs);
     json_decref(s->app.tpl_kwargs);
     for (size_t i = 0; i < keys.n; i++)

@@ -14,6 +14,7 @@
 #include "chat.h"
 #include "file.h"
 #include "gguf.h"
+#include "hub.h"
 #include "sampler.h"
 #include "tokenizer.h"
 #include "wk.h"
@@ -23,6 +24,7 @@
 
 typedef struct cli {
     const char *model, *prompt, *prompt_file, *dump_logits, *template_file, *system;
+    bl_hub_opts_t hub; /* -hf: the model from the hub instead of -m */
     const char *cache_type_k, *cache_type_v;
     int64_t n_predict, n_threads, n_ctx, n_batch, dump_top;
     int64_t ngl; /* -1: not given; 0: the CPU; >= the layer count (or "all"): the GPU */
@@ -382,6 +384,7 @@ int main(int argc, char **argv)
 
     bl_arg_t args[] = {
         {"-m,--model", "LLAMA_ARG_MODEL", BL_ARG_STR, &c.model, .metavar = "FILE", .help = "model file (GGUF; the first part of a split model)"},
+        BL_HUB_ARGS(&c.hub),
         {"-p,--prompt", NULL, BL_ARG_STR, &c.prompt, .metavar = "TEXT", .help = "prompt text (special tokens are parsed)"},
         {"-f,--file", NULL, BL_ARG_STR, &c.prompt_file, .metavar = "FILE", .help = "read the prompt from FILE ('-': stdin)"},
         {"-n,--n-predict,--predict", "LLAMA_ARG_N_PREDICT", BL_ARG_I64, &c.n_predict, -1, INT32_MAX, .metavar = "N", .help = "tokens to generate (-1: until end of text or a full context; 0: evaluate the prompt only)"},
@@ -428,8 +431,8 @@ int main(int argc, char **argv)
     }
     c.sp.top_k = (int32_t)c.top_k;
     c.sp.penalty_last_n = (int32_t)c.repeat_last_n;
-    if (!c.model) {
-        fprintf(stderr, "bloomery-cli: -m FILE is required (see --help)\n");
+    if (!c.model && !c.hub.spec) {
+        fprintf(stderr, "bloomery-cli: -m FILE or -hf REPO is required (see --help)\n");
         return 2;
     }
     if (c.prompt && c.prompt_file) {
@@ -440,5 +443,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "bloomery-cli: --system-prompt needs --chat\n");
         return 2;
     }
-    return run(&c);
+    char *model = NULL;
+    if (bl_hub_model_path(&c.hub, c.model, &model, &err)) {
+        fprintf(stderr, "bloomery-cli: %s\n", err.msg);
+        return c.hub.spec && c.model ? 2 : 1;
+    }
+    c.model = model;
+    int rc = run(&c);
+    free(model);
+    return rc;
 }
