@@ -12,6 +12,9 @@ static _Atomic int g_level = BL_LOG_INFO;
 static char g_name[32] = "bloomery";
 
 static const char *const level_names[] = {"DEBUG", "INFO ", "WARN ", "ERROR"};
+static const char *const level_colored[] = {"\033[2mDEBUG\033[0m", "\033[32mINFO \033[0m",
+                                            "\033[33mWARN \033[0m", "\033[31mERROR\033[0m"};
+static int g_colors;
 
 void bl_log_init(const char *name, bl_log_level_t level)
 {
@@ -25,6 +28,17 @@ bl_log_level_t bl_log_level(void)
     return (bl_log_level_t)atomic_load_explicit(&g_level, memory_order_relaxed);
 }
 
+bl_log_level_t bl_log_level_of_verbosity(long long n)
+{
+    return n <= 0 ? BL_LOG_OFF : n == 1 ? BL_LOG_ERROR : n == 2 ? BL_LOG_WARN : n == 3 ? BL_LOG_INFO
+                                                                                     : BL_LOG_DEBUG;
+}
+
+void bl_log_set_colors(int on)
+{
+    g_colors = on != 0;
+}
+
 void bl_log_write(bl_log_level_t level, const char *fmt, ...)
 {
     if (level < BL_LOG_DEBUG || level > BL_LOG_ERROR)
@@ -36,7 +50,7 @@ void bl_log_write(bl_log_level_t level, const char *fmt, ...)
     gmtime_r(&ts.tv_sec, &tm);
     int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s ", tm.tm_year + 1900,
                      tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
-                     level_names[level], g_name);
+                     (g_colors ? level_colored : level_names)[level], g_name);
     if (n < 0)
         return;
     va_list ap;

@@ -25,6 +25,15 @@ typedef enum bl_log_level {
 void bl_log_init(const char *name, bl_log_level_t level);
 bl_log_level_t bl_log_level(void);
 
+/* llama.cpp's verbosity threshold (-lv N: 0 generic output, 1 error, 2 warning, 3 info,
+ * 4 debug; lines above N are dropped) as a level: N <= 0 OFF, 1 ERROR, 2 WARN, 3 INFO,
+ * N >= 4 DEBUG. */
+bl_log_level_t bl_log_level_of_verbosity(long long n);
+
+/* Level names in ANSI colours (ERROR red, WARN yellow, DEBUG dim) when on is 1;
+ * default off. Call before other threads log. */
+void bl_log_set_colors(int on);
+
 void bl_log_write(bl_log_level_t level, const char *fmt, ...) BL_PRINTF(2, 3);
 
 #define BL_LOG(level, ...)                                                                         \

@@ -209,7 +209,8 @@ int main(int argc, char **argv)
 {
     const char *endpoint = NULL, *identity = "hosttier";
     int64_t parent = 0, n_threads = 0;
-    int verbose = 0, quiet = 0, help = 0;
+    int verbose = 0, quiet = 0, help = 0, colors = 0;
+    int64_t verbosity = -1;
     bl_arg_t args[] = {
         {"--control", NULL, BL_ARG_STR, &endpoint, .metavar = "ENDPOINT", .help = "the router's control socket"},
         {"--identity", NULL, BL_ARG_STR, &identity, .metavar = "ID", .help = "routing id on the control socket"},
@@ -217,6 +218,8 @@ int main(int argc, char **argv)
         {"-t,--threads", NULL, BL_ARG_I64, &n_threads, 1, 256, .metavar = "N", .help = "expert pool threads (default: the plan's)"},
         {"-v,--verbose", NULL, BL_ARG_FLAG, &verbose, .help = "log at DEBUG"},
         {"--log-disable", NULL, BL_ARG_FLAG, &quiet, .help = "write no log lines"},
+        {"-lv,--verbosity", NULL, BL_ARG_I64, &verbosity, 0, 100, .metavar = "N", .help = "llama.cpp's log threshold: 1 error, 2 warning, 3 info, 4 debug"},
+        {"--log-colors", NULL, BL_ARG_FLAG, &colors, .help = "colour the level names"},
     };
     int n_args = (int)(sizeof args / sizeof args[0]);
     bl_err_t err = {0};
@@ -230,7 +233,11 @@ int main(int argc, char **argv)
                       args, n_args);
         return help ? 0 : 2;
     }
-    bl_log_init("hosttier", quiet ? BL_LOG_OFF : verbose ? BL_LOG_DEBUG : BL_LOG_INFO);
+    bl_log_init("hosttier", quiet           ? BL_LOG_OFF
+                    : verbosity >= 0 ? bl_log_level_of_verbosity(verbosity)
+                    : verbose        ? BL_LOG_DEBUG
+                                     : BL_LOG_INFO);
+    bl_log_set_colors(colors);
     static hosttier_t h;
     int rc = bp_child_start(&h.ctl, endpoint, identity, (pid_t)parent, "hosttier", &err);
     if (rc) {

@@ -280,7 +280,7 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
     snprintf(parent, sizeof parent, "%d", (int)getpid());
     snprintf(threads, sizeof threads, "%d", c->o.n_threads_hosttier > 0 ? c->o.n_threads_hosttier
                                                                         : c->o.n_threads);
-    char *argv[16];
+    char *argv[24];
     int a = 0;
     argv[a++] = k->hosttier ? c->hosttier_bin : c->worker_bin;
     argv[a++] = (char *)"--control";
@@ -300,6 +300,14 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
         argv[a++] = (char *)"--verbose";
     if (c->o.quiet)
         argv[a++] = (char *)"--log-disable";
+    char lv[16];
+    if (c->o.verbosity >= 0) {
+        snprintf(lv, sizeof lv, "%d", c->o.verbosity);
+        argv[a++] = (char *)"-lv";
+        argv[a++] = lv;
+    }
+    if (c->o.log_colors)
+        argv[a++] = (char *)"--log-colors";
     argv[a] = NULL;
 
     posix_spawn_file_actions_t fa;

@@ -45,6 +45,8 @@ typedef struct rt_cluster_opts {
                               * as hung: the step fails and the whole set restarts (0: wait
                               * as long as they live) */
     int verbose;             /* children log at DEBUG */
+    int verbosity;           /* the children's -lv (llama.cpp's threshold); -1: not given */
+    int log_colors;          /* children colour their level names */
     int quiet;               /* children write no log lines (--log-disable); a load
                               * failure still reaches the router as an Error */
 } rt_cluster_opts_t;

@@ -62,6 +62,8 @@ struct rt_http {
     char **api_keys;
     size_t n_api_keys;
     size_t max_body_bytes;
+    char *api_prefix;    /* NULL: routes at the root */
+    size_t api_prefix_len;
     int port;
     route_t *routes;
     size_t n_routes, cap_routes;
@@ -679,6 +681,15 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     char *q = memchr(r->path, '?', plen);
     if (q)
         *q = 0;
+    /* --api-prefix: every route lives under it, and nothing outside */
+    int outside_prefix = 0;
+    if (h->api_prefix) {
+        if (strncmp(r->path, h->api_prefix, h->api_prefix_len) == 0 &&
+            r->path[h->api_prefix_len] == '/')
+            r->path += h->api_prefix_len;
+        else
+            outside_prefix = 1;
+    }
 
     r->busy++;
     h2o_iovec_t m = req->method;
@@ -688,7 +699,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     }
     const route_t *rt = NULL;
     int path_known = 0;
-    for (size_t i = 0; i < h->n_routes; i++) {
+    for (size_t i = 0; i < h->n_routes && !outside_prefix; i++) {
         if (strcmp(h->routes[i].path, r->path) != 0)
             continue;
         path_known = 1;
@@ -877,6 +888,16 @@ int rt_http_create(rt_http_t **out, uv_loop_t *loop, const rt_http_opts_t *o, vo
     h->loop = loop;
     h->app = app;
     h->max_body_bytes = o->max_body_bytes ? o->max_body_bytes : ((size_t)32 << 20);
+    if (o->api_prefix && o->api_prefix[0]) {
+        if (o->api_prefix[0] != '/') {
+            free(h);
+            return bl_err_set(err, BL_EINVAL, "http: the API prefix must start with '/'");
+        }
+        h->api_prefix = strdup(o->api_prefix);
+        if (!h->api_prefix)
+            goto oom;
+        h->api_prefix_len = strlen(h->api_prefix);
+    }
     if (o->n_api_keys) {
         h->api_keys = calloc(o->n_api_keys, sizeof *h->api_keys);
         if (!h->api_keys)
@@ -1075,5 +1096,6 @@ void rt_http_destroy(rt_http_t *h)
     for (size_t i = 0; i < h->n_api_keys; i++)
         free(h->api_keys[i]);
     free(h->api_keys);
+    free(h->api_prefix);
     free(h);
 }

@@ -25,6 +25,7 @@ typedef struct rt_http_opts {
     size_t n_api_keys;
     size_t max_body_bytes;     /* larger bodies get 413 */
     int timeout_s;             /* idle connection timeout (--timeout) */
+    const char *api_prefix;    /* every route under this path ("/v2"); NULL or "": none */
 } rt_http_opts_t;
 
 /* Binds host:port and starts accepting on loop. app is handed to handlers

@@ -4,6 +4,7 @@
  * engine, serves HTTP on the loop, and on SIGINT/SIGTERM drains and stops it all.
  *
  * Thread: main runs the libuv loop; the engine and the cluster have their own. */
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -83,9 +84,26 @@ typedef struct opts {
     int slots, no_slots, no_webui, no_warmup, swa_full;
     int64_t cache_reuse;
     const char *split_mode, *log_file;
+    /* HTTP and logs */
+    const char *api_prefix, *log_colors;
+    int64_t threads_http, log_verbosity;
     int64_t main_gpu;
     double defrag_thold;
 } opts_t;
+
+/* --api-prefix: a path of plain segments, "/v2" or "/a/b", without a trailing '/'. */
+static int parse_api_prefix(void *ud, const char *value, bl_err_t *err)
+{
+    size_t n = strlen(value);
+    if (n > 0 && (value[0] != '/' || value[n - 1] == '/' || n > 256 || strstr(value, "//")))
+        return bl_err_set(err, BL_EINVAL, "'%.64s' is not /PATH without a trailing '/'", value);
+    for (const char *p = value; *p; p++)
+        if (!isalnum((unsigned char)*p) && !strchr("/-._~", *p))
+            return bl_err_set(err, BL_EINVAL, "'%.64s': a prefix is letters, digits and / - . _ ~",
+                              value);
+    *(const char **)ud = value;
+    return 0;
+}
 
 /* -ot may be given several times; each value is a comma list of PATTERN=BUFFER. */
 static int parse_override_tensor(void *ud, const char *value, bl_err_t *err)
@@ -166,6 +184,16 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "seconds a connection may idle and a request may wait for a slot (default 600)");
     FLAG("--log-disable", NULL, &o->log_disable, "write no log lines");
     FLAG("-v,--verbose,--log-verbose", NULL, &o->verbose, "log at DEBUG (children too)");
+    I64("-lv,--verbosity,--log-verbosity", "LLAMA_LOG_VERBOSITY", &o->log_verbosity, 0, 100, "N",
+        "log threshold: 0 nothing, 1 errors, 2 warnings, 3 info (default), 4 debug");
+    STR("--log-colors", "LLAMA_LOG_COLORS", &o->log_colors, "on|off|auto",
+        "colour the level names (auto: when stderr is a terminal; the default)");
+    a[n++] = (bl_arg_t){.names = "--api-prefix", .env = "LLAMA_ARG_API_PREFIX",
+                        .kind = BL_ARG_FN, .fn = parse_api_prefix, .ud = &o->api_prefix,
+                        .metavar = "PREFIX",
+                        .help = "serve every route under this path (\"/v2\": /v2/health, ...)"};
+    I64("--threads-http", "LLAMA_ARG_THREADS_HTTP", &o->threads_http, -1, 1024, "N",
+        "accepted and logged: HTTP runs on one event-loop thread, generation elsewhere");
     I64("--workers", "BLOOMERY_ARG_WORKERS", &o->workers, 1, 1024, "N",
         "CPU worker processes: the layers split into N pipeline stages (default 1)");
     STR("-ctk,--cache-type-k", "LLAMA_ARG_CACHE_TYPE_K", &o->cache_type_k, "TYPE",
@@ -931,6 +959,8 @@ int main(int argc, char **argv)
     o.batch = 2048;
     o.ubatch = 512;
     o.timeout = 600;
+    o.log_verbosity = -1;
+    o.threads_http = -1;
     o.workers = 1;
     o.n_cpu_moe = 0;
     rt_sampler_params_t sd;
@@ -996,7 +1026,30 @@ int main(int argc, char **argv)
         }
         close(fd);
     }
-    bl_log_init("serve", o.log_disable ? BL_LOG_OFF : o.verbose ? BL_LOG_DEBUG : BL_LOG_INFO);
+    int colors = 0;
+    if (o.log_colors) {
+        if (!strcmp(o.log_colors, "on") || !strcmp(o.log_colors, "auto"))
+            colors = !strcmp(o.log_colors, "on") || isatty(STDERR_FILENO);
+        else if (strcmp(o.log_colors, "off") != 0) {
+            fprintf(stderr, "%s: --log-colors: '%.32s' is not on, off or auto\n", PROG,
+                    o.log_colors);
+            exit_code = 2;
+            goto out;
+        }
+    } else {
+        colors = isatty(STDERR_FILENO);
+    }
+    if (o.log_verbosity == 0) /* nothing logged; a start failure still reaches stderr */
+        o.log_disable = 1;
+    bl_log_init("serve", o.log_disable           ? BL_LOG_OFF
+                         : o.log_verbosity > 0   ? bl_log_level_of_verbosity(o.log_verbosity)
+                         : o.verbose             ? BL_LOG_DEBUG
+                                                 : BL_LOG_INFO);
+    bl_log_set_colors(colors);
+    if (o.threads_http != -1)
+        BL_LOG(BL_LOG_INFO, "event=flag_accepted flag=--threads-http value=%lld reason=HTTP runs "
+                            "on one event-loop thread",
+               (long long)o.threads_http);
     if (!o.model && !o.hub.spec) {
         BL_LOG(BL_LOG_ERROR, "event=start_failed reason=no model: give -m FILE or -hf REPO");
         fprintf(stderr, "%s: no model: give -m FILE or -hf REPO (see --help)\n", PROG);
@@ -1154,6 +1207,7 @@ int main(int argc, char **argv)
         .n_api_keys = keys.n,
         .max_body_bytes = MAX_BODY_BYTES,
         .timeout_s = (int)o.timeout,
+        .api_prefix = o.api_prefix,
     };
     if (rt_http_create(&s->http, &s->loop, &ho, app, &err) != 0)
         goto fail;
@@ -1172,6 +1226,8 @@ int main(int argc, char **argv)
         .kv_type = ktype,
         .verbose = o.verbose,
         .quiet = o.log_disable,
+        .verbosity = o.log_verbosity > 0 ? (int)o.log_verbosity : -1,
+        .log_colors = colors,
         .n_gpus = n_gpus,
         .flash_attn = o.flash_attn,
         .no_mmap = o.no_mmap,

@@ -410,7 +410,8 @@ int main(int argc, char **argv)
 {
     const char *endpoint = NULL, *name = "worker", *identity = NULL;
     int64_t parent = 0;
-    int verbose = 0, quiet = 0, help = 0;
+    int verbose = 0, quiet = 0, help = 0, colors = 0;
+    int64_t verbosity = -1;
     bl_arg_t args[] = {
         {"--control", NULL, BL_ARG_STR, &endpoint, .metavar = "ENDPOINT", .help = "the router's control socket"},
         {"--name", NULL, BL_ARG_STR, &name, .metavar = "NAME", .help = "this process in logs and errors (worker0)"},
@@ -418,6 +419,8 @@ int main(int argc, char **argv)
         {"--parent", NULL, BL_ARG_I64, &parent, 1, INT32_MAX, .metavar = "PID", .help = "the router's pid"},
         {"-v,--verbose", NULL, BL_ARG_FLAG, &verbose, .help = "log at DEBUG"},
         {"--log-disable", NULL, BL_ARG_FLAG, &quiet, .help = "write no log lines"},
+        {"-lv,--verbosity", NULL, BL_ARG_I64, &verbosity, 0, 100, .metavar = "N", .help = "llama.cpp's log threshold: 1 error, 2 warning, 3 info, 4 debug"},
+        {"--log-colors", NULL, BL_ARG_FLAG, &colors, .help = "colour the level names"},
     };
     int n_args = (int)(sizeof args / sizeof args[0]);
     bl_err_t err = {0};
@@ -431,7 +434,11 @@ int main(int argc, char **argv)
                       args, n_args);
         return help ? 0 : 2;
     }
-    bl_log_init(name, quiet ? BL_LOG_OFF : verbose ? BL_LOG_DEBUG : BL_LOG_INFO);
+    bl_log_init(name, quiet           ? BL_LOG_OFF
+                    : verbosity >= 0 ? bl_log_level_of_verbosity(verbosity)
+                    : verbose        ? BL_LOG_DEBUG
+                                     : BL_LOG_INFO);
+    bl_log_set_colors(colors);
     static worker_t w;
     int rc = bp_child_start(&w.ctl, endpoint, identity ? identity : name, (pid_t)parent, name, &err);
     if (rc) {

@@ -226,6 +226,11 @@ class Server:
             except OSError:
                 pass
 
+    def prefix(self):
+        """The --api-prefix the server was given ("" when none)."""
+        a = self.args
+        return a[a.index("--api-prefix") + 1] if "--api-prefix" in a[:-1] else ""
+
     def wait_healthy(self, timeout=60):
         deadline = time.monotonic() + timeout
         last = None
@@ -235,7 +240,7 @@ class Server:
                 raise ServerError("bloomery-serve exited with status %d before /health said ok:\n"
                                   "command: %s\n%s" % (rc, " ".join(self.command()), self.log()))
             try:
-                status, body = http("GET", self.url + "/health", timeout=2)
+                status, body = http("GET", self.url + self.prefix() + "/health", timeout=2)
                 last = (status, body)
                 if status == 200:
                     return

@@ -355,6 +355,53 @@ def test_predict_cap_template_and_log_disable(servers):
     assert "event=" not in log, "--log-disable still wrote log lines:\n" + log
 
 
+def test_api_prefix_moves_every_route(servers):
+    srv = servers.start(FAST + ["--api-prefix", "/api/v2"])
+    base = srv.url + "/api/v2"
+    assert get(base, "/health").status_code == 200
+    assert get(srv.url, "/health").status_code == 404
+    assert get(srv.url, "/api/v2").status_code == 404
+    assert get(srv.url, "/api/v2health").status_code == 404
+    r = post(base, "/v1/chat/completions", {"messages": CONV, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert post(srv.url, "/v1/chat/completions", {"messages": CONV}).status_code == 404
+    r = get(base, "/completion")
+    assert r.status_code == 405 and "/completion" in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize("value", ["v2", "/v2/", "/a//b", "/a b", "/a?b"])
+def test_api_prefix_that_is_no_path(model, value):
+    rc, out, _ = run_serve(["-m", model, "--port", str(serverctl.free_port()), "--api-prefix",
+                            value] + FAST, timeout=15)
+    assert rc == 2 and "--api-prefix" in out, out
+
+
+def test_log_verbosity_colors_and_threads_http(servers, tmp_path):
+    """-lv 2 keeps warnings and errors only, in every process; --log-colors on colours
+    the level names; --threads-http is accepted and says why it changes nothing."""
+    srv = servers.start(FAST + ["-lv", "2", "--log-colors", "on", "--threads-http", "4"])
+    assert post(srv.url, "/completion", {"prompt": "Hi", "n_predict": 1}).status_code == 200
+    log = srv.log()
+    # no INFO line of the server, nor of its children (worker0 event=ready)
+    assert "event=listening" not in log and "INFO" not in log, log
+    srv2 = servers.start(FAST + ["-lv", "4", "--log-colors", "on", "--threads-http", "4"])
+    assert post(srv2.url, "/completion", {"prompt": "Hi", "n_predict": 1}).status_code == 200
+    log = srv2.log()
+    assert "\033[2mDEBUG\033[0m serve event=task_start" in log, log
+    assert "\033[32mINFO \033[0m worker0 event=ready" in log, log
+    assert "\033[32mINFO \033[0m serve event=flag_accepted flag=--threads-http" in log, log
+    srv3 = servers.start(FAST + ["-lv", "0"])
+    assert srv3.log() == "", srv3.log()
+
+
+@pytest.mark.parametrize("args,name", [(["--log-colors", "sometimes"], "--log-colors"),
+                                       (["-lv", "x"], "--verbosity")])
+def test_bad_log_flags(model, args, name):
+    rc, out, _ = run_serve(["-m", model, "--port", str(serverctl.free_port())] + args + FAST,
+                           timeout=15)
+    assert rc == 2 and name in out, out
+
+
 def test_chat_template_file(servers, tmp_path):
     f = tmp_path / "tpl.jinja"
     f.write_text(TEMPLATE)
