@@ -20,6 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "grammar.h"
+#include "json_schema.h"
 #include "log.h"
 
 /* ---------------------------------------------------------------------------- */
@@ -339,19 +341,6 @@ static int refuse_unsupported(const json_t *body, rt_gen_api_t api, bl_err_t *er
         return rc;
     if (found && dv > 0.0)
         return bl_err_set(err, BL_EINVAL, "'top_n_sigma' is not supported (only -1)");
-    if ((v = field(body, "grammar")) && !(json_is_string(v) && json_string_length(v) == 0))
-        return bl_err_set(err, BL_EINVAL, "'grammar' is not supported");
-    if (field(body, "json_schema"))
-        return bl_err_set(err, BL_EINVAL, "'json_schema' is not supported");
-    if ((v = field(body, "response_format"))) {
-        json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
-        if (!json_is_object(v) || (t && !json_is_string(t)))
-            return bl_err_set(err, BL_EINVAL, "'response_format' must be an object with a 'type'");
-        if (t && strcmp(json_string_value(t), "text") != 0)
-            return bl_err_set(err, BL_EINVAL,
-                              "'response_format' of type \"%.64s\" is not supported (only \"text\")",
-                              json_string_value(t));
-    }
     if ((v = field(body, "lora")) && !(json_is_array(v) && json_array_size(v) == 0))
         return bl_err_set(err, BL_EINVAL, "'lora' is not supported: no adapters are loaded");
     int b = 0;
@@ -404,6 +393,83 @@ static int parse_samplers(const json_t *body, rt_sampler_params_t *s, bl_err_t *
     return rc ? bl_err_set(err, rc, "'samplers': %s", e2.msg) : 0;
 }
 
+/* What constrains the text: `grammar` (GBNF), `json_schema`, or `response_format`
+ * json_object (with an optional `schema`) or json_schema (`json_schema.schema`);
+ * one of them. A schema becomes GBNF (owned by p); the grammar is compiled here once
+ * so that a bad one gets its 400 before the request queues. */
+static int parse_constraint(const json_t *body, rt_gen_params_t *p, bl_err_t *err)
+{
+    const json_t *g = field(body, "grammar"), *js = field(body, "json_schema");
+    const json_t *rf = field(body, "response_format"), *schema = NULL;
+    const char *from = NULL;
+    if (g && !json_is_string(g))
+        return bl_err_set(err, BL_EINVAL, "'grammar' must be a string");
+    if (g && json_string_length(g) == 0)
+        g = NULL;
+    if (js && !json_is_null(js)) {
+        schema = js;
+        from = "json_schema";
+    }
+    if (rf) {
+        const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        if (!json_is_object(rf) || (t && !json_is_string(t)))
+            return bl_err_set(err, BL_EINVAL, "'response_format' must be an object with a 'type'");
+        const char *type = t ? json_string_value(t) : "text";
+        const json_t *s = NULL;
+        if (!strcmp(type, "json_object")) {
+            s = json_object_get(rf, "schema");
+            if (!s) /* any object */
+                s = p->any_object = json_pack("{s:s}", "type", "object");
+            if (!s)
+                return bl_err_set(err, BL_ENOMEM, "out of memory");
+        } else if (!strcmp(type, "json_schema")) {
+            const json_t *j = json_object_get(rf, "json_schema");
+            s = json_is_object(j) ? json_object_get(j, "schema") : NULL;
+            if (!s)
+                return bl_err_set(err, BL_EINVAL,
+                                  "'response_format': type json_schema needs json_schema.schema");
+        } else if (strcmp(type, "text") != 0) {
+            return bl_err_set(err, BL_EINVAL,
+                              "'response_format' of type \"%.64s\" is not supported (text, "
+                              "json_object, json_schema)",
+                              type);
+        }
+        if (s) {
+            if (schema)
+                return bl_err_set(err, BL_EINVAL,
+                                  "give 'json_schema' or a JSON 'response_format', not both");
+            schema = s;
+            from = "response_format";
+        }
+    }
+    if (g && schema)
+        return bl_err_set(err, BL_EINVAL, "give 'grammar' or '%s', not both", from);
+    const char *text = g ? json_string_value(g) : NULL;
+    size_t len = g ? json_string_length(g) : 0;
+    if (schema) {
+        bl_err_t e2 = {0};
+        int rc = rt_json_schema_to_gbnf(schema, &p->grammar, &e2);
+        if (rc)
+            return bl_err_set(err, rc == BL_ENOMEM ? BL_ENOMEM : BL_EINVAL, "'%s': %s", from, e2.msg);
+        text = p->grammar;
+        len = strlen(p->grammar);
+        from = from ? from : "json_schema";
+    } else {
+        from = "grammar";
+    }
+    if (!text)
+        return 0;
+    rt_grammar_t *compiled = NULL;
+    bl_err_t e2 = {0};
+    int rc = rt_grammar_parse(&compiled, text, len, &e2);
+    rt_grammar_destroy(compiled);
+    if (rc)
+        return bl_err_set(err, rc == BL_ENOMEM ? BL_ENOMEM : BL_EINVAL, "'%s': %s", from, e2.msg);
+    p->task.sampling.grammar = text;
+    p->task.sampling.grammar_len = len;
+    return 0;
+}
+
 int rt__gen_parse_params(const json_t *body, rt_gen_api_t api, const rt_gen_limits_t *lim,
                          rt_gen_params_t *p, bl_err_t *err)
 {
@@ -421,6 +487,8 @@ int rt__gen_parse_params(const json_t *body, rt_gen_api_t api, const rt_gen_limi
     if (!json_is_object(body))
         return bl_err_set(err, BL_EINVAL, "the request body must be a JSON object");
     if ((rc = refuse_unsupported(body, api, err)))
+        goto fail;
+    if (api != RT_GEN_API_ANTHROPIC && (rc = parse_constraint(body, p, err)))
         goto fail;
 
     /* sampling */
@@ -579,6 +647,12 @@ fail:
 
 void rt__gen_params_fini(rt_gen_params_t *p)
 {
+    free(p->grammar);
+    p->grammar = NULL;
+    json_decref(p->any_object);
+    p->any_object = NULL;
+    p->task.sampling.grammar = NULL;
+    p->task.sampling.grammar_len = 0;
     free(p->bias);
     p->bias = NULL;
     p->n_bias = p->cap_bias = 0;
@@ -1656,7 +1730,7 @@ json_t *rt__gen_settings_json(const rt_gen_req_t *g)
         stop ? stop : json_array(), "max_tokens", (json_int_t)t->n_predict, "n_keep",
         (json_int_t)0, "ignore_eos", t->ignore_eos, "stream", g->params.stream, "n_probs",
         t->n_probs, "min_keep", (int)s->min_keep, "logit_bias", bias ? bias : json_array(),
-        "grammar", "", "samplers", samplers ? samplers : json_array(),
+        "grammar", s->grammar ? s->grammar : "", "samplers", samplers ? samplers : json_array(),
         "timings_per_token", g->params.timings_per_token, "post_sampling_probs",
         g->params.post_sampling_probs);
     if (j)

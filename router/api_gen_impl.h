@@ -60,6 +60,9 @@ typedef struct rt_gen_params {
     int64_t seed_req;          /* the seed as asked (-1: random), for generation_settings */
     const json_t *response_fields; /* native: the final reply's paths to keep; borrowed
                                     * from the request JSON; NULL: all */
+    char *grammar;             /* owned GBNF made from a JSON schema (task.sampling.grammar
+                                * points here, or into the request's `grammar`) */
+    json_t *any_object;        /* owned: the schema of response_format json_object */
 } rt_gen_params_t;
 
 /* What the parser needs to know about the server. */

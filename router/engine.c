@@ -17,6 +17,7 @@
 #include "log.h"
 
 #define STOP_MAX_LEN 1024 /* bytes per stop string: bounds the text held back */
+#define GRAMMAR_MAX_BYTES (1 << 20) /* GBNF text of one request */
 #define N_CAND_LOOKUP 128 /* sampler candidates searched for the reported probabilities */
 #define CLUSTER_POLL_MS 100 /* how often a wait for the cluster rechecks shutdown and timeouts */
 
@@ -787,7 +788,7 @@ static void on_output(rt_engine_t *e, slot_t *s, const float *row, int32_t n_voc
         return;
     }
     int32_t tok = rt_sampler_sample(s->smpl, row);
-    rt_sampler_accept(s->smpl, tok);
+    rt_sampler_accept_generated(s->smpl, tok);
     s->n_decoded++;
     if (!s->got_first) {
         s->got_first = 1;
@@ -1331,9 +1332,13 @@ int rt_engine_submit(rt_engine_t *e, const int32_t *prompt, size_t n, const rt_t
     if (n_bias > SIZE_MAX / 2 / sizeof(rt_logit_bias_t))
         return bl_err_set(err, BL_ERANGE, "%zu logit_bias entries", n_bias);
     size_t n_bias_all = n_bias + (p->ignore_eos ? e->n_eog : 0);
+    size_t grammar_len = p->sampling.grammar ? p->sampling.grammar_len : 0;
+    if (grammar_len > GRAMMAR_MAX_BYTES)
+        return bl_err_set(err, BL_ERANGE, "the grammar is %zu bytes; at most %d", grammar_len,
+                          GRAMMAR_MAX_BYTES);
 
     size_t size = sizeof(rt_task_t) + n_bias_all * sizeof(rt_logit_bias_t) +
-                  n * sizeof(int32_t) + stop_bytes;
+                  n * sizeof(int32_t) + stop_bytes + grammar_len + 1;
     rt_task_t *t = calloc(1, size);
     if (!t)
         return bl_err_set(err, BL_ENOMEM, "engine: out of memory for a task of %zu tokens", n);
@@ -1368,6 +1373,11 @@ int rt_engine_submit(rt_engine_t *e, const int32_t *prompt, size_t n, const rt_t
     for (int i = ns; i < RT_MAX_STOP; i++)
         t->p.stop[i] = NULL;
     t->p.n_stop = ns;
+    if (p->sampling.grammar) { /* the grammar's text, last */
+        memcpy(sp, p->sampling.grammar, grammar_len);
+        sp[grammar_len] = '\0';
+        t->p.sampling.grammar = sp;
+    }
     t->n_predict = p->n_predict < 0 ? -1 : p->n_predict;
     if (e->o.n_predict_max >= 0 && (t->n_predict < 0 || t->n_predict > e->o.n_predict_max))
         t->n_predict = e->o.n_predict_max;

@@ -2,6 +2,7 @@
  * the order; each stage below narrows or reweights the candidate list in place. */
 #include "sampler.h"
 
+#include "grammar.h"
 #include "rng.h"
 #include "tokenizer.h"
 
@@ -31,6 +32,9 @@ struct rt_sampler {
     int32_t *ring;
     int32_t ring_head, ring_len;
     uint32_t *counts;      /* (n_vocab) occurrences in the window, zero between calls */
+
+    rt_grammar_t *grammar; /* compiled params.grammar, or NULL */
+    rt_grammar_match_t *gm; /* where the generated text leaves the grammar */
 
     cand_t *cand;          /* (n_vocab) candidate list of the current call */
     size_t n_cand;
@@ -209,6 +213,8 @@ int rt_sampler_create(rt_sampler_t **out, const rt_sampler_params_t *p, int32_t 
         return rc;
     if (!tok && memchr(p->stages, RT_STAGE_INFILL, (size_t)p->n_stages))
         return bl_err_set(err, BL_EINVAL, "sampler: the infill sampler needs the vocabulary");
+    if (!tok && p->grammar)
+        return bl_err_set(err, BL_EINVAL, "sampler: a grammar needs the vocabulary");
 
     rt_sampler_t *s = calloc(1, sizeof *s);
     if (!s)
@@ -229,6 +235,12 @@ int rt_sampler_create(rt_sampler_t **out, const rt_sampler_params_t *p, int32_t 
     if (p->n_logit_bias)
         memcpy(s->bias, p->logit_bias, p->n_logit_bias * sizeof *s->bias);
     s->p.logit_bias = s->bias;
+    s->p.grammar = NULL; /* borrowed text: only the compiled form is kept */
+    if (p->grammar && ((rc = rt_grammar_parse(&s->grammar, p->grammar, p->grammar_len, err)) ||
+                       (rc = rt_grammar_match_create(&s->gm, s->grammar, err)))) {
+        rt_sampler_destroy(s);
+        return rc;
+    }
     s->seed = p->seed == RT_SEED_RANDOM ? random_seed() : p->seed;
     seed_rng(s);
     *out = s;
@@ -243,6 +255,8 @@ void rt_sampler_destroy(rt_sampler_t *s)
     free(s->counts);
     free(s->ring);
     free(s->bias);
+    rt_grammar_match_destroy(s->gm);
+    rt_grammar_destroy(s->grammar);
     free(s);
 }
 
@@ -259,9 +273,23 @@ void rt_sampler_accept(rt_sampler_t *s, int32_t token)
         s->ring_head = (s->ring_head + 1) % s->window;
 }
 
+void rt_sampler_accept_generated(rt_sampler_t *s, int32_t token)
+{
+    rt_sampler_accept(s, token);
+    if (s->gm && !rt_tokenizer_is_eog(s->tok, token)) {
+        rt_str_t piece = rt_tokenizer_piece(s->tok, token);
+        /* sample() chose a token the grammar allows; a token from elsewhere that it
+         * does not leaves the grammar where it was */
+        int rc = rt_grammar_match_feed(s->gm, piece.ptr, piece.len);
+        (void)rc;
+    }
+}
+
 void rt_sampler_reset(rt_sampler_t *s)
 {
     s->ring_head = s->ring_len = 0;
+    if (s->gm)
+        rt_grammar_match_reset(s->gm);
     seed_rng(s);
 }
 
@@ -561,7 +589,19 @@ static int32_t draw(rt_sampler_t *s)
 
 // --- entry points ---------------------------------------------------------------------------
 
-int32_t rt_sampler_sample(rt_sampler_t *s, const float *logits)
+/* Whether the grammar allows token next: an end token once it is complete, another
+ * token when its bytes can follow. An empty piece never: it would not move on. */
+static int grammar_allows(rt_sampler_t *s, int32_t id)
+{
+    if (rt_tokenizer_is_eog(s->tok, id))
+        return rt_grammar_match_done(s->gm);
+    rt_str_t piece = rt_tokenizer_piece(s->tok, id);
+    return piece.len > 0 && rt_grammar_match_accepts(s->gm, piece.ptr, piece.len);
+}
+
+/* The candidate list from logits, biased; with mask, the tokens the grammar does
+ * not allow are out (-inf). Returns the number of candidates left finite. */
+static size_t fill(rt_sampler_t *s, const float *logits, int mask)
 {
     const rt_sampler_params_t *p = &s->p;
     for (int32_t i = 0; i < s->n_vocab; i++) {
@@ -570,9 +610,20 @@ int32_t rt_sampler_sample(rt_sampler_t *s, const float *logits)
     }
     s->n_cand = (size_t)s->n_vocab;
     s->cand_sorted = 0;
-
     for (size_t i = 0; i < p->n_logit_bias; i++)
         s->cand[p->logit_bias[i].token].logit += p->logit_bias[i].bias;
+    size_t live = 0;
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        if (mask && s->cand[i].logit > -INFINITY && !grammar_allows(s, i))
+            s->cand[i].logit = -INFINITY;
+        live += s->cand[i].logit > -INFINITY;
+    }
+    return live;
+}
+
+static int32_t run_chain(rt_sampler_t *s)
+{
+    const rt_sampler_params_t *p = &s->p;
     for (int i = 0; i < p->n_stages; i++) {
         switch ((rt_sampler_stage_t)p->stages[i]) {
         case RT_STAGE_PENALTIES:
@@ -607,6 +658,22 @@ int32_t rt_sampler_sample(rt_sampler_t *s, const float *logits)
         }
     }
     return draw(s);
+}
+
+int32_t rt_sampler_sample(rt_sampler_t *s, const float *logits)
+{
+    fill(s, logits, 0);
+    int32_t tok = run_chain(s);
+    if (!s->gm || grammar_allows(s, tok))
+        return tok;
+    if (fill(s, logits, 1) == 0) {
+        /* nothing the grammar allows is left (banned or -inf): end the text */
+        for (int32_t i = 0; i < s->n_vocab; i++)
+            if (rt_tokenizer_is_eog(s->tok, i))
+                return i;
+        return tok;
+    }
+    return run_chain(s);
 }
 
 static int prob_before(float p, int32_t id, const float *probs, const int32_t *ids, size_t j)

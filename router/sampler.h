@@ -8,6 +8,12 @@
  * the draw; a stage left out of the list does not run. The list may hold the infill
  * stage of code completion (see rt_sampler_stage_t).
  *
+ * With a grammar (params.grammar, GBNF), the token the chain draws must be one the
+ * grammar allows after the tokens generated so far; when it is not, the chain runs
+ * again over the tokens the grammar allows (llama.cpp's order: the grammar check
+ * first on the draw, then on the whole vocabulary). End-of-generation tokens are
+ * allowed once the grammar is complete.
+ *
  * A temperature <= 0 keeps only the most likely remaining token (greedy). The draw
  * uses the sampler's own generator, seeded from params.seed: the same seed, logits
  * and accepted tokens give the same choices on every machine.
@@ -79,6 +85,8 @@ typedef struct rt_sampler_params {
     size_t n_logit_bias;
     uint8_t stages[RT_SAMPLER_MAX_STAGES]; /* rt_sampler_stage_t values, in order: */
     int n_stages;            /* penalties, top_k, typ_p, top_p, min_p, temperature */
+    const char *grammar;     /* GBNF text (borrowed, compiled by rt_sampler_create), or */
+    size_t grammar_len;      /* NULL: none */
 } rt_sampler_params_t;
 
 typedef struct rt_sampler rt_sampler_t;
@@ -100,8 +108,9 @@ int rt_sampler_params_check(const rt_sampler_params_t *p, int32_t n_vocab, bl_er
 
 /* A sampler over n_vocab logits; n_ctx bounds the penalty window when
  * penalty_last_n is -1. tok (borrowed, may be NULL) is the vocabulary the infill
- * stage reads; a chain with that stage and no tok is refused (BL_EINVAL). Caller
- * frees with rt_sampler_destroy. */
+ * stage and a grammar read; a chain with that stage or a grammar and no tok is
+ * refused (BL_EINVAL), as is a grammar that does not compile (the message says
+ * where). Caller frees with rt_sampler_destroy. */
 int rt_sampler_create(rt_sampler_t **out, const rt_sampler_params_t *p, int32_t n_vocab,
                       int32_t n_ctx, const rt_tokenizer_t *tok, bl_err_t *err) BL_WUR;
 void rt_sampler_destroy(rt_sampler_t *s);
@@ -112,8 +121,12 @@ uint32_t rt_sampler_seed(const rt_sampler_t *s);
 /* Records a token of the context (prompt or generated) for the penalties. Tokens
  * outside the vocabulary are ignored. */
 void rt_sampler_accept(rt_sampler_t *s, int32_t token);
+/* rt_sampler_accept for a token this sampler chose: the grammar, if any, moves past
+ * it too. */
+void rt_sampler_accept_generated(rt_sampler_t *s, int32_t token);
 
-/* Forgets the accepted tokens and reseeds the generator from the seed in use. */
+/* Forgets the accepted tokens, puts the grammar back at its start and reseeds the
+ * generator from the seed in use. */
 void rt_sampler_reset(rt_sampler_t *s);
 
 /* Runs the chain over logits (n_vocab floats, left unchanged) and returns the chosen

@@ -15,6 +15,7 @@
 #include "file.h"
 #include "gguf.h"
 #include "hub.h"
+#include "json_schema.h"
 #include "sampler.h"
 #include "tokenizer.h"
 #include "wk.h"
@@ -24,6 +25,7 @@
 
 typedef struct cli {
     const char *model, *prompt, *prompt_file, *dump_logits, *template_file, *system;
+    const char *grammar, *grammar_file, *json_schema, *json_schema_file; /* one of them */
     bl_hub_opts_t hub; /* -hf: the model from the hub instead of -m */
     const char *cache_type_k, *cache_type_v;
     int64_t n_predict, n_threads, n_ctx, n_batch, dump_top;
@@ -137,6 +139,44 @@ static json_t *row_json(const float *row, int64_t n_vocab, int64_t top)
 
 // --- main -------------------------------------------------------------------------------
 
+/* The GBNF of --grammar, --grammar-file, -j or -jf (at most one), or NULL; *out:
+ * caller frees. */
+static int load_grammar(const cli_t *c, char **out, bl_err_t *err)
+{
+    *out = NULL;
+    int given = !!c->grammar + !!c->grammar_file + !!c->json_schema + !!c->json_schema_file;
+    if (given > 1)
+        return bl_err_set(err, BL_EINVAL,
+                          "give one of --grammar, --grammar-file, --json-schema, --json-schema-file");
+    char *text = NULL;
+    size_t len;
+    int rc;
+    if (c->grammar || c->json_schema)
+        text = strdup(c->grammar ? c->grammar : c->json_schema);
+    else if (c->grammar_file || c->json_schema_file) {
+        if ((rc = bl_read_file(c->grammar_file ? c->grammar_file : c->json_schema_file, 1 << 20,
+                               &text, &len, err)))
+            return rc;
+    } else {
+        return 0;
+    }
+    if (!text)
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    if (c->grammar || c->grammar_file) {
+        *out = text;
+        return 0;
+    }
+    json_error_t je;
+    json_t *schema = json_loads(text, JSON_DECODE_ANY, &je);
+    free(text);
+    if (!schema)
+        return bl_err_set(err, BL_EINVAL, "--json-schema: not JSON (line %d: %s)", je.line, je.text);
+    bl_err_t e2 = {0};
+    rc = rt_json_schema_to_gbnf(schema, out, &e2);
+    json_decref(schema);
+    return rc ? bl_err_set(err, rc, "--json-schema: %s", e2.msg) : 0;
+}
+
 static int run(cli_t *c)
 {
     bl_err_t err = {0};
@@ -148,7 +188,7 @@ static int run(cli_t *c)
     rt_sampler_t *smp = NULL;
     rt_detok_t *dt = NULL;
     rt_tokens_t prompt = {0};
-    char *text = NULL, *file_text = NULL;
+    char *text = NULL, *file_text = NULL, *grammar = NULL;
     float *logits = NULL;
     json_t *dump = NULL, *positions = NULL, *greedy = NULL;
 
@@ -249,6 +289,10 @@ static int run(cli_t *c)
     sp.seed = c->seed < 0 ? RT_SEED_RANDOM : (uint32_t)c->seed;
     sp.logit_bias = c->bias;
     sp.n_logit_bias = c->n_bias;
+    if (load_grammar(c, &grammar, &err))
+        goto fail;
+    sp.grammar = grammar;
+    sp.grammar_len = grammar ? strlen(grammar) : 0;
     if (rt_sampler_create(&smp, &sp, (int32_t)cfg->n_vocab, (int32_t)n_ctx, tok, &err))
         goto fail;
     if (rt_detok_create(&dt, tok, c->show_special ? RT_DETOK_SPECIAL : 0, &err))
@@ -304,7 +348,7 @@ static int run(cli_t *c)
             json_object_set_new(g, "top", row_json(last, n_vocab, c->dump_top));
             json_array_append_new(greedy, g);
         }
-        rt_sampler_accept(smp, t);
+        rt_sampler_accept_generated(smp, t);
         n_gen++;
         if (!c->ignore_eos && rt_tokenizer_is_eog(tok, t))
             break;
@@ -361,6 +405,7 @@ done:
     rt_sampler_destroy(smp);
     rt_template_destroy(tpl);
     rt_tokenizer_destroy(tok);
+    free(grammar);
     wk_kv_free(kv);
     wk_model_free(m);
     return rc;
@@ -393,6 +438,10 @@ int main(int argc, char **argv)
         {"-b,--batch-size", "LLAMA_ARG_BATCH", BL_ARG_I64, &c.n_batch, 1, 1 << 16, .metavar = "N", .help = "prompt rows per forward pass (default 512)"},
         {"-cnv,--conversation,--chat", NULL, BL_ARG_FLAG, &c.chat, .help = "wrap the prompt as a user message in the chat template"},
         {"-sys,--system-prompt", NULL, BL_ARG_STR, &c.system, .metavar = "TEXT", .help = "system message (with --chat)"},
+        {"--grammar", NULL, BL_ARG_STR, &c.grammar, .metavar = "GBNF", .help = "constrain the text to this GBNF grammar"},
+        {"--grammar-file", NULL, BL_ARG_STR, &c.grammar_file, .metavar = "FILE", .help = "the GBNF grammar from FILE"},
+        {"-j,--json-schema", NULL, BL_ARG_STR, &c.json_schema, .metavar = "SCHEMA", .help = "constrain the text to JSON this schema accepts"},
+        {"-jf,--json-schema-file", NULL, BL_ARG_STR, &c.json_schema_file, .metavar = "FILE", .help = "the JSON schema from FILE"},
         {"--chat-template-file", "LLAMA_ARG_CHAT_TEMPLATE_FILE", BL_ARG_STR, &c.template_file, .metavar = "FILE", .help = "Jinja chat template instead of the model's"},
         {"--jinja", "LLAMA_ARG_JINJA", BL_ARG_FLAG, &c.jinja, .help = "accepted: templates are always Jinja"},
         {"--temp,--temperature", NULL, BL_ARG_F32, &c.sp.temp, .fmin = 0, .fmax = 100, .metavar = "T", .help = "temperature (default 0.8; 0: greedy)"},

@@ -389,10 +389,33 @@ static void test_params_refusals(void **state)
     (void)state;
     expect_refused("{\"n\":2}", RT_GEN_API_OAI_CHAT, "'n'");
     expect_refused("{\"mirostat\":2}", RT_GEN_API_NATIVE, "mirostat");
-    expect_refused("{\"grammar\":\"root ::= x\"}", RT_GEN_API_NATIVE, "grammar");
-    expect_refused("{\"json_schema\":{}}", RT_GEN_API_NATIVE, "json_schema");
-    expect_refused("{\"response_format\":{\"type\":\"json_object\"}}", RT_GEN_API_OAI_CHAT,
+    expect_refused("{\"grammar\":\"root ::= x\"}", RT_GEN_API_NATIVE, "'x' is used but not defined");
+    expect_refused("{\"grammar\":[]}", RT_GEN_API_NATIVE, "'grammar' must be a string");
+    expect_refused("{\"json_schema\":{\"pattern\":\"a\"}}", RT_GEN_API_NATIVE, "'json_schema': ");
+    expect_refused("{\"response_format\":{\"type\":\"xml\"}}", RT_GEN_API_OAI_CHAT,
                    "response_format");
+    expect_refused("{\"response_format\":{\"type\":\"json_schema\"}}", RT_GEN_API_OAI_CHAT,
+                   "json_schema.schema");
+    expect_refused("{\"grammar\":\"root ::= \\\"a\\\"\",\"json_schema\":{}}", RT_GEN_API_NATIVE,
+                   "not both");
+    {
+        /* accepted: the grammar as given, or made from the schema (owned, freed by fini) */
+        rt_gen_params_t p;
+        bl_err_t err = {0};
+        rt_gen_limits_t l = plain_limits();
+        json_t *body = J("{\"grammar\":\"root ::= \\\"a\\\"\"}"); /* the grammar is borrowed */
+        assert_int_equal(rt__gen_parse_params(body, RT_GEN_API_NATIVE, &l, &p, &err), 0);
+        assert_string_equal(p.task.sampling.grammar, "root ::= \"a\"");
+        rt__gen_params_fini(&p);
+        json_decref(body);
+        assert_int_equal(parse("{\"response_format\":{\"type\":\"json_object\"}}",
+                               RT_GEN_API_OAI_CHAT, &p, &err), 0);
+        assert_non_null(p.grammar);
+        assert_ptr_equal(p.task.sampling.grammar, p.grammar);
+        assert_non_null(strstr(p.grammar, "root ::="));
+        rt__gen_params_fini(&p);
+        assert_null(p.task.sampling.grammar);
+    }
     expect_refused("{\"samplers\":[\"warp\"]}", RT_GEN_API_NATIVE, "warp");
     expect_refused("{\"samplers\":\"kq\"}", RT_GEN_API_NATIVE, "samplers");
     expect_refused("{\"samplers\":5}", RT_GEN_API_NATIVE, "samplers");

@@ -476,6 +476,55 @@ static void test_sampler_infill_stage(void **state)
     rt_tokenizer_destroy(tok);
 }
 
+/* The grammar "ab" ("x" | "y")* "c", on the toy vocabulary: the model prefers what
+ * the grammar forbids, and the sampler must still write only what it allows, and
+ * end (<|im_end|>) exactly when it is complete. */
+static void test_sampler_grammar_constrains_every_token(void **state)
+{
+    (void)state;
+    rt_tokenizer_t *tok = toy_vocab();
+    static const char gbnf[] = "root ::= \"ab\" (\"x\" | \"y\")* \"c\"\n";
+    rt_sampler_params_t p = plain();
+    p.temp = 1.0f;
+    p.grammar = gbnf;
+    p.grammar_len = sizeof gbnf - 1;
+    rt_sampler_t *s = NULL;
+    bl_err_t err = {0};
+    assert_int_equal(rt_sampler_create(&s, &p, N_TOY, 64, NULL, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "grammar"));
+    assert_int_equal(rt_sampler_create(&s, &p, N_TOY, 64, tok, &err), 0);
+    /* z, abc and the end are likeliest; the grammar allows none of them at first */
+    const float lg[N_TOY] = {0, -1, 3, -2, -2, -1, 4, -3, 5};
+    for (int run = 0; run < 20; run++) {
+        char text[64] = "";
+        int32_t t = -1;
+        for (int step = 0; step < 12; step++) {
+            t = rt_sampler_sample(s, lg);
+            rt_sampler_accept_generated(s, t);
+            if (t == T_END)
+                break;
+            rt_str_t piece = rt_tokenizer_piece(tok, t);
+            strncat(text, piece.ptr, piece.len);
+        }
+        /* ab, then x or y any number of times, then c, then the end */
+        size_t n = strlen(text);
+        assert_true(n >= 3);
+        assert_memory_equal(text, "ab", 2);
+        assert_int_equal(text[n - 1], 'c');
+        assert_int_equal(strspn(text + 2, "xy"), n - 3);
+        assert_int_equal(t, T_END);
+        rt_sampler_reset(s);
+    }
+    rt_sampler_destroy(s);
+
+    /* a grammar that does not compile is refused, naming the place */
+    p.grammar = "root ::= (\"a\"\n";
+    p.grammar_len = strlen(p.grammar);
+    assert_int_equal(rt_sampler_create(&s, &p, N_TOY, 64, tok, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "line 1"));
+    rt_tokenizer_destroy(tok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -498,6 +547,7 @@ int main(void)
         cmocka_unit_test(test_sampler_rejects_bad_parameters),
         cmocka_unit_test(test_sampler_chain_of_the_request),
         cmocka_unit_test(test_sampler_infill_stage),
+        cmocka_unit_test(test_sampler_grammar_constrains_every_token),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,1990 @@
+/* JSON Schema to GBNF (see json_schema.h): one walk over the schema that writes a
+ * rule per object, array, alternative and $ref target, and the fixed rules for JSON
+ * values (string, number, ws, ...) at the end, only those some rule uses.
+ *
+ * A schema becomes a "body": an item (a rule name or a literal, usable anywhere), a
+ * sequence or alternatives. A body that is not an item gets a rule of its own, named
+ * after where it sits ("a-b" for property b of property a), so that every place that
+ * uses a schema refers to one item. $ref targets are rules named after their
+ * definition, made once; a $ref met again while its target is being written is a
+ * recursive rule, refused only when no JSON token would come before the recursion
+ * (left recursion, which a grammar engine cannot run). */
+#include "json_schema.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DEPTH RT_JSON_SCHEMA_MAX_DEPTH
+#define MAX_OUT ((size_t)RT_JSON_SCHEMA_MAX_GBNF)
+#define MAX_VISITS 100000 /* schemas walked in all; allOf chains could re-walk a lot */
+#define MAX_REP 1000      /* the largest count a GBNF repetition {m,n} may hold */
+#define MAX_TUPLE 64      /* prefixItems entries (their optional tails nest) */
+#define MAX_NAME 40       /* a rule name's stem, before its "-N" suffix */
+#define KEYS_INLINE 16    /* trie levels written inline before a new rule (see keys_node) */
+#define UNBOUNDED (-1LL)
+
+/* ---------------------------------------------------------------------------- */
+/* text                                                                         */
+/* ---------------------------------------------------------------------------- */
+
+typedef struct {
+    char *p; /* NUL-terminated once anything is added; NULL while empty */
+    size_t n, cap;
+} sbuf_t;
+
+/* 0, BL_ENOMEM, or BL_ERANGE when the text would pass the grammar's bound. */
+static int sb_add(sbuf_t *b, const char *s, size_t n)
+{
+    if (n > MAX_OUT || b->n + n > MAX_OUT)
+        return BL_ERANGE;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p)
+            return BL_ENOMEM;
+        b->p = p;
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+    return 0;
+}
+
+static int sb_str(sbuf_t *b, const char *s)
+{
+    return sb_add(b, s, strlen(s));
+}
+
+BL_PRINTF(2, 3)
+static int sb_fmt(sbuf_t *b, const char *fmt, ...)
+{
+    char tmp[128];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof tmp)
+        return BL_ERANGE; /* only short numbers and names are formatted */
+    return sb_add(b, tmp, (size_t)n);
+}
+
+static void sb_free(sbuf_t *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+/* The text, owned by the caller from now on ("" when empty); NULL when out of memory. */
+static char *sb_take(sbuf_t *b)
+{
+    char *p = b->p ? b->p : strdup("");
+    memset(b, 0, sizeof *b);
+    return p;
+}
+
+/* A GBNF string literal of s (JSON text: no control characters but for safety). */
+static int gbnf_lit(sbuf_t *b, const char *s, size_t n)
+{
+    int rc = sb_add(b, "\"", 1);
+    size_t run = 0; /* bytes of s[i - run, i) not yet written */
+    for (size_t i = 0; i < n && !rc; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch != '"' && ch != '\\' && ch >= 0x20) {
+            run++;
+            continue;
+        }
+        rc = sb_add(b, s + i - run, run);
+        run = 0;
+        if (!rc)
+            rc = ch == '"' || ch == '\\' ? sb_fmt(b, "\\%c", ch) : sb_fmt(b, "\\x%02X", ch);
+    }
+    if (!rc)
+        rc = sb_add(b, s + n - run, run);
+    return rc ? rc : sb_add(b, "\"", 1);
+}
+
+/* The JSON text of a string's content (no quotes), escaped as jansson writes it. */
+static int json_escape(sbuf_t *b, const char *s, size_t n)
+{
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        switch (ch) {
+        case '"': rc = sb_add(b, "\\\"", 2); break;
+        case '\\': rc = sb_add(b, "\\\\", 2); break;
+        case '\b': rc = sb_add(b, "\\b", 2); break;
+        case '\f': rc = sb_add(b, "\\f", 2); break;
+        case '\n': rc = sb_add(b, "\\n", 2); break;
+        case '\r': rc = sb_add(b, "\\r", 2); break;
+        case '\t': rc = sb_add(b, "\\t", 2); break;
+        default:
+            rc = ch < 0x20 ? sb_fmt(b, "\\u%04x", ch) : sb_add(b, s + i, 1);
+        }
+    }
+    return rc;
+}
+
+/* The literal matching the JSON string s: "\"...\"" in GBNF. */
+static int lit_json_string(sbuf_t *b, const char *s, size_t n)
+{
+    sbuf_t t = {0};
+    int rc = sb_add(&t, "\"", 1);
+    if (!rc)
+        rc = json_escape(&t, s, n);
+    if (!rc)
+        rc = sb_add(&t, "\"", 1);
+    if (!rc)
+        rc = gbnf_lit(b, t.p, t.n);
+    sb_free(&t);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------- */
+/* the walk's state                                                             */
+/* ---------------------------------------------------------------------------- */
+
+/* Where a schema sits, as a JSON pointer read from the innermost step up; NULL is
+ * the root. Steps live on the stack of the walk, or on ctx.paths (allOf parts). */
+typedef struct path {
+    const struct path *up;
+    const char *key; /* NULL: an array index */
+    size_t idx;
+} path_t;
+
+typedef struct {
+    char *name; /* NULL: a slot given back (the schema was a plain item) */
+    char *body; /* NULL while being written */
+} rule_t;
+
+typedef struct {
+    size_t rule; /* the target's rule */
+    int busy;    /* its body is being written */
+    int level;   /* ctx.level when it started */
+} ref_t;
+
+enum { KIND_ITEM, KIND_SEQ, KIND_ALT };
+
+/* The fixed rules, in output order. */
+enum {
+    P_VALUE, P_OBJECT, P_ARRAY, P_STRING, P_CHAR, P_NUMBER, P_INTEGER, P_NONNEG, P_POS,
+    P_BOOLEAN, P_NULL, P_DATE_S, P_TIME_S, P_DATETIME_S, P_UUID_S, P_DATETIME, P_DATE,
+    P_TIME, P_UUID, P_WS, P_COUNT
+};
+
+#define B(p) (1u << (p))
+static const struct {
+    const char *name, *body;
+    unsigned deps;
+} PRIMS[P_COUNT] = {
+    [P_VALUE] = {"value", "object | array | string | number | boolean | null",
+                 B(P_OBJECT) | B(P_ARRAY) | B(P_STRING) | B(P_NUMBER) | B(P_BOOLEAN) |
+                     B(P_NULL)},
+    [P_OBJECT] = {"object",
+                  "\"{\" ws ( string ws \":\" ws value ( ws \",\" ws string ws \":\" ws value )* "
+                  "ws )? \"}\"",
+                  B(P_STRING) | B(P_VALUE) | B(P_WS)},
+    [P_ARRAY] = {"array", "\"[\" ws ( value ( ws \",\" ws value )* ws )? \"]\"",
+                 B(P_VALUE) | B(P_WS)},
+    [P_STRING] = {"string", "\"\\\"\" char* \"\\\"\"", B(P_CHAR)},
+    [P_CHAR] = {"char", "[^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )",
+                0},
+    [P_NUMBER] = {"number",
+                  "integer ( \".\" [0-9]{1,16} )? ( [eE] [+\\-]? [0-9]{1,16} )?", B(P_INTEGER)},
+    [P_INTEGER] = {"integer", "\"-\"? ( \"0\" | [1-9] [0-9]{0,15} )", 0},
+    [P_NONNEG] = {"nonneg-integer", "\"0\" | [1-9] [0-9]{0,15}", 0},
+    [P_POS] = {"positive-integer", "[1-9] [0-9]{0,15}", 0},
+    [P_BOOLEAN] = {"boolean", "\"true\" | \"false\"", 0},
+    [P_NULL] = {"null", "\"null\"", 0},
+    [P_DATE_S] = {"date-string", "\"\\\"\" date \"\\\"\"", B(P_DATE)},
+    [P_TIME_S] = {"time-string", "\"\\\"\" time \"\\\"\"", B(P_TIME)},
+    [P_DATETIME_S] = {"date-time-string", "\"\\\"\" date-time \"\\\"\"", B(P_DATETIME)},
+    [P_UUID_S] = {"uuid-string", "\"\\\"\" uuid \"\\\"\"", B(P_UUID)},
+    [P_DATETIME] = {"date-time", "date \"T\" time", B(P_DATE) | B(P_TIME)},
+    [P_DATE] = {"date",
+                "[0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" "
+                "( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )",
+                0},
+    /* RFC 3339 full-time: the offset is required; second 60 is a leap second */
+    [P_TIME] = {"time",
+                "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" ( [0-5] [0-9] | \"60\" ) "
+                "( \".\" [0-9]{1,9} )? ( \"Z\" | [+\\-] ( [01] [0-9] | \"2\" [0-3] ) \":\" "
+                "[0-5] [0-9] )",
+                0},
+    [P_UUID] = {"uuid",
+                "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" "
+                "[0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}",
+                0},
+    [P_WS] = {"ws", "[ \\t\\n]{0,20}", 0},
+};
+#undef B
+
+typedef struct {
+    const json_t *root;
+    bl_err_t *err;
+    int failed; /* err holds the message of the failure being returned */
+
+    rule_t *rules; /* in output order; rules[0] is root */
+    size_t n_rules, cap_rules;
+    size_t nbytes; /* of the rules written so far */
+    ref_t *refs;
+    size_t n_refs, cap_refs;
+    json_t *names;    /* every rule name in use (fixed ones included) -> true */
+    json_t *counters; /* name stem -> the next "-N" suffix to try */
+    json_t *refmap;   /* "$ref" text -> index in refs */
+    unsigned prims;   /* fixed rules used, a bit per P_* */
+    path_t **paths;   /* path steps on the heap, freed at the end */
+    size_t n_paths, cap_paths;
+
+    int depth;     /* schemas nested in the walk now */
+    int level;     /* objects and arrays the walk is inside now (see gen_ref) */
+    size_t visits; /* schemas walked so far */
+} ctx_t;
+
+static int grow(void **v, size_t *cap, size_t n, size_t size)
+{
+    if (n < *cap)
+        return 0;
+    size_t c = *cap ? *cap * 2 : 16;
+    void *p = realloc(*v, c * size);
+    if (!p)
+        return BL_ENOMEM;
+    *v = p;
+    *cap = c;
+    return 0;
+}
+
+/* at as a JSON pointer ("/" for the root); a long one keeps its innermost end. */
+static void path_str(const path_t *at, char *buf, size_t size)
+{
+    char all[2048];
+    const path_t *v[128];
+    size_t n = 0, len = 0;
+    for (const path_t *p = at; p && n < sizeof v / sizeof v[0]; p = p->up)
+        v[n++] = p;
+#define PUT(ch)                       \
+    do {                              \
+        if (len + 1 < sizeof all)     \
+            all[len++] = (ch);        \
+    } while (0)
+    if (n == 0)
+        PUT('/');
+    while (n-- > 0) {
+        PUT('/');
+        if (!v[n]->key) {
+            char num[24];
+            (void)snprintf(num, sizeof num, "%zu", v[n]->idx);
+            for (const char *k = num; *k; k++)
+                PUT(*k);
+            continue;
+        }
+        for (const char *k = v[n]->key; *k; k++) { /* JSON pointer: ~ is ~0, / is ~1 */
+            if (*k == '~' || *k == '/') {
+                PUT('~');
+                PUT(*k == '~' ? '0' : '1');
+            } else {
+                PUT(*k);
+            }
+        }
+    }
+#undef PUT
+    all[len] = '\0';
+    if (len < size)
+        memcpy(buf, all, len + 1);
+    else
+        (void)snprintf(buf, size, "...%s", all + len - (size - 4));
+}
+
+/* Records the failure: "json_schema: 'KW' at PATH WHAT", or without a keyword
+ * "json_schema: the schema at PATH WHAT". Returns code. */
+BL_PRINTF(5, 6)
+static int fail(ctx_t *c, int code, const char *kw, const path_t *at, const char *fmt, ...)
+{
+    char where[160], what[256];
+    path_str(at, where, sizeof where);
+    va_list ap;
+    va_start(ap, fmt);
+    (void)vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    c->failed = 1;
+    if (kw)
+        return bl_err_set(c->err, code, "json_schema: '%s' at %s %s", kw, where, what);
+    return bl_err_set(c->err, code, "json_schema: the schema at %s %s", where, what);
+}
+
+/* A path step that outlives the walk's stack frame (allOf parts, see collect). */
+static int path_new(ctx_t *c, const path_t *up, const char *key, size_t idx, const path_t **out)
+{
+    if (grow((void **)&c->paths, &c->cap_paths, c->n_paths, sizeof *c->paths))
+        return BL_ENOMEM;
+    size_t klen = key ? strlen(key) + 1 : 0;
+    path_t *p = malloc(sizeof *p + klen);
+    if (!p)
+        return BL_ENOMEM;
+    p->up = up;
+    p->idx = idx;
+    p->key = NULL;
+    if (key) {
+        memcpy(p + 1, key, klen);
+        p->key = (const char *)(p + 1);
+    }
+    c->paths[c->n_paths++] = p;
+    *out = p;
+    return 0;
+}
+
+static const char *prim(ctx_t *c, int p)
+{
+    c->prims |= 1u << p;
+    return PRIMS[p].name;
+}
+
+/* "parent-part" with part cut down to [a-zA-Z0-9-], or part alone under the root
+ * (parent ""), at most MAX_NAME bytes. */
+static void hint_join(char out[MAX_NAME + 1], const char *parent, const char *part, size_t plen)
+{
+    size_t n = 0;
+    for (; parent[n] && n < MAX_NAME; n++)
+        out[n] = parent[n];
+    if (n && n < MAX_NAME)
+        out[n++] = '-';
+    for (size_t i = 0; i < plen && n < MAX_NAME; i++) {
+        unsigned char ch = (unsigned char)part[i];
+        if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9'))
+            out[n++] = (char)ch;
+        else if (n && out[n - 1] != '-')
+            out[n++] = '-';
+    }
+    while (n && out[n - 1] == '-')
+        n--;
+    if (!n)
+        out[n++] = 'x';
+    out[n] = '\0';
+}
+
+/* A rule name not yet in use: hint, else hint-1, hint-2, ... *out: caller frees. */
+static int name_take(ctx_t *c, const char *hint, char **out)
+{
+    char buf[MAX_NAME + 32];
+    *out = NULL;
+    if (!json_object_get(c->names, hint)) {
+        (void)snprintf(buf, sizeof buf, "%s", hint);
+    } else {
+        json_t *next = json_object_get(c->counters, hint);
+        json_int_t i = next ? json_integer_value(next) : 1;
+        for (;; i++) {
+            (void)snprintf(buf, sizeof buf, "%.*s-%" JSON_INTEGER_FORMAT, MAX_NAME, hint, i);
+            if (!json_object_get(c->names, buf))
+                break;
+        }
+        if (json_object_set_new(c->counters, hint, json_integer(i + 1)))
+            return BL_ENOMEM;
+    }
+    char *p = strdup(buf);
+    if (!p || json_object_set_new(c->names, buf, json_true())) {
+        free(p);
+        return BL_ENOMEM;
+    }
+    *out = p;
+    return 0;
+}
+
+/* An empty slot in the rule list, so that a rule comes before the rules its body makes. */
+static int rule_push(ctx_t *c, size_t *slot)
+{
+    if (grow((void **)&c->rules, &c->cap_rules, c->n_rules, sizeof *c->rules))
+        return BL_ENOMEM;
+    c->rules[c->n_rules] = (rule_t){0};
+    *slot = c->n_rules++;
+    return 0;
+}
+
+/* Fills a slot's body (taken, freed on failure too); BL_ERANGE past the bound. */
+static int rule_body(ctx_t *c, size_t slot, char *body)
+{
+    if (!body)
+        return BL_ENOMEM;
+    c->rules[slot].body = body;
+    c->nbytes += strlen(c->rules[slot].name) + strlen(body) + 6;
+    return c->nbytes > MAX_OUT ? BL_ERANGE : 0;
+}
+
+#define TRY(x)                       \
+    do {                             \
+        if ((rc = (x)) != 0)         \
+            goto fail;               \
+    } while (0)
+
+/* ---------------------------------------------------------------------------- */
+/* keywords                                                                     */
+/* ---------------------------------------------------------------------------- */
+
+enum {
+    K_TYPE = 1u << 0,
+    K_ENUM = 1u << 1,
+    K_CONST = 1u << 2,
+    K_ANYOF = 1u << 3,
+    K_ONEOF = 1u << 4,
+    K_ALLOF = 1u << 5,
+    K_REF = 1u << 6,
+    K_PROPERTIES = 1u << 7,
+    K_REQUIRED = 1u << 8,
+    K_ADDPROPS = 1u << 9,
+    K_ITEMS = 1u << 10,
+    K_PREFIX = 1u << 11,
+    K_MINITEMS = 1u << 12,
+    K_MAXITEMS = 1u << 13,
+    K_MINLEN = 1u << 14,
+    K_MAXLEN = 1u << 15,
+    K_FORMAT = 1u << 16,
+    K_MINIMUM = 1u << 17,
+    K_MAXIMUM = 1u << 18,
+    K_EXMIN = 1u << 19,
+    K_EXMAX = 1u << 20,
+    K_MULTOF = 1u << 21,
+};
+#define K_OBJ (K_PROPERTIES | K_REQUIRED | K_ADDPROPS)
+#define K_ARR (K_ITEMS | K_PREFIX | K_MINITEMS | K_MAXITEMS)
+#define K_STR (K_MINLEN | K_MAXLEN)
+#define K_NUM (K_MINIMUM | K_MAXIMUM | K_EXMIN | K_EXMAX | K_MULTOF)
+
+static const struct {
+    const char *name;
+    unsigned bit;
+} KEYWORDS[] = {
+    {"type", K_TYPE},
+    {"enum", K_ENUM},
+    {"const", K_CONST},
+    {"anyOf", K_ANYOF},
+    {"oneOf", K_ONEOF},
+    {"allOf", K_ALLOF},
+    {"$ref", K_REF},
+    {"properties", K_PROPERTIES},
+    {"required", K_REQUIRED},
+    {"additionalProperties", K_ADDPROPS},
+    {"items", K_ITEMS},
+    {"prefixItems", K_PREFIX},
+    {"minItems", K_MINITEMS},
+    {"maxItems", K_MAXITEMS},
+    {"minLength", K_MINLEN},
+    {"maxLength", K_MAXLEN},
+    {"format", K_FORMAT},
+    {"minimum", K_MINIMUM},
+    {"maximum", K_MAXIMUM},
+    {"exclusiveMinimum", K_EXMIN},
+    {"exclusiveMaximum", K_EXMAX},
+    {"multipleOf", K_MULTOF},
+};
+
+/* Annotations: they describe, never constrain. */
+static const char *const IGNORED[] = {
+    "title", "description", "default", "examples", "$schema", "$id", "$comment",
+    "deprecated", "readOnly", "writeOnly",
+};
+
+static unsigned kw_bit(const char *key)
+{
+    for (size_t i = 0; i < sizeof KEYWORDS / sizeof KEYWORDS[0]; i++)
+        if (strcmp(key, KEYWORDS[i].name) == 0)
+            return KEYWORDS[i].bit;
+    return 0;
+}
+
+/* The keywords of schema object s as K_* bits; any other keyword is refused. */
+static int scan(ctx_t *c, const json_t *s, const path_t *at, unsigned *bits)
+{
+    const char *key;
+    size_t klen;
+    json_t *v;
+    *bits = 0;
+    json_object_keylen_foreach((json_t *)s, key, klen, v) {
+        unsigned b = klen == strlen(key) ? kw_bit(key) : 0;
+        if (b) {
+            *bits |= b;
+            continue;
+        }
+        int ignored = 0;
+        for (size_t i = 0; i < sizeof IGNORED / sizeof IGNORED[0] && !ignored; i++)
+            ignored = strcmp(key, IGNORED[i]) == 0;
+        if (ignored)
+            continue;
+        if (strcmp(key, "$defs") == 0 || strcmp(key, "definitions") == 0) {
+            if (!json_is_object(v))
+                return fail(c, BL_EINVAL, key, at, "must be an object");
+            continue; /* reached through $ref only */
+        }
+        return fail(c, BL_EINVAL, key, at, "is not supported");
+    }
+    return 0;
+}
+
+/* The first keyword of s (in the schema's order) among the bits of mask. */
+static const char *first_kw(const json_t *s, unsigned mask)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)s, key, v) {
+        if (kw_bit(key) & mask)
+            return key;
+    }
+    return "?";
+}
+
+/* Sibling keywords a combinator does not combine with are refused, by name. */
+static int only_beside(ctx_t *c, const json_t *s, const path_t *at, unsigned bits,
+                       unsigned allowed, const char *comb)
+{
+    if (!(bits & ~allowed))
+        return 0;
+    return fail(c, BL_EINVAL, first_kw(s, bits & ~allowed), at, "beside '%s' is not supported",
+                comb);
+}
+
+enum { T_OBJECT, T_ARRAY, T_STRING, T_NUMBER, T_INTEGER, T_BOOLEAN, T_NULL, T_COUNT };
+static const char *const TYPE_NAMES[T_COUNT] = {
+    "object", "array", "string", "number", "integer", "boolean", "null",
+};
+
+/* "type" as T_* in the schema's order (no repeats); *n = 0 when absent. */
+static int parse_types(ctx_t *c, const json_t *s, const path_t *at, int order[T_COUNT],
+                       size_t *n)
+{
+    const json_t *t = json_object_get(s, "type");
+    *n = 0;
+    if (!t)
+        return 0;
+    size_t count = json_is_array(t) ? json_array_size(t) : 1;
+    if ((!json_is_string(t) && !json_is_array(t)) || count == 0)
+        return fail(c, BL_EINVAL, "type", at, "must be a type name or an array of type names");
+    for (size_t i = 0; i < count; i++) {
+        const json_t *e = json_is_array(t) ? json_array_get(t, i) : t;
+        if (!json_is_string(e))
+            return fail(c, BL_EINVAL, "type", at,
+                        "must be a type name or an array of type names");
+        int k = 0;
+        while (k < T_COUNT && strcmp(json_string_value(e), TYPE_NAMES[k]) != 0)
+            k++;
+        if (k == T_COUNT)
+            return fail(c, BL_EINVAL, "type", at, "names an unknown type '%s'",
+                        json_string_value(e));
+        int seen = 0;
+        for (size_t j = 0; j < *n; j++)
+            seen |= order[j] == k;
+        if (!seen)
+            order[(*n)++] = k;
+    }
+    return 0;
+}
+
+/* A count keyword (minItems, maxLength, ...): a non-negative integer. */
+static int get_count(ctx_t *c, const json_t *s, const char *key, const path_t *at,
+                     long long *val, int *present)
+{
+    const json_t *v = json_object_get(s, key);
+    *present = v != NULL;
+    if (!v)
+        return 0;
+    double d = json_is_integer(v) ? (double)json_integer_value(v)
+               : json_is_real(v)  ? json_real_value(v)
+                                  : -1.0;
+    if (d < 0 || d != floor(d) || d > 9007199254740992.0)
+        return fail(c, BL_EINVAL, key, at, "must be a non-negative integer");
+    *val = json_is_integer(v) ? (long long)json_integer_value(v) : (long long)d;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------- */
+/* pieces                                                                       */
+/* ---------------------------------------------------------------------------- */
+
+/* item{lo,hi} for counts up to MAX_REP (hi UNBOUNDED: no limit). */
+static int rep_simple(sbuf_t *b, const char *item, long long lo, long long hi)
+{
+    int rc = sb_str(b, item);
+    if (rc)
+        return rc;
+    if (hi == UNBOUNDED)
+        return lo == 0 ? sb_str(b, "*") : lo == 1 ? sb_str(b, "+") : sb_fmt(b, "{%lld,}", lo);
+    if (lo == 1 && hi == 1)
+        return 0;
+    if (lo == 0 && hi == 1)
+        return sb_str(b, "?");
+    return lo == hi ? sb_fmt(b, "{%lld}", lo) : sb_fmt(b, "{%lld,%lld}", lo, hi);
+}
+
+/* item (a single GBNF item) repeated lo to hi times (hi UNBOUNDED: no limit) into b;
+ * nothing when hi is 0. GBNF counts stop at MAX_REP (R), so larger ones go by blocks
+ * B = item{R}: lo = aR + r is "( B ){a} item{r}"; a range of e = aR + r more is
+ * "( ( B ){0,a-1} item{0,R-1} | ( B ){a} item{0,r} )", two alternatives that never
+ * match the same count. kw_lo, kw_hi: the keywords blamed when a count is too large. */
+static int rep(ctx_t *c, sbuf_t *b, const char *item, long long lo, long long hi,
+               const char *kw_lo, const char *kw_hi, const path_t *at)
+{
+    const long long R = MAX_REP;
+    if (hi == 0)
+        return 0;
+    if (lo <= R && (hi == UNBOUNDED || hi <= R))
+        return rep_simple(b, item, lo, hi);
+    const long long e = hi == UNBOUNDED ? UNBOUNDED : hi - lo;
+    if (lo / R > R || (e != UNBOUNDED && e / R > R))
+        return fail(c, BL_ERANGE, lo / R > R ? kw_lo : kw_hi, at,
+                    "needs a count over %lld, more than this converter writes", R * R);
+    sbuf_t blk = {0};
+    int rc = 0;
+    const char *sp = "";
+    TRY(sb_str(&blk, item));
+    TRY(sb_fmt(&blk, "{%lld}", R));
+    if (lo / R == 1) {
+        TRY(sb_str(b, blk.p));
+        sp = " ";
+    } else if (lo / R > 1) {
+        TRY(sb_str(b, "( "));
+        TRY(sb_str(b, blk.p));
+        TRY(sb_fmt(b, " ){%lld}", lo / R));
+        sp = " ";
+    }
+    if (lo % R > 0) {
+        TRY(sb_str(b, sp));
+        TRY(rep_simple(b, item, lo % R, lo % R));
+        sp = " ";
+    }
+    if (e == UNBOUNDED || (e > 0 && e <= R)) {
+        TRY(sb_str(b, sp));
+        TRY(rep_simple(b, item, 0, e));
+    } else if (e > R) {
+        const long long a = e / R, r = e % R;
+        TRY(sb_str(b, sp));
+        TRY(sb_str(b, "( "));
+        if (a - 1 >= 1) {
+            TRY(sb_str(b, "( "));
+            TRY(sb_str(b, blk.p));
+            TRY(a - 1 == 1 ? sb_str(b, " )? ") : sb_fmt(b, " ){0,%lld} ", a - 1));
+        }
+        TRY(rep_simple(b, item, 0, R - 1));
+        TRY(sb_str(b, " | "));
+        if (a == 1) {
+            TRY(sb_str(b, blk.p));
+        } else {
+            TRY(sb_str(b, "( "));
+            TRY(sb_str(b, blk.p));
+            TRY(sb_fmt(b, " ){%lld}", a));
+        }
+        if (r > 0) {
+            TRY(sb_str(b, " "));
+            TRY(rep_simple(b, item, 0, r));
+        }
+        TRY(sb_str(b, " )"));
+    }
+fail:
+    sb_free(&blk);
+    return rc;
+}
+
+/* The shortest %g text that reads back as v (jansson writes 17 digits). */
+static void real_text(double v, char buf[40])
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        (void)snprintf(buf, 40, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            return;
+    }
+}
+
+/* The literal of a JSON value (enum, const): scalars as their JSON text, arrays and
+ * objects token by token with ws between, keys in the value's order. */
+static int lit_value(ctx_t *c, sbuf_t *b, const json_t *v, int depth, const char *kw,
+                     const path_t *at)
+{
+    char num[40];
+    int rc = 0;
+    size_t i = 0;
+    if (depth >= MAX_DEPTH)
+        return fail(c, BL_ERANGE, kw, at, "holds a value nested deeper than %d levels",
+                    MAX_DEPTH);
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        const char *key;
+        size_t klen;
+        json_t *e;
+        prim(c, P_WS);
+        rc = sb_str(b, "\"{\" ws");
+        json_object_keylen_foreach((json_t *)v, key, klen, e) {
+            if (!rc)
+                rc = sb_str(b, i++ ? " ws \",\" ws " : " ");
+            if (!rc)
+                rc = lit_json_string(b, key, klen);
+            if (!rc)
+                rc = sb_str(b, " ws \":\" ws ");
+            if (!rc)
+                rc = lit_value(c, b, e, depth + 1, kw, at);
+        }
+        return rc ? rc : sb_str(b, i ? " ws \"}\"" : " \"}\"");
+    }
+    case JSON_ARRAY: {
+        json_t *e;
+        size_t idx;
+        prim(c, P_WS);
+        rc = sb_str(b, "\"[\" ws");
+        json_array_foreach((json_t *)v, idx, e) {
+            if (!rc)
+                rc = sb_str(b, idx ? " ws \",\" ws " : " ");
+            if (!rc)
+                rc = lit_value(c, b, e, depth + 1, kw, at);
+        }
+        return rc ? rc : sb_str(b, json_array_size(v) ? " ws \"]\"" : " \"]\"");
+    }
+    case JSON_STRING:
+        return lit_json_string(b, json_string_value(v), json_string_length(v));
+    case JSON_INTEGER:
+        (void)snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        return gbnf_lit(b, num, strlen(num));
+    case JSON_REAL:
+        real_text(json_real_value(v), num);
+        return gbnf_lit(b, num, strlen(num));
+    case JSON_TRUE:
+        return sb_str(b, "\"true\"");
+    case JSON_FALSE:
+        return sb_str(b, "\"false\"");
+    default:
+        return sb_str(b, "\"null\"");
+    }
+}
+
+/* Whether schema s accepts any value: true or {}. */
+static int is_any(const json_t *s)
+{
+    return json_is_true(s) || (json_is_object(s) && json_object_size(s) == 0);
+}
+
+/* Whether JSON value v is of one of the T_* types in mask (a bit per type). */
+static int type_ok(const json_t *v, unsigned mask)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return !!(mask & (1u << T_OBJECT));
+    case JSON_ARRAY: return !!(mask & (1u << T_ARRAY));
+    case JSON_STRING: return !!(mask & (1u << T_STRING));
+    case JSON_INTEGER: return !!(mask & (1u << T_NUMBER | 1u << T_INTEGER));
+    case JSON_REAL:
+        return (mask & (1u << T_NUMBER)) ||
+               ((mask & (1u << T_INTEGER)) && json_real_value(v) == floor(json_real_value(v)));
+    case JSON_TRUE:
+    case JSON_FALSE: return !!(mask & (1u << T_BOOLEAN));
+    default: return !!(mask & (1u << T_NULL));
+    }
+}
+
+/* ---------------------------------------------------------------------------- */
+/* schemas                                                                      */
+/* ---------------------------------------------------------------------------- */
+
+static int gen_body(ctx_t *c, const json_t *s, const char *name, const path_t *at, sbuf_t *out,
+                    int *kind);
+
+/* Schema s as one item: the body itself when it is one, else a new rule named after
+ * hint holding the body, and its name. *item: caller frees. */
+static int gen_item(ctx_t *c, const json_t *s, const char *hint, const path_t *at, char **item)
+{
+    char *name = NULL;
+    sbuf_t b = {0};
+    size_t slot;
+    int kind, rc = 0;
+    *item = NULL;
+    TRY(name_take(c, hint, &name));
+    TRY(rule_push(c, &slot));
+    TRY(gen_body(c, s, name, at, &b, &kind));
+    if (kind == KIND_ITEM) { /* no rule: the name goes back, the slot stays empty */
+        (void)json_object_del(c->names, name);
+        *item = sb_take(&b);
+        rc = *item ? 0 : BL_ENOMEM;
+        goto fail;
+    }
+    if (!(*item = strdup(name))) {
+        rc = BL_ENOMEM;
+        goto fail;
+    }
+    c->rules[slot].name = name;
+    name = NULL;
+    TRY(rule_body(c, slot, sb_take(&b)));
+fail:
+    free(name);
+    sb_free(&b);
+    if (rc) {
+        free(*item);
+        *item = NULL;
+    }
+    return rc;
+}
+
+/* The schema a $ref names: "#" (the root), "#/$defs/NAME", "#/definitions/NAME" (NAME
+ * with JSON pointer escapes). *def: NAME decoded, caller frees; NULL for "#". */
+static int resolve_ref(ctx_t *c, const char *ref, size_t rlen, const path_t *at,
+                       const json_t **target, char **def)
+{
+    static const char *const DEFS[] = {"$defs", "definitions"};
+    *target = NULL;
+    *def = NULL;
+    if (rlen == 1 && ref[0] == '#') {
+        *target = c->root;
+        return 0;
+    }
+    for (size_t k = 0; k < 2; k++) {
+        const size_t pl = strlen(DEFS[k]) + 3; /* "#/" NAME "/" */
+        if (rlen <= pl || strncmp(ref, "#/", 2) != 0 ||
+            strncmp(ref + 2, DEFS[k], pl - 3) != 0 || ref[pl - 1] != '/')
+            continue;
+        char *d = malloc(rlen - pl + 1);
+        size_t n = 0;
+        if (!d)
+            return BL_ENOMEM;
+        for (size_t i = pl; i < rlen; i++) {
+            char ch = ref[i];
+            if (ch == '/')
+                break; /* a path into a definition: not supported */
+            if (ch == '~' && i + 1 < rlen && (ref[i + 1] == '0' || ref[i + 1] == '1'))
+                ch = ref[++i] == '0' ? '~' : '/';
+            d[n++] = ch;
+        }
+        d[n] = '\0';
+        if (memchr(ref + pl, '/', rlen - pl)) {
+            free(d);
+            break;
+        }
+        const json_t *defs = json_object_get(c->root, DEFS[k]);
+        const json_t *t = json_is_object(defs) ? json_object_getn(defs, d, n) : NULL;
+        if (!t) {
+            free(d);
+            return fail(c, BL_EINVAL, "$ref", at, "points to '%s', which is not defined", ref);
+        }
+        *target = t;
+        *def = d;
+        return 0;
+    }
+    return fail(c, BL_EINVAL, "$ref", at,
+                "is not supported in the form '%s' (only \"#\", \"#/$defs/NAME\" and "
+                "\"#/definitions/NAME\")",
+                ref);
+}
+
+/* A $ref: the rule of its target, written the first time. A target met again while
+ * its body is being written becomes a recursive rule; that is refused when the walk
+ * entered no object or array since (c->level unchanged): the rule would call itself
+ * before matching anything. */
+static int gen_ref(ctx_t *c, const json_t *s, const path_t *at, sbuf_t *out, int *kind)
+{
+    const json_t *r = json_object_get(s, "$ref");
+    const json_t *target;
+    char *def = NULL, *name = NULL;
+    sbuf_t b = {0};
+    size_t slot, ri;
+    int rc = 0, k;
+    *kind = KIND_ITEM;
+    if (!json_is_string(r))
+        return fail(c, BL_EINVAL, "$ref", at, "must be a string");
+    const char *ref = json_string_value(r);
+    const size_t rlen = json_string_length(r);
+    const json_t *known = json_object_getn(c->refmap, ref, rlen);
+    if (known) {
+        const ref_t *e = &c->refs[json_integer_value(known)];
+        if (e->busy && e->level == c->level)
+            return fail(c, BL_EINVAL, "$ref", at,
+                        "leads back to '%s' before any JSON token (left recursion)", ref);
+        return sb_str(out, c->rules[e->rule].name);
+    }
+    TRY(resolve_ref(c, ref, rlen, at, &target, &def));
+    char hint[MAX_NAME + 1];
+    hint_join(hint, "", def, strlen(def));
+    TRY(name_take(c, hint, &name));
+    TRY(rule_push(c, &slot));
+    c->rules[slot].name = name;
+    name = NULL;
+    TRY(grow((void **)&c->refs, &c->cap_refs, c->n_refs, sizeof *c->refs));
+    ri = c->n_refs++;
+    c->refs[ri] = (ref_t){.rule = slot, .busy = 1, .level = c->level};
+    if (json_object_setn_new(c->refmap, ref, rlen, json_integer((json_int_t)ri))) {
+        rc = BL_ENOMEM;
+        goto fail;
+    }
+    const path_t p1 = {NULL, ref[2] == '$' ? "$defs" : "definitions", 0};
+    const path_t p2 = {&p1, def, 0};
+    TRY(gen_body(c, target, c->rules[slot].name, &p2, &b, &k));
+    TRY(rule_body(c, slot, sb_take(&b)));
+    c->refs[ri].busy = 0;
+    TRY(sb_str(out, c->rules[slot].name));
+fail:
+    sb_free(&b);
+    free(def);
+    free(name);
+    return rc;
+}
+
+/* anyOf / oneOf: one alternative per schema (oneOf's "exactly one" is not checked:
+ * a text that two alternatives match is accepted). */
+static int gen_anyof(ctx_t *c, const json_t *s, const char *name, const path_t *at,
+                     unsigned bits, sbuf_t *out, int *kind)
+{
+    const char *kw = bits & K_ANYOF ? "anyOf" : "oneOf";
+    if ((bits & K_ANYOF) && (bits & K_ONEOF))
+        return fail(c, BL_EINVAL, "oneOf", at, "beside 'anyOf' is not supported");
+    int rc = only_beside(c, s, at, bits, K_ANYOF | K_ONEOF, kw);
+    if (rc)
+        return rc;
+    const json_t *alts = json_object_get(s, kw);
+    if (!json_is_array(alts) || json_array_size(alts) == 0)
+        return fail(c, BL_EINVAL, kw, at, "must be a non-empty array of schemas");
+    const path_t pk = {at, kw, 0};
+    for (size_t i = 0; i < json_array_size(alts); i++) {
+        const path_t pi = {&pk, NULL, i};
+        char part[32], hint[MAX_NAME + 1];
+        char *item;
+        if (name[0])
+            (void)snprintf(part, sizeof part, "%zu", i);
+        else
+            (void)snprintf(part, sizeof part, "alt-%zu", i);
+        hint_join(hint, name, part, strlen(part));
+        if ((rc = gen_item(c, json_array_get(alts, i), hint, &pi, &item)) != 0)
+            return rc;
+        rc = i ? sb_str(out, " | ") : 0;
+        if (!rc)
+            rc = sb_str(out, item);
+        free(item);
+        if (rc)
+            return rc;
+    }
+    *kind = json_array_size(alts) == 1 ? KIND_ITEM : KIND_ALT;
+    return 0;
+}
+
+/* enum / const: the values' literals, those of the schema's 'type' only. */
+static int gen_enum(ctx_t *c, const json_t *s, const path_t *at, unsigned bits, sbuf_t *out,
+                    int *kind)
+{
+    const char *kw = bits & K_ENUM ? "enum" : "const";
+    int order[T_COUNT], rc, structured = 0;
+    size_t nt, kept = 0;
+    if ((rc = only_beside(c, s, at, bits, K_ENUM | K_CONST | K_TYPE | K_FORMAT, kw)) != 0 ||
+        (rc = parse_types(c, s, at, order, &nt)) != 0)
+        return rc;
+    unsigned mask = nt ? 0 : ~0u;
+    for (size_t i = 0; i < nt; i++)
+        mask |= 1u << order[i];
+    const json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const");
+    if (en && (!json_is_array(en) || json_array_size(en) == 0))
+        return fail(c, BL_EINVAL, "enum", at, "must be a non-empty array");
+    const size_t count = en ? json_array_size(en) : 1;
+    for (size_t i = 0; i < count; i++) {
+        const json_t *v = en ? json_array_get(en, i) : cn;
+        if ((en && cn && !json_equal(v, cn)) || !type_ok(v, mask))
+            continue;
+        if ((kept++ && (rc = sb_str(out, " | ")) != 0) ||
+            (rc = lit_value(c, out, v, 0, kw, at)) != 0)
+            return rc;
+        structured |= json_is_object(v) || json_is_array(v);
+    }
+    if (!kept)
+        return fail(c, BL_EINVAL, kw, at, "allows no value (none matches %s)",
+                    en && cn ? "'const' and 'type'" : "'type'");
+    *kind = kept > 1 ? KIND_ALT : structured ? KIND_SEQ : KIND_ITEM;
+    return 0;
+}
+
+/* --- objects ------------------------------------------------------------------ */
+
+typedef struct {
+    const char *key;
+    size_t klen;
+    const json_t *schema;
+    const path_t *at; /* the property's schema */
+} prop_t;
+
+typedef struct {
+    const char *key;
+    size_t klen;
+    const path_t *at; /* the schema whose 'required' names it */
+} req_t;
+
+/* An object's properties and required keys, gathered from it and its allOf parts. */
+typedef struct {
+    prop_t *props;
+    size_t n_props, cap_props;
+    req_t *reqs;
+    size_t n_reqs, cap_reqs;
+    json_t *index;    /* key -> index in props */
+    json_t *required; /* key -> true */
+    int has_props;    /* some schema has 'properties' */
+} obj_t;
+
+static int collect(ctx_t *c, const json_t *s, const path_t *at, int outer, obj_t *o);
+
+static int collect_(ctx_t *c, const json_t *s, const path_t *at, int outer, obj_t *o)
+{
+    const unsigned PART = K_TYPE | K_OBJ | K_ALLOF | K_REF;
+    const char *key;
+    size_t klen;
+    json_t *v;
+    unsigned bits;
+    int rc = 0;
+    char *def = NULL;
+    if (json_is_true(s))
+        return 0;
+    if (json_is_false(s))
+        return fail(c, BL_EINVAL, NULL, at, "is false and accepts no value");
+    if (!json_is_object(s))
+        return fail(c, BL_EINVAL, NULL, at, "must be an object or a boolean");
+    if (!outer) { /* an allOf part: an object schema and nothing else */
+        int order[T_COUNT];
+        size_t nt;
+        TRY(scan(c, s, at, &bits));
+        if (bits & ~PART)
+            return fail(c, BL_EINVAL, first_kw(s, bits & ~PART), at,
+                        "is not supported inside 'allOf' (only object schemas merge)");
+        TRY(parse_types(c, s, at, order, &nt));
+        if (nt && (nt != 1 || order[0] != T_OBJECT))
+            return fail(c, BL_EINVAL, "type", at, "inside 'allOf' must be \"object\"");
+        const json_t *ap = json_object_get(s, "additionalProperties");
+        if (ap && !json_is_false(ap))
+            return fail(c, BL_EINVAL, "additionalProperties", at,
+                        "inside 'allOf' is not supported unless false");
+    }
+    const json_t *props = json_object_get(s, "properties");
+    if (props) {
+        const path_t *pp;
+        if (!json_is_object(props))
+            return fail(c, BL_EINVAL, "properties", at, "must be an object");
+        o->has_props = 1;
+        TRY(path_new(c, at, "properties", 0, &pp));
+        json_object_keylen_foreach((json_t *)props, key, klen, v) {
+            const path_t *kp;
+            if (json_object_getn(o->index, key, klen))
+                return fail(c, BL_EINVAL, "properties", at,
+                            "defines '%s' again (merged by 'allOf')", key);
+            TRY(path_new(c, pp, key, 0, &kp));
+            TRY(grow((void **)&o->props, &o->cap_props, o->n_props, sizeof *o->props));
+            o->props[o->n_props] = (prop_t){key, klen, v, kp};
+            if (json_object_setn_new(o->index, key, klen, json_integer((json_int_t)o->n_props)))
+                return BL_ENOMEM;
+            o->n_props++;
+        }
+    }
+    const json_t *req = json_object_get(s, "required");
+    if (req) {
+        size_t i;
+        if (!json_is_array(req))
+            return fail(c, BL_EINVAL, "required", at, "must be an array of strings");
+        json_array_foreach(req, i, v) {
+            if (!json_is_string(v))
+                return fail(c, BL_EINVAL, "required", at, "must be an array of strings");
+            TRY(grow((void **)&o->reqs, &o->cap_reqs, o->n_reqs, sizeof *o->reqs));
+            o->reqs[o->n_reqs++] = (req_t){json_string_value(v), json_string_length(v), at};
+            if (json_object_setn_new(o->required, json_string_value(v), json_string_length(v),
+                                     json_true()))
+                return BL_ENOMEM;
+        }
+    }
+    const json_t *all = json_object_get(s, "allOf");
+    if (all) {
+        const path_t *ap;
+        if (!json_is_array(all) || json_array_size(all) == 0)
+            return fail(c, BL_EINVAL, "allOf", at, "must be a non-empty array of schemas");
+        TRY(path_new(c, at, "allOf", 0, &ap));
+        for (size_t i = 0; i < json_array_size(all); i++) {
+            const path_t *ip;
+            TRY(path_new(c, ap, NULL, i, &ip));
+            TRY(collect(c, json_array_get(all, i), ip, 0, o));
+        }
+    }
+    const json_t *r = outer ? NULL : json_object_get(s, "$ref");
+    if (r) { /* the part is its target's properties (inline: no rule of its own) */
+        const json_t *target;
+        const path_t *p1 = NULL, *p2 = NULL;
+        if (!json_is_string(r))
+            return fail(c, BL_EINVAL, "$ref", at, "must be a string");
+        TRY(resolve_ref(c, json_string_value(r), json_string_length(r), at, &target, &def));
+        if (def) {
+            TRY(path_new(c, NULL, json_string_value(r)[2] == '$' ? "$defs" : "definitions", 0,
+                         &p1));
+            TRY(path_new(c, p1, def, 0, &p2));
+        }
+        TRY(collect(c, target, p2, 0, o));
+    }
+fail:
+    free(def);
+    return rc;
+}
+
+static int collect(ctx_t *c, const json_t *s, const path_t *at, int outer, obj_t *o)
+{
+    if (++c->visits > MAX_VISITS)
+        return fail(c, BL_ERANGE, NULL, at, "expands to more than %d schemas", MAX_VISITS);
+    if (c->depth >= MAX_DEPTH)
+        return fail(c, BL_ERANGE, NULL, at, "nests deeper than %d levels", MAX_DEPTH);
+    c->depth++;
+    int rc = collect_(c, s, at, outer, o);
+    c->depth--;
+    return rc;
+}
+
+typedef struct {
+    const char *p;
+    size_t n;
+} span_t;
+
+typedef struct {
+    size_t lo, hi, off; /* keys [lo, hi) share their first off bytes */
+    size_t slot;        /* the rule to write */
+} kwork_t;
+
+static int span_cmp(const void *a, const void *b)
+{
+    const span_t *x = a, *y = b;
+    int d = memcmp(x->p, y->p, x->n < y->n ? x->n : y->n);
+    return d ? d : (x->n > y->n) - (x->n < y->n);
+}
+
+/* Bytes of the JSON string character at s[off]: an escape (2, or 6 for \uXXXX) or
+ * one UTF-8 code point. */
+static size_t unit_len(const char *s, size_t n, size_t off)
+{
+    unsigned char ch = (unsigned char)s[off];
+    size_t len = ch == '\\'  ? (off + 1 < n && s[off + 1] == 'u' ? 6 : 2)
+                 : ch < 0x80 ? 1
+                 : ch >= 0xf0 ? 4
+                 : ch >= 0xe0 ? 3
+                              : 2;
+    return len > n - off ? n - off : len;
+}
+
+/* One node of the trie of the listed keys (their escaped JSON text, sorted): the
+ * alternatives that finish a key other than all of k[lo, hi). Those are: closing the
+ * string here unless a key ends here; a character no key continues with, then any
+ * characters; or a key's next character, then the child node. Children nest inline
+ * KEYS_INLINE levels deep, then go to a rule of their own on the worklist, so that
+ * neither this recursion nor the grammar's parentheses grow with key length.
+ * A \uXXXX escape is not told apart from others: a key holding a control character
+ * may come back as an extra key (keys are compared as text, not as decoded strings). */
+static int keys_node(ctx_t *c, const span_t *k, size_t lo, size_t hi, size_t off, int depth,
+                     const char *hint, sbuf_t *b, kwork_t **w, size_t *nw, size_t *capw)
+{
+    static const char ESC[] = "\"\\/bfnrt";
+    sbuf_t cls = {0};
+    unsigned esc = 0; /* bit i: a key continues with the escape \ESC[i] */
+    int rc = 0;
+    const int terminal = lo < hi && k[lo].n == off;
+    if (terminal)
+        lo++;
+    for (size_t i = lo, j; i < hi; i = j) {
+        const size_t u = unit_len(k[i].p, k[i].n, off);
+        const char *up = k[i].p + off;
+        for (j = i + 1; j < hi && k[j].n >= off + u && !memcmp(k[j].p + off, up, u); j++)
+            ;
+        if (up[0] == '\\') {
+            const char *e = u == 2 ? memchr(ESC, up[1], sizeof ESC - 1) : NULL;
+            if (e)
+                esc |= 1u << (e - ESC);
+        } else if (u == 1 && strchr("]-^\\", up[0])) {
+            TRY(sb_add(&cls, "\\", 1));
+            TRY(sb_add(&cls, up, 1));
+        } else {
+            TRY(sb_add(&cls, up, u));
+        }
+    }
+    if (!terminal)
+        TRY(sb_str(b, "\"\\\"\" | "));
+    TRY(sb_str(b, "( [^\"\\\\\\x00-\\x1f"));
+    if (cls.n)
+        TRY(sb_add(b, cls.p, cls.n));
+    TRY(sb_str(b, "] | \"\\\\\" ( "));
+    if (esc != (1u << (sizeof ESC - 1)) - 1) {
+        TRY(sb_str(b, "["));
+        for (size_t i = 0; i < sizeof ESC - 1; i++)
+            if (!(esc & (1u << i)))
+                TRY(ESC[i] == '\\' ? sb_str(b, "\\\\") : sb_add(b, ESC + i, 1));
+        TRY(sb_str(b, "] | "));
+    }
+    TRY(sb_str(b, "\"u\" [0-9a-fA-F]{4} ) ) char* \"\\\"\""));
+    prim(c, P_CHAR);
+    for (size_t i = lo, j; i < hi; i = j) {
+        const size_t u = unit_len(k[i].p, k[i].n, off);
+        const char *up = k[i].p + off;
+        for (j = i + 1; j < hi && k[j].n >= off + u && !memcmp(k[j].p + off, up, u); j++)
+            ;
+        TRY(sb_str(b, " | "));
+        TRY(gbnf_lit(b, up, u));
+        if (depth + 1 < KEYS_INLINE) {
+            TRY(sb_str(b, " ( "));
+            TRY(keys_node(c, k, i, j, off + u, depth + 1, hint, b, w, nw, capw));
+            TRY(sb_str(b, " )"));
+            continue;
+        }
+        char *name;
+        size_t slot;
+        TRY(name_take(c, hint, &name));
+        if ((rc = rule_push(c, &slot)) != 0) {
+            free(name);
+            goto fail;
+        }
+        c->rules[slot].name = name;
+        TRY(grow((void **)w, capw, *nw, sizeof **w));
+        (*w)[(*nw)++] = (kwork_t){i, j, off + u, slot};
+        TRY(sb_str(b, " "));
+        TRY(sb_str(b, name));
+    }
+fail:
+    sb_free(&cls);
+    return rc;
+}
+
+/* A rule matching a JSON string that is none of the object's listed keys, for the
+ * keys of additionalProperties. *out: its name, caller frees. */
+static int keys_except(ctx_t *c, const obj_t *o, const char *name, char **out)
+{
+    sbuf_t all = {0}, b = {0};
+    size_t *ends = NULL, nw = 0, capw = 0, slot;
+    span_t *k = NULL;
+    kwork_t *w = NULL;
+    char hint[MAX_NAME + 1], *rname = NULL;
+    const size_t n = o->n_props;
+    int rc = 0;
+    *out = NULL;
+    ends = malloc(n * sizeof *ends);
+    k = malloc(n * sizeof *k);
+    if (!ends || !k) {
+        rc = BL_ENOMEM;
+        goto fail;
+    }
+    for (size_t i = 0; i < n; i++) {
+        TRY(json_escape(&all, o->props[i].key, o->props[i].klen));
+        ends[i] = all.n;
+    }
+    for (size_t i = 0; i < n; i++) { /* all.p moved while growing: spans come after */
+        const size_t start = i ? ends[i - 1] : 0;
+        k[i] = (span_t){all.p ? all.p + start : "", ends[i] - start};
+    }
+    qsort(k, n, sizeof *k, span_cmp);
+    hint_join(hint, name, "additional-key", strlen("additional-key"));
+    TRY(name_take(c, hint, &rname));
+    TRY(rule_push(c, &slot));
+    c->rules[slot].name = rname;
+    if (!(*out = strdup(rname))) {
+        rc = BL_ENOMEM;
+        goto fail;
+    }
+    rname = NULL;
+    TRY(sb_str(&b, "\"\\\"\" ( "));
+    TRY(keys_node(c, k, 0, n, 0, 0, hint, &b, &w, &nw, &capw));
+    TRY(sb_str(&b, " )"));
+    TRY(rule_body(c, slot, sb_take(&b)));
+    while (nw > 0) {
+        const kwork_t x = w[--nw];
+        TRY(keys_node(c, k, x.lo, x.hi, x.off, 0, hint, &b, &w, &nw, &capw));
+        TRY(rule_body(c, x.slot, sb_take(&b)));
+    }
+fail:
+    sb_free(&all);
+    sb_free(&b);
+    free(ends);
+    free(k);
+    free(w);
+    free(rname);
+    if (rc) {
+        free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/* The text of an object from its members: kv[i] the key, colon and value of listed
+ * property i (req[i]: required), extra the key, colon and value of any other key
+ * (NULL: none). Present properties come in the listed order, extra keys after them.
+ * With a required property, the optional ones before it carry their comma after,
+ * those after it before. With none, the first present property picks the
+ * alternative, and after property i come the optional rest i+1, ... (inline for up to
+ * three properties, else a chain of rules "NAME-rest", linear in size). */
+static int object_compose(ctx_t *c, char **kv, const int *req, size_t n, const char *extra,
+                          const char *name, sbuf_t *out)
+{
+    char **rest = NULL;
+    size_t r = 0;
+    int rc = 0;
+    prim(c, P_WS);
+    TRY(sb_str(out, "\"{\" ws"));
+    while (r < n && !req[r])
+        r++;
+    if (n == 0) {
+        if (extra) {
+            TRY(sb_str(out, " ( "));
+            TRY(sb_str(out, extra));
+            TRY(sb_str(out, " ( ws \",\" ws "));
+            TRY(sb_str(out, extra));
+            TRY(sb_str(out, " )* ws )?"));
+        }
+        TRY(sb_str(out, " \"}\""));
+        goto fail;
+    }
+    if (r < n) {
+        for (size_t i = 0; i < n; i++) {
+            if (i < r) {
+                TRY(sb_str(out, " ( "));
+                TRY(sb_str(out, kv[i]));
+                TRY(sb_str(out, " ws \",\" ws )?"));
+            } else if (i == r || req[i]) {
+                TRY(sb_str(out, i == r ? " " : " ws \",\" ws "));
+                TRY(sb_str(out, kv[i]));
+            } else {
+                TRY(sb_str(out, " ( ws \",\" ws "));
+                TRY(sb_str(out, kv[i]));
+                TRY(sb_str(out, " )?"));
+            }
+        }
+        if (extra) {
+            TRY(sb_str(out, " ( ws \",\" ws "));
+            TRY(sb_str(out, extra));
+            TRY(sb_str(out, " )*"));
+        }
+        TRY(sb_str(out, " ws \"}\""));
+        goto fail;
+    }
+    if (n > 3) {
+        size_t *slots = malloc(n * sizeof *slots);
+        rest = calloc(n, sizeof *rest);
+        if (!slots || !rest) {
+            free(slots);
+            rc = BL_ENOMEM;
+            goto fail;
+        }
+        for (size_t i = 0; i + 1 < n && !rc; i++) {
+            char hint[MAX_NAME + 1], *nm;
+            hint_join(hint, name, "rest", 4);
+            if ((rc = name_take(c, hint, &nm)) != 0)
+                break;
+            if ((rc = rule_push(c, &slots[i])) != 0) {
+                free(nm);
+                break;
+            }
+            c->rules[slots[i]].name = rest[i] = nm;
+        }
+        for (size_t i = n - 1; i-- > 0 && !rc;) {
+            sbuf_t b = {0};
+            rc = sb_str(&b, "( ws \",\" ws ");
+            if (!rc)
+                rc = sb_str(&b, kv[i + 1]);
+            if (!rc)
+                rc = sb_str(&b, " )?");
+            if (!rc && i + 2 < n) {
+                rc = sb_str(&b, " ");
+                if (!rc)
+                    rc = sb_str(&b, rest[i + 1]);
+            }
+            if (rc)
+                sb_free(&b);
+            else
+                rc = rule_body(c, slots[i], sb_take(&b));
+        }
+        free(slots);
+        if (rc)
+            goto fail;
+    }
+    const int group = n + (extra != NULL) > 1;
+    TRY(sb_str(out, group ? " ( ( " : " ( "));
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            TRY(sb_str(out, " | "));
+        TRY(sb_str(out, kv[i]));
+        if (rest && i + 1 < n) {
+            TRY(sb_str(out, " "));
+            TRY(sb_str(out, rest[i]));
+        }
+        for (size_t j = i + 1; !rest && j < n; j++) {
+            TRY(sb_str(out, " ( ws \",\" ws "));
+            TRY(sb_str(out, kv[j]));
+            TRY(sb_str(out, " )?"));
+        }
+    }
+    if (extra) {
+        TRY(sb_str(out, " | "));
+        TRY(sb_str(out, extra));
+    }
+    if (group)
+        TRY(sb_str(out, " )"));
+    if (extra) {
+        TRY(sb_str(out, " ( ws \",\" ws "));
+        TRY(sb_str(out, extra));
+        TRY(sb_str(out, " )*"));
+    }
+    TRY(sb_str(out, " ws )? \"}\""));
+fail:
+    free(rest); /* the names belong to the rules */
+    return rc;
+}
+
+/* The members' texts (see object_compose), written inside the object (c->level up). */
+static int object_members(ctx_t *c, const json_t *s, const char *name, const path_t *at,
+                          const obj_t *o, char **kv, int *req, size_t *n, char **extra)
+{
+    char hint[MAX_NAME + 1], *item = NULL, *key = NULL;
+    sbuf_t t = {0};
+    int rc = 0;
+    for (size_t i = 0; i < o->n_props; i++) {
+        const prop_t *p = &o->props[i];
+        const int is_req = json_object_getn(o->required, p->key, p->klen) != NULL;
+        if (json_is_false(p->schema)) { /* never present */
+            if (is_req)
+                return fail(c, BL_EINVAL, "required", at, "names '%s', whose schema is false",
+                            p->key);
+            continue;
+        }
+        hint_join(hint, name, p->key, p->klen);
+        TRY(gen_item(c, p->schema, hint, p->at, &item));
+        TRY(lit_json_string(&t, p->key, p->klen));
+        TRY(sb_str(&t, " ws \":\" ws "));
+        TRY(sb_str(&t, item));
+        free(item);
+        item = NULL;
+        if (!(kv[*n] = sb_take(&t))) {
+            rc = BL_ENOMEM;
+            goto fail;
+        }
+        req[(*n)++] = is_req;
+    }
+    /* other keys: absent means none beside 'properties', any without it */
+    const json_t *ap = json_object_get(s, "additionalProperties");
+    const path_t app = {at, "additionalProperties", 0};
+    if (!ap)
+        ap = o->has_props ? json_false() : json_true();
+    if (!json_is_object(ap) && !json_is_boolean(ap))
+        return fail(c, BL_EINVAL, "additionalProperties", at, "must be a boolean or a schema");
+    if (json_is_false(ap))
+        goto fail;
+    hint_join(hint, name, "additional-value", strlen("additional-value"));
+    TRY(gen_item(c, ap, hint, &app, &item));
+    if (o->n_props == 0)
+        key = strdup(prim(c, P_STRING));
+    else
+        TRY(keys_except(c, o, name, &key));
+    if (!key) {
+        rc = BL_ENOMEM;
+        goto fail;
+    }
+    prim(c, P_WS);
+    TRY(sb_str(&t, key));
+    TRY(sb_str(&t, " ws \":\" ws "));
+    TRY(sb_str(&t, item));
+    if (!(*extra = sb_take(&t)))
+        rc = BL_ENOMEM;
+fail:
+    free(item);
+    free(key);
+    sb_free(&t);
+    return rc;
+}
+
+/* An object: its properties and required keys with those of its allOf parts. */
+static int gen_object(ctx_t *c, const json_t *s, const char *name, const path_t *at,
+                      sbuf_t *out, int *kind)
+{
+    obj_t o = {0};
+    char **kv = NULL, *extra = NULL;
+    int *req = NULL, rc = 0;
+    size_t n = 0;
+    *kind = KIND_SEQ;
+    o.index = json_object();
+    o.required = json_object();
+    if (!o.index || !o.required) {
+        rc = BL_ENOMEM;
+        goto fail;
+    }
+    TRY(collect(c, s, at, 1, &o));
+    for (size_t i = 0; i < o.n_reqs; i++) {
+        const req_t *r = &o.reqs[i];
+        if (!json_object_getn(o.index, r->key, r->klen)) {
+            rc = fail(c, BL_EINVAL, "required", r->at, "names '%s', which is not in 'properties'",
+                      r->key);
+            goto fail;
+        }
+    }
+    /* any keys with any values: the fixed rule */
+    const json_t *ap = json_object_get(s, "additionalProperties");
+    if (!o.has_props && (!ap || is_any(ap))) {
+        *kind = KIND_ITEM;
+        rc = sb_str(out, prim(c, P_OBJECT));
+        goto fail;
+    }
+    kv = calloc(o.n_props + 1, sizeof *kv);
+    req = calloc(o.n_props + 1, sizeof *req);
+    if (!kv || !req) {
+        rc = BL_ENOMEM;
+        goto fail;
+    }
+    c->level++;
+    rc = object_members(c, s, name, at, &o, kv, req, &n, &extra);
+    c->level--;
+    if (rc)
+        goto fail;
+    TRY(object_compose(c, kv, req, n, extra, name, out));
+fail:
+    for (size_t i = 0; kv && i < n; i++)
+        free(kv[i]);
+    free(kv);
+    free(req);
+    free(extra);
+    free(o.props);
+    free(o.reqs);
+    json_decref(o.index);
+    json_decref(o.required);
+    return rc;
+}
+
+/* allOf: object schemas merge into one object (their properties in order, the union
+ * of their required keys; other keys only as the outer schema's
+ * additionalProperties allows). A lone schema beside annotations is itself. */
+static int gen_allof(ctx_t *c, const json_t *s, const char *name, const path_t *at,
+                     unsigned bits, sbuf_t *out, int *kind)
+{
+    const json_t *parts = json_object_get(s, "allOf");
+    int rc = only_beside(c, s, at, bits, K_ALLOF | K_TYPE | K_OBJ, "allOf");
+    if (rc)
+        return rc;
+    if (!json_is_array(parts) || json_array_size(parts) == 0)
+        return fail(c, BL_EINVAL, "allOf", at, "must be a non-empty array of schemas");
+    if (bits & K_TYPE) {
+        int order[T_COUNT];
+        size_t nt;
+        if ((rc = parse_types(c, s, at, order, &nt)) != 0)
+            return rc;
+        if (nt != 1 || order[0] != T_OBJECT)
+            return fail(c, BL_EINVAL, "type", at, "beside 'allOf' must be \"object\"");
+    }
+    if (!(bits & ~K_ALLOF)) {
+        size_t live = 0, only = 0;
+        for (size_t i = 0; i < json_array_size(parts); i++) {
+            const json_t *p = json_array_get(parts, i);
+            if (!is_any(p)) {
+                live++;
+                only = i;
+            }
+        }
+        const path_t pa = {at, "allOf", 0}, pi = {&pa, NULL, only};
+        if (live == 0) {
+            *kind = KIND_ITEM;
+            return sb_str(out, prim(c, P_VALUE));
+        }
+        if (live == 1)
+            return gen_body(c, json_array_get(parts, only), name, &pi, out, kind);
+    }
+    return gen_object(c, s, name, at, out, kind);
+}
+
+/* --- arrays, strings, numbers --------------------------------------------------- */
+
+/* An array: prefixItems first (each optional once minItems is met, in order), then
+ * items (absent: any value, as JSON Schema reads it; false: none). */
+static int gen_array(ctx_t *c, const json_t *s, const char *name, const path_t *at,
+                     sbuf_t *out, int *kind)
+{
+    const json_t *items = json_object_get(s, "items"), *prefix = json_object_get(s, "prefixItems");
+    char *pitem[MAX_TUPLE] = {0}, *item = NULL, hint[MAX_NAME + 1];
+    sbuf_t tail = {0}, t2 = {0}, el = {0}, grp = {0};
+    long long m = 0, M = UNBOUNDED;
+    int has_m, has_M, extra = 1, rc = 0;
+    size_t k = 0;
+    *kind = KIND_SEQ;
+    TRY(get_count(c, s, "minItems", at, &m, &has_m));
+    TRY(get_count(c, s, "maxItems", at, &M, &has_M));
+    if (!has_M)
+        M = UNBOUNDED;
+    if (!prefix && (!items || is_any(items)) && m == 0 && M == UNBOUNDED) { /* the fixed rule */
+        *kind = KIND_ITEM;
+        rc = sb_str(out, prim(c, P_ARRAY));
+        goto fail;
+    }
+    if (prefix && !json_is_array(prefix)) {
+        rc = fail(c, BL_EINVAL, "prefixItems", at, "must be an array of schemas");
+        goto fail;
+    }
+    if (prefix && json_array_size(prefix) > MAX_TUPLE) {
+        rc = fail(c, BL_ERANGE, "prefixItems", at, "has more than %d entries", MAX_TUPLE);
+        goto fail;
+    }
+    if (json_is_array(items)) {
+        rc = fail(c, BL_EINVAL, "items", at,
+                  "as an array (a tuple) is not supported; use 'prefixItems'");
+        goto fail;
+    }
+    if (items && !json_is_object(items) && !json_is_boolean(items)) {
+        rc = fail(c, BL_EINVAL, "items", at, "must be a schema");
+        goto fail;
+    }
+    c->level++;
+    const path_t pp = {at, "prefixItems", 0}, ip = {at, "items", 0};
+    for (size_t i = 0; prefix && i < json_array_size(prefix) && !rc; i++) {
+        const json_t *e = json_array_get(prefix, i);
+        const path_t pi = {&pp, NULL, i};
+        char part[32];
+        if (json_is_false(e)) { /* no item at i, nor after it */
+            extra = 0;
+            break;
+        }
+        (void)snprintf(part, sizeof part, "item-%zu", i);
+        hint_join(hint, name, part, strlen(part));
+        if ((rc = gen_item(c, e, hint, &pi, &pitem[k])) == 0)
+            k++;
+    }
+    if (!rc && extra && json_is_false(items)) {
+        extra = 0;
+    } else if (!rc && extra && json_is_object(items)) {
+        hint_join(hint, name, "item", 4);
+        rc = gen_item(c, items, hint, &ip, &item);
+    } else if (!rc && extra) {
+        rc = (item = strdup(prim(c, P_VALUE))) ? 0 : BL_ENOMEM;
+    }
+    c->level--;
+    if (rc)
+        goto fail;
+
+    const long long kl = (long long)k;
+    if (!extra && (M == UNBOUNDED || M > kl))
+        M = kl;
+    if (M != UNBOUNDED && m > M) {
+        rc = fail(c, BL_EINVAL, "minItems", at, "is larger than the %lld items the array may hold",
+                  M);
+        goto fail;
+    }
+    const size_t kk = M != UNBOUNDED && M < kl ? (size_t)M : k; /* tuple entries usable */
+    const size_t rq = m < (long long)kk ? (size_t)m : kk;      /* ... and required */
+    if (item) {
+        TRY(sb_str(&grp, "( ws \",\" ws "));
+        TRY(sb_str(&grp, item));
+        TRY(sb_str(&grp, " )"));
+    }
+    if (kk > 0) {
+        /* items after the whole tuple, then the optional tuple entries inside out */
+        if (kk == k && item && (M == UNBOUNDED || M > kl))
+            TRY(rep(c, &tail, grp.p, m > kl ? m - kl : 0, M == UNBOUNDED ? UNBOUNDED : M - kl,
+                    "minItems", "maxItems", at));
+        for (size_t j = kk; j-- > (rq > 1 ? rq : 1);) {
+            TRY(sb_str(&t2, "( ws \",\" ws "));
+            TRY(sb_str(&t2, pitem[j]));
+            if (tail.n) {
+                TRY(sb_str(&t2, " "));
+                TRY(sb_add(&t2, tail.p, tail.n));
+            }
+            TRY(sb_str(&t2, " )?"));
+            sb_free(&tail);
+            tail = t2;
+            memset(&t2, 0, sizeof t2);
+        }
+        TRY(sb_str(&el, pitem[0]));
+        for (size_t j = 1; j < rq; j++) {
+            TRY(sb_str(&el, " ws \",\" ws "));
+            TRY(sb_str(&el, pitem[j]));
+        }
+    } else if (item && M != 0) {
+        TRY(sb_str(&el, item));
+        TRY(rep(c, &tail, grp.p, m > 0 ? m - 1 : 0, M == UNBOUNDED ? UNBOUNDED : M - 1,
+                "minItems", "maxItems", at));
+    }
+    if (tail.n) {
+        TRY(sb_str(&el, " "));
+        TRY(sb_add(&el, tail.p, tail.n));
+    }
+    prim(c, P_WS);
+    if (!el.n) {
+        TRY(sb_str(out, "\"[\" ws \"]\""));
+    } else {
+        TRY(sb_str(out, m == 0 ? "\"[\" ws ( " : "\"[\" ws "));
+        TRY(sb_add(out, el.p, el.n));
+        TRY(sb_str(out, m == 0 ? " ws )? \"]\"" : " ws \"]\""));
+    }
+fail:
+    for (size_t i = 0; i < k; i++)
+        free(pitem[i]);
+    free(item);
+    sb_free(&tail);
+    sb_free(&t2);
+    sb_free(&el);
+    sb_free(&grp);
+    return rc;
+}
+
+/* A string: a fixed shape for a known format, else minLength to maxLength JSON
+ * string characters (an escape counts as one). */
+static int gen_string(ctx_t *c, const json_t *s, const path_t *at, sbuf_t *out, int *kind)
+{
+    static const struct {
+        const char *name;
+        int prim;
+    } FORMATS[] = {
+        {"date", P_DATE_S}, {"time", P_TIME_S}, {"date-time", P_DATETIME_S}, {"uuid", P_UUID_S},
+    };
+    const json_t *f = json_object_get(s, "format");
+    long long lo = 0, hi = UNBOUNDED;
+    int has_lo, has_hi, fp = -1, rc;
+    sbuf_t t = {0};
+    *kind = KIND_ITEM;
+    if (f && !json_is_string(f))
+        return fail(c, BL_EINVAL, "format", at, "must be a string");
+    for (size_t i = 0; f && i < sizeof FORMATS / sizeof FORMATS[0]; i++)
+        if (strcmp(json_string_value(f), FORMATS[i].name) == 0)
+            fp = FORMATS[i].prim;
+    if ((rc = get_count(c, s, "minLength", at, &lo, &has_lo)) != 0 ||
+        (rc = get_count(c, s, "maxLength", at, &hi, &has_hi)) != 0)
+        return rc;
+    if (!has_hi)
+        hi = UNBOUNDED;
+    if (fp >= 0 && (has_lo || has_hi))
+        return fail(c, BL_EINVAL, has_lo ? "minLength" : "maxLength", at,
+                    "cannot be combined with 'format' '%s'", json_string_value(f));
+    if (fp >= 0)
+        return sb_str(out, prim(c, fp));
+    if (!has_lo && !has_hi)
+        return sb_str(out, prim(c, P_STRING));
+    if (hi != UNBOUNDED && lo > hi)
+        return fail(c, BL_EINVAL, "minLength", at, "is larger than 'maxLength'");
+    *kind = KIND_SEQ;
+    TRY(rep(c, &t, prim(c, P_CHAR), lo, hi, "minLength", "maxLength", at));
+    TRY(sb_str(out, "\"\\\"\" "));
+    if (t.n) {
+        TRY(sb_add(out, t.p, t.n));
+        TRY(sb_str(out, " "));
+    }
+    TRY(sb_str(out, "\"\\\"\""));
+fail:
+    sb_free(&t);
+    return rc;
+}
+
+/* An integer. Of the numeric keywords only a lower bound of 0 or 1 (minimum 0 or 1,
+ * exclusiveMinimum -1 or 0) and multipleOf 1 are honoured; the rest are refused. */
+static int gen_integer(ctx_t *c, const json_t *s, const path_t *at, unsigned bits, sbuf_t *out)
+{
+    static const char WHY[] = "is not supported (only a lower bound of 0 or 1 on an 'integer' is)";
+    const json_t *mo = json_object_get(s, "multipleOf");
+    const json_t *mi = json_object_get(s, "minimum"), *ex = json_object_get(s, "exclusiveMinimum");
+    const char *which = NULL;
+    double lo = 0;
+    if (bits & (K_MAXIMUM | K_EXMAX))
+        return fail(c, BL_EINVAL, first_kw(s, K_MAXIMUM | K_EXMAX), at, "%s", WHY);
+    if (mo && (!json_is_number(mo) || json_number_value(mo) <= 0))
+        return fail(c, BL_EINVAL, "multipleOf", at, "must be a number above 0");
+    if (mo && json_number_value(mo) != 1.0)
+        return fail(c, BL_EINVAL, "multipleOf", at, "is not supported (only 1 on an 'integer' is)");
+    if (mi) {
+        if (!json_is_number(mi))
+            return fail(c, BL_EINVAL, "minimum", at, "must be a number");
+        lo = ceil(json_number_value(mi));
+        which = "minimum";
+    }
+    if (ex) {
+        if (!json_is_number(ex))
+            return fail(c, BL_EINVAL, "exclusiveMinimum", at, "must be a number");
+        const double l = floor(json_number_value(ex)) + 1;
+        if (!which || l > lo) {
+            lo = l;
+            which = "exclusiveMinimum";
+        }
+    }
+    if (!which)
+        return sb_str(out, prim(c, P_INTEGER));
+    if (lo == 0)
+        return sb_str(out, prim(c, P_NONNEG));
+    if (lo == 1)
+        return sb_str(out, prim(c, P_POS));
+    return fail(c, BL_EINVAL, which, at, "%s", WHY);
+}
+
+/* By 'type' (a name or a list: alternatives), or without one by the keywords present
+ * (properties: an object, ...; none: any value). */
+static int gen_types(ctx_t *c, const json_t *s, const char *name, const path_t *at,
+                     unsigned bits, sbuf_t *out, int *kind)
+{
+    int order[T_COUNT], has_number = 0, k = KIND_ITEM, rc;
+    size_t nt, done = 0;
+    if ((rc = parse_types(c, s, at, order, &nt)) != 0)
+        return rc;
+    if (nt == 0) {
+        if (bits & K_OBJ)
+            order[nt++] = T_OBJECT;
+        if (bits & K_ARR)
+            order[nt++] = T_ARRAY;
+        if (bits & K_STR)
+            order[nt++] = T_STRING;
+        if (bits & K_NUM)
+            order[nt++] = T_NUMBER;
+    }
+    if (nt == 0) {
+        *kind = KIND_ITEM;
+        return sb_str(out, prim(c, P_VALUE));
+    }
+    for (size_t i = 0; i < nt; i++)
+        has_number |= order[i] == T_NUMBER;
+    for (size_t i = 0; i < nt; i++) {
+        if (order[i] == T_INTEGER && has_number)
+            continue; /* every integer is a number */
+        if (done++ && (rc = sb_str(out, " | ")) != 0)
+            return rc;
+        switch (order[i]) {
+        case T_OBJECT: rc = gen_object(c, s, name, at, out, &k); break;
+        case T_ARRAY: rc = gen_array(c, s, name, at, out, &k); break;
+        case T_STRING: rc = gen_string(c, s, at, out, &k); break;
+        case T_INTEGER:
+            k = KIND_ITEM;
+            rc = gen_integer(c, s, at, bits, out);
+            break;
+        case T_NUMBER:
+            k = KIND_ITEM;
+            rc = bits & K_NUM
+                     ? fail(c, BL_EINVAL, first_kw(s, K_NUM), at,
+                            "is not supported on a 'number' (only a lower bound of 0 or 1 on an "
+                            "'integer' is)")
+                     : sb_str(out, prim(c, P_NUMBER));
+            break;
+        case T_BOOLEAN:
+            k = KIND_ITEM;
+            rc = sb_str(out, prim(c, P_BOOLEAN));
+            break;
+        default:
+            k = KIND_ITEM;
+            rc = sb_str(out, prim(c, P_NULL));
+        }
+        if (rc)
+            return rc;
+    }
+    *kind = done > 1 ? KIND_ALT : k;
+    return 0;
+}
+
+static int gen_body_(ctx_t *c, const json_t *s, const char *name, const path_t *at,
+                     sbuf_t *out, int *kind)
+{
+    unsigned bits;
+    int rc;
+    *kind = KIND_ITEM;
+    if (json_is_true(s))
+        return sb_str(out, prim(c, P_VALUE));
+    if (json_is_false(s))
+        return fail(c, BL_EINVAL, NULL, at, "is false and accepts no value");
+    if (!json_is_object(s))
+        return fail(c, BL_EINVAL, NULL, at, "must be an object or a boolean");
+    if ((rc = scan(c, s, at, &bits)) != 0)
+        return rc;
+    if (bits & K_REF) {
+        rc = only_beside(c, s, at, bits, K_REF, "$ref");
+        return rc ? rc : gen_ref(c, s, at, out, kind);
+    }
+    if (bits & (K_ANYOF | K_ONEOF))
+        return gen_anyof(c, s, name, at, bits, out, kind);
+    if (bits & K_ALLOF)
+        return gen_allof(c, s, name, at, bits, out, kind);
+    if (bits & (K_ENUM | K_CONST))
+        return gen_enum(c, s, at, bits, out, kind);
+    return gen_types(c, s, name, at, bits, out, kind);
+}
+
+/* Schema s as a body into out; name: the rule it goes in ("" for root), the stem of
+ * the rules it makes. */
+static int gen_body(ctx_t *c, const json_t *s, const char *name, const path_t *at, sbuf_t *out,
+                    int *kind)
+{
+    if (++c->visits > MAX_VISITS)
+        return fail(c, BL_ERANGE, NULL, at, "expands to more than %d schemas", MAX_VISITS);
+    if (c->depth >= MAX_DEPTH)
+        return fail(c, BL_ERANGE, NULL, at, "nests deeper than %d levels", MAX_DEPTH);
+    c->depth++;
+    int rc = gen_body_(c, s, name, at, out, kind);
+    c->depth--;
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------- */
+/* entry point                                                                  */
+/* ---------------------------------------------------------------------------- */
+
+int rt_json_schema_to_gbnf(const json_t *schema, char **out, bl_err_t *err)
+{
+    ctx_t c = {.root = schema, .err = err};
+    sbuf_t b = {0};
+    size_t slot;
+    int rc = 0, kind;
+    if (out)
+        *out = NULL;
+    if (!schema || !out)
+        return bl_err_set(err, BL_EINVAL, "json_schema: no schema");
+    c.names = json_object();
+    c.counters = json_object();
+    c.refmap = json_object();
+    if (!c.names || !c.counters || !c.refmap) {
+        rc = BL_ENOMEM;
+        goto fail;
+    }
+    for (int p = 0; p < P_COUNT; p++) /* the fixed rules' names are taken */
+        if (json_object_set_new(c.names, PRIMS[p].name, json_true())) {
+            rc = BL_ENOMEM;
+            goto fail;
+        }
+    /* root first; "$ref": "#" finds it like any target */
+    TRY(rule_push(&c, &slot));
+    TRY(name_take(&c, "root", &c.rules[slot].name));
+    TRY(grow((void **)&c.refs, &c.cap_refs, c.n_refs, sizeof *c.refs));
+    c.refs[c.n_refs++] = (ref_t){.rule = slot, .busy = 1, .level = 0};
+    if (json_object_set_new(c.refmap, "#", json_integer(0))) {
+        rc = BL_ENOMEM;
+        goto fail;
+    }
+    TRY(gen_body(&c, schema, "", NULL, &b, &kind));
+    TRY(rule_body(&c, slot, sb_take(&b)));
+    c.refs[0].busy = 0;
+
+    unsigned used = c.prims;
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int p = 0; p < P_COUNT; p++)
+            if ((used & (1u << p)) && (PRIMS[p].deps & ~used)) {
+                used |= PRIMS[p].deps;
+                changed = 1;
+            }
+    }
+    for (size_t i = 0; i < c.n_rules; i++) {
+        if (!c.rules[i].name)
+            continue;
+        TRY(sb_str(&b, c.rules[i].name));
+        TRY(sb_str(&b, " ::= "));
+        TRY(sb_str(&b, c.rules[i].body));
+        TRY(sb_str(&b, "\n"));
+    }
+    for (int p = 0; p < P_COUNT; p++) {
+        if (!(used & (1u << p)))
+            continue;
+        TRY(sb_str(&b, PRIMS[p].name));
+        TRY(sb_str(&b, " ::= "));
+        TRY(sb_str(&b, PRIMS[p].body));
+        TRY(sb_str(&b, "\n"));
+    }
+    if (!(*out = sb_take(&b)))
+        rc = BL_ENOMEM;
+fail:
+    if (rc && !c.failed && rc == BL_ENOMEM)
+        (void)bl_err_set(err, rc, "json_schema: out of memory");
+    else if (rc && !c.failed)
+        (void)bl_err_set(err, rc, "json_schema: the grammar would be larger than %zu bytes",
+                         MAX_OUT);
+    for (size_t i = 0; i < c.n_rules; i++) {
+        free(c.rules[i].name);
+        free(c.rules[i].body);
+    }
+    free(c.rules);
+    free(c.refs);
+    for (size_t i = 0; i < c.n_paths; i++)
+        free(c.paths[i]);
+    free(c.paths);
+    json_decref(c.names);
+    json_decref(c.counters);
+    json_decref(c.refmap);
+    sb_free(&b);
+    return rc;
+}
