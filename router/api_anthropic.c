@@ -283,12 +283,15 @@ static int convert_tools(const json_t *tools, json_t **out, bl_err_t *err)
 
 /* Tools, tool_choice and thinking; *kwargs the template arguments (or NULL); *tools
  * whether the reply's calls are parsed; *one_call tool_choice's
- * disable_parallel_tool_use. */
+ * disable_parallel_tool_use; *force (when not NULL) the tool a call must name for
+ * tool_choice "tool", "" for "any", else NULL. */
 static int anthropic_options(const json_t *body, json_t **kwargs, int *tools, int *one_call,
-                             bl_err_t *err)
+                             const char **force, bl_err_t *err)
 {
     *kwargs = NULL;
     *tools = *one_call = 0;
+    if (force)
+        *force = NULL;
     int think = -1; /* thinking.type: -1 not given, 0 disabled, 1 enabled */
     json_t *v = json_object_get(body, "thinking");
     if (v && !json_is_null(v)) {
@@ -309,13 +312,22 @@ static int anthropic_options(const json_t *body, json_t **kwargs, int *tools, in
     v = json_object_get(body, "tool_choice");
     if (v && !json_is_null(v)) {
         json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
-        if (!json_is_string(t) ||
-            (strcmp(json_string_value(t), "auto") && strcmp(json_string_value(t), "none")))
+        const char *ts = json_string_value(t), *named = NULL;
+        if (ts && !strcmp(ts, "tool") &&
+            !(named = json_string_value(json_object_get(v, "name"))))
+            return bl_err_set(err, BL_EINVAL, "'tool_choice' of type \"tool\" needs a 'name'");
+        if (!ts || (strcmp(ts, "auto") && strcmp(ts, "none") && strcmp(ts, "any") && !named))
             return bl_err_set(err, BL_EINVAL,
-                              "'tool_choice' is not supported but as {\"type\": \"auto\"} or "
-                              "{\"type\": \"none\"} (a call cannot be forced: there is no "
-                              "constrained decoding)");
-        use_tools = strcmp(json_string_value(t), "none") != 0;
+                              "'tool_choice' must be {\"type\": \"auto\"}, \"none\", \"any\" or "
+                              "{\"type\": \"tool\", \"name\"}");
+        if (named || !strcmp(ts, "any")) {
+            json_t *tl = json_object_get(body, "tools");
+            if (!json_is_array(tl) || json_array_size(tl) == 0)
+                return bl_err_set(err, BL_EINVAL, "'tool_choice' forces a call, but 'tools' is empty");
+            if (force)
+                *force = named ? named : "";
+        }
+        use_tools = strcmp(ts, "none") != 0;
         *one_call = json_is_true(json_object_get(v, "disable_parallel_tool_use"));
     }
     json_t *list = NULL;
@@ -343,7 +355,8 @@ static int anthropic_options(const json_t *body, json_t **kwargs, int *tools, in
 
 /* The prompt tokens of an Anthropic request. BL_EINVAL (400 text), BL_ENOMEM. */
 static int anthropic_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int *think_open,
-                            int *prefilled, int *tools, int *one_call, bl_err_t *err)
+                            int *prefilled, int *tools, int *one_call, const char **force,
+                            bl_err_t *err)
 {
     json_t *amsgs = NULL, *msgs = NULL, *kwargs = NULL;
     char *prefill = NULL, *text = NULL;
@@ -351,7 +364,7 @@ static int anthropic_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks
     int rc;
     *think_open = 0;
     if ((rc = rt__gen_anthropic_messages(body, &amsgs, err)) ||
-        (rc = anthropic_options(body, &kwargs, tools, one_call, err)) ||
+        (rc = anthropic_options(body, &kwargs, tools, one_call, force, err)) ||
         (rc = rt__gen_chat_messages(amsgs, &msgs, &prefill, err)) ||
         (rc = rt__gen_render_chat(app, msgs, kwargs, 1, prefill, &text, &len, think_open, err)))
         goto done;
@@ -539,10 +552,21 @@ void rt__api_messages(rt_req_t *r)
     bl_err_t err = {0};
     rt_tokens_t toks = {0};
     int prefilled = 0, tools = 0, one_call = 0;
+    const char *force = NULL;
     int rc = rt__gen_parse_params(body, RT_GEN_API_ANTHROPIC, &lim, &g->params, &err);
     if (!rc)
         rc = anthropic_prompt(app, body, &toks, &g->think_open, &prefilled, &tools, &one_call,
-                              &err);
+                              &force, &err);
+    if (!rc && force) { /* tool_choice any or tool: the grammar writes the call */
+        json_t *list = NULL;
+        const json_t *th = json_object_get(body, "thinking");
+        int off = json_is_string(json_object_get(th, "type")) &&
+                  !strcmp(json_string_value(json_object_get(th, "type")), "disabled");
+        if (!(rc = convert_tools(json_object_get(body, "tools"), &list, &err)))
+            rc = rt__gen_force_tools(&g->params, list, *force ? force : NULL, one_call,
+                                     g->think_open ? 2 : off ? 0 : 1, &err);
+        json_decref(list);
+    }
     if (rc) {
         rt__gen_send_error(r, RT_GEN_API_ANTHROPIC, rc == BL_ENOMEM ? 500 : 400, NULL, "%s",
                            err.msg);
@@ -564,7 +588,8 @@ void rt__api_messages_count_tokens(rt_req_t *r)
     bl_err_t err = {0};
     rt_tokens_t toks = {0};
     int think_open, prefilled, tools, one_call;
-    int rc = anthropic_prompt(app, body, &toks, &think_open, &prefilled, &tools, &one_call, &err);
+    int rc = anthropic_prompt(app, body, &toks, &think_open, &prefilled, &tools, &one_call, NULL,
+                              &err);
     if (rc) {
         rt__gen_send_error(r, RT_GEN_API_ANTHROPIC, rc == BL_ENOMEM ? 500 : 400, NULL, "%s",
                            err.msg);

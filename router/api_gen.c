@@ -909,24 +909,38 @@ fail:
 }
 
 int rt__gen_chat_options(const rt_app_t *app, const json_t *body, json_t **kwargs, int *reasoning,
-                         int *tools, bl_err_t *err)
+                         int *tools, const char **force, bl_err_t *err)
 {
     *kwargs = NULL;
     *reasoning = app->reasoning; /* llama-server's default (auto) splits <think> */
     if (tools)
         *tools = 0;
+    if (force)
+        *force = NULL;
     json_t *v, *tool_list = field(body, "tools");
     int rc;
     if (tool_list && (rc = rt__gen_check_tools(tool_list, err)))
         return rc;
     int use_tools = tool_list && json_array_size(tool_list) > 0;
     if ((v = field(body, "tool_choice"))) {
-        if (!json_is_string(v) || (strcmp(json_string_value(v), "none") &&
-                                   strcmp(json_string_value(v), "auto")))
-            return bl_err_set(err, BL_EINVAL,
-                              "'tool_choice' is not supported but as \"auto\" or \"none\" (a "
-                              "call cannot be forced: there is no constrained decoding)");
-        use_tools &= strcmp(json_string_value(v), "none") != 0;
+        /* "none", "auto", "required", or {"type": "function", "function": {"name"}} */
+        const char *c = json_string_value(v), *named = NULL;
+        if (json_is_object(v)) {
+            json_t *fn = json_object_get(v, "function");
+            const char *type = json_string_value(json_object_get(v, "type"));
+            named = json_string_value(json_object_get(fn, "name"));
+            if (!type || strcmp(type, "function") || !named)
+                return bl_err_set(err, BL_EINVAL, "'tool_choice' as an object must be "
+                                                  "{\"type\": \"function\", \"function\": {\"name\"}}");
+        } else if (!c || (strcmp(c, "none") && strcmp(c, "auto") && strcmp(c, "required"))) {
+            return bl_err_set(err, BL_EINVAL, "'tool_choice' must be \"none\", \"auto\", "
+                                              "\"required\" or a named function");
+        }
+        if ((named || !strcmp(c, "required")) && !use_tools)
+            return bl_err_set(err, BL_EINVAL, "'tool_choice' forces a call, but 'tools' is empty");
+        if (force && (named || !strcmp(c, "required")))
+            *force = named ? named : ""; /* "": any of the tools */
+        use_tools &= !c || strcmp(c, "none") != 0;
     }
     if ((v = field(body, "parallel_tool_calls")) && !json_is_boolean(v))
         return bl_err_set(err, BL_EINVAL, "'parallel_tool_calls' must be a boolean");
@@ -2105,7 +2119,7 @@ static void route_apply_template(rt_req_t *r)
         return;
     }
     int add_gen = 1;
-    if ((rc = rt__gen_chat_options(app, body, &kwargs, &reasoning, NULL, &err)) ||
+    if ((rc = rt__gen_chat_options(app, body, &kwargs, &reasoning, NULL, NULL, &err)) ||
         (rc = get_bool(body, "add_generation_prompt", &add_gen, &err)) ||
         (rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs, &prefill, &err)) ||
         (rc = rt__gen_render_chat(app, msgs, kwargs, add_gen, prefill, &text, &len, &think_open,

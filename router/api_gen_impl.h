@@ -110,12 +110,14 @@ int rt__gen_prompt_tokens(const json_t *prompt, rt_tokenizer_t *tok, int64_t n_v
 int rt__gen_chat_messages(const json_t *messages, json_t **out, char **prefill, bl_err_t *err) BL_WUR;
 
 /* The chat routes' options: tools (checked, then given to the template as "tools"
- * unless tool_choice is "none"; *tools, when not NULL, says so), tool_choice (auto
- * or none), parallel_tool_calls, chat_template_kwargs (an object or absent),
- * reasoning_format and reasoning_effort; functions and function_call are refused.
- * *kwargs: a new reference to the template arguments or NULL. */
+ * unless tool_choice is "none"; *tools, when not NULL, says so), tool_choice (auto,
+ * none, required or a named function: *force, when not NULL, is then the name, or ""
+ * for any tool; borrowed from body), parallel_tool_calls, chat_template_kwargs (an
+ * object or absent), reasoning_format and reasoning_effort; functions and
+ * function_call are refused. *kwargs: a new reference to the template arguments or
+ * NULL. */
 int rt__gen_chat_options(const rt_app_t *app, const json_t *body, json_t **kwargs, int *reasoning,
-                         int *tools, bl_err_t *err) BL_WUR;
+                         int *tools, const char **force, bl_err_t *err) BL_WUR;
 
 /* The Anthropic request's system and messages as OpenAI-style messages for the
  * template. BL_EINVAL naming the field, BL_ENOMEM. */
@@ -154,6 +156,21 @@ int rt__gen_think_finish(rt_gen_think_t *t, rt_gen_buf_t *reason, rt_gen_buf_t *
 /* OpenAI "tools": an array of {"type": "function", "function": {"name", "description"?,
  * "parameters"?}}. BL_EINVAL naming the entry. */
 int rt__gen_check_tools(const json_t *tools, bl_err_t *err) BL_WUR;
+/* Forces the reply to be tool calls (tool_choice "required" or a named function,
+ * Anthropic's "any" or "tool"): p's grammar becomes Qwen's form, a thought (think:
+ * 0 none, 1 an optional <think>...</think>, 2 its end only, as the prompt opened
+ * it), then
+ * <tool_call>{"name": N, "arguments": A}</tool_call>, once when one_call, else once
+ * or more, N one of tools' names (only `name` when given) and A what its parameters
+ * schema accepts. tools: OpenAI's form, checked. BL_EINVAL (named tool not in the
+ * list, a parameters schema the converter refuses, a grammar already asked for),
+ * BL_ENOMEM. */
+int rt__gen_force_tools(rt_gen_params_t *p, const json_t *tools, const char *name, int one_call,
+                        int think, bl_err_t *err) BL_WUR;
+/* Whether the request (or the server's --chat-template-kwargs) turns thinking off:
+ * enable_thinking false, or reasoning_effort "none". */
+int rt__gen_thinking_off(const rt_app_t *app, const json_t *body);
+
 /* An assistant message's "tool_calls" as the template takes them: each
  * {"id"?, "type": "function", "function": {"name", "arguments"}} with the arguments
  * as JSON text (an object is written out). *out a new array. BL_EINVAL naming

@@ -73,7 +73,7 @@ json_t *rt__gen_legacy_logprobs(const json_t *entries, int post, int64_t *offset
 /* The tokens of a chat request's prompt and how to read its reply. Answers nothing;
  * BL_EINVAL (400 text in err), BL_ENOMEM. */
 static int chat_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int *reasoning,
-                       int *tools, int *think_open, bl_err_t *err)
+                       int *tools, const char **force, int *think_open, bl_err_t *err)
 {
     json_t *msgs = NULL, *kwargs = NULL;
     char *prefill = NULL, *text = NULL;
@@ -88,7 +88,7 @@ static int chat_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int
             return bl_err_set(err, BL_EINVAL, "'add_generation_prompt' must be a boolean");
         add_gen = json_is_true(agp);
     }
-    if ((rc = rt__gen_chat_options(app, body, &kwargs, reasoning, tools, err)) ||
+    if ((rc = rt__gen_chat_options(app, body, &kwargs, reasoning, tools, force, err)) ||
         (rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs, &prefill, err)) ||
         (rc = rt__gen_render_chat(app, msgs, kwargs, add_gen, prefill, &text, &len, think_open,
                                   err)))
@@ -233,9 +233,14 @@ void rt__api_chat(rt_req_t *r)
     bl_err_t err = {0};
     rt_tokens_t toks = {0};
     int reasoning = 0, tools = 0;
+    const char *force = NULL;
     int rc = rt__gen_parse_params(body, RT_GEN_API_OAI_CHAT, &lim, &g->params, &err);
     if (!rc)
-        rc = chat_prompt(app, body, &toks, &reasoning, &tools, &g->think_open, &err);
+        rc = chat_prompt(app, body, &toks, &reasoning, &tools, &force, &g->think_open, &err);
+    if (!rc && force) /* tool_choice required or named: the grammar writes the call */
+        rc = rt__gen_force_tools(&g->params, json_object_get(body, "tools"), *force ? force : NULL,
+                                 g->params.one_call,
+                                 g->think_open ? 2 : rt__gen_thinking_off(app, body) ? 0 : 1, &err);
     if (rc) {
         rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
         rt_tokens_free(&toks);
@@ -257,7 +262,7 @@ void rt__api_chat_input_tokens(rt_req_t *r)
     bl_err_t err = {0};
     rt_tokens_t toks = {0};
     int reasoning, tools, think_open;
-    int rc = chat_prompt(app, body, &toks, &reasoning, &tools, &think_open, &err);
+    int rc = chat_prompt(app, body, &toks, &reasoning, &tools, NULL, &think_open, &err);
     if (rc) {
         rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
     } else {

@@ -10,7 +10,9 @@
  *
  * Thread: the loop thread. */
 #include "api_gen_impl.h"
+#include "json_schema.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +52,131 @@ int rt__gen_check_tools(const json_t *tools, bl_err_t *err)
                               i);
     }
     return 0;
+}
+
+/* How often name stands in text as a whole rule name. */
+static int name_uses(const char *text, const char *name)
+{
+    int n = 0;
+    size_t k = strlen(name);
+    for (const char *q = text; (q = strstr(q, name)) != NULL; q += k) {
+        char before = q == text ? ' ' : q[-1], after = q[k];
+        int edge_b = !(isalnum((unsigned char)before) || before == '-');
+        int edge_a = !(isalnum((unsigned char)after) || after == '-');
+        n += edge_b && edge_a;
+    }
+    return n;
+}
+
+/* A rule name not in text (the converter's names come from the schema). */
+static void unique_name(const char *text, const char *stem, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s", stem);
+    for (unsigned k = 2; strstr(text, out); k++)
+        snprintf(out, cap, "%s%u", stem, k);
+}
+
+int rt__gen_force_tools(rt_gen_params_t *p, const json_t *tools, const char *name, int one_call,
+                        int think, bl_err_t *err)
+{
+    if (p->task.sampling.grammar)
+        return bl_err_set(err, BL_EINVAL, "'tool_choice' cannot force a call together with "
+                                          "'grammar', 'json_schema' or a JSON 'response_format'");
+    /* one object schema per callable tool: {"name": const, "arguments": parameters} */
+    json_t *any = json_array(), *schema = json_pack("{s:o}", "anyOf", any);
+    if (!any || !schema) {
+        json_decref(schema);
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    }
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        json_t *fn = json_object_get(t, "function");
+        const char *n = json_string_value(json_object_get(fn, "name"));
+        if (name && strcmp(n, name) != 0)
+            continue;
+        json_t *params = json_object_get(fn, "parameters");
+        json_t *args = params && !json_is_null(params) ? json_incref(params)
+                                                        : json_pack("{s:s}", "type", "object");
+        json_t *one = json_pack("{s:s, s:{s:{s:s}, s:o}, s:[s,s], s:b}", "type", "object",
+                                "properties", "name", "const", n, "arguments", args, "required",
+                                "name", "arguments", "additionalProperties", 0);
+        if (!one || json_array_append_new(any, one)) {
+            json_decref(schema);
+            return bl_err_set(err, BL_ENOMEM, "out of memory");
+        }
+    }
+    if (json_array_size(any) == 0) {
+        json_decref(schema);
+        return bl_err_set(err, BL_EINVAL, "'tool_choice' names the function \"%.64s\", which "
+                                          "'tools' does not list", name ? name : "");
+    }
+    char *call = NULL;
+    bl_err_t e2 = {0};
+    int rc = rt_json_schema_to_gbnf(schema, &call, &e2);
+    json_decref(schema);
+    if (rc)
+        return bl_err_set(err, rc == BL_ENOMEM ? BL_ENOMEM : BL_EINVAL,
+                          "'tools': a function's parameters: %s", e2.msg);
+    /* the converter's root becomes the call's rule; a reference to root inside it
+     * ($ref "#") would mean the whole reply, which a parameters schema cannot */
+    char rname[32], ws[32], thought[32];
+    unique_name(call, "tool-call-json", rname, sizeof rname);
+    unique_name(call, "tool-call-ws", ws, sizeof ws);
+    unique_name(call, "tool-call-think", thought, sizeof thought);
+    const char *def = strncmp(call, "root ::=", 8) == 0 ? call : strstr(call, "\nroot ::=");
+    if (def && def != call)
+        def++;
+    if (!def || name_uses(call, "root") != 1) {
+        free(call);
+        return bl_err_set(err, BL_EINVAL, "'tools': a parameters schema may not refer to its root");
+    }
+    size_t head = (size_t)(def - call);
+    char one[160]; /* one call, tags and all */
+    snprintf(one, sizeof one, "\"<tool_call>\" %s %s %s \"</tool_call>\"", ws, rname, ws);
+    size_t cap = strlen(call) + 1024;
+    char *g = malloc(cap);
+    if (!g) {
+        free(call);
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    }
+    size_t len = 0;
+    len += (size_t)snprintf(g + len, cap - len, "root ::= ");
+    if (think == 2) /* the prompt opened the thought: it ends first */
+        len += (size_t)snprintf(g + len, cap - len, "%s \"</think>\" ", thought);
+    else if (think == 1)
+        len += (size_t)snprintf(g + len, cap - len, "( \"<think>\" %s \"</think>\" )? ", thought);
+    len += (size_t)snprintf(g + len, cap - len, "%s %s", ws, one);
+    if (!one_call)
+        len += (size_t)snprintf(g + len, cap - len, " ( %s %s )*", ws, one);
+    len += (size_t)snprintf(g + len, cap - len, "\n%s ::= .*\n%s ::= [ \\t\\n]{0,20}\n", thought,
+                            ws);
+    len += (size_t)snprintf(g + len, cap - len, "%.*s%s ::=%s", (int)head, call, rname,
+                            def + strlen("root ::="));
+    free(call);
+    free(p->grammar);
+    p->grammar = g;
+    p->task.sampling.grammar = g;
+    p->task.sampling.grammar_len = len;
+    return 0;
+}
+
+static int kwargs_think_off(const json_t *kw)
+{
+    return json_is_false(json_object_get(kw, "enable_thinking")) ||
+           (json_is_string(json_object_get(kw, "reasoning_effort")) &&
+            !strcmp(json_string_value(json_object_get(kw, "reasoning_effort")), "none"));
+}
+
+int rt__gen_thinking_off(const rt_app_t *app, const json_t *body)
+{
+    const json_t *kw = json_object_get(body, "chat_template_kwargs");
+    const json_t *effort = json_object_get(body, "reasoning_effort");
+    if (json_is_boolean(json_object_get(kw, "enable_thinking")))
+        return kwargs_think_off(kw);
+    if (json_is_string(effort))
+        return !strcmp(json_string_value(effort), "none");
+    return app->tpl_kwargs && kwargs_think_off(app->tpl_kwargs);
 }
 
 int rt__gen_message_tool_calls(const json_t *calls, size_t mi, json_t **out, bl_err_t *err)

@@ -102,8 +102,11 @@ test('chat.completions.create with tools and a tool history', async () => {
   const r = await client.chat.completions.create({ model: 'any', messages: history, tools, max_tokens: 4, temperature: 0 });
   assert.equal(r.choices.length, 1);
   assert.ok(['stop', 'length', 'tool_calls'].includes(r.choices[0].finish_reason));
+  // a forced call: the grammar writes <tool_call>; 4 tokens cannot finish it
+  const f = await client.chat.completions.create({ model: 'any', messages: history, tools, tool_choice: 'required', max_tokens: 4 });
+  assert.ok(['length', 'tool_calls'].includes(f.choices[0].finish_reason));
   await assert.rejects(
-    client.chat.completions.create({ model: 'any', messages: history, tools, tool_choice: 'required', max_tokens: 4 }),
-    (e) => e instanceof OpenAI.BadRequestError && /tool_choice/.test(e.message),
+    client.chat.completions.create({ model: 'any', messages: history, tools, tool_choice: { type: 'function', function: { name: 'fly' } }, max_tokens: 4 }),
+    (e) => e instanceof OpenAI.BadRequestError && /fly/.test(e.message),
   );
 });

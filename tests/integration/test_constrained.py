@@ -109,3 +109,80 @@ def test_empty_grammar_is_no_grammar(url):
                                   "ignore_eos": True})
     assert r.status_code == 200, r.text
     assert r.json()["timings"]["predicted_n"] == 3
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "paint", "parameters": {
+        "type": "object", "properties": {"color": {"enum": ["red", "blue"]},
+                                         "coats": {"type": "integer", "minimum": 0}},
+        "required": ["color"]}}},
+    {"type": "function", "function": {"name": "wait", "parameters": {
+        "type": "object", "properties": {}}}},
+]
+NO_THINK = {"enable_thinking": False}
+
+
+def check_calls(calls, names):
+    assert calls, "no tool call"
+    for c in calls:
+        assert c["type"] == "function" and c["function"]["name"] in names, c
+        args = json.loads(c["function"]["arguments"])
+        if c["function"]["name"] == "paint":
+            assert args["color"] in ("red", "blue"), args
+            assert set(args) <= {"color", "coats"}, args
+        else:
+            assert args == {}, args
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_tool_choice_required_writes_a_call(url, seed):
+    r = post(url, "/v1/chat/completions", {
+        "messages": CONV, "tools": TOOLS, "tool_choice": "required", "seed": seed,
+        "parallel_tool_calls": False, "max_tokens": 300, "temperature": 1.0,
+        "chat_template_kwargs": NO_THINK})
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    assert ch["finish_reason"] == "tool_calls", ch
+    assert len(ch["message"]["tool_calls"]) == 1, ch
+    check_calls(ch["message"]["tool_calls"], {"paint", "wait"})
+
+
+def test_tool_choice_named_function_streamed(url):
+    body = {"messages": CONV, "tools": TOOLS, "seed": 3, "max_tokens": 300, "temperature": 1.0,
+            "tool_choice": {"type": "function", "function": {"name": "wait"}},
+            "parallel_tool_calls": False, "chat_template_kwargs": NO_THINK}
+    r, events = stream(url, "/v1/chat/completions", body)
+    assert r.status_code == 200
+    calls = [tc for e in data_events(events) for ch in e.get("choices", [])
+             for tc in ch.get("delta", {}).get("tool_calls", []) or []]
+    check_calls(calls, {"wait"})
+    finishes = [ch.get("finish_reason") for e in data_events(events) for ch in e.get("choices", [])]
+    assert "tool_calls" in finishes, finishes
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"tool_choice": "required"}, "'tools' is empty"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "fly"}}}, "fly"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "together"),
+])
+def test_tool_choice_refusals(url, body, needle):
+    r = post(url, "/v1/chat/completions", dict({"messages": CONV, "max_tokens": 4}, **body))
+    assert r.status_code == 400, r.text
+    assert needle in r.json()["error"]["message"], r.text
+
+
+def test_anthropic_tool_choice_any_writes_a_tool_use(url):
+    tools = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+             for t in TOOLS]
+    r = post(url, "/v1/messages", {
+        "model": "x", "max_tokens": 300, "messages": [{"role": "user", "content": "Paint it."}],
+        "tools": tools, "tool_choice": {"type": "tool", "name": "paint",
+                                        "disable_parallel_tool_use": True},
+        "thinking": {"type": "disabled"}, "temperature": 1.0})
+    assert r.status_code == 200, r.text
+    b = r.json()
+    assert b["stop_reason"] == "tool_use", b
+    uses = [c for c in b["content"] if c["type"] == "tool_use"]
+    assert len(uses) == 1 and uses[0]["name"] == "paint", b
+    assert uses[0]["input"]["color"] in ("red", "blue"), b

@@ -650,7 +650,7 @@ static void test_chat_options(void **state)
     bl_err_t err = {0};
     json_t *j = J("{\"tool_choice\":\"auto\",\"tools\":[],\"chat_template_kwargs\":"
                   "{\"enable_thinking\":false}}");
-    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, NULL, &err), 0);
+    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, NULL, NULL, &err), 0);
     assert_int_equal(reasoning, 1);
     assert_true(json_is_false(json_object_get(kw, "enable_thinking")));
     json_decref(kw);
@@ -667,24 +667,24 @@ static void test_chat_options(void **state)
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         j = J(bad[i].body);
-        int rc = rt__gen_chat_options(&app, j, &kw, &reasoning, NULL, &err);
+        int rc = rt__gen_chat_options(&app, j, &kw, &reasoning, NULL, NULL, &err);
         json_decref(j);
         if (rc != BL_EINVAL || !strstr(err.msg, bad[i].needle))
             fail_msg("%s: rc %d \"%s\"", bad[i].body, rc, err.msg);
         assert_null(kw);
     }
     j = J("{\"reasoning_format\":\"none\"}");
-    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, NULL, &err), 0);
+    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, NULL, NULL, &err), 0);
     assert_int_equal(reasoning, 0);
     json_decref(j);
     /* the server's --reasoning-format none is the default a request may override */
     app.reasoning = 0;
     j = J("{}");
-    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, NULL, &err), 0);
+    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, NULL, NULL, &err), 0);
     assert_int_equal(reasoning, 0);
     json_decref(j);
     j = J("{\"reasoning_format\":\"auto\"}");
-    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, NULL, &err), 0);
+    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, NULL, NULL, &err), 0);
     assert_int_equal(reasoning, 1);
     json_decref(j);
 }
@@ -877,12 +877,12 @@ static void test_tools_in_requests(void **state)
     bl_err_t err = {0};
     json_t *j = J("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":"
                   "\"d\",\"parameters\":{\"type\":\"object\"}}}],\"parallel_tool_calls\":false}");
-    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, &tools, &err), 0);
+    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, &tools, NULL, &err), 0);
     assert_int_equal(tools, 1);
     assert_true(json_equal(json_object_get(kw, "tools"), json_object_get(j, "tools")));
     json_decref(kw);
     json_object_set_new(j, "tool_choice", json_string("none"));
-    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, &tools, &err), 0);
+    assert_int_equal(rt__gen_chat_options(&app, j, &kw, &reasoning, &tools, NULL, &err), 0);
     assert_int_equal(tools, 0); /* none: the template gets no tools, nothing is parsed */
     assert_null(json_object_get(kw, "tools"));
     json_decref(kw);
@@ -897,10 +897,14 @@ static void test_tools_in_requests(void **state)
          "parameters"},
         {"{\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}", "tool_choice"},
         {"{\"parallel_tool_calls\":\"yes\"}", "parallel_tool_calls"},
+        {"{\"tool_choice\":\"required\"}", "'tools' is empty"},
+        {"{\"tool_choice\":\"always\"}", "tool_choice"},
+        {"{\"tool_choice\":{\"type\":\"function\"},\"tools\":[{\"type\":\"function\","
+         "\"function\":{\"name\":\"f\"}}]}", "tool_choice"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         j = J(bad[i].body);
-        int rc = rt__gen_chat_options(&app, j, &kw, &reasoning, &tools, &err);
+        int rc = rt__gen_chat_options(&app, j, &kw, &reasoning, &tools, NULL, &err);
         json_decref(j);
         if (rc != BL_EINVAL || !strstr(err.msg, bad[i].needle))
             fail_msg("%s: rc %d \"%s\"", bad[i].body, rc, err.msg);
@@ -1365,7 +1369,7 @@ static void test_anthropic_tool_use(void **state)
     j = J("{\"tools\":[{\"name\":\"w\",\"description\":\"weather\",\"input_schema\":{\"type\":"
           "\"object\"}}],\"tool_choice\":{\"type\":\"auto\",\"disable_parallel_tool_use\":true},"
           "\"thinking\":{\"type\":\"disabled\"}}");
-    assert_int_equal(anthropic_options(j, &kw, &tools, &one, &err), 0);
+    assert_int_equal(anthropic_options(j, &kw, &tools, &one, NULL, &err), 0);
     assert_int_equal(tools, 1);
     assert_int_equal(one, 1);
     json_t *fn = json_object_get(json_array_get(json_object_get(kw, "tools"), 0), "function");
@@ -1381,7 +1385,7 @@ static void test_anthropic_tool_use(void **state)
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         j = J(bad[i]);
-        assert_int_equal(anthropic_options(j, &kw, &tools, &one, &err), BL_EINVAL);
+        assert_int_equal(anthropic_options(j, &kw, &tools, &one, NULL, &err), BL_EINVAL);
         assert_null(kw);
         json_decref(j);
     }
@@ -1517,6 +1521,77 @@ static void test_native_completion_reply(void **state)
     json_decref(r.body);
 }
 
+/* Whether the reply text fits the grammar p holds. */
+static int fits(const rt_gen_params_t *p, const char *text)
+{
+    rt_grammar_t *g = NULL;
+    rt_grammar_match_t *m = NULL;
+    bl_err_t err = {0};
+    if (rt_grammar_parse(&g, p->task.sampling.grammar, p->task.sampling.grammar_len, &err))
+        fail_msg("the forced grammar does not compile: %s\n%s", err.msg, p->task.sampling.grammar);
+    assert_int_equal(rt_grammar_match_create(&m, g, &err), 0);
+    int ok = rt_grammar_match_feed(m, text, strlen(text)) == 0 && rt_grammar_match_done(m);
+    rt_grammar_match_destroy(m);
+    rt_grammar_destroy(g);
+    return ok;
+}
+
+static void test_tool_choice_required_forces_calls(void **state)
+{
+    (void)state;
+    json_t *tools = J("[{\"type\":\"function\",\"function\":{\"name\":\"weather\",\"parameters\":"
+                      "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
+                      "\"required\":[\"city\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"time\"}}]");
+    rt_gen_params_t p;
+    bl_err_t err = {0};
+    memset(&p, 0, sizeof p);
+    assert_int_equal(rt__gen_force_tools(&p, tools, NULL, 0, 1, &err), 0);
+    static const char call_w[] = "<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+    static const char call_t[] = "<tool_call>{\"name\":\"time\",\"arguments\":{}}</tool_call>";
+    assert_true(fits(&p, call_w));
+    assert_true(fits(&p, call_t));
+    char two[512];
+    snprintf(two, sizeof two, "<think>\nWhich one? </think>\n\n%s\n%s", call_w, call_t);
+    assert_true(fits(&p, two));
+    assert_false(fits(&p, "Sure, the weather is fine."));
+    assert_false(fits(&p, "<tool_call>{\"name\":\"weather\",\"arguments\":{}}</tool_call>")); /* city */
+    assert_false(fits(&p, "<tool_call>{\"name\":\"rain\",\"arguments\":{}}</tool_call>"));
+    rt__gen_params_fini(&p);
+
+    /* one call of the named function; a prompt that opened the thought ends it first */
+    memset(&p, 0, sizeof p);
+    assert_int_equal(rt__gen_force_tools(&p, tools, "time", 1, 2, &err), 0);
+    assert_true(fits(&p, "ok</think><tool_call>{\"name\":\"time\",\"arguments\":{}}</tool_call>"));
+    assert_false(fits(&p, call_t)); /* the thought must end */
+    assert_false(fits(&p, "</think>"));
+    char twice[256];
+    snprintf(twice, sizeof twice, "</think>%s%s", call_t, call_t);
+    assert_false(fits(&p, twice));
+    assert_false(fits(&p, "</think><tool_call>{\"name\":\"weather\",\"arguments\":{\"city\":\"x\"}}</tool_call>"));
+    rt__gen_params_fini(&p);
+
+    /* refusals: an unknown name, a grammar already asked for, a schema refused */
+    memset(&p, 0, sizeof p);
+    assert_int_equal(rt__gen_force_tools(&p, tools, "rain", 0, 0, &err), BL_EINVAL);
+    /* thinking off: no thought at all */
+    assert_int_equal(rt__gen_force_tools(&p, tools, NULL, 0, 0, &err), 0);
+    assert_true(fits(&p, call_t));
+    assert_false(fits(&p, "<think></think>\n<tool_call>{\"name\":\"time\",\"arguments\":{}}</tool_call>"));
+    rt__gen_params_fini(&p);
+    memset(&p, 0, sizeof p);
+    assert_non_null(strstr(err.msg, "rain"));
+    p.task.sampling.grammar = "root ::= \"a\"";
+    assert_int_equal(rt__gen_force_tools(&p, tools, NULL, 0, 0, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "together"));
+    memset(&p, 0, sizeof p);
+    json_t *bad = J("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+                    "{\"type\":\"string\",\"pattern\":\"x\"}}}]");
+    assert_int_equal(rt__gen_force_tools(&p, bad, NULL, 0, 0, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "pattern"));
+    json_decref(bad);
+    json_decref(tools);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1542,6 +1617,7 @@ int main(void)
         cmocka_unit_test(test_sse_format),
         cmocka_unit_test(test_timings_and_usage),
         cmocka_unit_test(test_legacy_logprobs),
+        cmocka_unit_test(test_tool_choice_required_forces_calls),
         cmocka_unit_test_setup_teardown(test_chat_stream_reply, setup_model, teardown_model),
         cmocka_unit_test_setup_teardown(test_chat_reply_not_streamed, setup_model, teardown_model),
         cmocka_unit_test_setup_teardown(test_chat_tool_call_reply, setup_model, teardown_model),
