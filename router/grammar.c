@@ -958,6 +958,28 @@ int rt_grammar_match_feed(rt_grammar_match_t *m, const char *bytes, size_t len)
     return run(m, bytes, len, 1) ? 0 : BL_EINVAL;
 }
 
+int rt_grammar_match_first_byte(const rt_grammar_match_t *m, unsigned char b)
+{
+    if (m->n_pend)
+        return (b & 0xC0) == 0x80; /* only the sequence's next byte */
+    int L = utf8_len(b);
+    if (!L)
+        return 0;
+    static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+    uint32_t lo = L == 1 ? b : L == 2 ? b & 0x1Fu : L == 3 ? b & 0x0Fu : b & 0x07u;
+    int rest = 6 * (L - 1);
+    uint32_t hi = (lo << rest) | ((1u << rest) - 1);
+    lo <<= rest;
+    if (lo < least[L])
+        lo = least[L];
+    if (hi > 0x10FFFF)
+        hi = 0x10FFFF;
+    for (size_t i = 0; i < m->cur.n; i++)
+        if (m->cur.size[i] && set_may_match(m->cur.buf[m->cur.off[i] + m->cur.size[i] - 1], lo, hi))
+            return 1;
+    return 0;
+}
+
 int rt_grammar_match_done(const rt_grammar_match_t *m)
 {
     if (m->n_pend)

@@ -41,6 +41,10 @@ int rt_grammar_match_accepts(rt_grammar_match_t *m, const char *bytes, size_t le
 /* Moves m past bytes[0..len): 0, or BL_EINVAL when they cannot follow (m is then
  * unchanged). */
 int rt_grammar_match_feed(rt_grammar_match_t *m, const char *bytes, size_t len) BL_WUR;
+/* 0 when no piece that begins with byte b can follow the text so far, 1 when one
+ * may (a cheap first filter before rt_grammar_match_accepts over a vocabulary). */
+int rt_grammar_match_first_byte(const rt_grammar_match_t *m, unsigned char b);
+
 /* 1 when the text so far is a whole match of the root rule (generation may end). */
 int rt_grammar_match_done(const rt_grammar_match_t *m);
 

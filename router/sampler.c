@@ -35,6 +35,10 @@ struct rt_sampler {
 
     rt_grammar_t *grammar; /* compiled params.grammar, or NULL */
     rt_grammar_match_t *gm; /* where the generated text leaves the grammar */
+    /* with a grammar: the vocabulary's ids grouped by their piece's first byte, the
+     * end tokens apart (a scan looks only at the groups the grammar may take) */
+    int32_t *by_byte;      /* (n_vocab) */
+    uint32_t byte_start[258];
 
     cand_t *cand;          /* (n_vocab) candidate list of the current call */
     size_t n_cand;
@@ -202,6 +206,30 @@ int rt_sampler_params_check(const rt_sampler_params_t *p, int32_t n_vocab, bl_er
 
 // --- life cycle -------------------------------------------------------------------------
 
+/* by_byte: ids by the first byte of their piece (counting sort); end tokens and
+ * empty pieces go in group 256, which every scan checks. */
+static int group_by_byte(rt_sampler_t *s, bl_err_t *err)
+{
+    s->by_byte = malloc((size_t)s->n_vocab * sizeof *s->by_byte);
+    if (!s->by_byte)
+        return bl_err_set(err, BL_ENOMEM, "sampler: out of memory for the grammar's index");
+    uint32_t count[258] = {0};
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        rt_str_t piece = rt_tokenizer_piece(s->tok, i);
+        int g = rt_tokenizer_is_eog(s->tok, i) || piece.len == 0 ? 256 : (unsigned char)piece.ptr[0];
+        count[g + 1]++;
+    }
+    for (int g = 0; g < 257; g++)
+        count[g + 1] += count[g];
+    memcpy(s->byte_start, count, sizeof s->byte_start);
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        rt_str_t piece = rt_tokenizer_piece(s->tok, i);
+        int g = rt_tokenizer_is_eog(s->tok, i) || piece.len == 0 ? 256 : (unsigned char)piece.ptr[0];
+        s->by_byte[count[g]++] = i;
+    }
+    return 0;
+}
+
 int rt_sampler_create(rt_sampler_t **out, const rt_sampler_params_t *p, int32_t n_vocab,
                       int32_t n_ctx, const rt_tokenizer_t *tok, bl_err_t *err)
 {
@@ -237,7 +265,8 @@ int rt_sampler_create(rt_sampler_t **out, const rt_sampler_params_t *p, int32_t 
     s->p.logit_bias = s->bias;
     s->p.grammar = NULL; /* borrowed text: only the compiled form is kept */
     if (p->grammar && ((rc = rt_grammar_parse(&s->grammar, p->grammar, p->grammar_len, err)) ||
-                       (rc = rt_grammar_match_create(&s->gm, s->grammar, err)))) {
+                       (rc = rt_grammar_match_create(&s->gm, s->grammar, err)) ||
+                       (rc = group_by_byte(s, err)))) {
         rt_sampler_destroy(s);
         return rc;
     }
@@ -257,6 +286,7 @@ void rt_sampler_destroy(rt_sampler_t *s)
     free(s->bias);
     rt_grammar_match_destroy(s->gm);
     rt_grammar_destroy(s->grammar);
+    free(s->by_byte);
     free(s);
 }
 
@@ -612,12 +642,24 @@ static size_t fill(rt_sampler_t *s, const float *logits, int mask)
     s->cand_sorted = 0;
     for (size_t i = 0; i < p->n_logit_bias; i++)
         s->cand[p->logit_bias[i].token].logit += p->logit_bias[i].bias;
+    if (!mask)
+        return (size_t)s->n_vocab;
+    /* a group whose first byte the grammar cannot take is out whole; in the others,
+     * and among the end tokens (group 256), each token is asked */
     size_t live = 0;
-    for (int32_t i = 0; i < s->n_vocab; i++) {
-        if (mask && s->cand[i].logit > -INFINITY && !grammar_allows(s, i))
-            s->cand[i].logit = -INFINITY;
-        live += s->cand[i].logit > -INFINITY;
+    for (int g = 0; g <= 256; g++) {
+        int open = g == 256 || rt_grammar_match_first_byte(s->gm, (unsigned char)g);
+        for (uint32_t k = s->byte_start[g]; k < s->byte_start[g + 1]; k++) {
+            cand_t *c = &s->cand[s->by_byte[k]];
+            if (c->logit > -INFINITY && (!open || !grammar_allows(s, c->id)))
+                c->logit = -INFINITY;
+        }
     }
+    /* the chain then runs over the allowed tokens only */
+    for (size_t i = 0; i < s->n_cand; i++)
+        if (s->cand[i].logit > -INFINITY)
+            s->cand[live++] = s->cand[i];
+    s->n_cand = live;
     return live;
 }
 
