@@ -692,7 +692,7 @@ static int ss_add(stackset_t *s, const elem_t *const *v, size_t n, int dedup)
 {
     if (dedup)
         for (size_t i = 0; i < s->n; i++)
-            if (s->size[i] == n && !memcmp(s->buf + s->off[i], v, n * sizeof *v))
+            if (s->size[i] == n && (n == 0 || !memcmp(s->buf + s->off[i], v, n * sizeof *v)))
                 return 0;
     if (s->n >= (dedup ? MAX_STACKS : MAX_EXPANSIONS) || n > MAX_DEPTH)
         return -1;
@@ -718,7 +718,8 @@ static int ss_add(stackset_t *s, const elem_t *const *v, size_t n, int dedup)
         s->buf = b;
         s->cap = cap;
     }
-    memcpy(s->buf + s->len, v, n * sizeof *v);
+    if (n)
+        memcpy(s->buf + s->len, v, n * sizeof *v);
     s->off[s->n] = (uint32_t)s->len;
     s->size[s->n++] = (uint32_t)n;
     s->len += n;
@@ -740,7 +741,8 @@ static int advance(rt_grammar_match_t *m, const elem_t *const *v, size_t n, stac
         return -1;
     while (todo->n) {
         size_t k = todo->n - 1, sz = todo->size[k];
-        memcpy(m->tmp, todo->buf + todo->off[k], sz * sizeof *m->tmp);
+        if (sz)
+            memcpy(m->tmp, todo->buf + todo->off[k], sz * sizeof *m->tmp);
         todo->n--;
         todo->len = todo->off[k];
         if (sz == 0 || m->tmp[sz - 1]->type != E_REF) {
