@@ -45,6 +45,7 @@ typedef struct rt_app {
                                  * enable_thinking false), under every request's; or NULL */
     int spm_infill;             /* --spm-infill: FIM prompts put the suffix first */
     int no_slots;               /* --no-slots: GET /slots answers 501 */
+    int no_webui;               /* --no-webui: GET / answers 404 */
     int64_t n_params;           /* model parameters */
     uint64_t model_bytes;       /* bytes of tensor data */
     time_t started;
@@ -57,6 +58,9 @@ typedef struct rt_app {
 void rt_app_defaults(rt_app_t *app);
 
 void rt_api_info_register(rt_http_t *h);   /* api_info.c */
+/* The chat page GET / serves (router/webui/index.html, embedded at build time). */
+extern const char rt_webui_html[];
+extern const size_t rt_webui_html_len;
 /* The sampler chain of s as llama.cpp's names (a new array; NULL when out of memory),
  * for generation_settings and /props (api_gen.c). */
 json_t *rt_api_samplers_json(const rt_sampler_params_t *s);

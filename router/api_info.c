@@ -174,10 +174,10 @@ static void route_props(rt_req_t *r)
         "model_alias", app->model_alias ? app->model_alias : "",
         "model_path", app->model_path ? app->model_path : "",
         "modalities", "vision", 0, "audio", 0,
-        "endpoint_slots", 1,
+        "endpoint_slots", !app->no_slots,
         "endpoint_props", 0,
         "endpoint_metrics", 1,
-        "webui", 0,
+        "webui", !app->no_webui,
         "chat_template", app->tpl_source ? app->tpl_source : "",
         "bos_token", token_text(app, app->tok ? rt_tokenizer_bos(app->tok) : -1),
         "eos_token", token_text(app, app->tok ? rt_tokenizer_eos(app->tok) : -1),
@@ -498,6 +498,18 @@ static void route_lora_set(rt_req_t *r)
     rt_req_send_json(r, 200, json_pack("{s:b}", "success", 1));
 }
 
+/* GET / and /index.html: a chat page over /v1/chat/completions, public as
+ * llama-server's web UI is (it asks for the API key itself). */
+static void route_webui(rt_req_t *r)
+{
+    const rt_app_t *app = rt_req_app(r);
+    if (app->no_webui) {
+        rt_req_send_error(r, 404, NULL, "File Not Found");
+        return;
+    }
+    rt_req_send_text(r, 200, "text/html; charset=utf-8", rt_webui_html, rt_webui_html_len);
+}
+
 void rt_api_info_register(rt_http_t *h)
 {
     static const struct {
@@ -505,6 +517,8 @@ void rt_api_info_register(rt_http_t *h)
         rt_route_fn fn;
         unsigned flags;
     } routes[] = {
+        {"GET", "/", route_webui, RT_ROUTE_PUBLIC},
+        {"GET", "/index.html", route_webui, RT_ROUTE_PUBLIC},
         {"GET", "/health", route_health, RT_ROUTE_PUBLIC},
         {"GET", "/v1/health", route_health, RT_ROUTE_PUBLIC},
         {"GET", "/v1/models", route_models, RT_ROUTE_PUBLIC},

@@ -254,7 +254,7 @@ static int build_args(bl_arg_t *a, opts_t *o)
          "fill-in-the-middle prompts put the suffix before the prefix");
     FLAG("--slots", "LLAMA_ARG_ENDPOINT_SLOTS", &o->slots, "serve GET /slots (the default)");
     FLAG("--no-slots", "LLAMA_ARG_NO_ENDPOINT_SLOTS", &o->no_slots, "GET /slots answers 501");
-    FLAG("--no-webui", "LLAMA_ARG_NO_WEBUI", &o->no_webui, "accepted: there is no web UI");
+    FLAG("--no-webui", "LLAMA_ARG_NO_WEBUI", &o->no_webui, "no chat page at GET / (404)");
     FLAG("--no-warmup", NULL, &o->no_warmup, "accepted: no warm-up run is made");
     FLAG("--swa-full", "LLAMA_ARG_SWA_FULL", &o->swa_full,
          "accepted: the models served here have no sliding-window attention");
@@ -1179,6 +1179,7 @@ int main(int argc, char **argv)
     app->reasoning = reasoning;
     app->spm_infill = o.spm_infill;
     app->no_slots = o.no_slots;
+    app->no_webui = o.no_webui;
     app->tpl_kwargs = tpl_kwargs;
     tpl_kwargs = NULL;
     app->started = time(NULL);

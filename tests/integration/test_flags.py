@@ -284,11 +284,12 @@ def test_log_file_that_cannot_open(model, tmp_path):
 
 
 def test_always_and_never_flags(servers):
-    """-cb, --no-context-shift, --cache-reuse 0 and --no-webui describe what the
-    server does anyway; --no-slots turns GET /slots into a 501 as llama-server
-    does; --spm-infill puts the suffix first in FIM prompts."""
+    """-cb, --no-context-shift and --cache-reuse 0 describe what the server does
+    anyway; --no-webui takes the chat page away; --no-slots turns GET /slots into a
+    501 as llama-server does; --spm-infill puts the suffix first in FIM prompts."""
     srv = servers.start(FAST + ["-cb", "--no-context-shift", "--cache-reuse", "0", "--no-webui",
                                 "--no-slots", "--spm-infill"])
+    assert get(srv.url, "/").status_code == 404
     r = get(srv.url, "/slots")
     assert r.status_code == 501, r.text
     assert r.json()["error"]["type"] == "not_supported_error"
