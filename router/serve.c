@@ -86,7 +86,10 @@ typedef struct opts {
     const char *split_mode, *log_file;
     /* HTTP and logs */
     const char *api_prefix, *log_colors;
-    int64_t threads_http, log_verbosity;
+    int64_t threads_http, log_verbosity, keep;
+    /* llama-server flags this server knows and refuses (see unsupported[]) */
+    const char *refused_value[16];
+    int refused_flag[16];
     int64_t main_gpu;
     double defrag_thold;
 } opts_t;
@@ -128,6 +131,26 @@ static int parse_override_tensor(void *ud, const char *value, bl_err_t *err)
 }
 
 enum { A_CONFIG = 0 };
+
+/* llama-server flags for what this server does not do: parsed, so that the refusal
+ * names the flag and says why (status 1) instead of calling it unknown. */
+static const struct {
+    const char *names, *meta, *why;
+} unsupported[] = {
+    {"--lora", "FNAME", "refused: LoRA adapters are not supported"},
+    {"-mm,--mmproj", "FILE", "refused: multimodal projectors are not supported (text only)"},
+    {"-mmu,--mmproj-url", "URL", "refused: multimodal projectors are not supported (text only)"},
+    {"-md,--model-draft", "FNAME", "refused: speculative decoding with a draft model is not supported"},
+    {"--embedding,--embeddings", NULL, "refused: embeddings are not served (the routes answer 501)"},
+    {"--reranking,--rerank", NULL, "refused: reranking is not served (the routes answer 501)"},
+    {"--numa", "TYPE", "refused: NUMA placement is not supported"},
+    {"-kvu,--kv-unified", NULL, "refused: each slot owns ctx-size / np positions; one cache shared "
+                                "by all slots is not supported"},
+    {"--slot-save-path", "PATH", "refused: saving and restoring slots is not supported"},
+    {"--props", NULL, "refused: changing the server's properties by POST /props is not supported"},
+    {"-nkvo,--no-kv-offload", NULL, "refused: the KV cache stays beside the layers it belongs to"},
+};
+_Static_assert(sizeof unsupported / sizeof *unsupported <= 16, "opts_t.refused_* are 16 long");
 
 static int build_args(bl_arg_t *a, opts_t *o)
 {
@@ -291,6 +314,14 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "penalties;top_k;typ_p;top_p;min_p;temperature)");
     STR("--sampling-seq,--sampler-seq", NULL, &o->sampling_seq, "SEQUENCE",
         "the sampler chain as letters (e k y p m t i; default ekypmt)");
+    I64("--keep", "LLAMA_ARG_KEEP", &o->keep, -1, INT32_MAX, "N",
+        "accepted and logged: the context is never shifted, so no tokens are kept for it");
+    for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
+        a[n++] = (bl_arg_t){.names = unsupported[i].names, .kind = unsupported[i].meta ? BL_ARG_STR
+                                                                                       : BL_ARG_FLAG,
+                            .dst = unsupported[i].meta ? (void *)&o->refused_value[i]
+                                                       : (void *)&o->refused_flag[i],
+                            .metavar = unsupported[i].meta, .help = unsupported[i].why};
 #undef STR
 #undef I64
 #undef FLAG
@@ -1078,6 +1109,17 @@ int main(int argc, char **argv)
     rt_task_params_t defaults;
     if (sampling_defaults(&o, &defaults, &err) != 0)
         goto fail;
+    for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
+        if (o.refused_value[i] || o.refused_flag[i]) {
+            const char *names = unsupported[i].names, *comma = strrchr(names, ',');
+            bl_err_set(&err, BL_ENOTSUP, "%s: %s", comma ? comma + 1 : names,
+                       unsupported[i].why + strlen("refused: "));
+            goto fail;
+        }
+    if (o.keep != 0)
+        BL_LOG(BL_LOG_INFO, "event=flag_accepted flag=--keep value=%lld reason=the context is "
+                            "never shifted",
+               (long long)o.keep);
     if (o.no_cont_batching || o.context_shift || o.cache_reuse > 0 || (o.slots && o.no_slots)) {
         bl_err_set(&err, BL_ENOTSUP, "%s",
                    o.no_cont_batching ? "--no-cont-batching: batching is always continuous here"

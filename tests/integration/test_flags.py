@@ -190,6 +190,16 @@ def gpu_present():
     (["--chat-template-kwargs", "[1]"], ["--chat-template-kwargs"]),
     (["--chat-template-kwargs", "{bad"], ["--chat-template-kwargs"]),
     (["--top-p", "1.5"], ["--top-p"]),
+    (["--lora", "adapter.gguf"], ["--lora: LoRA"]),
+    (["--mmproj", "mmproj.gguf"], ["--mmproj: multimodal"]),
+    (["-md", "draft.gguf"], ["--model-draft: speculative"]),
+    (["--embeddings"], ["--embeddings: embeddings"]),
+    (["--rerank"], ["--rerank: reranking"]),
+    (["--numa", "distribute"], ["--numa"]),
+    (["-kvu"], ["--kv-unified"]),
+    (["--slot-save-path", "/tmp"], ["--slot-save-path"]),
+    (["--props"], ["--props"]),
+    (["-nkvo"], ["--no-kv-offload"]),
 ])
 def test_refused_at_start_by_name(model, args, names):
     """Valid flags asking for what this build cannot do: status 1 (2 when the value
@@ -385,12 +395,14 @@ def test_log_verbosity_colors_and_threads_http(servers, tmp_path):
     log = srv.log()
     # no INFO line of the server, nor of its children (worker0 event=ready)
     assert "event=listening" not in log and "INFO" not in log, log
-    srv2 = servers.start(FAST + ["-lv", "4", "--log-colors", "on", "--threads-http", "4"])
+    srv2 = servers.start(FAST + ["-lv", "4", "--log-colors", "on", "--threads-http", "4",
+                                 "--keep", "16"])
     assert post(srv2.url, "/completion", {"prompt": "Hi", "n_predict": 1}).status_code == 200
     log = srv2.log()
     assert "\033[2mDEBUG\033[0m serve event=task_start" in log, log
     assert "\033[32mINFO \033[0m worker0 event=ready" in log, log
     assert "\033[32mINFO \033[0m serve event=flag_accepted flag=--threads-http" in log, log
+    assert "flag=--keep value=16" in log, log
     srv3 = servers.start(FAST + ["-lv", "0"])
     assert srv3.log() == "", srv3.log()
 
