@@ -393,6 +393,67 @@ static int parse_samplers(const json_t *body, rt_sampler_params_t *s, bl_err_t *
     return rc ? bl_err_set(err, rc, "'samplers': %s", e2.msg) : 0;
 }
 
+/* How often name stands in text as a whole rule name. */
+static int name_uses(const char *text, const char *name)
+{
+    int n = 0;
+    size_t k = strlen(name);
+    for (const char *q = text; (q = strstr(q, name)) != NULL; q += k) {
+        char before = q == text ? ' ' : q[-1], after = q[k];
+        int edge_b = !(isalnum((unsigned char)before) || before == '-');
+        int edge_a = !(isalnum((unsigned char)after) || after == '-');
+        n += edge_b && edge_a;
+    }
+    return n;
+}
+
+/* A rule name not in text (the converter's names come from the schema). */
+static void unique_name(const char *text, const char *stem, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s", stem);
+    for (unsigned k = 2; strstr(text, out); k++)
+        snprintf(out, cap, "%s%u", stem, k);
+}
+
+int rt__gen_grammar_wrap(const char *gbnf, int think, const char *body, char **out,
+                         bl_err_t *err)
+{
+    *out = NULL;
+    char rname[32], ws[32], thought[32];
+    unique_name(gbnf, "wrapped-root", rname, sizeof rname);
+    unique_name(gbnf, "wrap-ws", ws, sizeof ws);
+    unique_name(gbnf, "wrap-thought", thought, sizeof thought);
+    const char *def = strncmp(gbnf, "root ::=", 8) == 0 ? gbnf : strstr(gbnf, "\nroot ::=");
+    if (def && def != gbnf)
+        def++;
+    /* a reference to root inside (a schema's $ref "#") would mean the whole reply */
+    if (!def || name_uses(gbnf, "root") != 1)
+        return bl_err_set(err, BL_EINVAL, "a schema here may not refer to its root");
+    size_t cap = strlen(gbnf) + 3 * strlen(body) + 512;
+    char *g = malloc(cap);
+    if (!g)
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    size_t len = (size_t)snprintf(g, cap, "root ::= ");
+    if (think == 2) /* the prompt opened the thought: it ends first */
+        len += (size_t)snprintf(g + len, cap - len, "%s \"</think>\" ", thought);
+    else if (think == 1)
+        len += (size_t)snprintf(g + len, cap - len, "( \"<think>\" %s \"</think>\" )? ", thought);
+    for (const char *b = body; *b; b++) {
+        if (b[0] == '%' && (b[1] == 'R' || b[1] == 'W')) {
+            len += (size_t)snprintf(g + len, cap - len, "%s", b[1] == 'R' ? rname : ws);
+            b++;
+        } else {
+            g[len++] = *b;
+        }
+    }
+    len += (size_t)snprintf(g + len, cap - len, "\n%s ::= .*\n%s ::= [ \\t\\n]{0,20}\n", thought,
+                            ws);
+    snprintf(g + len, cap - len, "%.*s%s ::=%s", (int)(def - gbnf), gbnf, rname,
+             def + strlen("root ::="));
+    *out = g;
+    return 0;
+}
+
 /* What constrains the text: `grammar` (GBNF), `json_schema`, or `response_format`
  * json_object (with an optional `schema`) or json_schema (`json_schema.schema`);
  * one of them. A schema becomes GBNF (owned by p); the grammar is compiled here once

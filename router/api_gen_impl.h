@@ -156,6 +156,14 @@ int rt__gen_think_finish(rt_gen_think_t *t, rt_gen_buf_t *reason, rt_gen_buf_t *
 /* OpenAI "tools": an array of {"type": "function", "function": {"name", "description"?,
  * "parameters"?}}. BL_EINVAL naming the entry. */
 int rt__gen_check_tools(const json_t *tools, bl_err_t *err) BL_WUR;
+/* A grammar whose text starts with a thought, then body: gbnf's root rule is
+ * renamed and body's "%R" stands for it, "%W" for up to 20 spaces, tabs and line
+ * breaks. think: 0 no thought, 1 an optional <think>...</think>, 2 only its end (the
+ * prompt opened it). *out: caller frees. BL_EINVAL when gbnf refers to its own root,
+ * BL_ENOMEM. */
+int rt__gen_grammar_wrap(const char *gbnf, int think, const char *body, char **out,
+                         bl_err_t *err) BL_WUR;
+
 /* Forces the reply to be tool calls (tool_choice "required" or a named function,
  * Anthropic's "any" or "tool"): p's grammar becomes Qwen's form, a thought (think:
  * 0 none, 1 an optional <think>...</think>, 2 its end only, as the prompt opened

@@ -237,10 +237,23 @@ void rt__api_chat(rt_req_t *r)
     int rc = rt__gen_parse_params(body, RT_GEN_API_OAI_CHAT, &lim, &g->params, &err);
     if (!rc)
         rc = chat_prompt(app, body, &toks, &reasoning, &tools, &force, &g->think_open, &err);
+    int think = g->think_open ? 2 : rt__gen_thinking_off(app, body) ? 0 : 1;
     if (!rc && force) /* tool_choice required or named: the grammar writes the call */
         rc = rt__gen_force_tools(&g->params, json_object_get(body, "tools"), *force ? force : NULL,
-                                 g->params.one_call,
-                                 g->think_open ? 2 : rt__gen_thinking_off(app, body) ? 0 : 1, &err);
+                                 g->params.one_call, think, &err);
+    else if (!rc && g->params.grammar && think) {
+        /* a schema's JSON comes after the model's thought, which it may still write */
+        char *wrapped = NULL;
+        bl_err_t e2 = {0};
+        if ((rc = rt__gen_grammar_wrap(g->params.grammar, think, "%W %R", &wrapped, &e2))) {
+            bl_err_set(&err, rc, "'response_format': %s", e2.msg);
+        } else {
+            free(g->params.grammar);
+            g->params.grammar = wrapped;
+            g->params.task.sampling.grammar = wrapped;
+            g->params.task.sampling.grammar_len = strlen(wrapped);
+        }
+    }
     if (rc) {
         rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
         rt_tokens_free(&toks);

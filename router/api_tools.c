@@ -54,28 +54,6 @@ int rt__gen_check_tools(const json_t *tools, bl_err_t *err)
     return 0;
 }
 
-/* How often name stands in text as a whole rule name. */
-static int name_uses(const char *text, const char *name)
-{
-    int n = 0;
-    size_t k = strlen(name);
-    for (const char *q = text; (q = strstr(q, name)) != NULL; q += k) {
-        char before = q == text ? ' ' : q[-1], after = q[k];
-        int edge_b = !(isalnum((unsigned char)before) || before == '-');
-        int edge_a = !(isalnum((unsigned char)after) || after == '-');
-        n += edge_b && edge_a;
-    }
-    return n;
-}
-
-/* A rule name not in text (the converter's names come from the schema). */
-static void unique_name(const char *text, const char *stem, char *out, size_t cap)
-{
-    snprintf(out, cap, "%s", stem);
-    for (unsigned k = 2; strstr(text, out); k++)
-        snprintf(out, cap, "%s%u", stem, k);
-}
-
 int rt__gen_force_tools(rt_gen_params_t *p, const json_t *tools, const char *name, int one_call,
                         int think, bl_err_t *err)
 {
@@ -118,46 +96,19 @@ int rt__gen_force_tools(rt_gen_params_t *p, const json_t *tools, const char *nam
     if (rc)
         return bl_err_set(err, rc == BL_ENOMEM ? BL_ENOMEM : BL_EINVAL,
                           "'tools': a function's parameters: %s", e2.msg);
-    /* the converter's root becomes the call's rule; a reference to root inside it
-     * ($ref "#") would mean the whole reply, which a parameters schema cannot */
-    char rname[32], ws[32], thought[32];
-    unique_name(call, "tool-call-json", rname, sizeof rname);
-    unique_name(call, "tool-call-ws", ws, sizeof ws);
-    unique_name(call, "tool-call-think", thought, sizeof thought);
-    const char *def = strncmp(call, "root ::=", 8) == 0 ? call : strstr(call, "\nroot ::=");
-    if (def && def != call)
-        def++;
-    if (!def || name_uses(call, "root") != 1) {
-        free(call);
-        return bl_err_set(err, BL_EINVAL, "'tools': a parameters schema may not refer to its root");
-    }
-    size_t head = (size_t)(def - call);
-    char one[160]; /* one call, tags and all */
-    snprintf(one, sizeof one, "\"<tool_call>\" %s %s %s \"</tool_call>\"", ws, rname, ws);
-    size_t cap = strlen(call) + 1024;
-    char *g = malloc(cap);
-    if (!g) {
-        free(call);
-        return bl_err_set(err, BL_ENOMEM, "out of memory");
-    }
-    size_t len = 0;
-    len += (size_t)snprintf(g + len, cap - len, "root ::= ");
-    if (think == 2) /* the prompt opened the thought: it ends first */
-        len += (size_t)snprintf(g + len, cap - len, "%s \"</think>\" ", thought);
-    else if (think == 1)
-        len += (size_t)snprintf(g + len, cap - len, "( \"<think>\" %s \"</think>\" )? ", thought);
-    len += (size_t)snprintf(g + len, cap - len, "%s %s", ws, one);
-    if (!one_call)
-        len += (size_t)snprintf(g + len, cap - len, " ( %s %s )*", ws, one);
-    len += (size_t)snprintf(g + len, cap - len, "\n%s ::= .*\n%s ::= [ \\t\\n]{0,20}\n", thought,
-                            ws);
-    len += (size_t)snprintf(g + len, cap - len, "%.*s%s ::=%s", (int)head, call, rname,
-                            def + strlen("root ::="));
+    /* one call, tags and all; "%R" is the call object, "%W" whitespace */
+    const char *body = one_call ? "%W \"<tool_call>\" %W %R %W \"</tool_call>\""
+                                : "%W \"<tool_call>\" %W %R %W \"</tool_call>\" ( %W "
+                                  "\"<tool_call>\" %W %R %W \"</tool_call>\" )*";
+    char *g = NULL;
+    rc = rt__gen_grammar_wrap(call, think, body, &g, &e2);
     free(call);
+    if (rc)
+        return bl_err_set(err, rc, "'tools': %s", e2.msg);
     free(p->grammar);
     p->grammar = g;
     p->task.sampling.grammar = g;
-    p->task.sampling.grammar_len = len;
+    p->task.sampling.grammar_len = strlen(g);
     return 0;
 }
 

@@ -1536,6 +1536,34 @@ static int fits(const rt_gen_params_t *p, const char *text)
     return ok;
 }
 
+static void test_grammar_wrap_puts_a_thought_first(void **state)
+{
+    (void)state;
+    rt_gen_params_t p;
+    bl_err_t err = {0};
+    memset(&p, 0, sizeof p);
+    const char *inner = "root ::= \"{\" item* \"}\"\nitem ::= [a-z]\n";
+    assert_int_equal(rt__gen_grammar_wrap(inner, 1, "%W %R", &p.grammar, &err), 0);
+    p.task.sampling.grammar = p.grammar;
+    p.task.sampling.grammar_len = strlen(p.grammar);
+    assert_true(fits(&p, "{ab}"));
+    assert_true(fits(&p, "<think>\nhmm {no}</think>\n\n{ab}"));
+    assert_false(fits(&p, "sure: {ab}"));
+    assert_false(fits(&p, "<think>x</think>"));
+    rt__gen_params_fini(&p);
+    memset(&p, 0, sizeof p);
+    assert_int_equal(rt__gen_grammar_wrap(inner, 2, "%R", &p.grammar, &err), 0);
+    p.task.sampling.grammar = p.grammar;
+    p.task.sampling.grammar_len = strlen(p.grammar);
+    assert_true(fits(&p, "</think>{}"));
+    assert_false(fits(&p, "{}"));
+    rt__gen_params_fini(&p);
+    /* a grammar that refers to its own root cannot be wrapped */
+    char *g = NULL;
+    assert_int_equal(rt__gen_grammar_wrap("root ::= \"[\" root? \"]\"\n", 1, "%R", &g, &err), BL_EINVAL);
+    assert_null(g);
+}
+
 static void test_tool_choice_required_forces_calls(void **state)
 {
     (void)state;
@@ -1617,6 +1645,7 @@ int main(void)
         cmocka_unit_test(test_sse_format),
         cmocka_unit_test(test_timings_and_usage),
         cmocka_unit_test(test_legacy_logprobs),
+        cmocka_unit_test(test_grammar_wrap_puts_a_thought_first),
         cmocka_unit_test(test_tool_choice_required_forces_calls),
         cmocka_unit_test_setup_teardown(test_chat_stream_reply, setup_model, teardown_model),
         cmocka_unit_test_setup_teardown(test_chat_reply_not_streamed, setup_model, teardown_model),
