@@ -664,6 +664,8 @@ typedef struct stackset {
 
 struct rt_grammar_match {
     const rt_grammar_t *g;
+    stackset_t *depth;  /* a vocabulary scan's state at each byte of a piece */
+    size_t n_depth;
     elem_t root[2];    /* a reference to the root rule, then E_END */
     stackset_t cur;    /* where the text so far leaves the parse */
     stackset_t a, b;   /* scratch for steps */
@@ -946,6 +948,9 @@ void rt_grammar_match_destroy(rt_grammar_match_t *m)
     ss_free(&m->a);
     ss_free(&m->b);
     ss_free(&m->todo);
+    for (size_t i = 0; i < m->n_depth; i++)
+        ss_free(&m->depth[i]);
+    free(m->depth);
     free(m->tmp);
     free(m);
 }
@@ -960,26 +965,230 @@ int rt_grammar_match_feed(rt_grammar_match_t *m, const char *bytes, size_t len)
     return run(m, bytes, len, 1) ? 0 : BL_EINVAL;
 }
 
-int rt_grammar_match_first_byte(const rt_grammar_match_t *m, unsigned char b)
+// --- a vocabulary scan ---------------------------------------------------------------
+
+/* Trie nodes in depth-first order: a node's children follow it, each with the byte
+ * that leads to it; ids[tok .. tok + n_tok) are the tokens whose piece ends there. */
+typedef struct vnode {
+    uint32_t first_child, next_sibling; /* 0: none (node 0 is the root) */
+    uint32_t tok, n_tok;
+    uint8_t byte;
+} vnode_t;
+
+struct rt_grammar_vocab {
+    vnode_t *nodes;
+    size_t n_nodes, cap;
+    int32_t *ids;  /* the tokens sorted by piece */
+    int32_t n;     /* of them (pieces of length 0 are left out) */
+    int32_t n_all; /* the vocabulary's size */
+    size_t max_len;
+};
+
+static const char *const *sort_pieces;
+static const size_t *sort_lens;
+
+static int by_piece(const void *a, const void *b)
 {
-    if (m->n_pend)
-        return (b & 0xC0) == 0x80; /* only the sequence's next byte */
-    int L = utf8_len(b);
-    if (!L)
-        return 0;
-    static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
-    uint32_t lo = L == 1 ? b : L == 2 ? b & 0x1Fu : L == 3 ? b & 0x0Fu : b & 0x07u;
-    int rest = 6 * (L - 1);
-    uint32_t hi = (lo << rest) | ((1u << rest) - 1);
-    lo <<= rest;
-    if (lo < least[L])
-        lo = least[L];
-    if (hi > 0x10FFFF)
-        hi = 0x10FFFF;
-    for (size_t i = 0; i < m->cur.n; i++)
-        if (m->cur.size[i] && set_may_match(m->cur.buf[m->cur.off[i] + m->cur.size[i] - 1], lo, hi))
-            return 1;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    size_t lx = sort_lens[x], ly = sort_lens[y];
+    int c = memcmp(sort_pieces[x], sort_pieces[y], lx < ly ? lx : ly);
+    return c ? c : lx < ly ? -1 : lx > ly ? 1 : (x > y) - (x < y);
+}
+
+static int vnode_new(rt_grammar_vocab_t *v, uint8_t byte, uint32_t *id)
+{
+    if (v->n_nodes == v->cap) {
+        size_t cap = v->cap ? 2 * v->cap : 1024;
+        vnode_t *n = realloc(v->nodes, cap * sizeof *n);
+        if (!n)
+            return -1;
+        v->nodes = n;
+        v->cap = cap;
+    }
+    v->nodes[v->n_nodes] = (vnode_t){0, 0, 0, 0, byte};
+    *id = (uint32_t)v->n_nodes++;
     return 0;
+}
+
+int rt_grammar_vocab_create(rt_grammar_vocab_t **out, const char *const *pieces,
+                            const size_t *lens, int32_t n, bl_err_t *err)
+{
+    *out = NULL;
+    rt_grammar_vocab_t *v = calloc(1, sizeof *v);
+    size_t *path = NULL; /* the nodes of the previous piece, by depth */
+    uint32_t *last_child = NULL;
+    if (!v || !(v->ids = malloc((size_t)(n > 0 ? n : 1) * sizeof *v->ids)))
+        goto oom;
+    int32_t k = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (lens[i] == 0)
+            continue;
+        v->ids[k++] = i;
+        if (lens[i] > v->max_len)
+            v->max_len = lens[i];
+    }
+    v->n = k;
+    v->n_all = n;
+    /* qsort has no user pointer; building is single-threaded per call site */
+    sort_pieces = pieces;
+    sort_lens = lens;
+    qsort(v->ids, (size_t)k, sizeof *v->ids, by_piece);
+    path = malloc((v->max_len + 1) * sizeof *path);
+    last_child = calloc(v->max_len + 1, sizeof *last_child);
+    uint32_t root;
+    if (!path || !last_child || vnode_new(v, 0, &root))
+        goto oom;
+    path[0] = root;
+    size_t depth = 0; /* of the previous piece's path */
+    const char *prev = NULL;
+    size_t prev_len = 0;
+    for (int32_t t = 0; t < k; t++) {
+        const char *p = pieces[v->ids[t]];
+        size_t len = lens[v->ids[t]], lcp = 0;
+        while (prev && lcp < len && lcp < prev_len && p[lcp] == prev[lcp])
+            lcp++;
+        if (lcp > depth)
+            lcp = depth;
+        for (size_t d = lcp; d < len; d++) { /* new nodes below the shared prefix */
+            uint32_t id;
+            if (vnode_new(v, (uint8_t)p[d], &id))
+                goto oom;
+            vnode_t *parent = &v->nodes[path[d]];
+            if (!parent->first_child)
+                parent->first_child = id;
+            else
+                v->nodes[last_child[d]].next_sibling = id;
+            last_child[d] = id;
+            last_child[d + 1] = 0;
+            path[d + 1] = id;
+        }
+        vnode_t *end = &v->nodes[path[len]];
+        if (!end->n_tok)
+            end->tok = (uint32_t)t;
+        end->n_tok++;
+        depth = len;
+        prev = p;
+        prev_len = len;
+    }
+    free(path);
+    free(last_child);
+    *out = v;
+    return 0;
+oom:
+    free(path);
+    free(last_child);
+    rt_grammar_vocab_destroy(v);
+    return bl_err_set(err, BL_ENOMEM, "grammar: out of memory for the vocabulary's trie");
+}
+
+void rt_grammar_vocab_destroy(rt_grammar_vocab_t *v)
+{
+    if (!v)
+        return;
+    free(v->nodes);
+    free(v->ids);
+    free(v);
+}
+
+/* The state after byte b from (in, pend): *out holds the stacks, pend the unfinished
+ * UTF-8 bytes. 0 when nothing can follow (the subtree is dead). */
+static int scan_byte(rt_grammar_match_t *m, const stackset_t *in, const uint8_t *pend, int n_pend,
+                     uint8_t b, stackset_t *out, uint8_t *pend_out, int *n_pend_out)
+{
+    uint8_t seq[4];
+    memcpy(seq, pend, (size_t)n_pend);
+    int L;
+    if (n_pend == 0) {
+        L = utf8_len(b);
+        if (!L)
+            return 0;
+    } else {
+        if ((b & 0xC0) != 0x80)
+            return 0;
+        L = utf8_len(seq[0]);
+    }
+    seq[n_pend++] = b;
+    if (n_pend < L) { /* still inside a character: may some stack take one like it? */
+        uint32_t lo = L == 2 ? seq[0] & 0x1Fu : L == 3 ? seq[0] & 0x0Fu : seq[0] & 0x07u;
+        for (int k = 1; k < n_pend; k++)
+            lo = lo << 6 | (seq[k] & 0x3Fu);
+        int rest = 6 * (L - n_pend);
+        uint32_t hi = (lo << rest) | ((1u << rest) - 1);
+        lo <<= rest;
+        static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (lo < least[L])
+            lo = least[L];
+        if (hi > 0x10FFFF)
+            hi = 0x10FFFF;
+        int any = 0;
+        for (size_t i = 0; i < in->n && !any; i++)
+            any = in->size[i] && set_may_match(in->buf[in->off[i] + in->size[i] - 1], lo, hi);
+        if (!any || lo > hi)
+            return 0;
+        ss_clear(out);
+        for (size_t i = 0; i < in->n; i++)
+            if (ss_add(out, in->buf + in->off[i], in->size[i], 0))
+                return 0;
+        memcpy(pend_out, seq, (size_t)n_pend);
+        *n_pend_out = n_pend;
+        return 1;
+    }
+    uint32_t cp = L == 1 ? seq[0] : L == 2 ? seq[0] & 0x1Fu : L == 3 ? seq[0] & 0x0Fu : seq[0] & 0x07u;
+    for (int k = 1; k < L; k++)
+        cp = cp << 6 | (seq[k] & 0x3Fu);
+    if ((L == 2 && cp < 0x80) || (L == 3 && cp < 0x800) ||
+        (L == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    *n_pend_out = 0;
+    return step(m, in, cp, out) == 0 && out->n > 0;
+}
+
+size_t rt_grammar_match_scan(rt_grammar_match_t *m, const rt_grammar_vocab_t *v,
+                             unsigned char *allowed)
+{
+    memset(allowed, 0, (size_t)v->n_all);
+    if (m->n_depth < v->max_len + 1) { /* one state per byte of the longest piece */
+        stackset_t *d = realloc(m->depth, (v->max_len + 1) * sizeof *d);
+        if (!d)
+            return 0;
+        memset(d + m->n_depth, 0, (v->max_len + 1 - m->n_depth) * sizeof *d);
+        m->depth = d;
+        m->n_depth = v->max_len + 1;
+    }
+    struct frame {
+        uint32_t node, child;
+        uint8_t pend[4];
+        int n_pend;
+    } *st = malloc((v->max_len + 1) * sizeof *st);
+    if (!st)
+        return 0;
+    /* depth 0 is the matcher's own state */
+    const stackset_t *at0 = &m->cur;
+    size_t n_allowed = 0, sp = 0;
+    st[0] = (struct frame){0, v->nodes[0].first_child, {0}, m->n_pend};
+    memcpy(st[0].pend, m->pend, sizeof m->pend);
+    sp = 1;
+    while (sp) {
+        struct frame *f = &st[sp - 1];
+        if (!f->child) {
+            sp--;
+            continue;
+        }
+        const vnode_t *c = &v->nodes[f->child];
+        f->child = c->next_sibling;
+        const stackset_t *in = sp == 1 ? at0 : &m->depth[sp - 1];
+        struct frame nf = {f->child, c->first_child, {0}, 0};
+        nf.node = (uint32_t)(c - v->nodes);
+        if (!scan_byte(m, in, f->pend, f->n_pend, c->byte, &m->depth[sp], nf.pend, &nf.n_pend))
+            continue; /* nothing below can follow either */
+        for (uint32_t k = 0; k < c->n_tok; k++)
+            allowed[v->ids[c->tok + k]] = 1;
+        n_allowed += c->n_tok;
+        if (c->first_child)
+            st[sp++] = nf;
+    }
+    free(st);
+    return n_allowed;
 }
 
 int rt_grammar_match_done(const rt_grammar_match_t *m)

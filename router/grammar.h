@@ -14,6 +14,7 @@
 #define RT_GRAMMAR_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "err.h"
 
@@ -41,9 +42,19 @@ int rt_grammar_match_accepts(rt_grammar_match_t *m, const char *bytes, size_t le
 /* Moves m past bytes[0..len): 0, or BL_EINVAL when they cannot follow (m is then
  * unchanged). */
 int rt_grammar_match_feed(rt_grammar_match_t *m, const char *bytes, size_t len) BL_WUR;
-/* 0 when no piece that begins with byte b can follow the text so far, 1 when one
- * may (a cheap first filter before rt_grammar_match_accepts over a vocabulary). */
-int rt_grammar_match_first_byte(const rt_grammar_match_t *m, unsigned char b);
+/* A vocabulary as a trie of its pieces' bytes, so that a scan walks each shared
+ * prefix once. pieces[i] (lens[i] bytes) is token i's text; tokens whose length is
+ * 0 are left out. Caller frees with rt_grammar_vocab_destroy. BL_ENOMEM. */
+typedef struct rt_grammar_vocab rt_grammar_vocab_t;
+int rt_grammar_vocab_create(rt_grammar_vocab_t **out, const char *const *pieces,
+                            const size_t *lens, int32_t n, bl_err_t *err) BL_WUR;
+void rt_grammar_vocab_destroy(rt_grammar_vocab_t *v);
+
+/* allowed[i] = 1 for every token of v whose piece can follow the text so far (what
+ * rt_grammar_match_accepts says of it), else 0; allowed has n entries. Returns the
+ * number allowed. Does not move m. */
+size_t rt_grammar_match_scan(rt_grammar_match_t *m, const rt_grammar_vocab_t *v,
+                             unsigned char *allowed);
 
 /* 1 when the text so far is a whole match of the root rule (generation may end). */
 int rt_grammar_match_done(const rt_grammar_match_t *m);

@@ -35,10 +35,10 @@ struct rt_sampler {
 
     rt_grammar_t *grammar; /* compiled params.grammar, or NULL */
     rt_grammar_match_t *gm; /* where the generated text leaves the grammar */
-    /* with a grammar: the vocabulary's ids grouped by their piece's first byte, the
-     * end tokens apart (a scan looks only at the groups the grammar may take) */
-    int32_t *by_byte;      /* (n_vocab) */
-    uint32_t byte_start[258];
+    /* with a grammar: the vocabulary's pieces as a trie (end tokens left out, as the
+     * grammar's completion decides them), and the scan's answer per token */
+    rt_grammar_vocab_t *vocab;
+    unsigned char *allowed; /* (n_vocab) */
 
     cand_t *cand;          /* (n_vocab) candidate list of the current call */
     size_t n_cand;
@@ -206,28 +206,26 @@ int rt_sampler_params_check(const rt_sampler_params_t *p, int32_t n_vocab, bl_er
 
 // --- life cycle -------------------------------------------------------------------------
 
-/* by_byte: ids by the first byte of their piece (counting sort); end tokens and
- * empty pieces go in group 256, which every scan checks. */
-static int group_by_byte(rt_sampler_t *s, bl_err_t *err)
+/* The vocabulary's trie for grammar scans: every token's piece but the end tokens'. */
+static int grammar_vocab(rt_sampler_t *s, bl_err_t *err)
 {
-    s->by_byte = malloc((size_t)s->n_vocab * sizeof *s->by_byte);
-    if (!s->by_byte)
-        return bl_err_set(err, BL_ENOMEM, "sampler: out of memory for the grammar's index");
-    uint32_t count[258] = {0};
-    for (int32_t i = 0; i < s->n_vocab; i++) {
-        rt_str_t piece = rt_tokenizer_piece(s->tok, i);
-        int g = rt_tokenizer_is_eog(s->tok, i) || piece.len == 0 ? 256 : (unsigned char)piece.ptr[0];
-        count[g + 1]++;
+    const char **pieces = malloc((size_t)s->n_vocab * sizeof *pieces);
+    size_t *lens = malloc((size_t)s->n_vocab * sizeof *lens);
+    s->allowed = malloc((size_t)s->n_vocab);
+    int rc = 0;
+    if (!pieces || !lens || !s->allowed) {
+        rc = bl_err_set(err, BL_ENOMEM, "sampler: out of memory for the grammar's vocabulary");
+    } else {
+        for (int32_t i = 0; i < s->n_vocab; i++) {
+            rt_str_t piece = rt_tokenizer_piece(s->tok, i);
+            pieces[i] = piece.ptr;
+            lens[i] = rt_tokenizer_is_eog(s->tok, i) ? 0 : piece.len;
+        }
+        rc = rt_grammar_vocab_create(&s->vocab, pieces, lens, s->n_vocab, err);
     }
-    for (int g = 0; g < 257; g++)
-        count[g + 1] += count[g];
-    memcpy(s->byte_start, count, sizeof s->byte_start);
-    for (int32_t i = 0; i < s->n_vocab; i++) {
-        rt_str_t piece = rt_tokenizer_piece(s->tok, i);
-        int g = rt_tokenizer_is_eog(s->tok, i) || piece.len == 0 ? 256 : (unsigned char)piece.ptr[0];
-        s->by_byte[count[g]++] = i;
-    }
-    return 0;
+    free(pieces);
+    free(lens);
+    return rc;
 }
 
 int rt_sampler_create(rt_sampler_t **out, const rt_sampler_params_t *p, int32_t n_vocab,
@@ -266,7 +264,7 @@ int rt_sampler_create(rt_sampler_t **out, const rt_sampler_params_t *p, int32_t 
     s->p.grammar = NULL; /* borrowed text: only the compiled form is kept */
     if (p->grammar && ((rc = rt_grammar_parse(&s->grammar, p->grammar, p->grammar_len, err)) ||
                        (rc = rt_grammar_match_create(&s->gm, s->grammar, err)) ||
-                       (rc = group_by_byte(s, err)))) {
+                       (rc = grammar_vocab(s, err)))) {
         rt_sampler_destroy(s);
         return rc;
     }
@@ -286,7 +284,8 @@ void rt_sampler_destroy(rt_sampler_t *s)
     free(s->bias);
     rt_grammar_match_destroy(s->gm);
     rt_grammar_destroy(s->grammar);
-    free(s->by_byte);
+    rt_grammar_vocab_destroy(s->vocab);
+    free(s->allowed);
     free(s);
 }
 
@@ -644,16 +643,15 @@ static size_t fill(rt_sampler_t *s, const float *logits, int mask)
         s->cand[p->logit_bias[i].token].logit += p->logit_bias[i].bias;
     if (!mask)
         return (size_t)s->n_vocab;
-    /* a group whose first byte the grammar cannot take is out whole; in the others,
-     * and among the end tokens (group 256), each token is asked */
+    /* one walk over the vocabulary's trie says which pieces can follow; the end
+     * tokens can once the grammar is complete */
+    rt_grammar_match_scan(s->gm, s->vocab, s->allowed);
+    int done = rt_grammar_match_done(s->gm);
     size_t live = 0;
-    for (int g = 0; g <= 256; g++) {
-        int open = g == 256 || rt_grammar_match_first_byte(s->gm, (unsigned char)g);
-        for (uint32_t k = s->byte_start[g]; k < s->byte_start[g + 1]; k++) {
-            cand_t *c = &s->cand[s->by_byte[k]];
-            if (c->logit > -INFINITY && (!open || !grammar_allows(s, c->id)))
-                c->logit = -INFINITY;
-        }
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        int ok = rt_tokenizer_is_eog(s->tok, i) ? done : s->allowed[i];
+        if (!ok)
+            s->cand[i].logit = -INFINITY;
     }
     /* the chain then runs over the allowed tokens only */
     for (size_t i = 0; i < s->n_cand; i++)

@@ -253,6 +253,74 @@ static void test_grammar_random_bytes_never_crash(void **state)
     }
 }
 
+/* The trie scan says of every token what rt_grammar_match_accepts says (the scan is
+ * the fast path, accepts its reference), at each state of random walks. Fresh
+ * random pieces each run, UTF-8 fragments included. */
+static void test_grammar_vocab_scan_matches_accepts(void **state)
+{
+    (void)state;
+    unsigned seed = (unsigned)time(NULL) ^ 0x5bd1e995u;
+    const char *env = getenv("BLOOMERY_TEST_SEED");
+    if (env)
+        seed = (unsigned)strtoul(env, NULL, 10);
+    printf("# seed %u\n", seed);
+    srand(seed);
+    static const char *const bits[] = {"{", "}", "\"", ":", ",", " ", "\n", "a", "b", "ab", "1",
+                                       "-", "0", "tr", "ue", "null", "\xc3", "\xa9", "\xc3\xa9",
+                                       "\xe2\x82", "\xac", "\\", "[", "]", "x"};
+    enum { N = 3000 };
+    char *pieces[N];
+    size_t lens[N];
+    for (int i = 0; i < N; i++) {
+        char buf[64] = "";
+        int k = i == 7 ? 0 : 1 + rand() % 4; /* one empty piece: left out */
+        for (int j = 0; j < k; j++)
+            strcat(buf, bits[rand() % (int)(sizeof bits / sizeof *bits)]);
+        pieces[i] = strdup(buf);
+        lens[i] = strlen(buf);
+    }
+    rt_grammar_vocab_t *v = NULL;
+    bl_err_t err = {0};
+    assert_int_equal(rt_grammar_vocab_create(&v, (const char *const *)pieces, lens, N, &err), 0);
+    rt_grammar_t *g = compile("root ::= ws value ws\n"
+                              "value ::= obj | arr | str | num | \"true\" | \"null\"\n"
+                              "obj ::= \"{\" ws ( str ws \":\" ws value ( ws \",\" ws str ws \":\" ws value )* )? ws \"}\"\n"
+                              "arr ::= \"[\" ws ( value ( ws \",\" ws value )* )? ws \"]\"\n"
+                              "str ::= \"\\\"\" ( [^\"\\\\] | \"\\\\\" [\"\\\\n] )* \"\\\"\"\n"
+                              "num ::= \"-\"? [0-9]+\n"
+                              "ws ::= [ \\n]{0,3}\n");
+    rt_grammar_match_t *m = NULL;
+    assert_int_equal(rt_grammar_match_create(&m, g, &err), 0);
+    unsigned char *allowed = malloc(N);
+    for (int walk = 0; walk < 6; walk++) {
+        rt_grammar_match_reset(m);
+        for (int stepn = 0; stepn < 25; stepn++) {
+            size_t n_ok = rt_grammar_match_scan(m, v, allowed);
+            size_t n_ref = 0;
+            int32_t pick[N];
+            for (int i = 0; i < N; i++) {
+                int ref = lens[i] > 0 && rt_grammar_match_accepts(m, pieces[i], lens[i]);
+                if (ref != allowed[i])
+                    fail_msg("token %d (\"%s\"): the scan says %d, accepts says %d (walk %d step %d)",
+                             i, pieces[i], allowed[i], ref, walk, stepn);
+                if (ref)
+                    pick[n_ref++] = i;
+            }
+            assert_int_equal(n_ok, n_ref);
+            if (!n_ref)
+                break;
+            int t = pick[rand() % (int)n_ref];
+            assert_int_equal(rt_grammar_match_feed(m, pieces[t], lens[t]), 0);
+        }
+    }
+    free(allowed);
+    rt_grammar_match_destroy(m);
+    rt_grammar_destroy(g);
+    rt_grammar_vocab_destroy(v);
+    for (int i = 0; i < N; i++)
+        free(pieces[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -265,6 +333,7 @@ int main(void)
         cmocka_unit_test(test_grammar_ambiguous_grammar_stays_bounded),
         cmocka_unit_test(test_grammar_errors_name_the_place),
         cmocka_unit_test(test_grammar_random_bytes_never_crash),
+        cmocka_unit_test(test_grammar_vocab_scan_matches_accepts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
