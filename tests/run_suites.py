@@ -28,7 +28,8 @@ PY = "/usr/bin/python3"
 PYTEST_DIRS = ["tests/reference", "tests/tools"]
 INTEGRATION_DIRS = ["tests/integration"]
 CLIENT_TESTS = "tests/clients"
-FUZZ_TARGETS = {"fuzz_gguf": "tests/fuzz/make_corpus.py"}
+FUZZ_TARGETS = {"fuzz_gguf": "tests/fuzz/make_corpus.py",
+                "fuzz_grammar": "tests/fuzz/make_grammar_corpus.py"}
 
 
 class Tally:
