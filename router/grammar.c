@@ -16,8 +16,13 @@
 #define MAX_REPEAT 1000    /* {m,n} */
 #define MAX_NEST 256       /* groups inside groups */
 #define MAX_STACKS 4096    /* live parse stacks of a matcher */
-#define MAX_DEPTH 2048     /* elements on one stack */
-#define MAX_EXPANSIONS 200000 /* rule expansions in one step */
+#define MAX_DEPTH 1024     /* elements on one stack */
+#define MAX_EXPANSIONS 20000 /* stacks waiting for expansion in one step */
+/* Stack elements copied by one call (accepts, feed, a scan): a grammar ambiguous
+ * enough to need more gets "no" for what is left instead of stalling the thread
+ * that samples. About a tenth of a second. */
+#define WORK_ACCEPT ((size_t)4 << 20)
+#define WORK_SCAN ((size_t)64 << 20)
 
 /* A rule is its alternatives one after another, each ended by E_ALT, the last by
  * E_END. A character set is E_CHAR or E_CHAR_NOT, each member optionally followed by
@@ -673,6 +678,7 @@ struct rt_grammar_match {
     const elem_t **tmp; /* one stack being built (MAX_DEPTH + 2) */
     uint8_t pend[4];   /* a UTF-8 sequence begun and not finished */
     int n_pend;
+    size_t work, work_max; /* elements copied by the current call, its bound */
 };
 
 static void ss_clear(stackset_t *s)
@@ -743,6 +749,8 @@ static int advance(rt_grammar_match_t *m, const elem_t *const *v, size_t n, stac
         return -1;
     while (todo->n) {
         size_t k = todo->n - 1, sz = todo->size[k];
+        if ((m->work += sz + 1) > m->work_max)
+            return -1;
         if (sz)
             memcpy(m->tmp, todo->buf + todo->off[k], sz * sizeof *m->tmp);
         todo->n--;
@@ -842,6 +850,8 @@ static int utf8_len(uint8_t c)
 /* Runs bytes from m->cur; with commit, m moves there. 1 when they can follow. */
 static int run(rt_grammar_match_t *m, const char *bytes, size_t len, int commit)
 {
+    m->work = 0;
+    m->work_max = WORK_ACCEPT;
     const stackset_t *in = &m->cur;
     uint8_t pend[4];
     int n_pend = m->n_pend;
@@ -936,6 +946,8 @@ void rt_grammar_match_reset(rt_grammar_match_t *m)
     const elem_t *start = &m->root[0];
     ss_clear(&m->cur);
     m->n_pend = 0;
+    m->work = 0;
+    m->work_max = WORK_ACCEPT;
     if (advance(m, &start, 1, &m->cur))
         ss_clear(&m->cur);
 }
@@ -1126,6 +1138,7 @@ static int scan_byte(rt_grammar_match_t *m, const stackset_t *in, const uint8_t 
         if (!any || lo > hi)
             return 0;
         ss_clear(out);
+        m->work += in->len;
         for (size_t i = 0; i < in->n; i++)
             if (ss_add(out, in->buf + in->off[i], in->size[i], 0))
                 return 0;
@@ -1162,6 +1175,8 @@ size_t rt_grammar_match_scan(rt_grammar_match_t *m, const rt_grammar_vocab_t *v,
     } *st = malloc((v->max_len + 1) * sizeof *st);
     if (!st)
         return 0;
+    m->work = 0;
+    m->work_max = WORK_SCAN;
     /* depth 0 is the matcher's own state */
     const stackset_t *at0 = &m->cur;
     size_t n_allowed = 0, sp = 0;
