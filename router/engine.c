@@ -4,6 +4,7 @@
  * everything in slot_t); the loop thread submits, cancels and receives events; the
  * fields under rt_engine.mu are the only ones both touch. */
 #include "engine.h"
+#include "grammar.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -103,6 +104,8 @@ struct rt_engine {
     int32_t n_vocab_tok;
     int32_t *eog;      /* the end-of-generation ids, banned by ignore_eos */
     size_t n_eog;
+    rt_grammar_vocab_t *gvocab; /* the vocabulary's trie for grammars: built by the
+                                 * engine thread at the first grammar, then shared */
 
     pthread_t thread;
     int thread_started;
@@ -492,6 +495,10 @@ static int slot_start(rt_engine_t *e, slot_t *s, rt_task_t *t, int32_t n_vocab)
 {
     bl_err_t err = { 0 };
     rt_sampler_t *smpl = NULL;
+    if (t->p.sampling.grammar && !e->gvocab && e->tok &&
+        rt_sampler_grammar_vocab(&e->gvocab, e->tok, &err))
+        BL_LOG(BL_LOG_WARN, "event=grammar_vocab_failed reason=%s", err.msg); /* per sampler */
+    t->p.sampling.grammar_vocab = e->gvocab;
     if (rt_sampler_create(&smpl, &t->p.sampling, n_vocab, (int32_t)e->o.n_ctx_slot, e->tok, &err)) {
         pthread_mutex_lock(&e->mu);
         post_error_locked(e, t, 400, s->id, err.msg);
@@ -1232,11 +1239,13 @@ void rt_engine_destroy(rt_engine_t *e)
     for (int i = 0; i < e->o.n_slots; i++) {
         slot_t *s = &e->slots[i];
         rt_sampler_destroy(s->smpl);
+        s->smpl = NULL;
         rt_detok_destroy(s->detok[0]);
         rt_detok_destroy(s->detok[1]);
         free(s->seq);
         free(s->held);
     }
+    rt_grammar_vocab_destroy(e->gvocab); /* after the samplers that borrowed it */
     if (e->async)
         uv_close((uv_handle_t *)e->async, free_async);
     free(e->slots);

@@ -37,7 +37,8 @@ struct rt_sampler {
     rt_grammar_match_t *gm; /* where the generated text leaves the grammar */
     /* with a grammar: the vocabulary's pieces as a trie (end tokens left out, as the
      * grammar's completion decides them), and the scan's answer per token */
-    rt_grammar_vocab_t *vocab;
+    const rt_grammar_vocab_t *vocab; /* borrowed, or own_vocab */
+    rt_grammar_vocab_t *own_vocab;
     unsigned char *allowed; /* (n_vocab) */
 
     cand_t *cand;          /* (n_vocab) candidate list of the current call */
@@ -206,25 +207,40 @@ int rt_sampler_params_check(const rt_sampler_params_t *p, int32_t n_vocab, bl_er
 
 // --- life cycle -------------------------------------------------------------------------
 
-/* The vocabulary's trie for grammar scans: every token's piece but the end tokens'. */
-static int grammar_vocab(rt_sampler_t *s, bl_err_t *err)
+int rt_sampler_grammar_vocab(rt_grammar_vocab_t **out, const rt_tokenizer_t *tok, bl_err_t *err)
 {
-    const char **pieces = malloc((size_t)s->n_vocab * sizeof *pieces);
-    size_t *lens = malloc((size_t)s->n_vocab * sizeof *lens);
-    s->allowed = malloc((size_t)s->n_vocab);
-    int rc = 0;
-    if (!pieces || !lens || !s->allowed) {
+    *out = NULL;
+    int32_t n = rt_tokenizer_n_vocab(tok);
+    const char **pieces = malloc((size_t)(n > 0 ? n : 1) * sizeof *pieces);
+    size_t *lens = malloc((size_t)(n > 0 ? n : 1) * sizeof *lens);
+    int rc;
+    if (!pieces || !lens) {
         rc = bl_err_set(err, BL_ENOMEM, "sampler: out of memory for the grammar's vocabulary");
     } else {
-        for (int32_t i = 0; i < s->n_vocab; i++) {
-            rt_str_t piece = rt_tokenizer_piece(s->tok, i);
+        /* every token's piece but the end tokens': the grammar's completion decides them */
+        for (int32_t i = 0; i < n; i++) {
+            rt_str_t piece = rt_tokenizer_piece(tok, i);
             pieces[i] = piece.ptr;
-            lens[i] = rt_tokenizer_is_eog(s->tok, i) ? 0 : piece.len;
+            lens[i] = rt_tokenizer_is_eog(tok, i) ? 0 : piece.len;
         }
-        rc = rt_grammar_vocab_create(&s->vocab, pieces, lens, s->n_vocab, err);
+        rc = rt_grammar_vocab_create(out, pieces, lens, n, err);
     }
     free(pieces);
     free(lens);
+    return rc;
+}
+
+static int grammar_vocab(rt_sampler_t *s, const rt_grammar_vocab_t *shared, bl_err_t *err)
+{
+    s->allowed = calloc((size_t)s->n_vocab, 1);
+    if (!s->allowed)
+        return bl_err_set(err, BL_ENOMEM, "sampler: out of memory for the grammar's vocabulary");
+    if (shared) {
+        s->vocab = shared;
+        return 0;
+    }
+    int rc = rt_sampler_grammar_vocab(&s->own_vocab, s->tok, err);
+    s->vocab = s->own_vocab;
     return rc;
 }
 
@@ -264,7 +280,7 @@ int rt_sampler_create(rt_sampler_t **out, const rt_sampler_params_t *p, int32_t 
     s->p.grammar = NULL; /* borrowed text: only the compiled form is kept */
     if (p->grammar && ((rc = rt_grammar_parse(&s->grammar, p->grammar, p->grammar_len, err)) ||
                        (rc = rt_grammar_match_create(&s->gm, s->grammar, err)) ||
-                       (rc = grammar_vocab(s, err)))) {
+                       (rc = grammar_vocab(s, p->grammar_vocab, err)))) {
         rt_sampler_destroy(s);
         return rc;
     }
@@ -284,7 +300,7 @@ void rt_sampler_destroy(rt_sampler_t *s)
     free(s->bias);
     rt_grammar_match_destroy(s->gm);
     rt_grammar_destroy(s->grammar);
-    rt_grammar_vocab_destroy(s->vocab);
+    rt_grammar_vocab_destroy(s->own_vocab);
     free(s->allowed);
     free(s);
 }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grammar.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -516,6 +517,29 @@ static void test_sampler_grammar_constrains_every_token(void **state)
         rt_sampler_reset(s);
     }
     rt_sampler_destroy(s);
+
+    /* a trie built once and shared gives the same draws as the sampler's own */
+    rt_grammar_vocab_t *shared = NULL;
+    assert_int_equal(rt_sampler_grammar_vocab(&shared, tok, &err), 0);
+    rt_sampler_t *a = NULL, *b = NULL;
+    p.seed = 1234;
+    assert_int_equal(rt_sampler_create(&a, &p, N_TOY, 64, tok, &err), 0);
+    p.grammar_vocab = shared;
+    assert_int_equal(rt_sampler_create(&b, &p, N_TOY, 64, tok, &err), 0);
+    for (int step = 0; step < 12; step++) {
+        int32_t x = rt_sampler_sample(a, lg), y = rt_sampler_sample(b, lg);
+        assert_int_equal(x, y);
+        rt_sampler_accept_generated(a, x);
+        rt_sampler_accept_generated(b, y);
+        if (x == T_END) {
+            rt_sampler_reset(a);
+            rt_sampler_reset(b);
+        }
+    }
+    rt_sampler_destroy(a);
+    rt_sampler_destroy(b);
+    rt_grammar_vocab_destroy(shared);
+    p.grammar_vocab = NULL;
 
     /* a grammar that does not compile is refused, naming the place */
     p.grammar = "root ::= (\"a\"\n";
