@@ -11,6 +11,7 @@
  * (left recursion, which a grammar engine cannot run). */
 #include "json_schema.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -1759,43 +1760,294 @@ fail:
     return rc;
 }
 
-/* An integer. Of the numeric keywords only a lower bound of 0 or 1 (minimum 0 or 1,
- * exclusiveMinimum -1 or 0) and multipleOf 1 are honoured; the rest are refused. */
-static int gen_integer(ctx_t *c, const json_t *s, const path_t *at, unsigned bits, sbuf_t *out)
+/* --- integer ranges ------------------------------------------------------------ */
+
+/* The largest magnitude rule "integer" writes (16 digits): the limit of a side that
+ * has no bound. */
+#define INT_LIM 9999999999999999LL
+
+/* The alternatives of a range under construction: *n_alt so far in b, each a
+ * sequence of items separated by spaces. */
+typedef struct {
+    sbuf_t *b;
+    int n_alt;
+} alts_t;
+
+/* Starts an alternative with the literal digits pre[0, npre) (none when npre is 0). */
+static int alt_begin(alts_t *a, const char *pre, size_t npre)
 {
-    static const char WHY[] = "is not supported (only a lower bound of 0 or 1 on an 'integer' is)";
+    int rc = a->n_alt++ ? sb_str(a->b, " | ") : 0;
+    if (!rc && npre)
+        rc = gbnf_lit(a->b, pre, npre);
+    return rc;
+}
+
+/* Appends " [0-9]{m,n}" (any digit, m to n times, in its shortest spelling) to an
+ * alternative; nothing when n is 0. */
+static int any_digits(sbuf_t *b, int m, int n)
+{
+    if (n == 0)
+        return 0;
+    if (m == 0 && n == 1)
+        return sb_str(b, " [0-9]?");
+    if (m == n)
+        return n == 1 ? sb_str(b, " [0-9]") : sb_fmt(b, " [0-9]{%d}", n);
+    return sb_fmt(b, " [0-9]{%d,%d}", m, n);
+}
+
+/* Whether the n digits at p are all ch. */
+static int all_digit(const char *p, size_t n, char ch)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != ch)
+            return 0;
+    return 1;
+}
+
+/* The n-digit strings from x to y (digit strings of one length, x <= y), each after
+ * the literal digits pre[0, npre), as alternatives: the leading digits both share join
+ * the prefix; at the first digit that differs come x's digit with x's tail up to
+ * 9...9, the digits between with any tail, and y's digit with 0...0 up to y's tail.
+ * A tail of x that is 0...0 (or of y that is 9...9) needs no alternative of its own:
+ * its digit joins the middle. n is at most 19 (2^63 has 19 digits), the length of
+ * NINES and ZEROS; pre has room for as many. */
+static int range_digits(alts_t *a, char *pre, size_t npre, const char *x, const char *y,
+                        size_t n)
+{
+    static const char NINES[] = "9999999999999999999", ZEROS[] = "0000000000000000000";
+    int rc;
+    while (n && *x == *y) {
+        pre[npre++] = *x++;
+        y++;
+        n--;
+    }
+    if (n == 0)
+        return alt_begin(a, pre, npre);
+    char lo = x[0], hi = y[0];
+    if (!all_digit(x + 1, n - 1, '0')) {
+        pre[npre] = x[0];
+        if ((rc = range_digits(a, pre, npre + 1, x + 1, NINES, n - 1)) != 0)
+            return rc;
+        lo++;
+    }
+    const int y_full = all_digit(y + 1, n - 1, '9');
+    if (!y_full)
+        hi--;
+    if (lo <= hi) {
+        if (lo == hi) {
+            pre[npre] = lo;
+            rc = alt_begin(a, pre, npre + 1);
+        } else {
+            rc = alt_begin(a, pre, npre);
+            if (!rc)
+                rc = sb_fmt(a->b, npre ? " [%c-%c]" : "[%c-%c]", lo, hi);
+        }
+        if (!rc)
+            rc = any_digits(a->b, (int)n - 1, (int)n - 1);
+        if (rc)
+            return rc;
+    }
+    if (!y_full) {
+        pre[npre] = y[0];
+        return range_digits(a, pre, npre + 1, ZEROS, y + 1, n - 1);
+    }
+    return 0;
+}
+
+static unsigned ndigits(uint64_t v)
+{
+    unsigned n = 1;
+    while (v >= 10) {
+        v /= 10;
+        n++;
+    }
+    return n;
+}
+
+static uint64_t pow10u(unsigned n)
+{
+    uint64_t p = 1;
+    while (n--)
+        p *= 10;
+    return p;
+}
+
+/* The numbers from x to y, of one digit count, as alternatives. */
+static int range_len(alts_t *a, uint64_t x, uint64_t y)
+{
+    char xs[24], ys[24], pre[24];
+    (void)snprintf(xs, sizeof xs, "%" PRIu64, x);
+    (void)snprintf(ys, sizeof ys, "%" PRIu64, y);
+    return range_digits(a, pre, 0, xs, ys, strlen(xs));
+}
+
+/* The canonical decimals from x to y (0 <= x <= y <= 2^63) as alternatives: by digit
+ * count, where the counts x and y do not fill go by range_len and the counts between
+ * (all of their numbers) share one "[1-9] [0-9]{m,n}". */
+static int range_nonneg(alts_t *a, uint64_t x, uint64_t y)
+{
+    int rc;
+    if (y <= 9) {
+        if ((rc = alt_begin(a, NULL, 0)) != 0)
+            return rc;
+        return x == y ? sb_fmt(a->b, "\"%c\"", (char)('0' + x))
+                      : sb_fmt(a->b, "[%c-%c]", (char)('0' + x), (char)('0' + y));
+    }
+    if (x == 0) {
+        if ((rc = alt_begin(a, "0", 1)) != 0)
+            return rc;
+        x = 1;
+    }
+    const unsigned lx = ndigits(x), ly = ndigits(y);
+    if (lx == ly)
+        return range_len(a, x, y);
+    unsigned from = lx, to = ly; /* the digit counts whose numbers all come in */
+    if (x != pow10u(lx - 1)) {
+        if ((rc = range_len(a, x, pow10u(lx) - 1)) != 0)
+            return rc;
+        from++;
+    }
+    if (y != pow10u(ly) - 1)
+        to--;
+    if (from <= to &&
+        ((rc = alt_begin(a, NULL, 0)) != 0 || (rc = sb_str(a->b, "[1-9]")) != 0 ||
+         (rc = any_digits(a->b, (int)from - 1, (int)to - 1)) != 0))
+        return rc;
+    return to < ly ? range_len(a, pow10u(ly - 1), y) : 0;
+}
+
+/* One bound keyword kw as an integer: for a lower bound the least integer at or
+ * above it (above it when exclusive), for an upper one the greatest at or below it
+ * (below it when exclusive). A bound past the far end of int64 clamps to that end;
+ * *none: no int64 meets it (a lower bound above INT64_MAX, an upper one below
+ * INT64_MIN). *present = 0 when absent. */
+static int get_bound(ctx_t *c, const json_t *s, const char *kw, int upper, int exclusive,
+                     const path_t *at, long long *val, int *present, int *none)
+{
+    const json_t *v = json_object_get(s, kw);
+    *present = v != NULL;
+    *none = 0;
+    *val = 0;
+    if (!v)
+        return 0;
+    if (json_is_boolean(v))
+        return fail(c, BL_EINVAL, kw, at,
+                    "as a boolean (draft 4) is not supported; give the bound as a number");
+    if (!json_is_number(v))
+        return fail(c, BL_EINVAL, kw, at, "must be a number");
+    long long x;
+    if (json_is_integer(v)) {
+        x = (long long)json_integer_value(v);
+    } else {
+        const double d = json_real_value(v);
+        /* the integer next to d inward (ceil for a lower bound), or outward when
+         * exclusive, since the step below moves it in by one */
+        const double f = upper == exclusive ? ceil(d) : floor(d);
+        if (f >= 9223372036854775808.0) { /* 2^63 */
+            *none = !upper;
+            *val = INT64_MAX;
+            return 0;
+        }
+        if (f < -9223372036854775808.0) {
+            *none = upper;
+            *val = INT64_MIN;
+            return 0;
+        }
+        x = (long long)f;
+    }
+    if (!exclusive) {
+        *val = x;
+    } else if (upper) {
+        *none = x == INT64_MIN;
+        *val = x - !*none;
+    } else {
+        *none = x == INT64_MAX;
+        *val = x + !*none;
+    }
+    return 0;
+}
+
+/* An integer: the canonical decimals (no leading zeros, no "-0") from the lower
+ * bound to the upper one, minimum / exclusiveMinimum and maximum / exclusiveMaximum,
+ * the tighter of each pair (non-integral bounds round inward). A side without a bound
+ * stops at 16 digits, as rule "integer" does, unless the other bound lies past that:
+ * then it stops at the end of int64. The negative part is "-" and the magnitudes.
+ * multipleOf is honoured only as 1. */
+static int gen_integer(ctx_t *c, const json_t *s, const path_t *at, sbuf_t *out, int *kind)
+{
+    static const struct {
+        const char *kw;
+        int upper, exclusive;
+    } BOUNDS[] = {
+        {"minimum", 0, 0}, {"exclusiveMinimum", 0, 1},
+        {"maximum", 1, 0}, {"exclusiveMaximum", 1, 1},
+    };
     const json_t *mo = json_object_get(s, "multipleOf");
-    const json_t *mi = json_object_get(s, "minimum"), *ex = json_object_get(s, "exclusiveMinimum");
-    const char *which = NULL;
-    double lo = 0;
-    if (bits & (K_MAXIMUM | K_EXMAX))
-        return fail(c, BL_EINVAL, first_kw(s, K_MAXIMUM | K_EXMAX), at, "%s", WHY);
+    const char *kw_lo = NULL, *kw_hi = NULL;
+    long long lo = 0, hi = 0;
+    sbuf_t neg = {0};
+    const size_t start = out->n;
+    int rc = 0;
+    *kind = KIND_ITEM;
     if (mo && (!json_is_number(mo) || json_number_value(mo) <= 0))
         return fail(c, BL_EINVAL, "multipleOf", at, "must be a number above 0");
     if (mo && json_number_value(mo) != 1.0)
         return fail(c, BL_EINVAL, "multipleOf", at, "is not supported (only 1 on an 'integer' is)");
-    if (mi) {
-        if (!json_is_number(mi))
-            return fail(c, BL_EINVAL, "minimum", at, "must be a number");
-        lo = ceil(json_number_value(mi));
-        which = "minimum";
-    }
-    if (ex) {
-        if (!json_is_number(ex))
-            return fail(c, BL_EINVAL, "exclusiveMinimum", at, "must be a number");
-        const double l = floor(json_number_value(ex)) + 1;
-        if (!which || l > lo) {
-            lo = l;
-            which = "exclusiveMinimum";
+    for (size_t i = 0; i < sizeof BOUNDS / sizeof BOUNDS[0]; i++) {
+        long long v;
+        int present, none;
+        if ((rc = get_bound(c, s, BOUNDS[i].kw, BOUNDS[i].upper, BOUNDS[i].exclusive, at, &v,
+                            &present, &none)) != 0)
+            return rc;
+        if (!present)
+            continue;
+        if (none)
+            return fail(c, BL_EINVAL, BOUNDS[i].kw, at, "leaves no integer in int64 (%s %lld)",
+                        BOUNDS[i].upper ? "the least is" : "the most is",
+                        BOUNDS[i].upper ? (long long)INT64_MIN : (long long)INT64_MAX);
+        if (!BOUNDS[i].upper && (!kw_lo || v > lo)) {
+            lo = v;
+            kw_lo = BOUNDS[i].kw;
+        } else if (BOUNDS[i].upper && (!kw_hi || v < hi)) {
+            hi = v;
+            kw_hi = BOUNDS[i].kw;
         }
     }
-    if (!which)
+    if (!kw_lo)
+        lo = kw_hi && hi < -INT_LIM ? INT64_MIN : -INT_LIM;
+    if (!kw_hi)
+        hi = kw_lo && lo > INT_LIM ? INT64_MAX : INT_LIM;
+    if (lo > hi)
+        return fail(c, BL_EINVAL, kw_lo, at,
+                    "and '%s' leave no integer (the range would be [%lld, %lld])", kw_hi, lo, hi);
+    /* the ranges the fixed rules already write ("integer" is no such range: it takes
+     * "-0", which "number" needs) */
+    if (!kw_lo && !kw_hi)
         return sb_str(out, prim(c, P_INTEGER));
-    if (lo == 0)
+    if (lo == 0 && hi == INT_LIM)
         return sb_str(out, prim(c, P_NONNEG));
-    if (lo == 1)
+    if (lo == 1 && hi == INT_LIM)
         return sb_str(out, prim(c, P_POS));
-    return fail(c, BL_EINVAL, which, at, "%s", WHY);
+
+    alts_t top = {out, 0};
+    if (lo < 0) { /* "-" and the magnitudes from max(-hi, 1) to -lo */
+        alts_t mag = {&neg, 0};
+        const uint64_t m_lo = hi < 0 ? (uint64_t)0 - (uint64_t)hi : 1;
+        TRY(range_nonneg(&mag, m_lo, (uint64_t)0 - (uint64_t)lo));
+        TRY(alt_begin(&top, "-", 1));
+        TRY(sb_str(out, mag.n_alt > 1 ? " ( " : " "));
+        TRY(sb_add(out, neg.p, neg.n));
+        if (mag.n_alt > 1)
+            TRY(sb_str(out, " )"));
+    }
+    if (hi >= 0)
+        TRY(range_nonneg(&top, lo < 0 ? 0 : (uint64_t)lo, (uint64_t)hi));
+    *kind = top.n_alt > 1                                 ? KIND_ALT
+            : memchr(out->p + start, ' ', out->n - start) ? KIND_SEQ
+                                                          : KIND_ITEM;
+fail:
+    sb_free(&neg);
+    return rc;
 }
 
 /* By 'type' (a name or a list: alternatives), or without one by the keywords present
@@ -1832,16 +2084,12 @@ static int gen_types(ctx_t *c, const json_t *s, const char *name, const path_t *
         case T_OBJECT: rc = gen_object(c, s, name, at, out, &k); break;
         case T_ARRAY: rc = gen_array(c, s, name, at, out, &k); break;
         case T_STRING: rc = gen_string(c, s, at, out, &k); break;
-        case T_INTEGER:
-            k = KIND_ITEM;
-            rc = gen_integer(c, s, at, bits, out);
-            break;
+        case T_INTEGER: rc = gen_integer(c, s, at, out, &k); break;
         case T_NUMBER:
             k = KIND_ITEM;
             rc = bits & K_NUM
                      ? fail(c, BL_EINVAL, first_kw(s, K_NUM), at,
-                            "is not supported on a 'number' (only a lower bound of 0 or 1 on an "
-                            "'integer' is)")
+                            "is not supported on a 'number' (only on an 'integer')")
                      : sb_str(out, prim(c, P_NUMBER));
             break;
         case T_BOOLEAN:

@@ -5,14 +5,24 @@
  * The converter takes the subset of JSON Schema that structured output uses (types,
  * properties, required, additionalProperties, items, prefixItems, min/maxItems,
  * min/maxLength, enum, const, anyOf/oneOf, allOf of objects, $ref into $defs, a few
- * string formats) and refuses, by name, every keyword it cannot honour, so that a
- * grammar never accepts text the schema rejects for a reason the converter skipped.
+ * string formats, minimum/maximum/exclusiveMinimum/exclusiveMaximum on integers) and
+ * refuses, by name, every keyword it cannot honour, so that a grammar never accepts
+ * text the schema rejects for a reason the converter skipped (bounds on a "number",
+ * draft-4 boolean exclusive bounds and multipleOf other than 1 are refused).
  * Annotations (title, description, default, examples, ...) are ignored.
  *
  * Where JSON Schema leaves a choice to the text (key order, number spelling), the
  * grammar takes one: present properties come in the schema's order, extra keys after
  * them; integers have at most 16 digits, fractions and exponents at most 16; whitespace
- * between tokens is at most 20 characters of space, tab or newline (rule "ws"). */
+ * between tokens is at most 20 characters of space, tab or newline (rule "ws").
+ *
+ * Integer bounds are exact for any bounds within int64: the grammar takes the integers
+ * from the lower bound to the upper one written canonically (no leading zeros, no "-0";
+ * non-integral bounds round inward, bounds past int64 clamp to its ends), as
+ * alternatives by digit count and shared prefix, never by listing values. A side
+ * without a bound stops at 16 digits like any integer, unless the other bound lies past
+ * 16 digits: then it stops at the end of int64. A range with no integer in it is
+ * BL_EINVAL naming its keywords. */
 #ifndef RT_JSON_SCHEMA_H
 #define RT_JSON_SCHEMA_H
 

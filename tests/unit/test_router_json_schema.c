@@ -1,8 +1,10 @@
 /* Tests of router/json_schema.c: the grammar text each schema keyword produces
  * (golden strings for small schemas, rule bodies and literals for the rest), the
  * refusal of every keyword the converter cannot honour, by name and JSON path, and
- * the bounds on nesting and on the grammar's size. The grammar engine is not used:
- * the tests read the text. */
+ * the bounds on nesting and on the grammar's size. Most tests read the text; some run
+ * the grammars on router/grammar.c, the engine, among them integer ranges checked
+ * value by value and on random ranges (the seed is printed; BLOOMERY_TEST_SEED=N
+ * replays it). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -15,6 +17,7 @@
 
 #include "grammar.h"
 #include "json_schema.h"
+#include "test_seed.h"
 
 /* The fixed rules, as the converter writes them. */
 #define R_VALUE "value ::= object | array | string | number | boolean | null\n"
@@ -468,6 +471,34 @@ static void test_json_schema_integer_lower_bound_zero_or_one(void **state)
     free(g);
 }
 
+static void test_json_schema_integer_range_goes_by_length_and_prefix(void **state)
+{
+    (void)state;
+    char *g = gbnf("{\"type\": \"integer\", \"minimum\": 13, \"maximum\": 147}");
+    assert_string_equal(g, "root ::= \"1\" [3-9] | [2-9] [0-9] | \"1\" [0-3] [0-9] | \"14\" [0-7]\n");
+    free(g);
+    g = gbnf("{\"type\": \"integer\", \"minimum\": -15, \"exclusiveMaximum\": 8}");
+    assert_string_equal(rule(g, "root"), "\"-\" ( [1-9] | \"1\" [0-5] ) | [0-7]");
+    free(g);
+    g = gbnf("{\"type\": \"integer\", \"minimum\": -5}"); /* the other side stops at 16 digits */
+    assert_string_equal(rule(g, "root"), "\"-\" [1-5] | \"0\" | [1-9] [0-9]{0,15}");
+    free(g);
+    g = gbnf("{\"type\": \"integer\", \"minimum\": 10, \"maximum\": 9999}");
+    assert_string_equal(rule(g, "root"), "[1-9] [0-9]{1,3}");
+    free(g);
+    g = gbnf("{\"type\": \"integer\", \"minimum\": 7.5, \"maximum\": 9.9, \"exclusiveMaximum\": 9}");
+    assert_string_equal(g, "root ::= \"8\"\n"); /* bounds round inward, the tighter wins */
+    free(g);
+    /* a range inside an object gets a rule named after its property */
+    g = gbnf("{\"type\": \"object\", \"properties\": {\"age\": {\"type\": \"integer\", "
+             "\"minimum\": 1, \"maximum\": 120}}, \"required\": [\"age\"]}");
+    assert_string_equal(rule(g, "age"), "[1-9] [0-9]? | \"1\" [0-1] [0-9] | \"120\"");
+    free(g);
+    g = gbnf("{\"type\": [\"integer\", \"null\"], \"maximum\": 0, \"minimum\": -99}");
+    assert_string_equal(rule(g, "root"), "\"-\" [1-9] [0-9]? | \"0\" | null");
+    free(g);
+}
+
 /* --- enum, const, anyOf -------------------------------------------------------------- */
 
 static void test_json_schema_enum_strings_are_escaped_twice(void **state)
@@ -666,22 +697,42 @@ static void test_json_schema_unsupported_keywords_are_refused_by_name(void **sta
     }
 }
 
-static void test_json_schema_numeric_bounds_other_than_a_low_integer_are_refused(void **state)
+static void test_json_schema_bounds_on_numbers_and_empty_integer_ranges_are_refused(void **state)
 {
     (void)state;
     refused("{\"type\": \"number\", \"minimum\": 0}", BL_EINVAL,
             "json_schema: 'minimum' at / is not supported on a 'number'");
-    refused("{\"type\": \"integer\", \"minimum\": 5}", BL_EINVAL, "'minimum' at / is not supported");
-    refused("{\"type\": \"integer\", \"minimum\": 0, \"maximum\": 9}", BL_EINVAL,
-            "'maximum' at / is not supported");
-    refused("{\"type\": \"integer\", \"exclusiveMaximum\": 9}", BL_EINVAL,
-            "'exclusiveMaximum' at / is not supported");
+    refused("{\"type\": \"number\", \"exclusiveMaximum\": 9}", BL_EINVAL,
+            "'exclusiveMaximum' at / is not supported on a 'number'");
+    refused("{\"properties\": {\"n\": {\"maximum\": 3}}}", BL_EINVAL,
+            "'maximum' at /properties/n is not supported on a 'number'");
+    refused("{\"type\": [\"integer\", \"number\"], \"minimum\": 1}", BL_EINVAL,
+            "'minimum' at / is not supported on a 'number'");
     refused("{\"type\": \"integer\", \"multipleOf\": 2}", BL_EINVAL,
             "'multipleOf' at / is not supported");
     refused("{\"type\": \"integer\", \"exclusiveMinimum\": true, \"minimum\": 0}", BL_EINVAL,
-            "'exclusiveMinimum' at / must be a number");
-    refused("{\"properties\": {\"n\": {\"maximum\": 3}}}", BL_EINVAL,
-            "'maximum' at /properties/n is not supported");
+            "'exclusiveMinimum' at / as a boolean (draft 4) is not supported");
+    refused("{\"type\": \"integer\", \"maximum\": 9, \"exclusiveMaximum\": false}", BL_EINVAL,
+            "'exclusiveMaximum' at / as a boolean (draft 4) is not supported");
+    refused("{\"type\": \"integer\", \"minimum\": \"1\"}", BL_EINVAL,
+            "'minimum' at / must be a number");
+    refused("{\"type\": \"integer\", \"minimum\": 5, \"maximum\": 3}", BL_EINVAL,
+            "json_schema: 'minimum' at / and 'maximum' leave no integer (the range would be [5, 3])");
+    refused("{\"properties\": {\"n\": {\"type\": \"integer\", \"exclusiveMinimum\": 3, "
+            "\"exclusiveMaximum\": 4}}}",
+            BL_EINVAL, "'exclusiveMinimum' at /properties/n and 'exclusiveMaximum' leave no integer");
+    refused("{\"type\": \"integer\", \"minimum\": 3.2, \"maximum\": 3.8}", BL_EINVAL,
+            "'minimum' at / and 'maximum' leave no integer (the range would be [4, 3])");
+    refused("{\"type\": \"integer\", \"minimum\": 2, \"exclusiveMinimum\": 2, \"maximum\": 2}",
+            BL_EINVAL, "'exclusiveMinimum' at / and 'maximum' leave no integer");
+    refused("{\"type\": \"integer\", \"minimum\": 1e19}", BL_EINVAL,
+            "'minimum' at / leaves no integer in int64");
+    refused("{\"type\": \"integer\", \"exclusiveMinimum\": 9223372036854775807}", BL_EINVAL,
+            "'exclusiveMinimum' at / leaves no integer in int64");
+    refused("{\"type\": \"integer\", \"exclusiveMaximum\": -9223372036854775808}", BL_EINVAL,
+            "'exclusiveMaximum' at / leaves no integer in int64");
+    refused("{\"type\": \"integer\", \"maximum\": -1e300}", BL_EINVAL,
+            "'maximum' at / leaves no integer in int64");
 }
 
 static void test_json_schema_format_with_length_is_refused(void **state)
@@ -908,10 +959,271 @@ static void test_json_schema_grammars_run_on_the_engine(void **state)
     assert_false(schema_takes(anyof, "\"y\""));
 }
 
+/* --- integer ranges on the engine ------------------------------------------------- */
+
+/* The engine's grammar for a schema, for many matches. */
+static rt_grammar_t *grammar_of(const char *schema)
+{
+    char *g = gbnf(schema);
+    rt_grammar_t *gr = NULL;
+    bl_err_t err = {0};
+    if (rt_grammar_parse(&gr, g, strlen(g), &err))
+        fail_msg("the engine refuses the grammar of %s: %s\n%s", schema, err.msg, g);
+    free(g);
+    return gr;
+}
+
+/* Whether m's grammar takes text whole. */
+static int takes(rt_grammar_match_t *m, const char *text)
+{
+    rt_grammar_match_reset(m);
+    return rt_grammar_match_feed(m, text, strlen(text)) == 0 && rt_grammar_match_done(m);
+}
+
+/* Checks that schema's grammar takes v (written canonically) iff lo <= v <= hi. */
+static void check_int(rt_grammar_match_t *m, const char *schema, long long lo, long long hi,
+                      long long v)
+{
+    char text[32];
+    (void)snprintf(text, sizeof text, "%lld", v);
+    const int want = lo <= v && v <= hi;
+    if (takes(m, text) != want)
+        fail_msg("%s: \"%s\" is %s, want %s (range [%lld, %lld])", schema, text,
+                 want ? "refused" : "taken", want ? "taken" : "refused", lo, hi);
+}
+
+/* Texts no integer schema takes: not canonical, or not integers. */
+static void check_non_canonical(rt_grammar_match_t *m, const char *schema)
+{
+    static const char *const BAD[] = {
+        "007", "00", "-0", "-00", "+5", "1.0", "0x1", "1e2", " 1", "1 ", "", "-", "--1", "01",
+    };
+    for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++)
+        if (takes(m, BAD[i]))
+            fail_msg("%s takes \"%s\"", schema, BAD[i]);
+}
+
+static void test_json_schema_integer_ranges_take_exactly_their_integers(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *bounds; /* the schema's bound keywords */
+        long long lo, hi;   /* the integers they allow */
+    } CASES[] = {
+        {"\"minimum\": 0, \"maximum\": 0", 0, 0},
+        {"\"minimum\": 0, \"maximum\": 9", 0, 9},
+        {"\"minimum\": 1, \"maximum\": 120", 1, 120},
+        {"\"minimum\": 13, \"maximum\": 147", 13, 147},
+        {"\"minimum\": -20, \"maximum\": -3", -20, -3},
+        {"\"minimum\": -15, \"maximum\": 7", -15, 7},
+        {"\"minimum\": 99, \"maximum\": 1001", 99, 1001},
+        {"\"minimum\": -1000, \"maximum\": -999", -1000, -999},
+        {"\"minimum\": 5, \"maximum\": 5", 5, 5},
+        {"\"minimum\": -1, \"maximum\": 0", -1, 0},
+        {"\"minimum\": 10, \"maximum\": 99", 10, 99},
+        {"\"minimum\": 100, \"maximum\": 999", 100, 999},
+        {"\"minimum\": 1, \"maximum\": 1000", 1, 1000},
+        {"\"minimum\": -999, \"maximum\": 999", -999, 999},
+        {"\"minimum\": 190, \"maximum\": 210", 190, 210},
+        {"\"minimum\": 1000, \"maximum\": 1000", 1000, 1000},
+        {"\"exclusiveMinimum\": 3, \"exclusiveMaximum\": 12", 4, 11},
+        {"\"exclusiveMinimum\": -10, \"maximum\": 10, \"exclusiveMaximum\": 10", -9, 9},
+        {"\"exclusiveMinimum\": -1, \"exclusiveMaximum\": 1", 0, 0},
+        {"\"minimum\": 1.5, \"maximum\": 9.5", 2, 9},
+        {"\"minimum\": -7.5, \"maximum\": -0.5", -7, -1},
+        {"\"exclusiveMinimum\": 2.5, \"exclusiveMaximum\": 20.0", 3, 19},
+        {"\"minimum\": -0.5, \"maximum\": 0.5", 0, 0},
+        {"\"minimum\": 10, \"exclusiveMinimum\": 11, \"maximum\": 30, \"exclusiveMaximum\": 29",
+         12, 28},
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        char schema[256];
+        (void)snprintf(schema, sizeof schema, "{\"type\": \"integer\", %s}", CASES[i].bounds);
+        rt_grammar_t *gr = grammar_of(schema);
+        rt_grammar_match_t *m = NULL;
+        bl_err_t err = {0};
+        assert_int_equal(rt_grammar_match_create(&m, gr, &err), 0);
+        for (long long v = CASES[i].lo - 1100; v <= CASES[i].hi + 1100; v++)
+            check_int(m, schema, CASES[i].lo, CASES[i].hi, v);
+        check_non_canonical(m, schema);
+        rt_grammar_match_destroy(m);
+        rt_grammar_destroy(gr);
+    }
+}
+
+/* One side only: the other stops where rule "integer" stops, at 16 digits. */
+static void test_json_schema_integer_one_sided_ranges_stop_at_16_digits(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *bounds;
+        long long lo, hi;
+    } CASES[] = {
+        {"\"minimum\": -5", -5, 9999999999999999LL},
+        {"\"minimum\": 2", 2, 9999999999999999LL},
+        {"\"minimum\": 12345", 12345, 9999999999999999LL},
+        {"\"exclusiveMaximum\": 100", -9999999999999999LL, 99},
+        {"\"maximum\": -42", -9999999999999999LL, -42},
+        {"\"maximum\": 9999999999999999", -9999999999999999LL, 9999999999999999LL},
+        /* a bound past 16 digits: the open side goes on to the end of int64 */
+        {"\"minimum\": 100000000000000000", 100000000000000000LL, INT64_MAX},
+        {"\"maximum\": -10000000000000000", INT64_MIN, -10000000000000000LL},
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        char schema[256];
+        (void)snprintf(schema, sizeof schema, "{\"type\": \"integer\", %s}", CASES[i].bounds);
+        rt_grammar_t *gr = grammar_of(schema);
+        rt_grammar_match_t *m = NULL;
+        bl_err_t err = {0};
+        assert_int_equal(rt_grammar_match_create(&m, gr, &err), 0);
+        const long long lo = CASES[i].lo, hi = CASES[i].hi;
+        const long long at[] = {lo, hi, lo / 2 + hi / 2, lo / 3 + hi / 3 * 2,
+                                INT64_MIN, INT64_MAX, 0, -1, 1,
+                                9999999999999999LL, 10000000000000000LL,
+                                -9999999999999999LL, -10000000000000000LL};
+        for (size_t k = 0; k < sizeof at / sizeof at[0]; k++)
+            for (long long d = -3; d <= 3; d++) {
+                const long long v = at[k];
+                if ((d < 0 && v < INT64_MIN - d) || (d > 0 && v > INT64_MAX - d))
+                    continue;
+                check_int(m, schema, lo, hi, v + d);
+            }
+        check_non_canonical(m, schema);
+        assert_false(takes(m, "99999999999999999999")); /* past int64 */
+        assert_false(takes(m, "-99999999999999999999"));
+        rt_grammar_match_destroy(m);
+        rt_grammar_destroy(gr);
+    }
+}
+
+/* A uniform draw in [lo, hi]. */
+static long long draw_in(rng_t *r, long long lo, long long hi)
+{
+    const uint64_t span = (uint64_t)hi - (uint64_t)lo;
+    const uint64_t x = span == UINT64_MAX ? rng_next(r) : rng_next(r) % (span + 1);
+    return (long long)((uint64_t)lo + x);
+}
+
+/* A bound of a random size: 1 to 19 digits, either sign, often at or near the ends
+ * of int64 or a power of ten. */
+static long long draw_bound(rng_t *r)
+{
+    const unsigned d = 1 + (unsigned)(rng_next(r) % 19);
+    uint64_t p = 1;
+    for (unsigned i = 1; i < d; i++)
+        p *= 10;
+    long long v;
+    switch (rng_next(r) % 6) {
+    case 0: v = INT64_MAX - (long long)(rng_next(r) % 4); break;
+    case 1: v = INT64_MIN + (long long)(rng_next(r) % 4); break;
+    case 2: v = (long long)(p - 1 + rng_next(r) % 3); break; /* 9...9, 10...0, 10...1 */
+    default: v = draw_in(r, (long long)(p / 10), d == 19 ? INT64_MAX : (long long)(p * 10 - 1));
+    }
+    return v != INT64_MIN && rng_next(r) % 2 ? -v : v;
+}
+
+/* A random value: near a bound, or of a random size. */
+static long long draw_near(rng_t *r, long long lo, long long hi)
+{
+    const long long a = rng_next(r) % 2 ? lo : hi;
+    const long long d = (long long)(rng_next(r) % 2001) - 1000;
+    switch (rng_next(r) % 3) {
+    case 0:
+        if ((d < 0 && a < INT64_MIN - d) || (d > 0 && a > INT64_MAX - d))
+            return a;
+        return a + d;
+    case 1: return draw_in(r, lo, hi);
+    default: return draw_bound(r);
+    }
+}
+
+static void test_json_schema_integer_random_ranges(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(1);
+    for (int it = 0; it < 400; it++) {
+        long long lo = draw_bound(&r), hi = draw_bound(&r);
+        if (lo > hi) {
+            const long long t = lo;
+            lo = hi;
+            hi = t;
+        }
+        /* the bounds as inclusive or exclusive keywords, by turns */
+        char schema[256];
+        const int ex_lo = lo != INT64_MIN && rng_next(&r) % 2;
+        const int ex_hi = hi != INT64_MAX && rng_next(&r) % 2;
+        (void)snprintf(schema, sizeof schema, "{\"type\": \"integer\", \"%s\": %lld, \"%s\": %lld}",
+                       ex_lo ? "exclusiveMinimum" : "minimum", ex_lo ? lo - 1 : lo,
+                       ex_hi ? "exclusiveMaximum" : "maximum", ex_hi ? hi + 1 : hi);
+        char *g = gbnf(schema);
+        if (strlen(g) > 4096)
+            fail_msg("%s: a grammar of %zu bytes:\n%s", schema, strlen(g), g);
+        free(g);
+        rt_grammar_t *gr = grammar_of(schema);
+        rt_grammar_match_t *m = NULL;
+        bl_err_t err = {0};
+        assert_int_equal(rt_grammar_match_create(&m, gr, &err), 0);
+        check_int(m, schema, lo, hi, lo);
+        check_int(m, schema, lo, hi, hi);
+        if (lo > INT64_MIN)
+            check_int(m, schema, lo, hi, lo - 1);
+        if (hi < INT64_MAX)
+            check_int(m, schema, lo, hi, hi + 1);
+        if (lo < INT64_MAX)
+            check_int(m, schema, lo, hi, lo + 1);
+        if (hi > INT64_MIN)
+            check_int(m, schema, lo, hi, hi - 1);
+        for (int k = 0; k < 60; k++)
+            check_int(m, schema, lo, hi, draw_near(&r, lo, hi));
+        check_non_canonical(m, schema);
+        assert_false(takes(m, "9223372036854775808"));
+        assert_false(takes(m, "-9223372036854775809"));
+        assert_false(takes(m, "10000000000000000000"));
+        rt_grammar_match_destroy(m);
+        rt_grammar_destroy(gr);
+    }
+}
+
+static void test_json_schema_integer_range_of_all_int64(void **state)
+{
+    (void)state;
+    static const char schema[] =
+        "{\"type\": \"integer\", \"minimum\": -9223372036854775808, "
+        "\"maximum\": 9223372036854775807}";
+    rt_grammar_t *gr = grammar_of(schema);
+    rt_grammar_match_t *m = NULL;
+    bl_err_t err = {0};
+    assert_int_equal(rt_grammar_match_create(&m, gr, &err), 0);
+    assert_true(takes(m, "-9223372036854775808"));
+    assert_true(takes(m, "9223372036854775807"));
+    assert_true(takes(m, "-9223372036854775799"));
+    assert_true(takes(m, "9199999999999999999"));
+    assert_true(takes(m, "0"));
+    assert_false(takes(m, "-9223372036854775809"));
+    assert_false(takes(m, "9223372036854775808"));
+    assert_false(takes(m, "9300000000000000000"));
+    assert_false(takes(m, "10000000000000000000"));
+    check_non_canonical(m, schema);
+    rt_grammar_match_destroy(m);
+    rt_grammar_destroy(gr);
+    /* bounds past int64 clamp to its ends */
+    gr = grammar_of("{\"type\": \"integer\", \"minimum\": -1e30, \"exclusiveMaximum\": 1e30}");
+    assert_int_equal(rt_grammar_match_create(&m, gr, &err), 0);
+    assert_true(takes(m, "-9223372036854775808"));
+    assert_true(takes(m, "9223372036854775807"));
+    assert_false(takes(m, "9223372036854775808"));
+    rt_grammar_match_destroy(m);
+    rt_grammar_destroy(gr);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_schema_grammars_run_on_the_engine),
+        cmocka_unit_test(test_json_schema_integer_ranges_take_exactly_their_integers),
+        cmocka_unit_test(test_json_schema_integer_one_sided_ranges_stop_at_16_digits),
+        cmocka_unit_test(test_json_schema_integer_random_ranges),
+        cmocka_unit_test(test_json_schema_integer_range_of_all_int64),
         cmocka_unit_test(test_json_schema_true_accepts_any_json_value),
         cmocka_unit_test(test_json_schema_empty_schema_accepts_any_json_value),
         cmocka_unit_test(test_json_schema_string_type),
@@ -942,6 +1254,7 @@ int main(void)
         cmocka_unit_test(test_json_schema_string_formats_have_fixed_shapes),
         cmocka_unit_test(test_json_schema_other_formats_are_plain_strings),
         cmocka_unit_test(test_json_schema_integer_lower_bound_zero_or_one),
+        cmocka_unit_test(test_json_schema_integer_range_goes_by_length_and_prefix),
         cmocka_unit_test(test_json_schema_enum_strings_are_escaped_twice),
         cmocka_unit_test(test_json_schema_enum_of_any_json_values),
         cmocka_unit_test(test_json_schema_enum_keeps_only_values_of_the_type),
@@ -958,7 +1271,7 @@ int main(void)
         cmocka_unit_test(test_json_schema_all_of_non_object_parts_are_refused),
         cmocka_unit_test(test_json_schema_pattern_is_refused_with_its_path),
         cmocka_unit_test(test_json_schema_unsupported_keywords_are_refused_by_name),
-        cmocka_unit_test(test_json_schema_numeric_bounds_other_than_a_low_integer_are_refused),
+        cmocka_unit_test(test_json_schema_bounds_on_numbers_and_empty_integer_ranges_are_refused),
         cmocka_unit_test(test_json_schema_format_with_length_is_refused),
         cmocka_unit_test(test_json_schema_invalid_keyword_values_are_refused),
         cmocka_unit_test(test_json_schema_non_object_schemas_are_refused),
@@ -970,5 +1283,6 @@ int main(void)
         cmocka_unit_test(test_json_schema_counts_past_a_million_are_refused),
         cmocka_unit_test(test_json_schema_long_keys_split_the_exclusion_into_rules),
     };
+    test_seed_init("test_router_json_schema");
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
