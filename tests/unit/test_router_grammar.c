@@ -13,6 +13,13 @@
 #include <time.h>
 
 #include "grammar.h"
+#include "test_seed.h"
+
+/* A number in [0, n) from r. */
+static int pick(rng_t *r, int n)
+{
+    return (int)(rng_next(r) % (uint64_t)n);
+}
 
 static rt_grammar_t *compile(const char *text)
 {
@@ -220,25 +227,20 @@ static void test_grammar_random_bytes_never_crash(void **state)
     /* fresh random grammars of GBNF's characters: refused or compiled, never a crash,
      * and a compiled one runs on random text */
     static const char alphabet[] = "root::=\"ab\"[]^-()|*+?{},.#\n\\x2 ";
-    unsigned seed = (unsigned)time(NULL);
-    const char *env = getenv("BLOOMERY_TEST_SEED");
-    if (env)
-        seed = (unsigned)strtoul(env, NULL, 10);
-    printf("# seed %u\n", seed);
-    srand(seed);
+    rng_t r = rng_for(1);
     for (int t = 0; t < 3000; t++) {
         char text[64];
-        size_t n = 8 + (size_t)(rand() % 40);
+        size_t n = 8 + (size_t)pick(&r, 40);
         memcpy(text, "root ::= ", 9);
         for (size_t i = 9; i < n; i++)
-            text[i] = alphabet[rand() % (int)(sizeof alphabet - 1)];
+            text[i] = alphabet[pick(&r, (int)(sizeof alphabet - 1))];
         rt_grammar_t *g = NULL;
         bl_err_t err = {0};
         if (rt_grammar_parse(&g, text, n, &err) == 0) {
             rt_grammar_match_t *m = NULL;
             if (rt_grammar_match_create(&m, g, &err) == 0) {
                 for (int k = 0; k < 20; k++) {
-                    char c = "ab\"[]x"[rand() % 6];
+                    char c = "ab\"[]x"[pick(&r, 6)];
                     (void)rt_grammar_match_accepts(m, &c, 1);
                     int fed = rt_grammar_match_feed(m, &c, 1); /* either is fine */
                     (void)fed;
@@ -259,12 +261,7 @@ static void test_grammar_random_bytes_never_crash(void **state)
 static void test_grammar_vocab_scan_matches_accepts(void **state)
 {
     (void)state;
-    unsigned seed = (unsigned)time(NULL) ^ 0x5bd1e995u;
-    const char *env = getenv("BLOOMERY_TEST_SEED");
-    if (env)
-        seed = (unsigned)strtoul(env, NULL, 10);
-    printf("# seed %u\n", seed);
-    srand(seed);
+    rng_t r = rng_for(2);
     static const char *const bits[] = {"{", "}", "\"", ":", ",", " ", "\n", "a", "b", "ab", "1",
                                        "-", "0", "tr", "ue", "null", "\xc3", "\xa9", "\xc3\xa9",
                                        "\xe2\x82", "\xac", "\\", "[", "]", "x"};
@@ -273,9 +270,9 @@ static void test_grammar_vocab_scan_matches_accepts(void **state)
     size_t lens[N];
     for (int i = 0; i < N; i++) {
         char buf[64] = "";
-        int k = i == 7 ? 0 : 1 + rand() % 4; /* one empty piece: left out */
+        int k = i == 7 ? 0 : 1 + pick(&r, 4); /* one empty piece: left out */
         for (int j = 0; j < k; j++)
-            strcat(buf, bits[rand() % (int)(sizeof bits / sizeof *bits)]);
+            strcat(buf, bits[pick(&r, (int)(sizeof bits / sizeof *bits))]);
         pieces[i] = strdup(buf);
         lens[i] = strlen(buf);
     }
@@ -297,19 +294,19 @@ static void test_grammar_vocab_scan_matches_accepts(void **state)
         for (int stepn = 0; stepn < 25; stepn++) {
             size_t n_ok = rt_grammar_match_scan(m, v, allowed);
             size_t n_ref = 0;
-            int32_t pick[N];
+            int32_t chosen[N];
             for (int i = 0; i < N; i++) {
                 int ref = lens[i] > 0 && rt_grammar_match_accepts(m, pieces[i], lens[i]);
                 if (ref != allowed[i])
                     fail_msg("token %d (\"%s\"): the scan says %d, accepts says %d (walk %d step %d)",
                              i, pieces[i], allowed[i], ref, walk, stepn);
                 if (ref)
-                    pick[n_ref++] = i;
+                    chosen[n_ref++] = i;
             }
             assert_int_equal(n_ok, n_ref);
             if (!n_ref)
                 break;
-            int t = pick[rand() % (int)n_ref];
+            int t = chosen[pick(&r, (int)n_ref)];
             assert_int_equal(rt_grammar_match_feed(m, pieces[t], lens[t]), 0);
         }
     }
@@ -323,6 +320,7 @@ static void test_grammar_vocab_scan_matches_accepts(void **state)
 
 int main(void)
 {
+    test_seed_init("test_router_grammar");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grammar_literals_alternatives_and_groups),
         cmocka_unit_test(test_grammar_classes_ranges_negation_and_any),
