@@ -498,6 +498,14 @@ static void route_lora_set(rt_req_t *r)
     rt_req_send_json(r, 200, json_pack("{s:b}", "success", 1));
 }
 
+/* POST /slots/ID?action=save|restore|erase: llama-server answers 501 unless started
+ * with --slot-save-path, which this server refuses; so 501 here, whatever the slot. */
+static void route_slot_action(rt_req_t *r)
+{
+    rt_req_send_error(r, 501, "not_supported_error",
+                      "slot actions (save, restore, erase) are not supported by this server");
+}
+
 /* GET / and /index.html: a chat page over /v1/chat/completions, public as
  * llama-server's web UI is (it asks for the API key itself). */
 static void route_webui(rt_req_t *r)
@@ -525,6 +533,7 @@ void rt_api_info_register(rt_http_t *h)
         {"GET", "/models", route_models, RT_ROUTE_PUBLIC},
         {"GET", "/props", route_props, 0},
         {"GET", "/slots", route_slots, 0},
+        {"POST", "/slots/", route_slot_action, RT_ROUTE_PREFIX | RT_ROUTE_NO_BODY},
         {"GET", "/metrics", route_metrics, 0},
         {"POST", "/tokenize", route_tokenize, 0},
         {"POST", "/detokenize", route_detokenize, 0},

@@ -661,6 +661,14 @@ static int parse_body(rt_http_t *h, rt_req_t *r, int any_json)
     return 0;
 }
 
+static int route_matches(const route_t *c, const char *path)
+{
+    if (!(c->flags & RT_ROUTE_PREFIX))
+        return strcmp(c->path, path) == 0;
+    size_t n = strlen(c->path);
+    return strncmp(c->path, path, n) == 0 && path[n] != '\0';
+}
+
 static int on_req(h2o_handler_t *self, h2o_req_t *req)
 {
     rt_http_t *h = ((handler_t *)self)->http;
@@ -700,7 +708,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     const route_t *rt = NULL;
     int path_known = 0;
     for (size_t i = 0; i < h->n_routes && !outside_prefix; i++) {
-        if (strcmp(h->routes[i].path, r->path) != 0)
+        if (!route_matches(&h->routes[i], r->path))
             continue;
         path_known = 1;
         if (m.len == strlen(h->routes[i].method) && memcmp(m.base, h->routes[i].method, m.len) == 0) {
@@ -712,7 +720,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
         if (path_known) {
             char allow[64] = "";
             for (size_t i = 0; i < h->n_routes; i++)
-                if (strcmp(h->routes[i].path, r->path) == 0 && strlen(allow) + 8 < sizeof allow)
+                if (route_matches(&h->routes[i], r->path) && strlen(allow) + 8 < sizeof allow)
                     snprintf(allow + strlen(allow), sizeof allow - strlen(allow), "%s%s",
                              allow[0] ? ", " : "", h->routes[i].method);
             add_header(req, H2O_TOKEN_ALLOW, NULL, allow);
@@ -728,7 +736,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
         rt_req_send_error(r, 401, "authentication_error", "Invalid API Key");
         goto done;
     }
-    if (strcmp(rt->method, "POST") == 0 && parse_body(h, r, (rt->flags & RT_ROUTE_ANY_JSON) != 0) != 0)
+    if (strcmp(rt->method, "POST") == 0 && !(rt->flags & RT_ROUTE_NO_BODY) &&
+        parse_body(h, r, (rt->flags & RT_ROUTE_ANY_JSON) != 0) != 0)
         goto done;
     rt->fn(r);
 done:

@@ -45,6 +45,9 @@ typedef void (*rt_route_fn)(rt_req_t *r);
 enum {
     RT_ROUTE_PUBLIC = 1u << 0, /* no API key needed (/health, /v1/models, /models) */
     RT_ROUTE_ANY_JSON = 1u << 1, /* a POST body may be any JSON value, not only an object */
+    RT_ROUTE_PREFIX = 1u << 2,   /* path ends with '/' and takes every longer path that
+                                  * starts with it ("/slots/" takes "/slots/0") */
+    RT_ROUTE_NO_BODY = 1u << 3,  /* a POST whose body is not read (rt_req_json: NULL) */
 };
 
 /* Adds a route: method "GET" or "POST", an exact path. A known path with another

@@ -69,6 +69,20 @@ def test_slots(url):
         assert s["id_task"] == -1, s
 
 
+def test_slot_actions_are_not_supported(url):
+    """POST /slots/ID?action=...: llama-server's 501 without --slot-save-path, body
+    or not; the route is POST only; /slots itself stays GET."""
+    for path, body in (("/slots/0?action=erase", None), ("/slots/1?action=save", {"filename": "x"}),
+                       ("/slots/99?action=restore", {"filename": "x"})):
+        r = post(url, path, body)
+        err = assert_error(r, 501)
+        assert "slot actions" in err["message"], err
+    r = get(url, "/slots/0")
+    assert r.status_code == 405 and "POST" in r.headers.get("Allow", ""), r.text
+    assert get(url, "/slots").status_code == 200
+    assert post(url, "/slots", {}).status_code == 405
+
+
 METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
