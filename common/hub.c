@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "bl_config.h"
+#include "buf.h"
 #include "log.h"
 
 #define HUB_API_MAX_BYTES (64u << 20) /* one API reply */
@@ -522,8 +523,7 @@ static void curl_init(void)
 }
 
 typedef struct reply {
-    char *body;
-    size_t len, cap;
+    bl_buf_t body;
     size_t max;
     int too_big;       /* the body passed max */
     char next[2048];   /* Link: <...>; rel="next" of the last response */
@@ -573,24 +573,9 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
 {
     reply_t *r = ud;
     size_t n = size * nmemb;
-    if (r->len + n > r->max) {
-        r->too_big = 1;
-        return 0; /* aborts the transfer: the reply is larger than any list should be */
-    }
-    if (r->len + n + 1 > r->cap) {
-        size_t cap = r->cap ? r->cap : 65536;
-        while (cap < r->len + n + 1)
-            cap *= 2;
-        char *b = realloc(r->body, cap);
-        if (!b)
-            return 0;
-        r->body = b;
-        r->cap = cap;
-    }
-    memcpy(r->body + r->len, data, n);
-    r->len += n;
-    r->body[r->len] = '\0';
-    return n;
+    int rc = bl_buf_add(&r->body, data, n, r->max);
+    r->too_big |= rc == BL_ERANGE; /* larger than any list should be */
+    return rc ? 0 : n;             /* 0 aborts the transfer */
 }
 
 /* A handle with the settings every request shares: redirects followed within http(s)
@@ -680,8 +665,8 @@ static int api_get(hub_t *h, const char *url, const char *what, json_t **out, ch
         curl_easy_cleanup(c);
         if (rc == CURLE_OK && status == 200) {
             json_error_t je;
-            *out = r.body ? json_loadb(r.body, r.len, 0, &je) : NULL;
-            free(r.body);
+            *out = r.body.p ? json_loadb(r.body.p, r.body.n, 0, &je) : NULL;
+            bl_buf_free(&r.body);
             if (!*out)
                 return bl_err_set(err, BL_EPROTO, "%s of %s: the reply is not JSON", what, h->repo);
             snprintf(next, next_cap, "%s", r.next);
@@ -701,11 +686,11 @@ static int api_get(hub_t *h, const char *url, const char *what, json_t **out, ch
                 ret = bl_err_set(err, BL_EIO, "%s of %s from %s: %s", what, h->repo, h->endpoint,
                                  errbuf[0] ? errbuf : curl_easy_strerror(rc));
             else
-                ret = status_error(err, status, what, h->repo, r.body);
-            free(r.body);
+                ret = status_error(err, status, what, h->repo, r.body.p);
+            bl_buf_free(&r.body);
             return ret;
         }
-        free(r.body);
+        bl_buf_free(&r.body);
         BL_LOG(BL_LOG_WARN, "event=hub_retry what=%s status=%ld error=%s", what, status,
                rc == CURLE_OK ? "http" : curl_easy_strerror(rc));
         backoff(attempt);

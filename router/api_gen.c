@@ -30,30 +30,12 @@
 
 int rt__gen_buf_add(rt_gen_buf_t *b, const char *s, size_t n)
 {
-    if (n == 0 && b->p)
-        return 0;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return BL_ENOMEM;
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n)
-        memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-    return 0;
+    return bl_buf_add(b, s, n, 0);
 }
 
 void rt__gen_buf_free(rt_gen_buf_t *b)
 {
-    free(b->p);
-    b->p = NULL;
-    b->n = b->cap = 0;
+    bl_buf_free(b);
 }
 
 /* Drops the first n bytes. */

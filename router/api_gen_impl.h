@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "api.h"
+#include "buf.h"
 #include "engine.h"
 #include "err.h"
 #include "tokenizer.h"
@@ -24,11 +25,7 @@ typedef enum rt_gen_api {
 
 /* --- growable byte buffer --------------------------------------------------- */
 
-typedef struct rt_gen_buf {
-    char *p; /* NUL-terminated when non-NULL */
-    size_t n;
-    size_t cap;
-} rt_gen_buf_t;
+typedef bl_buf_t rt_gen_buf_t; /* common/buf.h */
 
 int rt__gen_buf_add(rt_gen_buf_t *b, const char *s, size_t n) BL_WUR; /* 0 or BL_ENOMEM */
 void rt__gen_buf_free(rt_gen_buf_t *b);
