@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buf.h"
+
 #define MAX_DEPTH RT_JSON_SCHEMA_MAX_DEPTH
 #define MAX_OUT ((size_t)RT_JSON_SCHEMA_MAX_GBNF)
 #define MAX_VISITS 100000 /* schemas walked in all; allOf chains could re-walk a lot */
@@ -32,31 +34,12 @@
 /* text                                                                         */
 /* ---------------------------------------------------------------------------- */
 
-typedef struct {
-    char *p; /* NUL-terminated once anything is added; NULL while empty */
-    size_t n, cap;
-} sbuf_t;
+typedef bl_buf_t sbuf_t; /* common/buf.h */
 
 /* 0, BL_ENOMEM, or BL_ERANGE when the text would pass the grammar's bound. */
 static int sb_add(sbuf_t *b, const char *s, size_t n)
 {
-    if (n > MAX_OUT || b->n + n > MAX_OUT)
-        return BL_ERANGE;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return BL_ENOMEM;
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n)
-        memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-    return 0;
+    return bl_buf_add(b, s, n, MAX_OUT);
 }
 
 static int sb_str(sbuf_t *b, const char *s)
@@ -79,8 +62,7 @@ static int sb_fmt(sbuf_t *b, const char *fmt, ...)
 
 static void sb_free(sbuf_t *b)
 {
-    free(b->p);
-    memset(b, 0, sizeof *b);
+    bl_buf_free(b);
 }
 
 /* The text, owned by the caller from now on ("" when empty); NULL when out of memory. */
@@ -450,10 +432,11 @@ enum {
     K_EXMIN = 1u << 19,
     K_EXMAX = 1u << 20,
     K_MULTOF = 1u << 21,
+    K_PATTERN = 1u << 22,
 };
 #define K_OBJ (K_PROPERTIES | K_REQUIRED | K_ADDPROPS)
 #define K_ARR (K_ITEMS | K_PREFIX | K_MINITEMS | K_MAXITEMS)
-#define K_STR (K_MINLEN | K_MAXLEN)
+#define K_STR (K_MINLEN | K_MAXLEN | K_PATTERN)
 #define K_NUM (K_MINIMUM | K_MAXIMUM | K_EXMIN | K_EXMAX | K_MULTOF)
 
 static const struct {
@@ -482,6 +465,7 @@ static const struct {
     {"exclusiveMinimum", K_EXMIN},
     {"exclusiveMaximum", K_EXMAX},
     {"multipleOf", K_MULTOF},
+    {"pattern", K_PATTERN},
 };
 
 /* Annotations: they describe, never constrain. */
@@ -1713,8 +1697,896 @@ fail:
     return rc;
 }
 
-/* A string: a fixed shape for a known format, else minLength to maxLength JSON
- * string characters (an escape counts as one). */
+/* --- string patterns ------------------------------------------------------------ */
+
+/* A "pattern" (an ECMA-262 regular expression, no flags) becomes a tree of nodes, then
+ * the GBNF of the string's content as JSON text: each character as JSON writes it, raw
+ * or, for '"', '\' and control characters, as its escape (what json_escape writes), so
+ * that a class taking '"' takes the two characters \" of the text. A side without its
+ * anchor ('^', '$') is padded with any JSON string characters ("char*"). */
+
+#define PAT_MAX_LEN 4096         /* bytes of a pattern */
+#define PAT_MAX_GROUPS 64        /* groups inside groups */
+#define PAT_MAX_CELLS (1u << 20) /* nodes, children and ranges of one pattern */
+#define CP_MAX 0x10FFFFu
+#define CP_NONE UINT32_MAX       /* an escape that stands for a set (\d, \s, ...) */
+#define KIND_EMPTY (-1)          /* a body that matches only the empty text: no text */
+
+typedef struct {
+    uint32_t lo, hi;
+} cprange_t;
+
+/* Code point ranges; sorted, disjoint and not adjacent once set_norm ran. */
+typedef struct {
+    cprange_t *r;
+    size_t n, cap;
+} cpset_t;
+
+enum { RX_SET, RX_SEQ, RX_ALT, RX_REP, RX_PAD };
+
+typedef struct {
+    int type;
+    int nullable;       /* matches the empty text */
+    size_t off, n;      /* RX_SET: ranges in rx.ranges; others: children in rx.kids */
+    long long min, max; /* RX_REP: counts (max UNBOUNDED: no limit) */
+} rxnode_t;
+
+typedef struct {
+    ctx_t *c;
+    const path_t *at;
+    const char *s, *p, *end; /* the pattern and the parser's place in it */
+    int depth;               /* groups open */
+    rxnode_t *nodes;
+    size_t n_nodes, cap_nodes;
+    int *kids;
+    size_t n_kids, cap_kids;
+    cprange_t *ranges;
+    size_t n_ranges, cap_ranges;
+} rx_t;
+
+/* JavaScript's \d, \w, \s (WhiteSpace and LineTerminator) and the line breaks '.'
+ * does not take. */
+static const cprange_t RX_DIGIT[] = {{'0', '9'}};
+static const cprange_t RX_WORD[] = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
+static const cprange_t RX_SPACE[] = {
+    {0x09, 0x0D},     {0x20, 0x20},     {0xA0, 0xA0},     {0x1680, 0x1680}, {0x2000, 0x200A},
+    {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000}, {0xFEFF, 0xFEFF},
+};
+static const cprange_t RX_BREAK[] = {{0x0A, 0x0A}, {0x0D, 0x0D}, {0x2028, 0x2029}};
+/* The characters a JSON string holds raw: not '"', '\', a control or a surrogate. */
+static const cprange_t RX_RAW[] = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0xD7FF}, {0xE000, CP_MAX}};
+#define NELEM(a) (sizeof(a) / sizeof((a)[0]))
+
+static int set_add(cpset_t *s, uint32_t lo, uint32_t hi)
+{
+    if (grow((void **)&s->r, &s->cap, s->n, sizeof *s->r))
+        return BL_ENOMEM;
+    s->r[s->n++] = (cprange_t){lo, hi};
+    return 0;
+}
+
+static int range_cmp(const void *a, const void *b)
+{
+    const cprange_t *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Sorts the ranges and merges those that overlap or touch. */
+static void set_norm(cpset_t *s)
+{
+    size_t k = 0;
+    if (s->n == 0)
+        return;
+    qsort(s->r, s->n, sizeof *s->r, range_cmp);
+    for (size_t i = 1; i < s->n; i++) {
+        if (s->r[i].lo <= s->r[k].hi + 1) {
+            if (s->r[i].hi > s->r[k].hi)
+                s->r[k].hi = s->r[i].hi;
+        } else {
+            s->r[++k] = s->r[i];
+        }
+    }
+    s->n = k + 1;
+}
+
+/* The code points not in r[0, n) (normalized), added to out. */
+static int set_invert(const cprange_t *r, size_t n, cpset_t *out)
+{
+    uint32_t next = 0;
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (r[i].lo > next)
+            rc = set_add(out, next, r[i].lo - 1);
+        next = r[i].hi + 1;
+    }
+    return rc || next > CP_MAX ? rc : set_add(out, next, CP_MAX);
+}
+
+/* The code points in both a and b (normalized), added to out. */
+static int set_meet(const cprange_t *a, size_t na, const cprange_t *b, size_t nb, cpset_t *out)
+{
+    size_t i = 0, j = 0;
+    int rc = 0;
+    while (i < na && j < nb && !rc) {
+        const uint32_t lo = a[i].lo > b[j].lo ? a[i].lo : b[j].lo;
+        const uint32_t hi = a[i].hi < b[j].hi ? a[i].hi : b[j].hi;
+        if (lo <= hi)
+            rc = set_add(out, lo, hi);
+        if (a[i].hi < b[j].hi)
+            i++;
+        else
+            j++;
+    }
+    return rc;
+}
+
+/* A table (normalized), or with negate the code points not in it, added to s. */
+static int set_table(cpset_t *s, const cprange_t *t, size_t n, int negate)
+{
+    int rc = 0;
+    if (negate)
+        return set_invert(t, n, s);
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = set_add(s, t[i].lo, t[i].hi);
+    return rc;
+}
+
+static int set_has(const cprange_t *r, size_t n, uint32_t cp)
+{
+    for (size_t i = 0; i < n; i++)
+        if (r[i].lo <= cp && cp <= r[i].hi)
+            return 1;
+    return 0;
+}
+
+/* "'pattern' at PATH WHAT (at offset N)": where is a place in the pattern. */
+BL_PRINTF(4, 5)
+static int rx_fail(rx_t *x, int code, const char *where, const char *fmt, ...)
+{
+    char what[200];
+    va_list ap;
+    va_start(ap, fmt);
+    (void)vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return fail(x->c, code, "pattern", x->at, "%s (at offset %zu)", what, (size_t)(where - x->s));
+}
+
+static int rx_room(rx_t *x)
+{
+    if (x->n_nodes + x->n_kids + x->n_ranges < PAT_MAX_CELLS)
+        return 0;
+    return rx_fail(x, BL_ERANGE, x->p, "is too complex to convert (over %u parts)", PAT_MAX_CELLS);
+}
+
+/* A node of type over kid[0, n) (a RX_SEQ or RX_ALT, or RX_REP's one child). */
+static int rx_make(rx_t *x, int type, const int *kid, size_t n, int *id)
+{
+    int rc = rx_room(x);
+    if (rc)
+        return rc;
+    if (grow((void **)&x->nodes, &x->cap_nodes, x->n_nodes, sizeof *x->nodes))
+        return BL_ENOMEM;
+    rxnode_t nd = {.type = type, .off = x->n_kids, .n = n, .nullable = type != RX_ALT};
+    for (size_t i = 0; i < n; i++) {
+        if (grow((void **)&x->kids, &x->cap_kids, x->n_kids, sizeof *x->kids))
+            return BL_ENOMEM;
+        x->kids[x->n_kids++] = kid[i];
+        if (type == RX_ALT)
+            nd.nullable |= x->nodes[kid[i]].nullable;
+        else
+            nd.nullable &= x->nodes[kid[i]].nullable;
+    }
+    if (type == RX_PAD)
+        nd.nullable = 1;
+    x->nodes[x->n_nodes] = nd;
+    *id = (int)x->n_nodes++;
+    return 0;
+}
+
+/* A set node of the normalized ranges r[0, n); an empty set is refused. */
+static int rx_set(rx_t *x, const cprange_t *r, size_t n, const char *where, int *id)
+{
+    int rc = rx_room(x);
+    if (rc)
+        return rc;
+    if (n == 0)
+        return rx_fail(x, BL_EINVAL, where, "has a class that matches no character");
+    if (grow((void **)&x->nodes, &x->cap_nodes, x->n_nodes, sizeof *x->nodes))
+        return BL_ENOMEM;
+    const size_t off = x->n_ranges;
+    for (size_t i = 0; i < n; i++) {
+        if (grow((void **)&x->ranges, &x->cap_ranges, x->n_ranges, sizeof *x->ranges))
+            return BL_ENOMEM;
+        x->ranges[x->n_ranges++] = r[i];
+    }
+    x->nodes[x->n_nodes] = (rxnode_t){.type = RX_SET, .off = off, .n = n};
+    *id = (int)x->n_nodes++;
+    return 0;
+}
+
+static int rx_char(rx_t *x, uint32_t cp, int *id)
+{
+    const cprange_t r = {cp, cp};
+    return rx_set(x, &r, 1, x->p, id);
+}
+
+/* The code point of the UTF-8 sequence at x->p, moving past it. */
+static int rx_utf8(rx_t *x, uint32_t *cp)
+{
+    const unsigned char *p = (const unsigned char *)x->p;
+    const size_t left = (size_t)(x->end - x->p);
+    const unsigned c = p[0];
+    const size_t n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
+                                 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (n == 0 || n > left)
+        return rx_fail(x, BL_EINVAL, x->p, "is not valid UTF-8");
+    uint32_t v = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
+    for (size_t i = 1; i < n; i++) {
+        if ((p[i] & 0xC0) != 0x80)
+            return rx_fail(x, BL_EINVAL, x->p, "is not valid UTF-8");
+        v = v << 6 | (p[i] & 0x3F);
+    }
+    x->p += n;
+    *cp = v;
+    return 0;
+}
+
+/* n hex digits at x->p as a number, moving past them; -1 when they are not there. */
+static long rx_hex(rx_t *x, int n)
+{
+    long v = 0;
+    if (x->end - x->p < n)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        const char h = x->p[i];
+        const int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                      : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+        if (d < 0)
+            return -1;
+        v = v << 4 | d;
+    }
+    x->p += n;
+    return v;
+}
+
+/* The escape whose '\' is at x->p: one code point (*cp), or a class escape (\d, \W,
+ * ...) whose code points go into set (*cp = CP_NONE). in_class: inside [...], where
+ * \b is a backspace. */
+static int rx_escape(rx_t *x, int in_class, cpset_t *set, uint32_t *cp)
+{
+    static const char LETTERS[] = "tnrfv", CODES[] = "\t\n\r\f\v";
+    const char *at = x->p++;
+    if (x->p >= x->end)
+        return rx_fail(x, BL_EINVAL, at, "ends with a lone '\\'");
+    const char e = *x->p;
+    const char *l = strchr(LETTERS, e);
+    *cp = CP_NONE;
+    if (e && l) {
+        x->p++;
+        *cp = (unsigned char)CODES[l - LETTERS];
+        return 0;
+    }
+    switch (e) {
+    case 'd': case 'D': x->p++; return set_table(set, RX_DIGIT, NELEM(RX_DIGIT), e == 'D');
+    case 'w': case 'W': x->p++; return set_table(set, RX_WORD, NELEM(RX_WORD), e == 'W');
+    case 's': case 'S': x->p++; return set_table(set, RX_SPACE, NELEM(RX_SPACE), e == 'S');
+    case 'b':
+        if (!in_class)
+            return rx_fail(x, BL_EINVAL, at, "has a word boundary '\\b', which is not supported");
+        x->p++;
+        *cp = 0x08;
+        return 0;
+    case 'B': return rx_fail(x, BL_EINVAL, at, "has '\\B', which is not supported");
+    case '0':
+        if (x->p + 1 < x->end && x->p[1] >= '0' && x->p[1] <= '9')
+            return rx_fail(x, BL_EINVAL, at, "has an octal escape, which is not supported");
+        x->p++;
+        *cp = 0;
+        return 0;
+    case 'x':
+    case 'u': {
+        x->p++;
+        long v = rx_hex(x, e == 'x' ? 2 : 4);
+        if (v < 0)
+            return rx_fail(x, BL_EINVAL, at, "has '\\%c' without %d hex digits", e,
+                           e == 'x' ? 2 : 4);
+        /* a surrogate pair outside a class is the one character it encodes; a class
+         * would hold its halves (no 'u' flag), which no UTF-8 text has */
+        if (v >= 0xD800 && v <= 0xDBFF && !in_class && x->end - x->p >= 6 &&
+            x->p[0] == '\\' && x->p[1] == 'u') {
+            const char *back = x->p;
+            x->p += 2;
+            const long lo = rx_hex(x, 4);
+            if (lo >= 0xDC00 && lo <= 0xDFFF)
+                v = 0x10000 + ((v - 0xD800) << 10) + (lo - 0xDC00);
+            else
+                x->p = back;
+        }
+        if (v >= 0xD800 && v <= 0xDFFF)
+            return rx_fail(x, BL_EINVAL, at, "has a lone surrogate '\\u%04lX', which is not "
+                           "supported", v);
+        *cp = (uint32_t)v;
+        return 0;
+    }
+    default:
+        break;
+    }
+    if (e >= '1' && e <= '9')
+        return rx_fail(x, BL_EINVAL, at, "has a backreference '\\%c', which is not supported", e);
+    if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || e == '\0')
+        return rx_fail(x, BL_EINVAL, at, "has the escape '\\%c', which is not supported",
+                       e ? e : '0');
+    return rx_utf8(x, cp); /* an escaped punctuation character is itself */
+}
+
+/* One class member at x->p: a code point (*cp), or a class escape added to s. */
+static int rx_class_atom(rx_t *x, cpset_t *s, uint32_t *cp)
+{
+    if (*x->p == '\\')
+        return rx_escape(x, 1, s, cp);
+    return rx_utf8(x, cp);
+}
+
+/* A class [...] or [^...] whose '[' is at x->p. */
+static int rx_class(rx_t *x, int *id)
+{
+    const char *at = x->p++;
+    cpset_t s = {0}, inv = {0};
+    int rc = 0, neg = 0;
+    if (x->p < x->end && *x->p == '^') {
+        neg = 1;
+        x->p++;
+    }
+    for (;;) {
+        uint32_t lo, hi;
+        const char *from = x->p;
+        if (x->p >= x->end) {
+            rc = rx_fail(x, BL_EINVAL, at, "has a class '[' without its ']'");
+            goto fail;
+        }
+        if (*x->p == ']') {
+            x->p++;
+            break;
+        }
+        TRY(rx_class_atom(x, &s, &lo));
+        hi = lo;
+        if (lo != CP_NONE && x->end - x->p >= 2 && x->p[0] == '-' && x->p[1] != ']') {
+            x->p++;
+            TRY(rx_class_atom(x, &s, &hi));
+            if (hi == CP_NONE) {
+                rc = rx_fail(x, BL_EINVAL, from, "has a range with a class escape");
+                goto fail;
+            }
+            if (hi < lo) {
+                rc = rx_fail(x, BL_EINVAL, from, "has a range out of order");
+                goto fail;
+            }
+        }
+        if (lo != CP_NONE)
+            TRY(set_add(&s, lo, hi));
+    }
+    set_norm(&s);
+    if (neg)
+        TRY(set_invert(s.r, s.n, &inv));
+    TRY(rx_set(x, neg ? inv.r : s.r, neg ? inv.n : s.n, at, id));
+fail:
+    free(s.r);
+    free(inv.r);
+    return rc;
+}
+
+/* The language of node id without the empty text, as a node (*out = -1: nothing is
+ * left). A repetition of a part that can match nothing repeats this instead, since
+ * the grammar engine refuses a repeated rule that can match nothing (left recursion). */
+static int rx_nonempty(rx_t *x, int id, int *out)
+{
+    const rxnode_t nd = x->nodes[id];
+    int *v = NULL, *alt = NULL, rc = 0;
+    size_t n_alt = 0;
+    *out = id;
+    if (!nd.nullable)
+        return 0;
+    *out = -1;
+    if (nd.type == RX_REP) { /* a nullable repetition has min 0 and a non-nullable child */
+        const int kid = x->kids[nd.off];
+        if (nd.max == 1) {
+            *out = kid;
+            return 0;
+        }
+        if ((rc = rx_make(x, RX_REP, &kid, 1, out)) != 0)
+            return rc;
+        x->nodes[*out].min = 1;
+        x->nodes[*out].max = nd.max;
+        x->nodes[*out].nullable = 0;
+        return 0;
+    }
+    if (nd.type != RX_SEQ && nd.type != RX_ALT)
+        return 0;
+    if (!(v = malloc((nd.n + 1) * sizeof *v)) || !(alt = malloc((nd.n + 1) * sizeof *alt))) {
+        rc = BL_ENOMEM;
+        goto fail;
+    }
+    /* alternatives: a part's non-empty language; in a sequence (all parts nullable),
+     * part i's non-empty language and the parts after it */
+    for (size_t i = 0; i < nd.n; i++) {
+        int a;
+        TRY(rx_nonempty(x, x->kids[nd.off + i], &a));
+        if (a < 0)
+            continue;
+        if (nd.type == RX_SEQ && i + 1 < nd.n) {
+            v[0] = a;
+            memcpy(v + 1, x->kids + nd.off + i + 1, (nd.n - i - 1) * sizeof *v);
+            TRY(rx_make(x, RX_SEQ, v, nd.n - i, &a));
+        }
+        alt[n_alt++] = a;
+    }
+    if (n_alt == 1)
+        *out = alt[0];
+    else if (n_alt > 1)
+        TRY(rx_make(x, RX_ALT, alt, n_alt, out));
+fail:
+    free(v);
+    free(alt);
+    return rc;
+}
+
+/* The quantifier at x->p (*, +, ?, {m}, {m,}, {m,n}, each maybe lazy) applied to
+ * *atom, which becomes the repetition. */
+static int rx_quant(rx_t *x, int *atom)
+{
+    const char *at = x->p;
+    long long lo = 0, hi = UNBOUNDED;
+    const char q = *x->p++;
+    if (q == '+') {
+        lo = 1;
+    } else if (q == '?') {
+        hi = 1;
+    } else if (q == '{') {
+        long long *v = &lo;
+        int digits = 0;
+        for (; x->p < x->end; x->p++) {
+            const char ch = *x->p;
+            if (ch >= '0' && ch <= '9') {
+                if (*v <= MAX_REP)
+                    *v = *v * 10 + (ch - '0');
+                digits++;
+            } else if (ch == ',' && v == &lo && digits) {
+                v = &hi;
+                hi = 0;
+                digits = 0;
+            } else {
+                break;
+            }
+        }
+        if (x->p >= x->end || *x->p != '}' || (v == &lo && !digits))
+            return rx_fail(x, BL_EINVAL, at, "has a '{' that is not a quantifier {m}, {m,} or "
+                           "{m,n} (write '\\{' for the character)");
+        x->p++;
+        if (v == &lo)
+            hi = lo;
+        else if (!digits)
+            hi = UNBOUNDED;
+        if (lo > MAX_REP || hi > MAX_REP)
+            return rx_fail(x, BL_ERANGE, at, "has a count over %d, more than a grammar holds",
+                           MAX_REP);
+        if (hi != UNBOUNDED && hi < lo)
+            return rx_fail(x, BL_EINVAL, at, "has {m,n} with n below m");
+    }
+    if (x->p < x->end && *x->p == '?')
+        x->p++; /* lazy: the same language */
+    if (hi == 0)
+        return rx_make(x, RX_SEQ, NULL, 0, atom);
+    int kid = *atom, rc;
+    if (x->nodes[kid].nullable) { /* x{m,n} is then (x without "")({0,n}) */
+        if ((rc = rx_nonempty(x, kid, &kid)) != 0)
+            return rc;
+        if (kid < 0)
+            return rx_make(x, RX_SEQ, NULL, 0, atom);
+        lo = 0;
+    }
+    if (lo == 1 && hi == 1) {
+        *atom = kid;
+        return 0;
+    }
+    if ((rc = rx_make(x, RX_REP, &kid, 1, atom)) != 0)
+        return rc;
+    x->nodes[*atom].min = lo;
+    x->nodes[*atom].max = hi;
+    x->nodes[*atom].nullable = lo == 0;
+    return 0;
+}
+
+static int rx_alt(rx_t *x, int top, int *id);
+
+static int push_int(int **v, size_t *n, size_t *cap, int val)
+{
+    if (grow((void **)v, cap, *n, sizeof **v))
+        return BL_ENOMEM;
+    (*v)[(*n)++] = val;
+    return 0;
+}
+
+/* A group at x->p: ( ) or (?: ); others ((?=, (?<name>, ...) are refused. */
+static int rx_group(rx_t *x, int *id)
+{
+    const char *at = x->p++;
+    int rc;
+    if (x->p < x->end && *x->p == '?') {
+        const char a = x->end - x->p > 1 ? x->p[1] : '\0';
+        const char b = x->end - x->p > 2 ? x->p[2] : '\0';
+        if (a != ':')
+            return rx_fail(x, BL_EINVAL, at, "has %s, which is not supported",
+                           a == '=' ? "a lookahead '(?='"
+                           : a == '!' ? "a negative lookahead '(?!'"
+                           : a == '<' && (b == '=' || b == '!') ? "a lookbehind '(?<'"
+                           : a == '<' ? "a named group '(?<'"
+                                      : "a group '(?' with flags");
+        x->p += 2;
+    }
+    if (++x->depth > PAT_MAX_GROUPS)
+        return rx_fail(x, BL_ERANGE, at, "nests groups deeper than %d", PAT_MAX_GROUPS);
+    if ((rc = rx_alt(x, 0, id)) != 0)
+        return rc;
+    if (x->p >= x->end || *x->p != ')')
+        return rx_fail(x, BL_EINVAL, at, "has a group '(' without its ')'");
+    x->p++;
+    x->depth--;
+    return 0;
+}
+
+/* One alternative: atoms and their quantifiers up to '|', ')' or the end. At the top
+ * (top = 1) '^' may open it and '$' close it; a side without its anchor gets a pad. */
+static int rx_seq(rx_t *x, int top, int *id)
+{
+    int *kid = NULL, rc = 0, atom, last = 0, end_anchor = 0;
+    size_t n = 0, cap = 0;
+    cpset_t s = {0};
+    if (top && x->p < x->end && *x->p == '^') {
+        x->p++;
+    } else if (top) {
+        TRY(rx_make(x, RX_PAD, NULL, 0, &atom));
+        TRY(push_int(&kid, &n, &cap, atom));
+    }
+    last = -1;
+    while (x->p < x->end && *x->p != '|' && *x->p != ')') {
+        const char *at = x->p, ch = *x->p;
+        uint32_t cp;
+        if (ch == '$' && top && (x->p + 1 == x->end || x->p[1] == '|')) {
+            x->p++;
+            end_anchor = 1;
+            break;
+        }
+        if (ch == '^' || ch == '$') {
+            rc = rx_fail(x, BL_EINVAL, at, "has an anchor '%c' inside it, which is not supported "
+                         "(only '^' at the start and '$' at the end)", ch);
+            goto fail;
+        }
+        if (ch == '*' || ch == '+' || ch == '?' || ch == '{') {
+            if (last < 0) {
+                rc = rx_fail(x, BL_EINVAL, at, "has a quantifier '%c' with nothing to repeat", ch);
+                goto fail;
+            }
+            TRY(rx_quant(x, &kid[last]));
+            last = -1; /* "a**" is an error in JavaScript too */
+            continue;
+        }
+        if (ch == '(') {
+            TRY(rx_group(x, &atom));
+        } else if (ch == '[') {
+            TRY(rx_class(x, &atom));
+        } else if (ch == '.') {
+            x->p++;
+            s.n = 0;
+            TRY(set_table(&s, RX_BREAK, NELEM(RX_BREAK), 1));
+            TRY(rx_set(x, s.r, s.n, at, &atom));
+        } else if (ch == '\\') {
+            s.n = 0;
+            TRY(rx_escape(x, 0, &s, &cp));
+            if (cp == CP_NONE)
+                TRY(rx_set(x, s.r, s.n, at, &atom));
+            else
+                TRY(rx_char(x, cp, &atom));
+        } else {
+            TRY(rx_utf8(x, &cp));
+            TRY(rx_char(x, cp, &atom));
+        }
+        last = (int)n;
+        TRY(push_int(&kid, &n, &cap, atom));
+    }
+    /* an empty unanchored alternative needs one pad, not two */
+    if (top && !end_anchor && !(n == 1 && x->nodes[kid[0]].type == RX_PAD)) {
+        TRY(rx_make(x, RX_PAD, NULL, 0, &atom));
+        TRY(push_int(&kid, &n, &cap, atom));
+    }
+    if (n == 1)
+        *id = kid[0];
+    else
+        TRY(rx_make(x, RX_SEQ, kid, n, id));
+fail:
+    free(kid);
+    free(s.r);
+    return rc;
+}
+
+/* Alternatives separated by '|', up to ')' or the end; at the top (top = 1) to the end. */
+static int rx_alt(rx_t *x, int top, int *id)
+{
+    int *alt = NULL, rc = 0, b;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        TRY(rx_seq(x, top, &b));
+        TRY(push_int(&alt, &n, &cap, b));
+        if (x->p >= x->end || *x->p != '|')
+            break;
+        x->p++;
+    }
+    if (top && x->p < x->end) {
+        rc = rx_fail(x, BL_EINVAL, x->p, "has a ')' without its '('");
+        goto fail;
+    }
+    if (n == 1)
+        *id = alt[0];
+    else
+        TRY(rx_make(x, RX_ALT, alt, n, id));
+fail:
+    free(alt);
+    return rc;
+}
+
+/* One code point in a GBNF class. */
+static int class_char(sbuf_t *b, uint32_t cp)
+{
+    if (cp >= 0x20 && cp < 0x7F) {
+        const char ch = (char)cp;
+        return strchr("\\]-^\"[", ch) ? sb_fmt(b, "\\%c", ch) : sb_add(b, &ch, 1);
+    }
+    return cp <= 0xFF     ? sb_fmt(b, "\\x%02X", (unsigned)cp)
+           : cp <= 0xFFFF ? sb_fmt(b, "\\u%04X", (unsigned)cp)
+                          : sb_fmt(b, "\\U%08X", (unsigned)cp);
+}
+
+/* A GBNF class of the ranges r[0, n), "[^...]" when negated. */
+static int class_text(sbuf_t *b, const cprange_t *r, size_t n, int negated)
+{
+    int rc = sb_str(b, negated ? "[^" : "[");
+    for (size_t i = 0; i < n && !rc; i++) {
+        rc = class_char(b, r[i].lo);
+        if (!rc && r[i].hi > r[i].lo + 1)
+            rc = sb_str(b, "-");
+        if (!rc && r[i].hi > r[i].lo)
+            rc = class_char(b, r[i].hi);
+    }
+    return rc ? rc : sb_str(b, "]");
+}
+
+/* The GBNF literal of code points cp[0, n) as JSON string content. */
+static int lit_cps(sbuf_t *b, const uint32_t *cp, size_t n)
+{
+    sbuf_t u = {0}, j = {0};
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        char buf[4];
+        const uint32_t v = cp[i];
+        size_t k;
+        if (v < 0x80) {
+            buf[0] = (char)v;
+            k = 1;
+        } else if (v < 0x800) {
+            buf[0] = (char)(0xC0 | v >> 6);
+            buf[1] = (char)(0x80 | (v & 0x3F));
+            k = 2;
+        } else if (v < 0x10000) {
+            buf[0] = (char)(0xE0 | v >> 12);
+            buf[1] = (char)(0x80 | (v >> 6 & 0x3F));
+            buf[2] = (char)(0x80 | (v & 0x3F));
+            k = 3;
+        } else {
+            buf[0] = (char)(0xF0 | v >> 18);
+            buf[1] = (char)(0x80 | (v >> 12 & 0x3F));
+            buf[2] = (char)(0x80 | (v >> 6 & 0x3F));
+            buf[3] = (char)(0x80 | (v & 0x3F));
+            k = 4;
+        }
+        rc = sb_add(&u, buf, k);
+    }
+    if (!rc)
+        rc = json_escape(&j, u.p ? u.p : "", u.n);
+    if (!rc)
+        rc = gbnf_lit(b, j.p ? j.p : "", j.n);
+    sb_free(&u);
+    sb_free(&j);
+    return rc;
+}
+
+/* One alternative of emit_set: " | " before all but the first. */
+static int set_alt(sbuf_t *b, int *n_alt)
+{
+    return (*n_alt)++ ? sb_str(b, " | ") : 0;
+}
+
+/* A set of more than one code point as JSON text: a class of the characters JSON
+ * writes raw ("[^...]" when it reaches U+10FFFF), and the escapes of '"', '\' and
+ * the control characters in it ("\\" [...], "\\u000" [...], "\\u001" [...]). */
+static int emit_set(const cprange_t *r, size_t n, sbuf_t *out, int *kind)
+{
+    static const char SHORT[] = "\"\\\b\t\n\f\r", SHORT_AS[] = "\"\\btnfr";
+    cpset_t raw = {0}, inv = {0}, esc = {0}, hex[2] = {{0}};
+    int rc = 0, n_alt = 0, k = KIND_ITEM;
+    TRY(set_meet(r, n, RX_RAW, NELEM(RX_RAW), &raw));
+    if (raw.n) {
+        n_alt++;
+        if (raw.r[raw.n - 1].hi == CP_MAX) {
+            TRY(set_invert(raw.r, raw.n, &inv));
+            TRY(class_text(out, inv.r, inv.n, 1));
+        } else {
+            TRY(class_text(out, raw.r, raw.n, 0));
+        }
+    }
+    for (uint32_t cp = 0; cp < 0x60; cp++) {
+        if ((cp >= 0x20 && cp != '"' && cp != '\\') || !set_has(r, n, cp))
+            continue;
+        const char *sh = memchr(SHORT, (int)cp, sizeof SHORT - 1);
+        if (sh)
+            TRY(set_add(&esc, (unsigned char)SHORT_AS[sh - SHORT], (unsigned char)SHORT_AS[sh - SHORT]));
+        else
+            TRY(set_add(&hex[cp >> 4], "0123456789abcdef"[cp & 15], "0123456789abcdef"[cp & 15]));
+    }
+    if (esc.n == 1) {
+        TRY(set_alt(out, &n_alt));
+        const char ch = (char)esc.r[0].lo;
+        TRY(ch == '"' || ch == '\\' ? sb_fmt(out, "\"\\\\\\%c\"", ch) : sb_fmt(out, "\"\\\\%c\"", ch));
+    } else if (esc.n > 1) {
+        TRY(set_alt(out, &n_alt));
+        set_norm(&esc);
+        TRY(sb_str(out, "\"\\\\\" "));
+        TRY(class_text(out, esc.r, esc.n, 0));
+        k = KIND_SEQ;
+    }
+    for (int h = 0; h < 2; h++) {
+        if (!hex[h].n)
+            continue;
+        TRY(set_alt(out, &n_alt));
+        if (hex[h].n == 1) {
+            TRY(sb_fmt(out, "\"\\\\u00%d%c\"", h, (char)hex[h].r[0].lo));
+        } else {
+            set_norm(&hex[h]);
+            TRY(sb_fmt(out, "\"\\\\u00%d\" ", h));
+            TRY(class_text(out, hex[h].r, hex[h].n, 0));
+            k = KIND_SEQ;
+        }
+    }
+    *kind = n_alt > 1 ? KIND_ALT : k;
+fail:
+    free(raw.r);
+    free(inv.r);
+    free(esc.r);
+    free(hex[0].r);
+    free(hex[1].r);
+    return rc;
+}
+
+static int rx_single(const rx_t *x, int id)
+{
+    const rxnode_t *nd = &x->nodes[id];
+    return nd->type == RX_SET && nd->n == 1 && x->ranges[nd->off].lo == x->ranges[nd->off].hi;
+}
+
+/* Node id as GBNF into out; *kind: KIND_ITEM (one item: a quantifier may follow),
+ * KIND_SEQ, KIND_ALT or KIND_EMPTY (nothing written). */
+static int rx_emit(rx_t *x, int id, sbuf_t *out, int *kind)
+{
+    const rxnode_t nd = x->nodes[id];
+    sbuf_t t = {0}, g = {0};
+    uint32_t *run = NULL;
+    int rc = 0, k;
+    size_t items = 0;
+    *kind = KIND_EMPTY;
+    switch (nd.type) {
+    case RX_PAD:
+        *kind = KIND_SEQ;
+        TRY(sb_str(out, prim(x->c, P_CHAR)));
+        TRY(sb_str(out, "*"));
+        break;
+    case RX_SET:
+        if (rx_single(x, id)) {
+            *kind = KIND_ITEM;
+            TRY(lit_cps(out, &x->ranges[nd.off].lo, 1));
+        } else {
+            TRY(emit_set(x->ranges + nd.off, nd.n, out, kind));
+        }
+        break;
+    case RX_SEQ: /* runs of single characters become one literal */
+        if (nd.n && !(run = malloc(nd.n * sizeof *run))) {
+            rc = BL_ENOMEM;
+            goto fail;
+        }
+        for (size_t i = 0; i < nd.n;) {
+            size_t nrun = 0;
+            t.n = 0;
+            while (i < nd.n && rx_single(x, x->kids[nd.off + i]))
+                run[nrun++] = x->ranges[x->nodes[x->kids[nd.off + i++]].off].lo;
+            if (nrun) {
+                k = KIND_ITEM;
+                TRY(lit_cps(&t, run, nrun));
+            } else {
+                TRY(rx_emit(x, x->kids[nd.off + i++], &t, &k));
+            }
+            if (k == KIND_EMPTY)
+                continue;
+            TRY(sb_str(out, items++ ? " " : ""));
+            if (k == KIND_ALT) {
+                k = KIND_ITEM;
+                TRY(sb_str(out, "( "));
+                TRY(sb_add(out, t.p, t.n));
+                TRY(sb_str(out, " )"));
+            } else {
+                TRY(sb_add(out, t.p, t.n));
+            }
+            *kind = items > 1 ? KIND_SEQ : k;
+        }
+        break;
+    case RX_ALT:
+        for (size_t i = 0; i < nd.n; i++) {
+            TRY(sb_str(out, i ? " | " : ""));
+            const size_t before = out->n;
+            TRY(rx_emit(x, x->kids[nd.off + i], out, &k));
+            if (out->n == before)
+                TRY(sb_str(out, "\"\""));
+        }
+        *kind = KIND_ALT;
+        break;
+    default: /* RX_REP: its child, in a group unless it is one item */
+        TRY(rx_emit(x, x->kids[nd.off], &g, &k));
+        if (k == KIND_EMPTY)
+            break;
+        if (k != KIND_ITEM) {
+            TRY(sb_str(&t, "( "));
+            TRY(sb_add(&t, g.p, g.n));
+            TRY(sb_str(&t, " )"));
+        }
+        TRY(rep_simple(out, k == KIND_ITEM ? g.p : t.p, nd.min, nd.max));
+        *kind = KIND_SEQ;
+    }
+fail:
+    sb_free(&t);
+    sb_free(&g);
+    free(run);
+    return rc;
+}
+
+/* A string that "pattern" (JSON string pat) matches: its content as JSON text,
+ * between the quotes. */
+static int gen_pattern(ctx_t *c, const json_t *pat, const path_t *at, sbuf_t *out)
+{
+    rx_t x = {.c = c, .at = at};
+    sbuf_t body = {0};
+    int rc = 0, root, k;
+    const size_t len = json_string_length(pat);
+    if (len > PAT_MAX_LEN)
+        return fail(c, BL_ERANGE, "pattern", at, "is longer than %d bytes", PAT_MAX_LEN);
+    x.s = x.p = json_string_value(pat);
+    x.end = x.s + len;
+    TRY(rx_alt(&x, 1, &root));
+    TRY(rx_emit(&x, root, &body, &k));
+    TRY(sb_str(out, "\"\\\"\" "));
+    if (k == KIND_ALT)
+        TRY(sb_str(out, "( "));
+    if (k != KIND_EMPTY)
+        TRY(sb_add(out, body.p, body.n));
+    if (k != KIND_EMPTY)
+        TRY(sb_str(out, k == KIND_ALT ? " ) " : " "));
+    TRY(sb_str(out, "\"\\\"\""));
+fail:
+    free(x.nodes);
+    free(x.kids);
+    free(x.ranges);
+    sb_free(&body);
+    return rc;
+}
+
+/* A string: a fixed shape for a known format, else what 'pattern' matches, else
+ * minLength to maxLength JSON string characters (an escape counts as one). A pattern
+ * beside a known format or a length is refused: the grammar cannot intersect them. */
 static int gen_string(ctx_t *c, const json_t *s, const path_t *at, sbuf_t *out, int *kind)
 {
     static const struct {
@@ -1723,7 +2595,7 @@ static int gen_string(ctx_t *c, const json_t *s, const path_t *at, sbuf_t *out, 
     } FORMATS[] = {
         {"date", P_DATE_S}, {"time", P_TIME_S}, {"date-time", P_DATETIME_S}, {"uuid", P_UUID_S},
     };
-    const json_t *f = json_object_get(s, "format");
+    const json_t *f = json_object_get(s, "format"), *pat = json_object_get(s, "pattern");
     long long lo = 0, hi = UNBOUNDED;
     int has_lo, has_hi, fp = -1, rc;
     sbuf_t t = {0};
@@ -1738,6 +2610,15 @@ static int gen_string(ctx_t *c, const json_t *s, const path_t *at, sbuf_t *out, 
         return rc;
     if (!has_hi)
         hi = UNBOUNDED;
+    if (pat && !json_is_string(pat))
+        return fail(c, BL_EINVAL, "pattern", at, "must be a string");
+    if (pat && (fp >= 0 || has_lo || has_hi))
+        return fail(c, BL_EINVAL, "pattern", at, "cannot be combined with '%s'",
+                    fp >= 0 ? "format" : has_lo ? "minLength" : "maxLength");
+    if (pat) {
+        *kind = KIND_SEQ;
+        return gen_pattern(c, pat, at, out);
+    }
     if (fp >= 0 && (has_lo || has_hi))
         return fail(c, BL_EINVAL, has_lo ? "minLength" : "maxLength", at,
                     "cannot be combined with 'format' '%s'", json_string_value(f));
