@@ -40,7 +40,7 @@
 #define DRAIN_LIMIT_MS 5000                /* longest wait for open requests at shutdown */
 #define WATCH_MS 100                       /* how often the cluster's state is read */
 #define MAX_OT 64
-#define MAX_ARGS 96 /* the flags of build_args, with room */
+#define MAX_ARGS 128 /* the flags of build_args, with room */
 
 /* A chat template for models that carry none and for --chat-template chatml. */
 static const char chatml_template[] =
