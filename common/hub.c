@@ -1161,6 +1161,26 @@ static int fetch_file(hub_t *h, const hub_file_t *f, char **final_out, bl_err_t 
 
 /* --- entry points ----------------------------------------------------------------- */
 
+/* The bearer token's header, checked, into h->headers (none without a token). */
+static int auth_header(hub_t *h, const char *token, bl_err_t *err)
+{
+    if (!token)
+        return 0;
+    size_t tn = strlen(token);
+    for (size_t i = 0; i < tn; i++)
+        if (token[i] <= ' ' || token[i] == 0x7f)
+            return bl_err_set(err, BL_EINVAL,
+                              "--hf-token: a token is printable characters without spaces");
+    if (tn == 0 || tn > 1024)
+        return bl_err_set(err, BL_EINVAL, "--hf-token: the token must be 1-1024 characters");
+    char hdr[1100];
+    snprintf(hdr, sizeof hdr, "Authorization: Bearer %s", token);
+    h->headers = curl_slist_append(NULL, hdr);
+    if (!h->headers)
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    return 0;
+}
+
 static int hub_init(hub_t *h, const bl_hub_opts_t *o, bl_err_t *err)
 {
     memset(h, 0, sizeof *h);
@@ -1191,21 +1211,7 @@ static int hub_init(hub_t *h, const bl_hub_opts_t *o, bl_err_t *err)
     if ((size_t)snprintf(h->repo_dir, sizeof h->repo_dir, "%s/%s", h->cache, folder) >=
         sizeof h->repo_dir)
         return bl_err_set(err, BL_ERANGE, "the cache folder path is too long");
-    if (o->token) {
-        size_t tn = strlen(o->token);
-        for (size_t i = 0; i < tn; i++)
-            if (o->token[i] <= ' ' || o->token[i] == 0x7f)
-                return bl_err_set(err, BL_EINVAL,
-                                  "--hf-token: a token is printable characters without spaces");
-        if (tn == 0 || tn > 1024)
-            return bl_err_set(err, BL_EINVAL, "--hf-token: the token must be 1-1024 characters");
-        char hdr[1100];
-        snprintf(hdr, sizeof hdr, "Authorization: Bearer %s", o->token);
-        h->headers = curl_slist_append(NULL, hdr);
-        if (!h->headers)
-            return bl_err_set(err, BL_ENOMEM, "out of memory");
-    }
-    return 0;
+    return auth_header(h, o->token, err);
 }
 
 int bl_hub_resolve(const bl_hub_opts_t *o, char **path_out, bl_err_t *err)
@@ -1288,15 +1294,122 @@ out:
     return rc;
 }
 
+/* llama.cpp's cache folder for -mu: LLAMA_CACHE, XDG_CACHE_HOME/llama.cpp,
+ * ~/.cache/llama.cpp. */
+static int url_cache_root(char *buf, size_t cap, bl_err_t *err)
+{
+    const char *v;
+    int n;
+    if ((v = getenv("LLAMA_CACHE")) && *v)
+        n = snprintf(buf, cap, "%s", v);
+    else if ((v = getenv("XDG_CACHE_HOME")) && *v)
+        n = snprintf(buf, cap, "%s/llama.cpp", v);
+    else if ((v = getenv("HOME")) && *v)
+        n = snprintf(buf, cap, "%s/.cache/llama.cpp", v);
+    else
+        return bl_err_set(err, BL_ENOENT, "no folder for the model cache: set LLAMA_CACHE or HOME");
+    if (n < 0 || (size_t)n >= cap)
+        return bl_err_set(err, BL_ERANGE, "the cache folder path is too long");
+    return 0;
+}
+
+/* -mu: the URL's file (every part of a split one) at dest, or beside it in the cache,
+ * downloaded unless there. */
+static int fetch_url(const bl_hub_opts_t *o, const char *model, char **path_out, bl_err_t *err)
+{
+    const char *url = o->url;
+    size_t n = strlen(url);
+    if ((strncmp(url, "http://", 7) && strncmp(url, "https://", 8)) || n > 2000)
+        return bl_err_set(err, BL_EINVAL, "--model-url '%.200s' is not an http(s) URL", url);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)url[i] <= ' ' || url[i] == 0x7f)
+            return bl_err_set(err, BL_EINVAL, "--model-url: a URL has no spaces or control bytes");
+    /* the file name: the last path segment, before any query or fragment */
+    size_t end = strcspn(url, "?#"), start = end;
+    while (start > 0 && url[start - 1] != '/')
+        start--;
+    char name[256];
+    if (end - start == 0 || end - start >= sizeof name)
+        return bl_err_set(err, BL_EINVAL, "--model-url '%.200s' names no file", url);
+    memcpy(name, url + start, end - start);
+    name[end - start] = '\0';
+    if (!valid_relpath(name) || name[0] == '.')
+        return bl_err_set(err, BL_EINVAL, "--model-url: '%.100s' is not a file name", name);
+    char dir[PATH_MAX], dest[PATH_MAX + 300];
+    int rc;
+    if (model) {
+        const char *slash = strrchr(model, '/');
+        if ((size_t)snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - model) : 1,
+                             slash ? model : ".") >= sizeof dir)
+            return bl_err_set(err, BL_ERANGE, "-m: the path is too long");
+    } else if ((rc = url_cache_root(dir, sizeof dir, err))) {
+        return rc;
+    }
+    size_t pl;
+    int index, count;
+    int split = split_info(name, &pl, &index, &count) && count > 1;
+    if (split && index != 1)
+        return bl_err_set(err, BL_EINVAL, "--model-url: give the first part of a split model, "
+                                          "not part %d", index);
+    hub_t h;
+    memset(&h, 0, sizeof h);
+    h.o = o;
+    snprintf(h.repo, sizeof h.repo, "%.*s", (int)start, url); /* the URL's folder, for messages */
+    if ((rc = auth_header(&h, o->token, err)))
+        return rc;
+    char *first = NULL;
+    for (int k = 1; k <= (split ? count : 1) && !rc; k++) {
+        char part[300], purl[2400];
+        if (split)
+            snprintf(part, sizeof part, "%.*s-%05d-of-%05d.gguf", (int)pl, name, k, count);
+        else
+            snprintf(part, sizeof part, "%s", name);
+        snprintf(purl, sizeof purl, "%.*s%s%s", (int)start, url, part, url + end);
+        if (model && k == 1 && !split)
+            snprintf(dest, sizeof dest, "%s", model);
+        else
+            snprintf(dest, sizeof dest, "%s/%s", dir, part);
+        struct stat st;
+        if (stat(dest, &st) == 0 && S_ISREG(st.st_mode)) {
+            BL_LOG(BL_LOG_INFO, "event=model_url file=%s source=cache", dest);
+        } else if (o->offline) {
+            rc = bl_err_set(err, BL_ENOENT, "--offline: %.300s is not there", dest);
+        } else if (!(rc = make_dirs(dest, 0, err))) {
+            pthread_once(&curl_once, curl_init);
+            char tmp[PATH_MAX + 320];
+            snprintf(tmp, sizeof tmp, "%s.incomplete", dest);
+            hub_file_t f = {.path = part};
+            BL_LOG(BL_LOG_INFO, "event=model_url url=%s file=%s", purl, dest);
+            if (curl_init_rc != CURLE_OK)
+                rc = bl_err_set(err, BL_EIO, "cannot start libcurl");
+            else if (!(rc = download(&h, purl, tmp, &f, err)) && rename(tmp, dest) != 0)
+                rc = bl_err_set(err, BL_EIO, "cannot rename %.300s: %s", tmp, strerror(errno));
+        }
+        if (!rc && k == 1 && !(first = strdup(dest)))
+            rc = bl_err_set(err, BL_ENOMEM, "out of memory");
+    }
+    curl_slist_free_all(h.headers);
+    if (rc) {
+        free(first);
+        return rc;
+    }
+    *path_out = first;
+    return 0;
+}
+
 int bl_hub_model_path(const bl_hub_opts_t *o, const char *model, char **path_out, bl_err_t *err)
 {
     *path_out = NULL;
     if (o->spec && model)
         return bl_err_set(err, BL_EINVAL, "give -m FILE or -hf REPO, not both");
+    if (o->spec && o->url)
+        return bl_err_set(err, BL_EINVAL, "give -hf REPO or --model-url URL, not both");
     if (o->file && !o->spec)
         return bl_err_set(err, BL_EINVAL, "--hf-file needs -hf REPO");
     if (o->spec)
         return bl_hub_resolve(o, path_out, err);
+    if (o->url)
+        return fetch_url(o, model, path_out, err);
     if (!model)
         return 0;
     *path_out = strdup(model);

@@ -20,6 +20,7 @@ typedef void (*bl_hub_progress_fn)(void *ud, const char *file, uint64_t done, ui
 
 typedef struct bl_hub_opts {
     const char *spec;  /* "user/model[:quant]"; NULL: no hub model */
+    const char *url;   /* -mu: a GGUF's URL (the first part of a split one), or NULL */
     const char *file;  /* a path in the repository instead of a quant tag, or NULL */
     const char *token; /* bearer token (--hf-token, HF_TOKEN), or NULL */
     int offline;       /* 1: only what the cache holds, no network */
@@ -39,11 +40,17 @@ typedef struct bl_hub_opts {
     {"-hft,--hf-token", "HF_TOKEN", BL_ARG_STR, &(o)->token, .metavar = "TOKEN",                     \
      .help = "Hugging Face access token for gated or private repositories"},                        \
     {"--offline", "LLAMA_OFFLINE", BL_ARG_FLAG, &(o)->offline,                                       \
-     .help = "with -hf, use only the cache: no network"}
+     .help = "with -hf or -mu, use only the cache: no network"},                                 \
+    {"-mu,--model-url", "LLAMA_ARG_MODEL_URL", BL_ARG_STR, &(o)->url, .metavar = "URL",              \
+     .help = "download the model from this URL (with -m: to that path; else into LLAMA_CACHE or "  \
+             "~/.cache/llama.cpp), every part of a split model, once"}
 
-/* The model file a program opens: model (from -m) when o names no hub model, else the
- * hub's file, downloaded when the cache lacks it. Refuses -m with -hf, and --hf-file
- * without -hf. *path_out: caller frees with free(); NULL when neither is given. */
+/* The model file a program opens: model (from -m) when o names no hub model and no
+ * URL; else the hub's file, downloaded when the cache lacks it; else the URL's file,
+ * downloaded to model (when given) or to LLAMA_CACHE, else XDG_CACHE_HOME/llama.cpp,
+ * else ~/.cache/llama.cpp, under the URL's file name, when it is not there yet.
+ * Refuses -m with -hf, -hf with -mu, and --hf-file without -hf. *path_out: caller
+ * frees with free(); NULL when nothing is given. */
 int bl_hub_model_path(const bl_hub_opts_t *o, const char *model, char **path_out,
                       bl_err_t *err) BL_WUR;
 

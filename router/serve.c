@@ -1081,7 +1081,7 @@ int main(int argc, char **argv)
         BL_LOG(BL_LOG_INFO, "event=flag_accepted flag=--threads-http value=%lld reason=HTTP runs "
                             "on one event-loop thread",
                (long long)o.threads_http);
-    if (!o.model && !o.hub.spec) {
+    if (!o.model && !o.hub.spec && !o.hub.url) {
         BL_LOG(BL_LOG_ERROR, "event=start_failed reason=no model: give -m FILE or -hf REPO");
         fprintf(stderr, "%s: no model: give -m FILE or -hf REPO (see --help)\n", PROG);
         goto out;

@@ -480,7 +480,7 @@ int main(int argc, char **argv)
     }
     c.sp.top_k = (int32_t)c.top_k;
     c.sp.penalty_last_n = (int32_t)c.repeat_last_n;
-    if (!c.model && !c.hub.spec) {
+    if (!c.model && !c.hub.spec && !c.hub.url) {
         fprintf(stderr, "bloomery-cli: -m FILE or -hf REPO is required (see --help)\n");
         return 2;
     }

@@ -28,6 +28,7 @@ class Hub:
 
     def __init__(self):
         self.repos = {}
+        self.files = {}  # /files/NAME, for --model-url
         self.requests = []  # (method, path, headers)
         self.need_token = False
         self.page_size = 1000
@@ -90,6 +91,12 @@ class Hub:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
+                m = re.fullmatch(r"/files/(.+)", u.path)
+                if m:  # plain files, for --model-url
+                    data = hub.files.get(urllib.parse.unquote(m.group(1)))
+                    if data is None:
+                        return self.send_json(404, {"error": "no such file"})
+                    return self.send_file(data)
                 m = re.fullmatch(r"/cdn/([^/]+/[^/]+)/(.+)", u.path)
                 if m:
                     path = urllib.parse.unquote(m.group(2))
@@ -351,3 +358,43 @@ def test_serve_hf_failure_exits_with_the_reason(hub, servers):
                          env={"MODEL_ENDPOINT": hub.url, "LLAMA_CACHE": hub.cache})
     assert srv.proc.wait(60) == 1
     assert "Q5_K_M" in srv.log(), srv.log()
+
+
+def test_model_url_downloads_once_to_the_cache_or_to_m(hub, model, tmp_path):
+    data = open(model, "rb").read()
+    hub.files["tiny.gguf"] = data
+    url = hub.url + "/files/tiny.gguf?download=1#frag"
+    rc, out = cli(hub, "-mu", url)
+    assert rc == 0, out
+    assert open(os.path.join(hub.cache, "tiny.gguf"), "rb").read() == data
+    n = len(hub.requests)
+    rc, out = cli(hub, "-mu", url)  # there already: no request
+    assert rc == 0 and len(hub.requests) == n, out
+    dest = tmp_path / "sub" / "mine.gguf"
+    rc, out = cli(hub, "-mu", url, "-m", str(dest))
+    assert rc == 0, out
+    assert dest.read_bytes() == data
+    rc, out = cli(hub, "-mu", hub.url + "/files/other.gguf", "--offline")
+    assert rc == 1 and "--offline" in out, out
+
+
+def test_model_url_split_parts_and_errors(hub, model):
+    data = open(model, "rb").read()
+    hub.files["big-00001-of-00002.gguf"] = data[:1000]
+    hub.files["big-00002-of-00002.gguf"] = data[1000:3000]
+    rc, out = cli(hub, "-mu", hub.url + "/files/big-00001-of-00002.gguf")
+    for k, part in ((1, data[:1000]), (2, data[1000:3000])):
+        p = os.path.join(hub.cache, "big-0000%d-of-00002.gguf" % k)
+        assert open(p, "rb").read() == part, out
+    assert rc == 1, out  # slices of a model do not load
+    rc, out = cli(hub, "-mu", hub.url + "/files/big-00002-of-00002.gguf")
+    assert rc == 1 and "first part" in out, out
+    rc, out = cli(hub, "-mu", hub.url + "/files/missing.gguf")
+    assert rc == 1 and "404" in out, out
+    assert not os.path.exists(os.path.join(hub.cache, "missing.gguf"))
+    for bad, needle in (("ftp://x/y.gguf", "http(s)"), (hub.url + "/files/", "names no file"),
+                        (hub.url + "/files/a b.gguf", "no spaces")):
+        rc, out = cli(hub, "-mu", bad)
+        assert rc == 1 and needle in out, out
+    rc, out = cli(hub, "-mu", hub.url + "/files/x.gguf", "-hf", "a/b")
+    assert rc in (1, 2) and "not both" in out, out
