@@ -225,7 +225,8 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "KV cache type of V: must equal -ctk");
     STR("-ngl,--gpu-layers,--n-gpu-layers", "LLAMA_ARG_N_GPU_LAYERS", &o->gpu_layers, "N",
         "layers on the GPU: auto/-1 (default: all when there is a CUDA device), all or at least "
-        "the model's layer count (every layer), 0 (CPU only); part of the layers is refused");
+        "the model's layer count (every layer; the CPU, with a warning, where there is no GPU), "
+        "0 (CPU only); part of the layers is refused");
     STR("-ts,--tensor-split", "LLAMA_ARG_TENSOR_SPLIT", &o->tensor_split, "N0,N1,...",
         "split over GPUs by proportion: refused (--workers N puts stage i on device i)");
     STR("-dev,--device", "LLAMA_ARG_DEVICE", &o->device, "DEV",
@@ -560,16 +561,18 @@ static int resolve_placement(const opts_t *o, int64_t n_layer, int *gpus, int *n
         if (all && !is_auto)
             n = INT64_MAX;
         /* auto and -1 take a GPU when there is one; a number or "all" asks for one */
-        if (n == 0)
+        if (n == 0) {
             *n_gpus = 0;
-        else if (!is_auto && n != -1 && have == 0)
-            return bl_err_set(err, BL_ENOTSUP,
-                              "--gpu-layers %s: GPU offload needs a CUDA device and this machine "
-                              "has none; every layer runs on the CPU (use -ngl 0)", v);
-        else if (!all && n > 0 && n < n_layer && *n_gpus > 0)
+        } else if (!is_auto && n != -1 && have == 0) {
+            /* llama-server's answer on a machine without a GPU: a warning, and the CPU */
+            BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored flag=--gpu-layers value=%s reason=no "
+                                "CUDA device: every layer runs on the CPU",
+                   v);
+        } else if (!all && n > 0 && n < n_layer && *n_gpus > 0) {
             return bl_err_set(err, BL_ENOTSUP,
                               "--gpu-layers %s: part of the layers on the GPU (%lld of %lld) is not "
                               "supported yet; use -ngl 0 or -ngl all", v, (long long)n, (long long)n_layer);
+        }
     }
     if (o->split_mode && strcmp(o->split_mode, "layer") && strcmp(o->split_mode, "none"))
         return bl_err_set(err, !strcmp(o->split_mode, "row") ? BL_ENOTSUP : BL_EINVAL,

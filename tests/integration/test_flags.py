@@ -165,9 +165,18 @@ def gpu_present():
     return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
 
 
+@pytest.mark.parametrize("value", ["99", "all"])
+def test_gpu_layers_without_a_gpu_warn_and_use_the_cpu(servers, value):
+    """As llama-server: a model card's -ngl 99 on a machine without a GPU runs on the
+    CPU with a warning."""
+    if gpu_present():
+        pytest.skip("a GPU is present: -ngl takes it")
+    srv = servers.start(FAST + ["-ngl", value])
+    assert "event=gpu_layers_ignored" in srv.log(), srv.log()
+    assert post(srv.url, "/completion", {"prompt": "Hi", "n_predict": 1}).status_code == 200
+
+
 @pytest.mark.parametrize("args,names", [
-    (["-ngl", "99"], ["-ngl", "gpu-layers"]),
-    (["-ngl", "all"], ["-ngl", "gpu-layers"]),
     (["-ts", "1,1"], ["-ts", "tensor-split"]),
     (["-dev", "CUDA0"], ["-dev", "--device"]),
     (["-ot", "exps=CUDA0"], ["-ot", "override-tensor"]),
