@@ -1,7 +1,9 @@
 /* Command-line flags: see args.h. */
 #include "args.h"
+#include "bl_config.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,6 +174,12 @@ int bl_args_parse(bl_arg_t *args, int n_args, int argc, char **argv, int *n_posi
         }
         if (help && (!strcmp(arg, "-h") || !strcmp(arg, "--help"))) {
             *help = 1;
+            continue;
+        }
+        if (help && !strcmp(arg, "--version")) { /* llama.cpp's programs all take it */
+            const char *slash = strrchr(argv[0], '/');
+            printf("%s %s\n", slash ? slash + 1 : argv[0], BL_VERSION);
+            *help = BL_ARGS_VERSION;
             continue;
         }
         const char *eq = strncmp(arg, "--", 2) == 0 ? strchr(arg, '=') : NULL;

@@ -33,10 +33,13 @@ typedef struct bl_arg {
     int seen;            /* set by bl_args_parse: 1 from the command line, 2 from env */
 } bl_arg_t;
 
+#define BL_ARGS_VERSION 2 /* *help after --version: the version line is printed */
+
 /* Applies the environment variables of args, then argv[1..argc). Positional
  * arguments (and everything after "--") are moved, in order, to the front of argv
  * after argv[0]; *n_positional counts them (NULL: positionals are an error).
- * "-h"/"--help" sets *help (NULL: an unknown flag). Returns 0, or BL_EINVAL with
+ * "-h"/"--help" sets *help to 1, "--version" prints "PROG VERSION" and sets it to
+ * BL_ARGS_VERSION (help NULL: both are unknown flags). Returns 0, or BL_EINVAL with
  * err naming the flag or variable: unknown flag, missing value, a value that does
  * not parse or is out of range. */
 int bl_args_parse(bl_arg_t *args, int n_args, int argc, char **argv, int *n_positional,

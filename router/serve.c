@@ -1023,6 +1023,8 @@ int main(int argc, char **argv)
         return 2;
     }
     if (help) {
+        if (help == BL_ARGS_VERSION)
+            return 0;
         bl_args_usage(stdout, PROG, "-m FILE [options]", args, n_args);
         return 0;
     }

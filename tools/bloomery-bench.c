@@ -347,6 +347,8 @@ int main(int argc, char **argv)
         return 2;
     }
     if (help) {
+        if (help == BL_ARGS_VERSION)
+            return 0;
         bl_args_usage(stdout, "bloomery-bench", "-m FILE [options]", args, n_args);
         return 0;
     }

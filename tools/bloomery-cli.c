@@ -475,6 +475,8 @@ int main(int argc, char **argv)
         return 2;
     }
     if (help) {
+        if (help == BL_ARGS_VERSION)
+            return 0;
         bl_args_usage(stdout, "bloomery-cli", "-m FILE [-p TEXT | -f FILE] [options]", args, n_args);
         return 0;
     }

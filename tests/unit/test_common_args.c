@@ -211,6 +211,25 @@ static void test_args_shared_parsers(void **state)
     assert_int_equal(bl_arg_flash_attn(&fa, "", &err), BL_EINVAL);
 }
 
+static void test_args_help_and_version(void **state)
+{
+    (void)state;
+    int flag = 0, help = 0;
+    bl_arg_t args[] = {{"-v", NULL, BL_ARG_FLAG, &flag}};
+    bl_err_t err = {0};
+    char *a1[] = {"/usr/bin/prog", "--version", NULL};
+    assert_int_equal(bl_args_parse(args, 1, 2, a1, NULL, &help, &err), 0);
+    assert_int_equal(help, BL_ARGS_VERSION);
+    char *a2[] = {"prog", "-h", "-v", NULL};
+    help = 0;
+    assert_int_equal(bl_args_parse(args, 1, 3, a2, NULL, &help, &err), 0);
+    assert_int_equal(help, 1);
+    assert_int_equal(flag, 1);
+    /* without a help pointer both are unknown flags */
+    assert_int_equal(bl_args_parse(args, 1, 2, a1, NULL, NULL, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "--version"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -225,6 +244,7 @@ int main(void)
         cmocka_unit_test(test_args_number_parsers),
         cmocka_unit_test(test_args_double_values_and_range),
         cmocka_unit_test(test_args_shared_parsers),
+        cmocka_unit_test(test_args_help_and_version),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
