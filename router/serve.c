@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -86,10 +87,11 @@ typedef struct opts {
     const char *split_mode, *log_file;
     /* HTTP and logs */
     const char *api_prefix, *log_colors;
-    int64_t threads_http, log_verbosity, keep;
+    int64_t threads_http, log_verbosity, keep, prio, cache_ram, ctx_checkpoints;
+    int list_devices, no_mmproj;
     /* llama-server flags this server knows and refuses (see unsupported[]) */
-    const char *refused_value[16];
-    int refused_flag[16];
+    const char *refused_value[24];
+    int refused_flag[24];
     int64_t main_gpu;
     double defrag_thold;
 } opts_t;
@@ -149,8 +151,14 @@ static const struct {
     {"--slot-save-path", "PATH", "refused: saving and restoring slots is not supported"},
     {"--props", NULL, "refused: changing the server's properties by POST /props is not supported"},
     {"-nkvo,--no-kv-offload", NULL, "refused: the KV cache stays beside the layers it belongs to"},
+    {"--override-kv", "KEY=TYPE:VALUE", "refused: overriding the model's metadata is not supported"},
+    {"--rope-freq-base", "N", "refused: the RoPE base comes from the model file"},
+    {"--rope-scaling", "TYPE", "refused: RoPE scaling is not supported"},
+    {"--pooling", "TYPE", "refused: embeddings are not served, so there is nothing to pool"},
+    {"--models-dir", "PATH", "refused: serving several models (router mode) is not supported"},
+    {"--models-preset", "PATH", "refused: serving several models (router mode) is not supported"},
 };
-_Static_assert(sizeof unsupported / sizeof *unsupported <= 16, "opts_t.refused_* are 16 long");
+_Static_assert(sizeof unsupported / sizeof *unsupported <= 24, "opts_t.refused_* are 24 long");
 
 static int build_args(bl_arg_t *a, opts_t *o)
 {
@@ -317,6 +325,17 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "the sampler chain as letters (e k y p m t i; default ekypmt)");
     I64("--keep", "LLAMA_ARG_KEEP", &o->keep, -1, INT32_MAX, "N",
         "accepted and logged: the context is never shifted, so no tokens are kept for it");
+    I64("--prio", "LLAMA_ARG_PRIO", &o->prio, -1, 3, "N",
+        "process priority of the server and its children: -1 low, 0 normal (default), 1 medium, "
+        "2 high, 3 realtime (as nice 5, 0, -5, -10, -20; raising needs the privilege)");
+    FLAG("--list-devices", NULL, &o->list_devices, "print the CUDA devices and exit");
+    FLAG("--no-mmproj", "LLAMA_ARG_NO_MMPROJ", &o->no_mmproj,
+         "accepted: no multimodal projector is ever loaded");
+    I64("-cram,--cache-ram", "LLAMA_ARG_CACHE_RAM", &o->cache_ram, -1, INT64_MAX / 2, "MiB",
+        "0 is accepted (there is no prompt cache in host RAM); other sizes are refused");
+    I64("-ctxcp,--ctx-checkpoints,--swa-checkpoints", "LLAMA_ARG_CTX_CHECKPOINTS",
+        &o->ctx_checkpoints, 0, INT32_MAX, "N",
+        "accepted: the models served here keep no context checkpoints");
     for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
         a[n++] = (bl_arg_t){.names = unsupported[i].names, .kind = unsupported[i].meta ? BL_ARG_STR
                                                                                        : BL_ARG_FLAG,
@@ -502,6 +521,27 @@ static int count_gpus(void)
 #else
     return 0;
 #endif
+}
+
+/* --list-devices: llama-server's list, one CUDA device a line; status 0. */
+static int list_devices(void)
+{
+    int n = count_gpus();
+    printf("Available devices:\n");
+    if (n == 0)
+        printf("  (none: every layer runs on the CPU)\n");
+#if BL_HAVE_CUDA
+    for (int i = 0; i < n; i++) {
+        kcuda_device_info_t info;
+        bl_err_t err = {0};
+        if (kcuda_init(i, &info, &err) != 0)
+            printf("  CUDA%d: (%s)\n", i, err.msg);
+        else
+            printf("  CUDA%d: %s (%zu MiB, %zu MiB free)\n", i, info.name,
+                   info.total_bytes >> 20, info.free_bytes >> 20);
+    }
+#endif
+    return 0;
 }
 
 /* Parses -dev: "none", or a comma list of CUDA devices ("cuda0", "CUDA1"); each must
@@ -995,6 +1035,7 @@ int main(int argc, char **argv)
     o.timeout = 600;
     o.log_verbosity = -1;
     o.threads_http = -1;
+    o.cache_ram = -2; /* not given */
     o.workers = 1;
     o.n_cpu_moe = 0;
     rt_sampler_params_t sd;
@@ -1028,6 +1069,8 @@ int main(int argc, char **argv)
         bl_args_usage(stdout, PROG, "-m FILE [options]", args, n_args);
         return 0;
     }
+    if (o.list_devices)
+        return list_devices();
     keep_t keep = {0};
     keys_t keys = {0};
     char *tpl_text = NULL, *alias = NULL, *model_path = NULL;
@@ -1125,6 +1168,18 @@ int main(int argc, char **argv)
         BL_LOG(BL_LOG_INFO, "event=flag_accepted flag=--keep value=%lld reason=the context is "
                             "never shifted",
                (long long)o.keep);
+    if (o.cache_ram != -2 && o.cache_ram != 0) {
+        bl_err_set(&err, BL_ENOTSUP, "--cache-ram %lld: a prompt cache in host RAM is not "
+                                     "supported (each slot keeps its own prefix); use -cram 0",
+                   (long long)o.cache_ram);
+        goto fail;
+    }
+    if (o.prio != 0) { /* the children started later inherit it */
+        static const int nice_of[] = {5, 0, -5, -10, -20};
+        if (setpriority(PRIO_PROCESS, 0, nice_of[o.prio + 1]) != 0)
+            BL_LOG(BL_LOG_WARN, "event=prio_failed prio=%lld error=%s", (long long)o.prio,
+                   strerror(errno));
+    }
     if (o.no_cont_batching || o.context_shift || o.cache_reuse > 0 || (o.slots && o.no_slots)) {
         bl_err_set(&err, BL_ENOTSUP, "%s",
                    o.no_cont_batching ? "--no-cont-batching: batching is always continuous here"

@@ -209,6 +209,13 @@ def test_gpu_layers_without_a_gpu_warn_and_use_the_cpu(servers, value):
     (["--slot-save-path", "/tmp"], ["--slot-save-path"]),
     (["--props"], ["--props"]),
     (["-nkvo"], ["--no-kv-offload"]),
+    (["-cram", "8192"], ["--cache-ram"]),
+    (["-cram", "-1"], ["--cache-ram"]),
+    (["--override-kv", "a=int:1"], ["--override-kv"]),
+    (["--rope-freq-base", "10000"], ["--rope-freq-base"]),
+    (["--rope-scaling", "yarn"], ["--rope-scaling"]),
+    (["--pooling", "mean"], ["--pooling"]),
+    (["--models-dir", "/tmp"], ["--models-dir"]),
 ])
 def test_refused_at_start_by_name(model, args, names):
     """Valid flags asking for what this build cannot do: status 1 (2 when the value
@@ -438,3 +445,18 @@ def test_chat_template_that_does_not_parse(model, tmp_path):
                             str(f)] + FAST, timeout=15)
     assert rc != 0, out
     assert "broken.jinja" in out or "template" in out.lower(), out
+
+
+def test_list_devices_version_and_described_flags(servers, model):
+    """--list-devices and --version print and exit 0; --no-mmproj, -cram 0 and
+    -ctxcp describe what happens anyway; --prio -1 lowers the whole set of processes."""
+    rc, out, _ = run_serve(["--list-devices"], timeout=15)
+    assert rc == 0 and out.startswith("Available devices:"), out
+    rc, out, _ = run_serve(["--version"], timeout=15)
+    assert rc == 0 and out.startswith("bloomery-serve "), out
+    srv = servers.start(FAST + ["--no-mmproj", "-cram", "0", "-ctxcp", "4", "--prio", "-1"])
+    assert post(srv.url, "/completion", {"prompt": "Hi", "n_predict": 1}).status_code == 200
+    for pid, name, _ in [(srv.pid, "bloomery-serve", 0)] + srv.children():
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        assert int(fields[16]) == 5, "%s (pid %d) runs at nice %s" % (name, pid, fields[16])
