@@ -720,9 +720,7 @@ static int parse_part(bl_gguf_t *g, uint32_t pi, bl_err_t *err)
 
 /* --- split models ---------------------------------------------------------------- */
 
-/* If path ends in -NNNNN-of-MMMMM.gguf with 1 <= NNNNN <= MMMMM, returns the length of
- * the stem before it and sets *n_parts; else returns 0. */
-static size_t split_stem(const char *path, uint32_t *n_parts)
+size_t bl_gguf_split_name(const char *path, uint32_t *part, uint32_t *n_parts)
 {
     static const size_t tail = sizeof "-00001-of-00003.gguf" - 1;
     size_t len = strlen(path);
@@ -738,10 +736,21 @@ static size_t split_stem(const char *path, uint32_t *n_parts)
         no = no * 10 + (uint32_t)(s[1 + i] - '0');
         count = count * 10 + (uint32_t)(s[10 + i] - '0');
     }
-    if (no < 1 || no > count)
-        return 0;
+    *part = no;
     *n_parts = count;
     return len - tail;
+}
+
+/* If path ends in -NNNNN-of-MMMMM.gguf with 1 <= NNNNN <= MMMMM, returns the length of
+ * the stem before it and sets *n_parts; else returns 0. */
+static size_t split_stem(const char *path, uint32_t *n_parts)
+{
+    uint32_t no, count;
+    size_t stem = bl_gguf_split_name(path, &no, &count);
+    if (!stem || no < 1 || no > count)
+        return 0;
+    *n_parts = count;
+    return stem;
 }
 
 /* Reads an integer split.* key of part p as u64; *present tells if it was there. */

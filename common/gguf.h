@@ -68,6 +68,10 @@ typedef struct bl_gguf_tensor {
 
 /* --- opening ------------------------------------------------------------------- */
 
+/* A split model's part name: NAME-NNNNN-of-MMMMM.gguf gives the length of NAME (at
+ * least 1) and the two numbers as written, unchecked; any other name gives 0. */
+size_t bl_gguf_split_name(const char *path, uint32_t *part, uint32_t *n_parts);
+
 /* Opens and validates path. A name of the form NAME-00001-of-00003.gguf (any part
  * number) opens all three parts NAME-%05d-of-%05d.gguf and presents one model:
  * metadata from the first part, tensors of every part in part order. Returns 0 and

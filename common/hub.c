@@ -25,6 +25,7 @@
 
 #include "bl_config.h"
 #include "buf.h"
+#include "gguf.h"
 #include "log.h"
 
 #define HUB_API_MAX_BYTES (64u << 20) /* one API reply */
@@ -170,26 +171,25 @@ static int ends_with_ci(const char *s, const char *suffix)
  * length of NAME; any other .gguf is part 1 of 1. 0 for a file that is no GGUF. */
 static int split_info(const char *path, size_t *prefix_len, int *index, int *count)
 {
-    if (!ends_with_ci(path, ".gguf"))
+    size_t n = strlen(path);
+    char low[HUB_RELPATH_MAX + 1];
+    if (!ends_with_ci(path, ".gguf") || n >= sizeof low)
         return 0;
-    size_t n = strlen(path) - 5;
-    static const char pat[] = "-#####-of-#####";
-    size_t m = sizeof pat - 1;
+    memcpy(low, path, n + 1);
+    memcpy(low + n - 5, ".gguf", 5); /* the part names are read as the loader reads them */
+    uint32_t no, cnt;
+    size_t stem = bl_gguf_split_name(low, &no, &cnt);
     *index = *count = 1;
-    *prefix_len = n;
-    if (n <= m)
+    *prefix_len = n - 5;
+    if (!stem)
         return 1;
-    const char *t = path + n - m;
-    for (size_t i = 0; i < m; i++)
-        if (pat[i] == '#' ? !isdigit((unsigned char)t[i]) : t[i] != pat[i])
-            return 1;
-    *index = atoi(t + 1);
-    *count = atoi(t + 10);
-    if (*index < 1 || *count < 1 || *index > *count) {
+    if (no < 1 || no > cnt) {
         *index = *count = 0; /* a malformed part number: never chosen */
         return 1;
     }
-    *prefix_len = n - m;
+    *index = (int)no;
+    *count = (int)cnt;
+    *prefix_len = stem;
     return 1;
 }
 
@@ -801,11 +801,9 @@ typedef struct sink {
     int fd;
     EVP_MD_CTX *md;
     uint64_t have;       /* bytes in the file */
-    uint64_t start;      /* bytes there when this request began */
     int64_t *range_start; /* the reply's Content-Range start */
     CURL *c;
     int checked;         /* the reply's status was looked at */
-    int restarted;       /* a 200 to a Range request: the file started again */
     int write_errno;
     long bad_status;
     const hub_t *h;
@@ -828,8 +826,7 @@ static size_t on_file_body(char *data, size_t size, size_t nmemb, void *ud)
                 s->write_errno = errno ? errno : EIO;
                 return 0;
             }
-            s->have = s->start = 0;
-            s->restarted = 1;
+            s->have = 0;
         } else if (status == 206) {
             if (*s->range_start != (int64_t)s->have) {
                 s->bad_status = 206;
@@ -940,7 +937,7 @@ static int download(hub_t *h, const char *url, const char *tmp, const hub_file_t
             break;
         }
         int64_t no_range = -1;
-        sink_t s = {.fd = fd, .md = md, .have = have, .start = have, .range_start = &no_range,
+        sink_t s = {.fd = fd, .md = md, .have = have, .range_start = &no_range,
                     .h = h, .name = f->path, .total = f->size};
         clock_gettime(CLOCK_MONOTONIC, &s.last);
         CURLcode cc = CURLE_OK;

@@ -356,7 +356,7 @@ static int anthropic_options(const json_t *body, json_t **kwargs, int *tools, in
 /* The prompt tokens of an Anthropic request. BL_EINVAL (400 text), BL_ENOMEM. */
 static int anthropic_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int *think_open,
                             int *prefilled, int *tools, int *one_call, const char **force,
-                            bl_err_t *err)
+                            int *think_off, bl_err_t *err)
 {
     json_t *amsgs = NULL, *msgs = NULL, *kwargs = NULL;
     char *prefill = NULL, *text = NULL;
@@ -368,6 +368,8 @@ static int anthropic_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks
         (rc = rt__gen_chat_messages(amsgs, &msgs, &prefill, err)) ||
         (rc = rt__gen_render_chat(app, msgs, kwargs, 1, prefill, &text, &len, think_open, err)))
         goto done;
+    if (think_off)
+        *think_off = rt__gen_thinking_off(app, kwargs);
     *prefilled = prefill != NULL;
     bl_err_t terr;
     rc = rt_tokenize(app->tok, text, len, RT_TOKENIZE_ADD_SPECIAL | RT_TOKENIZE_PARSE_SPECIAL,
@@ -553,18 +555,16 @@ void rt__api_messages(rt_req_t *r)
     rt_tokens_t toks = {0};
     int prefilled = 0, tools = 0, one_call = 0;
     const char *force = NULL;
+    int think_off = 0;
     int rc = rt__gen_parse_params(body, RT_GEN_API_ANTHROPIC, &lim, &g->params, &err);
     if (!rc)
         rc = anthropic_prompt(app, body, &toks, &g->think_open, &prefilled, &tools, &one_call,
-                              &force, &err);
+                              &force, &think_off, &err);
     if (!rc && force) { /* tool_choice any or tool: the grammar writes the call */
         json_t *list = NULL;
-        const json_t *th = json_object_get(body, "thinking");
-        int off = json_is_string(json_object_get(th, "type")) &&
-                  !strcmp(json_string_value(json_object_get(th, "type")), "disabled");
         if (!(rc = convert_tools(json_object_get(body, "tools"), &list, &err)))
             rc = rt__gen_force_tools(&g->params, list, *force ? force : NULL, one_call,
-                                     g->think_open ? 2 : off ? 0 : 1, &err);
+                                     g->think_open ? 2 : think_off ? 0 : 1, &err);
         json_decref(list);
     }
     if (rc) {
@@ -589,7 +589,7 @@ void rt__api_messages_count_tokens(rt_req_t *r)
     rt_tokens_t toks = {0};
     int think_open, prefilled, tools, one_call;
     int rc = anthropic_prompt(app, body, &toks, &think_open, &prefilled, &tools, &one_call, NULL,
-                              &err);
+                              NULL, &err);
     if (rc) {
         rt__gen_send_error(r, RT_GEN_API_ANTHROPIC, rc == BL_ENOMEM ? 500 : 400, NULL, "%s",
                            err.msg);

@@ -496,7 +496,6 @@ static int parse_constraint(const json_t *body, rt_gen_params_t *p, bl_err_t *er
             return bl_err_set(err, rc == BL_ENOMEM ? BL_ENOMEM : BL_EINVAL, "'%s': %s", from, e2.msg);
         text = p->grammar;
         len = strlen(p->grammar);
-        from = from ? from : "json_schema";
     } else {
         from = "grammar";
     }

@@ -172,9 +172,10 @@ int rt__gen_grammar_wrap(const char *gbnf, int think, const char *body, char **o
  * BL_ENOMEM. */
 int rt__gen_force_tools(rt_gen_params_t *p, const json_t *tools, const char *name, int one_call,
                         int think, bl_err_t *err) BL_WUR;
-/* Whether the request (or the server's --chat-template-kwargs) turns thinking off:
- * enable_thinking false, or reasoning_effort "none". */
-int rt__gen_thinking_off(const rt_app_t *app, const json_t *body);
+/* Whether the template is told not to think: enable_thinking false in the request's
+ * template arguments (kwargs, as rt__gen_chat_options or the Anthropic options made
+ * them; reasoning_effort "none" sets it there), else in --chat-template-kwargs. */
+int rt__gen_thinking_off(const rt_app_t *app, const json_t *kwargs);
 
 /* An assistant message's "tool_calls" as the template takes them: each
  * {"id"?, "type": "function", "function": {"name", "arguments"}} with the arguments

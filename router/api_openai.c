@@ -73,7 +73,8 @@ json_t *rt__gen_legacy_logprobs(const json_t *entries, int post, int64_t *offset
 /* The tokens of a chat request's prompt and how to read its reply. Answers nothing;
  * BL_EINVAL (400 text in err), BL_ENOMEM. */
 static int chat_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int *reasoning,
-                       int *tools, const char **force, int *think_open, bl_err_t *err)
+                       int *tools, const char **force, int *think_open, int *think_off,
+                       bl_err_t *err)
 {
     json_t *msgs = NULL, *kwargs = NULL;
     char *prefill = NULL, *text = NULL;
@@ -93,6 +94,8 @@ static int chat_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int
         (rc = rt__gen_render_chat(app, msgs, kwargs, add_gen, prefill, &text, &len, think_open,
                                   err)))
         goto done;
+    if (think_off)
+        *think_off = rt__gen_thinking_off(app, kwargs);
     if (prefill)
         *reasoning = 0; /* as llama-server: a continued reply is not parsed */
     bl_err_t terr;
@@ -234,10 +237,12 @@ void rt__api_chat(rt_req_t *r)
     rt_tokens_t toks = {0};
     int reasoning = 0, tools = 0;
     const char *force = NULL;
+    int think_off = 0;
     int rc = rt__gen_parse_params(body, RT_GEN_API_OAI_CHAT, &lim, &g->params, &err);
     if (!rc)
-        rc = chat_prompt(app, body, &toks, &reasoning, &tools, &force, &g->think_open, &err);
-    int think = g->think_open ? 2 : rt__gen_thinking_off(app, body) ? 0 : 1;
+        rc = chat_prompt(app, body, &toks, &reasoning, &tools, &force, &g->think_open, &think_off,
+                         &err);
+    int think = g->think_open ? 2 : think_off ? 0 : 1;
     if (!rc && force) /* tool_choice required or named: the grammar writes the call */
         rc = rt__gen_force_tools(&g->params, json_object_get(body, "tools"), *force ? force : NULL,
                                  g->params.one_call, think, &err);
@@ -275,7 +280,7 @@ void rt__api_chat_input_tokens(rt_req_t *r)
     bl_err_t err = {0};
     rt_tokens_t toks = {0};
     int reasoning, tools, think_open;
-    int rc = chat_prompt(app, body, &toks, &reasoning, &tools, NULL, &think_open, &err);
+    int rc = chat_prompt(app, body, &toks, &reasoning, &tools, NULL, &think_open, NULL, &err);
     if (rc) {
         rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
     } else {

@@ -112,22 +112,13 @@ int rt__gen_force_tools(rt_gen_params_t *p, const json_t *tools, const char *nam
     return 0;
 }
 
-static int kwargs_think_off(const json_t *kw)
+int rt__gen_thinking_off(const rt_app_t *app, const json_t *kwargs)
 {
-    return json_is_false(json_object_get(kw, "enable_thinking")) ||
-           (json_is_string(json_object_get(kw, "reasoning_effort")) &&
-            !strcmp(json_string_value(json_object_get(kw, "reasoning_effort")), "none"));
-}
-
-int rt__gen_thinking_off(const rt_app_t *app, const json_t *body)
-{
-    const json_t *kw = json_object_get(body, "chat_template_kwargs");
-    const json_t *effort = json_object_get(body, "reasoning_effort");
-    if (json_is_boolean(json_object_get(kw, "enable_thinking")))
-        return kwargs_think_off(kw);
-    if (json_is_string(effort))
-        return !strcmp(json_string_value(effort), "none");
-    return app->tpl_kwargs && kwargs_think_off(app->tpl_kwargs);
+    /* the request's arguments sit over the server's, as rt__gen_render_chat merges them */
+    const json_t *on = json_object_get(kwargs, "enable_thinking");
+    if (!json_is_boolean(on) && app->tpl_kwargs)
+        on = json_object_get(app->tpl_kwargs, "enable_thinking");
+    return json_is_false(on);
 }
 
 int rt__gen_message_tool_calls(const json_t *calls, size_t mi, json_t **out, bl_err_t *err)

@@ -847,6 +847,52 @@ static int utf8_len(uint8_t c)
                                                                             : 0;
 }
 
+/* Takes byte c of UTF-8 text into seq[0..*n): 1 with *cp when it completes a
+ * character (*n back to 0), 0 while the character is unfinished, -1 when the bytes
+ * are not UTF-8 (overlong forms and surrogates included). */
+static int utf8_take(uint8_t *seq, int *n, uint8_t c, uint32_t *cp)
+{
+    int L = utf8_len(*n ? seq[0] : c);
+    if (!L || (*n && (c & 0xC0) != 0x80))
+        return -1;
+    seq[(*n)++] = c;
+    if (*n < L)
+        return 0;
+    uint32_t v = L == 1 ? seq[0] : L == 2 ? seq[0] & 0x1Fu : L == 3 ? seq[0] & 0x0Fu : seq[0] & 0x07u;
+    for (int k = 1; k < L; k++)
+        v = v << 6 | (seq[k] & 0x3Fu);
+    *n = 0;
+    if ((L == 3 && v < 0x800) || (L == 4 && (v < 0x10000 || v > 0x10FFFF)) ||
+        (v >= 0xD800 && v <= 0xDFFF))
+        return -1;
+    *cp = v;
+    return 1;
+}
+
+/* Whether some stack of in may take a character that begins with the unfinished
+ * sequence seq[0..n) (its code points span lo..hi; no overlong form). */
+static int partial_fits(const stackset_t *in, const uint8_t *seq, int n)
+{
+    static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+    int L = utf8_len(seq[0]);
+    uint32_t lo = L == 2 ? seq[0] & 0x1Fu : L == 3 ? seq[0] & 0x0Fu : seq[0] & 0x07u;
+    for (int k = 1; k < n; k++)
+        lo = lo << 6 | (seq[k] & 0x3Fu);
+    int rest = 6 * (L - n);
+    uint32_t hi = (lo << rest) | ((1u << rest) - 1);
+    lo <<= rest;
+    if (lo < least[L])
+        lo = least[L];
+    if (hi > 0x10FFFF)
+        hi = 0x10FFFF;
+    if (lo > hi)
+        return 0;
+    for (size_t i = 0; i < in->n; i++)
+        if (in->size[i] && set_may_match(in->buf[in->off[i] + in->size[i] - 1], lo, hi))
+            return 1;
+    return 0;
+}
+
 /* Runs bytes from m->cur; with commit, m moves there. 1 when they can follow. */
 static int run(rt_grammar_match_t *m, const char *bytes, size_t len, int commit)
 {
@@ -857,58 +903,20 @@ static int run(rt_grammar_match_t *m, const char *bytes, size_t len, int commit)
     int n_pend = m->n_pend;
     memcpy(pend, m->pend, sizeof pend);
     for (size_t i = 0; i < len; i++) {
-        uint8_t c = (uint8_t)bytes[i];
         uint32_t cp;
-        if (n_pend == 0) {
-            int L = utf8_len(c);
-            if (!L)
-                return 0;
-            if (L > 1) {
-                pend[n_pend++] = c;
-                continue;
-            }
-            cp = c;
-        } else {
-            if ((c & 0xC0) != 0x80)
-                return 0;
-            pend[n_pend++] = c;
-            int L = utf8_len(pend[0]);
-            if (n_pend < L)
-                continue;
-            cp = L == 2 ? pend[0] & 0x1Fu : L == 3 ? pend[0] & 0x0Fu : pend[0] & 0x07u;
-            for (int k = 1; k < L; k++)
-                cp = cp << 6 | (pend[k] & 0x3Fu);
-            n_pend = 0;
-            if ((L == 3 && cp < 0x800) || (L == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-                (cp >= 0xD800 && cp <= 0xDFFF))
-                return 0; /* overlong or a surrogate */
-        }
+        int got = utf8_take(pend, &n_pend, (uint8_t)bytes[i], &cp);
+        if (got < 0)
+            return 0;
+        if (!got)
+            continue;
         stackset_t *out = in == &m->a ? &m->b : &m->a;
         if (step(m, in, cp, out) || out->n == 0)
             return 0;
         in = out;
     }
-    if (n_pend) { /* could the sequence begun end in a character some stack takes? */
-        int L = utf8_len(pend[0]);
-        uint32_t lo = L == 2 ? pend[0] & 0x1Fu : L == 3 ? pend[0] & 0x0Fu : pend[0] & 0x07u;
-        for (int k = 1; k < n_pend; k++)
-            lo = lo << 6 | (pend[k] & 0x3Fu);
-        int rest = 6 * (L - n_pend);
-        uint32_t hi = (lo << rest) | ((1u << rest) - 1);
-        lo <<= rest;
-        static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000}; /* no overlong form */
-        if (lo < least[L])
-            lo = least[L];
-        if (hi > 0x10FFFF)
-            hi = 0x10FFFF;
-        if (lo > hi)
-            return 0;
-        int any = 0;
-        for (size_t i = 0; i < in->n && !any; i++)
-            any = in->size[i] && set_may_match(in->buf[in->off[i] + in->size[i] - 1], lo, hi);
-        if (!any)
-            return 0;
-    }
+    /* could the sequence begun end in a character some stack takes? */
+    if (n_pend && !partial_fits(in, pend, n_pend))
+        return 0;
     if (commit) {
         if (in != &m->cur) {
             stackset_t t = m->cur;
@@ -1109,33 +1117,12 @@ static int scan_byte(rt_grammar_match_t *m, const stackset_t *in, const uint8_t 
 {
     uint8_t seq[4];
     memcpy(seq, pend, (size_t)n_pend);
-    int L;
-    if (n_pend == 0) {
-        L = utf8_len(b);
-        if (!L)
-            return 0;
-    } else {
-        if ((b & 0xC0) != 0x80)
-            return 0;
-        L = utf8_len(seq[0]);
-    }
-    seq[n_pend++] = b;
-    if (n_pend < L) { /* still inside a character: may some stack take one like it? */
-        uint32_t lo = L == 2 ? seq[0] & 0x1Fu : L == 3 ? seq[0] & 0x0Fu : seq[0] & 0x07u;
-        for (int k = 1; k < n_pend; k++)
-            lo = lo << 6 | (seq[k] & 0x3Fu);
-        int rest = 6 * (L - n_pend);
-        uint32_t hi = (lo << rest) | ((1u << rest) - 1);
-        lo <<= rest;
-        static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
-        if (lo < least[L])
-            lo = least[L];
-        if (hi > 0x10FFFF)
-            hi = 0x10FFFF;
-        int any = 0;
-        for (size_t i = 0; i < in->n && !any; i++)
-            any = in->size[i] && set_may_match(in->buf[in->off[i] + in->size[i] - 1], lo, hi);
-        if (!any || lo > hi)
+    uint32_t cp;
+    int got = utf8_take(seq, &n_pend, b, &cp);
+    if (got < 0)
+        return 0;
+    if (!got) { /* still inside a character: may some stack take one like it? */
+        if (!partial_fits(in, seq, n_pend))
             return 0;
         ss_clear(out);
         m->work += in->len;
@@ -1146,12 +1133,6 @@ static int scan_byte(rt_grammar_match_t *m, const stackset_t *in, const uint8_t 
         *n_pend_out = n_pend;
         return 1;
     }
-    uint32_t cp = L == 1 ? seq[0] : L == 2 ? seq[0] & 0x1Fu : L == 3 ? seq[0] & 0x0Fu : seq[0] & 0x07u;
-    for (int k = 1; k < L; k++)
-        cp = cp << 6 | (seq[k] & 0x3Fu);
-    if ((L == 2 && cp < 0x80) || (L == 3 && cp < 0x800) ||
-        (L == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0;
     *n_pend_out = 0;
     return step(m, in, cp, out) == 0 && out->n > 0;
 }
