@@ -304,6 +304,156 @@ att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int6
     }
 }
 
+/* Short contexts (max_len <= KCUDA_ATT_SHORT), rows variant only: grid (n_head, n),
+ * a block per (row, query head) takes the whole context in one pass and writes the
+ * normalised output, so there is no scratch and no combine launch. A decode step
+ * over a short context is a chain of tiny launches; the split pass and its combine
+ * cost two boundaries for a few microseconds of work.
+ * Scores: a thread per position, the head_dim / 8 16-byte K loads of its row issued
+ * together, the dot in dimension order against q in shared memory. Softmax: block
+ * max and sum, warps in order. p * V: HD / 8 threads per position (8 dimensions
+ * each, one 16-byte V load), 1024 / HD position phases; each thread's first 8
+ * positions are loaded before the scores are taken, the rest 8 loads at a time;
+ * phases are summed in order. The bits depend on the row's length only. */
+#define ATT_SHORT KCUDA_ATT_SHORT
+
+template <int HD>
+__global__ void __launch_bounds__(ATT_THREADS, 1)
+att_short_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const float *q, int n_head, int group,
+                 float scale, int max_len, float *out)
+{
+    kc_wait_prior();
+    kc_allow_next();
+    constexpr int TPR = HD / 8;                /* threads per V row */
+    constexpr int NPH = ATT_THREADS / TPR;     /* position phases */
+    __shared__ __align__(16) float qs[HD];
+    __shared__ float sc[ATT_SHORT];
+    __shared__ float red[NPH * HD];
+    __shared__ float wr[2][ATT_THREADS / 32];
+    const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const kcuda_kv_row_t r = rows[b];
+    const uint8_t *kc = (const uint8_t *)(uintptr_t)(r.k + (uint64_t)layer * r.layer_bytes);
+    const uint8_t *vc = kc + r.v_bytes;
+    const int len = (int)r.pos + 1 < max_len ? (int)r.pos + 1 : max_len;
+    const size_t hoff = (size_t)(h / group) * HD * sizeof(__half);
+
+    /* p * V's first loads, then q, then the scores */
+    const int dq = tid % TPR, ph = tid / TPR;
+    const size_t voff = hoff + (size_t)dq * 8 * sizeof(__half);
+    uint4 vpre[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int t = ph + u * NPH;
+        vpre[u] = t < len ? *(const uint4 *)(vc + (size_t)t * rb + voff) : make_uint4(0, 0, 0, 0);
+    }
+    for (int d = tid; d < HD; d += ATT_THREADS)
+        qs[d] = q[((size_t)b * n_head + h) * HD + d] * scale;
+    __syncthreads();
+
+    float m = -INFINITY;
+#pragma unroll 1
+    for (int t = tid; t < len; t += ATT_THREADS) {
+        const uint4 *kr = (const uint4 *)(kc + (size_t)t * rb + hoff);
+        constexpr int KB = TPR < 16 ? TPR : 16; /* loads in flight (HD 256: two rounds) */
+        float s = 0.0f;
+        /* q stays in registers across positions up to HD 128; HD 256 rereads it */
+#pragma unroll(TPR > 16 ? 1 : 2)
+        for (int i0 = 0; i0 < TPR; i0 += KB) {
+            uint4 raw[KB];
+#pragma unroll
+            for (int i = 0; i < KB; i++)
+                raw[i] = kr[i0 + i];
+#pragma unroll
+            for (int i = 0; i < KB; i++) {
+                const __half2 *h2 = (const __half2 *)&raw[i];
+                const float *qq = qs + 8 * (i0 + i);
+                const float4 qa = *(const float4 *)qq, qb = *(const float4 *)(qq + 4);
+                const float2 k0 = __half22float2(h2[0]), k1 = __half22float2(h2[1]);
+                const float2 k2 = __half22float2(h2[2]), k3 = __half22float2(h2[3]);
+                s += qa.x * k0.x + qa.y * k0.y + qa.z * k1.x + qa.w * k1.y + qb.x * k2.x + qb.y * k2.y +
+                     qb.z * k3.x + qb.w * k3.y;
+            }
+        }
+        sc[t] = s;
+        m = fmaxf(m, s);
+    }
+    m = kc_warp_max(m);
+    if (lane == 0)
+        wr[0][warp] = m;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < ATT_THREADS / 32; w++)
+        m = fmaxf(m, wr[0][w]);
+    float l = 0.0f;
+    for (int t = tid; t < len; t += ATT_THREADS) {
+        const float p = expf(sc[t] - m);
+        sc[t] = p;
+        l += p;
+    }
+    l = kc_warp_sum(l);
+    if (lane == 0)
+        wr[1][warp] = l;
+    __syncthreads();
+    l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATT_THREADS / 32; w++)
+        l += wr[1][w];
+
+    float acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        acc[i] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int t = ph + u * NPH;
+        if (t >= len)
+            break;
+        const float p = sc[t];
+        const __half2 *h2 = (const __half2 *)&vpre[u];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 f = __half22float2(h2[i]);
+            acc[2 * i] += p * f.x;
+            acc[2 * i + 1] += p * f.y;
+        }
+    }
+#pragma unroll 1
+    for (int t0 = ph + 8 * NPH; t0 < len; t0 += 8 * NPH) {
+        uint4 vf[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int t = t0 + u * NPH;
+            vf[u] = t < len ? *(const uint4 *)(vc + (size_t)t * rb + voff) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int t = t0 + u * NPH;
+            if (t >= len)
+                break;
+            const float p = sc[t];
+            const __half2 *h2 = (const __half2 *)&vf[u];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float2 f = __half22float2(h2[i]);
+                acc[2 * i] += p * f.x;
+                acc[2 * i + 1] += p * f.y;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        red[ph * HD + dq * 8 + i] = acc[i];
+    __syncthreads();
+    const float inv = 1.0f / l;
+    for (int d = tid; d < HD; d += ATT_THREADS) {
+        float a = 0.0f;
+#pragma unroll
+        for (int p2 = 0; p2 < NPH; p2++)
+            a += red[p2 * HD + d];
+        out[((size_t)b * n_head + h) * HD + d] = a * inv;
+    }
+}
+
 size_t kcuda_attention_scratch_bytes(int64_t n, int64_t n_head, int64_t head_dim, int64_t max_len)
 {
     if (n < 1 || n_head < 1 || head_dim < 1 || max_len < 1)
@@ -366,6 +516,22 @@ int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row
     if (row_bytes % 16 != 0 || row_bytes < (size_t)(n_kv_head * head_dim) * 2)
         return bl_err_set(err, BL_EINVAL, "attention_rows: cache rows of %zu bytes (a multiple of 16, at least %lld)",
                           row_bytes, (long long)(n_kv_head * head_dim * 2));
+    const int group = (int)(n_head / n_kv_head);
+    cudaStream_t st = (cudaStream_t)stream;
+    if (max_len <= ATT_SHORT) {
+        const dim3 gs((unsigned)n_head, (unsigned)n);
+#define ATT_SHORT_GO(HD)                                                                                   \
+    KC_LAUNCH(err, att_short_kernel<HD>, gs, ATT_THREADS, 0, st, d_rows, layer, row_bytes, d_q, (int)n_head, \
+              group, scale, (int)max_len, d_out)
+        switch (head_dim) {
+        case 32: ATT_SHORT_GO(32); break;
+        case 64: ATT_SHORT_GO(64); break;
+        case 128: ATT_SHORT_GO(128); break;
+        default: ATT_SHORT_GO(256); break;
+        }
+#undef ATT_SHORT_GO
+        return 0;
+    }
     const int64_t n_split = att_splits(max_len);
     const int chunk = att_chunk(max_len);
     const size_t need = kcuda_attention_scratch_bytes(n, n_head, head_dim, max_len);
@@ -376,8 +542,6 @@ int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row
                           (long long)ATT_MAX_SPLITS * ATT_CHUNK);
     float *pacc = (float *)d_scratch;
     float *pml = pacc + (size_t)n * (size_t)n_head * (size_t)n_split * (size_t)head_dim;
-    const int group = (int)(n_head / n_kv_head);
-    cudaStream_t st = (cudaStream_t)stream;
     const dim3 g1((unsigned)n_split, (unsigned)n_kv_head, (unsigned)n);
     KC_LAUNCH(err, att_split_kernel, g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st, NULL, NULL, row_bytes, d_q, 0, (int)n_head, group, (int)head_dim, scale, n_split, chunk, pacc, pml,
         d_rows, layer);

@@ -201,6 +201,17 @@ int kcuda_matvec_experts_swiglu(const kcuda_mat_t *gate, const kcuda_mat_t *up,
                                 const float *d_x, int64_t ldx, float *d_y, int64_t ldy,
                                 void *stream, bl_err_t *err) BL_WUR;
 
+/* kcuda_moe_route then kcuda_matvec_experts_swiglu in one launch: each block
+ * routes its row from d_logits (n, n_expert) itself (the same arithmetic, so the
+ * same ids, weights and outputs) and d_ids, d_wts (n, k) are written for the down
+ * product; a decode step saves the routing kernel's launch. Past 128 experts it
+ * launches the two. */
+int kcuda_matvec_experts_swiglu_route(const kcuda_mat_t *gate, const kcuda_mat_t *up,
+                                      int64_t n_expert, const float *d_logits, int norm,
+                                      int32_t *d_ids, float *d_wts, int n, int k,
+                                      const float *d_x, int64_t ldx, float *d_y, int64_t ldy,
+                                      void *stream, bl_err_t *err) BL_WUR;
+
 /* Down with the weighted sum: y (n, rows_per_expert) = sum over j < k of
  * wts[b * k + j] * (expert ids[b * k + j]'s rows times h row b * k + j), the sum
  * taken in j order. h (n * k, w->ncols) is the SwiGLU output, ldh floats apart. */
@@ -275,6 +286,9 @@ int kcuda_kv_store(const kcuda_kv_view_t *kv, const float *d_k, const float *d_v
  * positions: ceil(L / chunk) blocks per (row, KV head), so short contexts still
  * fill the card. */
 #define KCUDA_ATT_CHUNK 128
+/* Longest grid kcuda_attention_rows takes in one pass (a block per row and query
+ * head over the whole context, no split and no combine launch). */
+#define KCUDA_ATT_SHORT 256
 /* Most query heads per KV head (GQA group) the attention kernel takes. */
 #define KCUDA_ATT_MAX_GROUP 16
 
@@ -330,8 +344,10 @@ int kcuda_qkv_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes
 /* kcuda_attention for n rows, each over its own cache (d_rows[b], layer `layer`)
  * at positions 0..d_rows[b].pos. max_len bounds every row's pos + 1 and sizes the
  * grid and the chunk (chunks past a row's length return at once); scratch holds
- * kcuda_attention_scratch_bytes(n, n_head, head_dim, max_len) bytes. The same
- * arithmetic as kcuda_attention: a row gives the same bits through either when
+ * kcuda_attention_scratch_bytes(n, n_head, head_dim, max_len) bytes. Up to
+ * KCUDA_ATT_SHORT positions a block per (row, head) takes the whole context in one
+ * launch (scratch unused), so its bits follow the row's length alone; past it, the
+ * same arithmetic as kcuda_attention: a row gives the same bits through either when
  * max_len equals pos0 + n there (the chunk follows the grid's length), and the same
  * bits in any step over the same max_len, whatever the other rows. */
 int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes,

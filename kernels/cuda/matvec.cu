@@ -74,7 +74,21 @@ typedef struct mv_args {
     int64_t r1, r2;
     float *y1, *y2;
     int64_t ldy1, ldy2;
+    /* Expert mode with routing (kcuda_matvec_experts_swiglu_route): row b's router
+     * logits at logits + b * n_expert (n_expert <= MV_ROUTE_MAX); each block routes
+     * its row itself and block column 0 of choice 0 writes the row's ids and
+     * weights to ids_out and wts_out; ids is unused. */
+    const float *logits;
+    int norm;
+    int32_t *ids_out;
+    float *wts_out;
+    size_t route_off; /* where the warps' routing copies start in shared memory */
 } mv_args_t;
+
+/* Most experts the routed gate/up takes (logits per lane: MV_ROUTE_MAX / 32), and
+ * the shared memory of the warps' routing copies (ids, then weights). */
+#define MV_ROUTE_MAX 128
+#define MV_ROUTE_BYTES (MV_WARPS * KCUDA_MOE_MAX_K * 8)
 
 // --- formats ------------------------------------------------------------------------------
 /* BE elements and BB bytes per block; G blocks per group (G * BB <= 2048); Q: the
@@ -468,6 +482,9 @@ typedef struct mv_work {
      * of the warp's 32 lanes): part q holds choices 2q and 2q + 1, one per half of
      * the warp, so each segment keeps 24 lanes busy and there are half as many. */
     int pair;
+    /* Expert modes: the block's expert ids (gate/up: its slot's one; down: its
+     * row's k), in global memory or, routed, in the warp's shared copy. */
+    const int32_t *ids;
 } mv_work_t;
 
 /* A position in the warp's walk: group g of part q of the warp's row i. The walk
@@ -496,13 +513,13 @@ static __device__ __forceinline__ mv_seg_t seg_at(const mv_args_t &a, const mv_w
         row = (p.q ? a.w2 : a.w) + r * a.row_bytes;
     } else if (wk.pair) {
         const int j = 2 * p.q;
-        const int32_t e = a.ids[blockIdx.y * a.k + j], e2 = j + 1 < a.k ? a.ids[blockIdx.y * a.k + j + 1] : -1;
+        const int32_t e = wk.ids[j], e2 = j + 1 < a.k ? wk.ids[j + 1] : -1;
         if (e >= 0 && e < a.n_expert)
             row = a.w + ((int64_t)e * a.nrows + r) * a.row_bytes;
         if (e2 >= 0 && e2 < a.n_expert)
             row2 = a.w + ((int64_t)e2 * a.nrows + r) * a.row_bytes;
     } else {
-        const int32_t e = a.mode == MV_EXPERT ? a.ids[blockIdx.y] : a.ids[blockIdx.y * a.k + p.q];
+        const int32_t e = a.mode == MV_EXPERT ? wk.ids[0] : wk.ids[p.q];
         if (e >= 0 && e < a.n_expert)
             row = (a.mode == MV_EXPERT && p.q ? a.w2 : a.w) + ((int64_t)e * a.nrows + r) * a.row_bytes;
     }
@@ -682,6 +699,23 @@ static __device__ __forceinline__ void mv_body(const mv_args_t &a, unsigned bx)
     const bool early = a.mode == MV_PLAIN;
     if (!early)
         kc_wait_prior();
+    /* Routed: each warp routes the block's row from the logits (read through L2)
+     * into its own shared copy, so no block barrier is needed before the first
+     * copies; the same arithmetic as kcuda_moe_route. */
+    wk.ids = a.mode == MV_EXPERT ? a.ids + slot : a.ids + slot * a.k;
+    if (a.mode == MV_EXPERT && a.logits) {
+        int32_t *rid = (int32_t *)(mv_smem + a.route_off) + warp * KCUDA_MOE_MAX_K;
+        float *rwt = (float *)(mv_smem + a.route_off) + (MV_WARPS + warp) * KCUDA_MOE_MAX_K;
+        const int64_t row = slot / a.k;
+        kc_moe_route_row<MV_ROUTE_MAX / 32>(a.logits + row * a.n_expert, (int)a.n_expert, a.k, a.norm, rid, rwt,
+                                            lane);
+        __syncwarp();
+        wk.ids = rid + (slot - row * a.k);
+        if (bx == 0 && slot == row * a.k && warp == 0 && lane < a.k) {
+            a.ids_out[row * a.k + lane] = rid[lane];
+            a.wts_out[row * a.k + lane] = rwt[lane];
+        }
+    }
     mv_seg_t pend[MV_STAGES - 1];
     mv_pos_t p0 = {0, 0, 0};
 #pragma unroll
@@ -1077,7 +1111,11 @@ static int mv_setup(const kcuda_mat_t *w, mv_args_t *a, int nx, int optin, size_
     const int q = bl_type_info((bl_type_t)w->type)->block_elems > 1;
     a->terms = q ? g_act_terms : 1;
     int xs = 0;
-    const size_t smem = MV_STAGE_ALL + (q ? xq_bytes(w->ncols, nx * a->terms, &xs) : 0);
+    size_t smem = MV_STAGE_ALL + (q ? xq_bytes(w->ncols, nx * a->terms, &xs) : 0);
+    if (a->logits) { /* the routing copies last */
+        a->route_off = (smem + 15) / 16 * 16;
+        smem = a->route_off + MV_ROUTE_BYTES;
+    }
     if (smem > (size_t)optin)
         return bl_err_set(err, BL_ENOTSUP,
                           "matvec: %d activation rows (%d term%s) of %lld columns need %zu bytes of shared memory (the device gives %d)",
@@ -1378,6 +1416,46 @@ int kcuda_matvec_experts_swiglu(const kcuda_mat_t *gate, const kcuda_mat_t *up, 
     if (rc < 0)
         return rc;
     return experts_up(gate, up, n_expert, d_ids, n, k, d_x, ldx, d_y, ldy, stream, err);
+}
+
+int kcuda_matvec_experts_swiglu_route(const kcuda_mat_t *gate, const kcuda_mat_t *up, int64_t n_expert,
+                                      const float *d_logits, int norm, int32_t *d_ids, float *d_wts, int n,
+                                      int k, const float *d_x, int64_t ldx, float *d_y, int64_t ldy, void *stream,
+                                      bl_err_t *err)
+{
+    if (!d_logits || !d_wts || k < 1 || k > KCUDA_MOE_MAX_K || k > n_expert)
+        return bl_err_set(err, BL_EINVAL, "matvec_experts_swiglu_route: top %d of %lld experts, or a NULL buffer",
+                          k, (long long)n_expert);
+    /* more experts than a warp's registers hold here: the routing kernel first */
+    if (n_expert > MV_ROUTE_MAX) {
+        int rc = kcuda_moe_route(d_logits, n, n_expert, k, norm, d_ids, d_wts, stream, err);
+        return rc < 0 ? rc
+                      : kcuda_matvec_experts_swiglu(gate, up, n_expert, d_ids, n, k, d_x, ldx, d_y, ldy, stream, err);
+    }
+    int64_t rpe = 0;
+    int rc = same_shape(gate, up, "matvec_experts_swiglu_route", err);
+    if (rc < 0 || (rc = check_x(gate, d_x, ldx, "matvec_experts_swiglu_route", err)) < 0 ||
+        (rc = experts_args(gate, n_expert, d_ids, n, k, "matvec_experts_swiglu_route", &rpe, err)) < 0)
+        return rc;
+    if (!d_y || ldy < rpe)
+        return bl_err_set(err, BL_EINVAL, "matvec_experts_swiglu_route: ldy %lld for %lld outputs",
+                          (long long)ldy, (long long)rpe);
+    mv_args_t a = {};
+    a.w2 = (const uint8_t *)up->data;
+    a.nrows = rpe;
+    a.n_expert = n_expert;
+    a.x = d_x;
+    a.ldx = ldx;
+    a.y = d_y;
+    a.ldy = ldy;
+    a.n = n;
+    a.k = k;
+    a.mode = MV_EXPERT;
+    a.logits = d_logits;
+    a.norm = norm;
+    a.ids_out = d_ids;
+    a.wts_out = d_wts;
+    return mv_launch(gate, &a, (unsigned)(n * k), 1, stream, err);
 }
 
 int kcuda_matvec_experts_down(const kcuda_mat_t *w, int64_t n_expert, const int32_t *d_ids,

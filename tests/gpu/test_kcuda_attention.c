@@ -296,6 +296,13 @@ int main(void)
     case_rows(&r, 1, p1, 8, 2, 128, 256);
     case_rows(&r, 3, p3, 32, 4, 128, 256);      /* a grid larger than two rows need */
     case_rows(&r, 5, p5, 16, 1, 64, 1024 + 128);
+    /* the one-pass kernel (max_len <= KCUDA_ATT_SHORT) for every head size, a
+     * context filling the grid, more positions than threads, group 16 and group 1 */
+    const int64_t s2[2] = {63, 127}, s3[3] = {255, 0, 100}, s4[2] = {17, 200}, s5[1] = {256};
+    case_rows(&r, 2, s2, 16, 1, 64, 128);
+    case_rows(&r, 3, s3, 6, 3, 256, KCUDA_ATT_SHORT);
+    case_rows(&r, 2, s4, 4, 4, 32, 201);
+    case_rows(&r, 1, s5, 32, 4, 128, KCUDA_ATT_SHORT + 1); /* just past it: the split pass */
     /* each chunk size (16 up to 1024 positions, 32, 64, 128 past 4096), with
      * causal ends inside a chunk and on its edge */
     case_attention(&r, 2, 1022, 32, 4, 128);  /* chunks of 16: ends at 1023, 1024 */

@@ -223,6 +223,60 @@ static void case_experts(rng_t *r, uint32_t type_up, uint32_t type_down, int64_t
     free(xr_all); free(hr);
 }
 
+/* The routed gate/up (kcuda_matvec_experts_swiglu_route) against kcuda_moe_route
+ * then kcuda_matvec_experts_swiglu, both checked above: the same ids, weights and
+ * outputs, bit for bit, for n rows of random logits. Past 128 experts it takes the
+ * two-launch path; the comparison is the same. */
+static void case_routed(rng_t *r, uint32_t type, int64_t ne, int64_t E, int64_t F, int n, int k, int norm)
+{
+    bl_err_t err = {0};
+    emat_t gate, up;
+    make_emat(r, &gate, type, E, ne * F);
+    make_emat(r, &up, type, E, ne * F);
+    const int S = n * k;
+    const int64_t ldx = E + 4, ldh = F + 8;
+    float *x = xmalloc(sizeof(float) * (size_t)(n * ldx)), *lg = xmalloc(sizeof(float) * (size_t)(n * ne));
+    rand_fill(r, x, n * ldx, 1.0f);
+    rand_fill(r, lg, n * ne, 4.0f);
+    float *dx = d_upload(x, sizeof(float) * (size_t)(n * ldx)), *dl = d_upload(lg, sizeof(float) * (size_t)(n * ne));
+    int32_t *di[2] = {d_poison(sizeof(int32_t) * (size_t)S), d_poison(sizeof(int32_t) * (size_t)S)};
+    float *dw[2] = {d_poison(sizeof(float) * (size_t)S), d_poison(sizeof(float) * (size_t)S)};
+    float *dy[2] = {d_poison(sizeof(float) * (size_t)(S * ldh)), d_poison(sizeof(float) * (size_t)(S * ldh))};
+    const kcuda_mat_t mg = ekmat(&gate), mu = ekmat(&up);
+    int ok = kcuda_moe_route(dl, n, ne, k, norm, di[0], dw[0], NULL, &err) == 0 &&
+             kcuda_matvec_experts_swiglu(&mg, &mu, ne, di[0], n, k, dx, ldx, dy[0], ldh, NULL, &err) == 0 &&
+             kcuda_matvec_experts_swiglu_route(&mg, &mu, ne, dl, norm, di[1], dw[1], n, k, dx, ldx, dy[1], ldh,
+                                               NULL, &err) == 0;
+    if (!ok)
+        printf("#   %s\n", err.msg);
+    const size_t isz = sizeof(int32_t) * (size_t)S, wsz = sizeof(float) * (size_t)S;
+    const size_t ysz = sizeof(float) * (size_t)((S - 1) * ldh + F);
+    int32_t *ids[2] = {xmalloc(isz), xmalloc(isz)};
+    float *w[2] = {xmalloc(wsz), xmalloc(wsz)}, *y[2] = {xmalloc(ysz), xmalloc(ysz)};
+    for (int i = 0; ok && i < 2; i++)
+        ok = d_fetch(ids[i], di[i], isz, &err) == 0 && d_fetch(w[i], dw[i], wsz, &err) == 0 &&
+             d_fetch(y[i], dy[i], ysz, &err) == 0;
+    if (ok) {
+        int same_y = 1;
+        for (int s2 = 0; s2 < S; s2++)
+            same_y &= memcmp(y[0] + s2 * ldh, y[1] + s2 * ldh, sizeof(float) * (size_t)F) == 0;
+        const int same_ids = memcmp(ids[0], ids[1], isz) == 0, same_w = memcmp(w[0], w[1], wsz) == 0;
+        if (!same_ids || !same_w || !same_y)
+            printf("#   ids %s, weights %s, outputs %s\n", same_ids ? "same" : "DIFFER", same_w ? "same" : "DIFFER",
+                   same_y ? "same" : "DIFFER");
+        ok = same_ids && same_w && same_y;
+    }
+    tap_ok(ok, "matvec_experts_swiglu_route %s: %d rows x top %d of %lld experts%s, %lld x %lld: the bits of "
+           "moe_route then matvec_experts_swiglu", bl_type_info(type)->name, n, k, (long long)ne,
+           norm ? " (renormalised)" : "", (long long)F, (long long)E);
+    for (int i = 0; i < 2; i++) {
+        kcuda_free(di[i]); kcuda_free(dw[i]); kcuda_free(dy[i]);
+        free(ids[i]); free(w[i]); free(y[i]);
+    }
+    kcuda_free(dx); kcuda_free(dl); kcuda_free(gate.d); kcuda_free(up.d);
+    free(gate.deq); free(up.deq); free(x); free(lg);
+}
+
 int main(void)
 {
     gpu_test_init("test_kcuda_moe");
@@ -254,5 +308,12 @@ int main(void)
     case_experts(&r, BL_TYPE_Q6_K, BL_TYPE_Q5_K, 7, 768, 512, 1, 7);
     if (!g_small)
         case_experts(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 9, 2048, 768, 1, 8);
+
+    /* routing inside the gate/up launch: 30B-A3B's 128 experts (top 8), fewer than
+     * a warp, one choice, no renormalisation, and past 128 (two launches) */
+    case_routed(&r, BL_TYPE_Q4_K, 128, 256, 64, 3, 8, 1);
+    case_routed(&r, BL_TYPE_Q8_0, 9, 64, 40, 2, 4, 1);
+    case_routed(&r, BL_TYPE_Q6_K, 60, 256, 32, 4, 1, 0);
+    case_routed(&r, BL_TYPE_F16, 200, 32, 16, 2, 6, 1);
     return tap_done();
 }

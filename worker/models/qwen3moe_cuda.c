@@ -699,16 +699,21 @@ static int moe_ffn(wk_model_t *m, const dlayer_t *D, int64_t n, bl_err_t *err)
     const int64_t E = c->n_embd, F = c->n_ff_exp, K = c->n_expert_used, NE = c->n_expert;
     void *st = cu->stream;
     OP("ffn_gate_inp", mv(cu, &D->gate_inp, cu->xn, E, n, cu->rl, NE, 0, err));
-    OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, 1, cu->ids, cu->wts, st, err));
+    /* Gate and up of one shape route in their own launch (each block routes its
+     * row); otherwise the routing kernel first. */
+    const int fused = same_shape(&D->gate_exps, &D->up_exps);
+    if (!fused)
+        OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, 1, cu->ids, cu->wts, st, err));
     /* The expert kernels index one block row per (row, choice): 65535 at most. */
     const int64_t step = 65535 / K;
     for (int64_t r = 0; r < n; r += step) {
         const int cn = (int)(n - r < step ? n - r : step);
-        const int32_t *ids = cu->ids + r * K;
+        int32_t *ids = cu->ids + r * K;
         float *g = cu->g + r * K * F, *u = cu->u + r * K * F;
-        if (same_shape(&D->gate_exps, &D->up_exps)) {
-            OP("ffn_moe_gate_up", kcuda_matvec_experts_swiglu(&D->gate_exps, &D->up_exps, NE, ids, cn, (int)K,
-                                                              cu->xn + r * E, E, g, F, st, err));
+        if (fused) {
+            OP("ffn_moe_gate_up", kcuda_matvec_experts_swiglu_route(&D->gate_exps, &D->up_exps, NE, cu->rl + r * NE,
+                                                                    1, ids, cu->wts + r * K, cn, (int)K,
+                                                                    cu->xn + r * E, E, g, F, st, err));
         } else {
             OP("ffn_moe_gate", kcuda_matvec_experts(&D->gate_exps, NE, ids, cn, (int)K, cu->xn + r * E, E, g,
                                                     F, st, err));
