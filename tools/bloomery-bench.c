@@ -5,9 +5,10 @@
  * (-ngl, -dev), over the card's device-to-device copy bandwidth. --profile adds a
  * per-op time breakdown of a decode step on the card (CUDA events per launch).
  *
- * A pp test evaluates N random tokens from an empty cache in batches of -b rows; a
- * tg test decodes N tokens one at a time from an empty cache. Each test runs once
- * untimed, then -r times timed. */
+ * A pp test evaluates N random tokens in batches of -b rows; a tg test decodes N
+ * tokens one at a time. Both start from an empty cache, or with -d D from D random
+ * tokens evaluated (untimed) before each run, as llama-bench's depth ("tg128 @
+ * d4096"). Each test runs once untimed, then -r times timed. */
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -33,7 +34,7 @@ typedef struct list {
 
 typedef struct bench {
     const char *model, *output;
-    list_t pp, tg, threads;
+    list_t pp, tg, threads, depth;
     int64_t reps, n_batch;
     int precise, no_roofline, profile;
     int flash_attn; /* BL_FLASH_*: -fa */
@@ -61,9 +62,10 @@ static double now_s(void)
 }
 
 /* "512", "512,4096", "0" (none) */
-static int parse_list(void *ud, const char *v, bl_err_t *err)
+/* A comma-separated list of counts; zeros are dropped (a test of length 0 is no
+ * test) unless keep_zero (a depth of 0 is an empty cache). */
+static int parse_counts(list_t *l, const char *v, int keep_zero, bl_err_t *err)
 {
-    list_t *l = ud;
     l->n = 0;
     char buf[256];
     if (strlen(v) >= sizeof buf)
@@ -75,11 +77,17 @@ static int parse_list(void *ud, const char *v, bl_err_t *err)
             return bl_err_set(err, BL_EINVAL, "'%.32s' is not a count in 0..1048576", tok);
         if (l->n == MAX_LIST)
             return bl_err_set(err, BL_EINVAL, "more than %d values", MAX_LIST);
-        if (x > 0)
+        if (x > 0 || keep_zero)
             l->v[l->n++] = x;
     }
+    if (keep_zero && l->n == 0)
+        return bl_err_set(err, BL_EINVAL, "no value");
     return 0;
 }
+
+static int parse_list(void *ud, const char *v, bl_err_t *err) { return parse_counts(ud, v, 0, err); }
+
+static int parse_depths(void *ud, const char *v, bl_err_t *err) { return parse_counts(ud, v, 1, err); }
 
 // --- memory bandwidth -------------------------------------------------------------------
 
@@ -224,32 +232,39 @@ typedef struct result {
     char test[32];
     int64_t threads;
     double mean, sd;   /* tok/s */
-    int64_t n;
+    int64_t n, depth;
 } result_t;
 
-static int run_test(wk_model_t *m, wk_kv_t *kv, int is_pp, int64_t n, int64_t n_batch,
+/* pp: n tokens at positions d.. in batches of n_batch, logits of the last; tg: n
+ * tokens one at a time. tokens holds d + n. */
+static int eval_span(wk_model_t *m, wk_kv_t *kv, const int32_t *tokens, int64_t d, int64_t n, int is_pp,
+                     int want_logits, int64_t n_batch, float *logits, bl_err_t *err)
+{
+    const int64_t step = is_pp ? n_batch : 1;
+    for (int64_t at = 0; at < n; at += step) {
+        const int64_t k = n - at < step ? n - at : step;
+        int rc = wk_model_eval(m, kv, tokens + d + at, k, d + at, want_logits && (!is_pp || at + k == n) ? 1 : 0,
+                               logits, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int run_test(wk_model_t *m, wk_kv_t *kv, int is_pp, int64_t n, int64_t depth, int64_t n_batch,
                     int64_t reps, float *logits, int32_t *tokens, result_t *r, bl_err_t *err)
 {
     const wk_config_t *cfg = wk_model_config(m);
     double sum = 0, sum2 = 0;
     for (int64_t rep = -1; rep < reps; rep++) { /* rep -1: the untimed warm-up */
-        for (int64_t i = 0; i < n; i++)
+        for (int64_t i = 0; i < depth + n; i++)
             tokens[i] = (int32_t)(rand() % cfg->n_vocab);
+        int rc = eval_span(m, kv, tokens, 0, depth, 1, 0, n_batch, logits, err); /* the depth, untimed */
+        if (rc)
+            return rc;
         double t0 = now_s();
-        if (is_pp) {
-            for (int64_t at = 0; at < n; at += n_batch) {
-                int64_t k = n - at < n_batch ? n - at : n_batch;
-                int rc = wk_model_eval(m, kv, tokens + at, k, at, at + k == n ? 1 : 0, logits, err);
-                if (rc)
-                    return rc;
-            }
-        } else {
-            for (int64_t i = 0; i < n; i++) {
-                int rc = wk_model_eval(m, kv, tokens + i, 1, i, 1, logits, err);
-                if (rc)
-                    return rc;
-            }
-        }
+        if ((rc = eval_span(m, kv, tokens, depth, n, is_pp, 1, n_batch, logits, err)))
+            return rc;
         double ts = (double)n / (now_s() - t0);
         if (rep >= 0) {
             sum += ts;
@@ -259,7 +274,11 @@ static int run_test(wk_model_t *m, wk_kv_t *kv, int is_pp, int64_t n, int64_t n_
     r->mean = sum / (double)reps;
     r->sd = reps > 1 ? sqrt(fmax(0.0, (sum2 - sum * sum / (double)reps) / (double)(reps - 1))) : 0;
     r->n = n;
-    snprintf(r->test, sizeof r->test, "%s%lld", is_pp ? "pp" : "tg", (long long)n);
+    r->depth = depth;
+    if (depth > 0)
+        snprintf(r->test, sizeof r->test, "%s%lld @ d%lld", is_pp ? "pp" : "tg", (long long)n, (long long)depth);
+    else
+        snprintf(r->test, sizeof r->test, "%s%lld", is_pp ? "pp" : "tg", (long long)n);
     return 0;
 }
 
@@ -316,6 +335,7 @@ int main(int argc, char **argv)
     static bench_t b;
     b.pp = (list_t){{512}, 1};
     b.tg = (list_t){{128}, 1};
+    b.depth = (list_t){{0}, 1};
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     b.threads = (list_t){{ncpu > 0 ? ncpu : 1}, 1};
     b.reps = 5;
@@ -328,6 +348,7 @@ int main(int argc, char **argv)
         {"-m,--model", NULL, BL_ARG_STR, &b.model, .metavar = "FILE", .help = "model file (GGUF)"},
         {"-p,--n-prompt", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.pp, .metavar = "N[,N...]", .help = "prompt lengths to test (default 512; 0: none)"},
         {"-n,--n-gen", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.tg, .metavar = "N[,N...]", .help = "decode lengths to test (default 128; 0: none)"},
+        {"-d,--n-depth", NULL, BL_ARG_FN, NULL, .fn = parse_depths, .ud = &b.depth, .metavar = "N[,N...]", .help = "cached positions each test starts from (default 0), filled untimed before every run"},
         {"-t,--threads", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.threads, .metavar = "N[,N...]", .help = "thread counts (default: the number of CPUs)"},
         {"-r,--repetitions", NULL, BL_ARG_I64, &b.reps, 1, 1000, .metavar = "N", .help = "timed runs per test (default 5)"},
         {"-b,--batch-size", NULL, BL_ARG_I64, &b.n_batch, 1, 1 << 16, .metavar = "N", .help = "prompt rows per forward pass (default 512)"},
@@ -390,15 +411,17 @@ int main(int argc, char **argv)
         max_n = b.pp.v[i] > max_n ? b.pp.v[i] : max_n;
     for (int i = 0; i < b.tg.n; i++)
         max_n = b.tg.v[i] > max_n ? b.tg.v[i] : max_n;
+    int64_t max_d = 0;
+    for (int i = 0; i < b.depth.n; i++)
+        max_d = b.depth.v[i] > max_d ? b.depth.v[i] : max_d;
 
     srand(1);
     int rc = 1;
-    int32_t *tokens = malloc((size_t)max_n * sizeof *tokens);
+    int32_t *tokens = malloc((size_t)(max_d + max_n) * sizeof *tokens);
     float *logits = NULL;
-    result_t results[3 * MAX_LIST * MAX_LIST];
-    int n_results = 0;
     double tg_best = 0;
-    int64_t tg_best_n = 0, tg_best_threads = 0;
+    int64_t tg_best_n = 0, tg_best_threads = 0, tg_best_depth = 0;
+    char tg_best_test[sizeof ((result_t *)0)->test] = "";
     model_bytes_t mb = {0};
     double dev_bw = 0;
     char dev_name[256] = "";
@@ -417,7 +440,7 @@ int main(int argc, char **argv)
         mo.precise = b.precise;
         mo.n_threads = (int)b.threads.v[ti];
         mo.n_batch = b.n_batch;
-        mo.n_ctx_max = max_n + (b.profile ? 544 : 0);
+        mo.n_ctx_max = max_d + max_n + (b.profile ? 544 : 0);
         mo.device = device;
         mo.flash_attn = b.flash_attn;
         wk_model_t *m = NULL;
@@ -441,10 +464,11 @@ int main(int argc, char **argv)
         }
         for (int pass = 0; pass < 2; pass++) {
             const list_t *l = pass == 0 ? &b.pp : &b.tg;
-            for (int i = 0; i < l->n; i++) {
-                result_t *r = &results[n_results++];
+            for (int i = 0; i < l->n * b.depth.n; i++) {
+                result_t res, *r = &res;
                 r->threads = b.threads.v[ti];
-                if (run_test(m, kv, pass == 0, l->v[i], b.n_batch, b.reps, logits, tokens, r, &err)) {
+                if (run_test(m, kv, pass == 0, l->v[i / b.depth.n], b.depth.v[i % b.depth.n], b.n_batch, b.reps,
+                             logits, tokens, r, &err)) {
                     fprintf(stderr, "bloomery-bench: %s\n", err.msg);
                     wk_kv_free(kv);
                     wk_model_free(m);
@@ -454,6 +478,8 @@ int main(int argc, char **argv)
                     tg_best = r->mean;
                     tg_best_n = r->n;
                     tg_best_threads = r->threads;
+                    tg_best_depth = r->depth;
+                    memcpy(tg_best_test, r->test, sizeof tg_best_test);
                 }
                 const char *backend = device >= 0 ? "CUDA" : "CPU";
                 if (md)
@@ -461,9 +487,9 @@ int main(int argc, char **argv)
                            arch, mb.params / 1e9, ftype, mb.total / (1 << 30), mb.params / 1e9, backend,
                            wk_model_kernels(m), (long long)r->threads, r->test, r->mean, r->sd);
                 else
-                    printf("{\"model\":\"%s\",\"arch\":\"%s\",\"size\":%.0f,\"params\":%.0f,\"backend\":\"%s\",\"kernels\":\"%s\",\"threads\":%lld,\"test\":\"%s\",\"n\":%lld,\"reps\":%lld,\"avg_ts\":%.3f,\"stddev_ts\":%.3f}\n",
+                    printf("{\"model\":\"%s\",\"arch\":\"%s\",\"size\":%.0f,\"params\":%.0f,\"backend\":\"%s\",\"kernels\":\"%s\",\"threads\":%lld,\"test\":\"%s\",\"n\":%lld,\"n_depth\":%lld,\"reps\":%lld,\"avg_ts\":%.3f,\"stddev_ts\":%.3f}\n",
                            b.model, arch, mb.total, mb.params, backend, wk_model_kernels(m),
-                           (long long)r->threads, r->test, (long long)r->n, (long long)b.reps,
+                           (long long)r->threads, r->test, (long long)r->n, (long long)r->depth, (long long)b.reps,
                            r->mean, r->sd);
                 fflush(stdout);
             }
@@ -480,18 +506,18 @@ int main(int argc, char **argv)
 
     if (!b.no_roofline && tg_best > 0) {
         double bw = device >= 0 ? dev_bw : measure_read_bandwidth((int)tg_best_threads);
-        /* a tg run of n tokens reads on average n/2 cached positions per token */
-        double kv = mb.kv_per_pos * (double)tg_best_n / 2.0;
+        /* a tg run of n tokens at depth d reads on average d + n/2 cached positions per token */
+        double kv = mb.kv_per_pos * ((double)tg_best_depth + (double)tg_best_n / 2.0);
         double per_token = mb.per_token + kv;
         double limit = bw / per_token;
         if (md)
-            printf("\ndecode roofline: a token reads %.1f MB (weights %.1f MB, KV cache %.2f MB at tg%lld); "
+            printf("\ndecode roofline: a token reads %.1f MB (weights %.1f MB, KV cache %.2f MB at %s); "
                    "%s %.1f GB/s%s: at most %.1f tok/s; "
-                   "tg%lld reached %.2f tok/s = %.0f%% of it (%.0f GB/s achieved)\n",
-                   per_token / 1e6, mb.per_token / 1e6, kv / 1e6, (long long)tg_best_n,
+                   "%s reached %.2f tok/s = %.0f%% of it (%.0f GB/s achieved)\n",
+                   per_token / 1e6, mb.per_token / 1e6, kv / 1e6, tg_best_test,
                    device >= 0 ? dev_name : "memory read bandwidth", bw / 1e9,
                    device >= 0 ? " device-to-device copy (read + write)" : thr_note(tg_best_threads),
-                   limit, (long long)tg_best_n, tg_best, 100.0 * tg_best / limit,
+                   limit, tg_best_test, tg_best, 100.0 * tg_best / limit,
                    tg_best * per_token / 1e9);
         else
             printf("{\"roofline\":{\"bytes_per_token\":%.0f,\"weights_per_token\":%.0f,\"read_bandwidth\":%.0f,\"threads\":%lld,\"max_ts\":%.3f,\"tg_ts\":%.3f,\"fraction\":%.4f}}\n",

@@ -53,8 +53,23 @@ def test_bench_jsonl(model):
     assert all(r["avg_ts"] > 0 and r["arch"] == "qwen3moe" for r in recs)
 
 
+def test_bench_depth(model):
+    """-d D starts each test from D cached positions, named as llama-bench names it."""
+    p = run([tool("bloomery-bench"), "-m", model, "-p", "8", "-n", "3", "-d", "0,20", "-r", "1", "-t", "1"])
+    assert p.returncode == 0, p.stderr
+    rows = [l for l in p.stdout.splitlines()[2:] if l.startswith("| ")]
+    assert [r.split("|")[6].strip() for r in rows] == ["pp8", "pp8 @ d20", "tg3", "tg3 @ d20"]
+    p = run([tool("bloomery-bench"), "-m", model, "-p", "0", "-n", "2", "-d", "33", "-r", "1", "-o", "jsonl",
+             "--no-roofline"])
+    assert p.returncode == 0, p.stderr
+    recs = [json.loads(l) for l in p.stdout.splitlines()]
+    assert [(r["test"], r["n"], r["n_depth"]) for r in recs] == [("tg2 @ d33", 2, 33)]
+
+
 @pytest.mark.parametrize("args,needle", [
     ([], "-m FILE"),
+    (["-m", "x.gguf", "-d", "x"], "--n-depth"),
+    (["-m", "x.gguf", "-d", ","], "--n-depth"),
     (["-m", "x.gguf", "-p", "abc"], "--n-prompt"),
     (["-m", "x.gguf", "-r", "0"], "--repetitions"),
     (["-m", "x.gguf", "-o", "csv"], "-o"),
