@@ -292,44 +292,75 @@ att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int6
     for (int s = tid; s < n_act; s += ATT_THREADS)
         att_wsm[s] = expf(pml[(base + s) * 2] - M);
     __syncthreads();
+    /* Both sums in split order; 8 loads are issued before they are used, so a
+     * long context's 64 splits cost 8 memory latencies, not 64. */
     float L = 0.0f;
-    for (int s = 0; s < n_act; s++)
+    int s = 0;
+    for (; s + 8 <= n_act; s += 8) {
+        float lv[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            lv[u] = pml[(base + s + u) * 2 + 1];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            L += lv[u] * att_wsm[s + u];
+    }
+    for (; s < n_act; s++)
         L += pml[(base + s) * 2 + 1] * att_wsm[s];
     const float inv = 1.0f / L;
     for (int d = tid; d < hd; d += ATT_THREADS) {
         float a = 0.0f;
-        for (int s = 0; s < n_act; s++)
-            a += pacc[(base + s) * hd + d] * att_wsm[s];
+        int s2 = 0;
+        for (; s2 + 8 <= n_act; s2 += 8) {
+            float av[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                av[u] = pacc[(base + s2 + u) * hd + d];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                a += av[u] * att_wsm[s2 + u];
+        }
+        for (; s2 < n_act; s2++)
+            a += pacc[(base + s2) * hd + d] * att_wsm[s2];
         out[((size_t)b * n_head + h) * hd + d] = a * inv;
     }
 }
 
-/* Short contexts (max_len <= KCUDA_ATT_SHORT), rows variant only: grid (n_head, n),
- * a block per (row, query head) takes the whole context in one pass and writes the
+/* Short contexts (max_len up to kcuda_attention_set_short's bound, KCUDA_ATT_SHORT by
+ * default), rows variant only: grid (n_head, n), a block of ATT_SHORT_THREADS per
+ * (row, query head) takes the whole context in one pass and writes the
  * normalised output, so there is no scratch and no combine launch. A decode step
  * over a short context is a chain of tiny launches; the split pass and its combine
  * cost two boundaries for a few microseconds of work.
  * Scores: a thread per position, the head_dim / 8 16-byte K loads of its row issued
  * together, the dot in dimension order against q in shared memory. Softmax: block
  * max and sum, warps in order. p * V: HD / 8 threads per position (8 dimensions
- * each, one 16-byte V load), 1024 / HD position phases; each thread's first 8
+ * each, one 16-byte V load), 8 * ATT_SHORT_THREADS / HD position phases; each thread's first 8
  * positions are loaded before the scores are taken, the rest 8 loads at a time;
  * phases are summed in order. The bits depend on the row's length only. */
-#define ATT_SHORT KCUDA_ATT_SHORT
+#define ATT_SHORT_THREADS 256
+static int g_att_short = KCUDA_ATT_SHORT;
+
+int kcuda_attention_set_short(int max_len)
+{
+    const int old = g_att_short;
+    g_att_short = max_len < 0 ? 0 : max_len > KCUDA_ATT_SHORT_MAX ? KCUDA_ATT_SHORT_MAX : max_len;
+    return old;
+}
 
 template <int HD>
-__global__ void __launch_bounds__(ATT_THREADS, 1)
+__global__ void __launch_bounds__(ATT_SHORT_THREADS, 1)
 att_short_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const float *q, int n_head, int group,
                  float scale, int max_len, float *out)
 {
     kc_wait_prior();
     kc_allow_next();
     constexpr int TPR = HD / 8;                /* threads per V row */
-    constexpr int NPH = ATT_THREADS / TPR;     /* position phases */
+    constexpr int NPH = ATT_SHORT_THREADS / TPR;     /* position phases */
     __shared__ __align__(16) float qs[HD];
-    __shared__ float sc[ATT_SHORT];
+    __shared__ float sc[KCUDA_ATT_SHORT_MAX];
     __shared__ float red[NPH * HD];
-    __shared__ float wr[2][ATT_THREADS / 32];
+    __shared__ float wr[2][ATT_SHORT_THREADS / 32];
     const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const kcuda_kv_row_t r = rows[b];
     const uint8_t *kc = (const uint8_t *)(uintptr_t)(r.k + (uint64_t)layer * r.layer_bytes);
@@ -346,13 +377,13 @@ att_short_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const flo
         const int t = ph + u * NPH;
         vpre[u] = t < len ? *(const uint4 *)(vc + (size_t)t * rb + voff) : make_uint4(0, 0, 0, 0);
     }
-    for (int d = tid; d < HD; d += ATT_THREADS)
+    for (int d = tid; d < HD; d += ATT_SHORT_THREADS)
         qs[d] = q[((size_t)b * n_head + h) * HD + d] * scale;
     __syncthreads();
 
     float m = -INFINITY;
 #pragma unroll 1
-    for (int t = tid; t < len; t += ATT_THREADS) {
+    for (int t = tid; t < len; t += ATT_SHORT_THREADS) {
         const uint4 *kr = (const uint4 *)(kc + (size_t)t * rb + hoff);
         constexpr int KB = TPR < 16 ? TPR : 16; /* loads in flight (HD 256: two rounds) */
         float s = 0.0f;
@@ -382,10 +413,10 @@ att_short_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const flo
         wr[0][warp] = m;
     __syncthreads();
 #pragma unroll
-    for (int w = 0; w < ATT_THREADS / 32; w++)
+    for (int w = 0; w < ATT_SHORT_THREADS / 32; w++)
         m = fmaxf(m, wr[0][w]);
     float l = 0.0f;
-    for (int t = tid; t < len; t += ATT_THREADS) {
+    for (int t = tid; t < len; t += ATT_SHORT_THREADS) {
         const float p = expf(sc[t] - m);
         sc[t] = p;
         l += p;
@@ -396,7 +427,7 @@ att_short_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const flo
     __syncthreads();
     l = 0.0f;
 #pragma unroll
-    for (int w = 0; w < ATT_THREADS / 32; w++)
+    for (int w = 0; w < ATT_SHORT_THREADS / 32; w++)
         l += wr[1][w];
 
     float acc[8];
@@ -445,7 +476,7 @@ att_short_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const flo
         red[ph * HD + dq * 8 + i] = acc[i];
     __syncthreads();
     const float inv = 1.0f / l;
-    for (int d = tid; d < HD; d += ATT_THREADS) {
+    for (int d = tid; d < HD; d += ATT_SHORT_THREADS) {
         float a = 0.0f;
 #pragma unroll
         for (int p2 = 0; p2 < NPH; p2++)
@@ -518,10 +549,10 @@ int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row
                           row_bytes, (long long)(n_kv_head * head_dim * 2));
     const int group = (int)(n_head / n_kv_head);
     cudaStream_t st = (cudaStream_t)stream;
-    if (max_len <= ATT_SHORT) {
+    if (max_len <= g_att_short) {
         const dim3 gs((unsigned)n_head, (unsigned)n);
 #define ATT_SHORT_GO(HD)                                                                                   \
-    KC_LAUNCH(err, att_short_kernel<HD>, gs, ATT_THREADS, 0, st, d_rows, layer, row_bytes, d_q, (int)n_head, \
+    KC_LAUNCH(err, att_short_kernel<HD>, gs, ATT_SHORT_THREADS, 0, st, d_rows, layer, row_bytes, d_q, (int)n_head, \
               group, scale, (int)max_len, d_out)
         switch (head_dim) {
         case 32: ATT_SHORT_GO(32); break;

@@ -286,9 +286,11 @@ int kcuda_kv_store(const kcuda_kv_view_t *kv, const float *d_k, const float *d_v
  * positions: ceil(L / chunk) blocks per (row, KV head), so short contexts still
  * fill the card. */
 #define KCUDA_ATT_CHUNK 128
-/* Longest grid kcuda_attention_rows takes in one pass (a block per row and query
- * head over the whole context, no split and no combine launch). */
-#define KCUDA_ATT_SHORT 256
+/* Longest grid kcuda_attention_rows takes in one pass by default (a block per row
+ * and query head over the whole context, no split and no combine launch), and the
+ * most kcuda_attention_set_short allows. */
+#define KCUDA_ATT_SHORT 512
+#define KCUDA_ATT_SHORT_MAX 2048
 /* Most query heads per KV head (GQA group) the attention kernel takes. */
 #define KCUDA_ATT_MAX_GROUP 16
 
@@ -345,11 +347,17 @@ int kcuda_qkv_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes
  * at positions 0..d_rows[b].pos. max_len bounds every row's pos + 1 and sizes the
  * grid and the chunk (chunks past a row's length return at once); scratch holds
  * kcuda_attention_scratch_bytes(n, n_head, head_dim, max_len) bytes. Up to
- * KCUDA_ATT_SHORT positions a block per (row, head) takes the whole context in one
- * launch (scratch unused), so its bits follow the row's length alone; past it, the
+ * KCUDA_ATT_SHORT positions (kcuda_attention_set_short) a block per (row, head)
+ * takes the whole context in one launch (scratch unused), so its bits follow the row's length alone; past it, the
  * same arithmetic as kcuda_attention: a row gives the same bits through either when
  * max_len equals pos0 + n there (the chunk follows the grid's length), and the same
  * bits in any step over the same max_len, whatever the other rows. */
+/* Sets the longest grid (max_len) kcuda_attention_rows takes in one pass, 0 to
+ * KCUDA_ATT_SHORT_MAX (0: never); returns the previous value. Process-wide and read
+ * at each launch, so a captured graph keeps what it was captured with; for
+ * measuring where the one-pass kernel stops paying (BLOOMERY_CUDA_ATT_SHORT). */
+int kcuda_attention_set_short(int max_len);
+
 int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes,
                          const float *d_q, float *d_out, int64_t n, int64_t max_len,
                          int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale,

@@ -311,6 +311,12 @@ int main(void)
     const int64_t p6[2] = {31, 2047}, p7[3] = {4096, 17, 300};
     case_rows(&r, 2, p6, 32, 4, 128, 2048);   /* chunks of 32, a row ending a chunk */
     case_rows(&r, 3, p7, 16, 2, 128, 4097 + 500); /* chunks of 128 */
+    /* the one-pass kernel moved up to its most (kcuda_attention_set_short): long
+     * contexts, 8 positions a thread, group 16 */
+    const int short_old = kcuda_attention_set_short(KCUDA_ATT_SHORT_MAX);
+    case_rows(&r, 2, p6, 32, 4, 128, 2048);
+    case_rows(&r, 5, p5, 16, 1, 64, 1024 + 128);
+    (void)kcuda_attention_set_short(short_old);
     if (!g_small) {
         const int64_t p2[2] = {4095, 2500};
         case_rows(&r, 2, p2, 32, 4, 128, 4096);

@@ -474,6 +474,11 @@ int wk__cuda_load(wk_model_t *m, bl_err_t *err)
      * reference the GEMM path is checked against; docs/cuda.md). */
     /* BLOOMERY_CUDA_PDL=0 launches every kernel the ordinary way (kcuda_set_pdl), to
      * measure what programmatic dependent launch gives. */
+    /* BLOOMERY_CUDA_ATT_SHORT=N moves the longest context decode attention takes in
+     * one pass (kcuda_attention_set_short), to measure where the split pays. */
+    const char *as_env = getenv("BLOOMERY_CUDA_ATT_SHORT");
+    if (as_env && *as_env)
+        (void)kcuda_attention_set_short(atoi(as_env));
     const char *pdl_env = getenv("BLOOMERY_CUDA_PDL");
     if (pdl_env && strcmp(pdl_env, "0") == 0)
         (void)kcuda_set_pdl(0);
