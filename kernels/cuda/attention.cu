@@ -348,43 +348,90 @@ int kcuda_attention_set_short(int max_len)
     return old;
 }
 
-template <int HD>
+/* The step's work before attention, for att_short_kernel<HD, true>: the raw k and v
+ * rows (n, n_kv * HD), the q/k norm gains, RoPE positions and base (kcuda_qkv_rows). */
+typedef struct att_qkv {
+    const float *k, *v, *qg, *kg;
+    const int32_t *pos;
+    int n_kv;
+    float eps, base;
+} att_qkv_t;
+
+/* QKV: kcuda_qkv_rows's work folded in. Warp 0 normalises and rotates the block's q
+ * head into shared memory (then scales it), warp 1 its KV head's k (kept in f16, the
+ * cache's bits), warp 2 rounds v to f16; the group's first query head writes both to
+ * the cache at the row's position, and every block takes the row's own position from
+ * shared memory, not from the cache (other blocks may still be writing it). q and k
+ * in global memory are left as they were. The same bits as the two launches. */
+template <int HD, bool QKV>
 __global__ void __launch_bounds__(ATT_SHORT_THREADS, 1)
 att_short_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const float *q, int n_head, int group,
-                 float scale, int max_len, float *out)
+                 float scale, int max_len, float *out, att_qkv_t f)
 {
     kc_wait_prior();
     kc_allow_next();
     constexpr int TPR = HD / 8;                /* threads per V row */
     constexpr int NPH = ATT_SHORT_THREADS / TPR;     /* position phases */
     __shared__ __align__(16) float qs[HD];
+    __shared__ __align__(16) __half kh[QKV ? HD : 8], vh[QKV ? HD : 8];
+    __shared__ __align__(16) float kf[QKV ? HD : 4];
     __shared__ float sc[KCUDA_ATT_SHORT_MAX];
     __shared__ float red[NPH * HD];
     __shared__ float wr[2][ATT_SHORT_THREADS / 32];
     const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const kcuda_kv_row_t r = rows[b];
-    const uint8_t *kc = (const uint8_t *)(uintptr_t)(r.k + (uint64_t)layer * r.layer_bytes);
-    const uint8_t *vc = kc + r.v_bytes;
+    uint8_t *kc = (uint8_t *)(uintptr_t)(r.k + (uint64_t)layer * r.layer_bytes);
+    uint8_t *vc = kc + r.v_bytes;
     const int len = (int)r.pos + 1 < max_len ? (int)r.pos + 1 : max_len;
-    const size_t hoff = (size_t)(h / group) * HD * sizeof(__half);
+    const int kvh = h / group;
+    const size_t hoff = (size_t)kvh * HD * sizeof(__half);
+    const int own = QKV ? (int)r.pos : -1; /* the position taken from shared memory */
 
-    /* p * V's first loads, then q, then the scores */
+    /* p * V's first loads (the row's own position later), then q, then the scores */
     const int dq = tid % TPR, ph = tid / TPR;
     const size_t voff = hoff + (size_t)dq * 8 * sizeof(__half);
     uint4 vpre[8];
 #pragma unroll
     for (int u = 0; u < 8; u++) {
         const int t = ph + u * NPH;
-        vpre[u] = t < len ? *(const uint4 *)(vc + (size_t)t * rb + voff) : make_uint4(0, 0, 0, 0);
+        vpre[u] = t < len && !(QKV && t == own) ? *(const uint4 *)(vc + (size_t)t * rb + voff) : make_uint4(0, 0, 0, 0);
     }
-    for (int d = tid; d < HD; d += ATT_SHORT_THREADS)
-        qs[d] = q[((size_t)b * n_head + h) * HD + d] * scale;
-    __syncthreads();
+    if (QKV) {
+        const int writer = h % group == 0;
+        if (warp == 0) {
+            kc_head_norm_rope(qs, q + ((size_t)b * n_head + h) * HD, f.qg, f.pos[b], HD, f.eps, f.base, lane, NULL);
+            __syncwarp();
+            for (int d = lane; d < HD; d += 32)
+                qs[d] = qs[d] * scale;
+        } else if (warp == 1) {
+            kc_head_norm_rope(kf, f.k + ((size_t)b * f.n_kv + kvh) * HD, f.kg, f.pos[b], HD, f.eps, f.base, lane, kh);
+            __syncwarp();
+            if (writer)
+                for (int d = lane; d < HD; d += 32)
+                    ((__half *)(kc + (size_t)r.pos * rb + hoff))[d] = kh[d];
+        } else if (warp == 2) {
+            const float *vr = f.v + ((size_t)b * f.n_kv + kvh) * HD;
+            for (int d = lane; d < HD; d += 32) {
+                vh[d] = __float2half_rn(vr[d]);
+                if (writer)
+                    ((__half *)(vc + (size_t)r.pos * rb + hoff))[d] = vh[d];
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (ph + u * NPH == own && own < len)
+                vpre[u] = *(const uint4 *)(vh + dq * 8);
+    } else {
+        for (int d = tid; d < HD; d += ATT_SHORT_THREADS)
+            qs[d] = q[((size_t)b * n_head + h) * HD + d] * scale;
+        __syncthreads();
+    }
 
     float m = -INFINITY;
 #pragma unroll 1
     for (int t = tid; t < len; t += ATT_SHORT_THREADS) {
-        const uint4 *kr = (const uint4 *)(kc + (size_t)t * rb + hoff);
+        const uint4 *kr = QKV && t == own ? (const uint4 *)kh : (const uint4 *)(kc + (size_t)t * rb + hoff);
         constexpr int KB = TPR < 16 ? TPR : 16; /* loads in flight (HD 256: two rounds) */
         float s = 0.0f;
         /* q stays in registers across positions up to HD 128; HD 256 rereads it */
@@ -454,7 +501,8 @@ att_short_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const flo
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             const int t = t0 + u * NPH;
-            vf[u] = t < len ? *(const uint4 *)(vc + (size_t)t * rb + voff) : make_uint4(0, 0, 0, 0);
+            vf[u] = t >= len ? make_uint4(0, 0, 0, 0)
+                    : QKV && t == own ? *(const uint4 *)(vh + dq * 8) : *(const uint4 *)(vc + (size_t)t * rb + voff);
         }
 #pragma unroll
         for (int u = 0; u < 8; u++) {
@@ -530,10 +578,12 @@ int kcuda_attention(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, i
     return 0;
 }
 
-int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, const float *d_q,
-                         float *d_out, int64_t n, int64_t max_len, int64_t n_head, int64_t n_kv_head,
-                         int64_t head_dim, float scale, void *d_scratch, size_t scratch_bytes, void *stream,
-                         bl_err_t *err)
+/* kcuda_attention_rows; with f (and a grid within the one-pass bound), the
+ * one-pass kernel with kcuda_qkv_rows's work folded in. */
+static int attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, const float *d_q,
+                          float *d_out, int64_t n, int64_t max_len, int64_t n_head, int64_t n_kv_head,
+                          int64_t head_dim, float scale, void *d_scratch, size_t scratch_bytes, const att_qkv_t *f,
+                          void *stream, bl_err_t *err)
 {
     if (!d_rows || !d_q || !d_out || !d_scratch || n < 1 || n > 65535 || max_len < 1 || layer < 0)
         return bl_err_set(err, BL_EINVAL, "attention_rows: %lld rows, max_len %lld, layer %lld, or a NULL buffer",
@@ -551,9 +601,16 @@ int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row
     cudaStream_t st = (cudaStream_t)stream;
     if (max_len <= g_att_short) {
         const dim3 gs((unsigned)n_head, (unsigned)n);
-#define ATT_SHORT_GO(HD)                                                                                   \
-    KC_LAUNCH(err, att_short_kernel<HD>, gs, ATT_SHORT_THREADS, 0, st, d_rows, layer, row_bytes, d_q, (int)n_head, \
-              group, scale, (int)max_len, d_out)
+        const att_qkv_t fq = f ? *f : att_qkv_t{};
+#define ATT_SHORT_GO(HD)                                                                                        \
+    do {                                                                                                         \
+        if (f)                                                                                                   \
+            KC_LAUNCH(err, (att_short_kernel<HD, true>), gs, ATT_SHORT_THREADS, 0, st, d_rows, layer, row_bytes, \
+                      d_q, (int)n_head, group, scale, (int)max_len, d_out, fq);                                  \
+        else                                                                                                     \
+            KC_LAUNCH(err, (att_short_kernel<HD, false>), gs, ATT_SHORT_THREADS, 0, st, d_rows, layer,           \
+                      row_bytes, d_q, (int)n_head, group, scale, (int)max_len, d_out, fq);                       \
+    } while (0)
         switch (head_dim) {
         case 32: ATT_SHORT_GO(32); break;
         case 64: ATT_SHORT_GO(64); break;
@@ -579,6 +636,35 @@ int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row
     const dim3 g2((unsigned)n_head, (unsigned)n);
     KC_LAUNCH(err, att_combine_kernel, g2, ATT_THREADS, att_combine_smem(n_split), st, pacc, pml, (int)n_head, (int)head_dim, n_split, chunk, d_out, d_rows);
     return 0;
+}
+
+int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, const float *d_q,
+                         float *d_out, int64_t n, int64_t max_len, int64_t n_head, int64_t n_kv_head,
+                         int64_t head_dim, float scale, void *d_scratch, size_t scratch_bytes, void *stream,
+                         bl_err_t *err)
+{
+    return attention_rows(d_rows, layer, row_bytes, d_q, d_out, n, max_len, n_head, n_kv_head, head_dim, scale,
+                          d_scratch, scratch_bytes, NULL, stream, err);
+}
+
+int kcuda_attention_rows_qkv(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, float *d_q,
+                             float *d_k, const float *d_v, const float *d_q_norm, const float *d_k_norm,
+                             const int32_t *d_pos, float *d_out, int64_t n, int64_t max_len, int64_t n_head,
+                             int64_t n_kv_head, int64_t head_dim, float eps, float base, float scale,
+                             void *d_scratch, size_t scratch_bytes, void *stream, bl_err_t *err)
+{
+    if (max_len > g_att_short) {
+        int rc = kcuda_qkv_rows(d_rows, layer, row_bytes, d_q, d_k, d_v, d_q_norm, d_k_norm, d_pos, n, n_head,
+                                n_kv_head, head_dim, eps, base, stream, err);
+        return rc < 0 ? rc
+                      : kcuda_attention_rows(d_rows, layer, row_bytes, d_q, d_out, n, max_len, n_head, n_kv_head,
+                                             head_dim, scale, d_scratch, scratch_bytes, stream, err);
+    }
+    if (!d_k || !d_v || !d_q_norm || !d_k_norm || !d_pos)
+        return bl_err_set(err, BL_EINVAL, "attention_rows_qkv: a NULL buffer");
+    const att_qkv_t f = {d_k, d_v, d_q_norm, d_k_norm, d_pos, (int)n_kv_head, eps, base};
+    return attention_rows(d_rows, layer, row_bytes, d_q, d_out, n, max_len, n_head, n_kv_head, head_dim, scale,
+                          d_scratch, scratch_bytes, &f, stream, err);
 }
 
 /* Thread per element of the n rows, K and V together. */
@@ -655,14 +741,14 @@ qkv_rows_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, float *q, 
     const int64_t b = w / per;
     const int j = (int)(w % per);
     if (j < n_head) {
-        kc_head_norm_rope(q + (b * n_head + j) * hd, qg, pos[b], hd, eps, base, lane, NULL);
+        kc_head_norm_rope(q + (b * n_head + j) * hd, q + (b * n_head + j) * hd, qg, pos[b], hd, eps, base, lane, NULL);
         return;
     }
     const kcuda_kv_row_t r = rows[b];
     uint8_t *kc = (uint8_t *)(uintptr_t)(r.k + (uint64_t)layer * r.layer_bytes) + (size_t)r.pos * rb;
     if (j < n_head + n_kv) {
         const int h = j - n_head;
-        kc_head_norm_rope(k + (b * n_kv + h) * hd, kg, pos[b], hd, eps, base, lane, (__half *)kc + (int64_t)h * hd);
+        kc_head_norm_rope(k + (b * n_kv + h) * hd, k + (b * n_kv + h) * hd, kg, pos[b], hd, eps, base, lane, (__half *)kc + (int64_t)h * hd);
         return;
     }
     const int h = j - n_head - n_kv;

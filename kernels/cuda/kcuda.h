@@ -364,6 +364,18 @@ int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row
                          void *d_scratch, size_t scratch_bytes, void *stream,
                          bl_err_t *err) BL_WUR;
 
+/* kcuda_qkv_rows then kcuda_attention_rows (the same arguments), in one launch when
+ * max_len is within the one-pass bound (kcuda_attention_set_short): each block
+ * normalises and rotates its own q head and its KV head's k, and the group's first
+ * block stores k and v at the row's position. The same cache bytes and output bits
+ * as the two calls; d_q and d_k are normalised in place only by the two-call path
+ * (nothing after attention reads them). */
+int kcuda_attention_rows_qkv(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, float *d_q,
+                             float *d_k, const float *d_v, const float *d_q_norm, const float *d_k_norm,
+                             const int32_t *d_pos, float *d_out, int64_t n, int64_t max_len, int64_t n_head,
+                             int64_t n_kv_head, int64_t head_dim, float eps, float base, float scale,
+                             void *d_scratch, size_t scratch_bytes, void *stream, bl_err_t *err) BL_WUR;
+
 // --- prompts: tensor-core products, expert grouping, prefill attention (gemm.cu, prefill.cu)
 /* The path of steps with many rows per sequence. Weights are dequantized to f16
  * (exactly, then rounded to nearest f16), activations rounded to f16 once per

@@ -63,11 +63,12 @@ static __device__ __forceinline__ void kc_rope_cs(int32_t pos, int64_t i, int64_
 }
 
 /* One head v (hd elements) of Qwen3's q or k, by one warp: RMSNorm with gains g, then
- * NEOX RoPE at position p, in place; h16, when not NULL, gets the results in f16 too
- * (round to nearest even, the cache's bits). Lane l owns the pairs (i, i + hd/2) for
- * i = l, l + 32, ..., and reads only what it writes, so no barrier is needed. */
-static __device__ __forceinline__ void kc_head_norm_rope(float *v, const float *g, int32_t p, int64_t hd, float eps,
-                                                         float base, int lane, __half *h16)
+ * NEOX RoPE at position p, into y (which may be v); h16, when not NULL, gets the
+ * results in f16 too (round to nearest even, the cache's bits). Lane l owns the pairs
+ * (i, i + hd/2) for i = l, l + 32, ..., and reads only what it writes, so no barrier
+ * is needed. */
+static __device__ __forceinline__ void kc_head_norm_rope(float *y, const float *v, const float *g, int32_t p,
+                                                         int64_t hd, float eps, float base, int lane, __half *h16)
 {
     float ss = 0.0f;
     for (int64_t i = lane; i < hd; i += 32)
@@ -80,8 +81,8 @@ static __device__ __forceinline__ void kc_head_norm_rope(float *v, const float *
         float c, s;
         kc_rope_cs(p, i, hd, base, &c, &s);
         const float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
-        v[i] = y0;
-        v[i + half] = y1;
+        y[i] = y0;
+        y[i + half] = y1;
         if (h16) {
             h16[i] = __float2half_rn(y0);
             h16[i + half] = __float2half_rn(y1);

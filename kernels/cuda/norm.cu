@@ -97,7 +97,7 @@ rms_norm_rope_kernel(float *x, const float *g, const int32_t *pos, int64_t n, in
     const int lane = threadIdx.x & 31;
     if (bh >= n * n_head)
         return;
-    kc_head_norm_rope(x + bh * hd, g, pos[bh / n_head], hd, eps, base, lane, NULL);
+    kc_head_norm_rope(x + bh * hd, x + bh * hd, g, pos[bh / n_head], hd, eps, base, lane, NULL);
 }
 
 int kcuda_rms_norm_rope(float *d_x, const float *d_g, const int32_t *d_pos, int64_t n, int64_t n_head,

@@ -257,6 +257,95 @@ static void case_qkv_rows(rng_t *r, int64_t n, const int32_t *pos, int64_t n_hea
     free(q), free(k), free(v), free(g);
 }
 
+/* kcuda_attention_rows_qkv against kcuda_qkv_rows then kcuda_attention_rows, from
+ * the same caches (random f16 before each row's position, in layer 1 of two): the
+ * output and every cache byte, bit for bit. max_len within the one-pass bound folds
+ * the q/k work into the attention launch; past it the call takes the two launches. */
+static void case_attention_qkv(rng_t *r, int64_t n, const int32_t *pos, int64_t n_head, int64_t n_kv, int64_t hd,
+                               int64_t max_len)
+{
+    bl_err_t err = {0};
+    const int64_t nq = n * n_head * hd, nk = n * n_kv * hd, kvw = n_kv * hd;
+    const size_t rb = (size_t)kvw * 2 + 16;
+    float *q = xmalloc(sizeof(float) * (size_t)nq), *k = xmalloc(sizeof(float) * (size_t)nk);
+    float *v = xmalloc(sizeof(float) * (size_t)nk), *g = xmalloc(sizeof(float) * (size_t)(2 * hd));
+    rand_fill(r, q, nq, 3.0f);
+    rand_fill(r, k, nk, 3.0f);
+    rand_fill(r, v, nk, 3.0f);
+    rand_fill(r, g, 2 * hd, 1.5f);
+    kcuda_kv_row_t rows[2][8];
+    uint8_t *dc[2][8];
+    size_t plane[8];
+    for (int64_t b = 0; b < n; b++) {
+        plane[b] = rb * (size_t)(pos[b] + 5);
+        uint16_t *init = xmalloc(4 * plane[b]);
+        for (size_t i = 0; i < 2 * plane[b]; i++)
+            init[i] = bl_fp32_to_fp16(rng_f(r, -2.0f, 2.0f));
+        for (int w = 0; w < 2; w++) {
+            dc[w][b] = d_upload(init, 4 * plane[b]);
+            rows[w][b] = (kcuda_kv_row_t){.k = (uint64_t)(uintptr_t)dc[w][b], .layer_bytes = 2 * plane[b],
+                                          .v_bytes = plane[b], .pos = pos[b]};
+        }
+        free(init);
+    }
+    float *dq[2], *dk[2], *dout[2];
+    kcuda_kv_row_t *drows[2];
+    const size_t sb = kcuda_attention_scratch_bytes(n, n_head, hd, max_len);
+    void *ds = d_poison(sb);
+    for (int w = 0; w < 2; w++) {
+        dq[w] = d_upload(q, sizeof(float) * (size_t)nq);
+        dk[w] = d_upload(k, sizeof(float) * (size_t)nk);
+        dout[w] = d_poison(sizeof(float) * (size_t)nq);
+        drows[w] = d_upload(rows[w], sizeof(kcuda_kv_row_t) * (size_t)n);
+    }
+    float *dv = d_upload(v, sizeof(float) * (size_t)nk), *dg = d_upload(g, sizeof(float) * (size_t)(2 * hd));
+    int32_t *dpos = d_upload(pos, sizeof(int32_t) * (size_t)n);
+    const float eps = 1e-6f, base = 1000000.0f, scale = (float)(1.0 / sqrt((double)hd));
+    int ok = kcuda_attention_rows_qkv(drows[0], 1, rb, dq[0], dk[0], dv, dg, dg + hd, dpos, dout[0], n, max_len,
+                                      n_head, n_kv, hd, eps, base, scale, ds, sb, NULL, &err) == 0 &&
+             kcuda_qkv_rows(drows[1], 1, rb, dq[1], dk[1], dv, dg, dg + hd, dpos, n, n_head, n_kv, hd, eps, base,
+                            NULL, &err) == 0 &&
+             kcuda_attention_rows(drows[1], 1, rb, dq[1], dout[1], n, max_len, n_head, n_kv, hd, scale, ds, sb,
+                                  NULL, &err) == 0 &&
+             kcuda_sync(NULL, &err) == 0;
+    int same = ok;
+    if (ok) {
+        float *a = xmalloc(sizeof(float) * (size_t)nq), *b2 = xmalloc(sizeof(float) * (size_t)nq);
+        if (d_fetch(a, dout[0], sizeof(float) * (size_t)nq, &err) != 0 ||
+            d_fetch(b2, dout[1], sizeof(float) * (size_t)nq, &err) != 0 || memcmp(a, b2, sizeof(float) * (size_t)nq) != 0) {
+            printf("#   the output differs from qkv_rows then attention_rows\n");
+            same = 0;
+        }
+        for (int64_t b = 0; b < n; b++) {
+            uint8_t *c0 = xmalloc(4 * plane[b]), *c1 = xmalloc(4 * plane[b]);
+            if (d_fetch(c0, dc[0][b], 4 * plane[b], &err) != 0 || d_fetch(c1, dc[1][b], 4 * plane[b], &err) != 0 ||
+                memcmp(c0, c1, 4 * plane[b]) != 0) {
+                printf("#   row %lld: the cache differs from qkv_rows'\n", (long long)b);
+                same = 0;
+            }
+            free(c0);
+            free(c1);
+        }
+        free(a);
+        free(b2);
+    } else {
+        printf("#   %s\n", err.msg);
+    }
+    tap_ok(same, "attention_rows_qkv: %lld rows (last position %d), %lld heads over %lld of %lld, max_len %lld%s: the "
+           "bits of qkv_rows then attention_rows", (long long)n, pos[n - 1], (long long)n_head, (long long)n_kv,
+           (long long)hd, (long long)max_len, max_len <= KCUDA_ATT_SHORT ? " (one launch)" : " (two launches)");
+    for (int w = 0; w < 2; w++) {
+        kcuda_free(dq[w]);
+        kcuda_free(dk[w]);
+        kcuda_free(dout[w]);
+        kcuda_free(drows[w]);
+        for (int64_t b = 0; b < n; b++)
+            kcuda_free(dc[w][b]);
+    }
+    kcuda_free(dv), kcuda_free(dg), kcuda_free(dpos), kcuda_free(ds);
+    free(q), free(k), free(v), free(g);
+}
+
 static void case_refusals(void)
 {
     bl_err_t err = {0};
@@ -283,6 +372,16 @@ int main(void)
     case_qkv_rows(&r, 1, qp1, 32, 4, 128);
     case_qkv_rows(&r, 3, qp3, 16, 2, 64);
     case_qkv_rows(&r, 2, qp3, 6, 3, 256);
+    /* the q/k work folded into the one-pass attention: Qwen3-30B-A3B's heads, a row
+     * at position 0, one filling its grid, every head size, group 16; and past the
+     * bound, the two launches */
+    const int32_t ap1[1] = {0}, ap3[3] = {7, 511, 100}, ap2[2] = {63, 200}, ap4[2] = {700, 1500};
+    case_attention_qkv(&r, 1, ap1, 32, 4, 128, 256);
+    case_attention_qkv(&r, 3, ap3, 32, 4, 128, KCUDA_ATT_SHORT);
+    case_attention_qkv(&r, 2, ap2, 16, 1, 64, 256);
+    case_attention_qkv(&r, 2, ap2, 6, 3, 256, 256);
+    case_attention_qkv(&r, 2, ap2, 8, 4, 32, 201);
+    case_attention_qkv(&r, 2, ap4, 32, 4, 128, 2048);
 
     case_attention(&r, 1, 0, 4, 4, 128);      /* one position */
     case_attention(&r, 1, 36, 8, 2, 128);     /* less than a chunk */

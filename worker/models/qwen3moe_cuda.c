@@ -792,12 +792,12 @@ static int enqueue_step(wk_model_t *m, const seg_t *seg, int64_t nseg, int64_t n
             OP("attn_v", mv(cu, &D->wv, cu->xn, E, n, cu->v, nkv, 0, err));
         }
         if (decode) {
-            OP("attn_qk_norm_rope_store", kcuda_qkv_rows(cu->d_rows, l - m->lb, cu->kv_row_bytes, cu->q, cu->k, cu->v,
-                                                         D->q_norm, D->k_norm, cu->d_pos, n, c->n_head, c->n_head_kv,
-                                                         hd, c->eps, c->rope_base, st, err));
-            OP("attention", kcuda_attention_rows(cu->d_rows, l - m->lb, cu->kv_row_bytes, cu->q, cu->att, n,
-                                                 max_len, c->n_head, c->n_head_kv, hd, scale, cu->att_scratch,
-                                                 cu->att_scratch_bytes, st, err));
+            /* q/k norm, RoPE and the cache store fold into the one-pass attention
+             * of short contexts; longer ones launch them first */
+            OP("attention", kcuda_attention_rows_qkv(cu->d_rows, l - m->lb, cu->kv_row_bytes, cu->q, cu->k, cu->v,
+                                                     D->q_norm, D->k_norm, cu->d_pos, cu->att, n, max_len, c->n_head,
+                                                     c->n_head_kv, hd, c->eps, c->rope_base, scale, cu->att_scratch,
+                                                     cu->att_scratch_bytes, st, err));
         } else {
             OP("attn_qk_norm_rope", kcuda_rms_norm_rope(cu->q, D->q_norm, cu->d_pos, n, c->n_head, hd, c->eps,
                                                         c->rope_base, st, err));
