@@ -97,6 +97,8 @@ struct rt_cluster {
     _Atomic int broken;        /* the set is dead or being torn down: steps end */
     _Atomic int stopping;      /* destroy was called */
     _Atomic int restart_req;   /* a step saw a protocol error or no answer: restart the set */
+    _Atomic int sleep_req;     /* rt_cluster_sleep: stop the set and hold it (SLEEPING) */
+    int wake_req;              /* under mu: rt_cluster_wake: start the held set again */
     _Atomic uint64_t starts, child_deaths, steps, rows;
 };
 
@@ -703,8 +705,9 @@ static void mark_broken(rt_cluster_t *c, const char *why)
     pthread_mutex_unlock(&c->mu);
 }
 
-/* Watches a running set: control messages, dead children, restart requests. Returns
- * when the set must go (1: restart it, 0: the cluster is stopping). */
+/* Watches a running set: control messages, dead children, restart and sleep
+ * requests. Returns when the set must go (1: restart it, 2: hold it stopped until
+ * woken, 0: the cluster is stopping). */
 static int watch_set(rt_cluster_t *c)
 {
     int64_t next_stats = now_ms();
@@ -732,8 +735,42 @@ static int watch_set(rt_cluster_t *c)
                 mark_broken(c, "a child broke the step protocol; the engine's processes restart");
             return 1;
         }
+        if (atomic_load(&c->sleep_req))
+            return 2;
     }
     return 0;
+}
+
+/* The set is stopped for sleep: SLEEPING until rt_cluster_wake (1: start it again,
+ * LOADING) or destroy (0). Its processes are gone, so their memory and devices are
+ * free meanwhile. */
+static int hold_asleep(rt_cluster_t *c)
+{
+    BL_LOG(BL_LOG_INFO, "event=sleeping");
+    pthread_mutex_lock(&c->mu);
+    atomic_store(&c->sleep_req, 0);
+    c->state = RT_CLUSTER_SLEEPING;
+    pthread_cond_broadcast(&c->cv);
+    while (!c->wake_req && !atomic_load(&c->stopping)) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_nsec += POLL_US * 1000L; /* destroy sets stopping without a signal */
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&c->cv, &c->mu, &until);
+    }
+    const int wake = c->wake_req && !atomic_load(&c->stopping);
+    c->wake_req = 0;
+    if (wake) {
+        c->state = RT_CLUSTER_LOADING;
+        pthread_cond_broadcast(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (wake)
+        BL_LOG(BL_LOG_INFO, "event=waking");
+    return wake;
 }
 
 static void *supervisor_main(void *arg)
@@ -759,9 +796,11 @@ static void *supervisor_main(void *arg)
         }
         first = failed = 0;
         set_state(c, RT_CLUSTER_READY);
-        int restart = watch_set(c);
-        stop_set(c, !restart);
-        if (!restart)
+        int why = watch_set(c);
+        stop_set(c, why != 1);
+        if (why == 2 && hold_asleep(c))
+            continue;
+        if (why != 1)
             break;
     }
     bp_chan_destroy(c->chan);
@@ -946,6 +985,26 @@ rt_cluster_state_t rt_cluster_state(const rt_cluster_t *c)
     rt_cluster_state_t s = m->state;
     pthread_mutex_unlock(&m->mu);
     return s;
+}
+
+void rt_cluster_sleep(rt_cluster_t *c)
+{
+    /* SLEEPING at once, so that no step starts on a set about to stop */
+    pthread_mutex_lock(&c->mu);
+    if (c->state == RT_CLUSTER_READY) {
+        c->state = RT_CLUSTER_SLEEPING;
+        atomic_store(&c->sleep_req, 1);
+        pthread_cond_broadcast(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void rt_cluster_wake(rt_cluster_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->wake_req = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
 }
 
 rt_cluster_state_t rt_cluster_wait(rt_cluster_t *c, int timeout_ms)

@@ -59,6 +59,8 @@ typedef enum rt_cluster_state {
     RT_CLUSTER_FAILED = 4,     /* the first start failed (rt_cluster_error says why),
                                 * or restarts keep failing: the server should exit */
     RT_CLUSTER_STOPPED = 5,
+    RT_CLUSTER_SLEEPING = 6,   /* rt_cluster_sleep stopped the set: no processes, no
+                                * memory held; rt_cluster_wake starts it (LOADING) */
 } rt_cluster_state_t;
 
 /* Copies opts, starts the supervisor thread, which spawns the children, and returns
@@ -73,6 +75,14 @@ int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_
 void rt_cluster_destroy(rt_cluster_t *c);
 
 rt_cluster_state_t rt_cluster_state(const rt_cluster_t *c);
+
+/* Sleep (llama-server's --sleep-idle-seconds): rt_cluster_sleep turns a READY set
+ * SLEEPING at once (no step may start) and has the supervisor stop its processes
+ * gracefully; rt_cluster_wake starts it again (LOADING, then READY, as a restart:
+ * starts counts it and every cache is empty), also when it comes before the
+ * processes are gone. Both return at once. */
+void rt_cluster_sleep(rt_cluster_t *c);
+void rt_cluster_wake(rt_cluster_t *c);
 
 /* Waits until the state is READY, FAILED or STOPPED, or timeout_ms passes (negative:
  * no limit); returns the state. */

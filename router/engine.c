@@ -134,6 +134,7 @@ struct rt_engine {
     float cand_p[N_CAND_LOOKUP];
     uint64_t clock;
     uint64_t cluster_starts;
+    int64_t last_work_us;    /* engine thread: when it last had a task (sleep) */
     int rr;                 /* first decode slot considered, rotated when rows run short */
     int posted;             /* events posted since the last uv_async_send */
 };
@@ -992,6 +993,31 @@ static int any_busy(const rt_engine_t *e)
     return 0;
 }
 
+/* The engine has no work: waits for some (under mu). With --sleep-idle-seconds and
+ * READY processes, waits at most until the idle time is up and returns 1 when it is
+ * (the caller puts the processes to sleep); while they load or restart, looks again
+ * every 200 ms, the idle time counting from READY; else 0. */
+static int idle_wait_locked(rt_engine_t *e)
+{
+    const rt_cluster_state_t st = e->o.sleep_idle_ms > 0 ? rt_cluster_state(e->cluster) : RT_CLUSTER_SLEEPING;
+    if (st == RT_CLUSTER_SLEEPING || st == RT_CLUSTER_FAILED || st == RT_CLUSTER_STOPPED) {
+        pthread_cond_wait(&e->cv, &e->mu);
+        return 0;
+    }
+    int64_t due;
+    if (st != RT_CLUSTER_READY) { /* loading: the idle time counts from READY */
+        e->last_work_us = now_us();
+        due = e->last_work_us + 200000;
+    } else {
+        due = e->last_work_us + e->o.sleep_idle_ms * 1000;
+        if (now_us() >= due)
+            return 1;
+    }
+    struct timespec ts = {.tv_sec = (time_t)(due / 1000000), .tv_nsec = (long)(due % 1000000) * 1000};
+    pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+    return 0;
+}
+
 static void *engine_main(void *arg)
 {
     rt_engine_t *e = arg;
@@ -1004,13 +1030,26 @@ static void *engine_main(void *arg)
         expire_waiting_locked(e, now_us());
         if (!any_busy(e) && !e->wait_head) {
             wake_loop(e);
-            pthread_cond_wait(&e->cv, &e->mu);
+            if (idle_wait_locked(e)) { /* idle long enough: the processes go */
+                pthread_mutex_unlock(&e->mu);
+                BL_LOG(BL_LOG_INFO, "event=sleep idle_s=%.1f", (double)e->o.sleep_idle_ms / 1000.0);
+                rt_cluster_sleep(e->cluster);
+                forget_caches(e);
+                update_snapshot(e);
+                wake_loop(e);
+                continue;
+            }
             pthread_mutex_unlock(&e->mu);
             continue;
         }
         pthread_mutex_unlock(&e->mu);
+        e->last_work_us = now_us();
 
         rt_cluster_state_t st = rt_cluster_state(e->cluster);
+        if (st == RT_CLUSTER_SLEEPING) { /* work again: load the model, then go on */
+            BL_LOG(BL_LOG_INFO, "event=wake");
+            rt_cluster_wake(e->cluster);
+        }
         if (st != RT_CLUSTER_READY) {
             char buf[sizeof(((bl_err_t *)0)->msg)];
             rt_cluster_error(e->cluster, buf, sizeof buf);
@@ -1091,6 +1130,7 @@ int rt_engine_create(rt_engine_t **out, const rt_engine_opts_t *o, rt_cluster_t 
     if (!e)
         return bl_err_set(err, BL_ENOMEM, "engine: out of memory");
     e->o = *o;
+    e->last_work_us = now_us();
     if (e->o.timeout_ms < 0)
         e->o.timeout_ms = 0;
     e->cluster = cluster;
@@ -1103,7 +1143,14 @@ int rt_engine_create(rt_engine_t **out, const rt_engine_opts_t *o, rt_cluster_t 
     if (pthread_mutex_init(&e->mu, NULL))
         goto fail;
     mu_ok = 1;
-    if (pthread_cond_init(&e->cv, NULL))
+    pthread_condattr_t ca;
+    int cv_rc = pthread_condattr_init(&ca);
+    if (cv_rc == 0) { /* idle_wait_locked's deadlines are CLOCK_MONOTONIC */
+        cv_rc = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        cv_rc = cv_rc ? cv_rc : pthread_cond_init(&e->cv, &ca);
+        pthread_condattr_destroy(&ca);
+    }
+    if (cv_rc)
         goto fail;
     cv_ok = 1;
 

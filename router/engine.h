@@ -119,6 +119,9 @@ typedef struct rt_engine_opts {
     int64_t n_predict_max;  /* server-wide cap (-n): -1 none */
     int64_t timeout_ms;     /* --timeout: a task waiting longer than this for a slot
                              * fails with 503; 0: no limit */
+    int64_t sleep_idle_ms;  /* --sleep-idle-seconds: after this long without work the
+                             * model's processes stop (rt_cluster_sleep) until the next
+                             * task wakes them; 0: never */
 } rt_engine_opts_t;
 
 /* Starts the engine thread. tok is borrowed (its detokenizing side is used from the

@@ -88,12 +88,13 @@ typedef struct opts {
     /* HTTP and logs */
     const char *api_prefix, *log_colors;
     int64_t threads_http, log_verbosity, keep, prio, cache_ram, ctx_checkpoints;
-    int list_devices, no_mmproj;
+    int list_devices, no_mmproj, no_op_offload;
     /* llama-server flags this server knows and refuses (see unsupported[]) */
     const char *refused_value[24];
     int refused_flag[24];
     int64_t main_gpu;
     double defrag_thold;
+    int64_t sleep_idle; /* --sleep-idle-seconds: -1 never */
 } opts_t;
 
 /* --api-prefix: a path of plain segments, "/v2" or "/a/b", without a trailing '/'. */
@@ -107,6 +108,18 @@ static int parse_api_prefix(void *ud, const char *value, bl_err_t *err)
             return bl_err_set(err, BL_EINVAL, "'%.64s': a prefix is letters, digits and / - . _ ~",
                               value);
     *(const char **)ud = value;
+    return 0;
+}
+
+/* --sleep-idle-seconds: -1 (never) or a number of seconds; llama-server refuses 0
+ * and anything below -1. */
+static int parse_sleep_idle(void *ud, const char *value, bl_err_t *err)
+{
+    int64_t v = 0;
+    if (bl_parse_i64(value, &v) != 0 || v == 0 || v < -1 || v > 86400 * 365)
+        return bl_err_set(err, BL_EINVAL, "'%.32s' is not -1 (never) or a number of seconds (1..31536000)",
+                          value);
+    *(int64_t *)ud = v;
     return 0;
 }
 
@@ -157,6 +170,12 @@ static const struct {
     {"--pooling", "TYPE", "refused: embeddings are not served, so there is nothing to pool"},
     {"--models-dir", "PATH", "refused: serving several models (router mode) is not supported"},
     {"--models-preset", "PATH", "refused: serving several models (router mode) is not supported"},
+    {"--models-autoload,--no-models-autoload", NULL, "refused: serving several models (router mode) is not "
+                                                      "supported"},
+    {"--media-path", "PATH", "refused: multimodal input is not supported (text only)"},
+    {"--poll", "0..100", "refused: the thread pools' waiting is fixed (a short spin, then sleep)"},
+    {"-dio,--direct-io", NULL, "refused: weights are read through the page cache (mmap)"},
+    {"-nr,--no-repack", NULL, "refused: the layout weights take at load is not configurable"},
 };
 _Static_assert(sizeof unsupported / sizeof *unsupported <= 24, "opts_t.refused_* are 24 long");
 
@@ -329,8 +348,14 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "process priority of the server and its children: -1 low, 0 normal (default), 1 medium, "
         "2 high, 3 realtime (as nice 5, 0, -5, -10, -20; raising needs the privilege)");
     FLAG("--list-devices", NULL, &o->list_devices, "print the CUDA devices and exit");
+    a[n++] = (bl_arg_t){.names = "--sleep-idle-seconds", .kind = BL_ARG_FN, .fn = parse_sleep_idle,
+                        .ud = &o->sleep_idle, .metavar = "SECONDS",
+                        .help = "after this long without a request, stop the model's processes (memory and "
+                                "GPUs freed); the next request loads it again (default -1: never)"};
     FLAG("--no-mmproj", "LLAMA_ARG_NO_MMPROJ", &o->no_mmproj,
          "accepted: no multimodal projector is ever loaded");
+    FLAG("--no-op-offload", NULL, &o->no_op_offload,
+         "accepted: host-resident weights are never copied to a card for a prompt");
     I64("-cram,--cache-ram", "LLAMA_ARG_CACHE_RAM", &o->cache_ram, -1, INT64_MAX / 2, "MiB",
         "0 is accepted (there is no prompt cache in host RAM); other sizes are refused");
     I64("-ctxcp,--ctx-checkpoints,--swa-checkpoints", "LLAMA_ARG_CTX_CHECKPOINTS",
@@ -1033,6 +1058,7 @@ int main(int argc, char **argv)
     o.batch = 2048;
     o.ubatch = 512;
     o.timeout = 600;
+    o.sleep_idle = -1;
     o.log_verbosity = -1;
     o.threads_http = -1;
     o.cache_ram = -2; /* not given */
@@ -1349,6 +1375,7 @@ int main(int argc, char **argv)
         .n_batch = rows,
         .n_predict_max = o.n_predict,
         .timeout_ms = o.timeout * 1000,
+        .sleep_idle_ms = o.sleep_idle > 0 ? o.sleep_idle * 1000 : 0,
     };
     if (rt_engine_create(&engine, &eo, cluster, tok, &s->loop, &err) != 0)
         goto fail;

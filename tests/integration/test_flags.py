@@ -9,6 +9,7 @@ import subprocess
 import time
 
 import pytest
+import requests
 
 import serverctl
 from sse import get, post
@@ -72,6 +73,9 @@ def test_unknown_flag(model, flag):
     (["--port", "notaport"], ["--port"]),
     (["-c", "-5"], ["-c", "--ctx-size"]),
     (["-np", "0"], ["-np", "--parallel"]),
+    (["--sleep-idle-seconds", "0"], ["--sleep-idle-seconds"]),
+    (["--sleep-idle-seconds", "-2"], ["--sleep-idle-seconds"]),
+    (["--sleep-idle-seconds", "soon"], ["--sleep-idle-seconds"]),
 ])
 def test_bad_flag_values(model, args, names):
     rc, out, _ = run_serve(["-m", model, "--port", str(serverctl.free_port())] + args, timeout=15)
@@ -216,6 +220,11 @@ def test_gpu_layers_without_a_gpu_warn_and_use_the_cpu(servers, value):
     (["--rope-scaling", "yarn"], ["--rope-scaling"]),
     (["--pooling", "mean"], ["--pooling"]),
     (["--models-dir", "/tmp"], ["--models-dir"]),
+    (["--no-models-autoload"], ["--no-models-autoload"]),
+    (["--media-path", "/tmp"], ["--media-path: multimodal"]),
+    (["--poll", "0"], ["--poll"]),
+    (["-dio"], ["--direct-io"]),
+    (["-nr"], ["--no-repack"]),
 ])
 def test_refused_at_start_by_name(model, args, names):
     """Valid flags asking for what this build cannot do: status 1 (2 when the value
@@ -448,15 +457,58 @@ def test_chat_template_that_does_not_parse(model, tmp_path):
 
 
 def test_list_devices_version_and_described_flags(servers, model):
-    """--list-devices and --version print and exit 0; --no-mmproj, -cram 0 and
+    """--list-devices and --version print and exit 0; --no-mmproj, --no-op-offload, -cram 0 and
     -ctxcp describe what happens anyway; --prio -1 lowers the whole set of processes."""
     rc, out, _ = run_serve(["--list-devices"], timeout=15)
     assert rc == 0 and out.startswith("Available devices:"), out
     rc, out, _ = run_serve(["--version"], timeout=15)
     assert rc == 0 and out.startswith("bloomery-serve "), out
-    srv = servers.start(FAST + ["--no-mmproj", "-cram", "0", "-ctxcp", "4", "--prio", "-1"])
+    srv = servers.start(FAST + ["--no-mmproj", "--no-op-offload", "-cram", "0", "-ctxcp", "4", "--prio", "-1"])
     assert post(srv.url, "/completion", {"prompt": "Hi", "n_predict": 1}).status_code == 200
     for pid, name, _ in [(srv.pid, "bloomery-serve", 0)] + srv.children():
         with open("/proc/%d/stat" % pid) as f:
             fields = f.read().rsplit(")", 1)[1].split()
         assert int(fields[16]) == 5, "%s (pid %d) runs at nice %s" % (name, pid, fields[16])
+
+
+def test_sleep_idle_seconds_unloads_and_the_next_request_reloads(servers):
+    """--sleep-idle-seconds N: idle N seconds, the model's processes exit (/props says
+    is_sleeping); the next request loads them again and gets the same greedy answer."""
+    srv = servers.start(["-np", "1", "--sleep-idle-seconds", "1"])
+    body = {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "cache_prompt": True}
+    first = requests.post(srv.url + "/completion", json=body, timeout=60)
+    assert first.status_code == 200, first.text
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        props = requests.get(srv.url + "/props", timeout=5).json()
+        if props.get("is_sleeping") and srv.child("bloomery-worker") is None:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("no sleep within 20 s: is_sleeping %r, children %r\n%s"
+                    % (props.get("is_sleeping"), srv.children(), srv.log()))
+    assert "event=sleeping" in srv.log()
+    health = requests.get(srv.url + "/health", timeout=5)
+    assert health.status_code == 200, health.text  # asleep is not unhealthy
+    again = requests.post(srv.url + "/completion", json=body, timeout=120)
+    assert again.status_code == 200, again.text
+    assert again.json()["content"] == first.json()["content"]
+    assert again.json()["timings"]["cache_n"] == 0  # the caches went with the processes
+    assert requests.get(srv.url + "/props", timeout=5).json()["is_sleeping"] is False
+    assert srv.child("bloomery-worker") is not None
+    assert "event=waking" in srv.log()
+
+
+def test_sigterm_while_asleep_exits_cleanly(servers):
+    """A server whose processes sleep stops as any other: exit 0, nothing left behind
+    (the factory checks both when the test ends)."""
+    srv = servers.start(["-np", "1", "--sleep-idle-seconds", "1"])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if requests.get(srv.url + "/props", timeout=5).json().get("is_sleeping"):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("no sleep within 20 s\n%s" % srv.log())
+    problems = srv.stop()
+    assert not problems, "%s\n%s" % (problems, srv.log())

@@ -53,6 +53,7 @@ static struct fk {
     int n_log;
     const char *script;      /* the token at position base + i is script[i] */
     int64_t base;
+    int sleeps, wakes;       /* rt_cluster_sleep / _wake calls that changed the state */
     int bad;                 /* a step broke the cluster's rules */
     char bad_msg[256];
     float logits[FK_SLOTS * N_VOCAB];
@@ -90,6 +91,7 @@ static void fk_reset(void)
     fk.base = 0;
     fk.bad = 0;
     fk.bad_msg[0] = '\0';
+    fk.sleeps = fk.wakes = 0;
     pthread_mutex_unlock(&fk.mu);
 }
 
@@ -134,6 +136,31 @@ rt_cluster_state_t rt_cluster_wait(rt_cluster_t *c, int timeout_ms)
     rt_cluster_state_t st = fk.state;
     pthread_mutex_unlock(&fk.mu);
     return st;
+}
+
+/* Sleep stops the processes (their caches go); a wake restarts them (20 ms, in
+ * rt_cluster_wait, as a restart). */
+void rt_cluster_sleep(rt_cluster_t *c)
+{
+    (void)c;
+    pthread_mutex_lock(&fk.mu);
+    if (fk.state == RT_CLUSTER_READY) {
+        fk.state = RT_CLUSTER_SLEEPING;
+        memset(fk.held, 0, sizeof fk.held);
+        fk.sleeps++;
+    }
+    pthread_mutex_unlock(&fk.mu);
+}
+
+void rt_cluster_wake(rt_cluster_t *c)
+{
+    (void)c;
+    pthread_mutex_lock(&fk.mu);
+    if (fk.state == RT_CLUSTER_SLEEPING) {
+        fk.state = RT_CLUSTER_RESTARTING;
+        fk.wakes++;
+    }
+    pthread_mutex_unlock(&fk.mu);
 }
 
 const char *rt_cluster_error(rt_cluster_t *c, char *buf, size_t cap)
@@ -714,6 +741,42 @@ static void test_engine_prompt_cache_keeps_the_common_prefix(void **state)
     assert_int_equal(s.n, 8);
 }
 
+/* --sleep-idle-seconds: idle past the limit, the processes are put to sleep; the next
+ * task wakes them and runs from an empty cache (the fake flags a step that reuses a
+ * position the restarted processes do not hold); busy time does not count. */
+static void test_engine_sleeps_when_idle_and_wakes_for_a_task(void **state)
+{
+    (void)state;
+    rt_engine_opts_t o = {.n_slots = 1, .n_ctx_slot = 256, .n_batch = 64, .n_predict_max = -1,
+                          .sleep_idle_ms = 150};
+    rt_engine_t *e = start_opts(&o);
+    fk.script = "zzzzzzzzzzzz";
+    rt_task_params_t p = greedy();
+    p.n_predict = 2;
+    rec_t r1 = { 0 };
+    submit(e, &r1, "abcdefgh", &p);
+    pump(&r1, 1);
+    assert_int_equal(r1.error, 0);
+    assert_true(r1.final);
+
+    for (int i = 0; i < 200 && rt_cluster_state(NULL) != RT_CLUSTER_SLEEPING; i++)
+        usleep(10000);
+    assert_int_equal(rt_cluster_state(NULL), RT_CLUSTER_SLEEPING);
+    assert_int_equal(fk.sleeps, 1);
+
+    uint64_t from = fk_steps() + 1;
+    rec_t r2 = { 0 };
+    submit(e, &r2, "abcdefghxy", &p);
+    pump(&r2, 1);
+    assert_int_equal(r2.error, 0);
+    assert_true(r2.final);
+    assert_int_equal(fk.wakes, 1);
+    assert_int_equal(r2.tm.n_cached, 0);
+    assert_int_equal(first_seq_of_slot(0, from).pos, 0);
+    assert_int_equal(fk.bad, 0);
+    assert_int_equal(rt_cluster_state(NULL), RT_CLUSTER_READY);
+}
+
 static void test_engine_picks_the_slot_with_the_longest_prefix(void **state)
 {
     (void)state;
@@ -1191,6 +1254,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_engine_utf8_split_across_tokens, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_prompt_cache_keeps_the_common_prefix, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_engine_sleeps_when_idle_and_wakes_for_a_task, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_picks_the_slot_with_the_longest_prefix, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_engine_runs_tasks_in_parallel_in_one_step, setup,
