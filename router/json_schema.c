@@ -2931,6 +2931,373 @@ fail:
     return rc;
 }
 
+/* --- number ranges ------------------------------------------------------------- */
+
+/* Most fraction digits a bounded number takes, as rule "number" (a bound with more
+ * is refused). */
+#define FRAC_LIM 16
+
+/* A bound as an exact decimal: sign, integer part (big: past 19 digits), fraction
+ * digits without trailing zeros. */
+typedef struct {
+    int present, incl, neg, big, nf;
+    uint64_t ip;
+    char fp[FRAC_LIM + 1];
+    const char *kw;
+} dec_t;
+
+/* The shortest decimal that reads back as the double x, into d (its sign, integer
+ * part and fraction); BL_ERANGE when its fraction has more than FRAC_LIM digits. */
+static int dec_of_double(double x, dec_t *d)
+{
+    char buf[40];
+    for (int p = 1; p <= 17; p++) {
+        (void)snprintf(buf, sizeof buf, "%.*e", p - 1, x);
+        if (strtod(buf, NULL) == x)
+            break;
+    }
+    d->neg = buf[0] == '-';
+    const char *m = buf + d->neg;
+    char dig[24];
+    int nd = 0;
+    for (; *m && *m != 'e'; m++)
+        if (*m >= '0' && *m <= '9')
+            dig[nd++] = *m;
+    const int e = *m == 'e' ? atoi(m + 1) : 0; /* value = dig[0].dig[1..] x 10^e */
+    d->ip = 0;
+    d->big = 0;
+    d->nf = 0;
+    for (int i = 0; i < nd || i <= e; i++) {
+        const int digit = i < nd ? dig[i] - '0' : 0;
+        const int place = e - i; /* 10^place */
+        if (place >= 0) {
+            if (d->ip > (UINT64_MAX - 9) / 10)
+                d->big = 1;
+            else
+                d->ip = d->ip * 10 + (uint64_t)digit;
+        } else if (i < nd) {
+            const int at = -place - 1; /* fraction index */
+            if (at >= FRAC_LIM)
+                return BL_ERANGE;
+            while (d->nf < at)
+                d->fp[d->nf++] = '0';
+            d->fp[d->nf++] = (char)('0' + digit);
+        }
+    }
+    while (d->nf && d->fp[d->nf - 1] == '0')
+        d->nf--;
+    d->fp[d->nf] = '\0';
+    if (d->big)
+        d->ip = UINT64_MAX;
+    if (d->ip == 0 && d->nf == 0)
+        d->neg = 0;
+    return 0;
+}
+
+/* Compares two decimals' values (<0, 0, >0). */
+static int dec_cmp(const dec_t *a, const dec_t *b)
+{
+    if (a->neg != b->neg)
+        return a->neg ? -1 : 1;
+    int r = a->ip < b->ip ? -1 : a->ip > b->ip ? 1 : 0;
+    if (r == 0) {
+        for (int i = 0; i < FRAC_LIM && r == 0; i++) {
+            const char x = i < a->nf ? a->fp[i] : '0', y = i < b->nf ? b->fp[i] : '0';
+            r = (x > y) - (x < y);
+        }
+    }
+    return a->neg ? -r : r;
+}
+
+/* A fraction under construction: the digit strings after "." (up to FRAC_LIM) whose
+ * value 0.s lies above lo (when tl) and below hi (when th), each end inclusive or
+ * not. States (i, tl, th): i digits taken, still equal to lo's (tl) or hi's (th)
+ * first i digits; a state that is neither is free ([0-9]*). rules[i][tl][th]: the
+ * rule of a tight state once named. */
+typedef struct {
+    ctx_t *c;
+    const char *lo, *hi;
+    int nlo, nhi, inc_lo, inc_hi;
+    char *names[FRAC_LIM + 1][2][2];
+    signed char live[FRAC_LIM + 1][2][2]; /* -1 unknown */
+} frac_t;
+
+static char frac_dig(const char *f, int n, int i) { return i < n ? f[i] : '0'; }
+
+/* Whether the value may stop after i digits in state (tl, th). */
+static int frac_end_ok(const frac_t *f, int i, int tl, int th)
+{
+    return (!tl || (i >= f->nlo && f->inc_lo)) && (!th || i < f->nhi || f->inc_hi);
+}
+
+static int frac_live(frac_t *f, int i, int tl, int th)
+{
+    if (!tl && !th)
+        return 1;
+    if (f->live[i][tl][th] >= 0)
+        return f->live[i][tl][th];
+    int ok = frac_end_ok(f, i, tl, th);
+    if (!ok && i < FRAC_LIM) {
+        const char a = tl ? frac_dig(f->lo, f->nlo, i) : '0', b = th ? frac_dig(f->hi, f->nhi, i) : '9';
+        for (char d = a; d <= b && !ok; d++)
+            ok = frac_live(f, i + 1, tl && d == a, th && d == b);
+    }
+    f->live[i][tl][th] = (signed char)ok;
+    return ok;
+}
+
+static int frac_ref(frac_t *f, int i, int tl, int th, sbuf_t *b);
+
+/* The alternatives of state (i, tl, th) into b (none when it is dead), with the
+ * empty one when eps and the value may stop here; *n counts them. */
+static int frac_alts(frac_t *f, int i, int tl, int th, int eps, sbuf_t *b, int *n)
+{
+    int rc = 0;
+    *n = 0;
+    if (eps && frac_end_ok(f, i, tl, th)) {
+        TRY(sb_str(b, "\"\""));
+        (*n)++;
+    }
+    if (i >= FRAC_LIM)
+        return 0;
+    const char a = tl ? frac_dig(f->lo, f->nlo, i) : '0', z = th ? frac_dig(f->hi, f->nhi, i) : '9';
+    if (a > z)
+        return 0;
+    /* the digit equal to a tight bound's, then the free ones between */
+    char lo_free = a, hi_free = z;
+    if (tl || th) {
+        const int tl2 = tl, th2 = th && a == z;
+        if (tl && frac_live(f, i + 1, tl2, th2)) {
+            TRY(sb_fmt(b, *n ? " | \"%c\"" : "\"%c\"", a));
+            TRY(frac_ref(f, i + 1, tl2, th2, b));
+            (*n)++;
+        }
+        if (tl)
+            lo_free = (char)(a + 1);
+        if (th && !(tl && a == z) && frac_live(f, i + 1, 0, 1)) {
+            TRY(sb_fmt(b, *n ? " | \"%c\"" : "\"%c\"", z));
+            TRY(frac_ref(f, i + 1, 0, 1, b));
+            (*n)++;
+        }
+        if (th)
+            hi_free = (char)(z - 1);
+    }
+    if (lo_free <= hi_free) {
+        TRY(sb_str(b, *n ? " | " : ""));
+        TRY(lo_free == hi_free ? sb_fmt(b, "\"%c\"", lo_free) : sb_fmt(b, "[%c-%c]", lo_free, hi_free));
+        TRY(any_digits(b, 0, FRAC_LIM - i - 1));
+        (*n)++;
+    }
+fail:
+    return rc;
+}
+
+/* Appends " NAME" for a live tight state (its rule made on first use), or the free
+ * digits. */
+static int frac_ref(frac_t *f, int i, int tl, int th, sbuf_t *b)
+{
+    if (!tl && !th)
+        return any_digits(b, 0, FRAC_LIM - i);
+    /* past an inclusive bound's last digit: any digits above a lower bound, zeros
+     * only against an upper one */
+    if (!th && i >= f->nlo && f->inc_lo)
+        return any_digits(b, 0, FRAC_LIM - i);
+    if (th && i >= f->nhi && f->inc_hi && (!tl || (i >= f->nlo && f->inc_lo)))
+        return FRAC_LIM - i == 0 ? 0 : sb_fmt(b, " \"0\"{0,%d}", FRAC_LIM - i);
+    int rc = 0;
+    if (!f->names[i][tl][th]) {
+        char *name = NULL;
+        size_t slot;
+        sbuf_t body = {0};
+        int n;
+        if ((rc = name_take(f->c, "number-fraction", &name)) != 0)
+            return rc;
+        if ((rc = rule_push(f->c, &slot)) != 0) {
+            free(name);
+            return rc;
+        }
+        f->c->rules[slot].name = name;
+        f->names[i][tl][th] = name;
+        if ((rc = frac_alts(f, i, tl, th, 1, &body, &n)) != 0 || (rc = rule_body(f->c, slot, sb_take(&body))) != 0) {
+            sb_free(&body);
+            return rc;
+        }
+    }
+    return sb_fmt(b, " %s", f->names[i][tl][th]);
+}
+
+/* Appends the fraction part after an integer part equal to lo's (lo given) and/or
+ * hi's: " ( "." ... )?" or " "." ( ... )", nothing when only no fraction fits;
+ * *dead when nothing fits. */
+static int frac_part(ctx_t *c, const dec_t *lo, const dec_t *hi, sbuf_t *b, int *dead)
+{
+    frac_t f = {.c = c};
+    memset(f.live, -1, sizeof f.live);
+    const int tl = lo != NULL, th = hi != NULL;
+    if (lo) {
+        f.lo = lo->fp;
+        f.nlo = lo->nf;
+        f.inc_lo = lo->incl;
+    }
+    if (hi) {
+        f.hi = hi->fp;
+        f.nhi = hi->nf;
+        f.inc_hi = hi->incl;
+    }
+    sbuf_t alts = {0};
+    int n = 0, rc = frac_alts(&f, 0, tl, th, 0, &alts, &n);
+    const int stop_ok = frac_end_ok(&f, 0, tl, th);
+    *dead = !rc && n == 0 && !stop_ok;
+    if (!rc && n && (rc = sb_str(b, stop_ok ? " ( \".\" ( " : " \".\" ( ")) == 0 &&
+        (rc = sb_add(b, alts.p, alts.n)) == 0)
+        rc = sb_str(b, stop_ok ? " ) )?" : " )");
+    sb_free(&alts);
+    return rc;
+}
+
+/* Appends the non-negative plain decimals w (no exponent, no leading zeros) with
+ * lo <= w <= hi (each end inclusive or not, hi may be absent: up to 16 integer
+ * digits) as alternatives. */
+static int number_nonneg(ctx_t *c, alts_t *a, const dec_t *lo, const dec_t *hi)
+{
+    char ip[24];
+    int rc = 0, dead;
+    sbuf_t tail = {0}, mid = {0};
+    if (hi && hi->ip == lo->ip) {
+        TRY(frac_part(c, lo, hi, &tail, &dead));
+        if (!dead) {
+            (void)snprintf(ip, sizeof ip, "%" PRIu64, lo->ip);
+            TRY(alt_begin(a, ip, strlen(ip)));
+            TRY(sb_add(a->b, tail.p, tail.n));
+        }
+        goto fail;
+    }
+    TRY(frac_part(c, lo, NULL, &tail, &dead));
+    if (!dead) {
+        (void)snprintf(ip, sizeof ip, "%" PRIu64, lo->ip);
+        TRY(alt_begin(a, ip, strlen(ip)));
+        TRY(sb_add(a->b, tail.p, tail.n));
+    }
+    const uint64_t m_hi = hi ? hi->ip - 1 : (uint64_t)INT_LIM;
+    if (lo->ip + 1 <= m_hi) {
+        alts_t m = {&mid, 0};
+        TRY(range_nonneg(&m, lo->ip + 1, m_hi));
+        TRY(alt_begin(a, NULL, 0));
+        TRY(sb_str(a->b, m.n_alt > 1 ? "( " : ""));
+        TRY(sb_add(a->b, mid.p, mid.n));
+        TRY(sb_str(a->b, m.n_alt > 1 ? " )" : ""));
+        TRY(sb_fmt(a->b, " ( \".\" [0-9]{1,%d} )?", FRAC_LIM));
+    }
+    if (hi) {
+        tail.n = 0;
+        TRY(frac_part(c, NULL, hi, &tail, &dead));
+        if (!dead) {
+            (void)snprintf(ip, sizeof ip, "%" PRIu64, hi->ip);
+            TRY(alt_begin(a, ip, strlen(ip)));
+            if (tail.n)
+                TRY(sb_add(a->b, tail.p, tail.n));
+        }
+    }
+fail:
+    sb_free(&tail);
+    sb_free(&mid);
+    return rc;
+}
+
+/* A number with bounds: the plain decimals (no exponent, no "-0", at most 16 integer
+ * and 16 fraction digits) from the lower bound to the upper one, minimum /
+ * exclusiveMinimum and maximum / exclusiveMaximum, the tighter of each pair. The
+ * bounds are read as the shortest decimals of their doubles (0.1 is 0.1). The
+ * negative part is "-" and the magnitudes. multipleOf is not supported. */
+static int gen_number(ctx_t *c, const json_t *s, const path_t *at, sbuf_t *out, int *kind)
+{
+    static const struct {
+        const char *kw;
+        int upper, exclusive;
+    } BOUNDS[] = {
+        {"minimum", 0, 0}, {"exclusiveMinimum", 0, 1},
+        {"maximum", 1, 0}, {"exclusiveMaximum", 1, 1},
+    };
+    dec_t lo = {0}, hi = {0};
+    int rc = 0;
+    *kind = KIND_ITEM;
+    if (json_object_get(s, "multipleOf"))
+        return fail(c, BL_EINVAL, "multipleOf", at, "is not supported on a 'number'");
+    for (size_t i = 0; i < sizeof BOUNDS / sizeof BOUNDS[0]; i++) {
+        const json_t *v = json_object_get(s, BOUNDS[i].kw);
+        if (!v)
+            continue;
+        if (json_is_boolean(v))
+            return fail(c, BL_EINVAL, BOUNDS[i].kw, at,
+                        "as a boolean (draft 4) is not supported; give the bound as a number");
+        if (!json_is_number(v) || !isfinite(json_number_value(v)))
+            return fail(c, BL_EINVAL, BOUNDS[i].kw, at, "must be a number");
+        dec_t d = {.present = 1, .incl = !BOUNDS[i].exclusive, .kw = BOUNDS[i].kw};
+        if (json_is_integer(v)) {
+            const json_int_t x = json_integer_value(v);
+            d.neg = x < 0;
+            d.ip = x < 0 ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
+        } else if (dec_of_double(json_real_value(v), &d) != 0) {
+            return fail(c, BL_EINVAL, BOUNDS[i].kw, at, "has more than %d decimals", FRAC_LIM);
+        }
+        d.present = 1;
+        d.incl = !BOUNDS[i].exclusive;
+        d.kw = BOUNDS[i].kw;
+        dec_t *cur = BOUNDS[i].upper ? &hi : &lo;
+        const int r = cur->present ? dec_cmp(&d, cur) : 0;
+        /* the tighter: higher lower bounds, lower upper ones, exclusive on a tie */
+        if (!cur->present || (BOUNDS[i].upper ? r < 0 : r > 0) || (r == 0 && !d.incl))
+            *cur = d;
+    }
+    if (!lo.present && !hi.present)
+        return sb_str(out, prim(c, P_NUMBER));
+    if (lo.present && hi.present) {
+        const int r = dec_cmp(&lo, &hi);
+        if (r > 0 || (r == 0 && (!lo.incl || !hi.incl)))
+            return fail(c, BL_EINVAL, lo.kw, at, "and '%s' leave no number", hi.kw);
+    }
+    alts_t top = {out, 0};
+    const size_t start = out->n;
+    sbuf_t neg = {0};
+    /* the magnitudes below zero: lower end from the upper bound (or just above 0),
+     * upper end from the lower bound (or none) */
+    if (!lo.present || lo.neg) {
+        dec_t wl = {.present = 1, .incl = 0}, wh = lo;
+        if (hi.present && hi.neg) {
+            wl = hi;
+            wl.neg = 0;
+        }
+        wh.neg = 0;
+        const int have_hi = lo.present && !lo.big && lo.ip <= (uint64_t)INT_LIM;
+        if (wl.big || wl.ip > (uint64_t)INT_LIM) {
+            /* no magnitude this large is written */
+        } else {
+            alts_t mag = {&neg, 0};
+            TRY(number_nonneg(c, &mag, &wl, have_hi ? &wh : NULL));
+            if (mag.n_alt) {
+                TRY(alt_begin(&top, "-", 1));
+                TRY(sb_str(out, mag.n_alt > 1 ? " ( " : " "));
+                TRY(sb_add(out, neg.p, neg.n));
+                TRY(sb_str(out, mag.n_alt > 1 ? " )" : ""));
+            }
+        }
+    }
+    if (!hi.present || !hi.neg) {
+        dec_t wl = lo.present && !lo.neg ? lo : (dec_t){.present = 1, .incl = 1};
+        const int have_hi = hi.present && !hi.big && hi.ip <= (uint64_t)INT_LIM;
+        if (!wl.big && wl.ip <= (uint64_t)INT_LIM && !(hi.present && dec_cmp(&hi, &wl) < 0))
+            TRY(number_nonneg(c, &top, &wl, have_hi ? &hi : NULL));
+    }
+    if (top.n_alt == 0)
+        TRY(fail(c, BL_EINVAL, lo.present ? lo.kw : hi.kw, at, "leaves no number of at most 16 digits"));
+    *kind = top.n_alt > 1                                 ? KIND_ALT
+            : memchr(out->p + start, ' ', out->n - start) ? KIND_SEQ
+                                                          : KIND_ITEM;
+fail:
+    sb_free(&neg);
+    return rc;
+}
+
 /* By 'type' (a name or a list: alternatives), or without one by the keywords present
  * (properties: an object, ...; none: any value). */
 static int gen_types(ctx_t *c, const json_t *s, const char *name, const path_t *at,
@@ -2968,10 +3335,7 @@ static int gen_types(ctx_t *c, const json_t *s, const char *name, const path_t *
         case T_INTEGER: rc = gen_integer(c, s, at, out, &k); break;
         case T_NUMBER:
             k = KIND_ITEM;
-            rc = bits & K_NUM
-                     ? fail(c, BL_EINVAL, first_kw(s, K_NUM), at,
-                            "is not supported on a 'number' (only on an 'integer')")
-                     : sb_str(out, prim(c, P_NUMBER));
+            rc = bits & K_NUM ? gen_number(c, s, at, out, &k) : sb_str(out, prim(c, P_NUMBER));
             break;
         case T_BOOLEAN:
             k = KIND_ITEM;

@@ -20,6 +20,7 @@ SCHEMA = {
         "color": {"enum": ["red", "green", "blue"]},
         "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
         "note": {"type": "string", "maxLength": 3},
+        "score": {"type": "number", "minimum": -0.5, "exclusiveMaximum": 2.25},
     },
     "required": ["ok", "color"],
     "additionalProperties": False,
@@ -34,6 +35,8 @@ def check_schema(value):
         assert len(value["tags"]) <= 2 and all(t in ("a", "b") for t in value["tags"]), value
     if "note" in value:
         assert isinstance(value["note"], str) and len(value["note"]) <= 3, value
+    if "score" in value:
+        assert isinstance(value["score"], (int, float)) and -0.5 <= value["score"] < 2.25, value
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -94,7 +97,8 @@ def test_response_format_json_object_gives_an_object(url):
     ({"grammar": 5}, 400, "'grammar' must be a string"),
     ({"grammar": "root ::= \"a\"", "json_schema": {"type": "string"}}, 400, "not both"),
     ({"json_schema": {"type": "string", "pattern": "^(a)\\1$"}}, 400, "pattern"),
-    ({"json_schema": {"type": "number", "minimum": 0.5}}, 400, "minimum"),
+    ({"json_schema": {"type": "number", "multipleOf": 0.5}}, 400, "multipleOf"),
+    ({"json_schema": {"type": "number", "minimum": 2, "maximum": 1}}, 400, "leave no number"),
     ({"response_format": {"type": "json_schema"}}, 400, "json_schema.schema"),
     ({"response_format": {"type": "xml"}}, 400, "'response_format' of type \"xml\""),
     ({"response_format": {"type": "json_object"}, "json_schema": {}}, 400, "not both"),
@@ -187,3 +191,16 @@ def test_anthropic_tool_choice_any_writes_a_tool_use(url):
     uses = [c for c in b["content"] if c["type"] == "tool_use"]
     assert len(uses) == 1 and uses[0]["name"] == "paint", b
     assert uses[0]["input"]["color"] in ("red", "blue"), b
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_number_range_on_completion(url, seed):
+    """A bounded number: a plain decimal inside the bounds, every time."""
+    schema = {"type": "number", "exclusiveMinimum": -1.5, "maximum": 0.75}
+    r = post(url, "/completion", {"prompt": PROMPT, "n_predict": 24, "seed": seed,
+                                  "temperature": 1.0, "json_schema": schema})
+    assert r.status_code == 200, r.text
+    text = r.json()["content"]
+    if r.json()["stop_type"] == "eos":  # complete
+        v = json.loads(text)
+        assert -1.5 < v <= 0.75 and "e" not in text.lower(), repr(text)

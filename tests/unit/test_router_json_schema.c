@@ -689,17 +689,21 @@ static void test_json_schema_unsupported_keywords_are_refused_by_name(void **sta
     }
 }
 
-static void test_json_schema_bounds_on_numbers_and_empty_integer_ranges_are_refused(void **state)
+static void test_json_schema_empty_number_and_integer_ranges_are_refused(void **state)
 {
     (void)state;
-    refused("{\"type\": \"number\", \"minimum\": 0}", BL_EINVAL,
-            "json_schema: 'minimum' at / is not supported on a 'number'");
-    refused("{\"type\": \"number\", \"exclusiveMaximum\": 9}", BL_EINVAL,
-            "'exclusiveMaximum' at / is not supported on a 'number'");
-    refused("{\"properties\": {\"n\": {\"maximum\": 3}}}", BL_EINVAL,
-            "'maximum' at /properties/n is not supported on a 'number'");
-    refused("{\"type\": [\"integer\", \"number\"], \"minimum\": 1}", BL_EINVAL,
-            "'minimum' at / is not supported on a 'number'");
+    refused("{\"type\": \"number\", \"multipleOf\": 0.5}", BL_EINVAL,
+            "json_schema: 'multipleOf' at / is not supported on a 'number'");
+    refused("{\"type\": \"number\", \"minimum\": 2, \"maximum\": 1.5}", BL_EINVAL,
+            "'minimum' at / and 'maximum' leave no number");
+    refused("{\"properties\": {\"n\": {\"exclusiveMinimum\": 1, \"maximum\": 1}}}", BL_EINVAL,
+            "'exclusiveMinimum' at /properties/n and 'maximum' leave no number");
+    refused("{\"type\": \"number\", \"minimum\": 1e-20}", BL_EINVAL,
+            "'minimum' at / has more than 16 decimals");
+    refused("{\"type\": \"number\", \"minimum\": 1e300}", BL_EINVAL,
+            "'minimum' at / leaves no number of at most 16 digits");
+    refused("{\"type\": \"number\", \"maximum\": true}", BL_EINVAL,
+            "'maximum' at / as a boolean (draft 4) is not supported");
     refused("{\"type\": \"integer\", \"multipleOf\": 2}", BL_EINVAL,
             "'multipleOf' at / is not supported");
     refused("{\"type\": \"integer\", \"exclusiveMinimum\": true, \"minimum\": 0}", BL_EINVAL,
@@ -1171,6 +1175,136 @@ static void test_json_schema_integer_random_ranges(void **state)
         assert_false(takes(m, "9223372036854775808"));
         assert_false(takes(m, "-9223372036854775809"));
         assert_false(takes(m, "10000000000000000000"));
+        rt_grammar_match_destroy(m);
+        rt_grammar_destroy(gr);
+    }
+}
+
+/* --- number ranges on the engine -------------------------------------------------- */
+
+static void test_json_schema_number_ranges_take_plain_decimals_in_range(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *schema, *yes[8], *no[10];
+    } C[] = {
+        {"{\"type\": \"number\", \"minimum\": 0, \"maximum\": 1}",
+         {"0", "1", "0.5", "0.999", "1.0", "1.000", "0.0", NULL},
+         {"1.01", "-0.1", "2", "-0", "-0.0", "1e-3", "01", "1.", ".5", NULL}},
+        {"{\"type\": \"number\", \"exclusiveMinimum\": 0, \"exclusiveMaximum\": 1}",
+         {"0.0001", "0.5", "0.9999999999999999", NULL},
+         {"0", "0.0", "1", "1.0", "1.5", "-0.5", NULL}},
+        {"{\"type\": \"number\", \"minimum\": -2.5, \"maximum\": -0.5}",
+         {"-2.5", "-1", "-0.5", "-0.75", "-2.50", NULL},
+         {"-2.51", "-0.4", "0", "-3", "2", "-0.49", NULL}},
+        {"{\"type\": \"number\", \"minimum\": 1.5}",
+         {"1.5", "2", "100.25", "9999999999999999.5", NULL},
+         {"1.49", "-5", "1", "0.5", "10000000000000000", NULL}},
+        {"{\"type\": \"number\", \"exclusiveMaximum\": -0.25}",
+         {"-0.26", "-1", "-1000000.125", NULL},
+         {"-0.25", "-0.2", "0", "1", NULL}},
+        {"{\"type\": [\"integer\", \"number\"], \"minimum\": 0.1, \"maximum\": 0.1}",
+         {"0.1", "0.10", NULL},
+         {"0.11", "0.09", "0", "1", NULL}},
+        {"{\"type\": \"number\", \"minimum\": 3, \"exclusiveMinimum\": 3, \"maximum\": 3.001}",
+         {"3.001", "3.0005", NULL},
+         {"3", "3.0", "3.0011", "3.002", NULL}},
+    };
+    for (size_t i = 0; i < sizeof C / sizeof C[0]; i++) {
+        for (int j = 0; C[i].yes[j]; j++)
+            if (!schema_takes(C[i].schema, C[i].yes[j]))
+                fail_msg("%s refuses %s", C[i].schema, C[i].yes[j]);
+        for (int j = 0; C[i].no[j]; j++)
+            if (schema_takes(C[i].schema, C[i].no[j]))
+                fail_msg("%s takes %s", C[i].schema, C[i].no[j]);
+    }
+}
+
+/* Decimals in millionths (|v| < 10^12): exact, so a reference can compare them. */
+static void milli_text(long long v, int frac_digits, int extra_zeros, char *out, size_t cap)
+{
+    const unsigned long long a = v < 0 ? (unsigned long long)-v : (unsigned long long)v;
+    int n = snprintf(out, cap, "%s%llu", v < 0 ? "-" : "", a / 1000000);
+    if (frac_digits > 0 || extra_zeros > 0) {
+        char f[8];
+        (void)snprintf(f, sizeof f, "%06llu", a % 1000000);
+        n += snprintf(out + n, cap - (size_t)n, ".%.*s%.*s", frac_digits, f, extra_zeros, "000");
+    }
+}
+
+/* The fraction digits v needs (0 to 6). */
+static int milli_digits(long long v)
+{
+    long long f = (v < 0 ? -v : v) % 1000000;
+    int d = 6;
+    while (d > 0 && f % 10 == 0) {
+        f /= 10;
+        d--;
+    }
+    return f == 0 ? 0 : d;
+}
+
+static void test_json_schema_number_random_ranges(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(2);
+    for (int it = 0; it < 300; it++) {
+        /* bounds of up to 3 decimals and 4 integer digits, by turns absent, inclusive
+         * or exclusive */
+        long long b[2];
+        for (int k = 0; k < 2; k++) {
+            const long long scale[] = {1000000, 100000, 10000, 1000};
+            const long long unit = scale[rng_next(&r) % 4];
+            b[k] = ((long long)(rng_next(&r) % 20001) - 10000) * unit / 10;
+            b[k] -= b[k] % 1000; /* at most 3 decimals */
+        }
+        if (b[0] > b[1]) {
+            const long long t = b[0];
+            b[0] = b[1];
+            b[1] = t;
+        }
+        const int has[2] = {(int)(rng_next(&r) % 4 != 0), (int)(rng_next(&r) % 4 != 0)};
+        const int ex[2] = {(int)(rng_next(&r) % 2), (int)(rng_next(&r) % 2)};
+        if (!has[0] && !has[1])
+            continue;
+        if (has[0] && has[1] && b[0] == b[1] && (ex[0] || ex[1]))
+            continue; /* empty: refused, tested above */
+        char schema[256], t0[40], t1[40];
+        milli_text(b[0], milli_digits(b[0]), 0, t0, sizeof t0);
+        milli_text(b[1], milli_digits(b[1]), 0, t1, sizeof t1);
+        int n = snprintf(schema, sizeof schema, "{\"type\": \"number\"");
+        if (has[0])
+            n += snprintf(schema + n, sizeof schema - (size_t)n, ", \"%s\": %s",
+                          ex[0] ? "exclusiveMinimum" : "minimum", t0);
+        if (has[1])
+            n += snprintf(schema + n, sizeof schema - (size_t)n, ", \"%s\": %s",
+                          ex[1] ? "exclusiveMaximum" : "maximum", t1);
+        (void)snprintf(schema + n, sizeof schema - (size_t)n, "}");
+        rt_grammar_t *gr = grammar_of(schema);
+        rt_grammar_match_t *m = NULL;
+        bl_err_t err = {0};
+        assert_int_equal(rt_grammar_match_create(&m, gr, &err), 0);
+        for (int k = 0; k < 80; k++) {
+            long long v;
+            const long long near = b[rng_next(&r) % 2];
+            const long long steps[] = {0, 1, 1000, 10000, 100000, 1000000};
+            switch (rng_next(&r) % 3) {
+            case 0: v = near; break;
+            case 1:
+                v = near + (rng_next(&r) % 2 ? 1 : -1) * steps[rng_next(&r) % 6] *
+                               (long long)(1 + rng_next(&r) % 3);
+                break;
+            default: v = ((long long)(rng_next(&r) % 24001) - 12000) * 1000000 / 10 + (long long)(rng_next(&r) % 7);
+            }
+            const int want = (!has[0] || (ex[0] ? v > b[0] : v >= b[0])) &&
+                             (!has[1] || (ex[1] ? v < b[1] : v <= b[1]));
+            char text[48];
+            milli_text(v, milli_digits(v), (int)(rng_next(&r) % 3), text, sizeof text);
+            if (takes(m, text) != want)
+                fail_msg("%s: %s is %s", schema, text, want ? "refused" : "taken");
+            if (v == 0 && takes(m, "-0"))
+                fail_msg("%s takes -0", schema);
+        }
         rt_grammar_match_destroy(m);
         rt_grammar_destroy(gr);
     }
@@ -1695,7 +1829,9 @@ int main(void)
         cmocka_unit_test(test_json_schema_all_of_one_schema_is_that_schema),
         cmocka_unit_test(test_json_schema_all_of_non_object_parts_are_refused),
         cmocka_unit_test(test_json_schema_unsupported_keywords_are_refused_by_name),
-        cmocka_unit_test(test_json_schema_bounds_on_numbers_and_empty_integer_ranges_are_refused),
+        cmocka_unit_test(test_json_schema_empty_number_and_integer_ranges_are_refused),
+        cmocka_unit_test(test_json_schema_number_ranges_take_plain_decimals_in_range),
+        cmocka_unit_test(test_json_schema_number_random_ranges),
         cmocka_unit_test(test_json_schema_format_with_length_is_refused),
         cmocka_unit_test(test_json_schema_invalid_keyword_values_are_refused),
         cmocka_unit_test(test_json_schema_non_object_schemas_are_refused),
