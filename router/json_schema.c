@@ -2797,6 +2797,16 @@ static int range_nonneg(alts_t *a, uint64_t x, uint64_t y)
     return to < ly ? range_len(a, pow10u(ly - 1), y) : 0;
 }
 
+/* The range keywords of integers and numbers: which end each bounds, and whether
+ * the end is left out. */
+static const struct {
+    const char *kw;
+    int upper, exclusive;
+} RANGE_KW[] = {
+    {"minimum", 0, 0}, {"exclusiveMinimum", 0, 1},
+    {"maximum", 1, 0}, {"exclusiveMaximum", 1, 1},
+};
+
 /* One bound keyword kw as an integer: for a lower bound the least integer at or
  * above it (above it when exclusive), for an upper one the greatest at or below it
  * (below it when exclusive). A bound past the far end of int64 clamps to that end;
@@ -2856,13 +2866,6 @@ static int get_bound(ctx_t *c, const json_t *s, const char *kw, int upper, int e
  * multipleOf is honoured only as 1. */
 static int gen_integer(ctx_t *c, const json_t *s, const path_t *at, sbuf_t *out, int *kind)
 {
-    static const struct {
-        const char *kw;
-        int upper, exclusive;
-    } BOUNDS[] = {
-        {"minimum", 0, 0}, {"exclusiveMinimum", 0, 1},
-        {"maximum", 1, 0}, {"exclusiveMaximum", 1, 1},
-    };
     const json_t *mo = json_object_get(s, "multipleOf");
     const char *kw_lo = NULL, *kw_hi = NULL;
     long long lo = 0, hi = 0;
@@ -2874,24 +2877,24 @@ static int gen_integer(ctx_t *c, const json_t *s, const path_t *at, sbuf_t *out,
         return fail(c, BL_EINVAL, "multipleOf", at, "must be a number above 0");
     if (mo && json_number_value(mo) != 1.0)
         return fail(c, BL_EINVAL, "multipleOf", at, "is not supported (only 1 on an 'integer' is)");
-    for (size_t i = 0; i < sizeof BOUNDS / sizeof BOUNDS[0]; i++) {
+    for (size_t i = 0; i < sizeof RANGE_KW / sizeof RANGE_KW[0]; i++) {
         long long v;
         int present, none;
-        if ((rc = get_bound(c, s, BOUNDS[i].kw, BOUNDS[i].upper, BOUNDS[i].exclusive, at, &v,
+        if ((rc = get_bound(c, s, RANGE_KW[i].kw, RANGE_KW[i].upper, RANGE_KW[i].exclusive, at, &v,
                             &present, &none)) != 0)
             return rc;
         if (!present)
             continue;
         if (none)
-            return fail(c, BL_EINVAL, BOUNDS[i].kw, at, "leaves no integer in int64 (%s %lld)",
-                        BOUNDS[i].upper ? "the least is" : "the most is",
-                        BOUNDS[i].upper ? (long long)INT64_MIN : (long long)INT64_MAX);
-        if (!BOUNDS[i].upper && (!kw_lo || v > lo)) {
+            return fail(c, BL_EINVAL, RANGE_KW[i].kw, at, "leaves no integer in int64 (%s %lld)",
+                        RANGE_KW[i].upper ? "the least is" : "the most is",
+                        RANGE_KW[i].upper ? (long long)INT64_MIN : (long long)INT64_MAX);
+        if (!RANGE_KW[i].upper && (!kw_lo || v > lo)) {
             lo = v;
-            kw_lo = BOUNDS[i].kw;
-        } else if (BOUNDS[i].upper && (!kw_hi || v < hi)) {
+            kw_lo = RANGE_KW[i].kw;
+        } else if (RANGE_KW[i].upper && (!kw_hi || v < hi)) {
             hi = v;
-            kw_hi = BOUNDS[i].kw;
+            kw_hi = RANGE_KW[i].kw;
         }
     }
     if (!kw_lo)
@@ -3211,42 +3214,35 @@ fail:
  * negative part is "-" and the magnitudes. multipleOf is not supported. */
 static int gen_number(ctx_t *c, const json_t *s, const path_t *at, sbuf_t *out, int *kind)
 {
-    static const struct {
-        const char *kw;
-        int upper, exclusive;
-    } BOUNDS[] = {
-        {"minimum", 0, 0}, {"exclusiveMinimum", 0, 1},
-        {"maximum", 1, 0}, {"exclusiveMaximum", 1, 1},
-    };
     dec_t lo = {0}, hi = {0};
     int rc = 0;
     *kind = KIND_ITEM;
     if (json_object_get(s, "multipleOf"))
         return fail(c, BL_EINVAL, "multipleOf", at, "is not supported on a 'number'");
-    for (size_t i = 0; i < sizeof BOUNDS / sizeof BOUNDS[0]; i++) {
-        const json_t *v = json_object_get(s, BOUNDS[i].kw);
+    for (size_t i = 0; i < sizeof RANGE_KW / sizeof RANGE_KW[0]; i++) {
+        const json_t *v = json_object_get(s, RANGE_KW[i].kw);
         if (!v)
             continue;
         if (json_is_boolean(v))
-            return fail(c, BL_EINVAL, BOUNDS[i].kw, at,
+            return fail(c, BL_EINVAL, RANGE_KW[i].kw, at,
                         "as a boolean (draft 4) is not supported; give the bound as a number");
         if (!json_is_number(v) || !isfinite(json_number_value(v)))
-            return fail(c, BL_EINVAL, BOUNDS[i].kw, at, "must be a number");
-        dec_t d = {.present = 1, .incl = !BOUNDS[i].exclusive, .kw = BOUNDS[i].kw};
+            return fail(c, BL_EINVAL, RANGE_KW[i].kw, at, "must be a number");
+        dec_t d = {.present = 1, .incl = !RANGE_KW[i].exclusive, .kw = RANGE_KW[i].kw};
         if (json_is_integer(v)) {
             const json_int_t x = json_integer_value(v);
             d.neg = x < 0;
             d.ip = x < 0 ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
         } else if (dec_of_double(json_real_value(v), &d) != 0) {
-            return fail(c, BL_EINVAL, BOUNDS[i].kw, at, "has more than %d decimals", FRAC_LIM);
+            return fail(c, BL_EINVAL, RANGE_KW[i].kw, at, "has more than %d decimals", FRAC_LIM);
         }
         d.present = 1;
-        d.incl = !BOUNDS[i].exclusive;
-        d.kw = BOUNDS[i].kw;
-        dec_t *cur = BOUNDS[i].upper ? &hi : &lo;
+        d.incl = !RANGE_KW[i].exclusive;
+        d.kw = RANGE_KW[i].kw;
+        dec_t *cur = RANGE_KW[i].upper ? &hi : &lo;
         const int r = cur->present ? dec_cmp(&d, cur) : 0;
         /* the tighter: higher lower bounds, lower upper ones, exclusive on a tie */
-        if (!cur->present || (BOUNDS[i].upper ? r < 0 : r > 0) || (r == 0 && !d.incl))
+        if (!cur->present || (RANGE_KW[i].upper ? r < 0 : r > 0) || (r == 0 && !d.incl))
             *cur = d;
     }
     if (!lo.present && !hi.present)
