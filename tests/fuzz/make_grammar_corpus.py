@@ -30,6 +30,10 @@ SCHEMAS = [
     ({"anyOf": [{"type": "null"}, {"const": "x\"y"}, {"type": "string", "format": "date"}]},
      '"2026-11-30"'),
     ({}, '{"a": [1, 2.5e3, "\\u00e9", null]}'),
+    ({"type": "object", "properties": {
+        "p": {"type": "number", "minimum": -0.5, "exclusiveMaximum": 2.25},
+        "q": {"type": "integer", "exclusiveMinimum": -3, "maximum": 12}}},
+     '{"p": 2.2499, "q": 11}'),
 ]
 
 
