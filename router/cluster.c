@@ -751,16 +751,8 @@ static int hold_asleep(rt_cluster_t *c)
     atomic_store(&c->sleep_req, 0);
     c->state = RT_CLUSTER_SLEEPING;
     pthread_cond_broadcast(&c->cv);
-    while (!c->wake_req && !atomic_load(&c->stopping)) {
-        struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        until.tv_nsec += POLL_US * 1000L; /* destroy sets stopping without a signal */
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&c->cv, &c->mu, &until);
-    }
+    while (!c->wake_req && !atomic_load(&c->stopping)) /* destroy signals cv too */
+        pthread_cond_wait(&c->cv, &c->mu);
     const int wake = c->wake_req && !atomic_load(&c->stopping);
     c->wake_req = 0;
     if (wake) {
@@ -966,7 +958,10 @@ void rt_cluster_destroy(rt_cluster_t *c)
 {
     if (!c)
         return;
+    pthread_mutex_lock(&c->mu); /* a supervisor holding a set asleep waits on cv */
     atomic_store(&c->stopping, 1);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
     pthread_join(c->sup, NULL);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);

@@ -999,8 +999,9 @@ static int any_busy(const rt_engine_t *e)
  * every 200 ms, the idle time counting from READY; else 0. */
 static int idle_wait_locked(rt_engine_t *e)
 {
-    const rt_cluster_state_t st = e->o.sleep_idle_ms > 0 ? rt_cluster_state(e->cluster) : RT_CLUSTER_SLEEPING;
-    if (st == RT_CLUSTER_SLEEPING || st == RT_CLUSTER_FAILED || st == RT_CLUSTER_STOPPED) {
+    const rt_cluster_state_t st = rt_cluster_state(e->cluster);
+    if (e->o.sleep_idle_ms <= 0 || st == RT_CLUSTER_SLEEPING || st == RT_CLUSTER_FAILED ||
+        st == RT_CLUSTER_STOPPED) { /* nothing to time */
         pthread_cond_wait(&e->cv, &e->mu);
         return 0;
     }

@@ -2654,6 +2654,16 @@ typedef struct {
     int n_alt;
 } alts_t;
 
+/* Appends alternatives built apart (n_alt of them in alts): grouped in parentheses
+ * when there are several. */
+static int sb_group(sbuf_t *b, const sbuf_t *alts, int n_alt)
+{
+    int rc = sb_str(b, n_alt > 1 ? "( " : "");
+    if (!rc)
+        rc = sb_add(b, alts->p, alts->n);
+    return rc ? rc : sb_str(b, n_alt > 1 ? " )" : "");
+}
+
 /* Starts an alternative with the literal digits pre[0, npre) (none when npre is 0). */
 static int alt_begin(alts_t *a, const char *pre, size_t npre)
 {
@@ -2919,10 +2929,8 @@ static int gen_integer(ctx_t *c, const json_t *s, const path_t *at, sbuf_t *out,
         const uint64_t m_lo = hi < 0 ? (uint64_t)0 - (uint64_t)hi : 1;
         TRY(range_nonneg(&mag, m_lo, (uint64_t)0 - (uint64_t)lo));
         TRY(alt_begin(&top, "-", 1));
-        TRY(sb_str(out, mag.n_alt > 1 ? " ( " : " "));
-        TRY(sb_add(out, neg.p, neg.n));
-        if (mag.n_alt > 1)
-            TRY(sb_str(out, " )"));
+        TRY(sb_str(out, " "));
+        TRY(sb_group(out, &neg, mag.n_alt));
     }
     if (hi >= 0)
         TRY(range_nonneg(&top, lo < 0 ? 0 : (uint64_t)lo, (uint64_t)hi));
@@ -3158,51 +3166,42 @@ static int frac_part(ctx_t *c, const dec_t *lo, const dec_t *hi, sbuf_t *b, int 
     return rc;
 }
 
+/* Appends the alternative "ip" and the fraction part frac_part allows after it
+ * (against lo's and/or hi's digits), unless none does. */
+static int int_then_frac(ctx_t *c, alts_t *a, uint64_t ip, const dec_t *lo, const dec_t *hi)
+{
+    sbuf_t tail = {0};
+    char digits[24];
+    int dead, rc = frac_part(c, lo, hi, &tail, &dead);
+    if (!rc && !dead) {
+        (void)snprintf(digits, sizeof digits, "%" PRIu64, ip);
+        if ((rc = alt_begin(a, digits, strlen(digits))) == 0)
+            rc = sb_add(a->b, tail.p, tail.n);
+    }
+    sb_free(&tail);
+    return rc;
+}
+
 /* Appends the non-negative plain decimals w (no exponent, no leading zeros) with
  * lo <= w <= hi (each end inclusive or not, hi may be absent: up to 16 integer
  * digits) as alternatives. */
 static int number_nonneg(ctx_t *c, alts_t *a, const dec_t *lo, const dec_t *hi)
 {
-    char ip[24];
-    int rc = 0, dead;
-    sbuf_t tail = {0}, mid = {0};
-    if (hi && hi->ip == lo->ip) {
-        TRY(frac_part(c, lo, hi, &tail, &dead));
-        if (!dead) {
-            (void)snprintf(ip, sizeof ip, "%" PRIu64, lo->ip);
-            TRY(alt_begin(a, ip, strlen(ip)));
-            TRY(sb_add(a->b, tail.p, tail.n));
-        }
-        goto fail;
-    }
-    TRY(frac_part(c, lo, NULL, &tail, &dead));
-    if (!dead) {
-        (void)snprintf(ip, sizeof ip, "%" PRIu64, lo->ip);
-        TRY(alt_begin(a, ip, strlen(ip)));
-        TRY(sb_add(a->b, tail.p, tail.n));
-    }
+    if (hi && hi->ip == lo->ip)
+        return int_then_frac(c, a, lo->ip, lo, hi);
+    int rc = int_then_frac(c, a, lo->ip, lo, NULL);
+    sbuf_t mid = {0};
     const uint64_t m_hi = hi ? hi->ip - 1 : (uint64_t)INT_LIM;
-    if (lo->ip + 1 <= m_hi) {
+    if (!rc && lo->ip + 1 <= m_hi) {
         alts_t m = {&mid, 0};
         TRY(range_nonneg(&m, lo->ip + 1, m_hi));
         TRY(alt_begin(a, NULL, 0));
-        TRY(sb_str(a->b, m.n_alt > 1 ? "( " : ""));
-        TRY(sb_add(a->b, mid.p, mid.n));
-        TRY(sb_str(a->b, m.n_alt > 1 ? " )" : ""));
+        TRY(sb_group(a->b, &mid, m.n_alt));
         TRY(sb_fmt(a->b, " ( \".\" [0-9]{1,%d} )?", FRAC_LIM));
     }
-    if (hi) {
-        tail.n = 0;
-        TRY(frac_part(c, NULL, hi, &tail, &dead));
-        if (!dead) {
-            (void)snprintf(ip, sizeof ip, "%" PRIu64, hi->ip);
-            TRY(alt_begin(a, ip, strlen(ip)));
-            if (tail.n)
-                TRY(sb_add(a->b, tail.p, tail.n));
-        }
-    }
+    if (!rc && hi)
+        rc = int_then_frac(c, a, hi->ip, NULL, hi);
 fail:
-    sb_free(&tail);
     sb_free(&mid);
     return rc;
 }
@@ -3236,9 +3235,6 @@ static int gen_number(ctx_t *c, const json_t *s, const path_t *at, sbuf_t *out, 
         } else if (dec_of_double(json_real_value(v), &d) != 0) {
             return fail(c, BL_EINVAL, RANGE_KW[i].kw, at, "has more than %d decimals", FRAC_LIM);
         }
-        d.present = 1;
-        d.incl = !RANGE_KW[i].exclusive;
-        d.kw = RANGE_KW[i].kw;
         dec_t *cur = RANGE_KW[i].upper ? &hi : &lo;
         const int r = cur->present ? dec_cmp(&d, cur) : 0;
         /* the tighter: higher lower bounds, lower upper ones, exclusive on a tie */
@@ -3272,9 +3268,8 @@ static int gen_number(ctx_t *c, const json_t *s, const path_t *at, sbuf_t *out, 
             TRY(number_nonneg(c, &mag, &wl, have_hi ? &wh : NULL));
             if (mag.n_alt) {
                 TRY(alt_begin(&top, "-", 1));
-                TRY(sb_str(out, mag.n_alt > 1 ? " ( " : " "));
-                TRY(sb_add(out, neg.p, neg.n));
-                TRY(sb_str(out, mag.n_alt > 1 ? " )" : ""));
+                TRY(sb_str(out, " "));
+                TRY(sb_group(out, &neg, mag.n_alt));
             }
         }
     }

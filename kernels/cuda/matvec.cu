@@ -77,7 +77,7 @@ typedef struct mv_args {
     /* Expert mode with routing (kcuda_matvec_experts_swiglu_route): row b's router
      * logits at logits + b * n_expert (n_expert <= MV_ROUTE_MAX); each block routes
      * its row itself and block column 0 of choice 0 writes the row's ids and
-     * weights to ids_out and wts_out; ids is unused. */
+     * weights to ids_out and wts_out (ids, the same buffer, is not read). */
     const float *logits;
     int norm;
     int32_t *ids_out;
