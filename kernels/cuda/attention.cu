@@ -260,26 +260,6 @@ static size_t att_combine_smem(int64_t n_split)
     return sizeof(float) * (size_t)((n_split + 3) / 4 * 4 + 4);
 }
 
-/* sum over s < n of p[s * stride] * w[s], in s order; 8 loads are issued before they
- * are used, so a long context's 64 splits cost 8 memory latencies, not 64. */
-static __device__ __forceinline__ float split_sum(const float *p, size_t stride, const float *w, int n)
-{
-    float a = 0.0f;
-    int s = 0;
-    for (; s + 8 <= n; s += 8) {
-        float v[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-            v[u] = p[(size_t)(s + u) * stride];
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-            a += v[u] * w[s + u];
-    }
-    for (; s < n; s++)
-        a += p[(size_t)s * stride] * w[s];
-    return a;
-}
-
 /* grid (n_head, n): merges the splits of one (row, head). Dynamic shared memory:
  * n_split weights. Every thread sums L in the same order, so all hold the same L. */
 __global__ void __launch_bounds__(ATT_THREADS)
@@ -312,9 +292,38 @@ att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int6
     for (int s = tid; s < n_act; s += ATT_THREADS)
         att_wsm[s] = expf(pml[(base + s) * 2] - M);
     __syncthreads();
-    const float inv = 1.0f / split_sum(pml + base * 2 + 1, 2, att_wsm, n_act);
-    for (int d = tid; d < hd; d += ATT_THREADS)
-        out[((size_t)b * n_head + h) * hd + d] = split_sum(pacc + base * hd + d, hd, att_wsm, n_act) * inv;
+    /* Both sums in split order; 8 loads are issued before they are used, so a
+     * long context's 64 splits cost 8 memory latencies, not 64. */
+    float L = 0.0f;
+    int s = 0;
+    for (; s + 8 <= n_act; s += 8) {
+        float lv[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            lv[u] = pml[(base + s + u) * 2 + 1];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            L += lv[u] * att_wsm[s + u];
+    }
+    for (; s < n_act; s++)
+        L += pml[(base + s) * 2 + 1] * att_wsm[s];
+    const float inv = 1.0f / L;
+    for (int d = tid; d < hd; d += ATT_THREADS) {
+        float a = 0.0f;
+        int s2 = 0;
+        for (; s2 + 8 <= n_act; s2 += 8) {
+            float av[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                av[u] = pacc[(base + s2 + u) * hd + d];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                a += av[u] * att_wsm[s2 + u];
+        }
+        for (; s2 < n_act; s2++)
+            a += pacc[(base + s2) * hd + d] * att_wsm[s2];
+        out[((size_t)b * n_head + h) * hd + d] = a * inv;
+    }
 }
 
 /* Short contexts (max_len up to kcuda_attention_set_short's bound, KCUDA_ATT_SHORT by

@@ -77,7 +77,7 @@ typedef struct mv_args {
     /* Expert mode with routing (kcuda_matvec_experts_swiglu_route): row b's router
      * logits at logits + b * n_expert (n_expert <= MV_ROUTE_MAX); each block routes
      * its row itself and block column 0 of choice 0 writes the row's ids and
-     * weights to ids_out and wts_out (ids, the same buffer, is not read). */
+     * weights to ids_out and wts_out; ids is unused. */
     const float *logits;
     int norm;
     int32_t *ids_out;
@@ -1375,11 +1375,9 @@ static int experts_args(const kcuda_mat_t *w, int64_t n_expert, const int32_t *d
     return 0;
 }
 
-/* Gate/up (w2: up, SwiGLU) of n rows' k experts; with d_logits, each block routes
- * its row first and d_ids, d_wts receive the choices (kcuda_matvec_experts_swiglu_route). */
 static int experts_up(const kcuda_mat_t *w, const kcuda_mat_t *w2, int64_t n_expert,
                       const int32_t *d_ids, int n, int k, const float *d_x, int64_t ldx, float *d_y,
-                      int64_t ldy, const float *d_logits, int norm, float *d_wts, void *stream, bl_err_t *err)
+                      int64_t ldy, void *stream, bl_err_t *err)
 {
     int64_t rpe = 0;
     int rc = check_x(w, d_x, ldx, "matvec_experts", err);
@@ -1400,10 +1398,6 @@ static int experts_up(const kcuda_mat_t *w, const kcuda_mat_t *w2, int64_t n_exp
     a.n = n;
     a.k = k;
     a.mode = MV_EXPERT;
-    a.logits = d_logits;
-    a.norm = norm;
-    a.ids_out = d_logits ? (int32_t *)d_ids : NULL;
-    a.wts_out = d_logits ? d_wts : NULL;
     return mv_launch(w, &a, (unsigned)(n * k), 1, stream, err);
 }
 
@@ -1411,7 +1405,7 @@ int kcuda_matvec_experts(const kcuda_mat_t *w, int64_t n_expert, const int32_t *
                          const float *d_x, int64_t ldx, float *d_y, int64_t ldy, void *stream,
                          bl_err_t *err)
 {
-    return experts_up(w, NULL, n_expert, d_ids, n, k, d_x, ldx, d_y, ldy, NULL, 0, NULL, stream, err);
+    return experts_up(w, NULL, n_expert, d_ids, n, k, d_x, ldx, d_y, ldy, stream, err);
 }
 
 int kcuda_matvec_experts_swiglu(const kcuda_mat_t *gate, const kcuda_mat_t *up, int64_t n_expert,
@@ -1421,7 +1415,7 @@ int kcuda_matvec_experts_swiglu(const kcuda_mat_t *gate, const kcuda_mat_t *up, 
     int rc = same_shape(gate, up, "matvec_experts_swiglu", err);
     if (rc < 0)
         return rc;
-    return experts_up(gate, up, n_expert, d_ids, n, k, d_x, ldx, d_y, ldy, NULL, 0, NULL, stream, err);
+    return experts_up(gate, up, n_expert, d_ids, n, k, d_x, ldx, d_y, ldy, stream, err);
 }
 
 int kcuda_matvec_experts_swiglu_route(const kcuda_mat_t *gate, const kcuda_mat_t *up, int64_t n_expert,
@@ -1438,10 +1432,30 @@ int kcuda_matvec_experts_swiglu_route(const kcuda_mat_t *gate, const kcuda_mat_t
         return rc < 0 ? rc
                       : kcuda_matvec_experts_swiglu(gate, up, n_expert, d_ids, n, k, d_x, ldx, d_y, ldy, stream, err);
     }
+    int64_t rpe = 0;
     int rc = same_shape(gate, up, "matvec_experts_swiglu_route", err);
-    return rc < 0 ? rc
-                  : experts_up(gate, up, n_expert, d_ids, n, k, d_x, ldx, d_y, ldy, d_logits, norm, d_wts, stream,
-                               err);
+    if (rc < 0 || (rc = check_x(gate, d_x, ldx, "matvec_experts_swiglu_route", err)) < 0 ||
+        (rc = experts_args(gate, n_expert, d_ids, n, k, "matvec_experts_swiglu_route", &rpe, err)) < 0)
+        return rc;
+    if (!d_y || ldy < rpe)
+        return bl_err_set(err, BL_EINVAL, "matvec_experts_swiglu_route: ldy %lld for %lld outputs",
+                          (long long)ldy, (long long)rpe);
+    mv_args_t a = {};
+    a.w2 = (const uint8_t *)up->data;
+    a.nrows = rpe;
+    a.n_expert = n_expert;
+    a.x = d_x;
+    a.ldx = ldx;
+    a.y = d_y;
+    a.ldy = ldy;
+    a.n = n;
+    a.k = k;
+    a.mode = MV_EXPERT;
+    a.logits = d_logits;
+    a.norm = norm;
+    a.ids_out = d_ids;
+    a.wts_out = d_wts;
+    return mv_launch(gate, &a, (unsigned)(n * k), 1, stream, err);
 }
 
 int kcuda_matvec_experts_down(const kcuda_mat_t *w, int64_t n_expert, const int32_t *d_ids,

@@ -173,91 +173,6 @@ static void case_rows(rng_t *r, int64_t n, const int64_t *pos, int64_t n_head, i
     free(knew); free(vnew); free(q); free(want); free(got);
 }
 
-/* Whether n bytes at a and b on the card are the same. */
-static int d_same(const void *a, const void *b, size_t n, bl_err_t *err)
-{
-    uint8_t *x = xmalloc(n), *y = xmalloc(n);
-    const int same = d_fetch(x, a, n, err) == 0 && d_fetch(y, b, n, err) == 0 && memcmp(x, y, n) == 0;
-    free(x);
-    free(y);
-    return same;
-}
-
-/* The inputs of the decode step's q/k work for n rows: raw q, k and v, the q and
- * k norm gains (g, then g + hd), positions, and two copies of each row's cache
- * (layer 1 of two; poisoned, or random f16 the same in both), uploaded twice for
- * two paths to compare. */
-typedef struct qkv_case {
-    int64_t n, n_head, n_kv, hd, nq, nk;
-    size_t rb, plane[8];
-    uint8_t *dc[2][8];
-    kcuda_kv_row_t *drows[2];
-    float *dq[2], *dk[2], *dv, *dg;
-    int32_t *dpos;
-} qkv_case_t;
-
-static void qkv_case_init(qkv_case_t *c, rng_t *r, int64_t n, const int32_t *pos, int64_t n_head, int64_t n_kv,
-                          int64_t hd, int random_cache)
-{
-    *c = (qkv_case_t){.n = n, .n_head = n_head, .n_kv = n_kv, .hd = hd, .nq = n * n_head * hd, .nk = n * n_kv * hd};
-    c->rb = (size_t)(n_kv * hd) * 2 + 16; /* rows wider than the heads: the stride counts */
-    float *q = xmalloc(sizeof(float) * (size_t)c->nq), *k = xmalloc(sizeof(float) * (size_t)c->nk);
-    float *v = xmalloc(sizeof(float) * (size_t)c->nk), *g = xmalloc(sizeof(float) * (size_t)(2 * hd));
-    rand_fill(r, q, c->nq, 3.0f);
-    rand_fill(r, k, c->nk, 3.0f);
-    rand_fill(r, v, c->nk, 3.0f);
-    rand_fill(r, g, 2 * hd, 1.5f);
-    kcuda_kv_row_t rows[2][8];
-    for (int64_t b = 0; b < n; b++) {
-        c->plane[b] = c->rb * (size_t)(pos[b] + 5);
-        uint16_t *init = NULL;
-        if (random_cache) {
-            init = xmalloc(4 * c->plane[b]);
-            for (size_t i = 0; i < 2 * c->plane[b]; i++)
-                init[i] = bl_fp32_to_fp16(rng_f(r, -2.0f, 2.0f));
-        }
-        for (int w = 0; w < 2; w++) {
-            c->dc[w][b] = init ? d_upload(init, 4 * c->plane[b]) : d_poison(4 * c->plane[b]);
-            rows[w][b] = (kcuda_kv_row_t){.k = (uint64_t)(uintptr_t)c->dc[w][b], .layer_bytes = 2 * c->plane[b],
-                                          .v_bytes = c->plane[b], .pos = pos[b]};
-        }
-        free(init);
-    }
-    for (int w = 0; w < 2; w++) {
-        c->dq[w] = d_upload(q, sizeof(float) * (size_t)c->nq);
-        c->dk[w] = d_upload(k, sizeof(float) * (size_t)c->nk);
-        c->drows[w] = d_upload(rows[w], sizeof(kcuda_kv_row_t) * (size_t)n);
-    }
-    c->dv = d_upload(v, sizeof(float) * (size_t)c->nk);
-    c->dg = d_upload(g, sizeof(float) * (size_t)(2 * hd));
-    c->dpos = d_upload(pos, sizeof(int32_t) * (size_t)n);
-    free(q), free(k), free(v), free(g);
-}
-
-/* Whether every row's two caches hold the same bytes (what names the other path). */
-static int qkv_case_caches_same(qkv_case_t *c, const char *other, bl_err_t *err)
-{
-    int same = 1;
-    for (int64_t b = 0; b < c->n; b++)
-        if (!d_same(c->dc[0][b], c->dc[1][b], 4 * c->plane[b], err)) {
-            printf("#   row %lld: the cache differs from %s\n", (long long)b, other);
-            same = 0;
-        }
-    return same;
-}
-
-static void qkv_case_free(qkv_case_t *c)
-{
-    for (int w = 0; w < 2; w++) {
-        kcuda_free(c->dq[w]);
-        kcuda_free(c->dk[w]);
-        kcuda_free(c->drows[w]);
-        for (int64_t b = 0; b < c->n; b++)
-            kcuda_free(c->dc[w][b]);
-    }
-    kcuda_free(c->dv), kcuda_free(c->dg), kcuda_free(c->dpos);
-}
-
 /* kcuda_qkv_rows (the decode step's q/k norm, RoPE and cache store in one launch,
  * on a stream of its own, so with programmatic dependent launch where the device
  * has it) against kcuda_rms_norm_rope twice and kcuda_kv_store_rows: the same bits
@@ -265,34 +180,81 @@ static void qkv_case_free(qkv_case_t *c)
 static void case_qkv_rows(rng_t *r, int64_t n, const int32_t *pos, int64_t n_head, int64_t n_kv, int64_t hd)
 {
     bl_err_t err = {0};
-    qkv_case_t c;
-    qkv_case_init(&c, r, n, pos, n_head, n_kv, hd, 0);
+    const int64_t nq = n * n_head * hd, nk = n * n_kv * hd, kvw = n_kv * hd;
+    const size_t rb = (size_t)kvw * 2 + 16; /* rows wider than the heads: the stride counts */
+    float *q = xmalloc(sizeof(float) * (size_t)nq), *k = xmalloc(sizeof(float) * (size_t)nk);
+    float *v = xmalloc(sizeof(float) * (size_t)nk), *g = xmalloc(sizeof(float) * (size_t)(2 * hd));
+    rand_fill(r, q, nq, 3.0f);
+    rand_fill(r, k, nk, 3.0f);
+    rand_fill(r, v, nk, 3.0f);
+    rand_fill(r, g, 2 * hd, 1.5f);
+    kcuda_kv_row_t rows[2][8];
+    uint8_t *dc[2][8];
+    size_t plane[8];
+    for (int64_t b = 0; b < n; b++) {
+        plane[b] = rb * (size_t)(pos[b] + 5);
+        for (int w = 0; w < 2; w++) {
+            dc[w][b] = d_poison(4 * plane[b]);
+            rows[w][b] = (kcuda_kv_row_t){.k = (uint64_t)(uintptr_t)dc[w][b], .layer_bytes = 2 * plane[b],
+                                          .v_bytes = plane[b], .pos = pos[b]};
+        }
+    }
     void *st = NULL;
     if (kcuda_stream_create(&st, &err) < 0)
         bail("kcuda_stream_create", &err);
+    float *dq[2], *dk[2];
+    kcuda_kv_row_t *drows[2];
+    for (int w = 0; w < 2; w++) {
+        dq[w] = d_upload(q, sizeof(float) * (size_t)nq);
+        dk[w] = d_upload(k, sizeof(float) * (size_t)nk);
+        drows[w] = d_upload(rows[w], sizeof(kcuda_kv_row_t) * (size_t)n);
+    }
+    float *dv = d_upload(v, sizeof(float) * (size_t)nk), *dg = d_upload(g, sizeof(float) * (size_t)(2 * hd));
+    int32_t *dpos = d_upload(pos, sizeof(int32_t) * (size_t)n);
     const float eps = 1e-6f, base = 1000000.0f;
-    const int64_t kvw = n_kv * hd;
-    int ok = kcuda_qkv_rows(c.drows[0], 1, c.rb, c.dq[0], c.dk[0], c.dv, c.dg, c.dg + hd, c.dpos, n, n_head, n_kv, hd,
-                            eps, base, st, &err) == 0 &&
+    int ok = kcuda_qkv_rows(drows[0], 1, rb, dq[0], dk[0], dv, dg, dg + hd, dpos, n, n_head, n_kv, hd, eps, base,
+                            st, &err) == 0 &&
              kcuda_sync(st, &err) == 0 &&
-             kcuda_rms_norm_rope(c.dq[1], c.dg, c.dpos, n, n_head, hd, eps, base, NULL, &err) == 0 &&
-             kcuda_rms_norm_rope(c.dk[1], c.dg + hd, c.dpos, n, n_kv, hd, eps, base, NULL, &err) == 0 &&
-             kcuda_kv_store_rows(c.drows[1], 1, c.rb, c.dk[1], c.dv, kvw, n, kvw, NULL, &err) == 0 &&
+             kcuda_rms_norm_rope(dq[1], dg, dpos, n, n_head, hd, eps, base, NULL, &err) == 0 &&
+             kcuda_rms_norm_rope(dk[1], dg + hd, dpos, n, n_kv, hd, eps, base, NULL, &err) == 0 &&
+             kcuda_kv_store_rows(drows[1], 1, rb, dk[1], dv, kvw, n, kvw, NULL, &err) == 0 &&
              kcuda_sync(NULL, &err) == 0;
     int same = ok;
     if (ok) {
-        same &= d_same(c.dq[0], c.dq[1], sizeof(float) * (size_t)c.nq, &err) &&
-                d_same(c.dk[0], c.dk[1], sizeof(float) * (size_t)c.nk, &err);
+        float *a = xmalloc(sizeof(float) * (size_t)nq), *b2 = xmalloc(sizeof(float) * (size_t)nq);
+        same &= d_fetch(a, dq[0], sizeof(float) * (size_t)nq, &err) == 0 &&
+                d_fetch(b2, dq[1], sizeof(float) * (size_t)nq, &err) == 0 && memcmp(a, b2, sizeof(float) * (size_t)nq) == 0;
+        same &= d_fetch(a, dk[0], sizeof(float) * (size_t)nk, &err) == 0 &&
+                d_fetch(b2, dk[1], sizeof(float) * (size_t)nk, &err) == 0 && memcmp(a, b2, sizeof(float) * (size_t)nk) == 0;
         if (!same)
             printf("#   q or k differs from kcuda_rms_norm_rope's\n");
-        same &= qkv_case_caches_same(&c, "kcuda_kv_store_rows'", &err);
+        for (int64_t b = 0; b < n; b++) {
+            uint8_t *c0 = xmalloc(4 * plane[b]), *c1 = xmalloc(4 * plane[b]);
+            if (d_fetch(c0, dc[0][b], 4 * plane[b], &err) != 0 || d_fetch(c1, dc[1][b], 4 * plane[b], &err) != 0 ||
+                memcmp(c0, c1, 4 * plane[b]) != 0) {
+                printf("#   row %lld: the cache differs from kcuda_kv_store_rows'\n", (long long)b);
+                same = 0;
+            }
+            free(c0);
+            free(c1);
+        }
+        free(a);
+        free(b2);
     } else {
         printf("#   %s\n", err.msg);
     }
     tap_ok(same, "qkv_rows: %lld rows, %lld heads over %lld of %lld, the bits of norm+rope twice and kv_store_rows",
            (long long)n, (long long)n_head, (long long)n_kv, (long long)hd);
-    qkv_case_free(&c);
+    for (int w = 0; w < 2; w++) {
+        kcuda_free(dq[w]);
+        kcuda_free(dk[w]);
+        kcuda_free(drows[w]);
+        for (int64_t b = 0; b < n; b++)
+            kcuda_free(dc[w][b]);
+    }
+    kcuda_free(dv), kcuda_free(dg), kcuda_free(dpos);
     kcuda_stream_destroy(st);
+    free(q), free(k), free(v), free(g);
 }
 
 /* kcuda_attention_rows_qkv against kcuda_qkv_rows then kcuda_attention_rows, from
@@ -303,34 +265,85 @@ static void case_attention_qkv(rng_t *r, int64_t n, const int32_t *pos, int64_t 
                                int64_t max_len)
 {
     bl_err_t err = {0};
-    qkv_case_t c;
-    qkv_case_init(&c, r, n, pos, n_head, n_kv, hd, 1);
+    const int64_t nq = n * n_head * hd, nk = n * n_kv * hd, kvw = n_kv * hd;
+    const size_t rb = (size_t)kvw * 2 + 16;
+    float *q = xmalloc(sizeof(float) * (size_t)nq), *k = xmalloc(sizeof(float) * (size_t)nk);
+    float *v = xmalloc(sizeof(float) * (size_t)nk), *g = xmalloc(sizeof(float) * (size_t)(2 * hd));
+    rand_fill(r, q, nq, 3.0f);
+    rand_fill(r, k, nk, 3.0f);
+    rand_fill(r, v, nk, 3.0f);
+    rand_fill(r, g, 2 * hd, 1.5f);
+    kcuda_kv_row_t rows[2][8];
+    uint8_t *dc[2][8];
+    size_t plane[8];
+    for (int64_t b = 0; b < n; b++) {
+        plane[b] = rb * (size_t)(pos[b] + 5);
+        uint16_t *init = xmalloc(4 * plane[b]);
+        for (size_t i = 0; i < 2 * plane[b]; i++)
+            init[i] = bl_fp32_to_fp16(rng_f(r, -2.0f, 2.0f));
+        for (int w = 0; w < 2; w++) {
+            dc[w][b] = d_upload(init, 4 * plane[b]);
+            rows[w][b] = (kcuda_kv_row_t){.k = (uint64_t)(uintptr_t)dc[w][b], .layer_bytes = 2 * plane[b],
+                                          .v_bytes = plane[b], .pos = pos[b]};
+        }
+        free(init);
+    }
+    float *dq[2], *dk[2], *dout[2];
+    kcuda_kv_row_t *drows[2];
     const size_t sb = kcuda_attention_scratch_bytes(n, n_head, hd, max_len);
     void *ds = d_poison(sb);
-    float *dout[2] = {d_poison(sizeof(float) * (size_t)c.nq), d_poison(sizeof(float) * (size_t)c.nq)};
+    for (int w = 0; w < 2; w++) {
+        dq[w] = d_upload(q, sizeof(float) * (size_t)nq);
+        dk[w] = d_upload(k, sizeof(float) * (size_t)nk);
+        dout[w] = d_poison(sizeof(float) * (size_t)nq);
+        drows[w] = d_upload(rows[w], sizeof(kcuda_kv_row_t) * (size_t)n);
+    }
+    float *dv = d_upload(v, sizeof(float) * (size_t)nk), *dg = d_upload(g, sizeof(float) * (size_t)(2 * hd));
+    int32_t *dpos = d_upload(pos, sizeof(int32_t) * (size_t)n);
     const float eps = 1e-6f, base = 1000000.0f, scale = (float)(1.0 / sqrt((double)hd));
-    int ok = kcuda_attention_rows_qkv(c.drows[0], 1, c.rb, c.dq[0], c.dk[0], c.dv, c.dg, c.dg + hd, c.dpos, dout[0], n,
-                                      max_len, n_head, n_kv, hd, eps, base, scale, ds, sb, NULL, &err) == 0 &&
-             kcuda_qkv_rows(c.drows[1], 1, c.rb, c.dq[1], c.dk[1], c.dv, c.dg, c.dg + hd, c.dpos, n, n_head, n_kv, hd,
-                            eps, base, NULL, &err) == 0 &&
-             kcuda_attention_rows(c.drows[1], 1, c.rb, c.dq[1], dout[1], n, max_len, n_head, n_kv, hd, scale, ds, sb,
+    int ok = kcuda_attention_rows_qkv(drows[0], 1, rb, dq[0], dk[0], dv, dg, dg + hd, dpos, dout[0], n, max_len,
+                                      n_head, n_kv, hd, eps, base, scale, ds, sb, NULL, &err) == 0 &&
+             kcuda_qkv_rows(drows[1], 1, rb, dq[1], dk[1], dv, dg, dg + hd, dpos, n, n_head, n_kv, hd, eps, base,
+                            NULL, &err) == 0 &&
+             kcuda_attention_rows(drows[1], 1, rb, dq[1], dout[1], n, max_len, n_head, n_kv, hd, scale, ds, sb,
                                   NULL, &err) == 0 &&
              kcuda_sync(NULL, &err) == 0;
     int same = ok;
     if (ok) {
-        if (!d_same(dout[0], dout[1], sizeof(float) * (size_t)c.nq, &err)) {
+        float *a = xmalloc(sizeof(float) * (size_t)nq), *b2 = xmalloc(sizeof(float) * (size_t)nq);
+        if (d_fetch(a, dout[0], sizeof(float) * (size_t)nq, &err) != 0 ||
+            d_fetch(b2, dout[1], sizeof(float) * (size_t)nq, &err) != 0 || memcmp(a, b2, sizeof(float) * (size_t)nq) != 0) {
             printf("#   the output differs from qkv_rows then attention_rows\n");
             same = 0;
         }
-        same &= qkv_case_caches_same(&c, "qkv_rows'", &err);
+        for (int64_t b = 0; b < n; b++) {
+            uint8_t *c0 = xmalloc(4 * plane[b]), *c1 = xmalloc(4 * plane[b]);
+            if (d_fetch(c0, dc[0][b], 4 * plane[b], &err) != 0 || d_fetch(c1, dc[1][b], 4 * plane[b], &err) != 0 ||
+                memcmp(c0, c1, 4 * plane[b]) != 0) {
+                printf("#   row %lld: the cache differs from qkv_rows'\n", (long long)b);
+                same = 0;
+            }
+            free(c0);
+            free(c1);
+        }
+        free(a);
+        free(b2);
     } else {
         printf("#   %s\n", err.msg);
     }
     tap_ok(same, "attention_rows_qkv: %lld rows (last position %d), %lld heads over %lld of %lld, max_len %lld%s: the "
            "bits of qkv_rows then attention_rows", (long long)n, pos[n - 1], (long long)n_head, (long long)n_kv,
            (long long)hd, (long long)max_len, max_len <= KCUDA_ATT_SHORT ? " (one launch)" : " (two launches)");
-    kcuda_free(dout[0]), kcuda_free(dout[1]), kcuda_free(ds);
-    qkv_case_free(&c);
+    for (int w = 0; w < 2; w++) {
+        kcuda_free(dq[w]);
+        kcuda_free(dk[w]);
+        kcuda_free(dout[w]);
+        kcuda_free(drows[w]);
+        for (int64_t b = 0; b < n; b++)
+            kcuda_free(dc[w][b]);
+    }
+    kcuda_free(dv), kcuda_free(dg), kcuda_free(dpos), kcuda_free(ds);
+    free(q), free(k), free(v), free(g);
 }
 
 static void case_refusals(void)
