@@ -27,6 +27,13 @@ int bl_buf_add(bl_buf_t *b, const char *s, size_t n, size_t max)
     return 0;
 }
 
+void bl_buf_reset(bl_buf_t *b)
+{
+    b->n = 0;
+    if (b->p)
+        b->p[0] = '\0';
+}
+
 void bl_buf_free(bl_buf_t *b)
 {
     free(b->p);

@@ -16,6 +16,8 @@ typedef struct bl_buf {
 /* Appends s[0..n). max bounds b->n (0: no bound): BL_ERANGE past it, BL_ENOMEM;
  * b is unchanged on failure. */
 int bl_buf_add(bl_buf_t *b, const char *s, size_t n, size_t max) BL_WUR;
+/* Empties b and keeps its bytes for reuse (p stays NUL-terminated). */
+void bl_buf_reset(bl_buf_t *b);
 /* Frees the bytes; b is empty again. */
 void bl_buf_free(bl_buf_t *b);
 

@@ -886,7 +886,7 @@ int rt__gen_chat_messages(const json_t *messages, json_t **out, char **prefill, 
                             "messages[%zu]: all non-assistant messages must contain 'content'", i);
             goto fail;
         }
-        text.n = 0;
+        bl_buf_reset(&text);
         if ((rc = content_text(content, i, &text, err)))
             goto fail;
         if (assistant && i + 1 == n && !calls) {
@@ -900,7 +900,7 @@ int rt__gen_chat_messages(const json_t *messages, json_t **out, char **prefill, 
                     goto fail;
                 }
             }
-            *prefill = strdup(text.p);
+            *prefill = strndup(text.p, text.n);
             if (!*prefill) {
                 rc = bl_err_set(err, BL_ENOMEM, "out of memory");
                 goto fail;

@@ -609,6 +609,23 @@ static void test_chat_messages(void **state)
     free(pre);
     json_decref(m);
 
+    /* an empty last assistant message is an empty prefill, not the message before it
+     * (the buffer the contents share must not show a stale text) */
+    static const char *const empty_last[] = {"\"content\":\"\"", "\"content\":null",
+                                             "\"content\":[]", "\"content\":\"\",\"tool_calls\":[]",
+                                             "\"tool_calls\":[]"};
+    for (size_t i = 0; i < sizeof empty_last / sizeof *empty_last; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hello\"},"
+                 "{\"role\":\"assistant\",%s}]}", empty_last[i]);
+        assert_int_equal(messages_rc(body, &m, &pre, &err), 0);
+        assert_int_equal(json_array_size(m), 1);
+        if (pre && *pre)
+            fail_msg("%s: prefill \"%s\"", empty_last[i], pre);
+        free(pre);
+        json_decref(m);
+    }
+
     static const struct {
         const char *body, *needle;
     } bad[] = {
