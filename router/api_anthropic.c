@@ -359,18 +359,19 @@ static int anthropic_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks
                             int *think_off, bl_err_t *err)
 {
     json_t *amsgs = NULL, *msgs = NULL, *kwargs = NULL;
-    char *prefill = NULL, *text = NULL;
+    rt_gen_buf_t prefill = {0};
+    char *text = NULL;
     size_t len = 0;
     int rc;
     *think_open = 0;
     if ((rc = rt__gen_anthropic_messages(body, &amsgs, err)) ||
         (rc = anthropic_options(body, &kwargs, tools, one_call, force, err)) ||
         (rc = rt__gen_chat_messages(amsgs, &msgs, &prefill, err)) ||
-        (rc = rt__gen_render_chat(app, msgs, kwargs, 1, prefill, &text, &len, think_open, err)))
+        (rc = rt__gen_render_chat(app, msgs, kwargs, 1, &prefill, &text, &len, think_open, err)))
         goto done;
     if (think_off)
         *think_off = rt__gen_thinking_off(app, kwargs);
-    *prefilled = prefill != NULL;
+    *prefilled = prefill.p != NULL;
     bl_err_t terr;
     rc = rt_tokenize(app->tok, text, len, RT_TOKENIZE_ADD_SPECIAL | RT_TOKENIZE_PARSE_SPECIAL,
                      toks, &terr);
@@ -380,7 +381,7 @@ done:
     if (rc && rc != BL_ENOMEM)
         rc = BL_EINVAL;
     free(text);
-    free(prefill);
+    rt__gen_buf_free(&prefill);
     json_decref(amsgs);
     json_decref(msgs);
     json_decref(kwargs);

@@ -833,10 +833,11 @@ static int content_text(const json_t *c, size_t mi, rt_gen_buf_t *out, bl_err_t 
     return 0;
 }
 
-int rt__gen_chat_messages(const json_t *messages, json_t **out, char **prefill, bl_err_t *err)
+int rt__gen_chat_messages(const json_t *messages, json_t **out, rt_gen_buf_t *prefill,
+                          bl_err_t *err)
 {
     *out = NULL;
-    *prefill = NULL;
+    rt__gen_buf_free(prefill);
     if (!messages || json_is_null(messages))
         return bl_err_set(err, BL_EINVAL, "'messages' is required");
     if (!json_is_array(messages))
@@ -900,8 +901,7 @@ int rt__gen_chat_messages(const json_t *messages, json_t **out, char **prefill, 
                     goto fail;
                 }
             }
-            *prefill = strndup(text.p, text.n);
-            if (!*prefill) {
+            if (rt__gen_buf_add(prefill, text.p, text.n)) {
                 rc = bl_err_set(err, BL_ENOMEM, "out of memory");
                 goto fail;
             }
@@ -945,8 +945,7 @@ fail:
     rt__gen_buf_free(&text);
     json_decref(calls);
     json_decref(arr);
-    free(*prefill);
-    *prefill = NULL;
+    rt__gen_buf_free(prefill);
     return rc;
 }
 
@@ -1048,7 +1047,7 @@ static int is_ws(char c)
 }
 
 int rt__gen_render_chat(rt_app_t *app, const json_t *messages, const json_t *kwargs,
-                        int add_generation_prompt, const char *prefill, char **out,
+                        int add_generation_prompt, const rt_gen_buf_t *prefill, char **out,
                         size_t *out_len, int *think_open, bl_err_t *err)
 {
     *out = NULL;
@@ -1073,14 +1072,14 @@ int rt__gen_render_chat(rt_app_t *app, const json_t *messages, const json_t *kwa
     json_decref(merged);
     if (rc)
         return bl_err_set(err, rc, "chat template: %s", terr.msg);
-    if (prefill && *prefill) {
-        size_t pl = strlen(prefill);
+    if (prefill && prefill->n) {
+        size_t pl = prefill->n;
         char *t = realloc(text, len + pl + 1);
         if (!t) {
             free(text);
             return bl_err_set(err, BL_ENOMEM, "out of memory");
         }
-        memcpy(t + len, prefill, pl + 1);
+        memcpy(t + len, prefill->p, pl + 1);
         text = t;
         len += pl;
     } else {
@@ -2153,7 +2152,8 @@ static void route_apply_template(rt_req_t *r)
     const json_t *body = rt_req_json(r);
     bl_err_t err = {0};
     json_t *msgs = NULL, *kwargs = NULL;
-    char *prefill = NULL, *text = NULL;
+    rt_gen_buf_t prefill = {0};
+    char *text = NULL;
     size_t len;
     int reasoning, think_open, rc;
     if (!json_is_object(body)) {
@@ -2164,7 +2164,7 @@ static void route_apply_template(rt_req_t *r)
     if ((rc = rt__gen_chat_options(app, body, &kwargs, &reasoning, NULL, NULL, &err)) ||
         (rc = get_bool(body, "add_generation_prompt", &add_gen, &err)) ||
         (rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs, &prefill, &err)) ||
-        (rc = rt__gen_render_chat(app, msgs, kwargs, add_gen, prefill, &text, &len, &think_open,
+        (rc = rt__gen_render_chat(app, msgs, kwargs, add_gen, &prefill, &text, &len, &think_open,
                                   &err))) {
         rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
     } else {
@@ -2175,7 +2175,7 @@ static void route_apply_template(rt_req_t *r)
             rt_req_send_error(r, 500, NULL, "out of memory");
     }
     free(text);
-    free(prefill);
+    rt__gen_buf_free(&prefill);
     json_decref(msgs);
     json_decref(kwargs);
 }

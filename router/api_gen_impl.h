@@ -104,7 +104,8 @@ int rt__gen_prompt_tokens(const json_t *prompt, rt_tokenizer_t *tok, int64_t n_v
  * Other part types, tool_calls: refused by name. A last assistant message is a
  * prefill: it is removed and its text returned in *prefill (caller frees; NULL when
  * there is none). BL_EINVAL naming the message, BL_ENOMEM. *out: caller decrefs. */
-int rt__gen_chat_messages(const json_t *messages, json_t **out, char **prefill, bl_err_t *err) BL_WUR;
+int rt__gen_chat_messages(const json_t *messages, json_t **out, rt_gen_buf_t *prefill,
+                          bl_err_t *err) BL_WUR;
 
 /* The chat routes' options: tools (checked, then given to the template as "tools"
  * unless tool_choice is "none"; *tools, when not NULL, says so), tool_choice (auto,
@@ -124,7 +125,8 @@ int rt__gen_anthropic_messages(const json_t *body, json_t **out, bl_err_t *err) 
  * prefill, and reports whether generation starts inside a <think> span. Template
  * errors: 400 text in err, returned code from the template. */
 int rt__gen_render_chat(rt_app_t *app, const json_t *messages, const json_t *kwargs,
-                    int add_generation_prompt, const char *prefill, char **out, size_t *out_len,
+                    int add_generation_prompt, const rt_gen_buf_t *prefill, char **out,
+                        size_t *out_len,
                     int *think_open, bl_err_t *err) BL_WUR;
 
 /* --- <think> splitting --------------------------------------------------------- */

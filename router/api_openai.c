@@ -77,7 +77,8 @@ static int chat_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int
                        bl_err_t *err)
 {
     json_t *msgs = NULL, *kwargs = NULL;
-    char *prefill = NULL, *text = NULL;
+    rt_gen_buf_t prefill = {0};
+    char *text = NULL;
     size_t len = 0;
     int add_gen = 1, rc;
     *think_open = 0;
@@ -91,12 +92,12 @@ static int chat_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int
     }
     if ((rc = rt__gen_chat_options(app, body, &kwargs, reasoning, tools, force, err)) ||
         (rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs, &prefill, err)) ||
-        (rc = rt__gen_render_chat(app, msgs, kwargs, add_gen, prefill, &text, &len, think_open,
+        (rc = rt__gen_render_chat(app, msgs, kwargs, add_gen, &prefill, &text, &len, think_open,
                                   err)))
         goto done;
     if (think_off)
         *think_off = rt__gen_thinking_off(app, kwargs);
-    if (prefill)
+    if (prefill.p)
         *reasoning = 0; /* as llama-server: a continued reply is not parsed */
     bl_err_t terr;
     rc = rt_tokenize(app->tok, text, len, RT_TOKENIZE_ADD_SPECIAL | RT_TOKENIZE_PARSE_SPECIAL,
@@ -107,7 +108,7 @@ done:
     if (rc && rc != BL_ENOMEM)
         rc = BL_EINVAL; /* every template failure is the request's */
     free(text);
-    free(prefill);
+    rt__gen_buf_free(&prefill);
     json_decref(msgs);
     json_decref(kwargs);
     return rc;

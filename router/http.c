@@ -16,7 +16,10 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <dlfcn.h>
+#include <pthread.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <netdb.h>
 #include <arpa/inet.h>
@@ -626,6 +629,125 @@ static void answer_options(rt_req_t *r)
     rt_req_send_text(r, 200, "text/html", "", 0);
 }
 
+/* The member path ("messages[1].content", "n_predict") of the value that ends at
+ * byte pos of a JSON text that is valid up to there, for errors that jansson reports
+ * only by offset. Keys are shown as written (escapes and all), cut at 48 bytes. */
+static void json_path_at(const char *s, size_t n, size_t pos, char *out, size_t cap)
+{
+    enum { MAX_DEPTH = 16 };
+    struct {
+        int array;
+        size_t index;
+        const char *key;
+        size_t key_len;
+    } lv[MAX_DEPTH];
+    int depth = 0, deeper = 0, want_key = 0;
+    if (pos > n)
+        pos = n;
+    for (size_t i = 0; i < pos; i++) {
+        char c = s[i];
+        if (c == '"') {
+            size_t j = i + 1;
+            while (j < pos && s[j] != '"')
+                j += s[j] == '\\' ? 2 : 1;
+            if (want_key && depth > 0 && !deeper) {
+                lv[depth - 1].key = s + i + 1;
+                lv[depth - 1].key_len = (j < pos ? j : pos) - (i + 1);
+                want_key = 0;
+            }
+            i = j;
+        } else if (c == '{' || c == '[') {
+            if (depth < MAX_DEPTH) {
+                lv[depth].array = c == '[';
+                lv[depth].index = 0;
+                lv[depth].key = NULL;
+                lv[depth].key_len = 0;
+                depth++;
+            } else {
+                deeper++;
+            }
+            want_key = c == '{';
+        } else if (c == '}' || c == ']') {
+            if (deeper)
+                deeper--;
+            else if (depth)
+                depth--;
+            want_key = 0;
+        } else if (c == ',' && depth && !deeper) {
+            if (lv[depth - 1].array)
+                lv[depth - 1].index++;
+            else
+                want_key = 1;
+        }
+    }
+    size_t o = 0;
+    out[0] = 0;
+    for (int d = 0; d < depth && o + 1 < cap; d++) {
+        int w;
+        if (lv[d].array)
+            w = snprintf(out + o, cap - o, "[%zu]", lv[d].index);
+        else if (lv[d].key)
+            w = snprintf(out + o, cap - o, "%s%.*s", o ? "." : "",
+                         (int)(lv[d].key_len > 48 ? 48 : lv[d].key_len), lv[d].key);
+        else
+            w = 0;
+        if (w < 0)
+            break;
+        o += (size_t)w < cap - o ? (size_t)w : cap - o - 1;
+    }
+    if (deeper && o + 5 < cap)
+        snprintf(out + o, cap - o, "...");
+    for (size_t i = 0; out[i]; i++)
+        if ((unsigned char)out[i] < 0x20 || out[i] == 0x7f)
+            out[i] = '?';
+}
+
+/* Members whose strings may hold U+0000: the texts that are tokenized, which are
+ * carried with their lengths. Every other string is read as a C string (names,
+ * grammars, stop words, ...), where a NUL would cut it short without a word. */
+static int nul_allowed_in(const char *key)
+{
+    static const char *const keys[] = {"content", "prompt", "text", "system", "input_prefix",
+                                       "input_suffix", "input_extra", "suffix"};
+    for (size_t i = 0; key && i < sizeof keys / sizeof *keys; i++)
+        if (!strcmp(key, keys[i]))
+            return 1;
+    return 0;
+}
+
+/* Finds a string with a NUL where none may be; 1 and its path in out, else 0. */
+static int find_bad_nul(const json_t *v, const char *key, char *path, size_t at, size_t cap)
+{
+    if (at + 1 >= cap)
+        return 0;
+    if (json_is_string(v))
+        return !nul_allowed_in(key) && memchr(json_string_value(v), 0, json_string_length(v));
+    if (json_is_array(v)) {
+        size_t i;
+        const json_t *e;
+        json_array_foreach(v, i, e) {
+            int w = snprintf(path + at, cap - at, "[%zu]", i);
+            size_t next = w < 0 ? at : at + (size_t)w >= cap ? cap - 1 : at + (size_t)w;
+            if (find_bad_nul(e, key, path, next, cap))
+                return 1;
+        }
+        path[at] = 0;
+        return 0;
+    }
+    if (json_is_object(v)) {
+        const char *k;
+        const json_t *e;
+        json_object_foreach((json_t *)v, k, e) {
+            int w = snprintf(path + at, cap - at, "%s%.48s", at ? "." : "", k);
+            size_t next = w < 0 ? at : at + (size_t)w >= cap ? cap - 1 : at + (size_t)w;
+            if (find_bad_nul(e, k, path, next, cap))
+                return 1;
+        }
+        path[at] = 0;
+    }
+    return 0;
+}
+
 /* Parses the POST body into r->json (an object unless any_json); on failure answers
  * r and returns -1. */
 static int parse_body(rt_http_t *h, rt_req_t *r, int any_json)
@@ -641,12 +763,21 @@ static int parse_body(rt_http_t *h, rt_req_t *r, int any_json)
         return -1;
     }
     json_error_t e;
-    json_t *j = json_loadb(body.base, body.len, 0, &e);
+    /* "\u0000" is valid JSON: allowed, then refused only where it cannot be held */
+    json_t *j = json_loadb(body.base, body.len, JSON_ALLOW_NUL, &e);
     if (!j) {
-        if (json_error_code(&e) == json_error_invalid_utf8)
+        char path[160];
+        if (json_error_code(&e) == json_error_invalid_utf8) {
             rt_req_send_error(r, 400, NULL, "request body is not valid UTF-8 (byte %d): %s",
                               e.position, e.text);
-        else
+        } else if (json_error_code(&e) == json_error_numeric_overflow) {
+            /* valid JSON, but past what a 64-bit integer holds: a range error */
+            json_path_at(body.base, body.len, (size_t)e.position, path, sizeof path);
+            rt_req_send_error(r, 400, NULL,
+                              "'%s': the integer at byte %d is out of range (from "
+                              "-9223372036854775808 to 9223372036854775807)",
+                              path[0] ? path : "(body)", e.position);
+        } else
             rt_req_send_error(r, 400, NULL,
                               "invalid JSON in request body at line %d, column %d (byte %d): %s",
                               e.line, e.column, e.position, e.text);
@@ -657,8 +788,79 @@ static int parse_body(rt_http_t *h, rt_req_t *r, int any_json)
         rt_req_send_error(r, 400, NULL, "request body must be a JSON object");
         return -1;
     }
+    char path[256] = "";
+    if (find_bad_nul(j, NULL, path, 0, sizeof path)) {
+        json_decref(j);
+        rt_req_send_error(r, 400, NULL,
+                          "'%s': a NUL character (\\u0000) is allowed only in texts (content, "
+                          "prompt, text, system, input_prefix, input_suffix, input_extra, suffix)",
+                          path[0] ? path : "(body)");
+        return -1;
+    }
     r->json = j;
     return 0;
+}
+
+/* --- the request head, before h2o reads it ------------------------------------------ */
+
+/* RFC 9112 section 6.3: a message whose Content-Length fields disagree has no
+ * trustworthy framing and must be refused. h2o 2.2 frames the body by the first one
+ * and keeps none of them, so the check sits where the head is parsed: libh2o calls
+ * picohttpparser's phr_parse_request through its PLT, and this definition, in the
+ * program, comes first. It calls libh2o's own and reports a head with conflicting
+ * lengths as malformed; h2o then answers its plain 400 ("Bad Request", as for any
+ * head it cannot parse) and closes the connection, so bytes
+ * another reading would frame are never taken for a request. Repeats of one value
+ * are one length. picohttpparser's header struct, whose layout is its ABI: */
+struct phr_header {
+    const char *name;
+    size_t name_len;
+    const char *value;
+    size_t value_len;
+};
+typedef int (*phr_parse_request_fn)(const char *buf, size_t len, const char **method,
+                                    size_t *method_len, const char **path, size_t *path_len,
+                                    int *minor_version, struct phr_header *headers,
+                                    size_t *num_headers, size_t last_len);
+int phr_parse_request(const char *buf, size_t len, const char **method, size_t *method_len,
+                      const char **path, size_t *path_len, int *minor_version,
+                      struct phr_header *headers, size_t *num_headers, size_t last_len);
+
+static int content_lengths_conflict(const struct phr_header *h, size_t n)
+{
+    const struct phr_header *first = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (!h[i].name || h[i].name_len != 14 || strncasecmp(h[i].name, "content-length", 14))
+            continue;
+        if (first && !h2o_memis(h[i].value, h[i].value_len, first->value, first->value_len))
+            return 1;
+        first = &h[i];
+    }
+    return 0;
+}
+
+static phr_parse_request_fn real_parse_request;
+
+static void resolve_parse_request(void)
+{
+    real_parse_request = (phr_parse_request_fn)dlsym(RTLD_NEXT, "phr_parse_request");
+}
+
+int phr_parse_request(const char *buf, size_t len, const char **method, size_t *method_len,
+                      const char **path, size_t *path_len, int *minor_version,
+                      struct phr_header *headers, size_t *num_headers, size_t last_len)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    (void)pthread_once(&once, resolve_parse_request);
+    if (!real_parse_request)
+        return -1; /* not reached: libh2o is what calls this */
+    size_t max_headers = *num_headers;
+    int rc = real_parse_request(buf, len, method, method_len, path, path_len, minor_version,
+                                headers, num_headers, last_len);
+    if (rc > 0 && *num_headers <= max_headers && content_lengths_conflict(headers, *num_headers)) {
+        return -1;
+    }
+    return rc;
 }
 
 static int route_matches(const route_t *c, const char *path)
@@ -701,6 +903,10 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
 
     r->busy++;
     h2o_iovec_t m = req->method;
+    /* HEAD is GET without the body (h2o_send_inline leaves it out, the headers
+     * and Content-Length stay), as load balancers and uptime checks use it */
+    if (h2o_memis(m.base, m.len, H2O_STRLIT("HEAD")))
+        m = h2o_iovec_init(H2O_STRLIT("GET"));
     if (h2o_memis(m.base, m.len, H2O_STRLIT("OPTIONS"))) {
         answer_options(r);
         goto done;
@@ -720,12 +926,14 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
         if (path_known) {
             char allow[64] = "";
             for (size_t i = 0; i < h->n_routes; i++)
-                if (route_matches(&h->routes[i], r->path) && strlen(allow) + 8 < sizeof allow)
-                    snprintf(allow + strlen(allow), sizeof allow - strlen(allow), "%s%s",
-                             allow[0] ? ", " : "", h->routes[i].method);
+                if (route_matches(&h->routes[i], r->path) && strlen(allow) + 16 < sizeof allow)
+                    snprintf(allow + strlen(allow), sizeof allow - strlen(allow), "%s%s%s",
+                             allow[0] ? ", " : "", h->routes[i].method,
+                             strcmp(h->routes[i].method, "GET") ? "" : ", HEAD");
             add_header(req, H2O_TOKEN_ALLOW, NULL, allow);
             rt_req_send_error(r, 405, NULL, "method %.*s is not allowed on %s (allowed: %s)",
-                              (int)(m.len > 16 ? 16 : m.len), m.base, r->path, allow);
+                              (int)(req->method.len > 16 ? 16 : req->method.len),
+                              req->method.base, r->path, allow);
         } else {
             rt_req_send_error(r, 404, NULL, "File Not Found");
         }
@@ -788,6 +996,7 @@ static void json_error_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t *
                      h->max_body_bytes);
         else if (status == 404)
             snprintf(msg, sizeof msg, "File Not Found");
+
         else
             snprintf(msg, sizeof msg, "%s", req->res.reason ? req->res.reason : "bad request");
         size_t len = 0;

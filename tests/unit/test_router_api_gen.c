@@ -576,7 +576,7 @@ static void test_prompt_forms(void **state)
     bl_gguf_close(g);
 }
 
-static int messages_rc(const char *text, json_t **out, char **prefill, bl_err_t *err)
+static int messages_rc(const char *text, json_t **out, rt_gen_buf_t *prefill, bl_err_t *err)
 {
     json_t *j = J(text);
     int rc = rt__gen_chat_messages(json_object_get(j, "messages"), out, prefill, err);
@@ -588,13 +588,13 @@ static void test_chat_messages(void **state)
 {
     (void)state;
     json_t *m = NULL;
-    char *pre = NULL;
+    rt_gen_buf_t pre = {0};
     bl_err_t err = {0};
     assert_int_equal(messages_rc("{\"messages\":[{\"role\":\"developer\",\"content\":\"S\"},"
                                  "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
                                  "{\"type\":\"text\",\"text\":\"b\"}]}]}",
                                  &m, &pre, &err), 0);
-    assert_null(pre);
+    assert_null(pre.p);
     assert_int_equal(json_array_size(m), 2);
     assert_string_equal(json_string_value(json_object_get(json_array_get(m, 0), "role")), "system");
     assert_string_equal(json_string_value(json_object_get(json_array_get(m, 1), "content")), "a\nb");
@@ -605,8 +605,8 @@ static void test_chat_messages(void **state)
                                  "{\"role\":\"assistant\",\"content\":\"The answer is\"}]}",
                                  &m, &pre, &err), 0);
     assert_int_equal(json_array_size(m), 1);
-    assert_string_equal(pre, "The answer is");
-    free(pre);
+    assert_string_equal(pre.p, "The answer is");
+    rt__gen_buf_free(&pre);
     json_decref(m);
 
     /* an empty last assistant message is an empty prefill, not the message before it
@@ -620,9 +620,9 @@ static void test_chat_messages(void **state)
                  "{\"role\":\"assistant\",%s}]}", empty_last[i]);
         assert_int_equal(messages_rc(body, &m, &pre, &err), 0);
         assert_int_equal(json_array_size(m), 1);
-        if (pre && *pre)
-            fail_msg("%s: prefill \"%s\"", empty_last[i], pre);
-        free(pre);
+        if (!pre.p || pre.n)
+            fail_msg("%s: prefill \"%s\"", empty_last[i], pre.p ? pre.p : "(none)");
+        rt__gen_buf_free(&pre);
         json_decref(m);
     }
 
@@ -653,7 +653,7 @@ static void test_chat_messages(void **state)
         if (rc != BL_EINVAL || !strstr(err.msg, bad[i].needle))
             fail_msg("%s: rc %d \"%s\"", bad[i].body, rc, err.msg);
         assert_null(m);
-        assert_null(pre);
+        assert_null(pre.p);
     }
 }
 
@@ -930,13 +930,13 @@ static void test_tools_in_requests(void **state)
 
     /* an assistant turn with calls, and the tool's answer, reach the template */
     json_t *msgs;
-    char *prefill;
+    rt_gen_buf_t prefill = {0};
     j = J("[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\",\"content\":null,"
           "\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"w\","
           "\"arguments\":{\"city\":\"Oslo\"}}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_1\","
           "\"content\":\"-3C\"}]");
     assert_int_equal(rt__gen_chat_messages(j, &msgs, &prefill, &err), 0);
-    assert_null(prefill);
+    assert_null(prefill.p);
     json_t *tc = json_array_get(json_object_get(json_array_get(msgs, 1), "tool_calls"), 0);
     assert_string_equal(json_string_value(json_object_get(tc, "id")), "call_1");
     assert_string_equal(json_string_value(json_object_get(json_object_get(tc, "function"),

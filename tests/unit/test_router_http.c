@@ -328,6 +328,67 @@ static void test_http_bad_bodies_are_400_naming_the_problem(void **state)
     fx_teardown(&fx);
 }
 
+static void test_http_head_is_get_without_a_body(void **state)
+{
+    (void)state;
+    fixture_t fx;
+    fx_setup(&fx, 0, NULL, 0);
+    run_client(&fx, "HEAD /hello HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", 0, 0);
+    assert_non_null(strstr(fx.client.response, "HTTP/1.1 200"));
+    assert_non_null(strstr(fx.client.response, "Content-Length: 18"));
+    assert_string_equal(body_of(&fx.client), "");
+    run_client(&fx, "HEAD /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", 0, 0);
+    assert_non_null(strstr(fx.client.response, "HTTP/1.1 405"));
+    run_client(&fx, "DELETE /hello HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", 0, 0);
+    assert_non_null(strstr(fx.client.response, "allow: GET, HEAD"));
+    fx_teardown(&fx);
+}
+
+static void test_http_conflicting_content_lengths_are_400(void **state)
+{
+    (void)state;
+    fixture_t fx;
+    fx_setup(&fx, 0, NULL, 0);
+    /* RFC 9112 6.3: the framing cannot be trusted; the connection closes after it */
+    run_client(&fx, "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 19\r\nContent-Length: 5\r\n\r\n"
+               "{\"a\":\"0123456789\"}", 0, 0);
+    assert_non_null(strstr(fx.client.response, "HTTP/1.1 400"));
+    assert_non_null(strstr(fx.client.response, "onnection: close"));
+    assert_null(strstr(body_of(&fx.client), "0123456789"));
+    /* the same value twice is one length */
+    run_client(&fx, "POST /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 2\r\n"
+               "Content-Length: 2\r\n\r\n{}", 0, 0);
+    assert_string_equal(body_of(&fx.client), "{}");
+    fx_teardown(&fx);
+}
+
+static void test_http_valid_json_edges_are_accepted_or_named(void **state)
+{
+    (void)state;
+    fixture_t fx;
+    fx_setup(&fx, 0, NULL, 0);
+    /* U+0000 is valid JSON: kept in a text, refused by name where a C string is read */
+    run_client(&fx, post("/echo", "", "{\"content\":\"a\\u0000b\"}"), 0, 0);
+    assert_non_null(strstr(fx.client.response, "HTTP/1.1 200"));
+    assert_string_equal(body_of(&fx.client), "{\"content\":\"a\\u0000b\"}");
+    run_client(&fx, post("/echo", "", "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+                                      "\"text\":\"\\u0000\"}]}]}"), 0, 0);
+    assert_non_null(strstr(fx.client.response, "HTTP/1.1 200"));
+    run_client(&fx, post("/echo", "", "{\"stop\":[\"x\",\"a\\u0000\"]}"), 0, 0);
+    assert_non_null(strstr(fx.client.response, "HTTP/1.1 400"));
+    assert_non_null(strstr(body_of(&fx.client), "'stop[1]'"));
+    /* an integer past 64 bits is a range error naming its member */
+    run_client(&fx, post("/echo", "", "{\"a\":{\"b\":[1,2]},\"n_predict\":9223372036854775808}"), 0, 0);
+    assert_non_null(strstr(fx.client.response, "HTTP/1.1 400"));
+    assert_non_null(strstr(body_of(&fx.client), "'n_predict'"));
+    assert_non_null(strstr(body_of(&fx.client), "out of range"));
+    run_client(&fx, post("/echo", "", "{\"x\":\"}\",\"logit_bias\":[[1,2],[3,-99999999999999999999]]}"), 0, 0);
+    assert_non_null(strstr(body_of(&fx.client), "'logit_bias[1][1]'"));
+    run_client(&fx, post("/echo", "", "{\"n\":9223372036854775807}"), 0, 0);
+    assert_string_equal(body_of(&fx.client), "{\"n\":9223372036854775807}");
+    fx_teardown(&fx);
+}
+
 static void test_http_body_over_limit_is_413_json(void **state)
 {
     (void)state;
@@ -407,6 +468,9 @@ int main(void)
         cmocka_unit_test(test_http_options_answers_cors_preflight),
         cmocka_unit_test(test_http_api_keys_guard_all_but_public_routes),
         cmocka_unit_test(test_http_bad_bodies_are_400_naming_the_problem),
+        cmocka_unit_test(test_http_head_is_get_without_a_body),
+        cmocka_unit_test(test_http_conflicting_content_lengths_are_400),
+        cmocka_unit_test(test_http_valid_json_edges_are_accepted_or_named),
         cmocka_unit_test(test_http_body_over_limit_is_413_json),
         cmocka_unit_test(test_http_stream_delivers_every_piece_then_ends),
         cmocka_unit_test(test_http_client_leaving_a_stream_calls_gone_once),
