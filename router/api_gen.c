@@ -411,15 +411,15 @@ int rt__gen_grammar_wrap(const char *gbnf, int think, const char *body, char **o
     /* a reference to root inside (a schema's $ref "#") would mean the whole reply */
     if (!def || name_uses(gbnf, "root") != 1)
         return bl_err_set(err, BL_EINVAL, "a schema here may not refer to its root");
-    size_t cap = strlen(gbnf) + 3 * strlen(body) + 512;
+    size_t cap = strlen(gbnf) + 3 * strlen(body) + 1024;
     char *g = malloc(cap);
     if (!g)
         return bl_err_set(err, BL_ENOMEM, "out of memory");
     size_t len = (size_t)snprintf(g, cap, "root ::= ");
     if (think == 2) /* the prompt opened the thought: it ends first */
-        len += (size_t)snprintf(g + len, cap - len, "%s \"</think>\" ", thought);
+        len += (size_t)snprintf(g + len, cap - len, "%s ", thought);
     else if (think == 1)
-        len += (size_t)snprintf(g + len, cap - len, "( \"<think>\" %s \"</think>\" )? ", thought);
+        len += (size_t)snprintf(g + len, cap - len, "( \"<think>\" %s )? ", thought);
     for (const char *b = body; *b; b++) {
         if (b[0] == '%' && (b[1] == 'R' || b[1] == 'W')) {
             len += (size_t)snprintf(g + len, cap - len, "%s", b[1] == 'R' ? rname : ws);
@@ -428,8 +428,24 @@ int rt__gen_grammar_wrap(const char *gbnf, int think, const char *body, char **o
             g[len++] = *b;
         }
     }
-    len += (size_t)snprintf(g + len, cap - len, "\n%s ::= .*\n%s ::= [ \\t\\n]{0,20}\n", thought,
-                            ws);
+    /* The thought: any text up to the first "</think>", which ends it. A thought of
+     * .* would go on past its own end tag, so the constraint would never apply. Text
+     * that avoids a tag is a small automaton, one rule per state: the state is how
+     * much of the tag the text ends with (only its first byte, '<', recurs in it). */
+    static const char tag[] = "</think>";
+    for (int k = 0; k < 8; k++) {
+        char self[40], next[40];
+        snprintf(self, sizeof self, k ? "%s-%d" : "%s", thought, k);
+        snprintf(next, sizeof next, "%s-%d", thought, k + 1);
+        len += (size_t)snprintf(g + len, cap - len, "\n%s ::= \"%c\"%s%s", self, tag[k],
+                                k < 7 ? " " : "", k < 7 ? next : "");
+        if (k)
+            len += (size_t)snprintf(g + len, cap - len, " | \"<\" %s-1 | [^%c<] %s", thought,
+                                    tag[k], thought);
+        else
+            len += (size_t)snprintf(g + len, cap - len, " | [^<] %s", thought);
+    }
+    len += (size_t)snprintf(g + len, cap - len, "\n%s ::= [ \\t\\n]{0,20}\n", ws);
     snprintf(g + len, cap - len, "%.*s%s ::=%s", (int)(def - gbnf), gbnf, rname,
              def + strlen("root ::="));
     *out = g;

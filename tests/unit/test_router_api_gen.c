@@ -1567,6 +1567,11 @@ static void test_grammar_wrap_puts_a_thought_first(void **state)
     assert_true(fits(&p, "<think>\nhmm {no}</think>\n\n{ab}"));
     assert_false(fits(&p, "sure: {ab}"));
     assert_false(fits(&p, "<think>x</think>"));
+    /* the thought ends at its first end tag: what follows is held to the grammar */
+    assert_false(fits(&p, "<think>\n\n</think>\n\nThe only thing</think>{ab}"));
+    assert_false(fits(&p, "<think>a</think> b {ab}"));
+    assert_true(fits(&p, "<think>a <b </thin </</think>{ab}"));
+    assert_true(fits(&p, "<think><<</think>{a}"));
     rt__gen_params_fini(&p);
     memset(&p, 0, sizeof p);
     assert_int_equal(rt__gen_grammar_wrap(inner, 2, "%R", &p.grammar, &err), 0);
@@ -1574,6 +1579,7 @@ static void test_grammar_wrap_puts_a_thought_first(void **state)
     p.task.sampling.grammar_len = strlen(p.grammar);
     assert_true(fits(&p, "</think>{}"));
     assert_false(fits(&p, "{}"));
+    assert_false(fits(&p, "</think>x</think>{}"));
     rt__gen_params_fini(&p);
     /* a grammar that refers to its own root cannot be wrapped */
     char *g = NULL;
