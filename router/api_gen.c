@@ -375,18 +375,53 @@ static int parse_samplers(const json_t *body, rt_sampler_params_t *s, bl_err_t *
     return rc ? bl_err_set(err, rc, "'samplers': %s", e2.msg) : 0;
 }
 
-/* How often name stands in text as a whole rule name. */
-static int name_uses(const char *text, const char *name)
+/* gbnf with every use of the rule name `root` (its definition and references, not
+ * literals, classes or comments) written as to; a new string or NULL (no memory). */
+static char *rename_root(const char *gbnf, const char *to)
 {
-    int n = 0;
-    size_t k = strlen(name);
-    for (const char *q = text; (q = strstr(q, name)) != NULL; q += k) {
-        char before = q == text ? ' ' : q[-1], after = q[k];
-        int edge_b = !(isalnum((unsigned char)before) || before == '-');
-        int edge_a = !(isalnum((unsigned char)after) || after == '-');
-        n += edge_b && edge_a;
+    size_t n = strlen(gbnf), tl = strlen(to), cap = n + 1;
+    for (const char *q = gbnf; (q = strstr(q, "root")) != NULL; q += 4)
+        cap += tl;
+    char *out = malloc(cap), *o = out;
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < n;) {
+        char c = gbnf[i];
+        if (c == '"' || c == '[') { /* a literal or a class, escapes and all */
+            char close = c == '"' ? '"' : ']';
+            size_t j = i + 1;
+            while (j < n && gbnf[j] != close)
+                j += gbnf[j] == '\\' && j + 1 < n ? 2 : 1;
+            j = j < n ? j + 1 : n;
+            memcpy(o, gbnf + i, j - i);
+            o += j - i;
+            i = j;
+        } else if (c == '#') {
+            size_t j = i;
+            while (j < n && gbnf[j] != '\n')
+                j++;
+            memcpy(o, gbnf + i, j - i);
+            o += j - i;
+            i = j;
+        } else if (isalnum((unsigned char)c) || c == '-' || c == '_') {
+            size_t j = i;
+            while (j < n && (isalnum((unsigned char)gbnf[j]) || gbnf[j] == '-' || gbnf[j] == '_'))
+                j++;
+            if (j - i == 4 && !memcmp(gbnf + i, "root", 4)) {
+                memcpy(o, to, tl);
+                o += tl;
+            } else {
+                memcpy(o, gbnf + i, j - i);
+                o += j - i;
+            }
+            i = j;
+        } else {
+            *o++ = c;
+            i++;
+        }
     }
-    return n;
+    *o = '\0';
+    return out;
 }
 
 /* A rule name not in text (the converter's names come from the schema). */
@@ -405,16 +440,17 @@ int rt__gen_grammar_wrap(const char *gbnf, int think, const char *body, char **o
     unique_name(gbnf, "wrapped-root", rname, sizeof rname);
     unique_name(gbnf, "wrap-ws", ws, sizeof ws);
     unique_name(gbnf, "wrap-thought", thought, sizeof thought);
-    const char *def = strncmp(gbnf, "root ::=", 8) == 0 ? gbnf : strstr(gbnf, "\nroot ::=");
-    if (def && def != gbnf)
-        def++;
-    /* a reference to root inside (a schema's $ref "#") would mean the whole reply */
-    if (!def || name_uses(gbnf, "root") != 1)
-        return bl_err_set(err, BL_EINVAL, "a schema here may not refer to its root");
-    size_t cap = strlen(gbnf) + 3 * strlen(body) + 1024;
-    char *g = malloc(cap);
-    if (!g)
+    /* the grammar's root becomes an inner rule, references to it too (a schema's
+     * $ref "#" means the schema, not the whole reply) */
+    char *inner = rename_root(gbnf, rname);
+    if (!inner)
         return bl_err_set(err, BL_ENOMEM, "out of memory");
+    size_t cap = strlen(inner) + 3 * strlen(body) + 1024;
+    char *g = malloc(cap);
+    if (!g) {
+        free(inner);
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    }
     size_t len = (size_t)snprintf(g, cap, "root ::= ");
     if (think == 2) /* the prompt opened the thought: it ends first */
         len += (size_t)snprintf(g + len, cap - len, "%s ", thought);
@@ -446,8 +482,8 @@ int rt__gen_grammar_wrap(const char *gbnf, int think, const char *body, char **o
             len += (size_t)snprintf(g + len, cap - len, " | [^<] %s", thought);
     }
     len += (size_t)snprintf(g + len, cap - len, "\n%s ::= [ \\t\\n]{0,20}\n", ws);
-    snprintf(g + len, cap - len, "%.*s%s ::=%s", (int)(def - gbnf), gbnf, rname,
-             def + strlen("root ::="));
+    snprintf(g + len, cap - len, "%s", inner);
+    free(inner);
     *out = g;
     return 0;
 }
@@ -517,6 +553,9 @@ static int parse_constraint(const json_t *body, rt_gen_params_t *p, bl_err_t *er
     }
     if (!text)
         return 0;
+    if (len > RT_GRAMMAR_MAX_BYTES)
+        return bl_err_set(err, BL_EINVAL, "'%s'%s is %zu bytes of grammar; at most %d", from,
+                          g ? "" : " becomes a grammar that", len, RT_GRAMMAR_MAX_BYTES);
     rt_grammar_t *compiled = NULL;
     bl_err_t e2 = {0};
     int rc = rt_grammar_parse(&compiled, text, len, &e2);
@@ -525,6 +564,7 @@ static int parse_constraint(const json_t *body, rt_gen_params_t *p, bl_err_t *er
         return bl_err_set(err, rc == BL_ENOMEM ? BL_ENOMEM : BL_EINVAL, "'%s': %s", from, e2.msg);
     p->task.sampling.grammar = text;
     p->task.sampling.grammar_len = len;
+    p->grammar_from = from;
     return 0;
 }
 

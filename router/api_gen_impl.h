@@ -60,6 +60,8 @@ typedef struct rt_gen_params {
     char *grammar;             /* owned GBNF made from a JSON schema (task.sampling.grammar
                                 * points here, or into the request's `grammar`) */
     json_t *any_object;        /* owned: the schema of response_format json_object */
+    const char *grammar_from;  /* the field the grammar came from ("json_schema",
+                                * "response_format", "grammar"), for errors; static */
 } rt_gen_params_t;
 
 /* What the parser needs to know about the server. */

@@ -252,7 +252,8 @@ void rt__api_chat(rt_req_t *r)
         char *wrapped = NULL;
         bl_err_t e2 = {0};
         if ((rc = rt__gen_grammar_wrap(g->params.grammar, think, "%W %R", &wrapped, &e2))) {
-            bl_err_set(&err, rc, "'response_format': %s", e2.msg);
+            bl_err_set(&err, rc, "'%s': %s",
+                       g->params.grammar_from ? g->params.grammar_from : "response_format", e2.msg);
         } else {
             free(g->params.grammar);
             g->params.grammar = wrapped;

@@ -18,7 +18,6 @@
 #include "log.h"
 
 #define STOP_MAX_LEN 1024 /* bytes per stop string: bounds the text held back */
-#define GRAMMAR_MAX_BYTES (1 << 20) /* GBNF text of one request */
 #define N_CAND_LOOKUP 128 /* sampler candidates searched for the reported probabilities */
 #define CLUSTER_POLL_MS 100 /* how often a wait for the cluster rechecks shutdown and timeouts */
 
@@ -1369,7 +1368,8 @@ int rt_engine_submit(rt_engine_t *e, const int32_t *prompt, size_t n, const rt_t
         return bl_err_set(err, BL_EINVAL, "n_probs %d is outside 0..%d", p->n_probs,
                           RT_MAX_N_PROBS);
     if (p->n_stop < 0 || p->n_stop > RT_MAX_STOP)
-        return bl_err_set(err, BL_EINVAL, "%d stop strings; at most %d", p->n_stop, RT_MAX_STOP);
+        return bl_err_set(err, BL_EINVAL, "'stop' has %d strings; at most %d", p->n_stop,
+                          RT_MAX_STOP);
     if (p->slot_id < -1 || p->slot_id >= e->o.n_slots)
         return bl_err_set(err, BL_EINVAL, "id_slot %d is outside -1..%d", p->slot_id,
                           e->o.n_slots - 1);
@@ -1379,20 +1379,20 @@ int rt_engine_submit(rt_engine_t *e, const int32_t *prompt, size_t n, const rt_t
             return bl_err_set(err, BL_EINVAL, "stop string %d is missing", i);
         size_t sl = strlen(p->stop[i]);
         if (sl > STOP_MAX_LEN)
-            return bl_err_set(err, BL_EINVAL, "stop string %d is %zu bytes; at most %d", i, sl,
-                              STOP_MAX_LEN);
+            return bl_err_set(err, BL_EINVAL, "'stop' string %d is %zu bytes; at most %d", i,
+                              sl, STOP_MAX_LEN);
         if (!valid_utf8((const unsigned char *)p->stop[i], sl))
-            return bl_err_set(err, BL_EINVAL, "stop string %d is not valid UTF-8", i);
+            return bl_err_set(err, BL_EINVAL, "'stop' string %d is not valid UTF-8", i);
         stop_bytes += sl + 1;
     }
     size_t n_bias = p->sampling.n_logit_bias;
     if (n_bias > SIZE_MAX / 2 / sizeof(rt_logit_bias_t))
-        return bl_err_set(err, BL_ERANGE, "%zu logit_bias entries", n_bias);
+        return bl_err_set(err, BL_EINVAL, "'logit_bias' has %zu entries", n_bias);
     size_t n_bias_all = n_bias + (p->ignore_eos ? e->n_eog : 0);
     size_t grammar_len = p->sampling.grammar ? p->sampling.grammar_len : 0;
-    if (grammar_len > GRAMMAR_MAX_BYTES)
-        return bl_err_set(err, BL_ERANGE, "the grammar is %zu bytes; at most %d", grammar_len,
-                          GRAMMAR_MAX_BYTES);
+    if (grammar_len > RT_GRAMMAR_MAX_BYTES)
+        return bl_err_set(err, BL_EINVAL, "the grammar is %zu bytes; at most %d", grammar_len,
+                          RT_GRAMMAR_MAX_BYTES);
 
     size_t size = sizeof(rt_task_t) + n_bias_all * sizeof(rt_logit_bias_t) +
                   n * sizeof(int32_t) + stop_bytes + grammar_len + 1;

@@ -28,6 +28,7 @@ typedef struct rt_task rt_task_t;
 
 #define RT_MAX_STOP 16      /* stop strings per request */
 #define RT_MAX_N_PROBS 20   /* most candidates reported per token */
+#define RT_GRAMMAR_MAX_BYTES (1 << 20) /* GBNF text of one request */
 
 /* What one request asks for. Strings and arrays are copied by rt_engine_submit. */
 typedef struct rt_task_params {
@@ -141,8 +142,8 @@ void rt_engine_destroy(rt_engine_t *e);
 
 /* Queues a generation of prompt (n tokens, copied). Loop thread only. Returns 0 and
  * *task (a handle for rt_engine_cancel, owned by the engine), or, without queueing:
- * BL_EINVAL (bad params, named; empty prompt), BL_ERANGE (the prompt does not fit a
- * slot's context: the message says both sizes), BL_ECLOSED (shutting down), BL_ENOMEM. */
+ * BL_EINVAL (bad params, named; empty prompt; a grammar over RT_GRAMMAR_MAX_BYTES),
+ * BL_ERANGE (only: the prompt does not fit a slot's context; the message says both sizes), BL_ECLOSED (shutting down), BL_ENOMEM. */
 int rt_engine_submit(rt_engine_t *e, const int32_t *prompt, size_t n,
                      const rt_task_params_t *p, rt_event_fn cb, void *ud, rt_task_t **task,
                      bl_err_t *err) BL_WUR;

@@ -204,3 +204,55 @@ def test_number_range_on_completion(url, seed):
     if r.json()["stop_type"] == "eos":  # complete
         v = json.loads(text)
         assert -1.5 < v <= 0.75 and "e" not in text.lower(), repr(text)
+
+
+def test_a_grammar_past_its_bound_is_named_not_a_context_overflow(url):
+    # 100,000 alternatives: past the grammar's size bound; the request is 1 token
+    alts = " | ".join('"a%d"' % i for i in range(100000))
+    r = post(url, "/completion", {"prompt": "x", "n_predict": 2, "grammar": "root ::= " + alts})
+    assert r.status_code == 400, r.text
+    e = r.json()["error"]
+    assert e["type"] == "invalid_request_error", e
+    assert "'grammar'" in e["message"] and "context" not in e["message"], e
+    r = post(url, "/v1/chat/completions", {"messages": CONV, "max_tokens": 2,
+                                            "json_schema": {"enum": ["v%d" % i for i in range(100000)]}})
+    assert r.status_code == 400, r.text
+    assert "'json_schema'" in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["type"] == "invalid_request_error", r.text
+
+
+# A schema that refers to its own root ($ref "#"): bounded by maxProperties so that
+# the reply ends.
+TREE = {"type": "object", "properties": {"next": {"$ref": "#"}}, "additionalProperties": False}
+
+
+def test_a_schema_referring_to_its_root_works_on_every_route(url):
+    r = post(url, "/completion", {"prompt": PROMPT, "n_predict": 30, "json_schema": TREE})
+    assert r.status_code == 200, r.text
+    assert r.json()["content"].lstrip().startswith("{"), r.text
+    for body in ({"json_schema": TREE},
+                 {"response_format": {"type": "json_schema", "json_schema": {"schema": TREE}}}):
+        r = post(url, "/v1/chat/completions", dict({"messages": CONV, "max_tokens": 30}, **body))
+        assert r.status_code == 200, r.text
+        content = r.json()["choices"][0]["message"]["content"]
+        assert content.lstrip().startswith("{"), repr(content)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_constraint_holds_after_a_thought(url, seed):
+    # thinking left on and the thought kept in the content: whatever follows the
+    # first </think> is an integer
+    r = post(url, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "seed": seed,
+        "temperature": 1.0, "json_schema": {"type": "integer"}, "reasoning_format": "none"})
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    text = ch["message"]["content"]
+    if "<think>" in text:
+        assert "</think>" in text or ch["finish_reason"] == "length", repr(text)
+        text = text.split("</think>", 1)[1] if "</think>" in text else ""
+    text = text.strip()
+    if ch["finish_reason"] == "stop":
+        int(text)
+    else:
+        assert text == "" or text.lstrip("-").isdigit() or text == "-", repr(text)

@@ -1581,10 +1581,18 @@ static void test_grammar_wrap_puts_a_thought_first(void **state)
     assert_false(fits(&p, "{}"));
     assert_false(fits(&p, "</think>x</think>{}"));
     rt__gen_params_fini(&p);
-    /* a grammar that refers to its own root cannot be wrapped */
-    char *g = NULL;
-    assert_int_equal(rt__gen_grammar_wrap("root ::= \"[\" root? \"]\"\n", 1, "%R", &g, &err), BL_EINVAL);
-    assert_null(g);
+    /* a grammar that refers to its own root (a schema's $ref "#") keeps its meaning;
+     * a "root" inside a literal, a class or a comment is not a reference */
+    memset(&p, 0, sizeof p);
+    assert_int_equal(rt__gen_grammar_wrap("root ::= \"[\" root? \"]\" | \"root\" # root\n", 1, "%R",
+                                          &p.grammar, &err), 0);
+    p.task.sampling.grammar = p.grammar;
+    p.task.sampling.grammar_len = strlen(p.grammar);
+    assert_true(fits(&p, "<think>x</think>[[]]"));
+    assert_true(fits(&p, "[[root]]"));
+    assert_false(fits(&p, "[[]"));
+    assert_false(fits(&p, "<think>x</think>[[]]<think>"));
+    rt__gen_params_fini(&p);
 }
 
 static void test_tool_choice_required_forces_calls(void **state)
