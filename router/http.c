@@ -245,10 +245,15 @@ static void req_maybe_free(rt_req_t *r)
         req_free(r);
 }
 
-static void run_gone(rt_req_t *r)
+/* Tells r's handler the client is gone (once), and logs it: whatever noticed, the
+ * watch (reason closed or backlog) or h2o (stopped: a write failed mid-stream, or
+ * disposed: the connection died). */
+static void run_gone(rt_req_t *r, const char *reason)
 {
     if (r->gone || r->answered || !r->gone_fn)
         return;
+    BL_LOG(BL_LOG_INFO, "event=client_gone path=%s reason=%s streaming=%d",
+           r->path ? r->path : "?", reason, r->streaming);
     r->gone = 1;
     r->busy++;
     r->gone_fn(r->gone_ud);
@@ -267,7 +272,7 @@ static void on_pool_dispose(void *p)
     r->req = NULL;
     r->stopped = 1;
     r->http->n_open--;
-    run_gone(r);
+    run_gone(r, "disposed");
     req_maybe_free(r);
 }
 
@@ -278,7 +283,7 @@ static void gen_stop(h2o_generator_t *gen, h2o_req_t *req)
     rt_req_t *r = H2O_STRUCT_FROM_MEMBER(rt_req_t, gen, gen);
     r->stopped = 1;
     r->inflight = 0;
-    run_gone(r);
+    run_gone(r, "stopped");
     /* the dispose callback follows and frees r */
 }
 
@@ -376,10 +381,8 @@ static void on_watch(uv_timer_t *t)
         int lost = !r->req || r->stopped || r->overflow || client_closed(r->req);
         if (!lost)
             continue;
-        BL_LOG(BL_LOG_INFO, "event=client_gone path=%s reason=%s", r->path ? r->path : "?",
-               r->overflow ? "backlog" : "closed");
         r->busy++;
-        run_gone(r);
+        run_gone(r, r->overflow ? "backlog" : "closed");
         finish_abandoned(r);
         r->busy--;
         /* the gone callback may have answered or freed other requests */

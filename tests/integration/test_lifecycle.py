@@ -265,7 +265,8 @@ def wait_slots_free(url, timeout):
     raise AssertionError("slots still busy %.1f s after the clients left: %r" % (timeout, get(url, "/slots").json()))
 
 
-def test_disconnect_mid_stream_frees_slot(url):
+def test_disconnect_mid_stream_frees_slot(server):
+    url = server.url
     wait_slots_free(url, 10)
     r1, e1 = open_stream(url)
     r2, e2 = open_stream(url, "/v1/chat/completions",
@@ -281,6 +282,11 @@ def test_disconnect_mid_stream_frees_slot(url):
     r = post(url, "/completion", {"prompt": "a new request", "n_predict": 3, "ignore_eos": True})
     assert r.status_code == 200
     assert time.monotonic() - t0 < 5
+    # each stream whose client left is logged, as plain requests are
+    log = server.log(200000)
+    for path in ("/completion", "/v1/chat/completions"):
+        assert re.search(r"event=client_gone path=%s reason=\w+ streaming=1" % re.escape(path),
+                         log), log[-3000:]
 
 
 def test_disconnect_plain_request_frees_slot(url):
