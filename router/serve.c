@@ -879,18 +879,96 @@ static int find_bin_dir(char *buf, size_t cap, bl_err_t *err)
     return 0;
 }
 
-/* A private folder for this process's control sockets, removed at exit. */
+static void remove_runtime_dir(const char *dir);
+
+/* The start time of process pid (clock ticks after boot, /proc/PID/stat field 22),
+ * or 0 when there is no such process. With the pid it names one process for good:
+ * a pid that was reused has another start time. */
+static unsigned long long proc_start_time(long pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* the command may hold spaces and parentheses */
+    if (!p)
+        return 0;
+    p++;
+    for (int field = 3; field < 22 && p; field++) /* p: the space before field `field` */
+        p = strchr(p + 1, ' ');
+    return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+
+#define RUNTIME_OWNER "owner" /* "PID STARTTIME\n" of the server that made the folder */
+
+/* Removes the runtime folders under base that a server which no longer runs left
+ * behind (killed with SIGKILL, or lost with its machine's power): folders of this
+ * user named bloomery-serve-PID-*, whose owner file names a process that is gone
+ * or whose start time differs (the pid was reused). A folder without an owner file
+ * is removed only when its pid is gone: it may be a server's that is starting. */
+static void clean_stale_runtime_dirs(const char *base)
+{
+    DIR *d = opendir(base);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        long pid;
+        char rest[16], path[PATH_MAX], owner[PATH_MAX + 16];
+        if (sscanf(e->d_name, "bloomery-serve-%ld-%15s", &pid, rest) != 2 || pid <= 0 ||
+            pid == (long)getpid())
+            continue;
+        if ((size_t)snprintf(path, sizeof path, "%s/%s", base, e->d_name) >= sizeof path)
+            continue;
+        struct stat st;
+        if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
+            continue;
+        snprintf(owner, sizeof owner, "%s/" RUNTIME_OWNER, path);
+        unsigned long long started = 0, now;
+        long opid = 0;
+        FILE *f = fopen(owner, "r");
+        int have_owner = f && fscanf(f, "%ld %llu", &opid, &started) == 2 && opid == pid;
+        if (f)
+            fclose(f);
+        now = proc_start_time(pid);
+        if (have_owner ? now == started : (now != 0 || kill((pid_t)pid, 0) == 0 || errno == EPERM))
+            continue;
+        BL_LOG(BL_LOG_INFO, "event=runtime_dir_stale path=%s pid=%ld reason=%s", path, pid,
+               now ? "pid_reused" : "process_gone");
+        remove_runtime_dir(path);
+    }
+    closedir(d);
+}
+
+/* A private folder for this process's control sockets, removed at exit; the stale
+ * folders of servers that died without removing theirs go first. */
 static int make_runtime_dir(char *buf, size_t cap, bl_err_t *err)
 {
     const char *base = getenv("XDG_RUNTIME_DIR");
     struct stat st;
     if (!base || !*base || stat(base, &st) != 0 || !S_ISDIR(st.st_mode) || access(base, W_OK) != 0)
         base = "/tmp";
+    clean_stale_runtime_dirs(base);
     if ((size_t)snprintf(buf, cap, "%s/bloomery-serve-%ld-XXXXXX", base, (long)getpid()) >= cap)
         return bl_err_set(err, BL_ERANGE, "runtime folder path too long under %s", base);
     if (!mkdtemp(buf))
         return bl_err_set(err, BL_EIO, "cannot create a runtime folder under %s: %s", base,
                           strerror(errno));
+    char owner[PATH_MAX + 16];
+    snprintf(owner, sizeof owner, "%s/" RUNTIME_OWNER, buf);
+    FILE *f = fopen(owner, "wx");
+    int ok = f && fprintf(f, "%ld %llu\n", (long)getpid(), proc_start_time((long)getpid())) > 0;
+    if (f && fclose(f) != 0)
+        ok = 0;
+    if (!ok) {
+        int e = errno;
+        remove_runtime_dir(buf);
+        return bl_err_set(err, BL_EIO, "cannot write %s: %s", owner, strerror(e));
+    }
     return 0;
 }
 

@@ -7,6 +7,7 @@ streams end cleanly, exit 0, nothing left behind), and clients that leave mid-re
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 
@@ -296,3 +297,65 @@ def test_disconnect_plain_request_frees_slot(url):
     wait_slots_free(url, 1.5)
     m = get(url, "/metrics").text
     assert re.search(r"^llamacpp:requests_processing\s+0(\.0*)?$", m, re.M), m
+
+
+def _start_time(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
+
+
+@pytest.mark.lifecycle
+def test_stale_runtime_folders_are_removed_at_start(servers):
+    """A SIGKILLed router leaves its folder of control sockets; the next server removes
+    the folders of servers that no longer run (by pid and start time, so a reused pid
+    does not keep a folder alive) and leaves those of live ones."""
+    import pathlib
+    import shutil
+    import tempfile
+    # a short base: a unix socket path holds 107 bytes
+    tmp_path = pathlib.Path(tempfile.mkdtemp(prefix="blrt-", dir="/tmp"))
+    try:
+        _stale_runtime_folders(servers, tmp_path)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _stale_runtime_folders(servers, tmp_path):
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    killed = servers.start(["-np", "1", "-c", "512", "-t", "1"], env=env)
+    killed.tree = killed.children()
+    left = [p for p in os.listdir(tmp_path) if p.startswith("bloomery-serve-%d-" % killed.pid)]
+    assert len(left) == 1, os.listdir(tmp_path)
+    killed.kill()
+    assert os.path.isdir(tmp_path / left[0]), "the killed server's folder is already gone"
+
+    me = os.getpid()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    fakes = {
+        "bloomery-serve-%d-aaaaaa" % dead.pid: "%d 123\n" % dead.pid,          # gone
+        "bloomery-serve-%d-bbbbbb" % me: "%d %d\n" % (me, _start_time(me) + 1),  # pid reused
+        "bloomery-serve-%d-cccccc" % me: "%d %d\n" % (me, _start_time(me)),      # alive
+        "bloomery-serve-%d-dddddd" % me: None,                                   # alive, starting
+        "bloomery-serve-%d-eeeeee" % dead.pid: None,                             # gone, starting
+    }
+    for name, owner in fakes.items():
+        (tmp_path / name).mkdir(mode=0o700)
+        if owner is not None:
+            (tmp_path / name / "owner").write_text(owner)
+    srv = servers.start(["-np", "1", "-c", "512", "-t", "1"], env=env)
+    have = set(os.listdir(tmp_path))
+    assert left[0] not in have, have
+    assert "bloomery-serve-%d-aaaaaa" % dead.pid not in have, have
+    assert "bloomery-serve-%d-bbbbbb" % me not in have, have
+    assert "bloomery-serve-%d-eeeeee" % dead.pid not in have, have
+    assert "bloomery-serve-%d-cccccc" % me in have, have
+    assert "bloomery-serve-%d-dddddd" % me in have, have
+    assert "event=runtime_dir_stale" in srv.log(100000), srv.log()
+    mine = [p for p in have if p.startswith("bloomery-serve-%d-" % srv.pid)]
+    assert len(mine) == 1, have
+    with open(tmp_path / mine[0] / "owner") as f:
+        pid, start = f.read().split()
+    assert int(pid) == srv.pid and int(start) == _start_time(srv.pid)
+    assert not srv.stop(), srv.log()
+    assert not any(p.startswith("bloomery-serve-%d-" % srv.pid) for p in os.listdir(tmp_path))
