@@ -39,9 +39,18 @@ enum {
 #define RT_TEMPLATE_MAX_SOURCE (8u << 20)
 #define RT_TEMPLATE_MAX_NESTING 200
 #define RT_TEMPLATE_MAX_CALLS 200
+/* The three limits on what a render may produce can be lowered where the engine is
+ * compiled (-DRT_TEMPLATE_MAX_OUTPUT=...): the fuzz target renders with smaller ones,
+ * so that one input cannot take a second and a gigabyte within the limits. */
+#ifndef RT_TEMPLATE_MAX_OUTPUT
 #define RT_TEMPLATE_MAX_OUTPUT (64u << 20)
+#endif
+#ifndef RT_TEMPLATE_MAX_MEMORY
 #define RT_TEMPLATE_MAX_MEMORY (1024u << 20)
+#endif
+#ifndef RT_TEMPLATE_MAX_RANGE
 #define RT_TEMPLATE_MAX_RANGE 100000
+#endif
 #define RT_TEMPLATE_MAX_DATA_DEPTH 512
 
 typedef struct rt_template rt_template_t;
