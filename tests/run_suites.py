@@ -11,7 +11,7 @@ anything failed.
 
 Environment: BLOOMERY_SHARED (default: ../shared beside the repository) is where
 the oracles live; suites that need it skip with a message when it is absent.
-BLOOMERY_FUZZ_SECONDS overrides the fuzzing time (default 60 per target).
+BLOOMERY_FUZZ_SECONDS overrides the fuzzing time (default 40 per target).
 """
 import argparse
 import glob
@@ -28,8 +28,17 @@ PY = "/usr/bin/python3"
 PYTEST_DIRS = ["tests/reference", "tests/tools"]
 INTEGRATION_DIRS = ["tests/integration"]
 CLIENT_TESTS = "tests/clients"
+# Each libFuzzer target and its seeds: a script that writes them (the GGUF seeds are
+# binary), or a folder of seed files in the tree, which the run reads but never
+# writes (what the run adds goes to the build folder).
 FUZZ_TARGETS = {"fuzz_gguf": "tests/fuzz/make_corpus.py",
-                "fuzz_grammar": "tests/fuzz/make_grammar_corpus.py"}
+                "fuzz_grammar": "tests/fuzz/make_grammar_corpus.py",
+                "fuzz_json_schema": "tests/fuzz/corpus/fuzz_json_schema",
+                "fuzz_template": "tests/fuzz/corpus/fuzz_template",
+                "fuzz_tools": "tests/fuzz/corpus/fuzz_tools",
+                "fuzz_chat": "tests/fuzz/corpus/fuzz_chat",
+                "fuzz_http": "tests/fuzz/corpus/fuzz_http"}
+FUZZ_SECONDS = 40  # per target: the suite stays near five minutes
 
 
 class Tally:
@@ -183,7 +192,7 @@ def suite_clients(build):
 
 def suite_fuzz(build, seconds):
     t = Tally()
-    for target, corpus_script in FUZZ_TARGETS.items():
+    for target, seeds in FUZZ_TARGETS.items():
         exe = os.path.join(build, "tests", "fuzz", target)
         if not os.access(exe, os.X_OK):
             t.failed += 1
@@ -191,13 +200,17 @@ def suite_fuzz(build, seconds):
             continue
         corpus = os.path.join(build, "corpus-" + target)
         os.makedirs(corpus, exist_ok=True)
-        subprocess.run([PY, os.path.join(ROOT, corpus_script), corpus], check=True)
+        dirs = [corpus]
+        if seeds.endswith(".py"):
+            subprocess.run([PY, os.path.join(ROOT, seeds), corpus], check=True)
+        else:
+            dirs.append(os.path.join(ROOT, seeds))
         crashes = os.path.join(build, "crashes-" + target)
         os.makedirs(crashes, exist_ok=True)
-        print("fuzz: %s for %d s from %s" % (target, seconds, corpus), flush=True)
+        print("fuzz: %s for %d s from %s" % (target, seconds, " ".join(dirs)), flush=True)
         p = subprocess.run([exe, "-max_total_time=%d" % seconds, "-timeout=10",
                             "-rss_limit_mb=2048", "-print_final_stats=1",
-                            "-artifact_prefix=" + crashes + "/", corpus],
+                            "-artifact_prefix=" + crashes + "/"] + dirs,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            errors="replace")
         tail = p.stdout.splitlines()[-25:]
@@ -235,7 +248,7 @@ def main():
         ("integration", lambda: suite_pytest(args.build, INTEGRATION_DIRS, "integration")),
         ("clients", lambda: suite_clients(args.build)),
         ("fuzz", lambda: suite_fuzz(args.fuzz_build,
-                                    int(os.environ.get("BLOOMERY_FUZZ_SECONDS", "60")))),
+                                    int(os.environ.get("BLOOMERY_FUZZ_SECONDS", FUZZ_SECONDS)))),
     ]
     total = Tally()
     results = []
