@@ -17,6 +17,7 @@
 #include "engine.h"
 #include "gguf.h"
 #include "http.h"
+#include "prep.h"
 #include "template.h"
 #include "tokenizer.h"
 
@@ -25,6 +26,12 @@ typedef struct rt_app {
     rt_engine_t *engine;
     rt_cluster_t *cluster;
     rt_tokenizer_t *tok;        /* tokenizing requests (loop thread) */
+    rt_prep_t *prep;            /* prompts templated and tokenized off the loop, with a
+                                 * tokenizer of its own; NULL: on the loop (tests) */
+    rt_prep_t *prep_inspect;    /* the same for requests that only inspect a prompt
+                                 * (/tokenize, token counts, /apply-template): their
+                                 * texts have no context bound, so they queue apart
+                                 * from the generations; NULL: app->prep */
     rt_template_t *tpl;         /* the chat template in use */
     const char *tpl_source;     /* its text (for /props chat_template) */
     const bl_gguf_t *gguf;      /* metadata only (the router maps no weights) */

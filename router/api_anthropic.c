@@ -353,10 +353,11 @@ static int anthropic_options(const json_t *body, json_t **kwargs, int *tools, in
     return 0;
 }
 
-/* The prompt tokens of an Anthropic request. BL_EINVAL (400 text), BL_ENOMEM. */
+/* The prompt tokens of an Anthropic request. BL_EINVAL (400 text), BL_ENOMEM,
+ * BL_ERANGE (it cannot fit a slot: *n_min; n_min NULL: no bound). */
 static int anthropic_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int *think_open,
                             int *prefilled, int *tools, int *one_call, const char **force,
-                            int *think_off, bl_err_t *err)
+                            int *think_off, size_t *n_min, bl_err_t *err)
 {
     json_t *amsgs = NULL, *msgs = NULL, *kwargs = NULL;
     rt_gen_buf_t prefill = {0};
@@ -367,18 +368,16 @@ static int anthropic_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks
     if ((rc = rt__gen_anthropic_messages(body, &amsgs, err)) ||
         (rc = anthropic_options(body, &kwargs, tools, one_call, force, err)) ||
         (rc = rt__gen_chat_messages(amsgs, &msgs, &prefill, err)) ||
+        (rc = rt__gen_chat_cannot_fit(app, msgs, &prefill, n_min, err)) ||
         (rc = rt__gen_render_chat(app, msgs, kwargs, 1, &prefill, &text, &len, think_open, err)))
         goto done;
     if (think_off)
         *think_off = rt__gen_thinking_off(app, kwargs);
     *prefilled = prefill.p != NULL;
-    bl_err_t terr;
-    rc = rt_tokenize(app->tok, text, len, RT_TOKENIZE_ADD_SPECIAL | RT_TOKENIZE_PARSE_SPECIAL,
-                     toks, &terr);
-    if (rc)
-        bl_err_set(err, rc, "tokenizing the prompt: %s", terr.msg);
+    rc = rt__gen_tokenize_prompt(app, text, len, RT_TOKENIZE_ADD_SPECIAL | RT_TOKENIZE_PARSE_SPECIAL,
+                                 toks, n_min, err);
 done:
-    if (rc && rc != BL_ENOMEM)
+    if (rc && rc != BL_ENOMEM && rc != BL_ERANGE)
         rc = BL_EINVAL;
     free(text);
     rt__gen_buf_free(&prefill);
@@ -544,62 +543,80 @@ static const rt_gen_ops_t msg_ops = {msg_start, msg_token, msg_done};
 /* routes                                                                         */
 /* ---------------------------------------------------------------------------- */
 
+static void messages_work(rt_gen_req_t *g, rt_app_t *app)
+{
+    rt_gen_prep_t *p = &g->prep;
+    const json_t *body = rt_req_json(g->r);
+    p->rc = anthropic_prompt(app, body, &p->toks, &g->think_open, &p->prefilled, &p->tools,
+                             &p->one_call, &p->force, &p->think_off, &p->n_min, &p->err);
+    if (!p->rc && p->force) { /* tool_choice any or tool: the grammar writes the call */
+        json_t *list = NULL;
+        if (!(p->rc = convert_tools(json_object_get(body, "tools"), &list, &p->err)))
+            p->rc = rt__gen_force_tools(&g->params, list, *p->force ? p->force : NULL, p->one_call,
+                                        g->think_open ? 2 : p->think_off ? 0 : 1, &p->err);
+        json_decref(list);
+    }
+}
+
+static void messages_next(rt_gen_req_t *g)
+{
+    rt_gen_prep_t *p = &g->prep;
+    if (p->rc) {
+        rt__gen_send_prep_error(g);
+        rt__gen_req_free(g);
+        return;
+    }
+    g->params.reasoning = !p->prefilled && g->app->reasoning;
+    g->params.tools = p->tools;
+    g->params.one_call = p->one_call;
+    rt__gen_submit(g, p->toks.ids, p->toks.n);
+}
+
 void rt__api_messages(rt_req_t *r)
 {
     rt_gen_limits_t lim;
     rt_gen_req_t *g = rt__gen_begin(r, RT_GEN_API_ANTHROPIC, &msg_ops, "msg_", &lim);
     if (!g)
         return;
-    rt_app_t *app = rt_req_app(r);
-    const json_t *body = rt_req_json(r);
     bl_err_t err = {0};
-    rt_tokens_t toks = {0};
-    int prefilled = 0, tools = 0, one_call = 0;
-    const char *force = NULL;
-    int think_off = 0;
-    int rc = rt__gen_parse_params(body, RT_GEN_API_ANTHROPIC, &lim, &g->params, &err);
-    if (!rc)
-        rc = anthropic_prompt(app, body, &toks, &g->think_open, &prefilled, &tools, &one_call,
-                              &force, &think_off, &err);
-    if (!rc && force) { /* tool_choice any or tool: the grammar writes the call */
-        json_t *list = NULL;
-        if (!(rc = convert_tools(json_object_get(body, "tools"), &list, &err)))
-            rc = rt__gen_force_tools(&g->params, list, *force ? force : NULL, one_call,
-                                     g->think_open ? 2 : think_off ? 0 : 1, &err);
-        json_decref(list);
-    }
+    int rc = rt__gen_parse_params(rt_req_json(r), RT_GEN_API_ANTHROPIC, &lim, &g->params, &err);
     if (rc) {
         rt__gen_send_error(r, RT_GEN_API_ANTHROPIC, rc == BL_ENOMEM ? 500 : 400, NULL, "%s",
                            err.msg);
-        rt_tokens_free(&toks);
         rt__gen_req_free(g);
         return;
     }
-    g->params.reasoning = !prefilled && app->reasoning;
-    g->params.tools = tools;
-    g->params.one_call = one_call;
-    rt__gen_submit(g, toks.ids, toks.n);
-    rt_tokens_free(&toks);
+    rt__gen_prepare(g, messages_work, messages_next);
+}
+
+static void count_tokens_work(rt_gen_req_t *g, rt_app_t *app)
+{
+    rt_gen_prep_t *p = &g->prep;
+    int think_open;
+    p->rc = anthropic_prompt(app, rt_req_json(g->r), &p->toks, &think_open, &p->prefilled,
+                             &p->tools, &p->one_call, NULL, NULL, NULL, &p->err);
+}
+
+static void count_tokens_next(rt_gen_req_t *g)
+{
+    if (g->prep.rc) {
+        rt__gen_send_prep_error(g);
+    } else {
+        json_t *j = json_pack("{s:I}", "input_tokens", (json_int_t)g->prep.toks.n);
+        if (j)
+            rt_req_send_json(g->r, 200, j);
+        else
+            rt__gen_send_error(g->r, RT_GEN_API_ANTHROPIC, 500, NULL, "out of memory");
+    }
+    rt__gen_req_free(g);
 }
 
 void rt__api_messages_count_tokens(rt_req_t *r)
 {
-    rt_app_t *app = rt_req_app(r);
-    const json_t *body = rt_req_json(r);
-    bl_err_t err = {0};
-    rt_tokens_t toks = {0};
-    int think_open, prefilled, tools, one_call;
-    int rc = anthropic_prompt(app, body, &toks, &think_open, &prefilled, &tools, &one_call, NULL,
-                              NULL, &err);
-    if (rc) {
-        rt__gen_send_error(r, RT_GEN_API_ANTHROPIC, rc == BL_ENOMEM ? 500 : 400, NULL, "%s",
-                           err.msg);
-    } else {
-        json_t *j = json_pack("{s:I}", "input_tokens", (json_int_t)toks.n);
-        if (j)
-            rt_req_send_json(r, 200, j);
-        else
-            rt__gen_send_error(r, RT_GEN_API_ANTHROPIC, 500, NULL, "out of memory");
+    rt_gen_req_t *g = rt__gen_req_new(r, rt_req_app(r), RT_GEN_API_ANTHROPIC, NULL, "");
+    if (!g) {
+        rt__gen_send_error(r, RT_GEN_API_ANTHROPIC, 500, NULL, "out of memory");
+        return;
     }
-    rt_tokens_free(&toks);
+    rt__gen_prepare(g, count_tokens_work, count_tokens_next);
 }

@@ -1552,12 +1552,14 @@ int rt__gen_unavailable(rt_req_t *r, int anthropic)
 }
 
 /* llama-server's answer to a prompt longer than a slot's context. */
-static void send_exceed_context(rt_req_t *r, rt_gen_api_t api, size_t n_prompt, int64_t n_ctx)
+/* at_least: n_prompt is a bound from the prompt's length (it was not tokenized). */
+static void send_exceed_context(rt_req_t *r, rt_gen_api_t api, size_t n_prompt, int64_t n_ctx,
+                                int at_least)
 {
     char msg[256];
     snprintf(msg, sizeof msg,
-             "request (%zu tokens) exceeds the available context size (%lld tokens), try "
-             "increasing it", n_prompt, (long long)n_ctx);
+             "request (%s%zu tokens) exceeds the available context size (%lld tokens), try "
+             "increasing it", at_least ? "at least " : "", n_prompt, (long long)n_ctx);
     if (api == RT_GEN_API_ANTHROPIC) {
         rt__gen_send_error(r, api, 400, NULL, "%s", msg);
         return;
@@ -1569,6 +1571,105 @@ static void send_exceed_context(rt_req_t *r, rt_gen_api_t api, size_t n_prompt, 
         rt_req_send_json(r, 400, j);
     else
         rt_req_send_error(r, 400, "exceed_context_size_error", "%s", msg);
+}
+
+/* ---------------------------------------------------------------------------- */
+/* prompts made off the loop                                                      */
+/* ---------------------------------------------------------------------------- */
+
+int rt__gen_tokenize_prompt(const rt_app_t *app, const char *text, size_t len, unsigned flags,
+                            rt_tokens_t *out, size_t *n_min, bl_err_t *err)
+{
+    /* megabytes that cannot fit are refused by their length, not tokenized first */
+    size_t least = rt_tokenizer_min_tokens(app->tok, len);
+    if (n_min && app->n_ctx_slot > 0 && least >= (size_t)app->n_ctx_slot) {
+        *n_min = least;
+        return bl_err_set(err, BL_ERANGE, "the prompt of %zu bytes takes at least %zu tokens; "
+                          "a slot's context holds %lld", len, least, (long long)app->n_ctx_slot);
+    }
+    bl_err_t terr;
+    int rc = rt_tokenize(app->tok, text, len, flags, out, &terr);
+    return rc ? bl_err_set(err, rc, "tokenizing the prompt: %s", terr.msg) : 0;
+}
+
+int rt__gen_chat_cannot_fit(const rt_app_t *app, const json_t *msgs, const rt_gen_buf_t *prefill,
+                            size_t *n_min, bl_err_t *err)
+{
+    if (!n_min || app->n_ctx_slot <= 0)
+        return 0;
+    /* every template writes the last message (the reply follows it) and the prefill */
+    const json_t *c = json_object_get(json_array_get(msgs, json_array_size(msgs) - 1), "content");
+    size_t len = (json_is_string(c) ? json_string_length(c) : 0) + (prefill ? prefill->n : 0);
+    size_t least = rt_tokenizer_min_tokens(app->tok, len);
+    if (least < (size_t)app->n_ctx_slot)
+        return 0;
+    *n_min = least;
+    return bl_err_set(err, BL_ERANGE, "the last message of %zu bytes takes at least %zu tokens; "
+                      "a slot's context holds %lld", len, least, (long long)app->n_ctx_slot);
+}
+
+void rt__gen_send_prep_error(rt_gen_req_t *g)
+{
+    const rt_gen_prep_t *p = &g->prep;
+    if (p->rc == BL_ERANGE)
+        send_exceed_context(g->r, g->api, p->n_min, g->app->n_ctx_slot, 1);
+    else
+        rt__gen_send_error(g->r, g->api,
+                           p->rc == BL_ENOMEM ? 500 : p->rc == BL_ENOTSUP ? 501 : 400, NULL, "%s",
+                           p->err.msg[0] ? p->err.msg : "out of memory");
+}
+
+static void prep_gone(void *ud)
+{
+    rt_gen_req_t *g = ud;
+    g->gone = 1;
+}
+
+static void prep_work(void *ud, rt_tokenizer_t *tok)
+{
+    rt_gen_req_t *g = ud;
+    /* the app as the preparer sees it: its settings, with the preparer's tokenizer */
+    rt_app_t app = *g->app;
+    app.tok = tok;
+    g->prep._work(g, &app);
+}
+
+static void prep_done(void *ud, int cancelled)
+{
+    rt_gen_req_t *g = ud;
+    if (g->gone) {
+        rt__gen_req_free(g);
+        return;
+    }
+    rt_req_on_gone(g->r, NULL, NULL);
+    if (cancelled) {
+        rt__gen_send_error(g->r, g->api, 503, "unavailable_error", "server is shutting down");
+        rt__gen_req_free(g);
+        return;
+    }
+    g->prep._next(g);
+}
+
+void rt__gen_prepare(rt_gen_req_t *g, void (*work)(rt_gen_req_t *g, rt_app_t *app),
+                     void (*next)(rt_gen_req_t *g))
+{
+    g->prep._work = work;
+    g->prep._next = next;
+    /* a generation (it has ops) queues apart from requests that only inspect */
+    rt_prep_t *prep = g->ops || !g->app->prep_inspect ? g->app->prep : g->app->prep_inspect;
+    if (!prep) {
+        work(g, g->app);
+        next(g);
+        return;
+    }
+    /* the body outlives the request if the client leaves while the job is out */
+    g->prep._body = json_incref(rt_req_json(g->r));
+    rt_req_on_gone(g->r, prep_gone, g);
+    if (rt_prep_submit(prep, prep_work, prep_done, g)) {
+        rt_req_on_gone(g->r, NULL, NULL);
+        rt__gen_send_error(g->r, g->api, 500, NULL, "out of memory");
+        rt__gen_req_free(g);
+    }
 }
 
 /* ---------------------------------------------------------------------------- */
@@ -1609,6 +1710,9 @@ void rt__gen_req_free(rt_gen_req_t *g)
 {
     if (!g)
         return;
+    rt_tokens_free(&g->prep.toks);
+    free(g->prep.text);
+    json_decref(g->prep._body);
     rt__gen_params_fini(&g->params);
     rt__gen_think_fini(&g->think);
     rt__gen_buf_free(&g->content);
@@ -1775,7 +1879,7 @@ void rt__gen_submit(rt_gen_req_t *g, const int32_t *prompt, size_t n)
     int rc = rt_engine_submit(app->engine, prompt, n, &g->params.task, on_event, g, &task, &err);
     if (rc) {
         if (rc == BL_ERANGE)
-            send_exceed_context(r, g->api, n, app->n_ctx_slot);
+            send_exceed_context(r, g->api, n, app->n_ctx_slot, 0);
         else if (rc == BL_ECLOSED)
             rt__gen_send_error(r, g->api, 503, "unavailable_error", "server is shutting down");
         else if (rc == BL_EINVAL)
@@ -1959,50 +2063,91 @@ int rt__gen_limits(rt_app_t *app, rt_gen_limits_t *out)
 }
 
 /* The prompt ids of a native request; the route's own part of native_route. */
-typedef int (*native_prompt_fn)(rt_app_t *app, const json_t *body, const rt_gen_params_t *p,
-                                rt_tokens_t *out, bl_err_t *err);
+/* The bytes of text in a "prompt" field (strings, also inside arrays and
+ * prompt_string objects), for the length bound before tokenizing. */
+static size_t prompt_text_bytes(const json_t *v, int depth)
+{
+    if (json_is_string(v))
+        return json_string_length(v);
+    if (depth > 2)
+        return 0;
+    if (json_is_object(v))
+        return prompt_text_bytes(json_object_get(v, "prompt_string"), depth + 1);
+    size_t n = 0, i;
+    json_t *e;
+    if (json_is_array(v))
+        json_array_foreach(v, i, e) n += prompt_text_bytes(e, depth + 1);
+    return n;
+}
 
-/* A generation in /completion's shape: the fields, the prompt from prompt_fn (its
- * error: 400, or 501 for BL_ENOTSUP), then the task. */
-static void native_route(rt_req_t *r, native_prompt_fn prompt_fn)
+/* The preparer's side of a /completion-shaped route: the prompt's tokens (and their
+ * text, echoed as "prompt"). */
+static void native_prompt_text(rt_gen_req_t *g, rt_app_t *app)
+{
+    rt_gen_prep_t *p = &g->prep;
+    if (!p->rc && p->toks.n) {
+        size_t len;
+        bl_err_t derr;
+        if (rt_detokenize(app->tok, p->toks.ids, p->toks.n, RT_DETOK_SPECIAL, &g->prompt_text,
+                          &len, &derr))
+            g->prompt_text = NULL; /* the echo of the prompt is informative only */
+    }
+}
+
+void rt__gen_prep_prompt(rt_gen_prep_t *p, const rt_app_t *app, const json_t *prompt)
+{
+    size_t least = rt_tokenizer_min_tokens(app->tok, prompt_text_bytes(prompt, 0));
+    if (app->n_ctx_slot > 0 && least >= (size_t)app->n_ctx_slot) {
+        p->n_min = least;
+        p->rc = BL_ERANGE;
+        return;
+    }
+    p->rc = rt__gen_prompt_tokens(prompt, app->tok, app->n_vocab, &p->toks, &p->err);
+}
+
+static void completion_work(rt_gen_req_t *g, rt_app_t *app)
+{
+    rt__gen_prep_prompt(&g->prep, app, json_object_get(rt_req_json(g->r), "prompt"));
+    native_prompt_text(g, app);
+}
+
+static void infill_work(rt_gen_req_t *g, rt_app_t *app)
+{
+    rt_gen_prep_t *p = &g->prep;
+    p->rc = rt__gen_fim_tokens(app, rt_req_json(g->r), RT_GEN_API_NATIVE, g->params.task.n_predict,
+                               &p->toks, &p->err);
+    native_prompt_text(g, app);
+}
+
+static void native_next(rt_gen_req_t *g)
+{
+    if (g->prep.rc) {
+        rt__gen_send_prep_error(g);
+        rt__gen_req_free(g);
+        return;
+    }
+    rt__gen_submit(g, g->prep.toks.ids, g->prep.toks.n);
+}
+
+/* A generation in /completion's shape: the fields, then the prompt made off the
+ * loop by work (its error: 400, or 501 for BL_ENOTSUP), then the task. */
+static void native_route(rt_req_t *r, void (*work)(rt_gen_req_t *g, rt_app_t *app))
 {
     rt_gen_limits_t lim;
     rt_gen_req_t *g = rt__gen_begin(r, RT_GEN_API_NATIVE, &native_ops, "cmpl-", &lim);
     if (!g)
         return;
-    rt_app_t *app = rt_req_app(r);
-    const json_t *body = rt_req_json(r);
     bl_err_t err = {0};
-    rt_tokens_t toks = {0};
-    int rc = rt__gen_parse_params(body, RT_GEN_API_NATIVE, &lim, &g->params, &err);
-    if (!rc)
-        rc = prompt_fn(app, body, &g->params, &toks, &err);
-    if (!rc && toks.n) {
-        size_t len;
-        bl_err_t derr;
-        if (rt_detokenize(app->tok, toks.ids, toks.n, RT_DETOK_SPECIAL, &g->prompt_text, &len,
-                          &derr))
-            g->prompt_text = NULL; /* the echo of the prompt is informative only */
-    }
+    int rc = rt__gen_parse_params(rt_req_json(r), RT_GEN_API_NATIVE, &lim, &g->params, &err);
     if (rc) {
-        rt__gen_send_error(r, RT_GEN_API_NATIVE,
-                           rc == BL_ENOMEM ? 500 : rc == BL_ENOTSUP ? 501 : 400, NULL, "%s", err.msg);
-        rt_tokens_free(&toks);
+        rt__gen_send_error(r, RT_GEN_API_NATIVE, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
         rt__gen_req_free(g);
         return;
     }
-    rt__gen_submit(g, toks.ids, toks.n);
-    rt_tokens_free(&toks);
+    rt__gen_prepare(g, work, native_next);
 }
 
-static int completion_prompt(rt_app_t *app, const json_t *body, const rt_gen_params_t *p,
-                             rt_tokens_t *out, bl_err_t *err)
-{
-    (void)p;
-    return rt__gen_prompt_tokens(json_object_get(body, "prompt"), app->tok, app->n_vocab, out, err);
-}
-
-static void route_completion(rt_req_t *r) { native_route(r, completion_prompt); }
+static void route_completion(rt_req_t *r) { native_route(r, completion_work); }
 
 /* ---------------------------------------------------------------------------- */
 /* /infill: fill-in-the-middle                                                    */
@@ -2193,47 +2338,62 @@ done:
 
 /* POST /infill: code completion between input_prefix and input_suffix; the body
  * takes every /completion field, and the reply is /completion's. */
-static int infill_prompt(rt_app_t *app, const json_t *body, const rt_gen_params_t *p,
-                         rt_tokens_t *out, bl_err_t *err)
+static void route_infill(rt_req_t *r) { native_route(r, infill_work); }
+
+static void apply_template_work(rt_gen_req_t *g, rt_app_t *app)
 {
-    return rt__gen_fim_tokens(app, body, RT_GEN_API_NATIVE, p->task.n_predict, out, err);
+    rt_gen_prep_t *p = &g->prep;
+    const json_t *body = rt_req_json(g->r);
+    json_t *msgs = NULL, *kwargs = NULL;
+    rt_gen_buf_t prefill = {0};
+    int reasoning, think_open;
+    if (!(p->rc = rt__gen_chat_options(app, body, &kwargs, &reasoning, NULL, NULL, &p->err)) &&
+        !(p->rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs, &prefill,
+                                        &p->err)))
+        p->rc = rt__gen_render_chat(app, msgs, kwargs, p->add_gen, &prefill, &p->text, &p->len,
+                                    &think_open, &p->err);
+    if (p->rc && p->rc != BL_ENOMEM)
+        p->rc = BL_EINVAL;
+    rt__gen_buf_free(&prefill);
+    json_decref(msgs);
+    json_decref(kwargs);
 }
 
-static void route_infill(rt_req_t *r) { native_route(r, infill_prompt); }
+static void apply_template_next(rt_gen_req_t *g)
+{
+    if (g->prep.rc) {
+        rt__gen_send_prep_error(g);
+    } else {
+        json_t *j = json_pack("{s:s%}", "prompt", g->prep.text, g->prep.len);
+        if (j)
+            rt_req_send_json(g->r, 200, j);
+        else
+            rt_req_send_error(g->r, 500, NULL, "out of memory");
+    }
+    rt__gen_req_free(g);
+}
 
 /* POST /apply-template: the chat prompt the template makes of messages. */
 static void route_apply_template(rt_req_t *r)
 {
-    rt_app_t *app = rt_req_app(r);
     const json_t *body = rt_req_json(r);
     bl_err_t err = {0};
-    json_t *msgs = NULL, *kwargs = NULL;
-    rt_gen_buf_t prefill = {0};
-    char *text = NULL;
-    size_t len;
-    int reasoning, think_open, rc;
     if (!json_is_object(body)) {
         rt_req_send_error(r, 400, NULL, "the request body must be a JSON object");
         return;
     }
     int add_gen = 1;
-    if ((rc = rt__gen_chat_options(app, body, &kwargs, &reasoning, NULL, NULL, &err)) ||
-        (rc = get_bool(body, "add_generation_prompt", &add_gen, &err)) ||
-        (rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs, &prefill, &err)) ||
-        (rc = rt__gen_render_chat(app, msgs, kwargs, add_gen, &prefill, &text, &len, &think_open,
-                                  &err))) {
-        rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
-    } else {
-        json_t *j = json_pack("{s:s%}", "prompt", text, len);
-        if (j)
-            rt_req_send_json(r, 200, j);
-        else
-            rt_req_send_error(r, 500, NULL, "out of memory");
+    if (get_bool(body, "add_generation_prompt", &add_gen, &err)) {
+        rt_req_send_error(r, 400, NULL, "%s", err.msg);
+        return;
     }
-    free(text);
-    rt__gen_buf_free(&prefill);
-    json_decref(msgs);
-    json_decref(kwargs);
+    rt_gen_req_t *g = rt__gen_req_new(r, rt_req_app(r), RT_GEN_API_NATIVE, NULL, "");
+    if (!g) {
+        rt_req_send_error(r, 500, NULL, "out of memory");
+        return;
+    }
+    g->prep.add_gen = add_gen;
+    rt__gen_prepare(g, apply_template_work, apply_template_next);
 }
 
 /* ---------------------------------------------------------------------------- */

@@ -245,6 +245,26 @@ typedef struct rt_gen_ops {
     void (*done)(rt_gen_req_t *g, const rt_event_t *ev);
 } rt_gen_ops_t;
 
+/* A request's prompt as rt__gen_prepare's work made it: tokens (or a rendered text)
+ * and what the chat options said, or the error that refused it. */
+typedef struct rt_gen_prep {
+    rt_tokens_t toks;
+    char *text;             /* apply-template: the rendered prompt (owned) */
+    size_t len;
+    int rc;                 /* 0, or a BL_E* code with err; BL_ERANGE: it cannot fit */
+    bl_err_t err;
+    size_t n_min;           /* rc BL_ERANGE: the tokens it takes at least */
+    int reasoning, tools, think_off, prefilled, one_call;
+    const char *force;      /* tool_choice that forces calls: the function name, "" any */
+    unsigned tok_flags;     /* /tokenize: RT_TOKENIZE_* */
+    int with_pieces;        /* /tokenize: ids with their pieces */
+    int add_gen;            /* apply-template: add_generation_prompt */
+    /* private: the job */
+    void (*_work)(rt_gen_req_t *g, rt_app_t *app);
+    void (*_next)(rt_gen_req_t *g);
+    json_t *_body;          /* the request's JSON, held while the job is out */
+} rt_gen_prep_t;
+
 struct rt_gen_req {
     rt_req_t *r;
     rt_app_t *app;
@@ -273,6 +293,7 @@ struct rt_gen_req {
     int block_kind;         /* 0 none, 1 thinking, 2 text */
     int has_new_line;
     int64_t text_offset;    /* /v1/completions logprobs: bytes of text before the token */
+    rt_gen_prep_t prep;     /* the prompt, made off the loop (rt__gen_prepare) */
 };
 
 /* The tool calls a reply keeps: all, or the first when the request said not to call
@@ -293,6 +314,30 @@ rt_gen_req_t *rt__gen_req_new(rt_req_t *r, rt_app_t *app, rt_gen_api_t api, cons
  * out of memory). */
 rt_gen_req_t *rt__gen_begin(rt_req_t *r, rt_gen_api_t api, const rt_gen_ops_t *ops,
                             const char *id_prefix, rt_gen_limits_t *lim);
+/* Makes g's prompt off the loop thread: work(g, app) runs on the preparer's thread
+ * with an app whose tokenizer is the preparer's (or at once with g's app where the
+ * server has no preparer), and fills g->prep; it may read the request's JSON and the
+ * app's settings and nothing else of the loop's. Then next(g) runs on the loop
+ * thread, unless the client left meanwhile (g is freed) or the server stopped first
+ * (503 answered, g freed). BL_ENOMEM answers 500. */
+void rt__gen_prepare(rt_gen_req_t *g, void (*work)(rt_gen_req_t *g, rt_app_t *app),
+                     void (*next)(rt_gen_req_t *g));
+/* rt_tokenize of a prompt that must fit a slot: BL_ERANGE with *n_min, without
+ * tokenizing, when its length alone shows that it cannot (n_min NULL: no bound, for
+ * the routes that only count). */
+int rt__gen_tokenize_prompt(const rt_app_t *app, const char *text, size_t len, unsigned flags,
+                            rt_tokens_t *out, size_t *n_min, bl_err_t *err) BL_WUR;
+/* BL_ERANGE with *n_min when the chat messages (as rt__gen_chat_messages made them)
+ * cannot fit a slot by the length of what every template writes, before rendering;
+ * else 0. n_min NULL: no bound. */
+int rt__gen_chat_cannot_fit(const rt_app_t *app, const json_t *msgs, const rt_gen_buf_t *prefill,
+                            size_t *n_min, bl_err_t *err) BL_WUR;
+/* The preparer's side of a "prompt" field: its tokens into p, or p->rc (BL_ERANGE
+ * when its length alone shows that it cannot fit a slot). */
+void rt__gen_prep_prompt(rt_gen_prep_t *p, const rt_app_t *app, const json_t *prompt);
+/* Answers g->prep's error in g's API shape (400 naming the problem, 400
+ * exceed_context_size_error, 501 unsupported, 500 out of memory). */
+void rt__gen_send_prep_error(rt_gen_req_t *g);
 /* Submits prompt; on success the reply is owned by the events (start runs now for a
  * stream). On failure answers the error itself (400 naming the problem, 400
  * exceed_context_size_error, 503) and frees g. */

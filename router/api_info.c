@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "api.h"
+#include "api_gen_impl.h"
 #include "bl_config.h"
 #include "log.h"
 
@@ -376,11 +377,45 @@ static json_t *piece_json(const rt_tokenizer_t *tok, int32_t id)
     return arr;
 }
 
+static void tokenize_work(rt_gen_req_t *g, rt_app_t *app)
+{
+    rt_gen_prep_t *p = &g->prep;
+    json_t *content = json_object_get(rt_req_json(g->r), "content");
+    bl_err_t err = {0};
+    if (json_is_string(content) &&
+        (p->rc = rt_tokenize(app->tok, json_string_value(content), json_string_length(content),
+                             p->tok_flags, &p->toks, &err)))
+        bl_err_set(&p->err, p->rc, "tokenize: %s", err.msg);
+}
+
+static void tokenize_next(rt_gen_req_t *g)
+{
+    rt_app_t *app = g->app;
+    if (g->prep.rc) {
+        rt__gen_send_prep_error(g);
+        rt__gen_req_free(g);
+        return;
+    }
+    const rt_tokens_t *toks = &g->prep.toks;
+    json_t *arr = json_array();
+    for (size_t i = 0; arr && i < toks->n; i++) {
+        json_t *e = g->prep.with_pieces
+                        ? json_pack("{s:i,s:o}", "id", (int)toks->ids[i], "piece",
+                                    piece_json(app->tok, toks->ids[i]))
+                        : json_integer(toks->ids[i]);
+        if (!e || json_array_append_new(arr, e) != 0) {
+            json_decref(arr);
+            arr = NULL;
+        }
+    }
+    rt_req_send_json(g->r, 200, arr ? json_pack("{s:o}", "tokens", arr) : NULL);
+    rt__gen_req_free(g);
+}
+
 static void route_tokenize(rt_req_t *r)
 {
     if (refuse_while_loading(r))
         return;
-    rt_app_t *app = app_of(r);
     json_t *body = rt_req_json(r);
     json_t *content = json_object_get(body, "content");
     int add_special = 0, parse_special = 1, with_pieces = 0;
@@ -391,30 +426,16 @@ static void route_tokenize(rt_req_t *r)
         rt_req_send_error(r, 400, NULL, "'content' must be a string");
         return;
     }
-    rt_tokens_t toks = {0};
-    if (content && json_is_string(content)) {
-        unsigned flags = (add_special ? RT_TOKENIZE_ADD_SPECIAL : 0) |
-                         (parse_special ? RT_TOKENIZE_PARSE_SPECIAL : 0);
-        bl_err_t err = {0};
-        if (rt_tokenize(app->tok, json_string_value(content), json_string_length(content), flags,
-                        &toks, &err) != 0) {
-            rt_tokens_free(&toks);
-            rt_req_send_error(r, err.code == BL_ENOMEM ? 500 : 400, NULL, "tokenize: %s", err.msg);
-            return;
-        }
+    rt_gen_req_t *g = rt__gen_req_new(r, app_of(r), RT_GEN_API_NATIVE, NULL, "");
+    if (!g) {
+        rt_req_send_error(r, 500, NULL, "out of memory");
+        return;
     }
-    json_t *arr = json_array();
-    for (size_t i = 0; arr && i < toks.n; i++) {
-        json_t *e = with_pieces ? json_pack("{s:i,s:o}", "id", (int)toks.ids[i], "piece",
-                                            piece_json(app->tok, toks.ids[i]))
-                                : json_integer(toks.ids[i]);
-        if (!e || json_array_append_new(arr, e) != 0) {
-            json_decref(arr);
-            arr = NULL;
-        }
-    }
-    rt_tokens_free(&toks);
-    rt_req_send_json(r, 200, arr ? json_pack("{s:o}", "tokens", arr) : NULL);
+    g->prep.tok_flags = (add_special ? RT_TOKENIZE_ADD_SPECIAL : 0) |
+                        (parse_special ? RT_TOKENIZE_PARSE_SPECIAL : 0);
+    g->prep.with_pieces = with_pieces;
+    /* megabytes of text tokenize off the loop, as prompts do */
+    rt__gen_prepare(g, tokenize_work, tokenize_next);
 }
 
 static void route_detokenize(rt_req_t *r)

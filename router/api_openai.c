@@ -74,7 +74,7 @@ json_t *rt__gen_legacy_logprobs(const json_t *entries, int post, int64_t *offset
  * BL_EINVAL (400 text in err), BL_ENOMEM. */
 static int chat_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int *reasoning,
                        int *tools, const char **force, int *think_open, int *think_off,
-                       bl_err_t *err)
+                       size_t *n_min, bl_err_t *err)
 {
     json_t *msgs = NULL, *kwargs = NULL;
     rt_gen_buf_t prefill = {0};
@@ -92,6 +92,7 @@ static int chat_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int
     }
     if ((rc = rt__gen_chat_options(app, body, &kwargs, reasoning, tools, force, err)) ||
         (rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs, &prefill, err)) ||
+        (rc = rt__gen_chat_cannot_fit(app, msgs, &prefill, n_min, err)) ||
         (rc = rt__gen_render_chat(app, msgs, kwargs, add_gen, &prefill, &text, &len, think_open,
                                   err)))
         goto done;
@@ -99,13 +100,10 @@ static int chat_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int
         *think_off = rt__gen_thinking_off(app, kwargs);
     if (prefill.p)
         *reasoning = 0; /* as llama-server: a continued reply is not parsed */
-    bl_err_t terr;
-    rc = rt_tokenize(app->tok, text, len, RT_TOKENIZE_ADD_SPECIAL | RT_TOKENIZE_PARSE_SPECIAL,
-                     toks, &terr);
-    if (rc)
-        bl_err_set(err, rc, "tokenizing the prompt: %s", terr.msg);
+    rc = rt__gen_tokenize_prompt(app, text, len, RT_TOKENIZE_ADD_SPECIAL | RT_TOKENIZE_PARSE_SPECIAL,
+                                 toks, n_min, err);
 done:
-    if (rc && rc != BL_ENOMEM)
+    if (rc && rc != BL_ENOMEM && rc != BL_ERANGE)
         rc = BL_EINVAL; /* every template failure is the request's */
     free(text);
     rt__gen_buf_free(&prefill);
@@ -226,33 +224,28 @@ static void chat_done(rt_gen_req_t *g, const rt_event_t *ev)
 
 static const rt_gen_ops_t chat_ops = {chat_start, chat_token, chat_done};
 
-void rt__api_chat(rt_req_t *r)
+static void chat_work(rt_gen_req_t *g, rt_app_t *app)
 {
-    rt_gen_limits_t lim;
-    rt_gen_req_t *g = rt__gen_begin(r, RT_GEN_API_OAI_CHAT, &chat_ops, "chatcmpl-", &lim);
-    if (!g)
-        return;
-    rt_app_t *app = rt_req_app(r);
-    const json_t *body = rt_req_json(r);
-    bl_err_t err = {0};
-    rt_tokens_t toks = {0};
-    int reasoning = 0, tools = 0;
-    const char *force = NULL;
-    int think_off = 0;
-    int rc = rt__gen_parse_params(body, RT_GEN_API_OAI_CHAT, &lim, &g->params, &err);
-    if (!rc)
-        rc = chat_prompt(app, body, &toks, &reasoning, &tools, &force, &g->think_open, &think_off,
-                         &err);
-    int think = g->think_open ? 2 : think_off ? 0 : 1;
-    if (!rc && force) /* tool_choice required or named: the grammar writes the call */
-        rc = rt__gen_force_tools(&g->params, json_object_get(body, "tools"), *force ? force : NULL,
-                                 g->params.one_call, think, &err);
+    rt_gen_prep_t *p = &g->prep;
+    p->rc = chat_prompt(app, rt_req_json(g->r), &p->toks, &p->reasoning, &p->tools, &p->force,
+                        &g->think_open, &p->think_off, &p->n_min, &p->err);
+}
+
+static void chat_next(rt_gen_req_t *g)
+{
+    rt_gen_prep_t *p = &g->prep;
+    int rc = p->rc;
+    int think = g->think_open ? 2 : p->think_off ? 0 : 1;
+    if (!rc && p->force) /* tool_choice required or named: the grammar writes the call */
+        rc = p->rc = rt__gen_force_tools(&g->params, json_object_get(rt_req_json(g->r), "tools"),
+                                         *p->force ? p->force : NULL, g->params.one_call, think,
+                                         &p->err);
     else if (!rc && g->params.grammar && think) {
         /* a schema's JSON comes after the model's thought, which it may still write */
         char *wrapped = NULL;
         bl_err_t e2 = {0};
-        if ((rc = rt__gen_grammar_wrap(g->params.grammar, think, "%W %R", &wrapped, &e2))) {
-            bl_err_set(&err, rc, "'%s': %s",
+        if ((rc = p->rc = rt__gen_grammar_wrap(g->params.grammar, think, "%W %R", &wrapped, &e2))) {
+            bl_err_set(&p->err, rc, "'%s': %s",
                        g->params.grammar_from ? g->params.grammar_from : "response_format", e2.msg);
         } else {
             free(g->params.grammar);
@@ -262,38 +255,64 @@ void rt__api_chat(rt_req_t *r)
         }
     }
     if (rc) {
-        rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
-        rt_tokens_free(&toks);
+        rt__gen_send_prep_error(g);
         rt__gen_req_free(g);
         return;
     }
-    g->params.reasoning = reasoning;
-    g->params.tools = tools;
-    rt__gen_submit(g, toks.ids, toks.n);
-    rt_tokens_free(&toks);
+    g->params.reasoning = p->reasoning;
+    g->params.tools = p->tools;
+    rt__gen_submit(g, p->toks.ids, p->toks.n);
+}
+
+void rt__api_chat(rt_req_t *r)
+{
+    rt_gen_limits_t lim;
+    rt_gen_req_t *g = rt__gen_begin(r, RT_GEN_API_OAI_CHAT, &chat_ops, "chatcmpl-", &lim);
+    if (!g)
+        return;
+    bl_err_t err = {0};
+    int rc = rt__gen_parse_params(rt_req_json(r), RT_GEN_API_OAI_CHAT, &lim, &g->params, &err);
+    if (rc) {
+        rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
+        rt__gen_req_free(g);
+        return;
+    }
+    rt__gen_prepare(g, chat_work, chat_next);
 }
 
 /* POST /v1/chat/completions/input_tokens: how many tokens the chat request's prompt
  * takes, in llama-server's shape. */
-void rt__api_chat_input_tokens(rt_req_t *r)
+static void input_tokens_work(rt_gen_req_t *g, rt_app_t *app)
 {
-    rt_app_t *app = rt_req_app(r);
-    const json_t *body = rt_req_json(r);
-    bl_err_t err = {0};
-    rt_tokens_t toks = {0};
-    int reasoning, tools, think_open;
-    int rc = chat_prompt(app, body, &toks, &reasoning, &tools, NULL, &think_open, NULL, &err);
-    if (rc) {
-        rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
+    rt_gen_prep_t *p = &g->prep;
+    int think_open;
+    p->rc = chat_prompt(app, rt_req_json(g->r), &p->toks, &p->reasoning, &p->tools, NULL,
+                        &think_open, NULL, NULL, &p->err);
+}
+
+static void input_tokens_next(rt_gen_req_t *g)
+{
+    if (g->prep.rc) {
+        rt__gen_send_prep_error(g);
     } else {
         json_t *j = json_pack("{s:s, s:I}", "object", "response.input_tokens", "input_tokens",
-                              (json_int_t)toks.n);
+                              (json_int_t)g->prep.toks.n);
         if (j)
-            rt_req_send_json(r, 200, j);
+            rt_req_send_json(g->r, 200, j);
         else
-            rt_req_send_error(r, 500, NULL, "out of memory");
+            rt_req_send_error(g->r, 500, NULL, "out of memory");
     }
-    rt_tokens_free(&toks);
+    rt__gen_req_free(g);
+}
+
+void rt__api_chat_input_tokens(rt_req_t *r)
+{
+    rt_gen_req_t *g = rt__gen_req_new(r, rt_req_app(r), RT_GEN_API_OAI_CHAT, NULL, "");
+    if (!g) {
+        rt_req_send_error(r, 500, NULL, "out of memory");
+        return;
+    }
+    rt__gen_prepare(g, input_tokens_work, input_tokens_next);
 }
 
 /* ---------------------------------------------------------------------------- */
@@ -365,31 +384,44 @@ static void cmpl_done(rt_gen_req_t *g, const rt_event_t *ev)
 
 static const rt_gen_ops_t cmpl_ops = {NULL, cmpl_token, cmpl_done};
 
+static void cmpl_work(rt_gen_req_t *g, rt_app_t *app)
+{
+    rt_gen_prep_t *p = &g->prep;
+    const json_t *body = rt_req_json(g->r);
+    /* A non-empty suffix asks for the text between prompt and suffix: FIM. */
+    const json_t *sfx = json_object_get(body, "suffix");
+    if (json_is_string(sfx) && json_string_length(sfx) > 0) {
+        p->rc = rt__gen_fim_tokens(app, body, RT_GEN_API_OAI_CMPL, g->params.task.n_predict,
+                                   &p->toks, &p->err);
+        if (p->rc == BL_ENOTSUP) /* a field this model cannot honour */
+            p->rc = BL_EINVAL;
+    } else {
+        rt__gen_prep_prompt(p, app, json_object_get(body, "prompt"));
+    }
+}
+
+static void cmpl_next(rt_gen_req_t *g)
+{
+    if (g->prep.rc) {
+        rt__gen_send_prep_error(g);
+        rt__gen_req_free(g);
+        return;
+    }
+    rt__gen_submit(g, g->prep.toks.ids, g->prep.toks.n);
+}
+
 void rt__api_oai_completions(rt_req_t *r)
 {
     rt_gen_limits_t lim;
     rt_gen_req_t *g = rt__gen_begin(r, RT_GEN_API_OAI_CMPL, &cmpl_ops, "cmpl-", &lim);
     if (!g)
         return;
-    rt_app_t *app = rt_req_app(r);
-    const json_t *body = rt_req_json(r);
     bl_err_t err = {0};
-    rt_tokens_t toks = {0};
-    int rc = rt__gen_parse_params(body, RT_GEN_API_OAI_CMPL, &lim, &g->params, &err);
-    /* A non-empty suffix asks for the text between prompt and suffix: FIM. */
-    const json_t *sfx = json_object_get(body, "suffix");
-    if (!rc && json_is_string(sfx) && json_string_length(sfx) > 0)
-        rc = rt__gen_fim_tokens(app, body, RT_GEN_API_OAI_CMPL, g->params.task.n_predict, &toks,
-                                &err);
-    else if (!rc)
-        rc = rt__gen_prompt_tokens(json_object_get(body, "prompt"), app->tok, app->n_vocab, &toks,
-                                   &err);
+    int rc = rt__gen_parse_params(rt_req_json(r), RT_GEN_API_OAI_CMPL, &lim, &g->params, &err);
     if (rc) {
         rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
-        rt_tokens_free(&toks);
         rt__gen_req_free(g);
         return;
     }
-    rt__gen_submit(g, toks.ids, toks.n);
-    rt_tokens_free(&toks);
+    rt__gen_prepare(g, cmpl_work, cmpl_next);
 }

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1124,6 +1125,15 @@ static char *default_alias(const char *path)
 
 int main(int argc, char **argv)
 {
+#ifdef __GLIBC__
+    /* Request bodies and prompts of megabytes come and go on several threads (the
+     * loop, the body parse pool, the preparers). With glibc's sliding threshold a
+     * freed big block raises it, later big blocks come from the heaps, and each
+     * thread's heap keeps what it once held. A fixed threshold maps every block of
+     * 1 MiB or more by itself and unmaps it on free, so the router's memory returns
+     * after each large request. */
+    (void)mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
     opts_t o = {0};
     o.host = "127.0.0.1";
     o.port = 8080;
@@ -1184,6 +1194,7 @@ int main(int argc, char **argv)
     rt_template_t *tpl = NULL;
     rt_cluster_t *cluster = NULL;
     rt_engine_t *engine = NULL;
+    rt_prep_t *prep = NULL, *prep_inspect = NULL;
     char runtime_dir[PATH_MAX] = "";
     int exit_code = 1;
     serve_t *s = calloc(1, sizeof *s);
@@ -1458,6 +1469,17 @@ int main(int argc, char **argv)
     if (rt_engine_create(&engine, &eo, cluster, tok, &s->loop, &err) != 0)
         goto fail;
     app->engine = engine;
+    /* prompts are templated and tokenized off the loop, with a tokenizer of their own */
+    rt_tokenizer_t *prep_tok = NULL;
+    if (rt_tokenizer_from_gguf(&prep_tok, g, &err) != 0 ||
+        rt_prep_create(&prep, &s->loop, prep_tok, &err) != 0)
+        goto fail;
+    app->prep = prep;
+    prep_tok = NULL;
+    if (rt_tokenizer_from_gguf(&prep_tok, g, &err) != 0 ||
+        rt_prep_create(&prep_inspect, &s->loop, prep_tok, &err) != 0)
+        goto fail;
+    app->prep_inspect = prep_inspect;
 
     rt_api_info_register(s->http);
     rt_api_gen_register(s->http);
@@ -1476,7 +1498,12 @@ int main(int argc, char **argv)
     uv_run(&s->loop, UV_RUN_DEFAULT);
     exit_code = s->exit_code;
 
-    /* teardown, in the reverse order of start-up */
+    /* teardown, in the reverse order of start-up (a prompt still being prepared is
+     * answered 503 while its connection is open) */
+    rt_prep_destroy(prep_inspect);
+    rt_prep_destroy(prep);
+    prep = prep_inspect = NULL;
+    app->prep = app->prep_inspect = NULL;
     rt_http_destroy(s->http);
     s->http = NULL;
     rt_engine_destroy(engine);
@@ -1494,6 +1521,9 @@ fail:
         fprintf(stderr, "%s: %s\n", PROG, err.msg);
     exit_code = 1;
 out:
+    rt_prep_destroy(prep_inspect);
+    rt_prep_destroy(prep);
+    s->app.prep = s->app.prep_inspect = NULL;
     if (s->http)
         rt_http_destroy(s->http);
     if (engine) {

@@ -355,6 +355,10 @@ static int build_pieces(rt_tokenizer_t *tok, bl_err_t *err)
         w += (uint32_t)decode_piece(tok, id, tok->piece + w);
     }
     tok->piece_off[tok->n_vocab] = w;
+    tok->max_text = 1;
+    for (uint32_t id = 0; id < tok->n_vocab; id++)
+        if (tok->text_off[id + 1] - tok->text_off[id] > tok->max_text)
+            tok->max_text = tok->text_off[id + 1] - tok->text_off[id];
     return 0;
 }
 
@@ -683,6 +687,15 @@ void rt_tokenizer_destroy(rt_tokenizer_t *tok)
 /* --- accessors ------------------------------------------------------------------- */
 
 uint32_t rt_tokenizer_n_vocab(const rt_tokenizer_t *tok) { return tok->n_vocab; }
+
+size_t rt_tokenizer_min_tokens(const rt_tokenizer_t *tok, size_t text_bytes)
+{
+    /* each token stands for at most max_text bytes of the normalised text, and NFC
+     * shrinks text to no less than a third (three jamo, nine bytes, compose into one
+     * syllable of three) */
+    size_t per = (size_t)tok->max_text * (tok->nfc ? 3 : 1);
+    return text_bytes / per;
+}
 int32_t rt_tokenizer_bos(const rt_tokenizer_t *tok) { return tok->bos; }
 int32_t rt_tokenizer_eos(const rt_tokenizer_t *tok) { return tok->eos; }
 int32_t rt_tokenizer_eot(const rt_tokenizer_t *tok) { return tok->eot; }

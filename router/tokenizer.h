@@ -87,6 +87,10 @@ void rt_tokenizer_destroy(rt_tokenizer_t *tok);
 /* --- vocabulary -------------------------------------------------------------- */
 
 uint32_t rt_tokenizer_n_vocab(const rt_tokenizer_t *tok);
+/* A lower bound on the tokens that text_bytes bytes of text become (special tokens
+ * and normalisation included, BOS/EOS not): what refuses a prompt that cannot fit a
+ * context without tokenizing it. */
+size_t rt_tokenizer_min_tokens(const rt_tokenizer_t *tok, size_t text_bytes);
 int32_t rt_tokenizer_bos(const rt_tokenizer_t *tok); /* -1 when the vocabulary has none */
 int32_t rt_tokenizer_eos(const rt_tokenizer_t *tok);
 int32_t rt_tokenizer_eot(const rt_tokenizer_t *tok);

@@ -94,6 +94,7 @@ struct rt_tokenizer {
     uint8_t *eog;         /* (n_vocab) 1: ends generation */
     char *piece;          /* decoded pieces, as text/text_off */
     uint32_t *piece_off;  /* (n_vocab + 1) */
+    uint32_t max_text;    /* the longest token text in bytes (>= every piece) */
 
     uint32_t *tmap;       /* text -> id + 1, open addressing, 0 empty */
     uint32_t tmap_mask;

@@ -5,6 +5,7 @@ import re
 import select
 import socket
 import subprocess
+import time
 
 import pytest
 import requests
@@ -280,3 +281,52 @@ def test_refused_fields(url, path, body, field):
 def test_unknown_route(url):
     assert_error(post(url, "/v2/chat/completions", {"messages": MSGS}), 404)
     assert_error(get(url, "/healthz"), 404)
+
+
+def test_a_huge_body_stalls_no_other_client(server):
+    """Tokenizing megabytes happens off the HTTP loop: /health and another client's
+    request are answered while a large /tokenize is still being worked on."""
+    import socket
+    import threading
+    body = json.dumps({"content": "a" * (8 << 20)}).encode()
+    host, port = server.url.split("//")[1].split(":")
+    done = {}
+
+    def big():
+        s = socket.create_connection((host, int(port)))
+        s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        done["sent"] = time.monotonic()
+        data = b""
+        while True:
+            chunk = s.recv(1 << 20)
+            if not chunk:
+                break
+            data += chunk
+        s.close()
+        done["big"] = time.monotonic()
+        done["status"] = data.split(b" ", 2)[1]
+
+    t = threading.Thread(target=big)
+    t.start()
+    while "sent" not in done and t.is_alive():
+        time.sleep(0.01)
+    r = requests.get(server.url + "/health", timeout=60)
+    t_health = time.monotonic()
+    r2 = requests.post(server.url + "/tokenize", json={"content": "hello"}, timeout=60)
+    t_small = time.monotonic()
+    t.join(120)
+    assert r.status_code == 200 and r2.status_code == 200, (r.text, r2.text)
+    assert done.get("status") == b"200", done
+    assert t_health < done["big"] and t_small < done["big"], \
+        "answered only after the large request: %r" % ((t_health, t_small, done),)
+
+
+def test_a_prompt_too_long_for_the_context_is_refused_by_its_length(url):
+    body = {"messages": [{"role": "user", "content": "a" * (16 << 20)}], "max_tokens": 2}
+    r = requests.post(url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 400, r.text
+    e = r.json()["error"]
+    assert e["type"] == "exceed_context_size_error" and "at least" in e["message"], e
+    r = requests.post(url + "/completion", json={"prompt": "b" * (16 << 20)}, timeout=120)
+    assert r.status_code == 400 and "at least" in r.json()["error"]["message"], r.text
