@@ -128,6 +128,12 @@ static void route_echo(rt_req_t *r)
     rt_req_send_json(r, 200, json_incref(rt_req_json(r)));
 }
 
+static void route_len(rt_req_t *r)
+{
+    json_t *a = json_object_get(rt_req_json(r), "a");
+    rt_req_send_json(r, 200, json_pack("{s:I}", "n", (json_int_t)json_string_length(a)));
+}
+
 static void on_gone(void *ud)
 {
     fixture_t *fx = ud;
@@ -217,6 +223,7 @@ static void fx_setup(fixture_t *fx, size_t max_body, const char *const *keys, si
     assert_int_equal(rt_http_route(fx->http, "POST", "/endless", route_endless, 0), 0);
     assert_int_equal(rt_http_route(fx->http, "POST", "/deferred", route_deferred, 0), 0);
     assert_int_equal(rt_http_route(fx->http, "POST", "/late", route_late, 0), 0);
+    assert_int_equal(rt_http_route(fx->http, "POST", "/len", route_len, 0), 0);
     assert_int_equal(rt_http_route(fx->http, "POST", "/echo", route_echo, 0), BL_EINVAL);
 }
 
@@ -389,6 +396,45 @@ static void test_http_valid_json_edges_are_accepted_or_named(void **state)
     fx_teardown(&fx);
 }
 
+/* A body past BODY_OFF_LOOP_BYTES is parsed on the thread pool: the route sees the
+ * same JSON, a bad one gets the same 400, and a client that leaves meanwhile costs
+ * nothing (the sanitizers watch the copy and the request). */
+static void test_http_large_bodies_parse_off_the_loop(void **state)
+{
+    (void)state;
+    fixture_t fx;
+    fx_setup(&fx, 0, NULL, 0);
+    size_t n = BODY_OFF_LOOP_BYTES + 1000;
+    char *body = malloc(n + 64), *req = malloc(n + 512);
+    snprintf(body, 16, "{\"a\":\"");
+    memset(body + 6, 'x', n);
+    snprintf(body + 6 + n, 8, "\"}");
+    snprintf(req, n + 512, "POST /len HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s",
+             strlen(body), body);
+    run_client(&fx, req, 0, 0);
+    assert_non_null(strstr(fx.client.response, "HTTP/1.1 200"));
+    char want[64];
+    snprintf(want, sizeof want, "{\"n\":%zu}", n);
+    assert_string_equal(body_of(&fx.client), want);
+    /* broken at its end */
+    body[6 + n] = '\0';
+    snprintf(req, n + 512, "POST /len HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s",
+             strlen(body), body);
+    run_client(&fx, req, 0, 0);
+    assert_non_null(strstr(fx.client.response, "HTTP/1.1 400"));
+    assert_non_null(strstr(body_of(&fx.client), "invalid JSON"));
+    /* the client closes as soon as it has sent it */
+    body[6 + n] = '"';
+    snprintf(req, n + 512, "POST /len HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s",
+             strlen(body), body);
+    run_client(&fx, req, SIZE_MAX, 300);
+    run_client(&fx, post("/echo", "", "{}"), 0, 0);
+    assert_string_equal(body_of(&fx.client), "{}");
+    free(body);
+    free(req);
+    fx_teardown(&fx);
+}
+
 static void test_http_body_over_limit_is_413_json(void **state)
 {
     (void)state;
@@ -471,6 +517,7 @@ int main(void)
         cmocka_unit_test(test_http_head_is_get_without_a_body),
         cmocka_unit_test(test_http_conflicting_content_lengths_are_400),
         cmocka_unit_test(test_http_valid_json_edges_are_accepted_or_named),
+        cmocka_unit_test(test_http_large_bodies_parse_off_the_loop),
         cmocka_unit_test(test_http_body_over_limit_is_413_json),
         cmocka_unit_test(test_http_stream_delivers_every_piece_then_ends),
         cmocka_unit_test(test_http_client_leaving_a_stream_calls_gone_once),
