@@ -1492,24 +1492,6 @@ const char *rt__gen_stop_type_name(rt_stop_type_t s)
 /* ---------------------------------------------------------------------------- */
 
 /* Anthropic's error type for a status. */
-static const char *anthropic_error_type(int status)
-{
-    switch (status) {
-    case 400:
-    case 413:
-        return "invalid_request_error";
-    case 401:
-        return "authentication_error";
-    case 403:
-        return "permission_error";
-    case 404:
-        return "not_found_error";
-    case 503:
-        return "overloaded_error";
-    default:
-        return "api_error";
-    }
-}
 
 static void send_error_v(rt_req_t *r, rt_gen_api_t api, int status, const char *type,
                          const char *fmt, va_list ap)
@@ -1517,8 +1499,7 @@ static void send_error_v(rt_req_t *r, rt_gen_api_t api, int status, const char *
     char msg[1024];
     vsnprintf(msg, sizeof msg, fmt, ap);
     if (api == RT_GEN_API_ANTHROPIC) {
-        json_t *j = json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
-                              anthropic_error_type(status), "message", msg);
+        json_t *j = rt_http_error_json(status, type, msg, 1);
         if (j) {
             rt_req_send_json(r, status, j);
             return;
@@ -1751,9 +1732,7 @@ void rt__gen_fail(rt_gen_req_t *g, int status, const char *message)
         return;
     }
     if (g->api == RT_GEN_API_ANTHROPIC) {
-        rt__gen_write_sse(g, "error",
-                          json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
-                                    anthropic_error_type(status), "message", message));
+        rt__gen_write_sse(g, "error", rt_http_error_json(status, NULL, message, 1));
     } else {
         const char *type = status == 400 ? "invalid_request_error"
                            : status == 503 ? "unavailable_error"
@@ -2440,7 +2419,8 @@ void rt_api_gen_register(rt_http_t *h)
         {"/v1/reranking", route_rerank},
     };
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
-        if (rt_http_route(h, "POST", routes[i].path, routes[i].fn, 0))
+        if (rt_http_route(h, "POST", routes[i].path, routes[i].fn,
+                          strncmp(routes[i].path, "/v1/messages", 12) ? 0 : RT_ROUTE_ANTHROPIC))
             BL_LOG(BL_LOG_ERROR, "event=route_failed path=%s reason=out_of_memory",
                    routes[i].path);
 }

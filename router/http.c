@@ -103,6 +103,7 @@ struct rt_req {
     unsigned final_sent : 1;
     unsigned overflow : 1;   /* backlog past STREAM_BACKLOG_MAX */
     unsigned kill : 1;       /* client found gone by the watch: finish it ourselves */
+    unsigned anthropic : 1;  /* a RT_ROUTE_ANTHROPIC path: errors in Anthropic's shape */
     char *pend;          /* bytes written, not yet handed to h2o */
     size_t pend_len, pend_cap;
     char *fly;           /* bytes handed to h2o, valid until proceed */
@@ -148,18 +149,36 @@ static const char *error_type_of(int status)
 }
 
 /* {"error":{"code":status,"message":msg,"type":type}} as compact text; NULL on OOM. */
-static char *error_body(int status, const char *type, const char *msg, size_t *len)
+/* The Anthropic error type of an HTTP status (Anthropic's documented set). */
+static const char *anthropic_error_type(int status)
 {
-    json_t *j = json_pack("{s:{s:i,s:s,s:s}}", "error", "code", status, "message", msg ? msg : "",
-                          "type", type ? type : error_type_of(status));
-    if (!j) {
-        /* msg may be invalid UTF-8 (jansson refuses it): say so rather than fail */
-        j = json_pack("{s:{s:i,s:s,s:s}}", "error", "code", status, "message",
-                      "(error message was not valid UTF-8)", "type",
-                      type ? type : error_type_of(status));
-        if (!j)
-            return NULL;
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503: return "overloaded_error";
+    default: return status >= 500 ? "api_error" : "invalid_request_error";
     }
+}
+
+json_t *rt_http_error_json(int status, const char *type, const char *msg, int anthropic)
+{
+    if (anthropic)
+        return json_pack("{s:s,s:{s:s,s:s}}", "type", "error", "error", "type",
+                         anthropic_error_type(status), "message", msg);
+    return json_pack("{s:{s:i,s:s,s:s}}", "error", "code", status, "message", msg, "type",
+                     type ? type : error_type_of(status));
+}
+
+static char *error_body(int status, const char *type, const char *msg, size_t *len, int anthropic)
+{
+    json_t *j = rt_http_error_json(status, type, msg ? msg : "", anthropic);
+    /* msg may be invalid UTF-8 (jansson refuses it): say so rather than fail */
+    if (!j && !(j = rt_http_error_json(status, type, "(error message was not valid UTF-8)",
+                                       anthropic)))
+        return NULL;
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     if (s && len)
@@ -493,7 +512,7 @@ void rt_req_send_error(rt_req_t *r, int status, const char *type, const char *fm
         snprintf(stackbuf, sizeof stackbuf, "error");
     }
     size_t len = 0;
-    char *body = error_body(status, type, msg, &len);
+    char *body = error_body(status, type, msg, &len, r->anthropic);
     if (msg != stackbuf)
         free(msg);
     if (!body) {
@@ -1013,6 +1032,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
         if (!route_matches(&h->routes[i], r->path))
             continue;
         path_known = 1;
+        if (h->routes[i].flags & RT_ROUTE_ANTHROPIC)
+            r->anthropic = 1;
         if (m.len == strlen(h->routes[i].method) && memcmp(m.base, h->routes[i].method, m.len) == 0) {
             rt = &h->routes[i];
             break;
@@ -1102,7 +1123,7 @@ static void json_error_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t *
         else
             snprintf(msg, sizeof msg, "%s", req->res.reason ? req->res.reason : "bad request");
         size_t len = 0;
-        char *s = error_body(status, NULL, msg, &len);
+        char *s = error_body(status, NULL, msg, &len, 0);
         if (s) {
             json_error_ostream_t *o =
                 (json_error_ostream_t *)h2o_add_ostream(req, sizeof *o, slot);

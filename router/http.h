@@ -48,7 +48,15 @@ enum {
     RT_ROUTE_PREFIX = 1u << 2,   /* path ends with '/' and takes every longer path that
                                   * starts with it ("/slots/" takes "/slots/0") */
     RT_ROUTE_NO_BODY = 1u << 3,  /* a POST whose body is not read (rt_req_json: NULL) */
+    RT_ROUTE_ANTHROPIC = 1u << 4, /* errors in Anthropic's shape, {"type":"error","error":
+                                   * {"type","message"}}: rt_req_send_error's and those
+                                   * answered before the handler (401, 405, the body's) */
 };
+
+/* An error object: llama-server's {"error":{"code","message","type"}} (type NULL: the
+ * status's), or Anthropic's {"type":"error","error":{"type","message"}}. A new
+ * reference; NULL when msg is not UTF-8 or memory is out. */
+json_t *rt_http_error_json(int status, const char *type, const char *msg, int anthropic);
 
 /* Adds a route: method "GET" or "POST", an exact path. A known path with another
  * method gets 405; an unknown path 404. For POST the body must be JSON (400
@@ -69,7 +77,8 @@ void rt_req_send_json(rt_req_t *r, int status, json_t *j);
 void rt_req_send_text(rt_req_t *r, int status, const char *content_type, const char *body,
                       size_t len);
 
-/* llama-server's error JSON: {"error":{"code":status,"message":...,"type":type}}.
+/* llama-server's error JSON: {"error":{"code":status,"message":...,"type":type}}
+ * (Anthropic's on a RT_ROUTE_ANTHROPIC path, with the type of the status).
  * type NULL picks it from the status: 400 invalid_request_error, 401
  * authentication_error, 404 not_found_error, 413 invalid_request_error, 500
  * server_error, 501 not_supported_error, 503 unavailable_error. */

@@ -161,3 +161,28 @@ def test_messages_tools_and_tool_history(url):
                          "temperature": 0})
     assert r.status_code == 200, r.text
     assert r.json()["stop_reason"] in ("end_turn", "max_tokens", "tool_use")
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+def test_errors_before_the_route_have_anthropics_shape(url, path):
+    import requests
+    for r, status in ((requests.post(url + path, data=b"{", timeout=30), 400),
+                      (requests.post(url + path, data=b"[1]", timeout=30), 400),
+                      (requests.post(url + path, data=b"", timeout=30), 400),
+                      (requests.get(url + path, timeout=30), 405)):
+        assert r.status_code == status, r.text
+        j = r.json()
+        assert j["type"] == "error" and j["error"]["type"] == "invalid_request_error", j
+        assert j["error"]["message"], j
+    # the other routes keep llama-server's shape
+    r = requests.post(url + "/v1/chat/completions", data=b"{", timeout=30)
+    assert r.json()["error"]["code"] == 400, r.text
+
+
+def test_auth_error_on_messages_has_anthropics_shape(servers):
+    import requests
+    srv = servers.start(["-np", "1", "-c", "512", "-t", "1", "--api-key", "k"])
+    r = requests.post(srv.url + "/v1/messages", json={"max_tokens": 1, "messages": []}, timeout=30)
+    assert r.status_code == 401, r.text
+    assert r.json() == {"type": "error", "error": {"type": "authentication_error",
+                                                   "message": "Invalid API Key"}}, r.text

@@ -83,6 +83,15 @@ int rt_http_route(rt_http_t *h, const char *method, const char *path, rt_route_f
     return 0;
 }
 
+/* http.c is not linked here: a stand-in with the Anthropic types these tests meet */
+json_t *rt_http_error_json(int status, const char *type, const char *msg, int anthropic)
+{
+    assert_true(anthropic);
+    (void)type;
+    return json_pack("{s:s,s:{s:s,s:s}}", "type", "error", "error", "type",
+                     status == 400 ? "invalid_request_error" : "api_error", "message", msg);
+}
+
 void *rt_req_app(const rt_req_t *r) { return r->app; }
 json_t *rt_req_json(const rt_req_t *r) { return r->body; }
 
