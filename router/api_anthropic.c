@@ -558,14 +558,34 @@ static void messages_work(rt_gen_req_t *g, rt_app_t *app)
     }
 }
 
+/* thinking.budget_tokens: 0 when absent, else a positive integer. */
+static int thinking_budget(const json_t *body, int64_t *budget, bl_err_t *err)
+{
+    *budget = 0;
+    json_t *v = json_object_get(json_object_get(body, "thinking"), "budget_tokens");
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < 1)
+        return bl_err_set(err, BL_EINVAL, "'thinking.budget_tokens' must be a positive integer");
+    *budget = json_integer_value(v);
+    return 0;
+}
+
 static void messages_next(rt_gen_req_t *g)
 {
     rt_gen_prep_t *p = &g->prep;
+    int64_t budget = 0;
+    if (!p->rc)
+        p->rc = thinking_budget(rt_req_json(g->r), &budget, &p->err);
     if (p->rc) {
         rt__gen_send_prep_error(g);
         rt__gen_req_free(g);
         return;
     }
+    /* the thought ends by its budget (thinking.budget_tokens), and a constrained
+     * reply (forced tool use) always gets room after it */
+    if (!p->think_off && (budget > 0 || g->params.task.sampling.grammar))
+        rt__gen_bound_thought(g, p->toks.n, budget);
     g->params.reasoning = !p->prefilled && g->app->reasoning;
     g->params.tools = p->tools;
     g->params.one_call = p->one_call;

@@ -1589,6 +1589,18 @@ int rt__gen_chat_cannot_fit(const rt_app_t *app, const json_t *msgs, const rt_ge
                       "a slot's context holds %lld", len, least, (long long)app->n_ctx_slot);
 }
 
+void rt__gen_bound_thought(rt_gen_req_t *g, size_t n_prompt, int64_t budget)
+{
+    int64_t limit = g->params.task.n_predict > 0 ? g->params.task.n_predict
+                                                 : g->app->n_ctx_slot - (int64_t)n_prompt;
+    if (budget <= 0)
+        budget = limit / 2;
+    if (budget < 1)
+        budget = 1;
+    g->params.task.sampling.think_budget = budget > INT32_MAX ? INT32_MAX : (int32_t)budget;
+    g->params.task.sampling.think_open = g->think_open;
+}
+
 void rt__gen_send_prep_error(rt_gen_req_t *g)
 {
     const rt_gen_prep_t *p = &g->prep;

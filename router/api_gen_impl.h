@@ -335,6 +335,11 @@ int rt__gen_chat_cannot_fit(const rt_app_t *app, const json_t *msgs, const rt_ge
 /* The preparer's side of a "prompt" field: its tokens into p, or p->rc (BL_ERANGE
  * when its length alone shows that it cannot fit a slot). */
 void rt__gen_prep_prompt(rt_gen_prep_t *p, const rt_app_t *app, const json_t *prompt);
+/* Bounds the thought a reply may open with (g->think_open: the prompt opened it):
+ * budget tokens, or with budget 0 half of what the request may generate (its token
+ * limit, or what the slot's context leaves after n_prompt), so that a constrained
+ * reply always gets room after its thought. */
+void rt__gen_bound_thought(rt_gen_req_t *g, size_t n_prompt, int64_t budget);
 /* Answers g->prep's error in g's API shape (400 naming the problem, 400
  * exceed_context_size_error, 501 unsupported, 500 out of memory). */
 void rt__gen_send_prep_error(rt_gen_req_t *g);

@@ -259,6 +259,8 @@ static void chat_next(rt_gen_req_t *g)
         rt__gen_req_free(g);
         return;
     }
+    if (think && g->params.task.sampling.grammar) /* the constraint gets room after it */
+        rt__gen_bound_thought(g, p->toks.n, 0);
     g->params.reasoning = p->reasoning;
     g->params.tools = p->tools;
     rt__gen_submit(g, p->toks.ids, p->toks.n);

@@ -41,10 +41,21 @@ struct rt_sampler {
     rt_grammar_vocab_t *own_vocab;
     unsigned char *allowed; /* (n_vocab) */
 
+    /* the thought budget (params.think_budget): where the generated text stands */
+    int think;             /* THINK_MAYBE, THINK_IN, THINK_OUT */
+    int32_t think_used;    /* tokens of the thought so far */
+    char think_tail[8];    /* the last bytes generated: a tag being written */
+    size_t think_tail_n;
+    const char *close_need; /* while forcing: the rest of the end tag, close_n bytes */
+    size_t close_n;
+
     cand_t *cand;          /* (n_vocab) candidate list of the current call */
     size_t n_cand;
     int cand_sorted;       /* cand is in descending logit order */
 };
+
+enum { THINK_MAYBE, THINK_IN, THINK_OUT };
+static const char THINK_OPEN_TAG[] = "<think>", THINK_CLOSE_TAG[] = "</think>";
 
 // --- random numbers ------------------------------------------------------------------
 
@@ -172,6 +183,9 @@ int rt_sampler_params_check(const rt_sampler_params_t *p, int32_t n_vocab, bl_er
             return bl_err_set(err, BL_EINVAL, "sampler: %s is not a finite number", finite[i].name);
     if (p->top_p < 0 || p->top_p > 1)
         return bl_err_set(err, BL_EINVAL, "sampler: top_p %g is outside [0, 1]", p->top_p);
+    if (p->think_budget < 0)
+        return bl_err_set(err, BL_EINVAL, "sampler: thought budget %d is negative",
+                          (int)p->think_budget);
     if (p->min_p < 0 || p->min_p > 1)
         return bl_err_set(err, BL_EINVAL, "sampler: min_p %g is outside [0, 1]", p->min_p);
     if (p->typical_p < 0 || p->typical_p > 1)
@@ -257,6 +271,8 @@ int rt_sampler_create(rt_sampler_t **out, const rt_sampler_params_t *p, int32_t 
         return bl_err_set(err, BL_EINVAL, "sampler: the infill sampler needs the vocabulary");
     if (!tok && p->grammar)
         return bl_err_set(err, BL_EINVAL, "sampler: a grammar needs the vocabulary");
+    if (!tok && p->think_budget > 0)
+        return bl_err_set(err, BL_EINVAL, "sampler: a thought budget needs the vocabulary");
 
     rt_sampler_t *s = calloc(1, sizeof *s);
     if (!s)
@@ -286,6 +302,7 @@ int rt_sampler_create(rt_sampler_t **out, const rt_sampler_params_t *p, int32_t 
     }
     s->seed = p->seed == RT_SEED_RANDOM ? random_seed() : p->seed;
     seed_rng(s);
+    s->think = p->think_open ? THINK_IN : THINK_MAYBE;
     *out = s;
     return 0;
 }
@@ -318,9 +335,68 @@ void rt_sampler_accept(rt_sampler_t *s, int32_t token)
         s->ring_head = (s->ring_head + 1) % s->window;
 }
 
+/* Follows the generated text for the thought budget: a thought opens with the text's
+ * first bytes "<think>" (or at the start, with think_open) and ends at "</think>". */
+static void think_feed(rt_sampler_t *s, const char *p, size_t n)
+{
+    for (size_t i = 0; i < n && s->think != THINK_OUT; i++) {
+        if (s->think_tail_n == sizeof s->think_tail) {
+            memmove(s->think_tail, s->think_tail + 1, sizeof s->think_tail - 1);
+            s->think_tail_n--;
+        }
+        s->think_tail[s->think_tail_n++] = p[i];
+        if (s->think == THINK_MAYBE) {
+            /* only a reply that begins with the open tag has a thought */
+            if (memcmp(s->think_tail, THINK_OPEN_TAG, s->think_tail_n) != 0)
+                s->think = THINK_OUT;
+            else if (s->think_tail_n == sizeof THINK_OPEN_TAG - 1) {
+                s->think = THINK_IN;
+                s->think_tail_n = 0;
+            }
+        } else if (s->think_tail_n == sizeof THINK_CLOSE_TAG - 1 &&
+                   !memcmp(s->think_tail, THINK_CLOSE_TAG, sizeof THINK_CLOSE_TAG - 1)) {
+            s->think = THINK_OUT;
+        }
+    }
+}
+
+/* Whether the thought is over its budget; then close_need says what must follow:
+ * the end tag less what the text already ends with of it. */
+static int think_forced(rt_sampler_t *s)
+{
+    if (s->p.think_budget <= 0 || s->think != THINK_IN ||
+        s->think_used < s->p.think_budget)
+        return 0;
+    const size_t tag_n = sizeof THINK_CLOSE_TAG - 1;
+    size_t k = s->think_tail_n < tag_n - 1 ? s->think_tail_n : tag_n - 1;
+    for (; k > 0; k--)
+        if (!memcmp(s->think_tail + s->think_tail_n - k, THINK_CLOSE_TAG, k))
+            break;
+    s->close_need = THINK_CLOSE_TAG + k;
+    s->close_n = tag_n - k;
+    return 1;
+}
+
+/* While forcing: a token may come when its piece goes on with the end tag (and the
+ * grammar decides what comes after the tag's last byte). */
+static int close_allows(const rt_sampler_t *s, int32_t id)
+{
+    if (rt_tokenizer_is_eog(s->tok, id))
+        return 0;
+    rt_str_t piece = rt_tokenizer_piece(s->tok, id);
+    size_t m = piece.len < s->close_n ? piece.len : s->close_n;
+    return piece.len > 0 && memcmp(piece.ptr, s->close_need, m) == 0;
+}
+
 void rt_sampler_accept_generated(rt_sampler_t *s, int32_t token)
 {
     rt_sampler_accept(s, token);
+    if (s->p.think_budget > 0 && s->think != THINK_OUT && !rt_tokenizer_is_eog(s->tok, token)) {
+        int was_in = s->think == THINK_IN;
+        rt_str_t piece = rt_tokenizer_piece(s->tok, token);
+        think_feed(s, piece.ptr, piece.len);
+        s->think_used += was_in || s->think == THINK_IN;
+    }
     if (s->gm && !rt_tokenizer_is_eog(s->tok, token)) {
         rt_str_t piece = rt_tokenizer_piece(s->tok, token);
         /* sample() chose a token the grammar allows; a token from elsewhere that it
@@ -333,6 +409,9 @@ void rt_sampler_accept_generated(rt_sampler_t *s, int32_t token)
 void rt_sampler_reset(rt_sampler_t *s)
 {
     s->ring_head = s->ring_len = 0;
+    s->think = s->p.think_open ? THINK_IN : THINK_MAYBE;
+    s->think_used = 0;
+    s->think_tail_n = 0;
     if (s->gm)
         rt_grammar_match_reset(s->gm);
     seed_rng(s);
@@ -645,8 +724,9 @@ static int grammar_allows(rt_sampler_t *s, int32_t id)
 }
 
 /* The candidate list from logits, biased; with mask, the tokens the grammar does
- * not allow are out (-inf). Returns the number of candidates left finite. */
-static size_t fill(rt_sampler_t *s, const float *logits, int mask)
+ * not allow are out (-inf), and with forcing those that do not go on with the
+ * thought's end tag. Returns the number of candidates left finite. */
+static size_t fill(rt_sampler_t *s, const float *logits, int mask, int forcing)
 {
     const rt_sampler_params_t *p = &s->p;
     for (int32_t i = 0; i < s->n_vocab; i++) {
@@ -657,16 +737,19 @@ static size_t fill(rt_sampler_t *s, const float *logits, int mask)
     s->cand_sorted = 0;
     for (size_t i = 0; i < p->n_logit_bias; i++)
         s->cand[p->logit_bias[i].token].logit += p->logit_bias[i].bias;
-    if (!mask)
+    if (!mask && !forcing)
         return (size_t)s->n_vocab;
     /* one walk over the vocabulary's trie says which pieces can follow; the end
      * tokens can once the grammar is complete */
-    rt_grammar_match_scan(s->gm, s->vocab, s->allowed);
-    int done = rt_grammar_match_done(s->gm);
+    int done = 1;
+    if (mask) {
+        rt_grammar_match_scan(s->gm, s->vocab, s->allowed);
+        done = rt_grammar_match_done(s->gm);
+    }
     size_t live = 0;
     for (int32_t i = 0; i < s->n_vocab; i++) {
-        int ok = rt_tokenizer_is_eog(s->tok, i) ? done : s->allowed[i];
-        if (!ok)
+        int ok = !mask || (rt_tokenizer_is_eog(s->tok, i) ? done : s->allowed[i]);
+        if (!ok || (forcing && !close_allows(s, i)))
             s->cand[i].logit = -INFINITY;
     }
     /* the chain then runs over the allowed tokens only */
@@ -718,11 +801,12 @@ static int32_t run_chain(rt_sampler_t *s)
 
 int32_t rt_sampler_sample(rt_sampler_t *s, const float *logits)
 {
-    fill(s, logits, 0);
+    int forcing = think_forced(s);
+    fill(s, logits, 0, 0);
     int32_t tok = run_chain(s);
-    if (!s->gm || grammar_allows(s, tok))
+    if ((!s->gm || grammar_allows(s, tok)) && (!forcing || close_allows(s, tok)))
         return tok;
-    if (fill(s, logits, 1) == 0) {
+    if (fill(s, logits, s->gm != NULL, forcing) == 0) {
         /* nothing the grammar allows is left (banned or -inf): end the text */
         for (int32_t i = 0; i < s->n_vocab; i++)
             if (rt_tokenizer_is_eog(s->tok, i))

@@ -12,7 +12,9 @@
  * grammar allows after the tokens generated so far; when it is not, the chain runs
  * again over the tokens the grammar allows (llama.cpp's order: the grammar check
  * first on the draw, then on the whole vocabulary). End-of-generation tokens are
- * allowed once the grammar is complete.
+ * allowed once the grammar is complete. With a thought budget a reasoning model's
+ * <think> span is cut at that many tokens: its end tag is forced, token by token, so
+ * that the reply (and a grammar's constraint on it) always gets the rest.
  *
  * A temperature <= 0 keeps only the most likely remaining token (greedy). The draw
  * uses the sampler's own generator, seeded from params.seed: the same seed, logits
@@ -90,6 +92,11 @@ typedef struct rt_sampler_params {
     const struct rt_grammar_vocab *grammar_vocab; /* the vocabulary's trie for grammar
                               * scans (rt_sampler_grammar_vocab), borrowed; NULL: the
                               * sampler builds its own (about 70 ms for 150k tokens) */
+    int32_t think_budget;    /* the most tokens a thought may take, from a leading
+                              * "<think>" (or the start, with think_open) to its
+                              * "</think>"; past them only the end tag's tokens may
+                              * come. 0: no bound */
+    int think_open;          /* the prompt opened the thought: generation starts in it */
 } rt_sampler_params_t;
 
 typedef struct rt_sampler rt_sampler_t;

@@ -186,3 +186,13 @@ def test_auth_error_on_messages_has_anthropics_shape(servers):
     assert r.status_code == 401, r.text
     assert r.json() == {"type": "error", "error": {"type": "authentication_error",
                                                    "message": "Invalid API Key"}}, r.text
+
+
+def test_thinking_budget_tokens(url):
+    base = {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    r = post(url, "/v1/messages", dict(base, thinking={"type": "enabled", "budget_tokens": 4}))
+    assert r.status_code == 200, r.text
+    for bad in (0, -3, "many", 1.5):
+        r = post(url, "/v1/messages", dict(base, thinking={"type": "enabled", "budget_tokens": bad}))
+        assert r.status_code == 400, r.text
+        assert "budget_tokens" in r.json()["error"]["message"], r.text

@@ -433,6 +433,103 @@ static rt_tokenizer_t *toy_vocab(void)
     return tok;
 }
 
+/* A vocabulary for thoughts: the model would think ("hmm") forever. */
+enum { H_OPEN, H_CLOSE, H_LT_SLASH, H_THINK, H_GT, H_HMM, H_OBJ, H_END, H_LT, N_THINK };
+static rt_tokenizer_t *think_vocab(void)
+{
+    static const rt_str_t texts[N_THINK] = {{"<think>", 7}, {"</think>", 8}, {"</", 2},
+                                            {"think", 5},   {">", 1},        {"hmm", 3},
+                                            {"{}", 2},      {"<|im_end|>", 10}, {"<", 1}};
+    static const int32_t types[N_THINK] = {1, 1, 1, 1, 1, 1, 1, RT_TOKEN_CONTROL, 1};
+    rt_tokenizer_desc_t d;
+    rt_tokenizer_desc_init(&d);
+    d.model = "gpt2";
+    d.pre = "qwen2";
+    d.n_vocab = N_THINK;
+    d.tokens = texts;
+    d.types = types;
+    rt_tokenizer_t *tok = NULL;
+    bl_err_t err = {0};
+    if (rt_tokenizer_create(&tok, &d, &err))
+        fail_msg("think vocabulary: %s", err.msg);
+    return tok;
+}
+
+/* Samples until the end token or n steps; the text in out. */
+static void think_run(rt_sampler_t *s, const rt_tokenizer_t *tok, const float *lg, int n,
+                      char *out, size_t cap)
+{
+    out[0] = 0;
+    for (int step = 0; step < n; step++) {
+        int32_t t = rt_sampler_sample(s, lg);
+        rt_sampler_accept_generated(s, t);
+        if (t == H_END)
+            break;
+        rt_str_t piece = rt_tokenizer_piece(tok, t);
+        if (strlen(out) + piece.len < cap)
+            strncat(out, piece.ptr, piece.len);
+    }
+}
+
+static void test_sampler_thought_budget_forces_the_end_tag(void **state)
+{
+    (void)state;
+    rt_tokenizer_t *tok = think_vocab();
+    /* "hmm" is likeliest, then the end tag in pieces; the whole tag is unlikely */
+    const float lg[N_THINK] = {2, -9, 1, 0.5f, 0.5f, 6, 0, -1, 0.2f};
+    static const char gbnf[] = "root ::= \"<think>\" [^<]* \"</think>\" \"{}\"\n";
+    rt_sampler_params_t p = plain();
+    p.temp = 0; /* greedy: the model's own choice wherever it is free */
+    p.grammar = gbnf;
+    p.grammar_len = sizeof gbnf - 1;
+    char text[512];
+    /* without a budget the thought never ends */
+    rt_sampler_t *s = NULL;
+    bl_err_t err = {0};
+    assert_int_equal(rt_sampler_create(&s, &p, N_THINK, 64, tok, &err), 0);
+    think_run(s, tok, lg, 40, text, sizeof text);
+    assert_null(strstr(text, "</think>"));
+    rt_sampler_destroy(s);
+    /* with one: 5 tokens of thought (the open tag among them), the tag, the reply */
+    p.think_budget = 5;
+    assert_int_equal(rt_sampler_create(&s, &p, N_THINK, 64, tok, &err), 0);
+    for (int run = 0; run < 2; run++) {
+        think_run(s, tok, lg, 40, text, sizeof text);
+        assert_string_equal(text, "<think>hmmhmmhmmhmm</think>{}");
+        rt_sampler_reset(s);
+    }
+    rt_sampler_destroy(s);
+    /* no grammar: the tag is forced all the same; then the model goes on */
+    p.grammar = NULL;
+    p.grammar_len = 0;
+    p.think_budget = 3;
+    assert_int_equal(rt_sampler_create(&s, &p, N_THINK, 64, tok, &err), 0);
+    think_run(s, tok, lg, 8, text, sizeof text);
+    assert_string_equal(text, "hmmhmmhmmhmmhmmhmmhmmhmm"); /* no "<think>": no thought */
+    rt_sampler_destroy(s);
+    /* the prompt opened the thought: it counts from the first token */
+    p.think_open = 1;
+    assert_int_equal(rt_sampler_create(&s, &p, N_THINK, 64, tok, &err), 0);
+    think_run(s, tok, lg, 8, text, sizeof text);
+    assert_string_equal(text, "hmmhmmhmm</think>hmmhmm");
+    rt_sampler_destroy(s);
+    /* a tag the model began itself is finished, not begun again */
+    const float lg2[N_THINK] = {2, -9, 1, 0.5f, 0.5f, 6, 0, -1, 0.2f};
+    p.think_open = 1;
+    p.think_budget = 2;
+    assert_int_equal(rt_sampler_create(&s, &p, N_THINK, 64, tok, &err), 0);
+    rt_sampler_accept_generated(s, H_HMM);
+    rt_sampler_accept_generated(s, H_LT_SLASH); /* "</": the budget is spent here */
+    think_run(s, tok, lg2, 3, text, sizeof text);
+    assert_string_equal(text, "think>hmm");
+    rt_sampler_destroy(s);
+    p.think_budget = -1;
+    assert_int_equal(rt_sampler_create(&s, &p, N_THINK, 64, tok, &err), BL_EINVAL);
+    p.think_budget = 4;
+    assert_int_equal(rt_sampler_create(&s, &p, N_THINK, 64, NULL, &err), BL_EINVAL);
+    rt_tokenizer_destroy(tok);
+}
+
 static void test_sampler_infill_stage(void **state)
 {
     (void)state;
@@ -572,6 +669,7 @@ int main(void)
         cmocka_unit_test(test_sampler_chain_of_the_request),
         cmocka_unit_test(test_sampler_infill_stage),
         cmocka_unit_test(test_sampler_grammar_constrains_every_token),
+        cmocka_unit_test(test_sampler_thought_budget_forces_the_end_tag),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
