@@ -594,19 +594,7 @@ static void messages_next(rt_gen_req_t *g)
 
 void rt__api_messages(rt_req_t *r)
 {
-    rt_gen_limits_t lim;
-    rt_gen_req_t *g = rt__gen_begin(r, RT_GEN_API_ANTHROPIC, &msg_ops, "msg_", &lim);
-    if (!g)
-        return;
-    bl_err_t err = {0};
-    int rc = rt__gen_parse_params(rt_req_json(r), RT_GEN_API_ANTHROPIC, &lim, &g->params, &err);
-    if (rc) {
-        rt__gen_send_error(r, RT_GEN_API_ANTHROPIC, rc == BL_ENOMEM ? 500 : 400, NULL, "%s",
-                           err.msg);
-        rt__gen_req_free(g);
-        return;
-    }
-    rt__gen_prepare(g, messages_work, messages_next);
+    rt__gen_route(r, RT_GEN_API_ANTHROPIC, &msg_ops, "msg_", messages_work, messages_next);
 }
 
 static void count_tokens_work(rt_gen_req_t *g, rt_app_t *app)

@@ -1665,6 +1665,23 @@ void rt__gen_prepare(rt_gen_req_t *g, void (*work)(rt_gen_req_t *g, rt_app_t *ap
     }
 }
 
+void rt__gen_route(rt_req_t *r, rt_gen_api_t api, const rt_gen_ops_t *ops, const char *id_prefix,
+                   void (*work)(rt_gen_req_t *g, rt_app_t *app), void (*next)(rt_gen_req_t *g))
+{
+    rt_gen_limits_t lim;
+    rt_gen_req_t *g = rt__gen_begin(r, api, ops, id_prefix, &lim);
+    if (!g)
+        return;
+    bl_err_t err = {0};
+    int rc = rt__gen_parse_params(rt_req_json(r), api, &lim, &g->params, &err);
+    if (rc) {
+        rt__gen_send_error(r, api, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
+        rt__gen_req_free(g);
+        return;
+    }
+    rt__gen_prepare(g, work, next);
+}
+
 /* ---------------------------------------------------------------------------- */
 /* one generation                                                                 */
 /* ---------------------------------------------------------------------------- */
@@ -2124,18 +2141,7 @@ static void native_next(rt_gen_req_t *g)
  * loop by work (its error: 400, or 501 for BL_ENOTSUP), then the task. */
 static void native_route(rt_req_t *r, void (*work)(rt_gen_req_t *g, rt_app_t *app))
 {
-    rt_gen_limits_t lim;
-    rt_gen_req_t *g = rt__gen_begin(r, RT_GEN_API_NATIVE, &native_ops, "cmpl-", &lim);
-    if (!g)
-        return;
-    bl_err_t err = {0};
-    int rc = rt__gen_parse_params(rt_req_json(r), RT_GEN_API_NATIVE, &lim, &g->params, &err);
-    if (rc) {
-        rt__gen_send_error(r, RT_GEN_API_NATIVE, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
-        rt__gen_req_free(g);
-        return;
-    }
-    rt__gen_prepare(g, work, native_next);
+    rt__gen_route(r, RT_GEN_API_NATIVE, &native_ops, "cmpl-", work, native_next);
 }
 
 static void route_completion(rt_req_t *r) { native_route(r, completion_work); }

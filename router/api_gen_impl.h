@@ -322,6 +322,10 @@ rt_gen_req_t *rt__gen_begin(rt_req_t *r, rt_gen_api_t api, const rt_gen_ops_t *o
  * (503 answered, g freed). BL_ENOMEM answers 500. */
 void rt__gen_prepare(rt_gen_req_t *g, void (*work)(rt_gen_req_t *g, rt_app_t *app),
                      void (*next)(rt_gen_req_t *g));
+/* A generation route: rt__gen_begin, the request's fields (a 400 naming the bad
+ * one), then rt__gen_prepare(work, next). */
+void rt__gen_route(rt_req_t *r, rt_gen_api_t api, const rt_gen_ops_t *ops, const char *id_prefix,
+                   void (*work)(rt_gen_req_t *g, rt_app_t *app), void (*next)(rt_gen_req_t *g));
 /* rt_tokenize of a prompt that must fit a slot: BL_ERANGE with *n_min, without
  * tokenizing, when its length alone shows that it cannot (n_min NULL: no bound, for
  * the routes that only count). */

@@ -268,18 +268,7 @@ static void chat_next(rt_gen_req_t *g)
 
 void rt__api_chat(rt_req_t *r)
 {
-    rt_gen_limits_t lim;
-    rt_gen_req_t *g = rt__gen_begin(r, RT_GEN_API_OAI_CHAT, &chat_ops, "chatcmpl-", &lim);
-    if (!g)
-        return;
-    bl_err_t err = {0};
-    int rc = rt__gen_parse_params(rt_req_json(r), RT_GEN_API_OAI_CHAT, &lim, &g->params, &err);
-    if (rc) {
-        rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
-        rt__gen_req_free(g);
-        return;
-    }
-    rt__gen_prepare(g, chat_work, chat_next);
+    rt__gen_route(r, RT_GEN_API_OAI_CHAT, &chat_ops, "chatcmpl-", chat_work, chat_next);
 }
 
 /* POST /v1/chat/completions/input_tokens: how many tokens the chat request's prompt
@@ -414,16 +403,5 @@ static void cmpl_next(rt_gen_req_t *g)
 
 void rt__api_oai_completions(rt_req_t *r)
 {
-    rt_gen_limits_t lim;
-    rt_gen_req_t *g = rt__gen_begin(r, RT_GEN_API_OAI_CMPL, &cmpl_ops, "cmpl-", &lim);
-    if (!g)
-        return;
-    bl_err_t err = {0};
-    int rc = rt__gen_parse_params(rt_req_json(r), RT_GEN_API_OAI_CMPL, &lim, &g->params, &err);
-    if (rc) {
-        rt_req_send_error(r, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
-        rt__gen_req_free(g);
-        return;
-    }
-    rt__gen_prepare(g, cmpl_work, cmpl_next);
+    rt__gen_route(r, RT_GEN_API_OAI_CMPL, &cmpl_ops, "cmpl-", cmpl_work, cmpl_next);
 }
