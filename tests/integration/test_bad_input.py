@@ -330,3 +330,44 @@ def test_a_prompt_too_long_for_the_context_is_refused_by_its_length(url):
     assert e["type"] == "exceed_context_size_error" and "at least" in e["message"], e
     r = requests.post(url + "/completion", json={"prompt": "b" * (16 << 20)}, timeout=120)
     assert r.status_code == 400 and "at least" in r.json()["error"]["message"], r.text
+
+
+def _raw(url, data):
+    host, port = url.split("//")[1].split(":")
+    s = socket.create_connection((host, int(port)), timeout=30)
+    s.sendall(data)
+    out = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    s.close()
+    return out
+
+
+def test_head_health_is_get_without_a_body(url):
+    r = requests.head(url + "/health", timeout=30)
+    assert r.status_code == 200 and r.content == b"", r
+    assert int(r.headers["Content-Length"]) > 0
+    r = requests.head(url + "/completion", timeout=30)
+    assert r.status_code == 405 and "POST" in r.headers["Allow"], r.headers
+
+
+def test_conflicting_content_lengths_are_refused_and_close(url):
+    out = _raw(url, b"POST /tokenize HTTP/1.1\r\nHost: t\r\nContent-Length: 19\r\n"
+                    b"Content-Length: 5\r\n\r\n{\"content\":\"hello\"}"
+                    b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 400"), out[:200]
+    assert out.count(b"HTTP/1.1") == 1, out  # nothing after the head is read as a request
+
+
+def test_valid_json_edges(url):
+    r = post(url, "/tokenize", {"content": "a\u0000b"})
+    assert r.status_code == 200 and len(r.json()["tokens"]) >= 3, r.text
+    r = requests.post(url + "/completion", data=b'{"prompt":"hi","n_predict":18446744073709551616}',
+                      timeout=30)
+    assert r.status_code == 400, r.text
+    assert "'n_predict'" in r.json()["error"]["message"], r.text
+    r = post(url, "/completion", {"prompt": "hi", "n_predict": 1, "stop": ["a\u0000"]})
+    assert r.status_code == 400 and "'stop[0]'" in r.json()["error"]["message"], r.text
