@@ -69,8 +69,12 @@ static void check_refusal(int rc, const bl_err_t *err, const json_t *body)
 {
     /* the routes answer every refusal but BL_ENOMEM as 400; err keeps the code of the
      * step that refused (a template's RT_E*), which only the message reaches */
-    check(rc == BL_EINVAL || rc == BL_ENOMEM, "a refusal with another code", err);
+    check(rc == BL_EINVAL || rc == BL_ENOMEM || rc == BL_ERANGE, "a refusal with another code",
+          err);
     check(err->msg[0] != '\0', "a refusal without a message", err);
+    /* a prompt too long for a slot is the context's refusal (exceed_context_size) */
+    if (rc == BL_ERANGE)
+        return;
     /* a template's own refusal (raise_exception) is the request's, named by the
      * template; the tokenizer's names the prompt */
     if (!strncmp(err->msg, "chat template: ", 15) || !strncmp(err->msg, "tokenizing the prompt", 21))
@@ -101,8 +105,9 @@ static void openai(const json_t *body)
     int reasoning = 0, tools = 0, think_open = 0, think_off = 0;
     const char *force = NULL;
     bl_err_t err = {0};
+    size_t n_min = 0;
     int rc = chat_prompt(&g_app, body, &toks, &reasoning, &tools, &force, &think_open,
-                         &think_off, &err);
+                         &think_off, &n_min, &err);
     if (!rc && force) {
         rt_gen_params_t p;
         memset(&p, 0, sizeof p);
@@ -124,8 +129,9 @@ static void anthropic(const json_t *body)
     int think_open = 0, prefilled = 0, tools = 0, one_call = 0, think_off = 0;
     const char *force = NULL;
     bl_err_t err = {0};
+    size_t n_min = 0;
     int rc = anthropic_prompt(&g_app, body, &toks, &think_open, &prefilled, &tools, &one_call,
-                              &force, &think_off, &err);
+                              &force, &think_off, &n_min, &err);
     if (!rc && force) {
         json_t *list = NULL;
         rt_gen_params_t p;
