@@ -592,7 +592,9 @@ static void v_repr(rs_t *r, sb_t *b, const value_t *v, int depth)
     case V_LIST: {
         const list_t *l = v->u.l;
         if (l->gen == GEN_GENERATOR) {
-            sb_printf(&r->a, b, "<generator object at %p>", (const void *)l);
+            /* Python adds the object's address; a prompt must come out the same on
+             * every render (the prompt cache) and must not show where the heap is */
+            sb_puts(&r->a, b, "<generator object>");
             return;
         }
         if (l->gen)

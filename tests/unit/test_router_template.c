@@ -385,6 +385,15 @@ static void test_filter_selectattr_and_map(void **state)
            "a,c");
 }
 
+/* Python prints a generator with its address; a prompt must not carry one (it would
+ * differ on every render, defeating the prompt cache, and show a heap address). */
+static void test_filter_map_generator_prints_no_address(void **state)
+{
+    (void)state;
+    expect("{{ xs | map('upper') }}|{{ xs | select }}", "{\"xs\": [\"a\"]}",
+           "<generator object>|<generator object>");
+}
+
 static void test_filter_select_on_none_is_empty(void **state)
 {
     (void)state;
@@ -677,6 +686,7 @@ int main(void)
         cmocka_unit_test(test_filter_default_and_boolean_mode),
         cmocka_unit_test(test_filter_selectattr_and_map),
         cmocka_unit_test(test_filter_select_on_none_is_empty),
+        cmocka_unit_test(test_filter_map_generator_prints_no_address),
         cmocka_unit_test(test_filter_trim_join_upper),
         cmocka_unit_test(test_filter_dictsort_and_items),
         cmocka_unit_test(test_filter_indent_skips_first_line_and_blank_lines),
