@@ -11,9 +11,9 @@
  * strings; only objects go on). The same body goes through both routes' steps.
  *
  * Invariants beside the sanitizers' (leaks included):
- *   - a refusal is BL_EINVAL (or BL_ENOMEM) with a message that names a field of the
- *     request, and the element a message starts with (messages[3], tools[1],
- *     system[0]) is one the body has;
+ *   - a refusal is BL_EINVAL, BL_ENOMEM or BL_ERANGE (a prompt too long for a slot)
+ *     with a message; a BL_EINVAL one names a field of the request, and the element
+ *     it starts with (messages[3], tools[1], system[0]) is one the body has;
  *   - what the Anthropic converter makes is a message list the OpenAI parser takes,
  *     but for llama-server's rule against two assistant messages at the end;
  *   - a forced tool call's grammar compiles.

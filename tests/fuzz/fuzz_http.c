@@ -58,8 +58,6 @@ static void check(int ok, const char *what)
 
 typedef struct server {
     rt_http_t *http;
-    const char *key; /* NULL: none */
-    const char *prefix;
 } server_t;
 
 static uv_loop_t g_loop;
@@ -122,8 +120,6 @@ static void start(void)
         rt_api_info_register(g_servers[i].http);
         rt_api_gen_register(g_servers[i].http);
     }
-    g_servers[1].key = keys[0];
-    g_servers[1].prefix = "/v2";
 }
 
 // --- the client -------------------------------------------------------------------------
@@ -192,13 +188,6 @@ static void turn(int *turns)
 }
 
 // --- the response checker ------------------------------------------------------------------
-
-typedef struct resp {
-    int status;
-    int json, sse;
-    const char *body; /* de-chunked */
-    size_t body_len;
-} resp_t;
 
 static int is_tchar(int c)
 {
