@@ -37,3 +37,96 @@ def test_load_tool_reports_errors(url):
     assert p.returncode == 1
     out = json.loads(p.stdout)
     assert "error" in out or out["errors"] > 0
+
+
+MIX_KINDS = {"chat_stream", "chat", "native_stream", "cancel", "constrained", "bad"}
+
+
+def run_tool(args, timeout=180):
+    p = subprocess.run([TOOL] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=timeout)
+    return p, (json.loads(p.stdout) if p.stdout.strip().startswith("{") else None)
+
+
+def test_load_tool_mix(url, server):
+    """Every kind of the mix against a real server: the well-formed ones are served,
+    the malformed ones get their 4xx with the error JSON, nothing is counted as an
+    error, and the resident memory of the server's three processes is sampled."""
+    p, out = run_tool(["--url", url, "--mix", "-c", "3", "-d", "6", "-n", "4", "--seed", "5",
+                       "--timeout", "60", "--server-pid", str(server.pid), "--rss-every", "1",
+                       "--json"])
+    assert out is not None, p.stdout + p.stderr
+    assert out["errors"] == 0, out["error_messages"]
+    assert p.returncode == 0, p.stderr
+    assert out["mode"] == "mix"
+    assert out["mix"]["bad"] == 2 and out["mix"]["constrained:chat_json_schema"] == 1
+    kinds = out["kinds"]
+    assert {k.split(":")[0] for k in kinds} == MIX_KINDS, sorted(kinds)
+    assert sum(k["ok"] for k in kinds.values()) == out["requests"]
+    assert any(k.startswith("bad:") for k in kinds) and all(k["errors"] == 0 for k in kinds.values())
+    assert out["tokens"] > 0 and out["ttft_ms"]["n"] > 0
+
+    rss = out["rss"]
+    assert rss["server_pid"] == server.pid and rss["every_s"] == 1
+    samples = rss["samples"]
+    assert len(samples) >= 5, samples  # the start, about one a second, the end
+    assert [s["t_s"] for s in samples] == sorted(s["t_s"] for s in samples)
+    for s in samples:
+        names = sorted(q["name"] for q in s["processes"])
+        assert names == ["bloomery-hosttier", "bloomery-serve", "bloomery-worker"], s
+        assert all(q["rss_kb"] > 0 and q["rss_kb"] >= q["anon_kb"] for q in s["processes"]), s
+    assert "rss at" in p.stderr
+
+
+def test_load_tool_mix_text_report(url, server):
+    """The text report lists the kinds and the RSS table; only the kinds asked run."""
+    p, _ = run_tool(["--url", url, "--mix", "chat_stream=0,chat=0,native_stream=0,cancel=0,constrained=0,"
+                     "bad:oversize_body=0", "-c", "2", "-d", "1.5", "--server-pid", str(server.pid)])
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "bad:" in p.stdout and "chat_stream" not in p.stdout, p.stdout
+    assert "bad:oversize_body" not in p.stdout
+    assert "rss (MB) at s:" in p.stdout and "bloomery-serve[%d]" % server.pid in p.stdout
+
+
+def test_load_tool_mix_counts_what_is_wrong(tmp_path):
+    """Against a server that answers 200 {} to everything, every kind is an error:
+    the malformed requests were not refused, the answers are not completions."""
+    import http.server
+    import threading
+
+    class Yes(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def answer(self):
+            n = self.headers.get("Content-Length")
+            if n and n.isdigit():
+                self.rfile.read(int(n))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        do_GET = do_POST = answer
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Yes)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        p, out = run_tool(["--url", "http://127.0.0.1:%d" % srv.server_port, "--mix", "-c", "2",
+                           "-d", "1", "--body-limit", "1000", "--timeout", "10", "--json"], timeout=60)
+    finally:
+        srv.shutdown()
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert out["errors"] > 0 and out["requests"] == 0, out
+    assert any(k.startswith("bad:") and v["errors"] for k, v in out["kinds"].items()), out["kinds"]
+    assert any("expected 4" in m for m in out["error_messages"]), out["error_messages"]
+
+
+def test_load_tool_mix_flags():
+    for args in (["--mix", "nothing=1"], ["--mix", "chat=-1"], ["--mix", "bad:nope=1"],
+                 ["--rss-every", "5"], ["--server-pid", "999999999"]):
+        p, _ = run_tool(["--url", "http://127.0.0.1:9", "-d", "1"] + args, timeout=30)
+        assert p.returncode == 2, (args, p.stdout, p.stderr)
