@@ -73,6 +73,8 @@ struct rt_http {
     conn_t *conns;
     rt_req_t *reqs;      /* every rt_req_t not yet freed */
     size_t n_open;       /* of which h2o still holds the request */
+    struct body_job *parse_head, *parse_tail; /* large bodies waiting for the budget */
+    size_t parse_bytes;  /* bytes of the bodies copied and being parsed off the loop */
 };
 
 typedef struct handler {
@@ -851,8 +853,15 @@ static int parse_body(rt_http_t *h, rt_req_t *r, int any_json)
  * hand over than to parse. */
 #define BODY_OFF_LOOP_BYTES ((size_t)256 << 10)
 
+/* At most this many body bytes are copied and parsed off the loop at once (a body
+ * larger than the budget goes alone); the others wait, not yet copied, in arrival
+ * order. A body being parsed costs about three times its size (the copy, jansson's
+ * growing token buffer, the string), so the budget bounds that part of the peak. */
+#define BODY_PARSE_BUDGET ((size_t)64 << 20)
+
 typedef struct body_job {
     uv_work_t work;
+    struct body_job *next; /* in the waiting list */
     rt_req_t *r;
     const route_t *route;
     char *buf;           /* a copy: h2o frees the request's own if the client leaves */
@@ -868,16 +877,22 @@ static void body_job_run(uv_work_t *w)
     (void)body_decode(j->buf, j->len, j->any_json, &j->json, j->msg, sizeof j->msg);
 }
 
+static void parse_start(rt_http_t *h);
+
 static void body_job_done(uv_work_t *w, int status)
 {
     body_job_t *j = w->data;
     rt_req_t *r = j->r;
+    rt_http_t *h = r->http;
+    h->parse_bytes -= j->len;
     free(j->buf);
     if (!r->req || r->stopped || status != 0) {
         /* the client left while its body was parsed (or the loop is closing) */
         json_decref(j->json);
         if (r->req && !r->answered)
             rt_req_send_error(r, 503, NULL, "server is shutting down");
+        else
+            r->gone = 1; /* nobody will answer it: free it now, not at exit */
     } else if (!j->json) {
         rt_req_send_error(r, 400, NULL, "%s", j->msg);
     } else {
@@ -887,6 +902,46 @@ static void body_job_done(uv_work_t *w, int status)
     free(j);
     r->busy--;
     req_maybe_free(r);
+    parse_start(h);
+}
+
+/* Copies and queues the waiting bodies that fit the budget. */
+static void parse_start(rt_http_t *h)
+{
+    while (h->parse_head && (h->parse_bytes == 0 || h->parse_bytes + h->parse_head->len <=
+                                                           BODY_PARSE_BUDGET)) {
+        body_job_t *j = h->parse_head;
+        h->parse_head = j->next;
+        if (!h->parse_head)
+            h->parse_tail = NULL;
+        rt_req_t *r = j->r;
+        if (!r->req || r->stopped) { /* the client left while its body waited */
+            r->gone = 1;
+            free(j);
+            r->busy--;
+            req_maybe_free(r);
+            continue;
+        }
+        j->buf = malloc(j->len);
+        if (!j->buf) {
+            free(j);
+            rt_req_send_error(r, 500, NULL, "out of memory for a body of %zu bytes",
+                              r->req->entity.len);
+            r->busy--;
+            req_maybe_free(r);
+            continue;
+        }
+        memcpy(j->buf, r->req->entity.base, j->len);
+        h->parse_bytes += j->len;
+        if (uv_queue_work(h->loop, &j->work, body_job_run, body_job_done) != 0) {
+            h->parse_bytes -= j->len;
+            free(j->buf);
+            free(j);
+            rt_req_send_error(r, 500, NULL, "cannot queue the body's parse");
+            r->busy--;
+            req_maybe_free(r);
+        }
+    }
 }
 
 /* Starts parsing r's large body off the loop; route's handler runs once it is done.
@@ -894,25 +949,20 @@ static void body_job_done(uv_work_t *w, int status)
 static int parse_body_off_loop(rt_http_t *h, rt_req_t *r, const route_t *route, int any_json)
 {
     body_job_t *j = calloc(1, sizeof *j);
-    char *buf = j ? malloc(r->req->entity.len) : NULL;
-    if (!buf) {
-        free(j);
+    if (!j) {
         rt_req_send_error(r, 500, NULL, "out of memory for a body of %zu bytes",
                           r->req->entity.len);
         return -1;
     }
-    memcpy(buf, r->req->entity.base, r->req->entity.len);
-    *j = (body_job_t){.r = r, .route = route, .buf = buf, .len = r->req->entity.len,
-                      .any_json = any_json};
+    *j = (body_job_t){.r = r, .route = route, .len = r->req->entity.len, .any_json = any_json};
     j->work.data = j;
     r->busy++; /* r outlives h2o's request until the job is back */
-    if (uv_queue_work(h->loop, &j->work, body_job_run, body_job_done) != 0) {
-        r->busy--;
-        free(buf);
-        free(j);
-        rt_req_send_error(r, 500, NULL, "cannot queue the body's parse");
-        return -1;
-    }
+    if (h->parse_tail)
+        h->parse_tail->next = j;
+    else
+        h->parse_head = j;
+    h->parse_tail = j;
+    parse_start(h);
     return 0;
 }
 
@@ -1422,6 +1472,12 @@ void rt_http_destroy(rt_http_t *h)
     }
     h2o_config_dispose(&h->config);
     /* requests whose handler never answered (a bug elsewhere) */
+    while (h->parse_head) { /* bodies that never got their turn */
+        body_job_t *j = h->parse_head;
+        h->parse_head = j->next;
+        j->r->busy--;
+        free(j);
+    }
     while (h->reqs) {
         rt_req_t *r = h->reqs;
         if (r->link)
