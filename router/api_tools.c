@@ -54,6 +54,111 @@ int rt__gen_check_tools(const json_t *tools, bl_err_t *err)
     return 0;
 }
 
+/* A tool's parameters, copied for their place in the forced call's schema, where
+ * the root is the call's anyOf and no longer the parameters: the refs of tool k
+ * move to the call schema's $defs, "#" to "#/$defs/tK", "#/$defs/N" to
+ * "#/$defs/tK.N" and "#/definitions/N" to "#/$defs/tK:N" (the separators keep every
+ * tool's names, and the two kinds, apart). Values that are data and not schemas
+ * (const, enum, default, examples) keep their text. */
+static int rebase_refs(json_t *v, const char *stem)
+{
+    if (json_is_array(v)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(v, i, x) {
+            if (rebase_refs(x, stem))
+                return BL_ENOMEM;
+        }
+        return 0;
+    }
+    if (!json_is_object(v))
+        return 0;
+    const char *k;
+    json_t *x;
+    json_object_foreach(v, k, x) {
+        if (!strcmp(k, "const") || !strcmp(k, "enum") || !strcmp(k, "default") ||
+            !strcmp(k, "examples"))
+            continue;
+        if (strcmp(k, "$ref") || !json_is_string(x)) {
+            /* a map of names (properties, $defs, ...) holds schemas: its keys are not
+             * keywords, and a recursive walk reads them as names, never as "$ref" */
+            if (!strcmp(k, "properties") || !strcmp(k, "patternProperties") ||
+                !strcmp(k, "$defs") || !strcmp(k, "definitions") ||
+                !strcmp(k, "dependentSchemas")) {
+                const char *n;
+                json_t *s;
+                json_object_foreach(x, n, s) {
+                    if (rebase_refs(s, stem))
+                        return BL_ENOMEM;
+                }
+            } else if (rebase_refs(x, stem)) {
+                return BL_ENOMEM;
+            }
+            continue;
+        }
+        const char *r = json_string_value(x);
+        const char *to = NULL, *rest = NULL;
+        if (!strcmp(r, "#"))
+            to = "", rest = "";
+        else if (!strncmp(r, "#/$defs/", 8))
+            to = ".", rest = r + 8;
+        else if (!strncmp(r, "#/definitions/", 14))
+            to = ":", rest = r + 14;
+        if (!to)
+            continue; /* a form the converter refuses, alone as here */
+        size_t n = strlen(stem) + strlen(rest) + 16;
+        char *ref = malloc(n);
+        if (!ref)
+            return BL_ENOMEM;
+        snprintf(ref, n, "#/$defs/%s%s%s", stem, to, rest);
+        int bad = json_string_set(x, ref);
+        free(ref);
+        if (bad)
+            return BL_ENOMEM;
+    }
+    return 0;
+}
+
+/* Tool k's parameters (NULL: any object) for the forced call's schema, and their
+ * definitions added to defs under their new names. NULL when out of memory. */
+static json_t *call_arguments(const json_t *params, size_t k, json_t *defs)
+{
+    if (!params || json_is_null(params))
+        return json_pack("{s:s}", "type", "object");
+    char stem[32];
+    snprintf(stem, sizeof stem, "t%zu", k);
+    json_t *args = json_deep_copy(params);
+    if (!args || rebase_refs(args, stem))
+        goto oom;
+    static const char *const kinds[] = {"$defs", "definitions"};
+    for (int d = 0; d < 2; d++) {
+        json_t *m = json_object_get(args, kinds[d]);
+        if (!json_is_object(m))
+            continue; /* the converter names what is wrong with it */
+        const char *n;
+        json_t *s;
+        json_object_foreach(m, n, s) {
+            size_t len = strlen(stem) + strlen(n) + 2;
+            char *name = malloc(len);
+            if (!name)
+                goto oom;
+            snprintf(name, len, "%s%s%s", stem, d ? ":" : ".", n);
+            int bad = json_object_set(defs, name, s);
+            free(name);
+            if (bad)
+                goto oom;
+        }
+        json_object_del(args, kinds[d]);
+    }
+    /* "#" named the parameters themselves */
+    if (json_object_set(defs, stem, args))
+        goto oom;
+    return args;
+oom:
+    json_decref(args);
+    return NULL;
+}
+
 int rt__gen_force_tools(rt_gen_params_t *p, const json_t *tools, const char *name, int one_call,
                         int think, bl_err_t *err)
 {
@@ -61,8 +166,9 @@ int rt__gen_force_tools(rt_gen_params_t *p, const json_t *tools, const char *nam
         return bl_err_set(err, BL_EINVAL, "'tool_choice' cannot force a call together with "
                                           "'grammar', 'json_schema' or a JSON 'response_format'");
     /* one object schema per callable tool: {"name": const, "arguments": parameters} */
-    json_t *any = json_array(), *schema = json_pack("{s:o}", "anyOf", any);
-    if (!any || !schema) {
+    json_t *any = json_array(), *defs = json_object();
+    json_t *schema = json_pack("{s:o, s:o}", "anyOf", any, "$defs", defs);
+    if (!any || !defs || !schema) {
         json_decref(schema);
         return bl_err_set(err, BL_ENOMEM, "out of memory");
     }
@@ -73,12 +179,11 @@ int rt__gen_force_tools(rt_gen_params_t *p, const json_t *tools, const char *nam
         const char *n = json_string_value(json_object_get(fn, "name"));
         if (name && strcmp(n, name) != 0)
             continue;
-        json_t *params = json_object_get(fn, "parameters");
-        json_t *args = params && !json_is_null(params) ? json_incref(params)
-                                                        : json_pack("{s:s}", "type", "object");
-        json_t *one = json_pack("{s:s, s:{s:{s:s}, s:o}, s:[s,s], s:b}", "type", "object",
-                                "properties", "name", "const", n, "arguments", args, "required",
-                                "name", "arguments", "additionalProperties", 0);
+        json_t *args = call_arguments(json_object_get(fn, "parameters"), i, defs);
+        json_t *one = args ? json_pack("{s:s, s:{s:{s:s}, s:o}, s:[s,s], s:b}", "type", "object",
+                                       "properties", "name", "const", n, "arguments", args,
+                                       "required", "name", "arguments", "additionalProperties", 0)
+                           : NULL;
         if (!one || json_array_append_new(any, one)) {
             json_decref(schema);
             return bl_err_set(err, BL_ENOMEM, "out of memory");
@@ -93,9 +198,28 @@ int rt__gen_force_tools(rt_gen_params_t *p, const json_t *tools, const char *nam
     bl_err_t e2 = {0};
     int rc = rt_json_schema_to_gbnf(schema, &call, &e2);
     json_decref(schema);
-    if (rc)
-        return bl_err_set(err, rc == BL_ENOMEM ? BL_ENOMEM : BL_EINVAL,
-                          "'tools': a function's parameters: %s", e2.msg);
+    if (rc == BL_ENOMEM)
+        return bl_err_set(err, rc, "out of memory");
+    if (rc) {
+        /* name the tool whose parameters are refused alone, where their own paths
+         * mean something; else the limit is the whole call's */
+        json_array_foreach(tools, i, t) {
+            json_t *fn = json_object_get(t, "function");
+            const json_t *params = json_object_get(fn, "parameters");
+            if ((name && strcmp(json_string_value(json_object_get(fn, "name")), name) != 0) ||
+                !params || json_is_null(params))
+                continue;
+            char *alone = NULL;
+            bl_err_t e3 = {0};
+            int rc3 = rt_json_schema_to_gbnf(params, &alone, &e3);
+            free(alone);
+            if (rc3)
+                return bl_err_set(err, rc3 == BL_ENOMEM ? BL_ENOMEM : BL_EINVAL,
+                                  "tools[%zu]: the parameters: %s", i, e3.msg);
+        }
+        return bl_err_set(err, BL_EINVAL, "'tools': the forced call of every tool together: %s",
+                          e2.msg);
+    }
     /* one call, tags and all; "%R" is the call object, "%W" whitespace */
     const char *body = one_call ? "%W \"<tool_call>\" %W %R %W \"</tool_call>\""
                                 : "%W \"<tool_call>\" %W %R %W \"</tool_call>\" ( %W "
