@@ -16,13 +16,15 @@
  *     it starts with (messages[3], tools[1], system[0]) is one the body has;
  *   - what the Anthropic converter makes is a message list the OpenAI parser takes,
  *     but for llama-server's rule against two assistant messages at the end;
- *   - a forced tool call's grammar compiles.
+ *   - a forced tool call's grammar compiles, and is refused only for what a tool's
+ *     own parameters are refused for (or for a limit on the whole).
  * Seeds: tests/fuzz/corpus/fuzz_chat/. */
 #include "api_openai.c"
 #include "api_anthropic.c"
 
 #include "fuzz_app.h"
 #include "grammar.h"
+#include "json_schema.h"
 #include "log.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -97,6 +99,32 @@ static void check_grammar(const rt_gen_params_t *p)
     rt_grammar_destroy(g);
 }
 
+/* A forced call's grammar holds the tools' parameters side by side: when each one
+ * converts alone, the forced call must convert too, unless it passes a limit on the
+ * whole (depth, size, schemas walked). tools: OpenAI's form; name: the one forced. */
+static void check_force_refusal(const json_t *tools, const char *name, const bl_err_t *err)
+{
+    if (!strstr(err->msg, "json_schema: ") || strstr(err->msg, "nests deeper than") ||
+        strstr(err->msg, "expands to more than") || strstr(err->msg, "would be larger than"))
+        return;
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        json_t *fn = json_object_get(t, "function");
+        const char *n = json_string_value(json_object_get(fn, "name"));
+        json_t *params = json_object_get(fn, "parameters");
+        if ((name && n && strcmp(n, name)) || !params || json_is_null(params))
+            continue;
+        char *g = NULL;
+        bl_err_t e2 = {0};
+        int rc = rt_json_schema_to_gbnf(params, &g, &e2);
+        free(g);
+        if (rc)
+            return; /* this tool's own parameters are refused: so is the call */
+    }
+    check(0, "a forced call is refused though every tool's parameters convert alone", err);
+}
+
 static rt_app_t g_app;
 
 static void openai(const json_t *body)
@@ -116,6 +144,8 @@ static void openai(const json_t *body)
                                  json_is_false(pc), think_open ? 2 : think_off ? 0 : 1, &err);
         if (!rc)
             check_grammar(&p);
+        else
+            check_force_refusal(json_object_get(body, "tools"), *force ? force : NULL, &err);
         rt__gen_params_fini(&p);
     }
     if (rc)
@@ -141,6 +171,8 @@ static void anthropic(const json_t *body)
                                      think_open ? 2 : think_off ? 0 : 1, &err);
         if (!rc)
             check_grammar(&p);
+        else if (list)
+            check_force_refusal(list, *force ? force : NULL, &err);
         rt__gen_params_fini(&p);
         json_decref(list);
     }
