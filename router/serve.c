@@ -1471,12 +1471,12 @@ int main(int argc, char **argv)
     app->engine = engine;
     /* prompts are templated and tokenized off the loop, with a tokenizer of their own */
     rt_tokenizer_t *prep_tok = NULL;
-    if (rt_tokenizer_from_gguf(&prep_tok, g, &err) != 0 ||
+    if (rt_tokenizer_clone(&prep_tok, tok, &err) != 0 ||
         rt_prep_create(&prep, &s->loop, prep_tok, &err) != 0)
         goto fail;
     app->prep = prep;
     prep_tok = NULL;
-    if (rt_tokenizer_from_gguf(&prep_tok, g, &err) != 0 ||
+    if (rt_tokenizer_clone(&prep_tok, tok, &err) != 0 ||
         rt_prep_create(&prep_inspect, &s->loop, prep_tok, &err) != 0)
         goto fail;
     app->prep_inspect = prep_inspect;

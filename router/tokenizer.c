@@ -657,10 +657,63 @@ fail:
     return rc;
 }
 
+/* What a tokenizer owns alone: the scratch, the word cache and the matching state. */
+static void free_own(rt_tokenizer_t *tok)
+{
+    free(tok->buf);
+    free(tok->frag);
+    free(tok->frags);
+    free(tok->pieces[0]);
+    free(tok->pieces[1]);
+    free(tok->syms);
+    free(tok->heap);
+    free(tok->mapped);
+    free(tok->cache);
+}
+
+int rt_tokenizer_clone(rt_tokenizer_t **out, const rt_tokenizer_t *src, bl_err_t *err)
+{
+    *out = NULL;
+    rt_tokenizer_t *tok = malloc(sizeof *tok);
+    if (!tok)
+        return bl_err_set(err, BL_ENOMEM, "tokenizer: out of memory for a clone");
+    *tok = *src;
+    tok->_source = src->_source ? src->_source : src;
+    tok->buf = tok->frag = tok->mapped = NULL;
+    tok->buf_cap = tok->frag_cap = tok->mapped_cap = 0;
+    tok->frags = NULL;
+    tok->frags_cap = 0;
+    tok->pieces[0] = tok->pieces[1] = NULL;
+    tok->pieces_cap[0] = tok->pieces_cap[1] = 0;
+    tok->syms = NULL;
+    tok->syms_cap = 0;
+    tok->heap = NULL;
+    tok->heap_cap = 0;
+    tok->md = NULL;
+    tok->mctx = NULL;
+    tok->jit_stack = NULL;
+    tok->cache = calloc(RT__CACHE_SLOTS, sizeof *tok->cache);
+    int rc = tok->cache ? 0 : bl_err_set(err, BL_ENOMEM, "tokenizer: out of memory for a clone");
+    if (!rc && tok->n_re)
+        rc = rt__bpe_match_init(tok, err);
+    if (rc) {
+        rt_tokenizer_destroy(tok);
+        return rc;
+    }
+    *out = tok;
+    return 0;
+}
+
 void rt_tokenizer_destroy(rt_tokenizer_t *tok)
 {
     if (!tok)
         return;
+    if (tok->_source) { /* a clone: the tables are its source's */
+        rt__bpe_match_fini(tok);
+        free_own(tok);
+        free(tok);
+        return;
+    }
     rt__bpe_fini(tok);
     free(tok->text);
     free(tok->text_off);
@@ -672,15 +725,7 @@ void rt_tokenizer_destroy(rt_tokenizer_t *tok)
     free(tok->tmap);
     free(tok->mmap);
     free(tok->special);
-    free(tok->buf);
-    free(tok->frag);
-    free(tok->frags);
-    free(tok->pieces[0]);
-    free(tok->pieces[1]);
-    free(tok->syms);
-    free(tok->heap);
-    free(tok->mapped);
-    free(tok->cache);
+    free_own(tok);
     free(tok);
 }
 

@@ -87,6 +87,10 @@ void rt_tokenizer_destroy(rt_tokenizer_t *tok);
 /* --- vocabulary -------------------------------------------------------------- */
 
 uint32_t rt_tokenizer_n_vocab(const rt_tokenizer_t *tok);
+/* A tokenizer for another thread that shares src's tables (read-only) and has its
+ * own scratch and word cache: rt_tokenize on it and on src may run at once. src
+ * must outlive it. Caller frees with rt_tokenizer_destroy. BL_ENOMEM. */
+int rt_tokenizer_clone(rt_tokenizer_t **out, const rt_tokenizer_t *src, bl_err_t *err) BL_WUR;
 /* A lower bound on the tokens that text_bytes bytes of text become (special tokens
  * and normalisation included, BOS/EOS not): what refuses a prompt that cannot fit a
  * context without tokenizing it. */

@@ -65,6 +65,11 @@ int rt__bpe_init(rt_tokenizer_t *tok, bl_err_t *err)
          * only slower, so a JIT failure is not an error. */
         (void)pcre2_jit_compile(tok->re[i], PCRE2_JIT_COMPLETE);
     }
+    return rt__bpe_match_init(tok, err);
+}
+
+int rt__bpe_match_init(rt_tokenizer_t *tok, bl_err_t *err)
+{
     tok->md = pcre2_match_data_create(1, NULL);
     tok->mctx = pcre2_match_context_create(NULL);
     /* Long runs of white space backtrack deeply in "\s+(?!\S)"; the default 32 KiB
@@ -86,6 +91,11 @@ void rt__bpe_fini(rt_tokenizer_t *tok)
     for (uint32_t i = 0; i < tok->n_re; i++)
         pcre2_code_free(tok->re[i]);
     tok->n_re = 0;
+    rt__bpe_match_fini(tok);
+}
+
+void rt__bpe_match_fini(rt_tokenizer_t *tok)
+{
     pcre2_match_data_free(tok->md);
     pcre2_match_context_free(tok->mctx);
     pcre2_jit_stack_free(tok->jit_stack);

@@ -122,6 +122,8 @@ struct rt_tokenizer {
     rt__pair_t *heap; size_t heap_cap;
     char *mapped; size_t mapped_cap;     /* a word in byte-level characters */
     rt__cache_slot_t *cache;
+
+    const rt_tokenizer_t *_source; /* a clone: the tokenizer whose tables it reads */
 };
 
 /* --- helpers shared by the tokenizer files (tokenizer.c) --------------------- */
@@ -143,6 +145,9 @@ int rt__reserve(void **buf, size_t *cap, size_t need, size_t elem);
 /* Compiles the pre-tokenizer regexes of tok->pre and sets up matching. */
 int rt__bpe_init(rt_tokenizer_t *tok, bl_err_t *err);
 void rt__bpe_fini(rt_tokenizer_t *tok);
+/* The per-thread half of rt__bpe_init: match data, context and JIT stack. */
+int rt__bpe_match_init(rt_tokenizer_t *tok, bl_err_t *err);
+void rt__bpe_match_fini(rt_tokenizer_t *tok);
 /* Splits s[0..n) into pre-tokens: *out points at tok->pieces[..] (offsets into s),
  * *n_out their count. */
 int rt__pretokenize(rt_tokenizer_t *tok, const char *s, size_t n, rt__span_t **out,

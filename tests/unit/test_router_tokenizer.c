@@ -7,6 +7,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -800,6 +801,89 @@ static void test_random_text_round_trips(void **state)
     rt_tokenizer_destroy(tok);
 }
 
+/* A clone tokenizes as its source, on another thread at the same time. */
+#define CLONE_TEXTS 400
+typedef struct clone_run {
+    rt_tokenizer_t *tok;
+    char (*texts)[512];
+    size_t *lens;
+    rt_tokens_t *out;
+} clone_run_t;
+
+static void *clone_worker(void *arg)
+{
+    clone_run_t *c = arg;
+    for (int i = 0; i < CLONE_TEXTS; i++) {
+        bl_err_t err = { 0 };
+        if (rt_tokenize(c->tok, c->texts[i], c->lens[i], RT_TOKENIZE_PARSE_SPECIAL, &c->out[i], &err)) {
+            c->out[i].n = (size_t)-1;
+        }
+    }
+    return NULL;
+}
+
+static void clone_check(rt_tokenizer_t *tok, uint64_t *rng)
+{
+    static char texts[CLONE_TEXTS][512];
+    static size_t lens[CLONE_TEXTS];
+    for (int i = 0; i < CLONE_TEXTS; i++)
+        lens[i] = random_text(rng, texts[i], sizeof texts[i], i % 2);
+    rt_tokenizer_t *clone = NULL;
+    bl_err_t err = { 0 };
+    assert_int_equal(rt_tokenizer_clone(&clone, tok, &err), 0);
+    rt_tokens_t *a = calloc(CLONE_TEXTS, sizeof *a), *b = calloc(CLONE_TEXTS, sizeof *b);
+    clone_run_t ra = { tok, texts, lens, a }, rb = { clone, texts, lens, b };
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, clone_worker, &rb), 0);
+    clone_worker(&ra);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    for (int i = 0; i < CLONE_TEXTS; i++) {
+        assert_int_equal(a[i].n, b[i].n);
+        assert_true(a[i].n == (size_t)-1 || !memcmp(a[i].ids, b[i].ids, a[i].n * sizeof *a[i].ids));
+        if (a[i].n != (size_t)-1)
+            rt_tokens_free(&a[i]);
+        if (b[i].n != (size_t)-1)
+            rt_tokens_free(&b[i]);
+    }
+    free(a);
+    free(b);
+    /* a clone of a clone reads the same tables; either may go first */
+    rt_tokenizer_t *second = NULL;
+    assert_int_equal(rt_tokenizer_clone(&second, clone, &err), 0);
+    rt_tokenizer_destroy(clone);
+    rt_tokens_t ids = { 0 };
+    assert_int_equal(rt_tokenize(second, "hello", 5, 0, &ids, &err), 0);
+    rt_tokens_free(&ids);
+    rt_tokenizer_destroy(second);
+}
+
+static void test_clone_tokenizes_as_its_source_at_once(void **state)
+{
+    (void)state;
+    uint64_t rng = test_seed();
+    static vb_t v;
+    memset(&v, 0, sizeof v);
+    vb_bytes(&v);
+    vb_add(&v, "\xC4\xA0" "a", 1, 0);
+    vb_add(&v, "aZ", 1, 0);
+    vb_merge(&v, "\xC4\xA0 a");
+    vb_merge(&v, "a Z");
+    const char *pres[] = { "qwen2", "llama-bpe", "deepseek-v3" };
+    for (size_t p = 0; p < 3; p++) {
+        rt_tokenizer_desc_t d = vb_desc(&v, "gpt2", pres[p]);
+        d.add_bos = 0;
+        rt_tokenizer_t *tok = NULL;
+        bl_err_t err = { 0 };
+        assert_int_equal(rt_tokenizer_create(&tok, &d, &err), 0);
+        clone_check(tok, &rng);
+        rt_tokenizer_destroy(tok);
+    }
+    static spm_t s;
+    rt_tokenizer_t *tok = build_spm(&s, -1);
+    clone_check(tok, &rng);
+    rt_tokenizer_destroy(tok);
+}
+
 /* --- the Qwen3 vocabulary and the oracle -------------------------------------------------- */
 
 static const char *shared_dir(char *buf, size_t cap)
@@ -1007,6 +1091,7 @@ static void test_from_gguf_small_and_broken(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_clone_tokenizes_as_its_source_at_once),
         cmocka_unit_test(test_bpe_merges_follow_rank),
         cmocka_unit_test(test_bpe_equal_pairs_merge_leftmost_first),
         cmocka_unit_test(test_bpe_space_is_byte_level_character),
