@@ -451,9 +451,22 @@ static double num_f(const value_t *v)
     return v->t == V_FLOAT ? v->u.f : v->t == V_INT ? (double)v->u.i : (double)v->u.b;
 }
 
+/* A float past int64's range saturates (NaN gives 0): the cast alone would be
+ * undefined for the 1e300 a template may write. */
 static int64_t num_i(const value_t *v)
 {
-    return v->t == V_INT ? v->u.i : v->t == V_BOOL ? v->u.b : (int64_t)v->u.f;
+    if (v->t == V_INT)
+        return v->u.i;
+    if (v->t == V_BOOL)
+        return v->u.b;
+    double f = v->u.f;
+    if (f != f)
+        return 0;
+    if (f >= 9223372036854775807.0)
+        return INT64_MAX;
+    if (f <= -9223372036854775808.0)
+        return INT64_MIN;
+    return (int64_t)f;
 }
 
 // --- printing (Python str() and repr())

@@ -105,6 +105,25 @@ static void test_expr_integer_arithmetic_follows_python(void **state)
            "3 -4 2 1024 -7");
 }
 
+static void test_expr_huge_floats_as_integers_saturate(void **state)
+{
+    (void)state;
+    /* where an integer is wanted, a float past int64 saturates instead of undefined
+     * behaviour: an index out of range, a repeat past the limits */
+    bl_err_t err = {0};
+    char *out = NULL;
+    static const char *const tpls[] = {
+        "{{ [1, 2][1e300] }}", "{{ [1, 2][-1e300] }}", "{{ 'ab'[1e300] }}",
+        "{{ (1e300) | int }}", "{{ range(1e300) | length }}", "{{ '%d' % 1e300 }}",
+        "{{ -(1e300) }}", "{{ [1][0.0 / 0.0] if false else 1 }}",
+    };
+    for (size_t i = 0; i < sizeof tpls / sizeof *tpls; i++) {
+        (void)render(tpls[i], NULL, &out, &err);
+        free(out);
+        out = NULL;
+    }
+}
+
 static void test_expr_division_gives_float(void **state)
 {
     (void)state;
@@ -644,6 +663,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_expr_integer_arithmetic_follows_python),
+        cmocka_unit_test(test_expr_huge_floats_as_integers_saturate),
         cmocka_unit_test(test_expr_division_gives_float),
         cmocka_unit_test(test_expr_float_repr_switches_to_exponent),
         cmocka_unit_test(test_expr_tilde_concatenates_as_strings),
