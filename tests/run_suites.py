@@ -208,11 +208,13 @@ def suite_fuzz(build, seconds):
         crashes = os.path.join(build, "crashes-" + target)
         os.makedirs(crashes, exist_ok=True)
         print("fuzz: %s for %d s from %s" % (target, seconds, " ".join(dirs)), flush=True)
+        # undefined behaviour is a finding too: without this UBSan reports and goes on
+        env = dict(os.environ, UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
         p = subprocess.run([exe, "-max_total_time=%d" % seconds, "-timeout=10",
                             "-rss_limit_mb=2048", "-print_final_stats=1",
                             "-artifact_prefix=" + crashes + "/"] + dirs,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           errors="replace")
+                           errors="replace", env=env)
         tail = p.stdout.splitlines()[-25:]
         print("\n".join(tail))
         if p.returncode == 0:

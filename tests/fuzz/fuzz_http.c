@@ -538,6 +538,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uv_poll_stop(&c.poll);
     uv_close((uv_handle_t *)&c.poll, NULL);
     uv_run(&g_loop, UV_RUN_NOWAIT);
+    /* a reset, not a close: the client would keep every port it used in TIME_WAIT,
+     * and at thousands of runs a second the ephemeral ports run out */
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    (void)setsockopt(c.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     close(c.fd);
     free(c.buf);
     return 0;
