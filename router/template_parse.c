@@ -109,15 +109,17 @@ static str_t decode_string(parser_t *p, const char *s, size_t n, int line, int c
         case '\n': break; /* line continuation */
         case 'x': case 'u': case 'U': {
             int nd = c == 'x' ? 2 : c == 'u' ? 4 : 8;
-            int32_t cp = 0;
+            uint32_t cp = 0; /* eight hex digits may pass int32_t */
             for (int k = 0; k < nd; k++) {
                 char h = i + 1 + (size_t)k < n ? s[i + 1 + (size_t)k] : 0;
                 if (!isxdigit((unsigned char)h))
                     perr(p, line, col, "truncated \\%c escape in string literal", c);
-                cp = cp * 16 + (isdigit((unsigned char)h) ? h - '0' : (tolower(h) - 'a' + 10));
+                cp = cp * 16 + (uint32_t)(isdigit((unsigned char)h) ? h - '0' : (tolower(h) - 'a' + 10));
             }
+            if (cp > 0x10FFFF) /* as Python: no such character */
+                perr(p, line, col, "\\%c escape U+%X is past U+10FFFF in string literal", c, cp);
             i += (size_t)nd;
-            rt__sb_put_cp(p->a, &b, cp);
+            rt__sb_put_cp(p->a, &b, (int32_t)cp);
             break;
         }
         default:

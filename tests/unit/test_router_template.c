@@ -124,6 +124,17 @@ static void test_expr_huge_floats_as_integers_saturate(void **state)
     }
 }
 
+static void test_string_escapes_past_unicode_are_refused(void **state)
+{
+    (void)state;
+    expect("{{ '\\U0001F600\\x41\\u00e9' }}", NULL, "\xF0\x9F\x98\x80" "A" "\xC3\xA9");
+    bl_err_t err = {0};
+    char *out = NULL;
+    assert_int_equal(render("{{ '\\UFFFFFFFF' }}", NULL, &out, &err), RT_ESYNTAX);
+    assert_non_null(strstr(err.msg, "past U+10FFFF"));
+    assert_int_equal(render("{{ '\\U00110000' }}", NULL, &out, &err), RT_ESYNTAX);
+}
+
 static void test_expr_division_gives_float(void **state)
 {
     (void)state;
@@ -664,6 +675,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_expr_integer_arithmetic_follows_python),
         cmocka_unit_test(test_expr_huge_floats_as_integers_saturate),
+        cmocka_unit_test(test_string_escapes_past_unicode_are_refused),
         cmocka_unit_test(test_expr_division_gives_float),
         cmocka_unit_test(test_expr_float_repr_switches_to_exponent),
         cmocka_unit_test(test_expr_tilde_concatenates_as_strings),
