@@ -239,6 +239,7 @@ typedef struct rs {
     scope_t *root;    /* template-level variables (set at the top level) */
     scope_t *globals; /* the context and the built-in globals */
     int calls;
+    uint64_t steps;   /* work done so far (see step), against RT_TEMPLATE_MAX_STEPS */
     const node_t *at; /* node being evaluated, for error positions */
     value_t blockval; /* body of the innermost {% filter %} block */
 } rs_t;
@@ -258,6 +259,18 @@ static _Noreturn void rfail(rs_t *r, int code, const char *fmt, ...)
 }
 
 #define RFAIL(r, ...) rfail((r), RT_ERENDER, __VA_ARGS__)
+
+/* Counts n units of work: a statement, a loop turn, a comparison, an item that `in`
+ * looks at. Loops and the data they walk may come from the client (messages,
+ * tools), so a template that is quadratic in them is stopped at a limit, not left
+ * running. */
+static void step(rs_t *r, uint64_t n)
+{
+    r->steps += n;
+    if (r->steps > RT_TEMPLATE_MAX_STEPS)
+        rfail(r, RT_ELIMIT, "the render took more than %llu steps",
+              (unsigned long long)RT_TEMPLATE_MAX_STEPS);
+}
 
 // --- constructors
 
@@ -857,6 +870,7 @@ static int cmp_str(str_t a, str_t b)
  * element-wise; anything else is a TypeError. */
 static int v_cmp(rs_t *r, const value_t *a, const value_t *b, const char *op)
 {
+    step(r, 1);
     if (is_num(a) && is_num(b)) {
         if (a->t == V_FLOAT || b->t == V_FLOAT) {
             double x = num_f(a), y = num_f(b);
@@ -1253,6 +1267,7 @@ static bool v_in(rs_t *r, const value_t *a, const value_t *b)
             return true;
         return memmem(b->u.s.p, b->u.s.n, a->u.s.p, a->u.s.n) != NULL;
     case V_LIST:
+        step(r, b->u.l->n);
         for (size_t i = 0; i < b->u.l->n; i++)
             if (v_eq(a, &b->u.l->v[i], 0))
                 return true;
@@ -1262,6 +1277,7 @@ static bool v_in(rs_t *r, const value_t *a, const value_t *b)
             break;
         if ((a->t == V_LIST && !a->u.l->tuple) || a->t == V_DICT)
             RFAIL(r, "unhashable type: '%s'", type_name(a));
+        step(r, b->u.d->n);
         return dict_find(b->u.d, a) != NULL;
     default:
         break;
@@ -2978,6 +2994,7 @@ static int exec_for(rs_t *r, const node_t *n, scope_t *s, sb_t *out)
     if (n->b) { /* `for x in xs if cond`: filter first, so loop.length counts what is kept */
         list_t *kept = list_new(r, 0);
         for (size_t i = 0; i < items->n; i++) {
+            step(r, 1);
             scope_t *fs = scope_new(r, s);
             assign(r, fs, n, &items->v[i]);
             value_t c = eval(r, n->b, fs);
@@ -2994,6 +3011,7 @@ static int exec_for(rs_t *r, const node_t *n, scope_t *s, sb_t *out)
     value_t lv = {.t = V_LOOP};
     lv.u.lp = lp;
     for (size_t i = 0; i < items->n; i++) {
+        step(r, 1);
         lp->i = i;
         /* a fresh scope per iteration: what the body sets does not outlive it */
         scope_t *is = scope_new(r, s);
@@ -3011,6 +3029,7 @@ static int exec_body(rs_t *r, node_t *const *body, int nb, scope_t *s, sb_t *out
     for (int i = 0; i < nb; i++) {
         const node_t *n = body[i];
         r->at = n;
+        step(r, 1);
         switch (n->kind) {
         case S_TEXT:
             rt__sb_put(&r->a, out, n->lit.u.s.p, n->lit.u.s.n);

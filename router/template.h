@@ -34,14 +34,17 @@ enum {
  *   RT_TEMPLATE_MAX_MEMORY   bytes the render arena may take (strings built in
  *                            loops, converted context, intermediate values)
  *   RT_TEMPLATE_MAX_RANGE    items range() may produce (as Jinja's sandbox)
+ *   RT_TEMPLATE_MAX_STEPS    work one render may do: statements run, loop turns,
+ *                            comparisons, items `in` searches (a template quadratic in
+ *                            the client's messages stops here instead of hanging)
  *   RT_TEMPLATE_MAX_DATA_DEPTH nesting of values printed or serialised (tojson of
  *                            a namespace that holds itself) */
 #define RT_TEMPLATE_MAX_SOURCE (8u << 20)
 #define RT_TEMPLATE_MAX_NESTING 200
 #define RT_TEMPLATE_MAX_CALLS 200
-/* The three limits on what a render may produce can be lowered where the engine is
- * compiled (-DRT_TEMPLATE_MAX_OUTPUT=...): the fuzz target renders with smaller ones,
- * so that one input cannot take a second and a gigabyte within the limits. */
+/* The four limits on what a render may produce or do can be lowered where the engine
+ * is compiled (-DRT_TEMPLATE_MAX_OUTPUT=...): the fuzz target renders with smaller
+ * ones, so that one input cannot take a second and a gigabyte within the limits. */
 #ifndef RT_TEMPLATE_MAX_OUTPUT
 #define RT_TEMPLATE_MAX_OUTPUT (64u << 20)
 #endif
@@ -50,6 +53,9 @@ enum {
 #endif
 #ifndef RT_TEMPLATE_MAX_RANGE
 #define RT_TEMPLATE_MAX_RANGE 100000
+#endif
+#ifndef RT_TEMPLATE_MAX_STEPS
+#define RT_TEMPLATE_MAX_STEPS 100000000ull
 #endif
 #define RT_TEMPLATE_MAX_DATA_DEPTH 512
 

@@ -1,8 +1,8 @@
 /* libFuzzer target for the chat-template engine (router/template.c,
  * router/template_parse.c). The engine is compiled into this target with lower
  * render limits (tests/fuzz/meson.build: 1 MiB of output, 64 MiB of arena, range()
- * of 1000 items), so that one input cannot spend seconds and gigabytes inside the
- * documented limits.
+ * of 1000 items, a million steps), so that one input cannot spend seconds and
+ * gigabytes inside the documented limits.
  *
  * Input: the template's source, a NUL, then a JSON object as the context. Without a
  * NUL, or when the rest is not a JSON object, the context is a fixed conversation

@@ -39,6 +39,9 @@ static void *budget_calloc(size_t k, size_t n)
     return calloc(k, n);
 }
 
+/* A smaller work limit than the server's, so that a test of it runs in a moment. */
+#define RT_TEMPLATE_MAX_STEPS 2000000ull
+
 #define malloc(n) budget_malloc(n)
 #define calloc(k, n) budget_calloc(k, n)
 #include "template.c"
@@ -424,6 +427,19 @@ static void test_filter_map_generator_prints_no_address(void **state)
            "<generator object>|<generator object>");
 }
 
+/* Nested loops over what the client sends are quadratic in it; a render that does
+ * more work than the limit is refused instead of running on. */
+static void test_limit_steps_stop_a_quadratic_render(void **state)
+{
+    (void)state;
+    expect_error("{% for i in range(3000) %}{% for j in range(3000) %}{% endfor %}{% endfor %}x",
+                 NULL, RT_ELIMIT, "steps");
+    expect_error("{% for m in range(3000) if m in range(3000) %}{% endfor %}", NULL, RT_ELIMIT,
+                 "steps");
+    expect("{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}x", NULL,
+           "x");
+}
+
 static void test_filter_select_on_none_is_empty(void **state)
 {
     (void)state;
@@ -719,6 +735,7 @@ int main(void)
         cmocka_unit_test(test_filter_selectattr_and_map),
         cmocka_unit_test(test_filter_select_on_none_is_empty),
         cmocka_unit_test(test_filter_map_generator_prints_no_address),
+        cmocka_unit_test(test_limit_steps_stop_a_quadratic_render),
         cmocka_unit_test(test_filter_trim_join_upper),
         cmocka_unit_test(test_filter_dictsort_and_items),
         cmocka_unit_test(test_filter_indent_skips_first_line_and_blank_lines),
