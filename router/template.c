@@ -1267,10 +1267,12 @@ static bool v_in(rs_t *r, const value_t *a, const value_t *b)
             return true;
         return memmem(b->u.s.p, b->u.s.n, a->u.s.p, a->u.s.n) != NULL;
     case V_LIST:
-        step(r, b->u.l->n);
         for (size_t i = 0; i < b->u.l->n; i++)
-            if (v_eq(a, &b->u.l->v[i], 0))
+            if (v_eq(a, &b->u.l->v[i], 0)) {
+                step(r, i + 1);
                 return true;
+            }
+        step(r, b->u.l->n);
         return false;
     case V_DICT:
         if (b->u.d->ns)
@@ -2047,22 +2049,39 @@ static value_t sort_key(rs_t *r, const value_t *v, bool case_sensitive, const va
     return k;
 }
 
-/* Stable sort of items by keys (insertion sort: lists in templates are short). */
+/* Stable sort of items by keys: a merge sort, since the lists may be the client's
+ * (messages, tools) and long. An item moves before an earlier one only when its key
+ * is strictly smaller (larger with reverse), so equal keys keep their order, as in
+ * Python's sorted() both ways. */
 static void stable_sort(rs_t *r, value_t *items, value_t *keys, size_t n, bool reverse)
 {
-    for (size_t i = 1; i < n; i++) {
-        value_t it = items[i], k = keys[i];
-        size_t j = i;
-        while (j > 0) {
-            int cm = v_cmp(r, &keys[j - 1], &k, "<");
-            if (reverse ? cm >= 0 : cm <= 0)
-                break;
-            items[j] = items[j - 1];
-            keys[j] = keys[j - 1];
-            j--;
+    if (n < 2)
+        return;
+    value_t *bi = rt__alloc(&r->a, n * sizeof *bi), *bk = rt__alloc(&r->a, n * sizeof *bk);
+    value_t *si = items, *sk = keys; /* the runs of width w are in si/sk */
+    for (size_t w = 1; w < n; w *= 2) {
+        for (size_t lo = 0; lo < n; lo += 2 * w) {
+            size_t mid = lo + w < n ? lo + w : n, hi = mid + w < n ? mid + w : n;
+            size_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) {
+                int cm = v_cmp(r, &sk[j], &sk[i], "<");
+                size_t from = (reverse ? cm > 0 : cm < 0) ? j++ : i++;
+                bi[k] = si[from];
+                bk[k++] = sk[from];
+            }
+            for (; i < mid; i++, k++)
+                bi[k] = si[i], bk[k] = sk[i];
+            for (; j < hi; j++, k++)
+                bi[k] = si[j], bk[k] = sk[j];
         }
-        items[j] = it;
-        keys[j] = k;
+        value_t *t = si;
+        si = bi, bi = t;
+        t = sk;
+        sk = bk, bk = t;
+    }
+    if (si != items) {
+        memcpy(items, si, n * sizeof *items);
+        memcpy(keys, sk, n * sizeof *keys);
     }
 }
 

@@ -440,6 +440,20 @@ static void test_limit_steps_stop_a_quadratic_render(void **state)
            "x");
 }
 
+/* A sort of the client's data may be long: it must fit the work limit (a quadratic
+ * sort of 3000 reversed items takes 4.5 million comparisons), and keep equal keys in
+ * their order both ways, as Python does. */
+static void test_filter_sort_of_a_long_list_fits_the_step_limit(void **state)
+{
+    (void)state;
+    expect("{{ range(3000) | reverse | sort | first }} {{ range(3000) | sort(reverse=true) | first }}",
+           NULL, "0 2999");
+    expect("{% set xs = [{'k': 1, 'v': 'a'}, {'k': 0, 'v': 'b'}, {'k': 1, 'v': 'c'}, {'k': 0, 'v': 'd'}] %}"
+           "{{ xs | sort(attribute='k') | map(attribute='v') | join }} "
+           "{{ xs | sort(attribute='k', reverse=true) | map(attribute='v') | join }}",
+           NULL, "bdac acbd");
+}
+
 static void test_filter_select_on_none_is_empty(void **state)
 {
     (void)state;
@@ -736,6 +750,7 @@ int main(void)
         cmocka_unit_test(test_filter_select_on_none_is_empty),
         cmocka_unit_test(test_filter_map_generator_prints_no_address),
         cmocka_unit_test(test_limit_steps_stop_a_quadratic_render),
+        cmocka_unit_test(test_filter_sort_of_a_long_list_fits_the_step_limit),
         cmocka_unit_test(test_filter_trim_join_upper),
         cmocka_unit_test(test_filter_dictsort_and_items),
         cmocka_unit_test(test_filter_indent_skips_first_line_and_blank_lines),
