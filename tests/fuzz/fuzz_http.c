@@ -187,6 +187,37 @@ static void turn(int *turns)
     uv_run(&g_loop, UV_RUN_ONCE);
 }
 
+/* A connection to s from the next address of 127/8. The client closes first, so
+ * each connection it made stays in TIME_WAIT for a minute; from one address the ports
+ * would run out at thousands of runs a second. A pair still waiting from an earlier
+ * process (which walked the same addresses) refuses the bind or the connect: the
+ * next address is tried. Each process starts its walk elsewhere. */
+static int connect_client(const server_t *s)
+{
+    static uint32_t next_local;
+    if (!next_local)
+        next_local = (uint32_t)getpid() * 2654435761u | 1u;
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)rt_http_port(s->http))};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int e = 0;
+    for (int tries = 0; tries < 64; tries++) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        check(fd >= 0, "socket");
+        struct sockaddr_in local = {.sin_family = AF_INET};
+        local.sin_addr.s_addr = htonl(0x7f000000u | (1u + next_local++ % 0xfffffeu));
+        if (bind(fd, (struct sockaddr *)&local, sizeof local) == 0 &&
+            connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0)
+            return fd;
+        e = errno;
+        close(fd);
+        if (e != EADDRINUSE && e != EADDRNOTAVAIL)
+            break;
+    }
+    fprintf(stderr, "fuzz_http: connect: %s\n", strerror(e));
+    abort();
+}
+
 // --- the response checker ------------------------------------------------------------------
 
 static int is_tchar(int c)
@@ -492,19 +523,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const size_t n = size - 1;
 
     client_t c = {0};
-    c.fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    check(c.fd >= 0, "socket");
-    struct sockaddr_in sa = {.sin_family = AF_INET,
-                             .sin_port = htons((uint16_t)rt_http_port(s->http))};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    /* each connection from another address of 127/8: a server that closes first
-     * keeps its side in TIME_WAIT, and from one address the ports run out at
-     * thousands of runs a second */
-    static uint32_t next_local;
-    struct sockaddr_in local = {.sin_family = AF_INET};
-    local.sin_addr.s_addr = htonl(0x7f000000u | (1u + next_local++ % 0xfffffeu));
-    check(bind(c.fd, (struct sockaddr *)&local, sizeof local) == 0, "bind");
-    check(connect(c.fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect");
+    c.fd = connect_client(s);
     check(fcntl(c.fd, F_SETFL, fcntl(c.fd, F_GETFL) | O_NONBLOCK) == 0, "fcntl");
     uv_poll_init(&g_loop, &c.poll, c.fd);
     c.poll.data = &c;
