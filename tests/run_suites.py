@@ -215,8 +215,12 @@ def suite_fuzz(build, seconds):
                             "-artifact_prefix=" + crashes + "/"] + dirs,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            errors="replace", env=env)
-        tail = p.stdout.splitlines()[-25:]
-        print("\n".join(tail))
+        lines = p.stdout.splitlines()
+        # what the target said it found (its own check, a sanitizer) sits far above
+        # the stack trace and the stats: shown beside the tail
+        found = [l for l in lines[:-25]
+                 if re.match(r"(%s: |==\d+==\s*ERROR|.*runtime error:|SUMMARY: )" % target, l)]
+        print("\n".join(found[:20] + lines[-25:]))
         if p.returncode == 0:
             t.passed += 1
         else:

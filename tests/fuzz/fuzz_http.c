@@ -31,6 +31,7 @@
 
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <time.h>
@@ -187,6 +188,26 @@ static void turn(int *turns)
     uv_run(&g_loop, UV_RUN_ONCE);
 }
 
+/* A non-blocking connect in progress: waits for its outcome (libFuzzer's timeout
+ * timer interrupts waits once a second, so EINTR only means "again") and returns 0
+ * or its errno. */
+static int connect_wait(int fd)
+{
+    for (;;) {
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        int n = poll(&pf, 1, ANSWER_MS);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return n == 0 ? ETIMEDOUT : errno;
+        int so = 0;
+        socklen_t len = sizeof so;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &len) != 0)
+            return errno;
+        return so;
+    }
+}
+
 /* A connection to s from the next address of 127/8. The client closes first, so
  * each connection it made stays in TIME_WAIT for a minute; from one address the ports
  * would run out at thousands of runs a second. A pair still waiting from an earlier
@@ -202,14 +223,15 @@ static int connect_client(const server_t *s)
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     int e = 0;
     for (int tries = 0; tries < 64; tries++) {
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         check(fd >= 0, "socket");
         struct sockaddr_in local = {.sin_family = AF_INET};
         local.sin_addr.s_addr = htonl(0x7f000000u | (1u + next_local++ % 0xfffffeu));
         if (bind(fd, (struct sockaddr *)&local, sizeof local) == 0 &&
-            connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0)
+            ((e = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 ? 0 : errno) == 0 ||
+             ((e == EINPROGRESS || e == EINTR) && (e = connect_wait(fd)) == 0)))
             return fd;
-        e = errno;
+        e = e ? e : errno;
         close(fd);
         if (e != EADDRINUSE && e != EADDRNOTAVAIL)
             break;
@@ -524,7 +546,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     client_t c = {0};
     c.fd = connect_client(s);
-    check(fcntl(c.fd, F_SETFL, fcntl(c.fd, F_GETFL) | O_NONBLOCK) == 0, "fcntl");
     uv_poll_init(&g_loop, &c.poll, c.fd);
     c.poll.data = &c;
     uv_poll_start(&c.poll, UV_READABLE, on_readable);
