@@ -1,4 +1,4 @@
-/* The whole model on the card (worker/models/qwen3moe_cuda.c) against
+/* The whole model on the card (worker/backend_cuda.c) against
  * ../shared/oracle: both qwen3moe models, all three prompts, under the CPU path's
  * gates (precise: mean |dlogit| <= 0.005, max <= 0.05 and |dlse| <= 0.05 against the
  * exact pass; fast: top-1 and mean no worse than llama.cpp's); every prompt runs

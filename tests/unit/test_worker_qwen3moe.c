@@ -1,4 +1,4 @@
-/* Tests for worker/models/qwen3moe.c: the forward pass against the oracle
+/* Tests for worker/models/qwen3.c over the CPU backend: the forward pass against the oracle
  * (../shared/oracle/logits: an exact float64 pass and llama.cpp's CPU output) on
  * both qwen3moe models, precise mode and the fast path; thread-count determinism;
  * batched prompt == token-by-token decode; greedy decoding against llama.cpp's;

@@ -1,0 +1,157 @@
+/* The backend ops a model family's forward pass is written over, once: the CPU
+ * backend (backend_cpu.c, kernels/cpu) and the CUDA backend (backend_cuda.c,
+ * kernels/cuda) implement them. A family (models/<arch>.c) calls them top to
+ * bottom for a step; how a backend schedules them (threads, a CUDA graph per
+ * decode batch, tensor-core GEMMs for prompts, fused launches) is its own business.
+ *
+ * Memory: activations are pointers into the backend's memory (host for the CPU, the
+ * card for CUDA), made by alloc and freed with the backend; the forward pass does
+ * arithmetic on them but never reads them. Weights are wk_tensor_t: the file's view
+ * (what the CPU reads) and the backend's copy where it has one, registered once at
+ * load (add, add_vec, add_stack) and placed by commit.
+ *
+ * A step: begin (the rows, their sequences and caches, where the outputs go), the
+ * ops, end. begin may answer WK_STEP_REPLAYED (the CUDA backend replayed a captured
+ * graph of the same step shape): the forward pass then skips to end. end is called
+ * whatever the ops returned, with their status, so that a capture is closed. */
+#ifndef WK_BACKEND_H
+#define WK_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "kcpu.h"
+#include "wk.h"
+
+/* A matrix: rows of a GGML block format. */
+typedef struct wk_tensor {
+    kcpu_mat_t h; /* the file's view (or the process's copy of it) */
+    void *d;      /* the backend's placed copy, NULL where the backend reads h */
+} wk_tensor_t;
+
+/* An f32 vector (norm weights). */
+typedef struct wk_vec {
+    const float *h; /* the file's */
+    const float *p; /* what the ops read: h on the CPU, the card's copy on CUDA */
+} wk_vec_t;
+
+/* One sequence's rows in a step: rows [row0, row0 + n) at positions pos.., its
+ * cache, logits wanted for its last n_out rows. */
+typedef struct wk_seg {
+    wk_kv_t *kv;
+    const int32_t *tokens; /* first stage only */
+    int64_t row0, n, pos, n_out;
+} wk_seg_t;
+
+typedef struct wk_step {
+    const wk_seg_t *seg;
+    int64_t nseg;
+    int64_t n;        /* rows, <= n_batch */
+    const float *x_in; /* a later stage's input rows (host) */
+    float *x_out;     /* an earlier stage's output rows (host) */
+    float *logits;    /* the last stage's logits (host): the n_out rows in order */
+} wk_step_t;
+
+/* The routed experts of a MoE layer. */
+typedef struct wk_moe {
+    wk_tensor_t gate_inp;  // (n_expert, n_embd)
+    wk_tensor_t gate_exps; // (n_expert * n_ff_exp, n_embd): expert e is rows e*n_ff_exp..
+    wk_tensor_t up_exps;   // (n_expert * n_ff_exp, n_embd)
+    wk_tensor_t down_exps; // (n_expert * n_embd, n_ff_exp)
+    int64_t n_expert, n_used, n_ff;
+    int norm;              /* the top-k weights renormalised to sum 1 */
+} wk_moe_t;
+
+/* Attention with per-head q/k RMSNorm and NEOX RoPE (Qwen3). */
+typedef struct wk_attn {
+    const float *q_norm, *k_norm; /* (head_dim), the backend's */
+    int64_t n_head, n_head_kv, head_dim;
+    float eps, rope_base, scale;
+} wk_attn_t;
+
+#define WK_STEP_REPLAYED 1
+#define WK_ADD_PIECES 1
+#define WK_ADD_TABLE 2
+
+typedef struct wk_backend wk_backend_t;
+
+/* Computes the experts of rows that are not this backend's (see wk_experts_fn). */
+typedef struct wk_remote {
+    wk_experts_fn fn;
+    void *ctx;
+} wk_remote_t;
+
+typedef struct wk_backend_ops {
+    const char *(*name)(const wk_backend_t *b);
+    void (*destroy)(wk_backend_t *b);
+    /* memory for activations: nbytes, 64-aligned; NULL when out of memory */
+    void *(*alloc)(wk_backend_t *b, size_t nbytes);
+    /* weights, in file order; commit places them all (the CUDA arena). flags:
+     * WK_ADD_PIECES, a product the backend may run over pieces of the matrix (the
+     * head), so its scratch need not hold all of it; WK_ADD_TABLE, only rows of it
+     * are read (token embeddings), it takes part in no product */
+    int (*add)(wk_backend_t *b, wk_tensor_t *t, int flags, bl_err_t *err);
+    int (*add_vec)(wk_backend_t *b, wk_vec_t *v, int64_t n, bl_err_t *err);
+    /* q, k, v of one layer: placed back to back where their formats allow, so that
+     * qkv can read them as one matrix */
+    int (*add_stack)(wk_backend_t *b, wk_tensor_t *const t[3], bl_err_t *err);
+    int (*commit)(wk_backend_t *b, bl_err_t *err);
+    /* a KV cache's memory: kv->buf of kv->n_layer * 2 * n_ctx * row_bytes */
+    int (*kv_alloc)(wk_backend_t *b, wk_kv_t *kv, bl_err_t *err);
+    void (*kv_free)(wk_backend_t *b, wk_kv_t *kv);
+
+    /* --- a step */
+    int (*begin)(wk_backend_t *b, const wk_step_t *st, float *x, bl_err_t *err);
+    int (*end)(wk_backend_t *b, const wk_step_t *st, int status, const float *x, bl_err_t *err);
+    /* x (n, ncols) = the rows of the step's tokens */
+    int (*embed)(wk_backend_t *b, const wk_tensor_t *table, float *x, bl_err_t *err);
+    /* y (n, d) = RMSNorm of x (n, d) times g */
+    int (*rms_norm)(wk_backend_t *b, const char *op, float *y, const float *x, const float *g, int64_t n,
+                    int64_t d, float eps, bl_err_t *err);
+    /* q, k, v (n, their rows) = x (n, ncols) times each matrix's transpose */
+    int (*qkv)(wk_backend_t *b, const wk_tensor_t *wq, const wk_tensor_t *wk, const wk_tensor_t *wv,
+               const float *x, int64_t n, float *q, float *k, float *v, bl_err_t *err);
+    /* y (n, w rows) = x (n, w cols) w^T, or y += that when acc */
+    int (*matmul)(wk_backend_t *b, const char *op, const wk_tensor_t *w, const float *x, int64_t n, float *y,
+                  int acc, bl_err_t *err);
+    /* causal attention of the step's rows for model layer l: q and k normed per head
+     * and rotated (in place), k and v stored in each sequence's cache, att (n,
+     * n_head * head_dim) the attended values */
+    int (*attention)(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *q, float *k, const float *v,
+                     float *att, bl_err_t *err);
+    /* x (n, n_embd) += the routed experts of the rows xn: the router, top-k, each
+     * row's experts (those placed elsewhere through remote, when set), weighted */
+    int (*moe)(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remote_t *remote, const float *xn,
+               int64_t n, float *x, bl_err_t *err);
+    /* x += down(silu(gate xn) * up xn), the dense SwiGLU FFN */
+    int (*ffn)(wk_backend_t *b, const wk_tensor_t *gate, const wk_tensor_t *up, const wk_tensor_t *down,
+               const float *xn, int64_t n, float *x, bl_err_t *err);
+    /* the logits of each sequence's last n_out rows of x: norm, then the head */
+    int (*head)(wk_backend_t *b, const float *norm, float eps, const wk_tensor_t *out, const float *x,
+                bl_err_t *err);
+} wk_backend_ops_t;
+
+/* What a backend sizes its scratch for. */
+typedef struct wk_backend_cfg {
+    const char *path; /* the model's file, for messages */
+    const wk_config_t *c;
+    const wk_model_opts_t *o;
+    int64_t lb, le; /* the stage's layers */
+} wk_backend_cfg_t;
+
+struct wk_backend {
+    const wk_backend_ops_t *op;
+};
+
+/* The CPU backend; its experts are what a hosttier computes (wk__cpu_experts). */
+int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *err) BL_WUR;
+/* out (n, n_embd) = the routed experts of rows xn with their chosen ids and wts */
+void wk__cpu_experts(wk_backend_t *b, const wk_moe_t *e, const float *xn, int64_t n, const int32_t *ids,
+                     const float *wts, float *out);
+/* The CUDA backend on cfg->o->device; BL_ENOTSUP in a build without CUDA. */
+int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *err) BL_WUR;
+int wk__cuda_profile(wk_backend_t *b, wk_prof_op_t *out, int cap, int reset);
+int wk__cuda_bandwidth(wk_backend_t *b, size_t nbytes, double *bytes_per_s, bl_err_t *err) BL_WUR;
+
+#endif

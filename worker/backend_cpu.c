@@ -1,0 +1,446 @@
+/* The CPU backend: the backend ops over kernels/cpu, on the model's thread with its
+ * own thread pool. Weights are read where the file view points (the mapping, or the
+ * process's copy of it); activations and KV caches are host memory. A step's
+ * products go to the pool whole; its rows never change a bit (kcpu.h). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "blocks.h"
+#include "kcpu.h"
+#include "model.h"
+#include "quant.h"
+
+/* Most experts one step's rows may use for the grouped path of moe: a job list of
+ * gate and up per expert must fit kcpu_matmul_many. */
+#define MOE_GROUP_MAX (KCPU_MM_MAX_JOBS / 2)
+
+/* The grouped expert pass's job list (kept out of the stack: it is large). */
+typedef struct moe_jobs {
+    kcpu_mat_t gate[MOE_GROUP_MAX], up[MOE_GROUP_MAX], down[MOE_GROUP_MAX];
+    kcpu_mm_job_t job[2 * MOE_GROUP_MAX];
+    int64_t at[MOE_GROUP_MAX], cnt[MOE_GROUP_MAX];
+} moe_jobs_t;
+
+typedef struct cpu {
+    wk_backend_t b;
+    const wk_config_t *c;
+    const wk_model_opts_t *o;
+    int64_t lb;
+    kcpu_ctx_t *kc;
+    const wk_step_t *st; /* the step running */
+    void **allocs;       /* what alloc gave out, freed with the backend */
+    int n_allocs, cap_allocs;
+    /* scratch for n_batch rows */
+    float *o_;    // (n_batch, n_embd) a block's output before the residual add
+    float *rope;  // (n_batch, head_dim / 2, 2) cos, sin
+    int32_t *pos; // (n_batch)
+    float *rl;    // (n_batch, n_expert) router logits
+    int32_t *ids; // (n_batch, n_expert_used) selected experts
+    float *wts;   // (n_batch, n_expert_used) their weights
+    int32_t *rows; // (n_batch * n_expert_used) rows routed to each expert, expert by expert
+    float *rw;    // (n_batch * n_expert_used) and their weights
+    float *xg;    // (n_batch, n_embd) rows gathered (norm before the head, expert fallback)
+    float *g;     // (n_batch * n_expert_used, ffn width) gate, then SwiGLU output
+    float *u;     // (n_batch * n_expert_used, ffn width) up
+    float *dg;    // (n_batch * n_expert_used, n_embd) down
+    moe_jobs_t jobs;
+} cpu_t;
+
+static const char *cpu_name(const wk_backend_t *b)
+{
+    (void)b;
+    return kcpu_variant_name();
+}
+
+static void cpu_destroy(wk_backend_t *b)
+{
+    cpu_t *p = (cpu_t *)b;
+    kcpu_ctx_destroy(p->kc);
+    for (int i = 0; i < p->n_allocs; i++)
+        free(p->allocs[i]);
+    free(p->allocs);
+    void *bufs[] = {p->o_, p->rope, p->pos, p->rl, p->ids, p->wts, p->rows, p->rw, p->xg, p->g, p->u, p->dg};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        free(bufs[i]);
+    free(p);
+}
+
+static void *cpu_alloc(wk_backend_t *b, size_t nbytes)
+{
+    cpu_t *p = (cpu_t *)b;
+    if (p->n_allocs == p->cap_allocs) {
+        const int cap = p->cap_allocs ? 2 * p->cap_allocs : 16;
+        void **a = realloc(p->allocs, sizeof *a * (size_t)cap);
+        if (!a)
+            return NULL;
+        p->allocs = a;
+        p->cap_allocs = cap;
+    }
+    void *q = NULL;
+    if (posix_memalign(&q, 64, nbytes ? (nbytes + 63) & ~(size_t)63 : 64) != 0)
+        return NULL;
+    p->allocs[p->n_allocs++] = q;
+    return q;
+}
+
+/* Weights are read in place. */
+static int cpu_add(wk_backend_t *b, wk_tensor_t *t, int flags, bl_err_t *err)
+{
+    (void)b, (void)flags, (void)err;
+    t->d = NULL;
+    return 0;
+}
+
+static int cpu_add_vec(wk_backend_t *b, wk_vec_t *v, int64_t n, bl_err_t *err)
+{
+    (void)b, (void)n, (void)err;
+    v->p = v->h;
+    return 0;
+}
+
+static int cpu_add_stack(wk_backend_t *b, wk_tensor_t *const t[3], bl_err_t *err)
+{
+    for (int i = 0; i < 3; i++)
+        (void)cpu_add(b, t[i], 0, err);
+    return 0;
+}
+
+static int cpu_commit(wk_backend_t *b, bl_err_t *err)
+{
+    (void)b, (void)err;
+    return 0;
+}
+
+static int cpu_kv_alloc(wk_backend_t *b, wk_kv_t *kv, bl_err_t *err)
+{
+    (void)b;
+    const size_t nbytes = (size_t)kv->n_layer * 2 * (size_t)kv->n_ctx * kv->row_bytes;
+    kv->buf = malloc(nbytes);
+    if (!kv->buf)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for a KV cache of %zu bytes", nbytes);
+    return 0;
+}
+
+static void cpu_kv_free(wk_backend_t *b, wk_kv_t *kv)
+{
+    (void)b;
+    free(kv->buf);
+}
+
+// --- a step -----------------------------------------------------------------------------
+
+static void add_rows(float *x, const float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] += y[i];
+}
+
+/* A prompt step runs on n_threads_batch; positions and the RoPE table of its rows. */
+static int cpu_begin(wk_backend_t *b, const wk_step_t *st, float *x, bl_err_t *err)
+{
+    (void)err;
+    cpu_t *p = (cpu_t *)b;
+    p->st = st;
+    int prompt = 0;
+    for (int64_t j = 0; j < st->nseg; j++)
+        prompt |= st->seg[j].n > 1;
+    (void)kcpu_ctx_set_threads(p->kc, prompt && p->o->n_threads_batch > 0 ? p->o->n_threads_batch
+                                                                            : p->o->n_threads);
+    for (int64_t j = 0; j < st->nseg; j++)
+        for (int64_t i = 0; i < st->seg[j].n; i++)
+            p->pos[st->seg[j].row0 + i] = (int32_t)(st->seg[j].pos + i);
+    if (p->lb > 0 && st->x_in) /* the model checked that a later stage has x_in */
+        memcpy(x, st->x_in, sizeof(float) * (size_t)(st->n * p->c->n_embd));
+    kcpu_rope_table(p->rope, p->pos, st->n, p->c->head_dim, p->c->rope_base);
+    return 0;
+}
+
+static int cpu_end(wk_backend_t *b, const wk_step_t *st, int status, const float *x, bl_err_t *err)
+{
+    (void)err;
+    cpu_t *p = (cpu_t *)b;
+    p->st = NULL;
+    if (status < 0)
+        return status;
+    if (st->x_out) /* an earlier stage; checked by the model */
+        memcpy(st->x_out, x, sizeof(float) * (size_t)(st->n * p->c->n_embd));
+    return 0;
+}
+
+/* Token embeddings: each row dequantized from the table. */
+static int cpu_embed(wk_backend_t *b, const wk_tensor_t *table, float *x, bl_err_t *err)
+{
+    (void)err;
+    cpu_t *p = (cpu_t *)b;
+    const wk_step_t *st = p->st;
+    const int64_t E = p->c->n_embd;
+    for (int64_t j = 0; j < st->nseg; j++)
+        for (int64_t i = 0; i < st->seg[j].n; i++) {
+            const int64_t r = st->seg[j].row0 + i;
+            const uint8_t *row = (const uint8_t *)table->h.data + (size_t)st->seg[j].tokens[i] * table->h.row_bytes;
+            /* The type was checked at load to have a dequantizer: cannot fail. */
+            if (bl_dequantize_row_ref(table->h.type, row, x + r * E, E) != 0)
+                memset(x + r * E, 0, sizeof(float) * (size_t)E);
+        }
+    return 0;
+}
+
+static int cpu_rms_norm(wk_backend_t *b, const char *op, float *y, const float *x, const float *g, int64_t n,
+                        int64_t d, float eps, bl_err_t *err)
+{
+    (void)b, (void)op, (void)err;
+    kcpu_rms_norm(y, x, g, n, d, d, eps);
+    return 0;
+}
+
+static int cpu_qkv(wk_backend_t *b, const wk_tensor_t *wq, const wk_tensor_t *wk, const wk_tensor_t *wv,
+                   const float *x, int64_t n, float *q, float *k, float *v, bl_err_t *err)
+{
+    (void)err;
+    cpu_t *p = (cpu_t *)b;
+    const kcpu_mm_job_t jobs[3] = {{.w = &wq->h, .x = x, .n = n, .y = q},
+                                   {.w = &wk->h, .x = x, .n = n, .y = k},
+                                   {.w = &wv->h, .x = x, .n = n, .y = v}};
+    kcpu_matmul_many(p->kc, jobs, 3);
+    return 0;
+}
+
+static int cpu_matmul(wk_backend_t *b, const char *op, const wk_tensor_t *w, const float *x, int64_t n, float *y,
+                      int acc, bl_err_t *err)
+{
+    (void)op, (void)err;
+    cpu_t *p = (cpu_t *)b;
+    if (!acc) {
+        kcpu_matmul(p->kc, &w->h, x, n, y);
+        return 0;
+    }
+    kcpu_matmul(p->kc, &w->h, x, n, p->o_);
+    add_rows(y, p->o_, n * w->h.nrows);
+    return 0;
+}
+
+/* The cache of model layer l (inside the stage the cache was made for). */
+static kcpu_kv_view_t kv_layer(const wk_kv_t *kv, int64_t l)
+{
+    l -= kv->model->lb;
+    const size_t plane = (size_t)kv->n_ctx * kv->row_bytes;
+    kcpu_kv_view_t v = {.k = kv->buf + (size_t)(2 * l) * plane,
+                        .v = kv->buf + (size_t)(2 * l + 1) * plane,
+                        .type = kv->type, .row_bytes = kv->row_bytes};
+    return v;
+}
+
+static int cpu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *q, float *k, const float *v,
+                         float *att, bl_err_t *err)
+{
+    (void)err;
+    cpu_t *p = (cpu_t *)b;
+    const wk_step_t *st = p->st;
+    const int64_t n = st->n, hd = a->head_dim;
+    const int64_t nq = a->n_head * hd, nkv = a->n_head_kv * hd;
+    kcpu_rms_norm(q, q, a->q_norm, n * a->n_head, hd, hd, a->eps);
+    kcpu_rms_norm(k, k, a->k_norm, n * a->n_head_kv, hd, hd, a->eps);
+    kcpu_rope_neox(q, p->rope, n, a->n_head, hd);
+    kcpu_rope_neox(k, p->rope, n, a->n_head_kv, hd);
+    for (int64_t j = 0; j < st->nseg; j++) {
+        const wk_seg_t *s = &st->seg[j];
+        const kcpu_kv_view_t kvl = kv_layer(s->kv, l);
+        kcpu_kv_store(&kvl, 0, k + s->row0 * nkv, s->pos, s->n, nkv);
+        kcpu_kv_store(&kvl, 1, v + s->row0 * nkv, s->pos, s->n, nkv);
+        kcpu_attention(p->kc, &kvl, q + s->row0 * nq, att + s->row0 * nq, s->n, s->pos, a->n_head, a->n_head_kv,
+                       hd, a->scale);
+    }
+    return 0;
+}
+
+/* Routed experts for n rows of xn (n, n_embd), each with K expert ids and weights,
+ * into out (n, n_embd). Rows are grouped by expert so each expert's weights are
+ * read once per batch; each row's sum runs in expert-id order. All experts'
+ * products go to the threads together, in two passes (gate and up of every expert,
+ * then every down) rather than two per product: the experts read their rows of xn
+ * in place, quantized once for all of them. A model with more experts than a job
+ * list holds runs expert by expert; both compute the same products on the same
+ * data, so they give the same bits, and so does the hosttier. */
+void wk__cpu_experts(wk_backend_t *b, const wk_moe_t *e, const float *xn, int64_t n, const int32_t *ids,
+                     const float *wts, float *out)
+{
+    cpu_t *p = (cpu_t *)b;
+    const int64_t E = p->c->n_embd, F = e->n_ff, K = e->n_used;
+    memset(out, 0, sizeof(float) * (size_t)(n * E));
+    if (e->n_expert <= MOE_GROUP_MAX) {
+        moe_jobs_t *sj = &p->jobs;
+        int64_t total = 0;
+        int ne = 0;
+        for (int64_t x = 0; x < e->n_expert; x++) {
+            int64_t k = 0;
+            for (int64_t r = 0; r < n; r++)
+                for (int64_t j = 0; j < K; j++)
+                    if (ids[r * K + j] == x) {
+                        p->rows[total + k] = (int32_t)r;
+                        p->rw[total + k] = wts[r * K + j];
+                        k++;
+                    }
+            if (k == 0)
+                continue;
+            sj->gate[ne] = kcpu_mat_rows(&e->gate_exps.h, x * F, F);
+            sj->up[ne] = kcpu_mat_rows(&e->up_exps.h, x * F, F);
+            sj->down[ne] = kcpu_mat_rows(&e->down_exps.h, x * E, E);
+            sj->job[2 * ne] = (kcpu_mm_job_t){.w = &sj->gate[ne], .x = xn, .nx = n,
+                                              .rows = p->rows + total, .n = k, .y = p->g + total * F};
+            sj->job[2 * ne + 1] = (kcpu_mm_job_t){.w = &sj->up[ne], .x = xn, .nx = n,
+                                                  .rows = p->rows + total, .n = k, .y = p->u + total * F};
+            sj->at[ne] = total;
+            sj->cnt[ne] = k;
+            total += k;
+            ne++;
+        }
+        kcpu_matmul_many(p->kc, sj->job, 2 * ne);
+        kcpu_swiglu(p->g, p->g, p->u, total * F);
+        for (int i = 0; i < ne; i++)
+            sj->job[i] = (kcpu_mm_job_t){.w = &sj->down[i], .x = p->g + sj->at[i] * F, .n = sj->cnt[i],
+                                         .y = p->dg + sj->at[i] * E};
+        kcpu_matmul_many(p->kc, sj->job, ne);
+        for (int64_t i = 0; i < total; i++) {
+            float *o = out + (int64_t)p->rows[i] * E;
+            const float *d = p->dg + i * E;
+            for (int64_t j = 0; j < E; j++)
+                o[j] += p->rw[i] * d[j];
+        }
+        return;
+    }
+    for (int64_t x = 0; x < e->n_expert; x++) {
+        int64_t cnt = 0;
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t j = 0; j < K; j++)
+                if (ids[r * K + j] == x) {
+                    p->rows[cnt] = (int32_t)r;
+                    p->rw[cnt] = wts[r * K + j];
+                    memcpy(p->xg + cnt * E, xn + r * E, sizeof(float) * (size_t)E);
+                    cnt++;
+                }
+        if (cnt == 0)
+            continue;
+        const kcpu_mat_t gate = kcpu_mat_rows(&e->gate_exps.h, x * F, F);
+        const kcpu_mat_t up = kcpu_mat_rows(&e->up_exps.h, x * F, F);
+        const kcpu_mat_t down = kcpu_mat_rows(&e->down_exps.h, x * E, E);
+        kcpu_matmul(p->kc, &gate, p->xg, cnt, p->g);
+        kcpu_matmul(p->kc, &up, p->xg, cnt, p->u);
+        kcpu_swiglu(p->g, p->g, p->u, cnt * F);
+        kcpu_matmul(p->kc, &down, p->g, cnt, p->dg);
+        for (int64_t i = 0; i < cnt; i++) {
+            float *o = out + (int64_t)p->rows[i] * E;
+            const float *d = p->dg + i * E;
+            for (int64_t j = 0; j < E; j++)
+                o[j] += p->rw[i] * d[j];
+        }
+    }
+}
+
+/* The gate and top-k here, the experts here or through the remote hook. */
+static int cpu_moe(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remote_t *remote, const float *xn,
+                   int64_t n, float *x, bl_err_t *err)
+{
+    cpu_t *p = (cpu_t *)b;
+    kcpu_matmul(p->kc, &e->gate_inp.h, xn, n, p->rl);
+    kcpu_moe_route(p->rl, n, e->n_expert, e->n_used, e->norm, p->ids, p->wts);
+    if (remote) {
+        int rc = remote->fn(remote->ctx, l, xn, n, p->ids, p->wts, p->o_, err);
+        if (rc < 0)
+            return rc;
+    } else {
+        wk__cpu_experts(b, e, xn, n, p->ids, p->wts, p->o_);
+    }
+    add_rows(x, p->o_, n * p->c->n_embd);
+    return 0;
+}
+
+static int cpu_ffn(wk_backend_t *b, const wk_tensor_t *gate, const wk_tensor_t *up, const wk_tensor_t *down,
+                   const float *xn, int64_t n, float *x, bl_err_t *err)
+{
+    (void)err;
+    cpu_t *p = (cpu_t *)b;
+    kcpu_matmul(p->kc, &gate->h, xn, n, p->g);
+    kcpu_matmul(p->kc, &up->h, xn, n, p->u);
+    kcpu_swiglu(p->g, p->g, p->u, n * gate->h.nrows);
+    kcpu_matmul(p->kc, &down->h, p->g, n, p->o_);
+    add_rows(x, p->o_, n * p->c->n_embd);
+    return 0;
+}
+
+/* Only the rows whose logits were asked for, gathered in order. */
+static int cpu_head(wk_backend_t *b, const float *norm, float eps, const wk_tensor_t *out, const float *x,
+                    bl_err_t *err)
+{
+    (void)err;
+    cpu_t *p = (cpu_t *)b;
+    const wk_step_t *st = p->st;
+    const int64_t E = p->c->n_embd;
+    int64_t n_out = 0;
+    for (int64_t j = 0; j < st->nseg; j++) {
+        const int64_t r0 = st->seg[j].row0 + st->seg[j].n - st->seg[j].n_out;
+        kcpu_rms_norm(p->xg + n_out * E, x + r0 * E, norm, st->seg[j].n_out, E, E, eps);
+        n_out += st->seg[j].n_out;
+    }
+    if (n_out > 0)
+        kcpu_matmul(p->kc, &out->h, p->xg, n_out, st->logits);
+    return 0;
+}
+
+static const wk_backend_ops_t cpu_ops = {
+    .name = cpu_name, .destroy = cpu_destroy, .alloc = cpu_alloc, .add = cpu_add, .add_vec = cpu_add_vec,
+    .add_stack = cpu_add_stack, .commit = cpu_commit, .kv_alloc = cpu_kv_alloc, .kv_free = cpu_kv_free,
+    .begin = cpu_begin, .end = cpu_end, .embed = cpu_embed, .rms_norm = cpu_rms_norm, .qkv = cpu_qkv,
+    .matmul = cpu_matmul, .attention = cpu_attention, .moe = cpu_moe, .ffn = cpu_ffn, .head = cpu_head,
+};
+
+int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *err)
+{
+    *out = NULL;
+    const wk_config_t *c = cfg->c;
+    const wk_model_opts_t *o = cfg->o;
+    cpu_t *p = calloc(1, sizeof *p);
+    if (!p)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the CPU backend");
+    p->b.op = &cpu_ops;
+    p->c = c;
+    p->o = o;
+    p->lb = cfg->lb;
+    const size_t B = (size_t)o->n_batch, E = (size_t)c->n_embd;
+    const size_t ff = (size_t)(c->moe ? c->n_ff_exp : c->n_ff);
+    const size_t ne = (size_t)(c->moe ? c->n_expert : 1), nu = (size_t)(c->moe ? c->n_expert_used : 1);
+    p->o_ = malloc(sizeof(float) * B * E);
+    p->rope = malloc(sizeof(float) * B * (size_t)c->head_dim);
+    p->pos = malloc(sizeof(int32_t) * B);
+    p->rl = malloc(sizeof(float) * B * ne);
+    p->ids = malloc(sizeof(int32_t) * B * nu);
+    p->wts = malloc(sizeof(float) * B * nu);
+    p->rows = malloc(sizeof(int32_t) * B * nu);
+    p->rw = malloc(sizeof(float) * B * nu);
+    p->xg = malloc(sizeof(float) * B * E);
+    p->g = malloc(sizeof(float) * B * nu * ff);
+    p->u = malloc(sizeof(float) * B * nu * ff);
+    p->dg = malloc(sizeof(float) * B * nu * E);
+    if (!p->o_ || !p->rope || !p->pos || !p->rl || !p->ids || !p->wts || !p->rows || !p->rw || !p->xg || !p->g ||
+        !p->u || !p->dg) {
+        cpu_destroy(&p->b);
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the CPU scratch (n_batch %zu)", B);
+    }
+    int64_t cols = c->n_embd;
+    cols = c->n_head * c->head_dim > cols ? c->n_head * c->head_dim : cols;
+    cols = c->n_ff > cols ? c->n_ff : cols;
+    cols = c->n_ff_exp > cols ? c->n_ff_exp : cols;
+    const kcpu_limits_t lim = {.max_cols = cols, .max_batch = o->n_batch, .max_ctx = o->n_ctx_max,
+                               .head_dim = c->head_dim};
+    const int mode = o->precise ? KCPU_PRECISE : o->act_terms == 1 ? KCPU_FAST8 : KCPU_FAST16;
+    /* one pool as large as the larger count; each step runs on the count it needs */
+    const int nt_max = o->n_threads_batch > o->n_threads ? o->n_threads_batch : o->n_threads;
+    int rc = kcpu_ctx_create(&p->kc, nt_max, mode, &lim, err);
+    if (rc < 0) {
+        cpu_destroy(&p->b);
+        return rc;
+    }
+    *out = &p->b;
+    return 0;
+}

@@ -1,0 +1,1071 @@
+/* The CUDA backend: the backend ops over kernels/cuda on one card. Owns the stage's
+ * weights in one device arena, its scratch, the KV caches' device memory, and the
+ * CUDA graphs that replay decode steps.
+ *
+ * Three schedules of the same ops, picked per step by begin:
+ * - decode (every sequence of the step one row, at most GRAPH_MAX_ROWS of them):
+ *   each row's cache, position and token come from a small table on the card (step
+ *   inputs), filled by one async copy from pinned memory, so the step is captured
+ *   once per (rows, context bucket) and replayed; q/k norm, RoPE and the cache store
+ *   fold into attention, routing into the experts' gate/up launch;
+ * - prompts and mixed steps: tensor-core GEMMs with f16 inputs and f32 accumulation
+ *   (weights dequantized to f16 scratch, activations rounded to f16 once per
+ *   product), the routed experts grouped by expert on the card (one grouped launch
+ *   per expert matrix and layer), flash attention per sequence on the f16 cache;
+ * - rows: a prompt through the decode kernels in row chunks, where the shapes do not
+ *   suit the GEMMs, cuBLAS is missing or BLOOMERY_CUDA_PROMPT=rows asks for it (the
+ *   reference the GEMM path is checked against).
+ * The residual stream stays f32; the KV cache is f16. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "bl_config.h"
+#include "model.h"
+
+#if BL_HAVE_CUDA
+
+#include "kcuda.h"
+#include "log.h"
+#include "quant.h"
+
+/* Decode steps of up to this many sequences are captured as graphs. */
+#define GRAPH_MAX_ROWS 64
+/* Prompt attention runs in chunks of this many rows, which bounds its scratch. */
+#define ATT_ROWS 64
+/* Context buckets of captured graphs: the grid covers 256 << i positions. */
+#define N_BUCKETS 24
+/* Each half of the pinned staging buffer the weights are uploaded through. */
+#define STAGE_BYTES ((size_t)64 << 20)
+/* The largest piece of a WK_ADD_PIECES matrix dequantized at once for a GEMM. */
+#define PIECE_BYTES ((size_t)256 << 20)
+/* Launches one profiled step may time, and distinct op names. */
+#define PROF_EVENTS 4096
+#define PROF_OPS 48
+
+enum { MODE_DECODE, MODE_PROMPT, MODE_ROWS };
+
+/* A placed matrix: the view into the arena, and for the first of a q/k(/v) stack
+ * the stacked view (data NULL when q and k could not stack). */
+typedef struct cw {
+    kcuda_mat_t m;
+    kcuda_mat_t stack;
+    int nstack; /* matrices in stack: 3, 2 (v apart) or 0 */
+} cw_t;
+
+/* One registered tensor's place in the arena. */
+typedef struct upload {
+    const void *src;
+    size_t nbytes, off;
+    wk_tensor_t *t; /* NULL for a vector */
+    wk_vec_t *v;
+    int flags;
+    int stack;      /* the first of a stack: how many follow it in the run (0, 2, 3) */
+} upload_t;
+
+typedef struct cuda {
+    wk_backend_t b;
+    const char *path;
+    const wk_config_t *c;
+    const wk_model_opts_t *o;
+    int64_t lb, le;
+    int device;
+    kcuda_device_info_t info;
+    void *stream;
+    /* the weights: what was registered, then one arena for all */
+    upload_t *u;
+    size_t n_u, cap_u, total;
+    cw_t *cws;
+    uint8_t *arena;
+    void **allocs; /* activations alloc gave out */
+    int n_allocs, cap_allocs;
+    /* scratch for n_batch rows, on the card */
+    float *rl;     // (n_batch, n_expert) router logits
+    int32_t *ids;  // (n_batch, n_expert_used)
+    float *wts;    // (n_batch, n_expert_used)
+    float *g, *u_; // (n_batch * n_expert_used, n_ff_exp) or (n_batch, n_ff)
+    float *xg;     // (n_batch, n_embd) normed rows for the head
+    float *logits; // (n_batch, n_vocab), last stage
+    /* the prompt path */
+    int pp_ok;     /* the shapes suit it; else prompts take the rows path */
+    int flash;     /* prompts attend through kcuda_attention_prefill */
+    void *blas;    /* cuBLAS handle on stream */
+    void *x16;     // (n_batch, max(n_embd, n_head * head_dim, n_ff)) f16 activations
+    void *xs16;    // (n_batch * n_expert_used, max(n_embd, n_ff_exp)) f16, rows by expert
+    float *dg;     // (n_batch * n_expert_used, n_embd) experts' down outputs, by expert
+    int32_t *srt;  /* expert grouping: counts (ne), offsets (ne+1), tile0 (ne+1),
+                    * perm and inv (n_batch * n_expert_used) */
+    void *wscr;    /* f16 weights: a whole expert tensor, a dense matrix, the head in pieces */
+    size_t wscr_bytes;
+    void *att_scratch;
+    size_t att_scratch_bytes;
+    int64_t max_len_cap;     /* n_ctx_max rounded up to KCUDA_ATT_CHUNK */
+    /* step inputs: one region, the same layout on the card and in pinned memory:
+     * the rows table (GRAPH_MAX_ROWS), tokens (n_batch), positions (n_batch) */
+    uint8_t *d_in, *h_in;
+    size_t in_bytes;
+    kcuda_kv_row_t *d_rows, *h_rows;
+    int32_t *d_tokens, *h_tokens, *d_pos, *h_pos;
+    size_t kv_row_bytes;     /* an f16 cache row: n_head_kv * head_dim halves */
+    void *graphs[GRAPH_MAX_ROWS + 1][N_BUCKETS];
+    /* the step running */
+    const wk_step_t *st;
+    int mode;
+    int64_t max_len;  /* decode: the attention grid */
+    void **capture;   /* decode: where the graph being captured goes (NULL: none) */
+    void *prof_exec;  /* a profiled decode step's one-off graph */
+    int profiled;     /* the step is captured only to be timed */
+    /* profiling (opts.profile): an event after every launch of a step */
+    void *ev[PROF_EVENTS + 1];
+    int ev_op[PROF_EVENTS + 1];
+    int n_ev, prof_on;
+    wk_prof_op_t ops[PROF_OPS];
+    int n_ops;
+} cuda_t;
+
+/* Waits for stream on a path that already fails or tears down: its own error, if
+ * any, would only repeat the first. */
+static void drain(void *stream)
+{
+    bl_err_t e;
+    if (kcuda_sync(stream, &e) < 0)
+        return;
+}
+
+static int dalloc(void *out, size_t nbytes, bl_err_t *err)
+{
+    return kcuda_alloc((void **)out, nbytes ? nbytes : 16, err);
+}
+
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+// --- profiling -----------------------------------------------------------------------------
+
+static int op_index(cuda_t *cu, const char *op)
+{
+    for (int i = 0; i < cu->n_ops; i++)
+        if (cu->ops[i].op == op || strcmp(cu->ops[i].op, op) == 0)
+            return i;
+    if (cu->n_ops == PROF_OPS)
+        return PROF_OPS - 1; /* the last name takes the overflow */
+    cu->ops[cu->n_ops] = (wk_prof_op_t){.op = op};
+    return cu->n_ops++;
+}
+
+/* After a launch: an event that closes op's interval. */
+static int prof_mark(cuda_t *cu, const char *op, bl_err_t *err)
+{
+    if (cu->n_ev >= PROF_EVENTS)
+        return 0;
+    cu->ev_op[cu->n_ev + 1] = op_index(cu, op);
+    return kcuda_event_record(cu->ev[++cu->n_ev], cu->stream, err);
+}
+
+/* After the step's synchronisation: each interval is added to its op. */
+static int prof_collect(cuda_t *cu, bl_err_t *err)
+{
+    for (int i = 1; i <= cu->n_ev; i++) {
+        float ms = 0;
+        int rc = kcuda_event_elapsed_ms(&ms, cu->ev[i - 1], cu->ev[i], err);
+        if (rc < 0)
+            return rc;
+        cu->ops[cu->ev_op[i]].us += 1e3 * (double)ms;
+        cu->ops[cu->ev_op[i]].calls++;
+    }
+    cu->n_ev = 0;
+    return 0;
+}
+
+int wk__cuda_profile(wk_backend_t *b, wk_prof_op_t *out, int cap, int reset)
+{
+    cuda_t *cu = (cuda_t *)b;
+    for (int i = 0; i < cu->n_ops && i < cap; i++)
+        out[i] = cu->ops[i];
+    const int n = cu->n_ops;
+    if (reset)
+        cu->n_ops = 0;
+    return n;
+}
+
+int wk__cuda_bandwidth(wk_backend_t *b, size_t nbytes, double *bytes_per_s, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    *bytes_per_s = 0;
+    void *a = NULL, *d = NULL, *e0 = NULL, *e1 = NULL;
+    int rc = kcuda_set_device(cu->device, err);
+    if (rc < 0 || (rc = kcuda_alloc(&a, nbytes, err)) < 0 || (rc = kcuda_alloc(&d, nbytes, err)) < 0 ||
+        (rc = kcuda_event_create(&e0, err)) < 0 || (rc = kcuda_event_create(&e1, err)) < 0 ||
+        (rc = kcuda_memset(a, 1, nbytes, cu->stream, err)) < 0)
+        goto out;
+    for (int rep = 0; rep < 5; rep++) {
+        float ms = 0;
+        if ((rc = kcuda_event_record(e0, cu->stream, err)) < 0 ||
+            (rc = kcuda_copy(d, a, nbytes, cu->stream, err)) < 0 ||
+            (rc = kcuda_event_record(e1, cu->stream, err)) < 0 || (rc = kcuda_event_sync(e1, err)) < 0 ||
+            (rc = kcuda_event_elapsed_ms(&ms, e0, e1, err)) < 0)
+            goto out;
+        const double bps = 2.0 * (double)nbytes / (1e-3 * (double)ms); /* read + written */
+        if (rep > 0 && bps > *bytes_per_s)                              /* rep 0 warms up */
+            *bytes_per_s = bps;
+    }
+out:
+    drain(cu->stream);
+    kcuda_event_destroy(e0);
+    kcuda_event_destroy(e1);
+    kcuda_free(a);
+    kcuda_free(d);
+    return rc;
+}
+
+/* Every launch goes through OP: a failure returns, and a profiling step records an
+ * event after it. */
+#define OP(name, call)                                                 \
+    do {                                                               \
+        int rc_ = (call);                                              \
+        if (rc_ < 0)                                                   \
+            return rc_;                                                \
+        if (cu->prof_on && (rc_ = prof_mark(cu, (name), err)) < 0)     \
+            return rc_;                                                \
+    } while (0)
+
+// --- set-up --------------------------------------------------------------------------------
+
+static const char *cu_name(const wk_backend_t *b) { return ((const cuda_t *)b)->info.name; }
+
+static void cu_destroy(wk_backend_t *b)
+{
+    cuda_t *cu = (cuda_t *)b;
+    bl_err_t e;
+    if (kcuda_set_device(cu->device, &e) == 0 && cu->stream)
+        drain(cu->stream); /* nothing may still read what is freed below */
+    for (int i = 0; i <= GRAPH_MAX_ROWS; i++)
+        for (int j = 0; j < N_BUCKETS; j++)
+            kcuda_graph_destroy(cu->graphs[i][j]);
+    for (int i = 0; i <= PROF_EVENTS; i++)
+        kcuda_event_destroy(cu->ev[i]);
+    void *bufs[] = {cu->arena, cu->rl, cu->ids, cu->wts, cu->g, cu->u_, cu->xg, cu->logits, cu->att_scratch,
+                    cu->d_in, cu->x16, cu->xs16, cu->dg, cu->srt, cu->wscr};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        kcuda_free(bufs[i]);
+    for (int i = 0; i < cu->n_allocs; i++)
+        kcuda_free(cu->allocs[i]);
+    free(cu->allocs);
+    kcuda_host_free(cu->h_in);
+    kcuda_blas_destroy(cu->blas);
+    kcuda_stream_destroy(cu->stream);
+    free(cu->u);
+    free(cu->cws);
+    free(cu);
+}
+
+static void *cu_alloc(wk_backend_t *b, size_t nbytes)
+{
+    cuda_t *cu = (cuda_t *)b;
+    if (cu->n_allocs == cu->cap_allocs) {
+        const int cap = cu->cap_allocs ? 2 * cu->cap_allocs : 16;
+        void **a = realloc(cu->allocs, sizeof *a * (size_t)cap);
+        if (!a)
+            return NULL;
+        cu->allocs = a;
+        cu->cap_allocs = cap;
+    }
+    void *p = NULL;
+    bl_err_t e;
+    if (kcuda_set_device(cu->device, &e) < 0 || dalloc(&p, nbytes, &e) < 0)
+        return NULL;
+    cu->allocs[cu->n_allocs++] = p;
+    return p;
+}
+
+static int plan_add(cuda_t *cu, const upload_t *u, bl_err_t *err)
+{
+    if (cu->n_u == cu->cap_u) {
+        size_t cap = cu->cap_u ? 2 * cu->cap_u : 256;
+        upload_t *nu = realloc(cu->u, cap * sizeof *nu);
+        if (!nu)
+            return bl_err_set(err, BL_ENOMEM, "out of memory for the upload plan");
+        cu->u = nu;
+        cu->cap_u = cap;
+    }
+    upload_t *p = &cu->u[cu->n_u++];
+    *p = *u;
+    p->off = (cu->total + 255) & ~(size_t)255;
+    cu->total = p->off + p->nbytes;
+    return 0;
+}
+
+static int cu_add(wk_backend_t *b, wk_tensor_t *t, int flags, bl_err_t *err)
+{
+    const upload_t u = {.src = t->h.data, .nbytes = t->h.row_bytes * (size_t)t->h.nrows, .t = t, .flags = flags};
+    return plan_add((cuda_t *)b, &u, err);
+}
+
+static int cu_add_vec(wk_backend_t *b, wk_vec_t *v, int64_t n, bl_err_t *err)
+{
+    const upload_t u = {.src = v->h, .nbytes = sizeof(float) * (size_t)n, .v = v};
+    return plan_add((cuda_t *)b, &u, err);
+}
+
+/* q, k and v: the longest run from q of matrices sharing type and width whose sizes
+ * keep 16-byte alignment (q and k; q, k and v) goes back to back in the arena (no
+ * padding), so that the run is also one matrix (cw_t.stack); the others are plain
+ * tensors. Qwen3-30B-A3B's files store v as q6_K beside q4_K q and k: two launches
+ * instead of three. */
+static int cu_add_stack(wk_backend_t *b, wk_tensor_t *const t[3], bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    const kcpu_mat_t *m[3] = {&t[0]->h, &t[1]->h, &t[2]->h};
+    int ns = 1;
+    while (ns < 3 && m[ns]->type == m[0]->type && m[ns]->ncols == m[0]->ncols &&
+           m[ns]->row_bytes == m[0]->row_bytes && (m[ns - 1]->row_bytes * (size_t)m[ns - 1]->nrows) % 16 == 0)
+        ns++;
+    if (ns < 2)
+        ns = 0;
+    for (int i = 0; i < 3; i++) {
+        const upload_t u = {.src = m[i]->data, .nbytes = m[i]->row_bytes * (size_t)m[i]->nrows, .t = t[i],
+                            .stack = i == 0 ? ns : 0};
+        int rc = plan_add(cu, &u, err);
+        if (rc < 0)
+            return rc;
+        if (i > 0 && i < ns) { /* right after the one before: its end is 16-aligned */
+            upload_t *p = &cu->u[cu->n_u - 1];
+            p->off = cu->u[cu->n_u - 2].off + cu->u[cu->n_u - 2].nbytes;
+            cu->total = p->off + p->nbytes;
+        }
+    }
+    return 0;
+}
+
+/* Copies every planned tensor to the arena through two pinned halves: the host
+ * fills one while the other's copy runs. */
+static int upload_all(cuda_t *cu, bl_err_t *err)
+{
+    void *stage[2] = {NULL, NULL}, *done[2] = {NULL, NULL};
+    int used[2] = {0, 0}, rc = 0, k = 0;
+    if ((rc = kcuda_host_alloc(&stage[0], STAGE_BYTES, err)) < 0 ||
+        (rc = kcuda_host_alloc(&stage[1], STAGE_BYTES, err)) < 0 ||
+        (rc = kcuda_event_create(&done[0], err)) < 0 || (rc = kcuda_event_create(&done[1], err)) < 0)
+        goto out;
+    for (size_t i = 0; i < cu->n_u; i++) {
+        const upload_t *u = &cu->u[i];
+        for (size_t at = 0; at < u->nbytes;) {
+            const size_t c = u->nbytes - at < STAGE_BYTES ? u->nbytes - at : STAGE_BYTES;
+            if (used[k] && (rc = kcuda_event_sync(done[k], err)) < 0)
+                goto out;
+            memcpy(stage[k], (const uint8_t *)u->src + at, c);
+            if ((rc = kcuda_upload(cu->arena + u->off + at, stage[k], c, cu->stream, err)) < 0 ||
+                (rc = kcuda_event_record(done[k], cu->stream, err)) < 0)
+                goto out;
+            used[k] = 1;
+            k ^= 1;
+            at += c;
+        }
+    }
+    rc = kcuda_sync(cu->stream, err);
+out:
+    drain(cu->stream); /* the staging buffers must be idle before freeing */
+    kcuda_event_destroy(done[0]);
+    kcuda_event_destroy(done[1]);
+    kcuda_host_free(stage[0]);
+    kcuda_host_free(stage[1]);
+    return rc;
+}
+
+/* Makes the views of every placed tensor into the arena. */
+static int bind(cuda_t *cu, bl_err_t *err)
+{
+    size_t nm = 0;
+    for (size_t i = 0; i < cu->n_u; i++)
+        nm += cu->u[i].t != NULL;
+    cu->cws = calloc(nm ? nm : 1, sizeof *cu->cws);
+    if (!cu->cws)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for %zu matrices", nm);
+    size_t j = 0;
+    for (size_t i = 0; i < cu->n_u; i++) {
+        const upload_t *u = &cu->u[i];
+        if (u->v) {
+            u->v->p = (const float *)(cu->arena + u->off);
+            continue;
+        }
+        const kcpu_mat_t *h = &u->t->h;
+        cw_t *w = &cu->cws[j++];
+        int rc = kcuda_mat_init(&w->m, cu->arena + u->off, h->type, h->ncols, h->nrows, err);
+        if (rc < 0)
+            return rc;
+        if (u->stack) {
+            int64_t rows = 0;
+            for (int s = 0; s < u->stack; s++)
+                rows += cu->u[i + (size_t)s].t->h.nrows;
+            w->nstack = u->stack;
+            if ((rc = kcuda_mat_init(&w->stack, cu->arena + u->off, h->type, h->ncols, rows, err)) < 0)
+                return rc;
+        }
+        u->t->d = w;
+    }
+    return 0;
+}
+
+/* Shapes and types the CUDA kernels take, checked before anything is allocated. */
+static int check_shapes(const cuda_t *cu, bl_err_t *err)
+{
+    const wk_config_t *c = cu->c;
+    const int64_t nkv = c->n_head_kv * c->head_dim;
+    if (c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 128 && c->head_dim != 256)
+        return bl_err_set(err, BL_ENOTSUP, "%s: head_dim %lld on CUDA (32, 64, 128 or 256)", cu->path,
+                          (long long)c->head_dim);
+    if (c->n_head / c->n_head_kv > KCUDA_ATT_MAX_GROUP)
+        return bl_err_set(err, BL_ENOTSUP, "%s: %lld query heads per KV head on CUDA (at most %d)", cu->path,
+                          (long long)(c->n_head / c->n_head_kv), KCUDA_ATT_MAX_GROUP);
+    if (c->n_embd % 4 || nkv % 8 || (c->moe ? c->n_ff_exp % 4 : c->n_ff % 4))
+        return bl_err_set(err, BL_ENOTSUP, "%s: n_embd %lld and the FFN width must be multiples of 4, "
+                          "n_head_kv * head_dim %lld of 8, on CUDA", cu->path, (long long)c->n_embd,
+                          (long long)nkv);
+    if (c->moe && (c->n_expert > KCUDA_MOE_MAX_EXPERT || c->n_expert_used > KCUDA_MOE_MAX_K))
+        return bl_err_set(err, BL_ENOTSUP, "%s: %lld experts, %lld used, on CUDA (at most %d and %d)", cu->path,
+                          (long long)c->n_expert, (long long)c->n_expert_used, KCUDA_MOE_MAX_EXPERT,
+                          KCUDA_MOE_MAX_K);
+    return 0;
+}
+
+/* Whether the prompt path takes this model: f16 activation rows 16-byte aligned,
+ * the grouped expert GEMM's reduction lengths in steps of 32. */
+static int prompt_shapes_ok(const wk_config_t *c)
+{
+    const int64_t nq = c->n_head * c->head_dim;
+    return c->n_embd % 32 == 0 && nq % 8 == 0 && (c->moe ? c->n_ff_exp % 32 == 0 : c->n_ff % 8 == 0);
+}
+
+/* The prompt path's scratch: f16 activations, the expert grouping, and one f16
+ * weight buffer as large as the largest matrix a product reads (a whole expert
+ * tensor for qwen3moe); a WK_ADD_PIECES matrix goes through it in pieces. */
+static int alloc_prompt(cuda_t *cu, bl_err_t *err)
+{
+    const wk_config_t *c = cu->c;
+    const size_t B = (size_t)cu->o->n_batch, E = (size_t)c->n_embd;
+    const size_t nq = (size_t)(c->n_head * c->head_dim);
+    const size_t K = (size_t)(c->moe ? c->n_expert_used : 1), ne = (size_t)(c->moe ? c->n_expert : 1);
+    const size_t ff = (size_t)(c->moe ? c->n_ff_exp : c->n_ff);
+    size_t w = 0;
+    for (size_t i = 0; i < cu->n_u; i++) {
+        const upload_t *u = &cu->u[i];
+        if (!u->t || (u->flags & WK_ADD_TABLE))
+            continue;
+        const size_t s = kcuda_gemm_scratch_bytes(&((const cw_t *)u->t->d)->m);
+        w = max_sz(w, (u->flags & WK_ADD_PIECES) && s > PIECE_BYTES ? PIECE_BYTES : s);
+    }
+    cu->wscr_bytes = w;
+    int rc = kcuda_blas_create(&cu->blas, cu->stream, err);
+    if (rc == BL_ENOTSUP) { /* no cuBLAS on this machine: prompts take the rows path */
+        BL_LOG(BL_LOG_WARN, "event=prompt_path_rows reason=\"%s\"", err->msg);
+        cu->pp_ok = 0;
+        return 0;
+    }
+    if (rc < 0 || (rc = dalloc(&cu->x16, 2 * B * max_sz(max_sz(E, nq), ff), err)) < 0 ||
+        (rc = dalloc(&cu->wscr, w, err)) < 0)
+        return rc;
+    if (c->moe && ((rc = dalloc(&cu->xs16, 2 * B * K * max_sz(E, ff), err)) < 0 ||
+                   (rc = dalloc(&cu->dg, sizeof(float) * B * K * E, err)) < 0 ||
+                   (rc = dalloc(&cu->srt, 4 * (3 * ne + 2 + 2 * B * K), err)) < 0))
+        return rc;
+    return 0;
+}
+
+static int alloc_scratch(cuda_t *cu, bl_err_t *err)
+{
+    const wk_config_t *c = cu->c;
+    const size_t B = (size_t)cu->o->n_batch, E = (size_t)c->n_embd;
+    const size_t nkv = (size_t)(c->n_head_kv * c->head_dim);
+    const size_t K = (size_t)(c->moe ? c->n_expert_used : 1), ne = (size_t)(c->moe ? c->n_expert : 1);
+    const size_t ff = (size_t)(c->moe ? c->n_ff_exp : c->n_ff);
+    const size_t f = sizeof(float);
+    int rc;
+    cu->max_len_cap = (cu->o->n_ctx_max + KCUDA_ATT_CHUNK - 1) / KCUDA_ATT_CHUNK * KCUDA_ATT_CHUNK;
+    cu->att_scratch_bytes = kcuda_attention_scratch_bytes(ATT_ROWS > GRAPH_MAX_ROWS ? ATT_ROWS : GRAPH_MAX_ROWS,
+                                                          c->n_head, c->head_dim, cu->max_len_cap);
+    if ((rc = dalloc(&cu->rl, f * B * ne, err)) < 0 || (rc = dalloc(&cu->ids, 4 * B * K, err)) < 0 ||
+        (rc = dalloc(&cu->wts, f * B * K, err)) < 0 || (rc = dalloc(&cu->g, f * B * K * ff, err)) < 0 ||
+        (rc = dalloc(&cu->u_, f * B * K * ff, err)) < 0 || (rc = dalloc(&cu->xg, f * B * E, err)) < 0 ||
+        (rc = dalloc(&cu->att_scratch, cu->att_scratch_bytes, err)) < 0)
+        return rc;
+    if (cu->le == c->n_layer && (rc = dalloc(&cu->logits, f * B * (size_t)c->n_vocab, err)) < 0)
+        return rc;
+    if (cu->pp_ok && (rc = alloc_prompt(cu, err)) < 0)
+        return rc;
+    /* The step inputs: the rows table first (32-byte entries), then the ids. */
+    const size_t rows_bytes = sizeof(kcuda_kv_row_t) * GRAPH_MAX_ROWS;
+    cu->in_bytes = rows_bytes + 2 * 4 * B;
+    if ((rc = dalloc(&cu->d_in, cu->in_bytes, err)) < 0 ||
+        (rc = kcuda_host_alloc((void **)&cu->h_in, cu->in_bytes, err)) < 0)
+        return rc;
+    memset(cu->h_in, 0, cu->in_bytes);
+    cu->d_rows = (kcuda_kv_row_t *)cu->d_in;
+    cu->h_rows = (kcuda_kv_row_t *)cu->h_in;
+    cu->d_tokens = (int32_t *)(cu->d_in + rows_bytes);
+    cu->h_tokens = (int32_t *)(cu->h_in + rows_bytes);
+    cu->d_pos = cu->d_tokens + B;
+    cu->h_pos = cu->h_tokens + B;
+    cu->kv_row_bytes = nkv * 2;
+    return 0;
+}
+
+/* One allocation for every weight: 256-aligned tensors, and kcuda_alloc pads the
+ * end, so each matrix's last 16-byte load stays inside. */
+static int cu_commit(wk_backend_t *b, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    int rc = kcuda_set_device(cu->device, err);
+    if (rc < 0)
+        return rc;
+    if ((rc = kcuda_alloc((void **)&cu->arena, cu->total + 256, err)) < 0) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        return bl_err_set(err, rc, "the weights of layers %lld..%lld (%.2f GiB) on CUDA device %d: "
+                          "%s; the whole stage must fit the card (-ngl 0 runs on the CPU)",
+                          (long long)cu->lb, (long long)cu->le - 1, (double)cu->total / (1 << 30),
+                          cu->device, why);
+    }
+    if ((rc = bind(cu, err)) < 0) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        return bl_err_set(err, rc, "%s: a weight the CUDA kernels cannot read: %s", cu->path, why);
+    }
+    if ((rc = upload_all(cu, err)) < 0 || (rc = alloc_scratch(cu, err)) < 0)
+        return rc;
+    for (int i = 0; i <= PROF_EVENTS; i++) /* cheap; profiling can be switched on later */
+        if ((rc = kcuda_event_create(&cu->ev[i], err)) < 0)
+            return rc;
+    return kcuda_sync(cu->stream, err);
+}
+
+static int cu_kv_alloc(wk_backend_t *b, wk_kv_t *kv, bl_err_t *err)
+{
+    const cuda_t *cu = (const cuda_t *)b;
+    if (kv->type != WK_KV_F16)
+        return bl_err_set(err, BL_ENOTSUP, "a KV cache of type %s on the card: only f16 is supported there",
+                          kv->type == WK_KV_F32 ? "f32" : "q8_0");
+    int rc = kcuda_set_device(cu->device, err);
+    if (rc < 0)
+        return rc;
+    const size_t nbytes = (size_t)kv->n_layer * 2 * (size_t)kv->n_ctx * kv->row_bytes;
+    if ((rc = kcuda_alloc((void **)&kv->buf, nbytes, err)) < 0) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        return bl_err_set(err, rc, "KV cache of %lld positions (%zu bytes) on CUDA device %d: %s",
+                          (long long)kv->n_ctx, nbytes, cu->device, why);
+    }
+    return 0;
+}
+
+static void cu_kv_free(wk_backend_t *b, wk_kv_t *kv)
+{
+    (void)b;
+    kcuda_free(kv->buf);
+}
+
+// --- a step ------------------------------------------------------------------------------
+
+/* The graph bucket of a decode step whose longest row attends to len positions. */
+static int bucket_of(int64_t len)
+{
+    int i = 0;
+    while (i < N_BUCKETS - 1 && ((int64_t)256 << i) < len)
+        i++;
+    return i;
+}
+
+/* The step's inputs into pinned memory, then one copy to the card; picks the
+ * schedule. A decode step replays its graph (WK_STEP_REPLAYED) or starts capturing
+ * it; a profiled one is captured with an event node after every launch (so the
+ * timestamps come from the card, without the host's launch gaps) and dropped after
+ * one replay. */
+static int cu_begin(wk_backend_t *b, const wk_step_t *st, float *x, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    const int64_t E = cu->c->n_embd;
+    int rc = kcuda_set_device(cu->device, err);
+    if (rc < 0)
+        return rc;
+    cu->st = st;
+    cu->capture = NULL;
+    cu->profiled = 0;
+    int decode = st->nseg <= GRAPH_MAX_ROWS;
+    int64_t max_pos = 0;
+    for (int64_t j = 0; j < st->nseg; j++) {
+        const wk_seg_t *s = &st->seg[j];
+        decode &= s->n == 1;
+        for (int64_t i = 0; i < s->n; i++) {
+            const int64_t r = s->row0 + i;
+            cu->h_tokens[r] = cu->lb == 0 ? s->tokens[i] : 0;
+            cu->h_pos[r] = (int32_t)(s->pos + i);
+        }
+        max_pos = s->pos + s->n > max_pos ? s->pos + s->n : max_pos;
+    }
+    if (decode)
+        for (int64_t j = 0; j < st->nseg; j++) {
+            const wk_kv_t *kv = st->seg[j].kv;
+            const uint64_t plane = (uint64_t)kv->n_ctx * kv->row_bytes;
+            cu->h_rows[j] = (kcuda_kv_row_t){.k = (uint64_t)(uintptr_t)kv->buf, .layer_bytes = 2 * plane,
+                                             .v_bytes = plane, .pos = (int32_t)st->seg[j].pos};
+        }
+    if ((rc = kcuda_upload(cu->d_in, cu->h_in, cu->in_bytes, cu->stream, err)) < 0)
+        return rc;
+    if (cu->lb > 0 && st->x_in &&
+        (rc = kcuda_upload(x, st->x_in, sizeof(float) * (size_t)(st->n * E), cu->stream, err)) < 0)
+        return rc;
+
+    cu->prof_on = cu->o->profile;
+    cu->n_ev = 0;
+    const int graph = decode && cu->o->cuda_graph;
+    if (cu->prof_on && !graph && (rc = kcuda_event_record(cu->ev[0], cu->stream, err)) < 0)
+        return rc;
+    if (!decode) {
+        cu->mode = cu->pp_ok ? MODE_PROMPT : MODE_ROWS;
+        return 0;
+    }
+    cu->mode = MODE_DECODE;
+    const int bk = bucket_of(max_pos);
+    cu->max_len = (int64_t)256 << bk;
+    cu->max_len = cu->max_len < cu->max_len_cap ? cu->max_len : cu->max_len_cap;
+    if (!graph)
+        return 0;
+    if (!cu->prof_on && cu->graphs[st->n][bk]) {
+        rc = kcuda_graph_launch(cu->graphs[st->n][bk], cu->stream, err);
+        return rc < 0 ? rc : WK_STEP_REPLAYED;
+    }
+    if ((rc = kcuda_graph_begin(cu->stream, err)) < 0)
+        return rc;
+    if (cu->prof_on) {
+        cu->profiled = 1;
+        cu->prof_exec = NULL;
+        cu->capture = &cu->prof_exec;
+        return kcuda_event_record(cu->ev[0], cu->stream, err);
+    }
+    cu->capture = &cu->graphs[st->n][bk];
+    return 0;
+}
+
+/* Closes a capture and replays it, then the outputs: the hidden rows for the next
+ * stage, or the logits asked for. */
+static int cu_end(wk_backend_t *b, const wk_step_t *st, int status, const float *x, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    const wk_config_t *c = cu->c;
+    const int64_t E = c->n_embd, V = c->n_vocab;
+    int rc = status;
+    if (cu->capture) {
+        bl_err_t e2 = {0};
+        const int rc2 = kcuda_graph_end(cu->stream, cu->capture, rc < 0 ? &e2 : err);
+        void *exec = *cu->capture;
+        cu->capture = NULL;
+        if (rc == 0)
+            rc = rc2;
+        if (rc == 0)
+            rc = kcuda_graph_launch(exec, cu->stream, err);
+        if (cu->profiled) {
+            if (rc == 0)
+                rc = kcuda_sync(cu->stream, err);
+            kcuda_graph_destroy(cu->prof_exec);
+            cu->prof_exec = NULL;
+        }
+    }
+    cu->st = NULL;
+    if (rc < 0) {
+        drain(cu->stream);
+        return rc;
+    }
+    if (cu->le < c->n_layer) {
+        if (st->x_out && (rc = kcuda_download(st->x_out, x, sizeof(float) * (size_t)(st->n * E), cu->stream, err)) < 0)
+            return rc;
+    } else if (cu->mode == MODE_DECODE) {
+        int64_t o = 0;
+        for (int64_t j = 0; j < st->nseg; j++)
+            if (st->seg[j].n_out > 0 &&
+                (rc = kcuda_download(st->logits + (size_t)(o++) * (size_t)V, cu->logits + (size_t)j * (size_t)V,
+                                     sizeof(float) * (size_t)V, cu->stream, err)) < 0)
+                return rc;
+    } else {
+        int64_t n_out = 0;
+        for (int64_t j = 0; j < st->nseg; j++)
+            n_out += st->seg[j].n_out;
+        if (n_out > 0 && (rc = kcuda_download(st->logits, cu->logits, sizeof(float) * (size_t)(n_out * V),
+                                              cu->stream, err)) < 0)
+            return rc;
+    }
+    if ((rc = kcuda_sync(cu->stream, err)) < 0)
+        return rc;
+    return cu->prof_on ? prof_collect(cu, err) : 0;
+}
+
+static const kcuda_mat_t *M(const wk_tensor_t *t) { return &((const cw_t *)t->d)->m; }
+
+/* y (n, w->nrows) = x (n, w->ncols) w^T in chunks of KCUDA_MV_MAX_ROWS rows. */
+static int mv(cuda_t *cu, const kcuda_mat_t *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
+              int acc, bl_err_t *err)
+{
+    for (int64_t r = 0; r < n; r += KCUDA_MV_MAX_ROWS) {
+        const int cn = (int)(n - r < KCUDA_MV_MAX_ROWS ? n - r : KCUDA_MV_MAX_ROWS);
+        int rc = kcuda_matvec(w, x + r * ldx, ldx, cn, y + r * ldy, ldy, acc, cu->stream, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* y (n, w->nrows) [+]= x w^T with x16 holding x (n, w->ncols) in f16, ldx16 apart:
+ * a tensor-core GEMM. */
+static int pp_mm(cuda_t *cu, const kcuda_mat_t *w, const float *x, int64_t ldx, int64_t ldx16, int64_t n, float *y,
+                 int64_t ldy, int acc, bl_err_t *err)
+{
+    return kcuda_gemm(cu->blas, w, cu->x16, ldx16, x, ldx, n, y, ldy, acc, cu->wscr, cu->wscr_bytes, cu->stream,
+                      err);
+}
+
+static int same_shape(const kcuda_mat_t *a, const kcuda_mat_t *b)
+{
+    return a->type == b->type && a->ncols == b->ncols && a->nrows == b->nrows;
+}
+
+static int cu_embed(wk_backend_t *b, const wk_tensor_t *table, float *x, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    OP("embed", kcuda_get_rows(M(table), cu->d_tokens, cu->st->n, x, cu->c->n_embd, cu->stream, err));
+    return 0;
+}
+
+static int cu_rms_norm(wk_backend_t *b, const char *op, float *y, const float *x, const float *g, int64_t n,
+                       int64_t d, float eps, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    OP(op, kcuda_rms_norm(y, x, g, n, d, d, eps, cu->stream, err));
+    return 0;
+}
+
+/* q, k, v of n rows of x, one launch per KCUDA_MV_MAX_ROWS rows (the bits of separate
+ * products): the stacked run, and v beside it when it is not in the run. */
+static int mv_qkv(cuda_t *cu, const cw_t *q, const kcuda_mat_t *wk, const kcuda_mat_t *wv, const float *x,
+                  int64_t ldx, int64_t n, float *dq, float *dk, float *dv, bl_err_t *err)
+{
+    const int64_t nq = q->m.nrows, nkv = wk->nrows;
+    for (int64_t r = 0; r < n; r += KCUDA_MV_MAX_ROWS) {
+        const int cn = (int)(n - r < KCUDA_MV_MAX_ROWS ? n - r : KCUDA_MV_MAX_ROWS);
+        const kcuda_out_t outs[3] = {{dq + r * nq, nq, q->m.nrows}, {dk + r * nkv, nkv, wk->nrows},
+                                     {dv + r * nkv, nkv, wv->nrows}};
+        int rc = q->nstack == 2 ? kcuda_matvec_split2(&q->stack, outs, 2, wv, outs[2].d_y, nkv, x + r * ldx, ldx, cn,
+                                                      cu->stream, err)
+                                : kcuda_matvec_split(&q->stack, x + r * ldx, ldx, cn, outs, 3, cu->stream, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int cu_qkv(wk_backend_t *b, const wk_tensor_t *wq, const wk_tensor_t *wk, const wk_tensor_t *wv,
+                  const float *x, int64_t n, float *q, float *k, float *v, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    const int64_t E = cu->c->n_embd, nq = M(wq)->nrows, nkv = M(wk)->nrows;
+    if (cu->mode == MODE_PROMPT) {
+        OP("attn_to_f16", kcuda_to_f16(x, E, n, E, cu->x16, E, cu->stream, err));
+        OP("attn_q", pp_mm(cu, M(wq), x, E, E, n, q, nq, 0, err));
+        OP("attn_k", pp_mm(cu, M(wk), x, E, E, n, k, nkv, 0, err));
+        OP("attn_v", pp_mm(cu, M(wv), x, E, E, n, v, nkv, 0, err));
+        return 0;
+    }
+    const cw_t *cq = wq->d;
+    if (cq->stack.data) {
+        OP("attn_qkv", mv_qkv(cu, cq, M(wk), M(wv), x, E, n, q, k, v, err));
+    } else {
+        OP("attn_q", mv(cu, M(wq), x, E, n, q, nq, 0, err));
+        OP("attn_k", mv(cu, M(wk), x, E, n, k, nkv, 0, err));
+        OP("attn_v", mv(cu, M(wv), x, E, n, v, nkv, 0, err));
+    }
+    return 0;
+}
+
+static int cu_matmul(wk_backend_t *b, const char *op, const wk_tensor_t *w, const float *x, int64_t n, float *y,
+                     int acc, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    const kcuda_mat_t *m = M(w);
+    if (cu->mode == MODE_PROMPT) {
+        OP(op, kcuda_to_f16(x, m->ncols, n, m->ncols, cu->x16, m->ncols, cu->stream, err));
+        OP(op, pp_mm(cu, m, x, m->ncols, m->ncols, n, y, m->nrows, acc, err));
+        return 0;
+    }
+    OP(op, mv(cu, m, x, m->ncols, n, y, m->nrows, acc, err));
+    return 0;
+}
+
+/* One layer's cache of a sequence (the classic kernels' view). */
+static kcuda_kv_view_t kv_view(const wk_kv_t *kv, int64_t l)
+{
+    const size_t plane = (size_t)kv->n_ctx * kv->row_bytes;
+    l -= kv->model->lb;
+    return (kcuda_kv_view_t){.k = kv->buf + (size_t)(2 * l) * plane, .v = kv->buf + (size_t)(2 * l + 1) * plane,
+                             .row_bytes = kv->row_bytes};
+}
+
+/* decode: q/k norm, RoPE and the cache store fold into the one-pass attention of
+ * short contexts (longer ones launch them first), every row through the rows table
+ * over a grid of max_len positions; otherwise sequence by sequence. */
+static int cu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *q, float *k, const float *v,
+                        float *att, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    const wk_step_t *st = cu->st;
+    const int64_t n = st->n, hd = a->head_dim;
+    const int64_t nq = a->n_head * hd, nkv = a->n_head_kv * hd;
+    void *s = cu->stream;
+    if (cu->mode == MODE_DECODE) {
+        OP("attention", kcuda_attention_rows_qkv(cu->d_rows, l - cu->lb, cu->kv_row_bytes, q, k, v, a->q_norm,
+                                                 a->k_norm, cu->d_pos, att, n, cu->max_len, a->n_head, a->n_head_kv,
+                                                 hd, a->eps, a->rope_base, a->scale, cu->att_scratch,
+                                                 cu->att_scratch_bytes, s, err));
+        return 0;
+    }
+    OP("attn_qk_norm_rope",
+       kcuda_rms_norm_rope(q, a->q_norm, cu->d_pos, n, a->n_head, hd, a->eps, a->rope_base, s, err));
+    OP("attn_qk_norm_rope",
+       kcuda_rms_norm_rope(k, a->k_norm, cu->d_pos, n, a->n_head_kv, hd, a->eps, a->rope_base, s, err));
+    for (int64_t j = 0; j < st->nseg; j++) {
+        const wk_seg_t *sg = &st->seg[j];
+        const kcuda_kv_view_t kv = kv_view(sg->kv, l);
+        const int64_t r0 = sg->row0;
+        OP("kv_store", kcuda_kv_store(&kv, k + r0 * nkv, v + r0 * nkv, nkv, sg->pos, sg->n, nkv, s, err));
+        if (cu->mode == MODE_PROMPT && cu->flash) {
+            OP("attention", kcuda_attention_prefill(&kv, q + r0 * nq, att + r0 * nq, sg->n, sg->pos, a->n_head,
+                                                    a->n_head_kv, hd, a->scale, s, err));
+            continue;
+        }
+        for (int64_t i = 0; i < sg->n; i += ATT_ROWS) {
+            const int64_t an = sg->n - i < ATT_ROWS ? sg->n - i : ATT_ROWS;
+            OP("attention", kcuda_attention(&kv, q + (r0 + i) * nq, att + (r0 + i) * nq, an, sg->pos + i, a->n_head,
+                                            a->n_head_kv, hd, a->scale, cu->att_scratch, cu->att_scratch_bytes, s,
+                                            err));
+        }
+    }
+    return 0;
+}
+
+/* The routed experts of n rows of xn, added onto x: the gate and top-k, then each
+ * row's k experts (gate/up with SwiGLU, then down with the weighted sum). */
+static int moe_rows(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, float *x, bl_err_t *err)
+{
+    const int64_t E = cu->c->n_embd, F = e->n_ff, K = e->n_used, NE = e->n_expert;
+    const kcuda_mat_t *gate = M(&e->gate_exps), *up = M(&e->up_exps), *down = M(&e->down_exps);
+    void *st = cu->stream;
+    OP("ffn_gate_inp", mv(cu, M(&e->gate_inp), xn, E, n, cu->rl, NE, 0, err));
+    /* Gate and up of one shape route in their own launch (each block routes its
+     * row); otherwise the routing kernel first. */
+    const int fused = same_shape(gate, up);
+    if (!fused)
+        OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, e->norm, cu->ids, cu->wts, st, err));
+    /* The expert kernels index one block row per (row, choice): 65535 at most. */
+    const int64_t step = 65535 / K;
+    for (int64_t r = 0; r < n; r += step) {
+        const int cn = (int)(n - r < step ? n - r : step);
+        int32_t *ids = cu->ids + r * K;
+        float *g = cu->g + r * K * F, *u = cu->u_ + r * K * F;
+        if (fused) {
+            OP("ffn_moe_gate_up", kcuda_matvec_experts_swiglu_route(gate, up, NE, cu->rl + r * NE, e->norm, ids,
+                                                                    cu->wts + r * K, cn, (int)K, xn + r * E, E, g, F,
+                                                                    st, err));
+        } else {
+            OP("ffn_moe_gate", kcuda_matvec_experts(gate, NE, ids, cn, (int)K, xn + r * E, E, g, F, st, err));
+            OP("ffn_moe_up", kcuda_matvec_experts(up, NE, ids, cn, (int)K, xn + r * E, E, u, F, st, err));
+            OP("ffn_moe_swiglu", kcuda_swiglu(g, g, u, cn * K * F, st, err));
+        }
+        OP("ffn_moe_down", kcuda_matvec_experts_down(down, NE, ids, cu->wts + r * K, cn, (int)K, g, F, x + r * E, E,
+                                                     1, st, err));
+    }
+    return 0;
+}
+
+/* The same for a prompt (x16 holds xn in f16): router and top-k on the card, the
+ * (row, choice) slots sorted by expert on the card, the gathered rows through each
+ * expert matrix in one grouped launch (only the chosen experts dequantized), then
+ * the weighted sum back in row order. */
+static int moe_prompt(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, float *x, bl_err_t *err)
+{
+    const int64_t E = cu->c->n_embd, F = e->n_ff, K = e->n_used, NE = e->n_expert, S = n * K;
+    void *st = cu->stream;
+    int32_t *counts = cu->srt, *offsets = counts + NE, *tile0 = offsets + NE + 1, *perm = tile0 + NE + 1;
+    int32_t *inv = perm + cu->o->n_batch * K;
+    OP("ffn_gate_inp", pp_mm(cu, M(&e->gate_inp), xn, E, E, n, cu->rl, NE, 0, err));
+    OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, e->norm, cu->ids, cu->wts, st, err));
+    OP("ffn_moe_sort", kcuda_moe_sort(cu->ids, S, NE, counts, offsets, tile0, perm, inv, st, err));
+    OP("ffn_moe_gather", kcuda_moe_gather_f16(xn, E, perm, S, (int)K, E, cu->xs16, E, st, err));
+    OP("ffn_moe_dequant", kcuda_dequant_f16(M(&e->gate_exps), 0, NE * F, cu->wscr, counts, F, st, err));
+    OP("ffn_moe_gate", kcuda_gemm_grouped(cu->wscr, NE, F, E, cu->xs16, offsets, tile0, S, cu->g, F, st, err));
+    OP("ffn_moe_dequant", kcuda_dequant_f16(M(&e->up_exps), 0, NE * F, cu->wscr, counts, F, st, err));
+    OP("ffn_moe_up", kcuda_gemm_grouped(cu->wscr, NE, F, E, cu->xs16, offsets, tile0, S, cu->u_, F, st, err));
+    /* The SwiGLU output, in f16, takes the gathered rows' place. */
+    OP("ffn_moe_swiglu", kcuda_swiglu_f16(cu->g, cu->u_, S * F, cu->xs16, st, err));
+    OP("ffn_moe_dequant", kcuda_dequant_f16(M(&e->down_exps), 0, NE * E, cu->wscr, counts, E, st, err));
+    OP("ffn_moe_down", kcuda_gemm_grouped(cu->wscr, NE, E, F, cu->xs16, offsets, tile0, S, cu->dg, E, st, err));
+    OP("ffn_moe_combine", kcuda_moe_combine(cu->dg, E, inv, cu->wts, n, (int)K, E, x, E, 1, st, err));
+    return 0;
+}
+
+static int cu_moe(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remote_t *remote, const float *xn,
+                  int64_t n, float *x, bl_err_t *err)
+{
+    (void)l;
+    cuda_t *cu = (cuda_t *)b;
+    if (remote)
+        return bl_err_set(err, BL_ENOTSUP, "%s: routed experts elsewhere than the card are not supported on CUDA",
+                          cu->path);
+    if (cu->mode != MODE_PROMPT)
+        return moe_rows(cu, e, xn, n, x, err);
+    const int64_t E = cu->c->n_embd;
+    OP("ffn_to_f16", kcuda_to_f16(xn, E, n, E, cu->x16, E, cu->stream, err));
+    return moe_prompt(cu, e, xn, n, x, err);
+}
+
+/* The dense SwiGLU FFN of n rows of xn, added onto x. */
+static int cu_ffn(wk_backend_t *b, const wk_tensor_t *gate, const wk_tensor_t *up, const wk_tensor_t *down,
+                  const float *xn, int64_t n, float *x, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    const int64_t E = cu->c->n_embd, F = M(gate)->nrows;
+    if (cu->mode == MODE_PROMPT) {
+        OP("ffn_to_f16", kcuda_to_f16(xn, E, n, E, cu->x16, E, cu->stream, err));
+        OP("ffn_gate", pp_mm(cu, M(gate), xn, E, E, n, cu->g, F, 0, err));
+        OP("ffn_up", pp_mm(cu, M(up), xn, E, E, n, cu->u_, F, 0, err));
+        OP("ffn_swiglu", kcuda_swiglu_f16(cu->g, cu->u_, n * F, cu->x16, cu->stream, err));
+        /* f32 down weights read the f32 SwiGLU output: make it in place in g. */
+        if (M(down)->type == BL_TYPE_F32)
+            OP("ffn_swiglu", kcuda_swiglu(cu->g, cu->g, cu->u_, n * F, cu->stream, err));
+        OP("ffn_down", pp_mm(cu, M(down), cu->g, F, F, n, x, E, 1, err));
+        return 0;
+    }
+    if (same_shape(M(gate), M(up))) {
+        for (int64_t r = 0; r < n; r += KCUDA_MV_MAX_ROWS) {
+            const int cn = (int)(n - r < KCUDA_MV_MAX_ROWS ? n - r : KCUDA_MV_MAX_ROWS);
+            OP("ffn_gate_up", kcuda_matvec_swiglu(M(gate), M(up), xn + r * E, E, cn, cu->g + r * F, F, cu->stream,
+                                                  err));
+        }
+    } else {
+        OP("ffn_gate", mv(cu, M(gate), xn, E, n, cu->g, F, 0, err));
+        OP("ffn_up", mv(cu, M(up), xn, E, n, cu->u_, F, 0, err));
+        OP("ffn_swiglu", kcuda_swiglu(cu->g, cu->g, cu->u_, n * F, cu->stream, err));
+    }
+    OP("ffn_down", mv(cu, M(down), cu->g, F, n, x, E, 1, err));
+    return 0;
+}
+
+/* The rows whose logits are wanted, normed into xg in order (every row of a decode
+ * step), then the head: the matvec for few rows (a prompt's last), else a GEMM. */
+static int cu_head(wk_backend_t *b, const float *norm, float eps, const wk_tensor_t *out, const float *x,
+                   bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    const wk_step_t *st = cu->st;
+    const int64_t E = cu->c->n_embd, V = cu->c->n_vocab;
+    int64_t n_out = 0;
+    if (cu->mode == MODE_DECODE) {
+        OP("output_norm", kcuda_rms_norm(cu->xg, x, norm, st->n, E, E, eps, cu->stream, err));
+        n_out = st->n;
+    } else {
+        for (int64_t j = 0; j < st->nseg; j++) {
+            const wk_seg_t *s = &st->seg[j];
+            if (s->n_out == 0)
+                continue;
+            const int64_t r0 = s->row0 + s->n - s->n_out;
+            OP("output_norm", kcuda_rms_norm(cu->xg + n_out * E, x + r0 * E, norm, s->n_out, E, E, eps, cu->stream,
+                                             err));
+            n_out += s->n_out;
+        }
+    }
+    if (cu->mode == MODE_PROMPT && n_out > KCUDA_MV_MAX_ROWS) {
+        OP("output", kcuda_to_f16(cu->xg, E, n_out, E, cu->x16, E, cu->stream, err));
+        OP("output", pp_mm(cu, M(out), cu->xg, E, E, n_out, cu->logits, V, 0, err));
+    } else if (n_out > 0) {
+        OP("output", mv(cu, M(out), cu->xg, E, n_out, cu->logits, V, 0, err));
+    }
+    return 0;
+}
+
+static const wk_backend_ops_t cuda_ops = {
+    .name = cu_name, .destroy = cu_destroy, .alloc = cu_alloc, .add = cu_add, .add_vec = cu_add_vec,
+    .add_stack = cu_add_stack, .commit = cu_commit, .kv_alloc = cu_kv_alloc, .kv_free = cu_kv_free,
+    .begin = cu_begin, .end = cu_end, .embed = cu_embed, .rms_norm = cu_rms_norm, .qkv = cu_qkv,
+    .matmul = cu_matmul, .attention = cu_attention, .moe = cu_moe, .ffn = cu_ffn, .head = cu_head,
+};
+
+int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *err)
+{
+    *out = NULL;
+    cuda_t *cu = calloc(1, sizeof *cu);
+    if (!cu)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the CUDA backend");
+    cu->b.op = &cuda_ops;
+    cu->path = cfg->path;
+    cu->c = cfg->c;
+    cu->o = cfg->o;
+    cu->lb = cfg->lb;
+    cu->le = cfg->le;
+    cu->device = cfg->o->device;
+    int rc = check_shapes(cu, err);
+    if (rc < 0 || (rc = kcuda_init(cu->device, &cu->info, err)) < 0 ||
+        (rc = kcuda_stream_create(&cu->stream, err)) < 0) {
+        cu_destroy(&cu->b);
+        return rc;
+    }
+    const wk_config_t *c = cu->c;
+    /* BLOOMERY_CUDA_PROMPT=rows keeps prompts on the rows path (the reference the
+     * GEMM path is checked against; docs/cuda.md). BLOOMERY_CUDA_PDL=0 launches every
+     * kernel the ordinary way (kcuda_set_pdl), to measure what programmatic dependent
+     * launch gives. BLOOMERY_CUDA_ATT_SHORT=N moves the longest context decode
+     * attention takes in one pass (kcuda_attention_set_short), to measure where the
+     * split pays. */
+    const char *as_env = getenv("BLOOMERY_CUDA_ATT_SHORT");
+    if (as_env && *as_env)
+        (void)kcuda_attention_set_short(atoi(as_env));
+    const char *pdl_env = getenv("BLOOMERY_CUDA_PDL");
+    if (pdl_env && strcmp(pdl_env, "0") == 0)
+        (void)kcuda_set_pdl(0);
+    /* Flash prefill for head_dim 64 and 128 unless -fa off (WK_FLASH_OFF) asks for
+     * the split attention in 64-row pieces (the reference it is compared with); so
+     * does BLOOMERY_CUDA_FLASH=0 under -fa auto. -fa on with another head size runs
+     * the split kernel and says so. */
+    const char *fl_env = getenv("BLOOMERY_CUDA_FLASH");
+    const int flash_shape = c->head_dim == 64 || c->head_dim == 128;
+    cu->flash = flash_shape && cu->o->flash_attn != WK_FLASH_OFF &&
+                !(cu->o->flash_attn == WK_FLASH_AUTO && fl_env && strcmp(fl_env, "0") == 0);
+    if (cu->o->flash_attn == WK_FLASH_ON && !flash_shape)
+        BL_LOG(BL_LOG_WARN, "event=flash_attn_unavailable head_dim=%lld reason=\"the flash "
+               "kernel takes head sizes 64 and 128; prompts use the split attention\"",
+               (long long)c->head_dim);
+    const char *pp_env = getenv("BLOOMERY_CUDA_PROMPT");
+    cu->pp_ok = prompt_shapes_ok(c) && !(pp_env && strcmp(pp_env, "rows") == 0);
+    *out = &cu->b;
+    return 0;
+}
+
+#else /* no CUDA in this build */
+
+int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *err)
+{
+    (void)cfg;
+    *out = NULL;
+    return bl_err_set(err, BL_ENOTSUP, "device: this build has no CUDA");
+}
+
+int wk__cuda_profile(wk_backend_t *b, wk_prof_op_t *out, int cap, int reset)
+{
+    (void)b, (void)out, (void)cap, (void)reset;
+    return 0;
+}
+
+int wk__cuda_bandwidth(wk_backend_t *b, size_t nbytes, double *bytes_per_s, bl_err_t *err)
+{
+    (void)b, (void)nbytes;
+    *bytes_per_s = 0;
+    return bl_err_set(err, BL_ENOTSUP, "device: this build has no CUDA");
+}
+
+#endif

@@ -1,0 +1,517 @@
+/* The worker's model API (wk.h) over any family and backend: opening and checking
+ * the file (each tensor's shape, type and size), the weights' copy in anonymous
+ * memory, the backend a model runs on, the KV caches, and the checks and chunking
+ * of a step. A family (models/<arch>.c) reads its metadata, maps its tensors and
+ * writes its forward pass over the backend ops; model.c calls it. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "blocks.h"
+#include "gguf.h"
+#include "kcpu.h"
+#include "log.h"
+#include "model.h"
+#include "quant.h"
+#include "wk.h"
+
+void wk_model_opts_default(wk_model_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->n_threads = 1;
+    o->n_batch = 512;
+    o->act_terms = 2;
+    o->device = WK_DEVICE_CPU;
+    o->cuda_graph = 1;
+}
+
+// --- loading ------------------------------------------------------------------------------
+
+int wk__get_dim(const wk_model_t *m, const char *key, int64_t def, int64_t max, int64_t *out,
+                bl_err_t *err)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", m->cfg.arch, key);
+    uint32_t v;
+    if (!bl_gguf_find_kv(m->g, full) && def > 0) {
+        *out = def;
+        return 0;
+    }
+    int rc = bl_gguf_get_u32(m->g, full, &v, err);
+    if (rc < 0)
+        return rc;
+    if (v < 1 || v > max)
+        return bl_err_set(err, BL_ERANGE, "metadata %s = %u is outside 1..%lld", full, v,
+                          (long long)max);
+    *out = v;
+    return 0;
+}
+
+int wk__get_float(const wk_model_t *m, const char *key, float def, float lo, float hi, float *out,
+                  bl_err_t *err)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", m->cfg.arch, key);
+    if (!bl_gguf_find_kv(m->g, full)) {
+        *out = def;
+        return 0;
+    }
+    int rc = bl_gguf_get_f32(m->g, full, out, err);
+    if (rc < 0)
+        return rc;
+    if (!(*out >= lo && *out <= hi))
+        return bl_err_set(err, BL_ERANGE, "metadata %s = %g is outside %g..%g", full,
+                          (double)*out, (double)lo, (double)hi);
+    return 0;
+}
+
+static void shape_str(char *buf, size_t len, const int64_t ne[4])
+{
+    snprintf(buf, len, "[%lld, %lld, %lld, %lld]", (long long)ne[0], (long long)ne[1],
+             (long long)ne[2], (long long)ne[3]);
+}
+
+/* Finds name and checks its shape (ne0, ne1, ne2; 1 for an unused dimension) and
+ * type: f32 only when need_f32, else any type with a reference dequantizer. */
+static int find(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, int64_t ne2,
+                int need_f32, const bl_gguf_tensor_t **out, bl_err_t *err)
+{
+    const bl_gguf_tensor_t *t = bl_gguf_find_tensor(m->g, name);
+    if (!t)
+        return bl_err_set(err, BL_ENOENT, "%s: tensor '%s' is missing", m->path, name);
+    const int64_t want[4] = {ne0, ne1, ne2, 1};
+    if (memcmp(want, t->ne, sizeof want) != 0) {
+        char a[96], b[96];
+        shape_str(a, sizeof a, t->ne);
+        shape_str(b, sizeof b, want);
+        return bl_err_set(err, BL_EINVAL, "%s: tensor '%s' has shape %s, expected %s", m->path,
+                          name, a, b);
+    }
+    const bl_type_info_t *ti = bl_type_info(t->type);
+    if (need_f32 && t->type != BL_TYPE_F32)
+        return bl_err_set(err, BL_EINVAL, "%s: tensor '%s' has type %s, expected f32", m->path,
+                          name, ti ? ti->name : "?");
+    if (!ti || !ti->has_dequant)
+        return bl_err_set(err, BL_ENOTSUP, "%s: tensor '%s' has type %s, which has no dequantizer",
+                          m->path, name, ti ? ti->name : "?");
+    /* A file may declare an alignment of 1 or 2; the kernels read floats and halves
+     * in place, so the data must sit on a 4-byte boundary. */
+    if ((uintptr_t)t->data % 4 != 0)
+        return bl_err_set(err, BL_EINVAL, "%s: tensor '%s' data at file offset %llu is not 4-byte aligned",
+                          m->path, name, (unsigned long long)t->file_offset);
+    size_t rb;
+    int rc = bl_row_bytes(t->type, ne0, &rb, err);
+    if (rc < 0)
+        return bl_err_set(err, rc, "%s: tensor '%s': rows of %lld are not whole %s blocks", m->path,
+                          name, (long long)ne0, ti->name);
+    if ((uint64_t)rb * (uint64_t)ne1 * (uint64_t)ne2 != t->nbytes)
+        return bl_err_set(err, BL_EINVAL, "%s: tensor '%s' holds %llu bytes, expected %llu",
+                          m->path, name, (unsigned long long)t->nbytes,
+                          (unsigned long long)((uint64_t)rb * (uint64_t)ne1 * (uint64_t)ne2));
+    *out = t;
+    return 0;
+}
+
+int wk__find_mat(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, int64_t ne2, int use,
+                 wk_tensor_t *out, bl_err_t *err)
+{
+    const bl_gguf_tensor_t *t = NULL;
+    int rc = find(m, name, ne0, ne1, ne2, 0, &t, err);
+    if (rc < 0)
+        return rc;
+    const void *data = t->data;
+    /* A matrix another process computes (another stage's, or the routed experts of a
+     * worker whose hosttier runs them) is checked but stays in the file mapping,
+     * where it costs nothing until read. */
+    if (use && m->arena && m->arena_used + t->nbytes <= m->arena_len) {
+        memcpy(m->arena + m->arena_used, t->data, t->nbytes);
+        data = m->arena + m->arena_used;
+        m->arena_used += (t->nbytes + 63) & ~(uint64_t)63;
+    }
+    out->d = NULL;
+    return kcpu_mat_init(&out->h, data, t->type, ne0, ne1 * ne2, err);
+}
+
+/* Decode streams every active weight once per token, and a file mapping is in 4 KiB
+ * pages: a TLB miss every 4 KiB and a hardware prefetcher that stops at each page.
+ * The matrices are therefore copied once into anonymous memory advised as huge
+ * pages (measured on the 2-core EPYC: tg64 on m8.gguf about +12%). Best effort: a
+ * model larger than half the physical memory, or a failed mapping, leaves the
+ * matrices in the file mapping, which the page cache can evict; a copy of such a
+ * model could not be. Sized for every tensor of the file, which bounds the
+ * matrices' total. */
+static void weights_arena(wk_model_t *m)
+{
+    const size_t huge = (size_t)2 << 20;
+    uint64_t total = 0;
+    for (uint64_t i = 0; i < bl_gguf_n_tensors(m->g); i++)
+        total += (bl_gguf_tensor_at(m->g, i)->nbytes + 63) & ~(uint64_t)63;
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (total == 0 || total > SIZE_MAX - huge || pages <= 0 || page <= 0 ||
+        (!m->opts.no_mmap && total > (uint64_t)pages / 2 * (uint64_t)page))
+        return;
+    const size_t len = ((size_t)total + huge - 1) & ~(huge - 1);
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, len, MADV_HUGEPAGE);
+#endif
+    m->arena = p;
+    m->arena_len = len;
+}
+
+/* --mlock: the copied matrices, or the file mapping where they stayed, locked in
+ * RAM. A refusal (RLIMIT_MEMLOCK, most often) is logged and the load goes on, as
+ * llama.cpp does. */
+static void lock_weights(wk_model_t *m)
+{
+    const uint32_t n = m->arena ? 1 : bl_gguf_n_parts(m->g);
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t len = m->arena_used;
+        const void *p = m->arena ? (const void *)m->arena : bl_gguf_part_bytes(m->g, i, &len);
+        if (!p || len == 0 || len > SIZE_MAX)
+            continue;
+        if (mlock(p, (size_t)len) != 0)
+            BL_LOG(BL_LOG_WARN, "event=mlock_failed bytes=%llu reason=\"%s\" hint=\"raise ulimit "
+                   "-l (RLIMIT_MEMLOCK)\"", (unsigned long long)len, strerror(errno));
+        else
+            BL_LOG(BL_LOG_INFO, "event=mlock bytes=%llu", (unsigned long long)len);
+    }
+}
+
+int wk__find_vec(wk_model_t *m, const char *name, int64_t ne0, wk_vec_t *out, bl_err_t *err)
+{
+    const bl_gguf_tensor_t *t = NULL;
+    int rc = find(m, name, ne0, 1, 1, 1, &t, err);
+    if (rc < 0)
+        return rc;
+    out->h = out->p = t->data;
+    return 0;
+}
+
+int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opts, bl_err_t *err)
+{
+    *out = NULL;
+    wk_model_t *m = calloc(1, sizeof *m);
+    if (!m)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for a model");
+    int rc;
+    wk_model_opts_default(&m->opts);
+    if (opts)
+        m->opts = *opts;
+    snprintf(m->path, sizeof m->path, "%s", path);
+    if (m->opts.n_batch < 1 || m->opts.n_batch > 65536) {
+        rc = bl_err_set(err, BL_ERANGE, "n_batch %lld is outside 1..65536", (long long)m->opts.n_batch);
+        goto fail;
+    }
+    if ((rc = bl_gguf_open(&m->g, path, err)) < 0 || (rc = wk__qwen3_config(m, err)) < 0)
+        goto fail;
+    m->lb = m->opts.layer_begin;
+    m->le = m->opts.layer_end;
+    if (m->lb == 0 && m->le == 0)
+        m->le = m->cfg.n_layer;
+    if (m->lb < 0 || m->lb >= m->le || m->le > m->cfg.n_layer) {
+        rc = bl_err_set(err, BL_ERANGE, "%s: stage layers %lld..%lld are not a range inside 0..%lld",
+                        m->path, (long long)m->lb, (long long)m->le, (long long)m->cfg.n_layer);
+        goto fail;
+    }
+    if (m->opts.experts < WK_EXPERTS_LOCAL || m->opts.experts > WK_EXPERTS_ONLY) {
+        rc = bl_err_set(err, BL_EINVAL, "experts mode %d is not local, remote or only", m->opts.experts);
+        goto fail;
+    }
+    if (m->opts.device < WK_DEVICE_CPU) {
+        rc = bl_err_set(err, BL_EINVAL, "device %d is not a CUDA ordinal or WK_DEVICE_CPU", m->opts.device);
+        goto fail;
+    }
+    if (m->opts.device >= 0 && m->opts.experts != WK_EXPERTS_LOCAL) {
+        rc = bl_err_set(err, BL_ENOTSUP, "%s: on CUDA device %d every expert runs on the card; "
+                        "remote or experts-only modes are not supported there", m->path, m->opts.device);
+        goto fail;
+    }
+    if (m->opts.device < 0) /* on a device the weights go to the card instead */
+        weights_arena(m);
+    if ((rc = wk__qwen3_map(m, err)) < 0)
+        goto fail;
+    if (m->opts.mlock)
+        lock_weights(m);
+    if (m->opts.n_ctx_max <= 0)
+        m->opts.n_ctx_max = m->cfg.n_ctx_train;
+    if (m->opts.n_ctx_max > WK_MAX_CTX) {
+        rc = bl_err_set(err, BL_ERANGE, "n_ctx_max %lld exceeds %d", (long long)m->opts.n_ctx_max, WK_MAX_CTX);
+        goto fail;
+    }
+    if (m->opts.act_terms != 1 && m->opts.act_terms != 2) {
+        rc = bl_err_set(err, BL_EINVAL, "act_terms %d is not 1 or 2", m->opts.act_terms);
+        goto fail;
+    }
+    if (m->opts.n_threads_batch < 0 || m->opts.n_threads_batch > 256) {
+        rc = bl_err_set(err, BL_EINVAL, "n_threads_batch %d is outside 0..256", m->opts.n_threads_batch);
+        goto fail;
+    }
+    const wk_backend_cfg_t bc = {.path = m->path, .c = &m->cfg, .o = &m->opts, .lb = m->lb, .le = m->le};
+    rc = m->opts.device >= 0 ? wk__cuda_backend(&m->be, &bc, err) : wk__cpu_backend(&m->be, &bc, err);
+    if (rc < 0 || (rc = wk__qwen3_place(m, err)) < 0)
+        goto fail;
+    *out = m;
+    return 0;
+fail:
+    wk_model_free(m);
+    return rc;
+}
+
+void wk_model_free(wk_model_t *m)
+{
+    if (!m)
+        return;
+    if (m->be)
+        m->be->op->destroy(m->be); /* frees the run state's activations */
+    free(m->s.segs);
+    free(m->w.layers);
+    if (m->arena)
+        munmap(m->arena, m->arena_len);
+    bl_gguf_close(m->g);
+    free(m);
+}
+
+const wk_config_t *wk_model_config(const wk_model_t *m) { return &m->cfg; }
+const bl_gguf_t *wk_model_gguf(const wk_model_t *m) { return m->g; }
+const char *wk_model_kernels(const wk_model_t *m) { return m->be->op->name(m->be); }
+
+// --- KV cache ----------------------------------------------------------------------------------
+
+int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t type, bl_err_t *err)
+{
+    *out = NULL;
+    const wk_config_t *c = &m->cfg;
+    if (n_ctx < 1 || n_ctx > m->opts.n_ctx_max)
+        return bl_err_set(err, BL_ERANGE, "KV cache of %lld positions is outside 1..%lld",
+                          (long long)n_ctx, (long long)m->opts.n_ctx_max);
+    if (type != WK_KV_F32 && type != WK_KV_F16 && type != WK_KV_Q8_0)
+        return bl_err_set(err, BL_EINVAL, "KV cache type %u is not f32, f16 or q8_0", type);
+    if (type == WK_KV_Q8_0 && c->head_dim % BL_QK != 0)
+        return bl_err_set(err, BL_EINVAL, "a q8_0 KV cache needs head_dim %lld to be a multiple of %d",
+                          (long long)c->head_dim, BL_QK);
+    wk_kv_t *kv = calloc(1, sizeof *kv);
+    if (!kv)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for a KV cache");
+    int rc = bl_row_bytes(type, c->n_head_kv * c->head_dim, &kv->row_bytes, err);
+    if (rc < 0) {
+        free(kv);
+        return rc;
+    }
+    kv->model = m;
+    kv->n_layer = m->le - m->lb;
+    kv->n_ctx = n_ctx;
+    kv->type = type;
+    /* (n_layer <= 4096) * 2 * (n_ctx <= 2^24) * row_bytes may pass 2^63 only for
+     * absurd requests; checked rather than assumed. */
+    const double want = (double)kv->n_layer * 2.0 * (double)n_ctx * (double)kv->row_bytes;
+    if (want > (double)(SIZE_MAX / 2)) {
+        free(kv);
+        return bl_err_set(err, BL_ERANGE, "KV cache of %lld positions is too large", (long long)n_ctx);
+    }
+    if ((rc = m->be->op->kv_alloc(m->be, kv, err)) < 0) {
+        free(kv);
+        return rc;
+    }
+    *out = kv;
+    return 0;
+}
+
+void wk_kv_free(wk_kv_t *kv)
+{
+    if (!kv)
+        return;
+    kv->model->be->op->kv_free(kv->model->be, kv);
+    free(kv);
+}
+
+int64_t wk_kv_n_past(const wk_kv_t *kv) { return kv->n_past; }
+
+// --- steps -------------------------------------------------------------------------------
+
+/* The checks one sequence's part of a step must pass; i names it in messages. A
+ * stage after the first reads no tokens. */
+static int check_seq(const wk_model_t *m, const wk_kv_t *kv, const int32_t *tokens, int64_t n,
+                     int64_t pos, int64_t n_out, int64_t i, bl_err_t *err)
+{
+    if (!kv || (!tokens && m->lb == 0) || n < 1 || n_out < 0 || n_out > n)
+        return bl_err_set(err, BL_EINVAL, "sequence %lld: %lld rows asking for %lld logit rows",
+                          (long long)i, (long long)n, (long long)n_out);
+    if (kv->model != m)
+        return bl_err_set(err, BL_EINVAL, "sequence %lld: the KV cache was made for another model",
+                          (long long)i);
+    if (pos < 0 || pos > kv->n_past)
+        return bl_err_set(err, BL_EINVAL, "sequence %lld: eval at position %lld, but the cache holds %lld",
+                          (long long)i, (long long)pos, (long long)kv->n_past);
+    if (n > kv->n_ctx - pos)
+        return bl_err_set(err, BL_ERANGE, "sequence %lld: positions %lld..%lld do not fit a cache of %lld",
+                          (long long)i, (long long)pos, (long long)(pos + n - 1), (long long)kv->n_ctx);
+    if (m->lb == 0)
+        for (int64_t t = 0; t < n; t++)
+            if (tokens[t] < 0 || tokens[t] >= m->cfg.n_vocab)
+                return bl_err_set(err, BL_EINVAL, "sequence %lld: token %lld is %d, outside 0..%lld",
+                                  (long long)i, (long long)t, tokens[t], (long long)(m->cfg.n_vocab - 1));
+    return 0;
+}
+
+/* Whether m can run steps, and a whole model's when whole is set. */
+static int check_runnable(const wk_model_t *m, int whole, bl_err_t *err)
+{
+    if (m->opts.experts == WK_EXPERTS_ONLY)
+        return bl_err_set(err, BL_EINVAL, "%s: loaded for its experts only; it runs no steps", m->path);
+    if (m->opts.experts == WK_EXPERTS_REMOTE && m->cfg.moe && !m->remote.fn)
+        return bl_err_set(err, BL_EINVAL, "%s: remote experts but no experts callback set", m->path);
+    if (whole && (m->lb != 0 || m->le != m->cfg.n_layer))
+        return bl_err_set(err, BL_EINVAL, "%s: loaded as the stage of layers %lld..%lld, not the whole model",
+                          m->path, (long long)m->lb, (long long)m->le);
+    return 0;
+}
+
+int wk_model_eval(wk_model_t *m, wk_kv_t *kv, const int32_t *tokens, int64_t n, int64_t pos,
+                  int64_t n_out, float *logits, bl_err_t *err)
+{
+    int rc = check_runnable(m, 1, err);
+    if (rc < 0)
+        return rc;
+    rc = check_seq(m, kv, tokens, n, pos, n_out, 0, err);
+    if (rc < 0)
+        return rc;
+    if (n_out > 0 && !logits)
+        return bl_err_set(err, BL_EINVAL, "logits asked for but no buffer given");
+    /* Chunks of n_batch rows; the logit rows (the last n_out of all n) may span the
+     * last chunks. */
+    const int64_t first_out = n - n_out;
+    kv->n_past = pos;
+    for (int64_t c0 = 0; c0 < n; c0 += m->opts.n_batch) {
+        const int64_t cn = n - c0 < m->opts.n_batch ? n - c0 : m->opts.n_batch;
+        const int64_t out0 = first_out > c0 ? (first_out - c0 < cn ? first_out - c0 : cn) : 0;
+        float *lg = out0 < cn ? logits + (size_t)(c0 + out0 - first_out) * (size_t)m->cfg.n_vocab : NULL;
+        const wk_seg_t sg = {.kv = kv, .tokens = tokens + c0, .row0 = 0, .n = cn, .pos = pos + c0,
+                             .n_out = cn - out0};
+        const wk_step_t st = {.seg = &sg, .nseg = 1, .n = cn, .logits = lg};
+        rc = wk__qwen3_forward(m, &st, err);
+        if (rc < 0)
+            return rc;
+        kv->n_past = pos + c0 + cn;
+    }
+    return 0;
+}
+
+int wk_model_stage(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, const float *x_in,
+                   float *x_out, float *logits, bl_err_t *err)
+{
+    int rc = check_runnable(m, 0, err);
+    if (rc < 0)
+        return rc;
+    if (n_seqs < 1 || n_seqs > m->opts.n_batch)
+        return bl_err_set(err, BL_ERANGE, "%lld sequences in one step, outside 1..%lld",
+                          (long long)n_seqs, (long long)m->opts.n_batch);
+    int64_t rows = 0, outs = 0;
+    for (int64_t i = 0; i < n_seqs; i++) {
+        const wk_seq_t *q = &seqs[i];
+        rc = check_seq(m, q->kv, q->tokens, q->n, q->pos, q->n_out, i, err);
+        if (rc < 0)
+            return rc;
+        for (int64_t j = 0; j < i; j++)
+            if (seqs[j].kv == q->kv)
+                return bl_err_set(err, BL_EINVAL, "sequences %lld and %lld share a KV cache",
+                                  (long long)j, (long long)i);
+        if (q->n > m->opts.n_batch - rows)
+            return bl_err_set(err, BL_ERANGE, "the step's rows exceed n_batch %lld",
+                              (long long)m->opts.n_batch);
+        rows += q->n;
+        outs += q->n_out;
+    }
+    if (m->lb > 0 && !x_in)
+        return bl_err_set(err, BL_EINVAL, "a stage from layer %lld needs the hidden state in", (long long)m->lb);
+    if (m->le < m->cfg.n_layer && !x_out)
+        return bl_err_set(err, BL_EINVAL, "a stage to layer %lld needs a buffer for the hidden state out",
+                          (long long)m->le);
+    if (m->le == m->cfg.n_layer && outs > 0 && !logits)
+        return bl_err_set(err, BL_EINVAL, "logits asked for but no buffer given");
+    /* The segments live in the run state's scratch: no allocation in the step. */
+    wk_seg_t *sg = m->s.segs;
+    rows = 0;
+    for (int64_t i = 0; i < n_seqs; i++) {
+        sg[i] = (wk_seg_t){.kv = seqs[i].kv, .tokens = seqs[i].tokens, .row0 = rows, .n = seqs[i].n,
+                        .pos = seqs[i].pos, .n_out = seqs[i].n_out};
+        rows += seqs[i].n;
+    }
+    const wk_step_t st = {.seg = sg, .nseg = n_seqs, .n = rows, .x_in = x_in, .x_out = x_out,
+                          .logits = logits};
+    rc = wk__qwen3_forward(m, &st, err);
+    if (rc < 0)
+        return rc;
+    for (int64_t i = 0; i < n_seqs; i++)
+        seqs[i].kv->n_past = seqs[i].pos + seqs[i].n;
+    return 0;
+}
+
+int wk_model_eval_multi(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, float *logits,
+                        bl_err_t *err)
+{
+    int rc = check_runnable(m, 1, err);
+    if (rc < 0)
+        return rc;
+    return wk_model_stage(m, seqs, n_seqs, NULL, NULL, logits, err);
+}
+
+void wk_model_set_experts(wk_model_t *m, wk_experts_fn fn, void *ctx)
+{
+    m->remote = (wk_remote_t){fn, ctx};
+}
+
+int wk_model_experts(wk_model_t *m, int64_t layer, const float *xn, int64_t n, const int32_t *ids,
+                     const float *wts, float *out, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    if (!c->moe)
+        return bl_err_set(err, BL_EINVAL, "%s: %s has no routed experts", m->path, c->arch);
+    if (m->opts.experts == WK_EXPERTS_REMOTE)
+        return bl_err_set(err, BL_EINVAL, "%s: this process sends its experts away; it cannot compute them",
+                          m->path);
+    if (layer < 0 || layer >= c->n_layer)
+        return bl_err_set(err, BL_EINVAL, "experts of layer %lld, outside 0..%lld", (long long)layer,
+                          (long long)(c->n_layer - 1));
+    if (m->opts.experts == WK_EXPERTS_LOCAL && (layer < m->lb || layer >= m->le))
+        return bl_err_set(err, BL_EINVAL, "experts of layer %lld, outside this stage's %lld..%lld",
+                          (long long)layer, (long long)m->lb, (long long)(m->le - 1));
+    if (n < 1 || n > m->opts.n_batch)
+        return bl_err_set(err, BL_ERANGE, "%lld expert rows, outside 1..%lld", (long long)n,
+                          (long long)m->opts.n_batch);
+    if (!xn || !ids || !wts || !out)
+        return bl_err_set(err, BL_EINVAL, "experts: a NULL buffer");
+    for (int64_t i = 0; i < n * c->n_expert_used; i++)
+        if (ids[i] < 0 || ids[i] >= c->n_expert)
+            return bl_err_set(err, BL_EINVAL, "row %lld: expert id %d, outside 0..%lld",
+                              (long long)(i / c->n_expert_used), ids[i], (long long)(c->n_expert - 1));
+    if (m->opts.device >= 0)
+        return bl_err_set(err, BL_ENOTSUP, "%s: the experts of a model on a card are computed in its steps",
+                          m->path);
+    wk__cpu_experts(m->be, &m->w.layers[layer].moe, xn, n, ids, wts, out);
+    return 0;
+}
+
+// --- a model on a CUDA device ---------------------------------------------------------
+
+int wk_model_profile(wk_model_t *m, wk_prof_op_t *out, int cap, int reset)
+{
+    return m->opts.device >= 0 ? wk__cuda_profile(m->be, out, cap, reset) : 0;
+}
+
+void wk_model_set_profile(wk_model_t *m, int on) { m->opts.profile = on; }
+
+int wk_model_device_bandwidth(wk_model_t *m, size_t nbytes, double *bytes_per_s, bl_err_t *err)
+{
+    *bytes_per_s = 0;
+    if (m->opts.device < 0)
+        return bl_err_set(err, BL_ENOTSUP, "%s runs on the CPU", m->path);
+    return wk__cuda_bandwidth(m->be, nbytes, bytes_per_s, err);
+}
+

@@ -1,0 +1,106 @@
+/* Inside worker/: the model a family loads (weights as views into the file, the run
+ * state in the backend's memory, the KV cache) and the helpers model.c gives the
+ * families. model.c owns the wk.h API (loading, caches, the checks of a step, its
+ * chunking); models/<arch>.c owns an architecture's metadata, tensors and forward
+ * pass, written once over the backend ops (backend.h). */
+#ifndef WK_MODEL_H
+#define WK_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "gguf.h"
+#include "wk.h"
+
+/* Limits on metadata values, far above any real model and low enough that every
+ * buffer size computed from them fits in size_t. */
+#define WK_MAX_DIM (1 << 20)
+#define WK_MAX_LAYERS 4096
+#define WK_MAX_EXPERTS 4096
+#define WK_MAX_VOCAB (1 << 24)
+#define WK_MAX_CTX (1 << 24)
+
+typedef struct layer {
+    wk_vec_t attn_norm;   // (n_embd)
+    wk_tensor_t wq;       // (n_head * head_dim, n_embd)
+    wk_tensor_t wk;       // (n_head_kv * head_dim, n_embd)
+    wk_tensor_t wv;       // (n_head_kv * head_dim, n_embd)
+    wk_tensor_t wo;       // (n_embd, n_head * head_dim)
+    wk_vec_t q_norm;      // (head_dim)
+    wk_vec_t k_norm;      // (head_dim)
+    wk_vec_t ffn_norm;    // (n_embd)
+    wk_moe_t moe;         /* qwen3moe */
+    wk_tensor_t ffn_gate; // (n_ff, n_embd), qwen3
+    wk_tensor_t ffn_up;   // (n_ff, n_embd)
+    wk_tensor_t ffn_down; // (n_embd, n_ff)
+} layer_t;
+
+typedef struct weights {
+    wk_tensor_t tok_embd;  // (n_vocab, n_embd)
+    wk_vec_t output_norm;  // (n_embd)
+    wk_tensor_t output;    // (n_vocab, n_embd); tok_embd's rows when tied
+    layer_t *layers;       // (n_layer)
+} weights_t;
+
+/* The activations of one step of up to n_batch rows, in the backend's memory. */
+typedef struct run_state {
+    float *x;   // (n_batch, n_embd) the residual stream
+    float *xn;  // (n_batch, n_embd) normed input of a block
+    float *q;   // (n_batch, n_head * head_dim)
+    float *k;   // (n_batch, n_head_kv * head_dim)
+    float *v;   // (n_batch, n_head_kv * head_dim)
+    float *att; // (n_batch, n_head * head_dim) attention output
+    wk_seg_t *segs; // (n_batch) host: the sequences of a step
+} run_state_t;
+
+struct wk_model {
+    wk_config_t cfg;
+    weights_t w;
+    run_state_t s;
+    wk_model_opts_t opts;
+    wk_backend_t *be;
+    bl_gguf_t *g;
+    uint8_t *arena;   /* anonymous copy of the matrices (weights_arena), or NULL */
+    size_t arena_len, arena_used;
+    char path[256];   /* for messages; truncated */
+    int64_t lb, le;   /* the stage's layers [lb, le) */
+    wk_remote_t remote; /* WK_EXPERTS_REMOTE: where routed experts go */
+};
+
+struct wk_kv {
+    const wk_model_t *model; /* the model it was made for; another's is refused */
+    int64_t n_layer, n_ctx, n_past; /* n_layer: the stage's layers */
+    uint32_t type;
+    size_t row_bytes; /* one position of one layer's K (or V) */
+    uint8_t *buf;     // (n_layer, 2, n_ctx, row_bytes): K then V per layer, in the
+                      // backend's memory
+};
+
+// --- what model.c gives a family ---------------------------------------------------
+
+/* ARCH.key as a u32 in 1..max; a missing key is an error unless def > 0. */
+int wk__get_dim(const wk_model_t *m, const char *key, int64_t def, int64_t max, int64_t *out,
+                bl_err_t *err) BL_WUR;
+/* ARCH.key as an f32 in lo..hi, def when missing. */
+int wk__get_float(const wk_model_t *m, const char *key, float def, float lo, float hi, float *out,
+                  bl_err_t *err) BL_WUR;
+/* Matrix name (ne0 = ncols, ne1 * ne2 rows), checked for shape, type and size; use:
+ * this process computes with it, so it goes to the weights' copy where there is
+ * one. */
+int wk__find_mat(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, int64_t ne2, int use,
+                 wk_tensor_t *out, bl_err_t *err) BL_WUR;
+/* An f32 vector of ne0. */
+int wk__find_vec(wk_model_t *m, const char *name, int64_t ne0, wk_vec_t *out, bl_err_t *err) BL_WUR;
+
+// --- a family (models/<arch>.c) -----------------------------------------------------
+
+/* Reads cfg from the metadata (arch named by general.architecture), maps the
+ * tensors the process needs, registers the stage's with the backend, and runs
+ * steps and expert calls. qwen3.c: qwen3moe and qwen3. */
+int wk__qwen3_config(wk_model_t *m, bl_err_t *err) BL_WUR;
+int wk__qwen3_map(wk_model_t *m, bl_err_t *err) BL_WUR;
+int wk__qwen3_place(wk_model_t *m, bl_err_t *err) BL_WUR;
+int wk__qwen3_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err) BL_WUR;
+
+#endif
