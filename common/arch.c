@@ -1,0 +1,176 @@
+/* Architecture facts from GGUF metadata (arch.h). The keys and tensor names are
+ * llama.cpp's for these architectures. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arch.h"
+#include "gguf.h"
+
+/* ARCH.key as a u32 in 1..max; a missing key is an error unless def > 0. */
+static int get_dim(const bl_gguf_t *g, const char *arch, const char *key, int64_t def, int64_t max,
+                   int64_t *out, bl_err_t *err)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    uint32_t v;
+    if (!bl_gguf_find_kv(g, full) && def > 0) {
+        *out = def;
+        return 0;
+    }
+    int rc = bl_gguf_get_u32(g, full, &v, err);
+    if (rc < 0)
+        return rc;
+    if (v < 1 || v > max)
+        return bl_err_set(err, BL_ERANGE, "metadata %s = %u is outside 1..%lld", full, v, (long long)max);
+    *out = v;
+    return 0;
+}
+
+/* ARCH.key as an f32 in lo..hi, def when missing. */
+static int get_float(const bl_gguf_t *g, const char *arch, const char *key, float def, float lo, float hi,
+                     float *out, bl_err_t *err)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    if (!bl_gguf_find_kv(g, full)) {
+        *out = def;
+        return 0;
+    }
+    int rc = bl_gguf_get_f32(g, full, out, err);
+    if (rc < 0)
+        return rc;
+    if (!(*out >= lo && *out <= hi))
+        return bl_err_set(err, BL_ERANGE, "metadata %s = %g is outside %g..%g", full, (double)*out, (double)lo,
+                          (double)hi);
+    return 0;
+}
+
+int bl_arch_read(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *err)
+{
+    memset(a, 0, sizeof *a);
+    bl_gguf_str_t s;
+    int rc = bl_gguf_get_str(g, "general.architecture", &s, err);
+    if (rc < 0)
+        return rc;
+    if (s.len == 8 && memcmp(s.ptr, "qwen3moe", 8) == 0)
+        a->moe = 1;
+    else if (s.len == 5 && memcmp(s.ptr, "qwen3", 5) == 0)
+        a->moe = 0;
+    else
+        return bl_err_set(err, BL_ENOTSUP, "%s: architecture '%.*s' is not supported (qwen3moe, qwen3)", path,
+                          (int)(s.len > 64 ? 64 : s.len), s.ptr);
+    snprintf(a->name, sizeof a->name, "%s", a->moe ? "qwen3moe" : "qwen3");
+    const char *ar = a->name;
+    if ((rc = get_dim(g, ar, "block_count", 0, BL_ARCH_MAX_LAYERS, &a->n_layer, err)) < 0 ||
+        (rc = get_dim(g, ar, "embedding_length", 0, BL_ARCH_MAX_DIM, &a->n_embd, err)) < 0 ||
+        (rc = get_dim(g, ar, "attention.head_count", 0, BL_ARCH_MAX_DIM, &a->n_head, err)) < 0 ||
+        (rc = get_dim(g, ar, "attention.head_count_kv", a->n_head, BL_ARCH_MAX_DIM, &a->n_head_kv, err)) < 0 ||
+        (rc = get_dim(g, ar, "attention.key_length", a->n_embd / a->n_head, BL_ARCH_MAX_DIM, &a->head_dim, err)) < 0 ||
+        (rc = get_dim(g, ar, "context_length", 0, BL_ARCH_MAX_CTX, &a->n_ctx_train, err)) < 0)
+        return rc;
+    int64_t vlen = 0;
+    if ((rc = get_dim(g, ar, "attention.value_length", a->head_dim, BL_ARCH_MAX_DIM, &vlen, err)) < 0)
+        return rc;
+    if (vlen != a->head_dim)
+        return bl_err_set(err, BL_ENOTSUP, "%s: %s.attention.value_length %lld differs from key_length %lld", path,
+                          ar, (long long)vlen, (long long)a->head_dim);
+    if (a->head_dim % 2 != 0 || a->n_head % a->n_head_kv != 0 || a->n_head * a->head_dim > BL_ARCH_MAX_DIM)
+        return bl_err_set(err, BL_EINVAL,
+                          "%s: head_dim %lld must be even, head_count %lld a multiple of head_count_kv %lld, and their product at most %d",
+                          path, (long long)a->head_dim, (long long)a->n_head, (long long)a->n_head_kv,
+                          BL_ARCH_MAX_DIM);
+    if ((rc = get_float(g, ar, "rope.freq_base", 10000.0f, 1.0f, 1e12f, &a->rope_base, err)) < 0 ||
+        (rc = get_float(g, ar, "attention.layer_norm_rms_epsilon", 1e-6f, 0.0f, 1.0f, &a->eps, err)) < 0)
+        return rc;
+    /* Context extension changes the RoPE angles; refused rather than run wrong. */
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", ar);
+    if (bl_gguf_find_kv(g, key)) {
+        bl_gguf_str_t st;
+        if ((rc = bl_gguf_get_str(g, key, &st, err)) < 0)
+            return rc;
+        if (!(st.len == 4 && memcmp(st.ptr, "none", 4) == 0))
+            return bl_err_set(err, BL_ENOTSUP, "%s: %s '%.*s' is not supported", path, key,
+                              (int)(st.len > 32 ? 32 : st.len), st.ptr);
+    }
+    if (a->moe) {
+        if ((rc = get_dim(g, ar, "expert_count", 0, BL_ARCH_MAX_EXPERTS, &a->n_expert, err)) < 0 ||
+            (rc = get_dim(g, ar, "expert_used_count", 0, BL_ARCH_MAX_EXPERTS, &a->n_expert_used, err)) < 0 ||
+            (rc = get_dim(g, ar, "expert_feed_forward_length", 0, BL_ARCH_MAX_DIM, &a->n_ff_exp, err)) < 0)
+            return rc;
+        if (a->n_expert_used > a->n_expert)
+            return bl_err_set(err, BL_EINVAL, "%s: %s.expert_used_count %lld exceeds expert_count %lld", path, ar,
+                              (long long)a->n_expert_used, (long long)a->n_expert);
+    } else if ((rc = get_dim(g, ar, "feed_forward_length", 0, BL_ARCH_MAX_DIM, &a->n_ff, err)) < 0) {
+        return rc;
+    }
+    const bl_gguf_tensor_t *te = bl_gguf_find_tensor(g, "token_embd.weight");
+    if (!te)
+        return bl_err_set(err, BL_ENOENT, "%s: tensor 'token_embd.weight' is missing", path);
+    a->n_vocab = te->ne[1];
+    if (a->n_vocab < 1 || a->n_vocab > BL_ARCH_MAX_VOCAB)
+        return bl_err_set(err, BL_ERANGE, "%s: token_embd.weight has %lld rows, outside 1..%d", path,
+                          (long long)a->n_vocab, BL_ARCH_MAX_VOCAB);
+    a->tied_output = !bl_gguf_find_tensor(g, "output.weight");
+    a->cache = BL_CACHE_KV;
+    a->cache_prefix_cut = 1;
+    return 0;
+}
+
+static int has_prefix(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
+
+bl_role_t bl_arch_role(const bl_arch_t *a, const char *name, int64_t *layer)
+{
+    *layer = -1;
+    if (!strcmp(name, "token_embd.weight"))
+        return BL_ROLE_TOKEN_EMBD;
+    if (!strcmp(name, "output_norm.weight"))
+        return BL_ROLE_OUTPUT_NORM;
+    if (!strcmp(name, "output.weight"))
+        return BL_ROLE_OUTPUT;
+    if (!has_prefix(name, "blk."))
+        return BL_ROLE_OTHER;
+    char *end = NULL;
+    const long long l = strtoll(name + 4, &end, 10);
+    if (name[4] < '0' || name[4] > '9' || *end != '.' || l >= a->n_layer)
+        return BL_ROLE_OTHER;
+    const char *t = end + 1;
+    static const char *const attn[] = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                                       "attn_output.weight", "attn_q_norm.weight", "attn_k_norm.weight"};
+    static const char *const exps[] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
+    static const char *const ffn[] = {"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
+    bl_role_t r = BL_ROLE_OTHER;
+    for (size_t i = 0; i < sizeof attn / sizeof *attn && !r; i++)
+        if (!strcmp(t, attn[i]))
+            r = BL_ROLE_ATTN;
+    if (!strcmp(t, "ffn_norm.weight"))
+        r = BL_ROLE_NORM;
+    if (a->moe && !strcmp(t, "ffn_gate_inp.weight"))
+        r = BL_ROLE_GATE_INP;
+    for (size_t i = 0; a->moe && i < sizeof exps / sizeof *exps && !r; i++)
+        if (!strcmp(t, exps[i]))
+            r = BL_ROLE_EXPERTS;
+    for (size_t i = 0; !a->moe && i < sizeof ffn / sizeof *ffn && !r; i++)
+        if (!strcmp(t, ffn[i]))
+            r = BL_ROLE_FFN;
+    if (r)
+        *layer = l;
+    return r;
+}
+
+const char *bl_role_name(bl_role_t r)
+{
+    switch (r) {
+    case BL_ROLE_TOKEN_EMBD: return "token_embd";
+    case BL_ROLE_OUTPUT_NORM: return "output_norm";
+    case BL_ROLE_OUTPUT: return "output";
+    case BL_ROLE_ATTN: return "attention";
+    case BL_ROLE_NORM: return "norm";
+    case BL_ROLE_GATE_INP: return "router";
+    case BL_ROLE_EXPERTS: return "experts";
+    case BL_ROLE_FFN: return "ffn";
+    case BL_ROLE_OTHER: break;
+    }
+    return "other";
+}

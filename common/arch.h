@@ -1,0 +1,74 @@
+/* What every process knows of a model's architecture, read once from the file's
+ * metadata: the hyperparameters, the kind of cache a layer keeps, and each tensor's
+ * role and layer (by llama.cpp's tensor names). One owner: the worker's families,
+ * the router's placement plan, the hosttier's expert store and the tools read it
+ * here. Architectures: qwen3moe (routed experts) and qwen3 (dense). */
+#ifndef BL_ARCH_H
+#define BL_ARCH_H
+
+#include <stdint.h>
+
+#include "err.h"
+#include "gguf.h"
+
+/* Limits on metadata values, far above any real model and low enough that every
+ * buffer size computed from them fits in size_t. */
+#define BL_ARCH_MAX_DIM (1 << 20)
+#define BL_ARCH_MAX_LAYERS 4096
+#define BL_ARCH_MAX_EXPERTS 4096
+#define BL_ARCH_MAX_VOCAB (1 << 24)
+#define BL_ARCH_MAX_CTX (1 << 24)
+
+/* What a layer keeps per position. */
+typedef enum bl_cache_kind {
+    BL_CACHE_KV = 1, /* K and V rows of n_head_kv * head_dim: a prefix of it is the cache
+                      * of the prefix, so a cache can be cut back to any position */
+} bl_cache_kind_t;
+
+typedef struct bl_arch {
+    char name[16];        /* general.architecture: "qwen3moe", "qwen3" */
+    int moe;              /* routed experts (else a dense FFN) */
+    int64_t n_layer;
+    int64_t n_embd;
+    int64_t n_head;
+    int64_t n_head_kv;
+    int64_t head_dim;
+    int64_t n_ff;         /* dense FFN width */
+    int64_t n_expert;     /* routed experts per MoE layer */
+    int64_t n_expert_used;
+    int64_t n_ff_exp;     /* one expert's FFN width */
+    int64_t n_vocab;      /* rows of token_embd.weight */
+    int64_t n_ctx_train;
+    float rope_base;
+    float eps;
+    int tied_output;      /* no output.weight: the head is token_embd */
+    bl_cache_kind_t cache;
+    int cache_prefix_cut; /* the cache can be cut back to a prefix */
+} bl_arch_t;
+
+/* Reads and checks a's fields from g (path names the file in messages). Errors:
+ * BL_ENOTSUP (another architecture, RoPE scaling, a value length other than the key
+ * length), BL_ENOENT (a missing key or token_embd.weight, named), BL_ERANGE (a value
+ * out of its range, named), BL_EINVAL (inconsistent heads or experts). */
+int bl_arch_read(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *err) BL_WUR;
+
+/* A tensor's part in the model. */
+typedef enum bl_role {
+    BL_ROLE_OTHER = 0,   /* not a tensor the architecture reads */
+    BL_ROLE_TOKEN_EMBD,
+    BL_ROLE_OUTPUT_NORM,
+    BL_ROLE_OUTPUT,
+    BL_ROLE_ATTN,        /* attention projections and their norms */
+    BL_ROLE_NORM,        /* the FFN's input norm */
+    BL_ROLE_GATE_INP,    /* the router of a MoE layer */
+    BL_ROLE_EXPERTS,     /* the routed experts' gate, up or down (all experts of a layer) */
+    BL_ROLE_FFN,         /* a dense FFN's matrices */
+} bl_role_t;
+
+/* The role of the tensor named name and its layer (-1 outside the layers). */
+bl_role_t bl_arch_role(const bl_arch_t *a, const char *name, int64_t *layer);
+
+/* "token_embd", "experts", ...: for messages and the plan's lines. */
+const char *bl_role_name(bl_role_t r);
+
+#endif

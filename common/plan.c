@@ -1,0 +1,721 @@
+/* The placement plan (plan.h). Regexes of -ot are PCRE2's, searched anywhere in the
+ * tensor name, as llama.cpp's std::regex_search does. */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "args.h"
+#include "gguf.h"
+#include "plan.h"
+
+#define MIB ((uint64_t)1 << 20)
+#define GIB ((double)(1u << 30))
+#define MAX_OVERRIDES 256
+/* The largest piece of the head the CUDA backend dequantizes at once for a GEMM. */
+#define HEAD_PIECE ((uint64_t)256 << 20)
+
+enum { BUFT_STAGE = 0, BUFT_CPU, BUFT_CUDA, BUFT_HOSTTIER };
+
+typedef struct override {
+    pcre2_code *re;
+    char text[160];  /* "RE=BUFT" as given, for messages */
+    const char *flag;
+    int buft, cuda;  /* BUFT_*, and the CUDA ordinal for BUFT_CUDA */
+    int64_t hits;
+} override_t;
+
+/* Bytes of each layer's parts, from the file's tensors. */
+typedef struct sizes {
+    uint64_t *dense;   /* (n_layer) attention, norms, router, dense FFN */
+    uint64_t *experts; /* (n_layer) the three expert tensors */
+    uint64_t *exp_max; /* (n_layer) the largest expert tensor (the prompt path's f16 scratch) */
+    uint64_t embd, head, out_norm;
+} sizes_t;
+
+void bl_plan_free(bl_plan_t *p)
+{
+    if (p) {
+        free(p->host);
+        p->host = NULL;
+    }
+}
+
+int bl_plan_layer_host(const bl_plan_t *p, int64_t l)
+{
+    for (int64_t e = 0; e < p->n_expert; e++)
+        if (p->host[l * p->n_expert + e])
+            return 1;
+    return 0;
+}
+
+static void free_overrides(override_t *ov, int n)
+{
+    for (int i = 0; i < n; i++)
+        pcre2_code_free(ov[i].re);
+}
+
+/* "CPU", "CUDA0", "HOSTTIER" (any case). */
+static int parse_buft(const char *s, size_t n, const bl_device_t *devs, int n_devs, int *buft, int *cuda)
+{
+    if (n == 3 && !strncasecmp(s, "CPU", 3)) {
+        *buft = BUFT_CPU;
+        return 0;
+    }
+    if (n == 8 && !strncasecmp(s, "HOSTTIER", 8)) {
+        *buft = BUFT_HOSTTIER;
+        return 0;
+    }
+    if (n > 4 && n < 12 && !strncasecmp(s, "CUDA", 4)) {
+        char num[12];
+        memcpy(num, s + 4, n - 4);
+        num[n - 4] = '\0';
+        int64_t v = -1;
+        if (bl_parse_i64(num, &v) == 0 && v >= 0)
+            for (int i = 0; i < n_devs; i++)
+                if (devs[i].index == v) {
+                    *buft = BUFT_CUDA;
+                    *cuda = (int)v;
+                    return 0;
+                }
+        return BL_ENOTSUP;
+    }
+    return BL_EINVAL;
+}
+
+static int add_override(override_t *ov, int *n, const char *flag, const char *re, size_t re_len, int buft,
+                        int cuda, const char *text, bl_err_t *err)
+{
+    if (*n >= MAX_OVERRIDES)
+        return bl_err_set(err, BL_EINVAL, "%s: more than %d patterns", flag, MAX_OVERRIDES);
+    int ec = 0;
+    PCRE2_SIZE eo = 0;
+    pcre2_code *c = pcre2_compile((PCRE2_SPTR)re, re_len, 0, &ec, &eo, NULL);
+    if (!c) {
+        PCRE2_UCHAR msg[128];
+        pcre2_get_error_message(ec, msg, sizeof msg);
+        return bl_err_set(err, BL_EINVAL, "%s %s: the pattern does not compile at offset %zu: %s", flag, text,
+                          (size_t)eo, (const char *)msg);
+    }
+    override_t *o = &ov[(*n)++];
+    memset(o, 0, sizeof *o);
+    o->re = c;
+    o->flag = flag;
+    o->buft = buft;
+    o->cuda = cuda;
+    snprintf(o->text, sizeof o->text, "%s", text);
+    return 0;
+}
+
+/* The -ot patterns in order, then --cpu-moe's and -ncmoe's. */
+static int read_overrides(const bl_place_opts_t *o, const bl_arch_t *a, const bl_device_t *devs, int n_devs,
+                          override_t *ov, int *n, bl_err_t *err)
+{
+    *n = 0;
+    int rc;
+    for (int i = 0; i < o->n_override_tensor; i++) {
+        const char *v = o->override_tensor[i];
+        if (!*v)
+            return bl_err_set(err, BL_EINVAL, "--override-tensor: an empty value (REGEX=BUFFER_TYPE)");
+        for (const char *p = v; *p;) {
+            const char *comma = strchr(p, ',');
+            const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+            const char *eq = NULL;
+            for (const char *q = p + len; q > p; q--) /* the last '=' of the item: a regex may hold one */
+                if (q[-1] == '=') {
+                    eq = q - 1;
+                    break;
+                }
+            char text[160];
+            snprintf(text, sizeof text, "%.*s", (int)(len < 150 ? len : 150), p);
+            if (!eq || eq == p)
+                return bl_err_set(err, BL_EINVAL, "--override-tensor %s: not REGEX=BUFFER_TYPE", text);
+            int buft = 0, cuda = -1;
+            rc = parse_buft(eq + 1, (size_t)(p + len - eq - 1), devs, n_devs, &buft, &cuda);
+            if (rc == BL_ENOTSUP)
+                return bl_err_set(err, BL_ENOTSUP, "--override-tensor %s: no such device (%d CUDA device%s here)",
+                                  text, n_devs, n_devs == 1 ? "" : "s");
+            if (rc)
+                return bl_err_set(err, BL_EINVAL, "--override-tensor %s: buffer type '%.*s' is not CPU, CUDAn or "
+                                  "HOSTTIER", text, (int)(p + len - eq - 1), eq + 1);
+            if ((rc = add_override(ov, n, "--override-tensor", p, (size_t)(eq - p), buft, cuda, text, err)) < 0)
+                return rc;
+            if (!comma)
+                break;
+            p = comma + 1;
+        }
+    }
+    if (o->cpu_moe && (rc = add_override(ov, n, "--cpu-moe", "\\.ffn_(up|down|gate)_exps", 26, BUFT_CPU, -1,
+                                         "\\.ffn_(up|down|gate)_exps=CPU", err)) < 0)
+        return rc;
+    if (o->n_cpu_moe < 0 || o->n_cpu_moe > a->n_layer)
+        return bl_err_set(err, BL_EINVAL, "--n-cpu-moe %lld: the model has %lld layers", (long long)o->n_cpu_moe,
+                          (long long)a->n_layer);
+    if (o->n_cpu_moe > 0) {
+        /* a pattern per layer keeps one rule for every override */
+        for (int64_t l = 0; l < o->n_cpu_moe; l++) {
+            char one[64], text[96];
+            snprintf(one, sizeof one, "^blk\\.%lld\\.ffn_(up|down|gate)_exps", (long long)l);
+            snprintf(text, sizeof text, "%s=CPU", one);
+            if ((rc = add_override(ov, n, "--n-cpu-moe", one, strlen(one), BUFT_CPU, -1, text, err)) < 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static int read_sizes(const bl_gguf_t *g, const bl_arch_t *a, sizes_t *s, bl_err_t *err)
+{
+    s->dense = calloc((size_t)a->n_layer, sizeof *s->dense);
+    s->experts = calloc((size_t)a->n_layer, sizeof *s->experts);
+    s->exp_max = calloc((size_t)a->n_layer, sizeof *s->exp_max);
+    if (!s->dense || !s->experts || !s->exp_max)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the plan of %lld layers", (long long)a->n_layer);
+    for (uint64_t i = 0; i < bl_gguf_n_tensors(g); i++) {
+        const bl_gguf_tensor_t *t = bl_gguf_tensor_at(g, i);
+        const char *name = t->name;
+        int64_t l = -1;
+        switch (bl_arch_role(a, name, &l)) {
+        case BL_ROLE_TOKEN_EMBD: s->embd = t->nbytes; break;
+        case BL_ROLE_OUTPUT: s->head = t->nbytes; break;
+        case BL_ROLE_OUTPUT_NORM: s->out_norm = t->nbytes; break;
+        case BL_ROLE_EXPERTS:
+            s->experts[l] += t->nbytes;
+            if (t->nbytes > s->exp_max[l])
+                s->exp_max[l] = t->nbytes;
+            break;
+        case BL_ROLE_ATTN: case BL_ROLE_NORM: case BL_ROLE_GATE_INP: case BL_ROLE_FFN:
+            s->dense[l] += t->nbytes;
+            break;
+        case BL_ROLE_OTHER: break;
+        }
+    }
+    if (a->tied_output)
+        s->head = s->embd;
+    return 0;
+}
+
+static void free_sizes(sizes_t *s)
+{
+    free(s->dense);
+    free(s->experts);
+    free(s->exp_max);
+}
+
+static uint64_t max_u64(uint64_t x, uint64_t y) { return x > y ? x : y; }
+
+/* What backend_cuda.c allocates beside the weights for a stage: the activations and
+ * scratch of n_batch rows, the prompt path's f16 buffers and the largest matrix in
+ * f16, the attention scratch, the logits of the last stage. An estimate: cuBLAS and
+ * the CUDA context come on top, which -fitt's margin is for. */
+static uint64_t cuda_scratch(const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s,
+                             const bl_plan_t *p, const bl_plan_stage_t *st, int last)
+{
+    const uint64_t B = (uint64_t)(o->n_batch > 0 ? o->n_batch : 512), E = (uint64_t)a->n_embd;
+    const uint64_t nq = (uint64_t)(a->n_head * a->head_dim), nkv = (uint64_t)(a->n_head_kv * a->head_dim);
+    const uint64_t K = (uint64_t)(a->moe ? a->n_expert_used : 1), NE = (uint64_t)(a->moe ? a->n_expert : 1);
+    const uint64_t ff = (uint64_t)(a->moe ? a->n_ff_exp : a->n_ff);
+    uint64_t f32 = B * (3 * E + 2 * nq + 2 * nkv + NE + 2 * K + 2 * K * ff);
+    if (last)
+        f32 += B * (uint64_t)a->n_vocab;
+    uint64_t bytes = 4 * f32;
+    bytes += 2 * B * max_u64(max_u64(E, nq), ff) + 2 * B * K * max_u64(E, ff) + 4 * B * K * E;
+    /* the f16 copy of the largest matrix a GEMM reads: an expert tensor on the card,
+     * else a layer's largest dense matrix (bounded by the layer's dense bytes) */
+    uint64_t w = 0;
+    for (int64_t l = st->lb; l < st->le; l++) {
+        const uint64_t elems = bl_plan_layer_host(p, l) ? 0 : s->exp_max[l];
+        w = max_u64(w, elems * 4); /* 4-bit weights to 16 bits, at most 4x */
+        w = max_u64(w, s->dense[l] * 4 / 3);
+    }
+    if (last)
+        w = max_u64(w, HEAD_PIECE);
+    bytes += w;
+    const uint64_t ctx = (uint64_t)(o->n_ctx_total > 0 ? o->n_ctx_total : 4096);
+    bytes += 4 * 64 * (uint64_t)a->n_head * (ctx / 256 + 1) * (uint64_t)(a->head_dim + 2);
+    return bytes;
+}
+
+/* Fills each stage's sizes. */
+static void size_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s)
+{
+    const double kv_pos_layer = 2.0 * (double)(a->n_head_kv * a->head_dim) *
+                                (o->kv_elem_bytes > 0 ? o->kv_elem_bytes : 2.0);
+    p->host_bytes = 0;
+    p->n_host_layers = 0;
+    for (int64_t l = 0; l < a->n_layer; l++)
+        if (bl_plan_layer_host(p, l)) {
+            p->n_host_layers++;
+            p->host_bytes += s->experts[l];
+        }
+    for (int i = 0; i < p->n_stages; i++) {
+        bl_plan_stage_t *st = &p->stage[i];
+        const int first = st->lb == 0, last = st->le == a->n_layer;
+        st->weight_bytes = st->expert_bytes = 0;
+        for (int64_t l = st->lb; l < st->le; l++) {
+            st->weight_bytes += s->dense[l];
+            if (!bl_plan_layer_host(p, l))
+                st->expert_bytes += s->experts[l];
+        }
+        st->weight_bytes += st->expert_bytes;
+        if (first)
+            st->weight_bytes += s->embd;
+        if (last)
+            st->weight_bytes += s->out_norm + (a->tied_output && first ? 0 : s->head);
+        st->kv_bytes = (uint64_t)(kv_pos_layer * (double)(o->n_ctx_total > 0 ? o->n_ctx_total : 0) *
+                                  (double)(st->le - st->lb));
+        st->scratch_bytes = st->device >= 0 ? cuda_scratch(a, o, s, p, st, last) : 0;
+    }
+}
+
+static const bl_device_t *device_of(const bl_device_t *devs, int n, int index)
+{
+    for (int i = 0; i < n; i++)
+        if (devs[i].index == index)
+            return &devs[i];
+    return NULL;
+}
+
+/* The stage's total on its card against what the card has free less the margin: 0
+ * when it fits or the free memory is not known. */
+static int over(const bl_plan_stage_t *st, const bl_device_t *devs, int n_devs, uint64_t margin)
+{
+    const bl_device_t *d = device_of(devs, n_devs, st->device);
+    if (!d || d->free_bytes == 0)
+        return 0;
+    const uint64_t need = st->weight_bytes + st->kv_bytes + st->scratch_bytes + margin;
+    return need > d->free_bytes;
+}
+
+/* Certain not to fit: the weights and the KV cache alone pass the free memory. */
+static int cannot_fit(const bl_plan_stage_t *st, const bl_device_t *devs, int n_devs)
+{
+    const bl_device_t *d = device_of(devs, n_devs, st->device);
+    return d && d->free_bytes && st->weight_bytes + st->kv_bytes > d->free_bytes;
+}
+
+/* -dev: "none", or a comma list of CUDA devices ("cuda0", "CUDA1"); each must exist. */
+static int parse_devices(const char *v, const bl_device_t *devs, int n_devs, int *gpus, int *n, bl_err_t *err)
+{
+    *n = 0;
+    if (!strcmp(v, "none"))
+        return 0;
+    for (const char *p = v; *p;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char one[32];
+        int64_t idx = -1;
+        if (len >= sizeof one || len == 0)
+            return bl_err_set(err, BL_EINVAL, "--device: '%.40s' is not none or a list of cudaN", v);
+        memcpy(one, p, len);
+        one[len] = '\0';
+        if (strncasecmp(one, "cuda", 4) != 0 || bl_parse_i64(one + 4, &idx) != 0 || idx < 0)
+            return bl_err_set(err, BL_EINVAL, "--device: '%s' is not none or cudaN", one);
+        if (!device_of(devs, n_devs, (int)idx))
+            return bl_err_set(err, BL_ENOTSUP, "--device %s: no such device (this machine has %d CUDA device%s)",
+                              one, n_devs, n_devs == 1 ? "" : "s");
+        for (int i = 0; i < *n; i++)
+            if (gpus[i] == idx)
+                return bl_err_set(err, BL_EINVAL, "--device: %s is listed twice", one);
+        if (*n >= BL_PLAN_MAX_DEVICES)
+            return bl_err_set(err, BL_EINVAL, "--device: more than %d devices", BL_PLAN_MAX_DEVICES);
+        gpus[(*n)++] = (int)idx;
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    return 0;
+}
+
+/* -ngl: the number of layers (the head counting as one past the last) on the GPUs;
+ * INT64_MAX for every one. *given: a number the user chose (not auto/all/-1). */
+static int parse_ngl(const char *v, int64_t *n, int *given, bl_err_t *err)
+{
+    *given = 0;
+    *n = INT64_MAX;
+    if (!v || !strcmp(v, "auto") || !strcmp(v, "all"))
+        return 0;
+    if (bl_parse_i64(v, n) != 0 || *n < -1)
+        return bl_err_set(err, BL_EINVAL, "--gpu-layers: '%.32s' is not a number, auto or all", v);
+    if (*n == -1)
+        *n = INT64_MAX;
+    else
+        *given = 1;
+    return 0;
+}
+
+/* -ts: one proportion per GPU. */
+static int parse_split(const char *v, int n_gpus, double *w, bl_err_t *err)
+{
+    int n = 0;
+    double sum = 0;
+    for (const char *p = v; *p;) {
+        const char *sep = p + strcspn(p, ",/");
+        char one[32];
+        const size_t len = (size_t)(sep - p);
+        double x = -1;
+        if (len == 0 || len >= sizeof one)
+            return bl_err_set(err, BL_EINVAL, "--tensor-split: '%.40s' is not a list of proportions", v);
+        memcpy(one, p, len);
+        one[len] = '\0';
+        if (bl_parse_f64(one, &x) != 0 || !(x >= 0))
+            return bl_err_set(err, BL_EINVAL, "--tensor-split: '%s' is not a proportion", one);
+        if (n >= BL_PLAN_MAX_DEVICES)
+            return bl_err_set(err, BL_EINVAL, "--tensor-split: more than %d proportions", BL_PLAN_MAX_DEVICES);
+        if (n < n_gpus)
+            w[n] = x;
+        n++;
+        sum += x;
+        if (!*sep)
+            break;
+        p = sep + 1;
+    }
+    if (n > n_gpus)
+        return bl_err_set(err, BL_EINVAL, "--tensor-split %s: %d proportions for %d device%s", v, n, n_gpus,
+                          n_gpus == 1 ? "" : "s");
+    for (int i = n; i < n_gpus; i++)
+        w[i] = 0; /* llama.cpp: a device without a proportion gets nothing */
+    if (!(sum > 0))
+        return bl_err_set(err, BL_EINVAL, "--tensor-split %s: the proportions sum to 0", v);
+    return 0;
+}
+
+/* Layers [lb, le) over the GPUs by weights w: stage boundaries at the rounded
+ * cumulative shares, a device whose share rounds to no layer gets no stage. */
+static int split_gpu_layers(bl_plan_t *p, int64_t lb, int64_t le, const int *gpus, const double *w, int n_gpus,
+                            bl_err_t *err)
+{
+    double sum = 0, acc = 0;
+    for (int i = 0; i < n_gpus; i++)
+        sum += w[i];
+    int64_t at = lb;
+    for (int i = 0; i < n_gpus && at < le; i++) {
+        acc += w[i];
+        int64_t end = i == n_gpus - 1 ? le : lb + (int64_t)((double)(le - lb) * acc / sum + 0.5);
+        end = end > le ? le : end;
+        if (end <= at)
+            continue;
+        if (p->n_stages >= BL_PLAN_MAX_STAGES)
+            return bl_err_set(err, BL_EINVAL, "plan: more than %d stages", BL_PLAN_MAX_STAGES);
+        p->stage[p->n_stages++] = (bl_plan_stage_t){.device = gpus[i], .lb = at, .le = end};
+        at = end;
+    }
+    return 0;
+}
+
+static int stage_of(const bl_plan_t *p, int64_t l)
+{
+    for (int i = 0; i < p->n_stages; i++)
+        if (l >= p->stage[i].lb && l < p->stage[i].le)
+            return i;
+    return -1;
+}
+
+/* The overrides against every tensor of the file: the routed experts a pattern puts
+ * in host RAM are marked; what a plan cannot do is refused by name. */
+static int apply_overrides(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, override_t *ov, int n_ov,
+                           bl_err_t *err)
+{
+    /* per layer: what the first expert tensor decided, to refuse a split of them */
+    int *layer_buft = malloc(sizeof(int) * (size_t)a->n_layer);
+    if (!layer_buft)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the plan");
+    for (int64_t l = 0; l < a->n_layer; l++)
+        layer_buft[l] = -1;
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    int rc = md ? 0 : bl_err_set(err, BL_ENOMEM, "out of memory for the plan");
+    for (uint64_t i = 0; rc == 0 && i < bl_gguf_n_tensors(g); i++) {
+        const bl_gguf_tensor_t *t = bl_gguf_tensor_at(g, i);
+        const char *name = t->name;
+        int64_t l = -1;
+        const bl_role_t role = bl_arch_role(a, name, &l);
+        override_t *hit = NULL;
+        for (int j = 0; j < n_ov && !hit; j++)
+            if (pcre2_match(ov[j].re, (PCRE2_SPTR)name, t->name_len, 0, 0, md, NULL) >= 0)
+                hit = &ov[j];
+        if (role == BL_ROLE_EXPERTS) {
+            const int s = stage_of(p, l);
+            const int dev = p->stage[s].device;
+            int b = BUFT_STAGE;
+            if (hit) {
+                hit->hits++;
+                if (hit->buft == BUFT_HOSTTIER || (hit->buft == BUFT_CPU && dev >= 0))
+                    b = BUFT_HOSTTIER;
+                else if (hit->buft == BUFT_CUDA && hit->cuda != dev)
+                    rc = bl_err_set(err, BL_ENOTSUP, "%s %s: %s belongs to a stage %s; routed experts on "
+                                    "another card than their layer's are not supported yet", hit->flag, hit->text,
+                                    name, dev >= 0 ? "on another card" : "on the CPU");
+            }
+            if (rc == 0 && layer_buft[l] >= 0 && layer_buft[l] != b)
+                rc = bl_err_set(err, BL_ENOTSUP, "%s: the routed experts of layer %lld would be split between "
+                                "two places (gate, up and down of a layer's experts go together)",
+                                hit ? hit->text : name, (long long)l);
+            layer_buft[l] = b;
+            continue;
+        }
+        if (!hit)
+            continue;
+        hit->hits++;
+        const int s = l >= 0 ? stage_of(p, l) : (role == BL_ROLE_TOKEN_EMBD ? 0 : p->n_stages - 1);
+        const int dev = s >= 0 ? p->stage[s].device : BL_PLAN_DEVICE_CPU;
+        const int same = (hit->buft == BUFT_CPU && dev < 0) || (hit->buft == BUFT_CUDA && hit->cuda == dev);
+        if (!same && role != BL_ROLE_OTHER)
+            rc = bl_err_set(err, BL_ENOTSUP, "%s %s: %s (%s) would leave its layer's stage on %s; only routed "
+                            "experts can be placed apart from their layer", hit->flag, hit->text, name,
+                            bl_role_name(role), dev >= 0 ? "the card" : "the CPU");
+    }
+    for (int j = 0; rc == 0 && j < n_ov; j++)
+        if (ov[j].hits == 0 && !strcmp(ov[j].flag, "--override-tensor"))
+            rc = bl_err_set(err, BL_ENOTSUP, "--override-tensor %s: the pattern matches no tensor of the model",
+                            ov[j].text);
+    for (int64_t l = 0; rc == 0 && l < a->n_layer; l++)
+        if (layer_buft[l] == BUFT_HOSTTIER)
+            memset(p->host + l * p->n_expert, 1, (size_t)p->n_expert);
+    pcre2_match_data_free(md);
+    free(layer_buft);
+    return rc;
+}
+
+static void fmt_size(char *b, size_t n, uint64_t bytes)
+{
+    if (bytes >= (uint64_t)1 << 30)
+        snprintf(b, n, "%.2f GiB", (double)bytes / GIB);
+    else
+        snprintf(b, n, "%.1f MiB", (double)bytes / (double)MIB);
+}
+
+/* A placement the user chose (or --fit off) is not changed; what cannot fit is
+ * refused with the sizes. */
+static int refuse_over(const bl_plan_t *p, const bl_device_t *devs, int n_devs, uint64_t margin, bl_err_t *err)
+{
+    for (int i = 0; i < p->n_stages; i++) {
+        const bl_plan_stage_t *st = &p->stage[i];
+        if (st->device < 0 || !cannot_fit(st, devs, n_devs))
+            continue;
+        const bl_device_t *d = device_of(devs, n_devs, st->device);
+        char w[32], k[32], s[32], f[32];
+        fmt_size(w, sizeof w, st->weight_bytes);
+        fmt_size(k, sizeof k, st->kv_bytes);
+        fmt_size(s, sizeof s, st->scratch_bytes);
+        fmt_size(f, sizeof f, d->free_bytes);
+        return bl_err_set(err, BL_ENOMEM, "plan: layers %lld..%lld on CUDA%d need %s of weights and %s of KV "
+                          "cache (and about %s of scratch, with -fitt %llu MiB kept free), but the card has %s free "
+                          "(put routed experts in host RAM with --cpu-moe or -ncmoe N, fewer layers with -ngl, a "
+                          "smaller -c, or leave the placement to --fit on)", (long long)st->lb,
+                          (long long)st->le - 1, st->device, w, k, s, (unsigned long long)(margin / MIB), f);
+    }
+    return 0;
+}
+
+int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl_device_t *devs, int n_devs,
+                  const bl_place_opts_t *o, bl_err_t *err)
+{
+    memset(p, 0, sizeof *p);
+    p->n_layer = a->n_layer;
+    p->n_expert = a->moe ? a->n_expert : 0;
+    p->host = calloc((size_t)(a->n_layer * (p->n_expert ? p->n_expert : 1)), 1);
+    if (!p->host)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the plan");
+    int gpus[BL_PLAN_MAX_DEVICES], n_gpus = 0, rc = 0, n_ov = 0;
+    override_t *ov = NULL;
+    sizes_t sz = {0};
+    for (int i = 0; i < n_devs && n_gpus < BL_PLAN_MAX_DEVICES; i++)
+        gpus[n_gpus++] = devs[i].index;
+    if (o->devices && (rc = parse_devices(o->devices, devs, n_devs, gpus, &n_gpus, err)) < 0)
+        goto out;
+    if (o->split_mode && strcmp(o->split_mode, "layer") && strcmp(o->split_mode, "none")) {
+        rc = bl_err_set(err, !strcmp(o->split_mode, "row") ? BL_ENOTSUP : BL_EINVAL, "--split-mode %.32s: %s",
+                        o->split_mode, !strcmp(o->split_mode, "row")
+                            ? "splitting matrices by rows across GPUs is not supported (layer puts a pipeline "
+                              "stage on each device)"
+                            : "not none, layer or row");
+        goto out;
+    }
+    if (o->split_mode && !strcmp(o->split_mode, "none") && n_gpus > 0) {
+        if (o->main_gpu < 0 || o->main_gpu >= n_gpus) {
+            rc = bl_err_set(err, BL_EINVAL, "--main-gpu %lld: there %s %d device%s", (long long)o->main_gpu,
+                            n_gpus == 1 ? "is" : "are", n_gpus, n_gpus == 1 ? "" : "s");
+            goto out;
+        }
+        gpus[0] = gpus[o->main_gpu];
+        n_gpus = 1;
+    }
+    if (o->fit && strcmp(o->fit, "on") && strcmp(o->fit, "off")) {
+        rc = bl_err_set(err, BL_EINVAL, "--fit: '%.32s' is not on or off", o->fit);
+        goto out;
+    }
+    int64_t ngl;
+    int ngl_given;
+    if ((rc = parse_ngl(o->gpu_layers, &ngl, &ngl_given, err)) < 0)
+        goto out;
+    if (n_gpus == 0)
+        ngl = 0;
+    double w[BL_PLAN_MAX_DEVICES];
+    for (int i = 0; i < n_gpus; i++) { /* llama.cpp's default: by free memory */
+        const bl_device_t *d = device_of(devs, n_devs, gpus[i]);
+        w[i] = d && d->free_bytes ? (double)d->free_bytes : 1.0;
+    }
+    if (o->tensor_split && (rc = parse_split(o->tensor_split, n_gpus > 0 ? n_gpus : 1, w, err)) < 0)
+        goto out;
+    const int64_t n_gpu_layers = ngl >= a->n_layer ? a->n_layer : ngl;
+    const int64_t n_cpu_layers = a->n_layer - n_gpu_layers;
+
+    /* stages: the CPU layers first, split into n_cpu_stages, then the GPU layers */
+    int ncs = o->n_cpu_stages > 0 ? o->n_cpu_stages : 1;
+    if (n_cpu_layers > 0) {
+        if (ncs > n_cpu_layers)
+            ncs = (int)n_cpu_layers;
+        if (ncs > BL_PLAN_MAX_STAGES - n_gpus) {
+            rc = bl_err_set(err, BL_EINVAL, "plan: more than %d stages", BL_PLAN_MAX_STAGES);
+            goto out;
+        }
+        const int64_t base = n_cpu_layers / ncs, extra = n_cpu_layers % ncs;
+        int64_t at = 0;
+        for (int i = 0; i < ncs; i++) {
+            const int64_t n = base + (i < extra ? 1 : 0);
+            p->stage[p->n_stages++] = (bl_plan_stage_t){.device = BL_PLAN_DEVICE_CPU, .lb = at, .le = at + n};
+            at += n;
+        }
+    }
+    if (n_gpu_layers > 0 && (rc = split_gpu_layers(p, n_cpu_layers, a->n_layer, gpus, w, n_gpus, err)) < 0)
+        goto out;
+
+    ov = calloc(MAX_OVERRIDES, sizeof *ov);
+    if (!ov) {
+        rc = bl_err_set(err, BL_ENOMEM, "out of memory for the plan");
+        goto out;
+    }
+    if ((rc = read_overrides(o, a, devs, n_devs, ov, &n_ov, err)) < 0 ||
+        (rc = read_sizes(g, a, &sz, err)) < 0)
+        goto out;
+    /* a dense model has no routed experts: --cpu-moe and -ncmoe change nothing there */
+    if ((rc = apply_overrides(p, g, a, ov, n_ov, err)) < 0)
+        goto out;
+
+    const uint64_t margin = (uint64_t)(o->fit_target_mib >= 0 ? o->fit_target_mib : 1024) * MIB;
+    p->fit_target_mib = (int64_t)(margin / MIB);
+    size_stages(p, a, o, &sz);
+    const int fit = !o->fit || !strcmp(o->fit, "on");
+    const int chosen = ngl_given || o->cpu_moe || o->n_cpu_moe > 0 || o->n_override_tensor > 0;
+    if (fit && !chosen && n_gpus > 0) {
+        /* the experts of leading layers of each card's stage to host RAM until it fits */
+        for (int i = 0; i < p->n_stages; i++) {
+            bl_plan_stage_t *st = &p->stage[i];
+            for (int64_t l = st->lb; st->device >= 0 && a->moe && l < st->le && over(st, devs, n_devs, margin);
+                 l++) {
+                memset(p->host + l * p->n_expert, 1, (size_t)p->n_expert);
+                p->fit_moved++;
+                size_stages(p, a, o, &sz);
+            }
+        }
+        /* then whole leading layers of the first card's stage to the CPU */
+        while (p->n_stages > 0) {
+            int gi = -1;
+            for (int i = 0; i < p->n_stages && gi < 0; i++)
+                if (p->stage[i].device >= 0)
+                    gi = i;
+            if (gi < 0 || !over(&p->stage[gi], devs, n_devs, margin))
+                break;
+            bl_plan_stage_t *st = &p->stage[gi];
+            if (gi > 0 && p->stage[gi - 1].device < 0) {
+                p->stage[gi - 1].le++;
+            } else {
+                if (p->n_stages >= BL_PLAN_MAX_STAGES)
+                    break;
+                memmove(&p->stage[1], &p->stage[0], sizeof *p->stage * (size_t)p->n_stages);
+                p->n_stages++;
+                gi++;
+                st = &p->stage[gi];
+                p->stage[0] = (bl_plan_stage_t){.device = BL_PLAN_DEVICE_CPU, .lb = st->lb, .le = st->lb + 1};
+            }
+            /* a layer on the CPU keeps its experts in its worker */
+            memset(p->host + st->lb * p->n_expert, 0, (size_t)p->n_expert);
+            st->lb++;
+            p->fit_cpu_layers++;
+            if (st->lb == st->le) {
+                memmove(&p->stage[gi], &p->stage[gi + 1], sizeof *p->stage * (size_t)(p->n_stages - gi - 1));
+                p->n_stages--;
+            }
+            size_stages(p, a, o, &sz);
+        }
+    } else if ((rc = refuse_over(p, devs, n_devs, margin, err)) < 0) {
+        goto out;
+    }
+    p->hosttier = p->n_host_layers > 0;
+out:
+    if (ov)
+        free_overrides(ov, n_ov);
+    free(ov);
+    free_sizes(&sz);
+    if (rc < 0)
+        bl_plan_free(p);
+    return rc;
+}
+
+static size_t put(char *buf, size_t cap, size_t at, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char tmp[512];
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return at;
+    if (at < cap)
+        snprintf(buf + at, cap - at, "%s", tmp);
+    return at + (size_t)n;
+}
+
+size_t bl_plan_format(const bl_plan_t *p, const bl_device_t *devs, int n_devs, char *buf, size_t cap)
+{
+    size_t at = 0;
+    if (cap)
+        buf[0] = '\0';
+    uint64_t card = 0, cpu = 0;
+    for (int i = 0; i < p->n_stages; i++) {
+        const bl_plan_stage_t *st = &p->stage[i];
+        char wb[32], eb[32], kb[32], sb[32];
+        fmt_size(wb, sizeof wb, st->weight_bytes);
+        fmt_size(eb, sizeof eb, st->expert_bytes);
+        fmt_size(kb, sizeof kb, st->kv_bytes);
+        fmt_size(sb, sizeof sb, st->scratch_bytes);
+        if (st->device >= 0) {
+            const bl_device_t *d = device_of(devs, n_devs, st->device);
+            card += st->weight_bytes;
+            at = put(buf, cap, at, "stage %d: layers %lld..%lld on CUDA%d (%s): weights %s (routed experts %s), "
+                     "KV %s, scratch ~%s\n", i, (long long)st->lb, (long long)st->le - 1, st->device,
+                     d ? d->name : "?", wb, eb, kb, sb);
+        } else {
+            cpu += st->weight_bytes;
+            at = put(buf, cap, at, "stage %d: layers %lld..%lld on the CPU: weights %s (routed experts %s), KV %s\n",
+                     i, (long long)st->lb, (long long)st->le - 1, wb, eb, kb);
+        }
+    }
+    char cb[32], rb[32], hb[32];
+    fmt_size(cb, sizeof cb, card);
+    fmt_size(rb, sizeof rb, cpu);
+    fmt_size(hb, sizeof hb, p->host_bytes);
+    at = put(buf, cap, at, "on the cards %s; in the CPU workers %s; routed experts in host RAM %s (%d of %lld "
+             "layers, the hosttier)\n", cb, rb, hb, p->n_host_layers, (long long)p->n_layer);
+    if (p->n_expert > 0) {
+        /* routed experts on a card per layer, as runs: "0-35: 0, 36-47: 128" */
+        at = put(buf, cap, at, "routed experts with their stage per layer:");
+        int64_t l0 = 0;
+        for (int64_t l = 1; l <= p->n_layer; l++) {
+            const int h0 = bl_plan_layer_host(p, l0);
+            if (l < p->n_layer && bl_plan_layer_host(p, l) == h0)
+                continue;
+            at = put(buf, cap, at, " %lld-%lld: %lld", (long long)l0, (long long)l - 1,
+                     (long long)(h0 ? 0 : p->n_expert));
+            l0 = l;
+        }
+        at = put(buf, cap, at, "\n");
+    }
+    if (p->fit_moved || p->fit_cpu_layers)
+        at = put(buf, cap, at, "--fit: experts of %d layers put in host RAM, %d layers moved to the CPU, to keep "
+                 "%lld MiB free on each card\n", p->fit_moved, p->fit_cpu_layers, (long long)p->fit_target_mib);
+    return at;
+}

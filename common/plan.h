@@ -1,0 +1,111 @@
+/* The placement plan, one owner for bloomery-serve, bloomery-cli and bloomery-bench:
+ * from a model's file (its architecture facts and tensor sizes), the devices the
+ * workers report and llama.cpp's placement flags with their meaning, where every
+ * weight lives and runs:
+ *   - stages: contiguous layer ranges, each on the CPU or on one CUDA device;
+ *   - the expert table: for every (layer, routed expert), with its layer's stage
+ *     (on that card, or in the CPU worker) or in host RAM (the hosttier).
+ * The dense parts of a layer (attention, norms, router) and its KV cache always sit
+ * with the layer's stage.
+ *
+ * Flags, as llama.cpp reads them:
+ *   -ngl N      the last N layers on the GPUs (N above the layer count: all, the head
+ *               included); auto, all or -1: every layer; 0: the CPU;
+ *   -dev LIST   none, or CUDA devices by name (cuda0, CUDA1); default every device;
+ *   -sm MODE    layer (default: GPU layers split over the devices), none (the main
+ *               GPU, -mg, only); row is refused;
+ *   -ts A,B,..  the GPU layers split by these proportions (default: by free memory);
+ *   --cpu-moe   every layer's routed experts in host RAM (-ot \.ffn_(up|down|gate)_exps=CPU);
+ *   -ncmoe N    the routed experts of the first N layers in host RAM;
+ *   -ot RE=BUFT tensors whose name RE finds go to BUFT: CPU (host RAM), CUDAn (that
+ *               card), or HOSTTIER (the hosttier even beside a CPU worker); the first
+ *               pattern that finds a tensor decides it, -ot patterns before --cpu-moe's
+ *               and -ncmoe's;
+ *   --fit on|off  on (the default): when none of -ngl N, --cpu-moe, -ncmoe, -ot is
+ *               given, the routed experts of as many leading layers as needed go to
+ *               host RAM so that every card keeps -fitt MiB (default 1024) free, and
+ *               if even that does not fit, leading layers go to the CPU; off: the plan
+ *               is refused with the sizes when a card cannot hold its stage.
+ * Routed experts move between card and host a whole layer at a time for now. */
+#ifndef BL_PLAN_H
+#define BL_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "arch.h"
+#include "err.h"
+#include "gguf.h"
+
+#define BL_PLAN_MAX_DEVICES 16
+#define BL_PLAN_MAX_STAGES 64
+#define BL_PLAN_DEVICE_CPU (-1)
+
+/* A device a worker can run a stage on, as its Hello reports it. */
+typedef struct bl_device {
+    int index;            /* CUDA ordinal */
+    char name[64];        /* "NVIDIA H200" */
+    uint64_t total_bytes;
+    uint64_t free_bytes;  /* 0: not known (nothing is checked against it) */
+} bl_device_t;
+
+/* The placement flags as given (NULL / 0: not given) and what the plan sizes. */
+typedef struct bl_place_opts {
+    const char *gpu_layers;   /* -ngl */
+    const char *devices;      /* -dev */
+    const char *split_mode;   /* -sm */
+    int64_t main_gpu;         /* -mg */
+    const char *tensor_split; /* -ts */
+    int cpu_moe;              /* --cpu-moe */
+    int64_t n_cpu_moe;        /* -ncmoe */
+    const char *const *override_tensor; /* -ot, each "RE=BUFT[,RE=BUFT...]" */
+    int n_override_tensor;
+    const char *fit;          /* --fit: "on", "off" or NULL (on) */
+    int64_t fit_target_mib;   /* -fitt: MiB each card keeps free; < 0: 1024 */
+    int n_cpu_stages;         /* stages the CPU layers are split into (--workers); 0: 1 */
+    int64_t n_ctx_total;      /* KV positions over every slot */
+    double kv_elem_bytes;     /* bytes of one cached K or V element (2 for f16) */
+    int64_t n_batch;          /* rows of a step, for the scratch */
+} bl_place_opts_t;
+
+typedef struct bl_plan_stage {
+    int device;             /* BL_PLAN_DEVICE_CPU or a CUDA ordinal */
+    int64_t lb, le;         /* layers [lb, le) */
+    uint64_t weight_bytes;  /* what the stage holds: dense parts, its experts, embd, head */
+    uint64_t expert_bytes;  /* of which routed experts */
+    uint64_t kv_bytes;
+    uint64_t scratch_bytes; /* an estimate of the backend's scratch (cards only) */
+} bl_plan_stage_t;
+
+typedef struct bl_plan {
+    int n_stages;
+    bl_plan_stage_t stage[BL_PLAN_MAX_STAGES];
+    int64_t n_layer, n_expert;
+    uint8_t *host;          /* (n_layer * n_expert): 1 where the expert is in host RAM */
+    uint64_t host_bytes;    /* routed experts in host RAM */
+    int n_host_layers;      /* layers with an expert in host RAM */
+    int hosttier;           /* a hosttier process computes the host experts */
+    int fit_moved;          /* --fit put the experts of this many leading layers in RAM */
+    int fit_cpu_layers;     /* --fit moved this many leading layers to the CPU */
+    int64_t fit_target_mib;
+} bl_plan_t;
+
+/* Builds p for the model in g (facts a) on devs[0..n_devs) (the CUDA devices; none:
+ * the CPU only). Errors name the flag and the reason: BL_EINVAL (a value that does
+ * not parse: -ngl, -dev, -ts, -sm, -ot's regex or buffer type, --fit; -ncmoe above
+ * the layer count; contradicting flags), BL_ENOTSUP (-sm row; a device that does not
+ * exist; an -ot pattern that matches no tensor, or places a layer's dense part or
+ * part of its experts apart from it), BL_ENOMEM (a stage that does not fit its card,
+ * with the sizes). Caller frees with bl_plan_free. */
+int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl_device_t *devs, int n_devs,
+                  const bl_place_opts_t *o, bl_err_t *err) BL_WUR;
+void bl_plan_free(bl_plan_t *p);
+
+/* Whether layer l has any expert in host RAM. */
+int bl_plan_layer_host(const bl_plan_t *p, int64_t l);
+
+/* Writes the plan as lines ("stage 0: layers 0..47 on CUDA0 ...", a summary, the
+ * routed experts on the card per layer) into buf; returns the length it needed. */
+size_t bl_plan_format(const bl_plan_t *p, const bl_device_t *devs, int n_devs, char *buf, size_t cap);
+
+#endif
