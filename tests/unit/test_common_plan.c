@@ -1,0 +1,1361 @@
+/* Tests of common/plan.c: small qwen3moe and qwen3 files written with the GGUF writer
+ * (zero data: the plan reads only metadata and tensor sizes) are placed on made-up
+ * device inventories, one test per flag behaviour and per refusal, with every byte
+ * count computed from the shapes. plan.c is included (not linked) so that its
+ * allocations can be made to fail. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include "arch.h"
+#include "gguf.h"
+#include "gguf_writer.h"
+
+/* --- allocation failure injection ------------------------------------------------ */
+
+/* Allocations plan.c may still make before they fail; negative is unlimited. */
+static long alloc_budget = -1;
+
+static int take_budget(void)
+{
+    if (alloc_budget == 0)
+        return 0;
+    if (alloc_budget > 0)
+        alloc_budget--;
+    return 1;
+}
+static void *failing_malloc(size_t n) { return take_budget() ? malloc(n) : NULL; }
+static void *failing_calloc(size_t n, size_t m) { return take_budget() ? calloc(n, m) : NULL; }
+
+#define malloc(n) failing_malloc(n)
+#define calloc(n, m) failing_calloc(n, m)
+#include "../../common/plan.c"
+#undef malloc
+#undef calloc
+
+/* --- the models ------------------------------------------------------------------ */
+
+#define N_LAYER 8
+#define N_EMBD 64
+#define N_HEAD 4
+#define N_HEAD_KV 2
+#define HEAD_DIM (N_EMBD / N_HEAD) /* no key_length key: the default */
+#define NQ (N_HEAD * HEAD_DIM)
+#define NKV (N_HEAD_KV * HEAD_DIM)
+#define N_EXPERT 16
+#define N_EXPERT_USED 4
+#define N_FF_EXP 32
+#define N_FF 128
+#define N_VOCAB 100
+#define N_CTX 1024 /* n_ctx_total of every plan here */
+
+/* Bytes, every tensor f32. One layer's attention: attn_norm (n_embd), q (n_embd, nq),
+ * k and v (n_embd, nkv), output (nq, n_embd), q_norm and k_norm (head_dim). */
+#define ATTN_BYTES (4ull * (N_EMBD + N_EMBD * NQ + 2 * N_EMBD * NKV + NQ * N_EMBD + 2 * HEAD_DIM))
+/* A MoE layer's dense part: attention, ffn_norm (n_embd), ffn_gate_inp (n_embd, n_expert). */
+#define D_BYTES (ATTN_BYTES + 4ull * N_EMBD + 4ull * N_EMBD * N_EXPERT)
+/* A MoE layer's routed experts: gate and up (n_embd, n_ff_exp, n_expert), down
+ * (n_ff_exp, n_embd, n_expert). */
+#define X_BYTES (3ull * 4 * N_EMBD * N_FF_EXP * N_EXPERT)
+/* A dense layer: attention, ffn_norm, gate and up (n_embd, n_ff), down (n_ff, n_embd). */
+#define DD_BYTES (ATTN_BYTES + 4ull * N_EMBD + 3ull * 4 * N_EMBD * N_FF)
+#define EMBD_BYTES (4ull * N_EMBD * N_VOCAB)
+#define OUT_NORM_BYTES (4ull * N_EMBD)
+#define HEAD_BYTES (4ull * N_EMBD * N_VOCAB)
+/* One layer's K and V in f16 over N_CTX positions. */
+#define KV_LAYER_BYTES (2ull * NKV * 2 * N_CTX)
+/* Everything of the MoE file. */
+#define W_ALL (N_LAYER * (D_BYTES + X_BYTES) + EMBD_BYTES + OUT_NORM_BYTES + HEAD_BYTES)
+#define KV_ALL (N_LAYER * KV_LAYER_BYTES)
+#define MARGIN_DEFAULT (1024ull << 20)
+#define GIB_BYTES (1ull << 30)
+
+_Static_assert(D_BYTES == 53888, "a MoE layer's dense bytes");
+_Static_assert(X_BYTES == 393216, "a MoE layer's expert bytes");
+
+enum { MOE = 0, TIED, DENSE, N_MODELS };
+
+static struct {
+    char path[N_MODELS][256];
+    bl_gguf_t *g[N_MODELS];
+    bl_arch_t a[N_MODELS];
+} M;
+
+static int add_t(bl_gguf_writer_t *w, const char *name, int n_dims, int64_t ne0, int64_t ne1, int64_t ne2,
+                 bl_err_t *err)
+{
+    const int64_t ne[3] = {ne0, ne1, ne2};
+    return bl_gw_add_tensor(w, name, BL_TYPE_F32, n_dims, ne, err);
+}
+
+/* Writes the model of kind to path, tensors in llama.cpp's shapes, data all zero. */
+static int write_model(const char *path, int kind, bl_err_t *err)
+{
+    const int moe = kind != DENSE;
+    const char *arch = moe ? "qwen3moe" : "qwen3";
+    static const uint8_t zeros[1 << 16];
+    bl_gguf_writer_t *w = NULL;
+    char key[96], name[64];
+    int rc = bl_gw_create(&w, err);
+    if (rc < 0)
+        return rc;
+#define SET_U32(k, v) (snprintf(key, sizeof key, "%s.%s", arch, k), bl_gw_set_u32(w, key, v, err))
+    if ((rc = bl_gw_set_str(w, "general.architecture", arch, err)) < 0 ||
+        (rc = SET_U32("block_count", N_LAYER)) < 0 || (rc = SET_U32("embedding_length", N_EMBD)) < 0 ||
+        (rc = SET_U32("attention.head_count", N_HEAD)) < 0 ||
+        (rc = SET_U32("attention.head_count_kv", N_HEAD_KV)) < 0 || (rc = SET_U32("context_length", 4096)) < 0)
+        goto out;
+    if (moe && ((rc = SET_U32("expert_count", N_EXPERT)) < 0 ||
+                (rc = SET_U32("expert_used_count", N_EXPERT_USED)) < 0 ||
+                (rc = SET_U32("expert_feed_forward_length", N_FF_EXP)) < 0))
+        goto out;
+    if (!moe && (rc = SET_U32("feed_forward_length", N_FF)) < 0)
+        goto out;
+#undef SET_U32
+    if ((rc = add_t(w, "token_embd.weight", 2, N_EMBD, N_VOCAB, 1, err)) < 0 ||
+        (rc = add_t(w, "output_norm.weight", 1, N_EMBD, 1, 1, err)) < 0)
+        goto out;
+    if (kind != TIED && (rc = add_t(w, "output.weight", 2, N_EMBD, N_VOCAB, 1, err)) < 0)
+        goto out;
+    for (int l = 0; l < N_LAYER; l++) {
+        static const struct {
+            const char *t;
+            int n_dims;
+            int64_t ne0, ne1, ne2;
+            int moe; /* 1: MoE only, 0: dense only, -1: both */
+        } spec[] = {
+            {"attn_norm", 1, N_EMBD, 1, 1, -1},       {"attn_q", 2, N_EMBD, NQ, 1, -1},
+            {"attn_k", 2, N_EMBD, NKV, 1, -1},        {"attn_v", 2, N_EMBD, NKV, 1, -1},
+            {"attn_output", 2, NQ, N_EMBD, 1, -1},    {"attn_q_norm", 1, HEAD_DIM, 1, 1, -1},
+            {"attn_k_norm", 1, HEAD_DIM, 1, 1, -1},   {"ffn_norm", 1, N_EMBD, 1, 1, -1},
+            {"ffn_gate_inp", 2, N_EMBD, N_EXPERT, 1, 1},
+            {"ffn_gate_exps", 3, N_EMBD, N_FF_EXP, N_EXPERT, 1},
+            {"ffn_up_exps", 3, N_EMBD, N_FF_EXP, N_EXPERT, 1},
+            {"ffn_down_exps", 3, N_FF_EXP, N_EMBD, N_EXPERT, 1},
+            {"ffn_gate", 2, N_EMBD, N_FF, 1, 0},      {"ffn_up", 2, N_EMBD, N_FF, 1, 0},
+            {"ffn_down", 2, N_FF, N_EMBD, 1, 0},
+        };
+        for (size_t i = 0; i < sizeof spec / sizeof *spec; i++) {
+            if (spec[i].moe >= 0 && spec[i].moe != moe)
+                continue;
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, spec[i].t);
+            if ((rc = add_t(w, name, spec[i].n_dims, spec[i].ne0, spec[i].ne1, spec[i].ne2, err)) < 0)
+                goto out;
+        }
+    }
+    uint64_t left = 0;
+    for (size_t i = 0; i < bl_gw_tensor_count(w); i++)
+        left += bl_gw_tensor_nbytes(w, i);
+    if ((rc = bl_gw_begin(w, path, err)) < 0)
+        goto out;
+    while (left > 0) {
+        const size_t n = left < sizeof zeros ? (size_t)left : sizeof zeros;
+        if ((rc = bl_gw_write_data(w, zeros, n, err)) < 0)
+            goto out;
+        left -= n;
+    }
+    rc = bl_gw_finish(w, err);
+out:
+    bl_gw_destroy(w);
+    return rc;
+}
+
+static int models_setup(void **state)
+{
+    (void)state;
+    static const char *const tag[N_MODELS] = {"moe", "tied", "dense"};
+    const char *dir = getenv("TMPDIR");
+    for (int k = 0; k < N_MODELS; k++) {
+        bl_err_t err = {0};
+        snprintf(M.path[k], sizeof M.path[k], "%s/bl_test_plan_%s_%d.gguf", dir && *dir ? dir : "/tmp", tag[k],
+                 (int)getpid());
+        if (write_model(M.path[k], k, &err) < 0 || bl_gguf_open(&M.g[k], M.path[k], &err) < 0 ||
+            bl_arch_read(&M.a[k], M.g[k], M.path[k], &err) < 0) {
+            print_error("%s: %s\n", M.path[k], err.msg);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int models_teardown(void **state)
+{
+    (void)state;
+    for (int k = 0; k < N_MODELS; k++) {
+        bl_gguf_close(M.g[k]);
+        M.g[k] = NULL;
+        if (M.path[k][0])
+            unlink(M.path[k]);
+    }
+    return 0;
+}
+
+/* --- devices, options and checks -------------------------------------------------- */
+
+/* The plan of the running test; freed again after each test, so that a failed
+ * assertion leaves nothing behind (bl_plan_free may be called twice). */
+static bl_plan_t g_plan;
+
+static int free_plan(void **state)
+{
+    (void)state;
+    bl_plan_free(&g_plan);
+    return 0;
+}
+
+/* Cards with far more free memory than the model needs. */
+static const bl_device_t big1[1] = {{.index = 0, .name = "NVIDIA Test", .total_bytes = 96 * GIB_BYTES,
+                                     .free_bytes = 80 * GIB_BYTES}};
+static const bl_device_t big2[2] = {
+    {.index = 0, .name = "NVIDIA Test", .total_bytes = 96 * GIB_BYTES, .free_bytes = 80 * GIB_BYTES},
+    {.index = 1, .name = "NVIDIA Test", .total_bytes = 96 * GIB_BYTES, .free_bytes = 80 * GIB_BYTES},
+};
+
+/* What the programs pass when no placement flag is given. */
+static bl_place_opts_t opts(void)
+{
+    return (bl_place_opts_t){.main_gpu = 0, .fit_target_mib = -1, .n_ctx_total = N_CTX, .kv_elem_bytes = 2.0,
+                             .n_batch = 512};
+}
+
+static bl_device_t card(int index, uint64_t free_bytes)
+{
+    bl_device_t d = {.index = index, .total_bytes = free_bytes + GIB_BYTES, .free_bytes = free_bytes};
+    snprintf(d.name, sizeof d.name, "NVIDIA Test");
+    return d;
+}
+
+static void build_ok(bl_plan_t *p, int model, const bl_device_t *devs, int n_devs, const bl_place_opts_t *o)
+{
+    bl_err_t err = {0};
+    const int rc = bl_plan_build(p, M.g[model], &M.a[model], devs, n_devs, o, &err);
+    if (rc != 0)
+        fail_msg("bl_plan_build: %d: %s", rc, err.msg);
+    assert_non_null(p->host);
+}
+
+/* Builds and expects code, needle in the message and nothing left to free. */
+static void expect_refusal(int model, const bl_device_t *devs, int n_devs, const bl_place_opts_t *o, int code,
+                           const char *needle)
+{
+    bl_plan_t p;
+    bl_err_t err = {0};
+    const int rc = bl_plan_build(&p, M.g[model], &M.a[model], devs, n_devs, o, &err);
+    if (rc == 0)
+        bl_plan_free(&p);
+    if (rc != code)
+        fail_msg("expected %d, got %d (%s)", code, rc, err.msg);
+    if (!strstr(err.msg, needle))
+        fail_msg("'%s' does not name '%s'", err.msg, needle);
+    assert_int_equal(err.code, code);
+    assert_null(p.host);
+}
+
+static void assert_stage(const bl_plan_t *p, int i, int device, int64_t lb, int64_t le)
+{
+    assert_true(i < p->n_stages);
+    if (p->stage[i].device != device || p->stage[i].lb != lb || p->stage[i].le != le)
+        fail_msg("stage %d: device %d layers [%lld, %lld), expected device %d [%lld, %lld)", i, p->stage[i].device,
+                 (long long)p->stage[i].lb, (long long)p->stage[i].le, device, (long long)lb, (long long)le);
+}
+
+/* mask: one '0' or '1' per layer, '1' where the layer's experts are in host RAM; also
+ * checks that a layer is all or nothing, the counts and the hosttier flag. */
+static void assert_host(const bl_plan_t *p, const char *mask)
+{
+    assert_int_equal(strlen(mask), p->n_layer);
+    int n = 0;
+    for (int64_t l = 0; l < p->n_layer; l++) {
+        const int want = mask[l] == '1';
+        if (bl_plan_layer_host(p, l) != want)
+            fail_msg("layer %lld: host %d, expected %d (mask %s)", (long long)l, bl_plan_layer_host(p, l), want,
+                     mask);
+        for (int64_t e = 0; e < p->n_expert; e++)
+            assert_int_equal(p->host[l * p->n_expert + e], want);
+        n += want;
+    }
+    assert_int_equal(p->n_host_layers, n);
+    assert_true(p->host_bytes == (uint64_t)n * X_BYTES);
+    assert_int_equal(p->hosttier, n > 0);
+}
+
+/* Sizes of a stage: weights and experts exact, KV from the layer count, scratch only
+ * on a card. */
+static void assert_sizes(const bl_plan_t *p, int i, uint64_t weight_bytes, uint64_t expert_bytes)
+{
+    const bl_plan_stage_t *st = &p->stage[i];
+    if (st->weight_bytes != weight_bytes || st->expert_bytes != expert_bytes)
+        fail_msg("stage %d: weights %llu experts %llu, expected %llu and %llu", i,
+                 (unsigned long long)st->weight_bytes, (unsigned long long)st->expert_bytes,
+                 (unsigned long long)weight_bytes, (unsigned long long)expert_bytes);
+    assert_true(st->kv_bytes == (uint64_t)(st->le - st->lb) * KV_LAYER_BYTES);
+    if (st->device < 0)
+        assert_true(st->scratch_bytes == 0);
+    else
+        assert_true(st->scratch_bytes > 0);
+}
+
+static uint64_t need_of(const bl_plan_stage_t *st, uint64_t margin)
+{
+    return st->weight_bytes + st->kv_bytes + st->scratch_bytes + margin;
+}
+
+/* Every card's stage within what its card has free, less the margin. */
+static void assert_fits(const bl_plan_t *p, const bl_device_t *devs, int n_devs, uint64_t margin)
+{
+    for (int i = 0; i < p->n_stages; i++) {
+        const bl_plan_stage_t *st = &p->stage[i];
+        if (st->device < 0)
+            continue;
+        const bl_device_t *d = NULL;
+        for (int j = 0; j < n_devs; j++)
+            if (devs[j].index == st->device)
+                d = &devs[j];
+        assert_non_null(d);
+        if (need_of(st, margin) > d->free_bytes)
+            fail_msg("stage %d on CUDA%d needs %llu bytes with the margin, the card has %llu free", i, st->device,
+                     (unsigned long long)need_of(st, margin), (unsigned long long)d->free_bytes);
+    }
+}
+
+/* The scratch estimate of one card stage holding every layer (the last stage: it
+ * does not change with the experts' placement, the head piece dominates). */
+static uint64_t scratch_of_one_stage(void)
+{
+    const bl_device_t d = card(0, 0);
+    const bl_place_opts_t o = opts();
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, &d, 1, &o);
+    assert_int_equal(p->n_stages, 1);
+    const uint64_t s = p->stage[0].scratch_bytes;
+    bl_plan_free(p);
+    return s;
+}
+
+/* --- stages without flags ------------------------------------------------------------ */
+
+static void test_plan_no_devices_is_one_cpu_stage(void **state)
+{
+    (void)state;
+    const bl_place_opts_t o = opts();
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_int_equal(p->n_stages, 1);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, N_LAYER);
+    assert_sizes(p, 0, W_ALL, N_LAYER * X_BYTES);
+    assert_int_equal(p->n_layer, N_LAYER);
+    assert_int_equal(p->n_expert, N_EXPERT);
+    assert_host(p, "00000000");
+    assert_int_equal(p->fit_moved, 0);
+    assert_int_equal(p->fit_cpu_layers, 0);
+    bl_plan_free(p);
+}
+
+static void test_plan_cpu_stages_split_layers_earlier_take_the_remainder(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.n_cpu_stages = 3;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_int_equal(p->n_stages, 3);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, 3);
+    assert_stage(p, 1, BL_PLAN_DEVICE_CPU, 3, 6);
+    assert_stage(p, 2, BL_PLAN_DEVICE_CPU, 6, 8);
+    assert_sizes(p, 0, EMBD_BYTES + 3 * (D_BYTES + X_BYTES), 3 * X_BYTES);
+    assert_sizes(p, 1, 3 * (D_BYTES + X_BYTES), 3 * X_BYTES);
+    assert_sizes(p, 2, 2 * (D_BYTES + X_BYTES) + OUT_NORM_BYTES + HEAD_BYTES, 2 * X_BYTES);
+    assert_host(p, "00000000");
+    bl_plan_free(p);
+
+    o.n_cpu_stages = 20; /* no more stages than layers */
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_int_equal(p->n_stages, N_LAYER);
+    for (int i = 0; i < N_LAYER; i++)
+        assert_stage(p, i, BL_PLAN_DEVICE_CPU, i, i + 1);
+    bl_plan_free(p);
+}
+
+static void test_plan_one_device_defaults_put_every_layer_on_the_card(void **state)
+{
+    (void)state;
+    const bl_place_opts_t o = opts();
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big1, 1, &o);
+    assert_int_equal(p->n_stages, 1);
+    assert_stage(p, 0, 0, 0, N_LAYER);
+    assert_sizes(p, 0, W_ALL, N_LAYER * X_BYTES);
+    assert_host(p, "00000000");
+    assert_int_equal(p->fit_moved, 0);
+    assert_int_equal(p->fit_cpu_layers, 0);
+    assert_int_equal(p->fit_target_mib, 1024);
+    bl_plan_free(p);
+}
+
+static void test_plan_free_memory_not_known_is_not_checked(void **state)
+{
+    (void)state;
+    const bl_device_t d = card(0, 0);
+    bl_place_opts_t o = opts();
+    o.fit = "on";
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, &d, 1, &o);
+    assert_int_equal(p->n_stages, 1);
+    assert_stage(p, 0, 0, 0, N_LAYER);
+    assert_host(p, "00000000");
+    assert_int_equal(p->fit_moved, 0);
+    bl_plan_free(p);
+    o.fit = "off";
+    build_ok(p, MOE, &d, 1, &o);
+    assert_stage(p, 0, 0, 0, N_LAYER);
+    bl_plan_free(p);
+}
+
+/* --- -ngl ---------------------------------------------------------------------------- */
+
+static void test_plan_ngl_zero_puts_every_layer_on_the_cpu(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.gpu_layers = "0";
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big1, 1, &o);
+    assert_int_equal(p->n_stages, 1);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, N_LAYER);
+    assert_sizes(p, 0, W_ALL, N_LAYER * X_BYTES);
+    assert_host(p, "00000000");
+    bl_plan_free(p);
+}
+
+static void test_plan_ngl_puts_the_last_layers_on_the_card(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.gpu_layers = "3";
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big1, 1, &o);
+    assert_int_equal(p->n_stages, 2);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, 5);
+    assert_stage(p, 1, 0, 5, 8);
+    assert_sizes(p, 0, EMBD_BYTES + 5 * (D_BYTES + X_BYTES), 5 * X_BYTES);
+    assert_sizes(p, 1, 3 * (D_BYTES + X_BYTES) + OUT_NORM_BYTES + HEAD_BYTES, 3 * X_BYTES);
+    assert_host(p, "00000000");
+    bl_plan_free(p);
+
+    o.n_cpu_stages = 2; /* the CPU layers split, the card's stage after them */
+    build_ok(p, MOE, big1, 1, &o);
+    assert_int_equal(p->n_stages, 3);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, 3);
+    assert_stage(p, 1, BL_PLAN_DEVICE_CPU, 3, 5);
+    assert_stage(p, 2, 0, 5, 8);
+    bl_plan_free(p);
+}
+
+static void test_plan_ngl_all_forms_put_every_layer_on_the_card(void **state)
+{
+    (void)state;
+    static const char *const v[] = {"99", "8", "all", "auto", "-1"};
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
+        bl_place_opts_t o = opts();
+        o.gpu_layers = v[i];
+        bl_plan_t *p = &g_plan;
+        build_ok(p, MOE, big1, 1, &o);
+        if (p->n_stages != 1)
+            fail_msg("-ngl %s: %d stages", v[i], p->n_stages);
+        assert_stage(p, 0, 0, 0, N_LAYER);
+        assert_sizes(p, 0, W_ALL, N_LAYER * X_BYTES);
+        bl_plan_free(p);
+    }
+}
+
+static void test_plan_ngl_garbage_is_refused(void **state)
+{
+    (void)state;
+    static const char *const v[] = {"x", "3x", "-2", "", "all0"};
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
+        bl_place_opts_t o = opts();
+        o.gpu_layers = v[i];
+        expect_refusal(MOE, big1, 1, &o, BL_EINVAL, "--gpu-layers");
+    }
+}
+
+/* --- --cpu-moe and -ncmoe --------------------------------------------------------------- */
+
+/* Fails with plan.c as it is: --cpu-moe's pattern is compiled with length 26, one past
+ * the 25 characters of "\.ffn_(up|down|gate)_exps", so it holds a trailing NUL and
+ * finds no tensor; every layer stays on the card. */
+static void test_plan_cpu_moe_with_a_card_puts_every_layer_in_host_ram(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.cpu_moe = 1;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big1, 1, &o);
+    assert_int_equal(p->n_stages, 1);
+    assert_stage(p, 0, 0, 0, N_LAYER);
+    assert_host(p, "11111111");
+    assert_sizes(p, 0, W_ALL - N_LAYER * X_BYTES, 0);
+    assert_int_equal(p->fit_moved, 0);
+    bl_plan_free(p);
+}
+
+/* Fails with plan.c as it is, for the reason above. */
+static void test_plan_cpu_moe_hosts_only_the_card_layers(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.cpu_moe = 1;
+    o.gpu_layers = "3";
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big1, 1, &o);
+    assert_int_equal(p->n_stages, 2);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, 5);
+    assert_stage(p, 1, 0, 5, 8);
+    assert_host(p, "00000111");
+    assert_sizes(p, 0, EMBD_BYTES + 5 * (D_BYTES + X_BYTES), 5 * X_BYTES);
+    assert_sizes(p, 1, 3 * D_BYTES + OUT_NORM_BYTES + HEAD_BYTES, 0);
+    bl_plan_free(p);
+}
+
+static void test_plan_cpu_moe_without_a_card_keeps_experts_in_the_cpu_worker(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.cpu_moe = 1;
+    o.gpu_layers = "0";
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big1, 1, &o);
+    assert_int_equal(p->n_stages, 1);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, N_LAYER);
+    assert_host(p, "00000000");
+    assert_sizes(p, 0, W_ALL, N_LAYER * X_BYTES);
+    bl_plan_free(p);
+
+    o.gpu_layers = NULL;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, N_LAYER);
+    assert_host(p, "00000000");
+    bl_plan_free(p);
+}
+
+static void test_plan_ncmoe_hosts_the_first_layers(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.n_cpu_moe = 3;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big1, 1, &o);
+    assert_int_equal(p->n_stages, 1);
+    assert_stage(p, 0, 0, 0, N_LAYER);
+    assert_host(p, "11100000");
+    assert_sizes(p, 0, W_ALL - 3 * X_BYTES, 5 * X_BYTES);
+    assert_int_equal(p->fit_moved, 0);
+    bl_plan_free(p);
+}
+
+static void test_plan_ncmoe_of_every_layer_hosts_them_all(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.n_cpu_moe = N_LAYER;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big1, 1, &o);
+    assert_host(p, "11111111");
+    assert_sizes(p, 0, W_ALL - N_LAYER * X_BYTES, 0);
+    bl_plan_free(p);
+}
+
+static void test_plan_ncmoe_above_the_layer_count_is_refused(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.n_cpu_moe = N_LAYER + 1;
+    expect_refusal(MOE, big1, 1, &o, BL_EINVAL, "--n-cpu-moe 9");
+    o.n_cpu_moe = -1;
+    expect_refusal(MOE, big1, 1, &o, BL_EINVAL, "--n-cpu-moe -1");
+}
+
+/* --- -ot ---------------------------------------------------------------------------------- */
+
+static void test_plan_ot_cpu_hosts_the_card_layers_it_names(void **state)
+{
+    (void)state;
+    const char *ot[] = {"blk\\.[0-2]\\.ffn_.*_exps=CPU"};
+    bl_place_opts_t o = opts();
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big1, 1, &o);
+    assert_int_equal(p->n_stages, 1);
+    assert_stage(p, 0, 0, 0, N_LAYER);
+    assert_host(p, "11100000");
+    assert_sizes(p, 0, W_ALL - 3 * X_BYTES, 5 * X_BYTES);
+    bl_plan_free(p);
+}
+
+static void test_plan_ot_hosttier_on_a_cpu_plan_uses_the_hosttier(void **state)
+{
+    (void)state;
+    const char *ot[] = {"blk\\.[67]\\.ffn_.*_exps=hosttier"}; /* any case */
+    bl_place_opts_t o = opts();
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_int_equal(p->n_stages, 1);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, N_LAYER);
+    assert_host(p, "00000011");
+    assert_sizes(p, 0, W_ALL - 2 * X_BYTES, 6 * X_BYTES);
+    bl_plan_free(p);
+}
+
+static void test_plan_ot_cpu_on_a_cpu_stage_changes_nothing(void **state)
+{
+    (void)state;
+    const char *ot[] = {"ffn_.*_exps=CPU"};
+    bl_place_opts_t o = opts();
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_host(p, "00000000");
+    bl_plan_free(p);
+}
+
+static void test_plan_ot_pattern_matching_nothing_is_refused(void **state)
+{
+    (void)state;
+    const char *ot[] = {"blk\\.42\\.ffn_up_exps=CPU"};
+    bl_place_opts_t o = opts();
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    expect_refusal(MOE, big1, 1, &o, BL_ENOTSUP, "--override-tensor blk\\.42\\.ffn_up_exps=CPU");
+}
+
+static void test_plan_ot_bad_regex_is_refused(void **state)
+{
+    (void)state;
+    const char *ot[] = {"blk\\.(=CPU"};
+    bl_place_opts_t o = opts();
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    expect_refusal(MOE, big1, 1, &o, BL_EINVAL, "--override-tensor blk\\.(=CPU: the pattern does not compile");
+}
+
+static void test_plan_ot_malformed_items_are_refused(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *v, *needle;
+    } c[] = {
+        {"ffn_.*_exps=FOO", "buffer type 'FOO'"},
+        {"ffn_.*_exps=CUDA", "buffer type 'CUDA'"},
+        {"ffn_.*_exps", "not REGEX=BUFFER_TYPE"},
+        {"=CPU", "not REGEX=BUFFER_TYPE"},
+        {"", "--override-tensor: an empty value"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        const char *ot[] = {c[i].v};
+        bl_place_opts_t o = opts();
+        o.override_tensor = ot;
+        o.n_override_tensor = 1;
+        expect_refusal(MOE, big1, 1, &o, BL_EINVAL, c[i].needle);
+    }
+}
+
+static void test_plan_ot_missing_cuda_device_is_refused(void **state)
+{
+    (void)state;
+    const char *ot[] = {"ffn_.*_exps=CUDA5"};
+    bl_place_opts_t o = opts();
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    expect_refusal(MOE, big1, 1, &o, BL_ENOTSUP, "--override-tensor ffn_.*_exps=CUDA5: no such device");
+}
+
+static void test_plan_ot_splitting_a_layers_experts_is_refused(void **state)
+{
+    (void)state;
+    const char *ot[] = {"blk\\.0\\.ffn_up_exps=CPU"};
+    bl_place_opts_t o = opts();
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    expect_refusal(MOE, big1, 1, &o, BL_ENOTSUP, "routed experts of layer 0 would be split");
+}
+
+static void test_plan_ot_moving_a_dense_tensor_is_refused(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *v, *needle;
+    } c[] = {
+        {"attn_q=CPU", "blk.0.attn_q.weight (attention)"},
+        {"token_embd=CPU", "token_embd.weight (token_embd)"},
+        {"blk\\.3\\.ffn_gate_inp=HOSTTIER", "blk.3.ffn_gate_inp.weight (router)"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        const char *ot[] = {c[i].v};
+        bl_place_opts_t o = opts();
+        o.override_tensor = ot;
+        o.n_override_tensor = 1;
+        expect_refusal(MOE, big1, 1, &o, BL_ENOTSUP, c[i].needle);
+    }
+}
+
+static void test_plan_ot_dense_tensor_on_its_own_stage_is_accepted(void **state)
+{
+    (void)state;
+    const char *ot[] = {"attn_q=CUDA0"};
+    bl_place_opts_t o = opts();
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big1, 1, &o);
+    assert_stage(p, 0, 0, 0, N_LAYER);
+    assert_host(p, "00000000");
+    bl_plan_free(p);
+}
+
+static void test_plan_ot_card_for_experts_of_a_cpu_stage_is_refused(void **state)
+{
+    (void)state;
+    const char *ot[] = {"blk\\.0\\.ffn_.*_exps=CUDA0"};
+    bl_place_opts_t o = opts();
+    o.gpu_layers = "4";
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    expect_refusal(MOE, big1, 1, &o, BL_ENOTSUP, "belongs to a stage on the CPU");
+}
+
+/* Fails with plan.c as it is: --cpu-moe finds no tensor (see above), so only the -ot
+ * part shows and every layer stays on the card. */
+static void test_plan_ot_comes_before_cpu_moe(void **state)
+{
+    (void)state;
+    const char *ot[] = {"blk\\.1\\.ffn_.*_exps=CUDA0"};
+    bl_place_opts_t o = opts();
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    o.cpu_moe = 1;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big1, 1, &o);
+    assert_stage(p, 0, 0, 0, N_LAYER);
+    assert_host(p, "10111111");
+    assert_sizes(p, 0, W_ALL - 7 * X_BYTES, X_BYTES);
+    bl_plan_free(p);
+}
+
+static void test_plan_ot_comes_before_ncmoe(void **state)
+{
+    (void)state;
+    const char *ot[] = {"blk\\.1\\.ffn_.*_exps=CUDA0"};
+    bl_place_opts_t o = opts();
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    o.n_cpu_moe = 3;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big1, 1, &o);
+    assert_host(p, "10100000");
+    bl_plan_free(p);
+}
+
+static void test_plan_ot_first_pattern_decides(void **state)
+{
+    (void)state;
+    const char *ot[] = {"blk\\.0\\.ffn_.*_exps=CUDA0", "ffn_.*_exps=CPU"};
+    bl_place_opts_t o = opts();
+    o.override_tensor = ot;
+    o.n_override_tensor = 2;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big1, 1, &o);
+    assert_host(p, "01111111");
+    bl_plan_free(p);
+}
+
+static void test_plan_ot_takes_comma_separated_items(void **state)
+{
+    (void)state;
+    const char *ot[] = {"blk\\.0\\.ffn_.*_exps=CPU,blk\\.5\\.ffn_.*_exps=CPU", "blk\\.7\\.ffn_.*_exps=CPU"};
+    bl_place_opts_t o = opts();
+    o.override_tensor = ot;
+    o.n_override_tensor = 2;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big1, 1, &o);
+    assert_host(p, "10000101");
+    bl_plan_free(p);
+}
+
+static void test_plan_ot_splits_an_item_at_its_last_equals(void **state)
+{
+    (void)state;
+    const char *ot[] = {"(?=blk\\.2\\.)blk.*_exps=CPU"}; /* a lookahead holds '=' */
+    bl_place_opts_t o = opts();
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big1, 1, &o);
+    assert_host(p, "00100000");
+    bl_plan_free(p);
+}
+
+/* --- -dev, -sm, -mg, -ts ------------------------------------------------------------------ */
+
+static void test_plan_dev_none_is_the_cpu(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.devices = "none";
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big2, 2, &o);
+    assert_int_equal(p->n_stages, 1);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, N_LAYER);
+    bl_plan_free(p);
+}
+
+static void test_plan_dev_selects_the_named_devices(void **state)
+{
+    (void)state;
+    static const char *const v[] = {"cuda1", "CUDA1"};
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
+        bl_place_opts_t o = opts();
+        o.devices = v[i];
+        bl_plan_t *p = &g_plan;
+        build_ok(p, MOE, big2, 2, &o);
+        assert_int_equal(p->n_stages, 1);
+        assert_stage(p, 0, 1, 0, N_LAYER);
+        assert_sizes(p, 0, W_ALL, N_LAYER * X_BYTES);
+        bl_plan_free(p);
+    }
+    bl_place_opts_t o = opts();
+    o.devices = "cuda1,cuda0"; /* in the order listed */
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big2, 2, &o);
+    assert_int_equal(p->n_stages, 2);
+    assert_stage(p, 0, 1, 0, 4);
+    assert_stage(p, 1, 0, 4, 8);
+    bl_plan_free(p);
+}
+
+static void test_plan_dev_refusals(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *v;
+        int code;
+        const char *needle;
+    } c[] = {
+        {"cuda7", BL_ENOTSUP, "--device cuda7: no such device"},
+        {"gpu0", BL_EINVAL, "--device: 'gpu0' is not none or cudaN"},
+        {"cuda", BL_EINVAL, "--device: 'cuda'"},
+        {"cuda0,cuda0", BL_EINVAL, "--device: cuda0 is listed twice"},
+        {"cuda0,,cuda1", BL_EINVAL, "--device"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        bl_place_opts_t o = opts();
+        o.devices = c[i].v;
+        expect_refusal(MOE, big2, 2, &o, c[i].code, c[i].needle);
+    }
+}
+
+static void test_plan_sm_row_is_refused(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.split_mode = "row";
+    expect_refusal(MOE, big2, 2, &o, BL_ENOTSUP, "--split-mode row");
+    o.split_mode = "rows";
+    expect_refusal(MOE, big2, 2, &o, BL_EINVAL, "--split-mode rows: not none, layer or row");
+}
+
+static void test_plan_sm_none_uses_the_main_gpu_only(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.split_mode = "none";
+    o.main_gpu = 1;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big2, 2, &o);
+    assert_int_equal(p->n_stages, 1);
+    assert_stage(p, 0, 1, 0, N_LAYER);
+    bl_plan_free(p);
+
+    o.main_gpu = 0;
+    build_ok(p, MOE, big2, 2, &o);
+    assert_int_equal(p->n_stages, 1);
+    assert_stage(p, 0, 0, 0, N_LAYER);
+    bl_plan_free(p);
+
+    o.split_mode = "layer"; /* the default: a stage per device */
+    build_ok(p, MOE, big2, 2, &o);
+    assert_int_equal(p->n_stages, 2);
+    bl_plan_free(p);
+}
+
+static void test_plan_mg_out_of_range_is_refused(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.split_mode = "none";
+    o.main_gpu = 2;
+    expect_refusal(MOE, big2, 2, &o, BL_EINVAL, "--main-gpu 2: there are 2 devices");
+    o.main_gpu = -1;
+    expect_refusal(MOE, big2, 2, &o, BL_EINVAL, "--main-gpu -1");
+}
+
+static void test_plan_ts_splits_layers_by_proportion(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *v;
+        int n_stages;
+        int dev0, le0, dev1;
+    } c[] = {
+        {"1,1", 2, 0, 4, 1}, {"3,1", 2, 0, 6, 1}, {"1/3", 2, 0, 2, 1}, {"0,1", 1, 1, 8, -1}, {"1", 1, 0, 8, -1},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        bl_place_opts_t o = opts();
+        o.tensor_split = c[i].v;
+        bl_plan_t *p = &g_plan;
+        build_ok(p, MOE, big2, 2, &o);
+        if (p->n_stages != c[i].n_stages)
+            fail_msg("-ts %s: %d stages, expected %d", c[i].v, p->n_stages, c[i].n_stages);
+        assert_stage(p, 0, c[i].dev0, 0, c[i].le0);
+        const int64_t le0 = c[i].le0;
+        assert_sizes(p, 0, EMBD_BYTES + (uint64_t)le0 * (D_BYTES + X_BYTES) +
+                                 (le0 == N_LAYER ? OUT_NORM_BYTES + HEAD_BYTES : 0),
+                     (uint64_t)le0 * X_BYTES);
+        if (c[i].n_stages == 2) {
+            assert_stage(p, 1, c[i].dev1, le0, N_LAYER);
+            assert_sizes(p, 1, (uint64_t)(N_LAYER - le0) * (D_BYTES + X_BYTES) + OUT_NORM_BYTES + HEAD_BYTES,
+                         (uint64_t)(N_LAYER - le0) * X_BYTES);
+        }
+        bl_plan_free(p);
+    }
+}
+
+static void test_plan_ts_refusals(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *v, *needle;
+    } c[] = {
+        {"1,1,1", "--tensor-split 1,1,1: 3 proportions for 2 devices"},
+        {"0,0", "--tensor-split 0,0: the proportions sum to 0"},
+        {"a,1", "--tensor-split: 'a' is not a proportion"},
+        {"-1,2", "--tensor-split: '-1' is not a proportion"},
+        {"1,,1", "--tensor-split"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        bl_place_opts_t o = opts();
+        o.tensor_split = c[i].v;
+        expect_refusal(MOE, big2, 2, &o, BL_EINVAL, c[i].needle);
+    }
+}
+
+static void test_plan_default_split_follows_free_memory(void **state)
+{
+    (void)state;
+    const bl_device_t d[2] = {card(0, 60 * GIB_BYTES), card(1, 20 * GIB_BYTES)};
+    const bl_place_opts_t o = opts();
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, d, 2, &o);
+    assert_int_equal(p->n_stages, 2);
+    assert_stage(p, 0, 0, 0, 6);
+    assert_stage(p, 1, 1, 6, 8);
+    assert_host(p, "00000000");
+    bl_plan_free(p);
+}
+
+/* --- --fit ---------------------------------------------------------------------------------- */
+
+/* Room for the dense parts, the KV cache, the scratch, the margin and 5.5 layers of
+ * experts: the experts of the first 3 layers must go. */
+static uint64_t free_for_five_and_a_half_layers(void)
+{
+    return W_ALL - N_LAYER * X_BYTES + KV_ALL + scratch_of_one_stage() + MARGIN_DEFAULT + 5 * X_BYTES +
+           X_BYTES / 2;
+}
+
+static void test_plan_fit_moves_the_experts_of_as_few_leading_layers_as_needed(void **state)
+{
+    (void)state;
+    const bl_device_t d = card(0, free_for_five_and_a_half_layers());
+    const bl_place_opts_t o = opts();
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, &d, 1, &o);
+    assert_int_equal(p->n_stages, 1);
+    assert_stage(p, 0, 0, 0, N_LAYER);
+    assert_int_equal(p->fit_moved, 3);
+    assert_int_equal(p->fit_cpu_layers, 0);
+    assert_host(p, "11100000");
+    assert_sizes(p, 0, W_ALL - 3 * X_BYTES, 5 * X_BYTES);
+    assert_fits(p, &d, 1, MARGIN_DEFAULT);
+    /* one layer fewer would not fit */
+    assert_true(need_of(&p->stage[0], MARGIN_DEFAULT) + X_BYTES > d.free_bytes);
+    bl_plan_free(p);
+}
+
+static void test_plan_fit_target_raised_moves_more_layers(void **state)
+{
+    (void)state;
+    const bl_device_t d = card(0, free_for_five_and_a_half_layers());
+    bl_place_opts_t o = opts();
+    o.fit_target_mib = 1025; /* 1 MiB more is 2.67 layers of experts: 6 move */
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, &d, 1, &o);
+    assert_int_equal(p->fit_target_mib, 1025);
+    assert_int_equal(p->fit_moved, 6);
+    assert_host(p, "11111100");
+    assert_sizes(p, 0, W_ALL - 6 * X_BYTES, 2 * X_BYTES);
+    assert_fits(p, &d, 1, MARGIN_DEFAULT + MIB);
+    assert_true(need_of(&p->stage[0], MARGIN_DEFAULT + MIB) + X_BYTES > d.free_bytes);
+    bl_plan_free(p);
+}
+
+static void test_plan_fit_off_refuses_a_card_too_small_with_the_sizes(void **state)
+{
+    (void)state;
+    bl_device_t d = card(0, W_ALL + KV_ALL - 1);
+    bl_place_opts_t o = opts();
+    o.fit = "off";
+    /* weights 3628288 B, KV 1 MiB, free 4676863 B */
+    expect_refusal(MOE, &d, 1, &o, BL_ENOMEM,
+                   "plan: layers 0..7 on CUDA0 need 3.5 MiB of weights and 1.0 MiB of KV cache");
+    expect_refusal(MOE, &d, 1, &o, BL_ENOMEM, "the card has 4.5 MiB free");
+    expect_refusal(MOE, &d, 1, &o, BL_ENOMEM, "--fit on");
+
+    d.free_bytes = W_ALL + KV_ALL; /* the weights and the KV cache fit exactly: accepted as given */
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, &d, 1, &o);
+    assert_stage(p, 0, 0, 0, N_LAYER);
+    assert_host(p, "00000000");
+    assert_int_equal(p->fit_moved, 0);
+    bl_plan_free(p);
+}
+
+static void test_plan_fit_moves_leading_layers_to_the_cpu_when_the_dense_part_does_not_fit(void **state)
+{
+    (void)state;
+    const uint64_t layer = D_BYTES + KV_LAYER_BYTES;
+    /* room for 6.5 layers' dense parts and KV with every expert in host RAM */
+    const bl_device_t d = card(0, 6 * layer + OUT_NORM_BYTES + HEAD_BYTES + scratch_of_one_stage() +
+                                      MARGIN_DEFAULT + layer / 2);
+    const bl_place_opts_t o = opts();
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, &d, 1, &o);
+    assert_int_equal(p->n_stages, 2);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, 2);
+    assert_stage(p, 1, 0, 2, 8);
+    assert_int_equal(p->fit_cpu_layers, 2);
+    assert_true(p->fit_moved > 0);
+    /* the CPU layers keep their experts in their worker, the card's are in host RAM */
+    assert_host(p, "00111111");
+    assert_sizes(p, 0, EMBD_BYTES + 2 * (D_BYTES + X_BYTES), 2 * X_BYTES);
+    assert_sizes(p, 1, 6 * D_BYTES + OUT_NORM_BYTES + HEAD_BYTES, 0);
+    assert_fits(p, &d, 1, MARGIN_DEFAULT);
+    assert_true(need_of(&p->stage[1], MARGIN_DEFAULT) + layer > d.free_bytes);
+    bl_plan_free(p);
+}
+
+static void test_plan_fit_with_a_card_that_holds_nothing_is_the_cpu(void **state)
+{
+    (void)state;
+    const bl_device_t d = card(0, 1);
+    const bl_place_opts_t o = opts();
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, &d, 1, &o);
+    assert_int_equal(p->n_stages, 1);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, N_LAYER);
+    assert_int_equal(p->fit_cpu_layers, N_LAYER);
+    assert_host(p, "00000000");
+    assert_sizes(p, 0, W_ALL, N_LAYER * X_BYTES);
+    bl_plan_free(p);
+}
+
+/* Fails with plan.c as it is: after moving experts, only the first card's stage gives
+ * layers to the CPU; the second card's stage (whose scratch holds the 256 MiB head
+ * piece) stays over its card and the plan comes back as if it fitted. */
+static void test_plan_fit_never_returns_a_card_over_its_memory(void **state)
+{
+    (void)state;
+    const bl_device_t d[2] = {card(0, MARGIN_DEFAULT + (64ull << 20)), card(1, MARGIN_DEFAULT + (64ull << 20))};
+    const bl_place_opts_t o = opts();
+    bl_plan_t *p = &g_plan;
+    bl_err_t err = {0};
+    const int rc = bl_plan_build(p, M.g[MOE], &M.a[MOE], d, 2, &o, &err);
+    if (rc == 0) {
+        assert_fits(p, d, 2, MARGIN_DEFAULT);
+        bl_plan_free(p);
+    } else {
+        assert_int_equal(rc, BL_ENOMEM);
+        assert_null(p->host);
+    }
+}
+
+static void test_plan_fit_garbage_is_refused(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.fit = "maybe";
+    expect_refusal(MOE, big1, 1, &o, BL_EINVAL, "--fit: 'maybe' is not on or off");
+}
+
+static void test_plan_explicit_ngl_keeps_the_experts_on_the_card(void **state)
+{
+    (void)state;
+    const bl_device_t d = card(0, free_for_five_and_a_half_layers());
+    bl_place_opts_t o = opts();
+    o.gpu_layers = "8";
+    o.fit = "on";
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, &d, 1, &o);
+    assert_stage(p, 0, 0, 0, N_LAYER);
+    assert_int_equal(p->fit_moved, 0);
+    assert_int_equal(p->fit_cpu_layers, 0);
+    assert_host(p, "00000000");
+    bl_plan_free(p);
+
+    o.gpu_layers = NULL; /* -ncmoe is a choice too: fit adds nothing to it */
+    o.n_cpu_moe = 1;
+    build_ok(p, MOE, &d, 1, &o);
+    assert_int_equal(p->fit_moved, 0);
+    assert_host(p, "10000000");
+    bl_plan_free(p);
+}
+
+/* --- other models ----------------------------------------------------------------------------- */
+
+static void test_plan_dense_model_takes_cpu_moe_and_changes_nothing(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.cpu_moe = 1;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, DENSE, big1, 1, &o);
+    assert_int_equal(p->n_expert, 0);
+    assert_int_equal(p->n_stages, 1);
+    assert_stage(p, 0, 0, 0, N_LAYER);
+    assert_int_equal(bl_plan_layer_host(p, 0), 0);
+    assert_int_equal(p->n_host_layers, 0);
+    assert_true(p->host_bytes == 0);
+    assert_int_equal(p->hosttier, 0);
+    const uint64_t w = N_LAYER * DD_BYTES + EMBD_BYTES + OUT_NORM_BYTES + HEAD_BYTES;
+    assert_true(p->stage[0].weight_bytes == w);
+    assert_true(p->stage[0].expert_bytes == 0);
+    bl_plan_free(p);
+
+    o.cpu_moe = 0;
+    o.n_cpu_moe = 3;
+    build_ok(p, DENSE, big1, 1, &o);
+    assert_int_equal(p->n_host_layers, 0);
+    assert_int_equal(p->hosttier, 0);
+    bl_plan_free(p);
+}
+
+static void test_plan_dense_model_ffn_tensor_stays_with_its_layer(void **state)
+{
+    (void)state;
+    const char *ot[] = {"blk\\.2\\.ffn_up=CPU"};
+    bl_place_opts_t o = opts();
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    expect_refusal(DENSE, big1, 1, &o, BL_ENOTSUP, "blk.2.ffn_up.weight (ffn)");
+}
+
+static void test_plan_tied_head_counts_token_embd_once(void **state)
+{
+    (void)state;
+    assert_int_equal(M.a[TIED].tied_output, 1);
+    bl_place_opts_t o = opts();
+    bl_plan_t *p = &g_plan;
+    build_ok(p, TIED, big1, 1, &o);
+    assert_int_equal(p->n_stages, 1);
+    assert_sizes(p, 0, N_LAYER * (D_BYTES + X_BYTES) + EMBD_BYTES + OUT_NORM_BYTES, N_LAYER * X_BYTES);
+    bl_plan_free(p);
+
+    /* over two stages the last holds its own copy of the head */
+    o.tensor_split = "1,1";
+    build_ok(p, TIED, big2, 2, &o);
+    assert_int_equal(p->n_stages, 2);
+    assert_sizes(p, 0, 4 * (D_BYTES + X_BYTES) + EMBD_BYTES, 4 * X_BYTES);
+    assert_sizes(p, 1, 4 * (D_BYTES + X_BYTES) + OUT_NORM_BYTES + EMBD_BYTES, 4 * X_BYTES);
+    bl_plan_free(p);
+}
+
+/* --- bl_plan_format, bl_plan_free, allocation failure ------------------------------------------- */
+
+static void test_plan_format_names_each_stage_and_the_host_ram(void **state)
+{
+    (void)state;
+    const char *ot[] = {"blk\\.[34]\\.ffn_.*_exps=CPU"};
+    bl_place_opts_t o = opts();
+    o.gpu_layers = "5";
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big1, 1, &o);
+    char buf[4096];
+    const size_t n = bl_plan_format(p, big1, 1, buf, sizeof buf);
+    assert_int_equal(n, strlen(buf));
+    /* stage 0: embd + 3 layers = 1366912 B; stage 1: 5 layers' dense parts, 3 layers'
+     * experts, the norm and the head = 1474944 B */
+    static const char *const want[] = {
+        "stage 0: layers 0..2 on the CPU: weights 1.3 MiB (routed experts 1.1 MiB)",
+        "stage 1: layers 3..7 on CUDA0 (NVIDIA Test): weights 1.4 MiB (routed experts 1.1 MiB)",
+        "routed experts in host RAM 0.8 MiB (2 of 8 layers, the hosttier)",
+        "routed experts with their stage per layer: 0-2: 16 3-4: 0 5-7: 16\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        if (!strstr(buf, want[i]))
+            fail_msg("'%s' not in:\n%s", want[i], buf);
+    assert_null(strstr(buf, "--fit"));
+
+    /* a small buffer: the full length back, what fits NUL-terminated */
+    char small[10];
+    memset(small, 'x', sizeof small);
+    assert_int_equal(bl_plan_format(p, big1, 1, small, sizeof small), n);
+    assert_int_equal(small[9], '\0');
+    assert_memory_equal(small, buf, 9);
+    assert_int_equal(bl_plan_format(p, big1, 1, NULL, 0), n);
+    bl_plan_free(p);
+}
+
+static void test_plan_format_reports_fit(void **state)
+{
+    (void)state;
+    const bl_device_t d = card(0, free_for_five_and_a_half_layers());
+    const bl_place_opts_t o = opts();
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, &d, 1, &o);
+    char buf[4096];
+    (void)bl_plan_format(p, &d, 1, buf, sizeof buf); /* the length is checked elsewhere */
+    const char *want = "--fit: experts of 3 layers put in host RAM, 0 layers moved to the CPU, to keep 1024 MiB "
+                       "free on each card\n";
+    if (!strstr(buf, want))
+        fail_msg("'%s' not in:\n%s", want, buf);
+    bl_plan_free(p);
+}
+
+static void test_plan_free_is_safe_after_a_failed_build_and_twice(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.split_mode = "row";
+    bl_plan_t *p = &g_plan;
+    bl_err_t err = {0};
+    assert_int_equal(bl_plan_build(p, M.g[MOE], &M.a[MOE], big1, 1, &o, &err), BL_ENOTSUP);
+    assert_null(p->host);
+    bl_plan_free(p);
+    bl_plan_free(p);
+
+    o.split_mode = NULL;
+    build_ok(p, MOE, big1, 1, &o);
+    bl_plan_free(p);
+    assert_null(p->host);
+    bl_plan_free(p);
+    bl_plan_free(NULL);
+}
+
+/* Every allocation of bl_plan_build made to fail in turn: BL_ENOMEM, nothing left
+ * (the sanitizer build checks the leaks), then a build that succeeds. */
+static void test_plan_allocation_failure_is_enomem(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.n_cpu_moe = 2;
+    int ok = 0;
+    for (long budget = 0; budget < 64 && !ok; budget++) {
+        bl_plan_t *p = &g_plan;
+        bl_err_t err = {0};
+        alloc_budget = budget;
+        const int rc = bl_plan_build(p, M.g[MOE], &M.a[MOE], big1, 1, &o, &err);
+        alloc_budget = -1;
+        if (rc == 0) {
+            assert_true(budget > 0);
+            assert_host(p, "11000000");
+            bl_plan_free(p);
+            ok = 1;
+            continue;
+        }
+        if (rc != BL_ENOMEM)
+            fail_msg("budget %ld: %d (%s)", budget, rc, err.msg);
+        assert_non_null(strstr(err.msg, "out of memory"));
+        assert_null(p->host);
+    }
+    assert_true(ok);
+}
+
+/* Each test with the teardown that frees what a failed assertion left. */
+#define T(f) cmocka_unit_test_teardown(f, free_plan)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        T(test_plan_no_devices_is_one_cpu_stage),
+        T(test_plan_cpu_stages_split_layers_earlier_take_the_remainder),
+        T(test_plan_one_device_defaults_put_every_layer_on_the_card),
+        T(test_plan_free_memory_not_known_is_not_checked),
+        T(test_plan_ngl_zero_puts_every_layer_on_the_cpu),
+        T(test_plan_ngl_puts_the_last_layers_on_the_card),
+        T(test_plan_ngl_all_forms_put_every_layer_on_the_card),
+        T(test_plan_ngl_garbage_is_refused),
+        T(test_plan_cpu_moe_with_a_card_puts_every_layer_in_host_ram),
+        T(test_plan_cpu_moe_hosts_only_the_card_layers),
+        T(test_plan_cpu_moe_without_a_card_keeps_experts_in_the_cpu_worker),
+        T(test_plan_ncmoe_hosts_the_first_layers),
+        T(test_plan_ncmoe_of_every_layer_hosts_them_all),
+        T(test_plan_ncmoe_above_the_layer_count_is_refused),
+        T(test_plan_ot_cpu_hosts_the_card_layers_it_names),
+        T(test_plan_ot_hosttier_on_a_cpu_plan_uses_the_hosttier),
+        T(test_plan_ot_cpu_on_a_cpu_stage_changes_nothing),
+        T(test_plan_ot_pattern_matching_nothing_is_refused),
+        T(test_plan_ot_bad_regex_is_refused),
+        T(test_plan_ot_malformed_items_are_refused),
+        T(test_plan_ot_missing_cuda_device_is_refused),
+        T(test_plan_ot_splitting_a_layers_experts_is_refused),
+        T(test_plan_ot_moving_a_dense_tensor_is_refused),
+        T(test_plan_ot_dense_tensor_on_its_own_stage_is_accepted),
+        T(test_plan_ot_card_for_experts_of_a_cpu_stage_is_refused),
+        T(test_plan_ot_comes_before_cpu_moe),
+        T(test_plan_ot_comes_before_ncmoe),
+        T(test_plan_ot_first_pattern_decides),
+        T(test_plan_ot_takes_comma_separated_items),
+        T(test_plan_ot_splits_an_item_at_its_last_equals),
+        T(test_plan_dev_none_is_the_cpu),
+        T(test_plan_dev_selects_the_named_devices),
+        T(test_plan_dev_refusals),
+        T(test_plan_sm_row_is_refused),
+        T(test_plan_sm_none_uses_the_main_gpu_only),
+        T(test_plan_mg_out_of_range_is_refused),
+        T(test_plan_ts_splits_layers_by_proportion),
+        T(test_plan_ts_refusals),
+        T(test_plan_default_split_follows_free_memory),
+        T(test_plan_fit_moves_the_experts_of_as_few_leading_layers_as_needed),
+        T(test_plan_fit_target_raised_moves_more_layers),
+        T(test_plan_fit_off_refuses_a_card_too_small_with_the_sizes),
+        T(test_plan_fit_moves_leading_layers_to_the_cpu_when_the_dense_part_does_not_fit),
+        T(test_plan_fit_with_a_card_that_holds_nothing_is_the_cpu),
+        T(test_plan_fit_never_returns_a_card_over_its_memory),
+        T(test_plan_fit_garbage_is_refused),
+        T(test_plan_explicit_ngl_keeps_the_experts_on_the_card),
+        T(test_plan_dense_model_takes_cpu_moe_and_changes_nothing),
+        T(test_plan_dense_model_ffn_tensor_stays_with_its_layer),
+        T(test_plan_tied_head_counts_token_embd_once),
+        T(test_plan_format_names_each_stage_and_the_host_ram),
+        T(test_plan_format_reports_fit),
+        T(test_plan_free_is_safe_after_a_failed_build_and_twice),
+        T(test_plan_allocation_failure_is_enomem),
+    };
+    return cmocka_run_group_tests(tests, models_setup, models_teardown);
+}
