@@ -25,7 +25,8 @@ typedef struct override {
     char text[160];  /* "RE=BUFT" as given, for messages */
     const char *flag;
     int buft, cuda;  /* BUFT_*, and the CUDA ordinal for BUFT_CUDA */
-    int64_t hits;
+    int64_t hits;    /* tensors it decided */
+    int64_t seen;    /* tensors it finds, decided by it or by an earlier pattern */
 } override_t;
 
 /* Bytes of each layer's parts, from the file's tensors. */
@@ -74,13 +75,14 @@ static int parse_buft(const char *s, size_t n, const bl_device_t *devs, int n_de
         memcpy(num, s + 4, n - 4);
         num[n - 4] = '\0';
         int64_t v = -1;
-        if (bl_parse_i64(num, &v) == 0 && v >= 0)
-            for (int i = 0; i < n_devs; i++)
-                if (devs[i].index == v) {
-                    *buft = BUFT_CUDA;
-                    *cuda = (int)v;
-                    return 0;
-                }
+        if (num[0] < '0' || num[0] > '9' || bl_parse_i64(num, &v) != 0 || v < 0)
+            return BL_EINVAL;
+        for (int i = 0; i < n_devs; i++)
+            if (devs[i].index == v) {
+                *buft = BUFT_CUDA;
+                *cuda = (int)v;
+                return 0;
+            }
         return BL_ENOTSUP;
     }
     return BL_EINVAL;
@@ -148,7 +150,8 @@ static int read_overrides(const bl_place_opts_t *o, const bl_arch_t *a, const bl
             p = comma + 1;
         }
     }
-    if (o->cpu_moe && (rc = add_override(ov, n, "--cpu-moe", "\\.ffn_(up|down|gate)_exps", 26, BUFT_CPU, -1,
+    static const char cpu_moe[] = "\\.ffn_(up|down|gate)_exps";
+    if (o->cpu_moe && (rc = add_override(ov, n, "--cpu-moe", cpu_moe, strlen(cpu_moe), BUFT_CPU, -1,
                                          "\\.ffn_(up|down|gate)_exps=CPU", err)) < 0)
         return rc;
     if (o->n_cpu_moe < 0 || o->n_cpu_moe > a->n_layer)
@@ -303,7 +306,9 @@ static int parse_devices(const char *v, const bl_device_t *devs, int n_devs, int
     *n = 0;
     if (!strcmp(v, "none"))
         return 0;
-    for (const char *p = v; *p;) {
+    if (!*v)
+        return bl_err_set(err, BL_EINVAL, "--device: an empty value (none, or a list of cudaN)");
+    for (const char *p = v;;) {
         const char *comma = strchr(p, ',');
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
         char one[32];
@@ -433,9 +438,12 @@ static int apply_overrides(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a,
         int64_t l = -1;
         const bl_role_t role = bl_arch_role(a, name, &l);
         override_t *hit = NULL;
-        for (int j = 0; j < n_ov && !hit; j++)
-            if (pcre2_match(ov[j].re, (PCRE2_SPTR)name, t->name_len, 0, 0, md, NULL) >= 0)
-                hit = &ov[j];
+        for (int j = 0; j < n_ov; j++)
+            if (pcre2_match(ov[j].re, (PCRE2_SPTR)name, t->name_len, 0, 0, md, NULL) >= 0) {
+                ov[j].seen++;
+                if (!hit)
+                    hit = &ov[j];
+            }
         if (role == BL_ROLE_EXPERTS) {
             const int s = stage_of(p, l);
             const int dev = p->stage[s].device;
@@ -468,7 +476,7 @@ static int apply_overrides(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a,
                             bl_role_name(role), dev >= 0 ? "the card" : "the CPU");
     }
     for (int j = 0; rc == 0 && j < n_ov; j++)
-        if (ov[j].hits == 0 && !strcmp(ov[j].flag, "--override-tensor"))
+        if (ov[j].seen == 0 && !strcmp(ov[j].flag, "--override-tensor"))
             rc = bl_err_set(err, BL_ENOTSUP, "--override-tensor %s: the pattern matches no tensor of the model",
                             ov[j].text);
     for (int64_t l = 0; rc == 0 && l < a->n_layer; l++)
@@ -553,12 +561,19 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
         goto out;
     if (n_gpus == 0)
         ngl = 0;
+    /* llama.cpp's default split: by free memory (evenly where a card's is not known);
+     * -sm none leaves one card, and -ts nothing to split */
     double w[BL_PLAN_MAX_DEVICES];
-    for (int i = 0; i < n_gpus; i++) { /* llama.cpp's default: by free memory */
+    int known = 1;
+    for (int i = 0; i < n_gpus; i++) {
         const bl_device_t *d = device_of(devs, n_devs, gpus[i]);
+        known &= d && d->free_bytes;
         w[i] = d && d->free_bytes ? (double)d->free_bytes : 1.0;
     }
-    if (o->tensor_split && (rc = parse_split(o->tensor_split, n_gpus > 0 ? n_gpus : 1, w, err)) < 0)
+    for (int i = 0; !known && i < n_gpus; i++)
+        w[i] = 1.0;
+    const int one_card = o->split_mode && !strcmp(o->split_mode, "none");
+    if (o->tensor_split && !one_card && (rc = parse_split(o->tensor_split, n_gpus > 0 ? n_gpus : 1, w, err)) < 0)
         goto out;
     const int64_t n_gpu_layers = ngl >= a->n_layer ? a->n_layer : ngl;
     const int64_t n_cpu_layers = a->n_layer - n_gpu_layers;
@@ -566,8 +581,11 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
     /* stages: the CPU layers first, split into n_cpu_stages, then the GPU layers */
     int ncs = o->n_cpu_stages > 0 ? o->n_cpu_stages : 1;
     if (n_cpu_layers > 0) {
-        if (ncs > n_cpu_layers)
-            ncs = (int)n_cpu_layers;
+        if (ncs > n_cpu_layers) {
+            rc = bl_err_set(err, BL_EINVAL, "--workers %d: %lld layer%s on the CPU to split into stages", ncs,
+                            (long long)n_cpu_layers, n_cpu_layers == 1 ? "" : "s");
+            goto out;
+        }
         if (ncs > BL_PLAN_MAX_STAGES - n_gpus) {
             rc = bl_err_set(err, BL_EINVAL, "plan: more than %d stages", BL_PLAN_MAX_STAGES);
             goto out;
@@ -641,6 +659,20 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
             }
             size_stages(p, a, o, &sz);
         }
+        p->fit_moved = p->n_host_layers;
+        for (int i = 0; i < p->n_stages; i++)
+            if (p->stage[i].device >= 0 && over(&p->stage[i], devs, n_devs, margin)) {
+                const bl_plan_stage_t *st = &p->stage[i];
+                const bl_device_t *d = device_of(devs, n_devs, st->device);
+                char need[32], f[32];
+                fmt_size(need, sizeof need, st->weight_bytes + st->kv_bytes + st->scratch_bytes);
+                fmt_size(f, sizeof f, d->free_bytes);
+                rc = bl_err_set(err, BL_ENOMEM, "--fit: layers %lld..%lld on CUDA%d need about %s with their routed "
+                                "experts in host RAM, and the card has %s free with %lld MiB to keep (give the "
+                                "layers with -ts or -ngl, or a smaller -c)", (long long)st->lb,
+                                (long long)st->le - 1, st->device, need, f, (long long)p->fit_target_mib);
+                goto out;
+            }
     } else if ((rc = refuse_over(p, devs, n_devs, margin, err)) < 0) {
         goto out;
     }

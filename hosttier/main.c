@@ -160,9 +160,18 @@ static int load(hosttier_t *h, const Bloomery__Plan *p, int n_threads, bl_err_t 
         o.n_batch = p->n_batch;
     o.n_ctx_max = p->n_ctx;
     o.experts = WK_EXPERTS_ONLY;
+    /* only the layers the placements put in host RAM (all when none is listed) */
+    static uint8_t host[BP_PLAN_MAX_LAYERS];
+    if (p->n_layers > BP_PLAN_MAX_LAYERS)
+        return bl_err_set(err, BL_EINVAL, "plan: %u layers (at most %u)", p->n_layers, BP_PLAN_MAX_LAYERS);
+    int rc = bp_plan_host_layers(p, host, err);
+    if (rc)
+        return rc;
+    if (p->n_placements > 0)
+        o.experts_host = host;
     o.no_mmap = p->no_mmap;
     o.mlock = p->mlock;
-    int rc = wk_model_load(&h->m, p->model_path, &o, err);
+    rc = wk_model_load(&h->m, p->model_path, &o, err);
     if (rc)
         return rc;
     const wk_config_t *c = wk_model_config(h->m);

@@ -22,7 +22,7 @@ static const struct {
 
 /* Limits that no sane plan reaches; they bound the loops below and what a peer can
  * make the receiver iterate over. */
-#define MAX_LAYERS 4096u
+#define MAX_LAYERS BP_PLAN_MAX_LAYERS
 #define MAX_EXPERTS 65536u
 #define MAX_CTX (1u << 24)
 #define MAX_SLOTS 4096u
@@ -272,4 +272,35 @@ void bp_msg_free(bp_msg_t *m)
     if (m->_owned && m->u.base)
         protobuf_c_message_free_unpacked(m->u.base, NULL);
     memset(m, 0, sizeof *m);
+}
+
+int bp_plan_host_layers(const Bloomery__Plan *p, uint8_t *out, bl_err_t *err)
+{
+    const size_t nl = p->n_layers, ne = p->n_expert;
+    memset(out, 0, nl);
+    if (p->n_placements == 0)
+        return 0;
+    if (ne == 0)
+        return bl_err_set(err, BL_EINVAL, "Plan.placements: a model without routed experts");
+    uint8_t *seen = calloc(nl * ne, 1);
+    uint32_t *count = calloc(nl, sizeof *count);
+    int rc = seen && count ? 0 : bl_err_set(err, BL_ENOMEM, "out of memory for the plan's placements");
+    for (size_t i = 0; rc == 0 && i < p->n_placements; i++) {
+        const Bloomery__ExpertPlacement *e = p->placements[i];
+        uint8_t *s = &seen[(size_t)e->layer * ne + e->expert];
+        if (*s)
+            rc = bl_err_set(err, BL_EINVAL, "Plan.placements[%zu]: expert %u of layer %u is listed twice", i,
+                            e->expert, e->layer);
+        *s = 1;
+        count[e->layer]++;
+    }
+    for (size_t l = 0; rc == 0 && l < nl; l++) {
+        if (count[l] != 0 && count[l] != ne)
+            rc = bl_err_set(err, BL_ENOTSUP, "Plan.placements: %u of the %zu routed experts of layer %zu are in "
+                            "host RAM; a layer's experts are placed together", count[l], ne, l);
+        out[l] = count[l] == ne;
+    }
+    free(seen);
+    free(count);
+    return rc;
 }

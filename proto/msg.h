@@ -78,4 +78,14 @@ int bp_msg_unpack(bp_msg_t *out, const uint8_t *buf, size_t nbytes, bl_err_t *er
 /* Frees what bp_msg_unpack allocated; a caller-built message is left alone. */
 void bp_msg_free(bp_msg_t *m);
 
+/* Most layers a Plan may carry (Plan.n_layers). */
+#define BP_PLAN_MAX_LAYERS 4096u
+
+/* The layers of a validated Plan whose routed experts are in host RAM, from its
+ * placements (each names an expert that the hosttier computes): out[l] = 1 where
+ * every expert of layer l is listed, 0 where none is (out has n_layers entries).
+ * BL_ENOTSUP where a layer has some of its experts listed (a layer's experts move
+ * together for now), BL_EINVAL for an expert listed twice. */
+int bp_plan_host_layers(const Bloomery__Plan *p, uint8_t *out, bl_err_t *err) BL_WUR;
+
 #endif

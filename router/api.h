@@ -53,6 +53,8 @@ typedef struct rt_app {
     int spm_infill;             /* --spm-infill: FIM prompts put the suffix first */
     int no_slots;               /* --no-slots: GET /slots answers 501 */
     int no_webui;               /* --no-webui: GET / answers 404 */
+    json_t *placement;          /* the placement plan as /props shows it ("placement", a
+                                 * key of this server's own), or NULL */
     int64_t n_params;           /* model parameters */
     uint64_t model_bytes;       /* bytes of tensor data */
     time_t started;

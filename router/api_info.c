@@ -183,6 +183,8 @@ static void route_props(rt_req_t *r)
         "bos_token", token_text(app, app->tok ? rt_tokenizer_bos(app->tok) : -1),
         "eos_token", token_text(app, app->tok ? rt_tokenizer_eos(app->tok) : -1),
         "build_info", "bloomery-" BL_VERSION);
+    if (app->placement)
+        json_object_set(j, "placement", app->placement);
     /* llama-server's --sleep-idle-seconds: true while the model is unloaded */
     json_object_set_new(j, "is_sleeping",
                         json_boolean(app->cluster && rt_cluster_state(app->cluster) == RT_CLUSTER_SLEEPING));

@@ -14,6 +14,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -443,17 +445,39 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
 {
     int nw = c->o.n_workers;
     Bloomery__Stage st[MAX_WORKERS], *stp[MAX_WORKERS];
-    /* Even split, earlier stages taking the remainder. */
+    /* The plan's stages, or an even split, earlier stages taking the remainder. */
     int64_t base = c->n_layer / nw, extra = c->n_layer % nw, at = 0;
     for (int s = 0; s < nw; s++) {
         bloomery__stage__init(&st[s]);
         st[s].process = (uint32_t)s;
         st[s].layer_begin = (uint32_t)at;
-        at += base + (s < extra ? 1 : 0);
+        at = c->o.n_stage_ends ? c->o.stage_end[s] : at + base + (s < extra ? 1 : 0);
         st[s].layer_end = (uint32_t)at;
-        st[s].gpu = c->o.n_gpus > 0 ? (uint32_t)c->o.gpus[s % c->o.n_gpus] + 1 : 0;
+        if (c->o.n_stage_ends)
+            st[s].gpu = c->o.stage_device[s] >= 0 ? (uint32_t)c->o.stage_device[s] + 1 : 0;
+        else
+            st[s].gpu = c->o.n_gpus > 0 ? (uint32_t)c->o.gpus[s % c->o.n_gpus] + 1 : 0;
         stp[s] = &st[s];
     }
+    /* Every expert of a host layer, computed by the hosttier (process nw). */
+    size_t n_pl = 0;
+    for (int64_t l = 0; c->has_hosttier && l < c->n_layer; l++)
+        n_pl += c->o.host_layers[l] ? (size_t)c->n_expert : 0;
+    Bloomery__ExpertPlacement *pl = n_pl ? calloc(n_pl, sizeof *pl) : NULL;
+    Bloomery__ExpertPlacement **plp = n_pl ? calloc(n_pl, sizeof *plp) : NULL;
+    if (n_pl && (!pl || !plp)) {
+        free(pl);
+        free(plp);
+        return bl_err_set(err, BL_ENOMEM, "cluster: out of memory for the plan");
+    }
+    for (int64_t l = 0, k = 0; n_pl && l < c->n_layer; l++)
+        for (int64_t e = 0; c->o.host_layers[l] && e < c->n_expert; e++, k++) {
+            bloomery__expert_placement__init(&pl[k]);
+            pl[k].layer = (uint32_t)l;
+            pl[k].expert = (uint32_t)e;
+            pl[k].process = (uint32_t)nw;
+            plp[k] = &pl[k];
+        }
     Bloomery__Plan p;
     bloomery__plan__init(&p);
     p.model_path = c->model_path;
@@ -468,12 +492,17 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
     p.threads_batch = (uint32_t)c->o.n_threads_batch;
     p.n_batch = (uint32_t)c->o.n_batch;
     p.experts_remote = c->has_hosttier;
+    p.placements = plp;
+    p.n_placements = n_pl;
     p.flash_attn = (uint32_t)c->o.flash_attn;
     p.no_mmap = c->o.no_mmap != 0;
     p.mlock = c->o.mlock != 0;
     p.you = (uint32_t)i;
     bp_msg_t m = {.type = BP_MSG_PLAN, .u.plan = &p};
-    return bp_chan_send(c->chan, to, &m, 1000, err);
+    const int rc = bp_chan_send(c->chan, to, &m, 1000, err);
+    free(pl);
+    free(plp);
+    return rc;
 }
 
 /* Keeps a child's Stats for /metrics; names outside [a-z0-9_] (or too long) are
@@ -821,6 +850,13 @@ static int check_opts(const rt_cluster_opts_t *o, bl_err_t *err)
                           MAX_WORKERS);
     if (o->n_threads < 1 || o->n_threads > 256)
         return bl_err_set(err, BL_EINVAL, "cluster: n_threads %d is not in 1..256", o->n_threads);
+    if (o->n_stage_ends != 0 && (o->n_stage_ends != o->n_workers || o->n_workers > RT_CLUSTER_MAX_STAGES))
+        return bl_err_set(err, BL_EINVAL, "cluster: %d stage ends for %d workers", o->n_stage_ends,
+                          o->n_workers);
+    for (int i = 0; i < o->n_stage_ends; i++)
+        if (o->stage_device[i] < -1 || o->stage_device[i] > 255)
+            return bl_err_set(err, BL_EINVAL, "cluster: stage %d's device %d is not -1 or a CUDA ordinal", i,
+                              o->stage_device[i]);
     if (o->n_gpus < 0 || o->n_gpus > RT_CLUSTER_MAX_GPUS)
         return bl_err_set(err, BL_EINVAL, "cluster: n_gpus %d is not in 0..%d", o->n_gpus,
                           RT_CLUSTER_MAX_GPUS);
@@ -878,14 +914,33 @@ int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_
                            err)) ||
         (rc = read_model(c, err)))
         goto fail;
+    if (c->n_layer > RT_CLUSTER_MAX_LAYERS) {
+        rc = bl_err_set(err, BL_ENOTSUP, "cluster: %lld layers (at most %d)", (long long)c->n_layer,
+                        RT_CLUSTER_MAX_LAYERS);
+        goto fail;
+    }
     if (c->o.n_workers > c->n_layer) {
         rc = bl_err_set(err, BL_EINVAL, "cluster: %d workers for %lld layers", c->o.n_workers,
                         (long long)c->n_layer);
         goto fail;
     }
-    /* A GPU worker keeps its routed experts on the card (experts in host RAM beside
-     * a card come later); a dense model has none to send. */
-    c->has_hosttier = c->n_expert > 0 && c->o.n_gpus == 0;
+    /* The hosttier runs where the plan put a layer's routed experts in host RAM; a
+     * dense model has none to send. */
+    c->has_hosttier = 0;
+    for (int64_t l = 0; c->n_expert > 0 && l < c->n_layer && l < RT_CLUSTER_MAX_LAYERS; l++)
+        c->has_hosttier |= c->o.host_layers[l] != 0;
+    if (c->o.n_stage_ends) {
+        int64_t prev = 0;
+        for (int s = 0; s < c->o.n_workers; s++) {
+            if (c->o.stage_end[s] <= prev || c->o.stage_end[s] > c->n_layer ||
+                (s == c->o.n_workers - 1 && c->o.stage_end[s] != c->n_layer)) {
+                rc = bl_err_set(err, BL_EINVAL, "cluster: stage %d ends at layer %lld, after %lld, of %lld", s,
+                                (long long)c->o.stage_end[s], (long long)prev, (long long)c->n_layer);
+                goto fail;
+            }
+            prev = c->o.stage_end[s];
+        }
+    }
     if (c->has_hosttier && (rc = find_program(c->hosttier_bin, sizeof c->hosttier_bin,
                                               c->bin_dir, "bloomery-hosttier", err)))
         goto fail;
@@ -1232,4 +1287,97 @@ int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, cons
         atomic_fetch_add_explicit(&c->rows, (uint64_t)n_rows, memory_order_relaxed);
     }
     return rc;
+}
+
+/* --- the devices ------------------------------------------------------------------ */
+
+/* One line of `bloomery-worker --list-devices`: "cuda INDEX TOTAL FREE NAME". */
+static int parse_device_line(const char *line, bl_device_t *d, bl_err_t *err)
+{
+    int idx = -1, used = 0;
+    uint64_t total = 0, free_b = 0;
+    if (sscanf(line, "cuda %d %" SCNu64 " %" SCNu64 " %n", &idx, &total, &free_b, &used) != 3 || used == 0 ||
+        idx < 0 || idx > 255 || free_b > total)
+        return bl_err_set(err, BL_EPROTO, "bloomery-worker --list-devices: a line that does not parse: \"%.80s\"",
+                          line);
+    memset(d, 0, sizeof *d);
+    d->index = idx;
+    d->total_bytes = total;
+    d->free_bytes = free_b;
+    snprintf(d->name, sizeof d->name, "%s", line + used);
+    return 0;
+}
+
+int rt_cluster_devices(const char *bin_dir, bl_device_t *out, int cap, int *n, bl_err_t *err)
+{
+    *n = 0;
+    char bin[PATH_MAX];
+    int rc = find_program(bin, sizeof bin, bin_dir, "bloomery-worker", err);
+    if (rc)
+        return rc;
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0)
+        return bl_err_set(err, BL_EIO, "pipe: %s", strerror(errno));
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    char *argv[] = {bin, "--list-devices", NULL};
+    extern char **environ;
+    pid_t pid = -1;
+    const int se = posix_spawn(&pid, bin, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fds[1]);
+    if (se != 0) {
+        close(fds[0]);
+        return bl_err_set(err, BL_EIO, "cannot start %s --list-devices: %s", bin, strerror(se));
+    }
+    char buf[16384];
+    size_t len = 0;
+    const int64_t deadline = (int64_t)time(NULL) + 30;
+    for (;;) {
+        struct pollfd pf = {.fd = fds[0], .events = POLLIN};
+        const int64_t left = deadline - (int64_t)time(NULL);
+        if (left <= 0) {
+            rc = bl_err_set(err, BL_ETIMEDOUT, "%s --list-devices gave no answer in 30 s", bin);
+            break;
+        }
+        const int pr = poll(&pf, 1, (int)(left * 1000));
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr <= 0)
+            continue;
+        const ssize_t k = read(fds[0], buf + len, sizeof buf - 1 - len);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        len += (size_t)k;
+        if (len == sizeof buf - 1) {
+            rc = bl_err_set(err, BL_EPROTO, "%s --list-devices: more than %zu bytes", bin, sizeof buf - 1);
+            break;
+        }
+    }
+    close(fds[0]);
+    if (rc)
+        kill(pid, SIGKILL);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (rc)
+        return rc;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        return bl_err_set(err, BL_EIO, "%s --list-devices failed (status %d)", bin, status);
+    buf[len] = '\0';
+    for (char *line = buf, *nl; *line; line = nl + 1) {
+        nl = strchr(line, '\n');
+        if (!nl)
+            return bl_err_set(err, BL_EPROTO, "%s --list-devices: a line without its end", bin);
+        *nl = '\0';
+        if (*n >= cap)
+            break;
+        if ((rc = parse_device_line(line, &out[*n], err)) != 0)
+            return rc;
+        (*n)++;
+    }
+    return 0;
 }

@@ -17,10 +17,13 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "plan.h"
 
 typedef struct rt_cluster rt_cluster_t;
 
 #define RT_CLUSTER_MAX_GPUS 16
+#define RT_CLUSTER_MAX_STAGES 64
+#define RT_CLUSTER_MAX_LAYERS 4096
 
 typedef struct rt_cluster_opts {
     const char *model_path;  /* GGUF file (first part of a split file) */
@@ -34,10 +37,18 @@ typedef struct rt_cluster_opts {
     int n_slots;             /* KV caches per worker (-np) */
     int64_t n_ctx_slot;      /* positions per slot's cache */
     int64_t n_batch;         /* most rows one step may carry (-ub) */
-    uint32_t kv_type;        /* WK_KV_* of worker/wk.h */
+    uint32_t kv_type;        /* a bl_type_t id (common/quant.h): f16, f32 or q8_0 */
     int n_gpus;              /* 0: every stage on the CPU; else stage i runs on CUDA device
-                              * gpus[i % n_gpus] with its routed experts (no hosttier) */
+                              * gpus[i % n_gpus] (unless stage_device says otherwise) */
     int gpus[RT_CLUSTER_MAX_GPUS];
+    /* The stages of a placement plan (common/plan.h); n_stage_ends 0: the layers split
+     * evenly over n_workers, earlier stages taking the remainder, devices from gpus */
+    int n_stage_ends;        /* n_workers when given */
+    int64_t stage_end[RT_CLUSTER_MAX_STAGES]; /* stage i: layers [end of i-1, stage_end[i]) */
+    int stage_device[RT_CLUSTER_MAX_STAGES];  /* -1 the CPU, else a CUDA ordinal */
+    /* Layers whose routed experts the hosttier computes; a hosttier runs only when one
+     * is set (else every expert stays with its layer's worker) */
+    uint8_t host_layers[RT_CLUSTER_MAX_LAYERS];
     int flash_attn;          /* WK_FLASH_*: prompt attention on a card (-fa) */
     int no_mmap;             /* workers copy every weight into their memory (--no-mmap) */
     int mlock;               /* workers and hosttier lock their weights in RAM (--mlock) */
@@ -50,6 +61,13 @@ typedef struct rt_cluster_opts {
     int quiet;               /* children write no log lines (--log-disable); a load
                               * failure still reaches the router as an Error */
 } rt_cluster_opts_t;
+
+/* The CUDA devices of this host as bloomery-worker (in bin_dir) sees them, for the
+ * placement plan: it runs `bloomery-worker --list-devices` and reads its lines
+ * (at most cap devices, 30 s). A worker built without CUDA, or a host without a GPU,
+ * gives none. BL_ENOENT (no worker in bin_dir), BL_EPROTO (a line that does not
+ * parse, quoted), BL_ETIMEDOUT, BL_EIO. */
+int rt_cluster_devices(const char *bin_dir, bl_device_t *out, int cap, int *n, bl_err_t *err) BL_WUR;
 
 /* State of the processes, for /health and the engine. */
 typedef enum rt_cluster_state {

@@ -28,11 +28,10 @@
 #include "bl_config.h"
 #include "file.h"
 #include "hub.h"
+#include "plan.h"
+#include "quant.h"
 #include "log.h"
-#include "../worker/wk.h"
-#if BL_HAVE_CUDA
-#include "kcuda.h"
-#endif
+
 
 #define PROG "bloomery-serve"
 #define MAX_BODY_BYTES ((size_t)32 << 20)  /* request bodies larger than this: 413 */
@@ -66,7 +65,8 @@ typedef struct opts {
     const char *cache_type_k, *cache_type_v;
     const char *config;
     /* placement */
-    const char *gpu_layers, *tensor_split, *device, *fit;
+    const char *gpu_layers, *tensor_split, *device, *fit, *fit_target;
+    int64_t fit_ctx;
     int cpu_moe;
     int64_t n_cpu_moe;
     const char *override_tensor[MAX_OT];
@@ -132,17 +132,7 @@ static int parse_override_tensor(void *ud, const char *value, bl_err_t *err)
         return bl_err_set(err, BL_EINVAL, "empty value (expected PATTERN=BUFFER_TYPE)");
     if (o->n_override_tensor >= MAX_OT)
         return bl_err_set(err, BL_ERANGE, "more than %d values", MAX_OT);
-    for (const char *p = value; *p;) {
-        const char *comma = strchr(p, ',');
-        size_t n = comma ? (size_t)(comma - p) : strlen(p);
-        const char *eq = memchr(p, '=', n);
-        if (!eq || eq == p || eq + 1 == p + n)
-            return bl_err_set(err, BL_EINVAL, "'%.*s' is not PATTERN=BUFFER_TYPE", (int)n, p);
-        if (!comma)
-            break;
-        p = comma + 1;
-    }
-    o->override_tensor[o->n_override_tensor++] = value;
+    o->override_tensor[o->n_override_tensor++] = value; /* checked by the plan (common/plan.c) */
     return 0;
 }
 
@@ -252,25 +242,31 @@ static int build_args(bl_arg_t *a, opts_t *o)
     STR("-ctv,--cache-type-v", "LLAMA_ARG_CACHE_TYPE_V", &o->cache_type_v, "TYPE",
         "KV cache type of V: must equal -ctk");
     STR("-ngl,--gpu-layers,--n-gpu-layers", "LLAMA_ARG_N_GPU_LAYERS", &o->gpu_layers, "N",
-        "layers on the GPU: auto/-1 (default: all when there is a CUDA device), all or at least "
-        "the model's layer count (every layer; the CPU, with a warning, where there is no GPU), "
-        "0 (CPU only); part of the layers is refused");
+        "layers on the GPUs, the last N (above the layer count: all, the head too); auto, all or -1 "
+        "(default): every layer when there is a CUDA device; 0: the CPU");
     STR("-ts,--tensor-split", "LLAMA_ARG_TENSOR_SPLIT", &o->tensor_split, "N0,N1,...",
-        "split over GPUs by proportion: refused (--workers N puts stage i on device i)");
+        "the GPU layers split over the devices by these proportions (default: by free memory)");
     STR("-dev,--device", "LLAMA_ARG_DEVICE", &o->device, "DEV",
         "devices: none (the CPU) or a comma list of cudaN (default: every CUDA device)");
     FLAG("-cmoe,--cpu-moe", "LLAMA_ARG_CPU_MOE", &o->cpu_moe,
-         "keep all MoE experts on the CPU: what -ngl 0 does; refused beside a GPU worker");
+         "every layer's routed experts in host RAM (with -ngl 0 they stay in the CPU worker)");
     I64("-ncmoe,--n-cpu-moe", "LLAMA_ARG_N_CPU_MOE", &o->n_cpu_moe, 0, 1 << 20, "N",
-        "keep the experts of the first N layers on the CPU: with -ngl 0 all are; refused beside a "
-        "GPU worker");
+        "the routed experts of the first N layers in host RAM");
     a[n++] = (bl_arg_t){.names = "-ot,--override-tensor", .env = "LLAMA_ARG_OVERRIDE_TENSOR",
                         .kind = BL_ARG_FN, .fn = parse_override_tensor, .ud = o,
                         .metavar = "PATTERN=TYPE,...",
-                        .help = "tensor placement: CPU is accepted, another buffer is refused"};
+                        .help = "tensors whose name the regex finds go to TYPE: CPU (host RAM), CUDAn, or "
+                                "HOSTTIER (the hosttier process even beside a CPU worker); only routed "
+                                "experts may leave their layer's stage"};
     STR("-fit,--fit", "LLAMA_ARG_FIT", &o->fit, "on|off",
-        "fit unset options to device memory: accepted, nothing is adjusted (a stage that does "
-        "not fit its card fails to load, naming the shortfall)");
+        "on (default): without -ngl N, --cpu-moe, -ncmoe or -ot, put the routed experts of as many "
+        "leading layers in host RAM (then leading layers on the CPU) as each card needs to keep "
+        "-fitt MiB free; off: a stage that cannot fit its card is refused with the sizes");
+    STR("-fitt,--fit-target", "LLAMA_ARG_FIT_TARGET", &o->fit_target, "MiB0,MiB1,...",
+        "the memory --fit leaves free on each card (default 1024; one value for all cards)");
+    I64("-fitc,--fit-ctx", "LLAMA_ARG_FIT_CTX", &o->fit_ctx, 0, INT32_MAX, "N",
+        "the smallest context --fit may choose (default 4096): the context here is -c's or the "
+        "model's and --fit never lowers it, so the bound always holds");
     a[n++] = (bl_arg_t){.names = "-fa,--flash-attn", .env = "LLAMA_ARG_FLASH_ATTN",
                         .kind = BL_ARG_FN, .fn = bl_arg_flash_attn, .ud = &o->flash_attn,
                         .metavar = "on|off|auto",
@@ -532,68 +528,50 @@ static int arg_seen(const bl_arg_t *args, int n_args, const char *long_name)
 
 /* --- start-up checks ---------------------------------------------------------------- */
 
-/* CUDA devices this machine has: 0 in a build without CUDA, without a driver or
- * without a card. */
-static int count_gpus(void)
-{
-#if BL_HAVE_CUDA
-    int n = 0;
-    bl_err_t err = {0};
-    if (kcuda_device_count(&n, &err) != 0) {
-        BL_LOG(BL_LOG_WARN, "event=no_gpu reason=\"%s\"", err.msg);
-        return 0;
-    }
-    return n;
-#else
-    return 0;
-#endif
-}
+static int find_bin_dir(char *buf, size_t cap, bl_err_t *err);
 
-/* --list-devices: llama-server's list, one CUDA device a line; status 0. */
+/* --list-devices: llama-server's list, one CUDA device a line, as bloomery-worker
+ * finds them; status 0. */
 static int list_devices(void)
 {
-    int n = count_gpus();
+    char bin_dir[PATH_MAX];
+    bl_device_t devs[BL_PLAN_MAX_DEVICES];
+    int n = 0;
+    bl_err_t err = {0};
+    if (find_bin_dir(bin_dir, sizeof bin_dir, &err) || rt_cluster_devices(bin_dir, devs, BL_PLAN_MAX_DEVICES, &n, &err)) {
+        fprintf(stderr, "%s: %s\n", PROG, err.msg);
+        return 1;
+    }
     printf("Available devices:\n");
     if (n == 0)
         printf("  (none: every layer runs on the CPU)\n");
-#if BL_HAVE_CUDA
-    for (int i = 0; i < n; i++) {
-        kcuda_device_info_t info;
-        bl_err_t err = {0};
-        if (kcuda_init(i, &info, &err) != 0)
-            printf("  CUDA%d: (%s)\n", i, err.msg);
-        else
-            printf("  CUDA%d: %s (%zu MiB, %zu MiB free)\n", i, info.name,
-                   info.total_bytes >> 20, info.free_bytes >> 20);
-    }
-#endif
+    for (int i = 0; i < n; i++)
+        printf("  CUDA%d: %s (%llu MiB, %llu MiB free)\n", devs[i].index, devs[i].name,
+               (unsigned long long)(devs[i].total_bytes >> 20), (unsigned long long)(devs[i].free_bytes >> 20));
     return 0;
 }
 
-/* Parses -dev: "none", or a comma list of CUDA devices ("cuda0", "CUDA1"); each must
- * exist. Fills gpus[] with their ordinals; *n = 0 for none. */
-static int parse_devices(const char *v, int have, int *gpus, int *n, bl_err_t *err)
+/* -fitt MiB0,MiB1,...: one margin for every card (a list must repeat it). */
+static int fit_target(const char *v, int64_t *out, bl_err_t *err)
 {
-    *n = 0;
-    if (!strcmp(v, "none"))
+    *out = -1;
+    if (!v)
         return 0;
     for (const char *p = v; *p;) {
         const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
         char one[32];
-        int64_t idx = -1;
-        if (len >= sizeof one)
-            return bl_err_set(err, BL_EINVAL, "--device: '%.40s' is not none or cudaN", p);
+        const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        int64_t x = -1;
+        if (len == 0 || len >= sizeof one)
+            return bl_err_set(err, BL_EINVAL, "--fit-target: '%.40s' is not a list of MiB", v);
         memcpy(one, p, len);
         one[len] = '\0';
-        if (strncasecmp(one, "cuda", 4) != 0 || bl_parse_i64(one + 4, &idx) != 0 || idx < 0)
-            return bl_err_set(err, BL_EINVAL, "--device: '%s' is not none or cudaN", one);
-        if (idx >= have)
-            return bl_err_set(err, BL_ENOTSUP, "--device %s: no such device (this machine has %d "
-                              "CUDA device%s)", one, have, have == 1 ? "" : "s");
-        if (*n >= RT_CLUSTER_MAX_GPUS)
-            return bl_err_set(err, BL_EINVAL, "--device: more than %d devices", RT_CLUSTER_MAX_GPUS);
-        gpus[(*n)++] = (int)idx;
+        if (bl_parse_i64(one, &x) != 0 || x < 0 || x > ((int64_t)1 << 40))
+            return bl_err_set(err, BL_EINVAL, "--fit-target: '%s' is not a number of MiB", one);
+        if (*out >= 0 && x != *out)
+            return bl_err_set(err, BL_ENOTSUP, "--fit-target %s: a margin per card differing between cards is not "
+                              "supported yet; give one value", v);
+        *out = x;
         if (!comma)
             break;
         p = comma + 1;
@@ -601,88 +579,76 @@ static int parse_devices(const char *v, int have, int *gpus, int *n, bl_err_t *e
     return 0;
 }
 
-/* The placement flags with llama-server's meaning, against what exists: the whole
- * model on the CPU, or every layer on CUDA devices (stage i on gpus[i % n]). The
- * default, as in llama-server, is every layer on the GPU when there is one. What
- * asks for a split that does not exist yet (part of the layers, a tensor split,
- * routed experts in host RAM beside a GPU, another buffer type) is refused by name. */
-static int resolve_placement(const opts_t *o, int64_t n_layer, int *gpus, int *n_gpus,
-                             bl_err_t *err)
+/* The plan as /props shows it. */
+static json_t *placement_json(const bl_plan_t *p)
 {
-    const int have = count_gpus();
-    *n_gpus = 0;
-    for (int i = 0; i < have && i < RT_CLUSTER_MAX_GPUS; i++)
-        gpus[(*n_gpus)++] = i;
-    if (o->device) {
-        int rc = parse_devices(o->device, have, gpus, n_gpus, err);
-        if (rc)
-            return rc;
+    json_t *stages = json_array(), *host = json_array();
+    for (int i = 0; i < p->n_stages; i++) {
+        const bl_plan_stage_t *st = &p->stage[i];
+        char dev[16];
+        snprintf(dev, sizeof dev, st->device >= 0 ? "CUDA%d" : "CPU", st->device);
+        json_array_append_new(stages, json_pack("{s:s,s:[I,I],s:I,s:I,s:I,s:I}", "device", dev, "layers",
+                                                (json_int_t)st->lb, (json_int_t)st->le - 1, "weight_bytes",
+                                                (json_int_t)st->weight_bytes, "expert_bytes",
+                                                (json_int_t)st->expert_bytes, "kv_bytes", (json_int_t)st->kv_bytes,
+                                                "scratch_bytes", (json_int_t)st->scratch_bytes));
     }
-    if (o->gpu_layers) {
-        int64_t n = -1;
-        const char *v = o->gpu_layers;
-        const int is_auto = !strcmp(v, "auto"), all = is_auto || !strcmp(v, "all");
-        if (!all && bl_parse_i64(v, &n) != 0)
-            return bl_err_set(err, BL_EINVAL, "--gpu-layers: '%.32s' is not a number, auto or all", v);
-        if (all && !is_auto)
-            n = INT64_MAX;
-        /* auto and -1 take a GPU when there is one; a number or "all" asks for one */
-        if (n == 0) {
-            *n_gpus = 0;
-        } else if (!is_auto && n != -1 && have == 0) {
-            /* llama-server's answer on a machine without a GPU: a warning, and the CPU */
-            BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored flag=--gpu-layers value=%s reason=no "
-                                "CUDA device: every layer runs on the CPU",
-                   v);
-        } else if (!all && n > 0 && n < n_layer && *n_gpus > 0) {
-            return bl_err_set(err, BL_ENOTSUP,
-                              "--gpu-layers %s: part of the layers on the GPU (%lld of %lld) is not "
-                              "supported yet; use -ngl 0 or -ngl all", v, (long long)n, (long long)n_layer);
-        }
+    for (int64_t l = 0; l < p->n_layer; l++)
+        if (bl_plan_layer_host(p, l))
+            json_array_append_new(host, json_integer(l));
+    return json_pack("{s:o,s:o,s:I,s:b,s:{s:i,s:i,s:I}}", "stages", stages, "host_expert_layers", host,
+                     "host_expert_bytes", (json_int_t)p->host_bytes, "hosttier", p->hosttier, "fit", "expert_layers",
+                     p->fit_moved, "cpu_layers", p->fit_cpu_layers, "target_mib", (json_int_t)p->fit_target_mib);
+}
+
+/* The placement (common/plan.c) from the placement flags, the model's file and the
+ * devices bloomery-worker reports, printed at start. What the workers cannot run
+ * yet, routed experts in host RAM beside a card, is refused with the plan shown. */
+static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64_t n_ctx, uint32_t kv_type,
+                 int64_t rows, bl_plan_t *plan, bl_device_t *devs, int *n_devs, bl_err_t *err)
+{
+    bl_arch_t a;
+    int rc = bl_arch_read(&a, g, o->model, err);
+    if (rc)
+        return rc;
+    if ((rc = rt_cluster_devices(bin_dir, devs, BL_PLAN_MAX_DEVICES, n_devs, err)) != 0)
+        return rc;
+    int64_t margin = -1;
+    if ((rc = fit_target(o->fit_target, &margin, err)) != 0)
+        return rc;
+    if (*n_devs == 0 && o->gpu_layers && strcmp(o->gpu_layers, "0") && strcmp(o->gpu_layers, "auto") &&
+        strcmp(o->gpu_layers, "-1"))
+        /* llama-server's answer on a machine without a GPU: a warning, and the CPU */
+        BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored flag=--gpu-layers value=%s reason=no CUDA device: every "
+               "layer runs on the CPU", o->gpu_layers);
+    const bl_place_opts_t po = {
+        .gpu_layers = o->gpu_layers, .devices = o->device, .split_mode = o->split_mode, .main_gpu = o->main_gpu,
+        .tensor_split = o->tensor_split, .cpu_moe = o->cpu_moe, .n_cpu_moe = o->n_cpu_moe,
+        .override_tensor = o->override_tensor, .n_override_tensor = o->n_override_tensor, .fit = o->fit,
+        .fit_target_mib = margin, .n_cpu_stages = (int)o->workers, .n_ctx_total = n_ctx,
+        .kv_elem_bytes = kv_type == BL_TYPE_F32 ? 4.0 : kv_type == BL_TYPE_Q8_0 ? 34.0 / 32.0 : 2.0,
+        .n_batch = rows};
+    if ((rc = bl_plan_build(plan, g, &a, devs, *n_devs, &po, err)) != 0)
+        return rc;
+    char text[8192];
+    bl_plan_format(plan, devs, *n_devs, text, sizeof text);
+    for (char *line = text, *nl; *line; line = nl + 1) {
+        nl = strchr(line, '\n');
+        if (!nl)
+            break;
+        *nl = '\0';
+        BL_LOG(BL_LOG_INFO, "event=plan %s", line);
     }
-    if (o->split_mode && strcmp(o->split_mode, "layer") && strcmp(o->split_mode, "none"))
-        return bl_err_set(err, !strcmp(o->split_mode, "row") ? BL_ENOTSUP : BL_EINVAL,
-                          "--split-mode %.32s: %s", o->split_mode,
-                          !strcmp(o->split_mode, "row")
-                              ? "splitting matrices by rows across GPUs is not supported (layer "
-                                "puts a pipeline stage on each device)"
-                              : "not none, layer or row");
-    if (o->split_mode && !strcmp(o->split_mode, "none") && *n_gpus > 0) {
-        if (o->main_gpu >= *n_gpus)
-            return bl_err_set(err, BL_EINVAL, "--main-gpu %lld: there %s %d device%s",
-                              (long long)o->main_gpu, *n_gpus == 1 ? "is" : "are", *n_gpus,
-                              *n_gpus == 1 ? "" : "s");
-        gpus[0] = gpus[o->main_gpu];
-        *n_gpus = 1;
-    }
-    if (o->tensor_split)
-        return bl_err_set(err, BL_ENOTSUP,
-                          "--tensor-split %s: splitting the model across GPUs by proportion is "
-                          "not supported yet (--workers N puts stage i on the i-th device)",
-                          o->tensor_split);
-    if (*n_gpus > 0 && (o->cpu_moe || o->n_cpu_moe > 0))
-        return bl_err_set(err, BL_ENOTSUP,
-                          "%s: routed experts in host RAM beside a GPU worker are not supported "
-                          "yet; with -ngl 0 everything, experts included, runs on the CPU",
-                          o->cpu_moe ? "--cpu-moe" : "--n-cpu-moe");
-    for (int i = 0; i < o->n_override_tensor; i++) {
-        for (const char *p = o->override_tensor[i]; *p;) {
-            const char *comma = strchr(p, ',');
-            size_t n = comma ? (size_t)(comma - p) : strlen(p);
-            const char *eq = memchr(p, '=', n);
-            size_t blen = (size_t)(p + n - (eq + 1));
-            if (!(blen == 3 && strncasecmp(eq + 1, "CPU", 3) == 0) || *n_gpus > 0)
-                return bl_err_set(err, BL_ENOTSUP,
-                                  "--override-tensor %.*s: placing tensors by name is supported only "
-                                  "with everything on the CPU (-ngl 0, buffer type CPU)",
-                                  (int)n, p);
-            if (!comma)
-                break;
-            p = comma + 1;
-        }
-    }
-    if (o->fit && strcmp(o->fit, "on") != 0 && strcmp(o->fit, "off") != 0)
-        return bl_err_set(err, BL_EINVAL, "--fit: '%.32s' is not on or off", o->fit);
+    for (int i = 0; i < plan->n_stages; i++)
+        if (plan->stage[i].device >= 0)
+            for (int64_t l = plan->stage[i].lb; l < plan->stage[i].le; l++)
+                if (bl_plan_layer_host(plan, l))
+                    return bl_err_set(err, BL_ENOTSUP, "the plan puts the routed experts of layer %lld in host RAM "
+                                      "beside CUDA%d, which this build does not run yet (the card's stage computes "
+                                      "every expert of its layers): use -ngl 0, or a card that holds the stage",
+                                      (long long)l, plan->stage[i].device);
+    if (plan->n_stages > RT_CLUSTER_MAX_STAGES)
+        return bl_err_set(err, BL_EINVAL, "the plan has %d stages (at most %d)", plan->n_stages, RT_CLUSTER_MAX_STAGES);
     return 0;
 }
 
@@ -730,11 +696,11 @@ static int sampling_defaults(const opts_t *o, rt_task_params_t *d, bl_err_t *err
 static int kv_type_of(const char *flag, const char *s, uint32_t *out, bl_err_t *err)
 {
     if (!s || !strcmp(s, "f16"))
-        *out = WK_KV_F16;
+        *out = BL_TYPE_F16;
     else if (!strcmp(s, "f32"))
-        *out = WK_KV_F32;
+        *out = BL_TYPE_F32;
     else if (!strcmp(s, "q8_0"))
-        *out = WK_KV_Q8_0;
+        *out = BL_TYPE_Q8_0;
     else
         return bl_err_set(err, BL_ENOTSUP, "%s %.32s: not a KV cache type of this build "
                                            "(f16, f32, q8_0)",
@@ -1110,11 +1076,6 @@ static void model_facts(rt_app_t *app, const bl_gguf_t *g)
 }
 
 /* The model's layer count (0 when the file does not say). */
-static int64_t model_layers(const bl_gguf_t *g)
-{
-    int64_t v = 0;
-    return bl_gguf_get_arch_i64(g, "block_count", &v, NULL) == 0 && v > 0 ? v : 0;
-}
 
 /* The model name shown to clients: -a, else the file name. */
 static char *default_alias(const char *path)
@@ -1186,6 +1147,9 @@ int main(int argc, char **argv)
     if (o.list_devices)
         return list_devices();
     keep_t keep = {0};
+    bl_plan_t plan = {0};
+    bl_device_t devs[BL_PLAN_MAX_DEVICES];
+    int n_devs = 0;
     keys_t keys = {0};
     char *tpl_text = NULL, *alias = NULL, *model_path = NULL;
     json_t *tpl_kwargs = NULL;
@@ -1351,9 +1315,6 @@ int main(int argc, char **argv)
     rt_app_t *app = &s->app;
     rt_app_defaults(app);
     model_facts(app, g);
-    int gpus[RT_CLUSTER_MAX_GPUS], n_gpus = 0;
-    if (resolve_placement(&o, model_layers(g), gpus, &n_gpus, &err) != 0)
-        goto fail;
     int64_t n_ctx = o.ctx;
     if (n_ctx == 0) {
         if (app->n_ctx_train <= 0) {
@@ -1411,7 +1372,9 @@ int main(int argc, char **argv)
     /* the listener first (a busy port fails before any child is started; nothing is
      * served until the loop runs), then the child processes and the engine */
     char bin_dir[PATH_MAX];
-    if (find_bin_dir(bin_dir, sizeof bin_dir, &err) || make_runtime_dir(runtime_dir, sizeof runtime_dir, &err))
+    if (find_bin_dir(bin_dir, sizeof bin_dir, &err) ||
+        place(&o, g, bin_dir, n_ctx, ktype, rows, &plan, devs, &n_devs, &err) ||
+        make_runtime_dir(runtime_dir, sizeof runtime_dir, &err))
         goto fail;
     if (uv_loop_init(&s->loop) != 0) {
         bl_err_set(&err, BL_EIO, "cannot create the event loop");
@@ -1446,13 +1409,19 @@ int main(int argc, char **argv)
         .quiet = o.log_disable,
         .verbosity = o.log_verbosity > 0 ? (int)o.log_verbosity : -1,
         .log_colors = colors,
-        .n_gpus = n_gpus,
         .flash_attn = o.flash_attn,
         .no_mmap = o.no_mmap,
         .mlock = o.mlock,
     };
     co.step_timeout_ms = (int)(o.timeout * 1000); /* at most 7 days: fits an int */
-    memcpy(co.gpus, gpus, sizeof co.gpus);
+    app->placement = placement_json(&plan);
+    co.n_workers = co.n_stage_ends = plan.n_stages;
+    for (int i = 0; i < plan.n_stages; i++) {
+        co.stage_end[i] = plan.stage[i].le;
+        co.stage_device[i] = plan.stage[i].device;
+    }
+    for (int64_t l = 0; l < plan.n_layer && l < RT_CLUSTER_MAX_LAYERS; l++)
+        co.host_layers[l] = (uint8_t)bl_plan_layer_host(&plan, l);
     if (rt_cluster_create(&cluster, &co, &err) != 0)
         goto fail;
     app->cluster = cluster;
@@ -1542,6 +1511,8 @@ out:
     rt_template_destroy(tpl);
     rt_tokenizer_destroy(tok);
     bl_gguf_close(g);
+    bl_plan_free(&plan);
+    json_decref(s->app.placement);
     free(tpl_text);
     free(alias);
     free(model_path);

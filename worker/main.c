@@ -258,7 +258,25 @@ static int load_stage(worker_t *w, const Bloomery__Plan *p, bl_err_t *err)
     if (st->gpu > 1024)
         return bl_err_set(err, BL_EINVAL, "plan: stage gpu %u is out of range", st->gpu);
     const int device = st->gpu ? (int)st->gpu - 1 : WK_DEVICE_CPU;
-    w->remote = p->experts_remote && p->n_expert > 0 && device == WK_DEVICE_CPU;
+    /* The layers of this stage whose routed experts the hosttier computes: those the
+     * placements list (every layer when the plan says remote and lists none). */
+    static uint8_t host[BP_PLAN_MAX_LAYERS];
+    if (p->n_layers > BP_PLAN_MAX_LAYERS)
+        return bl_err_set(err, BL_EINVAL, "plan: %u layers (at most %u)", p->n_layers, BP_PLAN_MAX_LAYERS);
+    int rc = bp_plan_host_layers(p, host, err);
+    if (rc)
+        return rc;
+    int any = 0;
+    for (uint32_t l = st->layer_begin; l < st->layer_end; l++)
+        any |= host[l];
+    if (p->experts_remote && p->n_placements == 0) {
+        memset(host, 1, p->n_layers);
+        any = 1;
+    }
+    w->remote = p->n_expert > 0 && any;
+    if (w->remote && device != WK_DEVICE_CPU)
+        return bl_err_set(err, BL_ENOTSUP, "plan: routed experts in host RAM beside CUDA device %d: this "
+                          "build's card stage computes every expert of its layers", device);
     w->layer_begin = st->layer_begin;
     w->layer_end = st->layer_end;
     /* msg.c checked slots and context; these two are ours to bound. */
@@ -266,7 +284,7 @@ static int load_stage(worker_t *w, const Bloomery__Plan *p, bl_err_t *err)
         return bl_err_set(err, BL_EINVAL, "plan: n_batch %u, threads %u or threads_batch %u out of range",
                           p->n_batch, p->threads, p->threads_batch);
     uint32_t kv_type = WK_KV_DEFAULT;
-    int rc = kv_type_of(p->kv_type, &kv_type, err);
+    rc = kv_type_of(p->kv_type, &kv_type, err);
     if (rc)
         return rc;
 
@@ -291,6 +309,7 @@ static int load_stage(worker_t *w, const Bloomery__Plan *p, bl_err_t *err)
     o.layer_begin = st->layer_begin;
     o.layer_end = st->layer_end;
     o.experts = w->remote ? WK_EXPERTS_REMOTE : WK_EXPERTS_LOCAL;
+    o.experts_host = host;
     o.device = device;
     if (p->flash_attn > WK_FLASH_OFF)
         return bl_err_set(err, BL_EINVAL, "plan: flash_attn %u is not 0, 1 or 2", p->flash_attn);
@@ -390,6 +409,36 @@ static int list_gpus(bp_gpu_t *out, kcuda_names_t *names, int cap)
     return n;
 }
 
+/* --list-devices: this host's CUDA devices as the router's placement plan reads them,
+ * one line each, "cuda INDEX TOTAL_BYTES FREE_BYTES NAME" (free memory needs a
+ * context on each device, which this process makes and leaves by exiting). Nothing
+ * in a build without CUDA or where there is no GPU. */
+static int print_devices(void)
+{
+#if BL_HAVE_CUDA
+    int n = 0;
+    bl_err_t err = {0};
+    if (kcuda_device_count(&n, &err) != 0) {
+        fprintf(stderr, "bloomery-worker: %s\n", err.msg);
+        return 0;
+    }
+    for (int i = 0; i < n && i < 64; i++) {
+        kcuda_device_info_t info;
+        if (kcuda_init(i, &info, &err) != 0) {
+            fprintf(stderr, "bloomery-worker: CUDA device %d: %s\n", i, err.msg);
+            continue;
+        }
+        char name[sizeof info.name];
+        size_t k = 0;
+        for (const char *c = info.name; *c && k + 1 < sizeof name; c++) /* one line, printable */
+            name[k++] = (*c >= 0x20 && *c < 0x7f) ? *c : '?';
+        name[k] = '\0';
+        printf("cuda %d %zu %zu %s\n", i, info.total_bytes, info.free_bytes, name);
+    }
+#endif
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
 static void worker_free(worker_t *w, uint32_t n_slots)
 {
     for (uint32_t i = 0; w->kvs && i < n_slots; i++)
@@ -410,7 +459,7 @@ int main(int argc, char **argv)
 {
     const char *endpoint = NULL, *name = "worker", *identity = NULL;
     int64_t parent = 0;
-    int verbose = 0, quiet = 0, help = 0, colors = 0;
+    int verbose = 0, quiet = 0, help = 0, colors = 0, devices = 0;
     int64_t verbosity = -1;
     bl_arg_t args[] = {
         {"--control", NULL, BL_ARG_STR, &endpoint, .metavar = "ENDPOINT", .help = "the router's control socket"},
@@ -421,6 +470,7 @@ int main(int argc, char **argv)
         {"--log-disable", NULL, BL_ARG_FLAG, &quiet, .help = "write no log lines"},
         {"-lv,--verbosity", NULL, BL_ARG_I64, &verbosity, 0, 100, .metavar = "N", .help = "llama.cpp's log threshold: 1 error, 2 warning, 3 info, 4 debug"},
         {"--log-colors", NULL, BL_ARG_FLAG, &colors, .help = "colour the level names"},
+        {"--list-devices", NULL, BL_ARG_FLAG, &devices, .help = "print this host's CUDA devices (index, bytes, free bytes, name) and exit"},
     };
     int n_args = (int)(sizeof args / sizeof args[0]);
     bl_err_t err = {0};
@@ -428,6 +478,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "bloomery-worker: %s\n", err.msg);
         return 2;
     }
+    if (devices && !help)
+        return print_devices();
     if (help || !endpoint || !parent) {
         bl_args_usage(help ? stdout : stderr, "bloomery-worker",
                       "--control ENDPOINT --parent PID [options] (started by bloomery-serve)",

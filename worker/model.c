@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "arch.h"
 #include "blocks.h"
 #include "gguf.h"
 #include "kcpu.h"
@@ -30,44 +31,6 @@ void wk_model_opts_default(wk_model_opts_t *o)
 }
 
 // --- loading ------------------------------------------------------------------------------
-
-int wk__get_dim(const wk_model_t *m, const char *key, int64_t def, int64_t max, int64_t *out,
-                bl_err_t *err)
-{
-    char full[128];
-    snprintf(full, sizeof full, "%s.%s", m->cfg.arch, key);
-    uint32_t v;
-    if (!bl_gguf_find_kv(m->g, full) && def > 0) {
-        *out = def;
-        return 0;
-    }
-    int rc = bl_gguf_get_u32(m->g, full, &v, err);
-    if (rc < 0)
-        return rc;
-    if (v < 1 || v > max)
-        return bl_err_set(err, BL_ERANGE, "metadata %s = %u is outside 1..%lld", full, v,
-                          (long long)max);
-    *out = v;
-    return 0;
-}
-
-int wk__get_float(const wk_model_t *m, const char *key, float def, float lo, float hi, float *out,
-                  bl_err_t *err)
-{
-    char full[128];
-    snprintf(full, sizeof full, "%s.%s", m->cfg.arch, key);
-    if (!bl_gguf_find_kv(m->g, full)) {
-        *out = def;
-        return 0;
-    }
-    int rc = bl_gguf_get_f32(m->g, full, out, err);
-    if (rc < 0)
-        return rc;
-    if (!(*out >= lo && *out <= hi))
-        return bl_err_set(err, BL_ERANGE, "metadata %s = %g is outside %g..%g", full,
-                          (double)*out, (double)lo, (double)hi);
-    return 0;
-}
 
 static void shape_str(char *buf, size_t len, const int64_t ne[4])
 {
@@ -235,14 +198,22 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
     }
     if (m->opts.device < 0) /* on a device the weights go to the card instead */
         weights_arena(m);
+    m->host = malloc((size_t)m->cfg.n_layer);
+    if (!m->host) {
+        rc = bl_err_set(err, BL_ENOMEM, "out of memory for %lld layers", (long long)m->cfg.n_layer);
+        goto fail;
+    }
+    for (int64_t l = 0; l < m->cfg.n_layer; l++)
+        m->host[l] = m->opts.experts_host ? m->opts.experts_host[l] != 0 : 1;
+    m->opts.experts_host = NULL; /* the copy is m->host */
     if ((rc = wk__qwen3_map(m, err)) < 0)
         goto fail;
     if (m->opts.mlock)
         lock_weights(m);
     if (m->opts.n_ctx_max <= 0)
         m->opts.n_ctx_max = m->cfg.n_ctx_train;
-    if (m->opts.n_ctx_max > WK_MAX_CTX) {
-        rc = bl_err_set(err, BL_ERANGE, "n_ctx_max %lld exceeds %d", (long long)m->opts.n_ctx_max, WK_MAX_CTX);
+    if (m->opts.n_ctx_max > BL_ARCH_MAX_CTX) {
+        rc = bl_err_set(err, BL_ERANGE, "n_ctx_max %lld exceeds %d", (long long)m->opts.n_ctx_max, BL_ARCH_MAX_CTX);
         goto fail;
     }
     if (m->opts.act_terms != 1 && m->opts.act_terms != 2) {
@@ -271,6 +242,7 @@ void wk_model_free(wk_model_t *m)
     if (m->be)
         m->be->op->destroy(m->be); /* frees the run state's activations */
     free(m->s.segs);
+    free(m->host);
     free(m->w.layers);
     if (m->arena)
         munmap(m->arena, m->arena_len);
@@ -365,7 +337,10 @@ static int check_runnable(const wk_model_t *m, int whole, bl_err_t *err)
 {
     if (m->opts.experts == WK_EXPERTS_ONLY)
         return bl_err_set(err, BL_EINVAL, "%s: loaded for its experts only; it runs no steps", m->path);
-    if (m->opts.experts == WK_EXPERTS_REMOTE && m->cfg.moe && !m->remote.fn)
+    int any_remote = 0;
+    for (int64_t l = m->lb; l < m->le; l++)
+        any_remote |= wk__layer_remote(m, l);
+    if (any_remote && m->cfg.moe && !m->remote.fn)
         return bl_err_set(err, BL_EINVAL, "%s: remote experts but no experts callback set", m->path);
     if (whole && (m->lb != 0 || m->le != m->cfg.n_layer))
         return bl_err_set(err, BL_EINVAL, "%s: loaded as the stage of layers %lld..%lld, not the whole model",
@@ -479,9 +454,9 @@ int wk_model_experts(wk_model_t *m, int64_t layer, const float *xn, int64_t n, c
     if (layer < 0 || layer >= c->n_layer)
         return bl_err_set(err, BL_EINVAL, "experts of layer %lld, outside 0..%lld", (long long)layer,
                           (long long)(c->n_layer - 1));
-    if (m->opts.experts == WK_EXPERTS_LOCAL && (layer < m->lb || layer >= m->le))
-        return bl_err_set(err, BL_EINVAL, "experts of layer %lld, outside this stage's %lld..%lld",
-                          (long long)layer, (long long)m->lb, (long long)(m->le - 1));
+    if (!wk__layer_local_experts(m, layer))
+        return bl_err_set(err, BL_EINVAL, "experts of layer %lld: this process does not hold them",
+                          (long long)layer);
     if (n < 1 || n > m->opts.n_batch)
         return bl_err_set(err, BL_ERANGE, "%lld expert rows, outside 1..%lld", (long long)n,
                           (long long)m->opts.n_batch);

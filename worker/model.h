@@ -13,14 +13,6 @@
 #include "gguf.h"
 #include "wk.h"
 
-/* Limits on metadata values, far above any real model and low enough that every
- * buffer size computed from them fits in size_t. */
-#define WK_MAX_DIM (1 << 20)
-#define WK_MAX_LAYERS 4096
-#define WK_MAX_EXPERTS 4096
-#define WK_MAX_VOCAB (1 << 24)
-#define WK_MAX_CTX (1 << 24)
-
 typedef struct layer {
     wk_vec_t attn_norm;   // (n_embd)
     wk_tensor_t wq;       // (n_head * head_dim, n_embd)
@@ -66,7 +58,23 @@ struct wk_model {
     char path[256];   /* for messages; truncated */
     int64_t lb, le;   /* the stage's layers [lb, le) */
     wk_remote_t remote; /* WK_EXPERTS_REMOTE: where routed experts go */
+    uint8_t *host;      /* (n_layer): 1 where the layer's routed experts are another
+                         * process's (REMOTE) or this one's (ONLY) */
 };
+
+/* Whether layer l's routed experts go through the remote hook. */
+static inline int wk__layer_remote(const wk_model_t *m, int64_t l)
+{
+    return m->opts.experts == WK_EXPERTS_REMOTE && m->host[l];
+}
+
+/* Whether this process computes layer l's routed experts (and so maps them). */
+static inline int wk__layer_local_experts(const wk_model_t *m, int64_t l)
+{
+    if (m->opts.experts == WK_EXPERTS_ONLY)
+        return m->host[l];
+    return l >= m->lb && l < m->le && !wk__layer_remote(m, l);
+}
 
 struct wk_kv {
     const wk_model_t *model; /* the model it was made for; another's is refused */
@@ -79,12 +87,6 @@ struct wk_kv {
 
 // --- what model.c gives a family ---------------------------------------------------
 
-/* ARCH.key as a u32 in 1..max; a missing key is an error unless def > 0. */
-int wk__get_dim(const wk_model_t *m, const char *key, int64_t def, int64_t max, int64_t *out,
-                bl_err_t *err) BL_WUR;
-/* ARCH.key as an f32 in lo..hi, def when missing. */
-int wk__get_float(const wk_model_t *m, const char *key, float def, float lo, float hi, float *out,
-                  bl_err_t *err) BL_WUR;
 /* Matrix name (ne0 = ncols, ne1 * ne2 rows), checked for shape, type and size; use:
  * this process computes with it, so it goes to the weights' copy where there is
  * one. */

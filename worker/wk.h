@@ -38,6 +38,10 @@ typedef struct wk_model_opts {
                           * tokens, the last computes logits; wk_model_stage passes
                           * the hidden state between them */
     int experts;       /* WK_EXPERTS_*: where the routed experts are computed */
+    const uint8_t *experts_host; /* (n_layer) or NULL. WK_EXPERTS_REMOTE: 1 where a
+                        * layer's routed experts go to the callback, 0 where they stay
+                        * here (NULL: every layer's go); WK_EXPERTS_ONLY: the layers
+                        * whose experts this process loads (NULL: all). Copied at load */
     int device;        /* WK_DEVICE_CPU, or a CUDA ordinal: the stage's weights, scratch
                         * and KV caches live on that card and the forward pass runs
                         * there (f32 activations, weights dequantized exactly; f16 KV

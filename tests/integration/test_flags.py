@@ -238,10 +238,36 @@ def test_refused_at_start_by_name(model, args, names):
     assert secs < 10
 
 
-def test_override_tensor_without_equals_is_a_parse_error(model):
-    rc, out, _ = run_serve(["-m", model, "--port", str(serverctl.free_port()), "-ot", "exps"] + FAST,
-                           timeout=15)
-    assert rc == 2 and ("-ot" in out or "override-tensor" in out), out
+@pytest.mark.parametrize("args,says", [
+    (["-ot", "exps"], "not REGEX=BUFFER_TYPE"),
+    (["-ot", "blk\\.(=CPU"], "does not compile"),
+    (["-ot", "no_such_tensor=CPU"], "matches no tensor"),
+    (["-ot", "exps=GPU"], "is not CPU, CUDAn or HOSTTIER"),
+    (["-ot", "blk\\.0\\.ffn_up_exps=HOSTTIER"], "gate, up and down"),
+    (["-ot", "attn_q=HOSTTIER"], "only routed experts"),
+    (["--n-cpu-moe", "3"], "the model has 2 layers"),
+    (["-dev", "cuda0"], "no such device"),
+    (["--fit", "maybe"], "not on or off"),
+    (["-fitt", "512,1024"], "--fit-target"),
+])
+def test_placement_refused_with_the_reason(model, args, says):
+    """The placement plan refuses what it cannot place, at start (status 1), with the
+    flag and the reason."""
+    if gpu_present():
+        pytest.skip("a GPU is present: the plan differs")
+    rc, out, _ = run_serve(["-m", model, "--port", str(serverctl.free_port())] + args + FAST, timeout=15)
+    assert rc == 1 and says in out, out
+
+
+def test_placement_in_props(servers):
+    """The plan is printed at start and shown in /props: -ot puts one layer's routed
+    experts in the hosttier beside the CPU worker."""
+    srv = servers.start(FAST + ["-ot", "blk\\.1\\.ffn_(gate|up|down)_exps=HOSTTIER"])
+    p = get(srv.url, "/props").json()["placement"]
+    assert [s["device"] for s in p["stages"]] == ["CPU"] and p["stages"][0]["layers"] == [0, 1], p
+    assert p["host_expert_layers"] == [1] and p["hosttier"] is True and p["host_expert_bytes"] > 0, p
+    assert "event=plan stage 0: layers 0..1 on the CPU" in srv.log(), srv.log()
+    assert post(srv.url, "/completion", {"prompt": "Hello", "n_predict": 2}).status_code == 200
 
 
 def test_template_flags_exclude_each_other(model, tmp_path):
@@ -262,7 +288,7 @@ def test_api_key_file_without_keys(model, tmp_path):
 
 def test_accepted_placement_flags(servers):
     """The placement flags whose effect is what the CPU build does anyway."""
-    srv = servers.start(FAST + ["-ngl", "0", "-dev", "none", "--cpu-moe", "--n-cpu-moe", "4",
+    srv = servers.start(FAST + ["-ngl", "0", "-dev", "none", "--cpu-moe", "--n-cpu-moe", "2",
                                 "-ot", "exps=CPU", "--fit", "on", "--jinja", "--metrics",
                                 "-ctk", "q8_0", "-ctv", "q8_0"])
     r = post(srv.url, "/completion", {"prompt": "Hello", "n_predict": 2})

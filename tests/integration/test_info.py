@@ -125,9 +125,10 @@ def test_metrics_names_and_counting(url):
     assert after["llamacpp:requests_processing"] == 0
 
 
-def test_metrics_of_the_processes(url):
+def test_metrics_of_the_processes(servers):
     # the supervisor asks every child for its Stats every 2 s; after a step the
     # worker's and the hosttier's counters show under bloomery:child_*
+    url = servers.start(["-np", "1", "-c", "1024", "-t", "1", "-ot", "ffn_.*_exps=HOSTTIER"]).url
     r = post(url, "/completion", {"prompt": "Stats", "n_predict": 2, "temperature": 0})
     assert r.status_code == 200, r.text
     deadline = time.time() + 6

@@ -74,7 +74,8 @@ def busy_slots(url):
 @pytest.fixture(scope="module")
 def life(module_servers):
     """A server of its own: these tests kill its children."""
-    return module_servers.start(["-np", "1", "-c", "4096", "-t", "1", "-tb", "1"])
+    # the routed experts in the hosttier, so that both kinds of child can be killed
+    return module_servers.start(["-np", "1", "-c", "4096", "-t", "1", "-tb", "1", "-ot", "ffn_.*_exps=HOSTTIER"])
 
 
 GREEDY = {"prompt": "The same question before and after", "n_predict": 8, "temperature": 0,
@@ -245,7 +246,7 @@ def test_sigterm_during_stream(servers):
 
 @pytest.mark.lifecycle
 def test_sigint_idle(servers):
-    srv = servers.start(["-np", "1", "-c", "512", "-t", "1"])
+    srv = servers.start(["-np", "1", "-c", "512", "-t", "1", "-ot", "ffn_.*_exps=HOSTTIER"])
     srv.tree = srv.children()
     assert any(n == "bloomery-worker" for _, n, _ in srv.tree), srv.tree
     assert any(n == "bloomery-hosttier" for _, n, _ in srv.tree), srv.tree

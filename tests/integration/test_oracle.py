@@ -76,19 +76,36 @@ def greedy(url, prompt, n=12):
     return r.json()
 
 
-def test_two_workers_same_as_one(url, servers):
-    srv = servers.start(["-np", "1", "-c", "1024", "-t", "1", "-tb", "1", "--workers", "2"])
-    names = [n for _, n, _ in srv.children()]
-    assert names.count("bloomery-worker") == 2, names
-    assert names.count("bloomery-hosttier") == 1, names
+def same_answers(url, other):
     for p in PROMPTS:
-        one, two = greedy(url, p), greedy(srv.url, p)
+        one, two = greedy(url, p), greedy(other, p)
         assert two["tokens"] == one["tokens"]
         assert two["content"] == one["content"]
         # bit-identical logits give identical log-probabilities
         for a, b in zip(one["completion_probabilities"], two["completion_probabilities"]):
             assert [(t["id"], t["logprob"]) for t in a["top_logprobs"]] == \
                    [(t["id"], t["logprob"]) for t in b["top_logprobs"]]
+
+
+def test_two_workers_same_as_one(url, servers):
+    srv = servers.start(["-np", "1", "-c", "1024", "-t", "1", "-tb", "1", "--workers", "2"])
+    names = [n for _, n, _ in srv.children()]
+    assert names.count("bloomery-worker") == 2, names
+    # -ngl 0: the routed experts stay in the workers, no hop to a hosttier
+    assert names.count("bloomery-hosttier") == 0, names
+    same_answers(url, srv.url)
+
+
+@pytest.mark.parametrize("pattern", ["ffn_.*_exps=HOSTTIER", r"blk\.[13]\.ffn_(up|down|gate)_exps=HOSTTIER"])
+def test_experts_in_the_hosttier_same_as_in_the_worker(url, servers, pattern):
+    """-ot puts the routed experts of the layers it matches in the hosttier: every
+    layer's, or two of them beside the worker's own; the answers are the in-worker
+    pass's, bit for bit."""
+    srv = servers.start(["-np", "1", "-c", "1024", "-t", "1", "-tb", "1", "--workers", "2", "-ot", pattern])
+    names = [n for _, n, _ in srv.children()]
+    assert names.count("bloomery-worker") == 2, names
+    assert names.count("bloomery-hosttier") == 1, names
+    same_answers(url, srv.url)
 
 
 def test_shared_oracle_model_if_present(servers, tmp_path):

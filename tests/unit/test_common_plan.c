@@ -379,12 +379,15 @@ static void test_plan_cpu_stages_split_layers_earlier_take_the_remainder(void **
     assert_host(p, "00000000");
     bl_plan_free(p);
 
-    o.n_cpu_stages = 20; /* no more stages than layers */
+    o.n_cpu_stages = N_LAYER; /* a stage per layer */
     build_ok(p, MOE, NULL, 0, &o);
     assert_int_equal(p->n_stages, N_LAYER);
     for (int i = 0; i < N_LAYER; i++)
         assert_stage(p, i, BL_PLAN_DEVICE_CPU, i, i + 1);
     bl_plan_free(p);
+
+    o.n_cpu_stages = 20; /* more stages than CPU layers: refused, not changed */
+    expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "--workers 20");
 }
 
 static void test_plan_one_device_defaults_put_every_layer_on_the_card(void **state)

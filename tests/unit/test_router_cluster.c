@@ -197,12 +197,17 @@ static int through(rt_cluster_t *c, float *out, bl_err_t *err)
     return 0;
 }
 
-static rt_cluster_t *start(const char *model, int n_workers)
+/* host: which layers' routed experts the hosttier computes: every layer (1), none
+ * (0), or the odd ones (2). */
+static rt_cluster_t *start_host(const char *model, int n_workers, int host)
 {
-    rt_cluster_opts_t o = {
+    static rt_cluster_opts_t o;
+    o = (rt_cluster_opts_t){
         .model_path = model, .bin_dir = g_bin, .runtime_dir = g_dir,
         .n_workers = n_workers, .n_threads = 1, .n_threads_batch = 1, .n_threads_hosttier = 1,
         .n_slots = N_SLOTS, .n_ctx_slot = N_CTX, .n_batch = N_BATCH, .kv_type = WK_KV_F16};
+    for (int l = 0; l < RT_CLUSTER_MAX_LAYERS; l++)
+        o.host_layers[l] = host == 1 || (host == 2 && l % 2 == 1);
     rt_cluster_t *c;
     bl_err_t err = {0};
     if (rt_cluster_create(&c, &o, &err) != 0)
@@ -214,10 +219,12 @@ static rt_cluster_t *start(const char *model, int n_workers)
     return c;
 }
 
-static void compare(const char *model, int n_workers)
+static rt_cluster_t *start(const char *model, int n_workers) { return start_host(model, n_workers, 1); }
+
+static void compare_host(const char *model, int n_workers, int host)
 {
     static float ref[N_LOGITS * 1024], got[N_LOGITS * 1024];
-    rt_cluster_t *c = start(model, n_workers);
+    rt_cluster_t *c = start_host(model, n_workers, host);
     int64_t nv = rt_cluster_n_vocab(c);
     assert_true(nv <= 1024);
     reference(model, ref, nv);
@@ -235,6 +242,8 @@ static void compare(const char *model, int n_workers)
     rt_cluster_destroy(c);
     assert_no_children();
 }
+
+static void compare(const char *model, int n_workers) { compare_host(model, n_workers, 1); }
 
 #define SKIP_WITHOUT_MODELS()                                                                      \
     do {                                                                                           \
@@ -262,6 +271,27 @@ static void test_cluster_three_workers_match_in_process(void **state)
     (void)state;
     SKIP_WITHOUT_MODELS();
     compare(g_moe, 3);
+}
+
+/* The plan decides per layer where the routed experts run: with none in host RAM no
+ * hosttier starts; with the odd layers' there, both kinds of layer run in one step.
+ * Either way the bits are the in-process pass's. */
+static void test_cluster_experts_placed_by_layer(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    pid_t p[4];
+    rt_cluster_t *c = start_host(g_moe, 2, 0);
+    assert_int_equal(children("bloomery-hostti", p, 4), 0);
+    assert_int_equal(children("bloomery-worker", p, 4), 2);
+    rt_cluster_destroy(c);
+    assert_no_children();
+    compare_host(g_moe, 2, 0);
+    c = start_host(g_moe, 2, 2);
+    assert_int_equal(children("bloomery-hostti", p, 4), 1);
+    rt_cluster_destroy(c);
+    assert_no_children();
+    compare_host(g_moe, 2, 2);
 }
 
 static void test_cluster_dense_model_runs_without_hosttier(void **state)
@@ -504,6 +534,7 @@ int main(void)
         cmocka_unit_test(test_cluster_one_worker_matches_in_process),
         cmocka_unit_test(test_cluster_two_workers_match_in_process),
         cmocka_unit_test(test_cluster_three_workers_match_in_process),
+        cmocka_unit_test(test_cluster_experts_placed_by_layer),
         cmocka_unit_test(test_cluster_dense_model_runs_without_hosttier),
         cmocka_unit_test(test_cluster_refuses_bad_steps),
         cmocka_unit_test(test_cluster_kill_worker_between_steps),

@@ -10,70 +10,34 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arch.h"
 #include "gguf.h"
 #include "model.h"
 
+/* The architecture's facts (common/arch.c) as the forward pass reads them. */
 int wk__qwen3_config(wk_model_t *m, bl_err_t *err)
 {
-    const bl_gguf_t *g = m->g;
-    wk_config_t *c = &m->cfg;
-    bl_gguf_str_t a;
-    int rc = bl_gguf_get_str(g, "general.architecture", &a, err);
+    bl_arch_t a;
+    int rc = bl_arch_read(&a, m->g, m->path, err);
     if (rc < 0)
         return rc;
-    if (a.len == 8 && memcmp(a.ptr, "qwen3moe", 8) == 0)
-        c->moe = 1;
-    else if (a.len == 5 && memcmp(a.ptr, "qwen3", 5) == 0)
-        c->moe = 0;
-    else
-        return bl_err_set(err, BL_ENOTSUP, "%s: architecture '%.*s' is not supported (qwen3moe, qwen3)",
-                          m->path, (int)(a.len > 64 ? 64 : a.len), a.ptr);
-    snprintf(c->arch, sizeof c->arch, "%s", c->moe ? "qwen3moe" : "qwen3");
-    if ((rc = wk__get_dim(m, "block_count", 0, WK_MAX_LAYERS, &c->n_layer, err)) < 0 ||
-        (rc = wk__get_dim(m, "embedding_length", 0, WK_MAX_DIM, &c->n_embd, err)) < 0 ||
-        (rc = wk__get_dim(m, "attention.head_count", 0, WK_MAX_DIM, &c->n_head, err)) < 0 ||
-        (rc = wk__get_dim(m, "attention.head_count_kv", c->n_head, WK_MAX_DIM, &c->n_head_kv, err)) < 0 ||
-        (rc = wk__get_dim(m, "attention.key_length", c->n_embd / c->n_head, WK_MAX_DIM, &c->head_dim, err)) < 0 ||
-        (rc = wk__get_dim(m, "context_length", 0, WK_MAX_CTX, &c->n_ctx_train, err)) < 0)
-        return rc;
-    int64_t vlen = 0;
-    if ((rc = wk__get_dim(m, "attention.value_length", c->head_dim, WK_MAX_DIM, &vlen, err)) < 0)
-        return rc;
-    const char *ar = c->arch;
-    if (vlen != c->head_dim)
-        return bl_err_set(err, BL_ENOTSUP, "%s: %s.attention.value_length %lld differs from key_length %lld",
-                          m->path, ar, (long long)vlen, (long long)c->head_dim);
-    if (c->head_dim % 2 != 0 || c->n_head % c->n_head_kv != 0 || c->n_head * c->head_dim > WK_MAX_DIM)
-        return bl_err_set(err, BL_EINVAL,
-                          "%s: head_dim %lld must be even, head_count %lld a multiple of head_count_kv %lld, and their product at most %d",
-                          m->path, (long long)c->head_dim, (long long)c->n_head,
-                          (long long)c->n_head_kv, WK_MAX_DIM);
-    if ((rc = wk__get_float(m, "rope.freq_base", 10000.0f, 1.0f, 1e12f, &c->rope_base, err)) < 0 ||
-        (rc = wk__get_float(m, "attention.layer_norm_rms_epsilon", 1e-6f, 0.0f, 1.0f, &c->eps, err)) < 0)
-        return rc;
-    /* Context extension changes the RoPE angles; refused rather than run wrong. */
-    char key[128];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", ar);
-    bl_gguf_str_t st;
-    if (bl_gguf_find_kv(g, key)) {
-        if ((rc = bl_gguf_get_str(g, key, &st, err)) < 0)
-            return rc;
-        if (!(st.len == 4 && memcmp(st.ptr, "none", 4) == 0))
-            return bl_err_set(err, BL_ENOTSUP, "%s: %s '%.*s' is not supported", m->path, key,
-                              (int)(st.len > 32 ? 32 : st.len), st.ptr);
-    }
-    if (c->moe) {
-        if ((rc = wk__get_dim(m, "expert_count", 0, WK_MAX_EXPERTS, &c->n_expert, err)) < 0 ||
-            (rc = wk__get_dim(m, "expert_used_count", 0, WK_MAX_EXPERTS, &c->n_expert_used, err)) < 0 ||
-            (rc = wk__get_dim(m, "expert_feed_forward_length", 0, WK_MAX_DIM, &c->n_ff_exp, err)) < 0)
-            return rc;
-        if (c->n_expert_used > c->n_expert)
-            return bl_err_set(err, BL_EINVAL, "%s: %s.expert_used_count %lld exceeds expert_count %lld",
-                              m->path, ar, (long long)c->n_expert_used, (long long)c->n_expert);
-    } else {
-        if ((rc = wk__get_dim(m, "feed_forward_length", 0, WK_MAX_DIM, &c->n_ff, err)) < 0)
-            return rc;
-    }
+    wk_config_t *c = &m->cfg;
+    snprintf(c->arch, sizeof c->arch, "%s", a.name);
+    c->moe = a.moe;
+    c->n_layer = a.n_layer;
+    c->n_embd = a.n_embd;
+    c->n_head = a.n_head;
+    c->n_head_kv = a.n_head_kv;
+    c->head_dim = a.head_dim;
+    c->n_ff = a.n_ff;
+    c->n_expert = a.n_expert;
+    c->n_expert_used = a.n_expert_used;
+    c->n_ff_exp = a.n_ff_exp;
+    c->n_vocab = a.n_vocab;
+    c->n_ctx_train = a.n_ctx_train;
+    c->rope_base = a.rope_base;
+    c->eps = a.eps;
+    c->tied_output = a.tied_output;
     return 0;
 }
 
@@ -82,13 +46,6 @@ int wk__qwen3_map(wk_model_t *m, bl_err_t *err)
     const wk_config_t *c = &m->cfg;
     weights_t *w = &m->w;
     const int64_t E = c->n_embd, nq = c->n_head * c->head_dim, nkv = c->n_head_kv * c->head_dim;
-    const bl_gguf_tensor_t *te = bl_gguf_find_tensor(m->g, "token_embd.weight");
-    if (!te)
-        return bl_err_set(err, BL_ENOENT, "%s: tensor 'token_embd.weight' is missing", m->path);
-    m->cfg.n_vocab = te->ne[1];
-    if (c->n_vocab < 1 || c->n_vocab > WK_MAX_VOCAB)
-        return bl_err_set(err, BL_ERANGE, "%s: token_embd.weight has %lld rows, outside 1..%d",
-                          m->path, (long long)c->n_vocab, WK_MAX_VOCAB);
     /* What this process computes: its stage's layers (the first stage embeds, the
      * last one has the head; a tied head reads token_embd), or only the experts. */
     const int only = m->opts.experts == WK_EXPERTS_ONLY;
@@ -103,7 +60,6 @@ int wk__qwen3_map(wk_model_t *m, bl_err_t *err)
         if ((rc = wk__find_mat(m, "output.weight", E, c->n_vocab, 1, use_head, &w->output, err)) < 0)
             return rc;
     } else {
-        m->cfg.tied_output = 1;
         w->output = w->tok_embd;
     }
     /* The head runs for one row per sequence, even in a prompt: its activations stay
@@ -117,7 +73,7 @@ int wk__qwen3_map(wk_model_t *m, bl_err_t *err)
         char n[96];
         const int in_stage = l >= m->lb && l < m->le;
         const int use_attn = !only && in_stage;
-        const int use_exps = only || (in_stage && m->opts.experts == WK_EXPERTS_LOCAL);
+        const int use_exps = wk__layer_local_experts(m, l);
 #define NAME(s) (snprintf(n, sizeof n, "blk.%lld.%s", (long long)l, s), n)
         if ((rc = wk__find_vec(m, NAME("attn_norm.weight"), E, &L->attn_norm, err)) < 0 ||
             (rc = wk__find_mat(m, NAME("attn_q.weight"), E, nq, 1, use_attn, &L->wq, err)) < 0 ||
@@ -178,7 +134,7 @@ int wk__qwen3_place(wk_model_t *m, bl_err_t *err)
             return rc;
         wk_moe_t *e = &L->moe;
         if (c->moe && ((rc = op->add(b, &e->gate_inp, 0, err)) < 0 ||
-                       (m->opts.experts == WK_EXPERTS_LOCAL &&
+                       (wk__layer_local_experts(m, l) &&
                         ((rc = op->add(b, &e->gate_exps, 0, err)) < 0 || (rc = op->add(b, &e->up_exps, 0, err)) < 0 ||
                          (rc = op->add(b, &e->down_exps, 0, err)) < 0))))
             return rc;
@@ -224,7 +180,6 @@ int wk__qwen3_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err)
     const wk_attn_t at = {.n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim,
                           .eps = c->eps, .rope_base = c->rope_base,
                           .scale = (float)(1.0 / sqrt((double)c->head_dim))};
-    const wk_remote_t *remote = m->opts.experts == WK_EXPERTS_REMOTE ? &m->remote : NULL;
 
     int rc = op->begin(b, st, s->x, err);
     if (rc < 0)
@@ -248,7 +203,7 @@ int wk__qwen3_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err)
         /* FFN: norm, routed experts or the dense SwiGLU, onto the residual */
         if ((rc = op->rms_norm(b, "ffn_norm", s->xn, s->x, L->ffn_norm.p, n, E, c->eps, err)) < 0)
             break;
-        rc = c->moe ? op->moe(b, l, &L->moe, remote, s->xn, n, s->x, err)
+        rc = c->moe ? op->moe(b, l, &L->moe, wk__layer_remote(m, l) ? &m->remote : NULL, s->xn, n, s->x, err)
                     : op->ffn(b, &L->ffn_gate, &L->ffn_up, &L->ffn_down, s->xn, n, s->x, err);
     }
     if (rc == 0 && m->le == c->n_layer)
