@@ -237,18 +237,6 @@ void bl_args_usage(FILE *f, const char *prog, const char *synopsis, const bl_arg
     }
 }
 
-int bl_arg_gpu_layers(void *ud, const char *v, bl_err_t *err)
-{
-    int64_t *n = ud;
-    if (!strcmp(v, "all") || !strcmp(v, "auto")) {
-        *n = INT32_MAX;
-        return 0;
-    }
-    if (bl_parse_i64(v, n) || *n < 0)
-        return bl_err_set(err, BL_EINVAL, "'%.32s' is not a layer count, all or auto", v);
-    return 0;
-}
-
 int bl_arg_flash_attn(void *ud, const char *v, bl_err_t *err)
 {
     int *fa = ud;
@@ -260,19 +248,5 @@ int bl_arg_flash_attn(void *ud, const char *v, bl_err_t *err)
         *fa = BL_FLASH_OFF;
     else
         return bl_err_set(err, BL_EINVAL, "'%.32s' is not on, off or auto", v);
-    return 0;
-}
-
-int bl_arg_cuda_device(void *ud, const char *v, bl_err_t *err)
-{
-    int *d = ud;
-    int64_t n;
-    if (!strcmp(v, "none")) {
-        *d = -1;
-        return 0;
-    }
-    if (strncmp(v, "cuda:", 5) || bl_parse_i64(v + 5, &n) || n < 0 || n > 1024)
-        return bl_err_set(err, BL_EINVAL, "'%.32s' is not cuda:N or none", v);
-    *d = (int)n;
     return 0;
 }

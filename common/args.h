@@ -49,17 +49,14 @@ int bl_args_parse(bl_arg_t *args, int n_args, int argc, char **argv, int *n_posi
 void bl_args_usage(FILE *f, const char *prog, const char *synopsis, const bl_arg_t *args,
                    int n_args);
 
-/* Parsers for BL_ARG_FN flags several programs share, with llama.cpp's spellings.
- * bl_arg_gpu_layers: -ngl N | all | auto into *(int64_t *)ud (all and auto: INT32_MAX).
- * bl_arg_cuda_device: -dev cuda:N | none into *(int *)ud (none: -1). */
-int bl_arg_gpu_layers(void *ud, const char *value, bl_err_t *err) BL_WUR;
-/* bl_arg_flash_attn: -fa on|off|auto (also 1|0|true|false) into *(int *)ud as
+/* Parsers for BL_ARG_FN flags several programs share, with llama.cpp's spellings
+ * (the placement flags are common/plan.h's bl_plan_args).
+ * bl_arg_flash_attn: -fa on|off|auto (also 1|0|true|false) into *(int *)ud as
  * BL_FLASH_*. */
 #define BL_FLASH_AUTO 0
 #define BL_FLASH_ON 1
 #define BL_FLASH_OFF 2
 int bl_arg_flash_attn(void *ud, const char *value, bl_err_t *err) BL_WUR;
-int bl_arg_cuda_device(void *ud, const char *value, bl_err_t *err) BL_WUR;
 
 /* Number parsing as the flags use it, for callers with their own formats: the whole
  * string must be the number. */

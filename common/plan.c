@@ -751,3 +751,94 @@ size_t bl_plan_format(const bl_plan_t *p, const bl_device_t *devs, int n_devs, c
                  "%lld MiB free on each card\n", p->fit_moved, p->fit_cpu_layers, (long long)p->fit_target_mib);
     return at;
 }
+
+// --- the flags ---------------------------------------------------------------------------
+
+static int add_ot(void *ud, const char *value, bl_err_t *err)
+{
+    bl_place_flags_t *f = ud;
+    if (!value || !*value)
+        return bl_err_set(err, BL_EINVAL, "an empty value (expected PATTERN=BUFFER_TYPE)");
+    if (f->n_override_tensor >= BL_PLAN_MAX_OT)
+        return bl_err_set(err, BL_ERANGE, "more than %d values", BL_PLAN_MAX_OT);
+    f->override_tensor[f->n_override_tensor++] = value; /* checked by bl_plan_build */
+    return 0;
+}
+
+int bl_plan_args(bl_arg_t *a, int *n, int cap, bl_place_flags_t *f)
+{
+    const bl_arg_t t[] = {
+        {"-ngl,--gpu-layers,--n-gpu-layers", "LLAMA_ARG_N_GPU_LAYERS", BL_ARG_STR, &f->gpu_layers, .metavar = "N",
+         .help = "layers on the GPUs, the last N (above the layer count: all, the head too); auto, all or -1 "
+                 "(default): every layer when there is a CUDA device; 0: the CPU"},
+        {"-dev,--device", "LLAMA_ARG_DEVICE", BL_ARG_STR, &f->devices, .metavar = "DEV",
+         .help = "devices: none (the CPU) or a comma list of cudaN (default: every CUDA device)"},
+        {"-sm,--split-mode", "LLAMA_ARG_SPLIT_MODE", BL_ARG_STR, &f->split_mode, .metavar = "none|layer|row",
+         .help = "several GPUs: layer (the default: the GPU layers split over the devices), none (the main GPU "
+                 "only); row is refused"},
+        {"-mg,--main-gpu", "LLAMA_ARG_MAIN_GPU", BL_ARG_I64, &f->main_gpu, 0, BL_PLAN_MAX_DEVICES - 1,
+         .metavar = "INDEX", .help = "with -sm none, which of the devices runs the model (default 0)"},
+        {"-ts,--tensor-split", "LLAMA_ARG_TENSOR_SPLIT", BL_ARG_STR, &f->tensor_split, .metavar = "N0,N1,...",
+         .help = "the GPU layers split over the devices by these proportions (default: by free memory)"},
+        {"-cmoe,--cpu-moe", "LLAMA_ARG_CPU_MOE", BL_ARG_FLAG, &f->cpu_moe,
+         .help = "every layer's routed experts in host RAM (on a CPU stage they stay in its worker)"},
+        {"-ncmoe,--n-cpu-moe", "LLAMA_ARG_N_CPU_MOE", BL_ARG_I64, &f->n_cpu_moe, 0, 1 << 20, .metavar = "N",
+         .help = "the routed experts of the first N layers in host RAM"},
+        {"-ot,--override-tensor", "LLAMA_ARG_OVERRIDE_TENSOR", BL_ARG_FN, NULL, .fn = add_ot, .ud = f,
+         .metavar = "PATTERN=TYPE,...",
+         .help = "tensors whose name the regex finds go to TYPE: CPU (host RAM), CUDAn, or HOSTTIER (the "
+                 "hosttier process even beside a CPU worker); only routed experts may leave their layer's "
+                 "stage; repeatable"},
+        {"-fit,--fit", "LLAMA_ARG_FIT", BL_ARG_STR, &f->fit, .metavar = "on|off",
+         .help = "on (default): without -ngl N, --cpu-moe, -ncmoe or -ot, put the routed experts of as many "
+                 "leading layers in host RAM (then leading layers on the CPU) as each card needs to keep "
+                 "-fitt MiB free; off: a stage that cannot fit its card is refused with the sizes"},
+        {"-fitt,--fit-target", "LLAMA_ARG_FIT_TARGET", BL_ARG_STR, &f->fit_target, .metavar = "MiB0,MiB1,...",
+         .help = "the memory --fit leaves free on each card (default 1024; one value for all cards)"},
+        {"-fitc,--fit-ctx", "LLAMA_ARG_FIT_CTX", BL_ARG_I64, &f->fit_ctx, 0, INT32_MAX, .metavar = "N",
+         .help = "the smallest context --fit may choose (default 4096): --fit never lowers the context here, "
+                 "so the bound always holds"},
+    };
+    const int k = (int)(sizeof t / sizeof t[0]);
+    if (*n + k > cap)
+        return BL_ERANGE;
+    memcpy(a + *n, t, sizeof t);
+    *n += k;
+    return 0;
+}
+
+int bl_plan_opts(bl_place_opts_t *o, const bl_place_flags_t *f, bl_err_t *err)
+{
+    o->gpu_layers = f->gpu_layers;
+    o->devices = f->devices;
+    o->split_mode = f->split_mode;
+    o->main_gpu = f->main_gpu;
+    o->tensor_split = f->tensor_split;
+    o->cpu_moe = f->cpu_moe;
+    o->n_cpu_moe = f->n_cpu_moe;
+    o->override_tensor = f->override_tensor;
+    o->n_override_tensor = f->n_override_tensor;
+    o->fit = f->fit;
+    o->fit_target_mib = -1;
+    const char *v = f->fit_target;
+    for (const char *p = v; p && *p;) {
+        const char *comma = strchr(p, ',');
+        char one[32];
+        const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        int64_t x = -1;
+        if (len == 0 || len >= sizeof one)
+            return bl_err_set(err, BL_EINVAL, "--fit-target: '%.40s' is not a list of MiB", v);
+        memcpy(one, p, len);
+        one[len] = '\0';
+        if (bl_parse_i64(one, &x) != 0 || x < 0 || x > ((int64_t)1 << 40))
+            return bl_err_set(err, BL_EINVAL, "--fit-target: '%s' is not a number of MiB", one);
+        if (o->fit_target_mib >= 0 && x != o->fit_target_mib)
+            return bl_err_set(err, BL_ENOTSUP, "--fit-target %s: a margin per card differing between cards is not "
+                              "supported yet; give one value", v);
+        o->fit_target_mib = x;
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    return 0;
+}

@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "arch.h"
+#include "args.h"
 #include "err.h"
 #include "gguf.h"
 
@@ -101,6 +102,30 @@ typedef struct bl_plan {
 int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl_device_t *devs, int n_devs,
                   const bl_place_opts_t *o, bl_err_t *err) BL_WUR;
 void bl_plan_free(bl_plan_t *p);
+
+/* --- the flags, one table for every program ------------------------------------------ */
+
+#define BL_PLAN_MAX_OT 64
+
+/* The placement flags as given on a command line (NULL / 0: not given). */
+typedef struct bl_place_flags {
+    const char *gpu_layers, *devices, *split_mode, *tensor_split, *fit, *fit_target;
+    int64_t main_gpu, n_cpu_moe, fit_ctx;
+    int cpu_moe;
+    const char *override_tensor[BL_PLAN_MAX_OT];
+    int n_override_tensor;
+} bl_place_flags_t;
+
+/* Appends the placement flags to a[*n..cap), with llama.cpp's spellings, their
+ * LLAMA_ARG_* variables and one help text: -ngl, -dev, -sm, -mg, -ts, -cmoe, -ncmoe,
+ * -ot (repeatable), -fit, -fitt, -fitc, all into f (f must outlive the parse).
+ * BL_ERANGE when cap is too small. */
+int bl_plan_args(bl_arg_t *a, int *n, int cap, bl_place_flags_t *f) BL_WUR;
+
+/* The flags into o's placement fields (the sizes are the caller's): -fitt's list
+ * must give one margin (BL_EINVAL for a value that does not parse, BL_ENOTSUP for
+ * margins that differ between cards). */
+int bl_plan_opts(bl_place_opts_t *o, const bl_place_flags_t *f, bl_err_t *err) BL_WUR;
 
 /* Whether layer l has any expert in host RAM. */
 int bl_plan_layer_host(const bl_plan_t *p, int64_t l);

@@ -40,7 +40,6 @@
 #define TEMPLATE_FILE_MAX ((size_t)16 << 20)
 #define DRAIN_LIMIT_MS 5000                /* longest wait for open requests at shutdown */
 #define WATCH_MS 100                       /* how often the cluster's state is read */
-#define MAX_OT 64
 #define MAX_ARGS 128 /* the flags of build_args, with room */
 
 /* A chat template for models that carry none and for --chat-template chatml. */
@@ -65,12 +64,7 @@ typedef struct opts {
     const char *cache_type_k, *cache_type_v;
     const char *config;
     /* placement */
-    const char *gpu_layers, *tensor_split, *device, *fit, *fit_target;
-    int64_t fit_ctx;
-    int cpu_moe;
-    int64_t n_cpu_moe;
-    const char *override_tensor[MAX_OT];
-    int n_override_tensor;
+    bl_place_flags_t place;
     /* the requests' defaults (llama-server's sampling flags) */
     float temp, top_p, min_p, typical, repeat_penalty, presence_penalty, frequency_penalty;
     int64_t top_k, repeat_last_n, seed, min_keep;
@@ -85,7 +79,7 @@ typedef struct opts {
     int cont_batching, no_cont_batching, context_shift, no_context_shift, spm_infill;
     int slots, no_slots, no_webui, no_warmup, swa_full;
     int64_t cache_reuse;
-    const char *split_mode, *log_file;
+    const char *log_file;
     /* HTTP and logs */
     const char *api_prefix, *log_colors;
     int64_t threads_http, log_verbosity, keep, prio, cache_ram, ctx_checkpoints;
@@ -93,7 +87,6 @@ typedef struct opts {
     /* llama-server flags this server knows and refuses (see unsupported[]) */
     const char *refused_value[24];
     int refused_flag[24];
-    int64_t main_gpu;
     double defrag_thold;
     int64_t sleep_idle; /* --sleep-idle-seconds: -1 never */
 } opts_t;
@@ -125,17 +118,6 @@ static int parse_sleep_idle(void *ud, const char *value, bl_err_t *err)
 }
 
 /* -ot may be given several times; each value is a comma list of PATTERN=BUFFER. */
-static int parse_override_tensor(void *ud, const char *value, bl_err_t *err)
-{
-    opts_t *o = ud;
-    if (!value || !*value)
-        return bl_err_set(err, BL_EINVAL, "empty value (expected PATTERN=BUFFER_TYPE)");
-    if (o->n_override_tensor >= MAX_OT)
-        return bl_err_set(err, BL_ERANGE, "more than %d values", MAX_OT);
-    o->override_tensor[o->n_override_tensor++] = value; /* checked by the plan (common/plan.c) */
-    return 0;
-}
-
 enum { A_CONFIG = 0 };
 
 /* llama-server flags for what this server does not do: parsed, so that the refusal
@@ -241,32 +223,8 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "KV cache type: f16 (default), f32, q8_0; -ctv must match");
     STR("-ctv,--cache-type-v", "LLAMA_ARG_CACHE_TYPE_V", &o->cache_type_v, "TYPE",
         "KV cache type of V: must equal -ctk");
-    STR("-ngl,--gpu-layers,--n-gpu-layers", "LLAMA_ARG_N_GPU_LAYERS", &o->gpu_layers, "N",
-        "layers on the GPUs, the last N (above the layer count: all, the head too); auto, all or -1 "
-        "(default): every layer when there is a CUDA device; 0: the CPU");
-    STR("-ts,--tensor-split", "LLAMA_ARG_TENSOR_SPLIT", &o->tensor_split, "N0,N1,...",
-        "the GPU layers split over the devices by these proportions (default: by free memory)");
-    STR("-dev,--device", "LLAMA_ARG_DEVICE", &o->device, "DEV",
-        "devices: none (the CPU) or a comma list of cudaN (default: every CUDA device)");
-    FLAG("-cmoe,--cpu-moe", "LLAMA_ARG_CPU_MOE", &o->cpu_moe,
-         "every layer's routed experts in host RAM (with -ngl 0 they stay in the CPU worker)");
-    I64("-ncmoe,--n-cpu-moe", "LLAMA_ARG_N_CPU_MOE", &o->n_cpu_moe, 0, 1 << 20, "N",
-        "the routed experts of the first N layers in host RAM");
-    a[n++] = (bl_arg_t){.names = "-ot,--override-tensor", .env = "LLAMA_ARG_OVERRIDE_TENSOR",
-                        .kind = BL_ARG_FN, .fn = parse_override_tensor, .ud = o,
-                        .metavar = "PATTERN=TYPE,...",
-                        .help = "tensors whose name the regex finds go to TYPE: CPU (host RAM), CUDAn, or "
-                                "HOSTTIER (the hosttier process even beside a CPU worker); only routed "
-                                "experts may leave their layer's stage"};
-    STR("-fit,--fit", "LLAMA_ARG_FIT", &o->fit, "on|off",
-        "on (default): without -ngl N, --cpu-moe, -ncmoe or -ot, put the routed experts of as many "
-        "leading layers in host RAM (then leading layers on the CPU) as each card needs to keep "
-        "-fitt MiB free; off: a stage that cannot fit its card is refused with the sizes");
-    STR("-fitt,--fit-target", "LLAMA_ARG_FIT_TARGET", &o->fit_target, "MiB0,MiB1,...",
-        "the memory --fit leaves free on each card (default 1024; one value for all cards)");
-    I64("-fitc,--fit-ctx", "LLAMA_ARG_FIT_CTX", &o->fit_ctx, 0, INT32_MAX, "N",
-        "the smallest context --fit may choose (default 4096): the context here is -c's or the "
-        "model's and --fit never lowers it, so the bound always holds");
+    if (bl_plan_args(a, &n, MAX_ARGS, &o->place) != 0)
+        abort(); /* MAX_ARGS is sized for the table: a build error, not an input's */
     a[n++] = (bl_arg_t){.names = "-fa,--flash-attn", .env = "LLAMA_ARG_FLASH_ATTN",
                         .kind = BL_ARG_FN, .fn = bl_arg_flash_attn, .ud = &o->flash_attn,
                         .metavar = "on|off|auto",
@@ -311,11 +269,6 @@ static int build_args(bl_arg_t *a, opts_t *o)
                         .metavar = "N",
                         .help = "accepted: deprecated in llama.cpp; each slot's cache is one "
                                 "contiguous range here"};
-    STR("-sm,--split-mode", "LLAMA_ARG_SPLIT_MODE", &o->split_mode, "none|layer|row",
-        "several GPUs: layer (the default: a pipeline stage per device), none (the main GPU "
-        "only); row is refused");
-    I64("-mg,--main-gpu", "LLAMA_ARG_MAIN_GPU", &o->main_gpu, 0, RT_CLUSTER_MAX_GPUS - 1, "INDEX",
-        "with -sm none, which of the devices runs the model (default 0)");
     STR("--log-file", NULL, &o->log_file, "FNAME",
         "append the log (the server's and its processes') to this file instead of stderr");
     /* sampling: the defaults of every request, which its own fields override */
@@ -551,34 +504,6 @@ static int list_devices(void)
     return 0;
 }
 
-/* -fitt MiB0,MiB1,...: one margin for every card (a list must repeat it). */
-static int fit_target(const char *v, int64_t *out, bl_err_t *err)
-{
-    *out = -1;
-    if (!v)
-        return 0;
-    for (const char *p = v; *p;) {
-        const char *comma = strchr(p, ',');
-        char one[32];
-        const size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        int64_t x = -1;
-        if (len == 0 || len >= sizeof one)
-            return bl_err_set(err, BL_EINVAL, "--fit-target: '%.40s' is not a list of MiB", v);
-        memcpy(one, p, len);
-        one[len] = '\0';
-        if (bl_parse_i64(one, &x) != 0 || x < 0 || x > ((int64_t)1 << 40))
-            return bl_err_set(err, BL_EINVAL, "--fit-target: '%s' is not a number of MiB", one);
-        if (*out >= 0 && x != *out)
-            return bl_err_set(err, BL_ENOTSUP, "--fit-target %s: a margin per card differing between cards is not "
-                              "supported yet; give one value", v);
-        *out = x;
-        if (!comma)
-            break;
-        p = comma + 1;
-    }
-    return 0;
-}
-
 /* The plan as /props shows it. */
 static json_t *placement_json(const bl_plan_t *p)
 {
@@ -613,21 +538,18 @@ static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64
         return rc;
     if ((rc = rt_cluster_devices(bin_dir, devs, BL_PLAN_MAX_DEVICES, n_devs, err)) != 0)
         return rc;
-    int64_t margin = -1;
-    if ((rc = fit_target(o->fit_target, &margin, err)) != 0)
-        return rc;
-    if (*n_devs == 0 && o->gpu_layers && strcmp(o->gpu_layers, "0") && strcmp(o->gpu_layers, "auto") &&
-        strcmp(o->gpu_layers, "-1"))
+    const bl_place_flags_t *f = &o->place;
+    if (*n_devs == 0 && f->gpu_layers && strcmp(f->gpu_layers, "0") && strcmp(f->gpu_layers, "auto") &&
+        strcmp(f->gpu_layers, "-1"))
         /* llama-server's answer on a machine without a GPU: a warning, and the CPU */
         BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored flag=--gpu-layers value=%s reason=no CUDA device: every "
-               "layer runs on the CPU", o->gpu_layers);
-    const bl_place_opts_t po = {
-        .gpu_layers = o->gpu_layers, .devices = o->device, .split_mode = o->split_mode, .main_gpu = o->main_gpu,
-        .tensor_split = o->tensor_split, .cpu_moe = o->cpu_moe, .n_cpu_moe = o->n_cpu_moe,
-        .override_tensor = o->override_tensor, .n_override_tensor = o->n_override_tensor, .fit = o->fit,
-        .fit_target_mib = margin, .n_cpu_stages = (int)o->workers, .n_ctx_total = n_ctx,
+               "layer runs on the CPU", f->gpu_layers);
+    bl_place_opts_t po = {
+        .n_cpu_stages = (int)o->workers, .n_ctx_total = n_ctx,
         .kv_elem_bytes = kv_type == BL_TYPE_F32 ? 4.0 : kv_type == BL_TYPE_Q8_0 ? 34.0 / 32.0 : 2.0,
         .n_batch = rows};
+    if ((rc = bl_plan_opts(&po, f, err)) != 0)
+        return rc;
     if ((rc = bl_plan_build(plan, g, &a, devs, *n_devs, &po, err)) != 0)
         return rc;
     char text[8192];
@@ -1112,7 +1034,6 @@ int main(int argc, char **argv)
     o.threads_http = -1;
     o.cache_ram = -2; /* not given */
     o.workers = 1;
-    o.n_cpu_moe = 0;
     rt_sampler_params_t sd;
     rt_sampler_params_default(&sd);
     o.temp = sd.temp;

@@ -38,21 +38,8 @@ typedef struct bench {
     int64_t reps, n_batch;
     int precise, no_roofline, profile;
     int flash_attn; /* BL_FLASH_*: -fa */
-    int64_t ngl;    /* -1: not given; 0: the CPU; >= n_layer (or "all"): the card */
-    int dev;        /* -dev: -2 not given, -1 none, N cuda:N */
+    bl_place_flags_t place; /* -ngl, -dev, --cpu-moe, ...: the plan's flags, as the server's */
 } bench_t;
-
-/* The model's block count, read before loading so that a partial -ngl is refused
- * before gigabytes move. */
-static int layer_count(const char *path, int64_t *n, bl_err_t *err)
-{
-    bl_gguf_t *g = NULL;
-    int rc = bl_gguf_open(&g, path, err);
-    if (rc == 0)
-        rc = bl_gguf_get_arch_i64(g, "block_count", n, err);
-    bl_gguf_close(g);
-    return rc;
-}
 
 static double now_s(void)
 {
@@ -341,10 +328,7 @@ int main(int argc, char **argv)
     b.reps = 5;
     b.n_batch = 512;
     b.output = "md";
-    b.ngl = -1;
-    b.dev = -2;
-
-    bl_arg_t args[] = {
+    bl_arg_t args[48] = {
         {"-m,--model", NULL, BL_ARG_STR, &b.model, .metavar = "FILE", .help = "model file (GGUF)"},
         {"-p,--n-prompt", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.pp, .metavar = "N[,N...]", .help = "prompt lengths to test (default 512; 0: none)"},
         {"-n,--n-gen", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.tg, .metavar = "N[,N...]", .help = "decode lengths to test (default 128; 0: none)"},
@@ -355,12 +339,14 @@ int main(int argc, char **argv)
         {"-o,--output", NULL, BL_ARG_STR, &b.output, .metavar = "md|jsonl", .help = "table format (default md)"},
         {"--precise", NULL, BL_ARG_FLAG, &b.precise, .help = "f32 activations (the checking mode)"},
         {"--no-roofline", NULL, BL_ARG_FLAG, &b.no_roofline, .help = "skip the bandwidth measurement"},
-        {"-ngl,--n-gpu-layers", NULL, BL_ARG_FN, NULL, .fn = bl_arg_gpu_layers, .ud = &b.ngl, .metavar = "N|all|auto", .help = "layers on the GPU: all of them (N >= the layer count, all, auto) or 0 (the CPU, default); a partial split is refused for now"},
-        {"-dev,--device", NULL, BL_ARG_FN, NULL, .fn = bl_arg_cuda_device, .ud = &b.dev, .metavar = "cuda:N|none", .help = "the GPU for -ngl (default cuda:0; alone it puts every layer there); none: the CPU"},
         {"-fa,--flash-attn", NULL, BL_ARG_FN, NULL, .fn = bl_arg_flash_attn, .ud = &b.flash_attn, .metavar = "on|off|auto|1|0", .help = "on a GPU: prompt attention as one flash kernel (on), as score/softmax/value pieces (off), flash where the head size has it (auto, default); the CPU computes the same either way"},
         {"--profile", NULL, BL_ARG_FLAG, &b.profile, .help = "on a GPU: time each launch of 32 decode steps and print the breakdown of one step"},
     };
-    int n_args = (int)(sizeof args / sizeof args[0]);
+    int n_args = 0;
+    while (args[n_args].names)
+        n_args++;
+    if (bl_plan_args(args, &n_args, (int)(sizeof args / sizeof args[0]), &b.place) != 0)
+        abort(); /* the table is sized for them */
     bl_err_t err = {0};
     int help = 0;
     if (bl_args_parse(args, n_args, argc, argv, NULL, &help, &err)) {
@@ -389,23 +375,6 @@ int main(int argc, char **argv)
             return 2;
         }
 
-    /* Where the layers go: -dev none or -ngl 0 keeps the CPU; -ngl N needs every
-     * layer (the split between CPU and GPU is not there yet). */
-    int device = -1;
-    if (b.dev != -1 && (b.ngl > 0 || (b.ngl < 0 && b.dev >= 0))) {
-        int64_t n_layer = 0;
-        if (layer_count(b.model, &n_layer, &err)) {
-            fprintf(stderr, "bloomery-bench: %s\n", err.msg);
-            return 1;
-        }
-        if (b.ngl > 0 && b.ngl < n_layer) {
-            fprintf(stderr, "bloomery-bench: -ngl %lld: the model has %lld layers; a partial offload is not supported yet (all or 0)\n",
-                    (long long)b.ngl, (long long)n_layer);
-            return 2;
-        }
-        device = b.dev >= 0 ? b.dev : 0;
-    }
-
     int64_t max_n = 1;
     for (int i = 0; i < b.pp.n; i++)
         max_n = b.pp.v[i] > max_n ? b.pp.v[i] : max_n;
@@ -414,6 +383,20 @@ int main(int argc, char **argv)
     int64_t max_d = 0;
     for (int i = 0; i < b.depth.n; i++)
         max_d = b.depth.v[i] > max_d ? b.depth.v[i] : max_d;
+
+    /* Where the layers go: the server's plan from the same flags, for one stage. */
+    int device = WK_DEVICE_CPU;
+    {
+        bl_place_opts_t po = {.n_ctx_total = max_d + max_n + (b.profile ? 544 : 0), .kv_elem_bytes = 2.0,
+                              .n_batch = b.n_batch};
+        char text[4096];
+        if (bl_plan_opts(&po, &b.place, &err) || wk_place_one(b.model, &po, &device, text, sizeof text, &err)) {
+            fprintf(stderr, "bloomery-bench: %s\n", err.msg);
+            return 1;
+        }
+        for (char *line = text, *nl; (nl = strchr(line, '\n')); line = nl + 1)
+            fprintf(stderr, "bloomery-bench: plan: %.*s\n", (int)(nl - line), line);
+    }
 
     srand(1);
     int rc = 1;

@@ -29,8 +29,7 @@ typedef struct cli {
     bl_hub_opts_t hub; /* -hf: the model from the hub instead of -m */
     const char *cache_type_k, *cache_type_v;
     int64_t n_predict, n_threads, n_ctx, n_batch, dump_top;
-    int64_t ngl; /* -1: not given; 0: the CPU; >= the layer count (or "all"): the GPU */
-    int dev;     /* -dev: -2 not given, -1 none, N cuda:N */
+    bl_place_flags_t place; /* -ngl, -dev, --cpu-moe, ...: the plan's flags, as the server's */
     int flash_attn; /* -fa: BL_FLASH_* */
     int chat, precise, no_parse_special, ignore_eos, jinja, show_special;
     rt_sampler_params_t sp;
@@ -216,9 +215,11 @@ static int run(cli_t *c)
     mo.n_threads = (int)c->n_threads;
     mo.n_batch = c->n_batch;
     mo.n_ctx_max = c->n_ctx;
-    /* -ngl: every layer on the card or none; a split comes with the CPU+GPU plan. */
-    if (c->dev != -1 && (c->ngl > 0 || (c->ngl < 0 && c->dev >= 0)))
-        mo.device = c->dev >= 0 ? c->dev : 0;
+    /* where the layers go: the server's plan from the same flags, for one stage */
+    bl_place_opts_t po = {.n_ctx_total = c->n_ctx, .kv_elem_bytes = 2.0, .n_batch = c->n_batch};
+    char plan_text[4096];
+    if (bl_plan_opts(&po, &c->place, &err) || wk_place_one(c->model, &po, &mo.device, plan_text, sizeof plan_text, &err))
+        goto fail;
     mo.flash_attn = c->flash_attn;
     if (mo.device >= 0 && !c->cache_type_k) /* the card keeps f16 caches only */
         kv_type = WK_KV_F16;
@@ -226,11 +227,6 @@ static int run(cli_t *c)
     if (wk_model_load(&m, c->model, &mo, &err))
         goto fail;
     const wk_config_t *cfg = wk_model_config(m);
-    if (mo.device >= 0 && c->ngl > 0 && c->ngl < cfg->n_layer) {
-        bl_err_set(&err, BL_ENOTSUP, "-ngl %lld: the model has %lld layers; a partial offload is not supported yet (all or 0)",
-                   (long long)c->ngl, (long long)cfg->n_layer);
-        goto fail;
-    }
     if (rt_tokenizer_from_gguf(&tok, wk_model_gguf(m), &err))
         goto fail;
     if ((int64_t)rt_tokenizer_n_vocab(tok) > cfg->n_vocab) {
@@ -417,8 +413,6 @@ int main(int argc, char **argv)
     rt_sampler_params_default(&c.sp);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     c.n_threads = ncpu > 0 ? ncpu : 1;
-    c.ngl = -1;
-    c.dev = -2;
     c.n_predict = -1;
     c.n_ctx = 4096;
     c.n_batch = 512;
@@ -427,7 +421,7 @@ int main(int argc, char **argv)
     c.top_k = c.sp.top_k;
     c.repeat_last_n = c.sp.penalty_last_n;
 
-    bl_arg_t args[] = {
+    bl_arg_t args[80] = {
         {"-m,--model", "LLAMA_ARG_MODEL", BL_ARG_STR, &c.model, .metavar = "FILE", .help = "model file (GGUF; the first part of a split model)"},
         BL_HUB_ARGS(&c.hub),
         {"-p,--prompt", NULL, BL_ARG_STR, &c.prompt, .metavar = "TEXT", .help = "prompt text (special tokens are parsed)"},
@@ -461,13 +455,15 @@ int main(int argc, char **argv)
         {"-ctk,--cache-type-k", "LLAMA_ARG_CACHE_TYPE_K", BL_ARG_STR, &c.cache_type_k, .metavar = "TYPE", .help = "KV cache type: f16 (default; f32 with --precise), f32, q8_0"},
         {"-ctv,--cache-type-v", "LLAMA_ARG_CACHE_TYPE_V", BL_ARG_STR, &c.cache_type_v, .metavar = "TYPE", .help = "must equal the K type"},
         {"-fa,--flash-attn", "LLAMA_ARG_FLASH_ATTN", BL_ARG_FN, NULL, .fn = bl_arg_flash_attn, .ud = &c.flash_attn, .metavar = "on|off|auto", .help = "on a GPU: prompt attention as one flash kernel (on), as score/softmax/value pieces (off), flash where the head size has it (auto, default)"},
-        {"-ngl,--n-gpu-layers", "LLAMA_ARG_N_GPU_LAYERS", BL_ARG_FN, NULL, .fn = bl_arg_gpu_layers, .ud = &c.ngl, .metavar = "N|all|auto", .help = "layers on the GPU: all (N >= the layer count, all, auto) or 0 (the CPU, default); a partial split is refused for now"},
-        {"-dev,--device", "LLAMA_ARG_DEVICE", BL_ARG_FN, NULL, .fn = bl_arg_cuda_device, .ud = &c.dev, .metavar = "cuda:N|none", .help = "the GPU for -ngl (default cuda:0; alone it puts every layer there); none: the CPU"},
         {"--precise", NULL, BL_ARG_FLAG, &c.precise, .help = "f32 activations and KV cache, no activation quantization (for checking)"},
         {"--dump-logits", NULL, BL_ARG_STR, &c.dump_logits, .metavar = "FILE", .help = "write lse and top logits of every position as JSON"},
         {"--dump-top", NULL, BL_ARG_I64, &c.dump_top, 1, 256, .metavar = "N", .help = "ids per position in --dump-logits (default 32)"},
     };
-    int n_args = (int)(sizeof args / sizeof args[0]);
+    int n_args = 0;
+    while (args[n_args].names)
+        n_args++;
+    if (bl_plan_args(args, &n_args, (int)(sizeof args / sizeof args[0]), &c.place) != 0)
+        abort(); /* the table is sized for them */
     bl_err_t err = {0};
     int help = 0;
     if (bl_args_parse(args, n_args, argc, argv, NULL, &help, &err)) {

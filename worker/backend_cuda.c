@@ -1046,7 +1046,36 @@ int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *
     return 0;
 }
 
+int wk_devices(bl_device_t *out, int cap, int *n, bl_err_t *err)
+{
+    *n = 0;
+    int count = 0;
+    bl_err_t e = {0};
+    if (kcuda_device_count(&count, &e) != 0)
+        return 0; /* no driver, no GPU: the CPU */
+    for (int i = 0; i < count && *n < cap; i++) {
+        kcuda_device_info_t info;
+        const int rc = kcuda_init(i, &info, err);
+        if (rc != 0)
+            return rc;
+        bl_device_t *d = &out[(*n)++];
+        memset(d, 0, sizeof *d);
+        d->index = i;
+        snprintf(d->name, sizeof d->name, "%.63s", info.name);
+        d->total_bytes = info.total_bytes;
+        d->free_bytes = info.free_bytes;
+    }
+    return 0;
+}
+
 #else /* no CUDA in this build */
+
+int wk_devices(bl_device_t *out, int cap, int *n, bl_err_t *err)
+{
+    (void)out, (void)cap, (void)err;
+    *n = 0;
+    return 0;
+}
 
 int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *err)
 {

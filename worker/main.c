@@ -415,27 +415,22 @@ static int list_gpus(bp_gpu_t *out, kcuda_names_t *names, int cap)
  * in a build without CUDA or where there is no GPU. */
 static int print_devices(void)
 {
-#if BL_HAVE_CUDA
+    bl_device_t devs[64];
     int n = 0;
     bl_err_t err = {0};
-    if (kcuda_device_count(&n, &err) != 0) {
+    if (wk_devices(devs, 64, &n, &err) != 0) {
         fprintf(stderr, "bloomery-worker: %s\n", err.msg);
-        return 0;
+        return 1;
     }
-    for (int i = 0; i < n && i < 64; i++) {
-        kcuda_device_info_t info;
-        if (kcuda_init(i, &info, &err) != 0) {
-            fprintf(stderr, "bloomery-worker: CUDA device %d: %s\n", i, err.msg);
-            continue;
-        }
-        char name[sizeof info.name];
+    for (int i = 0; i < n; i++) {
+        char name[sizeof devs[i].name];
         size_t k = 0;
-        for (const char *c = info.name; *c && k + 1 < sizeof name; c++) /* one line, printable */
+        for (const char *c = devs[i].name; *c && k + 1 < sizeof name; c++) /* one line, printable */
             name[k++] = (*c >= 0x20 && *c < 0x7f) ? *c : '?';
         name[k] = '\0';
-        printf("cuda %d %zu %zu %s\n", i, info.total_bytes, info.free_bytes, name);
+        printf("cuda %d %llu %llu %s\n", devs[i].index, (unsigned long long)devs[i].total_bytes,
+               (unsigned long long)devs[i].free_bytes, name);
     }
-#endif
     return fflush(stdout) == 0 ? 0 : 1;
 }
 

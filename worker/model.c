@@ -17,6 +17,7 @@
 #include "kcpu.h"
 #include "log.h"
 #include "model.h"
+#include "plan.h"
 #include "quant.h"
 #include "wk.h"
 
@@ -490,3 +491,33 @@ int wk_model_device_bandwidth(wk_model_t *m, size_t nbytes, double *bytes_per_s,
     return wk__cuda_bandwidth(m->be, nbytes, bytes_per_s, err);
 }
 
+
+// --- placement for a program of one stage ---------------------------------------------
+
+int wk_place_one(const char *path, const bl_place_opts_t *o, int *device, char *text, size_t cap, bl_err_t *err)
+{
+    *device = WK_DEVICE_CPU;
+    if (cap)
+        text[0] = '\0';
+    bl_device_t devs[BL_PLAN_MAX_DEVICES];
+    int n_devs = 0;
+    bl_gguf_t *g = NULL;
+    bl_arch_t a;
+    bl_plan_t p = {0};
+    int rc = wk_devices(devs, BL_PLAN_MAX_DEVICES, &n_devs, err);
+    if (rc == 0 && (rc = bl_gguf_open(&g, path, err)) == 0 && (rc = bl_arch_read(&a, g, path, err)) == 0 &&
+        (rc = bl_plan_build(&p, g, &a, devs, n_devs, o, err)) == 0) {
+        bl_plan_format(&p, devs, n_devs, text, cap);
+        if (p.n_stages != 1)
+            rc = bl_err_set(err, BL_ENOTSUP, "the plan has %d stages (layers on the CPU and on a card, or on "
+                            "several cards); this program runs one, bloomery-serve runs them all", p.n_stages);
+        else if (p.stage[0].device >= 0 && p.n_host_layers > 0)
+            rc = bl_err_set(err, BL_ENOTSUP, "the plan puts the routed experts of %d layers in host RAM beside "
+                            "CUDA%d, which this build does not run yet", p.n_host_layers, p.stage[0].device);
+        else
+            *device = p.stage[0].device >= 0 ? p.stage[0].device : WK_DEVICE_CPU;
+    }
+    bl_plan_free(&p);
+    bl_gguf_close(g);
+    return rc;
+}

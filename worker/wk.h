@@ -13,6 +13,7 @@
 #include "args.h"
 #include "err.h"
 #include "gguf.h"
+#include "plan.h"
 
 /* KV cache element types (their bl_type_t ids). f16 is the default, as in
  * llama.cpp; f32 for checking against the exact oracle; q8_0 halves the memory. */
@@ -219,5 +220,20 @@ int wk_model_experts(wk_model_t *m, int64_t layer, const float *xn, int64_t n,
  * part of the step; the caller drops the step). */
 int wk_model_stage(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, const float *x_in,
                    float *x_out, float *logits, bl_err_t *err) BL_WUR;
+
+/* --- placement for a program that runs the model in its own process --------------- */
+
+/* This host's CUDA devices with their free memory (none in a build without CUDA or
+ * where there is no GPU or driver; a context is made on each to read it). */
+int wk_devices(bl_device_t *out, int cap, int *n, bl_err_t *err) BL_WUR;
+
+/* The placement plan (common/plan.c) for path under the flags o on this host's
+ * devices, for a program that runs the model in one stage of its own (bloomery-cli,
+ * bloomery-bench): *device is where (WK_DEVICE_CPU or a CUDA ordinal). The plan's
+ * lines go to text (cap bytes). A plan of several stages, or one with routed
+ * experts in host RAM beside a card, is refused with BL_ENOTSUP saying so (the
+ * server runs those); the plan's own errors as bl_plan_build. */
+int wk_place_one(const char *path, const bl_place_opts_t *o, int *device, char *text, size_t cap,
+                 bl_err_t *err) BL_WUR;
 
 #endif
