@@ -38,6 +38,7 @@ typedef struct hosttier {
     bp_ring_t **req;  /* (n_pairs) worker i's rows, consumer */
     bp_ring_t **rep;  /* (n_pairs) the sums to worker i, producer */
     int32_t *ids;     /* (n_batch, n_expert_used) copied from a request */
+    int32_t *counts;  /* (n_batch) its rows' pair counts */
     _Atomic int stop; /* set by either thread, polled by both */
     _Atomic uint64_t n_calls, n_rows, n_errors;
 } hosttier_t;
@@ -58,7 +59,7 @@ static void reply_error(hosttier_t *h, int i, uint64_t call, int code, const cha
 static void serve(hosttier_t *h, int i, const void *msg, size_t nbytes)
 {
     bl_err_t err = {0};
-    bp_step_in_t in = {.ids = h->ids};
+    bp_step_in_t in = {.ids = h->ids, .counts = h->counts};
     int rc = bp_step_parse(msg, nbytes, &h->lim, BP_STEP_EXPERTS, BP_STEP_ANY, &in, &err);
     if (rc || in.hdr.kind == BP_STEP_ERROR) {
         reply_error(h, i, in.hdr.step, rc ? rc : BL_EPROTO,
@@ -74,7 +75,7 @@ static void serve(hosttier_t *h, int i, const void *msg, size_t nbytes)
             break;
     }
     if (rc == 0)
-        rc = wk_model_experts(h->m, in.hdr.layer, in.rows, in.hdr.n_rows, h->ids, in.wts,
+        rc = wk_model_experts(h->m, in.hdr.layer, in.rows, in.hdr.n_rows, h->counts, h->ids, in.wts,
                               o.rows, &err);
     if (rc == 0 && (rc = bp_ring_commit(h->rep[i], o.nbytes, &err)) == 0) {
         atomic_fetch_add_explicit(&h->n_calls, 1, memory_order_relaxed);
@@ -184,7 +185,8 @@ static int load(hosttier_t *h, const Bloomery__Plan *p, int n_threads, bl_err_t 
                                 .n_expert = (int32_t)c->n_expert,
                                 .n_expert_used = (int32_t)c->n_expert_used};
     h->ids = calloc((size_t)o.n_batch * (size_t)c->n_expert_used, sizeof *h->ids);
-    if (!h->ids)
+    h->counts = calloc((size_t)o.n_batch, sizeof *h->counts);
+    if (!h->ids || !h->counts)
         return bl_err_set(err, BL_ENOMEM, "ids: out of memory");
     bp_child_progress(&h->ctl, total, total, "experts");
     return 0;
@@ -210,6 +212,7 @@ static void hosttier_free(hosttier_t *h)
     free(h->req);
     free(h->rep);
     free(h->ids);
+    free(h->counts);
     wk_model_free(h->m);
     bp_child_stop(&h->ctl);
 }

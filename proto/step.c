@@ -42,7 +42,7 @@ int bp_step_layout(const bp_step_hdr_t *h, bp_step_layout_t *out, bl_err_t *err)
     size_t at = sizeof(bp_step_hdr_t);
     uint64_t rows = (uint64_t)h->n_rows;
     uint64_t cells = rows * (uint64_t)h->width; /* both < 2^31: no wrap */
-    uint64_t picks = rows * (uint64_t)h->k;
+    uint64_t picks = (uint64_t)h->k;
     int bad = 0;
     switch (h->kind) {
     case BP_STEP_TOKENS:
@@ -59,6 +59,7 @@ int bp_step_layout(const bp_step_hdr_t *h, bp_step_layout_t *out, bl_err_t *err)
         break;
     case BP_STEP_EXPERTS:
         bad |= section(&at, cells, sizeof(float), &out->rows);
+        bad |= section(&at, rows, sizeof(int32_t), &out->counts);
         bad |= section(&at, picks, sizeof(int32_t), &out->ids);
         bad |= section(&at, picks, sizeof(float), &out->wts);
         break;
@@ -86,6 +87,7 @@ static void point(uint8_t *base, const bp_step_hdr_t *h, const bp_step_layout_t 
     out->seqs = lay->seqs ? (bp_step_seq_t *)(base + lay->seqs) : NULL;
     out->tokens = lay->tokens ? (int32_t *)(base + lay->tokens) : NULL;
     out->rows = lay->rows ? (float *)(base + lay->rows) : NULL;
+    out->counts = lay->counts ? (int32_t *)(base + lay->counts) : NULL;
     out->ids = lay->ids ? (int32_t *)(base + lay->ids) : NULL;
     out->wts = lay->wts ? (float *)(base + lay->wts) : NULL;
     out->text = lay->text ? (char *)(base + lay->text) : NULL;
@@ -211,8 +213,10 @@ int bp_step_parse(const void *msg, size_t nbytes, const bp_step_limits_t *lim,
     int experts = h->kind == BP_STEP_EXPERTS || h->kind == BP_STEP_SUMS;
     if (experts ? (h->layer < 0 || h->layer >= lim->n_layer) : h->layer != 0)
         return bad(err, h, "layer", h->layer, "is not a layer of the model");
-    if (h->k != (h->kind == BP_STEP_EXPERTS ? lim->n_expert_used : 0))
-        return bad(err, h, "k", h->k, "differs from the model's experts per row");
+    if (h->kind == BP_STEP_EXPERTS
+            ? h->k < h->n_rows || (int64_t)h->k > (int64_t)h->n_rows * lim->n_expert_used
+            : h->k != 0)
+        return bad(err, h, "k", h->k, "is not in n_rows..n_rows * the model's experts per row");
     if (h->kind == BP_STEP_ERROR) {
         if (h->code >= 0)
             return bad(err, h, "code", h->code, "is not an error code");
@@ -239,9 +243,22 @@ int bp_step_parse(const void *msg, size_t nbytes, const bp_step_limits_t *lim,
         if ((rc = check_seqs(h, in->seqs, lim, err)) != 0)
             return rc;
     }
+    if (h->kind == BP_STEP_EXPERTS) {
+        if (in->counts == NULL)
+            return bl_err_set(err, BL_EINVAL, "step message: no room for pair counts");
+        memcpy(in->counts, base + lay.counts, (size_t)h->n_rows * sizeof *in->counts);
+        int64_t sum = 0;
+        for (int32_t i = 0; i < h->n_rows; i++) {
+            if (in->counts[i] < 1 || in->counts[i] > lim->n_expert_used)
+                return bad(err, h, "counts[]", in->counts[i], "is not in 1..the model's experts per row");
+            sum += in->counts[i];
+        }
+        if (sum != h->k)
+            return bad(err, h, "k", h->k, "differs from the sum of the rows' counts");
+    }
     if (h->kind == BP_STEP_TOKENS || h->kind == BP_STEP_EXPERTS) {
         int tokens = h->kind == BP_STEP_TOKENS;
-        size_t n = tokens ? (size_t)h->n_rows : (size_t)h->n_rows * (size_t)h->k;
+        size_t n = tokens ? (size_t)h->n_rows : (size_t)h->k;
         int32_t hi = tokens ? lim->n_vocab : lim->n_expert;
         if (in->ids == NULL)
             return bl_err_set(err, BL_EINVAL, "step message: no room for ids");
@@ -250,6 +267,12 @@ int bp_step_parse(const void *msg, size_t nbytes, const bp_step_limits_t *lim,
             if (in->ids[i] < 0 || in->ids[i] >= hi)
                 return bad(err, h, tokens ? "tokens[]" : "ids[]", in->ids[i],
                            tokens ? "is not a token of the vocabulary" : "is not an expert");
+        /* a row's expert twice would count it twice */
+        for (int32_t r = 0, at = 0; !tokens && r < h->n_rows; at += in->counts[r++])
+            for (int32_t i = 1; i < in->counts[r]; i++)
+                for (int32_t j = 0; j < i; j++)
+                    if (in->ids[at + i] == in->ids[at + j])
+                        return bad(err, h, "ids[]", in->ids[at + i], "appears twice in one row");
     }
     if (lay.rows)
         in->rows = (const float *)(base + lay.rows);

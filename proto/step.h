@@ -8,8 +8,10 @@
  *   TOKENS   hdr | seqs (n_seqs) | tokens int32 (n_rows)
  *   HIDDEN   hdr | seqs (n_seqs) | rows float (n_rows, width = n_embd)
  *   LOGITS   hdr | rows float (n_rows, width = n_vocab)
- *   EXPERTS  hdr | rows float (n_rows, width = n_embd) | ids int32 (n_rows, k)
- *                | weights float (n_rows, k)
+ *   EXPERTS  hdr | rows float (n_rows, width = n_embd) | counts int32 (n_rows)
+ *                | ids int32 (k) | weights float (k): row i's counts[i] (expert,
+ *                weight) pairs follow row i-1's; k is their total, so a worker sends
+ *                only the experts that are not its own
  *   SUMS     hdr | rows float (n_rows, width = n_embd)
  *   ERROR    hdr (code, text_len) | text (text_len bytes, no NUL)
  * The writer reserves the whole message in the ring and fills it in place; the reader
@@ -57,7 +59,7 @@ typedef struct bp_step_hdr {
     int32_t n_seqs;    /* TOKENS, HIDDEN */
     int32_t n_rows;    /* rows of every section */
     int32_t width;     /* floats per row: n_embd, or n_vocab for LOGITS */
-    int32_t k;         /* EXPERTS: experts per row */
+    int32_t k;         /* EXPERTS: (expert, weight) pairs of all rows */
     int32_t layer;     /* EXPERTS, SUMS */
     int32_t code;      /* ERROR: a negative BL_E* code */
     uint32_t text_len; /* ERROR: bytes of text */
@@ -88,7 +90,7 @@ typedef struct bp_step_limits {
 
 /* Byte offsets of a message's sections (0 where the kind has none) and its size. */
 typedef struct bp_step_layout {
-    size_t seqs, tokens, rows, ids, wts, text;
+    size_t seqs, tokens, rows, counts, ids, wts, text;
     size_t nbytes;
 } bp_step_layout_t;
 
@@ -101,6 +103,7 @@ typedef struct bp_step_out {
     bp_step_seq_t *seqs;
     int32_t *tokens; /* TOKENS */
     float *rows;
+    int32_t *counts; /* EXPERTS */
     int32_t *ids;    /* EXPERTS */
     float *wts;      /* EXPERTS */
     char *text;      /* ERROR */
@@ -131,6 +134,7 @@ typedef struct bp_step_in {
     int32_t *ids;        /* set by the caller: room for n_batch tokens (TOKENS) or
                           * n_batch * n_expert_used expert ids (EXPERTS); may be NULL
                           * when the caller never accepts either kind */
+    int32_t *counts;     /* set by the caller: room for n_batch pair counts (EXPERTS) */
     const float *rows;
     const float *wts;
     const char *text;    /* ERROR: hdr.text_len bytes, not NUL-terminated */
@@ -139,10 +143,11 @@ typedef struct bp_step_in {
 /* Checks nbytes of an untrusted message against lim, expecting kind want (an ERROR
  * is always accepted: check in->hdr.kind) and step counter want_step (or
  * BP_STEP_ANY), and fills in. Checks: size, magic, kind, step; counts within lim
- * (rows 1..n_batch, widths equal to the model's, k equal to n_expert_used, layer
- * below n_layer); for sequences: slot below n_slots, n >= 1 and summing to n_rows,
- * pos >= 0, pos + n <= n_ctx, n_out in 0..n; token ids below n_vocab; expert ids
- * below n_expert; the size equal to the layout's. BL_EPROTO naming the field and the
+ * (rows 1..n_batch, widths equal to the model's, layer below n_layer); for
+ * sequences: slot below n_slots, n >= 1 and summing to n_rows, pos >= 0, pos + n <=
+ * n_ctx, n_out in 0..n; token ids below n_vocab; for experts: each row's count in
+ * 1..n_expert_used, the counts summing to k, ids below n_expert, no id twice in a
+ * row; the size equal to the layout's. BL_EPROTO naming the field and the
  * value; nothing is read past nbytes. */
 int bp_step_parse(const void *msg, size_t nbytes, const bp_step_limits_t *lim,
                   bp_step_kind_t want, uint64_t want_step, bp_step_in_t *in,

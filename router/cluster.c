@@ -230,7 +230,7 @@ static int create_rings(rt_cluster_t *c, bl_err_t *err)
     size_t tokens = msg_size(BP_STEP_TOKENS, slots, batch, 0, 0);
     size_t hidden = msg_size(BP_STEP_HIDDEN, slots, batch, embd, 0);
     size_t logits = msg_size(BP_STEP_LOGITS, 0, c->lim.n_out_max, (int)c->n_vocab, 0);
-    size_t xreq = msg_size(BP_STEP_EXPERTS, 0, batch, embd, k);
+    size_t xreq = msg_size(BP_STEP_EXPERTS, 0, batch, embd, batch * k); /* every pair of every row */
     size_t xrep = msg_size(BP_STEP_SUMS, 0, batch, embd, 0);
     int rc = make_ring(&c->to_first, "tokens", 0, tokens, BP_RING_PRODUCER, err);
     if (rc == 0)

@@ -45,6 +45,7 @@ typedef struct cpu {
     float *g;     // (n_batch * n_expert_used, ffn width) gate, then SwiGLU output
     float *u;     // (n_batch * n_expert_used, ffn width) up
     float *dg;    // (n_batch * n_expert_used, n_embd) down
+    int64_t *pair_at; // (n_batch) where each row's (expert, weight) pairs start
     moe_jobs_t jobs;
 } cpu_t;
 
@@ -61,7 +62,8 @@ static void cpu_destroy(wk_backend_t *b)
     for (int i = 0; i < p->n_allocs; i++)
         free(p->allocs[i]);
     free(p->allocs);
-    void *bufs[] = {p->o_, p->rope, p->pos, p->rl, p->ids, p->wts, p->rows, p->rw, p->xg, p->g, p->u, p->dg};
+    void *bufs[] = {p->o_, p->rope, p->pos, p->rl, p->ids, p->wts, p->rows, p->rw, p->xg, p->g, p->u, p->dg,
+                    p->pair_at};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(p);
@@ -263,12 +265,19 @@ static int cpu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *
  * in place, quantized once for all of them. A model with more experts than a job
  * list holds runs expert by expert; both compute the same products on the same
  * data, so they give the same bits, and so does the hosttier. */
-void wk__cpu_experts(wk_backend_t *b, const wk_moe_t *e, const float *xn, int64_t n, const int32_t *ids,
-                     const float *wts, float *out)
+void wk__cpu_experts(wk_backend_t *b, const wk_moe_t *e, const float *xn, int64_t n, const int32_t *counts,
+                     const int32_t *ids, const float *wts, float *out)
 {
     cpu_t *p = (cpu_t *)b;
     const int64_t E = p->c->n_embd, F = e->n_ff, K = e->n_used;
     memset(out, 0, sizeof(float) * (size_t)(n * E));
+    /* row r's pairs: [at[r], at[r] + cnt(r)) of ids and wts */
+    int64_t *at = p->pair_at;
+    for (int64_t r = 0, a = 0; r < n; r++) {
+        at[r] = a;
+        a += counts ? counts[r] : K;
+    }
+#define CNT(r) (counts ? (int64_t)counts[r] : K)
     if (e->n_expert <= MOE_GROUP_MAX) {
         moe_jobs_t *sj = &p->jobs;
         int64_t total = 0;
@@ -276,10 +285,10 @@ void wk__cpu_experts(wk_backend_t *b, const wk_moe_t *e, const float *xn, int64_
         for (int64_t x = 0; x < e->n_expert; x++) {
             int64_t k = 0;
             for (int64_t r = 0; r < n; r++)
-                for (int64_t j = 0; j < K; j++)
-                    if (ids[r * K + j] == x) {
+                for (int64_t j = at[r]; j < at[r] + CNT(r); j++)
+                    if (ids[j] == x) {
                         p->rows[total + k] = (int32_t)r;
-                        p->rw[total + k] = wts[r * K + j];
+                        p->rw[total + k] = wts[j];
                         k++;
                     }
             if (k == 0)
@@ -313,13 +322,14 @@ void wk__cpu_experts(wk_backend_t *b, const wk_moe_t *e, const float *xn, int64_
     for (int64_t x = 0; x < e->n_expert; x++) {
         int64_t cnt = 0;
         for (int64_t r = 0; r < n; r++)
-            for (int64_t j = 0; j < K; j++)
-                if (ids[r * K + j] == x) {
+            for (int64_t j = at[r]; j < at[r] + CNT(r); j++)
+                if (ids[j] == x) {
                     p->rows[cnt] = (int32_t)r;
-                    p->rw[cnt] = wts[r * K + j];
+                    p->rw[cnt] = wts[j];
                     memcpy(p->xg + cnt * E, xn + r * E, sizeof(float) * (size_t)E);
                     cnt++;
                 }
+#undef CNT
         if (cnt == 0)
             continue;
         const kcpu_mat_t gate = kcpu_mat_rows(&e->gate_exps.h, x * F, F);
@@ -346,11 +356,11 @@ static int cpu_moe(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remot
     kcpu_matmul(p->kc, &e->gate_inp.h, xn, n, p->rl);
     kcpu_moe_route(p->rl, n, e->n_expert, e->n_used, e->norm, p->ids, p->wts);
     if (remote) {
-        int rc = remote->fn(remote->ctx, l, xn, n, p->ids, p->wts, p->o_, err);
+        int rc = remote->fn(remote->ctx, l, xn, n, NULL, p->ids, p->wts, p->o_, err);
         if (rc < 0)
             return rc;
     } else {
-        wk__cpu_experts(b, e, xn, n, p->ids, p->wts, p->o_);
+        wk__cpu_experts(b, e, xn, n, NULL, p->ids, p->wts, p->o_);
     }
     add_rows(x, p->o_, n * p->c->n_embd);
     return 0;
@@ -422,7 +432,8 @@ int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *e
     p->g = malloc(sizeof(float) * B * nu * ff);
     p->u = malloc(sizeof(float) * B * nu * ff);
     p->dg = malloc(sizeof(float) * B * nu * E);
-    if (!p->o_ || !p->rope || !p->pos || !p->rl || !p->ids || !p->wts || !p->rows || !p->rw || !p->xg || !p->g ||
+    p->pair_at = malloc(sizeof(int64_t) * B);
+    if (!p->pair_at || !p->o_ || !p->rope || !p->pos || !p->rl || !p->ids || !p->wts || !p->rows || !p->rw || !p->xg || !p->g ||
         !p->u || !p->dg) {
         cpu_destroy(&p->b);
         return bl_err_set(err, BL_ENOMEM, "out of memory for the CPU scratch (n_batch %zu)", B);

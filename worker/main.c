@@ -83,22 +83,26 @@ static int peek(worker_t *w, bp_ring_t *r, const void **msg, size_t *n, bl_err_t
 
 /* wk_experts_fn: the rows go to the hosttier, the sums come back. On the step thread,
  * inside wk_model_stage. */
-static int experts_remote(void *ctx, int64_t layer, const float *xn, int64_t n,
+static int experts_remote(void *ctx, int64_t layer, const float *xn, int64_t n, const int32_t *counts,
                           const int32_t *ids, const float *wts, float *out, bl_err_t *err)
 {
     worker_t *w = ctx;
     const bp_step_limits_t *lim = &w->lim;
     uint64_t call = ++w->x_call;
+    int64_t picks = 0;
+    for (int64_t r = 0; r < n; r++)
+        picks += counts ? counts[r] : lim->n_expert_used;
     bp_step_hdr_t h = {.kind = BP_STEP_EXPERTS, .step = call, .n_rows = (int32_t)n,
-                       .width = lim->n_embd, .k = lim->n_expert_used, .layer = (int32_t)layer};
+                       .width = lim->n_embd, .k = (int32_t)picks, .layer = (int32_t)layer};
     bp_step_out_t o;
     int rc = reserve(w, w->x_out, &h, &o, err);
     if (rc)
         return rc;
-    size_t picks = (size_t)n * (size_t)lim->n_expert_used;
     memcpy(o.rows, xn, (size_t)n * (size_t)lim->n_embd * sizeof(float));
-    memcpy(o.ids, ids, picks * sizeof(int32_t));
-    memcpy(o.wts, wts, picks * sizeof(float));
+    for (int64_t r = 0; r < n; r++)
+        o.counts[r] = counts ? counts[r] : lim->n_expert_used;
+    memcpy(o.ids, ids, (size_t)picks * sizeof(int32_t));
+    memcpy(o.wts, wts, (size_t)picks * sizeof(float));
     if ((rc = bp_ring_commit(w->x_out, o.nbytes, err)) != 0)
         return rc;
 

@@ -443,8 +443,8 @@ void wk_model_set_experts(wk_model_t *m, wk_experts_fn fn, void *ctx)
     m->remote = (wk_remote_t){fn, ctx};
 }
 
-int wk_model_experts(wk_model_t *m, int64_t layer, const float *xn, int64_t n, const int32_t *ids,
-                     const float *wts, float *out, bl_err_t *err)
+int wk_model_experts(wk_model_t *m, int64_t layer, const float *xn, int64_t n, const int32_t *counts,
+                     const int32_t *ids, const float *wts, float *out, bl_err_t *err)
 {
     const wk_config_t *c = &m->cfg;
     if (!c->moe)
@@ -463,14 +463,21 @@ int wk_model_experts(wk_model_t *m, int64_t layer, const float *xn, int64_t n, c
                           (long long)m->opts.n_batch);
     if (!xn || !ids || !wts || !out)
         return bl_err_set(err, BL_EINVAL, "experts: a NULL buffer");
-    for (int64_t i = 0; i < n * c->n_expert_used; i++)
-        if (ids[i] < 0 || ids[i] >= c->n_expert)
-            return bl_err_set(err, BL_EINVAL, "row %lld: expert id %d, outside 0..%lld",
-                              (long long)(i / c->n_expert_used), ids[i], (long long)(c->n_expert - 1));
+    for (int64_t r = 0, at = 0; r < n; r++) {
+        const int64_t k = counts ? counts[r] : c->n_expert_used;
+        if (k < 1 || k > c->n_expert_used)
+            return bl_err_set(err, BL_EINVAL, "row %lld: %lld experts, outside 1..%lld", (long long)r, (long long)k,
+                              (long long)c->n_expert_used);
+        for (int64_t i = at; i < at + k; i++)
+            if (ids[i] < 0 || ids[i] >= c->n_expert)
+                return bl_err_set(err, BL_EINVAL, "row %lld: expert id %d, outside 0..%lld", (long long)r, ids[i],
+                                  (long long)(c->n_expert - 1));
+        at += k;
+    }
     if (m->opts.device >= 0)
         return bl_err_set(err, BL_ENOTSUP, "%s: the experts of a model on a card are computed in its steps",
                           m->path);
-    wk__cpu_experts(m->be, &m->w.layers[layer].moe, xn, n, ids, wts, out);
+    wk__cpu_experts(m->be, &m->w.layers[layer].moe, xn, n, counts, ids, wts, out);
     return 0;
 }
 

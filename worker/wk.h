@@ -189,24 +189,27 @@ int wk_model_device_bandwidth(wk_model_t *m, size_t nbytes, double *bytes_per_s,
 
 /* --- pipeline stages and remote experts ------------------------------------------- */
 
-/* Computes the routed experts of n rows for one layer (see wk_model_experts) into
- * out (n, n_embd): the sum over each row's k experts of weight times the expert's
- * SwiGLU FFN of the row. Returns 0 or a negative BL_E* code with err set; a failure
- * fails the step. */
-typedef int (*wk_experts_fn)(void *ctx, int64_t layer, const float *xn, int64_t n,
+/* Computes routed experts of n rows for one layer (see wk_model_experts) into out
+ * (n, n_embd): for each row the sum over its counts[i] (expert, weight) pairs (row
+ * i's follow row i-1's in ids and wts; counts NULL: n_expert_used each) of weight
+ * times the expert's SwiGLU FFN of the row. Returns 0 or a negative BL_E* code with
+ * err set; a failure fails the step. */
+typedef int (*wk_experts_fn)(void *ctx, int64_t layer, const float *xn, int64_t n, const int32_t *counts,
                              const int32_t *ids, const float *wts, float *out, bl_err_t *err);
 
-/* Where a WK_EXPERTS_REMOTE model sends its routed experts; called on the step's
- * thread, inside wk_model_stage. */
+/* Where a WK_EXPERTS_REMOTE model sends the routed experts of its layers that are
+ * not its own; called on the step's thread, inside wk_model_stage. */
 void wk_model_set_experts(wk_model_t *m, wk_experts_fn fn, void *ctx);
 
 /* The hosttier's computation: layer's routed experts for n rows (1..n_batch) of
- * normed hidden states xn (n, n_embd), each row with n_expert_used expert ids (n,
- * k) and weights (n, k), into out (n, n_embd). The bits equal what the same rows
- * get from the experts inside wk_model_eval. Needs WK_EXPERTS_LOCAL or _ONLY.
- * BL_EINVAL (layer or an id out of range, named; a non-MoE model; n outside
- * 1..n_batch; the wrong experts mode). */
-int wk_model_experts(wk_model_t *m, int64_t layer, const float *xn, int64_t n,
+ * normed hidden states xn (n, n_embd), row i with counts[i] (1..n_expert_used)
+ * distinct experts (counts NULL: n_expert_used each), their ids and weights packed
+ * row after row, into out (n, n_embd). With every pair of a row sent, the bits equal
+ * what the same rows get from the experts inside wk_model_eval. Needs the layer's
+ * experts in this process (WK_EXPERTS_LOCAL in its stage, or _ONLY with the layer
+ * listed). BL_EINVAL (layer, a count or an id out of range, named; a non-MoE model;
+ * the wrong experts mode), BL_ERANGE (n outside 1..n_batch). */
+int wk_model_experts(wk_model_t *m, int64_t layer, const float *xn, int64_t n, const int32_t *counts,
                      const int32_t *ids, const float *wts, float *out, bl_err_t *err) BL_WUR;
 
 /* One step of this process's stage over the rows of n_seqs sequences, as

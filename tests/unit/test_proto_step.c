@@ -20,10 +20,11 @@ static const bp_step_limits_t g_lim = {
 static _Alignas(16) uint8_t g_buf[1 << 14];
 static bp_step_seq_t g_seqs[4];
 static int32_t g_ids[16 * 2];
+static int32_t g_counts[16];
 
 static bp_step_in_t fresh_in(void)
 {
-    return (bp_step_in_t){.seqs = g_seqs, .ids = g_ids};
+    return (bp_step_in_t){.seqs = g_seqs, .ids = g_ids, .counts = g_counts};
 }
 
 /* Writes a TOKENS message of two sequences (slot 1: 3 rows at 5, slot 2: 1 row at 0). */
@@ -40,19 +41,39 @@ static size_t write_tokens(uint64_t step)
     return o.nbytes;
 }
 
+/* An EXPERTS message of n rows, each with both of its (expert, weight) pairs. */
 static size_t write_experts(uint64_t step, int32_t layer, int32_t n)
 {
     bl_err_t err = {0};
     bp_step_hdr_t h = {.kind = BP_STEP_EXPERTS, .step = step, .n_rows = n, .width = 8,
-                       .k = 2, .layer = layer};
+                       .k = 2 * n, .layer = layer};
     bp_step_out_t o;
     assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
     for (int i = 0; i < n * 8; i++)
         o.rows[i] = (float)i * 0.5f;
+    for (int i = 0; i < n; i++)
+        o.counts[i] = 2;
     for (int i = 0; i < n * 2; i++) {
         o.ids[i] = i % 6;
         o.wts[i] = 1.0f / (float)(i + 1);
     }
+    return o.nbytes;
+}
+
+/* Rows with 1, 2 and 1 pairs: a worker sends only the experts that are not its own. */
+static size_t write_experts_ragged(void)
+{
+    bl_err_t err = {0};
+    bp_step_hdr_t h = {.kind = BP_STEP_EXPERTS, .step = 3, .n_rows = 3, .width = 8, .k = 4, .layer = 2};
+    bp_step_out_t o;
+    assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
+    for (int i = 0; i < 3 * 8; i++)
+        o.rows[i] = (float)i;
+    const int32_t counts[3] = {1, 2, 1}, ids[4] = {5, 0, 3, 0};
+    memcpy(o.counts, counts, sizeof counts);
+    memcpy(o.ids, ids, sizeof ids);
+    for (int i = 0; i < 4; i++)
+        o.wts[i] = 0.25f * (float)(i + 1);
     return o.nbytes;
 }
 
@@ -133,6 +154,39 @@ static void test_step_experts_round_trip(void **state)
     assert_int_equal(g_ids[5], 5);
     assert_true(in.wts[1] == 0.5f);
     assert_true(in.rows[23] == 11.5f);
+}
+
+static void test_step_experts_with_a_count_per_row(void **state)
+{
+    (void)state;
+    size_t n = write_experts_ragged();
+    bl_err_t err = {0};
+    bp_step_in_t in = fresh_in();
+    assert_int_equal(bp_step_parse(g_buf, n, &g_lim, BP_STEP_EXPERTS, 3, &in, &err), 0);
+    assert_int_equal(in.hdr.k, 4);
+    assert_int_equal(g_counts[0], 1);
+    assert_int_equal(g_counts[1], 2);
+    assert_int_equal(g_ids[3], 0);
+    assert_true(in.wts[3] == 1.0f);
+
+    bp_step_hdr_t *h = (bp_step_hdr_t *)g_buf;
+    bp_step_layout_t lay;
+    assert_int_equal(bp_step_layout(h, &lay, &err), 0);
+    int32_t *counts = (int32_t *)(g_buf + lay.counts), *ids = (int32_t *)(g_buf + lay.ids);
+    counts[0] = 0; /* a row without a pair */
+    expect_proto(n, BP_STEP_EXPERTS, 3, "counts[]");
+    counts[0] = 3; /* more than the model's experts per row */
+    expect_proto(n, BP_STEP_EXPERTS, 3, "counts[]");
+    counts[0] = 2; /* counts that do not sum to k */
+    expect_proto(n, BP_STEP_EXPERTS, 3, "sum of the rows' counts");
+    counts[0] = 1;
+    ids[2] = 0; /* row 1: expert 0 twice */
+    expect_proto(n, BP_STEP_EXPERTS, 3, "twice");
+    ids[2] = 3;
+    h->k = 2; /* fewer pairs than rows */
+    expect_proto(n, BP_STEP_EXPERTS, 3, "k");
+    h->k = 7; /* more than n_rows * n_expert_used */
+    expect_proto(n, BP_STEP_EXPERTS, 3, "k");
 }
 
 static void test_step_error_through_ring(void **state)
@@ -262,9 +316,9 @@ static void test_step_rejects_bad_ids(void **state)
     h->layer = 3;
     expect_proto(n, BP_STEP_EXPERTS, 1, "layer");
     h->layer = 0;
-    h->k = 3;
+    h->k = 5;
     expect_proto(n, BP_STEP_EXPERTS, 1, "k");
-    h->k = 2;
+    h->k = 4;
     h->width = 9;
     expect_proto(n, BP_STEP_EXPERTS, 1, "width");
 }
@@ -311,6 +365,7 @@ int main(void)
         cmocka_unit_test(test_step_tokens_round_trip),
         cmocka_unit_test(test_step_hidden_logits_sums_round_trip),
         cmocka_unit_test(test_step_experts_round_trip),
+        cmocka_unit_test(test_step_experts_with_a_count_per_row),
         cmocka_unit_test(test_step_error_through_ring),
         cmocka_unit_test(test_step_rejects_truncated_and_oversized),
         cmocka_unit_test(test_step_rejects_bad_header),

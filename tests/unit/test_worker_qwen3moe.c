@@ -721,10 +721,10 @@ static wk_model_t *load_opts(const char *name, int64_t lb, int64_t le, int exper
 
 /* The remote-experts callback of the test: the "hosttier" is another model in the
  * same process, loaded for its experts only. */
-static int experts_cb(void *ctx, int64_t layer, const float *xn, int64_t n, const int32_t *ids,
-                      const float *wts, float *out, bl_err_t *err)
+static int experts_cb(void *ctx, int64_t layer, const float *xn, int64_t n, const int32_t *counts,
+                      const int32_t *ids, const float *wts, float *out, bl_err_t *err)
 {
-    return wk_model_experts(ctx, layer, xn, n, ids, wts, out, err);
+    return wk_model_experts(ctx, layer, xn, n, counts, ids, wts, out, err);
 }
 
 /* Runs a 2-sequence prompt step and three decode steps through stages[0..ns) (each
@@ -843,12 +843,39 @@ static void test_qwen3moe_stage_refusals(void **state)
     float xn[4096] = {0}, out[4096], wts[16] = {0};
     int32_t ids[16] = {0};
     ids[0] = (int32_t)c->n_expert;
-    assert_int_equal(wk_model_experts(ht, 0, xn, 1, ids, wts, out, &err), BL_EINVAL);
+    assert_int_equal(wk_model_experts(ht, 0, xn, 1, NULL, ids, wts, out, &err), BL_EINVAL);
     assert_non_null(strstr(err.msg, "expert id"));
     ids[0] = 0;
-    assert_int_equal(wk_model_experts(ht, c->n_layer, xn, 1, ids, wts, out, &err), BL_EINVAL);
-    assert_int_equal(wk_model_experts(ht, 0, xn, 0, ids, wts, out, &err), BL_ERANGE);
-    assert_int_equal(wk_model_experts(ht, 0, xn, 1, ids, wts, out, &err), 0);
+    assert_int_equal(wk_model_experts(ht, c->n_layer, xn, 1, NULL, ids, wts, out, &err), BL_EINVAL);
+    assert_int_equal(wk_model_experts(ht, 0, xn, 0, NULL, ids, wts, out, &err), BL_ERANGE);
+    assert_int_equal(wk_model_experts(ht, 0, xn, 1, NULL, ids, wts, out, &err), 0);
+
+    /* A count per row: all of a row's pairs give the bits of the fixed count; its
+     * pairs split over two calls sum to the same within rounding; a count outside
+     * 1..n_expert_used is refused. */
+    const int64_t K = c->n_expert_used, E = c->n_embd;
+    for (int64_t j = 0; j < E; j++)
+        xn[j] = (float)((j * 7919) % 101) / 50.0f - 1.0f;
+    for (int64_t j = 0; j < K; j++) {
+        ids[j] = (int32_t)((j * 3 + 1) % c->n_expert);
+        wts[j] = 1.0f / (float)(j + 2);
+    }
+    static float full[4096], part_a[4096], part_b[4096];
+    int32_t cnt = (int32_t)K;
+    assert_int_equal(wk_model_experts(ht, 1, xn, 1, NULL, ids, wts, full, &err), 0);
+    assert_int_equal(wk_model_experts(ht, 1, xn, 1, &cnt, ids, wts, out, &err), 0);
+    assert_memory_equal(full, out, sizeof(float) * (size_t)E);
+    const int32_t ca = (int32_t)(K / 2 > 0 ? K / 2 : 1), cb = (int32_t)K - ca;
+    assert_int_equal(wk_model_experts(ht, 1, xn, 1, &ca, ids, wts, part_a, &err), 0);
+    if (cb > 0) {
+        assert_int_equal(wk_model_experts(ht, 1, xn, 1, &cb, ids + ca, wts + ca, part_b, &err), 0);
+        for (int64_t j = 0; j < E; j++)
+            assert_true(fabsf(part_a[j] + part_b[j] - full[j]) <= 1e-4f * (1.0f + fabsf(full[j])));
+    }
+    cnt = 0;
+    assert_int_equal(wk_model_experts(ht, 1, xn, 1, &cnt, ids, wts, out, &err), BL_EINVAL);
+    cnt = (int32_t)K + 1;
+    assert_int_equal(wk_model_experts(ht, 1, xn, 1, &cnt, ids, wts, out, &err), BL_EINVAL);
     wk_model_free(ht);
 }
 
