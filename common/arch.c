@@ -6,6 +6,7 @@
 
 #include "arch.h"
 #include "gguf.h"
+#include "quant.h"
 
 /* ARCH.key as a u32 in 1..max; a missing key is an error unless def > 0. */
 static int get_dim(const bl_gguf_t *g, const char *arch, const char *key, int64_t def, int64_t max,
@@ -174,3 +175,51 @@ const char *bl_role_name(bl_role_t r)
     }
     return "other";
 }
+
+static void shape_str(char *buf, size_t len, const int64_t ne[4])
+{
+    snprintf(buf, len, "[%lld, %lld, %lld, %lld]", (long long)ne[0], (long long)ne[1],
+             (long long)ne[2], (long long)ne[3]);
+}
+
+/* Finds name and checks its shape (ne0, ne1, ne2; 1 for an unused dimension) and
+ * type: f32 only when need_f32, else any type with a reference dequantizer. */
+int bl_arch_tensor(const bl_gguf_t *g, const char *path, const char *name, int64_t ne0, int64_t ne1, int64_t ne2,
+                   int need_f32, const bl_gguf_tensor_t **out, bl_err_t *err)
+{
+    const bl_gguf_tensor_t *t = bl_gguf_find_tensor(g, name);
+    if (!t)
+        return bl_err_set(err, BL_ENOENT, "%s: tensor '%s' is missing", path, name);
+    const int64_t want[4] = {ne0, ne1, ne2, 1};
+    if (memcmp(want, t->ne, sizeof want) != 0) {
+        char a[96], b[96];
+        shape_str(a, sizeof a, t->ne);
+        shape_str(b, sizeof b, want);
+        return bl_err_set(err, BL_EINVAL, "%s: tensor '%s' has shape %s, expected %s", path,
+                          name, a, b);
+    }
+    const bl_type_info_t *ti = bl_type_info(t->type);
+    if (need_f32 && t->type != BL_TYPE_F32)
+        return bl_err_set(err, BL_EINVAL, "%s: tensor '%s' has type %s, expected f32", path,
+                          name, ti ? ti->name : "?");
+    if (!ti || !ti->has_dequant)
+        return bl_err_set(err, BL_ENOTSUP, "%s: tensor '%s' has type %s, which has no dequantizer",
+                          path, name, ti ? ti->name : "?");
+    /* A file may declare an alignment of 1 or 2; the kernels read floats and halves
+     * in place, so the data must sit on a 4-byte boundary. */
+    if ((uintptr_t)t->data % 4 != 0)
+        return bl_err_set(err, BL_EINVAL, "%s: tensor '%s' data at file offset %llu is not 4-byte aligned",
+                          path, name, (unsigned long long)t->file_offset);
+    size_t rb;
+    int rc = bl_row_bytes(t->type, ne0, &rb, err);
+    if (rc < 0)
+        return bl_err_set(err, rc, "%s: tensor '%s': rows of %lld are not whole %s blocks", path,
+                          name, (long long)ne0, ti->name);
+    if ((uint64_t)rb * (uint64_t)ne1 * (uint64_t)ne2 != t->nbytes)
+        return bl_err_set(err, BL_EINVAL, "%s: tensor '%s' holds %llu bytes, expected %llu",
+                          path, name, (unsigned long long)t->nbytes,
+                          (unsigned long long)((uint64_t)rb * (uint64_t)ne1 * (uint64_t)ne2));
+    *out = t;
+    return 0;
+}
+

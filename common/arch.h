@@ -52,6 +52,14 @@ typedef struct bl_arch {
  * out of its range, named), BL_EINVAL (inconsistent heads or experts). */
 int bl_arch_read(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *err) BL_WUR;
 
+/* The tensor name of g, checked for shape (ne0, ne1, ne2; 1 for an unused
+ * dimension), for type (f32 when need_f32, else any type with a reference
+ * dequantizer), for whole blocks per row and its size, and for data on a 4-byte
+ * boundary; *out points at its info. BL_ENOENT (missing), BL_EINVAL (shape, type,
+ * size, alignment: both shapes named), BL_ENOTSUP (a type without a dequantizer). */
+int bl_arch_tensor(const bl_gguf_t *g, const char *path, const char *name, int64_t ne0, int64_t ne1, int64_t ne2,
+                   int need_f32, const bl_gguf_tensor_t **out, bl_err_t *err) BL_WUR;
+
 /* A tensor's part in the model. */
 typedef enum bl_role {
     BL_ROLE_OTHER = 0,   /* not a tensor the architecture reads */

@@ -1,7 +1,7 @@
 /* bloomery-hosttier: the routed experts in host RAM. Started by the router with one
  * ring pair per worker at known fds (proto/step.h); it says Hello, takes the Plan,
  * loads only the experts' weights, reports Ready, then its ring thread serves every
- * worker: pop rows, compute their experts (wk_model_experts), push the sums. The
+ * worker: pop rows, compute their experts (store.c), push the sums. The
  * main thread is the control thread and owns the ZeroMQ socket. A bad request is
  * answered with an error message on that worker's ring, never an exit. */
 #include <pthread.h>
@@ -20,7 +20,7 @@
 #include "child.h"
 #include "log.h"
 #include "step.h"
-#include "wk.h"
+#include "store.h"
 
 #define POLL_US 100000
 /* With several workers no single futex can be waited on, so the ring thread polls
@@ -32,7 +32,7 @@
 /* The hosttier. The ring thread owns the rings and ids; the control thread owns ctl. */
 typedef struct hosttier {
     bp_child_t ctl;   /* control plane */
-    wk_model_t *m;
+    ht_store_t *store;
     bp_step_limits_t lim;
     int n_pairs;
     bp_ring_t **req;  /* (n_pairs) worker i's rows, consumer */
@@ -75,7 +75,7 @@ static void serve(hosttier_t *h, int i, const void *msg, size_t nbytes)
             break;
     }
     if (rc == 0)
-        rc = wk_model_experts(h->m, in.hdr.layer, in.rows, in.hdr.n_rows, h->counts, h->ids, in.wts,
+        rc = ht_store_experts(h->store, in.hdr.layer, in.rows, in.hdr.n_rows, h->counts, h->ids, in.wts,
                               o.rows, &err);
     if (rc == 0 && (rc = bp_ring_commit(h->rep[i], o.nbytes, &err)) == 0) {
         atomic_fetch_add_explicit(&h->n_calls, 1, memory_order_relaxed);
@@ -154,13 +154,6 @@ static int load(hosttier_t *h, const Bloomery__Plan *p, int n_threads, bl_err_t 
     }
     struct stat sb;
     uint64_t total = stat(p->model_path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
-    wk_model_opts_t o;
-    wk_model_opts_default(&o);
-    o.n_threads = n_threads > 0 ? n_threads : (p->threads ? (int)p->threads : 1);
-    if (p->n_batch)
-        o.n_batch = p->n_batch;
-    o.n_ctx_max = p->n_ctx;
-    o.experts = WK_EXPERTS_ONLY;
     /* only the layers the placements put in host RAM (all when none is listed) */
     static uint8_t host[BP_PLAN_MAX_LAYERS];
     if (p->n_layers > BP_PLAN_MAX_LAYERS)
@@ -168,24 +161,22 @@ static int load(hosttier_t *h, const Bloomery__Plan *p, int n_threads, bl_err_t 
     int rc = bp_plan_host_layers(p, host, err);
     if (rc)
         return rc;
-    if (p->n_placements > 0)
-        o.experts_host = host;
-    o.no_mmap = p->no_mmap;
-    o.mlock = p->mlock;
-    rc = wk_model_load(&h->m, p->model_path, &o, err);
-    if (rc)
+    const int64_t n_batch = p->n_batch ? p->n_batch : 512;
+    const ht_store_opts_t so = {.path = p->model_path, .layers = p->n_placements > 0 ? host : NULL,
+                                .n_threads = n_threads > 0 ? n_threads : (p->threads ? (int)p->threads : 1),
+                                .n_batch = n_batch, .no_mmap = p->no_mmap, .mlock = p->mlock};
+    if ((rc = ht_store_open(&h->store, &so, err)) != 0)
         return rc;
-    const wk_config_t *c = wk_model_config(h->m);
-    if (!c->moe)
-        return bl_err_set(err, BL_EINVAL, "%s: a dense model has no routed experts",
-                          p->model_path);
-    h->lim = (bp_step_limits_t){.n_slots = (int32_t)p->n_slots, .n_batch = (int32_t)o.n_batch,
+    const bl_arch_t *c = ht_store_arch(h->store);
+    if ((uint64_t)c->n_layer != p->n_layers)
+        return bl_err_set(err, BL_EINVAL, "plan: %u layers, the model has %lld", p->n_layers, (long long)c->n_layer);
+    h->lim = (bp_step_limits_t){.n_slots = (int32_t)p->n_slots, .n_batch = (int32_t)n_batch,
                                 .n_ctx = p->n_ctx, .n_embd = (int32_t)c->n_embd,
                                 .n_vocab = (int32_t)c->n_vocab, .n_layer = (int32_t)c->n_layer,
                                 .n_expert = (int32_t)c->n_expert,
                                 .n_expert_used = (int32_t)c->n_expert_used};
-    h->ids = calloc((size_t)o.n_batch * (size_t)c->n_expert_used, sizeof *h->ids);
-    h->counts = calloc((size_t)o.n_batch, sizeof *h->counts);
+    h->ids = calloc((size_t)n_batch * (size_t)c->n_expert_used, sizeof *h->ids);
+    h->counts = calloc((size_t)n_batch, sizeof *h->counts);
     if (!h->ids || !h->counts)
         return bl_err_set(err, BL_ENOMEM, "ids: out of memory");
     bp_child_progress(&h->ctl, total, total, "experts");
@@ -213,7 +204,7 @@ static void hosttier_free(hosttier_t *h)
     free(h->rep);
     free(h->ids);
     free(h->counts);
-    wk_model_free(h->m);
+    ht_store_close(h->store);
     bp_child_stop(&h->ctl);
 }
 
@@ -272,7 +263,7 @@ int main(int argc, char **argv)
         return 1;
     }
     bp_child_ready(&h.ctl, 0, 0);
-    BL_LOG(BL_LOG_INFO, "event=ready workers=%d kernels=%s", h.n_pairs, wk_model_kernels(h.m));
+    BL_LOG(BL_LOG_INFO, "event=ready workers=%d kernels=%s", h.n_pairs, ht_store_kernels(h.store));
 
     pthread_t th;
     if (pthread_create(&th, NULL, ring_main, &h) != 0) {

@@ -527,8 +527,7 @@ static json_t *placement_json(const bl_plan_t *p)
 }
 
 /* The placement (common/plan.c) from the placement flags, the model's file and the
- * devices bloomery-worker reports, printed at start. What the workers cannot run
- * yet, routed experts in host RAM beside a card, is refused with the plan shown. */
+ * devices bloomery-worker reports, printed at start. */
 static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64_t n_ctx, uint32_t kv_type,
                  int64_t rows, bl_plan_t *plan, bl_device_t *devs, int *n_devs, bl_err_t *err)
 {
@@ -561,14 +560,6 @@ static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64
         *nl = '\0';
         BL_LOG(BL_LOG_INFO, "event=plan %s", line);
     }
-    for (int i = 0; i < plan->n_stages; i++)
-        if (plan->stage[i].device >= 0)
-            for (int64_t l = plan->stage[i].lb; l < plan->stage[i].le; l++)
-                if (bl_plan_layer_host(plan, l))
-                    return bl_err_set(err, BL_ENOTSUP, "the plan puts the routed experts of layer %lld in host RAM "
-                                      "beside CUDA%d, which this build does not run yet (the card's stage computes "
-                                      "every expert of its layers): use -ngl 0, or a card that holds the stage",
-                                      (long long)l, plan->stage[i].device);
     if (plan->n_stages > RT_CLUSTER_MAX_STAGES)
         return bl_err_set(err, BL_EINVAL, "the plan has %d stages (at most %d)", plan->n_stages, RT_CLUSTER_MAX_STAGES);
     return 0;

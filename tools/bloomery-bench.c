@@ -386,11 +386,13 @@ int main(int argc, char **argv)
 
     /* Where the layers go: the server's plan from the same flags, for one stage. */
     int device = WK_DEVICE_CPU;
+    bl_place_opts_t po = {.n_ctx_total = max_d + max_n + (b.profile ? 544 : 0), .kv_elem_bytes = 2.0,
+                          .n_batch = b.n_batch};
     {
-        bl_place_opts_t po = {.n_ctx_total = max_d + max_n + (b.profile ? 544 : 0), .kv_elem_bytes = 2.0,
-                              .n_batch = b.n_batch};
         char text[4096];
-        if (bl_plan_opts(&po, &b.place, &err) || wk_place_one(b.model, &po, &device, text, sizeof text, &err)) {
+        static uint8_t host[BL_ARCH_MAX_LAYERS];
+        if (bl_plan_opts(&po, &b.place, &err) ||
+            wk_place_one(b.model, &po, &device, host, sizeof host, text, sizeof text, &err)) {
             fprintf(stderr, "bloomery-bench: %s\n", err.msg);
             return 1;
         }
@@ -426,14 +428,16 @@ int main(int argc, char **argv)
         mo.n_ctx_max = max_d + max_n + (b.profile ? 544 : 0);
         mo.device = device;
         mo.flash_attn = b.flash_attn;
-        wk_model_t *m = NULL;
+        wk_placed_t pl;
         wk_kv_t *kv = NULL;
-        if (wk_model_load(&m, b.model, &mo, &err) ||
-            wk_kv_create(&kv, m, mo.n_ctx_max, WK_KV_F16, &err)) {
-            wk_model_free(m);
+        char text[4096];
+        if (wk_load_placed(&pl, b.model, &mo, &po, text, sizeof text, &err) ||
+            wk_kv_create(&kv, pl.m, mo.n_ctx_max, WK_KV_F16, &err)) {
+            wk_placed_free(&pl);
             fprintf(stderr, "bloomery-bench: %s\n", err.msg);
             goto done;
         }
+        wk_model_t *m = pl.m;
         const wk_config_t *cfg = wk_model_config(m);
         mb = count_bytes(wk_model_gguf(m), cfg);
         ftype_name(wk_model_gguf(m), ftype, sizeof ftype);
@@ -442,7 +446,7 @@ int main(int argc, char **argv)
         logits = malloc((size_t)cfg->n_vocab * sizeof *logits);
         if (!logits) {
             wk_kv_free(kv);
-            wk_model_free(m);
+            wk_placed_free(&pl);
             goto oom;
         }
         for (int pass = 0; pass < 2; pass++) {
@@ -454,7 +458,7 @@ int main(int argc, char **argv)
                              logits, tokens, r, &err)) {
                     fprintf(stderr, "bloomery-bench: %s\n", err.msg);
                     wk_kv_free(kv);
-                    wk_model_free(m);
+                    wk_placed_free(&pl);
                     goto done;
                 }
                 if (pass == 1 && r->mean > tg_best) {
@@ -464,7 +468,7 @@ int main(int argc, char **argv)
                     tg_best_depth = r->depth;
                     memcpy(tg_best_test, r->test, sizeof tg_best_test);
                 }
-                const char *backend = device >= 0 ? "CUDA" : "CPU";
+                const char *backend = device >= 0 ? (pl.ex ? "CUDA+host" : "CUDA") : "CPU";
                 if (md)
                     printf("| %s %.2fB %s | %.2f GiB | %.2f B | %s (%s) | %lld | %s | %.2f ± %.2f |\n",
                            arch, mb.params / 1e9, ftype, mb.total / (1 << 30), mb.params / 1e9, backend,
@@ -484,7 +488,7 @@ int main(int argc, char **argv)
         if (device >= 0 && b.profile && profile_decode(m, kv, logits, tokens, max_n, &err) != 0)
             fprintf(stderr, "bloomery-bench: profile: %s\n", err.msg);
         wk_kv_free(kv);
-        wk_model_free(m);
+        wk_placed_free(&pl);
     }
 
     if (!b.no_roofline && tg_best > 0) {

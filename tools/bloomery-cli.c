@@ -180,6 +180,7 @@ static int run(cli_t *c)
 {
     bl_err_t err = {0};
     int rc = 1;
+    wk_placed_t pl = {0};
     wk_model_t *m = NULL;
     wk_kv_t *kv = NULL;
     rt_tokenizer_t *tok = NULL;
@@ -218,14 +219,17 @@ static int run(cli_t *c)
     /* where the layers go: the server's plan from the same flags, for one stage */
     bl_place_opts_t po = {.n_ctx_total = c->n_ctx, .kv_elem_bytes = 2.0, .n_batch = c->n_batch};
     char plan_text[4096];
-    if (bl_plan_opts(&po, &c->place, &err) || wk_place_one(c->model, &po, &mo.device, plan_text, sizeof plan_text, &err))
+    static uint8_t host[BL_ARCH_MAX_LAYERS];
+    if (bl_plan_opts(&po, &c->place, &err) ||
+        wk_place_one(c->model, &po, &mo.device, host, sizeof host, plan_text, sizeof plan_text, &err))
         goto fail;
     mo.flash_attn = c->flash_attn;
     if (mo.device >= 0 && !c->cache_type_k) /* the card keeps f16 caches only */
         kv_type = WK_KV_F16;
     double t0 = now_s();
-    if (wk_model_load(&m, c->model, &mo, &err))
+    if (wk_load_placed(&pl, c->model, &mo, &po, plan_text, sizeof plan_text, &err))
         goto fail;
+    m = pl.m;
     const wk_config_t *cfg = wk_model_config(m);
     if (rt_tokenizer_from_gguf(&tok, wk_model_gguf(m), &err))
         goto fail;
@@ -403,7 +407,7 @@ done:
     rt_tokenizer_destroy(tok);
     free(grammar);
     wk_kv_free(kv);
-    wk_model_free(m);
+    wk_placed_free(&pl);
     return rc;
 }
 

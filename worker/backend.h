@@ -138,6 +138,7 @@ typedef struct wk_backend_cfg {
     const wk_config_t *c;
     const wk_model_opts_t *o;
     int64_t lb, le; /* the stage's layers */
+    int remote;     /* some layer's routed experts go through the remote hook */
 } wk_backend_cfg_t;
 
 struct wk_backend {

@@ -12,17 +12,6 @@
 #include "model.h"
 #include "quant.h"
 
-/* Most experts one step's rows may use for the grouped path of moe: a job list of
- * gate and up per expert must fit kcpu_matmul_many. */
-#define MOE_GROUP_MAX (KCPU_MM_MAX_JOBS / 2)
-
-/* The grouped expert pass's job list (kept out of the stack: it is large). */
-typedef struct moe_jobs {
-    kcpu_mat_t gate[MOE_GROUP_MAX], up[MOE_GROUP_MAX], down[MOE_GROUP_MAX];
-    kcpu_mm_job_t job[2 * MOE_GROUP_MAX];
-    int64_t at[MOE_GROUP_MAX], cnt[MOE_GROUP_MAX];
-} moe_jobs_t;
-
 typedef struct cpu {
     wk_backend_t b;
     const wk_config_t *c;
@@ -39,14 +28,10 @@ typedef struct cpu {
     float *rl;    // (n_batch, n_expert) router logits
     int32_t *ids; // (n_batch, n_expert_used) selected experts
     float *wts;   // (n_batch, n_expert_used) their weights
-    int32_t *rows; // (n_batch * n_expert_used) rows routed to each expert, expert by expert
-    float *rw;    // (n_batch * n_expert_used) and their weights
-    float *xg;    // (n_batch, n_embd) rows gathered (norm before the head, expert fallback)
-    float *g;     // (n_batch * n_expert_used, ffn width) gate, then SwiGLU output
-    float *u;     // (n_batch * n_expert_used, ffn width) up
-    float *dg;    // (n_batch * n_expert_used, n_embd) down
-    int64_t *pair_at; // (n_batch) where each row's (expert, weight) pairs start
-    moe_jobs_t jobs;
+    float *xg;    // (n_batch, n_embd) the rows the head norms
+    float *g;     // (n_batch, n_ff) dense gate, then SwiGLU output
+    float *u;     // (n_batch, n_ff) dense up
+    kcpu_experts_scratch_t *xs; /* the routed experts' scratch (qwen3moe) */
 } cpu_t;
 
 static const char *cpu_name(const wk_backend_t *b)
@@ -62,8 +47,8 @@ static void cpu_destroy(wk_backend_t *b)
     for (int i = 0; i < p->n_allocs; i++)
         free(p->allocs[i]);
     free(p->allocs);
-    void *bufs[] = {p->o_, p->rope, p->pos, p->rl, p->ids, p->wts, p->rows, p->rw, p->xg, p->g, p->u, p->dg,
-                    p->pair_at};
+    kcpu_experts_scratch_destroy(p->xs);
+    void *bufs[] = {p->o_, p->rope, p->pos, p->rl, p->ids, p->wts, p->xg, p->g, p->u};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(p);
@@ -257,95 +242,15 @@ static int cpu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *
     return 0;
 }
 
-/* Routed experts for n rows of xn (n, n_embd), each with K expert ids and weights,
- * into out (n, n_embd). Rows are grouped by expert so each expert's weights are
- * read once per batch; each row's sum runs in expert-id order. All experts'
- * products go to the threads together, in two passes (gate and up of every expert,
- * then every down) rather than two per product: the experts read their rows of xn
- * in place, quantized once for all of them. A model with more experts than a job
- * list holds runs expert by expert; both compute the same products on the same
- * data, so they give the same bits, and so does the hosttier. */
+/* The routed experts of n rows (kcpu_experts, the same code the hosttier runs, so a
+ * layer's experts give the same bits in either process). */
 void wk__cpu_experts(wk_backend_t *b, const wk_moe_t *e, const float *xn, int64_t n, const int32_t *counts,
                      const int32_t *ids, const float *wts, float *out)
 {
     cpu_t *p = (cpu_t *)b;
-    const int64_t E = p->c->n_embd, F = e->n_ff, K = e->n_used;
-    memset(out, 0, sizeof(float) * (size_t)(n * E));
-    /* row r's pairs: [at[r], at[r] + cnt(r)) of ids and wts */
-    int64_t *at = p->pair_at;
-    for (int64_t r = 0, a = 0; r < n; r++) {
-        at[r] = a;
-        a += counts ? counts[r] : K;
-    }
-#define CNT(r) (counts ? (int64_t)counts[r] : K)
-    if (e->n_expert <= MOE_GROUP_MAX) {
-        moe_jobs_t *sj = &p->jobs;
-        int64_t total = 0;
-        int ne = 0;
-        for (int64_t x = 0; x < e->n_expert; x++) {
-            int64_t k = 0;
-            for (int64_t r = 0; r < n; r++)
-                for (int64_t j = at[r]; j < at[r] + CNT(r); j++)
-                    if (ids[j] == x) {
-                        p->rows[total + k] = (int32_t)r;
-                        p->rw[total + k] = wts[j];
-                        k++;
-                    }
-            if (k == 0)
-                continue;
-            sj->gate[ne] = kcpu_mat_rows(&e->gate_exps.h, x * F, F);
-            sj->up[ne] = kcpu_mat_rows(&e->up_exps.h, x * F, F);
-            sj->down[ne] = kcpu_mat_rows(&e->down_exps.h, x * E, E);
-            sj->job[2 * ne] = (kcpu_mm_job_t){.w = &sj->gate[ne], .x = xn, .nx = n,
-                                              .rows = p->rows + total, .n = k, .y = p->g + total * F};
-            sj->job[2 * ne + 1] = (kcpu_mm_job_t){.w = &sj->up[ne], .x = xn, .nx = n,
-                                                  .rows = p->rows + total, .n = k, .y = p->u + total * F};
-            sj->at[ne] = total;
-            sj->cnt[ne] = k;
-            total += k;
-            ne++;
-        }
-        kcpu_matmul_many(p->kc, sj->job, 2 * ne);
-        kcpu_swiglu(p->g, p->g, p->u, total * F);
-        for (int i = 0; i < ne; i++)
-            sj->job[i] = (kcpu_mm_job_t){.w = &sj->down[i], .x = p->g + sj->at[i] * F, .n = sj->cnt[i],
-                                         .y = p->dg + sj->at[i] * E};
-        kcpu_matmul_many(p->kc, sj->job, ne);
-        for (int64_t i = 0; i < total; i++) {
-            float *o = out + (int64_t)p->rows[i] * E;
-            const float *d = p->dg + i * E;
-            for (int64_t j = 0; j < E; j++)
-                o[j] += p->rw[i] * d[j];
-        }
-        return;
-    }
-    for (int64_t x = 0; x < e->n_expert; x++) {
-        int64_t cnt = 0;
-        for (int64_t r = 0; r < n; r++)
-            for (int64_t j = at[r]; j < at[r] + CNT(r); j++)
-                if (ids[j] == x) {
-                    p->rows[cnt] = (int32_t)r;
-                    p->rw[cnt] = wts[j];
-                    memcpy(p->xg + cnt * E, xn + r * E, sizeof(float) * (size_t)E);
-                    cnt++;
-                }
-#undef CNT
-        if (cnt == 0)
-            continue;
-        const kcpu_mat_t gate = kcpu_mat_rows(&e->gate_exps.h, x * F, F);
-        const kcpu_mat_t up = kcpu_mat_rows(&e->up_exps.h, x * F, F);
-        const kcpu_mat_t down = kcpu_mat_rows(&e->down_exps.h, x * E, E);
-        kcpu_matmul(p->kc, &gate, p->xg, cnt, p->g);
-        kcpu_matmul(p->kc, &up, p->xg, cnt, p->u);
-        kcpu_swiglu(p->g, p->g, p->u, cnt * F);
-        kcpu_matmul(p->kc, &down, p->g, cnt, p->dg);
-        for (int64_t i = 0; i < cnt; i++) {
-            float *o = out + (int64_t)p->rows[i] * E;
-            const float *d = p->dg + i * E;
-            for (int64_t j = 0; j < E; j++)
-                o[j] += p->rw[i] * d[j];
-        }
-    }
+    const kcpu_experts_t x = {.gate = e->gate_exps.h, .up = e->up_exps.h, .down = e->down_exps.h,
+                              .n_expert = e->n_expert, .n_ff = e->n_ff, .n_embd = p->c->n_embd};
+    kcpu_experts(p->kc, p->xs, &x, xn, n, counts, e->n_used, ids, wts, out);
 }
 
 /* The gate and top-k here, the experts here or through the remote hook. */
@@ -418,7 +323,7 @@ int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *e
     p->o = o;
     p->lb = cfg->lb;
     const size_t B = (size_t)o->n_batch, E = (size_t)c->n_embd;
-    const size_t ff = (size_t)(c->moe ? c->n_ff_exp : c->n_ff);
+    const size_t ff = (size_t)(c->moe ? 1 : c->n_ff);
     const size_t ne = (size_t)(c->moe ? c->n_expert : 1), nu = (size_t)(c->moe ? c->n_expert_used : 1);
     p->o_ = malloc(sizeof(float) * B * E);
     p->rope = malloc(sizeof(float) * B * (size_t)c->head_dim);
@@ -426,15 +331,10 @@ int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *e
     p->rl = malloc(sizeof(float) * B * ne);
     p->ids = malloc(sizeof(int32_t) * B * nu);
     p->wts = malloc(sizeof(float) * B * nu);
-    p->rows = malloc(sizeof(int32_t) * B * nu);
-    p->rw = malloc(sizeof(float) * B * nu);
     p->xg = malloc(sizeof(float) * B * E);
-    p->g = malloc(sizeof(float) * B * nu * ff);
-    p->u = malloc(sizeof(float) * B * nu * ff);
-    p->dg = malloc(sizeof(float) * B * nu * E);
-    p->pair_at = malloc(sizeof(int64_t) * B);
-    if (!p->pair_at || !p->o_ || !p->rope || !p->pos || !p->rl || !p->ids || !p->wts || !p->rows || !p->rw || !p->xg || !p->g ||
-        !p->u || !p->dg) {
+    p->g = malloc(sizeof(float) * B * ff);
+    p->u = malloc(sizeof(float) * B * ff);
+    if (!p->o_ || !p->rope || !p->pos || !p->rl || !p->ids || !p->wts || !p->xg || !p->g || !p->u) {
         cpu_destroy(&p->b);
         return bl_err_set(err, BL_ENOMEM, "out of memory for the CPU scratch (n_batch %zu)", B);
     }
@@ -448,6 +348,8 @@ int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *e
     /* one pool as large as the larger count; each step runs on the count it needs */
     const int nt_max = o->n_threads_batch > o->n_threads ? o->n_threads_batch : o->n_threads;
     int rc = kcpu_ctx_create(&p->kc, nt_max, mode, &lim, err);
+    if (rc == 0 && c->moe)
+        rc = kcpu_experts_scratch_create(&p->xs, o->n_batch, c->n_expert_used, c->n_embd, c->n_ff_exp, err);
     if (rc < 0) {
         cpu_destroy(&p->b);
         return rc;

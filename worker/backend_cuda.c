@@ -17,6 +17,7 @@
  *   reference the GEMM path is checked against).
  * The residual stream stays f32; the KV cache is f16. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +67,17 @@ typedef struct upload {
     int stack;      /* the first of a stack: how many follow it in the run (0, 2, 3) */
 } upload_t;
 
+struct cuda;
+
+/* One host round trip of a MoE layer: what the host node of a step reads. One per
+ * (graph row count, layer) and one per layer for steps enqueued directly, so that a
+ * captured node's context stays what it was captured with. */
+typedef struct hcall {
+    struct cuda *cu;
+    const wk_remote_t *remote;
+    int64_t layer, n;
+} hcall_t;
+
 typedef struct cuda {
     wk_backend_t b;
     const char *path;
@@ -111,6 +123,15 @@ typedef struct cuda {
     int32_t *d_tokens, *h_tokens, *d_pos, *h_pos;
     size_t kv_row_bytes;     /* an f16 cache row: n_head_kv * head_dim halves */
     void *graphs[GRAPH_MAX_ROWS + 1][N_BUCKETS];
+    /* routed experts in host RAM (cfg->remote): the rows, ids and weights go to pinned
+     * memory, a host node hands them to the remote hook and waits for the sums, which
+     * come back and are added onto the residual */
+    int remote;
+    float *h_x, *h_wts, *h_sums, *d_sums;
+    int32_t *h_ids;
+    hcall_t *hc;          /* ((GRAPH_MAX_ROWS + 2) * (le - lb)): row 0 for direct steps */
+    _Atomic int host_rc;  /* the first host call's failure in this step, or 0 */
+    bl_err_t host_err;
     /* the step running */
     const wk_step_t *st;
     int mode;
@@ -254,6 +275,12 @@ static void cu_destroy(wk_backend_t *b)
         kcuda_free(cu->allocs[i]);
     free(cu->allocs);
     kcuda_host_free(cu->h_in);
+    kcuda_host_free(cu->h_x);
+    kcuda_host_free(cu->h_ids);
+    kcuda_host_free(cu->h_wts);
+    kcuda_host_free(cu->h_sums);
+    kcuda_free(cu->d_sums);
+    free(cu->hc);
     kcuda_blas_destroy(cu->blas);
     kcuda_stream_destroy(cu->stream);
     free(cu->u);
@@ -508,6 +535,18 @@ static int alloc_scratch(cuda_t *cu, bl_err_t *err)
     cu->d_pos = cu->d_tokens + B;
     cu->h_pos = cu->h_tokens + B;
     cu->kv_row_bytes = nkv * 2;
+    if (cu->remote) {
+        const size_t nl = (size_t)(cu->le - cu->lb);
+        cu->hc = calloc((GRAPH_MAX_ROWS + 2) * nl, sizeof *cu->hc);
+        if (!cu->hc)
+            return bl_err_set(err, BL_ENOMEM, "out of memory for the host calls");
+        if ((rc = kcuda_host_alloc((void **)&cu->h_x, f * B * E, err)) < 0 ||
+            (rc = kcuda_host_alloc((void **)&cu->h_ids, 4 * B * K, err)) < 0 ||
+            (rc = kcuda_host_alloc((void **)&cu->h_wts, f * B * K, err)) < 0 ||
+            (rc = kcuda_host_alloc((void **)&cu->h_sums, f * B * E, err)) < 0 ||
+            (rc = dalloc(&cu->d_sums, f * B * E, err)) < 0)
+            return rc;
+    }
     return 0;
 }
 
@@ -591,6 +630,7 @@ static int cu_begin(wk_backend_t *b, const wk_step_t *st, float *x, bl_err_t *er
     cu->st = st;
     cu->capture = NULL;
     cu->profiled = 0;
+    atomic_store(&cu->host_rc, 0);
     int decode = st->nseg <= GRAPH_MAX_ROWS;
     int64_t max_pos = 0;
     for (int64_t j = 0; j < st->nseg; j++) {
@@ -676,6 +716,7 @@ static int cu_end(wk_backend_t *b, const wk_step_t *st, int status, const float 
         drain(cu->stream);
         return rc;
     }
+
     if (cu->le < c->n_layer) {
         if (st->x_out && (rc = kcuda_download(st->x_out, x, sizeof(float) * (size_t)(st->n * E), cu->stream, err)) < 0)
             return rc;
@@ -696,6 +737,10 @@ static int cu_end(wk_backend_t *b, const wk_step_t *st, int status, const float 
     }
     if ((rc = kcuda_sync(cu->stream, err)) < 0)
         return rc;
+    /* a host call's failure shows once the stream has run it (what it left in the
+     * outputs is not used) */
+    if ((rc = atomic_load(&cu->host_rc)) < 0)
+        return bl_err_set(err, rc, "%s", cu->host_err.msg);
     return cu->prof_on ? prof_collect(cu, err) : 0;
 }
 
@@ -910,14 +955,60 @@ static int moe_prompt(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n,
     return 0;
 }
 
+/* The host node: the remote hook computes the layer's experts of the rows the step
+ * copied to pinned memory. A failure is kept for end (a host node cannot fail its
+ * stream), and the later host calls of the step are skipped. */
+static void host_experts(void *ctx)
+{
+    const hcall_t *h = ctx;
+    cuda_t *cu = h->cu;
+    if (atomic_load(&cu->host_rc) < 0)
+        return;
+    bl_err_t e = {0};
+    const int rc = h->remote->fn(h->remote->ctx, h->layer, cu->h_x, h->n, NULL, cu->h_ids, cu->h_wts, cu->h_sums, &e);
+    if (rc < 0) {
+        cu->host_err = e;
+        atomic_store(&cu->host_rc, rc);
+    }
+}
+
+/* A layer whose routed experts are in host RAM: the router and top-k on the card,
+ * the rows with their ids and weights to pinned memory, the host node, the sums back
+ * onto the residual; the same launches in a decode graph, where the host node waits
+ * for the hosttier inside the replay. */
+static int moe_remote(cuda_t *cu, int64_t l, const wk_moe_t *e, const wk_remote_t *remote, const float *xn,
+                      int64_t n, float *x, bl_err_t *err)
+{
+    const int64_t E = cu->c->n_embd, K = e->n_used, NE = e->n_expert;
+    void *st = cu->stream;
+    if (!cu->remote)
+        return bl_err_set(err, BL_EINVAL, "%s: layer %lld sends its experts away, but the backend was made "
+                          "without a host path", cu->path, (long long)l);
+    if (cu->mode == MODE_PROMPT) {
+        OP("ffn_to_f16", kcuda_to_f16(xn, E, n, E, cu->x16, E, st, err));
+        OP("ffn_gate_inp", pp_mm(cu, M(&e->gate_inp), xn, E, E, n, cu->rl, NE, 0, err));
+    } else {
+        OP("ffn_gate_inp", mv(cu, M(&e->gate_inp), xn, E, n, cu->rl, NE, 0, err));
+    }
+    OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, e->norm, cu->ids, cu->wts, st, err));
+    OP("ffn_host_out", kcuda_download(cu->h_x, xn, sizeof(float) * (size_t)(n * E), st, err));
+    OP("ffn_host_out", kcuda_download(cu->h_ids, cu->ids, sizeof(int32_t) * (size_t)(n * K), st, err));
+    OP("ffn_host_out", kcuda_download(cu->h_wts, cu->wts, sizeof(float) * (size_t)(n * K), st, err));
+    const int64_t row = cu->capture && !cu->profiled ? n + 1 : 0; /* a graph's own, or the direct steps' */
+    hcall_t *h = &cu->hc[row * (cu->le - cu->lb) + (l - cu->lb)];
+    *h = (hcall_t){.cu = cu, .remote = remote, .layer = l, .n = n};
+    OP("ffn_host", kcuda_host_call(st, host_experts, h, err));
+    OP("ffn_host_in", kcuda_upload(cu->d_sums, cu->h_sums, sizeof(float) * (size_t)(n * E), st, err));
+    OP("ffn_host_add", kcuda_add(x, cu->d_sums, n * E, st, err));
+    return 0;
+}
+
 static int cu_moe(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remote_t *remote, const float *xn,
                   int64_t n, float *x, bl_err_t *err)
 {
-    (void)l;
     cuda_t *cu = (cuda_t *)b;
     if (remote)
-        return bl_err_set(err, BL_ENOTSUP, "%s: routed experts elsewhere than the card are not supported on CUDA",
-                          cu->path);
+        return moe_remote(cu, l, e, remote, xn, n, x, err);
     if (cu->mode != MODE_PROMPT)
         return moe_rows(cu, e, xn, n, x, err);
     const int64_t E = cu->c->n_embd;
@@ -1009,6 +1100,7 @@ int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *
     cu->lb = cfg->lb;
     cu->le = cfg->le;
     cu->device = cfg->o->device;
+    cu->remote = cfg->remote;
     int rc = check_shapes(cu, err);
     if (rc < 0 || (rc = kcuda_init(cu->device, &cu->info, err)) < 0 ||
         (rc = kcuda_stream_create(&cu->stream, err)) < 0) {

@@ -278,9 +278,6 @@ static int load_stage(worker_t *w, const Bloomery__Plan *p, bl_err_t *err)
         any = 1;
     }
     w->remote = p->n_expert > 0 && any;
-    if (w->remote && device != WK_DEVICE_CPU)
-        return bl_err_set(err, BL_ENOTSUP, "plan: routed experts in host RAM beside CUDA device %d: this "
-                          "build's card stage computes every expert of its layers", device);
     w->layer_begin = st->layer_begin;
     w->layer_end = st->layer_end;
     /* msg.c checked slots and context; these two are ours to bound. */

@@ -33,51 +33,11 @@ void wk_model_opts_default(wk_model_opts_t *o)
 
 // --- loading ------------------------------------------------------------------------------
 
-static void shape_str(char *buf, size_t len, const int64_t ne[4])
+/* The tensor name, checked by the architecture's owner (bl_arch_tensor). */
+static int find(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, int64_t ne2, int need_f32,
+                const bl_gguf_tensor_t **out, bl_err_t *err)
 {
-    snprintf(buf, len, "[%lld, %lld, %lld, %lld]", (long long)ne[0], (long long)ne[1],
-             (long long)ne[2], (long long)ne[3]);
-}
-
-/* Finds name and checks its shape (ne0, ne1, ne2; 1 for an unused dimension) and
- * type: f32 only when need_f32, else any type with a reference dequantizer. */
-static int find(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, int64_t ne2,
-                int need_f32, const bl_gguf_tensor_t **out, bl_err_t *err)
-{
-    const bl_gguf_tensor_t *t = bl_gguf_find_tensor(m->g, name);
-    if (!t)
-        return bl_err_set(err, BL_ENOENT, "%s: tensor '%s' is missing", m->path, name);
-    const int64_t want[4] = {ne0, ne1, ne2, 1};
-    if (memcmp(want, t->ne, sizeof want) != 0) {
-        char a[96], b[96];
-        shape_str(a, sizeof a, t->ne);
-        shape_str(b, sizeof b, want);
-        return bl_err_set(err, BL_EINVAL, "%s: tensor '%s' has shape %s, expected %s", m->path,
-                          name, a, b);
-    }
-    const bl_type_info_t *ti = bl_type_info(t->type);
-    if (need_f32 && t->type != BL_TYPE_F32)
-        return bl_err_set(err, BL_EINVAL, "%s: tensor '%s' has type %s, expected f32", m->path,
-                          name, ti ? ti->name : "?");
-    if (!ti || !ti->has_dequant)
-        return bl_err_set(err, BL_ENOTSUP, "%s: tensor '%s' has type %s, which has no dequantizer",
-                          m->path, name, ti ? ti->name : "?");
-    /* A file may declare an alignment of 1 or 2; the kernels read floats and halves
-     * in place, so the data must sit on a 4-byte boundary. */
-    if ((uintptr_t)t->data % 4 != 0)
-        return bl_err_set(err, BL_EINVAL, "%s: tensor '%s' data at file offset %llu is not 4-byte aligned",
-                          m->path, name, (unsigned long long)t->file_offset);
-    size_t rb;
-    int rc = bl_row_bytes(t->type, ne0, &rb, err);
-    if (rc < 0)
-        return bl_err_set(err, rc, "%s: tensor '%s': rows of %lld are not whole %s blocks", m->path,
-                          name, (long long)ne0, ti->name);
-    if ((uint64_t)rb * (uint64_t)ne1 * (uint64_t)ne2 != t->nbytes)
-        return bl_err_set(err, BL_EINVAL, "%s: tensor '%s' holds %llu bytes, expected %llu",
-                          m->path, name, (unsigned long long)t->nbytes,
-                          (unsigned long long)((uint64_t)rb * (uint64_t)ne1 * (uint64_t)ne2));
-    *out = t;
-    return 0;
+    return bl_arch_tensor(m->g, m->path, name, ne0, ne1, ne2, need_f32, out, err);
 }
 
 int wk__find_mat(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, int64_t ne2, int use,
@@ -192,9 +152,9 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         rc = bl_err_set(err, BL_EINVAL, "device %d is not a CUDA ordinal or WK_DEVICE_CPU", m->opts.device);
         goto fail;
     }
-    if (m->opts.device >= 0 && m->opts.experts != WK_EXPERTS_LOCAL) {
-        rc = bl_err_set(err, BL_ENOTSUP, "%s: on CUDA device %d every expert runs on the card; "
-                        "remote or experts-only modes are not supported there", m->path, m->opts.device);
+    if (m->opts.device >= 0 && m->opts.experts == WK_EXPERTS_ONLY) {
+        rc = bl_err_set(err, BL_ENOTSUP, "%s: a model for its experts only runs on the CPU, not on CUDA device %d",
+                        m->path, m->opts.device);
         goto fail;
     }
     if (m->opts.device < 0) /* on a device the weights go to the card instead */
@@ -225,7 +185,9 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         rc = bl_err_set(err, BL_EINVAL, "n_threads_batch %d is outside 0..256", m->opts.n_threads_batch);
         goto fail;
     }
-    const wk_backend_cfg_t bc = {.path = m->path, .c = &m->cfg, .o = &m->opts, .lb = m->lb, .le = m->le};
+    wk_backend_cfg_t bc = {.path = m->path, .c = &m->cfg, .o = &m->opts, .lb = m->lb, .le = m->le};
+    for (int64_t l = m->lb; l < m->le; l++)
+        bc.remote |= m->cfg.moe && wk__layer_remote(m, l);
     rc = m->opts.device >= 0 ? wk__cuda_backend(&m->be, &bc, err) : wk__cpu_backend(&m->be, &bc, err);
     if (rc < 0 || (rc = wk__qwen3_place(m, err)) < 0)
         goto fail;
@@ -501,7 +463,8 @@ int wk_model_device_bandwidth(wk_model_t *m, size_t nbytes, double *bytes_per_s,
 
 // --- placement for a program of one stage ---------------------------------------------
 
-int wk_place_one(const char *path, const bl_place_opts_t *o, int *device, char *text, size_t cap, bl_err_t *err)
+int wk_place_one(const char *path, const bl_place_opts_t *o, int *device, uint8_t *host, size_t host_cap,
+                 char *text, size_t cap, bl_err_t *err)
 {
     *device = WK_DEVICE_CPU;
     if (cap)
@@ -518,13 +481,56 @@ int wk_place_one(const char *path, const bl_place_opts_t *o, int *device, char *
         if (p.n_stages != 1)
             rc = bl_err_set(err, BL_ENOTSUP, "the plan has %d stages (layers on the CPU and on a card, or on "
                             "several cards); this program runs one, bloomery-serve runs them all", p.n_stages);
-        else if (p.stage[0].device >= 0 && p.n_host_layers > 0)
-            rc = bl_err_set(err, BL_ENOTSUP, "the plan puts the routed experts of %d layers in host RAM beside "
-                            "CUDA%d, which this build does not run yet", p.n_host_layers, p.stage[0].device);
+        else if ((size_t)a.n_layer > host_cap)
+            rc = bl_err_set(err, BL_ENOTSUP, "%s: %lld layers (at most %zu here)", path, (long long)a.n_layer,
+                            host_cap);
         else
             *device = p.stage[0].device >= 0 ? p.stage[0].device : WK_DEVICE_CPU;
+        for (int64_t l = 0; rc == 0 && l < a.n_layer; l++)
+            host[l] = (uint8_t)bl_plan_layer_host(&p, l);
     }
     bl_plan_free(&p);
     bl_gguf_close(g);
     return rc;
+}
+
+static int placed_experts(void *ctx, int64_t layer, const float *xn, int64_t n, const int32_t *counts,
+                          const int32_t *ids, const float *wts, float *out, bl_err_t *err)
+{
+    return wk_model_experts(ctx, layer, xn, n, counts, ids, wts, out, err);
+}
+
+int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *opts, const bl_place_opts_t *po,
+                   char *text, size_t cap, bl_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    uint8_t host[BL_ARCH_MAX_LAYERS];
+    wk_model_opts_t o = *opts;
+    int rc = wk_place_one(path, po, &o.device, host, sizeof host, text, cap, err);
+    if (rc < 0)
+        return rc;
+    int any = 0;
+    for (size_t l = 0; l < sizeof host; l++)
+        any |= host[l];
+    if (!any) {
+        o.experts = WK_EXPERTS_LOCAL;
+        return wk_model_load(&out->m, path, &o, err);
+    }
+    wk_model_opts_t x = o;
+    x.device = WK_DEVICE_CPU;
+    x.experts = WK_EXPERTS_ONLY;
+    x.experts_host = host;
+    o.experts = WK_EXPERTS_REMOTE;
+    o.experts_host = host;
+    if ((rc = wk_model_load(&out->ex, path, &x, err)) < 0 || (rc = wk_model_load(&out->m, path, &o, err)) < 0)
+        return rc;
+    wk_model_set_experts(out->m, placed_experts, out->ex);
+    return 0;
+}
+
+void wk_placed_free(wk_placed_t *p)
+{
+    wk_model_free(p->m);
+    wk_model_free(p->ex);
+    p->m = p->ex = NULL;
 }

@@ -232,11 +232,26 @@ int wk_devices(bl_device_t *out, int cap, int *n, bl_err_t *err) BL_WUR;
 
 /* The placement plan (common/plan.c) for path under the flags o on this host's
  * devices, for a program that runs the model in one stage of its own (bloomery-cli,
- * bloomery-bench): *device is where (WK_DEVICE_CPU or a CUDA ordinal). The plan's
- * lines go to text (cap bytes). A plan of several stages, or one with routed
- * experts in host RAM beside a card, is refused with BL_ENOTSUP saying so (the
- * server runs those); the plan's own errors as bl_plan_build. */
-int wk_place_one(const char *path, const bl_place_opts_t *o, int *device, char *text, size_t cap,
-                 bl_err_t *err) BL_WUR;
+ * bloomery-bench): *device is where (WK_DEVICE_CPU or a CUDA ordinal), host[l] (for
+ * each of the model's layers, at most host_cap) 1 where the plan puts layer l's
+ * routed experts in host RAM. The plan's lines go to text (cap bytes). A plan of
+ * several stages is refused with BL_ENOTSUP (the server runs those); the plan's own
+ * errors as bl_plan_build. */
+int wk_place_one(const char *path, const bl_place_opts_t *o, int *device, uint8_t *host, size_t host_cap,
+                 char *text, size_t cap, bl_err_t *err) BL_WUR;
+
+/* A model placed by wk_place_one in this process: m runs the stage; where the plan
+ * puts routed experts in host RAM, ex holds them (a CPU model of those experts only,
+ * with m's threads) and m calls it for them, as a worker calls the hosttier. */
+typedef struct wk_placed {
+    wk_model_t *m, *ex;
+} wk_placed_t;
+
+/* Loads path with opts (whose device and experts fields the plan sets) under the
+ * placement flags po. Errors of wk_place_one and wk_model_load. Caller frees with
+ * wk_placed_free (also after a failure). */
+int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *opts, const bl_place_opts_t *po,
+                   char *text, size_t cap, bl_err_t *err) BL_WUR;
+void wk_placed_free(wk_placed_t *p);
 
 #endif

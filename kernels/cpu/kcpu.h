@@ -342,4 +342,30 @@ void kcpu_attention(kcpu_ctx_t *c, const kcpu_kv_view_t *kv, const float *q, flo
 void kcpu_moe_route(const float *logits, int64_t n, int64_t n_expert, int64_t k, int norm,
                     int32_t *ids, float *w);
 
+// --- routed experts ----------------------------------------------------------------
+
+/* One MoE layer's routed experts, stacked: expert x is rows x*n_ff.. of gate and up
+ * (n_expert * n_ff, n_embd) and rows x*n_embd.. of down (n_expert * n_embd, n_ff). */
+typedef struct kcpu_experts {
+    kcpu_mat_t gate, up, down;
+    int64_t n_expert, n_ff, n_embd;
+} kcpu_experts_t;
+
+/* Scratch of kcpu_experts for up to max_rows rows of up to max_k pairs each. */
+typedef struct kcpu_experts_scratch kcpu_experts_scratch_t;
+int kcpu_experts_scratch_create(kcpu_experts_scratch_t **out, int64_t max_rows, int64_t max_k, int64_t n_embd,
+                                int64_t n_ff, bl_err_t *err) BL_WUR;
+void kcpu_experts_scratch_destroy(kcpu_experts_scratch_t *s); /* NULL is a no-op */
+
+/* out (n, n_embd) = for each row r of xn (n, n_embd) the sum over its counts[r]
+ * (expert, weight) pairs, packed row after row in ids and wts (counts NULL: k each),
+ * of weight * down(silu(gate x) * up x). Rows are grouped by expert so that each
+ * expert's weights are read once; all experts' gate and up products go to the threads
+ * in one pass, then every down, reading their rows of xn in place; a layer with more
+ * experts than a job list holds runs expert by expert with the same products. Each
+ * row's sum runs in expert-id order, so a row gets the same bits whatever else is in
+ * the call. n <= max_rows, counts <= max_k, ids below n_expert (the caller checks). */
+void kcpu_experts(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_experts_t *e, const float *xn, int64_t n,
+                  const int32_t *counts, int64_t k, const int32_t *ids, const float *wts, float *out);
+
 #endif

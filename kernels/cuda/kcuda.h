@@ -493,6 +493,11 @@ int kcuda_event_elapsed_ms(float *ms, void *start, void *end, bl_err_t *err) BL_
  * instantiates it into *exec (caller destroys with kcuda_graph_destroy). A launcher
  * that fails in between leaves the capture open: kcuda_graph_end then ends it and
  * returns the failure. kcuda_graph_launch replays exec on stream. */
+/* Enqueues fn(ctx) on stream: it runs on a thread of the CUDA runtime once the work
+ * before it is done, and the work after it waits until it returns (a host node when
+ * the stream is being captured). fn may block; it must not call CUDA. */
+int kcuda_host_call(void *stream, void (*fn)(void *ctx), void *ctx, bl_err_t *err) BL_WUR;
+
 int kcuda_graph_begin(void *stream, bl_err_t *err) BL_WUR;
 int kcuda_graph_end(void *stream, void **exec, bl_err_t *err) BL_WUR;
 int kcuda_graph_launch(void *exec, void *stream, bl_err_t *err) BL_WUR;

@@ -122,3 +122,9 @@ void kcuda_graph_destroy(void *exec)
     if (exec)
         (void)cudaGraphExecDestroy((cudaGraphExec_t)exec);
 }
+
+int kcuda_host_call(void *stream, void (*fn)(void *ctx), void *ctx, bl_err_t *err)
+{
+    KCUDA_CHECK(cudaLaunchHostFunc((cudaStream_t)stream, (cudaHostFn_t)fn, ctx), err);
+    return 0;
+}

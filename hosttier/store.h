@@ -1,0 +1,48 @@
+/* The hosttier's expert store: the routed experts of the layers the plan put in host
+ * RAM, read from the model file (common/gguf, checked by common/arch) and computed
+ * with kernels/cpu's expert pass, the same code a CPU worker runs for its own
+ * experts, so a layer gives the same bits in either process.
+ *
+ * Threads: one owning thread calls ht_store_experts; the store's pool does the work. */
+#ifndef HT_STORE_H
+#define HT_STORE_H
+
+#include <stdint.h>
+
+#include "arch.h"
+#include "err.h"
+
+typedef struct ht_store ht_store_t;
+
+typedef struct ht_store_opts {
+    const char *path;       /* the GGUF file (the first part of a split one) */
+    const uint8_t *layers;  /* (n_layer): 1 for a layer whose experts the store holds;
+                             * NULL: every layer's */
+    int n_threads;          /* 1..256 */
+    int64_t n_batch;        /* most rows one call takes, 1..65536 */
+    int no_mmap;            /* copy the experts even when they pass half the RAM */
+    int mlock;              /* lock them in RAM (a refusal is logged, as the workers do) */
+} ht_store_opts_t;
+
+/* Opens the file, checks each held layer's three expert tensors (shape, type, size)
+ * and copies them into anonymous memory advised as huge pages (they stay in the file
+ * mapping when they pass half the physical memory, unless no_mmap). Errors: the
+ * reader's and bl_arch_read's, BL_EINVAL (a dense model, bad options, a tensor of the
+ * wrong shape), BL_ENOMEM. Caller frees with ht_store_close. */
+int ht_store_open(ht_store_t **out, const ht_store_opts_t *o, bl_err_t *err) BL_WUR;
+void ht_store_close(ht_store_t *s); /* NULL is a no-op */
+
+const bl_arch_t *ht_store_arch(const ht_store_t *s);
+/* The CPU kernel set in use ("avx2", "ref"). */
+const char *ht_store_kernels(const ht_store_t *s);
+/* Bytes of expert weights the store holds. */
+uint64_t ht_store_bytes(const ht_store_t *s);
+
+/* out (n, n_embd) = layer's routed experts of the rows xn (n, n_embd): row r's
+ * counts[r] (1..n_expert_used) (expert, weight) pairs, packed row after row in ids
+ * and wts (counts NULL: n_expert_used each). BL_EINVAL (a layer the store does not
+ * hold, a count or an id out of range, named), BL_ERANGE (n outside 1..n_batch). */
+int ht_store_experts(ht_store_t *s, int64_t layer, const float *xn, int64_t n, const int32_t *counts,
+                     const int32_t *ids, const float *wts, float *out, bl_err_t *err) BL_WUR;
+
+#endif

@@ -1,0 +1,143 @@
+/* The routed experts of a MoE layer over the kernels' products (kcpu.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kcpu.h"
+
+/* Most experts one call's rows may use for the grouped pass: a job list of gate and
+ * up per expert must fit kcpu_matmul_many. */
+#define GROUP_MAX (KCPU_MM_MAX_JOBS / 2)
+
+struct kcpu_experts_scratch {
+    int64_t max_rows, max_k;
+    int64_t *at;   // (max_rows) where each row's pairs start
+    int32_t *rows; // (max_rows * max_k) rows routed to each expert, expert by expert
+    float *rw;     // (max_rows * max_k) and their weights
+    float *xg;     // (max_rows, n_embd) rows gathered (the expert-by-expert pass)
+    float *g, *u;  // (max_rows * max_k, n_ff) gate (then the SwiGLU output) and up
+    float *dg;     // (max_rows * max_k, n_embd) down
+    kcpu_mat_t gate[GROUP_MAX], up[GROUP_MAX], down[GROUP_MAX];
+    kcpu_mm_job_t job[2 * GROUP_MAX];
+    int64_t job_at[GROUP_MAX], job_n[GROUP_MAX];
+};
+
+void kcpu_experts_scratch_destroy(kcpu_experts_scratch_t *s)
+{
+    if (!s)
+        return;
+    free(s->at);
+    free(s->rows);
+    free(s->rw);
+    free(s->xg);
+    free(s->g);
+    free(s->u);
+    free(s->dg);
+    free(s);
+}
+
+int kcpu_experts_scratch_create(kcpu_experts_scratch_t **out, int64_t max_rows, int64_t max_k, int64_t n_embd,
+                                int64_t n_ff, bl_err_t *err)
+{
+    *out = NULL;
+    if (max_rows < 1 || max_k < 1 || n_embd < 1 || n_ff < 1 || max_rows > (1 << 20) || max_k > 4096)
+        return bl_err_set(err, BL_EINVAL, "expert scratch for %lld rows of %lld experts", (long long)max_rows,
+                          (long long)max_k);
+    kcpu_experts_scratch_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the expert scratch");
+    const size_t R = (size_t)max_rows, P = R * (size_t)max_k;
+    s->max_rows = max_rows;
+    s->max_k = max_k;
+    s->at = malloc(sizeof *s->at * R);
+    s->rows = malloc(sizeof *s->rows * P);
+    s->rw = malloc(sizeof *s->rw * P);
+    s->xg = malloc(sizeof(float) * R * (size_t)n_embd);
+    s->g = malloc(sizeof(float) * P * (size_t)n_ff);
+    s->u = malloc(sizeof(float) * P * (size_t)n_ff);
+    s->dg = malloc(sizeof(float) * P * (size_t)n_embd);
+    if (!s->at || !s->rows || !s->rw || !s->xg || !s->g || !s->u || !s->dg) {
+        kcpu_experts_scratch_destroy(s);
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the expert scratch (%lld rows)", (long long)max_rows);
+    }
+    *out = s;
+    return 0;
+}
+
+void kcpu_experts(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_experts_t *e, const float *xn, int64_t n,
+                  const int32_t *counts, int64_t k, const int32_t *ids, const float *wts, float *out)
+{
+    const int64_t E = e->n_embd, F = e->n_ff;
+    memset(out, 0, sizeof(float) * (size_t)(n * E));
+    for (int64_t r = 0, a = 0; r < n; r++) {
+        s->at[r] = a;
+        a += counts ? counts[r] : k;
+    }
+#define CNT(r) (counts ? (int64_t)counts[r] : k)
+    if (e->n_expert <= GROUP_MAX) {
+        int64_t total = 0;
+        int ne = 0;
+        for (int64_t x = 0; x < e->n_expert; x++) {
+            int64_t m = 0;
+            for (int64_t r = 0; r < n; r++)
+                for (int64_t j = s->at[r]; j < s->at[r] + CNT(r); j++)
+                    if (ids[j] == x) {
+                        s->rows[total + m] = (int32_t)r;
+                        s->rw[total + m] = wts[j];
+                        m++;
+                    }
+            if (m == 0)
+                continue;
+            s->gate[ne] = kcpu_mat_rows(&e->gate, x * F, F);
+            s->up[ne] = kcpu_mat_rows(&e->up, x * F, F);
+            s->down[ne] = kcpu_mat_rows(&e->down, x * E, E);
+            s->job[2 * ne] = (kcpu_mm_job_t){.w = &s->gate[ne], .x = xn, .nx = n, .rows = s->rows + total, .n = m,
+                                             .y = s->g + total * F};
+            s->job[2 * ne + 1] = (kcpu_mm_job_t){.w = &s->up[ne], .x = xn, .nx = n, .rows = s->rows + total,
+                                                 .n = m, .y = s->u + total * F};
+            s->job_at[ne] = total;
+            s->job_n[ne] = m;
+            total += m;
+            ne++;
+        }
+        kcpu_matmul_many(c, s->job, 2 * ne);
+        kcpu_swiglu(s->g, s->g, s->u, total * F);
+        for (int i = 0; i < ne; i++)
+            s->job[i] = (kcpu_mm_job_t){.w = &s->down[i], .x = s->g + s->job_at[i] * F, .n = s->job_n[i],
+                                        .y = s->dg + s->job_at[i] * E};
+        kcpu_matmul_many(c, s->job, ne);
+        for (int64_t i = 0; i < total; i++) {
+            float *o = out + (int64_t)s->rows[i] * E;
+            const float *d = s->dg + i * E;
+            for (int64_t j = 0; j < E; j++)
+                o[j] += s->rw[i] * d[j];
+        }
+        return;
+    }
+    for (int64_t x = 0; x < e->n_expert; x++) {
+        int64_t m = 0;
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t j = s->at[r]; j < s->at[r] + CNT(r); j++)
+                if (ids[j] == x) {
+                    s->rows[m] = (int32_t)r;
+                    s->rw[m] = wts[j];
+                    memcpy(s->xg + m * E, xn + r * E, sizeof(float) * (size_t)E);
+                    m++;
+                }
+        if (m == 0)
+            continue;
+        const kcpu_mat_t gate = kcpu_mat_rows(&e->gate, x * F, F);
+        const kcpu_mat_t up = kcpu_mat_rows(&e->up, x * F, F);
+        const kcpu_mat_t down = kcpu_mat_rows(&e->down, x * E, E);
+        kcpu_matmul(c, &gate, s->xg, m, s->g);
+        kcpu_matmul(c, &up, s->xg, m, s->u);
+        kcpu_swiglu(s->g, s->g, s->u, m * F);
+        kcpu_matmul(c, &down, s->g, m, s->dg);
+        for (int64_t i = 0; i < m; i++) {
+            float *o = out + (int64_t)s->rows[i] * E;
+            const float *d = s->dg + i * E;
+            for (int64_t j = 0; j < E; j++)
+                o[j] += s->rw[i] * d[j];
+        }
+    }
+#undef CNT
+}
