@@ -67,7 +67,7 @@ typedef struct bench {
 } bench_t;
 
 static int bench_open(bench_t *b, const char *model, const char *bin_dir, int threads,
-                      int workers, int n, bl_err_t *err)
+                      int workers, int n, int hosttier, bl_err_t *err)
 {
     wk_model_opts_t mo;
     wk_model_opts_default(&mo);
@@ -83,10 +83,12 @@ static int bench_open(bench_t *b, const char *model, const char *bin_dir, int th
     if (!(b->logits = malloc((size_t)b->n_vocab * sizeof(float))))
         return bl_err_set(err, BL_ENOMEM, "out of memory");
     snprintf(b->rundir, sizeof b->rundir, "/tmp/bloomery-stepbench-%d", (int)getpid());
-    rt_cluster_opts_t o = {.model_path = model, .bin_dir = bin_dir, .runtime_dir = b->rundir,
-                           .n_workers = workers, .n_threads = threads, .n_threads_batch = threads,
-                           .n_threads_hosttier = threads, .n_slots = 1,
-                           .n_ctx_slot = N_PROMPT + n, .n_batch = 64, .kv_type = WK_KV_F16};
+    static rt_cluster_opts_t o;
+    o = (rt_cluster_opts_t){.model_path = model, .bin_dir = bin_dir, .runtime_dir = b->rundir,
+                            .n_workers = workers, .n_threads = threads, .n_threads_batch = threads,
+                            .n_threads_hosttier = threads, .n_slots = 1,
+                            .n_ctx_slot = N_PROMPT + n, .n_batch = 64, .kv_type = WK_KV_F16};
+    memset(o.host_layers, hosttier ? 1 : 0, sizeof o.host_layers); /* every layer's experts there, or none */
     if ((rc = rt_cluster_create(&b->c, &o, err)) != 0)
         return rc;
     if (rt_cluster_wait(b->c, -1) != RT_CLUSTER_READY) {
@@ -154,13 +156,14 @@ int main(int argc, char **argv)
 {
     const char *model = NULL, *bin_dir = NULL;
     int64_t threads = 1, n = 100, workers = 1;
-    int help = 0;
+    int help = 0, hosttier = 0;
     bl_arg_t args[] = {
         {"-m,--model", NULL, BL_ARG_STR, &model, .metavar = "FILE", .help = "model file (GGUF)"},
         {"-t,--threads", NULL, BL_ARG_I64, &threads, 1, 256, .metavar = "N", .help = "threads per process (default 1)"},
         {"-n,--n-steps", NULL, BL_ARG_I64, &n, N_WARMUP + 1, 100000, .metavar = "N", .help = "decode steps per path (default 100)"},
         {"--workers", NULL, BL_ARG_I64, &workers, 1, 64, .metavar = "N", .help = "pipeline stages (default 1)"},
         {"--bin-dir", NULL, BL_ARG_STR, &bin_dir, .metavar = "DIR", .help = "folder of bloomery-worker and -hosttier (default: this program's)"},
+        {"--hosttier", NULL, BL_ARG_FLAG, &hosttier, .help = "every layer's routed experts in the hosttier (default: in the worker, as -ngl 0 places them)"},
     };
     int n_args = (int)(sizeof args / sizeof args[0]);
     bl_err_t err = {0};
@@ -185,7 +188,7 @@ int main(int argc, char **argv)
         return 1;
     }
     bench_t b = {0};
-    int rc = bench_open(&b, model, bin_dir, (int)threads, (int)workers, (int)n, &err);
+    int rc = bench_open(&b, model, bin_dir, (int)threads, (int)workers, (int)n, hosttier, &err);
     if (rc == 0)
         rc = bench_run(&b, (int)n, lat, sums, &err);
     bench_close(&b);
