@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """bloomery-serve end to end on a CUDA card: starts the server on the trained oracle
-model with the GPU chosen as llama-server would (-ngl default), checks that the worker
-runs on the card, that a chat request answers the oracle's greedy fortune (streamed and
-not), and that SIGTERM stops everything with exit 0. Python stdlib only (the GPU machine
+model with the GPU chosen as llama-server would (-ngl default), then with routed
+experts in host RAM beside it (--cpu-moe, -ncmoe 2, --fit with a margin that leaves
+too little for every expert), checks each time that the worker runs on the card (and
+the hosttier beside it), that a chat request answers the oracle's greedy fortune
+(streamed and not), and that SIGTERM stops everything with exit 0. Python stdlib only (the GPU machine
 has no requests). Prints TAP; exit status 1 on a failure.
 
     tests/gpu/serve_e2e.py BIN_DIR MODEL.gguf
@@ -69,18 +71,17 @@ def stream(url, body, timeout=120):
     return text, done
 
 
-def main():
-    if len(sys.argv) != 3:
-        print(__doc__)
-        return 2
-    bin_dir, model = sys.argv[1], sys.argv[2]
+def run(bin_dir, model, extra, hosttier):
+    """One server on the card with extra placement flags: healthy, on the card (with
+    or without a hosttier, as the plan says), the oracle's fortune answered plain and
+    streamed, exit 0 on SIGTERM."""
+    what = " ".join(extra) or "the whole model on the card"
     port = free_port()
     url = "http://127.0.0.1:%d" % port
     log = tempfile.NamedTemporaryFile(prefix="serve-e2e-", suffix=".log", delete=False)
     srv = subprocess.Popen([os.path.join(bin_dir, "bloomery-serve"), "-m", model, "--port",
-                            str(port), "-np", "2", "-c", "4096", "-v"],
+                            str(port), "-np", "2", "-c", "4096", "-v"] + extra,
                            stdout=log, stderr=subprocess.STDOUT)
-    print("1..6")
     try:
         deadline = time.time() + 180
         status = 0
@@ -92,28 +93,34 @@ def main():
             if status == 200:
                 break
             time.sleep(0.5)
-        check("the server becomes healthy", status == 200, open(log.name).read()[-3000:])
+        check("%s: the server becomes healthy" % what, status == 200, open(log.name).read()[-3000:])
         if status != 200:
-            return 1
+            return
         text = open(log.name).read()
         ready = [l for l in text.splitlines() if " worker0 event=ready " in l]
         on_card = bool(ready) and "kernels=avx2" not in ready[0] and "kernels=ref" not in ready[0]
-        check("the worker runs on the card and no hosttier starts",
-              on_card and "process=hosttier" not in text, text[-3000:])
+        for line in text.splitlines():
+            if "event=plan " in line:
+                print("# " + line[line.index("event=plan ") + 11:])
+        if hosttier is None:  # what --fit chose is printed above
+            check("%s: a stage runs on the card" % what, "kernels=NVIDIA" in text or on_card, text[-3000:])
+        else:
+            check("%s: the worker runs on the card, %s" % (what, "with a hosttier" if hosttier else "no hosttier"),
+                  on_card and ("process=hosttier" in text) == hosttier, text[-3000:])
 
         body = {"messages": [{"role": "user", "content": QUESTION}], "temperature": 0,
                 "max_tokens": 64}
         st, out = request(url + "/v1/chat/completions", body)
         msg = json.loads(out)["choices"][0]["message"] if st == 200 else {}
-        check("chat answers the oracle's greedy fortune",
+        check("%s: chat answers the oracle's greedy fortune" % what,
               st == 200 and msg.get("content", "").strip() == ANSWER,
               "status %d: %s" % (st, out[:1000]))
-        check("the empty think span is not in the content",
+        check("%s: the empty think span is not in the content" % what,
               "<think>" not in msg.get("content", "") and not (msg.get("reasoning_content") or "").strip(),
               json.dumps(msg)[:1000])
 
         text, done = stream(url + "/v1/chat/completions", dict(body, stream=True))
-        check("streamed chat gives the same answer and [DONE]", done and text.strip() == ANSWER,
+        check("%s: streamed chat gives the same answer and [DONE]" % what, done and text.strip() == ANSWER,
               repr(text[:500]))
     finally:
         if srv.poll() is None:
@@ -125,7 +132,28 @@ def main():
                 rc = "hung"
         else:
             rc = srv.returncode
-    check("SIGTERM: exit 0", rc == 0, "exit %s; log:\n%s" % (rc, open(log.name).read()[-2000:]))
+    check("%s: SIGTERM: exit 0" % what, rc == 0, "exit %s; log:\n%s" % (rc, open(log.name).read()[-2000:]))
+
+
+def free_mib(bin_dir):
+    """CUDA0's free memory in MiB, as bloomery-worker --list-devices reports it."""
+    out = subprocess.run([os.path.join(bin_dir, "bloomery-worker"), "--list-devices"], stdout=subprocess.PIPE,
+                         text=True, timeout=60).stdout.split()
+    return int(out[3]) >> 20 if len(out) >= 4 and out[0] == "cuda" else 0
+
+
+def main():
+    if len(sys.argv) != 3:
+        print(__doc__)
+        return 2
+    bin_dir, model = sys.argv[1], sys.argv[2]
+    print("1..24")
+    run(bin_dir, model, [], False)
+    run(bin_dir, model, ["--cpu-moe"], True)
+    run(bin_dir, model, ["-ncmoe", "2"], True)
+    # --fit with a margin that leaves the card about 400 MiB (the logits of a 512-row
+    # step alone are 311 MB): the plan's choice is printed, the answers must hold
+    run(bin_dir, model, ["--fit", "on", "-fitt", str(max(free_mib(bin_dir) - 400, 0))], None)
     return 0 if all(results) else 1
 
 
