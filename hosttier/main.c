@@ -155,9 +155,7 @@ static int load(hosttier_t *h, const Bloomery__Plan *p, int n_threads, bl_err_t 
     struct stat sb;
     uint64_t total = stat(p->model_path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     /* only the layers the placements put in host RAM (all when none is listed) */
-    static uint8_t host[BP_PLAN_MAX_LAYERS];
-    if (p->n_layers > BP_PLAN_MAX_LAYERS)
-        return bl_err_set(err, BL_EINVAL, "plan: %u layers (at most %u)", p->n_layers, BP_PLAN_MAX_LAYERS);
+    static uint8_t host[BP_PLAN_MAX_LAYERS]; /* a validated plan has at most this many */
     int rc = bp_plan_host_layers(p, host, err);
     if (rc)
         return rc;

@@ -180,17 +180,9 @@ int ht_store_experts(ht_store_t *s, int64_t layer, const float *xn, int64_t n, c
         return bl_err_set(err, BL_ERANGE, "%lld expert rows, outside 1..%lld", (long long)n, (long long)s->n_batch);
     if (!xn || !ids || !wts || !out)
         return bl_err_set(err, BL_EINVAL, "experts: a NULL buffer");
-    for (int64_t r = 0, at = 0; r < n; r++) {
-        const int64_t k = counts ? counts[r] : a->n_expert_used;
-        if (k < 1 || k > a->n_expert_used)
-            return bl_err_set(err, BL_EINVAL, "row %lld: %lld experts, outside 1..%lld", (long long)r, (long long)k,
-                              (long long)a->n_expert_used);
-        for (int64_t i = at; i < at + k; i++)
-            if (ids[i] < 0 || ids[i] >= a->n_expert)
-                return bl_err_set(err, BL_EINVAL, "row %lld: expert id %d, outside 0..%lld", (long long)r, ids[i],
-                                  (long long)(a->n_expert - 1));
-        at += k;
-    }
+    const int rc = kcpu_experts_check(a->n_expert, a->n_expert_used, n, counts, ids, err);
+    if (rc < 0)
+        return rc;
     kcpu_experts(s->kc, s->xs, &s->layers[layer], xn, n, counts, a->n_expert_used, ids, wts, out);
     return 0;
 }

@@ -83,7 +83,8 @@ void bp_msg_free(bp_msg_t *m);
 
 /* The layers of a validated Plan whose routed experts are in host RAM, from its
  * placements (each names an expert that the hosttier computes): out[l] = 1 where
- * every expert of layer l is listed, 0 where none is (out has n_layers entries).
+ * every expert of layer l is listed, 0 where none is (out has n_layers entries, at
+ * most BP_PLAN_MAX_LAYERS in a plan bp_msg_unpack accepted).
  * BL_ENOTSUP where a layer has some of its experts listed (a layer's experts move
  * together for now), BL_EINVAL for an expert listed twice. */
 int bp_plan_host_layers(const Bloomery__Plan *p, uint8_t *out, bl_err_t *err) BL_WUR;

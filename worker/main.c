@@ -264,9 +264,7 @@ static int load_stage(worker_t *w, const Bloomery__Plan *p, bl_err_t *err)
     const int device = st->gpu ? (int)st->gpu - 1 : WK_DEVICE_CPU;
     /* The layers of this stage whose routed experts the hosttier computes: those the
      * placements list (every layer when the plan says remote and lists none). */
-    static uint8_t host[BP_PLAN_MAX_LAYERS];
-    if (p->n_layers > BP_PLAN_MAX_LAYERS)
-        return bl_err_set(err, BL_EINVAL, "plan: %u layers (at most %u)", p->n_layers, BP_PLAN_MAX_LAYERS);
+    static uint8_t host[BP_PLAN_MAX_LAYERS]; /* a validated plan has at most this many */
     int rc = bp_plan_host_layers(p, host, err);
     if (rc)
         return rc;

@@ -425,17 +425,9 @@ int wk_model_experts(wk_model_t *m, int64_t layer, const float *xn, int64_t n, c
                           (long long)m->opts.n_batch);
     if (!xn || !ids || !wts || !out)
         return bl_err_set(err, BL_EINVAL, "experts: a NULL buffer");
-    for (int64_t r = 0, at = 0; r < n; r++) {
-        const int64_t k = counts ? counts[r] : c->n_expert_used;
-        if (k < 1 || k > c->n_expert_used)
-            return bl_err_set(err, BL_EINVAL, "row %lld: %lld experts, outside 1..%lld", (long long)r, (long long)k,
-                              (long long)c->n_expert_used);
-        for (int64_t i = at; i < at + k; i++)
-            if (ids[i] < 0 || ids[i] >= c->n_expert)
-                return bl_err_set(err, BL_EINVAL, "row %lld: expert id %d, outside 0..%lld", (long long)r, ids[i],
-                                  (long long)(c->n_expert - 1));
-        at += k;
-    }
+    const int rc = kcpu_experts_check(c->n_expert, c->n_expert_used, n, counts, ids, err);
+    if (rc < 0)
+        return rc;
     if (m->opts.device >= 0)
         return bl_err_set(err, BL_ENOTSUP, "%s: the experts of a model on a card are computed in its steps",
                           m->path);

@@ -141,3 +141,20 @@ void kcpu_experts(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_experts_t
     }
 #undef CNT
 }
+
+int kcpu_experts_check(int64_t n_expert, int64_t k, int64_t n, const int32_t *counts, const int32_t *ids,
+                       bl_err_t *err)
+{
+    for (int64_t r = 0, at = 0; r < n; r++) {
+        const int64_t m = counts ? counts[r] : k;
+        if (m < 1 || m > k)
+            return bl_err_set(err, BL_EINVAL, "row %lld: %lld experts, outside 1..%lld", (long long)r, (long long)m,
+                              (long long)k);
+        for (int64_t i = at; i < at + m; i++)
+            if (ids[i] < 0 || ids[i] >= n_expert)
+                return bl_err_set(err, BL_EINVAL, "row %lld: expert id %d, outside 0..%lld", (long long)r, ids[i],
+                                  (long long)(n_expert - 1));
+        at += m;
+    }
+    return 0;
+}

@@ -368,4 +368,9 @@ void kcpu_experts_scratch_destroy(kcpu_experts_scratch_t *s); /* NULL is a no-op
 void kcpu_experts(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_experts_t *e, const float *xn, int64_t n,
                   const int32_t *counts, int64_t k, const int32_t *ids, const float *wts, float *out);
 
+/* The checks a caller of kcpu_experts makes on pairs from elsewhere: each row's count
+ * (counts NULL: k each) in 1..k, every id below n_expert. BL_EINVAL naming the row. */
+int kcpu_experts_check(int64_t n_expert, int64_t k, int64_t n, const int32_t *counts, const int32_t *ids,
+                       bl_err_t *err) BL_WUR;
+
 #endif
