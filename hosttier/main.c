@@ -131,11 +131,11 @@ out:
 
 /* ------------------------------------------------------------ control plane */
 
-static int load(hosttier_t *h, const Bloomery__Plan *p, int n_threads, bl_err_t *err)
+static int load(hosttier_t *h, const bp_plan_t *p, int n_threads, bl_err_t *err)
 {
     if (p->n_batch > 65536 || p->threads > 256 || p->n_stages > 64)
         return bl_err_set(err, BL_EINVAL, "plan: n_batch %u, threads %u or %zu stages out of "
-                          "range", p->n_batch, p->threads, p->n_stages);
+                          "range", p->n_batch, p->threads, (size_t)p->n_stages);
     h->ctl.process = p->you;
     h->n_pairs = (int)p->n_stages;
     h->req = calloc((size_t)h->n_pairs, sizeof *h->req);
@@ -155,12 +155,11 @@ static int load(hosttier_t *h, const Bloomery__Plan *p, int n_threads, bl_err_t 
     struct stat sb;
     uint64_t total = stat(p->model_path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     /* only the layers the placements put in host RAM (all when none is listed) */
-    static uint8_t host[BP_PLAN_MAX_LAYERS]; /* a validated plan has at most this many */
-    int rc = bp_plan_host_layers(p, host, err);
-    if (rc)
-        return rc;
+    int listed = 0, rc;
+    for (uint32_t l = 0; l < p->n_layers; l++)
+        listed |= p->host[l];
     const int64_t n_batch = p->n_batch ? p->n_batch : 512;
-    const ht_store_opts_t so = {.path = p->model_path, .layers = p->n_placements > 0 ? host : NULL,
+    const ht_store_opts_t so = {.path = p->model_path, .layers = listed ? p->host : NULL,
                                 .n_threads = n_threads > 0 ? n_threads : (p->threads ? (int)p->threads : 1),
                                 .n_batch = n_batch, .no_mmap = p->no_mmap, .mlock = p->mlock};
     if ((rc = ht_store_open(&h->store, &so, err)) != 0)
@@ -253,7 +252,10 @@ int main(int argc, char **argv)
         hosttier_free(&h);
         return rc == BL_ECLOSED ? 0 : 1;
     }
-    rc = load(&h, plan.u.plan, (int)n_threads, &err);
+    static bp_plan_t pl;
+    rc = bp_plan_read(&plan, &pl, &err);
+    if (rc == 0)
+        rc = load(&h, &pl, (int)n_threads, &err);
     bp_msg_free(&plan);
     if (rc) {
         bp_child_fatal(&h.ctl, &err);

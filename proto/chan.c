@@ -1,6 +1,8 @@
 /* ZeroMQ control channels: see chan.h. The only file that calls libzmq. */
 #include "chan.h"
 
+#include "bloomery.pb-c.h"
+
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -340,4 +342,95 @@ fail:
     drain(c);
     zmq_msg_close(&zm);
     return rc;
+}
+
+// --- the router's messages ------------------------------------------------------------
+
+int bp_chan_send_plan(bp_chan_t *c, const bp_peer_t *to, const bp_plan_t *p, int timeout_ms, bl_err_t *err)
+{
+    if (p->n_stages < 1 || p->n_stages > BP_PLAN_MAX_STAGES || p->n_layers > BP_PLAN_MAX_LAYERS)
+        return bl_err_set(err, BL_EINVAL, "plan: %d stages, %u layers", p->n_stages, p->n_layers);
+    Bloomery__Stage st[BP_PLAN_MAX_STAGES], *stp[BP_PLAN_MAX_STAGES];
+    for (int s = 0; s < p->n_stages; s++) {
+        if (p->stages[s].device < -1 || p->stages[s].device > 255)
+            return bl_err_set(err, BL_EINVAL, "plan: stage %d's device %d", s, p->stages[s].device);
+        bloomery__stage__init(&st[s]);
+        st[s].process = p->stages[s].process;
+        st[s].layer_begin = p->stages[s].layer_begin;
+        st[s].layer_end = p->stages[s].layer_end;
+        st[s].gpu = p->stages[s].device >= 0 ? (uint32_t)p->stages[s].device + 1 : 0;
+        stp[s] = &st[s];
+    }
+    Bloomery__KvType kv;
+    switch (p->kv_type) {
+    case 1: kv = BLOOMERY__KV_TYPE__KV_TYPE_F16; break;  /* BL_TYPE_F16 */
+    case 0: kv = BLOOMERY__KV_TYPE__KV_TYPE_F32; break;  /* BL_TYPE_F32 */
+    case 8: kv = BLOOMERY__KV_TYPE__KV_TYPE_Q8_0; break; /* BL_TYPE_Q8_0 */
+    default: return bl_err_set(err, BL_EINVAL, "plan: KV type %u is not f16, f32 or q8_0", p->kv_type);
+    }
+    /* every expert of a host layer */
+    size_t n_pl = 0;
+    for (uint32_t l = 0; l < p->n_layers; l++)
+        n_pl += p->host[l] ? p->n_expert : 0;
+    Bloomery__ExpertPlacement *pl = n_pl ? calloc(n_pl, sizeof *pl) : NULL;
+    Bloomery__ExpertPlacement **plp = n_pl ? calloc(n_pl, sizeof *plp) : NULL;
+    if (n_pl && (!pl || !plp)) {
+        free(pl);
+        free(plp);
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the plan's placements");
+    }
+    size_t k = 0;
+    for (uint32_t l = 0; l < p->n_layers; l++)
+        for (uint32_t e = 0; p->host[l] && e < p->n_expert; e++, k++) {
+            bloomery__expert_placement__init(&pl[k]);
+            pl[k].layer = l;
+            pl[k].expert = e;
+            pl[k].process = p->host_process;
+            plp[k] = &pl[k];
+        }
+    Bloomery__Plan m;
+    bloomery__plan__init(&m);
+    m.model_path = (char *)p->model_path;
+    m.n_layers = p->n_layers;
+    m.n_expert = p->n_expert;
+    m.stages = stp;
+    m.n_stages = (size_t)p->n_stages;
+    m.placements = plp;
+    m.n_placements = n_pl;
+    m.kv_type = kv;
+    m.n_ctx = p->n_ctx;
+    m.n_slots = p->n_slots;
+    m.threads = p->threads;
+    m.threads_batch = p->threads_batch;
+    m.n_batch = p->n_batch;
+    m.experts_remote = p->experts_remote != 0;
+    m.flash_attn = p->flash_attn;
+    m.no_mmap = p->no_mmap != 0;
+    m.mlock = p->mlock != 0;
+    m.you = p->you;
+    const bp_msg_t msg = {.type = BP_MSG_PLAN, .u.plan = &m};
+    const int rc = bp_chan_send(c, to, &msg, timeout_ms, err);
+    free(pl);
+    free(plp);
+    return rc;
+}
+
+int bp_chan_send_shutdown(bp_chan_t *c, const bp_peer_t *to, const char *reason, uint32_t grace_ms, int timeout_ms,
+                          bl_err_t *err)
+{
+    Bloomery__Shutdown s;
+    bloomery__shutdown__init(&s);
+    s.reason = (char *)reason;
+    s.grace_ms = grace_ms;
+    const bp_msg_t m = {.type = BP_MSG_SHUTDOWN, .u.shutdown = &s};
+    return bp_chan_send(c, to, &m, timeout_ms, err);
+}
+
+int bp_chan_send_stats_request(bp_chan_t *c, const bp_peer_t *to, uint32_t process, int timeout_ms, bl_err_t *err)
+{
+    Bloomery__Stats s;
+    bloomery__stats__init(&s);
+    s.process = process;
+    const bp_msg_t m = {.type = BP_MSG_STATS, .u.stats = &s};
+    return bp_chan_send(c, to, &m, timeout_ms, err);
 }

@@ -73,4 +73,15 @@ int bp_chan_recv(bp_chan_t *c, bp_peer_t *from, bp_msg_t *out, int timeout_ms,
 /* A printable form of a routing id ("worker0", or hex for binary ids) for messages. */
 const char *bp_peer_name(const bp_peer_t *p, char *buf, size_t cap);
 
+/* The router's messages to a child, built here from plain values. The Plan's host
+ * layers go out as one placement per expert (process host_process), its KV type as
+ * a bl_type_t id (f16, f32, q8_0). Errors as bp_chan_send, BL_ENOMEM, BL_EINVAL (a
+ * KV type or stage device out of range). */
+int bp_chan_send_plan(bp_chan_t *c, const bp_peer_t *to, const bp_plan_t *p, int timeout_ms, bl_err_t *err) BL_WUR;
+int bp_chan_send_shutdown(bp_chan_t *c, const bp_peer_t *to, const char *reason, uint32_t grace_ms, int timeout_ms,
+                          bl_err_t *err) BL_WUR;
+/* A Stats request: the child answers with its counters. */
+int bp_chan_send_stats_request(bp_chan_t *c, const bp_peer_t *to, uint32_t process, int timeout_ms,
+                               bl_err_t *err) BL_WUR;
+
 #endif

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "bl_config.h"
+#include "bloomery.pb-c.h"
 #include "chan.h"
 #include "log.h"
 

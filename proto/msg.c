@@ -2,6 +2,8 @@
  * the generated code that calls protobuf-c. */
 #include "msg.h"
 
+#include "bloomery.pb-c.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -274,7 +276,7 @@ void bp_msg_free(bp_msg_t *m)
     memset(m, 0, sizeof *m);
 }
 
-int bp_plan_host_layers(const Bloomery__Plan *p, uint8_t *out, bl_err_t *err)
+static int host_layers(const Bloomery__Plan *p, uint8_t *out, bl_err_t *err)
 {
     const size_t nl = p->n_layers, ne = p->n_expert;
     memset(out, 0, nl);
@@ -303,4 +305,89 @@ int bp_plan_host_layers(const Bloomery__Plan *p, uint8_t *out, bl_err_t *err)
     free(seen);
     free(count);
     return rc;
+}
+
+int bp_plan_read(const bp_msg_t *m, bp_plan_t *out, bl_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    if (m->type != BP_MSG_PLAN || !m->u.plan)
+        return bl_err_set(err, BL_EINVAL, "not a plan");
+    const Bloomery__Plan *p = m->u.plan;
+    if (p->n_layers > BP_PLAN_MAX_LAYERS || p->n_stages > BP_PLAN_MAX_STAGES)
+        return bl_err_set(err, BL_EINVAL, "plan: %u layers, %zu stages (at most %u, %d)", p->n_layers, p->n_stages,
+                          BP_PLAN_MAX_LAYERS, BP_PLAN_MAX_STAGES);
+    out->model_path = p->model_path;
+    out->n_layers = p->n_layers;
+    out->n_expert = p->n_expert;
+    out->n_stages = (int)p->n_stages;
+    for (size_t i = 0; i < p->n_stages; i++) {
+        const Bloomery__Stage *st = p->stages[i];
+        /* Stage.gpu: 0 the CPU, N CUDA device N - 1 */
+        if (st->gpu > 256)
+            return bl_err_set(err, BL_EINVAL, "plan: stage %zu's gpu %u is out of range", i, st->gpu);
+        out->stages[i] = (bp_plan_stage_t){.process = st->process, .layer_begin = st->layer_begin,
+                                           .layer_end = st->layer_end, .device = st->gpu ? (int)st->gpu - 1 : -1};
+    }
+    int rc = host_layers(p, out->host, err);
+    if (rc)
+        return rc;
+    out->host_process = p->n_placements ? p->placements[0]->process : 0;
+    out->experts_remote = p->experts_remote;
+    switch (p->kv_type) {
+    case BLOOMERY__KV_TYPE__KV_TYPE_F16: out->kv_type = 1; break;  /* BL_TYPE_F16 */
+    case BLOOMERY__KV_TYPE__KV_TYPE_F32: out->kv_type = 0; break;  /* BL_TYPE_F32 */
+    case BLOOMERY__KV_TYPE__KV_TYPE_Q8_0: out->kv_type = 8; break; /* BL_TYPE_Q8_0 */
+    default: return bl_err_set(err, BL_ENOTSUP, "plan: KV cache type %d is not f16, f32 or q8_0", (int)p->kv_type);
+    }
+    out->n_ctx = p->n_ctx;
+    out->n_slots = p->n_slots;
+    out->threads = p->threads;
+    out->threads_batch = p->threads_batch;
+    out->n_batch = p->n_batch;
+    out->you = p->you;
+    out->flash_attn = p->flash_attn;
+    out->no_mmap = p->no_mmap;
+    out->mlock = p->mlock;
+    return 0;
+}
+
+const char *bp_msg_hello_version(const bp_msg_t *m)
+{
+    return m->type == BP_MSG_HELLO && m->u.hello && m->u.hello->version ? m->u.hello->version : "";
+}
+
+void bp_msg_ready_facts(const bp_msg_t *m, uint64_t *n_vocab, uint64_t *n_embd)
+{
+    const int ok = m->type == BP_MSG_READY && m->u.ready;
+    *n_vocab = ok ? m->u.ready->n_vocab : 0;
+    *n_embd = ok ? m->u.ready->n_embd : 0;
+}
+
+void bp_msg_error_info(const bp_msg_t *m, int32_t *code, int *fatal, const char **message)
+{
+    const int ok = m->type == BP_MSG_ERROR && m->u.error;
+    *code = ok ? m->u.error->code : 0;
+    *fatal = ok ? m->u.error->fatal : 0;
+    *message = ok && m->u.error->message ? m->u.error->message : "";
+}
+
+int bp_msg_stats_read(const bp_msg_t *m, uint64_t *uptime_us, bp_msg_counter_t *out, int cap)
+{
+    *uptime_us = 0;
+    if (m->type != BP_MSG_STATS || !m->u.stats)
+        return 0;
+    const Bloomery__Stats *s = m->u.stats;
+    *uptime_us = s->uptime_us;
+    int n = 0;
+    for (size_t i = 0; i < s->n_counters && n < cap; i++)
+        out[n++] = (bp_msg_counter_t){s->counters[i]->name ? s->counters[i]->name : "", s->counters[i]->value};
+    return n;
+}
+
+void bp_msg_progress_info(const bp_msg_t *m, uint64_t *done, uint64_t *total, const char **stage)
+{
+    const int ok = m->type == BP_MSG_LOAD_PROGRESS && m->u.load_progress;
+    *done = ok ? m->u.load_progress->bytes_done : 0;
+    *total = ok ? m->u.load_progress->bytes_total : 0;
+    *stage = ok && m->u.load_progress->stage ? m->u.load_progress->stage : "";
 }

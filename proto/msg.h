@@ -1,8 +1,9 @@
 /* Control-plane messages (proto/bloomery.proto) and their framing: one type byte, then
  * the protobuf-c encoding. bp_msg_unpack checks size, type and the fields each
  * message needs, so a caller never sees a message that breaks the plan's invariants.
- * The protobuf-c generated types (Bloomery__Hello, ...) are reached only through this
- * header; other modules build and read them here, never through protobuf-c directly.
+ * The protobuf-c generated types (Bloomery__Hello, ...) are complete only inside
+ * proto/: other modules read messages through the plain structs and readers at the
+ * end of this header and send the router's through chan.h, never through protobuf-c.
  * Thread: none shared; a bp_msg_t belongs to one thread. */
 #ifndef BP_MSG_H
 #define BP_MSG_H
@@ -10,8 +11,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "bloomery.pb-c.h"
 #include "err.h"
+
+/* The generated types are complete only inside proto/ (and in its tests, which
+ * include bloomery.pb-c.h): other modules use the plain structs and readers below. */
+struct ProtobufCMessage;
+struct Bloomery__Hello;
+struct Bloomery__Plan;
+struct Bloomery__LoadProgress;
+struct Bloomery__Ready;
+struct Bloomery__Stats;
+struct Bloomery__Error;
+struct Bloomery__Shutdown;
+struct Bloomery__MoveExperts;
 
 /* The version of this wire protocol, carried in Hello.protocol. */
 #define BP_PROTOCOL_VERSION 1u
@@ -40,15 +52,15 @@ typedef enum bp_msg_type {
 typedef struct bp_msg {
     bp_msg_type_t type;
     union {
-        ProtobufCMessage *base;
-        Bloomery__Hello *hello;
-        Bloomery__Plan *plan;
-        Bloomery__LoadProgress *load_progress;
-        Bloomery__Ready *ready;
-        Bloomery__Stats *stats;
-        Bloomery__Error *error;
-        Bloomery__Shutdown *shutdown;
-        Bloomery__MoveExperts *move_experts;
+        struct ProtobufCMessage *base;
+        struct Bloomery__Hello *hello;
+        struct Bloomery__Plan *plan;
+        struct Bloomery__LoadProgress *load_progress;
+        struct Bloomery__Ready *ready;
+        struct Bloomery__Stats *stats;
+        struct Bloomery__Error *error;
+        struct Bloomery__Shutdown *shutdown;
+        struct Bloomery__MoveExperts *move_experts;
     } u;
     int _owned; /* set by bp_msg_unpack */
 } bp_msg_t;
@@ -78,15 +90,54 @@ int bp_msg_unpack(bp_msg_t *out, const uint8_t *buf, size_t nbytes, bl_err_t *er
 /* Frees what bp_msg_unpack allocated; a caller-built message is left alone. */
 void bp_msg_free(bp_msg_t *m);
 
-/* Most layers a Plan may carry (Plan.n_layers). */
+/* Most layers a Plan may carry (Plan.n_layers), and stages. */
 #define BP_PLAN_MAX_LAYERS 4096u
+#define BP_PLAN_MAX_STAGES 64
 
-/* The layers of a validated Plan whose routed experts are in host RAM, from its
- * placements (each names an expert that the hosttier computes): out[l] = 1 where
- * every expert of layer l is listed, 0 where none is (out has n_layers entries, at
- * most BP_PLAN_MAX_LAYERS in a plan bp_msg_unpack accepted).
- * BL_ENOTSUP where a layer has some of its experts listed (a layer's experts move
- * together for now), BL_EINVAL for an expert listed twice. */
-int bp_plan_host_layers(const Bloomery__Plan *p, uint8_t *out, bl_err_t *err) BL_WUR;
+/* --- the messages as the processes use them ------------------------------------- */
+
+typedef struct bp_plan_stage {
+    uint32_t process;      /* the worker's id in the plan */
+    uint32_t layer_begin, layer_end;
+    int device;            /* -1 the CPU, else a CUDA ordinal */
+} bp_plan_stage_t;
+
+/* The Plan: what the router sends each child. */
+typedef struct bp_plan {
+    const char *model_path; /* borrowed: the sender's, or the message's (valid while it is) */
+    uint32_t n_layers, n_expert;
+    int n_stages;
+    bp_plan_stage_t stages[BP_PLAN_MAX_STAGES];
+    uint8_t host[BP_PLAN_MAX_LAYERS]; /* 1 where the layer's routed experts are in host RAM,
+                                       * computed by the hosttier (process host_process) */
+    uint32_t host_process;
+    int experts_remote;    /* a hosttier runs (every layer's experts when host lists none) */
+    uint32_t kv_type;      /* a bl_type_t id: f16, f32 or q8_0 */
+    uint32_t n_ctx, n_slots, threads, threads_batch, n_batch, you, flash_attn;
+    int no_mmap, mlock;
+} bp_plan_t;
+
+/* A validated Plan message into p: the stages, the host layers from its placements
+ * (each names an expert that the hosttier computes: a layer is a host layer when
+ * every expert of it is listed), the KV type as a bl_type_t id. BL_ENOTSUP where a
+ * layer has some of its experts listed (a layer's experts move together for now),
+ * BL_EINVAL (an expert listed twice, a stage's device or KV type out of range). */
+int bp_plan_read(const bp_msg_t *m, bp_plan_t *p, bl_err_t *err) BL_WUR;
+
+/* LoadProgress: bytes done and in all, and what is being loaded ("" when m is none). */
+void bp_msg_progress_info(const bp_msg_t *m, uint64_t *done, uint64_t *total, const char **stage);
+/* Hello.version; "" when m is no Hello. */
+const char *bp_msg_hello_version(const bp_msg_t *m);
+/* Ready's model facts (0 from a hosttier, or when m is no Ready). */
+void bp_msg_ready_facts(const bp_msg_t *m, uint64_t *n_vocab, uint64_t *n_embd);
+/* Error's code, whether it is fatal, and its text ("" when none). */
+void bp_msg_error_info(const bp_msg_t *m, int32_t *code, int *fatal, const char **message);
+
+typedef struct bp_msg_counter {
+    const char *name;      /* borrowed from the message */
+    uint64_t value;
+} bp_msg_counter_t;
+/* Stats: the child's uptime and up to cap counters into out; returns how many. */
+int bp_msg_stats_read(const bp_msg_t *m, uint64_t *uptime_us, bp_msg_counter_t *out, int cap);
 
 #endif

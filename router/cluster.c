@@ -379,17 +379,13 @@ static void stop_set(rt_cluster_t *c, int graceful)
 {
     atomic_store(&c->broken, 1);
     if (graceful && c->chan) {
-        Bloomery__Shutdown s;
-        bloomery__shutdown__init(&s);
-        s.reason = (char *)"router stopping";
-        s.grace_ms = GRACE_MS;
-        bp_msg_t m = {.type = BP_MSG_SHUTDOWN, .u.shutdown = &s};
         for (int i = 0; i < c->n_children; i++) {
             child_t *k = &c->kids[i];
             bp_peer_t to = {.len = strlen(k->identity)};
             memcpy(to.id, k->identity, to.len);
             bl_err_t err;
-            if (k->pid > 0 && k->hello && bp_chan_send(c->chan, &to, &m, 100, &err) != 0)
+            if (k->pid > 0 && k->hello &&
+                bp_chan_send_shutdown(c->chan, &to, "router stopping", GRACE_MS, 100, &err) != 0)
                 BL_LOG(BL_LOG_DEBUG, "event=shutdown_not_sent process=%s reason=\"%s\"",
                        k->tag, err.msg);
         }
@@ -432,94 +428,58 @@ static int child_of(rt_cluster_t *c, const bp_peer_t *p)
     return -1;
 }
 
-static uint32_t kv_type_proto(uint32_t t)
-{
-    switch (t) {
-    case 0u: return BLOOMERY__KV_TYPE__KV_TYPE_F32; /* WK_KV_F32 */
-    case 8u: return BLOOMERY__KV_TYPE__KV_TYPE_Q8_0; /* WK_KV_Q8_0 */
-    default: return BLOOMERY__KV_TYPE__KV_TYPE_F16;
-    }
-}
-
 static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
 {
-    int nw = c->o.n_workers;
-    Bloomery__Stage st[MAX_WORKERS], *stp[MAX_WORKERS];
+    static bp_plan_t p; /* large (the host-layer table); the supervisor thread sends plans one at a time */
+    memset(&p, 0, sizeof p);
+    const int nw = c->o.n_workers;
     /* The plan's stages, or an even split, earlier stages taking the remainder. */
     int64_t base = c->n_layer / nw, extra = c->n_layer % nw, at = 0;
     for (int s = 0; s < nw; s++) {
-        bloomery__stage__init(&st[s]);
-        st[s].process = (uint32_t)s;
-        st[s].layer_begin = (uint32_t)at;
+        const int64_t lb = at;
         at = c->o.n_stage_ends ? c->o.stage_end[s] : at + base + (s < extra ? 1 : 0);
-        st[s].layer_end = (uint32_t)at;
-        if (c->o.n_stage_ends)
-            st[s].gpu = c->o.stage_device[s] >= 0 ? (uint32_t)c->o.stage_device[s] + 1 : 0;
-        else
-            st[s].gpu = c->o.n_gpus > 0 ? (uint32_t)c->o.gpus[s % c->o.n_gpus] + 1 : 0;
-        stp[s] = &st[s];
+        const int dev = c->o.n_stage_ends ? c->o.stage_device[s]
+                        : c->o.n_gpus > 0 ? c->o.gpus[s % c->o.n_gpus] : -1;
+        p.stages[s] = (bp_plan_stage_t){.process = (uint32_t)s, .layer_begin = (uint32_t)lb,
+                                        .layer_end = (uint32_t)at, .device = dev};
     }
-    /* Every expert of a host layer, computed by the hosttier (process nw). */
-    size_t n_pl = 0;
-    for (int64_t l = 0; c->has_hosttier && l < c->n_layer; l++)
-        n_pl += c->o.host_layers[l] ? (size_t)c->n_expert : 0;
-    Bloomery__ExpertPlacement *pl = n_pl ? calloc(n_pl, sizeof *pl) : NULL;
-    Bloomery__ExpertPlacement **plp = n_pl ? calloc(n_pl, sizeof *plp) : NULL;
-    if (n_pl && (!pl || !plp)) {
-        free(pl);
-        free(plp);
-        return bl_err_set(err, BL_ENOMEM, "cluster: out of memory for the plan");
-    }
-    for (int64_t l = 0, k = 0; n_pl && l < c->n_layer; l++)
-        for (int64_t e = 0; c->o.host_layers[l] && e < c->n_expert; e++, k++) {
-            bloomery__expert_placement__init(&pl[k]);
-            pl[k].layer = (uint32_t)l;
-            pl[k].expert = (uint32_t)e;
-            pl[k].process = (uint32_t)nw;
-            plp[k] = &pl[k];
-        }
-    Bloomery__Plan p;
-    bloomery__plan__init(&p);
+    p.n_stages = nw;
     p.model_path = c->model_path;
     p.n_layers = (uint32_t)c->n_layer;
     p.n_expert = (uint32_t)c->n_expert;
-    p.stages = stp;
-    p.n_stages = (size_t)nw;
-    p.kv_type = kv_type_proto(c->o.kv_type);
+    for (int64_t l = 0; c->has_hosttier && l < c->n_layer; l++)
+        p.host[l] = c->o.host_layers[l] != 0; /* every expert of it, computed by the hosttier */
+    p.host_process = (uint32_t)nw;
+    p.experts_remote = c->has_hosttier;
+    p.kv_type = c->o.kv_type;
     p.n_ctx = (uint32_t)c->o.n_ctx_slot;
     p.n_slots = (uint32_t)c->o.n_slots;
     p.threads = (uint32_t)c->o.n_threads;
     p.threads_batch = (uint32_t)c->o.n_threads_batch;
     p.n_batch = (uint32_t)c->o.n_batch;
-    p.experts_remote = c->has_hosttier;
-    p.placements = plp;
-    p.n_placements = n_pl;
     p.flash_attn = (uint32_t)c->o.flash_attn;
     p.no_mmap = c->o.no_mmap != 0;
     p.mlock = c->o.mlock != 0;
     p.you = (uint32_t)i;
-    bp_msg_t m = {.type = BP_MSG_PLAN, .u.plan = &p};
-    const int rc = bp_chan_send(c->chan, to, &m, 1000, err);
-    free(pl);
-    free(plp);
-    return rc;
+    return bp_chan_send_plan(c->chan, to, &p, 1000, err);
 }
 
 /* Keeps a child's Stats for /metrics; names outside [a-z0-9_] (or too long) are
  * dropped, so that they can go into metric names as they are. */
-static void store_stats(rt_cluster_t *c, child_t *k, const Bloomery__Stats *s)
+static void store_stats(rt_cluster_t *c, child_t *k, const bp_msg_t *m)
 {
     rt_child_stats_t st;
     memset(&st, 0, sizeof st);
     snprintf(st.process, sizeof st.process, "%s", k->tag);
-    st.uptime_us = s->uptime_us;
-    for (size_t i = 0; i < s->n_counters && st.n < RT_CLUSTER_MAX_COUNTERS; i++) {
-        const char *name = s->counters[i]->name;
+    bp_msg_counter_t cs[64];
+    const int n = bp_msg_stats_read(m, &st.uptime_us, cs, 64);
+    for (int i = 0; i < n && st.n < RT_CLUSTER_MAX_COUNTERS; i++) {
+        const char *name = cs[i].name;
         size_t len = strlen(name);
         if (len == 0 || len >= sizeof st.c[0].name || strspn(name, "abcdefghijklmnopqrstuvwxyz0123456789_") != len)
             continue;
         memcpy(st.c[st.n].name, name, len + 1);
-        st.c[st.n].value = s->counters[i]->value;
+        st.c[st.n].value = cs[i].value;
         st.n++;
     }
     pthread_mutex_lock(&c->mu);
@@ -536,12 +496,8 @@ static void request_stats(rt_cluster_t *c)
             continue;
         bp_peer_t to = {.len = strlen(k->identity)};
         memcpy(to.id, k->identity, to.len);
-        Bloomery__Stats s;
-        bloomery__stats__init(&s);
-        s.process = (uint32_t)i;
-        const bp_msg_t m = {.type = BP_MSG_STATS, .u.stats = &s};
         bl_err_t err = {0};
-        if (bp_chan_send(c->chan, &to, &m, 0, &err) != 0)
+        if (bp_chan_send_stats_request(c->chan, &to, (uint32_t)i, 0, &err) != 0)
             BL_LOG(BL_LOG_DEBUG, "event=stats_request_failed process=%s reason=\"%s\"", k->tag, err.msg);
     }
 }
@@ -561,9 +517,10 @@ static int on_message(rt_cluster_t *c, const bp_peer_t *from, const bp_msg_t *m,
     bl_err_t err = {0};
     char esc[400];
     switch (m->type) {
-    case BP_MSG_HELLO:
-        if (strcmp(m->u.hello->version, BL_VERSION) != 0) {
-            bl_log_escape(esc, sizeof esc, m->u.hello->version, strlen(m->u.hello->version));
+    case BP_MSG_HELLO: {
+        const char *version = bp_msg_hello_version(m);
+        if (strcmp(version, BL_VERSION) != 0) {
+            bl_log_escape(esc, sizeof esc, version, strlen(version));
             snprintf(err.msg, sizeof err.msg, "%s: version %s, the router is %s", k->name, esc,
                      BL_VERSION);
             set_error(c, err.msg);
@@ -575,44 +532,51 @@ static int on_message(rt_cluster_t *c, const bp_peer_t *from, const bp_msg_t *m,
             return err.code ? err.code : BL_EIO;
         }
         return 0;
-    case BP_MSG_LOAD_PROGRESS:
+    }
+    case BP_MSG_LOAD_PROGRESS: {
+        uint64_t done, total;
+        const char *stage;
+        bp_msg_progress_info(m, &done, &total, &stage);
         BL_LOG(BL_LOG_INFO, "event=load_progress process=%s stage=%s done=%llu total=%llu",
-               k->tag, bl_log_escape(esc, 64, m->u.load_progress->stage,
-                                     strlen(m->u.load_progress->stage)),
-               (unsigned long long)m->u.load_progress->bytes_done,
-               (unsigned long long)m->u.load_progress->bytes_total);
+               k->tag, bl_log_escape(esc, 64, stage, strlen(stage)), (unsigned long long)done,
+               (unsigned long long)total);
         return 0;
-    case BP_MSG_READY:
-        if (!k->hosttier && (m->u.ready->n_vocab != (uint64_t)c->n_vocab ||
-                             m->u.ready->n_embd != (uint64_t)c->n_embd)) {
+    }
+    case BP_MSG_READY: {
+        uint64_t nv, ne;
+        bp_msg_ready_facts(m, &nv, &ne);
+        if (!k->hosttier && (nv != (uint64_t)c->n_vocab || ne != (uint64_t)c->n_embd)) {
             snprintf(err.msg, sizeof err.msg, "%s: reports n_vocab %llu, n_embd %llu; the file "
-                     "says %lld, %lld", k->name, (unsigned long long)m->u.ready->n_vocab,
-                     (unsigned long long)m->u.ready->n_embd, (long long)c->n_vocab,
-                     (long long)c->n_embd);
+                     "says %lld, %lld", k->name, (unsigned long long)nv, (unsigned long long)ne,
+                     (long long)c->n_vocab, (long long)c->n_embd);
             set_error(c, err.msg);
             return BL_EPROTO;
         }
         k->ready = 1;
         BL_LOG(BL_LOG_INFO, "event=child_ready process=%s pid=%d", k->tag, (int)k->pid);
         return 0;
+    }
     case BP_MSG_ERROR: {
-        const char *text = m->u.error->message;
+        int32_t code;
+        int fatal;
+        const char *text;
+        bp_msg_error_info(m, &code, &fatal, &text);
         bl_log_escape(esc, sizeof esc, text, strlen(text));
         BL_LOG(BL_LOG_ERROR, "event=child_error process=%s code=%d fatal=%d reason=\"%s\"",
-               k->tag, m->u.error->code, (int)m->u.error->fatal, esc);
-        if (loading && m->u.error->fatal) {
+               k->tag, code, fatal, esc);
+        if (loading && fatal) {
             /* Children prefix their texts with their name; keep ours if one does not. */
             if (strncmp(text, k->name, strlen(k->name)) == 0)
                 snprintf(err.msg, sizeof err.msg, "%s", esc);
             else
                 snprintf(err.msg, sizeof err.msg, "%s: %s", k->name, esc);
             set_error(c, err.msg);
-            return m->u.error->code;
+            return code;
         }
         return 0;
     }
     case BP_MSG_STATS:
-        store_stats(c, k, m->u.stats);
+        store_stats(c, k, m);
         return 0;
     default:
         return 0;

@@ -225,16 +225,6 @@ static void *step_main(void *arg)
 
 /* ------------------------------------------------------------ control plane */
 
-static int kv_type_of(int t, uint32_t *out, bl_err_t *err)
-{
-    switch (t) {
-    case BLOOMERY__KV_TYPE__KV_TYPE_F16: *out = WK_KV_F16; return 0;
-    case BLOOMERY__KV_TYPE__KV_TYPE_F32: *out = WK_KV_F32; return 0;
-    case BLOOMERY__KV_TYPE__KV_TYPE_Q8_0: *out = WK_KV_Q8_0; return 0;
-    }
-    return bl_err_set(err, BL_ENOTSUP, "plan: KV cache type %d is not supported", t);
-}
-
 static int attach(bp_ring_t **r, int fd, const char *what, bp_ring_role_t role, bl_err_t *err)
 {
     int rc = bp_ring_attach_fd(r, fd, what, role, err);
@@ -243,35 +233,32 @@ static int attach(bp_ring_t **r, int fd, const char *what, bp_ring_role_t role, 
 }
 
 /* Everything between the Plan and Ready: rings, model, caches, scratch. */
-static int load_stage(worker_t *w, const Bloomery__Plan *p, bl_err_t *err)
+static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
 {
-    const Bloomery__Stage *st = NULL;
-    size_t idx = 0;
+    const bp_plan_stage_t *st = NULL;
+    int idx = 0;
     for (; idx < p->n_stages; idx++)
-        if (p->stages[idx]->process == p->you) {
-            st = p->stages[idx];
+        if (p->stages[idx].process == p->you) {
+            st = &p->stages[idx];
             break;
         }
     if (!st)
         return bl_err_set(err, BL_EINVAL, "plan: no stage for process %u", p->you);
     w->ctl.process = p->you;
-    snprintf(w->ctl.label, sizeof w->ctl.label, "worker %zu", idx);
+    snprintf(w->ctl.label, sizeof w->ctl.label, "worker %d", idx);
     w->first = idx == 0;
     w->last = idx + 1 == p->n_stages;
-    /* Stage.gpu: 0 the CPU, N CUDA device N - 1, where every expert stays local. */
-    if (st->gpu > 1024)
-        return bl_err_set(err, BL_EINVAL, "plan: stage gpu %u is out of range", st->gpu);
-    const int device = st->gpu ? (int)st->gpu - 1 : WK_DEVICE_CPU;
+    const int device = st->device >= 0 ? st->device : WK_DEVICE_CPU;
     /* The layers of this stage whose routed experts the hosttier computes: those the
      * placements list (every layer when the plan says remote and lists none). */
-    static uint8_t host[BP_PLAN_MAX_LAYERS]; /* a validated plan has at most this many */
-    int rc = bp_plan_host_layers(p, host, err);
-    if (rc)
-        return rc;
-    int any = 0;
+    static uint8_t host[BP_PLAN_MAX_LAYERS];
+    memcpy(host, p->host, sizeof host);
+    int any = 0, listed = 0, rc;
+    for (uint32_t l = 0; l < p->n_layers; l++)
+        listed |= host[l];
     for (uint32_t l = st->layer_begin; l < st->layer_end; l++)
         any |= host[l];
-    if (p->experts_remote && p->n_placements == 0) {
+    if (p->experts_remote && !listed) {
         memset(host, 1, p->n_layers);
         any = 1;
     }
@@ -282,10 +269,7 @@ static int load_stage(worker_t *w, const Bloomery__Plan *p, bl_err_t *err)
     if (p->n_batch > 65536 || p->threads > 256 || p->threads_batch > 256)
         return bl_err_set(err, BL_EINVAL, "plan: n_batch %u, threads %u or threads_batch %u out of range",
                           p->n_batch, p->threads, p->threads_batch);
-    uint32_t kv_type = WK_KV_DEFAULT;
-    rc = kv_type_of(p->kv_type, &kv_type, err);
-    if (rc)
-        return rc;
+    const uint32_t kv_type = p->kv_type; /* a bl_type_t id, as WK_KV_* are */
 
     if ((rc = attach(&w->in, BP_STEP_FD_IN, "stage-in", BP_RING_CONSUMER, err)) ||
         (rc = attach(&w->out, BP_STEP_FD_OUT, "stage-out", BP_RING_PRODUCER, err)))
@@ -504,8 +488,15 @@ int main(int argc, char **argv)
         worker_free(&w, 0);
         return rc == BL_ECLOSED ? 0 : 1;
     }
-    uint32_t n_slots = plan.u.plan->n_slots;
-    if ((rc = load_stage(&w, plan.u.plan, &err)) != 0) {
+    static bp_plan_t pl;
+    if ((rc = bp_plan_read(&plan, &pl, &err)) != 0) {
+        bp_child_fatal(&w.ctl, &err);
+        bp_msg_free(&plan);
+        worker_free(&w, 0);
+        return 1;
+    }
+    uint32_t n_slots = pl.n_slots;
+    if ((rc = load_stage(&w, &pl, &err)) != 0) {
         bp_child_fatal(&w.ctl, &err);
         bp_msg_free(&plan);
         worker_free(&w, n_slots);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "bloomery.pb-c.h"
 #include "chan.h"
 
 static char g_dir[64];
@@ -201,6 +202,61 @@ static void test_chan_router_dealer_across_processes(void **state)
     bp_chan_destroy(r);
 }
 
+/* The router's plan as plain values through a channel: bp_chan_send_plan on one side,
+ * bp_plan_read on the other give the same stages, host layers and KV type. */
+static void test_chan_plan_as_plain_values(void **state)
+{
+    (void)state;
+    char ep[256];
+    endpoint(ep, sizeof ep, "plan");
+    bl_err_t err = {0};
+    pid_t pid = fork(); /* before any ZeroMQ context, as above */
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        bp_chan_t *b;
+        bp_msg_t in;
+        static bp_plan_t p;
+        if (bp_chan_connect(&b, BP_CHAN_PAIR, ep, NULL, &err) || bp_chan_recv(b, NULL, &in, 5000, &err) ||
+            bp_plan_read(&in, &p, &err))
+            _exit(1);
+        const int ok = p.n_stages == 2 && p.stages[1].device == 3 && p.stages[0].device == -1 &&
+                       p.stages[1].layer_begin == 5 && p.n_layers == 9 && p.n_expert == 4 && p.host[0] == 0 &&
+                       p.host[6] == 1 && p.host[8] == 1 && p.host[7] == 0 && p.kv_type == 0 &&
+                       !strcmp(p.model_path, "/m.gguf") && p.you == 1 && p.host_process == 2;
+        bp_msg_free(&in);
+        bp_chan_destroy(b);
+        _exit(ok ? 0 : 2);
+    }
+    bp_chan_t *a;
+    assert_int_equal(bp_chan_bind(&a, BP_CHAN_PAIR, ep, &err), 0);
+    static bp_plan_t p;
+    memset(&p, 0, sizeof p);
+    p.model_path = "/m.gguf";
+    p.n_layers = 9;
+    p.n_expert = 4;
+    p.n_stages = 2;
+    p.stages[0] = (bp_plan_stage_t){.process = 0, .layer_begin = 0, .layer_end = 5, .device = -1};
+    p.stages[1] = (bp_plan_stage_t){.process = 1, .layer_begin = 5, .layer_end = 9, .device = 3};
+    p.host[6] = p.host[8] = 1;
+    p.host_process = 2;
+    p.experts_remote = 1;
+    p.kv_type = 0; /* f32 */
+    p.n_ctx = 128;
+    p.n_slots = 1;
+    p.threads = 1;
+    p.you = 1;
+    assert_int_equal(bp_chan_send_plan(a, NULL, &p, 5000, &err), 0);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(WEXITSTATUS(status), 0);
+    p.kv_type = 2; /* q4_1: no KV type */
+    assert_int_equal(bp_chan_send_plan(a, NULL, &p, 0, &err), BL_EINVAL);
+    p.kv_type = 1;
+    p.stages[1].device = 300;
+    assert_int_equal(bp_chan_send_plan(a, NULL, &p, 0, &err), BL_EINVAL);
+    bp_chan_destroy(a);
+}
+
 static void test_chan_pair_round_trip_and_timeout(void **state)
 {
     (void)state;
@@ -362,6 +418,7 @@ int main(void)
         cmocka_unit_test(test_chan_bad_kind_and_scheme),
         cmocka_unit_test(test_chan_router_dealer_across_processes),
         cmocka_unit_test(test_chan_pair_round_trip_and_timeout),
+        cmocka_unit_test(test_chan_plan_as_plain_values),
         cmocka_unit_test(test_chan_garbage_from_peer_is_refused),
         cmocka_unit_test(test_chan_tcp_free_port_round_trip),
     };

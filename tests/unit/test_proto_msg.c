@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bloomery.pb-c.h"
 #include "msg.h"
 #include "rng.h"
 
@@ -115,6 +116,51 @@ static bp_msg_t make_plan(void)
     g_plan.threads = 16;
     g_plan.you = 1;
     return (bp_msg_t){.type = BP_MSG_PLAN, .u.plan = &g_plan};
+}
+
+/* bp_plan_read: the plain plan of a received message. Every expert of a layer
+ * listed makes it a host layer; a layer with some listed is refused, as is an expert
+ * listed twice; the KV type arrives as a bl_type_t id. */
+static void test_msg_plan_read(void **state)
+{
+    (void)state;
+    bp_msg_t m = make_plan(), out;
+    g_plan.n_placements = 16; /* layers 0 and 1: all 8 experts each */
+    g_st[1].gpu = 1;          /* stage 1 on CUDA device 0 */
+    g_plan.kv_type = BLOOMERY__KV_TYPE__KV_TYPE_Q8_0;
+    round_trip(&m, &out);
+    static bp_plan_t pl;
+    bl_err_t err = {0};
+    assert_int_equal(bp_plan_read(&out, &pl, &err), 0);
+    assert_string_equal(pl.model_path, "/models/qwen3-30b-a3b.gguf");
+    assert_int_equal(pl.n_stages, 2);
+    assert_int_equal(pl.stages[0].device, -1);
+    assert_int_equal(pl.stages[1].device, 0);
+    assert_int_equal(pl.stages[1].layer_begin, 2);
+    assert_int_equal(pl.host[0], 1);
+    assert_int_equal(pl.host[1], 1);
+    assert_int_equal(pl.host[2], 0);
+    assert_int_equal(pl.kv_type, 8);
+    assert_int_equal(pl.you, 1);
+    bp_msg_free(&out);
+
+    m = make_plan();
+    g_plan.n_placements = 12; /* layer 1 with only 4 of its 8 */
+    round_trip(&m, &out);
+    assert_int_equal(bp_plan_read(&out, &pl, &err), BL_ENOTSUP);
+    assert_non_null(strstr(err.msg, "layer 1"));
+    bp_msg_free(&out);
+
+    m = make_plan();
+    g_plan.n_placements = 16;
+    g_pl[9].expert = 0; /* layer 1, expert 0 twice */
+    round_trip(&m, &out);
+    assert_int_equal(bp_plan_read(&out, &pl, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "twice"));
+    bp_msg_free(&out);
+
+    bp_msg_t hello = {.type = BP_MSG_HELLO};
+    assert_int_equal(bp_plan_read(&hello, &pl, &err), BL_EINVAL);
 }
 
 static void test_msg_plan_round_trip(void **state)
@@ -368,6 +414,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_msg_hello_round_trip),
         cmocka_unit_test(test_msg_plan_round_trip),
+        cmocka_unit_test(test_msg_plan_read),
         cmocka_unit_test(test_msg_small_messages_round_trip),
         cmocka_unit_test(test_msg_validation_names_the_field),
         cmocka_unit_test(test_msg_unpack_rejects_invalid_fields_from_peer),
