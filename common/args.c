@@ -14,7 +14,7 @@ int bl_parse_i64(const char *s, int64_t *out)
         return BL_EINVAL;
     char *end;
     errno = 0;
-    long long v = strtoll(s, &end, 0);
+    long long v = strtoll(s, &end, 10); /* base 10, as llama.cpp reads its flags: "010" is ten */
     if (errno || *end)
         return BL_EINVAL;
     *out = v;

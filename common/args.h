@@ -59,7 +59,8 @@ void bl_args_usage(FILE *f, const char *prog, const char *synopsis, const bl_arg
 int bl_arg_flash_attn(void *ud, const char *value, bl_err_t *err) BL_WUR;
 
 /* Number parsing as the flags use it, for callers with their own formats: the whole
- * string must be the number. */
+ * string must be the number; integers are decimal ("010" is ten, "0x10" refused), as
+ * llama.cpp reads its flags. */
 int bl_parse_i64(const char *s, int64_t *out) BL_WUR;
 int bl_parse_f32(const char *s, float *out) BL_WUR;
 int bl_parse_f64(const char *s, double *out) BL_WUR;

@@ -160,8 +160,9 @@ static void test_args_number_parsers(void **state)
     (void)state;
     int64_t i;
     float f;
-    assert_int_equal(bl_parse_i64("0x10", &i), 0);
-    assert_int_equal(i, 16);
+    assert_int_equal(bl_parse_i64("010", &i), 0); /* base 10, as llama.cpp */
+    assert_int_equal(i, 10);
+    assert_int_not_equal(bl_parse_i64("0x10", &i), 0);
     assert_int_equal(bl_parse_i64("-5", &i), 0);
     assert_int_equal(i, -5);
     assert_int_not_equal(bl_parse_i64("99999999999999999999", &i), 0);
