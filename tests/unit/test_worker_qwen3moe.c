@@ -879,6 +879,62 @@ static void test_qwen3moe_stage_refusals(void **state)
     wk_model_free(ht);
 }
 
+/* A plan whose -ot pattern puts two layers' routed experts in host RAM, loaded in
+ * this process (wk_load_placed: the stage calls an experts-only model for them):
+ * the prompt's logits equal the plain model's bit for bit, and the plan's refusals
+ * reach the caller. */
+static void test_qwen3moe_placed_in_process(void **state)
+{
+    (void)state;
+    if (!shared_dir())
+        skip();
+    char path[1400];
+    snprintf(path, sizeof path, "%s/models/qwen3moe-trained-q8.gguf", g_shared);
+    wk_model_opts_t o;
+    wk_model_opts_default(&o);
+    o.n_threads = n_threads();
+    o.n_batch = 64;
+    o.n_ctx_max = 256;
+    const char *ot[1] = {"blk\\.[13]\\.ffn_(gate|up|down)_exps=HOSTTIER"};
+    bl_place_opts_t po = {.devices = "none", .override_tensor = ot, .n_override_tensor = 1, .n_ctx_total = 256,
+                          .kv_elem_bytes = 2, .n_batch = 64};
+    wk_placed_t pl;
+    bl_err_t err = {0};
+    char text[2048];
+    assert_int_equal(wk_load_placed(&pl, path, &o, &po, text, sizeof text, &err), 0);
+    assert_non_null(pl.ex);
+    assert_non_null(strstr(text, "2 of 4 layers"));
+    wk_model_t *plain = NULL;
+    assert_int_equal(wk_model_load(&plain, path, &o, &err), 0);
+    const int64_t V = wk_model_config(plain)->n_vocab, n = 24;
+    int32_t toks[24];
+    for (int i = 0; i < n; i++)
+        toks[i] = (int32_t)((i * 7919 + 13) % V);
+    float *a = malloc(sizeof(float) * (size_t)(n * V)), *b = malloc(sizeof(float) * (size_t)(n * V));
+    wk_kv_t *ka = NULL, *kb = NULL;
+    assert_int_equal(wk_kv_create(&ka, plain, 64, WK_KV_F16, &err), 0);
+    assert_int_equal(wk_kv_create(&kb, pl.m, 64, WK_KV_F16, &err), 0);
+    assert_int_equal(wk_model_eval(plain, ka, toks, n, 0, n, a, &err), 0);
+    assert_int_equal(wk_model_eval(pl.m, kb, toks, n, 0, n, b, &err), 0);
+    assert_memory_equal(a, b, sizeof(float) * (size_t)(n * V));
+    /* and one decode step more, through the same hook */
+    assert_int_equal(wk_model_eval(plain, ka, toks, 1, n, 1, a, &err), 0);
+    assert_int_equal(wk_model_eval(pl.m, kb, toks, 1, n, 1, b, &err), 0);
+    assert_memory_equal(a, b, sizeof(float) * (size_t)V);
+    wk_kv_free(ka);
+    wk_kv_free(kb);
+    free(a);
+    free(b);
+    wk_model_free(plain);
+    wk_placed_free(&pl);
+
+    const char *bad[1] = {"no_such_tensor=CPU"};
+    po.override_tensor = bad;
+    assert_int_equal(wk_load_placed(&pl, path, &o, &po, text, sizeof text, &err), BL_ENOTSUP);
+    assert_non_null(strstr(err.msg, "matches no tensor"));
+    wk_placed_free(&pl);
+}
+
 int main(void)
 {
     if (!shared_dir())
@@ -902,6 +958,7 @@ int main(void)
         cmocka_unit_test(test_qwen3_dense_fast_agrees_with_precise),
         cmocka_unit_test(test_qwen3moe_stages_bitwise_equal_whole),
         cmocka_unit_test(test_qwen3moe_stage_refusals),
+        cmocka_unit_test(test_qwen3moe_placed_in_process),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
