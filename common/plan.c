@@ -228,12 +228,16 @@ static uint64_t cuda_scratch(const bl_arch_t *a, const bl_place_opts_t *o, const
     bytes += 2 * B * max_u64(max_u64(E, nq), ff) + 2 * B * K * max_u64(E, ff) + 4 * B * K * E;
     /* the f16 copy of the largest matrix a GEMM reads: an expert tensor on the card,
      * else a layer's largest dense matrix (bounded by the layer's dense bytes) */
-    uint64_t w = 0;
+    uint64_t w = 0, off = 0;
     for (int64_t l = st->lb; l < st->le; l++) {
-        const uint64_t elems = bl_plan_layer_host(p, l) ? 0 : s->exp_max[l];
-        w = max_u64(w, elems * 4); /* 4-bit weights to 16 bits, at most 4x */
+        /* a host layer's experts too: a prompt step copies them in (the op offload)
+         * into one buffer of a layer's experts */
+        w = max_u64(w, s->exp_max[l] * 4); /* 4-bit weights to 16 bits, at most 4x */
         w = max_u64(w, s->dense[l] * 4 / 3);
+        if (bl_plan_layer_host(p, l))
+            off = max_u64(off, s->experts[l]);
     }
+    bytes += off;
     if (last)
         w = max_u64(w, HEAD_PIECE);
     bytes += w;

@@ -348,6 +348,7 @@ int bp_plan_read(const bp_msg_t *m, bp_plan_t *out, bl_err_t *err)
     out->flash_attn = p->flash_attn;
     out->no_mmap = p->no_mmap;
     out->mlock = p->mlock;
+    out->no_op_offload = p->no_op_offload;
     return 0;
 }
 

@@ -115,6 +115,7 @@ typedef struct bp_plan {
     uint32_t kv_type;      /* a bl_type_t id: f16, f32 or q8_0 */
     uint32_t n_ctx, n_slots, threads, threads_batch, n_batch, you, flash_attn;
     int no_mmap, mlock;
+    int no_op_offload;     /* a card never copies host experts in for a prompt step */
 } bp_plan_t;
 
 /* A validated Plan message into p: the stages, the host layers from its placements

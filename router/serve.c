@@ -83,7 +83,7 @@ typedef struct opts {
     /* HTTP and logs */
     const char *api_prefix, *log_colors;
     int64_t threads_http, log_verbosity, keep, prio, cache_ram, ctx_checkpoints;
-    int list_devices, no_mmproj, no_op_offload;
+    int list_devices, no_mmproj, no_op_offload, op_offload;
     /* llama-server flags this server knows and refuses (see unsupported[]) */
     const char *refused_value[24];
     int refused_flag[24];
@@ -304,8 +304,12 @@ static int build_args(bl_arg_t *a, opts_t *o)
                                 "GPUs freed); the next request loads it again (default -1: never)"};
     FLAG("--no-mmproj", "LLAMA_ARG_NO_MMPROJ", &o->no_mmproj,
          "accepted: no multimodal projector is ever loaded");
+    FLAG("--op-offload", NULL, &o->op_offload,
+         "a card copies a layer's host-RAM experts in for a prompt step of at least 64 rows (the "
+         "default; --no-op-offload wins when both are given)");
     FLAG("--no-op-offload", NULL, &o->no_op_offload,
-         "accepted: host-resident weights are never copied to a card for a prompt");
+         "a card never copies a layer's host-RAM experts in for a prompt step (by default a step "
+         "of at least 64 rows computes them on the card)");
     I64("-cram,--cache-ram", "LLAMA_ARG_CACHE_RAM", &o->cache_ram, -1, INT64_MAX / 2, "MiB",
         "0 is accepted (there is no prompt cache in host RAM); other sizes are refused");
     I64("-ctxcp,--ctx-checkpoints,--swa-checkpoints", "LLAMA_ARG_CTX_CHECKPOINTS",
@@ -1324,6 +1328,7 @@ int main(int argc, char **argv)
         .flash_attn = o.flash_attn,
         .no_mmap = o.no_mmap,
         .mlock = o.mlock,
+        .no_op_offload = o.no_op_offload,
     };
     co.step_timeout_ms = (int)(o.timeout * 1000); /* at most 7 days: fits an int */
     app->placement = placement_json(&plan);

@@ -96,6 +96,10 @@ typedef struct wk_backend_ops {
     /* q, k, v of one layer: placed back to back where their formats allow, so that
      * qkv can read them as one matrix */
     int (*add_stack)(wk_backend_t *b, wk_tensor_t *const t[3], bl_err_t *err);
+    /* the routed experts of layer l that stay in host memory (the remote hook computes
+     * them): a backend may copy them in itself for steps of many rows (the CUDA
+     * backend's prompt offload); registered before commit */
+    int (*add_host)(wk_backend_t *b, int64_t l, const wk_moe_t *e, bl_err_t *err);
     int (*commit)(wk_backend_t *b, bl_err_t *err);
     /* a KV cache's memory: kv->buf of kv->n_layer * 2 * n_ctx * row_bytes */
     int (*kv_alloc)(wk_backend_t *b, wk_kv_t *kv, bl_err_t *err);

@@ -94,6 +94,13 @@ static int cpu_add_stack(wk_backend_t *b, wk_tensor_t *const t[3], bl_err_t *err
     return 0;
 }
 
+/* The remote hook computes host experts; the CPU backend never copies them. */
+static int cpu_add_host(wk_backend_t *b, int64_t l, const wk_moe_t *e, bl_err_t *err)
+{
+    (void)b, (void)l, (void)e, (void)err;
+    return 0;
+}
+
 static int cpu_commit(wk_backend_t *b, bl_err_t *err)
 {
     (void)b, (void)err;
@@ -305,7 +312,7 @@ static int cpu_head(wk_backend_t *b, const float *norm, float eps, const wk_tens
 
 static const wk_backend_ops_t cpu_ops = {
     .name = cpu_name, .destroy = cpu_destroy, .alloc = cpu_alloc, .add = cpu_add, .add_vec = cpu_add_vec,
-    .add_stack = cpu_add_stack, .commit = cpu_commit, .kv_alloc = cpu_kv_alloc, .kv_free = cpu_kv_free,
+    .add_stack = cpu_add_stack, .add_host = cpu_add_host, .commit = cpu_commit, .kv_alloc = cpu_kv_alloc, .kv_free = cpu_kv_free,
     .begin = cpu_begin, .end = cpu_end, .embed = cpu_embed, .rms_norm = cpu_rms_norm, .qkv = cpu_qkv,
     .matmul = cpu_matmul, .attention = cpu_attention, .moe = cpu_moe, .ffn = cpu_ffn, .head = cpu_head,
 };

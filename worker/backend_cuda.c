@@ -132,6 +132,18 @@ typedef struct cuda {
     hcall_t *hc;          /* ((GRAPH_MAX_ROWS + 2) * (le - lb)): row 0 for direct steps */
     _Atomic int host_rc;  /* the first host call's failure in this step, or 0 */
     bl_err_t host_err;
+    /* the prompt offload: a host layer's experts copied to the card for a step of at
+     * least offload_rows rows (0: never), then computed there like a card layer's */
+    struct hostx {
+        kcpu_mat_t h[3];  /* gate, up, down in host memory; data NULL: not a host layer */
+        int reg[3];       /* registered for direct reads (else copied through staging) */
+    } *hx;                /* (le - lb) */
+    int64_t offload_rows;
+    uint8_t *d_off;       /* one layer's three expert tensors, 256-aligned */
+    size_t off_bytes;
+    size_t off_f16;       /* the largest host expert tensor in f16 (the prompt's wscr) */
+    void *ostage[2], *oev[2];
+    int oused[2];         /* a staging half's copy was enqueued (its event must be waited on) */
     /* the step running */
     const wk_step_t *st;
     int mode;
@@ -275,6 +287,16 @@ static void cu_destroy(wk_backend_t *b)
         kcuda_free(cu->allocs[i]);
     free(cu->allocs);
     kcuda_host_free(cu->h_in);
+    for (int64_t l = 0; cu->hx && l < cu->le - cu->lb; l++)
+        for (int i = 0; i < 3; i++)
+            if (cu->hx[l].reg[i])
+                kcuda_host_unregister(cu->hx[l].h[i].data);
+    free(cu->hx);
+    kcuda_free(cu->d_off);
+    kcuda_host_free(cu->ostage[0]);
+    kcuda_host_free(cu->ostage[1]);
+    kcuda_event_destroy(cu->oev[0]);
+    kcuda_event_destroy(cu->oev[1]);
     kcuda_host_free(cu->h_x);
     kcuda_host_free(cu->h_ids);
     kcuda_host_free(cu->h_wts);
@@ -483,6 +505,7 @@ static int alloc_prompt(cuda_t *cu, bl_err_t *err)
         const size_t s = kcuda_gemm_scratch_bytes(&((const cw_t *)u->t->d)->m);
         w = max_sz(w, (u->flags & WK_ADD_PIECES) && s > PIECE_BYTES ? PIECE_BYTES : s);
     }
+    w = max_sz(w, cu->off_f16); /* a host layer's experts computed here */
     cu->wscr_bytes = w;
     int rc = kcuda_blas_create(&cu->blas, cu->stream, err);
     if (rc == BL_ENOTSUP) { /* no cuBLAS on this machine: prompts take the rows path */
@@ -550,6 +573,60 @@ static int alloc_scratch(cuda_t *cu, bl_err_t *err)
     return 0;
 }
 
+/* A host layer's experts, kept for the prompt offload (unless -no-op-offload). */
+static int cu_add_host(wk_backend_t *b, int64_t l, const wk_moe_t *e, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    if (cu->offload_rows == 0)
+        return 0;
+    if (!cu->hx && !(cu->hx = calloc((size_t)(cu->le - cu->lb), sizeof *cu->hx)))
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the host layers");
+    struct hostx *x = &cu->hx[l - cu->lb];
+    const kcpu_mat_t *h[3] = {&e->gate_exps.h, &e->up_exps.h, &e->down_exps.h};
+    size_t bytes = 0;
+    for (int i = 0; i < 3; i++) {
+        if (!kcuda_type_supported(h[i]->type))
+            return bl_err_set(err, BL_ENOTSUP, "%s: layer %lld's experts have a type the CUDA kernels do not read",
+                              cu->path, (long long)l);
+        x->h[i] = *h[i];
+        bytes = ((bytes + 255) & ~(size_t)255) + h[i]->row_bytes * (size_t)h[i]->nrows;
+        cu->off_f16 = max_sz(cu->off_f16, (size_t)h[i]->nrows * (size_t)h[i]->ncols * 2);
+    }
+    cu->off_bytes = max_sz(cu->off_bytes, bytes);
+    return 0;
+}
+
+/* The prompt offload's buffers: one layer's experts on the card, the host layers'
+ * memory registered for direct reads where the system lets it (else two pinned
+ * staging halves, as the weights' upload). */
+static int offload_alloc(cuda_t *cu, bl_err_t *err)
+{
+    if (!cu->hx || cu->off_bytes == 0)
+        return 0;
+    int rc = dalloc(&cu->d_off, cu->off_bytes + 256, err);
+    if (rc < 0)
+        return rc;
+    const uintptr_t page = 4096;
+    int staged = 0;
+    for (int64_t l = 0; l < cu->le - cu->lb; l++)
+        for (int i = 0; i < 3 && cu->hx[l].h[i].data; i++) {
+            const kcpu_mat_t *h = &cu->hx[l].h[i];
+            const uintptr_t a = (uintptr_t)h->data;
+            if (a % page == 0) {
+                bl_err_t e2 = {0};
+                cu->hx[l].reg[i] = kcuda_host_register(h->data, h->row_bytes * (size_t)h->nrows, &e2) == 0;
+            }
+            staged |= !cu->hx[l].reg[i];
+        }
+    if (staged && ((rc = kcuda_host_alloc(&cu->ostage[0], STAGE_BYTES, err)) < 0 ||
+                   (rc = kcuda_host_alloc(&cu->ostage[1], STAGE_BYTES, err)) < 0 ||
+                   (rc = kcuda_event_create(&cu->oev[0], err)) < 0 || (rc = kcuda_event_create(&cu->oev[1], err)) < 0))
+        return rc;
+    BL_LOG(BL_LOG_INFO, "event=op_offload rows=%lld buffer_bytes=%zu staged=%d", (long long)cu->offload_rows,
+           cu->off_bytes, staged);
+    return 0;
+}
+
 /* One allocation for every weight: 256-aligned tensors, and kcuda_alloc pads the
  * end, so each matrix's last 16-byte load stays inside. */
 static int cu_commit(wk_backend_t *b, bl_err_t *err)
@@ -571,7 +648,7 @@ static int cu_commit(wk_backend_t *b, bl_err_t *err)
         snprintf(why, sizeof why, "%s", err->msg);
         return bl_err_set(err, rc, "%s: a weight the CUDA kernels cannot read: %s", cu->path, why);
     }
-    if ((rc = upload_all(cu, err)) < 0 || (rc = alloc_scratch(cu, err)) < 0)
+    if ((rc = upload_all(cu, err)) < 0 || (rc = alloc_scratch(cu, err)) < 0 || (rc = offload_alloc(cu, err)) < 0)
         return rc;
     for (int i = 0; i <= PROF_EVENTS; i++) /* cheap; profiling can be switched on later */
         if ((rc = kcuda_event_create(&cu->ev[i], err)) < 0)
@@ -972,6 +1049,56 @@ static void host_experts(void *ctx)
     }
 }
 
+/* A host layer's experts for a prompt step of many rows: its three tensors copied to
+ * the card (straight from registered memory, else through the pinned halves, the
+ * host filling one while the other's copy runs), then the prompt's grouped GEMMs as
+ * for a card layer. Cheaper than sending the rows to the host above a few dozen
+ * rows: the host would read every expert the rows use once per step anyway, and the
+ * card reads the copy at its own speed. */
+static int moe_offload(cuda_t *cu, int64_t l, const wk_moe_t *e, const float *xn, int64_t n, float *x,
+                       bl_err_t *err)
+{
+    const struct hostx *hx = &cu->hx[l - cu->lb];
+    cw_t w[3];
+    size_t off = 0;
+    int k = 0, rc;
+    for (int i = 0; i < 3; i++) {
+        const kcpu_mat_t *h = &hx->h[i];
+        const size_t nbytes = h->row_bytes * (size_t)h->nrows;
+        off = (off + 255) & ~(size_t)255;
+        uint8_t *dst = cu->d_off + off;
+        if (hx->reg[i]) {
+            OP("ffn_offload_copy", kcuda_upload(dst, h->data, nbytes, cu->stream, err));
+        } else {
+            for (size_t at = 0; at < nbytes;) {
+                const size_t c = nbytes - at < STAGE_BYTES ? nbytes - at : STAGE_BYTES;
+                if (cu->oused[k] && (rc = kcuda_event_sync(cu->oev[k], err)) < 0)
+                    return rc;
+                memcpy(cu->ostage[k], (const uint8_t *)h->data + at, c);
+                OP("ffn_offload_copy", kcuda_upload(dst + at, cu->ostage[k], c, cu->stream, err));
+                if ((rc = kcuda_event_record(cu->oev[k], cu->stream, err)) < 0)
+                    return rc;
+                cu->oused[k] = 1;
+                k ^= 1;
+                at += c;
+            }
+        }
+        memset(&w[i], 0, sizeof w[i]);
+        if ((rc = kcuda_mat_init(&w[i].m, dst, h->type, h->ncols, h->nrows, err)) < 0)
+            return rc;
+        off += nbytes;
+    }
+    wk_moe_t de = *e;
+    de.gate_exps.d = &w[0];
+    de.up_exps.d = &w[1];
+    de.down_exps.d = &w[2];
+    const int64_t E = cu->c->n_embd;
+    OP("ffn_to_f16", kcuda_to_f16(xn, E, n, E, cu->x16, E, cu->stream, err));
+    /* a staging half is refilled only after its copy ran (its event, waited on by
+     * whichever layer or step uses it next) */
+    return moe_prompt(cu, &de, xn, n, x, err);
+}
+
 /* A layer whose routed experts are in host RAM: the router and top-k on the card,
  * the rows with their ids and weights to pinned memory, the host node, the sums back
  * onto the residual; the same launches in a decode graph, where the host node waits
@@ -984,6 +1111,8 @@ static int moe_remote(cuda_t *cu, int64_t l, const wk_moe_t *e, const wk_remote_
     if (!cu->remote)
         return bl_err_set(err, BL_EINVAL, "%s: layer %lld sends its experts away, but the backend was made "
                           "without a host path", cu->path, (long long)l);
+    if (cu->mode == MODE_PROMPT && cu->hx && cu->hx[l - cu->lb].h[0].data && n >= cu->offload_rows && cu->d_off)
+        return moe_offload(cu, l, e, xn, n, x, err);
     if (cu->mode == MODE_PROMPT) {
         OP("ffn_to_f16", kcuda_to_f16(xn, E, n, E, cu->x16, E, st, err));
         OP("ffn_gate_inp", pp_mm(cu, M(&e->gate_inp), xn, E, E, n, cu->rl, NE, 0, err));
@@ -1082,7 +1211,8 @@ static int cu_head(wk_backend_t *b, const float *norm, float eps, const wk_tenso
 
 static const wk_backend_ops_t cuda_ops = {
     .name = cu_name, .destroy = cu_destroy, .alloc = cu_alloc, .add = cu_add, .add_vec = cu_add_vec,
-    .add_stack = cu_add_stack, .commit = cu_commit, .kv_alloc = cu_kv_alloc, .kv_free = cu_kv_free,
+    .add_stack = cu_add_stack, .add_host = cu_add_host, .commit = cu_commit, .kv_alloc = cu_kv_alloc,
+    .kv_free = cu_kv_free,
     .begin = cu_begin, .end = cu_end, .embed = cu_embed, .rms_norm = cu_rms_norm, .qkv = cu_qkv,
     .matmul = cu_matmul, .attention = cu_attention, .moe = cu_moe, .ffn = cu_ffn, .head = cu_head,
 };
@@ -1101,6 +1231,10 @@ int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *
     cu->le = cfg->le;
     cu->device = cfg->o->device;
     cu->remote = cfg->remote;
+    const char *or_env = getenv("BLOOMERY_OP_OFFLOAD_ROWS");
+    cu->offload_rows = cfg->o->no_op_offload ? 0 : or_env && *or_env ? atoll(or_env) : WK_OP_OFFLOAD_ROWS;
+    if (cu->offload_rows < 0)
+        cu->offload_rows = 0;
     int rc = check_shapes(cu, err);
     if (rc < 0 || (rc = kcuda_init(cu->device, &cu->info, err)) < 0 ||
         (rc = kcuda_stream_create(&cu->stream, err)) < 0) {

@@ -56,6 +56,9 @@ typedef struct wk_model_opts {
     int no_mmap;       /* CPU: copy every matrix into anonymous memory even when the
                         * model is larger than half the RAM (default: such a model
                         * stays in the file mapping, which the page cache can evict) */
+    int no_op_offload; /* device: never copy a layer's host-RAM experts to the card for a
+                        * prompt step (llama.cpp's --no-op-offload); by default a step of
+                        * at least WK_OP_OFFLOAD_ROWS rows computes them on the card */
     int mlock;         /* lock the weights in RAM (mlock); a refusal (RLIMIT_MEMLOCK) is
                         * logged and the load goes on, as in llama.cpp */
     int profile;       /* device: time every launch of a step with CUDA events (a
@@ -67,6 +70,10 @@ typedef struct wk_model_opts {
 #define WK_FLASH_AUTO BL_FLASH_AUTO /* the values bl_arg_flash_attn parses -fa into */
 #define WK_FLASH_ON BL_FLASH_ON
 #define WK_FLASH_OFF BL_FLASH_OFF
+
+/* The fewest rows of a prompt step for which a card copies a layer's host-RAM experts
+ * in and computes them itself (BLOOMERY_OP_OFFLOAD_ROWS overrides it, to measure). */
+#define WK_OP_OFFLOAD_ROWS 64
 
 /* The CPU (the default of wk_model_opts_t.device). */
 #define WK_DEVICE_CPU (-1)

@@ -498,6 +498,11 @@ int kcuda_event_elapsed_ms(float *ms, void *start, void *end, bl_err_t *err) BL_
  * the stream is being captured). fn may block; it must not call CUDA. */
 int kcuda_host_call(void *stream, void (*fn)(void *ctx), void *ctx, bl_err_t *err) BL_WUR;
 
+/* Pins nbytes of host memory at p (page-aligned) for the card to read directly,
+ * read-only (a file's mapping may be registered); undone by kcuda_host_unregister. */
+int kcuda_host_register(const void *p, size_t nbytes, bl_err_t *err) BL_WUR;
+void kcuda_host_unregister(const void *p); /* NULL is a no-op */
+
 int kcuda_graph_begin(void *stream, bl_err_t *err) BL_WUR;
 int kcuda_graph_end(void *stream, void **exec, bl_err_t *err) BL_WUR;
 int kcuda_graph_launch(void *exec, void *stream, bl_err_t *err) BL_WUR;

@@ -128,3 +128,16 @@ int kcuda_host_call(void *stream, void (*fn)(void *ctx), void *ctx, bl_err_t *er
     KCUDA_CHECK(cudaLaunchHostFunc((cudaStream_t)stream, (cudaHostFn_t)fn, ctx), err);
     return 0;
 }
+
+int kcuda_host_register(const void *p, size_t nbytes, bl_err_t *err)
+{
+    /* read-only: the pages may be a file's mapping, which is never written */
+    KCUDA_CHECK(cudaHostRegister((void *)p, nbytes, cudaHostRegisterReadOnly), err);
+    return 0;
+}
+
+void kcuda_host_unregister(const void *p)
+{
+    if (p)
+        (void)cudaHostUnregister((void *)p);
+}

@@ -329,8 +329,9 @@ static void assert_fits(const bl_plan_t *p, const bl_device_t *devs, int n_devs,
     }
 }
 
-/* The scratch estimate of one card stage holding every layer (the last stage: it
- * does not change with the experts' placement, the head piece dominates). */
+/* The scratch estimate of one card stage holding every layer and all its experts
+ * (the last stage: the head piece dominates; host experts add a buffer of one
+ * layer's experts, X_BYTES). */
 static uint64_t scratch_of_one_stage(void)
 {
     const bl_device_t d = card(0, 0);
@@ -984,9 +985,11 @@ static void test_plan_default_split_follows_free_memory(void **state)
 
 /* Room for the dense parts, the KV cache, the scratch, the margin and 5.5 layers of
  * experts: the experts of the first 3 layers must go. */
+/* With experts in host RAM the card also keeps a buffer of one layer's experts (the
+ * prompt offload copies a host layer there): X_BYTES more scratch. */
 static uint64_t free_for_five_and_a_half_layers(void)
 {
-    return W_ALL - N_LAYER * X_BYTES + KV_ALL + scratch_of_one_stage() + MARGIN_DEFAULT + 5 * X_BYTES +
+    return W_ALL - N_LAYER * X_BYTES + KV_ALL + scratch_of_one_stage() + X_BYTES + MARGIN_DEFAULT + 5 * X_BYTES +
            X_BYTES / 2;
 }
 
@@ -1051,8 +1054,9 @@ static void test_plan_fit_moves_leading_layers_to_the_cpu_when_the_dense_part_do
 {
     (void)state;
     const uint64_t layer = D_BYTES + KV_LAYER_BYTES;
-    /* room for 6.5 layers' dense parts and KV with every expert in host RAM */
-    const bl_device_t d = card(0, 6 * layer + OUT_NORM_BYTES + HEAD_BYTES + scratch_of_one_stage() +
+    /* room for 6.5 layers' dense parts and KV with every expert in host RAM (and the
+     * buffer of one layer's experts the prompt offload keeps on the card) */
+    const bl_device_t d = card(0, 6 * layer + OUT_NORM_BYTES + HEAD_BYTES + scratch_of_one_stage() + X_BYTES +
                                       MARGIN_DEFAULT + layer / 2);
     const bl_place_opts_t o = opts();
     bl_plan_t *p = &g_plan;

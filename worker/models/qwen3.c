@@ -138,6 +138,8 @@ int wk__qwen3_place(wk_model_t *m, bl_err_t *err)
                         ((rc = op->add(b, &e->gate_exps, 0, err)) < 0 || (rc = op->add(b, &e->up_exps, 0, err)) < 0 ||
                          (rc = op->add(b, &e->down_exps, 0, err)) < 0))))
             return rc;
+        if (c->moe && wk__layer_remote(m, l) && (rc = op->add_host(b, l, e, err)) < 0)
+            return rc;
         if (!c->moe && ((rc = op->add(b, &L->ffn_gate, 0, err)) < 0 || (rc = op->add(b, &L->ffn_up, 0, err)) < 0 ||
                         (rc = op->add(b, &L->ffn_down, 0, err)) < 0))
             return rc;
