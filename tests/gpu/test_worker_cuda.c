@@ -269,6 +269,27 @@ static void test_hybrid(void)
                    cases[ci].what);
             tap_ok(d2 == 0, "%s %s: graph replay with host round trips gives the bits of the plain steps",
                    k_models[mi], cases[ci].what);
+            /* the prompt offload: the host layers' experts copied to the card and run
+             * there (a bound of 1 row takes it for this prompt; 0 rows never) */
+            setenv("BLOOMERY_OP_OFFLOAD_ROWS", "1", 1);
+            wk_placed_t p3 = load_placed(k_models[mi], 1, cases[ci].ot, cases[ci].cpu_moe, cases[ci].ncmoe);
+            setenv("BLOOMERY_OP_OFFLOAD_ROWS", "0", 1);
+            wk_placed_t p4 = load_placed(k_models[mi], 1, cases[ci].ot, cases[ci].cpu_moe, cases[ci].ncmoe);
+            unsetenv("BLOOMERY_OP_OFFLOAD_ROWS");
+            float *off = run_prompt(p3.m, ex.ids, n, WK_KV_F16), *host = run_prompt(p4.m, ex.ids, n, WK_KV_F16);
+            const stats_t uso = compare_ours(&ex, off, V), ush = compare_ours(&ex, host, V);
+            printf("# hybrid %-20s %-14s prompt offload: top1 %lld mean %.5f | host only: top1 %lld mean %.5f\n",
+                   k_models[mi], cases[ci].what, (long long)uso.top1, uso.mean, (long long)ush.top1, ush.mean);
+            tap_ok(uso.top1 >= them.top1 && uso.mean <= them.mean,
+                   "%s %s, prompt offload: no worse than llama.cpp against the exact pass", k_models[mi],
+                   cases[ci].what);
+            tap_ok(ush.top1 >= them.top1 && ush.mean <= them.mean,
+                   "%s %s, prompt through the host: no worse than llama.cpp against the exact pass", k_models[mi],
+                   cases[ci].what);
+            free(off);
+            free(host);
+            wk_placed_free(&p3);
+            wk_placed_free(&p4);
             free(prompt);
             free(graph);
             free(plain);
