@@ -240,6 +240,34 @@ int bp_msg_pack(const bp_msg_t *m, uint8_t *buf, size_t cap, size_t *nbytes, bl_
     return 0;
 }
 
+/* A field this side does not know, anywhere in m: both ends run the same version
+ * (Hello says so), so such a field is garbage, and protobuf-c would pack it back in
+ * a form its own decoder refuses. */
+static int has_unknown(const ProtobufCMessage *m, int depth)
+{
+    if (!m || depth > 8)
+        return m != NULL;
+    if (m->n_unknown_fields)
+        return 1;
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->type != PROTOBUF_C_TYPE_MESSAGE)
+            continue;
+        const uint8_t *base = (const uint8_t *)m;
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            const size_t n = *(const size_t *)(base + f->quantifier_offset);
+            ProtobufCMessage *const *v = *(ProtobufCMessage *const *const *)(base + f->offset);
+            for (size_t j = 0; j < n; j++)
+                if (has_unknown(v[j], depth + 1))
+                    return 1;
+        } else if (has_unknown(*(ProtobufCMessage *const *)(base + f->offset), depth + 1)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 int bp_msg_unpack(bp_msg_t *out, const uint8_t *buf, size_t nbytes, bl_err_t *err)
 {
     int rc;
@@ -260,6 +288,11 @@ int bp_msg_unpack(bp_msg_t *out, const uint8_t *buf, size_t nbytes, bl_err_t *er
     out->type = (bp_msg_type_t)type;
     out->u.base = pm;
     out->_owned = 1;
+    if (has_unknown(pm, 0)) {
+        rc = bl_err_set(err, BL_EINVAL, "control message: %s carries a field this version does not know",
+                        g_types[type].name);
+        goto fail;
+    }
     rc = bp_msg_validate(out, err);
     if (rc)
         goto fail;

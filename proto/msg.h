@@ -83,8 +83,9 @@ int bp_msg_pack(const bp_msg_t *m, uint8_t *buf, size_t cap, size_t *nbytes,
 
 /* Decodes nbytes of untrusted framing into *out, which the caller frees with
  * bp_msg_free (also after a failure: it is then empty). BL_ERANGE (empty or larger
- * than BP_MSG_MAX_BYTES), BL_EINVAL (unknown type byte, bytes that do not decode,
- * a missing or out-of-range field: the message names it), BL_ENOMEM. */
+ * than BP_MSG_MAX_BYTES), BL_EINVAL (unknown type byte, bytes that do not decode, a
+ * field this version does not know, a missing or out-of-range field: the message
+ * names it), BL_ENOMEM. */
 int bp_msg_unpack(bp_msg_t *out, const uint8_t *buf, size_t nbytes, bl_err_t *err) BL_WUR;
 
 /* Frees what bp_msg_unpack allocated; a caller-built message is left alone. */
