@@ -1,15 +1,13 @@
 /* The hosttier's expert store (store.h). */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include "gguf.h"
 #include "kcpu.h"
-#include "log.h"
 #include "store.h"
+#include "wmem.h"
 
 struct ht_store {
     bl_gguf_t *g;
@@ -63,28 +61,6 @@ static int find_layer(ht_store_t *s, int64_t l, const bl_gguf_tensor_t *t[3], bl
     return 0;
 }
 
-/* Decode reads every active expert once per token: from anonymous memory in huge
- * pages rather than the file mapping's 4 KiB pages (the worker's reasoning for its
- * weights), unless the experts pass half the physical memory, where a copy could not
- * be evicted and the mapping can. */
-static void make_copy(ht_store_t *s, uint64_t total, int no_mmap)
-{
-    const size_t huge = (size_t)2 << 20;
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (total == 0 || total > SIZE_MAX - huge || pages <= 0 || page <= 0 ||
-        (!no_mmap && total > (uint64_t)pages / 2 * (uint64_t)page))
-        return;
-    const size_t len = ((size_t)total + huge - 1) & ~(huge - 1);
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        return;
-#ifdef MADV_HUGEPAGE
-    (void)madvise(p, len, MADV_HUGEPAGE);
-#endif
-    s->copy = p;
-    s->copy_len = len;
-}
-
 int ht_store_open(ht_store_t **out, const ht_store_opts_t *o, bl_err_t *err)
 {
     *out = NULL;
@@ -110,54 +86,41 @@ int ht_store_open(ht_store_t **out, const ht_store_opts_t *o, bl_err_t *err)
         rc = bl_err_set(err, BL_ENOMEM, "out of memory for %lld layers", (long long)a->n_layer);
         goto fail;
     }
+    /* the held layers' tensors, checked, viewed where the file maps them */
     uint64_t total = 0;
     for (int64_t l = 0; l < a->n_layer; l++) {
         s->held[l] = o->layers ? o->layers[l] != 0 : 1;
         const bl_gguf_tensor_t *t[3];
-        if (s->held[l] && (rc = find_layer(s, l, t, err)) < 0)
-            goto fail;
-        for (int i = 0; s->held[l] && i < 3; i++)
-            total += (t[i]->nbytes + 63) & ~(uint64_t)63;
-    }
-    make_copy(s, total, o->no_mmap);
-    size_t used = 0;
-    for (int64_t l = 0; l < a->n_layer; l++) {
         if (!s->held[l])
             continue;
-        const bl_gguf_tensor_t *t[3];
         if ((rc = find_layer(s, l, t, err)) < 0)
             goto fail;
         kcpu_mat_t *m[3] = {&s->layers[l].gate, &s->layers[l].up, &s->layers[l].down};
         for (int i = 0; i < 3; i++) {
-            const void *data = t[i]->data;
-            if (s->copy) {
-                memcpy(s->copy + used, t[i]->data, t[i]->nbytes);
-                data = s->copy + used;
-                used += (t[i]->nbytes + 63) & ~(size_t)63;
-            }
             const int64_t ncols = i < 2 ? a->n_embd : a->n_ff_exp, nrows = (i < 2 ? a->n_ff_exp : a->n_embd) * a->n_expert;
-            if ((rc = kcpu_mat_init(m[i], data, t[i]->type, ncols, nrows, err)) < 0)
+            if ((rc = kcpu_mat_init(m[i], t[i]->data, t[i]->type, ncols, nrows, err)) < 0)
                 goto fail;
+            total += (t[i]->nbytes + 63) & ~(uint64_t)63;
             s->bytes += t[i]->nbytes;
         }
         s->layers[l].n_expert = a->n_expert;
         s->layers[l].n_ff = a->n_ff_exp;
         s->layers[l].n_embd = a->n_embd;
     }
-    if (o->mlock) {
-        const void *p = s->copy;
-        uint64_t len = used;
-        for (uint32_t i = 0; i < (p ? 1 : bl_gguf_n_parts(s->g)); i++) {
-            const void *q = p ? p : bl_gguf_part_bytes(s->g, i, &len);
-            if (!q || len == 0 || len > SIZE_MAX)
-                continue;
-            if (mlock(q, (size_t)len) != 0)
-                BL_LOG(BL_LOG_WARN, "event=mlock_failed bytes=%llu reason=\"%s\" hint=\"raise ulimit -l "
-                       "(RLIMIT_MEMLOCK)\"", (unsigned long long)len, strerror(errno));
-            else
-                BL_LOG(BL_LOG_INFO, "event=mlock bytes=%llu", (unsigned long long)len);
+    /* then into huge pages where they fit (common/wmem.h) */
+    s->copy = bl_wmem_alloc(total, o->no_mmap, &s->copy_len);
+    size_t used = 0;
+    for (int64_t l = 0; s->copy && l < a->n_layer; l++) {
+        kcpu_mat_t *m[3] = {&s->layers[l].gate, &s->layers[l].up, &s->layers[l].down};
+        for (int i = 0; s->held[l] && i < 3; i++) {
+            const size_t nbytes = m[i]->row_bytes * (size_t)m[i]->nrows;
+            memcpy(s->copy + used, m[i]->data, nbytes);
+            m[i]->data = s->copy + used;
+            used += (nbytes + 63) & ~(size_t)63;
         }
     }
+    if (o->mlock)
+        bl_wmem_lock(s->copy, used, s->g);
     const int64_t cols = a->n_embd > a->n_ff_exp ? a->n_embd : a->n_ff_exp;
     const kcpu_limits_t lim = {.max_cols = cols, .max_batch = o->n_batch, .max_ctx = 1, .head_dim = a->head_dim};
     if ((rc = kcpu_ctx_create(&s->kc, o->n_threads, KCPU_FAST16, &lim, err)) < 0 ||

@@ -19,6 +19,7 @@
 #include "model.h"
 #include "plan.h"
 #include "quant.h"
+#include "wmem.h"
 #include "wk.h"
 
 void wk_model_opts_default(wk_model_opts_t *o)
@@ -60,52 +61,14 @@ int wk__find_mat(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, int6
     return kcpu_mat_init(&out->h, data, t->type, ne0, ne1 * ne2, err);
 }
 
-/* Decode streams every active weight once per token, and a file mapping is in 4 KiB
- * pages: a TLB miss every 4 KiB and a hardware prefetcher that stops at each page.
- * The matrices are therefore copied once into anonymous memory advised as huge
- * pages (measured on the 2-core EPYC: tg64 on m8.gguf about +12%). Best effort: a
- * model larger than half the physical memory, or a failed mapping, leaves the
- * matrices in the file mapping, which the page cache can evict; a copy of such a
- * model could not be. Sized for every tensor of the file, which bounds the
- * matrices' total. */
+/* The matrices' copy in huge pages (common/wmem.h), sized for every tensor of the
+ * file, which bounds the matrices' total. */
 static void weights_arena(wk_model_t *m)
 {
-    const size_t huge = (size_t)2 << 20;
     uint64_t total = 0;
     for (uint64_t i = 0; i < bl_gguf_n_tensors(m->g); i++)
         total += (bl_gguf_tensor_at(m->g, i)->nbytes + 63) & ~(uint64_t)63;
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (total == 0 || total > SIZE_MAX - huge || pages <= 0 || page <= 0 ||
-        (!m->opts.no_mmap && total > (uint64_t)pages / 2 * (uint64_t)page))
-        return;
-    const size_t len = ((size_t)total + huge - 1) & ~(huge - 1);
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        return;
-#ifdef MADV_HUGEPAGE
-    (void)madvise(p, len, MADV_HUGEPAGE);
-#endif
-    m->arena = p;
-    m->arena_len = len;
-}
-
-/* --mlock: the copied matrices, or the file mapping where they stayed, locked in
- * RAM. A refusal (RLIMIT_MEMLOCK, most often) is logged and the load goes on, as
- * llama.cpp does. */
-static void lock_weights(wk_model_t *m)
-{
-    const uint32_t n = m->arena ? 1 : bl_gguf_n_parts(m->g);
-    for (uint32_t i = 0; i < n; i++) {
-        uint64_t len = m->arena_used;
-        const void *p = m->arena ? (const void *)m->arena : bl_gguf_part_bytes(m->g, i, &len);
-        if (!p || len == 0 || len > SIZE_MAX)
-            continue;
-        if (mlock(p, (size_t)len) != 0)
-            BL_LOG(BL_LOG_WARN, "event=mlock_failed bytes=%llu reason=\"%s\" hint=\"raise ulimit "
-                   "-l (RLIMIT_MEMLOCK)\"", (unsigned long long)len, strerror(errno));
-        else
-            BL_LOG(BL_LOG_INFO, "event=mlock bytes=%llu", (unsigned long long)len);
-    }
+    m->arena = bl_wmem_alloc(total, m->opts.no_mmap, &m->arena_len);
 }
 
 int wk__find_vec(wk_model_t *m, const char *name, int64_t ne0, wk_vec_t *out, bl_err_t *err)
@@ -170,7 +133,7 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
     if ((rc = wk__qwen3_map(m, err)) < 0)
         goto fail;
     if (m->opts.mlock)
-        lock_weights(m);
+        bl_wmem_lock(m->arena, m->arena_used, m->g);
     if (m->opts.n_ctx_max <= 0)
         m->opts.n_ctx_max = m->cfg.n_ctx_train;
     if (m->opts.n_ctx_max > BL_ARCH_MAX_CTX) {
