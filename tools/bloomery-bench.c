@@ -388,9 +388,9 @@ int main(int argc, char **argv)
     int device = WK_DEVICE_CPU;
     bl_place_opts_t po = {.n_ctx_total = max_d + max_n + (b.profile ? 544 : 0), .kv_elem_bytes = 2.0,
                           .n_batch = b.n_batch};
+    static uint8_t host[BL_ARCH_MAX_LAYERS]; /* the plan's host-RAM layers */
     {
         char text[4096];
-        static uint8_t host[BL_ARCH_MAX_LAYERS];
         if (bl_plan_opts(&po, &b.place, &err) ||
             wk_place_one(b.model, &po, &device, host, sizeof host, text, sizeof text, &err)) {
             fprintf(stderr, "bloomery-bench: %s\n", err.msg);
@@ -430,8 +430,7 @@ int main(int argc, char **argv)
         mo.flash_attn = b.flash_attn;
         wk_placed_t pl;
         wk_kv_t *kv = NULL;
-        char text[4096];
-        if (wk_load_placed(&pl, b.model, &mo, &po, text, sizeof text, &err) ||
+        if (wk_load_placed(&pl, b.model, &mo, host, sizeof host, &err) ||
             wk_kv_create(&kv, pl.m, mo.n_ctx_max, WK_KV_F16, &err)) {
             wk_placed_free(&pl);
             fprintf(stderr, "bloomery-bench: %s\n", err.msg);

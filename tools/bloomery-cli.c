@@ -227,7 +227,7 @@ static int run(cli_t *c)
     if (mo.device >= 0 && !c->cache_type_k) /* the card keeps f16 caches only */
         kv_type = WK_KV_F16;
     double t0 = now_s();
-    if (wk_load_placed(&pl, c->model, &mo, &po, plan_text, sizeof plan_text, &err))
+    if (wk_load_placed(&pl, c->model, &mo, host, sizeof host, &err))
         goto fail;
     m = pl.m;
     const wk_config_t *cfg = wk_model_config(m);

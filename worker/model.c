@@ -455,28 +455,22 @@ static int placed_experts(void *ctx, int64_t layer, const float *xn, int64_t n, 
     return wk_model_experts(ctx, layer, xn, n, counts, ids, wts, out, err);
 }
 
-int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *opts, const bl_place_opts_t *po,
-                   char *text, size_t cap, bl_err_t *err)
+int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *opts, const uint8_t *host,
+                   size_t n_host, bl_err_t *err)
 {
     memset(out, 0, sizeof *out);
-    uint8_t host[BL_ARCH_MAX_LAYERS];
     wk_model_opts_t o = *opts;
-    int rc = wk_place_one(path, po, &o.device, host, sizeof host, text, cap, err);
-    if (rc < 0)
-        return rc;
     int any = 0;
-    for (size_t l = 0; l < sizeof host; l++)
+    for (size_t l = 0; host && l < n_host; l++)
         any |= host[l];
-    if (!any) {
-        o.experts = WK_EXPERTS_LOCAL;
+    o.experts = any ? WK_EXPERTS_REMOTE : WK_EXPERTS_LOCAL;
+    o.experts_host = any ? host : NULL;
+    if (!any)
         return wk_model_load(&out->m, path, &o, err);
-    }
     wk_model_opts_t x = o;
     x.device = WK_DEVICE_CPU;
     x.experts = WK_EXPERTS_ONLY;
-    x.experts_host = host;
-    o.experts = WK_EXPERTS_REMOTE;
-    o.experts_host = host;
+    int rc;
     if ((rc = wk_model_load(&out->ex, path, &x, err)) < 0 || (rc = wk_model_load(&out->m, path, &o, err)) < 0)
         return rc;
     wk_model_set_experts(out->m, placed_experts, out->ex);

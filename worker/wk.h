@@ -254,11 +254,13 @@ typedef struct wk_placed {
     wk_model_t *m, *ex;
 } wk_placed_t;
 
-/* Loads path with opts (whose device and experts fields the plan sets) under the
- * placement flags po. Errors of wk_place_one and wk_model_load. Caller frees with
- * wk_placed_free (also after a failure). */
-int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *opts, const bl_place_opts_t *po,
-                   char *text, size_t cap, bl_err_t *err) BL_WUR;
+/* Loads path as wk_place_one placed it: opts->device is the plan's device, host[l]
+ * (n_host entries, at least the model's layers; NULL: none) its host-RAM layers, so
+ * that a program plans once and loads as often as it likes. opts' experts fields
+ * are set here. Errors of wk_model_load. Caller frees with wk_placed_free (also
+ * after a failure). */
+int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *opts, const uint8_t *host,
+                   size_t n_host, bl_err_t *err) BL_WUR;
 void wk_placed_free(wk_placed_t *p);
 
 #endif

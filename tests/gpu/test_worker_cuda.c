@@ -202,7 +202,7 @@ static void test_batch_decode_graph(void)
     oracle_free(&ex);
 }
 
-/* A model placed by the plan (wk_load_placed) with the flags of one case: the card's
+/* A model placed by the plan (wk_place_one, wk_load_placed) with the flags of one case: the card's
  * stage, its host experts in a CPU model of this process behind the remote hook. */
 static wk_placed_t load_placed(const char *name, int graphs, const char *ot, int cpu_moe, int64_t ncmoe)
 {
@@ -221,7 +221,9 @@ static wk_placed_t load_placed(const char *name, int graphs, const char *ot, int
     wk_placed_t pl;
     bl_err_t err = {0};
     char text[4096];
-    if (wk_load_placed(&pl, path, &o, &po, text, sizeof text, &err) != 0)
+    static uint8_t host[BL_ARCH_MAX_LAYERS];
+    if (wk_place_one(path, &po, &o.device, host, sizeof host, text, sizeof text, &err) != 0 ||
+        wk_load_placed(&pl, path, &o, host, sizeof host, &err) != 0)
         bail(path, &err);
     return pl;
 }

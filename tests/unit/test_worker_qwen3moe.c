@@ -880,7 +880,8 @@ static void test_qwen3moe_stage_refusals(void **state)
 }
 
 /* A plan whose -ot pattern puts two layers' routed experts in host RAM, loaded in
- * this process (wk_load_placed: the stage calls an experts-only model for them):
+ * this process (wk_place_one, then wk_load_placed: the stage calls an experts-only
+ * model for them):
  * the prompt's logits equal the plain model's bit for bit, and the plan's refusals
  * reach the caller. */
 static void test_qwen3moe_placed_in_process(void **state)
@@ -901,7 +902,9 @@ static void test_qwen3moe_placed_in_process(void **state)
     wk_placed_t pl;
     bl_err_t err = {0};
     char text[2048];
-    assert_int_equal(wk_load_placed(&pl, path, &o, &po, text, sizeof text, &err), 0);
+    static uint8_t host[BL_ARCH_MAX_LAYERS];
+    assert_int_equal(wk_place_one(path, &po, &o.device, host, sizeof host, text, sizeof text, &err), 0);
+    assert_int_equal(wk_load_placed(&pl, path, &o, host, sizeof host, &err), 0);
     assert_non_null(pl.ex);
     assert_non_null(strstr(text, "2 of 4 layers"));
     wk_model_t *plain = NULL;
@@ -930,9 +933,8 @@ static void test_qwen3moe_placed_in_process(void **state)
 
     const char *bad[1] = {"no_such_tensor=CPU"};
     po.override_tensor = bad;
-    assert_int_equal(wk_load_placed(&pl, path, &o, &po, text, sizeof text, &err), BL_ENOTSUP);
+    assert_int_equal(wk_place_one(path, &po, &o.device, host, sizeof host, text, sizeof text, &err), BL_ENOTSUP);
     assert_non_null(strstr(err.msg, "matches no tensor"));
-    wk_placed_free(&pl);
 }
 
 int main(void)
