@@ -154,12 +154,10 @@ static int load(hosttier_t *h, const bp_plan_t *p, int n_threads, bl_err_t *err)
     }
     struct stat sb;
     uint64_t total = stat(p->model_path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
-    /* only the layers the placements put in host RAM (all when none is listed) */
-    int listed = 0, rc;
-    for (uint32_t l = 0; l < p->n_layers; l++)
-        listed |= p->host[l];
+    /* only the layers the placements put in host RAM */
+    int rc;
     const int64_t n_batch = p->n_batch ? p->n_batch : 512;
-    const ht_store_opts_t so = {.path = p->model_path, .layers = listed ? p->host : NULL,
+    const ht_store_opts_t so = {.path = p->model_path, .layers = p->host,
                                 .n_threads = n_threads > 0 ? n_threads : (p->threads ? (int)p->threads : 1),
                                 .n_batch = n_batch, .no_mmap = p->no_mmap, .mlock = p->mlock};
     if ((rc = ht_store_open(&h->store, &so, err)) != 0)

@@ -403,7 +403,7 @@ int bp_chan_send_plan(bp_chan_t *c, const bp_peer_t *to, const bp_plan_t *p, int
     m.threads = p->threads;
     m.threads_batch = p->threads_batch;
     m.n_batch = p->n_batch;
-    m.experts_remote = p->experts_remote != 0;
+    m.experts_remote = n_pl > 0; /* a hosttier runs */
     m.flash_attn = p->flash_attn;
     m.no_mmap = p->no_mmap != 0;
     m.mlock = p->mlock != 0;

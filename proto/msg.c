@@ -365,7 +365,6 @@ int bp_plan_read(const bp_msg_t *m, bp_plan_t *out, bl_err_t *err)
     if (rc)
         return rc;
     out->host_process = p->n_placements ? p->placements[0]->process : 0;
-    out->experts_remote = p->experts_remote;
     switch (p->kv_type) {
     case BLOOMERY__KV_TYPE__KV_TYPE_F16: out->kv_type = 1; break;  /* BL_TYPE_F16 */
     case BLOOMERY__KV_TYPE__KV_TYPE_F32: out->kv_type = 0; break;  /* BL_TYPE_F32 */

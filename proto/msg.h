@@ -112,7 +112,6 @@ typedef struct bp_plan {
     uint8_t host[BP_PLAN_MAX_LAYERS]; /* 1 where the layer's routed experts are in host RAM,
                                        * computed by the hosttier (process host_process) */
     uint32_t host_process;
-    int experts_remote;    /* a hosttier runs (every layer's experts when host lists none) */
     uint32_t kv_type;      /* a bl_type_t id: f16, f32 or q8_0 */
     uint32_t n_ctx, n_slots, threads, threads_batch, n_batch, you, flash_attn;
     int no_mmap, mlock;

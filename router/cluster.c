@@ -438,8 +438,7 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
     for (int s = 0; s < nw; s++) {
         const int64_t lb = at;
         at = c->o.n_stage_ends ? c->o.stage_end[s] : at + base + (s < extra ? 1 : 0);
-        const int dev = c->o.n_stage_ends ? c->o.stage_device[s]
-                        : c->o.n_gpus > 0 ? c->o.gpus[s % c->o.n_gpus] : -1;
+        const int dev = c->o.n_stage_ends ? c->o.stage_device[s] : -1;
         p.stages[s] = (bp_plan_stage_t){.process = (uint32_t)s, .layer_begin = (uint32_t)lb,
                                         .layer_end = (uint32_t)at, .device = dev};
     }
@@ -450,7 +449,6 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
     for (int64_t l = 0; c->has_hosttier && l < c->n_layer; l++)
         p.host[l] = c->o.host_layers[l] != 0; /* every expert of it, computed by the hosttier */
     p.host_process = (uint32_t)nw;
-    p.experts_remote = c->has_hosttier;
     p.kv_type = c->o.kv_type;
     p.n_ctx = (uint32_t)c->o.n_ctx_slot;
     p.n_slots = (uint32_t)c->o.n_slots;
@@ -822,12 +820,6 @@ static int check_opts(const rt_cluster_opts_t *o, bl_err_t *err)
         if (o->stage_device[i] < -1 || o->stage_device[i] > 255)
             return bl_err_set(err, BL_EINVAL, "cluster: stage %d's device %d is not -1 or a CUDA ordinal", i,
                               o->stage_device[i]);
-    if (o->n_gpus < 0 || o->n_gpus > RT_CLUSTER_MAX_GPUS)
-        return bl_err_set(err, BL_EINVAL, "cluster: n_gpus %d is not in 0..%d", o->n_gpus,
-                          RT_CLUSTER_MAX_GPUS);
-    for (int i = 0; i < o->n_gpus; i++)
-        if (o->gpus[i] < 0 || o->gpus[i] > 255)
-            return bl_err_set(err, BL_EINVAL, "cluster: GPU %d is not a CUDA ordinal", o->gpus[i]);
     if (o->n_slots < 1 || o->n_slots > 4096)
         return bl_err_set(err, BL_EINVAL, "cluster: n_slots %d is not in 1..4096", o->n_slots);
     if (o->n_ctx_slot < 1 || o->n_ctx_slot > (1 << 24))

@@ -21,7 +21,6 @@
 
 typedef struct rt_cluster rt_cluster_t;
 
-#define RT_CLUSTER_MAX_GPUS 16
 #define RT_CLUSTER_MAX_STAGES 64
 #define RT_CLUSTER_MAX_LAYERS 4096
 
@@ -38,11 +37,8 @@ typedef struct rt_cluster_opts {
     int64_t n_ctx_slot;      /* positions per slot's cache */
     int64_t n_batch;         /* most rows one step may carry (-ub) */
     uint32_t kv_type;        /* a bl_type_t id (common/quant.h): f16, f32 or q8_0 */
-    int n_gpus;              /* 0: every stage on the CPU; else stage i runs on CUDA device
-                              * gpus[i % n_gpus] (unless stage_device says otherwise) */
-    int gpus[RT_CLUSTER_MAX_GPUS];
     /* The stages of a placement plan (common/plan.h); n_stage_ends 0: the layers split
-     * evenly over n_workers, earlier stages taking the remainder, devices from gpus */
+     * evenly over n_workers on the CPU, earlier stages taking the remainder */
     int n_stage_ends;        /* n_workers when given */
     int64_t stage_end[RT_CLUSTER_MAX_STAGES]; /* stage i: layers [end of i-1, stage_end[i]) */
     int stage_device[RT_CLUSTER_MAX_STAGES];  /* -1 the CPU, else a CUDA ordinal */

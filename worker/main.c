@@ -250,18 +250,10 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     w->last = idx + 1 == p->n_stages;
     const int device = st->device >= 0 ? st->device : WK_DEVICE_CPU;
     /* The layers of this stage whose routed experts the hosttier computes: those the
-     * placements list (every layer when the plan says remote and lists none). */
-    static uint8_t host[BP_PLAN_MAX_LAYERS];
-    memcpy(host, p->host, sizeof host);
-    int any = 0, listed = 0, rc;
-    for (uint32_t l = 0; l < p->n_layers; l++)
-        listed |= host[l];
+     * placements list. */
+    int any = 0, rc;
     for (uint32_t l = st->layer_begin; l < st->layer_end; l++)
-        any |= host[l];
-    if (p->experts_remote && !listed) {
-        memset(host, 1, p->n_layers);
-        any = 1;
-    }
+        any |= p->host[l];
     w->remote = p->n_expert > 0 && any;
     w->layer_begin = st->layer_begin;
     w->layer_end = st->layer_end;
@@ -292,7 +284,7 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     o.layer_begin = st->layer_begin;
     o.layer_end = st->layer_end;
     o.experts = w->remote ? WK_EXPERTS_REMOTE : WK_EXPERTS_LOCAL;
-    o.experts_host = host;
+    o.experts_host = p->host;
     o.device = device;
     if (p->flash_attn > WK_FLASH_OFF)
         return bl_err_set(err, BL_EINVAL, "plan: flash_attn %u is not 0, 1 or 2", p->flash_attn);

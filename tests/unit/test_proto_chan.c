@@ -239,7 +239,6 @@ static void test_chan_plan_as_plain_values(void **state)
     p.stages[1] = (bp_plan_stage_t){.process = 1, .layer_begin = 5, .layer_end = 9, .device = 3};
     p.host[6] = p.host[8] = 1;
     p.host_process = 2;
-    p.experts_remote = 1;
     p.kv_type = 0; /* f32 */
     p.n_ctx = 128;
     p.n_slots = 1;
