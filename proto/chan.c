@@ -361,13 +361,9 @@ int bp_chan_send_plan(bp_chan_t *c, const bp_peer_t *to, const bp_plan_t *p, int
         st[s].gpu = p->stages[s].device >= 0 ? (uint32_t)p->stages[s].device + 1 : 0;
         stp[s] = &st[s];
     }
-    Bloomery__KvType kv;
-    switch (p->kv_type) {
-    case 1: kv = BLOOMERY__KV_TYPE__KV_TYPE_F16; break;  /* BL_TYPE_F16 */
-    case 0: kv = BLOOMERY__KV_TYPE__KV_TYPE_F32; break;  /* BL_TYPE_F32 */
-    case 8: kv = BLOOMERY__KV_TYPE__KV_TYPE_Q8_0; break; /* BL_TYPE_Q8_0 */
-    default: return bl_err_set(err, BL_EINVAL, "plan: KV type %u is not f16, f32 or q8_0", p->kv_type);
-    }
+    const int kv = bp_kv_type_proto(p->kv_type);
+    if (kv < 0)
+        return bl_err_set(err, BL_EINVAL, "plan: KV type %u is not f16, f32 or q8_0", p->kv_type);
     /* every expert of a host layer */
     size_t n_pl = 0;
     for (uint32_t l = 0; l < p->n_layers; l++)
@@ -397,7 +393,7 @@ int bp_chan_send_plan(bp_chan_t *c, const bp_peer_t *to, const bp_plan_t *p, int
     m.n_stages = (size_t)p->n_stages;
     m.placements = plp;
     m.n_placements = n_pl;
-    m.kv_type = kv;
+    m.kv_type = (Bloomery__KvType)kv;
     m.n_ctx = p->n_ctx;
     m.n_slots = p->n_slots;
     m.threads = p->threads;

@@ -3,6 +3,7 @@
 #include "msg.h"
 
 #include "bloomery.pb-c.h"
+#include "quant.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -340,6 +341,24 @@ static int host_layers(const Bloomery__Plan *p, uint8_t *out, bl_err_t *err)
     return rc;
 }
 
+/* The KV cache types a plan carries: bl_type_t ids and KvType. */
+static const struct {
+    uint32_t bl;
+    Bloomery__KvType proto;
+} kv_types[] = {
+    {BL_TYPE_F16, BLOOMERY__KV_TYPE__KV_TYPE_F16},
+    {BL_TYPE_F32, BLOOMERY__KV_TYPE__KV_TYPE_F32},
+    {BL_TYPE_Q8_0, BLOOMERY__KV_TYPE__KV_TYPE_Q8_0},
+};
+
+int bp_kv_type_proto(uint32_t bl_type)
+{
+    for (size_t i = 0; i < sizeof kv_types / sizeof kv_types[0]; i++)
+        if (kv_types[i].bl == bl_type)
+            return (int)kv_types[i].proto;
+    return -1;
+}
+
 int bp_plan_read(const bp_msg_t *m, bp_plan_t *out, bl_err_t *err)
 {
     memset(out, 0, sizeof *out);
@@ -365,12 +384,12 @@ int bp_plan_read(const bp_msg_t *m, bp_plan_t *out, bl_err_t *err)
     if (rc)
         return rc;
     out->host_process = p->n_placements ? p->placements[0]->process : 0;
-    switch (p->kv_type) {
-    case BLOOMERY__KV_TYPE__KV_TYPE_F16: out->kv_type = 1; break;  /* BL_TYPE_F16 */
-    case BLOOMERY__KV_TYPE__KV_TYPE_F32: out->kv_type = 0; break;  /* BL_TYPE_F32 */
-    case BLOOMERY__KV_TYPE__KV_TYPE_Q8_0: out->kv_type = 8; break; /* BL_TYPE_Q8_0 */
-    default: return bl_err_set(err, BL_ENOTSUP, "plan: KV cache type %d is not f16, f32 or q8_0", (int)p->kv_type);
-    }
+    out->kv_type = UINT32_MAX;
+    for (size_t i = 0; i < sizeof kv_types / sizeof kv_types[0]; i++)
+        if ((int)kv_types[i].proto == (int)p->kv_type)
+            out->kv_type = kv_types[i].bl;
+    if (out->kv_type == UINT32_MAX)
+        return bl_err_set(err, BL_ENOTSUP, "plan: KV cache type %d is not f16, f32 or q8_0", (int)p->kv_type);
     out->n_ctx = p->n_ctx;
     out->n_slots = p->n_slots;
     out->threads = p->threads;

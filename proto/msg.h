@@ -127,6 +127,9 @@ int bp_plan_read(const bp_msg_t *m, bp_plan_t *p, bl_err_t *err) BL_WUR;
 
 /* LoadProgress: bytes done and in all, and what is being loaded ("" when m is none). */
 void bp_msg_progress_info(const bp_msg_t *m, uint64_t *done, uint64_t *total, const char **stage);
+/* The Plan's KvType value of a bl_type_t id (f16, f32, q8_0), or -1 for another. */
+int bp_kv_type_proto(uint32_t bl_type);
+
 /* Hello.version; "" when m is no Hello. */
 const char *bp_msg_hello_version(const bp_msg_t *m);
 /* Ready's model facts (0 from a hosttier, or when m is no Ready). */
