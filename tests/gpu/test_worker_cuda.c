@@ -42,18 +42,25 @@ static int find_shared(void)
 
 // --- running -------------------------------------------------------------------------------
 
-static wk_model_t *load(const char *name, int device, int graphs, int64_t lb, int64_t le)
+/* The options every model of these tests loads with, and its file's path. */
+static wk_model_opts_t test_opts(const char *name, int graphs, char *path, size_t cap)
 {
-    char path[1400];
-    snprintf(path, sizeof path, "%s/models/%s.gguf", g_shared, name);
+    snprintf(path, cap, "%s/models/%s.gguf", g_shared, name);
     wk_model_opts_t o;
     wk_model_opts_default(&o);
     o.precise = 1;
     o.n_threads = 4;
     o.n_batch = 512;
     o.n_ctx_max = 2048;
-    o.device = device;
     o.cuda_graph = graphs;
+    return o;
+}
+
+static wk_model_t *load(const char *name, int device, int graphs, int64_t lb, int64_t le)
+{
+    char path[1400];
+    wk_model_opts_t o = test_opts(name, graphs, path, sizeof path);
+    o.device = device;
     o.layer_begin = lb;
     o.layer_end = le;
     wk_model_t *m = NULL;
@@ -207,14 +214,7 @@ static void test_batch_decode_graph(void)
 static wk_placed_t load_placed(const char *name, int graphs, const char *ot, int cpu_moe, int64_t ncmoe)
 {
     char path[1400];
-    snprintf(path, sizeof path, "%s/models/%s.gguf", g_shared, name);
-    wk_model_opts_t o;
-    wk_model_opts_default(&o);
-    o.precise = 1;
-    o.n_threads = 4;
-    o.n_batch = 512;
-    o.n_ctx_max = 2048;
-    o.cuda_graph = graphs;
+    wk_model_opts_t o = test_opts(name, graphs, path, sizeof path);
     const char *ots[1] = {ot};
     bl_place_opts_t po = {.devices = "cuda0", .cpu_moe = cpu_moe, .n_cpu_moe = ncmoe, .override_tensor = ots,
                           .n_override_tensor = ot ? 1 : 0, .n_ctx_total = 2048, .kv_elem_bytes = 2, .n_batch = 512};
