@@ -109,6 +109,15 @@ static void check_force_refusal(const json_t *tools, const char *name, const bl_
         return;
     size_t i;
     json_t *t;
+    int named = !name; /* a forced name no tool has is refused for the name (which may
+                        * itself hold "json_schema: "), not for a schema */
+    json_array_foreach(tools, i, t) {
+        json_t *fn = json_object_get(t, "function");
+        const char *n = json_string_value(json_object_get(fn, "name"));
+        named |= name && n && !strcmp(n, name);
+    }
+    if (!named)
+        return;
     json_array_foreach(tools, i, t) {
         json_t *fn = json_object_get(t, "function");
         const char *n = json_string_value(json_object_get(fn, "name"));
