@@ -32,20 +32,26 @@
 // --- kernel variants ---------------------------------------------------------------
 
 /* Picks the widest kernel set the CPU runs (CPUID), once; later calls are free.
- * BLOOMERY_CPU_KERNELS=ref in the environment forces the scalar references.
- * Thread-safe. Returns the chosen set's name: "avx2" or "ref". */
+ * BLOOMERY_CPU_KERNELS=ref|avx2|avx512 in the environment forces a set (one the
+ * CPU lacks falls back to the widest it has). Thread-safe. Returns the chosen
+ * set's name: "avx512", "avx2" or "ref". The avx512 set is the avx2 set with the
+ * 16-bit activation dots in AVX-512 VNNI, giving the same bits. */
 const char *kcpu_init(void);
 
-/* Forces a kernel set by name ("ref", "avx2"); BL_ENOTSUP if the CPU lacks it,
- * BL_EINVAL for an unknown name. For tests and benchmarks; not thread-safe against
- * running kernels. */
+/* Forces a kernel set by name ("ref", "avx2", "avx512"); BL_ENOTSUP if the CPU
+ * lacks it, BL_EINVAL for an unknown name. For tests and benchmarks; not
+ * thread-safe against running kernels. */
 int kcpu_select(const char *name) BL_WUR;
 
-/* Name of the kernel set in use ("ref" or "avx2"). */
+/* Name of the kernel set in use ("ref", "avx2" or "avx512"). */
 const char *kcpu_variant_name(void);
 
 /* Whether this CPU can run the avx2 set (AVX2, FMA, F16C). */
 int kcpu_have_avx2(void);
+
+/* Whether this CPU (and its OS, which must save the 512-bit state) can run the
+ * avx512 set: the avx2 set's needs and AVX-512 F, BW, VL and VNNI. */
+int kcpu_have_avx512(void);
 
 // --- dot products --------------------------------------------------------------------
 /* kcpu_vec_dot_<weight fmt>_<act fmt>_<variant>: the dot of n elements (a multiple
@@ -147,6 +153,10 @@ float kcpu_vec_dot_q6_K_q16_K_ref(const void *w, const void *x, int64_t n);
 float kcpu_vec_dot_q4_K_q16_K_avx2(const void *w, const void *x, int64_t n);
 float kcpu_vec_dot_q5_K_q16_K_avx2(const void *w, const void *x, int64_t n);
 float kcpu_vec_dot_q6_K_q16_K_avx2(const void *w, const void *x, int64_t n);
+/* The same bits as the avx2 dots, where kcpu_have_avx512(). */
+float kcpu_vec_dot_q4_K_q16_K_avx512(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot_q5_K_q16_K_avx512(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot_q6_K_q16_K_avx512(const void *w, const void *x, int64_t n);
 
 /* A K-quant weight block unpacked for q16_K activations: w holds each weight's
  * integer times its group scale (sc * q for q4_K/q5_K, at most 1953; sc * (q - 32)

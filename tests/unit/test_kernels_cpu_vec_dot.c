@@ -419,16 +419,54 @@ typedef void (*unpack16_fn)(const void *, kcpu_kunpacked16_t *, int64_t);
 
 static const struct q16_pair {
     uint32_t type;
-    dot_fn ref, avx2;
+    dot_fn ref, avx2, avx512;
     unpack16_fn unpack_ref, unpack_avx2;
 } k_q16[] = {
-    {BL_TYPE_Q4_K, kcpu_vec_dot_q4_K_q16_K_ref, kcpu_vec_dot_q4_K_q16_K_avx2, kcpu_unpack16_q4_K,
-     kcpu_unpack16_q4_K_avx2},
-    {BL_TYPE_Q5_K, kcpu_vec_dot_q5_K_q16_K_ref, kcpu_vec_dot_q5_K_q16_K_avx2, kcpu_unpack16_q5_K,
-     kcpu_unpack16_q5_K_avx2},
-    {BL_TYPE_Q6_K, kcpu_vec_dot_q6_K_q16_K_ref, kcpu_vec_dot_q6_K_q16_K_avx2, kcpu_unpack16_q6_K,
-     kcpu_unpack16_q6_K_avx2},
+    {BL_TYPE_Q4_K, kcpu_vec_dot_q4_K_q16_K_ref, kcpu_vec_dot_q4_K_q16_K_avx2, kcpu_vec_dot_q4_K_q16_K_avx512,
+     kcpu_unpack16_q4_K, kcpu_unpack16_q4_K_avx2},
+    {BL_TYPE_Q5_K, kcpu_vec_dot_q5_K_q16_K_ref, kcpu_vec_dot_q5_K_q16_K_avx2, kcpu_vec_dot_q5_K_q16_K_avx512,
+     kcpu_unpack16_q5_K, kcpu_unpack16_q5_K_avx2},
+    {BL_TYPE_Q6_K, kcpu_vec_dot_q6_K_q16_K_ref, kcpu_vec_dot_q6_K_q16_K_avx2, kcpu_vec_dot_q6_K_q16_K_avx512,
+     kcpu_unpack16_q6_K, kcpu_unpack16_q6_K_avx2},
 };
+
+/* Each AVX-512 dot against the AVX2 dot, bit for bit (the batch tile is AVX2's in
+ * both sets, so a row's bits must not change with the set either; the AVX2 dot is
+ * held to the reference above), on fresh random weights and activations of every
+ * size. */
+static void test_vec_dot_q16_K_avx512(void **state)
+{
+    (void)state;
+    if (!kcpu_have_avx512()) {
+        print_message("no AVX-512 F/BW/VL/VNNI on this CPU: the avx512 dots are not tested here\n");
+        skip();
+    }
+    int bad = 0;
+    for (size_t ti = 0; ti < sizeof k_q16 / sizeof k_q16[0]; ti++) {
+        const struct q16_pair *p = &k_q16[ti];
+        rng_t r = rng_for(640 + ti);
+        const bl_type_info_t *wi = bl_type_info(p->type);
+        for (size_t si = 0; si < sizeof k_nblocks / sizeof k_nblocks[0]; si++) {
+            const int64_t nb = k_nblocks[si], n = nb * BL_QK_K;
+            uint8_t *w = malloc((size_t)nb * wi->block_bytes);
+            kcpu_block_q16_K *xq = malloc(sizeof *xq * (size_t)nb);
+            float *x = malloc(sizeof(float) * (size_t)n);
+            for (int rep = 0; rep < 8; rep++) {
+                rand_weights(&r, p->type, w, nb);
+                rand_act(&r, x, n);
+                kcpu_quantize_row_q16_K_avx2(x, xq, n);
+                const float a = p->avx2(w, xq, n), e = p->avx512(w, xq, n);
+                if (memcmp(&a, &e, sizeof a) != 0 && bad++ < 5)
+                    print_error("type %u: %lld blocks: avx512 %.9g, avx2 %.9g\n", p->type, (long long)nb,
+                                (double)e, (double)a);
+            }
+            free(w);
+            free(xq);
+            free(x);
+        }
+    }
+    assert_int_equal(bad, 0);
+}
 
 /* Each reference against the double dot of the dequantized operands; each packed
  * AVX2 dot against its reference; the unpackers' AVX2 bytes against the scalar
@@ -471,6 +509,7 @@ static void test_vec_dot_q16_K(void **state)
                     if (!close_enough(v, ref, scale, 1e-6, 2e-6) && bad++ < 5)
                         print_error("type %u q16_K avx2: %lld blocks: %.9g ref %.9g\n", p->type,
                                     (long long)nb, (double)v, (double)ref);
+
                     p->unpack_ref(w, ur, 2 * n);
                     p->unpack_avx2(w, ua, 2 * n);
                     if (memcmp(ur, ua, sizeof *ur * 2 * (size_t)nb) != 0 && bad++ < 5)
@@ -520,9 +559,9 @@ static void test_vec_dot_q16_K_extremes(void **state)
         memset(w6[b].scales, 0x80, sizeof w6[b].scales); /* -128 */
         w6[b].d = bl_fp32_to_fp16(0.01f);
     }
-    const struct { const void *w; uint32_t type; dot_fn ref, avx2; } k[] = {
-        {w5, BL_TYPE_Q5_K, kcpu_vec_dot_q5_K_q16_K_ref, kcpu_vec_dot_q5_K_q16_K_avx2},
-        {w6, BL_TYPE_Q6_K, kcpu_vec_dot_q6_K_q16_K_ref, kcpu_vec_dot_q6_K_q16_K_avx2},
+    const struct { const void *w; uint32_t type; dot_fn ref, avx2, avx512; } k[] = {
+        {w5, BL_TYPE_Q5_K, kcpu_vec_dot_q5_K_q16_K_ref, kcpu_vec_dot_q5_K_q16_K_avx2, kcpu_vec_dot_q5_K_q16_K_avx512},
+        {w6, BL_TYPE_Q6_K, kcpu_vec_dot_q6_K_q16_K_ref, kcpu_vec_dot_q6_K_q16_K_avx2, kcpu_vec_dot_q6_K_q16_K_avx512},
     };
     for (int t = 0; t < 2; t++) {
         float wf[NB * BL_QK_K];
@@ -536,7 +575,12 @@ static void test_vec_dot_q16_K_extremes(void **state)
         const float ref = k[t].ref(k[t].w, x, NB * BL_QK_K);
         assert_true(close_enough(ref, exact, scale, 1e-6, 2e-6));
         if (kcpu_have_avx2()) {
-            assert_true(close_enough(k[t].avx2(k[t].w, x, NB * BL_QK_K), ref, scale, 1e-6, 2e-6));
+            const float v = k[t].avx2(k[t].w, x, NB * BL_QK_K);
+            assert_true(close_enough(v, ref, scale, 1e-6, 2e-6));
+            if (kcpu_have_avx512()) { /* the same integers at the bounds, so the same bits */
+                const float e = k[t].avx512(k[t].w, x, NB * BL_QK_K);
+                assert_memory_equal(&e, &v, sizeof e);
+            }
             kcpu_kunpacked16_t u[NB];
             if (k[t].type == BL_TYPE_Q5_K)
                 kcpu_unpack16_q5_K_avx2(k[t].w, u, NB * BL_QK_K);
@@ -596,7 +640,17 @@ static void test_kernel_set_selection(void **state)
 {
     (void)state;
     const char *name = kcpu_init();
-    assert_string_equal(name, kcpu_have_avx2() ? "avx2" : "ref");
+    const char *force = getenv("BLOOMERY_CPU_KERNELS");
+    if (force && !strcmp(force, "ref"))
+        assert_string_equal(name, "ref");
+    else if (force && !strcmp(force, "avx2") && kcpu_have_avx2())
+        assert_string_equal(name, "avx2");
+    else
+        assert_string_equal(name, kcpu_have_avx512() ? "avx512" : kcpu_have_avx2() ? "avx2" : "ref");
+    assert_true(!kcpu_have_avx512() || kcpu_have_avx2());
+    assert_int_equal(kcpu_select("avx512"), kcpu_have_avx512() ? 0 : BL_ENOTSUP);
+    if (kcpu_have_avx512())
+        assert_string_equal(kcpu_variant_name(), "avx512");
     assert_int_equal(kcpu_select("ref"), 0);
     assert_string_equal(kcpu_variant_name(), "ref");
     assert_int_equal(kcpu_select("avx9"), BL_EINVAL);
@@ -618,6 +672,7 @@ int main(void)
         cmocka_unit_test(test_quantize_q16_K),
         cmocka_unit_test(test_vec_dot_q16_K),
         cmocka_unit_test(test_vec_dot_q16_K_extremes),
+        cmocka_unit_test(test_vec_dot_q16_K_avx512),
         cmocka_unit_test(test_attention_f16_group),
         cmocka_unit_test(test_kernel_set_selection),
     };

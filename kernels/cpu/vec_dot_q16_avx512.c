@@ -1,0 +1,163 @@
+/* AVX-512 (F, BW, VL, VNNI) packed dots of K-quant weights against the 16-bit
+ * activation format (kcpu_block_q16_K): the products a decode step streams every
+ * routed expert through. They give the AVX2 dots' bits (vec_dot_q16_avx2.c), so a
+ * row's result still does not depend on whether it was batched (the batch tile is
+ * the AVX2 one in either kernel set):
+ *   - a 512-bit register holds one whole 32-element sub-block (q4_K/q5_K) or two
+ *     16-element groups (q6_K) as words, each word already times its scale (the
+ *     AVX2 bounds hold: |q * sc| <= 1953 for q4_K/q5_K, 2016 for q6_K), and
+ *     vpdpwssd adds the pairs' products into 16 int32 lanes, exactly;
+ *   - lane l and lane l + 8 hold elements 2l, 2l + 1 of the first and of the second
+ *     16 of every 32, so adding the upper half onto the lower gives the AVX2 dot's
+ *     eight lane sums, integer for integer, before the same float steps in the same
+ *     order (per block for q4_K/q5_K, per half block for q6_K) and the same
+ *     horizontal sum.
+ * About a third of the AVX2 dots' instructions per weight: a decode step's expert
+ * products go from issue-bound towards the memory's rate. */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "blocks.h"
+#include "kcpu.h"
+#include "kcpu_impl.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define INLINE inline __attribute__((always_inline))
+
+AVX512 static INLINE float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* The eight lane sums of the AVX2 dots from sixteen (see the top of the file). */
+AVX512 static INLINE __m256i fold16(__m512i v)
+{
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+/* The 8 six-bit scales and mins of a q4_K/q5_K block, as vec_dot_q16_avx2.c reads
+ * them (kcpu__k_scale_min's layout), from its 12 bytes read as three words. */
+static INLINE void k_scales(const uint8_t *s12, uint8_t sc[8], uint8_t m[8])
+{
+    uint32_t w[3];
+    memcpy(w, s12, 12);
+    const uint32_t s_lo = w[0] & 0x3f3f3f3f, m_lo = w[1] & 0x3f3f3f3f;
+    const uint32_t s_hi = (w[2] & 0x0f0f0f0f) | ((w[0] >> 6) & 0x03030303) << 4;
+    const uint32_t m_hi = ((w[2] >> 4) & 0x0f0f0f0f) | ((w[1] >> 6) & 0x03030303) << 4;
+    memcpy(sc, &s_lo, 4);
+    memcpy(sc + 4, &s_hi, 4);
+    memcpy(m, &m_lo, 4);
+    memcpy(m + 4, &m_hi, 4);
+}
+
+AVX512 static INLINE __m512i load_x(const int16_t *x) { return _mm512_loadu_si512((const void *)x); }
+
+/* The q4_K/q5_K dot: per pair of sub-blocks, 32 bytes widened to words (the low
+ * nibbles are sub-block 2j, the high ones 2j + 1), q5_K's fifth bits or-ed in, each
+ * word times its sub-block's scale, and one vpdpwssd per sub-block. */
+AVX512 static INLINE float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K *a5,
+                                     const kcpu_block_q16_K *b, int64_t nb)
+{
+    const __m512i lo4 = _mm512_set1_epi16(0xf), one = _mm512_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
+        uint8_t sc[8], m[8];
+        k_scales(a4 ? a4[i].scales : a5[i].scales, sc, m);
+        /* q5_K: the 32 bytes of fifth bits as words, bit j of byte e for element e
+         * of sub-block j */
+        const __m512i qh = a5 ? _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)a5[i].qh))
+                              : _mm512_setzero_si512();
+        __m512i isum = _mm512_setzero_si512();
+        const int16_t *x = b[i].q;
+        for (int j = 0; j < 4; j++) {
+            const __m512i r = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * j)));
+            __m512i q0 = _mm512_and_si512(r, lo4), q1 = _mm512_srli_epi16(r, 4);
+            if (a5) {
+                q0 = _mm512_or_si512(q0, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * j), one), 4));
+                q1 = _mm512_or_si512(q1,
+                                     _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * j + 1), one), 4));
+            }
+            q0 = _mm512_mullo_epi16(q0, _mm512_set1_epi16(sc[2 * j]));
+            q1 = _mm512_mullo_epi16(q1, _mm512_set1_epi16(sc[2 * j + 1]));
+            isum = _mm512_dpwssd_epi32(isum, q0, load_x(x + 64 * j));
+            isum = _mm512_dpwssd_epi32(isum, q1, load_x(x + 64 * j + 32));
+        }
+        uint32_t d2;
+        memcpy(&d2, a4 ? &a4[i].d : &a5[i].d, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)d2));
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_mul_ss(dm, _mm_load_ss(&b[i].d))),
+                              _mm256_cvtepi32_ps(fold16(isum)), acc);
+        uint64_t m8;
+        memcpy(&m8, m, 8);
+        const __m256 mins = _mm256_mul_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8))),
+            _mm256_broadcastss_ps(_mm_movehdup_ps(dm)));
+        acc = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(b[i].bsum), acc);
+    }
+    return hsum8(acc);
+}
+
+AVX512 float kcpu_vec_dot_q4_K_q16_K_avx512(const void *w, const void *x, int64_t n)
+{
+    return dot_q45_K(w, NULL, x, n / BL_QK_K);
+}
+
+AVX512 float kcpu_vec_dot_q5_K_q16_K_avx512(const void *w, const void *x, int64_t n)
+{
+    return dot_q45_K(NULL, w, x, n / BL_QK_K);
+}
+
+/* The q6_K dot: per half block, four chunks of 32 elements, each a register of
+ * words 0..63 minus 32 times the scales of its two 16-element groups (the lower
+ * and upper halves of the register), one vpdpwssd each. */
+AVX512 float kcpu_vec_dot_q6_K_q16_K_avx512(const void *w, const void *x, int64_t n)
+{
+    const bl_block_q6_K *a = w;
+    const kcpu_block_q16_K *b = x;
+    const __m512i lo4 = _mm512_set1_epi16(0xf), m30 = _mm512_set1_epi16(0x30), off = _mm512_set1_epi16(32);
+    /* word e of chunk k's scale register: group 2k for e < 16, 2k + 1 above */
+    const __m512i hi1 = _mm512_maskz_mov_epi16(0xffff0000u, _mm512_set1_epi16(1));
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / BL_QK_K; i++) {
+        const __m256 dd = _mm256_set1_ps(_cvtsh_ss(a[i].d) * b[i].d);
+        /* the 16 group scales as words 0-15 */
+        const __m512i sc = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a[i].scales)));
+        for (int h = 0; h < 2; h++) {
+            const __m512i l0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h)));
+            const __m512i l1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h + 32)));
+            const __m512i hb = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(a[i].qh + 32 * h)));
+            const __m512i q[4] = {
+                _mm512_or_si512(_mm512_and_si512(l0, lo4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), m30)),
+                _mm512_or_si512(_mm512_and_si512(l1, lo4), _mm512_and_si512(_mm512_slli_epi16(hb, 2), m30)),
+                _mm512_or_si512(_mm512_srli_epi16(l0, 4), _mm512_and_si512(hb, m30)),
+                _mm512_or_si512(_mm512_srli_epi16(l1, 4), _mm512_and_si512(_mm512_srli_epi16(hb, 2), m30)),
+            };
+            __m512i isum = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) {
+                /* words 0-15 take scale 8h + 2k, words 16-31 scale 8h + 2k + 1 */
+                const __m512i idx = _mm512_add_epi16(_mm512_set1_epi16((short)(8 * h + 2 * k)), hi1);
+                const __m512i s = _mm512_permutexvar_epi16(idx, sc);
+                const __m512i wq = _mm512_mullo_epi16(_mm512_sub_epi16(q[k], off), s);
+                isum = _mm512_dpwssd_epi32(isum, wq, load_x(b[i].q + 128 * h + 32 * k));
+            }
+            acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(fold16(isum)), acc);
+        }
+    }
+    return hsum8(acc);
+}
+
+#else
+
+float kcpu_vec_dot_q4_K_q16_K_avx512(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q4_K_q16_K_ref(w, x, n); }
+float kcpu_vec_dot_q5_K_q16_K_avx512(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q5_K_q16_K_ref(w, x, n); }
+float kcpu_vec_dot_q6_K_q16_K_avx512(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q6_K_q16_K_ref(w, x, n); }
+
+#endif
