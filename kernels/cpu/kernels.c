@@ -135,7 +135,10 @@ static kcpu_kernels_t kernels_avx512;
 
 /* BLOOMERY_CPU_KERNELS=ref|avx2|avx512 forces a set (to rule a SIMD kernel in or
  * out when chasing a numeric difference, or to compare speeds); anything else, or
- * unset, or a set the CPU lacks, takes the widest set the CPU runs. */
+ * unset, or a set the CPU lacks, takes avx2 where the CPU runs it. avx512 is not
+ * the default: on the H200's 16-core Xeon host it decoded slower than avx2 (CPU
+ * only tg64 23.0 against 25.3 tok/s, --cpu-moe tg128 29.7 against 33.9,
+ * docs/performance.md 2026-12-02), though faster from cache on one core. */
 static void init_kernels(void)
 {
     kernels_avx512 = kernels_avx2;
@@ -144,11 +147,11 @@ static void init_kernels(void)
     kernels_avx512.dot_q5_K_q16_K = kcpu_vec_dot_q5_K_q16_K_avx512;
     kernels_avx512.dot_q6_K_q16_K = kcpu_vec_dot_q6_K_q16_K_avx512;
     const char *force = getenv("BLOOMERY_CPU_KERNELS");
-    kcpu__k = kcpu_have_avx512() ? &kernels_avx512 : kcpu_have_avx2() ? &kernels_avx2 : &kernels_ref;
+    kcpu__k = kcpu_have_avx2() ? &kernels_avx2 : &kernels_ref;
     if (force && strcmp(force, "ref") == 0)
         kcpu__k = &kernels_ref;
-    else if (force && strcmp(force, "avx2") == 0 && kcpu_have_avx2())
-        kcpu__k = &kernels_avx2;
+    else if (force && strcmp(force, "avx512") == 0 && kcpu_have_avx512())
+        kcpu__k = &kernels_avx512;
 }
 
 const char *kcpu_init(void)

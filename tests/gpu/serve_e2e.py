@@ -10,6 +10,7 @@ has no requests). Prints TAP; exit status 1 on a failure.
     tests/gpu/serve_e2e.py BIN_DIR MODEL.gguf
 """
 import json
+import re
 import os
 import signal
 import socket
@@ -98,7 +99,7 @@ def run(bin_dir, model, extra, hosttier):
             return
         text = open(log.name).read()
         ready = [l for l in text.splitlines() if " worker0 event=ready " in l]
-        on_card = bool(ready) and "kernels=avx2" not in ready[0] and "kernels=ref" not in ready[0]
+        on_card = bool(ready) and not re.search(r"kernels=(ref|avx2|avx512)\b", ready[0])
         for line in text.splitlines():
             if "event=plan " in line:
                 print("# " + line[line.index("event=plan ") + 11:])
@@ -133,6 +134,22 @@ def run(bin_dir, model, extra, hosttier):
         else:
             rc = srv.returncode
     check("%s: SIGTERM: exit 0" % what, rc == 0, "exit %s; log:\n%s" % (rc, open(log.name).read()[-2000:]))
+    return open(log.name).read()
+
+
+def mib(num, unit):
+    return float(num) * (1024 if unit == "GiB" else 1)
+
+
+def card_need(log):
+    """From the whole-card run's plan line: (MiB a stage needs on the card without
+    its routed experts, MiB of routed experts), or None."""
+    m = re.search(r"stage 0: .* weights ([0-9.]+) (MiB|GiB) \(routed experts ([0-9.]+) (MiB|GiB)\), "
+                  r"KV ([0-9.]+) (MiB|GiB), scratch ~([0-9.]+) (MiB|GiB)", log or "")
+    if not m:
+        return None
+    w, r, kv, sc = (mib(m.group(i), m.group(i + 1)) for i in (1, 3, 5, 7))
+    return w - r + kv + sc, r
 
 
 def free_mib(bin_dir):
@@ -147,13 +164,19 @@ def main():
         print(__doc__)
         return 2
     bin_dir, model = sys.argv[1], sys.argv[2]
-    print("1..24")
-    run(bin_dir, model, [], False)
+    print("1..25")
+    need = card_need(run(bin_dir, model, [], False))
     run(bin_dir, model, ["--cpu-moe"], True)
     run(bin_dir, model, ["-ncmoe", "2"], True)
-    # --fit with a margin that leaves the card about 400 MiB (the logits of a 512-row
-    # step alone are 311 MB): the plan's choice is printed, the answers must hold
-    run(bin_dir, model, ["--fit", "on", "-fitt", str(max(free_mib(bin_dir) - 400, 0))], None)
+    # --fit with a margin that leaves the card what the whole-card plan needs without
+    # its routed experts and 90 % of them: a hybrid plan also holds one host layer's
+    # experts for the prompt offload, so about half the layers' experts go to host
+    # RAM and the rest stay (the plan's choice is printed, the answers must hold)
+    leave = need[0] + need[1] * 0.9 if need else 400
+    log = run(bin_dir, model, ["--fit", "on", "-fitt", str(max(free_mib(bin_dir) - int(leave), 0))], None)
+    m = re.search(r"routed experts in host RAM [0-9.]+ \S+ \(([0-9]+) of ([0-9]+) layers", log or "")
+    check("--fit: some layers' experts in host RAM, not all", bool(m) and 0 < int(m.group(1)) < int(m.group(2)),
+          m.group(0) if m else "no plan line (whole-card plan: %s)" % (need,))
     return 0 if all(results) else 1
 
 
