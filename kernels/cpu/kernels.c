@@ -6,10 +6,12 @@
  * (scalar references), vec_dot_avx2.c, vec_dot_q16_avx2.c and vec_dot_q16_avx512.c. */
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -293,6 +295,41 @@ static inline void cpu_relax(void)
 #endif
 }
 
+/* Then, for up to spin_yield_us (BLOOMERY_POOL_SPIN_US, default POOL_YIELD_US), they
+ * yield instead of pausing before they sleep: a core with nothing else to run comes
+ * straight back, one with other runnable threads is given to them. A hybrid decode
+ * step calls the host's pool a few times per layer with the card's work in between
+ * (tens of microseconds), longer than the pause spin, and a futex wake of every
+ * helper costs about as much again. */
+#define POOL_YIELD_US 200
+
+static uint64_t pool_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Spins on done(arg) for POOL_SPIN pauses, then yields until yield_us passed:
+ * whether done() became true. */
+static int pool_spin(int (*done)(void *), void *arg, uint32_t yield_us)
+{
+    for (int i = 0; i < POOL_SPIN; i++) {
+        if (done(arg))
+            return 1;
+        cpu_relax();
+    }
+    if (yield_us == 0)
+        return done(arg);
+    const uint64_t end = pool_now_ns() + (uint64_t)yield_us * 1000u;
+    do {
+        if (done(arg))
+            return 1;
+        sched_yield();
+    } while (pool_now_ns() < end);
+    return done(arg);
+}
+
 /* The caller is thread 0. A task starts when the caller bumps gen (release, after
  * writing fn and ctx, so a helper that sees the new gen sees them too); helpers spin
  * on gen, then sleep on cv_go. Each helper decrements pending when done (release, so
@@ -311,9 +348,27 @@ struct kcpu_pool {
     _Atomic uint64_t gen;
     _Atomic int pending;
     _Atomic int stop;
+    uint32_t yield_us;  /* pool_spin's */
     kcpu_task_fn fn;
     void *ctx;
 };
+
+struct go_wait {
+    struct kcpu_pool *pool;
+    uint64_t seen;
+};
+
+static int go_or_stop(void *arg)
+{
+    const struct go_wait *w = arg;
+    return atomic_load_explicit(&w->pool->gen, memory_order_acquire) != w->seen ||
+           atomic_load_explicit(&w->pool->stop, memory_order_relaxed);
+}
+
+static int none_pending(void *arg)
+{
+    return atomic_load_explicit(&((struct kcpu_pool *)arg)->pending, memory_order_acquire) == 0;
+}
 
 static void *pool_main(void *p)
 {
@@ -321,13 +376,8 @@ static void *pool_main(void *p)
     struct kcpu_pool *pool = t->pool;
     uint64_t seen = 0;
     for (;;) {
-        for (int i = 0; i < POOL_SPIN; i++) {
-            if (atomic_load_explicit(&pool->gen, memory_order_acquire) != seen ||
-                atomic_load_explicit(&pool->stop, memory_order_relaxed))
-                break;
-            cpu_relax();
-        }
-        if (atomic_load_explicit(&pool->gen, memory_order_acquire) == seen) {
+        struct go_wait gw = {pool, seen};
+        if (!pool_spin(go_or_stop, &gw, pool->yield_us)) {
             pthread_mutex_lock(&pool->mu);
             while (atomic_load_explicit(&pool->gen, memory_order_acquire) == seen &&
                    !atomic_load_explicit(&pool->stop, memory_order_relaxed))
@@ -358,6 +408,10 @@ int kcpu_pool_create(kcpu_pool_t **out, int n_threads, bl_err_t *err)
     if (!p)
         return bl_err_set(err, BL_ENOMEM, "out of memory for a thread pool");
     p->n = p->active = n_threads;
+    const char *y = getenv("BLOOMERY_POOL_SPIN_US");
+    char *end = NULL;
+    const long yl = y && *y ? strtol(y, &end, 10) : -1;
+    p->yield_us = yl >= 0 && yl <= 100000 && end && *end == 0 ? (uint32_t)yl : POOL_YIELD_US;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv_go, NULL);
     pthread_cond_init(&p->cv_done, NULL);
@@ -425,11 +479,8 @@ void kcpu_pool_run(kcpu_pool_t *p, kcpu_task_fn fn, void *ctx)
     pthread_cond_broadcast(&p->cv_go);
     pthread_mutex_unlock(&p->mu);
     fn(ctx, 0, p->run_nth);
-    for (int i = 0; i < POOL_SPIN; i++) {
-        if (atomic_load_explicit(&p->pending, memory_order_acquire) == 0)
-            return;
-        cpu_relax();
-    }
+    if (pool_spin(none_pending, p, p->yield_us))
+        return;
     pthread_mutex_lock(&p->mu);
     while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0)
         pthread_cond_wait(&p->cv_done, &p->mu);
