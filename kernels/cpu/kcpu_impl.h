@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kcpu.h"
 
@@ -84,6 +85,21 @@ typedef struct kcpu_kernels {
 
 /* The set in use; valid after kcpu_init. */
 extern const kcpu_kernels_t *kcpu__k;
+
+/* All 8 six-bit scales and mins of a q4_K/q5_K block (kcpu__k_scale_min's layout)
+ * from its 12 bytes read as three words: the SIMD dots' form. */
+static inline void kcpu__k_scales8(const uint8_t *s12, uint8_t sc[8], uint8_t m[8])
+{
+    uint32_t w[3];
+    memcpy(w, s12, 12);
+    const uint32_t s_lo = w[0] & 0x3f3f3f3f, m_lo = w[1] & 0x3f3f3f3f;
+    const uint32_t s_hi = (w[2] & 0x0f0f0f0f) | ((w[0] >> 6) & 0x03030303) << 4;
+    const uint32_t m_hi = ((w[2] >> 4) & 0x0f0f0f0f) | ((w[1] >> 6) & 0x03030303) << 4;
+    memcpy(sc, &s_lo, 4);
+    memcpy(sc + 4, &s_hi, 4);
+    memcpy(m, &m_lo, 4);
+    memcpy(m + 4, &m_hi, 4);
+}
 
 /* The 6-bit scale and min of sub-block j (0..7) from a q4_K/q5_K 12-byte array:
  * j < 4 in the low 6 bits of bytes j and j+4; j >= 4 split over a nibble of byte

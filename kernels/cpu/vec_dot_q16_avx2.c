@@ -87,21 +87,6 @@ AVX2 void kcpu_quantize_row_q16_K_avx2(const float *x, kcpu_block_q16_K *y, int6
 _Static_assert(offsetof(bl_block_q4_K, dmin) == offsetof(bl_block_q4_K, d) + 2, "q4_K dmin follows d");
 _Static_assert(offsetof(bl_block_q5_K, dmin) == offsetof(bl_block_q5_K, d) + 2, "q5_K dmin follows d");
 
-/* The 8 six-bit scales and mins of a q4_K/q5_K block (kcpu__k_scale_min's layout)
- * from its 12 bytes read as three words. */
-static INLINE void k_scales(const uint8_t *s12, uint8_t sc[8], uint8_t m[8])
-{
-    uint32_t w[3];
-    memcpy(w, s12, 12);
-    const uint32_t s_lo = w[0] & 0x3f3f3f3f, m_lo = w[1] & 0x3f3f3f3f;
-    const uint32_t s_hi = (w[2] & 0x0f0f0f0f) | ((w[0] >> 6) & 0x03030303) << 4;
-    const uint32_t m_hi = ((w[2] >> 4) & 0x0f0f0f0f) | ((w[1] >> 6) & 0x03030303) << 4;
-    memcpy(sc, &s_lo, 4);
-    memcpy(sc + 4, &s_hi, 4);
-    memcpy(m, &m_lo, 4);
-    memcpy(m + 4, &m_hi, 4);
-}
-
 /* Sub-block sb (32 elements) of a q4_K/q5_K block as two int16 vectors of q * sc:
  * nib holds the 32 nibbles, hbit (q5_K) the fifth bits at bit 4, or zero. */
 AVX2 static INLINE void q45_sub(__m256i nib, __m256i hbit, int sc, __m256i *w0, __m256i *w1)
@@ -173,7 +158,7 @@ AVX2 static INLINE float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K 
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
         uint8_t sc[8], m[8];
-        k_scales(a4 ? a4[i].scales : a5[i].scales, sc, m);
+        kcpu__k_scales8(a4 ? a4[i].scales : a5[i].scales, sc, m);
         const __m256i qh = a5 ? _mm256_loadu_si256((const __m256i *)a5[i].qh) : _mm256_setzero_si256();
         uint64_t sc8;
         memcpy(&sc8, sc, 8);
@@ -294,7 +279,7 @@ AVX2 static INLINE void unpack16_q45_K(const bl_block_q4_K *a4, const bl_block_q
     for (int64_t i = 0; i < nb; i++, u++) {
         const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
         uint8_t sc[8], m[8];
-        k_scales(a4 ? a4[i].scales : a5[i].scales, sc, m);
+        kcpu__k_scales8(a4 ? a4[i].scales : a5[i].scales, sc, m);
         const __m256i qh = a5 ? _mm256_loadu_si256((const __m256i *)a5[i].qh) : _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
             const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));

@@ -42,21 +42,6 @@ AVX512 static INLINE __m256i fold16(__m512i v)
     return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
 
-/* The 8 six-bit scales and mins of a q4_K/q5_K block, as vec_dot_q16_avx2.c reads
- * them (kcpu__k_scale_min's layout), from its 12 bytes read as three words. */
-static INLINE void k_scales(const uint8_t *s12, uint8_t sc[8], uint8_t m[8])
-{
-    uint32_t w[3];
-    memcpy(w, s12, 12);
-    const uint32_t s_lo = w[0] & 0x3f3f3f3f, m_lo = w[1] & 0x3f3f3f3f;
-    const uint32_t s_hi = (w[2] & 0x0f0f0f0f) | ((w[0] >> 6) & 0x03030303) << 4;
-    const uint32_t m_hi = ((w[2] >> 4) & 0x0f0f0f0f) | ((w[1] >> 6) & 0x03030303) << 4;
-    memcpy(sc, &s_lo, 4);
-    memcpy(sc + 4, &s_hi, 4);
-    memcpy(m, &m_lo, 4);
-    memcpy(m + 4, &m_hi, 4);
-}
-
 AVX512 static INLINE __m512i load_x(const int16_t *x) { return _mm512_loadu_si512((const void *)x); }
 
 /* The q4_K/q5_K dot: per pair of sub-blocks, 32 bytes widened to words (the low
@@ -70,7 +55,7 @@ AVX512 static INLINE float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
         uint8_t sc[8], m[8];
-        k_scales(a4 ? a4[i].scales : a5[i].scales, sc, m);
+        kcpu__k_scales8(a4 ? a4[i].scales : a5[i].scales, sc, m);
         /* q5_K: the 32 bytes of fifth bits as words, bit j of byte e for element e
          * of sub-block j */
         const __m512i qh = a5 ? _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)a5[i].qh))
