@@ -133,9 +133,9 @@ out:
 
 static int load(hosttier_t *h, const bp_plan_t *p, int n_threads, bl_err_t *err)
 {
-    if (p->n_batch > 65536 || p->threads > 256 || p->n_stages > 64)
-        return bl_err_set(err, BL_EINVAL, "plan: n_batch %u, threads %u or %zu stages out of "
-                          "range", p->n_batch, p->threads, (size_t)p->n_stages);
+    if (p->n_batch > 65536 || p->threads > 256 || p->n_stages > 64 || p->poll > 100)
+        return bl_err_set(err, BL_EINVAL, "plan: n_batch %u, threads %u, %zu stages or poll %u out of "
+                          "range", p->n_batch, p->threads, (size_t)p->n_stages, p->poll);
     h->ctl.process = p->you;
     h->n_pairs = (int)p->n_stages;
     h->req = calloc((size_t)h->n_pairs, sizeof *h->req);
@@ -159,7 +159,8 @@ static int load(hosttier_t *h, const bp_plan_t *p, int n_threads, bl_err_t *err)
     const int64_t n_batch = p->n_batch ? p->n_batch : 512;
     const ht_store_opts_t so = {.path = p->model_path, .layers = p->host,
                                 .n_threads = n_threads > 0 ? n_threads : (p->threads ? (int)p->threads : 1),
-                                .n_batch = n_batch, .no_mmap = p->no_mmap, .mlock = p->mlock};
+                                .n_batch = n_batch, .no_mmap = p->no_mmap, .mlock = p->mlock,
+                                .poll = (int)p->poll};
     if ((rc = ht_store_open(&h->store, &so, err)) != 0)
         return rc;
     const bl_arch_t *c = ht_store_arch(h->store);

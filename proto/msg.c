@@ -400,6 +400,7 @@ int bp_plan_read(const bp_msg_t *m, bp_plan_t *out, bl_err_t *err)
     out->no_mmap = p->no_mmap;
     out->mlock = p->mlock;
     out->no_op_offload = p->no_op_offload;
+    out->poll = p->poll;
     return 0;
 }
 

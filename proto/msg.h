@@ -116,6 +116,7 @@ typedef struct bp_plan {
     uint32_t n_ctx, n_slots, threads, threads_batch, n_batch, you, flash_attn;
     int no_mmap, mlock;
     int no_op_offload;     /* a card never copies host experts in for a prompt step */
+    uint32_t poll;         /* CPU pools' idle wait, 0..100 (kcpu_pool_set_poll) */
 } bp_plan_t;
 
 /* A validated Plan message into p: the stages, the host layers from its placements

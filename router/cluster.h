@@ -49,6 +49,7 @@ typedef struct rt_cluster_opts {
     int no_mmap;             /* workers copy every weight into their memory (--no-mmap) */
     int mlock;               /* workers and hosttier lock their weights in RAM (--mlock) */
     int no_op_offload;       /* cards never copy host experts in for prompts (--no-op-offload) */
+    int poll;                /* CPU pools' idle wait, 0..100 (--poll) */
     int step_timeout_ms;     /* a step without an answer for this long counts the processes
                               * as hung: the step fails and the whole set restarts (0: wait
                               * as long as they live) */

@@ -54,7 +54,7 @@ static const char chatml_template[] =
 typedef struct opts {
     const char *model, *alias, *host;
     bl_hub_opts_t hub; /* -hf and its companions */
-    int64_t port, ctx, parallel, n_predict, threads, threads_batch, batch, ubatch;
+    int64_t port, ctx, parallel, n_predict, threads, threads_batch, batch, ubatch, poll;
     const char *chat_template, *chat_template_file;
     int jinja, metrics;
     const char *api_key, *api_key_file;
@@ -146,7 +146,6 @@ static const struct {
     {"--models-autoload,--no-models-autoload", NULL, "refused: serving several models (router mode) is not "
                                                       "supported"},
     {"--media-path", "PATH", "refused: multimodal input is not supported (text only)"},
-    {"--poll", "0..100", "refused: the thread pools' waiting is fixed (a short spin, then sleep)"},
     {"-dio,--direct-io", NULL, "refused: weights are read through the page cache (mmap)"},
     {"-nr,--no-repack", NULL, "refused: the layout weights take at load is not configurable"},
 };
@@ -189,6 +188,9 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "threads per worker for decode steps (default: the CPUs online)");
     I64("-tb,--threads-batch", "LLAMA_ARG_THREADS_BATCH", &o->threads_batch, 1, 1024, "N",
         "threads per worker for prompt steps (default: --threads)");
+    I64("--poll", NULL, &o->poll, 0, 100, "0..100",
+        "how the CPU thread pools' idle threads wait for work, as llama.cpp's polling level: they "
+        "yield for 4 us per level before they sleep (default 50; 0: they sleep after a short spin)");
     I64("-b,--batch-size", "LLAMA_ARG_BATCH", &o->batch, 1, 1 << 20, "N",
         "logical batch: most prompt tokens per step together with -ub (default 2048)");
     I64("-ub,--ubatch-size", "LLAMA_ARG_UBATCH", &o->ubatch, 1, 1 << 20, "N",
@@ -1021,6 +1023,7 @@ int main(int argc, char **argv)
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     o.threads = ncpu > 0 ? ncpu : 1;
     o.threads_batch = 0;
+    o.poll = 50; /* llama.cpp's default polling level */
     o.batch = 2048;
     o.ubatch = 512;
     o.timeout = 600;
@@ -1280,9 +1283,9 @@ int main(int argc, char **argv)
     app->loading = 1;
     BL_LOG(BL_LOG_INFO,
            "event=config model=%s alias=%s n_ctx=%lld slots=%lld n_ctx_slot=%lld rows_per_step=%lld "
-           "threads=%lld threads_batch=%lld workers=%lld kv=%s api_keys=%zu",
+           "threads=%lld threads_batch=%lld poll=%lld workers=%lld kv=%s api_keys=%zu",
            o.model, alias, (long long)n_ctx, (long long)o.parallel, (long long)n_ctx_slot,
-           (long long)rows, (long long)o.threads, (long long)o.threads_batch, (long long)o.workers,
+           (long long)rows, (long long)o.threads, (long long)o.threads_batch, (long long)o.poll, (long long)o.workers,
            o.cache_type_k ? o.cache_type_k : "f16", keys.n);
 
     /* the listener first (a busy port fails before any child is started; nothing is
@@ -1329,6 +1332,7 @@ int main(int argc, char **argv)
         .no_mmap = o.no_mmap,
         .mlock = o.mlock,
         .no_op_offload = o.no_op_offload,
+        .poll = (int)o.poll,
     };
     co.step_timeout_ms = (int)(o.timeout * 1000); /* at most 7 days: fits an int */
     app->placement = placement_json(&plan);

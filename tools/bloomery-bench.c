@@ -23,6 +23,7 @@
 #include "args.h"
 #include "gguf.h"
 #include "quant.h"
+#include "kcpu.h"
 #include "wk.h"
 
 #define MAX_LIST 16
@@ -35,7 +36,7 @@ typedef struct list {
 typedef struct bench {
     const char *model, *output;
     list_t pp, tg, threads, depth;
-    int64_t reps, n_batch;
+    int64_t reps, n_batch, poll;
     int precise, no_roofline, profile;
     int flash_attn; /* BL_FLASH_*: -fa */
     bl_place_flags_t place; /* -ngl, -dev, --cpu-moe, ...: the plan's flags, as the server's */
@@ -327,6 +328,7 @@ int main(int argc, char **argv)
     b.threads = (list_t){{ncpu > 0 ? ncpu : 1}, 1};
     b.reps = 5;
     b.n_batch = 512;
+    b.poll = KCPU_POLL_DEFAULT;
     b.output = "md";
     bl_arg_t args[48] = {
         {"-m,--model", NULL, BL_ARG_STR, &b.model, .metavar = "FILE", .help = "model file (GGUF)"},
@@ -336,6 +338,7 @@ int main(int argc, char **argv)
         {"-t,--threads", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.threads, .metavar = "N[,N...]", .help = "thread counts (default: the number of CPUs)"},
         {"-r,--repetitions", NULL, BL_ARG_I64, &b.reps, 1, 1000, .metavar = "N", .help = "timed runs per test (default 5)"},
         {"-b,--batch-size", NULL, BL_ARG_I64, &b.n_batch, 1, 1 << 16, .metavar = "N", .help = "prompt rows per forward pass (default 512)"},
+        {"--poll", NULL, BL_ARG_I64, &b.poll, 0, 100, .metavar = "0..100", .help = "how the CPU pools' idle threads wait: they yield for 4 us per level before they sleep (default 50, as llama.cpp's)"},
         {"-o,--output", NULL, BL_ARG_STR, &b.output, .metavar = "md|jsonl", .help = "table format (default md)"},
         {"--precise", NULL, BL_ARG_FLAG, &b.precise, .help = "f32 activations (the checking mode)"},
         {"--no-roofline", NULL, BL_ARG_FLAG, &b.no_roofline, .help = "skip the bandwidth measurement"},
@@ -425,6 +428,7 @@ int main(int argc, char **argv)
         mo.precise = b.precise;
         mo.n_threads = (int)b.threads.v[ti];
         mo.n_batch = b.n_batch;
+        mo.poll = (int)b.poll;
         mo.n_ctx_max = max_d + max_n + (b.profile ? 544 : 0);
         mo.device = device;
         mo.flash_attn = b.flash_attn;

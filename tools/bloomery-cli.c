@@ -18,6 +18,7 @@
 #include "json_schema.h"
 #include "sampler.h"
 #include "tokenizer.h"
+#include "kcpu.h"
 #include "wk.h"
 
 #define PROMPT_FILE_MAX (256u << 20)
@@ -28,7 +29,7 @@ typedef struct cli {
     const char *grammar, *grammar_file, *json_schema, *json_schema_file; /* one of them */
     bl_hub_opts_t hub; /* -hf: the model from the hub instead of -m */
     const char *cache_type_k, *cache_type_v;
-    int64_t n_predict, n_threads, n_ctx, n_batch, dump_top;
+    int64_t n_predict, n_threads, n_ctx, n_batch, dump_top, poll;
     bl_place_flags_t place; /* -ngl, -dev, --cpu-moe, ...: the plan's flags, as the server's */
     int flash_attn; /* -fa: BL_FLASH_* */
     int chat, precise, no_parse_special, ignore_eos, jinja, show_special;
@@ -214,6 +215,7 @@ static int run(cli_t *c)
     wk_model_opts_default(&mo);
     mo.precise = c->precise;
     mo.n_threads = (int)c->n_threads;
+    mo.poll = (int)c->poll;
     mo.n_batch = c->n_batch;
     mo.n_ctx_max = c->n_ctx;
     /* where the layers go: the server's plan from the same flags, for one stage */
@@ -420,6 +422,7 @@ int main(int argc, char **argv)
     c.n_predict = -1;
     c.n_ctx = 4096;
     c.n_batch = 512;
+    c.poll = KCPU_POLL_DEFAULT;
     c.dump_top = 32;
     c.seed = -1;
     c.top_k = c.sp.top_k;
@@ -432,6 +435,7 @@ int main(int argc, char **argv)
         {"-f,--file", NULL, BL_ARG_STR, &c.prompt_file, .metavar = "FILE", .help = "read the prompt from FILE ('-': stdin)"},
         {"-n,--n-predict,--predict", "LLAMA_ARG_N_PREDICT", BL_ARG_I64, &c.n_predict, -1, INT32_MAX, .metavar = "N", .help = "tokens to generate (-1: until end of text or a full context; 0: evaluate the prompt only)"},
         {"-t,--threads", "LLAMA_ARG_THREADS", BL_ARG_I64, &c.n_threads, 1, 256, .metavar = "N", .help = "threads (default: the number of CPUs)"},
+        {"--poll", NULL, BL_ARG_I64, &c.poll, 0, 100, .metavar = "0..100", .help = "how the CPU pools' idle threads wait: they yield for 4 us per level before they sleep (default 50, as llama.cpp's)"},
         {"-c,--ctx-size", "LLAMA_ARG_CTX_SIZE", BL_ARG_I64, &c.n_ctx, 1, 1 << 24, .metavar = "N", .help = "context size in tokens (default 4096)"},
         {"-b,--batch-size", "LLAMA_ARG_BATCH", BL_ARG_I64, &c.n_batch, 1, 1 << 16, .metavar = "N", .help = "prompt rows per forward pass (default 512)"},
         {"-cnv,--conversation,--chat", NULL, BL_ARG_FLAG, &c.chat, .help = "wrap the prompt as a user message in the chat template"},

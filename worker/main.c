@@ -261,6 +261,8 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     if (p->n_batch > 65536 || p->threads > 256 || p->threads_batch > 256)
         return bl_err_set(err, BL_EINVAL, "plan: n_batch %u, threads %u or threads_batch %u out of range",
                           p->n_batch, p->threads, p->threads_batch);
+    if (p->poll > 100)
+        return bl_err_set(err, BL_EINVAL, "plan: poll %u is outside 0..100", p->poll);
     const uint32_t kv_type = p->kv_type; /* a bl_type_t id, as WK_KV_* are */
 
     if ((rc = attach(&w->in, BP_STEP_FD_IN, "stage-in", BP_RING_CONSUMER, err)) ||
@@ -292,6 +294,7 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     o.no_mmap = p->no_mmap;
     o.mlock = p->mlock;
     o.no_op_offload = p->no_op_offload;
+    o.poll = (int)p->poll;
     if ((rc = wk_model_load(&w->m, p->model_path, &o, err)) != 0)
         return rc;
     const wk_config_t *cfg = wk_model_config(w->m);

@@ -28,6 +28,7 @@ void wk_model_opts_default(wk_model_opts_t *o)
     o->n_threads = 1;
     o->n_batch = 512;
     o->act_terms = 2;
+    o->poll = KCPU_POLL_DEFAULT;
     o->device = WK_DEVICE_CPU;
     o->cuda_graph = 1;
 }
@@ -142,6 +143,10 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
     }
     if (m->opts.act_terms != 1 && m->opts.act_terms != 2) {
         rc = bl_err_set(err, BL_EINVAL, "act_terms %d is not 1 or 2", m->opts.act_terms);
+        goto fail;
+    }
+    if (m->opts.poll < 0 || m->opts.poll > 100) {
+        rc = bl_err_set(err, BL_EINVAL, "poll %d is outside 0..100", m->opts.poll);
         goto fail;
     }
     if (m->opts.n_threads_batch < 0 || m->opts.n_threads_batch > 256) {

@@ -228,6 +228,11 @@ int kcpu_pool_n_threads(const kcpu_pool_t *p); /* threads a run splits over */
  * between runs. Work is split by row, never inside a sum, so results do not
  * depend on it. */
 int kcpu_pool_set_active(kcpu_pool_t *p, int n);
+/* How the pool's idle threads wait, as llama.cpp's --poll: after a short pause spin
+ * they yield for level * 4 us (level 0..100, clamped; KCPU_POLL_DEFAULT 50, 200 us)
+ * before they sleep. Called by the pool's one caller between runs. */
+#define KCPU_POLL_DEFAULT 50
+void kcpu_pool_set_poll(kcpu_pool_t *p, int level);
 /* Runs fn on every thread and returns when all are done. One caller at a time. */
 void kcpu_pool_run(kcpu_pool_t *p, kcpu_task_fn fn, void *ctx);
 
@@ -281,6 +286,8 @@ int kcpu_ctx_n_threads(const kcpu_ctx_t *c);
 /* kcpu_pool_set_active on the context's pool (a ctx made for n_threads can run its
  * ops over fewer: the worker's --threads for decode, --threads-batch for prompts). */
 int kcpu_ctx_set_threads(kcpu_ctx_t *c, int n);
+/* kcpu_pool_set_poll on the context's pool. */
+void kcpu_ctx_set_poll(kcpu_ctx_t *c, int level);
 
 // --- ops -----------------------------------------------------------------------------
 /* Activations are row-major f32: a (n, d) argument holds n rows of d floats, rows

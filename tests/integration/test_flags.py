@@ -76,6 +76,8 @@ def test_unknown_flag(model, flag):
     (["--sleep-idle-seconds", "0"], ["--sleep-idle-seconds"]),
     (["--sleep-idle-seconds", "-2"], ["--sleep-idle-seconds"]),
     (["--sleep-idle-seconds", "soon"], ["--sleep-idle-seconds"]),
+    (["--poll", "101"], ["--poll"]),
+    (["--poll", "-1"], ["--poll"]),
 ])
 def test_bad_flag_values(model, args, names):
     rc, out, _ = run_serve(["-m", model, "--port", str(serverctl.free_port())] + args, timeout=15)
@@ -222,7 +224,6 @@ def test_gpu_layers_without_a_gpu_warn_and_use_the_cpu(servers, value):
     (["--models-dir", "/tmp"], ["--models-dir"]),
     (["--no-models-autoload"], ["--no-models-autoload"]),
     (["--media-path", "/tmp"], ["--media-path: multimodal"]),
-    (["--poll", "0"], ["--poll"]),
     (["-dio"], ["--direct-io"]),
     (["-nr"], ["--no-repack"]),
 ])
@@ -327,13 +328,14 @@ def test_sampling_flags_are_the_requests_defaults(servers):
 
 def test_log_file_and_accepted_flags(servers, tmp_path):
     """--log-file takes the server's log and its processes'; -sm layer/none, -mg 0,
-    -dt, --swa-full and --no-warmup are accepted."""
+    -dt, --swa-full and --no-warmup are accepted; --poll 0 reaches the config line."""
     log = tmp_path / "serve.log"
     srv = servers.start(FAST + ["--log-file", str(log), "-sm", "none", "-mg", "0", "-dt", "0.1",
-                                "--swa-full", "--no-warmup"])
+                                "--swa-full", "--no-warmup", "--poll", "0"])
     assert post(srv.url, "/completion", {"prompt": "Hi", "n_predict": 2}).status_code == 200
     text = log.read_text()
     assert "serve" in text and "event=listening" in text
+    assert " poll=0 " in text
     assert "worker0" in text  # a child's lines
 
 

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "blocks.h"
@@ -416,6 +417,21 @@ static void test_pool_runs_every_thread(void **state)
     assert_int_equal(kcpu_pool_n_threads(p), 1);
     kcpu_pool_run(p, count_task, hits);
     assert_int_equal(hits[0], 6005);
+    /* Every poll level (out-of-range ones clamped) runs every thread, with gaps
+     * between runs shorter and longer than the wait, so helpers are found yielding,
+     * pausing and asleep. */
+    assert_int_equal(kcpu_pool_set_active(p, 4), 1);
+    const int levels[] = {0, 1, 50, 100, -5, 500};
+    for (size_t li = 0; li < sizeof levels / sizeof levels[0]; li++) {
+        kcpu_pool_set_poll(p, levels[li]);
+        for (int i = 0; i < 20; i++) {
+            kcpu_pool_run(p, count_task, hits);
+            if (i % 4 == 3)
+                usleep(i % 8 == 7 ? 1000 : 100);
+        }
+    }
+    assert_int_equal(hits[0], 6005 + 480); /* 120 runs of 4 threads */
+    assert_int_equal(hits[3], 4004 + 480);
     kcpu_pool_destroy(p);
     kcpu_ctx_t *c = NULL;
     const kcpu_limits_t bad = {.max_cols = 0, .max_batch = 1, .max_ctx = 1, .head_dim = 1};
