@@ -125,6 +125,8 @@ int ht_store_open(ht_store_t **out, const ht_store_opts_t *o, bl_err_t *err)
     const kcpu_limits_t lim = {.max_cols = cols, .max_batch = o->n_batch, .max_ctx = 1, .head_dim = a->head_dim};
     if ((rc = kcpu_ctx_create(&s->kc, o->n_threads, KCPU_FAST16, &lim, err)) == 0)
         kcpu_ctx_set_poll(s->kc, o->poll);
+    if (rc == 0 && o->cpu_strict)
+        rc = kcpu_ctx_pin_strict(s->kc, err);
     if (rc < 0 ||
         (rc = kcpu_experts_scratch_create(&s->xs, o->n_batch, a->n_expert_used, a->n_embd, a->n_ff_exp, err)) < 0)
         goto fail;

@@ -23,6 +23,7 @@ typedef struct ht_store_opts {
     int no_mmap;            /* copy the experts even when they pass half the RAM */
     int mlock;              /* lock them in RAM (a refusal is logged, as the workers do) */
     int poll;               /* the pool's idle wait, 0..100 (kcpu_pool_set_poll) */
+    int cpu_strict;         /* each pool thread pinned to one CPU (kcpu_pool_pin_strict) */
 } ht_store_opts_t;
 
 /* Opens the file, checks each held layer's three expert tensors (shape, type, size)

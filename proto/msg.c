@@ -401,6 +401,7 @@ int bp_plan_read(const bp_msg_t *m, bp_plan_t *out, bl_err_t *err)
     out->mlock = p->mlock;
     out->no_op_offload = p->no_op_offload;
     out->poll = p->poll;
+    out->cpu_strict = p->cpu_strict;
     return 0;
 }
 

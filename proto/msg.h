@@ -117,6 +117,7 @@ typedef struct bp_plan {
     int no_mmap, mlock;
     int no_op_offload;     /* a card never copies host experts in for a prompt step */
     uint32_t poll;         /* CPU pools' idle wait, 0..100 (kcpu_pool_set_poll) */
+    int cpu_strict;        /* CPU pool threads pinned one to a CPU (--cpu-strict 1) */
 } bp_plan_t;
 
 /* A validated Plan message into p: the stages, the host layers from its placements

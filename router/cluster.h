@@ -50,6 +50,7 @@ typedef struct rt_cluster_opts {
     int mlock;               /* workers and hosttier lock their weights in RAM (--mlock) */
     int no_op_offload;       /* cards never copy host experts in for prompts (--no-op-offload) */
     int poll;                /* CPU pools' idle wait, 0..100 (--poll) */
+    int cpu_strict;          /* CPU pool threads pinned one to a CPU (--cpu-strict 1) */
     int step_timeout_ms;     /* a step without an answer for this long counts the processes
                               * as hung: the step fails and the whole set restarts (0: wait
                               * as long as they live) */

@@ -25,6 +25,7 @@
 
 #include "api.h"
 #include "args.h"
+#include "cpuset.h"
 #include "bl_config.h"
 #include "file.h"
 #include "hub.h"
@@ -40,7 +41,7 @@
 #define TEMPLATE_FILE_MAX ((size_t)16 << 20)
 #define DRAIN_LIMIT_MS 5000                /* longest wait for open requests at shutdown */
 #define WATCH_MS 100                       /* how often the cluster's state is read */
-#define MAX_ARGS 128 /* the flags of build_args, with room */
+#define MAX_ARGS 160 /* the flags of build_args, with room */
 
 /* A chat template for models that carry none and for --chat-template chatml. */
 static const char chatml_template[] =
@@ -65,6 +66,7 @@ typedef struct opts {
     const char *config;
     /* placement */
     bl_place_flags_t place;
+    bl_cpu_flags_t cpu; /* -C, -Cr, --cpu-strict */
     /* the requests' defaults (llama-server's sampling flags) */
     float temp, top_p, min_p, typical, repeat_penalty, presence_penalty, frequency_penalty;
     int64_t top_k, repeat_last_n, seed, min_keep;
@@ -225,7 +227,7 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "KV cache type: f16 (default), f32, q8_0; -ctv must match");
     STR("-ctv,--cache-type-v", "LLAMA_ARG_CACHE_TYPE_V", &o->cache_type_v, "TYPE",
         "KV cache type of V: must equal -ctk");
-    if (bl_plan_args(a, &n, MAX_ARGS, &o->place) != 0)
+    if (bl_plan_args(a, &n, MAX_ARGS, &o->place) != 0 || bl_cpu_args(a, &n, MAX_ARGS, &o->cpu) != 0)
         abort(); /* MAX_ARGS is sized for the table: a build error, not an input's */
     a[n++] = (bl_arg_t){.names = "-fa,--flash-attn", .env = "LLAMA_ARG_FLASH_ATTN",
                         .kind = BL_ARG_FN, .fn = bl_arg_flash_attn, .ud = &o->flash_attn,
@@ -1178,6 +1180,16 @@ int main(int argc, char **argv)
             BL_LOG(BL_LOG_WARN, "event=prio_failed prio=%lld error=%s", (long long)o.prio,
                    strerror(errno));
     }
+    if (bl_cpu_flags_apply(&o.cpu, &err) != 0) /* the children started later inherit it too */
+        goto fail;
+    if (o.cpu.mask || o.cpu.range || o.cpu.strict) {
+        cpu_set_t cpus;
+        CPU_ZERO(&cpus);
+        char list[256] = "?";
+        if (sched_getaffinity(0, sizeof cpus, &cpus) == 0)
+            bl_cpu_list(&cpus, list, sizeof list);
+        BL_LOG(BL_LOG_INFO, "event=cpu_affinity cpus=%s strict=%lld", list, (long long)o.cpu.strict);
+    }
     if (o.no_cont_batching || o.context_shift || o.cache_reuse > 0 || (o.slots && o.no_slots)) {
         bl_err_set(&err, BL_ENOTSUP, "%s",
                    o.no_cont_batching ? "--no-cont-batching: batching is always continuous here"
@@ -1333,6 +1345,7 @@ int main(int argc, char **argv)
         .mlock = o.mlock,
         .no_op_offload = o.no_op_offload,
         .poll = (int)o.poll,
+        .cpu_strict = (int)o.cpu.strict,
     };
     co.step_timeout_ms = (int)(o.timeout * 1000); /* at most 7 days: fits an int */
     app->placement = placement_json(&plan);

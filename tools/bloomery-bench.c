@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "cpuset.h"
 #include "gguf.h"
 #include "quant.h"
 #include "kcpu.h"
@@ -40,6 +41,7 @@ typedef struct bench {
     int precise, no_roofline, profile;
     int flash_attn; /* BL_FLASH_*: -fa */
     bl_place_flags_t place; /* -ngl, -dev, --cpu-moe, ...: the plan's flags, as the server's */
+    bl_cpu_flags_t cpu;     /* -C, -Cr, --cpu-strict, as the server's */
 } bench_t;
 
 static double now_s(void)
@@ -348,7 +350,8 @@ int main(int argc, char **argv)
     int n_args = 0;
     while (args[n_args].names)
         n_args++;
-    if (bl_plan_args(args, &n_args, (int)(sizeof args / sizeof args[0]), &b.place) != 0)
+    if (bl_plan_args(args, &n_args, (int)(sizeof args / sizeof args[0]), &b.place) != 0 ||
+        bl_cpu_args(args, &n_args, (int)(sizeof args / sizeof args[0]), &b.cpu) != 0)
         abort(); /* the table is sized for them */
     bl_err_t err = {0};
     int help = 0;
@@ -365,6 +368,10 @@ int main(int argc, char **argv)
     if (!b.model) {
         fprintf(stderr, "bloomery-bench: -m FILE is required (see --help)\n");
         return 2;
+    }
+    if (bl_cpu_flags_apply(&b.cpu, &err) != 0) {
+        fprintf(stderr, "bloomery-bench: %s\n", err.msg);
+        return 1;
     }
     int md = !strcmp(b.output, "md");
     if (!md && strcmp(b.output, "jsonl")) {
@@ -429,6 +436,7 @@ int main(int argc, char **argv)
         mo.n_threads = (int)b.threads.v[ti];
         mo.n_batch = b.n_batch;
         mo.poll = (int)b.poll;
+        mo.cpu_strict = (int)b.cpu.strict;
         mo.n_ctx_max = max_d + max_n + (b.profile ? 544 : 0);
         mo.device = device;
         mo.flash_attn = b.flash_attn;

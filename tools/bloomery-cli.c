@@ -13,6 +13,7 @@
 #include "args.h"
 #include "chat.h"
 #include "file.h"
+#include "cpuset.h"
 #include "gguf.h"
 #include "hub.h"
 #include "json_schema.h"
@@ -31,6 +32,7 @@ typedef struct cli {
     const char *cache_type_k, *cache_type_v;
     int64_t n_predict, n_threads, n_ctx, n_batch, dump_top, poll;
     bl_place_flags_t place; /* -ngl, -dev, --cpu-moe, ...: the plan's flags, as the server's */
+    bl_cpu_flags_t cpu;     /* -C, -Cr, --cpu-strict, as the server's */
     int flash_attn; /* -fa: BL_FLASH_* */
     int chat, precise, no_parse_special, ignore_eos, jinja, show_special;
     rt_sampler_params_t sp;
@@ -216,6 +218,7 @@ static int run(cli_t *c)
     mo.precise = c->precise;
     mo.n_threads = (int)c->n_threads;
     mo.poll = (int)c->poll;
+    mo.cpu_strict = (int)c->cpu.strict;
     mo.n_batch = c->n_batch;
     mo.n_ctx_max = c->n_ctx;
     /* where the layers go: the server's plan from the same flags, for one stage */
@@ -470,7 +473,8 @@ int main(int argc, char **argv)
     int n_args = 0;
     while (args[n_args].names)
         n_args++;
-    if (bl_plan_args(args, &n_args, (int)(sizeof args / sizeof args[0]), &c.place) != 0)
+    if (bl_plan_args(args, &n_args, (int)(sizeof args / sizeof args[0]), &c.place) != 0 ||
+        bl_cpu_args(args, &n_args, (int)(sizeof args / sizeof args[0]), &c.cpu) != 0)
         abort(); /* the table is sized for them */
     bl_err_t err = {0};
     int help = 0;
@@ -489,6 +493,10 @@ int main(int argc, char **argv)
     if (!c.model && !c.hub.spec && !c.hub.url) {
         fprintf(stderr, "bloomery-cli: -m FILE or -hf REPO is required (see --help)\n");
         return 2;
+    }
+    if (bl_cpu_flags_apply(&c.cpu, &err) != 0) {
+        fprintf(stderr, "bloomery-cli: %s\n", err.msg);
+        return 1;
     }
     if (c.prompt && c.prompt_file) {
         fprintf(stderr, "bloomery-cli: give -p or -f, not both\n");

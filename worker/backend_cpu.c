@@ -357,6 +357,8 @@ int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *e
     int rc = kcpu_ctx_create(&p->kc, nt_max, mode, &lim, err);
     if (rc == 0)
         kcpu_ctx_set_poll(p->kc, o->poll);
+    if (rc == 0 && o->cpu_strict)
+        rc = kcpu_ctx_pin_strict(p->kc, err);
     if (rc == 0 && c->moe)
         rc = kcpu_experts_scratch_create(&p->xs, o->n_batch, c->n_expert_used, c->n_embd, c->n_ff_exp, err);
     if (rc < 0) {

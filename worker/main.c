@@ -295,6 +295,7 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     o.mlock = p->mlock;
     o.no_op_offload = p->no_op_offload;
     o.poll = (int)p->poll;
+    o.cpu_strict = p->cpu_strict;
     if ((rc = wk_model_load(&w->m, p->model_path, &o, err)) != 0)
         return rc;
     const wk_config_t *cfg = wk_model_config(w->m);

@@ -34,6 +34,8 @@ typedef struct wk_model_opts {
                           * than one row), 1..256; 0: n_threads */
     int poll;            /* how the CPU pool's idle threads wait, 0..100 (llama.cpp's
                           * --poll; kcpu_pool_set_poll); default KCPU_POLL_DEFAULT (50) */
+    int cpu_strict;      /* --cpu-strict: each CPU pool thread pinned to one CPU of the
+                          * process's affinity set (kcpu_pool_pin_strict) */
     int64_t n_batch;   /* most rows one forward pass takes; longer prompts run in chunks */
     int64_t n_ctx_max; /* longest KV cache a wk_kv_t may hold; 0: the file's context_length */
     int64_t layer_begin; /* a pipeline stage: this process runs layers [layer_begin, */

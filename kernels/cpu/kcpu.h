@@ -233,6 +233,10 @@ int kcpu_pool_set_active(kcpu_pool_t *p, int n);
  * before they sleep. Called by the pool's one caller between runs. */
 #define KCPU_POLL_DEFAULT 50
 void kcpu_pool_set_poll(kcpu_pool_t *p, int level);
+/* --cpu-strict: thread i of the pool (0: the calling thread, which must be the pool's
+ * one caller) pinned to the i-th CPU of the caller's affinity set, wrapping around
+ * when the pool has more threads than the set CPUs. BL_EIO when the system refuses. */
+int kcpu_pool_pin_strict(kcpu_pool_t *p, bl_err_t *err) BL_WUR;
 /* Runs fn on every thread and returns when all are done. One caller at a time. */
 void kcpu_pool_run(kcpu_pool_t *p, kcpu_task_fn fn, void *ctx);
 
@@ -288,6 +292,8 @@ int kcpu_ctx_n_threads(const kcpu_ctx_t *c);
 int kcpu_ctx_set_threads(kcpu_ctx_t *c, int n);
 /* kcpu_pool_set_poll on the context's pool. */
 void kcpu_ctx_set_poll(kcpu_ctx_t *c, int level);
+/* kcpu_pool_pin_strict on the context's pool. */
+int kcpu_ctx_pin_strict(kcpu_ctx_t *c, bl_err_t *err) BL_WUR;
 
 // --- ops -----------------------------------------------------------------------------
 /* Activations are row-major f32: a (n, d) argument holds n rows of d floats, rows

@@ -4,6 +4,7 @@
  * group of them (kcpu_matmul_many) per pair of pool calls; a batch of K-quant rows
  * goes through unpacked weight tiles. The dot kernels themselves are in vec_dot.c
  * (scalar references), vec_dot_avx2.c, vec_dot_q16_avx2.c and vec_dot_q16_avx512.c. */
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -455,6 +456,30 @@ void kcpu_pool_destroy(kcpu_pool_t *p)
 
 int kcpu_pool_n_threads(const kcpu_pool_t *p) { return p->active; }
 
+int kcpu_pool_pin_strict(kcpu_pool_t *p, bl_err_t *err)
+{
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    if (pthread_getaffinity_np(pthread_self(), sizeof all, &all) != 0 || CPU_COUNT(&all) == 0)
+        return bl_err_set(err, BL_EIO, "--cpu-strict: the CPUs this thread may run on could not be read");
+    int cpus[CPU_SETSIZE], nc = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all))
+            cpus[nc++] = c;
+    for (int i = 0; i < p->n; i++) {
+        if (i > 0 && i - 1 >= p->n_started)
+            break;
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpus[i % nc], &one);
+        const int rc = pthread_setaffinity_np(i == 0 ? pthread_self() : p->th[i - 1], sizeof one, &one);
+        if (rc != 0)
+            return bl_err_set(err, BL_EIO, "--cpu-strict: pinning thread %d to CPU %d: %s", i, cpus[i % nc],
+                              strerror(rc));
+    }
+    return 0;
+}
+
 void kcpu_pool_set_poll(kcpu_pool_t *p, int level)
 {
     level = level < 0 ? 0 : level > 100 ? 100 : level;
@@ -626,6 +651,8 @@ int kcpu_ctx_n_threads(const kcpu_ctx_t *c) { return kcpu_pool_n_threads(c->pool
 int kcpu_ctx_set_threads(kcpu_ctx_t *c, int n) { return kcpu_pool_set_active(c->pool, n); }
 
 void kcpu_ctx_set_poll(kcpu_ctx_t *c, int level) { kcpu_pool_set_poll(c->pool, level); }
+
+int kcpu_ctx_pin_strict(kcpu_ctx_t *c, bl_err_t *err) { return kcpu_pool_pin_strict(c->pool, err); }
 
 // --- matmul --------------------------------------------------------------------------------
 

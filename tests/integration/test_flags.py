@@ -78,6 +78,7 @@ def test_unknown_flag(model, flag):
     (["--sleep-idle-seconds", "soon"], ["--sleep-idle-seconds"]),
     (["--poll", "101"], ["--poll"]),
     (["--poll", "-1"], ["--poll"]),
+    (["--cpu-strict", "2"], ["--cpu-strict"]),
 ])
 def test_bad_flag_values(model, args, names):
     rc, out, _ = run_serve(["-m", model, "--port", str(serverctl.free_port())] + args, timeout=15)
@@ -225,6 +226,10 @@ def test_gpu_layers_without_a_gpu_warn_and_use_the_cpu(servers, value):
     (["--no-models-autoload"], ["--no-models-autoload"]),
     (["--media-path", "/tmp"], ["--media-path: multimodal"]),
     (["-dio"], ["--direct-io"]),
+    (["-C", "zz"], ["--cpu-mask"]),
+    (["-C", "0x0"], ["--cpu-mask"]),
+    (["-Cr", "5-2"], ["--cpu-range"]),
+    (["-Cr", "0-5000"], ["--cpu-range"]),
     (["-nr"], ["--no-repack"]),
 ])
 def test_refused_at_start_by_name(model, args, names):
@@ -540,3 +545,17 @@ def test_sigterm_while_asleep_exits_cleanly(servers):
         pytest.fail("no sleep within 20 s\n%s" % srv.log())
     problems = srv.stop()
     assert not problems, "%s\n%s" % (problems, srv.log())
+
+
+def test_cpu_mask_and_strict_reach_every_process(servers):
+    """-C (here: the first CPU this test may use) becomes the affinity of the server
+    and of every process it starts; --cpu-strict 1 is logged and the server serves."""
+    allowed = sorted(os.sched_getaffinity(0))
+    first = allowed[0]
+    srv = servers.start(FAST + ["-C", "%x" % (1 << first), "--cpu-strict", "1"])
+    assert post(srv.url, "/completion", {"prompt": "Hi", "n_predict": 2}).status_code == 200
+    assert "event=cpu_affinity cpus=%d strict=1" % first in srv.log()
+    procs = [srv.pid] + [p for p, _, _ in serverctl.descendants(srv.pid)]
+    assert len(procs) >= 2, procs
+    for pid in procs:
+        assert os.sched_getaffinity(pid) == {first}, (pid, os.sched_getaffinity(pid))

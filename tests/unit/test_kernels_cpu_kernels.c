@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <pthread.h>
 #include <unistd.h>
 #include <time.h>
 
@@ -388,6 +390,48 @@ static void count_task(void *ctx, int ith, int nth)
     hits[ith] += nth;
 }
 
+/* Each thread's CPU set after --cpu-strict: one CPU, the ith of the caller's. */
+static void record_cpu(void *ctx, int ith, int nth)
+{
+    (void)nth;
+    int *cpu = ctx;
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    if (pthread_getaffinity_np(pthread_self(), sizeof s, &s) != 0 || CPU_COUNT(&s) != 1) {
+        cpu[ith] = -1;
+        return;
+    }
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &s))
+            cpu[ith] = c;
+}
+
+static void test_pool_pin_strict(void **state)
+{
+    (void)state;
+    cpu_set_t saved;
+    CPU_ZERO(&saved);
+    assert_int_equal(pthread_getaffinity_np(pthread_self(), sizeof saved, &saved), 0);
+    int cpus[CPU_SETSIZE], nc = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &saved))
+            cpus[nc++] = c;
+    kcpu_pool_t *p = NULL;
+    bl_err_t err = {0};
+    enum { N = 5 }; /* more threads than a 2-CPU machine has: they wrap around */
+    assert_int_equal(kcpu_pool_create(&p, N, &err), 0);
+    assert_int_equal(kcpu_pool_pin_strict(p, &err), 0);
+    int got[N];
+    for (int i = 0; i < N; i++)
+        got[i] = -2;
+    kcpu_pool_run(p, record_cpu, got);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(got[i], cpus[i % nc]);
+    kcpu_pool_destroy(p);
+    /* the caller was pinned too: give it its CPUs back for the other tests */
+    assert_int_equal(pthread_setaffinity_np(pthread_self(), sizeof saved, &saved), 0);
+}
+
 static void test_pool_runs_every_thread(void **state)
 {
     (void)state;
@@ -481,6 +525,7 @@ int main(void)
         cmocka_unit_test(test_rms_norm_and_rope),
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_pool_runs_every_thread),
+        cmocka_unit_test(test_pool_pin_strict),
         cmocka_unit_test(test_ctx_create_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

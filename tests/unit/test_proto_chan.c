@@ -222,7 +222,8 @@ static void test_chan_plan_as_plain_values(void **state)
         const int ok = p.n_stages == 2 && p.stages[1].device == 3 && p.stages[0].device == -1 &&
                        p.stages[1].layer_begin == 5 && p.n_layers == 9 && p.n_expert == 4 && p.host[0] == 0 &&
                        p.host[6] == 1 && p.host[8] == 1 && p.host[7] == 0 && p.kv_type == 0 &&
-                       !strcmp(p.model_path, "/m.gguf") && p.you == 1 && p.host_process == 2 && p.poll == 37;
+                       !strcmp(p.model_path, "/m.gguf") && p.you == 1 && p.host_process == 2 && p.poll == 37 &&
+                       p.cpu_strict == 1;
         bp_msg_free(&in);
         bp_chan_destroy(b);
         _exit(ok ? 0 : 2);
@@ -244,6 +245,7 @@ static void test_chan_plan_as_plain_values(void **state)
     p.n_slots = 1;
     p.threads = 1;
     p.poll = 37;
+    p.cpu_strict = 1;
     p.you = 1;
     assert_int_equal(bp_chan_send_plan(a, NULL, &p, 5000, &err), 0);
     int status;

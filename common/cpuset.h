@@ -1,0 +1,44 @@
+/* The CPUs a program's threads run on, with llama.cpp's flags: -C/--cpu-mask (a hex
+ * mask of any length, CPU 0 in the lowest bit, "0x" optional), -Cr/--cpu-range
+ * (lo-hi), the two complementing each other, and --cpu-strict 0|1. The mask is the
+ * process's affinity, set once at start and inherited by the processes it starts;
+ * --cpu-strict reaches each process in its plan and pins every thread of a compute
+ * pool to one CPU of that set, in order (kcpu_pool_pin_strict). */
+#ifndef BL_CPUSET_H
+#define BL_CPUSET_H
+
+#include <sched.h>
+#include <stdint.h>
+
+#include "args.h"
+#include "err.h"
+
+/* The flags as given (NULL / 0: not given). */
+typedef struct bl_cpu_flags {
+    const char *mask, *range;
+    int64_t strict;
+} bl_cpu_flags_t;
+
+/* Appends -C,--cpu-mask, -Cr,--cpu-range and --cpu-strict to a[*n..cap), into f
+ * (f must outlive the parse). BL_ERANGE when cap is too small. */
+int bl_cpu_args(bl_arg_t *a, int *n, int cap, bl_cpu_flags_t *f) BL_WUR;
+
+/* ORs the CPUs of a hex mask / of "lo-hi" into s. BL_EINVAL naming the flag for a
+ * value that does not parse, BL_ERANGE for a CPU past CPU_SETSIZE. */
+int bl_cpu_mask_parse(cpu_set_t *s, const char *hex, bl_err_t *err) BL_WUR;
+int bl_cpu_range_parse(cpu_set_t *s, const char *lohi, bl_err_t *err) BL_WUR;
+
+/* The CPUs f selects into *s and whether any flag gave some (0: s is untouched).
+ * BL_EINVAL for a value that does not parse or selects no CPU, BL_ENOTSUP for CPUs
+ * this process may not run on (naming the first). */
+int bl_cpu_flags_set(const bl_cpu_flags_t *f, cpu_set_t *s, bl_err_t *err) BL_WUR;
+
+/* Applies f at start: the process's affinity to the CPUs it selects (the threads
+ * and processes started later inherit it). 0 when nothing was given or it is set;
+ * the errors of bl_cpu_flags_set, or BL_EIO when the system refuses. */
+int bl_cpu_flags_apply(const bl_cpu_flags_t *f, bl_err_t *err) BL_WUR;
+
+/* s as a list ("0-3,8"), for logs; "" for an empty set. */
+void bl_cpu_list(const cpu_set_t *s, char *buf, size_t cap);
+
+#endif
