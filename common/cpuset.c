@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int hexval(char c)
 {
@@ -70,6 +71,58 @@ int bl_cpu_range_parse(cpu_set_t *s, const char *lohi, bl_err_t *err)
     for (long c = lo; c <= hi; c++)
         CPU_SET((size_t)c, s);
     return 0;
+}
+
+static int read_int(const char *path, long *out)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    const int ok = fscanf(f, "%ld", out) == 1;
+    fclose(f);
+    return ok ? 0 : -1;
+}
+
+int bl_cpu_physical_cores(const char *root, const cpu_set_t *allowed)
+{
+    const int n = CPU_COUNT(allowed);
+    if (n <= 0)
+        return 1;
+    /* (package, core) of each allowed CPU; a pair seen before is a sibling */
+    static _Thread_local long pkg[CPU_SETSIZE], core[CPU_SETSIZE];
+    int seen = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, allowed))
+            continue;
+        char path[512];
+        long p, k;
+        snprintf(path, sizeof path, "%s/cpu%d/topology/physical_package_id", root, c);
+        if (read_int(path, &p) < 0)
+            return n;
+        snprintf(path, sizeof path, "%s/cpu%d/topology/core_id", root, c);
+        if (read_int(path, &k) < 0)
+            return n;
+        int dup = 0;
+        for (int i = 0; i < seen && !dup; i++)
+            dup = pkg[i] == p && core[i] == k;
+        if (!dup) {
+            pkg[seen] = p;
+            core[seen] = k;
+            seen++;
+        }
+    }
+    return seen > 0 ? seen : n;
+}
+
+int bl_cpu_default_threads(void)
+{
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
+        const long n = sysconf(_SC_NPROCESSORS_ONLN);
+        return n > 0 ? (int)n : 1;
+    }
+    return bl_cpu_physical_cores("/sys/devices/system/cpu", &allowed);
 }
 
 void bl_cpu_list(const cpu_set_t *s, char *buf, size_t cap)

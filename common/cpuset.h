@@ -38,6 +38,13 @@ int bl_cpu_flags_set(const bl_cpu_flags_t *f, cpu_set_t *s, bl_err_t *err) BL_WU
  * the errors of bl_cpu_flags_set, or BL_EIO when the system refuses. */
 int bl_cpu_flags_apply(const bl_cpu_flags_t *f, bl_err_t *err) BL_WUR;
 
+/* The default thread count, as llama.cpp's: one thread per physical core among the
+ * CPUs this process may run on (hyperthread siblings count once), read from
+ * ROOT/cpuN/topology/{physical_package_id,core_id} (ROOT: /sys/devices/system/cpu,
+ * or another for tests); the CPU count where the topology cannot be read. At least 1. */
+int bl_cpu_default_threads(void);
+int bl_cpu_physical_cores(const char *root, const cpu_set_t *allowed);
+
 /* s as a list ("0-3,8"), for logs; "" for an empty set. */
 void bl_cpu_list(const cpu_set_t *s, char *buf, size_t cap);
 

@@ -186,8 +186,9 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "slots: requests served at once, each with ctx-size / N positions (default 1)");
     I64("-n,--predict,--n-predict", "LLAMA_ARG_N_PREDICT", &o->n_predict, -1, INT32_MAX, "N",
         "most tokens one request may generate (default -1: no limit)");
-    I64("-t,--threads", "LLAMA_ARG_THREADS", &o->threads, 1, 1024, "N",
-        "threads per worker for decode steps (default: the CPUs online)");
+    I64("-t,--threads", "LLAMA_ARG_THREADS", &o->threads, -1, 1024, "N",
+        "threads per worker for decode steps (default, or -1 as llama.cpp: one per physical core of the "
+        "CPUs it may use)");
     I64("-tb,--threads-batch", "LLAMA_ARG_THREADS_BATCH", &o->threads_batch, 1, 1024, "N",
         "threads per worker for prompt steps (default: --threads)");
     I64("--poll", NULL, &o->poll, 0, 100, "0..100",
@@ -1022,8 +1023,7 @@ int main(int argc, char **argv)
     o.ctx = 4096;
     o.parallel = 1;
     o.n_predict = -1;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    o.threads = ncpu > 0 ? ncpu : 1;
+    o.threads = 0; /* not given: one per physical core of the CPUs -C leaves (below) */
     o.threads_batch = 0;
     o.poll = 50; /* llama.cpp's default polling level */
     o.batch = 2048;
@@ -1152,6 +1152,10 @@ int main(int argc, char **argv)
                    o.cache_type_k ? o.cache_type_k : "f16", o.cache_type_v ? o.cache_type_v : "f16");
         goto fail;
     }
+    if (bl_cpu_flags_apply(&o.cpu, &err) != 0) /* the children started later inherit it too */
+        goto fail;
+    if (o.threads <= 0)
+        o.threads = bl_cpu_default_threads();
     if (o.threads_batch == 0)
         o.threads_batch = o.threads;
     rt_task_params_t defaults;
@@ -1180,8 +1184,6 @@ int main(int argc, char **argv)
             BL_LOG(BL_LOG_WARN, "event=prio_failed prio=%lld error=%s", (long long)o.prio,
                    strerror(errno));
     }
-    if (bl_cpu_flags_apply(&o.cpu, &err) != 0) /* the children started later inherit it too */
-        goto fail;
     if (o.cpu.mask || o.cpu.range || o.cpu.strict) {
         cpu_set_t cpus;
         CPU_ZERO(&cpus);

@@ -326,8 +326,7 @@ int main(int argc, char **argv)
     b.pp = (list_t){{512}, 1};
     b.tg = (list_t){{128}, 1};
     b.depth = (list_t){{0}, 1};
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    b.threads = (list_t){{ncpu > 0 ? ncpu : 1}, 1};
+    b.threads = (list_t){{0}, 1}; /* not given: one per physical core, after -C */
     b.reps = 5;
     b.n_batch = 512;
     b.poll = KCPU_POLL_DEFAULT;
@@ -337,7 +336,7 @@ int main(int argc, char **argv)
         {"-p,--n-prompt", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.pp, .metavar = "N[,N...]", .help = "prompt lengths to test (default 512; 0: none)"},
         {"-n,--n-gen", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.tg, .metavar = "N[,N...]", .help = "decode lengths to test (default 128; 0: none)"},
         {"-d,--n-depth", NULL, BL_ARG_FN, NULL, .fn = parse_depths, .ud = &b.depth, .metavar = "N[,N...]", .help = "cached positions each test starts from (default 0), filled untimed before every run"},
-        {"-t,--threads", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.threads, .metavar = "N[,N...]", .help = "thread counts (default: the number of CPUs)"},
+        {"-t,--threads", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.threads, .metavar = "N[,N...]", .help = "thread counts (default: one per physical core of the CPUs it may use)"},
         {"-r,--repetitions", NULL, BL_ARG_I64, &b.reps, 1, 1000, .metavar = "N", .help = "timed runs per test (default 5)"},
         {"-b,--batch-size", NULL, BL_ARG_I64, &b.n_batch, 1, 1 << 16, .metavar = "N", .help = "prompt rows per forward pass (default 512)"},
         {"--poll", NULL, BL_ARG_I64, &b.poll, 0, 100, .metavar = "0..100", .help = "how the CPU pools' idle threads wait: they yield for 4 us per level before they sleep (default 50, as llama.cpp's)"},
@@ -373,6 +372,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "bloomery-bench: %s\n", err.msg);
         return 1;
     }
+    if (b.threads.n == 1 && b.threads.v[0] == 0)
+        b.threads.v[0] = bl_cpu_default_threads();
     int md = !strcmp(b.output, "md");
     if (!md && strcmp(b.output, "jsonl")) {
         fprintf(stderr, "bloomery-bench: -o: '%s' is not md or jsonl\n", b.output);

@@ -9,7 +9,9 @@
 
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cpuset.h"
 
@@ -141,6 +143,51 @@ static void test_cpu_flags_against_the_process(void **state)
     assert_int_equal(bl_cpu_flags_apply(&none, &err), 0); /* nothing given: nothing changes */
 }
 
+static void put(const char *root, int cpu, const char *name, int v)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/cpu%d", root, cpu);
+    (void)mkdir(path, 0700);
+    snprintf(path, sizeof path, "%s/cpu%d/topology", root, cpu);
+    (void)mkdir(path, 0700);
+    snprintf(path, sizeof path, "%s/cpu%d/topology/%s", root, cpu, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "%d\n", v);
+    fclose(f);
+}
+
+/* The default thread count over a fake topology: two packages, CPUs 0 and 1 are
+ * siblings of one core, 2 is a core of its own, 3 a core of the second package
+ * with the same core id as CPU 0's. */
+static void test_cpu_physical_cores(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/bl_test_cpus_XXXXXX";
+    assert_non_null(mkdtemp(root));
+    const int topo[4][2] = {{0, 0}, {0, 0}, {0, 1}, {1, 0}};
+    for (int c = 0; c < 4; c++) {
+        put(root, c, "physical_package_id", topo[c][0]);
+        put(root, c, "core_id", topo[c][1]);
+    }
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    for (int c = 0; c < 4; c++)
+        CPU_SET(c, &s);
+    assert_int_equal(bl_cpu_physical_cores(root, &s), 3);
+    CPU_CLR(2, &s);
+    CPU_CLR(3, &s);
+    assert_int_equal(bl_cpu_physical_cores(root, &s), 1); /* two siblings: one core */
+    CPU_SET(7, &s); /* no topology for CPU 7: count the CPUs */
+    assert_int_equal(bl_cpu_physical_cores(root, &s), 3);
+    CPU_ZERO(&s);
+    assert_int_equal(bl_cpu_physical_cores(root, &s), 1);
+    assert_true(bl_cpu_default_threads() >= 1);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -148,6 +195,7 @@ int main(void)
         cmocka_unit_test(test_cpu_range),
         cmocka_unit_test(test_cpu_list_cut),
         cmocka_unit_test(test_cpu_flags_against_the_process),
+        cmocka_unit_test(test_cpu_physical_cores),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
