@@ -1,5 +1,7 @@
 /* The weights' copy in huge pages, and --mlock (wmem.h). */
 #include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -24,6 +26,51 @@ void *bl_wmem_alloc(uint64_t total, int force, size_t *len)
 #endif
     *len = n;
     return p;
+}
+
+struct copy_share {
+    const bl_wmem_job_t *jobs;
+    size_t n_jobs;
+    uint64_t lo, hi; /* this thread's bytes of the jobs laid end to end */
+};
+
+static void *copy_share(void *arg)
+{
+    const struct copy_share *c = arg;
+    uint64_t at = 0;
+    for (size_t i = 0; i < c->n_jobs && at < c->hi; at += c->jobs[i].n, i++) {
+        const uint64_t a = at > c->lo ? at : c->lo, b = at + c->jobs[i].n < c->hi ? at + c->jobs[i].n : c->hi;
+        if (a < b)
+            memcpy((uint8_t *)c->jobs[i].dst + (a - at), (const uint8_t *)c->jobs[i].src + (a - at), (size_t)(b - a));
+    }
+    return NULL;
+}
+
+void bl_wmem_copy_many(const bl_wmem_job_t *jobs, size_t n_jobs, int threads)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < n_jobs; i++)
+        total += jobs[i].n;
+    enum { MAX_THREADS = 64 };
+    if (threads > MAX_THREADS)
+        threads = MAX_THREADS;
+    if (threads < 1 || total < ((uint64_t)64 << 20))
+        threads = 1;
+    struct copy_share share[MAX_THREADS];
+    pthread_t th[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (int t = 0; t < threads; t++)
+        share[t] = (struct copy_share){jobs, n_jobs, total * (uint64_t)t / (uint64_t)threads,
+                                       total * (uint64_t)(t + 1) / (uint64_t)threads};
+    for (int t = 1; t < threads; t++)
+        started[t] = pthread_create(&th[t], NULL, copy_share, &share[t]) == 0;
+    copy_share(&share[0]);
+    for (int t = 1; t < threads; t++) {
+        if (started[t])
+            pthread_join(th[t], NULL);
+        else
+            copy_share(&share[t]); /* no thread to spare: the caller copies that share too */
+    }
 }
 
 void bl_wmem_lock(const void *p, uint64_t len, const bl_gguf_t *g)

@@ -110,15 +110,24 @@ int ht_store_open(ht_store_t **out, const ht_store_opts_t *o, bl_err_t *err)
     /* then into huge pages where they fit (common/wmem.h) */
     s->copy = bl_wmem_alloc(total, o->no_mmap, &s->copy_len);
     size_t used = 0;
-    for (int64_t l = 0; s->copy && l < a->n_layer; l++) {
+    bl_wmem_job_t *jobs = s->copy ? calloc((size_t)a->n_layer * 3, sizeof *jobs) : NULL;
+    size_t n_jobs = 0;
+    for (int64_t l = 0; jobs && l < a->n_layer; l++) {
         kcpu_mat_t *m[3] = {&s->layers[l].gate, &s->layers[l].up, &s->layers[l].down};
         for (int i = 0; s->held[l] && i < 3; i++) {
             const size_t nbytes = m[i]->row_bytes * (size_t)m[i]->nrows;
-            memcpy(s->copy + used, m[i]->data, nbytes);
+            jobs[n_jobs++] = (bl_wmem_job_t){s->copy + used, m[i]->data, nbytes};
             m[i]->data = s->copy + used;
             used += (nbytes + 63) & ~(size_t)63;
         }
     }
+    if (s->copy && !jobs) { /* no memory for the list: the file mapping it is */
+        munmap(s->copy, s->copy_len);
+        s->copy = NULL;
+        s->copy_len = 0;
+    }
+    bl_wmem_copy_many(jobs, n_jobs, o->n_threads); /* several threads: the first touches dominate */
+    free(jobs);
     if (o->mlock)
         bl_wmem_lock(s->copy, used, s->g);
     const int64_t cols = a->n_embd > a->n_ff_exp ? a->n_embd : a->n_ff_exp;

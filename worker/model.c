@@ -54,7 +54,18 @@ int wk__find_mat(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, int6
      * worker whose hosttier runs them) is checked but stays in the file mapping,
      * where it costs nothing until read. */
     if (use && m->arena && m->arena_used + t->nbytes <= m->arena_len) {
-        memcpy(m->arena + m->arena_used, t->data, t->nbytes);
+        if (m->n_copies == m->cap_copies) {
+            const size_t cap = m->cap_copies ? 2 * m->cap_copies : 256;
+            bl_wmem_job_t *c = realloc(m->copies, cap * sizeof *c);
+            if (c) {
+                m->copies = c;
+                m->cap_copies = cap;
+            }
+        }
+        if (m->n_copies < m->cap_copies) /* made in wk_model_load, on the threads */
+            m->copies[m->n_copies++] = (bl_wmem_job_t){m->arena + m->arena_used, t->data, t->nbytes};
+        else
+            memcpy(m->arena + m->arena_used, t->data, t->nbytes);
         data = m->arena + m->arena_used;
         m->arena_used += (t->nbytes + 63) & ~(uint64_t)63;
     }
@@ -133,6 +144,10 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
     m->opts.experts_host = NULL; /* the copy is m->host */
     if ((rc = wk__qwen3_map(m, err)) < 0)
         goto fail;
+    bl_wmem_copy_many(m->copies, m->n_copies, m->opts.n_threads);
+    free(m->copies);
+    m->copies = NULL;
+    m->n_copies = m->cap_copies = 0;
     if (m->opts.mlock)
         bl_wmem_lock(m->arena, m->arena_used, m->g);
     if (m->opts.n_ctx_max <= 0)
@@ -177,6 +192,7 @@ void wk_model_free(wk_model_t *m)
     free(m->w.layers);
     if (m->arena)
         munmap(m->arena, m->arena_len);
+    free(m->copies);
     bl_gguf_close(m->g);
     free(m);
 }

@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "gguf.h"
 #include "wk.h"
+#include "wmem.h"
 
 typedef struct layer {
     wk_vec_t attn_norm;   // (n_embd)
@@ -55,6 +56,8 @@ struct wk_model {
     bl_gguf_t *g;
     uint8_t *arena;   /* anonymous copy of the matrices (weights_arena), or NULL */
     size_t arena_len, arena_used;
+    bl_wmem_job_t *copies; /* the arena's copies, made together after the mapping */
+    size_t n_copies, cap_copies;
     char path[256];   /* for messages; truncated */
     int64_t lb, le;   /* the stage's layers [lb, le) */
     wk_remote_t remote; /* WK_EXPERTS_REMOTE: where routed experts go */

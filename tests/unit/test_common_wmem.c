@@ -1,0 +1,75 @@
+/* Tests of common/wmem.c: the load's copies on several threads give the bytes of
+ * one memcpy per job, whatever the thread count and however the shares fall across
+ * the jobs; the huge-page allocation refuses what it cannot give. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "test_seed.h"
+#include "wmem.h"
+
+static void test_copy_many_every_share(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(1);
+    /* 70 MiB over jobs of odd sizes: past the bound where the threads start */
+    const size_t sizes[] = {1, 4097, (size_t)33 << 20, 0, 12345, (size_t)37 << 20, 3};
+    enum { NJ = sizeof sizes / sizeof sizes[0] };
+    uint8_t *src[NJ], *dst[NJ];
+    bl_wmem_job_t jobs[NJ];
+    for (int i = 0; i < NJ; i++) {
+        src[i] = malloc(sizes[i] + 1);
+        dst[i] = malloc(sizes[i] + 1);
+        assert_non_null(src[i]);
+        assert_non_null(dst[i]);
+        for (size_t j = 0; j < sizes[i]; j++)
+            src[i][j] = (uint8_t)rng_next(&r);
+        jobs[i] = (bl_wmem_job_t){dst[i], src[i], sizes[i]};
+    }
+    const int threads[] = {0, 1, 2, 3, 7, 64, 1000};
+    for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+        for (int i = 0; i < NJ; i++)
+            memset(dst[i], 0xa5, sizes[i] + 1);
+        bl_wmem_copy_many(jobs, NJ, threads[t]);
+        for (int i = 0; i < NJ; i++) {
+            assert_memory_equal(dst[i], src[i], sizes[i]);
+            assert_int_equal(dst[i][sizes[i]], 0xa5); /* nothing past the job */
+        }
+    }
+    bl_wmem_copy_many(NULL, 0, 4); /* nothing to copy */
+    for (int i = 0; i < NJ; i++) {
+        free(src[i]);
+        free(dst[i]);
+    }
+}
+
+static void test_alloc_refusals(void **state)
+{
+    (void)state;
+    size_t len = 1;
+    assert_null(bl_wmem_alloc(0, 0, &len));
+    assert_int_equal(len, 0);
+    assert_null(bl_wmem_alloc(UINT64_MAX, 1, &len)); /* past what a size can hold */
+    assert_null(bl_wmem_alloc((uint64_t)1 << 62, 0, &len)); /* past half the RAM, not forced */
+    void *p = bl_wmem_alloc(3 << 20, 0, &len);
+    assert_non_null(p);
+    assert_int_equal(len, (size_t)4 << 20); /* whole huge pages */
+    memset(p, 1, len);
+    assert_int_equal(munmap(p, len), 0);
+}
+
+int main(void)
+{
+    test_seed_init("test_common_wmem");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_copy_many_every_share),
+        cmocka_unit_test(test_alloc_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
