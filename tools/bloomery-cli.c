@@ -30,7 +30,7 @@ typedef struct cli {
     const char *grammar, *grammar_file, *json_schema, *json_schema_file; /* one of them */
     bl_hub_opts_t hub; /* -hf: the model from the hub instead of -m */
     const char *cache_type_k, *cache_type_v;
-    int64_t n_predict, n_threads, n_ctx, n_batch, dump_top, poll;
+    int64_t n_predict, n_threads, n_ctx, n_batch, dump_top, poll, routing_stats;
     bl_place_flags_t place; /* -ngl, -dev, --cpu-moe, ...: the plan's flags, as the server's */
     bl_cpu_flags_t cpu;     /* -C, -Cr, --cpu-strict, as the server's */
     int flash_attn; /* -fa: BL_FLASH_* */
@@ -177,6 +177,64 @@ static int load_grammar(const cli_t *c, char **out, bl_err_t *err)
     rc = rt_json_schema_to_gbnf(schema, out, &e2);
     json_decref(schema);
     return rc ? bl_err_set(err, rc, "--json-schema: %s", e2.msg) : 0;
+}
+
+/* --routing-stats K: per layer, the selections, the share of them its K most chosen
+ * experts took, and those experts (most chosen first); then the mean share. */
+static void print_routing(const bl_heat_t *h, int64_t k)
+{
+    if (!h) {
+        fprintf(stderr, "bloomery-cli: routing: no counts (a dense model, or its layers on a card)\n");
+        return;
+    }
+    const int64_t ne = bl_heat_n_expert(h);
+    if (k > ne)
+        k = ne;
+    int32_t *top = malloc(sizeof *top * (size_t)ne);
+    uint64_t *cnt = malloc(sizeof *cnt * (size_t)ne);
+    if (!top || !cnt) {
+        free(top);
+        free(cnt);
+        fprintf(stderr, "bloomery-cli: routing: out of memory\n");
+        return;
+    }
+    double sum_share = 0;
+    int64_t layers = 0;
+    for (int64_t l = 0; l < bl_heat_n_layer(h); l++) {
+        const uint64_t total = bl_heat_layer_count(h, l);
+        if (total == 0)
+            continue;
+        /* most chosen by plain count: a selection sort of the k first */
+        for (int64_t e = 0; e < ne; e++) {
+            top[e] = (int32_t)e;
+            cnt[e] = bl_heat_count(h, l, e);
+        }
+        uint64_t in_top = 0;
+        for (int64_t i = 0; i < k; i++) {
+            int64_t best = i;
+            for (int64_t j = i + 1; j < ne; j++)
+                if (cnt[top[j]] > cnt[top[best]])
+                    best = j;
+            const int32_t t = top[i];
+            top[i] = top[best];
+            top[best] = t;
+            in_top += cnt[top[i]];
+        }
+        const double share = (double)in_top / (double)total;
+        fprintf(stderr, "bloomery-cli: routing: layer %lld: %llu selections, %.1f %% to experts", (long long)l,
+                (unsigned long long)total, 100.0 * share);
+        for (int64_t i = 0; i < k; i++)
+            fprintf(stderr, " %d", top[i]);
+        fputc('\n', stderr);
+        sum_share += share;
+        layers++;
+    }
+    if (layers)
+        fprintf(stderr, "bloomery-cli: routing: %lld layers, mean %.1f %% of the selections to each layer's %lld most "
+                "chosen of %lld experts\n", (long long)layers, 100.0 * sum_share / (double)layers, (long long)k,
+                (long long)ne);
+    free(top);
+    free(cnt);
 }
 
 static int run(cli_t *c)
@@ -381,6 +439,8 @@ static int run(cli_t *c)
             prompt.n, tp, prompt.n / (tp > 0 ? tp : 1e-9), (long long)n_gen, tg,
             n_gen / (tg > 0 ? tg : 1e-9), rt_sampler_seed(smp));
 
+    if (c->routing_stats)
+        print_routing(wk_model_heat(m), c->routing_stats);
     if (dump) {
         json_object_set_new(dump, "positions", positions);
         positions = NULL;
@@ -468,6 +528,7 @@ int main(int argc, char **argv)
         {"--precise", NULL, BL_ARG_FLAG, &c.precise, .help = "f32 activations and KV cache, no activation quantization (for checking)"},
         {"--dump-logits", NULL, BL_ARG_STR, &c.dump_logits, .metavar = "FILE", .help = "write lse and top logits of every position as JSON"},
         {"--dump-top", NULL, BL_ARG_I64, &c.dump_top, 1, 256, .metavar = "N", .help = "ids per position in --dump-logits (default 32)"},
+        {"--routing-stats", NULL, BL_ARG_I64, &c.routing_stats, 1, 1 << 16, .metavar = "K", .help = "after the run, print per layer the share of the routing that went to its K most chosen experts, and which they are (a MoE model on the CPU)"},
     };
     int n_args = 0;
     while (args[n_args].names)

@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "heat.h"
 #include "err.h"
 #include "kcpu.h"
 #include "wk.h"
@@ -143,6 +144,7 @@ typedef struct wk_backend_cfg {
     const wk_model_opts_t *o;
     int64_t lb, le; /* the stage's layers */
     int remote;     /* some layer's routed experts go through the remote hook */
+    bl_heat_t *heat; /* the routing counts a CPU backend adds to (every MoE layer's choice), or NULL */
 } wk_backend_cfg_t;
 
 struct wk_backend {

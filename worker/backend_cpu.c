@@ -32,6 +32,7 @@ typedef struct cpu {
     float *g;     // (n_batch, n_ff) dense gate, then SwiGLU output
     float *u;     // (n_batch, n_ff) dense up
     kcpu_experts_scratch_t *xs; /* the routed experts' scratch (qwen3moe) */
+    bl_heat_t *heat;            /* the model's routing counts, or NULL */
 } cpu_t;
 
 static const char *cpu_name(const wk_backend_t *b)
@@ -158,6 +159,8 @@ static int cpu_end(wk_backend_t *b, const wk_step_t *st, int status, const float
     p->st = NULL;
     if (status < 0)
         return status;
+    if (p->heat)
+        bl_heat_step(p->heat);
     if (st->x_out) /* an earlier stage; checked by the model */
         memcpy(st->x_out, x, sizeof(float) * (size_t)(st->n * p->c->n_embd));
     return 0;
@@ -267,6 +270,8 @@ static int cpu_moe(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remot
     cpu_t *p = (cpu_t *)b;
     kcpu_matmul(p->kc, &e->gate_inp.h, xn, n, p->rl);
     kcpu_moe_route(p->rl, n, e->n_expert, e->n_used, e->norm, p->ids, p->wts);
+    if (p->heat)
+        bl_heat_add(p->heat, l, p->ids, n * e->n_used);
     if (remote) {
         int rc = remote->fn(remote->ctx, l, xn, n, NULL, p->ids, p->wts, p->o_, err);
         if (rc < 0)
@@ -328,6 +333,7 @@ int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *e
     p->b.op = &cpu_ops;
     p->c = c;
     p->o = o;
+    p->heat = cfg->heat;
     p->lb = cfg->lb;
     const size_t B = (size_t)o->n_batch, E = (size_t)c->n_embd;
     const size_t ff = (size_t)(c->moe ? 1 : c->n_ff);

@@ -146,6 +146,7 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         goto fail;
     bl_wmem_copy_many(m->copies, m->n_copies, m->opts.n_threads);
     free(m->copies);
+    bl_heat_free(m->heat);
     m->copies = NULL;
     m->n_copies = m->cap_copies = 0;
     if (m->opts.mlock)
@@ -168,7 +169,12 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         rc = bl_err_set(err, BL_EINVAL, "n_threads_batch %d is outside 0..256", m->opts.n_threads_batch);
         goto fail;
     }
-    wk_backend_cfg_t bc = {.path = m->path, .c = &m->cfg, .o = &m->opts, .lb = m->lb, .le = m->le};
+    /* a CPU stage counts its routing (the GPU backend's ids stay on the card) */
+    if (m->cfg.moe && m->opts.device < 0 &&
+        (rc = bl_heat_create(&m->heat, m->cfg.n_layer, m->cfg.n_expert, WK_HEAT_HALF_LIFE, err)) < 0)
+        goto fail;
+    wk_backend_cfg_t bc = {.path = m->path, .c = &m->cfg, .o = &m->opts, .lb = m->lb, .le = m->le,
+                           .heat = m->heat};
     for (int64_t l = m->lb; l < m->le; l++)
         bc.remote |= m->cfg.moe && wk__layer_remote(m, l);
     rc = m->opts.device >= 0 ? wk__cuda_backend(&m->be, &bc, err) : wk__cpu_backend(&m->be, &bc, err);
@@ -180,6 +186,8 @@ fail:
     wk_model_free(m);
     return rc;
 }
+
+const bl_heat_t *wk_model_heat(const wk_model_t *m) { return m->heat; }
 
 void wk_model_free(wk_model_t *m)
 {

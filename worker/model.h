@@ -56,6 +56,7 @@ struct wk_model {
     bl_gguf_t *g;
     uint8_t *arena;   /* anonymous copy of the matrices (weights_arena), or NULL */
     size_t arena_len, arena_used;
+    bl_heat_t *heat;       /* routing counts of a CPU stage's MoE layers (wk_model_heat), or NULL */
     bl_wmem_job_t *copies; /* the arena's copies, made together after the mapping */
     size_t n_copies, cap_copies;
     char path[256];   /* for messages; truncated */

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "heat.h"
 #include "args.h"
 #include "err.h"
 #include "gguf.h"
@@ -130,6 +131,12 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
 void wk_model_free(wk_model_t *m); /* NULL is a no-op */
 
 const wk_config_t *wk_model_config(const wk_model_t *m);
+
+/* The routing counts of a MoE model on the CPU: every step's choice of routed
+ * experts per layer, decaying by half every WK_HEAT_HALF_LIFE steps (common/heat.h).
+ * NULL for a dense model or a stage on a card. */
+#define WK_HEAT_HALF_LIFE 256
+const bl_heat_t *wk_model_heat(const wk_model_t *m);
 /* The open GGUF file the model reads (metadata, tokenizer, template); borrowed,
  * valid until wk_model_free. */
 const bl_gguf_t *wk_model_gguf(const wk_model_t *m);

@@ -121,3 +121,35 @@ def test_shared_oracle_model_if_present(servers, tmp_path):
     b = greedy(srv.url, dump["prompt_ids"], 1)
     for t in b["completion_probabilities"][0]["top_logprobs"]:
         assert abs(t["logprob"] - cli_lp[t["id"]]) <= TOL, (t, cli_lp.get(t["id"]))
+
+
+def test_routing_stats_of_the_trained_model(tmp_path):
+    """bloomery-cli --routing-stats on the trained tiny MoE of ../shared, whose routing
+    is skewed (38-56 % of its selections go to 4 of its 16 experts): every layer counts
+    each token's k choices, and the shares land in that range's neighbourhood."""
+    shared = os.environ.get("BLOOMERY_SHARED") or os.path.join(os.path.dirname(serverctl.ROOT), "shared")
+    gguf = os.path.join(shared, "models", "qwen3moe-trained-q8.gguf")
+    prose = os.path.join(shared, "prompts", "long-prose.txt")
+    if not os.path.isfile(gguf) or not os.path.isfile(prose):
+        pytest.skip("%s is absent" % gguf)
+    p = subprocess.run([serverctl.program("bloomery-cli"), "-m", gguf, "-f", prose, "-n", "8", "-t", "1",
+                        "-ngl", "0", "--routing-stats", "4"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    lines = [l for l in p.stderr.splitlines() if "routing: layer " in l]
+    assert len(lines) == 4, p.stderr
+    counts = {int(l.split("layer ")[1].split(":")[0]): l for l in lines}
+    assert sorted(counts) == [0, 1, 2, 3]
+    shares = []
+    for l in lines:
+        n = int(l.split(": ")[3].split(" selections")[0])
+        assert n > 0 and n % 4 == 0, l  # k = 4 choices per token
+        shares.append(float(l.split("selections, ")[1].split(" %")[0]))
+        assert len(l.split("to experts ")[1].split()) == 4, l
+    assert all(25.0 <= s <= 75.0 for s in shares), shares
+    assert 38.0 <= sum(shares) / len(shares) <= 60.0, shares
+    dense = subprocess.run([serverctl.program("bloomery-cli"), "-m",
+                            os.path.join(shared, "models", "qwen3-draft-trained-q8.gguf"), "-p", "Hi", "-n", "1",
+                            "-t", "1", "-ngl", "0", "--routing-stats", "4"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert dense.returncode == 0 and "routing: no counts" in dense.stderr, dense.stderr
