@@ -496,7 +496,7 @@ int main(int argc, char **argv)
         {"-p,--prompt", NULL, BL_ARG_STR, &c.prompt, .metavar = "TEXT", .help = "prompt text (special tokens are parsed)"},
         {"-f,--file", NULL, BL_ARG_STR, &c.prompt_file, .metavar = "FILE", .help = "read the prompt from FILE ('-': stdin)"},
         {"-n,--n-predict,--predict", "LLAMA_ARG_N_PREDICT", BL_ARG_I64, &c.n_predict, -1, INT32_MAX, .metavar = "N", .help = "tokens to generate (-1: until end of text or a full context; 0: evaluate the prompt only)"},
-        {"-t,--threads", "LLAMA_ARG_THREADS", BL_ARG_I64, &c.n_threads, -1, 256, .metavar = "N", .help = "threads (default, or -1: one per physical core of the CPUs it may use)"},
+        {"-t,--threads", "LLAMA_ARG_THREADS", BL_ARG_I64, &c.n_threads, 1, 256, .metavar = "N", .help = "threads (default: one per physical core of the CPUs it may use)"},
         {"--poll", NULL, BL_ARG_I64, &c.poll, 0, 100, .metavar = "0..100", .help = "how the CPU pools' idle threads wait: they yield for 4 us per level before they sleep (default 50, as llama.cpp's)"},
         {"-c,--ctx-size", "LLAMA_ARG_CTX_SIZE", BL_ARG_I64, &c.n_ctx, 1, 1 << 24, .metavar = "N", .help = "context size in tokens (default 4096)"},
         {"-b,--batch-size", "LLAMA_ARG_BATCH", BL_ARG_I64, &c.n_batch, 1, 1 << 16, .metavar = "N", .help = "prompt rows per forward pass (default 512)"},

@@ -146,7 +146,6 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         goto fail;
     bl_wmem_copy_many(m->copies, m->n_copies, m->opts.n_threads);
     free(m->copies);
-    bl_heat_free(m->heat);
     m->copies = NULL;
     m->n_copies = m->cap_copies = 0;
     if (m->opts.mlock)
@@ -201,6 +200,7 @@ void wk_model_free(wk_model_t *m)
     if (m->arena)
         munmap(m->arena, m->arena_len);
     free(m->copies);
+    bl_heat_free(m->heat);
     bl_gguf_close(m->g);
     free(m);
 }
