@@ -135,6 +135,11 @@ typedef struct wk_backend_ops {
     /* the logits of each sequence's last n_out rows of x: norm, then the head */
     int (*head)(wk_backend_t *b, const float *norm, float eps, const wk_tensor_t *out, const float *x,
                 bl_err_t *err);
+
+    /* residency's stats (wk_model_resid_stats, wk_model_resid_layer); NULL where the
+     * backend has no card slots. Called from any thread. */
+    void (*resid)(const wk_backend_t *b, wk_resid_stats_t *out);
+    void (*resid_layer)(const wk_backend_t *b, int64_t l, uint64_t *selections, uint64_t *hits);
 } wk_backend_ops_t;
 
 /* What a backend sizes its scratch for. */

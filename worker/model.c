@@ -31,6 +31,8 @@ void wk_model_opts_default(wk_model_opts_t *o)
     o->poll = KCPU_POLL_DEFAULT;
     o->device = WK_DEVICE_CPU;
     o->cuda_graph = 1;
+    o->experts_vram = WK_EXPERTS_VRAM_AUTO;
+    o->residency = 1;
 }
 
 // --- loading ------------------------------------------------------------------------------
@@ -187,6 +189,20 @@ fail:
 }
 
 const bl_heat_t *wk_model_heat(const wk_model_t *m) { return m->heat; }
+
+void wk_model_resid_stats(const wk_model_t *m, wk_resid_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (m->be->op->resid)
+        m->be->op->resid(m->be, out);
+}
+
+void wk_model_resid_layer(const wk_model_t *m, int64_t l, uint64_t *selections, uint64_t *hits)
+{
+    *selections = *hits = 0;
+    if (m->be->op->resid_layer && l >= m->lb && l < m->le)
+        m->be->op->resid_layer(m->be, l, selections, hits);
+}
 
 void wk_model_free(wk_model_t *m)
 {

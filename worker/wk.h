@@ -66,6 +66,12 @@ typedef struct wk_model_opts {
                         * at least WK_OP_OFFLOAD_ROWS rows computes them on the card */
     int mlock;         /* lock the weights in RAM (mlock); a refusal (RLIMIT_MEMLOCK) is
                         * logged and the load goes on, as in llama.cpp */
+    int64_t experts_vram; /* device, a stage with host-RAM experts: card bytes for the
+                        * expert slots residency fills (WK_EXPERTS_VRAM_AUTO: what the
+                        * card has free at the first step, after the stage, its caches
+                        * and WK_RESID_MARGIN; 0: no slots) */
+    int residency;     /* device: the hottest host-RAM experts move into card slots and
+                        * the coldest out while it runs (default 1); 0 keeps the plan */
     int profile;       /* device: time every launch of a step with CUDA events (a
                         * decode step is captured afresh with an event node after
                         * each launch); read with wk_model_profile, switch with
@@ -79,6 +85,11 @@ typedef struct wk_model_opts {
 /* The fewest rows of a prompt step for which a card copies a layer's host-RAM experts
  * in and computes them itself (BLOOMERY_OP_OFFLOAD_ROWS overrides it, to measure). */
 #define WK_OP_OFFLOAD_ROWS 64
+
+/* wk_model_opts_t.experts_vram: size the slots from the card's free memory. */
+#define WK_EXPERTS_VRAM_AUTO (-1)
+/* What an automatic slot budget leaves free on the card (graphs, later caches). */
+#define WK_RESID_MARGIN ((int64_t)2 << 30)
 
 /* The CPU (the default of wk_model_opts_t.device). */
 #define WK_DEVICE_CPU (-1)
@@ -137,6 +148,20 @@ const wk_config_t *wk_model_config(const wk_model_t *m);
  * NULL for a dense model or a stage on a card. */
 #define WK_HEAT_HALF_LIFE 256
 const bl_heat_t *wk_model_heat(const wk_model_t *m);
+/* Residency on a card (wk_model_opts_t.residency): its slots and moves so far, and
+ * per layer of the stage the routed selections of host-RAM layers and how many of
+ * them a card slot served. Safe to call from any thread while steps run. */
+typedef struct wk_resid_stats {
+    int64_t slots;       /* expert slots on the card, all layers (0: residency is off) */
+    int64_t slot_bytes;  /* their card memory */
+    uint64_t moves;      /* experts copied into a slot so far */
+    uint64_t evictions;  /* experts a slot gave up for a hotter one */
+} wk_resid_stats_t;
+void wk_model_resid_stats(const wk_model_t *m, wk_resid_stats_t *out);
+/* Layer l's counted selections and card hits since load; 0 and 0 for a layer that
+ * is not counted (its experts are all on the card, or not a host-RAM layer of a card). */
+void wk_model_resid_layer(const wk_model_t *m, int64_t l, uint64_t *selections, uint64_t *hits);
+
 /* The open GGUF file the model reads (metadata, tokenizer, template); borrowed,
  * valid until wk_model_free. */
 const bl_gguf_t *wk_model_gguf(const wk_model_t *m);
