@@ -49,6 +49,32 @@ int bl_parse_f64(const char *s, double *out)
     return 0;
 }
 
+int bl_parse_size_mib(const char *s, int64_t *bytes)
+{
+    if (!s || *s < '0' || *s > '9') /* no sign, no space: strtoll would take both */
+        return BL_EINVAL;
+    char *end;
+    errno = 0;
+    const long long v = strtoll(s, &end, 10);
+    if (errno)
+        return BL_ERANGE;
+    int shift = 20; /* a bare count is MiB */
+    if (*end) {
+        switch (*end) {
+        case 'K': case 'k': shift = 10; break;
+        case 'M': case 'm': shift = 20; break;
+        case 'G': case 'g': shift = 30; break;
+        default: return BL_EINVAL;
+        }
+        if (end[1])
+            return BL_EINVAL;
+    }
+    if (v > INT64_MAX >> shift)
+        return BL_ERANGE;
+    *bytes = (int64_t)v << shift;
+    return 0;
+}
+
 /* Does spelling [s, s + len) appear among the comma-separated names? */
 static int has_name(const char *names, const char *s, size_t len)
 {
@@ -248,5 +274,23 @@ int bl_arg_flash_attn(void *ud, const char *v, bl_err_t *err)
         *fa = BL_FLASH_OFF;
     else
         return bl_err_set(err, BL_EINVAL, "'%.32s' is not on, off or auto", v);
+    return 0;
+}
+
+int bl_arg_experts_vram(void *ud, const char *v, bl_err_t *err)
+{
+    int64_t bytes;
+    if (!strcmp(v, "auto")) {
+        *(int64_t *)ud = BL_EXPERTS_VRAM_AUTO;
+        return 0;
+    }
+    const int rc = bl_parse_size_mib(v, &bytes);
+    if (rc == BL_ERANGE)
+        return bl_err_set(err, BL_EINVAL, "'%.32s' is more bytes than fit in 64 bits", v);
+    if (rc && v[0] == '-')
+        return bl_err_set(err, BL_EINVAL, "'%.32s' is negative (0: no slots)", v);
+    if (rc)
+        return bl_err_set(err, BL_EINVAL, "'%.32s' is not auto or a size (MiB, or N with a K, M or G suffix)", v);
+    *(int64_t *)ud = bytes;
     return 0;
 }

@@ -58,11 +58,22 @@ void bl_args_usage(FILE *f, const char *prog, const char *synopsis, const bl_arg
 #define BL_FLASH_OFF 2
 int bl_arg_flash_attn(void *ud, const char *value, bl_err_t *err) BL_WUR;
 
+/* bl_arg_experts_vram: --experts-vram auto|SIZE (bl_parse_size_mib) into *(int64_t *)ud
+ * as bytes, BL_EXPERTS_VRAM_AUTO for auto. */
+#define BL_EXPERTS_VRAM_AUTO (-1)
+int bl_arg_experts_vram(void *ud, const char *value, bl_err_t *err) BL_WUR;
+
 /* Number parsing as the flags use it, for callers with their own formats: the whole
  * string must be the number; integers are decimal ("010" is ten, "0x10" refused), as
  * llama.cpp reads its flags. */
 int bl_parse_i64(const char *s, int64_t *out) BL_WUR;
 int bl_parse_f32(const char *s, float *out) BL_WUR;
 int bl_parse_f64(const char *s, double *out) BL_WUR;
+
+/* A memory size as the size flags take it, into bytes: a decimal count of MiB ("512"),
+ * or one with a K, M or G suffix for KiB, MiB or GiB ("2G", "1536M"; either case).
+ * BL_EINVAL for anything else (a sign, a fraction, another suffix), BL_ERANGE for a
+ * size past INT64_MAX bytes. */
+int bl_parse_size_mib(const char *s, int64_t *bytes) BL_WUR;
 
 #endif

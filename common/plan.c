@@ -802,12 +802,20 @@ int bl_plan_args(bl_arg_t *a, int *n, int cap, bl_place_flags_t *f)
         {"-fitc,--fit-ctx", "LLAMA_ARG_FIT_CTX", BL_ARG_I64, &f->fit_ctx, 0, INT32_MAX, .metavar = "N",
          .help = "the smallest context --fit may choose (default 4096): --fit never lowers the context here, "
                  "so the bound always holds"},
+        {"--experts-vram", "BLOOMERY_EXPERTS_VRAM", BL_ARG_FN, NULL, .fn = bl_arg_experts_vram,
+         .ud = &f->experts_vram, .metavar = "SIZE|auto",
+         .help = "card memory for the slots that hold a card stage's hottest host-RAM experts: MiB, or with "
+                 "a K, M or G suffix; auto (default): what the card has free at the first step less 2 GiB, at "
+                 "most what the host-RAM layers need; 0: no slots"},
+        {"--no-residency", "BLOOMERY_NO_RESIDENCY", BL_ARG_FLAG, &f->no_residency,
+         .help = "host-RAM experts stay where --cpu-moe, -ncmoe or -ot put them (no card slots)"},
     };
     const int k = (int)(sizeof t / sizeof t[0]);
     if (*n + k > cap)
         return BL_ERANGE;
     memcpy(a + *n, t, sizeof t);
     *n += k;
+    f->experts_vram = BL_EXPERTS_VRAM_AUTO; /* zero would mean no slots */
     return 0;
 }
 

@@ -114,12 +114,18 @@ typedef struct bl_place_flags {
     int cpu_moe;
     const char *override_tensor[BL_PLAN_MAX_OT];
     int n_override_tensor;
+    /* Residency, which moves the hottest host-RAM experts of a card's stage into card
+     * slots while it runs (the worker's wk_model_opts_t.experts_vram and .residency) */
+    int64_t experts_vram; /* --experts-vram in bytes, or BL_EXPERTS_VRAM_AUTO */
+    int no_residency;     /* --no-residency */
 } bl_place_flags_t;
 
 /* Appends the placement flags to a[*n..cap), with llama.cpp's spellings, their
  * LLAMA_ARG_* variables and one help text: -ngl, -dev, -sm, -mg, -ts, -cmoe, -ncmoe,
- * -ot (repeatable), -fit, -fitt, -fitc, all into f (f must outlive the parse).
- * BL_ERANGE when cap is too small. */
+ * -ot (repeatable), -fit, -fitt, -fitc, and bloomery's --experts-vram
+ * (BLOOMERY_EXPERTS_VRAM) and --no-residency (BLOOMERY_NO_RESIDENCY), all into f (f
+ * must outlive the parse). Sets f->experts_vram to its default, BL_EXPERTS_VRAM_AUTO,
+ * so call it before the parse. BL_ERANGE when cap is too small. */
 int bl_plan_args(bl_arg_t *a, int *n, int cap, bl_place_flags_t *f) BL_WUR;
 
 /* The flags into o's placement fields (the sizes are the caller's): -fitt's list

@@ -44,6 +44,9 @@ typedef struct bench {
     bl_cpu_flags_t cpu;     /* -C, -Cr, --cpu-strict, as the server's */
 } bench_t;
 
+/* --experts-vram auto reaches the model as it is */
+_Static_assert(BL_EXPERTS_VRAM_AUTO == WK_EXPERTS_VRAM_AUTO, "one value for auto");
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -438,6 +441,8 @@ int main(int argc, char **argv)
         mo.n_batch = b.n_batch;
         mo.poll = (int)b.poll;
         mo.cpu_strict = (int)b.cpu.strict;
+        mo.experts_vram = b.place.experts_vram;
+        mo.residency = !b.place.no_residency;
         mo.n_ctx_max = max_d + max_n + (b.profile ? 544 : 0);
         mo.device = device;
         mo.flash_attn = b.flash_attn;

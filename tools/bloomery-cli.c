@@ -41,6 +41,9 @@ typedef struct cli {
     size_t n_bias;
 } cli_t;
 
+/* --experts-vram auto reaches the model as it is */
+_Static_assert(BL_EXPERTS_VRAM_AUTO == WK_EXPERTS_VRAM_AUTO, "one value for auto");
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -277,6 +280,8 @@ static int run(cli_t *c)
     mo.n_threads = (int)c->n_threads;
     mo.poll = (int)c->poll;
     mo.cpu_strict = (int)c->cpu.strict;
+    mo.experts_vram = c->place.experts_vram;
+    mo.residency = !c->place.no_residency;
     mo.n_batch = c->n_batch;
     mo.n_ctx_max = c->n_ctx;
     /* where the layers go: the server's plan from the same flags, for one stage */

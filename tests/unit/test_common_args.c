@@ -212,6 +212,66 @@ static void test_args_shared_parsers(void **state)
     assert_int_equal(bl_arg_flash_attn(&fa, "", &err), BL_EINVAL);
 }
 
+/* Sizes are MiB unless a K, M or G suffix says otherwise; anything else is refused. */
+static void test_args_size_mib_and_suffixes(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *s;
+        int64_t bytes;
+    } ok[] = {{"0", 0},
+              {"512", (int64_t)512 << 20},
+              {"2G", (int64_t)2 << 30},
+              {"2g", (int64_t)2 << 30},
+              {"1536M", (int64_t)1536 << 20},
+              {"64K", 64 << 10},
+              {"010", (int64_t)10 << 20},
+              {"8589934591G", (int64_t)8589934591 << 30}};
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        int64_t b = -7;
+        assert_int_equal(bl_parse_size_mib(ok[i].s, &b), 0);
+        assert_true(b == ok[i].bytes);
+    }
+    static const char *const bad[] = {"", "-5", "+5", " 5", "5 ", "12Q", "2GB", "2GiB", "1.5G", "G", "0x10", "auto"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int64_t b = -7;
+        assert_int_equal(bl_parse_size_mib(bad[i], &b), BL_EINVAL);
+        assert_true(b == -7);
+    }
+    int64_t b = 0;
+    assert_int_equal(bl_parse_size_mib("8589934592G", &b), BL_ERANGE);      /* 2^63 bytes */
+    assert_int_equal(bl_parse_size_mib("99999999999999999999", &b), BL_ERANGE);
+    assert_int_equal(bl_parse_size_mib(NULL, &b), BL_EINVAL);
+}
+
+/* --experts-vram: auto, or a size; a bad value names itself, through the table the
+ * flag's name too. */
+static void test_args_experts_vram(void **state)
+{
+    (void)state;
+    bl_err_t err = {0};
+    int64_t v = 0;
+    assert_int_equal(bl_arg_experts_vram(&v, "auto", &err), 0);
+    assert_true(v == BL_EXPERTS_VRAM_AUTO);
+    assert_int_equal(bl_arg_experts_vram(&v, "0", &err), 0);
+    assert_true(v == 0);
+    assert_int_equal(bl_arg_experts_vram(&v, "2G", &err), 0);
+    assert_true(v == (int64_t)2 << 30);
+    assert_int_equal(bl_arg_experts_vram(&v, "-5", &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "negative"));
+    assert_int_equal(bl_arg_experts_vram(&v, "99999999999G", &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "64 bits"));
+    assert_true(v == (int64_t)2 << 30);
+    bl_arg_t args[] = {{"--experts-vram", NULL, BL_ARG_FN, NULL, .fn = bl_arg_experts_vram, .ud = &v}};
+    char *argv[] = {"prog", "--experts-vram", "12Q", NULL};
+    assert_int_equal(bl_args_parse(args, 1, 3, argv, NULL, NULL, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "--experts-vram"));
+    assert_non_null(strstr(err.msg, "12Q"));
+    char *eq[] = {"prog", "--experts-vram=512", NULL};
+    assert_int_equal(bl_args_parse(args, 1, 2, eq, NULL, NULL, &err), 0);
+    assert_true(v == (int64_t)512 << 20);
+}
+
 static void test_args_help_and_version(void **state)
 {
     (void)state;
@@ -245,6 +305,8 @@ int main(void)
         cmocka_unit_test(test_args_number_parsers),
         cmocka_unit_test(test_args_double_values_and_range),
         cmocka_unit_test(test_args_shared_parsers),
+        cmocka_unit_test(test_args_size_mib_and_suffixes),
+        cmocka_unit_test(test_args_experts_vram),
         cmocka_unit_test(test_args_help_and_version),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1303,6 +1303,47 @@ static void test_plan_allocation_failure_is_enomem(void **state)
     assert_true(ok);
 }
 
+/* The residency flags come with the placement flags: --experts-vram defaults to auto
+ * (not 0, which is no slots), takes a size or auto from the command line or its
+ * variable, and --no-residency is a flag with a boolean variable. */
+static void test_plan_args_carry_the_residency_flags(void **state)
+{
+    (void)state;
+    bl_arg_t a[32];
+    int n = 0;
+    static bl_place_flags_t f;
+    memset(&f, 0, sizeof f);
+    assert_int_equal(bl_plan_args(a, &n, 32, &f), 0);
+    assert_true(f.experts_vram == BL_EXPERTS_VRAM_AUTO);
+    bl_err_t err = {0};
+    char *argv[] = {"prog", "--experts-vram", "2G", "--no-residency", NULL};
+    assert_int_equal(bl_args_parse(a, n, 4, argv, NULL, NULL, &err), 0);
+    assert_true(f.experts_vram == (int64_t)2 << 30);
+    assert_int_equal(f.no_residency, 1);
+
+    memset(&f, 0, sizeof f);
+    n = 0;
+    assert_int_equal(bl_plan_args(a, &n, 32, &f), 0);
+    setenv("BLOOMERY_EXPERTS_VRAM", "512", 1);
+    setenv("BLOOMERY_NO_RESIDENCY", "1", 1);
+    char *none[] = {"prog", NULL};
+    assert_int_equal(bl_args_parse(a, n, 1, none, NULL, NULL, &err), 0);
+    assert_true(f.experts_vram == (int64_t)512 << 20);
+    assert_int_equal(f.no_residency, 1);
+    setenv("BLOOMERY_EXPERTS_VRAM", "12Q", 1);
+    assert_int_equal(bl_args_parse(a, n, 1, none, NULL, NULL, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "--experts-vram"));
+    assert_non_null(strstr(err.msg, "BLOOMERY_EXPERTS_VRAM"));
+    unsetenv("BLOOMERY_EXPERTS_VRAM");
+    unsetenv("BLOOMERY_NO_RESIDENCY");
+    char *neg[] = {"prog", "--experts-vram", "-5", NULL};
+    assert_int_equal(bl_args_parse(a, n, 3, neg, NULL, NULL, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "--experts-vram"));
+    /* a table too small for them is refused, not overrun */
+    n = 30;
+    assert_int_equal(bl_plan_args(a, &n, 32, &f), BL_ERANGE);
+}
+
 /* Each test with the teardown that frees what a failed assertion left. */
 #define T(f) cmocka_unit_test_teardown(f, free_plan)
 
@@ -1363,6 +1404,7 @@ int main(void)
         T(test_plan_format_reports_fit),
         T(test_plan_free_is_safe_after_a_failed_build_and_twice),
         T(test_plan_allocation_failure_is_enomem),
+        T(test_plan_args_carry_the_residency_flags),
     };
     return cmocka_run_group_tests(tests, models_setup, models_teardown);
 }
