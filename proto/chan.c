@@ -406,6 +406,8 @@ int bp_chan_send_plan(bp_chan_t *c, const bp_peer_t *to, const bp_plan_t *p, int
     m.no_op_offload = p->no_op_offload != 0;
     m.poll = p->poll;
     m.cpu_strict = p->cpu_strict != 0;
+    m.experts_vram = p->experts_vram;
+    m.no_residency = p->no_residency != 0;
     m.you = p->you;
     const bp_msg_t msg = {.type = BP_MSG_PLAN, .u.plan = &m};
     const int rc = bp_chan_send(c, to, &msg, timeout_ms, err);

@@ -137,6 +137,8 @@ static int validate_plan(const Bloomery__Plan *p, bl_err_t *err)
         return bad(err, "Plan.n_ctx", "is missing or above 2^24");
     if (p->n_slots == 0 || p->n_slots > MAX_SLOTS)
         return bad(err, "Plan.n_slots", "is missing or above 4096");
+    if (p->experts_vram < -1)
+        return bad(err, "Plan.experts_vram", "is below -1 (automatic)");
     return 0;
 }
 
@@ -402,6 +404,8 @@ int bp_plan_read(const bp_msg_t *m, bp_plan_t *out, bl_err_t *err)
     out->no_op_offload = p->no_op_offload;
     out->poll = p->poll;
     out->cpu_strict = p->cpu_strict;
+    out->experts_vram = p->experts_vram;
+    out->no_residency = p->no_residency;
     return 0;
 }
 

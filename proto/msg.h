@@ -118,13 +118,17 @@ typedef struct bp_plan {
     int no_op_offload;     /* a card never copies host experts in for a prompt step */
     uint32_t poll;         /* CPU pools' idle wait, 0..100 (kcpu_pool_set_poll) */
     int cpu_strict;        /* CPU pool threads pinned one to a CPU (--cpu-strict 1) */
+    int64_t experts_vram;  /* card bytes for resident expert slots (--experts-vram):
+                            * -1 automatic, 0 none */
+    int no_residency;      /* host-RAM experts never move into card slots (--no-residency) */
 } bp_plan_t;
 
 /* A validated Plan message into p: the stages, the host layers from its placements
  * (each names an expert that the hosttier computes: a layer is a host layer when
  * every expert of it is listed), the KV type as a bl_type_t id. BL_ENOTSUP where a
  * layer has some of its experts listed (a layer's experts move together for now),
- * BL_EINVAL (an expert listed twice, a stage's device or KV type out of range). */
+ * BL_EINVAL (an expert listed twice, a stage's device or KV type out of range;
+ * bp_msg_unpack already refused an experts_vram below -1). */
 int bp_plan_read(const bp_msg_t *m, bp_plan_t *p, bl_err_t *err) BL_WUR;
 
 /* LoadProgress: bytes done and in all, and what is being loaded ("" when m is none). */

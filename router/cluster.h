@@ -51,6 +51,10 @@ typedef struct rt_cluster_opts {
     int no_op_offload;       /* cards never copy host experts in for prompts (--no-op-offload) */
     int poll;                /* CPU pools' idle wait, 0..100 (--poll) */
     int cpu_strict;          /* CPU pool threads pinned one to a CPU (--cpu-strict 1) */
+    int64_t experts_vram;    /* card bytes for resident expert slots (--experts-vram):
+                              * BL_EXPERTS_VRAM_AUTO (-1) sizes them from the card; 0, as
+                              * in zeroed options, is none */
+    int no_residency;        /* host-RAM experts never move into card slots (--no-residency) */
     int step_timeout_ms;     /* a step without an answer for this long counts the processes
                               * as hung: the step fails and the whole set restarts (0: wait
                               * as long as they live) */

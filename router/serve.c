@@ -1295,12 +1295,16 @@ int main(int argc, char **argv)
     tpl_kwargs = NULL;
     app->started = time(NULL);
     app->loading = 1;
+    char experts_vram[24] = "auto";
+    if (o.place.experts_vram != BL_EXPERTS_VRAM_AUTO)
+        snprintf(experts_vram, sizeof experts_vram, "%lld", (long long)o.place.experts_vram);
     BL_LOG(BL_LOG_INFO,
            "event=config model=%s alias=%s n_ctx=%lld slots=%lld n_ctx_slot=%lld rows_per_step=%lld "
-           "threads=%lld threads_batch=%lld poll=%lld workers=%lld kv=%s api_keys=%zu",
+           "threads=%lld threads_batch=%lld poll=%lld workers=%lld kv=%s api_keys=%zu residency=%s "
+           "experts_vram=%s",
            o.model, alias, (long long)n_ctx, (long long)o.parallel, (long long)n_ctx_slot,
            (long long)rows, (long long)o.threads, (long long)o.threads_batch, (long long)o.poll, (long long)o.workers,
-           o.cache_type_k ? o.cache_type_k : "f16", keys.n);
+           o.cache_type_k ? o.cache_type_k : "f16", keys.n, o.place.no_residency ? "off" : "on", experts_vram);
 
     /* the listener first (a busy port fails before any child is started; nothing is
      * served until the loop runs), then the child processes and the engine */
@@ -1348,6 +1352,8 @@ int main(int argc, char **argv)
         .no_op_offload = o.no_op_offload,
         .poll = (int)o.poll,
         .cpu_strict = (int)o.cpu.strict,
+        .experts_vram = o.place.experts_vram,
+        .no_residency = o.place.no_residency,
     };
     co.step_timeout_ms = (int)(o.timeout * 1000); /* at most 7 days: fits an int */
     app->placement = placement_json(&plan);

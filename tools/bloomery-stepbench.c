@@ -87,7 +87,8 @@ static int bench_open(bench_t *b, const char *model, const char *bin_dir, int th
     o = (rt_cluster_opts_t){.model_path = model, .bin_dir = bin_dir, .runtime_dir = b->rundir,
                             .n_workers = workers, .n_threads = threads, .n_threads_batch = threads,
                             .n_threads_hosttier = threads, .poll = 50 /* llama.cpp's default */, .n_slots = 1,
-                            .n_ctx_slot = N_PROMPT + n, .n_batch = 64, .kv_type = WK_KV_F16};
+                            .n_ctx_slot = N_PROMPT + n, .n_batch = 64, .kv_type = WK_KV_F16,
+                            .experts_vram = BL_EXPERTS_VRAM_AUTO};
     memset(o.host_layers, hosttier ? 1 : 0, sizeof o.host_layers); /* every layer's experts there, or none */
     if ((rc = rt_cluster_create(&b->c, &o, err)) != 0)
         return rc;

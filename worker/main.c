@@ -296,6 +296,9 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     o.no_op_offload = p->no_op_offload;
     o.poll = (int)p->poll;
     o.cpu_strict = p->cpu_strict;
+    _Static_assert(WK_EXPERTS_VRAM_AUTO == -1, "Plan.experts_vram's automatic value");
+    o.experts_vram = p->experts_vram; /* below -1 bp_msg_unpack refused it */
+    o.residency = !p->no_residency;
     if ((rc = wk_model_load(&w->m, p->model_path, &o, err)) != 0)
         return rc;
     const wk_config_t *cfg = wk_model_config(w->m);
@@ -499,9 +502,12 @@ int main(int argc, char **argv)
         worker_free(&w, n_slots);
         return 1;
     }
-    BL_LOG(BL_LOG_INFO, "event=ready layers=%lld..%lld kernels=%s experts=%s",
+    char vram[24] = "auto";
+    if (pl.experts_vram != WK_EXPERTS_VRAM_AUTO)
+        snprintf(vram, sizeof vram, "%lld", (long long)pl.experts_vram);
+    BL_LOG(BL_LOG_INFO, "event=ready layers=%lld..%lld kernels=%s experts=%s residency=%s experts_vram=%s",
            (long long)w.layer_begin, (long long)w.layer_end, wk_model_kernels(w.m),
-           w.remote ? "hosttier" : "local");
+           w.remote ? "hosttier" : "local", pl.no_residency ? "off" : "on", vram);
     bp_msg_free(&plan);
     bp_child_ready(&w.ctl, (uint64_t)w.lim.n_vocab, (uint64_t)w.lim.n_embd);
 

@@ -203,7 +203,8 @@ static void test_chan_router_dealer_across_processes(void **state)
 }
 
 /* The router's plan as plain values through a channel: bp_chan_send_plan on one side,
- * bp_plan_read on the other give the same stages, host layers, KV type and poll level. */
+ * bp_plan_read on the other give the same stages, host layers, KV type, poll level,
+ * CPU pinning and residency. */
 static void test_chan_plan_as_plain_values(void **state)
 {
     (void)state;
@@ -223,7 +224,7 @@ static void test_chan_plan_as_plain_values(void **state)
                        p.stages[1].layer_begin == 5 && p.n_layers == 9 && p.n_expert == 4 && p.host[0] == 0 &&
                        p.host[6] == 1 && p.host[8] == 1 && p.host[7] == 0 && p.kv_type == 0 &&
                        !strcmp(p.model_path, "/m.gguf") && p.you == 1 && p.host_process == 2 && p.poll == 37 &&
-                       p.cpu_strict == 1;
+                       p.cpu_strict == 1 && p.experts_vram == ((int64_t)3 << 30) && p.no_residency == 1;
         bp_msg_free(&in);
         bp_chan_destroy(b);
         _exit(ok ? 0 : 2);
@@ -246,6 +247,8 @@ static void test_chan_plan_as_plain_values(void **state)
     p.threads = 1;
     p.poll = 37;
     p.cpu_strict = 1;
+    p.experts_vram = (int64_t)3 << 30;
+    p.no_residency = 1;
     p.you = 1;
     assert_int_equal(bp_chan_send_plan(a, NULL, &p, 5000, &err), 0);
     int status;
@@ -253,6 +256,11 @@ static void test_chan_plan_as_plain_values(void **state)
     assert_int_equal(WEXITSTATUS(status), 0);
     p.kv_type = 2; /* q4_1: no KV type */
     assert_int_equal(bp_chan_send_plan(a, NULL, &p, 0, &err), BL_EINVAL);
+    p.kv_type = 1;
+    p.experts_vram = -2; /* below automatic */
+    assert_int_equal(bp_chan_send_plan(a, NULL, &p, 0, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "experts_vram"));
+    p.experts_vram = -1;
     p.kv_type = 1;
     p.stages[1].device = 300;
     assert_int_equal(bp_chan_send_plan(a, NULL, &p, 0, &err), BL_EINVAL);

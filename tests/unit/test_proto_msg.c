@@ -163,6 +163,33 @@ static void test_msg_plan_read(void **state)
     assert_int_equal(bp_plan_read(&hello, &pl, &err), BL_EINVAL);
 }
 
+/* The residency fields: experts_vram -1 (automatic), 0 (no slots) and a size arrive
+ * as sent, as does no_residency; an unset field reads as 0 and false. */
+static void test_msg_plan_read_carries_residency(void **state)
+{
+    (void)state;
+    static bp_plan_t pl;
+    bl_err_t err = {0};
+    const int64_t sizes[] = {-1, 0, (int64_t)5 << 30, INT64_MAX};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        bp_msg_t m = make_plan(), out;
+        g_plan.n_placements = 16;
+        g_plan.experts_vram = sizes[i];
+        g_plan.no_residency = i % 2;
+        round_trip(&m, &out);
+        assert_int_equal(bp_plan_read(&out, &pl, &err), 0);
+        assert_true(pl.experts_vram == sizes[i]);
+        assert_int_equal(pl.no_residency, (int)(i % 2));
+        bp_msg_free(&out);
+    }
+    bp_msg_t m = make_plan(), out;
+    round_trip(&m, &out);
+    assert_int_equal(bp_plan_read(&out, &pl, &err), 0);
+    assert_true(pl.experts_vram == 0);
+    assert_int_equal(pl.no_residency, 0);
+    bp_msg_free(&out);
+}
+
 /* A field this version does not know is refused: both ends run one version, and
  * protobuf-c would pack such a field back in a form its decoder refuses (found by
  * fuzz_msg: a tag of field 0 in two bytes). */
@@ -329,6 +356,12 @@ static void test_msg_validation_names_the_field(void **state)
     g_plan.kv_type = 0;
     expect_invalid(&m, BL_EINVAL, "Plan.kv_type");
     m = make_plan();
+    g_plan.experts_vram = -2;
+    expect_invalid(&m, BL_EINVAL, "Plan.experts_vram");
+    m = make_plan();
+    g_plan.experts_vram = INT64_MIN;
+    expect_invalid(&m, BL_EINVAL, "Plan.experts_vram");
+    m = make_plan();
     g_plan.n_ctx = 0;
     expect_invalid(&m, BL_EINVAL, "Plan.n_ctx");
     m = make_plan();
@@ -364,6 +397,12 @@ static void test_msg_unpack_rejects_invalid_fields_from_peer(void **state)
     assert_non_null(strstr(err.msg, "Plan.placements[0].expert"));
     assert_null(out.u.base);
     bp_msg_free(&out); /* harmless after a failure */
+    m = make_plan();
+    g_plan.experts_vram = -5;
+    n = 1 + protobuf_c_message_pack(&g_plan.base, buf + 1);
+    assert_int_equal(bp_msg_unpack(&out, buf, n, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "Plan.experts_vram"));
+    bp_msg_free(&out);
     (void)m;
 }
 
@@ -440,6 +479,7 @@ int main(void)
         cmocka_unit_test(test_msg_hello_round_trip),
         cmocka_unit_test(test_msg_plan_round_trip),
         cmocka_unit_test(test_msg_plan_read),
+        cmocka_unit_test(test_msg_plan_read_carries_residency),
         cmocka_unit_test(test_msg_unknown_fields_are_refused),
         cmocka_unit_test(test_msg_small_messages_round_trip),
         cmocka_unit_test(test_msg_validation_names_the_field),
