@@ -16,7 +16,7 @@
 /* How long one wait on the control socket lasts before the router's liveness and
  * the stop flag are checked again. */
 #define POLL_MS 100
-#define MAX_COUNTERS 16
+#define MAX_COUNTERS BP_CHILD_MAX_COUNTERS
 
 uint64_t bp_now_us(void)
 {

@@ -80,7 +80,9 @@ void bp_child_fatal(bp_child_t *c, const bl_err_t *e);
 
 /* Serves the router until *stop is set, Shutdown arrives (which sets *stop) or the
  * router is gone (which sets it too): Stats requests are answered with the counters
- * stats(ud, out, cap) fills (it returns how many). */
+ * stats(ud, out, cap) fills (it returns how many; cap is BP_CHILD_MAX_COUNTERS, which
+ * holds a worker's per-layer counters of a 94-layer model with room). */
+#define BP_CHILD_MAX_COUNTERS 256
 typedef int (*bp_child_stats_fn)(void *ud, bp_counter_t *out, int cap);
 void bp_child_control_loop(bp_child_t *c, _Atomic int *stop, bp_child_stats_fn stats, void *ud);
 

@@ -276,9 +276,112 @@ static void metric(textbuf_t *b, const char *name, const char *type, const char 
               name, type, name, v);
 }
 
-/* The engine's processes: starts, deaths, and each child's own counters as
- * bloomery:child_<name>{process="worker0"} (names are [a-z0-9_], checked by the
- * cluster). */
+/* A child's counter named <base>_l<digits> is layer <digits> of <base>: the length of
+ * <base>, or 0 for a counter without a layer. */
+static size_t layer_split(const char *name)
+{
+    const char *u = strrchr(name, '_');
+    if (!u || u == name || u[1] != 'l' || !u[2])
+        return 0;
+    for (const char *d = u + 2; *d; d++)
+        if (*d < '0' || *d > '9')
+            return 0;
+    return (size_t)(u - name);
+}
+
+static int is_base(const char *name, size_t k, const char *base)
+{
+    return k == strlen(base) && memcmp(name, base, k) == 0;
+}
+
+/* Per-layer families beyond this many distinct bases are left out (workers send two). */
+#define MAX_LAYER_FAMILIES 16
+
+/* The help of a per-layer family, by base. */
+static const char *layer_help(const char *base)
+{
+    if (!strcmp(base, "expert_selections"))
+        return "Routed expert selections counted in a host-RAM layer of a card's stage since load.";
+    if (!strcmp(base, "expert_card_hits"))
+        return "Of those selections, the ones a resident card slot served.";
+    return "A child process's counter, per layer.";
+}
+
+/* The children's own counters: a plain one as bloomery:child_<name>{process="worker0"};
+ * the layers of <base>_l<digits> as one metric bloomery:child_<base>{process,layer},
+ * every child's samples together under one HELP and TYPE (Prometheus wants a metric's
+ * samples in one group); and per layer with selections the share of them a card slot
+ * served, bloomery:expert_card_hit_ratio{process,layer}. Names are [a-z0-9_], checked
+ * by the cluster. */
+static void child_metrics(textbuf_t *b, const rt_child_stats_t *kids, int n)
+{
+    char bases[MAX_LAYER_FAMILIES][sizeof kids[0].c[0].name];
+    int n_bases = 0;
+    for (int i = 0; i < n; i++) {
+        tb_printf(b, "bloomery:child_uptime_seconds{process=\"%s\"} %.3f\n", kids[i].process,
+                  (double)kids[i].uptime_us / 1e6);
+        for (int j = 0; j < kids[i].n; j++) {
+            const char *name = kids[i].c[j].name;
+            const size_t k = layer_split(name);
+            if (!k) {
+                tb_printf(b, "bloomery:child_%s{process=\"%s\"} %llu\n", name, kids[i].process,
+                          (unsigned long long)kids[i].c[j].value);
+                continue;
+            }
+            int f = 0;
+            while (f < n_bases && !is_base(name, k, bases[f]))
+                f++;
+            if (f == n_bases && n_bases < MAX_LAYER_FAMILIES)
+                snprintf(bases[n_bases++], sizeof bases[0], "%.*s", (int)k, name);
+        }
+    }
+    for (int f = 0; f < n_bases; f++) {
+        tb_printf(b, "# HELP bloomery:child_%s %s\n# TYPE bloomery:child_%s counter\n", bases[f],
+                  layer_help(bases[f]), bases[f]);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < kids[i].n; j++) {
+                const char *name = kids[i].c[j].name;
+                const size_t k = layer_split(name);
+                if (k && is_base(name, k, bases[f]))
+                    tb_printf(b, "bloomery:child_%s{process=\"%s\",layer=\"%s\"} %llu\n", bases[f],
+                              kids[i].process, name + k + 2, (unsigned long long)kids[i].c[j].value);
+            }
+    }
+    int headed = 0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < kids[i].n; j++) {
+            const char *sel = kids[i].c[j].name;
+            const size_t k = layer_split(sel);
+            if (!k || !is_base(sel, k, "expert_selections") || kids[i].c[j].value == 0)
+                continue;
+            /* its hits: the next counter as workers send them, else wherever it is */
+            const char *layer = sel + k + 2;
+            int h = -1;
+            for (int t = 0; t < kids[i].n && h < 0; t++) {
+                const int at = (j + 1 + t) % kids[i].n;
+                const char *hit = kids[i].c[at].name;
+                const size_t kh = layer_split(hit);
+                if (kh && is_base(hit, kh, "expert_card_hits") && !strcmp(hit + kh + 2, layer))
+                    h = at;
+            }
+            if (h < 0)
+                continue;
+            if (!headed) {
+                tb_printf(b, "# HELP bloomery:expert_card_hit_ratio Share of a host-RAM layer's routed expert "
+                             "selections that a resident card slot served.\n"
+                             "# TYPE bloomery:expert_card_hit_ratio gauge\n");
+                headed = 1;
+            }
+            tb_printf(b, "bloomery:expert_card_hit_ratio{process=\"%s\",layer=\"%s\"} %.6g\n", kids[i].process,
+                      layer, (double)kids[i].c[h].value / (double)kids[i].c[j].value);
+        }
+}
+
+/* The workers and the hosttier. */
+#define MAX_CHILDREN (RT_CLUSTER_MAX_STAGES + 1)
+
+/* The engine's processes: starts, deaths, and each child's own counters
+ * (child_metrics). */
 static void cluster_metrics(textbuf_t *b, rt_cluster_t *cluster)
 {
     rt_cluster_stats_t cs;
@@ -289,15 +392,14 @@ static void cluster_metrics(textbuf_t *b, rt_cluster_t *cluster)
     tb_printf(b, "# HELP bloomery:child_deaths_total Worker or hosttier processes that died.\n"
                  "# TYPE bloomery:child_deaths_total counter\nbloomery:child_deaths_total %llu\n",
               (unsigned long long)cs.child_deaths);
-    rt_child_stats_t kids[66];
-    const int n = rt_cluster_child_stats(cluster, kids, (int)(sizeof kids / sizeof kids[0]));
-    for (int i = 0; i < n; i++) {
-        tb_printf(b, "bloomery:child_uptime_seconds{process=\"%s\"} %.3f\n", kids[i].process,
-                  (double)kids[i].uptime_us / 1e6);
-        for (int j = 0; j < kids[i].n; j++)
-            tb_printf(b, "bloomery:child_%s{process=\"%s\"} %llu\n", kids[i].c[j].name,
-                      kids[i].process, (unsigned long long)kids[i].c[j].value);
+    rt_child_stats_t *kids = malloc(sizeof *kids * MAX_CHILDREN); /* 10 KiB each: too much for the stack */
+    if (!kids) {
+        b->oom = 1;
+        return;
     }
+    const int n = rt_cluster_child_stats(cluster, kids, MAX_CHILDREN);
+    child_metrics(b, kids, n);
+    free(kids);
 }
 
 static void route_metrics(rt_req_t *r)

@@ -31,6 +31,7 @@
 
 #include "bl_config.h"
 #include "chan.h"
+#include "child.h"
 #include "gguf.h"
 #include "log.h"
 #include "step.h"
@@ -467,15 +468,17 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
     return bp_chan_send_plan(c->chan, to, &p, 1000, err);
 }
 
+_Static_assert(RT_CLUSTER_MAX_COUNTERS >= BP_CHILD_MAX_COUNTERS, "a child's Stats fit");
+
 /* Keeps a child's Stats for /metrics; names outside [a-z0-9_] (or too long) are
  * dropped, so that they can go into metric names as they are. */
 static void store_stats(rt_cluster_t *c, child_t *k, const bp_msg_t *m)
 {
-    rt_child_stats_t st;
+    rt_child_stats_t st; /* 10 KiB, with cs 14: the supervisor's stack has room */
     memset(&st, 0, sizeof st);
     snprintf(st.process, sizeof st.process, "%s", k->tag);
-    bp_msg_counter_t cs[64];
-    const int n = bp_msg_stats_read(m, &st.uptime_us, cs, 64);
+    bp_msg_counter_t cs[RT_CLUSTER_MAX_COUNTERS];
+    const int n = bp_msg_stats_read(m, &st.uptime_us, cs, RT_CLUSTER_MAX_COUNTERS);
     for (int i = 0; i < n && st.n < RT_CLUSTER_MAX_COUNTERS; i++) {
         const char *name = cs[i].name;
         size_t len = strlen(name);

@@ -151,9 +151,11 @@ typedef struct rt_cluster_stats {
 void rt_cluster_get_stats(const rt_cluster_t *c, rt_cluster_stats_t *out);
 
 /* The counters a child last reported in its Stats (the supervisor asks every child
- * for them every RT_CLUSTER_STATS_MS while the set runs). */
+ * for them every RT_CLUSTER_STATS_MS while the set runs): as many as a child sends
+ * (proto/child.h's BP_CHILD_MAX_COUNTERS), so that a worker's two counters per layer
+ * of a 94-layer model fit. About 10 KiB per child: keep arrays of them off the stack. */
 #define RT_CLUSTER_STATS_MS 2000
-#define RT_CLUSTER_MAX_COUNTERS 8
+#define RT_CLUSTER_MAX_COUNTERS 256
 typedef struct rt_child_stats {
     char process[24];  /* "worker0", "hosttier" */
     uint64_t uptime_us;

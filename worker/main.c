@@ -51,6 +51,8 @@ typedef struct worker {
      * each side polls it at least every POLL_US) */
     _Atomic int stop;
     _Atomic uint64_t n_steps, n_rows, n_errors;
+    /* ---- control thread: the names of the per-layer Stats counters, by index */
+    char stat_names[BP_CHILD_MAX_COUNTERS][32];
 } worker_t;
 
 /* ------------------------------------------------------------ ring waits */
@@ -326,15 +328,43 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     return 0;
 }
 
+/* The Stats counters (control thread): steps, rows and errors; with residency slots on
+ * the card also the slots, their bytes, the moves and evictions, and for each layer of
+ * the stage that has counted selections its selections and card hits, named
+ * expert_selections_l<l> and expert_card_hits_l<l> (the router shows each pair as one
+ * metric with a layer label). Layers past cap are left out. */
 static int worker_stats(void *ud, bp_counter_t *out, int cap)
 {
     worker_t *w = ud;
+    if (cap > BP_CHILD_MAX_COUNTERS)
+        cap = BP_CHILD_MAX_COUNTERS; /* stat_names has no more */
     if (cap < 3)
         return 0;
-    out[0] = (bp_counter_t){"steps", atomic_load(&w->n_steps)};
-    out[1] = (bp_counter_t){"rows", atomic_load(&w->n_rows)};
-    out[2] = (bp_counter_t){"step_errors", atomic_load(&w->n_errors)};
-    return 3;
+    int n = 0;
+    out[n++] = (bp_counter_t){"steps", atomic_load(&w->n_steps)};
+    out[n++] = (bp_counter_t){"rows", atomic_load(&w->n_rows)};
+    out[n++] = (bp_counter_t){"step_errors", atomic_load(&w->n_errors)};
+    wk_resid_stats_t rs = {0};
+    wk_model_resid_stats(w->m, &rs);
+    if (rs.slots <= 0 || n + 4 > cap)
+        return n;
+    out[n++] = (bp_counter_t){"expert_slots", (uint64_t)rs.slots};
+    out[n++] = (bp_counter_t){"expert_slot_bytes", (uint64_t)rs.slot_bytes};
+    out[n++] = (bp_counter_t){"expert_moves", rs.moves};
+    out[n++] = (bp_counter_t){"expert_evictions", rs.evictions};
+    for (int64_t l = w->layer_begin; l < w->layer_end && n + 2 <= cap; l++) {
+        uint64_t sel = 0, hits = 0;
+        wk_model_resid_layer(w->m, l, &sel, &hits);
+        if (sel == 0)
+            continue;
+        snprintf(w->stat_names[n], sizeof w->stat_names[n], "expert_selections_l%d", (int)l); /* l < 4096 */
+        out[n] = (bp_counter_t){w->stat_names[n], sel};
+        n++;
+        snprintf(w->stat_names[n], sizeof w->stat_names[n], "expert_card_hits_l%d", (int)l);
+        out[n] = (bp_counter_t){w->stat_names[n], hits};
+        n++;
+    }
+    return n;
 }
 
 /* The CPU's model name for the device inventory. */
