@@ -41,7 +41,7 @@ def run_serve(args, timeout=30, env=None):
 
 
 # every flag the issue lists, in llama-server's spelling
-HELP_FLAGS = ["-m", "--model", "-a", "--alias", "--host", "--port", "-c", "--ctx-size", "-np",
+HELP_FLAGS = ["--experts-vram", "--no-residency", "-m", "--model", "-a", "--alias", "--host", "--port", "-c", "--ctx-size", "-np",
               "--parallel", "-n", "-t", "--threads", "-tb", "--threads-batch", "-b",
               "--batch-size", "-ub", "--ubatch-size", "--chat-template", "--chat-template-file",
               "--jinja", "--api-key", "--api-key-file", "--timeout", "--log-disable", "-v",
@@ -79,6 +79,11 @@ def test_unknown_flag(model, flag):
     (["--poll", "101"], ["--poll"]),
     (["--poll", "-1"], ["--poll"]),
     (["--cpu-strict", "2"], ["--cpu-strict"]),
+    (["--experts-vram", "-5"], ["--experts-vram"]),
+    (["--experts-vram", "12Q"], ["--experts-vram"]),
+    (["--experts-vram", "1.5G"], ["--experts-vram"]),
+    (["--experts-vram=99999999999G"], ["--experts-vram"]),
+    (["--no-residency=1"], ["--no-residency"]),
 ])
 def test_bad_flag_values(model, args, names):
     rc, out, _ = run_serve(["-m", model, "--port", str(serverctl.free_port())] + args, timeout=15)
@@ -559,3 +564,27 @@ def test_cpu_mask_and_strict_reach_every_process(servers):
     assert len(procs) >= 2, procs
     for pid in procs:
         assert os.sched_getaffinity(pid) == {first}, (pid, os.sched_getaffinity(pid))
+
+
+@pytest.mark.parametrize("args,env,says", [
+    (["--experts-vram", "512"], None, "residency=on experts_vram=536870912"),
+    (["--experts-vram", "2G"], None, "residency=on experts_vram=2147483648"),
+    (["--experts-vram", "auto"], None, "residency=on experts_vram=auto"),
+    (["--experts-vram", "0"], None, "residency=on experts_vram=0"),
+    (["--no-residency"], None, "residency=off experts_vram=auto"),
+    ([], {"BLOOMERY_EXPERTS_VRAM": "64K", "BLOOMERY_NO_RESIDENCY": "1"}, "residency=off experts_vram=65536"),
+])
+def test_residency_flags_reach_the_worker(servers, args, env, says):
+    """--experts-vram and --no-residency (or their variables) are taken on the CPU,
+    where there is no card to hold slots, and reach the worker in its Plan: the
+    server's config line and the worker's ready line name them; it serves, and
+    /metrics has no slots to show."""
+    srv = servers.start(FAST + args, env=env)
+    assert post(srv.url, "/completion", {"prompt": "Hi", "n_predict": 2}).status_code == 200
+    log = srv.log(20000)
+    config = [l for l in log.splitlines() if "event=config " in l]
+    ready = [l for l in log.splitlines() if " worker0 event=ready " in l]
+    assert config and config[0].endswith(" " + says), log
+    assert ready and ready[0].endswith(" " + says), log
+    if not gpu_present():
+        assert "bloomery:child_expert_slots" not in get(srv.url, "/metrics").text

@@ -74,10 +74,26 @@ def test_bench_depth(model):
     (["-m", "x.gguf", "-r", "0"], "--repetitions"),
     (["-m", "x.gguf", "-o", "csv"], "-o"),
     (["-m", "x.gguf", "--gpu"], "--gpu"),
+    (["-m", "x.gguf", "--experts-vram", "-5"], "--experts-vram"),
+    (["-m", "x.gguf", "--experts-vram", "12Q"], "--experts-vram"),
+    (["-m", "x.gguf", "--no-residency=1"], "--no-residency"),
 ])
 def test_bench_bad_flags_exit_2(args, needle):
     p = run([tool("bloomery-bench")] + args)
     assert p.returncode == 2 and needle in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["--experts-vram", "512"],
+    ["--experts-vram", "2G"],
+    ["--experts-vram", "auto", "--no-residency"],
+])
+def test_bench_takes_the_residency_flags(model, args):
+    """Accepted on the CPU, where they change nothing: the table is as without them."""
+    p = run([tool("bloomery-bench"), "-m", model, "-p", "8", "-n", "2", "-r", "1", "-o", "jsonl",
+             "--no-roofline"] + args)
+    assert p.returncode == 0, p.stderr
+    assert [json.loads(l)["test"] for l in p.stdout.splitlines()] == ["pp8", "tg2"]
 
 
 def test_bench_bad_model_exits_1(tmp_path):

@@ -154,11 +154,36 @@ def test_cli_sampling_flags_are_honoured(tmp_path):
     (["-m", "M", "-l", "5*3"], "--logit-bias"),
     (["-m", "M", "-ctk", "q4_1"], "cache-type-k"),
     (["-m", "M", "-p", "a", "-f", "b"], "not both"),
+    (["-m", "M", "--experts-vram", "-5"], "--experts-vram"),
+    (["-m", "M", "--experts-vram", "12Q"], "--experts-vram"),
+    (["-m", "M", "--no-residency=on"], "--no-residency"),
 ])
 def test_cli_bad_flags_exit_2_naming_the_flag(tmp_path, args, needle):
     p = run([tool("bloomery-cli")] + [str(tmp_path / "m.gguf") if a == "M" else a for a in args])
     assert p.returncode == 2, p.stderr
     assert needle in p.stderr
+
+
+@pytest.mark.parametrize("args,env", [
+    (["--experts-vram", "512"], None),
+    (["--experts-vram", "2G", "--no-residency"], None),
+    (["--experts-vram", "auto"], None),
+    ([], {"BLOOMERY_EXPERTS_VRAM": "0", "BLOOMERY_NO_RESIDENCY": "1"}),
+])
+def test_cli_residency_flags_are_taken_on_the_cpu(tmp_path, args, env):
+    """The residency flags and their variables are accepted; on the CPU there is no
+    card to hold slots, so the logits are those of a run without them."""
+    model = tmp_path / "m.gguf"
+    assert run([tool("bloomery-mkmodel"), "-o", str(model)]).returncode == 0
+    base = [tool("bloomery-cli"), "-m", str(model), "-p", "abc", "-n", "2", "-t", THREADS, "--temp", "0",
+            "--dump-logits"]
+    plain = run(base + [str(tmp_path / "plain.json")])
+    assert plain.returncode == 0, plain.stderr
+    e = dict(os.environ)
+    e.update(env or {})
+    p = run(base + [str(tmp_path / "resid.json")] + args, env=e)
+    assert p.returncode == 0, p.stderr
+    assert load(tmp_path / "resid.json") == load(tmp_path / "plain.json")
 
 
 def test_cli_bad_model_and_long_prompt_exit_1(tmp_path):
