@@ -149,7 +149,8 @@ typedef struct wk_backend_cfg {
     const wk_model_opts_t *o;
     int64_t lb, le; /* the stage's layers */
     int remote;     /* some layer's routed experts go through the remote hook */
-    bl_heat_t *heat; /* the routing counts a CPU backend adds to (every MoE layer's choice), or NULL */
+    bl_heat_t *heat; /* the routing counts to add to (a CPU backend: every MoE layer's choice; a
+                      * card: its host layers', which residency reads), or NULL */
 } wk_backend_cfg_t;
 
 struct wk_backend {

@@ -32,6 +32,7 @@
 #include "kcuda.h"
 #include "log.h"
 #include "quant.h"
+#include "resid.h"
 
 /* Decode steps of up to this many sequences are captured as graphs. */
 #define GRAPH_MAX_ROWS 64
@@ -43,6 +44,10 @@
 #define STAGE_BYTES ((size_t)64 << 20)
 /* The largest piece of a WK_ADD_PIECES matrix dequantized at once for a GEMM. */
 #define PIECE_BYTES ((size_t)256 << 20)
+/* Most experts one batch of residency moves copies (a batch runs beside the steps
+ * and the next is planned once it is done): at about 3 MiB an expert, some 5 ms of
+ * the H200's link. */
+#define RESID_MOVES 64
 /* Launches one profiled step may time, and distinct op names. */
 #define PROF_EVENTS 4096
 #define PROF_OPS 48
@@ -146,6 +151,36 @@ typedef struct cuda {
     size_t off_f16;       /* the largest host expert tensor in f16 (the prompt's wscr) */
     void *ostage[2], *oev[2];
     int oused[2];         /* a staging half's copy was enqueued (its event must be waited on) */
+    /* residency (o->residency with host layers): card slots for the hottest experts
+     * of the host layers, set up at the first step (when the caches are made, so
+     * that an automatic budget sees what they left). The step's expert launches read
+     * a (layer, expert) -> slot table on the card; the host node reads its copy in
+     * pinned memory. Both change only in begin, when no step runs; the moves' copies
+     * run on their own stream beside the step, and their experts are seated in the
+     * tables only at a later begin, once the copies are done. */
+    struct rslots {
+        int32_t n;          /* the layer's slots */
+        uint8_t *d;         /* gate, up and down pools of n experts each, 256-aligned */
+        kcuda_mat_t m[3];   /* the pools as expert tensors of n experts */
+        size_t eb[3];       /* one expert's bytes in each */
+    } *rs;                  /* (le - lb) */
+    int resid_wanted;       /* o->residency, a host path and a slot budget */
+    _Atomic int resid;      /* 0 not set up yet, 1 planning moves, -1 no more moves (the
+                             * slots, where rs is set, keep serving what they hold) */
+    bl_resid_t *res;
+    bl_heat_t *heat;        /* cfg->heat: the host layers' routing, counted by the host calls */
+    int32_t *d_table, *h_table; /* ((le - lb) * n_expert) slot of each expert, or -1 */
+    int32_t *d_sid;         /* (n_batch * n_expert_used) the step's choices as slots */
+    void *mstream, *mev, *fev;  /* the moves' stream, its ordering and its finish events */
+    bl_resid_move_t moves[RESID_MOVES];
+    int64_t n_moves;        /* in flight */
+    int64_t n_slots_total;
+    size_t slot_bytes;
+    _Atomic uint64_t *sel, *hits; /* (le - lb) counted selections and card hits */
+    _Atomic uint64_t n_moved, n_evicted;
+    /* the host call's packing: the rows with a host expert, their pairs and sums */
+    float *cx, *cwts, *csums;
+    int32_t *cids, *ccnt, *crow;
     /* the step running */
     const wk_step_t *st;
     int mode;
@@ -298,6 +333,27 @@ static void cu_destroy(wk_backend_t *b)
     kcuda_host_free(cu->ostage[1]);
     kcuda_event_destroy(cu->oev[0]);
     kcuda_event_destroy(cu->oev[1]);
+    if (cu->mstream)
+        drain(cu->mstream);
+    if (cu->rs)
+        for (int64_t l = 0; l < cu->le - cu->lb; l++)
+            kcuda_free(cu->rs[l].d);
+    free(cu->rs);
+    bl_resid_free(cu->res);
+    kcuda_free(cu->d_table);
+    kcuda_host_free(cu->h_table);
+    kcuda_free(cu->d_sid);
+    kcuda_event_destroy(cu->mev);
+    kcuda_event_destroy(cu->fev);
+    kcuda_stream_destroy(cu->mstream);
+    free((void *)cu->sel);
+    free((void *)cu->hits);
+    free(cu->cx);
+    free(cu->cwts);
+    free(cu->csums);
+    free(cu->cids);
+    free(cu->ccnt);
+    free(cu->crow);
     kcuda_host_free(cu->h_x);
     kcuda_host_free(cu->h_ids);
     kcuda_host_free(cu->h_wts);
@@ -574,11 +630,12 @@ static int alloc_scratch(cuda_t *cu, bl_err_t *err)
     return 0;
 }
 
-/* A host layer's experts, kept for the prompt offload (unless -no-op-offload). */
+/* A host layer's experts, kept for the prompt offload (unless -no-op-offload) and
+ * for residency's copies. */
 static int cu_add_host(wk_backend_t *b, int64_t l, const wk_moe_t *e, bl_err_t *err)
 {
     cuda_t *cu = (cuda_t *)b;
-    if (cu->offload_rows == 0)
+    if (cu->offload_rows == 0 && !cu->resid_wanted)
         return 0;
     if (!cu->hx && !(cu->hx = calloc((size_t)(cu->le - cu->lb), sizeof *cu->hx)))
         return bl_err_set(err, BL_ENOMEM, "out of memory for the host layers");
@@ -681,12 +738,12 @@ static int offload_alloc(cuda_t *cu, bl_err_t *err)
 {
     if (!cu->hx || cu->off_bytes == 0)
         return 0;
-    int rc = dalloc(&cu->d_off, cu->off_bytes + 256, err);
+    int rc = cu->offload_rows > 0 ? dalloc(&cu->d_off, cu->off_bytes + 256, err) : 0;
     if (rc < 0)
         return rc;
     const int staged = register_spans(cu, err);
-    if (staged < 0)
-        return staged;
+    if (staged < 0 || cu->offload_rows == 0)
+        return staged < 0 ? staged : 0;
     if (staged && ((rc = kcuda_host_alloc(&cu->ostage[0], STAGE_BYTES, err)) < 0 ||
                    (rc = kcuda_host_alloc(&cu->ostage[1], STAGE_BYTES, err)) < 0 ||
                    (rc = kcuda_event_create(&cu->oev[0], err)) < 0 || (rc = kcuda_event_create(&cu->oev[1], err)) < 0))
@@ -750,6 +807,227 @@ static void cu_kv_free(wk_backend_t *b, wk_kv_t *kv)
     kcuda_free(kv->buf);
 }
 
+// --- residency -----------------------------------------------------------------------------
+
+/* One expert's bytes in each of a host layer's three tensors. */
+static void expert_bytes(const cuda_t *cu, const struct hostx *x, size_t eb[3])
+{
+    for (int i = 0; i < 3; i++)
+        eb[i] = x->h[i].row_bytes * (size_t)(x->h[i].nrows / cu->c->n_expert);
+}
+
+static size_t pool_bytes(const size_t eb[3], int64_t n)
+{
+    size_t off = 0;
+    for (int i = 0; i < 3; i++)
+        off = ((off + 255) & ~(size_t)255) + eb[i] * (size_t)n;
+    return off;
+}
+
+static void resid_off(cuda_t *cu, const char *why)
+{
+    cu->resid = -1;
+    BL_LOG(BL_LOG_INFO, "event=residency_off reason=\"%s\"", why);
+}
+
+/* A set-up that failed part way: nothing of it stays, the steps run as without. */
+static void resid_undo(cuda_t *cu)
+{
+    if (cu->rs)
+        for (int64_t l = 0; l < cu->le - cu->lb; l++)
+            kcuda_free(cu->rs[l].d);
+    free(cu->rs);
+    cu->rs = NULL;
+    bl_resid_free(cu->res);
+    cu->res = NULL;
+    cu->n_slots_total = 0;
+    cu->slot_bytes = 0;
+}
+
+/* The slots: the budget (o->experts_vram, or what the card has free now less
+ * WK_RESID_MARGIN) split evenly over the host layers whose three tensors the card
+ * can read straight from host memory (registered), as many slots a layer as the
+ * budget gives, at most its experts. Even, because a layer's experts may be of other
+ * types than another's, and every layer is on the path of every token. */
+static int resid_setup(cuda_t *cu, bl_err_t *err)
+{
+    const int64_t nl = cu->le - cu->lb, NE = cu->c->n_expert, K = cu->c->n_expert_used, B = cu->o->n_batch;
+    size_t per = 0; /* one expert of every eligible layer */
+    int64_t layers = 0;
+    for (int64_t l = 0; cu->hx && l < nl; l++) {
+        const struct hostx *x = &cu->hx[l];
+        if (!x->h[0].data || !x->reg[0] || !x->reg[1] || !x->reg[2])
+            continue;
+        size_t eb[3];
+        expert_bytes(cu, x, eb);
+        per += pool_bytes(eb, 1) + 256;
+        layers++;
+    }
+    if (layers == 0) {
+        resid_off(cu, "no host layer's experts are in registered host memory");
+        return 0;
+    }
+    size_t budget;
+    if (cu->o->experts_vram >= 0) {
+        budget = (size_t)cu->o->experts_vram;
+    } else {
+        size_t fr = 0;
+        int rc = kcuda_mem_free(&fr, err);
+        if (rc < 0)
+            return rc;
+        budget = fr > (size_t)WK_RESID_MARGIN ? fr - (size_t)WK_RESID_MARGIN : 0;
+    }
+    int64_t n = (int64_t)(budget / per);
+    n = n > NE ? NE : n;
+    if (n < 1) {
+        resid_off(cu, "the budget holds no slot in every host layer");
+        return 0;
+    }
+    int32_t *slots = calloc((size_t)cu->c->n_layer, sizeof *slots); /* the heat's layers: the model's */
+    cu->rs = calloc((size_t)nl, sizeof *cu->rs);
+    cu->sel = calloc((size_t)nl, sizeof *cu->sel);
+    cu->hits = calloc((size_t)nl, sizeof *cu->hits);
+    const size_t rows = (size_t)B, pairs = (size_t)(B * K), E = (size_t)cu->c->n_embd;
+    cu->cx = malloc(sizeof(float) * rows * E);
+    cu->csums = malloc(sizeof(float) * rows * E);
+    cu->cwts = malloc(sizeof(float) * pairs);
+    cu->cids = malloc(sizeof(int32_t) * pairs);
+    cu->ccnt = malloc(sizeof(int32_t) * rows);
+    cu->crow = malloc(sizeof(int32_t) * rows);
+    int rc = 0;
+    if (!slots || !cu->rs || !cu->sel || !cu->hits || !cu->cx || !cu->csums || !cu->cwts || !cu->cids ||
+        !cu->ccnt || !cu->crow) {
+        free(slots);
+        return bl_err_set(err, BL_ENOMEM, "out of memory for residency");
+    }
+    for (int64_t l = 0; l < nl; l++) {
+        const struct hostx *x = &cu->hx[l];
+        struct rslots *r = &cu->rs[l];
+        if (!x->h[0].data || !x->reg[0] || !x->reg[1] || !x->reg[2])
+            continue;
+        expert_bytes(cu, x, r->eb);
+        if ((rc = dalloc(&r->d, pool_bytes(r->eb, n) + 256, err)) < 0)
+            break;
+        size_t off = 0;
+        for (int i = 0; i < 3 && rc == 0; i++) {
+            off = (off + 255) & ~(size_t)255;
+            rc = kcuda_mat_init(&r->m[i], r->d + off, x->h[i].type, x->h[i].ncols, x->h[i].nrows / NE * n, err);
+            off += r->eb[i] * (size_t)n;
+        }
+        r->n = (int32_t)n;
+        slots[cu->lb + l] = (int32_t)n;
+        cu->n_slots_total += n;
+        cu->slot_bytes += pool_bytes(r->eb, n);
+    }
+    const size_t tb = sizeof(int32_t) * (size_t)(nl * NE);
+    if (rc == 0)
+        rc = bl_resid_create(&cu->res, cu->c->n_layer, NE, slots, err);
+    free(slots);
+    if (rc < 0 || (rc = dalloc(&cu->d_table, tb, err)) < 0 ||
+        (rc = kcuda_host_alloc((void **)&cu->h_table, tb, err)) < 0 ||
+        (rc = dalloc(&cu->d_sid, sizeof(int32_t) * pairs, err)) < 0 ||
+        (rc = kcuda_stream_create(&cu->mstream, err)) < 0 || (rc = kcuda_event_create(&cu->mev, err)) < 0 ||
+        (rc = kcuda_event_create(&cu->fev, err)) < 0)
+        return rc;
+    for (int64_t i = 0; i < nl * NE; i++)
+        cu->h_table[i] = -1;
+    if ((rc = kcuda_upload(cu->d_table, cu->h_table, tb, cu->stream, err)) < 0)
+        return rc;
+    cu->resid = 1;
+    BL_LOG(BL_LOG_INFO, "event=residency policy=heat half_life_steps=%d ratio=%.2f layers=%lld "
+           "slots_per_layer=%lld of=%lld slot_bytes=%zu budget_bytes=%zu moves_per_batch=%d",
+           WK_HEAT_HALF_LIFE, BL_RESID_RATIO, (long long)layers, (long long)n, (long long)NE, cu->slot_bytes,
+           budget, RESID_MOVES);
+    return 0;
+}
+
+/* Before a step, when nothing runs on the step's stream: the last step's batch of
+ * moves is seated, and the next one planned from the heat; its leaving experts go off the
+ * tables at once (the card's copy, on the step's stream, lands before this step's
+ * launches), its copies start on the moves' stream after whatever the card has
+ * queued so far. A failed copy stops residency: the tables then keep only what
+ * was seated, which stays right. */
+static int resid_tick(cuda_t *cu, bl_err_t *err)
+{
+    if (cu->resid == 0) {
+        int rc = resid_setup(cu, err);
+        if (rc < 0) {
+            resid_undo(cu);
+            resid_off(cu, err->msg);
+            return 0;
+        }
+    }
+    if (cu->resid < 0)
+        return 0;
+    const int64_t NE = cu->c->n_expert;
+    int changed = 0, rc;
+    if (cu->n_moves > 0) {
+        /* waited for, not polled: the moves of a step are seated at the next step
+         * whatever the timing, so the same requests give the same numbers run after
+         * run (a batch's copies take a few ms, a step with host experts longer) */
+        bl_err_t e2 = {0};
+        if (kcuda_event_sync(cu->fev, &e2) < 0) {
+            bl_resid_abort(cu->res);
+            cu->n_moves = 0;
+            resid_off(cu, e2.msg);
+            return 0;
+        }
+        bl_resid_commit(cu->res);
+        for (int64_t i = 0; i < cu->n_moves; i++) {
+            const bl_resid_move_t *m = &cu->moves[i];
+            cu->h_table[(m->layer - cu->lb) * NE + m->in] = m->slot;
+            cu->n_evicted += m->out >= 0;
+        }
+        cu->n_moved += (uint64_t)cu->n_moves;
+        cu->n_moves = 0;
+        changed = 1;
+    }
+    const int64_t n = bl_resid_plan(cu->res, cu->heat, RESID_MOVES, cu->moves);
+    for (int64_t i = 0; i < n; i++)
+        if (cu->moves[i].out >= 0)
+            cu->h_table[(cu->moves[i].layer - cu->lb) * NE + cu->moves[i].out] = -1;
+    changed |= n > 0;
+    if (changed && (rc = kcuda_upload(cu->d_table, cu->h_table, sizeof(int32_t) * (size_t)((cu->le - cu->lb) * NE),
+                                      cu->stream, err)) < 0)
+        return rc;
+    if (n == 0)
+        return 0;
+    if ((rc = kcuda_stream_after(cu->mstream, cu->stream, cu->mev, err)) < 0)
+        return rc;
+    for (int64_t i = 0; i < n; i++) {
+        const bl_resid_move_t *m = &cu->moves[i];
+        const struct hostx *x = &cu->hx[m->layer - cu->lb];
+        const struct rslots *r = &cu->rs[m->layer - cu->lb];
+        for (int j = 0; j < 3; j++)
+            if ((rc = kcuda_upload((uint8_t *)r->m[j].data + r->eb[j] * (size_t)m->slot,
+                                   (const uint8_t *)x->h[j].data + r->eb[j] * (size_t)m->in, r->eb[j], cu->mstream,
+                                   err)) < 0)
+                return rc;
+    }
+    cu->n_moves = n;
+    return kcuda_event_record(cu->fev, cu->mstream, err);
+}
+
+static void cu_resid(const wk_backend_t *b, wk_resid_stats_t *out)
+{
+    const cuda_t *cu = (const cuda_t *)b;
+    if (cu->resid <= 0)
+        return;
+    out->slots = cu->n_slots_total;
+    out->slot_bytes = (int64_t)cu->slot_bytes;
+    out->moves = atomic_load_explicit(&cu->n_moved, memory_order_relaxed);
+    out->evictions = atomic_load_explicit(&cu->n_evicted, memory_order_relaxed);
+}
+
+static void cu_resid_layer(const wk_backend_t *b, int64_t l, uint64_t *selections, uint64_t *hits)
+{
+    const cuda_t *cu = (const cuda_t *)b;
+    if (cu->resid <= 0 || cu->rs[l - cu->lb].n == 0)
+        return;
+    *selections = atomic_load_explicit(&cu->sel[l - cu->lb], memory_order_relaxed);
+    *hits = atomic_load_explicit(&cu->hits[l - cu->lb], memory_order_relaxed);
+}
+
 // --- a step ------------------------------------------------------------------------------
 
 /* The graph bucket of a decode step whose longest row attends to len positions. */
@@ -772,6 +1050,8 @@ static int cu_begin(wk_backend_t *b, const wk_step_t *st, float *x, bl_err_t *er
     const int64_t E = cu->c->n_embd;
     int rc = kcuda_set_device(cu->device, err);
     if (rc < 0)
+        return rc;
+    if ((rc = resid_tick(cu, err)) < 0)
         return rc;
     cu->st = st;
     cu->capture = NULL;
@@ -883,6 +1163,8 @@ static int cu_end(wk_backend_t *b, const wk_step_t *st, int status, const float 
     }
     if ((rc = kcuda_sync(cu->stream, err)) < 0)
         return rc;
+    if (cu->heat)
+        bl_heat_step(cu->heat);
     /* a host call's failure shows once the stream has run it (what it left in the
      * outputs is not used) */
     if ((rc = atomic_load(&cu->host_rc)) < 0)
@@ -1101,6 +1383,48 @@ static int moe_prompt(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n,
     return 0;
 }
 
+/* A host call of a layer with card slots: its choices are counted, those a slot
+ * serves are left to the card's launches, and only the rows with a choice left go
+ * to the remote hook, with those choices; their sums are put back in row order, the
+ * other rows' are zero. */
+static int host_split(cuda_t *cu, const hcall_t *h, bl_err_t *err)
+{
+    const int64_t K = cu->c->n_expert_used, NE = cu->c->n_expert, E = cu->c->n_embd, li = h->layer - cu->lb;
+    const int32_t *tab = cu->h_table + li * NE;
+    bl_heat_add(cu->heat, h->layer, cu->h_ids, h->n * K);
+    int64_t nr = 0, np = 0, hit = 0;
+    for (int64_t r = 0; r < h->n; r++) {
+        int32_t c = 0;
+        for (int64_t j = 0; j < K; j++) {
+            const int32_t id = cu->h_ids[r * K + j];
+            if (id >= 0 && id < NE && tab[id] >= 0) {
+                hit++;
+                continue;
+            }
+            cu->cids[np + c] = id;
+            cu->cwts[np + c] = cu->h_wts[r * K + j];
+            c++;
+        }
+        if (c == 0)
+            continue;
+        memcpy(cu->cx + nr * E, cu->h_x + r * E, sizeof(float) * (size_t)E);
+        cu->ccnt[nr] = c;
+        cu->crow[nr++] = (int32_t)r;
+        np += c;
+    }
+    atomic_fetch_add_explicit(&cu->sel[li], (uint64_t)(h->n * K), memory_order_relaxed);
+    atomic_fetch_add_explicit(&cu->hits[li], (uint64_t)hit, memory_order_relaxed);
+    memset(cu->h_sums, 0, sizeof(float) * (size_t)(h->n * E));
+    if (nr == 0)
+        return 0;
+    const int rc = h->remote->fn(h->remote->ctx, h->layer, cu->cx, nr, cu->ccnt, cu->cids, cu->cwts, cu->csums, err);
+    if (rc < 0)
+        return rc;
+    for (int64_t i = 0; i < nr; i++)
+        memcpy(cu->h_sums + (int64_t)cu->crow[i] * E, cu->csums + i * E, sizeof(float) * (size_t)E);
+    return 0;
+}
+
 /* The host node: the remote hook computes the layer's experts of the rows the step
  * copied to pinned memory. A failure is kept for end (a host node cannot fail its
  * stream), and the later host calls of the step are skipped. */
@@ -1111,11 +1435,37 @@ static void host_experts(void *ctx)
     if (atomic_load(&cu->host_rc) < 0)
         return;
     bl_err_t e = {0};
-    const int rc = h->remote->fn(h->remote->ctx, h->layer, cu->h_x, h->n, NULL, cu->h_ids, cu->h_wts, cu->h_sums, &e);
+    const int64_t li = h->layer - cu->lb;
+    int rc;
+    if (cu->rs && cu->rs[li].n > 0) {
+        rc = host_split(cu, h, &e);
+    } else {
+        if (cu->heat)
+            bl_heat_add(cu->heat, h->layer, cu->h_ids, h->n * cu->c->n_expert_used);
+        rc = h->remote->fn(h->remote->ctx, h->layer, cu->h_x, h->n, NULL, cu->h_ids, cu->h_wts, cu->h_sums, &e);
+    }
     if (rc < 0) {
         cu->host_err = e;
         atomic_store(&cu->host_rc, rc);
     }
+}
+
+/* A host node that only counts a layer's choices (a prompt step that computed the
+ * layer's host experts on the card). */
+static void host_count(void *ctx)
+{
+    const hcall_t *h = ctx;
+    cuda_t *cu = h->cu;
+    const int64_t K = cu->c->n_expert_used, NE = cu->c->n_expert, li = h->layer - cu->lb;
+    bl_heat_add(cu->heat, h->layer, cu->h_ids, h->n * K);
+    if (!cu->rs || cu->rs[li].n == 0)
+        return;
+    const int32_t *tab = cu->h_table + li * NE;
+    uint64_t hit = 0;
+    for (int64_t s = 0; s < h->n * K; s++)
+        hit += cu->h_ids[s] >= 0 && cu->h_ids[s] < NE && tab[cu->h_ids[s]] >= 0;
+    atomic_fetch_add_explicit(&cu->sel[li], (uint64_t)(h->n * K), memory_order_relaxed);
+    atomic_fetch_add_explicit(&cu->hits[li], hit, memory_order_relaxed);
 }
 
 /* A host layer's experts for a prompt step of many rows: its three tensors copied to
@@ -1165,7 +1515,16 @@ static int moe_offload(cuda_t *cu, int64_t l, const wk_moe_t *e, const float *xn
     OP("ffn_to_f16", kcuda_to_f16(xn, E, n, E, cu->x16, E, cu->stream, err));
     /* a staging half is refilled only after its copy ran (its event, waited on by
      * whichever layer or step uses it next) */
-    return moe_prompt(cu, &de, xn, n, x, err);
+    if ((rc = moe_prompt(cu, &de, xn, n, x, err)) < 0 || !cu->heat)
+        return rc;
+    /* the prompt's choices count towards the heat, so the experts it uses most are
+     * seated first and stay for the answer */
+    const int64_t K = e->n_used;
+    OP("ffn_host_out", kcuda_download(cu->h_ids, cu->ids, sizeof(int32_t) * (size_t)(n * K), cu->stream, err));
+    hcall_t *h = &cu->hc[l - cu->lb];
+    *h = (hcall_t){.cu = cu, .layer = l, .n = n};
+    OP("ffn_host", kcuda_host_call(cu->stream, host_count, h, err));
+    return 0;
 }
 
 /* A layer whose routed experts are in host RAM: the router and top-k on the card,
@@ -1189,6 +1548,30 @@ static int moe_remote(cuda_t *cu, int64_t l, const wk_moe_t *e, const wk_remote_
         OP("ffn_gate_inp", mv(cu, M(&e->gate_inp), xn, E, n, cu->rl, NE, 0, err));
     }
     OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, e->norm, cu->ids, cu->wts, st, err));
+    const struct rslots *rs = cu->rs ? &cu->rs[l - cu->lb] : NULL;
+    if (rs && rs->n > 0) {
+        /* the choices a card slot holds, through the slots' pools (the others are
+         * -1 here and add nothing); the host call leaves them out */
+        const int64_t F = e->n_ff, step = 65535 / K;
+        OP("ffn_moe_slots", kcuda_moe_remap(cu->ids, n * K, cu->d_table + (l - cu->lb) * NE, NE, cu->d_sid, st, err));
+        for (int64_t r = 0; r < n; r += step) {
+            const int cn = (int)(n - r < step ? n - r : step);
+            const int32_t *sid = cu->d_sid + r * K;
+            float *g = cu->g + r * K * F, *u = cu->u_ + r * K * F;
+            if (same_shape(&rs->m[0], &rs->m[1])) {
+                OP("ffn_moe_gate_up", kcuda_matvec_experts_swiglu(&rs->m[0], &rs->m[1], rs->n, sid, cn, (int)K,
+                                                                  xn + r * E, E, g, F, st, err));
+            } else {
+                OP("ffn_moe_gate", kcuda_matvec_experts(&rs->m[0], rs->n, sid, cn, (int)K, xn + r * E, E, g, F, st,
+                                                        err));
+                OP("ffn_moe_up", kcuda_matvec_experts(&rs->m[1], rs->n, sid, cn, (int)K, xn + r * E, E, u, F, st,
+                                                      err));
+                OP("ffn_moe_swiglu", kcuda_swiglu(g, g, u, cn * K * F, st, err));
+            }
+            OP("ffn_moe_down", kcuda_matvec_experts_down(&rs->m[2], rs->n, sid, cu->wts + r * K, cn, (int)K, g, F,
+                                                         x + r * E, E, 1, st, err));
+        }
+    }
     OP("ffn_host_out", kcuda_download(cu->h_x, xn, sizeof(float) * (size_t)(n * E), st, err));
     OP("ffn_host_out", kcuda_download(cu->h_ids, cu->ids, sizeof(int32_t) * (size_t)(n * K), st, err));
     OP("ffn_host_out", kcuda_download(cu->h_wts, cu->wts, sizeof(float) * (size_t)(n * K), st, err));
@@ -1284,6 +1667,7 @@ static const wk_backend_ops_t cuda_ops = {
     .kv_free = cu_kv_free,
     .begin = cu_begin, .end = cu_end, .embed = cu_embed, .rms_norm = cu_rms_norm, .qkv = cu_qkv,
     .matmul = cu_matmul, .attention = cu_attention, .moe = cu_moe, .ffn = cu_ffn, .head = cu_head,
+    .resid = cu_resid, .resid_layer = cu_resid_layer,
 };
 
 int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *err)
@@ -1300,6 +1684,9 @@ int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *
     cu->le = cfg->le;
     cu->device = cfg->o->device;
     cu->remote = cfg->remote;
+    cu->heat = cfg->remote ? cfg->heat : NULL;
+    cu->resid_wanted = cu->heat && cfg->o->residency && cfg->o->experts_vram != 0;
+    cu->resid = cu->resid_wanted ? 0 : -1;
     const char *or_env = getenv("BLOOMERY_OP_OFFLOAD_ROWS");
     cu->offload_rows = cfg->o->no_op_offload ? 0 : or_env && *or_env ? atoll(or_env) : WK_OP_OFFLOAD_ROWS;
     if (cu->offload_rows < 0)

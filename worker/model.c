@@ -170,14 +170,14 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         rc = bl_err_set(err, BL_EINVAL, "n_threads_batch %d is outside 0..256", m->opts.n_threads_batch);
         goto fail;
     }
-    /* a CPU stage counts its routing (the GPU backend's ids stay on the card) */
-    if (m->cfg.moe && m->opts.device < 0 &&
-        (rc = bl_heat_create(&m->heat, m->cfg.n_layer, m->cfg.n_expert, WK_HEAT_HALF_LIFE, err)) < 0)
-        goto fail;
-    wk_backend_cfg_t bc = {.path = m->path, .c = &m->cfg, .o = &m->opts, .lb = m->lb, .le = m->le,
-                           .heat = m->heat};
+    wk_backend_cfg_t bc = {.path = m->path, .c = &m->cfg, .o = &m->opts, .lb = m->lb, .le = m->le};
     for (int64_t l = m->lb; l < m->le; l++)
         bc.remote |= m->cfg.moe && wk__layer_remote(m, l);
+    /* a CPU stage counts its routing; a card its host layers' (for residency) */
+    if (m->cfg.moe && m->opts.experts != WK_EXPERTS_ONLY && (m->opts.device < 0 || bc.remote) &&
+        (rc = bl_heat_create(&m->heat, m->cfg.n_layer, m->cfg.n_expert, WK_HEAT_HALF_LIFE, err)) < 0)
+        goto fail;
+    bc.heat = m->heat;
     rc = m->opts.device >= 0 ? wk__cuda_backend(&m->be, &bc, err) : wk__cpu_backend(&m->be, &bc, err);
     if (rc < 0 || (rc = wk__qwen3_place(m, err)) < 0)
         goto fail;

@@ -143,9 +143,10 @@ void wk_model_free(wk_model_t *m); /* NULL is a no-op */
 
 const wk_config_t *wk_model_config(const wk_model_t *m);
 
-/* The routing counts of a MoE model on the CPU: every step's choice of routed
- * experts per layer, decaying by half every WK_HEAT_HALF_LIFE steps (common/heat.h).
- * NULL for a dense model or a stage on a card. */
+/* The routing counts of a MoE model: every step's choice of routed experts per
+ * layer, decaying by half every WK_HEAT_HALF_LIFE steps (common/heat.h); on a card,
+ * of the layers whose experts are in host RAM only. NULL for a dense model, a card
+ * stage without host layers, or a model of experts only. */
 #define WK_HEAT_HALF_LIFE 256
 const bl_heat_t *wk_model_heat(const wk_model_t *m);
 /* Residency on a card (wk_model_opts_t.residency): its slots and moves so far, and

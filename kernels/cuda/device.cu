@@ -98,6 +98,14 @@ int kcuda_init(int device, kcuda_device_info_t *info, bl_err_t *err)
     return 0;
 }
 
+int kcuda_mem_free(size_t *free_bytes, bl_err_t *err)
+{
+    size_t tot = 0;
+    *free_bytes = 0;
+    KCUDA_CHECK(cudaMemGetInfo(free_bytes, &tot), err);
+    return 0;
+}
+
 int kcuda_alloc(void **d_out, size_t nbytes, bl_err_t *err)
 {
     *d_out = NULL;

@@ -264,6 +264,12 @@ int kcuda_add(float *d_y, const float *d_x, int64_t n, void *stream, bl_err_t *e
 int kcuda_moe_route(const float *d_logits, int64_t n, int64_t n_expert, int k, int norm,
                     int32_t *d_ids, float *d_w, void *stream, bl_err_t *err) BL_WUR;
 
+/* Residency's slot ids: out[s] = d_table[ids[s]] (the slot expert ids[s] is served
+ * from on the card, or -1) for n (row, choice) slots; an id outside 0..n_expert-1
+ * gives -1. The expert kernels read a -1 as an expert that adds nothing. */
+int kcuda_moe_remap(const int32_t *d_ids, int64_t n, const int32_t *d_table, int64_t n_expert,
+                    int32_t *d_out, void *stream, bl_err_t *err) BL_WUR;
+
 // --- KV cache and attention ----------------------------------------------------------
 
 /* One layer's f16 KV cache on the card: position t of K at k + t * row_bytes, a row
@@ -477,6 +483,9 @@ int kcuda_set_device(int device, bl_err_t *err) BL_WUR;
  * the devices costs no memory on them); free_bytes stays 0. */
 int kcuda_device_query(int device, kcuda_device_info_t *info, bl_err_t *err) BL_WUR;
 
+/* The current device's free memory now. */
+int kcuda_mem_free(size_t *free_bytes, bl_err_t *err) BL_WUR;
+
 /* Device-to-device copy on stream. */
 int kcuda_copy(void *d_dst, const void *d_src, size_t nbytes, void *stream, bl_err_t *err) BL_WUR;
 
@@ -487,6 +496,9 @@ void kcuda_event_destroy(void *ev);
 int kcuda_event_record(void *ev, void *stream, bl_err_t *err) BL_WUR;
 int kcuda_event_sync(void *ev, bl_err_t *err) BL_WUR;
 int kcuda_event_elapsed_ms(float *ms, void *start, void *end, bl_err_t *err) BL_WUR;
+/* The work enqueued on waiter from now on waits for what was enqueued on signaler so
+ * far (ev is recorded on signaler for it; an ordering edge, also inside a capture). */
+int kcuda_stream_after(void *waiter, void *signaler, void *ev, bl_err_t *err) BL_WUR;
 
 /* Graph capture of what is enqueued on stream (a non-default stream) between
  * kcuda_graph_begin and kcuda_graph_end; the second ends the capture and

@@ -21,6 +21,28 @@ moe_route_kernel(const float *logits, int64_t n, int n_expert, int k, int norm, 
     kc_moe_route_row<PL>(logits + row * n_expert, n_expert, k, norm, ids + row * k, w + row * k, threadIdx.x & 31);
 }
 
+static __global__ void moe_remap_kernel(const int32_t *ids, int64_t n, const int32_t *table, int64_t n_expert,
+                                        int32_t *out)
+{
+    kc_wait_prior(); /* ids come from the routing kernel before it */
+    kc_allow_next();
+    const int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= n)
+        return;
+    const int32_t e = ids[s];
+    out[s] = e >= 0 && e < n_expert ? table[e] : -1;
+}
+
+int kcuda_moe_remap(const int32_t *d_ids, int64_t n, const int32_t *d_table, int64_t n_expert, int32_t *d_out,
+                    void *stream, bl_err_t *err)
+{
+    if (!d_ids || !d_table || !d_out || n < 1 || n > INT32_MAX || n_expert < 1)
+        return bl_err_set(err, BL_EINVAL, "moe_remap: %lld slots of %lld experts", (long long)n, (long long)n_expert);
+    KC_LAUNCH(err, moe_remap_kernel, (unsigned)kc_cdiv(n, 128), 128, 0, (cudaStream_t)stream, d_ids, n, d_table,
+              n_expert, d_out);
+    return 0;
+}
+
 int kcuda_moe_route(const float *d_logits, int64_t n, int64_t n_expert, int k, int norm, int32_t *d_ids,
                     float *d_w, void *stream, bl_err_t *err)
 {

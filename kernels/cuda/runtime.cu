@@ -88,6 +88,13 @@ int kcuda_event_elapsed_ms(float *ms, void *start, void *end, bl_err_t *err)
     return 0;
 }
 
+int kcuda_stream_after(void *waiter, void *signaler, void *ev, bl_err_t *err)
+{
+    KCUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)signaler), err);
+    KCUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)waiter, (cudaEvent_t)ev, 0), err);
+    return 0;
+}
+
 int kcuda_graph_begin(void *stream, bl_err_t *err)
 {
     if (!stream)

@@ -7,7 +7,8 @@
  * llama.cpp's distance, same top-1: the two paths round differently); graph replay against the same step enqueued without a
  * graph (same bits); several sequences in one step against each alone; a 3-stage
  * split on the card against one stage; the dense qwen3 model against the CPU's
- * precise pass; and the refusals (KV type, remote experts).
+ * precise pass; residency's moves under --cpu-moe; and the refusals (KV type,
+ * remote experts).
  *
  * TAP output. Skips with a message without a GPU or without ../shared
  * (BLOOMERY_SHARED points elsewhere). BLOOMERY_GPU_TEST_SMALL=1 runs chat-short only. */
@@ -219,10 +220,13 @@ static void test_batch_decode_graph(void)
 
 /* A model placed by the plan (wk_place_one, wk_load_placed) with the flags of one case: the card's
  * stage, its host experts in a CPU model of this process behind the remote hook. */
-static wk_placed_t load_placed(const char *name, int graphs, const char *ot, int cpu_moe, int64_t ncmoe)
+static wk_placed_t load_resident(const char *name, int graphs, const char *ot, int cpu_moe, int64_t ncmoe,
+                                 int64_t experts_vram)
 {
     char path[1400];
     wk_model_opts_t o = test_opts(name, graphs, path, sizeof path);
+    o.residency = experts_vram != 0;
+    o.experts_vram = experts_vram;
     const char *ots[1] = {ot};
     bl_place_opts_t po = {.devices = "cuda0", .cpu_moe = cpu_moe, .n_cpu_moe = ncmoe, .override_tensor = ots,
                           .n_override_tensor = ot ? 1 : 0, .n_ctx_total = 2048, .kv_elem_bytes = 2, .n_batch = 512};
@@ -234,6 +238,12 @@ static wk_placed_t load_placed(const char *name, int graphs, const char *ot, int
         wk_load_placed(&pl, path, &o, host, sizeof host, &err) != 0)
         bail(path, &err);
     return pl;
+}
+
+/* The same without residency: the host experts stay on the host. */
+static wk_placed_t load_placed(const char *name, int graphs, const char *ot, int cpu_moe, int64_t ncmoe)
+{
+    return load_resident(name, graphs, ot, cpu_moe, ncmoe, 0);
 }
 
 /* Routed experts in host RAM beside the card: every layer's (--cpu-moe), the first
@@ -306,6 +316,92 @@ static void test_hybrid(void)
             wk_placed_free(&pl);
             wk_placed_free(&p2);
         }
+        oracle_free(&ex);
+        oracle_free(&ll);
+    }
+}
+
+/* Residency under --cpu-moe: hot host experts copied into card slots while the
+ * oracle prompt decodes. With room for every expert, with one slot per layer and
+ * with four: each within the card's gate against the exact pass, the same top-1 as
+ * the host path at every position (moves change where the products run, not the
+ * answer), a graph replay giving the bits of the same steps without a graph (the
+ * moves of a step are seated at the next one, whatever the timing), and the stats
+ * counting slots, moves and card hits. */
+static void test_residency(void)
+{
+    for (int mi = 0; mi < 2; mi++) {
+        oracle_t ex, ll;
+        if (oracle_load(&ex, g_shared, k_models[mi], "chat-short", 1) ||
+            oracle_load(&ll, g_shared, k_models[mi], "chat-short", 0))
+            bail("oracle file", NULL);
+        const stats_t them = compare_files(&ex, &ll);
+        const int64_t n = ex.n;
+        wk_placed_t host = load_placed(k_models[mi], 1, NULL, 1, 0);
+        const wk_config_t *c = wk_model_config(host.m);
+        const int64_t V = c->n_vocab, NL = c->n_layer, NE = c->n_expert;
+        float *base = run_decode(host.m, ex.ids, n);
+        wk_resid_stats_t rs;
+        wk_model_resid_stats(host.m, &rs);
+        tap_ok(rs.slots == 0, "%s: no slots without residency", k_models[mi]);
+        wk_placed_free(&host);
+        /* every expert fits: the slot size comes from this run's stats */
+        wk_placed_t all = load_resident(k_models[mi], 1, NULL, 1, 0, WK_EXPERTS_VRAM_AUTO);
+        free(run_decode(all.m, ex.ids, n));
+        wk_model_resid_stats(all.m, &rs);
+        const int64_t per = rs.slots ? rs.slot_bytes / rs.slots : 0;
+        tap_ok(rs.slots == NL * NE && rs.moves > 0, "%s: room for all %lld experts, %llu moved in",
+               k_models[mi], (long long)rs.slots, (unsigned long long)rs.moves);
+        wk_placed_free(&all);
+        const int64_t budgets[2] = {1, 4};
+        for (int bi = -1; bi < 2; bi++) {
+            const int64_t k = bi < 0 ? NE : budgets[bi];
+            const int64_t vram = bi < 0 ? WK_EXPERTS_VRAM_AUTO : k * NL * (per + 1024);
+            wk_placed_t g = load_resident(k_models[mi], 1, NULL, 1, 0, vram);
+            wk_placed_t p = load_resident(k_models[mi], 0, NULL, 1, 0, vram);
+            float *lg = run_decode(g.m, ex.ids, n), *lp = run_decode(p.m, ex.ids, n);
+            wk_model_resid_stats(g.m, &rs);
+            uint64_t sel = 0, hits = 0;
+            for (int64_t l = 0; l < NL; l++) {
+                uint64_t s1, h1;
+                wk_model_resid_layer(g.m, l, &s1, &h1);
+                sel += s1;
+                hits += h1;
+            }
+            int64_t same = 0;
+            for (int64_t i = 0; i < n; i++) {
+                int64_t a = 0, b = 0;
+                for (int64_t v = 1; v < V; v++) {
+                    a = base[i * V + v] > base[i * V + a] ? v : a;
+                    b = lg[i * V + v] > lg[i * V + b] ? v : b;
+                }
+                same += a == b;
+            }
+            const stats_t us = compare_ours(&ex, lg, V);
+            const double d2 = max_diff(lg, lp, n * V), dh = max_diff(lg, base, n * V);
+            printf("# residency %-20s %lld slots/layer: slots %lld moves %llu evictions %llu card hits %llu/%llu | "
+                   "top1 %lld mean %.5f (llama.cpp %lld %.4f) | vs host max %.3g, same top-1 %lld/%lld | graph vs "
+                   "none %.3g\n", k_models[mi], (long long)k, (long long)rs.slots, (unsigned long long)rs.moves,
+                   (unsigned long long)rs.evictions, (unsigned long long)hits, (unsigned long long)sel,
+                   (long long)us.top1, us.mean, (long long)them.top1, them.mean, dh, (long long)same, (long long)n, d2);
+            tap_ok(rs.slots == NL * k && rs.moves > 0 && hits > 0 && sel == (uint64_t)(n * NL * c->n_expert_used),
+                   "%s, %lld slots a layer: experts moved in and served choices", k_models[mi], (long long)k);
+            tap_ok(k == NE || rs.evictions > 0 || rs.moves <= (uint64_t)(NL * k),
+                   "%s, %lld slots a layer: a full layer's slots are given up for hotter experts", k_models[mi],
+                   (long long)k);
+            tap_ok(us.top1 >= them.top1 && us.mean <= them.mean,
+                   "%s, %lld slots a layer: no worse than llama.cpp against the exact pass", k_models[mi],
+                   (long long)k);
+            tap_ok(same == n, "%s, %lld slots a layer: the host path's top-1 at every position", k_models[mi],
+                   (long long)k);
+            tap_ok(d2 == 0, "%s, %lld slots a layer: graph replay gives the bits of the plain steps", k_models[mi],
+                   (long long)k);
+            free(lg);
+            free(lp);
+            wk_placed_free(&g);
+            wk_placed_free(&p);
+        }
+        free(base);
         oracle_free(&ex);
         oracle_free(&ll);
     }
@@ -528,5 +624,6 @@ int main(void)
     test_stages();
     test_dense();
     test_hybrid();
+    test_residency();
     return tap_done();
 }
