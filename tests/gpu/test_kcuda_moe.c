@@ -54,6 +54,63 @@ static void case_route(rng_t *r, int64_t n, int64_t n_expert, int k, int norm)
     free(w);
 }
 
+/* Residency's slot ids straight after the routing that writes the ids, on a stream
+ * (where launches overlap through programmatic dependent launch): each choice's slot
+ * from a random table with about half the experts seated, -1 for the rest and for
+ * ids out of range. */
+static void case_remap(rng_t *r, int64_t n, int64_t n_expert, int k)
+{
+    bl_err_t err = {0};
+    void *st = NULL;
+    if (kcuda_stream_create(&st, &err) < 0)
+        bail("stream", &err);
+    float *lg = xmalloc(sizeof(float) * (size_t)(n * n_expert));
+    rand_fill(r, lg, n * n_expert, 4.0f);
+    int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)(n * k)), *tab = xmalloc(sizeof(int32_t) * (size_t)n_expert);
+    int32_t *got = xmalloc(sizeof(int32_t) * (size_t)(n * k));
+    float *w = xmalloc(sizeof(float) * (size_t)(n * k));
+    kcpu_moe_route(lg, n, n_expert, k, 1, ids, w);
+    for (int64_t e = 0, slot = 0; e < n_expert; e++)
+        tab[e] = rng_next(r) & 1 ? (int32_t)slot++ : -1;
+    float *dl = d_upload(lg, sizeof(float) * (size_t)(n * n_expert));
+    int32_t *dt = d_upload(tab, sizeof(int32_t) * (size_t)n_expert);
+    int32_t *di = d_poison(sizeof(int32_t) * (size_t)(n * k)), *ds = d_poison(sizeof(int32_t) * (size_t)(n * k));
+    float *dw = d_poison(sizeof(float) * (size_t)(n * k));
+    int ok = kcuda_moe_route(dl, n, n_expert, k, 1, di, dw, st, &err) == 0 &&
+             kcuda_moe_remap(di, n * k, dt, n_expert, ds, st, &err) == 0 && kcuda_sync(st, &err) == 0 &&
+             d_fetch(got, ds, sizeof(int32_t) * (size_t)(n * k), &err) == 0;
+    if (!ok)
+        printf("#   %s\n", err.msg);
+    int shown = 0;
+    for (int64_t i = 0; ok && i < n * k; i++)
+        if (got[i] != tab[ids[i]]) {
+            if (shown++ < 5)
+                printf("#   slot of choice %lld (expert %d): got %d, want %d\n", (long long)i, ids[i], got[i],
+                       tab[ids[i]]);
+            ok = 0;
+        }
+    /* out-of-range ids give -1 */
+    const int32_t bad[3] = {-1, (int32_t)n_expert, 1 << 30};
+    int32_t *db = d_upload(bad, sizeof bad), bout[3] = {0, 0, 0};
+    ok &= kcuda_moe_remap(db, 3, dt, n_expert, ds, NULL, &err) == 0 && d_fetch(bout, ds, sizeof bout, &err) == 0 &&
+          bout[0] == -1 && bout[1] == -1 && bout[2] == -1;
+    ok &= kcuda_moe_remap(db, 0, dt, n_expert, ds, NULL, &err) == BL_EINVAL;
+    tap_ok(ok, "moe_remap after moe_route on a stream: %lld rows, top %d of %lld, the table's slots", (long long)n,
+           k, (long long)n_expert);
+    kcuda_free(dl);
+    kcuda_free(dt);
+    kcuda_free(di);
+    kcuda_free(ds);
+    kcuda_free(dw);
+    kcuda_free(db);
+    kcuda_stream_destroy(st);
+    free(lg);
+    free(ids);
+    free(tab);
+    free(got);
+    free(w);
+}
+
 typedef struct emat {
     uint32_t type;
     int64_t ncols, rows; /* rows = n_expert * rows per expert */
@@ -297,6 +354,10 @@ int main(void)
         tap_ok(ok, "moe_route refuses k or n_expert past its limits");
         kcuda_free(d);
     }
+
+    case_remap(&r, 1, 128, 8);
+    case_remap(&r, 64, 128, 8);
+    case_remap(&r, 512, 60, 4);
 
     /* Small experts first (odd counts, q6_K rows of 630 bytes for down), then the
      * shapes of a 30B-A3B-class layer (E 2048, F 768, top 8), with 9 experts rather
