@@ -5,7 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include "log.h"
 
 static int hexval(char c)
 {
@@ -176,8 +179,13 @@ int bl_cpu_flags_set(const bl_cpu_flags_t *f, cpu_set_t *s, bl_err_t *err)
     return 1;
 }
 
+/* llama.cpp's levels as nice values (low, normal, medium, high, realtime). */
+static const int k_nice_of[] = {5, 0, -5, -10, -20};
+
 int bl_cpu_flags_apply(const bl_cpu_flags_t *f, bl_err_t *err)
 {
+    if (f->prio >= -1 && f->prio <= 3 && f->prio != 0 && setpriority(PRIO_PROCESS, 0, k_nice_of[f->prio + 1]) != 0)
+        BL_LOG(BL_LOG_WARN, "event=prio_failed prio=%lld error=\"%s\"", (long long)f->prio, strerror(errno));
     cpu_set_t s;
     const int rc = bl_cpu_flags_set(f, &s, err);
     if (rc <= 0)
@@ -198,6 +206,9 @@ int bl_cpu_args(bl_arg_t *a, int *n, int cap, bl_cpu_flags_t *f)
         {"--cpu-strict", NULL, BL_ARG_I64, &f->strict, 0, 1, .metavar = "0|1",
          .help = "1: each compute thread pinned to one of those CPUs, in order; 0 (default): the threads "
                  "may run on any of them"},
+        {"--prio", "LLAMA_ARG_PRIO", BL_ARG_I64, &f->prio, -1, 3, .metavar = "N",
+         .help = "process priority, inherited by the server's processes: -1 low, 0 normal (default), 1 medium, "
+                 "2 high, 3 realtime (as nice 5, 0, -5, -10, -20; raising needs the privilege)"},
     };
     const int k = (int)(sizeof t / sizeof t[0]);
     if (*n + k > cap)

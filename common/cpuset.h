@@ -17,10 +17,11 @@
 typedef struct bl_cpu_flags {
     const char *mask, *range;
     int64_t strict;
+    int64_t prio; /* --prio: -1 low, 0 normal, 1 medium, 2 high, 3 realtime */
 } bl_cpu_flags_t;
 
-/* Appends -C,--cpu-mask, -Cr,--cpu-range and --cpu-strict to a[*n..cap), into f
- * (f must outlive the parse). BL_ERANGE when cap is too small. */
+/* Appends -C,--cpu-mask, -Cr,--cpu-range, --cpu-strict and --prio to a[*n..cap), into
+ * f (f must outlive the parse). BL_ERANGE when cap is too small. */
 int bl_cpu_args(bl_arg_t *a, int *n, int cap, bl_cpu_flags_t *f) BL_WUR;
 
 /* ORs the CPUs of a hex mask / of "lo-hi" into s. BL_EINVAL naming the flag for a
@@ -33,9 +34,11 @@ int bl_cpu_range_parse(cpu_set_t *s, const char *lohi, bl_err_t *err) BL_WUR;
  * this process may not run on (naming the first). */
 int bl_cpu_flags_set(const bl_cpu_flags_t *f, cpu_set_t *s, bl_err_t *err) BL_WUR;
 
-/* Applies f at start: the process's affinity to the CPUs it selects (the threads
- * and processes started later inherit it). 0 when nothing was given or it is set;
- * the errors of bl_cpu_flags_set, or BL_EIO when the system refuses. */
+/* Applies f at start: the process's affinity to the CPUs it selects and its
+ * priority (the threads and processes started later inherit both). 0 when nothing
+ * was given or it is set; the errors of bl_cpu_flags_set, or BL_EIO when the system
+ * refuses the CPUs. A priority the system refuses (raising it needs the privilege)
+ * is logged and the program goes on, as llama.cpp does. */
 int bl_cpu_flags_apply(const bl_cpu_flags_t *f, bl_err_t *err) BL_WUR;
 
 /* The default thread count, as llama.cpp's: one thread per physical core among the

@@ -84,7 +84,7 @@ typedef struct opts {
     const char *log_file;
     /* HTTP and logs */
     const char *api_prefix, *log_colors;
-    int64_t threads_http, log_verbosity, keep, prio, cache_ram, ctx_checkpoints;
+    int64_t threads_http, log_verbosity, keep, cache_ram, ctx_checkpoints;
     int list_devices, no_mmproj, no_op_offload, op_offload;
     /* llama-server flags this server knows and refuses (see unsupported[]) */
     const char *refused_value[24];
@@ -299,9 +299,6 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "the sampler chain as letters (e k y p m t i; default ekypmt)");
     I64("--keep", "LLAMA_ARG_KEEP", &o->keep, -1, INT32_MAX, "N",
         "accepted and logged: the context is never shifted, so no tokens are kept for it");
-    I64("--prio", "LLAMA_ARG_PRIO", &o->prio, -1, 3, "N",
-        "process priority of the server and its children: -1 low, 0 normal (default), 1 medium, "
-        "2 high, 3 realtime (as nice 5, 0, -5, -10, -20; raising needs the privilege)");
     FLAG("--list-devices", NULL, &o->list_devices, "print the CUDA devices and exit");
     a[n++] = (bl_arg_t){.names = "--sleep-idle-seconds", .kind = BL_ARG_FN, .fn = parse_sleep_idle,
                         .ud = &o->sleep_idle, .metavar = "SECONDS",
@@ -1177,12 +1174,6 @@ int main(int argc, char **argv)
                                      "supported (each slot keeps its own prefix); use -cram 0",
                    (long long)o.cache_ram);
         goto fail;
-    }
-    if (o.prio != 0) { /* the children started later inherit it */
-        static const int nice_of[] = {5, 0, -5, -10, -20};
-        if (setpriority(PRIO_PROCESS, 0, nice_of[o.prio + 1]) != 0)
-            BL_LOG(BL_LOG_WARN, "event=prio_failed prio=%lld error=%s", (long long)o.prio,
-                   strerror(errno));
     }
     if (o.cpu.mask || o.cpu.range || o.cpu.strict) {
         cpu_set_t cpus;

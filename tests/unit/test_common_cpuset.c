@@ -10,7 +10,9 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "cpuset.h"
@@ -160,6 +162,32 @@ static void put(const char *root, int cpu, const char *name, int v)
 /* The default thread count over a fake topology: two packages, CPUs 0 and 1 are
  * siblings of one core, 2 is a core of its own, 3 a core of the second package
  * with the same core id as CPU 0's. */
+/* --prio parses -1..3 (and LLAMA_ARG_PRIO) and -1 lowers the process to nice 5, as
+ * llama.cpp's low priority; a value out of range is refused by the parser. Run last:
+ * the process stays lowered. */
+static void test_cpu_prio(void **state)
+{
+    (void)state;
+    bl_cpu_flags_t f = {0};
+    bl_arg_t a[8];
+    int n = 0;
+    assert_int_equal(bl_cpu_args(a, &n, 8, &f), 0);
+    char p0[] = "prog", p1[] = "--prio", p2[] = "4";
+    char *bad[] = {p0, p1, p2};
+    bl_err_t err = {0};
+    assert_true(bl_args_parse(a, n, 3, bad, NULL, NULL, &err) != 0);
+    assert_non_null(strstr(err.msg, "--prio"));
+    char p3[] = "-1";
+    char *low[] = {p0, p1, p3};
+    assert_int_equal(bl_args_parse(a, n, 3, low, NULL, NULL, &err), 0);
+    assert_int_equal(f.prio, -1);
+    errno = 0;
+    const int before = getpriority(PRIO_PROCESS, 0);
+    assert_int_equal(bl_cpu_flags_apply(&f, &err), 0);
+    const int after = getpriority(PRIO_PROCESS, 0);
+    assert_true(after == 5 || before > 5); /* nice only rises without the privilege */
+}
+
 static void test_cpu_physical_cores(void **state)
 {
     (void)state;
@@ -196,6 +224,7 @@ int main(void)
         cmocka_unit_test(test_cpu_list_cut),
         cmocka_unit_test(test_cpu_flags_against_the_process),
         cmocka_unit_test(test_cpu_physical_cores),
+        cmocka_unit_test(test_cpu_prio),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
