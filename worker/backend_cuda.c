@@ -177,6 +177,8 @@ typedef struct cuda {
     int64_t n_slots_total;
     size_t slot_bytes;
     _Atomic uint64_t *sel, *hits; /* (le - lb) counted selections and card hits */
+    int32_t *h_pids;        /* (le - lb) * n_batch * n_expert_used pinned: a prompt step's ids */
+    int64_t *pcount;        /* (le - lb) rows of them to count at end, or 0 */
     _Atomic uint64_t n_moved, n_evicted;
     /* the host call's packing: the rows with a host expert, their pairs and sums */
     float *cx, *cwts, *csums;
@@ -348,6 +350,8 @@ static void cu_destroy(wk_backend_t *b)
     kcuda_stream_destroy(cu->mstream);
     free((void *)cu->sel);
     free((void *)cu->hits);
+    kcuda_host_free(cu->h_pids);
+    free(cu->pcount);
     free(cu->cx);
     free(cu->cwts);
     free(cu->csums);
@@ -744,6 +748,12 @@ static int offload_alloc(cuda_t *cu, bl_err_t *err)
     const int staged = register_spans(cu, err);
     if (staged < 0 || cu->offload_rows == 0)
         return staged < 0 ? staged : 0;
+    const int64_t nl = cu->le - cu->lb;
+    if (cu->heat && ((rc = kcuda_host_alloc((void **)&cu->h_pids, sizeof(int32_t) * (size_t)(nl * cu->o->n_batch *
+                                                                                          cu->c->n_expert_used),
+                                            err)) < 0 ||
+                     !(cu->pcount = calloc((size_t)nl, sizeof *cu->pcount))))
+        return rc < 0 ? rc : bl_err_set(err, BL_ENOMEM, "out of memory for the prompt's routing counts");
     if (staged && ((rc = kcuda_host_alloc(&cu->ostage[0], STAGE_BYTES, err)) < 0 ||
                    (rc = kcuda_host_alloc(&cu->ostage[1], STAGE_BYTES, err)) < 0 ||
                    (rc = kcuda_event_create(&cu->oev[0], err)) < 0 || (rc = kcuda_event_create(&cu->oev[1], err)) < 0))
@@ -1008,6 +1018,24 @@ static int resid_tick(cuda_t *cu, bl_err_t *err)
     return kcuda_event_record(cu->fev, cu->mstream, err);
 }
 
+/* A prompt step's choices of a host layer it computed on the card, counted at end
+ * from the copy its ids left in pinned memory (no host node: the stream need not
+ * stop for it). */
+static void count_prompt(cuda_t *cu, int64_t li, int64_t n)
+{
+    const int64_t K = cu->c->n_expert_used, NE = cu->c->n_expert;
+    const int32_t *ids = cu->h_pids + li * cu->o->n_batch * K;
+    bl_heat_add(cu->heat, cu->lb + li, ids, n * K);
+    if (!cu->rs || cu->rs[li].n == 0)
+        return;
+    const int32_t *tab = cu->h_table + li * NE;
+    uint64_t hit = 0;
+    for (int64_t s = 0; s < n * K; s++)
+        hit += ids[s] >= 0 && ids[s] < NE && tab[ids[s]] >= 0;
+    atomic_fetch_add_explicit(&cu->sel[li], (uint64_t)(n * K), memory_order_relaxed);
+    atomic_fetch_add_explicit(&cu->hits[li], hit, memory_order_relaxed);
+}
+
 static void cu_resid(const wk_backend_t *b, wk_resid_stats_t *out)
 {
     const cuda_t *cu = (const cuda_t *)b;
@@ -1140,6 +1168,8 @@ static int cu_end(wk_backend_t *b, const wk_step_t *st, int status, const float 
     cu->st = NULL;
     if (rc < 0) {
         drain(cu->stream);
+        if (cu->pcount) /* a failed step's choices are not counted */
+            memset(cu->pcount, 0, sizeof *cu->pcount * (size_t)(cu->le - cu->lb));
         return rc;
     }
 
@@ -1163,6 +1193,12 @@ static int cu_end(wk_backend_t *b, const wk_step_t *st, int status, const float 
     }
     if ((rc = kcuda_sync(cu->stream, err)) < 0)
         return rc;
+    if (cu->pcount)
+        for (int64_t li = 0; li < cu->le - cu->lb; li++)
+            if (cu->pcount[li] > 0) {
+                count_prompt(cu, li, cu->pcount[li]);
+                cu->pcount[li] = 0;
+            }
     if (cu->heat)
         bl_heat_step(cu->heat);
     /* a host call's failure shows once the stream has run it (what it left in the
@@ -1450,24 +1486,6 @@ static void host_experts(void *ctx)
     }
 }
 
-/* A host node that only counts a layer's choices (a prompt step that computed the
- * layer's host experts on the card). */
-static void host_count(void *ctx)
-{
-    const hcall_t *h = ctx;
-    cuda_t *cu = h->cu;
-    const int64_t K = cu->c->n_expert_used, NE = cu->c->n_expert, li = h->layer - cu->lb;
-    bl_heat_add(cu->heat, h->layer, cu->h_ids, h->n * K);
-    if (!cu->rs || cu->rs[li].n == 0)
-        return;
-    const int32_t *tab = cu->h_table + li * NE;
-    uint64_t hit = 0;
-    for (int64_t s = 0; s < h->n * K; s++)
-        hit += cu->h_ids[s] >= 0 && cu->h_ids[s] < NE && tab[cu->h_ids[s]] >= 0;
-    atomic_fetch_add_explicit(&cu->sel[li], (uint64_t)(h->n * K), memory_order_relaxed);
-    atomic_fetch_add_explicit(&cu->hits[li], hit, memory_order_relaxed);
-}
-
 /* A host layer's experts for a prompt step of many rows: its three tensors copied to
  * the card (straight from registered memory, else through the pinned halves, the
  * host filling one while the other's copy runs), then the prompt's grouped GEMMs as
@@ -1519,11 +1537,12 @@ static int moe_offload(cuda_t *cu, int64_t l, const wk_moe_t *e, const float *xn
         return rc;
     /* the prompt's choices count towards the heat, so the experts it uses most are
      * seated first and stay for the answer */
-    const int64_t K = e->n_used;
-    OP("ffn_host_out", kcuda_download(cu->h_ids, cu->ids, sizeof(int32_t) * (size_t)(n * K), cu->stream, err));
-    hcall_t *h = &cu->hc[l - cu->lb];
-    *h = (hcall_t){.cu = cu, .layer = l, .n = n};
-    OP("ffn_host", kcuda_host_call(cu->stream, host_count, h, err));
+    const int64_t K = e->n_used, li = l - cu->lb;
+    if (!cu->h_pids)
+        return 0;
+    OP("ffn_host_out", kcuda_download(cu->h_pids + li * cu->o->n_batch * K, cu->ids,
+                                      sizeof(int32_t) * (size_t)(n * K), cu->stream, err));
+    cu->pcount[li] = n;
     return 0;
 }
 
@@ -1684,8 +1703,10 @@ int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *
     cu->le = cfg->le;
     cu->device = cfg->o->device;
     cu->remote = cfg->remote;
-    cu->heat = cfg->remote ? cfg->heat : NULL;
-    cu->resid_wanted = cu->heat && cfg->o->residency && cfg->o->experts_vram != 0;
+    /* the host layers' routing is counted for residency only, so that without it
+     * the steps are what they were */
+    cu->resid_wanted = cfg->remote && cfg->heat && cfg->o->residency && cfg->o->experts_vram != 0;
+    cu->heat = cu->resid_wanted ? cfg->heat : NULL;
     cu->resid = cu->resid_wanted ? 0 : -1;
     const char *or_env = getenv("BLOOMERY_OP_OFFLOAD_ROWS");
     cu->offload_rows = cfg->o->no_op_offload ? 0 : or_env && *or_env ? atoll(or_env) : WK_OP_OFFLOAD_ROWS;
