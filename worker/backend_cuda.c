@@ -132,6 +132,7 @@ typedef struct cuda {
      * memory, a host node hands them to the remote hook and waits for the sums, which
      * come back and are added onto the residual */
     int remote;
+    void *sev;            /* a blocking event the step's end waits on (host layers only) */
     float *h_x, *h_wts, *h_sums, *d_sums;
     int32_t *h_ids;
     hcall_t *hc;          /* ((GRAPH_MAX_ROWS + 2) * (le - lb)): row 0 for direct steps */
@@ -346,6 +347,7 @@ static void cu_destroy(wk_backend_t *b)
     kcuda_host_free(cu->h_table);
     kcuda_free(cu->d_sid);
     kcuda_event_destroy(cu->mev);
+    kcuda_event_destroy(cu->sev);
     kcuda_event_destroy(cu->fev);
     kcuda_stream_destroy(cu->mstream);
     free((void *)cu->sel);
@@ -624,7 +626,8 @@ static int alloc_scratch(cuda_t *cu, bl_err_t *err)
         cu->hc = calloc((GRAPH_MAX_ROWS + 2) * nl, sizeof *cu->hc);
         if (!cu->hc)
             return bl_err_set(err, BL_ENOMEM, "out of memory for the host calls");
-        if ((rc = kcuda_host_alloc((void **)&cu->h_x, f * B * E, err)) < 0 ||
+        if ((rc = kcuda_event_create_blocking(&cu->sev, err)) < 0 ||
+            (rc = kcuda_host_alloc((void **)&cu->h_x, f * B * E, err)) < 0 ||
             (rc = kcuda_host_alloc((void **)&cu->h_ids, 4 * B * K, err)) < 0 ||
             (rc = kcuda_host_alloc((void **)&cu->h_wts, f * B * K, err)) < 0 ||
             (rc = kcuda_host_alloc((void **)&cu->h_sums, f * B * E, err)) < 0 ||
@@ -1191,7 +1194,12 @@ static int cu_end(wk_backend_t *b, const wk_step_t *st, int status, const float 
                                               cu->stream, err)) < 0)
             return rc;
     }
-    if ((rc = kcuda_sync(cu->stream, err)) < 0)
+    /* With host layers the step's thread sleeps until the card is done: spinning, it
+     * would take a core from the threads computing the host experts (the runtime
+     * spins by default while a process has fewer contexts than cores) */
+    if (cu->sev && (rc = kcuda_event_record(cu->sev, cu->stream, err)) == 0)
+        rc = kcuda_event_sync(cu->sev, err);
+    if (rc < 0 || (rc = kcuda_sync(cu->stream, err)) < 0)
         return rc;
     if (cu->pcount)
         for (int64_t li = 0; li < cu->le - cu->lb; li++)

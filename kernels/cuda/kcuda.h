@@ -492,6 +492,9 @@ int kcuda_copy(void *d_dst, const void *d_src, size_t nbytes, void *stream, bl_e
 /* Timing events (cudaEvent_t as void *). Recorded while stream is being captured,
  * an event becomes a node of the graph that takes its timestamp at each replay. */
 int kcuda_event_create(void **out, bl_err_t *err) BL_WUR;
+/* An event whose kcuda_event_sync sleeps until it is reached instead of spinning a
+ * core (for a host thread that waits while the host's cores compute); no timing. */
+int kcuda_event_create_blocking(void **out, bl_err_t *err) BL_WUR;
 void kcuda_event_destroy(void *ev);
 int kcuda_event_record(void *ev, void *stream, bl_err_t *err) BL_WUR;
 int kcuda_event_sync(void *ev, bl_err_t *err) BL_WUR;

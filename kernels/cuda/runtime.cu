@@ -57,6 +57,15 @@ int kcuda_event_create(void **out, bl_err_t *err)
     return 0;
 }
 
+int kcuda_event_create_blocking(void **out, bl_err_t *err)
+{
+    cudaEvent_t ev = NULL;
+    *out = NULL;
+    KCUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventBlockingSync | cudaEventDisableTiming), err);
+    *out = ev;
+    return 0;
+}
+
 void kcuda_event_destroy(void *ev)
 {
     if (ev)
