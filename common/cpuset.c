@@ -4,8 +4,10 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <linux/mempolicy.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -179,6 +181,125 @@ int bl_cpu_flags_set(const bl_cpu_flags_t *f, cpu_set_t *s, bl_err_t *err)
     return 1;
 }
 
+/* A sysfs cpulist ("0-3,8,10-11\n") into s; -1 when it does not parse. */
+static int cpulist_parse(const char *text, cpu_set_t *s)
+{
+    const char *p = text;
+    CPU_ZERO(s);
+    while (*p && *p != '\n') {
+        long lo, hi;
+        if (read_cpu(&p, &lo) < 0)
+            return -1;
+        hi = lo;
+        if (*p == '-' && (p++, read_cpu(&p, &hi) < 0))
+            return -1;
+        if (hi < lo || hi >= CPU_SETSIZE)
+            return -1;
+        for (long c = lo; c <= hi; c++)
+            CPU_SET((size_t)c, s);
+        if (*p == ',')
+            p++;
+        else if (*p && *p != '\n')
+            return -1;
+    }
+    return 0;
+}
+
+int bl_numa_nodes(const char *root, cpu_set_t *nodes, int cap)
+{
+    int n = 0;
+    for (int i = 0; i < cap && i < BL_NUMA_MAX_NODES; i++) {
+        CPU_ZERO(&nodes[i]);
+        char path[512], text[4096];
+        snprintf(path, sizeof path, "%s/node%d/cpulist", root, i);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        const size_t len = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[len] = 0;
+        if (cpulist_parse(text, &nodes[i]) == 0)
+            n = i + 1;
+        else
+            CPU_ZERO(&nodes[i]);
+    }
+    return n;
+}
+
+int bl_numa_decide(int mode, const cpu_set_t *nodes, int n, const cpu_set_t *allowed, int cur, cpu_set_t *cpus,
+                   uint64_t *mem)
+{
+    *cpus = *allowed;
+    *mem = 0;
+    if (mode == BL_NUMA_NONE || mode == BL_NUMA_NUMACTL || n <= 0)
+        return -1;
+    if (mode == BL_NUMA_DISTRIBUTE) {
+        for (int i = 0; i < n && i < 64; i++) {
+            cpu_set_t both;
+            CPU_AND(&both, &nodes[i], allowed);
+            if (CPU_COUNT(&both) > 0)
+                *mem |= (uint64_t)1 << i;
+        }
+        return *mem ? MPOL_INTERLEAVE : -1;
+    }
+    /* isolate: the node of the CPU it runs on if it may run there, else the first
+     * node with a CPU it may run on */
+    int node = -1;
+    for (int pass = 0; pass < 2 && node < 0; pass++)
+        for (int i = 0; i < n && i < 64 && node < 0; i++) {
+            cpu_set_t both;
+            CPU_AND(&both, &nodes[i], allowed);
+            if (CPU_COUNT(&both) > 0 && (pass == 1 || (cur >= 0 && cur < CPU_SETSIZE && CPU_ISSET(cur, &both))))
+                node = i;
+        }
+    if (node < 0)
+        return -1;
+    CPU_AND(cpus, &nodes[node], allowed);
+    *mem = (uint64_t)1 << node;
+    return MPOL_PREFERRED;
+}
+
+static const char *const k_numa_names[] = {"none", "distribute", "isolate", "numactl"};
+
+static int parse_numa(void *ud, const char *value, bl_err_t *err)
+{
+    for (int i = BL_NUMA_DISTRIBUTE; i <= BL_NUMA_NUMACTL; i++)
+        if (strcmp(value, k_numa_names[i]) == 0) {
+            *(int *)ud = i;
+            return 0;
+        }
+    return bl_err_set(err, BL_EINVAL, "'%.32s' is not distribute, isolate or numactl", value);
+}
+
+/* --numa at start, after the CPU mask: the CPUs and the memory policy. */
+static int numa_apply(int mode, bl_err_t *err)
+{
+    if (mode == BL_NUMA_NONE)
+        return 0;
+    static cpu_set_t nodes[BL_NUMA_MAX_NODES];
+    const int n = bl_numa_nodes("/sys/devices/system/node", nodes, BL_NUMA_MAX_NODES);
+    cpu_set_t allowed, cpus;
+    CPU_ZERO(&allowed);
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0)
+        return bl_err_set(err, BL_EIO, "--numa: the CPUs this process may run on: %s", strerror(errno));
+    uint64_t mem = 0;
+    const int policy = bl_numa_decide(mode, nodes, n, &allowed, sched_getcpu(), &cpus, &mem);
+    if (!CPU_EQUAL(&cpus, &allowed) && sched_setaffinity(0, sizeof cpus, &cpus) != 0)
+        return bl_err_set(err, BL_EIO, "--numa %s: setting the process's CPUs: %s", k_numa_names[mode],
+                          strerror(errno));
+    char list[256];
+    bl_cpu_list(&cpus, list, sizeof list);
+    if (policy >= 0) {
+        unsigned long mask = (unsigned long)mem;
+        if (syscall(SYS_set_mempolicy, policy, &mask, (unsigned long)(8 * sizeof mask)) != 0)
+            BL_LOG(BL_LOG_WARN, "event=numa_mempolicy_refused mode=%s error=\"%s\"", k_numa_names[mode],
+                   strerror(errno));
+    }
+    BL_LOG(BL_LOG_INFO, "event=numa mode=%s nodes=%d cpus=%s memory_nodes=0x%llx", k_numa_names[mode], n, list,
+           (unsigned long long)mem);
+    return 0;
+}
+
 /* llama.cpp's levels as nice values (low, normal, medium, high, realtime). */
 static const int k_nice_of[] = {5, 0, -5, -10, -20};
 
@@ -188,11 +309,11 @@ int bl_cpu_flags_apply(const bl_cpu_flags_t *f, bl_err_t *err)
         BL_LOG(BL_LOG_WARN, "event=prio_failed prio=%lld error=\"%s\"", (long long)f->prio, strerror(errno));
     cpu_set_t s;
     const int rc = bl_cpu_flags_set(f, &s, err);
-    if (rc <= 0)
+    if (rc < 0)
         return rc;
-    if (sched_setaffinity(0, sizeof s, &s) != 0)
+    if (rc > 0 && sched_setaffinity(0, sizeof s, &s) != 0)
         return bl_err_set(err, BL_EIO, "--cpu-mask: setting the process's CPUs: %s", strerror(errno));
-    return 0;
+    return numa_apply(f->numa, err);
 }
 
 int bl_cpu_args(bl_arg_t *a, int *n, int cap, bl_cpu_flags_t *f)
@@ -206,6 +327,11 @@ int bl_cpu_args(bl_arg_t *a, int *n, int cap, bl_cpu_flags_t *f)
         {"--cpu-strict", NULL, BL_ARG_I64, &f->strict, 0, 1, .metavar = "0|1",
          .help = "1: each compute thread pinned to one of those CPUs, in order; 0 (default): the threads "
                  "may run on any of them"},
+        {"--numa", "LLAMA_ARG_NUMA", BL_ARG_FN, NULL, .fn = parse_numa, .ud = &f->numa,
+         .metavar = "distribute|isolate|numactl",
+         .help = "NUMA: distribute: memory interleaved over the nodes of the CPUs in use; isolate: the CPUs of "
+                 "the node the program started on, memory preferred there; numactl: the CPUs and memory policy "
+                 "numactl gave (default: none of these)"},
         {"--prio", "LLAMA_ARG_PRIO", BL_ARG_I64, &f->prio, -1, 3, .metavar = "N",
          .help = "process priority, inherited by the server's processes: -1 low, 0 normal (default), 1 medium, "
                  "2 high, 3 realtime (as nice 5, 0, -5, -10, -20; raising needs the privilege)"},

@@ -18,10 +18,31 @@ typedef struct bl_cpu_flags {
     const char *mask, *range;
     int64_t strict;
     int64_t prio; /* --prio: -1 low, 0 normal, 1 medium, 2 high, 3 realtime */
+    int numa;     /* --numa: BL_NUMA_* */
 } bl_cpu_flags_t;
 
-/* Appends -C,--cpu-mask, -Cr,--cpu-range, --cpu-strict and --prio to a[*n..cap), into
- * f (f must outlive the parse). BL_ERANGE when cap is too small. */
+/* --numa, as llama.cpp's: none (not given); distribute: memory pages interleaved over
+ * the NUMA nodes of the process's CPUs (threads on all of them); isolate: the process
+ * (and the processes it starts) on the CPUs of the node it started on, its memory
+ * preferred there; numactl: the CPUs and memory policy numactl (or any launcher)
+ * gave, unchanged. */
+enum { BL_NUMA_NONE, BL_NUMA_DISTRIBUTE, BL_NUMA_ISOLATE, BL_NUMA_NUMACTL };
+#define BL_NUMA_MAX_NODES 64
+
+/* The CPUs of each NUMA node from ROOT/nodeN/cpulist (ROOT: /sys/devices/system/node,
+ * or another for tests) into nodes[0..cap); returns one more than the highest node
+ * found (0: no topology, as on a kernel without NUMA), a missing node's set empty. */
+int bl_numa_nodes(const char *root, cpu_set_t *nodes, int cap);
+
+/* What --numa mode does to a process that may run on allowed and runs on CPU cur,
+ * for nodes (n of them): *cpus the CPUs it keeps, *mem the nodes (a bit each) its
+ * memory policy names. Returns the mempolicy mode for set_mempolicy (MPOL_*), or -1
+ * for none (numactl, or no topology). */
+int bl_numa_decide(int mode, const cpu_set_t *nodes, int n, const cpu_set_t *allowed, int cur, cpu_set_t *cpus,
+                   uint64_t *mem);
+
+/* Appends -C,--cpu-mask, -Cr,--cpu-range, --cpu-strict, --prio and --numa to
+ * a[*n..cap), into f (f must outlive the parse). BL_ERANGE when cap is too small. */
 int bl_cpu_args(bl_arg_t *a, int *n, int cap, bl_cpu_flags_t *f) BL_WUR;
 
 /* ORs the CPUs of a hex mask / of "lo-hi" into s. BL_EINVAL naming the flag for a
@@ -34,8 +55,9 @@ int bl_cpu_range_parse(cpu_set_t *s, const char *lohi, bl_err_t *err) BL_WUR;
  * this process may not run on (naming the first). */
 int bl_cpu_flags_set(const bl_cpu_flags_t *f, cpu_set_t *s, bl_err_t *err) BL_WUR;
 
-/* Applies f at start: the process's affinity to the CPUs it selects and its
- * priority (the threads and processes started later inherit both). 0 when nothing
+/* Applies f at start: the process's affinity to the CPUs it selects, its priority
+ * and --numa's CPUs and memory policy (the threads and processes started later
+ * inherit all of them). A memory policy the system refuses is logged. 0 when nothing
  * was given or it is set; the errors of bl_cpu_flags_set, or BL_EIO when the system
  * refuses the CPUs. A priority the system refuses (raising it needs the privilege)
  * is logged and the program goes on, as llama.cpp does. */

@@ -133,7 +133,6 @@ static const struct {
     {"-md,--model-draft", "FNAME", "refused: speculative decoding with a draft model is not supported"},
     {"--embedding,--embeddings", NULL, "refused: embeddings are not served (the routes answer 501)"},
     {"--reranking,--rerank", NULL, "refused: reranking is not served (the routes answer 501)"},
-    {"--numa", "TYPE", "refused: NUMA placement is not supported"},
     {"-kvu,--kv-unified", NULL, "refused: each slot owns ctx-size / np positions; one cache shared "
                                 "by all slots is not supported"},
     {"--slot-save-path", "PATH", "refused: saving and restoring slots is not supported"},

@@ -216,7 +216,7 @@ def test_gpu_layers_without_a_gpu_warn_and_use_the_cpu(servers, value):
     (["-md", "draft.gguf"], ["--model-draft: speculative"]),
     (["--embeddings"], ["--embeddings: embeddings"]),
     (["--rerank"], ["--rerank: reranking"]),
-    (["--numa", "distribute"], ["--numa"]),
+    (["--numa", "spread"], ["--numa"]),
     (["-kvu"], ["--kv-unified"]),
     (["--slot-save-path", "/tmp"], ["--slot-save-path"]),
     (["--props"], ["--props"]),
@@ -564,6 +564,19 @@ def test_cpu_mask_and_strict_reach_every_process(servers):
     assert len(procs) >= 2, procs
     for pid in procs:
         assert os.sched_getaffinity(pid) == {first}, (pid, os.sched_getaffinity(pid))
+
+
+@pytest.mark.parametrize("mode", ["distribute", "isolate", "numactl"])
+def test_numa_modes_start_and_serve(servers, mode):
+    """--numa takes llama.cpp's three modes: the server logs what it chose (on this
+    one-node machine every CPU stays), the processes it starts inherit the CPUs, and
+    it serves."""
+    allowed = os.sched_getaffinity(0)
+    srv = servers.start(FAST + ["--numa", mode])
+    assert post(srv.url, "/completion", {"prompt": "Hi", "n_predict": 2}).status_code == 200
+    assert "event=numa mode=%s" % mode in srv.log()
+    for pid in [srv.pid] + [p for p, _, _ in serverctl.descendants(srv.pid)]:
+        assert os.sched_getaffinity(pid) <= allowed, pid
 
 
 @pytest.mark.parametrize("args,env,says", [

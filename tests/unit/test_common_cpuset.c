@@ -11,9 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <errno.h>
+#include <linux/mempolicy.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cpuset.h"
 
@@ -162,6 +164,81 @@ static void put(const char *root, int cpu, const char *name, int v)
 /* The default thread count over a fake topology: two packages, CPUs 0 and 1 are
  * siblings of one core, 2 is a core of its own, 3 a core of the second package
  * with the same core id as CPU 0's. */
+/* A fake two-node machine: node0/cpulist 0-3, node1/cpulist 4-7 (a node2 with a
+ * broken list is left out); isolate keeps the node of the CPU it runs on and prefers
+ * its memory, distribute interleaves over the nodes of the allowed CPUs, numactl
+ * changes nothing; bad lists and a machine without topology are handled. */
+static void test_numa_fake_topology(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/bl-numa-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    const char *lists[3] = {"0-3\n", "4-5,6,7\n", "0-x\n"};
+    char path[256];
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/node%d", root, i);
+        assert_int_equal(mkdir(path, 0700), 0);
+        snprintf(path, sizeof path, "%s/node%d/cpulist", root, i);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(lists[i], f);
+        fclose(f);
+    }
+    cpu_set_t nodes[BL_NUMA_MAX_NODES];
+    const int n = bl_numa_nodes(root, nodes, BL_NUMA_MAX_NODES);
+    assert_int_equal(n, 2);
+    assert_int_equal(CPU_COUNT(&nodes[0]), 4);
+    assert_int_equal(CPU_COUNT(&nodes[1]), 4);
+    assert_true(CPU_ISSET(6, &nodes[1]) && !CPU_ISSET(3, &nodes[1]));
+    cpu_set_t all, cpus;
+    CPU_ZERO(&all);
+    for (int c = 0; c < 8; c++)
+        CPU_SET(c, &all);
+    uint64_t mem = 0;
+    assert_int_equal(bl_numa_decide(BL_NUMA_ISOLATE, nodes, n, &all, 5, &cpus, &mem), MPOL_PREFERRED);
+    assert_int_equal(CPU_COUNT(&cpus), 4);
+    assert_true(CPU_ISSET(4, &cpus) && CPU_ISSET(7, &cpus) && !CPU_ISSET(0, &cpus));
+    assert_int_equal(mem, 2);
+    assert_int_equal(bl_numa_decide(BL_NUMA_DISTRIBUTE, nodes, n, &all, 5, &cpus, &mem), MPOL_INTERLEAVE);
+    assert_true(CPU_EQUAL(&cpus, &all));
+    assert_int_equal(mem, 3);
+    /* only node 0's CPUs allowed: distribute names node 0 alone; isolate from a CPU
+     * outside the allowed set still picks an allowed node */
+    cpu_set_t low;
+    CPU_ZERO(&low);
+    CPU_SET(1, &low);
+    CPU_SET(2, &low);
+    assert_int_equal(bl_numa_decide(BL_NUMA_DISTRIBUTE, nodes, n, &low, 1, &cpus, &mem), MPOL_INTERLEAVE);
+    assert_int_equal(mem, 1);
+    assert_int_equal(bl_numa_decide(BL_NUMA_ISOLATE, nodes, n, &low, 6, &cpus, &mem), MPOL_PREFERRED);
+    assert_true(CPU_EQUAL(&cpus, &low));
+    assert_int_equal(mem, 1);
+    assert_int_equal(bl_numa_decide(BL_NUMA_NUMACTL, nodes, n, &all, 5, &cpus, &mem), -1);
+    assert_true(CPU_EQUAL(&cpus, &all));
+    assert_int_equal(bl_numa_decide(BL_NUMA_ISOLATE, nodes, 0, &all, 5, &cpus, &mem), -1);
+    snprintf(path, sizeof path, "%s/none", root);
+    assert_int_equal(bl_numa_nodes(path, nodes, BL_NUMA_MAX_NODES), 0);
+    /* the flag's parser */
+    bl_cpu_flags_t f = {0};
+    bl_arg_t a[8];
+    int na = 0;
+    assert_int_equal(bl_cpu_args(a, &na, 8, &f), 0);
+    char p0[] = "prog", p1[] = "--numa", p2[] = "isolate", p3[] = "spread";
+    char *ok[] = {p0, p1, p2}, *bad[] = {p0, p1, p3};
+    bl_err_t err = {0};
+    assert_int_equal(bl_args_parse(a, na, 3, ok, NULL, NULL, &err), 0);
+    assert_int_equal(f.numa, BL_NUMA_ISOLATE);
+    assert_true(bl_args_parse(a, na, 3, bad, NULL, NULL, &err) != 0);
+    assert_non_null(strstr(err.msg, "--numa"));
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/node%d/cpulist", root, i);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/node%d", root, i);
+        rmdir(path);
+    }
+    rmdir(root);
+}
+
 /* --prio parses -1..3 (and LLAMA_ARG_PRIO) and -1 lowers the process to nice 5, as
  * llama.cpp's low priority; a value out of range is refused by the parser. Run last:
  * the process stays lowered. */
@@ -224,6 +301,7 @@ int main(void)
         cmocka_unit_test(test_cpu_list_cut),
         cmocka_unit_test(test_cpu_flags_against_the_process),
         cmocka_unit_test(test_cpu_physical_cores),
+        cmocka_unit_test(test_numa_fake_topology),
         cmocka_unit_test(test_cpu_prio),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
