@@ -829,6 +829,13 @@ static void expert_bytes(const cuda_t *cu, const struct hostx *x, size_t eb[3])
         eb[i] = x->h[i].row_bytes * (size_t)(x->h[i].nrows / cu->c->n_expert);
 }
 
+/* A host layer whose three tensors the card reads straight from host memory, the
+ * only kind residency copies from. */
+static int slot_layer(const struct hostx *x)
+{
+    return x->h[0].data && x->reg[0] && x->reg[1] && x->reg[2];
+}
+
 static size_t pool_bytes(const size_t eb[3], int64_t n)
 {
     size_t off = 0;
@@ -869,7 +876,7 @@ static int resid_setup(cuda_t *cu, bl_err_t *err)
     int64_t layers = 0;
     for (int64_t l = 0; cu->hx && l < nl; l++) {
         const struct hostx *x = &cu->hx[l];
-        if (!x->h[0].data || !x->reg[0] || !x->reg[1] || !x->reg[2])
+        if (!slot_layer(x))
             continue;
         size_t eb[3];
         expert_bytes(cu, x, eb);
@@ -916,7 +923,7 @@ static int resid_setup(cuda_t *cu, bl_err_t *err)
     for (int64_t l = 0; l < nl; l++) {
         const struct hostx *x = &cu->hx[l];
         struct rslots *r = &cu->rs[l];
-        if (!x->h[0].data || !x->reg[0] || !x->reg[1] || !x->reg[2])
+        if (!slot_layer(x))
             continue;
         expert_bytes(cu, x, r->eb);
         if ((rc = dalloc(&r->d, pool_bytes(r->eb, n) + 256, err)) < 0)

@@ -13,62 +13,25 @@
 
 #include "heat.h"
 #include "test_seed.h"
+#include "test_trace.h"
 
 enum { NE = 16, K = 2 };
-
-/* k distinct experts drawn from weights p (sum 1). */
-static void draw(rng_t *r, const double *p, int32_t *ids)
-{
-    for (int j = 0; j < K; j++) {
-        for (;;) {
-            double u = (double)(rng_next(r) >> 11) * 0x1.0p-53, acc = 0;
-            int e = 0;
-            for (; e < NE - 1; e++) {
-                acc += p[e];
-                if (u < acc)
-                    break;
-            }
-            int dup = 0;
-            for (int i = 0; i < j; i++)
-                dup |= ids[i] == e;
-            if (!dup) {
-                ids[j] = e;
-                break;
-            }
-        }
-    }
-}
-
-static void zipf(double s, const int *order, double *p)
-{
-    double z = 0;
-    for (int i = 0; i < NE; i++)
-        z += pow(i + 1, -s);
-    for (int i = 0; i < NE; i++)
-        p[order[i]] = pow(i + 1, -s) / z;
-}
 
 static void test_heat_ranks_a_zipf_trace(void **state)
 {
     (void)state;
     rng_t r = rng_for(3);
     int order[NE]; /* a shuffled rank -> expert map */
-    for (int i = 0; i < NE; i++)
-        order[i] = i;
-    for (int i = NE - 1; i > 0; i--) {
-        const int j = (int)(rng_next(&r) % (uint64_t)(i + 1)), t = order[i];
-        order[i] = order[j];
-        order[j] = t;
-    }
+    trace_shuffle(&r, order, NE);
     double p[NE];
-    zipf(1.2, order, p);
+    trace_zipf(1.2, order, NE, p);
     bl_heat_t *h;
     bl_err_t err = {0};
     assert_int_equal(bl_heat_create(&h, 2, NE, 1e9, &err), 0);
     const int steps = 40000;
     for (int s = 0; s < steps; s++) {
         int32_t ids[K];
-        draw(&r, p, ids);
+        trace_draw(&r, p, NE, K, ids);
         bl_heat_add(h, 1, ids, K);
         bl_heat_step(h);
     }
@@ -96,7 +59,7 @@ static void run_hot(bl_heat_t *h, rng_t *r, int first, int steps)
         p[e] = e >= first && e < first + 4 ? 0.2 : 0.2 / 12.0;
     for (int s = 0; s < steps; s++) {
         int32_t ids[K];
-        draw(r, p, ids);
+        trace_draw(r, p, NE, K, ids);
         bl_heat_add(h, 0, ids, K);
         bl_heat_step(h);
     }

@@ -18,48 +18,15 @@
 #include "heat.h"
 #include "resid.h"
 #include "test_seed.h"
+#include "test_trace.h"
 
 enum { NE = 16, K = 2, NL = 3 };
 
-/* k distinct experts drawn from weights p (sum 1). */
-static void draw(rng_t *r, const double *p, int32_t *ids)
-{
-    for (int j = 0; j < K; j++) {
-        for (;;) {
-            const double u = (double)(rng_next(r) >> 11) * 0x1.0p-53;
-            double acc = 0;
-            int e = 0;
-            for (; e < NE - 1; e++) {
-                acc += p[e];
-                if (u < acc)
-                    break;
-            }
-            int dup = 0;
-            for (int i = 0; i < j; i++)
-                dup |= ids[i] == e;
-            if (!dup) {
-                ids[j] = e;
-                break;
-            }
-        }
-    }
-}
-
-/* p[order[i]] = Zipf weight of rank i. */
+/* p[order[i]] = Zipf weight of rank i, over a random ranking. */
 static void zipf(rng_t *r, double s, int *order, double *p)
 {
-    for (int i = 0; i < NE; i++)
-        order[i] = i;
-    for (int i = NE - 1; i > 0; i--) {
-        const int j = (int)(rng_next(r) % (uint64_t)(i + 1)), t = order[i];
-        order[i] = order[j];
-        order[j] = t;
-    }
-    double z = 0;
-    for (int i = 0; i < NE; i++)
-        z += pow(i + 1, -s);
-    for (int i = 0; i < NE; i++)
-        p[order[i]] = pow(i + 1, -s) / z;
+    trace_shuffle(r, order, NE);
+    trace_zipf(s, order, NE, p);
 }
 
 /* A step of the trace on every layer: the selections are counted as served by a slot
@@ -73,7 +40,7 @@ static int64_t run(bl_resid_t *res, bl_heat_t *h, rng_t *r, double p[NL][NE], in
     for (int s = 0; s < steps; s++) {
         for (int l = 0; l < NL; l++) {
             int32_t ids[K];
-            draw(r, p[l], ids);
+            trace_draw(r, p[l], NE, K, ids);
             for (int j = 0; j < K; j++) {
                 *hits += bl_resid_slot(res, l, ids[j]) >= 0;
                 (*sel)++;
