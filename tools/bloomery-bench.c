@@ -3,7 +3,9 @@
  * followed by the decode roofline: the bytes a decode token reads over the memory
  * read bandwidth this machine shows with the same threads, or, on a CUDA device
  * (-ngl, -dev), over the card's device-to-device copy bandwidth. --profile adds a
- * per-op time breakdown of a decode step on the card (CUDA events per launch).
+ * per-op time breakdown of a decode step: on the card from CUDA events per launch,
+ * on the CPU from the clock around each op, with the weight bytes each op read and
+ * the rate that makes.
  *
  * A pp test evaluates N random tokens in batches of -b rows; a tg test decodes N
  * tokens one at a time. Both start from an empty cache, or with -d D from D random
@@ -275,18 +277,17 @@ static int run_test(wk_model_t *m, wk_kv_t *kv, int is_pp, int64_t n, int64_t de
     return 0;
 }
 
-/* The per-op breakdown of a decode step on the card: 32 steps after a 512-token
- * prompt, each step captured with an event node after every launch and replayed
- * (timestamps from the card, no host gaps), printed per step, largest first. */
-static int profile_decode(wk_model_t *m, wk_kv_t *kv, float *logits, int32_t *tokens, int64_t max_n,
-                          bl_err_t *err)
+/* The per-op breakdown of a decode step: 32 steps after a 512-token prompt, printed
+ * per step, largest first. On a card each step is captured with an event node after
+ * every launch and replayed (timestamps from the card, no host gaps); on the CPU
+ * each op is timed on the clock, and the weights it read give its rate. */
+static int profile_decode(wk_model_t *m, wk_kv_t *kv, float *logits, int cpu, bl_err_t *err)
 {
     const wk_config_t *cfg = wk_model_config(m);
     const int64_t ctx = 512, steps = 32;
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)(ctx + steps));
     if (!tok)
         return bl_err_set(err, BL_ENOMEM, "out of memory");
-    (void)tokens, (void)max_n;
     for (int64_t i = 0; i < ctx + steps; i++)
         tok[i] = (int32_t)(rand() % cfg->n_vocab);
     int rc = wk_model_eval(m, kv, tok, ctx, 0, 1, logits, err);
@@ -310,16 +311,35 @@ static int profile_decode(wk_model_t *m, wk_kv_t *kv, float *logits, int32_t *to
                 ops[i] = ops[j];
                 ops[j] = t;
             }
-    double total = 0;
-    for (int i = 0; i < n; i++)
+    double total = 0, bytes = 0;
+    for (int i = 0; i < n; i++) {
         total += ops[i].us;
-    printf("\ndecode step breakdown (context %lld, %lld steps, a graph with an event node after each launch):\n\n",
-           (long long)ctx, (long long)steps);
-    printf("| op | launches/step | us/step | share |\n| --- | ---: | ---: | ---: |\n");
-    for (int i = 0; i < n; i++)
-        printf("| %s | %.0f | %.1f | %.1f%% |\n", ops[i].op, (double)ops[i].calls / (double)steps,
+        bytes += ops[i].bytes;
+    }
+    if (cpu) {
+        printf("\ndecode step breakdown (context %lld, %lld steps, the clock around each op):\n\n", (long long)ctx,
+               (long long)steps);
+        printf("| op | calls/step | us/step | share | weight MB/step | GB/s |\n| --- | ---: | ---: | ---: | ---: | ---: |\n");
+    } else {
+        printf("\ndecode step breakdown (context %lld, %lld steps, a graph with an event node after each launch):\n\n",
+               (long long)ctx, (long long)steps);
+        printf("| op | launches/step | us/step | share |\n| --- | ---: | ---: | ---: |\n");
+    }
+    for (int i = 0; i < n; i++) {
+        printf("| %s | %.0f | %.1f | %.1f%% |", ops[i].op, (double)ops[i].calls / (double)steps,
                ops[i].us / (double)steps, 100.0 * ops[i].us / total);
-    printf("| all | | %.1f | |\n\n(wall %.1f us per profiled step, capture included)\n", total / (double)steps, wall_us);
+        if (cpu && ops[i].bytes > 0)
+            printf(" %.1f | %.1f |", ops[i].bytes / (double)steps / 1e6, ops[i].bytes / (ops[i].us * 1e3));
+        else if (cpu)
+            printf(" | |");
+        printf("\n");
+    }
+    if (cpu)
+        printf("| all | | %.1f | | %.1f | %.1f |\n\n(wall %.1f us per profiled step)\n", total / (double)steps,
+               bytes / (double)steps / 1e6, total > 0 ? bytes / (total * 1e3) : 0.0, wall_us);
+    else
+        printf("| all | | %.1f | |\n\n(wall %.1f us per profiled step, capture included)\n", total / (double)steps,
+               wall_us);
     return 0;
 }
 
@@ -347,7 +367,7 @@ int main(int argc, char **argv)
         {"--precise", NULL, BL_ARG_FLAG, &b.precise, .help = "f32 activations (the checking mode)"},
         {"--no-roofline", NULL, BL_ARG_FLAG, &b.no_roofline, .help = "skip the bandwidth measurement"},
         {"-fa,--flash-attn", NULL, BL_ARG_FN, NULL, .fn = bl_arg_flash_attn, .ud = &b.flash_attn, .metavar = "on|off|auto|1|0", .help = "on a GPU: prompt attention as one flash kernel (on), as score/softmax/value pieces (off), flash where the head size has it (auto, default); the CPU computes the same either way"},
-        {"--profile", NULL, BL_ARG_FLAG, &b.profile, .help = "on a GPU: time each launch of 32 decode steps and print the breakdown of one step"},
+        {"--profile", NULL, BL_ARG_FLAG, &b.profile, .help = "time each op of 32 decode steps and print the breakdown of one step (on the CPU with the weight bytes and rate of each op)"},
     };
     int n_args = 0;
     while (args[n_args].names)
@@ -502,7 +522,7 @@ int main(int argc, char **argv)
             wk_model_device_bandwidth(m, (size_t)1 << 30, &dev_bw, &err) != 0)
             fprintf(stderr, "bloomery-bench: device bandwidth: %s\n", err.msg);
         snprintf(dev_name, sizeof dev_name, "%s", wk_model_kernels(m));
-        if (device >= 0 && b.profile && profile_decode(m, kv, logits, tokens, max_n, &err) != 0)
+        if (b.profile && profile_decode(m, kv, logits, device < 0, &err) != 0)
             fprintf(stderr, "bloomery-bench: profile: %s\n", err.msg);
         wk_kv_free(kv);
         wk_placed_free(&pl);

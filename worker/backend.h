@@ -163,6 +163,8 @@ int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *e
  * pairs, packed row after row in ids and wts (counts NULL: n_used each) */
 void wk__cpu_experts(wk_backend_t *b, const wk_moe_t *e, const float *xn, int64_t n, const int32_t *counts,
                      const int32_t *ids, const float *wts, float *out);
+/* The CPU backend's op times (wk_model_profile). */
+int wk__cpu_profile(wk_backend_t *b, wk_prof_op_t *out, int cap, int reset);
 /* The CUDA backend on cfg->o->device; BL_ENOTSUP in a build without CUDA. */
 int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *err) BL_WUR;
 int wk__cuda_profile(wk_backend_t *b, wk_prof_op_t *out, int cap, int reset);

@@ -5,12 +5,16 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend.h"
 #include "blocks.h"
 #include "kcpu.h"
 #include "model.h"
 #include "quant.h"
+
+/* Distinct op names a profile keeps. */
+#define PROF_OPS 32
 
 typedef struct cpu {
     wk_backend_t b;
@@ -33,7 +37,58 @@ typedef struct cpu {
     float *u;     // (n_batch, n_ff) dense up
     kcpu_experts_scratch_t *xs; /* the routed experts' scratch (qwen3moe) */
     bl_heat_t *heat;            /* the model's routing counts, or NULL */
+    uint8_t *used;              // (n_expert) a step's distinct experts, for the profile
+    /* opts.profile: each op's calls, time and weight bytes, in first-call order */
+    wk_prof_op_t prof[PROF_OPS];
+    int n_prof;
 } cpu_t;
+
+/* The profile's clock: 0 when the model does not profile, so that an unprofiled
+ * step reads no clock. */
+static uint64_t prof_start(const cpu_t *p)
+{
+    if (!p->o->profile)
+        return 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Adds a call of op (a static name) that began at t0 and read bytes of weights;
+ * ops past PROF_OPS distinct names go to the last entry's name "other". */
+static void prof_end(cpu_t *p, const char *op, uint64_t t0, double bytes)
+{
+    if (!t0)
+        return;
+    const double us = (double)(prof_start(p) - t0) / 1e3;
+    int i = 0;
+    while (i < p->n_prof && p->prof[i].op != op && strcmp(p->prof[i].op, op) != 0)
+        i++;
+    if (i == p->n_prof) {
+        if (p->n_prof == PROF_OPS - 1)
+            op = "other";
+        if (p->n_prof < PROF_OPS)
+            p->prof[p->n_prof++] = (wk_prof_op_t){.op = op};
+        else
+            i = PROF_OPS - 1;
+    }
+    p->prof[i].calls++;
+    p->prof[i].us += us;
+    p->prof[i].bytes += bytes;
+}
+
+static double mat_bytes(const kcpu_mat_t *m) { return (double)m->nrows * (double)m->row_bytes; }
+
+int wk__cpu_profile(wk_backend_t *b, wk_prof_op_t *out, int cap, int reset)
+{
+    cpu_t *p = (cpu_t *)b;
+    for (int i = 0; i < p->n_prof && i < cap; i++)
+        out[i] = p->prof[i];
+    const int n = p->n_prof;
+    if (reset)
+        p->n_prof = 0;
+    return n;
+}
 
 static const char *cpu_name(const wk_backend_t *b)
 {
@@ -49,7 +104,7 @@ static void cpu_destroy(wk_backend_t *b)
         free(p->allocs[i]);
     free(p->allocs);
     kcpu_experts_scratch_destroy(p->xs);
-    void *bufs[] = {p->o_, p->rope, p->pos, p->rl, p->ids, p->wts, p->xg, p->g, p->u};
+    void *bufs[] = {p->o_, p->rope, p->pos, p->rl, p->ids, p->wts, p->xg, p->g, p->u, p->used};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(p);
@@ -173,6 +228,7 @@ static int cpu_embed(wk_backend_t *b, const wk_tensor_t *table, float *x, bl_err
     cpu_t *p = (cpu_t *)b;
     const wk_step_t *st = p->st;
     const int64_t E = p->c->n_embd;
+    const uint64_t t0 = prof_start(p);
     for (int64_t j = 0; j < st->nseg; j++)
         for (int64_t i = 0; i < st->seg[j].n; i++) {
             const int64_t r = st->seg[j].row0 + i;
@@ -181,14 +237,18 @@ static int cpu_embed(wk_backend_t *b, const wk_tensor_t *table, float *x, bl_err
             if (bl_dequantize_row_ref(table->h.type, row, x + r * E, E) != 0)
                 memset(x + r * E, 0, sizeof(float) * (size_t)E);
         }
+    prof_end(p, "embed", t0, (double)st->n * (double)table->h.row_bytes);
     return 0;
 }
 
 static int cpu_rms_norm(wk_backend_t *b, const char *op, float *y, const float *x, const float *g, int64_t n,
                         int64_t d, float eps, bl_err_t *err)
 {
-    (void)b, (void)op, (void)err;
+    (void)err;
+    cpu_t *p = (cpu_t *)b;
+    const uint64_t t0 = prof_start(p);
     kcpu_rms_norm(y, x, g, n, d, d, eps);
+    prof_end(p, op, t0, 0);
     return 0;
 }
 
@@ -200,21 +260,25 @@ static int cpu_qkv(wk_backend_t *b, const wk_tensor_t *wq, const wk_tensor_t *wk
     const kcpu_mm_job_t jobs[3] = {{.w = &wq->h, .x = x, .n = n, .y = q},
                                    {.w = &wk->h, .x = x, .n = n, .y = k},
                                    {.w = &wv->h, .x = x, .n = n, .y = v}};
+    const uint64_t t0 = prof_start(p);
     kcpu_matmul_many(p->kc, jobs, 3);
+    prof_end(p, "attn_qkv", t0, mat_bytes(&wq->h) + mat_bytes(&wk->h) + mat_bytes(&wv->h));
     return 0;
 }
 
 static int cpu_matmul(wk_backend_t *b, const char *op, const wk_tensor_t *w, const float *x, int64_t n, float *y,
                       int acc, bl_err_t *err)
 {
-    (void)op, (void)err;
+    (void)err;
     cpu_t *p = (cpu_t *)b;
+    const uint64_t t0 = prof_start(p);
     if (!acc) {
         kcpu_matmul(p->kc, &w->h, x, n, y);
-        return 0;
+    } else {
+        kcpu_matmul(p->kc, &w->h, x, n, p->o_);
+        add_rows(y, p->o_, n * w->h.nrows);
     }
-    kcpu_matmul(p->kc, &w->h, x, n, p->o_);
-    add_rows(y, p->o_, n * w->h.nrows);
+    prof_end(p, op, t0, mat_bytes(&w->h));
     return 0;
 }
 
@@ -237,6 +301,7 @@ static int cpu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *
     const wk_step_t *st = p->st;
     const int64_t n = st->n, hd = a->head_dim;
     const int64_t nq = a->n_head * hd, nkv = a->n_head_kv * hd;
+    const uint64_t t0 = prof_start(p);
     kcpu_rms_norm(q, q, a->q_norm, n * a->n_head, hd, hd, a->eps);
     kcpu_rms_norm(k, k, a->k_norm, n * a->n_head_kv, hd, hd, a->eps);
     kcpu_rope_neox(q, p->rope, n, a->n_head, hd);
@@ -249,6 +314,7 @@ static int cpu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *
         kcpu_attention(p->kc, &kvl, q + s->row0 * nq, att + s->row0 * nq, s->n, s->pos, a->n_head, a->n_head_kv,
                        hd, a->scale);
     }
+    prof_end(p, "attention", t0, 0);
     return 0;
 }
 
@@ -268,10 +334,13 @@ static int cpu_moe(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remot
                    int64_t n, float *x, bl_err_t *err)
 {
     cpu_t *p = (cpu_t *)b;
+    uint64_t t0 = prof_start(p);
     kcpu_matmul(p->kc, &e->gate_inp.h, xn, n, p->rl);
     kcpu_moe_route(p->rl, n, e->n_expert, e->n_used, e->norm, p->ids, p->wts);
     if (p->heat)
         bl_heat_add(p->heat, l, p->ids, n * e->n_used);
+    prof_end(p, "ffn_moe_router", t0, mat_bytes(&e->gate_inp.h));
+    t0 = prof_start(p);
     if (remote) {
         int rc = remote->fn(remote->ctx, l, xn, n, NULL, p->ids, p->wts, p->o_, err);
         if (rc < 0)
@@ -280,6 +349,17 @@ static int cpu_moe(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remot
         wk__cpu_experts(b, e, xn, n, NULL, p->ids, p->wts, p->o_);
     }
     add_rows(x, p->o_, n * p->c->n_embd);
+    if (t0) { /* the distinct experts' bytes: each is read once for all its rows */
+        double bytes = 0;
+        memset(p->used, 0, (size_t)e->n_expert);
+        for (int64_t i = 0; i < n * e->n_used; i++)
+            if (!p->used[p->ids[i]]) {
+                p->used[p->ids[i]] = 1;
+                bytes += (double)e->n_ff * ((double)e->gate_exps.h.row_bytes + (double)e->up_exps.h.row_bytes) +
+                         (double)p->c->n_embd * (double)e->down_exps.h.row_bytes;
+            }
+        prof_end(p, remote ? "ffn_moe_remote" : "ffn_moe_experts", t0, bytes);
+    }
     return 0;
 }
 
@@ -288,11 +368,13 @@ static int cpu_ffn(wk_backend_t *b, const wk_tensor_t *gate, const wk_tensor_t *
 {
     (void)err;
     cpu_t *p = (cpu_t *)b;
+    const uint64_t t0 = prof_start(p);
     kcpu_matmul(p->kc, &gate->h, xn, n, p->g);
     kcpu_matmul(p->kc, &up->h, xn, n, p->u);
     kcpu_swiglu(p->g, p->g, p->u, n * gate->h.nrows);
     kcpu_matmul(p->kc, &down->h, p->g, n, p->o_);
     add_rows(x, p->o_, n * p->c->n_embd);
+    prof_end(p, "ffn", t0, mat_bytes(&gate->h) + mat_bytes(&up->h) + mat_bytes(&down->h));
     return 0;
 }
 
@@ -305,6 +387,7 @@ static int cpu_head(wk_backend_t *b, const float *norm, float eps, const wk_tens
     const wk_step_t *st = p->st;
     const int64_t E = p->c->n_embd;
     int64_t n_out = 0;
+    const uint64_t t0 = prof_start(p);
     for (int64_t j = 0; j < st->nseg; j++) {
         const int64_t r0 = st->seg[j].row0 + st->seg[j].n - st->seg[j].n_out;
         kcpu_rms_norm(p->xg + n_out * E, x + r0 * E, norm, st->seg[j].n_out, E, E, eps);
@@ -312,6 +395,7 @@ static int cpu_head(wk_backend_t *b, const float *norm, float eps, const wk_tens
     }
     if (n_out > 0)
         kcpu_matmul(p->kc, &out->h, p->xg, n_out, st->logits);
+    prof_end(p, "output", t0, n_out > 0 ? mat_bytes(&out->h) : 0);
     return 0;
 }
 
@@ -347,7 +431,8 @@ int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *e
     p->xg = malloc(sizeof(float) * B * E);
     p->g = malloc(sizeof(float) * B * ff);
     p->u = malloc(sizeof(float) * B * ff);
-    if (!p->o_ || !p->rope || !p->pos || !p->rl || !p->ids || !p->wts || !p->xg || !p->g || !p->u) {
+    p->used = malloc(ne);
+    if (!p->o_ || !p->rope || !p->pos || !p->rl || !p->ids || !p->wts || !p->xg || !p->g || !p->u || !p->used) {
         cpu_destroy(&p->b);
         return bl_err_set(err, BL_ENOMEM, "out of memory for the CPU scratch (n_batch %zu)", B);
     }

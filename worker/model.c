@@ -447,7 +447,7 @@ int wk_model_experts(wk_model_t *m, int64_t layer, const float *xn, int64_t n, c
 
 int wk_model_profile(wk_model_t *m, wk_prof_op_t *out, int cap, int reset)
 {
-    return m->opts.device >= 0 ? wk__cuda_profile(m->be, out, cap, reset) : 0;
+    return m->opts.device >= 0 ? wk__cuda_profile(m->be, out, cap, reset) : wk__cpu_profile(m->be, out, cap, reset);
 }
 
 void wk_model_set_profile(wk_model_t *m, int on) { m->opts.profile = on; }

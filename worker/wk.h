@@ -72,9 +72,10 @@ typedef struct wk_model_opts {
                         * and WK_RESID_MARGIN; 0: no slots) */
     int residency;     /* device: the hottest host-RAM experts move into card slots and
                         * the coldest out while it runs (default 1); 0 keeps the plan */
-    int profile;       /* device: time every launch of a step with CUDA events (a
+    int profile;       /* time every op of a step: on a device with CUDA events (a
                         * decode step is captured afresh with an event node after
-                        * each launch); read with wk_model_profile, switch with
+                        * each launch), on the CPU with the clock around each op;
+                        * read with wk_model_profile, switch with
                         * wk_model_set_profile */
 } wk_model_opts_t;
 
@@ -211,19 +212,20 @@ int wk_model_eval_multi(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, flo
 
 /* --- a model on a CUDA device ---------------------------------------------------- */
 
-/* One op's share of the steps a profiling model (opts.profile) ran on the card. */
+/* One op's share of the steps a profiling model (opts.profile) ran. */
 typedef struct wk_prof_op {
     const char *op;  /* "attn_q", "ffn_moe_down", ...; static */
-    int64_t calls;   /* launches timed */
-    double us;       /* their total time on the card */
+    int64_t calls;   /* launches (card) or calls (CPU) timed */
+    double us;       /* their total time on the card, or on the CPU's clock */
+    double bytes;    /* CPU: the weight bytes the calls read (0 where none, and on a card) */
 } wk_prof_op_t;
 
-/* Copies up to cap ops, in first-launch order, into out and returns how many there
- * are (0 on the CPU); resets the totals when reset is set. */
+/* Copies up to cap ops, in first-call order, into out and returns how many there
+ * are; resets the totals when reset is set. */
 int wk_model_profile(wk_model_t *m, wk_prof_op_t *out, int cap, int reset);
 
-/* Turns the per-launch timing of later steps on or off (opts.profile is the initial
- * state); a no-op on the CPU. */
+/* Turns the per-op timing of later steps on or off (opts.profile is the initial
+ * state). */
 void wk_model_set_profile(wk_model_t *m, int on);
 
 /* Device memory bandwidth: the best of a few device-to-device copies of nbytes on
