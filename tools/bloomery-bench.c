@@ -5,7 +5,8 @@
  * (-ngl, -dev), over the card's device-to-device copy bandwidth. --profile adds a
  * per-op time breakdown of a decode step: on the card from CUDA events per launch,
  * on the CPU from the clock around each op, with the weight bytes each op read and
- * the rate that makes.
+ * the rate that makes. --kernels needs no model: it measures the CPU kernel sets
+ * streaming random routed experts' weights (bench_kernels.c).
  *
  * A pp test evaluates N random tokens in batches of -b rows; a tg test decodes N
  * tokens one at a time. Both start from an empty cache, or with -d D from D random
@@ -23,6 +24,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "bench_kernels.h"
 #include "cpuset.h"
 #include "gguf.h"
 #include "quant.h"
@@ -38,9 +40,9 @@ typedef struct list {
 
 typedef struct bench {
     const char *model, *output;
-    list_t pp, tg, threads, depth;
+    list_t pp, tg, threads, depth, krows;
     int64_t reps, n_batch, poll;
-    int precise, no_roofline, profile;
+    int precise, no_roofline, profile, kernels;
     int flash_attn; /* BL_FLASH_*: -fa */
     bl_place_flags_t place; /* -ngl, -dev, --cpu-moe, ...: the plan's flags, as the server's */
     bl_cpu_flags_t cpu;     /* -C, -Cr, --cpu-strict, as the server's */
@@ -354,6 +356,7 @@ int main(int argc, char **argv)
     b.n_batch = 512;
     b.poll = KCPU_POLL_DEFAULT;
     b.output = "md";
+    b.krows = (list_t){{1, 4, 8}, 3};
     bl_arg_t args[48] = {
         {"-m,--model", NULL, BL_ARG_STR, &b.model, .metavar = "FILE", .help = "model file (GGUF)"},
         {"-p,--n-prompt", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.pp, .metavar = "N[,N...]", .help = "prompt lengths to test (default 512; 0: none)"},
@@ -367,6 +370,8 @@ int main(int argc, char **argv)
         {"--precise", NULL, BL_ARG_FLAG, &b.precise, .help = "f32 activations (the checking mode)"},
         {"--no-roofline", NULL, BL_ARG_FLAG, &b.no_roofline, .help = "skip the bandwidth measurement"},
         {"-fa,--flash-attn", NULL, BL_ARG_FN, NULL, .fn = bl_arg_flash_attn, .ud = &b.flash_attn, .metavar = "on|off|auto|1|0", .help = "on a GPU: prompt attention as one flash kernel (on), as score/softmax/value pieces (off), flash where the head size has it (auto, default); the CPU computes the same either way"},
+        {"--kernels", NULL, BL_ARG_FLAG, &b.kernels, .help = "no model: the rate each CPU kernel set streams routed experts' weights (q4_K, q5_K, q6_K, q8_0; 1 GiB each) beside the read bandwidth"},
+        {"--kernel-rows", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.krows, .metavar = "N[,N...]", .help = "with --kernels: rows per expert to test (default 1,4,8)"},
         {"--profile", NULL, BL_ARG_FLAG, &b.profile, .help = "time each op of 32 decode steps and print the breakdown of one step (on the CPU with the weight bytes and rate of each op)"},
     };
     int n_args = 0;
@@ -387,7 +392,7 @@ int main(int argc, char **argv)
         bl_args_usage(stdout, "bloomery-bench", "-m FILE [options]", args, n_args);
         return 0;
     }
-    if (!b.model) {
+    if (!b.model && !b.kernels) {
         fprintf(stderr, "bloomery-bench: -m FILE is required (see --help)\n");
         return 2;
     }
@@ -408,6 +413,16 @@ int main(int argc, char **argv)
                     (long long)b.threads.v[i]);
             return 2;
         }
+
+    if (b.kernels) {
+        for (int i = 0; i < b.krows.n; i++)
+            if (b.krows.v[i] > 64) {
+                fprintf(stderr, "bloomery-bench: --kernel-rows: %lld is more than 64\n", (long long)b.krows.v[i]);
+                return 2;
+            }
+        return bench_kernels(b.threads.v, b.threads.n, b.krows.v, b.krows.n, b.reps, (size_t)1 << 30,
+                             b.no_roofline ? NULL : measure_read_bandwidth, md);
+    }
 
     int64_t max_n = 1;
     for (int i = 0; i < b.pp.n; i++)
