@@ -552,6 +552,9 @@ kcpu_mat_t kcpu_mat_rows(const kcpu_mat_t *m, int64_t r0, int64_t n)
 
 /* Query heads of one KV head attended together over an f16 cache. */
 #define ATT_GROUP 8
+/* The split attention's partials (att_rows_f16_split): 4 MiB, a decode row of
+ * 32768 positions with 4 KV heads of 8 query heads of 128 */
+#define ATT_SPLIT_FLOATS ((int64_t)1 << 20)
 
 /* Weight rows dequantized per tile in the precise path: small enough to stay in
  * L1/L2 while every activation row of the batch passes over them. */
@@ -579,6 +582,7 @@ struct kcpu_ctx {
     float *deq;           /* (n_threads, MM_TILE, max_cols) dequantized weight tiles */
     float *att;           /* (n_threads, att_stride) scores and a dequantized head */
     size_t att_stride;
+    float *attp;          /* (ATT_SPLIT_FLOATS) the split attention's partials */
 };
 
 int kcpu_ctx_create(kcpu_ctx_t **out, int n_threads, int mode, const kcpu_limits_t *lim,
@@ -617,9 +621,11 @@ int kcpu_ctx_create(kcpu_ctx_t **out, int n_threads, int mode, const kcpu_limits
     _Static_assert(sizeof(kcpu_block_q16_K) <= 2 * sizeof(bl_block_q8_K), "q16_K row fits");
     c->deq = malloc(sizeof(float) * (size_t)n_threads * MM_TILE * (size_t)lim->max_cols);
     /* Scores of ATT_GROUP heads (f16 caches) or one score row and a dequantized head. */
-    c->att_stride = (size_t)(ATT_GROUP * lim->max_ctx + lim->head_dim + 16);
+    /* ... and (f16) a chunk's output and the running output of ATT_GROUP heads */
+    c->att_stride = (size_t)(ATT_GROUP * lim->max_ctx + 2 * ATT_GROUP * lim->head_dim + 16);
     c->att = malloc(sizeof(float) * (size_t)n_threads * c->att_stride);
-    if (!c->actq || !c->deq || !c->att) {
+    c->attp = malloc(sizeof(float) * (size_t)ATT_SPLIT_FLOATS);
+    if (!c->actq || !c->deq || !c->att || !c->attp) {
         rc = bl_err_set(err, BL_ENOMEM, "out of memory for kernel scratch (%d threads, batch %lld)",
                         n_threads, (long long)lim->max_batch);
         goto fail;
@@ -639,6 +645,7 @@ void kcpu_ctx_destroy(kcpu_ctx_t *c)
     free(c->actq);
     free(c->deq);
     free(c->att);
+    free(c->attp);
     free(c);
 }
 
@@ -1145,6 +1152,8 @@ typedef struct att_task {
     int64_t n, pos0, n_head, n_kv_head, hd;
     float scale;
     _Atomic int64_t next; /* f16 caches: the next work item to take */
+    float *part;          /* f16 caches, split form: the chunks' partials, or NULL */
+    int64_t nchunk;       /* split form: chunks per row (the longest row's) */
 } att_task_t;
 
 /* Head kvh of cache row t as a pointer to hd elements of the cache type, or, for
@@ -1163,49 +1172,163 @@ static const void *kv_head(const att_task_t *t, const uint8_t *base, int64_t row
     }
 }
 
-/* An f16 cache (the default): work items are (row, KV head, up to ATT_GROUP of its
- * query heads), so each cache row is read and converted once for the group. Items
- * go to whichever thread is free; an item's outputs depend only on the shapes,
- * never on the thread that ran it. */
+/* An f16 cache (the default) is read in chunks of ATT_CHUNK positions: each chunk
+ * gives, per query head, its score maximum m, the sum s of exp(score - m) and the
+ * unnormalized output o = sum of exp(score - m) * V row; a row's chunks are then
+ * merged in order, with the running maximum (att_merge), and the sum divided out.
+ * The arithmetic is fixed by the row's length alone, so a row gets the same bits
+ * whether one thread walks its chunks in order (a prompt: many rows, enough work
+ * items without splitting) or the chunks go to different threads and are merged
+ * after (a decode step: one row, whose few KV heads alone would leave most threads
+ * idle). Work items are (row, KV head, up to ATT_GROUP of its query heads[, chunk]),
+ * so each cache row is read and converted once for the group. */
+#define ATT_CHUNK 64
+
+/* Chunk [j0, j1) of a row for ng query heads q of KV head kvh: o (ng, hd), m (ng)
+ * and s (ng). sc is the thread's score scratch. */
+static void att_chunk(const att_task_t *t, float *sc, const float *q, int ng, int64_t kvh, int64_t j0, int64_t j1,
+                      float *o, float *m, double *s)
+{
+    const int64_t ld = t->c->lim.max_ctx, len = j1 - j0;
+    const int64_t kst = (int64_t)(t->kv->row_bytes / sizeof(uint16_t));
+    const uint16_t *k = (const uint16_t *)t->kv->k + kvh * t->hd + j0 * kst;
+    const uint16_t *v = (const uint16_t *)t->kv->v + kvh * t->hd + j0 * kst;
+    const int vec = t->hd % 8 == 0;
+    if (vec)
+        kcpu__k->att_qk_f16(q, ng, k, kst, len, t->hd, t->scale, sc, ld);
+    else
+        kcpu_att_qk_f16_ref(q, ng, k, kst, len, t->hd, t->scale, sc, ld);
+    for (int g = 0; g < ng; g++) {
+        float *e = sc + g * ld, mx = -INFINITY;
+        for (int64_t j = 0; j < len; j++)
+            mx = e[j] > mx ? e[j] : mx;
+        double sum = 0.0;
+        for (int64_t j = 0; j < len; j++) {
+            e[j] = expf(e[j] - mx);
+            sum += e[j];
+        }
+        m[g] = mx;
+        s[g] = sum;
+    }
+    if (vec)
+        kcpu__k->att_pv_f16(sc, ng, ld, v, kst, len, t->hd, o);
+    else
+        kcpu_att_pv_f16_ref(sc, ng, ld, v, kst, len, t->hd, o);
+}
+
+/* Merges a chunk (o, m, s) into the running (O, M, S) of ng heads; first: the
+ * running state is the chunk. */
+static void att_merge(int ng, int64_t hd, const float *o, const float *m, const double *s, float *O, float *M,
+                      double *S, int first)
+{
+    for (int g = 0; g < ng; g++) {
+        if (first) {
+            memcpy(O + g * hd, o + g * hd, sizeof(float) * (size_t)hd);
+            M[g] = m[g];
+            S[g] = s[g];
+            continue;
+        }
+        const float mx = m[g] > M[g] ? m[g] : M[g];
+        const float a = expf(M[g] - mx), b = expf(m[g] - mx);
+        for (int64_t i = 0; i < hd; i++)
+            O[g * hd + i] = O[g * hd + i] * a + o[g * hd + i] * b;
+        S[g] = S[g] * a + s[g] * b;
+        M[g] = mx;
+    }
+}
+
+/* out (ng, hd) = O / S. */
+static void att_finish(int ng, int64_t hd, const float *O, const double *S, float *out)
+{
+    for (int g = 0; g < ng; g++) {
+        const float inv = (float)(1.0 / S[g]);
+        for (int64_t i = 0; i < hd; i++)
+            out[g * hd + i] = O[g * hd + i] * inv;
+    }
+}
+
+/* Item idx of the (row, KV head, group of query heads) items: its row b, KV head,
+ * first query head h0 and head count ng. */
+static void att_item(const att_task_t *t, int64_t idx, int64_t *b, int64_t *kvh, int64_t *h0, int *ng)
+{
+    const int64_t group = t->n_head / t->n_kv_head, nsub = (group + ATT_GROUP - 1) / ATT_GROUP;
+    const int64_t rem = idx % (t->n_kv_head * nsub);
+    *b = idx / (t->n_kv_head * nsub);
+    *kvh = rem / nsub;
+    *h0 = *kvh * group + (rem % nsub) * ATT_GROUP;
+    *ng = (int)(*kvh * group + group - *h0 < ATT_GROUP ? *kvh * group + group - *h0 : ATT_GROUP);
+}
+
+/* Floats one chunk's partial takes in the split scratch: o, m and s of ATT_GROUP
+ * heads (s a double: two floats). */
+static int64_t att_part_floats(int64_t hd) { return ATT_GROUP * (hd + 3); }
+
+/* Each item walks its row's chunks in order on one thread. */
 static void att_rows_f16(att_task_t *t, int ith)
 {
     float *sc = t->c->att + (size_t)ith * t->c->att_stride;
-    const int64_t ld = t->c->lim.max_ctx;
-    const int64_t group = t->n_head / t->n_kv_head, nsub = (group + ATT_GROUP - 1) / ATT_GROUP;
-    const int64_t kst = (int64_t)(t->kv->row_bytes / sizeof(uint16_t));
-    const int vec = t->hd % 8 == 0;
-    const int64_t items = t->n * t->n_kv_head * nsub;
+    const int64_t hd = t->hd;
+    /* the thread's chunk partial and running state, after its scores */
+    float *o = sc + ATT_GROUP * t->c->lim.max_ctx, *O = o + ATT_GROUP * hd;
+    float m[ATT_GROUP], M[ATT_GROUP];
+    double s[ATT_GROUP], S[ATT_GROUP];
+    const int64_t items = t->n * t->n_kv_head * ((t->n_head / t->n_kv_head + ATT_GROUP - 1) / ATT_GROUP);
     for (int64_t idx = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed); idx < items;
          idx = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed)) {
-        const int64_t b = idx / (t->n_kv_head * nsub), rem = idx % (t->n_kv_head * nsub);
-        const int64_t kvh = rem / nsub, h0 = kvh * group + (rem % nsub) * ATT_GROUP;
-        const int ng = (int)(kvh * group + group - h0 < ATT_GROUP ? kvh * group + group - h0 : ATT_GROUP);
+        int64_t b, kvh, h0;
+        int ng;
+        att_item(t, idx, &b, &kvh, &h0, &ng);
         const int64_t len = t->pos0 + b + 1; /* causal: positions 0 .. pos0 + b */
-        const float *q = t->q + (b * t->n_head + h0) * t->hd;
-        const uint16_t *k = (const uint16_t *)t->kv->k + kvh * t->hd;
-        const uint16_t *v = (const uint16_t *)t->kv->v + kvh * t->hd;
-        if (vec)
-            kcpu__k->att_qk_f16(q, ng, k, kst, len, t->hd, t->scale, sc, ld);
-        else
-            kcpu_att_qk_f16_ref(q, ng, k, kst, len, t->hd, t->scale, sc, ld);
-        for (int g = 0; g < ng; g++) {
-            float *s = sc + g * ld, mx = -INFINITY;
-            for (int64_t j = 0; j < len; j++)
-                mx = s[j] > mx ? s[j] : mx;
-            double sum = 0.0;
-            for (int64_t j = 0; j < len; j++) {
-                s[j] = expf(s[j] - mx);
-                sum += s[j];
-            }
-            const float inv = (float)(1.0 / sum);
-            for (int64_t j = 0; j < len; j++)
-                s[j] *= inv;
+        const float *q = t->q + (b * t->n_head + h0) * hd;
+        for (int64_t j0 = 0; j0 < len; j0 += ATT_CHUNK) {
+            att_chunk(t, sc, q, ng, kvh, j0, j0 + ATT_CHUNK < len ? j0 + ATT_CHUNK : len, o, m, s);
+            att_merge(ng, hd, o, m, s, O, M, S, j0 == 0);
         }
-        float *o = t->out + (b * t->n_head + h0) * t->hd;
-        if (vec)
-            kcpu__k->att_pv_f16(sc, ng, ld, v, kst, len, t->hd, o);
-        else
-            kcpu_att_pv_f16_ref(sc, ng, ld, v, kst, len, t->hd, o);
+        att_finish(ng, hd, O, S, t->out + (b * t->n_head + h0) * hd);
+    }
+}
+
+/* The split form: items are (row, KV head, group, chunk) over t->nchunk chunks per
+ * row (the longest row's; a shorter row's items past its end are empty), each
+ * partial written to t->part; the caller merges them after (att_rows_merge). */
+static void att_rows_f16_split(att_task_t *t, int ith)
+{
+    float *sc = t->c->att + (size_t)ith * t->c->att_stride;
+    const int64_t hd = t->hd, pf = att_part_floats(hd);
+    const int64_t items = t->n * t->n_kv_head * ((t->n_head / t->n_kv_head + ATT_GROUP - 1) / ATT_GROUP) * t->nchunk;
+    for (int64_t idx = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed); idx < items;
+         idx = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed)) {
+        int64_t b, kvh, h0;
+        int ng;
+        att_item(t, idx / t->nchunk, &b, &kvh, &h0, &ng);
+        const int64_t len = t->pos0 + b + 1, j0 = (idx % t->nchunk) * ATT_CHUNK;
+        if (j0 >= len)
+            continue;
+        float *part = t->part + idx * pf;
+        att_chunk(t, sc, t->q + (b * t->n_head + h0) * hd, ng, kvh, j0, j0 + ATT_CHUNK < len ? j0 + ATT_CHUNK : len,
+                  part, part + ATT_GROUP * hd, (double *)(part + ATT_GROUP * (hd + 1)));
+    }
+}
+
+/* Merges the split form's partials of every item in chunk order. */
+static void att_rows_merge(att_task_t *t)
+{
+    const int64_t hd = t->hd, pf = att_part_floats(hd);
+    const int64_t items = t->n * t->n_kv_head * ((t->n_head / t->n_kv_head + ATT_GROUP - 1) / ATT_GROUP);
+    float *O = t->c->att; /* thread 0's scratch: the pool is done */
+    float M[ATT_GROUP];
+    double S[ATT_GROUP];
+    for (int64_t it = 0; it < items; it++) {
+        int64_t b, kvh, h0;
+        int ng;
+        att_item(t, it, &b, &kvh, &h0, &ng);
+        const int64_t len = t->pos0 + b + 1;
+        for (int64_t c = 0; c * ATT_CHUNK < len; c++) {
+            const float *part = t->part + (it * t->nchunk + c) * pf;
+            att_merge(ng, hd, part, part + ATT_GROUP * hd, (const double *)(part + ATT_GROUP * (hd + 1)), O, M, S,
+                      c == 0);
+        }
+        att_finish(ng, hd, O, S, t->out + (b * t->n_head + h0) * hd);
     }
 }
 
@@ -1213,7 +1336,10 @@ static void att_rows(void *p, int ith, int nth)
 {
     att_task_t *t = p;
     if (t->kv->type == BL_TYPE_F16) {
-        att_rows_f16(t, ith);
+        if (t->part)
+            att_rows_f16_split(t, ith);
+        else
+            att_rows_f16(t, ith);
         return;
     }
     float *scores = t->c->att + (size_t)ith * t->c->att_stride;
@@ -1260,5 +1386,19 @@ void kcpu_attention(kcpu_ctx_t *c, const kcpu_kv_view_t *kv, const float *q, flo
     KCPU_ASSERT(n_kv_head > 0 && n_head % n_kv_head == 0);
     att_task_t t = {.c = c, .kv = kv, .q = q, .out = out, .n = n, .pos0 = pos0,
                     .n_head = n_head, .n_kv_head = n_kv_head, .hd = head_dim, .scale = scale};
+    if (kv->type == BL_TYPE_F16) {
+        /* Too few items for the threads and a long enough row: split the rows'
+         * chunks over the threads (the same bits; see att_rows_f16). */
+        const int64_t items = n * n_kv_head * ((n_head / n_kv_head + ATT_GROUP - 1) / ATT_GROUP);
+        const int64_t nchunk = (pos0 + n + ATT_CHUNK - 1) / ATT_CHUNK;
+        if (items < kcpu_pool_n_threads(c->pool) && nchunk > 1 &&
+            items * nchunk * att_part_floats(head_dim) <= ATT_SPLIT_FLOATS) {
+            t.part = c->attp;
+            t.nchunk = nchunk;
+            kcpu_pool_run(c->pool, att_rows, &t);
+            att_rows_merge(&t);
+            return;
+        }
+    }
     kcpu_pool_run(c->pool, att_rows, &t);
 }

@@ -324,6 +324,53 @@ static void test_attention_each_cache_type(void **state)
     free(kf); free(vf); free(q); free(out); free(ref);
 }
 
+/* An f16 cache of rows longer than a chunk of the kernels' chunked attention: a
+ * batch on one thread (each row's chunks in order) and each row alone on 8 threads
+ * (a decode row's chunks split over the threads, merged after) give the same bits,
+ * within the double reference's distance. */
+static void test_attention_split_equals_batch(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(14);
+    const int64_t nh = 8, nkv = 2, hd = 64, pos0 = 300 + (int64_t)(rng_next(&r) % 200), n = 5, T = pos0 + n;
+    const int64_t row = nkv * hd;
+    float *kf = malloc(sizeof(float) * (size_t)(T * row)), *vf = malloc(sizeof(float) * (size_t)(T * row));
+    float *q = malloc(sizeof(float) * (size_t)(n * nh * hd));
+    float *batch = malloc(sizeof(float) * (size_t)(n * nh * hd)), *one = malloc(sizeof(float) * (size_t)(nh * hd));
+    double *ref = malloc(sizeof(double) * (size_t)(n * nh * hd));
+    rand_vec(&r, kf, T * row, 2.0f);
+    rand_vec(&r, vf, T * row, 1.0f);
+    rand_vec(&r, q, n * nh * hd, 1.0f);
+    size_t rb;
+    bl_err_t err = {0};
+    assert_int_equal(bl_row_bytes(BL_TYPE_F16, row, &rb, &err), 0);
+    kcpu_kv_view_t kv = {.k = malloc(rb * (size_t)T), .v = malloc(rb * (size_t)T), .type = BL_TYPE_F16, .row_bytes = rb};
+    kcpu_kv_store(&kv, 0, kf, 0, T, row);
+    kcpu_kv_store(&kv, 1, vf, 0, T, row);
+    float *kr = malloc(sizeof(float) * (size_t)(T * row)), *vr = malloc(sizeof(float) * (size_t)(T * row));
+    for (int64_t s = 0; s < T; s++) {
+        assert_int_equal(bl_dequantize_row_ref(BL_TYPE_F16, (uint8_t *)kv.k + rb * (size_t)s, kr + s * row, row), 0);
+        assert_int_equal(bl_dequantize_row_ref(BL_TYPE_F16, (uint8_t *)kv.v + rb * (size_t)s, vr + s * row, row), 0);
+    }
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    attention_ref(q, kr, vr, ref, n, pos0, nh, nkv, hd, scale);
+    kcpu_ctx_t *c1 = make_ctx(1, KCPU_FAST16, 64, n, T, hd), *c8 = make_ctx(8, KCPU_FAST16, 64, n, T, hd);
+    kcpu_attention(c1, &kv, q, batch, n, pos0, nh, nkv, hd, scale);
+    int bad = 0;
+    for (int64_t i = 0; i < n * nh * hd; i++)
+        if (fabs(batch[i] - ref[i]) > 1e-5 + 1e-5 * fabs(ref[i]) && bad++ < 5)
+            print_error("batch: out[%lld] = %.7g, ref %.7g\n", (long long)i, (double)batch[i], ref[i]);
+    assert_int_equal(bad, 0);
+    for (int64_t b = 0; b < n; b++) {
+        kcpu_attention(c8, &kv, q + b * nh * hd, one, 1, pos0 + b, nh, nkv, hd, scale);
+        assert_memory_equal(one, batch + b * nh * hd, sizeof(float) * (size_t)(nh * hd));
+    }
+    kcpu_ctx_destroy(c1);
+    kcpu_ctx_destroy(c8);
+    free(kr), free(vr), free(kv.k), free(kv.v);
+    free(kf), free(vf), free(q), free(batch), free(one), free(ref);
+}
+
 // --- small ops ---------------------------------------------------------------------------------
 
 static void test_rms_norm_and_rope(void **state)
@@ -522,6 +569,7 @@ int main(void)
         cmocka_unit_test(test_matmul_many_matches_matmul),
         cmocka_unit_test(test_matmul_ref_and_avx2_agree),
         cmocka_unit_test(test_attention_each_cache_type),
+        cmocka_unit_test(test_attention_split_equals_batch),
         cmocka_unit_test(test_rms_norm_and_rope),
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_pool_runs_every_thread),
