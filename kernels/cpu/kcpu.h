@@ -159,6 +159,19 @@ float kcpu_vec_dot_q4_K_q16_K_avx512(const void *w, const void *x, int64_t n);
 float kcpu_vec_dot_q5_K_q16_K_avx512(const void *w, const void *x, int64_t n);
 float kcpu_vec_dot_q6_K_q16_K_avx512(const void *w, const void *x, int64_t n);
 
+/* kcpu_vec_dotn_*_q16_K: one weight row against nx (1..KCPU_DOTN_MAX) activation
+ * rows x[0..nx): out[c] with the bits of the packed dot of the same set on row c
+ * (which are the avx2 dot's), each weight block decoded once for all the rows. For
+ * a few rows per expert: the weights stream from memory once, at about the cost
+ * of one row's decode. */
+#define KCPU_DOTN_MAX 8
+void kcpu_vec_dotn_q4_K_q16_K_avx512(const void *w, const kcpu_block_q16_K *const *x, int nx, int64_t n,
+                                     float *out);
+void kcpu_vec_dotn_q5_K_q16_K_avx512(const void *w, const kcpu_block_q16_K *const *x, int nx, int64_t n,
+                                     float *out);
+void kcpu_vec_dotn_q6_K_q16_K_avx512(const void *w, const kcpu_block_q16_K *const *x, int nx, int64_t n,
+                                     float *out);
+
 /* A K-quant weight block unpacked for q16_K activations: w holds each weight's
  * integer times its group scale (sc * q for q4_K/q5_K, at most 1953; sc * (q - 32)
  * for q6_K, at most 4096 in magnitude) in element order, mins the float

@@ -33,6 +33,7 @@ typedef void (*kcpu_dotu2_fn)(const kcpu_kunpacked_t *u, const void *xa, const v
                               size_t term_bytes, int terms, int64_t n, float out[2]);
 typedef void (*kcpu_quant16_fn)(const float *x, kcpu_block_q16_K *y, int64_t n);
 typedef void (*kcpu_unpack16_fn)(const void *w, kcpu_kunpacked16_t *u, int64_t n);
+typedef void (*kcpu_dotn16_fn)(const void *w, const kcpu_block_q16_K *const *x, int nx, int64_t n, float *out);
 typedef void (*kcpu_gemm16_fn)(const kcpu_kunpacked16_t *const u[2], int nr,
                                const kcpu_block_q16_K *const x[4], int nc, int64_t nb, int q6,
                                float out[8]);
@@ -75,6 +76,11 @@ typedef struct kcpu_kernels {
     kcpu_unpack16_fn unpack16_q5_K;
     kcpu_unpack16_fn unpack16_q6_K;
     kcpu_gemm16_fn gemm16;
+    /* One weight row against up to KCPU_DOTN_MAX activation rows, or NULL: a
+     * batch of a few rows then takes the unpacked tile. */
+    kcpu_dotn16_fn dotn_q4_K_q16_K;
+    kcpu_dotn16_fn dotn_q5_K_q16_K;
+    kcpu_dotn16_fn dotn_q6_K_q16_K;
     /* Attention over an f16 cache, a KV head's query heads at once (hd % 8 == 0 for
      * the AVX2 set; other head sizes take the references). */
     void (*att_qk_f16)(const float *q, int ng, const uint16_t *k, int64_t k_stride, int64_t len,

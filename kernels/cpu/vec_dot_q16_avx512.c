@@ -139,10 +139,159 @@ AVX512 float kcpu_vec_dot_q6_K_q16_K_avx512(const void *w, const void *x, int64_
     return hsum8(acc);
 }
 
+// --- one weight row against several activation rows -----------------------------------------
+
+/* The q4_K/q5_K dot of one weight row against nx activation rows: each block's
+ * weights decoded once into eight registers of 32 scaled words (as dot_q45_K
+ * forms them), then each row's lane sums and float steps exactly as dot_q45_K
+ * takes them, so out[c] has the bits of the one-row dot of row c. nx is a
+ * constant where this is inlined: the rows' sums and accumulators stay in
+ * registers. */
+AVX512 static INLINE void dotn_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K *a5,
+                                     const kcpu_block_q16_K *const *x, const int nx, int64_t nb, float *out)
+{
+    const __m512i lo4 = _mm512_set1_epi16(0xf), one = _mm512_set1_epi16(1);
+    __m256 acc[KCPU_DOTN_MAX];
+    for (int c = 0; c < nx; c++)
+        acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
+        uint8_t sc[8], m[8];
+        kcpu__k_scales8(a4 ? a4[i].scales : a5[i].scales, sc, m);
+        const __m512i qh = a5 ? _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)a5[i].qh))
+                              : _mm512_setzero_si512();
+        __m512i wq[8];
+        for (int j = 0; j < 4; j++) {
+            const __m512i r = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * j)));
+            __m512i q0 = _mm512_and_si512(r, lo4), q1 = _mm512_srli_epi16(r, 4);
+            if (a5) {
+                q0 = _mm512_or_si512(q0, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * j), one), 4));
+                q1 = _mm512_or_si512(q1,
+                                     _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * j + 1), one), 4));
+            }
+            wq[2 * j] = _mm512_mullo_epi16(q0, _mm512_set1_epi16(sc[2 * j]));
+            wq[2 * j + 1] = _mm512_mullo_epi16(q1, _mm512_set1_epi16(sc[2 * j + 1]));
+        }
+        uint32_t d2;
+        memcpy(&d2, a4 ? &a4[i].d : &a5[i].d, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)d2));
+        uint64_t m8;
+        memcpy(&m8, m, 8);
+        const __m256 mins = _mm256_mul_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8))),
+            _mm256_broadcastss_ps(_mm_movehdup_ps(dm)));
+        for (int c = 0; c < nx; c++) {
+            const int16_t *xq = x[c][i].q;
+            __m512i isum = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j++)
+                isum = _mm512_dpwssd_epi32(isum, wq[j], load_x(xq + 32 * j));
+            acc[c] = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_mul_ss(dm, _mm_load_ss(&x[c][i].d))),
+                                     _mm256_cvtepi32_ps(fold16(isum)), acc[c]);
+            acc[c] = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(x[c][i].bsum), acc[c]);
+        }
+    }
+    for (int c = 0; c < nx; c++)
+        out[c] = hsum8(acc[c]);
+}
+
+/* The q6_K dot of one weight row against nx activation rows: per half block the
+ * four chunks' scaled words decoded once (as kcpu_vec_dot_q6_K_q16_K_avx512), then
+ * each row's sums and float steps as there. */
+AVX512 static INLINE void dotn_q6_K(const bl_block_q6_K *a, const kcpu_block_q16_K *const *x, const int nx,
+                                    int64_t nb, float *out)
+{
+    const __m512i lo4 = _mm512_set1_epi16(0xf), m30 = _mm512_set1_epi16(0x30), off = _mm512_set1_epi16(32);
+    const __m512i hi1 = _mm512_maskz_mov_epi16(0xffff0000u, _mm512_set1_epi16(1));
+    __m256 acc[KCPU_DOTN_MAX];
+    for (int c = 0; c < nx; c++)
+        acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const float dw = _cvtsh_ss(a[i].d);
+        const __m512i sc = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a[i].scales)));
+        for (int h = 0; h < 2; h++) {
+            const __m512i l0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h)));
+            const __m512i l1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h + 32)));
+            const __m512i hb = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(a[i].qh + 32 * h)));
+            const __m512i q[4] = {
+                _mm512_or_si512(_mm512_and_si512(l0, lo4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), m30)),
+                _mm512_or_si512(_mm512_and_si512(l1, lo4), _mm512_and_si512(_mm512_slli_epi16(hb, 2), m30)),
+                _mm512_or_si512(_mm512_srli_epi16(l0, 4), _mm512_and_si512(hb, m30)),
+                _mm512_or_si512(_mm512_srli_epi16(l1, 4), _mm512_and_si512(_mm512_srli_epi16(hb, 2), m30)),
+            };
+            __m512i wq[4];
+            for (int k = 0; k < 4; k++) {
+                const __m512i idx = _mm512_add_epi16(_mm512_set1_epi16((short)(8 * h + 2 * k)), hi1);
+                wq[k] = _mm512_mullo_epi16(_mm512_sub_epi16(q[k], off), _mm512_permutexvar_epi16(idx, sc));
+            }
+            for (int c = 0; c < nx; c++) {
+                const int16_t *xq = x[c][i].q + 128 * h;
+                __m512i isum = _mm512_setzero_si512();
+                for (int k = 0; k < 4; k++)
+                    isum = _mm512_dpwssd_epi32(isum, wq[k], load_x(xq + 32 * k));
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x[c][i].d), _mm256_cvtepi32_ps(fold16(isum)), acc[c]);
+            }
+        }
+    }
+    for (int c = 0; c < nx; c++)
+        out[c] = hsum8(acc[c]);
+}
+
+/* nx as a constant for each inlined copy. */
+#define DOTN_CASES(call)                                                                                     \
+    switch (nx) {                                                                                            \
+    case 1: call(1); break;                                                                                  \
+    case 2: call(2); break;                                                                                  \
+    case 3: call(3); break;                                                                                  \
+    case 4: call(4); break;                                                                                  \
+    case 5: call(5); break;                                                                                  \
+    case 6: call(6); break;                                                                                  \
+    case 7: call(7); break;                                                                                  \
+    default: call(8); break;                                                                                 \
+    }
+
+AVX512 void kcpu_vec_dotn_q4_K_q16_K_avx512(const void *w, const kcpu_block_q16_K *const *x, int nx, int64_t n,
+                                            float *out)
+{
+#define CALL(k) dotn_q45_K(w, NULL, x, k, n / BL_QK_K, out)
+    DOTN_CASES(CALL)
+#undef CALL
+}
+
+AVX512 void kcpu_vec_dotn_q5_K_q16_K_avx512(const void *w, const kcpu_block_q16_K *const *x, int nx, int64_t n,
+                                            float *out)
+{
+#define CALL(k) dotn_q45_K(NULL, w, x, k, n / BL_QK_K, out)
+    DOTN_CASES(CALL)
+#undef CALL
+}
+
+AVX512 void kcpu_vec_dotn_q6_K_q16_K_avx512(const void *w, const kcpu_block_q16_K *const *x, int nx, int64_t n,
+                                            float *out)
+{
+#define CALL(k) dotn_q6_K(w, x, k, n / BL_QK_K, out)
+    DOTN_CASES(CALL)
+#undef CALL
+}
+
 #else
 
 float kcpu_vec_dot_q4_K_q16_K_avx512(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q4_K_q16_K_ref(w, x, n); }
 float kcpu_vec_dot_q5_K_q16_K_avx512(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q5_K_q16_K_ref(w, x, n); }
 float kcpu_vec_dot_q6_K_q16_K_avx512(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q6_K_q16_K_ref(w, x, n); }
+void kcpu_vec_dotn_q4_K_q16_K_avx512(const void *w, const kcpu_block_q16_K *const *x, int nx, int64_t n, float *out)
+{
+    for (int c = 0; c < nx; c++)
+        out[c] = kcpu_vec_dot_q4_K_q16_K_ref(w, x[c], n);
+}
+void kcpu_vec_dotn_q5_K_q16_K_avx512(const void *w, const kcpu_block_q16_K *const *x, int nx, int64_t n, float *out)
+{
+    for (int c = 0; c < nx; c++)
+        out[c] = kcpu_vec_dot_q5_K_q16_K_ref(w, x[c], n);
+}
+void kcpu_vec_dotn_q6_K_q16_K_avx512(const void *w, const kcpu_block_q16_K *const *x, int nx, int64_t n, float *out)
+{
+    for (int c = 0; c < nx; c++)
+        out[c] = kcpu_vec_dot_q6_K_q16_K_ref(w, x[c], n);
+}
 
 #endif

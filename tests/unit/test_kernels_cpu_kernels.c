@@ -242,6 +242,42 @@ static void test_matmul_ref_and_avx2_agree(void **state)
     }
 }
 
+/* The avx512 set gives the avx2 set's bits for K-quant products of 1..9 rows: one
+ * row (the packed dots), a few (its multi-row dot against avx2's unpacked tile)
+ * and more (both sets' tile). */
+static void test_matmul_avx512_equals_avx2(void **state)
+{
+    (void)state;
+    if (!kcpu_have_avx512()) {
+        print_message("no AVX-512 F/BW/VL/VNNI on this CPU: the avx512 set is not tested here\n");
+        skip();
+    }
+    rng_t r = rng_for(9);
+    const int64_t K = 768, N = 37, B = 9;
+    const uint32_t types[] = {BL_TYPE_Q4_K, BL_TYPE_Q5_K, BL_TYPE_Q6_K};
+    for (size_t ti = 0; ti < 3; ti++) {
+        wmat_t w;
+        make_weights(&r, &w, types[ti], K, N);
+        float *x = malloc(sizeof(float) * (size_t)(B * K));
+        float *y2 = malloc(sizeof(float) * (size_t)(B * N)), *y5 = malloc(sizeof(float) * (size_t)(B * N));
+        rand_vec(&r, x, B * K, 1.0f);
+        kcpu_ctx_t *c = make_ctx(3, KCPU_FAST16, K, B, 8, 8);
+        for (int64_t n = 1; n <= B; n++) {
+            assert_int_equal(kcpu_select("avx2"), 0);
+            kcpu_matmul(c, &w.m, x, n, y2);
+            assert_int_equal(kcpu_select("avx512"), 0);
+            kcpu_matmul(c, &w.m, x, n, y5);
+            assert_memory_equal(y2, y5, sizeof(float) * (size_t)(n * N));
+        }
+        assert_int_equal(kcpu_select(kcpu_init()), 0);
+        kcpu_ctx_destroy(c);
+        free(x);
+        free(y2);
+        free(y5);
+        free_weights(&w);
+    }
+}
+
 // --- attention ---------------------------------------------------------------------------------
 
 /* Naive double attention over the f32 values the cache type would round to. */
@@ -568,6 +604,7 @@ int main(void)
         cmocka_unit_test(test_matmul_threads_and_batch_bitwise),
         cmocka_unit_test(test_matmul_many_matches_matmul),
         cmocka_unit_test(test_matmul_ref_and_avx2_agree),
+        cmocka_unit_test(test_matmul_avx512_equals_avx2),
         cmocka_unit_test(test_attention_each_cache_type),
         cmocka_unit_test(test_attention_split_equals_batch),
         cmocka_unit_test(test_rms_norm_and_rope),

@@ -468,6 +468,54 @@ static void test_vec_dot_q16_K_avx512(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* Each AVX-512 multi-row dot against the one-row dot, bit for bit, at every row
+ * count 1..KCPU_DOTN_MAX, on fresh random weights and activations of every size. */
+static void test_vec_dotn_q16_K_avx512(void **state)
+{
+    (void)state;
+    if (!kcpu_have_avx512()) {
+        print_message("no AVX-512 F/BW/VL/VNNI on this CPU: the avx512 multi-row dots are not tested here\n");
+        skip();
+    }
+    typedef void (*dotn_fn)(const void *, const kcpu_block_q16_K *const *, int, int64_t, float *);
+    const dotn_fn dotn[] = {kcpu_vec_dotn_q4_K_q16_K_avx512, kcpu_vec_dotn_q5_K_q16_K_avx512,
+                            kcpu_vec_dotn_q6_K_q16_K_avx512};
+    int bad = 0;
+    for (size_t ti = 0; ti < sizeof k_q16 / sizeof k_q16[0]; ti++) {
+        const struct q16_pair *p = &k_q16[ti];
+        rng_t r = rng_for(660 + ti);
+        const bl_type_info_t *wi = bl_type_info(p->type);
+        for (size_t si = 0; si < sizeof k_nblocks / sizeof k_nblocks[0]; si++) {
+            const int64_t nb = k_nblocks[si], n = nb * BL_QK_K;
+            uint8_t *w = malloc((size_t)nb * wi->block_bytes);
+            kcpu_block_q16_K *xq = malloc(sizeof *xq * (size_t)(nb * KCPU_DOTN_MAX));
+            float *x = malloc(sizeof(float) * (size_t)n);
+            rand_weights(&r, p->type, w, nb);
+            const kcpu_block_q16_K *rows[KCPU_DOTN_MAX];
+            for (int c = 0; c < KCPU_DOTN_MAX; c++) {
+                rand_act(&r, x, n);
+                kcpu_quantize_row_q16_K_avx2(x, xq + c * nb, n);
+                /* rows in no particular order, as an expert's routed rows are */
+                rows[c] = xq + ((c * 3) % KCPU_DOTN_MAX) * nb;
+            }
+            for (int nx = 1; nx <= KCPU_DOTN_MAX; nx++) {
+                float o[KCPU_DOTN_MAX];
+                dotn[ti](w, rows, nx, n, o);
+                for (int c = 0; c < nx; c++) {
+                    const float e = p->avx512(w, rows[c], n);
+                    if (memcmp(&o[c], &e, sizeof e) != 0 && bad++ < 5)
+                        print_error("type %u: %lld blocks, %d rows: row %d %.9g, one-row dot %.9g\n", p->type,
+                                    (long long)nb, nx, c, (double)o[c], (double)e);
+                }
+            }
+            free(w);
+            free(xq);
+            free(x);
+        }
+    }
+    assert_int_equal(bad, 0);
+}
+
 /* Each reference against the double dot of the dequantized operands; each packed
  * AVX2 dot against its reference; the unpackers' AVX2 bytes against the scalar
  * ones; and the batched tile, at every shape (1-2 weight rows by 1-4 activation
@@ -673,6 +721,7 @@ int main(void)
         cmocka_unit_test(test_vec_dot_q16_K),
         cmocka_unit_test(test_vec_dot_q16_K_extremes),
         cmocka_unit_test(test_vec_dot_q16_K_avx512),
+        cmocka_unit_test(test_vec_dotn_q16_K_avx512),
         cmocka_unit_test(test_attention_f16_group),
         cmocka_unit_test(test_kernel_set_selection),
     };
