@@ -279,33 +279,9 @@ static int run_test(wk_model_t *m, wk_kv_t *kv, int is_pp, int64_t n, int64_t de
     return 0;
 }
 
-/* The per-op breakdown of a decode step: 32 steps after a 512-token prompt, printed
- * per step, largest first. On a card each step is captured with an event node after
- * every launch and replayed (timestamps from the card, no host gaps); on the CPU
- * each op is timed on the clock, and the weights it read give its rate. */
-static int profile_decode(wk_model_t *m, wk_kv_t *kv, float *logits, int cpu, bl_err_t *err)
+/* Prints n ops of a profile over steps steps, largest first. */
+static void print_profile(wk_prof_op_t *ops, int n, int64_t steps, const char *what, int cpu, double wall_us)
 {
-    const wk_config_t *cfg = wk_model_config(m);
-    const int64_t ctx = 512, steps = 32;
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(ctx + steps));
-    if (!tok)
-        return bl_err_set(err, BL_ENOMEM, "out of memory");
-    for (int64_t i = 0; i < ctx + steps; i++)
-        tok[i] = (int32_t)(rand() % cfg->n_vocab);
-    int rc = wk_model_eval(m, kv, tok, ctx, 0, 1, logits, err);
-    wk_prof_op_t ops[64];
-    (void)wk_model_profile(m, ops, 64, 1); /* drop anything before */
-    wk_model_set_profile(m, 1);
-    double t0 = now_s();
-    for (int64_t i = 0; rc == 0 && i < steps; i++)
-        rc = wk_model_eval(m, kv, tok + ctx + i, 1, ctx + i, 1, logits, err);
-    const double wall_us = (now_s() - t0) * 1e6 / (double)steps;
-    wk_model_set_profile(m, 0);
-    free(tok);
-    if (rc)
-        return rc;
-    int n = wk_model_profile(m, ops, 64, 1);
-    n = n > 64 ? 64 : n;
     for (int i = 0; i < n; i++) /* largest first */
         for (int j = i + 1; j < n; j++)
             if (ops[j].us > ops[i].us) {
@@ -319,12 +295,10 @@ static int profile_decode(wk_model_t *m, wk_kv_t *kv, float *logits, int cpu, bl
         bytes += ops[i].bytes;
     }
     if (cpu) {
-        printf("\ndecode step breakdown (context %lld, %lld steps, the clock around each op):\n\n", (long long)ctx,
-               (long long)steps);
+        printf("\n%s (the clock around each op):\n\n", what);
         printf("| op | calls/step | us/step | share | weight MB/step | GB/s |\n| --- | ---: | ---: | ---: | ---: | ---: |\n");
     } else {
-        printf("\ndecode step breakdown (context %lld, %lld steps, a graph with an event node after each launch):\n\n",
-               (long long)ctx, (long long)steps);
+        printf("\n%s (a graph with an event node after each launch):\n\n", what);
         printf("| op | launches/step | us/step | share |\n| --- | ---: | ---: | ---: |\n");
     }
     for (int i = 0; i < n; i++) {
@@ -342,6 +316,48 @@ static int profile_decode(wk_model_t *m, wk_kv_t *kv, float *logits, int cpu, bl
     else
         printf("| all | | %.1f | |\n\n(wall %.1f us per profiled step, capture included)\n", total / (double)steps,
                wall_us);
+}
+
+/* The per-op breakdown of a decode step: 32 steps after a 512-token prompt, printed
+ * per step, largest first. On a card each step is captured with an event node after
+ * every launch and replayed (timestamps from the card, no host gaps); on the CPU
+ * each op is timed on the clock, and the weights it read give its rate, and the
+ * prompt's step (512 rows) is broken down too. */
+static int profile_decode(wk_model_t *m, wk_kv_t *kv, float *logits, int cpu, bl_err_t *err)
+{
+    const wk_config_t *cfg = wk_model_config(m);
+    const int64_t ctx = 512, steps = 32;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(ctx + steps));
+    if (!tok)
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    for (int64_t i = 0; i < ctx + steps; i++)
+        tok[i] = (int32_t)(rand() % cfg->n_vocab);
+    wk_prof_op_t ops[64];
+    (void)wk_model_profile(m, ops, 64, 1); /* drop anything before */
+    wk_model_set_profile(m, cpu);
+    double t0 = now_s();
+    int rc = wk_model_eval(m, kv, tok, ctx, 0, 1, logits, err);
+    if (rc == 0 && cpu) {
+        const double wall_us = (now_s() - t0) * 1e6;
+        const int n = wk_model_profile(m, ops, 64, 1);
+        char what[96];
+        snprintf(what, sizeof what, "prompt step breakdown (%lld rows in steps of -b)", (long long)ctx);
+        print_profile(ops, n > 64 ? 64 : n, 1, what, cpu, wall_us);
+    }
+    (void)wk_model_profile(m, ops, 64, 1);
+    wk_model_set_profile(m, 1);
+    t0 = now_s();
+    for (int64_t i = 0; rc == 0 && i < steps; i++)
+        rc = wk_model_eval(m, kv, tok + ctx + i, 1, ctx + i, 1, logits, err);
+    const double wall_us = (now_s() - t0) * 1e6 / (double)steps;
+    wk_model_set_profile(m, 0);
+    free(tok);
+    if (rc)
+        return rc;
+    const int n = wk_model_profile(m, ops, 64, 1);
+    char what[96];
+    snprintf(what, sizeof what, "decode step breakdown (context %lld, %lld steps)", (long long)ctx, (long long)steps);
+    print_profile(ops, n > 64 ? 64 : n, steps, what, cpu, wall_us);
     return 0;
 }
 
