@@ -199,6 +199,10 @@ void kcpu_unpack16_q6_K_avx2(const void *w, kcpu_kunpacked16_t *u, int64_t n);
 void kcpu_gemm_u16_q16_K_avx2(const kcpu_kunpacked16_t *const u[2], int nr,
                               const kcpu_block_q16_K *const x[4], int nc, int64_t nb, int q6,
                               float out[8]);
+/* The same tile in AVX-512 VNNI, with the same bits, where kcpu_have_avx512(). */
+void kcpu_gemm_u16_q16_K_avx512(const kcpu_kunpacked16_t *const u[2], int nr,
+                                const kcpu_block_q16_K *const x[4], int nc, int64_t nb, int q6,
+                                float out[8]);
 
 /* Attention over an f16 cache for ng (1..8) query heads sharing one KV head, each
  * cache row read and converted once for all of them. qk: sc[g * ld + s] = scale *

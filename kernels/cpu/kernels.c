@@ -149,6 +149,7 @@ static void init_kernels(void)
     kernels_avx512.dot_q4_K_q16_K = kcpu_vec_dot_q4_K_q16_K_avx512;
     kernels_avx512.dot_q5_K_q16_K = kcpu_vec_dot_q5_K_q16_K_avx512;
     kernels_avx512.dot_q6_K_q16_K = kcpu_vec_dot_q6_K_q16_K_avx512;
+    kernels_avx512.gemm16 = kcpu_gemm_u16_q16_K_avx512;
     kernels_avx512.dotn_q4_K_q16_K = kcpu_vec_dotn_q4_K_q16_K_avx512;
     kernels_avx512.dotn_q5_K_q16_K = kcpu_vec_dotn_q5_K_q16_K_avx512;
     kernels_avx512.dotn_q6_K_q16_K = kcpu_vec_dotn_q6_K_q16_K_avx512;

@@ -16,6 +16,7 @@
  * products go from issue-bound towards the memory's rate. */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "blocks.h"
@@ -273,11 +274,87 @@ AVX512 void kcpu_vec_dotn_q6_K_q16_K_avx512(const void *w, const kcpu_block_q16_
 #undef CALL
 }
 
+// --- the batched tile ---------------------------------------------------------------------
+
+/* kcpu_gemm_u16_q16_K_avx2's tile with 32 words a register: each 32 elements cost
+ * NR + NC loads and NR * NC vpdpwssd (the AVX2 tile: twice the loads, and a madd
+ * and an add for every 16), then fold16 gives its eight lane sums and the same
+ * float steps follow at the same points (a whole block for q4_K/q5_K, each half
+ * for q6_K), so every output keeps the packed dot's bits. */
+AVX512 static INLINE void gemm_tile(const kcpu_kunpacked16_t *const u[2], const int NR,
+                                    const kcpu_block_q16_K *const x[4], const int NC, int64_t nb, const int q6,
+                                    float out[8])
+{
+    __m256 acc[2][4];
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++)
+            acc[r][c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m512i is[2][4];
+        for (int r = 0; r < NR; r++)
+            for (int c = 0; c < NC; c++)
+                is[r][c] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            for (int k = 0; k < 4; k++) {
+                const int o = 128 * h + 32 * k;
+                __m512i w[2];
+                for (int r = 0; r < NR; r++)
+                    w[r] = load_x(u[r][i].w + o);
+                for (int c = 0; c < NC; c++) {
+                    const __m512i xv = load_x(x[c][i].q + o);
+                    for (int r = 0; r < NR; r++)
+                        is[r][c] = _mm512_dpwssd_epi32(is[r][c], w[r], xv);
+                }
+            }
+            if (q6 || h == 1)
+                for (int r = 0; r < NR; r++)
+                    for (int c = 0; c < NC; c++) {
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(u[r][i].d * x[c][i].d),
+                                                    _mm256_cvtepi32_ps(fold16(is[r][c])), acc[r][c]);
+                        is[r][c] = _mm512_setzero_si512();
+                    }
+        }
+        if (!q6)
+            for (int r = 0; r < NR; r++)
+                for (int c = 0; c < NC; c++)
+                    acc[r][c] = _mm256_fnmadd_ps(_mm256_loadu_ps(u[r][i].mins), _mm256_loadu_ps(x[c][i].bsum),
+                                                 acc[r][c]);
+    }
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++)
+            out[4 * r + c] = hsum8(acc[r][c]);
+}
+
+#define GEMM_CASE(nr, nc)                                                                                    \
+    case 4 * (nr) + (nc):                                                                                    \
+        if (q6)                                                                                              \
+            gemm_tile(u, nr, x, nc, nb, 1, out);                                                             \
+        else                                                                                                 \
+            gemm_tile(u, nr, x, nc, nb, 0, out);                                                             \
+        break;
+
+AVX512 void kcpu_gemm_u16_q16_K_avx512(const kcpu_kunpacked16_t *const u[2], int nr,
+                                       const kcpu_block_q16_K *const x[4], int nc, int64_t nb, int q6, float out[8])
+{
+    switch (4 * nr + nc) {
+        GEMM_CASE(1, 1)
+        GEMM_CASE(1, 2)
+        GEMM_CASE(1, 3)
+        GEMM_CASE(1, 4)
+        GEMM_CASE(2, 1)
+        GEMM_CASE(2, 2)
+        GEMM_CASE(2, 3)
+        GEMM_CASE(2, 4)
+    default: KCPU_ASSERT(0 && "tile shape");
+    }
+}
+
 #else
 
 float kcpu_vec_dot_q4_K_q16_K_avx512(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q4_K_q16_K_ref(w, x, n); }
 float kcpu_vec_dot_q5_K_q16_K_avx512(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q5_K_q16_K_ref(w, x, n); }
 float kcpu_vec_dot_q6_K_q16_K_avx512(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q6_K_q16_K_ref(w, x, n); }
+void kcpu_gemm_u16_q16_K_avx512(const kcpu_kunpacked16_t *const u[2], int nr, const kcpu_block_q16_K *const x[4], int nc, int64_t nb, int q6, float out[8]) { (void)u; (void)nr; (void)x; (void)nc; (void)nb; (void)q6; (void)out; abort(); }
 void kcpu_vec_dotn_q4_K_q16_K_avx512(const void *w, const kcpu_block_q16_K *const *x, int nx, int64_t n, float *out)
 {
     for (int c = 0; c < nx; c++)

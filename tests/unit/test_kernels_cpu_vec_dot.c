@@ -519,7 +519,8 @@ static void test_vec_dotn_q16_K_avx512(void **state)
 /* Each reference against the double dot of the dequantized operands; each packed
  * AVX2 dot against its reference; the unpackers' AVX2 bytes against the scalar
  * ones; and the batched tile, at every shape (1-2 weight rows by 1-4 activation
- * rows), against the packed AVX2 dot bit for bit. */
+ * rows), against the packed AVX2 dot bit for bit, and its AVX-512 form (where the
+ * CPU has it) against the AVX2 tile. */
 static void test_vec_dot_q16_K(void **state)
 {
     (void)state;
@@ -576,6 +577,16 @@ static void test_vec_dot_q16_K(void **state)
                                                     p->type, (long long)nb, nr, nc, rr, c,
                                                     (double)o[4 * rr + c], (double)e);
                                 }
+                            if (!kcpu_have_avx512())
+                                continue;
+                            float o5[8];
+                            kcpu_gemm_u16_q16_K_avx512(u2, nr, x4, nc, nb, p->type == BL_TYPE_Q6_K, o5);
+                            for (int rr = 0; rr < nr; rr++)
+                                for (int c = 0; c < nc; c++)
+                                    if (memcmp(&o5[4 * rr + c], &o[4 * rr + c], sizeof o[0]) != 0 && bad++ < 5)
+                                        print_error("type %u: %lld blocks avx512 tile %dx%d (%d,%d): %.9g avx2 %.9g\n",
+                                                    p->type, (long long)nb, nr, nc, rr, c, (double)o5[4 * rr + c],
+                                                    (double)o[4 * rr + c]);
                         }
                 }
                 free(w); free(xq); free(ur); free(ua); free(x); free(wf);
