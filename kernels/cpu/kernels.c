@@ -1021,13 +1021,18 @@ static void mm_prepare(kcpu_ctx_t *c, mm_task_t *t, const kcpu_mm_job_t *jb, int
     }
 }
 
-/* Activation rows the caller quantizes alone: a decode step's row or two take a
- * few microseconds, less than waking the pool for them. */
-#define MM_QUANT_INLINE_ROWS 2
+/* Activation elements the caller quantizes alone: a decode step's row or two, or
+ * the 8 rows of a layer's experts' down products, take a few microseconds, less
+ * than waking the pool for them. */
+#define MM_QUANT_INLINE_ELEMS 16384
 
 static void mm_run(kcpu_ctx_t *c, mm_group_t *g)
 {
-    if (g->act_rows > MM_QUANT_INLINE_ROWS)
+    int64_t elems = 0;
+    for (int j = 0; j < g->nt; j++)
+        if (g->t[j].mode == MM_INT && !g->t[j].shared_act)
+            elems += g->t[j].nx * g->t[j].w->ncols;
+    if (elems > MM_QUANT_INLINE_ELEMS)
         kcpu_pool_run(c->pool, mm_quantize, g);
     else if (g->act_rows > 0)
         mm_quantize(g, 0, 1);
