@@ -247,7 +247,7 @@ static int cpu_rms_norm(wk_backend_t *b, const char *op, float *y, const float *
     (void)err;
     cpu_t *p = (cpu_t *)b;
     const uint64_t t0 = prof_start(p);
-    kcpu_rms_norm(y, x, g, n, d, d, eps);
+    kcpu_rms_norm(p->kc, y, x, g, n, d, d, eps);
     prof_end(p, op, t0, 0);
     return 0;
 }
@@ -302,8 +302,8 @@ static int cpu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *
     const int64_t n = st->n, hd = a->head_dim;
     const int64_t nq = a->n_head * hd, nkv = a->n_head_kv * hd;
     const uint64_t t0 = prof_start(p);
-    kcpu_rms_norm(q, q, a->q_norm, n * a->n_head, hd, hd, a->eps);
-    kcpu_rms_norm(k, k, a->k_norm, n * a->n_head_kv, hd, hd, a->eps);
+    kcpu_rms_norm(p->kc, q, q, a->q_norm, n * a->n_head, hd, hd, a->eps);
+    kcpu_rms_norm(p->kc, k, k, a->k_norm, n * a->n_head_kv, hd, hd, a->eps);
     kcpu_rope_neox(q, p->rope, n, a->n_head, hd);
     kcpu_rope_neox(k, p->rope, n, a->n_head_kv, hd);
     for (int64_t j = 0; j < st->nseg; j++) {
@@ -371,7 +371,7 @@ static int cpu_ffn(wk_backend_t *b, const wk_tensor_t *gate, const wk_tensor_t *
     const uint64_t t0 = prof_start(p);
     kcpu_matmul(p->kc, &gate->h, xn, n, p->g);
     kcpu_matmul(p->kc, &up->h, xn, n, p->u);
-    kcpu_swiglu(p->g, p->g, p->u, n * gate->h.nrows);
+    kcpu_swiglu(p->kc, p->g, p->g, p->u, n * gate->h.nrows);
     kcpu_matmul(p->kc, &down->h, p->g, n, p->o_);
     add_rows(x, p->o_, n * p->c->n_embd);
     prof_end(p, "ffn", t0, mat_bytes(&gate->h) + mat_bytes(&up->h) + mat_bytes(&down->h));
@@ -390,7 +390,7 @@ static int cpu_head(wk_backend_t *b, const float *norm, float eps, const wk_tens
     const uint64_t t0 = prof_start(p);
     for (int64_t j = 0; j < st->nseg; j++) {
         const int64_t r0 = st->seg[j].row0 + st->seg[j].n - st->seg[j].n_out;
-        kcpu_rms_norm(p->xg + n_out * E, x + r0 * E, norm, st->seg[j].n_out, E, E, eps);
+        kcpu_rms_norm(p->kc, p->xg + n_out * E, x + r0 * E, norm, st->seg[j].n_out, E, E, eps);
         n_out += st->seg[j].n_out;
     }
     if (n_out > 0)

@@ -63,6 +63,36 @@ int kcpu_experts_scratch_create(kcpu_experts_scratch_t **out, int64_t max_rows, 
     return 0;
 }
 
+typedef struct scatter_args {
+    const kcpu_experts_scratch_t *s;
+    int64_t total, E;
+    float *out;
+} scatter_args_t;
+
+/* Columns [lo, hi) of every pair's weighted down row added onto its output row, in
+ * pair order: each element sums in the same order whatever the columns' split. */
+static void scatter_cols(void *p, int64_t lo, int64_t hi)
+{
+    const scatter_args_t *a = p;
+    for (int64_t i = 0; i < a->total; i++) {
+        float *o = a->out + (int64_t)a->s->rows[i] * a->E;
+        const float *d = a->s->dg + i * a->E;
+        const float w = a->s->rw[i];
+        for (int64_t j = lo; j < hi; j++)
+            o[j] += w * d[j];
+    }
+}
+
+/* Products (pairs times columns) the scatter runs on this thread below. */
+#define SCATTER_PAR_ELEMS 65536
+
+/* out[rows[i]] += rw[i] * dg row i for the total pairs of s, split over columns. */
+static void scatter(kcpu_ctx_t *c, const kcpu_experts_scratch_t *s, int64_t total, int64_t E, float *out)
+{
+    scatter_args_t a = {s, total, E, out};
+    kcpu_parallel_for(c, E, total * E >= SCATTER_PAR_ELEMS ? 0 : E + 1, scatter_cols, &a);
+}
+
 void kcpu_experts(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_experts_t *e, const float *xn, int64_t n,
                   const int32_t *counts, int64_t k, const int32_t *ids, const float *wts, float *out)
 {
@@ -100,17 +130,12 @@ void kcpu_experts(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_experts_t
             ne++;
         }
         kcpu_matmul_many(c, s->job, 2 * ne);
-        kcpu_swiglu(s->g, s->g, s->u, total * F);
+        kcpu_swiglu(c, s->g, s->g, s->u, total * F);
         for (int i = 0; i < ne; i++)
             s->job[i] = (kcpu_mm_job_t){.w = &s->down[i], .x = s->g + s->job_at[i] * F, .n = s->job_n[i],
                                         .y = s->dg + s->job_at[i] * E};
         kcpu_matmul_many(c, s->job, ne);
-        for (int64_t i = 0; i < total; i++) {
-            float *o = out + (int64_t)s->rows[i] * E;
-            const float *d = s->dg + i * E;
-            for (int64_t j = 0; j < E; j++)
-                o[j] += s->rw[i] * d[j];
-        }
+        scatter(c, s, total, E, out);
         return;
     }
     for (int64_t x = 0; x < e->n_expert; x++) {
@@ -130,14 +155,9 @@ void kcpu_experts(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_experts_t
         const kcpu_mat_t down = kcpu_mat_rows(&e->down, x * E, E);
         kcpu_matmul(c, &gate, s->xg, m, s->g);
         kcpu_matmul(c, &up, s->xg, m, s->u);
-        kcpu_swiglu(s->g, s->g, s->u, m * F);
+        kcpu_swiglu(c, s->g, s->g, s->u, m * F);
         kcpu_matmul(c, &down, s->g, m, s->dg);
-        for (int64_t i = 0; i < m; i++) {
-            float *o = out + (int64_t)s->rows[i] * E;
-            const float *d = s->dg + i * E;
-            for (int64_t j = 0; j < E; j++)
-                o[j] += s->rw[i] * d[j];
-        }
+        scatter(c, s, m, E, out);
     }
 #undef CNT
 }

@@ -343,9 +343,16 @@ typedef struct kcpu_mm_job {
  * together exceed it run in several passes. Outputs must not overlap any input. */
 void kcpu_matmul_many(kcpu_ctx_t *c, const kcpu_mm_job_t *jobs, int njobs);
 
+/* Runs fn(arg, lo, hi) over [0, n) split in contiguous ranges over c's threads, or
+ * in one call on this thread when c is NULL or n is under min_par. For work whose
+ * every item is computed alike wherever the split falls (elementwise ops, rows). */
+void kcpu_parallel_for(kcpu_ctx_t *c, int64_t n, int64_t min_par, void (*fn)(void *arg, int64_t lo, int64_t hi),
+                       void *arg);
+
 /* y (n, d) = x / sqrt(mean(x^2) + eps) * g, row by row, in place allowed. Rows are
- * ld floats apart in both x and y. */
-void kcpu_rms_norm(float *y, const float *x, const float *g, int64_t n, int64_t d, int64_t ld,
+ * ld floats apart in both x and y. Many rows are split over c's threads (c may be
+ * NULL: this thread); a row's bits never depend on it. */
+void kcpu_rms_norm(kcpu_ctx_t *c, float *y, const float *x, const float *g, int64_t n, int64_t d, int64_t ld,
                    float eps);
 
 /* The NEOX rotation table for positions pos[0..n): cs (n, head_dim/2, 2) = cos, sin
@@ -354,8 +361,9 @@ void kcpu_rope_table(float *cs, const int32_t *pos, int64_t n, int64_t head_dim,
 /* Rotates x (n, n_head, head_dim) in place with the table: pairs (i, i + head_dim/2). */
 void kcpu_rope_neox(float *x, const float *cs, int64_t n, int64_t n_head, int64_t head_dim);
 
-/* y (n, d) = silu(g) * u, elementwise; y may alias g. */
-void kcpu_swiglu(float *y, const float *g, const float *u, int64_t n);
+/* y (n, d) = silu(g) * u, elementwise; y may alias g. Long vectors are split over
+ * c's threads (c may be NULL: this thread), with the same bits. */
+void kcpu_swiglu(kcpu_ctx_t *c, float *y, const float *g, const float *u, int64_t n);
 
 /* One layer's KV cache: rows of n_kv_head * head_dim elements of type (f32, f16 or
  * q8_0), row_bytes apart, one per position. */

@@ -1099,19 +1099,65 @@ void kcpu_matmul_many(kcpu_ctx_t *c, const kcpu_mm_job_t *jobs, int njobs)
 
 // --- elementwise ops ---------------------------------------------------------------------------
 
-void kcpu_rms_norm(float *y, const float *x, const float *g, int64_t n, int64_t d, int64_t ld,
+typedef struct pfor {
+    void (*fn)(void *arg, int64_t lo, int64_t hi);
+    void *arg;
+    int64_t n;
+} pfor_t;
+
+static void pfor_run(void *p, int ith, int nth)
+{
+    const pfor_t *t = p;
+    int64_t lo, hi;
+    split(t->n, ith, nth, &lo, &hi);
+    if (lo < hi)
+        t->fn(t->arg, lo, hi);
+}
+
+void kcpu_parallel_for(kcpu_ctx_t *c, int64_t n, int64_t min_par, void (*fn)(void *arg, int64_t lo, int64_t hi),
+                       void *arg)
+{
+    if (n <= 0)
+        return;
+    if (!c || n < min_par || kcpu_pool_n_threads(c->pool) == 1) {
+        fn(arg, 0, n);
+        return;
+    }
+    pfor_t t = {fn, arg, n};
+    kcpu_pool_run(c->pool, pfor_run, &t);
+}
+
+typedef struct rms_args {
+    float *y;
+    const float *x, *g;
+    int64_t d, ld;
+    float eps;
+} rms_args_t;
+
+static void rms_rows(void *p, int64_t lo, int64_t hi)
+{
+    const rms_args_t *a = p;
+    for (int64_t b = lo; b < hi; b++) {
+        const float *xr = a->x + b * a->ld;
+        float *yr = a->y + b * a->ld;
+        double ss = 0.0;
+        for (int64_t i = 0; i < a->d; i++)
+            ss += (double)xr[i] * (double)xr[i];
+        const float s = (float)(1.0 / sqrt(ss / (double)a->d + (double)a->eps));
+        for (int64_t i = 0; i < a->d; i++)
+            yr[i] = xr[i] * s * a->g[i];
+    }
+}
+
+/* Rows (of d elements) a norm runs on this thread below: a decode step's few rows
+ * cost less than a pool wake-up. */
+#define RMS_PAR_ELEMS 65536
+
+void kcpu_rms_norm(kcpu_ctx_t *c, float *y, const float *x, const float *g, int64_t n, int64_t d, int64_t ld,
                    float eps)
 {
-    for (int64_t b = 0; b < n; b++) {
-        const float *xr = x + b * ld;
-        float *yr = y + b * ld;
-        double ss = 0.0;
-        for (int64_t i = 0; i < d; i++)
-            ss += (double)xr[i] * (double)xr[i];
-        const float s = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
-        for (int64_t i = 0; i < d; i++)
-            yr[i] = xr[i] * s * g[i];
-    }
+    rms_args_t a = {y, x, g, d, ld, eps};
+    kcpu_parallel_for(c, n, d > 0 ? RMS_PAR_ELEMS / d + 1 : n + 1, rms_rows, &a);
 }
 
 void kcpu_rope_table(float *cs, const int32_t *pos, int64_t n, int64_t head_dim, float base)
@@ -1142,10 +1188,25 @@ void kcpu_rope_neox(float *x, const float *cs, int64_t n, int64_t n_head, int64_
     }
 }
 
-void kcpu_swiglu(float *y, const float *g, const float *u, int64_t n)
+typedef struct swiglu_args {
+    float *y;
+    const float *g, *u;
+} swiglu_args_t;
+
+static void swiglu_range(void *p, int64_t lo, int64_t hi)
 {
-    for (int64_t i = 0; i < n; i++)
-        y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    const swiglu_args_t *a = p;
+    for (int64_t i = lo; i < hi; i++)
+        a->y[i] = a->g[i] / (1.0f + expf(-a->g[i])) * a->u[i];
+}
+
+/* Elements a SwiGLU runs on this thread below (about 2 ns each). */
+#define SWIGLU_PAR_ELEMS 16384
+
+void kcpu_swiglu(kcpu_ctx_t *c, float *y, const float *g, const float *u, int64_t n)
+{
+    swiglu_args_t a = {y, g, u};
+    kcpu_parallel_for(c, n, SWIGLU_PAR_ELEMS, swiglu_range, &a);
 }
 
 void kcpu_moe_route(const float *logits, int64_t n, int64_t n_expert, int64_t k, int norm,

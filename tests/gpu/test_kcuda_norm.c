@@ -22,7 +22,7 @@ static void case_rms_norm(rng_t *r, int64_t n, int64_t d, int64_t ld, int in_pla
     float *want = xmalloc(sizeof(float) * (size_t)(n * ld)), *got = xmalloc(sizeof(float) * (size_t)(n * ld));
     rand_fill(r, x, n * ld, 3.0f);
     rand_fill(r, g, d, 2.0f);
-    kcpu_rms_norm(want, x, g, n, d, ld, 1e-6f);
+    kcpu_rms_norm(NULL, want, x, g, n, d, ld, 1e-6f);
     float *dx = d_upload(x, sizeof(float) * (size_t)(n * ld));
     float *dg = d_upload(g, sizeof(float) * (size_t)d);
     float *dy = in_place ? dx : d_poison(sizeof(float) * (size_t)(n * ld));
@@ -60,7 +60,7 @@ static void case_rope(rng_t *r, int64_t n, int64_t n_head, int64_t hd, int32_t m
         pos[b] = (int32_t)(rng_next(r) % (uint64_t)(max_pos + 1));
     pos[0] = max_pos;
     if (fused)
-        kcpu_rms_norm(want, x, g, n * n_head, hd, hd, eps);
+        kcpu_rms_norm(NULL, want, x, g, n * n_head, hd, hd, eps);
     else
         memcpy(want, x, sizeof(float) * (size_t)len);
     kcpu_rope_table(cs, pos, n, hd, base);
@@ -91,7 +91,7 @@ static void case_swiglu_add(rng_t *r, int64_t n)
     float *want = xmalloc(sizeof(float) * (size_t)n), *got = xmalloc(sizeof(float) * (size_t)n);
     rand_fill(r, g, n, 8.0f);
     rand_fill(r, u, n, 2.0f);
-    kcpu_swiglu(want, g, u, n);
+    kcpu_swiglu(NULL, want, g, u, n);
     float *dg = d_upload(g, sizeof(float) * (size_t)n), *du = d_upload(u, sizeof(float) * (size_t)n);
     float *dy = d_poison(sizeof(float) * (size_t)n);
     int ok = kcuda_swiglu(dy, dg, du, n, NULL, &err) == 0 && d_fetch(got, dy, sizeof(float) * (size_t)n, &err) == 0;

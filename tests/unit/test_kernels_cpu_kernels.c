@@ -417,7 +417,7 @@ static void test_rms_norm_and_rope(void **state)
     float x[3 * 48], y[3 * 48], g[40];
     rand_vec(&r, x, n * ld, 3.0f);
     rand_vec(&r, g, d, 1.5f);
-    kcpu_rms_norm(y, x, g, n, d, ld, 1e-6f);
+    kcpu_rms_norm(NULL, y, x, g, n, d, ld, 1e-6f);
     for (int64_t b = 0; b < n; b++) {
         double ss = 0.0;
         for (int64_t i = 0; i < d; i++)
