@@ -31,12 +31,12 @@
 
 // --- kernel variants ---------------------------------------------------------------
 
-/* Picks the kernel set once from CPUID: avx2 where the CPU runs it, else ref;
- * later calls are free. BLOOMERY_CPU_KERNELS=ref|avx2|avx512 in the environment
- * forces a set (one the CPU lacks falls back to the default). Thread-safe. Returns
- * the chosen set's name. The avx512 set is the avx2 set with the 16-bit activation
- * dots in AVX-512 VNNI, giving the same bits; it is not the default because it
- * decoded slower on the one 16-core host measured (kernels.c). */
+/* Picks the kernel set once from CPUID: avx512 where the CPU (and its OS) runs it,
+ * else avx2, else ref; later calls are free. BLOOMERY_CPU_KERNELS=ref|avx2|avx512 in
+ * the environment forces a set (one the CPU lacks falls back to the default).
+ * Thread-safe. Returns the chosen set's name. The avx512 set is the avx2 set with
+ * the 16-bit activation dots, the multi-row dots and the batch tile in AVX-512
+ * VNNI, giving the same bits. */
 const char *kcpu_init(void);
 
 /* Forces a kernel set by name ("ref", "avx2", "avx512"); BL_ENOTSUP if the CPU

@@ -132,16 +132,17 @@ int kcpu_have_avx512(void)
 #endif
 }
 
-/* The avx2 set with the 16-bit activation dots in AVX-512 (the same bits), filled
- * once by init_kernels. */
+/* The avx2 set with the 16-bit activation dots, the multi-row dots and the batch
+ * tile in AVX-512 (the same bits), filled once by init_kernels. */
 static kcpu_kernels_t kernels_avx512;
 
-/* BLOOMERY_CPU_KERNELS=ref|avx2|avx512 forces a set (to rule a SIMD kernel in or
- * out when chasing a numeric difference, or to compare speeds); anything else, or
- * unset, or a set the CPU lacks, takes avx2 where the CPU runs it. avx512 is not
- * the default: on the H200's 16-core Xeon host it decoded slower than avx2 (CPU
- * only tg64 23.0 against 25.3 tok/s, --cpu-moe tg128 29.7 against 33.9,
- * docs/performance.md 2026-12-02), though faster from cache on one core. */
+/* The default is the widest set the CPU runs: avx512, else avx2, else ref.
+ * BLOOMERY_CPU_KERNELS=ref|avx2|avx512 forces a set (to rule a SIMD kernel in or
+ * out when chasing a numeric difference, or to compare speeds); a set the CPU lacks
+ * falls back to the default. On the H200's 16-core Xeon host (docs/performance.md,
+ * 2026-12-03) avx512 streamed routed experts at 94.6 GB/s against avx2's 81.9 for
+ * one row, 69.5 against 30.2 for two, and decoded and prompted faster on the CPU
+ * (tg64 28.1 / 29.0 against 26.4 / 26.2, pp512 94.3 against 85.5). */
 static void init_kernels(void)
 {
     kernels_avx512 = kernels_avx2;
@@ -154,11 +155,11 @@ static void init_kernels(void)
     kernels_avx512.dotn_q5_K_q16_K = kcpu_vec_dotn_q5_K_q16_K_avx512;
     kernels_avx512.dotn_q6_K_q16_K = kcpu_vec_dotn_q6_K_q16_K_avx512;
     const char *force = getenv("BLOOMERY_CPU_KERNELS");
-    kcpu__k = kcpu_have_avx2() ? &kernels_avx2 : &kernels_ref;
+    kcpu__k = kcpu_have_avx512() ? &kernels_avx512 : kcpu_have_avx2() ? &kernels_avx2 : &kernels_ref;
     if (force && strcmp(force, "ref") == 0)
         kcpu__k = &kernels_ref;
-    else if (force && strcmp(force, "avx512") == 0 && kcpu_have_avx512())
-        kcpu__k = &kernels_avx512;
+    else if (force && strcmp(force, "avx2") == 0 && kcpu_have_avx2())
+        kcpu__k = &kernels_avx2;
 }
 
 const char *kcpu_init(void)
