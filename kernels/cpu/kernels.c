@@ -721,10 +721,9 @@ typedef struct mm_group {
     int nt;
     int64_t act_rows; /* sum of nx over MM_INT products that quantize their own */
     int64_t w_rows;   /* sum of nrows */
-    /* The weight rows are handed out in chunks of chunk rows from next (relaxed:
-     * the pool's start and end order everything else). */
+    /* The weight rows are handed out in chunks from next (relaxed: the pool's start
+     * and end order everything else). */
     _Atomic int64_t next;
-    int64_t chunk;
 } mm_group_t;
 
 /* The activation row output row b of t reads. */
@@ -955,20 +954,28 @@ static void mm_rows_range(const mm_task_t *t, int ith, int64_t lo, int64_t hi)
     }
 }
 
-/* Thread ith's contiguous share of the concatenated weight rows of the group. */
 /* Chunks of the concatenated weight rows of the group, taken by whichever thread
- * is free: on a machine shared with other work a preempted thread no longer holds
- * up the step with a fixed share. Which thread computes a row changes no bit: every
- * row's output is the same code on the same data, whatever chunk or tile it is in. */
+ * is free, each half of an even share of what is left (guided): large while much is
+ * left, down to one q16_K tile at the end, so that no thread starts a long chunk
+ * when the others are about to finish (a decode layer's products take a few hundred
+ * microseconds; a chunk of an eighth of a thread's share left a tail of tens). On a
+ * machine shared with other work a preempted thread no longer holds up the step with
+ * a fixed share either. Which thread computes a row changes no bit: every row's
+ * output is the same code on the same data, whatever chunk or tile it is in. */
 static void mm_rows(void *p, int ith, int nth)
 {
     mm_group_t *g = p;
-    (void)nth;
     for (;;) {
-        const int64_t lo = atomic_fetch_add_explicit(&g->next, g->chunk, memory_order_relaxed);
-        if (lo >= g->w_rows)
-            break;
-        const int64_t hi = lo + g->chunk < g->w_rows ? lo + g->chunk : g->w_rows;
+        int64_t lo = atomic_load_explicit(&g->next, memory_order_relaxed), hi;
+        do {
+            if (lo >= g->w_rows)
+                return;
+            int64_t c = (g->w_rows - lo) / (2 * (int64_t)nth);
+            c = (c + MM_U16ROWS - 1) / MM_U16ROWS * MM_U16ROWS;
+            c = c < MM_U16ROWS ? MM_U16ROWS : c;
+            hi = lo + c < g->w_rows ? lo + c : g->w_rows;
+        } while (!atomic_compare_exchange_weak_explicit(&g->next, &lo, hi, memory_order_relaxed,
+                                                        memory_order_relaxed));
         int64_t at = 0;
         for (int j = 0; j < g->nt && at < hi; j++) {
             const int64_t nr = g->t[j].w->nrows;
@@ -1037,9 +1044,6 @@ static void mm_run(kcpu_ctx_t *c, mm_group_t *g)
         kcpu_pool_run(c->pool, mm_quantize, g);
     else if (g->act_rows > 0)
         mm_quantize(g, 0, 1);
-    /* About 8 chunks per thread, whole q16_K tiles. */
-    const int64_t per = g->w_rows / (8 * (int64_t)kcpu_pool_n_threads(c->pool)) + 1;
-    g->chunk = (per + MM_U16ROWS - 1) / MM_U16ROWS * MM_U16ROWS;
     atomic_store_explicit(&g->next, 0, memory_order_relaxed);
     kcpu_pool_run(c->pool, mm_rows, g);
 }
