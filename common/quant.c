@@ -179,13 +179,6 @@ uint16_t bl_fp32_to_bf16(float f)
     return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
 }
 
-float bl_e8m0_to_fp32_half(uint8_t e)
-{
-    /* 2^(e-128): e = 0 and 1 are float subnormals (2^-128, 2^-127). */
-    if (e < 2)
-        return bits_f32(0x00200000u << e);
-    return bits_f32((uint32_t)(e - 1) << 23);
-}
 
 // --- dequantizers: float and legacy types --------------------------------------------
 

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "err.h"
 
@@ -124,7 +125,19 @@ void bl_quantize_row_q6_K_ref(const float *src, void *dst, int64_t n);
 void bl_quantize_row_q8_K_ref(const float *src, void *dst, int64_t n);
 
 /* The value of an MX E8M0 exponent byte halved, 2^(e - 128), as mxfp4 stores its
- * E2M1 table doubled (0xff, NaN in MX, gives 2^127 here as it does in GGUF tools). */
-float bl_e8m0_to_fp32_half(uint8_t e);
+ * E2M1 table doubled (0xff, NaN in MX, gives 2^127 here as it does in GGUF tools).
+ * Inline: the CPU's mxfp4 products take it once per 32 weights. */
+static inline float bl_e8m0_to_fp32_half(uint8_t e)
+{
+    /* e = 0 and 1 are float subnormals (2^-128, 2^-127) */
+    const uint32_t u = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* E2M1 (mxfp4) values doubled, so that they are integers, by their 4-bit code (sign
+ * in bit 3); a block's value is this times bl_e8m0_to_fp32_half of its exponent. */
+extern const int8_t bl_e2m1_doubled[16];
 
 #endif

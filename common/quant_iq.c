@@ -719,9 +719,7 @@ void bl_dequantize_row_tq2_0_ref(const void *src, float *dst, int64_t n)
 
 // --- mxfp4 ---------------------------------------------------------------------------------
 
-/* E2M1 values doubled (so they are integers), sign in bit 3; the scale is halved to
- * match (bl_e8m0_to_fp32_half). */
-static const int8_t e2m1_doubled[16] = {
+const int8_t bl_e2m1_doubled[16] = {
     0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
 };
 
@@ -731,8 +729,8 @@ void bl_dequantize_row_mxfp4_ref(const void *src, float *dst, int64_t n)
     for (int64_t i = 0; i < n / BL_QK; i++, b++, dst += BL_QK) {
         const float d = bl_e8m0_to_fp32_half(b->e);
         for (int j = 0; j < BL_QK / 2; j++) {
-            dst[j] = (float)e2m1_doubled[b->qs[j] & 0xf] * d;
-            dst[j + BL_QK / 2] = (float)e2m1_doubled[b->qs[j] >> 4] * d;
+            dst[j] = (float)bl_e2m1_doubled[b->qs[j] & 0xf] * d;
+            dst[j + BL_QK / 2] = (float)bl_e2m1_doubled[b->qs[j] >> 4] * d;
         }
     }
 }

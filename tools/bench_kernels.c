@@ -64,6 +64,9 @@ static void fill_blocks(uint8_t *p, size_t bytes, uint32_t type, size_t block_by
         case BL_TYPE_Q8_0:
             memcpy(b + offsetof(bl_block_q8_0, d), &d, 2);
             break;
+        case BL_TYPE_MXFP4:
+            b[offsetof(bl_block_mxfp4, e)] = 116; /* 2^-12 */
+            break;
         }
     }
 }
@@ -77,7 +80,7 @@ int bench_kernels(const int64_t *threads, int n_threads, const int64_t *rows, in
                   size_t buf_bytes, double (*read_bw)(int), int md)
 {
     static const kfmt_t fmts[] = {
-        {"q4_K", BL_TYPE_Q4_K}, {"q5_K", BL_TYPE_Q5_K}, {"q6_K", BL_TYPE_Q6_K}, {"q8_0", BL_TYPE_Q8_0}};
+        {"q4_K", BL_TYPE_Q4_K}, {"q5_K", BL_TYPE_Q5_K}, {"q6_K", BL_TYPE_Q6_K}, {"q8_0", BL_TYPE_Q8_0}, {"mxfp4", BL_TYPE_MXFP4}};
     static const char *sets[] = {"avx2", "avx512"};
     const int n_fmts = (int)(sizeof fmts / sizeof fmts[0]);
     int64_t max_rows = 1;

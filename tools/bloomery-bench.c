@@ -386,7 +386,7 @@ int main(int argc, char **argv)
         {"--precise", NULL, BL_ARG_FLAG, &b.precise, .help = "f32 activations (the checking mode)"},
         {"--no-roofline", NULL, BL_ARG_FLAG, &b.no_roofline, .help = "skip the bandwidth measurement"},
         {"-fa,--flash-attn", NULL, BL_ARG_FN, NULL, .fn = bl_arg_flash_attn, .ud = &b.flash_attn, .metavar = "on|off|auto|1|0", .help = "on a GPU: prompt attention as one flash kernel (on), as score/softmax/value pieces (off), flash where the head size has it (auto, default); the CPU computes the same either way"},
-        {"--kernels", NULL, BL_ARG_FLAG, &b.kernels, .help = "no model: the rate each CPU kernel set streams routed experts' weights (q4_K, q5_K, q6_K, q8_0; 1 GiB each) beside the read bandwidth"},
+        {"--kernels", NULL, BL_ARG_FLAG, &b.kernels, .help = "no model: the rate each CPU kernel set streams routed experts' weights (q4_K, q5_K, q6_K, q8_0, mxfp4; 1 GiB each) beside the read bandwidth"},
         {"--kernel-rows", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.krows, .metavar = "N[,N...]", .help = "with --kernels: rows per expert to test (default 1,4,8)"},
         {"--profile", NULL, BL_ARG_FLAG, &b.profile, .help = "time each op of 32 decode steps and print the breakdown of one step (on the CPU with the weight bytes and rate of each op)"},
     };

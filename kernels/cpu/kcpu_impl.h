@@ -45,11 +45,13 @@ typedef struct kcpu_kernels {
     kcpu_dot_f16_fn dot_f16_f32;
     kcpu_dot_fn dot_q8_0_q8_0;
     kcpu_dot_fn dot_q4_0_q8_0;
+    kcpu_dot_fn dot_mxfp4_q8_0;
     kcpu_dot_fn dot_q4_K_q8_K;
     kcpu_dot_fn dot_q5_K_q8_K;
     kcpu_dot_fn dot_q6_K_q8_K;
     kcpu_dot2_fn dot2_q8_0_q8_0;
     kcpu_dot2_fn dot2_q4_0_q8_0;
+    kcpu_dot2_fn dot2_mxfp4_q8_0;
     kcpu_dot2_fn dot2_q4_K_q8_K;
     kcpu_dot2_fn dot2_q5_K_q8_K;
     kcpu_dot2_fn dot2_q6_K_q8_K;

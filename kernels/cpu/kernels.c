@@ -37,11 +37,13 @@ static const kcpu_kernels_t kernels_ref = {
     .dot_f16_f32 = kcpu_vec_dot_f16_f32_ref,
     .dot_q8_0_q8_0 = kcpu_vec_dot_q8_0_q8_0_ref,
     .dot_q4_0_q8_0 = kcpu_vec_dot_q4_0_q8_0_ref,
+    .dot_mxfp4_q8_0 = kcpu_vec_dot_mxfp4_q8_0_ref,
     .dot_q4_K_q8_K = kcpu_vec_dot_q4_K_q8_K_ref,
     .dot_q5_K_q8_K = kcpu_vec_dot_q5_K_q8_K_ref,
     .dot_q6_K_q8_K = kcpu_vec_dot_q6_K_q8_K_ref,
     .dot2_q8_0_q8_0 = kcpu_vec_dot2_q8_0_q8_0_ref,
     .dot2_q4_0_q8_0 = kcpu_vec_dot2_q4_0_q8_0_ref,
+    .dot2_mxfp4_q8_0 = kcpu_vec_dot2_mxfp4_q8_0_ref,
     .dot2_q4_K_q8_K = kcpu_vec_dot2_q4_K_q8_K_ref,
     .dot2_q5_K_q8_K = kcpu_vec_dot2_q5_K_q8_K_ref,
     .dot2_q6_K_q8_K = kcpu_vec_dot2_q6_K_q8_K_ref,
@@ -61,11 +63,13 @@ static const kcpu_kernels_t kernels_avx2 = {
     .dot_f16_f32 = kcpu_vec_dot_f16_f32_avx2,
     .dot_q8_0_q8_0 = kcpu_vec_dot_q8_0_q8_0_avx2,
     .dot_q4_0_q8_0 = kcpu_vec_dot_q4_0_q8_0_avx2,
+    .dot_mxfp4_q8_0 = kcpu_vec_dot_mxfp4_q8_0_avx2,
     .dot_q4_K_q8_K = kcpu_vec_dot_q4_K_q8_K_avx2,
     .dot_q5_K_q8_K = kcpu_vec_dot_q5_K_q8_K_avx2,
     .dot_q6_K_q8_K = kcpu_vec_dot_q6_K_q8_K_avx2,
     .dot2_q8_0_q8_0 = kcpu_vec_dot2_q8_0_q8_0_avx2,
     .dot2_q4_0_q8_0 = dot2_q4_0_q8_0_avx2,
+    .dot2_mxfp4_q8_0 = kcpu_vec_dot2_mxfp4_q8_0_avx2,
     .dot2_q4_K_q8_K = kcpu_vec_dot2_q4_K_q8_K_avx2,
     .dot2_q5_K_q8_K = kcpu_vec_dot2_q5_K_q8_K_avx2,
     .dot2_q6_K_q8_K = kcpu_vec_dot2_q6_K_q8_K_avx2,
@@ -192,6 +196,7 @@ int kcpu_act_type(uint32_t t)
     switch (t) {
     case BL_TYPE_Q8_0:
     case BL_TYPE_Q4_0:
+    case BL_TYPE_MXFP4:
         return BL_TYPE_Q8_0;
     case BL_TYPE_Q4_K:
     case BL_TYPE_Q5_K:
@@ -207,6 +212,7 @@ static kcpu_dot2_fn int_dot2(uint32_t t)
     switch (t) {
     case BL_TYPE_Q8_0: return kcpu__k->dot2_q8_0_q8_0;
     case BL_TYPE_Q4_0: return kcpu__k->dot2_q4_0_q8_0;
+    case BL_TYPE_MXFP4: return kcpu__k->dot2_mxfp4_q8_0;
     case BL_TYPE_Q4_K: return kcpu__k->dot2_q4_K_q8_K;
     case BL_TYPE_Q5_K: return kcpu__k->dot2_q5_K_q8_K;
     case BL_TYPE_Q6_K: return kcpu__k->dot2_q6_K_q8_K;
@@ -219,6 +225,7 @@ static kcpu_dot_fn int_dot(uint32_t t)
     switch (t) {
     case BL_TYPE_Q8_0: return kcpu__k->dot_q8_0_q8_0;
     case BL_TYPE_Q4_0: return kcpu__k->dot_q4_0_q8_0;
+    case BL_TYPE_MXFP4: return kcpu__k->dot_mxfp4_q8_0;
     case BL_TYPE_Q4_K: return kcpu__k->dot_q4_K_q8_K;
     case BL_TYPE_Q5_K: return kcpu__k->dot_q5_K_q8_K;
     case BL_TYPE_Q6_K: return kcpu__k->dot_q6_K_q8_K;

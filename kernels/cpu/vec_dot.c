@@ -60,6 +60,24 @@ float kcpu_vec_dot_q4_0_q8_0_ref(const void *w, const void *x, int64_t n)
     return s;
 }
 
+/* mxfp4: each weight is a doubled E2M1 value (an integer in -12..12) times the
+ * block's halved power of two, so a block's dot is one integer sum. */
+float kcpu_vec_dot_mxfp4_q8_0_ref(const void *w, const void *x, int64_t n)
+{
+    const bl_block_mxfp4 *a = w;
+    const bl_block_q8_0 *b = x;
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / BL_QK; i++) {
+        int32_t isum = 0;
+        for (int j = 0; j < BL_QK / 2; j++) {
+            isum += bl_e2m1_doubled[a[i].qs[j] & 0xf] * b[i].qs[j];
+            isum += bl_e2m1_doubled[a[i].qs[j] >> 4] * b[i].qs[j + BL_QK / 2];
+        }
+        s += bl_e8m0_to_fp32_half(a[i].e) * bl_fp16_to_fp32(b[i].d) * (float)isum;
+    }
+    return s;
+}
+
 /* q4_K and q5_K: x = d*sc*q - dmin*m per sub-block of 32, so a block's dot is
  * d*xd*sum(sc * sum(q*y)) - dmin*xd*sum(m * sum(y)); the sums of y come from the
  * q8_K bsums (two groups of 16 per sub-block). */
@@ -147,6 +165,11 @@ float kcpu_vec_dot2_q8_0_q8_0_ref(const void *w, const void *x0, const void *x1,
 float kcpu_vec_dot2_q4_0_q8_0_ref(const void *w, const void *x0, const void *x1, int64_t n)
 {
     return kcpu_vec_dot_q4_0_q8_0_ref(w, x0, n) + kcpu_vec_dot_q4_0_q8_0_ref(w, x1, n);
+}
+
+float kcpu_vec_dot2_mxfp4_q8_0_ref(const void *w, const void *x0, const void *x1, int64_t n)
+{
+    return kcpu_vec_dot_mxfp4_q8_0_ref(w, x0, n) + kcpu_vec_dot_mxfp4_q8_0_ref(w, x1, n);
 }
 
 float kcpu_vec_dot2_q4_K_q8_K_ref(const void *w, const void *x0, const void *x1, int64_t n)

@@ -55,8 +55,16 @@ static void make_weights(rng_t *r, wmat_t *w, uint32_t type, int64_t ncols, int6
     w->deq = malloc(sizeof(float) * (size_t)(ncols * nrows));
     float *src = malloc(sizeof(float) * (size_t)ncols);
     for (int64_t i = 0; i < nrows; i++) {
-        rand_vec(r, src, ncols, 1.0f);
-        assert_int_equal(bl_quantize_row_ref(type, src, (uint8_t *)w->data + rb * (size_t)i, ncols), 0);
+        uint8_t *row = (uint8_t *)w->data + rb * (size_t)i;
+        if (type == BL_TYPE_MXFP4) { /* no quantizer: random codes, exponents near 1 */
+            for (size_t j = 0; j < rb; j++)
+                row[j] = (uint8_t)rng_next(r);
+            for (int64_t b = 0; b < ncols / BL_QK; b++)
+                ((bl_block_mxfp4 *)row)[b].e = (uint8_t)(122 + rng_next(r) % 6);
+        } else {
+            rand_vec(r, src, ncols, 1.0f);
+            assert_int_equal(bl_quantize_row_ref(type, src, row, ncols), 0);
+        }
         assert_int_equal(bl_dequantize_row_ref(type, (uint8_t *)w->data + rb * (size_t)i,
                                                w->deq + i * ncols, ncols), 0);
     }
@@ -76,7 +84,8 @@ static void test_matmul_modes_match_double(void **state)
 {
     (void)state;
     rng_t r = rng_for(1);
-    const uint32_t types[] = {BL_TYPE_F32, BL_TYPE_F16, BL_TYPE_Q8_0, BL_TYPE_Q4_K, BL_TYPE_Q5_K, BL_TYPE_Q6_K, BL_TYPE_BF16};
+    const uint32_t types[] = {BL_TYPE_F32,  BL_TYPE_F16,  BL_TYPE_Q8_0, BL_TYPE_Q4_K,
+                              BL_TYPE_Q5_K, BL_TYPE_Q6_K, BL_TYPE_BF16, BL_TYPE_MXFP4};
     const int modes[] = {KCPU_PRECISE, KCPU_FAST16, KCPU_FAST8};
     const double rel[] = {1e-5, 1e-4, 2e-2};
     const int64_t K = 512, N = 37, B = 5;
@@ -161,17 +170,17 @@ static void test_matmul_many_matches_matmul(void **state)
 {
     (void)state;
     rng_t r = rng_for(7);
-    enum { NT = 5, B = 7 };
+    enum { NT = 6, B = 7 };
     const int64_t K = 512;
-    const uint32_t types[] = {BL_TYPE_Q4_K, BL_TYPE_Q5_K, BL_TYPE_Q6_K, BL_TYPE_Q8_0, BL_TYPE_F16};
-    const int64_t nrows[] = {33, 17, 40, 9, 5};
+    const uint32_t types[] = {BL_TYPE_Q4_K, BL_TYPE_Q5_K, BL_TYPE_Q6_K, BL_TYPE_Q8_0, BL_TYPE_F16, BL_TYPE_MXFP4};
+    const int64_t nrows[] = {33, 17, 40, 9, 5, 11};
     wmat_t w[NT];
     for (int i = 0; i < NT; i++)
         make_weights(&r, &w[i], types[i], K, nrows[i]);
     float *x = malloc(sizeof(float) * (size_t)(B * K)), *xg = malloc(sizeof(float) * (size_t)(B * K));
     rand_vec(&r, x, B * K, 1.0f);
-    const int32_t rows[NT][B] = {{6, 0, 3, 4, 1, 2, 5}, {2, 2, 5}, {1, 3, 5, 6}, {0}, {4, 6}};
-    const int64_t cnt[NT] = {7, 3, 4, 1, 2};
+    const int32_t rows[NT][B] = {{6, 0, 3, 4, 1, 2, 5}, {2, 2, 5}, {1, 3, 5, 6}, {0}, {4, 6}, {5, 1, 2}};
+    const int64_t cnt[NT] = {7, 3, 4, 1, 2, 3};
     const int modes[] = {KCPU_PRECISE, KCPU_FAST16, KCPU_FAST8};
     for (size_t mi = 0; mi < 3; mi++)
         /* A batch scratch of B rows holds one quantized input, not the q8_0 and q8_K

@@ -46,6 +46,7 @@ static void rand_weights(rng_t *r, uint32_t type, void *dst, int64_t nblocks)
         case BL_TYPE_Q4_K: ((bl_block_q4_K *)blk)->d = d; ((bl_block_q4_K *)blk)->dmin = dm; break;
         case BL_TYPE_Q5_K: ((bl_block_q5_K *)blk)->d = d; ((bl_block_q5_K *)blk)->dmin = dm; break;
         case BL_TYPE_Q6_K: ((bl_block_q6_K *)blk)->d = d; break;
+        case BL_TYPE_MXFP4: ((bl_block_mxfp4 *)blk)->e = (uint8_t)(118 + rng_next(r) % 12); break;
         default: fail();
         }
     }
@@ -66,6 +67,8 @@ static const pair_t k_pairs[] = {
      kcpu_vec_dot2_q8_0_q8_0_ref, kcpu_vec_dot2_q8_0_q8_0_avx2},
     {"q4_0_q8_0", BL_TYPE_Q4_0, BL_TYPE_Q8_0, kcpu_vec_dot_q4_0_q8_0_ref, kcpu_vec_dot_q4_0_q8_0_avx2,
      kcpu_vec_dot2_q4_0_q8_0_ref, NULL},
+    {"mxfp4_q8_0", BL_TYPE_MXFP4, BL_TYPE_Q8_0, kcpu_vec_dot_mxfp4_q8_0_ref, kcpu_vec_dot_mxfp4_q8_0_avx2,
+     kcpu_vec_dot2_mxfp4_q8_0_ref, kcpu_vec_dot2_mxfp4_q8_0_avx2},
     {"q4_K_q8_K", BL_TYPE_Q4_K, BL_TYPE_Q8_K, kcpu_vec_dot_q4_K_q8_K_ref, kcpu_vec_dot_q4_K_q8_K_avx2,
      kcpu_vec_dot2_q4_K_q8_K_ref, kcpu_vec_dot2_q4_K_q8_K_avx2},
     {"q5_K_q8_K", BL_TYPE_Q5_K, BL_TYPE_Q8_K, kcpu_vec_dot_q5_K_q8_K_ref, kcpu_vec_dot_q5_K_q8_K_avx2,
