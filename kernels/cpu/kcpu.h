@@ -84,6 +84,11 @@ float kcpu_vec_dot2_q8_0_q8_0_ref(const void *w, const void *x0, const void *x1,
 float kcpu_vec_dot2_q4_0_q8_0_ref(const void *w, const void *x0, const void *x1, int64_t n);
 float kcpu_vec_dot2_mxfp4_q8_0_ref(const void *w, const void *x0, const void *x1, int64_t n);
 float kcpu_vec_dot2_mxfp4_q8_0_avx2(const void *w, const void *x0, const void *x1, int64_t n);
+/* The same bits as the avx2 q8_0 and mxfp4 dots, where kcpu_have_avx512(). */
+float kcpu_vec_dot_q8_0_q8_0_avx512(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot2_q8_0_q8_0_avx512(const void *w, const void *x0, const void *x1, int64_t n);
+float kcpu_vec_dot_mxfp4_q8_0_avx512(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot2_mxfp4_q8_0_avx512(const void *w, const void *x0, const void *x1, int64_t n);
 float kcpu_vec_dot2_q4_K_q8_K_ref(const void *w, const void *x0, const void *x1, int64_t n);
 float kcpu_vec_dot2_q5_K_q8_K_ref(const void *w, const void *x0, const void *x1, int64_t n);
 float kcpu_vec_dot2_q6_K_q8_K_ref(const void *w, const void *x0, const void *x1, int64_t n);

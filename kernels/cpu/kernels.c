@@ -136,8 +136,9 @@ int kcpu_have_avx512(void)
 #endif
 }
 
-/* The avx2 set with the 16-bit activation dots, the multi-row dots and the batch
- * tile in AVX-512 (the same bits), filled once by init_kernels. */
+/* The avx2 set with the 16-bit activation dots, the multi-row dots, the batch tile
+ * and the q8_0 and mxfp4 dots in AVX-512 (the same bits), filled once by
+ * init_kernels. */
 static kcpu_kernels_t kernels_avx512;
 
 /* The default is the widest set the CPU runs: avx512, else avx2, else ref.
@@ -155,6 +156,10 @@ static void init_kernels(void)
     kernels_avx512.dot_q5_K_q16_K = kcpu_vec_dot_q5_K_q16_K_avx512;
     kernels_avx512.dot_q6_K_q16_K = kcpu_vec_dot_q6_K_q16_K_avx512;
     kernels_avx512.gemm16 = kcpu_gemm_u16_q16_K_avx512;
+    kernels_avx512.dot_q8_0_q8_0 = kcpu_vec_dot_q8_0_q8_0_avx512;
+    kernels_avx512.dot2_q8_0_q8_0 = kcpu_vec_dot2_q8_0_q8_0_avx512;
+    kernels_avx512.dot_mxfp4_q8_0 = kcpu_vec_dot_mxfp4_q8_0_avx512;
+    kernels_avx512.dot2_mxfp4_q8_0 = kcpu_vec_dot2_mxfp4_q8_0_avx512;
     kernels_avx512.dotn_q4_K_q16_K = kcpu_vec_dotn_q4_K_q16_K_avx512;
     kernels_avx512.dotn_q5_K_q16_K = kcpu_vec_dotn_q5_K_q16_K_avx512;
     kernels_avx512.dotn_q6_K_q16_K = kcpu_vec_dotn_q6_K_q16_K_avx512;

@@ -471,6 +471,55 @@ static void test_vec_dot_q16_K_avx512(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* The AVX-512 q8_0 and mxfp4 dots, one row and two terms, against the AVX2 ones bit
+ * for bit, on fresh random weights and activations of every size. */
+static void test_vec_dot_q8_0_family_avx512(void **state)
+{
+    (void)state;
+    if (!kcpu_have_avx512()) {
+        print_message("no AVX-512 F/BW/VL/VNNI on this CPU: the avx512 q8_0 and mxfp4 dots are not tested here\n");
+        skip();
+    }
+    const struct {
+        uint32_t type;
+        dot_fn avx2, avx512;
+        dot2_fn avx2_2, avx512_2;
+    } k[] = {
+        {BL_TYPE_Q8_0, kcpu_vec_dot_q8_0_q8_0_avx2, kcpu_vec_dot_q8_0_q8_0_avx512, kcpu_vec_dot2_q8_0_q8_0_avx2,
+         kcpu_vec_dot2_q8_0_q8_0_avx512},
+        {BL_TYPE_MXFP4, kcpu_vec_dot_mxfp4_q8_0_avx2, kcpu_vec_dot_mxfp4_q8_0_avx512,
+         kcpu_vec_dot2_mxfp4_q8_0_avx2, kcpu_vec_dot2_mxfp4_q8_0_avx512},
+    };
+    int bad = 0;
+    for (size_t ti = 0; ti < sizeof k / sizeof k[0]; ti++) {
+        rng_t r = rng_for(680 + ti);
+        const bl_type_info_t *wi = bl_type_info(k[ti].type), *ai = bl_type_info(BL_TYPE_Q8_0);
+        for (size_t si = 0; si < sizeof k_nblocks / sizeof k_nblocks[0]; si++) {
+            const int64_t nb = k_nblocks[si], n = nb * BL_QK;
+            uint8_t *w = malloc((size_t)nb * wi->block_bytes);
+            uint8_t *xq = malloc(2 * (size_t)nb * ai->block_bytes);
+            float *x = malloc(sizeof(float) * (size_t)n);
+            for (int rep = 0; rep < 8; rep++) {
+                rand_weights(&r, k[ti].type, w, nb);
+                for (int t = 0; t < 2; t++) {
+                    rand_act(&r, x, n);
+                    assert_int_equal(bl_quantize_row_ref(BL_TYPE_Q8_0, x, xq + (size_t)t * nb * ai->block_bytes, n), 0);
+                }
+                const void *x1 = xq + (size_t)nb * ai->block_bytes;
+                const float a = k[ti].avx2(w, xq, n), e = k[ti].avx512(w, xq, n);
+                const float a2 = k[ti].avx2_2(w, xq, x1, n), e2 = k[ti].avx512_2(w, xq, x1, n);
+                if ((memcmp(&a, &e, sizeof a) != 0 || memcmp(&a2, &e2, sizeof a2) != 0) && bad++ < 5)
+                    print_error("type %u: %lld blocks: avx512 %.9g / %.9g, avx2 %.9g / %.9g\n", k[ti].type,
+                                (long long)nb, (double)e, (double)e2, (double)a, (double)a2);
+            }
+            free(w);
+            free(xq);
+            free(x);
+        }
+    }
+    assert_int_equal(bad, 0);
+}
+
 /* Each AVX-512 multi-row dot against the one-row dot, bit for bit, at every row
  * count 1..KCPU_DOTN_MAX, on fresh random weights and activations of every size. */
 static void test_vec_dotn_q16_K_avx512(void **state)
@@ -736,6 +785,7 @@ int main(void)
         cmocka_unit_test(test_vec_dot_q16_K_extremes),
         cmocka_unit_test(test_vec_dot_q16_K_avx512),
         cmocka_unit_test(test_vec_dotn_q16_K_avx512),
+        cmocka_unit_test(test_vec_dot_q8_0_family_avx512),
         cmocka_unit_test(test_attention_f16_group),
         cmocka_unit_test(test_kernel_set_selection),
     };
