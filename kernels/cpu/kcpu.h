@@ -213,6 +213,13 @@ void kcpu_gemm_u16_q16_K_avx512(const kcpu_kunpacked16_t *const u[2], int nr,
                                 const kcpu_block_q16_K *const x[4], int nc, int64_t nb, int q6,
                                 float out[8]);
 
+/* x[i] = exp(x[i] - m) for n values (a softmax's numerators, every x[i] - m <= 0
+ * or -inf). The reference is libm's expf; the AVX2 variant a range reduction by
+ * ln 2 and a degree-5 polynomial (relative error under 2e-7 against expf, 0 for
+ * arguments below -87.3). */
+void kcpu_exp_sub_ref(float *x, int64_t n, float m);
+void kcpu_exp_sub_avx2(float *x, int64_t n, float m);
+
 /* Attention over an f16 cache for ng (1..8) query heads sharing one KV head, each
  * cache row read and converted once for all of them. qk: sc[g * ld + s] = scale *
  * dot(q row g, K row s) for s < len, q (ng, hd), K rows k_stride elements apart.

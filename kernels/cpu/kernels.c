@@ -53,6 +53,7 @@ static const kcpu_kernels_t kernels_ref = {
     .dot_q4_K_q16_K = kcpu_vec_dot_q4_K_q16_K_ref,
     .dot_q5_K_q16_K = kcpu_vec_dot_q5_K_q16_K_ref,
     .dot_q6_K_q16_K = kcpu_vec_dot_q6_K_q16_K_ref,
+    .exp_sub = kcpu_exp_sub_ref,
     .att_qk_f16 = kcpu_att_qk_f16_ref,
     .att_pv_f16 = kcpu_att_pv_f16_ref,
 };
@@ -92,6 +93,7 @@ static const kcpu_kernels_t kernels_avx2 = {
     .unpack16_q5_K = kcpu_unpack16_q5_K_avx2,
     .unpack16_q6_K = kcpu_unpack16_q6_K_avx2,
     .gemm16 = kcpu_gemm_u16_q16_K_avx2,
+    .exp_sub = kcpu_exp_sub_avx2,
     .att_qk_f16 = kcpu_att_qk_f16_avx2,
     .att_pv_f16 = kcpu_att_pv_f16_avx2,
 };
@@ -1336,11 +1338,10 @@ static void att_chunk(const att_task_t *t, float *sc, const float *q, int ng, in
         float *e = sc + g * ld, mx = -INFINITY;
         for (int64_t j = 0; j < len; j++)
             mx = e[j] > mx ? e[j] : mx;
+        kcpu__k->exp_sub(e, len, mx);
         double sum = 0.0;
-        for (int64_t j = 0; j < len; j++) {
-            e[j] = expf(e[j] - mx);
+        for (int64_t j = 0; j < len; j++)
             sum += e[j];
-        }
         m[g] = mx;
         s[g] = sum;
     }

@@ -427,3 +427,9 @@ void kcpu_unpack16_q6_K(const void *w, kcpu_kunpacked16_t *u, int64_t n)
         memset(u->_pad, 0, sizeof u->_pad);
     }
 }
+
+void kcpu_exp_sub_ref(float *x, int64_t n, float m)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = expf(x[i] - m);
+}

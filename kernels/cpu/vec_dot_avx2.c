@@ -663,6 +663,47 @@ AVX2 void kcpu_att_pv_f16_avx2(const float *p, int ng, int64_t ld, const uint16_
     }
 }
 
+/* exp(v) for v <= 0: v = n ln 2 + r with n = round(v / ln 2) and |r| <= ln 2 / 2 (ln 2
+ * split in two constants so that n ln 2 is exact enough), e^r = 1 + r + r^2 p(r)
+ * with p the degree-5 minimax polynomial of (e^r - 1 - r) / r^2, and 2^n put into
+ * the exponent bits. v below -87.3 (and -inf) gives 0: a softmax numerator that
+ * small is lost beside the maximum's 1 in any case. */
+AVX2 static inline __m256 exp_neg(__m256 v)
+{
+    const __m256 lo = _mm256_set1_ps(-87.3f);
+    const __m256 under = _mm256_cmp_ps(v, lo, _CMP_LT_OQ);
+    v = _mm256_max_ps(v, lo);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504089f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), v);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const __m256 e = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i pow2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(e, _mm256_castsi256_ps(pow2)));
+}
+
+AVX2 void kcpu_exp_sub_avx2(float *x, int64_t n, float m)
+{
+    const __m256 vm = _mm256_set1_ps(m);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm)));
+    if (i < n) { /* the tail through a padded vector, the same arithmetic */
+        float t[8] = {0};
+        for (int64_t j = i; j < n; j++)
+            t[j - i] = x[j] - m;
+        _mm256_storeu_ps(t, exp_neg(_mm256_loadu_ps(t)));
+        for (int64_t j = i; j < n; j++)
+            x[j] = t[j - i];
+    }
+}
+
 #else /* not x86-64: the names exist so the table compiles; kcpu_init never picks them */
 
 float kcpu_vec_dot_f32_f32_avx2(const float *w, const float *x, int64_t n) { return kcpu_vec_dot_f32_f32_ref(w, x, n); }
@@ -692,5 +733,6 @@ void kcpu_axpy_f32_avx2(float *y, float a, const float *x, int64_t n) { kcpu_axp
 void kcpu_att_qk_f16_avx2(const float *q, int ng, const uint16_t *k, int64_t k_stride, int64_t len, int64_t hd, float scale, float *sc, int64_t ld) { kcpu_att_qk_f16_ref(q, ng, k, k_stride, len, hd, scale, sc, ld); }
 void kcpu_att_pv_f16_avx2(const float *p, int ng, int64_t ld, const uint16_t *v, int64_t v_stride, int64_t len, int64_t hd, float *out) { kcpu_att_pv_f16_ref(p, ng, ld, v, v_stride, len, hd, out); }
 void kcpu_axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) { kcpu_axpy_f16_ref(y, a, x, n); }
+void kcpu_exp_sub_avx2(float *x, int64_t n, float m) { kcpu_exp_sub_ref(x, n, m); }
 
 #endif

@@ -747,6 +747,51 @@ static void test_attention_f16_group(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* The AVX2 softmax exponential against libm's expf, relative to it, on fresh random
+ * arguments over the whole range a softmax gives (0 down to past the underflow) and
+ * every tail length; -inf and arguments below -87.3 give 0. */
+static void test_exp_sub(void **state)
+{
+    (void)state;
+    if (!kcpu_have_avx2())
+        skip();
+    rng_t r = rng_for(700);
+    enum { N = 4099 };
+    float *x = malloc(sizeof(float) * N), *a = malloc(sizeof(float) * N), *b = malloc(sizeof(float) * N);
+    double worst = 0.0;
+    int bad = 0;
+    for (int rep = 0; rep < 40; rep++) {
+        const float m = rng_f(&r, -20.0f, 20.0f);
+        const int64_t n = 1 + (int64_t)(rng_next(&r) % N);
+        for (int64_t i = 0; i < n; i++)
+            x[i] = m - (rep % 4 == 0 ? rng_f(&r, 0.0f, 1.0f) : rng_f(&r, 0.0f, 95.0f));
+        x[0] = m;
+        if (n > 2)
+            x[n - 1] = -INFINITY;
+        memcpy(a, x, sizeof(float) * (size_t)n);
+        memcpy(b, x, sizeof(float) * (size_t)n);
+        kcpu_exp_sub_ref(a, n, m);
+        kcpu_exp_sub_avx2(b, n, m);
+        for (int64_t i = 0; i < n; i++) {
+            const double arg = (double)x[i] - (double)m;
+            if (arg < -87.3) {
+                if (b[i] != 0.0f && bad++ < 5)
+                    print_error("exp(%.9g) = %.9g, want 0 below -87.3\n", arg, (double)b[i]);
+                continue;
+            }
+            const double rel = fabs((double)b[i] - (double)a[i]) / (double)a[i];
+            worst = rel > worst ? rel : worst;
+            if (rel > 3e-7 && bad++ < 5)
+                print_error("exp(%.9g): avx2 %.9g, expf %.9g (rel %.3g)\n", arg, (double)b[i], (double)a[i], rel);
+        }
+    }
+    print_message("worst relative error %.3g\n", worst);
+    free(x);
+    free(a);
+    free(b);
+    assert_int_equal(bad, 0);
+}
+
 static void test_kernel_set_selection(void **state)
 {
     (void)state;
@@ -787,6 +832,7 @@ int main(void)
         cmocka_unit_test(test_vec_dotn_q16_K_avx512),
         cmocka_unit_test(test_vec_dot_q8_0_family_avx512),
         cmocka_unit_test(test_attention_f16_group),
+        cmocka_unit_test(test_exp_sub),
         cmocka_unit_test(test_kernel_set_selection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
