@@ -601,6 +601,9 @@ kcpu_mat_t kcpu_mat_rows(const kcpu_mat_t *m, int64_t r0, int64_t n)
  * pairs pass over it. */
 #define MM_U16ROWS 16
 
+/* The smallest chunk of a one-row product's weight rows a thread takes. */
+#define MM_DECODE_CHUNK 4
+
 /* Most rows per product that take the packed multi-row dot (where the set has one)
  * rather than the unpacked tile: on a 2-core Zen 4 (bench --kernels, q4_K, 2026-12-03)
  * the multi-row dot streamed 24.8 / 15.6 / 8.7 GB/s of weights at 2 / 4 / 8 rows
@@ -735,9 +738,10 @@ typedef struct mm_group {
     int nt;
     int64_t act_rows; /* sum of nx over MM_INT products that quantize their own */
     int64_t w_rows;   /* sum of nrows */
-    /* The weight rows are handed out in chunks from next (relaxed: the pool's start
-     * and end order everything else). */
+    /* The weight rows are handed out in chunks of at least min_chunk rows from next
+     * (relaxed: the pool's start and end order everything else). */
     _Atomic int64_t next;
+    int64_t min_chunk;
 } mm_group_t;
 
 /* The activation row output row b of t reads. */
@@ -970,12 +974,13 @@ static void mm_rows_range(const mm_task_t *t, int ith, int64_t lo, int64_t hi)
 
 /* Chunks of the concatenated weight rows of the group, taken by whichever thread
  * is free, each half of an even share of what is left (guided): large while much is
- * left, down to one q16_K tile at the end, so that no thread starts a long chunk
- * when the others are about to finish (a decode layer's products take a few hundred
- * microseconds; a chunk of an eighth of a thread's share left a tail of tens). On a
- * machine shared with other work a preempted thread no longer holds up the step with
- * a fixed share either. Which thread computes a row changes no bit: every row's
- * output is the same code on the same data, whatever chunk or tile it is in. */
+ * left, down to one q16_K tile (a batch) or MM_DECODE_CHUNK rows (one row) at the
+ * end, so that no thread starts a long chunk when the others are about to finish (a
+ * decode layer's products take a few hundred microseconds; a chunk of an eighth of
+ * a thread's share left a tail of tens). On a machine shared with other work a
+ * preempted thread no longer holds up the step with a fixed share either. Which
+ * thread computes a row changes no bit: every row's output is the same code on the
+ * same data, whatever chunk or tile it is in. */
 static void mm_rows(void *p, int ith, int nth)
 {
     mm_group_t *g = p;
@@ -985,8 +990,8 @@ static void mm_rows(void *p, int ith, int nth)
             if (lo >= g->w_rows)
                 return;
             int64_t c = (g->w_rows - lo) / (2 * (int64_t)nth);
-            c = (c + MM_U16ROWS - 1) / MM_U16ROWS * MM_U16ROWS;
-            c = c < MM_U16ROWS ? MM_U16ROWS : c;
+            c = (c + g->min_chunk - 1) / g->min_chunk * g->min_chunk;
+            c = c < g->min_chunk ? g->min_chunk : c;
             hi = lo + c < g->w_rows ? lo + c : g->w_rows;
         } while (!atomic_compare_exchange_weak_explicit(&g->next, &lo, hi, memory_order_relaxed,
                                                         memory_order_relaxed));
@@ -1058,6 +1063,13 @@ static void mm_run(kcpu_ctx_t *c, mm_group_t *g)
         kcpu_pool_run(c->pool, mm_quantize, g);
     else if (g->act_rows > 0)
         mm_quantize(g, 0, 1);
+    /* Batches take whole tiles (weight rows unpacked or dequantized once for all the
+     * rows); one row's products can be cut anywhere, so that a small matrix (a
+     * router's 128 rows) still reaches every thread. */
+    g->min_chunk = MM_DECODE_CHUNK;
+    for (int j = 0; j < g->nt; j++)
+        if (g->t[j].n > 1)
+            g->min_chunk = MM_U16ROWS;
     atomic_store_explicit(&g->next, 0, memory_order_relaxed);
     kcpu_pool_run(c->pool, mm_rows, g);
 }
