@@ -605,7 +605,7 @@ kcpu_mat_t kcpu_mat_rows(const kcpu_mat_t *m, int64_t r0, int64_t n)
 #define MM_DECODE_CHUNK 4
 
 /* Most rows per product that take the packed multi-row dot (where the set has one)
- * rather than the unpacked tile: on a 2-core Zen 4 (bench --kernels, q4_K, 2026-12-03)
+ * rather than the unpacked tile: on a 2-core EPYC (bench --kernels, q4_K, 2026-12-03)
  * the multi-row dot streamed 24.8 / 15.6 / 8.7 GB/s of weights at 2 / 4 / 8 rows
  * where the tile managed 9.6 / 8.3 / 5.9, and 3.2 against 3.5 at 16. */
 #define MM_DOTN_ROWS 8
