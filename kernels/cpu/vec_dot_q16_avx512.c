@@ -45,47 +45,95 @@ AVX512 static INLINE __m256i fold16(__m512i v)
 
 AVX512 static INLINE __m512i load_x(const int16_t *x) { return _mm512_loadu_si512((const void *)x); }
 
+/* Sub-blocks 2j and 2j + 1 of a q4_K/q5_K block as two registers of 32 words, each
+ * word times its sub-block's scale: the 32 bytes qs + 32j widened (low nibbles are
+ * sub-block 2j, high ones 2j + 1), with q5_K's fifth bits (qh: its 32 bytes as
+ * words, bit j of byte e for element e of sub-block j; zero for q4_K) or-ed in. */
+AVX512 static INLINE void q45_words(const uint8_t *qs, __m512i qh, int a5, int j, const uint8_t *sc, __m512i *w0,
+                                    __m512i *w1)
+{
+    const __m512i lo4 = _mm512_set1_epi16(0xf), one = _mm512_set1_epi16(1);
+    const __m512i r = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * j)));
+    __m512i q0 = _mm512_and_si512(r, lo4), q1 = _mm512_srli_epi16(r, 4);
+    if (a5) {
+        q0 = _mm512_or_si512(q0, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * j), one), 4));
+        q1 = _mm512_or_si512(q1, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * j + 1), one), 4));
+    }
+    *w0 = _mm512_mullo_epi16(q0, _mm512_set1_epi16(sc[2 * j]));
+    *w1 = _mm512_mullo_epi16(q1, _mm512_set1_epi16(sc[2 * j + 1]));
+}
+
+/* q5_K's fifth bits as words for q45_words; zero for q4_K. */
+AVX512 static INLINE __m512i q5_high(const bl_block_q5_K *a5)
+{
+    return a5 ? _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)a5->qh)) : _mm512_setzero_si512();
+}
+
+/* A q4_K/q5_K block's d and dmin as floats (lanes 0 and 1 of dm), and its eight
+ * mins times dmin. */
+AVX512 static INLINE __m256 q45_mins(const uint16_t *d, const uint8_t m[8], __m128 *dm)
+{
+    uint32_t d2;
+    memcpy(&d2, d, 4);
+    *dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)d2));
+    uint64_t m8;
+    memcpy(&m8, m, 8);
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8))),
+                         _mm256_broadcastss_ps(_mm_movehdup_ps(*dm)));
+}
+
+/* The four 32-element chunks of half h of a q6_K block as registers of words
+ * (0..63 - 32) times the scales of their two 16-element groups (the lower and upper
+ * halves of each register); sc: the block's 16 scales as words 0-15. */
+AVX512 static INLINE void q6_words(const bl_block_q6_K *a, int h, __m512i sc, __m512i wq[4])
+{
+    const __m512i lo4 = _mm512_set1_epi16(0xf), m30 = _mm512_set1_epi16(0x30), off = _mm512_set1_epi16(32);
+    /* word e of chunk k's scale register: group 2k for e < 16, 2k + 1 above */
+    const __m512i hi1 = _mm512_maskz_mov_epi16(0xffff0000u, _mm512_set1_epi16(1));
+    const __m512i l0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(a->ql + 64 * h)));
+    const __m512i l1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(a->ql + 64 * h + 32)));
+    const __m512i hb = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(a->qh + 32 * h)));
+    const __m512i q[4] = {
+        _mm512_or_si512(_mm512_and_si512(l0, lo4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), m30)),
+        _mm512_or_si512(_mm512_and_si512(l1, lo4), _mm512_and_si512(_mm512_slli_epi16(hb, 2), m30)),
+        _mm512_or_si512(_mm512_srli_epi16(l0, 4), _mm512_and_si512(hb, m30)),
+        _mm512_or_si512(_mm512_srli_epi16(l1, 4), _mm512_and_si512(_mm512_srli_epi16(hb, 2), m30)),
+    };
+    for (int k = 0; k < 4; k++) {
+        const __m512i idx = _mm512_add_epi16(_mm512_set1_epi16((short)(8 * h + 2 * k)), hi1);
+        wq[k] = _mm512_mullo_epi16(_mm512_sub_epi16(q[k], off), _mm512_permutexvar_epi16(idx, sc));
+    }
+}
+
+/* A q6_K block's 16 group scales as words 0-15 of a register. */
+AVX512 static INLINE __m512i q6_scales(const bl_block_q6_K *a)
+{
+    return _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a->scales)));
+}
+
 /* The q4_K/q5_K dot: per pair of sub-blocks, 32 bytes widened to words (the low
  * nibbles are sub-block 2j, the high ones 2j + 1), q5_K's fifth bits or-ed in, each
  * word times its sub-block's scale, and one vpdpwssd per sub-block. */
 AVX512 static INLINE float dot_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K *a5,
                                      const kcpu_block_q16_K *b, int64_t nb)
 {
-    const __m512i lo4 = _mm512_set1_epi16(0xf), one = _mm512_set1_epi16(1);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
         uint8_t sc[8], m[8];
         kcpu__k_scales8(a4 ? a4[i].scales : a5[i].scales, sc, m);
-        /* q5_K: the 32 bytes of fifth bits as words, bit j of byte e for element e
-         * of sub-block j */
-        const __m512i qh = a5 ? _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)a5[i].qh))
-                              : _mm512_setzero_si512();
+        const __m512i qh = q5_high(a5 ? &a5[i] : NULL);
+        const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
         __m512i isum = _mm512_setzero_si512();
-        const int16_t *x = b[i].q;
         for (int j = 0; j < 4; j++) {
-            const __m512i r = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * j)));
-            __m512i q0 = _mm512_and_si512(r, lo4), q1 = _mm512_srli_epi16(r, 4);
-            if (a5) {
-                q0 = _mm512_or_si512(q0, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * j), one), 4));
-                q1 = _mm512_or_si512(q1,
-                                     _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * j + 1), one), 4));
-            }
-            q0 = _mm512_mullo_epi16(q0, _mm512_set1_epi16(sc[2 * j]));
-            q1 = _mm512_mullo_epi16(q1, _mm512_set1_epi16(sc[2 * j + 1]));
-            isum = _mm512_dpwssd_epi32(isum, q0, load_x(x + 64 * j));
-            isum = _mm512_dpwssd_epi32(isum, q1, load_x(x + 64 * j + 32));
+            __m512i w0, w1;
+            q45_words(qs, qh, a5 != NULL, j, sc, &w0, &w1);
+            isum = _mm512_dpwssd_epi32(isum, w0, load_x(b[i].q + 64 * j));
+            isum = _mm512_dpwssd_epi32(isum, w1, load_x(b[i].q + 64 * j + 32));
         }
-        uint32_t d2;
-        memcpy(&d2, a4 ? &a4[i].d : &a5[i].d, 4);
-        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)d2));
+        __m128 dm;
+        const __m256 mins = q45_mins(a4 ? &a4[i].d : &a5[i].d, m, &dm);
         acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_mul_ss(dm, _mm_load_ss(&b[i].d))),
                               _mm256_cvtepi32_ps(fold16(isum)), acc);
-        uint64_t m8;
-        memcpy(&m8, m, 8);
-        const __m256 mins = _mm256_mul_ps(
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8))),
-            _mm256_broadcastss_ps(_mm_movehdup_ps(dm)));
         acc = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(b[i].bsum), acc);
     }
     return hsum8(acc);
@@ -108,32 +156,16 @@ AVX512 float kcpu_vec_dot_q6_K_q16_K_avx512(const void *w, const void *x, int64_
 {
     const bl_block_q6_K *a = w;
     const kcpu_block_q16_K *b = x;
-    const __m512i lo4 = _mm512_set1_epi16(0xf), m30 = _mm512_set1_epi16(0x30), off = _mm512_set1_epi16(32);
-    /* word e of chunk k's scale register: group 2k for e < 16, 2k + 1 above */
-    const __m512i hi1 = _mm512_maskz_mov_epi16(0xffff0000u, _mm512_set1_epi16(1));
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / BL_QK_K; i++) {
         const __m256 dd = _mm256_set1_ps(_cvtsh_ss(a[i].d) * b[i].d);
-        /* the 16 group scales as words 0-15 */
-        const __m512i sc = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a[i].scales)));
+        const __m512i sc = q6_scales(&a[i]);
         for (int h = 0; h < 2; h++) {
-            const __m512i l0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h)));
-            const __m512i l1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h + 32)));
-            const __m512i hb = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(a[i].qh + 32 * h)));
-            const __m512i q[4] = {
-                _mm512_or_si512(_mm512_and_si512(l0, lo4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), m30)),
-                _mm512_or_si512(_mm512_and_si512(l1, lo4), _mm512_and_si512(_mm512_slli_epi16(hb, 2), m30)),
-                _mm512_or_si512(_mm512_srli_epi16(l0, 4), _mm512_and_si512(hb, m30)),
-                _mm512_or_si512(_mm512_srli_epi16(l1, 4), _mm512_and_si512(_mm512_srli_epi16(hb, 2), m30)),
-            };
+            __m512i wq[4];
+            q6_words(&a[i], h, sc, wq);
             __m512i isum = _mm512_setzero_si512();
-            for (int k = 0; k < 4; k++) {
-                /* words 0-15 take scale 8h + 2k, words 16-31 scale 8h + 2k + 1 */
-                const __m512i idx = _mm512_add_epi16(_mm512_set1_epi16((short)(8 * h + 2 * k)), hi1);
-                const __m512i s = _mm512_permutexvar_epi16(idx, sc);
-                const __m512i wq = _mm512_mullo_epi16(_mm512_sub_epi16(q[k], off), s);
-                isum = _mm512_dpwssd_epi32(isum, wq, load_x(b[i].q + 128 * h + 32 * k));
-            }
+            for (int k = 0; k < 4; k++)
+                isum = _mm512_dpwssd_epi32(isum, wq[k], load_x(b[i].q + 128 * h + 32 * k));
             acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(fold16(isum)), acc);
         }
     }
@@ -151,36 +183,19 @@ AVX512 float kcpu_vec_dot_q6_K_q16_K_avx512(const void *w, const void *x, int64_
 AVX512 static INLINE void dotn_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K *a5,
                                      const kcpu_block_q16_K *const *x, const int nx, int64_t nb, float *out)
 {
-    const __m512i lo4 = _mm512_set1_epi16(0xf), one = _mm512_set1_epi16(1);
     __m256 acc[KCPU_DOTN_MAX];
     for (int c = 0; c < nx; c++)
         acc[c] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
         uint8_t sc[8], m[8];
         kcpu__k_scales8(a4 ? a4[i].scales : a5[i].scales, sc, m);
-        const __m512i qh = a5 ? _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)a5[i].qh))
-                              : _mm512_setzero_si512();
+        const __m512i qh = q5_high(a5 ? &a5[i] : NULL);
+        const uint8_t *qs = a4 ? a4[i].qs : a5[i].qs;
         __m512i wq[8];
-        for (int j = 0; j < 4; j++) {
-            const __m512i r = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * j)));
-            __m512i q0 = _mm512_and_si512(r, lo4), q1 = _mm512_srli_epi16(r, 4);
-            if (a5) {
-                q0 = _mm512_or_si512(q0, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * j), one), 4));
-                q1 = _mm512_or_si512(q1,
-                                     _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * j + 1), one), 4));
-            }
-            wq[2 * j] = _mm512_mullo_epi16(q0, _mm512_set1_epi16(sc[2 * j]));
-            wq[2 * j + 1] = _mm512_mullo_epi16(q1, _mm512_set1_epi16(sc[2 * j + 1]));
-        }
-        uint32_t d2;
-        memcpy(&d2, a4 ? &a4[i].d : &a5[i].d, 4);
-        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)d2));
-        uint64_t m8;
-        memcpy(&m8, m, 8);
-        const __m256 mins = _mm256_mul_ps(
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8))),
-            _mm256_broadcastss_ps(_mm_movehdup_ps(dm)));
+        for (int j = 0; j < 4; j++)
+            q45_words(qs, qh, a5 != NULL, j, sc, &wq[2 * j], &wq[2 * j + 1]);
+        __m128 dm;
+        const __m256 mins = q45_mins(a4 ? &a4[i].d : &a5[i].d, m, &dm);
         for (int c = 0; c < nx; c++) {
             const int16_t *xq = x[c][i].q;
             __m512i isum = _mm512_setzero_si512();
@@ -201,29 +216,15 @@ AVX512 static INLINE void dotn_q45_K(const bl_block_q4_K *a4, const bl_block_q5_
 AVX512 static INLINE void dotn_q6_K(const bl_block_q6_K *a, const kcpu_block_q16_K *const *x, const int nx,
                                     int64_t nb, float *out)
 {
-    const __m512i lo4 = _mm512_set1_epi16(0xf), m30 = _mm512_set1_epi16(0x30), off = _mm512_set1_epi16(32);
-    const __m512i hi1 = _mm512_maskz_mov_epi16(0xffff0000u, _mm512_set1_epi16(1));
     __m256 acc[KCPU_DOTN_MAX];
     for (int c = 0; c < nx; c++)
         acc[c] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const float dw = _cvtsh_ss(a[i].d);
-        const __m512i sc = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a[i].scales)));
+        const __m512i sc = q6_scales(&a[i]);
         for (int h = 0; h < 2; h++) {
-            const __m512i l0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h)));
-            const __m512i l1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h + 32)));
-            const __m512i hb = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(a[i].qh + 32 * h)));
-            const __m512i q[4] = {
-                _mm512_or_si512(_mm512_and_si512(l0, lo4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), m30)),
-                _mm512_or_si512(_mm512_and_si512(l1, lo4), _mm512_and_si512(_mm512_slli_epi16(hb, 2), m30)),
-                _mm512_or_si512(_mm512_srli_epi16(l0, 4), _mm512_and_si512(hb, m30)),
-                _mm512_or_si512(_mm512_srli_epi16(l1, 4), _mm512_and_si512(_mm512_srli_epi16(hb, 2), m30)),
-            };
             __m512i wq[4];
-            for (int k = 0; k < 4; k++) {
-                const __m512i idx = _mm512_add_epi16(_mm512_set1_epi16((short)(8 * h + 2 * k)), hi1);
-                wq[k] = _mm512_mullo_epi16(_mm512_sub_epi16(q[k], off), _mm512_permutexvar_epi16(idx, sc));
-            }
+            q6_words(&a[i], h, sc, wq);
             for (int c = 0; c < nx; c++) {
                 const int16_t *xq = x[c][i].q + 128 * h;
                 __m512i isum = _mm512_setzero_si512();
