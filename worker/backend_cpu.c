@@ -336,7 +336,7 @@ static int cpu_moe(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remot
     cpu_t *p = (cpu_t *)b;
     uint64_t t0 = prof_start(p);
     kcpu_matmul(p->kc, &e->gate_inp.h, xn, n, p->rl);
-    kcpu_moe_route(p->rl, n, e->n_expert, e->n_used, e->norm, p->ids, p->wts);
+    kcpu_moe_route(p->kc, p->rl, n, e->n_expert, e->n_used, e->norm, p->ids, p->wts);
     if (p->heat)
         bl_heat_add(p->heat, l, p->ids, n * e->n_used);
     prof_end(p, "ffn_moe_router", t0, mat_bytes(&e->gate_inp.h));

@@ -403,8 +403,9 @@ void kcpu_attention(kcpu_ctx_t *c, const kcpu_kv_view_t *kv, const float *q, flo
 
 /* MoE routing for n rows of router logits (n, n_expert): softmax, the k largest
  * (ties to the lower id), their probabilities renormalised to sum 1 when norm.
- * ids (n, k) in descending weight order, w (n, k). */
-void kcpu_moe_route(const float *logits, int64_t n, int64_t n_expert, int64_t k, int norm,
+ * ids (n, k) in descending weight order, w (n, k). Many rows are split over c's
+ * threads (c may be NULL: this thread); a row's result never depends on it. */
+void kcpu_moe_route(kcpu_ctx_t *c, const float *logits, int64_t n, int64_t n_expert, int64_t k, int norm,
                     int32_t *ids, float *w);
 
 // --- routed experts ----------------------------------------------------------------

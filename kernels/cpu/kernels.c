@@ -601,7 +601,7 @@ kcpu_mat_t kcpu_mat_rows(const kcpu_mat_t *m, int64_t r0, int64_t n)
  * pairs pass over it. */
 #define MM_U16ROWS 16
 
-/* The smallest chunk of a one-row product's weight rows a thread takes. */
+/* The smallest chunk of weight rows a thread takes where no tile is unpacked. */
 #define MM_DECODE_CHUNK 4
 
 /* Most rows per product that take the packed multi-row dot (where the set has one)
@@ -974,8 +974,8 @@ static void mm_rows_range(const mm_task_t *t, int ith, int64_t lo, int64_t hi)
 
 /* Chunks of the concatenated weight rows of the group, taken by whichever thread
  * is free, each half of an even share of what is left (guided): large while much is
- * left, down to one q16_K tile (a batch) or MM_DECODE_CHUNK rows (one row) at the
- * end, so that no thread starts a long chunk when the others are about to finish (a
+ * left, down to one q16_K tile (a batch that unpacks tiles) or MM_DECODE_CHUNK rows
+ * at the end, so that no thread starts a long chunk when the others are about to finish (a
  * decode layer's products take a few hundred microseconds; a chunk of an eighth of
  * a thread's share left a tail of tens). On a machine shared with other work a
  * preempted thread no longer holds up the step with a fixed share either. Which
@@ -1063,12 +1063,12 @@ static void mm_run(kcpu_ctx_t *c, mm_group_t *g)
         kcpu_pool_run(c->pool, mm_quantize, g);
     else if (g->act_rows > 0)
         mm_quantize(g, 0, 1);
-    /* Batches take whole tiles (weight rows unpacked or dequantized once for all the
-     * rows); one row's products can be cut anywhere, so that a small matrix (a
-     * router's 128 rows) still reaches every thread. */
+    /* Batches that unpack or dequantize weight tiles take whole tiles; the other
+     * products can be cut anywhere, so that a small matrix (a router's 128 rows)
+     * still reaches every thread. */
     g->min_chunk = MM_DECODE_CHUNK;
     for (int j = 0; j < g->nt; j++)
-        if (g->t[j].n > 1)
+        if (g->t[j].n > 1 && (g->t[j].unpack16 || g->t[j].dotu || g->t[j].mode == MM_DEQ))
             g->min_chunk = MM_U16ROWS;
     atomic_store_explicit(&g->next, 0, memory_order_relaxed);
     kcpu_pool_run(c->pool, mm_rows, g);
@@ -1240,11 +1240,22 @@ void kcpu_swiglu(kcpu_ctx_t *c, float *y, const float *g, const float *u, int64_
     kcpu_parallel_for(c, n, SWIGLU_PAR_ELEMS, swiglu_range, &a);
 }
 
-void kcpu_moe_route(const float *logits, int64_t n, int64_t n_expert, int64_t k, int norm,
-                    int32_t *ids, float *w)
+typedef struct route_args {
+    const float *logits;
+    int64_t n_expert, k;
+    int norm;
+    int32_t *ids;
+    float *w;
+} route_args_t;
+
+static void route_rows(void *arg, int64_t lo, int64_t hi)
 {
-    for (int64_t b = 0; b < n; b++) {
-        const float *l = logits + b * n_expert;
+    const route_args_t *a = arg;
+    const int64_t n_expert = a->n_expert, k = a->k;
+    int32_t *ids = a->ids;
+    float *w = a->w;
+    for (int64_t b = lo; b < hi; b++) {
+        const float *l = a->logits + b * n_expert;
         float mx = l[0];
         for (int64_t e = 1; e < n_expert; e++)
             mx = l[e] > mx ? l[e] : mx;
@@ -1268,10 +1279,20 @@ void kcpu_moe_route(const float *logits, int64_t n, int64_t n_expert, int64_t k,
             w[b * k + j] = (float)p;
             wsum += p;
         }
-        if (norm)
+        if (a->norm)
             for (int64_t j = 0; j < k; j++)
                 w[b * k + j] = (float)((double)w[b * k + j] / wsum);
     }
+}
+
+/* Rows a routing runs on this thread below (a few microseconds each). */
+#define ROUTE_PAR_ROWS 16
+
+void kcpu_moe_route(kcpu_ctx_t *c, const float *logits, int64_t n, int64_t n_expert, int64_t k, int norm,
+                    int32_t *ids, float *w)
+{
+    route_args_t a = {logits, n_expert, k, norm, ids, w};
+    kcpu_parallel_for(c, n, ROUTE_PAR_ROWS, route_rows, &a);
 }
 
 // --- KV cache and attention ----------------------------------------------------------------------

@@ -460,7 +460,7 @@ static void test_moe_route(void **state)
     const float l[2 * 5] = {0.5f, 2.0f, -1.0f, 1.0f, 0.0f, 0.0f, 3.0f, 1.0f, 3.0f, -2.0f};
     int32_t ids[2 * 2];
     float w[2 * 2];
-    kcpu_moe_route(l, 2, 5, 2, 1, ids, w);
+    kcpu_moe_route(NULL, l, 2, 5, 2, 1, ids, w);
     assert_int_equal(ids[0], 1);
     assert_int_equal(ids[1], 3);
     const double e1 = exp(2.0), e3 = exp(1.0);
@@ -469,11 +469,24 @@ static void test_moe_route(void **state)
     assert_int_equal(ids[3], 3);
     assert_true(fabs(w[2] - 0.5) < 1e-6 && fabs(w[3] - 0.5) < 1e-6);
     /* Without renormalisation the weights are the softmax probabilities. */
-    kcpu_moe_route(l, 1, 5, 2, 0, ids, w);
+    kcpu_moe_route(NULL, l, 1, 5, 2, 0, ids, w);
     double z = 0.0;
     for (int i = 0; i < 5; i++)
         z += exp((double)l[i]);
     assert_true(fabs(w[0] - e1 / z) < 1e-6);
+    /* Many rows split over a pool: each row as on one thread. */
+    enum { R = 301, E = 128, K = 8 };
+    rng_t r = rng_for(15);
+    float *lg = malloc(sizeof(float) * R * E), *w1 = malloc(sizeof(float) * R * K), *w3 = malloc(sizeof(float) * R * K);
+    int32_t *i1 = malloc(sizeof(int32_t) * R * K), *i3 = malloc(sizeof(int32_t) * R * K);
+    rand_vec(&r, lg, R * E, 4.0f);
+    kcpu_ctx_t *c = make_ctx(3, KCPU_FAST16, 64, 8, 8, 8);
+    kcpu_moe_route(NULL, lg, R, E, K, 1, i1, w1);
+    kcpu_moe_route(c, lg, R, E, K, 1, i3, w3);
+    assert_memory_equal(i1, i3, sizeof(int32_t) * R * K);
+    assert_memory_equal(w1, w3, sizeof(float) * R * K);
+    kcpu_ctx_destroy(c);
+    free(lg), free(w1), free(w3), free(i1), free(i3);
 }
 
 static void count_task(void *ctx, int ith, int nth)
