@@ -975,9 +975,9 @@ static void mm_rows_range(const mm_task_t *t, int ith, int64_t lo, int64_t hi)
 /* Chunks of the concatenated weight rows of the group, taken by whichever thread
  * is free, each half of an even share of what is left (guided): large while much is
  * left, down to one q16_K tile (a batch that unpacks tiles) or MM_DECODE_CHUNK rows
- * at the end, so that no thread starts a long chunk when the others are about to finish (a
- * decode layer's products take a few hundred microseconds; a chunk of an eighth of
- * a thread's share left a tail of tens). On a machine shared with other work a
+ * at the end, so that no thread starts a long chunk when the others are about to
+ * finish (a decode layer's products take a few hundred microseconds; a chunk of an
+ * eighth of a thread's share left a tail of tens). On a machine shared with other work a
  * preempted thread no longer holds up the step with a fixed share either. Which
  * thread computes a row changes no bit: every row's output is the same code on the
  * same data, whatever chunk or tile it is in. */
@@ -1321,6 +1321,7 @@ typedef struct att_task {
     int64_t n, pos0, n_head, n_kv_head, hd;
     float scale;
     _Atomic int64_t next; /* f16 caches: the next work item to take */
+    int64_t items;        /* f16 caches: the (row, KV head, group of query heads) items */
     float *part;          /* f16 caches, split form: the chunks' partials, or NULL */
     int64_t nchunk;       /* split form: chunks per row (the longest row's) */
 } att_task_t;
@@ -1431,6 +1432,18 @@ static void att_item(const att_task_t *t, int64_t idx, int64_t *b, int64_t *kvh,
  * heads (s a double: two floats). */
 static int64_t att_part_floats(int64_t hd) { return ATT_GROUP * (hd + 3); }
 
+/* Partial i of the split scratch as its o (ATT_GROUP, hd), m and s. */
+static void att_part(const att_task_t *t, int64_t i, float **o, float **m, double **s)
+{
+    float *p = t->part + i * att_part_floats(t->hd);
+    *o = p;
+    *m = p + ATT_GROUP * t->hd;
+    *s = (double *)(p + ATT_GROUP * (t->hd + 1));
+}
+
+/* The end of the chunk of a row of len positions that starts at j0. */
+static int64_t att_chunk_end(int64_t j0, int64_t len) { return j0 + ATT_CHUNK < len ? j0 + ATT_CHUNK : len; }
+
 /* Each item walks its row's chunks in order on one thread. */
 static void att_rows_f16(att_task_t *t, int ith)
 {
@@ -1440,8 +1453,7 @@ static void att_rows_f16(att_task_t *t, int ith)
     float *o = sc + ATT_GROUP * t->c->lim.max_ctx, *O = o + ATT_GROUP * hd;
     float m[ATT_GROUP], M[ATT_GROUP];
     double s[ATT_GROUP], S[ATT_GROUP];
-    const int64_t items = t->n * t->n_kv_head * ((t->n_head / t->n_kv_head + ATT_GROUP - 1) / ATT_GROUP);
-    for (int64_t idx = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed); idx < items;
+    for (int64_t idx = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed); idx < t->items;
          idx = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed)) {
         int64_t b, kvh, h0;
         int ng;
@@ -1449,7 +1461,7 @@ static void att_rows_f16(att_task_t *t, int ith)
         const int64_t len = t->pos0 + b + 1; /* causal: positions 0 .. pos0 + b */
         const float *q = t->q + (b * t->n_head + h0) * hd;
         for (int64_t j0 = 0; j0 < len; j0 += ATT_CHUNK) {
-            att_chunk(t, sc, q, ng, kvh, j0, j0 + ATT_CHUNK < len ? j0 + ATT_CHUNK : len, o, m, s);
+            att_chunk(t, sc, q, ng, kvh, j0, att_chunk_end(j0, len), o, m, s);
             att_merge(ng, hd, o, m, s, O, M, S, j0 == 0);
         }
         att_finish(ng, hd, O, S, t->out + (b * t->n_head + h0) * hd);
@@ -1462,8 +1474,7 @@ static void att_rows_f16(att_task_t *t, int ith)
 static void att_rows_f16_split(att_task_t *t, int ith)
 {
     float *sc = t->c->att + (size_t)ith * t->c->att_stride;
-    const int64_t hd = t->hd, pf = att_part_floats(hd);
-    const int64_t items = t->n * t->n_kv_head * ((t->n_head / t->n_kv_head + ATT_GROUP - 1) / ATT_GROUP) * t->nchunk;
+    const int64_t items = t->items * t->nchunk;
     for (int64_t idx = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed); idx < items;
          idx = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed)) {
         int64_t b, kvh, h0;
@@ -1472,29 +1483,30 @@ static void att_rows_f16_split(att_task_t *t, int ith)
         const int64_t len = t->pos0 + b + 1, j0 = (idx % t->nchunk) * ATT_CHUNK;
         if (j0 >= len)
             continue;
-        float *part = t->part + idx * pf;
-        att_chunk(t, sc, t->q + (b * t->n_head + h0) * hd, ng, kvh, j0, j0 + ATT_CHUNK < len ? j0 + ATT_CHUNK : len,
-                  part, part + ATT_GROUP * hd, (double *)(part + ATT_GROUP * (hd + 1)));
+        float *o, *m;
+        double *s;
+        att_part(t, idx, &o, &m, &s);
+        att_chunk(t, sc, t->q + (b * t->n_head + h0) * t->hd, ng, kvh, j0, att_chunk_end(j0, len), o, m, s);
     }
 }
 
 /* Merges the split form's partials of every item in chunk order. */
 static void att_rows_merge(att_task_t *t)
 {
-    const int64_t hd = t->hd, pf = att_part_floats(hd);
-    const int64_t items = t->n * t->n_kv_head * ((t->n_head / t->n_kv_head + ATT_GROUP - 1) / ATT_GROUP);
+    const int64_t hd = t->hd;
     float *O = t->c->att; /* thread 0's scratch: the pool is done */
     float M[ATT_GROUP];
     double S[ATT_GROUP];
-    for (int64_t it = 0; it < items; it++) {
+    for (int64_t it = 0; it < t->items; it++) {
         int64_t b, kvh, h0;
         int ng;
         att_item(t, it, &b, &kvh, &h0, &ng);
         const int64_t len = t->pos0 + b + 1;
         for (int64_t c = 0; c * ATT_CHUNK < len; c++) {
-            const float *part = t->part + (it * t->nchunk + c) * pf;
-            att_merge(ng, hd, part, part + ATT_GROUP * hd, (const double *)(part + ATT_GROUP * (hd + 1)), O, M, S,
-                      c == 0);
+            float *o, *m;
+            double *s;
+            att_part(t, it * t->nchunk + c, &o, &m, &s);
+            att_merge(ng, hd, o, m, s, O, M, S, c == 0);
         }
         att_finish(ng, hd, O, S, t->out + (b * t->n_head + h0) * hd);
     }
@@ -1553,14 +1565,14 @@ void kcpu_attention(kcpu_ctx_t *c, const kcpu_kv_view_t *kv, const float *q, flo
     KCPU_ASSERT(pos0 + n <= c->lim.max_ctx && head_dim <= c->lim.head_dim);
     KCPU_ASSERT(n_kv_head > 0 && n_head % n_kv_head == 0);
     att_task_t t = {.c = c, .kv = kv, .q = q, .out = out, .n = n, .pos0 = pos0,
-                    .n_head = n_head, .n_kv_head = n_kv_head, .hd = head_dim, .scale = scale};
+                    .n_head = n_head, .n_kv_head = n_kv_head, .hd = head_dim, .scale = scale,
+                    .items = n * n_kv_head * ((n_head / n_kv_head + ATT_GROUP - 1) / ATT_GROUP)};
     if (kv->type == BL_TYPE_F16) {
         /* Too few items for the threads and a long enough row: split the rows'
          * chunks over the threads (the same bits; see att_rows_f16). */
-        const int64_t items = n * n_kv_head * ((n_head / n_kv_head + ATT_GROUP - 1) / ATT_GROUP);
         const int64_t nchunk = (pos0 + n + ATT_CHUNK - 1) / ATT_CHUNK;
-        if (items < kcpu_pool_n_threads(c->pool) && nchunk > 1 &&
-            items * nchunk * att_part_floats(head_dim) <= ATT_SPLIT_FLOATS) {
+        if (t.items < kcpu_pool_n_threads(c->pool) && nchunk > 1 &&
+            t.items * nchunk * att_part_floats(head_dim) <= ATT_SPLIT_FLOATS) {
             t.part = c->attp;
             t.nchunk = nchunk;
             kcpu_pool_run(c->pool, att_rows, &t);
