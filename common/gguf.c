@@ -884,7 +884,11 @@ static int map_part(part_t *p, bl_err_t *err)
                         (long long)st.st_size);
         goto fail;
     }
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    /* Shared, not private: nothing writes it either way, but a card worker registers
+     * (pins for DMA) the host experts' pages of this mapping, and a long-term pin of a
+     * private file mapping has the kernel copy each page out first; on the H200's 6.18
+     * kernel that pin never returned for some files (docs/architecture.md). */
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) {
         rc = bl_err_set(err, BL_EIO, "%s: cannot map %lld bytes: %s", p->path, (long long)st.st_size,
                         strerror(errno));

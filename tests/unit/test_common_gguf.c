@@ -319,6 +319,36 @@ static void test_gguf_opens_alignment_64(void **state)
     img_free(&m);
 }
 
+/* The file is mapped shared and read-only: the CUDA worker registers the host
+ * experts' pages of this mapping with the driver, and a long-term pin of a private
+ * file mapping makes the kernel copy each page out first, which hung the load on a
+ * 6.18 kernel (docs/architecture.md). */
+static void test_gguf_maps_the_file_shared(void **state)
+{
+    (void)state;
+    img_t m;
+    good_model(&m, 0);
+    bl_gguf_t *g = open_ok(&m, "shared.gguf");
+    const uintptr_t at = (uintptr_t)bl_gguf_tensor_at(g, 0)->data;
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) {
+        bl_gguf_close(g);
+        img_free(&m);
+        skip();
+    }
+    char line[512], perms[8] = "";
+    unsigned long lo, hi;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && at >= lo && at < hi)
+            break;
+        else
+            perms[0] = '\0';
+    fclose(f);
+    assert_string_equal(perms, "r--s");
+    bl_gguf_close(g);
+    img_free(&m);
+}
+
 static void test_gguf_opens_memory(void **state)
 {
     (void)state;
@@ -1296,6 +1326,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gguf_opens_default_alignment),
         cmocka_unit_test(test_gguf_opens_alignment_64),
+        cmocka_unit_test(test_gguf_maps_the_file_shared),
         cmocka_unit_test(test_gguf_opens_memory),
         cmocka_unit_test(test_gguf_opens_version_2_and_no_tensors),
         cmocka_unit_test(test_gguf_reads_every_value_type),
