@@ -19,7 +19,7 @@ MESON_ARGS ?=
 # Everything the build and the tests use, by Debian package name.
 DEB_PACKAGES := build-essential meson ninja-build pkg-config clang libclang-rt-14-dev \
 	libjansson-dev libcmocka-dev libpcre2-dev libutf8proc-dev libcurl4-openssl-dev libssl-dev \
-	libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libh2o-dev \
+	libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libh2o-dev liburing-dev \
 	python3-numpy python3-jinja2 python3-pytest python3-regex python3-requests
 # Node.js may come from elsewhere than Debian (its npm then conflicts with Debian's):
 # Debian's nodejs and npm are installed only when no npm is on PATH.

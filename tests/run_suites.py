@@ -40,7 +40,8 @@ FUZZ_TARGETS = {"fuzz_gguf": "tests/fuzz/make_corpus.py",
                 "fuzz_chat": "tests/fuzz/corpus/fuzz_chat",
                 "fuzz_http": "tests/fuzz/corpus/fuzz_http",
                 "fuzz_step": "tests/fuzz/corpus/fuzz_step",
-                "fuzz_msg": "tests/fuzz/corpus/fuzz_msg"}
+                "fuzz_msg": "tests/fuzz/corpus/fuzz_msg",
+                "fuzz_xread": "tests/fuzz/corpus/fuzz_xread"}
 FUZZ_SECONDS = 40  # per target: the suite stays near five minutes
 
 
