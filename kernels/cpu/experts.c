@@ -93,11 +93,37 @@ static void scatter(kcpu_ctx_t *c, const kcpu_experts_scratch_t *s, int64_t tota
     kcpu_parallel_for(c, E, total * E >= SCATTER_PAR_ELEMS ? 0 : E + 1, scatter_cols, &a);
 }
 
+/* Expert x's three matrices: slices of the stacks, or its own slices. */
+static void expert_mats(const kcpu_experts_t *e, int64_t x, kcpu_mat_t *gate, kcpu_mat_t *up, kcpu_mat_t *down)
+{
+    const int64_t E = e->n_embd, F = e->n_ff;
+    *gate = kcpu_mat_rows(&e->gate, x * F, F);
+    *up = kcpu_mat_rows(&e->up, x * F, F);
+    *down = kcpu_mat_rows(&e->down, x * E, E);
+    if (e->slices) {
+        gate->data = e->slices[3 * x];
+        up->data = e->slices[3 * x + 1];
+        down->data = e->slices[3 * x + 2];
+    }
+}
+
 void kcpu_experts(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_experts_t *e, const float *xn, int64_t n,
                   const int32_t *counts, int64_t k, const int32_t *ids, const float *wts, float *out)
 {
+    kcpu_experts_range(c, s, e, xn, n, counts, k, ids, wts, out, 0, e->n_expert, 0);
+}
+
+void kcpu_experts_range(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_experts_t *e, const float *xn,
+                        int64_t n, const int32_t *counts, int64_t k, const int32_t *ids, const float *wts,
+                        float *out, int64_t x_lo, int64_t x_hi, int accumulate)
+{
     const int64_t E = e->n_embd, F = e->n_ff;
-    memset(out, 0, sizeof(float) * (size_t)(n * E));
+    if (x_lo < 0)
+        x_lo = 0;
+    if (x_hi > e->n_expert)
+        x_hi = e->n_expert;
+    if (!accumulate)
+        memset(out, 0, sizeof(float) * (size_t)(n * E));
     for (int64_t r = 0, a = 0; r < n; r++) {
         s->at[r] = a;
         a += counts ? counts[r] : k;
@@ -106,7 +132,7 @@ void kcpu_experts(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_experts_t
     if (e->n_expert <= GROUP_MAX) {
         int64_t total = 0;
         int ne = 0;
-        for (int64_t x = 0; x < e->n_expert; x++) {
+        for (int64_t x = x_lo; x < x_hi; x++) {
             int64_t m = 0;
             for (int64_t r = 0; r < n; r++)
                 for (int64_t j = s->at[r]; j < s->at[r] + CNT(r); j++)
@@ -117,9 +143,7 @@ void kcpu_experts(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_experts_t
                     }
             if (m == 0)
                 continue;
-            s->gate[ne] = kcpu_mat_rows(&e->gate, x * F, F);
-            s->up[ne] = kcpu_mat_rows(&e->up, x * F, F);
-            s->down[ne] = kcpu_mat_rows(&e->down, x * E, E);
+            expert_mats(e, x, &s->gate[ne], &s->up[ne], &s->down[ne]);
             s->job[2 * ne] = (kcpu_mm_job_t){.w = &s->gate[ne], .x = xn, .nx = n, .rows = s->rows + total, .n = m,
                                              .y = s->g + total * F};
             s->job[2 * ne + 1] = (kcpu_mm_job_t){.w = &s->up[ne], .x = xn, .nx = n, .rows = s->rows + total,
@@ -138,7 +162,7 @@ void kcpu_experts(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_experts_t
         scatter(c, s, total, E, out);
         return;
     }
-    for (int64_t x = 0; x < e->n_expert; x++) {
+    for (int64_t x = x_lo; x < x_hi; x++) {
         int64_t m = 0;
         for (int64_t r = 0; r < n; r++)
             for (int64_t j = s->at[r]; j < s->at[r] + CNT(r); j++)
@@ -150,9 +174,8 @@ void kcpu_experts(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_experts_t
                 }
         if (m == 0)
             continue;
-        const kcpu_mat_t gate = kcpu_mat_rows(&e->gate, x * F, F);
-        const kcpu_mat_t up = kcpu_mat_rows(&e->up, x * F, F);
-        const kcpu_mat_t down = kcpu_mat_rows(&e->down, x * E, E);
+        kcpu_mat_t gate, up, down;
+        expert_mats(e, x, &gate, &up, &down);
         kcpu_matmul(c, &gate, s->xg, m, s->g);
         kcpu_matmul(c, &up, s->xg, m, s->u);
         kcpu_swiglu(c, s->g, s->g, s->u, m * F);

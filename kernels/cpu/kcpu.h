@@ -415,6 +415,10 @@ void kcpu_moe_route(kcpu_ctx_t *c, const float *logits, int64_t n, int64_t n_exp
 typedef struct kcpu_experts {
     kcpu_mat_t gate, up, down;
     int64_t n_expert, n_ff, n_embd;
+    /* NULL: the stacks above hold every expert. Else (3 * n_expert): expert x's gate,
+     * up and down rows at slices[3x], [3x + 1], [3x + 2] (a pager's slots), with the
+     * stacks' types and row sizes; only the experts a call uses are read. */
+    const void *const *slices;
 } kcpu_experts_t;
 
 /* Scratch of kcpu_experts for up to max_rows rows of up to max_k pairs each. */
@@ -433,6 +437,15 @@ void kcpu_experts_scratch_destroy(kcpu_experts_scratch_t *s); /* NULL is a no-op
  * the call. n <= max_rows, counts <= max_k, ids below n_expert (the caller checks). */
 void kcpu_experts(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_experts_t *e, const float *xn, int64_t n,
                   const int32_t *counts, int64_t k, const int32_t *ids, const float *wts, float *out);
+
+/* kcpu_experts for the pairs whose expert is in [x_lo, x_hi) only; with accumulate
+ * their sums are added onto out instead of replacing it. A row's sum runs in
+ * expert-id order and starts from what out holds, so calls over ascending ranges
+ * that cover every expert give kcpu_experts' bits exactly (a pager computes a layer
+ * in passes over the experts its slots hold at once). */
+void kcpu_experts_range(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_experts_t *e, const float *xn,
+                        int64_t n, const int32_t *counts, int64_t k, const int32_t *ids, const float *wts,
+                        float *out, int64_t x_lo, int64_t x_hi, int accumulate);
 
 /* The checks a caller of kcpu_experts makes on pairs from elsewhere: each row's count
  * (counts NULL: k each) in 1..k, every id below n_expert. BL_EINVAL naming the row. */

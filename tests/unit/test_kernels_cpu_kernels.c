@@ -453,6 +453,81 @@ static void test_rms_norm_and_rope(void **state)
             }
 }
 
+/* kcpu_experts_range over ascending ranges that cover every expert, each pass
+ * adding onto the last, gives kcpu_experts' bits; so does a table of per-expert
+ * slices (copies of the stacks' rows, as a pager's slots hold them). */
+static void test_experts_range_and_slices_bitwise(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(11);
+    const int64_t E = 256, F = 96, NE = 12, K = 3, n = 9;
+    wmat_t g, u, d;
+    make_weights(&r, &g, BL_TYPE_Q4_K, E, F * NE);
+    make_weights(&r, &u, BL_TYPE_Q4_K, E, F * NE);
+    make_weights(&r, &d, BL_TYPE_Q8_0, F, E * NE);
+    kcpu_experts_t e = {.gate = g.m, .up = u.m, .down = d.m, .n_expert = NE, .n_ff = F, .n_embd = E};
+    float *xn = malloc(sizeof(float) * (size_t)(n * E)), *want = malloc(sizeof(float) * (size_t)(n * E)),
+          *got = malloc(sizeof(float) * (size_t)(n * E)), wts[9 * 3];
+    int32_t ids[9 * 3], counts[9];
+    rand_vec(&r, xn, n * E, 1.0f);
+    int64_t at = 0;
+    for (int64_t i = 0; i < n; i++) {
+        counts[i] = (int32_t)(1 + rng_next(&r) % K);
+        for (int32_t j = 0; j < counts[i]; j++, at++) {
+            int32_t x;
+            int dup;
+            do { /* distinct experts in a row */
+                x = (int32_t)(rng_next(&r) % NE);
+                dup = 0;
+                for (int64_t q = at - j; q < at; q++)
+                    dup |= ids[q] == x;
+            } while (dup);
+            ids[at] = x;
+            wts[at] = rng_f(&r, 0.0f, 1.0f);
+        }
+    }
+    kcpu_ctx_t *c = make_ctx(2, KCPU_FAST16, E, n, 1, 64);
+    kcpu_experts_scratch_t *xs = NULL;
+    bl_err_t err = {0};
+    assert_int_equal(kcpu_experts_scratch_create(&xs, n, K, E, F, &err), 0);
+    kcpu_experts(c, xs, &e, xn, n, counts, K, ids, wts, want);
+    for (int trial = 0; trial < 4; trial++) {
+        for (int64_t lo = 0; lo < NE;) {
+            const int64_t hi = lo + 1 + (int64_t)(rng_next(&r) % 4);
+            kcpu_experts_range(c, xs, &e, xn, n, counts, K, ids, wts, got, lo, hi, lo > 0);
+            lo = hi;
+        }
+        assert_memory_equal(got, want, sizeof(float) * (size_t)(n * E));
+    }
+    /* the same rows copied to slices of their own */
+    const void *sl[3 * 12];
+    void *own[3 * 12];
+    const kcpu_mat_t *st[3] = {&g.m, &u.m, &d.m};
+    for (int64_t x = 0; x < NE; x++)
+        for (int i = 0; i < 3; i++) {
+            const int64_t rows = i < 2 ? F : E;
+            const size_t nb = st[i]->row_bytes * (size_t)rows;
+            own[3 * x + i] = malloc(nb);
+            memcpy(own[3 * x + i], (const uint8_t *)st[i]->data + nb * (size_t)x, nb);
+            sl[3 * x + i] = own[3 * x + i];
+        }
+    kcpu_experts_t es = e;
+    es.slices = sl;
+    memset(got, 0, sizeof(float) * (size_t)(n * E));
+    kcpu_experts(c, xs, &es, xn, n, counts, K, ids, wts, got);
+    assert_memory_equal(got, want, sizeof(float) * (size_t)(n * E));
+    for (int i = 0; i < 3 * 12; i++)
+        free(own[i]);
+    kcpu_experts_scratch_destroy(xs);
+    kcpu_ctx_destroy(c);
+    free(xn);
+    free(want);
+    free(got);
+    free_weights(&g);
+    free_weights(&u);
+    free_weights(&d);
+}
+
 static void test_moe_route(void **state)
 {
     (void)state;
@@ -623,6 +698,7 @@ int main(void)
     printf("# kernels %s\n", kcpu_init());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_modes_match_double),
+        cmocka_unit_test(test_experts_range_and_slices_bitwise),
         cmocka_unit_test(test_matmul_threads_and_batch_bitwise),
         cmocka_unit_test(test_matmul_many_matches_matmul),
         cmocka_unit_test(test_matmul_ref_and_avx2_agree),
