@@ -5,9 +5,39 @@
 #include <sys/mman.h>
 
 #include "gguf.h"
+#include "heat.h"
 #include "kcpu.h"
+#include "log.h"
 #include "store.h"
 #include "wmem.h"
+#include "xread.h"
+
+/* The pager: experts stay in the file and are read into slots of one arena; a slot
+ * holds one (layer, expert)'s three slices, each piece with room for the aligned
+ * superset O_DIRECT reads. */
+typedef struct pager {
+    bl_xr_t *xr;
+    uint8_t *arena;
+    size_t arena_len;
+    size_t slot_bytes, piece_off[3];
+    int64_t n_slots;
+    int32_t *slot_layer, *slot_expert; /* (n_slots): what a slot holds, -1: nothing */
+    uint64_t *slot_tick;               /* (n_slots): last use */
+    int64_t *slot_pass;                /* (n_slots): the pass that needs it now */
+    int32_t *where;                    /* (n_layer * n_expert): its slot, or -1 */
+    const void **slices;               /* (n_layer * 3 * n_expert): kcpu_experts_t.slices */
+    uint64_t src_off[3];               /* scratch */
+    bl_heat_t *heat;
+    int64_t last_layer;
+    uint64_t tick;
+    int64_t pass;
+    uint64_t hits, misses, bytes_read;
+    bl_xr_req_t *reqs;                 /* (3 * n_slots) */
+    int32_t *req_slot;                 /* (n_slots) */
+    uint8_t *used;                     /* (n_expert) */
+} pager_t;
+
+#define HEAT_HALF_LIFE 256.0 /* steps, as residency's */
 
 struct ht_store {
     bl_gguf_t *g;
@@ -21,7 +51,29 @@ struct ht_store {
     uint64_t bytes;
     kcpu_ctx_t *kc;
     kcpu_experts_scratch_t *xs;
+    pager_t *pg;                                /* NULL: every held expert in RAM */
+    const bl_gguf_tensor_t *(*src)[3];          /* (n_layer): the file's tensors */
 };
+
+static void pager_free(pager_t *p)
+{
+    if (!p)
+        return;
+    bl_xr_close(p->xr);
+    if (p->arena)
+        munmap(p->arena, p->arena_len);
+    free(p->slot_layer);
+    free(p->slot_expert);
+    free(p->slot_tick);
+    free(p->slot_pass);
+    free(p->where);
+    free(p->slices);
+    free(p->reqs);
+    free(p->req_slot);
+    free(p->used);
+    bl_heat_free(p->heat);
+    free(p);
+}
 
 void ht_store_close(ht_store_t *s)
 {
@@ -29,6 +81,8 @@ void ht_store_close(ht_store_t *s)
         return;
     kcpu_experts_scratch_destroy(s->xs);
     kcpu_ctx_destroy(s->kc);
+    pager_free(s->pg);
+    free(s->src);
     if (s->copy)
         munmap(s->copy, s->copy_len);
     free(s->layers);
@@ -61,6 +115,255 @@ static int find_layer(ht_store_t *s, int64_t l, const bl_gguf_tensor_t *t[3], bl
     return 0;
 }
 
+// --- the pager ---------------------------------------------------------------------------
+
+/* Expert x of layer l's slice i in its file: part, offset, bytes. */
+static void slice_src(const ht_store_t *s, int64_t l, int i, int64_t x, uint32_t *part, uint64_t *off, size_t *len)
+{
+    const bl_gguf_tensor_t *t = s->src[l][i];
+    *len = (size_t)(t->nbytes / (uint64_t)s->a.n_expert);
+    *part = t->part;
+    *off = t->file_offset + (uint64_t)x * *len;
+}
+
+static size_t up_to(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+/* Reads the n (layer, expert, slot) loads of items into their slots: three requests
+ * each, depth at a time. On failure the slots are left empty. */
+static int pager_read(ht_store_t *s, const int32_t *lx, int n, bl_err_t *err)
+{
+    pager_t *p = s->pg;
+    const int64_t NE = s->a.n_expert;
+    int rc = bl_xr_check(p->xr, err);
+    for (int k = 0; rc == 0 && k < n; k++) {
+        const int64_t l = lx[3 * k], x = lx[3 * k + 1], v = lx[3 * k + 2];
+        for (int i = 0; i < 3; i++) {
+            uint32_t part;
+            uint64_t off;
+            size_t len;
+            slice_src(s, l, i, x, &part, &off, &len);
+            bl_xr_req_t *r = &p->reqs[3 * k + i];
+            *r = (bl_xr_req_t){.file = (int)part, .off = off, .len = len,
+                               .buf = p->arena + (size_t)v * p->slot_bytes + p->piece_off[i],
+                               .cap = (i < 2 ? p->piece_off[i + 1] : p->slot_bytes) - p->piece_off[i]};
+            p->bytes_read += bl_xr_span(p->xr, (int)part, off, len);
+        }
+    }
+    if (rc == 0)
+        rc = bl_xr_read(p->xr, p->reqs, 3 * n, err);
+    for (int k = 0; k < n; k++) {
+        const int64_t l = lx[3 * k], x = lx[3 * k + 1], v = lx[3 * k + 2];
+        if (rc < 0) {
+            p->slot_layer[v] = p->slot_expert[v] = -1;
+            continue;
+        }
+        p->where[l * NE + x] = (int32_t)v;
+        for (int i = 0; i < 3; i++)
+            p->slices[(l * NE + x) * 3 + i] = p->reqs[3 * k + i].data;
+    }
+    p->misses += (uint64_t)n;
+    return rc;
+}
+
+/* The slot to load into: an empty one, else the coldest by decayed heat (then the
+ * least recently used) that this pass does not need. -1: every slot is needed. */
+static int64_t pager_victim(pager_t *p)
+{
+    int64_t best = -1;
+    double best_heat = 0;
+    for (int64_t v = 0; v < p->n_slots; v++) {
+        if (p->slot_pass[v] == p->pass)
+            continue;
+        if (p->slot_layer[v] < 0)
+            return v;
+        const double h = bl_heat_of(p->heat, p->slot_layer[v], p->slot_expert[v]);
+        if (best < 0 || h < best_heat || (h == best_heat && p->slot_tick[v] < p->slot_tick[best])) {
+            best = v;
+            best_heat = h;
+        }
+    }
+    return best;
+}
+
+static void pager_evict(ht_store_t *s, int64_t v)
+{
+    pager_t *p = s->pg;
+    const int64_t NE = s->a.n_expert;
+    if (p->slot_layer[v] < 0)
+        return;
+    const int64_t at = (int64_t)p->slot_layer[v] * NE + p->slot_expert[v];
+    p->where[at] = -1;
+    for (int i = 0; i < 3; i++)
+        p->slices[at * 3 + i] = NULL;
+    p->slot_layer[v] = p->slot_expert[v] = -1;
+}
+
+/* A layer's experts through the slots: passes over ascending expert ids, each as
+ * many of the call's experts as the slots hold at once, their misses read in one
+ * batch, computed with kcpu_experts_range onto what the passes before it summed
+ * (the bits of one pass over every expert). */
+static int pager_experts(ht_store_t *s, int64_t layer, const float *xn, int64_t n, const int32_t *counts,
+                         const int32_t *ids, const float *wts, float *out, bl_err_t *err)
+{
+    pager_t *p = s->pg;
+    const int64_t NE = s->a.n_expert, K = s->a.n_expert_used;
+    int64_t pairs = 0;
+    for (int64_t r = 0; r < n; r++)
+        pairs += counts ? counts[r] : K;
+    if (layer <= p->last_layer)
+        bl_heat_step(p->heat);
+    p->last_layer = layer;
+    bl_heat_add(p->heat, layer, ids, pairs);
+    memset(p->used, 0, (size_t)NE);
+    for (int64_t j = 0; j < pairs; j++)
+        p->used[ids[j]] = 1;
+    int first = 1;
+    for (int64_t lo = 0; lo < NE;) {
+        p->pass++;
+        int nm = 0;
+        int64_t hi = lo;
+        for (int64_t x = lo; x < NE; x++) {
+            if (p->used[x]) {
+                const int32_t v = p->where[layer * NE + x];
+                if (v >= 0) {
+                    p->slot_pass[v] = p->pass;
+                    p->slot_tick[v] = ++p->tick;
+                    p->hits++;
+                } else {
+                    const int64_t w = pager_victim(p);
+                    if (w < 0)
+                        break;
+                    pager_evict(s, w);
+                    p->slot_pass[w] = p->pass;
+                    p->slot_tick[w] = ++p->tick;
+                    p->slot_layer[w] = (int32_t)layer;
+                    p->slot_expert[w] = (int32_t)x;
+                    p->req_slot[3 * nm] = (int32_t)layer;
+                    p->req_slot[3 * nm + 1] = (int32_t)x;
+                    p->req_slot[3 * nm + 2] = (int32_t)w;
+                    nm++;
+                }
+            }
+            hi = x + 1;
+        }
+        int rc = nm ? pager_read(s, p->req_slot, nm, err) : 0;
+        if (rc < 0)
+            return rc;
+        kcpu_experts_range(s->kc, s->xs, &s->layers[layer], xn, n, counts, K, ids, wts, out, lo, hi, !first);
+        first = 0;
+        lo = hi;
+    }
+    return 0;
+}
+
+/* The pager for a held share of held_bytes that passes o->ram_bytes: the reader, the
+ * slots, and their first fill in layer and expert order. */
+static int pager_open(ht_store_t *s, const ht_store_opts_t *o, bl_err_t *err)
+{
+    const bl_arch_t *a = &s->a;
+    const int64_t NE = a->n_expert, L = a->n_layer;
+    pager_t *p = calloc(1, sizeof *p);
+    if (!p)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the pager");
+    s->pg = p;
+    const uint32_t np = bl_gguf_n_parts(s->g);
+    const char *paths[256];
+    if (np < 1 || np > 256)
+        return bl_err_set(err, BL_ENOTSUP, "%s: %u parts (the pager reads at most 256)", s->path, np);
+    for (uint32_t i = 0; i < np; i++)
+        paths[i] = bl_gguf_part_path(s->g, i);
+    const bl_xr_opts_t xo = {.kind = o->disk_kind, .direct = !o->disk_cached, .depth = o->disk_depth};
+    int rc = bl_xr_open(&p->xr, paths, (int)np, &xo, err);
+    if (rc < 0)
+        return rc;
+    /* a piece holds the largest aligned superset of its slice over every layer */
+    size_t cap[3] = {0};
+    int64_t held = 0;
+    for (int64_t l = 0; l < L; l++) {
+        if (!s->held[l])
+            continue;
+        held += NE;
+        for (int i = 0; i < 3; i++)
+            for (int64_t x = 0; x < NE; x++) {
+                uint32_t part;
+                uint64_t off;
+                size_t len;
+                slice_src(s, l, i, x, &part, &off, &len);
+                const size_t sp = bl_xr_span(p->xr, (int)part, off, len);
+                cap[i] = sp > cap[i] ? sp : cap[i];
+            }
+    }
+    const size_t al = bl_xr_mem_align(p->xr) > 4096 ? bl_xr_mem_align(p->xr) : 4096;
+    p->piece_off[0] = 0;
+    p->piece_off[1] = up_to(cap[0], al);
+    p->piece_off[2] = p->piece_off[1] + up_to(cap[1], al);
+    p->slot_bytes = p->piece_off[2] + up_to(cap[2], al);
+    p->n_slots = (int64_t)(o->ram_bytes / p->slot_bytes);
+    if (p->n_slots < 1)
+        p->n_slots = 1; /* a call needs room for one expert at least */
+    if (p->n_slots > held)
+        p->n_slots = held;
+    const size_t ns = (size_t)p->n_slots;
+    p->arena = bl_wmem_alloc((uint64_t)ns * p->slot_bytes, 1, &p->arena_len);
+    p->slot_layer = malloc(ns * sizeof *p->slot_layer);
+    p->slot_expert = malloc(ns * sizeof *p->slot_expert);
+    p->slot_tick = calloc(ns, sizeof *p->slot_tick);
+    p->slot_pass = calloc(ns, sizeof *p->slot_pass);
+    p->where = malloc((size_t)(L * NE) * sizeof *p->where);
+    p->slices = calloc((size_t)(L * NE * 3), sizeof *p->slices);
+    p->reqs = calloc(3 * ns, sizeof *p->reqs);
+    p->req_slot = calloc(3 * ns, sizeof *p->req_slot);
+    p->used = calloc((size_t)NE, 1);
+    if (!p->arena || !p->slot_layer || !p->slot_expert || !p->slot_tick || !p->slot_pass || !p->where ||
+        !p->slices || !p->reqs || !p->req_slot || !p->used)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for %lld expert slots of %zu bytes", (long long)p->n_slots,
+                          p->slot_bytes);
+    for (size_t v = 0; v < ns; v++)
+        p->slot_layer[v] = p->slot_expert[v] = -1;
+    for (int64_t i = 0; i < L * NE; i++)
+        p->where[i] = -1;
+    p->last_layer = -1;
+    if ((rc = bl_heat_create(&p->heat, L, NE, HEAT_HALF_LIFE, err)) < 0 ||
+        (rc = bl_xr_register(p->xr, p->arena, p->arena_len, err)) < 0)
+        return rc;
+    for (int64_t l = 0; l < L; l++)
+        if (s->held[l])
+            s->layers[l].slices = p->slices + l * NE * 3;
+    /* the first fill: the slots in layer and expert order, 64 experts a batch */
+    int64_t v = 0;
+    for (int64_t l = 0; l < L && v < p->n_slots; l++)
+        for (int64_t x = 0; s->held[l] && x < NE && v < p->n_slots;) {
+            int nb = 0;
+            for (; nb < 64 && x < NE && v < p->n_slots; nb++, x++, v++) {
+                p->slot_layer[v] = (int32_t)l;
+                p->slot_expert[v] = (int32_t)x;
+                p->req_slot[3 * nb] = (int32_t)l;
+                p->req_slot[3 * nb + 1] = (int32_t)x;
+                p->req_slot[3 * nb + 2] = (int32_t)v;
+            }
+            if ((rc = pager_read(s, p->req_slot, nb, err)) < 0)
+                return rc;
+        }
+    p->misses = 0; /* the fill is not a miss */
+    BL_LOG(BL_LOG_INFO, "event=pager slots=%lld slot_bytes=%zu ram_bytes=%llu experts=%lld backend=%s direct=%d",
+           (long long)p->n_slots, p->slot_bytes, (unsigned long long)((uint64_t)ns * p->slot_bytes),
+           (long long)held, bl_xr_backend(p->xr), bl_xr_direct(p->xr, 0));
+    return 0;
+}
+
+void ht_store_pager_stats(const ht_store_t *s, ht_store_pager_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!s->pg)
+        return;
+    out->paged = 1;
+    out->slots = s->pg->n_slots;
+    out->hits = s->pg->hits;
+    out->misses = s->pg->misses;
+    out->bytes_read = s->pg->bytes_read;
+    out->backend = bl_xr_backend(s->pg->xr);
+}
+
 int ht_store_open(ht_store_t **out, const ht_store_opts_t *o, bl_err_t *err)
 {
     *out = NULL;
@@ -82,7 +385,8 @@ int ht_store_open(ht_store_t **out, const ht_store_opts_t *o, bl_err_t *err)
         goto fail;
     s->held = calloc((size_t)a->n_layer, 1);
     s->layers = calloc((size_t)a->n_layer, sizeof *s->layers);
-    if (!s->held || !s->layers) {
+    s->src = calloc((size_t)a->n_layer, sizeof *s->src);
+    if (!s->held || !s->layers || !s->src) {
         rc = bl_err_set(err, BL_ENOMEM, "out of memory for %lld layers", (long long)a->n_layer);
         goto fail;
     }
@@ -95,6 +399,8 @@ int ht_store_open(ht_store_t **out, const ht_store_opts_t *o, bl_err_t *err)
             continue;
         if ((rc = find_layer(s, l, t, err)) < 0)
             goto fail;
+        for (int i = 0; i < 3; i++)
+            s->src[l][i] = t[i];
         kcpu_mat_t *m[3] = {&s->layers[l].gate, &s->layers[l].up, &s->layers[l].down};
         for (int i = 0; i < 3; i++) {
             const int64_t ncols = i < 2 ? a->n_embd : a->n_ff_exp, nrows = (i < 2 ? a->n_ff_exp : a->n_embd) * a->n_expert;
@@ -107,8 +413,14 @@ int ht_store_open(ht_store_t **out, const ht_store_opts_t *o, bl_err_t *err)
         s->layers[l].n_ff = a->n_ff_exp;
         s->layers[l].n_embd = a->n_embd;
     }
-    /* then into huge pages where they fit (common/wmem.h) */
-    s->copy = bl_wmem_alloc(total, o->no_mmap, &s->copy_len);
+    /* past the RAM budget they stay in the file, paged through slots; else into
+     * huge pages where they fit (common/wmem.h) */
+    if (o->ram_bytes > 0 && o->ram_bytes < s->bytes) {
+        if ((rc = pager_open(s, o, err)) < 0)
+            goto fail;
+        total = 0;
+    }
+    s->copy = total ? bl_wmem_alloc(total, o->no_mmap, &s->copy_len) : NULL;
     size_t used = 0;
     bl_wmem_job_t *jobs = s->copy ? calloc((size_t)a->n_layer * 3, sizeof *jobs) : NULL;
     size_t n_jobs = 0;
@@ -159,6 +471,8 @@ int ht_store_experts(ht_store_t *s, int64_t layer, const float *xn, int64_t n, c
     const int rc = kcpu_experts_check(a->n_expert, a->n_expert_used, n, counts, ids, err);
     if (rc < 0)
         return rc;
+    if (s->pg)
+        return pager_experts(s, layer, xn, n, counts, ids, wts, out, err);
     kcpu_experts(s->kc, s->xs, &s->layers[layer], xn, n, counts, a->n_expert_used, ids, wts, out);
     return 0;
 }

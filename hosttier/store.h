@@ -24,7 +24,24 @@ typedef struct ht_store_opts {
     int mlock;              /* lock them in RAM (a refusal is logged, as the workers do) */
     int poll;               /* the pool's idle wait, 0..100 (kcpu_pool_set_poll) */
     int cpu_strict;         /* each pool thread pinned to one CPU (kcpu_pool_pin_strict) */
+    /* RAM for the held experts: 0, or at least their bytes, holds them all; less
+     * keeps them in the file and pages them through slots in that much memory (at
+     * least one expert's slot), evicting the coldest by decayed routing heat */
+    uint64_t ram_bytes;
+    int disk_kind;          /* bl_xr_kind_t of the pager's reads */
+    int disk_cached;        /* 1: read through the page cache instead of O_DIRECT */
+    int disk_depth;         /* the pager's reads in flight (0: the reader's default) */
 } ht_store_opts_t;
+
+/* The pager's counts since open: expert loads served from a slot, loads read from
+ * the file after the first fill, and the bytes read, the first fill and the
+ * alignment's extra included. Zero without one. */
+typedef struct ht_store_pager_stats {
+    int paged;            /* 1: the experts are paged */
+    int64_t slots;        /* slots in RAM */
+    uint64_t hits, misses, bytes_read;
+    const char *backend;  /* "io_uring" or "pread"; NULL without a pager */
+} ht_store_pager_stats_t;
 
 /* Opens the file, checks each held layer's three expert tensors (shape, type, size)
  * and copies them into anonymous memory advised as huge pages (they stay in the file
@@ -40,10 +57,14 @@ const char *ht_store_kernels(const ht_store_t *s);
 /* Bytes of expert weights the store holds. */
 uint64_t ht_store_bytes(const ht_store_t *s);
 
+void ht_store_pager_stats(const ht_store_t *s, ht_store_pager_stats_t *out);
+
 /* out (n, n_embd) = layer's routed experts of the rows xn (n, n_embd): row r's
  * counts[r] (1..n_expert_used) (expert, weight) pairs, packed row after row in ids
  * and wts (counts NULL: n_expert_used each). BL_EINVAL (a layer the store does not
- * hold, a count or an id out of range, named), BL_ERANGE (n outside 1..n_batch). */
+ * hold, a count or an id out of range, named), BL_ERANGE (n outside 1..n_batch);
+ * with a pager, BL_EIO naming the file and offset of a read that failed, or a
+ * model file changed since open (the call computes nothing then). */
 int ht_store_experts(ht_store_t *s, int64_t layer, const float *xn, int64_t n, const int32_t *counts,
                      const int32_t *ids, const float *wts, float *out, bl_err_t *err) BL_WUR;
 

@@ -11,11 +11,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "bl_config.h"
 #include "store.h"
 #include "test_seed.h"
+#include "xread.h"
 #include "wk.h"
 
 static char g_moe[1200], g_dense[1200];
@@ -111,6 +115,172 @@ static void test_store_matches_the_worker(void **state)
     wk_model_free(m);
 }
 
+/* Random calls (1..K distinct experts a row) over the held layers, several rounds. */
+typedef struct calls {
+    int64_t n_calls, n, E, K;
+    float *xn, *wts;
+    int32_t *ids, *counts;
+    int64_t *layer;
+} calls_t;
+
+static void make_calls(calls_t *c, rng_t *r, const bl_arch_t *a, int64_t n_calls)
+{
+    c->n_calls = n_calls;
+    c->n = 6;
+    c->E = a->n_embd;
+    c->K = a->n_expert_used;
+    c->xn = malloc(sizeof(float) * (size_t)(n_calls * c->n * c->E));
+    c->wts = malloc(sizeof(float) * (size_t)(n_calls * c->n * c->K));
+    c->ids = malloc(sizeof(int32_t) * (size_t)(n_calls * c->n * c->K));
+    c->counts = malloc(sizeof(int32_t) * (size_t)(n_calls * c->n));
+    c->layer = malloc(sizeof(int64_t) * (size_t)n_calls);
+    for (int64_t i = 0; i < n_calls * c->n * c->E; i++)
+        c->xn[i] = rng_f(r, -1.0f, 1.0f);
+    for (int64_t q = 0; q < n_calls; q++) {
+        c->layer[q] = q % a->n_layer;
+        int32_t *ids = c->ids + q * c->n * c->K;
+        float *w = c->wts + q * c->n * c->K;
+        int64_t at = 0;
+        for (int64_t row = 0; row < c->n; row++) {
+            int32_t cnt = (int32_t)(1 + rng_next(r) % (uint64_t)c->K);
+            c->counts[q * c->n + row] = cnt;
+            for (int32_t j = 0; j < cnt; j++) {
+                int32_t id;
+                int again;
+                do { /* skewed: low ids more often, as routing is */
+                    id = (int32_t)(rng_next(r) % (uint64_t)(rng_next(r) % 3 ? (a->n_expert + 3) / 4 : a->n_expert));
+                    again = 0;
+                    for (int32_t z = 0; z < j; z++)
+                        again |= ids[at + z] == id;
+                } while (again);
+                ids[at + j] = id;
+                w[at + j] = rng_f(r, 0.0f, 1.0f);
+            }
+            at += cnt;
+        }
+    }
+}
+
+static void free_calls(calls_t *c)
+{
+    free(c->xn);
+    free(c->wts);
+    free(c->ids);
+    free(c->counts);
+    free(c->layer);
+}
+
+/* Every call's output through store s into out (n_calls, n, E); the return code of
+ * the first failing call, or 0. */
+static int run_calls(ht_store_t *s, const calls_t *c, float *out, bl_err_t *err)
+{
+    for (int64_t q = 0; q < c->n_calls; q++) {
+        const int rc = ht_store_experts(s, c->layer[q], c->xn + q * c->n * c->E, c->n, c->counts + q * c->n,
+                                        c->ids + q * c->n * c->K, c->wts + q * c->n * c->K,
+                                        out + q * c->n * c->E, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* The paged store gives the all-RAM store's bits at every budget (one slot, a few,
+ * half, all), through each reader (pread and auto, O_DIRECT and cached); its
+ * counts say what was read. */
+static void test_paged_store_is_bitwise_at_every_budget(void **state)
+{
+    (void)state;
+    NEED_MODELS();
+    ht_store_t *s = NULL;
+    bl_err_t err = {0};
+    ht_store_opts_t so = {.path = g_moe, .n_threads = 2, .n_batch = 16};
+    assert_int_equal(ht_store_open(&s, &so, &err), 0);
+    const bl_arch_t *a = ht_store_arch(s);
+    const uint64_t all = ht_store_bytes(s);
+    const int64_t experts = a->n_layer * a->n_expert;
+    rng_t r = rng_for(2);
+    calls_t c;
+    make_calls(&c, &r, a, 3 * a->n_layer);
+    const size_t out_n = (size_t)(c.n_calls * c.n * c.E);
+    float *want = malloc(sizeof(float) * out_n), *got = malloc(sizeof(float) * out_n);
+    assert_int_equal(run_calls(s, &c, want, &err), 0);
+    ht_store_pager_stats_t st;
+    ht_store_pager_stats(s, &st);
+    assert_int_equal(st.paged, 0);
+    ht_store_close(s);
+
+    const uint64_t per = all / (uint64_t)experts; /* about one expert's bytes */
+    const uint64_t budgets[] = {1, 3 * per + per / 2, all / 2, all - 1};
+    for (int b = 0; b < 4; b++)
+        for (int kind = 0; kind < 2; kind++) {
+            so.ram_bytes = budgets[b];
+            so.disk_kind = kind ? BL_XR_PREAD : BL_XR_AUTO;
+            so.disk_cached = kind;
+            so.disk_depth = 1 + b;
+            assert_int_equal(ht_store_open(&s, &so, &err), 0);
+            memset(got, 0, sizeof(float) * out_n);
+            const int rc = run_calls(s, &c, got, &err);
+            if (rc)
+                print_error("budget %llu: %s\n", (unsigned long long)budgets[b], err.msg);
+            assert_int_equal(rc, 0);
+            assert_memory_equal(got, want, sizeof(float) * out_n);
+            ht_store_pager_stats(s, &st);
+            assert_int_equal(st.paged, 1);
+            assert_non_null(st.backend);
+            assert_true(st.slots >= 1 && st.slots <= experts);
+            if (st.slots == experts) /* the first fill holds everything */
+                assert_int_equal(st.misses, 0);
+            else
+                assert_true(st.misses > 0 && st.bytes_read > 0);
+            printf("# budget %llu B: %lld slots, %llu hits, %llu misses, %llu bytes read (%s)\n",
+                   (unsigned long long)budgets[b], (long long)st.slots, (unsigned long long)st.hits,
+                   (unsigned long long)st.misses, (unsigned long long)st.bytes_read, st.backend);
+            ht_store_close(s);
+        }
+    free(want);
+    free(got);
+    free_calls(&c);
+}
+
+/* A copy of the model changed under a paged store: the next read refuses, naming
+ * the file, and computes nothing. */
+static void test_paged_store_notices_a_changed_file(void **state)
+{
+    (void)state;
+    NEED_MODELS();
+    char dir[] = "/var/tmp/bl_store_XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    FILE *in = fopen(g_moe, "rb"), *out = fopen(path, "wb");
+    assert_non_null(in);
+    assert_non_null(out);
+    char buf[1 << 16];
+    size_t k;
+    while ((k = fread(buf, 1, sizeof buf, in)) > 0)
+        assert_int_equal(fwrite(buf, 1, k, out), k);
+    fclose(in);
+    assert_int_equal(fclose(out), 0);
+    ht_store_t *s = NULL;
+    bl_err_t err = {0};
+    ht_store_opts_t so = {.path = path, .n_threads = 1, .n_batch = 16, .ram_bytes = 1};
+    assert_int_equal(ht_store_open(&s, &so, &err), 0);
+    rng_t r = rng_for(3);
+    calls_t c;
+    make_calls(&c, &r, ht_store_arch(s), 2);
+    float *o = malloc(sizeof(float) * (size_t)(c.n * c.E * 2));
+    assert_int_equal(run_calls(s, &c, o, &err), 0);
+    struct timespec ts[2] = {{.tv_sec = 1000000}, {.tv_sec = 1000000}};
+    assert_int_equal(utimensat(AT_FDCWD, path, ts, 0), 0);
+    assert_int_equal(run_calls(s, &c, o, &err), BL_EIO);
+    assert_non_null(strstr(err.msg, path));
+    assert_non_null(strstr(err.msg, "modified"));
+    ht_store_close(s);
+    free(o);
+    free_calls(&c);
+    unlink(path);
+    rmdir(dir);
+}
+
 static void test_store_refusals(void **state)
 {
     (void)state;
@@ -138,6 +308,8 @@ int main(void)
     find_models();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_matches_the_worker),
+        cmocka_unit_test(test_paged_store_is_bitwise_at_every_budget),
+        cmocka_unit_test(test_paged_store_notices_a_changed_file),
         cmocka_unit_test(test_store_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
