@@ -61,6 +61,7 @@ int bl_arg_flash_attn(void *ud, const char *value, bl_err_t *err) BL_WUR;
 /* bl_arg_experts_vram: --experts-vram auto|SIZE (bl_parse_size_mib) into *(int64_t *)ud
  * as bytes, BL_EXPERTS_VRAM_AUTO for auto. */
 #define BL_EXPERTS_VRAM_AUTO (-1)
+#define BL_EXPERTS_RAM_AUTO (-1) /* --experts-ram auto, parsed by bl_arg_experts_vram too */
 int bl_arg_experts_vram(void *ud, const char *value, bl_err_t *err) BL_WUR;
 
 /* Number parsing as the flags use it, for callers with their own formats: the whole

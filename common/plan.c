@@ -246,6 +246,43 @@ static uint64_t cuda_scratch(const bl_arch_t *a, const bl_place_opts_t *o, const
     return bytes;
 }
 
+#define RAM_MARGIN_MIN ((uint64_t)2 << 30)
+
+static void size_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s);
+
+/* The host experts' RAM budget (o->experts_ram, resolved) and what of them it leaves
+ * on disk. When a CPU stage's own experts pass it, every CPU layer's experts go to
+ * the hosttier, whose pager alone reads from disk. */
+static void ram_budget(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s)
+{
+    uint64_t budget = UINT64_MAX;
+    if (o->experts_ram > 0) {
+        budget = (uint64_t)o->experts_ram;
+    } else if (o->experts_ram == BL_EXPERTS_RAM_AUTO && o->ram_avail > 0) {
+        uint64_t other = 0; /* what the CPU stages hold besides routed experts */
+        for (int i = 0; i < p->n_stages; i++)
+            if (p->stage[i].device < 0)
+                other += p->stage[i].weight_bytes - p->stage[i].expert_bytes + p->stage[i].kv_bytes;
+        const uint64_t margin = o->ram_avail / 10 > RAM_MARGIN_MIN ? o->ram_avail / 10 : RAM_MARGIN_MIN;
+        budget = o->ram_avail > margin + other ? o->ram_avail - margin - other : 0;
+    }
+    p->experts_ram = budget;
+    uint64_t cpu_experts = 0;
+    for (int i = 0; i < p->n_stages; i++)
+        if (p->stage[i].device < 0)
+            cpu_experts += p->stage[i].expert_bytes;
+    if (a->moe && p->n_expert > 0 && cpu_experts > 0 && cpu_experts + p->host_bytes > budget) {
+        for (int i = 0; i < p->n_stages; i++)
+            for (int64_t l = p->stage[i].lb; p->stage[i].device < 0 && l < p->stage[i].le; l++) {
+                memset(p->host + l * p->n_expert, 1, (size_t)p->n_expert);
+                p->disk_moved++;
+            }
+        size_stages(p, a, o, s);
+    }
+    p->host_ram_bytes = p->host_bytes < budget ? p->host_bytes : budget;
+    p->host_disk_bytes = p->host_bytes - p->host_ram_bytes;
+}
+
 /* Fills each stage's sizes. */
 static void size_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s)
 {
@@ -680,6 +717,7 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
     } else if ((rc = refuse_over(p, devs, n_devs, margin, err)) < 0) {
         goto out;
     }
+    ram_budget(p, a, o, &sz);
     p->hosttier = p->n_host_layers > 0;
 out:
     if (ov)
@@ -734,8 +772,18 @@ size_t bl_plan_format(const bl_plan_t *p, const bl_device_t *devs, int n_devs, c
     fmt_size(cb, sizeof cb, card);
     fmt_size(rb, sizeof rb, cpu);
     fmt_size(hb, sizeof hb, p->host_bytes);
-    at = put(buf, cap, at, "on the cards %s; in the CPU workers %s; routed experts in host RAM %s (%d of %lld "
-             "layers, the hosttier)\n", cb, rb, hb, p->n_host_layers, (long long)p->n_layer);
+    if (p->host_disk_bytes > 0) {
+        char ramb[32], db[32], bb[32];
+        fmt_size(ramb, sizeof ramb, p->host_ram_bytes);
+        fmt_size(db, sizeof db, p->host_disk_bytes);
+        fmt_size(bb, sizeof bb, p->experts_ram);
+        at = put(buf, cap, at, "on the cards %s; in the CPU workers %s; routed experts of %d of %lld layers with the "
+                 "hosttier: %s, of which %s in host RAM and %s on disk (--experts-ram %s)\n", cb, rb,
+                 p->n_host_layers, (long long)p->n_layer, hb, ramb, db, bb);
+    } else {
+        at = put(buf, cap, at, "on the cards %s; in the CPU workers %s; routed experts in host RAM %s (%d of %lld "
+                 "layers, the hosttier)\n", cb, rb, hb, p->n_host_layers, (long long)p->n_layer);
+    }
     if (p->n_expert > 0) {
         /* routed experts on a card per layer, as runs: "0-35: 0, 36-47: 128" */
         at = put(buf, cap, at, "routed experts with their stage per layer:");
@@ -807,6 +855,13 @@ int bl_plan_args(bl_arg_t *a, int *n, int cap, bl_place_flags_t *f)
          .help = "card memory for the slots that hold a card stage's hottest host-RAM experts: MiB, or with "
                  "a K, M or G suffix; auto (default): what the card has free at the first step less 2 GiB, at "
                  "most what the host-RAM layers need; 0: no slots"},
+        {"--experts-ram", "BLOOMERY_EXPERTS_RAM", BL_ARG_FN, NULL, .fn = bl_arg_experts_vram,
+         .ud = &f->experts_ram, .metavar = "SIZE|auto",
+         .help = "host RAM for the routed experts that are not on a card: MiB, or with a K, M or G suffix; "
+                 "the rest stay in the model file and the hosttier reads them from disk as they are called "
+                 "(io_uring, O_DIRECT), keeping the hottest; auto (default): what the machine has available "
+                 "less a margin (the larger of 2 GiB and 10 %) and the CPU layers' other weights; 0: one "
+                 "expert at a time"},
         {"--no-residency", "BLOOMERY_NO_RESIDENCY", BL_ARG_FLAG, &f->no_residency,
          .help = "host-RAM experts stay where --cpu-moe, -ncmoe or -ot put them (no card slots)"},
     };
@@ -816,6 +871,7 @@ int bl_plan_args(bl_arg_t *a, int *n, int cap, bl_place_flags_t *f)
     memcpy(a + *n, t, sizeof t);
     *n += k;
     f->experts_vram = BL_EXPERTS_VRAM_AUTO; /* zero would mean no slots */
+    f->experts_ram = BL_EXPERTS_RAM_AUTO;
     return 0;
 }
 
@@ -831,6 +887,8 @@ int bl_plan_opts(bl_place_opts_t *o, const bl_place_flags_t *f, bl_err_t *err)
     o->override_tensor = f->override_tensor;
     o->n_override_tensor = f->n_override_tensor;
     o->fit = f->fit;
+    /* the options' 0 is "no limit"; the flag's 0 is the smallest budget (one slot) */
+    o->experts_ram = f->experts_ram == 0 ? 1 : f->experts_ram;
     o->fit_target_mib = -1;
     const char *v = f->fit_target;
     for (const char *p = v; p && *p;) {

@@ -68,6 +68,13 @@ typedef struct bl_place_opts {
     int64_t n_ctx_total;      /* KV positions over every slot */
     double kv_elem_bytes;     /* bytes of one cached K or V element (2 for f16) */
     int64_t n_batch;          /* rows of a step, for the scratch */
+    /* RAM for the routed experts the host keeps (--experts-ram): 0 (the zero value)
+     * no limit; > 0 bytes; BL_EXPERTS_RAM_AUTO (-1) what ram_avail spares with a
+     * margin after the CPU stages' other weights and caches. Experts past it stay
+     * in the model file, paged by the hosttier */
+    int64_t experts_ram;
+    uint64_t ram_avail;       /* the machine's available memory (bl_mem_available); 0:
+                               * unknown, and auto is no limit */
 } bl_place_opts_t;
 
 typedef struct bl_plan_stage {
@@ -87,6 +94,9 @@ typedef struct bl_plan {
     uint64_t host_bytes;    /* routed experts in host RAM */
     int n_host_layers;      /* layers with an expert in host RAM */
     int hosttier;           /* a hosttier process computes the host experts */
+    uint64_t experts_ram;   /* the host experts' RAM budget (resolved; UINT64_MAX: none) */
+    uint64_t host_ram_bytes, host_disk_bytes; /* host_bytes split by that budget */
+    int disk_moved;         /* layers whose experts left their CPU worker for the pager */
     int fit_moved;          /* --fit put the experts of this many leading layers in RAM */
     int fit_cpu_layers;     /* --fit moved this many leading layers to the CPU */
     int64_t fit_target_mib;
@@ -117,15 +127,17 @@ typedef struct bl_place_flags {
     /* Residency, which moves the hottest host-RAM experts of a card's stage into card
      * slots while it runs (the worker's wk_model_opts_t.experts_vram and .residency) */
     int64_t experts_vram; /* --experts-vram in bytes, or BL_EXPERTS_VRAM_AUTO */
+    int64_t experts_ram;  /* --experts-ram in bytes, or BL_EXPERTS_RAM_AUTO */
     int no_residency;     /* --no-residency */
 } bl_place_flags_t;
 
 /* Appends the placement flags to a[*n..cap), with llama.cpp's spellings, their
  * LLAMA_ARG_* variables and one help text: -ngl, -dev, -sm, -mg, -ts, -cmoe, -ncmoe,
  * -ot (repeatable), -fit, -fitt, -fitc, and bloomery's --experts-vram
- * (BLOOMERY_EXPERTS_VRAM) and --no-residency (BLOOMERY_NO_RESIDENCY), all into f (f
- * must outlive the parse). Sets f->experts_vram to its default, BL_EXPERTS_VRAM_AUTO,
- * so call it before the parse. BL_ERANGE when cap is too small. */
+ * (BLOOMERY_EXPERTS_VRAM), --experts-ram (BLOOMERY_EXPERTS_RAM) and --no-residency
+ * (BLOOMERY_NO_RESIDENCY), all into f (f must outlive the parse). Sets
+ * f->experts_vram and f->experts_ram to their defaults (auto), so call it before the
+ * parse. BL_ERANGE when cap is too small. */
 int bl_plan_args(bl_arg_t *a, int *n, int cap, bl_place_flags_t *f) BL_WUR;
 
 /* The flags into o's placement fields (the sizes are the caller's): -fitt's list

@@ -1,6 +1,7 @@
 /* The weights' copy in huge pages, and --mlock (wmem.h). */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -26,6 +27,20 @@ void *bl_wmem_alloc(uint64_t total, int force, size_t *len)
 #endif
     *len = n;
     return p;
+}
+
+uint64_t bl_mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f))
+        found = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+    fclose(f);
+    return found ? (uint64_t)kb * 1024 : 0;
 }
 
 struct copy_share {

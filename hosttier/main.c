@@ -160,7 +160,8 @@ static int load(hosttier_t *h, const bp_plan_t *p, int n_threads, bl_err_t *err)
     const ht_store_opts_t so = {.path = p->model_path, .layers = p->host,
                                 .n_threads = n_threads > 0 ? n_threads : (p->threads ? (int)p->threads : 1),
                                 .n_batch = n_batch, .no_mmap = p->no_mmap, .mlock = p->mlock,
-                                .poll = (int)p->poll, .cpu_strict = p->cpu_strict};
+                                .poll = (int)p->poll, .cpu_strict = p->cpu_strict,
+                                .ram_bytes = (uint64_t)p->experts_ram};
     if ((rc = ht_store_open(&h->store, &so, err)) != 0)
         return rc;
     const bl_arch_t *c = ht_store_arch(h->store);

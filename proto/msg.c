@@ -139,6 +139,8 @@ static int validate_plan(const Bloomery__Plan *p, bl_err_t *err)
         return bad(err, "Plan.n_slots", "is missing or above 4096");
     if (p->experts_vram < -1)
         return bad(err, "Plan.experts_vram", "is below -1 (automatic)");
+    if (p->experts_ram < 0)
+        return bad(err, "Plan.experts_ram", "is negative");
     return 0;
 }
 
@@ -406,6 +408,7 @@ int bp_plan_read(const bp_msg_t *m, bp_plan_t *out, bl_err_t *err)
     out->cpu_strict = p->cpu_strict;
     out->experts_vram = p->experts_vram;
     out->no_residency = p->no_residency;
+    out->experts_ram = p->experts_ram;
     return 0;
 }
 

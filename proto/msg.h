@@ -121,6 +121,8 @@ typedef struct bp_plan {
     int64_t experts_vram;  /* card bytes for resident expert slots (--experts-vram):
                             * -1 automatic, 0 none */
     int no_residency;      /* host-RAM experts never move into card slots (--no-residency) */
+    int64_t experts_ram;   /* bytes the hosttier's experts may take in RAM, the rest paged
+                            * from the model file (--experts-ram); 0: all in RAM */
 } bp_plan_t;
 
 /* A validated Plan message into p: the stages, the host layers from its placements

@@ -464,6 +464,7 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
     p.cpu_strict = c->o.cpu_strict != 0;
     p.experts_vram = c->o.experts_vram;
     p.no_residency = c->o.no_residency != 0;
+    p.experts_ram = c->o.experts_ram;
     p.you = (uint32_t)i;
     return bp_chan_send_plan(c->chan, to, &p, 1000, err);
 }

@@ -55,6 +55,8 @@ typedef struct rt_cluster_opts {
                               * BL_EXPERTS_VRAM_AUTO (-1) sizes them from the card; 0, as
                               * in zeroed options, is none */
     int no_residency;        /* host-RAM experts never move into card slots (--no-residency) */
+    int64_t experts_ram;     /* bytes the hosttier's experts may take in RAM, the rest paged
+                              * from the model file (the plan's --experts-ram); 0: all in RAM */
     int step_timeout_ms;     /* a step without an answer for this long counts the processes
                               * as hung: the step fails and the whole set restarts (0: wait
                               * as long as they live) */

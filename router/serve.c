@@ -30,6 +30,7 @@
 #include "file.h"
 #include "hub.h"
 #include "plan.h"
+#include "wmem.h"
 #include "quant.h"
 #include "log.h"
 
@@ -526,9 +527,11 @@ static json_t *placement_json(const bl_plan_t *p)
     for (int64_t l = 0; l < p->n_layer; l++)
         if (bl_plan_layer_host(p, l))
             json_array_append_new(host, json_integer(l));
-    return json_pack("{s:o,s:o,s:I,s:b,s:{s:i,s:i,s:I}}", "stages", stages, "host_expert_layers", host,
-                     "host_expert_bytes", (json_int_t)p->host_bytes, "hosttier", p->hosttier, "fit", "expert_layers",
-                     p->fit_moved, "cpu_layers", p->fit_cpu_layers, "target_mib", (json_int_t)p->fit_target_mib);
+    return json_pack("{s:o,s:o,s:I,s:I,s:I,s:b,s:{s:i,s:i,s:I}}", "stages", stages, "host_expert_layers", host,
+                     "host_expert_bytes", (json_int_t)p->host_bytes, "host_expert_ram_bytes",
+                     (json_int_t)p->host_ram_bytes, "host_expert_disk_bytes", (json_int_t)p->host_disk_bytes,
+                     "hosttier", p->hosttier, "fit", "expert_layers", p->fit_moved, "cpu_layers", p->fit_cpu_layers,
+                     "target_mib", (json_int_t)p->fit_target_mib);
 }
 
 /* The placement (common/plan.c) from the placement flags, the model's file and the
@@ -551,7 +554,7 @@ static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64
     bl_place_opts_t po = {
         .n_cpu_stages = (int)o->workers, .n_ctx_total = n_ctx,
         .kv_elem_bytes = kv_type == BL_TYPE_F32 ? 4.0 : kv_type == BL_TYPE_Q8_0 ? 34.0 / 32.0 : 2.0,
-        .n_batch = rows};
+        .n_batch = rows, .ram_avail = bl_mem_available()};
     if ((rc = bl_plan_opts(&po, f, err)) != 0)
         return rc;
     if ((rc = bl_plan_build(plan, g, &a, devs, *n_devs, &po, err)) != 0)
@@ -1344,6 +1347,7 @@ int main(int argc, char **argv)
         .cpu_strict = (int)o.cpu.strict,
         .experts_vram = o.place.experts_vram,
         .no_residency = o.place.no_residency,
+        .experts_ram = plan.host_disk_bytes ? (int64_t)plan.experts_ram : 0,
     };
     co.step_timeout_ms = (int)(o.timeout * 1000); /* at most 7 days: fits an int */
     app->placement = placement_json(&plan);

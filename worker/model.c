@@ -481,6 +481,11 @@ int wk_place_one(const char *path, const bl_place_opts_t *o, int *device, uint8_
         if (p.n_stages != 1)
             rc = bl_err_set(err, BL_ENOTSUP, "the plan has %d stages (layers on the CPU and on a card, or on "
                             "several cards); this program runs one, bloomery-serve runs them all", p.n_stages);
+        else if (p.host_disk_bytes > 0)
+            rc = bl_err_set(err, BL_ENOTSUP, "--experts-ram: %.1f MiB of routed experts would stay on disk; "
+                            "this program keeps them in RAM (paging from disk runs in bloomery-serve's "
+                            "hosttier for now): give at least %.1f MiB", (double)p.host_disk_bytes / (1 << 20),
+                            (double)(p.host_ram_bytes + p.host_disk_bytes) / (1 << 20));
         else if ((size_t)a.n_layer > host_cap)
             rc = bl_err_set(err, BL_ENOTSUP, "%s: %lld layers (at most %zu here)", path, (long long)a.n_layer,
                             host_cap);

@@ -41,7 +41,7 @@ def run_serve(args, timeout=30, env=None):
 
 
 # every flag the issue lists, in llama-server's spelling
-HELP_FLAGS = ["--experts-vram", "--no-residency", "-m", "--model", "-a", "--alias", "--host", "--port", "-c", "--ctx-size", "-np",
+HELP_FLAGS = ["--experts-vram", "--experts-ram", "--no-residency", "-m", "--model", "-a", "--alias", "--host", "--port", "-c", "--ctx-size", "-np",
               "--parallel", "-n", "-t", "--threads", "-tb", "--threads-batch", "-b",
               "--batch-size", "-ub", "--ubatch-size", "--chat-template", "--chat-template-file",
               "--jinja", "--api-key", "--api-key-file", "--timeout", "--log-disable", "-v",
@@ -601,3 +601,33 @@ def test_residency_flags_reach_the_worker(servers, args, env, says):
     assert ready and ready[0].endswith(" " + says), log
     if not gpu_present():
         assert "bloomery:child_expert_slots" not in get(srv.url, "/metrics").text
+
+
+def test_experts_ram_pages_from_disk_with_the_same_output(servers):
+    """--experts-ram below the routed experts' bytes moves them to the hosttier, which
+    keeps that much in RAM and reads the rest from the model file as they are called:
+    the plan and /props say how much is on disk, and greedy text is the same as with
+    every expert in RAM (the same bytes, the same kernels). BLOOMERY_EXPERTS_RAM is
+    the same flag; 0 is one expert at a time."""
+    if gpu_present():
+        pytest.skip("a GPU is present: the plan differs")
+    body = {"prompt": "Once upon a time", "n_predict": 12, "temperature": 0, "ignore_eos": True,
+            "cache_prompt": False}
+    plain = servers.start(FAST)
+    want = post(plain.url, "/completion", body).json()["content"]
+    p = get(plain.url, "/props").json()["placement"]
+    assert p["host_expert_disk_bytes"] == 0 and p["hosttier"] is False, p
+    for args, env in ((["--experts-ram", "0"], None), ([], {"BLOOMERY_EXPERTS_RAM": "64K"})):
+        srv = servers.start(FAST + args, env=env)
+        p = get(srv.url, "/props").json()["placement"]
+        assert p["hosttier"] is True and p["host_expert_disk_bytes"] > 0, p
+        assert p["host_expert_ram_bytes"] + p["host_expert_disk_bytes"] == p["host_expert_bytes"], p
+        assert "on disk" in srv.log() and "event=pager slots=" in srv.log(), srv.log()
+        assert post(srv.url, "/completion", body).json()["content"] == want
+
+
+@pytest.mark.parametrize("value", ["-1", "12Q", "1.5G"])
+def test_experts_ram_refuses_bad_sizes(model, value):
+    rc, out, _ = run_serve(["-m", model, "--port", str(serverctl.free_port()), "--experts-ram", value] + FAST,
+                           timeout=15)
+    assert rc in (1, 2) and "--experts-ram" in out, out

@@ -553,6 +553,70 @@ static void test_plan_cpu_moe_without_a_card_keeps_experts_in_the_cpu_worker(voi
     bl_plan_free(p);
 }
 
+/* --experts-ram: the host experts past the budget stay on disk; a budget below a CPU
+ * stage's own experts moves every CPU layer's experts to the hosttier (its pager);
+ * auto spares a margin of the available memory; the zero value is no limit. */
+static void test_plan_experts_ram_budget(void **state)
+{
+    (void)state;
+    bl_plan_t *p = &g_plan;
+    bl_place_opts_t o = opts();
+    o.cpu_moe = 1;
+    o.experts_ram = (int64_t)(3 * X_BYTES); /* 3 of the 8 host layers' experts */
+    build_ok(p, MOE, big1, 1, &o);
+    assert_host(p, "11111111");
+    assert_true(p->host_ram_bytes == 3 * X_BYTES && p->host_disk_bytes == 5 * X_BYTES);
+    assert_true(p->experts_ram == 3 * X_BYTES);
+    char text[2048];
+    bl_plan_format(p, big1, 1, text, sizeof text);
+    assert_non_null(strstr(text, "on disk"));
+    bl_plan_free(p);
+
+    o.experts_ram = (int64_t)(100 * X_BYTES); /* room for all: nothing on disk */
+    build_ok(p, MOE, big1, 1, &o);
+    assert_true(p->host_ram_bytes == 8 * X_BYTES && p->host_disk_bytes == 0);
+    bl_plan_format(p, big1, 1, text, sizeof text);
+    assert_null(strstr(text, "on disk"));
+    bl_plan_free(p);
+
+    /* the CPU only: the CPU worker's experts go to the hosttier when they do not fit */
+    o = opts();
+    o.experts_ram = (int64_t)X_BYTES;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, N_LAYER);
+    assert_host(p, "11111111");
+    assert_int_equal(p->disk_moved, N_LAYER);
+    assert_sizes(p, 0, W_ALL - N_LAYER * X_BYTES, 0);
+    assert_true(p->host_ram_bytes == X_BYTES && p->host_disk_bytes == 7 * X_BYTES);
+    bl_plan_free(p);
+
+    /* auto: the available memory less its margin (2 GiB at least) and the CPU stage's
+     * other weights; unknown memory is no limit, and so is the zero value */
+    o = opts();
+    o.experts_ram = BL_EXPERTS_RAM_AUTO;
+    o.ram_avail = 2 * GIB_BYTES + (W_ALL - N_LAYER * X_BYTES) + 2 * X_BYTES;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_host(p, "11111111");
+    assert_true(p->host_disk_bytes > 0 && p->host_ram_bytes <= 2 * X_BYTES + N_CTX * 4096);
+    bl_plan_free(p);
+    o.ram_avail = 0;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_host(p, "00000000");
+    assert_true(p->host_disk_bytes == 0);
+    bl_plan_free(p);
+    o.experts_ram = 0;
+    o.ram_avail = 1;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_host(p, "00000000");
+    bl_plan_free(p);
+
+    /* a dense model has no experts to page */
+    o.experts_ram = 1;
+    build_ok(p, DENSE, NULL, 0, &o);
+    assert_true(p->host_disk_bytes == 0 && p->n_host_layers == 0);
+    bl_plan_free(p);
+}
+
 static void test_plan_ncmoe_hosts_the_first_layers(void **state)
 {
     (void)state;
@@ -1361,6 +1425,7 @@ int main(void)
         T(test_plan_cpu_moe_with_a_card_puts_every_layer_in_host_ram),
         T(test_plan_cpu_moe_hosts_only_the_card_layers),
         T(test_plan_cpu_moe_without_a_card_keeps_experts_in_the_cpu_worker),
+        T(test_plan_experts_ram_budget),
         T(test_plan_ncmoe_hosts_the_first_layers),
         T(test_plan_ncmoe_of_every_layer_hosts_them_all),
         T(test_plan_ncmoe_above_the_layer_count_is_refused),

@@ -175,17 +175,19 @@ static void test_msg_plan_read_carries_residency(void **state)
         bp_msg_t m = make_plan(), out;
         g_plan.n_placements = 16;
         g_plan.experts_vram = sizes[i];
+        g_plan.experts_ram = sizes[i] < 0 ? 1 : sizes[i];
         g_plan.no_residency = i % 2;
         round_trip(&m, &out);
         assert_int_equal(bp_plan_read(&out, &pl, &err), 0);
         assert_true(pl.experts_vram == sizes[i]);
+        assert_true(pl.experts_ram == (sizes[i] < 0 ? 1 : sizes[i]));
         assert_int_equal(pl.no_residency, (int)(i % 2));
         bp_msg_free(&out);
     }
     bp_msg_t m = make_plan(), out;
     round_trip(&m, &out);
     assert_int_equal(bp_plan_read(&out, &pl, &err), 0);
-    assert_true(pl.experts_vram == 0);
+    assert_true(pl.experts_vram == 0 && pl.experts_ram == 0);
     assert_int_equal(pl.no_residency, 0);
     bp_msg_free(&out);
 }
@@ -361,6 +363,9 @@ static void test_msg_validation_names_the_field(void **state)
     m = make_plan();
     g_plan.experts_vram = INT64_MIN;
     expect_invalid(&m, BL_EINVAL, "Plan.experts_vram");
+    m = make_plan();
+    g_plan.experts_ram = -1;
+    expect_invalid(&m, BL_EINVAL, "Plan.experts_ram");
     m = make_plan();
     g_plan.n_ctx = 0;
     expect_invalid(&m, BL_EINVAL, "Plan.n_ctx");
