@@ -6,7 +6,8 @@
  * per-op time breakdown of a decode step: on the card from CUDA events per launch,
  * on the CPU from the clock around each op, with the weight bytes each op read and
  * the rate that makes. --kernels needs no model: it measures the CPU kernel sets
- * streaming random routed experts' weights (bench_kernels.c).
+ * streaming random routed experts' weights (bench_kernels.c). --disk measures the
+ * model file's reads as the disk pager makes them (bench_disk.c).
  *
  * A pp test evaluates N random tokens in batches of -b rows; a tg test decodes N
  * tokens one at a time. Both start from an empty cache, or with -d D from D random
@@ -24,6 +25,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "bench_disk.h"
 #include "bench_kernels.h"
 #include "cpuset.h"
 #include "gguf.h"
@@ -42,7 +44,7 @@ typedef struct bench {
     const char *model, *output;
     list_t pp, tg, threads, depth, krows;
     int64_t reps, n_batch, poll;
-    int precise, no_roofline, profile, kernels;
+    int precise, no_roofline, profile, kernels, disk;
     int flash_attn; /* BL_FLASH_*: -fa */
     bl_place_flags_t place; /* -ngl, -dev, --cpu-moe, ...: the plan's flags, as the server's */
     bl_cpu_flags_t cpu;     /* -C, -Cr, --cpu-strict, as the server's */
@@ -388,6 +390,7 @@ int main(int argc, char **argv)
         {"-fa,--flash-attn", NULL, BL_ARG_FN, NULL, .fn = bl_arg_flash_attn, .ud = &b.flash_attn, .metavar = "on|off|auto|1|0", .help = "on a GPU: prompt attention as one flash kernel (on), as score/softmax/value pieces (off), flash where the head size has it (auto, default); the CPU computes the same either way"},
         {"--kernels", NULL, BL_ARG_FLAG, &b.kernels, .help = "no model: the rate each CPU kernel set streams routed experts' weights (q4_K, q5_K, q6_K, q8_0, mxfp4; 1 GiB each) beside the read bandwidth"},
         {"--kernel-rows", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.krows, .metavar = "N[,N...]", .help = "with --kernels: rows per expert to test (default 1,4,8)"},
+        {"--disk", NULL, BL_ARG_FLAG, &b.disk, .help = "the model file's read rates through the disk pager's reader instead of a model run: sequential 1 MiB reads and random whole routed experts at depths 1, 4 and 16 (O_DIRECT where the file system takes it)"},
         {"--profile", NULL, BL_ARG_FLAG, &b.profile, .help = "time each op of 32 decode steps and print the breakdown of one step (on the CPU with the weight bytes and rate of each op)"},
     };
     int n_args = 0;
@@ -430,6 +433,8 @@ int main(int argc, char **argv)
             return 2;
         }
 
+    if (b.disk)
+        return bench_disk(b.model, b.reps, md);
     if (b.kernels) {
         for (int i = 0; i < b.krows.n; i++)
             if (b.krows.v[i] > 64) {

@@ -101,3 +101,31 @@ def test_bench_bad_model_exits_1(tmp_path):
     bad.write_bytes(b"not a gguf at all")
     p = run([tool("bloomery-bench"), "-m", str(bad), "-p", "8", "-n", "0"])
     assert p.returncode == 1 and "bad.gguf" in p.stderr
+
+
+def test_bench_disk_rates(model):
+    """--disk: a sequential row and random whole experts at depths 1, 4 and 16, through
+    the pager's reader, in both formats; a model that is not there exits 1."""
+    p = run([tool("bloomery-bench"), "-m", model, "--disk", "-r", "1"])
+    assert p.returncode == 0, p.stderr
+    rows = [l for l in p.stdout.splitlines() if l.startswith("| ") and not l.startswith("| disk")]
+    assert [r.split("|")[1].strip() for r in rows] == ["sequential"] + ["random experts"] * 3, p.stdout
+    assert [int(r.split("|")[3]) for r in rows] == [16, 1, 4, 16]
+    assert all(float(r.split("|")[4]) > 0 for r in rows)
+    p = run([tool("bloomery-bench"), "-m", model, "--disk", "-r", "1", "-o", "jsonl"])
+    assert p.returncode == 0, p.stderr
+    objs = [json.loads(l) for l in p.stdout.splitlines()]
+    assert [o["depth"] for o in objs] == [16, 1, 4, 16], objs
+    assert all(o["backend"] in ("io_uring", "pread") and o["mb_per_s"] > 0 for o in objs)
+    p = run([tool("bloomery-bench"), "-m", "/no/such.gguf", "--disk"])
+    assert p.returncode == 1 and "/no/such.gguf" in p.stderr
+
+
+def test_bench_refuses_experts_on_disk(model):
+    """bench keeps its experts in process: a budget that would leave some on disk is
+    refused by name (status 1); one that holds them all runs."""
+    p = run([tool("bloomery-bench"), "-m", model, "--experts-ram", "0", "-p", "0", "-n", "1", "-r", "1"])
+    assert p.returncode == 1 and "--experts-ram" in p.stderr, p.stderr
+    p = run([tool("bloomery-bench"), "-m", model, "--experts-ram", "1G", "-p", "0", "-n", "1", "-r", "1",
+             "--no-roofline"])
+    assert p.returncode == 0, p.stderr
