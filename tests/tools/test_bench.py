@@ -108,7 +108,7 @@ def test_bench_disk_rates(model):
     the pager's reader, in both formats; a model that is not there exits 1."""
     p = run([tool("bloomery-bench"), "-m", model, "--disk", "-r", "1"])
     assert p.returncode == 0, p.stderr
-    rows = [l for l in p.stdout.splitlines() if l.startswith("| ") and not l.startswith("| disk")]
+    rows = [l for l in p.stdout.splitlines() if l.startswith("| ") and not l.startswith(("| disk", "| ---"))]
     assert [r.split("|")[1].strip() for r in rows] == ["sequential"] + ["random experts"] * 3, p.stdout
     assert [int(r.split("|")[3]) for r in rows] == [16, 1, 4, 16]
     assert all(float(r.split("|")[4]) > 0 for r in rows)
