@@ -183,12 +183,22 @@ static int load(hosttier_t *h, const bp_plan_t *p, int n_threads, bl_err_t *err)
 static int hosttier_stats(void *ud, bp_counter_t *out, int cap)
 {
     hosttier_t *h = ud;
-    if (cap < 3)
+    if (cap < 7)
         return 0;
     out[0] = (bp_counter_t){"expert_calls", atomic_load(&h->n_calls)};
     out[1] = (bp_counter_t){"expert_rows", atomic_load(&h->n_rows)};
     out[2] = (bp_counter_t){"errors", atomic_load(&h->n_errors)};
-    return 3;
+    ht_store_pager_stats_t ps;
+    if (!h->store) /* the control loop starts after the load */
+        return 3;
+    ht_store_pager_stats(h->store, &ps);
+    if (!ps.paged)
+        return 3;
+    out[3] = (bp_counter_t){"disk_expert_slots", (uint64_t)ps.slots};
+    out[4] = (bp_counter_t){"disk_expert_hits", ps.hits};
+    out[5] = (bp_counter_t){"disk_expert_reads", ps.misses};
+    out[6] = (bp_counter_t){"disk_read_bytes", ps.bytes_read};
+    return 7;
 }
 
 static void hosttier_free(hosttier_t *h)

@@ -31,7 +31,7 @@ typedef struct pager {
     int64_t last_layer;
     uint64_t tick;
     int64_t pass;
-    uint64_t hits, misses, bytes_read;
+    uint64_t hits, misses, bytes_read; /* read by ht_store_pager_stats from another thread */
     bl_xr_req_t *reqs;                 /* (3 * n_slots) */
     int32_t *req_slot;                 /* (n_slots) */
     uint8_t *used;                     /* (n_expert) */
@@ -146,7 +146,7 @@ static int pager_read(ht_store_t *s, const int32_t *lx, int n, bl_err_t *err)
             *r = (bl_xr_req_t){.file = (int)part, .off = off, .len = len,
                                .buf = p->arena + (size_t)v * p->slot_bytes + p->piece_off[i],
                                .cap = (i < 2 ? p->piece_off[i + 1] : p->slot_bytes) - p->piece_off[i]};
-            p->bytes_read += bl_xr_span(p->xr, (int)part, off, len);
+            __atomic_fetch_add(&p->bytes_read, bl_xr_span(p->xr, (int)part, off, len), __ATOMIC_RELAXED);
         }
     }
     if (rc == 0)
@@ -161,7 +161,7 @@ static int pager_read(ht_store_t *s, const int32_t *lx, int n, bl_err_t *err)
         for (int i = 0; i < 3; i++)
             p->slices[(l * NE + x) * 3 + i] = p->reqs[3 * k + i].data;
     }
-    p->misses += (uint64_t)n;
+    __atomic_fetch_add(&p->misses, (uint64_t)n, __ATOMIC_RELAXED);
     return rc;
 }
 
@@ -228,7 +228,7 @@ static int pager_experts(ht_store_t *s, int64_t layer, const float *xn, int64_t 
                 if (v >= 0) {
                     p->slot_pass[v] = p->pass;
                     p->slot_tick[v] = ++p->tick;
-                    p->hits++;
+                    __atomic_fetch_add(&p->hits, 1, __ATOMIC_RELAXED);
                 } else {
                     const int64_t w = pager_victim(p);
                     if (w < 0)
@@ -344,7 +344,7 @@ static int pager_open(ht_store_t *s, const ht_store_opts_t *o, bl_err_t *err)
             if ((rc = pager_read(s, p->req_slot, nb, err)) < 0)
                 return rc;
         }
-    p->misses = 0; /* the fill is not a miss */
+    __atomic_store_n(&p->misses, 0, __ATOMIC_RELAXED); /* the fill is not a miss */
     BL_LOG(BL_LOG_INFO, "event=pager slots=%lld slot_bytes=%zu ram_bytes=%llu experts=%lld backend=%s direct=%d",
            (long long)p->n_slots, p->slot_bytes, (unsigned long long)((uint64_t)ns * p->slot_bytes),
            (long long)held, bl_xr_backend(p->xr), bl_xr_direct(p->xr, 0));
@@ -358,9 +358,9 @@ void ht_store_pager_stats(const ht_store_t *s, ht_store_pager_stats_t *out)
         return;
     out->paged = 1;
     out->slots = s->pg->n_slots;
-    out->hits = s->pg->hits;
-    out->misses = s->pg->misses;
-    out->bytes_read = s->pg->bytes_read;
+    out->hits = __atomic_load_n(&s->pg->hits, __ATOMIC_RELAXED);
+    out->misses = __atomic_load_n(&s->pg->misses, __ATOMIC_RELAXED);
+    out->bytes_read = __atomic_load_n(&s->pg->bytes_read, __ATOMIC_RELAXED);
     out->backend = bl_xr_backend(s->pg->xr);
 }
 

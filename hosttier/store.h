@@ -57,7 +57,7 @@ const char *ht_store_kernels(const ht_store_t *s);
 /* Bytes of expert weights the store holds. */
 uint64_t ht_store_bytes(const ht_store_t *s);
 
-void ht_store_pager_stats(const ht_store_t *s, ht_store_pager_stats_t *out);
+void ht_store_pager_stats(const ht_store_t *s, ht_store_pager_stats_t *out); /* any thread */
 
 /* out (n, n_embd) = layer's routed experts of the rows xn (n, n_embd): row r's
  * counts[r] (1..n_expert_used) (expert, weight) pairs, packed row after row in ids

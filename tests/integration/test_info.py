@@ -193,3 +193,26 @@ def test_cors(url):
     assert r.status_code == 200
     assert r.headers.get("Access-Control-Allow-Credentials") == "true"
     assert "POST" in r.headers.get("Access-Control-Allow-Methods", "")
+
+
+def test_metrics_of_the_disk_pager(servers):
+    # --experts-ram 0: every expert through one slot; the hosttier's pager counts show
+    # as bloomery:child_disk_* once the supervisor has asked for its Stats
+    url = servers.start(["-np", "1", "-c", "1024", "-t", "1", "--experts-ram", "0"]).url
+    r = post(url, "/completion", {"prompt": "Paging", "n_predict": 3, "temperature": 0})
+    assert r.status_code == 200, r.text
+    deadline = time.time() + 6
+    while True:
+        _, text = metrics(url)
+        samples = {}
+        for line in text.splitlines():
+            if line.startswith("bloomery:child_disk"):
+                name, value = line.rsplit(" ", 1)
+                samples[name] = float(value)
+        if samples.get('bloomery:child_disk_expert_reads{process="hosttier"}', 0) >= 1:
+            break
+        assert time.time() < deadline, "no pager counters after a step in /metrics:\n" + text
+        time.sleep(0.5)
+    assert samples['bloomery:child_disk_expert_slots{process="hosttier"}'] == 1
+    assert samples['bloomery:child_disk_read_bytes{process="hosttier"}'] > 0
+    assert 'bloomery:child_disk_expert_hits{process="hosttier"}' in samples
