@@ -228,10 +228,11 @@ static void test_paged_store_is_bitwise_at_every_budget(void **state)
             assert_int_equal(st.paged, 1);
             assert_non_null(st.backend);
             assert_true(st.slots >= 1 && st.slots <= experts);
+            assert_true(st.bytes_read > 0); /* the first fill at least */
             if (st.slots == experts) /* the first fill holds everything */
                 assert_int_equal(st.misses, 0);
-            else
-                assert_true(st.misses > 0 && st.bytes_read > 0);
+            else if (b < 2) /* a few slots: the calls use more experts than that */
+                assert_true(st.misses > 0);
             printf("# budget %llu B: %lld slots, %llu hits, %llu misses, %llu bytes read (%s)\n",
                    (unsigned long long)budgets[b], (long long)st.slots, (unsigned long long)st.hits,
                    (unsigned long long)st.misses, (unsigned long long)st.bytes_read, st.backend);
