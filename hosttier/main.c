@@ -183,7 +183,7 @@ static int load(hosttier_t *h, const bp_plan_t *p, int n_threads, bl_err_t *err)
 static int hosttier_stats(void *ud, bp_counter_t *out, int cap)
 {
     hosttier_t *h = ud;
-    if (cap < 7)
+    if (cap < 8)
         return 0;
     out[0] = (bp_counter_t){"expert_calls", atomic_load(&h->n_calls)};
     out[1] = (bp_counter_t){"expert_rows", atomic_load(&h->n_rows)};
@@ -198,7 +198,8 @@ static int hosttier_stats(void *ud, bp_counter_t *out, int cap)
     out[4] = (bp_counter_t){"disk_expert_hits", ps.hits};
     out[5] = (bp_counter_t){"disk_expert_reads", ps.misses};
     out[6] = (bp_counter_t){"disk_read_bytes", ps.bytes_read};
-    return 7;
+    out[7] = (bp_counter_t){"disk_read_us", ps.read_ns / 1000};
+    return 8;
 }
 
 static void hosttier_free(hosttier_t *h)

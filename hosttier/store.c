@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "gguf.h"
 #include "heat.h"
@@ -31,7 +32,7 @@ typedef struct pager {
     int64_t last_layer;
     uint64_t tick;
     int64_t pass;
-    uint64_t hits, misses, bytes_read; /* read by ht_store_pager_stats from another thread */
+    uint64_t hits, misses, bytes_read, read_ns; /* read by ht_store_pager_stats from another thread */
     bl_xr_req_t *reqs;                 /* (3 * n_slots) */
     int32_t *req_slot;                 /* (n_slots) */
     uint8_t *used;                     /* (n_expert) */
@@ -126,6 +127,13 @@ static void slice_src(const ht_store_t *s, int64_t l, int i, int64_t x, uint32_t
     *off = t->file_offset + (uint64_t)x * *len;
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static size_t up_to(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 /* Reads the n (layer, expert, slot) loads of items into their slots: three requests
@@ -149,8 +157,11 @@ static int pager_read(ht_store_t *s, const int32_t *lx, int n, bl_err_t *err)
             __atomic_fetch_add(&p->bytes_read, bl_xr_span(p->xr, (int)part, off, len), __ATOMIC_RELAXED);
         }
     }
-    if (rc == 0)
+    if (rc == 0) {
+        const uint64_t t0 = now_ns();
         rc = bl_xr_read(p->xr, p->reqs, 3 * n, err);
+        __atomic_fetch_add(&p->read_ns, now_ns() - t0, __ATOMIC_RELAXED);
+    }
     for (int k = 0; k < n; k++) {
         const int64_t l = lx[3 * k], x = lx[3 * k + 1], v = lx[3 * k + 2];
         if (rc < 0) {
@@ -345,9 +356,11 @@ static int pager_open(ht_store_t *s, const ht_store_opts_t *o, bl_err_t *err)
                 return rc;
         }
     __atomic_store_n(&p->misses, 0, __ATOMIC_RELAXED); /* the fill is not a miss */
-    BL_LOG(BL_LOG_INFO, "event=pager slots=%lld slot_bytes=%zu ram_bytes=%llu experts=%lld backend=%s direct=%d",
-           (long long)p->n_slots, p->slot_bytes, (unsigned long long)((uint64_t)ns * p->slot_bytes),
-           (long long)held, bl_xr_backend(p->xr), bl_xr_direct(p->xr, 0));
+    const double fill_s = (double)__atomic_load_n(&p->read_ns, __ATOMIC_RELAXED) / 1e9;
+    BL_LOG(BL_LOG_INFO, "event=pager slots=%lld slot_bytes=%zu ram_bytes=%llu experts=%lld backend=%s direct=%d "
+           "fill_bytes=%llu fill_s=%.2f", (long long)p->n_slots, p->slot_bytes,
+           (unsigned long long)((uint64_t)ns * p->slot_bytes), (long long)held, bl_xr_backend(p->xr),
+           bl_xr_direct(p->xr, 0), (unsigned long long)__atomic_load_n(&p->bytes_read, __ATOMIC_RELAXED), fill_s);
     return 0;
 }
 
@@ -361,6 +374,7 @@ void ht_store_pager_stats(const ht_store_t *s, ht_store_pager_stats_t *out)
     out->hits = __atomic_load_n(&s->pg->hits, __ATOMIC_RELAXED);
     out->misses = __atomic_load_n(&s->pg->misses, __ATOMIC_RELAXED);
     out->bytes_read = __atomic_load_n(&s->pg->bytes_read, __ATOMIC_RELAXED);
+    out->read_ns = __atomic_load_n(&s->pg->read_ns, __ATOMIC_RELAXED);
     out->backend = bl_xr_backend(s->pg->xr);
 }
 

@@ -40,6 +40,8 @@ typedef struct ht_store_pager_stats {
     int paged;            /* 1: the experts are paged */
     int64_t slots;        /* slots in RAM */
     uint64_t hits, misses, bytes_read;
+    uint64_t read_ns;     /* time spent waiting on those reads (bytes_read / read_ns:
+                           * the pager's read rate) */
     const char *backend;  /* "io_uring" or "pread"; NULL without a pager */
 } ht_store_pager_stats_t;
 

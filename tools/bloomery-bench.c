@@ -31,6 +31,7 @@
 #include "gguf.h"
 #include "quant.h"
 #include "kcpu.h"
+#include "store.h"
 #include "wk.h"
 
 #define MAX_LIST 16
@@ -363,6 +364,24 @@ static int profile_decode(wk_model_t *m, wk_kv_t *kv, float *logits, int cpu, bl
     return 0;
 }
 
+/* What the disk pager did during one test (the stats before and after it): its hit
+ * rate and its read rate while reading, and for a decode test the bytes a token read
+ * (the untimed warm-up run included). */
+static void pager_line(const char *test, const ht_store_pager_stats_t *a, const ht_store_pager_stats_t *b,
+                       int64_t tokens)
+{
+    const uint64_t hits = b->hits - a->hits, reads = b->misses - a->misses, bytes = b->bytes_read - a->bytes_read;
+    const double s = (double)(b->read_ns - a->read_ns) / 1e9;
+    fprintf(stderr, "bloomery-bench: pager: %s (%s, %lld slots): %llu hits, %llu reads, hit rate %.1f%%, "
+            "%.1f MB read at %.0f MB/s",
+            test, b->backend, (long long)b->slots, (unsigned long long)hits, (unsigned long long)reads,
+            hits + reads ? 100.0 * (double)hits / (double)(hits + reads) : 0.0, (double)bytes / 1e6,
+            s > 0 ? (double)bytes / 1e6 / s : 0.0);
+    if (tokens > 0)
+        fprintf(stderr, ", %.1f MB a token", (double)bytes / 1e6 / (double)tokens);
+    fputc('\n', stderr);
+}
+
 int main(int argc, char **argv)
 {
     static bench_t b;
@@ -455,14 +474,13 @@ int main(int argc, char **argv)
         max_d = b.depth.v[i] > max_d ? b.depth.v[i] : max_d;
 
     /* Where the layers go: the server's plan from the same flags, for one stage. */
-    int device = WK_DEVICE_CPU;
     bl_place_opts_t po = {.n_ctx_total = max_d + max_n + (b.profile ? 544 : 0), .kv_elem_bytes = 2.0,
                           .n_batch = b.n_batch};
-    static uint8_t host[BL_ARCH_MAX_LAYERS]; /* the plan's host-RAM layers */
+    static wk_place_t place; /* the plan's device and host-expert layers */
     {
         char text[4096];
         if (bl_plan_opts(&po, &b.place, &err) ||
-            wk_place_one(b.model, &po, &device, host, sizeof host, text, sizeof text, &err)) {
+            wk_place_one(b.model, &po, &place, text, sizeof text, &err)) {
             fprintf(stderr, "bloomery-bench: %s\n", err.msg);
             return 1;
         }
@@ -500,11 +518,10 @@ int main(int argc, char **argv)
         mo.experts_vram = b.place.experts_vram;
         mo.residency = !b.place.no_residency;
         mo.n_ctx_max = max_d + max_n + (b.profile ? 544 : 0);
-        mo.device = device;
         mo.flash_attn = b.flash_attn;
         wk_placed_t pl;
         wk_kv_t *kv = NULL;
-        if (wk_load_placed(&pl, b.model, &mo, host, sizeof host, &err) ||
+        if (wk_load_placed(&pl, b.model, &mo, &place, &err) ||
             wk_kv_create(&kv, pl.m, mo.n_ctx_max, WK_KV_F16, &err)) {
             wk_placed_free(&pl);
             fprintf(stderr, "bloomery-bench: %s\n", err.msg);
@@ -527,6 +544,9 @@ int main(int argc, char **argv)
             for (int i = 0; i < l->n * b.depth.n; i++) {
                 result_t res, *r = &res;
                 r->threads = b.threads.v[ti];
+                ht_store_pager_stats_t ps0 = {0}, ps1 = {0};
+                if (pl.ex)
+                    ht_store_pager_stats(pl.ex, &ps0);
                 if (run_test(m, kv, pass == 0, l->v[i / b.depth.n], b.depth.v[i % b.depth.n], b.n_batch, b.reps,
                              logits, tokens, r, &err)) {
                     fprintf(stderr, "bloomery-bench: %s\n", err.msg);
@@ -534,6 +554,10 @@ int main(int argc, char **argv)
                     wk_placed_free(&pl);
                     goto done;
                 }
+                if (pl.ex)
+                    ht_store_pager_stats(pl.ex, &ps1);
+                if (ps1.paged)
+                    pager_line(r->test, &ps0, &ps1, pass == 1 && r->depth == 0 ? r->n * (b.reps + 1) : 0);
                 if (pass == 1 && r->mean > tg_best) {
                     tg_best = r->mean;
                     tg_best_n = r->n;
@@ -541,7 +565,7 @@ int main(int argc, char **argv)
                     tg_best_depth = r->depth;
                     memcpy(tg_best_test, r->test, sizeof tg_best_test);
                 }
-                const char *backend = device >= 0 ? (pl.ex ? "CUDA+host" : "CUDA") : "CPU";
+                const char *backend = place.device >= 0 ? (pl.ex ? "CUDA+host" : "CUDA") : (pl.ex ? "CPU+host" : "CPU");
                 if (md)
                     printf("| %s %.2fB %s | %.2f GiB | %.2f B | %s (%s) | %lld | %s | %.2f ± %.2f |\n",
                            arch, mb.params / 1e9, ftype, mb.total / (1 << 30), mb.params / 1e9, backend,
@@ -554,18 +578,18 @@ int main(int argc, char **argv)
                 fflush(stdout);
             }
         }
-        if (device >= 0 && !b.no_roofline &&
+        if (place.device >= 0 && !b.no_roofline &&
             wk_model_device_bandwidth(m, (size_t)1 << 30, &dev_bw, &err) != 0)
             fprintf(stderr, "bloomery-bench: device bandwidth: %s\n", err.msg);
         snprintf(dev_name, sizeof dev_name, "%s", wk_model_kernels(m));
-        if (b.profile && profile_decode(m, kv, logits, device < 0, &err) != 0)
+        if (b.profile && profile_decode(m, kv, logits, place.device < 0, &err) != 0)
             fprintf(stderr, "bloomery-bench: profile: %s\n", err.msg);
         wk_kv_free(kv);
         wk_placed_free(&pl);
     }
 
     if (!b.no_roofline && tg_best > 0) {
-        double bw = device >= 0 ? dev_bw : measure_read_bandwidth((int)tg_best_threads);
+        double bw = place.device >= 0 ? dev_bw : measure_read_bandwidth((int)tg_best_threads);
         /* a tg run of n tokens at depth d reads on average d + n/2 cached positions per token */
         double kv = mb.kv_per_pos * ((double)tg_best_depth + (double)tg_best_n / 2.0);
         double per_token = mb.per_token + kv;
@@ -575,8 +599,8 @@ int main(int argc, char **argv)
                    "%s %.1f GB/s%s: at most %.1f tok/s; "
                    "%s reached %.2f tok/s = %.0f%% of it (%.0f GB/s achieved)\n",
                    per_token / 1e6, mb.per_token / 1e6, kv / 1e6, tg_best_test,
-                   device >= 0 ? dev_name : "memory read bandwidth", bw / 1e9,
-                   device >= 0 ? " device-to-device copy (read + write)" : thr_note(tg_best_threads),
+                   place.device >= 0 ? dev_name : "memory read bandwidth", bw / 1e9,
+                   place.device >= 0 ? " device-to-device copy (read + write)" : thr_note(tg_best_threads),
                    limit, tg_best_test, tg_best, 100.0 * tg_best / limit,
                    tg_best * per_token / 1e9);
         else

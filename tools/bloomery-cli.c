@@ -287,15 +287,18 @@ static int run(cli_t *c)
     /* where the layers go: the server's plan from the same flags, for one stage */
     bl_place_opts_t po = {.n_ctx_total = c->n_ctx, .kv_elem_bytes = 2.0, .n_batch = c->n_batch};
     char plan_text[4096];
-    static uint8_t host[BL_ARCH_MAX_LAYERS];
+    static wk_place_t place;
     if (bl_plan_opts(&po, &c->place, &err) ||
-        wk_place_one(c->model, &po, &mo.device, host, sizeof host, plan_text, sizeof plan_text, &err))
+        wk_place_one(c->model, &po, &place, plan_text, sizeof plan_text, &err))
         goto fail;
+    for (char *line = plan_text, *nl; (nl = strchr(line, '\n')); line = nl + 1)
+        fprintf(stderr, "bloomery-cli: plan: %.*s\n", (int)(nl - line), line);
     mo.flash_attn = c->flash_attn;
+    mo.device = place.device;
     if (mo.device >= 0 && !c->cache_type_k) /* the card keeps f16 caches only */
         kv_type = WK_KV_F16;
     double t0 = now_s();
-    if (wk_load_placed(&pl, c->model, &mo, host, sizeof host, &err))
+    if (wk_load_placed(&pl, c->model, &mo, &place, &err))
         goto fail;
     m = pl.m;
     const wk_config_t *cfg = wk_model_config(m);

@@ -19,6 +19,7 @@
 #include "model.h"
 #include "plan.h"
 #include "quant.h"
+#include "store.h"
 #include "wmem.h"
 #include "wk.h"
 
@@ -463,10 +464,11 @@ int wk_model_device_bandwidth(wk_model_t *m, size_t nbytes, double *bytes_per_s,
 
 // --- placement for a program of one stage ---------------------------------------------
 
-int wk_place_one(const char *path, const bl_place_opts_t *o, int *device, uint8_t *host, size_t host_cap,
-                 char *text, size_t cap, bl_err_t *err)
+int wk_place_one(const char *path, const bl_place_opts_t *o, wk_place_t *out, char *text, size_t cap,
+                 bl_err_t *err)
 {
-    *device = WK_DEVICE_CPU;
+    memset(out, 0, sizeof *out);
+    out->device = WK_DEVICE_CPU;
     if (cap)
         text[0] = '\0';
     bl_device_t devs[BL_PLAN_MAX_DEVICES];
@@ -481,18 +483,16 @@ int wk_place_one(const char *path, const bl_place_opts_t *o, int *device, uint8_
         if (p.n_stages != 1)
             rc = bl_err_set(err, BL_ENOTSUP, "the plan has %d stages (layers on the CPU and on a card, or on "
                             "several cards); this program runs one, bloomery-serve runs them all", p.n_stages);
-        else if (p.host_disk_bytes > 0)
-            rc = bl_err_set(err, BL_ENOTSUP, "--experts-ram: %.1f MiB of routed experts would stay on disk; "
-                            "this program keeps them in RAM (paging from disk runs in bloomery-serve's "
-                            "hosttier for now): give at least %.1f MiB", (double)p.host_disk_bytes / (1 << 20),
-                            (double)(p.host_ram_bytes + p.host_disk_bytes) / (1 << 20));
-        else if ((size_t)a.n_layer > host_cap)
-            rc = bl_err_set(err, BL_ENOTSUP, "%s: %lld layers (at most %zu here)", path, (long long)a.n_layer,
-                            host_cap);
-        else
-            *device = p.stage[0].device >= 0 ? p.stage[0].device : WK_DEVICE_CPU;
-        for (int64_t l = 0; rc == 0 && l < a.n_layer; l++)
-            host[l] = (uint8_t)bl_plan_layer_host(&p, l);
+        else if (a.n_layer > BL_ARCH_MAX_LAYERS)
+            rc = bl_err_set(err, BL_ENOTSUP, "%s: %lld layers (at most %d here)", path, (long long)a.n_layer,
+                            BL_ARCH_MAX_LAYERS);
+        if (rc == 0) {
+            out->device = p.stage[0].device >= 0 ? p.stage[0].device : WK_DEVICE_CPU;
+            out->n_layer = a.n_layer;
+            out->experts_ram = p.host_disk_bytes ? p.experts_ram : 0;
+            for (int64_t l = 0; l < a.n_layer; l++)
+                out->host[l] = (uint8_t)bl_plan_layer_host(&p, l);
+        }
     }
     bl_plan_free(&p);
     bl_gguf_close(g);
@@ -502,27 +502,32 @@ int wk_place_one(const char *path, const bl_place_opts_t *o, int *device, uint8_
 static int placed_experts(void *ctx, int64_t layer, const float *xn, int64_t n, const int32_t *counts,
                           const int32_t *ids, const float *wts, float *out, bl_err_t *err)
 {
-    return wk_model_experts(ctx, layer, xn, n, counts, ids, wts, out, err);
+    return ht_store_experts(ctx, layer, xn, n, counts, ids, wts, out, err);
 }
 
-int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *opts, const uint8_t *host,
-                   size_t n_host, bl_err_t *err)
+int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *opts, const wk_place_t *pl,
+                   bl_err_t *err)
 {
     memset(out, 0, sizeof *out);
     wk_model_opts_t o = *opts;
     int any = 0;
-    for (size_t l = 0; host && l < n_host; l++)
-        any |= host[l];
+    for (int64_t l = 0; pl && l < pl->n_layer; l++)
+        any |= pl->host[l];
+    if (pl)
+        o.device = pl->device;
     o.experts = any ? WK_EXPERTS_REMOTE : WK_EXPERTS_LOCAL;
-    o.experts_host = any ? host : NULL;
+    o.experts_host = any ? pl->host : NULL;
     if (!any)
         return wk_model_load(&out->m, path, &o, err);
-    wk_model_opts_t x = o;
-    x.device = WK_DEVICE_CPU;
-    x.experts = WK_EXPERTS_ONLY;
+    const ht_store_opts_t so = {.path = path, .layers = pl->host, .n_threads = o.n_threads,
+                                .n_batch = o.n_batch, .no_mmap = o.no_mmap, .mlock = o.mlock, .poll = o.poll,
+                                .cpu_strict = o.cpu_strict, .ram_bytes = pl->experts_ram};
     int rc;
-    if ((rc = wk_model_load(&out->ex, path, &x, err)) < 0 || (rc = wk_model_load(&out->m, path, &o, err)) < 0)
+    if ((rc = ht_store_open(&out->ex, &so, err)) < 0 || (rc = wk_model_load(&out->m, path, &o, err)) < 0)
         return rc;
+    if ((uint64_t)ht_store_arch(out->ex)->n_layer != (uint64_t)pl->n_layer)
+        return bl_err_set(err, BL_EINVAL, "%s: %lld layers planned, the file has %lld", path, (long long)pl->n_layer,
+                          (long long)ht_store_arch(out->ex)->n_layer);
     wk_model_set_experts(out->m, placed_experts, out->ex);
     return 0;
 }
@@ -530,6 +535,7 @@ int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *op
 void wk_placed_free(wk_placed_t *p)
 {
     wk_model_free(p->m);
-    wk_model_free(p->ex);
-    p->m = p->ex = NULL;
+    ht_store_close(p->ex);
+    p->m = NULL;
+    p->ex = NULL;
 }

@@ -276,30 +276,39 @@ int wk_model_stage(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, const fl
  * where there is no GPU or driver; a context is made on each to read it). */
 int wk_devices(bl_device_t *out, int cap, int *n, bl_err_t *err) BL_WUR;
 
+/* Where the plan puts a model that a program runs in one stage of its own. */
+typedef struct wk_place {
+    int device;                      /* WK_DEVICE_CPU or a CUDA ordinal */
+    int64_t n_layer;
+    uint8_t host[BL_ARCH_MAX_LAYERS]; /* (n_layer): 1 where layer l's routed experts live
+                                      * on the host (in RAM or paged from the file) */
+    uint64_t experts_ram;            /* RAM for those experts: 0 holds them all; less
+                                      * pages them from the file (hosttier/store.h) */
+} wk_place_t;
+
 /* The placement plan (common/plan.c) for path under the flags o on this host's
  * devices, for a program that runs the model in one stage of its own (bloomery-cli,
- * bloomery-bench): *device is where (WK_DEVICE_CPU or a CUDA ordinal), host[l] (for
- * each of the model's layers, at most host_cap) 1 where the plan puts layer l's
- * routed experts in host RAM. The plan's lines go to text (cap bytes). A plan of
- * several stages is refused with BL_ENOTSUP (the server runs those); the plan's own
- * errors as bl_plan_build. */
-int wk_place_one(const char *path, const bl_place_opts_t *o, int *device, uint8_t *host, size_t host_cap,
-                 char *text, size_t cap, bl_err_t *err) BL_WUR;
+ * bloomery-bench). The plan's lines go to text (cap bytes). A plan of several stages
+ * is refused with BL_ENOTSUP (the server runs those); the plan's own errors as
+ * bl_plan_build. */
+int wk_place_one(const char *path, const bl_place_opts_t *o, wk_place_t *out, char *text, size_t cap,
+                 bl_err_t *err) BL_WUR;
 
 /* A model placed by wk_place_one in this process: m runs the stage; where the plan
- * puts routed experts in host RAM, ex holds them (a CPU model of those experts only,
- * with m's threads) and m calls it for them, as a worker calls the hosttier. */
+ * puts routed experts on the host, ex holds them (the hosttier's expert store, with
+ * m's threads: in RAM, or paged from the file past the budget) and m calls it for
+ * them, as a worker calls the hosttier. */
 typedef struct wk_placed {
-    wk_model_t *m, *ex;
+    wk_model_t *m;
+    struct ht_store *ex;
 } wk_placed_t;
 
-/* Loads path as wk_place_one placed it: opts->device is the plan's device, host[l]
- * (n_host entries, at least the model's layers; NULL: none) its host-RAM layers, so
- * that a program plans once and loads as often as it likes. opts' experts fields
- * are set here. Errors of wk_model_load. Caller frees with wk_placed_free (also
- * after a failure). */
-int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *opts, const uint8_t *host,
-                   size_t n_host, bl_err_t *err) BL_WUR;
+/* Loads path as wk_place_one placed it (pl NULL: every layer on opts->device, experts
+ * with it), so that a program plans once and loads as often as it likes. opts->device
+ * is set from pl and the experts fields here. Errors of wk_model_load and
+ * ht_store_open. Caller frees with wk_placed_free (also after a failure). */
+int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *opts, const wk_place_t *pl,
+                   bl_err_t *err) BL_WUR;
 void wk_placed_free(wk_placed_t *p);
 
 #endif

@@ -233,9 +233,9 @@ static wk_placed_t load_resident(const char *name, int graphs, const char *ot, i
     wk_placed_t pl;
     bl_err_t err = {0};
     char text[4096];
-    static uint8_t host[BL_ARCH_MAX_LAYERS];
-    if (wk_place_one(path, &po, &o.device, host, sizeof host, text, sizeof text, &err) != 0 ||
-        wk_load_placed(&pl, path, &o, host, sizeof host, &err) != 0)
+    static wk_place_t place;
+    if (wk_place_one(path, &po, &place, text, sizeof text, &err) != 0 ||
+        wk_load_placed(&pl, path, &o, &place, &err) != 0)
         bail(path, &err);
     return pl;
 }

@@ -215,4 +215,5 @@ def test_metrics_of_the_disk_pager(servers):
         time.sleep(0.5)
     assert samples['bloomery:child_disk_expert_slots{process="hosttier"}'] == 1
     assert samples['bloomery:child_disk_read_bytes{process="hosttier"}'] > 0
+    assert samples['bloomery:child_disk_read_us{process="hosttier"}'] > 0
     assert 'bloomery:child_disk_expert_hits{process="hosttier"}' in samples

@@ -121,11 +121,19 @@ def test_bench_disk_rates(model):
     assert p.returncode == 1 and "/no/such.gguf" in p.stderr
 
 
-def test_bench_refuses_experts_on_disk(model):
-    """bench keeps its experts in process: a budget that would leave some on disk is
-    refused by name (status 1); one that holds them all runs."""
-    p = run([tool("bloomery-bench"), "-m", model, "--experts-ram", "0", "-p", "0", "-n", "1", "-r", "1"])
-    assert p.returncode == 1 and "--experts-ram" in p.stderr, p.stderr
+def test_bench_pages_experts_from_disk(model):
+    """A budget below the routed experts' bytes pages them from the file in bench's own
+    process, and each test says what the pager did; one that holds them all has no pager."""
+    p = run([tool("bloomery-bench"), "-m", model, "--experts-ram", "0", "-p", "8", "-n", "4", "-r", "1",
+             "--no-roofline"])
+    assert p.returncode == 0, p.stderr
+    assert "event=pager" in p.stderr, p.stderr
+    lines = [l for l in p.stderr.splitlines() if l.startswith("bloomery-bench: pager: ")]
+    assert [l.split()[2] for l in lines] == ["pp8", "tg4"], p.stderr
+    assert all(" reads, hit rate " in l and " MB/s" in l for l in lines), lines
+    assert "MB a token" in lines[1]
+    assert "CPU+host" in p.stdout, p.stdout
     p = run([tool("bloomery-bench"), "-m", model, "--experts-ram", "1G", "-p", "0", "-n", "1", "-r", "1",
              "--no-roofline"])
     assert p.returncode == 0, p.stderr
+    assert "bloomery-bench: pager:" not in p.stderr and "event=pager" not in p.stderr

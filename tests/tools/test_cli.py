@@ -186,6 +186,22 @@ def test_cli_residency_flags_are_taken_on_the_cpu(tmp_path, args, env):
     assert load(tmp_path / "resid.json") == load(tmp_path / "plain.json")
 
 
+@pytest.mark.parametrize("budget", ["0", "64K", "256K"])
+def test_cli_pages_experts_from_disk_with_the_same_logits(tmp_path, budget):
+    """--experts-ram below the routed experts' bytes: the CPU plan moves them to the
+    expert store, which pages them from the file; the logits are the all-RAM run's."""
+    model = tmp_path / "m.gguf"
+    assert run([tool("bloomery-mkmodel"), "-o", str(model)]).returncode == 0
+    base = [tool("bloomery-cli"), "-m", str(model), "-p", "abc def", "-n", "3", "-t", THREADS, "--temp", "0",
+            "--dump-logits"]
+    plain = run(base + [str(tmp_path / "plain.json")])
+    assert plain.returncode == 0, plain.stderr
+    p = run(base + [str(tmp_path / "paged.json"), "--experts-ram", budget])
+    assert p.returncode == 0, p.stderr
+    assert "event=pager" in p.stderr and "on disk" in p.stderr, p.stderr
+    assert load(tmp_path / "paged.json") == load(tmp_path / "plain.json")
+
+
 def test_cli_bad_model_and_long_prompt_exit_1(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 16)

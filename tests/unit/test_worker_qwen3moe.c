@@ -31,6 +31,7 @@
 
 #include "gguf_writer.h"
 #include "quant.h"
+#include "store.h"
 #include "wk.h"
 
 #define ORACLE_SAY print_error
@@ -880,8 +881,8 @@ static void test_qwen3moe_stage_refusals(void **state)
 }
 
 /* A plan whose -ot pattern puts two layers' routed experts in host RAM, loaded in
- * this process (wk_place_one, then wk_load_placed: the stage calls an experts-only
- * model for them):
+ * this process (wk_place_one, then wk_load_placed: the stage calls the hosttier's
+ * expert store for them):
  * the prompt's logits equal the plain model's bit for bit, and the plan's refusals
  * reach the caller. */
 static void test_qwen3moe_placed_in_process(void **state)
@@ -902,9 +903,9 @@ static void test_qwen3moe_placed_in_process(void **state)
     wk_placed_t pl;
     bl_err_t err = {0};
     char text[2048];
-    static uint8_t host[BL_ARCH_MAX_LAYERS];
-    assert_int_equal(wk_place_one(path, &po, &o.device, host, sizeof host, text, sizeof text, &err), 0);
-    assert_int_equal(wk_load_placed(&pl, path, &o, host, sizeof host, &err), 0);
+    static wk_place_t place;
+    assert_int_equal(wk_place_one(path, &po, &place, text, sizeof text, &err), 0);
+    assert_int_equal(wk_load_placed(&pl, path, &o, &place, &err), 0);
     assert_non_null(pl.ex);
     assert_non_null(strstr(text, "2 of 4 layers"));
     wk_model_t *plain = NULL;
@@ -933,8 +934,85 @@ static void test_qwen3moe_placed_in_process(void **state)
 
     const char *bad[1] = {"no_such_tensor=CPU"};
     po.override_tensor = bad;
-    assert_int_equal(wk_place_one(path, &po, &o.device, host, sizeof host, text, sizeof text, &err), BL_ENOTSUP);
+    assert_int_equal(wk_place_one(path, &po, &place, text, sizeof text, &err), BL_ENOTSUP);
     assert_non_null(strstr(err.msg, "matches no tensor"));
+}
+
+/* A CPU plan with --experts-ram below the routed experts' bytes, in this process: the
+ * plan moves layers' experts to the store and pages the rest from the file; the
+ * prompt's and a decode step's logits equal the plain model's bit for bit at budgets
+ * of one byte (a slot or so), a few slots, half and all of them. */
+static void test_qwen3moe_placed_paged(void **state)
+{
+    (void)state;
+    if (!shared_dir())
+        skip();
+    char path[1400];
+    snprintf(path, sizeof path, "%s/models/qwen3moe-trained-q8.gguf", g_shared);
+    wk_model_opts_t o;
+    wk_model_opts_default(&o);
+    o.n_threads = n_threads();
+    o.n_batch = 64;
+    o.n_ctx_max = 256;
+    bl_err_t err = {0};
+    wk_model_t *plain = NULL;
+    assert_int_equal(wk_model_load(&plain, path, &o, &err), 0);
+    const int64_t V = wk_model_config(plain)->n_vocab, n = 20;
+    int32_t toks[20];
+    for (int i = 0; i < n; i++)
+        toks[i] = (int32_t)((i * 4241 + 7) % V);
+    float *a = malloc(sizeof(float) * (size_t)(n * V)), *b = malloc(sizeof(float) * (size_t)(n * V));
+    assert_non_null(a);
+    assert_non_null(b);
+    wk_kv_t *ka = NULL;
+    assert_int_equal(wk_kv_create(&ka, plain, 64, WK_KV_F16, &err), 0);
+    assert_int_equal(wk_model_eval(plain, ka, toks, n, 0, n, a, &err), 0);
+    float *a1 = malloc(sizeof(float) * (size_t)V);
+    assert_non_null(a1);
+    assert_int_equal(wk_model_eval(plain, ka, toks, 1, n, 1, a1, &err), 0);
+    /* the routed experts' bytes, from the plan of an unlimited budget */
+    static wk_place_t place;
+    char text[2048];
+    bl_place_opts_t po = {.devices = "none", .n_ctx_total = 256, .kv_elem_bytes = 2, .n_batch = 64,
+                          .experts_ram = (int64_t)1 << 40};
+    assert_int_equal(wk_place_one(path, &po, &place, text, sizeof text, &err), 0);
+    assert_int_equal(place.experts_ram, 0);
+    const wk_config_t *c = wk_model_config(plain);
+    const uint64_t expert = 3ull * (uint64_t)c->n_embd * (uint64_t)c->n_ff_exp, all = expert * (uint64_t)c->n_expert *
+                            (uint64_t)c->n_layer; /* about a byte a weight (Q8_0) */
+    const int64_t budgets[] = {1, (int64_t)(6 * expert), (int64_t)(all / 2), (int64_t)(all + all / 4)};
+    for (size_t bi = 0; bi < sizeof budgets / sizeof *budgets; bi++) {
+        po.experts_ram = budgets[bi];
+        assert_int_equal(wk_place_one(path, &po, &place, text, sizeof text, &err), 0);
+        wk_placed_t pl;
+        assert_int_equal(wk_load_placed(&pl, path, &o, &place, &err), 0);
+        ht_store_pager_stats_t ps;
+        if (bi < 3) {
+            assert_non_null(pl.ex);
+            ht_store_pager_stats(pl.ex, &ps);
+            assert_int_equal(ps.paged, 1);
+        } else {
+            assert_null(pl.ex); /* every expert fits: they stay with the stage */
+        }
+        wk_kv_t *kb = NULL;
+        assert_int_equal(wk_kv_create(&kb, pl.m, 64, WK_KV_F16, &err), 0);
+        assert_int_equal(wk_model_eval(pl.m, kb, toks, n, 0, n, b, &err), 0);
+        assert_memory_equal(a, b, sizeof(float) * (size_t)(n * V));
+        assert_int_equal(wk_model_eval(pl.m, kb, toks, 1, n, 1, b, &err), 0);
+        assert_memory_equal(a1, b, sizeof(float) * (size_t)V);
+        if (bi == 0) { /* a budget of a byte or so reads nearly every expert it uses */
+            ht_store_pager_stats(pl.ex, &ps);
+            assert_true(ps.misses > 0);
+            assert_true(ps.bytes_read > 0);
+        }
+        wk_kv_free(kb);
+        wk_placed_free(&pl);
+    }
+    wk_kv_free(ka);
+    free(a);
+    free(a1);
+    free(b);
+    wk_model_free(plain);
 }
 
 int main(void)
@@ -961,6 +1039,7 @@ int main(void)
         cmocka_unit_test(test_qwen3moe_stages_bitwise_equal_whole),
         cmocka_unit_test(test_qwen3moe_stage_refusals),
         cmocka_unit_test(test_qwen3moe_placed_in_process),
+        cmocka_unit_test(test_qwen3moe_placed_paged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
