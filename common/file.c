@@ -1,4 +1,4 @@
-/* Whole-file reads: see file.h. */
+/* Whole-file reads and file identities: see file.h. */
 #include "file.h"
 
 #include <errno.h>
@@ -67,4 +67,44 @@ fail:
         fclose(f);
     free(buf);
     return rc;
+}
+
+static int id_of(const struct stat *st, const char *path, bl_file_id_t *out, bl_err_t *err)
+{
+    if (!S_ISREG(st->st_mode))
+        return bl_err_set(err, BL_EINVAL, "%s: not a regular file", path);
+    *out = (bl_file_id_t){.dev = (uint64_t)st->st_dev, .ino = (uint64_t)st->st_ino, .size = (uint64_t)st->st_size,
+                          .mtime_s = (int64_t)st->st_mtim.tv_sec, .mtime_ns = (int64_t)st->st_mtim.tv_nsec};
+    return 0;
+}
+
+int bl_file_id_fd(int fd, const char *path, bl_file_id_t *out, bl_err_t *err)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return bl_err_set(err, BL_EIO, "%s: cannot stat: %s", path, strerror(errno));
+    return id_of(&st, path, out, err);
+}
+
+int bl_file_id_path(const char *path, bl_file_id_t *out, bl_err_t *err)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return bl_err_set(err, errno == ENOENT ? BL_ENOENT : BL_EIO, "%s: cannot stat: %s", path, strerror(errno));
+    return id_of(&st, path, out, err);
+}
+
+int bl_file_id_check(const char *path, const bl_file_id_t *id, bl_err_t *err)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return bl_err_set(err, BL_EIO, "%s: the model file is gone since it was opened: %s", path, strerror(errno));
+    if ((uint64_t)st.st_dev != id->dev || (uint64_t)st.st_ino != id->ino)
+        return bl_err_set(err, BL_EIO, "%s: the model file was replaced since it was opened", path);
+    if ((uint64_t)st.st_size != id->size)
+        return bl_err_set(err, BL_EIO, "%s: the model file changed size since it was opened (%llu -> %llu bytes)",
+                          path, (unsigned long long)id->size, (unsigned long long)st.st_size);
+    if ((int64_t)st.st_mtim.tv_sec != id->mtime_s || (int64_t)st.st_mtim.tv_nsec != id->mtime_ns)
+        return bl_err_set(err, BL_EIO, "%s: the model file was modified since it was opened", path);
+    return 0;
 }

@@ -4,6 +4,7 @@
 #define BL_FILE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "err.h"
 
@@ -13,5 +14,22 @@
  * path. */
 int bl_read_file(const char *path, size_t max_bytes, char **out, size_t *len,
                  bl_err_t *err) BL_WUR;
+
+/* One version of a file: what tells a model file replaced or rewritten under a
+ * running process from the one it opened. */
+typedef struct bl_file_id {
+    uint64_t dev, ino, size;
+    int64_t mtime_s, mtime_ns;
+} bl_file_id_t;
+
+/* The identity of the open file fd (path names it in errors), or of path. BL_EIO
+ * (cannot stat), BL_ENOENT (path: no such file), BL_EINVAL (not a regular file). */
+int bl_file_id_fd(int fd, const char *path, bl_file_id_t *out, bl_err_t *err) BL_WUR;
+int bl_file_id_path(const char *path, bl_file_id_t *out, bl_err_t *err) BL_WUR;
+
+/* 0 if path is still the file of id: same device, inode, size and modification
+ * time. Else BL_EIO with a message that names the path and what changed (gone,
+ * replaced, resized, modified). */
+int bl_file_id_check(const char *path, const bl_file_id_t *id, bl_err_t *err) BL_WUR;
 
 #endif

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "bl_config.h"
+#include "file.h"
 #include "log.h"
 #include "xread.h"
 
@@ -27,10 +28,7 @@ typedef struct xfile {
     int fd;
     int direct;
     size_t align; /* offset and length alignment: 1, or the O_DIRECT block */
-    uint64_t size;
-    dev_t dev;
-    ino_t ino;
-    struct timespec mtime;
+    bl_file_id_t id; /* at open */
 } xfile_t;
 
 struct bl_xr {
@@ -105,16 +103,7 @@ static int file_open(bl_xr_t *x, xfile_t *f, const char *path, int want_direct, 
     }
     if (f->fd < 0 && (f->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
         return bl_err_set(err, errno == ENOENT ? BL_ENOENT : BL_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(f->fd, &st) != 0)
-        return bl_err_set(err, BL_EIO, "%s: cannot stat: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode))
-        return bl_err_set(err, BL_EINVAL, "%s: not a regular file", path);
-    f->size = (uint64_t)st.st_size;
-    f->dev = st.st_dev;
-    f->ino = st.st_ino;
-    f->mtime = st.st_mtim;
-    return 0;
+    return bl_file_id_fd(f->fd, path, &f->id, err);
 }
 
 /* The io_uring backend, or the reason it cannot be had. */
@@ -227,7 +216,7 @@ void bl_xr_close(bl_xr_t *x)
 const char *bl_xr_backend(const bl_xr_t *x) { return x->uring ? "io_uring" : "pread"; }
 int bl_xr_direct(const bl_xr_t *x, int file) { return file >= 0 && file < x->n && x->f[file].direct; }
 size_t bl_xr_mem_align(const bl_xr_t *x) { return x->mem_align; }
-uint64_t bl_xr_file_size(const bl_xr_t *x, int file) { return file >= 0 && file < x->n ? x->f[file].size : 0; }
+uint64_t bl_xr_file_size(const bl_xr_t *x, int file) { return file >= 0 && file < x->n ? x->f[file].id.size : 0; }
 
 size_t bl_xr_span(const bl_xr_t *x, int file, uint64_t off, size_t len)
 {
@@ -275,9 +264,9 @@ static int check_req(const bl_xr_t *x, const bl_xr_req_t *r, int i, bl_err_t *er
     if (r->file < 0 || r->file >= x->n)
         return bl_err_set(err, BL_EINVAL, "xread: request %d names file %d of %d", i, r->file, x->n);
     const xfile_t *f = &x->f[r->file];
-    if (r->len == 0 || r->off > f->size || r->len > f->size - r->off)
+    if (r->len == 0 || r->off > f->id.size || r->len > f->id.size - r->off)
         return bl_err_set(err, BL_ERANGE, "%s: %zu bytes at offset %llu pass the file's end (%llu bytes)", f->path,
-                          r->len, (unsigned long long)r->off, (unsigned long long)f->size);
+                          r->len, (unsigned long long)r->off, (unsigned long long)f->id.size);
     if (!r->buf || r->cap < bl_xr_span(x, r->file, r->off, r->len))
         return bl_err_set(err, BL_EINVAL, "%s: a buffer of %zu bytes for %zu bytes at offset %llu (needs %zu)",
                           f->path, r->cap, r->len, (unsigned long long)r->off,
@@ -467,18 +456,9 @@ int bl_xr_read(bl_xr_t *x, bl_xr_req_t *reqs, int n, bl_err_t *err)
 int bl_xr_check(const bl_xr_t *x, bl_err_t *err)
 {
     for (int i = 0; i < x->n; i++) {
-        const xfile_t *f = &x->f[i];
-        struct stat st;
-        if (stat(f->path, &st) != 0)
-            return bl_err_set(err, BL_EIO, "%s: the model file is gone since it was opened: %s", f->path,
-                              strerror(errno));
-        if (st.st_dev != f->dev || st.st_ino != f->ino)
-            return bl_err_set(err, BL_EIO, "%s: the model file was replaced since it was opened", f->path);
-        if ((uint64_t)st.st_size != f->size)
-            return bl_err_set(err, BL_EIO, "%s: the model file changed size since it was opened (%llu -> %llu bytes)",
-                              f->path, (unsigned long long)f->size, (unsigned long long)st.st_size);
-        if (st.st_mtim.tv_sec != f->mtime.tv_sec || st.st_mtim.tv_nsec != f->mtime.tv_nsec)
-            return bl_err_set(err, BL_EIO, "%s: the model file was modified since it was opened", f->path);
+        const int rc = bl_file_id_check(x->f[i].path, &x->f[i].id, err);
+        if (rc < 0)
+            return rc;
     }
     return 0;
 }

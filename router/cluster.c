@@ -32,6 +32,7 @@
 #include "bl_config.h"
 #include "chan.h"
 #include "child.h"
+#include "file.h"
 #include "gguf.h"
 #include "log.h"
 #include "step.h"
@@ -41,6 +42,10 @@ extern char **environ;
 #define MAX_WORKERS 64
 /* How often the supervisor looks at its children, and a waiting step at the flags. */
 #define POLL_MS 100
+/* How often a running set looks at its model files (a stat each). */
+#define FILES_CHECK_MS 1000
+/* start_set and watch_set: a model file changed; the cluster fails. */
+#define RT_SET_CHANGED 3
 #define POLL_US 100000
 /* A child that neither reports Ready nor dies within this long fails the start. */
 #define LOAD_TIMEOUT_MS (10 * 60 * 1000)
@@ -69,6 +74,12 @@ struct rt_cluster {
     /* Model facts read from the file at create (they size the rings). */
     int64_t n_layer, n_embd, n_vocab, n_expert, n_expert_used;
     int has_hosttier;
+    /* The model's files (the parts of a split one) as they were at create: a file
+     * replaced or rewritten since is noticed while the set runs and before a restart,
+     * and the cluster fails rather than go on with other weights than it loaded. */
+    int n_files;
+    char **file_paths;
+    bl_file_id_t *file_ids;
     int n_children; /* workers, then the hosttier */
     child_t kids[MAX_WORKERS + 1];
     bp_step_limits_t lim; /* what the router accepts from the last stage */
@@ -94,7 +105,7 @@ struct rt_cluster {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     rt_cluster_state_t state;  /* under mu */
-    char error[512];           /* under mu */
+    char error[1024];          /* under mu */
     int pending_closed;        /* under mu: a death the engine has not been told of: the
                                 * next step that reads a cache ends with BL_ECLOSED */
     _Atomic int broken;        /* the set is dead or being torn down: steps end */
@@ -145,6 +156,37 @@ static int meta_dim(const bl_gguf_t *g, const char *arch, const char *key, int64
     return 0;
 }
 
+static void mark_broken(rt_cluster_t *c, const char *why);
+
+static void free_files(rt_cluster_t *c)
+{
+    for (int i = 0; c->file_paths && i < c->n_files; i++)
+        free(c->file_paths[i]);
+    free(c->file_paths);
+    free(c->file_ids);
+}
+
+/* 0 while every model file is the one read at create; else BL_EIO naming it. */
+static int files_changed(const rt_cluster_t *c, bl_err_t *err)
+{
+    for (int i = 0; i < c->n_files; i++) {
+        const int rc = bl_file_id_check(c->file_paths[i], &c->file_ids[i], err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* The cluster's end when a model file changed: the reason logged and kept for
+ * /health and the requests, and no restart. */
+static void fail_changed(rt_cluster_t *c, const bl_err_t *err)
+{
+    char why[sizeof err->msg + 96];
+    snprintf(why, sizeof why, "%s; the server stops: start it again to load the file as it is now", err->msg);
+    BL_LOG(BL_LOG_ERROR, "event=model_changed reason=\"%s\"", err->msg);
+    mark_broken(c, why);
+}
+
 /* Reads what the plan and the ring sizes need; the workers check the rest. */
 static int read_model(rt_cluster_t *c, bl_err_t *err)
 {
@@ -173,6 +215,17 @@ static int read_model(rt_cluster_t *c, bl_err_t *err)
         rc = meta_dim(g, arch, "expert_count", &c->n_expert, err);
     if (rc == 0 && moe)
         rc = meta_dim(g, arch, "expert_used_count", &c->n_expert_used, err);
+    const uint32_t np = bl_gguf_n_parts(g);
+    if (rc == 0 && !(c->file_paths = calloc(np, sizeof *c->file_paths)))
+        rc = bl_err_set(err, BL_ENOMEM, "cluster: out of memory");
+    if (rc == 0 && !(c->file_ids = calloc(np, sizeof *c->file_ids)))
+        rc = bl_err_set(err, BL_ENOMEM, "cluster: out of memory");
+    for (uint32_t i = 0; rc == 0 && i < np; i++, c->n_files++) {
+        if (!(c->file_paths[i] = strdup(bl_gguf_part_path(g, i))))
+            rc = bl_err_set(err, BL_ENOMEM, "cluster: out of memory");
+        else
+            rc = bl_file_id_path(c->file_paths[i], &c->file_ids[i], err);
+    }
     const bl_gguf_tensor_t *emb = rc == 0 ? bl_gguf_find_tensor(g, "token_embd.weight") : NULL;
     if (rc == 0 && (!emb || emb->n_dims != 2 || emb->ne[1] < 1 || emb->ne[1] > INT32_MAX))
         rc = bl_err_set(err, BL_ENOENT, "%s: tensor 'token_embd.weight' is missing or not 2-D",
@@ -618,6 +671,11 @@ static int pump(rt_cluster_t *c, int timeout_ms, int loading)
 static int start_set(rt_cluster_t *c)
 {
     bl_err_t err = {0};
+    int rc;
+    if ((rc = files_changed(c, &err)) < 0) {
+        fail_changed(c, &err);
+        return RT_SET_CHANGED;
+    }
     c->gen++;
     pthread_mutex_lock(&c->mu); /* a new set has reported nothing yet */
     for (int i = 0; i < c->n_children; i++)
@@ -630,7 +688,7 @@ static int start_set(rt_cluster_t *c)
         snprintf(k->identity, sizeof k->identity, "%s.%d.%llu", tag, (int)getpid(),
                  (unsigned long long)c->gen);
     }
-    int rc = create_rings(c, &err);
+    rc = create_rings(c, &err);
     for (int i = 0; rc == 0 && i < c->n_children; i++)
         rc = spawn_child(c, i, &err);
     if (rc) {
@@ -706,15 +764,24 @@ static void mark_broken(rt_cluster_t *c, const char *why)
 }
 
 /* Watches a running set: control messages, dead children, restart and sleep
- * requests. Returns when the set must go (1: restart it, 2: hold it stopped until
- * woken, 0: the cluster is stopping). */
+ * requests, the model's files. Returns when the set must go (1: restart it, 2: hold
+ * it stopped until woken, RT_SET_CHANGED: a model file changed, 0: the cluster is
+ * stopping). */
 static int watch_set(rt_cluster_t *c)
 {
-    int64_t next_stats = now_ms();
+    int64_t next_stats = now_ms(), next_files = now_ms() + FILES_CHECK_MS;
     while (!atomic_load(&c->stopping)) {
         if (now_ms() >= next_stats) {
             request_stats(c);
             next_stats = now_ms() + RT_CLUSTER_STATS_MS;
+        }
+        if (now_ms() >= next_files) {
+            bl_err_t err = {0};
+            if (files_changed(c, &err) < 0) {
+                fail_changed(c, &err);
+                return RT_SET_CHANGED;
+            }
+            next_files = now_ms() + FILES_CHECK_MS;
         }
         (void)pump(c, POLL_MS, 0); /* after load, messages are informational */
         int status, i = reap_one(c, &status);
@@ -776,7 +843,12 @@ static void *supervisor_main(void *arg)
     }
     int failed = 0, first = 1;
     while (!atomic_load(&c->stopping)) {
-        if (start_set(c) != 0) {
+        const int started = start_set(c);
+        if (started == RT_SET_CHANGED) {
+            set_state(c, RT_CLUSTER_FAILED);
+            break;
+        }
+        if (started != 0) {
             /* The first start failing is the user's problem (a bad file): report it.
              * Later ones may be passing trouble: retry a few times. */
             if (first || ++failed >= MAX_FAILED_RESTARTS || atomic_load(&c->stopping)) {
@@ -790,6 +862,10 @@ static void *supervisor_main(void *arg)
         set_state(c, RT_CLUSTER_READY);
         int why = watch_set(c);
         stop_set(c, why != 1);
+        if (why == RT_SET_CHANGED) {
+            set_state(c, RT_CLUSTER_FAILED);
+            break;
+        }
         if (why == 2 && hold_asleep(c))
             continue;
         if (why != 1)
@@ -966,6 +1042,7 @@ int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_
     *out = c;
     return 0;
 fail:
+    free_files(c);
     free(c->logits);
     free(c->model_path);
     free(c->bin_dir);
@@ -986,6 +1063,7 @@ void rt_cluster_destroy(rt_cluster_t *c)
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->step_mu);
+    free_files(c);
     free(c->logits);
     free(c->model_path);
     free(c->bin_dir);

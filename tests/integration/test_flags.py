@@ -626,6 +626,43 @@ def test_experts_ram_pages_from_disk_with_the_same_output(servers):
         assert post(srv.url, "/completion", body).json()["content"] == want
 
 
+@pytest.mark.parametrize("paged,change", [(False, "touch"), (True, "append"), (True, "replace")])
+def test_a_model_file_changed_under_the_server_stops_it(servers, model, tmp_path, paged, change):
+    """A model file rewritten (its modification time), grown or replaced since the
+    start is noticed within seconds, with the pager or without: the server logs
+    event=model_changed naming the file and what changed, and exits with status 1
+    rather than go on with weights other than those it loaded."""
+    copy = tmp_path / "m.gguf"
+    with open(model, "rb") as f:
+        data = f.read()
+    copy.write_bytes(data)
+    srv = servers.start(FAST + (["--experts-ram", "0"] if paged else []), model=str(copy))
+    body = {"prompt": "Hi", "n_predict": 2, "cache_prompt": False}
+    assert post(srv.url, "/completion", body).status_code == 200
+    if change == "touch":
+        st = os.stat(copy)
+        os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        says = "was modified"
+    elif change == "append":
+        with open(copy, "ab") as f:
+            f.write(b"\0" * 4096)
+        says = "changed size"
+    else:
+        new = tmp_path / "new.gguf"
+        new.write_bytes(data)
+        os.replace(new, copy)
+        says = "was replaced"
+    try:
+        rc = srv.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the server went on after its model file changed:\n" + srv.log())
+    log = srv.log(20000)
+    assert rc == 1, log
+    lines = [l for l in log.splitlines() if "event=model_changed" in l]
+    assert lines and str(copy) in lines[0] and says in lines[0], log
+    assert "start it again" in log, log
+
+
 @pytest.mark.parametrize("value", ["-1", "12Q", "1.5G"])
 def test_experts_ram_refuses_bad_sizes(model, value):
     rc, out, _ = run_serve(["-m", model, "--port", str(serverctl.free_port()), "--experts-ram", value] + FAST,
