@@ -161,7 +161,7 @@ static int load(hosttier_t *h, const bp_plan_t *p, int n_threads, bl_err_t *err)
                                 .n_threads = n_threads > 0 ? n_threads : (p->threads ? (int)p->threads : 1),
                                 .n_batch = n_batch, .no_mmap = p->no_mmap, .mlock = p->mlock,
                                 .poll = (int)p->poll, .cpu_strict = p->cpu_strict,
-                                .ram_bytes = (uint64_t)p->experts_ram};
+                                .ram_bytes = (uint64_t)p->experts_ram, .read_ahead = -1};
     if ((rc = ht_store_open(&h->store, &so, err)) != 0)
         return rc;
     const bl_arch_t *c = ht_store_arch(h->store);
@@ -183,7 +183,7 @@ static int load(hosttier_t *h, const bp_plan_t *p, int n_threads, bl_err_t *err)
 static int hosttier_stats(void *ud, bp_counter_t *out, int cap)
 {
     hosttier_t *h = ud;
-    if (cap < 8)
+    if (cap < 10)
         return 0;
     out[0] = (bp_counter_t){"expert_calls", atomic_load(&h->n_calls)};
     out[1] = (bp_counter_t){"expert_rows", atomic_load(&h->n_rows)};
@@ -199,7 +199,9 @@ static int hosttier_stats(void *ud, bp_counter_t *out, int cap)
     out[5] = (bp_counter_t){"disk_expert_reads", ps.misses};
     out[6] = (bp_counter_t){"disk_read_bytes", ps.bytes_read};
     out[7] = (bp_counter_t){"disk_read_us", ps.read_ns / 1000};
-    return 8;
+    out[8] = (bp_counter_t){"disk_ahead_reads", ps.ahead_reads};
+    out[9] = (bp_counter_t){"disk_ahead_used", ps.ahead_used};
+    return 10;
 }
 
 static void hosttier_free(hosttier_t *h)

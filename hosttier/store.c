@@ -1,4 +1,6 @@
 /* The hosttier's expert store (store.h). */
+#include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +14,32 @@
 #include "store.h"
 #include "wmem.h"
 #include "xread.h"
+
+/* Read-ahead: while a call of layer L computes, experts of the next held layer that
+ * have no slot are read by a thread of the pager's own, on a second reader; the next
+ * call waits for them before it looks at its slots. Which experts: by the router
+ * (the next layer's gate run early on this call's rows, its top-k of each row), or
+ * by heat (the hottest of that layer, each only into the slot of a colder one). */
+typedef struct ahead {
+    pthread_t thread;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int pending, done, stop; /* under mu */
+    int rc;                  /* under mu: the batch's result */
+    bl_xr_t *xr;
+    bl_xr_req_t *reqs;       /* (3 * max) */
+    int32_t *lx;             /* (3 * max): (layer, expert, slot) */
+    int n;                   /* items in the batch */
+    int max;                 /* experts a batch reads at most (0: read-ahead off) */
+    int policy;              /* HT_AHEAD_ROUTER or HT_AHEAD_HEAT */
+    double *cand;            /* (n_expert) scratch */
+    kcpu_mat_t *gate;        /* (n_layer) router: layer l's gate (n_expert x n_embd, where
+                              * the file maps it); data NULL for a layer not held */
+    float *score;            /* (AHEAD_ROWS, n_expert) the gate's logits */
+} ahead_t;
+
+#define AHEAD_ROWS 8 /* the rows of a call whose routes predict the next layer's */
 
 /* The pager: experts stay in the file and are read into slots of one arena; a slot
  * holds one (layer, expert)'s three slices, each piece with room for the aligned
@@ -36,7 +64,14 @@ typedef struct pager {
     bl_xr_req_t *reqs;                 /* (3 * n_slots) */
     int32_t *req_slot;                 /* (n_slots) */
     uint8_t *used;                     /* (n_expert) */
+    uint8_t *slot_ahead;               /* (n_slots): read ahead and not used since */
+    uint8_t *held;                     /* (n_layer): the store's */
+    int64_t n_layer;
+    ahead_t ah;
+    uint64_t ahead_reads, ahead_used;  /* experts read ahead, and those a call used */
 } pager_t;
+
+#define SLOT_LOADING INT64_MAX /* slot_pass of a slot the read-ahead fills: never a victim */
 
 #define HEAT_HALF_LIFE 256.0 /* steps, as residency's */
 
@@ -56,10 +91,31 @@ struct ht_store {
     const bl_gguf_tensor_t *(*src)[3];          /* (n_layer): the file's tensors */
 };
 
+static void ahead_stop(ahead_t *a)
+{
+    if (a->started) {
+        pthread_mutex_lock(&a->mu);
+        a->stop = 1;
+        pthread_cond_broadcast(&a->cv);
+        pthread_mutex_unlock(&a->mu);
+        pthread_join(a->thread, NULL);
+        pthread_cond_destroy(&a->cv);
+        pthread_mutex_destroy(&a->mu);
+        a->started = 0;
+    }
+    bl_xr_close(a->xr);
+    free(a->reqs);
+    free(a->lx);
+    free(a->cand);
+    free(a->gate);
+    free(a->score);
+}
+
 static void pager_free(pager_t *p)
 {
     if (!p)
         return;
+    ahead_stop(&p->ah);
     bl_xr_close(p->xr);
     if (p->arena)
         munmap(p->arena, p->arena_len);
@@ -72,6 +128,7 @@ static void pager_free(pager_t *p)
     free(p->reqs);
     free(p->req_slot);
     free(p->used);
+    free(p->slot_ahead);
     bl_heat_free(p->heat);
     free(p);
 }
@@ -127,6 +184,33 @@ static void slice_src(const ht_store_t *s, int64_t l, int i, int64_t x, uint32_t
     *off = t->file_offset + (uint64_t)x * *len;
 }
 
+static uint64_t now_ns(void);
+
+/* The read-ahead thread: one batch at a time, each request's data set as a call's. */
+static void *ahead_main(void *arg)
+{
+    ahead_t *a = arg;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        while (!a->pending && !a->stop)
+            pthread_cond_wait(&a->cv, &a->mu);
+        if (a->stop)
+            break;
+        pthread_mutex_unlock(&a->mu);
+        bl_err_t err = {0};
+        const int rc = bl_xr_read(a->xr, a->reqs, 3 * a->n, &err);
+        if (rc < 0) /* the call that needs the expert reads it again and reports */
+            BL_LOG(BL_LOG_DEBUG, "event=read_ahead_failed reason=\"%s\"", err.msg);
+        pthread_mutex_lock(&a->mu);
+        a->rc = rc;
+        a->pending = 0;
+        a->done = 1;
+        pthread_cond_broadcast(&a->cv);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
 static uint64_t now_ns(void)
 {
     struct timespec ts;
@@ -136,32 +220,30 @@ static uint64_t now_ns(void)
 
 static size_t up_to(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-/* Reads the n (layer, expert, slot) loads of items into their slots: three requests
- * each, depth at a time. On failure the slots are left empty. */
-static int pager_read(ht_store_t *s, const int32_t *lx, int n, bl_err_t *err)
+/* The three requests of each (layer, expert, slot) load of lx into reqs. */
+static void fill_reqs(ht_store_t *s, const bl_xr_t *xr, const int32_t *lx, int n, bl_xr_req_t *reqs)
 {
     pager_t *p = s->pg;
-    const int64_t NE = s->a.n_expert;
-    int rc = bl_xr_check(p->xr, err);
-    for (int k = 0; rc == 0 && k < n; k++) {
+    for (int k = 0; k < n; k++) {
         const int64_t l = lx[3 * k], x = lx[3 * k + 1], v = lx[3 * k + 2];
         for (int i = 0; i < 3; i++) {
             uint32_t part;
             uint64_t off;
             size_t len;
             slice_src(s, l, i, x, &part, &off, &len);
-            bl_xr_req_t *r = &p->reqs[3 * k + i];
-            *r = (bl_xr_req_t){.file = (int)part, .off = off, .len = len,
-                               .buf = p->arena + (size_t)v * p->slot_bytes + p->piece_off[i],
-                               .cap = (i < 2 ? p->piece_off[i + 1] : p->slot_bytes) - p->piece_off[i]};
-            __atomic_fetch_add(&p->bytes_read, bl_xr_span(p->xr, (int)part, off, len), __ATOMIC_RELAXED);
+            reqs[3 * k + i] = (bl_xr_req_t){.file = (int)part, .off = off, .len = len,
+                                            .buf = p->arena + (size_t)v * p->slot_bytes + p->piece_off[i],
+                                            .cap = (i < 2 ? p->piece_off[i + 1] : p->slot_bytes) - p->piece_off[i]};
+            __atomic_fetch_add(&p->bytes_read, bl_xr_span(xr, (int)part, off, len), __ATOMIC_RELAXED);
         }
     }
-    if (rc == 0) {
-        const uint64_t t0 = now_ns();
-        rc = bl_xr_read(p->xr, p->reqs, 3 * n, err);
-        __atomic_fetch_add(&p->read_ns, now_ns() - t0, __ATOMIC_RELAXED);
-    }
+}
+
+/* The loads of lx after their reads: each in its slot, or (rc < 0) the slots empty. */
+static void commit_reads(ht_store_t *s, const int32_t *lx, int n, const bl_xr_req_t *reqs, int rc)
+{
+    pager_t *p = s->pg;
+    const int64_t NE = s->a.n_expert;
     for (int k = 0; k < n; k++) {
         const int64_t l = lx[3 * k], x = lx[3 * k + 1], v = lx[3 * k + 2];
         if (rc < 0) {
@@ -170,10 +252,65 @@ static int pager_read(ht_store_t *s, const int32_t *lx, int n, bl_err_t *err)
         }
         p->where[l * NE + x] = (int32_t)v;
         for (int i = 0; i < 3; i++)
-            p->slices[(l * NE + x) * 3 + i] = p->reqs[3 * k + i].data;
+            p->slices[(l * NE + x) * 3 + i] = reqs[3 * k + i].data;
     }
+}
+
+/* Reads the n (layer, expert, slot) loads of items into their slots: three requests
+ * each, depth at a time. On failure the slots are left empty. */
+static int pager_read(ht_store_t *s, const int32_t *lx, int n, bl_err_t *err)
+{
+    pager_t *p = s->pg;
+    int rc = bl_xr_check(p->xr, err);
+    if (rc == 0) {
+        fill_reqs(s, p->xr, lx, n, p->reqs);
+        const uint64_t t0 = now_ns();
+        rc = bl_xr_read(p->xr, p->reqs, 3 * n, err);
+        __atomic_fetch_add(&p->read_ns, now_ns() - t0, __ATOMIC_RELAXED);
+    }
+    commit_reads(s, lx, n, p->reqs, rc);
     __atomic_fetch_add(&p->misses, (uint64_t)n, __ATOMIC_RELAXED);
     return rc;
+}
+
+/* Waits for the read-ahead batch in flight, if any, and puts its experts in their
+ * slots (a failed batch leaves them empty: a call that needs one reads it itself). */
+static void ahead_finish(ht_store_t *s)
+{
+    pager_t *p = s->pg;
+    ahead_t *a = &p->ah;
+    if (!a->n)
+        return;
+    const uint64_t t0 = now_ns();
+    pthread_mutex_lock(&a->mu);
+    while (!a->done)
+        pthread_cond_wait(&a->cv, &a->mu);
+    a->done = 0;
+    int rc = a->rc;
+    pthread_mutex_unlock(&a->mu);
+    __atomic_fetch_add(&p->read_ns, now_ns() - t0, __ATOMIC_RELAXED);
+    if (rc == 0 && bl_xr_check(p->xr, NULL) < 0)
+        rc = BL_EIO; /* read from a changed file: the call's own read reports it */
+    commit_reads(s, a->lx, a->n, a->reqs, rc);
+    for (int k = 0; k < a->n; k++) {
+        const int32_t v = a->lx[3 * k + 2];
+        p->slot_pass[v] = 0;
+        p->slot_ahead[v] = rc == 0;
+    }
+    if (rc == 0)
+        __atomic_fetch_add(&p->ahead_reads, (uint64_t)a->n, __ATOMIC_RELAXED);
+    a->n = 0;
+}
+
+/* The held layer after l (the first after the last: the next token's). */
+static int64_t next_held(const pager_t *p, int64_t l)
+{
+    for (int64_t i = 1; i <= p->n_layer; i++) {
+        const int64_t n = (l + i) % p->n_layer;
+        if (p->held[n])
+            return n;
+    }
+    return l;
 }
 
 /* The slot to load into: an empty one, else the coldest by decayed heat (then the
@@ -183,7 +320,7 @@ static int64_t pager_victim(pager_t *p)
     int64_t best = -1;
     double best_heat = 0;
     for (int64_t v = 0; v < p->n_slots; v++) {
-        if (p->slot_pass[v] == p->pass)
+        if (p->slot_pass[v] == p->pass || p->slot_pass[v] == SLOT_LOADING)
             continue;
         if (p->slot_layer[v] < 0)
             return v;
@@ -207,6 +344,96 @@ static void pager_evict(ht_store_t *s, int64_t v)
     for (int i = 0; i < 3; i++)
         p->slices[at * 3 + i] = NULL;
     p->slot_layer[v] = p->slot_expert[v] = -1;
+    p->slot_ahead[v] = 0;
+}
+
+/* The experts the next layer nl will likely route the rows xn (n, n_embd) to: each
+ * of the first AHEAD_ROWS rows' top n_expert_used under nl's gate (the file's gate
+ * on the store's threads, as the worker computes it); cand[x] is set to the best
+ * logit that chose x, so the surest come first. */
+static void predict_routes(ht_store_t *s, int64_t nl, const float *xn, int64_t n)
+{
+    ahead_t *a = &s->pg->ah;
+    const int64_t NE = s->a.n_expert, K = s->a.n_expert_used, rows = n < AHEAD_ROWS ? n : AHEAD_ROWS;
+    kcpu_matmul(s->kc, &a->gate[nl], xn, rows, a->score);
+    for (int64_t r = 0; r < rows; r++) {
+        float *sc = a->score + r * NE;
+        for (int64_t k = 0; k < K; k++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < NE; e++)
+                if (sc[e] > -INFINITY && (best < 0 || sc[e] > sc[best]))
+                    best = e;
+            if (best < 0)
+                break;
+            /* ranked by the logit, shifted positive (cand > 0 marks a candidate) */
+            const double v = 1e6 + (double)sc[best];
+            if (v > a->cand[best])
+                a->cand[best] = v;
+            sc[best] = -INFINITY;
+        }
+    }
+}
+
+/* Starts reading experts of the layer after `layer` that have no slot, at most
+ * ah.max of them, into slots the call in progress does not use: by the router, the
+ * experts it predicts for the call's rows (the predicted ones already in a slot are
+ * kept from eviction); by heat, the hottest, each only in place of a colder one. */
+static void ahead_start(ht_store_t *s, int64_t layer, const float *xn, int64_t n)
+{
+    pager_t *p = s->pg;
+    ahead_t *a = &p->ah;
+    const int64_t NE = s->a.n_expert, nl = next_held(p, layer);
+    const int router = a->policy == HT_AHEAD_ROUTER;
+    if (!a->max || (router && (nl <= layer || !a->gate[nl].data)) || bl_xr_check(p->xr, NULL) < 0)
+        return; /* the router predicts within a token only */
+    if (router) {
+        for (int64_t x = 0; x < NE; x++)
+            a->cand[x] = 0;
+        predict_routes(s, nl, xn, n);
+        for (int64_t x = 0; x < NE; x++) {
+            const int32_t v = p->where[nl * NE + x];
+            if (a->cand[x] > 0 && v >= 0) {
+                p->slot_pass[v] = p->pass; /* not a victim of this read-ahead */
+                a->cand[x] = -1;
+            }
+        }
+    } else {
+        for (int64_t x = 0; x < NE; x++)
+            a->cand[x] = p->where[nl * NE + x] >= 0 ? -1.0 : bl_heat_of(p->heat, nl, x);
+    }
+    int k = 0;
+    while (k < a->max) {
+        int64_t best = -1;
+        for (int64_t x = 0; x < NE; x++)
+            if (a->cand[x] > 0 && (best < 0 || a->cand[x] > a->cand[best]))
+                best = x;
+        if (best < 0)
+            break;
+        const double h = a->cand[best];
+        a->cand[best] = -1;
+        const int64_t w = pager_victim(p);
+        if (w < 0 || (!router && p->slot_layer[w] >= 0 &&
+                      bl_heat_of(p->heat, p->slot_layer[w], p->slot_expert[w]) >= h))
+            break; /* no slot holds a colder expert */
+        pager_evict(s, w);
+        p->slot_layer[w] = (int32_t)nl;
+        p->slot_expert[w] = (int32_t)best;
+        p->slot_pass[w] = SLOT_LOADING;
+        p->slot_tick[w] = ++p->tick;
+        a->lx[3 * k] = (int32_t)nl;
+        a->lx[3 * k + 1] = (int32_t)best;
+        a->lx[3 * k + 2] = (int32_t)w;
+        k++;
+    }
+    if (!k)
+        return;
+    fill_reqs(s, a->xr, a->lx, k, a->reqs);
+    pthread_mutex_lock(&a->mu);
+    a->n = k;
+    a->pending = 1;
+    a->done = 0;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
 }
 
 /* A layer's experts through the slots: passes over ascending expert ids, each as
@@ -221,6 +448,7 @@ static int pager_experts(ht_store_t *s, int64_t layer, const float *xn, int64_t 
     int64_t pairs = 0;
     for (int64_t r = 0; r < n; r++)
         pairs += counts ? counts[r] : K;
+    ahead_finish(s);
     if (layer <= p->last_layer)
         bl_heat_step(p->heat);
     p->last_layer = layer;
@@ -240,6 +468,10 @@ static int pager_experts(ht_store_t *s, int64_t layer, const float *xn, int64_t 
                     p->slot_pass[v] = p->pass;
                     p->slot_tick[v] = ++p->tick;
                     __atomic_fetch_add(&p->hits, 1, __ATOMIC_RELAXED);
+                    if (p->slot_ahead[v]) {
+                        p->slot_ahead[v] = 0;
+                        __atomic_fetch_add(&p->ahead_used, 1, __ATOMIC_RELAXED);
+                    }
                 } else {
                     const int64_t w = pager_victim(p);
                     if (w < 0)
@@ -260,10 +492,93 @@ static int pager_experts(ht_store_t *s, int64_t layer, const float *xn, int64_t 
         int rc = nm ? pager_read(s, p->req_slot, nm, err) : 0;
         if (rc < 0)
             return rc;
+        if (hi == NE) /* the last pass: read the next layer's while it computes */
+            ahead_start(s, layer, xn, n);
         kcpu_experts_range(s->kc, s->xs, &s->layers[layer], xn, n, counts, K, ids, wts, out, lo, hi, !first);
         first = 0;
         lo = hi;
     }
+    return 0;
+}
+
+/* The router's gates of the held layers, viewed where the file maps them, for the
+ * read-ahead's predictions. */
+static int load_gates(ht_store_t *s, bl_err_t *err)
+{
+    ahead_t *a = &s->pg->ah;
+    const bl_arch_t *c = &s->a;
+    if (!(a->gate = calloc((size_t)c->n_layer, sizeof *a->gate)) ||
+        !(a->score = malloc(sizeof(float) * AHEAD_ROWS * (size_t)c->n_expert)))
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the read-ahead");
+    for (int64_t l = 0; l < c->n_layer; l++) {
+        if (!s->held[l])
+            continue;
+        char name[96];
+        snprintf(name, sizeof name, "blk.%lld.ffn_gate_inp.weight", (long long)l);
+        const bl_gguf_tensor_t *t;
+        int rc = bl_arch_tensor(s->g, s->path, name, c->n_embd, c->n_expert, 1, 0, &t, err);
+        if (rc == 0)
+            rc = kcpu_mat_init(&a->gate[l], t->data, t->type, c->n_embd, c->n_expert, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* The read-ahead's reader and thread, with o->read_ahead experts a batch (-1: the
+ * default, or BLOOMERY_READ_AHEAD), at most a quarter of the slots. */
+static int ahead_open(ht_store_t *s, const ht_store_opts_t *o, const bl_xr_opts_t *xo, const char *const *paths,
+                      int np, bl_err_t *err)
+{
+    pager_t *p = s->pg;
+    ahead_t *a = &p->ah;
+    int64_t want = o->read_ahead;
+    int rc;
+    if (want < 0) {
+        const char *e = getenv("BLOOMERY_READ_AHEAD");
+        char *end = NULL;
+        want = e && *e ? strtoll(e, &end, 10) : HT_READ_AHEAD_DEFAULT;
+        if (e && *e && (*end || want < 0 || want > 4096))
+            return bl_err_set(err, BL_EINVAL, "BLOOMERY_READ_AHEAD=%s: not a count of experts in 0..4096", e);
+    }
+    a->policy = o->read_ahead_policy;
+    if (a->policy == HT_AHEAD_DEFAULT) {
+        const char *e = getenv("BLOOMERY_READ_AHEAD_POLICY");
+        a->policy = !e || !*e || !strcmp(e, "router") ? HT_AHEAD_ROUTER : !strcmp(e, "heat") ? HT_AHEAD_HEAT : -1;
+        if (a->policy < 0)
+            return bl_err_set(err, BL_EINVAL, "BLOOMERY_READ_AHEAD_POLICY=%s: not router or heat", e);
+    }
+    if (a->policy != HT_AHEAD_ROUTER && a->policy != HT_AHEAD_HEAT)
+        return bl_err_set(err, BL_EINVAL, "read-ahead policy %d: not router or heat", a->policy);
+    if (want > p->n_slots / 4)
+        want = p->n_slots / 4;
+    if (want > s->a.n_expert)
+        want = s->a.n_expert;
+    if (want <= 0)
+        return 0;
+    if (a->policy == HT_AHEAD_ROUTER && (rc = load_gates(s, err)) < 0)
+        return rc;
+    a->reqs = calloc(3 * (size_t)want, sizeof *a->reqs);
+    a->lx = calloc(3 * (size_t)want, sizeof *a->lx);
+    a->cand = calloc((size_t)s->a.n_expert, sizeof *a->cand);
+    if (!a->reqs || !a->lx || !a->cand)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the read-ahead");
+    rc = bl_xr_open(&a->xr, paths, np, xo, err);
+    if (rc == 0)
+        rc = bl_xr_register(a->xr, p->arena, p->arena_len, err);
+    if (rc < 0)
+        return rc;
+    BL_LOG(BL_LOG_INFO, "event=read_ahead experts=%lld policy=%s", (long long)want,
+           a->policy == HT_AHEAD_ROUTER ? "router" : "heat");
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->cv, NULL);
+    if (pthread_create(&a->thread, NULL, ahead_main, a) != 0) {
+        pthread_cond_destroy(&a->cv);
+        pthread_mutex_destroy(&a->mu);
+        return bl_err_set(err, BL_ENOMEM, "cannot start the read-ahead thread");
+    }
+    a->started = 1;
+    a->max = (int)want;
     return 0;
 }
 
@@ -325,8 +640,11 @@ static int pager_open(ht_store_t *s, const ht_store_opts_t *o, bl_err_t *err)
     p->reqs = calloc(3 * ns, sizeof *p->reqs);
     p->req_slot = calloc(3 * ns, sizeof *p->req_slot);
     p->used = calloc((size_t)NE, 1);
+    p->slot_ahead = calloc(ns, 1);
+    p->held = s->held;
+    p->n_layer = L;
     if (!p->arena || !p->slot_layer || !p->slot_expert || !p->slot_tick || !p->slot_pass || !p->where ||
-        !p->slices || !p->reqs || !p->req_slot || !p->used)
+        !p->slices || !p->reqs || !p->req_slot || !p->used || !p->slot_ahead)
         return bl_err_set(err, BL_ENOMEM, "out of memory for %lld expert slots of %zu bytes", (long long)p->n_slots,
                           p->slot_bytes);
     for (size_t v = 0; v < ns; v++)
@@ -356,11 +674,14 @@ static int pager_open(ht_store_t *s, const ht_store_opts_t *o, bl_err_t *err)
                 return rc;
         }
     __atomic_store_n(&p->misses, 0, __ATOMIC_RELAXED); /* the fill is not a miss */
+    if ((rc = ahead_open(s, o, &xo, paths, (int)np, err)) < 0)
+        return rc;
     const double fill_s = (double)__atomic_load_n(&p->read_ns, __ATOMIC_RELAXED) / 1e9;
     BL_LOG(BL_LOG_INFO, "event=pager slots=%lld slot_bytes=%zu ram_bytes=%llu experts=%lld backend=%s direct=%d "
-           "fill_bytes=%llu fill_s=%.2f", (long long)p->n_slots, p->slot_bytes,
+           "read_ahead=%d fill_bytes=%llu fill_s=%.2f", (long long)p->n_slots, p->slot_bytes,
            (unsigned long long)((uint64_t)ns * p->slot_bytes), (long long)held, bl_xr_backend(p->xr),
-           bl_xr_direct(p->xr, 0), (unsigned long long)__atomic_load_n(&p->bytes_read, __ATOMIC_RELAXED), fill_s);
+           bl_xr_direct(p->xr, 0), p->ah.max, (unsigned long long)__atomic_load_n(&p->bytes_read, __ATOMIC_RELAXED),
+           fill_s);
     return 0;
 }
 
@@ -375,6 +696,9 @@ void ht_store_pager_stats(const ht_store_t *s, ht_store_pager_stats_t *out)
     out->misses = __atomic_load_n(&s->pg->misses, __ATOMIC_RELAXED);
     out->bytes_read = __atomic_load_n(&s->pg->bytes_read, __ATOMIC_RELAXED);
     out->read_ns = __atomic_load_n(&s->pg->read_ns, __ATOMIC_RELAXED);
+    out->ahead = s->pg->ah.max;
+    out->ahead_reads = __atomic_load_n(&s->pg->ahead_reads, __ATOMIC_RELAXED);
+    out->ahead_used = __atomic_load_n(&s->pg->ahead_used, __ATOMIC_RELAXED);
     out->backend = bl_xr_backend(s->pg->xr);
 }
 

@@ -3,7 +3,8 @@
  * with kernels/cpu's expert pass, the same code a CPU worker runs for its own
  * experts, so a layer gives the same bits in either process.
  *
- * Threads: one owning thread calls ht_store_experts; the store's pool does the work. */
+ * Threads: one owning thread calls ht_store_experts; the store's pool does the work,
+ * and a pager's read-ahead thread reads the next layer's experts meanwhile. */
 #ifndef HT_STORE_H
 #define HT_STORE_H
 
@@ -31,7 +32,17 @@ typedef struct ht_store_opts {
     int disk_kind;          /* bl_xr_kind_t of the pager's reads */
     int disk_cached;        /* 1: read through the page cache instead of O_DIRECT */
     int disk_depth;         /* the pager's reads in flight (0: the reader's default) */
+    int read_ahead;         /* experts of the next held layer read ahead while a call
+                             * computes (at most a quarter of the slots); 0: none; -1:
+                             * BLOOMERY_READ_AHEAD, else HT_READ_AHEAD_DEFAULT */
+    int read_ahead_policy;  /* which: HT_AHEAD_ROUTER, HT_AHEAD_HEAT, or HT_AHEAD_DEFAULT
+                             * (BLOOMERY_READ_AHEAD_POLICY=router|heat, else router) */
 } ht_store_opts_t;
+
+#define HT_READ_AHEAD_DEFAULT 0 /* off: on the measured files it read more than it saved (docs/performance.md) */
+#define HT_AHEAD_DEFAULT 0
+#define HT_AHEAD_ROUTER 1 /* the next layer's gate run early on the call's rows */
+#define HT_AHEAD_HEAT 2   /* the next layer's hottest experts by decayed heat */
 
 /* The pager's counts since open: expert loads served from a slot, loads read from
  * the file after the first fill, and the bytes read, the first fill and the
@@ -42,6 +53,9 @@ typedef struct ht_store_pager_stats {
     uint64_t hits, misses, bytes_read;
     uint64_t read_ns;     /* time spent waiting on those reads (bytes_read / read_ns:
                            * the pager's read rate) */
+    int ahead;            /* experts read ahead a call at most (0: none) */
+    uint64_t ahead_reads, ahead_used; /* experts read ahead, and of those the ones a
+                           * call used before they were evicted */
     const char *backend;  /* "io_uring" or "pread"; NULL without a pager */
 } ht_store_pager_stats_t;
 

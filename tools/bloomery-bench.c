@@ -379,6 +379,9 @@ static void pager_line(const char *test, const ht_store_pager_stats_t *a, const 
             s > 0 ? (double)bytes / 1e6 / s : 0.0);
     if (tokens > 0)
         fprintf(stderr, ", %.1f MB a token", (double)bytes / 1e6 / (double)tokens);
+    if (b->ahead)
+        fprintf(stderr, ", read ahead %llu (%llu used)", (unsigned long long)(b->ahead_reads - a->ahead_reads),
+                (unsigned long long)(b->ahead_used - a->ahead_used));
     fputc('\n', stderr);
 }
 

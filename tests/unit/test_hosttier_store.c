@@ -185,7 +185,8 @@ static int run_calls(ht_store_t *s, const calls_t *c, float *out, bl_err_t *err)
 }
 
 /* The paged store gives the all-RAM store's bits at every budget (one slot, a few,
- * half, all), through each reader (pread and auto, O_DIRECT and cached); its
+ * half, all), through each reader (pread and auto, O_DIRECT and cached) and with
+ * the read-ahead of the next layer's experts on (by the router and by heat); its
  * counts say what was read. */
 static void test_paged_store_is_bitwise_at_every_budget(void **state)
 {
@@ -212,11 +213,13 @@ static void test_paged_store_is_bitwise_at_every_budget(void **state)
     const uint64_t per = all / (uint64_t)experts; /* about one expert's bytes */
     const uint64_t budgets[] = {1, 3 * per + per / 2, all / 2, all - 1};
     for (int b = 0; b < 4; b++)
-        for (int kind = 0; kind < 2; kind++) {
+        for (int kind = 0; kind < 4; kind++) {
             so.ram_bytes = budgets[b];
-            so.disk_kind = kind ? BL_XR_PREAD : BL_XR_AUTO;
-            so.disk_cached = kind;
+            so.disk_kind = kind == 1 ? BL_XR_PREAD : BL_XR_AUTO;
+            so.disk_cached = kind == 1;
             so.disk_depth = 1 + b;
+            so.read_ahead = kind >= 2 ? 4 : 0;
+            so.read_ahead_policy = kind == 3 ? HT_AHEAD_HEAT : HT_AHEAD_ROUTER;
             assert_int_equal(ht_store_open(&s, &so, &err), 0);
             memset(got, 0, sizeof(float) * out_n);
             const int rc = run_calls(s, &c, got, &err);
@@ -229,13 +232,18 @@ static void test_paged_store_is_bitwise_at_every_budget(void **state)
             assert_non_null(st.backend);
             assert_true(st.slots >= 1 && st.slots <= experts);
             assert_true(st.bytes_read > 0); /* the first fill at least */
+            if (kind >= 2 && b == 2) /* enough slots for a read-ahead */
+                assert_true(st.ahead > 0);
+            if (kind < 2)
+                assert_int_equal(st.ahead, 0);
             if (st.slots == experts) /* the first fill holds everything */
                 assert_int_equal(st.misses, 0);
             else if (b < 2) /* a few slots: the calls use more experts than that */
                 assert_true(st.misses > 0);
-            printf("# budget %llu B: %lld slots, %llu hits, %llu misses, %llu bytes read (%s)\n",
-                   (unsigned long long)budgets[b], (long long)st.slots, (unsigned long long)st.hits,
-                   (unsigned long long)st.misses, (unsigned long long)st.bytes_read, st.backend);
+            printf("# budget %llu B: %lld slots, %llu hits, %llu misses, %llu bytes read (%s), %llu read ahead, "
+                   "%llu of them used\n", (unsigned long long)budgets[b], (long long)st.slots,
+                   (unsigned long long)st.hits, (unsigned long long)st.misses, (unsigned long long)st.bytes_read,
+                   st.backend, (unsigned long long)st.ahead_reads, (unsigned long long)st.ahead_used);
             ht_store_close(s);
         }
     free(want);
