@@ -214,6 +214,15 @@ int bl_args_parse(bl_arg_t *args, int n_args, int argc, char **argv, int *n_posi
         for (int k = 0; k < n_args && !a; k++)
             if (has_name(args[k].names, arg, len))
                 a = &args[k];
+        if (!a && len > 2 && len < 128 && arg[1] == '-' && memchr(arg, '_', len)) {
+            /* "--backend_sampling": a long name with '_' for '-', as scripts write them */
+            char dashed[128];
+            for (size_t c = 0; c < len; c++)
+                dashed[c] = arg[c] == '_' ? '-' : arg[c];
+            for (int k = 0; k < n_args && !a; k++)
+                if (has_name(args[k].names, dashed, len))
+                    a = &args[k];
+        }
         if (!a)
             return bl_err_set(err, BL_EINVAL, "unknown flag '%.*s'", (int)(len > 64 ? 64 : len),
                               arg);
@@ -256,11 +265,35 @@ void bl_args_usage(FILE *f, const char *prog, const char *synopsis, const bl_arg
                 spaced[o++] = ' ';
         }
         spaced[o] = 0;
-        fprintf(f, "  %-32s %s", spaced, args[i].help ? args[i].help : "");
+        fprintf(f, "  %-32s  %s", spaced, args[i].help ? args[i].help : ""); /* two spaces at least: the names end there */
         if (args[i].env)
             fprintf(f, " (env: %s)", args[i].env);
         fputc('\n', f);
     }
+    fprintf(f, "  %-32s  %s\n", "-h, --help", "print this and exit");
+    fprintf(f, "  %-32s  %s\n", "--version", "print the version and exit");
+}
+
+void bl_args_completion_bash(FILE *f, const char *prog, const bl_arg_t *args, int n_args)
+{
+    /* a shell function name: the program's name with '-' as '_' */
+    char fn[64];
+    size_t k = 0;
+    for (const char *p = prog; *p && k + 1 < sizeof fn; p++)
+        fn[k++] = (*p == '-' || *p == '.') ? '_' : *p;
+    fn[k] = 0;
+    fprintf(f, "_%s() {\n    local cur=\"${COMP_WORDS[COMP_CWORD]}\"\n    local flags=\"-h --help --version", fn);
+    for (int i = 0; i < n_args; i++)
+        for (const char *p = args[i].names; *p;) {
+            const char *comma = strchr(p, ',');
+            const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+            fprintf(f, " %.*s", (int)len, p);
+            if (!comma)
+                break;
+            p = comma + 1;
+        }
+    fprintf(f, "\"\n    COMPREPLY=($(compgen -W \"$flags\" -- \"$cur\"))\n}\n");
+    fprintf(f, "complete -o default -F _%s %s\n", fn, prog);
 }
 
 int bl_arg_flash_attn(void *ud, const char *v, bl_err_t *err)

@@ -1,6 +1,7 @@
 /* Command-line flags, table-driven, with llama.cpp's spellings: short and long names
- * ("-t", "--threads"), "--flag value" and "--flag=value", and an environment variable
- * per flag (LLAMA_ARG_*) that the command line overrides. Every program shares this
+ * ("-t", "--threads"; a long name may be written with '_' for '-', "--top_k"),
+ * "--flag value" and "--flag=value", and an environment variable per flag
+ * (LLAMA_ARG_*) that the command line overrides. Every program shares this
  * parser, so a flag is spelled, checked and reported the same way everywhere. */
 #ifndef BL_ARGS_H
 #define BL_ARGS_H
@@ -48,6 +49,10 @@ int bl_args_parse(bl_arg_t *args, int n_args, int argc, char **argv, int *n_posi
 /* Prints "usage: prog synopsis" and one line per flag with its variable and help. */
 void bl_args_usage(FILE *f, const char *prog, const char *synopsis, const bl_arg_t *args,
                    int n_args);
+
+/* Prints a bash completion script for prog's flags (llama.cpp's --completion-bash):
+ * source it, or put it in bash-completion's folder. */
+void bl_args_completion_bash(FILE *f, const char *prog, const bl_arg_t *args, int n_args);
 
 /* Parsers for BL_ARG_FN flags several programs share, with llama.cpp's spellings
  * (the placement flags are common/plan.h's bl_plan_args).

@@ -1412,3 +1412,75 @@ int bl_hub_model_path(const bl_hub_opts_t *o, const char *model, char **path_out
     *path_out = strdup(model);
     return *path_out ? 0 : bl_err_set(err, BL_ENOMEM, "out of memory");
 }
+
+/* --- the cache's list (-cl) --------------------------------------------------------- */
+
+static int by_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int bl_hub_list(FILE *f, bl_err_t *err)
+{
+    char root[PATH_MAX];
+    int rc = cache_root(root, sizeof root, err);
+    if (rc)
+        return rc;
+    DIR *d = opendir(root);
+    char **rows = NULL;
+    size_t n = 0, cap = 0;
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (strncmp(e->d_name, "models--", 8) != 0)
+                continue;
+            char snaps[PATH_MAX];
+            if ((size_t)snprintf(snaps, sizeof snaps, "%s/%s/snapshots", root, e->d_name) >= sizeof snaps)
+                continue;
+            /* "models--user--model" names user/model */
+            char repo[256];
+            snprintf(repo, sizeof repo, "%s", e->d_name + 8);
+            char *sep = strstr(repo, "--");
+            if (sep) {
+                *sep = '/';
+                memmove(sep + 1, sep + 2, strlen(sep + 2) + 1);
+            }
+            DIR *sd = opendir(snaps);
+            struct dirent *se;
+            while (sd && (se = readdir(sd))) {
+                if (se->d_name[0] == '.')
+                    continue;
+                char snap[PATH_MAX];
+                if ((size_t)snprintf(snap, sizeof snap, "%s/%s", snaps, se->d_name) >= sizeof snap)
+                    continue;
+                DIR *fd = opendir(snap);
+                struct dirent *fe;
+                while (fd && (fe = readdir(fd))) {
+                    const size_t l = strlen(fe->d_name);
+                    if (l < 6 || strcmp(fe->d_name + l - 5, ".gguf") != 0)
+                        continue;
+                    char row[PATH_MAX];
+                    snprintf(row, sizeof row, "%s %s", repo, fe->d_name);
+                    if (n == cap) {
+                        char **r2 = realloc(rows, (cap = cap ? 2 * cap : 16) * sizeof *rows);
+                        if (!r2)
+                            break;
+                        rows = r2;
+                    }
+                    if ((rows[n] = strdup(row)))
+                        n++;
+                }
+                if (fd)
+                    closedir(fd);
+            }
+            if (sd)
+                closedir(sd);
+        }
+        closedir(d);
+    }
+    qsort(rows, n, sizeof *rows, by_str);
+    fprintf(f, "models in the cache %s: %zu\n", root, n);
+    for (size_t i = 0; i < n; i++) {
+        fprintf(f, "  %zu. %s\n", i + 1, rows[i]);
+        free(rows[i]);
+    }
+    free(rows);
+    return 0;
+}

@@ -10,6 +10,7 @@
 #define BL_HUB_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "args.h"
 #include "err.h"
@@ -53,6 +54,10 @@ typedef struct bl_hub_opts {
  * frees with free(); NULL when nothing is given. */
 int bl_hub_model_path(const bl_hub_opts_t *o, const char *model, char **path_out,
                       bl_err_t *err) BL_WUR;
+
+/* Prints the GGUF files the cache holds (-cl, --cache-list): a count, then one
+ * "user/model file.gguf" line each, sorted. An absent cache holds none. */
+int bl_hub_list(FILE *f, bl_err_t *err) BL_WUR;
 
 /* Resolves o->spec as above; *path_out is the first part's path in the snapshot
  * folder (caller frees with free()). */

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -14,13 +15,21 @@ static char g_name[32] = "bloomery";
 static const char *const level_names[] = {"DEBUG", "INFO ", "WARN ", "ERROR"};
 static const char *const level_colored[] = {"\033[2mDEBUG\033[0m", "\033[32mINFO \033[0m",
                                             "\033[33mWARN \033[0m", "\033[31mERROR\033[0m"};
-static int g_colors;
+static int g_colors, g_no_time, g_no_prefix;
+
+static int env_off(const char *name)
+{
+    const char *v = getenv(name);
+    return v && (!strcmp(v, "0") || !strcmp(v, "false") || !strcmp(v, "off"));
+}
 
 void bl_log_init(const char *name, bl_log_level_t level)
 {
     if (name)
         snprintf(g_name, sizeof g_name, "%s", name);
     atomic_store_explicit(&g_level, (int)level, memory_order_relaxed);
+    g_no_time = env_off("LLAMA_ARG_LOG_TIMESTAMPS");
+    g_no_prefix = env_off("LLAMA_ARG_LOG_PREFIX");
 }
 
 bl_log_level_t bl_log_level(void)
@@ -48,9 +57,13 @@ void bl_log_write(bl_log_level_t level, const char *fmt, ...)
     struct tm tm;
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
-    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s ", tm.tm_year + 1900,
-                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
-                     (g_colors ? level_colored : level_names)[level], g_name);
+    int n = 0;
+    if (!g_no_time)
+        n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ ", tm.tm_year + 1900, tm.tm_mon + 1,
+                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+    if (n >= 0 && !g_no_prefix)
+        n += snprintf(line + n, sizeof line - (size_t)n, "%s %s ", (g_colors ? level_colored : level_names)[level],
+                      g_name);
     if (n < 0)
         return;
     va_list ap;

@@ -20,8 +20,11 @@ typedef enum bl_log_level {
 } bl_log_level_t;
 
 /* Process-wide settings: the lowest level written (default INFO) and the name put
- * on every line ("serve", "worker0", "hosttier"; default "bloomery"). Call before
- * other threads log. */
+ * on every line ("serve", "worker0", "hosttier"; default "bloomery"). The line's
+ * time and its level-and-name prefix are left out where LLAMA_ARG_LOG_TIMESTAMPS or
+ * LLAMA_ARG_LOG_PREFIX is 0, false or off (read here, so that the processes a server
+ * starts follow its --no-log-timestamps and --no-log-prefix). Call before other
+ * threads log. */
 void bl_log_init(const char *name, bl_log_level_t level);
 bl_log_level_t bl_log_level(void);
 
