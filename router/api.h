@@ -36,7 +36,11 @@ typedef struct rt_app {
     const char *tpl_source;     /* its text (for /props chat_template) */
     const bl_gguf_t *gguf;      /* metadata only (the router maps no weights) */
     const char *model_path;
-    const char *model_alias;    /* -a, else the file name */
+    const char *model_alias;    /* the first of -a's names in byte order, else the file name */
+    char **aliases;             /* -a's names, sorted, no repeats (n_aliases; 0: none given) */
+    size_t n_aliases;
+    char **tags;                /* --tags, sorted, no repeats: /v1/models lists them */
+    size_t n_tags;
     int64_t n_ctx_train;
     int64_t n_ctx_slot;         /* per slot */
     int64_t n_ctx_total;        /* -c */
@@ -48,6 +52,11 @@ typedef struct rt_app {
                                  * (--temp, --top-k, --samplers, ...) over llama-server's */
     int reasoning;              /* 1: <think> spans go to reasoning_content (default);
                                  * 0: --reasoning-format none leaves them in the text */
+    int no_jinja;               /* --no-jinja: the built-in template; tools refused */
+    int skip_chat_parsing;      /* --skip-chat-parsing: no tool calls split out */
+    int no_prefill_assistant;   /* --no-prefill-assistant: a last assistant message is a
+                                 * whole turn, not the start of the reply */
+    int64_t reasoning_budget;   /* --reasoning-budget N > 0: a thought's most tokens; 0: none */
     json_t *tpl_kwargs;         /* --chat-template-kwargs (and --reasoning-budget 0's
                                  * enable_thinking false), under every request's; or NULL */
     int spm_infill;             /* --spm-infill: FIM prompts put the suffix first */

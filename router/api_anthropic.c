@@ -285,7 +285,7 @@ static int convert_tools(const json_t *tools, json_t **out, bl_err_t *err)
  * whether the reply's calls are parsed; *one_call tool_choice's
  * disable_parallel_tool_use; *force (when not NULL) the tool a call must name for
  * tool_choice "tool", "" for "any", else NULL. */
-static int anthropic_options(const json_t *body, json_t **kwargs, int *tools, int *one_call,
+static int anthropic_options(const rt_app_t *app, const json_t *body, json_t **kwargs, int *tools, int *one_call,
                              const char **force, bl_err_t *err)
 {
     *kwargs = NULL;
@@ -339,6 +339,10 @@ static int anthropic_options(const json_t *body, json_t **kwargs, int *tools, in
         json_decref(list);
         list = NULL;
     }
+    if (list && app->no_jinja) { /* llama-server without Jinja */
+        json_decref(list);
+        return bl_err_set(err, BL_EINVAL, "tools param requires --jinja flag");
+    }
     if (think < 0 && !list)
         return 0;
     if (!(*kwargs = json_object()) || (list && json_object_set_new(*kwargs, "tools", list)) ||
@@ -349,7 +353,7 @@ static int anthropic_options(const json_t *body, json_t **kwargs, int *tools, in
         *kwargs = NULL;
         return bl_err_set(err, BL_ENOMEM, "out of memory");
     }
-    *tools = list != NULL;
+    *tools = list != NULL && !app->skip_chat_parsing;
     return 0;
 }
 
@@ -366,8 +370,8 @@ static int anthropic_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks
     int rc;
     *think_open = 0;
     if ((rc = rt__gen_anthropic_messages(body, &amsgs, err)) ||
-        (rc = anthropic_options(body, &kwargs, tools, one_call, force, err)) ||
-        (rc = rt__gen_chat_messages(amsgs, &msgs, &prefill, err)) ||
+        (rc = anthropic_options(app, body, &kwargs, tools, one_call, force, err)) ||
+        (rc = rt__gen_chat_messages(amsgs, &msgs, app->no_prefill_assistant ? NULL : &prefill, err)) ||
         (rc = rt__gen_chat_cannot_fit(app, msgs, &prefill, n_min, err)) ||
         (rc = rt__gen_render_chat(app, msgs, kwargs, 1, &prefill, &text, &len, think_open, err)))
         goto done;
@@ -584,6 +588,8 @@ static void messages_next(rt_gen_req_t *g)
     }
     /* the thought ends by its budget (thinking.budget_tokens), and a constrained
      * reply (forced tool use) always gets room after it */
+    if (budget <= 0)
+        budget = g->app->reasoning_budget; /* --reasoning-budget */
     if (!p->think_off && (budget > 0 || g->params.task.sampling.grammar))
         rt__gen_bound_thought(g, p->toks.n, budget);
     g->params.reasoning = !p->prefilled && g->app->reasoning;

@@ -893,7 +893,8 @@ int rt__gen_chat_messages(const json_t *messages, json_t **out, rt_gen_buf_t *pr
                           bl_err_t *err)
 {
     *out = NULL;
-    rt__gen_buf_free(prefill);
+    if (prefill)
+        rt__gen_buf_free(prefill);
     if (!messages || json_is_null(messages))
         return bl_err_set(err, BL_EINVAL, "'messages' is required");
     if (!json_is_array(messages))
@@ -946,7 +947,7 @@ int rt__gen_chat_messages(const json_t *messages, json_t **out, rt_gen_buf_t *pr
         bl_buf_reset(&text);
         if ((rc = content_text(content, i, &text, err)))
             goto fail;
-        if (assistant && i + 1 == n && !calls) {
+        if (prefill && assistant && i + 1 == n && !calls) {
             /* a last assistant message is a prefill: the reply continues it */
             if (i > 0) {
                 json_t *prev = json_object_get(json_array_get(messages, i - 1), "role");
@@ -1001,7 +1002,8 @@ fail:
     rt__gen_buf_free(&text);
     json_decref(calls);
     json_decref(arr);
-    rt__gen_buf_free(prefill);
+    if (prefill)
+        rt__gen_buf_free(prefill);
     return rc;
 }
 
@@ -1019,7 +1021,11 @@ int rt__gen_chat_options(const rt_app_t *app, const json_t *body, json_t **kwarg
     if (tool_list && (rc = rt__gen_check_tools(tool_list, err)))
         return rc;
     int use_tools = tool_list && json_array_size(tool_list) > 0;
+    if (app->no_jinja && use_tools) /* llama-server without Jinja */
+        return bl_err_set(err, BL_EINVAL, "tools param requires --jinja flag");
     if ((v = field(body, "tool_choice"))) {
+        if (app->no_jinja && !(json_is_string(v) && !strcmp(json_string_value(v), "auto")))
+            return bl_err_set(err, BL_EINVAL, "tool_choice param requires --jinja flag");
         /* "none", "auto", "required", or {"type": "function", "function": {"name"}} */
         const char *c = json_string_value(v), *named = NULL;
         if (json_is_object(v)) {
@@ -1092,7 +1098,7 @@ int rt__gen_chat_options(const rt_app_t *app, const json_t *body, json_t **kwarg
             return bl_err_set(err, BL_ENOMEM, "out of memory");
         }
         if (tools)
-            *tools = 1;
+            *tools = !app->skip_chat_parsing;
     }
     return 0;
 }
@@ -2345,7 +2351,8 @@ static void apply_template_work(rt_gen_req_t *g, rt_app_t *app)
     rt_gen_buf_t prefill = {0};
     int reasoning, think_open;
     if (!(p->rc = rt__gen_chat_options(app, body, &kwargs, &reasoning, NULL, NULL, &p->err)) &&
-        !(p->rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs, &prefill,
+        !(p->rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs,
+                                               app->no_prefill_assistant ? NULL : &prefill,
                                         &p->err)))
         p->rc = rt__gen_render_chat(app, msgs, kwargs, p->add_gen, &prefill, &p->text, &p->len,
                                     &think_open, &p->err);

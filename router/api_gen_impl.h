@@ -105,7 +105,9 @@ int rt__gen_prompt_tokens(const json_t *prompt, rt_tokenizer_t *tok, int64_t n_v
  * text parts (joined with "\n"); name, tool_call_id and reasoning_content kept.
  * Other part types, tool_calls: refused by name. A last assistant message is a
  * prefill: it is removed and its text returned in *prefill (caller frees; NULL when
- * there is none). BL_EINVAL naming the message, BL_ENOMEM. *out: caller decrefs. */
+ * there is none); with prefill NULL it stays a message like the others
+ * (--no-prefill-assistant). BL_EINVAL naming the message, BL_ENOMEM. *out: caller
+ * decrefs. */
 int rt__gen_chat_messages(const json_t *messages, json_t **out, rt_gen_buf_t *prefill,
                           bl_err_t *err) BL_WUR;
 

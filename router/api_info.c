@@ -145,8 +145,16 @@ static void route_models(rt_req_t *r)
                              (json_int_t)app->n_ctx_train, "n_embd", (json_int_t)model_n_embd(app),
                              "n_params", (json_int_t)app->n_params, "size",
                              (json_int_t)app->model_bytes);
-    json_t *data = json_pack("[{s:s,s:s,s:I,s:s,s:o}]", "id", alias, "object", "model", "created",
-                             (json_int_t)app->started, "owned_by", "llamacpp", "meta", meta);
+    json_t *aliases = json_array(), *tags = json_array();
+    for (size_t i = 0; aliases && i < app->n_aliases; i++)
+        json_array_append_new(aliases, json_string(app->aliases[i]));
+    if (aliases && !app->n_aliases)
+        json_array_append_new(aliases, json_string(alias));
+    for (size_t i = 0; tags && i < app->n_tags; i++)
+        json_array_append_new(tags, json_string(app->tags[i]));
+    json_t *data = json_pack("[{s:s,s:o,s:o,s:s,s:I,s:s,s:o}]", "id", alias, "aliases", aliases, "tags", tags,
+                             "object", "model", "created", (json_int_t)app->started, "owned_by", "llamacpp",
+                             "meta", meta);
     /* the Ollama-style list llama-server gives beside the OpenAI one */
     json_t *models = json_pack(
         "[{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:[s],s:[s],s:s,s:{s:s,s:s,s:s,s:[s],s:s,s:s}}]", "name",

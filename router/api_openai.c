@@ -91,7 +91,8 @@ static int chat_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int
         add_gen = json_is_true(agp);
     }
     if ((rc = rt__gen_chat_options(app, body, &kwargs, reasoning, tools, force, err)) ||
-        (rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs, &prefill, err)) ||
+        (rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs,
+                                     app->no_prefill_assistant ? NULL : &prefill, err)) ||
         (rc = rt__gen_chat_cannot_fit(app, msgs, &prefill, n_min, err)) ||
         (rc = rt__gen_render_chat(app, msgs, kwargs, add_gen, &prefill, &text, &len, think_open,
                                   err)))
@@ -231,6 +232,9 @@ static void chat_work(rt_gen_req_t *g, rt_app_t *app)
                         &g->think_open, &p->think_off, &p->n_min, &p->err);
 }
 
+/* --reasoning-budget N: a thought's most tokens (0: none). */
+static int64_t app_budget(const rt_gen_req_t *g) { return g->app->reasoning_budget; }
+
 static void chat_next(rt_gen_req_t *g)
 {
     rt_gen_prep_t *p = &g->prep;
@@ -259,8 +263,8 @@ static void chat_next(rt_gen_req_t *g)
         rt__gen_req_free(g);
         return;
     }
-    if (think && g->params.task.sampling.grammar) /* the constraint gets room after it */
-        rt__gen_bound_thought(g, p->toks.n, 0);
+    if (think && (g->params.task.sampling.grammar || app_budget(g) > 0)) /* a constraint gets room after it */
+        rt__gen_bound_thought(g, p->toks.n, app_budget(g));
     g->params.reasoning = p->reasoning;
     g->params.tools = p->tools;
     rt__gen_submit(g, p->toks.ids, p->toks.n);

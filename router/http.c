@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <dlfcn.h>
@@ -67,6 +68,8 @@ struct rt_http {
     size_t max_body_bytes;
     char *api_prefix;    /* NULL: routes at the root */
     size_t api_prefix_len;
+    char *cors_origins, *cors_methods, *cors_headers; /* rt_http_opts_t's, with the defaults */
+    int cors_credentials;
     int port;
     route_t *routes;
     size_t n_routes, cap_routes;
@@ -229,17 +232,47 @@ static void add_header(h2o_req_t *req, const h2o_token_t *token, const char *nam
     }
 }
 
-/* llama-server answers every origin: it echoes the Origin header (which browsers
- * require when credentials are allowed), and "*" serves clients that send none. */
+/* Is the host of an Origin ("http://localhost:3000") localhost, 127.0.0.1 or [::1]? */
+static int origin_is_local(h2o_iovec_t o)
+{
+    const char *p = memchr(o.base, ':', o.len);
+    if (!p || (size_t)(p - o.base) + 3 > o.len || p[1] != '/' || p[2] != '/')
+        return 0;
+    const char *host = p + 3, *end = o.base + o.len;
+    size_t n;
+    if (host < end && *host == '[') { /* [::1]:port */
+        const char *close = memchr(host, ']', (size_t)(end - host));
+        if (!close)
+            return 0;
+        n = (size_t)(close - host) + 1;
+    } else {
+        const char *colon = memchr(host, ':', (size_t)(end - host));
+        const char *slash = memchr(host, '/', (size_t)(end - host));
+        const char *stop = colon && (!slash || colon < slash) ? colon : slash ? slash : end;
+        n = (size_t)(stop - host);
+    }
+    return (n == 9 && !strncasecmp(host, "localhost", 9)) || (n == 9 && !memcmp(host, "127.0.0.1", 9)) ||
+           (n == 5 && !memcmp(host, "[::1]", 5));
+}
+
+/* Access-Control-Allow-Origin as llama-server sends it (rt_http_opts_t.cors_*). */
 static void add_cors(h2o_req_t *req)
 {
-    ssize_t i = h2o_find_header_by_str(&req->headers, H2O_STRLIT("origin"), -1);
-    if (i >= 0) {
-        h2o_iovec_t v = req->headers.entries[i].value;
-        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ACCESS_CONTROL_ALLOW_ORIGIN, NULL,
-                       v.base, v.len);
+    const rt_http_t *h = (const rt_http_t *)((const char *)req->conn->ctx - offsetof(rt_http_t, ctx));
+    const ssize_t i = h2o_find_header_by_str(&req->headers, H2O_STRLIT("origin"), -1);
+    const h2o_iovec_t origin = i >= 0 ? req->headers.entries[i].value : h2o_iovec_init(H2O_STRLIT(""));
+    if (!strcmp(h->cors_origins, "*") && h->cors_credentials) {
+        if (i >= 0)
+            h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ACCESS_CONTROL_ALLOW_ORIGIN, NULL, origin.base,
+                           origin.len);
+        else /* no Origin: not a browser; "*" says the same as llama-server's empty echo */
+            add_header(req, H2O_TOKEN_ACCESS_CONTROL_ALLOW_ORIGIN, NULL, "*");
+    } else if (!strcmp(h->cors_origins, "localhost")) {
+        if (origin_is_local(origin))
+            h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ACCESS_CONTROL_ALLOW_ORIGIN, NULL, origin.base,
+                           origin.len);
     } else {
-        add_header(req, H2O_TOKEN_ACCESS_CONTROL_ALLOW_ORIGIN, NULL, "*");
+        add_header(req, H2O_TOKEN_ACCESS_CONTROL_ALLOW_ORIGIN, NULL, h->cors_origins);
     }
 }
 
@@ -647,9 +680,10 @@ static int authorized(rt_http_t *h, rt_req_t *r)
 static void answer_options(rt_req_t *r)
 {
     h2o_req_t *req = r->req;
-    add_header(req, NULL, "access-control-allow-credentials", "true");
-    add_header(req, NULL, "access-control-allow-methods", "GET, POST");
-    add_header(req, NULL, "access-control-allow-headers", "*");
+    const rt_http_t *h = r->http;
+    add_header(req, NULL, "access-control-allow-credentials", h->cors_credentials ? "true" : "false");
+    add_header(req, NULL, "access-control-allow-methods", h->cors_methods);
+    add_header(req, NULL, "access-control-allow-headers", h->cors_headers);
     rt_req_send_text(r, 200, "text/html", "", 0);
 }
 
@@ -1289,6 +1323,12 @@ int rt_http_create(rt_http_t **out, uv_loop_t *loop, const rt_http_opts_t *o, vo
             goto oom;
         h->api_prefix_len = strlen(h->api_prefix);
     }
+    h->cors_origins = strdup(o->cors_origins ? o->cors_origins : "*");
+    h->cors_methods = strdup(o->cors_methods ? o->cors_methods : "GET, POST, DELETE, OPTIONS");
+    h->cors_headers = strdup(o->cors_headers ? o->cors_headers : "*");
+    h->cors_credentials = !o->no_cors_credentials;
+    if (!h->cors_origins || !h->cors_methods || !h->cors_headers)
+        goto oom;
     if (o->n_api_keys) {
         h->api_keys = calloc(o->n_api_keys, sizeof *h->api_keys);
         if (!h->api_keys)
@@ -1334,10 +1374,19 @@ int rt_http_create(rt_http_t **out, uv_loop_t *loop, const rt_http_opts_t *o, vo
     int rc = resolve(o->host, o->port, &ss, err);
     if (rc)
         goto fail;
-    uv_tcp_init(loop, &h->listener);
+    uv_tcp_init_ex(loop, &h->listener, ss.ss_family);
     h->listener.data = h;
     h->listener_open = 1;
-    int uerr = uv_tcp_bind(&h->listener, (const struct sockaddr *)&ss, 0);
+    int uerr = 0;
+    if (o->reuse_port) { /* before the bind: several servers may then share the port */
+        uv_os_fd_t fd;
+        const int one = 1;
+        uerr = uv_fileno((uv_handle_t *)&h->listener, &fd);
+        if (uerr == 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0)
+            uerr = uv_translate_sys_error(errno);
+    }
+    if (uerr == 0)
+        uerr = uv_tcp_bind(&h->listener, (const struct sockaddr *)&ss, 0);
     if (uerr == 0)
         uerr = uv_listen((uv_stream_t *)&h->listener, 128, on_connection);
     if (uerr != 0) {
@@ -1494,5 +1543,8 @@ void rt_http_destroy(rt_http_t *h)
         free(h->api_keys[i]);
     free(h->api_keys);
     free(h->api_prefix);
+    free(h->cors_origins);
+    free(h->cors_methods);
+    free(h->cors_headers);
     free(h);
 }

@@ -26,6 +26,16 @@ typedef struct rt_http_opts {
     size_t max_body_bytes;     /* larger bodies get 413 */
     int timeout_s;             /* idle connection timeout (--timeout) */
     const char *api_prefix;    /* every route under this path ("/v2"); NULL or "": none */
+    /* CORS, as llama-server's --cors-* flags (NULL: its defaults). Origins "*" with
+     * credentials echoes the request's Origin; "localhost" echoes an Origin whose host
+     * is localhost, 127.0.0.1 or [::1] and sends none for others; anything else is
+     * sent as given. A preflight (OPTIONS) gets the origin, credentials, methods and
+     * headers; other answers get the origin only. */
+    const char *cors_origins;  /* "*" */
+    const char *cors_methods;  /* "GET, POST, DELETE, OPTIONS" */
+    const char *cors_headers;  /* "*" */
+    int no_cors_credentials;   /* Access-Control-Allow-Credentials: false */
+    int reuse_port;            /* SO_REUSEPORT on the listening socket */
 } rt_http_opts_t;
 
 /* Binds host:port and starts accepting on loop. app is handed to handlers

@@ -2,6 +2,7 @@
  * the order; each stage below narrows or reweights the candidate list in place. */
 #include "sampler.h"
 
+#include "args.h"
 #include "grammar.h"
 #include "rng.h"
 #include "tokenizer.h"
@@ -844,4 +845,31 @@ size_t rt_sampler_last_candidates(const rt_sampler_t *s, int32_t *ids, float *pr
         probs[j] = c->p;
     }
     return n;
+}
+
+int rt_logit_bias_parse(const char *v, rt_logit_bias_t *out, bl_err_t *err)
+{
+    const char *sign = strpbrk(v, "+-");
+    if (!sign || sign == v)
+        return bl_err_set(err, BL_EINVAL, "'%.64s' is not TOKEN+BIAS or TOKEN-BIAS", v);
+    char id[32];
+    const size_t n = (size_t)(sign - v);
+    if (n >= sizeof id)
+        return bl_err_set(err, BL_EINVAL, "'%.64s': token id too long", v);
+    memcpy(id, v, n);
+    id[n] = 0;
+    int64_t tok;
+    float b;
+    if (bl_parse_i64(id, &tok) || tok < 0 || tok > INT32_MAX)
+        return bl_err_set(err, BL_EINVAL, "'%.64s': bad token id", v);
+    if (!strcmp(sign + 1, "inf"))
+        b = INFINITY;
+    else if (bl_parse_f32(sign + 1, &b) || !isfinite(b))
+        return bl_err_set(err, BL_EINVAL, "'%.64s': bad bias", v);
+    if (*sign == '-')
+        b = -b;
+    if (b == INFINITY)
+        return bl_err_set(err, BL_EINVAL, "'%.64s': a bias of +inf is not allowed", v);
+    *out = (rt_logit_bias_t){(int32_t)tok, b};
+    return 0;
 }

@@ -71,6 +71,10 @@ typedef struct rt_logit_bias {
     float bias; /* added to the token's logit; -INFINITY bans it */
 } rt_logit_bias_t;
 
+/* A logit bias as llama.cpp's -l flag spells it, "TOKEN(+|-)BIAS" ("15043+1",
+ * "15043-inf" bans the token). BL_EINVAL naming the text; +inf is refused. */
+int rt_logit_bias_parse(const char *v, rt_logit_bias_t *out, bl_err_t *err) BL_WUR;
+
 typedef struct rt_sampler_params {
     float temp;              /* 0.8; <= 0: greedy */
     int32_t top_k;           /* 40; <= 0: off */

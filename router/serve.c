@@ -24,6 +24,9 @@
 #include <uv.h>
 
 #include "api.h"
+#include "compat.h"
+#include "grammar.h"
+#include "json_schema.h"
 #include "args.h"
 #include "cpuset.h"
 #include "bl_config.h"
@@ -42,7 +45,8 @@
 #define TEMPLATE_FILE_MAX ((size_t)16 << 20)
 #define DRAIN_LIMIT_MS 5000                /* longest wait for open requests at shutdown */
 #define WATCH_MS 100                       /* how often the cluster's state is read */
-#define MAX_ARGS 160 /* the flags of build_args, with room */
+#define MAX_ARGS 400 /* the flags of build_args, with room */
+#define MAX_DEFAULT_BIAS 1024 /* -l flags */
 
 /* A chat template for models that carry none and for --chat-template chatml. */
 static const char chatml_template[] =
@@ -54,7 +58,7 @@ static const char chatml_template[] =
 /* --- flags ------------------------------------------------------------------------- */
 
 typedef struct opts {
-    const char *model, *alias, *host;
+    const char *model, *alias, *host, *tags;
     bl_hub_opts_t hub; /* -hf and its companions */
     int64_t port, ctx, parallel, n_predict, threads, threads_batch, batch, ubatch, poll;
     const char *chat_template, *chat_template_file;
@@ -86,10 +90,21 @@ typedef struct opts {
     /* HTTP and logs */
     const char *api_prefix, *log_colors;
     int64_t threads_http, log_verbosity, keep, cache_ram, ctx_checkpoints;
-    int list_devices, no_mmproj, no_op_offload, op_offload;
-    /* llama-server flags this server knows and refuses (see unsupported[]) */
-    const char *refused_value[24];
-    int refused_flag[24];
+    int list_devices, no_mmproj, no_op_offload, op_offload, cache_list, completion_bash, fim_qwen_30b;
+    rt_compat_seen_t compat; /* llama-server's flags without a meaning here (compat.h) */
+    /* request defaults beside the sampling ones */
+    int ignore_eos, cache_prompt, no_cache_prompt, ui, log_prefix, no_log_prefix, log_timestamps,
+        no_log_timestamps;
+    rt_logit_bias_t bias[MAX_DEFAULT_BIAS];
+    int n_bias;
+    const char *grammar, *grammar_file, *json_schema, *json_schema_file;
+    const char *cors_origins, *cors_methods, *cors_headers, *reasoning;
+    int no_jinja, reasoning_preserve, no_reasoning_preserve, skip_chat_parsing, no_skip_chat_parsing;
+    int prefill_assistant, no_prefill_assistant, special, escape, no_escape;
+    const char *reverse[RT_MAX_STOP];
+    int n_reverse;
+    const char *load_mode;
+    int cors_credentials, no_cors_credentials, reuse_port;
     double defrag_thold;
     int64_t sleep_idle; /* --sleep-idle-seconds: -1 never */
 } opts_t;
@@ -120,38 +135,56 @@ static int parse_sleep_idle(void *ud, const char *value, bl_err_t *err)
     return 0;
 }
 
+/* -r: one more default stop string. */
+static int parse_reverse(void *ud, const char *value, bl_err_t *err)
+{
+    opts_t *o = ud;
+    if (o->n_reverse == RT_MAX_STOP)
+        return bl_err_set(err, BL_ERANGE, "more than %d stop strings", RT_MAX_STOP);
+    if (!*value)
+        return bl_err_set(err, BL_EINVAL, "an empty stop string");
+    o->reverse[o->n_reverse++] = value;
+    return 0;
+}
+
+/* The escapes llama.cpp reads in -r's strings: \n \r \t \' \" \\ (others stay as
+ * written). Into a new string. */
+static char *unescape(const char *s)
+{
+    char *out = malloc(strlen(s) + 1), *o = out;
+    if (!out)
+        return NULL;
+    for (; *s; s++) {
+        if (*s == '\\' && s[1]) {
+            const char c = s[1];
+            const char *m = strchr("nrt'\"\\", c);
+            if (m) {
+                *o++ = c == 'n' ? '\n' : c == 'r' ? '\r' : c == 't' ? '\t' : c;
+                s++;
+                continue;
+            }
+        }
+        *o++ = *s;
+    }
+    *o = 0;
+    return out;
+}
+
+/* -l: one more default logit bias (rt_logit_bias_parse). */
+static int parse_default_bias(void *ud, const char *value, bl_err_t *err)
+{
+    opts_t *o = ud;
+    if (o->n_bias == MAX_DEFAULT_BIAS)
+        return bl_err_set(err, BL_ERANGE, "more than %d biases", MAX_DEFAULT_BIAS);
+    const int rc = rt_logit_bias_parse(value, &o->bias[o->n_bias], err);
+    if (rc == 0)
+        o->n_bias++;
+    return rc;
+}
+
 /* -ot may be given several times; each value is a comma list of PATTERN=BUFFER. */
 enum { A_CONFIG = 0 };
 
-/* llama-server flags for what this server does not do: parsed, so that the refusal
- * names the flag and says why (status 1) instead of calling it unknown. */
-static const struct {
-    const char *names, *meta, *why;
-} unsupported[] = {
-    {"--lora", "FNAME", "refused: LoRA adapters are not supported"},
-    {"-mm,--mmproj", "FILE", "refused: multimodal projectors are not supported (text only)"},
-    {"-mmu,--mmproj-url", "URL", "refused: multimodal projectors are not supported (text only)"},
-    {"-md,--model-draft", "FNAME", "refused: speculative decoding with a draft model is not supported"},
-    {"--embedding,--embeddings", NULL, "refused: embeddings are not served (the routes answer 501)"},
-    {"--reranking,--rerank", NULL, "refused: reranking is not served (the routes answer 501)"},
-    {"-kvu,--kv-unified", NULL, "refused: each slot owns ctx-size / np positions; one cache shared "
-                                "by all slots is not supported"},
-    {"--slot-save-path", "PATH", "refused: saving and restoring slots is not supported"},
-    {"--props", NULL, "refused: changing the server's properties by POST /props is not supported"},
-    {"-nkvo,--no-kv-offload", NULL, "refused: the KV cache stays beside the layers it belongs to"},
-    {"--override-kv", "KEY=TYPE:VALUE", "refused: overriding the model's metadata is not supported"},
-    {"--rope-freq-base", "N", "refused: the RoPE base comes from the model file"},
-    {"--rope-scaling", "TYPE", "refused: RoPE scaling is not supported"},
-    {"--pooling", "TYPE", "refused: embeddings are not served, so there is nothing to pool"},
-    {"--models-dir", "PATH", "refused: serving several models (router mode) is not supported"},
-    {"--models-preset", "PATH", "refused: serving several models (router mode) is not supported"},
-    {"--models-autoload,--no-models-autoload", NULL, "refused: serving several models (router mode) is not "
-                                                      "supported"},
-    {"--media-path", "PATH", "refused: multimodal input is not supported (text only)"},
-    {"-dio,--direct-io", NULL, "refused: weights are read through the page cache (mmap)"},
-    {"-nr,--no-repack", NULL, "refused: the layout weights take at load is not configurable"},
-};
-_Static_assert(sizeof unsupported / sizeof *unsupported <= 24, "opts_t.refused_* are 24 long");
 
 static int build_args(bl_arg_t *a, opts_t *o)
 {
@@ -176,8 +209,11 @@ static int build_args(bl_arg_t *a, opts_t *o)
         for (size_t i = 0; i < sizeof hub / sizeof *hub; i++)
             a[n++] = hub[i];
     }
-    STR("-a,--alias", "LLAMA_ARG_ALIAS", &o->alias, "NAME",
-        "model name in /v1/models and responses (default: the file name, or -hf's USER/MODEL:QUANT)");
+    STR("-a,--alias", "LLAMA_ARG_ALIAS", &o->alias, "NAME[,NAME...]",
+        "model names, comma-separated: /v1/models lists them all as aliases, and the first in byte order "
+        "names the model in responses (default: the file name, or -hf's USER/MODEL:QUANT)");
+    STR("--tags", "LLAMA_ARG_TAGS", &o->tags, "TAG[,TAG...]",
+        "the model's tags, comma-separated, listed in /v1/models (informational)");
     STR("--host", "LLAMA_ARG_HOST", &o->host, "HOST", "address to listen on (default 127.0.0.1)");
     I64("--port", "LLAMA_ARG_PORT", &o->port, 0, 65535, "PORT", "port to listen on (default 8080)");
     I64("-c,--ctx-size", "LLAMA_ARG_CTX_SIZE", &o->ctx, 0, INT32_MAX, "N",
@@ -202,19 +238,51 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "chat template: a built-in name (chatml) or the Jinja text itself");
     STR("--chat-template-file", "LLAMA_ARG_CHAT_TEMPLATE_FILE", &o->chat_template_file, "FILE",
         "chat template from a Jinja file");
-    FLAG("--jinja", "LLAMA_ARG_JINJA", &o->jinja, "accepted: templates are always Jinja");
+    FLAG("--jinja", "LLAMA_ARG_JINJA", &o->jinja,
+         "render chats with the model's Jinja template (the default; LLAMA_ARG_JINJA=0 is --no-jinja)");
+    FLAG("--no-jinja", NULL, &o->no_jinja,
+         "render chats with the built-in template the model's one matches (chatml for a template with "
+         "<|im_start|>; --chat-template takes only a built-in name then); a request with tools or a "
+         "tool_choice other than auto gets 400, as llama-server without Jinja");
+    STR("-rea,--reasoning", "LLAMA_ARG_REASONING", &o->reasoning, "on|off|auto",
+        "thinking: on and off give the template enable_thinking true or false; auto (the default) "
+        "leaves it to the template; a request's chat_template_kwargs win");
+    FLAG("--reasoning-preserve", "LLAMA_ARG_REASONING_PRESERVE", &o->reasoning_preserve,
+         "the template keeps the reasoning of every assistant turn (preserve_reasoning true)");
+    FLAG("--no-reasoning-preserve", NULL, &o->no_reasoning_preserve,
+         "the template keeps only the last turn's reasoning (preserve_reasoning false)");
+    FLAG("--skip-chat-parsing", "LLAMA_ARG_SKIP_CHAT_PARSING", &o->skip_chat_parsing,
+         "leave reasoning and tool calls as they were generated in the reply's content");
+    FLAG("--no-skip-chat-parsing", NULL, &o->no_skip_chat_parsing,
+         "split reasoning and tool calls out of the reply (the default)");
+    FLAG("--prefill-assistant", "LLAMA_ARG_PREFILL_ASSISTANT", &o->prefill_assistant,
+         "a chat whose last message is the assistant's is continued: the reply follows its text (the "
+         "default)");
+    FLAG("--no-prefill-assistant", NULL, &o->no_prefill_assistant,
+         "a last assistant message is a whole turn; the reply is a new one after it");
+    a[n++] = (bl_arg_t){.names = "-r,--reverse-prompt", .kind = BL_ARG_FN, .fn = parse_reverse, .ud = o,
+                        .metavar = "PROMPT",
+                        .help = "a stop string every request gets that sends no stop of its own (repeatable; "
+                                "escapes such as \\n are read unless --no-escape)"};
+    FLAG("-e,--escape", NULL, &o->escape, "read \\n, \\t, \\\\ ... in -r's strings (the default)");
+    FLAG("--no-escape", NULL, &o->no_escape, "take -r's strings as written");
+    FLAG("-sp,--special", NULL, &o->special,
+         "every request's default: control tokens are written into the text (a request's own field wins)");
+    STR("-lm,--load-mode", "LLAMA_ARG_LOAD_MODE", &o->load_mode, "MODE",
+        "how weights are read: auto or mmap (the file mapping, the default), none (copied, as --no-mmap), "
+        "mlock or mmap+mlock (locked, as --mlock); dio is refused as -dio is");
     FLAG("--metrics", "LLAMA_ARG_ENDPOINT_METRICS", &o->metrics,
          "accepted: /metrics is always served");
     STR("--api-key", "LLAMA_API_KEY", &o->api_key, "KEY[,KEY...]",
         "accept only requests carrying one of these keys (/health and /v1/models stay public)");
-    STR("--api-key-file", NULL, &o->api_key_file, "FILE", "file with one API key per line");
+    STR("--api-key-file", "LLAMA_ARG_API_KEY_FILE", &o->api_key_file, "FILE", "file with one API key per line");
     I64("-to,--timeout", "LLAMA_ARG_TIMEOUT", &o->timeout, 1, 86400 * 7, "N",
         "seconds a connection may idle and a request may wait for a slot (default 600)");
     FLAG("--log-disable", NULL, &o->log_disable, "write no log lines");
     FLAG("-v,--verbose,--log-verbose", NULL, &o->verbose, "log at DEBUG (children too)");
-    I64("-lv,--verbosity,--log-verbosity", "LLAMA_LOG_VERBOSITY", &o->log_verbosity, 0, 100, "N",
+    I64("-lv,--verbosity,--log-verbosity", "LLAMA_ARG_LOG_VERBOSITY", &o->log_verbosity, 0, 100, "N",
         "log threshold: 0 nothing, 1 errors, 2 warnings, 3 info (default), 4 debug");
-    STR("--log-colors", "LLAMA_LOG_COLORS", &o->log_colors, "on|off|auto",
+    STR("--log-colors", "LLAMA_ARG_LOG_COLORS", &o->log_colors, "on|off|auto",
         "colour the level names (auto: when stderr is a terminal; the default)");
     a[n++] = (bl_arg_t){.names = "--api-prefix", .env = "LLAMA_ARG_API_PREFIX",
                         .kind = BL_ARG_FN, .fn = parse_api_prefix, .ud = &o->api_prefix,
@@ -244,10 +312,10 @@ static int build_args(bl_arg_t *a, opts_t *o)
     STR("--reasoning-format", "LLAMA_ARG_THINK", &o->reasoning_format, "FORMAT",
         "where a reply's <think> span goes: auto or deepseek (reasoning_content, the "
         "default), none (left in the content); a request's reasoning_format wins");
-    I64("--reasoning-budget", "LLAMA_ARG_THINK_BUDGET", &o->reasoning_budget, -1, 0, "N",
-        "-1: thinking as the template does it (default); 0: templates get enable_thinking "
-        "false");
-    STR("--chat-template-kwargs", "LLAMA_CHAT_TEMPLATE_KWARGS", &o->chat_template_kwargs,
+    I64("--reasoning-budget", "LLAMA_ARG_THINK_BUDGET", &o->reasoning_budget, -1, INT32_MAX, "N",
+        "-1: no bound (the default); 0: no thinking (templates get enable_thinking false); N: a "
+        "thought ends after N tokens, its end tag forced");
+    STR("--chat-template-kwargs", "LLAMA_ARG_CHAT_TEMPLATE_KWARGS", &o->chat_template_kwargs,
         "JSON", "a JSON object of chat template arguments every request gets (its own "
         "chat_template_kwargs win)");
     FLAG("-cb,--cont-batching", "LLAMA_ARG_CONT_BATCHING", &o->cont_batching,
@@ -265,7 +333,46 @@ static int build_args(bl_arg_t *a, opts_t *o)
          "fill-in-the-middle prompts put the suffix before the prefix");
     FLAG("--slots", "LLAMA_ARG_ENDPOINT_SLOTS", &o->slots, "serve GET /slots (the default)");
     FLAG("--no-slots", "LLAMA_ARG_NO_ENDPOINT_SLOTS", &o->no_slots, "GET /slots answers 501");
-    FLAG("--no-webui", "LLAMA_ARG_NO_WEBUI", &o->no_webui, "no chat page at GET / (404)");
+    FLAG("--no-webui,--no-ui", "LLAMA_ARG_NO_WEBUI", &o->no_webui, "no chat page at GET / (404)");
+    FLAG("--ui,--webui", "LLAMA_ARG_UI", &o->ui,
+         "serve the chat page at GET / (the default; LLAMA_ARG_UI=0 turns it off as --no-ui does)");
+    FLAG("--ignore-eos", NULL, &o->ignore_eos,
+         "every request's default ignore_eos: end tokens are not sampled (a request's own field wins)");
+    FLAG("--cache-prompt", "LLAMA_ARG_CACHE_PROMPT", &o->cache_prompt,
+         "every request's default cache_prompt: reuse the slot's cached prefix (the default)");
+    FLAG("--no-cache-prompt", NULL, &o->no_cache_prompt,
+         "every request's default cache_prompt false: each prompt is evaluated whole (a request's own "
+         "field wins)");
+    a[n++] = (bl_arg_t){.names = "-l,--logit-bias", .kind = BL_ARG_FN, .fn = parse_default_bias, .ud = o,
+                        .metavar = "TOKEN_ID(+/-)BIAS",
+                        .help = "a logit bias every request gets (repeatable: 15043+1, 15043-inf; a request's "
+                                "own logit_bias replaces them)"};
+    STR("--grammar", NULL, &o->grammar, "GRAMMAR",
+        "a GBNF grammar every request gets that sends no grammar, json_schema or response_format");
+    STR("--grammar-file", NULL, &o->grammar_file, "FNAME", "--grammar from a file");
+    STR("-j,--json-schema", NULL, &o->json_schema, "SCHEMA",
+        "a JSON schema every request's text must follow that sends no constraint of its own");
+    STR("-jf,--json-schema-file", NULL, &o->json_schema_file, "FILE", "--json-schema from a file");
+    STR("--cors-origins", "LLAMA_ARG_CORS_ORIGINS", &o->cors_origins, "ORIGINS",
+        "Access-Control-Allow-Origin as llama-server sends it: * (the default) echoes the request's Origin "
+        "while credentials are allowed; localhost echoes only an Origin on localhost, 127.0.0.1 or [::1]; "
+        "anything else is sent as given");
+    STR("--cors-methods", "LLAMA_ARG_CORS_METHODS", &o->cors_methods, "METHODS",
+        "Access-Control-Allow-Methods of a preflight (default \"GET, POST, DELETE, OPTIONS\")");
+    STR("--cors-headers", "LLAMA_ARG_CORS_HEADERS", &o->cors_headers, "HEADERS",
+        "Access-Control-Allow-Headers of a preflight (default *)");
+    FLAG("--cors-credentials", "LLAMA_ARG_CORS_CREDENTIALS", &o->cors_credentials,
+         "Access-Control-Allow-Credentials: true in a preflight (the default)");
+    FLAG("--no-cors-credentials", NULL, &o->no_cors_credentials,
+         "Access-Control-Allow-Credentials: false; with it, --cors-origins * is sent as *");
+    FLAG("--reuse-port", "LLAMA_ARG_REUSE_PORT", &o->reuse_port,
+         "SO_REUSEPORT on the listening socket, so that several servers may share the port");
+    FLAG("--log-prefix", "LLAMA_ARG_LOG_PREFIX", &o->log_prefix,
+         "each log line names its level and process (the default)");
+    FLAG("--no-log-prefix", NULL, &o->no_log_prefix, "log lines without the level and process names");
+    FLAG("--log-timestamps", "LLAMA_ARG_LOG_TIMESTAMPS", &o->log_timestamps,
+         "each log line starts with its UTC time (the default)");
+    FLAG("--no-log-timestamps", NULL, &o->no_log_timestamps, "log lines without their time");
     FLAG("--no-warmup", NULL, &o->no_warmup, "accepted: no warm-up run is made");
     FLAG("--swa-full", "LLAMA_ARG_SWA_FULL", &o->swa_full,
          "accepted: the models served here have no sliding-window attention");
@@ -274,14 +381,14 @@ static int build_args(bl_arg_t *a, opts_t *o)
                         .metavar = "N",
                         .help = "accepted: deprecated in llama.cpp; each slot's cache is one "
                                 "contiguous range here"};
-    STR("--log-file", NULL, &o->log_file, "FNAME",
+    STR("--log-file", "LLAMA_ARG_LOG_FILE", &o->log_file, "FNAME",
         "append the log (the server's and its processes') to this file instead of stderr");
     /* sampling: the defaults of every request, which its own fields override */
-    F32("--temp", &o->temp, -1e6, 1e6, "temperature (default 0.8; <= 0: greedy)");
-    I64("--top-k", NULL, &o->top_k, 0, INT32_MAX, "N", "top-k sampling (default 40, 0: off)");
+    F32("--temp,--temperature", &o->temp, -1e6, 1e6, "temperature (default 0.8; <= 0: greedy)");
+    I64("--top-k", "LLAMA_ARG_TOP_K", &o->top_k, 0, INT32_MAX, "N", "top-k sampling (default 40, 0: off)");
     F32("--top-p", &o->top_p, 0, 1, "top-p sampling (default 0.95, 1.0: off)");
     F32("--min-p", &o->min_p, 0, 1, "min-p sampling (default 0.05, 0.0: off)");
-    F32("--typical", &o->typical, 0, 1, "locally typical sampling (default 1.0: off)");
+    F32("--typical,--typical-p", &o->typical, 0, 1, "locally typical sampling (default 1.0: off)");
     F32("--repeat-penalty", &o->repeat_penalty, 1e-6, 1e6,
         "penalise repeated tokens (default 1.0: off)");
     I64("--repeat-last-n", NULL, &o->repeat_last_n, -1, INT32_MAX, "N",
@@ -300,6 +407,14 @@ static int build_args(bl_arg_t *a, opts_t *o)
     I64("--keep", "LLAMA_ARG_KEEP", &o->keep, -1, INT32_MAX, "N",
         "accepted and logged: the context is never shifted, so no tokens are kept for it");
     FLAG("--list-devices", NULL, &o->list_devices, "print the CUDA devices and exit");
+    FLAG("--fim-qwen-30b-default", NULL, &o->fim_qwen_30b,
+         "llama-server's preset: -hf ggml-org/Qwen3-Coder-30B-A3B-Instruct-Q8_0-GGUF (its Q8_0 file), --port "
+         "8012, -b and -ub 1024, -c 0, for code completion (/infill); flags given beside it win. Its cache reuse "
+         "(--cache-reuse 256) is not done here: a slot reuses its longest common prefix");
+    FLAG("-cl,--cache-list", NULL, &o->cache_list, "print the GGUF files in the model cache (-hf's) and exit");
+    FLAG("--completion-bash", NULL, &o->completion_bash,
+         "print a bash completion script for these flags and exit (source it, or put it in bash-completion's "
+         "folder)");
     a[n++] = (bl_arg_t){.names = "--sleep-idle-seconds", .kind = BL_ARG_FN, .fn = parse_sleep_idle,
                         .ud = &o->sleep_idle, .metavar = "SECONDS",
                         .help = "after this long without a request, stop the model's processes (memory and "
@@ -317,12 +432,8 @@ static int build_args(bl_arg_t *a, opts_t *o)
     I64("-ctxcp,--ctx-checkpoints,--swa-checkpoints", "LLAMA_ARG_CTX_CHECKPOINTS",
         &o->ctx_checkpoints, 0, INT32_MAX, "N",
         "accepted: the models served here keep no context checkpoints");
-    for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
-        a[n++] = (bl_arg_t){.names = unsupported[i].names, .kind = unsupported[i].meta ? BL_ARG_STR
-                                                                                       : BL_ARG_FLAG,
-                            .dst = unsupported[i].meta ? (void *)&o->refused_value[i]
-                                                       : (void *)&o->refused_flag[i],
-                            .metavar = unsupported[i].meta, .help = unsupported[i].why};
+    if (rt_compat_args(a, &n, MAX_ARGS, &o->compat) != 0)
+        abort(); /* MAX_ARGS is sized for the table */
 #undef STR
 #undef I64
 #undef FLAG
@@ -590,6 +701,12 @@ static int sampling_defaults(const opts_t *o, rt_task_params_t *d, bl_err_t *err
     s->frequency_penalty = o->frequency_penalty;
     s->seed = o->seed < 0 ? RT_SEED_RANDOM : (uint32_t)o->seed;
     s->min_keep = (int32_t)o->min_keep;
+    s->logit_bias = o->n_bias ? o->bias : NULL;
+    s->n_logit_bias = (size_t)o->n_bias;
+    d->ignore_eos = o->ignore_eos;
+    if (o->cache_prompt && o->no_cache_prompt)
+        return bl_err_set(err, BL_EINVAL, "--cache-prompt and --no-cache-prompt contradict each other");
+    d->cache_prompt = !o->no_cache_prompt;
     if (o->samplers && o->sampling_seq)
         return bl_err_set(err, BL_EINVAL, "--samplers and --sampling-seq both name the chain");
     bl_err_t e2;
@@ -612,6 +729,89 @@ static int sampling_defaults(const opts_t *o, rt_task_params_t *d, bl_err_t *err
             return bl_err_set(err, rc, "--sampling-seq: %s", e2.msg);
     }
     return rt_sampler_params_check(s, INT32_MAX, err);
+}
+
+/* The grammar of --grammar, --grammar-file, -j or -jf (one of them), checked, into
+ * *out (the caller frees it; NULL: none). */
+static int default_grammar(const opts_t *o, char **out, bl_err_t *err)
+{
+    *out = NULL;
+    const int n = !!o->grammar + !!o->grammar_file + !!o->json_schema + !!o->json_schema_file;
+    if (n == 0)
+        return 0;
+    if (n > 1)
+        return bl_err_set(err, BL_EINVAL, "give one of --grammar, --grammar-file, --json-schema and "
+                                          "--json-schema-file");
+    const char *flag = o->grammar ? "--grammar" : o->grammar_file ? "--grammar-file"
+                       : o->json_schema ? "--json-schema" : "--json-schema-file";
+    char *text = NULL;
+    size_t len = 0;
+    bl_err_t e2 = {0};
+    int rc = 0;
+    if (o->grammar || o->json_schema)
+        rc = (text = strdup(o->grammar ? o->grammar : o->json_schema)) ? 0 : BL_ENOMEM;
+    else
+        rc = bl_read_file(o->grammar_file ? o->grammar_file : o->json_schema_file, RT_GRAMMAR_MAX_BYTES, &text,
+                          &len, &e2);
+    if (rc)
+        return bl_err_set(err, rc, "%s: %s", flag, rc == BL_ENOMEM ? "out of memory" : e2.msg);
+    if (o->json_schema || o->json_schema_file) {
+        json_error_t je;
+        json_t *schema = json_loads(text, 0, &je);
+        free(text);
+        text = NULL;
+        if (!schema)
+            return bl_err_set(err, BL_EINVAL, "%s: not JSON: %s (line %d)", flag, je.text, je.line);
+        rc = rt_json_schema_to_gbnf(schema, &text, &e2);
+        json_decref(schema);
+        if (rc)
+            return bl_err_set(err, rc, "%s: %s", flag, e2.msg);
+    }
+    rt_grammar_t *g = NULL;
+    if (strlen(text) > RT_GRAMMAR_MAX_BYTES)
+        rc = bl_err_set(&e2, BL_EINVAL, "%zu bytes of grammar; at most %d", strlen(text), RT_GRAMMAR_MAX_BYTES);
+    else
+        rc = rt_grammar_parse(&g, text, strlen(text), &e2);
+    rt_grammar_destroy(g);
+    if (rc) {
+        free(text);
+        return bl_err_set(err, rc, "%s: %s", flag, e2.msg);
+    }
+    *out = text;
+    return 0;
+}
+
+/* The template arguments of -rea, --reasoning-budget 0 and --reasoning-preserve, put
+ * into *kw (made when NULL) where --chat-template-kwargs did not set them. */
+static int chat_kwargs(const opts_t *o, json_t **kw, bl_err_t *err)
+{
+    int think = -1; /* -1: the template's default */
+    if (o->reasoning) {
+        const char *r = o->reasoning;
+        if (!strcmp(r, "on") || !strcmp(r, "true") || !strcmp(r, "1") || !strcmp(r, "enabled"))
+            think = 1;
+        else if (!strcmp(r, "off") || !strcmp(r, "false") || !strcmp(r, "0") || !strcmp(r, "disabled"))
+            think = 0;
+        else if (strcmp(r, "auto") && strcmp(r, "-1"))
+            return bl_err_set(err, BL_EINVAL, "--reasoning: '%.32s' is not on, off or auto", r);
+    }
+    if (o->reasoning_budget == 0) {
+        if (think == 1)
+            return bl_err_set(err, BL_EINVAL, "--reasoning on and --reasoning-budget 0 contradict each other");
+        think = 0;
+    }
+    if (o->reasoning_preserve && o->no_reasoning_preserve)
+        return bl_err_set(err, BL_EINVAL, "--reasoning-preserve and --no-reasoning-preserve contradict each other");
+    const int preserve = o->reasoning_preserve ? 1 : o->no_reasoning_preserve ? 0 : -1;
+    if (think < 0 && preserve < 0)
+        return 0;
+    if (!*kw && !(*kw = json_object()))
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    if (think >= 0 && !json_object_get(*kw, "enable_thinking"))
+        json_object_set_new(*kw, "enable_thinking", json_boolean(think));
+    if (preserve >= 0 && !json_object_get(*kw, "preserve_reasoning"))
+        json_object_set_new(*kw, "preserve_reasoning", json_boolean(preserve));
+    return 0;
 }
 
 static int kv_type_of(const char *flag, const char *s, uint32_t *out, bl_err_t *err)
@@ -708,6 +908,21 @@ static int template_source(const opts_t *o, const bl_gguf_t *g, char **out, bl_e
     if (o->chat_template && o->chat_template_file)
         return bl_err_set(err, BL_EINVAL, "--chat-template and --chat-template-file exclude "
                                           "each other");
+    if (o->no_jinja) { /* a built-in template only: by name, or the one the model's matches */
+        if (o->chat_template_file)
+            return bl_err_set(err, BL_EINVAL, "--chat-template-file is a Jinja template: not with --no-jinja");
+        bl_gguf_str_t m;
+        const int has = bl_gguf_find_kv(g, "tokenizer.chat_template") &&
+                        bl_gguf_get_str(g, "tokenizer.chat_template", &m, NULL) == 0;
+        if (o->chat_template ? strcmp(o->chat_template, "chatml") != 0
+                             : has && !memmem(m.ptr, (size_t)m.len, "<|im_start|>", 12))
+            return bl_err_set(err, BL_ENOTSUP, "--no-jinja: %s no built-in template (built in: chatml); "
+                                               "leave --no-jinja out to use the model's Jinja template",
+                              o->chat_template ? "--chat-template names" : "the model's template matches");
+        BL_LOG(BL_LOG_INFO, "event=chat_template source=chatml reason=--no-jinja");
+        *out = strdup(chatml_template);
+        return *out ? 0 : bl_err_set(err, BL_ENOMEM, "out of memory");
+    }
     if (o->chat_template) {
         const char *t = o->chat_template;
         if (strstr(t, "{{") || strstr(t, "{%")) {
@@ -999,6 +1214,60 @@ static void model_facts(rt_app_t *app, const bl_gguf_t *g)
 /* The model's layer count (0 when the file does not say). */
 
 /* The model name shown to clients: -a, else the file name. */
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* A comma-separated list of names (-a, --tags) as llama-server keeps it: each
+ * trimmed, empty ones dropped, sorted by bytes, repeats dropped. NULL: none. */
+static int split_names(const char *flag, const char *list, char ***out, size_t *n, bl_err_t *err)
+{
+    *out = NULL;
+    *n = 0;
+    if (!list)
+        return 0;
+    size_t cap = 1;
+    for (const char *p = list; *p; p++)
+        cap += *p == ',';
+    char **v = calloc(cap, sizeof *v);
+    if (!v)
+        return bl_err_set(err, BL_ENOMEM, "%s: out of memory", flag);
+    size_t k = 0;
+    for (const char *p = list;;) {
+        const char *comma = strchr(p, ',');
+        const char *e = comma ? comma : p + strlen(p);
+        while (p < e && isspace((unsigned char)*p))
+            p++;
+        while (e > p && isspace((unsigned char)e[-1]))
+            e--;
+        if (e > p && !(v[k++] = strndup(p, (size_t)(e - p)))) {
+            for (size_t i = 0; i < k; i++)
+                free(v[i]);
+            free(v);
+            return bl_err_set(err, BL_ENOMEM, "%s: out of memory", flag);
+        }
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    qsort(v, k, sizeof *v, by_name);
+    size_t u = 0;
+    for (size_t i = 0; i < k; i++) {
+        if (u && !strcmp(v[u - 1], v[i]))
+            free(v[i]);
+        else
+            v[u++] = v[i];
+    }
+    *out = v;
+    *n = u;
+    return 0;
+}
+
+static void free_names(char **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
 static char *default_alias(const char *path)
 {
     const char *slash = strrchr(path, '/');
@@ -1066,12 +1335,24 @@ int main(int argc, char **argv)
     }
     if (o.list_devices)
         return list_devices();
+    if (o.completion_bash) {
+        bl_args_completion_bash(stdout, PROG, args, n_args);
+        return 0;
+    }
+    if (o.cache_list) {
+        if (bl_hub_list(stdout, &err) != 0) {
+            fprintf(stderr, "%s: %s\n", PROG, err.msg);
+            return 1;
+        }
+        return 0;
+    }
     keep_t keep = {0};
     bl_plan_t plan = {0};
     bl_device_t devs[BL_PLAN_MAX_DEVICES];
     int n_devs = 0;
     keys_t keys = {0};
-    char *tpl_text = NULL, *alias = NULL, *model_path = NULL;
+    char *tpl_text = NULL, *alias = NULL, *model_path = NULL, *grammar_text = NULL;
+    char *stops[RT_MAX_STOP] = {0};
     json_t *tpl_kwargs = NULL;
     bl_gguf_t *g = NULL;
     rt_tokenizer_t *tok = NULL;
@@ -1092,6 +1373,21 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", PROG, err.msg);
         exit_code = 2;
         goto out;
+    }
+    if (o.fim_qwen_30b) { /* llama-server's preset, under the flags given beside it */
+        if (!o.model && !o.hub.spec && !o.hub.url) {
+            o.hub.spec = "ggml-org/Qwen3-Coder-30B-A3B-Instruct-Q8_0-GGUF";
+            if (!o.hub.file)
+                o.hub.file = "qwen3-coder-30b-a3b-instruct-q8_0.gguf";
+        }
+        if (!arg_seen(args, n_args, "--port"))
+            o.port = 8012;
+        if (!arg_seen(args, n_args, "--batch-size"))
+            o.batch = 1024;
+        if (!arg_seen(args, n_args, "--ubatch-size"))
+            o.ubatch = 1024;
+        if (!arg_seen(args, n_args, "--ctx-size"))
+            o.ctx = 0;
     }
     if (o.log_file) {
         /* stderr itself goes to the file, so the processes started later log there too */
@@ -1123,11 +1419,67 @@ int main(int argc, char **argv)
                          : o.log_verbosity > 0   ? bl_log_level_of_verbosity(o.log_verbosity)
                          : o.verbose             ? BL_LOG_DEBUG
                                                  : BL_LOG_INFO);
+    if ((o.log_prefix && o.no_log_prefix) || (o.log_timestamps && o.no_log_timestamps)) {
+        fprintf(stderr, "%s: --log-prefix/--log-timestamps and their --no- forms contradict each other\n", PROG);
+        exit_code = 2;
+        goto out;
+    }
+    /* through the environment, so that the children's lines look the same */
+    if (o.no_log_timestamps || o.log_timestamps)
+        setenv("LLAMA_ARG_LOG_TIMESTAMPS", o.no_log_timestamps ? "0" : "1", 1);
+    if (o.no_log_prefix || o.log_prefix)
+        setenv("LLAMA_ARG_LOG_PREFIX", o.no_log_prefix ? "0" : "1", 1);
+    bl_log_init("serve", bl_log_level());
     bl_log_set_colors(colors);
     if (o.threads_http != -1)
         BL_LOG(BL_LOG_INFO, "event=flag_accepted flag=--threads-http value=%lld reason=HTTP runs "
                             "on one event-loop thread",
                (long long)o.threads_http);
+    if (rt_compat_check(&o.compat, &err) != 0) /* before any download or load */
+        goto fail;
+    if (o.cors_credentials && o.no_cors_credentials) {
+        bl_err_set(&err, BL_EINVAL, "--cors-credentials and --no-cors-credentials contradict each other");
+        goto fail;
+    }
+    {
+        const char *j = getenv("LLAMA_ARG_JINJA"); /* a flag's variable can say "off" too */
+        if (j && (!strcmp(j, "0") || !strcmp(j, "false") || !strcmp(j, "off")) && !o.jinja)
+            o.no_jinja = 1;
+    }
+    static const char *const both[][2] = {{"--jinja", "--no-jinja"}, {"--prefill-assistant", "--no-prefill-assistant"},
+                                          {"--escape", "--no-escape"}, {"--skip-chat-parsing", "--no-skip-chat-parsing"}};
+    const int pairs[][2] = {{o.jinja, o.no_jinja}, {o.prefill_assistant, o.no_prefill_assistant},
+                            {o.escape, o.no_escape}, {o.skip_chat_parsing, o.no_skip_chat_parsing}};
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
+        if (pairs[i][0] && pairs[i][1]) {
+            bl_err_set(&err, BL_EINVAL, "%s and %s contradict each other", both[i][0], both[i][1]);
+            goto fail;
+        }
+    if (o.load_mode) { /* llama.cpp's newer spelling of --no-mmap and --mlock */
+        const char *m = o.load_mode;
+        if (!strcmp(m, "none"))
+            o.no_mmap = 1;
+        else if (!strcmp(m, "mlock") || !strcmp(m, "mmap+mlock"))
+            o.mlock = 1;
+        else if (!strcmp(m, "dio")) {
+            bl_err_set(&err, BL_ENOTSUP, "--load-mode dio: weights are read through the page cache (mmap); the "
+                                         "expert pager of --experts-ram reads with O_DIRECT");
+            goto fail;
+        } else if (strcmp(m, "auto") && strcmp(m, "mmap")) {
+            bl_err_set(&err, BL_EINVAL, "--load-mode: '%.32s' is not auto, none, mmap, mlock, mmap+mlock or dio",
+                       m);
+            goto fail;
+        }
+    }
+    {
+        const char *ui = getenv("LLAMA_ARG_UI"); /* a flag's variable can say "off" too */
+        if (ui && (!strcmp(ui, "0") || !strcmp(ui, "false") || !strcmp(ui, "off")) && !o.ui)
+            o.no_webui = 1;
+        if (o.ui && o.no_webui) {
+            bl_err_set(&err, BL_EINVAL, "--ui and --no-ui contradict each other");
+            goto fail;
+        }
+    }
     if (!o.model && !o.hub.spec && !o.hub.url) {
         BL_LOG(BL_LOG_ERROR, "event=start_failed reason=no model: give -m FILE or -hf REPO");
         fprintf(stderr, "%s: no model: give -m FILE or -hf REPO (see --help)\n", PROG);
@@ -1158,15 +1510,21 @@ int main(int argc, char **argv)
     if (o.threads_batch == 0)
         o.threads_batch = o.threads;
     rt_task_params_t defaults;
-    if (sampling_defaults(&o, &defaults, &err) != 0)
+    if (sampling_defaults(&o, &defaults, &err) != 0 || default_grammar(&o, &grammar_text, &err) != 0)
         goto fail;
-    for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
-        if (o.refused_value[i] || o.refused_flag[i]) {
-            const char *names = unsupported[i].names, *comma = strrchr(names, ',');
-            bl_err_set(&err, BL_ENOTSUP, "%s: %s", comma ? comma + 1 : names,
-                       unsupported[i].why + strlen("refused: "));
+    if (grammar_text) {
+        defaults.sampling.grammar = grammar_text;
+        defaults.sampling.grammar_len = strlen(grammar_text);
+    }
+    for (int i = 0; i < o.n_reverse; i++) {
+        if (!(stops[i] = o.no_escape ? strdup(o.reverse[i]) : unescape(o.reverse[i]))) {
+            bl_err_set(&err, BL_ENOMEM, "out of memory");
             goto fail;
         }
+        defaults.stop[i] = stops[i];
+    }
+    defaults.n_stop = o.n_reverse;
+    defaults.special = o.special;
     if (o.keep != 0)
         BL_LOG(BL_LOG_INFO, "event=flag_accepted flag=--keep value=%lld reason=the context is "
                             "never shifted",
@@ -1219,14 +1577,8 @@ int main(int argc, char **argv)
             goto fail;
         }
     }
-    if (o.reasoning_budget == 0) {
-        if (!tpl_kwargs && !(tpl_kwargs = json_object())) {
-            bl_err_set(&err, BL_ENOMEM, "out of memory");
-            goto fail;
-        }
-        if (!json_object_get(tpl_kwargs, "enable_thinking"))
-            json_object_set_new(tpl_kwargs, "enable_thinking", json_false());
-    }
+    if (chat_kwargs(&o, &tpl_kwargs, &err) != 0)
+        goto fail;
 
     /* the model's metadata, tokenizer and chat template */
     if (bl_gguf_open(&g, o.model, &err) != 0)
@@ -1262,7 +1614,10 @@ int main(int argc, char **argv)
         goto fail;
     }
     int64_t rows = o.ubatch < o.batch ? o.ubatch : o.batch;
-    alias = o.alias ? strdup(o.alias) : o.hub.spec ? strdup(o.hub.spec) : default_alias(o.model);
+    if (split_names("--alias", o.alias, &app->aliases, &app->n_aliases, &err) != 0 ||
+        split_names("--tags", o.tags, &app->tags, &app->n_tags, &err) != 0)
+        goto fail;
+    alias = app->n_aliases ? strdup(app->aliases[0]) : o.hub.spec ? strdup(o.hub.spec) : default_alias(o.model);
     if (!alias) {
         bl_err_set(&err, BL_ENOMEM, "out of memory");
         goto fail;
@@ -1280,7 +1635,11 @@ int main(int argc, char **argv)
     app->n_vocab = rt_tokenizer_n_vocab(tok);
     app->n_predict_default = o.n_predict;
     app->defaults = defaults;
-    app->reasoning = reasoning;
+    app->reasoning = reasoning && !o.skip_chat_parsing;
+    app->no_jinja = o.no_jinja;
+    app->skip_chat_parsing = o.skip_chat_parsing;
+    app->no_prefill_assistant = o.no_prefill_assistant;
+    app->reasoning_budget = o.reasoning_budget > 0 ? o.reasoning_budget : 0;
     app->spm_infill = o.spm_infill;
     app->no_slots = o.no_slots;
     app->no_webui = o.no_webui;
@@ -1319,6 +1678,11 @@ int main(int argc, char **argv)
         .max_body_bytes = MAX_BODY_BYTES,
         .timeout_s = (int)o.timeout,
         .api_prefix = o.api_prefix,
+        .cors_origins = o.cors_origins,
+        .cors_methods = o.cors_methods,
+        .cors_headers = o.cors_headers,
+        .no_cors_credentials = o.no_cors_credentials,
+        .reuse_port = o.reuse_port,
     };
     if (rt_http_create(&s->http, &s->loop, &ho, app, &err) != 0)
         goto fail;
@@ -1450,7 +1814,12 @@ out:
     bl_plan_free(&plan);
     json_decref(s->app.placement);
     free(tpl_text);
+    free(grammar_text);
+    for (int i = 0; i < RT_MAX_STOP; i++)
+        free(stops[i]);
     free(alias);
+    free_names(s->app.aliases, s->app.n_aliases);
+    free_names(s->app.tags, s->app.n_tags);
     free(model_path);
     json_decref(tpl_kwargs);
     json_decref(s->app.tpl_kwargs);

@@ -51,35 +51,16 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* "TOKEN(+|-)BIAS", as llama.cpp spells it: 15043+1, 15043-inf. */
+/* -l TOKEN(+|-)BIAS, repeatable (rt_logit_bias_parse). */
 static int parse_logit_bias(void *ud, const char *v, bl_err_t *err)
 {
     cli_t *c = ud;
     if (c->n_bias == MAX_LOGIT_BIAS)
         return bl_err_set(err, BL_ERANGE, "more than %d biases", MAX_LOGIT_BIAS);
-    const char *sign = strpbrk(v, "+-");
-    if (!sign || sign == v)
-        return bl_err_set(err, BL_EINVAL, "'%.64s' is not TOKEN+BIAS or TOKEN-BIAS", v);
-    char id[32];
-    size_t n = (size_t)(sign - v);
-    if (n >= sizeof id)
-        return bl_err_set(err, BL_EINVAL, "'%.64s': token id too long", v);
-    memcpy(id, v, n);
-    id[n] = 0;
-    int64_t tok;
-    float b;
-    if (bl_parse_i64(id, &tok) || tok < 0 || tok > INT32_MAX)
-        return bl_err_set(err, BL_EINVAL, "'%.64s': bad token id", v);
-    if (!strcmp(sign + 1, "inf"))
-        b = INFINITY;
-    else if (bl_parse_f32(sign + 1, &b) || !isfinite(b))
-        return bl_err_set(err, BL_EINVAL, "'%.64s': bad bias", v);
-    if (*sign == '-')
-        b = -b;
-    if (b == INFINITY)
-        return bl_err_set(err, BL_EINVAL, "'%.64s': a bias of +inf is not allowed", v);
-    c->bias[c->n_bias++] = (rt_logit_bias_t){(int32_t)tok, b};
-    return 0;
+    const int rc = rt_logit_bias_parse(v, &c->bias[c->n_bias], err);
+    if (rc == 0)
+        c->n_bias++;
+    return rc;
 }
 
 static int kv_type_from_name(const char *name, uint32_t *out)

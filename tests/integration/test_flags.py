@@ -207,7 +207,6 @@ def test_gpu_layers_without_a_gpu_warn_and_use_the_cpu(servers, value):
     (["--context-shift"], ["--context-shift"]),
     (["--cache-reuse", "256"], ["--cache-reuse"]),
     (["--slots", "--no-slots"], ["--no-slots"]),
-    (["--reasoning-budget", "100"], ["--reasoning-budget"]),
     (["--chat-template-kwargs", "[1]"], ["--chat-template-kwargs"]),
     (["--chat-template-kwargs", "{bad"], ["--chat-template-kwargs"]),
     (["--top-p", "1.5"], ["--top-p"]),
@@ -235,7 +234,6 @@ def test_gpu_layers_without_a_gpu_warn_and_use_the_cpu(servers, value):
     (["-C", "0x0"], ["--cpu-mask"]),
     (["-Cr", "5-2"], ["--cpu-range"]),
     (["-Cr", "0-5000"], ["--cpu-range"]),
-    (["-nr"], ["--no-repack"]),
 ])
 def test_refused_at_start_by_name(model, args, names):
     """Valid flags asking for what this build cannot do: status 1 (2 when the value

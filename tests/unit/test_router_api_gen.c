@@ -1395,7 +1395,7 @@ static void test_anthropic_tool_use(void **state)
     j = J("{\"tools\":[{\"name\":\"w\",\"description\":\"weather\",\"input_schema\":{\"type\":"
           "\"object\"}}],\"tool_choice\":{\"type\":\"auto\",\"disable_parallel_tool_use\":true},"
           "\"thinking\":{\"type\":\"disabled\"}}");
-    assert_int_equal(anthropic_options(j, &kw, &tools, &one, NULL, &err), 0);
+    assert_int_equal(anthropic_options(&f->app, j, &kw, &tools, &one, NULL, &err), 0);
     assert_int_equal(tools, 1);
     assert_int_equal(one, 1);
     json_t *fn = json_object_get(json_array_get(json_object_get(kw, "tools"), 0), "function");
@@ -1411,7 +1411,7 @@ static void test_anthropic_tool_use(void **state)
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         j = J(bad[i]);
-        assert_int_equal(anthropic_options(j, &kw, &tools, &one, NULL, &err), BL_EINVAL);
+        assert_int_equal(anthropic_options(&f->app, j, &kw, &tools, &one, NULL, &err), BL_EINVAL);
         assert_null(kw);
         json_decref(j);
     }
