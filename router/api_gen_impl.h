@@ -295,6 +295,7 @@ struct rt_gen_req {
     int block_kind;         /* 0 none, 1 thinking, 2 text */
     int has_new_line;
     int64_t text_offset;    /* /v1/completions logprobs: bytes of text before the token */
+    int seq;                /* /v1/responses streams: the next event's sequence_number */
     rt_gen_prep_t prep;     /* the prompt, made off the loop (rt__gen_prepare) */
 };
 
@@ -380,5 +381,11 @@ void rt__api_oai_completions(rt_req_t *r);
 void rt__api_chat_input_tokens(rt_req_t *r);
 void rt__api_messages(rt_req_t *r);
 void rt__api_messages_count_tokens(rt_req_t *r);
+void rt__api_responses(rt_req_t *r);
+void rt__api_responses_input_tokens(rt_req_t *r);
+/* The chat route's prompt job and its next step (api_openai.c), which /v1/responses
+ * runs with its own reply. */
+void rt__gen_chat_work(rt_gen_req_t *g, rt_app_t *app);
+void rt__gen_chat_next(rt_gen_req_t *g);
 
 #endif

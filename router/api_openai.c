@@ -225,7 +225,7 @@ static void chat_done(rt_gen_req_t *g, const rt_event_t *ev)
 
 static const rt_gen_ops_t chat_ops = {chat_start, chat_token, chat_done};
 
-static void chat_work(rt_gen_req_t *g, rt_app_t *app)
+void rt__gen_chat_work(rt_gen_req_t *g, rt_app_t *app)
 {
     rt_gen_prep_t *p = &g->prep;
     p->rc = chat_prompt(app, rt_req_json(g->r), &p->toks, &p->reasoning, &p->tools, &p->force,
@@ -235,7 +235,7 @@ static void chat_work(rt_gen_req_t *g, rt_app_t *app)
 /* --reasoning-budget N: a thought's most tokens (0: none). */
 static int64_t app_budget(const rt_gen_req_t *g) { return g->app->reasoning_budget; }
 
-static void chat_next(rt_gen_req_t *g)
+void rt__gen_chat_next(rt_gen_req_t *g)
 {
     rt_gen_prep_t *p = &g->prep;
     int rc = p->rc;
@@ -272,7 +272,7 @@ static void chat_next(rt_gen_req_t *g)
 
 void rt__api_chat(rt_req_t *r)
 {
-    rt__gen_route(r, RT_GEN_API_OAI_CHAT, &chat_ops, "chatcmpl-", chat_work, chat_next);
+    rt__gen_route(r, RT_GEN_API_OAI_CHAT, &chat_ops, "chatcmpl-", rt__gen_chat_work, rt__gen_chat_next);
 }
 
 /* POST /v1/chat/completions/input_tokens: how many tokens the chat request's prompt

@@ -462,6 +462,12 @@ json_t *rt_req_json(const rt_req_t *r)
     return r->json;
 }
 
+void rt_req_set_json(rt_req_t *r, json_t *j)
+{
+    json_decref(r->json);
+    r->json = j;
+}
+
 const char *rt_req_header(const rt_req_t *r, const char *name, size_t *len)
 {
     if (len)

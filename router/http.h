@@ -79,6 +79,9 @@ const char *rt_req_path(const rt_req_t *r);
 /* The parsed JSON body of a POST (borrowed, valid until the request ends); NULL for
  * a GET. */
 json_t *rt_req_json(const rt_req_t *r);
+/* Replaces the request's JSON with j (stolen; the old one is released): a route that
+ * answers through another's handler with a translated body (/v1/responses). */
+void rt_req_set_json(rt_req_t *r, json_t *j);
 /* A request header (case-insensitive name), or NULL; *len its length. */
 const char *rt_req_header(const rt_req_t *r, const char *name, size_t *len);
 

@@ -110,3 +110,51 @@ test('chat.completions.create with tools and a tool history', async () => {
     (e) => e instanceof OpenAI.BadRequestError && /fly/.test(e.message),
   );
 });
+
+test('responses.create: a response object with the message and its usage', async () => {
+  const r = await client.responses.create({ model: 'any', input: 'Write one short sentence about rivers.', instructions: 'Be brief.', max_output_tokens: 5, temperature: 0, ignore_eos: true });
+  assert.equal(r.object, 'response');
+  assert.equal(r.status, 'incomplete');
+  assert.equal(r.incomplete_details.reason, 'max_output_tokens');
+  const msg = r.output.find((o) => o.type === 'message');
+  assert.equal(msg.role, 'assistant');
+  assert.equal(msg.content[0].type, 'output_text');
+  assert.equal(r.output_text, msg.content[0].text); // the SDK's own join of the output
+  assert.equal(r.usage.output_tokens, 5);
+  assert.equal(r.usage.total_tokens, r.usage.input_tokens + 5);
+});
+
+test('responses.create stream: the named events and the same text', async () => {
+  const args = { model: 'any', input: [{ role: 'user', content: [{ type: 'input_text', text: 'Write one short sentence about rivers.' }] }], max_output_tokens: 6, temperature: 0, ignore_eos: true };
+  const plain = await client.responses.create(args);
+  const stream = await client.responses.create({ ...args, stream: true });
+  const kinds = [];
+  let text = '';
+  let last = null;
+  let seq = -1;
+  for await (const ev of stream) {
+    if (kinds[kinds.length - 1] !== ev.type) kinds.push(ev.type);
+    assert.equal(ev.sequence_number, seq + 1);
+    seq = ev.sequence_number;
+    if (ev.type === 'response.output_text.delta') text += ev.delta;
+    last = ev;
+  }
+  assert.deepEqual(kinds, ['response.created', 'response.in_progress', 'response.output_item.added', 'response.content_part.added', 'response.output_text.delta', 'response.output_text.done', 'response.content_part.done', 'response.output_item.done', 'response.incomplete']);
+  assert.equal(text, plain.output_text);
+  assert.equal(last.response.output_text ?? last.response.output[0].content[0].text, plain.output_text);
+});
+
+test('responses with function tools and a call history; a stored response is refused', async () => {
+  const tools = [{ type: 'function', name: 'get_weather', description: 'The weather in a city', parameters: { type: 'object', properties: { city: { type: 'string' } } }, strict: false }];
+  const input = [
+    { role: 'user', content: 'Weather in Oslo?' },
+    { type: 'function_call', call_id: 'call_1', name: 'get_weather', arguments: '{"city":"Oslo"}' },
+    { type: 'function_call_output', call_id: 'call_1', output: '-3 C' },
+  ];
+  const r = await client.responses.create({ model: 'any', input, tools, max_output_tokens: 4, temperature: 0 });
+  assert.ok(['completed', 'incomplete'].includes(r.status));
+  await assert.rejects(
+    client.responses.create({ model: 'any', input: 'Hi', previous_response_id: 'resp_123', max_output_tokens: 2 }),
+    (e) => e instanceof OpenAI.BadRequestError && /previous_response_id/.test(e.message),
+  );
+});

@@ -1,4 +1,4 @@
-/* Tests of router/api_gen.c, api_openai.c and api_anthropic.c: request fields to
+/* Tests of router/api_gen.c, api_openai.c, api_anthropic.c and api_responses.c: request fields to
  * rt_task_params_t, the refusals, prompt forms, chat and Anthropic messages, the
  * <think> splitter fed piece by piece, the JSON and SSE pieces of replies, and whole
  * replies driven by scripted engine events. The HTTP layer and the engine are
@@ -19,6 +19,7 @@
 #include "api_gen.c"
 #include "api_openai.c"
 #include "api_anthropic.c"
+#include "api_responses.c"
 #include "api_tools.c"
 
 #include "chat.h"
@@ -94,6 +95,11 @@ json_t *rt_http_error_json(int status, const char *type, const char *msg, int an
 
 void *rt_req_app(const rt_req_t *r) { return r->app; }
 json_t *rt_req_json(const rt_req_t *r) { return r->body; }
+void rt_req_set_json(rt_req_t *r, json_t *j)
+{
+    json_decref(r->body);
+    r->body = j;
+}
 
 void rt_req_send_json(rt_req_t *r, int status, json_t *j)
 {
@@ -1304,6 +1310,106 @@ static void test_chat_tool_call_reply(void **state)
     json_decref(s.body);
 }
 
+/* /v1/responses: input items and instructions as chat messages, function tools, the
+ * reply as a response object with its reasoning, message and function_call items,
+ * and streamed as Responses' named events in order; what it cannot honour is a 400
+ * naming the field. */
+static void test_responses_api(void **state)
+{
+    fixture_t *f = *state;
+    if (!f->tok) {
+        print_message("skipped: the qwen3moe-tiny model is absent\n");
+        skip();
+    }
+    static const char *const TOOLS = "\"tools\":[{\"type\":\"function\",\"name\":\"get_weather\",\"parameters\":"
+                                     "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}]";
+    char body[2048];
+    snprintf(body, sizeof body, "{\"instructions\":\"Be brief.\",\"max_output_tokens\":50,\"input\":["
+             "{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"Paris?\"}]},"
+             "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"get_weather\",\"arguments\":\"{}\"},"
+             "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"-3C\"},"
+             "{\"role\":\"user\",\"content\":\"And now?\"}],%s}", TOOLS);
+    rt_req_t r = {.app = &f->app};
+    r.body = J(body);
+    rt__api_responses(&r);
+    /* the chat request it became */
+    json_t *msgs = json_object_get(r.body, "messages");
+    assert_int_equal(json_array_size(msgs), 5);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(msgs, 0), "role")), "system");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(msgs, 2), "role")), "assistant");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(msgs, 3), "tool_call_id")), "c1");
+    assert_int_equal(json_integer_value(json_object_get(r.body, "max_tokens")), 50);
+    token_event(1, "<think>need weather</think>\n\n", 1);
+    token_event(2, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", 2);
+    done_event(RT_STOP_EOS, NULL, 40, 2);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(json_string_value(json_object_get(r.reply, "object")), "response");
+    assert_string_equal(json_string_value(json_object_get(r.reply, "status")), "completed");
+    assert_int_equal(strncmp(json_string_value(json_object_get(r.reply, "id")), "resp_", 5), 0);
+    json_t *out = json_object_get(r.reply, "output");
+    assert_int_equal(json_array_size(out), 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(out, 0), "type")), "reasoning");
+    json_t *fc = json_array_get(out, 1);
+    assert_string_equal(json_string_value(json_object_get(fc, "type")), "function_call");
+    assert_string_equal(json_string_value(json_object_get(fc, "name")), "get_weather");
+    assert_string_equal(json_string_value(json_object_get(fc, "arguments")), "{\"city\":\"Paris\"}");
+    assert_non_null(json_string_value(json_object_get(fc, "call_id")));
+    json_t *u = json_object_get(r.reply, "usage");
+    assert_int_equal(json_integer_value(json_object_get(u, "output_tokens")), 2);
+    assert_string_equal(json_string_value(json_object_get(r.reply, "instructions")), "Be brief.");
+    json_decref(r.reply);
+    json_decref(r.body);
+
+    /* streamed: text, then the call */
+    snprintf(body, sizeof body, "{\"input\":\"Paris?\",\"stream\":true,%s}", TOOLS);
+    rt_req_t s = {.app = &f->app};
+    s.body = J(body);
+    rt__api_responses(&s);
+    token_event(1, "Checking.", 1);
+    token_event(2, "<tool_call>{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}</tool_call>", 2);
+    done_event(RT_STOP_EOS, NULL, 40, 2);
+    static const char *const want[] = {
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+        "response.output_item.done", "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done", "response.completed"};
+    const char *p = s.stream.p;
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        p = strstr(p, "event: ");
+        assert_non_null(p);
+        p += 7;
+        if (strncmp(p, want[i], strlen(want[i])) || p[strlen(want[i])] != '\n')
+            fail_msg("event %zu: wanted %s in %s", i, want[i], s.stream.p);
+    }
+    assert_null(strstr(p, "event: "));
+    assert_non_null(strstr(s.stream.p, "\"sequence_number\":12"));
+    assert_non_null(strstr(s.stream.p, "\"delta\":\"Checking.\""));
+    rt__gen_buf_free(&s.stream);
+    json_decref(s.body);
+
+    static const char *const bad[][2] = {
+        {"{\"input\":\"x\",\"previous_response_id\":\"resp_1\"}", "previous_response_id"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", "function tools"},
+        {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\",\"image_url\":\"u\"}]}]}",
+         "input_image"},
+        {"{\"input\":\"x\",\"background\":true}", "background"},
+        {"{\"input\":\"x\",\"messages\":[]}", "'messages' is not a field"},
+        {"{\"instructions\":\"x\"}", "'input' is required"},
+        {"{\"input\":[{\"type\":\"computer_call\"}]}", "computer_call"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        rt_req_t b = {.app = &f->app};
+        b.body = J(bad[i][0]);
+        rt__api_responses(&b);
+        assert_int_equal(b.status, 400);
+        const char *msg = json_string_value(json_object_get(json_object_get(b.reply, "error"), "message"));
+        if (!msg || !strstr(msg, bad[i][1]))
+            fail_msg("%s: %s", bad[i][0], msg ? msg : "(no message)");
+        json_decref(b.reply);
+        json_decref(b.body);
+    }
+}
+
 static void test_chat_errors_before_and_after_start(void **state)
 {
     fixture_t *f = *state;
@@ -1694,6 +1800,7 @@ int main(void)
                                         teardown_model),
         cmocka_unit_test_setup_teardown(test_anthropic_stream_reply, setup_model, teardown_model),
         cmocka_unit_test_setup_teardown(test_anthropic_tool_use, setup_model, teardown_model),
+        cmocka_unit_test_setup_teardown(test_responses_api, setup_model, teardown_model),
         cmocka_unit_test_setup_teardown(test_native_completion_reply, setup_model, teardown_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
