@@ -221,6 +221,18 @@ static void route_slots(rt_req_t *r)
     int n = app->engine ? rt_engine_slots(app->engine, slots, cap) : 0;
     if (n > cap)
         n = cap;
+    size_t ql;
+    const char *q = rt_req_query(r, "fail_on_no_slot", &ql);
+    if (q && ql) { /* llama-server: 503 when every slot is busy */
+        int idle = 0;
+        for (int i = 0; i < n; i++)
+            idle += !slots[i].busy;
+        if (!idle) {
+            free(slots);
+            rt_req_send_error(r, 503, NULL, "no slot available");
+            return;
+        }
+    }
     json_t *arr = json_array();
     for (int i = 0; arr && i < n; i++) {
         const rt_slot_info_t *s = &slots[i];

@@ -90,9 +90,24 @@ static int chat_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int
             return bl_err_set(err, BL_EINVAL, "'add_generation_prompt' must be a boolean");
         add_gen = json_is_true(agp);
     }
+    /* continue_final_message: a last assistant message continued (true) or answered
+     * (false); absent: --prefill-assistant's setting */
+    int cont = !app->no_prefill_assistant;
+    json_t *cfm = json_object_get(body, "continue_final_message");
+    if (cfm && !json_is_null(cfm)) {
+        if (!json_is_boolean(cfm))
+            return bl_err_set(err, BL_EINVAL, "'continue_final_message' must be a boolean");
+        cont = json_is_true(cfm);
+        const json_t *m = json_object_get(body, "messages");
+        const char *role = json_string_value(json_object_get(json_array_get(m, json_array_size(m) - 1), "role"));
+        if (cont && (!role || strcmp(role, "assistant")))
+            return bl_err_set(err, BL_EINVAL, "'continue_final_message': the last message is not the assistant's");
+        if (cont && agp && json_is_true(agp))
+            return bl_err_set(err, BL_EINVAL, "'continue_final_message' and 'add_generation_prompt' both true "
+                                              "contradict each other");
+    }
     if ((rc = rt__gen_chat_options(app, body, &kwargs, reasoning, tools, force, err)) ||
-        (rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs,
-                                     app->no_prefill_assistant ? NULL : &prefill, err)) ||
+        (rc = rt__gen_chat_messages(json_object_get(body, "messages"), &msgs, cont ? &prefill : NULL, err)) ||
         (rc = rt__gen_chat_cannot_fit(app, msgs, &prefill, n_min, err)) ||
         (rc = rt__gen_render_chat(app, msgs, kwargs, add_gen, &prefill, &text, &len, think_open,
                                   err)))

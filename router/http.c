@@ -452,6 +452,27 @@ void *rt_req_app(const rt_req_t *r)
     return r->http->app;
 }
 
+const char *rt_req_query(const rt_req_t *r, const char *name, size_t *len)
+{
+    *len = 0;
+    if (!r->req || r->req->query_at == SIZE_MAX || r->req->query_at >= r->req->path.len)
+        return NULL;
+    const char *p = r->req->path.base + r->req->query_at + 1, *end = r->req->path.base + r->req->path.len;
+    const size_t nl = strlen(name);
+    while (p < end) {
+        const char *amp = memchr(p, '&', (size_t)(end - p)), *stop = amp ? amp : end;
+        const char *eq = memchr(p, '=', (size_t)(stop - p));
+        const char *key_end = eq ? eq : stop;
+        if ((size_t)(key_end - p) == nl && !memcmp(p, name, nl)) {
+            const char *v = eq ? eq + 1 : stop;
+            *len = (size_t)(stop - v);
+            return v;
+        }
+        p = stop + 1;
+    }
+    return NULL;
+}
+
 const char *rt_req_path(const rt_req_t *r)
 {
     return r->path ? r->path : "";

@@ -76,6 +76,9 @@ int rt_http_route(rt_http_t *h, const char *method, const char *path, rt_route_f
 
 void *rt_req_app(const rt_req_t *r);
 const char *rt_req_path(const rt_req_t *r);
+/* The value of query parameter name ("?a=1&b" gives "1" for a, "" for b), as given
+ * (not %-decoded), with its length; NULL when absent. */
+const char *rt_req_query(const rt_req_t *r, const char *name, size_t *len);
 /* The parsed JSON body of a POST (borrowed, valid until the request ends); NULL for
  * a GET. */
 json_t *rt_req_json(const rt_req_t *r);
