@@ -296,14 +296,16 @@ static int refuse_unsupported(const json_t *body, rt_gen_api_t api, bl_err_t *er
     int found, rc;
     json_t *v;
 
-    if ((rc = get_int(body, "n", 1, INT32_MAX, &iv, &found, err)))
-        return rc;
-    if (found && iv != 1)
-        return bl_err_set(err, BL_EINVAL, "'n': only one completion choice is allowed");
-    if ((rc = get_int(body, "n_cmpl", 1, INT32_MAX, &iv, &found, err)))
-        return rc;
-    if (found && iv != 1)
-        return bl_err_set(err, BL_EINVAL, "'n_cmpl': only one completion choice is allowed");
+    if (api != RT_GEN_API_OAI_CHAT && api != RT_GEN_API_OAI_CMPL) { /* n: the OpenAI routes' (choices) */
+        if ((rc = get_int(body, "n", 1, INT32_MAX, &iv, &found, err)))
+            return rc;
+        if (found && iv != 1)
+            return bl_err_set(err, BL_EINVAL, "'n': only one completion choice is allowed here");
+        if ((rc = get_int(body, "n_cmpl", 1, INT32_MAX, &iv, &found, err)))
+            return rc;
+        if (found && iv != 1)
+            return bl_err_set(err, BL_EINVAL, "'n_cmpl': only one completion choice is allowed here");
+    }
     if (api == RT_GEN_API_ANTHROPIC)
         return 0;
 
@@ -584,6 +586,19 @@ int rt__gen_parse_params(const json_t *body, rt_gen_api_t api, const rt_gen_limi
 
     if (!json_is_object(body))
         return bl_err_set(err, BL_EINVAL, "the request body must be a JSON object");
+    p->n_choices = 1;
+    if (api == RT_GEN_API_OAI_CHAT || api == RT_GEN_API_OAI_CMPL) { /* several choices, one after another */
+        int64_t n = 1, nc = 1;
+        int f1 = 0, f2 = 0;
+        if ((rc = get_int(body, "n", 1, RT_MAX_CHOICES, &n, &f1, err)) ||
+            (rc = get_int(body, "n_cmpl", 1, RT_MAX_CHOICES, &nc, &f2, err)))
+            goto fail;
+        if (f1 && f2 && n != nc) {
+            rc = bl_err_set(err, BL_EINVAL, "'n' and 'n_cmpl' differ");
+            goto fail;
+        }
+        p->n_choices = (int)(f1 ? n : nc);
+    }
     if ((rc = refuse_unsupported(body, api, err)))
         goto fail;
     if (api != RT_GEN_API_ANTHROPIC && (rc = parse_constraint(body, p, err)))
@@ -1736,6 +1751,7 @@ void rt__gen_req_free(rt_gen_req_t *g)
     rt__gen_buf_free(&g->reasoning);
     json_decref(g->probs);
     json_decref(g->tokens);
+    json_decref(g->choices);
     free(g->prompt_text);
     free(g);
 }
@@ -1828,6 +1844,40 @@ static int deliver_text(rt_gen_req_t *g, const rt_event_t *ev, const char *text,
     return rc;
 }
 
+static void on_event(void *ud, const rt_event_t *ev);
+
+/* n > 1: clears the finished choice's text and starts the next on the same prompt
+ * (its own seed when the request fixed one). A refusal ends the request. */
+static void next_choice(rt_gen_req_t *g)
+{
+    g->choice++;
+    rt__gen_buf_free(&g->content);
+    rt__gen_buf_free(&g->reasoning);
+    rt__gen_tools_fini(&g->calls);
+    rt__gen_tools_init(&g->calls);
+    g->n_calls_sent = 0;
+    g->has_new_line = 0;
+    g->text_offset = 0;
+    json_decref(g->probs);
+    g->probs = g->params.want_probs ? json_array() : NULL;
+    rt__gen_think_fini(&g->think);
+    rt__gen_think_init(&g->think, g->think_open);
+    if (g->params.seed_req >= 0)
+        g->params.task.sampling.seed = (uint32_t)(g->params.seed_req + g->choice);
+    bl_err_t err = {0};
+    rt_task_t *task = NULL;
+    const int rc = rt_engine_submit(g->app->engine, g->prep.toks.ids, g->prep.toks.n, &g->params.task, on_event, g,
+                                    &task, &err);
+    if (rc) {
+        rt__gen_fail(g, rc == BL_ECLOSED ? 503 : 500, err.msg[0] ? err.msg : "the next choice could not start");
+        g->gone = 1;
+        return;
+    }
+    g->task = task;
+    if (g->params.stream && g->ops->start)
+        g->ops->start(g);
+}
+
 static void on_event(void *ud, const rt_event_t *ev)
 {
     rt_gen_req_t *g = ud;
@@ -1854,6 +1904,14 @@ static void on_event(void *ud, const rt_event_t *ev)
         g->task = NULL; /* over: nothing to cancel */
         if (deliver_text(g, ev, ev->tail ? ev->tail : "", ev->tail ? ev->tail_len : 0, 1))
             BL_LOG(BL_LOG_WARN, "event=reply_incomplete req=%s reason=out_of_memory", g->id);
+        if (!g->gone && g->choice + 1 < g->params.n_choices) { /* this choice's part, then the next */
+            g->more = 1;
+            g->ops->done(g, ev);
+            g->more = 0;
+            g->n_predicted_sum += ev->timings.n_predicted;
+            next_choice(g);
+            break;
+        }
         if (!g->gone)
             g->ops->done(g, ev);
         g->gone = 1; /* answered: the request is the HTTP layer's again */

@@ -15,6 +15,8 @@
 #include "err.h"
 #include "tokenizer.h"
 
+#define RT_MAX_CHOICES 64 /* the most choices (n) one request may ask for */
+
 /* The API a request came through: which fields it reads and how it answers. */
 typedef enum rt_gen_api {
     RT_GEN_API_NATIVE = 0, /* llama-server's /completion */
@@ -54,6 +56,7 @@ typedef struct rt_gen_params {
     int tools;                 /* split <tool_call> spans out of the content into calls */
     int one_call;              /* parallel_tool_calls false: only the first call */
     int timings_per_token;     /* timings in every streamed chunk */
+    int n_choices;             /* OpenAI's n (n_cmpl): choices generated one after another */
     int64_t seed_req;          /* the seed as asked (-1: random), for generation_settings */
     const json_t *response_fields; /* native: the final reply's paths to keep; borrowed
                                     * from the request JSON; NULL: all */
@@ -235,7 +238,10 @@ const char *rt__gen_stop_type_name(rt_stop_type_t s);
 typedef struct rt_gen_req rt_gen_req_t;
 
 /* The API's side of a generation, called on the loop thread while the request is
- * open. start: the stream has just started (streams only; may be NULL). token: the
+ * open. With n > 1 choices they run one after another on the same request: done is
+ * called for each with g->more set for all but the last (then it adds the choice's
+ * object to g->choices, or streams its final chunk), and the choice's index is
+ * g->choice. start: the stream has just started (streams only; may be NULL). token: the
  * text an event released (after <think> splitting when reasoning is on; either part
  * may be empty); ev is the TOKEN event, or the DONE event for the held-back tail
  * (streams only: a reply that is not streamed reads g->content). done: the final
@@ -296,6 +302,10 @@ struct rt_gen_req {
     int has_new_line;
     int64_t text_offset;    /* /v1/completions logprobs: bytes of text before the token */
     int seq;                /* /v1/responses streams: the next event's sequence_number */
+    int choice;             /* n > 1: the index of the choice being generated */
+    int more;               /* in done: another choice follows (answer only this one's part) */
+    json_t *choices;        /* n > 1, not streamed: the finished choices' objects */
+    int64_t n_predicted_sum; /* n > 1: the tokens of the finished choices */
     rt_gen_prep_t prep;     /* the prompt, made off the loop (rt__gen_prepare) */
 };
 

@@ -33,7 +33,7 @@ static const char *model_name(const rt_gen_req_t *g)
 json_t *rt__gen_chat_chunk(const rt_gen_req_t *g, json_t *delta, const char *finish_reason)
 {
     return json_pack("{s:[{s:o, s:i, s:o}], s:I, s:s, s:s, s:s, s:s}", "choices", "finish_reason",
-                     finish_reason ? json_string(finish_reason) : json_null(), "index", 0, "delta",
+                     finish_reason ? json_string(finish_reason) : json_null(), "index", g->choice, "delta",
                      delta, "created", (json_int_t)g->created, "id", g->id, "model", model_name(g),
                      "system_fingerprint", SYSTEM_FINGERPRINT, "object", "chat.completion.chunk");
 }
@@ -183,12 +183,33 @@ static void chat_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason
         rt__gen_write_sse(g, NULL, rt__gen_chat_chunk(g, call_delta(g, g->n_calls_sent), NULL));
 }
 
+/* A finished choice's object into g->choices (n > 1); returns the list, taken by the
+ * caller when it is the last choice (NULL when memory ran out). */
+static json_t *add_choice(rt_gen_req_t *g, json_t *choice)
+{
+    if (!g->choices && !(g->choices = json_array())) {
+        json_decref(choice);
+        return NULL;
+    }
+    if (!choice || json_array_append_new(g->choices, choice))
+        return NULL;
+    if (g->more)
+        return g->choices;
+    json_t *all = g->choices;
+    g->choices = NULL;
+    return all;
+}
+
 static void chat_done(rt_gen_req_t *g, const rt_event_t *ev)
 {
     const rt_timings_t *t = &ev->timings;
     const char *finish = rt__gen_calls_kept(g) ? "tool_calls" : rt__gen_finish_reason(ev->stop_type);
     if (g->params.stream) {
         json_t *last = rt__gen_chat_chunk(g, json_object(), finish);
+        if (g->more) { /* another choice follows: this one's end only */
+            rt__gen_write_sse(g, NULL, last);
+            return;
+        }
         if (g->params.include_usage) {
             rt__gen_write_sse(g, NULL, last);
             /* OpenAI: usage comes in a last chunk with no choices */
@@ -196,7 +217,7 @@ static void chat_done(rt_gen_req_t *g, const rt_event_t *ev)
                              (json_int_t)g->created, "id", g->id, "model", model_name(g),
                              "system_fingerprint", SYSTEM_FINGERPRINT, "object",
                              "chat.completion.chunk", "usage",
-                             rt__gen_usage_json(g->n_prompt, t->n_predicted, t->n_cached));
+                             rt__gen_usage_json(g->n_prompt, g->n_predicted_sum + t->n_predicted, t->n_cached));
         }
         if (last)
             json_object_set_new(last, "timings", rt__gen_timings_json(t));
@@ -223,14 +244,17 @@ static void chat_done(rt_gen_req_t *g, const rt_event_t *ev)
     if (msg && g->reasoning.n)
         json_object_set_new(msg, "reasoning_content",
                             json_stringn(g->reasoning.p, g->reasoning.n));
-    json_t *choice = json_pack("{s:s, s:i, s:o}", "finish_reason", finish, "index", 0, "message",
+    json_t *choice = json_pack("{s:s, s:i, s:o}", "finish_reason", finish, "index", g->choice, "message",
                                msg);
     if (choice && g->params.want_probs && g->probs)
         json_object_set_new(choice, "logprobs", json_pack("{s:O}", "content", g->probs));
-    json_t *j = json_pack("{s:[o], s:I, s:s, s:s, s:s, s:o, s:s, s:o}", "choices", choice,
+    json_t *choices = add_choice(g, choice);
+    if (g->more)
+        return;
+    json_t *j = json_pack("{s:o, s:I, s:s, s:s, s:s, s:o, s:s, s:o}", "choices", choices,
                           "created", (json_int_t)g->created, "model", model_name(g),
                           "system_fingerprint", SYSTEM_FINGERPRINT, "object", "chat.completion",
-                          "usage", rt__gen_usage_json(g->n_prompt, t->n_predicted, t->n_cached),
+                          "usage", rt__gen_usage_json(g->n_prompt, g->n_predicted_sum + t->n_predicted, t->n_cached),
                           "id", g->id, "timings", rt__gen_timings_json(t));
     if (j)
         rt_req_send_json(g->r, 200, j);
@@ -329,14 +353,24 @@ void rt__api_chat_input_tokens(rt_req_t *r)
 /* /v1/completions                                                                */
 /* ---------------------------------------------------------------------------- */
 
+static json_t *cmpl_choice(const rt_gen_req_t *g, const char *text, size_t len, json_t *logprobs,
+                           const char *finish)
+{
+    return json_pack("{s:s%, s:i, s:o, s:o}", "text", text, len, "index", g->choice, "logprobs",
+                     logprobs ? logprobs : json_null(), "finish_reason", finish ? json_string(finish) : json_null());
+}
+
+static json_t *cmpl_wrap(const rt_gen_req_t *g, json_t *choices)
+{
+    return json_pack("{s:o, s:I, s:s, s:s, s:s, s:s}", "choices", choices ? choices : json_array(), "created",
+                     (json_int_t)g->created, "model", model_name(g), "system_fingerprint", SYSTEM_FINGERPRINT,
+                     "object", "text_completion", "id", g->id);
+}
+
 static json_t *cmpl_object(const rt_gen_req_t *g, const char *text, size_t len, json_t *logprobs,
                            const char *finish)
 {
-    return json_pack("{s:[{s:s%, s:i, s:o, s:o}], s:I, s:s, s:s, s:s, s:s}", "choices", "text",
-                     text, len, "index", 0, "logprobs", logprobs ? logprobs : json_null(),
-                     "finish_reason", finish ? json_string(finish) : json_null(), "created",
-                     (json_int_t)g->created, "model", model_name(g), "system_fingerprint",
-                     SYSTEM_FINGERPRINT, "object", "text_completion", "id", g->id);
+    return cmpl_wrap(g, json_pack("[o]", cmpl_choice(g, text, len, logprobs, finish)));
 }
 
 static void cmpl_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason,
@@ -367,6 +401,10 @@ static void cmpl_done(rt_gen_req_t *g, const rt_event_t *ev)
     json_t *j;
     if (g->params.stream) {
         j = cmpl_object(g, "", 0, NULL, finish);
+        if (g->more) { /* another choice follows: this one's end only */
+            rt__gen_write_sse(g, NULL, j);
+            return;
+        }
     } else {
         json_t *lp = NULL;
         if (g->params.want_probs && g->probs) {
@@ -374,11 +412,14 @@ static void cmpl_done(rt_gen_req_t *g, const rt_event_t *ev)
             lp = rt__gen_legacy_logprobs(g->probs, g->params.post_sampling_probs,
                                          &g->text_offset);
         }
-        j = cmpl_object(g, g->content.p ? g->content.p : "", g->content.n, lp, finish);
+        json_t *choices = add_choice(g, cmpl_choice(g, g->content.p ? g->content.p : "", g->content.n, lp, finish));
+        if (g->more)
+            return;
+        j = cmpl_wrap(g, choices);
     }
     if (j) {
         json_object_set_new(j, "usage",
-                            rt__gen_usage_json(g->n_prompt, t->n_predicted, t->n_cached));
+                            rt__gen_usage_json(g->n_prompt, g->n_predicted_sum + t->n_predicted, t->n_cached));
         json_object_set_new(j, "timings", rt__gen_timings_json(t));
     }
     if (g->params.stream) {

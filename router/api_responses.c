@@ -226,6 +226,8 @@ static int to_chat(const json_t *body, json_t **out, bl_err_t *err)
             else
                 rc = bl_err_set(err, BL_EINVAL, "'text.format' must be of type text, json_object, or json_schema "
                                                 "with a 'schema'");
+        } else if (!strcmp(key, "n") || !strcmp(key, "n_cmpl")) {
+            rc = bl_err_set(err, BL_EINVAL, "'%s' is not a field of /v1/responses: a response has one output", key);
         } else if (!strcmp(key, "messages") || !strcmp(key, ECHO_KEY)) {
             rc = bl_err_set(err, BL_EINVAL, "'%s' is not a field of /v1/responses: give the conversation in 'input'",
                             key);

@@ -87,9 +87,26 @@ test('a refused request raises BadRequestError with the message', async () => {
     (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && /messages/i.test(e.message),
   );
   await assert.rejects(
-    client.chat.completions.create({ model: 'any', messages, n: 2, max_tokens: 2 }),
-    (e) => e instanceof OpenAI.BadRequestError && e.status === 400,
+    client.chat.completions.create({ model: 'any', messages, n: 65, max_tokens: 2 }),
+    (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && /'n'/.test(e.message),
   );
+});
+
+test('n choices, plain and streamed', async () => {
+  const r = await client.chat.completions.create({ model: 'any', messages, n: 3, max_tokens: 3, ignore_eos: true, seed: 7 });
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+  assert.equal(r.usage.completion_tokens, 9);
+  const stream = await client.completions.create({ model: 'any', prompt: 'The old lighthouse keeper', n: 2, max_tokens: 3, ignore_eos: true, stream: true });
+  const texts = ['', ''];
+  const finished = [];
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) {
+      texts[c.index] += c.text ?? '';
+      if (c.finish_reason) finished.push(c.index);
+    }
+  }
+  assert.deepEqual(finished, [0, 1]);
+  assert.ok(texts[0].length > 0 && texts[1].length > 0);
 });
 
 test('chat.completions.create with tools and a tool history', async () => {

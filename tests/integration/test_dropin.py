@@ -84,3 +84,30 @@ def test_responses_over_http(servers):
     assert r.json()["object"] == "response.input_tokens" and r.json()["input_tokens"] > 0
     r = requests.post(srv.url + "/v1/responses", json={"input": "Hi", "previous_response_id": "resp_x"}, timeout=30)
     assert r.status_code == 400 and "previous_response_id" in json.dumps(r.json())
+
+
+def test_n_choices(servers):
+    """n > 1 on the OpenAI routes: the choices one after another, each with its index
+    and finish_reason, usage counting all of them; streamed, each choice ends with its
+    own finish_reason and the stream with one [DONE]; a fixed seed gives the same
+    choices again."""
+    srv = servers.start(FAST)
+    body = {"prompt": "Once upon a time", "n": 3, "max_tokens": 4, "ignore_eos": True, "seed": 11}
+    r = requests.post(srv.url + "/v1/completions", json=body, timeout=60).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2], r
+    assert all(c["finish_reason"] == "length" for c in r["choices"])
+    assert r["usage"]["completion_tokens"] == 12
+    again = requests.post(srv.url + "/v1/completions", json=body, timeout=60).json()
+    assert [c["text"] for c in again["choices"]] == [c["text"] for c in r["choices"]]
+    s = requests.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "n": 2,
+                                                               "max_tokens": 3, "stream": True}, stream=True, timeout=60)
+    lines = [l for l in s.iter_lines(decode_unicode=True) if l.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and sum(l == "data: [DONE]" for l in lines) == 1
+    chunks = [json.loads(l[6:]) for l in lines[:-1]]
+    ends = [c["choices"][0]["index"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert ends == [0, 1], chunks
+    for bad in ({"n": 0}, {"n": 65}, {"n": 2, "n_cmpl": 3}):
+        e = requests.post(srv.url + "/v1/completions", json=dict({"prompt": "x", "max_tokens": 1}, **bad), timeout=30)
+        assert e.status_code == 400, e.text
+    e = requests.post(srv.url + "/completion", json={"prompt": "x", "n": 2}, timeout=30)
+    assert e.status_code == 400 and "'n'" in e.text

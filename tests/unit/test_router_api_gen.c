@@ -402,7 +402,9 @@ static void test_params_logit_bias(void **state)
 static void test_params_refusals(void **state)
 {
     (void)state;
-    expect_refused("{\"n\":2}", RT_GEN_API_OAI_CHAT, "'n'");
+    expect_refused("{\"n\":2}", RT_GEN_API_NATIVE, "'n'");
+    expect_refused("{\"n\":65}", RT_GEN_API_OAI_CHAT, "'n'");
+    expect_refused("{\"n\":2,\"n_cmpl\":3}", RT_GEN_API_OAI_CMPL, "differ");
     expect_refused("{\"mirostat\":2}", RT_GEN_API_NATIVE, "mirostat");
     expect_refused("{\"grammar\":\"root ::= x\"}", RT_GEN_API_NATIVE, "'x' is used but not defined");
     expect_refused("{\"grammar\":[]}", RT_GEN_API_NATIVE, "'grammar' must be a string");
@@ -1394,6 +1396,7 @@ static void test_responses_api(void **state)
          "input_image"},
         {"{\"input\":\"x\",\"background\":true}", "background"},
         {"{\"input\":\"x\",\"messages\":[]}", "'messages' is not a field"},
+        {"{\"input\":\"x\",\"n\":2}", "'n' is not a field"},
         {"{\"instructions\":\"x\"}", "'input' is required"},
         {"{\"input\":[{\"type\":\"computer_call\"}]}", "computer_call"},
     };
