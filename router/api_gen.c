@@ -327,14 +327,9 @@ static int refuse_unsupported(const json_t *body, rt_gen_api_t api, bl_err_t *er
         return bl_err_set(err, BL_EINVAL, "'top_n_sigma' is not supported (only -1)");
     if ((v = field(body, "lora")) && !(json_is_array(v) && json_array_size(v) == 0))
         return bl_err_set(err, BL_EINVAL, "'lora' is not supported: no adapters are loaded");
-    int b = 0;
-    if ((rc = get_bool(body, "return_progress", &b, err)))
-        return rc;
-    if (b)
-        return bl_err_set(err, BL_EINVAL, "'return_progress' is not supported");
 
     if (api == RT_GEN_API_OAI_CMPL) {
-        b = 0;
+        int b = 0;
         if ((rc = get_bool(body, "echo", &b, err)))
             return rc;
         if (b)
@@ -718,8 +713,11 @@ int rt__gen_parse_params(const json_t *body, rt_gen_api_t api, const rt_gen_limi
     if ((rc = get_bool(body, "cache_prompt", &p->task.cache_prompt, err)) ||
         (rc = get_bool(body, "ignore_eos", &p->task.ignore_eos, err)) ||
         (rc = get_bool(body, "return_tokens", &p->return_tokens, err)) ||
-        (rc = get_bool(body, "timings_per_token", &p->timings_per_token, err)))
+        (rc = get_bool(body, "timings_per_token", &p->timings_per_token, err)) ||
+        (rc = get_bool(body, "return_progress", &p->task.return_progress, err)))
         goto fail;
+    if (api == RT_GEN_API_ANTHROPIC)
+        p->task.return_progress = 0; /* the Anthropic stream has no such event */
     if ((rc = get_int(body, "id_slot", -1, lim->n_slots > 0 ? lim->n_slots - 1 : INT32_MAX, &iv,
                       &found, err)))
         goto fail;
@@ -1846,6 +1844,30 @@ static int deliver_text(rt_gen_req_t *g, const rt_event_t *ev, const char *text,
 
 static void on_event(void *ud, const rt_event_t *ev);
 
+/* return_progress: llama-server's prompt_progress (total, cache, processed, time_ms)
+ * in a chunk of the API's stream. */
+static void write_progress(rt_gen_req_t *g, const rt_event_t *ev)
+{
+    json_t *pp = json_pack("{s:I, s:I, s:I, s:I}", "total", (json_int_t)ev->timings.n_prompt, "cache",
+                           (json_int_t)ev->timings.n_cached, "processed", (json_int_t)ev->progress_done, "time_ms",
+                           (json_int_t)ev->progress_ms);
+    json_t *j = NULL;
+    if (g->api == RT_GEN_API_OAI_CHAT)
+        j = json_pack("{s:[], s:I, s:s, s:s, s:s}", "choices", "created", (json_int_t)g->created, "id", g->id,
+                      "model", g->app->model_alias ? g->app->model_alias : "", "object", "chat.completion.chunk");
+    else if (g->api == RT_GEN_API_OAI_CMPL)
+        j = json_pack("{s:[], s:I, s:s, s:s, s:s}", "choices", "created", (json_int_t)g->created, "id", g->id,
+                      "model", g->app->model_alias ? g->app->model_alias : "", "object", "text_completion");
+    else if (g->api == RT_GEN_API_NATIVE)
+        j = json_pack("{s:i, s:s, s:b}", "index", g->choice, "content", "", "stop", 0);
+    if (!j) {
+        json_decref(pp);
+        return;
+    }
+    json_object_set_new(j, "prompt_progress", pp);
+    rt__gen_write_sse(g, NULL, j);
+}
+
 /* n > 1: clears the finished choice's text and starts the next on the same prompt
  * (its own seed when the request fixed one). A refusal ends the request. */
 static void next_choice(rt_gen_req_t *g)
@@ -1899,6 +1921,10 @@ static void on_event(void *ud, const rt_event_t *ev)
         }
         if (deliver_text(g, ev, ev->text, ev->len, 0))
             BL_LOG(BL_LOG_WARN, "event=reply_incomplete req=%s reason=out_of_memory", g->id);
+        break;
+    case RT_EV_PROGRESS: /* return_progress: streams only */
+        if (g->params.stream)
+            write_progress(g, ev);
         break;
     case RT_EV_DONE:
         g->task = NULL; /* over: nothing to cancel */

@@ -296,7 +296,7 @@ static void on_async(uv_async_t *h)
         if (!e->ev_head)
             e->ev_tail = NULL;
         rt_task_t *t = n->task;
-        int final = n->ev.kind != RT_EV_TOKEN;
+        int final = n->ev.kind != RT_EV_TOKEN && n->ev.kind != RT_EV_PROGRESS;
         int run = t->loop_ref && !atomic_load(&t->cancelled);
         e->delivering = 1;
         pthread_mutex_unlock(&e->mu);
@@ -308,7 +308,7 @@ static void on_async(uv_async_t *h)
                 ev->probs = n->probs;
             } else if (ev->kind == RT_EV_DONE) {
                 ev->tail = n->buf ? n->buf : "";
-            } else {
+            } else if (ev->kind == RT_EV_ERROR) {
                 ev->message = n->msg;
             }
             t->cb(t->ud, ev);
@@ -786,6 +786,22 @@ static size_t indent_cut(slot_t *s, int32_t n_indent, const char *text, size_t l
     return len;
 }
 
+/* return_progress: where the prompt of s's task stands, after a chunk. */
+static void post_progress(rt_engine_t *e, slot_t *s)
+{
+    pthread_mutex_lock(&e->mu);
+    ev_node_t *n = ev_alloc_locked(e);
+    if (n) {
+        n->ev.kind = RT_EV_PROGRESS;
+        n->ev.slot = s->id;
+        n->ev.timings = (rt_timings_t){.n_prompt = (int64_t)s->task->n_prompt, .n_cached = s->n_cached};
+        n->ev.progress_done = s->n_past < (int64_t)s->task->n_prompt ? s->n_past : (int64_t)s->task->n_prompt;
+        n->ev.progress_ms = ms_between(s->t_start_us, now_us());
+        ev_post_locked(e, s->task, n);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
 static void on_output(rt_engine_t *e, slot_t *s, const float *row, int32_t n_vocab)
 {
     rt_task_t *t = s->task;
@@ -970,6 +986,8 @@ static void run_step(rt_engine_t *e, int32_t n_vocab)
     for (int j = 0; j < ns; j++) {
         slot_t *s = &e->slots[e->seq_slot[j]];
         s->n_past += e->seqs[j].n;
+        if (s->state == SLOT_PROMPT && s->task && s->task->p.return_progress)
+            post_progress(e, s);
         if (!e->seqs[j].n_out)
             continue;
         const float *row = logits + out * (size_t)n_vocab;

@@ -46,6 +46,7 @@ typedef struct rt_task_params {
     int64_t t_max_predict_ms;     /* 0: none; past this long since the first token,
                                    * generation stops at the first token after a line
                                    * break has been generated (llama-server's rule) */
+    int return_progress;          /* PROGRESS events after each prompt chunk */
     int32_t n_indent;             /* 0: off; else a generated line indented by fewer
                                    * spaces or tabs ends generation before its first
                                    * other character (code completion) */
@@ -83,6 +84,9 @@ typedef enum rt_event_kind {
     RT_EV_TOKEN = 1, /* a generated token and the text it completes */
     RT_EV_DONE = 2,  /* the task ended normally (last event) */
     RT_EV_ERROR = 3, /* the task failed (last event) */
+    RT_EV_PROGRESS = 4, /* return_progress: a prompt chunk was evaluated (timings hold
+                         * n_prompt and n_cached; progress_done the positions evaluated
+                         * so far, cached ones included; progress_ms since the start) */
 } rt_event_kind_t;
 
 /* An event; every pointer is valid only during the callback. */
@@ -102,6 +106,8 @@ typedef struct rt_event {
     const char *tail;             /* DONE: text held back that is now released (may be "") */
     size_t tail_len;
     rt_timings_t timings;         /* TOKEN and DONE */
+    int64_t progress_done;        /* PROGRESS */
+    double progress_ms;
     int slot;                     /* slot that ran the task */
     /* ERROR */
     int status;                   /* HTTP status: 500 (a process died, named in message),

@@ -111,3 +111,22 @@ def test_n_choices(servers):
         assert e.status_code == 400, e.text
     e = requests.post(srv.url + "/completion", json={"prompt": "x", "n": 2}, timeout=30)
     assert e.status_code == 400 and "'n'" in e.text
+
+
+def test_return_progress(servers):
+    """return_progress: while the prompt is evaluated, chunks with prompt_progress
+    (total, cache, processed, time_ms) after each step, processed growing to total."""
+    srv = servers.start(["-np", "1", "-c", "1024", "-t", "1", "-b", "64", "-ub", "64"])
+    prompt = "word " * 200
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}], "max_tokens": 1}),
+                       ("/completion", {"prompt": prompt, "n_predict": 1, "cache_prompt": False})):
+        r = requests.post(srv.url + path, json=dict(body, stream=True, return_progress=True), stream=True, timeout=60)
+        prog = [json.loads(l[6:])["prompt_progress"] for l in r.iter_lines(decode_unicode=True)
+                if l.startswith("data: ") and "prompt_progress" in l]
+        assert len(prog) >= 3, prog
+        done = [p["processed"] for p in prog]
+        assert done == sorted(done) and done[-1] == prog[-1]["total"], prog
+        assert all(p["cache"] == prog[0]["cache"] and p["time_ms"] >= 0 for p in prog)
+    r = requests.post(srv.url + "/completion", json={"prompt": prompt, "n_predict": 1, "return_progress": True},
+                      timeout=60)
+    assert r.status_code == 200 and "prompt_progress" not in r.text  # streams only
