@@ -201,6 +201,16 @@ typedef struct rt_gen_tools {
     int in_call;
     rt_gen_buf_t hold;
     json_t *calls; /* NULL until the first */
+    /* A call whose arguments are being generated, once its body began
+     * {"name": "...", "arguments": { : its id and name (the finished call keeps the
+     * id), and the arguments' bytes as they come, for a stream to send as deltas. */
+    int open;             /* such a call is open (its header known) */
+    char open_id[32];
+    json_t *open_name;
+    size_t args_at;       /* where its arguments begin in hold */
+    size_t args_scan;     /* how far they are read (the JSON scanner's place) */
+    int depth, in_str, esc; /* the scanner's state */
+    rt_gen_buf_t args;    /* bytes released since the stream last took them */
 } rt_gen_tools_t;
 
 void rt__gen_tools_init(rt_gen_tools_t *t);
@@ -290,6 +300,8 @@ struct rt_gen_req {
     rt_gen_think_t think;
     rt_gen_tools_t calls;      /* tool calls out of the content (params.tools) */
     size_t n_calls_sent;       /* streams: calls already written */
+    int call_streaming;        /* chat streams: the open call's header went out; its
+                                * arguments follow as they come */
     rt_gen_buf_t content;      /* generated content (not streamed: the reply) */
     rt_gen_buf_t reasoning;
     json_t *probs;          /* array of prob entries (not streamed) */

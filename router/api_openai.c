@@ -152,6 +152,39 @@ static json_t *call_delta(const rt_gen_req_t *g, size_t i)
     return c ? json_pack("{s:[o]}", "tool_calls", c) : NULL;
 }
 
+/* Tool calls in OpenAI's delta form: a call's id and name as soon as its arguments
+ * begin, then its arguments as they are generated; a call that opened and closed
+ * within one piece goes out whole in one delta. */
+static void stream_calls(rt_gen_req_t *g)
+{
+    rt_gen_tools_t *tc = &g->calls;
+    const size_t idx = g->n_calls_sent;
+    const int may = !g->params.one_call || idx == 0;
+    if (may && tc->open && !g->call_streaming) {
+        g->call_streaming = 1;
+        rt__gen_write_sse(g, NULL, rt__gen_chat_chunk(g, json_pack("{s:[{s:I, s:s, s:s, s:{s:O, s:s}}]}", "tool_calls",
+                                                                   "index", (json_int_t)idx, "id", tc->open_id,
+                                                                   "type", "function", "function", "name",
+                                                                   tc->open_name, "arguments", ""), NULL));
+    }
+    if (g->call_streaming && tc->args.n) {
+        rt__gen_write_sse(g, NULL, rt__gen_chat_chunk(g, json_pack("{s:[{s:I, s:{s:o}}]}", "tool_calls", "index",
+                                                                   (json_int_t)idx, "function", "arguments",
+                                                                   rt__gen_json_piece(tc->args.p, tc->args.n)),
+                                                      NULL));
+    }
+    rt__gen_buf_free(&tc->args);
+    for (size_t kept = rt__gen_calls_kept(g); g->n_calls_sent < kept; g->n_calls_sent++) {
+        if (g->call_streaming && g->n_calls_sent == idx) { /* its pieces went out already */
+            g->call_streaming = 0;
+            continue;
+        }
+        rt__gen_write_sse(g, NULL, rt__gen_chat_chunk(g, call_delta(g, g->n_calls_sent), NULL));
+    }
+    if (!tc->open && g->call_streaming && g->n_calls_sent == idx) /* it was not a call after all */
+        g->call_streaming = 0;
+}
+
 static void chat_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason,
                        size_t reason_len, const char *content, size_t content_len)
 {
@@ -178,9 +211,7 @@ static void chat_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason
     }
     for (int i = 0; i < n; i++)
         rt__gen_write_sse(g, NULL, chunks[i]);
-    /* tool calls are sent whole, each in its own delta, as soon as they close */
-    for (size_t kept = rt__gen_calls_kept(g); g->n_calls_sent < kept; g->n_calls_sent++)
-        rt__gen_write_sse(g, NULL, rt__gen_chat_chunk(g, call_delta(g, g->n_calls_sent), NULL));
+    stream_calls(g);
 }
 
 /* A finished choice's object into g->choices (n > 1); returns the list, taken by the

@@ -407,7 +407,7 @@ static void resp_start(rt_gen_req_t *g)
 }
 
 /* Streams: a finished tool call as its item, with its arguments in one delta. */
-static void stream_calls(rt_gen_req_t *g)
+static void resp_stream_calls(rt_gen_req_t *g)
 {
     for (size_t kept = rt__gen_calls_kept(g); g->n_calls_sent < kept; g->n_calls_sent++) {
         close_item(g);
@@ -450,7 +450,7 @@ static void resp_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason
                   json_pack("{s:s, s:i, s:i, s:s%, s:[]}", "item_id", id, "output_index", g->block_index,
                             "content_index", 0, "delta", content, content_len, "logprobs"));
     }
-    stream_calls(g);
+    resp_stream_calls(g);
 }
 
 /* The whole output of a reply that was not streamed: reasoning, message, calls. */
@@ -486,7 +486,7 @@ static void resp_done(rt_gen_req_t *g, const rt_event_t *ev)
     const char *status = cut ? "incomplete" : "completed";
     if (g->params.stream) {
         close_item(g);
-        stream_calls(g);
+        resp_stream_calls(g);
         /* the final object lists every item again, as they were sent */
         event(g, cut ? "response.incomplete" : "response.completed",
               json_pack("{s:o}", "response", response_json(g, status, output_of(g), usage_json(g, t), incomplete)));

@@ -11,6 +11,7 @@
  * Thread: the loop thread. */
 #include "api_gen_impl.h"
 #include "json_schema.h"
+#include "log.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -303,8 +304,11 @@ void rt__gen_tools_init(rt_gen_tools_t *t)
 void rt__gen_tools_fini(rt_gen_tools_t *t)
 {
     rt__gen_buf_free(&t->hold);
+    rt__gen_buf_free(&t->args);
     json_decref(t->calls);
+    json_decref(t->open_name);
     t->calls = NULL;
+    t->open_name = NULL;
 }
 
 /* "call_" and 24 random letters and digits, as OpenAI's ids look. */
@@ -325,7 +329,7 @@ static void call_id(char out[32])
 
 /* The call a <tool_call> body holds: {"name": "...", "arguments": {...}} (arguments
  * may also be a JSON string). NULL when it is not one, or out of memory. */
-static json_t *parse_call(const char *s, size_t n)
+static json_t *parse_call(const char *s, size_t n, const char *id_given)
 {
     json_error_t e;
     json_t *j = json_loadb(s, n, 0, &e);
@@ -339,7 +343,10 @@ static json_t *parse_call(const char *s, size_t n)
                          ? strdup(json_string_value(args))
                          : json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER);
         char id[32];
-        call_id(id);
+        if (id_given)
+            snprintf(id, sizeof id, "%s", id_given);
+        else
+            call_id(id);
         if (text)
             call = json_pack("{s:s, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function",
                              "name", name, "arguments", text);
@@ -349,12 +356,20 @@ static json_t *parse_call(const char *s, size_t n)
     return call;
 }
 
+static void args_advance(rt_gen_tools_t *t, const char *b, size_t n);
+
 /* One finished <tool_call> body: a call, or (not a call) the whole span as text, its
  * closing tag only if it had one. */
 static int close_call(rt_gen_tools_t *t, const char *body, size_t n, int closed,
                       rt_gen_buf_t *text)
 {
-    json_t *call = parse_call(body, n);
+    json_t *call = parse_call(body, n, t->open ? t->open_id : NULL);
+    if (t->open) { /* the arguments' last bytes, up to the end of their object */
+        args_advance(t, body, n);
+        t->open = 0;
+        json_decref(t->open_name);
+        t->open_name = NULL;
+    }
     if (call) {
         if (!t->calls && !(t->calls = json_array())) {
             json_decref(call);
@@ -366,6 +381,112 @@ static int close_call(rt_gen_tools_t *t, const char *body, size_t n, int closed,
                    (closed && rt__gen_buf_add(text, CALL_CLOSE, CLOSE_LEN))
                ? BL_ENOMEM
                : 0;
+}
+
+/* Skips JSON blanks from i; the index of the first other byte. */
+static size_t skip_ws(const char *s, size_t n, size_t i)
+{
+    while (i < n && strchr(" \t\r\n", s[i]))
+        i++;
+    return i;
+}
+
+/* An open call's header: the body so far begins {"name": "NAME", "arguments": {
+ * (blanks anywhere between). Sets the open state; 0 when not (yet) that. */
+static int find_header(rt_gen_tools_t *t, const char *b, size_t n)
+{
+    size_t i = skip_ws(b, n, 0);
+    static const char key1[] = "\"name\"", key2[] = "\"arguments\"";
+    if (i >= n || b[i] != '{')
+        return 0;
+    i = skip_ws(b, n, i + 1);
+    if (n - i < sizeof key1 - 1 || memcmp(b + i, key1, sizeof key1 - 1))
+        return 0;
+    i = skip_ws(b, n, i + sizeof key1 - 1);
+    if (i >= n || b[i] != ':')
+        return 0;
+    i = skip_ws(b, n, i + 1);
+    if (i >= n || b[i] != '"')
+        return 0;
+    size_t e = i + 1; /* the name's end quote, past escapes */
+    while (e < n && b[e] != '"')
+        e += b[e] == '\\' ? 2 : 1;
+    if (e >= n)
+        return 0;
+    json_error_t je;
+    json_t *name = json_loadb(b + i, e + 1 - i, JSON_DECODE_ANY, &je);
+    if (!json_is_string(name) || json_string_length(name) == 0) {
+        json_decref(name);
+        return 0;
+    }
+    i = skip_ws(b, n, e + 1);
+    if (i < n && b[i] == ',')
+        i = skip_ws(b, n, i + 1);
+    if (i >= n || n - i < sizeof key2 - 1 || memcmp(b + i, key2, sizeof key2 - 1)) {
+        json_decref(name);
+        return 0;
+    }
+    i = skip_ws(b, n, i + sizeof key2 - 1);
+    if (i >= n || b[i] != ':') {
+        json_decref(name);
+        return 0;
+    }
+    i = skip_ws(b, n, i + 1);
+    if (i >= n || b[i] != '{') { /* arguments as a string, or not yet begun: whole at the end */
+        json_decref(name);
+        return 0;
+    }
+    t->open = 1;
+    t->open_name = name;
+    call_id(t->open_id);
+    t->args_at = t->args_scan = i;
+    t->depth = t->in_str = t->esc = 0;
+    return 1;
+}
+
+/* Releases the open call's argument bytes read since the last time, up to the end of
+ * their object (never past it, nor into a UTF-8 character not yet whole). */
+static void args_advance(rt_gen_tools_t *t, const char *b, size_t n)
+{
+    size_t i = t->args_scan, from = i;
+    for (; i < n; i++) {
+        const char c = b[i];
+        if (t->in_str) {
+            if (t->esc)
+                t->esc = 0;
+            else if (c == '\\')
+                t->esc = 1;
+            else if (c == '"')
+                t->in_str = 0;
+        } else if (c == '"') {
+            t->in_str = 1;
+        } else if (c == '{' || c == '[') {
+            t->depth++;
+        } else if (c == '}' || c == ']') {
+            if (--t->depth == 0) {
+                i++;
+                break;
+            }
+        }
+        if (t->depth == 0 && i > t->args_at) /* past the object: stop */
+            break;
+    }
+    size_t to = i;
+    while (to > from && ((unsigned char)b[to - 1] & 0xC0) == 0x80)
+        to--; /* a continuation byte at the end: hold its character back */
+    if (to > from && (unsigned char)b[to - 1] >= 0xC0)
+        to--;
+    if (to < i) { /* rescan those bytes next time */
+        t->args_scan = to;
+        /* undo the scanner's view of them: only string bytes can be cut, so the state
+         * is "in a string, no escape" */
+        t->in_str = 1;
+        t->esc = 0;
+    } else {
+        t->args_scan = i;
+    }
+    if (to > from && rt__gen_buf_add(&t->args, b + from, to - from))
+        BL_LOG(BL_LOG_WARN, "event=tool_arguments_lost reason=out_of_memory");
 }
 
 int rt__gen_tools_feed(rt_gen_tools_t *t, const char *s, size_t n, int last, rt_gen_buf_t *text)
@@ -386,8 +507,13 @@ int rt__gen_tools_feed(rt_gen_tools_t *t, const char *s, size_t n, int last, rt_
             continue;
         }
         const char *c = h->n >= CLOSE_LEN ? memmem(h->p, h->n, CALL_CLOSE, CLOSE_LEN) : NULL;
-        if (!c && !last)
-            return 0; /* the body is still coming */
+        if (!c && !last) { /* the body is still coming: its arguments as far as they go */
+            if (!t->open)
+                find_header(t, h->p, h->n);
+            if (t->open)
+                args_advance(t, h->p, h->n - rt__gen_tag_tail(h->p, h->n, CALL_CLOSE, CLOSE_LEN));
+            return 0;
+        }
         t->in_call = 0;
         if (!c && h->n == 0) /* the text ended right after <tool_call> */
             return rt__gen_buf_add(text, CALL_OPEN, OPEN_LEN) ? BL_ENOMEM : 0;

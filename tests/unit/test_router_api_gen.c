@@ -1413,6 +1413,62 @@ static void test_responses_api(void **state)
     }
 }
 
+/* A streamed call whose arguments come in pieces: its id and name as soon as the
+ * arguments begin, then the arguments as they come (a character split between
+ * pieces held until whole), OpenAI's delta form, and no whole call after them. */
+static void test_chat_tool_call_arguments_stream(void **state)
+{
+    fixture_t *f = *state;
+    if (!f->tok) {
+        print_message("skipped: the qwen3moe-tiny model is absent\n");
+        skip();
+    }
+    char body[1024];
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Paris?\"}],"
+             "\"stream\":true,%s}", TOOLS_BODY);
+    rt_req_t s = {.app = &f->app};
+    s.body = J(body);
+    rt__api_chat(&s);
+    token_event(1, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"ci", 1);
+    token_event(2, "ty\": \"Montr\xc3", 2);
+    token_event(3, "\xa9" "al\"}}\n</tool_call>", 3);
+    done_event(RT_STOP_EOS, NULL, 40, 3);
+    json_t *a = sse_objects(s.stream.p);
+    rt_gen_buf_t args = {0};
+    int headers = 0, pieces = 0;
+    const char *id = NULL, *finish = NULL;
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        json_t *ch = json_array_get(json_object_get(json_array_get(a, i), "choices"), 0);
+        json_t *t0 = json_array_get(json_object_get(json_object_get(ch, "delta"), "tool_calls"), 0);
+        if (json_is_string(json_object_get(ch, "finish_reason")))
+            finish = json_string_value(json_object_get(ch, "finish_reason"));
+        if (!t0)
+            continue;
+        assert_int_equal(json_integer_value(json_object_get(t0, "index")), 0);
+        json_t *fn = json_object_get(t0, "function");
+        if (json_object_get(t0, "id")) {
+            headers++;
+            id = json_string_value(json_object_get(t0, "id"));
+            assert_string_equal(json_string_value(json_object_get(fn, "name")), "get_weather");
+            assert_string_equal(json_string_value(json_object_get(fn, "arguments")), "");
+        } else {
+            pieces++;
+            const char *p = json_string_value(json_object_get(fn, "arguments"));
+            assert_non_null(p);
+            assert_int_equal(rt__gen_buf_add(&args, p, strlen(p)), 0);
+        }
+    }
+    assert_int_equal(headers, 1);
+    assert_true(pieces >= 2);
+    assert_int_equal(strncmp(id, "call_", 5), 0);
+    assert_string_equal(args.p, "{\"city\": \"Montr\xc3\xa9" "al\"}");
+    assert_string_equal(finish, "tool_calls");
+    rt__gen_buf_free(&args);
+    rt__gen_buf_free(&s.stream);
+    json_decref(a);
+    json_decref(s.body);
+}
+
 static void test_chat_errors_before_and_after_start(void **state)
 {
     fixture_t *f = *state;
@@ -1804,6 +1860,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_anthropic_stream_reply, setup_model, teardown_model),
         cmocka_unit_test_setup_teardown(test_anthropic_tool_use, setup_model, teardown_model),
         cmocka_unit_test_setup_teardown(test_responses_api, setup_model, teardown_model),
+        cmocka_unit_test_setup_teardown(test_chat_tool_call_arguments_stream, setup_model, teardown_model),
         cmocka_unit_test_setup_teardown(test_native_completion_reply, setup_model, teardown_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
