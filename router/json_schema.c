@@ -109,7 +109,7 @@ static int json_escape(sbuf_t *b, const char *s, size_t n)
         case '\r': rc = sb_add(b, "\\r", 2); break;
         case '\t': rc = sb_add(b, "\\t", 2); break;
         default:
-            rc = ch < 0x20 ? sb_fmt(b, "\\u%04x", ch) : sb_add(b, s + i, 1);
+            rc = ch < 0x20 ? sb_fmt(b, "\\u%04X", ch) : sb_add(b, s + i, 1);
         }
     }
     return rc;

@@ -511,6 +511,20 @@ static void test_json_schema_enum_strings_are_escaped_twice(void **state)
     free(g);
 }
 
+/* A control character in a const or enum string is written as jansson writes it
+ * (\u000B, upper-case hex), so that the value's own JSON text is in the grammar. */
+static int schema_takes(const char *schema, const char *text);
+static void test_json_schema_enum_control_characters_as_jansson_writes_them(void **state)
+{
+    (void)state;
+    json_t *v = json_string("a\x0b" "b\x1f");
+    char *text = json_dumps(v, JSON_ENCODE_ANY);
+    assert_true(schema_takes("{\"enum\": [\"a\\u000bb\\u001F\"]}", text));
+    assert_true(schema_takes("{\"const\": \"a\\u000Bb\\u001f\"}", text));
+    free(text);
+    json_decref(v);
+}
+
 static void test_json_schema_enum_of_any_json_values(void **state)
 {
     (void)state;
@@ -1815,6 +1829,7 @@ int main(void)
         cmocka_unit_test(test_json_schema_integer_lower_bound_zero_or_one),
         cmocka_unit_test(test_json_schema_integer_range_goes_by_length_and_prefix),
         cmocka_unit_test(test_json_schema_enum_strings_are_escaped_twice),
+        cmocka_unit_test(test_json_schema_enum_control_characters_as_jansson_writes_them),
         cmocka_unit_test(test_json_schema_enum_of_any_json_values),
         cmocka_unit_test(test_json_schema_enum_keeps_only_values_of_the_type),
         cmocka_unit_test(test_json_schema_const_is_one_literal),
