@@ -54,6 +54,8 @@ typedef struct rt_app {
                                  * 0: --reasoning-format none leaves them in the text */
     int no_jinja;               /* --no-jinja: the built-in template; tools refused */
     int skip_chat_parsing;      /* --skip-chat-parsing: no tool calls split out */
+    const char *static_dir;     /* --path: a folder whose files GET serves (its real path);
+                                 * NULL: the built-in page */
     int no_prefill_assistant;   /* --no-prefill-assistant: a last assistant message is a
                                  * whole turn, not the start of the reply */
     int64_t reasoning_budget;   /* --reasoning-budget N > 0: a thought's most tokens; 0: none */

@@ -5,14 +5,18 @@
  *
  * Thread: the loop thread (the engine's snapshots are thread-safe). */
 #include <inttypes.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 
 #include "api.h"
 #include "api_gen_impl.h"
 #include "bl_config.h"
+#include "file.h"
 #include "log.h"
 
 #define MAX_SLOTS_REPORTED 1024
@@ -654,8 +658,56 @@ static void route_slot_action(rt_req_t *r)
                       "slot actions (save, restore, erase) are not supported by this server");
 }
 
+#define STATIC_MAX_BYTES ((size_t)64 << 20) /* the largest file --path serves */
+
+/* The type of a file by its name's ending. */
+static const char *mime_of(const char *path)
+{
+    static const char *const types[][2] = {
+        {".html", "text/html; charset=utf-8"}, {".htm", "text/html; charset=utf-8"},
+        {".js", "text/javascript; charset=utf-8"}, {".mjs", "text/javascript; charset=utf-8"},
+        {".css", "text/css; charset=utf-8"}, {".json", "application/json"}, {".svg", "image/svg+xml"},
+        {".png", "image/png"}, {".jpg", "image/jpeg"}, {".jpeg", "image/jpeg"}, {".gif", "image/gif"},
+        {".webp", "image/webp"}, {".ico", "image/x-icon"}, {".txt", "text/plain; charset=utf-8"},
+        {".wasm", "application/wasm"}, {".woff2", "font/woff2"}, {".map", "application/json"}};
+    const char *dot = strrchr(path, '.');
+    for (size_t i = 0; dot && i < sizeof types / sizeof *types; i++)
+        if (!strcasecmp(dot, types[i][0]))
+            return types[i][1];
+    return "application/octet-stream";
+}
+
+/* --path: the file under the folder that the request's path names ("/" is
+ * index.html), public as the built-in page is; never a file outside the folder
+ * (no "..", and a link that leads out is refused), a folder, or one over 64 MiB. */
+static void route_static(rt_req_t *r)
+{
+    const rt_app_t *app = rt_req_app(r);
+    const char *p = rt_req_path(r);
+    if (!strcmp(p, "/"))
+        p = "/index.html";
+    char full[PATH_MAX], real[PATH_MAX];
+    const size_t root = strlen(app->static_dir);
+    if (strstr(p, "/..") || strchr(p, '\\') || (size_t)snprintf(full, sizeof full, "%s%s", app->static_dir, p) >=
+        sizeof full || !realpath(full, real) || strncmp(real, app->static_dir, root) || real[root] != '/') {
+        rt_req_send_error(r, 404, NULL, "File Not Found");
+        return;
+    }
+    char *data = NULL;
+    size_t len = 0;
+    bl_err_t err = {0};
+    struct stat st;
+    if (stat(real, &st) != 0 || !S_ISREG(st.st_mode) || bl_read_file(real, STATIC_MAX_BYTES, &data, &len, &err)) {
+        rt_req_send_error(r, 404, NULL, "File Not Found");
+        return;
+    }
+    rt_req_send_text(r, 200, mime_of(real), data, len);
+    free(data);
+}
+
 /* GET / and /index.html: a chat page over /v1/chat/completions, public as
- * llama-server's web UI is (it asks for the API key itself). */
+ * llama-server's web UI is (it asks for the API key itself); with --path, the
+ * folder's files instead. */
 static void route_webui(rt_req_t *r)
 {
     const rt_app_t *app = rt_req_app(r);
@@ -663,7 +715,21 @@ static void route_webui(rt_req_t *r)
         rt_req_send_error(r, 404, NULL, "File Not Found");
         return;
     }
+    if (app->static_dir) {
+        route_static(r);
+        return;
+    }
     rt_req_send_text(r, 200, "text/html; charset=utf-8", rt_webui_html, rt_webui_html_len);
+}
+
+/* A GET no route knows: a file of --path's folder, else 404. */
+static void route_fallback(rt_req_t *r)
+{
+    const rt_app_t *app = rt_req_app(r);
+    if (app->static_dir && !app->no_webui)
+        route_static(r);
+    else
+        rt_req_send_error(r, 404, NULL, "File Not Found");
 }
 
 void rt_api_info_register(rt_http_t *h)
@@ -691,4 +757,5 @@ void rt_api_info_register(rt_http_t *h)
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (rt_http_route(h, routes[i].method, routes[i].path, routes[i].fn, routes[i].flags) != 0)
             BL_LOG(BL_LOG_ERROR, "event=route_failed path=%s", routes[i].path);
+    rt_http_set_fallback(h, route_fallback);
 }

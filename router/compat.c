@@ -190,8 +190,6 @@ static const entry_t k_table[] = {
      "TLS is not built in: put a TLS proxy in front of the server"},
     {"--ssl-cert-file", "LLAMA_ARG_SSL_CERT_FILE", "FNAME", REFUSE, NULL,
      "TLS is not built in: put a TLS proxy in front of the server"},
-    {"--path", "LLAMA_ARG_STATIC_PATH", "PATH", REFUSE, NULL,
-     "serving a folder of static files is not supported (the built-in page is at /)"},
     {"--models-max", "LLAMA_ARG_MODELS_MAX", "N", REFUSE, NULL, NO_ROUTER},
     {"--lora-init-without-apply", NULL, NULL, NOEFFECT, NULL, "no LoRA adapters are loaded (--lora is refused)"},
     {"--log-prompts-dir", NULL, "PATH", REFUSE, NULL, "writing each prompt to a folder is not supported"},

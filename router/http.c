@@ -73,6 +73,7 @@ struct rt_http {
     int port;
     route_t *routes;
     size_t n_routes, cap_routes;
+    rt_route_fn fallback;      /* GET of a path no route knows (rt_http_set_fallback) */
     conn_t *conns;
     rt_req_t *reqs;      /* every rt_req_t not yet freed */
     size_t n_open;       /* of which h2o still holds the request */
@@ -1089,6 +1090,8 @@ int phr_parse_request(const char *buf, size_t len, const char **method, size_t *
     return rc;
 }
 
+void rt_http_set_fallback(rt_http_t *h, rt_route_fn fn) { h->fallback = fn; }
+
 static int route_matches(const route_t *c, const char *path)
 {
     if (!(c->flags & RT_ROUTE_PREFIX))
@@ -1162,6 +1165,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
             rt_req_send_error(r, 405, NULL, "method %.*s is not allowed on %s (allowed: %s)",
                               (int)(req->method.len > 16 ? 16 : req->method.len),
                               req->method.base, r->path, allow);
+        } else if (h->fallback && !outside_prefix && h2o_memis(m.base, m.len, H2O_STRLIT("GET"))) {
+            h->fallback(r);
         } else {
             rt_req_send_error(r, 404, NULL, "File Not Found");
         }

@@ -68,6 +68,10 @@ enum {
  * reference; NULL when msg is not UTF-8 or memory is out. */
 json_t *rt_http_error_json(int status, const char *type, const char *msg, int anthropic);
 
+/* The handler of a GET (or HEAD) whose path no route knows, in place of the 404
+ * (--path's static files); public: no API key is asked. NULL: none. */
+void rt_http_set_fallback(rt_http_t *h, rt_route_fn fn);
+
 /* Adds a route: method "GET" or "POST", an exact path. A known path with another
  * method gets 405; an unknown path 404. For POST the body must be JSON (400
  * otherwise, before the handler runs); rt_req_json gives it. BL_ENOMEM, BL_EINVAL. */

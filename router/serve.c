@@ -98,7 +98,7 @@ typedef struct opts {
     rt_logit_bias_t bias[MAX_DEFAULT_BIAS];
     int n_bias;
     const char *grammar, *grammar_file, *json_schema, *json_schema_file;
-    const char *cors_origins, *cors_methods, *cors_headers, *reasoning;
+    const char *cors_origins, *cors_methods, *cors_headers, *reasoning, *static_path;
     int no_jinja, reasoning_preserve, no_reasoning_preserve, skip_chat_parsing, no_skip_chat_parsing;
     int prefill_assistant, no_prefill_assistant, special, escape, no_escape;
     const char *reverse[RT_MAX_STOP];
@@ -365,6 +365,9 @@ static int build_args(bl_arg_t *a, opts_t *o)
          "Access-Control-Allow-Credentials: true in a preflight (the default)");
     FLAG("--no-cors-credentials", NULL, &o->no_cors_credentials,
          "Access-Control-Allow-Credentials: false; with it, --cors-origins * is sent as *");
+    STR("--path", "LLAMA_ARG_STATIC_PATH", &o->static_path, "PATH",
+        "serve this folder's files in place of the built-in page (GET /: its index.html), public as the page "
+        "is; a missing folder stops the start");
     FLAG("--reuse-port", "LLAMA_ARG_REUSE_PORT", &o->reuse_port,
          "SO_REUSEPORT on the listening socket, so that several servers may share the port");
     FLAG("--log-prefix", "LLAMA_ARG_LOG_PREFIX", &o->log_prefix,
@@ -1353,6 +1356,7 @@ int main(int argc, char **argv)
     keys_t keys = {0};
     char *tpl_text = NULL, *alias = NULL, *model_path = NULL, *grammar_text = NULL;
     char *stops[RT_MAX_STOP] = {0};
+    char *static_dir = NULL;
     json_t *tpl_kwargs = NULL;
     bl_gguf_t *g = NULL;
     rt_tokenizer_t *tok = NULL;
@@ -1437,6 +1441,13 @@ int main(int argc, char **argv)
                (long long)o.threads_http);
     if (rt_compat_check(&o.compat, &err) != 0) /* before any download or load */
         goto fail;
+    if (o.static_path) { /* --path: its real path, so that served files are checked against it */
+        struct stat st;
+        if (!(static_dir = realpath(o.static_path, NULL)) || stat(static_dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            bl_err_set(&err, BL_ENOENT, "--path %s: not a folder", o.static_path);
+            goto fail;
+        }
+    }
     if (o.cors_credentials && o.no_cors_credentials) {
         bl_err_set(&err, BL_EINVAL, "--cors-credentials and --no-cors-credentials contradict each other");
         goto fail;
@@ -1639,6 +1650,7 @@ int main(int argc, char **argv)
     app->no_jinja = o.no_jinja;
     app->skip_chat_parsing = o.skip_chat_parsing;
     app->no_prefill_assistant = o.no_prefill_assistant;
+    app->static_dir = static_dir;
     app->reasoning_budget = o.reasoning_budget > 0 ? o.reasoning_budget : 0;
     app->spm_infill = o.spm_infill;
     app->no_slots = o.no_slots;
@@ -1815,6 +1827,7 @@ out:
     json_decref(s->app.placement);
     free(tpl_text);
     free(grammar_text);
+    free(static_dir);
     for (int i = 0; i < RT_MAX_STOP; i++)
         free(stops[i]);
     free(alias);

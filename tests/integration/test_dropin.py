@@ -130,3 +130,29 @@ def test_return_progress(servers):
     r = requests.post(srv.url + "/completion", json={"prompt": prompt, "n_predict": 1, "return_progress": True},
                       timeout=60)
     assert r.status_code == 200 and "prompt_progress" not in r.text  # streams only
+
+
+def test_path_serves_a_folder_in_place_of_the_page(servers, tmp_path, model):
+    """--path: GET / is the folder's index.html and other files by name, public as the
+    built-in page (the API still asks for its key); nothing outside the folder (.., a
+    link out), no folder, no missing file; a missing folder stops the start."""
+    import os
+    import subprocess
+    import serverctl
+    site = tmp_path / "site"
+    (site / "js").mkdir(parents=True)
+    (site / "index.html").write_text("<h1>mine</h1>")
+    (site / "js" / "app.js").write_text("console.log(1)")
+    os.symlink("/etc/hostname", site / "out")
+    srv = servers.start(FAST + ["--path", str(site), "--api-key", "k"])
+    r = requests.get(srv.url + "/", timeout=10)
+    assert r.status_code == 200 and r.text == "<h1>mine</h1>" and r.headers["Content-Type"].startswith("text/html")
+    r = requests.get(srv.url + "/js/app.js", timeout=10)
+    assert r.status_code == 200 and r.text == "console.log(1)" and "javascript" in r.headers["Content-Type"]
+    for p in ("/out", "/js", "/nope.txt", "/js/../../etc/hostname", "/%2e%2e/etc/hostname"):
+        assert requests.get(srv.url + p, timeout=10).status_code == 404, p
+    assert requests.get(srv.url + "/props", timeout=10).status_code == 401
+    assert requests.get(srv.url + "/v1/models", timeout=10).status_code == 200
+    p = subprocess.run([serverctl.program("bloomery-serve"), "-m", model, "--port", "0", "--path", str(tmp_path / "no")],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1 and "--path" in p.stderr and "not a folder" in p.stderr, p.stderr
