@@ -127,6 +127,22 @@ TOOLS = [
 NO_THINK = {"enable_thinking": False}
 
 
+def merge_deltas(deltas):
+    """OpenAI's streamed tool calls as whole calls: an entry with an id opens call
+    `index` (its name and the arguments so far), the others add to its arguments."""
+    calls = {}
+    for d in deltas:
+        i = d["index"]
+        if "id" in d:
+            assert i not in calls, deltas
+            calls[i] = {"id": d["id"], "type": d["type"],
+                        "function": {"name": d["function"]["name"], "arguments": d["function"].get("arguments", "")}}
+        else:
+            assert i in calls, deltas
+            calls[i]["function"]["arguments"] += d["function"]["arguments"]
+    return [calls[i] for i in sorted(calls)]
+
+
 def check_calls(calls, names):
     assert calls, "no tool call"
     for c in calls:
@@ -158,9 +174,9 @@ def test_tool_choice_named_function_streamed(url):
             "parallel_tool_calls": False, "chat_template_kwargs": NO_THINK}
     r, events = stream(url, "/v1/chat/completions", body)
     assert r.status_code == 200
-    calls = [tc for e in data_events(events) for ch in e.get("choices", [])
-             for tc in ch.get("delta", {}).get("tool_calls", []) or []]
-    check_calls(calls, {"wait"})
+    deltas = [tc for e in data_events(events) for ch in e.get("choices", [])
+              for tc in ch.get("delta", {}).get("tool_calls", []) or []]
+    check_calls(merge_deltas(deltas), {"wait"})
     finishes = [ch.get("finish_reason") for e in data_events(events) for ch in e.get("choices", [])]
     assert "tool_calls" in finishes, finishes
 

@@ -10,6 +10,12 @@ import requests
 from sse import post
 
 FAST = ["-np", "1", "-c", "512", "-t", "1"]
+
+
+def lines_of(r):
+    """A stream's lines, split at its line feeds only (random text may hold U+2028,
+    which str.splitlines would also split at)."""
+    return [l.decode("utf-8") for l in r.iter_lines()]
 CHAT = [{"role": "user", "content": "Name a river."}, {"role": "assistant", "content": "The longest river is"}]
 
 
@@ -78,7 +84,7 @@ def test_responses_over_http(servers):
     assert j["object"] == "response" and j["status"] == "incomplete" and j["usage"]["output_tokens"] == 3
     r = requests.post(srv.url + "/v1/responses", json={"input": "Hi", "max_output_tokens": 3, "stream": True},
                       stream=True, timeout=60)
-    names = [l[7:] for l in r.iter_lines(decode_unicode=True) if l.startswith("event: ")]
+    names = [l[7:] for l in lines_of(r) if l.startswith("event: ")]
     assert names[0] == "response.created" and names[-1] in ("response.completed", "response.incomplete"), names
     r = requests.post(srv.url + "/v1/responses/input_tokens", json={"input": "Hi"}, timeout=30)
     assert r.json()["object"] == "response.input_tokens" and r.json()["input_tokens"] > 0
@@ -101,7 +107,7 @@ def test_n_choices(servers):
     assert [c["text"] for c in again["choices"]] == [c["text"] for c in r["choices"]]
     s = requests.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "n": 2,
                                                                "max_tokens": 3, "stream": True}, stream=True, timeout=60)
-    lines = [l for l in s.iter_lines(decode_unicode=True) if l.startswith("data: ")]
+    lines = [l for l in lines_of(s) if l.startswith("data: ")]
     assert lines[-1] == "data: [DONE]" and sum(l == "data: [DONE]" for l in lines) == 1
     chunks = [json.loads(l[6:]) for l in lines[:-1]]
     ends = [c["choices"][0]["index"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
@@ -121,7 +127,7 @@ def test_return_progress(servers):
     for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}], "max_tokens": 1}),
                        ("/completion", {"prompt": prompt, "n_predict": 1, "cache_prompt": False})):
         r = requests.post(srv.url + path, json=dict(body, stream=True, return_progress=True), stream=True, timeout=60)
-        prog = [json.loads(l[6:])["prompt_progress"] for l in r.iter_lines(decode_unicode=True)
+        prog = [json.loads(l[6:])["prompt_progress"] for l in lines_of(r)
                 if l.startswith("data: ") and "prompt_progress" in l]
         assert len(prog) >= 3, prog
         done = [p["processed"] for p in prog]
