@@ -90,6 +90,15 @@ static int has_name(const char *names, const char *s, size_t len)
     return 0;
 }
 
+/* The flag spelled [s, s + len), or NULL. */
+static bl_arg_t *find_arg(bl_arg_t *args, int n_args, const char *s, size_t len)
+{
+    for (int k = 0; k < n_args; k++)
+        if (has_name(args[k].names, s, len))
+            return &args[k];
+    return NULL;
+}
+
 /* The first spelling, for messages. */
 static void first_name(const bl_arg_t *a, char *buf, size_t size)
 {
@@ -210,18 +219,13 @@ int bl_args_parse(bl_arg_t *args, int n_args, int argc, char **argv, int *n_posi
         }
         const char *eq = strncmp(arg, "--", 2) == 0 ? strchr(arg, '=') : NULL;
         size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
-        bl_arg_t *a = NULL;
-        for (int k = 0; k < n_args && !a; k++)
-            if (has_name(args[k].names, arg, len))
-                a = &args[k];
+        bl_arg_t *a = find_arg(args, n_args, arg, len);
         if (!a && len > 2 && len < 128 && arg[1] == '-' && memchr(arg, '_', len)) {
             /* "--backend_sampling": a long name with '_' for '-', as scripts write them */
             char dashed[128];
             for (size_t c = 0; c < len; c++)
                 dashed[c] = arg[c] == '_' ? '-' : arg[c];
-            for (int k = 0; k < n_args && !a; k++)
-                if (has_name(args[k].names, dashed, len))
-                    a = &args[k];
+            a = find_arg(args, n_args, dashed, len);
         }
         if (!a)
             return bl_err_set(err, BL_EINVAL, "unknown flag '%.*s'", (int)(len > 64 ? 64 : len),

@@ -384,8 +384,8 @@ static void ahead_start(ht_store_t *s, int64_t layer, const float *xn, int64_t n
     ahead_t *a = &p->ah;
     const int64_t NE = s->a.n_expert, nl = next_held(p, layer);
     const int router = a->policy == HT_AHEAD_ROUTER;
-    if (!a->max || (router && (nl <= layer || !a->gate[nl].data)) || bl_xr_check(p->xr, NULL) < 0)
-        return; /* the router predicts within a token only */
+    if (!a->max || (router && (nl <= layer || !a->gate[nl].data)))
+        return; /* the router predicts within a token only; ahead_finish checks the file */
     if (router) {
         for (int64_t x = 0; x < NE; x++)
             a->cand[x] = 0;

@@ -302,9 +302,6 @@ void rt__gen_chat_work(rt_gen_req_t *g, rt_app_t *app)
                         &g->think_open, &p->think_off, &p->n_min, &p->err);
 }
 
-/* --reasoning-budget N: a thought's most tokens (0: none). */
-static int64_t app_budget(const rt_gen_req_t *g) { return g->app->reasoning_budget; }
-
 void rt__gen_chat_next(rt_gen_req_t *g)
 {
     rt_gen_prep_t *p = &g->prep;
@@ -333,8 +330,9 @@ void rt__gen_chat_next(rt_gen_req_t *g)
         rt__gen_req_free(g);
         return;
     }
-    if (think && (g->params.task.sampling.grammar || app_budget(g) > 0)) /* a constraint gets room after it */
-        rt__gen_bound_thought(g, p->toks.n, app_budget(g));
+    /* a constraint gets room after the thought; --reasoning-budget bounds it */
+    if (think && (g->params.task.sampling.grammar || g->app->reasoning_budget > 0))
+        rt__gen_bound_thought(g, p->toks.n, g->app->reasoning_budget);
     g->params.reasoning = p->reasoning;
     g->params.tools = p->tools;
     rt__gen_submit(g, p->toks.ids, p->toks.n);

@@ -504,28 +504,28 @@ static void resp_done(rt_gen_req_t *g, const rt_event_t *ev)
 
 static const rt_gen_ops_t resp_ops = {resp_start, resp_token, resp_done};
 
-void rt__api_responses(rt_req_t *r)
+/* Replaces r's body with its chat request; 0, or -1 having answered the refusal. */
+static int as_chat(rt_req_t *r)
 {
     json_t *chat = NULL;
     bl_err_t err = {0};
     const int rc = to_chat(rt_req_json(r), &chat, &err);
     if (rc) {
         rt__gen_send_error(r, RT_GEN_API_OAI_CHAT, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
-        return;
+        return -1;
     }
     rt_req_set_json(r, chat);
-    rt__gen_route(r, RT_GEN_API_OAI_CHAT, &resp_ops, "resp_", rt__gen_chat_work, rt__gen_chat_next);
+    return 0;
+}
+
+void rt__api_responses(rt_req_t *r)
+{
+    if (as_chat(r) == 0)
+        rt__gen_route(r, RT_GEN_API_OAI_CHAT, &resp_ops, "resp_", rt__gen_chat_work, rt__gen_chat_next);
 }
 
 void rt__api_responses_input_tokens(rt_req_t *r)
 {
-    json_t *chat = NULL;
-    bl_err_t err = {0};
-    const int rc = to_chat(rt_req_json(r), &chat, &err);
-    if (rc) {
-        rt__gen_send_error(r, RT_GEN_API_OAI_CHAT, rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
-        return;
-    }
-    rt_req_set_json(r, chat);
-    rt__api_chat_input_tokens(r);
+    if (as_chat(r) == 0)
+        rt__api_chat_input_tokens(r);
 }
