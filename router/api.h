@@ -18,6 +18,7 @@
 #include "gguf.h"
 #include "http.h"
 #include "prep.h"
+#include "chatfmt.h"
 #include "template.h"
 #include "tokenizer.h"
 
@@ -34,6 +35,7 @@ typedef struct rt_app {
                                  * from the generations; NULL: app->prep */
     rt_template_t *tpl;         /* the chat template in use */
     const char *tpl_source;     /* its text (for /props chat_template) */
+    rt_chatfmt_t chatfmt;       /* how its replies write tool calls and thoughts */
     const bl_gguf_t *gguf;      /* metadata only (the router maps no weights) */
     const char *model_path;
     const char *model_alias;    /* the first of -a's names in byte order, else the file name */
@@ -54,6 +56,8 @@ typedef struct rt_app {
                                  * 0: --reasoning-format none leaves them in the text */
     int no_jinja;               /* --no-jinja: the built-in template; tools refused */
     int skip_chat_parsing;      /* --skip-chat-parsing: no tool calls split out */
+    int verbose_replies;        /* -v or -lv above 9: the OpenAI completion replies carry
+                                 * "__verbose", the /completion object, as llama-server's */
     const char *static_dir;     /* --path: a folder whose files GET serves (its real path);
                                  * NULL: the built-in page */
     int no_prefill_assistant;   /* --no-prefill-assistant: a last assistant message is a

@@ -574,6 +574,7 @@ int rt__gen_parse_params(const json_t *body, rt_gen_api_t api, const rt_gen_limi
     else
         rt_task_params_default(&p->task);
     p->task.n_predict = lim->n_predict_default >= 0 ? lim->n_predict_default : -1;
+    p->fmt = lim->fmt;
     p->seed_req = p->task.sampling.seed == RT_SEED_RANDOM ? -1 : (int64_t)p->task.sampling.seed;
     int rc, found;
     int64_t iv;
@@ -1160,10 +1161,12 @@ int rt__gen_render_chat(rt_app_t *app, const json_t *messages, const json_t *kwa
     } else {
         /* a template that opens <think> in the generation prompt: the model's first
          * words are reasoning */
-        size_t e = len;
+        const char *open, *close;
+        rt_chatfmt_think_tags(app->chatfmt, &open, &close);
+        size_t e = len, ol = strlen(open);
         while (e > 0 && is_ws(text[e - 1]))
             e--;
-        *think_open = e >= 7 && !memcmp(text + e - 7, "<think>", 7);
+        *think_open = e >= ol && !memcmp(text + e - ol, open, ol);
     }
     *out = text;
     *out_len = len;
@@ -1182,13 +1185,11 @@ enum {
     TS_CONTENT,      /* plain content to the end */
 };
 
-static const char THINK_OPEN[] = "<think>";
-static const char THINK_CLOSE[] = "</think>";
-
-void rt__gen_think_init(rt_gen_think_t *t, int open)
+void rt__gen_think_init(rt_gen_think_t *t, int open, rt_chatfmt_t fmt)
 {
     t->state = open ? TS_THINK_LEAD : TS_START;
     memset(&t->hold, 0, sizeof t->hold);
+    rt_chatfmt_think_tags(fmt, &t->open, &t->close);
 }
 
 void rt__gen_think_fini(rt_gen_think_t *t)
@@ -1228,14 +1229,15 @@ int rt__gen_think_feed(rt_gen_think_t *t, const char *s, size_t n, rt_gen_buf_t 
                 i++;
             if (i == h->n)
                 return 0;
-            size_t rem = h->n - i, m = rem < 7 ? rem : 7;
-            if (memcmp(h->p + i, THINK_OPEN, m) != 0) {
+            const size_t ol = strlen(t->open);
+            size_t rem = h->n - i, m = rem < ol ? rem : ol;
+            if (memcmp(h->p + i, t->open, m) != 0) {
                 t->state = TS_CONTENT;
                 continue;
             }
-            if (rem < 7)
+            if (rem < ol)
                 return 0;
-            rt__gen_buf_consume(h, i + 7);
+            rt__gen_buf_consume(h, i + ol);
             t->state = TS_THINK_LEAD;
             continue;
         }
@@ -1249,20 +1251,21 @@ int rt__gen_think_feed(rt_gen_think_t *t, const char *s, size_t n, rt_gen_buf_t 
             t->state = t->state == TS_THINK_LEAD ? TS_THINK : TS_CONTENT;
             continue;
         case TS_THINK: {
-            char *close = memmem(h->p, h->n, THINK_CLOSE, 8);
+            const size_t cl = strlen(t->close);
+            char *close = memmem(h->p, h->n, t->close, cl);
             if (close) {
                 size_t k = (size_t)(close - h->p), e = k;
                 while (e > 0 && is_ws(h->p[e - 1]))
                     e--;
                 if (rt__gen_buf_move(h, e, reason))
                     return BL_ENOMEM;
-                rt__gen_buf_consume(h, k - e + 8);
+                rt__gen_buf_consume(h, k - e + cl);
                 t->state = TS_CONTENT_LEAD;
                 continue;
             }
             /* keep a tail that may begin </think>, and trailing whitespace, which is
              * dropped if the span closes after it */
-            size_t cut = h->n - rt__gen_tag_tail(h->p, h->n, THINK_CLOSE, 8);
+            size_t cut = h->n - rt__gen_tag_tail(h->p, h->n, t->close, cl);
             while (cut > 0 && is_ws(h->p[cut - 1]))
                 cut--;
             return rt__gen_buf_move(h, cut, reason);
@@ -1718,7 +1721,8 @@ rt_gen_req_t *rt__gen_req_new(rt_req_t *r, rt_app_t *app, rt_gen_api_t api, cons
     g->created = (int64_t)time(NULL);
     g->block_index = -1;
     rt__gen_random_id(g->id, sizeof g->id, id_prefix);
-    rt__gen_think_init(&g->think, 0);
+    rt__gen_think_init(&g->think, 0, app->chatfmt);
+    rt__gen_tools_init(&g->calls, app->chatfmt, NULL);
     return g;
 }
 
@@ -1807,20 +1811,35 @@ static void on_gone(void *ud)
         rt__gen_req_free(g);
 }
 
+/* The reply's splitters, fresh for a generation: the thought's tags and the tool
+ * call format are the template's, the parameter types the request's tools'. */
+static void reset_splitters(rt_gen_req_t *g)
+{
+    rt__gen_think_fini(&g->think);
+    rt__gen_think_init(&g->think, g->think_open, g->params.fmt);
+    rt__gen_tools_fini(&g->calls);
+    rt__gen_tools_init(&g->calls, g->params.fmt, json_object_get(rt_req_json(g->r), "tools"));
+}
+
 /* Text an event released, split when reasoning is on, to the reply. */
 static int deliver_text(rt_gen_req_t *g, const rt_event_t *ev, const char *text, size_t len,
                         int last)
 {
     rt_gen_buf_t reason = {0}, content = {0};
     int rc = 0;
-    if (g->params.reasoning) {
+    if (g->params.fmt == RT_CHATFMT_GPT_OSS && (g->params.reasoning || g->params.tools)) {
+        /* harmony: the channels say what is thought, said and called */
+        rc = rt__gen_harmony_feed(&g->calls, text ? text : "", len, last, g->params.tools,
+                                  g->params.reasoning ? &reason : NULL, &content);
+    } else if (g->params.reasoning) {
         if ((len && rt__gen_think_feed(&g->think, text, len, &reason, &content)) ||
             (last && rt__gen_think_finish(&g->think, &reason, &content)))
             rc = BL_ENOMEM;
     } else if (len && rt__gen_buf_add(&content, text, len)) {
         rc = BL_ENOMEM;
     }
-    if (!rc && g->params.tools) { /* the content's tool calls come out of it */
+    if (!rc && g->params.tools && g->params.fmt != RT_CHATFMT_GPT_OSS) {
+        /* the content's tool calls come out of it */
         rt_gen_buf_t plain = {0};
         rc = rt__gen_tools_feed(&g->calls, content.p ? content.p : "", content.n, last, &plain);
         rt__gen_buf_free(&content);
@@ -1875,15 +1894,12 @@ static void next_choice(rt_gen_req_t *g)
     g->choice++;
     rt__gen_buf_free(&g->content);
     rt__gen_buf_free(&g->reasoning);
-    rt__gen_tools_fini(&g->calls);
-    rt__gen_tools_init(&g->calls);
+    reset_splitters(g);
     g->n_calls_sent = 0;
     g->has_new_line = 0;
     g->text_offset = 0;
     json_decref(g->probs);
     g->probs = g->params.want_probs ? json_array() : NULL;
-    rt__gen_think_fini(&g->think);
-    rt__gen_think_init(&g->think, g->think_open);
     if (g->params.seed_req >= 0)
         g->params.task.sampling.seed = (uint32_t)(g->params.seed_req + g->choice);
     bl_err_t err = {0};
@@ -1970,8 +1986,10 @@ void rt__gen_submit(rt_gen_req_t *g, const int32_t *prompt, size_t n)
         rt__gen_req_free(g);
         return;
     }
-    rt__gen_think_fini(&g->think);
-    rt__gen_think_init(&g->think, g->think_open);
+    reset_splitters(g);
+    /* a format whose markers are control tokens needs them as text to split on */
+    if ((g->params.reasoning || g->params.tools) && !g->params.task.special)
+        g->params.task.special = RT_TASK_SPECIAL_MARKERS;
     bl_err_t err = {0};
     rt_task_t *task = NULL;
     int rc = rt_engine_submit(app->engine, prompt, n, &g->params.task, on_event, g, &task, &err);
@@ -2078,8 +2096,7 @@ static void native_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reas
     rt__gen_write_sse(g, NULL, j);
 }
 
-/* The final object of /completion: the whole reply, or the stream's last event. */
-static json_t *native_final(rt_gen_req_t *g, const rt_event_t *ev)
+json_t *rt__gen_native_final(rt_gen_req_t *g, const rt_event_t *ev)
 {
     int stream = g->params.stream;
     json_t *j = json_pack(
@@ -2132,7 +2149,7 @@ static json_t *pick_fields(json_t *j, const json_t *paths)
 
 static void native_done(rt_gen_req_t *g, const rt_event_t *ev)
 {
-    json_t *j = native_final(g, ev);
+    json_t *j = rt__gen_native_final(g, ev);
     if (g->params.response_fields)
         j = pick_fields(j, g->params.response_fields);
     if (g->params.stream) {
@@ -2150,7 +2167,7 @@ static const rt_gen_ops_t native_ops = {NULL, native_token, native_done};
 static rt_gen_limits_t limits_of(rt_app_t *app)
 {
     rt_gen_limits_t l = {app->tok, app->n_vocab, app->n_ctx_slot, app->n_slots,
-                         app->n_predict_default, &app->defaults};
+                         app->n_predict_default, &app->defaults, app->chatfmt};
     return l;
 }
 

@@ -11,6 +11,7 @@
 
 #include "api.h"
 #include "buf.h"
+#include "chatfmt.h"
 #include "engine.h"
 #include "err.h"
 #include "tokenizer.h"
@@ -52,8 +53,9 @@ typedef struct rt_gen_params {
     int return_tokens;
     int post_sampling_probs;   /* report prob instead of logprob */
     int want_probs;            /* report per-token probabilities at all */
-    int reasoning;             /* split <think> spans out of the content */
-    int tools;                 /* split <tool_call> spans out of the content into calls */
+    int reasoning;             /* split the thought out of the content */
+    int tools;                 /* split tool calls out of the content */
+    rt_chatfmt_t fmt;          /* the template's reply format (the app's) */
     int one_call;              /* parallel_tool_calls false: only the first call */
     int timings_per_token;     /* timings in every streamed chunk */
     int n_choices;             /* OpenAI's n (n_cmpl): choices generated one after another */
@@ -75,6 +77,7 @@ typedef struct rt_gen_limits {
     int n_slots;
     int64_t n_predict_default; /* -n: -1 none */
     const rt_task_params_t *defaults; /* the server's; NULL: rt_task_params_default */
+    rt_chatfmt_t fmt;          /* the template's reply format */
 } rt_gen_limits_t;
 
 /* The server's side of the parser's limits. Always 0. */
@@ -145,10 +148,12 @@ int rt__gen_render_chat(rt_app_t *app, const json_t *messages, const json_t *kwa
 typedef struct rt_gen_think {
     int state;
     rt_gen_buf_t hold;
+    const char *open, *close; /* the tags (static) */
 } rt_gen_think_t;
 
-/* open: generation starts inside the span (the prompt ended with <think>). */
-void rt__gen_think_init(rt_gen_think_t *t, int open);
+/* open: generation starts inside the span (the prompt ended with its tag). The tags
+ * are fmt's (rt_chatfmt_think_tags). */
+void rt__gen_think_init(rt_gen_think_t *t, int open, rt_chatfmt_t fmt);
 void rt__gen_think_fini(rt_gen_think_t *t);
 /* Feeds text; the reasoning and content it releases are appended to reason and
  * content. BL_ENOMEM. */
@@ -171,10 +176,12 @@ int rt__gen_grammar_wrap(const char *gbnf, int think, const char *body, char **o
                          bl_err_t *err) BL_WUR;
 
 /* Forces the reply to be tool calls (tool_choice "required" or a named function,
- * Anthropic's "any" or "tool"): p's grammar becomes Qwen's form, a thought (think:
+ * Anthropic's "any" or "tool") in p->fmt's form (BL_EINVAL for a format whose call
+ * is not one JSON object, rt_chatfmt_can_force): p's grammar becomes a thought (think:
  * 0 none, 1 an optional <think>...</think>, 2 its end only, as the prompt opened
  * it), then
- * <tool_call>{"name": N, "arguments": A}</tool_call>, once when one_call, else once
+ * <tool_call>{"name": N, "arguments": A}</tool_call> (llama-3.x: {"name": N,
+ * "parameters": A}), once when one_call, else once
  * or more, N one of tools' names (only `name` when given) and A what its parameters
  * schema accepts. tools: OpenAI's form, checked. BL_EINVAL (named tool not in the
  * list, a parameters schema the converter refuses, a grammar already asked for),
@@ -192,32 +199,60 @@ int rt__gen_thinking_off(const rt_app_t *app, const json_t *kwargs);
  * messages[mi], BL_ENOMEM. */
 int rt__gen_message_tool_calls(const json_t *calls, size_t mi, json_t **out, bl_err_t *err) BL_WUR;
 
-/* Splits generated content into text and <tool_call>{"name", "arguments"}</tool_call>
- * calls, fed piece by piece: text that may begin the tag is held, a call's body
- * until its end. A body that is not such an object stays text, tags and all; a
- * body the text ends inside is taken as it is. calls: the finished calls, each
- * {"id", "type": "function", "function": {"name", "arguments": JSON text}}. */
+/* --- the reply's tool calls and thought in the template's format (toolcall.c) -- */
+
+/* What a stream shows of a call before it is whole: its header as soon as its name
+ * is known (OPEN: id and name), then its arguments as they come (ARGS: bytes that,
+ * joined, are the arguments' text), or that it was not a call after all (DROP).
+ * idx: the index the call takes among the finished calls. */
+enum { RT_CALL_OPEN = 0, RT_CALL_ARGS, RT_CALL_DROP };
+typedef struct rt_gen_call_ev {
+    int kind;
+    size_t idx;
+    char id[64];
+    json_t *name;      /* OPEN */
+    rt_gen_buf_t args; /* ARGS */
+} rt_gen_call_ev_t;
+
+/* Splits generated content into text and tool calls in the format fmt, fed piece by
+ * piece: text that may begin a call is held, a call until it is whole. A call that
+ * does not parse stays text, markers and all; a call the text ends inside is taken
+ * as far as it is whole. calls: the finished calls, each {"id", "type": "function",
+ * "function": {"name", "arguments": JSON text}}. ev: what the last feed showed of
+ * calls not yet finished (a feed drops the previous feed's). */
 typedef struct rt_gen_tools {
-    int in_call;
+    rt_chatfmt_t fmt;
+    json_t *tools;        /* the request's tools (OpenAI's or Anthropic's form), for the
+                           * types of parameters written as text; may be NULL */
+    int in_call;          /* hold begins with a call section */
+    size_t open_len;      /* the length of the marker that opened it */
+    size_t n_done;        /* the section's calls already in calls */
     rt_gen_buf_t hold;
-    json_t *calls; /* NULL until the first */
-    /* A call whose arguments are being generated, once its body began
-     * {"name": "...", "arguments": { : its id and name (the finished call keeps the
-     * id), and the arguments' bytes as they come, for a stream to send as deltas. */
-    int open;             /* such a call is open (its header known) */
-    char open_id[32];
-    json_t *open_name;
-    size_t args_at;       /* where its arguments begin in hold */
-    size_t args_scan;     /* how far they are read (the JSON scanner's place) */
-    int depth, in_str, esc; /* the scanner's state */
-    rt_gen_buf_t args;    /* bytes released since the stream last took them */
+    json_t *calls;        /* NULL until the first */
+    /* the call being generated, once its name is known */
+    int open;
+    char open_id[64];
+    size_t args_sent;     /* bytes of its arguments' text shown */
+    rt_gen_call_ev_t *ev;
+    size_t n_ev, cap_ev;
+    /* gpt-oss: the message being read */
+    int h_state, h_kind;
+    json_t *h_name;       /* its function */
+    rt_gen_buf_t h_args;
 } rt_gen_tools_t;
 
-void rt__gen_tools_init(rt_gen_tools_t *t);
+/* fmt: the template's; tools: the request's (borrowed: a reference is taken). */
+void rt__gen_tools_init(rt_gen_tools_t *t, rt_chatfmt_t fmt, json_t *tools);
 void rt__gen_tools_fini(rt_gen_tools_t *t);
 /* Feeds s[0..n); the text it releases is appended to text. last: the content has
  * ended (everything held is decided). BL_ENOMEM. */
 int rt__gen_tools_feed(rt_gen_tools_t *t, const char *s, size_t n, int last, rt_gen_buf_t *text) BL_WUR;
+/* gpt-oss replies (harmony): its channels split into reasoning (analysis; into
+ * content when reason is NULL), content (final, commentary to no one) and, when
+ * calls is set, tool calls (commentary to=functions.NAME) into t. Fed as
+ * rt__gen_tools_feed. BL_ENOMEM. */
+int rt__gen_harmony_feed(rt_gen_tools_t *t, const char *s, size_t n, int last, int calls,
+                         rt_gen_buf_t *reason, rt_gen_buf_t *content) BL_WUR;
 
 /* --- reply pieces -------------------------------------------------------------- */
 
@@ -320,6 +355,10 @@ struct rt_gen_req {
     int64_t n_predicted_sum; /* n > 1: the tokens of the finished choices */
     rt_gen_prep_t prep;     /* the prompt, made off the loop (rt__gen_prepare) */
 };
+
+/* The final object of /completion: the whole reply, or the stream's last event
+ * (api_gen.c). The OpenAI routes add it as "__verbose" when app->verbose_replies. */
+json_t *rt__gen_native_final(rt_gen_req_t *g, const rt_event_t *ev);
 
 /* The tool calls a reply keeps: all, or the first when the request said not to call
  * in parallel (api_tools.c). */

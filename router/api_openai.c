@@ -152,37 +152,48 @@ static json_t *call_delta(const rt_gen_req_t *g, size_t i)
     return c ? json_pack("{s:[o]}", "tool_calls", c) : NULL;
 }
 
-/* Tool calls in OpenAI's delta form: a call's id and name as soon as its arguments
- * begin, then its arguments as they are generated; a call that opened and closed
- * within one piece goes out whole in one delta. */
+/* Moves the stream past the calls before upto that are whole: the one whose pieces
+ * went out is done, the others go out whole. */
+static void calls_catch_up(rt_gen_req_t *g, size_t upto)
+{
+    if (g->call_streaming && upto > g->n_calls_sent &&
+        json_array_size(g->calls.calls) > g->n_calls_sent) {
+        g->call_streaming = 0;
+        g->n_calls_sent++;
+    }
+    for (size_t kept = rt__gen_calls_kept(g);
+         !g->call_streaming && g->n_calls_sent < upto && g->n_calls_sent < kept; g->n_calls_sent++)
+        rt__gen_write_sse(g, NULL, rt__gen_chat_chunk(g, call_delta(g, g->n_calls_sent), NULL));
+}
+
+/* Tool calls in OpenAI's delta form: a call's id and name as soon as they are known,
+ * then its arguments as they are generated; a call that opened and closed within
+ * one piece goes out whole in one delta. g->call_streaming: the header of call
+ * g->n_calls_sent went out. */
 static void stream_calls(rt_gen_req_t *g)
 {
     rt_gen_tools_t *tc = &g->calls;
-    const size_t idx = g->n_calls_sent;
-    const int may = !g->params.one_call || idx == 0;
-    if (may && tc->open && !g->call_streaming) {
-        g->call_streaming = 1;
-        rt__gen_write_sse(g, NULL, rt__gen_chat_chunk(g, json_pack("{s:[{s:I, s:s, s:s, s:{s:O, s:s}}]}", "tool_calls",
-                                                                   "index", (json_int_t)idx, "id", tc->open_id,
-                                                                   "type", "function", "function", "name",
-                                                                   tc->open_name, "arguments", ""), NULL));
-    }
-    if (g->call_streaming && tc->args.n) {
-        rt__gen_write_sse(g, NULL, rt__gen_chat_chunk(g, json_pack("{s:[{s:I, s:{s:o}}]}", "tool_calls", "index",
-                                                                   (json_int_t)idx, "function", "arguments",
-                                                                   rt__gen_json_piece(tc->args.p, tc->args.n)),
-                                                      NULL));
-    }
-    rt__gen_buf_free(&tc->args);
-    for (size_t kept = rt__gen_calls_kept(g); g->n_calls_sent < kept; g->n_calls_sent++) {
-        if (g->call_streaming && g->n_calls_sent == idx) { /* its pieces went out already */
-            g->call_streaming = 0;
-            continue;
+    for (size_t i = 0; i < tc->n_ev; i++) {
+        const rt_gen_call_ev_t *e = &tc->ev[i];
+        calls_catch_up(g, e->idx);
+        if (e->idx != g->n_calls_sent || (g->params.one_call && e->idx > 0))
+            continue; /* a call the reply does not keep */
+        if (e->kind == RT_CALL_OPEN && !g->call_streaming) {
+            g->call_streaming = 1;
+            rt__gen_write_sse(g, NULL, rt__gen_chat_chunk(g, json_pack("{s:[{s:I, s:s, s:s, s:{s:O, s:s}}]}", "tool_calls",
+                                                                       "index", (json_int_t)e->idx, "id", e->id,
+                                                                       "type", "function", "function", "name",
+                                                                       e->name, "arguments", ""), NULL));
+        } else if (e->kind == RT_CALL_ARGS && g->call_streaming && e->args.n) {
+            rt__gen_write_sse(g, NULL, rt__gen_chat_chunk(g, json_pack("{s:[{s:I, s:{s:o}}]}", "tool_calls", "index",
+                                                                       (json_int_t)e->idx, "function", "arguments",
+                                                                       rt__gen_json_piece(e->args.p, e->args.n)),
+                                                          NULL));
+        } else if (e->kind == RT_CALL_DROP) {
+            g->call_streaming = 0; /* it was not a call after all */
         }
-        rt__gen_write_sse(g, NULL, rt__gen_chat_chunk(g, call_delta(g, g->n_calls_sent), NULL));
     }
-    if (!tc->open && g->call_streaming && g->n_calls_sent == idx) /* it was not a call after all */
-        g->call_streaming = 0;
+    calls_catch_up(g, (size_t)-1);
 }
 
 static void chat_token(rt_gen_req_t *g, const rt_event_t *ev, const char *reason,
@@ -287,6 +298,8 @@ static void chat_done(rt_gen_req_t *g, const rt_event_t *ev)
                           "system_fingerprint", SYSTEM_FINGERPRINT, "object", "chat.completion",
                           "usage", rt__gen_usage_json(g->n_prompt, g->n_predicted_sum + t->n_predicted, t->n_cached),
                           "id", g->id, "timings", rt__gen_timings_json(t));
+    if (j && g->app->verbose_replies) /* llama-server's debugging extra under -v */
+        json_object_set_new(j, "__verbose", rt__gen_native_final(g, ev));
     if (j)
         rt_req_send_json(g->r, 200, j);
     else
@@ -450,6 +463,8 @@ static void cmpl_done(rt_gen_req_t *g, const rt_event_t *ev)
         json_object_set_new(j, "usage",
                             rt__gen_usage_json(g->n_prompt, g->n_predicted_sum + t->n_predicted, t->n_cached));
         json_object_set_new(j, "timings", rt__gen_timings_json(t));
+        if (g->app->verbose_replies) /* llama-server's debugging extra under -v */
+            json_object_set_new(j, "__verbose", rt__gen_native_final(g, ev));
     }
     if (g->params.stream) {
         rt__gen_write_sse(g, NULL, j);

@@ -1,28 +1,15 @@
-/* Tool calls in the Hermes form Qwen's chat templates teach the model:
- *
- *   <tool_call>
- *   {"name": "get_weather", "arguments": {"city": "Paris"}}
- *   </tool_call>
- *
- * The request side checks OpenAI's "tools" and the tool_calls of assistant messages
- * (the template renders both); the reply side splits generated content into text and
- * calls, fed piece by piece so that a stream never shows a tag or half a call.
+/* Tool calls, the request's side: OpenAI's "tools" and the tool_calls of assistant
+ * messages checked (the template renders both), and a call forced by a grammar
+ * when tool_choice asks for one. The reply's side is toolcall.c.
  *
  * Thread: the loop thread. */
 #include "api_gen_impl.h"
 #include "json_schema.h"
 #include "log.h"
 
-#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-
-static const char CALL_OPEN[] = "<tool_call>";
-static const char CALL_CLOSE[] = "</tool_call>";
-#define OPEN_LEN (sizeof CALL_OPEN - 1)
-#define CLOSE_LEN (sizeof CALL_CLOSE - 1)
 
 /* ---------------------------------------------------------------------------- */
 /* request                                                                        */
@@ -166,6 +153,11 @@ int rt__gen_force_tools(rt_gen_params_t *p, const json_t *tools, const char *nam
     if (p->task.sampling.grammar)
         return bl_err_set(err, BL_EINVAL, "'tool_choice' cannot force a call together with "
                                           "'grammar', 'json_schema' or a JSON 'response_format'");
+    if (!rt_chatfmt_can_force(p->fmt))
+        return bl_err_set(err, BL_EINVAL, "'tool_choice': this model's template writes calls in "
+                          "the %s form, for which forcing a call is not supported; use \"auto\"",
+                          rt_chatfmt_name(p->fmt));
+    const int llama3 = p->fmt == RT_CHATFMT_LLAMA3;
     /* one object schema per callable tool: {"name": const, "arguments": parameters} */
     json_t *any = json_array(), *defs = json_object();
     json_t *schema = json_pack("{s:o, s:o}", "anyOf", any, "$defs", defs);
@@ -181,9 +173,10 @@ int rt__gen_force_tools(rt_gen_params_t *p, const json_t *tools, const char *nam
         if (name && strcmp(n, name) != 0)
             continue;
         json_t *args = call_arguments(json_object_get(fn, "parameters"), i, defs);
+        const char *akey = llama3 ? "parameters" : "arguments";
         json_t *one = args ? json_pack("{s:s, s:{s:{s:s}, s:o}, s:[s,s], s:b}", "type", "object",
-                                       "properties", "name", "const", n, "arguments", args,
-                                       "required", "name", "arguments", "additionalProperties", 0)
+                                       "properties", "name", "const", n, akey, args,
+                                       "required", "name", akey, "additionalProperties", 0)
                            : NULL;
         if (!one || json_array_append_new(any, one)) {
             json_decref(schema);
@@ -222,9 +215,10 @@ int rt__gen_force_tools(rt_gen_params_t *p, const json_t *tools, const char *nam
                           e2.msg);
     }
     /* one call, tags and all; "%R" is the call object, "%W" whitespace */
-    const char *body = one_call ? "%W \"<tool_call>\" %W %R %W \"</tool_call>\""
-                                : "%W \"<tool_call>\" %W %R %W \"</tool_call>\" ( %W "
-                                  "\"<tool_call>\" %W %R %W \"</tool_call>\" )*";
+    const char *body = llama3 ? (one_call ? "%W %R" : "%W %R ( %W %R )*")
+                       : one_call ? "%W \"<tool_call>\" %W %R %W \"</tool_call>\""
+                                  : "%W \"<tool_call>\" %W %R %W \"</tool_call>\" ( %W "
+                                    "\"<tool_call>\" %W %R %W \"</tool_call>\" )*";
     char *g = NULL;
     rc = rt__gen_grammar_wrap(call, think, body, &g, &e2);
     free(call);
@@ -294,236 +288,4 @@ size_t rt__gen_calls_kept(const rt_gen_req_t *g)
 {
     size_t n = json_array_size(g->calls.calls);
     return g->params.one_call && n > 1 ? 1 : n;
-}
-
-void rt__gen_tools_init(rt_gen_tools_t *t)
-{
-    memset(t, 0, sizeof *t);
-}
-
-void rt__gen_tools_fini(rt_gen_tools_t *t)
-{
-    rt__gen_buf_free(&t->hold);
-    rt__gen_buf_free(&t->args);
-    json_decref(t->calls);
-    json_decref(t->open_name);
-    t->calls = NULL;
-    t->open_name = NULL;
-}
-
-/* "call_" and 24 random letters and digits, as OpenAI's ids look. */
-static void call_id(char out[32])
-{
-    static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    unsigned char r[24];
-    if (getrandom(r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
-        static unsigned seq;
-        for (size_t i = 0; i < sizeof r; i++)
-            r[i] = (unsigned char)(++seq * 2654435761u >> 24);
-    }
-    memcpy(out, "call_", 5);
-    for (size_t i = 0; i < sizeof r; i++)
-        out[5 + i] = abc[r[i] % (sizeof abc - 1)];
-    out[29] = '\0';
-}
-
-/* The call a <tool_call> body holds: {"name": "...", "arguments": {...}} (arguments
- * may also be a JSON string). NULL when it is not one, or out of memory. */
-static json_t *parse_call(const char *s, size_t n, const char *id_given)
-{
-    json_error_t e;
-    json_t *j = json_loadb(s, n, 0, &e);
-    json_t *name = json_is_object(j) ? json_object_get(j, "name") : NULL;
-    json_t *args = json_is_object(j) ? json_object_get(j, "arguments") : NULL;
-    json_t *call = NULL;
-    if (json_is_string(name) && json_string_length(name) > 0 &&
-        (!args || json_is_object(args) || json_is_string(args))) {
-        char *text = !args ? strdup("{}")
-                     : json_is_string(args)
-                         ? strdup(json_string_value(args))
-                         : json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        char id[32];
-        if (id_given)
-            snprintf(id, sizeof id, "%s", id_given);
-        else
-            call_id(id);
-        if (text)
-            call = json_pack("{s:s, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function",
-                             "name", name, "arguments", text);
-        free(text);
-    }
-    json_decref(j);
-    return call;
-}
-
-static void args_advance(rt_gen_tools_t *t, const char *b, size_t n);
-
-/* One finished <tool_call> body: a call, or (not a call) the whole span as text, its
- * closing tag only if it had one. */
-static int close_call(rt_gen_tools_t *t, const char *body, size_t n, int closed,
-                      rt_gen_buf_t *text)
-{
-    json_t *call = parse_call(body, n, t->open ? t->open_id : NULL);
-    if (t->open) { /* the arguments' last bytes, up to the end of their object */
-        args_advance(t, body, n);
-        t->open = 0;
-        json_decref(t->open_name);
-        t->open_name = NULL;
-    }
-    if (call) {
-        if (!t->calls && !(t->calls = json_array())) {
-            json_decref(call);
-            return BL_ENOMEM;
-        }
-        return json_array_append_new(t->calls, call) ? BL_ENOMEM : 0;
-    }
-    return rt__gen_buf_add(text, CALL_OPEN, OPEN_LEN) || rt__gen_buf_add(text, body, n) ||
-                   (closed && rt__gen_buf_add(text, CALL_CLOSE, CLOSE_LEN))
-               ? BL_ENOMEM
-               : 0;
-}
-
-/* Skips JSON blanks from i; the index of the first other byte. */
-static size_t skip_ws(const char *s, size_t n, size_t i)
-{
-    while (i < n && strchr(" \t\r\n", s[i]))
-        i++;
-    return i;
-}
-
-/* An open call's header: the body so far begins {"name": "NAME", "arguments": {
- * (blanks anywhere between). Sets the open state; 0 when not (yet) that. */
-static int find_header(rt_gen_tools_t *t, const char *b, size_t n)
-{
-    size_t i = skip_ws(b, n, 0);
-    static const char key1[] = "\"name\"", key2[] = "\"arguments\"";
-    if (i >= n || b[i] != '{')
-        return 0;
-    i = skip_ws(b, n, i + 1);
-    if (n - i < sizeof key1 - 1 || memcmp(b + i, key1, sizeof key1 - 1))
-        return 0;
-    i = skip_ws(b, n, i + sizeof key1 - 1);
-    if (i >= n || b[i] != ':')
-        return 0;
-    i = skip_ws(b, n, i + 1);
-    if (i >= n || b[i] != '"')
-        return 0;
-    size_t e = i + 1; /* the name's end quote, past escapes */
-    while (e < n && b[e] != '"')
-        e += b[e] == '\\' ? 2 : 1;
-    if (e >= n)
-        return 0;
-    json_error_t je;
-    json_t *name = json_loadb(b + i, e + 1 - i, JSON_DECODE_ANY, &je);
-    if (!json_is_string(name) || json_string_length(name) == 0) {
-        json_decref(name);
-        return 0;
-    }
-    i = skip_ws(b, n, e + 1);
-    if (i < n && b[i] == ',')
-        i = skip_ws(b, n, i + 1);
-    if (i >= n || n - i < sizeof key2 - 1 || memcmp(b + i, key2, sizeof key2 - 1)) {
-        json_decref(name);
-        return 0;
-    }
-    i = skip_ws(b, n, i + sizeof key2 - 1);
-    if (i >= n || b[i] != ':') {
-        json_decref(name);
-        return 0;
-    }
-    i = skip_ws(b, n, i + 1);
-    if (i >= n || b[i] != '{') { /* arguments as a string, or not yet begun: whole at the end */
-        json_decref(name);
-        return 0;
-    }
-    t->open = 1;
-    t->open_name = name;
-    call_id(t->open_id);
-    t->args_at = t->args_scan = i;
-    t->depth = t->in_str = t->esc = 0;
-    return 1;
-}
-
-/* Releases the open call's argument bytes read since the last time, up to the end of
- * their object (never past it, nor into a UTF-8 character not yet whole). */
-static void args_advance(rt_gen_tools_t *t, const char *b, size_t n)
-{
-    size_t i = t->args_scan, from = i;
-    for (; i < n; i++) {
-        const char c = b[i];
-        if (t->in_str) {
-            if (t->esc)
-                t->esc = 0;
-            else if (c == '\\')
-                t->esc = 1;
-            else if (c == '"')
-                t->in_str = 0;
-        } else if (c == '"') {
-            t->in_str = 1;
-        } else if (c == '{' || c == '[') {
-            t->depth++;
-        } else if (c == '}' || c == ']') {
-            if (--t->depth == 0) {
-                i++;
-                break;
-            }
-        }
-        if (t->depth == 0 && i > t->args_at) /* past the object: stop */
-            break;
-    }
-    size_t to = i;
-    while (to > from && ((unsigned char)b[to - 1] & 0xC0) == 0x80)
-        to--; /* a continuation byte at the end: hold its character back */
-    if (to > from && (unsigned char)b[to - 1] >= 0xC0)
-        to--;
-    if (to < i) { /* rescan those bytes next time */
-        t->args_scan = to;
-        /* undo the scanner's view of them: only string bytes can be cut, so the state
-         * is "in a string, no escape" */
-        t->in_str = 1;
-        t->esc = 0;
-    } else {
-        t->args_scan = i;
-    }
-    if (to > from && rt__gen_buf_add(&t->args, b + from, to - from))
-        BL_LOG(BL_LOG_WARN, "event=tool_arguments_lost reason=out_of_memory");
-}
-
-int rt__gen_tools_feed(rt_gen_tools_t *t, const char *s, size_t n, int last, rt_gen_buf_t *text)
-{
-    rt_gen_buf_t *h = &t->hold;
-    if (n && rt__gen_buf_add(h, s, n))
-        return BL_ENOMEM;
-    for (;;) {
-        if (!t->in_call) {
-            const char *o = h->n >= OPEN_LEN ? memmem(h->p, h->n, CALL_OPEN, OPEN_LEN) : NULL;
-            if (!o) /* text, but for an end that may become <tool_call> */
-                return rt__gen_buf_move(
-                    h, h->n - (last ? 0 : rt__gen_tag_tail(h->p, h->n, CALL_OPEN, OPEN_LEN)), text);
-            if (rt__gen_buf_move(h, (size_t)(o - h->p), text))
-                return BL_ENOMEM;
-            rt__gen_buf_consume(h, OPEN_LEN);
-            t->in_call = 1;
-            continue;
-        }
-        const char *c = h->n >= CLOSE_LEN ? memmem(h->p, h->n, CALL_CLOSE, CLOSE_LEN) : NULL;
-        if (!c && !last) { /* the body is still coming: its arguments as far as they go */
-            if (!t->open)
-                find_header(t, h->p, h->n);
-            if (t->open)
-                args_advance(t, h->p, h->n - rt__gen_tag_tail(h->p, h->n, CALL_CLOSE, CLOSE_LEN));
-            return 0;
-        }
-        t->in_call = 0;
-        if (!c && h->n == 0) /* the text ended right after <tool_call> */
-            return rt__gen_buf_add(text, CALL_OPEN, OPEN_LEN) ? BL_ENOMEM : 0;
-        /* closed, or the text ended inside the call (a model that stops right after
-         * the JSON): the body as it is */
-        const size_t body = c ? (size_t)(c - h->p) : h->n;
-        if (close_call(t, h->p, body, c != NULL, text))
-            return BL_ENOMEM;
-        rt__gen_buf_consume(h, c ? body + CLOSE_LEN : body);
-        if (h->n == 0)
-            return 0;
-    }
 }

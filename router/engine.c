@@ -83,7 +83,7 @@ typedef struct slot {
     uint64_t last_used; /* engine clock: least recently used slot goes first */
     uint64_t start_order;
     rt_sampler_t *smpl;
-    rt_detok_t *detok[2]; /* plain, RT_DETOK_SPECIAL */
+    rt_detok_t *detok[3]; /* plain, RT_DETOK_SPECIAL, plain with the markers */
     rt_detok_t *dt;       /* the one the task uses */
     char *held;           /* generated text not yet sent (may begin a stop string) */
     size_t held_len, held_cap;
@@ -523,7 +523,7 @@ static int slot_start(rt_engine_t *e, slot_t *s, rt_task_t *t, int32_t n_vocab)
     /* the penalties look back over the prompt too, as llama-server's do */
     for (size_t i = 0; i < t->n_prompt; i++)
         rt_sampler_accept(smpl, t->prompt[i]);
-    s->dt = s->detok[t->p.special ? 1 : 0];
+    s->dt = s->detok[t->p.special == RT_TASK_SPECIAL_MARKERS ? 2 : t->p.special ? 1 : 0];
     rt_detok_reset(s->dt);
     s->held_len = 0;
     s->state = SLOT_PROMPT;
@@ -1195,9 +1195,16 @@ int rt_engine_create(rt_engine_t **out, const rt_engine_opts_t *o, rt_cluster_t 
         if (!s->seq || !s->held)
             goto fail;
         if ((rc = rt_detok_create(&s->detok[0], tok, 0, err)) ||
-            (rc = rt_detok_create(&s->detok[1], tok, RT_DETOK_SPECIAL, err))) {
+            (rc = rt_detok_create(&s->detok[1], tok, RT_DETOK_SPECIAL, err)) ||
+            (rc = rt_detok_create(&s->detok[2], tok, 0, err))) {
             have_msg = 1;
             goto fail;
+        }
+        for (const char *const *m = o->markers; m && *m; m++) {
+            int32_t id = rt_tokenizer_find(tok, *m, strlen(*m));
+            if (id >= 0 && rt_tokenizer_token_type(tok, id) == RT_TOKEN_CONTROL &&
+                rt_detok_keep(s->detok[2], id))
+                goto fail;
         }
         e->info[i].id = i;
         e->info[i].n_ctx = o->n_ctx_slot;
@@ -1234,8 +1241,8 @@ fail:
         for (int i = 0; i < o->n_slots; i++) {
             free(e->slots[i].seq);
             free(e->slots[i].held);
-            rt_detok_destroy(e->slots[i].detok[0]);
-            rt_detok_destroy(e->slots[i].detok[1]);
+            for (int k = 0; k < 3; k++)
+                rt_detok_destroy(e->slots[i].detok[k]);
         }
     free(e->slots);
     free(e->seqs);
@@ -1305,8 +1312,8 @@ void rt_engine_destroy(rt_engine_t *e)
         slot_t *s = &e->slots[i];
         rt_sampler_destroy(s->smpl);
         s->smpl = NULL;
-        rt_detok_destroy(s->detok[0]);
-        rt_detok_destroy(s->detok[1]);
+        for (int k = 0; k < 3; k++)
+            rt_detok_destroy(s->detok[k]);
         free(s->seq);
         free(s->held);
     }

@@ -41,7 +41,9 @@ typedef struct rt_task_params {
     int n_probs;                  /* 0..RT_MAX_N_PROBS: candidates per token in events */
     int cache_prompt;             /* 1 (default): reuse the slot's cached prefix */
     int ignore_eos;               /* end tokens are sampled around (banned) */
-    int special;                  /* detokenize control tokens as text */
+    int special;                  /* detokenize control tokens as text: 0 none,
+                                   * 1 all, RT_TASK_SPECIAL_MARKERS the reply
+                                   * format's (rt_engine_opts_t markers) */
     int32_t slot_id;              /* -1 (default): any slot */
     int64_t t_max_predict_ms;     /* 0: none; past this long since the first token,
                                    * generation stops at the first token after a line
@@ -119,7 +121,11 @@ typedef struct rt_event {
  * returned, no more calls come for that task. */
 typedef void (*rt_event_fn)(void *ud, const rt_event_t *ev);
 
+enum { RT_TASK_SPECIAL_MARKERS = 2 };
+
 typedef struct rt_engine_opts {
+    const char *const *markers; /* the texts of the control tokens the reply format is
+                                 * split on (NULL-terminated; NULL: none) */
     int n_slots;
     int64_t n_ctx_slot;     /* positions per slot */
     int64_t n_batch;        /* most rows per step (the cluster's n_batch) */

@@ -279,9 +279,11 @@ static int build_args(bl_arg_t *a, opts_t *o)
     I64("-to,--timeout", "LLAMA_ARG_TIMEOUT", &o->timeout, 1, 86400 * 7, "N",
         "seconds a connection may idle and a request may wait for a slot (default 600)");
     FLAG("--log-disable", NULL, &o->log_disable, "write no log lines");
-    FLAG("-v,--verbose,--log-verbose", NULL, &o->verbose, "log at DEBUG (children too)");
+    FLAG("-v,--verbose,--log-verbose", NULL, &o->verbose,
+         "log at DEBUG (children too); the OpenAI completion replies carry \"__verbose\"");
     I64("-lv,--verbosity,--log-verbosity", "LLAMA_ARG_LOG_VERBOSITY", &o->log_verbosity, 0, 100, "N",
-        "log threshold: 0 nothing, 1 errors, 2 warnings, 3 info (default), 4 debug");
+        "log threshold: 0 nothing, 1 errors, 2 warnings, 3 info (default), 4 debug; above 9 "
+        "the OpenAI completion replies carry \"__verbose\"");
     STR("--log-colors", "LLAMA_ARG_LOG_COLORS", &o->log_colors, "on|off|auto",
         "colour the level names (auto: when stderr is a terminal; the default)");
     a[n++] = (bl_arg_t){.names = "--api-prefix", .env = "LLAMA_ARG_API_PREFIX",
@@ -1636,6 +1638,7 @@ int main(int argc, char **argv)
     app->tok = tok;
     app->tpl = tpl;
     app->tpl_source = tpl_text;
+    app->chatfmt = rt_chatfmt_detect(tpl_text);
     app->gguf = g;
     app->model_path = o.model;
     app->model_alias = alias;
@@ -1649,6 +1652,7 @@ int main(int argc, char **argv)
     app->reasoning = reasoning && !o.skip_chat_parsing;
     app->no_jinja = o.no_jinja;
     app->skip_chat_parsing = o.skip_chat_parsing;
+    app->verbose_replies = o.verbose || o.log_verbosity > 9;
     app->no_prefill_assistant = o.no_prefill_assistant;
     app->static_dir = static_dir;
     app->reasoning_budget = o.reasoning_budget > 0 ? o.reasoning_budget : 0;
@@ -1665,10 +1669,11 @@ int main(int argc, char **argv)
     BL_LOG(BL_LOG_INFO,
            "event=config model=%s alias=%s n_ctx=%lld slots=%lld n_ctx_slot=%lld rows_per_step=%lld "
            "threads=%lld threads_batch=%lld poll=%lld workers=%lld kv=%s api_keys=%zu residency=%s "
-           "experts_vram=%s",
+           "experts_vram=%s chat_format=%s",
            o.model, alias, (long long)n_ctx, (long long)o.parallel, (long long)n_ctx_slot,
            (long long)rows, (long long)o.threads, (long long)o.threads_batch, (long long)o.poll, (long long)o.workers,
-           o.cache_type_k ? o.cache_type_k : "f16", keys.n, o.place.no_residency ? "off" : "on", experts_vram);
+           o.cache_type_k ? o.cache_type_k : "f16", keys.n, o.place.no_residency ? "off" : "on", experts_vram,
+           rt_chatfmt_name(app->chatfmt));
 
     /* the listener first (a busy port fails before any child is started; nothing is
      * served until the loop runs), then the child processes and the engine */
@@ -1740,6 +1745,7 @@ int main(int argc, char **argv)
     s->last_state = RT_CLUSTER_LOADING;
     s->log_disable = o.log_disable;
     rt_engine_opts_t eo = {
+        .markers = rt_chatfmt_markers(app->chatfmt),
         .n_slots = (int)o.parallel,
         .n_ctx_slot = n_ctx_slot,
         .n_batch = rows,

@@ -1084,6 +1084,8 @@ int rt_tokenize(rt_tokenizer_t *tok, const char *text, size_t len, unsigned flag
 struct rt_detok {
     const rt_tokenizer_t *tok;
     unsigned flags;
+    int32_t *keep;     /* control ids given as text anyway (rt_detok_keep) */
+    size_t n_keep;
     uint8_t held[4];   /* an unfinished character from earlier tokens */
     uint32_t n_held;
     char *in;          /* held bytes + the new piece */
@@ -1109,10 +1111,34 @@ void rt_detok_destroy(rt_detok_t *d)
         return;
     free(d->in);
     free(d->out);
+    free(d->keep);
     free(d);
 }
 
 void rt_detok_reset(rt_detok_t *d) { d->n_held = 0; }
+
+int rt_detok_keep(rt_detok_t *d, int32_t id)
+{
+    if (id < 0 || (uint32_t)id >= d->tok->n_vocab)
+        return BL_ERANGE;
+    for (size_t i = 0; i < d->n_keep; i++)
+        if (d->keep[i] == id)
+            return 0;
+    int32_t *k = realloc(d->keep, (d->n_keep + 1) * sizeof *k);
+    if (!k)
+        return BL_ENOMEM;
+    d->keep = k;
+    d->keep[d->n_keep++] = id;
+    return 0;
+}
+
+static int detok_kept(const rt_detok_t *d, int32_t id)
+{
+    for (size_t i = 0; i < d->n_keep; i++)
+        if (d->keep[i] == id)
+            return 1;
+    return 0;
+}
 
 int rt_detok_push(rt_detok_t *d, int32_t id, const char **text, size_t *len, bl_err_t *err)
 {
@@ -1124,7 +1150,8 @@ int rt_detok_push(rt_detok_t *d, int32_t id, const char **text, size_t *len, bl_
                           "of %u)", (int)id, tok->n_vocab);
     rt_str_t piece = rt_tokenizer_piece(tok, id);
     uint8_t type = tok->types[id];
-    if (!(d->flags & RT_DETOK_SPECIAL) && (type == RT_TOKEN_CONTROL || type == RT_TOKEN_UNKNOWN))
+    if (!(d->flags & RT_DETOK_SPECIAL) && (type == RT_TOKEN_CONTROL || type == RT_TOKEN_UNKNOWN) &&
+        !detok_kept(d, id))
         piece.len = 0;
 
     size_t n = d->n_held + piece.len;

@@ -205,6 +205,10 @@ void rt_detok_flush(rt_detok_t *d, const char **text, size_t *len);
 /* Drops held bytes without emitting them. */
 void rt_detok_reset(rt_detok_t *d);
 
+/* Makes d give control token id as its text even without RT_DETOK_SPECIAL (the
+ * markers a reply format is split on). 0, BL_ERANGE (id out of range), BL_ENOMEM. */
+int rt_detok_keep(rt_detok_t *d, int32_t id) BL_WUR;
+
 /* Decodes n ids into one string of valid UTF-8 (the decoder above, flushed).
  * Returns 0 and sets *out (NUL-terminated, caller frees with free()) and *out_len,
  * or BL_ERANGE naming the position of an id out of range, or BL_ENOMEM. */

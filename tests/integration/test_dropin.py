@@ -162,3 +162,20 @@ def test_path_serves_a_folder_in_place_of_the_page(servers, tmp_path, model):
     p = subprocess.run([serverctl.program("bloomery-serve"), "-m", model, "--port", "0", "--path", str(tmp_path / "no")],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 1 and "--path" in p.stderr and "not a folder" in p.stderr, p.stderr
+
+
+def test_verbose_replies_carry_the_completion_object(servers):
+    """Under -v (or -lv above 9) llama-server adds "__verbose", its /completion
+    object, to the OpenAI completion replies; not otherwise."""
+    plain = servers.start(FAST)
+    verbose = servers.start(FAST + ["-lv", "10"])
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    cmpl = {"prompt": "The old lighthouse", "max_tokens": 4}
+    for path, body in (("/v1/chat/completions", chat), ("/v1/completions", cmpl)):
+        r = post(plain.url, path, body)
+        assert r.status_code == 200 and "__verbose" not in r.json(), r.text
+        r = post(verbose.url, path, body)
+        assert r.status_code == 200, r.text
+        v = r.json()["__verbose"]
+        assert v["tokens_predicted"] == r.json()["usage"]["completion_tokens"], v
+        assert "generation_settings" in v and "stop_type" in v and "content" in v, v

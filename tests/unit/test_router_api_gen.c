@@ -21,6 +21,7 @@
 #include "api_anthropic.c"
 #include "api_responses.c"
 #include "api_tools.c"
+#include "toolcall.c"
 
 #include "chat.h"
 #include "gguf.h"
@@ -767,7 +768,7 @@ static void split_check(const char *text, int open, size_t step, const char *wan
 {
     rt_gen_think_t t;
     rt_gen_buf_t r = {0}, c = {0};
-    rt__gen_think_init(&t, open);
+    rt__gen_think_init(&t, open, RT_CHATFMT_HERMES);
     size_t n = strlen(text);
     if (step == 0)
         step = n ? n : 1;
@@ -808,7 +809,7 @@ static void test_think_streams_before_the_end(void **state)
     (void)state;
     rt_gen_think_t t;
     rt_gen_buf_t r = {0}, c = {0};
-    rt__gen_think_init(&t, 0);
+    rt__gen_think_init(&t, 0, RT_CHATFMT_HERMES);
     assert_int_equal(rt__gen_think_feed(&t, "<think>one two", 14, &r, &c), 0);
     assert_string_equal(r.p, "one two"); /* released before </think> arrives */
     assert_int_equal(rt__gen_think_feed(&t, " </th", 5, &r, &c), 0);
@@ -829,7 +830,7 @@ static void test_think_streams_before_the_end(void **state)
 static void tools_check(const char *s, size_t step, const char *want_text, const char *want_calls)
 {
     rt_gen_tools_t t;
-    rt__gen_tools_init(&t);
+    rt__gen_tools_init(&t, RT_CHATFMT_HERMES, NULL);
     rt_gen_buf_t text = {0}, calls = {0};
     size_t n = strlen(s);
     for (size_t i = 0; i < n || (i == 0 && n == 0);) {
@@ -891,7 +892,7 @@ static void test_tool_calls_hold_only_what_may_be_a_tag(void **state)
 {
     (void)state;
     rt_gen_tools_t t;
-    rt__gen_tools_init(&t);
+    rt__gen_tools_init(&t, RT_CHATFMT_HERMES, NULL);
     rt_gen_buf_t text = {0};
     assert_int_equal(rt__gen_tools_feed(&t, "one <tool", 9, 0, &text), 0);
     assert_string_equal(text.p, "one "); /* "<tool" may grow into the tag */

@@ -498,6 +498,21 @@ static void test_detok_holds_split_characters(void **state)
     push_expect(d, ctl, "<|c|>");
     rt_detok_destroy(d);
 
+    /* A control token kept (a reply format's marker) prints without the flag; the
+     * others still print nothing. */
+    int32_t other = vb_add(&v, "<|o|>", RT_TOKEN_CONTROL, 0);
+    rt_tokenizer_destroy(tok);
+    tok = vb_build(&v, "gpt2", "qwen2");
+    assert_int_equal(rt_detok_create(&d, tok, 0, &err), 0);
+    assert_int_equal(rt_detok_keep(d, ctl), 0);
+    assert_int_equal(rt_detok_keep(d, ctl), 0);
+    assert_int_equal(rt_detok_keep(d, -1), BL_ERANGE);
+    assert_int_equal(rt_detok_keep(d, (int32_t)v.n), BL_ERANGE);
+    push_expect(d, ctl, "<|c|>");
+    push_expect(d, other, "");
+    push_expect(d, 'a', "a");
+    rt_detok_destroy(d);
+
     char *text = NULL;
     size_t len = 0;
     const int32_t bad[] = { 'a', 99999 };
