@@ -23,6 +23,9 @@
 #include "tokenizer.h"
 
 /* What every route reads. Built by serve.c before the listener opens. */
+#define RT_REASONING_LEGACY 2 /* reasoning_format deepseek-legacy: the thought split out
+                               * and also kept in the content */
+
 typedef struct rt_app {
     rt_engine_t *engine;
     rt_cluster_t *cluster;
@@ -53,7 +56,8 @@ typedef struct rt_app {
     rt_task_params_t defaults;  /* a request's fields before its own: the sampling flags
                                  * (--temp, --top-k, --samplers, ...) over llama-server's */
     int reasoning;              /* 1: <think> spans go to reasoning_content (default);
-                                 * 0: --reasoning-format none leaves them in the text */
+                                 * 0: --reasoning-format none leaves them in the text;
+                                 * 2 (RT_REASONING_LEGACY): deepseek-legacy, both */
     int no_jinja;               /* --no-jinja: the built-in template; tools refused */
     int skip_chat_parsing;      /* --skip-chat-parsing: no tool calls split out */
     int verbose_replies;        /* -v or -lv above 9: the OpenAI completion replies carry

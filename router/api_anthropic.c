@@ -592,7 +592,9 @@ static void messages_next(rt_gen_req_t *g)
         budget = g->app->reasoning_budget; /* --reasoning-budget */
     if (!p->think_off && (budget > 0 || g->params.task.sampling.grammar))
         rt__gen_bound_thought(g, p->toks.n, budget);
-    g->params.reasoning = !p->prefilled && g->app->reasoning;
+    g->params.reasoning = !p->prefilled && g->app->reasoning; /* thinking blocks: split */
+    if (g->params.reasoning)
+        g->params.reasoning = 1;
     g->params.tools = p->tools;
     g->params.one_call = p->one_call;
     rt__gen_submit(g, p->toks.ids, p->toks.n);

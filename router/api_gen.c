@@ -1069,7 +1069,7 @@ int rt__gen_chat_options(const rt_app_t *app, const json_t *body, json_t **kwarg
         if (!json_is_string(v))
             return bl_err_set(err, BL_EINVAL, "'reasoning_format' must be a string");
         const char *f = json_string_value(v);
-        *reasoning = strcmp(f, "none") != 0;
+        *reasoning = !strcmp(f, "none") ? 0 : !strcmp(f, "deepseek-legacy") ? RT_REASONING_LEGACY : 1;
         if (strcmp(f, "none") && strcmp(f, "auto") && strcmp(f, "deepseek") &&
             strcmp(f, "deepseek-legacy"))
             return bl_err_set(err, BL_EINVAL,
@@ -1835,6 +1835,12 @@ static int deliver_text(rt_gen_req_t *g, const rt_event_t *ev, const char *text,
         if ((len && rt__gen_think_feed(&g->think, text, len, &reason, &content)) ||
             (last && rt__gen_think_finish(&g->think, &reason, &content)))
             rc = BL_ENOMEM;
+        if (!rc && g->params.reasoning == RT_REASONING_LEGACY) {
+            /* deepseek-legacy: the thought also stays in the content, tags and all */
+            rt__gen_buf_free(&content);
+            if (len && rt__gen_buf_add(&content, text, len))
+                rc = BL_ENOMEM;
+        }
     } else if (len && rt__gen_buf_add(&content, text, len)) {
         rc = BL_ENOMEM;
     }

@@ -53,7 +53,8 @@ typedef struct rt_gen_params {
     int return_tokens;
     int post_sampling_probs;   /* report prob instead of logprob */
     int want_probs;            /* report per-token probabilities at all */
-    int reasoning;             /* split the thought out of the content */
+    int reasoning;             /* split the thought out of the content; RT_REASONING_LEGACY:
+                                * also keep it in the content (deepseek-legacy) */
     int tools;                 /* split tool calls out of the content */
     rt_chatfmt_t fmt;          /* the template's reply format (the app's) */
     int one_call;              /* parallel_tool_calls false: only the first call */

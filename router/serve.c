@@ -312,8 +312,9 @@ static int build_args(bl_arg_t *a, opts_t *o)
     FLAG("--mlock", "LLAMA_ARG_MLOCK", &o->mlock,
          "lock the weights in RAM (a refusal, such as RLIMIT_MEMLOCK, is logged and ignored)");
     STR("--reasoning-format", "LLAMA_ARG_THINK", &o->reasoning_format, "FORMAT",
-        "where a reply's <think> span goes: auto or deepseek (reasoning_content, the "
-        "default), none (left in the content); a request's reasoning_format wins");
+        "where a reply's thought goes: auto or deepseek (reasoning_content, the default), "
+        "deepseek-legacy (reasoning_content and the content), none (left in the content); a "
+        "request's reasoning_format wins");
     I64("--reasoning-budget", "LLAMA_ARG_THINK_BUDGET", &o->reasoning_budget, -1, INT32_MAX, "N",
         "-1: no bound (the default); 0: no thinking (templates get enable_thinking false); N: a "
         "thought ends after N tokens, its end tag forced");
@@ -1572,6 +1573,8 @@ int main(int argc, char **argv)
     if (o.reasoning_format) {
         if (!strcmp(o.reasoning_format, "none")) {
             reasoning = 0;
+        } else if (!strcmp(o.reasoning_format, "deepseek-legacy")) {
+            reasoning = RT_REASONING_LEGACY;
         } else if (strcmp(o.reasoning_format, "auto") && strcmp(o.reasoning_format, "deepseek") &&
                    strcmp(o.reasoning_format, "deepseek-legacy")) {
             bl_err_set(&err, BL_EINVAL, "--reasoning-format: '%.32s' is not none, auto, deepseek "
@@ -1649,7 +1652,7 @@ int main(int argc, char **argv)
     app->n_vocab = rt_tokenizer_n_vocab(tok);
     app->n_predict_default = o.n_predict;
     app->defaults = defaults;
-    app->reasoning = reasoning && !o.skip_chat_parsing;
+    app->reasoning = o.skip_chat_parsing ? 0 : reasoning;
     app->no_jinja = o.no_jinja;
     app->skip_chat_parsing = o.skip_chat_parsing;
     app->verbose_replies = o.verbose || o.log_verbosity > 9;

@@ -179,3 +179,22 @@ def test_verbose_replies_carry_the_completion_object(servers):
         v = r.json()["__verbose"]
         assert v["tokens_predicted"] == r.json()["usage"]["completion_tokens"], v
         assert "generation_settings" in v and "stop_type" in v and "content" in v, v
+
+
+def test_reasoning_format_deepseek_legacy(servers):
+    """deepseek-legacy fills reasoning_content and keeps the thought, tags and all, in
+    the content; deepseek only splits it out; none leaves it."""
+    srv = servers.start(FAST)
+    text = "<think>plan it</think>Hello"
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 60,
+            "grammar": 'root ::= "%s"' % text}
+    want = {"deepseek-legacy": ("plan it", text), "deepseek": ("plan it", "Hello"), "none": (None, text)}
+    for fmt, (reason, content) in want.items():
+        r = post(srv.url, "/v1/chat/completions", dict(body, reasoning_format=fmt))
+        assert r.status_code == 200, r.text
+        msg = r.json()["choices"][0]["message"]
+        assert msg.get("reasoning_content") == reason, (fmt, msg)
+        assert msg["content"] == content, (fmt, msg)
+    legacy = servers.start(FAST + ["--reasoning-format", "deepseek-legacy"])
+    msg = post(legacy.url, "/v1/chat/completions", body).json()["choices"][0]["message"]
+    assert msg.get("reasoning_content") == "plan it" and msg["content"] == text, msg
