@@ -221,8 +221,6 @@ static const entry_t k_table[] = {
      "embeddings are not served (the routes answer 501)"},
     {"--reranking,--rerank", "LLAMA_ARG_RERANKING", NULL, REFUSE, NULL,
      "reranking is not served (the routes answer 501)"},
-    {"-kvu,--kv-unified", "LLAMA_ARG_KV_UNIFIED", NULL, REFUSE, NULL,
-     "each slot owns ctx-size / np positions; one cache shared by all slots is not supported yet"},
     {"--slot-save-path", NULL, "PATH", REFUSE, NULL, "saving and restoring slots is not supported yet"},
     {"--props", "LLAMA_ARG_ENDPOINT_PROPS", NULL, REFUSE, NULL,
      "changing the server's properties by POST /props is not supported"},

@@ -65,7 +65,7 @@ typedef struct opts {
     int jinja, metrics;
     const char *api_key, *api_key_file;
     int64_t timeout;
-    int log_disable, verbose;
+    int log_disable, verbose, kv_unified;
     int64_t workers;
     const char *cache_type_k, *cache_type_v;
     const char *config;
@@ -220,6 +220,9 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "total context over all slots (default 4096, at most the model's; 0: the model's)");
     I64("-np,--parallel", "LLAMA_ARG_N_PARALLEL", &o->parallel, 1, 256, "N",
         "slots: requests served at once, each with ctx-size / N positions (default 1)");
+    FLAG("-kvu,--kv-unified", "LLAMA_ARG_KV_UNIFIED", &o->kv_unified,
+         "one KV cache shared by all slots: with one slot (-np 1) it is that slot's, so this "
+         "works; with more it is refused (each slot owns ctx-size / np positions)");
     I64("-n,--predict,--n-predict", "LLAMA_ARG_N_PREDICT", &o->n_predict, -1, INT32_MAX, "N",
         "most tokens one request may generate (default -1: no limit)");
     I64("-t,--threads", "LLAMA_ARG_THREADS", &o->threads, -1, 1024, "N",
@@ -1543,6 +1546,12 @@ int main(int argc, char **argv)
         BL_LOG(BL_LOG_INFO, "event=flag_accepted flag=--keep value=%lld reason=the context is "
                             "never shifted",
                (long long)o.keep);
+    if (o.kv_unified && o.parallel > 1) {
+        bl_err_set(&err, BL_ENOTSUP, "--kv-unified with --parallel %lld: one KV cache shared by "
+                   "several slots is not supported yet (each slot owns ctx-size / np positions); "
+                   "drop -kvu or use -np 1", (long long)o.parallel);
+        goto fail;
+    }
     if (o.cache_ram != -2 && o.cache_ram != 0) {
         bl_err_set(&err, BL_ENOTSUP, "--cache-ram %lld: a prompt cache in host RAM is not "
                                      "supported (each slot keeps its own prefix); use -cram 0",
@@ -1671,12 +1680,12 @@ int main(int argc, char **argv)
         snprintf(experts_vram, sizeof experts_vram, "%lld", (long long)o.place.experts_vram);
     BL_LOG(BL_LOG_INFO,
            "event=config model=%s alias=%s n_ctx=%lld slots=%lld n_ctx_slot=%lld rows_per_step=%lld "
-           "threads=%lld threads_batch=%lld poll=%lld workers=%lld kv=%s api_keys=%zu residency=%s "
-           "experts_vram=%s chat_format=%s",
+           "threads=%lld threads_batch=%lld poll=%lld workers=%lld kv=%s chat_format=%s api_keys=%zu "
+           "residency=%s experts_vram=%s",
            o.model, alias, (long long)n_ctx, (long long)o.parallel, (long long)n_ctx_slot,
            (long long)rows, (long long)o.threads, (long long)o.threads_batch, (long long)o.poll, (long long)o.workers,
-           o.cache_type_k ? o.cache_type_k : "f16", keys.n, o.place.no_residency ? "off" : "on", experts_vram,
-           rt_chatfmt_name(app->chatfmt));
+           o.cache_type_k ? o.cache_type_k : "f16", rt_chatfmt_name(app->chatfmt), keys.n,
+           o.place.no_residency ? "off" : "on", experts_vram);
 
     /* the listener first (a busy port fails before any child is started; nothing is
      * served until the loop runs), then the child processes and the engine */

@@ -198,3 +198,12 @@ def test_reasoning_format_deepseek_legacy(servers):
     legacy = servers.start(FAST + ["--reasoning-format", "deepseek-legacy"])
     msg = post(legacy.url, "/v1/chat/completions", body).json()["choices"][0]["message"]
     assert msg.get("reasoning_content") == "plan it" and msg["content"] == text, msg
+
+
+def test_kv_unified_with_one_slot(servers):
+    """-kvu with one slot is what the slot has anyway: the server starts and serves
+    (with more slots it is refused at start: test_flags)."""
+    srv = servers.start(FAST + ["-kvu"])
+    r = post(srv.url, "/completion", {"prompt": "The old lighthouse", "n_predict": 4})
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens_predicted"] == 4, r.text
