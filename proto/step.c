@@ -10,12 +10,12 @@ _Static_assert(sizeof(bp_step_hdr_t) % BP_RING_ALIGN == 0, "sections after the h
 
 static const char *const g_kind_names[] = {
     [BP_STEP_TOKENS] = "tokens", [BP_STEP_HIDDEN] = "hidden", [BP_STEP_LOGITS] = "logits",
-    [BP_STEP_EXPERTS] = "experts", [BP_STEP_SUMS] = "sums", [BP_STEP_ERROR] = "error",
+    [BP_STEP_EXPERTS] = "experts", [BP_STEP_SUMS] = "sums", [BP_STEP_ERROR] = "error", [BP_STEP_KV] = "kv",
 };
 
 const char *bp_step_kind_name(uint32_t kind)
 {
-    return kind >= BP_STEP_TOKENS && kind <= BP_STEP_ERROR ? g_kind_names[kind] : "unknown";
+    return kind >= BP_STEP_TOKENS && kind <= BP_STEP_KV ? g_kind_names[kind] : "unknown";
 }
 
 /* ------------------------------------------------------------------ layout */
@@ -66,6 +66,9 @@ int bp_step_layout(const bp_step_hdr_t *h, bp_step_layout_t *out, bl_err_t *err)
     case BP_STEP_ERROR:
         bad |= section(&at, h->text_len, 1, &out->text);
         break;
+    case BP_STEP_KV:
+        bad |= section(&at, (uint64_t)h->n_seqs, sizeof(bp_step_kvop_t), &out->kvops);
+        break;
     default:
         return bl_err_set(err, BL_EINVAL, "step message: unknown kind %u", h->kind);
     }
@@ -91,6 +94,7 @@ static void point(uint8_t *base, const bp_step_hdr_t *h, const bp_step_layout_t 
     out->ids = lay->ids ? (int32_t *)(base + lay->ids) : NULL;
     out->wts = lay->wts ? (float *)(base + lay->wts) : NULL;
     out->text = lay->text ? (char *)(base + lay->text) : NULL;
+    out->kvops = lay->kvops ? (bp_step_kvop_t *)(base + lay->kvops) : NULL;
     out->nbytes = lay->nbytes;
 }
 
@@ -181,7 +185,8 @@ int bp_step_parse(const void *msg, size_t nbytes, const bp_step_limits_t *lim,
     memcpy(h, msg, sizeof *h); /* one copy: later checks see what this side will use */
     if (h->magic != BP_STEP_MAGIC)
         return bad(err, h, "magic", h->magic, "is not a step message");
-    if (h->kind != (uint32_t)want && h->kind != BP_STEP_ERROR)
+    const int kv_ok = want == BP_STEP_TOKENS || want == BP_STEP_HIDDEN || want == BP_STEP_LOGITS;
+    if (h->kind != (uint32_t)want && h->kind != BP_STEP_ERROR && !(h->kind == BP_STEP_KV && kv_ok))
         return bl_err_set(err, BL_EPROTO, "step message: kind %s (%u) where %s was expected",
                           bp_step_kind_name(h->kind), h->kind, bp_step_kind_name(want));
     if (want_step != BP_STEP_ANY && h->step != want_step)
@@ -201,15 +206,18 @@ int bp_step_parse(const void *msg, size_t nbytes, const bp_step_limits_t *lim,
         min_rows = 0; /* a prompt chunk that wants no logits still says it is done */
         max_rows = lim->n_out_max;
         break;
-    case BP_STEP_ERROR: min_rows = max_rows = 0; break;
+    case BP_STEP_ERROR:
+    case BP_STEP_KV: min_rows = max_rows = 0; break;
     }
     if (h->n_rows < min_rows || h->n_rows > max_rows)
         return bad(err, h, "n_rows", h->n_rows, "is outside the plan's rows per step");
     if (h->width != want_width)
         return bad(err, h, "width", h->width, "differs from the model's");
     int seqs = h->kind == BP_STEP_TOKENS || h->kind == BP_STEP_HIDDEN;
-    if (seqs ? (h->n_seqs < 1 || h->n_seqs > lim->n_slots) : h->n_seqs != 0)
-        return bad(err, h, "n_seqs", h->n_seqs, "is outside the plan's slots");
+    if (h->kind == BP_STEP_KV ? (h->n_seqs < 1 || h->n_seqs > BP_STEP_MAX_KVOPS)
+        : seqs                ? (h->n_seqs < 1 || h->n_seqs > lim->n_slots)
+                              : h->n_seqs != 0)
+        return bad(err, h, "n_seqs", h->n_seqs, "is outside the plan's slots or ops");
     int experts = h->kind == BP_STEP_EXPERTS || h->kind == BP_STEP_SUMS;
     if (experts ? (h->layer < 0 || h->layer >= lim->n_layer) : h->layer != 0)
         return bad(err, h, "layer", h->layer, "is not a layer of the model");
@@ -273,6 +281,25 @@ int bp_step_parse(const void *msg, size_t nbytes, const bp_step_limits_t *lim,
                 for (int32_t j = 0; j < i; j++)
                     if (in->ids[at + i] == in->ids[at + j])
                         return bad(err, h, "ids[]", in->ids[at + i], "appears twice in one row");
+    }
+    if (h->kind == BP_STEP_KV) {
+        if (in->kvops == NULL)
+            return bl_err_set(err, BL_EINVAL, "step message: no room for KV ops");
+        memcpy(in->kvops, base + lay.kvops, (size_t)h->n_seqs * sizeof *in->kvops);
+        for (int32_t i = 0; i < h->n_seqs; i++) {
+            const bp_step_kvop_t *o = &in->kvops[i];
+            const int drop = o->op == BP_KV_DROP;
+            if (o->op != BP_KV_SAVE && o->op != BP_KV_LOAD && !drop)
+                return bad(err, h, "ops[].op", o->op, "is not save, load or drop");
+            if (drop ? o->slot != 0 : (o->slot < 0 || o->slot >= lim->n_slots))
+                return bad(err, h, "ops[].slot", o->slot, "is outside the plan's slots");
+            if (o->entry < 0)
+                return bad(err, h, "ops[].entry", o->entry, "is negative");
+            if (drop ? o->n != 0 : (o->n < 1 || o->n > lim->n_ctx))
+                return bad(err, h, "ops[].n", o->n, "is not in 1..the slot's context");
+            if (o->bytes < 0)
+                return bad(err, h, "ops[].bytes", o->bytes, "is negative");
+        }
     }
     if (lay.rows)
         in->rows = (const float *)(base + lay.rows);

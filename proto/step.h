@@ -14,6 +14,10 @@
  *                only the experts that are not its own
  *   SUMS     hdr | rows float (n_rows, width = n_embd)
  *   ERROR    hdr (code, text_len) | text (text_len bytes, no NUL)
+ *   KV       hdr (n_seqs: the ops) | ops (n_seqs): saves of a slot's cache to host
+ *            memory, loads back into a slot, drops; it runs down the pipeline in
+ *            step order (each stage does its layers' part and passes it on) and the
+ *            last stage sends it back to the router, each op's bytes summed
  * The writer reserves the whole message in the ring and fills it in place; the reader
  * checks a peeked message against its plan limits before it uses any count in it.
  * Nothing here allocates or logs. */
@@ -49,7 +53,26 @@ typedef enum bp_step_kind {
     BP_STEP_EXPERTS = 4,
     BP_STEP_SUMS = 5,
     BP_STEP_ERROR = 6,
+    BP_STEP_KV = 7,
 } bp_step_kind_t;
+
+/* The most ops one KV message carries. */
+#define BP_STEP_MAX_KVOPS 64
+
+typedef enum bp_kv_op {
+    BP_KV_SAVE = 1, /* positions 0..n of slot's cache into host memory, as entry */
+    BP_KV_LOAD = 2, /* entry's first n positions into slot's cache (its n_past becomes n) */
+    BP_KV_DROP = 3, /* entry's memory freed (an unknown entry is no error) */
+} bp_kv_op_t;
+
+/* One op of a KV message; 32 bytes. */
+typedef struct bp_step_kvop {
+    int32_t op;    /* bp_kv_op_t */
+    int32_t slot;  /* SAVE, LOAD; 0 for DROP */
+    int64_t entry; /* the router's name for a saved state, >= 0 */
+    int64_t n;     /* SAVE, LOAD: positions, 1..n_ctx; DROP: 0 */
+    int64_t bytes; /* host bytes the stages so far hold for the entry (each adds its own) */
+} bp_step_kvop_t;
 
 /* 48 bytes; fields a kind does not use are 0. */
 typedef struct bp_step_hdr {
@@ -90,7 +113,7 @@ typedef struct bp_step_limits {
 
 /* Byte offsets of a message's sections (0 where the kind has none) and its size. */
 typedef struct bp_step_layout {
-    size_t seqs, tokens, rows, counts, ids, wts, text;
+    size_t seqs, tokens, rows, counts, ids, wts, text, kvops;
     size_t nbytes;
 } bp_step_layout_t;
 
@@ -107,6 +130,7 @@ typedef struct bp_step_out {
     int32_t *ids;    /* EXPERTS */
     float *wts;      /* EXPERTS */
     char *text;      /* ERROR */
+    bp_step_kvop_t *kvops; /* KV */
     size_t nbytes;   /* pass to bp_ring_commit */
 } bp_step_out_t;
 
@@ -138,16 +162,20 @@ typedef struct bp_step_in {
     const float *rows;
     const float *wts;
     const char *text;    /* ERROR: hdr.text_len bytes, not NUL-terminated */
+    bp_step_kvop_t *kvops; /* set by the caller: room for BP_STEP_MAX_KVOPS ops (KV);
+                            * may be NULL when the caller never accepts KV */
 } bp_step_in_t;
 
 /* Checks nbytes of an untrusted message against lim, expecting kind want (an ERROR
- * is always accepted: check in->hdr.kind) and step counter want_step (or
+ * is always accepted, and a KV where want is TOKENS, HIDDEN or LOGITS, the
+ * pipeline's kinds: check in->hdr.kind) and step counter want_step (or
  * BP_STEP_ANY), and fills in. Checks: size, magic, kind, step; counts within lim
  * (rows 1..n_batch, widths equal to the model's, layer below n_layer); for
  * sequences: slot below n_slots, n >= 1 and summing to n_rows, pos >= 0, pos + n <=
  * n_ctx, n_out in 0..n; token ids below n_vocab; for experts: each row's count in
  * 1..n_expert_used, the counts summing to k, ids below n_expert, no id twice in a
- * row; the size equal to the layout's. BL_EPROTO naming the field and the
+ * row; for KV ops: a known op, slot below n_slots, entry >= 0, n in 1..n_ctx (0 for
+ * DROP), bytes >= 0; the size equal to the layout's. BL_EPROTO naming the field and the
  * value; nothing is read past nbytes. */
 int bp_step_parse(const void *msg, size_t nbytes, const bp_step_limits_t *lim,
                   bp_step_kind_t want, uint64_t want_step, bp_step_in_t *in,

@@ -294,10 +294,18 @@ static void tb_printf(textbuf_t *b, const char *fmt, ...)
     }
 }
 
+/* One sample with its HELP and TYPE lines; prefix "llamacpp" for llama-server's
+ * names, "bloomery" for this server's own. */
+static void metric_of(textbuf_t *b, const char *prefix, const char *name, const char *type,
+                      const char *help, double v)
+{
+    tb_printf(b, "# HELP %s:%s %s\n# TYPE %s:%s %s\n%s:%s %.15g\n", prefix, name, help, prefix, name, type,
+              prefix, name, v);
+}
+
 static void metric(textbuf_t *b, const char *name, const char *type, const char *help, double v)
 {
-    tb_printf(b, "# HELP llamacpp:%s %s\n# TYPE llamacpp:%s %s\nllamacpp:%s %.15g\n", name, help,
-              name, type, name, v);
+    metric_of(b, "llamacpp", name, type, help, v);
 }
 
 /* A child's counter named <base>_l<digits> is layer <digits> of <base>: the length of
@@ -464,6 +472,18 @@ static void route_metrics(rt_req_t *r)
     metric(&b, "requests_deferred", "gauge", "Number of requests deferred.",
            (double)st.requests_deferred);
     metric(&b, "n_tokens_max", "counter", "Largest observed n_tokens.", (double)st.n_tokens_max);
+    /* this server's own: the prompt cache in host RAM (-cram) */
+    metric_of(&b, "bloomery", "prompt_cache_saves_total", "counter", "Slot cache states saved to host RAM.",
+           (double)st.prompt_cache_saves_total);
+    metric_of(&b, "bloomery", "prompt_cache_hits_total", "counter", "Prompts started from a saved state.",
+           (double)st.prompt_cache_hits_total);
+    metric_of(&b, "bloomery", "prompt_cache_tokens_total", "counter", "Positions restored from saved states.",
+           (double)st.prompt_cache_tokens_total);
+    metric_of(&b, "bloomery", "prompt_cache_evictions_total", "counter", "Saved states dropped for the budget.",
+           (double)st.prompt_cache_evictions_total);
+    metric_of(&b, "bloomery", "prompt_cache_entries", "gauge", "Saved states held.", (double)st.prompt_cache_entries);
+    metric_of(&b, "bloomery", "prompt_cache_bytes", "gauge", "Host bytes the saved states take.",
+           (double)st.prompt_cache_bytes);
     if (app->cluster)
         cluster_metrics(&b, app->cluster);
     if (b.oom) {

@@ -1237,15 +1237,13 @@ static int hung(rt_cluster_t *c, uint64_t step, bl_err_t *err)
     return closed(c, err);
 }
 
-static int step_locked(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, int32_t n_rows,
-                       int32_t n_out, const float **logits, bl_err_t *err)
+/* Whether a message may go down the pipeline now. reads_cache: it continues what
+ * a slot's cache holds. */
+static int pipe_ready(rt_cluster_t *c, int reads_cache, bl_err_t *err)
 {
     /* A step that reads no cache (every sequence starts at 0) is as good on a new
      * set as on the old one; only one that continues a sequence learns, once, that
      * the caches are gone. So a death while idle does not fail the next request. */
-    int reads_cache = 0;
-    for (int i = 0; i < n_seqs; i++)
-        reads_cache |= seqs[i].pos > 0;
     pthread_mutex_lock(&c->mu);
     rt_cluster_state_t st = c->state;
     int pending = c->pending_closed;
@@ -1259,32 +1257,31 @@ static int step_locked(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, i
                           st == RT_CLUSTER_LOADING ? "loading"
                           : st == RT_CLUSTER_FAILED ? "failed"
                           : st == RT_CLUSTER_STOPPED ? "stopped" : "restarting");
+    return 0;
+}
 
-    uint64_t step = ++c->step_no;
-    bp_step_hdr_t h = {.kind = BP_STEP_TOKENS, .step = step, .n_seqs = n_seqs, .n_rows = n_rows};
-    bp_step_out_t o;
+/* Room for a message with header h on the first stage's ring, waiting while the
+ * pipeline is full. */
+static int pipe_reserve(rt_cluster_t *c, const bp_step_hdr_t *h, bp_step_out_t *o, int64_t deadline,
+                        bl_err_t *err)
+{
     int rc;
-    const int64_t deadline = c->o.step_timeout_ms > 0 ? now_ms() + c->o.step_timeout_ms : 0;
-    while ((rc = bp_step_reserve(c->to_first, &h, &o, POLL_US, err)) == BL_ETIMEDOUT) {
+    while ((rc = bp_step_reserve(c->to_first, h, o, POLL_US, err)) == BL_ETIMEDOUT) {
         if (atomic_load(&c->broken))
             return closed(c, err);
         if (deadline && now_ms() > deadline)
-            return hung(c, step, err);
+            return hung(c, h->step, err);
     }
-    if (rc)
-        return rc == BL_ECLOSED ? closed(c, err) : rc;
-    int32_t row = 0;
-    for (int i = 0; i < n_seqs; i++) {
-        o.seqs[i] = (bp_step_seq_t){.slot = seqs[i].slot, .n = seqs[i].n, .pos = seqs[i].pos,
-                                    .n_out = seqs[i].n_out};
-        memcpy(o.tokens + row, seqs[i].tokens, (size_t)seqs[i].n * sizeof(int32_t));
-        row += seqs[i].n;
-    }
-    if ((rc = bp_ring_commit(c->to_first, o.nbytes, err)) != 0)
-        return rc;
+    return rc == BL_ECLOSED ? closed(c, err) : rc;
+}
 
+/* The last stage's answer to step, parsed into in (release the ring after); an
+ * ERROR it carries becomes the return code with its text. */
+static int pipe_answer(rt_cluster_t *c, uint64_t step, int64_t deadline, bp_step_in_t *in, bl_err_t *err)
+{
     const void *msg;
     size_t nbytes;
+    int rc;
     while ((rc = bp_ring_peek(c->from_last, &msg, &nbytes, POLL_US, err)) == BL_ETIMEDOUT) {
         if (atomic_load(&c->broken) || atomic_load(&c->stopping))
             return closed(c, err);
@@ -1297,20 +1294,104 @@ static int step_locked(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, i
         atomic_store(&c->restart_req, 1);
         return rc;
     }
+    rc = bp_step_parse(msg, nbytes, &c->lim, BP_STEP_LOGITS, step, in, err);
+    if (rc == 0 && in->hdr.kind == BP_STEP_ERROR)
+        rc = bl_err_set(err, in->hdr.code, "%.*s", (int)in->hdr.text_len, in->text);
+    if (rc)
+        bp_ring_release(c->from_last);
+    if (rc == BL_EPROTO)
+        atomic_store(&c->restart_req, 1);
+    return rc == 0 ? 0 : rc;
+}
+
+static int step_locked(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, int32_t n_rows,
+                       int32_t n_out, const float **logits, bl_err_t *err)
+{
+    int reads_cache = 0;
+    for (int i = 0; i < n_seqs; i++)
+        reads_cache |= seqs[i].pos > 0;
+    int rc = pipe_ready(c, reads_cache, err);
+    if (rc)
+        return rc;
+    uint64_t step = ++c->step_no;
+    bp_step_hdr_t h = {.kind = BP_STEP_TOKENS, .step = step, .n_seqs = n_seqs, .n_rows = n_rows};
+    bp_step_out_t o;
+    const int64_t deadline = c->o.step_timeout_ms > 0 ? now_ms() + c->o.step_timeout_ms : 0;
+    if ((rc = pipe_reserve(c, &h, &o, deadline, err)) != 0)
+        return rc;
+    int32_t row = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        o.seqs[i] = (bp_step_seq_t){.slot = seqs[i].slot, .n = seqs[i].n, .pos = seqs[i].pos,
+                                    .n_out = seqs[i].n_out};
+        memcpy(o.tokens + row, seqs[i].tokens, (size_t)seqs[i].n * sizeof(int32_t));
+        row += seqs[i].n;
+    }
+    if ((rc = bp_ring_commit(c->to_first, o.nbytes, err)) != 0)
+        return rc;
     bp_step_in_t in = {0};
-    rc = bp_step_parse(msg, nbytes, &c->lim, BP_STEP_LOGITS, step, &in, err);
-    if (rc == 0 && in.hdr.kind == BP_STEP_ERROR) {
-        rc = bl_err_set(err, in.hdr.code, "%.*s", (int)in.hdr.text_len, in.text);
-    } else if (rc == 0 && in.hdr.n_rows != n_out) {
-        rc = bl_err_set(err, BL_EPROTO, "step %llu: %d logits rows from the last stage, %d asked",
-                        (unsigned long long)step, in.hdr.n_rows, n_out);
-    } else if (rc == 0) {
+    if ((rc = pipe_answer(c, step, deadline, &in, err)) != 0)
+        return rc;
+    if (in.hdr.kind != BP_STEP_LOGITS || in.hdr.n_rows != n_out) {
+        rc = bl_err_set(err, BL_EPROTO, "step %llu: %s of %d rows from the last stage, %d logits rows asked",
+                        (unsigned long long)step, bp_step_kind_name(in.hdr.kind), in.hdr.n_rows, n_out);
+        atomic_store(&c->restart_req, 1);
+    } else {
         memcpy(c->logits, in.rows, (size_t)n_out * (size_t)c->n_vocab * sizeof(float));
         *logits = c->logits;
     }
     bp_ring_release(c->from_last);
-    if (rc == BL_EPROTO)
-        atomic_store(&c->restart_req, 1);
+    return rc;
+}
+
+_Static_assert(RT_KV_MAX_OPS == BP_STEP_MAX_KVOPS, "one bound for KV ops");
+_Static_assert((int)RT_KV_SAVE == (int)BP_KV_SAVE && (int)RT_KV_LOAD == (int)BP_KV_LOAD &&
+                   (int)RT_KV_DROP == (int)BP_KV_DROP,
+               "the engine's KV op codes are the wire's");
+
+int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
+{
+    if (n_ops < 1 || n_ops > BP_STEP_MAX_KVOPS)
+        return bl_err_set(err, BL_EINVAL, "kv: %d ops (1..%d)", n_ops, BP_STEP_MAX_KVOPS);
+    for (int i = 0; i < n_ops; i++)
+        if ((ops[i].op < RT_KV_SAVE || ops[i].op > RT_KV_DROP) ||
+            (ops[i].op != BP_KV_DROP && (ops[i].slot < 0 || ops[i].slot >= c->lim.n_slots ||
+                                         ops[i].n < 1 || ops[i].n > c->lim.n_ctx)) ||
+            ops[i].entry < 0)
+            return bl_err_set(err, BL_EINVAL, "kv: op %d (slot %d, %lld positions) is outside the plan", i,
+                              ops[i].slot, (long long)ops[i].n);
+    pthread_mutex_lock(&c->step_mu);
+    int reads_cache = 0;
+    for (int i = 0; i < n_ops; i++)
+        reads_cache |= ops[i].op == BP_KV_SAVE;
+    int rc = pipe_ready(c, reads_cache, err);
+    uint64_t step = 0;
+    const int64_t deadline = c->o.step_timeout_ms > 0 ? now_ms() + c->o.step_timeout_ms : 0;
+    bp_step_out_t o;
+    if (rc == 0) {
+        step = ++c->step_no;
+        bp_step_hdr_t h = {.kind = BP_STEP_KV, .step = step, .n_seqs = n_ops};
+        rc = pipe_reserve(c, &h, &o, deadline, err);
+    }
+    if (rc == 0) {
+        for (int i = 0; i < n_ops; i++)
+            o.kvops[i] = (bp_step_kvop_t){.op = ops[i].op, .slot = ops[i].op == BP_KV_DROP ? 0 : ops[i].slot,
+                                          .entry = ops[i].entry, .n = ops[i].op == BP_KV_DROP ? 0 : ops[i].n};
+        rc = bp_ring_commit(c->to_first, o.nbytes, err);
+    }
+    bp_step_kvop_t back[BP_STEP_MAX_KVOPS];
+    bp_step_in_t in = {.kvops = back};
+    if (rc == 0 && (rc = pipe_answer(c, step, deadline, &in, err)) == 0) {
+        if (in.hdr.kind != BP_STEP_KV || in.hdr.n_seqs != n_ops) {
+            rc = bl_err_set(err, BL_EPROTO, "kv %llu: %s from the last stage, not the %d ops sent",
+                            (unsigned long long)step, bp_step_kind_name(in.hdr.kind), n_ops);
+            atomic_store(&c->restart_req, 1);
+        } else {
+            for (int i = 0; i < n_ops; i++)
+                ops[i].bytes = back[i].bytes;
+        }
+        bp_ring_release(c->from_last);
+    }
+    pthread_mutex_unlock(&c->step_mu);
     return rc;
 }
 

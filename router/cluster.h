@@ -143,6 +143,24 @@ typedef struct rt_step_seq {
 int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, const float **logits,
                     bl_err_t *err) BL_WUR;
 
+/* Sends KV ops (proto/step.h: a slot's cache saved to host memory under an entry
+ * name, loaded back into a slot, dropped) down the pipeline in step order, and
+ * waits for them to come back; each op's bytes is then what the stages together
+ * hold for its entry. Returns 0, or what rt_cluster_step returns, or the first
+ * failing op's error as a stage named it (BL_ENOENT: a load of an entry a stage does
+ * not hold; BL_ENOMEM). On an error the ops after the failing one did not run and
+ * the slots they name hold nothing usable. Engine thread. */
+enum { RT_KV_SAVE = 1, RT_KV_LOAD = 2, RT_KV_DROP = 3 };
+#define RT_KV_MAX_OPS 64
+typedef struct rt_kv_op {
+    int op;        /* RT_KV_* */
+    int32_t slot;  /* SAVE, LOAD */
+    int64_t entry; /* >= 0 */
+    int64_t n;     /* SAVE, LOAD: positions 0..n */
+    int64_t bytes; /* out: host bytes the stages hold for the entry */
+} rt_kv_op_t;
+int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err) BL_WUR;
+
 /* How many times the set was (re)started, and counters for /metrics. */
 typedef struct rt_cluster_stats {
     uint64_t starts;

@@ -94,6 +94,19 @@ typedef struct slot {
     int32_t line_indent;  /* how many there are so far */
 } slot_t;
 
+/* A slot's cache state saved in host RAM by the stages (rt_cluster_kv), for the
+ * prompt cache: the tokens it holds, under the entry name the stages know it by. */
+typedef struct pc_entry {
+    int64_t id;
+    int32_t *toks;
+    int64_t n;
+    int64_t bytes;
+    uint64_t last_used;
+} pc_entry_t;
+
+/* Fewest positions worth saving. */
+#define PC_MIN_TOKENS 16
+
 struct rt_engine {
     rt_engine_opts_t o;
     rt_cluster_t *cluster;
@@ -135,6 +148,9 @@ struct rt_engine {
     uint64_t cluster_starts;
     int64_t last_work_us;    /* engine thread: when it last had a task (sleep) */
     int rr;                 /* first decode slot considered, rotated when rows run short */
+    pc_entry_t *pc;         /* the prompt cache's entries (n_pc) */
+    size_t n_pc, cap_pc;
+    int64_t pc_bytes, pc_next_id;
     int posted;             /* events posted since the last uv_async_send */
 };
 
@@ -467,13 +483,150 @@ static rt_timings_t slot_timings(const slot_t *s, int64_t now)
     return tm;
 }
 
-/* Forgets what the processes held: after a restart every cache starts empty. */
+/* --- the prompt cache in host RAM ---------------------------------------------------------- */
+
+static void pc_stats(rt_engine_t *e, int saves, int hits, int64_t tokens, int evictions)
+{
+    pthread_mutex_lock(&e->mu);
+    e->stats.prompt_cache_saves_total += (uint64_t)saves;
+    e->stats.prompt_cache_hits_total += (uint64_t)hits;
+    e->stats.prompt_cache_tokens_total += (uint64_t)tokens;
+    e->stats.prompt_cache_evictions_total += (uint64_t)evictions;
+    e->stats.prompt_cache_entries = (int64_t)e->n_pc;
+    e->stats.prompt_cache_bytes = e->pc_bytes;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void pc_remove(rt_engine_t *e, size_t i)
+{
+    e->pc_bytes -= e->pc[i].bytes;
+    free(e->pc[i].toks);
+    e->pc[i] = e->pc[--e->n_pc];
+}
+
+/* Drops entries (listed in ops, then sent) until the cache is within its budget:
+ * the least recently used first. A failed drop only leaks stage memory until the
+ * next restart; it is logged. */
+static void pc_trim(rt_engine_t *e, int64_t extra_bytes)
+{
+    rt_kv_op_t ops[RT_KV_MAX_OPS];
+    int n = 0;
+    while (e->o.cache_ram > 0 && e->n_pc > 0 && e->pc_bytes + extra_bytes > e->o.cache_ram &&
+           n < RT_KV_MAX_OPS) {
+        size_t lru = 0;
+        for (size_t i = 1; i < e->n_pc; i++)
+            if (e->pc[i].last_used < e->pc[lru].last_used)
+                lru = i;
+        ops[n++] = (rt_kv_op_t){.op = RT_KV_DROP, .entry = e->pc[lru].id};
+        pc_remove(e, lru);
+    }
+    if (n == 0)
+        return;
+    bl_err_t err = {0};
+    if (rt_cluster_kv(e->cluster, ops, n, &err))
+        BL_LOG(BL_LOG_WARN, "event=prompt_cache_drop_failed entries=%d reason=\"%s\"", n, err.msg);
+    pc_stats(e, 0, 0, 0, n);
+}
+
+/* Saves what slot s holds before a new prompt overwrites it, unless the cache
+ * already has it: the entries it extends are dropped. */
+static void pc_save(rt_engine_t *e, slot_t *s)
+{
+    const int64_t n = s->n_past;
+    for (size_t i = 0; i < e->n_pc; i++)
+        if (e->pc[i].n >= n && common_prefix(e->pc[i].toks, (size_t)e->pc[i].n, s->seq, (size_t)n) == (size_t)n) {
+            e->pc[i].last_used = ++e->clock; /* already kept */
+            return;
+        }
+    if (e->n_pc == e->cap_pc) {
+        size_t cap = e->cap_pc ? 2 * e->cap_pc : 16;
+        pc_entry_t *g = realloc(e->pc, cap * sizeof *g);
+        if (!g)
+            return;
+        e->pc = g;
+        e->cap_pc = cap;
+    }
+    int32_t *toks = malloc((size_t)n * sizeof *toks);
+    if (!toks)
+        return;
+    memcpy(toks, s->seq, (size_t)n * sizeof *toks);
+    rt_kv_op_t op = {.op = RT_KV_SAVE, .slot = s->id, .entry = e->pc_next_id++, .n = n};
+    bl_err_t err = {0};
+    int rc = rt_cluster_kv(e->cluster, &op, 1, &err);
+    if (rc) {
+        free(toks);
+        BL_LOG(BL_LOG_WARN, "event=prompt_cache_save_failed slot=%d n=%lld reason=\"%s\"", s->id,
+               (long long)n, err.msg);
+        rt_kv_op_t drop = {.op = RT_KV_DROP, .entry = op.entry}; /* what stages before kept */
+        if (rc != BL_ECLOSED && rc != BL_EAGAIN && rt_cluster_kv(e->cluster, &drop, 1, &err))
+            BL_LOG(BL_LOG_WARN, "event=prompt_cache_drop_failed entries=1 reason=\"%s\"", err.msg);
+        return;
+    }
+    /* the entries this one extends are superseded */
+    rt_kv_op_t drops[RT_KV_MAX_OPS];
+    int nd = 0;
+    for (size_t i = 0; i < e->n_pc && nd < RT_KV_MAX_OPS;) {
+        if (e->pc[i].n < n && common_prefix(e->pc[i].toks, (size_t)e->pc[i].n, toks, (size_t)n) ==
+                                  (size_t)e->pc[i].n) {
+            drops[nd++] = (rt_kv_op_t){.op = RT_KV_DROP, .entry = e->pc[i].id};
+            pc_remove(e, i);
+        } else {
+            i++;
+        }
+    }
+    if (nd && rt_cluster_kv(e->cluster, drops, nd, &err))
+        BL_LOG(BL_LOG_WARN, "event=prompt_cache_drop_failed entries=%d reason=\"%s\"", nd, err.msg);
+    e->pc[e->n_pc++] = (pc_entry_t){.id = op.entry, .toks = toks, .n = n, .bytes = op.bytes,
+                                    .last_used = ++e->clock};
+    e->pc_bytes += op.bytes;
+    BL_LOG(BL_LOG_DEBUG, "event=prompt_cache_save slot=%d n=%lld bytes=%lld entries=%zu", s->id,
+           (long long)n, (long long)op.bytes, e->n_pc);
+    pc_stats(e, 1, 0, 0, 0);
+}
+
+/* The prompt's start from the cache into slot s when an entry shares more of it than
+ * the slot's own cache (keep positions): returns the positions s now holds. */
+static size_t pc_restore(rt_engine_t *e, slot_t *s, const rt_task_t *t, size_t keep)
+{
+    size_t best = keep;
+    pc_entry_t *hit = NULL;
+    for (size_t i = 0; i < e->n_pc; i++) {
+        size_t l = common_prefix(e->pc[i].toks, (size_t)e->pc[i].n, t->prompt, t->n_prompt);
+        if (l > best) {
+            best = l;
+            hit = &e->pc[i];
+        }
+    }
+    if (best >= t->n_prompt) /* the last token's logits are needed */
+        best = t->n_prompt - 1;
+    if (!hit || best <= keep || best < PC_MIN_TOKENS)
+        return keep;
+    rt_kv_op_t op = {.op = RT_KV_LOAD, .slot = s->id, .entry = hit->id, .n = (int64_t)best};
+    bl_err_t err = {0};
+    if (rt_cluster_kv(e->cluster, &op, 1, &err)) {
+        BL_LOG(BL_LOG_WARN, "event=prompt_cache_load_failed slot=%d n=%zu reason=\"%s\"", s->id, best,
+               err.msg);
+        pc_remove(e, (size_t)(hit - e->pc));
+        pc_stats(e, 0, 0, 0, 0);
+        return 0; /* the slot's cache holds nothing usable now */
+    }
+    hit->last_used = ++e->clock;
+    memcpy(s->seq, hit->toks, best * sizeof *s->seq);
+    pc_stats(e, 0, 1, (int64_t)best, 0);
+    return best;
+}
+
+/* Forgets what the processes held: after a restart every cache starts empty, the
+ * saved states too. */
 static void forget_caches(rt_engine_t *e)
 {
     for (int i = 0; i < e->o.n_slots; i++) {
         e->slots[i].n_past = 0;
         e->slots[i].n_seq = 0;
     }
+    while (e->n_pc)
+        pc_remove(e, e->n_pc - 1);
+    pc_stats(e, 0, 0, 0, 0);
 }
 
 /* Ends every task in a slot with an ERROR (a failed step: its rows are lost). */
@@ -513,6 +666,16 @@ static int slot_start(rt_engine_t *e, slot_t *s, rt_task_t *t, int32_t n_vocab)
         if (keep >= t->n_prompt)
             keep = t->n_prompt - 1;
     }
+    const int64_t t_start = now_us(); /* the prompt's time counts the cache's copies */
+    if (e->o.cache_ram != 0) {
+        /* what the prompt overwrites goes to the prompt cache first, and the prompt
+         * starts from the cache when that holds more of it */
+        if (s->n_past >= PC_MIN_TOKENS && (int64_t)keep < s->n_past)
+            pc_save(e, s);
+        if (t->p.cache_prompt)
+            keep = pc_restore(e, s, t, keep);
+        pc_trim(e, 0); /* after the load: the state it used is the latest */
+    }
     memcpy(s->seq + keep, t->prompt + keep, (t->n_prompt - keep) * sizeof *t->prompt);
     s->n_past = (int64_t)keep;
     s->n_seq = (int64_t)t->n_prompt;
@@ -529,7 +692,7 @@ static int slot_start(rt_engine_t *e, slot_t *s, rt_task_t *t, int32_t n_vocab)
     s->state = SLOT_PROMPT;
     s->start_order = ++e->clock;
     s->last_used = s->start_order;
-    s->t_start_us = now_us();
+    s->t_start_us = t_start;
     s->t_first_us = 0;
     s->got_first = 0;
     s->has_new_line = s->in_indent = 0;
@@ -1320,6 +1483,9 @@ void rt_engine_destroy(rt_engine_t *e)
     rt_grammar_vocab_destroy(e->gvocab); /* after the samplers that borrowed it */
     if (e->async)
         uv_close((uv_handle_t *)e->async, free_async);
+    for (size_t i = 0; i < e->n_pc; i++)
+        free(e->pc[i].toks);
+    free(e->pc);
     free(e->slots);
     free(e->seqs);
     free(e->seq_slot);

@@ -132,6 +132,9 @@ typedef struct rt_engine_opts {
     int64_t n_predict_max;  /* server-wide cap (-n): -1 none */
     int64_t timeout_ms;     /* --timeout: a task waiting longer than this for a slot
                              * fails with 503; 0: no limit */
+    int64_t cache_ram;      /* -cram: bytes of host RAM the prompt cache may hold (the
+                             * stages' saved cache states together); 0: no prompt cache;
+                             * -1: no bound */
     int64_t sleep_idle_ms;  /* --sleep-idle-seconds: after this long without work the
                              * model's processes stop (rt_cluster_sleep) until the next
                              * task wakes them; 0: never */
@@ -188,6 +191,13 @@ typedef struct rt_engine_stats {
     uint64_t requests_deferred;       /* tasks waiting for a slot now */
     uint64_t n_tokens_max;            /* largest n_past any slot reached */
     int64_t kv_cache_tokens;          /* sum of n_past over slots */
+    /* the prompt cache in host RAM */
+    uint64_t prompt_cache_saves_total;   /* slot states saved */
+    uint64_t prompt_cache_hits_total;    /* prompts that started from a saved state */
+    uint64_t prompt_cache_tokens_total;  /* positions those restored */
+    uint64_t prompt_cache_evictions_total;
+    int64_t prompt_cache_entries;
+    int64_t prompt_cache_bytes;
 } rt_engine_stats_t;
 
 /* Fills slots[0..n_slots) and returns n_slots (at most cap). */

@@ -436,8 +436,10 @@ static int build_args(bl_arg_t *a, opts_t *o)
     FLAG("--no-op-offload", NULL, &o->no_op_offload,
          "a card never copies a layer's host-RAM experts in for a prompt step (by default a step "
          "of at least 64 rows computes them on the card)");
-    I64("-cram,--cache-ram", "LLAMA_ARG_CACHE_RAM", &o->cache_ram, -1, INT64_MAX / 2, "MiB",
-        "0 is accepted (there is no prompt cache in host RAM); other sizes are refused");
+    I64("-cram,--cache-ram", "LLAMA_ARG_CACHE_RAM", &o->cache_ram, -1, INT64_MAX >> 20, "MiB",
+        "the prompt cache in host RAM: what a new prompt would overwrite in a slot is saved "
+        "there, and a prompt that shares more with a saved state starts from it; at most this "
+        "much (default 8192, -1 no limit, 0 off)");
     I64("-ctxcp,--ctx-checkpoints,--swa-checkpoints", "LLAMA_ARG_CTX_CHECKPOINTS",
         &o->ctx_checkpoints, 0, INT32_MAX, "N",
         "accepted: the models served here keep no context checkpoints");
@@ -1552,12 +1554,8 @@ int main(int argc, char **argv)
                    "drop -kvu or use -np 1", (long long)o.parallel);
         goto fail;
     }
-    if (o.cache_ram != -2 && o.cache_ram != 0) {
-        bl_err_set(&err, BL_ENOTSUP, "--cache-ram %lld: a prompt cache in host RAM is not "
-                                     "supported (each slot keeps its own prefix); use -cram 0",
-                   (long long)o.cache_ram);
-        goto fail;
-    }
+    if (o.cache_ram == -2)
+        o.cache_ram = 8192; /* llama-server's default */
     if (o.cpu.mask || o.cpu.range || o.cpu.strict) {
         cpu_set_t cpus;
         CPU_ZERO(&cpus);
@@ -1764,6 +1762,7 @@ int main(int argc, char **argv)
         .n_predict_max = o.n_predict,
         .timeout_ms = o.timeout * 1000,
         .sleep_idle_ms = o.sleep_idle > 0 ? o.sleep_idle * 1000 : 0,
+        .cache_ram = o.cache_ram > 0 ? o.cache_ram * 1024 * 1024 : o.cache_ram,
     };
     if (rt_engine_create(&engine, &eo, cluster, tok, &s->loop, &err) != 0)
         goto fail;

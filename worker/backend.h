@@ -105,6 +105,15 @@ typedef struct wk_backend_ops {
     /* a KV cache's memory: kv->buf of kv->n_layer * 2 * n_ctx * row_bytes */
     int (*kv_alloc)(wk_backend_t *b, wk_kv_t *kv, bl_err_t *err);
     void (*kv_free)(wk_backend_t *b, wk_kv_t *kv);
+    /* positions 0..n of every layer's K and V between kv->buf and host memory, host
+     * laid out (n_layer, 2, host_n >= n, row_bytes); to_host: the direction. Done on
+     * return. */
+    int (*kv_copy)(wk_backend_t *b, wk_kv_t *kv, void *host, int64_t n, int64_t host_n, int to_host,
+                   bl_err_t *err);
+    /* host memory for saved cache states, the kind kv_copy moves fastest (page-locked
+     * beside a card) */
+    int (*state_alloc)(wk_backend_t *b, size_t nbytes, void **out, bl_err_t *err);
+    void (*state_free)(wk_backend_t *b, void *p);
 
     /* --- a step */
     int (*begin)(wk_backend_t *b, const wk_step_t *st, float *x, bl_err_t *err);

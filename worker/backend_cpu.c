@@ -179,6 +179,33 @@ static void cpu_kv_free(wk_backend_t *b, wk_kv_t *kv)
     free(kv->buf);
 }
 
+static int cpu_kv_copy(wk_backend_t *b, wk_kv_t *kv, void *host, int64_t n, int64_t host_n, int to_host,
+                       bl_err_t *err)
+{
+    (void)b, (void)err;
+    const size_t seg = (size_t)n * kv->row_bytes, pitch = (size_t)kv->n_ctx * kv->row_bytes,
+                 hpitch = (size_t)host_n * kv->row_bytes;
+    for (int64_t i = 0; i < kv->n_layer * 2; i++) {
+        uint8_t *d = kv->buf + (size_t)i * pitch, *h = (uint8_t *)host + (size_t)i * hpitch;
+        memcpy(to_host ? h : d, to_host ? d : h, seg);
+    }
+    return 0;
+}
+
+static int cpu_state_alloc(wk_backend_t *b, size_t nbytes, void **out, bl_err_t *err)
+{
+    (void)b;
+    if (!(*out = malloc(nbytes ? nbytes : 1)))
+        return bl_err_set(err, BL_ENOMEM, "out of memory for a saved cache state of %zu bytes", nbytes);
+    return 0;
+}
+
+static void cpu_state_free(wk_backend_t *b, void *p)
+{
+    (void)b;
+    free(p);
+}
+
 // --- a step -----------------------------------------------------------------------------
 
 static void add_rows(float *x, const float *y, int64_t n)
@@ -402,6 +429,7 @@ static int cpu_head(wk_backend_t *b, const float *norm, float eps, const wk_tens
 static const wk_backend_ops_t cpu_ops = {
     .name = cpu_name, .destroy = cpu_destroy, .alloc = cpu_alloc, .add = cpu_add, .add_vec = cpu_add_vec,
     .add_stack = cpu_add_stack, .add_host = cpu_add_host, .commit = cpu_commit, .kv_alloc = cpu_kv_alloc, .kv_free = cpu_kv_free,
+    .kv_copy = cpu_kv_copy, .state_alloc = cpu_state_alloc, .state_free = cpu_state_free,
     .begin = cpu_begin, .end = cpu_end, .embed = cpu_embed, .rms_norm = cpu_rms_norm, .qkv = cpu_qkv,
     .matmul = cpu_matmul, .attention = cpu_attention, .moe = cpu_moe, .ffn = cpu_ffn, .head = cpu_head,
 };

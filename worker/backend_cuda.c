@@ -820,6 +820,35 @@ static void cu_kv_free(wk_backend_t *b, wk_kv_t *kv)
     kcuda_free(kv->buf);
 }
 
+/* On the step stream, so that it follows the steps that wrote the cache and
+ * precedes those that read it. */
+static int cu_kv_copy(wk_backend_t *b, wk_kv_t *kv, void *host, int64_t n, int64_t host_n, int to_host,
+                      bl_err_t *err)
+{
+    const cuda_t *cu = (const cuda_t *)b;
+    int rc = kcuda_set_device(cu->device, err);
+    const size_t seg = (size_t)n * kv->row_bytes, pitch = (size_t)kv->n_ctx * kv->row_bytes,
+                 hpitch = (size_t)host_n * kv->row_bytes;
+    for (int64_t i = 0; rc == 0 && i < kv->n_layer * 2; i++) {
+        uint8_t *d = kv->buf + (size_t)i * pitch, *h = (uint8_t *)host + (size_t)i * hpitch;
+        rc = to_host ? kcuda_download(h, d, seg, cu->stream, err) : kcuda_upload(d, h, seg, cu->stream, err);
+    }
+    return rc < 0 ? rc : kcuda_sync(cu->stream, err);
+}
+
+static int cu_state_alloc(wk_backend_t *b, size_t nbytes, void **out, bl_err_t *err)
+{
+    const cuda_t *cu = (const cuda_t *)b;
+    int rc = kcuda_set_device(cu->device, err);
+    return rc < 0 ? rc : kcuda_host_alloc(out, nbytes ? nbytes : 1, err);
+}
+
+static void cu_state_free(wk_backend_t *b, void *p)
+{
+    (void)b;
+    kcuda_host_free(p);
+}
+
 // --- residency -----------------------------------------------------------------------------
 
 /* One expert's bytes in each of a host layer's three tensors. */
@@ -1698,7 +1727,7 @@ static int cu_head(wk_backend_t *b, const float *norm, float eps, const wk_tenso
 static const wk_backend_ops_t cuda_ops = {
     .name = cu_name, .destroy = cu_destroy, .alloc = cu_alloc, .add = cu_add, .add_vec = cu_add_vec,
     .add_stack = cu_add_stack, .add_host = cu_add_host, .commit = cu_commit, .kv_alloc = cu_kv_alloc,
-    .kv_free = cu_kv_free,
+    .kv_free = cu_kv_free, .kv_copy = cu_kv_copy, .state_alloc = cu_state_alloc, .state_free = cu_state_free,
     .begin = cu_begin, .end = cu_end, .embed = cu_embed, .rms_norm = cu_rms_norm, .qkv = cu_qkv,
     .matmul = cu_matmul, .attention = cu_attention, .moe = cu_moe, .ffn = cu_ffn, .head = cu_head,
     .resid = cu_resid, .resid_layer = cu_resid_layer,

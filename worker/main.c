@@ -46,6 +46,15 @@ typedef struct worker {
     bp_step_seq_t *seqs; /* (n_slots) copied from the input */
     int32_t *tokens;     /* (n_batch) copied from the input */
     wk_seq_t *wseqs;     /* (n_slots) */
+    bp_step_kvop_t kvops[BP_STEP_MAX_KVOPS]; /* copied from a KV message */
+    struct kv_entry *entries; /* saved cache states, by the router's entry names */
+    size_t n_entries, cap_entries;
+    struct kv_block {         /* host memory of dropped states, kept for reuse: page-
+                               * locking a new block costs far more than the copy */
+        void *mem;
+        size_t cap;
+    } spare[8];
+    int n_spare;
     uint64_t x_call;     /* experts calls made: the counter the hosttier echoes */
     /* ---- shared: stop is set by either thread, read by both (relaxed is enough:
      * each side polls it at least every POLL_US) */
@@ -128,6 +137,160 @@ static int experts_remote(void *ctx, int64_t layer, const float *xn, int64_t n, 
     return rc;
 }
 
+static void send_error(worker_t *w, uint64_t step, int code, const char *text);
+
+/* ------------------------------------------------------------ saved cache states */
+
+/* A slot's cache state kept in host memory for the router's prompt cache: this
+ * stage's layers of positions 0..n. */
+struct kv_entry {
+    int64_t id, n;
+    size_t bytes, cap; /* bytes used of cap */
+    void *mem;
+};
+
+/* Large states are stored in blocks of whole steps of this size (small ones in
+ * powers of two), so that a spare block fits the next state of about the same
+ * length. */
+#define KV_BLOCK_STEP ((size_t)32 << 20)
+
+/* A block of at least bytes: a spare one that is not much larger, else a new one. */
+static int block_get(worker_t *w, size_t bytes, void **mem, size_t *cap, bl_err_t *err)
+{
+    int best = -1;
+    for (int i = 0; i < w->n_spare; i++)
+        if (w->spare[i].cap >= bytes && w->spare[i].cap <= 2 * bytes + KV_BLOCK_STEP &&
+            (best < 0 || w->spare[i].cap < w->spare[best].cap))
+            best = i;
+    if (best >= 0) {
+        *mem = w->spare[best].mem;
+        *cap = w->spare[best].cap;
+        w->spare[best] = w->spare[--w->n_spare];
+        return 0;
+    }
+    if (bytes >= KV_BLOCK_STEP) {
+        *cap = (bytes + KV_BLOCK_STEP - 1) / KV_BLOCK_STEP * KV_BLOCK_STEP;
+    } else { /* a small state: the next power of two */
+        *cap = 1u << 16;
+        while (*cap < bytes)
+            *cap *= 2;
+    }
+    return wk_kv_state_alloc(w->m, *cap, mem, err);
+}
+
+/* Keeps a block for reuse; past the spares' room the largest goes back. */
+static void block_put(worker_t *w, void *mem, size_t cap)
+{
+    if (w->n_spare == (int)(sizeof w->spare / sizeof *w->spare)) {
+        int big = 0;
+        for (int i = 1; i < w->n_spare; i++)
+            if (w->spare[i].cap > w->spare[big].cap)
+                big = i;
+        if (w->spare[big].cap <= cap) {
+            wk_kv_state_free(w->m, mem);
+            return;
+        }
+        wk_kv_state_free(w->m, w->spare[big].mem);
+        w->spare[big] = w->spare[--w->n_spare];
+    }
+    w->spare[w->n_spare++] = (struct kv_block){mem, cap};
+}
+
+static struct kv_entry *entry_find(worker_t *w, int64_t id)
+{
+    for (size_t i = 0; i < w->n_entries; i++)
+        if (w->entries[i].id == id)
+            return &w->entries[i];
+    return NULL;
+}
+
+static void entry_drop(worker_t *w, int64_t id)
+{
+    struct kv_entry *e = entry_find(w, id);
+    if (!e)
+        return;
+    block_put(w, e->mem, e->cap);
+    *e = w->entries[--w->n_entries];
+}
+
+static double ms_since(const struct timespec *a, const struct timespec *b)
+{
+    return (double)(b->tv_sec - a->tv_sec) * 1e3 + (double)(b->tv_nsec - a->tv_nsec) / 1e6;
+}
+
+/* One op of a KV message on this stage's layers; o->bytes grows by what it keeps. */
+static int kv_op(worker_t *w, bp_step_kvop_t *o, bl_err_t *err)
+{
+    if (o->op == BP_KV_DROP) {
+        entry_drop(w, o->entry);
+        return 0;
+    }
+    wk_kv_t *kv = w->kvs[o->slot];
+    if (o->op == BP_KV_LOAD) {
+        const struct kv_entry *e = entry_find(w, o->entry);
+        if (!e)
+            return bl_err_set(err, BL_ENOENT, "no saved cache state %lld to load into slot %d",
+                              (long long)o->entry, o->slot);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int rc = wk_kv_load(kv, o->n, e->mem, e->n, err);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (rc == 0) {
+            o->bytes += (int64_t)e->cap;
+            BL_LOG(BL_LOG_DEBUG, "event=kv_load slot=%d n=%lld copy_ms=%.1f", o->slot, (long long)o->n,
+                   ms_since(&t0, &t1));
+        }
+        return rc;
+    }
+    entry_drop(w, o->entry); /* a name saved again replaces the old state */
+    if (w->n_entries == w->cap_entries) {
+        size_t cap = w->cap_entries ? 2 * w->cap_entries : 16;
+        struct kv_entry *g = realloc(w->entries, cap * sizeof *g);
+        if (!g)
+            return bl_err_set(err, BL_ENOMEM, "out of memory for the saved cache states");
+        w->entries = g;
+        w->cap_entries = cap;
+    }
+    const size_t bytes = wk_kv_state_bytes(kv, o->n);
+    void *mem = NULL;
+    size_t cap = 0;
+    struct timespec t0, t1, t2;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = block_get(w, bytes, &mem, &cap, err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (rc == 0 && (rc = wk_kv_save(kv, o->n, mem, err)) != 0)
+        block_put(w, mem, cap);
+    clock_gettime(CLOCK_MONOTONIC, &t2);
+    if (rc)
+        return rc;
+    BL_LOG(BL_LOG_DEBUG, "event=kv_save slot=%d n=%lld bytes=%zu alloc_ms=%.1f copy_ms=%.1f", o->slot,
+           (long long)o->n, bytes, ms_since(&t0, &t1), ms_since(&t1, &t2));
+    w->entries[w->n_entries++] = (struct kv_entry){.id = o->entry, .n = o->n, .bytes = bytes, .cap = cap,
+                                                   .mem = mem};
+    o->bytes += (int64_t)cap; /* what the state holds of host memory */
+    return 0;
+}
+
+/* A KV message: its ops here, then on to the next stage (the last sends it back to
+ * the router). A failed op stops the message: an error goes on in its place. */
+static void run_kv(worker_t *w, const bp_step_in_t *in)
+{
+    bl_err_t err = {0};
+    int rc = 0;
+    for (int32_t i = 0; rc == 0 && i < in->hdr.n_seqs; i++)
+        rc = kv_op(w, &w->kvops[i], &err);
+    bp_step_out_t o;
+    bp_step_hdr_t h = {.kind = BP_STEP_KV, .step = in->hdr.step, .n_seqs = in->hdr.n_seqs};
+    if (rc == 0 && (rc = reserve(w, w->out, &h, &o, &err)) == 0) {
+        memcpy(o.kvops, w->kvops, (size_t)in->hdr.n_seqs * sizeof *o.kvops);
+        if ((rc = bp_ring_commit(w->out, o.nbytes, &err)) == 0)
+            return;
+    }
+    char text[BP_STEP_MAX_TEXT];
+    snprintf(text, sizeof text, "%s: %s", w->ctl.label, err.msg);
+    send_error(w, in->hdr.step, rc, text);
+}
+
 /* ------------------------------------------------------------ step thread */
 
 /* Sends an error on in place of this stage's output; it travels to the router. */
@@ -144,7 +307,7 @@ static void send_error(worker_t *w, uint64_t step, int code, const char *text)
 static void run_step(worker_t *w, const void *msg, size_t nbytes)
 {
     bl_err_t err = {0};
-    bp_step_in_t in = {.seqs = w->seqs, .ids = w->tokens};
+    bp_step_in_t in = {.seqs = w->seqs, .ids = w->tokens, .kvops = w->kvops};
     bp_step_kind_t want = w->first ? BP_STEP_TOKENS : BP_STEP_HIDDEN;
     int rc = bp_step_parse(msg, nbytes, &w->lim, want, BP_STEP_ANY, &in, &err);
     uint64_t step = in.hdr.step;
@@ -153,6 +316,10 @@ static void run_step(worker_t *w, const void *msg, size_t nbytes)
         snprintf(text, sizeof text, "%s: bad message from the previous stage: %s", w->ctl.label,
                  err.msg);
         send_error(w, step, rc, text);
+        return;
+    }
+    if (in.hdr.kind == BP_STEP_KV) {
+        run_kv(w, &in);
         return;
     }
     if (in.hdr.kind == BP_STEP_ERROR) { /* an earlier stage failed: pass it on */
@@ -452,6 +619,11 @@ static void worker_free(worker_t *w, uint32_t n_slots)
     for (uint32_t i = 0; w->kvs && i < n_slots; i++)
         wk_kv_free(w->kvs[i]);
     free(w->kvs);
+    for (size_t i = 0; i < w->n_entries; i++)
+        wk_kv_state_free(w->m, w->entries[i].mem);
+    for (int i = 0; i < w->n_spare; i++)
+        wk_kv_state_free(w->m, w->spare[i].mem);
+    free(w->entries);
     free(w->seqs);
     free(w->wseqs);
     free(w->tokens);

@@ -277,6 +277,43 @@ void wk_kv_free(wk_kv_t *kv)
 
 int64_t wk_kv_n_past(const wk_kv_t *kv) { return kv->n_past; }
 
+size_t wk_kv_state_bytes(const wk_kv_t *kv, int64_t n)
+{
+    return (size_t)kv->n_layer * 2 * (size_t)(n > 0 ? n : 0) * kv->row_bytes;
+}
+
+int wk_kv_state_alloc(const wk_model_t *m, size_t nbytes, void **out, bl_err_t *err)
+{
+    *out = NULL;
+    return m->be->op->state_alloc(m->be, nbytes, out, err);
+}
+
+void wk_kv_state_free(const wk_model_t *m, void *p)
+{
+    if (p)
+        m->be->op->state_free(m->be, p);
+}
+
+int wk_kv_save(wk_kv_t *kv, int64_t n, void *dst, bl_err_t *err)
+{
+    if (n < 1 || n > kv->n_past)
+        return bl_err_set(err, BL_EINVAL, "saving %lld positions of a KV cache that holds %lld",
+                          (long long)n, (long long)kv->n_past);
+    return kv->model->be->op->kv_copy(kv->model->be, kv, dst, n, n, 1, err);
+}
+
+int wk_kv_load(wk_kv_t *kv, int64_t n, const void *src, int64_t n_saved, bl_err_t *err)
+{
+    if (n < 1 || n > kv->n_ctx || n > n_saved)
+        return bl_err_set(err, BL_EINVAL, "loading %lld positions of %lld saved into a KV cache of %lld",
+                          (long long)n, (long long)n_saved, (long long)kv->n_ctx);
+    kv->n_past = 0;
+    int rc = kv->model->be->op->kv_copy(kv->model->be, kv, (void *)src, n, n_saved, 0, err);
+    if (rc == 0)
+        kv->n_past = n;
+    return rc;
+}
+
 // --- steps -------------------------------------------------------------------------------
 
 /* The checks one sequence's part of a step must pass; i names it in messages. A

@@ -180,6 +180,21 @@ int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t typ
 void wk_kv_free(wk_kv_t *kv);
 int64_t wk_kv_n_past(const wk_kv_t *kv); /* positions filled so far */
 
+/* The host bytes positions 0..n of kv take (this stage's layers, K and V). */
+size_t wk_kv_state_bytes(const wk_kv_t *kv, int64_t n);
+/* Host memory for saved states of m's caches, of the kind its copies move fastest
+ * (page-locked beside a card); free with wk_kv_state_free. BL_ENOMEM. */
+int wk_kv_state_alloc(const wk_model_t *m, size_t nbytes, void **out, bl_err_t *err) BL_WUR;
+void wk_kv_state_free(const wk_model_t *m, void *p); /* NULL is a no-op */
+/* Copies positions 0..n (n in 1..n_past) of kv to dst (wk_kv_state_bytes(kv, n)
+ * bytes of host memory). BL_EINVAL for n out of range. */
+int wk_kv_save(wk_kv_t *kv, int64_t n, void *dst, bl_err_t *err) BL_WUR;
+/* Puts the first n positions of a state of n_saved positions, saved from a cache of
+ * the same model, stage and type, into kv's positions 0..n; kv's n_past becomes n.
+ * BL_EINVAL for n out of 1..min(n_ctx, n_saved); on a copy error n_past is 0 (the
+ * cache holds nothing usable). */
+int wk_kv_load(wk_kv_t *kv, int64_t n, const void *src, int64_t n_saved, bl_err_t *err) BL_WUR;
+
 /* Runs tokens[0..n) at positions pos.. (pos <= wk_kv_n_past: rewinding drops what
  * came after) through the model, appending their K/V to kv, and writes the logits
  * of the last n_out rows to logits (n_out, n_vocab); n_out may be 0. Afterwards

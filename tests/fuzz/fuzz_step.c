@@ -4,7 +4,8 @@
  * succeeds or answers BL_EPROTO; an accepted message's counts are what the reader may
  * use (rows within the plan, an EXPERTS message's per-row counts in 1..n_expert_used
  * summing to k, distinct ids below n_expert within each row, tokens below n_vocab,
- * sequences covering n_rows), every section lies inside the bytes given, and
+ * sequences covering n_rows, a KV message's ops each a known op on a slot of the
+ * plan with positions inside its cache), every section lies inside the bytes given, and
  * writing the same header again gives the same size. Seeds:
  * tests/fuzz/corpus/fuzz_step/ (valid messages of each kind). */
 #include <stdio.h>
@@ -48,7 +49,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(msg, data + 1, n);
     static bp_step_seq_t seqs[4];
     static int32_t ids[16 * 3], counts[16];
-    bp_step_in_t in = {.seqs = seqs, .ids = ids, .counts = counts};
+    static bp_step_kvop_t kvops[BP_STEP_MAX_KVOPS];
+    bp_step_in_t in = {.seqs = seqs, .ids = ids, .counts = counts, .kvops = kvops};
     bl_err_t err = {0};
     const int rc = bp_step_parse(msg, n, &g_lim, want, BP_STEP_ANY, &in, &err);
     check(rc == 0 || rc == BL_EPROTO, "a parse that is neither ok nor BL_EPROTO");
@@ -65,6 +67,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (in.rows)
                 check(inside(in.rows, (size_t)h->n_rows * (size_t)h->width * sizeof(float), msg, n),
                       "rows outside the message");
+        }
+        if (h->kind == BP_STEP_KV) {
+            check(want == BP_STEP_TOKENS || want == BP_STEP_HIDDEN || want == BP_STEP_LOGITS,
+                  "KV ops accepted off the pipeline");
+            check(h->n_seqs >= 1 && h->n_seqs <= BP_STEP_MAX_KVOPS, "KV ops outside the bound");
+            for (int32_t i = 0; i < h->n_seqs; i++) {
+                const bp_step_kvop_t *o = &kvops[i];
+                const int drop = o->op == BP_KV_DROP;
+                check(o->op == BP_KV_SAVE || o->op == BP_KV_LOAD || drop, "an unknown KV op");
+                check(drop || (o->slot >= 0 && o->slot < g_lim.n_slots), "a KV op on a slot outside the plan");
+                check(drop ? o->n == 0 : (o->n >= 1 && o->n <= g_lim.n_ctx), "KV positions outside the cache");
+                check(o->entry >= 0 && o->bytes >= 0, "a KV op with a negative entry or size");
+            }
         }
         if (h->kind == BP_STEP_TOKENS || h->kind == BP_STEP_HIDDEN) {
             int64_t rows = 0;

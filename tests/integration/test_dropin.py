@@ -207,3 +207,33 @@ def test_kv_unified_with_one_slot(servers):
     r = post(srv.url, "/completion", {"prompt": "The old lighthouse", "n_predict": 4})
     assert r.status_code == 200, r.text
     assert r.json()["tokens_predicted"] == 4, r.text
+
+
+def metric(url, name):
+    for line in requests.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("bloomery:" + name + " "):
+            return float(line.split()[1])
+    raise AssertionError("no metric " + name)
+
+
+def test_prompt_cache_in_host_ram(servers):
+    """-cram (on by default): a prompt that another request pushed out of the only slot
+    starts again from its saved state, with the same reply; -cram 0 turns it off."""
+    long_a = "Tell me about the history of the lighthouse on the northern cape, and its keepers. " * 3
+    long_b = "A different request entirely, about rivers, mountains and the sea in winter. " * 3
+    body = lambda p: {"prompt": p, "n_predict": 8, "temperature": 0, "cache_prompt": True}
+    for flags, on in ((FAST, True), (FAST + ["-cram", "0"], False)):
+        srv = servers.start(flags)
+        first = post(srv.url, "/completion", body(long_a)).json()
+        post(srv.url, "/completion", body(long_b))
+        again = post(srv.url, "/completion", body(long_a)).json()
+        assert again["content"] == first["content"], (first, again)
+        n = again["tokens_evaluated"]
+        if on:
+            assert again["timings"]["cache_n"] == n - 1, again["timings"]
+            assert metric(srv.url, "prompt_cache_hits_total") == 1
+            assert metric(srv.url, "prompt_cache_saves_total") >= 2
+            assert metric(srv.url, "prompt_cache_bytes") > 0
+        else:
+            assert again["timings"]["cache_n"] == 0, again["timings"]
+            assert metric(srv.url, "prompt_cache_hits_total") == 0

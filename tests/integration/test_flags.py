@@ -220,8 +220,6 @@ def test_gpu_layers_without_a_gpu_warn_and_use_the_cpu(servers, value):
     (["--slot-save-path", "/tmp"], ["--slot-save-path"]),
     (["--props"], ["--props"]),
     (["-nkvo"], ["--no-kv-offload"]),
-    (["-cram", "8192"], ["--cache-ram"]),
-    (["-cram", "-1"], ["--cache-ram"]),
     (["--override-kv", "a=int:1"], ["--override-kv"]),
     (["--rope-freq-base", "10000"], ["--rope-freq-base"]),
     (["--rope-scaling", "yarn"], ["--rope-scaling"]),

@@ -21,10 +21,11 @@ static _Alignas(16) uint8_t g_buf[1 << 14];
 static bp_step_seq_t g_seqs[4];
 static int32_t g_ids[16 * 2];
 static int32_t g_counts[16];
+static bp_step_kvop_t g_kvops[BP_STEP_MAX_KVOPS];
 
 static bp_step_in_t fresh_in(void)
 {
-    return (bp_step_in_t){.seqs = g_seqs, .ids = g_ids, .counts = g_counts};
+    return (bp_step_in_t){.seqs = g_seqs, .ids = g_ids, .counts = g_counts, .kvops = g_kvops};
 }
 
 /* Writes a TOKENS message of two sequences (slot 1: 3 rows at 5, slot 2: 1 row at 0). */
@@ -323,6 +324,72 @@ static void test_step_rejects_bad_ids(void **state)
     expect_proto(n, BP_STEP_EXPERTS, 1, "width");
 }
 
+/* A KV message: save slot 1's 10 positions as entry 7, load entry 3's 5 into slot
+ * 0, drop entry 2. */
+static size_t write_kv(bp_step_kvop_t **ops)
+{
+    bl_err_t err = {0};
+    bp_step_hdr_t h = {.kind = BP_STEP_KV, .step = 4, .n_seqs = 3};
+    bp_step_out_t o;
+    assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
+    o.kvops[0] = (bp_step_kvop_t){.op = BP_KV_SAVE, .slot = 1, .entry = 7, .n = 10};
+    o.kvops[1] = (bp_step_kvop_t){.op = BP_KV_LOAD, .slot = 0, .entry = 3, .n = 5, .bytes = 40};
+    o.kvops[2] = (bp_step_kvop_t){.op = BP_KV_DROP, .entry = 2};
+    *ops = o.kvops;
+    return o.nbytes;
+}
+
+static void test_step_kv_ops(void **state)
+{
+    (void)state;
+    bl_err_t err = {0};
+    bp_step_kvop_t *ops;
+    size_t n = write_kv(&ops);
+    /* read where the pipeline's kinds are read; nowhere else */
+    static const bp_step_kind_t ok[] = {BP_STEP_TOKENS, BP_STEP_HIDDEN, BP_STEP_LOGITS};
+    for (size_t k = 0; k < 3; k++) {
+        bp_step_in_t in = fresh_in();
+        assert_int_equal(bp_step_parse(g_buf, n, &g_lim, ok[k], 4, &in, &err), 0);
+        assert_int_equal(in.hdr.kind, BP_STEP_KV);
+        assert_int_equal(in.hdr.n_seqs, 3);
+        assert_int_equal(in.kvops[0].op, BP_KV_SAVE);
+        assert_int_equal(in.kvops[1].entry, 3);
+        assert_int_equal(in.kvops[1].bytes, 40);
+        assert_int_equal(in.kvops[2].op, BP_KV_DROP);
+    }
+    expect_proto(n, BP_STEP_EXPERTS, 4, "kind kv");
+    expect_proto(n, BP_STEP_SUMS, 4, "kind kv");
+    /* each field out of range, named */
+    static const struct {
+        int at;
+        bp_step_kvop_t op;
+        const char *field;
+    } bad[] = {
+        {0, {.op = 9, .slot = 1, .entry = 7, .n = 10}, "ops[].op"},
+        {0, {.op = BP_KV_SAVE, .slot = 4, .entry = 7, .n = 10}, "ops[].slot"},
+        {0, {.op = BP_KV_SAVE, .slot = -1, .entry = 7, .n = 10}, "ops[].slot"},
+        {2, {.op = BP_KV_DROP, .slot = 1, .entry = 2}, "ops[].slot"},
+        {0, {.op = BP_KV_SAVE, .slot = 1, .entry = -1, .n = 10}, "ops[].entry"},
+        {0, {.op = BP_KV_SAVE, .slot = 1, .entry = 7, .n = 0}, "ops[].n"},
+        {1, {.op = BP_KV_LOAD, .slot = 0, .entry = 3, .n = 65}, "ops[].n"},
+        {2, {.op = BP_KV_DROP, .entry = 2, .n = 1}, "ops[].n"},
+        {1, {.op = BP_KV_LOAD, .slot = 0, .entry = 3, .n = 5, .bytes = -1}, "ops[].bytes"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_kv(&ops);
+        ops[bad[i].at] = bad[i].op;
+        expect_proto(n, BP_STEP_TOKENS, 4, bad[i].field);
+    }
+    /* no ops, too many */
+    bp_step_hdr_t h = {.magic = BP_STEP_MAGIC, .kind = BP_STEP_KV, .step = 4, .n_seqs = 0};
+    memcpy(g_buf, &h, sizeof h);
+    expect_proto(sizeof h, BP_STEP_TOKENS, 4, "n_seqs");
+    h.n_seqs = BP_STEP_MAX_KVOPS + 1;
+    memcpy(g_buf, &h, sizeof h);
+    expect_proto(sizeof h + (BP_STEP_MAX_KVOPS + 1) * sizeof(bp_step_kvop_t), BP_STEP_TOKENS, 4,
+                 "n_seqs");
+}
+
 static void test_step_layout_refuses_negative_and_unknown(void **state)
 {
     (void)state;
@@ -371,6 +438,7 @@ int main(void)
         cmocka_unit_test(test_step_rejects_bad_header),
         cmocka_unit_test(test_step_rejects_bad_sequences),
         cmocka_unit_test(test_step_rejects_bad_ids),
+        cmocka_unit_test(test_step_kv_ops),
         cmocka_unit_test(test_step_layout_refuses_negative_and_unknown),
         cmocka_unit_test(test_step_survives_corrupted_messages),
     };

@@ -56,6 +56,11 @@ static struct fk {
     int sleeps, wakes;       /* rt_cluster_sleep / _wake calls that changed the state */
     int bad;                 /* a step broke the cluster's rules */
     char bad_msg[256];
+    /* saved cache states (rt_cluster_kv): entry names, their tokens */
+    int64_t kv_id[64], kv_n[64];
+    int32_t kv_toks[64][256];
+    int n_kv, kv_saves, kv_loads, kv_drops;
+    int kv_fail_load;        /* the next load fails with BL_ENOENT */
     float logits[FK_SLOTS * N_VOCAB];
 } fk = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
 
@@ -92,6 +97,7 @@ static void fk_reset(void)
     fk.bad = 0;
     fk.bad_msg[0] = '\0';
     fk.sleeps = fk.wakes = 0;
+    fk.n_kv = fk.kv_saves = fk.kv_loads = fk.kv_drops = fk.kv_fail_load = 0;
     pthread_mutex_unlock(&fk.mu);
 }
 
@@ -236,6 +242,68 @@ int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, cons
     pthread_mutex_unlock(&fk.mu);
     *logits = fk.logits;
     return 0;
+}
+
+static int fk_kv_find(int64_t id)
+{
+    for (int i = 0; i < fk.n_kv; i++)
+        if (fk.kv_id[i] == id)
+            return i;
+    return -1;
+}
+
+/* Saves and loads what a slot's cache holds, as the stages do; each entry says it
+ * takes 100 bytes a position. */
+int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
+{
+    (void)c;
+    pthread_mutex_lock(&fk.mu);
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < n_ops; i++) {
+        rt_kv_op_t *o = &ops[i];
+        int k = fk_kv_find(o->entry);
+        if (o->op == RT_KV_DROP) {
+            fk.kv_drops++;
+            if (k >= 0) {
+                fk.n_kv--;
+                fk.kv_id[k] = fk.kv_id[fk.n_kv];
+                fk.kv_n[k] = fk.kv_n[fk.n_kv];
+                memcpy(fk.kv_toks[k], fk.kv_toks[fk.n_kv], sizeof fk.kv_toks[k]);
+            }
+        } else if (o->op == RT_KV_SAVE) {
+            if (o->n > fk.held[o->slot] || o->n > 256 || fk.n_kv == 64 || k >= 0) {
+                fk.bad = 1;
+                snprintf(fk.bad_msg, sizeof fk.bad_msg, "save of %lld positions, slot %d holds %lld",
+                         (long long)o->n, o->slot, (long long)fk.held[o->slot]);
+                rc = bl_err_set(err, BL_EINVAL, "bad save");
+                break;
+            }
+            fk.kv_id[fk.n_kv] = o->entry;
+            fk.kv_n[fk.n_kv] = o->n;
+            memcpy(fk.kv_toks[fk.n_kv++], fk.cache[o->slot], (size_t)o->n * sizeof(int32_t));
+            o->bytes = 100 * o->n;
+            fk.kv_saves++;
+        } else {
+            if (fk.kv_fail_load) {
+                fk.kv_fail_load = 0;
+                fk.held[o->slot] = 0;
+                rc = bl_err_set(err, BL_ENOENT, "worker 0: no saved cache state %lld", (long long)o->entry);
+                break;
+            }
+            if (k < 0 || o->n > fk.kv_n[k]) {
+                fk.bad = 1;
+                snprintf(fk.bad_msg, sizeof fk.bad_msg, "load of entry %lld (%d)", (long long)o->entry, k);
+                rc = bl_err_set(err, BL_EINVAL, "bad load");
+                break;
+            }
+            memcpy(fk.cache[o->slot], fk.kv_toks[k], (size_t)o->n * sizeof(int32_t));
+            fk.held[o->slot] = o->n;
+            o->bytes = 100 * fk.kv_n[k];
+            fk.kv_loads++;
+        }
+    }
+    pthread_mutex_unlock(&fk.mu);
+    return rc;
 }
 
 // --- the tokenizer: one token per byte, then two end tokens ---------------------------------
@@ -739,6 +807,79 @@ static void test_engine_prompt_cache_keeps_the_common_prefix(void **state)
     s = first_seq_of_slot(0, from);
     assert_int_equal(s.pos, 0);
     assert_int_equal(s.n, 8);
+}
+
+/* -cram: what a new prompt overwrites in a slot is saved first, and a later prompt
+ * that shares more with a saved state than with its slot starts from that state
+ * (the fake checks every step against what the slot's cache holds); the budget
+ * evicts the least recently used; a failed load falls back to the whole prompt. */
+static void test_engine_host_prompt_cache(void **state)
+{
+    (void)state;
+    rt_engine_opts_t o = {.n_slots = 1, .n_ctx_slot = 256, .n_batch = 64, .n_predict_max = -1,
+                          .cache_ram = 100 * 60}; /* room for about two 25-position states */
+    rt_engine_t *e = start_opts(&o);
+    fk.script = "zzzzzzzzzzzz";
+    rt_task_params_t p = greedy();
+    p.n_predict = 2;
+    const char *a = "the first long prompt, A.", *b = "another prompt entirely B", *c = "a third prompt, this is C";
+
+    rec_t r = {0};
+    submit(e, &r, a, &p);
+    pump(&r, 1);
+    assert_int_equal(fk.kv_saves, 0); /* nothing was overwritten */
+    rec_t r2 = {0};
+    submit(e, &r2, b, &p);
+    pump(&r2, 1);
+    assert_int_equal(fk.kv_saves, 1); /* A's state, before B took the slot */
+    assert_int_equal(r2.tm.n_cached, 0);
+
+    /* A again: from the saved state, all but its last token */
+    uint64_t from = fk_steps() + 1;
+    rec_t r3 = {0};
+    submit(e, &r3, a, &p);
+    pump(&r3, 1);
+    assert_int_equal(fk.kv_loads, 1);
+    assert_int_equal(fk.kv_saves, 2); /* B's */
+    assert_int_equal(r3.tm.n_cached, (int64_t)strlen(a) - 1);
+    fk_seq_t q = first_seq_of_slot(0, from);
+    assert_int_equal(q.pos, (int64_t)strlen(a) - 1);
+    assert_false(fk.bad);
+    rt_engine_stats_t st;
+    rt_engine_get_stats(e, &st);
+    assert_int_equal(st.prompt_cache_hits_total, 1);
+    assert_int_equal(st.prompt_cache_tokens_total, strlen(a) - 1);
+    assert_int_equal(st.prompt_cache_saves_total, 2);
+
+    /* C: the slot's A is kept already, nothing is saved; then B: C is saved, B
+     * loaded, and the least recently used (A) evicted to stay in the budget */
+    rec_t r4 = {0};
+    submit(e, &r4, c, &p);
+    pump(&r4, 1);
+    assert_int_equal(fk.kv_saves, 2);
+    rec_t r5 = {0};
+    submit(e, &r5, b, &p);
+    pump(&r5, 1);
+    assert_int_equal(fk.kv_saves, 3);
+    assert_int_equal(fk.kv_loads, 2);
+    assert_int_equal(r5.tm.n_cached, (int64_t)strlen(b) - 1);
+    assert_string_equal(r5.text, r2.text);
+    rt_engine_get_stats(e, &st);
+    assert_true(st.prompt_cache_bytes <= 100 * 60);
+    assert_int_equal(st.prompt_cache_evictions_total, 1);
+    assert_int_equal(st.prompt_cache_entries, fk.n_kv);
+
+    /* a load that fails: the prompt runs whole, and the answer is the same */
+    fk.kv_fail_load = 1;
+    from = fk_steps() + 1;
+    rec_t r6 = {0};
+    submit(e, &r6, c, &p);
+    pump(&r6, 1);
+    q = first_seq_of_slot(0, from);
+    assert_int_equal(q.pos, 0);
+    assert_int_equal(r6.tm.n_cached, 0);
+    assert_string_equal(r6.text, r4.text);
+    assert_false(fk.bad);
 }
 
 /* --sleep-idle-seconds: idle past the limit, the processes are put to sleep; the next
@@ -1254,6 +1395,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_engine_utf8_split_across_tokens, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_prompt_cache_keeps_the_common_prefix, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_engine_host_prompt_cache, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_sleeps_when_idle_and_wakes_for_a_task, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_picks_the_slot_with_the_longest_prefix, setup,
                                         teardown),

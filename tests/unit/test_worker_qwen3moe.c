@@ -407,6 +407,52 @@ static void test_qwen3moe_chunked_prompt(void **state)
     oracle_free(&ex);
 }
 
+/* A cache's state saved to host memory and loaded into another cache continues
+ * the sequence with the same bits as the original, for each KV type; the refusals
+ * name the range. */
+static void test_qwen3moe_kv_save_load(void **state)
+{
+    (void)state;
+    if (!shared_dir())
+        skip();
+    oracle_t ex;
+    assert_int_equal(oracle_load(&ex, g_shared, "qwen3moe-tiny-q4k", "chat-short", 1), 0);
+    wk_model_t *m = load("qwen3moe-tiny-q4k", 0, n_threads());
+    const int64_t nv = wk_model_config(m)->n_vocab, n = ex.n, keep = n - 3;
+    static const uint32_t types[] = {WK_KV_F32, WK_KV_F16, WK_KV_Q8_0};
+    bl_err_t err = {0};
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+        wk_kv_t *a = NULL, *b = NULL;
+        assert_int_equal(wk_kv_create(&a, m, n + 4, types[t], &err), 0);
+        assert_int_equal(wk_kv_create(&b, m, n + 4, types[t], &err), 0);
+        float *la = malloc(sizeof(float) * (size_t)nv), *lb = malloc(sizeof(float) * (size_t)nv);
+        assert_int_equal(wk_model_eval(m, a, ex.ids, n, 0, 1, la, &err), 0);
+        /* b first holds something else, which the load replaces */
+        assert_int_equal(wk_model_eval(m, b, ex.ids + 1, 5, 0, 0, NULL, &err), 0);
+        size_t bytes = wk_kv_state_bytes(a, keep);
+        assert_true(bytes > 0 && bytes == wk_kv_state_bytes(b, keep));
+        void *host = malloc(wk_kv_state_bytes(a, n));
+        /* saved whole, loaded in part: the state keeps its own layout */
+        assert_int_equal(wk_kv_save(a, n, host, &err), 0);
+        assert_int_equal(wk_kv_load(b, keep, host, n, &err), 0);
+        assert_int_equal(wk_kv_n_past(b), keep);
+        /* the rest of the prompt on top of the loaded prefix: the same logits */
+        assert_int_equal(wk_model_eval(m, b, ex.ids + keep, n - keep, keep, 1, lb, &err), 0);
+        assert_memory_equal(la, lb, sizeof(float) * (size_t)nv);
+        assert_int_equal(wk_kv_save(a, n + 1, host, &err), BL_EINVAL);
+        assert_int_equal(wk_kv_save(a, 0, host, &err), BL_EINVAL);
+        assert_int_equal(wk_kv_load(b, n + 5, host, n + 5, &err), BL_EINVAL);
+        assert_int_equal(wk_kv_load(b, n, host, n - 1, &err), BL_EINVAL);
+        free(host);
+        free(la);
+        free(lb);
+        wk_kv_free(a);
+        wk_kv_free(b);
+    }
+    wk_model_free(m);
+    oracle_free(&ex);
+}
+
 /* Greedy decoding from chat-short matches llama.cpp's 32 greedy tokens (the trained
  * model's top-1 margins are large). */
 static void test_qwen3moe_greedy_matches_llamacpp(void **state)
@@ -1030,6 +1076,7 @@ int main(void)
         cmocka_unit_test(test_qwen3moe_fast_no_worse_than_llamacpp),
         cmocka_unit_test(test_qwen3moe_fast8_near_llamacpp),
         cmocka_unit_test(test_qwen3moe_threads_bitwise_equal),
+        cmocka_unit_test(test_qwen3moe_kv_save_load),
         cmocka_unit_test(test_qwen3moe_batch_equals_decode),
         cmocka_unit_test(test_qwen3moe_chunked_prompt),
         cmocka_unit_test(test_qwen3moe_multi_sequence_step),
