@@ -188,6 +188,8 @@ static struct {
     int32_t last[FZ_N_SLOTS]; /* the token at held - 1 */
     uint64_t steps, rows;
     float logits[FZ_N_BATCH * N_VOCAB];
+    int64_t kv_id[256], kv_n[256]; /* saved states: entry names and positions */
+    int n_kv;
 } fk = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static struct rt_cluster g_cluster;
@@ -270,6 +272,47 @@ static void fill_row(float *row, int32_t last)
     for (int i = 0; i < N_VOCAB; i++)
         row[i] = -0.25f * (float)((i * 7 + last) % 17);
     row[next_token(last)] = 9.0f;
+}
+
+/* The stages' saved states, as far as the engine can tell: a save takes no more
+ * than the slot holds, a load names a state that exists and no more of it; each
+ * position "takes" 64 bytes. A wrong op aborts (the engine broke the rules). */
+int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
+{
+    (void)c;
+    (void)err;
+    pthread_mutex_lock(&fk.mu);
+    for (int i = 0; i < n_ops; i++) {
+        rt_kv_op_t *o = &ops[i];
+        int k = -1;
+        for (int j = 0; j < fk.n_kv; j++)
+            if (fk.kv_id[j] == o->entry)
+                k = j;
+        if (o->op == RT_KV_DROP) {
+            if (k >= 0) {
+                fk.n_kv--;
+                fk.kv_id[k] = fk.kv_id[fk.n_kv];
+                fk.kv_n[k] = fk.kv_n[fk.n_kv];
+            }
+            continue;
+        }
+        if (o->slot < 0 || o->slot >= FZ_N_SLOTS)
+            bad_step("a KV op on an unknown slot", NULL);
+        if (o->op == RT_KV_SAVE) {
+            if (k >= 0 || o->n < 1 || o->n > fk.held[o->slot] || fk.n_kv == 256)
+                bad_step("a save of what the slot does not hold", NULL);
+            fk.kv_id[fk.n_kv] = o->entry;
+            fk.kv_n[fk.n_kv++] = o->n;
+            o->bytes = 64 * o->n;
+        } else {
+            if (k < 0 || o->n < 1 || o->n > fk.kv_n[k])
+                bad_step("a load of a state that does not exist", NULL);
+            fk.held[o->slot] = o->n;
+            o->bytes = 64 * fk.kv_n[k];
+        }
+    }
+    pthread_mutex_unlock(&fk.mu);
+    return 0;
 }
 
 int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, const float **logits,

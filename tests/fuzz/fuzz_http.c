@@ -100,7 +100,7 @@ static void start(void)
     app->n_predict_default = -1;
     app->started = time(NULL);
     rt_engine_opts_t eo = {.n_slots = FZ_N_SLOTS, .n_ctx_slot = FZ_N_CTX, .n_batch = FZ_N_BATCH,
-                           .n_predict_max = 16};
+                           .n_predict_max = 16, .cache_ram = 64 * 1024}; /* the prompt cache too */
     bl_err_t err = {0};
     if (rt_engine_create(&app->engine, &eo, app->cluster, app->tok, &g_loop, &err)) {
         fprintf(stderr, "engine: %s\n", err.msg);
