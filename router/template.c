@@ -1453,10 +1453,15 @@ static value_t binop(rs_t *r, int op, const value_t *a, const value_t *b)
             if (fl || y < 0)
                 return vfloat(pow(fx, fy));
             {
-                int64_t acc = 1;
-                for (int64_t k = 0; k < y; k++)
-                    if (__builtin_mul_overflow(acc, x, &acc))
+                /* by squaring: a huge exponent of 0, 1 or -1 must not loop for ages */
+                int64_t acc = 1, base = x;
+                for (int64_t e = y; e > 0; e >>= 1) {
+                    if ((e & 1) && __builtin_mul_overflow(acc, base, &acc))
                         RFAIL(r, "integer overflow");
+                    /* a square that overflows while bits remain makes the result overflow */
+                    if (e > 1 && __builtin_mul_overflow(base, base, &base))
+                        RFAIL(r, "integer overflow");
+                }
                 return vint(acc);
             }
         }

@@ -106,6 +106,13 @@ static void test_expr_integer_arithmetic_follows_python(void **state)
     (void)state;
     expect("{{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 2 ** 10 }} {{ 3 - 5 * 2 }}", NULL,
            "3 -4 2 1024 -7");
+    /* powers by squaring: a huge exponent of 0, 1 or -1 is immediate; past int64 is
+     * refused; the last power below the bound is exact */
+    expect("{{ 0 ** 10444444444444 }} {{ 1 ** 9223372036854775807 }} {{ (-1) ** 10444444444445 }} "
+           "{{ 3 ** 0 }} {{ (-2) ** 63 }} {{ 3 ** 39 }}",
+           NULL, "0 1 -1 1 -9223372036854775808 4052555153018976267");
+    expect_error("{{ 2 ** 63 }}", NULL, RT_ERENDER, "integer overflow");
+    expect_error("{{ 10 ** 1000000000000 }}", NULL, RT_ERENDER, "integer overflow");
 }
 
 static void test_expr_huge_floats_as_integers_saturate(void **state)
