@@ -1721,8 +1721,7 @@ rt_gen_req_t *rt__gen_req_new(rt_req_t *r, rt_app_t *app, rt_gen_api_t api, cons
     g->created = (int64_t)time(NULL);
     g->block_index = -1;
     rt__gen_random_id(g->id, sizeof g->id, id_prefix);
-    rt__gen_think_init(&g->think, 0, app->chatfmt);
-    rt__gen_tools_init(&g->calls, app->chatfmt, NULL);
+    rt__gen_think_init(&g->think, 0, app->chatfmt); /* the calls' splitter: zeroed is empty */
     return g;
 }
 

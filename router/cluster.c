@@ -1301,7 +1301,7 @@ static int pipe_answer(rt_cluster_t *c, uint64_t step, int64_t deadline, bp_step
         bp_ring_release(c->from_last);
     if (rc == BL_EPROTO)
         atomic_store(&c->restart_req, 1);
-    return rc == 0 ? 0 : rc;
+    return rc;
 }
 
 static int step_locked(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, int32_t n_rows,

@@ -395,18 +395,26 @@ static int px_add_json(px_t *x, const char *name, size_t name_len, const char *i
     return px_add(x, n, id, text, dup_n(args, args_len));
 }
 
-/* The call the text ends inside: its name, and its arguments so far as written. */
-static void px_open_raw(px_t *x, const char *name, size_t name_len, const char *id,
-                        const char *args, size_t args_len)
+/* The call the text ends inside: its name (0), or -1 when it is no usable name. */
+static int px_open_name(px_t *x, const char *name, size_t name_len, const char *id)
 {
     json_t *n = name_ok(name, name_len) ? json_stringn(name, name_len) : NULL;
     if (!n || !json_string_length(n)) {
         json_decref(n);
-        return;
+        return -1;
     }
     json_decref(x->open_name);
     x->open_name = n;
     snprintf(x->open_id, sizeof x->open_id, "%s", id ? id : "");
+    return 0;
+}
+
+/* ... and its arguments so far as written. */
+static void px_open_raw(px_t *x, const char *name, size_t name_len, const char *id,
+                        const char *args, size_t args_len)
+{
+    if (px_open_name(x, name, name_len, id))
+        return;
     x->open_raw = args;
     x->open_raw_len = args ? args_len : 0;
 }
@@ -616,15 +624,8 @@ static int built_end(px_t *x, const char *name, size_t name_len)
 /* The call the text ends inside, its pairs so far. */
 static void built_open(px_t *x, const char *name, size_t name_len)
 {
-    json_t *n = name_ok(name, name_len) ? json_stringn(name, name_len) : NULL;
-    if (!n || !json_string_length(n)) {
-        json_decref(n);
-        return;
-    }
-    json_decref(x->open_name);
-    x->open_name = n;
-    x->open_id[0] = '\0';
-    x->built_open = 1;
+    if (px_open_name(x, name, name_len, NULL) == 0)
+        x->built_open = 1;
 }
 
 static void trim(const char *p, size_t *a, size_t *b)
@@ -1102,32 +1103,33 @@ static int keep_call(rt_gen_tools_t *t, pcall_t *c)
     return 0;
 }
 
-/* Where the first of the format's openers or dropped markers begins in s[0..n), and
- * which (*len its length, *drop whether it is dropped); NULL when none. */
-static const char *find_marker(const rt_gen_tools_t *t, const char *s, size_t n, size_t *len,
-                               int *drop)
+/* Where the first of the markers of lists[0..n_lists) begins in s[0..n): *len its
+ * length, *which its list. NULL when none. */
+static const char *first_marker(const char *const *const *lists, int n_lists, const char *s, size_t n,
+                                size_t *len, int *which)
 {
     const char *best = NULL;
-    for (int d = 0; d < 2; d++) {
-        for (const char *const *m = d ? k_fmt[t->fmt].drops : k_fmt[t->fmt].opens; *m; m++) {
+    for (int d = 0; d < n_lists; d++) {
+        for (const char *const *m = lists[d]; *m; m++) {
             size_t ml = strlen(*m);
             const char *f = n >= ml ? memmem(s, n, *m, ml) : NULL;
             if (f && (!best || f < best)) {
                 best = f;
                 *len = ml;
-                *drop = d;
+                *which = d;
             }
         }
     }
     return best;
 }
 
-/* How many bytes at the end of s[0..n) may begin a marker. */
-static size_t marker_tail(const rt_gen_tools_t *t, const char *s, size_t n)
+/* How many bytes at the end of s[0..n) may begin one of those markers (a
+ * one-byte marker is decided where it stands). */
+static size_t marker_tail(const char *const *const *lists, int n_lists, const char *s, size_t n)
 {
     size_t k = 0;
-    for (int d = 0; d < 2; d++)
-        for (const char *const *m = d ? k_fmt[t->fmt].drops : k_fmt[t->fmt].opens; *m; m++) {
+    for (int d = 0; d < n_lists; d++)
+        for (const char *const *m = lists[d]; *m; m++) {
             size_t ml = strlen(*m);
             size_t tk = ml == 1 ? 0 : rt__gen_tag_tail(s, n, *m, ml);
             if (tk > k)
@@ -1177,11 +1179,13 @@ int rt__gen_tools_feed(rt_gen_tools_t *t, const char *s, size_t n, int last, rt_
         return BL_ENOMEM;
     for (;;) {
         if (!t->in_call) {
+            /* the format's openers, and the markers it drops */
+            const char *const *lists[2] = {k_fmt[t->fmt].opens, k_fmt[t->fmt].drops};
             size_t len = 0;
             int drop = 0;
-            const char *o = h->n ? find_marker(t, h->p, h->n, &len, &drop) : NULL;
+            const char *o = h->n ? first_marker(lists, 2, h->p, h->n, &len, &drop) : NULL;
             if (!o) /* text, but for an end that may begin a marker */
-                return rt__gen_buf_move(h, h->n - (last ? 0 : marker_tail(t, h->p, h->n)), text);
+                return rt__gen_buf_move(h, h->n - (last ? 0 : marker_tail(lists, 2, h->p, h->n)), text);
             if (rt__gen_buf_move(h, (size_t)(o - h->p), text))
                 return BL_ENOMEM;
             if (drop) {
@@ -1223,31 +1227,6 @@ enum { H_HEAD = 0, H_BODY };
 enum { HK_CONTENT = 0, HK_REASON, HK_CALL };
 
 static const char *const H_ENDS[] = {"<|end|>", "<|call|>", "<|return|>", NULL};
-
-/* The end of the body in s[0..n): where the first ending marker is (*len its
- * length), or NULL. */
-static const char *h_end(const char *s, size_t n, size_t *len)
-{
-    const char *best = NULL;
-    for (const char *const *m = H_ENDS; *m; m++) {
-        size_t ml = strlen(*m);
-        const char *f = n >= ml ? memmem(s, n, *m, ml) : NULL;
-        if (f && (!best || f < best))
-            best = f, *len = ml;
-    }
-    return best;
-}
-
-static size_t h_tail(const char *s, size_t n)
-{
-    size_t k = 0;
-    for (const char *const *m = H_ENDS; *m; m++) {
-        size_t tk = rt__gen_tag_tail(s, n, *m, strlen(*m));
-        if (tk > k)
-            k = tk;
-    }
-    return k;
-}
 
 /* The header h[0..n) (up to <|message|>): the message's kind, and the function's
  * name for a call. */
@@ -1316,9 +1295,11 @@ int rt__gen_harmony_feed(rt_gen_tools_t *t, const char *s, size_t n, int last, i
             }
             continue;
         }
+        const char *const *ends[1] = {H_ENDS};
         size_t elen = 0;
-        const char *e = h->n ? h_end(h->p, h->n, &elen) : NULL;
-        size_t take = e ? (size_t)(e - h->p) : h->n - (last ? 0 : h_tail(h->p, h->n));
+        int which;
+        const char *e = h->n ? first_marker(ends, 1, h->p, h->n, &elen, &which) : NULL;
+        size_t take = e ? (size_t)(e - h->p) : h->n - (last ? 0 : marker_tail(ends, 1, h->p, h->n));
         if (!e && !last && t->h_kind != HK_CALL)
             take = utf8_whole(h->p, take);
         rt_gen_buf_t *to = t->h_kind == HK_REASON ? (reason ? reason : content)
