@@ -1621,6 +1621,9 @@ void rt__gen_bound_thought(rt_gen_req_t *g, size_t n_prompt, int64_t budget)
         budget = 1;
     g->params.task.sampling.think_budget = budget > INT32_MAX ? INT32_MAX : (int32_t)budget;
     g->params.task.sampling.think_open = g->think_open;
+    /* the format's own tags: [THINK], <|START_THINKING|>, harmony's analysis channel */
+    rt_chatfmt_think_tags(g->params.fmt, &g->params.task.sampling.think_tags[0],
+                          &g->params.task.sampling.think_tags[1]);
 }
 
 void rt__gen_send_prep_error(rt_gen_req_t *g)

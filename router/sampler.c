@@ -45,7 +45,9 @@ struct rt_sampler {
     /* the thought budget (params.think_budget): where the generated text stands */
     int think;             /* THINK_MAYBE, THINK_IN, THINK_OUT */
     int32_t think_used;    /* tokens of the thought so far */
-    char think_tail[8];    /* the last bytes generated: a tag being written */
+    const char *tag[2];    /* the thought's open and close tags */
+    size_t tag_n[2];
+    char think_tail[RT_SAMPLER_MAX_TAG]; /* the last bytes generated: a tag being written */
     size_t think_tail_n;
     const char *close_need; /* while forcing: the rest of the end tag, close_n bytes */
     size_t close_n;
@@ -56,7 +58,6 @@ struct rt_sampler {
 };
 
 enum { THINK_MAYBE, THINK_IN, THINK_OUT };
-static const char THINK_OPEN_TAG[] = "<think>", THINK_CLOSE_TAG[] = "</think>";
 
 // --- random numbers ------------------------------------------------------------------
 
@@ -274,12 +275,23 @@ int rt_sampler_create(rt_sampler_t **out, const rt_sampler_params_t *p, int32_t 
         return bl_err_set(err, BL_EINVAL, "sampler: a grammar needs the vocabulary");
     if (!tok && p->think_budget > 0)
         return bl_err_set(err, BL_EINVAL, "sampler: a thought budget needs the vocabulary");
+    static const char *const DEFAULT_TAGS[2] = {"<think>", "</think>"};
+    for (int i = 0; i < 2; i++) {
+        const char *t = p->think_tags[i] ? p->think_tags[i] : DEFAULT_TAGS[i];
+        if (!*t || strlen(t) > RT_SAMPLER_MAX_TAG)
+            return bl_err_set(err, BL_EINVAL, "sampler: a thought tag of %zu bytes (1 to %d)",
+                              strlen(t), RT_SAMPLER_MAX_TAG);
+    }
 
     rt_sampler_t *s = calloc(1, sizeof *s);
     if (!s)
         return bl_err_set(err, BL_ENOMEM, "sampler: out of memory");
     s->p = *p;
     s->tok = tok;
+    for (int i = 0; i < 2; i++) {
+        s->tag[i] = p->think_tags[i] ? p->think_tags[i] : DEFAULT_TAGS[i];
+        s->tag_n[i] = strlen(s->tag[i]);
+    }
     s->n_vocab = n_vocab;
     s->window = p->penalty_last_n == -1 ? (n_ctx > 0 ? n_ctx : 0) : p->penalty_last_n;
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
@@ -337,7 +349,8 @@ void rt_sampler_accept(rt_sampler_t *s, int32_t token)
 }
 
 /* Follows the generated text for the thought budget: a thought opens with the text's
- * first bytes "<think>" (or at the start, with think_open) and ends at "</think>". */
+ * first bytes the open tag (or at the start, with think_open) and ends at the close
+ * tag. */
 static void think_feed(rt_sampler_t *s, const char *p, size_t n)
 {
     for (size_t i = 0; i < n && s->think != THINK_OUT; i++) {
@@ -348,14 +361,15 @@ static void think_feed(rt_sampler_t *s, const char *p, size_t n)
         s->think_tail[s->think_tail_n++] = p[i];
         if (s->think == THINK_MAYBE) {
             /* only a reply that begins with the open tag has a thought */
-            if (memcmp(s->think_tail, THINK_OPEN_TAG, s->think_tail_n) != 0)
+            if (memcmp(s->think_tail, s->tag[0], s->think_tail_n) != 0)
                 s->think = THINK_OUT;
-            else if (s->think_tail_n == sizeof THINK_OPEN_TAG - 1) {
+            else if (s->think_tail_n == s->tag_n[0]) {
                 s->think = THINK_IN;
                 s->think_tail_n = 0;
             }
-        } else if (s->think_tail_n == sizeof THINK_CLOSE_TAG - 1 &&
-                   !memcmp(s->think_tail, THINK_CLOSE_TAG, sizeof THINK_CLOSE_TAG - 1)) {
+        } else if (s->think_tail_n >= s->tag_n[1] &&
+                   !memcmp(s->think_tail + s->think_tail_n - s->tag_n[1], s->tag[1],
+                           s->tag_n[1])) {
             s->think = THINK_OUT;
         }
     }
@@ -368,12 +382,12 @@ static int think_forced(rt_sampler_t *s)
     if (s->p.think_budget <= 0 || s->think != THINK_IN ||
         s->think_used < s->p.think_budget)
         return 0;
-    const size_t tag_n = sizeof THINK_CLOSE_TAG - 1;
+    const size_t tag_n = s->tag_n[1];
     size_t k = s->think_tail_n < tag_n - 1 ? s->think_tail_n : tag_n - 1;
     for (; k > 0; k--)
-        if (!memcmp(s->think_tail + s->think_tail_n - k, THINK_CLOSE_TAG, k))
+        if (!memcmp(s->think_tail + s->think_tail_n - k, s->tag[1], k))
             break;
-    s->close_need = THINK_CLOSE_TAG + k;
+    s->close_need = s->tag[1] + k;
     s->close_n = tag_n - k;
     return 1;
 }

@@ -97,11 +97,16 @@ typedef struct rt_sampler_params {
                               * scans (rt_sampler_grammar_vocab), borrowed; NULL: the
                               * sampler builds its own (about 70 ms for 150k tokens) */
     int32_t think_budget;    /* the most tokens a thought may take, from a leading
-                              * "<think>" (or the start, with think_open) to its
-                              * "</think>"; past them only the end tag's tokens may
+                              * think_tags[0] (or the start, with think_open) to its
+                              * think_tags[1]; past them only the end tag's tokens may
                               * come. 0: no bound */
     int think_open;          /* the prompt opened the thought: generation starts in it */
+    const char *think_tags[2]; /* the thought's open and close tags, borrowed, each at
+                              * most RT_SAMPLER_MAX_TAG bytes; NULL: "<think>", "</think>" */
 } rt_sampler_params_t;
+
+/* The longest thought tag a budget follows. */
+#define RT_SAMPLER_MAX_TAG 48
 
 typedef struct rt_sampler rt_sampler_t;
 /* Appends to s's chain the stage named text[0..len), or with letters one stage per

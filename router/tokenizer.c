@@ -627,6 +627,16 @@ int rt_tokenizer_create(rt_tokenizer_t **out, const rt_tokenizer_desc_t *d, bl_e
         tok->eog[tok->eos] = 1;
     if (tok->eot >= 0)
         tok->eog[tok->eot] = 1;
+    /* harmony (gpt-oss): <|end|> closes a message and the reply goes on (after the
+     * analysis channel comes the final one); a reply ends at <|return|> or <|call|> */
+    int32_t h_end = rt__lookup(tok, "<|end|>", 7), h_ret = rt__lookup(tok, "<|return|>", 10),
+            h_call = rt__lookup(tok, "<|call|>", 8);
+    if (h_end >= 0 && h_ret >= 0 && h_call >= 0) {
+        tok->eog[h_end] = 0;
+        tok->eog[h_ret] = tok->eog[h_call] = 1;
+        if (tok->eot == h_end)
+            tok->eot = h_ret;
+    }
 
     if (d->add_bos >= 0)
         tok->add_bos = d->add_bos != 0;

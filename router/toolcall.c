@@ -91,7 +91,10 @@ static const struct fmt_info {
     [RT_CHATFMT_LLAMA3] = {"llama-3.x", M_LLAMA3, O_LLAMA3, O_NONE, "<think>", "</think>"},
     [RT_CHATFMT_COMMAND_R7B] = {"command-r7b", M_CMDR, O_CMDR, D_CMDR, "<|START_THINKING|>",
                                 "<|END_THINKING|>"},
-    [RT_CHATFMT_GPT_OSS] = {"gpt-oss", M_OSS, O_NONE, O_NONE, "<think>", "</think>"},
+    /* harmony's thought is the analysis channel (its replies are split by the
+     * channels, rt__gen_harmony_feed; the tags bound the thought and find it open) */
+    [RT_CHATFMT_GPT_OSS] = {"gpt-oss", M_OSS, O_NONE, O_NONE, "<|channel|>analysis<|message|>",
+                            "<|end|>"},
 };
 
 static int has(const char *s, const char *what) { return strstr(s, what) != NULL; }

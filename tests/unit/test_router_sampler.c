@@ -530,6 +530,92 @@ static void test_sampler_thought_budget_forces_the_end_tag(void **state)
     rt_tokenizer_destroy(tok);
 }
 
+/* A format's own tags: mistral's [THINK] ... [/THINK], and a close tag longer than
+ * "</think>" (harmony's analysis channel ends at <|end|>, opens with 30 bytes). */
+static void test_sampler_thought_budget_other_tags(void **state)
+{
+    (void)state;
+    enum { M_OPEN, M_CLOSE, M_LB, M_SLASH, M_THINK, M_RB, M_HMM, M_END, M_HOPEN, M_HEND,
+           M_HRET, M_HCALL, N_M };
+    static const rt_str_t texts[N_M] = {{"[THINK]", 7}, {"[/THINK]", 8}, {"[", 1},
+                                        {"/", 1},       {"THINK", 5},    {"]", 1},
+                                        {"hmm", 3},     {"<|im_end|>", 10},
+                                        {"<|channel|>analysis<|message|>", 30},
+                                        {"<|end|>", 7}, {"<|return|>", 10}, {"<|call|>", 8}};
+    /* harmony's markers are control tokens: <|end|> goes on, <|return|> and <|call|> end */
+    static const int32_t types[N_M] = {1, 1, 1, 1, 1, 1, 1, RT_TOKEN_CONTROL, 1,
+                                       RT_TOKEN_CONTROL, RT_TOKEN_CONTROL, RT_TOKEN_CONTROL};
+    rt_tokenizer_desc_t d;
+    rt_tokenizer_desc_init(&d);
+    d.model = "gpt2";
+    d.pre = "qwen2";
+    d.n_vocab = N_M;
+    d.tokens = texts;
+    d.types = types;
+    rt_tokenizer_t *tok = NULL;
+    bl_err_t err = {0};
+    if (rt_tokenizer_create(&tok, &d, &err))
+        fail_msg("vocabulary: %s", err.msg);
+    assert_false(rt_tokenizer_is_eog(tok, M_HEND));
+    assert_true(rt_tokenizer_is_eog(tok, M_HRET) && rt_tokenizer_is_eog(tok, M_HCALL));
+    rt_sampler_params_t p = plain();
+    p.temp = 0;
+    p.think_budget = 3;
+    p.think_tags[0] = "[THINK]";
+    p.think_tags[1] = "[/THINK]";
+    /* the model opens the thought and would think forever; the close tag is unlikely
+     * whole, so it comes in pieces */
+    float lg[N_M] = {9, -9, 1, 0.5f, 0.5f, 0.5f, 6, -1, -9, -9, -9, -9};
+    rt_sampler_t *s = NULL;
+    assert_int_equal(rt_sampler_create(&s, &p, N_M, 64, tok, &err), 0);
+    char out[256] = "";
+    for (int step = 0; step < 8; step++) {
+        int32_t t = rt_sampler_sample(s, lg);
+        rt_sampler_accept_generated(s, t);
+        lg[M_OPEN] = -9; /* opened once */
+        rt_str_t piece = rt_tokenizer_piece(tok, t);
+        strncat(out, piece.ptr, piece.len);
+    }
+    assert_string_equal(out, "[THINK]hmmhmm[/THINK]hmm"); /* the tag came in 4 pieces */
+    rt_sampler_destroy(s);
+    /* "<think>" is not this format's tag: no thought, no bound */
+    float lg3[N_M] = {-9, -9, 1, 0.5f, 0.5f, 0.5f, 6, -1, -9, -9, -9, -9};
+    p.think_open = 0;
+    assert_int_equal(rt_sampler_create(&s, &p, N_M, 64, tok, &err), 0);
+    out[0] = 0;
+    for (int step = 0; step < 5; step++) {
+        int32_t t = rt_sampler_sample(s, lg3);
+        rt_sampler_accept_generated(s, t);
+        strncat(out, rt_tokenizer_piece(tok, t).ptr, rt_tokenizer_piece(tok, t).len);
+    }
+    assert_string_equal(out, "hmmhmmhmmhmmhmm");
+    rt_sampler_destroy(s);
+    /* harmony: the analysis channel opens with one long token, <|end|> closes it */
+    p.think_tags[0] = "<|channel|>analysis<|message|>";
+    p.think_tags[1] = "<|end|>";
+    p.think_budget = 2;
+    float lg2[N_M] = {-9, -9, -9, -9, -9, -9, 6, -1, 9, -5, -9, -9};
+    assert_int_equal(rt_sampler_create(&s, &p, N_M, 64, tok, &err), 0);
+    out[0] = 0;
+    for (int step = 0; step < 5; step++) {
+        int32_t t = rt_sampler_sample(s, lg2);
+        rt_sampler_accept_generated(s, t);
+        lg2[M_HOPEN] = -9;
+        strncat(out, rt_tokenizer_piece(tok, t).ptr, rt_tokenizer_piece(tok, t).len);
+    }
+    assert_string_equal(out, "<|channel|>analysis<|message|>hmm<|end|>hmmhmm");
+    rt_sampler_destroy(s);
+    /* a tag longer than the sampler follows, or empty, is refused */
+    char long_tag[RT_SAMPLER_MAX_TAG + 2];
+    memset(long_tag, 'x', sizeof long_tag - 1);
+    long_tag[sizeof long_tag - 1] = 0;
+    p.think_tags[1] = long_tag;
+    assert_int_equal(rt_sampler_create(&s, &p, N_M, 64, tok, &err), BL_EINVAL);
+    p.think_tags[1] = "";
+    assert_int_equal(rt_sampler_create(&s, &p, N_M, 64, tok, &err), BL_EINVAL);
+    rt_tokenizer_destroy(tok);
+}
+
 static void test_sampler_infill_stage(void **state)
 {
     (void)state;
@@ -670,6 +756,7 @@ int main(void)
         cmocka_unit_test(test_sampler_infill_stage),
         cmocka_unit_test(test_sampler_grammar_constrains_every_token),
         cmocka_unit_test(test_sampler_thought_budget_forces_the_end_tag),
+        cmocka_unit_test(test_sampler_thought_budget_other_tags),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
