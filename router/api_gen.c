@@ -372,31 +372,24 @@ static int parse_samplers(const json_t *body, rt_sampler_params_t *s, bl_err_t *
     return rc ? bl_err_set(err, rc, "'samplers': %s", e2.msg) : 0;
 }
 
-/* gbnf with every use of the rule name `root` (its definition and references, not
- * literals, classes or comments) written as to; a new string or NULL (no memory). */
-static char *rename_root(const char *gbnf, const char *to)
+char *rt__gen_gbnf_rename(const char *gbnf, const char *prefix, const char *root)
 {
-    size_t n = strlen(gbnf), tl = strlen(to), cap = n + 1;
-    for (const char *q = gbnf; (q = strstr(q, "root")) != NULL; q += 4)
-        cap += tl;
-    char *out = malloc(cap), *o = out;
+    size_t n = strlen(gbnf), pl = strlen(prefix), rl = root ? strlen(root) : 0;
+    size_t names = 0;
+    for (size_t i = 0; i < n; i++)
+        names += isalnum((unsigned char)gbnf[i]) || gbnf[i] == '-' || gbnf[i] == '_';
+    char *out = malloc(n + names * (pl > rl ? pl : rl) + 1), *o = out;
     if (!out)
         return NULL;
     for (size_t i = 0; i < n;) {
         char c = gbnf[i];
-        if (c == '"' || c == '[') { /* a literal or a class, escapes and all */
-            char close = c == '"' ? '"' : ']';
+        if (c == '"' || c == '[' || c == '{' || c == '#') {
+            /* a literal or a class (escapes and all), a repetition's counts, a comment */
+            char close = c == '"' ? '"' : c == '[' ? ']' : c == '{' ? '}' : '\n';
             size_t j = i + 1;
             while (j < n && gbnf[j] != close)
-                j += gbnf[j] == '\\' && j + 1 < n ? 2 : 1;
-            j = j < n ? j + 1 : n;
-            memcpy(o, gbnf + i, j - i);
-            o += j - i;
-            i = j;
-        } else if (c == '#') {
-            size_t j = i;
-            while (j < n && gbnf[j] != '\n')
-                j++;
+                j += gbnf[j] == '\\' && c != '#' && j + 1 < n ? 2 : 1;
+            j = j < n && c != '#' ? j + 1 : j;
             memcpy(o, gbnf + i, j - i);
             o += j - i;
             i = j;
@@ -404,12 +397,13 @@ static char *rename_root(const char *gbnf, const char *to)
             size_t j = i;
             while (j < n && (isalnum((unsigned char)gbnf[j]) || gbnf[j] == '-' || gbnf[j] == '_'))
                 j++;
-            if (j - i == 4 && !memcmp(gbnf + i, "root", 4)) {
-                memcpy(o, to, tl);
-                o += tl;
+            if (root && j - i == 4 && !memcmp(gbnf + i, "root", 4)) {
+                memcpy(o, root, rl);
+                o += rl;
             } else {
-                memcpy(o, gbnf + i, j - i);
-                o += j - i;
+                memcpy(o, prefix, pl);
+                memcpy(o + pl, gbnf + i, j - i);
+                o += pl + j - i;
             }
             i = j;
         } else {
@@ -421,6 +415,92 @@ static char *rename_root(const char *gbnf, const char *to)
     return out;
 }
 
+/* A byte of a literal (in_class 0) or a class: control bytes as \xHH, the quote,
+ * the backslash and a class's brackets, '^' and '-' escaped, the rest (UTF-8 too)
+ * as it is. */
+static int gbnf_byte(bl_buf_t *b, unsigned char c, int in_class)
+{
+    char e[8];
+    if (c < 0x20 || c == 0x7f) {
+        snprintf(e, sizeof e, "\\x%02X", c);
+        return bl_buf_add(b, e, 4, 0);
+    }
+    if (c == '\\' || (!in_class && c == '"') ||
+        (in_class && (c == ']' || c == '[' || c == '^' || c == '-'))) {
+        e[0] = '\\', e[1] = (char)c;
+        return bl_buf_add(b, e, 2, 0);
+    }
+    return bl_buf_add(b, (const char *)&c, 1, 0);
+}
+
+/* A byte as a literal of its own. */
+static int gbnf_char(bl_buf_t *b, unsigned char c)
+{
+    return bl_buf_add(b, "\"", 1, 0) || gbnf_byte(b, c, 0) || bl_buf_add(b, "\"", 1, 0);
+}
+
+int rt__gen_gbnf_lit(bl_buf_t *b, const char *s, size_t n)
+{
+    int rc = bl_buf_add(b, "\"", 1, 0);
+    for (size_t i = 0; !rc && i < n; i++)
+        rc = gbnf_byte(b, (unsigned char)s[i], 0);
+    return rc ? rc : bl_buf_add(b, "\"", 1, 0);
+}
+
+int rt__gen_gbnf_until(bl_buf_t *b, const char *name, const char *tag)
+{
+    const size_t L = strlen(tag);
+    if (L == 0 || L > 64)
+        return BL_EINVAL;
+    for (size_t i = 0; i < L; i++)
+        if ((unsigned char)tag[i] >= 0x80)
+            return BL_EINVAL;
+    /* State k: the text ends with tag[0..k) and with no longer start of the tag. A
+     * byte c moves state k to the longest start of the tag that tag[0..k) c ends
+     * with; the tag's last byte in state L-1 ends the rule. */
+    char buf[160];
+    int rc = 0;
+    for (size_t k = 0; k < L && !rc; k++) {
+        snprintf(buf, sizeof buf, k ? "\n%s-%zu ::= " : "\n%s ::= ", name, k);
+        rc = bl_buf_add(b, buf, strlen(buf), 0) || gbnf_char(b, (unsigned char)tag[k]);
+        if (!rc && k + 1 < L) {
+            snprintf(buf, sizeof buf, " %s-%zu", name, k + 1);
+            rc = bl_buf_add(b, buf, strlen(buf), 0);
+        }
+        char seen[128] = {0}, others[65];
+        size_t n_others = 0;
+        seen[(unsigned char)tag[k]] = 1;
+        for (size_t i = 0; i < L && !rc; i++) {
+            unsigned char c = (unsigned char)tag[i];
+            if (seen[c])
+                continue;
+            seen[c] = 1;
+            /* the next state after tag[0..k) c */
+            size_t j = k + 1 < L ? k + 1 : L - 1;
+            for (; j > 0; j--)
+                if (tag[j - 1] == (char)c && !memcmp(tag, tag + k + 1 - j, j - 1))
+                    break;
+            if (j == 0)
+                continue;
+            others[n_others++] = (char)c;
+            rc = bl_buf_add(b, " | ", 3, 0) || gbnf_char(b, c);
+            if (!rc) {
+                snprintf(buf, sizeof buf, " %s-%zu", name, j);
+                rc = bl_buf_add(b, buf, strlen(buf), 0);
+            }
+        }
+        /* every other character goes back to the start */
+        rc = rc || bl_buf_add(b, " | [^", 5, 0) || gbnf_byte(b, (unsigned char)tag[k], 1);
+        for (size_t i = 0; i < n_others && !rc; i++)
+            rc = gbnf_byte(b, (unsigned char)others[i], 1);
+        if (!rc) {
+            snprintf(buf, sizeof buf, "] %s", name);
+            rc = bl_buf_add(b, buf, strlen(buf), 0);
+        }
+    }
+    return rc ? BL_ENOMEM : 0;
+}
+
 /* A rule name not in text (the converter's names come from the schema). */
 static void unique_name(const char *text, const char *stem, char *out, size_t cap)
 {
@@ -429,8 +509,8 @@ static void unique_name(const char *text, const char *stem, char *out, size_t ca
         snprintf(out, cap, "%s%u", stem, k);
 }
 
-int rt__gen_grammar_wrap(const char *gbnf, int think, const char *body, char **out,
-                         bl_err_t *err)
+int rt__gen_grammar_wrap(const char *gbnf, int think, rt_chatfmt_t fmt, const char *body,
+                         char **out, bl_err_t *err)
 {
     *out = NULL;
     char rname[32], ws[32], thought[32];
@@ -439,49 +519,50 @@ int rt__gen_grammar_wrap(const char *gbnf, int think, const char *body, char **o
     unique_name(gbnf, "wrap-thought", thought, sizeof thought);
     /* the grammar's root becomes an inner rule, references to it too (a schema's
      * $ref "#" means the schema, not the whole reply) */
-    char *inner = rename_root(gbnf, rname);
+    char *inner = rt__gen_gbnf_rename(gbnf, "", rname);
     if (!inner)
         return bl_err_set(err, BL_ENOMEM, "out of memory");
-    size_t cap = strlen(inner) + 3 * strlen(body) + 1024;
-    char *g = malloc(cap);
-    if (!g) {
-        free(inner);
-        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    const char *open, *close;
+    rt_chatfmt_think_tags(fmt, &open, &close);
+    /* harmony: the final channel's or the call's message follows the analysis one */
+    const char *after = fmt == RT_CHATFMT_GPT_OSS ? "<|start|>assistant" : "";
+    bl_buf_t g = {0};
+    int rc = bl_buf_add(&g, "root ::= ", 9, 0);
+    if (!rc && think == 1)
+        rc = bl_buf_add(&g, "( ", 2, 0) || rt__gen_gbnf_lit(&g, open, strlen(open)) ||
+             bl_buf_add(&g, " ", 1, 0);
+    if (!rc && think) {
+        rc = bl_buf_add(&g, thought, strlen(thought), 0) || bl_buf_add(&g, " ", 1, 0) ||
+             (*after && (rt__gen_gbnf_lit(&g, after, strlen(after)) || bl_buf_add(&g, " ", 1, 0)));
+        if (!rc && think == 1)
+            rc = bl_buf_add(&g, ")? ", 3, 0);
     }
-    size_t len = (size_t)snprintf(g, cap, "root ::= ");
-    if (think == 2) /* the prompt opened the thought: it ends first */
-        len += (size_t)snprintf(g + len, cap - len, "%s ", thought);
-    else if (think == 1)
-        len += (size_t)snprintf(g + len, cap - len, "( \"<think>\" %s )? ", thought);
-    for (const char *b = body; *b; b++) {
-        if (b[0] == '%' && (b[1] == 'R' || b[1] == 'W')) {
-            len += (size_t)snprintf(g + len, cap - len, "%s", b[1] == 'R' ? rname : ws);
-            b++;
+    for (const char *p = body; !rc && *p; p++) {
+        if (p[0] == '%' && (p[1] == 'R' || p[1] == 'W')) {
+            const char *nm = p[1] == 'R' ? rname : ws;
+            rc = bl_buf_add(&g, nm, strlen(nm), 0);
+            p++;
         } else {
-            g[len++] = *b;
+            rc = bl_buf_add(&g, p, 1, 0);
         }
     }
-    /* The thought: any text up to the first "</think>", which ends it. A thought of
-     * .* would go on past its own end tag, so the constraint would never apply. Text
-     * that avoids a tag is a small automaton, one rule per state: the state is how
-     * much of the tag the text ends with (only its first byte, '<', recurs in it). */
-    static const char tag[] = "</think>";
-    for (int k = 0; k < 8; k++) {
-        char self[40], next[40];
-        snprintf(self, sizeof self, k ? "%s-%d" : "%s", thought, k);
-        snprintf(next, sizeof next, "%s-%d", thought, k + 1);
-        len += (size_t)snprintf(g + len, cap - len, "\n%s ::= \"%c\"%s%s", self, tag[k],
-                                k < 7 ? " " : "", k < 7 ? next : "");
-        if (k)
-            len += (size_t)snprintf(g + len, cap - len, " | \"<\" %s-1 | [^%c<] %s", thought,
-                                    tag[k], thought);
-        else
-            len += (size_t)snprintf(g + len, cap - len, " | [^<] %s", thought);
+    /* The thought: any text up to the first close tag, which ends it (a thought of
+     * .* would go on past its own end tag, so the constraint would never apply). */
+    if (!rc && think)
+        rc = rt__gen_gbnf_until(&g, thought, close);
+    if (!rc) {
+        char w[80];
+        snprintf(w, sizeof w, "\n%s ::= [ \\t\\n]{0,20}\n", ws);
+        rc = bl_buf_add(&g, w, strlen(w), 0) || bl_buf_add(&g, inner, strlen(inner), 0);
     }
-    len += (size_t)snprintf(g + len, cap - len, "\n%s ::= [ \\t\\n]{0,20}\n", ws);
-    snprintf(g + len, cap - len, "%s", inner);
     free(inner);
-    *out = g;
+    if (rc) {
+        bl_buf_free(&g);
+        return bl_err_set(err, rc == BL_EINVAL ? BL_EINVAL : BL_ENOMEM,
+                          rc == BL_EINVAL ? "the format's thought tags cannot be written as a "
+                                            "grammar" : "out of memory");
+    }
+    *out = g.p;
     return 0;
 }
 

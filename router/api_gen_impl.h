@@ -170,23 +170,35 @@ int rt__gen_think_finish(rt_gen_think_t *t, rt_gen_buf_t *reason, rt_gen_buf_t *
 int rt__gen_check_tools(const json_t *tools, bl_err_t *err) BL_WUR;
 /* A grammar whose text starts with a thought, then body: gbnf's root rule is
  * renamed and body's "%R" stands for it, "%W" for up to 20 spaces, tabs and line
- * breaks. think: 0 no thought, 1 an optional <think>...</think>, 2 only its end (the
- * prompt opened it). *out: caller frees. BL_EINVAL when gbnf refers to its own root,
- * BL_ENOMEM. */
-int rt__gen_grammar_wrap(const char *gbnf, int think, const char *body, char **out,
-                         bl_err_t *err) BL_WUR;
+ * breaks. think: 0 no thought, 1 an optional one, 2 only its end (the prompt opened
+ * it), in fmt's tags (rt_chatfmt_think_tags; gpt-oss: the analysis message, then
+ * "<|start|>assistant"). *out: caller frees. BL_EINVAL, BL_ENOMEM. */
+int rt__gen_grammar_wrap(const char *gbnf, int think, rt_chatfmt_t fmt, const char *body,
+                         char **out, bl_err_t *err) BL_WUR;
+/* gbnf with every rule name (definitions and references; not literals, classes,
+ * repetition counts or comments) written with prefix before it, and `root`, when
+ * root is not NULL, written as root instead. A new string, or NULL (no memory). */
+char *rt__gen_gbnf_rename(const char *gbnf, const char *prefix, const char *root);
+/* Appends to b the GBNF literal of s[0..n) (quotes and escapes). BL_ENOMEM. */
+int rt__gen_gbnf_lit(bl_buf_t *b, const char *s, size_t n) BL_WUR;
+/* Appends to b rules `name`, `name-1`, ... that match any text up to and with the
+ * first occurrence of tag (ASCII, 1 to 64 bytes; else BL_EINVAL): an automaton,
+ * one rule per how much of the tag the text ends with. Each rule starts on a new
+ * line. BL_ENOMEM. */
+int rt__gen_gbnf_until(bl_buf_t *b, const char *name, const char *tag) BL_WUR;
 
 /* Forces the reply to be tool calls (tool_choice "required" or a named function,
- * Anthropic's "any" or "tool") in p->fmt's form (BL_EINVAL for a format whose call
- * is not one JSON object, rt_chatfmt_can_force): p's grammar becomes a thought (think:
- * 0 none, 1 an optional <think>...</think>, 2 its end only, as the prompt opened
- * it), then
- * <tool_call>{"name": N, "arguments": A}</tool_call> (llama-3.x: {"name": N,
- * "parameters": A}), once when one_call, else once
- * or more, N one of tools' names (only `name` when given) and A what its parameters
+ * Anthropic's "any" or "tool") in p->fmt's form (toolcall.c's formats: hermes's
+ * <tool_call>{"name", "arguments"}</tool_call>, qwen3-coder's and glm-4.5's
+ * key/value pairs, deepseek's, kimi-k2's and command-r7b's sections, mistral's
+ * [TOOL_CALLS], llama-3.x's bare object, a harmony commentary message): p's grammar
+ * becomes a thought in the format's tags (think: 0 none, 1 optional, 2 its end
+ * only, as the prompt opened it), then the calls, once when one_call (and always
+ * for gpt-oss, whose message holds one call), else once or more; each names one of
+ * tools' functions (only `name` when given) with the arguments its parameters
  * schema accepts. tools: OpenAI's form, checked. BL_EINVAL (named tool not in the
  * list, a parameters schema the converter refuses, a grammar already asked for),
- * BL_ENOMEM. */
+ * BL_ERANGE (the grammar too large), BL_ENOMEM. */
 int rt__gen_force_tools(rt_gen_params_t *p, const json_t *tools, const char *name, int one_call,
                         int think, bl_err_t *err) BL_WUR;
 /* Whether the template is told not to think: enable_thinking false in the request's

@@ -328,7 +328,8 @@ void rt__gen_chat_next(rt_gen_req_t *g)
         /* a schema's JSON comes after the model's thought, which it may still write */
         char *wrapped = NULL;
         bl_err_t e2 = {0};
-        if ((rc = p->rc = rt__gen_grammar_wrap(g->params.grammar, think, "%W %R", &wrapped, &e2))) {
+        if ((rc = p->rc = rt__gen_grammar_wrap(g->params.grammar, think, g->params.fmt, "%W %R",
+                                               &wrapped, &e2))) {
             bl_err_set(&p->err, rc, "'%s': %s",
                        g->params.grammar_from ? g->params.grammar_from : "response_format", e2.msg);
         } else {

@@ -32,8 +32,27 @@ const char *rt_chatfmt_name(rt_chatfmt_t f);
 const char *const *rt_chatfmt_markers(rt_chatfmt_t f);
 /* The tags around a thought ("<think>", "</think>" for most). */
 void rt_chatfmt_think_tags(rt_chatfmt_t f, const char **open, const char **close);
-/* Whether a forced call (tool_choice "required" or a named function) can be written
- * as a grammar for the format: the formats whose call is one JSON object. */
-int rt_chatfmt_can_force(rt_chatfmt_t f);
+
+/* Key/value call arguments: KEY_OPEN key KEY_CLOSE [VAL_OPEN] value VAL_CLOSE per
+ * pair (glm-4.5, qwen3-coder). */
+typedef struct rt_kvform {
+    const char *key_open, *key_close, *val_open, *val_close;
+    int strip_nl; /* a value's first and last line break are the layout's */
+} rt_kvform_t;
+
+/* How a format writes its calls, for the grammar that forces them:
+ *   calls ::= open call (sep call)* close    (one call: open call close)
+ * and each call is `call` with %N its name (JSON text with json_name, else raw),
+ * %A its arguments (a JSON object of the tool's parameters, or key/value pairs in
+ * kv's form), %I a call id of digits, %9 one of nine letters and digits. A space
+ * stands for up to 20 spaces, tabs and line breaks; every other byte is itself.
+ * single: one call a reply. */
+typedef struct rt_callform {
+    const char *open, *sep, *close, *call;
+    int json_name, single;
+    const rt_kvform_t *kv;
+} rt_callform_t;
+
+const rt_callform_t *rt_chatfmt_callform(rt_chatfmt_t f);
 
 #endif

@@ -97,6 +97,48 @@ static const struct fmt_info {
                             "<|end|>"},
 };
 
+/* Key/value arguments (glm-4.5, qwen3-coder): the parser's and the forcing
+ * grammar's. */
+static const rt_kvform_t KV_GLM = {"<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", 0};
+static const rt_kvform_t KV_QWEN = {"<parameter=", ">", NULL, "</parameter>", 1};
+
+/* The forms that force calls (rt__gen_force_tools). */
+static const rt_callform_t k_forms[RT_CHATFMT_N] = {
+    [RT_CHATFMT_HERMES] = {" ", " ", "",
+                           "<tool_call> { \"name\" : %N , \"arguments\" : %A } </tool_call>", 1, 0,
+                           NULL},
+    [RT_CHATFMT_QWEN3_CODER] = {" ", " ", "", "<tool_call> <function=%N>%A </function> </tool_call>",
+                                0, 0, &KV_QWEN},
+    [RT_CHATFMT_DEEPSEEK_R1] = {" " DS_CALLS_BEGIN " ", " ", " " DS_CALLS_END,
+                                DS_CALL_BEGIN "function" DS_SEP "%N\n```json %A ``` " DS_CALL_END,
+                                0, 0, NULL},
+    [RT_CHATFMT_DEEPSEEK_V31] = {" " DS_CALLS_BEGIN " ", " ", " " DS_CALLS_END,
+                                 DS_CALL_BEGIN "%N" DS_SEP "%A " DS_CALL_END, 0, 0, NULL},
+    [RT_CHATFMT_KIMI_K2] = {" <|tool_calls_section_begin|> ", " ", " <|tool_calls_section_end|>",
+                            "<|tool_call_begin|>functions.%N:%I <|tool_call_argument_begin|> %A "
+                            "<|tool_call_end|>",
+                            0, 0, NULL},
+    [RT_CHATFMT_GLM45] = {" ", " ", "", "<tool_call>%N%A </tool_call>", 0, 0, &KV_GLM},
+    [RT_CHATFMT_MISTRAL_NEMO] = {" [TOOL_CALLS] [ ", " , ", " ]",
+                                 "{ \"name\" : %N , \"arguments\" : %A , \"id\" : \"%9\" }", 1, 0,
+                                 NULL},
+    [RT_CHATFMT_MAGISTRAL] = {" ", " ", "", "[TOOL_CALLS]%N[ARGS]%A", 0, 0, NULL},
+    [RT_CHATFMT_LLAMA3] = {" ", " ", "", "{ \"name\" : %N , \"parameters\" : %A }", 1, 0, NULL},
+    [RT_CHATFMT_COMMAND_R7B] = {" <|START_ACTION|> [ ", " , ", " ] <|END_ACTION|>",
+                                "{ \"tool_call_id\" : \"%I\" , \"tool_name\" : %N , "
+                                "\"parameters\" : %A }",
+                                1, 0, NULL},
+    /* a harmony message holds one call (the next comes after its result), and its
+     * header comes first: a reply that begins otherwise is text */
+    [RT_CHATFMT_GPT_OSS] = {"", "", "", "<|channel|>commentary to=functions.%N <|constrain|>json"
+                            "<|message|>%A", 0, 1, NULL},
+};
+
+const rt_callform_t *rt_chatfmt_callform(rt_chatfmt_t f)
+{
+    return &k_forms[(unsigned)f < RT_CHATFMT_N ? f : 0];
+}
+
 static int has(const char *s, const char *what) { return strstr(s, what) != NULL; }
 
 rt_chatfmt_t rt_chatfmt_detect(const char *src)
@@ -139,11 +181,6 @@ void rt_chatfmt_think_tags(rt_chatfmt_t f, const char **open, const char **close
     const struct fmt_info *i = &k_fmt[(unsigned)f < RT_CHATFMT_N ? f : 0];
     *open = i->think_open;
     *close = i->think_close;
-}
-
-int rt_chatfmt_can_force(rt_chatfmt_t f)
-{
-    return f == RT_CHATFMT_HERMES || f == RT_CHATFMT_LLAMA3;
 }
 
 /* ---------------------------------------------------------------------------- */
@@ -639,18 +676,9 @@ static void trim(const char *p, size_t *a, size_t *b)
         (*b)--;
 }
 
-/* How a key/value format writes a pair: KEY_OPEN k KEY_CLOSE [VAL_OPEN] v VAL_CLOSE. */
-typedef struct kvform {
-    const char *key_open, *key_close, *val_open, *val_close;
-    int strip_nl; /* a value's first and last line break are the layout's */
-} kvform_t;
-
-static const kvform_t KV_GLM = {"<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", 0};
-static const kvform_t KV_QWEN = {"<parameter=", ">", NULL, "</parameter>", 1};
-
 /* The pairs of the call named name at c, to the first thing that is not a pair (OK);
  * on MORE the call is shown open with the pairs so far. */
-static int kv_pairs(cur_t *c, px_t *x, const char *name, const kvform_t *f)
+static int kv_pairs(cur_t *c, px_t *x, const char *name, const rt_kvform_t *f)
 {
     if (built_begin(x))
         return P_NO;

@@ -125,15 +125,34 @@ def test_calls_streamed_as_they_come(fmt_server):
     assert "tool_calls" in finishes, finishes
 
 
-def test_forcing_a_call_where_the_format_allows(fmt_server):
+# a tool whose every call is short: the forced grammar ends whatever the model picks
+FORCED_TOOLS = [{"type": "function", "function": {
+    "name": "paint", "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["color", "coats"],
+        "properties": {"color": {"type": "string", "enum": ["red", "deep blue"]},
+                       "coats": {"type": "integer", "minimum": 1, "maximum": 3}}}}},
+    {"type": "function", "function": {"name": "wait", "parameters": {
+        "type": "object", "properties": {}, "additionalProperties": False}}}]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_forcing_a_call_in_the_format(fmt_server, seed):
+    """tool_choice "required" and a named function: a grammar in the format's own form
+    makes the model write a call, which the format's parser splits out"""
     name, srv = fmt_server
-    r = post(srv.url, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "Paint."}], "tools": TOOLS,
-        "tool_choice": "required", "max_tokens": 200, "temperature": 0})
-    if name in ("hermes", "llama-3.x"):
-        assert r.status_code == 200, r.text
+    for choice, names in (("required", {"paint", "wait"}),
+                          ({"type": "function", "function": {"name": "paint"}}, {"paint"})):
+        r = post(srv.url, "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Paint."}], "tools": FORCED_TOOLS,
+            "tool_choice": choice, "parallel_tool_calls": False, "max_tokens": 200,
+            "temperature": 1.0, "seed": seed, "chat_template_kwargs": {"enable_thinking": False}})
+        assert r.status_code == 200, (name, r.text)
         ch = r.json()["choices"][0]
-        assert ch["message"]["tool_calls"][0]["function"]["name"] == "paint", ch
-    else:
-        assert r.status_code == 400, r.text
-        assert name in r.json()["error"]["message"] and "tool_choice" in r.json()["error"]["message"]
+        assert ch["finish_reason"] == "tool_calls", (name, ch)
+        calls = ch["message"]["tool_calls"]
+        assert len(calls) == 1 and calls[0]["function"]["name"] in names, (name, ch)
+        args = json.loads(calls[0]["function"]["arguments"])
+        if calls[0]["function"]["name"] == "paint":
+            assert args["color"] in ("red", "deep blue") and args["coats"] in (1, 2, 3), (name, args)
+        else:
+            assert args == {}, (name, args)

@@ -1735,7 +1735,7 @@ static void test_grammar_wrap_puts_a_thought_first(void **state)
     bl_err_t err = {0};
     memset(&p, 0, sizeof p);
     const char *inner = "root ::= \"{\" item* \"}\"\nitem ::= [a-z]\n";
-    assert_int_equal(rt__gen_grammar_wrap(inner, 1, "%W %R", &p.grammar, &err), 0);
+    assert_int_equal(rt__gen_grammar_wrap(inner, 1, RT_CHATFMT_HERMES, "%W %R", &p.grammar, &err), 0);
     p.task.sampling.grammar = p.grammar;
     p.task.sampling.grammar_len = strlen(p.grammar);
     assert_true(fits(&p, "{ab}"));
@@ -1749,7 +1749,7 @@ static void test_grammar_wrap_puts_a_thought_first(void **state)
     assert_true(fits(&p, "<think><<</think>{a}"));
     rt__gen_params_fini(&p);
     memset(&p, 0, sizeof p);
-    assert_int_equal(rt__gen_grammar_wrap(inner, 2, "%R", &p.grammar, &err), 0);
+    assert_int_equal(rt__gen_grammar_wrap(inner, 2, RT_CHATFMT_HERMES, "%R", &p.grammar, &err), 0);
     p.task.sampling.grammar = p.grammar;
     p.task.sampling.grammar_len = strlen(p.grammar);
     assert_true(fits(&p, "</think>{}"));
@@ -1759,7 +1759,7 @@ static void test_grammar_wrap_puts_a_thought_first(void **state)
     /* a grammar that refers to its own root (a schema's $ref "#") keeps its meaning;
      * a "root" inside a literal, a class or a comment is not a reference */
     memset(&p, 0, sizeof p);
-    assert_int_equal(rt__gen_grammar_wrap("root ::= \"[\" root? \"]\" | \"root\" # root\n", 1, "%R",
+    assert_int_equal(rt__gen_grammar_wrap("root ::= \"[\" root? \"]\" | \"root\" # root\n", 1, RT_CHATFMT_HERMES, "%R",
                                           &p.grammar, &err), 0);
     p.task.sampling.grammar = p.grammar;
     p.task.sampling.grammar_len = strlen(p.grammar);
