@@ -141,6 +141,8 @@ static int validate_plan(const Bloomery__Plan *p, bl_err_t *err)
         return bad(err, "Plan.experts_vram", "is below -1 (automatic)");
     if (p->experts_ram < 0)
         return bad(err, "Plan.experts_ram", "is negative");
+    if (p->kv_pool > MAX_CTX)
+        return bad(err, "Plan.kv_pool", "is above 2^24");
     return 0;
 }
 
@@ -409,6 +411,7 @@ int bp_plan_read(const bp_msg_t *m, bp_plan_t *out, bl_err_t *err)
     out->experts_vram = p->experts_vram;
     out->no_residency = p->no_residency;
     out->experts_ram = p->experts_ram;
+    out->kv_pool = p->kv_pool;
     return 0;
 }
 

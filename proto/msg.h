@@ -123,6 +123,8 @@ typedef struct bp_plan {
     int no_residency;      /* host-RAM experts never move into card slots (--no-residency) */
     int64_t experts_ram;   /* bytes the hosttier's experts may take in RAM, the rest paged
                             * from the model file (--experts-ram); 0: all in RAM */
+    uint32_t kv_pool;      /* positions one cache holds for all slots together (-kvu), in
+                            * BP_KV_CHUNK chunks; 0: each slot owns n_ctx */
 } bp_plan_t;
 
 /* A validated Plan message into p: the stages, the host layers from its placements

@@ -288,14 +288,14 @@ int bp_step_parse(const void *msg, size_t nbytes, const bp_step_limits_t *lim,
         memcpy(in->kvops, base + lay.kvops, (size_t)h->n_seqs * sizeof *in->kvops);
         for (int32_t i = 0; i < h->n_seqs; i++) {
             const bp_step_kvop_t *o = &in->kvops[i];
-            const int drop = o->op == BP_KV_DROP;
-            if (o->op != BP_KV_SAVE && o->op != BP_KV_LOAD && !drop)
-                return bad(err, h, "ops[].op", o->op, "is not save, load or drop");
+            const int drop = o->op == BP_KV_DROP, clear = o->op == BP_KV_CLEAR;
+            if (o->op != BP_KV_SAVE && o->op != BP_KV_LOAD && !drop && !clear)
+                return bad(err, h, "ops[].op", o->op, "is not save, load, drop or clear");
             if (drop ? o->slot != 0 : (o->slot < 0 || o->slot >= lim->n_slots))
                 return bad(err, h, "ops[].slot", o->slot, "is outside the plan's slots");
             if (o->entry < 0)
                 return bad(err, h, "ops[].entry", o->entry, "is negative");
-            if (drop ? o->n != 0 : (o->n < 1 || o->n > lim->n_ctx))
+            if (drop || clear ? o->n != 0 : (o->n < 1 || o->n > lim->n_ctx))
                 return bad(err, h, "ops[].n", o->n, "is not in 1..the slot's context");
             if (o->bytes < 0)
                 return bad(err, h, "ops[].bytes", o->bytes, "is negative");

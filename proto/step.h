@@ -60,17 +60,23 @@ typedef enum bp_step_kind {
 #define BP_STEP_MAX_KVOPS 64
 
 typedef enum bp_kv_op {
-    BP_KV_SAVE = 1, /* positions 0..n of slot's cache into host memory, as entry */
-    BP_KV_LOAD = 2, /* entry's first n positions into slot's cache (its n_past becomes n) */
-    BP_KV_DROP = 3, /* entry's memory freed (an unknown entry is no error) */
+    BP_KV_SAVE = 1,  /* positions 0..n of slot's cache into host memory, as entry */
+    BP_KV_LOAD = 2,  /* entry's first n positions into slot's cache (its n_past becomes n) */
+    BP_KV_DROP = 3,  /* entry's memory freed (an unknown entry is no error) */
+    BP_KV_CLEAR = 4, /* slot's cache emptied: its chunks of a shared cache go back */
 } bp_kv_op_t;
+
+/* A cache shared by the slots (Plan.kv_pool) is handed out in chunks of this many
+ * positions: a slot holding n positions holds ceil(n / BP_KV_CHUNK) chunks, so the
+ * router and the stages count the same. */
+#define BP_KV_CHUNK 256
 
 /* One op of a KV message; 32 bytes. */
 typedef struct bp_step_kvop {
     int32_t op;    /* bp_kv_op_t */
-    int32_t slot;  /* SAVE, LOAD; 0 for DROP */
-    int64_t entry; /* the router's name for a saved state, >= 0 */
-    int64_t n;     /* SAVE, LOAD: positions, 1..n_ctx; DROP: 0 */
+    int32_t slot;  /* SAVE, LOAD, CLEAR; 0 for DROP */
+    int64_t entry; /* the router's name for a saved state, >= 0 (0 for CLEAR) */
+    int64_t n;     /* SAVE, LOAD: positions, 1..n_ctx; DROP, CLEAR: 0 */
     int64_t bytes; /* host bytes the stages so far hold for the entry (each adds its own) */
 } bp_step_kvop_t;
 

@@ -481,6 +481,12 @@ static void route_metrics(rt_req_t *r)
            (double)st.prompt_cache_tokens_total);
     metric_of(&b, "bloomery", "prompt_cache_evictions_total", "counter", "Saved states dropped for the budget.",
            (double)st.prompt_cache_evictions_total);
+    metric_of(&b, "bloomery", "kv_evictions_total", "counter",
+              "Idle slots' caches emptied for room in the shared KV cache (-kvu).",
+              (double)st.kv_evictions_total);
+    metric_of(&b, "bloomery", "kv_preemptions_total", "counter",
+              "Tasks whose cache gave way in the full shared KV cache, recomputed later (-kvu).",
+              (double)st.kv_preemptions_total);
     metric_of(&b, "bloomery", "prompt_cache_entries", "gauge", "Saved states held.", (double)st.prompt_cache_entries);
     metric_of(&b, "bloomery", "prompt_cache_bytes", "gauge", "Host bytes the saved states take.",
            (double)st.prompt_cache_bytes);

@@ -505,6 +505,7 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
     p.host_process = (uint32_t)nw;
     p.kv_type = c->o.kv_type;
     p.n_ctx = (uint32_t)c->o.n_ctx_slot;
+    p.kv_pool = (uint32_t)c->o.kv_pool;
     p.n_slots = (uint32_t)c->o.n_slots;
     p.threads = (uint32_t)c->o.n_threads;
     p.threads_batch = (uint32_t)c->o.n_threads_batch;
@@ -909,6 +910,9 @@ static int check_opts(const rt_cluster_opts_t *o, bl_err_t *err)
     if (o->n_ctx_slot < 1 || o->n_ctx_slot > (1 << 24))
         return bl_err_set(err, BL_EINVAL, "cluster: n_ctx_slot %lld is not in 1..2^24",
                           (long long)o->n_ctx_slot);
+    if (o->kv_pool < 0 || o->kv_pool > (1 << 24) || (o->kv_pool && o->kv_pool < o->n_ctx_slot))
+        return bl_err_set(err, BL_EINVAL, "cluster: kv_pool %lld is not 0 or n_ctx_slot..2^24",
+                          (long long)o->kv_pool);
     if (o->n_batch < 1 || o->n_batch > 65536)
         return bl_err_set(err, BL_EINVAL, "cluster: n_batch %lld is not in 1..65536",
                           (long long)o->n_batch);
@@ -1344,8 +1348,10 @@ static int step_locked(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, i
 }
 
 _Static_assert(RT_KV_MAX_OPS == BP_STEP_MAX_KVOPS, "one bound for KV ops");
+_Static_assert(RT_KV_CHUNK == BP_KV_CHUNK, "the engine counts a shared cache's chunks as the "
+                                          "stages do");
 _Static_assert((int)RT_KV_SAVE == (int)BP_KV_SAVE && (int)RT_KV_LOAD == (int)BP_KV_LOAD &&
-                   (int)RT_KV_DROP == (int)BP_KV_DROP,
+                   (int)RT_KV_DROP == (int)BP_KV_DROP && (int)RT_KV_CLEAR == (int)BP_KV_CLEAR,
                "the engine's KV op codes are the wire's");
 
 int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
@@ -1353,9 +1359,10 @@ int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
     if (n_ops < 1 || n_ops > BP_STEP_MAX_KVOPS)
         return bl_err_set(err, BL_EINVAL, "kv: %d ops (1..%d)", n_ops, BP_STEP_MAX_KVOPS);
     for (int i = 0; i < n_ops; i++)
-        if ((ops[i].op < RT_KV_SAVE || ops[i].op > RT_KV_DROP) ||
-            (ops[i].op != BP_KV_DROP && (ops[i].slot < 0 || ops[i].slot >= c->lim.n_slots ||
-                                         ops[i].n < 1 || ops[i].n > c->lim.n_ctx)) ||
+        if ((ops[i].op < RT_KV_SAVE || ops[i].op > RT_KV_CLEAR) ||
+            (ops[i].op != BP_KV_DROP && (ops[i].slot < 0 || ops[i].slot >= c->lim.n_slots)) ||
+            ((ops[i].op == BP_KV_SAVE || ops[i].op == BP_KV_LOAD) &&
+             (ops[i].n < 1 || ops[i].n > c->lim.n_ctx)) ||
             ops[i].entry < 0)
             return bl_err_set(err, BL_EINVAL, "kv: op %d (slot %d, %lld positions) is outside the plan", i,
                               ops[i].slot, (long long)ops[i].n);
@@ -1375,7 +1382,9 @@ int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
     if (rc == 0) {
         for (int i = 0; i < n_ops; i++)
             o.kvops[i] = (bp_step_kvop_t){.op = ops[i].op, .slot = ops[i].op == BP_KV_DROP ? 0 : ops[i].slot,
-                                          .entry = ops[i].entry, .n = ops[i].op == BP_KV_DROP ? 0 : ops[i].n};
+                                          .entry = ops[i].op == BP_KV_CLEAR ? 0 : ops[i].entry,
+                                          .n = ops[i].op == BP_KV_DROP || ops[i].op == BP_KV_CLEAR
+                                                   ? 0 : ops[i].n};
         rc = bp_ring_commit(c->to_first, o.nbytes, err);
     }
     bp_step_kvop_t back[BP_STEP_MAX_KVOPS];

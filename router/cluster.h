@@ -35,6 +35,9 @@ typedef struct rt_cluster_opts {
     int n_threads_hosttier;  /* threads of the hosttier's expert pool */
     int n_slots;             /* KV caches per worker (-np) */
     int64_t n_ctx_slot;      /* positions per slot's cache */
+    int64_t kv_pool;         /* positions one cache holds for all slots together (-kvu),
+                              * handed out in BP_KV_CHUNK chunks; 0: each slot owns
+                              * n_ctx_slot */
     int64_t n_batch;         /* most rows one step may carry (-ub) */
     uint32_t kv_type;        /* a bl_type_t id (common/quant.h): f16, f32 or q8_0 */
     /* The stages of a placement plan (common/plan.h); n_stage_ends 0: the layers split
@@ -144,17 +147,19 @@ int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, cons
                     bl_err_t *err) BL_WUR;
 
 /* Sends KV ops (proto/step.h: a slot's cache saved to host memory under an entry
- * name, loaded back into a slot, dropped) down the pipeline in step order, and
+ * name, loaded back into a slot, dropped, a slot's cache emptied) down the pipeline in step order, and
  * waits for them to come back; each op's bytes is then what the stages together
  * hold for its entry. Returns 0, or what rt_cluster_step returns, or the first
  * failing op's error as a stage named it (BL_ENOENT: a load of an entry a stage does
  * not hold; BL_ENOMEM). On an error the ops after the failing one did not run and
  * the slots they name hold nothing usable. Engine thread. */
-enum { RT_KV_SAVE = 1, RT_KV_LOAD = 2, RT_KV_DROP = 3 };
+enum { RT_KV_SAVE = 1, RT_KV_LOAD = 2, RT_KV_DROP = 3, RT_KV_CLEAR = 4 };
+/* A shared cache (kv_pool) goes to the slots in chunks of this many positions. */
+#define RT_KV_CHUNK 256
 #define RT_KV_MAX_OPS 64
 typedef struct rt_kv_op {
     int op;        /* RT_KV_* */
-    int32_t slot;  /* SAVE, LOAD */
+    int32_t slot;  /* SAVE, LOAD, CLEAR */
     int64_t entry; /* >= 0 */
     int64_t n;     /* SAVE, LOAD: positions 0..n */
     int64_t bytes; /* out: host bytes the stages hold for the entry */

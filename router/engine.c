@@ -77,6 +77,10 @@ typedef struct slot {
     int32_t *seq;       /* (n_ctx_slot) the tokens in the cache [0, n_past), then the
                          * prompt rest or the sampled token still to evaluate [n_past, n_seq) */
     int64_t n_past;
+    int64_t n_kv;       /* positions the stages hold for it: n_past, or more until the
+                         * slot's next step rewinds them (a shared cache counts these) */
+    int full;           /* build_step: a shared cache had no room for its next token */
+    int in_step;        /* build_step: it has rows in the step being built */
     int64_t n_seq;
     int64_t n_cached;
     int64_t n_decoded;
@@ -584,6 +588,54 @@ static void pc_save(rt_engine_t *e, slot_t *s)
     pc_stats(e, 1, 0, 0, 0);
 }
 
+// --- a cache the slots share (-kvu) ---------------------------------------------------------
+
+static int64_t kv_chunks(int64_t n) { return (n + RT_KV_CHUNK - 1) / RT_KV_CHUNK; }
+
+/* Chunks of the shared cache that no slot holds. */
+static int64_t kv_free(const rt_engine_t *e)
+{
+    int64_t used = 0;
+    for (int i = 0; i < e->o.n_slots; i++)
+        used += kv_chunks(e->slots[i].n_kv);
+    return kv_chunks(e->o.kv_pool) - used;
+}
+
+/* Frees chunks of the shared cache until want are free, from the idle slots other
+ * than keep, the least recently used first; what each held goes to the prompt cache
+ * first (when there is one). Returns the chunks free now. */
+static int64_t kv_evict(rt_engine_t *e, int64_t want, const slot_t *keep)
+{
+    int64_t have = kv_free(e);
+    while (have < want) {
+        slot_t *v = NULL;
+        for (int i = 0; i < e->o.n_slots; i++) {
+            slot_t *s = &e->slots[i];
+            if (s != keep && !s->task && s->n_kv > 0 && (!v || s->last_used < v->last_used))
+                v = s;
+        }
+        if (!v)
+            break;
+        if (e->o.cache_ram != 0 && v->n_past >= PC_MIN_TOKENS) {
+            pc_save(e, v);
+            pc_trim(e, 0);
+        }
+        rt_kv_op_t op = {.op = RT_KV_CLEAR, .slot = v->id};
+        bl_err_t err = {0};
+        if (rt_cluster_kv(e->cluster, &op, 1, &err)) {
+            BL_LOG(BL_LOG_WARN, "event=kv_clear_failed slot=%d reason=\"%s\"", v->id, err.msg);
+            break;
+        }
+        BL_LOG(BL_LOG_DEBUG, "event=kv_evict slot=%d n=%lld", v->id, (long long)v->n_kv);
+        v->n_past = v->n_kv = v->n_seq = 0;
+        have = kv_free(e);
+        pthread_mutex_lock(&e->mu);
+        e->stats.kv_evictions_total++;
+        pthread_mutex_unlock(&e->mu);
+    }
+    return have;
+}
+
 /* The prompt's start from the cache into slot s when an entry shares more of it than
  * the slot's own cache (keep positions): returns the positions s now holds. */
 static size_t pc_restore(rt_engine_t *e, slot_t *s, const rt_task_t *t, size_t keep)
@@ -601,6 +653,17 @@ static size_t pc_restore(rt_engine_t *e, slot_t *s, const rt_task_t *t, size_t k
         best = t->n_prompt - 1;
     if (!hit || best <= keep || best < PC_MIN_TOKENS)
         return keep;
+    if (e->o.kv_pool) { /* a shared cache must have room for what comes in */
+        const int64_t id = hit->id;
+        const int64_t want = kv_chunks((int64_t)best) - kv_chunks(s->n_kv);
+        if (want > kv_free(e) && kv_evict(e, want, s) < want)
+            return keep;
+        hit = NULL; /* evicting may have saved states and moved the entries */
+        for (size_t i = 0; i < e->n_pc && !hit; i++)
+            hit = e->pc[i].id == id ? &e->pc[i] : NULL;
+        if (!hit)
+            return keep;
+    }
     rt_kv_op_t op = {.op = RT_KV_LOAD, .slot = s->id, .entry = hit->id, .n = (int64_t)best};
     bl_err_t err = {0};
     if (rt_cluster_kv(e->cluster, &op, 1, &err)) {
@@ -608,8 +671,10 @@ static size_t pc_restore(rt_engine_t *e, slot_t *s, const rt_task_t *t, size_t k
                err.msg);
         pc_remove(e, (size_t)(hit - e->pc));
         pc_stats(e, 0, 0, 0, 0);
+        s->n_kv = 0;
         return 0; /* the slot's cache holds nothing usable now */
     }
+    s->n_kv = (int64_t)best;
     hit->last_used = ++e->clock;
     memcpy(s->seq, hit->toks, best * sizeof *s->seq);
     pc_stats(e, 0, 1, (int64_t)best, 0);
@@ -622,7 +687,22 @@ static void forget_caches(rt_engine_t *e)
 {
     for (int i = 0; i < e->o.n_slots; i++) {
         e->slots[i].n_past = 0;
+        e->slots[i].n_kv = 0;
         e->slots[i].n_seq = 0;
+    }
+    if (e->o.kv_pool) {
+        /* where the processes live on (a refused step), their shared cache must hold
+         * what this side counts: nothing */
+        rt_kv_op_t ops[RT_KV_MAX_OPS];
+        bl_err_t err = {0};
+        for (int i = 0; i < e->o.n_slots; i += RT_KV_MAX_OPS) {
+            int n = e->o.n_slots - i < RT_KV_MAX_OPS ? e->o.n_slots - i : RT_KV_MAX_OPS;
+            for (int j = 0; j < n; j++)
+                ops[j] = (rt_kv_op_t){.op = RT_KV_CLEAR, .slot = i + j};
+            if (rt_cluster_state(e->cluster) == RT_CLUSTER_READY &&
+                rt_cluster_kv(e->cluster, ops, n, &err))
+                BL_LOG(BL_LOG_WARN, "event=kv_clear_failed reason=\"%s\"", err.msg);
+        }
     }
     while (e->n_pc)
         pc_remove(e, e->n_pc - 1);
@@ -1066,14 +1146,80 @@ static void reap_cancelled(rt_engine_t *e)
 
 /* Builds the step: one row per decoding slot, then prompt chunks sharing the rest of
  * n_batch, oldest task first. Returns the number of sequences. */
+/* With a shared cache: the positions slot s may reach in this step, from what it
+ * holds and the chunks free after what the step's earlier rows took (*taken), idle
+ * slots' caches evicted when that is short of end. */
+static int64_t kv_reach(rt_engine_t *e, const slot_t *s, int64_t end, const int64_t *taken)
+{
+    int64_t reach = (kv_chunks(s->n_kv) + kv_free(e) - *taken) * RT_KV_CHUNK;
+    if (reach < end) {
+        (void)kv_evict(e, kv_chunks(end) - kv_chunks(s->n_kv) + *taken, s);
+        reach = (kv_chunks(s->n_kv) + kv_free(e) - *taken) * RT_KV_CHUNK;
+    }
+    return reach;
+}
+
+/* A shared cache too full for a generating slot's next token, or for any slot to go
+ * on: the newest task holding chunks that is not in the step being built gives them
+ * back and starts over when there is room (a generating one recomputes its prompt
+ * and what it wrote, then goes on where it was: preemption by recomputation, so
+ * the older tasks always finish). Returns that slot, or NULL. */
+static slot_t *kv_preempt(rt_engine_t *e)
+{
+    slot_t *v = NULL;
+    for (int i = 0; i < e->o.n_slots; i++) {
+        slot_t *s = &e->slots[i];
+        if (s->task && !s->in_step && s->n_kv > 0 && (!v || s->start_order > v->start_order))
+            v = s;
+    }
+    if (!v)
+        return NULL;
+    rt_kv_op_t op = {.op = RT_KV_CLEAR, .slot = v->id};
+    bl_err_t err = {0};
+    if (rt_cluster_kv(e->cluster, &op, 1, &err)) {
+        BL_LOG(BL_LOG_WARN, "event=kv_clear_failed slot=%d reason=\"%s\"", v->id, err.msg);
+        return NULL;
+    }
+    BL_LOG(BL_LOG_INFO, "event=kv_preempt slot=%d task=%llu n=%lld state=%s reason=\"the shared "
+                        "KV cache is full\"", v->id, (unsigned long long)v->task->id,
+           (long long)v->n_kv, v->state == SLOT_GEN ? "gen" : "prompt");
+    if (v->state == SLOT_GEN)
+        v->state = SLOT_PROMPT; /* its whole sequence again, the sampled token last */
+    v->n_past = v->n_kv = 0;
+    if (!v->got_first)
+        v->n_cached = 0;
+    pthread_mutex_lock(&e->mu);
+    e->stats.kv_preemptions_total++;
+    pthread_mutex_unlock(&e->mu);
+    return v;
+}
+
 static int build_step(rt_engine_t *e)
 {
     int ns = 0;
     int64_t rows = 0;
+    int64_t taken = 0; /* chunks of a shared cache the step's rows take (or give back) */
+    for (int i = 0; i < e->o.n_slots; i++)
+        e->slots[i].in_step = 0;
     for (int i = 0; i < e->o.n_slots && rows < e->o.n_batch; i++) {
         slot_t *s = &e->slots[(e->rr + i) % e->o.n_slots];
         if (s->state != SLOT_GEN)
             continue;
+        if (e->o.kv_pool) {
+            int64_t reach;
+            slot_t *v = NULL;
+            while ((reach = kv_reach(e, s, s->n_past + 1, &taken)) < s->n_past + 1 &&
+                   (v = kv_preempt(e)) != NULL && v != s)
+                ;
+            if (v == s)
+                continue; /* itself the newest: it waits, a prompt again */
+            if (reach < s->n_past + 1) {
+                s->full = 1; /* no room at all: it ends as at a full context */
+                continue;
+            }
+            taken += kv_chunks(s->n_past + 1) - kv_chunks(s->n_kv);
+        }
+        s->in_step = 1;
         e->seqs[ns] = (rt_step_seq_t){ .slot = s->id, .n = 1, .pos = s->n_past, .n_out = 1,
                                         .tokens = s->seq + s->n_past };
         e->seq_slot[ns++] = s->id;
@@ -1100,6 +1246,16 @@ static int build_step(rt_engine_t *e)
         int64_t take = s->n_seq - s->n_past;
         if (take > share)
             take = share;
+        if (e->o.kv_pool) {
+            /* what the shared cache has room for; the prompt's rest waits for more */
+            const int64_t room = kv_reach(e, s, s->n_past + take, &taken) - s->n_past;
+            if (take > room)
+                take = room;
+            if (take <= 0)
+                continue;
+            taken += kv_chunks(s->n_past + take) - kv_chunks(s->n_kv);
+        }
+        s->in_step = 1;
         e->seqs[ns] = (rt_step_seq_t){ .slot = s->id, .n = (int32_t)take, .pos = s->n_past,
                                         .n_out = s->n_past + take == s->n_seq ? 1 : 0,
                                         .tokens = s->seq + s->n_past };
@@ -1113,6 +1269,20 @@ static int build_step(rt_engine_t *e)
 static void run_step(rt_engine_t *e, int32_t n_vocab)
 {
     int ns = build_step(e);
+    if (e->o.kv_pool) {
+        /* the generating slots that found no room end as at a full context */
+        for (int i = 0; i < e->o.n_slots; i++) {
+            slot_t *s = &e->slots[i];
+            if (s->full) {
+                s->full = 0;
+                if (s->task && s->state == SLOT_GEN)
+                    finish_task(e, s, RT_STOP_LIMIT, 0);
+            }
+        }
+        /* prompts alone hold the cache, none able to go on: the newest gives way */
+        for (int k = 0; ns == 0 && k < e->o.n_slots && kv_preempt(e); k++)
+            ns = build_step(e);
+    }
     if (ns == 0)
         return;
     const float *logits = NULL;
@@ -1149,7 +1319,8 @@ static void run_step(rt_engine_t *e, int32_t n_vocab)
     for (int j = 0; j < ns; j++) {
         slot_t *s = &e->slots[e->seq_slot[j]];
         s->n_past += e->seqs[j].n;
-        if (s->state == SLOT_PROMPT && s->task && s->task->p.return_progress)
+        s->n_kv = s->n_past;
+        if (s->state == SLOT_PROMPT && s->task && s->task->p.return_progress && !s->got_first)
             post_progress(e, s);
         if (!e->seqs[j].n_out)
             continue;

@@ -128,6 +128,9 @@ typedef struct rt_engine_opts {
                                  * split on (NULL-terminated; NULL: none) */
     int n_slots;
     int64_t n_ctx_slot;     /* positions per slot */
+    int64_t kv_pool;        /* -kvu: positions the slots' caches hold together (the
+                             * cluster's kv_pool, in BP_KV_CHUNK chunks); 0: each slot
+                             * holds n_ctx_slot of its own */
     int64_t n_batch;        /* most rows per step (the cluster's n_batch) */
     int64_t n_predict_max;  /* server-wide cap (-n): -1 none */
     int64_t timeout_ms;     /* --timeout: a task waiting longer than this for a slot
@@ -196,6 +199,9 @@ typedef struct rt_engine_stats {
     uint64_t prompt_cache_hits_total;    /* prompts that started from a saved state */
     uint64_t prompt_cache_tokens_total;  /* positions those restored */
     uint64_t prompt_cache_evictions_total;
+    uint64_t kv_evictions_total; /* idle slots' caches emptied for room in a shared one */
+    uint64_t kv_preemptions_total; /* tasks whose cache gave way in a shared one, to be
+                                    * recomputed */
     int64_t prompt_cache_entries;
     int64_t prompt_cache_bytes;
 } rt_engine_stats_t;

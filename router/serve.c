@@ -221,8 +221,10 @@ static int build_args(bl_arg_t *a, opts_t *o)
     I64("-np,--parallel", "LLAMA_ARG_N_PARALLEL", &o->parallel, 1, 256, "N",
         "slots: requests served at once, each with ctx-size / N positions (default 1)");
     FLAG("-kvu,--kv-unified", "LLAMA_ARG_KV_UNIFIED", &o->kv_unified,
-         "one KV cache shared by all slots: with one slot (-np 1) it is that slot's, so this "
-         "works; with more it is refused (each slot owns ctx-size / np positions)");
+         "one KV cache of ctx-size positions shared by all slots, each slot up to all of it "
+         "(taken in chunks of 256 as it grows; when it is full, idle slots' caches go first, "
+         "then the newest task waits and is recomputed); without it each slot owns ctx-size "
+         "/ np positions");
     I64("-n,--predict,--n-predict", "LLAMA_ARG_N_PREDICT", &o->n_predict, -1, INT32_MAX, "N",
         "most tokens one request may generate (default -1: no limit)");
     I64("-t,--threads", "LLAMA_ARG_THREADS", &o->threads, -1, 1024, "N",
@@ -1548,12 +1550,6 @@ int main(int argc, char **argv)
         BL_LOG(BL_LOG_INFO, "event=flag_accepted flag=--keep value=%lld reason=the context is "
                             "never shifted",
                (long long)o.keep);
-    if (o.kv_unified && o.parallel > 1) {
-        bl_err_set(&err, BL_ENOTSUP, "--kv-unified with --parallel %lld: one KV cache shared by "
-                   "several slots is not supported yet (each slot owns ctx-size / np positions); "
-                   "drop -kvu or use -np 1", (long long)o.parallel);
-        goto fail;
-    }
     if (o.cache_ram == -2)
         o.cache_ram = 8192; /* llama-server's default */
     if (o.cpu.mask || o.cpu.range || o.cpu.strict) {
@@ -1630,7 +1626,13 @@ int main(int argc, char **argv)
         BL_LOG(BL_LOG_WARN, "event=ctx_over_train ctx=%lld n_ctx_train=%lld", (long long)n_ctx,
                (long long)app->n_ctx_train);
     }
-    int64_t n_ctx_slot = n_ctx / o.parallel;
+    /* -kvu: one cache of n_ctx positions that the slots share, each up to all of it
+     * (llama.cpp's unified cache); else each slot owns n_ctx / np */
+    const int64_t kv_pool = o.kv_unified && o.parallel > 1 ? n_ctx : 0;
+    int64_t n_ctx_slot = kv_pool ? n_ctx : n_ctx / o.parallel;
+    if (kv_pool)
+        BL_LOG(BL_LOG_INFO, "event=kv_unified positions=%lld slots=%lld chunk=%d", (long long)kv_pool,
+               (long long)o.parallel, RT_KV_CHUNK);
     if (n_ctx_slot < 1) {
         bl_err_set(&err, BL_EINVAL, "--ctx-size %lld over --parallel %lld leaves no context per slot",
                    (long long)n_ctx, (long long)o.parallel);
@@ -1724,6 +1726,7 @@ int main(int argc, char **argv)
         .n_threads_hosttier = (int)o.threads,
         .n_slots = (int)o.parallel,
         .n_ctx_slot = n_ctx_slot,
+        .kv_pool = kv_pool,
         .n_batch = rows,
         .kv_type = ktype,
         .verbose = o.verbose,
@@ -1758,6 +1761,7 @@ int main(int argc, char **argv)
         .markers = rt_chatfmt_markers(app->chatfmt),
         .n_slots = (int)o.parallel,
         .n_ctx_slot = n_ctx_slot,
+        .kv_pool = kv_pool,
         .n_batch = rows,
         .n_predict_max = o.n_predict,
         .timeout_ms = o.timeout * 1000,

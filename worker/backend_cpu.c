@@ -166,7 +166,7 @@ static int cpu_commit(wk_backend_t *b, bl_err_t *err)
 static int cpu_kv_alloc(wk_backend_t *b, wk_kv_t *kv, bl_err_t *err)
 {
     (void)b;
-    const size_t nbytes = (size_t)kv->n_layer * 2 * (size_t)kv->n_ctx * kv->row_bytes;
+    const size_t nbytes = (size_t)kv->n_layer * 2 * (size_t)kv->stride * kv->row_bytes;
     kv->buf = malloc(nbytes);
     if (!kv->buf)
         return bl_err_set(err, BL_ENOMEM, "out of memory for a KV cache of %zu bytes", nbytes);
@@ -183,11 +183,23 @@ static int cpu_kv_copy(wk_backend_t *b, wk_kv_t *kv, void *host, int64_t n, int6
                        bl_err_t *err)
 {
     (void)b, (void)err;
-    const size_t seg = (size_t)n * kv->row_bytes, pitch = (size_t)kv->n_ctx * kv->row_bytes,
+    const size_t seg = (size_t)n * kv->row_bytes, pitch = (size_t)kv->stride * kv->row_bytes,
                  hpitch = (size_t)host_n * kv->row_bytes;
     for (int64_t i = 0; i < kv->n_layer * 2; i++) {
         uint8_t *d = kv->buf + (size_t)i * pitch, *h = (uint8_t *)host + (size_t)i * hpitch;
         memcpy(to_host ? h : d, to_host ? d : h, seg);
+    }
+    return 0;
+}
+
+static int cpu_kv_move(wk_backend_t *b, wk_kv_t *kv, int64_t dst, int64_t src, int64_t n,
+                       bl_err_t *err)
+{
+    (void)b, (void)err;
+    const size_t rb = kv->row_bytes, pitch = (size_t)kv->stride * rb;
+    for (int64_t i = 0; i < kv->n_layer * 2; i++) {
+        uint8_t *plane = kv->buf + (size_t)i * pitch;
+        memcpy(plane + (size_t)dst * rb, plane + (size_t)src * rb, (size_t)n * rb);
     }
     return 0;
 }
@@ -313,7 +325,7 @@ static int cpu_matmul(wk_backend_t *b, const char *op, const wk_tensor_t *w, con
 static kcpu_kv_view_t kv_layer(const wk_kv_t *kv, int64_t l)
 {
     l -= kv->model->lb;
-    const size_t plane = (size_t)kv->n_ctx * kv->row_bytes;
+    const size_t plane = (size_t)kv->stride * kv->row_bytes;
     kcpu_kv_view_t v = {.k = kv->buf + (size_t)(2 * l) * plane,
                         .v = kv->buf + (size_t)(2 * l + 1) * plane,
                         .type = kv->type, .row_bytes = kv->row_bytes};
@@ -429,7 +441,7 @@ static int cpu_head(wk_backend_t *b, const float *norm, float eps, const wk_tens
 static const wk_backend_ops_t cpu_ops = {
     .name = cpu_name, .destroy = cpu_destroy, .alloc = cpu_alloc, .add = cpu_add, .add_vec = cpu_add_vec,
     .add_stack = cpu_add_stack, .add_host = cpu_add_host, .commit = cpu_commit, .kv_alloc = cpu_kv_alloc, .kv_free = cpu_kv_free,
-    .kv_copy = cpu_kv_copy, .state_alloc = cpu_state_alloc, .state_free = cpu_state_free,
+    .kv_copy = cpu_kv_copy, .kv_move = cpu_kv_move, .state_alloc = cpu_state_alloc, .state_free = cpu_state_free,
     .begin = cpu_begin, .end = cpu_end, .embed = cpu_embed, .rms_norm = cpu_rms_norm, .qkv = cpu_qkv,
     .matmul = cpu_matmul, .attention = cpu_attention, .moe = cpu_moe, .ffn = cpu_ffn, .head = cpu_head,
 };

@@ -804,12 +804,12 @@ static int cu_kv_alloc(wk_backend_t *b, wk_kv_t *kv, bl_err_t *err)
     int rc = kcuda_set_device(cu->device, err);
     if (rc < 0)
         return rc;
-    const size_t nbytes = (size_t)kv->n_layer * 2 * (size_t)kv->n_ctx * kv->row_bytes;
+    const size_t nbytes = (size_t)kv->n_layer * 2 * (size_t)kv->stride * kv->row_bytes;
     if ((rc = kcuda_alloc((void **)&kv->buf, nbytes, err)) < 0) {
         char why[sizeof err->msg];
         snprintf(why, sizeof why, "%s", err->msg);
         return bl_err_set(err, rc, "KV cache of %lld positions (%zu bytes) on CUDA device %d: %s",
-                          (long long)kv->n_ctx, nbytes, cu->device, why);
+                          (long long)kv->stride, nbytes, cu->device, why);
     }
     return 0;
 }
@@ -827,13 +827,28 @@ static int cu_kv_copy(wk_backend_t *b, wk_kv_t *kv, void *host, int64_t n, int64
 {
     const cuda_t *cu = (const cuda_t *)b;
     int rc = kcuda_set_device(cu->device, err);
-    const size_t seg = (size_t)n * kv->row_bytes, pitch = (size_t)kv->n_ctx * kv->row_bytes,
+    const size_t seg = (size_t)n * kv->row_bytes, pitch = (size_t)kv->stride * kv->row_bytes,
                  hpitch = (size_t)host_n * kv->row_bytes;
     for (int64_t i = 0; rc == 0 && i < kv->n_layer * 2; i++) {
         uint8_t *d = kv->buf + (size_t)i * pitch, *h = (uint8_t *)host + (size_t)i * hpitch;
         rc = to_host ? kcuda_download(h, d, seg, cu->stream, err) : kcuda_upload(d, h, seg, cu->stream, err);
     }
     return rc < 0 ? rc : kcuda_sync(cu->stream, err);
+}
+
+/* On the step stream too: the next step reads the moved positions. */
+static int cu_kv_move(wk_backend_t *b, wk_kv_t *kv, int64_t dst, int64_t src, int64_t n,
+                      bl_err_t *err)
+{
+    const cuda_t *cu = (const cuda_t *)b;
+    int rc = kcuda_set_device(cu->device, err);
+    const size_t rb = kv->row_bytes, pitch = (size_t)kv->stride * rb;
+    for (int64_t i = 0; rc == 0 && i < kv->n_layer * 2; i++) {
+        uint8_t *plane = kv->buf + (size_t)i * pitch;
+        rc = kcuda_copy(plane + (size_t)dst * rb, plane + (size_t)src * rb, (size_t)n * rb, cu->stream,
+                        err);
+    }
+    return rc;
 }
 
 static int cu_state_alloc(wk_backend_t *b, size_t nbytes, void **out, bl_err_t *err)
@@ -1139,7 +1154,7 @@ static int cu_begin(wk_backend_t *b, const wk_step_t *st, float *x, bl_err_t *er
     if (decode)
         for (int64_t j = 0; j < st->nseg; j++) {
             const wk_kv_t *kv = st->seg[j].kv;
-            const uint64_t plane = (uint64_t)kv->n_ctx * kv->row_bytes;
+            const uint64_t plane = (uint64_t)kv->stride * kv->row_bytes;
             cu->h_rows[j] = (kcuda_kv_row_t){.k = (uint64_t)(uintptr_t)kv->buf, .layer_bytes = 2 * plane,
                                              .v_bytes = plane, .pos = (int32_t)st->seg[j].pos};
         }
@@ -1355,7 +1370,7 @@ static int cu_matmul(wk_backend_t *b, const char *op, const wk_tensor_t *w, cons
 /* One layer's cache of a sequence (the classic kernels' view). */
 static kcuda_kv_view_t kv_view(const wk_kv_t *kv, int64_t l)
 {
-    const size_t plane = (size_t)kv->n_ctx * kv->row_bytes;
+    const size_t plane = (size_t)kv->stride * kv->row_bytes;
     l -= kv->model->lb;
     return (kcuda_kv_view_t){.k = kv->buf + (size_t)(2 * l) * plane, .v = kv->buf + (size_t)(2 * l + 1) * plane,
                              .row_bytes = kv->row_bytes};
@@ -1727,7 +1742,7 @@ static int cu_head(wk_backend_t *b, const float *norm, float eps, const wk_tenso
 static const wk_backend_ops_t cuda_ops = {
     .name = cu_name, .destroy = cu_destroy, .alloc = cu_alloc, .add = cu_add, .add_vec = cu_add_vec,
     .add_stack = cu_add_stack, .add_host = cu_add_host, .commit = cu_commit, .kv_alloc = cu_kv_alloc,
-    .kv_free = cu_kv_free, .kv_copy = cu_kv_copy, .state_alloc = cu_state_alloc, .state_free = cu_state_free,
+    .kv_free = cu_kv_free, .kv_copy = cu_kv_copy, .kv_move = cu_kv_move, .state_alloc = cu_state_alloc, .state_free = cu_state_free,
     .begin = cu_begin, .end = cu_end, .embed = cu_embed, .rms_norm = cu_rms_norm, .qkv = cu_qkv,
     .matmul = cu_matmul, .attention = cu_attention, .moe = cu_moe, .ffn = cu_ffn, .head = cu_head,
     .resid = cu_resid, .resid_layer = cu_resid_layer,

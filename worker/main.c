@@ -27,6 +27,9 @@
 #include "kcuda.h"
 #endif
 
+_Static_assert(WK_KV_CHUNK == BP_KV_CHUNK, "the router and the stages count a shared cache's "
+                                          "chunks alike");
+
 /* How long a wait on a ring lasts before it looks again at the stop flag. */
 #define POLL_US 100000
 
@@ -38,6 +41,7 @@ typedef struct worker {
                         * error texts */
     wk_model_t *m;
     wk_kv_t **kvs;     /* (n_slots) */
+    wk_kv_pool_t *pool; /* the cache the slots share (Plan.kv_pool), or NULL */
     bp_step_limits_t lim;
     int first, last, remote;
     int64_t layer_begin, layer_end;
@@ -226,6 +230,10 @@ static int kv_op(worker_t *w, bp_step_kvop_t *o, bl_err_t *err)
         return 0;
     }
     wk_kv_t *kv = w->kvs[o->slot];
+    if (o->op == BP_KV_CLEAR) {
+        wk_kv_clear(kv);
+        return 0;
+    }
     if (o->op == BP_KV_LOAD) {
         const struct kv_entry *e = entry_find(w, o->entry);
         if (!e)
@@ -452,6 +460,9 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     if (p->n_batch)
         o.n_batch = p->n_batch;
     o.n_ctx_max = p->n_ctx;
+    /* a shared cache is whole chunks */
+    if (p->kv_pool && (int64_t)(p->kv_pool + WK_KV_CHUNK - 1) / WK_KV_CHUNK * WK_KV_CHUNK > o.n_ctx_max)
+        o.n_ctx_max = (int64_t)(p->kv_pool + WK_KV_CHUNK - 1) / WK_KV_CHUNK * WK_KV_CHUNK;
     o.layer_begin = st->layer_begin;
     o.layer_end = st->layer_end;
     o.experts = w->remote ? WK_EXPERTS_REMOTE : WK_EXPERTS_LOCAL;
@@ -488,8 +499,11 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     w->tokens = calloc((size_t)o.n_batch, sizeof *w->tokens);
     if (!w->kvs || !w->seqs || !w->wseqs || !w->tokens)
         return bl_err_set(err, BL_ENOMEM, "slots: out of memory");
+    if (p->kv_pool && (rc = wk_kv_pool_create(&w->pool, w->m, p->kv_pool, kv_type, err)) != 0)
+        return rc;
     for (uint32_t i = 0; i < p->n_slots; i++)
-        if ((rc = wk_kv_create(&w->kvs[i], w->m, p->n_ctx, kv_type, err)) != 0)
+        if ((rc = w->pool ? wk_kv_create_in(&w->kvs[i], w->pool, p->n_ctx, err)
+                          : wk_kv_create(&w->kvs[i], w->m, p->n_ctx, kv_type, err)) != 0)
             return rc;
     bp_child_progress(&w->ctl, total, total, "weights");
     return 0;
@@ -619,6 +633,7 @@ static void worker_free(worker_t *w, uint32_t n_slots)
     for (uint32_t i = 0; w->kvs && i < n_slots; i++)
         wk_kv_free(w->kvs[i]);
     free(w->kvs);
+    wk_kv_pool_free(w->pool);
     for (size_t i = 0; i < w->n_entries; i++)
         wk_kv_state_free(w->m, w->entries[i].mem);
     for (int i = 0; i < w->n_spare; i++)

@@ -228,9 +228,9 @@ const char *wk_model_kernels(const wk_model_t *m) { return m->be->op->name(m->be
 
 // --- KV cache ----------------------------------------------------------------------------------
 
-int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t type, bl_err_t *err)
+/* The fields of a cache of n_ctx positions of type for m, without memory. */
+static int kv_init(wk_kv_t *kv, const wk_model_t *m, int64_t n_ctx, uint32_t type, bl_err_t *err)
 {
-    *out = NULL;
     const wk_config_t *c = &m->cfg;
     if (n_ctx < 1 || n_ctx > m->opts.n_ctx_max)
         return bl_err_set(err, BL_ERANGE, "KV cache of %lld positions is outside 1..%lld",
@@ -240,26 +240,33 @@ int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t typ
     if (type == WK_KV_Q8_0 && c->head_dim % BL_QK != 0)
         return bl_err_set(err, BL_EINVAL, "a q8_0 KV cache needs head_dim %lld to be a multiple of %d",
                           (long long)c->head_dim, BL_QK);
-    wk_kv_t *kv = calloc(1, sizeof *kv);
-    if (!kv)
-        return bl_err_set(err, BL_ENOMEM, "out of memory for a KV cache");
     int rc = bl_row_bytes(type, c->n_head_kv * c->head_dim, &kv->row_bytes, err);
-    if (rc < 0) {
-        free(kv);
+    if (rc < 0)
         return rc;
-    }
     kv->model = m;
     kv->n_layer = m->le - m->lb;
-    kv->n_ctx = n_ctx;
+    kv->n_ctx = kv->stride = n_ctx;
     kv->type = type;
     /* (n_layer <= 4096) * 2 * (n_ctx <= 2^24) * row_bytes may pass 2^63 only for
      * absurd requests; checked rather than assumed. */
     const double want = (double)kv->n_layer * 2.0 * (double)n_ctx * (double)kv->row_bytes;
-    if (want > (double)(SIZE_MAX / 2)) {
-        free(kv);
+    if (want > (double)(SIZE_MAX / 2))
         return bl_err_set(err, BL_ERANGE, "KV cache of %lld positions is too large", (long long)n_ctx);
+    return 0;
+}
+
+int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t type, bl_err_t *err)
+{
+    *out = NULL;
+    wk_kv_t *kv = calloc(1, sizeof *kv);
+    if (!kv)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for a KV cache");
+    int rc = kv_init(kv, m, n_ctx, type, err);
+    if (rc == 0 && (rc = m->be->op->kv_alloc(m->be, kv, err)) < 0) {
+        free(kv);
+        return rc;
     }
-    if ((rc = m->be->op->kv_alloc(m->be, kv, err)) < 0) {
+    if (rc < 0) {
         free(kv);
         return rc;
     }
@@ -267,11 +274,234 @@ int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t typ
     return 0;
 }
 
+static int64_t chunks_of(int64_t n) { return (n + WK_KV_CHUNK - 1) / WK_KV_CHUNK; }
+
+int wk_kv_pool_create(wk_kv_pool_t **out, const wk_model_t *m, int64_t n_positions, uint32_t type,
+                      bl_err_t *err)
+{
+    *out = NULL;
+    const int64_t n_chunks = chunks_of(n_positions);
+    wk_kv_pool_t *p = calloc(1, sizeof *p);
+    if (!p || !(p->owner = calloc((size_t)(n_chunks > 0 ? n_chunks : 1), sizeof *p->owner))) {
+        free(p);
+        return bl_err_set(err, BL_ENOMEM, "out of memory for a shared KV cache");
+    }
+    int rc = n_positions < 1 ? bl_err_set(err, BL_ERANGE, "a shared KV cache of %lld positions",
+                                          (long long)n_positions)
+                             : kv_init(&p->own, m, n_chunks * WK_KV_CHUNK, type, err);
+    if (rc == 0)
+        rc = m->be->op->kv_alloc(m->be, &p->own, err);
+    if (rc < 0) {
+        free(p->owner);
+        free(p);
+        return rc;
+    }
+    p->n_chunks = n_chunks;
+    *out = p;
+    return 0;
+}
+
+void wk_kv_pool_free(wk_kv_pool_t *p)
+{
+    if (!p)
+        return;
+    p->own.model->be->op->kv_free(p->own.model->be, &p->own);
+    free(p->owner);
+    free(p);
+}
+
+void wk_kv_pool_usage(const wk_kv_pool_t *p, int64_t *used, int64_t *total)
+{
+    int64_t u = 0;
+    for (int64_t i = 0; i < p->n_chunks; i++)
+        u += p->owner[i] != NULL;
+    *used = u;
+    *total = p->n_chunks;
+}
+
+void wk_kv_pool_moves(const wk_kv_pool_t *p, int64_t *moves, int64_t *compactions)
+{
+    *moves = p->n_moves;
+    *compactions = p->n_compactions;
+}
+
+int wk_kv_create_in(wk_kv_t **out, wk_kv_pool_t *pool, int64_t n_ctx, bl_err_t *err)
+{
+    *out = NULL;
+    if (n_ctx < 1 || n_ctx > pool->own.n_ctx)
+        return bl_err_set(err, BL_ERANGE, "a cache of %lld positions in a shared one of %lld",
+                          (long long)n_ctx, (long long)pool->own.n_ctx);
+    wk_kv_t *kv = calloc(1, sizeof *kv);
+    if (!kv)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for a KV cache");
+    *kv = pool->own;
+    kv->n_ctx = n_ctx;
+    kv->n_past = 0;
+    kv->pool = pool;
+    kv->c0 = kv->nc = 0;
+    *out = kv;
+    return 0;
+}
+
+/* Points kv at chunk c0 of its pool, holding nc chunks. */
+static void kv_place(wk_kv_t *kv, int64_t c0, int64_t nc)
+{
+    wk_kv_pool_t *p = kv->pool;
+    for (int64_t i = kv->c0; i < kv->c0 + kv->nc; i++)
+        if (p->owner[i] == kv)
+            p->owner[i] = NULL;
+    for (int64_t i = c0; i < c0 + nc; i++)
+        p->owner[i] = kv;
+    kv->c0 = nc ? c0 : 0;
+    kv->nc = nc;
+    kv->buf = p->own.buf + (size_t)(kv->c0 * WK_KV_CHUNK) * kv->row_bytes;
+}
+
+/* Moves kv's positions 0..n_past to begin at chunk c0 (ranges may overlap: pieces
+ * no longer than the distance, in the order that reads each before it is
+ * written). The chunks' owners are the caller's. */
+static int kv_shift(wk_kv_t *kv, int64_t c0, bl_err_t *err)
+{
+    wk_kv_pool_t *p = kv->pool;
+    const int64_t src = kv->c0 * WK_KV_CHUNK, dst = c0 * WK_KV_CHUNK, n = kv->n_past;
+    const int64_t d = dst > src ? dst - src : src - dst;
+    if (d == 0 || n == 0)
+        return 0;
+    p->n_moves++;
+    wk_backend_t *b = kv->model->be;
+    for (int64_t done = 0; done < n;) {
+        const int64_t k = n - done < d ? n - done : d;
+        /* leftwards from the start, rightwards from the end */
+        const int64_t off = dst < src ? done : n - done - k;
+        int rc = b->op->kv_move(b, &p->own, dst + off, src + off, k, err);
+        if (rc < 0)
+            return rc;
+        done += k;
+    }
+    return 0;
+}
+
+/* Frees what kv holds past position n (n_past becomes at most n). */
+static void kv_shrink(wk_kv_t *kv, int64_t n)
+{
+    if (!kv->pool)
+        return;
+    if (kv->n_past > n)
+        kv->n_past = n;
+    const int64_t need = chunks_of(n);
+    if (need < kv->nc)
+        kv_place(kv, kv->c0, need);
+}
+
+/* Makes kv hold the chunks of n positions: in place when the next ones are free,
+ * else in the largest free run (kv's own chunks count as free), else after
+ * compacting the pool. BL_ERANGE when the pool has not that many free. */
+static int kv_reserve(wk_kv_t *kv, int64_t n, bl_err_t *err)
+{
+    wk_kv_pool_t *p = kv->pool;
+    if (!p)
+        return 0;
+    const int64_t need = chunks_of(n);
+    if (need <= kv->nc) { /* n_past <= n: the caller shrank first */
+        if (need < kv->nc)
+            kv_place(kv, kv->c0, need);
+        return 0;
+    }
+    int64_t free_n = 0;
+    for (int64_t i = 0; i < p->n_chunks; i++)
+        free_n += p->owner[i] == NULL || p->owner[i] == kv;
+    if (free_n < need)
+        return bl_err_set(err, BL_ERANGE, "the shared KV cache is full: %lld positions need %lld "
+                          "chunks of %d, %lld of %lld are free", (long long)n, (long long)need,
+                          WK_KV_CHUNK, (long long)(free_n - kv->nc), (long long)p->n_chunks);
+    /* in place */
+    int64_t e = kv->nc ? kv->c0 + kv->nc : 0, s = kv->nc ? kv->c0 : 0;
+    while (e < p->n_chunks && e - s < need && p->owner[e] == NULL)
+        e++;
+    if (e - s >= need) {
+        kv_place(kv, s, need);
+        return 0;
+    }
+    /* the largest run of chunks free or kv's */
+    int64_t best = -1, best_len = 0;
+    for (int64_t i = 0; i < p->n_chunks;) {
+        if (p->owner[i] && p->owner[i] != kv) {
+            i++;
+            continue;
+        }
+        int64_t j = i;
+        while (j < p->n_chunks && (p->owner[j] == NULL || p->owner[j] == kv))
+            j++;
+        if (j - i > best_len)
+            best = i, best_len = j - i;
+        i = j;
+    }
+    int rc;
+    if (best_len >= need) {
+        /* after another cache, the middle of the run leaves that one room to grow */
+        int64_t at = best > 0 ? best + (best_len - need) / 2 : best;
+        if ((rc = kv_shift(kv, at, err)) < 0)
+            return rc;
+        kv_place(kv, at, need);
+        return 0;
+    }
+    /* compaction: the others packed from chunk 0 in their order, kv last; kv's own
+     * positions wait in host memory meanwhile */
+    p->n_compactions++;
+    wk_backend_t *b = kv->model->be;
+    void *tmp = NULL;
+    const int64_t keep = kv->n_past;
+    if (keep > 0) {
+        if ((rc = b->op->state_alloc(b, wk_kv_state_bytes(kv, keep), &tmp, err)) < 0 ||
+            (rc = b->op->kv_copy(b, kv, tmp, keep, keep, 1, err)) < 0) {
+            if (tmp)
+                b->op->state_free(b, tmp);
+            return rc;
+        }
+    }
+    kv_place(kv, 0, 0);
+    kv->n_past = 0;
+    int64_t at = 0;
+    rc = 0;
+    for (int64_t i = 0; rc == 0 && i < p->n_chunks;) {
+        wk_kv_t *o = p->owner[i];
+        if (!o) {
+            i++;
+            continue;
+        }
+        const int64_t onc = o->nc;
+        if (o->c0 != at) {
+            rc = kv_shift(o, at, err);
+            if (rc == 0)
+                kv_place(o, at, onc);
+        }
+        at += onc;
+        i = at > i + onc ? at : i + onc;
+    }
+    if (rc == 0) {
+        kv_place(kv, at, need);
+        if (keep > 0 && (rc = b->op->kv_copy(b, kv, tmp, keep, keep, 0, err)) == 0)
+            kv->n_past = keep;
+    }
+    if (tmp)
+        b->op->state_free(b, tmp);
+    return rc;
+}
+
+void wk_kv_clear(wk_kv_t *kv)
+{
+    kv->n_past = 0;
+    kv_shrink(kv, 0);
+}
+
 void wk_kv_free(wk_kv_t *kv)
 {
     if (!kv)
         return;
-    kv->model->be->op->kv_free(kv->model->be, kv);
+    if (kv->pool)
+        kv_place(kv, 0, 0);
+    else
+        kv->model->be->op->kv_free(kv->model->be, kv);
     free(kv);
 }
 
@@ -308,7 +538,11 @@ int wk_kv_load(wk_kv_t *kv, int64_t n, const void *src, int64_t n_saved, bl_err_
         return bl_err_set(err, BL_EINVAL, "loading %lld positions of %lld saved into a KV cache of %lld",
                           (long long)n, (long long)n_saved, (long long)kv->n_ctx);
     kv->n_past = 0;
-    int rc = kv->model->be->op->kv_copy(kv->model->be, kv, (void *)src, n, n_saved, 0, err);
+    kv_shrink(kv, 0);
+    int rc = kv_reserve(kv, n, err);
+    if (rc < 0)
+        return rc;
+    rc = kv->model->be->op->kv_copy(kv->model->be, kv, (void *)src, n, n_saved, 0, err);
     if (rc == 0)
         kv->n_past = n;
     return rc;
@@ -371,6 +605,9 @@ int wk_model_eval(wk_model_t *m, wk_kv_t *kv, const int32_t *tokens, int64_t n, 
     /* Chunks of n_batch rows; the logit rows (the last n_out of all n) may span the
      * last chunks. */
     const int64_t first_out = n - n_out;
+    kv_shrink(kv, pos);
+    if ((rc = kv_reserve(kv, pos + n, err)) < 0)
+        return rc;
     kv->n_past = pos;
     for (int64_t c0 = 0; c0 < n; c0 += m->opts.n_batch) {
         const int64_t cn = n - c0 < m->opts.n_batch ? n - c0 : m->opts.n_batch;
@@ -419,6 +656,12 @@ int wk_model_stage(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, const fl
                           (long long)m->le);
     if (m->le == m->cfg.n_layer && outs > 0 && !logits)
         return bl_err_set(err, BL_EINVAL, "logits asked for but no buffer given");
+    /* A shared cache: every rewind gives its chunks back before any growth takes. */
+    for (int64_t i = 0; i < n_seqs; i++)
+        kv_shrink(seqs[i].kv, seqs[i].pos);
+    for (int64_t i = 0; i < n_seqs; i++)
+        if ((rc = kv_reserve(seqs[i].kv, seqs[i].pos + seqs[i].n, err)) < 0)
+            return rc;
     /* The segments live in the run state's scratch: no allocation in the step. */
     wk_seg_t *sg = m->s.segs;
     rows = 0;

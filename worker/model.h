@@ -85,8 +85,21 @@ struct wk_kv {
     int64_t n_layer, n_ctx, n_past; /* n_layer: the stage's layers */
     uint32_t type;
     size_t row_bytes; /* one position of one layer's K (or V) */
-    uint8_t *buf;     // (n_layer, 2, n_ctx, row_bytes): K then V per layer, in the
-                      // backend's memory
+    int64_t stride;   /* positions from one plane to the next: n_ctx, or the pool's */
+    uint8_t *buf;     // (n_layer, 2, stride, row_bytes): K then V per layer, in the
+                      // backend's memory; in a pool, its first chunk's place there
+    wk_kv_pool_t *pool; /* the shared cache it takes chunks of, or NULL: its own */
+    int64_t c0, nc;     /* in a pool: its chunks c0..c0+nc */
+};
+
+/* Caches of several sequences in one buffer of n_chunks * WK_KV_CHUNK positions:
+ * each holds a run of chunks, taken as it grows and given back as it shrinks. */
+struct wk_kv_pool {
+    wk_kv_t own;      /* the whole buffer (n_ctx = stride = every position) */
+    int64_t n_chunks;
+    wk_kv_t **owner;  /* (n_chunks) the cache holding each chunk, or NULL */
+    int64_t n_moves;  /* cache moves (a compaction's too), and compactions */
+    int64_t n_compactions;
 };
 
 // --- what model.c gives a family ---------------------------------------------------

@@ -129,6 +129,10 @@ typedef struct wk_config {
 
 typedef struct wk_model wk_model_t;
 typedef struct wk_kv wk_kv_t;
+typedef struct wk_kv_pool wk_kv_pool_t;
+
+/* A shared cache hands out positions in chunks of this many (proto's BP_KV_CHUNK). */
+#define WK_KV_CHUNK 256
 
 /* Opens path, checks every tensor the architecture needs for presence, type and
  * shape against the metadata, and sets *out (caller frees with wk_model_free).
@@ -179,6 +183,24 @@ int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t typ
                  bl_err_t *err) BL_WUR;
 void wk_kv_free(wk_kv_t *kv);
 int64_t wk_kv_n_past(const wk_kv_t *kv); /* positions filled so far */
+
+/* One cache of n_positions (rounded up to whole WK_KV_CHUNKs; at most n_ctx_max;
+ * type as wk_kv_create's) that several caches made with wk_kv_create_in share:
+ * llama.cpp's unified KV cache. A cache in it holds the
+ * chunks its positions need: a step or a load that needs more takes them (moving
+ * the cache, or compacting the pool, when its neighbours are in the way), and
+ * rewinding gives them back. Free the caches first, then the pool. */
+int wk_kv_pool_create(wk_kv_pool_t **out, const wk_model_t *m, int64_t n_positions, uint32_t type,
+                      bl_err_t *err) BL_WUR;
+void wk_kv_pool_free(wk_kv_pool_t *p);
+/* Chunks held by caches, of all; caches moved to make room, and compactions. */
+void wk_kv_pool_usage(const wk_kv_pool_t *p, int64_t *used, int64_t *total);
+void wk_kv_pool_moves(const wk_kv_pool_t *p, int64_t *moves, int64_t *compactions);
+/* A cache of up to n_ctx positions (at most the pool's) in pool; it holds no chunk
+ * until it has positions. Free with wk_kv_free. */
+int wk_kv_create_in(wk_kv_t **out, wk_kv_pool_t *pool, int64_t n_ctx, bl_err_t *err) BL_WUR;
+/* Empties kv: n_past 0, its chunks back to the pool. */
+void wk_kv_clear(wk_kv_t *kv);
 
 /* The host bytes positions 0..n of kv take (this stage's layers, K and V). */
 size_t wk_kv_state_bytes(const wk_kv_t *kv, int64_t n);

@@ -201,12 +201,42 @@ def test_reasoning_format_deepseek_legacy(servers):
 
 
 def test_kv_unified_with_one_slot(servers):
-    """-kvu with one slot is what the slot has anyway: the server starts and serves
-    (with more slots it is refused at start: test_flags)."""
+    """-kvu with one slot is what the slot has anyway: the server starts and serves."""
     srv = servers.start(FAST + ["-kvu"])
     r = post(srv.url, "/completion", {"prompt": "The old lighthouse", "n_predict": 4})
     assert r.status_code == 200, r.text
     assert r.json()["tokens_predicted"] == 4, r.text
+
+
+KVU_PROMPTS = [("Tell me about the lighthouse keepers of the north coast and their long winters. " * k)
+               for k in (2, 9, 14, 5, 12, 16)]
+
+
+def test_kv_unified_slots_share_one_cache(servers):
+    """-kvu with four slots: one cache of ctx-size positions that the slots take in
+    chunks as they grow, so that each may use all of it. Six concurrent requests on a
+    cache too small for them all at once (prompts wait, idle slots give their chunks
+    back, caches move and compact) answer exactly as one slot alone does."""
+    import concurrent.futures
+    body = lambda p: {"prompt": p, "n_predict": 40, "temperature": 0, "cache_prompt": True}
+    ref = servers.start(["-np", "1", "-c", "1024", "-t", "1"])
+    want = [post(ref.url, "/completion", body(p)).json()["content"] for p in KVU_PROMPTS]
+    srv = servers.start(["-np", "4", "-c", "1024", "-t", "1", "-kvu"])
+    assert "event=kv_unified positions=1024 slots=4" in srv.log(200000)
+    props = requests.get(srv.url + "/props", timeout=30).json()
+    assert props["default_generation_settings"]["n_ctx"] == 1024, props
+    for _ in range(2):  # the second round meets the first one's cached prompts
+        with concurrent.futures.ThreadPoolExecutor(6) as ex:
+            got = list(ex.map(lambda p: post(srv.url, "/completion", body(p)).json(), KVU_PROMPTS))
+        for g, w in zip(got, want):
+            assert g.get("content") == w, (g, w)
+    # one prompt of most of the cache: every other slot's cache gives way
+    long_p = "The sea was calm and the lamp burned through the night. " * 60
+    r = post(srv.url, "/completion", {"prompt": long_p, "n_predict": 8, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens_evaluated"] > 512, r.json()
+    assert metric(srv.url, "kv_evictions_total") >= 1
+    assert metric(srv.url, "kv_preemptions_total") >= 0
 
 
 def metric(url, name):

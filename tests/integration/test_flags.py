@@ -216,7 +216,6 @@ def test_gpu_layers_without_a_gpu_warn_and_use_the_cpu(servers, value):
     (["--embeddings"], ["--embeddings: embeddings"]),
     (["--rerank"], ["--rerank: reranking"]),
     (["--numa", "spread"], ["--numa"]),
-    (["-kvu", "-np", "2"], ["--kv-unified"]),
     (["--slot-save-path", "/tmp"], ["--slot-save-path"]),
     (["--props"], ["--props"]),
     (["-nkvo"], ["--no-kv-offload"]),

@@ -453,6 +453,107 @@ static void test_qwen3moe_kv_save_load(void **state)
     oracle_free(&ex);
 }
 
+/* Tokens pos..end of sequence q (made-up ids) into kv, the last row's logits in lg. */
+static void pool_feed(wk_model_t *m, wk_kv_t *kv, int q, int64_t pos, int64_t end, float *lg)
+{
+    const int64_t nv = wk_model_config(m)->n_vocab;
+    int32_t ids[1024];
+    assert_true(end - pos <= 1024 && end > pos);
+    for (int64_t i = pos; i < end; i++)
+        ids[i - pos] = (int32_t)((i * 7919 + q * 104729 + 17) % nv);
+    bl_err_t err = {0};
+    int rc = wk_model_eval(m, kv, ids, end - pos, pos, 1, lg, &err);
+    if (rc)
+        fail_msg("eval of %d at %lld..%lld: %s", q, (long long)pos, (long long)end, err.msg);
+}
+
+/* The same tokens into a cache in a shared pool and into a cache of its own give the
+ * same logits, bit for bit, whatever the pool does to make room: growing in place,
+ * moving a cache to a free run, compacting, a move onto itself (overlapping), and a
+ * refusal when the pool is full. */
+static void test_qwen3moe_kv_pool(void **state)
+{
+    (void)state;
+    if (!shared_dir())
+        skip();
+    wk_model_t *m = load("qwen3moe-tiny-q4k", 0, n_threads());
+    const int64_t nv = wk_model_config(m)->n_vocab;
+    bl_err_t err = {0};
+    wk_kv_pool_t *pool = NULL;
+    assert_int_equal(wk_kv_pool_create(&pool, m, 6 * WK_KV_CHUNK - 100, WK_KV_F16, &err), 0);
+    wk_kv_t *kv[3], *ref[3];
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(wk_kv_create_in(&kv[i], pool, 6 * WK_KV_CHUNK, &err), 0);
+        assert_int_equal(wk_kv_create(&ref[i], m, 2048, WK_KV_F16, &err), 0);
+    }
+    wk_kv_t *too_big = NULL;
+    assert_int_equal(wk_kv_create_in(&too_big, pool, 6 * WK_KV_CHUNK + 1, &err), BL_ERANGE);
+    assert_null(too_big);
+    float *a = malloc(sizeof(float) * (size_t)nv), *b = malloc(sizeof(float) * (size_t)nv);
+    int64_t past[3] = {0, 0, 0};
+    /* grows sequence q to end in both caches and compares */
+#define GROW(q, end)                                                                      \
+    do {                                                                                  \
+        pool_feed(m, kv[q], q, past[q], end, a);                                          \
+        pool_feed(m, ref[q], q, past[q], end, b);                                         \
+        past[q] = end;                                                                    \
+        assert_memory_equal(a, b, sizeof(float) * (size_t)nv);                            \
+    } while (0)
+    int64_t used, total;
+    GROW(0, 200); /* chunk 0 */
+    GROW(1, 200); /* the middle of the free run: chunk 3 */
+    GROW(2, 200); /* chunk 1 */
+    wk_kv_pool_usage(pool, &used, &total);
+    assert_int_equal(used, 3);
+    assert_int_equal(total, 6);
+    int64_t moves, compactions;
+    GROW(0, 400); /* chunk 1 is taken: moved to chunks 4-5 */
+    wk_kv_pool_moves(pool, &moves, &compactions);
+    assert_int_equal(moves, 1);
+    GROW(1, 700); /* 3 chunks, none free in a row: compaction */
+    wk_kv_pool_moves(pool, &moves, &compactions);
+    assert_int_equal(compactions, 1);
+    for (int q = 0; q < 3; q++) /* every cache still decodes as its own copy does */
+        GROW(q, past[q] + 1);
+    wk_kv_clear(kv[2]);
+    assert_int_equal(wk_kv_n_past(kv[2]), 0);
+    int64_t before = moves;
+    wk_kv_pool_moves(pool, &before, &compactions);
+    GROW(0, 600); /* onto chunk 0, overlapping where it was */
+    wk_kv_pool_moves(pool, &moves, &compactions);
+    assert_int_equal(moves, before + 1);
+    assert_int_equal(compactions, 1);
+    for (int q = 0; q < 2; q++)
+        GROW(q, past[q] + 1);
+    /* a rewind gives chunks back */
+    pool_feed(m, kv[0], 0, 100, 101, a);
+    wk_kv_pool_usage(pool, &used, &total);
+    assert_int_equal(used, 1 + 3);
+    pool_feed(m, ref[0], 0, 100, 101, b);
+    assert_memory_equal(a, b, sizeof(float) * (size_t)nv);
+    past[0] = 101;
+    GROW(0, 600);
+    /* full: 4 chunks for sequence 1 when 3 are all it could have */
+    int32_t one = 1;
+    assert_int_equal(wk_model_eval(m, kv[1], &one, 1, 0, 0, NULL, &err), 0); /* rewound to 0 */
+    assert_int_equal(wk_model_eval(m, kv[2], &one, 1, 0, 0, NULL, &err), 0);
+    int32_t many[1024] = {0};
+    assert_int_equal(wk_model_eval(m, kv[2], many, 1000, 0, 0, NULL, &err), BL_ERANGE);
+    if (!strstr(err.msg, "shared KV cache is full"))
+        fail_msg("message: %s", err.msg);
+#undef GROW
+    free(a);
+    free(b);
+    for (int i = 0; i < 3; i++) {
+        wk_kv_free(kv[i]);
+        wk_kv_free(ref[i]);
+    }
+    wk_kv_pool_usage(pool, &used, &total);
+    assert_int_equal(used, 0);
+    wk_kv_pool_free(pool);
+    wk_model_free(m);
+}
+
 /* Greedy decoding from chat-short matches llama.cpp's 32 greedy tokens (the trained
  * model's top-1 margins are large). */
 static void test_qwen3moe_greedy_matches_llamacpp(void **state)
@@ -1077,6 +1178,7 @@ int main(void)
         cmocka_unit_test(test_qwen3moe_fast8_near_llamacpp),
         cmocka_unit_test(test_qwen3moe_threads_bitwise_equal),
         cmocka_unit_test(test_qwen3moe_kv_save_load),
+        cmocka_unit_test(test_qwen3moe_kv_pool),
         cmocka_unit_test(test_qwen3moe_batch_equals_decode),
         cmocka_unit_test(test_qwen3moe_chunked_prompt),
         cmocka_unit_test(test_qwen3moe_multi_sequence_step),
