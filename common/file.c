@@ -2,6 +2,7 @@
 #include "file.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,4 +108,30 @@ int bl_file_id_check(const char *path, const bl_file_id_t *id, bl_err_t *err)
     if ((int64_t)st.st_mtim.tv_sec != id->mtime_s || (int64_t)st.st_mtim.tv_nsec != id->mtime_ns)
         return bl_err_set(err, BL_EIO, "%s: the model file was modified since it was opened", path);
     return 0;
+}
+
+/* mkdir -p of path's folders (and of path itself when whole). */
+int bl_make_dirs(const char *path, int whole, bl_err_t *err)
+{
+    char tmp[PATH_MAX];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s", path) >= sizeof tmp)
+        return bl_err_set(err, BL_ERANGE, "path too long: %.200s", path);
+    if (!whole) {
+        char *s = strrchr(tmp, '/');
+        if (!s)
+            return 0;
+        *s = '\0';
+    }
+    for (char *p = tmp + 1;; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+                return bl_err_set(err, BL_EIO, "cannot create the folder %.300s: %s", tmp,
+                                  strerror(errno));
+            *p = c;
+            if (!c)
+                return 0;
+        }
+    }
 }

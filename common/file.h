@@ -32,4 +32,8 @@ int bl_file_id_path(const char *path, bl_file_id_t *out, bl_err_t *err) BL_WUR;
  * replaced, resized, modified). */
 int bl_file_id_check(const char *path, const bl_file_id_t *id, bl_err_t *err) BL_WUR;
 
+/* mkdir -p: the folders of path (and path itself when whole), mode 0755. BL_ERANGE
+ * (a path over PATH_MAX), BL_EIO naming the folder that could not be made. */
+int bl_make_dirs(const char *path, int whole, bl_err_t *err) BL_WUR;
+
 #endif

@@ -4,6 +4,7 @@
  * SHA-256. Everything the hub sends (JSON, paths, ids, headers) is validated before
  * it names a file on disk. */
 #include "hub.h"
+#include "file.h"
 
 #include <ctype.h>
 #include <curl/curl.h>
@@ -385,39 +386,13 @@ static int cache_root(char *buf, size_t cap, bl_err_t *err)
                       "no folder for the model cache: set LLAMA_CACHE, HF_HUB_CACHE or HOME");
 }
 
-/* mkdir -p of path's folders (and of path itself when whole). */
-static int make_dirs(const char *path, int whole, bl_err_t *err)
-{
-    char tmp[PATH_MAX];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s", path) >= sizeof tmp)
-        return bl_err_set(err, BL_ERANGE, "path too long: %.200s", path);
-    if (!whole) {
-        char *s = strrchr(tmp, '/');
-        if (!s)
-            return 0;
-        *s = '\0';
-    }
-    for (char *p = tmp + 1;; p++) {
-        if (*p == '/' || *p == '\0') {
-            char c = *p;
-            *p = '\0';
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-                return bl_err_set(err, BL_EIO, "cannot create the folder %.300s: %s", tmp,
-                                  strerror(errno));
-            *p = c;
-            if (!c)
-                return 0;
-        }
-    }
-}
-
 /* Writes text to path through a temporary file and a rename. */
 static int write_small(const char *path, const char *text, bl_err_t *err)
 {
     char tmp[PATH_MAX];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= sizeof tmp)
         return bl_err_set(err, BL_ERANGE, "path too long: %.200s", path);
-    int rc = make_dirs(path, 0, err);
+    int rc = bl_make_dirs(path, 0, err);
     if (rc)
         return rc;
     FILE *f = fopen(tmp, "w");
@@ -1074,7 +1049,7 @@ static int link_blob(const char *blob, const char *final, const char *relpath, c
         len += (size_t)snprintf(target + len, sizeof target - len, "../");
     if ((size_t)snprintf(target + len, sizeof target - len, "blobs/%s", oid) >= sizeof target - len)
         return bl_err_set(err, BL_ERANGE, "path too long for %s", relpath);
-    int rc = make_dirs(final, 0, err);
+    int rc = bl_make_dirs(final, 0, err);
     if (rc)
         return rc;
     unlink(final); /* a dangling link of an earlier copy */
@@ -1122,9 +1097,9 @@ static int fetch_file(hub_t *h, const hub_file_t *f, char **final_out, bl_err_t 
                 sizeof lock;
     if (too_long)
         return bl_err_set(err, BL_ERANGE, "cache path too long for %.200s", f->path);
-    int rc = make_dirs(blob, 0, err);
+    int rc = bl_make_dirs(blob, 0, err);
     if (!rc)
-        rc = make_dirs(lock, 0, err);
+        rc = bl_make_dirs(lock, 0, err);
     if (rc)
         return rc;
     int lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -1371,7 +1346,7 @@ static int fetch_url(const bl_hub_opts_t *o, const char *model, char **path_out,
             BL_LOG(BL_LOG_INFO, "event=model_url file=%s source=cache", dest);
         } else if (o->offline) {
             rc = bl_err_set(err, BL_ENOENT, "--offline: %.300s is not there", dest);
-        } else if (!(rc = make_dirs(dest, 0, err))) {
+        } else if (!(rc = bl_make_dirs(dest, 0, err))) {
             pthread_once(&curl_once, curl_init);
             char tmp[PATH_MAX + 320];
             snprintf(tmp, sizeof tmp, "%s.incomplete", dest);

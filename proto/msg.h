@@ -125,6 +125,8 @@ typedef struct bp_plan {
                             * from the model file (--experts-ram); 0: all in RAM */
     uint32_t kv_pool;      /* positions one cache holds for all slots together (-kvu), in
                             * BP_KV_CHUNK chunks; 0: each slot owns n_ctx */
+    const char *slot_dir;  /* borrowed like model_path: the folder of slot files
+                            * (--slot-save-path), where WRITE and READ ops go; "": none */
 } bp_plan_t;
 
 /* A validated Plan message into p: the stages, the host layers from its placements

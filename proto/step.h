@@ -64,7 +64,14 @@ typedef enum bp_kv_op {
     BP_KV_LOAD = 2,  /* entry's first n positions into slot's cache (its n_past becomes n) */
     BP_KV_DROP = 3,  /* entry's memory freed (an unknown entry is no error) */
     BP_KV_CLEAR = 4, /* slot's cache emptied: its chunks of a shared cache go back */
+    BP_KV_WRITE = 5, /* positions 0..n of slot's cache written to the plan's slot_dir file
+                      * BP_KV_IO_NAME(entry) at offset bytes; each stage adds its bytes */
+    BP_KV_READ = 6,  /* the same file read into slot's positions 0..n (n_past becomes n) */
 } bp_kv_op_t;
+
+/* The file in the plan's slot_dir that WRITE and READ ops of entry use: the router
+ * makes it (or links a slot file there) and renames or removes it afterwards. */
+#define BP_KV_IO_FMT "%s/.bloomery-io-%lld"
 
 /* A cache shared by the slots (Plan.kv_pool) is handed out in chunks of this many
  * positions: a slot holding n positions holds ceil(n / BP_KV_CHUNK) chunks, so the

@@ -676,12 +676,104 @@ static void route_lora_set(rt_req_t *r)
     rt_req_send_json(r, 200, json_pack("{s:b}", "success", 1));
 }
 
-/* POST /slots/ID?action=save|restore|erase: llama-server answers 501 unless started
- * with --slot-save-path, which this server refuses; so 501 here, whatever the slot. */
+/* A slot action on its way through the engine. */
+typedef struct slot_req {
+    rt_req_t *r;
+    rt_app_t *app;
+    rt_task_t *task;
+    int action, slot;
+    char name[256];
+} slot_req_t;
+
+static void slot_req_gone(void *ud)
+{
+    slot_req_t *q = ud;
+    rt_engine_cancel(q->app->engine, q->task);
+    free(q);
+}
+
+static void slot_req_event(void *ud, const rt_event_t *ev)
+{
+    slot_req_t *q = ud;
+    if (ev->kind == RT_EV_ERROR) {
+        rt_req_send_error(q->r, ev->status, NULL, "%s", ev->message ? ev->message : "failed");
+    } else if (ev->kind == RT_EV_DONE) {
+        json_t *j = q->action == RT_SLOT_ERASE
+                        ? json_pack("{s:i, s:I}", "id_slot", q->slot, "n_erased",
+                                    (json_int_t)ev->io_tokens)
+                    : q->action == RT_SLOT_SAVE
+                        ? json_pack("{s:i, s:s, s:I, s:I, s:{s:f}}", "id_slot", q->slot, "filename",
+                                    q->name, "n_saved", (json_int_t)ev->io_tokens, "n_written",
+                                    (json_int_t)ev->io_bytes, "timings", "save_ms", ev->io_ms)
+                        : json_pack("{s:i, s:s, s:I, s:I, s:{s:f}}", "id_slot", q->slot, "filename",
+                                    q->name, "n_restored", (json_int_t)ev->io_tokens, "n_read",
+                                    (json_int_t)ev->io_bytes, "timings", "restore_ms", ev->io_ms);
+        rt_req_send_json(q->r, 200, j);
+    } else {
+        return; /* no other event comes for a slot action */
+    }
+    free(q);
+}
+
+/* POST /slots/ID?action=save|restore|erase, as llama-server: 501 without
+ * --slot-save-path; save and restore take {"filename"}, a plain name in that folder;
+ * the action waits for the slot to be idle. */
 static void route_slot_action(rt_req_t *r)
 {
-    rt_req_send_error(r, 501, "not_supported_error",
-                      "slot actions (save, restore, erase) are not supported by this server");
+    rt_app_t *app = rt_req_app(r);
+    if (!app->slot_dir) {
+        rt_req_send_error(r, 501, "not_supported_error", "This server does not support slots "
+                          "action. Start it with `--slot-save-path`");
+        return;
+    }
+    const char *id = rt_req_path(r) + strlen("/slots/");
+    char *end = NULL;
+    long slot = strtol(id, &end, 10);
+    if (!*id || *end || id[0] == '-' || id[0] == '+' || slot >= rt_engine_n_slots(app->engine)) {
+        rt_req_send_error(r, 400, NULL, "Invalid slot ID: %.32s", id);
+        return;
+    }
+    size_t alen = 0;
+    const char *a = rt_req_query(r, "action", &alen);
+    int action = !a ? 0
+                 : alen == 4 && !memcmp(a, "save", 4)    ? RT_SLOT_SAVE
+                 : alen == 7 && !memcmp(a, "restore", 7) ? RT_SLOT_RESTORE
+                 : alen == 5 && !memcmp(a, "erase", 5)   ? RT_SLOT_ERASE
+                                                         : 0;
+    if (!action) {
+        rt_req_send_error(r, 400, NULL, "Invalid action");
+        return;
+    }
+    const json_t *body = rt_req_json(r);
+    const json_t *fn = json_is_object(body) ? json_object_get(body, "filename") : NULL;
+    if (action != RT_SLOT_ERASE && !json_is_string(fn)) {
+        rt_req_send_error(r, 400, NULL, "'filename' is required: a file name in the "
+                                        "--slot-save-path folder");
+        return;
+    }
+    slot_req_t *q = calloc(1, sizeof *q);
+    if (!q) {
+        rt_req_send_error(r, 500, NULL, "out of memory");
+        return;
+    }
+    *q = (slot_req_t){.r = r, .app = app, .action = action, .slot = (int)slot};
+    bl_err_t err = {0};
+    if (fn) {
+        if (json_string_length(fn) >= sizeof q->name) {
+            free(q);
+            rt_req_send_error(r, 400, NULL, "Invalid filename: 1 to 255 bytes");
+            return;
+        }
+        snprintf(q->name, sizeof q->name, "%s", json_string_value(fn));
+    }
+    int rc = rt_engine_slot_io(app->engine, (int)slot, action, action == RT_SLOT_ERASE ? NULL : q->name,
+                               slot_req_event, q, &q->task, &err);
+    if (rc) {
+        free(q);
+        rt_req_send_error(r, rc == BL_ECLOSED ? 503 : rc == BL_ENOMEM ? 500 : 400, NULL, "%s", err.msg);
+        return;
+    }
+    rt_req_on_gone(r, slot_req_gone, q);
 }
 
 #define STATIC_MAX_BYTES ((size_t)64 << 20) /* the largest file --path serves */
@@ -773,7 +865,7 @@ void rt_api_info_register(rt_http_t *h)
         {"GET", "/models", route_models, RT_ROUTE_PUBLIC},
         {"GET", "/props", route_props, 0},
         {"GET", "/slots", route_slots, 0},
-        {"POST", "/slots/", route_slot_action, RT_ROUTE_PREFIX | RT_ROUTE_NO_BODY},
+        {"POST", "/slots/", route_slot_action, RT_ROUTE_PREFIX | RT_ROUTE_OPTIONAL_BODY},
         {"GET", "/metrics", route_metrics, 0},
         {"POST", "/tokenize", route_tokenize, 0},
         {"POST", "/detokenize", route_detokenize, 0},

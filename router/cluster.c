@@ -506,6 +506,7 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
     p.kv_type = c->o.kv_type;
     p.n_ctx = (uint32_t)c->o.n_ctx_slot;
     p.kv_pool = (uint32_t)c->o.kv_pool;
+    p.slot_dir = c->o.slot_dir ? c->o.slot_dir : "";
     p.n_slots = (uint32_t)c->o.n_slots;
     p.threads = (uint32_t)c->o.n_threads;
     p.threads_batch = (uint32_t)c->o.n_threads_batch;
@@ -1351,7 +1352,8 @@ _Static_assert(RT_KV_MAX_OPS == BP_STEP_MAX_KVOPS, "one bound for KV ops");
 _Static_assert(RT_KV_CHUNK == BP_KV_CHUNK, "the engine counts a shared cache's chunks as the "
                                           "stages do");
 _Static_assert((int)RT_KV_SAVE == (int)BP_KV_SAVE && (int)RT_KV_LOAD == (int)BP_KV_LOAD &&
-                   (int)RT_KV_DROP == (int)BP_KV_DROP && (int)RT_KV_CLEAR == (int)BP_KV_CLEAR,
+                   (int)RT_KV_DROP == (int)BP_KV_DROP && (int)RT_KV_CLEAR == (int)BP_KV_CLEAR &&
+                   (int)RT_KV_WRITE == (int)BP_KV_WRITE && (int)RT_KV_READ == (int)BP_KV_READ,
                "the engine's KV op codes are the wire's");
 
 int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
@@ -1359,11 +1361,12 @@ int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
     if (n_ops < 1 || n_ops > BP_STEP_MAX_KVOPS)
         return bl_err_set(err, BL_EINVAL, "kv: %d ops (1..%d)", n_ops, BP_STEP_MAX_KVOPS);
     for (int i = 0; i < n_ops; i++)
-        if ((ops[i].op < RT_KV_SAVE || ops[i].op > RT_KV_CLEAR) ||
+        if ((ops[i].op < RT_KV_SAVE || ops[i].op > RT_KV_READ) ||
             (ops[i].op != BP_KV_DROP && (ops[i].slot < 0 || ops[i].slot >= c->lim.n_slots)) ||
-            ((ops[i].op == BP_KV_SAVE || ops[i].op == BP_KV_LOAD) &&
+            (ops[i].op != BP_KV_DROP && ops[i].op != BP_KV_CLEAR &&
              (ops[i].n < 1 || ops[i].n > c->lim.n_ctx)) ||
-            ops[i].entry < 0)
+            ops[i].entry < 0 || ((ops[i].op == BP_KV_WRITE || ops[i].op == BP_KV_READ) &&
+                                 (ops[i].bytes < 0 || !c->o.slot_dir)))
             return bl_err_set(err, BL_EINVAL, "kv: op %d (slot %d, %lld positions) is outside the plan", i,
                               ops[i].slot, (long long)ops[i].n);
     pthread_mutex_lock(&c->step_mu);
@@ -1384,7 +1387,9 @@ int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
             o.kvops[i] = (bp_step_kvop_t){.op = ops[i].op, .slot = ops[i].op == BP_KV_DROP ? 0 : ops[i].slot,
                                           .entry = ops[i].op == BP_KV_CLEAR ? 0 : ops[i].entry,
                                           .n = ops[i].op == BP_KV_DROP || ops[i].op == BP_KV_CLEAR
-                                                   ? 0 : ops[i].n};
+                                                   ? 0 : ops[i].n,
+                                          .bytes = ops[i].op == BP_KV_WRITE || ops[i].op == BP_KV_READ
+                                                       ? ops[i].bytes : 0};
         rc = bp_ring_commit(c->to_first, o.nbytes, err);
     }
     bp_step_kvop_t back[BP_STEP_MAX_KVOPS];
@@ -1402,6 +1407,17 @@ int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
     }
     pthread_mutex_unlock(&c->step_mu);
     return rc;
+}
+
+int rt_cluster_kv_io_path(const rt_cluster_t *c, int64_t entry, char *out, size_t cap,
+                          bl_err_t *err)
+{
+    if (!c->o.slot_dir)
+        return bl_err_set(err, BL_EINVAL, "no folder for slot files");
+    int n = snprintf(out, cap, BP_KV_IO_FMT, c->o.slot_dir, (long long)entry);
+    if (n < 0 || (size_t)n >= cap)
+        return bl_err_set(err, BL_EINVAL, "the slot files' folder's path is too long");
+    return 0;
 }
 
 int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, const float **logits,

@@ -35,6 +35,7 @@ typedef struct rt_cluster_opts {
     int n_threads_hosttier;  /* threads of the hosttier's expert pool */
     int n_slots;             /* KV caches per worker (-np) */
     int64_t n_ctx_slot;      /* positions per slot's cache */
+    const char *slot_dir;    /* the folder of slot files (--slot-save-path), or NULL */
     int64_t kv_pool;         /* positions one cache holds for all slots together (-kvu),
                               * handed out in BP_KV_CHUNK chunks; 0: each slot owns
                               * n_ctx_slot */
@@ -153,18 +154,25 @@ int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, cons
  * failing op's error as a stage named it (BL_ENOENT: a load of an entry a stage does
  * not hold; BL_ENOMEM). On an error the ops after the failing one did not run and
  * the slots they name hold nothing usable. Engine thread. */
-enum { RT_KV_SAVE = 1, RT_KV_LOAD = 2, RT_KV_DROP = 3, RT_KV_CLEAR = 4 };
+enum { RT_KV_SAVE = 1, RT_KV_LOAD = 2, RT_KV_DROP = 3, RT_KV_CLEAR = 4, RT_KV_WRITE = 5,
+       RT_KV_READ = 6 };
 /* A shared cache (kv_pool) goes to the slots in chunks of this many positions. */
 #define RT_KV_CHUNK 256
 #define RT_KV_MAX_OPS 64
 typedef struct rt_kv_op {
     int op;        /* RT_KV_* */
-    int32_t slot;  /* SAVE, LOAD, CLEAR */
-    int64_t entry; /* >= 0 */
-    int64_t n;     /* SAVE, LOAD: positions 0..n */
-    int64_t bytes; /* out: host bytes the stages hold for the entry */
+    int32_t slot;  /* SAVE, LOAD, CLEAR, WRITE, READ */
+    int64_t entry; /* >= 0; WRITE, READ: the io file's number (rt_cluster_kv_io_path) */
+    int64_t n;     /* SAVE, LOAD, WRITE, READ: positions 0..n */
+    int64_t bytes; /* SAVE, LOAD out: host bytes the stages hold for the entry; WRITE,
+                    * READ in: the file offset of the first stage's part, out: the end
+                    * of the last stage's */
 } rt_kv_op_t;
 int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err) BL_WUR;
+/* The path of the file WRITE and READ ops of number `entry` use, in opts.slot_dir
+ * (BL_EINVAL when there is none, or the path does not fit cap). */
+int rt_cluster_kv_io_path(const rt_cluster_t *c, int64_t entry, char *out, size_t cap,
+                          bl_err_t *err) BL_WUR;
 
 /* How many times the set was (re)started, and counters for /metrics. */
 typedef struct rt_cluster_stats {

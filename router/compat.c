@@ -222,7 +222,6 @@ static const entry_t k_table[] = {
      "embeddings are not served (the routes answer 501)"},
     {"--reranking,--rerank", "LLAMA_ARG_RERANKING", NULL, REFUSE, NULL,
      "reranking is not served (the routes answer 501)"},
-    {"--slot-save-path", NULL, "PATH", REFUSE, NULL, "saving and restoring slots is not supported yet"},
     {"--props", "LLAMA_ARG_ENDPOINT_PROPS", NULL, REFUSE, NULL,
      "changing the server's properties by POST /props is not supported"},
     {"-nkvo,--no-kv-offload", NULL, NULL, REFUSE, NULL, "the KV cache stays beside the layers it belongs to"},

@@ -14,8 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "log.h"
+#include "slotfile.h"
 
 #define STOP_MAX_LEN 1024 /* bytes per stop string: bounds the text held back */
 #define N_CAND_LOOKUP 128 /* sampler candidates searched for the reported probabilities */
@@ -47,6 +52,8 @@ struct rt_task {
     int refs;                     /* mu */
     int loop_ref;                 /* mu: the loop still holds its handle */
     int waiting;                  /* mu: in the waiting list */
+    int io;                       /* RT_SLOT_*: a slot file task (rt_engine_slot_io) */
+    const char *io_name;          /* its file name, behind the struct */
 };
 
 /* An event on its way to the loop thread. Nodes are recycled through a free list, and
@@ -155,6 +162,7 @@ struct rt_engine {
     pc_entry_t *pc;         /* the prompt cache's entries (n_pc) */
     size_t n_pc, cap_pc;
     int64_t pc_bytes, pc_next_id;
+    int64_t io_next;        /* slot files' io numbers (rt_cluster_kv_io_path) */
     int posted;             /* events posted since the last uv_async_send */
 };
 
@@ -807,6 +815,219 @@ static slot_t *pick_slot(rt_engine_t *e, const rt_task_t *t)
     return best;
 }
 
+// --- slot files -----------------------------------------------------------------------------
+
+/* Ends an io task: DONE with its figures, or ERROR (status, msg) when msg is set. */
+static void io_end(rt_engine_t *e, rt_task_t *t, int slot, const char *msg, int status, int64_t n,
+                   int64_t bytes, int64_t t0)
+{
+    ev_node_t *nd = msg ? NULL : ev_alloc(e);
+    pthread_mutex_lock(&e->mu);
+    if (msg) {
+        post_error_locked(e, t, status, slot, msg);
+    } else if (nd) {
+        nd->ev.kind = RT_EV_DONE;
+        nd->ev.slot = slot;
+        nd->ev.io_tokens = n;
+        nd->ev.io_bytes = bytes;
+        nd->ev.io_ms = ms_between(t0, now_us());
+        ev_post_locked(e, t, nd);
+    }
+    task_unref_locked(e, t);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Empties slot s in the stages. */
+static int io_clear(rt_engine_t *e, slot_t *s, bl_err_t *err)
+{
+    rt_kv_op_t op = {.op = RT_KV_CLEAR, .slot = s->id};
+    int rc = rt_cluster_kv(e->cluster, &op, 1, err);
+    s->n_past = s->n_kv = s->n_seq = 0;
+    return rc;
+}
+
+static int write_all(int fd, const void *p, size_t n, uint64_t off)
+{
+    for (size_t done = 0; done < n;) {
+        ssize_t k = pwrite(fd, (const char *)p + done, n - done, (off_t)(off + done));
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1;
+        done += (size_t)k;
+    }
+    return 0;
+}
+
+static void io_save(rt_engine_t *e, slot_t *s, rt_task_t *t, const char *path, const char *io,
+                    int64_t entry, int64_t t0)
+{
+    bl_err_t err = {0};
+    const int64_t n = s->n_past;
+    rt_slotfile_hdr_t h = {.version = RT_SLOTFILE_VERSION, .kv_type = e->o.kv_type,
+                           .n_layer = e->o.n_layer, .model_id = e->o.model_id,
+                           .n_tokens = (uint64_t)n};
+    uint8_t hb[RT_SLOTFILE_HDR_BYTES];
+    const uint64_t base = RT_SLOTFILE_HDR_BYTES + 4 * (uint64_t)n;
+    int fd = open(io, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int rc = fd < 0 ? bl_err_set(&err, BL_EIO, "%s: %s", io, strerror(errno)) : 0;
+    rt_slotfile_encode(&h, hb);
+    if (rc == 0 && (write_all(fd, hb, sizeof hb, 0) || write_all(fd, s->seq, 4 * (size_t)n, sizeof hb)))
+        rc = bl_err_set(&err, BL_EIO, "%s: %s", io, strerror(errno));
+    if (rc == 0 && n > 0) {
+        rt_kv_op_t op = {.op = RT_KV_WRITE, .slot = s->id, .entry = entry, .n = n,
+                         .bytes = (int64_t)base};
+        if ((rc = rt_cluster_kv(e->cluster, &op, 1, &err)) == 0)
+            h.data_bytes = (uint64_t)op.bytes - base;
+    }
+    if (rc == 0)
+        rc = rt_slotfile_sum_fd(fd, RT_SLOTFILE_HDR_BYTES, base - RT_SLOTFILE_HDR_BYTES + h.data_bytes,
+                                &h.sum, &err);
+    if (rc == 0) {
+        rt_slotfile_encode(&h, hb);
+        if (write_all(fd, hb, sizeof hb, 0) || fsync(fd) != 0)
+            rc = bl_err_set(&err, BL_EIO, "%s: %s", io, strerror(errno));
+    }
+    if (fd >= 0 && close(fd) != 0 && rc == 0)
+        rc = bl_err_set(&err, BL_EIO, "%s: %s", io, strerror(errno));
+    if (rc == 0 && rename(io, path) != 0)
+        rc = bl_err_set(&err, BL_EIO, "%s: %s", path, strerror(errno));
+    if (rc) {
+        (void)unlink(io);
+        BL_LOG(BL_LOG_WARN, "event=slot_save_failed slot=%d file=\"%s\" reason=\"%s\"", s->id,
+               t->io_name, err.msg);
+        io_end(e, t, s->id, err.msg, 500, 0, 0, t0);
+        return;
+    }
+    BL_LOG(BL_LOG_INFO, "event=slot_save slot=%d file=\"%s\" tokens=%lld bytes=%llu", s->id,
+           t->io_name, (long long)n, (unsigned long long)(base + h.data_bytes));
+    io_end(e, t, s->id, NULL, 0, n, (int64_t)(base + h.data_bytes), t0);
+}
+
+/* The checks of a slot file before any of it goes to the stages; fills h and toks
+ * (caller frees). 400's message in err. */
+static int io_check(rt_engine_t *e, int fd, rt_slotfile_hdr_t *h, int32_t **toks, bl_err_t *err)
+{
+    uint8_t hb[RT_SLOTFILE_HDR_BYTES];
+    struct stat sb;
+    ssize_t k = pread(fd, hb, sizeof hb, 0);
+    int rc = rt_slotfile_decode(hb, k > 0 ? (size_t)k : 0, h, err);
+    if (rc)
+        return rc;
+    if (h->model_id != e->o.model_id || h->n_layer != e->o.n_layer)
+        return bl_err_set(err, BL_EINVAL, "slot file: written for another model file");
+    if (h->kv_type != e->o.kv_type)
+        return bl_err_set(err, BL_EINVAL, "slot file: its cache is of another type (-ctk/-ctv)");
+    if (h->n_tokens >= (uint64_t)e->o.n_ctx_slot)
+        return bl_err_set(err, BL_EINVAL, "slot file: %llu tokens, more than a slot holds (%lld)",
+                          (unsigned long long)h->n_tokens, (long long)e->o.n_ctx_slot);
+    const uint64_t base = RT_SLOTFILE_HDR_BYTES + 4 * h->n_tokens;
+    if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != base + h->data_bytes)
+        return bl_err_set(err, BL_EINVAL, "slot file: %lld bytes where its header says %llu "
+                          "(cut short or grown)", (long long)sb.st_size,
+                          (unsigned long long)(base + h->data_bytes));
+    uint64_t sum = 0;
+    if ((rc = rt_slotfile_sum_fd(fd, RT_SLOTFILE_HDR_BYTES, base - RT_SLOTFILE_HDR_BYTES + h->data_bytes,
+                                 &sum, err)))
+        return rc;
+    if (sum != h->sum)
+        return bl_err_set(err, BL_EINVAL, "slot file: damaged (its checksum does not match)");
+    *toks = malloc(4 * (size_t)h->n_tokens + 1);
+    if (!*toks)
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    k = pread(fd, *toks, 4 * (size_t)h->n_tokens, RT_SLOTFILE_HDR_BYTES);
+    if (k != (ssize_t)(4 * h->n_tokens))
+        return bl_err_set(err, BL_EIO, "slot file: %s", k < 0 ? strerror(errno) : "short read");
+    for (uint64_t i = 0; i < h->n_tokens; i++)
+        if ((*toks)[i] < 0 || (*toks)[i] >= e->n_vocab_tok)
+            return bl_err_set(err, BL_EINVAL, "slot file: token %llu is %d, outside the vocabulary",
+                              (unsigned long long)i, (*toks)[i]);
+    return 0;
+}
+
+static void io_restore(rt_engine_t *e, slot_t *s, rt_task_t *t, const char *path, const char *io,
+                       int64_t entry, int64_t t0)
+{
+    bl_err_t err = {0};
+    rt_slotfile_hdr_t h = {0};
+    int32_t *toks = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int rc = fd < 0 ? bl_err_set(&err, BL_EINVAL, "%s: %s", t->io_name, strerror(errno))
+                    : io_check(e, fd, &h, &toks, &err);
+    if (fd >= 0)
+        close(fd);
+    const int64_t n = (int64_t)h.n_tokens;
+    int status = rc == BL_EIO || rc == BL_ENOMEM ? 500 : 400;
+    if (rc == 0 && e->o.kv_pool) { /* room in the shared cache */
+        const int64_t want = kv_chunks(n) - kv_chunks(s->n_kv);
+        if (want > kv_free(e) && kv_evict(e, want, s) < want)
+            rc = bl_err_set(&err, BL_ERANGE, "no room in the shared KV cache for %lld tokens now",
+                            (long long)n), status = 400;
+    }
+    if (rc == 0 && n == 0)
+        rc = io_clear(e, s, &err), status = 500;
+    if (rc == 0 && n > 0) {
+        const uint64_t base = RT_SLOTFILE_HDR_BYTES + 4 * (uint64_t)n;
+        rt_kv_op_t op = {.op = RT_KV_READ, .slot = s->id, .entry = entry, .n = n, .bytes = (int64_t)base};
+        if (link(path, io) != 0) {
+            rc = bl_err_set(&err, BL_EIO, "%s: %s", io, strerror(errno)), status = 500;
+        } else {
+            rc = rt_cluster_kv(e->cluster, &op, 1, &err);
+            (void)unlink(io);
+            if (rc == 0 && (uint64_t)op.bytes != base + h.data_bytes)
+                rc = bl_err_set(&err, BL_EINVAL, "slot file: its cache is laid out for other layers "
+                                "or heads than this model's"), status = 400;
+            if (rc) { /* what the stages hold of it is no use */
+                bl_err_t e2 = {0};
+                if (rc != BL_EINVAL)
+                    status = 400;
+                (void)io_clear(e, s, &e2);
+            }
+        }
+    }
+    if (rc) {
+        free(toks);
+        BL_LOG(BL_LOG_WARN, "event=slot_restore_failed slot=%d file=\"%s\" reason=\"%s\"", s->id,
+               t->io_name, err.msg);
+        io_end(e, t, s->id, err.msg, status, 0, 0, t0);
+        return;
+    }
+    if (n > 0) {
+        memcpy(s->seq, toks, 4 * (size_t)n);
+        s->n_past = s->n_kv = s->n_seq = n;
+    }
+    s->last_used = ++e->clock;
+    free(toks);
+    BL_LOG(BL_LOG_INFO, "event=slot_restore slot=%d file=\"%s\" tokens=%lld", s->id, t->io_name,
+           (long long)n);
+    io_end(e, t, s->id, NULL, 0, n, (int64_t)(RT_SLOTFILE_HDR_BYTES + 4 * (uint64_t)n + h.data_bytes),
+           t0);
+}
+
+/* Runs an io task on idle slot s (engine thread; the other slots wait meanwhile). */
+static void slot_io(rt_engine_t *e, slot_t *s, rt_task_t *t)
+{
+    const int64_t t0 = now_us();
+    bl_err_t err = {0};
+    if (t->io == RT_SLOT_ERASE) {
+        const int64_t n = s->n_past;
+        int rc = io_clear(e, s, &err);
+        io_end(e, t, s->id, rc ? err.msg : NULL, 500, n, 0, t0);
+        return;
+    }
+    char path[4352], io[4352];
+    const int64_t entry = ++e->io_next;
+    if (snprintf(path, sizeof path, "%s/%s", e->o.slot_dir, t->io_name) >= (int)sizeof path ||
+        rt_cluster_kv_io_path(e->cluster, entry, io, sizeof io, &err)) {
+        io_end(e, t, s->id, "the slot file's path is too long", 400, 0, 0, t0);
+        return;
+    }
+    if (t->io == RT_SLOT_SAVE)
+        io_save(e, s, t, path, io, entry, t0);
+    else
+        io_restore(e, s, t, path, io, entry, t0);
+}
+
 /* Moves waiting tasks into idle slots in FIFO order; a task asking for a busy slot
  * waits without holding back the ones behind it. */
 static void assign_waiting(rt_engine_t *e, int32_t n_vocab)
@@ -825,7 +1046,10 @@ static void assign_waiting(rt_engine_t *e, int32_t n_vocab)
         pthread_mutex_unlock(&e->mu);
         if (!t)
             return;
-        (void)slot_start(e, s, t, n_vocab); /* a failure already ended the task */
+        if (t->io)
+            slot_io(e, s, t);
+        else
+            (void)slot_start(e, s, t, n_vocab); /* a failure already ended the task */
     }
 }
 
@@ -1705,6 +1929,40 @@ static int valid_utf8(const unsigned char *s, size_t n)
     return 1;
 }
 
+static int enqueue(rt_engine_t *e, rt_task_t *t, rt_task_t **task, bl_err_t *err);
+
+int rt_engine_slot_io(rt_engine_t *e, int slot, int action, const char *filename, rt_event_fn cb,
+                      void *ud, rt_task_t **task, bl_err_t *err)
+{
+    *task = NULL;
+    if (!cb || action < RT_SLOT_SAVE || action > RT_SLOT_ERASE)
+        return bl_err_set(err, BL_EINVAL, "engine: a slot action and a callback are required");
+    if (slot < 0 || slot >= e->o.n_slots)
+        return bl_err_set(err, BL_EINVAL, "Invalid slot ID %d: this server has slots 0..%d", slot,
+                          e->o.n_slots - 1);
+    if (action != RT_SLOT_ERASE) {
+        if (!e->o.slot_dir)
+            return bl_err_set(err, BL_EINVAL, "no folder for slot files (--slot-save-path)");
+        int rc = rt_slotfile_name_ok(filename, err);
+        if (rc)
+            return rc;
+    }
+    size_t nl = action != RT_SLOT_ERASE ? strlen(filename) : 0;
+    rt_task_t *t = calloc(1, sizeof *t + nl + 1);
+    if (!t)
+        return bl_err_set(err, BL_ENOMEM, "engine: out of memory");
+    char *name = (char *)(t + 1);
+    if (nl)
+        memcpy(name, filename, nl);
+    rt_task_params_default(&t->p);
+    t->p.slot_id = slot;
+    t->io = action;
+    t->io_name = name;
+    t->cb = cb;
+    t->ud = ud;
+    return enqueue(e, t, task, err);
+}
+
 int rt_engine_submit(rt_engine_t *e, const int32_t *prompt, size_t n, const rt_task_params_t *p,
                      rt_event_fn cb, void *ud, rt_task_t **task, bl_err_t *err)
 {
@@ -1804,6 +2062,12 @@ int rt_engine_submit(rt_engine_t *e, const int32_t *prompt, size_t n, const rt_t
         t->p.t_max_predict_ms = 0;
     t->cb = cb;
     t->ud = ud;
+    return enqueue(e, t, task, err);
+}
+
+/* Puts t (filled) at the end of the waiting list. */
+static int enqueue(rt_engine_t *e, rt_task_t *t, rt_task_t **task, bl_err_t *err)
+{
     t->t_submit_us = now_us();
     atomic_init(&t->cancelled, 0);
     t->refs = 2; /* the engine's and the loop's handle */

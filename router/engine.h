@@ -110,6 +110,9 @@ typedef struct rt_event {
     rt_timings_t timings;         /* TOKEN and DONE */
     int64_t progress_done;        /* PROGRESS */
     double progress_ms;
+    int64_t io_tokens, io_bytes;  /* DONE of rt_engine_slot_io: tokens saved, restored
+                                   * or erased, and bytes written or read */
+    double io_ms;
     int slot;                     /* slot that ran the task */
     /* ERROR */
     int status;                   /* HTTP status: 500 (a process died, named in message),
@@ -128,6 +131,10 @@ typedef struct rt_engine_opts {
                                  * split on (NULL-terminated; NULL: none) */
     int n_slots;
     int64_t n_ctx_slot;     /* positions per slot */
+    const char *slot_dir;   /* --slot-save-path: the folder of slot files (borrowed),
+                             * or NULL: rt_engine_slot_io's save and restore refused */
+    uint64_t model_id;      /* rt_slotfile_model_id of the model file */
+    uint32_t kv_type, n_layer; /* the cache's type (bl_type_t) and the model's layers */
     int64_t kv_pool;        /* -kvu: positions the slots' caches hold together (the
                              * cluster's kv_pool, in BP_KV_CHUNK chunks); 0: each slot
                              * holds n_ctx_slot of its own */
@@ -165,6 +172,19 @@ void rt_engine_destroy(rt_engine_t *e);
 int rt_engine_submit(rt_engine_t *e, const int32_t *prompt, size_t n,
                      const rt_task_params_t *p, rt_event_fn cb, void *ud, rt_task_t **task,
                      bl_err_t *err) BL_WUR;
+
+/* A slot's cache to or from a file (llama-server's /slots/ID?action=...): action
+ * RT_SLOT_SAVE writes what slot holds to opts.slot_dir/filename, RT_SLOT_RESTORE
+ * puts such a file's tokens and cache into it (the file checked first: its frame,
+ * checksums, the model file it was written for, the cache type, its size), and
+ * RT_SLOT_ERASE empties it (filename NULL). Queued like a generation for that slot,
+ * it runs when the slot is idle; the DONE event carries io_tokens, io_bytes and
+ * io_ms, an ERROR 400 a file that is refused (named), 500 an I/O failure. Loop
+ * thread only; the handle as rt_engine_submit's. BL_EINVAL (slot out of range, a
+ * file name refused, no folder for save or restore), BL_ECLOSED, BL_ENOMEM. */
+enum { RT_SLOT_SAVE = 1, RT_SLOT_RESTORE = 2, RT_SLOT_ERASE = 3 };
+int rt_engine_slot_io(rt_engine_t *e, int slot, int action, const char *filename, rt_event_fn cb,
+                      void *ud, rt_task_t **task, bl_err_t *err) BL_WUR;
 
 /* The client went away: the task stops within one step and its slot is freed. No
  * callback for it runs after this returns. Loop thread only. The handle is valid until

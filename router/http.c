@@ -1177,7 +1177,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
         rt_req_send_error(r, 401, "authentication_error", "Invalid API Key");
         goto done;
     }
-    if (strcmp(rt->method, "POST") == 0 && !(rt->flags & RT_ROUTE_NO_BODY)) {
+    if (strcmp(rt->method, "POST") == 0 && !(rt->flags & RT_ROUTE_NO_BODY) &&
+        !((rt->flags & RT_ROUTE_OPTIONAL_BODY) && req->entity.len == 0)) {
         int any_json = (rt->flags & RT_ROUTE_ANY_JSON) != 0;
         if (body_fits(h, r) == 0 && req->entity.len > BODY_OFF_LOOP_BYTES) {
             (void)parse_body_off_loop(h, r, rt, any_json); /* answers r itself on failure */

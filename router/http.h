@@ -61,6 +61,8 @@ enum {
     RT_ROUTE_ANTHROPIC = 1u << 4, /* errors in Anthropic's shape, {"type":"error","error":
                                    * {"type","message"}}: rt_req_send_error's and those
                                    * answered before the handler (401, 405, the body's) */
+    RT_ROUTE_OPTIONAL_BODY = 1u << 5, /* a POST may come without a body (rt_req_json:
+                                       * NULL); one that comes must be JSON */
 };
 
 /* An error object: llama-server's {"error":{"code","message","type"}} (type NULL: the

@@ -31,6 +31,7 @@
 #include "cpuset.h"
 #include "bl_config.h"
 #include "file.h"
+#include "slotfile.h"
 #include "hub.h"
 #include "plan.h"
 #include "wmem.h"
@@ -69,6 +70,7 @@ typedef struct opts {
     int64_t workers;
     const char *cache_type_k, *cache_type_v;
     const char *config;
+    const char *slot_save_path;
     /* placement */
     bl_place_flags_t place;
     bl_cpu_flags_t cpu; /* -C, -Cr, --cpu-strict */
@@ -215,6 +217,9 @@ static int build_args(bl_arg_t *a, opts_t *o)
     STR("--tags", "LLAMA_ARG_TAGS", &o->tags, "TAG[,TAG...]",
         "the model's tags, comma-separated, listed in /v1/models (informational)");
     STR("--host", "LLAMA_ARG_HOST", &o->host, "HOST", "address to listen on (default 127.0.0.1)");
+    STR("--slot-save-path", NULL, &o->slot_save_path, "PATH",
+        "folder of slot files: POST /slots/ID?action=save|restore writes and reads a slot's "
+        "cache there (created if missing); without it slot actions answer 501");
     I64("--port", "LLAMA_ARG_PORT", &o->port, 0, 65535, "PORT", "port to listen on (default 8080)");
     I64("-c,--ctx-size", "LLAMA_ARG_CTX_SIZE", &o->ctx, 0, INT32_MAX, "N",
         "total context over all slots (default 4096, at most the model's; 0: the model's)");
@@ -1366,7 +1371,7 @@ int main(int argc, char **argv)
     keys_t keys = {0};
     char *tpl_text = NULL, *alias = NULL, *model_path = NULL, *grammar_text = NULL;
     char *stops[RT_MAX_STOP] = {0};
-    char *static_dir = NULL;
+    char *static_dir = NULL, *slot_dir = NULL;
     json_t *tpl_kwargs = NULL;
     bl_gguf_t *g = NULL;
     rt_tokenizer_t *tok = NULL;
@@ -1461,6 +1466,17 @@ int main(int argc, char **argv)
     if (o.cors_credentials && o.no_cors_credentials) {
         bl_err_set(&err, BL_EINVAL, "--cors-credentials and --no-cors-credentials contradict each other");
         goto fail;
+    }
+    if (o.slot_save_path) { /* made if missing, as llama-server does; its real path */
+        struct stat st;
+        bl_err_t e2 = {0};
+        if (!o.slot_save_path[0] || bl_make_dirs(o.slot_save_path, 1, &e2) ||
+            !(slot_dir = realpath(o.slot_save_path, NULL)) || stat(slot_dir, &st) != 0 ||
+            !S_ISDIR(st.st_mode)) {
+            bl_err_set(&err, BL_EINVAL, "--slot-save-path %s: %s", o.slot_save_path,
+                       e2.msg[0] ? e2.msg : "not a folder");
+            goto fail;
+        }
     }
     {
         const char *j = getenv("LLAMA_ARG_JINJA"); /* a flag's variable can say "off" too */
@@ -1667,6 +1683,7 @@ int main(int argc, char **argv)
     app->verbose_replies = o.verbose || o.log_verbosity > 9;
     app->no_prefill_assistant = o.no_prefill_assistant;
     app->static_dir = static_dir;
+    app->slot_dir = slot_dir;
     app->reasoning_budget = o.reasoning_budget > 0 ? o.reasoning_budget : 0;
     app->spm_infill = o.spm_infill;
     app->no_slots = o.no_slots;
@@ -1727,6 +1744,7 @@ int main(int argc, char **argv)
         .n_slots = (int)o.parallel,
         .n_ctx_slot = n_ctx_slot,
         .kv_pool = kv_pool,
+        .slot_dir = slot_dir,
         .n_batch = rows,
         .kv_type = ktype,
         .verbose = o.verbose,
@@ -1762,6 +1780,10 @@ int main(int argc, char **argv)
         .n_slots = (int)o.parallel,
         .n_ctx_slot = n_ctx_slot,
         .kv_pool = kv_pool,
+        .slot_dir = slot_dir,
+        .model_id = slot_dir ? rt_slotfile_model_id(g) : 0,
+        .kv_type = ktype,
+        .n_layer = (uint32_t)plan.n_layer,
         .n_batch = rows,
         .n_predict_max = o.n_predict,
         .timeout_ms = o.timeout * 1000,
@@ -1849,6 +1871,7 @@ out:
     free(tpl_text);
     free(grammar_text);
     free(static_dir);
+    free(slot_dir);
     for (int i = 0; i < RT_MAX_STOP; i++)
         free(stops[i]);
     free(alias);

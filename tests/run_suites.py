@@ -41,7 +41,8 @@ FUZZ_TARGETS = {"fuzz_gguf": "tests/fuzz/make_corpus.py",
                 "fuzz_http": "tests/fuzz/corpus/fuzz_http",
                 "fuzz_step": "tests/fuzz/corpus/fuzz_step",
                 "fuzz_msg": "tests/fuzz/corpus/fuzz_msg",
-                "fuzz_xread": "tests/fuzz/corpus/fuzz_xread"}
+                "fuzz_xread": "tests/fuzz/corpus/fuzz_xread",
+                "fuzz_slotfile": "tests/fuzz/corpus/fuzz_slotfile"}
 FUZZ_SECONDS = 40  # per target: the suite stays near five minutes
 
 

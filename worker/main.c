@@ -6,6 +6,7 @@
  * thread is the control thread: it owns the ZeroMQ socket (Shutdown, Stats).
  * A failing step is reported down the pipeline as an error message, never an exit. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -42,6 +43,7 @@ typedef struct worker {
     wk_model_t *m;
     wk_kv_t **kvs;     /* (n_slots) */
     wk_kv_pool_t *pool; /* the cache the slots share (Plan.kv_pool), or NULL */
+    char *slot_dir;     /* Plan.slot_dir, or NULL: no slot files */
     bp_step_limits_t lim;
     int first, last, remote;
     int64_t layer_begin, layer_end;
@@ -222,9 +224,59 @@ static double ms_since(const struct timespec *a, const struct timespec *b)
     return (double)(b->tv_sec - a->tv_sec) * 1e3 + (double)(b->tv_nsec - a->tv_nsec) / 1e6;
 }
 
+/* A slot file's part of this stage: positions 0..n of the slot's cache written at
+ * o->bytes of the io file (WRITE), or read from there into the cache (READ); o->bytes
+ * moves past the part. */
+static int kv_file(worker_t *w, bp_step_kvop_t *o, bl_err_t *err)
+{
+    if (!w->slot_dir)
+        return bl_err_set(err, BL_EINVAL, "slot files: the plan names no folder");
+    char path[4200];
+    snprintf(path, sizeof path, BP_KV_IO_FMT, w->slot_dir, (long long)o->entry);
+    wk_kv_t *kv = w->kvs[o->slot];
+    const int writing = o->op == BP_KV_WRITE;
+    const size_t bytes = wk_kv_state_bytes(kv, o->n);
+    int fd = open(path, (writing ? O_WRONLY : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0)
+        return bl_err_set(err, BL_EIO, "slot file %s: %s", path, strerror(errno));
+    struct stat sb;
+    int rc = 0;
+    if (!writing && (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size < (uint64_t)o->bytes + bytes))
+        rc = bl_err_set(err, BL_EINVAL, "slot file: %zu bytes of this stage's layers are not "
+                        "there at offset %lld", bytes, (long long)o->bytes);
+    void *mem = NULL;
+    size_t cap = 0;
+    if (rc == 0)
+        rc = block_get(w, bytes, &mem, &cap, err);
+    if (rc == 0 && writing)
+        rc = wk_kv_save(kv, o->n, mem, err);
+    for (size_t done = 0; rc == 0 && done < bytes;) {
+        ssize_t k = writing ? pwrite(fd, (char *)mem + done, bytes - done, (off_t)(o->bytes + done))
+                            : pread(fd, (char *)mem + done, bytes - done, (off_t)(o->bytes + done));
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            rc = bl_err_set(err, BL_EIO, "slot file %s: %s", path,
+                            k < 0 ? strerror(errno) : "shorter than it was");
+        else
+            done += (size_t)k;
+    }
+    if (rc == 0 && !writing)
+        rc = wk_kv_load(kv, o->n, mem, o->n, err);
+    if (mem)
+        block_put(w, mem, cap);
+    if (close(fd) != 0 && rc == 0 && writing)
+        rc = bl_err_set(err, BL_EIO, "slot file %s: %s", path, strerror(errno));
+    if (rc == 0)
+        o->bytes += (int64_t)bytes;
+    return rc;
+}
+
 /* One op of a KV message on this stage's layers; o->bytes grows by what it keeps. */
 static int kv_op(worker_t *w, bp_step_kvop_t *o, bl_err_t *err)
 {
+    if (o->op == BP_KV_WRITE || o->op == BP_KV_READ)
+        return kv_file(w, o, err);
     if (o->op == BP_KV_DROP) {
         entry_drop(w, o->entry);
         return 0;
@@ -501,6 +553,8 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
         return bl_err_set(err, BL_ENOMEM, "slots: out of memory");
     if (p->kv_pool && (rc = wk_kv_pool_create(&w->pool, w->m, p->kv_pool, kv_type, err)) != 0)
         return rc;
+    if (p->slot_dir && p->slot_dir[0] && !(w->slot_dir = strdup(p->slot_dir)))
+        return bl_err_set(err, BL_ENOMEM, "slots: out of memory");
     for (uint32_t i = 0; i < p->n_slots; i++)
         if ((rc = w->pool ? wk_kv_create_in(&w->kvs[i], w->pool, p->n_ctx, err)
                           : wk_kv_create(&w->kvs[i], w->m, p->n_ctx, kv_type, err)) != 0)
@@ -634,6 +688,7 @@ static void worker_free(worker_t *w, uint32_t n_slots)
         wk_kv_free(w->kvs[i]);
     free(w->kvs);
     wk_kv_pool_free(w->pool);
+    free(w->slot_dir);
     for (size_t i = 0; i < w->n_entries; i++)
         wk_kv_state_free(w->m, w->entries[i].mem);
     for (int i = 0; i < w->n_spare; i++)

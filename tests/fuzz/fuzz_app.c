@@ -298,6 +298,12 @@ int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
         }
         if (o->slot < 0 || o->slot >= FZ_N_SLOTS)
             bad_step("a KV op on an unknown slot", NULL);
+        if (o->op == RT_KV_CLEAR) {
+            fk.held[o->slot] = 0;
+            continue;
+        }
+        if (o->op == RT_KV_WRITE || o->op == RT_KV_READ)
+            bad_step("a slot file op without a folder for slot files", NULL);
         if (o->op == RT_KV_SAVE) {
             if (k >= 0 || o->n < 1 || o->n > fk.held[o->slot] || fk.n_kv == 256)
                 bad_step("a save of what the slot does not hold", NULL);
@@ -313,6 +319,13 @@ int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
     }
     pthread_mutex_unlock(&fk.mu);
     return 0;
+}
+
+int rt_cluster_kv_io_path(const rt_cluster_t *c, int64_t entry, char *out, size_t cap,
+                          bl_err_t *err)
+{
+    (void)c, (void)entry, (void)out, (void)cap;
+    return bl_err_set(err, BL_EINVAL, "no folder for slot files");
 }
 
 int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, const float **logits,

@@ -267,3 +267,60 @@ def test_prompt_cache_in_host_ram(servers):
         else:
             assert again["timings"]["cache_n"] == 0, again["timings"]
             assert metric(srv.url, "prompt_cache_hits_total") == 0
+
+
+def test_slot_files_save_restore_erase(servers, tmp_path):
+    """--slot-save-path: a slot's cache saved to a file and restored into another slot
+    (the next prompt there starts from it), erased; names with a path, missing,
+    damaged, cut or foreign files refused with 400 and the reason; the folder is
+    made if missing."""
+    folder = tmp_path / "slots" / "deeper"
+    srv = servers.start(["-np", "2", "-c", "2048", "-t", "1", "-cram", "0", "--slot-save-path", str(folder)])
+    assert folder.is_dir()
+    prompt = "What is the capital of France? Tell me about the lighthouse keepers. " * 4
+    body = {"prompt": prompt, "n_predict": 8, "id_slot": 1, "cache_prompt": True, "temperature": 0}
+    cold = post(srv.url, "/completion", body).json()
+    r = post(srv.url, "/slots/1?action=save", {"filename": "slot1.bin"})
+    assert r.status_code == 200, r.text
+    saved = r.json()
+    assert saved["id_slot"] == 1 and saved["filename"] == "slot1.bin", saved
+    assert saved["n_saved"] == cold["tokens_evaluated"] + 7, (saved, cold)
+    assert saved["n_written"] == (folder / "slot1.bin").stat().st_size and "save_ms" in saved["timings"]
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")], list(folder.iterdir())
+    r = post(srv.url, "/slots/0?action=restore", {"filename": "slot1.bin"})
+    assert r.status_code == 200, r.text
+    rest = r.json()
+    assert rest["n_restored"] == saved["n_saved"] and rest["n_read"] == saved["n_written"], rest
+    warm = post(srv.url, "/completion", dict(body, id_slot=0)).json()
+    assert warm["content"] == cold["content"], (warm, cold)
+    assert warm["timings"]["prompt_n"] == 1 and warm["tokens_cached"] >= cold["tokens_evaluated"] - 1, warm
+    r = post(srv.url, "/slots/0?action=erase", None)
+    assert r.status_code == 200 and r.json()["n_erased"] >= saved["n_saved"], r.text
+    again = post(srv.url, "/completion", dict(body, id_slot=0)).json()
+    assert again["timings"]["prompt_n"] == cold["timings"]["prompt_n"], again["timings"]
+    data = (folder / "slot1.bin").read_bytes()
+    (folder / "cut.bin").write_bytes(data[:-5])
+    damaged = bytearray(data)
+    damaged[len(damaged) // 2] ^= 0x10
+    (folder / "damaged.bin").write_bytes(bytes(damaged))
+    foreign = bytearray(data)
+    foreign[0:8] = b"GGUFjunk"
+    (folder / "foreign.bin").write_bytes(bytes(foreign))
+    for name, needle in (("../slot1.bin", "Invalid filename"), ("a/b", "Invalid filename"),
+                         ("", "Invalid filename"), ("missing.bin", "No such file"),
+                         ("cut.bin", "cut short"), ("damaged.bin", "damaged"),
+                         ("foreign.bin", "not a slot file")):
+        r = post(srv.url, "/slots/0?action=restore", {"filename": name})
+        assert r.status_code == 400 and needle in r.json()["error"]["message"], (name, r.text)
+    for path, body_, needle in (("/slots/0?action=save", {}, "filename"),
+                                ("/slots/9?action=erase", None, "Invalid slot ID"),
+                                ("/slots/x?action=erase", None, "Invalid slot ID"),
+                                ("/slots/0?action=fly", None, "Invalid action"),
+                                ("/slots/0", None, "Invalid action")):
+        r = post(srv.url, path, body_)
+        assert r.status_code == 400 and needle in r.json()["error"]["message"], (path, r.text)
+    # a file of another model is refused by name
+    other = servers.start(["-np", "1", "-c", "2048", "-t", "1", "--slot-save-path", str(folder),
+                           "-ctk", "f32", "-ctv", "f32"])
+    r = post(other.url, "/slots/0?action=restore", {"filename": "slot1.bin"})
+    assert r.status_code == 400 and "another type" in r.json()["error"]["message"], r.text

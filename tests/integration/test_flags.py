@@ -216,7 +216,7 @@ def test_gpu_layers_without_a_gpu_warn_and_use_the_cpu(servers, value):
     (["--embeddings"], ["--embeddings: embeddings"]),
     (["--rerank"], ["--rerank: reranking"]),
     (["--numa", "spread"], ["--numa"]),
-    (["--slot-save-path", "/tmp"], ["--slot-save-path"]),
+    (["--slot-save-path", ""], ["--slot-save-path"]),
     (["--props"], ["--props"]),
     (["-nkvo"], ["--no-kv-offload"]),
     (["--override-kv", "a=int:1"], ["--override-kv"]),

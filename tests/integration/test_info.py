@@ -76,7 +76,7 @@ def test_slot_actions_are_not_supported(url):
                        ("/slots/99?action=restore", {"filename": "x"})):
         r = post(url, path, body)
         err = assert_error(r, 501)
-        assert "slot actions" in err["message"], err
+        assert "--slot-save-path" in err["message"], err
     r = get(url, "/slots/0")
     assert r.status_code == 405 and "POST" in r.headers.get("Allow", ""), r.text
     assert get(url, "/slots").status_code == 200

@@ -61,6 +61,7 @@ static struct fk {
     int32_t kv_toks[64][256];
     int n_kv, kv_saves, kv_loads, kv_drops;
     int kv_fail_load;        /* the next load fails with BL_ENOENT */
+    char slot_dir[256];      /* slot files (rt_cluster_kv WRITE, READ) */
     float logits[FK_SLOTS * N_VOCAB];
 } fk = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
 
@@ -262,6 +263,32 @@ int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
     for (int i = 0; rc == 0 && i < n_ops; i++) {
         rt_kv_op_t *o = &ops[i];
         int k = fk_kv_find(o->entry);
+        if (o->op == RT_KV_CLEAR) {
+            fk.held[o->slot] = 0;
+            continue;
+        }
+        if (o->op == RT_KV_WRITE || o->op == RT_KV_READ) {
+            /* each stage's part: the tokens the slot's cache holds, 4 bytes each */
+            char path[512];
+            snprintf(path, sizeof path, "%s/.bloomery-io-%lld", fk.slot_dir, (long long)o->entry);
+            FILE *f = fopen(path, o->op == RT_KV_WRITE ? "r+b" : "rb");
+            size_t nb = (size_t)o->n * sizeof(int32_t);
+            int ok = f && fseek(f, (long)o->bytes, SEEK_SET) == 0;
+            if (ok && o->op == RT_KV_WRITE)
+                ok = o->n <= fk.held[o->slot] && fwrite(fk.cache[o->slot], 1, nb, f) == nb;
+            else if (ok)
+                ok = fread(fk.cache[o->slot], 1, nb, f) == nb;
+            if (f)
+                fclose(f);
+            if (!ok) {
+                rc = bl_err_set(err, BL_EIO, "worker 0: slot file %s", path);
+                break;
+            }
+            if (o->op == RT_KV_READ)
+                fk.held[o->slot] = o->n;
+            o->bytes += (int64_t)nb;
+            continue;
+        }
         if (o->op == RT_KV_DROP) {
             fk.kv_drops++;
             if (k >= 0) {
@@ -304,6 +331,16 @@ int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
     }
     pthread_mutex_unlock(&fk.mu);
     return rc;
+}
+
+int rt_cluster_kv_io_path(const rt_cluster_t *c, int64_t entry, char *out, size_t cap,
+                          bl_err_t *err)
+{
+    (void)c;
+    if (!fk.slot_dir[0])
+        return bl_err_set(err, BL_EINVAL, "no folder for slot files");
+    snprintf(out, cap, "%s/.bloomery-io-%lld", fk.slot_dir, (long long)entry);
+    return 0;
 }
 
 // --- the tokenizer: one token per byte, then two end tokens ---------------------------------
