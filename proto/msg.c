@@ -145,6 +145,8 @@ static int validate_plan(const Bloomery__Plan *p, bl_err_t *err)
         return bad(err, "Plan.kv_pool", "is above 2^24");
     if (p->slot_dir && strlen(p->slot_dir) > 4000)
         return bad(err, "Plan.slot_dir", "is longer than 4000 bytes");
+    if (p->cache_dir && strlen(p->cache_dir) > 4000)
+        return bad(err, "Plan.cache_dir", "is longer than 4000 bytes");
     return 0;
 }
 
@@ -415,6 +417,7 @@ int bp_plan_read(const bp_msg_t *m, bp_plan_t *out, bl_err_t *err)
     out->experts_ram = p->experts_ram;
     out->kv_pool = p->kv_pool;
     out->slot_dir = p->slot_dir ? p->slot_dir : "";
+    out->cache_dir = p->cache_dir ? p->cache_dir : "";
     return 0;
 }
 

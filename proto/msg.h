@@ -127,6 +127,8 @@ typedef struct bp_plan {
                             * BP_KV_CHUNK chunks; 0: each slot owns n_ctx */
     const char *slot_dir;  /* borrowed like model_path: the folder of slot files
                             * (--slot-save-path), where WRITE and READ ops go; "": none */
+    const char *cache_dir; /* likewise: the prompt cache on disk (--cache-disk), where
+                            * PERSIST and FETCH ops go; "": none */
 } bp_plan_t;
 
 /* A validated Plan message into p: the stages, the host layers from its placements

@@ -67,7 +67,16 @@ typedef enum bp_kv_op {
     BP_KV_WRITE = 5, /* positions 0..n of slot's cache written to the plan's slot_dir file
                       * BP_KV_IO_NAME(entry) at offset bytes; each stage adds its bytes */
     BP_KV_READ = 6,  /* the same file read into slot's positions 0..n (n_past becomes n) */
+    BP_KV_PERSIST = 7, /* entry's saved state (SAVE) written to the plan's cache_dir, one
+                        * part file per stage (BP_KV_PART_FMT), by a thread of the
+                        * stage's own: the op returns at once; n: the entry's positions */
+    BP_KV_FETCH = 8,   /* entry's part files read into slot's positions 0..n (each stage
+                        * checks its part's header and checksum first) */
 } bp_kv_op_t;
+
+/* A stage's part file of entry in cache_dir: layers lb..le. The stage writes it under
+ * the name with ".tmp" after it and renames it when whole. */
+#define BP_KV_PART_FMT "%s/pc-%lld.L%lld-%lld"
 
 /* The file in the plan's slot_dir that WRITE and READ ops of entry use: the router
  * makes it (or links a slot file there) and renames or removes it afterwards. */

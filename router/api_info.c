@@ -484,6 +484,22 @@ static void route_metrics(rt_req_t *r)
     metric_of(&b, "bloomery", "kv_evictions_total", "counter",
               "Idle slots' caches emptied for room in the shared KV cache (-kvu).",
               (double)st.kv_evictions_total);
+    metric_of(&b, "bloomery", "prompt_cache_disk_saves_total", "counter",
+              "Prompt cache entries written to the --cache-disk folder.", (double)st.disk_saves_total);
+    metric_of(&b, "bloomery", "prompt_cache_disk_hits_total", "counter",
+              "Prompts that started from an entry on disk.", (double)st.disk_hits_total);
+    metric_of(&b, "bloomery", "prompt_cache_disk_tokens_total", "counter",
+              "Prompt tokens read from entries on disk.", (double)st.disk_tokens_total);
+    metric_of(&b, "bloomery", "prompt_cache_disk_evictions_total", "counter",
+              "Entries on disk removed for the --cache-disk-size budget or superseded.",
+              (double)st.disk_evictions_total);
+    metric_of(&b, "bloomery", "prompt_cache_disk_refused_total", "counter",
+              "Entries on disk found damaged, cut short, missing a part or of no use, removed.",
+              (double)st.disk_refused_total);
+    metric_of(&b, "bloomery", "prompt_cache_disk_entries", "gauge", "Entries on disk.",
+              (double)st.disk_entries);
+    metric_of(&b, "bloomery", "prompt_cache_disk_bytes", "gauge", "Bytes of the entries on disk.",
+              (double)st.disk_bytes);
     metric_of(&b, "bloomery", "kv_preemptions_total", "counter",
               "Tasks whose cache gave way in the full shared KV cache, recomputed later (-kvu).",
               (double)st.kv_preemptions_total);

@@ -507,6 +507,7 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
     p.n_ctx = (uint32_t)c->o.n_ctx_slot;
     p.kv_pool = (uint32_t)c->o.kv_pool;
     p.slot_dir = c->o.slot_dir ? c->o.slot_dir : "";
+    p.cache_dir = c->o.cache_dir ? c->o.cache_dir : "";
     p.n_slots = (uint32_t)c->o.n_slots;
     p.threads = (uint32_t)c->o.n_threads;
     p.threads_batch = (uint32_t)c->o.n_threads_batch;
@@ -1353,7 +1354,8 @@ _Static_assert(RT_KV_CHUNK == BP_KV_CHUNK, "the engine counts a shared cache's c
                                           "stages do");
 _Static_assert((int)RT_KV_SAVE == (int)BP_KV_SAVE && (int)RT_KV_LOAD == (int)BP_KV_LOAD &&
                    (int)RT_KV_DROP == (int)BP_KV_DROP && (int)RT_KV_CLEAR == (int)BP_KV_CLEAR &&
-                   (int)RT_KV_WRITE == (int)BP_KV_WRITE && (int)RT_KV_READ == (int)BP_KV_READ,
+                   (int)RT_KV_WRITE == (int)BP_KV_WRITE && (int)RT_KV_READ == (int)BP_KV_READ &&
+                   (int)RT_KV_PERSIST == (int)BP_KV_PERSIST && (int)RT_KV_FETCH == (int)BP_KV_FETCH,
                "the engine's KV op codes are the wire's");
 
 int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
@@ -1361,8 +1363,10 @@ int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
     if (n_ops < 1 || n_ops > BP_STEP_MAX_KVOPS)
         return bl_err_set(err, BL_EINVAL, "kv: %d ops (1..%d)", n_ops, BP_STEP_MAX_KVOPS);
     for (int i = 0; i < n_ops; i++)
-        if ((ops[i].op < RT_KV_SAVE || ops[i].op > RT_KV_READ) ||
-            (ops[i].op != BP_KV_DROP && (ops[i].slot < 0 || ops[i].slot >= c->lim.n_slots)) ||
+        if ((ops[i].op < RT_KV_SAVE || ops[i].op > RT_KV_FETCH) ||
+            (ops[i].op != BP_KV_DROP && ops[i].op != BP_KV_PERSIST &&
+             (ops[i].slot < 0 || ops[i].slot >= c->lim.n_slots)) ||
+            ((ops[i].op == BP_KV_PERSIST || ops[i].op == BP_KV_FETCH) && !c->o.cache_dir) ||
             (ops[i].op != BP_KV_DROP && ops[i].op != BP_KV_CLEAR &&
              (ops[i].n < 1 || ops[i].n > c->lim.n_ctx)) ||
             ops[i].entry < 0 || ((ops[i].op == BP_KV_WRITE || ops[i].op == BP_KV_READ) &&
@@ -1384,7 +1388,9 @@ int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
     }
     if (rc == 0) {
         for (int i = 0; i < n_ops; i++)
-            o.kvops[i] = (bp_step_kvop_t){.op = ops[i].op, .slot = ops[i].op == BP_KV_DROP ? 0 : ops[i].slot,
+            o.kvops[i] = (bp_step_kvop_t){.op = ops[i].op,
+                                          .slot = ops[i].op == BP_KV_DROP || ops[i].op == BP_KV_PERSIST
+                                                      ? 0 : ops[i].slot,
                                           .entry = ops[i].op == BP_KV_CLEAR ? 0 : ops[i].entry,
                                           .n = ops[i].op == BP_KV_DROP || ops[i].op == BP_KV_CLEAR
                                                    ? 0 : ops[i].n,

@@ -36,6 +36,7 @@ typedef struct rt_cluster_opts {
     int n_slots;             /* KV caches per worker (-np) */
     int64_t n_ctx_slot;      /* positions per slot's cache */
     const char *slot_dir;    /* the folder of slot files (--slot-save-path), or NULL */
+    const char *cache_dir;   /* the prompt cache on disk (--cache-disk), or NULL */
     int64_t kv_pool;         /* positions one cache holds for all slots together (-kvu),
                               * handed out in BP_KV_CHUNK chunks; 0: each slot owns
                               * n_ctx_slot */
@@ -155,7 +156,7 @@ int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, cons
  * not hold; BL_ENOMEM). On an error the ops after the failing one did not run and
  * the slots they name hold nothing usable. Engine thread. */
 enum { RT_KV_SAVE = 1, RT_KV_LOAD = 2, RT_KV_DROP = 3, RT_KV_CLEAR = 4, RT_KV_WRITE = 5,
-       RT_KV_READ = 6 };
+       RT_KV_READ = 6, RT_KV_PERSIST = 7, RT_KV_FETCH = 8 };
 /* A shared cache (kv_pool) goes to the slots in chunks of this many positions. */
 #define RT_KV_CHUNK 256
 #define RT_KV_MAX_OPS 64

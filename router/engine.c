@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -118,6 +119,16 @@ typedef struct pc_entry {
 /* Fewest positions worth saving. */
 #define PC_MIN_TOKENS 16
 
+/* An entry of the prompt cache on disk: its meta file pc-ID.meta (the tokens, in a
+ * slot file's frame) and the stages' part files pc-ID.L*-* (BP_KV_PART_FMT). */
+typedef struct dk_entry {
+    int64_t id;
+    int32_t *toks;
+    int64_t n;
+    int64_t bytes;
+    uint64_t last_used;
+} dk_entry_t;
+
 struct rt_engine {
     rt_engine_opts_t o;
     rt_cluster_t *cluster;
@@ -163,6 +174,9 @@ struct rt_engine {
     size_t n_pc, cap_pc;
     int64_t pc_bytes, pc_next_id;
     int64_t io_next;        /* slot files' io numbers (rt_cluster_kv_io_path) */
+    dk_entry_t *dk;         /* the prompt cache on disk (n_dk) */
+    size_t n_dk, cap_dk;
+    int64_t dk_bytes;
     int posted;             /* events posted since the last uv_async_send */
 };
 
@@ -540,6 +554,267 @@ static void pc_trim(rt_engine_t *e, int64_t extra_bytes)
     pc_stats(e, 0, 0, 0, n);
 }
 
+// --- the prompt cache on disk (--cache-disk) -------------------------------------------------
+
+static void dk_stats(rt_engine_t *e, int saves, int hits, int64_t tokens, int evictions, int refused)
+{
+    pthread_mutex_lock(&e->mu);
+    e->stats.disk_saves_total += (uint64_t)saves;
+    e->stats.disk_hits_total += (uint64_t)hits;
+    e->stats.disk_tokens_total += (uint64_t)tokens;
+    e->stats.disk_evictions_total += (uint64_t)evictions;
+    e->stats.disk_refused_total += (uint64_t)refused;
+    e->stats.disk_entries = (int64_t)e->n_dk;
+    e->stats.disk_bytes = e->dk_bytes;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Removes entry id's files: its meta file and every stage's part (and a part still
+ * being written). The total of their sizes in *bytes when not NULL. */
+static void dk_unlink(const char *dir, int64_t id, int64_t *bytes)
+{
+    char prefix[48], path[4400];
+    int pl = snprintf(prefix, sizeof prefix, "pc-%lld.", (long long)id);
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL) {
+        if (strncmp(de->d_name, prefix, (size_t)pl) != 0)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        struct stat st;
+        if (bytes && stat(path, &st) == 0)
+            *bytes += (int64_t)st.st_size;
+        if (!bytes)
+            (void)unlink(path);
+    }
+    if (d)
+        closedir(d);
+}
+
+static void dk_remove(rt_engine_t *e, size_t i, int refused)
+{
+    dk_unlink(e->o.cache_dir, e->dk[i].id, NULL);
+    e->dk_bytes -= e->dk[i].bytes;
+    free(e->dk[i].toks);
+    e->dk[i] = e->dk[--e->n_dk];
+    dk_stats(e, 0, 0, 0, refused ? 0 : 1, refused);
+}
+
+static int dk_add(rt_engine_t *e, int64_t id, int32_t *toks, int64_t n, int64_t bytes, uint64_t used)
+{
+    if (e->n_dk == e->cap_dk) {
+        size_t cap = e->cap_dk ? 2 * e->cap_dk : 16;
+        dk_entry_t *g = realloc(e->dk, cap * sizeof *g);
+        if (!g)
+            return BL_ENOMEM;
+        e->dk = g;
+        e->cap_dk = cap;
+    }
+    e->dk[e->n_dk++] = (dk_entry_t){.id = id, .toks = toks, .n = n, .bytes = bytes, .last_used = used};
+    e->dk_bytes += bytes;
+    return 0;
+}
+
+/* The least recently used entries go until the folder is within its budget. */
+static void dk_trim(rt_engine_t *e)
+{
+    while (e->o.cache_disk >= 0 && e->n_dk > 1 && e->dk_bytes > e->o.cache_disk) {
+        size_t lru = 0;
+        for (size_t i = 1; i < e->n_dk; i++)
+            if (e->dk[i].last_used < e->dk[lru].last_used)
+                lru = i;
+        dk_remove(e, lru, 0);
+    }
+}
+
+static int write_all(int fd, const void *p, size_t n, uint64_t off);
+
+/* Writes a meta file: the tokens in a slot file's frame, under a temporary name then
+ * renamed. */
+static int dk_write_meta(rt_engine_t *e, int64_t id, const int32_t *toks, int64_t n)
+{
+    char path[4400], tmp[4410];
+    snprintf(path, sizeof path, "%s/pc-%lld.meta", e->o.cache_dir, (long long)id);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    rt_slotfile_hdr_t h = {.version = RT_SLOTFILE_VERSION, .kv_type = e->o.kv_type,
+                           .n_layer = e->o.n_layer, .model_id = e->o.model_id,
+                           .n_tokens = (uint64_t)n, .sum = rt_slotfile_sum(0, toks, 4 * (size_t)n)};
+    uint8_t hb[RT_SLOTFILE_HDR_BYTES];
+    rt_slotfile_encode(&h, hb);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int ok = fd >= 0 && write_all(fd, hb, sizeof hb, 0) == 0 &&
+             write_all(fd, toks, 4 * (size_t)n, sizeof hb) == 0;
+    if (fd >= 0 && close(fd) != 0)
+        ok = 0;
+    if (ok && rename(tmp, path) == 0)
+        return 0;
+    BL_LOG(BL_LOG_WARN, "event=cache_disk_write_failed entry=%lld reason=\"%s\"", (long long)id,
+           strerror(errno));
+    (void)unlink(tmp);
+    return BL_EIO;
+}
+
+/* RAM entry id (n positions of toks, est_bytes in the stages' memory) to disk too,
+ * unless an entry there holds it already; the stages write their parts off the
+ * step's path, the meta file is written here. */
+static void dk_persist(rt_engine_t *e, int64_t id, const int32_t *toks, int64_t n, int64_t est_bytes)
+{
+    for (size_t i = 0; i < e->n_dk; i++)
+        if (e->dk[i].n >= n && common_prefix(e->dk[i].toks, (size_t)e->dk[i].n, toks, (size_t)n) == (size_t)n) {
+            e->dk[i].last_used = ++e->clock;
+            return;
+        }
+    int32_t *copy = malloc(4 * (size_t)n);
+    if (!copy)
+        return;
+    memcpy(copy, toks, 4 * (size_t)n);
+    rt_kv_op_t op = {.op = RT_KV_PERSIST, .entry = id, .n = n};
+    bl_err_t err = {0};
+    if (rt_cluster_kv(e->cluster, &op, 1, &err) || dk_write_meta(e, id, toks, n)) {
+        if (err.msg[0])
+            BL_LOG(BL_LOG_WARN, "event=cache_disk_write_failed entry=%lld reason=\"%s\"", (long long)id,
+                   err.msg);
+        free(copy);
+        return;
+    }
+    /* the entries this one extends are superseded */
+    for (size_t i = 0; i < e->n_dk;) {
+        if (e->dk[i].n < n && common_prefix(e->dk[i].toks, (size_t)e->dk[i].n, toks, (size_t)n) ==
+                                  (size_t)e->dk[i].n)
+            dk_remove(e, i, 0);
+        else
+            i++;
+    }
+    if (dk_add(e, id, copy, n, est_bytes, ++e->clock)) {
+        free(copy);
+        return;
+    }
+    dk_stats(e, 1, 0, 0, 0, 0);
+    dk_trim(e);
+}
+
+/* Reads the folder at start: each meta file of this model file and cache type
+ * becomes an entry (sized by its files, ordered by their age); damaged meta files,
+ * parts without a meta file and half-written files are removed; files of another
+ * model are left alone. New entry names come after the largest found. */
+static void dk_scan(rt_engine_t *e)
+{
+    DIR *d = opendir(e->o.cache_dir);
+    if (!d) {
+        BL_LOG(BL_LOG_WARN, "event=cache_disk_unreadable dir=\"%s\" reason=\"%s\"", e->o.cache_dir,
+               strerror(errno));
+        return;
+    }
+    struct found {
+        int64_t id;
+        time_t mtime;
+    } *metas = NULL;
+    size_t n_metas = 0, cap = 0;
+    int64_t max_id = -1;
+    struct dirent *de;
+    char path[4400];
+    while ((de = readdir(d)) != NULL) {
+        long long id;
+        char rest[64];
+        if (sscanf(de->d_name, "pc-%lld.%63s", &id, rest) != 2 || id < 0)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", e->o.cache_dir, de->d_name);
+        size_t nl = strlen(de->d_name);
+        if (nl > 4 && !strcmp(de->d_name + nl - 4, ".tmp")) { /* a write a crash cut short */
+            (void)unlink(path);
+            continue;
+        }
+        if (id > max_id)
+            max_id = id;
+        struct stat st;
+        if (strcmp(rest, "meta") || stat(path, &st) != 0)
+            continue;
+        if (n_metas == cap) {
+            cap = cap ? 2 * cap : 64;
+            struct found *g = realloc(metas, cap * sizeof *g);
+            if (!g)
+                break;
+            metas = g;
+        }
+        metas[n_metas++] = (struct found){id, st.st_mtime};
+    }
+    closedir(d);
+    /* oldest first: the clock orders them as they were used */
+    for (size_t i = 1; i < n_metas; i++)
+        for (size_t j = i; j > 0 && metas[j].mtime < metas[j - 1].mtime; j--) {
+            struct found t = metas[j];
+            metas[j] = metas[j - 1];
+            metas[j - 1] = t;
+        }
+    for (size_t i = 0; i < n_metas; i++) {
+        snprintf(path, sizeof path, "%s/pc-%lld.meta", e->o.cache_dir, (long long)metas[i].id);
+        bl_err_t err = {0};
+        rt_slotfile_hdr_t h;
+        uint8_t hb[RT_SLOTFILE_HDR_BYTES];
+        int32_t *toks = NULL;
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        ssize_t k = fd >= 0 ? pread(fd, hb, sizeof hb, 0) : -1;
+        int rc = rt_slotfile_decode(hb, k > 0 ? (size_t)k : 0, &h, &err);
+        if (rc == 0 && (h.model_id != e->o.model_id || h.kv_type != e->o.kv_type ||
+                        h.n_layer != e->o.n_layer)) {
+            if (fd >= 0)
+                close(fd);
+            continue; /* another model's or cache type's: not ours to judge */
+        }
+        if (rc == 0 && (h.n_tokens == 0 || h.data_bytes != 0 || h.n_tokens >= (uint64_t)e->o.n_ctx_slot))
+            rc = bl_err_set(&err, BL_EINVAL, "%llu tokens", (unsigned long long)h.n_tokens);
+        if (rc == 0 && !(toks = malloc(4 * (size_t)h.n_tokens)))
+            rc = BL_ENOMEM;
+        if (rc == 0 && pread(fd, toks, 4 * (size_t)h.n_tokens, RT_SLOTFILE_HDR_BYTES) !=
+                           (ssize_t)(4 * h.n_tokens))
+            rc = bl_err_set(&err, BL_EINVAL, "cut short");
+        if (rc == 0 && rt_slotfile_sum(0, toks, 4 * (size_t)h.n_tokens) != h.sum)
+            rc = bl_err_set(&err, BL_EINVAL, "damaged");
+        for (uint64_t t = 0; rc == 0 && t < h.n_tokens; t++)
+            if (toks[t] < 0 || toks[t] >= e->n_vocab_tok)
+                rc = bl_err_set(&err, BL_EINVAL, "a token outside the vocabulary");
+        if (fd >= 0)
+            close(fd);
+        if (rc) {
+            BL_LOG(BL_LOG_WARN, "event=cache_disk_entry_refused entry=%lld reason=\"%s\"",
+                   (long long)metas[i].id, err.msg);
+            free(toks);
+            dk_unlink(e->o.cache_dir, metas[i].id, NULL);
+            dk_stats(e, 0, 0, 0, 0, 1);
+            continue;
+        }
+        int64_t bytes = 0;
+        dk_unlink(e->o.cache_dir, metas[i].id, &bytes);
+        if (dk_add(e, metas[i].id, toks, (int64_t)h.n_tokens, bytes, ++e->clock))
+            free(toks);
+    }
+    /* parts whose meta file is gone */
+    d = opendir(e->o.cache_dir);
+    while (d && (de = readdir(d)) != NULL) {
+        long long id;
+        char rest[64];
+        if (sscanf(de->d_name, "pc-%lld.%63s", &id, rest) != 2 || rest[0] != 'L')
+            continue;
+        int known = 0;
+        for (size_t i = 0; i < e->n_dk && !known; i++)
+            known = e->dk[i].id == id;
+        for (size_t i = 0; i < n_metas && !known; i++)
+            known = metas[i].id == id; /* another model's */
+        if (!known) {
+            snprintf(path, sizeof path, "%s/%s", e->o.cache_dir, de->d_name);
+            (void)unlink(path);
+        }
+    }
+    if (d)
+        closedir(d);
+    free(metas);
+    e->pc_next_id = max_id + 1;
+    BL_LOG(BL_LOG_INFO, "event=cache_disk dir=\"%s\" entries=%zu bytes=%lld", e->o.cache_dir, e->n_dk,
+           (long long)e->dk_bytes);
+    dk_trim(e);
+    dk_stats(e, 0, 0, 0, 0, 0);
+}
+
 /* Saves what slot s holds before a new prompt overwrites it, unless the cache
  * already has it: the entries it extends are dropped. */
 static void pc_save(rt_engine_t *e, slot_t *s)
@@ -548,6 +823,8 @@ static void pc_save(rt_engine_t *e, slot_t *s)
     for (size_t i = 0; i < e->n_pc; i++)
         if (e->pc[i].n >= n && common_prefix(e->pc[i].toks, (size_t)e->pc[i].n, s->seq, (size_t)n) == (size_t)n) {
             e->pc[i].last_used = ++e->clock; /* already kept */
+            if (e->o.cache_dir)
+                dk_persist(e, e->pc[i].id, e->pc[i].toks, e->pc[i].n, e->pc[i].bytes);
             return;
         }
     if (e->n_pc == e->cap_pc) {
@@ -594,6 +871,16 @@ static void pc_save(rt_engine_t *e, slot_t *s)
     BL_LOG(BL_LOG_DEBUG, "event=prompt_cache_save slot=%d n=%lld bytes=%lld entries=%zu", s->id,
            (long long)n, (long long)op.bytes, e->n_pc);
     pc_stats(e, 1, 0, 0, 0);
+    if (e->o.cache_dir) {
+        dk_persist(e, op.entry, toks, n, op.bytes);
+        if (e->o.cache_ram == 0) { /* no cache in RAM: the state was only the disk's source */
+            rt_kv_op_t drop = {.op = RT_KV_DROP, .entry = op.entry};
+            pc_remove(e, e->n_pc - 1);
+            if (rt_cluster_kv(e->cluster, &drop, 1, &err))
+                BL_LOG(BL_LOG_WARN, "event=prompt_cache_drop_failed entries=1 reason=\"%s\"", err.msg);
+            pc_stats(e, 0, 0, 0, 0);
+        }
+    }
 }
 
 // --- a cache the slots share (-kvu) ---------------------------------------------------------
@@ -624,7 +911,7 @@ static int64_t kv_evict(rt_engine_t *e, int64_t want, const slot_t *keep)
         }
         if (!v)
             break;
-        if (e->o.cache_ram != 0 && v->n_past >= PC_MIN_TOKENS) {
+        if ((e->o.cache_ram != 0 || e->o.cache_dir) && v->n_past >= PC_MIN_TOKENS) {
             pc_save(e, v);
             pc_trim(e, 0);
         }
@@ -644,6 +931,38 @@ static int64_t kv_evict(rt_engine_t *e, int64_t want, const slot_t *keep)
     return have;
 }
 
+/* Disk entry id's first n positions into slot s (an entry found damaged, cut short or
+ * missing a part is removed: the prompt runs whole and its state is saved anew).
+ * Returns the positions s now holds. */
+static size_t dk_restore(rt_engine_t *e, slot_t *s, int64_t id, size_t n, size_t keep)
+{
+    if (e->o.kv_pool) {
+        const int64_t want = kv_chunks((int64_t)n) - kv_chunks(s->n_kv);
+        if (want > kv_free(e) && kv_evict(e, want, s) < want)
+            return keep;
+    }
+    size_t at = 0;
+    while (at < e->n_dk && e->dk[at].id != id)
+        at++;
+    if (at == e->n_dk) /* evicting saved a state and the budget took this one */
+        return keep;
+    rt_kv_op_t op = {.op = RT_KV_FETCH, .slot = s->id, .entry = id, .n = (int64_t)n};
+    bl_err_t err = {0};
+    if (rt_cluster_kv(e->cluster, &op, 1, &err)) {
+        BL_LOG(BL_LOG_WARN, "event=cache_disk_entry_refused entry=%lld slot=%d reason=\"%s\"",
+               (long long)id, s->id, err.msg);
+        dk_remove(e, at, 1);
+        s->n_kv = 0;
+        return 0; /* what the stages hold of the slot is no use now */
+    }
+    s->n_kv = (int64_t)n;
+    e->dk[at].last_used = ++e->clock;
+    memcpy(s->seq, e->dk[at].toks, n * sizeof *s->seq);
+    dk_stats(e, 0, 1, (int64_t)n, 0, 0);
+    BL_LOG(BL_LOG_DEBUG, "event=cache_disk_hit entry=%lld slot=%d n=%zu", (long long)id, s->id, n);
+    return n;
+}
+
 /* The prompt's start from the cache into slot s when an entry shares more of it than
  * the slot's own cache (keep positions): returns the positions s now holds. */
 static size_t pc_restore(rt_engine_t *e, slot_t *s, const rt_task_t *t, size_t keep)
@@ -657,6 +976,21 @@ static size_t pc_restore(rt_engine_t *e, slot_t *s, const rt_task_t *t, size_t k
             hit = &e->pc[i];
         }
     }
+    /* an entry on disk that shares more than any in RAM */
+    size_t best_dk = best;
+    int64_t dk_id = -1;
+    for (size_t i = 0; i < e->n_dk; i++) {
+        size_t l = common_prefix(e->dk[i].toks, (size_t)e->dk[i].n, t->prompt, t->n_prompt);
+        if (l > best_dk) {
+            best_dk = l;
+            dk_id = e->dk[i].id;
+        }
+    }
+    if (best_dk >= t->n_prompt)
+        best_dk = t->n_prompt - 1;
+    if (dk_id >= 0 && best_dk > keep && best_dk >= PC_MIN_TOKENS &&
+        best_dk > (best >= t->n_prompt ? t->n_prompt - 1 : best))
+        return dk_restore(e, s, dk_id, best_dk, keep);
     if (best >= t->n_prompt) /* the last token's logits are needed */
         best = t->n_prompt - 1;
     if (!hit || best <= keep || best < PC_MIN_TOKENS)
@@ -755,7 +1089,7 @@ static int slot_start(rt_engine_t *e, slot_t *s, rt_task_t *t, int32_t n_vocab)
             keep = t->n_prompt - 1;
     }
     const int64_t t_start = now_us(); /* the prompt's time counts the cache's copies */
-    if (e->o.cache_ram != 0) {
+    if (e->o.cache_ram != 0 || e->o.cache_dir) {
         /* what the prompt overwrites goes to the prompt cache first, and the prompt
          * starts from the cache when that holds more of it */
         if (s->n_past >= PC_MIN_TOKENS && (int64_t)keep < s->n_past)
@@ -918,6 +1252,8 @@ static int io_check(rt_engine_t *e, int fd, rt_slotfile_hdr_t *h, int32_t **toks
         return bl_err_set(err, BL_EINVAL, "slot file: written for another model file");
     if (h->kv_type != e->o.kv_type)
         return bl_err_set(err, BL_EINVAL, "slot file: its cache is of another type (-ctk/-ctv)");
+    if (h->n_tokens > 0 && h->data_bytes == 0)
+        return bl_err_set(err, BL_EINVAL, "slot file: its tokens come without their cache");
     if (h->n_tokens >= (uint64_t)e->o.n_ctx_slot)
         return bl_err_set(err, BL_EINVAL, "slot file: %llu tokens, more than a slot holds (%lld)",
                           (unsigned long long)h->n_tokens, (long long)e->o.n_ctx_slot);
@@ -1168,6 +1504,10 @@ static void finish_task(rt_engine_t *e, slot_t *s, rt_stop_type_t st, int which)
            (unsigned long long)t->id, s->id, stop_name(st), (long long)tm.n_prompt,
            (long long)tm.n_cached, (long long)tm.n_predicted, tm.prompt_ms, tm.predicted_ms);
     slot_release(e, s, n);
+    /* the prompt cache on disk keeps what a finished task leaves in its slot, after
+     * the reply has gone: a restart finds it there */
+    if (e->o.cache_dir && s->n_past >= PC_MIN_TOKENS)
+        pc_save(e, s);
 }
 
 // --- sampling one row -----------------------------------------------------------------------
@@ -1779,6 +2119,8 @@ int rt_engine_create(rt_engine_t **out, const rt_engine_opts_t *o, rt_cluster_t 
         goto fail;
     }
     e->async->data = e;
+    if (e->o.cache_dir) /* before the thread: the entries and their names are known */
+        dk_scan(e);
     if (pthread_create(&e->thread, NULL, engine_main, e)) {
         rc = bl_err_set(err, BL_ENOMEM, "engine: cannot start the engine thread");
         have_msg = 1;
@@ -1881,6 +2223,9 @@ void rt_engine_destroy(rt_engine_t *e)
     for (size_t i = 0; i < e->n_pc; i++)
         free(e->pc[i].toks);
     free(e->pc);
+    for (size_t i = 0; i < e->n_dk; i++)
+        free(e->dk[i].toks);
+    free(e->dk);
     free(e->slots);
     free(e->seqs);
     free(e->seq_slot);

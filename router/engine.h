@@ -134,6 +134,9 @@ typedef struct rt_engine_opts {
     const char *slot_dir;   /* --slot-save-path: the folder of slot files (borrowed),
                              * or NULL: rt_engine_slot_io's save and restore refused */
     uint64_t model_id;      /* rt_slotfile_model_id of the model file */
+    const char *cache_dir;  /* --cache-disk: the prompt cache's folder on disk (borrowed),
+                             * or NULL: none */
+    int64_t cache_disk;     /* --cache-disk-size: bytes its entries may take; -1: no bound */
     uint32_t kv_type, n_layer; /* the cache's type (bl_type_t) and the model's layers */
     int64_t kv_pool;        /* -kvu: positions the slots' caches hold together (the
                              * cluster's kv_pool, in BP_KV_CHUNK chunks); 0: each slot
@@ -220,6 +223,10 @@ typedef struct rt_engine_stats {
     uint64_t prompt_cache_tokens_total;  /* positions those restored */
     uint64_t prompt_cache_evictions_total;
     uint64_t kv_evictions_total; /* idle slots' caches emptied for room in a shared one */
+    /* the prompt cache on disk (--cache-disk) */
+    uint64_t disk_saves_total, disk_hits_total, disk_tokens_total, disk_evictions_total,
+        disk_refused_total;         /* refused: an entry found damaged, cut or missing */
+    int64_t disk_entries, disk_bytes;
     uint64_t kv_preemptions_total; /* tasks whose cache gave way in a shared one, to be
                                     * recomputed */
     int64_t prompt_cache_entries;

@@ -91,7 +91,8 @@ typedef struct opts {
     const char *log_file;
     /* HTTP and logs */
     const char *api_prefix, *log_colors;
-    int64_t threads_http, log_verbosity, keep, cache_ram, ctx_checkpoints;
+    int64_t threads_http, log_verbosity, keep, cache_ram, ctx_checkpoints, cache_disk_size;
+    const char *cache_disk;
     int list_devices, no_mmproj, no_op_offload, op_offload, cache_list, completion_bash, fim_qwen_30b;
     rt_compat_seen_t compat; /* llama-server's flags without a meaning here (compat.h) */
     /* request defaults beside the sampling ones */
@@ -443,6 +444,14 @@ static int build_args(bl_arg_t *a, opts_t *o)
     FLAG("--no-op-offload", NULL, &o->no_op_offload,
          "a card never copies a layer's host-RAM experts in for a prompt step (by default a step "
          "of at least 64 rows computes them on the card)");
+    STR("--cache-disk", "BLOOMERY_ARG_CACHE_DISK", &o->cache_disk, "PATH",
+        "the prompt cache on disk (made if missing): what a finished request leaves in its "
+        "slot is written there off the request's path, and a prompt that shares more with an "
+        "entry there than with the RAM cache starts from it, also after a restart");
+    I64("--cache-disk-size", "BLOOMERY_ARG_CACHE_DISK_SIZE", &o->cache_disk_size, -1,
+        INT64_MAX >> 20, "MiB",
+        "bytes the --cache-disk folder's entries may take (default 32768; -1: no bound); the "
+        "least recently used go first");
     I64("-cram,--cache-ram", "LLAMA_ARG_CACHE_RAM", &o->cache_ram, -1, INT64_MAX >> 20, "MiB",
         "the prompt cache in host RAM: what a new prompt would overwrite in a slot is saved "
         "there, and a prompt that shares more with a saved state starts from it; at most this "
@@ -1319,6 +1328,7 @@ int main(int argc, char **argv)
     o.log_verbosity = -1;
     o.threads_http = -1;
     o.cache_ram = -2; /* not given */
+    o.cache_disk_size = 32768;
     o.workers = 1;
     rt_sampler_params_t sd;
     rt_sampler_params_default(&sd);
@@ -1371,7 +1381,7 @@ int main(int argc, char **argv)
     keys_t keys = {0};
     char *tpl_text = NULL, *alias = NULL, *model_path = NULL, *grammar_text = NULL;
     char *stops[RT_MAX_STOP] = {0};
-    char *static_dir = NULL, *slot_dir = NULL;
+    char *static_dir = NULL, *slot_dir = NULL, *cache_dir = NULL;
     json_t *tpl_kwargs = NULL;
     bl_gguf_t *g = NULL;
     rt_tokenizer_t *tok = NULL;
@@ -1466,6 +1476,17 @@ int main(int argc, char **argv)
     if (o.cors_credentials && o.no_cors_credentials) {
         bl_err_set(&err, BL_EINVAL, "--cors-credentials and --no-cors-credentials contradict each other");
         goto fail;
+    }
+    if (o.cache_disk) {
+        struct stat st;
+        bl_err_t e2 = {0};
+        if (!o.cache_disk[0] || bl_make_dirs(o.cache_disk, 1, &e2) ||
+            !(cache_dir = realpath(o.cache_disk, NULL)) || stat(cache_dir, &st) != 0 ||
+            !S_ISDIR(st.st_mode)) {
+            bl_err_set(&err, BL_EINVAL, "--cache-disk %s: %s", o.cache_disk,
+                       e2.msg[0] ? e2.msg : "not a folder");
+            goto fail;
+        }
     }
     if (o.slot_save_path) { /* made if missing, as llama-server does; its real path */
         struct stat st;
@@ -1745,6 +1766,7 @@ int main(int argc, char **argv)
         .n_ctx_slot = n_ctx_slot,
         .kv_pool = kv_pool,
         .slot_dir = slot_dir,
+        .cache_dir = cache_dir,
         .n_batch = rows,
         .kv_type = ktype,
         .verbose = o.verbose,
@@ -1781,7 +1803,9 @@ int main(int argc, char **argv)
         .n_ctx_slot = n_ctx_slot,
         .kv_pool = kv_pool,
         .slot_dir = slot_dir,
-        .model_id = slot_dir ? rt_slotfile_model_id(g) : 0,
+        .cache_dir = cache_dir,
+        .cache_disk = o.cache_disk_size >= 0 ? o.cache_disk_size * 1024 * 1024 : -1,
+        .model_id = slot_dir || cache_dir ? rt_slotfile_model_id(g) : 0,
         .kv_type = ktype,
         .n_layer = (uint32_t)plan.n_layer,
         .n_batch = rows,
@@ -1872,6 +1896,7 @@ out:
     free(grammar_text);
     free(static_dir);
     free(slot_dir);
+    free(cache_dir);
     for (int i = 0; i < RT_MAX_STOP; i++)
         free(stops[i]);
     free(alias);

@@ -2,6 +2,8 @@
  * See slotfile.h for the layout. */
 #include "slotfile.h"
 
+#include "kvpart.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,24 +41,7 @@ int rt_slotfile_name_ok(const char *name, bl_err_t *err)
     return 0;
 }
 
-static uint64_t rotl(uint64_t x, int r) { return x << r | x >> (64 - r); }
-
-uint64_t rt_slotfile_sum(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, b + i, 8);
-        h = rotl(h ^ (w * 0x9E3779B97F4A7C15ull), 31) * 0xC2B2AE3D27D4EB4Full;
-    }
-    if (i < n) {
-        uint64_t w = 0;
-        memcpy(&w, b + i, n - i);
-        h = rotl(h ^ (w * 0x9E3779B97F4A7C15ull), 31) * 0xC2B2AE3D27D4EB4Full;
-    }
-    return h;
-}
+uint64_t rt_slotfile_sum(uint64_t h, const void *p, size_t n) { return bl_sum64(h, p, n); }
 
 uint64_t rt_slotfile_model_id(const bl_gguf_t *g)
 {
@@ -133,7 +118,7 @@ int rt_slotfile_decode(const void *buf, size_t n, rt_slotfile_hdr_t *h, bl_err_t
         return bl_err_set(err, BL_EINVAL, "slot file: version %u, this server reads %d", h->version,
                           RT_SLOTFILE_VERSION);
     if (h->n_tokens > (1u << 24) || h->data_bytes > (UINT64_MAX >> 2) ||
-        (h->n_tokens == 0) != (h->data_bytes == 0))
+        (h->n_tokens == 0 && h->data_bytes != 0))
         return bl_err_set(err, BL_EINVAL, "slot file: %llu tokens with %llu bytes of cache",
                           (unsigned long long)h->n_tokens, (unsigned long long)h->data_bytes);
     return 0;

@@ -22,6 +22,7 @@
 #include "chan.h"
 #include "child.h"
 #include "log.h"
+#include "kvpart.h"
 #include "step.h"
 #include "wk.h"
 #if BL_HAVE_CUDA
@@ -44,6 +45,22 @@ typedef struct worker {
     wk_kv_t **kvs;     /* (n_slots) */
     wk_kv_pool_t *pool; /* the cache the slots share (Plan.kv_pool), or NULL */
     char *slot_dir;     /* Plan.slot_dir, or NULL: no slot files */
+    char *cache_dir;    /* Plan.cache_dir, or NULL: no prompt cache on disk */
+    uint32_t kv_type;
+    /* the writer of part files (PERSIST): a thread of its own, so that a step never
+     * waits for the disk; jobs under wmu */
+    pthread_t writer;
+    int writer_on, writer_stop;
+    pthread_mutex_t wmu;
+    pthread_cond_t wcv;
+    struct part_job {
+        int64_t id, n;
+        void *mem;
+        size_t bytes;
+        int dropped; /* the entry went while the job waited or ran: the writer frees mem */
+    } jobs[16];
+    int n_jobs;          /* queued, jobs[0] the one running when writer_busy */
+    int writer_busy;
     bp_step_limits_t lim;
     int first, last, remote;
     int64_t layer_begin, layer_end;
@@ -215,8 +232,181 @@ static void entry_drop(worker_t *w, int64_t id)
     struct kv_entry *e = entry_find(w, id);
     if (!e)
         return;
-    block_put(w, e->mem, e->cap);
+    int mine = 1; /* the memory comes back here, unless a part file is being written */
+    if (w->writer_on) {
+        pthread_mutex_lock(&w->wmu);
+        for (int i = 0; i < w->n_jobs; i++) {
+            if (w->jobs[i].id != id || w->jobs[i].dropped)
+                continue;
+            if (i == 0 && w->writer_busy) {
+                w->jobs[0].dropped = 1;
+                mine = 0;
+            } else {
+                memmove(&w->jobs[i], &w->jobs[i + 1], (size_t)(w->n_jobs - i - 1) * sizeof *w->jobs);
+                w->n_jobs--;
+            }
+            break;
+        }
+        pthread_mutex_unlock(&w->wmu);
+    }
+    if (mine)
+        block_put(w, e->mem, e->cap);
     *e = w->entries[--w->n_entries];
+}
+
+/* Writes one part file: under the name with ".tmp", then renamed. */
+static int part_write(worker_t *w, const struct part_job *j, bl_err_t *err)
+{
+    char path[4200], tmp[4210];
+    snprintf(path, sizeof path, BP_KV_PART_FMT, w->cache_dir, (long long)j->id,
+             (long long)w->layer_begin, (long long)w->layer_end);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    bl_kvpart_t h = {.version = BL_KVPART_VERSION, .kv_type = w->kv_type,
+                     .layer_begin = (uint32_t)w->layer_begin, .layer_end = (uint32_t)w->layer_end,
+                     .n = (uint64_t)j->n, .row_bytes = wk_kv_row_bytes(w->kvs[0]),
+                     .sum = bl_sum64(0, j->mem, j->bytes)};
+    if (bl_kvpart_bytes(&h) != j->bytes)
+        return bl_err_set(err, BL_EINVAL, "cache part of %lld positions: %zu bytes, not %llu",
+                          (long long)j->n, j->bytes, (unsigned long long)bl_kvpart_bytes(&h));
+    uint8_t hb[BL_KVPART_HDR_BYTES];
+    bl_kvpart_encode(&h, hb);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return bl_err_set(err, BL_EIO, "%s: %s", tmp, strerror(errno));
+    int rc = 0;
+    const struct {
+        const void *p;
+        size_t n;
+        off_t at;
+    } piece[2] = {{hb, sizeof hb, 0}, {j->mem, j->bytes, (off_t)sizeof hb}};
+    for (int k = 0; rc == 0 && k < 2; k++)
+        for (size_t done = 0; rc == 0 && done < piece[k].n;) {
+            ssize_t n = pwrite(fd, (const char *)piece[k].p + done, piece[k].n - done, piece[k].at + (off_t)done);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0)
+                rc = bl_err_set(err, BL_EIO, "%s: %s", tmp, n < 0 ? strerror(errno) : "no room");
+            else
+                done += (size_t)n;
+        }
+    if (rc == 0 && fdatasync(fd) != 0)
+        rc = bl_err_set(err, BL_EIO, "%s: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && rc == 0)
+        rc = bl_err_set(err, BL_EIO, "%s: %s", tmp, strerror(errno));
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = bl_err_set(err, BL_EIO, "%s: %s", path, strerror(errno));
+    if (rc)
+        (void)unlink(tmp);
+    return rc;
+}
+
+static void *writer_main(void *arg)
+{
+    worker_t *w = arg;
+    pthread_mutex_lock(&w->wmu);
+    for (;;) {
+        while (!w->writer_stop && w->n_jobs == 0)
+            pthread_cond_wait(&w->wcv, &w->wmu);
+        if (w->writer_stop)
+            break;
+        struct part_job j = w->jobs[0];
+        w->writer_busy = 1;
+        pthread_mutex_unlock(&w->wmu);
+        bl_err_t err = {0};
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int rc = part_write(w, &j, &err);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (rc)
+            BL_LOG(BL_LOG_WARN, "event=cache_part_write_failed entry=%lld reason=\"%s\"",
+                   (long long)j.id, err.msg);
+        else
+            BL_LOG(BL_LOG_DEBUG, "event=cache_part_written entry=%lld bytes=%zu ms=%.1f",
+                   (long long)j.id, j.bytes, (double)(t1.tv_sec - t0.tv_sec) * 1e3 +
+                   (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+        pthread_mutex_lock(&w->wmu);
+        if (w->jobs[0].dropped) /* its entry went meanwhile: the memory is the writer's */
+            wk_kv_state_free(w->m, w->jobs[0].mem);
+        memmove(&w->jobs[0], &w->jobs[1], (size_t)(w->n_jobs - 1) * sizeof *w->jobs);
+        w->n_jobs--;
+        w->writer_busy = 0;
+        pthread_cond_broadcast(&w->wcv);
+    }
+    pthread_mutex_unlock(&w->wmu);
+    return NULL;
+}
+
+/* PERSIST: the entry's state goes to the writer (full queue: this entry is not kept
+ * on disk, which the router finds out when it reads it). */
+static int kv_persist(worker_t *w, const bp_step_kvop_t *o, bl_err_t *err)
+{
+    if (!w->writer_on)
+        return bl_err_set(err, BL_EINVAL, "cache on disk: the plan names no folder");
+    const struct kv_entry *e = entry_find(w, o->entry);
+    if (!e || e->n != o->n)
+        return bl_err_set(err, BL_ENOENT, "no saved cache state %lld of %lld positions to write",
+                          (long long)o->entry, (long long)o->n);
+    pthread_mutex_lock(&w->wmu);
+    int queued = 0;
+    if (w->n_jobs < (int)(sizeof w->jobs / sizeof *w->jobs)) {
+        w->jobs[w->n_jobs++] = (struct part_job){.id = e->id, .n = e->n, .mem = e->mem, .bytes = e->bytes};
+        queued = 1;
+        pthread_cond_broadcast(&w->wcv);
+    }
+    pthread_mutex_unlock(&w->wmu);
+    if (!queued)
+        BL_LOG(BL_LOG_WARN, "event=cache_part_skipped entry=%lld reason=\"the writer is behind\"",
+               (long long)o->entry);
+    return 0;
+}
+
+/* FETCH: this stage's part file of the entry into the slot, checked first. */
+static int kv_fetch(worker_t *w, bp_step_kvop_t *o, bl_err_t *err)
+{
+    if (!w->cache_dir)
+        return bl_err_set(err, BL_EINVAL, "cache on disk: the plan names no folder");
+    char path[4200];
+    snprintf(path, sizeof path, BP_KV_PART_FMT, w->cache_dir, (long long)o->entry,
+             (long long)w->layer_begin, (long long)w->layer_end);
+    wk_kv_t *kv = w->kvs[o->slot];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return bl_err_set(err, BL_ENOENT, "%s: %s", path, strerror(errno));
+    uint8_t hb[BL_KVPART_HDR_BYTES];
+    bl_kvpart_t h;
+    struct stat sb;
+    ssize_t k = pread(fd, hb, sizeof hb, 0);
+    int rc = bl_kvpart_decode(hb, k > 0 ? (size_t)k : 0, &h, err);
+    const uint64_t bytes = rc == 0 ? bl_kvpart_bytes(&h) : 0;
+    if (rc == 0 && (h.kv_type != w->kv_type || h.layer_begin != (uint32_t)w->layer_begin ||
+                    h.layer_end != (uint32_t)w->layer_end || h.row_bytes != wk_kv_row_bytes(kv) ||
+                    h.n < (uint64_t)o->n))
+        rc = bl_err_set(err, BL_EINVAL, "%s: a part of layers %u..%u, %llu positions, type %u, "
+                        "not this stage's", path, h.layer_begin, h.layer_end,
+                        (unsigned long long)h.n, h.kv_type);
+    if (rc == 0 && (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != BL_KVPART_HDR_BYTES + bytes))
+        rc = bl_err_set(err, BL_EINVAL, "%s: cut short or grown", path);
+    void *mem = NULL;
+    size_t cap = 0;
+    if (rc == 0)
+        rc = block_get(w, (size_t)bytes, &mem, &cap, err);
+    for (size_t done = 0; rc == 0 && done < bytes;) {
+        ssize_t n = pread(fd, (char *)mem + done, (size_t)bytes - done, (off_t)(BL_KVPART_HDR_BYTES + done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            rc = bl_err_set(err, BL_EIO, "%s: %s", path, n < 0 ? strerror(errno) : "cut short");
+        else
+            done += (size_t)n;
+    }
+    if (rc == 0 && bl_sum64(0, mem, (size_t)bytes) != h.sum)
+        rc = bl_err_set(err, BL_EINVAL, "%s: damaged (its checksum does not match)", path);
+    if (rc == 0)
+        rc = wk_kv_load(kv, o->n, mem, (int64_t)h.n, err);
+    if (mem)
+        block_put(w, mem, cap);
+    close(fd);
+    return rc;
 }
 
 static double ms_since(const struct timespec *a, const struct timespec *b)
@@ -277,6 +467,10 @@ static int kv_op(worker_t *w, bp_step_kvop_t *o, bl_err_t *err)
 {
     if (o->op == BP_KV_WRITE || o->op == BP_KV_READ)
         return kv_file(w, o, err);
+    if (o->op == BP_KV_PERSIST)
+        return kv_persist(w, o, err);
+    if (o->op == BP_KV_FETCH)
+        return kv_fetch(w, o, err);
     if (o->op == BP_KV_DROP) {
         entry_drop(w, o->entry);
         return 0;
@@ -555,6 +749,14 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
         return rc;
     if (p->slot_dir && p->slot_dir[0] && !(w->slot_dir = strdup(p->slot_dir)))
         return bl_err_set(err, BL_ENOMEM, "slots: out of memory");
+    w->kv_type = kv_type;
+    if (p->cache_dir && p->cache_dir[0]) {
+        if (!(w->cache_dir = strdup(p->cache_dir)))
+            return bl_err_set(err, BL_ENOMEM, "slots: out of memory");
+        if (pthread_create(&w->writer, NULL, writer_main, w) != 0)
+            return bl_err_set(err, BL_EIO, "the cache writer thread did not start");
+        w->writer_on = 1;
+    }
     for (uint32_t i = 0; i < p->n_slots; i++)
         if ((rc = w->pool ? wk_kv_create_in(&w->kvs[i], w->pool, p->n_ctx, err)
                           : wk_kv_create(&w->kvs[i], w->m, p->n_ctx, kv_type, err)) != 0)
@@ -684,6 +886,19 @@ static int print_devices(void)
 
 static void worker_free(worker_t *w, uint32_t n_slots)
 {
+    if (w->writer_on) { /* the part being written is finished; the queued ones are not */
+        pthread_mutex_lock(&w->wmu);
+        w->writer_stop = 1;
+        pthread_cond_broadcast(&w->wcv);
+        pthread_mutex_unlock(&w->wmu);
+        pthread_join(w->writer, NULL);
+        w->writer_on = 0;
+        for (int i = 0; i < w->n_jobs; i++)
+            if (w->jobs[i].dropped)
+                wk_kv_state_free(w->m, w->jobs[i].mem);
+        w->n_jobs = 0;
+    }
+    free(w->cache_dir);
     for (uint32_t i = 0; w->kvs && i < n_slots; i++)
         wk_kv_free(w->kvs[i]);
     free(w->kvs);
@@ -742,6 +957,8 @@ int main(int argc, char **argv)
                                      : BL_LOG_INFO);
     bl_log_set_colors(colors);
     static worker_t w;
+    pthread_mutex_init(&w.wmu, NULL);
+    pthread_cond_init(&w.wcv, NULL);
     int rc = bp_child_start(&w.ctl, endpoint, identity ? identity : name, (pid_t)parent, name, &err);
     if (rc) {
         BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"%s\"", err.msg);

@@ -506,6 +506,7 @@ void wk_kv_free(wk_kv_t *kv)
 }
 
 int64_t wk_kv_n_past(const wk_kv_t *kv) { return kv->n_past; }
+size_t wk_kv_row_bytes(const wk_kv_t *kv) { return kv->row_bytes; }
 
 size_t wk_kv_state_bytes(const wk_kv_t *kv, int64_t n)
 {

@@ -183,6 +183,7 @@ int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t typ
                  bl_err_t *err) BL_WUR;
 void wk_kv_free(wk_kv_t *kv);
 int64_t wk_kv_n_past(const wk_kv_t *kv); /* positions filled so far */
+size_t wk_kv_row_bytes(const wk_kv_t *kv); /* one position of one layer's K (or V) */
 
 /* One cache of n_positions (rounded up to whole WK_KV_CHUNKs; at most n_ctx_max;
  * type as wk_kv_create's) that several caches made with wk_kv_create_in share:

@@ -1,17 +1,20 @@
 /* libFuzzer target for slot files (router/slotfile.c): the file names a client asks
  * for, and the header and checksums of a file read back from --slot-save-path.
- * Byte 0 picks: even, the rest is a file name (an accepted one holds no path
- * separator, no control byte, is UTF-8 and does not begin with '.'); odd, the rest
- * is a slot file (an accepted header encodes back to the same 64 bytes, and its
- * checksum over the file's bytes agrees with the one read through a file in pieces).
+ * Byte 0 modulo 3 picks: 0, the rest is a file name (an accepted one holds no path
+ * separator, no control byte, is UTF-8 and does not begin with '.'); 1, the rest is a
+ * slot file or a meta file of the prompt cache on disk (an accepted header encodes
+ * back to the same 64 bytes, and its checksum over the file's bytes agrees with the
+ * one read through a file in pieces); 2, the rest is a stage's part file of that
+ * cache (common/kvpart.c: an accepted header encodes back to itself and its state's
+ * size is the product of its counts).
  * Seeds: tests/fuzz/corpus/fuzz_slotfile/. */
-#define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "kvpart.h"
 #include "slotfile.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -31,7 +34,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *p = data + 1;
     size_t n = size - 1;
     bl_err_t err = {0};
-    if ((data[0] & 1) == 0) {
+    if (data[0] % 3 == 2) {
+        bl_kvpart_t k;
+        if (bl_kvpart_decode(p, n, &k, &err) == 0) {
+            uint8_t again[BL_KVPART_HDR_BYTES];
+            bl_kvpart_encode(&k, again);
+            check(memcmp(again, p, sizeof again) == 0, "a part header does not encode back to itself");
+            check(bl_kvpart_bytes(&k) == (uint64_t)(k.layer_end - k.layer_begin) * 2 * k.n * k.row_bytes,
+                  "a part's size is not its counts' product");
+        } else {
+            check(err.msg[0] != '\0', "a refusal without a reason");
+        }
+        return 0;
+    }
+    if (data[0] % 3 == 0) {
         char *name = malloc(n + 1);
         if (!name)
             return 0;

@@ -324,3 +324,51 @@ def test_slot_files_save_restore_erase(servers, tmp_path):
                            "-ctk", "f32", "-ctv", "f32"])
     r = post(other.url, "/slots/0?action=restore", {"filename": "slot1.bin"})
     assert r.status_code == 400 and "another type" in r.json()["error"]["message"], r.text
+
+
+def test_prompt_cache_on_disk_survives_a_restart(servers, tmp_path):
+    """--cache-disk: what a finished request leaves in its slot is written to the folder
+    (by the stages, after the reply); after a restart the same prompt starts from it
+    with the same reply; a damaged part is refused, never loaded: the prompt runs whole
+    and a fresh entry replaces it; half-written files and parts without a meta file
+    are removed at start; the budget holds the folder down."""
+    import glob
+    import os
+    folder = tmp_path / "pcd"
+    flags = ["-np", "1", "-c", "2048", "-t", "1", "--cache-disk", str(folder)]
+    prompt = "Tell me about the history of the lighthouse on the northern cape, and its keepers. " * 5
+    body = {"prompt": prompt, "n_predict": 8, "temperature": 0, "cache_prompt": True}
+    srv = servers.start(flags)
+    cold = post(srv.url, "/completion", body).json()
+    for _ in range(100):  # the part is written off the request's path
+        if glob.glob(str(folder / "pc-*.L*")) and not glob.glob(str(folder / "*.tmp")):
+            break
+        time.sleep(0.05)
+    assert metric(srv.url, "prompt_cache_disk_saves_total") == 1
+    srv.stop()
+    (folder / "pc-77.L0-2").write_bytes(b"an orphan part")
+    (folder / "pc-78.meta.tmp").write_bytes(b"a write cut short")
+    srv = servers.start(flags)
+    assert not (folder / "pc-77.L0-2").exists() and not (folder / "pc-78.meta.tmp").exists()
+    assert metric(srv.url, "prompt_cache_disk_entries") == 1
+    warm = post(srv.url, "/completion", body).json()
+    assert warm["content"] == cold["content"], (warm, cold)
+    assert warm["timings"]["prompt_n"] == 1, warm["timings"]
+    assert metric(srv.url, "prompt_cache_disk_hits_total") == 1
+    srv.stop()
+    for f in glob.glob(str(folder / "pc-*.L*")):
+        b = bytearray(open(f, "rb").read())
+        b[len(b) - 3] ^= 1
+        open(f, "wb").write(bytes(b))
+    srv = servers.start(flags)
+    again = post(srv.url, "/completion", body).json()
+    assert again["content"] == cold["content"], again
+    assert again["timings"]["prompt_n"] == cold["timings"]["prompt_n"], again["timings"]
+    assert metric(srv.url, "prompt_cache_disk_refused_total") == 1
+    srv.stop()
+    # a budget smaller than one entry keeps only the newest
+    srv = servers.start(flags + ["--cache-disk-size", "0"])
+    post(srv.url, "/completion", dict(body, prompt=prompt + " And the sea."))
+    time.sleep(0.3)
+    assert metric(srv.url, "prompt_cache_disk_entries") == 1
+    assert len(glob.glob(str(folder / "pc-*.meta"))) == 1, os.listdir(folder)

@@ -1,0 +1,100 @@
+/* Cache part files' header and the checksum of cache files (kvpart.h). */
+#include "kvpart.h"
+
+#include <string.h>
+
+static uint64_t rotl(uint64_t x, int r) { return x << r | x >> (64 - r); }
+
+uint64_t bl_sum64(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = rotl(h ^ (w * 0x9E3779B97F4A7C15ull), 31) * 0xC2B2AE3D27D4EB4Full;
+    }
+    if (i < n) {
+        uint64_t w = 0;
+        memcpy(&w, b + i, n - i);
+        h = rotl(h ^ (w * 0x9E3779B97F4A7C15ull), 31) * 0xC2B2AE3D27D4EB4Full;
+    }
+    return h;
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static const char MAGIC[8] = {'B', 'L', 'M', 'K', 'V', 'P', 'T', '1'};
+
+uint64_t bl_kvpart_bytes(const bl_kvpart_t *p)
+{
+    if (p->layer_end < p->layer_begin)
+        return 0;
+    uint64_t l = (uint64_t)(p->layer_end - p->layer_begin) * 2, r;
+    if (__builtin_mul_overflow(l, p->n, &r) || __builtin_mul_overflow(r, p->row_bytes, &r))
+        return 0;
+    return r;
+}
+
+void bl_kvpart_encode(const bl_kvpart_t *p, uint8_t out[BL_KVPART_HDR_BYTES])
+{
+    memset(out, 0, BL_KVPART_HDR_BYTES);
+    memcpy(out, MAGIC, 8);
+    put32(out + 8, p->version);
+    put32(out + 12, p->kv_type);
+    put32(out + 16, p->layer_begin);
+    put32(out + 20, p->layer_end);
+    put64(out + 24, p->n);
+    put64(out + 32, p->row_bytes);
+    put64(out + 40, p->sum);
+    put64(out + 56, bl_sum64(0, out, 56));
+}
+
+int bl_kvpart_decode(const void *buf, size_t n, bl_kvpart_t *p, bl_err_t *err)
+{
+    const uint8_t *b = buf;
+    if (n < BL_KVPART_HDR_BYTES)
+        return bl_err_set(err, BL_EINVAL, "cache part: %zu bytes, shorter than its header", n);
+    if (memcmp(b, MAGIC, 8) != 0)
+        return bl_err_set(err, BL_EINVAL, "cache part: not a cache part file");
+    if (get64(b + 56) != bl_sum64(0, b, 56) || get64(b + 48) != 0)
+        return bl_err_set(err, BL_EINVAL, "cache part: the header is damaged");
+    *p = (bl_kvpart_t){.version = get32(b + 8), .kv_type = get32(b + 12),
+                       .layer_begin = get32(b + 16), .layer_end = get32(b + 20),
+                       .n = get64(b + 24), .row_bytes = get64(b + 32), .sum = get64(b + 40)};
+    if (p->version != BL_KVPART_VERSION)
+        return bl_err_set(err, BL_EINVAL, "cache part: version %u, this build reads %d", p->version,
+                          BL_KVPART_VERSION);
+    if (p->layer_end <= p->layer_begin || p->layer_end > 65536 || p->n == 0 || p->n > (1u << 24) ||
+        p->row_bytes == 0 || p->row_bytes > (1u << 24) || bl_kvpart_bytes(p) == 0)
+        return bl_err_set(err, BL_EINVAL, "cache part: layers %u..%u, %llu positions of %llu bytes",
+                          p->layer_begin, p->layer_end, (unsigned long long)p->n,
+                          (unsigned long long)p->row_bytes);
+    return 0;
+}

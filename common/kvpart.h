@@ -1,0 +1,44 @@
+/* Cache files on disk: the checksum they share, and the part of a saved cache state
+ * that one stage writes for its layers (the prompt cache on disk, --cache-disk).
+ *
+ * A part file is a 64-byte header, then the stage's state as it holds it in host
+ * memory ((layers, 2, n, row_bytes): K then V per layer):
+ *
+ *   0   "BLMKVPT1"
+ *   8   u32 version (1)            12  u32 KV type (a bl_type_t id)
+ *   16  u32 first layer            20  u32 end of the layers
+ *   24  u64 positions              32  u64 bytes of one position of one layer's K
+ *   40  u64 checksum of the state  48  u64 0
+ *   56  u64 checksum of bytes 0..56
+ *
+ * all little-endian. */
+#ifndef BL_KVPART_H
+#define BL_KVPART_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+/* A checksum of n bytes (updating h; start with 0), 8 bytes at a time: to tell a
+ * damaged file, not for security. Over pieces whose lengths are multiples of 8 (the
+ * last any length), the same as over the whole. */
+uint64_t bl_sum64(uint64_t h, const void *p, size_t n);
+
+#define BL_KVPART_HDR_BYTES 64
+#define BL_KVPART_VERSION 1
+
+typedef struct bl_kvpart {
+    uint32_t version, kv_type, layer_begin, layer_end;
+    uint64_t n, row_bytes, sum;
+} bl_kvpart_t;
+
+/* The state's bytes: (layer_end - layer_begin) * 2 * n * row_bytes, or 0 when that
+ * overflows. */
+uint64_t bl_kvpart_bytes(const bl_kvpart_t *p);
+void bl_kvpart_encode(const bl_kvpart_t *p, uint8_t out[BL_KVPART_HDR_BYTES]);
+/* BL_EINVAL naming what is wrong: too short, not a part file, another version, a
+ * damaged header, counts that cannot be. */
+int bl_kvpart_decode(const void *buf, size_t n, bl_kvpart_t *p, bl_err_t *err) BL_WUR;
+
+#endif
