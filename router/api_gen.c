@@ -1468,13 +1468,18 @@ json_t *rt__gen_timings_json(const rt_timings_t *t)
     double pps = t->prompt_ms > 0 ? 1e3 / t->prompt_ms * (double)prompt_n : 0.0;
     double gpt = t->n_predicted > 0 ? t->predicted_ms / (double)t->n_predicted : 0.0;
     double gps = t->predicted_ms > 0 ? 1e3 / t->predicted_ms * (double)t->n_predicted : 0.0;
-    return json_pack("{s:I, s:I, s:o, s:o, s:o, s:I, s:o, s:o, s:o}", "cache_n",
-                     (json_int_t)t->n_cached, "prompt_n", (json_int_t)prompt_n, "prompt_ms",
-                     rt__gen_json_real(t->prompt_ms), "prompt_per_token_ms", rt__gen_json_real(ppt),
-                     "prompt_per_second", rt__gen_json_real(pps), "predicted_n",
-                     (json_int_t)t->n_predicted, "predicted_ms", rt__gen_json_real(t->predicted_ms),
-                     "predicted_per_token_ms", rt__gen_json_real(gpt), "predicted_per_second",
-                     rt__gen_json_real(gps));
+    json_t *j = json_pack("{s:I, s:I, s:o, s:o, s:o, s:I, s:o, s:o, s:o}", "cache_n",
+                          (json_int_t)t->n_cached, "prompt_n", (json_int_t)prompt_n, "prompt_ms",
+                          rt__gen_json_real(t->prompt_ms), "prompt_per_token_ms", rt__gen_json_real(ppt),
+                          "prompt_per_second", rt__gen_json_real(pps), "predicted_n",
+                          (json_int_t)t->n_predicted, "predicted_ms", rt__gen_json_real(t->predicted_ms),
+                          "predicted_per_token_ms", rt__gen_json_real(gpt), "predicted_per_second",
+                          rt__gen_json_real(gps));
+    if (j && t->n_drafted > 0) { /* speculative decoding, as llama-server reports it */
+        json_object_set_new(j, "draft_n", json_integer((json_int_t)t->n_drafted));
+        json_object_set_new(j, "draft_n_accepted", json_integer((json_int_t)t->n_accepted));
+    }
+    return j;
 }
 
 static json_t *bytes_json(const char *s, size_t n)

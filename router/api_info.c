@@ -500,6 +500,12 @@ static void route_metrics(rt_req_t *r)
               (double)st.disk_entries);
     metric_of(&b, "bloomery", "prompt_cache_disk_bytes", "gauge", "Bytes of the entries on disk.",
               (double)st.disk_bytes);
+    metric_of(&b, "bloomery", "draft_steps_total", "counter",
+              "Steps that verified a draft model's proposals (-md).", (double)st.draft_steps_total);
+    metric_of(&b, "bloomery", "draft_tokens_total", "counter",
+              "Tokens the draft model proposed.", (double)st.drafted_total);
+    metric_of(&b, "bloomery", "draft_accepted_total", "counter",
+              "Proposed tokens the model took.", (double)st.accepted_total);
     metric_of(&b, "bloomery", "kv_preemptions_total", "counter",
               "Tasks whose cache gave way in the full shared KV cache, recomputed later (-kvu).",
               (double)st.kv_preemptions_total);

@@ -1017,6 +1017,8 @@ int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_
     /* Logits rows per step: one per slot for decode, a few more for a caller that wants
      * the last rows of a prompt; the ring is sized for this many. */
     int64_t n_out_max = c->o.n_slots < 8 ? 8 : c->o.n_slots;
+    if (c->o.logit_rows > n_out_max) /* a verification step: a row for each proposal */
+        n_out_max = c->o.logit_rows;
     if (n_out_max > c->o.n_batch)
         n_out_max = c->o.n_batch;
     c->lim = (bp_step_limits_t){.n_slots = c->o.n_slots, .n_batch = (int32_t)c->o.n_batch,

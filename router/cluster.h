@@ -41,6 +41,8 @@ typedef struct rt_cluster_opts {
                               * handed out in BP_KV_CHUNK chunks; 0: each slot owns
                               * n_ctx_slot */
     int64_t n_batch;         /* most rows one step may carry (-ub) */
+    int64_t logit_rows;      /* most logit rows one step returns (at most n_batch; 0: one
+                              * per slot, at least 8) */
     uint32_t kv_type;        /* a bl_type_t id (common/quant.h): f16, f32 or q8_0 */
     /* The stages of a placement plan (common/plan.h); n_stage_ends 0: the layers split
      * evenly over n_workers on the CPU, earlier stages taking the remainder */

@@ -21,7 +21,7 @@ typedef struct entry {
     const char *why;
 } entry_t;
 
-#define NO_DRAFT "no speculative decoding runs here yet (a draft model, -md, is refused), so the draft's settings have nothing to set"
+#define NO_DRAFT "the draft model (-md) runs in a process of its own, whole on one card or on the CPU (-ngld, -devd), with the model's cache type and -td threads: llama.cpp's draft context has no such setting here"
 #define NGRAM "n-gram speculation is not supported yet (--spec-type none)"
 #define ONE_POOL "prompt steps run on the same threads and CPUs as decode steps (-t, -C, -Cr, --cpu-strict, --prio, --poll), one pool a worker"
 #define NO_ROUTER "serving several models (router mode) is not supported: give one model with -m or -hf"
@@ -38,8 +38,7 @@ static const entry_t k_table[] = {
     {"-lcs,--lookup-cache-static", NULL, "FNAME", REFUSE, NULL, "lookup decoding is not supported"},
     {"-lcd,--lookup-cache-dynamic", NULL, "FNAME", REFUSE, NULL, "lookup decoding is not supported"},
     {"--spec-draft-hf,-hfd,-hfrd,--hf-repo-draft", "LLAMA_ARG_SPEC_DRAFT_HF_REPO", "<user>/<model>[:quant]", REFUSE,
-     NULL, "speculative decoding with a draft model is not supported yet"},
-    {"--spec-draft-threads,-td,--threads-draft", NULL, "N", NOEFFECT, NULL, NO_DRAFT},
+     NULL, "a draft model from Hugging Face is not fetched: download it and pass -md FILE"},
     {"--spec-draft-threads-batch,-tbd,--threads-batch-draft", NULL, "N", NOEFFECT, NULL, NO_DRAFT},
     {"--spec-draft-cpu-mask,-Cd,--cpu-mask-draft", NULL, "M", NOEFFECT, NULL, NO_DRAFT},
     {"--spec-draft-cpu-range,-Crd,--cpu-range-draft", NULL, "lo-hi", NOEFFECT, NULL, NO_DRAFT},
@@ -59,19 +58,9 @@ static const entry_t k_table[] = {
     {"--spec-draft-cpu-moe,-cmoed,--cpu-moe-draft", "LLAMA_ARG_SPEC_DRAFT_CPU_MOE", NULL, NOEFFECT, NULL, NO_DRAFT},
     {"--spec-draft-n-cpu-moe,--spec-draft-ncmoe,-ncmoed,--n-cpu-moe-draft", "LLAMA_ARG_SPEC_DRAFT_N_CPU_MOE", "N",
      NOEFFECT, NULL, NO_DRAFT},
-    {"--spec-draft-n-max", "LLAMA_ARG_SPEC_DRAFT_N_MAX", "N", NOEFFECT, NULL, NO_DRAFT},
-    {"--spec-draft-n-min", "LLAMA_ARG_SPEC_DRAFT_N_MIN", "N", NOEFFECT, NULL, NO_DRAFT},
     {"--spec-draft-p-split,--draft-p-split", "LLAMA_ARG_SPEC_DRAFT_P_SPLIT", "P", NOEFFECT, NULL, NO_DRAFT},
-    {"--spec-draft-p-min,--draft-p-min", "LLAMA_ARG_SPEC_DRAFT_P_MIN", "P", NOEFFECT, NULL, NO_DRAFT},
     {"--spec-draft-backend-sampling", "LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMPLING", NULL, NOEFFECT, NULL, NO_DRAFT},
     {"--no-spec-draft-backend-sampling", NULL, NULL, NOEFFECT, NULL, NO_DRAFT},
-    {"--spec-draft-device,-devd,--device-draft", NULL, "<dev1,dev2,..>", NOEFFECT, NULL, NO_DRAFT},
-    {"--spec-draft-ngl,-ngld,--gpu-layers-draft,--n-gpu-layers-draft", "LLAMA_ARG_N_GPU_LAYERS_DRAFT", "N", NOEFFECT,
-     NULL, NO_DRAFT},
-    {"--spec-draft-model", "LLAMA_ARG_SPEC_DRAFT_MODEL", "FNAME", REFUSE, NULL,
-     "speculative decoding with a draft model is not supported yet"},
-    {"--spec-type", "LLAMA_ARG_SPEC_TYPE", "TYPE", OFF_ONLY, "none",
-     "speculative decoding is not supported yet: only 'none' is taken"},
     {"--spec-ngram-mod-n-min", NULL, "N", NOEFFECT, NULL, NGRAM},
     {"--spec-ngram-mod-n-max", NULL, "N", NOEFFECT, NULL, NGRAM},
     {"--spec-ngram-mod-n-match", NULL, "N", NOEFFECT, NULL, NGRAM},
@@ -87,9 +76,8 @@ static const entry_t k_table[] = {
     {"--spec-ngram-size-n", NULL, "N", NOEFFECT, NULL, NGRAM},
     {"--spec-ngram-size-m", NULL, "N", NOEFFECT, NULL, NGRAM},
     {"--spec-ngram-min-hits", NULL, "N", NOEFFECT, NULL, NGRAM},
-    {"--draft,--draft-n,--draft-max", "LLAMA_ARG_DRAFT_MAX", "N", NOEFFECT, NULL, NO_DRAFT},
-    {"--draft-min,--draft-n-min", "LLAMA_ARG_DRAFT_MIN", "N", NOEFFECT, NULL, NO_DRAFT},
-    {"--spec-default", NULL, NULL, REFUSE, NULL, "speculative decoding is not supported yet"},
+    {"--spec-default", NULL, NULL, REFUSE, NULL,
+     "the default draft models are fetched from Hugging Face: pass -md FILE instead"},
     /* context and cache */
     {"-cms,--checkpoint-min-step", "LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT", "N", NOEFFECT, NULL,
      "the models served here keep no context checkpoints (-ctxcp)"},
@@ -216,8 +204,6 @@ static const entry_t k_table[] = {
     {"-mm,--mmproj", "LLAMA_ARG_MMPROJ", "FILE", REFUSE, NULL, "multimodal projectors are not supported (text only)"},
     {"-mmu,--mmproj-url", "LLAMA_ARG_MMPROJ_URL", "URL", REFUSE, NULL,
      "multimodal projectors are not supported (text only)"},
-    {"-md,--model-draft", NULL, "FNAME", REFUSE, NULL,
-     "speculative decoding with a draft model is not supported yet"},
     {"--embedding,--embeddings", "LLAMA_ARG_EMBEDDINGS", NULL, REFUSE, NULL,
      "embeddings are not served (the routes answer 501)"},
     {"--reranking,--rerank", "LLAMA_ARG_RERANKING", NULL, REFUSE, NULL,

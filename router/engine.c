@@ -88,6 +88,11 @@ typedef struct slot {
     int64_t n_kv;       /* positions the stages hold for it: n_past, or more until the
                          * slot's next step rewinds them (a shared cache counts these) */
     int full;           /* build_step: a shared cache had no room for its next token */
+    /* speculative decoding: the draft's cache holds seq[0, d_past); the tokens it
+     * proposed for this step are seq[n_past + 1, n_past + 1 + n_draft) */
+    int64_t d_past;
+    int n_draft;
+    int64_t n_drafted, n_accepted; /* the task's, for its timings */
     int in_step;        /* build_step: it has rows in the step being built */
     int64_t n_seq;
     int64_t n_cached;
@@ -115,6 +120,9 @@ typedef struct pc_entry {
     int64_t bytes;
     uint64_t last_used;
 } pc_entry_t;
+
+/* The most tokens the draft proposes for one step. */
+#define RT_DRAFT_MAX 64
 
 /* Fewest positions worth saving. */
 #define PC_MIN_TOKENS 16
@@ -174,6 +182,8 @@ struct rt_engine {
     size_t n_pc, cap_pc;
     int64_t pc_bytes, pc_next_id;
     int64_t io_next;        /* slot files' io numbers (rt_cluster_kv_io_path) */
+    uint64_t draft_starts;  /* the draft processes' starts seen: a restart empties them */
+    int draft_off;          /* the draft cannot serve this model (its vocabulary) */
     dk_entry_t *dk;         /* the prompt cache on disk (n_dk) */
     size_t n_dk, cap_dk;
     int64_t dk_bytes;
@@ -506,6 +516,8 @@ static rt_timings_t slot_timings(const slot_t *s, int64_t now)
     tm.n_predicted = s->n_decoded;
     tm.prompt_ms = ms_between(s->t_start_us, s->got_first ? s->t_first_us : now);
     tm.predicted_ms = s->got_first ? ms_between(s->t_first_us, now) : 0.0;
+    tm.n_drafted = s->n_drafted;
+    tm.n_accepted = s->n_accepted;
     return tm;
 }
 
@@ -1082,6 +1094,8 @@ static int slot_start(rt_engine_t *e, slot_t *s, rt_task_t *t, int32_t n_vocab)
         return -1;
     }
     size_t keep = 0;
+    /* the draft's cache agrees with the new sequence as far as the old one does */
+    s->d_past = (int64_t)common_prefix(s->seq, (size_t)s->d_past, t->prompt, t->n_prompt);
     if (t->p.cache_prompt) {
         keep = common_prefix(s->seq, (size_t)s->n_past, t->prompt, t->n_prompt);
         /* the logits of the prompt's last token are needed: evaluate it again */
@@ -1103,6 +1117,8 @@ static int slot_start(rt_engine_t *e, slot_t *s, rt_task_t *t, int32_t n_vocab)
     s->n_seq = (int64_t)t->n_prompt;
     s->n_cached = (int64_t)keep;
     s->n_decoded = 0;
+    s->n_draft = 0;
+    s->n_drafted = s->n_accepted = 0;
     s->task = t;
     s->smpl = smpl;
     /* the penalties look back over the prompt too, as llama-server's do */
@@ -1332,6 +1348,7 @@ static void io_restore(rt_engine_t *e, slot_t *s, rt_task_t *t, const char *path
         memcpy(s->seq, toks, 4 * (size_t)n);
         s->n_past = s->n_kv = s->n_seq = n;
     }
+    s->d_past = 0;
     s->last_used = ++e->clock;
     free(toks);
     BL_LOG(BL_LOG_INFO, "event=slot_restore slot=%d file=\"%s\" tokens=%lld", s->id, t->io_name,
@@ -1723,6 +1740,132 @@ static int64_t kv_reach(rt_engine_t *e, const slot_t *s, int64_t end, const int6
     return reach;
 }
 
+// --- speculative decoding -------------------------------------------------------------------
+
+/* The draft's most likely token of row and its probability. */
+static int32_t draft_pick(const float *row, int32_t n_vocab, float *p)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n_vocab; i++)
+        if (row[i] > row[best])
+            best = i;
+    double sum = 0.0;
+    for (int32_t i = 0; i < n_vocab; i++)
+        sum += exp((double)row[i] - (double)row[best]);
+    *p = (float)(1.0 / sum);
+    return best;
+}
+
+/* The draft model proposes tokens for every generating slot: it first catches up
+ * with what the slot's sequence holds beyond its own cache (the prompt, the
+ * tokens taken since), then writes one token a step while it is sure enough of
+ * them (draft_p_min), up to draft_max; they go after the pending token in seq, for
+ * build_step to verify. A slot whose catch-up does not fit the step proposes
+ * nothing this time. A failing draft step forgets the draft's caches and the step
+ * goes on without proposals. */
+static void spec_draft(rt_engine_t *e, int32_t n_vocab)
+{
+    rt_cluster_t *d = e->o.draft;
+    for (int i = 0; i < e->o.n_slots; i++)
+        e->slots[i].n_draft = 0;
+    if (!d || e->draft_off || rt_cluster_state(d) != RT_CLUSTER_READY)
+        return;
+    rt_cluster_stats_t cs;
+    rt_cluster_get_stats(d, &cs);
+    if (cs.starts != e->draft_starts) { /* new processes: empty caches */
+        e->draft_starts = cs.starts;
+        for (int i = 0; i < e->o.n_slots; i++)
+            e->slots[i].d_past = 0;
+    }
+    if (rt_cluster_n_vocab(d) != n_vocab) {
+        BL_LOG(BL_LOG_WARN, "event=draft_off reason=\"the draft model has %lld tokens, the model "
+                            "%d\"", (long long)rt_cluster_n_vocab(d), n_vocab);
+        e->draft_off = 1;
+        return;
+    }
+    int active[4096], cap[4096];
+    int n_active = 0;
+    for (int i = 0; i < e->o.n_slots; i++) {
+        slot_t *s = &e->slots[i];
+        active[i] = 0;
+        if (s->state != SLOT_GEN || !s->task)
+            continue;
+        int64_t k = e->o.draft_max;
+        if (k > e->o.n_ctx_slot - 2 - s->n_past) /* positions n_past..n_past+k in the context */
+            k = e->o.n_ctx_slot - 2 - s->n_past;
+        if (k > e->o.draft_ctx - 1 - s->n_past) /* and the draft's up to n_past+k-1 */
+            k = e->o.draft_ctx - 1 - s->n_past;
+        if (s->task->n_predict > 0 && k > s->task->n_predict - s->n_decoded - 1)
+            k = s->task->n_predict - s->n_decoded - 1; /* the verification adds one of its own */
+        if (k < 1 || k < e->o.draft_min)
+            continue;
+        active[i] = 1;
+        cap[i] = (int)k;
+        n_active++;
+    }
+    for (int it = 0; n_active > 0 && it < e->o.draft_max; it++) {
+        int ns = 0;
+        int64_t rows = 0;
+        for (int i = 0; i < e->o.n_slots && rows < e->o.n_batch; i++) {
+            slot_t *s = &e->slots[i];
+            if (!active[i])
+                continue;
+            int64_t pos = it == 0 ? s->d_past : s->n_past + it, n = s->n_past + 1 + it - pos;
+            int out = 1;
+            if (rows + n > e->o.n_batch) { /* only part of the catch-up: no proposal now */
+                n = e->o.n_batch - rows;
+                out = 0;
+                active[i] = 0;
+                n_active--;
+            }
+            e->seqs[ns] = (rt_step_seq_t){.slot = s->id, .n = (int32_t)n, .pos = pos, .n_out = out,
+                                          .tokens = s->seq + pos};
+            e->seq_slot[ns++] = i;
+            rows += n;
+        }
+        if (ns == 0)
+            break;
+        const float *logits = NULL;
+        bl_err_t err = {0};
+        if (rt_cluster_step(d, e->seqs, ns, &logits, &err)) {
+            BL_LOG(BL_LOG_WARN, "event=draft_step_failed reason=\"%s\"", err.msg);
+            for (int i = 0; i < e->o.n_slots; i++)
+                e->slots[i].d_past = e->slots[i].n_draft = 0;
+            return;
+        }
+        size_t out = 0;
+        for (int j = 0; j < ns; j++) {
+            slot_t *s = &e->slots[e->seq_slot[j]];
+            s->d_past = e->seqs[j].pos + e->seqs[j].n;
+            if (!e->seqs[j].n_out)
+                continue;
+            float p = 0.0f;
+            int32_t tok = draft_pick(logits + out++ * (size_t)n_vocab, n_vocab, &p);
+            if (p < e->o.draft_p_min || rt_tokenizer_is_eog(e->tok, tok)) {
+                active[e->seq_slot[j]] = 0;
+                n_active--;
+                continue;
+            }
+            s->seq[s->n_past + 1 + s->n_draft++] = tok;
+            if (s->n_draft >= cap[e->seq_slot[j]]) {
+                active[e->seq_slot[j]] = 0;
+                n_active--;
+            }
+        }
+    }
+    uint64_t drafted = 0;
+    for (int i = 0; i < e->o.n_slots; i++) {
+        if (e->slots[i].n_draft < e->o.draft_min)
+            e->slots[i].n_draft = 0;
+        drafted += (uint64_t)e->slots[i].n_draft;
+    }
+    if (drafted) {
+        pthread_mutex_lock(&e->mu);
+        e->stats.draft_steps_total++;
+        pthread_mutex_unlock(&e->mu);
+    }
+}
+
 /* A shared cache too full for a generating slot's next token, or for any slot to go
  * on: the newest task holding chunks that is not in the step being built gives them
  * back and starts over when there is room (a generating one recomputes its prompt
@@ -1769,9 +1912,14 @@ static int build_step(rt_engine_t *e)
         slot_t *s = &e->slots[(e->rr + i) % e->o.n_slots];
         if (s->state != SLOT_GEN)
             continue;
+        if (rows + 1 + s->n_draft > e->o.n_batch) /* the proposals that fit the step */
+            s->n_draft = (int)(e->o.n_batch - rows - 1);
         if (e->o.kv_pool) {
             int64_t reach;
             slot_t *v = NULL;
+            if (s->n_draft && kv_reach(e, s, s->n_past + 1 + s->n_draft, &taken) <
+                                  s->n_past + 1 + s->n_draft)
+                s->n_draft = 0; /* proposals take no room from other slots */
             while ((reach = kv_reach(e, s, s->n_past + 1, &taken)) < s->n_past + 1 &&
                    (v = kv_preempt(e)) != NULL && v != s)
                 ;
@@ -1781,13 +1929,14 @@ static int build_step(rt_engine_t *e)
                 s->full = 1; /* no room at all: it ends as at a full context */
                 continue;
             }
-            taken += kv_chunks(s->n_past + 1) - kv_chunks(s->n_kv);
+            taken += kv_chunks(s->n_past + 1 + s->n_draft) - kv_chunks(s->n_kv);
         }
         s->in_step = 1;
-        e->seqs[ns] = (rt_step_seq_t){ .slot = s->id, .n = 1, .pos = s->n_past, .n_out = 1,
-                                        .tokens = s->seq + s->n_past };
+        /* the pending token, then the draft's proposals: a logit row for each */
+        e->seqs[ns] = (rt_step_seq_t){ .slot = s->id, .n = 1 + s->n_draft, .pos = s->n_past,
+                                        .n_out = 1 + s->n_draft, .tokens = s->seq + s->n_past };
         e->seq_slot[ns++] = s->id;
-        rows++;
+        rows += 1 + s->n_draft;
     }
     e->rr = (e->rr + 1) % e->o.n_slots;
 
@@ -1830,8 +1979,48 @@ static int build_step(rt_engine_t *e)
 }
 
 /* Runs one step and hands each output row to its slot. */
+/* A verified step of slot s: the pending token and k proposals evaluated, k + 1 logit
+ * rows. Each row gives a token as a plain step would (the sampler, stop strings and
+ * limits as ever); a proposal the token equals is taken and the next row gives the
+ * token after it; the first that differs (or the task's end) stops there. So the
+ * text is what decoding one token a step gives, with as many tokens a step as the
+ * model agrees with, plus one. */
+static void spec_take(rt_engine_t *e, slot_t *s, const rt_step_seq_t *q, const float *rows,
+                      int32_t n_vocab)
+{
+    const int k = q->n - 1;
+    int32_t prop[RT_DRAFT_MAX];
+    memcpy(prop, s->seq + q->pos + 1, (size_t)k * sizeof *prop);
+    s->n_past = q->pos + 1;
+    s->n_kv = q->pos + q->n; /* the stages wrote every row; the next step rewinds */
+    s->n_drafted += k;
+    int taken = 0;
+    for (int i = 0; i <= k; i++) {
+        if (!s->task)
+            break;
+        if (atomic_load(&s->task->cancelled)) {
+            slot_release(e, s, NULL);
+            break;
+        }
+        on_output(e, s, rows + (size_t)i * (size_t)n_vocab, n_vocab);
+        if (!s->task || s->state != SLOT_GEN || i == k || s->seq[s->n_past] != prop[i])
+            break;
+        s->n_past++; /* the proposal is the model's own token: its row is next */
+        taken++;
+    }
+    s->n_accepted += taken;
+    if (s->d_past > s->n_past)
+        s->d_past = s->n_past;
+    s->n_draft = 0;
+    pthread_mutex_lock(&e->mu);
+    e->stats.drafted_total += (uint64_t)k;
+    e->stats.accepted_total += (uint64_t)taken;
+    pthread_mutex_unlock(&e->mu);
+}
+
 static void run_step(rt_engine_t *e, int32_t n_vocab)
 {
+    spec_draft(e, n_vocab);
     int ns = build_step(e);
     if (e->o.kv_pool) {
         /* the generating slots that found no room end as at a full context */
@@ -1882,6 +2071,11 @@ static void run_step(rt_engine_t *e, int32_t n_vocab)
     size_t out = 0;
     for (int j = 0; j < ns; j++) {
         slot_t *s = &e->slots[e->seq_slot[j]];
+        if (e->seqs[j].n_out > 1) { /* a verification: the rows the model agrees with */
+            spec_take(e, s, &e->seqs[j], logits + out * (size_t)n_vocab, n_vocab);
+            out += (size_t)e->seqs[j].n_out;
+            continue;
+        }
         s->n_past += e->seqs[j].n;
         s->n_kv = s->n_past;
         if (s->state == SLOT_PROMPT && s->task && s->task->p.return_progress && !s->got_first)
@@ -1950,6 +2144,8 @@ static void *engine_main(void *arg)
                 pthread_mutex_unlock(&e->mu);
                 BL_LOG(BL_LOG_INFO, "event=sleep idle_s=%.1f", (double)e->o.sleep_idle_ms / 1000.0);
                 rt_cluster_sleep(e->cluster);
+                if (e->o.draft)
+                    rt_cluster_sleep(e->o.draft);
                 forget_caches(e);
                 update_snapshot(e);
                 wake_loop(e);
@@ -1965,6 +2161,8 @@ static void *engine_main(void *arg)
         if (st == RT_CLUSTER_SLEEPING) { /* work again: load the model, then go on */
             BL_LOG(BL_LOG_INFO, "event=wake");
             rt_cluster_wake(e->cluster);
+            if (e->o.draft)
+                rt_cluster_wake(e->o.draft);
         }
         if (st != RT_CLUSTER_READY) {
             char buf[sizeof(((bl_err_t *)0)->msg)];
@@ -2041,6 +2239,11 @@ int rt_engine_create(rt_engine_t **out, const rt_engine_opts_t *o, rt_cluster_t 
     if (o->n_batch < 1 || o->n_batch > INT32_MAX)
         return bl_err_set(err, BL_EINVAL, "engine: n_batch %lld is outside 1..%d",
                           (long long)o->n_batch, INT32_MAX);
+    if (o->draft && (o->draft_max < 1 || o->draft_max > RT_DRAFT_MAX || o->draft_min < 0 ||
+                     o->draft_min > o->draft_max || !(o->draft_p_min >= 0.0f && o->draft_p_min <= 1.0f)))
+        return bl_err_set(err, BL_EINVAL, "engine: draft-max %d (1..%d), draft-min %d (0..draft-max), "
+                          "draft-p-min %g (0..1)", o->draft_max, RT_DRAFT_MAX, o->draft_min,
+                          (double)o->draft_p_min);
 
     rt_engine_t *e = calloc(1, sizeof *e);
     if (!e)

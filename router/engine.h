@@ -80,6 +80,8 @@ typedef struct rt_timings {
     int64_t n_predicted;  /* tokens generated */
     double prompt_ms;     /* from the first prompt step to the first token */
     double predicted_ms;  /* from the first token to the end */
+    int64_t n_drafted;    /* speculative decoding: tokens the draft model proposed */
+    int64_t n_accepted;   /* of which the model took */
 } rt_timings_t;
 
 typedef enum rt_event_kind {
@@ -138,6 +140,13 @@ typedef struct rt_engine_opts {
                              * or NULL: none */
     int64_t cache_disk;     /* --cache-disk-size: bytes its entries may take; -1: no bound */
     uint32_t kv_type, n_layer; /* the cache's type (bl_type_t) and the model's layers */
+    rt_cluster_t *draft;    /* -md: the draft model's processes (borrowed; slots and
+                             * context as the model's), or NULL: no speculative decoding */
+    int draft_max, draft_min; /* tokens drafted per step at most, and the fewest worth a
+                             * verification (fewer: the step decodes one token) */
+    float draft_p_min;      /* drafting stops at a token the draft gives less than this */
+    int64_t draft_ctx;      /* positions of a slot's cache in the draft's processes (its
+                             * n_ctx_slot): past them a slot decodes without proposals */
     int64_t kv_pool;        /* -kvu: positions the slots' caches hold together (the
                              * cluster's kv_pool, in BP_KV_CHUNK chunks); 0: each slot
                              * holds n_ctx_slot of its own */
@@ -223,6 +232,7 @@ typedef struct rt_engine_stats {
     uint64_t prompt_cache_tokens_total;  /* positions those restored */
     uint64_t prompt_cache_evictions_total;
     uint64_t kv_evictions_total; /* idle slots' caches emptied for room in a shared one */
+    uint64_t draft_steps_total, drafted_total, accepted_total; /* speculative decoding */
     /* the prompt cache on disk (--cache-disk) */
     uint64_t disk_saves_total, disk_hits_total, disk_tokens_total, disk_evictions_total,
         disk_refused_total;         /* refused: an entry found damaged, cut or missing */

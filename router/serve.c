@@ -67,6 +67,10 @@ typedef struct opts {
     const char *api_key, *api_key_file;
     int64_t timeout;
     int log_disable, verbose, kv_unified;
+    /* speculative decoding */
+    const char *draft_model, *draft_device, *spec_type;
+    int64_t draft_max, draft_min, draft_ngl, draft_threads;
+    float draft_p_min;
     int64_t workers;
     const char *cache_type_k, *cache_type_v;
     const char *config;
@@ -218,6 +222,32 @@ static int build_args(bl_arg_t *a, opts_t *o)
     STR("--tags", "LLAMA_ARG_TAGS", &o->tags, "TAG[,TAG...]",
         "the model's tags, comma-separated, listed in /v1/models (informational)");
     STR("--host", "LLAMA_ARG_HOST", &o->host, "HOST", "address to listen on (default 127.0.0.1)");
+    STR("-md,--model-draft,--spec-draft-model", "LLAMA_ARG_SPEC_DRAFT_MODEL", &o->draft_model, "FNAME",
+        "a draft model (GGUF, the model's vocabulary) for speculative decoding: it runs in a "
+        "process of its own and proposes tokens that the model verifies in one step");
+    I64("--draft,--draft-n,--draft-max", "LLAMA_ARG_DRAFT_MAX", &o->draft_max, 1, 64, "N",
+        "tokens the draft proposes per step at most (default 16)");
+    I64("--spec-draft-n-max", "LLAMA_ARG_SPEC_DRAFT_N_MAX", &o->draft_max, 1, 64, "N",
+        "as --draft-max");
+    I64("--draft-min,--draft-n-min", "LLAMA_ARG_DRAFT_MIN", &o->draft_min, 0, 64, "N",
+        "fewest proposals worth a verification (default 0)");
+    I64("--spec-draft-n-min", "LLAMA_ARG_SPEC_DRAFT_N_MIN", &o->draft_min, 0, 64, "N",
+        "as --draft-min");
+    a[n++] = (bl_arg_t){.names = "--draft-p-min,--spec-draft-p-min", .env = "LLAMA_ARG_SPEC_DRAFT_P_MIN",
+                        .kind = BL_ARG_F32, .dst = &o->draft_p_min, .fmin = 0.0f, .fmax = 1.0f,
+                        .metavar = "P", .help = "the draft stops proposing at a token it gives "
+                        "less than this probability (default 0.75)"};
+    I64("-ngld,--gpu-layers-draft,--n-gpu-layers-draft,--spec-draft-ngl", "LLAMA_ARG_N_GPU_LAYERS_DRAFT",
+        &o->draft_ngl, -1, INT32_MAX, "N",
+        "0: the draft runs on the CPU; any other (default -1, all): whole on one card when there "
+        "is one (a draft is not split)");
+    STR("-devd,--device-draft,--spec-draft-device", NULL, &o->draft_device, "DEV",
+        "the draft's device: none (the CPU) or CUDAn (default: the first card)");
+    I64("-td,--threads-draft,--spec-draft-threads", NULL, &o->draft_threads, -1, 1024, "N",
+        "the draft process's threads (default: as -t)");
+    STR("--spec-type", "LLAMA_ARG_SPEC_TYPE", &o->spec_type, "TYPE",
+        "none (no speculative decoding, also with -md) or draft (a draft model, -md; the "
+        "default with -md); the n-gram and the model's own MTP types are refused");
     STR("--slot-save-path", NULL, &o->slot_save_path, "PATH",
         "folder of slot files: POST /slots/ID?action=save|restore writes and reads a slot's "
         "cache there (created if missing); without it slot actions answer 501");
@@ -1011,6 +1041,25 @@ static int find_bin_dir(char *buf, size_t cap, bl_err_t *err)
 
 static void remove_runtime_dir(const char *dir);
 
+/* The draft's device: -devd none or CUDAn, else the first card unless -ngld 0. */
+static int draft_device(const opts_t *o, int n_devs, int *dev, bl_err_t *err)
+{
+    *dev = o->draft_ngl != 0 && n_devs > 0 ? 0 : -1;
+    if (!o->draft_device)
+        return 0;
+    if (!strcmp(o->draft_device, "none")) {
+        *dev = -1;
+        return 0;
+    }
+    char *end = NULL;
+    long k = !strncmp(o->draft_device, "CUDA", 4) ? strtol(o->draft_device + 4, &end, 10) : -1;
+    if (k < 0 || !end || *end || end == o->draft_device + 4 || k >= n_devs)
+        return bl_err_set(err, BL_EINVAL, "-devd %.40s: not none or one of this host's %d CUDA "
+                          "devices (CUDA0..)", o->draft_device, n_devs);
+    *dev = (int)k;
+    return 0;
+}
+
 /* The start time of process pid (clock ticks after boot, /proc/PID/stat field 22),
  * or 0 when there is no such process. With the pid it names one process for good:
  * a pid that was reused has another start time. */
@@ -1329,6 +1378,10 @@ int main(int argc, char **argv)
     o.threads_http = -1;
     o.cache_ram = -2; /* not given */
     o.cache_disk_size = 32768;
+    o.draft_max = 16;
+    o.draft_ngl = -1;
+    o.draft_threads = -1;
+    o.draft_p_min = 0.75f;
     o.workers = 1;
     rt_sampler_params_t sd;
     rt_sampler_params_default(&sd);
@@ -1386,7 +1439,8 @@ int main(int argc, char **argv)
     bl_gguf_t *g = NULL;
     rt_tokenizer_t *tok = NULL;
     rt_template_t *tpl = NULL;
-    rt_cluster_t *cluster = NULL;
+    rt_cluster_t *cluster = NULL, *draft = NULL;
+    char draft_dir[PATH_MAX + 16] = "";
     rt_engine_t *engine = NULL;
     rt_prep_t *prep = NULL, *prep_inspect = NULL;
     char runtime_dir[PATH_MAX] = "";
@@ -1475,6 +1529,26 @@ int main(int argc, char **argv)
     }
     if (o.cors_credentials && o.no_cors_credentials) {
         bl_err_set(&err, BL_EINVAL, "--cors-credentials and --no-cors-credentials contradict each other");
+        goto fail;
+    }
+    /* speculative decoding: the type, the draft file */
+    int draft_on = 0, draft_dev = -1;
+    int64_t draft_layers = 0;
+    if (o.spec_type && strcmp(o.spec_type, "none") && strcmp(o.spec_type, "draft") &&
+        strcmp(o.spec_type, "draft-simple")) {
+        bl_err_set(&err, BL_ENOTSUP, "--spec-type %.40s: only none and draft (a draft model, -md) "
+                   "are supported; n-gram speculation and the model's own MTP heads are not yet",
+                   o.spec_type);
+        goto fail;
+    }
+    if (o.spec_type && strcmp(o.spec_type, "none") && !o.draft_model) {
+        bl_err_set(&err, BL_EINVAL, "--spec-type %s needs a draft model (-md FILE)", o.spec_type);
+        goto fail;
+    }
+    draft_on = o.draft_model && !(o.spec_type && !strcmp(o.spec_type, "none"));
+    if (draft_on && o.draft_min > o.draft_max) {
+        bl_err_set(&err, BL_EINVAL, "--draft-min %lld is above --draft-max %lld", (long long)o.draft_min,
+                   (long long)o.draft_max);
         goto fail;
     }
     if (o.cache_disk) {
@@ -1696,6 +1770,26 @@ int main(int argc, char **argv)
     app->n_ctx_total = n_ctx;
     app->n_slots = (int)o.parallel;
     app->n_vocab = rt_tokenizer_n_vocab(tok);
+    if (draft_on) { /* the draft must speak the model's vocabulary */
+        bl_gguf_t *dg = NULL;
+        const bl_gguf_arr_t *dt = NULL, *mt = NULL;
+        bl_err_t e2 = {0};
+        int rc2 = bl_gguf_open(&dg, o.draft_model, &e2);
+        if (rc2 == 0)
+            rc2 = bl_gguf_get_arch_i64(dg, "block_count", &draft_layers, &e2);
+        if (rc2 == 0 && (bl_gguf_get_arr(dg, "tokenizer.ggml.tokens", &dt, &e2) ||
+                         bl_gguf_get_arr(g, "tokenizer.ggml.tokens", &mt, &e2)))
+            rc2 = BL_EINVAL;
+        if (rc2 == 0 && bl_gguf_arr_count(dt) != bl_gguf_arr_count(mt))
+            rc2 = bl_err_set(&e2, BL_EINVAL, "its vocabulary has %llu tokens, the model's %llu",
+                             (unsigned long long)bl_gguf_arr_count(dt),
+                             (unsigned long long)bl_gguf_arr_count(mt));
+        bl_gguf_close(dg);
+        if (rc2) {
+            bl_err_set(&err, rc2, "-md %s: %s", o.draft_model, e2.msg);
+            goto fail;
+        }
+    }
     app->n_predict_default = o.n_predict;
     app->defaults = defaults;
     app->reasoning = o.skip_chat_parsing ? 0 : reasoning;
@@ -1730,6 +1824,7 @@ int main(int argc, char **argv)
     char bin_dir[PATH_MAX];
     if (find_bin_dir(bin_dir, sizeof bin_dir, &err) ||
         place(&o, g, bin_dir, n_ctx, ktype, rows, &plan, devs, &n_devs, &err) ||
+        (draft_on && draft_device(&o, n_devs, &draft_dev, &err)) ||
         make_runtime_dir(runtime_dir, sizeof runtime_dir, &err))
         goto fail;
     if (uv_loop_init(&s->loop) != 0) {
@@ -1768,6 +1863,7 @@ int main(int argc, char **argv)
         .slot_dir = slot_dir,
         .cache_dir = cache_dir,
         .n_batch = rows,
+        .logit_rows = draft_on ? o.parallel * (1 + o.draft_max) : 0,
         .kv_type = ktype,
         .verbose = o.verbose,
         .quiet = o.log_disable,
@@ -1795,6 +1891,31 @@ int main(int argc, char **argv)
     if (rt_cluster_create(&cluster, &co, &err) != 0)
         goto fail;
     app->cluster = cluster;
+    if (draft_on) {
+        /* the draft: a process of its own, its own control socket, no placement of
+         * experts, the slots and context of the model's (without -kvu's sharing) */
+        rt_cluster_opts_t dco = co;
+        dco.model_path = o.draft_model;
+        dco.n_workers = 1;
+        dco.n_stage_ends = draft_dev >= 0;
+        dco.stage_end[0] = draft_layers;
+        dco.stage_device[0] = draft_dev;
+        memset(dco.host_layers, 0, sizeof dco.host_layers);
+        dco.kv_pool = 0;
+        dco.n_ctx_slot = kv_pool ? n_ctx / o.parallel : n_ctx_slot;
+        dco.slot_dir = dco.cache_dir = NULL;
+        dco.experts_vram = 0;
+        dco.experts_ram = 0;
+        if (o.draft_threads > 0)
+            dco.n_threads = dco.n_threads_batch = (int)o.draft_threads;
+        snprintf(draft_dir, sizeof draft_dir, "%s/draft", runtime_dir);
+        dco.runtime_dir = draft_dir;
+        if (rt_cluster_create(&draft, &dco, &err) != 0)
+            goto fail;
+        BL_LOG(BL_LOG_INFO, "event=draft model=%s device=%d draft_max=%lld draft_min=%lld p_min=%.2f",
+               o.draft_model, draft_dev, (long long)o.draft_max, (long long)o.draft_min,
+               (double)o.draft_p_min);
+    }
     s->last_state = RT_CLUSTER_LOADING;
     s->log_disable = o.log_disable;
     rt_engine_opts_t eo = {
@@ -1802,6 +1923,11 @@ int main(int argc, char **argv)
         .n_slots = (int)o.parallel,
         .n_ctx_slot = n_ctx_slot,
         .kv_pool = kv_pool,
+        .draft = draft,
+        .draft_max = (int)o.draft_max,
+        .draft_min = (int)o.draft_min,
+        .draft_p_min = o.draft_p_min,
+        .draft_ctx = kv_pool ? n_ctx / o.parallel : n_ctx_slot,
         .slot_dir = slot_dir,
         .cache_dir = cache_dir,
         .cache_disk = o.cache_disk_size >= 0 ? o.cache_disk_size * 1024 * 1024 : -1,
@@ -1860,6 +1986,8 @@ int main(int argc, char **argv)
     rt_cluster_destroy(cluster);
     cluster = NULL;
     app->cluster = NULL;
+    rt_cluster_destroy(draft);
+    draft = NULL;
     BL_LOG(BL_LOG_INFO, "event=stopped exit_code=%d", exit_code);
     goto out;
 
@@ -1879,6 +2007,9 @@ out:
         rt_engine_destroy(engine);
     }
     rt_cluster_destroy(cluster);
+    rt_cluster_destroy(draft);
+    if (draft_dir[0])
+        (void)rmdir(draft_dir);
     if (loop_inited) {
         uv_walk(&s->loop, close_walk, NULL);
         for (int i = 0; i < 100 && uv_loop_alive(&s->loop); i++)
