@@ -647,6 +647,66 @@ static void test_refusals(void)
     kcuda_free(d);
 }
 
+/* Made-up tokens pos..end of sequence q into kv, the last row's logits in lg. */
+static int pool_feed(wk_model_t *m, wk_kv_t *kv, int q, int64_t pos, int64_t end, float *lg, bl_err_t *err)
+{
+    const int64_t V = wk_model_config(m)->n_vocab;
+    int32_t ids[1024];
+    for (int64_t i = pos; i < end; i++)
+        ids[i - pos] = (int32_t)((i * 7919 + q * 104729 + 17) % V);
+    return wk_model_eval(m, kv, ids, end - pos, pos, 1, lg, err);
+}
+
+/* -kvu on the card: caches in one shared buffer give the bits of caches of their
+ * own while the pool moves them (a move on the card, a compaction through host
+ * memory, a move onto an overlapping place), with graphs on. */
+static void test_kv_pool(void)
+{
+    wk_model_t *m = load(k_models[1], 0, 1, 0, 0);
+    const int64_t V = wk_model_config(m)->n_vocab;
+    bl_err_t err = {0};
+    wk_kv_pool_t *pool = NULL;
+    int rc = wk_kv_pool_create(&pool, m, 6 * WK_KV_CHUNK, WK_KV_F16, &err);
+    wk_kv_t *kv[3] = {0}, *ref[3] = {0};
+    for (int i = 0; rc == 0 && i < 3; i++)
+        if ((rc = wk_kv_create_in(&kv[i], pool, 6 * WK_KV_CHUNK, &err)) == 0)
+            ref[i] = kv_new(m, 2048, WK_KV_F16);
+    float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
+    int64_t past[3] = {0, 0, 0};
+    int same = 1;
+    static const struct {
+        int q;
+        int64_t end;
+    } plan[] = {{0, 200}, {1, 200}, {2, 200}, {0, 400}, {1, 700}, {0, 401}, {1, 701}, {2, 201}};
+    for (size_t s = 0; rc == 0 && s < sizeof plan / sizeof *plan; s++) {
+        int q = plan[s].q;
+        if ((rc = pool_feed(m, kv[q], q, past[q], plan[s].end, a, &err)) == 0 &&
+            (rc = pool_feed(m, ref[q], q, past[q], plan[s].end, b, &err)) == 0)
+            same &= memcmp(a, b, sizeof(float) * (size_t)V) == 0;
+        past[q] = plan[s].end;
+    }
+    if (rc == 0) {
+        wk_kv_clear(kv[2]);
+        if ((rc = pool_feed(m, kv[0], 0, past[0], 600, a, &err)) == 0 &&
+            (rc = pool_feed(m, ref[0], 0, past[0], 600, b, &err)) == 0)
+            same &= memcmp(a, b, sizeof(float) * (size_t)V) == 0;
+    }
+    int64_t moves = 0, compactions = 0;
+    if (pool)
+        wk_kv_pool_moves(pool, &moves, &compactions);
+    tap_ok(rc == 0 && same && moves >= 2 && compactions == 1,
+           "caches in a shared card pool give their own caches' bits through moves (%lld) and a "
+           "compaction (%s)", (long long)moves, rc ? err.msg : "");
+    for (int i = 0; i < 3; i++) {
+        wk_kv_free(kv[i]);
+        wk_kv_free(ref[i]);
+    }
+    wk_kv_pool_free(pool);
+    free(a);
+    free(b);
+    wk_model_free(m);
+}
+
 int main(void)
 {
     gpu_test_init("test_worker_cuda");
@@ -657,6 +717,7 @@ int main(void)
     }
     test_refusals();
     test_kv_save_load();
+    test_kv_pool();
     test_oracle();
     test_batch_decode_graph();
     test_multi_slot();
