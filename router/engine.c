@@ -92,6 +92,7 @@ typedef struct slot {
      * proposed for this step are seq[n_past + 1, n_past + 1 + n_draft) */
     int64_t d_past;
     int n_draft;
+    int d_wait, d_backoff; /* steps to decode without the draft, after it proposed nothing */
     int64_t n_drafted, n_accepted; /* the task's, for its timings */
     int in_step;        /* build_step: it has rows in the step being built */
     int64_t n_seq;
@@ -1119,6 +1120,7 @@ static int slot_start(rt_engine_t *e, slot_t *s, rt_task_t *t, int32_t n_vocab)
     s->n_decoded = 0;
     s->n_draft = 0;
     s->n_drafted = s->n_accepted = 0;
+    s->d_wait = s->d_backoff = 0;
     s->task = t;
     s->smpl = smpl;
     /* the penalties look back over the prompt too, as llama-server's do */
@@ -1787,7 +1789,7 @@ static void spec_draft(rt_engine_t *e, int32_t n_vocab)
     int n_active = 0;
     for (int i = 0; i < e->o.n_slots; i++) {
         slot_t *s = &e->slots[i];
-        active[i] = 0;
+        active[i] = cap[i] = 0;
         if (s->state != SLOT_GEN || !s->task)
             continue;
         int64_t k = e->o.draft_max;
@@ -1799,6 +1801,10 @@ static void spec_draft(rt_engine_t *e, int32_t n_vocab)
             k = s->task->n_predict - s->n_decoded - 1; /* the verification adds one of its own */
         if (k < 1 || k < e->o.draft_min)
             continue;
+        if (s->d_wait > 0) { /* the draft was unsure here lately: it catches up later */
+            s->d_wait--;
+            continue;
+        }
         active[i] = 1;
         cap[i] = (int)k;
         n_active++;
@@ -1855,9 +1861,16 @@ static void spec_draft(rt_engine_t *e, int32_t n_vocab)
     }
     uint64_t drafted = 0;
     for (int i = 0; i < e->o.n_slots; i++) {
-        if (e->slots[i].n_draft < e->o.draft_min)
-            e->slots[i].n_draft = 0;
-        drafted += (uint64_t)e->slots[i].n_draft;
+        slot_t *s = &e->slots[i];
+        if (s->n_draft < e->o.draft_min)
+            s->n_draft = 0;
+        drafted += (uint64_t)s->n_draft;
+        /* a draft that proposes nothing costs a step for nothing: the next tries wait
+         * 1, 2, 4, then 8 steps while it stays so */
+        if (cap[i] > 0 && !s->n_draft && s->state == SLOT_GEN && s->task) {
+            s->d_backoff = s->d_backoff ? (s->d_backoff < 8 ? 2 * s->d_backoff : 8) : 1;
+            s->d_wait = s->d_backoff;
+        }
     }
     if (drafted) {
         pthread_mutex_lock(&e->mu);
@@ -2009,6 +2022,8 @@ static void spec_take(rt_engine_t *e, slot_t *s, const rt_step_seq_t *q, const f
         taken++;
     }
     s->n_accepted += taken;
+    if (taken > 0)
+        s->d_backoff = 0;
     if (s->d_past > s->n_past)
         s->d_past = s->n_past;
     s->n_draft = 0;
