@@ -409,6 +409,7 @@ typedef struct rec {
     uint64_t steps_at_cancel;
     struct rec *then;        /* submitted from the callback right after the cancel */
     int shutdown_after;      /* call rt_engine_shutdown after this many tokens */
+    int64_t io_tokens, io_bytes; /* a slot file task's DONE */
 } rec_t;
 
 static uv_loop_t g_loop;
@@ -469,6 +470,8 @@ static void on_event(void *ud, const rt_event_t *ev)
         memcpy(r->tail, ev->tail, ev->tail_len);
         r->tail[ev->tail_len] = '\0';
         r->tm = ev->timings;
+        r->io_tokens = ev->io_tokens;
+        r->io_bytes = ev->io_bytes;
     } else {
         r->final = 1;
         r->error = 1;
@@ -850,6 +853,89 @@ static void test_engine_prompt_cache_keeps_the_common_prefix(void **state)
  * that shares more with a saved state than with its slot starts from that state
  * (the fake checks every step against what the slot's cache holds); the budget
  * evicts the least recently used; a failed load falls back to the whole prompt. */
+/* A slot file task, run to its end. */
+static void slot_io(rt_engine_t *e, rec_t *r, int slot, int action, const char *name)
+{
+    memset(r, 0, sizeof *r);
+    r->e = e;
+    bl_err_t err = {0};
+    if (rt_engine_slot_io(e, slot, action, name, on_event, r, &r->task, &err))
+        fail_msg("slot io: %s", err.msg);
+    pump(r, 1);
+}
+
+/* Slot files: a slot saved, restored into another (whose next prompt then starts from
+ * it), erased; a damaged file, one of another model and a bad name refused. */
+static void test_engine_slot_files(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/bl-slot-test-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    snprintf(fk.slot_dir, sizeof fk.slot_dir, "%s", dir);
+    rt_engine_opts_t o = {.n_slots = 2, .n_ctx_slot = 256, .n_batch = 64, .n_predict_max = -1,
+                          .slot_dir = dir, .model_id = 42, .kv_type = 1, .n_layer = 4};
+    rt_engine_t *e = start_opts(&o);
+    fk.script = "zzzzzzzzzzzz";
+    rt_task_params_t p = greedy();
+    p.n_predict = 3;
+    p.slot_id = 0;
+    const char *prompt = "a prompt that slot 0 keeps";
+    fk.base = (int64_t)strlen(prompt); /* "zzz" after the prompt */
+    rec_t r = {0};
+    submit(e, &r, prompt, &p);
+    pump(&r, 1);
+    const int64_t held = (int64_t)strlen(prompt) + 2; /* the last sampled token never ran */
+    rec_t io;
+    slot_io(e, &io, 0, RT_SLOT_SAVE, "s0.bin");
+    assert_false(io.error);
+    assert_int_equal(io.io_tokens, held);
+    assert_int_equal(io.io_bytes, 64 + 8 * held); /* header, tokens, the fake's 4 bytes each */
+    slot_io(e, &io, 1, RT_SLOT_RESTORE, "s0.bin");
+    assert_false(io.error);
+    assert_int_equal(io.io_tokens, held);
+    /* slot 1's next prompt starts from what was restored */
+    uint64_t from = fk_steps() + 1;
+    p.slot_id = 1;
+    rec_t r2 = {0};
+    submit(e, &r2, prompt, &p);
+    pump(&r2, 1);
+    assert_int_equal(r2.tm.n_cached, (int64_t)strlen(prompt) - 1);
+    assert_int_equal(first_seq_of_slot(1, from).pos, (int64_t)strlen(prompt) - 1);
+    assert_string_equal(r2.text, r.text);
+    /* erase */
+    slot_io(e, &io, 1, RT_SLOT_ERASE, NULL);
+    assert_false(io.error);
+    assert_true(io.io_tokens >= held);
+    assert_int_equal(fk.held[1], 0);
+    /* damaged: one byte of the cache flipped */
+    char path[512];
+    snprintf(path, sizeof path, "%s/s0.bin", dir);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, -3, SEEK_END), 0);
+    int c = fgetc(f);
+    assert_int_equal(fseek(f, -3, SEEK_END), 0);
+    fputc(c ^ 1, f);
+    fclose(f);
+    slot_io(e, &io, 1, RT_SLOT_RESTORE, "s0.bin");
+    assert_true(io.error);
+    assert_int_equal(io.status, 400);
+    assert_non_null(strstr(io.msg, "damaged"));
+    slot_io(e, &io, 1, RT_SLOT_RESTORE, "missing.bin");
+    assert_true(io.error && io.status == 400);
+    /* a bad name never queues */
+    rec_t bad = {0};
+    bl_err_t err = {0};
+    assert_int_equal(rt_engine_slot_io(e, 0, RT_SLOT_SAVE, "../x", on_event, &bad, &bad.task, &err),
+                     BL_EINVAL);
+    assert_int_equal(rt_engine_slot_io(e, 5, RT_SLOT_ERASE, NULL, on_event, &bad, &bad.task, &err),
+                     BL_EINVAL);
+    assert_false(fk.bad);
+    unlink(path);
+    rmdir(dir);
+    fk.slot_dir[0] = '\0';
+}
+
 static void test_engine_host_prompt_cache(void **state)
 {
     (void)state;
@@ -1433,6 +1519,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_engine_prompt_cache_keeps_the_common_prefix, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_engine_host_prompt_cache, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_engine_slot_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_sleeps_when_idle_and_wakes_for_a_task, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_picks_the_slot_with_the_longest_prefix, setup,
                                         teardown),
