@@ -74,10 +74,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check(h->n_seqs >= 1 && h->n_seqs <= BP_STEP_MAX_KVOPS, "KV ops outside the bound");
             for (int32_t i = 0; i < h->n_seqs; i++) {
                 const bp_step_kvop_t *o = &kvops[i];
-                const int drop = o->op == BP_KV_DROP;
-                check(o->op == BP_KV_SAVE || o->op == BP_KV_LOAD || drop, "an unknown KV op");
-                check(drop || (o->slot >= 0 && o->slot < g_lim.n_slots), "a KV op on a slot outside the plan");
-                check(drop ? o->n == 0 : (o->n >= 1 && o->n <= g_lim.n_ctx), "KV positions outside the cache");
+                const int drop = o->op == BP_KV_DROP, none = drop || o->op == BP_KV_CLEAR;
+                check(o->op >= BP_KV_SAVE && o->op <= BP_KV_FETCH, "an unknown KV op");
+                check(drop || o->op == BP_KV_PERSIST ? o->slot == 0
+                                                     : (o->slot >= 0 && o->slot < g_lim.n_slots),
+                      "a KV op on a slot outside the plan");
+                check(none ? o->n == 0 : (o->n >= 1 && o->n <= g_lim.n_ctx), "KV positions outside the cache");
                 check(o->entry >= 0 && o->bytes >= 0, "a KV op with a negative entry or size");
             }
         }
