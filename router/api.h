@@ -29,6 +29,7 @@
 typedef struct rt_app {
     rt_engine_t *engine;
     const char *slot_dir;       /* --slot-save-path, or NULL: slot actions answer 501 */
+    int speculative;            /* a draft model proposes tokens (-md) */
     rt_cluster_t *cluster;
     rt_tokenizer_t *tok;        /* tokenizing requests (loop thread) */
     rt_prep_t *prep;            /* prompts templated and tokenized off the loop, with a

@@ -178,7 +178,7 @@ static void route_props(rt_req_t *r)
         return;
     rt_app_t *app = app_of(r);
     json_t *dgs = json_pack("{s:i,s:i,s:I,s:b,s:b,s:o,s:s}", "id", 0, "id_task", -1, "n_ctx",
-                            (json_int_t)app->n_ctx_slot, "speculative", 0, "is_processing", 0,
+                            (json_int_t)app->n_ctx_slot, "speculative", app->speculative, "is_processing", 0,
                             "params", params_json(app), "prompt", "");
     json_t *j = json_pack(
         "{s:o,s:i,s:s,s:s,s:{s:b,s:b},s:b,s:b,s:b,s:b,s:s,s:o,s:o,s:s}",
@@ -243,7 +243,7 @@ static void route_slots(rt_req_t *r)
         json_t *o = json_pack(
             "{s:i,s:I,s:I,s:b,s:b,s:o,s:s,s:{s:b,s:b,s:I,s:I,s:s}}", "id", s->id, "id_task",
             s->busy ? (json_int_t)s->task_id : (json_int_t)-1, "n_ctx", (json_int_t)s->n_ctx,
-            "speculative", 0, "is_processing", s->busy, "params", params_json(app), "prompt", "",
+            "speculative", app->speculative, "is_processing", s->busy, "params", params_json(app), "prompt", "",
             "next_token", "has_next_token", s->busy, "has_new_line", 0, "n_remain",
             (json_int_t)-1, "n_decoded", (json_int_t)s->n_decoded, "stopping_word", "");
         if (!o || json_array_append_new(arr, o) != 0) {

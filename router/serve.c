@@ -1906,12 +1906,14 @@ int main(int argc, char **argv)
         dco.slot_dir = dco.cache_dir = NULL;
         dco.experts_vram = 0;
         dco.experts_ram = 0;
+        dco.logit_rows = 0; /* one row a slot: the draft only proposes */
         if (o.draft_threads > 0)
             dco.n_threads = dco.n_threads_batch = (int)o.draft_threads;
         snprintf(draft_dir, sizeof draft_dir, "%s/draft", runtime_dir);
         dco.runtime_dir = draft_dir;
         if (rt_cluster_create(&draft, &dco, &err) != 0)
             goto fail;
+        app->speculative = 1;
         BL_LOG(BL_LOG_INFO, "event=draft model=%s device=%d draft_max=%lld draft_min=%lld p_min=%.2f",
                o.draft_model, draft_dev, (long long)o.draft_max, (long long)o.draft_min,
                (double)o.draft_p_min);
