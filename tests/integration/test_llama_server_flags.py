@@ -82,10 +82,12 @@ def test_values_that_mean_something_else_are_refused(model, args, says):
 
 
 def test_accepted_flags_without_effect_are_logged(servers):
-    srv = servers.start(["-np", "1", "-c", "512", "-t", "1", "--spec-type", "none", "--dry-multiplier", "0",
-                         "-Cb", "0x1", "--spec-draft-n-max", "16", "--backend_sampling", "--no-kv-unified"])
+    srv = servers.start(["-np", "1", "-c", "512", "-t", "1", "--spec-draft-p-split", "0.1", "--dry-multiplier",
+                         "0", "-Cb", "0x1", "--spec-draft-threads-batch", "2", "--backend_sampling",
+                         "--no-kv-unified"])
     log = srv.log(20000)
-    for flag in ("--spec-type", "--dry-multiplier", "--cpu-mask-batch", "--spec-draft-n-max", "--backend-sampling"):
+    for flag in ("--draft-p-split", "--dry-multiplier", "--cpu-mask-batch", "--threads-batch-draft",
+                 "--backend-sampling"):
         assert "event=flag_no_effect flag=%s " % flag in log, log
     assert "event=flag_same flag=--no-kv-unified " in log, log
 
