@@ -22,34 +22,6 @@ uint64_t bl_sum64(uint64_t h, const void *p, size_t n)
     return h;
 }
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
 static const char MAGIC[8] = {'B', 'L', 'M', 'K', 'V', 'P', 'T', '1'};
 
 uint64_t bl_kvpart_bytes(const bl_kvpart_t *p)
@@ -66,14 +38,14 @@ void bl_kvpart_encode(const bl_kvpart_t *p, uint8_t out[BL_KVPART_HDR_BYTES])
 {
     memset(out, 0, BL_KVPART_HDR_BYTES);
     memcpy(out, MAGIC, 8);
-    put32(out + 8, p->version);
-    put32(out + 12, p->kv_type);
-    put32(out + 16, p->layer_begin);
-    put32(out + 20, p->layer_end);
-    put64(out + 24, p->n);
-    put64(out + 32, p->row_bytes);
-    put64(out + 40, p->sum);
-    put64(out + 56, bl_sum64(0, out, 56));
+    bl_put_le32(out + 8, p->version);
+    bl_put_le32(out + 12, p->kv_type);
+    bl_put_le32(out + 16, p->layer_begin);
+    bl_put_le32(out + 20, p->layer_end);
+    bl_put_le64(out + 24, p->n);
+    bl_put_le64(out + 32, p->row_bytes);
+    bl_put_le64(out + 40, p->sum);
+    bl_put_le64(out + 56, bl_sum64(0, out, 56));
 }
 
 int bl_kvpart_decode(const void *buf, size_t n, bl_kvpart_t *p, bl_err_t *err)
@@ -83,11 +55,11 @@ int bl_kvpart_decode(const void *buf, size_t n, bl_kvpart_t *p, bl_err_t *err)
         return bl_err_set(err, BL_EINVAL, "cache part: %zu bytes, shorter than its header", n);
     if (memcmp(b, MAGIC, 8) != 0)
         return bl_err_set(err, BL_EINVAL, "cache part: not a cache part file");
-    if (get64(b + 56) != bl_sum64(0, b, 56) || get64(b + 48) != 0)
+    if (bl_get_le64(b + 56) != bl_sum64(0, b, 56) || bl_get_le64(b + 48) != 0)
         return bl_err_set(err, BL_EINVAL, "cache part: the header is damaged");
-    *p = (bl_kvpart_t){.version = get32(b + 8), .kv_type = get32(b + 12),
-                       .layer_begin = get32(b + 16), .layer_end = get32(b + 20),
-                       .n = get64(b + 24), .row_bytes = get64(b + 32), .sum = get64(b + 40)};
+    *p = (bl_kvpart_t){.version = bl_get_le32(b + 8), .kv_type = bl_get_le32(b + 12),
+                       .layer_begin = bl_get_le32(b + 16), .layer_end = bl_get_le32(b + 20),
+                       .n = bl_get_le64(b + 24), .row_bytes = bl_get_le64(b + 32), .sum = bl_get_le64(b + 40)};
     if (p->version != BL_KVPART_VERSION)
         return bl_err_set(err, BL_EINVAL, "cache part: version %u, this build reads %d", p->version,
                           BL_KVPART_VERSION);

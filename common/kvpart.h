@@ -25,6 +25,26 @@
  * last any length), the same as over the whole. */
 uint64_t bl_sum64(uint64_t h, const void *p, size_t n);
 
+/* Little-endian fields of the cache files' headers. */
+static inline void bl_put_le32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void bl_put_le64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint32_t bl_get_le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t bl_get_le64(const uint8_t *p)
+{
+    return (uint64_t)bl_get_le32(p) | (uint64_t)bl_get_le32(p + 4) << 32;
+}
+
 #define BL_KVPART_HDR_BYTES 64
 #define BL_KVPART_VERSION 1
 

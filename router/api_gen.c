@@ -524,8 +524,7 @@ int rt__gen_grammar_wrap(const char *gbnf, int think, rt_chatfmt_t fmt, const ch
         return bl_err_set(err, BL_ENOMEM, "out of memory");
     const char *open, *close;
     rt_chatfmt_think_tags(fmt, &open, &close);
-    /* harmony: the final channel's or the call's message follows the analysis one */
-    const char *after = fmt == RT_CHATFMT_GPT_OSS ? "<|start|>assistant" : "";
+    const char *after = rt_chatfmt_think_next(fmt); /* harmony: the next message's start */
     bl_buf_t g = {0};
     int rc = bl_buf_add(&g, "root ::= ", 9, 0);
     if (!rc && think == 1)

@@ -32,6 +32,9 @@ const char *rt_chatfmt_name(rt_chatfmt_t f);
 const char *const *rt_chatfmt_markers(rt_chatfmt_t f);
 /* The tags around a thought ("<think>", "</think>" for most). */
 void rt_chatfmt_think_tags(rt_chatfmt_t f, const char **open, const char **close);
+/* What begins the next message after a thought ("" for most; harmony's
+ * "<|start|>assistant"). */
+const char *rt_chatfmt_think_next(rt_chatfmt_t f);
 
 /* Key/value call arguments: KEY_OPEN key KEY_CLOSE [VAL_OPEN] value VAL_CLOSE per
  * pair (glm-4.5, qwen3-coder). */

@@ -583,8 +583,8 @@ static void dk_stats(rt_engine_t *e, int saves, int hits, int64_t tokens, int ev
 }
 
 /* Removes entry id's files: its meta file and every stage's part (and a part still
- * being written). The total of their sizes in *bytes when not NULL. */
-static void dk_unlink(const char *dir, int64_t id, int64_t *bytes)
+ * being written). */
+static void dk_unlink(const char *dir, int64_t id)
 {
     char prefix[48], path[4400];
     int pl = snprintf(prefix, sizeof prefix, "pc-%lld.", (long long)id);
@@ -594,11 +594,7 @@ static void dk_unlink(const char *dir, int64_t id, int64_t *bytes)
         if (strncmp(de->d_name, prefix, (size_t)pl) != 0)
             continue;
         snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        struct stat st;
-        if (bytes && stat(path, &st) == 0)
-            *bytes += (int64_t)st.st_size;
-        if (!bytes)
-            (void)unlink(path);
+        (void)unlink(path);
     }
     if (d)
         closedir(d);
@@ -606,7 +602,7 @@ static void dk_unlink(const char *dir, int64_t id, int64_t *bytes)
 
 static void dk_remove(rt_engine_t *e, size_t i, int refused)
 {
-    dk_unlink(e->o.cache_dir, e->dk[i].id, NULL);
+    dk_unlink(e->o.cache_dir, e->dk[i].id);
     e->dk_bytes -= e->dk[i].bytes;
     free(e->dk[i].toks);
     e->dk[i] = e->dk[--e->n_dk];
@@ -651,7 +647,7 @@ static int dk_write_meta(rt_engine_t *e, int64_t id, const int32_t *toks, int64_
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     rt_slotfile_hdr_t h = {.version = RT_SLOTFILE_VERSION, .kv_type = e->o.kv_type,
                            .n_layer = e->o.n_layer, .model_id = e->o.model_id,
-                           .n_tokens = (uint64_t)n, .sum = rt_slotfile_sum(0, toks, 4 * (size_t)n)};
+                           .n_tokens = (uint64_t)n, .sum = bl_sum64(0, toks, 4 * (size_t)n)};
     uint8_t hb[RT_SLOTFILE_HDR_BYTES];
     rt_slotfile_encode(&h, hb);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -706,10 +702,68 @@ static void dk_persist(rt_engine_t *e, int64_t id, const int32_t *toks, int64_t 
     dk_trim(e);
 }
 
-/* Reads the folder at start: each meta file of this model file and cache type
- * becomes an entry (sized by its files, ordered by their age); damaged meta files,
- * parts without a meta file and half-written files are removed; files of another
- * model are left alone. New entry names come after the largest found. */
+/* A file of the folder: its entry, whether it is the meta file, its size and time. */
+typedef struct dk_file {
+    int64_t id;
+    int meta;
+    int64_t bytes;
+    time_t mtime;
+} dk_file_t;
+
+static int dk_file_cmp(const void *a, const void *b)
+{
+    const dk_file_t *x = a, *y = b;
+    if (x->id != y->id)
+        return x->id < y->id ? -1 : 1;
+    return y->meta - x->meta; /* the meta file first */
+}
+
+/* A meta file's tokens, checked against this model file, cache type and context:
+ * 0 and *toks (caller frees); 1 for another model's or type's (not ours to judge);
+ * an error code with err's reason for a damaged one. */
+static int dk_read_meta(rt_engine_t *e, int64_t id, int32_t **toks, int64_t *n, bl_err_t *err)
+{
+    char path[4400];
+    snprintf(path, sizeof path, "%s/pc-%lld.meta", e->o.cache_dir, (long long)id);
+    rt_slotfile_hdr_t h;
+    uint8_t hb[RT_SLOTFILE_HDR_BYTES];
+    *toks = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t k = fd >= 0 ? pread(fd, hb, sizeof hb, 0) : -1;
+    int rc = rt_slotfile_decode(hb, k > 0 ? (size_t)k : 0, &h, err);
+    if (rc == 0 && (h.model_id != e->o.model_id || h.kv_type != e->o.kv_type ||
+                    h.n_layer != e->o.n_layer)) {
+        if (fd >= 0)
+            close(fd);
+        return 1;
+    }
+    if (rc == 0 && (h.n_tokens == 0 || h.data_bytes != 0 || h.n_tokens >= (uint64_t)e->o.n_ctx_slot))
+        rc = bl_err_set(err, BL_EINVAL, "%llu tokens", (unsigned long long)h.n_tokens);
+    if (rc == 0 && !(*toks = malloc(4 * (size_t)h.n_tokens)))
+        rc = bl_err_set(err, BL_ENOMEM, "out of memory");
+    if (rc == 0 && pread(fd, *toks, 4 * (size_t)h.n_tokens, RT_SLOTFILE_HDR_BYTES) !=
+                       (ssize_t)(4 * h.n_tokens))
+        rc = bl_err_set(err, BL_EINVAL, "cut short");
+    if (rc == 0 && bl_sum64(0, *toks, 4 * (size_t)h.n_tokens) != h.sum)
+        rc = bl_err_set(err, BL_EINVAL, "damaged");
+    for (uint64_t t = 0; rc == 0 && t < h.n_tokens; t++)
+        if ((*toks)[t] < 0 || (*toks)[t] >= e->n_vocab_tok)
+            rc = bl_err_set(err, BL_EINVAL, "a token outside the vocabulary");
+    if (fd >= 0)
+        close(fd);
+    if (rc) {
+        free(*toks);
+        *toks = NULL;
+        return rc;
+    }
+    *n = (int64_t)h.n_tokens;
+    return 0;
+}
+
+/* Reads the folder at start, in one pass: each meta file of this model file and
+ * cache type becomes an entry (sized by its files, ordered by their age); damaged
+ * meta files, parts without a meta file and half-written files are removed; files of
+ * another model are left alone. New entry names come after the largest found. */
 static void dk_scan(rt_engine_t *e)
 {
     DIR *d = opendir(e->o.cache_dir);
@@ -718,11 +772,8 @@ static void dk_scan(rt_engine_t *e)
                strerror(errno));
         return;
     }
-    struct found {
-        int64_t id;
-        time_t mtime;
-    } *metas = NULL;
-    size_t n_metas = 0, cap = 0;
+    dk_file_t *files = NULL;
+    size_t n_files = 0, cap = 0;
     int64_t max_id = -1;
     struct dirent *de;
     char path[4400];
@@ -733,94 +784,71 @@ static void dk_scan(rt_engine_t *e)
             continue;
         snprintf(path, sizeof path, "%s/%s", e->o.cache_dir, de->d_name);
         size_t nl = strlen(de->d_name);
+        struct stat st;
         if (nl > 4 && !strcmp(de->d_name + nl - 4, ".tmp")) { /* a write a crash cut short */
             (void)unlink(path);
             continue;
         }
         if (id > max_id)
             max_id = id;
-        struct stat st;
-        if (strcmp(rest, "meta") || stat(path, &st) != 0)
+        if (stat(path, &st) != 0)
             continue;
-        if (n_metas == cap) {
+        if (n_files == cap) {
             cap = cap ? 2 * cap : 64;
-            struct found *g = realloc(metas, cap * sizeof *g);
+            dk_file_t *g = realloc(files, cap * sizeof *g);
             if (!g)
                 break;
-            metas = g;
+            files = g;
         }
-        metas[n_metas++] = (struct found){id, st.st_mtime};
+        files[n_files++] = (dk_file_t){id, !strcmp(rest, "meta"), (int64_t)st.st_size, st.st_mtime};
     }
     closedir(d);
-    /* oldest first: the clock orders them as they were used */
-    for (size_t i = 1; i < n_metas; i++)
-        for (size_t j = i; j > 0 && metas[j].mtime < metas[j - 1].mtime; j--) {
-            struct found t = metas[j];
-            metas[j] = metas[j - 1];
-            metas[j - 1] = t;
-        }
-    for (size_t i = 0; i < n_metas; i++) {
-        snprintf(path, sizeof path, "%s/pc-%lld.meta", e->o.cache_dir, (long long)metas[i].id);
-        bl_err_t err = {0};
-        rt_slotfile_hdr_t h;
-        uint8_t hb[RT_SLOTFILE_HDR_BYTES];
-        int32_t *toks = NULL;
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        ssize_t k = fd >= 0 ? pread(fd, hb, sizeof hb, 0) : -1;
-        int rc = rt_slotfile_decode(hb, k > 0 ? (size_t)k : 0, &h, &err);
-        if (rc == 0 && (h.model_id != e->o.model_id || h.kv_type != e->o.kv_type ||
-                        h.n_layer != e->o.n_layer)) {
-            if (fd >= 0)
-                close(fd);
-            continue; /* another model's or cache type's: not ours to judge */
-        }
-        if (rc == 0 && (h.n_tokens == 0 || h.data_bytes != 0 || h.n_tokens >= (uint64_t)e->o.n_ctx_slot))
-            rc = bl_err_set(&err, BL_EINVAL, "%llu tokens", (unsigned long long)h.n_tokens);
-        if (rc == 0 && !(toks = malloc(4 * (size_t)h.n_tokens)))
-            rc = BL_ENOMEM;
-        if (rc == 0 && pread(fd, toks, 4 * (size_t)h.n_tokens, RT_SLOTFILE_HDR_BYTES) !=
-                           (ssize_t)(4 * h.n_tokens))
-            rc = bl_err_set(&err, BL_EINVAL, "cut short");
-        if (rc == 0 && rt_slotfile_sum(0, toks, 4 * (size_t)h.n_tokens) != h.sum)
-            rc = bl_err_set(&err, BL_EINVAL, "damaged");
-        for (uint64_t t = 0; rc == 0 && t < h.n_tokens; t++)
-            if (toks[t] < 0 || toks[t] >= e->n_vocab_tok)
-                rc = bl_err_set(&err, BL_EINVAL, "a token outside the vocabulary");
-        if (fd >= 0)
-            close(fd);
-        if (rc) {
-            BL_LOG(BL_LOG_WARN, "event=cache_disk_entry_refused entry=%lld reason=\"%s\"",
-                   (long long)metas[i].id, err.msg);
-            free(toks);
-            dk_unlink(e->o.cache_dir, metas[i].id, NULL);
-            dk_stats(e, 0, 0, 0, 0, 1);
-            continue;
-        }
+    if (n_files)
+        qsort(files, n_files, sizeof *files, dk_file_cmp);
+    /* entries, each with its files' bytes; the clock orders them by their meta's age */
+    struct found {
+        int64_t id, n, bytes;
+        int32_t *toks;
+        time_t mtime;
+    } *ok = n_files ? malloc(n_files * sizeof *ok) : NULL;
+    size_t n_ok = 0;
+    for (size_t i = 0; i < n_files;) {
+        size_t j = i;
         int64_t bytes = 0;
-        dk_unlink(e->o.cache_dir, metas[i].id, &bytes);
-        if (dk_add(e, metas[i].id, toks, (int64_t)h.n_tokens, bytes, ++e->clock))
-            free(toks);
-    }
-    /* parts whose meta file is gone */
-    d = opendir(e->o.cache_dir);
-    while (d && (de = readdir(d)) != NULL) {
-        long long id;
-        char rest[64];
-        if (sscanf(de->d_name, "pc-%lld.%63s", &id, rest) != 2 || rest[0] != 'L')
-            continue;
-        int known = 0;
-        for (size_t i = 0; i < e->n_dk && !known; i++)
-            known = e->dk[i].id == id;
-        for (size_t i = 0; i < n_metas && !known; i++)
-            known = metas[i].id == id; /* another model's */
-        if (!known) {
-            snprintf(path, sizeof path, "%s/%s", e->o.cache_dir, de->d_name);
-            (void)unlink(path);
+        while (j < n_files && files[j].id == files[i].id)
+            bytes += files[j++].bytes;
+        const int64_t id = files[i].id;
+        if (!files[i].meta) { /* parts whose meta file is gone */
+            dk_unlink(e->o.cache_dir, id);
+        } else {
+            bl_err_t err = {0};
+            int32_t *toks = NULL;
+            int64_t n = 0;
+            int rc = dk_read_meta(e, id, &toks, &n, &err);
+            if (rc < 0) {
+                BL_LOG(BL_LOG_WARN, "event=cache_disk_entry_refused entry=%lld reason=\"%s\"",
+                       (long long)id, err.msg);
+                dk_unlink(e->o.cache_dir, id);
+                dk_stats(e, 0, 0, 0, 0, 1);
+            } else if (rc == 0 && ok) {
+                ok[n_ok++] = (struct found){id, n, bytes, toks, files[i].mtime};
+            } else {
+                free(toks);
+            }
         }
+        i = j;
     }
-    if (d)
-        closedir(d);
-    free(metas);
+    for (size_t i = 1; i < n_ok; i++) /* oldest first */
+        for (size_t j = i; j > 0 && ok[j].mtime < ok[j - 1].mtime; j--) {
+            struct found t = ok[j];
+            ok[j] = ok[j - 1];
+            ok[j - 1] = t;
+        }
+    for (size_t i = 0; i < n_ok; i++)
+        if (dk_add(e, ok[i].id, ok[i].toks, ok[i].n, ok[i].bytes, ++e->clock))
+            free(ok[i].toks);
+    free(ok);
+    free(files);
     e->pc_next_id = max_id + 1;
     BL_LOG(BL_LOG_INFO, "event=cache_disk dir=\"%s\" entries=%zu bytes=%lld", e->o.cache_dir, e->n_dk,
            (long long)e->dk_bytes);

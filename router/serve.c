@@ -1041,6 +1041,18 @@ static int find_bin_dir(char *buf, size_t cap, bl_err_t *err)
 
 static void remove_runtime_dir(const char *dir);
 
+/* The folder a flag names, made if missing (as llama-server makes --slot-save-path's):
+ * its real path in *out (caller frees). */
+static int made_folder(const char *flag, const char *path, char **out, bl_err_t *err)
+{
+    struct stat st;
+    bl_err_t e2 = {0};
+    if (!path[0] || bl_make_dirs(path, 1, &e2) || !(*out = realpath(path, NULL)) ||
+        stat(*out, &st) != 0 || !S_ISDIR(st.st_mode))
+        return bl_err_set(err, BL_EINVAL, "%s %s: %s", flag, path, e2.msg[0] ? e2.msg : "not a folder");
+    return 0;
+}
+
 /* The draft's device: -devd none or CUDAn, else the first card unless -ngld 0. */
 static int draft_device(const opts_t *o, int n_devs, int *dev, bl_err_t *err)
 {
@@ -1551,28 +1563,9 @@ int main(int argc, char **argv)
                    (long long)o.draft_max);
         goto fail;
     }
-    if (o.cache_disk) {
-        struct stat st;
-        bl_err_t e2 = {0};
-        if (!o.cache_disk[0] || bl_make_dirs(o.cache_disk, 1, &e2) ||
-            !(cache_dir = realpath(o.cache_disk, NULL)) || stat(cache_dir, &st) != 0 ||
-            !S_ISDIR(st.st_mode)) {
-            bl_err_set(&err, BL_EINVAL, "--cache-disk %s: %s", o.cache_disk,
-                       e2.msg[0] ? e2.msg : "not a folder");
-            goto fail;
-        }
-    }
-    if (o.slot_save_path) { /* made if missing, as llama-server does; its real path */
-        struct stat st;
-        bl_err_t e2 = {0};
-        if (!o.slot_save_path[0] || bl_make_dirs(o.slot_save_path, 1, &e2) ||
-            !(slot_dir = realpath(o.slot_save_path, NULL)) || stat(slot_dir, &st) != 0 ||
-            !S_ISDIR(st.st_mode)) {
-            bl_err_set(&err, BL_EINVAL, "--slot-save-path %s: %s", o.slot_save_path,
-                       e2.msg[0] ? e2.msg : "not a folder");
-            goto fail;
-        }
-    }
+    if ((o.cache_disk && made_folder("--cache-disk", o.cache_disk, &cache_dir, &err)) ||
+        (o.slot_save_path && made_folder("--slot-save-path", o.slot_save_path, &slot_dir, &err)))
+        goto fail;
     {
         const char *j = getenv("LLAMA_ARG_JINJA"); /* a flag's variable can say "off" too */
         if (j && (!strcmp(j, "0") || !strcmp(j, "false") || !strcmp(j, "off")) && !o.jinja)

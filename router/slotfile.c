@@ -41,48 +41,18 @@ int rt_slotfile_name_ok(const char *name, bl_err_t *err)
     return 0;
 }
 
-uint64_t rt_slotfile_sum(uint64_t h, const void *p, size_t n) { return bl_sum64(h, p, n); }
-
 uint64_t rt_slotfile_model_id(const bl_gguf_t *g)
 {
     uint64_t size = 0, h = 0x5107F11Eull;
     const void *p = bl_gguf_part_bytes(g, 0, &size);
     uint64_t head = bl_gguf_data_offset(g, 0);
     if (p && head <= size)
-        h = rt_slotfile_sum(h, p, (size_t)head);
+        h = bl_sum64(h, p, (size_t)head);
     for (uint32_t i = 0; bl_gguf_part_path(g, i); i++) {
         uint64_t s = bl_gguf_part_size(g, i);
-        h = rt_slotfile_sum(h, &s, sizeof s);
+        h = bl_sum64(h, &s, sizeof s);
     }
     return h;
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
 }
 
 static const char MAGIC[8] = {'B', 'L', 'M', 'S', 'L', 'O', 'T', '1'};
@@ -91,14 +61,14 @@ void rt_slotfile_encode(const rt_slotfile_hdr_t *h, uint8_t out[RT_SLOTFILE_HDR_
 {
     memset(out, 0, RT_SLOTFILE_HDR_BYTES);
     memcpy(out, MAGIC, 8);
-    put32(out + 8, h->version);
-    put32(out + 12, h->kv_type);
-    put64(out + 16, h->model_id);
-    put64(out + 24, h->n_tokens);
-    put64(out + 32, h->data_bytes);
-    put64(out + 40, h->sum);
-    put32(out + 48, h->n_layer);
-    put64(out + 56, rt_slotfile_sum(0, out, 56));
+    bl_put_le32(out + 8, h->version);
+    bl_put_le32(out + 12, h->kv_type);
+    bl_put_le64(out + 16, h->model_id);
+    bl_put_le64(out + 24, h->n_tokens);
+    bl_put_le64(out + 32, h->data_bytes);
+    bl_put_le64(out + 40, h->sum);
+    bl_put_le32(out + 48, h->n_layer);
+    bl_put_le64(out + 56, bl_sum64(0, out, 56));
 }
 
 int rt_slotfile_decode(const void *buf, size_t n, rt_slotfile_hdr_t *h, bl_err_t *err)
@@ -108,12 +78,12 @@ int rt_slotfile_decode(const void *buf, size_t n, rt_slotfile_hdr_t *h, bl_err_t
         return bl_err_set(err, BL_EINVAL, "slot file: %zu bytes, shorter than its header", n);
     if (memcmp(b, MAGIC, 8) != 0)
         return bl_err_set(err, BL_EINVAL, "slot file: not a slot file of this server");
-    if (get64(b + 56) != rt_slotfile_sum(0, b, 56) || get32(b + 52) != 0)
+    if (bl_get_le64(b + 56) != bl_sum64(0, b, 56) || bl_get_le32(b + 52) != 0)
         return bl_err_set(err, BL_EINVAL, "slot file: the header is damaged");
-    *h = (rt_slotfile_hdr_t){.version = get32(b + 8), .kv_type = get32(b + 12),
-                             .model_id = get64(b + 16), .n_tokens = get64(b + 24),
-                             .data_bytes = get64(b + 32), .sum = get64(b + 40),
-                             .n_layer = get32(b + 48)};
+    *h = (rt_slotfile_hdr_t){.version = bl_get_le32(b + 8), .kv_type = bl_get_le32(b + 12),
+                             .model_id = bl_get_le64(b + 16), .n_tokens = bl_get_le64(b + 24),
+                             .data_bytes = bl_get_le64(b + 32), .sum = bl_get_le64(b + 40),
+                             .n_layer = bl_get_le32(b + 48)};
     if (h->version != RT_SLOTFILE_VERSION)
         return bl_err_set(err, BL_EINVAL, "slot file: version %u, this server reads %d", h->version,
                           RT_SLOTFILE_VERSION);
@@ -146,7 +116,7 @@ int rt_slotfile_sum_fd(int fd, uint64_t off, uint64_t n, uint64_t *out, bl_err_t
             rc = bl_err_set(err, BL_EIO, "slot file: shorter than its header says");
             break;
         }
-        h = rt_slotfile_sum(h, buf, (size_t)k);
+        h = bl_sum64(h, buf, (size_t)k);
         done += (uint64_t)k;
     }
     free(buf);

@@ -22,6 +22,7 @@
 
 #include "err.h"
 #include "gguf.h"
+#include "kvpart.h"
 
 #define RT_SLOTFILE_HDR_BYTES 64
 #define RT_SLOTFILE_VERSION 1
@@ -40,17 +41,12 @@ int rt_slotfile_name_ok(const char *name, bl_err_t *err) BL_WUR;
  * list (the bytes before the tensor data) and of every part's size. */
 uint64_t rt_slotfile_model_id(const bl_gguf_t *g);
 
-/* A checksum of n bytes (updating h; start with 0): 8 bytes at a time, not for
- * security, to tell a damaged file. Over pieces whose lengths are multiples of 8
- * (the last one any length), the same as over the whole. */
-uint64_t rt_slotfile_sum(uint64_t h, const void *p, size_t n);
-
 void rt_slotfile_encode(const rt_slotfile_hdr_t *h, uint8_t out[RT_SLOTFILE_HDR_BYTES]);
 /* Reads a header from buf (n bytes): BL_EINVAL naming what is wrong (too short, not a
  * slot file, another version, a damaged header, counts that cannot be). */
 int rt_slotfile_decode(const void *buf, size_t n, rt_slotfile_hdr_t *h, bl_err_t *err) BL_WUR;
 
-/* The checksum of bytes off..off+n of the open file fd (rt_slotfile_sum over them).
+/* The checksum of bytes off..off+n of the open file fd (bl_sum64 over them).
  * BL_EIO naming the file's error, or a file shorter than that. */
 int rt_slotfile_sum_fd(int fd, uint64_t off, uint64_t n, uint64_t *out, bl_err_t *err) BL_WUR;
 

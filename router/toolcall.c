@@ -79,6 +79,7 @@ static const struct fmt_info {
     const char *name;
     const char *const *markers, *const *opens, *const *drops;
     const char *think_open, *think_close;
+    const char *think_next; /* NULL: "" */
 } k_fmt[RT_CHATFMT_N] = {
     [RT_CHATFMT_HERMES] = {"hermes", M_HERMES, O_TOOL_CALL, O_NONE, "<think>", "</think>"},
     [RT_CHATFMT_QWEN3_CODER] = {"qwen3-coder", M_HERMES, O_TOOL_CALL, O_NONE, "<think>", "</think>"},
@@ -94,7 +95,7 @@ static const struct fmt_info {
     /* harmony's thought is the analysis channel (its replies are split by the
      * channels, rt__gen_harmony_feed; the tags bound the thought and find it open) */
     [RT_CHATFMT_GPT_OSS] = {"gpt-oss", M_OSS, O_NONE, O_NONE, "<|channel|>analysis<|message|>",
-                            "<|end|>"},
+                            "<|end|>", "<|start|>assistant"},
 };
 
 /* Key/value arguments (glm-4.5, qwen3-coder): the parser's and the forcing
@@ -174,6 +175,12 @@ const char *rt_chatfmt_name(rt_chatfmt_t f)
 const char *const *rt_chatfmt_markers(rt_chatfmt_t f)
 {
     return k_fmt[(unsigned)f < RT_CHATFMT_N ? f : 0].markers;
+}
+
+const char *rt_chatfmt_think_next(rt_chatfmt_t f)
+{
+    const char *n = k_fmt[(unsigned)f < RT_CHATFMT_N ? f : 0].think_next;
+    return n ? n : "";
 }
 
 void rt_chatfmt_think_tags(rt_chatfmt_t f, const char **open, const char **close)
