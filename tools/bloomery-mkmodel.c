@@ -1,8 +1,10 @@
-/* bloomery-mkmodel: writes deterministic synthetic GGUF models of the qwen3moe and
- * qwen3 architectures (tensor names and shapes as llama.cpp loads them), with
- * random zero-mean weights quantized by common/quant.c's reference quantizers, and
- * either a small built-in BPE vocabulary or a Hugging Face tokenizer folder; with
- * --router-zipf, a qwen3moe router whose expert choices follow a Zipf law per layer.
+/* bloomery-mkmodel: writes deterministic synthetic GGUF models of the qwen3moe,
+ * qwen3 and glm4moe architectures (tensor names and shapes as llama.cpp loads them;
+ * --preset gives glm4moe GLM-4.5's or GLM-4.5-Air's real shapes), with random
+ * zero-mean weights quantized by common/quant.c's reference quantizers, and either
+ * a small built-in BPE vocabulary with the family's special tokens and chat
+ * template, or a Hugging Face tokenizer folder; with --router-zipf, a qwen3moe
+ * router whose expert choices follow a Zipf law per layer.
  * Same flags and seed give the same bytes on every machine. */
 #include <errno.h>
 #include <math.h>
@@ -26,7 +28,40 @@
 #define MAX_THREADS 64
 #define ZIPF_CONST_CH 32 /* --router-zipf: channels of the constant (one q4_K sub-block) */
 
-enum { ARCH_QWEN3MOE, ARCH_QWEN3 };
+enum { ARCH_QWEN3MOE, ARCH_QWEN3, ARCH_GLM4MOE };
+static const char *const arch_names[] = {"qwen3moe", "qwen3", "glm4moe"};
+
+/* glm4moe's router: llama.cpp's expert_gating_func values. */
+enum { GATING_SOFTMAX = 1, GATING_SIGMOID = 2 };
+
+/* The shapes of a real glm4moe model (--preset). The rotated dims are not listed:
+ * both rotate half of each head, the default. */
+typedef struct preset {
+    const char *name;
+    const char *note; /* follows a value the preset chose, in messages */
+    int64_t n_layer, n_nextn, n_embd, n_head, n_head_kv, head_dim, n_ff;
+    int64_t n_expert, n_expert_used, n_shared, n_ff_exp, n_dense_lead, n_vocab, n_ctx;
+    double expert_scale, rope_base, eps;
+    int qk_norm;
+} preset_t;
+
+static const preset_t presets[] = {
+    {.name = "glm-4.5-air", .note = " (the glm-4.5-air preset's)", .n_layer = 46, .n_nextn = 1,
+     .n_embd = 4096, .n_head = 96, .n_head_kv = 8, .head_dim = 128, .n_ff = 10944,
+     .n_expert = 128, .n_expert_used = 8, .n_shared = 1, .n_ff_exp = 1408, .n_dense_lead = 1,
+     .n_vocab = 151552, .n_ctx = 131072, .expert_scale = 1.0, .rope_base = 1e6, .eps = 1e-5,
+     .qk_norm = 0},
+    {.name = "glm-4.5", .note = " (the glm-4.5 preset's)", .n_layer = 92, .n_nextn = 1,
+     .n_embd = 5120, .n_head = 96, .n_head_kv = 8, .head_dim = 128, .n_ff = 12288,
+     .n_expert = 160, .n_expert_used = 8, .n_shared = 1, .n_ff_exp = 1536, .n_dense_lead = 3,
+     .n_vocab = 151552, .n_ctx = 131072, .expert_scale = 2.5, .rope_base = 1e6, .eps = 1e-5,
+     .qk_norm = 1},
+};
+
+/* Embedding rows of the real checkpoints, more than their tokenizers' ids: the
+ * default --vocab with --tokenizer. */
+#define QWEN3_VOCAB_ROWS 151936
+#define GLM45_VOCAB_ROWS 151552
 
 /* Everything the flags decide. The *_set fields remember which flags were given,
  * for the flags whose default depends on others or which only some archs take. */
@@ -43,8 +78,16 @@ typedef struct opts {
     int tied;
     int64_t n_threads;
     double router_zipf; /* Zipf exponent of the routing; 0: the random router */
+    /* glm4moe: n_layer blocks run, then n_nextn NextN blocks; the first n_dense_lead
+     * blocks have a dense FFN of n_ff, the others n_shared shared experts besides
+     * the routed ones; RoPE turns the first n_rot dims of each head. */
+    int64_t n_nextn, n_dense_lead, n_shared, n_rot;
+    int qk_norm, no_expert_norm, gating;
+    double expert_scale;
+    const preset_t *preset;
     int vocab_set, ff_set, attn_v_set, ffn_down_set, output_set, embd_set;
     const char *expert_flag; /* the first expert flag given, refused for qwen3 */
+    const char *glm_flag;    /* the first glm4moe flag given, refused for the others */
 } opts_t;
 
 /* How a tensor's values are drawn. */
@@ -83,35 +126,64 @@ static void usage(FILE *f)
         "seed give a byte-identical file on any machine.\n"
         "\n"
         "  -o, --output FILE      file to write (required)\n"
-        "  --arch NAME            qwen3moe (default) or qwen3 (dense)\n"
-        "  --layers N             blocks (default 4)\n"
+        "  --arch NAME            qwen3moe (default), qwen3 (dense) or glm4moe (GLM-4.5:\n"
+        "                         leading dense layers, then routed and shared experts;\n"
+        "                         attention biases, partial RoPE, NextN layers)\n"
+        "  --preset NAME          glm4moe at a real model's shapes (implies --arch\n"
+        "                         glm4moe); flags given as well override the preset's\n"
+        "                         values, e.g. --layers 4 --vocab 1024 for a cut-down file:\n"
+        "                           glm-4.5-air  --layers 46 --nextn 1 --n-embd 4096\n"
+        "                                        --heads 96 --kv-heads 8 --head-dim 128\n"
+        "                                        --ff 10944 --experts 128 --experts-used 8\n"
+        "                                        --shared-experts 1 --expert-ff 1408\n"
+        "                                        --dense-lead 1 --expert-scale 1\n"
+        "                           glm-4.5      --layers 92 --nextn 1 --n-embd 5120\n"
+        "                                        --heads 96 --kv-heads 8 --head-dim 128\n"
+        "                                        --ff 12288 --experts 160 --experts-used 8\n"
+        "                                        --shared-experts 1 --expert-ff 1536\n"
+        "                                        --dense-lead 3 --expert-scale 2.5 --qk-norm\n"
+        "                         both: --vocab 151552 --ctx 131072 --rope-base 1e6\n"
+        "                         --eps 1e-5, and the glm4moe defaults: --rope-dim 64\n"
+        "                         (half of --head-dim), sigmoid gating, routed weights\n"
+        "                         normalised\n"
+        "  --layers N             blocks the forward pass runs (default 4)\n"
         "  --n-embd N             embedding width (default 256)\n"
         "  --heads N              attention heads (default 4)\n"
         "  --kv-heads N           key/value heads, dividing --heads (default 2)\n"
         "  --head-dim N           width of one head, even (default 128)\n"
-        "  --experts N            routed experts per layer, qwen3moe (default 8)\n"
-        "  --experts-used N       experts chosen per token, qwen3moe (default 2)\n"
-        "  --expert-ff N          expert FFN width, qwen3moe (default 256)\n"
-        "  --ff N                 dense FFN width: the FFN of qwen3, metadata only for\n"
-        "                         qwen3moe (default 3 x --n-embd)\n"
+        "  --experts N            routed experts per layer, qwen3moe and glm4moe (default 8)\n"
+        "  --experts-used N       experts chosen per token, qwen3moe and glm4moe (default 2)\n"
+        "  --expert-ff N          expert FFN width, qwen3moe and glm4moe (default 256)\n"
+        "  --ff N                 dense FFN width: the FFN of qwen3, of glm4moe's leading\n"
+        "                         dense layers, metadata only for qwen3moe (default\n"
+        "                         3 x --n-embd)\n"
         "  --vocab N              tokens (rows of token_embd). Built-in vocabulary: default\n"
-        "                         1024, at least %d. With --tokenizer: default the larger of\n"
-        "                         151936 (Qwen3's embedding rows) and the tokenizer's size\n"
+        "                         1024, at least %d (glm4moe %d); rows past the tokens it\n"
+        "                         learns are unused padding. With --tokenizer: default\n"
+        "                         the larger of the tokenizer's size and the real\n"
+        "                         checkpoints' embedding rows (Qwen3 %d, GLM-4.5 %d)\n"
         "  --ctx N                context_length (default 4096)\n"
         "  --rope-base X          RoPE frequency base (default 1000000)\n"
         "  --eps X                RMS norm epsilon (default 1e-6)\n"
         "  --seed N               weight seed, decimal or 0x hex (default 1)\n"
         "  --type T               matrix type: f32, f16, bf16, q8_0, q4_K, q5_K, q6_K\n"
-        "                         (default q4_K). Norms and the router are always f32\n"
+        "                         (default q4_K). Norms, biases and the router are always\n"
+        "                         f32. glm4moe stores a K-quant matrix whose rows are not\n"
+        "                         whole 256-value blocks (GLM-4.5-Air's widths 1408 and\n"
+        "                         10944) as q8_0, as llama.cpp's quantizer falls back\n"
         "  --type-attn-v T        attn_v type (default q6_K when --type is q4_K or q5_K,\n"
         "                         else --type)\n"
-        "  --type-ffn-down T      ffn_down / ffn_down_exps type (default as --type-attn-v)\n"
-        "  --type-output T        output.weight type (default as --type-attn-v)\n"
-        "  --type-embd T          token_embd type (default --type)\n"
+        "  --type-ffn-down T      ffn_down / ffn_down_exps / ffn_down_shexp type (default\n"
+        "                         as --type-attn-v)\n"
+        "  --type-output T        output.weight type, and glm4moe's\n"
+        "                         nextn.shared_head_head (default as --type-attn-v)\n"
+        "  --type-embd T          token_embd type, and glm4moe's nextn.embed_tokens\n"
+        "                         (default --type)\n"
         "  --tokenizer DIR        take the vocabulary, merges, special tokens and chat\n"
         "                         template from DIR/tokenizer.json and\n"
-        "                         DIR/tokenizer_config.json (a Qwen3 tokenizer); the\n"
-        "                         pre-tokenizer is recorded as qwen2\n"
+        "                         DIR/tokenizer_config.json (a Qwen3 or, with glm4moe, a\n"
+        "                         GLM-4.5 tokenizer); the pre-tokenizer is recorded as\n"
+        "                         qwen2, or glm4 for glm4moe\n"
         "  --tied                 no output.weight: the head reuses token_embd\n"
         "  --threads N            threads quantizing weights (default: online CPUs, at\n"
         "                         most %d); the file does not depend on it\n"
@@ -119,10 +191,27 @@ static void usage(FILE *f)
         "                         replacement with weights 1/rank^S over a random ranking\n"
         "                         of each layer's experts, S in 0..4 (default 0: the\n"
         "                         random router). Needs --n-embd >= 2 x (--experts + %d)\n"
+        "\n"
+        "glm4moe only:\n"
+        "  --nextn N              NextN (multi-token prediction) layers appended after\n"
+        "                         --layers, 0..4 (default 1): block_count is their sum.\n"
+        "                         Each is a MoE layer plus its nextn.* tensors\n"
+        "  --dense-lead N         leading layers with a dense FFN of --ff, less than\n"
+        "                         --layers (default 1)\n"
+        "  --shared-experts N     shared experts, each as wide as --expert-ff, run for\n"
+        "                         every token beside the routed ones (default 1; 0: none)\n"
+        "  --rope-dim N           dims of each head RoPE rotates, even, 2..--head-dim\n"
+        "                         (default --head-dim / 2)\n"
+        "  --qk-norm              per-head RMS norms of q and k (GLM-4.5 has them,\n"
+        "                         GLM-4.5-Air not; default off)\n"
+        "  --expert-scale X       factor on the routed experts' weights (default 1)\n"
+        "  --gating G             the router's scores: sigmoid (default) or softmax\n"
+        "  --no-expert-norm       leave the chosen experts' weights undivided by their sum\n"
         "  -h, --help             this text\n"
         "\n"
         "Exit status: 0 written, 1 a file could not be read or written, 2 bad flags.\n",
-        MK_VOCAB_BUILTIN_MIN, MAX_THREADS, ZIPF_CONST_CH);
+        MK_VOCAB_BUILTIN_MIN, MK_VOCAB_BUILTIN_MIN_GLM, QWEN3_VOCAB_ROWS, GLM45_VOCAB_ROWS,
+        MAX_THREADS, ZIPF_CONST_CH);
 }
 
 static int flag_error(const char *fmt, ...) BL_PRINTF(1, 2);
@@ -157,12 +246,32 @@ static int parse_type(void *ud, const char *arg, bl_err_t *err)
 
 static int parse_arch(void *ud, const char *arg, bl_err_t *err)
 {
-    if (strcmp(arg, "qwen3moe") == 0)
-        *(int *)ud = ARCH_QWEN3MOE;
-    else if (strcmp(arg, "qwen3") == 0)
-        *(int *)ud = ARCH_QWEN3;
+    for (int a = 0; a < (int)(sizeof arch_names / sizeof arch_names[0]); a++)
+        if (strcmp(arg, arch_names[a]) == 0) {
+            *(int *)ud = a;
+            return 0;
+        }
+    return bl_err_set(err, BL_EINVAL, "'%.32s' is not qwen3moe, qwen3 or glm4moe", arg);
+}
+
+static int parse_preset(void *ud, const char *arg, bl_err_t *err)
+{
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (strcmp(arg, presets[i].name) == 0) {
+            *(const preset_t **)ud = &presets[i];
+            return 0;
+        }
+    return bl_err_set(err, BL_EINVAL, "'%.32s' is not glm-4.5-air or glm-4.5", arg);
+}
+
+static int parse_gating(void *ud, const char *arg, bl_err_t *err)
+{
+    if (strcmp(arg, "sigmoid") == 0)
+        *(int *)ud = GATING_SIGMOID;
+    else if (strcmp(arg, "softmax") == 0)
+        *(int *)ud = GATING_SOFTMAX;
     else
-        return bl_err_set(err, BL_EINVAL, "'%.32s' is not qwen3moe or qwen3", arg);
+        return bl_err_set(err, BL_EINVAL, "'%.32s' is not sigmoid or softmax", arg);
     return 0;
 }
 
@@ -178,6 +287,48 @@ static int parse_seed(void *ud, const char *arg, bl_err_t *err)
     return 0;
 }
 
+/* Indices into parse_args' table, for the flags whose presence matters. */
+enum {
+    A_OUTPUT, A_ARCH, A_PRESET, A_LAYERS, A_N_EMBD, A_HEADS, A_KV_HEADS, A_HEAD_DIM,
+    A_EXPERTS, A_EXPERTS_USED, A_EXPERT_FF, A_FF, A_VOCAB, A_CTX, A_ROPE_BASE, A_EPS, A_SEED,
+    A_TYPE, A_TYPE_ATTN_V, A_TYPE_FFN_DOWN, A_TYPE_OUTPUT, A_TYPE_EMBD, A_TOKENIZER, A_TIED,
+    A_THREADS, A_ROUTER_ZIPF,
+    /* glm4moe only, A_NEXTN first */
+    A_NEXTN, A_DENSE_LEAD, A_SHARED, A_ROPE_DIM, A_QK_NORM, A_EXPERT_SCALE, A_GATING,
+    A_NO_EXPERT_NORM,
+    A_COUNT
+};
+
+/* Takes the preset's value for every flag not given. */
+static void apply_preset(opts_t *o, const bl_arg_t *args)
+{
+    const preset_t *p = o->preset;
+#define P(a, field)                 \
+    do {                            \
+        if (!args[a].seen)          \
+            o->field = p->field;    \
+    } while (0)
+    P(A_LAYERS, n_layer);
+    P(A_NEXTN, n_nextn);
+    P(A_N_EMBD, n_embd);
+    P(A_HEADS, n_head);
+    P(A_KV_HEADS, n_head_kv);
+    P(A_HEAD_DIM, head_dim);
+    P(A_FF, n_ff);
+    P(A_EXPERTS, n_expert);
+    P(A_EXPERTS_USED, n_expert_used);
+    P(A_SHARED, n_shared);
+    P(A_EXPERT_FF, n_ff_exp);
+    P(A_DENSE_LEAD, n_dense_lead);
+    P(A_VOCAB, n_vocab);
+    P(A_CTX, n_ctx);
+    P(A_EXPERT_SCALE, expert_scale);
+    P(A_ROPE_BASE, rope_base);
+    P(A_EPS, eps);
+    P(A_QK_NORM, qk_norm);
+#undef P
+}
+
 /* Parses argv into o. Returns 0, -1 after --help (exit 0), or EXIT_USAGE. */
 static int parse_args(int argc, char **argv, opts_t *o)
 {
@@ -185,43 +336,53 @@ static int parse_args(int argc, char **argv, opts_t *o)
         .arch = ARCH_QWEN3MOE, .n_layer = 4, .n_embd = 256, .n_head = 4, .n_head_kv = 2,
         .head_dim = 128, .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 256, .n_vocab = 1024,
         .n_ctx = 4096, .rope_base = 1e6, .eps = 1e-6, .seed = 1, .type = BL_TYPE_Q4_K,
+        .n_nextn = 1, .n_dense_lead = 1, .n_shared = 1, .gating = GATING_SIGMOID,
+        .expert_scale = 1.0,
     };
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     o->n_threads = ncpu < 1 ? 1 : ncpu > MAX_THREADS ? MAX_THREADS : ncpu;
     const int64_t big = 1 << 20;
-    enum { A_EXPERTS = 7, A_EXPERTS_USED, A_EXPERT_FF, A_FF, A_VOCAB, A_TYPE_ATTN_V = 17,
-           A_TYPE_FFN_DOWN, A_TYPE_OUTPUT, A_TYPE_EMBD, A_ROUTER_ZIPF = 24 };
-    bl_arg_t args[] = {
-        {"-o,--output", NULL, BL_ARG_STR, &o->out},
-        {"--arch", NULL, BL_ARG_FN, NULL, .fn = parse_arch, .ud = &o->arch},
-        {"--layers", NULL, BL_ARG_I64, &o->n_layer, 1, 4096},
-        {"--n-embd", NULL, BL_ARG_I64, &o->n_embd, 1, 1 << 16},
-        {"--heads", NULL, BL_ARG_I64, &o->n_head, 1, 4096},
-        {"--kv-heads", NULL, BL_ARG_I64, &o->n_head_kv, 1, 4096},
-        {"--head-dim", NULL, BL_ARG_I64, &o->head_dim, 2, 4096},
+    bl_arg_t args[A_COUNT] = {
+        [A_OUTPUT] = {"-o,--output", NULL, BL_ARG_STR, &o->out},
+        [A_ARCH] = {"--arch", NULL, BL_ARG_FN, NULL, .fn = parse_arch, .ud = &o->arch},
+        [A_PRESET] = {"--preset", NULL, BL_ARG_FN, NULL, .fn = parse_preset, .ud = &o->preset},
+        [A_LAYERS] = {"--layers", NULL, BL_ARG_I64, &o->n_layer, 1, 4096},
+        [A_N_EMBD] = {"--n-embd", NULL, BL_ARG_I64, &o->n_embd, 1, 1 << 16},
+        [A_HEADS] = {"--heads", NULL, BL_ARG_I64, &o->n_head, 1, 4096},
+        [A_KV_HEADS] = {"--kv-heads", NULL, BL_ARG_I64, &o->n_head_kv, 1, 4096},
+        [A_HEAD_DIM] = {"--head-dim", NULL, BL_ARG_I64, &o->head_dim, 2, 4096},
         [A_EXPERTS] = {"--experts", NULL, BL_ARG_I64, &o->n_expert, 1, 4096},
         [A_EXPERTS_USED] = {"--experts-used", NULL, BL_ARG_I64, &o->n_expert_used, 1, 4096},
         [A_EXPERT_FF] = {"--expert-ff", NULL, BL_ARG_I64, &o->n_ff_exp, 1, big},
         [A_FF] = {"--ff", NULL, BL_ARG_I64, &o->n_ff, 1, big},
         [A_VOCAB] = {"--vocab", NULL, BL_ARG_I64, &o->n_vocab, 1, 1 << 24},
-        {"--ctx", NULL, BL_ARG_I64, &o->n_ctx, 1, UINT32_MAX},
-        {"--rope-base", NULL, BL_ARG_F64, &o->rope_base, .fmin = 1e-3, .fmax = 1e12},
-        {"--eps", NULL, BL_ARG_F64, &o->eps, .fmin = 1e-12, .fmax = 1e-1},
-        {"--seed", NULL, BL_ARG_FN, NULL, .fn = parse_seed, .ud = &o->seed},
-        {"--type", NULL, BL_ARG_FN, NULL, .fn = parse_type, .ud = &o->type},
+        [A_CTX] = {"--ctx", NULL, BL_ARG_I64, &o->n_ctx, 1, UINT32_MAX},
+        [A_ROPE_BASE] = {"--rope-base", NULL, BL_ARG_F64, &o->rope_base, .fmin = 1e-3, .fmax = 1e12},
+        [A_EPS] = {"--eps", NULL, BL_ARG_F64, &o->eps, .fmin = 1e-12, .fmax = 1e-1},
+        [A_SEED] = {"--seed", NULL, BL_ARG_FN, NULL, .fn = parse_seed, .ud = &o->seed},
+        [A_TYPE] = {"--type", NULL, BL_ARG_FN, NULL, .fn = parse_type, .ud = &o->type},
         [A_TYPE_ATTN_V] = {"--type-attn-v", NULL, BL_ARG_FN, NULL, .fn = parse_type, .ud = &o->type_attn_v},
         [A_TYPE_FFN_DOWN] = {"--type-ffn-down", NULL, BL_ARG_FN, NULL, .fn = parse_type, .ud = &o->type_ffn_down},
         [A_TYPE_OUTPUT] = {"--type-output", NULL, BL_ARG_FN, NULL, .fn = parse_type, .ud = &o->type_output},
         [A_TYPE_EMBD] = {"--type-embd", NULL, BL_ARG_FN, NULL, .fn = parse_type, .ud = &o->type_embd},
-        {"--tokenizer", NULL, BL_ARG_STR, &o->tok_dir},
-        {"--tied", NULL, BL_ARG_FLAG, &o->tied},
-        {"--threads", NULL, BL_ARG_I64, &o->n_threads, 1, MAX_THREADS},
+        [A_TOKENIZER] = {"--tokenizer", NULL, BL_ARG_STR, &o->tok_dir},
+        [A_TIED] = {"--tied", NULL, BL_ARG_FLAG, &o->tied},
+        [A_THREADS] = {"--threads", NULL, BL_ARG_I64, &o->n_threads, 1, MAX_THREADS},
         [A_ROUTER_ZIPF] = {"--router-zipf", NULL, BL_ARG_F64, &o->router_zipf, .fmin = 0,
                            .fmax = 4},
+        [A_NEXTN] = {"--nextn", NULL, BL_ARG_I64, &o->n_nextn, 0, 4},
+        [A_DENSE_LEAD] = {"--dense-lead", NULL, BL_ARG_I64, &o->n_dense_lead, 0, 4095},
+        [A_SHARED] = {"--shared-experts", NULL, BL_ARG_I64, &o->n_shared, 0, 64},
+        [A_ROPE_DIM] = {"--rope-dim", NULL, BL_ARG_I64, &o->n_rot, 2, 4096},
+        [A_QK_NORM] = {"--qk-norm", NULL, BL_ARG_FLAG, &o->qk_norm},
+        [A_EXPERT_SCALE] = {"--expert-scale", NULL, BL_ARG_F64, &o->expert_scale, .fmin = 1e-3,
+                            .fmax = 1e3},
+        [A_GATING] = {"--gating", NULL, BL_ARG_FN, NULL, .fn = parse_gating, .ud = &o->gating},
+        [A_NO_EXPERT_NORM] = {"--no-expert-norm", NULL, BL_ARG_FLAG, &o->no_expert_norm},
     };
     int help = 0;
     bl_err_t err = {0};
-    if (bl_args_parse(args, (int)(sizeof args / sizeof args[0]), argc, argv, NULL, &help, &err))
+    if (bl_args_parse(args, A_COUNT, argc, argv, NULL, &help, &err))
         return flag_error("%s", err.msg);
     if (help) {
         usage(stdout);
@@ -232,26 +393,69 @@ static int parse_args(int argc, char **argv, opts_t *o)
             o->expert_flag = args[i].names;
     if (!o->expert_flag && args[A_ROUTER_ZIPF].seen)
         o->expert_flag = args[A_ROUTER_ZIPF].names;
-    o->ff_set = args[A_FF].seen;
-    o->vocab_set = args[A_VOCAB].seen;
+    for (int i = A_NEXTN; i < A_COUNT && !o->glm_flag; i++)
+        if (args[i].seen)
+            o->glm_flag = args[i].names;
+    if (!o->out)
+        return flag_error("-o FILE is required");
+
+    /* A preset is a glm4moe model; its values stand in for the flags not given. */
+    if (o->preset) {
+        if (args[A_ARCH].seen && o->arch != ARCH_GLM4MOE)
+            return flag_error("--preset %s is a glm4moe model, not --arch %s", o->preset->name,
+                              arch_names[o->arch]);
+        o->arch = ARCH_GLM4MOE;
+        apply_preset(o, args);
+    }
+    /* Notes a value the preset chose (the flag was not given), for messages. */
+#define BY_PRESET(a) (o->preset && !args[a].seen ? o->preset->note : "")
+    o->ff_set = args[A_FF].seen || o->preset;
+    o->vocab_set = args[A_VOCAB].seen; /* the preset's rows are also the --tokenizer default */
     o->attn_v_set = args[A_TYPE_ATTN_V].seen;
     o->ffn_down_set = args[A_TYPE_FFN_DOWN].seen;
     o->output_set = args[A_TYPE_OUTPUT].seen;
     o->embd_set = args[A_TYPE_EMBD].seen;
-    if (!o->out)
-        return flag_error("-o FILE is required");
 
     /* Cross-flag rules. */
     if (o->arch == ARCH_QWEN3 && o->expert_flag)
         return flag_error("%s applies to --arch qwen3moe only", o->expert_flag);
+    if (o->arch != ARCH_GLM4MOE && o->glm_flag)
+        return flag_error("%s applies to --arch glm4moe only", o->glm_flag);
+    /* The skewed router's channels assume qwen3moe's blocks: nothing but the
+     * attention and the routed experts writes the residual. */
+    if (o->arch == ARCH_GLM4MOE && args[A_ROUTER_ZIPF].seen)
+        return flag_error("--router-zipf applies to --arch qwen3moe only");
     if (o->n_head % o->n_head_kv)
-        return flag_error("--heads %lld is not a multiple of --kv-heads %lld",
-                          (long long)o->n_head, (long long)o->n_head_kv);
+        return flag_error("--heads %lld%s is not a multiple of --kv-heads %lld%s",
+                          (long long)o->n_head, BY_PRESET(A_HEADS), (long long)o->n_head_kv,
+                          BY_PRESET(A_KV_HEADS));
     if (o->head_dim % 2)
         return flag_error("--head-dim %lld is odd; RoPE rotates pairs", (long long)o->head_dim);
-    if (o->arch == ARCH_QWEN3MOE && o->n_expert_used > o->n_expert)
-        return flag_error("--experts-used %lld is more than --experts %lld",
-                          (long long)o->n_expert_used, (long long)o->n_expert);
+    if (o->arch != ARCH_QWEN3 && o->n_expert_used > o->n_expert)
+        return flag_error("--experts-used %lld%s is more than --experts %lld%s",
+                          (long long)o->n_expert_used, BY_PRESET(A_EXPERTS_USED),
+                          (long long)o->n_expert, BY_PRESET(A_EXPERTS));
+    if (o->arch == ARCH_GLM4MOE) {
+        if (o->n_layer + o->n_nextn > 4096)
+            return flag_error("--layers %lld%s and --nextn %lld%s make more than 4096 blocks",
+                              (long long)o->n_layer, BY_PRESET(A_LAYERS), (long long)o->n_nextn,
+                              BY_PRESET(A_NEXTN));
+        if (o->n_dense_lead >= o->n_layer)
+            return flag_error("--dense-lead %lld%s leaves no MoE layer in --layers %lld; give "
+                              "--dense-lead less than --layers",
+                              (long long)o->n_dense_lead, BY_PRESET(A_DENSE_LEAD),
+                              (long long)o->n_layer);
+        /* GLM-4.5 rotates half of each head; NEOX pairs dim i with i + n_rot/2. */
+        if (!args[A_ROPE_DIM].seen) {
+            o->n_rot = o->head_dim / 2;
+            if (o->n_rot % 2)
+                return flag_error("--head-dim %lld: half of it, the default --rope-dim, is odd; "
+                                  "give an even --rope-dim", (long long)o->head_dim);
+        }
+        if (o->n_rot % 2 || o->n_rot > o->head_dim)
+            return flag_error("--rope-dim %lld is not an even count of 2..--head-dim %lld",
+                              (long long)o->n_rot, (long long)o->head_dim);
+    }
     /* The skewed router reserves a channel per expert and the constant's channels,
      * which the blocks may not write; half the width stays theirs. */
     if (o->router_zipf > 0 && 2 * (o->n_expert + ZIPF_CONST_CH) > o->n_embd)
@@ -261,9 +465,11 @@ static int parse_args(int argc, char **argv, opts_t *o)
                           (long long)(2 * (o->n_expert + ZIPF_CONST_CH)), (long long)o->n_embd);
     if (o->tied && o->output_set)
         return flag_error("--type-output has no tensor to apply to with --tied");
-    if (!o->tok_dir && o->n_vocab < MK_VOCAB_BUILTIN_MIN)
-        return flag_error("--vocab %lld: the built-in vocabulary needs at least %d tokens",
-                          (long long)o->n_vocab, MK_VOCAB_BUILTIN_MIN);
+    mk_family_t fam = o->arch == ARCH_GLM4MOE ? MK_FAMILY_GLM : MK_FAMILY_QWEN;
+    if (!o->tok_dir && (size_t)o->n_vocab < mk_vocab_builtin_min(fam))
+        return flag_error("--vocab %lld%s: the built-in vocabulary needs at least %zu tokens",
+                          (long long)o->n_vocab, BY_PRESET(A_VOCAB), mk_vocab_builtin_min(fam));
+#undef BY_PRESET
     if (!o->ff_set)
         o->n_ff = 3 * o->n_embd;
 
@@ -318,6 +524,106 @@ static double embd_std(const opts_t *o)
     return o->tied ? 2 * (1.0 / sqrt((double)o->n_embd)) : 1.0;
 }
 
+/* Small draws for glm4moe's vectors: the attention biases, and the selection bias
+ * of the router (exp_probs_b), large enough against the sigmoid scores' gaps to
+ * move about a fifth of the choices at 8 experts, so a reader that ignores it (or
+ * adds it to the weights too) gives other logits. */
+#define ATTN_BIAS_STD 0.02
+#define EXP_PROBS_B_STD 0.05
+
+/* Block i of a glm4moe file: attention with q/k/v biases (and per-head q/k norms
+ * with --qk-norm), post_attention_norm as the FFN's input norm, then a dense FFN
+ * in the leading blocks, else the router, its selection bias, the routed experts
+ * and the shared ones. A NextN block (i >= n_layer) is a MoE block plus the
+ * tensors that predict one more token from the last hidden state and the next
+ * token's embedding. Scales as build_tensors says. */
+static int add_glm4moe_block(const opts_t *o, tlist_t *L, int64_t i)
+{
+    const int64_t E = o->n_embd, V = o->n_vocab, H = o->head_dim;
+    const int64_t QD = o->n_head * H, KD = o->n_head_kv * H;
+    const int64_t X = o->n_expert, FE = o->n_ff_exp, F = o->n_ff, FS = o->n_ff_exp * o->n_shared;
+    const double inv_e = 1.0 / sqrt((double)E);
+    const bl_type_t f32 = BL_TYPE_F32;
+    const char *tf = "--type";
+    const char *v_flag = o->attn_v_set ? "--type-attn-v" : "--type";
+    const char *d_flag = o->ffn_down_set ? "--type-ffn-down" : "--type";
+    const char *e_flag = o->embd_set ? "--type-embd" : "--type";
+    const char *out_flag = o->output_set ? "--type-output" : "--type";
+    char nm[BL_GW_MAX_NAME + 1];
+    int rc = 0;
+#define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%lld." suffix, (long long)i), nm)
+    rc |= add_t(L, BLK("attn_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+    rc |= add_t(L, BLK("attn_q.weight"), 2, E, QD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
+    rc |= add_t(L, BLK("attn_q.bias"), 1, QD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
+    rc |= add_t(L, BLK("attn_k.weight"), 2, E, KD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
+    rc |= add_t(L, BLK("attn_k.bias"), 1, KD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
+    rc |= add_t(L, BLK("attn_v.weight"), 2, E, KD, 1, o->type_attn_v, KIND_MAT, inv_e,
+                "--n-embd", v_flag);
+    rc |= add_t(L, BLK("attn_v.bias"), 1, KD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
+    rc |= add_t(L, BLK("attn_output.weight"), 2, QD, E, 1, o->type, KIND_MAT,
+                1.0 / sqrt((double)QD), "--heads x --head-dim", tf);
+    if (o->qk_norm) {
+        rc |= add_t(L, BLK("attn_q_norm.weight"), 1, H, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+        rc |= add_t(L, BLK("attn_k_norm.weight"), 1, H, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+    }
+    rc |= add_t(L, BLK("post_attention_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+    if (i < o->n_dense_lead) {
+        rc |= add_t(L, BLK("ffn_gate.weight"), 2, E, F, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
+        rc |= add_t(L, BLK("ffn_up.weight"), 2, E, F, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
+        rc |= add_t(L, BLK("ffn_down.weight"), 2, F, E, 1, o->type_ffn_down, KIND_MAT,
+                    1.0 / sqrt((double)F), "--ff", d_flag);
+    } else {
+        rc |= add_t(L, BLK("ffn_gate_inp.weight"), 2, E, X, 1, f32, KIND_MAT, 2 * inv_e, NULL,
+                    NULL);
+        rc |= add_t(L, BLK("exp_probs_b.bias"), 1, X, 1, 1, f32, KIND_MAT, EXP_PROBS_B_STD, NULL,
+                    NULL);
+        rc |= add_t(L, BLK("ffn_gate_exps.weight"), 3, E, FE, X, o->type, KIND_MAT, inv_e,
+                    "--n-embd", tf);
+        rc |= add_t(L, BLK("ffn_up_exps.weight"), 3, E, FE, X, o->type, KIND_MAT, inv_e,
+                    "--n-embd", tf);
+        rc |= add_t(L, BLK("ffn_down_exps.weight"), 3, FE, E, X, o->type_ffn_down, KIND_MAT,
+                    1.0 / sqrt((double)FE), "--expert-ff", d_flag);
+        if (o->n_shared) {
+            rc |= add_t(L, BLK("ffn_gate_shexp.weight"), 2, E, FS, 1, o->type, KIND_MAT, inv_e,
+                        "--n-embd", tf);
+            rc |= add_t(L, BLK("ffn_up_shexp.weight"), 2, E, FS, 1, o->type, KIND_MAT, inv_e,
+                        "--n-embd", tf);
+            rc |= add_t(L, BLK("ffn_down_shexp.weight"), 2, FS, E, 1, o->type_ffn_down, KIND_MAT,
+                        1.0 / sqrt((double)FS), "--expert-ff x --shared-experts", d_flag);
+        }
+    }
+    if (i >= o->n_layer) {
+        /* (2E, E): [enorm(embedding of the next token), hnorm(hidden state)] -> E */
+        rc |= add_t(L, BLK("nextn.eh_proj.weight"), 2, 2 * E, E, 1, o->type, KIND_MAT,
+                    1.0 / sqrt((double)(2 * E)), "2 x --n-embd", tf);
+        rc |= add_t(L, BLK("nextn.enorm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+        rc |= add_t(L, BLK("nextn.hnorm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+        rc |= add_t(L, BLK("nextn.embed_tokens.weight"), 2, E, V, 1, o->type_embd, KIND_MAT, 1.0,
+                    "--n-embd", e_flag);
+        rc |= add_t(L, BLK("nextn.shared_head_head.weight"), 2, E, V, 1, o->type_output, KIND_MAT,
+                    2 * inv_e, "--n-embd", out_flag);
+        rc |= add_t(L, BLK("nextn.shared_head_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL,
+                    NULL);
+    }
+#undef BLK
+    return rc;
+}
+
+/* glm4moe stores a K-quant matrix whose rows are not whole 256-value blocks as
+ * q8_0, as llama.cpp's quantizer does for GLM-4.5-Air's widths 1408 and 10944 (it
+ * takes q8_0 for q6_K and q5_0 / q5_1 for q4_K / q5_K, which this tool does not
+ * write). A row that fits no 32-value block either keeps its type, so that
+ * check_blocks names the flag that set it. */
+static void glm4moe_fallback_types(tlist_t *L)
+{
+    for (size_t i = 0; i < L->n; i++) {
+        tdesc_t *t = &L->t[i];
+        if (bl_type_info((uint32_t)t->type)->block_elems == 256 && t->ne[0] % 256 &&
+            t->ne[0] % 32 == 0)
+            t->type = BL_TYPE_Q8_0;
+    }
+}
+
 /* The tensor list, in the order llama.cpp's converter writes it. Shapes are
  * GGUF's (ne[0] first, the row length): a matrix (in, out) maps in -> out.
  * Scales: matrices draw N(0, 1/fan_in) so activations keep their size through
@@ -354,6 +660,13 @@ static int build_tensors(const opts_t *o, tlist_t *L)
     if (!o->tied)
         rc |= add_t(L, "output.weight", 2, E, V, 1, o->type_output, KIND_MAT, 2 * inv_e,
                     "--n-embd", o->output_set ? "--type-output" : "--type");
+    if (o->arch == ARCH_GLM4MOE) {
+        for (int64_t i = 0; i < o->n_layer + o->n_nextn && !rc; i++)
+            rc |= add_glm4moe_block(o, L, i);
+        if (!rc)
+            glm4moe_fallback_types(L);
+        return rc ? BL_ENOMEM : 0;
+    }
     for (int64_t i = 0; i < o->n_layer && !rc; i++) {
 #define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%lld." suffix, (long long)i), nm)
         rc |= add_t(L, BLK("attn_norm.weight"), 1, E, 1, 1, BL_TYPE_F32, KIND_NORM, 0, NULL, NULL);
@@ -704,11 +1017,13 @@ static uint32_t file_type(bl_type_t t)
 
 static int write_metadata(bl_gguf_writer_t *w, const opts_t *o, const mk_vocab_t *v, bl_err_t *err)
 {
-    const char *arch = o->arch == ARCH_QWEN3MOE ? "qwen3moe" : "qwen3";
+    const char *arch = arch_names[o->arch];
+    const int glm = o->arch == ARCH_GLM4MOE;
     char key[128], name[96];
     int rc;
 #define K(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
-    snprintf(name, sizeof name, "synthetic-%s-%lldL", arch, (long long)o->n_layer);
+    snprintf(name, sizeof name, "synthetic-%s-%lldL", o->preset ? o->preset->name : arch,
+             (long long)o->n_layer);
     if (o->router_zipf > 0) /* the routing law, for whoever reads the file's name */
         snprintf(name + strlen(name), sizeof name - strlen(name), "-zipf%g", o->router_zipf);
     if ((rc = bl_gw_set_str(w, "general.architecture", arch, err)) ||
@@ -716,7 +1031,8 @@ static int write_metadata(bl_gguf_writer_t *w, const opts_t *o, const mk_vocab_t
         (rc = bl_gw_set_u32(w, "general.alignment", BL_GGUF_DEFAULT_ALIGNMENT, err)) ||
         (rc = bl_gw_set_u32(w, "general.file_type", file_type(o->type), err)) ||
         (rc = bl_gw_set_u32(w, "general.quantization_version", 2, err)) ||
-        (rc = bl_gw_set_u32(w, K("block_count"), (uint32_t)o->n_layer, err)) ||
+        (rc = bl_gw_set_u32(w, K("block_count"),
+                            (uint32_t)(o->n_layer + (glm ? o->n_nextn : 0)), err)) ||
         (rc = bl_gw_set_u32(w, K("context_length"), (uint32_t)o->n_ctx, err)) ||
         (rc = bl_gw_set_u32(w, K("embedding_length"), (uint32_t)o->n_embd, err)) ||
         (rc = bl_gw_set_u32(w, K("feed_forward_length"), (uint32_t)o->n_ff, err)) ||
@@ -727,14 +1043,24 @@ static int write_metadata(bl_gguf_writer_t *w, const opts_t *o, const mk_vocab_t
         (rc = bl_gw_set_f32(w, K("rope.freq_base"), (float)o->rope_base, err)) ||
         (rc = bl_gw_set_f32(w, K("attention.layer_norm_rms_epsilon"), (float)o->eps, err)))
         return rc;
-    if (o->arch == ARCH_QWEN3MOE &&
+    if (o->arch != ARCH_QWEN3 &&
         ((rc = bl_gw_set_u32(w, K("expert_count"), (uint32_t)o->n_expert, err)) ||
          (rc = bl_gw_set_u32(w, K("expert_used_count"), (uint32_t)o->n_expert_used, err)) ||
          (rc = bl_gw_set_u32(w, K("expert_feed_forward_length"), (uint32_t)o->n_ff_exp, err))))
         return rc;
+    if (glm &&
+        ((rc = bl_gw_set_u32(w, K("rope.dimension_count"), (uint32_t)o->n_rot, err)) ||
+         (rc = bl_gw_set_u32(w, K("expert_shared_count"), (uint32_t)o->n_shared, err)) ||
+         (rc = bl_gw_set_u32(w, K("leading_dense_block_count"), (uint32_t)o->n_dense_lead,
+                             err)) ||
+         (rc = bl_gw_set_f32(w, K("expert_weights_scale"), (float)o->expert_scale, err)) ||
+         (rc = bl_gw_set_bool(w, K("expert_weights_norm"), !o->no_expert_norm, err)) ||
+         (rc = bl_gw_set_u32(w, K("expert_gating_func"), (uint32_t)o->gating, err)) ||
+         (rc = bl_gw_set_u32(w, K("nextn_predict_layers"), (uint32_t)o->n_nextn, err))))
+        return rc;
 #undef K
     if ((rc = bl_gw_set_str(w, "tokenizer.ggml.model", "gpt2", err)) ||
-        (rc = bl_gw_set_str(w, "tokenizer.ggml.pre", "qwen2", err)) ||
+        (rc = bl_gw_set_str(w, "tokenizer.ggml.pre", glm ? "glm4" : "qwen2", err)) ||
         (rc = bl_gw_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v->tokens, v->n,
                                 err)) ||
         (rc = bl_gw_set_arr(w, "tokenizer.ggml.token_type", BL_GGUF_I32, v->types, v->n, err)) ||
@@ -749,6 +1075,12 @@ static int write_metadata(bl_gguf_writer_t *w, const opts_t *o, const mk_vocab_t
         return rc;
     if (v->bos_id >= 0 && (rc = bl_gw_set_u32(w, "tokenizer.ggml.bos_token_id",
                                               (uint32_t)v->bos_id, err)))
+        return rc;
+    if (v->eot_id >= 0 && (rc = bl_gw_set_u32(w, "tokenizer.ggml.eot_token_id",
+                                              (uint32_t)v->eot_id, err)))
+        return rc;
+    if (v->eom_id >= 0 && (rc = bl_gw_set_u32(w, "tokenizer.ggml.eom_token_id",
+                                              (uint32_t)v->eom_id, err)))
         return rc;
     if ((rc = bl_gw_set_bool(w, "tokenizer.ggml.add_bos_token", v->add_bos, err)))
         return rc;
@@ -796,9 +1128,12 @@ int main(int argc, char **argv)
     if (o.tok_dir) {
         if (mk_vocab_load(&v, o.tok_dir, &err))
             goto fail;
-        /* Qwen3 checkpoints have 151936 embedding rows, more than the tokenizer's ids. */
+        /* The checkpoints have more embedding rows than their tokenizers have ids. */
+        const int64_t rows = o.arch == ARCH_GLM4MOE ? GLM45_VOCAB_ROWS : QWEN3_VOCAB_ROWS;
         if (!o.vocab_set)
-            o.n_vocab = v.n > 151936 ? (int64_t)v.n : 151936;
+            o.n_vocab = (int64_t)v.n > rows ? (int64_t)v.n : rows;
+        if (o.arch == ARCH_GLM4MOE)
+            mk_vocab_glm_ids(&v);
         if ((size_t)o.n_vocab < v.n) {
             status = flag_error("--vocab %lld is smaller than the %zu tokens of %s",
                                 (long long)o.n_vocab, v.n, o.tok_dir);
@@ -806,7 +1141,8 @@ int main(int argc, char **argv)
         }
         if (mk_vocab_pad(&v, (size_t)o.n_vocab, &err))
             goto fail;
-    } else if (mk_vocab_builtin(&v, (size_t)o.n_vocab, &err)) {
+    } else if (mk_vocab_builtin(&v, (size_t)o.n_vocab,
+                                o.arch == ARCH_GLM4MOE ? MK_FAMILY_GLM : MK_FAMILY_QWEN, &err)) {
         goto fail;
     }
 
@@ -857,11 +1193,13 @@ int main(int argc, char **argv)
     if (bl_gw_write_file(w, o.out, fill_tensor, &g, &err))
         goto fail;
 
-    printf("wrote %s: %s, %lld layers, n_embd %lld, %zu tokens, %zu tensors, %.2fM parameters, "
+    char nextn[32] = "";
+    if (o.arch == ARCH_GLM4MOE)
+        snprintf(nextn, sizeof nextn, " + %lld NextN", (long long)o.n_nextn);
+    printf("wrote %s: %s, %lld layers%s, n_embd %lld, %zu tokens, %zu tensors, %.2fM parameters, "
            "%llu bytes in %.2f s\n",
-           o.out, o.arch == ARCH_QWEN3MOE ? "qwen3moe" : "qwen3", (long long)o.n_layer,
-           (long long)o.n_embd, v.n, L.n, (double)n_params / 1e6,
-           (unsigned long long)bl_gw_bytes_written(w), now_s() - t0);
+           o.out, arch_names[o.arch], (long long)o.n_layer, nextn, (long long)o.n_embd, v.n, L.n,
+           (double)n_params / 1e6, (unsigned long long)bl_gw_bytes_written(w), now_s() - t0);
     status = 0;
 fail:
     /* Usage errors were reported where they were found; the rest carry err. */

@@ -1,6 +1,7 @@
 /* Vocabularies for bloomery-mkmodel (see mkmodel_vocab.h): GPT-2's byte-to-unicode
- * mapping, a greedy BPE learner over a built-in text, the built-in chat template,
- * and the reader for Hugging Face tokenizer folders. */
+ * mapping, a greedy BPE learner over a built-in text, the built-in chat templates
+ * and special tokens of the Qwen3 and GLM-4.5 families, and the reader for Hugging
+ * Face tokenizer folders. */
 #include "mkmodel_vocab.h"
 
 #include <jansson.h>
@@ -98,7 +99,7 @@ static const char builtin_text[] =
 /* Qwen-style chat template for the built-in vocabulary: <|im_start|>ROLE\n...<|im_end|>
  * turns, earlier assistant reasoning dropped, and an empty think block when the
  * caller turns thinking off. */
-static const char builtin_template[] =
+static const char qwen_template[] =
     "{%- for message in messages %}\n"
     "{%- set content = message.content if message.content is string else '' %}\n"
     "{%- if message.role == 'assistant' and '</think>' in content %}\n"
@@ -113,18 +114,154 @@ static const char builtin_template[] =
     "{%- endif %}\n"
     "{%- endif %}\n";
 
-/* Special tokens of the built-in vocabulary, in id order after the BPE tokens. */
-static const struct {
+/* GLM-4.5-style chat template for the built-in vocabulary: "[gMASK]<sop>" once, then
+ * <|system|>, <|user|>, <|assistant|> and <|observation|> turns with no end marker
+ * (generation stops at the next turn's token: <|user|> is eot, <|observation|> eom).
+ * The tools, one JSON line each, join the first system turn. An assistant turn is
+ * "<think>REASONING</think>\n" and its content (reasoning from reasoning_content or
+ * from a <think> block in the content, kept only after the last user turn, as the
+ * model saw it while it worked on that turn), then its calls as key/value pairs:
+ * string values raw, others as JSON. The server reads the call form off the
+ * template's "<arg_key>". Arguments given as a JSON string cannot be taken apart
+ * by a template and are written as they came. Consecutive tool results share one
+ * <|observation|>. Only the constructs router/template*.c implements are used. */
+static const char glm_template[] =
+    "{{- '[gMASK]<sop>' }}\n"
+    "{%- set ns = namespace(last_user=-1, prev='') %}\n"
+    "{%- for m in messages %}\n"
+    "{%- if m.role == 'user' %}\n"
+    "{%- set ns.last_user = loop.index0 %}\n"
+    "{%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- set has_system = messages | length > 0 and messages[0].role == 'system' %}\n"
+    "{%- if tools or has_system %}\n"
+    "{{- '<|system|>\\n' }}\n"
+    "{%- if has_system and messages[0].content is string %}\n"
+    "{{- messages[0].content }}\n"
+    "{%- endif %}\n"
+    "{%- if tools %}\n"
+    "{%- if has_system %}\n"
+    "{{- '\\n\\n' }}\n"
+    "{%- endif %}\n"
+    "{{- 'These functions are available, one JSON description per line:\\n' }}\n"
+    "{%- for tool in tools %}\n"
+    "{{- (tool.function if tool.function is defined else tool) | tojson }}\n"
+    "{{- '\\n' }}\n"
+    "{%- endfor %}\n"
+    "{{- 'To call one, write <tool_call> followed by its name, then each argument as "
+    "<arg_key>NAME</arg_key> and <arg_value>VALUE</arg_value> on lines of their own, and close "
+    "with </tool_call>. Results come back inside <tool_response>.' }}\n"
+    "{%- endif %}\n"
+    "{%- endif %}\n"
+    "{%- for m in messages %}\n"
+    "{%- set content = m.content if m.content is string else '' %}\n"
+    "{%- if loop.first and has_system %}\n"
+    "{%- elif m.role == 'tool' %}\n"
+    "{%- if ns.prev != 'tool' %}\n"
+    "{{- '<|observation|>\\n' }}\n"
+    "{%- endif %}\n"
+    "{{- '<tool_response>\\n' + content + '\\n</tool_response>\\n' }}\n"
+    "{%- elif m.role == 'assistant' %}\n"
+    "{%- set reasoning = m.reasoning_content if m.reasoning_content is string else '' %}\n"
+    "{%- if '</think>' in content %}\n"
+    "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1] %}\n"
+    "{%- set content = content.split('</think>')[-1] %}\n"
+    "{%- endif %}\n"
+    "{%- if loop.index0 < ns.last_user %}\n"
+    "{%- set reasoning = '' %}\n"
+    "{%- endif %}\n"
+    "{%- set content = content.strip() %}\n"
+    "{{- '<|assistant|>\\n<think>' + reasoning.strip() + '</think>\\n' + content }}\n"
+    "{%- if m.tool_calls %}\n"
+    "{%- for call in m.tool_calls %}\n"
+    "{%- set f = call.function if call.function is defined else call %}\n"
+    "{%- if content or not loop.first %}\n"
+    "{{- '\\n' }}\n"
+    "{%- endif %}\n"
+    "{{- '<tool_call>' + f.name + '\\n' }}\n"
+    "{%- if f.arguments is mapping %}\n"
+    "{%- for key, value in f.arguments.items() %}\n"
+    "{{- '<arg_key>' + key + '</arg_key>\\n<arg_value>' + "
+    "(value if value is string else value | tojson) + '</arg_value>\\n' }}\n"
+    "{%- endfor %}\n"
+    "{%- elif f.arguments is string and f.arguments.strip() not in ['', '{}'] %}\n"
+    "{{- f.arguments.strip() + '\\n' }}\n"
+    "{%- endif %}\n"
+    "{{- '</tool_call>' }}\n"
+    "{%- endfor %}\n"
+    "{%- endif %}\n"
+    "{%- else %}\n"
+    "{{- '<|' + m.role + '|>\\n' + content }}\n"
+    "{%- endif %}\n"
+    "{%- set ns.prev = m.role %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "{{- '<|assistant|>\\n' }}\n"
+    "{%- if enable_thinking is defined and enable_thinking is false %}\n"
+    "{{- '<think></think>\\n' }}\n"
+    "{%- endif %}\n"
+    "{%- endif %}\n";
+
+/* Special tokens of the built-in vocabularies, in id order after the BPE tokens.
+ * The tags a reply carries (think, tool call, arguments) are user-defined, so that
+ * they stay in the detokenized text the server splits into reasoning and calls;
+ * the turn and prompt markers are control tokens. */
+typedef struct special {
     const char *text;
     int32_t type;
-} builtin_specials[] = {
+} special_t;
+
+static const special_t qwen_specials[] = {
     {"<|endoftext|>", MK_TOK_CONTROL},
     {"<|im_start|>", MK_TOK_CONTROL},
     {"<|im_end|>", MK_TOK_CONTROL},
     {"<think>", MK_TOK_USER_DEFINED},
     {"</think>", MK_TOK_USER_DEFINED},
 };
-#define N_SPECIALS (sizeof builtin_specials / sizeof builtin_specials[0])
+
+static const special_t glm_specials[] = {
+    {"<|endoftext|>", MK_TOK_CONTROL},
+    {"[gMASK]", MK_TOK_CONTROL},
+    {"<sop>", MK_TOK_CONTROL},
+    {"<|system|>", MK_TOK_CONTROL},
+    {"<|user|>", MK_TOK_CONTROL},
+    {"<|assistant|>", MK_TOK_CONTROL},
+    {"<|observation|>", MK_TOK_CONTROL},
+    {"<think>", MK_TOK_USER_DEFINED},
+    {"</think>", MK_TOK_USER_DEFINED},
+    {"<tool_call>", MK_TOK_USER_DEFINED},
+    {"</tool_call>", MK_TOK_USER_DEFINED},
+    {"<arg_key>", MK_TOK_USER_DEFINED},
+    {"</arg_key>", MK_TOK_USER_DEFINED},
+    {"<arg_value>", MK_TOK_USER_DEFINED},
+    {"</arg_value>", MK_TOK_USER_DEFINED},
+    {"<tool_response>", MK_TOK_USER_DEFINED},
+    {"</tool_response>", MK_TOK_USER_DEFINED},
+};
+
+#define COUNT(a) (sizeof (a) / sizeof (a)[0])
+_Static_assert(256 + COUNT(qwen_specials) == MK_VOCAB_BUILTIN_MIN, "qwen minimum");
+_Static_assert(256 + COUNT(glm_specials) == MK_VOCAB_BUILTIN_MIN_GLM, "glm minimum");
+
+/* What a family adds to the learned tokens. max_digits: the longest digit run its
+ * pre-tokenizer keeps together (qwen2 splits digits one by one, glm4 in runs of up
+ * to three), so that no merge is learned across a boundary the tokenizer cuts. */
+typedef struct family {
+    const special_t *specials;
+    size_t n_specials;
+    const char *chat_template;
+    int max_digits;
+} family_t;
+
+static const family_t families[] = {
+    [MK_FAMILY_QWEN] = {qwen_specials, COUNT(qwen_specials), qwen_template, 1},
+    [MK_FAMILY_GLM] = {glm_specials, COUNT(glm_specials), glm_template, 3},
+};
+
+size_t mk_vocab_builtin_min(mk_family_t family)
+{
+    return 256 + families[family].n_specials;
+}
 
 void mk_vocab_free(mk_vocab_t *v)
 {
@@ -144,7 +281,7 @@ void mk_vocab_free(mk_vocab_t *v)
 static void vocab_init(mk_vocab_t *v)
 {
     memset(v, 0, sizeof *v);
-    v->bos_id = v->eos_id = v->pad_id = -1;
+    v->bos_id = v->eos_id = v->pad_id = v->eot_id = v->eom_id = -1;
 }
 
 /* Sets the token array to n entries, the new ones NULL with type 0. */
@@ -183,6 +320,26 @@ static int fill_pads(mk_vocab_t *v)
         v->types[i] = MK_TOK_UNUSED;
     }
     return 0;
+}
+
+static int64_t find_token(const mk_vocab_t *v, const char *text)
+{
+    /* Added (special) tokens sit at the end, so search from there. */
+    for (size_t i = v->n; i-- > 0;)
+        if (v->tokens[i] && strcmp(v->tokens[i], text) == 0)
+            return (int64_t)i;
+    return -1;
+}
+
+void mk_vocab_glm_ids(mk_vocab_t *v)
+{
+    int64_t id;
+    if ((id = find_token(v, "[gMASK]")) >= 0)
+        v->bos_id = id;
+    if ((id = find_token(v, "<|user|>")) >= 0)
+        v->eot_id = id;
+    if ((id = find_token(v, "<|observation|>")) >= 0)
+        v->eom_id = id;
 }
 
 int mk_vocab_pad(mk_vocab_t *v, size_t n, bl_err_t *err)
@@ -237,7 +394,8 @@ static int utf8_put(char *out, uint32_t c)
  * The text is split into pre-tokens the way Qwen2's pre-tokenizer splits ASCII
  * (contractions, optional leading non-letter + letters, single digits, optional
  * space + punctuation run, newline runs, other whitespace), since merges across
- * those boundaries could never apply. Then, repeatedly, the most frequent adjacent
+ * those boundaries could never apply; GLM-4.5's (Llama 3's) differs only in
+ * keeping runs of up to three digits together. Then, repeatedly, the most frequent adjacent
  * symbol pair over all pre-tokens becomes a merge (ties go to the pair whose
  * texts sort first), until the vocabulary is full or nothing is left to merge. */
 
@@ -247,8 +405,9 @@ static int is_space(int c) { return c == ' ' || c == '\t' || c == '\n' || c == '
 static int is_nl(int c) { return c == '\n' || c == '\r'; }
 static int is_punct(int c) { return c && !is_space(c) && !is_alpha(c) && !is_digit(c); }
 
-/* Length of the pre-token starting at s (s non-empty, ASCII). */
-static size_t pretoken_len(const char *s)
+/* Length of the pre-token starting at s (s non-empty, ASCII); a digit run is cut
+ * every max_digits digits. */
+static size_t pretoken_len(const char *s, int max_digits)
 {
     size_t i = 0;
     int c = (unsigned char)s[0];
@@ -266,8 +425,11 @@ static size_t pretoken_len(const char *s)
             i++;
         return i;
     }
-    if (is_digit(c))
-        return 1;
+    if (is_digit(c)) {
+        while (i < (size_t)max_digits && is_digit((unsigned char)s[i]))
+            i++;
+        return i;
+    }
     if (is_punct(c) || (c == ' ' && is_punct((unsigned char)s[1]))) {
         i = c == ' ' ? 1 : 0;
         while (is_punct((unsigned char)s[i]))
@@ -333,7 +495,8 @@ static int cmp_cstr(const void *a, const void *b)
 
 /* Splits the text into pre-tokens, merges repeats (counting them) and spells each
  * as byte symbols. */
-static int learner_init(learner_t *L, const uint32_t cp[256], const uint8_t order[256])
+static int learner_init(learner_t *L, const uint32_t cp[256], const uint8_t order[256],
+                        int max_digits)
 {
     memset(L, 0, sizeof *L);
     size_t len = strlen(builtin_text), n = 0;
@@ -342,7 +505,7 @@ static int learner_init(learner_t *L, const uint32_t cp[256], const uint8_t orde
     if (!words)
         return BL_ENOMEM;
     for (size_t i = 0; i < len;) {
-        size_t k = pretoken_len(builtin_text + i);
+        size_t k = pretoken_len(builtin_text + i, max_digits);
         words[n] = strndup(builtin_text + i, k);
         if (!words[n])
             goto fail;
@@ -454,12 +617,15 @@ static void apply_merge(learner_t *L, int32_t a, int32_t b, int32_t c)
     }
 }
 
-int mk_vocab_builtin(mk_vocab_t *v, size_t n_vocab, bl_err_t *err)
+int mk_vocab_builtin(mk_vocab_t *v, size_t n_vocab, mk_family_t family, bl_err_t *err)
 {
     vocab_init(v);
-    if (n_vocab < MK_VOCAB_BUILTIN_MIN)
-        return bl_err_set(err, BL_EINVAL, "built-in vocabulary needs at least %d tokens, not %zu",
-                          MK_VOCAB_BUILTIN_MIN, n_vocab);
+    if ((unsigned)family >= COUNT(families))
+        return bl_err_set(err, BL_EINVAL, "built-in vocabulary: no family %d", (int)family);
+    const family_t *fam = &families[family];
+    if (n_vocab < mk_vocab_builtin_min(family))
+        return bl_err_set(err, BL_EINVAL, "built-in vocabulary needs at least %zu tokens, not %zu",
+                          mk_vocab_builtin_min(family), n_vocab);
     learner_t L;
     uint32_t cp[256];
     uint8_t order[256];
@@ -467,7 +633,7 @@ int mk_vocab_builtin(mk_vocab_t *v, size_t n_vocab, bl_err_t *err)
     size_t merges_cap = 0;
     int rc;
     byte_alphabet(cp, order);
-    if ((rc = learner_init(&L, cp, order)))
+    if ((rc = learner_init(&L, cp, order, fam->max_digits)))
         goto fail;
     size_t mask = 1;
     while (mask < 2 * L.word_start[L.n_words] + 16)
@@ -479,7 +645,7 @@ int mk_vocab_builtin(mk_vocab_t *v, size_t n_vocab, bl_err_t *err)
         goto fail;
     }
 
-    size_t n_bpe = n_vocab - N_SPECIALS;
+    size_t n_bpe = n_vocab - fam->n_specials;
     while (L.n_sym < n_bpe) {
         int32_t a = 0, b = 0;
         if (best_pair(&L, tab, mask, &a, &b))
@@ -538,21 +704,27 @@ int mk_vocab_builtin(mk_vocab_t *v, size_t n_vocab, bl_err_t *err)
         L.sym[i] = NULL;
     }
     size_t first_special = L.n_sym;
-    for (size_t k = 0; k < N_SPECIALS; k++) {
-        v->tokens[first_special + k] = strdup(builtin_specials[k].text);
+    for (size_t k = 0; k < fam->n_specials; k++) {
+        v->tokens[first_special + k] = strdup(fam->specials[k].text);
         if (!v->tokens[first_special + k]) {
             rc = BL_ENOMEM;
             goto fail;
         }
-        v->types[first_special + k] = builtin_specials[k].type;
+        v->types[first_special + k] = fam->specials[k].type;
     }
     if ((rc = fill_pads(v)))
         goto fail;
-    v->bos_id = (int64_t)first_special;     /* <|endoftext|>, as Qwen3 */
-    v->pad_id = (int64_t)first_special;
-    v->eos_id = (int64_t)first_special + 2; /* <|im_end|> ends a chat turn */
+    v->pad_id = (int64_t)first_special; /* <|endoftext|>, first in both families */
     v->add_bos = 0;
-    v->chat_template = strdup(builtin_template);
+    if (family == MK_FAMILY_QWEN) {
+        v->bos_id = (int64_t)first_special;     /* <|endoftext|>, as Qwen3 */
+        v->eos_id = (int64_t)first_special + 2; /* <|im_end|> ends a chat turn */
+    } else {
+        /* GLM-4.5 ends a reply with <|endoftext|>, or by starting the next turn */
+        v->eos_id = (int64_t)first_special;
+        mk_vocab_glm_ids(v);
+    }
+    v->chat_template = strdup(fam->chat_template);
     if (!v->chat_template) {
         rc = BL_ENOMEM;
         goto fail;
@@ -578,15 +750,6 @@ static const char *token_text(json_t *j)
     if (json_is_object(j) && json_is_string(json_object_get(j, "content")))
         return json_string_value(json_object_get(j, "content"));
     return NULL;
-}
-
-static int64_t find_token(const mk_vocab_t *v, const char *text)
-{
-    /* Added (special) tokens sit at the end, so search from there. */
-    for (size_t i = v->n; i-- > 0;)
-        if (v->tokens[i] && strcmp(v->tokens[i], text) == 0)
-            return (int64_t)i;
-    return -1;
 }
 
 /* Resolves a tokenizer_config.json token field to an id: -1 when the field is

@@ -1,5 +1,6 @@
 /* Vocabularies for bloomery-mkmodel: a small byte-level BPE vocabulary learned in
- * code from a built-in text, or a Hugging Face tokenizer folder (tokenizer.json +
+ * code from a built-in text, with the special tokens and chat template of the Qwen3
+ * or the GLM-4.5 family, or a Hugging Face tokenizer folder (tokenizer.json +
  * tokenizer_config.json) turned into GGUF's tokenizer.ggml.* conventions. Only
  * bloomery-mkmodel uses this, so the names carry the tool's mk_ prefix. */
 #ifndef BL_MKMODEL_VOCAB_H
@@ -27,18 +28,34 @@ typedef struct mk_vocab {
     char **merges;        /* (n_merges) "left right", highest priority first */
     size_t n_merges;
     int64_t bos_id, eos_id, pad_id; /* -1: none */
+    int64_t eot_id, eom_id;         /* end of turn, end of message (-1: none) */
     int add_bos;
     char *chat_template;  /* NULL: none */
 } mk_vocab_t;
 
+/* The model family a built-in vocabulary imitates: its special tokens, chat
+ * template and the pre-tokenizer split its merges are learned under. */
+typedef enum mk_family {
+    MK_FAMILY_QWEN, /* Qwen3: <|im_start|> turns; digits split one by one (qwen2) */
+    MK_FAMILY_GLM,  /* GLM-4.5: [gMASK]<sop>, <|user|> turns, <arg_key> tool calls;
+                     * digits in runs of up to three (glm4, Llama 3's split) */
+} mk_family_t;
+
 /* Learns a byte-level BPE vocabulary of exactly n_vocab tokens: the 256 byte
- * tokens, merges learned greedily from a built-in English text, the special
- * tokens <|endoftext|>, <|im_start|>, <|im_end|> (control) and <think>, </think>
- * (user-defined), then unused padding if the text ran out of merges. Sets a
- * Qwen-style chat template. n_vocab must be at least MK_VOCAB_BUILTIN_MIN.
- * Deterministic. Free with mk_vocab_free. */
-#define MK_VOCAB_BUILTIN_MIN 261
-int mk_vocab_builtin(mk_vocab_t *v, size_t n_vocab, bl_err_t *err) BL_WUR;
+ * tokens, merges learned greedily from a built-in English text, the family's
+ * special tokens, then unused padding if the text ran out of merges.
+ *   MK_FAMILY_QWEN: <|endoftext|>, <|im_start|>, <|im_end|> (control) and <think>,
+ *     </think> (user-defined); eos <|im_end|>, bos and padding <|endoftext|>.
+ *   MK_FAMILY_GLM: <|endoftext|>, [gMASK], <sop>, <|system|>, <|user|>,
+ *     <|assistant|>, <|observation|> (control) and the think, tool call, argument
+ *     and tool response tags (user-defined); eos and padding <|endoftext|>, eot
+ *     <|user|>, eom <|observation|>, bos [gMASK] (never added).
+ * Sets the family's chat template. n_vocab must be at least
+ * mk_vocab_builtin_min(family). Deterministic. Free with mk_vocab_free. */
+#define MK_VOCAB_BUILTIN_MIN 261     /* MK_FAMILY_QWEN: 256 bytes + 5 specials */
+#define MK_VOCAB_BUILTIN_MIN_GLM 273 /* MK_FAMILY_GLM: 256 bytes + 17 specials */
+size_t mk_vocab_builtin_min(mk_family_t family);
+int mk_vocab_builtin(mk_vocab_t *v, size_t n_vocab, mk_family_t family, bl_err_t *err) BL_WUR;
 
 /* Reads dir/tokenizer.json (model.vocab, model.merges, added_tokens) and
  * dir/tokenizer_config.json (chat_template, bos/eos/pad_token, add_bos_token).
@@ -46,6 +63,11 @@ int mk_vocab_builtin(mk_vocab_t *v, size_t n_vocab, bl_err_t *err) BL_WUR;
  * v->n is the largest id + 1; ids no entry names are unused "[PADi]" tokens.
  * A malformed file gives BL_EINVAL with the file and field named. */
 int mk_vocab_load(mk_vocab_t *v, const char *dir, bl_err_t *err) BL_WUR;
+
+/* Sets bos, eot and eom to GLM-4.5's [gMASK], <|user|> and <|observation|> where
+ * the vocabulary has them, as llama.cpp's converter does for GLM-4.5 (its
+ * tokenizer_config.json names none of them). */
+void mk_vocab_glm_ids(mk_vocab_t *v);
 
 /* Grows the vocabulary to n tokens with unused "[PADi]" entries (n >= v->n). */
 int mk_vocab_pad(mk_vocab_t *v, size_t n, bl_err_t *err) BL_WUR;
