@@ -1,7 +1,8 @@
 """Minimal GGUF v3 writer for building test models.
 
 Owns: writing metadata (typed values, arrays, nested arrays) and F32/F16
-tensors, and the helpers that build tiny random qwen3moe / qwen3 models.
+tensors, and the helpers that build tiny random qwen3moe / qwen3 / glm4moe
+models.
 Values are given as (type, value) pairs or plain Python values (int -> i32 or
 u64 when large, float -> f32, bool, str, list -> array of the first element's
 type). Tensors are float arrays in numpy order (slowest dimension first); they
@@ -140,16 +141,13 @@ def tiny_weights(seed=0, n_vocab=64, n_embd=32, n_layer=2, n_head=4, n_head_kv=2
     return w, hp
 
 
-def write_model(path, arch, weights, hp, n_expert_used=1, rope_base=1e6, eps=1e-6, tied=False):
-    """Write `weights` (from tiny_weights) as a qwen3moe or dense qwen3 file.
-
-    For qwen3 the first expert's matrices become ffn_gate/ffn_up/ffn_down.
-    """
+def _header(arch, hp, block_count, rope_base, eps):
+    """A Writer holding the metadata every architecture here shares."""
     wr = Writer()
     wr.add("general.architecture", arch)
     wr.add("general.name", "tiny-" + arch)
     wr.add("general.alignment", (G.T_UINT32, 32))
-    wr.add(arch + ".block_count", (G.T_UINT32, hp["n_layer"]))
+    wr.add(arch + ".block_count", (G.T_UINT32, block_count))
     wr.add(arch + ".context_length", (G.T_UINT32, 256))
     wr.add(arch + ".embedding_length", (G.T_UINT32, hp["n_embd"]))
     wr.add(arch + ".feed_forward_length", (G.T_UINT32, hp["n_ff"]))
@@ -159,12 +157,25 @@ def write_model(path, arch, weights, hp, n_expert_used=1, rope_base=1e6, eps=1e-
     wr.add(arch + ".attention.value_length", (G.T_UINT32, hp["head_dim"]))
     wr.add(arch + ".rope.freq_base", (G.T_FLOAT32, rope_base))
     wr.add(arch + ".attention.layer_norm_rms_epsilon", (G.T_FLOAT32, eps))
+    return wr
+
+
+def _tokens(wr, hp):
+    wr.add("tokenizer.ggml.model", "gpt2")
+    wr.add("tokenizer.ggml.tokens", ["t%d" % i for i in range(hp["n_vocab"])])
+
+
+def write_model(path, arch, weights, hp, n_expert_used=1, rope_base=1e6, eps=1e-6, tied=False):
+    """Write `weights` (from tiny_weights) as a qwen3moe or dense qwen3 file.
+
+    For qwen3 the first expert's matrices become ffn_gate/ffn_up/ffn_down.
+    """
+    wr = _header(arch, hp, hp["n_layer"], rope_base, eps)
     if arch == "qwen3moe":
         wr.add(arch + ".expert_count", (G.T_UINT32, hp["n_expert"]))
         wr.add(arch + ".expert_used_count", (G.T_UINT32, n_expert_used))
         wr.add(arch + ".expert_feed_forward_length", (G.T_UINT32, hp["n_ff"]))
-    wr.add("tokenizer.ggml.model", "gpt2")
-    wr.add("tokenizer.ggml.tokens", ["t%d" % i for i in range(hp["n_vocab"])])
+    _tokens(wr, hp)
     for name, arr in weights.items():
         if tied and name == "output.weight":
             continue
@@ -177,4 +188,101 @@ def write_model(path, arch, weights, hp, n_expert_used=1, rope_base=1e6, eps=1e-
                     name = name.replace(src, dst)
                     arr = arr[0]
         wr.add_tensor(name, arr)
+    wr.write(path)
+
+
+def tiny_glm4moe_weights(seed=0, n_vocab=64, n_embd=32, n_layer=2, n_nextn=1, n_dense_lead=1,
+                         n_head=4, n_head_kv=2, head_dim=16, n_ff=40, n_ff_exp=24, n_expert=4,
+                         n_shared=1, qk_norm=True, scale=0.3):
+    """Random weights (numpy order) for a tiny glm4moe model.
+
+    n_layer layers are run (the first n_dense_lead dense, the rest MoE);
+    n_nextn NextN layers follow them. hp["rope_dim"] is head_dim / 2 as in
+    GLM-4.5 (None leaves the key out of the file).
+    """
+    rng = np.random.default_rng(seed)
+
+    def r(*shape, s=scale):
+        return rng.standard_normal(shape) * s
+
+    n_ff_sh = n_ff_exp * n_shared
+    w = {
+        "token_embd.weight": r(n_vocab, n_embd, s=1.0),
+        "output_norm.weight": 1.0 + r(n_embd, s=0.1),
+        "output.weight": r(n_vocab, n_embd),
+    }
+    for i in range(n_layer + n_nextn):
+        p = "blk.%d." % i
+        w[p + "attn_norm.weight"] = 1.0 + r(n_embd, s=0.1)
+        w[p + "attn_q.weight"] = r(n_head * head_dim, n_embd)
+        w[p + "attn_q.bias"] = r(n_head * head_dim)
+        w[p + "attn_k.weight"] = r(n_head_kv * head_dim, n_embd)
+        w[p + "attn_k.bias"] = r(n_head_kv * head_dim)
+        w[p + "attn_v.weight"] = r(n_head_kv * head_dim, n_embd)
+        w[p + "attn_v.bias"] = r(n_head_kv * head_dim)
+        w[p + "attn_output.weight"] = r(n_embd, n_head * head_dim)
+        if qk_norm:
+            w[p + "attn_q_norm.weight"] = 1.0 + r(head_dim, s=0.1)
+            w[p + "attn_k_norm.weight"] = 1.0 + r(head_dim, s=0.1)
+        w[p + "post_attention_norm.weight"] = 1.0 + r(n_embd, s=0.1)
+        if i < n_dense_lead:
+            w[p + "ffn_gate.weight"] = r(n_ff, n_embd)
+            w[p + "ffn_up.weight"] = r(n_ff, n_embd)
+            w[p + "ffn_down.weight"] = r(n_embd, n_ff)
+            continue
+        w[p + "ffn_gate_inp.weight"] = r(n_expert, n_embd)
+        w[p + "exp_probs_b.bias"] = r(n_expert, s=0.05)
+        w[p + "ffn_gate_exps.weight"] = r(n_expert, n_ff_exp, n_embd)
+        w[p + "ffn_up_exps.weight"] = r(n_expert, n_ff_exp, n_embd)
+        w[p + "ffn_down_exps.weight"] = r(n_expert, n_embd, n_ff_exp)
+        if n_shared:
+            w[p + "ffn_gate_shexp.weight"] = r(n_ff_sh, n_embd)
+            w[p + "ffn_up_shexp.weight"] = r(n_ff_sh, n_embd)
+            w[p + "ffn_down_shexp.weight"] = r(n_embd, n_ff_sh)
+        if i >= n_layer:
+            w[p + "nextn.eh_proj.weight"] = r(n_embd, 2 * n_embd)
+            w[p + "nextn.enorm.weight"] = 1.0 + r(n_embd, s=0.1)
+            w[p + "nextn.hnorm.weight"] = 1.0 + r(n_embd, s=0.1)
+            w[p + "nextn.embed_tokens.weight"] = r(n_vocab, n_embd, s=1.0)
+            w[p + "nextn.shared_head_head.weight"] = r(n_vocab, n_embd)
+            w[p + "nextn.shared_head_norm.weight"] = 1.0 + r(n_embd, s=0.1)
+    hp = dict(n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer, n_nextn=n_nextn,
+              n_dense_lead=n_dense_lead, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+              rope_dim=head_dim // 2, n_ff=n_ff, n_ff_exp=n_ff_exp, n_expert=n_expert,
+              n_shared=n_shared)
+    return w, hp
+
+
+def write_glm4moe(path, weights, hp, n_expert_used=2, expert_scale=1.0, expert_norm=True,
+                  gating=2, rope_base=1e6, eps=1e-5, tied=False):
+    """Write `weights` (from tiny_glm4moe_weights) as a glm4moe file.
+
+    expert_scale, expert_norm and gating (1 softmax, 2 sigmoid) become
+    expert_weights_scale, expert_weights_norm and expert_gating_func; None
+    leaves the key out.
+    """
+    arch = "glm4moe"
+    wr = _header(arch, hp, hp["n_layer"] + hp["n_nextn"], rope_base, eps)
+
+    def u32(key, v):
+        wr.add(arch + "." + key, (G.T_UINT32, v))
+
+    if hp["rope_dim"] is not None:
+        u32("rope.dimension_count", hp["rope_dim"])
+    u32("nextn_predict_layers", hp["n_nextn"])
+    u32("leading_dense_block_count", hp["n_dense_lead"])
+    u32("expert_count", hp["n_expert"])
+    u32("expert_used_count", n_expert_used)
+    u32("expert_shared_count", hp["n_shared"])
+    u32("expert_feed_forward_length", hp["n_ff_exp"])
+    if expert_scale is not None:
+        wr.add(arch + ".expert_weights_scale", (G.T_FLOAT32, expert_scale))
+    if expert_norm is not None:
+        wr.add(arch + ".expert_weights_norm", (G.T_BOOL, expert_norm))
+    if gating is not None:
+        u32("expert_gating_func", gating)
+    _tokens(wr, hp)
+    for name, arr in weights.items():
+        if not (tied and name == "output.weight"):
+            wr.add_tensor(name, arr)
     wr.write(path)

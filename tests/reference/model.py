@@ -1,10 +1,12 @@
-"""Float64 reference forward pass for the qwen3moe and qwen3 architectures.
+"""Float64 reference forward pass for the qwen3moe, qwen3 and glm4moe architectures.
 
 Owns: hyperparameters from GGUF metadata, weight loading (every weight
 dequantized exactly to float64), the transformer forward pass as llama.cpp
-defines it for these two architectures, and the output head (log-sum-exp over
-the whole vocabulary row and the top-k ids per position), which is computed in
-vocabulary chunks so memory stays bounded.
+defines it for these architectures (glm4moe: attention biases, optional q/k
+norms, partial RoPE, leading dense layers, biased sigmoid routing with a
+shared expert; its trailing NextN layers are not run), and the output head
+(log-sum-exp over the whole vocabulary row and the top-k ids per position),
+which is computed in vocabulary chunks so memory stays bounded.
 """
 
 import math
@@ -17,7 +19,10 @@ import numpy as np
 import dequant
 import gguf
 
-SUPPORTED_ARCHS = ("qwen3moe", "qwen3")
+SUPPORTED_ARCHS = ("qwen3moe", "qwen3", "glm4moe")
+
+# llama.cpp clamps the routed weights' sum to this before dividing by it
+EXPERT_WEIGHTS_SUM_MIN = 6.103515625e-5
 
 
 class Hparams:
@@ -33,7 +38,13 @@ class Hparams:
                 raise ValueError("missing metadata %s.%s" % (arch, key))
             return v
 
-        self.n_layer = int(get("block_count"))
+        self.block_count = int(get("block_count"))
+        # glm4moe's trailing NextN (multi-token prediction) layers are not run
+        self.n_nextn = int(get("nextn_predict_layers", 0)) if arch == "glm4moe" else 0
+        if not 0 <= self.n_nextn < self.block_count:
+            raise ValueError("nextn_predict_layers %d with block_count %d"
+                             % (self.n_nextn, self.block_count))
+        self.n_layer = self.block_count - self.n_nextn
         self.n_embd = int(get("embedding_length"))
         self.n_head = int(get("attention.head_count"))
         self.n_head_kv = int(get("attention.head_count_kv", self.n_head))
@@ -41,13 +52,33 @@ class Hparams:
         self.head_dim_v = int(get("attention.value_length", self.head_dim))
         self.eps = float(get("attention.layer_norm_rms_epsilon"))
         self.rope_base = float(get("rope.freq_base", 10000.0))
-        self.rope_dim = int(get("rope.dimension_count", self.head_dim))
-        if arch == "qwen3moe":
+        self.rope_dim = int(get("rope.dimension_count", self.head_dim))  # n_rot
+        if self.rope_dim % 2 or not 0 < self.rope_dim <= self.head_dim:
+            raise ValueError("rope.dimension_count %d with head_dim %d" % (self.rope_dim, self.head_dim))
+        self.n_expert = 0
+        self.n_expert_used = 0
+        self.n_expert_shared = 0
+        self.n_layer_dense_lead = 0
+        if arch in ("qwen3moe", "glm4moe"):
             self.n_expert = int(get("expert_count"))
             self.n_expert_used = int(get("expert_used_count"))
-        else:
-            self.n_expert = 0
-            self.n_expert_used = 0
+            if not 0 < self.n_expert_used <= self.n_expert:
+                raise ValueError("expert_used_count %d with expert_count %d"
+                                 % (self.n_expert_used, self.n_expert))
+        if arch == "glm4moe":
+            if self.head_dim_v != self.head_dim:
+                raise ValueError("glm4moe needs value_length == key_length")
+            self.n_ff_exp = int(get("expert_feed_forward_length"))
+            self.n_expert_shared = int(get("expert_shared_count"))
+            self.n_layer_dense_lead = int(get("leading_dense_block_count", 0))
+            self.expert_weights_scale = float(get("expert_weights_scale", 1.0))
+            self.expert_weights_norm = bool(get("expert_weights_norm", False))
+            gating = int(get("expert_gating_func", 2))
+            # 0 ("none") is what llama.cpp reads as glm4moe's default, sigmoid
+            if gating not in (0, 1, 2):
+                raise ValueError("glm4moe.expert_gating_func %d: only 1 (softmax) "
+                                 "and 2 (sigmoid) are known" % gating)
+            self.expert_gating = "softmax" if gating == 1 else "sigmoid"
         if self.n_head % self.n_head_kv:
             raise ValueError("n_head %d not a multiple of n_head_kv %d" % (self.n_head, self.n_head_kv))
 
@@ -60,6 +91,11 @@ def rms_norm(x, w, eps):
 
 def silu(x):
     return x / (1.0 + np.exp(-x))
+
+
+def sigmoid(x):
+    e = np.exp(-np.abs(x))  # no overflow for large |x|
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def rope_neox(x, pos, base, n_rot):
@@ -123,6 +159,11 @@ def mm(x, w):
     return _MM(x, w)
 
 
+def swiglu_ffn(x, gate, up, down):
+    """down(silu(gate x) * up x); gate, up (n_ff, n_embd), down (n_embd, n_ff)."""
+    return mm(silu(mm(x, gate)) * mm(x, up), down)
+
+
 def softmax(x, axis=-1):
     m = np.max(x, axis=axis, keepdims=True)
     e = np.exp(x - m)
@@ -159,13 +200,16 @@ class Layer:
 
 
 class Model:
-    """A GGUF qwen3moe / qwen3 model computed in float64.
+    """A GGUF qwen3moe / qwen3 / glm4moe model computed in float64.
 
     Small models are decoded once (every weight kept in float64). With
     lazy=True (the default when the decoded weights would pass
     LAZY_BYTES) a layer's weights are decoded when the layer runs, experts one
     at a time, and the output matrix chunk by chunk, so memory stays bounded
     for large files at the cost of decoding again on every pass.
+
+    norm_topk applies to qwen3moe only; glm4moe files say whether the routed
+    weights are normalised (expert_weights_norm).
     """
 
     LAZY_BYTES = 2 << 30
@@ -195,38 +239,67 @@ class Model:
             raise KeyError("tensor %s missing from %s" % (name, self.path))
         return dequant.dequantize(t[name])
 
+    def _opt(self, name):
+        """The tensor decoded, or None when the file lacks it."""
+        return self._w(name) if name in self.gf.tensors else None
+
     def _layer(self, i):
         hp = self.hp
         w = self._w
         p = "blk.%d." % i
+        glm = hp.arch == "glm4moe"
         L = Layer()
         L.attn_norm = w(p + "attn_norm.weight")
         L.wq = w(p + "attn_q.weight")  # (n_head*hd, n_embd)
         L.wk = w(p + "attn_k.weight")
         L.wv = w(p + "attn_v.weight")
         L.wo = w(p + "attn_output.weight")  # (n_embd, n_head*hd_v)
-        L.q_norm = w(p + "attn_q_norm.weight")
-        L.k_norm = w(p + "attn_k_norm.weight")
-        L.ffn_norm = w(p + "ffn_norm.weight")
-        if hp.arch == "qwen3moe":
+        if glm:
+            L.bq = w(p + "attn_q.bias")
+            L.bk = w(p + "attn_k.bias")
+            L.bv = w(p + "attn_v.bias")
+            # GLM-4.5 has q/k norms, GLM-4.5-Air not
+            L.q_norm = self._opt(p + "attn_q_norm.weight")
+            L.k_norm = self._opt(p + "attn_k_norm.weight")
+            L.ffn_norm = w(p + "post_attention_norm.weight")
+        else:
+            L.bq = L.bk = L.bv = None
+            L.q_norm = w(p + "attn_q_norm.weight")
+            L.k_norm = w(p + "attn_k_norm.weight")
+            L.ffn_norm = w(p + "ffn_norm.weight")
+        L.is_moe = hp.n_expert > 0 and i >= hp.n_layer_dense_lead
+        L.probs_bias = None
+        L.shexp = None
+        if L.is_moe:
             L.router = w(p + "ffn_gate_inp.weight")  # (n_expert, n_embd)
-            names = [p + n for n in ("ffn_gate_exps.weight", "ffn_up_exps.weight",
-                                     "ffn_down_exps.weight")]
-            for n in names:
-                if n not in self.gf.tensors:
-                    raise KeyError("tensor %s missing from %s" % (n, self.path))
-            if self.lazy:
-                ts = [self.gf.tensors[n] for n in names]
-                # gate, up: (n_ff, n_embd); down: (n_embd, n_ff)
-                L.expert = lambda e, ts=ts: tuple(dequant.dequantize(x, rows=[e])[0] for x in ts)
-            else:
-                g, u, d = (w(n) for n in names)  # (n_expert, ...)
-                L.expert = lambda e, g=g, u=u, d=d: (g[e], u[e], d[e])
+            L.expert = self._expert_loader(p)
+            if glm:
+                L.probs_bias = w(p + "exp_probs_b.bias")  # (n_expert,)
+                if hp.n_expert_shared > 0:
+                    L.shexp = tuple(w(p + n) for n in ("ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+                                                       "ffn_down_shexp.weight"))
+                    n_ff_sh = hp.n_ff_exp * hp.n_expert_shared
+                    if L.shexp[0].shape[0] != n_ff_sh:
+                        raise ValueError("%sffn_gate_shexp.weight has %d rows, want %d"
+                                         % (p, L.shexp[0].shape[0], n_ff_sh))
         else:
             L.gate = w(p + "ffn_gate.weight")  # (n_ff, n_embd)
             L.up = w(p + "ffn_up.weight")
             L.down = w(p + "ffn_down.weight")  # (n_embd, n_ff)
         return L
+
+    def _expert_loader(self, p):
+        """expert(e) -> (gate (n_ff, n_embd), up, down (n_embd, n_ff)) of layer prefix p."""
+        names = [p + n for n in ("ffn_gate_exps.weight", "ffn_up_exps.weight",
+                                 "ffn_down_exps.weight")]
+        for n in names:
+            if n not in self.gf.tensors:
+                raise KeyError("tensor %s missing from %s" % (n, self.path))
+        if self.lazy:
+            ts = [self.gf.tensors[n] for n in names]
+            return lambda e, ts=ts: tuple(dequant.dequantize(x, rows=[e])[0] for x in ts)
+        g, u, d = (self._w(n) for n in names)  # (n_expert, ...)
+        return lambda e, g=g, u=u, d=d: (g[e], u[e], d[e])
 
     def layer(self, i):
         return self.layers[i] if self.layers[i] is not None else self._layer(i)
@@ -259,11 +332,16 @@ class Model:
     def attention(self, L, x, pos):
         hp = self.hp
         T = x.shape[0]
-        q = mm(x, L.wq).reshape(T, hp.n_head, hp.head_dim)
-        k = mm(x, L.wk).reshape(T, hp.n_head_kv, hp.head_dim)
-        v = mm(x, L.wv).reshape(T, hp.n_head_kv, hp.head_dim_v)
-        q = rms_norm(q, L.q_norm, hp.eps)
-        k = rms_norm(k, L.k_norm, hp.eps)
+        q, k, v = mm(x, L.wq), mm(x, L.wk), mm(x, L.wv)
+        if L.bq is not None:
+            q, k, v = q + L.bq, k + L.bk, v + L.bv
+        q = q.reshape(T, hp.n_head, hp.head_dim)
+        k = k.reshape(T, hp.n_head_kv, hp.head_dim)
+        v = v.reshape(T, hp.n_head_kv, hp.head_dim_v)
+        if L.q_norm is not None:
+            q = rms_norm(q, L.q_norm, hp.eps)
+        if L.k_norm is not None:
+            k = rms_norm(k, L.k_norm, hp.eps)
         q = rope_neox(q, pos, hp.rope_base, hp.rope_dim)
         k = rope_neox(k, pos, hp.rope_base, hp.rope_dim)
         scale = 1.0 / math.sqrt(hp.head_dim)
@@ -284,34 +362,53 @@ class Model:
         pmap(one, [(a, h) for a in range(0, T, blk) for h in range(hp.n_head)])
         return mm(out.reshape(T, hp.n_head * hp.head_dim_v), L.wo)
 
-    def moe(self, L, x):
+    def route(self, L, x):
+        """Chosen experts (T, k), best first, and their weights (T, k)."""
         hp = self.hp
-        probs = softmax(mm(x, L.router), axis=-1)  # (T, n_expert)
         k = hp.n_expert_used
-        # top-k by probability; stable order by descending probability
-        sel = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+        logits = mm(x, L.router)  # (T, n_expert)
+        if hp.arch == "qwen3moe":
+            probs = softmax(logits, axis=-1)
+            # top-k by probability; stable order by descending probability
+            sel = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+            wsel = np.take_along_axis(probs, sel, axis=-1)
+            if self.norm_topk:
+                wsel = wsel / np.sum(wsel, axis=-1, keepdims=True)
+            return sel, wsel
+        probs = softmax(logits, axis=-1) if hp.expert_gating == "softmax" else sigmoid(logits)
+        # the bias only steers the choice (ties: lower id); weights are the unbiased probs
+        sel = np.argsort(-(probs + L.probs_bias), axis=-1, kind="stable")[:, :k]
         wsel = np.take_along_axis(probs, sel, axis=-1)
-        if self.norm_topk:
-            wsel = wsel / np.sum(wsel, axis=-1, keepdims=True)
+        if hp.expert_weights_norm:
+            wsel = wsel / np.maximum(np.sum(wsel, axis=-1, keepdims=True), EXPERT_WEIGHTS_SUM_MIN)
+        return sel, wsel * hp.expert_weights_scale
+
+    def experts(self, L, x, sel, wsel):
+        """sum over j of wsel[:, j] * expert sel[:, j] applied to x."""
 
         def one(e):
             rows, slot = np.nonzero(sel == e)
             if rows.size == 0:
                 return None
-            xe = x[rows]
-            g, u, d = L.expert(e)
-            y = mm(silu(mm(xe, g)) * mm(xe, u), d)
+            y = swiglu_ffn(x[rows], *L.expert(e))
             return rows, wsel[rows, slot][:, None] * y
 
         out = np.zeros_like(x)
-        for r in pmap(one, range(hp.n_expert)):  # summed in expert order
+        for r in pmap(one, range(self.hp.n_expert)):  # summed in expert order
             if r is not None:
                 out[r[0]] += r[1]
+        return out
+
+    def moe(self, L, x):
+        sel, wsel = self.route(L, x)
+        out = self.experts(L, x, sel, wsel)
+        if L.shexp is not None:
+            out = out + swiglu_ffn(x, *L.shexp)
         self.last_routing = sel
         return out
 
     def dense_ffn(self, L, x):
-        return mm(silu(mm(x, L.gate)) * mm(x, L.up), L.down)
+        return swiglu_ffn(x, L.gate, L.up, L.down)
 
     def hidden(self, ids):
         """Final-normed hidden states (T, n_embd) for token ids at positions 0..T-1."""
@@ -324,10 +421,7 @@ class Model:
             h = rms_norm(x, L.attn_norm, hp.eps)
             x = x + self.attention(L, h, pos)
             h = rms_norm(x, L.ffn_norm, hp.eps)
-            if hp.arch == "qwen3moe":
-                x = x + self.moe(L, h)
-            else:
-                x = x + self.dense_ffn(L, h)
+            x = x + (self.moe(L, h) if L.is_moe else self.dense_ffn(L, h))
         return rms_norm(x, self.output_norm, hp.eps)
 
     # ---- output head ---------------------------------------------------

@@ -8,13 +8,17 @@ Owns:
   3. internal consistency: GGUF writer/reader round trip, chunked output
      head against a direct computation, a one-expert qwen3moe against the
      dense qwen3 with the same weights, identical experts against dense;
-  4. the reference on models written by bloomery-mkmodel (skipped when the
+  4. glm4moe on tiny written files: metadata defaults, the forward pass
+     against a plain numpy one, NextN layers not run, biased routing, partial
+     RoPE, attention biases, optional q/k norms;
+  5. the reference on models written by bloomery-mkmodel (skipped when the
      tool is not built).
 Oracle-dependent tests skip when the shared folder is absent (env
 BLOOMERY_SHARED, else <repo>/../shared).
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -355,7 +359,300 @@ def test_causal(tmp_path):
     assert np.max(np.abs(a[5] - b[5])) > 1e-6
 
 
-# ---------------------------------------------------------------- 4. mkmodel
+# ---------------------------------------------------------------- 4. glm4moe
+# The expected values below are computed from the written weights with plain
+# numpy, one formula of the spec at a time, not with model.py's helpers.
+
+def _glm(tmp_path, weights, tag="", n_expert_used=2, **kw):
+    """Write weights (from tiny_glm4moe_weights) as a glm4moe file and load it."""
+    w, hp = weights
+    p = tmp_path / ("glm4moe%s.gguf" % tag)
+    gguf_write.write_glm4moe(str(p), w, hp, n_expert_used=n_expert_used, **kw)
+    return refmodel.Model(str(p))
+
+
+def _f32(a):
+    """A weight as it reads back from an F32 tensor."""
+    return np.asarray(a, dtype=np.float32).astype(np.float64)
+
+
+def _getter(w, i):
+    return lambda n: _f32(w["blk.%d.%s.weight" % (i, n)])
+
+
+def _norm(x, g, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+
+
+def _swiglu(x, gate, up, down):
+    a = x @ gate.T
+    return (a / (1.0 + np.exp(-a)) * (x @ up.T)) @ down.T
+
+
+def _rope_pairs(x, base, n_rot):
+    """x (T, H, D) at positions 0..T-1: each pair (i, i + n_rot/2) turned by pos * base^(-2i/n_rot)."""
+    out = x.copy()
+    half = n_rot // 2
+    for t in range(x.shape[0]):
+        for i in range(half):
+            a = t * base ** (-2.0 * i / n_rot)
+            c, s = math.cos(a), math.sin(a)
+            x0, x1 = x[t, :, i], x[t, :, i + half]
+            out[t, :, i] = x0 * c - x1 * s
+            out[t, :, i + half] = x0 * s + x1 * c
+    return out
+
+
+def _glm_attention(w, hp, i, x, eps, base):
+    def f(n):
+        return _f32(w["blk.%d.%s" % (i, n)])
+
+    T, H, Hkv, D = x.shape[0], hp["n_head"], hp["n_head_kv"], hp["head_dim"]
+    q = (x @ f("attn_q.weight").T + f("attn_q.bias")).reshape(T, H, D)
+    k = (x @ f("attn_k.weight").T + f("attn_k.bias")).reshape(T, Hkv, D)
+    v = (x @ f("attn_v.weight").T + f("attn_v.bias")).reshape(T, Hkv, D)
+    if "blk.%d.attn_q_norm.weight" % i in w:
+        q = _norm(q, f("attn_q_norm.weight"), eps)
+        k = _norm(k, f("attn_k_norm.weight"), eps)
+    n_rot = hp["rope_dim"] or D
+    q, k = _rope_pairs(q, base, n_rot), _rope_pairs(k, base, n_rot)
+    out = np.zeros((T, H, D))
+    for h in range(H):
+        kv = h // (H // Hkv)
+        for t in range(T):
+            s = k[:t + 1, kv] @ q[t, h] / math.sqrt(D)
+            e = np.exp(s - s.max())
+            out[t, h] = e / e.sum() @ v[:t + 1, kv]
+    return out.reshape(T, H * D) @ f("attn_output.weight").T
+
+
+def _glm_moe_all(w, hp, i, x, scale, norm, softmax=False):
+    """The MoE of layer i with every expert chosen: sum of p_e (over their sum
+    when norm) * scale * expert_e, plus the shared expert."""
+    f = _getter(w, i)
+    lg = x @ f("ffn_gate_inp").T
+    if softmax:
+        p = np.exp(lg - lg.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+    else:
+        p = 1.0 / (1.0 + np.exp(-lg))
+    if norm:
+        p = p / p.sum(axis=1, keepdims=True)
+    out = _swiglu(x, f("ffn_gate_shexp"), f("ffn_up_shexp"), f("ffn_down_shexp"))
+    for e in range(hp["n_expert"]):
+        out += (p[:, e] * scale)[:, None] * _swiglu(x, f("ffn_gate_exps")[e], f("ffn_up_exps")[e],
+                                                    f("ffn_down_exps")[e])
+    return out
+
+
+def _zero_probs_bias(w, hp):
+    for i in range(hp["n_dense_lead"], hp["n_layer"] + hp["n_nextn"]):
+        w["blk.%d.exp_probs_b.bias" % i] = np.zeros(hp["n_expert"])
+
+
+GLM_MD = {
+    "general.architecture": "glm4moe", "glm4moe.block_count": 4,
+    "glm4moe.nextn_predict_layers": 1, "glm4moe.embedding_length": 32,
+    "glm4moe.attention.head_count": 4, "glm4moe.attention.key_length": 16,
+    "glm4moe.attention.layer_norm_rms_epsilon": 1e-5, "glm4moe.expert_count": 4,
+    "glm4moe.expert_used_count": 2, "glm4moe.expert_shared_count": 1,
+    "glm4moe.expert_feed_forward_length": 8,
+}
+
+
+def test_glm4moe_hparams():
+    hp = refmodel.Hparams(GLM_MD)
+    assert (hp.block_count, hp.n_nextn, hp.n_layer) == (4, 1, 3)
+    assert hp.rope_dim == hp.head_dim == 16 and hp.n_layer_dense_lead == 0
+    assert hp.expert_weights_scale == 1.0 and hp.expert_weights_norm is False
+    assert hp.expert_gating == "sigmoid" and hp.n_expert_shared == 1
+    assert refmodel.Hparams(dict(GLM_MD, **{"glm4moe.expert_gating_func": 1})).expert_gating == "softmax"
+    assert refmodel.Hparams(dict(GLM_MD, **{"glm4moe.expert_gating_func": 2})).expert_gating == "sigmoid"
+    for key, bad in (("expert_gating_func", 3), ("nextn_predict_layers", 4),
+                     ("rope.dimension_count", 17), ("expert_used_count", 5)):
+        with pytest.raises(ValueError):
+            refmodel.Hparams(dict(GLM_MD, **{"glm4moe." + key: bad}))
+    md = dict(GLM_MD)
+    del md["glm4moe.expert_shared_count"]
+    with pytest.raises(ValueError):
+        refmodel.Hparams(md)
+
+
+def test_glm4moe_forward_by_hand(tmp_path):
+    """Whole forward pass (dense layer 0, MoE layer 1, NextN layer 2 skipped)
+    against plain numpy; every expert used so the routing is known."""
+    w, hp = gguf_write.tiny_glm4moe_weights(seed=20)
+    _zero_probs_bias(w, hp)
+    m = _glm(tmp_path, (w, hp), n_expert_used=hp["n_expert"], expert_scale=1.5, expert_norm=True)
+    assert m.hp.expert_weights_norm is True and m.hp.expert_weights_scale == 1.5
+    assert [m.layer(i).is_moe for i in range(m.hp.n_layer)] == [False, True]
+    eps, base = m.hp.eps, m.hp.rope_base
+    x = _f32(w["token_embd.weight"])[IDS]
+    for i in range(hp["n_layer"]):
+        f = _getter(w, i)
+        x = x + _glm_attention(w, hp, i, _norm(x, f("attn_norm"), eps), eps, base)
+        h = _norm(x, f("post_attention_norm"), eps)
+        if i < hp["n_dense_lead"]:
+            x = x + _swiglu(h, f("ffn_gate"), f("ffn_up"), f("ffn_down"))
+        else:
+            x = x + _glm_moe_all(w, hp, i, h, 1.5, True)
+    want = _norm(x, _f32(w["output_norm.weight"]), eps) @ _f32(w["output.weight"]).T
+    got = m.logits(IDS)
+    assert np.std(got) > 0.1
+    assert np.max(np.abs(got - want)) < 1e-10
+    assert m.last_routing.shape == (len(IDS), hp["n_expert"])
+
+
+def test_glm4moe_nextn_not_run(tmp_path):
+    """New weights for the NextN layer change nothing; for the last layer run they do."""
+    w, hp = gguf_write.tiny_glm4moe_weights(seed=21)
+    rng = np.random.default_rng(1)
+
+    def redraw(i):
+        p = "blk.%d." % i
+        return {k: (rng.standard_normal(v.shape) * 0.3 if k.startswith(p) else v) for k, v in w.items()}
+
+    m = _glm(tmp_path, (w, hp))
+    assert (m.hp.block_count, m.hp.n_layer) == (3, 2)
+    a = m.logits(IDS)
+    b = _glm(tmp_path, (redraw(2), hp), tag="nextn").logits(IDS)
+    c = _glm(tmp_path, (redraw(1), hp), tag="last").logits(IDS)
+    assert np.array_equal(a, b)
+    assert np.max(np.abs(a - c)) > 1e-3
+
+
+@pytest.mark.parametrize("gating", [2, 1], ids=["sigmoid", "softmax"])
+def test_glm4moe_moe_all_experts(tmp_path, gating):
+    """expert_used_count == expert_count, no norm, scale 2.5, zero bias:
+    sum of p_e * 2.5 * expert_e plus the shared expert."""
+    w, hp = gguf_write.tiny_glm4moe_weights(seed=22)
+    _zero_probs_bias(w, hp)
+    m = _glm(tmp_path, (w, hp), n_expert_used=hp["n_expert"], expert_scale=2.5,
+             expert_norm=False, gating=gating)
+    x = np.random.default_rng(2).standard_normal((7, hp["n_embd"]))
+    got = m.moe(m.layer(1), x)
+    want = _glm_moe_all(w, hp, 1, x, 2.5, False, softmax=gating == 1)
+    assert np.std(want) > 0.1
+    assert np.max(np.abs(got - want)) < 1e-12
+
+
+def test_glm4moe_bias_steers_choice_not_weights(tmp_path):
+    """A large exp_probs_b on one expert puts it first for every token; the
+    weights stay the unbiased sigmoids (normalised over the chosen two)."""
+    w, hp = gguf_write.tiny_glm4moe_weights(seed=23)
+    _zero_probs_bias(w, hp)
+    x = np.random.default_rng(3).standard_normal((9, hp["n_embd"]))
+    m0 = _glm(tmp_path, (w, hp), tag="0")
+    m0.moe(m0.layer(1), x)
+    big = 3
+    assert not np.all(np.any(m0.last_routing == big, axis=1)), "seed leaves the bias nothing to do"
+    w["blk.1.exp_probs_b.bias"][big] = 10.0
+    m = _glm(tmp_path, (w, hp), tag="1")
+    got = m.moe(m.layer(1), x)
+    f = _getter(w, 1)
+    p = 1.0 / (1.0 + np.exp(-(x @ f("ffn_gate_inp").T)))
+    other = np.argmax(np.where(np.arange(hp["n_expert"]) == big, -np.inf, p), axis=1)
+    assert np.array_equal(m.last_routing, np.stack([np.full(len(x), big), other], axis=1))
+    want = _swiglu(x, f("ffn_gate_shexp"), f("ffn_up_shexp"), f("ffn_down_shexp"))
+    for t in range(len(x)):
+        pair = (big, other[t])
+        for e in pair:
+            we = p[t, e] / (p[t, big] + p[t, other[t]])
+            want[t] += we * _swiglu(x[t:t + 1], f("ffn_gate_exps")[e], f("ffn_up_exps")[e],
+                                    f("ffn_down_exps")[e])[0]
+    assert np.max(np.abs(got - want)) < 1e-12
+
+
+def test_glm4moe_routing_ties(tmp_path):
+    """A zero router gives every expert sigmoid(0) = 0.5: ties go to the lower
+    id, and a small bias alone decides; the weights stay 0.5 each."""
+    w, hp = gguf_write.tiny_glm4moe_weights(seed=24)
+    w["blk.1.ffn_gate_inp.weight"] = np.zeros_like(w["blk.1.ffn_gate_inp.weight"])
+    x = np.random.default_rng(4).standard_normal((5, hp["n_embd"]))
+    for bias, want in (([0, 0, 0, 0], [0, 1]), ([0, 1e-3, 0, 1e-3], [1, 3]), ([0, 0, 1e-3, 0], [2, 0])):
+        w["blk.1.exp_probs_b.bias"] = np.array(bias, dtype=np.float64)
+        m = _glm(tmp_path, (w, hp), expert_norm=False, tag="".join(map(str, want)))
+        sel, wsel = m.route(m.layer(1), x)
+        assert np.array_equal(sel, np.tile(want, (len(x), 1))), bias
+        assert np.array_equal(wsel, np.full(sel.shape, 0.5))
+
+
+def test_glm4moe_weights_sum_clamped(tmp_path):
+    """Chosen sigmoids summing below 6.103515625e-5 are divided by that, not by their sum."""
+    w, hp = gguf_write.tiny_glm4moe_weights(seed=29)
+    _zero_probs_bias(w, hp)
+    w["blk.1.ffn_gate_inp.weight"] = -np.ones_like(w["blk.1.ffn_gate_inp.weight"])
+    m = _glm(tmp_path, (w, hp), expert_scale=2.0, expert_norm=True)
+    x = np.full((3, hp["n_embd"]), 0.5)  # every router logit is -16
+    sel, wsel = m.route(m.layer(1), x)
+    p = 1.0 / (1.0 + math.exp(16.0))
+    assert 2 * p < 6.103515625e-5
+    assert np.array_equal(sel, np.tile([0, 1], (3, 1)))
+    assert np.allclose(wsel, p / 6.103515625e-5 * 2.0, rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("qk_norm", [True, False], ids=["qk_norm", "no_qk_norm"])
+def test_glm4moe_attention_by_hand(tmp_path, qk_norm):
+    """Biases, optional per-head q/k norm, NEOX RoPE over half of each head, GQA."""
+    w, hp = gguf_write.tiny_glm4moe_weights(seed=25, qk_norm=qk_norm)
+    m = _glm(tmp_path, (w, hp))
+    L = m.layer(1)
+    assert (L.q_norm is not None, L.k_norm is not None) == (qk_norm, qk_norm)
+    assert m.hp.rope_dim == hp["head_dim"] // 2
+    x = np.random.default_rng(5).standard_normal((9, hp["n_embd"]))
+    got = m.attention(L, x, np.arange(9))
+    want = _glm_attention(w, hp, 1, x, m.hp.eps, m.hp.rope_base)
+    assert np.std(want) > 0.1
+    assert np.max(np.abs(got - want)) < 1e-12
+
+
+def test_glm4moe_partial_rope(tmp_path):
+    """With q and k carried only by the dims past n_rot, the RoPE base changes
+    nothing; rotating whole heads (rope.dimension_count absent) it does."""
+    w, hp = gguf_write.tiny_glm4moe_weights(seed=26)
+    D, r = hp["head_dim"], hp["rope_dim"]
+    for i in range(hp["n_layer"]):
+        for n in ("attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias"):
+            a = w["blk.%d.%s" % (i, n)].copy()
+            a.reshape((-1, D) + a.shape[1:])[:, :r] = 0.0
+            w["blk.%d.%s" % (i, n)] = a
+    lg = {}
+    for rot in (r, None):
+        for base in (1e4, 1e6):
+            m = _glm(tmp_path, (w, dict(hp, rope_dim=rot)), rope_base=base, tag="%s_%g" % (rot, base))
+            assert m.hp.rope_dim == (rot or D)
+            lg[rot, base] = m.logits(IDS)
+    assert np.max(np.abs(lg[r, 1e4] - lg[r, 1e6])) < 1e-12
+    assert np.max(np.abs(lg[None, 1e4] - lg[None, 1e6])) > 1e-4
+
+
+def test_glm4moe_attention_bias(tmp_path):
+    """Zero q/k/v weights: every value row is v's bias, so attention gives Wo times it."""
+    w, hp = gguf_write.tiny_glm4moe_weights(seed=27)
+    for n in ("attn_q", "attn_k", "attn_v"):
+        w["blk.0.%s.weight" % n] = np.zeros_like(w["blk.0.%s.weight" % n])
+    m = _glm(tmp_path, (w, hp))
+    x = np.random.default_rng(6).standard_normal((6, hp["n_embd"]))
+    got = m.attention(m.layer(0), x, np.arange(6))
+    H, Hkv = hp["n_head"], hp["n_head_kv"]
+    bv = _f32(w["blk.0.attn_v.bias"]).reshape(Hkv, -1)
+    heads = np.concatenate([bv[h // (H // Hkv)] for h in range(H)])
+    want = _f32(w["blk.0.attn_output.weight"]) @ heads
+    assert np.std(want) > 0.1
+    assert np.max(np.abs(got - want[None, :])) < 1e-12
+
+
+def test_glm4moe_lazy_equals_eager(tmp_path):
+    eager = _glm(tmp_path, gguf_write.tiny_glm4moe_weights(seed=28))
+    lazy = refmodel.Model(eager.path, lazy=True)
+    assert lazy.lazy and not eager.lazy
+    a = eager.head(eager.hidden(IDS), top=8, vchunk=16)
+    b = lazy.head(lazy.hidden(IDS), top=8, vchunk=16)
+    for x, y in zip(a, b):
+        assert np.array_equal(x, y)
+
+
+# ---------------------------------------------------------------- 5. mkmodel
 
 def _mkmodel():
     cands = []
@@ -376,6 +673,7 @@ MK_CASES = [
     ("qwen3", ["--arch", "qwen3", "--layers", "2", "--type", "q5_K"]),
     ("qwen3moe", ["--arch", "qwen3moe", "--layers", "1", "--type", "bf16"]),
     ("qwen3", ["--arch", "qwen3", "--layers", "1", "--type", "f16"]),
+    ("glm4moe", ["--arch", "glm4moe", "--layers", "3", "--experts", "8", "--experts-used", "2"]),
 ]
 
 
@@ -389,6 +687,9 @@ def test_mkmodel(tmp_path, arch, flags):
     assert r.returncode == 0, r.stderr
     m = refmodel.Model(path)
     assert m.hp.arch == arch
+    # --layers counts the layers run; glm4moe files get one NextN layer besides
+    assert m.hp.n_layer == int(flags[flags.index("--layers") + 1])
+    assert m.hp.n_nextn == (1 if arch == "glm4moe" else 0)
     rng = np.random.default_rng(5)
     ids = rng.integers(0, m.n_vocab, size=40).tolist()
     t = time.time()
@@ -403,7 +704,7 @@ def test_mkmodel(tmp_path, arch, flags):
     # the chunked head agrees with the direct product
     lse, top_ids, _ = m.head(m.hidden(ids), top=4)
     assert np.array_equal(top_ids[:, 0], np.argmax(lg, axis=1))
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "glm4moe"):
         # routing uses more than one expert across the prompt
         assert len(np.unique(m.last_routing)) > 1
     sys.stderr.write("\nmkmodel %s: %.1fs, logits std %.3f\n" % (" ".join(flags), time.time() - t, float(np.mean(std))))
