@@ -2,7 +2,9 @@
  * metadata: the hyperparameters, the kind of cache a layer keeps, and each tensor's
  * role and layer (by llama.cpp's tensor names). One owner: the worker's families,
  * the router's placement plan, the hosttier's expert store and the tools read it
- * here. Architectures: qwen3moe (routed experts) and qwen3 (dense). */
+ * here. Architectures: qwen3moe (routed experts), qwen3 (dense) and glm4moe (routed
+ * and shared experts after leading dense layers, attention biases, partial RoPE,
+ * sigmoid routing with a selection bias, NextN layers kept for speculation). */
 #ifndef BL_ARCH_H
 #define BL_ARCH_H
 
@@ -25,18 +27,37 @@ typedef enum bl_cache_kind {
                       * of the prefix, so a cache can be cut back to any position */
 } bl_cache_kind_t;
 
+/* How a MoE router turns its logits into expert scores (llama.cpp's numbering). */
+typedef enum bl_gating {
+    BL_GATING_SOFTMAX = 1,
+    BL_GATING_SIGMOID = 2,
+} bl_gating_t;
+
 typedef struct bl_arch {
-    char name[16];        /* general.architecture: "qwen3moe", "qwen3" */
-    int moe;              /* routed experts (else a dense FFN) */
-    int64_t n_layer;
+    char name[16];        /* general.architecture: "qwen3moe", "qwen3", "glm4moe" */
+    int moe;              /* routed experts in the layers from n_dense_lead on (else a
+                           * dense FFN in every layer) */
+    int64_t n_layer;      /* the layers a forward pass runs */
+    int64_t n_layer_file; /* block_count: n_layer and the NextN layers after them */
+    int64_t n_nextn;      /* NextN (multi-token prediction) layers, read, not run */
+    int64_t n_dense_lead; /* leading layers with a dense FFN in a MoE model */
     int64_t n_embd;
     int64_t n_head;
     int64_t n_head_kv;
     int64_t head_dim;
+    int64_t n_rot;        /* dims of each head RoPE rotates (NEOX pairs i, i + n_rot/2) */
     int64_t n_ff;         /* dense FFN width */
     int64_t n_expert;     /* routed experts per MoE layer */
     int64_t n_expert_used;
     int64_t n_ff_exp;     /* one expert's FFN width */
+    int64_t n_ff_shexp;   /* the shared experts' FFN width, 0: none */
+    bl_gating_t gating;
+    int expert_norm;      /* the chosen weights divided by their sum */
+    float expert_scale;   /* and multiplied by this */
+    int expert_bias;      /* exp_probs_b: a bias on the scores for the choice only */
+    int attn_bias;        /* attn_q/k/v carry biases */
+    int qk_norm;          /* per-head RMSNorm of q and k */
+    const char *ffn_norm; /* the FFN's input norm: "ffn_norm" or "post_attention_norm" */
     int64_t n_vocab;      /* rows of token_embd.weight */
     int64_t n_ctx_train;
     float rope_base;
@@ -45,6 +66,12 @@ typedef struct bl_arch {
     bl_cache_kind_t cache;
     int cache_prefix_cut; /* the cache can be cut back to a prefix */
 } bl_arch_t;
+
+/* Whether layer l has routed experts. */
+static inline int bl_arch_layer_moe(const bl_arch_t *a, int64_t l)
+{
+    return a->moe && l >= a->n_dense_lead && l < a->n_layer;
+}
 
 /* Reads and checks a's fields from g (path names the file in messages). Errors:
  * BL_ENOTSUP (another architecture, RoPE scaling, a value length other than the key
@@ -70,10 +97,11 @@ typedef enum bl_role {
     BL_ROLE_NORM,        /* the FFN's input norm */
     BL_ROLE_GATE_INP,    /* the router of a MoE layer */
     BL_ROLE_EXPERTS,     /* the routed experts' gate, up or down (all experts of a layer) */
-    BL_ROLE_FFN,         /* a dense FFN's matrices */
+    BL_ROLE_FFN,         /* a dense FFN's or the shared experts' matrices */
 } bl_role_t;
 
-/* The role of the tensor named name and its layer (-1 outside the layers). */
+/* The role of the tensor named name and its layer (-1 outside the layers; a NextN
+ * layer's tensors are BL_ROLE_OTHER: no forward pass reads them). */
 bl_role_t bl_arch_role(const bl_arch_t *a, const char *name, int64_t *layer);
 
 /* "token_embd", "experts", ...: for messages and the plan's lines. */

@@ -53,6 +53,14 @@ int bl_plan_layer_host(const bl_plan_t *p, int64_t l)
     return 0;
 }
 
+/* Puts layer l's routed experts in the hosttier; a layer without them (a leading
+ * dense layer) stays as it is. */
+static void host_layer(bl_plan_t *p, const bl_arch_t *a, int64_t l)
+{
+    if (bl_arch_layer_moe(a, l))
+        memset(p->host + l * p->n_expert, 1, (size_t)p->n_expert);
+}
+
 static void free_overrides(override_t *ov, int n)
 {
     for (int i = 0; i < n; i++)
@@ -274,8 +282,8 @@ static void ram_budget(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *
     if (a->moe && p->n_expert > 0 && cpu_experts > 0 && cpu_experts + p->host_bytes > budget) {
         for (int i = 0; i < p->n_stages; i++)
             for (int64_t l = p->stage[i].lb; p->stage[i].device < 0 && l < p->stage[i].le; l++) {
-                memset(p->host + l * p->n_expert, 1, (size_t)p->n_expert);
-                p->disk_moved++;
+                host_layer(p, a, l);
+                p->disk_moved += bl_arch_layer_moe(a, l);
             }
         size_stages(p, a, o, s);
     }
@@ -522,7 +530,7 @@ static int apply_overrides(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a,
                             ov[j].text);
     for (int64_t l = 0; rc == 0 && l < a->n_layer; l++)
         if (layer_buft[l] == BUFT_HOSTTIER)
-            memset(p->host + l * p->n_expert, 1, (size_t)p->n_expert);
+            host_layer(p, a, l);
     pcre2_match_data_free(md);
     free(layer_buft);
     return rc;
@@ -665,8 +673,8 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
             bl_plan_stage_t *st = &p->stage[i];
             for (int64_t l = st->lb; st->device >= 0 && a->moe && l < st->le && over(st, devs, n_devs, margin);
                  l++) {
-                memset(p->host + l * p->n_expert, 1, (size_t)p->n_expert);
-                p->fit_moved++;
+                host_layer(p, a, l);
+                p->fit_moved += bl_arch_layer_moe(a, l);
                 size_stages(p, a, o, &sz);
             }
         }

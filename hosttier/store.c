@@ -731,7 +731,8 @@ int ht_store_open(ht_store_t **out, const ht_store_opts_t *o, bl_err_t *err)
     /* the held layers' tensors, checked, viewed where the file maps them */
     uint64_t total = 0;
     for (int64_t l = 0; l < a->n_layer; l++) {
-        s->held[l] = o->layers ? o->layers[l] != 0 : 1;
+        /* every layer with routed experts by default; a leading dense layer has none */
+        s->held[l] = (o->layers ? o->layers[l] != 0 : 1) && bl_arch_layer_moe(a, l);
         const bl_gguf_tensor_t *t[3];
         if (!s->held[l])
             continue;

@@ -189,7 +189,7 @@ static void byte_level_map(uint16_t map[256])
 void rt_tokenizer_desc_init(rt_tokenizer_desc_t *d)
 {
     memset(d, 0, sizeof *d);
-    d->bos_id = d->eos_id = d->eot_id = d->pad_id = d->unk_id = -1;
+    d->bos_id = d->eos_id = d->eot_id = d->eom_id = d->pad_id = d->unk_id = -1;
     for (int i = 0; i < 6; i++)
         d->fim_id[i] = -1;
     d->add_bos = d->add_eos = d->add_space_prefix = d->nfc = -1;
@@ -457,9 +457,13 @@ static int parse_model(rt_tokenizer_t *tok, const rt_tokenizer_desc_t *d, bl_err
         tok->add_bos = 1;
     } else if (!strcmp(p, "deepseek-v3")) {
         tok->pre = RT__PRE_DEEPSEEK3;
+    } else if (!strcmp(p, "glm4") || !strcmp(p, "chatglm-bpe")) {
+        /* GLM-4's split is Llama 3's; its prompts begin with the template's
+         * [gMASK]<sop>, not a BOS token */
+        tok->pre = RT__PRE_LLAMA3;
     } else {
         return bl_err_set(err, BL_ENOTSUP, "tokenizer: unknown pre-tokenizer '%.64s' "
-                          "(tokenizer.ggml.pre; known: qwen2, llama-bpe, deepseek-v3)", p);
+                          "(tokenizer.ggml.pre; known: qwen2, llama-bpe, deepseek-v3, glm4)", p);
     }
     return 0;
 }
@@ -627,6 +631,9 @@ int rt_tokenizer_create(rt_tokenizer_t **out, const rt_tokenizer_desc_t *d, bl_e
         tok->eog[tok->eos] = 1;
     if (tok->eot >= 0)
         tok->eog[tok->eot] = 1;
+    /* the end of a message that waits for a tool's answer (GLM's <|observation|>) */
+    if (valid_id(tok, d->eom_id) >= 0)
+        tok->eog[d->eom_id] = 1;
     /* harmony (gpt-oss): <|end|> closes a message and the reply goes on (after the
      * analysis channel comes the final one); a reply ends at <|return|> or <|call|> */
     int32_t h_end = rt__lookup(tok, "<|end|>", 7), h_ret = rt__lookup(tok, "<|return|>", 10),

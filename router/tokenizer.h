@@ -49,7 +49,7 @@ typedef struct rt_tokenizer_desc {
     const float *scores;     /* n_vocab scores (SentencePiece merge priority), or NULL */
     uint32_t n_merges;
     const rt_str_t *merges;  /* BPE only: n_merges "left right" pairs, rank = index */
-    int32_t bos_id, eos_id, eot_id, pad_id, unk_id; /* -1: absent (see create) */
+    int32_t bos_id, eos_id, eot_id, eom_id, pad_id, unk_id; /* -1: absent (see create) */
     int32_t fim_id[6];       /* RT_FIM_* ids; -1: looked up by text (see create) */
     int add_bos, add_eos;    /* -1: the model's default; 0 or 1 */
     int add_space_prefix;    /* SentencePiece: -1: default (1); 0 or 1 */
@@ -67,8 +67,8 @@ void rt_tokenizer_desc_init(rt_tokenizer_desc_t *d);
  * BL_ERANGE (counts past the limits), BL_ENOMEM.
  *
  * Pre-tokenizers: "qwen2" (and its aliases "deepseek-r1-qwen", "qwen3"),
- * "llama-bpe" ("llama3", "llama-v3"), "deepseek-v3". Unknown names are refused, not
- * guessed, since a wrong split silently changes every prompt.
+ * "llama-bpe" ("llama3", "llama-v3"), "deepseek-v3", "glm4" ("chatglm-bpe"). Unknown
+ * names are refused, not guessed, since a wrong split silently changes every prompt.
  *
  * Special ids left at -1: eot is looked up by text (<|eot_id|>, <|im_end|>, ...);
  * SentencePiece vocabularies default bos/eos/unk to 1/2/0 when those exist. */

@@ -180,6 +180,7 @@ int rt_tokenizer_from_gguf(rt_tokenizer_t **out, const bl_gguf_t *g, bl_err_t *e
     if ((rc = get_id(g, KEY("bos_token_id"), &d.bos_id, err)) ||
         (rc = get_id(g, KEY("eos_token_id"), &d.eos_id, err)) ||
         (rc = get_id(g, KEY("eot_token_id"), &d.eot_id, err)) ||
+        (rc = get_id(g, KEY("eom_token_id"), &d.eom_id, err)) ||
         (rc = get_id(g, KEY("padding_token_id"), &d.pad_id, err)) ||
         (rc = get_id(g, KEY("unknown_token_id"), &d.unk_id, err)) ||
         (rc = get_id(g, KEY("fim_pre_token_id"), &d.fim_id[RT_FIM_PRE], err)) ||

@@ -60,14 +60,18 @@ typedef struct wk_moe {
     wk_tensor_t gate_exps; // (n_expert * n_ff_exp, n_embd): expert e is rows e*n_ff_exp..
     wk_tensor_t up_exps;   // (n_expert * n_ff_exp, n_embd)
     wk_tensor_t down_exps; // (n_expert * n_embd, n_ff_exp)
+    wk_vec_t probs_b;      // (n_expert) a bias on the scores for the choice only (.p NULL: none)
     int64_t n_expert, n_used, n_ff;
-    int norm;              /* the top-k weights renormalised to sum 1 */
+    int gating;            /* bl_gating_t: softmax or sigmoid scores */
+    int norm;              /* the top-k weights divided by their sum */
+    float scale;           /* then multiplied by this */
 } wk_moe_t;
 
-/* Attention with per-head q/k RMSNorm and NEOX RoPE (Qwen3). */
+/* Attention with optional per-head q/k RMSNorm and NEOX RoPE over the first n_rot
+ * dims of each head (Qwen3: norms, every dim; GLM-4.5: no norms, half the dims). */
 typedef struct wk_attn {
-    const float *q_norm, *k_norm; /* (head_dim), the backend's */
-    int64_t n_head, n_head_kv, head_dim;
+    const float *q_norm, *k_norm; /* (head_dim), the backend's, or NULL: no norm */
+    int64_t n_head, n_head_kv, head_dim, n_rot;
     float eps, rope_base, scale;
 } wk_attn_t;
 
@@ -131,6 +135,8 @@ typedef struct wk_backend_ops {
     /* q, k, v (n, their rows) = x (n, ncols) times each matrix's transpose */
     int (*qkv)(wk_backend_t *b, const wk_tensor_t *wq, const wk_tensor_t *wk, const wk_tensor_t *wv,
                const float *x, int64_t n, float *q, float *k, float *v, bl_err_t *err);
+    /* y (n, d) += bias (d) on every row */
+    int (*add_bias)(wk_backend_t *b, float *y, const float *bias, int64_t n, int64_t d, bl_err_t *err);
     /* y (n, w rows) = x (n, w cols) w^T, or y += that when acc */
     int (*matmul)(wk_backend_t *b, const char *op, const wk_tensor_t *w, const float *x, int64_t n, float *y,
                   int acc, bl_err_t *err);
@@ -139,11 +145,12 @@ typedef struct wk_backend_ops {
      * n_head * head_dim) the attended values */
     int (*attention)(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *q, float *k, const float *v,
                      float *att, bl_err_t *err);
-    /* x (n, n_embd) += the routed experts of the rows xn: the router, top-k, each
-     * row's experts (those placed elsewhere through remote, when set), weighted */
+    /* x (n, n_embd) += the routed experts of the rows xn: the router, its scores
+     * (softmax or sigmoid), top-k (by score plus probs_b), each row's experts (those
+     * placed elsewhere through remote, when set), weighted (normed, scaled) */
     int (*moe)(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remote_t *remote, const float *xn,
                int64_t n, float *x, bl_err_t *err);
-    /* x += down(silu(gate xn) * up xn), the dense SwiGLU FFN */
+    /* x += down(silu(gate xn) * up xn), a dense SwiGLU FFN (or shared experts) */
     int (*ffn)(wk_backend_t *b, const wk_tensor_t *gate, const wk_tensor_t *up, const wk_tensor_t *down,
                const float *xn, int64_t n, float *x, bl_err_t *err);
     /* the logits of each sequence's last n_out rows of x: norm, then the head */

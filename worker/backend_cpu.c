@@ -27,7 +27,7 @@ typedef struct cpu {
     int n_allocs, cap_allocs;
     /* scratch for n_batch rows */
     float *o_;    // (n_batch, n_embd) a block's output before the residual add
-    float *rope;  // (n_batch, head_dim / 2, 2) cos, sin
+    float *rope;  // (n_batch, n_rot / 2, 2) cos, sin
     int32_t *pos; // (n_batch)
     float *rl;    // (n_batch, n_expert) router logits
     int32_t *ids; // (n_batch, n_expert_used) selected experts
@@ -242,7 +242,7 @@ static int cpu_begin(wk_backend_t *b, const wk_step_t *st, float *x, bl_err_t *e
             p->pos[st->seg[j].row0 + i] = (int32_t)(st->seg[j].pos + i);
     if (p->lb > 0 && st->x_in) /* the model checked that a later stage has x_in */
         memcpy(x, st->x_in, sizeof(float) * (size_t)(st->n * p->c->n_embd));
-    kcpu_rope_table(p->rope, p->pos, st->n, p->c->head_dim, p->c->rope_base);
+    kcpu_rope_table(p->rope, p->pos, st->n, p->c->n_rot, p->c->rope_base);
     return 0;
 }
 
@@ -305,6 +305,16 @@ static int cpu_qkv(wk_backend_t *b, const wk_tensor_t *wq, const wk_tensor_t *wk
     return 0;
 }
 
+static int cpu_add_bias(wk_backend_t *b, float *y, const float *bias, int64_t n, int64_t d, bl_err_t *err)
+{
+    (void)b;
+    (void)err;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t j = 0; j < d; j++)
+            y[r * d + j] += bias[j];
+    return 0;
+}
+
 static int cpu_matmul(wk_backend_t *b, const char *op, const wk_tensor_t *w, const float *x, int64_t n, float *y,
                       int acc, bl_err_t *err)
 {
@@ -341,10 +351,12 @@ static int cpu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *
     const int64_t n = st->n, hd = a->head_dim;
     const int64_t nq = a->n_head * hd, nkv = a->n_head_kv * hd;
     const uint64_t t0 = prof_start(p);
-    kcpu_rms_norm(p->kc, q, q, a->q_norm, n * a->n_head, hd, hd, a->eps);
-    kcpu_rms_norm(p->kc, k, k, a->k_norm, n * a->n_head_kv, hd, hd, a->eps);
-    kcpu_rope_neox(q, p->rope, n, a->n_head, hd);
-    kcpu_rope_neox(k, p->rope, n, a->n_head_kv, hd);
+    if (a->q_norm)
+        kcpu_rms_norm(p->kc, q, q, a->q_norm, n * a->n_head, hd, hd, a->eps);
+    if (a->k_norm)
+        kcpu_rms_norm(p->kc, k, k, a->k_norm, n * a->n_head_kv, hd, hd, a->eps);
+    kcpu_rope_neox(q, p->rope, n, a->n_head, hd, a->n_rot);
+    kcpu_rope_neox(k, p->rope, n, a->n_head_kv, hd, a->n_rot);
     for (int64_t j = 0; j < st->nseg; j++) {
         const wk_seg_t *s = &st->seg[j];
         const kcpu_kv_view_t kvl = kv_layer(s->kv, l);
@@ -375,7 +387,9 @@ static int cpu_moe(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remot
     cpu_t *p = (cpu_t *)b;
     uint64_t t0 = prof_start(p);
     kcpu_matmul(p->kc, &e->gate_inp.h, xn, n, p->rl);
-    kcpu_moe_route(p->kc, p->rl, n, e->n_expert, e->n_used, e->norm, p->ids, p->wts);
+    const kcpu_route_t r = {.n_expert = e->n_expert, .k = e->n_used, .gating = e->gating, .norm = e->norm,
+                            .scale = e->scale, .bias = e->probs_b.p};
+    kcpu_moe_route(p->kc, p->rl, n, &r, p->ids, p->wts);
     if (p->heat)
         bl_heat_add(p->heat, l, p->ids, n * e->n_used);
     prof_end(p, "ffn_moe_router", t0, mat_bytes(&e->gate_inp.h));
@@ -443,7 +457,7 @@ static const wk_backend_ops_t cpu_ops = {
     .add_stack = cpu_add_stack, .add_host = cpu_add_host, .commit = cpu_commit, .kv_alloc = cpu_kv_alloc, .kv_free = cpu_kv_free,
     .kv_copy = cpu_kv_copy, .kv_move = cpu_kv_move, .state_alloc = cpu_state_alloc, .state_free = cpu_state_free,
     .begin = cpu_begin, .end = cpu_end, .embed = cpu_embed, .rms_norm = cpu_rms_norm, .qkv = cpu_qkv,
-    .matmul = cpu_matmul, .attention = cpu_attention, .moe = cpu_moe, .ffn = cpu_ffn, .head = cpu_head,
+    .add_bias = cpu_add_bias, .matmul = cpu_matmul, .attention = cpu_attention, .moe = cpu_moe, .ffn = cpu_ffn, .head = cpu_head,
 };
 
 int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *err)
@@ -460,7 +474,8 @@ int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *e
     p->heat = cfg->heat;
     p->lb = cfg->lb;
     const size_t B = (size_t)o->n_batch, E = (size_t)c->n_embd;
-    const size_t ff = (size_t)(c->moe ? 1 : c->n_ff);
+    /* the dense FFN's width, or the shared experts' (a MoE model may have both) */
+    const size_t ff = (size_t)(c->n_ff > c->n_ff_shexp ? c->n_ff : c->n_ff_shexp > 0 ? c->n_ff_shexp : 1);
     const size_t ne = (size_t)(c->moe ? c->n_expert : 1), nu = (size_t)(c->moe ? c->n_expert_used : 1);
     p->o_ = malloc(sizeof(float) * B * E);
     p->rope = malloc(sizeof(float) * B * (size_t)c->head_dim);
@@ -480,6 +495,7 @@ int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *e
     cols = c->n_head * c->head_dim > cols ? c->n_head * c->head_dim : cols;
     cols = c->n_ff > cols ? c->n_ff : cols;
     cols = c->n_ff_exp > cols ? c->n_ff_exp : cols;
+    cols = c->n_ff_shexp > cols ? c->n_ff_shexp : cols;
     const kcpu_limits_t lim = {.max_cols = cols, .max_batch = o->n_batch, .max_ctx = o->n_ctx_max,
                                .head_dim = c->head_dim};
     const int mode = o->precise ? KCPU_PRECISE : o->act_terms == 1 ? KCPU_FAST8 : KCPU_FAST16;

@@ -520,11 +520,38 @@ static int bind(cuda_t *cu, bl_err_t *err)
     return 0;
 }
 
+/* The layer forms the CUDA kernels compute: qwen3's (per-head q/k norms fused
+ * with a RoPE over the whole head, no biases, softmax routing renormalised to 1,
+ * routed experts in every layer of a MoE model). Another form (glm4moe's) is
+ * refused by name rather than run wrong; the CPU backend runs it. */
+static int check_form(const cuda_t *cu, bl_err_t *err)
+{
+    const wk_config_t *c = cu->c;
+    const char *what = NULL;
+    if (c->n_rot != c->head_dim)
+        what = "RoPE over part of a head";
+    else if (!c->qk_norm)
+        what = "attention without q/k norms";
+    else if (c->attn_bias)
+        what = "attention biases";
+    else if (c->moe && (c->gating != 1 || c->expert_bias || !c->expert_norm || c->expert_scale != 1.0f))
+        what = "sigmoid or biased or scaled expert routing";
+    else if (c->moe && (c->n_ff_shexp || c->n_dense_lead))
+        what = "shared experts or leading dense layers";
+    if (what)
+        return bl_err_set(err, BL_ENOTSUP, "%s: %s: the CUDA backend does not compute %s yet (run it with -ngl 0)",
+                          cu->path, c->arch, what);
+    return 0;
+}
+
 /* Shapes and types the CUDA kernels take, checked before anything is allocated. */
 static int check_shapes(const cuda_t *cu, bl_err_t *err)
 {
     const wk_config_t *c = cu->c;
     const int64_t nkv = c->n_head_kv * c->head_dim;
+    int rc = check_form(cu, err);
+    if (rc < 0)
+        return rc;
     if (c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 128 && c->head_dim != 256)
         return bl_err_set(err, BL_ENOTSUP, "%s: head_dim %lld on CUDA (32, 64, 128 or 256)", cu->path,
                           (long long)c->head_dim);

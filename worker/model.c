@@ -111,7 +111,7 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         rc = bl_err_set(err, BL_ERANGE, "n_batch %lld is outside 1..65536", (long long)m->opts.n_batch);
         goto fail;
     }
-    if ((rc = bl_gguf_open(&m->g, path, err)) < 0 || (rc = wk__qwen3_config(m, err)) < 0)
+    if ((rc = bl_gguf_open(&m->g, path, err)) < 0 || (rc = wk__gqa_config(m, err)) < 0)
         goto fail;
     m->lb = m->opts.layer_begin;
     m->le = m->opts.layer_end;
@@ -145,7 +145,7 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
     for (int64_t l = 0; l < m->cfg.n_layer; l++)
         m->host[l] = m->opts.experts_host ? m->opts.experts_host[l] != 0 : 1;
     m->opts.experts_host = NULL; /* the copy is m->host */
-    if ((rc = wk__qwen3_map(m, err)) < 0)
+    if ((rc = wk__gqa_map(m, err)) < 0)
         goto fail;
     bl_wmem_copy_many(m->copies, m->n_copies, m->opts.n_threads);
     free(m->copies);
@@ -180,7 +180,7 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         goto fail;
     bc.heat = m->heat;
     rc = m->opts.device >= 0 ? wk__cuda_backend(&m->be, &bc, err) : wk__cpu_backend(&m->be, &bc, err);
-    if (rc < 0 || (rc = wk__qwen3_place(m, err)) < 0)
+    if (rc < 0 || (rc = wk__gqa_place(m, err)) < 0)
         goto fail;
     *out = m;
     return 0;
@@ -617,7 +617,7 @@ int wk_model_eval(wk_model_t *m, wk_kv_t *kv, const int32_t *tokens, int64_t n, 
         const wk_seg_t sg = {.kv = kv, .tokens = tokens + c0, .row0 = 0, .n = cn, .pos = pos + c0,
                              .n_out = cn - out0};
         const wk_step_t st = {.seg = &sg, .nseg = 1, .n = cn, .logits = lg};
-        rc = wk__qwen3_forward(m, &st, err);
+        rc = wk__gqa_forward(m, &st, err);
         if (rc < 0)
             return rc;
         kv->n_past = pos + c0 + cn;
@@ -673,7 +673,7 @@ int wk_model_stage(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, const fl
     }
     const wk_step_t st = {.seg = sg, .nseg = n_seqs, .n = rows, .x_in = x_in, .x_out = x_out,
                           .logits = logits};
-    rc = wk__qwen3_forward(m, &st, err);
+    rc = wk__gqa_forward(m, &st, err);
     if (rc < 0)
         return rc;
     for (int64_t i = 0; i < n_seqs; i++)

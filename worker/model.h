@@ -20,11 +20,15 @@ typedef struct layer {
     wk_tensor_t wk;       // (n_head_kv * head_dim, n_embd)
     wk_tensor_t wv;       // (n_head_kv * head_dim, n_embd)
     wk_tensor_t wo;       // (n_embd, n_head * head_dim)
-    wk_vec_t q_norm;      // (head_dim)
+    wk_vec_t bq, bk, bv;  // (n_head * head_dim), (n_head_kv * head_dim) x 2: attn_bias
+    wk_vec_t q_norm;      // (head_dim), qk_norm
     wk_vec_t k_norm;      // (head_dim)
-    wk_vec_t ffn_norm;    // (n_embd)
-    wk_moe_t moe;         /* qwen3moe */
-    wk_tensor_t ffn_gate; // (n_ff, n_embd), qwen3
+    wk_vec_t ffn_norm;    // (n_embd) the FFN's input norm (glm4moe: post_attention_norm)
+    wk_moe_t moe;         /* a MoE layer's routed experts */
+    wk_tensor_t sh_gate;  // (n_ff_shexp, n_embd) a MoE layer's shared experts
+    wk_tensor_t sh_up;    // (n_ff_shexp, n_embd)
+    wk_tensor_t sh_down;  // (n_embd, n_ff_shexp)
+    wk_tensor_t ffn_gate; // (n_ff, n_embd) a dense layer's FFN
     wk_tensor_t ffn_up;   // (n_ff, n_embd)
     wk_tensor_t ffn_down; // (n_embd, n_ff)
 } layer_t;
@@ -66,15 +70,23 @@ struct wk_model {
                          * process's (REMOTE) or this one's (ONLY) */
 };
 
+/* Whether layer l has routed experts (a MoE model past its leading dense layers). */
+static inline int wk__layer_moe(const wk_model_t *m, int64_t l)
+{
+    return m->cfg.moe && l >= m->cfg.n_dense_lead;
+}
+
 /* Whether layer l's routed experts go through the remote hook. */
 static inline int wk__layer_remote(const wk_model_t *m, int64_t l)
 {
-    return m->opts.experts == WK_EXPERTS_REMOTE && m->host[l];
+    return m->opts.experts == WK_EXPERTS_REMOTE && m->host[l] && wk__layer_moe(m, l);
 }
 
 /* Whether this process computes layer l's routed experts (and so maps them). */
 static inline int wk__layer_local_experts(const wk_model_t *m, int64_t l)
 {
+    if (!wk__layer_moe(m, l))
+        return 0;
     if (m->opts.experts == WK_EXPERTS_ONLY)
         return m->host[l];
     return l >= m->lb && l < m->le && !wk__layer_remote(m, l);
@@ -116,10 +128,10 @@ int wk__find_vec(wk_model_t *m, const char *name, int64_t ne0, wk_vec_t *out, bl
 
 /* Reads cfg from the metadata (arch named by general.architecture), maps the
  * tensors the process needs, registers the stage's with the backend, and runs
- * steps and expert calls. qwen3.c: qwen3moe and qwen3. */
-int wk__qwen3_config(wk_model_t *m, bl_err_t *err) BL_WUR;
-int wk__qwen3_map(wk_model_t *m, bl_err_t *err) BL_WUR;
-int wk__qwen3_place(wk_model_t *m, bl_err_t *err) BL_WUR;
-int wk__qwen3_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err) BL_WUR;
+ * steps and expert calls. gqa.c: qwen3moe, qwen3 and glm4moe. */
+int wk__gqa_config(wk_model_t *m, bl_err_t *err) BL_WUR;
+int wk__gqa_map(wk_model_t *m, bl_err_t *err) BL_WUR;
+int wk__gqa_place(wk_model_t *m, bl_err_t *err) BL_WUR;
+int wk__gqa_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err) BL_WUR;
 
 #endif

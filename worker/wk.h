@@ -95,7 +95,7 @@ typedef struct wk_model_opts {
 /* The CPU (the default of wk_model_opts_t.device). */
 #define WK_DEVICE_CPU (-1)
 
-/* Where a qwen3moe model's routed experts run (a dense model ignores it). */
+/* Where a MoE model's routed experts run (a dense model ignores it). */
 #define WK_EXPERTS_LOCAL 0  /* here, in the step (default) */
 #define WK_EXPERTS_REMOTE 1 /* the gate and top-k run here; the selected experts run in
                              * the callback of wk_model_set_experts (the hosttier); their
@@ -109,17 +109,28 @@ void wk_model_opts_default(wk_model_opts_t *o);
 
 /* What the forward pass reads from the file's metadata. */
 typedef struct wk_config {
-    char arch[16];         /* "qwen3moe" or "qwen3" */
-    int moe;               /* routed experts (qwen3moe) or a dense FFN (qwen3) */
-    int64_t n_layer;
+    char arch[16];         /* "qwen3moe", "qwen3" or "glm4moe" */
+    int moe;               /* routed experts in layers n_dense_lead.. (else a dense FFN) */
+    int64_t n_layer;       /* the layers a forward pass runs (NextN layers not counted) */
     int64_t n_embd;
     int64_t n_head;
     int64_t n_head_kv;
     int64_t head_dim;
-    int64_t n_ff;          /* dense FFN width (qwen3) */
-    int64_t n_expert;      /* qwen3moe */
+    int64_t n_rot;         /* dims of each head RoPE rotates */
+    int64_t n_ff;          /* dense FFN width (qwen3; glm4moe's leading dense layers) */
+    int64_t n_expert;      /* MoE models */
     int64_t n_expert_used;
     int64_t n_ff_exp;      /* one expert's FFN width */
+    int64_t n_ff_shexp;    /* the shared experts' width, 0: none */
+    int64_t n_dense_lead;  /* leading layers with a dense FFN in a MoE model */
+    int64_t n_nextn;       /* NextN layers after the n_layer (read, not run) */
+    int gating;            /* bl_gating_t: how router logits become scores */
+    int expert_norm;       /* chosen weights divided by their sum */
+    float expert_scale;    /* then multiplied by this */
+    int expert_bias;       /* exp_probs_b biases the choice */
+    int attn_bias;         /* q, k and v have biases */
+    int qk_norm;           /* per-head RMSNorm of q and k */
+    char ffn_norm[24];     /* the FFN's input norm's name: "ffn_norm", "post_attention_norm" */
     int64_t n_vocab;
     int64_t n_ctx_train;
     float rope_base;
@@ -139,7 +150,7 @@ typedef struct wk_kv_pool wk_kv_pool_t;
  * Weights stay in the file's mapping; with opts.device >= 0 the stage's weights are
  * then uploaded to that card (BL_ENOTSUP in a build without CUDA, for remote
  * experts, or for a type or shape the CUDA kernels do not take). Errors: the reader's (bl_gguf_open),
- * BL_ENOTSUP (an architecture other than qwen3moe/qwen3, a tensor type without a
+ * BL_ENOTSUP (an architecture other than qwen3moe/qwen3/glm4moe, a tensor type without a
  * dequantizer), BL_ENOENT (a missing key or tensor, named), BL_EINVAL (a tensor of
  * the wrong shape or type, named with both shapes), BL_ERANGE, BL_ENOMEM. */
 int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opts,

@@ -371,11 +371,12 @@ void kcpu_parallel_for(kcpu_ctx_t *c, int64_t n, int64_t min_par, void (*fn)(voi
 void kcpu_rms_norm(kcpu_ctx_t *c, float *y, const float *x, const float *g, int64_t n, int64_t d, int64_t ld,
                    float eps);
 
-/* The NEOX rotation table for positions pos[0..n): cs (n, head_dim/2, 2) = cos, sin
- * of pos * base^(-2i/head_dim), computed in double. */
-void kcpu_rope_table(float *cs, const int32_t *pos, int64_t n, int64_t head_dim, float base);
-/* Rotates x (n, n_head, head_dim) in place with the table: pairs (i, i + head_dim/2). */
-void kcpu_rope_neox(float *x, const float *cs, int64_t n, int64_t n_head, int64_t head_dim);
+/* The NEOX rotation table for positions pos[0..n) over n_rot dims: cs (n, n_rot/2,
+ * 2) = cos, sin of pos * base^(-2i/n_rot), computed in double. */
+void kcpu_rope_table(float *cs, const int32_t *pos, int64_t n, int64_t n_rot, float base);
+/* Rotates x (n, n_head, head_dim) in place with the table: pairs (i, i + n_rot/2)
+ * for i < n_rot/2; dims n_rot.. of each head stay as they are. */
+void kcpu_rope_neox(float *x, const float *cs, int64_t n, int64_t n_head, int64_t head_dim, int64_t n_rot);
 
 /* y (n, d) = silu(g) * u, elementwise; y may alias g. Long vectors are split over
  * c's threads (c may be NULL: this thread), with the same bits. */
@@ -401,12 +402,23 @@ void kcpu_attention(kcpu_ctx_t *c, const kcpu_kv_view_t *kv, const float *q, flo
                     int64_t n, int64_t pos0, int64_t n_head, int64_t n_kv_head,
                     int64_t head_dim, float scale);
 
-/* MoE routing for n rows of router logits (n, n_expert): softmax, the k largest
- * (ties to the lower id), their probabilities renormalised to sum 1 when norm.
- * ids (n, k) in descending weight order, w (n, k). Many rows are split over c's
- * threads (c may be NULL: this thread); a row's result never depends on it. */
-void kcpu_moe_route(kcpu_ctx_t *c, const float *logits, int64_t n, int64_t n_expert, int64_t k, int norm,
-                    int32_t *ids, float *w);
+/* How a MoE router scores its experts (bl_gating_t's numbering). */
+enum { KCPU_GATE_SOFTMAX = 1, KCPU_GATE_SIGMOID = 2 };
+
+typedef struct kcpu_route {
+    int64_t n_expert, k;
+    int gating;         /* KCPU_GATE_*: the scores p of the logits */
+    int norm;           /* the k weights divided by their sum (at least 2^-14) */
+    float scale;        /* then multiplied by this */
+    const float *bias;  /* (n_expert) added to p for the choice only, or NULL */
+} kcpu_route_t;
+
+/* MoE routing for n rows of router logits (n, n_expert): scores p (softmax or
+ * sigmoid, in double), the k largest p + bias (ties to the lower id), their p as
+ * weights, normed and scaled as r says. ids (n, k) in the order chosen, w (n, k).
+ * Many rows are split over c's threads (c may be NULL: this thread); a row's result
+ * never depends on it. */
+void kcpu_moe_route(kcpu_ctx_t *c, const float *logits, int64_t n, const kcpu_route_t *r, int32_t *ids, float *w);
 
 // --- routed experts ----------------------------------------------------------------
 

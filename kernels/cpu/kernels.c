@@ -1191,20 +1191,20 @@ void kcpu_rms_norm(kcpu_ctx_t *c, float *y, const float *x, const float *g, int6
     kcpu_parallel_for(c, n, d > 0 ? RMS_PAR_ELEMS / d + 1 : n + 1, rms_rows, &a);
 }
 
-void kcpu_rope_table(float *cs, const int32_t *pos, int64_t n, int64_t head_dim, float base)
+void kcpu_rope_table(float *cs, const int32_t *pos, int64_t n, int64_t n_rot, float base)
 {
-    const int64_t half = head_dim / 2;
+    const int64_t half = n_rot / 2;
     for (int64_t b = 0; b < n; b++)
         for (int64_t i = 0; i < half; i++) {
-            const double theta = (double)pos[b] * pow((double)base, -2.0 * (double)i / (double)head_dim);
+            const double theta = (double)pos[b] * pow((double)base, -2.0 * (double)i / (double)n_rot);
             cs[(b * half + i) * 2] = (float)cos(theta);
             cs[(b * half + i) * 2 + 1] = (float)sin(theta);
         }
 }
 
-void kcpu_rope_neox(float *x, const float *cs, int64_t n, int64_t n_head, int64_t head_dim)
+void kcpu_rope_neox(float *x, const float *cs, int64_t n, int64_t n_head, int64_t head_dim, int64_t n_rot)
 {
-    const int64_t half = head_dim / 2;
+    const int64_t half = n_rot / 2;
     for (int64_t b = 0; b < n; b++) {
         const float *t = cs + b * half * 2;
         for (int64_t h = 0; h < n_head; h++) {
@@ -1242,8 +1242,7 @@ void kcpu_swiglu(kcpu_ctx_t *c, float *y, const float *g, const float *u, int64_
 
 typedef struct route_args {
     const float *logits;
-    int64_t n_expert, k;
-    int norm;
+    const kcpu_route_t *r;
     int32_t *ids;
     float *w;
 } route_args_t;
@@ -1251,7 +1250,9 @@ typedef struct route_args {
 static void route_rows(void *arg, int64_t lo, int64_t hi)
 {
     const route_args_t *a = arg;
-    const int64_t n_expert = a->n_expert, k = a->k;
+    const kcpu_route_t *r = a->r;
+    const int64_t n_expert = r->n_expert, k = r->k;
+    const int sigmoid = r->gating == KCPU_GATE_SIGMOID;
     int32_t *ids = a->ids;
     float *w = a->w;
     for (int64_t b = lo; b < hi; b++) {
@@ -1260,38 +1261,52 @@ static void route_rows(void *arg, int64_t lo, int64_t hi)
         for (int64_t e = 1; e < n_expert; e++)
             mx = l[e] > mx ? l[e] : mx;
         double sum = 0.0;
-        for (int64_t e = 0; e < n_expert; e++)
+        for (int64_t e = 0; !sigmoid && e < n_expert; e++)
             sum += exp((double)(l[e] - mx));
         /* The k largest by repeated scan (k and n_expert are small); a strict > keeps
-         * the lower id on ties. */
+         * the lower id on ties. Without a bias a softmax chooses by its logits, which
+         * order the same way. */
+#define SCORE(e) (sigmoid ? 1.0 / (1.0 + exp(-(double)l[e])) : exp((double)(l[e] - mx)) / sum)
+#define CHOICE(e) (r->bias ? SCORE(e) + (double)r->bias[e] : sigmoid ? SCORE(e) : (double)l[e])
         double wsum = 0.0;
         for (int64_t j = 0; j < k; j++) {
             int64_t best = -1;
+            double bv = 0.0;
             for (int64_t e = 0; e < n_expert; e++) {
                 int taken = 0;
                 for (int64_t i = 0; i < j; i++)
                     taken |= ids[b * k + i] == e;
-                if (!taken && (best < 0 || l[e] > l[best]))
+                if (taken)
+                    continue;
+                const double v = CHOICE(e);
+                if (best < 0 || v > bv) {
                     best = e;
+                    bv = v;
+                }
             }
             ids[b * k + j] = (int32_t)best;
-            const double p = exp((double)(l[best] - mx)) / sum;
+            const double p = SCORE(best);
             w[b * k + j] = (float)p;
             wsum += p;
         }
-        if (a->norm)
+#undef CHOICE
+#undef SCORE
+        /* llama.cpp keeps the sum at least the smallest normal half, 2^-14 */
+        if (r->norm)
             for (int64_t j = 0; j < k; j++)
-                w[b * k + j] = (float)((double)w[b * k + j] / wsum);
+                w[b * k + j] = (float)((double)w[b * k + j] / (wsum > 0x1p-14 ? wsum : 0x1p-14));
+        if (r->scale != 1.0f)
+            for (int64_t j = 0; j < k; j++)
+                w[b * k + j] *= r->scale;
     }
 }
 
 /* Rows a routing runs on this thread below (a few microseconds each). */
 #define ROUTE_PAR_ROWS 16
 
-void kcpu_moe_route(kcpu_ctx_t *c, const float *logits, int64_t n, int64_t n_expert, int64_t k, int norm,
-                    int32_t *ids, float *w)
+void kcpu_moe_route(kcpu_ctx_t *c, const float *logits, int64_t n, const kcpu_route_t *r, int32_t *ids, float *w)
 {
-    route_args_t a = {logits, n_expert, k, norm, ids, w};
+    route_args_t a = {logits, r, ids, w};
     kcpu_parallel_for(c, n, ROUTE_PAR_ROWS, route_rows, &a);
 }
 

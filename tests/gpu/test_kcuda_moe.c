@@ -18,7 +18,8 @@ static void case_route(rng_t *r, int64_t n, int64_t n_expert, int k, int norm)
     rand_fill(r, lg, n * n_expert, 4.0f);
     int32_t *ids_ref = xmalloc(sizeof(int32_t) * (size_t)(n * k)), *ids = xmalloc(sizeof(int32_t) * (size_t)(n * k));
     float *w_ref = xmalloc(sizeof(float) * (size_t)(n * k)), *w = xmalloc(sizeof(float) * (size_t)(n * k));
-    kcpu_moe_route(NULL, lg, n, n_expert, k, norm, ids_ref, w_ref);
+    const kcpu_route_t rt = {.n_expert = n_expert, .k = k, .gating = KCPU_GATE_SOFTMAX, .norm = norm, .scale = 1.0f};
+    kcpu_moe_route(NULL, lg, n, &rt, ids_ref, w_ref);
     float *dl = d_upload(lg, sizeof(float) * (size_t)(n * n_expert));
     int32_t *di = d_poison(sizeof(int32_t) * (size_t)(n * k));
     float *dw = d_poison(sizeof(float) * (size_t)(n * k));
@@ -69,7 +70,8 @@ static void case_remap(rng_t *r, int64_t n, int64_t n_expert, int k)
     int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)(n * k)), *tab = xmalloc(sizeof(int32_t) * (size_t)n_expert);
     int32_t *got = xmalloc(sizeof(int32_t) * (size_t)(n * k));
     float *w = xmalloc(sizeof(float) * (size_t)(n * k));
-    kcpu_moe_route(NULL, lg, n, n_expert, k, 1, ids, w);
+    const kcpu_route_t rt = {.n_expert = n_expert, .k = k, .gating = KCPU_GATE_SOFTMAX, .norm = 1, .scale = 1.0f};
+    kcpu_moe_route(NULL, lg, n, &rt, ids, w);
     for (int64_t e = 0, slot = 0; e < n_expert; e++)
         tab[e] = rng_next(r) & 1 ? (int32_t)slot++ : -1;
     float *dl = d_upload(lg, sizeof(float) * (size_t)(n * n_expert));

@@ -64,7 +64,7 @@ static void case_rope(rng_t *r, int64_t n, int64_t n_head, int64_t hd, int32_t m
     else
         memcpy(want, x, sizeof(float) * (size_t)len);
     kcpu_rope_table(cs, pos, n, hd, base);
-    kcpu_rope_neox(want, cs, n, n_head, hd);
+    kcpu_rope_neox(want, cs, n, n_head, hd, hd);
     float *dx = d_upload(x, sizeof(float) * (size_t)len);
     float *dg = d_upload(g, sizeof(float) * (size_t)hd);
     int32_t *dp = d_upload(pos, sizeof(int32_t) * (size_t)n);

@@ -442,7 +442,7 @@ static void test_rms_norm_and_rope(void **state)
     rand_vec(&r, v, 2 * nh * hd, 1.0f);
     memcpy(v0, v, sizeof v);
     kcpu_rope_table(cs, pos, 2, hd, 1e6f);
-    kcpu_rope_neox(v, cs, 2, nh, hd);
+    kcpu_rope_neox(v, cs, 2, nh, hd, hd);
     for (int64_t b = 0; b < 2; b++)
         for (int64_t h = 0; h < nh; h++)
             for (int64_t i = 0; i < hd / 2; i++) {
@@ -535,7 +535,8 @@ static void test_moe_route(void **state)
     const float l[2 * 5] = {0.5f, 2.0f, -1.0f, 1.0f, 0.0f, 0.0f, 3.0f, 1.0f, 3.0f, -2.0f};
     int32_t ids[2 * 2];
     float w[2 * 2];
-    kcpu_moe_route(NULL, l, 2, 5, 2, 1, ids, w);
+    kcpu_route_t rt = {.n_expert = 5, .k = 2, .gating = KCPU_GATE_SOFTMAX, .norm = 1, .scale = 1.0f};
+    kcpu_moe_route(NULL, l, 2, &rt, ids, w);
     assert_int_equal(ids[0], 1);
     assert_int_equal(ids[1], 3);
     const double e1 = exp(2.0), e3 = exp(1.0);
@@ -544,7 +545,8 @@ static void test_moe_route(void **state)
     assert_int_equal(ids[3], 3);
     assert_true(fabs(w[2] - 0.5) < 1e-6 && fabs(w[3] - 0.5) < 1e-6);
     /* Without renormalisation the weights are the softmax probabilities. */
-    kcpu_moe_route(NULL, l, 1, 5, 2, 0, ids, w);
+    rt.norm = 0;
+    kcpu_moe_route(NULL, l, 1, &rt, ids, w);
     double z = 0.0;
     for (int i = 0; i < 5; i++)
         z += exp((double)l[i]);
@@ -556,12 +558,78 @@ static void test_moe_route(void **state)
     int32_t *i1 = malloc(sizeof(int32_t) * R * K), *i3 = malloc(sizeof(int32_t) * R * K);
     rand_vec(&r, lg, R * E, 4.0f);
     kcpu_ctx_t *c = make_ctx(3, KCPU_FAST16, 64, 8, 8, 8);
-    kcpu_moe_route(NULL, lg, R, E, K, 1, i1, w1);
-    kcpu_moe_route(c, lg, R, E, K, 1, i3, w3);
-    assert_memory_equal(i1, i3, sizeof(int32_t) * R * K);
-    assert_memory_equal(w1, w3, sizeof(float) * R * K);
+    float bias[E];
+    rand_vec(&r, bias, E, 0.05f);
+    const kcpu_route_t many[2] = {{.n_expert = E, .k = K, .gating = KCPU_GATE_SOFTMAX, .norm = 1, .scale = 1.0f},
+                                  {.n_expert = E, .k = K, .gating = KCPU_GATE_SIGMOID, .norm = 1, .scale = 2.5f,
+                                   .bias = bias}};
+    for (int f = 0; f < 2; f++) {
+        kcpu_moe_route(NULL, lg, R, &many[f], i1, w1);
+        kcpu_moe_route(c, lg, R, &many[f], i3, w3);
+        assert_memory_equal(i1, i3, sizeof(int32_t) * R * K);
+        assert_memory_equal(w1, w3, sizeof(float) * R * K);
+    }
     kcpu_ctx_destroy(c);
     free(lg), free(w1), free(w3), free(i1), free(i3);
+}
+
+/* Sigmoid scores (glm4moe, DeepSeek-V3): the bias moves the choice, not the
+ * weights; the weights are normed (the sum kept at least 2^-14) and scaled. */
+static void test_moe_route_sigmoid(void **state)
+{
+    (void)state;
+    const float l[5] = {0.5f, 2.0f, -1.0f, 1.0f, 0.0f};
+    const float bias[5] = {0.0f, 0.0f, 0.9f, 0.0f, 0.0f};
+    int32_t ids[2];
+    float w[2];
+    kcpu_route_t rt = {.n_expert = 5, .k = 2, .gating = KCPU_GATE_SIGMOID, .norm = 0, .scale = 1.0f};
+    kcpu_moe_route(NULL, l, 1, &rt, ids, w);
+    const double s1 = 1.0 / (1.0 + exp(-2.0)), s2 = 1.0 / (1.0 + exp(1.0)), s3 = 1.0 / (1.0 + exp(-1.0));
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(ids[1], 3);
+    assert_true(fabs(w[0] - s1) < 1e-6 && fabs(w[1] - s3) < 1e-6);
+    /* sigmoid(-1) + 0.9 = 1.169 passes sigmoid(2) = 0.881: expert 2 first, its
+     * weight unbiased */
+    rt.bias = bias;
+    kcpu_moe_route(NULL, l, 1, &rt, ids, w);
+    assert_int_equal(ids[0], 2);
+    assert_int_equal(ids[1], 1);
+    assert_true(fabs(w[0] - s2) < 1e-6 && fabs(w[1] - s1) < 1e-6);
+    rt.norm = 1;
+    rt.scale = 2.5f;
+    kcpu_moe_route(NULL, l, 1, &rt, ids, w);
+    assert_true(fabs(w[0] - 2.5 * s2 / (s1 + s2)) < 1e-5 && fabs(w[1] - 2.5 * s1 / (s1 + s2)) < 1e-5);
+    /* scores that all but vanish: the sum is held at 2^-14 */
+    const float tiny[5] = {-40.0f, -41.0f, -42.0f, -43.0f, -44.0f};
+    rt.bias = NULL;
+    rt.scale = 1.0f;
+    kcpu_moe_route(NULL, tiny, 1, &rt, ids, w);
+    assert_true(fabs(w[0] - (1.0 / (1.0 + exp(40.0))) / 0x1p-14) < 1e-12);
+}
+
+/* RoPE over part of each head (glm4moe's n_rot = head_dim / 2): the rotated pairs
+ * are (i, i + n_rot/2) with angles of n_rot; the dims past n_rot are untouched. */
+static void test_rope_partial(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(23);
+    const int64_t hd = 16, nr = 8, nh = 3;
+    const int32_t pos[2] = {3, 911};
+    float cs[2 * 8], v[2 * 3 * 16], v0[2 * 3 * 16];
+    rand_vec(&r, v, 2 * nh * hd, 1.0f);
+    memcpy(v0, v, sizeof v);
+    kcpu_rope_table(cs, pos, 2, nr, 1e4f);
+    kcpu_rope_neox(v, cs, 2, nh, hd, nr);
+    for (int64_t b = 0; b < 2; b++)
+        for (int64_t h = 0; h < nh; h++) {
+            const float *a = v0 + (b * nh + h) * hd, *o = v + (b * nh + h) * hd;
+            for (int64_t i = 0; i < nr / 2; i++) {
+                const double th = pos[b] * pow(1e4, -2.0 * i / nr);
+                assert_true(fabs(o[i] - (a[i] * cos(th) - a[i + nr / 2] * sin(th))) < 1e-5);
+                assert_true(fabs(o[i + nr / 2] - (a[i] * sin(th) + a[i + nr / 2] * cos(th))) < 1e-5);
+            }
+            assert_memory_equal(o + nr, a + nr, sizeof(float) * (size_t)(hd - nr));
+        }
 }
 
 static void count_task(void *ctx, int ith, int nth)
@@ -707,6 +775,8 @@ int main(void)
         cmocka_unit_test(test_attention_split_equals_batch),
         cmocka_unit_test(test_rms_norm_and_rope),
         cmocka_unit_test(test_moe_route),
+        cmocka_unit_test(test_moe_route_sigmoid),
+        cmocka_unit_test(test_rope_partial),
         cmocka_unit_test(test_pool_runs_every_thread),
         cmocka_unit_test(test_pool_pin_strict),
         cmocka_unit_test(test_ctx_create_out_of_memory),
