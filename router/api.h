@@ -41,6 +41,7 @@ typedef struct rt_app {
     rt_template_t *tpl;         /* the chat template in use */
     const char *tpl_source;     /* its text (for /props chat_template) */
     rt_chatfmt_t chatfmt;       /* how its replies write tool calls and thoughts */
+    int object_args;            /* the template reads tool-call arguments as objects */
     const bl_gguf_t *gguf;      /* metadata only (the router maps no weights) */
     const char *model_path;
     const char *model_alias;    /* the first of -a's names in byte order, else the file name */

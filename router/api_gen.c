@@ -1223,8 +1223,16 @@ int rt__gen_render_chat(rt_app_t *app, const json_t *messages, const json_t *kwa
         }
         kwargs = merged;
     }
-    int rc = rt_chat_render(app->tpl, app->tok, messages, add_generation_prompt, kwargs, &text,
+    /* a template that walks the arguments' items gets them as objects, as the model
+     * wrote them; one that prints them gets the text */
+    json_t *conv = app->object_args ? rt_chat_args_as_objects(messages) : NULL;
+    if (app->object_args && !conv) {
+        json_decref(merged);
+        return bl_err_set(err, BL_ENOMEM, "out of memory");
+    }
+    int rc = rt_chat_render(app->tpl, app->tok, conv ? conv : messages, add_generation_prompt, kwargs, &text,
                             &len, &terr);
+    json_decref(conv);
     json_decref(merged);
     if (rc)
         return bl_err_set(err, rc, "chat template: %s", terr.msg);

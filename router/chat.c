@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "file.h"
 #include "gguf.h"
@@ -79,4 +80,52 @@ int rt_chat_render(const rt_template_t *tpl, const rt_tokenizer_t *tok, const js
 done:
     json_decref(ctx);
     return rc;
+}
+
+json_t *rt_chat_args_as_objects(const json_t *messages)
+{
+    json_t *out = json_deep_copy(messages);
+    size_t i, j;
+    json_t *m, *c;
+    json_array_foreach(out, i, m) {
+        json_t *calls = json_is_object(m) ? json_object_get(m, "tool_calls") : NULL;
+        json_array_foreach(calls, j, c) {
+            json_t *fn = json_is_object(c) ? json_object_get(c, "function") : NULL;
+            json_t *args = json_is_object(fn) ? json_object_get(fn, "arguments") : NULL;
+            if (!json_is_string(args))
+                continue;
+            json_t *o = json_loadb(json_string_value(args), json_string_length(args),
+                                   JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, NULL);
+            if (json_is_object(o))
+                json_object_set(fn, "arguments", o);
+            json_decref(o);
+        }
+    }
+    return out;
+}
+
+/* Whether the conversation of probe, with the call's arguments args, renders and
+ * shows the argument's name. */
+static int shows_arg(const rt_template_t *tpl, const rt_tokenizer_t *tok, json_t *args)
+{
+    static const char key[] = "bl_probe_argument";
+    json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s, s:[{s:s, s:s, s:{s:s, s:o}}]}, {s:s, s:s, s:s}]",
+                             "role", "user", "content", "go", "role", "assistant", "content", "",
+                             "tool_calls", "type", "function", "id", "call0", "function", "name", "probe",
+                             "arguments", args, "role", "tool", "tool_call_id", "call0", "content", "done");
+    if (!msgs)
+        return 0;
+    char *text = NULL;
+    size_t len = 0;
+    bl_err_t err;
+    const int ok = rt_chat_render(tpl, tok, msgs, 1, NULL, &text, &len, &err) == 0 && strstr(text, key);
+    free(text);
+    json_decref(msgs);
+    return ok;
+}
+
+int rt_chat_object_args(const rt_template_t *tpl, const rt_tokenizer_t *tok)
+{
+    return !shows_arg(tpl, tok, json_string("{\"bl_probe_argument\": \"x\"}")) &&
+           shows_arg(tpl, tok, json_pack("{s:s}", "bl_probe_argument", "x"));
 }

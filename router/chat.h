@@ -26,4 +26,15 @@ int rt_chat_render(const rt_template_t *tpl, const rt_tokenizer_t *tok, const js
                    int add_generation_prompt, const json_t *kwargs, char **out, size_t *out_len,
                    bl_err_t *err) BL_WUR;
 
+/* Whether tpl writes a tool call's arguments only when they are an object (GLM-4.5's
+ * and Qwen3-Coder's templates walk their items): it renders an assistant call with
+ * the arguments as JSON text and as an object, and answers 1 when only the object
+ * shows the argument's name. */
+int rt_chat_object_args(const rt_template_t *tpl, const rt_tokenizer_t *tok);
+
+/* messages with every tool call's arguments that are JSON text of an object turned
+ * into that object (other arguments as they are): a new reference, NULL when out of
+ * memory. */
+json_t *rt_chat_args_as_objects(const json_t *messages);
+
 #endif

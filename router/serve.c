@@ -1755,6 +1755,7 @@ int main(int argc, char **argv)
     app->tpl = tpl;
     app->tpl_source = tpl_text;
     app->chatfmt = rt_chatfmt_detect(tpl_text);
+    app->object_args = tpl && rt_chat_object_args(tpl, tok);
     app->gguf = g;
     app->model_path = o.model;
     app->model_alias = alias;

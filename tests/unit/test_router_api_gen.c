@@ -211,6 +211,55 @@ static bl_gguf_t *open_model(rt_tokenizer_t **tok, rt_template_t **tpl)
     return g;
 }
 
+/* A template that walks a call's argument items (GLM-4.5's form) gets them as
+ * objects; one that prints them (Qwen3's) keeps the text; text that is not an
+ * object stays text. */
+static void test_chat_object_args(void **state)
+{
+    (void)state;
+    rt_tokenizer_t *tok = NULL;
+    rt_template_t *q3 = NULL, *walk = NULL;
+    bl_gguf_t *g = open_model(&tok, &q3);
+    if (!g)
+        skip();
+    static const char src[] =
+        "{%- for m in messages %}{%- for c in m.tool_calls or [] %}{{ c.function.name }}"
+        "{%- if c.function.arguments is string %}?{%- else %}"
+        "{%- for k, v in c.function.arguments.items() %}<{{ k }}={{ v }}>{%- endfor %}{%- endif %}"
+        "{%- endfor %}{%- endfor %}";
+    bl_err_t err = {0};
+    assert_int_equal(rt_template_compile(src, sizeof src - 1, &walk, &err), 0);
+    assert_int_equal(rt_chat_object_args(walk, tok), 1);
+    assert_int_equal(rt_chat_object_args(q3, tok), 0);
+    json_t *msgs = json_loads("[{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":["
+                              "{\"type\":\"function\",\"function\":{\"name\":\"a\",\"arguments\":\"{\\\"x\\\":1}\"}},"
+                              "{\"type\":\"function\",\"function\":{\"name\":\"b\",\"arguments\":\"[1]\"}}]}]",
+                              0, NULL);
+    assert_non_null(msgs);
+    json_t *conv = rt_chat_args_as_objects(msgs);
+    assert_non_null(conv);
+    json_t *calls = json_object_get(json_array_get(conv, 0), "tool_calls");
+    json_t *a0 = json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments");
+    json_t *a1 = json_object_get(json_object_get(json_array_get(calls, 1), "function"), "arguments");
+    assert_true(json_is_object(a0) && json_integer_value(json_object_get(a0, "x")) == 1);
+    assert_true(json_is_string(a1));
+    /* the caller's messages are not changed */
+    calls = json_object_get(json_array_get(msgs, 0), "tool_calls");
+    assert_true(json_is_string(json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments")));
+    char *text = NULL;
+    size_t len = 0;
+    if (rt_chat_render(walk, tok, conv, 0, NULL, &text, &len, &err) != 0)
+        fail_msg("render: %s", err.msg);
+    assert_string_equal(text, "a<x=1>b?");
+    free(text);
+    json_decref(conv);
+    json_decref(msgs);
+    rt_template_destroy(walk);
+    rt_template_destroy(q3);
+    rt_tokenizer_destroy(tok);
+    bl_gguf_close(g);
+}
+
 /* ---------------------------------------------------------------------------- */
 /* request fields                                                                 */
 /* ---------------------------------------------------------------------------- */
@@ -1829,6 +1878,7 @@ static void test_tool_choice_required_forces_calls(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chat_object_args),
         cmocka_unit_test(test_params_defaults_are_llama_servers),
         cmocka_unit_test(test_params_sampling_fields),
         cmocka_unit_test(test_params_token_limits),
