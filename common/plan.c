@@ -573,6 +573,7 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
     memset(p, 0, sizeof *p);
     p->n_layer = a->n_layer;
     p->n_expert = a->moe ? a->n_expert : 0;
+    p->n_dense_lead = a->moe ? a->n_dense_lead : 0;
     p->host = calloc((size_t)(a->n_layer * (p->n_expert ? p->n_expert : 1)), 1);
     if (!p->host)
         return bl_err_set(err, BL_ENOMEM, "out of memory for the plan");
@@ -793,10 +794,13 @@ size_t bl_plan_format(const bl_plan_t *p, const bl_device_t *devs, int n_devs, c
                  "layers, the hosttier)\n", cb, rb, hb, p->n_host_layers, (long long)p->n_layer);
     }
     if (p->n_expert > 0) {
-        /* routed experts on a card per layer, as runs: "0-35: 0, 36-47: 128" */
+        /* routed experts on a card per layer, as runs: "0-35: 0, 36-47: 128" (leading
+         * dense layers have none) */
         at = put(buf, cap, at, "routed experts with their stage per layer:");
-        int64_t l0 = 0;
-        for (int64_t l = 1; l <= p->n_layer; l++) {
+        if (p->n_dense_lead > 0)
+            at = put(buf, cap, at, " 0-%lld: dense,", (long long)p->n_dense_lead - 1);
+        int64_t l0 = p->n_dense_lead;
+        for (int64_t l = l0 + 1; l <= p->n_layer; l++) {
             const int h0 = bl_plan_layer_host(p, l0);
             if (l < p->n_layer && bl_plan_layer_host(p, l) == h0)
                 continue;

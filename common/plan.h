@@ -90,6 +90,7 @@ typedef struct bl_plan {
     int n_stages;
     bl_plan_stage_t stage[BL_PLAN_MAX_STAGES];
     int64_t n_layer, n_expert;
+    int64_t n_dense_lead;   /* leading layers without routed experts */
     uint8_t *host;          /* (n_layer * n_expert): 1 where the expert is in host RAM */
     uint64_t host_bytes;    /* routed experts in host RAM */
     int n_host_layers;      /* layers with an expert in host RAM */

@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "arch.h"
 #include "bl_config.h"
 #include "chan.h"
 #include "child.h"
@@ -140,22 +141,6 @@ static void set_error(rt_cluster_t *c, const char *msg)
 
 /* ------------------------------------------------------------ model facts */
 
-static int meta_dim(const bl_gguf_t *g, const char *arch, const char *key, int64_t *out,
-                    bl_err_t *err)
-{
-    char full[96];
-    snprintf(full, sizeof full, "%s.%s", arch, key);
-    uint32_t v;
-    int rc = bl_gguf_get_u32(g, full, &v, err);
-    if (rc)
-        return rc;
-    if (v < 1 || v > (1u << 24))
-        return bl_err_set(err, BL_ERANGE, "%s: %s = %u is out of range", bl_gguf_part_path(g, 0),
-                          full, v);
-    *out = v;
-    return 0;
-}
-
 static void mark_broken(rt_cluster_t *c, const char *why);
 
 static void free_files(rt_cluster_t *c)
@@ -194,27 +179,15 @@ static int read_model(rt_cluster_t *c, bl_err_t *err)
     int rc = bl_gguf_open(&g, c->model_path, err);
     if (rc)
         return rc;
-    bl_gguf_str_t a;
-    char arch[16] = "";
-    if ((rc = bl_gguf_get_str(g, "general.architecture", &a, err)) == 0) {
-        if (a.len >= sizeof arch)
-            rc = bl_err_set(err, BL_ENOTSUP, "%s: architecture is not supported (qwen3moe, qwen3)",
-                            c->model_path);
-        else
-            memcpy(arch, a.ptr, a.len);
+    /* the architecture's one reader: the layers a step runs (NextN layers apart),
+     * the routed experts */
+    bl_arch_t a;
+    if ((rc = bl_arch_read(&a, g, c->model_path, err)) == 0) {
+        c->n_layer = a.n_layer;
+        c->n_embd = a.n_embd;
+        c->n_expert = a.moe ? a.n_expert : 0;
+        c->n_expert_used = a.moe ? a.n_expert_used : 0;
     }
-    int moe = strcmp(arch, "qwen3moe") == 0;
-    if (rc == 0 && !moe && strcmp(arch, "qwen3") != 0)
-        rc = bl_err_set(err, BL_ENOTSUP, "%s: architecture '%s' is not supported (qwen3moe, qwen3)",
-                        c->model_path, arch);
-    if (rc == 0)
-        rc = meta_dim(g, arch, "block_count", &c->n_layer, err);
-    if (rc == 0)
-        rc = meta_dim(g, arch, "embedding_length", &c->n_embd, err);
-    if (rc == 0 && moe)
-        rc = meta_dim(g, arch, "expert_count", &c->n_expert, err);
-    if (rc == 0 && moe)
-        rc = meta_dim(g, arch, "expert_used_count", &c->n_expert_used, err);
     const uint32_t np = bl_gguf_n_parts(g);
     if (rc == 0 && !(c->file_paths = calloc(np, sizeof *c->file_paths)))
         rc = bl_err_set(err, BL_ENOMEM, "cluster: out of memory");

@@ -1,0 +1,360 @@
+"""Model families beside the session's qwen3moe, each on a tiny file bloomery-mkmodel
+writes (FAMILIES: one line a family): the CPU pass against the float64 reference
+(tests/reference) in default and --precise mode; the server's n_probs against
+bloomery-cli's; --workers 2 and routed experts in the hosttier (-ot ...=HOSTTIER)
+giving exactly the one-worker answers; chat end to end with the file's own template
+(the rendered prompt, reasoning split out, a forced tool call in the family's form);
+the family's end-of-generation tokens ending a reply; and files with a key or a
+tensor missing or wrong refused by its name, by bloomery-cli and bloomery-serve."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import serverctl
+from sse import post
+from test_oracle import TOL, greedy
+
+sys.path.insert(0, os.path.join(serverctl.ROOT, "tests", "reference"))
+import compare  # noqa: E402
+import gguf  # noqa: E402
+import gguf_write  # noqa: E402
+
+REFERENCE = os.path.join(serverctl.ROOT, "tests", "reference", "reference.py")
+
+# family -> the bloomery-mkmodel flags of its tiny file
+FAMILIES = {
+    "glm4moe": ["--arch", "glm4moe", "--layers", "3", "--seed", "7"],
+}
+
+# What a family's own vocabulary and template make of a conversation; the tests that
+# need it skip a family that has no entry.
+FORMS = {
+    "glm4moe": {
+        "chat_prompt": "[gMASK]<sop><|user|>\nWhat is the capital of France?<|assistant|>\n",
+        "system_user": ("Be brief.", "Hi there",
+                        "[gMASK]<sop><|system|>\nBe brief.<|user|>\nHi there<|assistant|>\n"),
+        "chat_format": "glm-4.5",
+        # the tags that open and close a tool call the model writes, and open an argument
+        "call": ("<tool_call>", "</tool_call>", "<arg_key>"),
+        # special text -> the metadata key that names it an end of generation
+        "ends": {"<|user|>": "tokenizer.ggml.eot_token_id",
+                 "<|observation|>": "tokenizer.ggml.eom_token_id",
+                 "<|endoftext|>": "tokenizer.ggml.eos_token_id"},
+    },
+}
+
+# A family's broken files: (what is wrong, the change, the name the refusal must give).
+# The change is rewrite()'s keywords. The first case is also tried on bloomery-serve.
+BAD_FILES = {
+    "glm4moe": [
+        ("the NextN layer's eh_proj is missing", {"drop_tensors": ["blk.3.nextn.eh_proj.weight"]},
+         "blk.3.nextn.eh_proj.weight"),
+        ("expert_shared_count is missing", {"drop_keys": ["glm4moe.expert_shared_count"]},
+         "glm4moe.expert_shared_count"),
+        ("gating function 7", {"set_keys": {"glm4moe.expert_gating_func": 7}},
+         "glm4moe.expert_gating_func"),
+        ("a selection bias of 7 values for 8 experts", {"lengths": {"blk.1.exp_probs_b.bias": 7}},
+         "blk.1.exp_probs_b.bias"),
+    ],
+}
+
+PLAIN = ["The old lighthouse keeper walked down to the",
+         "In 1984, 12345 apples cost $6.78 at the market."]
+# gates of the CPU pass against the float64 reference: default mode quantizes the
+# activations and keeps an f16 cache; --precise is f32 throughout, so only the sums'
+# order separates it from float64
+GATES = {"default": {"mean": 0.02, "max": None, "lse": 0.05},
+         "precise": {"mean": 0.005, "max": 0.05, "lse": 0.05}}
+FAST = ["-np", "1", "-c", "1024", "-t", "1", "-tb", "1"]
+
+
+def run(args, timeout=120):
+    return subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          errors="replace", timeout=timeout)
+
+
+def rewrite(src, dst, drop_tensors=(), drop_keys=(), set_keys=None, lengths=None):
+    """Copies a GGUF file with tensors or keys left out, keys given other values, or 1-D
+    tensors cut or stretched to another length; every other byte is the source's."""
+    g = gguf.load(src)
+    w = gguf_write.Writer(alignment=g.alignment)
+    for key, value in g.metadata.items():
+        if key in drop_keys:
+            continue
+        w.add(key, (set_keys or {}).get(key, value), typ=g.metadata_types[key])
+    for name, t in g.tensors.items():
+        if name in drop_tensors:
+            continue
+        ne, raw = t.ne, bytes(t.raw)
+        if lengths and name in lengths:
+            n = lengths[name]
+            ne, raw = (n,), (raw * (n // t.ne[0] + 1))[:n * len(raw) // t.ne[0]]
+        w.tensors.append((name, ne, t.type, raw))  # the bytes as they are: any ggml type
+    w.write(dst)
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    """(name, path of its tiny file)."""
+    name = request.param
+    path = str(tmp_path_factory.mktemp(name) / ("%s.gguf" % name))
+    p = run([serverctl.program("bloomery-mkmodel"), "-o", path, "--threads", "2"] + FAMILIES[name],
+            timeout=300)
+    assert p.returncode == 0, p.stdout
+    return name, path
+
+
+def forms(family):
+    if family[0] not in FORMS:
+        pytest.skip("FORMS has no entry for %s" % family[0])
+    return FORMS[family[0]]
+
+
+@pytest.fixture(scope="module")
+def one(family, module_servers):
+    """A one-worker server of the family's file."""
+    return module_servers.start(FAST, model=family[1])
+
+
+def cli_dump(model, prompt, out, *extra):
+    p = run([serverctl.program("bloomery-cli"), "-m", model, "-p", prompt, "-n", "0", "-t", "1",
+             "--dump-logits", str(out), "--dump-top", "32"] + list(extra))
+    assert p.returncode == 0, p.stdout
+    with open(out) as f:
+        return json.load(f)
+
+
+def prompts(family):
+    return PLAIN + ([FORMS[family[0]]["chat_prompt"]] if family[0] in FORMS else [])
+
+
+# ------------------------------------------------------------------ the CPU pass
+
+@pytest.mark.parametrize("k", range(len(PLAIN) + 1))
+def test_cpu_pass_against_the_reference(family, tmp_path, k):
+    """bloomery-cli's logits at every prompt position, default and --precise, against
+    the float64 reference's on the same ids."""
+    name, model = family
+    ps = prompts(family)
+    if k >= len(ps):
+        pytest.skip("no chat-form prompt for %s" % name)
+    dumps = {mode: cli_dump(model, ps[k], tmp_path / ("%s.json" % mode),
+                            *(["--precise"] if mode == "precise" else [])) for mode in GATES}
+    assert dumps["default"]["prompt_ids"] == dumps["precise"]["prompt_ids"]
+    ref_path = tmp_path / "ref.json"
+    p = run([sys.executable, REFERENCE, model, "--oracle", str(tmp_path / "default.json"),
+             "--dump-logits", str(ref_path), "-q"])
+    assert p.returncode == 0, p.stdout
+    ref = compare.load(str(ref_path))
+    for mode, gate in GATES.items():
+        m = compare.compare(ref, dumps[mode])
+        summary = "%s %s on %r: %s" % (name, mode, ps[k], {x: m[x] for x in (
+            "positions", "top1_same", "mean_abs_dlogit", "max_abs_dlogit", "max_abs_dlse")})
+        assert m["positions"] == len(ref["prompt_ids"]) >= 5, summary
+        assert m["n_missing"] == 0, summary
+        assert m["top1_same"] == m["positions"], summary
+        assert m["mean_abs_dlogit"] <= gate["mean"], summary
+        assert gate["max"] is None or m["max_abs_dlogit"] <= gate["max"], summary
+        assert m["max_abs_dlse"] <= gate["lse"], summary
+
+
+# ------------------------------------------------------------------ the server
+
+def test_n_probs_agree_with_cli(family, one, tmp_path):
+    dump = cli_dump(family[1], prompts(family)[-1], tmp_path / "dump.json")
+    last = dump["positions"][-1]
+    cli_lp = {i: lg - last["lse"] for i, lg in zip(last["ids"], last["logits"])}
+    b = greedy(one.url, dump["prompt_ids"], 1)
+    assert b["tokens_evaluated"] == len(dump["prompt_ids"])
+    top = b["completion_probabilities"][0]["top_logprobs"]
+    assert len(top) == 5
+    for t in top:
+        assert t["id"] in cli_lp, "server candidate %r is not in the cli's top 32" % t
+        assert abs(t["logprob"] - cli_lp[t["id"]]) <= TOL, (t, cli_lp[t["id"]])
+    if last["logits"][0] - last["logits"][1] > TOL:
+        assert top[0]["id"] == last["ids"][0]
+
+
+def same_answers(family, url, other):
+    for p in prompts(family):
+        a, b = greedy(url, p), greedy(other, p)
+        assert b["tokens"] == a["tokens"], p
+        assert b["content"] == a["content"], p
+        # bit-identical logits give identical log-probabilities
+        for x, y in zip(a["completion_probabilities"], b["completion_probabilities"]):
+            assert [(t["id"], t["logprob"]) for t in x["top_logprobs"]] == \
+                   [(t["id"], t["logprob"]) for t in y["top_logprobs"]], p
+
+
+def test_two_workers_same_as_one(family, one, servers):
+    srv = servers.start(FAST + ["--workers", "2"], model=family[1])
+    names = [n for _, n, _ in srv.children()]
+    assert names.count("bloomery-worker") == 2, names
+    assert names.count("bloomery-hosttier") == 0, names
+    same_answers(family, one.url, srv.url)
+
+
+def moe_layers(model):
+    """(the layers the forward pass runs that have routed experts: not the leading dense
+    ones, not the NextN ones past the end; how many layers it runs)."""
+    g = gguf.load(model)
+    arch = g.metadata["general.architecture"]
+    n = g.metadata[arch + ".block_count"] - g.metadata.get(arch + ".nextn_predict_layers", 0)
+    return [l for l in range(n) if "blk.%d.ffn_up_exps.weight" % l in g.tensors], n
+
+
+@pytest.mark.parametrize("which", ["all", "some"])
+def test_experts_in_the_hosttier_same_as_in_the_worker(family, one, servers, which):
+    """The hybrid plan on the CPU: routed experts of every layer, or of the MoE layers
+    past the first (a dense layer has none to move), in the hosttier process; the
+    answers are the in-worker pass's, bit for bit."""
+    layers, n_layer = moe_layers(family[1])
+    assert len(layers) >= 2, layers
+    moved = layers if which == "all" else layers[1:]
+    pattern = ("ffn_.*_exps=HOSTTIER" if which == "all" else
+               r"blk\.(%s)\.ffn_(up|down|gate)_exps=HOSTTIER" % "|".join(map(str, moved)))
+    srv = servers.start(FAST + ["--workers", "2", "-ot", pattern], model=family[1])
+    names = [n for _, n, _ in srv.children()]
+    assert names.count("bloomery-worker") == 2, names
+    assert names.count("bloomery-hosttier") == 1, names
+    # the plan moved exactly the matched layers' experts
+    assert "(%d of %d layers, the hosttier)" % (len(moved), n_layer) in srv.log(200000), srv.log()
+    same_answers(family, one.url, srv.url)
+
+
+# ------------------------------------------------------------------ chat
+
+def test_the_template_renders_the_family_form(family, one):
+    f = forms(family)
+    system, user, want = f["system_user"]
+    r = post(one.url, "/apply-template", {"messages": [{"role": "system", "content": system},
+                                                       {"role": "user", "content": user}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt"] == want
+    assert "chat_format=%s" % f["chat_format"] in one.log(200000), one.log()
+
+
+def test_reasoning_split_out(family, one):
+    """The default reasoning format (llama-server's auto) takes the <think> span out of
+    a reply that a grammar makes the model write word for word."""
+    forms(family)
+    r = post(one.url, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Should I wait?"}], "max_tokens": 120,
+        "grammar": 'root ::= "<think>The iron is hot.</think>Strike now."'})
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    assert ch["finish_reason"] == "stop", ch
+    assert ch["message"].get("reasoning_content") == "The iron is hot.", ch
+    assert ch["message"]["content"] == "Strike now.", ch
+
+
+# every call this tool allows is short, so the forced grammar ends whatever the model picks
+TOOLS = [{"type": "function", "function": {
+    "name": "paint", "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["color", "coats"],
+        "properties": {"color": {"type": "string", "enum": ["red", "deep blue"]},
+                       "coats": {"type": "integer", "minimum": 1, "maximum": 3}}}}}]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_forced_tool_call_in_the_family_form(family, one, seed):
+    """tool_choice "required": the server forces a call in the format its template
+    teaches; the text the model wrote is that form, and the reply is its parsed call."""
+    start, end, arg = forms(family)["call"]
+    r = post(one.url, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Paint the wall."}], "tools": TOOLS,
+        "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 400,
+        "temperature": 1.0, "seed": seed, "logprobs": True})
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    assert ch["finish_reason"] == "tool_calls", ch
+    calls = ch["message"]["tool_calls"]
+    assert len(calls) == 1 and calls[0]["type"] == "function" and calls[0]["id"], ch
+    assert calls[0]["function"]["name"] == "paint", ch
+    args = json.loads(calls[0]["function"]["arguments"])
+    assert args["color"] in ("red", "deep blue") and args["coats"] in (1, 2, 3), args
+    assert not (ch["message"].get("content") or "").strip(), ch
+    written = "".join(t["token"] for t in ch["logprobs"]["content"]).strip()
+    assert written.startswith(start + "paint") and written.endswith(end), written
+    assert written.count(arg) == 2, written
+
+
+# ------------------------------------------------------------------ end of generation
+
+def test_end_of_generation_tokens_end_the_reply(family, one):
+    """Each token the file names an end of generation (eos, eot, eom), made all but
+    certain by logit_bias, ends a completion before any text: stop_type eos."""
+    f = forms(family)
+    md = gguf.load(family[1]).metadata
+    for text, key in f["ends"].items():
+        r = post(one.url, "/tokenize", {"content": text, "with_pieces": True})
+        assert r.status_code == 200, r.text
+        pieces = r.json()["tokens"]
+        assert len(pieces) == 1 and pieces[0]["piece"] == text, (text, pieces)
+        tid = pieces[0]["id"]
+        assert tid == md[key], (text, tid, key, md.get(key))
+        r = post(one.url, "/completion", {"prompt": "The old lighthouse", "n_predict": 8,
+                                          "temperature": 0, "return_tokens": True,
+                                          "logit_bias": [[tid, 100]], "cache_prompt": False})
+        assert r.status_code == 200, r.text
+        b = r.json()
+        assert (b["stop_type"], b["content"], b["tokens"]) == ("eos", "", []), (text, b)
+        assert b["tokens_predicted"] == 1, (text, b)  # as llama-server: the end token counts
+        # a chat reply ended by it stops as well
+        r = post(one.url, "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0,
+            "logit_bias": {str(tid): 100}})
+        assert r.status_code == 200, r.text
+        ch = r.json()["choices"][0]
+        assert ch["finish_reason"] == "stop" and not ch["message"].get("content"), (text, ch)
+
+
+# ------------------------------------------------------------------ bad files
+
+def bad_files(family):
+    if family[0] not in BAD_FILES:
+        pytest.skip("BAD_FILES has no entry for %s" % family[0])
+    return BAD_FILES[family[0]]
+
+
+def test_rewrite_keeps_every_byte(family, tmp_path):
+    """The helper that writes the broken files, with nothing to change, copies the file
+    byte for byte: a refusal below is the change's, not the copy's."""
+    out = str(tmp_path / "copy.gguf")
+    rewrite(family[1], out)
+    with open(family[1], "rb") as a, open(out, "rb") as b:
+        assert a.read() == b.read()
+
+
+def test_bad_files_refused_by_name(family, tmp_path):
+    cases = bad_files(family)
+    for i, (what, change, name) in enumerate(cases):
+        bad = str(tmp_path / ("bad%d.gguf" % i))
+        rewrite(family[1], bad, **change)
+        p = run([serverctl.program("bloomery-cli"), "-m", bad, "-p", "x", "-n", "1", "-t", "1"])
+        assert p.returncode != 0, "%s: bloomery-cli ran:\n%s" % (what, p.stdout)
+        assert p.returncode > 0, "%s: bloomery-cli died of signal %d:\n%s" % (what, -p.returncode, p.stdout)
+        assert name in p.stdout, "%s: the refusal does not name %s:\n%s" % (what, name, p.stdout)
+
+
+def test_server_refuses_a_bad_file_by_name(family, tmp_path):
+    what, change, name = bad_files(family)[0]
+    bad = str(tmp_path / "bad.gguf")
+    rewrite(family[1], bad, **change)
+    srv = serverctl.Server(bad, FAST, log_dir=str(tmp_path))
+    srv.launch()
+    try:
+        rc = srv.proc.wait(20)
+    except subprocess.TimeoutExpired:
+        srv.kill()
+        pytest.fail("%s: bloomery-serve did not exit within 20 s:\n%s" % (what, srv.log()))
+    log = srv.log(20000)
+    assert rc > 0, "%s: bloomery-serve exited with %d:\n%s" % (what, rc, log)
+    assert name in log, "%s: the log does not name %s:\n%s" % (what, name, log)
+    # nothing left behind by the failed start
+    shm = sorted(serverctl.shm_objects() - srv.shm_before)
+    assert not shm, "left in /dev/shm: %r" % shm
+    assert not serverctl.runtime_dirs(srv.pid, srv.dirs_before), "runtime folder left behind"
