@@ -245,7 +245,11 @@ static json_t *add_choice(rt_gen_req_t *g, json_t *choice)
 static void chat_done(rt_gen_req_t *g, const rt_event_t *ev)
 {
     const rt_timings_t *t = &ev->timings;
-    const char *finish = rt__gen_calls_kept(g) ? "tool_calls" : rt__gen_finish_reason(ev->stop_type);
+    /* as llama-server: a reply the token limit cut off is "length" even when calls
+     * were parsed from it */
+    const char *finish = rt__gen_finish_reason(ev->stop_type);
+    if (!strcmp(finish, "stop") && rt__gen_calls_kept(g))
+        finish = "tool_calls";
     if (g->params.stream) {
         json_t *last = rt__gen_chat_chunk(g, json_object(), finish);
         if (g->more) { /* another choice follows: this one's end only */

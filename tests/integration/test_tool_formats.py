@@ -156,3 +156,12 @@ def test_forcing_a_call_in_the_format(fmt_server, seed):
             assert args["color"] in ("red", "deep blue") and args["coats"] in (1, 2, 3), (name, args)
         else:
             assert args == {}, (name, args)
+
+
+def test_a_call_cut_off_by_the_limit_ends_with_length(fmt_server):
+    """As llama-server: a reply the token limit stops is "length", whatever the
+    parser made of the text so far."""
+    name, srv = fmt_server
+    r = post(srv.url, "/v1/chat/completions", body(name, max_tokens=3))
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["finish_reason"] == "length", (name, r.json())
