@@ -1,10 +1,13 @@
 /* bloomery-mkmodel: writes deterministic synthetic GGUF models of the qwen3moe,
- * qwen3 and glm4moe architectures (tensor names and shapes as llama.cpp loads them;
- * --preset gives glm4moe GLM-4.5's or GLM-4.5-Air's real shapes), with random
- * zero-mean weights quantized by common/quant.c's reference quantizers, and either
- * a small built-in BPE vocabulary with the family's special tokens and chat
- * template, or a Hugging Face tokenizer folder; with --router-zipf, a qwen3moe
- * router whose expert choices follow a Zipf law per layer.
+ * qwen3, glm4moe and deepseek2 architectures (tensor names, shapes and keys as
+ * llama.cpp's converter writes them and llama.cpp loads them; deepseek2's
+ * multi-head latent attention in the MLA form of today's converter or, with
+ * --legacy-kv-b, the older attn_kv_b form; --preset gives the real shapes of
+ * GLM-4.5, GLM-4.5-Air, DeepSeek-V3 or DeepSeek-V2-Lite), with random zero-mean
+ * weights quantized by common/quant.c's reference quantizers, and either a small
+ * built-in BPE vocabulary with the family's special tokens and chat template, or a
+ * Hugging Face tokenizer folder; with --router-zipf, a qwen3moe router whose expert
+ * choices follow a Zipf law per layer.
  * Same flags and seed give the same bytes on every machine. */
 #include <errno.h>
 #include <math.h>
@@ -28,40 +31,81 @@
 #define MAX_THREADS 64
 #define ZIPF_CONST_CH 32 /* --router-zipf: channels of the constant (one q4_K sub-block) */
 
-enum { ARCH_QWEN3MOE, ARCH_QWEN3, ARCH_GLM4MOE };
-static const char *const arch_names[] = {"qwen3moe", "qwen3", "glm4moe"};
-
-/* glm4moe's router: llama.cpp's expert_gating_func values. */
-enum { GATING_SOFTMAX = 1, GATING_SIGMOID = 2 };
-
-/* The shapes of a real glm4moe model (--preset). The rotated dims are not listed:
- * both rotate half of each head, the default. */
-typedef struct preset {
-    const char *name;
-    const char *note; /* follows a value the preset chose, in messages */
-    int64_t n_layer, n_nextn, n_embd, n_head, n_head_kv, head_dim, n_ff;
-    int64_t n_expert, n_expert_used, n_shared, n_ff_exp, n_dense_lead, n_vocab, n_ctx;
-    double expert_scale, rope_base, eps;
-    int qk_norm;
-} preset_t;
-
-static const preset_t presets[] = {
-    {.name = "glm-4.5-air", .note = " (the glm-4.5-air preset's)", .n_layer = 46, .n_nextn = 1,
-     .n_embd = 4096, .n_head = 96, .n_head_kv = 8, .head_dim = 128, .n_ff = 10944,
-     .n_expert = 128, .n_expert_used = 8, .n_shared = 1, .n_ff_exp = 1408, .n_dense_lead = 1,
-     .n_vocab = 151552, .n_ctx = 131072, .expert_scale = 1.0, .rope_base = 1e6, .eps = 1e-5,
-     .qk_norm = 0},
-    {.name = "glm-4.5", .note = " (the glm-4.5 preset's)", .n_layer = 92, .n_nextn = 1,
-     .n_embd = 5120, .n_head = 96, .n_head_kv = 8, .head_dim = 128, .n_ff = 12288,
-     .n_expert = 160, .n_expert_used = 8, .n_shared = 1, .n_ff_exp = 1536, .n_dense_lead = 3,
-     .n_vocab = 151552, .n_ctx = 131072, .expert_scale = 2.5, .rope_base = 1e6, .eps = 1e-5,
-     .qk_norm = 1},
-};
+enum { ARCH_QWEN3MOE, ARCH_QWEN3, ARCH_GLM4MOE, ARCH_DEEPSEEK2, ARCH_COUNT };
 
 /* Embedding rows of the real checkpoints, more than their tokenizers' ids: the
  * default --vocab with --tokenizer. */
 #define QWEN3_VOCAB_ROWS 151936
 #define GLM45_VOCAB_ROWS 151552
+#define DSV3_VOCAB_ROWS 129280
+
+/* What an architecture's files carry besides its tensors: the pre-tokenizer name,
+ * the built-in vocabulary's family and the --tokenizer default rows. */
+typedef struct arch_info {
+    const char *name;
+    const char *pre;
+    mk_family_t family;
+    int64_t tok_rows;
+} arch_info_t;
+
+static const arch_info_t archs[ARCH_COUNT] = {
+    [ARCH_QWEN3MOE] = {"qwen3moe", "qwen2", MK_FAMILY_QWEN, QWEN3_VOCAB_ROWS},
+    [ARCH_QWEN3] = {"qwen3", "qwen2", MK_FAMILY_QWEN, QWEN3_VOCAB_ROWS},
+    [ARCH_GLM4MOE] = {"glm4moe", "glm4", MK_FAMILY_GLM, GLM45_VOCAB_ROWS},
+    [ARCH_DEEPSEEK2] = {"deepseek2", "deepseek-v3", MK_FAMILY_DEEPSEEK, DSV3_VOCAB_ROWS},
+};
+
+/* The router of glm4moe and deepseek2: llama.cpp's expert_gating_func values. */
+enum { GATING_SOFTMAX = 1, GATING_SIGMOID = 2 };
+
+/* The shapes of a real model (--preset); every field stands in for its flag when
+ * the flag is not given. glm4moe's rotated dims are not listed: both GLM-4.5
+ * models rotate half of each head, the default. The deepseek2 fields (q_lora
+ * onwards) are left 0 for glm4moe, which ignores them. */
+typedef struct preset {
+    const char *name;
+    const char *note; /* follows a value the preset chose, in messages */
+    int arch;
+    int64_t n_layer, n_nextn, n_embd, n_head, n_head_kv, head_dim, n_ff;
+    int64_t n_expert, n_expert_used, n_shared, n_ff_exp, n_dense_lead, n_vocab, n_ctx;
+    double expert_scale, rope_base, eps;
+    int qk_norm, gating, no_expert_norm;
+    int64_t n_q_lora, n_kv_lora, n_qk_nope, n_rot, n_v_head, n_group, n_group_used;
+    double yarn, yarn_log_mul; /* yarn: the YaRN factor, 0 for none */
+    int64_t yarn_orig_ctx;
+    int no_probs_bias;
+} preset_t;
+
+static const preset_t presets[] = {
+    {.name = "glm-4.5-air", .note = " (the glm-4.5-air preset's)", .arch = ARCH_GLM4MOE,
+     .n_layer = 46, .n_nextn = 1, .n_embd = 4096, .n_head = 96, .n_head_kv = 8, .head_dim = 128,
+     .n_ff = 10944, .n_expert = 128, .n_expert_used = 8, .n_shared = 1, .n_ff_exp = 1408,
+     .n_dense_lead = 1, .n_vocab = GLM45_VOCAB_ROWS, .n_ctx = 131072, .expert_scale = 1.0,
+     .rope_base = 1e6, .eps = 1e-5, .qk_norm = 0, .gating = GATING_SIGMOID},
+    {.name = "glm-4.5", .note = " (the glm-4.5 preset's)", .arch = ARCH_GLM4MOE, .n_layer = 92,
+     .n_nextn = 1, .n_embd = 5120, .n_head = 96, .n_head_kv = 8, .head_dim = 128, .n_ff = 12288,
+     .n_expert = 160, .n_expert_used = 8, .n_shared = 1, .n_ff_exp = 1536, .n_dense_lead = 3,
+     .n_vocab = GLM45_VOCAB_ROWS, .n_ctx = 131072, .expert_scale = 2.5, .rope_base = 1e6,
+     .eps = 1e-5, .qk_norm = 1, .gating = GATING_SIGMOID},
+    /* DeepSeek-V3 / R1 / V3.1 (671B); its MTP layer is not in converted files */
+    {.name = "deepseek-v3", .note = " (the deepseek-v3 preset's)", .arch = ARCH_DEEPSEEK2,
+     .n_layer = 61, .n_nextn = 0, .n_embd = 7168, .n_head = 128, .n_ff = 18432,
+     .n_expert = 256, .n_expert_used = 8, .n_shared = 1, .n_ff_exp = 2048, .n_dense_lead = 3,
+     .n_vocab = DSV3_VOCAB_ROWS, .n_ctx = 163840, .expert_scale = 2.5, .rope_base = 10000,
+     .eps = 1e-6, .gating = GATING_SIGMOID, .no_expert_norm = 0, .n_q_lora = 1536,
+     .n_kv_lora = 512, .n_qk_nope = 128, .n_rot = 64, .n_v_head = 128, .n_group = 8,
+     .n_group_used = 4, .yarn = 40, .yarn_orig_ctx = 4096, .yarn_log_mul = 0.1,
+     .no_probs_bias = 0},
+    /* DeepSeek-V2-Lite (16B): no q compression, softmax routing, no selection bias */
+    {.name = "deepseek-v2-lite", .note = " (the deepseek-v2-lite preset's)",
+     .arch = ARCH_DEEPSEEK2, .n_layer = 27, .n_nextn = 0, .n_embd = 2048, .n_head = 16,
+     .n_ff = 10944, .n_expert = 64, .n_expert_used = 6, .n_shared = 2, .n_ff_exp = 1408,
+     .n_dense_lead = 1, .n_vocab = 102400, .n_ctx = 163840, .expert_scale = 1.0,
+     .rope_base = 10000, .eps = 1e-6, .gating = GATING_SOFTMAX, .no_expert_norm = 1,
+     .n_q_lora = 0, .n_kv_lora = 512, .n_qk_nope = 128, .n_rot = 64, .n_v_head = 128,
+     .n_group = 1, .n_group_used = 1, .yarn = 40, .yarn_orig_ctx = 4096, .yarn_log_mul = 0.0707,
+     .no_probs_bias = 1},
+};
 
 /* Everything the flags decide. The *_set fields remember which flags were given,
  * for the flags whose default depends on others or which only some archs take. */
@@ -78,20 +122,29 @@ typedef struct opts {
     int tied;
     int64_t n_threads;
     double router_zipf; /* Zipf exponent of the routing; 0: the random router */
-    /* glm4moe: n_layer blocks run, then n_nextn NextN blocks; the first n_dense_lead
-     * blocks have a dense FFN of n_ff, the others n_shared shared experts besides
-     * the routed ones; RoPE turns the first n_rot dims of each head. */
+    /* glm4moe and deepseek2: n_layer blocks run, then n_nextn NextN blocks; the
+     * first n_dense_lead blocks have a dense FFN of n_ff, the others n_shared shared
+     * experts besides the routed ones; RoPE turns the first n_rot dims of each head
+     * (deepseek2: the n_rot dims after the n_qk_nope unrotated ones). */
     int64_t n_nextn, n_dense_lead, n_shared, n_rot;
     int qk_norm, no_expert_norm, gating;
     double expert_scale;
+    /* deepseek2: q compressed to n_q_lora (0: not), keys and values to one latent of
+     * n_kv_lora; heads of n_qk_nope + n_rot q/k dims and n_v_head value dims; the
+     * router's n_group expert groups, of which the best n_group_used are chosen
+     * from; YaRN by the factor yarn (0: none) */
+    int64_t n_q_lora, n_kv_lora, n_qk_nope, n_v_head, n_group, n_group_used, yarn_orig_ctx;
+    double yarn, yarn_log_mul;
+    int legacy_kv_b, no_probs_bias;
     const preset_t *preset;
     int vocab_set, ff_set, attn_v_set, ffn_down_set, output_set, embd_set;
-    const char *expert_flag; /* the first expert flag given, refused for qwen3 */
-    const char *glm_flag;    /* the first glm4moe flag given, refused for the others */
 } opts_t;
 
-/* How a tensor's values are drawn. */
-enum { KIND_NORM, KIND_MAT };
+/* How a tensor's values are drawn. KIND_K_B and KIND_V_B: deepseek2's attn_k_b and
+ * attn_v_b, the values of the attn_kv_b the legacy form of the same flags and seed
+ * holds (k_b transposed per head, as llama.cpp's converter splits attn_kv_b), so
+ * that both forms describe one model. */
+enum { KIND_NORM, KIND_MAT, KIND_K_B, KIND_V_B };
 
 /* What --router-zipf changes in a tensor after its draw (see "skewed router"). */
 enum {
@@ -115,6 +168,10 @@ typedef struct tdesc {
     const char *type_flag; /* the flag that chose the type */
     int zrole;             /* ZR_*: what --router-zipf changes */
     int64_t layer;         /* the block, for ZR_ROUTER */
+    /* KIND_K_B, KIND_V_B: the attn_kv_b whose rows are drawn, and the widths that
+     * place a head's rows in it */
+    char src[BL_GW_MAX_NAME + 1];
+    int64_t qk_nope, v_head;
 } tdesc_t;
 
 static void usage(FILE *f)
@@ -126,12 +183,15 @@ static void usage(FILE *f)
         "seed give a byte-identical file on any machine.\n"
         "\n"
         "  -o, --output FILE      file to write (required)\n"
-        "  --arch NAME            qwen3moe (default), qwen3 (dense) or glm4moe (GLM-4.5:\n"
+        "  --arch NAME            qwen3moe (default), qwen3 (dense), glm4moe (GLM-4.5:\n"
         "                         leading dense layers, then routed and shared experts;\n"
-        "                         attention biases, partial RoPE, NextN layers)\n"
-        "  --preset NAME          glm4moe at a real model's shapes (implies --arch\n"
-        "                         glm4moe); flags given as well override the preset's\n"
-        "                         values, e.g. --layers 4 --vocab 1024 for a cut-down file:\n"
+        "                         attention biases, partial RoPE, NextN layers) or\n"
+        "                         deepseek2 (DeepSeek-V2/V3/R1: multi-head latent\n"
+        "                         attention, leading dense layers, routed experts in\n"
+        "                         groups, shared experts, YaRN)\n"
+        "  --preset NAME          a real model's shapes (implies its --arch); flags given\n"
+        "                         as well override the preset's values, e.g. --layers 4\n"
+        "                         --vocab 1024 for a cut-down file:\n"
         "                           glm-4.5-air  --layers 46 --nextn 1 --n-embd 4096\n"
         "                                        --heads 96 --kv-heads 8 --head-dim 128\n"
         "                                        --ff 10944 --experts 128 --experts-used 8\n"
@@ -146,44 +206,69 @@ static void usage(FILE *f)
         "                         --eps 1e-5, and the glm4moe defaults: --rope-dim 64\n"
         "                         (half of --head-dim), sigmoid gating, routed weights\n"
         "                         normalised\n"
+        "                           deepseek-v3  (deepseek2; DeepSeek-V3/R1/V3.1 671B)\n"
+        "                                        --layers 61 --n-embd 7168 --heads 128\n"
+        "                                        --q-lora 1536 --ff 18432 --experts 256\n"
+        "                                        --experts-used 8 --shared-experts 1\n"
+        "                                        --expert-ff 2048 --dense-lead 3\n"
+        "                                        --expert-scale 2.5 --gating sigmoid\n"
+        "                                        --groups 8 --groups-used 4\n"
+        "                                        --yarn-log-mul 0.1 --vocab 129280\n"
+        "                           deepseek-v2-lite  (deepseek2; 16B) --layers 27\n"
+        "                                        --n-embd 2048 --heads 16 --q-lora 0\n"
+        "                                        --ff 10944 --experts 64 --experts-used 6\n"
+        "                                        --shared-experts 2 --expert-ff 1408\n"
+        "                                        --dense-lead 1 --gating softmax\n"
+        "                                        --no-expert-norm --no-probs-bias\n"
+        "                                        --yarn-log-mul 0.0707 --vocab 102400\n"
+        "                         both: --kv-lora 512 --qk-nope 128 --rope-dim 64\n"
+        "                         --v-head 128 --nextn 0 --yarn 40 --yarn-orig-ctx 4096\n"
+        "                         --ctx 163840 --rope-base 10000 --eps 1e-6. The\n"
+        "                         671B shape's MoE layers are 11G values each: cut\n"
+        "                         --experts too for a small file\n"
         "  --layers N             blocks the forward pass runs (default 4)\n"
         "  --n-embd N             embedding width (default 256)\n"
         "  --heads N              attention heads (default 4)\n"
-        "  --kv-heads N           key/value heads, dividing --heads (default 2)\n"
-        "  --head-dim N           width of one head, even (default 128)\n"
-        "  --experts N            routed experts per layer, qwen3moe and glm4moe (default 8)\n"
-        "  --experts-used N       experts chosen per token, qwen3moe and glm4moe (default 2)\n"
-        "  --expert-ff N          expert FFN width, qwen3moe and glm4moe (default 256)\n"
-        "  --ff N                 dense FFN width: the FFN of qwen3, of glm4moe's leading\n"
-        "                         dense layers, metadata only for qwen3moe (default\n"
-        "                         3 x --n-embd)\n"
+        "  --kv-heads N           key/value heads, dividing --heads (default 2; not\n"
+        "                         deepseek2: its heads are --qk-nope, --rope-dim and\n"
+        "                         --v-head wide, key and value per query head)\n"
+        "  --head-dim N           width of one head, even (default 128; not deepseek2)\n"
+        "  --experts N            routed experts per layer, all but qwen3 (default 8)\n"
+        "  --experts-used N       experts chosen per token, all but qwen3 (default 2)\n"
+        "  --expert-ff N          expert FFN width, all but qwen3 (default 256)\n"
+        "  --ff N                 dense FFN width: the FFN of qwen3, of the leading dense\n"
+        "                         layers of glm4moe and deepseek2, metadata only for\n"
+        "                         qwen3moe (default 3 x --n-embd)\n"
         "  --vocab N              tokens (rows of token_embd). Built-in vocabulary: default\n"
-        "                         1024, at least %d (glm4moe %d); rows past the tokens it\n"
-        "                         learns are unused padding. With --tokenizer: default\n"
-        "                         the larger of the tokenizer's size and the real\n"
-        "                         checkpoints' embedding rows (Qwen3 %d, GLM-4.5 %d)\n"
+        "                         1024, at least %d (glm4moe %d, deepseek2 %d); rows past\n"
+        "                         the tokens it learns are unused padding. With\n"
+        "                         --tokenizer: default the larger of the tokenizer's size\n"
+        "                         and the real checkpoints' embedding rows (Qwen3 %d,\n"
+        "                         GLM-4.5 %d, DeepSeek-V3 %d; a preset's --vocab)\n"
         "  --ctx N                context_length (default 4096)\n"
-        "  --rope-base X          RoPE frequency base (default 1000000)\n"
+        "  --rope-base X          RoPE frequency base (default 1000000; deepseek2 10000)\n"
         "  --eps X                RMS norm epsilon (default 1e-6)\n"
         "  --seed N               weight seed, decimal or 0x hex (default 1)\n"
         "  --type T               matrix type: f32, f16, bf16, q8_0, q4_K, q5_K, q6_K\n"
         "                         (default q4_K). Norms, biases and the router are always\n"
-        "                         f32. glm4moe stores a K-quant matrix whose rows are not\n"
-        "                         whole 256-value blocks (GLM-4.5-Air's widths 1408 and\n"
-        "                         10944) as q8_0, as llama.cpp's quantizer falls back\n"
-        "  --type-attn-v T        attn_v type (default q6_K when --type is q4_K or q5_K,\n"
-        "                         else --type)\n"
+        "                         f32. glm4moe and deepseek2 store a K-quant matrix whose\n"
+        "                         rows are not whole 256-value blocks (GLM-4.5-Air's\n"
+        "                         widths 1408 and 10944, deepseek2's attn_k_b rows of\n"
+        "                         --qk-nope) as q8_0, as llama.cpp's quantizer falls back\n"
+        "  --type-attn-v T        attn_v type, and deepseek2's attn_v_b or attn_kv_b\n"
+        "                         (default q6_K when --type is q4_K or q5_K, else --type)\n"
         "  --type-ffn-down T      ffn_down / ffn_down_exps / ffn_down_shexp type (default\n"
         "                         as --type-attn-v)\n"
-        "  --type-output T        output.weight type, and glm4moe's\n"
+        "  --type-output T        output.weight type, and the NextN layers'\n"
         "                         nextn.shared_head_head (default as --type-attn-v)\n"
-        "  --type-embd T          token_embd type, and glm4moe's nextn.embed_tokens\n"
-        "                         (default --type)\n"
+        "  --type-embd T          token_embd type, and the NextN layers'\n"
+        "                         nextn.embed_tokens (default --type)\n"
         "  --tokenizer DIR        take the vocabulary, merges, special tokens and chat\n"
         "                         template from DIR/tokenizer.json and\n"
         "                         DIR/tokenizer_config.json (a Qwen3 or, with glm4moe, a\n"
-        "                         GLM-4.5 tokenizer); the pre-tokenizer is recorded as\n"
-        "                         qwen2, or glm4 for glm4moe\n"
+        "                         GLM-4.5, with deepseek2 a DeepSeek-V3 tokenizer); the\n"
+        "                         pre-tokenizer is recorded as qwen2, glm4 for glm4moe,\n"
+        "                         deepseek-v3 for deepseek2\n"
         "  --tied                 no output.weight: the head reuses token_embd\n"
         "  --threads N            threads quantizing weights (default: online CPUs, at\n"
         "                         most %d); the file does not depend on it\n"
@@ -192,26 +277,56 @@ static void usage(FILE *f)
         "                         of each layer's experts, S in 0..4 (default 0: the\n"
         "                         random router). Needs --n-embd >= 2 x (--experts + %d)\n"
         "\n"
-        "glm4moe only:\n"
+        "glm4moe and deepseek2:\n"
         "  --nextn N              NextN (multi-token prediction) layers appended after\n"
-        "                         --layers, 0..4 (default 1): block_count is their sum.\n"
-        "                         Each is a MoE layer plus its nextn.* tensors\n"
+        "                         --layers, 0..4 (default 1; deepseek2 0): block_count is\n"
+        "                         their sum. Each is a MoE layer plus its nextn.* tensors\n"
         "  --dense-lead N         leading layers with a dense FFN of --ff, less than\n"
         "                         --layers (default 1)\n"
         "  --shared-experts N     shared experts, each as wide as --expert-ff, run for\n"
         "                         every token beside the routed ones (default 1; 0: none)\n"
-        "  --rope-dim N           dims of each head RoPE rotates, even, 2..--head-dim\n"
-        "                         (default --head-dim / 2)\n"
-        "  --qk-norm              per-head RMS norms of q and k (GLM-4.5 has them,\n"
-        "                         GLM-4.5-Air not; default off)\n"
+        "  --rope-dim N           dims of each head RoPE rotates, even: glm4moe\n"
+        "                         2..--head-dim (default --head-dim / 2); deepseek2 the\n"
+        "                         rotated part after --qk-nope (default 16)\n"
         "  --expert-scale X       factor on the routed experts' weights (default 1)\n"
         "  --gating G             the router's scores: sigmoid (default) or softmax\n"
         "  --no-expert-norm       leave the chosen experts' weights undivided by their sum\n"
+        "\n"
+        "glm4moe only:\n"
+        "  --qk-norm              per-head RMS norms of q and k (GLM-4.5 has them,\n"
+        "                         GLM-4.5-Air not; default off)\n"
+        "\n"
+        "deepseek2 only (a q/k head is --qk-nope + --rope-dim wide, a value head --v-head):\n"
+        "  --q-lora N             rank q is compressed to: attn_q_a, attn_q_a_norm,\n"
+        "                         attn_q_b (default 64; 0: no compression, attn_q)\n"
+        "  --kv-lora N            rank of the latent keys and values are made from\n"
+        "                         (default 64)\n"
+        "  --qk-nope N            unrotated dims of each q/k head (default 32)\n"
+        "  --v-head N             dims of each value head (default 32)\n"
+        "  --legacy-kv-b          the older file form: one attn_kv_b per layer,\n"
+        "                         key_length/value_length the head widths, head_count_kv\n"
+        "                         --heads, no *_mla keys. Default: today's MLA form,\n"
+        "                         attn_k_b and attn_v_b (the same values, split),\n"
+        "                         key_length --kv-lora + --rope-dim, value_length\n"
+        "                         --kv-lora, key_length_mla, value_length_mla,\n"
+        "                         head_count_kv 1\n"
+        "  --groups N             expert groups, dividing --experts (default 1)\n"
+        "  --groups-used N        groups the routed experts are chosen from, at most\n"
+        "                         --groups (default 1)\n"
+        "  --no-probs-bias        no exp_probs_b selection bias (written by default with\n"
+        "                         sigmoid gating; never with softmax)\n"
+        "  --yarn F               YaRN context extension by F > 1: rope.scaling.type yarn\n"
+        "                         and its factor (default none; 0: none)\n"
+        "  --yarn-orig-ctx N      rope.scaling.original_context_length, with --yarn\n"
+        "                         (default 4096)\n"
+        "  --yarn-log-mul X       rope.scaling.yarn_log_multiplier as stored (0.1 x\n"
+        "                         mscale_all_dim, as the converter writes it), with --yarn\n"
+        "                         (default 0.1)\n"
         "  -h, --help             this text\n"
         "\n"
         "Exit status: 0 written, 1 a file could not be read or written, 2 bad flags.\n",
-        MK_VOCAB_BUILTIN_MIN, MK_VOCAB_BUILTIN_MIN_GLM, QWEN3_VOCAB_ROWS, GLM45_VOCAB_ROWS,
-        MAX_THREADS, ZIPF_CONST_CH);
+        MK_VOCAB_BUILTIN_MIN, MK_VOCAB_BUILTIN_MIN_GLM, MK_VOCAB_BUILTIN_MIN_DEEPSEEK,
+        QWEN3_VOCAB_ROWS, GLM45_VOCAB_ROWS, DSV3_VOCAB_ROWS, MAX_THREADS, ZIPF_CONST_CH);
 }
 
 static int flag_error(const char *fmt, ...) BL_PRINTF(1, 2);
@@ -246,12 +361,12 @@ static int parse_type(void *ud, const char *arg, bl_err_t *err)
 
 static int parse_arch(void *ud, const char *arg, bl_err_t *err)
 {
-    for (int a = 0; a < (int)(sizeof arch_names / sizeof arch_names[0]); a++)
-        if (strcmp(arg, arch_names[a]) == 0) {
+    for (int a = 0; a < ARCH_COUNT; a++)
+        if (strcmp(arg, archs[a].name) == 0) {
             *(int *)ud = a;
             return 0;
         }
-    return bl_err_set(err, BL_EINVAL, "'%.32s' is not qwen3moe, qwen3 or glm4moe", arg);
+    return bl_err_set(err, BL_EINVAL, "'%.32s' is not qwen3moe, qwen3, glm4moe or deepseek2", arg);
 }
 
 static int parse_preset(void *ud, const char *arg, bl_err_t *err)
@@ -261,7 +376,8 @@ static int parse_preset(void *ud, const char *arg, bl_err_t *err)
             *(const preset_t **)ud = &presets[i];
             return 0;
         }
-    return bl_err_set(err, BL_EINVAL, "'%.32s' is not glm-4.5-air or glm-4.5", arg);
+    return bl_err_set(err, BL_EINVAL,
+                      "'%.32s' is not glm-4.5-air, glm-4.5, deepseek-v3 or deepseek-v2-lite", arg);
 }
 
 static int parse_gating(void *ud, const char *arg, bl_err_t *err)
@@ -293,11 +409,56 @@ enum {
     A_EXPERTS, A_EXPERTS_USED, A_EXPERT_FF, A_FF, A_VOCAB, A_CTX, A_ROPE_BASE, A_EPS, A_SEED,
     A_TYPE, A_TYPE_ATTN_V, A_TYPE_FFN_DOWN, A_TYPE_OUTPUT, A_TYPE_EMBD, A_TOKENIZER, A_TIED,
     A_THREADS, A_ROUTER_ZIPF,
-    /* glm4moe only, A_NEXTN first */
-    A_NEXTN, A_DENSE_LEAD, A_SHARED, A_ROPE_DIM, A_QK_NORM, A_EXPERT_SCALE, A_GATING,
-    A_NO_EXPERT_NORM,
+    /* glm4moe and deepseek2 */
+    A_NEXTN, A_DENSE_LEAD, A_SHARED, A_ROPE_DIM, A_EXPERT_SCALE, A_GATING, A_NO_EXPERT_NORM,
+    /* glm4moe only */
+    A_QK_NORM,
+    /* deepseek2 only */
+    A_Q_LORA, A_KV_LORA, A_QK_NOPE, A_V_HEAD, A_LEGACY_KV_B, A_GROUPS, A_GROUPS_USED,
+    A_NO_PROBS_BIAS, A_YARN, A_YARN_ORIG_CTX, A_YARN_LOG_MUL,
     A_COUNT
 };
+
+/* The architectures each flag applies to (a set of 1 << ARCH_*; 0: all); a flag
+ * given for another is refused, the first such in this order named. */
+#define F_QWEN3MOE (1u << ARCH_QWEN3MOE)
+#define F_QWEN3 (1u << ARCH_QWEN3)
+#define F_GLM4MOE (1u << ARCH_GLM4MOE)
+#define F_DEEPSEEK2 (1u << ARCH_DEEPSEEK2)
+#define F_MOE (F_QWEN3MOE | F_GLM4MOE | F_DEEPSEEK2)
+#define F_GQA (F_QWEN3MOE | F_QWEN3 | F_GLM4MOE)
+static const unsigned flag_archs[A_COUNT] = {
+    [A_KV_HEADS] = F_GQA, [A_HEAD_DIM] = F_GQA,
+    [A_EXPERTS] = F_MOE, [A_EXPERTS_USED] = F_MOE, [A_EXPERT_FF] = F_MOE,
+    /* the skewed router's channels assume qwen3moe's blocks: nothing but the
+     * attention and the routed experts writes the residual */
+    [A_ROUTER_ZIPF] = F_QWEN3MOE,
+    [A_NEXTN] = F_GLM4MOE | F_DEEPSEEK2, [A_DENSE_LEAD] = F_GLM4MOE | F_DEEPSEEK2,
+    [A_SHARED] = F_GLM4MOE | F_DEEPSEEK2, [A_ROPE_DIM] = F_GLM4MOE | F_DEEPSEEK2,
+    [A_EXPERT_SCALE] = F_GLM4MOE | F_DEEPSEEK2, [A_GATING] = F_GLM4MOE | F_DEEPSEEK2,
+    [A_NO_EXPERT_NORM] = F_GLM4MOE | F_DEEPSEEK2,
+    [A_QK_NORM] = F_GLM4MOE,
+    [A_Q_LORA] = F_DEEPSEEK2, [A_KV_LORA] = F_DEEPSEEK2, [A_QK_NOPE] = F_DEEPSEEK2,
+    [A_V_HEAD] = F_DEEPSEEK2, [A_LEGACY_KV_B] = F_DEEPSEEK2, [A_GROUPS] = F_DEEPSEEK2,
+    [A_GROUPS_USED] = F_DEEPSEEK2, [A_NO_PROBS_BIAS] = F_DEEPSEEK2, [A_YARN] = F_DEEPSEEK2,
+    [A_YARN_ORIG_CTX] = F_DEEPSEEK2, [A_YARN_LOG_MUL] = F_DEEPSEEK2,
+};
+
+/* "--flag applies to --arch a, b and c only" for a flag of set m. */
+static int arch_error(const char *flag, unsigned m)
+{
+    char list[96] = "";
+    int n = 0, k = 0;
+    for (int a = 0; a < ARCH_COUNT; a++)
+        n += (m >> a) & 1;
+    for (int a = 0; a < ARCH_COUNT; a++)
+        if ((m >> a) & 1) {
+            k++;
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+                     k == 1 ? "" : k == n ? " and " : ", ", archs[a].name);
+        }
+    return flag_error("%s applies to --arch %s only", flag, list);
+}
 
 /* Takes the preset's value for every flag not given. */
 static void apply_preset(opts_t *o, const bl_arg_t *args)
@@ -326,7 +487,55 @@ static void apply_preset(opts_t *o, const bl_arg_t *args)
     P(A_ROPE_BASE, rope_base);
     P(A_EPS, eps);
     P(A_QK_NORM, qk_norm);
+    P(A_GATING, gating);
+    P(A_NO_EXPERT_NORM, no_expert_norm);
+    P(A_ROPE_DIM, n_rot);
+    P(A_Q_LORA, n_q_lora);
+    P(A_KV_LORA, n_kv_lora);
+    P(A_QK_NOPE, n_qk_nope);
+    P(A_V_HEAD, n_v_head);
+    P(A_GROUPS, n_group);
+    P(A_GROUPS_USED, n_group_used);
+    P(A_NO_PROBS_BIAS, no_probs_bias);
+    P(A_YARN, yarn);
+    P(A_YARN_ORIG_CTX, yarn_orig_ctx);
+    P(A_YARN_LOG_MUL, yarn_log_mul);
 #undef P
+}
+
+/* The deepseek2 rules (the shared MoE ones are checked before). */
+static int check_deepseek2(opts_t *o, const bl_arg_t *args)
+{
+#define BY_PRESET(a) (o->preset && !args[a].seen ? o->preset->note : "")
+    if (o->n_rot % 2)
+        return flag_error("--rope-dim %lld%s is odd; RoPE rotates pairs", (long long)o->n_rot,
+                          BY_PRESET(A_ROPE_DIM));
+    if (o->n_expert % o->n_group)
+        return flag_error("--groups %lld%s does not divide --experts %lld%s",
+                          (long long)o->n_group, BY_PRESET(A_GROUPS), (long long)o->n_expert,
+                          BY_PRESET(A_EXPERTS));
+    if (o->n_group_used > o->n_group)
+        return flag_error("--groups-used %lld%s is more than --groups %lld%s",
+                          (long long)o->n_group_used, BY_PRESET(A_GROUPS_USED),
+                          (long long)o->n_group, BY_PRESET(A_GROUPS));
+    /* a group's score is the sum of its two best experts' */
+    const int64_t per_group = o->n_expert / o->n_group;
+    if (o->n_group > 1 && per_group < 2)
+        return flag_error("--groups %lld%s leaves groups of one expert; a group's score sums "
+                          "its best two", (long long)o->n_group, BY_PRESET(A_GROUPS));
+    if (o->n_expert_used > o->n_group_used * per_group)
+        return flag_error("--experts-used %lld%s is more than the %lld experts of --groups-used "
+                          "%lld%s groups of %lld", (long long)o->n_expert_used,
+                          BY_PRESET(A_EXPERTS_USED), (long long)(o->n_group_used * per_group),
+                          (long long)o->n_group_used, BY_PRESET(A_GROUPS_USED),
+                          (long long)per_group);
+    if (o->yarn != 0 && o->yarn <= 1)
+        return flag_error("--yarn %g: give a factor above 1, or 0 for none", o->yarn);
+    if (o->yarn == 0 && (args[A_YARN_ORIG_CTX].seen || args[A_YARN_LOG_MUL].seen))
+        return flag_error("%s applies with --yarn only",
+                          args[A_YARN_ORIG_CTX].seen ? "--yarn-orig-ctx" : "--yarn-log-mul");
+#undef BY_PRESET
+    return 0;
 }
 
 /* Parses argv into o. Returns 0, -1 after --help (exit 0), or EXIT_USAGE. */
@@ -338,6 +547,8 @@ static int parse_args(int argc, char **argv, opts_t *o)
         .n_ctx = 4096, .rope_base = 1e6, .eps = 1e-6, .seed = 1, .type = BL_TYPE_Q4_K,
         .n_nextn = 1, .n_dense_lead = 1, .n_shared = 1, .gating = GATING_SIGMOID,
         .expert_scale = 1.0,
+        .n_q_lora = 64, .n_kv_lora = 64, .n_qk_nope = 32, .n_v_head = 32, .n_group = 1,
+        .n_group_used = 1, .yarn_orig_ctx = 4096, .yarn_log_mul = 0.1,
     };
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     o->n_threads = ncpu < 1 ? 1 : ncpu > MAX_THREADS ? MAX_THREADS : ncpu;
@@ -374,11 +585,24 @@ static int parse_args(int argc, char **argv, opts_t *o)
         [A_DENSE_LEAD] = {"--dense-lead", NULL, BL_ARG_I64, &o->n_dense_lead, 0, 4095},
         [A_SHARED] = {"--shared-experts", NULL, BL_ARG_I64, &o->n_shared, 0, 64},
         [A_ROPE_DIM] = {"--rope-dim", NULL, BL_ARG_I64, &o->n_rot, 2, 4096},
-        [A_QK_NORM] = {"--qk-norm", NULL, BL_ARG_FLAG, &o->qk_norm},
         [A_EXPERT_SCALE] = {"--expert-scale", NULL, BL_ARG_F64, &o->expert_scale, .fmin = 1e-3,
                             .fmax = 1e3},
         [A_GATING] = {"--gating", NULL, BL_ARG_FN, NULL, .fn = parse_gating, .ud = &o->gating},
         [A_NO_EXPERT_NORM] = {"--no-expert-norm", NULL, BL_ARG_FLAG, &o->no_expert_norm},
+        [A_QK_NORM] = {"--qk-norm", NULL, BL_ARG_FLAG, &o->qk_norm},
+        [A_Q_LORA] = {"--q-lora", NULL, BL_ARG_I64, &o->n_q_lora, 0, big},
+        [A_KV_LORA] = {"--kv-lora", NULL, BL_ARG_I64, &o->n_kv_lora, 1, big},
+        [A_QK_NOPE] = {"--qk-nope", NULL, BL_ARG_I64, &o->n_qk_nope, 1, 4096},
+        [A_V_HEAD] = {"--v-head", NULL, BL_ARG_I64, &o->n_v_head, 1, 4096},
+        [A_LEGACY_KV_B] = {"--legacy-kv-b", NULL, BL_ARG_FLAG, &o->legacy_kv_b},
+        [A_GROUPS] = {"--groups", NULL, BL_ARG_I64, &o->n_group, 1, 4096},
+        [A_GROUPS_USED] = {"--groups-used", NULL, BL_ARG_I64, &o->n_group_used, 1, 4096},
+        [A_NO_PROBS_BIAS] = {"--no-probs-bias", NULL, BL_ARG_FLAG, &o->no_probs_bias},
+        [A_YARN] = {"--yarn", NULL, BL_ARG_F64, &o->yarn, .fmin = 0, .fmax = 1e4},
+        [A_YARN_ORIG_CTX] = {"--yarn-orig-ctx", NULL, BL_ARG_I64, &o->yarn_orig_ctx, 1,
+                             UINT32_MAX},
+        [A_YARN_LOG_MUL] = {"--yarn-log-mul", NULL, BL_ARG_F64, &o->yarn_log_mul, .fmin = 0,
+                            .fmax = 10},
     };
     int help = 0;
     bl_err_t err = {0};
@@ -388,24 +612,28 @@ static int parse_args(int argc, char **argv, opts_t *o)
         usage(stdout);
         return -1;
     }
-    for (int i = A_EXPERTS; i <= A_EXPERT_FF && !o->expert_flag; i++)
-        if (args[i].seen)
-            o->expert_flag = args[i].names;
-    if (!o->expert_flag && args[A_ROUTER_ZIPF].seen)
-        o->expert_flag = args[A_ROUTER_ZIPF].names;
-    for (int i = A_NEXTN; i < A_COUNT && !o->glm_flag; i++)
-        if (args[i].seen)
-            o->glm_flag = args[i].names;
     if (!o->out)
         return flag_error("-o FILE is required");
 
-    /* A preset is a glm4moe model; its values stand in for the flags not given. */
+    /* A preset is a model of its architecture; its values stand in for the flags
+     * not given. */
     if (o->preset) {
-        if (args[A_ARCH].seen && o->arch != ARCH_GLM4MOE)
-            return flag_error("--preset %s is a glm4moe model, not --arch %s", o->preset->name,
-                              arch_names[o->arch]);
-        o->arch = ARCH_GLM4MOE;
+        if (args[A_ARCH].seen && o->arch != o->preset->arch)
+            return flag_error("--preset %s is a %s model, not --arch %s", o->preset->name,
+                              archs[o->preset->arch].name, archs[o->arch].name);
+        o->arch = o->preset->arch;
         apply_preset(o, args);
+    }
+    const int ds = o->arch == ARCH_DEEPSEEK2;
+    /* deepseek2's defaults where they differ from glm4moe's: no NextN layer (the
+     * converter drops DeepSeek-V3's), DeepSeek's RoPE base and rotated dims */
+    if (ds && !o->preset) {
+        if (!args[A_NEXTN].seen)
+            o->n_nextn = 0;
+        if (!args[A_ROPE_BASE].seen)
+            o->rope_base = 10000;
+        if (!args[A_ROPE_DIM].seen)
+            o->n_rot = 16;
     }
     /* Notes a value the preset chose (the flag was not given), for messages. */
 #define BY_PRESET(a) (o->preset && !args[a].seen ? o->preset->note : "")
@@ -417,25 +645,21 @@ static int parse_args(int argc, char **argv, opts_t *o)
     o->embd_set = args[A_TYPE_EMBD].seen;
 
     /* Cross-flag rules. */
-    if (o->arch == ARCH_QWEN3 && o->expert_flag)
-        return flag_error("%s applies to --arch qwen3moe only", o->expert_flag);
-    if (o->arch != ARCH_GLM4MOE && o->glm_flag)
-        return flag_error("%s applies to --arch glm4moe only", o->glm_flag);
-    /* The skewed router's channels assume qwen3moe's blocks: nothing but the
-     * attention and the routed experts writes the residual. */
-    if (o->arch == ARCH_GLM4MOE && args[A_ROUTER_ZIPF].seen)
-        return flag_error("--router-zipf applies to --arch qwen3moe only");
-    if (o->n_head % o->n_head_kv)
+    for (int i = 0; i < A_COUNT; i++)
+        if (args[i].seen && flag_archs[i] && !((flag_archs[i] >> o->arch) & 1))
+            return arch_error(args[i].names, flag_archs[i]);
+    /* deepseek2's heads are shaped by its own flags (check_deepseek2) */
+    if (!ds && o->n_head % o->n_head_kv)
         return flag_error("--heads %lld%s is not a multiple of --kv-heads %lld%s",
                           (long long)o->n_head, BY_PRESET(A_HEADS), (long long)o->n_head_kv,
                           BY_PRESET(A_KV_HEADS));
-    if (o->head_dim % 2)
+    if (!ds && o->head_dim % 2)
         return flag_error("--head-dim %lld is odd; RoPE rotates pairs", (long long)o->head_dim);
     if (o->arch != ARCH_QWEN3 && o->n_expert_used > o->n_expert)
         return flag_error("--experts-used %lld%s is more than --experts %lld%s",
                           (long long)o->n_expert_used, BY_PRESET(A_EXPERTS_USED),
                           (long long)o->n_expert, BY_PRESET(A_EXPERTS));
-    if (o->arch == ARCH_GLM4MOE) {
+    if (o->arch == ARCH_GLM4MOE || ds) {
         if (o->n_layer + o->n_nextn > 4096)
             return flag_error("--layers %lld%s and --nextn %lld%s make more than 4096 blocks",
                               (long long)o->n_layer, BY_PRESET(A_LAYERS), (long long)o->n_nextn,
@@ -445,6 +669,8 @@ static int parse_args(int argc, char **argv, opts_t *o)
                               "--dense-lead less than --layers",
                               (long long)o->n_dense_lead, BY_PRESET(A_DENSE_LEAD),
                               (long long)o->n_layer);
+    }
+    if (o->arch == ARCH_GLM4MOE) {
         /* GLM-4.5 rotates half of each head; NEOX pairs dim i with i + n_rot/2. */
         if (!args[A_ROPE_DIM].seen) {
             o->n_rot = o->head_dim / 2;
@@ -456,6 +682,9 @@ static int parse_args(int argc, char **argv, opts_t *o)
             return flag_error("--rope-dim %lld is not an even count of 2..--head-dim %lld",
                               (long long)o->n_rot, (long long)o->head_dim);
     }
+    int rc;
+    if (ds && (rc = check_deepseek2(o, args)))
+        return rc;
     /* The skewed router reserves a channel per expert and the constant's channels,
      * which the blocks may not write; half the width stays theirs. */
     if (o->router_zipf > 0 && 2 * (o->n_expert + ZIPF_CONST_CH) > o->n_embd)
@@ -465,7 +694,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
                           (long long)(2 * (o->n_expert + ZIPF_CONST_CH)), (long long)o->n_embd);
     if (o->tied && o->output_set)
         return flag_error("--type-output has no tensor to apply to with --tied");
-    mk_family_t fam = o->arch == ARCH_GLM4MOE ? MK_FAMILY_GLM : MK_FAMILY_QWEN;
+    mk_family_t fam = archs[o->arch].family;
     if (!o->tok_dir && (size_t)o->n_vocab < mk_vocab_builtin_min(fam))
         return flag_error("--vocab %lld%s: the built-in vocabulary needs at least %zu tokens",
                           (long long)o->n_vocab, BY_PRESET(A_VOCAB), mk_vocab_builtin_min(fam));
@@ -531,6 +760,33 @@ static double embd_std(const opts_t *o)
 #define ATTN_BIAS_STD 0.02
 #define EXP_PROBS_B_STD 0.05
 
+/* The NextN tensors of a glm4moe or deepseek2 NextN block i: they predict one
+ * more token from the last hidden state and the next token's embedding. */
+static int add_nextn(const opts_t *o, tlist_t *L, int64_t i)
+{
+    const int64_t E = o->n_embd, V = o->n_vocab;
+    const double inv_e = 1.0 / sqrt((double)E);
+    const bl_type_t f32 = BL_TYPE_F32;
+    const char *e_flag = o->embd_set ? "--type-embd" : "--type";
+    const char *out_flag = o->output_set ? "--type-output" : "--type";
+    char nm[BL_GW_MAX_NAME + 1];
+    int rc = 0;
+#define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%lld." suffix, (long long)i), nm)
+    /* (2E, E): [enorm(embedding of the next token), hnorm(hidden state)] -> E */
+    rc |= add_t(L, BLK("nextn.eh_proj.weight"), 2, 2 * E, E, 1, o->type, KIND_MAT,
+                1.0 / sqrt((double)(2 * E)), "2 x --n-embd", "--type");
+    rc |= add_t(L, BLK("nextn.enorm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+    rc |= add_t(L, BLK("nextn.hnorm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+    rc |= add_t(L, BLK("nextn.embed_tokens.weight"), 2, E, V, 1, o->type_embd, KIND_MAT, 1.0,
+                "--n-embd", e_flag);
+    rc |= add_t(L, BLK("nextn.shared_head_head.weight"), 2, E, V, 1, o->type_output, KIND_MAT,
+                2 * inv_e, "--n-embd", out_flag);
+    rc |= add_t(L, BLK("nextn.shared_head_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL,
+                NULL);
+#undef BLK
+    return rc;
+}
+
 /* Block i of a glm4moe file: attention with q/k/v biases (and per-head q/k norms
  * with --qk-norm), post_attention_norm as the FFN's input norm, then a dense FFN
  * in the leading blocks, else the router, its selection bias, the routed experts
@@ -539,7 +795,7 @@ static double embd_std(const opts_t *o)
  * token's embedding. Scales as build_tensors says. */
 static int add_glm4moe_block(const opts_t *o, tlist_t *L, int64_t i)
 {
-    const int64_t E = o->n_embd, V = o->n_vocab, H = o->head_dim;
+    const int64_t E = o->n_embd, H = o->head_dim;
     const int64_t QD = o->n_head * H, KD = o->n_head_kv * H;
     const int64_t X = o->n_expert, FE = o->n_ff_exp, F = o->n_ff, FS = o->n_ff_exp * o->n_shared;
     const double inv_e = 1.0 / sqrt((double)E);
@@ -547,8 +803,6 @@ static int add_glm4moe_block(const opts_t *o, tlist_t *L, int64_t i)
     const char *tf = "--type";
     const char *v_flag = o->attn_v_set ? "--type-attn-v" : "--type";
     const char *d_flag = o->ffn_down_set ? "--type-ffn-down" : "--type";
-    const char *e_flag = o->embd_set ? "--type-embd" : "--type";
-    const char *out_flag = o->output_set ? "--type-output" : "--type";
     char nm[BL_GW_MAX_NAME + 1];
     int rc = 0;
 #define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%lld." suffix, (long long)i), nm)
@@ -592,29 +846,106 @@ static int add_glm4moe_block(const opts_t *o, tlist_t *L, int64_t i)
                         1.0 / sqrt((double)FS), "--expert-ff x --shared-experts", d_flag);
         }
     }
-    if (i >= o->n_layer) {
-        /* (2E, E): [enorm(embedding of the next token), hnorm(hidden state)] -> E */
-        rc |= add_t(L, BLK("nextn.eh_proj.weight"), 2, 2 * E, E, 1, o->type, KIND_MAT,
-                    1.0 / sqrt((double)(2 * E)), "2 x --n-embd", tf);
-        rc |= add_t(L, BLK("nextn.enorm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
-        rc |= add_t(L, BLK("nextn.hnorm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
-        rc |= add_t(L, BLK("nextn.embed_tokens.weight"), 2, E, V, 1, o->type_embd, KIND_MAT, 1.0,
-                    "--n-embd", e_flag);
-        rc |= add_t(L, BLK("nextn.shared_head_head.weight"), 2, E, V, 1, o->type_output, KIND_MAT,
-                    2 * inv_e, "--n-embd", out_flag);
-        rc |= add_t(L, BLK("nextn.shared_head_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL,
-                    NULL);
-    }
 #undef BLK
+    if (i >= o->n_layer)
+        rc |= add_nextn(o, L, i);
     return rc;
 }
 
-/* glm4moe stores a K-quant matrix whose rows are not whole 256-value blocks as
- * q8_0, as llama.cpp's quantizer does for GLM-4.5-Air's widths 1408 and 10944 (it
- * takes q8_0 for q6_K and q5_0 / q5_1 for q4_K / q5_K, which this tool does not
- * write). A row that fits no 32-value block either keeps its type, so that
- * check_blocks names the flag that set it. */
-static void glm4moe_fallback_types(tlist_t *L)
+/* Block i of a deepseek2 file, in the order llama.cpp's converter writes it:
+ * attn_norm; q, through the rank --q-lora and its norm (attn_q_a, attn_q_a_norm,
+ * attn_q_b) or directly (attn_q); attn_kv_a_mqa, which makes the --kv-lora latent
+ * (normed by attn_kv_a_norm) and the one shared rotated key of --rope-dim; the
+ * latent's per-head keys and values (attn_k_b and attn_v_b, or attn_kv_b in the
+ * legacy form); attn_output; ffn_norm; then a dense FFN in the leading blocks, else
+ * the router, its selection bias (sigmoid gating), the routed experts and the
+ * shared ones; NextN blocks (i >= n_layer) add their nextn.* tensors. Scales as
+ * build_tensors says; the latent's matrices read kv_lora values, their fan-in. */
+static int add_deepseek2_block(const opts_t *o, tlist_t *L, int64_t i)
+{
+    const int64_t E = o->n_embd, NH = o->n_head, QL = o->n_q_lora, KL = o->n_kv_lora;
+    const int64_t NOPE = o->n_qk_nope, ROT = o->n_rot, HV = o->n_v_head, HK = NOPE + ROT;
+    const int64_t X = o->n_expert, FE = o->n_ff_exp, F = o->n_ff, FS = o->n_ff_exp * o->n_shared;
+    const double inv_e = 1.0 / sqrt((double)E), inv_kl = 1.0 / sqrt((double)KL);
+    const bl_type_t f32 = BL_TYPE_F32;
+    const char *tf = "--type";
+    const char *v_flag = o->attn_v_set ? "--type-attn-v" : "--type";
+    const char *d_flag = o->ffn_down_set ? "--type-ffn-down" : "--type";
+    char nm[BL_GW_MAX_NAME + 1], kv_b[BL_GW_MAX_NAME + 1];
+    int rc = 0;
+#define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%lld." suffix, (long long)i), nm)
+    snprintf(kv_b, sizeof kv_b, "blk.%lld.attn_kv_b.weight", (long long)i);
+    rc |= add_t(L, BLK("attn_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+    if (QL) {
+        rc |= add_t(L, BLK("attn_q_a.weight"), 2, E, QL, 1, o->type, KIND_MAT, inv_e, "--n-embd",
+                    tf);
+        rc |= add_t(L, BLK("attn_q_a_norm.weight"), 1, QL, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+        rc |= add_t(L, BLK("attn_q_b.weight"), 2, QL, NH * HK, 1, o->type, KIND_MAT,
+                    1.0 / sqrt((double)QL), "--q-lora", tf);
+    } else {
+        rc |= add_t(L, BLK("attn_q.weight"), 2, E, NH * HK, 1, o->type, KIND_MAT, inv_e,
+                    "--n-embd", tf);
+    }
+    rc |= add_t(L, BLK("attn_kv_a_mqa.weight"), 2, E, KL + ROT, 1, o->type, KIND_MAT, inv_e,
+                "--n-embd", tf);
+    rc |= add_t(L, BLK("attn_kv_a_norm.weight"), 1, KL, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+    if (o->legacy_kv_b) {
+        /* head h: rows h (NOPE + HV) .. + NOPE make its k_nope, the next HV its v */
+        rc |= add_t(L, kv_b, 2, KL, NH * (NOPE + HV), 1, o->type_attn_v, KIND_MAT, inv_kl,
+                    "--kv-lora", v_flag);
+    } else {
+        /* head h: KL rows of NOPE (k_b), HV rows of KL (v_b) */
+        rc |= add_t(L, BLK("attn_k_b.weight"), 3, NOPE, KL, NH, o->type, KIND_K_B, inv_kl,
+                    "--qk-nope", tf);
+        rc |= add_t(L, BLK("attn_v_b.weight"), 3, KL, HV, NH, o->type_attn_v, KIND_V_B, inv_kl,
+                    "--kv-lora", v_flag);
+        for (size_t k = L->n - 2; !rc && k < L->n; k++) {
+            snprintf(L->t[k].src, sizeof L->t[k].src, "%s", kv_b);
+            L->t[k].qk_nope = NOPE;
+            L->t[k].v_head = HV;
+        }
+    }
+    rc |= add_t(L, BLK("attn_output.weight"), 2, NH * HV, E, 1, o->type, KIND_MAT,
+                1.0 / sqrt((double)(NH * HV)), "--heads x --v-head", tf);
+    rc |= add_t(L, BLK("ffn_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+    if (i < o->n_dense_lead) {
+        rc |= add_t(L, BLK("ffn_gate.weight"), 2, E, F, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
+        rc |= add_t(L, BLK("ffn_up.weight"), 2, E, F, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
+        rc |= add_t(L, BLK("ffn_down.weight"), 2, F, E, 1, o->type_ffn_down, KIND_MAT,
+                    1.0 / sqrt((double)F), "--ff", d_flag);
+    } else {
+        rc |= add_t(L, BLK("ffn_gate_inp.weight"), 2, E, X, 1, f32, KIND_MAT, 2 * inv_e, NULL,
+                    NULL);
+        if (o->gating == GATING_SIGMOID && !o->no_probs_bias)
+            rc |= add_t(L, BLK("exp_probs_b.bias"), 1, X, 1, 1, f32, KIND_MAT, EXP_PROBS_B_STD,
+                        NULL, NULL);
+        rc |= add_t(L, BLK("ffn_gate_exps.weight"), 3, E, FE, X, o->type, KIND_MAT, inv_e,
+                    "--n-embd", tf);
+        rc |= add_t(L, BLK("ffn_up_exps.weight"), 3, E, FE, X, o->type, KIND_MAT, inv_e,
+                    "--n-embd", tf);
+        rc |= add_t(L, BLK("ffn_down_exps.weight"), 3, FE, E, X, o->type_ffn_down, KIND_MAT,
+                    1.0 / sqrt((double)FE), "--expert-ff", d_flag);
+        if (o->n_shared) {
+            rc |= add_t(L, BLK("ffn_gate_shexp.weight"), 2, E, FS, 1, o->type, KIND_MAT, inv_e,
+                        "--n-embd", tf);
+            rc |= add_t(L, BLK("ffn_up_shexp.weight"), 2, E, FS, 1, o->type, KIND_MAT, inv_e,
+                        "--n-embd", tf);
+            rc |= add_t(L, BLK("ffn_down_shexp.weight"), 2, FS, E, 1, o->type_ffn_down, KIND_MAT,
+                        1.0 / sqrt((double)FS), "--expert-ff x --shared-experts", d_flag);
+        }
+    }
+#undef BLK
+    if (i >= o->n_layer)
+        rc |= add_nextn(o, L, i);
+    return rc;
+}
+
+/* glm4moe and deepseek2 store a K-quant matrix whose rows are not whole 256-value
+ * blocks as q8_0, as llama.cpp's quantizer does for GLM-4.5-Air's widths 1408 and
+ * 10944 or DeepSeek's attn_k_b rows of 128 (it takes q8_0 for q6_K and q5_0 / q5_1
+ * for q4_K / q5_K, which this tool does not write). A row that fits no 32-value
+ * block either keeps its type, so that check_blocks names the flag that set it. */
+static void kquant_fallback_types(tlist_t *L)
 {
     for (size_t i = 0; i < L->n; i++) {
         tdesc_t *t = &L->t[i];
@@ -664,7 +995,14 @@ static int build_tensors(const opts_t *o, tlist_t *L)
         for (int64_t i = 0; i < o->n_layer + o->n_nextn && !rc; i++)
             rc |= add_glm4moe_block(o, L, i);
         if (!rc)
-            glm4moe_fallback_types(L);
+            kquant_fallback_types(L);
+        return rc ? BL_ENOMEM : 0;
+    }
+    if (o->arch == ARCH_DEEPSEEK2) {
+        for (int64_t i = 0; i < o->n_layer + o->n_nextn && !rc; i++)
+            rc |= add_deepseek2_block(o, L, i);
+        if (!rc)
+            kquant_fallback_types(L);
         return rc ? BL_ENOMEM : 0;
     }
     for (int64_t i = 0; i < o->n_layer && !rc; i++) {
@@ -918,8 +1256,38 @@ typedef struct job {
     size_t row_bytes;
     uint8_t *out;     /* row r goes to out + (r - r0) * row_bytes */
     float *row;       /* (ne[0]) scratch */
+    float *head;      /* KIND_K_B: (qk_nope x kv_lora) scratch, the k rows of attn_kv_b */
+    int64_t head_id;  /* the head whose rows head holds; -1: none */
     int rc;
 } job_t;
+
+/* Row r of a deepseek2 attn_v_b or attn_k_b, from the rows of the attn_kv_b it is
+ * split from (key is that tensor's; attn_kv_b holds, per head, qk_nope k rows then
+ * v_head v rows of kv_lora values). v_b's row (h, j) is v row j of head h; k_b's
+ * row (h, c) is column c of head h's k rows, which are drawn into j->head once per
+ * head the job meets. */
+static void draw_split_row(job_t *j, int64_t r, float *x)
+{
+    const tdesc_t *t = j->t;
+    const int64_t nope = t->qk_nope, per_head = t->qk_nope + t->v_head;
+    bl_rng_t rng;
+    if (t->kind == KIND_V_B) {
+        const int64_t h = r / t->ne[1], v = r % t->ne[1];
+        rng_for_row(&rng, j->key, (uint64_t)(h * per_head + nope + v));
+        draw_row(&rng, x, t->ne[0], t->std, 0.0);
+        return;
+    }
+    const int64_t kl = t->ne[1], h = r / kl, c = r % kl;
+    if (j->head_id != h) {
+        for (int64_t d = 0; d < nope; d++) {
+            rng_for_row(&rng, j->key, (uint64_t)(h * per_head + d));
+            draw_row(&rng, j->head + d * kl, kl, t->std, 0.0);
+        }
+        j->head_id = h;
+    }
+    for (int64_t d = 0; d < nope; d++)
+        x[d] = j->head[d * kl + c];
+}
 
 static void *run_job(void *p)
 {
@@ -929,7 +1297,9 @@ static void *run_job(void *p)
     for (int64_t r = j->r0; r < j->r1 && !j->rc; r++) {
         bl_rng_t rng;
         rng_for_row(&rng, j->key, (uint64_t)r);
-        if (t->zrole == ZR_ROUTER)
+        if (t->kind == KIND_K_B || t->kind == KIND_V_B)
+            draw_split_row(j, r, j->row);
+        else if (t->zrole == ZR_ROUTER)
             zipf_router_row(j->z, r, j->row);
         else if (t->kind == KIND_NORM)
             draw_row(&rng, j->row, t->ne[0], 0.05, 1.0); /* norm gains near 1 */
@@ -949,6 +1319,7 @@ typedef struct gen {
     int n_threads;
     zipf_t z;
     float *rows[MAX_THREADS]; /* per thread: one row of the widest tensor */
+    float *heads[MAX_THREADS]; /* per thread, with attn_k_b: one head's k rows (job_t) */
     uint8_t *batch;           /* BATCH_BYTES, or one row if a row is larger */
     size_t batch_bytes;
 } gen_t;
@@ -961,7 +1332,8 @@ static int fill_tensor(void *ud, bl_gguf_writer_t *w, size_t i, bl_err_t *err)
     int rc = bl_row_bytes((uint32_t)t->type, t->ne[0], &row_bytes, err);
     if (rc)
         return rc;
-    uint64_t key = bl_splitmix64(&(uint64_t){g->seed ^ fnv1a(t->name)});
+    /* attn_k_b and attn_v_b draw the rows of the attn_kv_b they are split from */
+    uint64_t key = bl_splitmix64(&(uint64_t){g->seed ^ fnv1a(t->src[0] ? t->src : t->name)});
     if (t->zrole == ZR_ROUTER)
         zipf_layer(&g->z, key);
     int64_t rows = t->ne[1] * t->ne[2];
@@ -975,7 +1347,8 @@ static int fill_tensor(void *ud, bl_gguf_writer_t *w, size_t i, bl_err_t *err)
         for (int k = 0; k < nt; k++) {
             int64_t r0 = b + n * k / nt, r1 = b + n * (k + 1) / nt;
             jobs[k] = (job_t){t, &g->z, key, r0, r1, row_bytes,
-                              g->batch + (size_t)(r0 - b) * row_bytes, g->rows[k], 0};
+                              g->batch + (size_t)(r0 - b) * row_bytes, g->rows[k], g->heads[k],
+                              -1, 0};
         }
         /* Job 0 runs here; a thread that cannot start runs here too. */
         for (int k = 1; k < nt; k++)
@@ -1017,8 +1390,14 @@ static uint32_t file_type(bl_type_t t)
 
 static int write_metadata(bl_gguf_writer_t *w, const opts_t *o, const mk_vocab_t *v, bl_err_t *err)
 {
-    const char *arch = arch_names[o->arch];
-    const int glm = o->arch == ARCH_GLM4MOE;
+    const char *arch = archs[o->arch].name;
+    const int glm = o->arch == ARCH_GLM4MOE, ds = o->arch == ARCH_DEEPSEEK2;
+    /* deepseek2's attention keys: the latent cache's one head of kv_lora + n_rot
+     * (MLA form), or the decompressed heads (legacy form) */
+    const int64_t hk = o->n_qk_nope + o->n_rot;
+    const int64_t n_kv = !ds ? o->n_head_kv : o->legacy_kv_b ? o->n_head : 1;
+    const int64_t klen = !ds ? o->head_dim : o->legacy_kv_b ? hk : o->n_kv_lora + o->n_rot;
+    const int64_t vlen = !ds ? o->head_dim : o->legacy_kv_b ? o->n_v_head : o->n_kv_lora;
     char key[128], name[96];
     int rc;
 #define K(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
@@ -1032,14 +1411,14 @@ static int write_metadata(bl_gguf_writer_t *w, const opts_t *o, const mk_vocab_t
         (rc = bl_gw_set_u32(w, "general.file_type", file_type(o->type), err)) ||
         (rc = bl_gw_set_u32(w, "general.quantization_version", 2, err)) ||
         (rc = bl_gw_set_u32(w, K("block_count"),
-                            (uint32_t)(o->n_layer + (glm ? o->n_nextn : 0)), err)) ||
+                            (uint32_t)(o->n_layer + (glm || ds ? o->n_nextn : 0)), err)) ||
         (rc = bl_gw_set_u32(w, K("context_length"), (uint32_t)o->n_ctx, err)) ||
         (rc = bl_gw_set_u32(w, K("embedding_length"), (uint32_t)o->n_embd, err)) ||
         (rc = bl_gw_set_u32(w, K("feed_forward_length"), (uint32_t)o->n_ff, err)) ||
         (rc = bl_gw_set_u32(w, K("attention.head_count"), (uint32_t)o->n_head, err)) ||
-        (rc = bl_gw_set_u32(w, K("attention.head_count_kv"), (uint32_t)o->n_head_kv, err)) ||
-        (rc = bl_gw_set_u32(w, K("attention.key_length"), (uint32_t)o->head_dim, err)) ||
-        (rc = bl_gw_set_u32(w, K("attention.value_length"), (uint32_t)o->head_dim, err)) ||
+        (rc = bl_gw_set_u32(w, K("attention.head_count_kv"), (uint32_t)n_kv, err)) ||
+        (rc = bl_gw_set_u32(w, K("attention.key_length"), (uint32_t)klen, err)) ||
+        (rc = bl_gw_set_u32(w, K("attention.value_length"), (uint32_t)vlen, err)) ||
         (rc = bl_gw_set_f32(w, K("rope.freq_base"), (float)o->rope_base, err)) ||
         (rc = bl_gw_set_f32(w, K("attention.layer_norm_rms_epsilon"), (float)o->eps, err)))
         return rc;
@@ -1048,19 +1427,47 @@ static int write_metadata(bl_gguf_writer_t *w, const opts_t *o, const mk_vocab_t
          (rc = bl_gw_set_u32(w, K("expert_used_count"), (uint32_t)o->n_expert_used, err)) ||
          (rc = bl_gw_set_u32(w, K("expert_feed_forward_length"), (uint32_t)o->n_ff_exp, err))))
         return rc;
-    if (glm &&
+    if ((glm || ds) &&
         ((rc = bl_gw_set_u32(w, K("rope.dimension_count"), (uint32_t)o->n_rot, err)) ||
          (rc = bl_gw_set_u32(w, K("expert_shared_count"), (uint32_t)o->n_shared, err)) ||
          (rc = bl_gw_set_u32(w, K("leading_dense_block_count"), (uint32_t)o->n_dense_lead,
                              err)) ||
          (rc = bl_gw_set_f32(w, K("expert_weights_scale"), (float)o->expert_scale, err)) ||
          (rc = bl_gw_set_bool(w, K("expert_weights_norm"), !o->no_expert_norm, err)) ||
-         (rc = bl_gw_set_u32(w, K("expert_gating_func"), (uint32_t)o->gating, err)) ||
-         (rc = bl_gw_set_u32(w, K("nextn_predict_layers"), (uint32_t)o->n_nextn, err))))
+         (rc = bl_gw_set_u32(w, K("expert_gating_func"), (uint32_t)o->gating, err))))
         return rc;
+    /* deepseek2 files have no NextN layer unless asked for (the converter drops
+     * DeepSeek-V3's), so the key is absent at 0, as there */
+    if ((glm || (ds && o->n_nextn)) &&
+        (rc = bl_gw_set_u32(w, K("nextn_predict_layers"), (uint32_t)o->n_nextn, err)))
+        return rc;
+    if (ds) {
+        if (o->n_q_lora &&
+            (rc = bl_gw_set_u32(w, K("attention.q_lora_rank"), (uint32_t)o->n_q_lora, err)))
+            return rc;
+        if ((rc = bl_gw_set_u32(w, K("attention.kv_lora_rank"), (uint32_t)o->n_kv_lora, err)))
+            return rc;
+        if (!o->legacy_kv_b &&
+            ((rc = bl_gw_set_u32(w, K("attention.key_length_mla"), (uint32_t)hk, err)) ||
+             (rc = bl_gw_set_u32(w, K("attention.value_length_mla"), (uint32_t)o->n_v_head,
+                                 err))))
+            return rc;
+        if ((rc = bl_gw_set_u32(w, K("expert_group_count"), (uint32_t)o->n_group, err)) ||
+            (rc = bl_gw_set_u32(w, K("expert_group_used_count"), (uint32_t)o->n_group_used,
+                                err)))
+            return rc;
+        if (o->yarn > 0 &&
+            ((rc = bl_gw_set_str(w, K("rope.scaling.type"), "yarn", err)) ||
+             (rc = bl_gw_set_f32(w, K("rope.scaling.factor"), (float)o->yarn, err)) ||
+             (rc = bl_gw_set_u32(w, K("rope.scaling.original_context_length"),
+                                 (uint32_t)o->yarn_orig_ctx, err)) ||
+             (rc = bl_gw_set_f32(w, K("rope.scaling.yarn_log_multiplier"),
+                                 (float)o->yarn_log_mul, err))))
+            return rc;
+    }
 #undef K
     if ((rc = bl_gw_set_str(w, "tokenizer.ggml.model", "gpt2", err)) ||
-        (rc = bl_gw_set_str(w, "tokenizer.ggml.pre", glm ? "glm4" : "qwen2", err)) ||
+        (rc = bl_gw_set_str(w, "tokenizer.ggml.pre", archs[o->arch].pre, err)) ||
         (rc = bl_gw_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v->tokens, v->n,
                                 err)) ||
         (rc = bl_gw_set_arr(w, "tokenizer.ggml.token_type", BL_GGUF_I32, v->types, v->n, err)) ||
@@ -1129,7 +1536,7 @@ int main(int argc, char **argv)
         if (mk_vocab_load(&v, o.tok_dir, &err))
             goto fail;
         /* The checkpoints have more embedding rows than their tokenizers have ids. */
-        const int64_t rows = o.arch == ARCH_GLM4MOE ? GLM45_VOCAB_ROWS : QWEN3_VOCAB_ROWS;
+        const int64_t rows = o.preset ? o.preset->n_vocab : archs[o.arch].tok_rows;
         if (!o.vocab_set)
             o.n_vocab = (int64_t)v.n > rows ? (int64_t)v.n : rows;
         if (o.arch == ARCH_GLM4MOE)
@@ -1141,8 +1548,7 @@ int main(int argc, char **argv)
         }
         if (mk_vocab_pad(&v, (size_t)o.n_vocab, &err))
             goto fail;
-    } else if (mk_vocab_builtin(&v, (size_t)o.n_vocab,
-                                o.arch == ARCH_GLM4MOE ? MK_FAMILY_GLM : MK_FAMILY_QWEN, &err)) {
+    } else if (mk_vocab_builtin(&v, (size_t)o.n_vocab, archs[o.arch].family, &err)) {
         goto fail;
     }
 
@@ -1151,11 +1557,13 @@ int main(int argc, char **argv)
         goto fail;
     }
 
-    int64_t max_row = 0;
+    int64_t max_row = 0, max_head = 0;
     uint64_t n_params = 0;
     for (size_t i = 0; i < L.n; i++) {
         if (L.t[i].ne[0] > max_row)
             max_row = L.t[i].ne[0];
+        if (L.t[i].kind == KIND_K_B && L.t[i].ne[0] * L.t[i].ne[1] > max_head)
+            max_head = L.t[i].ne[0] * L.t[i].ne[1];
         n_params += (uint64_t)L.t[i].ne[0] * (uint64_t)L.t[i].ne[1] * (uint64_t)L.t[i].ne[2];
     }
     g.L = &L;
@@ -1178,8 +1586,11 @@ int main(int argc, char **argv)
                                                                    : BATCH_BYTES;
     g.batch = malloc(g.batch_bytes);
     int nomem = !g.batch;
-    for (int k = 0; k < g.n_threads; k++)
+    for (int k = 0; k < g.n_threads; k++) {
         nomem |= !(g.rows[k] = malloc((size_t)max_row * sizeof(float)));
+        if (max_head)
+            nomem |= !(g.heads[k] = malloc((size_t)max_head * sizeof(float)));
+    }
     if (nomem) {
         bl_err_set(&err, BL_ENOMEM, "out of memory for rows of %lld values", (long long)max_row);
         goto fail;
@@ -1194,11 +1605,11 @@ int main(int argc, char **argv)
         goto fail;
 
     char nextn[32] = "";
-    if (o.arch == ARCH_GLM4MOE)
+    if (o.arch == ARCH_GLM4MOE || o.arch == ARCH_DEEPSEEK2)
         snprintf(nextn, sizeof nextn, " + %lld NextN", (long long)o.n_nextn);
     printf("wrote %s: %s, %lld layers%s, n_embd %lld, %zu tokens, %zu tensors, %.2fM parameters, "
            "%llu bytes in %.2f s\n",
-           o.out, arch_names[o.arch], (long long)o.n_layer, nextn, (long long)o.n_embd, v.n, L.n,
+           o.out, archs[o.arch].name, (long long)o.n_layer, nextn, (long long)o.n_embd, v.n, L.n,
            (double)n_params / 1e6, (unsigned long long)bl_gw_bytes_written(w), now_s() - t0);
     status = 0;
 fail:
@@ -1209,8 +1620,10 @@ fail:
     free(g.batch);
     free(g.z.rank);
     free(g.z.chan);
-    for (int k = 0; k < MAX_THREADS; k++)
+    for (int k = 0; k < MAX_THREADS; k++) {
         free(g.rows[k]);
+        free(g.heads[k]);
+    }
     free(L.t);
     mk_vocab_free(&v);
     return status;

@@ -1,7 +1,7 @@
 /* Vocabularies for bloomery-mkmodel (see mkmodel_vocab.h): GPT-2's byte-to-unicode
  * mapping, a greedy BPE learner over a built-in text, the built-in chat templates
- * and special tokens of the Qwen3 and GLM-4.5 families, and the reader for Hugging
- * Face tokenizer folders. */
+ * and special tokens of the Qwen3, GLM-4.5 and DeepSeek-V3 families, and the reader
+ * for Hugging Face tokenizer folders. */
 #include "mkmodel_vocab.h"
 
 #include <jansson.h>
@@ -202,6 +202,97 @@ static const char glm_template[] =
     "{%- endif %}\n"
     "{%- endif %}\n";
 
+/* DeepSeek's tags are spelled with U+FF5C (fullwidth vertical line) and U+2581
+ * (lower one eighth block); written as escapes so that the source stays ASCII. */
+#define DS_BAR "\xef\xbd\x9c"
+#define DS_LOW "\xe2\x96\x81"
+#define DS_TAG(name) "<" DS_BAR name DS_BAR ">"
+#define DS_BOS DS_TAG("begin" DS_LOW "of" DS_LOW "sentence")
+#define DS_EOS DS_TAG("end" DS_LOW "of" DS_LOW "sentence")
+#define DS_USER DS_TAG("User")
+#define DS_ASSISTANT DS_TAG("Assistant")
+#define DS_CALLS_BEGIN DS_TAG("tool" DS_LOW "calls" DS_LOW "begin")
+#define DS_CALLS_END DS_TAG("tool" DS_LOW "calls" DS_LOW "end")
+#define DS_CALL_BEGIN DS_TAG("tool" DS_LOW "call" DS_LOW "begin")
+#define DS_CALL_END DS_TAG("tool" DS_LOW "call" DS_LOW "end")
+#define DS_SEP DS_TAG("tool" DS_LOW "sep")
+#define DS_OUTPUTS_BEGIN DS_TAG("tool" DS_LOW "outputs" DS_LOW "begin")
+#define DS_OUTPUTS_END DS_TAG("tool" DS_LOW "outputs" DS_LOW "end")
+#define DS_OUTPUT_BEGIN DS_TAG("tool" DS_LOW "output" DS_LOW "begin")
+#define DS_OUTPUT_END DS_TAG("tool" DS_LOW "output" DS_LOW "end")
+
+/* DeepSeek-V3.1-style chat template for the built-in vocabulary: BOS, every system
+ * message's text (and the tools, one JSON line each, with how to call them), then
+ * <｜User｜>TEXT turns and <｜Assistant｜> turns. A past assistant turn is written as
+ * the model answered without thinking ("</think>" after the tag), its reasoning
+ * dropped, its calls as NAME<｜tool▁sep｜>ARGUMENTS (a JSON string as it came, an
+ * object as JSON), and ends with <｜end▁of▁sentence｜>. Tool results follow as
+ * <｜tool▁output▁begin｜>TEXT<｜tool▁output▁end｜>, and the assistant's turn goes on
+ * after them without a new tag (so no generation prompt follows a result). The
+ * generation prompt opens the reply with <think> when enable_thinking is true, else
+ * closes the thought at once with </think>. The server reads the call form off the
+ * template's <｜tool▁calls▁begin｜> and the absence of a ```json fence. */
+static const char deepseek_template[] =
+    "{%- set ns = namespace(system='', prev='') %}\n"
+    "{%- for m in messages %}\n"
+    "{%- if m.role == 'system' and m.content is string %}\n"
+    "{%- set ns.system = ns.system + ('\\n\\n' if ns.system else '') + m.content %}\n"
+    "{%- endif %}\n"
+    "{%- endfor %}\n"
+    "{{- bos_token + ns.system }}\n"
+    "{%- if tools %}\n"
+    "{%- if ns.system %}\n"
+    "{{- '\\n\\n' }}\n"
+    "{%- endif %}\n"
+    "{{- 'Functions you may call, one JSON description per line:\\n' }}\n"
+    "{%- for tool in tools %}\n"
+    "{{- (tool.function if tool.function is defined else tool) | tojson }}\n"
+    "{{- '\\n' }}\n"
+    "{%- endfor %}\n"
+    "{{- 'To call them, write " DS_CALLS_BEGIN ", then for each call " DS_CALL_BEGIN
+    "NAME" DS_SEP "ARGUMENTS" DS_CALL_END " with the arguments as one JSON object, then "
+    DS_CALLS_END ". Each result comes back as " DS_OUTPUT_BEGIN "RESULT" DS_OUTPUT_END
+    ".' }}\n"
+    "{%- endif %}\n"
+    "{%- for m in messages %}\n"
+    "{%- set content = m.content if m.content is string else '' %}\n"
+    "{%- if m.role == 'user' %}\n"
+    "{{- '" DS_USER "' + content }}\n"
+    "{%- elif m.role == 'assistant' %}\n"
+    "{%- if ns.prev != 'tool' %}\n"
+    "{{- '" DS_ASSISTANT "</think>' }}\n"
+    "{%- endif %}\n"
+    "{%- if '</think>' in content %}\n"
+    "{%- set content = content.split('</think>')[-1] %}\n"
+    "{%- endif %}\n"
+    "{{- content }}\n"
+    "{%- if m.tool_calls %}\n"
+    "{{- '" DS_CALLS_BEGIN "' }}\n"
+    "{%- for call in m.tool_calls %}\n"
+    "{%- set f = call.function if call.function is defined else call %}\n"
+    "{{- '" DS_CALL_BEGIN "' + f.name + '" DS_SEP "' }}\n"
+    "{{- f.arguments if f.arguments is string else f.arguments | tojson }}\n"
+    "{{- '" DS_CALL_END "' }}\n"
+    "{%- endfor %}\n"
+    "{{- '" DS_CALLS_END "' }}\n"
+    "{%- endif %}\n"
+    "{{- '" DS_EOS "' }}\n"
+    "{%- elif m.role == 'tool' %}\n"
+    "{{- '" DS_OUTPUT_BEGIN "' + content + '" DS_OUTPUT_END "' }}\n"
+    "{%- endif %}\n"
+    "{%- if m.role != 'system' %}\n"
+    "{%- set ns.prev = m.role %}\n"
+    "{%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt and ns.prev != 'tool' %}\n"
+    "{{- '" DS_ASSISTANT "' }}\n"
+    "{%- if enable_thinking is defined and enable_thinking is true %}\n"
+    "{{- '<think>' }}\n"
+    "{%- else %}\n"
+    "{{- '</think>' }}\n"
+    "{%- endif %}\n"
+    "{%- endif %}\n";
+
 /* Special tokens of the built-in vocabularies, in id order after the BPE tokens.
  * The tags a reply carries (think, tool call, arguments) are user-defined, so that
  * they stay in the detokenized text the server splits into reasoning and calls;
@@ -239,23 +330,61 @@ static const special_t glm_specials[] = {
     {"</tool_response>", MK_TOK_USER_DEFINED},
 };
 
+static const special_t deepseek_specials[] = {
+    {DS_BOS, MK_TOK_CONTROL},
+    {DS_EOS, MK_TOK_CONTROL},
+    {DS_USER, MK_TOK_CONTROL},
+    {DS_ASSISTANT, MK_TOK_CONTROL},
+    {"<think>", MK_TOK_USER_DEFINED},
+    {"</think>", MK_TOK_USER_DEFINED},
+    {DS_CALLS_BEGIN, MK_TOK_USER_DEFINED},
+    {DS_CALLS_END, MK_TOK_USER_DEFINED},
+    {DS_CALL_BEGIN, MK_TOK_USER_DEFINED},
+    {DS_CALL_END, MK_TOK_USER_DEFINED},
+    {DS_SEP, MK_TOK_USER_DEFINED},
+    {DS_OUTPUTS_BEGIN, MK_TOK_CONTROL},
+    {DS_OUTPUTS_END, MK_TOK_CONTROL},
+    {DS_OUTPUT_BEGIN, MK_TOK_CONTROL},
+    {DS_OUTPUT_END, MK_TOK_CONTROL},
+};
+
 #define COUNT(a) (sizeof (a) / sizeof (a)[0])
 _Static_assert(256 + COUNT(qwen_specials) == MK_VOCAB_BUILTIN_MIN, "qwen minimum");
 _Static_assert(256 + COUNT(glm_specials) == MK_VOCAB_BUILTIN_MIN_GLM, "glm minimum");
+_Static_assert(256 + COUNT(deepseek_specials) == MK_VOCAB_BUILTIN_MIN_DEEPSEEK, "deepseek minimum");
 
-/* What a family adds to the learned tokens. max_digits: the longest digit run its
- * pre-tokenizer keeps together (qwen2 splits digits one by one, glm4 in runs of up
- * to three), so that no merge is learned across a boundary the tokenizer cuts. */
+/* The pre-tokenizer splits the merges are learned under (see "built-in BPE
+ * learner"). */
+typedef enum split {
+    SPLIT_QWEN2,    /* contractions, single digits, then the words */
+    SPLIT_LLAMA3,   /* the same with runs of up to three digits (glm4) */
+    SPLIT_DEEPSEEK3 /* digit runs of up to three first, then the words, no contractions */
+} split_t;
+
+/* What a family adds to the learned tokens. split: its pre-tokenizer's (qwen2
+ * splits digits one by one, glm4 in runs of up to three), so that no merge is
+ * learned across a boundary the tokenizer cuts. The ids are indices into specials
+ * (-1: none); GLM-4.5 ends a reply with <|endoftext|> or by starting the next turn
+ * (eot <|user|>, eom <|observation|>), its bos [gMASK] comes from the template. */
 typedef struct family {
     const special_t *specials;
     size_t n_specials;
     const char *chat_template;
-    int max_digits;
+    split_t split;
+    int bos, eos, pad, eot, eom;
+    int add_bos;
 } family_t;
 
 static const family_t families[] = {
-    [MK_FAMILY_QWEN] = {qwen_specials, COUNT(qwen_specials), qwen_template, 1},
-    [MK_FAMILY_GLM] = {glm_specials, COUNT(glm_specials), glm_template, 3},
+    /* Qwen3: bos and padding <|endoftext|>, <|im_end|> ends a chat turn */
+    [MK_FAMILY_QWEN] = {qwen_specials, COUNT(qwen_specials), qwen_template, SPLIT_QWEN2,
+                        .bos = 0, .eos = 2, .pad = 0, .eot = -1, .eom = -1, .add_bos = 0},
+    [MK_FAMILY_GLM] = {glm_specials, COUNT(glm_specials), glm_template, SPLIT_LLAMA3,
+                       .bos = 1, .eos = 0, .pad = 0, .eot = 4, .eom = 6, .add_bos = 0},
+    /* DeepSeek-V3: BOS added to every prompt, <｜end▁of▁sentence｜> ends a reply and pads */
+    [MK_FAMILY_DEEPSEEK] = {deepseek_specials, COUNT(deepseek_specials), deepseek_template,
+                            SPLIT_DEEPSEEK3, .bos = 0, .eos = 1, .pad = 1, .eot = -1, .eom = -1,
+                            .add_bos = 1},
 };
 
 size_t mk_vocab_builtin_min(mk_family_t family)
@@ -395,7 +524,10 @@ static int utf8_put(char *out, uint32_t c)
  * (contractions, optional leading non-letter + letters, single digits, optional
  * space + punctuation run, newline runs, other whitespace), since merges across
  * those boundaries could never apply; GLM-4.5's (Llama 3's) differs only in
- * keeping runs of up to three digits together. Then, repeatedly, the most frequent adjacent
+ * keeping runs of up to three digits together. DeepSeek-V3's cuts the digit runs
+ * (up to three digits a piece) out first and splits the text between them as its
+ * own string, without contractions (router/tokenizer_bpe.c has its regexes; the
+ * CJK split between the two finds nothing in ASCII text). Then, repeatedly, the most frequent adjacent
  * symbol pair over all pre-tokens becomes a merge (ties go to the pair whose
  * texts sort first), until the vocabulary is full or nothing is left to merge. */
 
@@ -453,6 +585,56 @@ static size_t pretoken_len(const char *s, int max_digits)
     return end;
 }
 
+/* DeepSeek-V3's word split of ASCII text, within the n bytes (n >= 1, no digit)
+ * between two digit runs: a punctuation mark with the letters after it; an
+ * optional space, tab or control character with the letters after it; an optional
+ * space with a punctuation run and the newlines after it; then white space as
+ * Qwen2's, where the end of the n bytes counts as the end of the text. */
+static size_t pretoken_ds3_len(const char *s, size_t n)
+{
+    const int c = (unsigned char)s[0], c1 = n > 1 ? (unsigned char)s[1] : 0;
+    size_t i;
+    if (is_alpha(c) || (!is_nl(c) && is_alpha(c1))) {
+        for (i = 1; i < n && is_alpha((unsigned char)s[i]);)
+            i++;
+        return i;
+    }
+    if (is_punct(c) || (c == ' ' && is_punct(c1))) {
+        for (i = c == ' ' ? 1 : 0; i < n && is_punct((unsigned char)s[i]);)
+            i++;
+        while (i < n && is_nl((unsigned char)s[i]))
+            i++;
+        return i;
+    }
+    size_t end = 0, last_nl = 0;
+    while (end < n && is_space((unsigned char)s[end])) {
+        if (is_nl((unsigned char)s[end]))
+            last_nl = end + 1;
+        end++;
+    }
+    if (last_nl)
+        return last_nl;
+    if (end < n && end > 1)
+        return end - 1;
+    return end ? end : 1;
+}
+
+/* Length of the pre-token starting at s (s non-empty, ASCII) under split. */
+static size_t split_len(const char *s, split_t split)
+{
+    if (split != SPLIT_DEEPSEEK3)
+        return pretoken_len(s, split == SPLIT_QWEN2 ? 1 : 3);
+    size_t n = 0;
+    if (is_digit((unsigned char)s[0])) {
+        while (n < 3 && is_digit((unsigned char)s[n]))
+            n++;
+        return n;
+    }
+    while (s[n] && !is_digit((unsigned char)s[n]))
+        n++;
+    return pretoken_ds3_len(s, n);
+}
+
 typedef struct learner {
     char **sym;          /* symbol texts (byte-level UTF-8); the first 256 are bytes */
     size_t n_sym, sym_cap;
@@ -496,7 +678,7 @@ static int cmp_cstr(const void *a, const void *b)
 /* Splits the text into pre-tokens, merges repeats (counting them) and spells each
  * as byte symbols. */
 static int learner_init(learner_t *L, const uint32_t cp[256], const uint8_t order[256],
-                        int max_digits)
+                        split_t split)
 {
     memset(L, 0, sizeof *L);
     size_t len = strlen(builtin_text), n = 0;
@@ -505,7 +687,7 @@ static int learner_init(learner_t *L, const uint32_t cp[256], const uint8_t orde
     if (!words)
         return BL_ENOMEM;
     for (size_t i = 0; i < len;) {
-        size_t k = pretoken_len(builtin_text + i, max_digits);
+        size_t k = split_len(builtin_text + i, split);
         words[n] = strndup(builtin_text + i, k);
         if (!words[n])
             goto fail;
@@ -633,7 +815,7 @@ int mk_vocab_builtin(mk_vocab_t *v, size_t n_vocab, mk_family_t family, bl_err_t
     size_t merges_cap = 0;
     int rc;
     byte_alphabet(cp, order);
-    if ((rc = learner_init(&L, cp, order, fam->max_digits)))
+    if ((rc = learner_init(&L, cp, order, fam->split)))
         goto fail;
     size_t mask = 1;
     while (mask < 2 * L.word_start[L.n_words] + 16)
@@ -714,16 +896,11 @@ int mk_vocab_builtin(mk_vocab_t *v, size_t n_vocab, mk_family_t family, bl_err_t
     }
     if ((rc = fill_pads(v)))
         goto fail;
-    v->pad_id = (int64_t)first_special; /* <|endoftext|>, first in both families */
-    v->add_bos = 0;
-    if (family == MK_FAMILY_QWEN) {
-        v->bos_id = (int64_t)first_special;     /* <|endoftext|>, as Qwen3 */
-        v->eos_id = (int64_t)first_special + 2; /* <|im_end|> ends a chat turn */
-    } else {
-        /* GLM-4.5 ends a reply with <|endoftext|>, or by starting the next turn */
-        v->eos_id = (int64_t)first_special;
-        mk_vocab_glm_ids(v);
-    }
+    const int ids[] = {fam->bos, fam->eos, fam->pad, fam->eot, fam->eom};
+    int64_t *dst[] = {&v->bos_id, &v->eos_id, &v->pad_id, &v->eot_id, &v->eom_id};
+    for (size_t k = 0; k < COUNT(ids); k++)
+        *dst[k] = ids[k] < 0 ? -1 : (int64_t)(first_special + (size_t)ids[k]);
+    v->add_bos = fam->add_bos;
     v->chat_template = strdup(fam->chat_template);
     if (!v->chat_template) {
         rc = BL_ENOMEM;

@@ -1,6 +1,6 @@
 /* Vocabularies for bloomery-mkmodel: a small byte-level BPE vocabulary learned in
- * code from a built-in text, with the special tokens and chat template of the Qwen3
- * or the GLM-4.5 family, or a Hugging Face tokenizer folder (tokenizer.json +
+ * code from a built-in text, with the special tokens and chat template of the Qwen3,
+ * GLM-4.5 or DeepSeek-V3 family, or a Hugging Face tokenizer folder (tokenizer.json +
  * tokenizer_config.json) turned into GGUF's tokenizer.ggml.* conventions. Only
  * bloomery-mkmodel uses this, so the names carry the tool's mk_ prefix. */
 #ifndef BL_MKMODEL_VOCAB_H
@@ -39,6 +39,9 @@ typedef enum mk_family {
     MK_FAMILY_QWEN, /* Qwen3: <|im_start|> turns; digits split one by one (qwen2) */
     MK_FAMILY_GLM,  /* GLM-4.5: [gMASK]<sop>, <|user|> turns, <arg_key> tool calls;
                      * digits in runs of up to three (glm4, Llama 3's split) */
+    MK_FAMILY_DEEPSEEK, /* DeepSeek-V3.1: BOS, <｜User｜> turns, <｜tool▁sep｜>
+                         * tool calls; digit runs of up to three, then CJK runs,
+                         * then the words (the deepseek-v3 split) */
 } mk_family_t;
 
 /* Learns a byte-level BPE vocabulary of exactly n_vocab tokens: the 256 byte
@@ -50,10 +53,14 @@ typedef enum mk_family {
  *     <|assistant|>, <|observation|> (control) and the think, tool call, argument
  *     and tool response tags (user-defined); eos and padding <|endoftext|>, eot
  *     <|user|>, eom <|observation|>, bos [gMASK] (never added).
+ *   MK_FAMILY_DEEPSEEK: <｜begin▁of▁sentence｜> (bos, added), <｜end▁of▁sentence｜>
+ *     (eos and padding), <｜User｜>, <｜Assistant｜> and the tool output tags
+ *     (control), <think>, </think> and the five tool call tags (user-defined).
  * Sets the family's chat template. n_vocab must be at least
  * mk_vocab_builtin_min(family). Deterministic. Free with mk_vocab_free. */
 #define MK_VOCAB_BUILTIN_MIN 261     /* MK_FAMILY_QWEN: 256 bytes + 5 specials */
 #define MK_VOCAB_BUILTIN_MIN_GLM 273 /* MK_FAMILY_GLM: 256 bytes + 17 specials */
+#define MK_VOCAB_BUILTIN_MIN_DEEPSEEK 271 /* MK_FAMILY_DEEPSEEK: 256 bytes + 15 specials */
 size_t mk_vocab_builtin_min(mk_family_t family);
 int mk_vocab_builtin(mk_vocab_t *v, size_t n_vocab, mk_family_t family, bl_err_t *err) BL_WUR;
 

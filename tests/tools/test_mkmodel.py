@@ -1,6 +1,7 @@
 """Tests of bloomery-mkmodel: the files it writes (shapes, metadata, vocabulary,
-weights, the skewed router of --router-zipf) and how it refuses bad flags and bad
-tokenizer folders.
+weights, the skewed router of --router-zipf, glm4moe's layers, vocabulary, template
+and GLM-4.5 presets, deepseek2's two file forms, vocabulary, template and DeepSeek
+presets) and how it refuses bad flags and bad tokenizer folders.
 
 Binaries come from $BLOOMERY_BIN (a folder), else <repo>/build/bin. The real Qwen3
 tokenizer is looked up in $BLOOMERY_QWEN3_TOKENIZER, else
@@ -586,6 +587,206 @@ def test_missing_tokenizer_folder(tmp_path):
     assert p.returncode == 1 and "tokenizer.json" in p.stderr
 
 
+# --- glm4moe -----------------------------------------------------------------------------
+
+GLM = ["--arch", "glm4moe", "--layers", "3"]
+GLM_SPECIALS = {"<|endoftext|>": 3, "[gMASK]": 3, "<sop>": 3, "<|system|>": 3, "<|user|>": 3,
+                "<|assistant|>": 3, "<|observation|>": 3, "<think>": 4, "</think>": 4,
+                "<tool_call>": 4, "</tool_call>": 4, "<arg_key>": 4, "</arg_key>": 4,
+                "<arg_value>": 4, "</arg_value>": 4, "<tool_response>": 4, "</tool_response>": 4}
+
+
+def check_glm4moe_shapes(g, n_layer, n_nextn, n_dense, E, H, n_head, n_kv, X, FE, FF, V,
+                         shared=1, qk_norm=False):
+    """Every tensor of a glm4moe file, by llama.cpp's names and shapes, and nothing else."""
+    t = g.tensors
+    want = {"token_embd.weight": (E, V), "output_norm.weight": (E,), "output.weight": (E, V)}
+    for i in range(n_layer + n_nextn):
+        b = "blk.%d." % i
+        want.update({b + "attn_norm.weight": (E,), b + "attn_q.weight": (E, n_head * H),
+                     b + "attn_q.bias": (n_head * H,), b + "attn_k.weight": (E, n_kv * H),
+                     b + "attn_k.bias": (n_kv * H,), b + "attn_v.weight": (E, n_kv * H),
+                     b + "attn_v.bias": (n_kv * H,), b + "attn_output.weight": (n_head * H, E),
+                     b + "post_attention_norm.weight": (E,)})
+        if qk_norm:
+            want.update({b + "attn_q_norm.weight": (H,), b + "attn_k_norm.weight": (H,)})
+        if i < n_dense:
+            want.update({b + "ffn_gate.weight": (E, FF), b + "ffn_up.weight": (E, FF),
+                         b + "ffn_down.weight": (FF, E)})
+            continue
+        want.update({b + "ffn_gate_inp.weight": (E, X), b + "exp_probs_b.bias": (X,),
+                     b + "ffn_gate_exps.weight": (E, FE, X), b + "ffn_up_exps.weight": (E, FE, X),
+                     b + "ffn_down_exps.weight": (FE, E, X)})
+        if shared:
+            want.update({b + "ffn_gate_shexp.weight": (E, FE * shared),
+                         b + "ffn_up_shexp.weight": (E, FE * shared),
+                         b + "ffn_down_shexp.weight": (FE * shared, E)})
+        if i >= n_layer:
+            want.update({b + "nextn.eh_proj.weight": (2 * E, E), b + "nextn.enorm.weight": (E,),
+                         b + "nextn.hnorm.weight": (E,), b + "nextn.embed_tokens.weight": (E, V),
+                         b + "nextn.shared_head_head.weight": (E, V),
+                         b + "nextn.shared_head_norm.weight": (E,)})
+    assert sorted(t) == sorted(want), (sorted(set(t) - set(want)), sorted(set(want) - set(t)))
+    for name, ne in want.items():
+        assert t[name].ne == ne, (name, t[name].ne, ne)
+
+
+def test_glm4moe_default_shape_and_metadata(tmp_path):
+    g = load(mk_ok(tmp_path, *GLM))
+    md = g.metadata
+    assert md["general.architecture"] == "glm4moe"
+    expect = {"block_count": 4, "nextn_predict_layers": 1, "leading_dense_block_count": 1,
+              "embedding_length": 256, "context_length": 4096, "feed_forward_length": 768,
+              "attention.head_count": 4, "attention.head_count_kv": 2,
+              "attention.key_length": 128, "attention.value_length": 128,
+              "rope.dimension_count": 64, "expert_count": 8, "expert_used_count": 2,
+              "expert_shared_count": 1, "expert_feed_forward_length": 256,
+              "expert_gating_func": 2, "expert_weights_norm": True}
+    for k, v in expect.items():
+        assert md["glm4moe." + k] == v, k
+    assert md["glm4moe.expert_weights_scale"] == pytest.approx(1.0)
+    assert md["glm4moe.rope.freq_base"] == pytest.approx(1e6)
+    check_glm4moe_shapes(g, 3, 1, 1, 256, 128, 4, 2, 8, 256, 768, 1024)
+    types = {n: t.type for n, t in g.tensors.items()}
+    # norms, biases, the router and the selection bias stay f32; the NextN layer's
+    # embedding and head follow --type-embd and --type-output
+    for name in ("blk.0.attn_q.bias", "blk.1.attn_v.bias", "blk.1.ffn_gate_inp.weight",
+                 "blk.1.exp_probs_b.bias", "blk.0.post_attention_norm.weight",
+                 "blk.3.nextn.enorm.weight", "blk.3.nextn.shared_head_norm.weight"):
+        assert types[name] == 0, name
+    assert types["blk.0.ffn_gate.weight"] == 12 and types["blk.0.ffn_down.weight"] == 14
+    assert types["blk.1.ffn_up_shexp.weight"] == 12 and types["blk.1.ffn_down_shexp.weight"] == 14
+    assert types["blk.3.nextn.embed_tokens.weight"] == types["token_embd.weight"] == 12
+    assert types["blk.3.nextn.shared_head_head.weight"] == types["output.weight"] == 14
+
+
+def test_glm4moe_flags_reach_the_file(tmp_path):
+    g = load(mk_ok(tmp_path, *GLM, "--dense-lead", "2", "--nextn", "2", "--qk-norm",
+                   "--shared-experts", "0", "--rope-dim", "32", "--expert-scale", "2.5",
+                   "--gating", "softmax", "--no-expert-norm", "--type", "q8_0",
+                   "--type-output", "f16", "--type-embd", "f32"))
+    md = g.metadata
+    expect = {"block_count": 5, "nextn_predict_layers": 2, "leading_dense_block_count": 2,
+              "rope.dimension_count": 32, "expert_shared_count": 0, "expert_gating_func": 1,
+              "expert_weights_norm": False}
+    for k, v in expect.items():
+        assert md["glm4moe." + k] == v, k
+    assert md["glm4moe.expert_weights_scale"] == pytest.approx(2.5)
+    check_glm4moe_shapes(g, 3, 2, 2, 256, 128, 4, 2, 8, 256, 768, 1024, shared=0, qk_norm=True)
+    t = g.tensors
+    for i in (3, 4):
+        assert t["blk.%d.nextn.embed_tokens.weight" % i].type == TYPE_IDS["f32"]
+        assert t["blk.%d.nextn.shared_head_head.weight" % i].type == TYPE_IDS["f16"]
+        assert t["blk.%d.nextn.eh_proj.weight" % i].type == TYPE_IDS["q8_0"]
+    assert t["blk.0.attn_q_norm.weight"].type == 0
+
+
+def test_glm4moe_kquant_rows_not_whole_blocks_fall_back_to_q8_0(tmp_path):
+    """Widths that are not whole 256-value blocks (GLM-4.5-Air's 1408 and 10944; here
+    288 and 320) put their K-quant matrices in q8_0, as llama.cpp's quantizer does;
+    the rest keep their types."""
+    t = load(mk_ok(tmp_path, *GLM, "--ff", "320", "--expert-ff", "288")).tensors
+    for name in ("blk.0.ffn_down.weight", "blk.1.ffn_down_exps.weight", "blk.1.ffn_down_shexp.weight"):
+        assert t[name].type == TYPE_IDS["q8_0"], name
+    for name in ("blk.0.ffn_gate.weight", "blk.1.ffn_up_exps.weight", "blk.1.ffn_gate_shexp.weight",
+                 "blk.1.attn_q.weight"):
+        assert t[name].type == TYPE_IDS["q4_K"], name
+    assert t["blk.1.attn_v.weight"].type == TYPE_IDS["q6_K"]
+
+
+def test_glm4moe_preset_air_cut_down(tmp_path):
+    """--preset glm-4.5-air with fewer layers, tokens and experts: the rest are the real
+    model's shapes and keys. (q8_0: the 1.1 B parameters quantize in seconds, q4_K would
+    take about a minute on two cores; the metadata does not depend on the type.)"""
+    path = mk_ok(tmp_path, "--preset", "glm-4.5-air", "--layers", "2", "--vocab", "1024",
+                 "--experts", "16", "--type", "q8_0")
+    try:
+        g = load(path)
+        md = g.metadata
+        assert md["general.architecture"] == "glm4moe"
+        expect = {"block_count": 3, "nextn_predict_layers": 1, "leading_dense_block_count": 1,
+                  "embedding_length": 4096, "context_length": 131072,
+                  "feed_forward_length": 10944, "attention.head_count": 96,
+                  "attention.head_count_kv": 8, "attention.key_length": 128,
+                  "attention.value_length": 128, "rope.dimension_count": 64,
+                  "expert_count": 16, "expert_used_count": 8, "expert_shared_count": 1,
+                  "expert_feed_forward_length": 1408, "expert_gating_func": 2,
+                  "expert_weights_norm": True}
+        for k, v in expect.items():
+            assert md["glm4moe." + k] == v, k
+        assert md["glm4moe.expert_weights_scale"] == pytest.approx(1.0)
+        assert md["glm4moe.rope.freq_base"] == pytest.approx(1e6)
+        assert md["glm4moe.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-5)
+        assert md["tokenizer.ggml.pre"] == "glm4" and len(md["tokenizer.ggml.tokens"]) == 1024
+        # GLM-4.5-Air has no q/k norms
+        check_glm4moe_shapes(g, 2, 1, 1, 4096, 128, 96, 8, 16, 1408, 10944, 1024)
+    finally:
+        os.unlink(path)  # 1.2 GB
+
+
+def test_glm4moe_same_flags_give_same_bytes(tmp_path):
+    args = GLM + ["--qk-norm", "--nextn", "2"]
+    a = mk_ok(tmp_path, *args, "--threads", "1", name="a.gguf")
+    b = mk_ok(tmp_path, *args, "--threads", "3", name="b.gguf")
+    assert sha256(a) == sha256(b)
+    c = mk_ok(tmp_path, *args, "--seed", "2", name="c.gguf")
+    assert sha256(a) != sha256(c)
+
+
+def test_glm4moe_builtin_vocabulary(tmp_path):
+    md = load(mk_ok(tmp_path, *GLM)).metadata
+    tokens, types, merges = (md["tokenizer.ggml.tokens"], md["tokenizer.ggml.token_type"],
+                             md["tokenizer.ggml.merges"])
+    assert len(tokens) == len(types) == 1024 and len(set(tokens)) == 1024
+    assert md["tokenizer.ggml.model"] == "gpt2" and md["tokenizer.ggml.pre"] == "glm4"
+    index = {t: i for i, t in enumerate(tokens)}
+    for m in merges:
+        left, right = m.split(" ")
+        assert left in index and right in index and left + right in index, m
+    for text, typ in GLM_SPECIALS.items():
+        assert text in index and types[index[text]] == typ, text
+    # the ends of generation: <|endoftext|>, the next user turn, a tool's result
+    assert md["tokenizer.ggml.eos_token_id"] == index["<|endoftext|>"]
+    assert md["tokenizer.ggml.eot_token_id"] == index["<|user|>"]
+    assert md["tokenizer.ggml.eom_token_id"] == index["<|observation|>"]
+    assert md["tokenizer.ggml.padding_token_id"] == index["<|endoftext|>"]
+    assert md["tokenizer.ggml.add_bos_token"] is False
+    assert md["tokenizer.chat_template"].startswith("{{- '[gMASK]<sop>' }}")
+
+
+def test_glm4moe_chat_template_renders(tmp_path):
+    jinja2 = pytest.importorskip("jinja2")
+    md = load(mk_ok(tmp_path, *GLM)).metadata
+    env = jinja2.Environment()
+    # as transformers renders chat templates: jinja2's own tojson returns markup, and
+    # adding a plain string to markup would HTML-escape the string
+    env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
+    tmpl = env.from_string(md["tokenizer.chat_template"])
+    sys_user = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert tmpl.render(messages=sys_user, add_generation_prompt=True) == \
+        "[gMASK]<sop><|system|>\nBe brief.<|user|>\nHi<|assistant|>\n"
+    assert tmpl.render(messages=sys_user, add_generation_prompt=True, enable_thinking=False) \
+        .endswith("<|assistant|>\n<think></think>\n")
+    # an earlier turn's reasoning is dropped; a call and its result in GLM's own form
+    turns = sys_user + [
+        {"role": "assistant", "content": "<think>easy</think>Hello."},
+        {"role": "user", "content": "Paint it"},
+        {"role": "assistant", "content": "", "reasoning_content": "red it is",
+         "tool_calls": [{"type": "function", "function": {
+             "name": "paint", "arguments": {"color": "red", "coats": 2}}}]},
+        {"role": "tool", "content": "done"}]
+    tools = [{"type": "function", "function": {"name": "paint", "parameters": {}}}]
+    text = tmpl.render(messages=turns, tools=tools, add_generation_prompt=True)
+    assert text.startswith("[gMASK]<sop><|system|>\nBe brief.\n\n")
+    assert '{"name": "paint", "parameters": {}}\n' in text
+    assert text.endswith(
+        "<|user|>\nHi<|assistant|>\n<think></think>\nHello.<|user|>\nPaint it"
+        "<|assistant|>\n<think>red it is</think>\n<tool_call>paint\n"
+        "<arg_key>color</arg_key>\n<arg_value>red</arg_value>\n"
+        "<arg_key>coats</arg_key>\n<arg_value>2</arg_value>\n</tool_call>"
+        "<|observation|>\n<tool_response>\ndone\n</tool_response>\n<|assistant|>\n")
+
+
 # --- flags -------------------------------------------------------------------------------
 
 BAD_FLAGS = [
@@ -619,6 +820,29 @@ BAD_FLAGS = [
     (["--arch", "qwen3", "--router-zipf", "1"], "--router-zipf"),
     (["--router-zipf", "1", "--experts", "128", "--experts-used", "8"], "--router-zipf"),
     (["stray"], "stray"),
+    # glm4moe's own flags with another architecture, and its limits
+    (["--arch", "qwen3moe", "--dense-lead", "1"], "--dense-lead"),
+    (["--dense-lead", "1"], "--dense-lead"),
+    (["--arch", "qwen3", "--nextn", "1"], "--nextn"),
+    (["--arch", "qwen3moe", "--shared-experts", "1"], "--shared-experts"),
+    (["--arch", "qwen3moe", "--rope-dim", "64"], "--rope-dim"),
+    (["--arch", "qwen3", "--qk-norm"], "--qk-norm"),
+    (["--arch", "qwen3moe", "--expert-scale", "2"], "--expert-scale"),
+    (["--arch", "qwen3moe", "--gating", "softmax"], "--gating"),
+    (["--arch", "qwen3moe", "--no-expert-norm"], "--no-expert-norm"),
+    (["--arch", "glm4moe", "--router-zipf", "1"], "--router-zipf"),
+    (["--arch", "glm4moe", "--layers", "3", "--dense-lead", "3"], "--dense-lead"),
+    (["--arch", "glm4moe", "--layers", "3", "--dense-lead", "4"], "--dense-lead"),
+    (["--arch", "glm4moe", "--rope-dim", "63"], "--rope-dim"),
+    (["--arch", "glm4moe", "--rope-dim", "0"], "--rope-dim"),
+    (["--arch", "glm4moe", "--head-dim", "64", "--rope-dim", "66"], "--rope-dim"),
+    (["--arch", "glm4moe", "--nextn", "5"], "--nextn"),
+    (["--arch", "glm4moe", "--shared-experts", "-1"], "--shared-experts"),
+    (["--arch", "glm4moe", "--expert-scale", "0"], "--expert-scale"),
+    (["--arch", "glm4moe", "--gating", "relu"], "--gating"),
+    (["--arch", "glm4moe", "--vocab", "272"], "--vocab"),
+    (["--preset", "glm-5"], "--preset"),
+    (["--arch", "qwen3moe", "--preset", "glm-4.5-air"], "--arch"),
 ]
 
 
@@ -644,7 +868,8 @@ def test_help_lists_every_flag():
                  "--experts", "--experts-used", "--expert-ff", "--ff", "--vocab", "--ctx",
                  "--rope-base", "--eps", "--seed", "--type", "--type-attn-v", "--type-ffn-down",
                  "--type-output", "--type-embd", "--tokenizer", "--tied", "--threads",
-                 "--router-zipf"):
+                 "--router-zipf", "--preset", "--nextn", "--dense-lead", "--shared-experts",
+                 "--rope-dim", "--qk-norm", "--expert-scale", "--gating", "--no-expert-norm"):
         assert flag in p.stdout, flag
 
 
@@ -657,9 +882,469 @@ def test_unwritable_output_exits_1(tmp_path):
 
 # --- the project's own reader ------------------------------------------------------------
 
-@pytest.mark.parametrize("args", [[], SMALL_DENSE + ["--tied"], SMALL + ["--type", "bf16"]],
-                         ids=["default", "qwen3-tied", "bf16"])
+@pytest.mark.parametrize("args", [[], SMALL_DENSE + ["--tied"], SMALL + ["--type", "bf16"],
+                                  GLM + ["--qk-norm"]],
+                         ids=["default", "qwen3-tied", "bf16", "glm4moe"])
 def test_bloomery_gguf_check_accepts(tmp_path, args):
+    if not os.access(GGUF_TOOL, os.X_OK):
+        pytest.skip("%s is not built" % GGUF_TOOL)
+    path = mk_ok(tmp_path, *args)
+    p = subprocess.run([GGUF_TOOL, "check", path], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout
+
+
+# --- deepseek2 -----------------------------------------------------------------------
+
+TEMPLATE_TOOL = os.path.join(BIN, "bloomery-template")
+
+# A tiny deepseek2 file: 1 dense layer, then MoE layers (the defaults: --q-lora 64,
+# --kv-lora 64, --qk-nope 32, --rope-dim 16, --v-head 32, 4 heads, 8 experts).
+DS = ["--arch", "deepseek2", "--layers", "3", "--vocab", "400"]
+
+BAR, LOW = "\uff5c", "\u2581"
+
+
+def ds_tag(name):
+    return "<" + BAR + name.replace("_", LOW) + BAR + ">"
+
+
+DS_BOS, DS_EOS = ds_tag("begin_of_sentence"), ds_tag("end_of_sentence")
+DS_USER, DS_ASSISTANT = ds_tag("User"), ds_tag("Assistant")
+DS_CALLS_BEGIN, DS_CALLS_END = ds_tag("tool_calls_begin"), ds_tag("tool_calls_end")
+DS_CALL_BEGIN, DS_CALL_END = ds_tag("tool_call_begin"), ds_tag("tool_call_end")
+DS_SEP = ds_tag("tool_sep")
+DS_OUT_BEGIN, DS_OUT_END = ds_tag("tool_output_begin"), ds_tag("tool_output_end")
+
+
+def ds_expected(E=256, NH=4, QL=64, KL=64, NOPE=32, ROT=16, HV=32, F=768, X=8, FE=256,
+                shared=1, n_layer=3, dense=1, nextn=0, V=400, legacy=False, probs_bias=True,
+                tied=False):
+    """The spec's tensors of a deepseek2 file: name -> ne."""
+    t = {"token_embd.weight": (E, V), "output_norm.weight": (E,)}
+    if not tied:
+        t["output.weight"] = (E, V)
+    HK = NOPE + ROT
+    for i in range(n_layer + nextn):
+        b = "blk.%d." % i
+        t[b + "attn_norm.weight"] = (E,)
+        if QL:
+            t[b + "attn_q_a.weight"] = (E, QL)
+            t[b + "attn_q_a_norm.weight"] = (QL,)
+            t[b + "attn_q_b.weight"] = (QL, NH * HK)
+        else:
+            t[b + "attn_q.weight"] = (E, NH * HK)
+        t[b + "attn_kv_a_mqa.weight"] = (E, KL + ROT)
+        t[b + "attn_kv_a_norm.weight"] = (KL,)
+        if legacy:
+            t[b + "attn_kv_b.weight"] = (KL, NH * (NOPE + HV))
+        else:
+            t[b + "attn_k_b.weight"] = (NOPE, KL, NH)
+            t[b + "attn_v_b.weight"] = (KL, HV, NH)
+        t[b + "attn_output.weight"] = (NH * HV, E)
+        t[b + "ffn_norm.weight"] = (E,)
+        if i < dense:
+            t[b + "ffn_gate.weight"] = t[b + "ffn_up.weight"] = (E, F)
+            t[b + "ffn_down.weight"] = (F, E)
+            continue
+        t[b + "ffn_gate_inp.weight"] = (E, X)
+        if probs_bias:
+            t[b + "exp_probs_b.bias"] = (X,)
+        t[b + "ffn_gate_exps.weight"] = t[b + "ffn_up_exps.weight"] = (E, FE, X)
+        t[b + "ffn_down_exps.weight"] = (FE, E, X)
+        if shared:
+            t[b + "ffn_gate_shexp.weight"] = t[b + "ffn_up_shexp.weight"] = (E, FE * shared)
+            t[b + "ffn_down_shexp.weight"] = (FE * shared, E)
+        if i >= n_layer:
+            t[b + "nextn.eh_proj.weight"] = (2 * E, E)
+            t[b + "nextn.enorm.weight"] = t[b + "nextn.hnorm.weight"] = (E,)
+            t[b + "nextn.shared_head_norm.weight"] = (E,)
+            t[b + "nextn.embed_tokens.weight"] = t[b + "nextn.shared_head_head.weight"] = (E, V)
+    return t
+
+
+def check_ds_tensors(g, want):
+    got = {n: t.ne for n, t in g.tensors.items()}
+    assert set(got) == set(want), (sorted(set(got) - set(want)), sorted(set(want) - set(got)))
+    for n, ne in want.items():
+        assert got[n] == tuple(ne), (n, got[n], ne)
+    f32_tails = ("norm.weight", "ffn_gate_inp.weight", "exp_probs_b.bias")
+    for n, t in g.tensors.items():
+        if n.endswith(f32_tails):
+            assert t.type == 0, n
+
+
+def ds_md(g):
+    return {k[len("deepseek2."):]: v for k, v in g.metadata.items() if k.startswith("deepseek2.")}
+
+
+def test_deepseek2_mla_form(tmp_path):
+    g = load(mk_ok(tmp_path, *DS))
+    assert g.metadata["general.architecture"] == "deepseek2"
+    check_ds_tensors(g, ds_expected())
+    md = ds_md(g)
+    expect = {"block_count": 3, "context_length": 4096, "embedding_length": 256,
+              "feed_forward_length": 768, "attention.head_count": 4,
+              "attention.head_count_kv": 1, "attention.q_lora_rank": 64,
+              "attention.kv_lora_rank": 64, "attention.key_length": 64 + 16,
+              "attention.value_length": 64, "attention.key_length_mla": 32 + 16,
+              "attention.value_length_mla": 32, "rope.dimension_count": 16,
+              "leading_dense_block_count": 1, "expert_count": 8, "expert_used_count": 2,
+              "expert_shared_count": 1, "expert_feed_forward_length": 256,
+              "expert_weights_norm": True, "expert_gating_func": 2, "expert_group_count": 1,
+              "expert_group_used_count": 1}
+    for k, v in expect.items():
+        assert md[k] == v, k
+    assert md["expert_weights_scale"] == pytest.approx(1.0)
+    assert md["rope.freq_base"] == pytest.approx(10000)
+    assert md["attention.layer_norm_rms_epsilon"] == pytest.approx(1e-6)
+    # no rope scaling and no NextN layer unless asked for
+    assert not any(k.startswith("rope.scaling") for k in md) and "nextn_predict_layers" not in md
+    t = g.tensors
+    # K-quant rows that are not whole 256-value blocks fall back to q8_0
+    assert t["blk.0.attn_q_a.weight"].type == TYPE_IDS["q4_K"]
+    assert t["blk.0.attn_kv_a_mqa.weight"].type == TYPE_IDS["q4_K"]
+    for n in ("attn_q_b", "attn_k_b", "attn_v_b", "attn_output"):
+        assert t["blk.0.%s.weight" % n].type == TYPE_IDS["q8_0"], n
+    assert t["blk.1.ffn_down_exps.weight"].type == TYPE_IDS["q6_K"]
+
+
+def test_deepseek2_legacy_form(tmp_path):
+    g = load(mk_ok(tmp_path, *DS, "--legacy-kv-b"))
+    check_ds_tensors(g, ds_expected(legacy=True))
+    md = ds_md(g)
+    assert md["attention.head_count_kv"] == 4
+    assert md["attention.key_length"] == 48 and md["attention.value_length"] == 32
+    assert "attention.key_length_mla" not in md and "attention.value_length_mla" not in md
+    assert md["attention.kv_lora_rank"] == 64 and md["attention.q_lora_rank"] == 64
+
+
+def test_deepseek2_forms_hold_the_same_weights(tmp_path):
+    """attn_k_b and attn_v_b are attn_kv_b split as the converter splits it (k_b
+    transposed per head), and every other tensor is the same."""
+    NH, NOPE, HV, KL = 4, 32, 32, 64
+    a = load(mk_ok(tmp_path, *DS, "--type", "f32", name="mla.gguf"))
+    b = load(mk_ok(tmp_path, *DS, "--type", "f32", "--legacy-kv-b", name="legacy.gguf"))
+    for i in range(3):
+        kv_b = values(b.tensors["blk.%d.attn_kv_b.weight" % i]).reshape(NH, NOPE + HV, KL)
+        k_b = values(a.tensors["blk.%d.attn_k_b.weight" % i]).reshape(NH, KL, NOPE)
+        v_b = values(a.tensors["blk.%d.attn_v_b.weight" % i]).reshape(NH, HV, KL)
+        assert np.array_equal(k_b, kv_b[:, :NOPE].transpose(0, 2, 1))
+        assert np.array_equal(v_b, kv_b[:, NOPE:])
+        assert abs(kv_b.std() - 1 / np.sqrt(KL)) < 0.1 / np.sqrt(KL)  # fan-in kv_lora
+    for n in set(a.tensors) & set(b.tensors):
+        assert np.array_equal(np.asarray(a.tensors[n].raw), np.asarray(b.tensors[n].raw)), n
+
+
+def test_deepseek2_options(tmp_path):
+    g = load(mk_ok(tmp_path, *DS, "--q-lora", "0", "--kv-lora", "128", "--qk-nope", "64",
+                   "--rope-dim", "32", "--v-head", "64", "--heads", "2", "--experts", "16",
+                   "--experts-used", "4", "--groups", "4", "--groups-used", "2", "--nextn", "1",
+                   "--dense-lead", "2", "--shared-experts", "2", "--gating", "softmax",
+                   "--expert-scale", "2.5", "--no-expert-norm", "--yarn", "40",
+                   "--yarn-orig-ctx", "2048", "--yarn-log-mul", "0.0707", "--tied"))
+    check_ds_tensors(g, ds_expected(NH=2, QL=0, KL=128, NOPE=64, ROT=32, HV=64, X=16,
+                                    shared=2, dense=2, nextn=1, probs_bias=False, tied=True))
+    md = ds_md(g)
+    assert "attention.q_lora_rank" not in md
+    expect = {"block_count": 4, "nextn_predict_layers": 1, "attention.kv_lora_rank": 128,
+              "attention.key_length": 160, "attention.value_length": 128,
+              "attention.key_length_mla": 96, "attention.value_length_mla": 64,
+              "rope.dimension_count": 32, "expert_group_count": 4, "expert_group_used_count": 2,
+              "expert_gating_func": 1, "expert_weights_norm": False, "expert_shared_count": 2,
+              "leading_dense_block_count": 2, "rope.scaling.type": "yarn",
+              "rope.scaling.original_context_length": 2048}
+    for k, v in expect.items():
+        assert md[k] == v, k
+    assert md["expert_weights_scale"] == pytest.approx(2.5)
+    assert md["rope.scaling.factor"] == pytest.approx(40)
+    assert md["rope.scaling.yarn_log_multiplier"] == pytest.approx(0.0707)
+
+
+def test_deepseek2_probs_bias(tmp_path):
+    with_bias = load(mk_ok(tmp_path, *DS, name="a.gguf")).tensors
+    without = load(mk_ok(tmp_path, *DS, "--no-probs-bias", name="b.gguf")).tensors
+    assert "blk.1.exp_probs_b.bias" in with_bias
+    assert not any("exp_probs_b" in n for n in without)
+    assert set(with_bias) - set(without) == {"blk.1.exp_probs_b.bias", "blk.2.exp_probs_b.bias"}
+
+
+def test_deepseek2_real_widths_fall_back_to_q8_0(tmp_path):
+    """DeepSeek's attn_k_b rows (qk_nope 128) and V2-Lite's expert width 1408 are not
+    whole q4_K blocks; attn_v_b's rows of kv_lora 512 are."""
+    t = load(mk_ok(tmp_path, *DS, "--kv-lora", "512", "--qk-nope", "128", "--v-head", "128",
+                   "--rope-dim", "64", "--heads", "2", "--expert-ff", "1408")).tensors
+    assert t["blk.0.attn_k_b.weight"].ne == (128, 512, 2)
+    assert t["blk.0.attn_k_b.weight"].type == TYPE_IDS["q8_0"]
+    assert t["blk.0.attn_v_b.weight"].ne == (512, 128, 2)
+    assert t["blk.0.attn_v_b.weight"].type == TYPE_IDS["q6_K"]  # --type-attn-v's default
+    assert t["blk.0.attn_output.weight"].type == TYPE_IDS["q4_K"]
+    assert t["blk.1.ffn_down_exps.weight"].type == TYPE_IDS["q8_0"]
+    assert t["blk.1.ffn_gate_exps.weight"].type == TYPE_IDS["q4_K"]
+
+
+def test_deepseek2_same_flags_give_same_bytes(tmp_path):
+    args = DS + ["--groups", "2", "--yarn", "4"]
+    a = mk_ok(tmp_path, *args, "--threads", "1", name="a.gguf")
+    b = mk_ok(tmp_path, *args, "--threads", "3", name="b.gguf")
+    c = mk_ok(tmp_path, *args, name="c.gguf")
+    assert sha256(a) == sha256(b) == sha256(c)
+    d = mk_ok(tmp_path, *args, "--seed", "2", name="d.gguf")
+    assert sha256(a) != sha256(d)
+
+
+# Every value of the presets, but for the flags that cut the file down.
+DS_PRESETS = {
+    "deepseek-v3": (["--layers", "2", "--dense-lead", "1", "--n-embd", "256", "--heads", "16",
+                     "--experts", "16", "--vocab", "1024"],
+                    {"context_length": 163840, "feed_forward_length": 18432,
+                     "attention.q_lora_rank": 1536, "attention.kv_lora_rank": 512,
+                     "attention.key_length": 576, "attention.value_length": 512,
+                     "attention.key_length_mla": 192, "attention.value_length_mla": 128,
+                     "attention.head_count_kv": 1, "rope.dimension_count": 64,
+                     "expert_used_count": 8, "expert_shared_count": 1,
+                     "expert_feed_forward_length": 2048, "expert_weights_norm": True,
+                     "expert_gating_func": 2, "expert_group_count": 8,
+                     "expert_group_used_count": 4, "rope.scaling.type": "yarn",
+                     "rope.scaling.original_context_length": 4096},
+                    {"expert_weights_scale": 2.5, "rope.scaling.factor": 40,
+                     "rope.scaling.yarn_log_multiplier": 0.1, "rope.freq_base": 10000,
+                     "attention.layer_norm_rms_epsilon": 1e-6},
+                    dict(NH=16, QL=1536, KL=512, NOPE=128, ROT=64, HV=128, F=18432, X=16,
+                         FE=2048, n_layer=2, V=1024)),
+    "deepseek-v2-lite": (["--layers", "2", "--n-embd", "256", "--experts", "8", "--vocab",
+                          "1024"],
+                         {"context_length": 163840, "feed_forward_length": 10944,
+                          "attention.head_count": 16, "attention.kv_lora_rank": 512,
+                          "attention.key_length": 576, "attention.value_length": 512,
+                          "attention.key_length_mla": 192, "attention.value_length_mla": 128,
+                          "rope.dimension_count": 64, "leading_dense_block_count": 1,
+                          "expert_used_count": 6, "expert_shared_count": 2,
+                          "expert_feed_forward_length": 1408, "expert_weights_norm": False,
+                          "expert_gating_func": 1, "expert_group_count": 1,
+                          "expert_group_used_count": 1, "rope.scaling.type": "yarn",
+                          "rope.scaling.original_context_length": 4096},
+                         {"expert_weights_scale": 1.0, "rope.scaling.factor": 40,
+                          "rope.scaling.yarn_log_multiplier": 0.0707, "rope.freq_base": 10000,
+                          "attention.layer_norm_rms_epsilon": 1e-6},
+                         dict(NH=16, QL=0, KL=512, NOPE=128, ROT=64, HV=128, F=10944, X=8,
+                              FE=1408, shared=2, n_layer=2, V=1024, probs_bias=False)),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(DS_PRESETS))
+def test_deepseek2_presets(tmp_path, preset):
+    cut, ints, floats, shapes = DS_PRESETS[preset]
+    g = load(mk_ok(tmp_path, "--preset", preset, "--type", "f16", *cut))
+    assert g.metadata["general.architecture"] == "deepseek2"
+    assert g.metadata["general.name"] == "synthetic-%s-2L" % preset
+    md = ds_md(g)
+    for k, v in ints.items():
+        assert md[k] == v, k
+    for k, v in floats.items():
+        assert md[k] == pytest.approx(v), k
+    assert ("attention.q_lora_rank" in md) == (preset == "deepseek-v3")
+    check_ds_tensors(g, ds_expected(E=256, **shapes))
+
+
+def test_deepseek2_preset_flags_override(tmp_path):
+    md = ds_md(load(mk_ok(tmp_path, "--preset", "deepseek-v2-lite", "--layers", "2",
+                          "--n-embd", "256", "--heads", "2", "--ff", "256", "--experts", "8",
+                          "--vocab", "1024", "--type", "f16", "--yarn", "0", "--gating",
+                          "sigmoid", "--q-lora", "256")))
+    assert not any(k.startswith("rope.scaling") for k in md)
+    assert md["expert_gating_func"] == 2 and md["attention.q_lora_rank"] == 256
+    assert md["feed_forward_length"] == 256 and md["attention.head_count"] == 2
+
+
+def test_deepseek2_builtin_vocabulary(tmp_path):
+    md = load(mk_ok(tmp_path, *DS, "--vocab", "700")).metadata
+    tokens, types, merges = (md["tokenizer.ggml.tokens"], md["tokenizer.ggml.token_type"],
+                             md["tokenizer.ggml.merges"])
+    assert len(tokens) == len(types) == 700 and len(set(tokens)) == 700
+    assert md["tokenizer.ggml.model"] == "gpt2" and md["tokenizer.ggml.pre"] == "deepseek-v3"
+    index = {t: i for i, t in enumerate(tokens)}
+    for m in merges:
+        left, right = m.split(" ")
+        assert left in index and right in index and left + right in index, m
+        # the deepseek-v3 split cuts digit runs out first: no merge joins a digit to
+        # anything else, nor makes a run of more than three
+        joined = left + right
+        assert not any(c.isdigit() for c in joined) or (joined.isdigit() and len(joined) <= 3), m
+    control = [DS_BOS, DS_EOS, DS_USER, DS_ASSISTANT, ds_tag("tool_outputs_begin"),
+               ds_tag("tool_outputs_end"), DS_OUT_BEGIN, DS_OUT_END]
+    user = ["<think>", "</think>", DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END,
+            DS_SEP]
+    for text in control:
+        assert types[index[text]] == 3, text
+    for text in user:
+        assert types[index[text]] == 4, text
+    assert md["tokenizer.ggml.bos_token_id"] == index[DS_BOS]
+    assert md["tokenizer.ggml.eos_token_id"] == index[DS_EOS]
+    assert md["tokenizer.ggml.padding_token_id"] == index[DS_EOS]
+    assert md["tokenizer.ggml.add_bos_token"] is True
+    tmpl = md["tokenizer.chat_template"]
+    # the server reads the DeepSeek-V3.1 call form off these
+    assert DS_CALLS_BEGIN in tmpl and DS_SEP in tmpl and "```json" not in tmpl
+
+
+def render_template(tmp_path, tmpl, ctx):
+    """The chat template rendered by the server's engine (bloomery-template)."""
+    if not os.access(TEMPLATE_TOOL, os.X_OK):
+        pytest.skip("%s is not built" % TEMPLATE_TOOL)
+    tf, cf = tmp_path / "t.jinja", tmp_path / "ctx.json"
+    tf.write_text(tmpl)
+    cf.write_text(json.dumps(dict({"bos_token": DS_BOS, "eos_token": DS_EOS}, **ctx)))
+    p = subprocess.run([TEMPLATE_TOOL, "--template", str(tf), "--context", str(cf)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.decode("utf-8")
+
+
+def test_deepseek2_chat_template_renders(tmp_path):
+    tmpl = load(mk_ok(tmp_path, *DS)).metadata["tokenizer.chat_template"]
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "<think>hm</think>Hello"},
+            {"role": "user", "content": "Bye"}]
+    text = render_template(tmp_path, tmpl, {"messages": chat, "add_generation_prompt": True})
+    past = DS_USER + "Hi" + DS_ASSISTANT + "</think>Hello" + DS_EOS
+    assert text == DS_BOS + "Be brief." + past + DS_USER + "Bye" + DS_ASSISTANT + "</think>"
+    one = [{"role": "user", "content": "Hi"}]
+    on = render_template(tmp_path, tmpl, {"messages": one, "add_generation_prompt": True,
+                                          "enable_thinking": True})
+    assert on == DS_BOS + DS_USER + "Hi" + DS_ASSISTANT + "<think>"
+    off = render_template(tmp_path, tmpl, {"messages": one, "add_generation_prompt": True,
+                                           "enable_thinking": False})
+    assert off == DS_BOS + DS_USER + "Hi" + DS_ASSISTANT + "</think>"
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    calls = [{"id": "c0", "type": "function",
+              "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+             {"id": "c1", "type": "function",
+              "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]
+    conv = [{"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "c0", "content": "18 C"},
+            {"role": "tool", "tool_call_id": "c1", "content": "21 C"}]
+    text = render_template(tmp_path, tmpl, {"messages": conv, "tools": tools,
+                                            "add_generation_prompt": True})
+    assert text.startswith(DS_BOS) and '"name": "get_weather"' in text.split(DS_USER)[0]
+    turn = (DS_USER + "Weather?" + DS_ASSISTANT + "</think>" + DS_CALLS_BEGIN +
+            DS_CALL_BEGIN + "get_weather" + DS_SEP + '{"city": "Paris"}' + DS_CALL_END +
+            DS_CALL_BEGIN + "get_weather" + DS_SEP + '{"city": "Rome"}' + DS_CALL_END +
+            DS_CALLS_END + DS_EOS + DS_OUT_BEGIN + "18 C" + DS_OUT_END + DS_OUT_BEGIN + "21 C" +
+            DS_OUT_END)
+    # the reply goes on after the results, in the same turn: no generation prompt
+    assert text.endswith(turn), text
+    conv += [{"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "Ok"}]
+    text = render_template(tmp_path, tmpl, {"messages": conv, "tools": tools,
+                                            "add_generation_prompt": True})
+    assert text.endswith(turn + "Sunny." + DS_EOS + DS_USER + "Ok" + DS_ASSISTANT + "</think>")
+
+
+def reference_model():
+    try:
+        import model as ref_model
+    except ImportError:
+        pytest.skip("tests/reference/model.py is absent")
+    if "deepseek2" not in getattr(ref_model, "SUPPORTED_ARCHS", ()):
+        pytest.skip("tests/reference/model.py does not compute deepseek2")
+    return ref_model
+
+
+def test_deepseek2_logits_spread_and_forms_agree(tmp_path):
+    """A random model must not flatten its logits through the two norms inside the
+    attention (q_a_norm, kv_a_norm); and the MLA and legacy forms of the same flags
+    are one model."""
+    ref_model = reference_model()
+    ids = list(range(5, 120, 9))
+    outs = []
+    for form in ([], ["--legacy-kv-b"]):
+        path = mk_ok(tmp_path, *DS, "--type", "f32", *form, name="m%d.gguf" % len(outs))
+        outs.append(np.asarray(ref_model.Model(path).logits(ids), dtype=np.float64))
+    assert outs[0].shape == (len(ids), 400)
+    assert outs[0].std(axis=1).min() > 0.5, outs[0].std(axis=1)
+    assert np.allclose(outs[0], outs[1], atol=1e-9)
+    yarn = mk_ok(tmp_path, *DS, "--yarn", "40", "--groups", "4", "--groups-used", "2",
+                 name="yarn.gguf")
+    assert np.asarray(ref_model.Model(yarn).logits(ids)).std(axis=1).min() > 0.5
+
+
+DS_BAD_FLAGS = [
+    # deepseek2's flags, refused for the other architectures
+    (["--q-lora", "64"], "--q-lora"),
+    (["--arch", "qwen3", "--kv-lora", "64"], "--kv-lora"),
+    (["--arch", "glm4moe", "--qk-nope", "64"], "--qk-nope"),
+    (["--arch", "glm4moe", "--v-head", "64"], "--v-head"),
+    (["--arch", "glm4moe", "--legacy-kv-b"], "--legacy-kv-b"),
+    (["--arch", "glm4moe", "--groups", "2"], "--groups"),
+    (["--groups-used", "1"], "--groups-used"),
+    (["--arch", "glm4moe", "--no-probs-bias"], "--no-probs-bias"),
+    (["--arch", "glm4moe", "--yarn", "4"], "--yarn"),
+    (["--yarn-orig-ctx", "4096"], "--yarn-orig-ctx"),
+    (["--arch", "qwen3", "--yarn-log-mul", "0.1"], "--yarn-log-mul"),
+    (["--preset", "glm-4.5", "--q-lora", "64"], "--q-lora"),
+    (["--nextn", "1"], "--nextn"),
+    (["--arch", "qwen3", "--rope-dim", "32"], "--rope-dim"),
+    # the other architectures' flags, refused for deepseek2
+    (["--arch", "deepseek2", "--kv-heads", "2"], "--kv-heads"),
+    (["--arch", "deepseek2", "--head-dim", "64"], "--head-dim"),
+    (["--arch", "deepseek2", "--qk-norm"], "--qk-norm"),
+    (["--arch", "deepseek2", "--router-zipf", "1"], "--router-zipf"),
+    (["--preset", "deepseek-v3", "--arch", "glm4moe"], "--preset"),
+    # bad values
+    (["--preset", "deepseek-v4"], "--preset"),
+    (["--arch", "deepseek2", "--q-lora", "-1"], "--q-lora"),
+    (["--arch", "deepseek2", "--q-lora", "40"], "--q-lora"),
+    (["--arch", "deepseek2", "--kv-lora", "0"], "--kv-lora"),
+    (["--arch", "deepseek2", "--kv-lora", "48"], "--kv-lora"),
+    (["--arch", "deepseek2", "--qk-nope", "33"], "--qk-nope"),
+    (["--arch", "deepseek2", "--qk-nope", "0"], "--qk-nope"),
+    (["--arch", "deepseek2", "--v-head", "20"], "--v-head"),
+    (["--arch", "deepseek2", "--rope-dim", "15"], "--rope-dim"),
+    (["--arch", "deepseek2", "--groups", "3"], "--groups"),
+    (["--arch", "deepseek2", "--groups", "8"], "--groups"),
+    (["--arch", "deepseek2", "--groups", "2", "--groups-used", "3"], "--groups-used"),
+    (["--arch", "deepseek2", "--groups", "4", "--experts-used", "3"], "--experts-used"),
+    (["--arch", "deepseek2", "--groups-used", "0"], "--groups-used"),
+    (["--arch", "deepseek2", "--yarn", "1"], "--yarn"),
+    (["--arch", "deepseek2", "--yarn", "-2"], "--yarn"),
+    (["--arch", "deepseek2", "--yarn-orig-ctx", "8192"], "--yarn-orig-ctx"),
+    (["--arch", "deepseek2", "--yarn", "4", "--yarn-orig-ctx", "0"], "--yarn-orig-ctx"),
+    (["--arch", "deepseek2", "--yarn-log-mul", "0.2"], "--yarn-log-mul"),
+    (["--arch", "deepseek2", "--yarn", "4", "--yarn-log-mul", "x"], "--yarn-log-mul"),
+    (["--arch", "deepseek2", "--dense-lead", "4"], "--dense-lead"),
+    (["--arch", "deepseek2", "--experts", "4", "--experts-used", "5"], "--experts-used"),
+    (["--arch", "deepseek2", "--vocab", "270"], "--vocab"),
+    (["--arch", "deepseek2", "--gating", "relu"], "--gating"),
+]
+
+
+@pytest.mark.parametrize("args,flag", DS_BAD_FLAGS, ids=[" ".join(a) for a, _ in DS_BAD_FLAGS])
+def test_deepseek2_bad_flags_exit_2_naming_the_flag(tmp_path, args, flag):
+    out, p = mk(tmp_path, *args)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert flag in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not os.path.exists(out)
+
+
+def test_help_lists_the_deepseek2_flags():
+    need_binary()
+    p = subprocess.run([MKMODEL, "--help"], stdout=subprocess.PIPE, text=True)
+    assert p.returncode == 0
+    for word in ("deepseek2", "deepseek-v3", "deepseek-v2-lite", "--q-lora", "--kv-lora",
+                 "--qk-nope", "--v-head", "--legacy-kv-b", "--groups", "--groups-used",
+                 "--no-probs-bias", "--yarn", "--yarn-orig-ctx", "--yarn-log-mul", "--rope-dim",
+                 "--dense-lead", "--shared-experts", "--gating", "--expert-scale",
+                 "--no-expert-norm", "--nextn"):
+        assert word in p.stdout, word
+
+
+@pytest.mark.parametrize("args", [DS, DS + ["--legacy-kv-b", "--q-lora", "0", "--nextn", "1"]],
+                         ids=["mla", "legacy"])
+def test_bloomery_gguf_check_accepts_deepseek2(tmp_path, args):
     if not os.access(GGUF_TOOL, os.X_OK):
         pytest.skip("%s is not built" % GGUF_TOOL)
     path = mk_ok(tmp_path, *args)
