@@ -1,8 +1,8 @@
 """Minimal GGUF v3 writer for building test models.
 
 Owns: writing metadata (typed values, arrays, nested arrays) and F32/F16
-tensors, and the helpers that build tiny random qwen3moe / qwen3 / glm4moe
-models.
+tensors, and the helpers that build tiny random qwen3moe / qwen3 / glm4moe /
+deepseek2 models.
 Values are given as (type, value) pairs or plain Python values (int -> i32 or
 u64 when large, float -> f32, bool, str, list -> array of the first element's
 type). Tensors are float arrays in numpy order (slowest dimension first); they
@@ -154,7 +154,7 @@ def _header(arch, hp, block_count, rope_base, eps):
     wr.add(arch + ".attention.head_count", (G.T_UINT32, hp["n_head"]))
     wr.add(arch + ".attention.head_count_kv", (G.T_UINT32, hp["n_head_kv"]))
     wr.add(arch + ".attention.key_length", (G.T_UINT32, hp["head_dim"]))
-    wr.add(arch + ".attention.value_length", (G.T_UINT32, hp["head_dim"]))
+    wr.add(arch + ".attention.value_length", (G.T_UINT32, hp.get("head_dim_v", hp["head_dim"])))
     wr.add(arch + ".rope.freq_base", (G.T_FLOAT32, rope_base))
     wr.add(arch + ".attention.layer_norm_rms_epsilon", (G.T_FLOAT32, eps))
     return wr
@@ -285,4 +285,148 @@ def write_glm4moe(path, weights, hp, n_expert_used=2, expert_scale=1.0, expert_n
     for name, arr in weights.items():
         if not (tied and name == "output.weight"):
             wr.add_tensor(name, arr)
+    wr.write(path)
+
+
+def tiny_deepseek2_weights(seed=0, n_vocab=64, n_embd=32, n_layer=2, n_nextn=1, n_dense_lead=1,
+                           n_head=4, q_lora=24, kv_lora=16, qk_nope=8, n_rot=8, head_dim_v=12,
+                           n_ff=40, n_ff_exp=16, n_expert=8, n_shared=1, probs_bias=True, scale=0.3):
+    """Random weights (numpy order) for a tiny deepseek2 model, attention in the
+    legacy attn_kv_b form (write_deepseek2 slices attn_k_b / attn_v_b from it).
+
+    n_layer layers are run (the first n_dense_lead dense, the rest MoE);
+    n_nextn NextN layers follow them. q_lora 0 gives attn_q instead of
+    attn_q_a / attn_q_a_norm / attn_q_b; probs_bias False leaves exp_probs_b out.
+    """
+    rng = np.random.default_rng(seed)
+
+    def r(*shape, s=scale):
+        return rng.standard_normal(shape) * s
+
+    hk = qk_nope + n_rot
+    n_ff_sh = n_ff_exp * n_shared
+    w = {
+        "token_embd.weight": r(n_vocab, n_embd, s=1.0),
+        "output_norm.weight": 1.0 + r(n_embd, s=0.1),
+        "output.weight": r(n_vocab, n_embd),
+    }
+    for i in range(n_layer + n_nextn):
+        p = "blk.%d." % i
+        w[p + "attn_norm.weight"] = 1.0 + r(n_embd, s=0.1)
+        if q_lora:
+            w[p + "attn_q_a.weight"] = r(q_lora, n_embd)
+            w[p + "attn_q_a_norm.weight"] = 1.0 + r(q_lora, s=0.1)
+            w[p + "attn_q_b.weight"] = r(n_head * hk, q_lora)
+        else:
+            w[p + "attn_q.weight"] = r(n_head * hk, n_embd)
+        w[p + "attn_kv_a_mqa.weight"] = r(kv_lora + n_rot, n_embd)
+        w[p + "attn_kv_a_norm.weight"] = 1.0 + r(kv_lora, s=0.1)
+        w[p + "attn_kv_b.weight"] = r(n_head * (qk_nope + head_dim_v), kv_lora)
+        w[p + "attn_output.weight"] = r(n_embd, n_head * head_dim_v)
+        w[p + "ffn_norm.weight"] = 1.0 + r(n_embd, s=0.1)
+        if i < n_dense_lead:
+            w[p + "ffn_gate.weight"] = r(n_ff, n_embd)
+            w[p + "ffn_up.weight"] = r(n_ff, n_embd)
+            w[p + "ffn_down.weight"] = r(n_embd, n_ff)
+            continue
+        w[p + "ffn_gate_inp.weight"] = r(n_expert, n_embd)
+        if probs_bias:
+            w[p + "exp_probs_b.bias"] = r(n_expert, s=0.05)
+        w[p + "ffn_gate_exps.weight"] = r(n_expert, n_ff_exp, n_embd)
+        w[p + "ffn_up_exps.weight"] = r(n_expert, n_ff_exp, n_embd)
+        w[p + "ffn_down_exps.weight"] = r(n_expert, n_embd, n_ff_exp)
+        if n_shared:
+            w[p + "ffn_gate_shexp.weight"] = r(n_ff_sh, n_embd)
+            w[p + "ffn_up_shexp.weight"] = r(n_ff_sh, n_embd)
+            w[p + "ffn_down_shexp.weight"] = r(n_embd, n_ff_sh)
+        if i >= n_layer:
+            w[p + "nextn.eh_proj.weight"] = r(n_embd, 2 * n_embd)
+            w[p + "nextn.enorm.weight"] = 1.0 + r(n_embd, s=0.1)
+            w[p + "nextn.hnorm.weight"] = 1.0 + r(n_embd, s=0.1)
+            w[p + "nextn.shared_head_norm.weight"] = 1.0 + r(n_embd, s=0.1)
+    hp = dict(n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer, n_nextn=n_nextn,
+              n_dense_lead=n_dense_lead, n_head=n_head, q_lora=q_lora, kv_lora=kv_lora,
+              qk_nope=qk_nope, n_rot=n_rot, head_dim_v=head_dim_v, n_ff=n_ff, n_ff_exp=n_ff_exp,
+              n_expert=n_expert, n_shared=n_shared)
+    return w, hp
+
+
+def split_kv_b(kv_b, n_head, qk_nope, head_dim_v):
+    """attn_kv_b (numpy (n_head*(qk_nope+hv), kv_lora)) -> attn_k_b (n_head, kv_lora, qk_nope),
+    attn_v_b (n_head, hv, kv_lora) in numpy order, as llama.cpp's converter splits it."""
+    kv = np.asarray(kv_b).reshape(n_head, qk_nope + head_dim_v, -1)
+    return kv[:, :qk_nope].transpose(0, 2, 1), kv[:, qk_nope:]
+
+
+def write_deepseek2(path, weights, hp, form="mla", n_expert_used=2, n_group=None, topk_group=None,
+                    expert_scale=1.0, expert_norm=True, gating=2, rope_scaling=None,
+                    rope_base=1e4, eps=1e-6, tied=False, ctx=256):
+    """Write `weights` (from tiny_deepseek2_weights) as a deepseek2 file.
+
+    form "mla": attn_k_b / attn_v_b sliced from attn_kv_b, key_length_mla /
+    value_length_mla, key_length kv_lora + n_rot, value_length kv_lora and one
+    kv head; form "legacy": attn_kv_b, key_length qk_nope + n_rot, value_length
+    hv, n_head kv heads. n_group / topk_group, expert_scale, expert_norm and
+    gating (0 none, 1 softmax, 2 sigmoid) become expert_group_count /
+    expert_group_used_count, expert_weights_scale, expert_weights_norm and
+    expert_gating_func; None leaves the key out. rope_scaling: a dict of
+    rope.scaling.* keys (type, factor, original_context_length,
+    yarn_log_multiplier (stored as given), attn_factor, yarn_beta_fast,
+    yarn_beta_slow) or None for none written.
+    """
+    arch = "deepseek2"
+    if form not in ("mla", "legacy"):
+        raise ValueError("form is mla or legacy")
+    mla = form == "mla"
+    H, nope, rot, hv, kvl = hp["n_head"], hp["qk_nope"], hp["n_rot"], hp["head_dim_v"], hp["kv_lora"]
+    head = dict(n_embd=hp["n_embd"], n_ff=hp["n_ff"], n_head=H, n_head_kv=1 if mla else H,
+                head_dim=kvl + rot if mla else nope + rot, head_dim_v=kvl if mla else hv)
+    wr = _header(arch, head, hp["n_layer"] + hp["n_nextn"], rope_base, eps)
+    wr.kv = [k for k in wr.kv if k[0] != arch + ".context_length"]
+    wr.add(arch + ".context_length", (G.T_UINT32, ctx))
+
+    def u32(key, v):
+        if v is not None:
+            wr.add(arch + "." + key, (G.T_UINT32, v))
+
+    def f32(key, v):
+        if v is not None:
+            wr.add(arch + "." + key, (G.T_FLOAT32, v))
+
+    u32("rope.dimension_count", rot)
+    if hp["q_lora"]:
+        u32("attention.q_lora_rank", hp["q_lora"])
+    u32("attention.kv_lora_rank", kvl)
+    if mla:
+        u32("attention.key_length_mla", nope + rot)
+        u32("attention.value_length_mla", hv)
+    u32("nextn_predict_layers", hp["n_nextn"])
+    u32("leading_dense_block_count", hp["n_dense_lead"])
+    u32("expert_count", hp["n_expert"])
+    u32("expert_used_count", n_expert_used)
+    u32("expert_shared_count", hp["n_shared"])
+    u32("expert_feed_forward_length", hp["n_ff_exp"])
+    u32("expert_group_count", n_group)
+    u32("expert_group_used_count", topk_group)
+    f32("expert_weights_scale", expert_scale)
+    if expert_norm is not None:
+        wr.add(arch + ".expert_weights_norm", (G.T_BOOL, expert_norm))
+    u32("expert_gating_func", gating)
+    for key, v in (rope_scaling or {}).items():
+        if key == "type":
+            wr.add(arch + ".rope.scaling.type", v)
+        elif key == "original_context_length":
+            u32("rope.scaling.original_context_length", v)
+        else:
+            f32("rope.scaling." + key, v)
+    _tokens(wr, hp)
+    for name, arr in weights.items():
+        if tied and name == "output.weight":
+            continue
+        if mla and name.endswith("attn_kv_b.weight"):
+            k_b, v_b = split_kv_b(arr, H, nope, hv)
+            wr.add_tensor(name.replace("attn_kv_b", "attn_k_b"), k_b)
+            wr.add_tensor(name.replace("attn_kv_b", "attn_v_b"), v_b)
+            continue
+        wr.add_tensor(name, arr)
     wr.write(path)

@@ -1,12 +1,16 @@
-"""Float64 reference forward pass for the qwen3moe, qwen3 and glm4moe architectures.
+"""Float64 reference forward pass for the qwen3moe, qwen3, glm4moe and deepseek2 architectures.
 
 Owns: hyperparameters from GGUF metadata, weight loading (every weight
 dequantized exactly to float64), the transformer forward pass as llama.cpp
 defines it for these architectures (glm4moe: attention biases, optional q/k
 norms, partial RoPE, leading dense layers, biased sigmoid routing with a
-shared expert; its trailing NextN layers are not run), and the output head
-(log-sum-exp over the whole vocabulary row and the top-k ids per position),
-which is computed in vocabulary chunks so memory stays bounded.
+shared expert; its trailing NextN layers are not run; deepseek2: multi-head
+latent attention in both file forms (attn_k_b/attn_v_b and the legacy
+attn_kv_b), optional q compression, NORM-form RoPE of the n_rot rotated dims
+with YaRN, routing over the best expert groups, shared experts, leading dense
+layers, NextN layers not run), and the output head (log-sum-exp over the
+whole vocabulary row and the top-k ids per position), which is computed in
+vocabulary chunks so memory stays bounded.
 """
 
 import math
@@ -19,7 +23,7 @@ import numpy as np
 import dequant
 import gguf
 
-SUPPORTED_ARCHS = ("qwen3moe", "qwen3", "glm4moe")
+SUPPORTED_ARCHS = ("qwen3moe", "qwen3", "glm4moe", "deepseek2")
 
 # llama.cpp clamps the routed weights' sum to this before dividing by it
 EXPERT_WEIGHTS_SUM_MIN = 6.103515625e-5
@@ -39,8 +43,8 @@ class Hparams:
             return v
 
         self.block_count = int(get("block_count"))
-        # glm4moe's trailing NextN (multi-token prediction) layers are not run
-        self.n_nextn = int(get("nextn_predict_layers", 0)) if arch == "glm4moe" else 0
+        # glm4moe's and deepseek2's trailing NextN (multi-token prediction) layers are not run
+        self.n_nextn = int(get("nextn_predict_layers", 0)) if arch in ("glm4moe", "deepseek2") else 0
         if not 0 <= self.n_nextn < self.block_count:
             raise ValueError("nextn_predict_layers %d with block_count %d"
                              % (self.n_nextn, self.block_count))
@@ -59,7 +63,10 @@ class Hparams:
         self.n_expert_used = 0
         self.n_expert_shared = 0
         self.n_layer_dense_lead = 0
-        if arch in ("qwen3moe", "glm4moe"):
+        # experts are chosen among the topk_group best of n_group groups (deepseek2)
+        self.n_group = 1
+        self.topk_group = 1
+        if arch in ("qwen3moe", "glm4moe", "deepseek2"):
             self.n_expert = int(get("expert_count"))
             self.n_expert_used = int(get("expert_used_count"))
             if not 0 < self.n_expert_used <= self.n_expert:
@@ -79,8 +86,124 @@ class Hparams:
                 raise ValueError("glm4moe.expert_gating_func %d: only 1 (softmax) "
                                  "and 2 (sigmoid) are known" % gating)
             self.expert_gating = "softmax" if gating == 1 else "sigmoid"
+        if arch == "deepseek2":
+            self._deepseek2(md, get)
         if self.n_head % self.n_head_kv:
             raise ValueError("n_head %d not a multiple of n_head_kv %d" % (self.n_head, self.n_head_kv))
+
+
+    def _deepseek2(self, md, get):
+        """deepseek2's latent attention, experts and RoPE scaling (deepseek2-spec.md)."""
+        a = self.arch + "."
+
+        def opt(key, default):
+            v = md.get(a + key)
+            return default if v is None else v
+
+        # q straight from the input when q_lora_rank is absent or 0
+        self.q_lora = int(opt("attention.q_lora_rank", 0))
+        self.kv_lora = int(get("attention.kv_lora_rank"))
+        self.rope_dim = int(get("rope.dimension_count"))
+        kmla = md.get(a + "attention.key_length_mla")
+        vmla = md.get(a + "attention.value_length_mla")
+        if (kmla is None) != (vmla is None):
+            raise ValueError("deepseek2.attention.key_length_mla and value_length_mla come together")
+        # MLA form (attn_k_b / attn_v_b): key_length and value_length are the
+        # latent cache's widths; legacy form (attn_kv_b): the heads' own
+        self.mla = kmla is not None
+        if self.mla:
+            if (self.head_dim, self.head_dim_v) != (self.kv_lora + self.rope_dim, self.kv_lora):
+                raise ValueError("deepseek2 MLA form: key_length %d, value_length %d are not "
+                                 "kv_lora_rank + rope.dimension_count, kv_lora_rank (%d, %d)"
+                                 % (self.head_dim, self.head_dim_v, self.kv_lora + self.rope_dim,
+                                    self.kv_lora))
+            self.head_dim, self.head_dim_v = int(kmla), int(vmla)  # hk, hv
+        if self.rope_dim % 2 or not 0 < self.rope_dim < self.head_dim or self.head_dim_v < 1:
+            raise ValueError("deepseek2: heads of %d q/k dims must hold the %d rotated ones (even) "
+                             "and more" % (self.head_dim, self.rope_dim))
+        self.qk_nope = self.head_dim - self.rope_dim
+        self.n_ff_exp = int(get("expert_feed_forward_length"))
+        self.n_expert_shared = int(get("expert_shared_count"))
+        self.n_layer_dense_lead = int(opt("leading_dense_block_count", 0))
+        if not 0 <= self.n_layer_dense_lead <= self.n_layer:
+            raise ValueError("leading_dense_block_count %d with %d layers"
+                             % (self.n_layer_dense_lead, self.n_layer))
+        scale = float(opt("expert_weights_scale", 1.0))
+        self.expert_weights_scale = 1.0 if scale == 0.0 else scale  # 0 means 1
+        self.expert_weights_norm = bool(opt("expert_weights_norm", False))
+        gating = int(opt("expert_gating_func", 0))
+        # 0 or absent: softmax, as DeepSeek-V2's files mean it
+        if gating not in (0, 1, 2):
+            raise ValueError("deepseek2.expert_gating_func %d: only 1 (softmax) and 2 (sigmoid) "
+                             "are known" % gating)
+        self.expert_gating = "sigmoid" if gating == 2 else "softmax"
+        self.n_group = int(opt("expert_group_count", 1))
+        self.topk_group = int(opt("expert_group_used_count", 1))
+        if self.n_group < 1 or self.n_expert % self.n_group:
+            raise ValueError("deepseek2.expert_group_count %d does not divide expert_count %d"
+                             % (self.n_group, self.n_expert))
+        if not 1 <= self.topk_group <= self.n_group:
+            raise ValueError("deepseek2.expert_group_used_count %d with %d groups"
+                             % (self.topk_group, self.n_group))
+        per_group = self.n_expert // self.n_group
+        if self.n_group > 1 and per_group < 2:
+            raise ValueError("deepseek2: a group's score sums its two best experts; groups of %d"
+                             % per_group)
+        if self.n_expert_used > self.topk_group * per_group:
+            raise ValueError("deepseek2: %d used experts do not fit in %d groups of %d"
+                             % (self.n_expert_used, self.topk_group, per_group))
+        # RoPE scaling: none, or YaRN
+        stype = opt("rope.scaling.type", "none")
+        if stype not in ("none", "yarn"):
+            raise ValueError("deepseek2.rope.scaling.type %r: only none and yarn are known" % (stype,))
+        stored = float(opt("rope.scaling.yarn_log_multiplier", 0.0))
+        # the converter stores 0.1 * mscale_all_dim; the division is llama.cpp's,
+        # in float32, which gives the config's value back (0.1f / 0.1f == 1)
+        self.yarn_log_mul = float(np.float32(stored) / np.float32(0.1))
+        factor = float(opt("rope.scaling.factor", 1.0))
+        self.rope_yarn, mscale = None, 1.0
+        if stype == "yarn" and factor > 1.0:
+            n_ctx_orig = md.get(a + "rope.scaling.original_context_length")
+            if n_ctx_orig is None:
+                n_ctx_orig = get("context_length")
+            self.rope_yarn, mscale = yarn_params(
+                self.rope_dim, self.rope_base, factor, int(n_ctx_orig),
+                beta_fast=float(opt("rope.scaling.yarn_beta_fast", 32.0)),
+                beta_slow=float(opt("rope.scaling.yarn_beta_slow", 1.0)),
+                log_mul=self.yarn_log_mul, attn_factor=float(opt("rope.scaling.attn_factor", 1.0)))
+        self.kq_scale = mscale * mscale / math.sqrt(self.head_dim)
+
+
+def get_mscale(s, m):
+    """llama.cpp's attention temperature of a YaRN extension by s."""
+    return 1.0 if s <= 1.0 else 1.0 + 0.1 * m * math.log(s)
+
+
+def yarn_params(n_rot, base, factor, n_ctx_orig, beta_fast=32.0, beta_slow=1.0, log_mul=0.0,
+                attn_factor=1.0):
+    """YaRN's rotation and deepseek2's score factor as llama.cpp derives them, in float64.
+
+    Returns (yarn, mscale): yarn = (freq_scale, ext_factor, lo, hi, m_rope) for
+    rope_norm, m_rope the factor cos and sin are multiplied by; the scores'
+    scale is mscale^2 / sqrt(hk). log_mul is yarn_log_mul after the division
+    by 0.1. factor <= 1 is no scaling: (None, 1.0).
+    """
+    if factor <= 1.0:
+        return None, 1.0
+    lnf = math.log(factor)
+
+    def corr_dim(b):
+        return n_rot * math.log(n_ctx_orig / (b * 2.0 * math.pi)) / (2.0 * math.log(base))
+
+    lo = max(0.0, float(math.floor(corr_dim(beta_fast))))
+    hi = min(n_rot - 1.0, float(math.ceil(corr_dim(beta_slow))))
+    # with a log multiplier llama.cpp divides get_mscale(F, m) by itself for
+    # deepseek2 (m = mscale_all_dim): 1
+    af = 1.0 if log_mul != 0.0 else get_mscale(factor, 1.0)
+    af = af / (1.0 + 0.1 * lnf) * attn_factor
+    m_rope = af * (1.0 + 0.1 * lnf)  # = attn_factor_org
+    mscale = m_rope * (1.0 + 0.1 * log_mul * lnf)
+    return (1.0 / factor, 1.0, lo, hi, m_rope), mscale
 
 
 def rms_norm(x, w, eps):
@@ -110,6 +233,31 @@ def rope_neox(x, pos, base, n_rot):
     out = x.copy()
     out[..., :half] = x0 * cos - x1 * sin
     out[..., half:n_rot] = x0 * sin + x1 * cos
+    return out
+
+
+def rope_norm(x, pos, base, n_rot, yarn=None):
+    """x (T, H, D); rotate consecutive pairs (2i, 2i+1) for i < n_rot/2 (llama.cpp's NORM form).
+
+    yarn = (freq_scale, ext_factor, lo, hi, m_rope) from yarn_params: pair i
+    turns by freq_scale * theta_e (1 - r) + theta_e r with r = ramp(i) *
+    ext_factor, and cos and sin are multiplied by m_rope.
+    """
+    half = n_rot // 2
+    i = np.arange(half, dtype=np.float64)
+    theta = pos.astype(np.float64)[:, None] * (base ** (-2.0 * i / n_rot))[None, :]  # (T, half)
+    m = 1.0
+    if yarn is not None:
+        freq_scale, ext_factor, lo, hi, m = yarn
+        ramp = (1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)) * ext_factor
+        theta = freq_scale * theta * (1.0 - ramp) + theta * ramp
+    cos = (np.cos(theta) * m)[:, None, :]
+    sin = (np.sin(theta) * m)[:, None, :]
+    x0 = x[..., 0:n_rot:2]
+    x1 = x[..., 1:n_rot:2]
+    out = x.copy()
+    out[..., 0:n_rot:2] = x0 * cos - x1 * sin
+    out[..., 1:n_rot:2] = x0 * sin + x1 * cos
     return out
 
 
@@ -200,16 +348,17 @@ class Layer:
 
 
 class Model:
-    """A GGUF qwen3moe / qwen3 / glm4moe model computed in float64.
+    """A GGUF qwen3moe / qwen3 / glm4moe / deepseek2 model computed in float64.
 
     Small models are decoded once (every weight kept in float64). With
     lazy=True (the default when the decoded weights would pass
-    LAZY_BYTES) a layer's weights are decoded when the layer runs, experts one
-    at a time, and the output matrix chunk by chunk, so memory stays bounded
-    for large files at the cost of decoding again on every pass.
+    LAZY_BYTES) a layer's weights are decoded when the layer runs, experts and
+    deepseek2's per-head attn_k_b / attn_v_b (or attn_kv_b) slices one at a
+    time, and the output matrix chunk by chunk, so memory stays bounded for
+    large files at the cost of decoding again on every pass.
 
-    norm_topk applies to qwen3moe only; glm4moe files say whether the routed
-    weights are normalised (expert_weights_norm).
+    norm_topk applies to qwen3moe only; glm4moe and deepseek2 files say whether
+    the routed weights are normalised (expert_weights_norm).
     """
 
     LAZY_BYTES = 2 << 30
@@ -248,8 +397,40 @@ class Model:
         w = self._w
         p = "blk.%d." % i
         glm = hp.arch == "glm4moe"
+        ds2 = hp.arch == "deepseek2"
         L = Layer()
         L.attn_norm = w(p + "attn_norm.weight")
+        if ds2:
+            self._mla_weights(L, p)
+            L.ffn_norm = w(p + "ffn_norm.weight")
+        else:
+            self._gqa_weights(L, p)
+        L.is_moe = hp.n_expert > 0 and i >= hp.n_layer_dense_lead
+        L.probs_bias = None
+        L.shexp = None
+        if L.is_moe:
+            L.router = w(p + "ffn_gate_inp.weight")  # (n_expert, n_embd)
+            L.expert = self._expert_loader(p)
+            if glm or ds2:
+                # glm4moe always has the selection bias; DeepSeek-V3 has it, V2 not
+                L.probs_bias = w(p + "exp_probs_b.bias") if glm else self._opt(p + "exp_probs_b.bias")
+                if hp.n_expert_shared > 0:
+                    L.shexp = tuple(w(p + n) for n in ("ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+                                                       "ffn_down_shexp.weight"))
+                    n_ff_sh = hp.n_ff_exp * hp.n_expert_shared
+                    if L.shexp[0].shape[0] != n_ff_sh:
+                        raise ValueError("%sffn_gate_shexp.weight has %d rows, want %d"
+                                         % (p, L.shexp[0].shape[0], n_ff_sh))
+        else:
+            L.gate = w(p + "ffn_gate.weight")  # (n_ff, n_embd)
+            L.up = w(p + "ffn_up.weight")
+            L.down = w(p + "ffn_down.weight")  # (n_embd, n_ff)
+        return L
+
+    def _gqa_weights(self, L, p):
+        """qwen3 / qwen3moe / glm4moe attention weights and the FFN norm."""
+        w = self._w
+        glm = self.hp.arch == "glm4moe"
         L.wq = w(p + "attn_q.weight")  # (n_head*hd, n_embd)
         L.wk = w(p + "attn_k.weight")
         L.wv = w(p + "attn_v.weight")
@@ -267,26 +448,60 @@ class Model:
             L.q_norm = w(p + "attn_q_norm.weight")
             L.k_norm = w(p + "attn_k_norm.weight")
             L.ffn_norm = w(p + "ffn_norm.weight")
-        L.is_moe = hp.n_expert > 0 and i >= hp.n_layer_dense_lead
-        L.probs_bias = None
-        L.shexp = None
-        if L.is_moe:
-            L.router = w(p + "ffn_gate_inp.weight")  # (n_expert, n_embd)
-            L.expert = self._expert_loader(p)
-            if glm:
-                L.probs_bias = w(p + "exp_probs_b.bias")  # (n_expert,)
-                if hp.n_expert_shared > 0:
-                    L.shexp = tuple(w(p + n) for n in ("ffn_gate_shexp.weight", "ffn_up_shexp.weight",
-                                                       "ffn_down_shexp.weight"))
-                    n_ff_sh = hp.n_ff_exp * hp.n_expert_shared
-                    if L.shexp[0].shape[0] != n_ff_sh:
-                        raise ValueError("%sffn_gate_shexp.weight has %d rows, want %d"
-                                         % (p, L.shexp[0].shape[0], n_ff_sh))
+
+    def _tensor(self, name, shape):
+        """The gguf.Tensor `name`, checked to have numpy shape `shape`."""
+        t = self.gf.tensors.get(name)
+        if t is None:
+            raise KeyError("tensor %s missing from %s" % (name, self.path))
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError("%s has shape %s, want %s" % (name, tuple(t.shape), tuple(shape)))
+        return t
+
+    def _mla_weights(self, L, p):
+        """deepseek2's latent attention weights (numpy shapes, rows first)."""
+        hp = self.hp
+        E, H, hk, hv = hp.n_embd, hp.n_head, hp.head_dim, hp.head_dim_v
+        d = dequant.dequantize
+        if hp.q_lora > 0:
+            L.wq = None
+            L.wq_a = d(self._tensor(p + "attn_q_a.weight", (hp.q_lora, E)))
+            L.q_a_norm = d(self._tensor(p + "attn_q_a_norm.weight", (hp.q_lora,)))
+            L.wq_b = d(self._tensor(p + "attn_q_b.weight", (H * hk, hp.q_lora)))
         else:
-            L.gate = w(p + "ffn_gate.weight")  # (n_ff, n_embd)
-            L.up = w(p + "ffn_up.weight")
-            L.down = w(p + "ffn_down.weight")  # (n_embd, n_ff)
-        return L
+            L.wq = d(self._tensor(p + "attn_q.weight", (H * hk, E)))
+        L.wkv_a = d(self._tensor(p + "attn_kv_a_mqa.weight", (hp.kv_lora + hp.rope_dim, E)))
+        L.kv_a_norm = d(self._tensor(p + "attn_kv_a_norm.weight", (hp.kv_lora,)))
+        L.wo = d(self._tensor(p + "attn_output.weight", (E, H * hv)))
+        L.kv_b = self._kv_b_loader(p)
+
+    def _kv_b_loader(self, p):
+        """kv_b(h) -> (Wk_b (qk_nope, kv_lora), Wv_b (hv, kv_lora)) of head h:
+        k_nope = Wk_b kv, v = Wv_b kv for a normed latent row kv."""
+        hp = self.hp
+        H, nope, hv, r = hp.n_head, hp.qk_nope, hp.head_dim_v, hp.kv_lora
+        d = dequant.dequantize
+        c = np.ascontiguousarray
+        if hp.mla:
+            # attn_k_b ne [qk_nope, kv_lora, H]: per head kv_lora rows of qk_nope, the transpose of Wk_b
+            kb = self._tensor(p + "attn_k_b.weight", (H, r, nope))
+            vb = self._tensor(p + "attn_v_b.weight", (H, hv, r))
+            if self.lazy:
+                return lambda h: (c(d(kb, rows=[h])[0].T), c(d(vb, rows=[h])[0]))
+            K = c(d(kb).transpose(0, 2, 1))
+            V = d(vb)
+            return lambda h: (K[h], V[h])
+        # attn_kv_b: per head qk_nope rows of k_nope, then hv rows of v
+        n = nope + hv
+        kvb = self._tensor(p + "attn_kv_b.weight", (H * n, r))
+        if self.lazy:
+            def one(h):
+                rows = d(kvb, rows=np.arange(h * n, (h + 1) * n))
+                return c(rows[:nope]), c(rows[nope:])
+            return one
+        W = d(kvb).reshape(H, n, r)
+        K, V = c(W[:, :nope]), c(W[:, nope:])
+        return lambda h: (K[h], V[h])
 
     def _expert_loader(self, p):
         """expert(e) -> (gate (n_ff, n_embd), up, down (n_embd, n_ff)) of layer prefix p."""
@@ -331,6 +546,8 @@ class Model:
     # ---- blocks --------------------------------------------------------
     def attention(self, L, x, pos):
         hp = self.hp
+        if hp.arch == "deepseek2":
+            return self.attention_mla(L, x, pos)
         T = x.shape[0]
         q, k, v = mm(x, L.wq), mm(x, L.wk), mm(x, L.wv)
         if L.bq is not None:
@@ -362,6 +579,56 @@ class Model:
         pmap(one, [(a, h) for a in range(0, T, blk) for h in range(hp.n_head)])
         return mm(out.reshape(T, hp.n_head * hp.head_dim_v), L.wo)
 
+    def attention_mla(self, L, x, pos):
+        """deepseek2's multi-head latent attention, in the plain (decompressed) form:
+        per head k_nope = Wk_b kv and v = Wv_b kv of the normed latent rows, one
+        rotated k_pe shared by all heads, scores scaled by hp.kq_scale."""
+        hp = self.hp
+        T, H, nope, r = x.shape[0], hp.n_head, hp.qk_nope, hp.rope_dim
+        if L.wq is None:
+            q = mm(rms_norm(mm(x, L.wq_a), L.q_a_norm, hp.eps), L.wq_b)
+        else:
+            q = mm(x, L.wq)
+        q = q.reshape(T, H, hp.head_dim)
+        q_nope = q[..., :nope]
+        q_pe = rope_norm(q[..., nope:], pos, hp.rope_base, r, hp.rope_yarn)
+        c = mm(x, L.wkv_a)  # (T, kv_lora + n_rot)
+        kv = rms_norm(c[:, :hp.kv_lora], L.kv_a_norm, hp.eps)
+        k_pe = rope_norm(c[:, None, hp.kv_lora:], pos, hp.rope_base, r, hp.rope_yarn)[:, 0, :]
+        out = np.empty((T, H, hp.head_dim_v))
+        blk = 256
+
+        def one(h):
+            wk, wv = L.kv_b(h)
+            k_nope = mm(kv, wk)  # (T, qk_nope)
+            v = mm(kv, wv)  # (T, hv)
+            qn = np.ascontiguousarray(q_nope[:, h])
+            qp = np.ascontiguousarray(q_pe[:, h])
+            for a in range(0, T, blk):
+                b = min(T, a + blk)
+                # query rows a..b-1 see keys 0..row
+                mask = np.arange(b)[None, :] > np.arange(a, b)[:, None]
+                s = (mm(qn[a:b], k_nope[:b]) + mm(qp[a:b], k_pe[:b])) * hp.kq_scale
+                s[mask] = -np.inf
+                out[a:b, h, :] = softmax(s, axis=-1) @ v[:b]
+
+        pmap(one, range(H))
+        return mm(out.reshape(T, H * hp.head_dim_v), L.wo)
+
+    def mask_groups(self, score):
+        """score (T, n_expert) with the experts outside each row's topk_group best
+        groups set to -inf; a group's score is the sum of its two best scores
+        (ties: the lower group id)."""
+        hp = self.hp
+        T = score.shape[0]
+        g = score.reshape(T, hp.n_group, hp.n_expert // hp.n_group)
+        two = np.sort(g, axis=-1)[..., -2:]
+        gscore = two[..., 1] + two[..., 0]  # the best plus the second
+        keep = np.argsort(-gscore, axis=-1, kind="stable")[:, :hp.topk_group]
+        drop = np.ones((T, hp.n_group), dtype=bool)
+        np.put_along_axis(drop, keep, False, axis=-1)
+        return np.where(drop[:, :, None], -np.inf, g).reshape(T, hp.n_expert)
+
     def route(self, L, x):
         """Chosen experts (T, k), best first, and their weights (T, k)."""
         hp = self.hp
@@ -377,7 +644,10 @@ class Model:
             return sel, wsel
         probs = softmax(logits, axis=-1) if hp.expert_gating == "softmax" else sigmoid(logits)
         # the bias only steers the choice (ties: lower id); weights are the unbiased probs
-        sel = np.argsort(-(probs + L.probs_bias), axis=-1, kind="stable")[:, :k]
+        score = probs if L.probs_bias is None else probs + L.probs_bias
+        if hp.n_group > 1:
+            score = self.mask_groups(score)
+        sel = np.argsort(-score, axis=-1, kind="stable")[:, :k]
         wsel = np.take_along_axis(probs, sel, axis=-1)
         if hp.expert_weights_norm:
             wsel = wsel / np.maximum(np.sum(wsel, axis=-1, keepdims=True), EXPERT_WEIGHTS_SUM_MIN)
