@@ -1,5 +1,6 @@
 /* Architecture facts from GGUF metadata (arch.h). The keys and tensor names are
  * llama.cpp's for these architectures. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,7 +72,7 @@ static int get_count(const bl_gguf_t *g, const char *arch, const char *key, int6
 static const struct {
     const char *name;
     int moe;
-} k_archs[] = {{"qwen3moe", 1}, {"qwen3", 0}, {"glm4moe", 1}};
+} k_archs[] = {{"qwen3moe", 1}, {"qwen3", 0}, {"glm4moe", 1}, {"deepseek2", 1}};
 
 static int is_arch(const bl_arch_t *a, const char *name) { return strcmp(a->name, name) == 0; }
 
@@ -119,6 +120,151 @@ static int read_glm4moe(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_e
     return 0;
 }
 
+/* deepseek2: the latent attention's widths (the MLA form of today's converter, or
+ * the legacy attn_kv_b form), the expert groups, shared experts and dense layers. */
+static int read_deepseek2(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *err)
+{
+    const char *ar = a->name;
+    int64_t shared = -1, gating = 0, klen = 0, vlen = 0, kmla = 0, vmla = 0;
+    int rc;
+    if ((rc = get_count(g, ar, "attention.q_lora_rank", 0, BL_ARCH_MAX_DIM, &a->q_lora, err)) < 0 ||
+        (rc = get_dim(g, ar, "attention.kv_lora_rank", 0, BL_ARCH_MAX_DIM, &a->kv_lora, err)) < 0 ||
+        (rc = get_dim(g, ar, "attention.key_length", 0, BL_ARCH_MAX_DIM, &klen, err)) < 0 ||
+        (rc = get_dim(g, ar, "attention.value_length", 0, BL_ARCH_MAX_DIM, &vlen, err)) < 0 ||
+        (rc = get_count(g, ar, "attention.key_length_mla", 0, BL_ARCH_MAX_DIM, &kmla, err)) < 0 ||
+        (rc = get_count(g, ar, "attention.value_length_mla", 0, BL_ARCH_MAX_DIM, &vmla, err)) < 0 ||
+        (rc = get_dim(g, ar, "rope.dimension_count", 0, BL_ARCH_MAX_DIM, &a->n_rot, err)) < 0 ||
+        (rc = get_count(g, ar, "nextn_predict_layers", 0, a->n_layer_file - 1, &a->n_nextn, err)) < 0 ||
+        (rc = get_count(g, ar, "expert_shared_count", -1, 64, &shared, err)) < 0 ||
+        (rc = get_count(g, ar, "expert_gating_func", 0, 16, &gating, err)) < 0 ||
+        (rc = get_count(g, ar, "expert_group_count", 1, BL_ARCH_MAX_EXPERTS, &a->n_group, err)) < 0 ||
+        (rc = get_count(g, ar, "expert_group_used_count", 1, BL_ARCH_MAX_EXPERTS, &a->topk_group, err)) < 0 ||
+        (rc = get_float(g, ar, "expert_weights_scale", 1.0f, 0.0f, 1e6f, &a->expert_scale, err)) < 0)
+        return rc;
+    if (shared < 0)
+        return bl_err_set(err, BL_ENOENT, "%s: metadata %s.expert_shared_count is missing", path, ar);
+    /* 0 ("none"): the softmax of DeepSeek-V2's files, as llama.cpp reads them */
+    if (gating == 0)
+        gating = BL_GATING_SOFTMAX;
+    if (gating != BL_GATING_SOFTMAX && gating != BL_GATING_SIGMOID)
+        return bl_err_set(err, BL_ENOTSUP, "%s: %s.expert_gating_func %lld is not supported (1 softmax, 2 sigmoid)",
+                          path, ar, (long long)gating);
+    a->gating = (bl_gating_t)gating;
+    if (a->expert_scale == 0.0f)
+        a->expert_scale = 1.0f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.expert_weights_norm", ar);
+    a->expert_norm = 0;
+    if (bl_gguf_find_kv(g, key) && (rc = bl_gguf_get_bool(g, key, &a->expert_norm, err)) < 0)
+        return rc;
+    if ((kmla != 0) != (vmla != 0))
+        return bl_err_set(err, BL_EINVAL, "%s: %s.attention.key_length_mla and value_length_mla come together", path,
+                          ar);
+    a->mla_split = kmla != 0;
+    a->head_k = a->mla_split ? kmla : klen;
+    a->head_v = a->mla_split ? vmla : vlen;
+    if (a->mla_split && (klen != a->kv_lora + a->n_rot || vlen != a->kv_lora))
+        return bl_err_set(err, BL_EINVAL, "%s: %s.attention.key_length %lld and value_length %lld are not kv_lora_rank "
+                          "+ rope.dimension_count and kv_lora_rank (%lld, %lld)", path, ar, (long long)klen,
+                          (long long)vlen, (long long)(a->kv_lora + a->n_rot), (long long)a->kv_lora);
+    if (a->n_rot % 2 || a->head_k <= a->n_rot || a->head_v < 1)
+        return bl_err_set(err, BL_EINVAL, "%s: %s: a head of %lld q/k dims must hold the %lld rotated ones (even) and "
+                          "more", path, ar, (long long)a->head_k, (long long)a->n_rot);
+    /* the latent cache: one head of kv_lora + n_rot per position */
+    a->head_dim = a->kv_lora + a->n_rot;
+    a->n_head_kv = 1;
+    if (a->head_dim > BL_ARCH_MAX_DIM || a->n_head * a->head_dim > BL_ARCH_MAX_DIM ||
+        a->n_head * a->head_k > BL_ARCH_MAX_DIM)
+        return bl_err_set(err, BL_ERANGE, "%s: %s: %lld heads of %lld latent dims pass %d", path, ar,
+                          (long long)a->n_head, (long long)a->head_dim, BL_ARCH_MAX_DIM);
+    if (a->n_group < 1 || a->n_expert % a->n_group || a->topk_group < 1 || a->topk_group > a->n_group ||
+        (a->topk_group < a->n_group && a->n_expert_used > a->topk_group * (a->n_expert / a->n_group)))
+        return bl_err_set(err, BL_EINVAL, "%s: %s.expert_group_count %lld must divide expert_count %lld and "
+                          "expert_group_used_count %lld groups hold the %lld used experts", path, ar,
+                          (long long)a->n_group, (long long)a->n_expert, (long long)a->topk_group,
+                          (long long)a->n_expert_used);
+    a->n_layer = a->n_layer_file - a->n_nextn;
+    if ((rc = get_count(g, ar, "leading_dense_block_count", 0, a->n_layer, &a->n_dense_lead, err)) < 0)
+        return rc;
+    if (a->n_dense_lead > 0 && (rc = get_dim(g, ar, "feed_forward_length", 0, BL_ARCH_MAX_DIM, &a->n_ff, err)) < 0)
+        return rc;
+    a->n_ff_shexp = shared * a->n_ff_exp;
+    /* exp_probs_b is optional (DeepSeek-V3 has it, V2 not): the first MoE layer says */
+    snprintf(key, sizeof key, "blk.%lld.exp_probs_b.bias", (long long)a->n_dense_lead);
+    a->expert_bias = bl_gguf_find_tensor(g, key) != NULL;
+    a->qk_norm = 0;
+    a->rope_neox = 0;
+    return 0;
+}
+
+/* llama.cpp's attention temperature of a YaRN context extension by s. */
+static double get_mscale(double s, double m) { return s <= 1.0 ? 1.0 : 1.0 + 0.1 * m * log(s); }
+
+/* The rope.scaling.* keys: none, or YaRN (its angle mix over the pairs between the
+ * correction dims, the rotation's magnitude, and deepseek2's score scale), as
+ * llama.cpp derives them; other kinds are refused rather than run wrong. */
+static int read_rope_scaling(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *err)
+{
+    const char *ar = a->name;
+    const int ds2 = is_arch(a, "deepseek2");
+    char key[128];
+    float factor = 1.0f, log_mul = 0.0f, attn = 1.0f, fast = 32.0f, slow = 1.0f;
+    int64_t orig = a->n_ctx_train;
+    int yarn = 0, rc;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", ar);
+    if (bl_gguf_find_kv(g, key)) {
+        bl_gguf_str_t st;
+        if ((rc = bl_gguf_get_str(g, key, &st, err)) < 0)
+            return rc;
+        yarn = st.len == 4 && memcmp(st.ptr, "yarn", 4) == 0;
+        if (!yarn && !(st.len == 4 && memcmp(st.ptr, "none", 4) == 0))
+            return bl_err_set(err, BL_ENOTSUP, "%s: %s '%.*s' is not supported (none, yarn)", path, key,
+                              (int)(st.len > 32 ? 32 : st.len), st.ptr);
+    }
+    if ((rc = get_float(g, ar, "rope.scaling.factor", 1.0f, 0.0f, 1e6f, &factor, err)) < 0 ||
+        (rc = get_float(g, ar, "rope.scaling.yarn_log_multiplier", 0.0f, -100.0f, 100.0f, &log_mul, err)) < 0 ||
+        (rc = get_float(g, ar, "rope.scaling.attn_factor", 1.0f, 0.0f, 100.0f, &attn, err)) < 0 ||
+        (rc = get_float(g, ar, "rope.scaling.yarn_beta_fast", 32.0f, 0.0f, 1e6f, &fast, err)) < 0 ||
+        (rc = get_float(g, ar, "rope.scaling.yarn_beta_slow", 1.0f, 0.0f, 1e6f, &slow, err)) < 0 ||
+        (rc = get_dim(g, ar, "rope.scaling.original_context_length", a->n_ctx_train, BL_ARCH_MAX_CTX, &orig, err)) < 0)
+        return rc;
+    /* the converter stores deepseek2's multiplier times 0.1 */
+    if (ds2)
+        log_mul /= 0.1f;
+    a->rope_freq_scale = 1.0f;
+    a->rope_ext_factor = 0.0f;
+    a->rope_corr_lo = a->rope_corr_hi = 0.0f;
+    double af = attn, lnf = 0.0;
+    if (yarn && factor > 1.0f) {
+        lnf = log((double)factor);
+        a->rope_freq_scale = 1.0f / factor;
+        a->rope_ext_factor = 1.0f;
+        const double nr = (double)a->n_rot, lb = 2.0 * log((double)a->rope_base);
+        const double lo = floor(nr * log((double)orig / ((double)fast * 2.0 * M_PI)) / lb);
+        const double hi = ceil(nr * log((double)orig / ((double)slow * 2.0 * M_PI)) / lb);
+        a->rope_corr_lo = (float)(lo > 0.0 ? lo : 0.0);
+        a->rope_corr_hi = (float)(hi < nr - 1.0 ? hi : nr - 1.0);
+        if (log_mul != 0.0f) {
+            const double m = ds2 && log_mul != 1.0f ? log_mul : 1.0;
+            af = get_mscale(factor, m) / get_mscale(factor, log_mul);
+        } else {
+            af = get_mscale(factor, 1.0);
+        }
+        af = af / (1.0 + 0.1 * lnf) * attn;
+    }
+    /* the rotation multiplies cos and sin by the attention factor, and by YaRN's
+     * 1 + 0.1 ln(factor) when it mixes */
+    a->rope_mscale = (float)(af * (a->rope_ext_factor != 0.0f ? 1.0 + 0.1 * lnf : 1.0));
+    if (ds2) {
+        const double org = af * (1.0 + 0.1 * lnf);
+        const double ms = org * (1.0 + 0.1 * (double)log_mul * lnf);
+        a->attn_scale = (float)(ms * ms / sqrt((double)a->head_k));
+    } else {
+        a->attn_scale = (float)(1.0 / sqrt((double)a->head_dim));
+    }
+    return 0;
+}
+
 int bl_arch_read(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *err)
 {
     memset(a, 0, sizeof *a);
@@ -131,7 +277,7 @@ int bl_arch_read(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *e
            !(s.len == strlen(k_archs[ai].name) && memcmp(s.ptr, k_archs[ai].name, s.len) == 0))
         ai++;
     if (ai == sizeof k_archs / sizeof *k_archs)
-        return bl_err_set(err, BL_ENOTSUP, "%s: architecture '%.*s' is not supported (qwen3moe, qwen3, glm4moe)",
+        return bl_err_set(err, BL_ENOTSUP, "%s: architecture '%.*s' is not supported (qwen3moe, qwen3, glm4moe, deepseek2)",
                           path, (int)(s.len > 64 ? 64 : s.len), s.ptr);
     snprintf(a->name, sizeof a->name, "%s", k_archs[ai].name);
     a->moe = k_archs[ai].moe;
@@ -144,35 +290,27 @@ int bl_arch_read(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *e
         (rc = get_dim(g, ar, "context_length", 0, BL_ARCH_MAX_CTX, &a->n_ctx_train, err)) < 0)
         return rc;
     a->n_layer = a->n_layer_file;
+    /* deepseek2's heads are read with its latent attention (read_deepseek2) */
+    const int gqa = !is_arch(a, "deepseek2");
     int64_t vlen = 0;
-    if ((rc = get_dim(g, ar, "attention.value_length", a->head_dim, BL_ARCH_MAX_DIM, &vlen, err)) < 0)
+    if (gqa && (rc = get_dim(g, ar, "attention.value_length", a->head_dim, BL_ARCH_MAX_DIM, &vlen, err)) < 0)
         return rc;
-    if (vlen != a->head_dim)
+    if (gqa && vlen != a->head_dim)
         return bl_err_set(err, BL_ENOTSUP, "%s: %s.attention.value_length %lld differs from key_length %lld", path,
                           ar, (long long)vlen, (long long)a->head_dim);
-    if (a->head_dim % 2 != 0 || a->n_head % a->n_head_kv != 0 || a->n_head * a->head_dim > BL_ARCH_MAX_DIM)
+    if (gqa && (a->head_dim % 2 != 0 || a->n_head % a->n_head_kv != 0 || a->n_head * a->head_dim > BL_ARCH_MAX_DIM))
         return bl_err_set(err, BL_EINVAL,
                           "%s: head_dim %lld must be even, head_count %lld a multiple of head_count_kv %lld, and their product at most %d",
                           path, (long long)a->head_dim, (long long)a->n_head, (long long)a->n_head_kv,
                           BL_ARCH_MAX_DIM);
-    if ((rc = get_dim(g, ar, "rope.dimension_count", a->head_dim, a->head_dim, &a->n_rot, err)) < 0)
+    if (gqa && (rc = get_dim(g, ar, "rope.dimension_count", a->head_dim, a->head_dim, &a->n_rot, err)) < 0)
         return rc;
     if (a->n_rot % 2 != 0)
         return bl_err_set(err, BL_EINVAL, "%s: %s.rope.dimension_count %lld is odd", path, ar, (long long)a->n_rot);
     if ((rc = get_float(g, ar, "rope.freq_base", 10000.0f, 1.0f, 1e12f, &a->rope_base, err)) < 0 ||
         (rc = get_float(g, ar, "attention.layer_norm_rms_epsilon", 1e-6f, 0.0f, 1.0f, &a->eps, err)) < 0)
         return rc;
-    /* Context extension changes the RoPE angles; refused rather than run wrong. */
-    char key[128];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", ar);
-    if (bl_gguf_find_kv(g, key)) {
-        bl_gguf_str_t st;
-        if ((rc = bl_gguf_get_str(g, key, &st, err)) < 0)
-            return rc;
-        if (!(st.len == 4 && memcmp(st.ptr, "none", 4) == 0))
-            return bl_err_set(err, BL_ENOTSUP, "%s: %s '%.*s' is not supported", path, key,
-                              (int)(st.len > 32 ? 32 : st.len), st.ptr);
-    }
+    a->rope_neox = 1;
     /* qwen3's layers: per-head q/k norms, no biases, softmax top-k renormalised */
     a->gating = BL_GATING_SOFTMAX;
     a->expert_norm = 1;
@@ -190,7 +328,9 @@ int bl_arch_read(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *e
     } else if ((rc = get_dim(g, ar, "feed_forward_length", 0, BL_ARCH_MAX_DIM, &a->n_ff, err)) < 0) {
         return rc;
     }
-    if (is_arch(a, "glm4moe") && (rc = read_glm4moe(a, g, path, err)) < 0)
+    if ((is_arch(a, "glm4moe") && (rc = read_glm4moe(a, g, path, err)) < 0) ||
+        (is_arch(a, "deepseek2") && (rc = read_deepseek2(a, g, path, err)) < 0) ||
+        (rc = read_rope_scaling(a, g, path, err)) < 0)
         return rc;
     const bl_gguf_tensor_t *te = bl_gguf_find_tensor(g, "token_embd.weight");
     if (!te)
@@ -224,7 +364,11 @@ bl_role_t bl_arch_role(const bl_arch_t *a, const char *name, int64_t *layer)
         return BL_ROLE_OTHER;
     const char *t = end + 1;
     static const char *const attn[] = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
-                                       "attn_output.weight", "attn_q_norm.weight", "attn_k_norm.weight"};
+                                       "attn_output.weight", "attn_q_norm.weight", "attn_k_norm.weight",
+                                       /* deepseek2's latent attention */
+                                       "attn_q_a.weight", "attn_q_a_norm.weight", "attn_q_b.weight",
+                                       "attn_kv_a_mqa.weight", "attn_kv_a_norm.weight", "attn_k_b.weight",
+                                       "attn_v_b.weight", "attn_kv_b.weight"};
     static const char *const bias[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
     static const char *const exps[] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
     static const char *const ffn[] = {"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};

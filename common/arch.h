@@ -2,9 +2,11 @@
  * metadata: the hyperparameters, the kind of cache a layer keeps, and each tensor's
  * role and layer (by llama.cpp's tensor names). One owner: the worker's families,
  * the router's placement plan, the hosttier's expert store and the tools read it
- * here. Architectures: qwen3moe (routed experts), qwen3 (dense) and glm4moe (routed
+ * here. Architectures: qwen3moe (routed experts), qwen3 (dense), glm4moe (routed
  * and shared experts after leading dense layers, attention biases, partial RoPE,
- * sigmoid routing with a selection bias, NextN layers kept for speculation). */
+ * sigmoid routing with a selection bias, NextN layers kept for speculation) and
+ * deepseek2 (multi-head latent attention with a compressed cache, YaRN, grouped
+ * expert choice). */
 #ifndef BL_ARCH_H
 #define BL_ARCH_H
 
@@ -43,9 +45,20 @@ typedef struct bl_arch {
     int64_t n_dense_lead; /* leading layers with a dense FFN in a MoE model */
     int64_t n_embd;
     int64_t n_head;
-    int64_t n_head_kv;
-    int64_t head_dim;
-    int64_t n_rot;        /* dims of each head RoPE rotates (NEOX pairs i, i + n_rot/2) */
+    int64_t n_head_kv;    /* deepseek2: 1, the latent cache's one head */
+    int64_t head_dim;     /* of q and k (deepseek2: of the latent cache, kv_lora + n_rot) */
+    int64_t n_rot;        /* dims of each head RoPE rotates */
+    int rope_neox;        /* NEOX pairs (i, i + n_rot/2), else consecutive ones (2i, 2i+1) */
+    /* RoPE scaling (YaRN; freq_scale 1 and ext_factor 0 without it) and the rotation's
+     * magnitude, as llama.cpp derives them from the rope.scaling.* keys */
+    float rope_freq_scale, rope_ext_factor, rope_corr_lo, rope_corr_hi, rope_mscale;
+    float attn_scale;     /* the scores' scale (1/sqrt(head_dim), or deepseek2's YaRN one) */
+    /* deepseek2's multi-head latent attention */
+    int64_t q_lora;       /* q's compressed width, 0: q straight from the input */
+    int64_t kv_lora;      /* the latent cache's width */
+    int64_t head_k, head_v; /* a head's q/k (qk_nope + n_rot) and v widths */
+    int mla_split;        /* attn_k_b and attn_v_b (else the legacy attn_kv_b) */
+    int64_t n_group, topk_group; /* experts chosen among the topk_group best of n_group groups */
     int64_t n_ff;         /* dense FFN width */
     int64_t n_expert;     /* routed experts per MoE layer */
     int64_t n_expert_used;

@@ -1236,6 +1236,15 @@ int rt__gen_render_chat(rt_app_t *app, const json_t *messages, const json_t *kwa
     json_decref(merged);
     if (rc)
         return bl_err_set(err, rc, "chat template: %s", terr.msg);
+    /* a template that writes bos_token itself (DeepSeek's, Llama 3's) would give a
+     * tokenizer that adds one two of them: the text's is dropped, as llama.cpp does */
+    if (rt_tokenizer_add_bos(app->tok) && rt_tokenizer_bos(app->tok) >= 0) {
+        const rt_str_t b = rt_tokenizer_token_text(app->tok, rt_tokenizer_bos(app->tok));
+        if (b.ptr && b.len > 0 && len >= b.len && !memcmp(text, b.ptr, b.len)) {
+            memmove(text, text + b.len, len - b.len + 1);
+            len -= b.len;
+        }
+    }
     if (prefill && prefill->n) {
         size_t pl = prefill->n;
         char *t = realloc(text, len + pl + 1);

@@ -62,6 +62,7 @@ typedef struct wk_moe {
     wk_tensor_t down_exps; // (n_expert * n_embd, n_ff_exp)
     wk_vec_t probs_b;      // (n_expert) a bias on the scores for the choice only (.p NULL: none)
     int64_t n_expert, n_used, n_ff;
+    int64_t n_group, topk_group; /* the choice among the topk_group best of n_group groups */
     int gating;            /* bl_gating_t: softmax or sigmoid scores */
     int norm;              /* the top-k weights divided by their sum */
     float scale;           /* then multiplied by this */
@@ -74,6 +75,17 @@ typedef struct wk_attn {
     int64_t n_head, n_head_kv, head_dim, n_rot;
     float eps, rope_base, scale;
 } wk_attn_t;
+
+/* deepseek2's multi-head latent attention (arch.h): per position one cached row of
+ * kv_lora latent dims and n_rot rotated ones; a head's q/k has qk_nope + n_rot dims
+ * (head_k), its value head_v. */
+typedef struct wk_mla {
+    const float *kv_norm;     /* (kv_lora), the backend's */
+    const wk_tensor_t *wk_b;  /* (n_head * kv_lora, head_k - n_rot) */
+    const wk_tensor_t *wv_b;  /* (n_head * head_v, kv_lora) */
+    int64_t n_head, head_k, head_v, kv_lora, n_rot;
+    float eps, scale;
+} wk_mla_t;
 
 #define WK_STEP_REPLAYED 1
 #define WK_ADD_PIECES 1
@@ -145,6 +157,13 @@ typedef struct wk_backend_ops {
      * n_head * head_dim) the attended values */
     int (*attention)(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *q, float *k, const float *v,
                      float *att, bl_err_t *err);
+    /* deepseek2's attention for model layer l: q (n, n_head, head_k) the queries, c
+     * (n, kv_lora + n_rot) the compressed keys; the latent part of c RMS-normed by
+     * kv_norm, the rotated parts of q and c rotated, c stored as the position's cache
+     * row (both planes), each head's scores against the cache through wk_b (the
+     * absorbed form) and its output through wv_b: att (n, n_head * head_v). q and c
+     * are changed. NULL where the backend has none. */
+    int (*mla)(wk_backend_t *b, int64_t l, const wk_mla_t *a, float *q, float *c, float *att, bl_err_t *err);
     /* x (n, n_embd) += the routed experts of the rows xn: the router, its scores
      * (softmax or sigmoid), top-k (by score plus probs_b), each row's experts (those
      * placed elsewhere through remote, when set), weighted (normed, scaled) */

@@ -35,7 +35,11 @@ typedef struct cpu {
     float *xg;    // (n_batch, n_embd) the rows the head norms
     float *g;     // (n_batch, n_ff) dense gate, then SwiGLU output
     float *u;     // (n_batch, n_ff) dense up
-    kcpu_experts_scratch_t *xs; /* the routed experts' scratch (qwen3moe) */
+    kcpu_experts_scratch_t *xs; /* the routed experts' scratch (MoE models) */
+    /* deepseek2's latent attention: the absorbed queries and the heads' latent
+     * outputs (n_batch, n_head, kv_lora + n_rot), and a group of heads' gathered
+     * inputs and outputs (MLA_HEADS, n_batch, the wider of their widths) */
+    float *mla_q, *mla_o, *mla_x, *mla_y;
     bl_heat_t *heat;            /* the model's routing counts, or NULL */
     uint8_t *used;              // (n_expert) a step's distinct experts, for the profile
     /* opts.profile: each op's calls, time and weight bytes, in first-call order */
@@ -104,7 +108,8 @@ static void cpu_destroy(wk_backend_t *b)
         free(p->allocs[i]);
     free(p->allocs);
     kcpu_experts_scratch_destroy(p->xs);
-    void *bufs[] = {p->o_, p->rope, p->pos, p->rl, p->ids, p->wts, p->xg, p->g, p->u, p->used};
+    void *bufs[] = {p->o_, p->rope, p->pos, p->rl, p->ids, p->wts, p->xg, p->g, p->u, p->used,
+                    p->mla_q, p->mla_o, p->mla_x, p->mla_y};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(p);
@@ -242,7 +247,11 @@ static int cpu_begin(wk_backend_t *b, const wk_step_t *st, float *x, bl_err_t *e
             p->pos[st->seg[j].row0 + i] = (int32_t)(st->seg[j].pos + i);
     if (p->lb > 0 && st->x_in) /* the model checked that a later stage has x_in */
         memcpy(x, st->x_in, sizeof(float) * (size_t)(st->n * p->c->n_embd));
-    kcpu_rope_table(p->rope, p->pos, st->n, p->c->n_rot, p->c->rope_base);
+    const wk_config_t *c = p->c;
+    const kcpu_rope_t rope = {.n_rot = c->n_rot, .base = c->rope_base, .freq_scale = c->rope_freq_scale,
+                              .ext_factor = c->rope_ext_factor, .corr_lo = c->rope_corr_lo,
+                              .corr_hi = c->rope_corr_hi, .mscale = c->rope_mscale};
+    kcpu_rope_table(p->rope, p->pos, st->n, &rope);
     return 0;
 }
 
@@ -369,6 +378,78 @@ static int cpu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *
     return 0;
 }
 
+/* Heads whose per-head products go to the pool together in the latent attention. */
+#define MLA_HEADS 16
+
+/* The widest per-head input or output of the latent attention's products. */
+static int64_t mla_wide(const wk_config_t *c)
+{
+    int64_t w = c->kv_lora > c->head_k ? c->kv_lora : c->head_k;
+    return w > c->head_v ? w : c->head_v;
+}
+
+/* Per head h of [h0, h0 + nh): y_h (n, w_h rows) = x_h (n, w_h cols) w_h^T, with w_h
+ * rows h * rows.. of w, x_h gathered from src (row r's head h at src + r * src_ld +
+ * h * src_hs, cols floats), y_h scattered to dst likewise. */
+static void per_head(cpu_t *p, const kcpu_mat_t *w, int64_t rows, int64_t cols, int64_t h0, int64_t nh, int64_t n,
+                     const float *src, int64_t src_ld, int64_t src_hs, float *dst, int64_t dst_ld, int64_t dst_hs)
+{
+    const wk_config_t *c = p->c;
+    const int64_t B = p->o->n_batch, wide = mla_wide(c);
+    kcpu_mat_t m[MLA_HEADS];
+    kcpu_mm_job_t jobs[MLA_HEADS];
+    for (int64_t j = 0; j < nh; j++) {
+        float *x = p->mla_x + j * B * wide, *y = p->mla_y + j * B * wide;
+        for (int64_t r = 0; r < n; r++)
+            memcpy(x + r * cols, src + r * src_ld + (h0 + j) * src_hs, sizeof(float) * (size_t)cols);
+        m[j] = kcpu_mat_rows(w, (h0 + j) * rows, rows);
+        jobs[j] = (kcpu_mm_job_t){.w = &m[j], .x = x, .n = n, .y = y};
+    }
+    kcpu_matmul_many(p->kc, jobs, (int)nh);
+    for (int64_t j = 0; j < nh; j++)
+        for (int64_t r = 0; r < n; r++)
+            memcpy(dst + r * dst_ld + (h0 + j) * dst_hs, p->mla_y + j * B * wide + r * rows,
+                   sizeof(float) * (size_t)rows);
+}
+
+static int cpu_mla(wk_backend_t *b, int64_t l, const wk_mla_t *a, float *q, float *c, float *att, bl_err_t *err)
+{
+    (void)err;
+    cpu_t *p = (cpu_t *)b;
+    const wk_step_t *st = p->st;
+    const int64_t n = st->n, H = a->n_head, r = a->kv_lora, D = r + a->n_rot, nope = a->head_k - a->n_rot;
+    const uint64_t t0 = prof_start(p);
+    /* the latent part normed, the rotated parts rotated (q's after each head's
+     * qk_nope dims, c's after the latent ones) */
+    kcpu_rms_norm(p->kc, c, c, a->kv_norm, n, r, D, a->eps);
+    kcpu_rope_norm(q + nope, p->rope, n, H, H * a->head_k, a->head_k, a->n_rot);
+    kcpu_rope_norm(c + r, p->rope, n, 1, D, 0, a->n_rot);
+    /* the absorbed queries: head h's q_nope through its wk_b rows, then its q_pe */
+    for (int64_t h0 = 0; h0 < H; h0 += MLA_HEADS)
+        per_head(p, &a->wk_b->h, r, nope, h0, H - h0 < MLA_HEADS ? H - h0 : MLA_HEADS, n, q, H * a->head_k,
+                 a->head_k, p->mla_q, H * D, D);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t h = 0; h < H; h++)
+            memcpy(p->mla_q + (i * H + h) * D + r, q + (i * H + h) * a->head_k + nope,
+                   sizeof(float) * (size_t)a->n_rot);
+    /* one cache head for all query heads; the value is the cached row itself, of
+     * which the latent part is kept */
+    for (int64_t j = 0; j < st->nseg; j++) {
+        const wk_seg_t *s = &st->seg[j];
+        const kcpu_kv_view_t kvl = kv_layer(s->kv, l);
+        kcpu_kv_store(&kvl, 0, c + s->row0 * D, s->pos, s->n, D);
+        kcpu_kv_store(&kvl, 1, c + s->row0 * D, s->pos, s->n, D);
+        kcpu_attention(p->kc, &kvl, p->mla_q + s->row0 * H * D, p->mla_o + s->row0 * H * D, s->n, s->pos, H, 1, D,
+                       a->scale);
+    }
+    /* each head's value through its wv_b rows */
+    for (int64_t h0 = 0; h0 < H; h0 += MLA_HEADS)
+        per_head(p, &a->wv_b->h, a->head_v, r, h0, H - h0 < MLA_HEADS ? H - h0 : MLA_HEADS, n, p->mla_o, H * D, D,
+                 att, H * a->head_v, a->head_v);
+    prof_end(p, "attention", t0, mat_bytes(&a->wk_b->h) + mat_bytes(&a->wv_b->h));
+    return 0;
+}
+
 /* The routed experts of n rows (kcpu_experts, the same code the hosttier runs, so a
  * layer's experts give the same bits in either process). */
 void wk__cpu_experts(wk_backend_t *b, const wk_moe_t *e, const float *xn, int64_t n, const int32_t *counts,
@@ -387,7 +468,8 @@ static int cpu_moe(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remot
     cpu_t *p = (cpu_t *)b;
     uint64_t t0 = prof_start(p);
     kcpu_matmul(p->kc, &e->gate_inp.h, xn, n, p->rl);
-    const kcpu_route_t r = {.n_expert = e->n_expert, .k = e->n_used, .gating = e->gating, .norm = e->norm,
+    const kcpu_route_t r = {.n_expert = e->n_expert, .k = e->n_used, .n_group = e->n_group,
+                            .topk_group = e->topk_group, .gating = e->gating, .norm = e->norm,
                             .scale = e->scale, .bias = e->probs_b.p};
     kcpu_moe_route(p->kc, p->rl, n, &r, p->ids, p->wts);
     if (p->heat)
@@ -457,7 +539,7 @@ static const wk_backend_ops_t cpu_ops = {
     .add_stack = cpu_add_stack, .add_host = cpu_add_host, .commit = cpu_commit, .kv_alloc = cpu_kv_alloc, .kv_free = cpu_kv_free,
     .kv_copy = cpu_kv_copy, .kv_move = cpu_kv_move, .state_alloc = cpu_state_alloc, .state_free = cpu_state_free,
     .begin = cpu_begin, .end = cpu_end, .embed = cpu_embed, .rms_norm = cpu_rms_norm, .qkv = cpu_qkv,
-    .add_bias = cpu_add_bias, .matmul = cpu_matmul, .attention = cpu_attention, .moe = cpu_moe, .ffn = cpu_ffn, .head = cpu_head,
+    .add_bias = cpu_add_bias, .matmul = cpu_matmul, .attention = cpu_attention, .mla = cpu_mla, .moe = cpu_moe, .ffn = cpu_ffn, .head = cpu_head,
 };
 
 int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *err)
@@ -487,6 +569,18 @@ int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *e
     p->g = malloc(sizeof(float) * B * ff);
     p->u = malloc(sizeof(float) * B * ff);
     p->used = malloc(ne);
+    if (c->kv_lora > 0) {
+        const size_t hd = (size_t)(c->kv_lora + c->n_rot), H = (size_t)c->n_head;
+        const size_t wide = (size_t)mla_wide(c);
+        p->mla_q = malloc(sizeof(float) * B * H * hd);
+        p->mla_o = malloc(sizeof(float) * B * H * hd);
+        p->mla_x = malloc(sizeof(float) * MLA_HEADS * B * wide);
+        p->mla_y = malloc(sizeof(float) * MLA_HEADS * B * wide);
+        if (!p->mla_q || !p->mla_o || !p->mla_x || !p->mla_y) {
+            cpu_destroy(&p->b);
+            return bl_err_set(err, BL_ENOMEM, "out of memory for the latent attention's scratch (n_batch %zu)", B);
+        }
+    }
     if (!p->o_ || !p->rope || !p->pos || !p->rl || !p->ids || !p->wts || !p->xg || !p->g || !p->u || !p->used) {
         cpu_destroy(&p->b);
         return bl_err_set(err, BL_ENOMEM, "out of memory for the CPU scratch (n_batch %zu)", B);

@@ -522,19 +522,24 @@ static int bind(cuda_t *cu, bl_err_t *err)
 
 /* The layer forms the CUDA kernels compute: qwen3's (per-head q/k norms fused
  * with a RoPE over the whole head, no biases, softmax routing renormalised to 1,
- * routed experts in every layer of a MoE model). Another form (glm4moe's) is
+ * routed experts in every layer of a MoE model). Another form (glm4moe's, deepseek2's) is
  * refused by name rather than run wrong; the CPU backend runs it. */
 static int check_form(const cuda_t *cu, bl_err_t *err)
 {
     const wk_config_t *c = cu->c;
     const char *what = NULL;
-    if (c->n_rot != c->head_dim)
+    if (c->kv_lora > 0)
+        what = "multi-head latent attention";
+    else if (!c->rope_neox || c->rope_freq_scale != 1.0f || c->rope_mscale != 1.0f)
+        what = "RoPE scaling or consecutive-pair RoPE";
+    else if (c->n_rot != c->head_dim)
         what = "RoPE over part of a head";
     else if (!c->qk_norm)
         what = "attention without q/k norms";
     else if (c->attn_bias)
         what = "attention biases";
-    else if (c->moe && (c->gating != 1 || c->expert_bias || !c->expert_norm || c->expert_scale != 1.0f))
+    else if (c->moe && (c->gating != 1 || c->expert_bias || !c->expert_norm || c->expert_scale != 1.0f ||
+                        (c->n_group > 1 && c->topk_group < c->n_group)))
         what = "sigmoid or biased or scaled expert routing";
     else if (c->moe && (c->n_ff_shexp || c->n_dense_lead))
         what = "shared experts or leading dense layers";

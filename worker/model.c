@@ -96,6 +96,284 @@ int wk__find_vec(wk_model_t *m, const char *name, int64_t ne0, wk_vec_t *out, bl
     return 0;
 }
 
+// --- what every family shares (model.h) ---------------------------------------------------
+
+/* The architecture's facts (common/arch.c) as the forward passes read them. */
+static int read_config(wk_model_t *m, bl_arch_t *a, bl_err_t *err)
+{
+    int rc = bl_arch_read(a, m->g, m->path, err);
+    if (rc < 0)
+        return rc;
+    wk_config_t *c = &m->cfg;
+    snprintf(c->arch, sizeof c->arch, "%s", a->name);
+    c->moe = a->moe;
+    c->n_layer = a->n_layer;
+    c->n_embd = a->n_embd;
+    c->n_head = a->n_head;
+    c->n_head_kv = a->n_head_kv;
+    c->head_dim = a->head_dim;
+    c->n_rot = a->n_rot;
+    c->rope_neox = a->rope_neox;
+    c->rope_freq_scale = a->rope_freq_scale;
+    c->rope_ext_factor = a->rope_ext_factor;
+    c->rope_corr_lo = a->rope_corr_lo;
+    c->rope_corr_hi = a->rope_corr_hi;
+    c->rope_mscale = a->rope_mscale;
+    c->attn_scale = a->attn_scale;
+    c->q_lora = a->q_lora;
+    c->kv_lora = a->kv_lora;
+    c->head_k = a->head_k;
+    c->head_v = a->head_v;
+    c->mla_split = a->mla_split;
+    c->n_ff = a->n_ff;
+    c->n_expert = a->n_expert;
+    c->n_expert_used = a->n_expert_used;
+    c->n_ff_exp = a->n_ff_exp;
+    c->n_ff_shexp = a->n_ff_shexp;
+    c->n_dense_lead = a->n_dense_lead;
+    c->n_nextn = a->n_nextn;
+    c->n_group = a->n_group;
+    c->topk_group = a->topk_group;
+    c->gating = a->gating;
+    c->expert_norm = a->expert_norm;
+    c->expert_scale = a->expert_scale;
+    c->expert_bias = a->expert_bias;
+    c->attn_bias = a->attn_bias;
+    c->qk_norm = a->qk_norm;
+    snprintf(c->ffn_norm, sizeof c->ffn_norm, "%s", a->ffn_norm);
+    c->n_vocab = a->n_vocab;
+    c->n_ctx_train = a->n_ctx_train;
+    c->rope_base = a->rope_base;
+    c->eps = a->eps;
+    c->tied_output = a->tied_output;
+    return 0;
+}
+
+/* The families and the architectures each runs. */
+static const wk__family_t k_families[] = {
+    {"qwen3moe", wk__gqa_map, wk__gqa_place, wk__gqa_forward},
+    {"qwen3", wk__gqa_map, wk__gqa_place, wk__gqa_forward},
+    {"glm4moe", wk__gqa_map, wk__gqa_place, wk__gqa_forward},
+    {"deepseek2", wk__ds2_map, wk__ds2_place, wk__ds2_forward},
+};
+
+static const wk__family_t *family_of(const char *arch)
+{
+    for (size_t i = 0; i < sizeof k_families / sizeof *k_families; i++)
+        if (!strcmp(k_families[i].arch, arch))
+            return &k_families[i];
+    return NULL;
+}
+
+int wk__own(wk_model_t *m, void *p, bl_err_t *err)
+{
+    if (!p)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for %s's weights", m->path);
+    if (m->n_owned == m->cap_owned) {
+        const size_t cap = m->cap_owned ? 2 * m->cap_owned : 16;
+        void **o = realloc(m->owned, cap * sizeof *o);
+        if (!o) {
+            free(p);
+            return bl_err_set(err, BL_ENOMEM, "out of memory for %s's weights", m->path);
+        }
+        m->owned = o;
+        m->cap_owned = cap;
+    }
+    m->owned[m->n_owned++] = p;
+    return 0;
+}
+
+int wk__map_io(wk_model_t *m, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    weights_t *w = &m->w;
+    const int64_t E = c->n_embd;
+    /* What this process computes: its stage's layers (the first stage embeds, the
+     * last one has the head; a tied head reads token_embd), or only the experts. */
+    const int only = m->opts.experts == WK_EXPERTS_ONLY;
+    const int last = m->le == c->n_layer;
+    const int use_head = !only && last;
+    const int use_embd = !only && (m->lb == 0 || (last && !bl_gguf_find_tensor(m->g, "output.weight")));
+    int rc;
+    if ((rc = wk__find_mat(m, "token_embd.weight", E, c->n_vocab, 1, use_embd, &w->tok_embd, err)) < 0 ||
+        (rc = wk__find_vec(m, "output_norm.weight", E, &w->output_norm, err)) < 0)
+        return rc;
+    if (bl_gguf_find_tensor(m->g, "output.weight")) {
+        if ((rc = wk__find_mat(m, "output.weight", E, c->n_vocab, 1, use_head, &w->output, err)) < 0)
+            return rc;
+    } else {
+        w->output = w->tok_embd;
+    }
+    /* The head runs for one row per sequence, even in a prompt: its activations stay
+     * two q8 terms, whose packed q6_K kernel streams faster than the q16_K one. */
+    w->output.h.act_q8 = 1;
+    w->layers = calloc((size_t)c->n_layer, sizeof *w->layers);
+    if (!w->layers)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for %lld layers", (long long)c->n_layer);
+    return 0;
+}
+
+int wk__map_ffn(wk_model_t *m, int64_t l, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    layer_t *L = &m->w.layers[l];
+    const int64_t E = c->n_embd;
+    const int use = m->opts.experts != WK_EXPERTS_ONLY && l >= m->lb && l < m->le;
+    const int use_exps = wk__layer_local_experts(m, l);
+    char n[96];
+    int rc;
+#define NAME(s) (snprintf(n, sizeof n, "blk.%lld.%s", (long long)l, s), n)
+    char norm[48];
+    snprintf(norm, sizeof norm, "%s.weight", c->ffn_norm);
+    if ((rc = wk__find_vec(m, NAME(norm), E, &L->ffn_norm, err)) < 0)
+        return rc;
+    if (!wk__layer_moe(m, l))
+        return (rc = wk__find_mat(m, NAME("ffn_gate.weight"), E, c->n_ff, 1, use, &L->ffn_gate, err)) < 0 ||
+                       (rc = wk__find_mat(m, NAME("ffn_up.weight"), E, c->n_ff, 1, use, &L->ffn_up, err)) < 0 ||
+                       (rc = wk__find_mat(m, NAME("ffn_down.weight"), c->n_ff, E, 1, use, &L->ffn_down, err)) < 0
+                   ? rc
+                   : 0;
+    wk_moe_t *e = &L->moe;
+    e->n_expert = c->n_expert;
+    e->n_used = c->n_expert_used;
+    e->n_ff = c->n_ff_exp;
+    e->n_group = c->n_group;
+    e->topk_group = c->topk_group;
+    e->gating = c->gating;
+    e->norm = c->expert_norm;
+    e->scale = c->expert_scale;
+    if ((rc = wk__find_mat(m, NAME("ffn_gate_inp.weight"), E, c->n_expert, 1, use, &e->gate_inp, err)) < 0 ||
+        (rc = wk__find_mat(m, NAME("ffn_gate_exps.weight"), E, c->n_ff_exp, c->n_expert, use_exps, &e->gate_exps, err)) < 0 ||
+        (rc = wk__find_mat(m, NAME("ffn_up_exps.weight"), E, c->n_ff_exp, c->n_expert, use_exps, &e->up_exps, err)) < 0 ||
+        (rc = wk__find_mat(m, NAME("ffn_down_exps.weight"), c->n_ff_exp, E, c->n_expert, use_exps, &e->down_exps, err)) < 0)
+        return rc;
+    if (c->expert_bias && (rc = wk__find_vec(m, NAME("exp_probs_b.bias"), c->n_expert, &e->probs_b, err)) < 0)
+        return rc;
+    if (c->n_ff_shexp &&
+        ((rc = wk__find_mat(m, NAME("ffn_gate_shexp.weight"), E, c->n_ff_shexp, 1, use, &L->sh_gate, err)) < 0 ||
+         (rc = wk__find_mat(m, NAME("ffn_up_shexp.weight"), E, c->n_ff_shexp, 1, use, &L->sh_up, err)) < 0 ||
+         (rc = wk__find_mat(m, NAME("ffn_down_shexp.weight"), c->n_ff_shexp, E, 1, use, &L->sh_down, err)) < 0))
+        return rc;
+#undef NAME
+    return 0;
+}
+
+int wk__check_nextn(wk_model_t *m, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    const int64_t E = c->n_embd;
+    for (int64_t l = c->n_layer; l < c->n_layer + c->n_nextn; l++) {
+        char n[96];
+        wk_tensor_t t;
+        wk_vec_t v;
+        int rc;
+#define NAME(s) (snprintf(n, sizeof n, "blk.%lld.%s", (long long)l, s), n)
+        if ((rc = wk__find_vec(m, NAME("attn_norm.weight"), E, &v, err)) < 0 ||
+            (rc = wk__find_mat(m, NAME("ffn_gate_inp.weight"), E, c->n_expert, 1, 0, &t, err)) < 0 ||
+            (rc = wk__find_mat(m, NAME("ffn_gate_exps.weight"), E, c->n_ff_exp, c->n_expert, 0, &t, err)) < 0 ||
+            (rc = wk__find_mat(m, NAME("ffn_up_exps.weight"), E, c->n_ff_exp, c->n_expert, 0, &t, err)) < 0 ||
+            (rc = wk__find_mat(m, NAME("ffn_down_exps.weight"), c->n_ff_exp, E, c->n_expert, 0, &t, err)) < 0 ||
+            (rc = wk__find_mat(m, NAME("nextn.eh_proj.weight"), 2 * E, E, 1, 0, &t, err)) < 0 ||
+            (rc = wk__find_vec(m, NAME("nextn.enorm.weight"), E, &v, err)) < 0 ||
+            (rc = wk__find_vec(m, NAME("nextn.hnorm.weight"), E, &v, err)) < 0)
+            return rc;
+#undef NAME
+    }
+    return 0;
+}
+
+int wk__place_io(wk_model_t *m, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    weights_t *w = &m->w;
+    wk_backend_t *b = m->be;
+    const int first = m->lb == 0, last = m->le == c->n_layer;
+    /* A tied head on a stage that also embeds reads the same copy. */
+    const int share_head = c->tied_output && first;
+    int rc;
+    if (first && (rc = b->op->add(b, &w->tok_embd, share_head ? WK_ADD_PIECES : WK_ADD_TABLE, err)) < 0)
+        return rc;
+    if (last && ((rc = b->op->add_vec(b, &w->output_norm, c->n_embd, err)) < 0 ||
+                 (!share_head && (rc = b->op->add(b, &w->output, WK_ADD_PIECES, err)) < 0)))
+        return rc;
+    return 0;
+}
+
+int wk__place_ffn(wk_model_t *m, int64_t l, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    layer_t *L = &m->w.layers[l];
+    wk_backend_t *b = m->be;
+    const wk_backend_ops_t *op = b->op;
+    wk_moe_t *e = &L->moe;
+    int rc;
+    if ((rc = op->add_vec(b, &L->ffn_norm, c->n_embd, err)) < 0)
+        return rc;
+    if (!wk__layer_moe(m, l))
+        return (rc = op->add(b, &L->ffn_gate, 0, err)) < 0 || (rc = op->add(b, &L->ffn_up, 0, err)) < 0 ||
+                       (rc = op->add(b, &L->ffn_down, 0, err)) < 0
+                   ? rc
+                   : 0;
+    if ((rc = op->add(b, &e->gate_inp, 0, err)) < 0 ||
+        (c->expert_bias && (rc = op->add_vec(b, &e->probs_b, c->n_expert, err)) < 0) ||
+        (wk__layer_local_experts(m, l) &&
+         ((rc = op->add(b, &e->gate_exps, 0, err)) < 0 || (rc = op->add(b, &e->up_exps, 0, err)) < 0 ||
+          (rc = op->add(b, &e->down_exps, 0, err)) < 0)))
+        return rc;
+    if (c->n_ff_shexp && ((rc = op->add(b, &L->sh_gate, 0, err)) < 0 || (rc = op->add(b, &L->sh_up, 0, err)) < 0 ||
+                          (rc = op->add(b, &L->sh_down, 0, err)) < 0))
+        return rc;
+    if (wk__layer_remote(m, l) && (rc = op->add_host(b, l, e, err)) < 0)
+        return rc;
+    return 0;
+}
+
+int wk__place_done(wk_model_t *m, int64_t q_width, int64_t k_width, int64_t att_width, int64_t extra_width,
+                   bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    weights_t *w = &m->w;
+    wk_backend_t *b = m->be;
+    const wk_backend_ops_t *op = b->op;
+    int rc;
+    if ((rc = op->commit(b, err)) < 0)
+        return rc;
+    if (m->le == c->n_layer && c->tied_output && m->lb == 0)
+        w->output.d = w->tok_embd.d;
+    run_state_t *s = &m->s;
+    const size_t B = (size_t)m->opts.n_batch, f = sizeof(float), E = (size_t)c->n_embd;
+    s->x = op->alloc(b, f * B * E);
+    s->xn = op->alloc(b, f * B * E);
+    s->q = op->alloc(b, f * B * (size_t)q_width);
+    s->k = op->alloc(b, f * B * (size_t)k_width);
+    s->v = op->alloc(b, f * B * (size_t)k_width);
+    s->att = op->alloc(b, f * B * (size_t)att_width);
+    s->extra = extra_width > 0 ? op->alloc(b, f * B * (size_t)extra_width) : NULL;
+    s->segs = malloc(sizeof(wk_seg_t) * B);
+    if (!s->x || !s->xn || !s->q || !s->k || !s->v || !s->att || !s->segs || (extra_width > 0 && !s->extra))
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the run state (n_batch %zu) on %s", B,
+                          op->name(b));
+    return 0;
+}
+
+int wk__forward_ffn(wk_model_t *m, int64_t l, int64_t n, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    const layer_t *L = &m->w.layers[l];
+    const run_state_t *s = &m->s;
+    wk_backend_t *b = m->be;
+    const wk_backend_ops_t *op = b->op;
+    int rc = op->rms_norm(b, "ffn_norm", s->xn, s->x, L->ffn_norm.p, n, c->n_embd, c->eps, err);
+    if (rc < 0)
+        return rc;
+    if (!wk__layer_moe(m, l))
+        return op->ffn(b, &L->ffn_gate, &L->ffn_up, &L->ffn_down, s->xn, n, s->x, err);
+    if ((rc = op->moe(b, l, &L->moe, wk__layer_remote(m, l) ? &m->remote : NULL, s->xn, n, s->x, err)) == 0 &&
+        c->n_ff_shexp)
+        rc = op->ffn(b, &L->sh_gate, &L->sh_up, &L->sh_down, s->xn, n, s->x, err);
+    return rc;
+}
+
 int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opts, bl_err_t *err)
 {
     *out = NULL;
@@ -111,8 +389,13 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         rc = bl_err_set(err, BL_ERANGE, "n_batch %lld is outside 1..65536", (long long)m->opts.n_batch);
         goto fail;
     }
-    if ((rc = bl_gguf_open(&m->g, path, err)) < 0 || (rc = wk__gqa_config(m, err)) < 0)
+    bl_arch_t arch;
+    if ((rc = bl_gguf_open(&m->g, path, err)) < 0 || (rc = read_config(m, &arch, err)) < 0)
         goto fail;
+    if (!(m->fam = family_of(m->cfg.arch))) {
+        rc = bl_err_set(err, BL_ENOTSUP, "%s: no forward pass for architecture %s", m->path, m->cfg.arch);
+        goto fail;
+    }
     m->lb = m->opts.layer_begin;
     m->le = m->opts.layer_end;
     if (m->lb == 0 && m->le == 0)
@@ -145,7 +428,7 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
     for (int64_t l = 0; l < m->cfg.n_layer; l++)
         m->host[l] = m->opts.experts_host ? m->opts.experts_host[l] != 0 : 1;
     m->opts.experts_host = NULL; /* the copy is m->host */
-    if ((rc = wk__gqa_map(m, err)) < 0)
+    if ((rc = m->fam->map(m, err)) < 0)
         goto fail;
     bl_wmem_copy_many(m->copies, m->n_copies, m->opts.n_threads);
     free(m->copies);
@@ -180,7 +463,7 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         goto fail;
     bc.heat = m->heat;
     rc = m->opts.device >= 0 ? wk__cuda_backend(&m->be, &bc, err) : wk__cpu_backend(&m->be, &bc, err);
-    if (rc < 0 || (rc = wk__gqa_place(m, err)) < 0)
+    if (rc < 0 || (rc = m->fam->place(m, err)) < 0)
         goto fail;
     *out = m;
     return 0;
@@ -214,6 +497,9 @@ void wk_model_free(wk_model_t *m)
     free(m->s.segs);
     free(m->host);
     free(m->w.layers);
+    for (size_t i = 0; i < m->n_owned; i++)
+        free(m->owned[i]);
+    free(m->owned);
     if (m->arena)
         munmap(m->arena, m->arena_len);
     free(m->copies);
@@ -617,7 +903,7 @@ int wk_model_eval(wk_model_t *m, wk_kv_t *kv, const int32_t *tokens, int64_t n, 
         const wk_seg_t sg = {.kv = kv, .tokens = tokens + c0, .row0 = 0, .n = cn, .pos = pos + c0,
                              .n_out = cn - out0};
         const wk_step_t st = {.seg = &sg, .nseg = 1, .n = cn, .logits = lg};
-        rc = wk__gqa_forward(m, &st, err);
+        rc = m->fam->forward(m, &st, err);
         if (rc < 0)
             return rc;
         kv->n_past = pos + c0 + cn;
@@ -673,7 +959,7 @@ int wk_model_stage(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, const fl
     }
     const wk_step_t st = {.seg = sg, .nseg = n_seqs, .n = rows, .x_in = x_in, .x_out = x_out,
                           .logits = logits};
-    rc = wk__gqa_forward(m, &st, err);
+    rc = m->fam->forward(m, &st, err);
     if (rc < 0)
         return rc;
     for (int64_t i = 0; i < n_seqs; i++)

@@ -28,6 +28,14 @@ typedef struct layer {
     wk_tensor_t sh_gate;  // (n_ff_shexp, n_embd) a MoE layer's shared experts
     wk_tensor_t sh_up;    // (n_ff_shexp, n_embd)
     wk_tensor_t sh_down;  // (n_embd, n_ff_shexp)
+    /* deepseek2's latent attention */
+    wk_tensor_t wq_a;     // (q_lora, n_embd), q_lora > 0
+    wk_vec_t q_a_norm;    // (q_lora)
+    wk_tensor_t wq_b;     // (n_head * head_k, q_lora); wq (n_head * head_k, n_embd) without q_lora
+    wk_tensor_t wkv_a;    // (kv_lora + n_rot, n_embd)
+    wk_vec_t kv_a_norm;   // (kv_lora)
+    wk_tensor_t wk_b;     // (n_head * kv_lora, qk_nope): head h's rows h * kv_lora..
+    wk_tensor_t wv_b;     // (n_head * head_v, kv_lora)
     wk_tensor_t ffn_gate; // (n_ff, n_embd) a dense layer's FFN
     wk_tensor_t ffn_up;   // (n_ff, n_embd)
     wk_tensor_t ffn_down; // (n_embd, n_ff)
@@ -48,11 +56,24 @@ typedef struct run_state {
     float *k;   // (n_batch, n_head_kv * head_dim)
     float *v;   // (n_batch, n_head_kv * head_dim)
     float *att; // (n_batch, n_head * head_dim) attention output
+    float *extra; // a family's own rows (deepseek2: the compressed q), or NULL
     wk_seg_t *segs; // (n_batch) host: the sequences of a step
 } run_state_t;
 
+/* A family: its tensors, their registration with the backend, its forward pass
+ * (models/<family>.c), for the architectures named arch. */
+typedef struct wk__family {
+    const char *arch;
+    int (*map)(wk_model_t *m, bl_err_t *err);
+    int (*place)(wk_model_t *m, bl_err_t *err);
+    int (*forward)(wk_model_t *m, const wk_step_t *st, bl_err_t *err);
+} wk__family_t;
+
 struct wk_model {
     wk_config_t cfg;
+    const wk__family_t *fam;
+    void **owned;     /* weights the model made (converted from the file's form) */
+    size_t n_owned, cap_owned;
     weights_t w;
     run_state_t s;
     wk_model_opts_t opts;
@@ -126,12 +147,28 @@ int wk__find_vec(wk_model_t *m, const char *name, int64_t ne0, wk_vec_t *out, bl
 
 // --- a family (models/<arch>.c) -----------------------------------------------------
 
-/* Reads cfg from the metadata (arch named by general.architecture), maps the
- * tensors the process needs, registers the stage's with the backend, and runs
- * steps and expert calls. gqa.c: qwen3moe, qwen3 and glm4moe. */
-int wk__gqa_config(wk_model_t *m, bl_err_t *err) BL_WUR;
+/* What every family shares (model.c): the embedding and head (map_io, place_io),
+ * a layer's FFN block (its norm, then a dense SwiGLU or the router, routed and
+ * shared experts), the NextN layers' check, the commit and the run state of
+ * q_width, k_width (k and v), att_width and extra_width floats a row. */
+int wk__map_io(wk_model_t *m, bl_err_t *err) BL_WUR;
+int wk__map_ffn(wk_model_t *m, int64_t l, bl_err_t *err) BL_WUR;
+int wk__check_nextn(wk_model_t *m, bl_err_t *err) BL_WUR;
+int wk__place_io(wk_model_t *m, bl_err_t *err) BL_WUR;
+int wk__place_ffn(wk_model_t *m, int64_t l, bl_err_t *err) BL_WUR;
+int wk__place_done(wk_model_t *m, int64_t q_width, int64_t k_width, int64_t att_width, int64_t extra_width,
+                   bl_err_t *err) BL_WUR;
+/* x += the FFN block of layer l over the step's n rows */
+int wk__forward_ffn(wk_model_t *m, int64_t l, int64_t n, bl_err_t *err) BL_WUR;
+/* Frees p with the model; p NULL is out of memory. */
+int wk__own(wk_model_t *m, void *p, bl_err_t *err) BL_WUR;
+
+/* gqa.c: qwen3moe, qwen3 and glm4moe; deepseek2.c: deepseek2. */
 int wk__gqa_map(wk_model_t *m, bl_err_t *err) BL_WUR;
 int wk__gqa_place(wk_model_t *m, bl_err_t *err) BL_WUR;
 int wk__gqa_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err) BL_WUR;
+int wk__ds2_map(wk_model_t *m, bl_err_t *err) BL_WUR;
+int wk__ds2_place(wk_model_t *m, bl_err_t *err) BL_WUR;
+int wk__ds2_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err) BL_WUR;
 
 #endif

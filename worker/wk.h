@@ -109,7 +109,7 @@ void wk_model_opts_default(wk_model_opts_t *o);
 
 /* What the forward pass reads from the file's metadata. */
 typedef struct wk_config {
-    char arch[16];         /* "qwen3moe", "qwen3" or "glm4moe" */
+    char arch[16];         /* "qwen3moe", "qwen3", "glm4moe" or "deepseek2" */
     int moe;               /* routed experts in layers n_dense_lead.. (else a dense FFN) */
     int64_t n_layer;       /* the layers a forward pass runs (NextN layers not counted) */
     int64_t n_embd;
@@ -117,6 +117,12 @@ typedef struct wk_config {
     int64_t n_head_kv;
     int64_t head_dim;
     int64_t n_rot;         /* dims of each head RoPE rotates */
+    int rope_neox;         /* NEOX pairs (i, i + n_rot/2), else consecutive ones */
+    float rope_freq_scale, rope_ext_factor, rope_corr_lo, rope_corr_hi, rope_mscale; /* YaRN (arch.h) */
+    float attn_scale;      /* the scores' scale */
+    int64_t q_lora, kv_lora, head_k, head_v; /* deepseek2's latent attention (arch.h) */
+    int mla_split;         /* attn_k_b and attn_v_b, else attn_kv_b */
+    int64_t n_group, topk_group; /* grouped expert choice */
     int64_t n_ff;          /* dense FFN width (qwen3; glm4moe's leading dense layers) */
     int64_t n_expert;      /* MoE models */
     int64_t n_expert_used;
@@ -150,7 +156,7 @@ typedef struct wk_kv_pool wk_kv_pool_t;
  * Weights stay in the file's mapping; with opts.device >= 0 the stage's weights are
  * then uploaded to that card (BL_ENOTSUP in a build without CUDA, for remote
  * experts, or for a type or shape the CUDA kernels do not take). Errors: the reader's (bl_gguf_open),
- * BL_ENOTSUP (an architecture other than qwen3moe/qwen3/glm4moe, a tensor type without a
+ * BL_ENOTSUP (an architecture other than qwen3moe/qwen3/glm4moe/deepseek2, a tensor type without a
  * dequantizer), BL_ENOENT (a missing key or tensor, named), BL_EINVAL (a tensor of
  * the wrong shape or type, named with both shapes), BL_ERANGE, BL_ENOMEM. */
 int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opts,

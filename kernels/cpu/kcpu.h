@@ -371,12 +371,36 @@ void kcpu_parallel_for(kcpu_ctx_t *c, int64_t n, int64_t min_par, void (*fn)(voi
 void kcpu_rms_norm(kcpu_ctx_t *c, float *y, const float *x, const float *g, int64_t n, int64_t d, int64_t ld,
                    float eps);
 
-/* The NEOX rotation table for positions pos[0..n) over n_rot dims: cs (n, n_rot/2,
- * 2) = cos, sin of pos * base^(-2i/n_rot), computed in double. */
-void kcpu_rope_table(float *cs, const int32_t *pos, int64_t n, int64_t n_rot, float base);
-/* Rotates x (n, n_head, head_dim) in place with the table: pairs (i, i + n_rot/2)
- * for i < n_rot/2; dims n_rot.. of each head stay as they are. */
+/* A RoPE: n_rot dims rotated by pos * base^(-2i/n_rot) for pair i, with YaRN's
+ * context extension when freq_scale < 1 (llama.cpp's rope_yarn: the angles
+ * interpolated by freq_scale, mixed back towards the original ones over the pairs
+ * below corr_hi by ext_factor, and cos, sin multiplied by mscale). */
+typedef struct kcpu_rope {
+    int64_t n_rot;
+    float base;
+    float freq_scale;     /* 1: no interpolation */
+    float ext_factor;     /* 0: no mixing */
+    float corr_lo, corr_hi; /* the pairs the mix ramps over */
+    float mscale;         /* 1: plain rotation */
+} kcpu_rope_t;
+
+/* A plain RoPE over n_rot dims. */
+static inline kcpu_rope_t kcpu_rope_plain(int64_t n_rot, float base)
+{
+    return (kcpu_rope_t){.n_rot = n_rot, .base = base, .freq_scale = 1.0f, .mscale = 1.0f};
+}
+
+/* The rotation table for positions pos[0..n): cs (n, n_rot/2, 2) = cos, sin of each
+ * pair's angle (times mscale), computed in double. */
+void kcpu_rope_table(float *cs, const int32_t *pos, int64_t n, const kcpu_rope_t *r);
+/* Rotates x (n, n_head, head_dim) in place with the table, the NEOX way: pairs
+ * (i, i + n_rot/2) for i < n_rot/2; dims n_rot.. of each head stay as they are. */
 void kcpu_rope_neox(float *x, const float *cs, int64_t n, int64_t n_head, int64_t head_dim, int64_t n_rot);
+/* Rotates n_rot dims of each head in place the NORM way (llama.cpp's, DeepSeek's):
+ * consecutive pairs (2i, 2i + 1). Row b's head h starts at x + b * row_stride + h *
+ * head_stride. */
+void kcpu_rope_norm(float *x, const float *cs, int64_t n, int64_t n_head, int64_t row_stride,
+                    int64_t head_stride, int64_t n_rot);
 
 /* y (n, d) = silu(g) * u, elementwise; y may alias g. Long vectors are split over
  * c's threads (c may be NULL: this thread), with the same bits. */
@@ -402,11 +426,16 @@ void kcpu_attention(kcpu_ctx_t *c, const kcpu_kv_view_t *kv, const float *q, flo
                     int64_t n, int64_t pos0, int64_t n_head, int64_t n_kv_head,
                     int64_t head_dim, float scale);
 
+/* Most experts a router chooses among (BL_ARCH_MAX_EXPERTS). */
+#define KCPU_ROUTE_MAX_EXPERT 4096
+
 /* How a MoE router scores its experts (bl_gating_t's numbering). */
 enum { KCPU_GATE_SOFTMAX = 1, KCPU_GATE_SIGMOID = 2 };
 
 typedef struct kcpu_route {
     int64_t n_expert, k;
+    int64_t n_group;    /* DeepSeek-V3's grouped choice: groups of n_expert / n_group */
+    int64_t topk_group; /* experts, the k chosen from the topk_group best (0 or 1: off) */
     int gating;         /* KCPU_GATE_*: the scores p of the logits */
     int norm;           /* the k weights divided by their sum (at least 2^-14) */
     float scale;        /* then multiplied by this */
@@ -414,7 +443,8 @@ typedef struct kcpu_route {
 } kcpu_route_t;
 
 /* MoE routing for n rows of router logits (n, n_expert): scores p (softmax or
- * sigmoid, in double), the k largest p + bias (ties to the lower id), their p as
+ * sigmoid, in double), the k largest p + bias (ties to the lower id; with groups,
+ * among the topk_group groups whose two largest p + bias sum highest), their p as
  * weights, normed and scaled as r says. ids (n, k) in the order chosen, w (n, k).
  * Many rows are split over c's threads (c may be NULL: this thread); a row's result
  * never depends on it. */

@@ -1191,14 +1191,23 @@ void kcpu_rms_norm(kcpu_ctx_t *c, float *y, const float *x, const float *g, int6
     kcpu_parallel_for(c, n, d > 0 ? RMS_PAR_ELEMS / d + 1 : n + 1, rms_rows, &a);
 }
 
-void kcpu_rope_table(float *cs, const int32_t *pos, int64_t n, int64_t n_rot, float base)
+void kcpu_rope_table(float *cs, const int32_t *pos, int64_t n, const kcpu_rope_t *r)
 {
-    const int64_t half = n_rot / 2;
+    const int64_t half = r->n_rot / 2;
+    const double span = (double)r->corr_hi - (double)r->corr_lo;
     for (int64_t b = 0; b < n; b++)
         for (int64_t i = 0; i < half; i++) {
-            const double theta = (double)pos[b] * pow((double)base, -2.0 * (double)i / (double)n_rot);
-            cs[(b * half + i) * 2] = (float)cos(theta);
-            cs[(b * half + i) * 2 + 1] = (float)sin(theta);
+            const double te = (double)pos[b] * pow((double)r->base, -2.0 * (double)i / (double)r->n_rot);
+            double theta = te;
+            if (r->freq_scale != 1.0f || r->ext_factor != 0.0f) {
+                const double ti = (double)r->freq_scale * te;
+                double y = ((double)i - (double)r->corr_lo) / (span > 0.001 ? span : 0.001);
+                y = y < 0.0 ? 0.0 : y > 1.0 ? 1.0 : y;
+                const double mix = (1.0 - y) * (double)r->ext_factor;
+                theta = ti * (1.0 - mix) + te * mix;
+            }
+            cs[(b * half + i) * 2] = (float)(cos(theta) * (double)r->mscale);
+            cs[(b * half + i) * 2 + 1] = (float)(sin(theta) * (double)r->mscale);
         }
 }
 
@@ -1214,6 +1223,24 @@ void kcpu_rope_neox(float *x, const float *cs, int64_t n, int64_t n_head, int64_
                 const float x0 = v[i], x1 = v[i + half];
                 v[i] = x0 * c - x1 * s;
                 v[i + half] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+void kcpu_rope_norm(float *x, const float *cs, int64_t n, int64_t n_head, int64_t row_stride,
+                    int64_t head_stride, int64_t n_rot)
+{
+    const int64_t half = n_rot / 2;
+    for (int64_t b = 0; b < n; b++) {
+        const float *t = cs + b * half * 2;
+        for (int64_t h = 0; h < n_head; h++) {
+            float *v = x + b * row_stride + h * head_stride;
+            for (int64_t i = 0; i < half; i++) {
+                const float c = t[2 * i], s = t[2 * i + 1];
+                const float x0 = v[2 * i], x1 = v[2 * i + 1];
+                v[2 * i] = x0 * c - x1 * s;
+                v[2 * i + 1] = x0 * s + x1 * c;
             }
         }
     }
@@ -1247,12 +1274,29 @@ typedef struct route_args {
     float *w;
 } route_args_t;
 
+/* The largest of v[0..n) not yet taken (skipped: taken[i]), ties to the lower
+ * index; -1 when none is left. */
+static int64_t best_of(const double *v, const uint8_t *taken, int64_t n)
+{
+    int64_t best = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!taken[i] && (best < 0 || v[i] > v[best]))
+            best = i;
+    return best;
+}
+
 static void route_rows(void *arg, int64_t lo, int64_t hi)
 {
     const route_args_t *a = arg;
     const kcpu_route_t *r = a->r;
     const int64_t n_expert = r->n_expert, k = r->k;
     const int sigmoid = r->gating == KCPU_GATE_SIGMOID;
+    const int grouped = r->n_group > 1 && r->topk_group > 0 && r->topk_group < r->n_group;
+    /* Without a bias or groups a softmax chooses by its logits, which order as its
+     * probabilities do (and cost no exp per expert). */
+    const int by_logit = !sigmoid && !r->bias && !grouped;
+    double p[KCPU_ROUTE_MAX_EXPERT], sel[KCPU_ROUTE_MAX_EXPERT], gsc[KCPU_ROUTE_MAX_EXPERT];
+    uint8_t taken[KCPU_ROUTE_MAX_EXPERT];
     int32_t *ids = a->ids;
     float *w = a->w;
     for (int64_t b = lo; b < hi; b++) {
@@ -1263,34 +1307,44 @@ static void route_rows(void *arg, int64_t lo, int64_t hi)
         double sum = 0.0;
         for (int64_t e = 0; !sigmoid && e < n_expert; e++)
             sum += exp((double)(l[e] - mx));
-        /* The k largest by repeated scan (k and n_expert are small); a strict > keeps
-         * the lower id on ties. Without a bias a softmax chooses by its logits, which
-         * order the same way. */
-#define SCORE(e) (sigmoid ? 1.0 / (1.0 + exp(-(double)l[e])) : exp((double)(l[e] - mx)) / sum)
-#define CHOICE(e) (r->bias ? SCORE(e) + (double)r->bias[e] : sigmoid ? SCORE(e) : (double)l[e])
+        for (int64_t e = 0; e < n_expert; e++) {
+            p[e] = sigmoid ? 1.0 / (1.0 + exp(-(double)l[e])) : exp((double)(l[e] - mx)) / sum;
+            sel[e] = by_logit ? (double)l[e] : p[e] + (r->bias ? (double)r->bias[e] : 0.0);
+            taken[e] = 0;
+        }
+        if (grouped) {
+            /* a group scores the sum of its two best choices; the experts of all but
+             * the topk_group best groups are out of the choice */
+            const int64_t gs = n_expert / r->n_group;
+            uint8_t keep[KCPU_ROUTE_MAX_EXPERT];
+            for (int64_t g = 0; g < r->n_group; g++) {
+                const int64_t b1 = best_of(sel + g * gs, taken + g * gs, gs); /* gs >= 1 */
+                taken[g * gs + b1] = 1;
+                const int64_t b2 = gs > 1 ? best_of(sel + g * gs, taken + g * gs, gs) : -1;
+                taken[g * gs + b1] = 0;
+                gsc[g] = sel[g * gs + b1] + (b2 >= 0 ? sel[g * gs + b2] : 0.0);
+                keep[g] = 0;
+            }
+            for (int64_t j = 0; j < r->topk_group; j++) {
+                const int64_t g = best_of(gsc, keep, r->n_group);
+                if (g >= 0) /* topk_group < n_group: always */
+                    keep[g] = 1;
+            }
+            for (int64_t e = 0; e < n_expert; e++)
+                taken[e] = !keep[e / gs];
+        }
+        /* The k largest by repeated scan (k and n_expert are small); ties to the lower
+         * id. */
         double wsum = 0.0;
         for (int64_t j = 0; j < k; j++) {
-            int64_t best = -1;
-            double bv = 0.0;
-            for (int64_t e = 0; e < n_expert; e++) {
-                int taken = 0;
-                for (int64_t i = 0; i < j; i++)
-                    taken |= ids[b * k + i] == e;
-                if (taken)
-                    continue;
-                const double v = CHOICE(e);
-                if (best < 0 || v > bv) {
-                    best = e;
-                    bv = v;
-                }
-            }
+            /* k <= the experts left: the model's checks (bl_arch_read) */
+            const int64_t best = best_of(sel, taken, n_expert);
+            KCPU_ASSERT(best >= 0);
+            taken[best] = 1;
             ids[b * k + j] = (int32_t)best;
-            const double p = SCORE(best);
-            w[b * k + j] = (float)p;
-            wsum += p;
+            w[b * k + j] = (float)p[best];
+            wsum += p[best];
         }
-#undef CHOICE
-#undef SCORE
         /* llama.cpp keeps the sum at least the smallest normal half, 2^-14 */
         if (r->norm)
             for (int64_t j = 0; j < k; j++)

@@ -63,7 +63,8 @@ static void case_rope(rng_t *r, int64_t n, int64_t n_head, int64_t hd, int32_t m
         kcpu_rms_norm(NULL, want, x, g, n * n_head, hd, hd, eps);
     else
         memcpy(want, x, sizeof(float) * (size_t)len);
-    kcpu_rope_table(cs, pos, n, hd, base);
+    const kcpu_rope_t rp = kcpu_rope_plain(hd, base);
+    kcpu_rope_table(cs, pos, n, &rp);
     kcpu_rope_neox(want, cs, n, n_head, hd, hd);
     float *dx = d_upload(x, sizeof(float) * (size_t)len);
     float *dg = d_upload(g, sizeof(float) * (size_t)hd);

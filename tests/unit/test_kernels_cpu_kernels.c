@@ -441,7 +441,8 @@ static void test_rms_norm_and_rope(void **state)
     float cs[2 * 16], v[2 * 2 * 16], v0[2 * 2 * 16];
     rand_vec(&r, v, 2 * nh * hd, 1.0f);
     memcpy(v0, v, sizeof v);
-    kcpu_rope_table(cs, pos, 2, hd, 1e6f);
+    const kcpu_rope_t rp = kcpu_rope_plain(hd, 1e6f);
+    kcpu_rope_table(cs, pos, 2, &rp);
     kcpu_rope_neox(v, cs, 2, nh, hd, hd);
     for (int64_t b = 0; b < 2; b++)
         for (int64_t h = 0; h < nh; h++)
@@ -618,7 +619,8 @@ static void test_rope_partial(void **state)
     float cs[2 * 8], v[2 * 3 * 16], v0[2 * 3 * 16];
     rand_vec(&r, v, 2 * nh * hd, 1.0f);
     memcpy(v0, v, sizeof v);
-    kcpu_rope_table(cs, pos, 2, nr, 1e4f);
+    const kcpu_rope_t rp = kcpu_rope_plain(nr, 1e4f);
+    kcpu_rope_table(cs, pos, 2, &rp);
     kcpu_rope_neox(v, cs, 2, nh, hd, nr);
     for (int64_t b = 0; b < 2; b++)
         for (int64_t h = 0; h < nh; h++) {
@@ -630,6 +632,62 @@ static void test_rope_partial(void **state)
             }
             assert_memory_equal(o + nr, a + nr, sizeof(float) * (size_t)(hd - nr));
         }
+}
+
+/* The NORM RoPE (consecutive pairs) at strided heads, with YaRN's angle mix and
+ * magnitude as llama.cpp's rope_yarn computes them (written out here in double). */
+static void test_rope_norm_yarn(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(29);
+    const int64_t nr = 16, nh = 3, hs = 24, ld = 80, off = 8; /* heads of 24 dims, rotated 8..23 */
+    const int32_t pos[2] = {5, 3000};
+    const kcpu_rope_t y = {.n_rot = nr, .base = 1e4f, .freq_scale = 1.0f / 40.0f, .ext_factor = 1.0f,
+                           .corr_lo = 2.0f, .corr_hi = 6.0f, .mscale = 1.25f};
+    float cs[2 * 16], v[2 * 80], v0[2 * 80];
+    rand_vec(&r, v, 2 * ld, 1.0f);
+    memcpy(v0, v, sizeof v);
+    kcpu_rope_table(cs, pos, 2, &y);
+    kcpu_rope_norm(v + off, cs, 2, nh, ld, hs, nr);
+    for (int64_t b = 0; b < 2; b++)
+        for (int64_t h = 0; h < nh; h++) {
+            const float *a = v0 + b * ld + h * hs + off, *o = v + b * ld + h * hs + off;
+            for (int64_t i = 0; i < nr / 2; i++) {
+                const double te = pos[b] * pow(1e4, -2.0 * i / nr), ti = te / 40.0;
+                double ramp = (i - 2.0) / 4.0;
+                ramp = 1.0 - (ramp < 0 ? 0 : ramp > 1 ? 1 : ramp);
+                const double th = ti * (1 - ramp) + te * ramp, c = cos(th) * 1.25, s = sin(th) * 1.25;
+                assert_true(fabs(o[2 * i] - (a[2 * i] * c - a[2 * i + 1] * s)) < 1e-4);
+                assert_true(fabs(o[2 * i + 1] - (a[2 * i] * s + a[2 * i + 1] * c)) < 1e-4);
+            }
+            /* the head's first off dims are not rotated */
+            assert_memory_equal(v + b * ld + h * hs, v0 + b * ld + h * hs, sizeof(float) * (size_t)off);
+        }
+}
+
+/* DeepSeek-V3's grouped choice: a group scores the sum of its two best, only the
+ * topk_group best groups' experts can be chosen. */
+static void test_moe_route_groups(void **state)
+{
+    (void)state;
+    /* 8 experts in 4 groups of 2; the two largest logits (experts 0 and 7) sit in
+     * groups 0 and 3, but groups 1 and 2 have the best pairs */
+    const float l[8] = {3.0f, -3.0f, 1.5f, 1.5f, 1.4f, 1.4f, -3.0f, 2.9f};
+    int32_t ids[2];
+    float w[2];
+    kcpu_route_t rt = {.n_expert = 8, .k = 2, .n_group = 4, .topk_group = 2, .gating = KCPU_GATE_SIGMOID,
+                       .norm = 1, .scale = 1.0f};
+    kcpu_moe_route(NULL, l, 1, &rt, ids, w);
+    assert_int_equal(ids[0], 2); /* a tie (2 and 3): the lower id first */
+    assert_int_equal(ids[1], 3);
+    rt.topk_group = 4; /* every group: the plain top 2 */
+    kcpu_moe_route(NULL, l, 1, &rt, ids, w);
+    assert_int_equal(ids[0], 0);
+    assert_int_equal(ids[1], 7);
+    rt.topk_group = 3; /* groups 1, 2 and then 0 (3.0 - 3.0 = 0 vs 2.9 - 3.0) */
+    kcpu_moe_route(NULL, l, 1, &rt, ids, w);
+    assert_int_equal(ids[0], 0);
+    assert_int_equal(ids[1], 2);
 }
 
 static void count_task(void *ctx, int ith, int nth)
@@ -777,6 +835,8 @@ int main(void)
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_route_sigmoid),
         cmocka_unit_test(test_rope_partial),
+        cmocka_unit_test(test_rope_norm_yarn),
+        cmocka_unit_test(test_moe_route_groups),
         cmocka_unit_test(test_pool_runs_every_thread),
         cmocka_unit_test(test_pool_pin_strict),
         cmocka_unit_test(test_ctx_create_out_of_memory),
