@@ -376,7 +376,7 @@ static int anthropic_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks
         (rc = rt__gen_render_chat(app, msgs, kwargs, 1, &prefill, &text, &len, think_open, err)))
         goto done;
     if (think_off)
-        *think_off = rt__gen_thinking_off(app, kwargs);
+        *think_off = rt__gen_thinking_off(app, kwargs, text, len);
     *prefilled = prefill.p != NULL;
     rc = rt__gen_tokenize_prompt(app, text, len, RT_TOKENIZE_ADD_SPECIAL | RT_TOKENIZE_PARSE_SPECIAL,
                                  toks, n_min, err);

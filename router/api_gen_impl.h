@@ -203,8 +203,9 @@ int rt__gen_force_tools(rt_gen_params_t *p, const json_t *tools, const char *nam
                         int think, bl_err_t *err) BL_WUR;
 /* Whether the template is told not to think: enable_thinking false in the request's
  * template arguments (kwargs, as rt__gen_chat_options or the Anthropic options made
- * them; reasoning_effort "none" sets it there), else in --chat-template-kwargs. */
-int rt__gen_thinking_off(const rt_app_t *app, const json_t *kwargs);
+ * them; reasoning_effort "none" sets it there), else in --chat-template-kwargs; or
+ * the rendered prompt (len bytes) ends with the format's closing think tag. */
+int rt__gen_thinking_off(const rt_app_t *app, const json_t *kwargs, const char *prompt, size_t len);
 
 /* An assistant message's "tool_calls" as the template takes them: each
  * {"id"?, "type": "function", "function": {"name", "arguments"}} with the arguments

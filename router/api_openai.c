@@ -113,7 +113,7 @@ static int chat_prompt(rt_app_t *app, const json_t *body, rt_tokens_t *toks, int
                                   err)))
         goto done;
     if (think_off)
-        *think_off = rt__gen_thinking_off(app, kwargs);
+        *think_off = rt__gen_thinking_off(app, kwargs, text, len);
     if (prefill.p)
         *reasoning = 0; /* as llama-server: a continued reply is not parsed */
     rc = rt__gen_tokenize_prompt(app, text, len, RT_TOKENIZE_ADD_SPECIAL | RT_TOKENIZE_PARSE_SPECIAL,

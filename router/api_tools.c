@@ -349,13 +349,23 @@ int rt__gen_force_tools(rt_gen_params_t *p, const json_t *tools, const char *nam
     return 0;
 }
 
-int rt__gen_thinking_off(const rt_app_t *app, const json_t *kwargs)
+int rt__gen_thinking_off(const rt_app_t *app, const json_t *kwargs, const char *prompt, size_t len)
 {
     /* the request's arguments sit over the server's, as rt__gen_render_chat merges them */
     const json_t *on = json_object_get(kwargs, "enable_thinking");
     if (!json_is_boolean(on) && app->tpl_kwargs)
         on = json_object_get(app->tpl_kwargs, "enable_thinking");
-    return json_is_false(on);
+    if (json_is_false(on))
+        return 1;
+    /* a template that closes the thought in its generation prompt (DeepSeek-V3.1's
+     * "</think>" when thinking is not asked for) has turned it off itself */
+    const char *open, *close;
+    rt_chatfmt_think_tags(app->chatfmt, &open, &close);
+    const size_t cl = close ? strlen(close) : 0;
+    while (len > 0 && (prompt[len - 1] == ' ' || prompt[len - 1] == '\n' || prompt[len - 1] == '\r' ||
+                       prompt[len - 1] == '\t'))
+        len--;
+    return cl > 0 && len >= cl && !memcmp(prompt + len - cl, close, cl);
 }
 
 int rt__gen_message_tool_calls(const json_t *calls, size_t mi, json_t **out, bl_err_t *err)

@@ -1,13 +1,18 @@
 """Model families beside the session's qwen3moe, each on a tiny file bloomery-mkmodel
-writes (FAMILIES: one line a family): the CPU pass against the float64 reference
-(tests/reference) in default and --precise mode; the server's n_probs against
-bloomery-cli's; --workers 2 and routed experts in the hosttier (-ot ...=HOSTTIER)
-giving exactly the one-worker answers; chat end to end with the file's own template
-(the rendered prompt, reasoning split out, a forced tool call in the family's form);
-the family's end-of-generation tokens ending a reply; and files with a key or a
-tensor missing or wrong refused by its name, by bloomery-cli and bloomery-serve."""
+writes (FAMILIES: one line a family; two lines may share an architecture, as
+deepseek2's two file forms do): the CPU pass against the float64 reference
+(tests/reference) in default and --precise mode, and for the families marked long a
+prompt of some 300 tokens; the server's n_probs against bloomery-cli's; --workers 2
+and routed experts in the hosttier (-ot ...=HOSTTIER) giving exactly the one-worker
+answers; chat end to end with the file's own template (the rendered prompt, one BOS
+at the start of what is evaluated, reasoning split out, a forced tool call in the
+family's form); the family's end-of-generation tokens ending a reply; and files with
+a key or a tensor missing or wrong refused by its name, by bloomery-cli and
+bloomery-serve."""
+import collections
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -24,30 +29,86 @@ import gguf_write  # noqa: E402
 
 REFERENCE = os.path.join(serverctl.ROOT, "tests", "reference", "reference.py")
 
-# family -> the bloomery-mkmodel flags of its tiny file
+# family -> its architecture, the other bloomery-mkmodel flags of its tiny file, and
+# "long": also the ~300-token prompt against the reference (test_long_prompt_...)
 FAMILIES = {
-    "glm4moe": ["--arch", "glm4moe", "--layers", "3", "--seed", "7"],
+    "glm4moe": {"arch": "glm4moe", "flags": ["--layers", "3", "--seed", "7"]},
+    # DeepSeek-V3's shape cut down: latent attention with q compressed (the MLA file
+    # form, attn_k_b/attn_v_b), a leading dense layer, 8 routed experts chosen 2 from
+    # the 2 best of 4 groups with sigmoid scores and a selection bias, a shared
+    # expert, YaRN by 40.
+    # The seeds: weights where no prompt below puts two groups or experts, or the top
+    # two logits, within the default mode's rounding of each other (seed 1 of the
+    # MLA file has two groups 0.0003 apart at one position of the chat prompt: the
+    # quantized pass picks the other one, 0.7 off in the logits there, while
+    # --precise agrees to 1e-6)
+    "deepseek2": {"arch": "deepseek2", "long": True,
+                  "flags": ["--layers", "3", "--experts", "8", "--experts-used", "2",
+                            "--groups", "4", "--groups-used", "2", "--yarn", "40",
+                            "--seed", "4"]},
+    # DeepSeek-V2-Lite's kind: the legacy file form (one attn_kv_b), q uncompressed
+    # (attn_q), softmax scores and no selection bias
+    "deepseek2-legacy": {"arch": "deepseek2", "long": True,
+                         "flags": ["--layers", "3", "--experts", "8", "--experts-used", "2",
+                                   "--groups", "4", "--groups-used", "2", "--yarn", "40",
+                                   "--legacy-kv-b", "--q-lora", "0", "--gating", "softmax",
+                                   "--seed", "8"]},
 }
 
-# What a family's own vocabulary and template make of a conversation; the tests that
-# need it skip a family that has no entry.
+
+def ds(name):
+    """A DeepSeek special token's text: its bars are U+FF5C, its spaces U+2581."""
+    return "<\uff5c%s\uff5c>" % name.replace(" ", "\u2581")
+
+
+DS_CALLS = (ds("tool calls begin"), ds("tool call begin"), ds("tool sep"), ds("tool call end"),
+            ds("tool calls end"))
+
+# What an architecture's own vocabulary and template (bloomery-mkmodel writes the
+# same ones for every file of an architecture) make of a conversation; the tests
+# that need it skip a family whose architecture has no entry. The prompts are as
+# /apply-template gives them: without the BOS text, which the tokenizer adds.
 FORMS = {
     "glm4moe": {
         "chat_prompt": "[gMASK]<sop><|user|>\nWhat is the capital of France?<|assistant|>\n",
         "system_user": ("Be brief.", "Hi there",
                         "[gMASK]<sop><|system|>\nBe brief.<|user|>\nHi there<|assistant|>\n"),
         "chat_format": "glm-4.5",
-        # the tags that open and close a tool call the model writes, and open an argument
-        "call": ("<tool_call>", "</tool_call>", "<arg_key>"),
+        # (the request's extra fields, the reply a grammar forces: a thought, then text)
+        "reasoning": ({}, "<think>The iron is hot.</think>Strike now."),
+        # the text the model writes for a forced call of paint with its two arguments
+        # (whitespace around it stripped); a group "args", where the form has one, is
+        # the arguments' JSON
+        "call": r"<tool_call>paint\s*(?:<arg_key>(?:color|coats)</arg_key>\s*"
+                r"<arg_value>[^<]*</arg_value>\s*){2}</tool_call>",
         # special text -> the metadata key that names it an end of generation
         "ends": {"<|user|>": "tokenizer.ggml.eot_token_id",
                  "<|observation|>": "tokenizer.ggml.eom_token_id",
                  "<|endoftext|>": "tokenizer.ggml.eos_token_id"},
     },
+    # the DeepSeek-V3.1 form: BOS and the system text, <｜User｜>..., and the generation
+    # prompt <｜Assistant｜></think> (thinking off) or <｜Assistant｜><think>
+    "deepseek2": {
+        "chat_prompt": ds("User") + "What is the capital of France?" + ds("Assistant") + "</think>",
+        "system_user": ("Be brief.", "Hi there",
+                        "Be brief." + ds("User") + "Hi there" + ds("Assistant") + "</think>"),
+        # the user turn alone, rendered with these chat_template_kwargs
+        "thinking": ({"enable_thinking": True},
+                     ds("User") + "Hi there" + ds("Assistant") + "<think>"),
+        "chat_format": "deepseek-v3.1",
+        # with thinking on the generation prompt opens <think>: the reply starts in it
+        "reasoning": ({"chat_template_kwargs": {"enable_thinking": True}},
+                      "The iron is hot.</think>Strike now."),
+        "call": (re.escape(DS_CALLS[0]) + r"\s*" + re.escape(DS_CALLS[1]) + "paint" +
+                 re.escape(DS_CALLS[2]) + r"(?P<args>.*)" + re.escape(DS_CALLS[3]) + r"\s*" +
+                 re.escape(DS_CALLS[4])),
+        "ends": {ds("end of sentence"): "tokenizer.ggml.eos_token_id"},
+    },
 }
 
 # A family's broken files: (what is wrong, the change, the name the refusal must give).
 # The change is rewrite()'s keywords. The first case is also tried on bloomery-serve.
+DS2 = "deepseek2."
 BAD_FILES = {
     "glm4moe": [
         ("the NextN layer's eh_proj is missing", {"drop_tensors": ["blk.3.nextn.eh_proj.weight"]},
@@ -58,6 +119,26 @@ BAD_FILES = {
          "glm4moe.expert_gating_func"),
         ("a selection bias of 7 values for 8 experts", {"lengths": {"blk.1.exp_probs_b.bias": 7}},
          "blk.1.exp_probs_b.bias"),
+    ],
+    "deepseek2": [
+        ("a MoE layer's attn_k_b is missing", {"drop_tensors": ["blk.1.attn_k_b.weight"]},
+         "blk.1.attn_k_b.weight"),
+        ("kv_lora_rank is missing", {"drop_keys": [DS2 + "attention.kv_lora_rank"]},
+         DS2 + "attention.kv_lora_rank"),
+        ("3 expert groups for 8 experts", {"set_keys": {DS2 + "expert_group_count": 3}},
+         DS2 + "expert_group_count"),
+        ("linear RoPE scaling", {"set_keys": {DS2 + "rope.scaling.type": "linear"}},
+         DS2 + "rope.scaling.type"),
+        ("key_length_mla without value_length_mla",
+         {"drop_keys": [DS2 + "attention.value_length_mla"]}, DS2 + "attention.value_length_mla"),
+    ],
+    "deepseek2-legacy": [
+        ("a MoE layer's attn_kv_b is missing", {"drop_tensors": ["blk.1.attn_kv_b.weight"]},
+         "blk.1.attn_kv_b.weight"),
+        ("no q_lora_rank and attn_q missing", {"drop_tensors": ["blk.2.attn_q.weight"]},
+         "blk.2.attn_q.weight"),
+        ("gating function 3", {"set_keys": {DS2 + "expert_gating_func": 3}},
+         DS2 + "expert_gating_func"),
     ],
 }
 
@@ -96,39 +177,48 @@ def rewrite(src, dst, drop_tensors=(), drop_keys=(), set_keys=None, lengths=None
     w.write(dst)
 
 
+Family = collections.namedtuple("Family", "name path arch")
+
+
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(request, tmp_path_factory):
-    """(name, path of its tiny file)."""
-    name = request.param
+    """(name, path of its tiny file, architecture)."""
+    name, spec = request.param, FAMILIES[request.param]
     path = str(tmp_path_factory.mktemp(name) / ("%s.gguf" % name))
-    p = run([serverctl.program("bloomery-mkmodel"), "-o", path, "--threads", "2"] + FAMILIES[name],
-            timeout=300)
+    p = run([serverctl.program("bloomery-mkmodel"), "-o", path, "--threads", "2",
+             "--arch", spec["arch"]] + spec["flags"], timeout=300)
     assert p.returncode == 0, p.stdout
-    return name, path
+    assert gguf.load(path).metadata["general.architecture"] == spec["arch"]
+    return Family(name, path, spec["arch"])
 
 
 def forms(family):
-    if family[0] not in FORMS:
-        pytest.skip("FORMS has no entry for %s" % family[0])
-    return FORMS[family[0]]
+    if family.arch not in FORMS:
+        pytest.skip("FORMS has no entry for %s" % family.arch)
+    return FORMS[family.arch]
 
 
 @pytest.fixture(scope="module")
 def one(family, module_servers):
     """A one-worker server of the family's file."""
-    return module_servers.start(FAST, model=family[1])
+    return module_servers.start(FAST, model=family.path)
+
+
+# ids a position of bloomery-cli's dump holds: more than the reference's 32, so that
+# every one of those is found, even the 32nd when it and the 33rd are all but tied
+CLI_TOP = 40
 
 
 def cli_dump(model, prompt, out, *extra):
     p = run([serverctl.program("bloomery-cli"), "-m", model, "-p", prompt, "-n", "0", "-t", "1",
-             "--dump-logits", str(out), "--dump-top", "32"] + list(extra))
+             "--dump-logits", str(out), "--dump-top", str(CLI_TOP)] + list(extra))
     assert p.returncode == 0, p.stdout
     with open(out) as f:
         return json.load(f)
 
 
 def prompts(family):
-    return PLAIN + ([FORMS[family[0]]["chat_prompt"]] if family[0] in FORMS else [])
+    return PLAIN + ([FORMS[family.arch]["chat_prompt"]] if family.arch in FORMS else [])
 
 
 # ------------------------------------------------------------------ the CPU pass
@@ -137,7 +227,7 @@ def prompts(family):
 def test_cpu_pass_against_the_reference(family, tmp_path, k):
     """bloomery-cli's logits at every prompt position, default and --precise, against
     the float64 reference's on the same ids."""
-    name, model = family
+    name, model = family.name, family.path
     ps = prompts(family)
     if k >= len(ps):
         pytest.skip("no chat-form prompt for %s" % name)
@@ -161,10 +251,41 @@ def test_cpu_pass_against_the_reference(family, tmp_path, k):
         assert m["max_abs_dlse"] <= gate["lse"], summary
 
 
+# some 300 tokens: positions well past the short prompts', where YaRN's stretched
+# low frequencies and the long causal sums show
+LONG = " ".join(["The smith heats the iron until it glows, then strikes it on the anvil."] * 12)
+LONG_TAIL = 20
+
+
+def test_long_prompt_against_the_reference(family, tmp_path):
+    """A family marked long: bloomery-cli's logits (default mode) over a ~300-token
+    prompt against the float64 reference's, at the last LONG_TAIL positions."""
+    name, model = family.name, family.path
+    if not FAMILIES[name].get("long"):
+        pytest.skip("%s is not marked long" % name)
+    dump = cli_dump(model, LONG, tmp_path / "cli.json")
+    n = len(dump["prompt_ids"])
+    assert 250 <= n <= 400, n
+    ref_path = tmp_path / "ref.json"
+    p = run([sys.executable, REFERENCE, model, "--oracle", str(tmp_path / "cli.json"),
+             "--dump-logits", str(ref_path), "-q"], timeout=300)
+    assert p.returncode == 0, p.stdout
+    ref = compare.load(str(ref_path))
+    assert len(ref["positions"]) == len(dump["positions"]) == n
+    tail = lambda d: dict(d, positions=d["positions"][-LONG_TAIL:])  # noqa: E731
+    m = compare.compare(tail(ref), tail(dump))
+    summary = "%s, %d tokens, last %d positions: %s" % (name, n, LONG_TAIL, {x: m[x] for x in (
+        "positions", "top1_same", "mean_abs_dlogit", "max_abs_dlogit", "max_abs_dlse")})
+    assert m["positions"] == LONG_TAIL and m["n_missing"] == 0, summary
+    assert m["top1_same"] == m["positions"], summary
+    assert m["mean_abs_dlogit"] <= GATES["default"]["mean"], summary
+    assert m["max_abs_dlse"] <= GATES["default"]["lse"], summary
+
+
 # ------------------------------------------------------------------ the server
 
 def test_n_probs_agree_with_cli(family, one, tmp_path):
-    dump = cli_dump(family[1], prompts(family)[-1], tmp_path / "dump.json")
+    dump = cli_dump(family.path, prompts(family)[-1], tmp_path / "dump.json")
     last = dump["positions"][-1]
     cli_lp = {i: lg - last["lse"] for i, lg in zip(last["ids"], last["logits"])}
     b = greedy(one.url, dump["prompt_ids"], 1)
@@ -172,7 +293,7 @@ def test_n_probs_agree_with_cli(family, one, tmp_path):
     top = b["completion_probabilities"][0]["top_logprobs"]
     assert len(top) == 5
     for t in top:
-        assert t["id"] in cli_lp, "server candidate %r is not in the cli's top 32" % t
+        assert t["id"] in cli_lp, "server candidate %r is not in the cli's top %d" % (t, CLI_TOP)
         assert abs(t["logprob"] - cli_lp[t["id"]]) <= TOL, (t, cli_lp[t["id"]])
     if last["logits"][0] - last["logits"][1] > TOL:
         assert top[0]["id"] == last["ids"][0]
@@ -190,7 +311,7 @@ def same_answers(family, url, other):
 
 
 def test_two_workers_same_as_one(family, one, servers):
-    srv = servers.start(FAST + ["--workers", "2"], model=family[1])
+    srv = servers.start(FAST + ["--workers", "2"], model=family.path)
     names = [n for _, n, _ in srv.children()]
     assert names.count("bloomery-worker") == 2, names
     assert names.count("bloomery-hosttier") == 0, names
@@ -211,12 +332,12 @@ def test_experts_in_the_hosttier_same_as_in_the_worker(family, one, servers, whi
     """The hybrid plan on the CPU: routed experts of every layer, or of the MoE layers
     past the first (a dense layer has none to move), in the hosttier process; the
     answers are the in-worker pass's, bit for bit."""
-    layers, n_layer = moe_layers(family[1])
+    layers, n_layer = moe_layers(family.path)
     assert len(layers) >= 2, layers
     moved = layers if which == "all" else layers[1:]
     pattern = ("ffn_.*_exps=HOSTTIER" if which == "all" else
                r"blk\.(%s)\.ffn_(up|down|gate)_exps=HOSTTIER" % "|".join(map(str, moved)))
-    srv = servers.start(FAST + ["--workers", "2", "-ot", pattern], model=family[1])
+    srv = servers.start(FAST + ["--workers", "2", "-ot", pattern], model=family.path)
     names = [n for _, n, _ in srv.children()]
     assert names.count("bloomery-worker") == 2, names
     assert names.count("bloomery-hosttier") == 1, names
@@ -227,23 +348,67 @@ def test_experts_in_the_hosttier_same_as_in_the_worker(family, one, servers, whi
 
 # ------------------------------------------------------------------ chat
 
+def apply_template(url, messages, **extra):
+    r = post(url, "/apply-template", dict({"messages": messages}, **extra))
+    assert r.status_code == 200, r.text
+    return r.json()["prompt"]
+
+
 def test_the_template_renders_the_family_form(family, one):
     f = forms(family)
     system, user, want = f["system_user"]
-    r = post(one.url, "/apply-template", {"messages": [{"role": "system", "content": system},
-                                                       {"role": "user", "content": user}]})
-    assert r.status_code == 200, r.text
-    assert r.json()["prompt"] == want
+    assert apply_template(one.url, [{"role": "system", "content": system},
+                                    {"role": "user", "content": user}]) == want
+    # the chat prompt the CPU pass and n_probs tests take is the template's
+    q = "What is the capital of France?"
+    assert apply_template(one.url, [{"role": "user", "content": q}]) == f["chat_prompt"]
+    if "thinking" in f:
+        kwargs, want = f["thinking"]
+        assert apply_template(one.url, [{"role": "user", "content": user}],
+                              chat_template_kwargs=kwargs) == want
     assert "chat_format=%s" % f["chat_format"] in one.log(200000), one.log()
+
+
+def test_one_bos_at_the_start_of_a_chat_prompt(family, one):
+    """A template that writes bos_token itself (DeepSeek's) under a tokenizer that adds
+    one: as llama.cpp, the server drops the text's, so the rendered prompt has none and
+    the ids a chat evaluates are the tokenizer's of that text, one BOS at their start.
+    What a chat evaluated is read back through the prompt cache: the same ids sent
+    next find all but the last cached."""
+    forms(family)
+    md = gguf.load(family.path).metadata
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    text = apply_template(one.url, messages)
+    r = post(one.url, "/tokenize", {"content": text, "add_special": True})
+    assert r.status_code == 200, r.text
+    ids = r.json()["tokens"]
+    bos = md.get("tokenizer.ggml.bos_token_id")
+    if md.get("tokenizer.ggml.add_bos_token"):
+        r = post(one.url, "/detokenize", {"tokens": [bos]})
+        assert r.status_code == 200, r.text
+        bos_text = r.json()["content"]
+        assert bos_text and not text.startswith(bos_text), (bos_text, text)
+        assert ids[0] == bos and bos not in ids[1:], ids
+    r = post(one.url, "/v1/chat/completions", {"messages": messages, "max_tokens": 1,
+                                               "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(ids), (r.json(), ids)
+    r = post(one.url, "/completion", {"prompt": ids, "n_predict": 1, "temperature": 0,
+                                      "cache_prompt": True})
+    assert r.status_code == 200, r.text
+    b = r.json()
+    assert b["tokens_evaluated"] == len(ids), b
+    assert (b["timings"]["cache_n"], b["timings"]["prompt_n"]) == (len(ids) - 1, 1), (b, ids)
 
 
 def test_reasoning_split_out(family, one):
     """The default reasoning format (llama-server's auto) takes the <think> span out of
-    a reply that a grammar makes the model write word for word."""
-    forms(family)
-    r = post(one.url, "/v1/chat/completions", {
+    a reply that a grammar makes the model write word for word (from the <think> on,
+    or after it where the generation prompt opened it)."""
+    extra, reply = forms(family)["reasoning"]
+    r = post(one.url, "/v1/chat/completions", dict({
         "messages": [{"role": "user", "content": "Should I wait?"}], "max_tokens": 120,
-        "grammar": 'root ::= "<think>The iron is hot.</think>Strike now."'})
+        "grammar": "root ::= %s" % json.dumps(reply)}, **extra))
     assert r.status_code == 200, r.text
     ch = r.json()["choices"][0]
     assert ch["finish_reason"] == "stop", ch
@@ -263,7 +428,7 @@ TOOLS = [{"type": "function", "function": {
 def test_forced_tool_call_in_the_family_form(family, one, seed):
     """tool_choice "required": the server forces a call in the format its template
     teaches; the text the model wrote is that form, and the reply is its parsed call."""
-    start, end, arg = forms(family)["call"]
+    form = re.compile(forms(family)["call"], re.S)
     r = post(one.url, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "Paint the wall."}], "tools": TOOLS,
         "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 400,
@@ -277,9 +442,13 @@ def test_forced_tool_call_in_the_family_form(family, one, seed):
     args = json.loads(calls[0]["function"]["arguments"])
     assert args["color"] in ("red", "deep blue") and args["coats"] in (1, 2, 3), args
     assert not (ch["message"].get("content") or "").strip(), ch
-    written = "".join(t["token"] for t in ch["logprobs"]["content"]).strip()
-    assert written.startswith(start + "paint") and written.endswith(end), written
-    assert written.count(arg) == 2, written
+    # the tokens' bytes: a marker the model spelled out of byte tokens is whole here
+    written = b"".join(bytes(t["bytes"]) for t in ch["logprobs"]["content"])
+    written = written.decode("utf-8").strip()
+    m = form.fullmatch(written)
+    assert m, "the model wrote more or other than the call form %r:\n%s" % (form.pattern, written)
+    if "args" in form.groupindex:
+        assert json.loads(m.group("args")) == args, written
 
 
 # ------------------------------------------------------------------ end of generation
@@ -288,7 +457,7 @@ def test_end_of_generation_tokens_end_the_reply(family, one):
     """Each token the file names an end of generation (eos, eot, eom), made all but
     certain by logit_bias, ends a completion before any text: stop_type eos."""
     f = forms(family)
-    md = gguf.load(family[1]).metadata
+    md = gguf.load(family.path).metadata
     for text, key in f["ends"].items():
         r = post(one.url, "/tokenize", {"content": text, "with_pieces": True})
         assert r.status_code == 200, r.text
@@ -315,17 +484,17 @@ def test_end_of_generation_tokens_end_the_reply(family, one):
 # ------------------------------------------------------------------ bad files
 
 def bad_files(family):
-    if family[0] not in BAD_FILES:
-        pytest.skip("BAD_FILES has no entry for %s" % family[0])
-    return BAD_FILES[family[0]]
+    if family.name not in BAD_FILES:
+        pytest.skip("BAD_FILES has no entry for %s" % family.name)
+    return BAD_FILES[family.name]
 
 
 def test_rewrite_keeps_every_byte(family, tmp_path):
     """The helper that writes the broken files, with nothing to change, copies the file
     byte for byte: a refusal below is the change's, not the copy's."""
     out = str(tmp_path / "copy.gguf")
-    rewrite(family[1], out)
-    with open(family[1], "rb") as a, open(out, "rb") as b:
+    rewrite(family.path, out)
+    with open(family.path, "rb") as a, open(out, "rb") as b:
         assert a.read() == b.read()
 
 
@@ -333,7 +502,7 @@ def test_bad_files_refused_by_name(family, tmp_path):
     cases = bad_files(family)
     for i, (what, change, name) in enumerate(cases):
         bad = str(tmp_path / ("bad%d.gguf" % i))
-        rewrite(family[1], bad, **change)
+        rewrite(family.path, bad, **change)
         p = run([serverctl.program("bloomery-cli"), "-m", bad, "-p", "x", "-n", "1", "-t", "1"])
         assert p.returncode != 0, "%s: bloomery-cli ran:\n%s" % (what, p.stdout)
         assert p.returncode > 0, "%s: bloomery-cli died of signal %d:\n%s" % (what, -p.returncode, p.stdout)
@@ -343,7 +512,7 @@ def test_bad_files_refused_by_name(family, tmp_path):
 def test_server_refuses_a_bad_file_by_name(family, tmp_path):
     what, change, name = bad_files(family)[0]
     bad = str(tmp_path / "bad.gguf")
-    rewrite(family[1], bad, **change)
+    rewrite(family.path, bad, **change)
     srv = serverctl.Server(bad, FAST, log_dir=str(tmp_path))
     srv.launch()
     try:
