@@ -72,7 +72,7 @@ static int get_count(const bl_gguf_t *g, const char *arch, const char *key, int6
 static const struct {
     const char *name;
     int moe;
-} k_archs[] = {{"qwen3moe", 1}, {"qwen3", 0}, {"glm4moe", 1}, {"deepseek2", 1}};
+} k_archs[] = {{"qwen3moe", 1}, {"qwen3", 0}, {"glm4moe", 1}, {"deepseek2", 1}, {"gpt-oss", 1}};
 
 static int is_arch(const bl_arch_t *a, const char *name) { return strcmp(a->name, name) == 0; }
 
@@ -158,8 +158,8 @@ static int read_deepseek2(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl
     if (bl_gguf_find_kv(g, key) && (rc = bl_gguf_get_bool(g, key, &a->expert_norm, err)) < 0)
         return rc;
     if ((kmla != 0) != (vmla != 0))
-        return bl_err_set(err, BL_EINVAL, "%s: %s.attention.key_length_mla and value_length_mla come together", path,
-                          ar);
+        return bl_err_set(err, BL_EINVAL, "%s: metadata %s.attention.%s is missing (key_length_mla and "
+                          "value_length_mla come together)", path, ar, kmla ? "value_length_mla" : "key_length_mla");
     a->mla_split = kmla != 0;
     a->head_k = a->mla_split ? kmla : klen;
     a->head_v = a->mla_split ? vmla : vlen;
@@ -194,6 +194,36 @@ static int read_deepseek2(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl
     a->expert_bias = bl_gguf_find_tensor(g, key) != NULL;
     a->qk_norm = 0;
     a->rope_neox = 0;
+    return 0;
+}
+
+/* gpt-oss: sliding-window layers every other layer (by default), attention sinks,
+ * biases on every projection and expert, the router's softmax over its top k, and
+ * the clamped SwiGLU. */
+static int read_gptoss(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *err)
+{
+    const char *ar = a->name;
+    char key[128];
+    int rc;
+    if ((rc = get_dim(g, ar, "attention.sliding_window", 0, BL_ARCH_MAX_CTX, &a->n_swa, err)) < 0 ||
+        (rc = get_float(g, ar, "expert_weights_scale", 1.0f, 0.0f, 1e6f, &a->expert_scale, err)) < 0)
+        return rc;
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", ar);
+    a->swa_period = 2;
+    const bl_gguf_kv_t *kv = bl_gguf_find_kv(g, key);
+    if (kv && bl_gguf_kv_type(kv) == BL_GGUF_ARRAY)
+        return bl_err_set(err, BL_ENOTSUP, "%s: %s is not a u32 period (a per-layer array is not supported)", path,
+                          key);
+    if (kv && (rc = get_dim(g, ar, "attention.sliding_window_pattern", 2, 64, &a->swa_period, err)) < 0)
+        return rc;
+    if (a->expert_scale == 0.0f)
+        a->expert_scale = 1.0f;
+    a->gating = BL_GATING_SOFTMAX_WEIGHT;
+    a->expert_norm = 0;
+    a->qk_norm = 0;
+    a->attn_bias = a->attn_out_bias = a->attn_sinks = a->router_bias = a->expert_biases = 1;
+    a->expert_act = BL_ACT_SWIGLU_OAI;
+    a->ffn_norm = "post_attention_norm";
     return 0;
 }
 
@@ -277,7 +307,7 @@ int bl_arch_read(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *e
            !(s.len == strlen(k_archs[ai].name) && memcmp(s.ptr, k_archs[ai].name, s.len) == 0))
         ai++;
     if (ai == sizeof k_archs / sizeof *k_archs)
-        return bl_err_set(err, BL_ENOTSUP, "%s: architecture '%.*s' is not supported (qwen3moe, qwen3, glm4moe, deepseek2)",
+        return bl_err_set(err, BL_ENOTSUP, "%s: architecture '%.*s' is not supported (qwen3moe, qwen3, glm4moe, deepseek2, gpt-oss)",
                           path, (int)(s.len > 64 ? 64 : s.len), s.ptr);
     snprintf(a->name, sizeof a->name, "%s", k_archs[ai].name);
     a->moe = k_archs[ai].moe;
@@ -330,6 +360,7 @@ int bl_arch_read(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *e
     }
     if ((is_arch(a, "glm4moe") && (rc = read_glm4moe(a, g, path, err)) < 0) ||
         (is_arch(a, "deepseek2") && (rc = read_deepseek2(a, g, path, err)) < 0) ||
+        (is_arch(a, "gpt-oss") && (rc = read_gptoss(a, g, path, err)) < 0) ||
         (rc = read_rope_scaling(a, g, path, err)) < 0)
         return rc;
     const bl_gguf_tensor_t *te = bl_gguf_find_tensor(g, "token_embd.weight");
@@ -369,7 +400,8 @@ bl_role_t bl_arch_role(const bl_arch_t *a, const char *name, int64_t *layer)
                                        "attn_q_a.weight", "attn_q_a_norm.weight", "attn_q_b.weight",
                                        "attn_kv_a_mqa.weight", "attn_kv_a_norm.weight", "attn_k_b.weight",
                                        "attn_v_b.weight", "attn_kv_b.weight"};
-    static const char *const bias[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
+    static const char *const bias[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias",
+                                       "attn_sinks.weight"};
     static const char *const exps[] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
     static const char *const ffn[] = {"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
     static const char *const shexp[] = {"ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"};
@@ -383,11 +415,18 @@ bl_role_t bl_arch_role(const bl_arch_t *a, const char *name, int64_t *layer)
             r = BL_ROLE_ATTN;
     if (!strncmp(t, a->ffn_norm, strlen(a->ffn_norm)) && !strcmp(t + strlen(a->ffn_norm), ".weight"))
         r = BL_ROLE_NORM;
-    if (moe && (!strcmp(t, "ffn_gate_inp.weight") || (a->expert_bias && !strcmp(t, "exp_probs_b.bias"))))
+    if (moe && (!strcmp(t, "ffn_gate_inp.weight") || (a->expert_bias && !strcmp(t, "exp_probs_b.bias")) ||
+                (a->router_bias && !strcmp(t, "ffn_gate_inp.bias"))))
         r = BL_ROLE_GATE_INP;
     for (size_t i = 0; moe && i < sizeof exps / sizeof *exps && !r; i++)
         if (!strcmp(t, exps[i]))
             r = BL_ROLE_EXPERTS;
+    /* the experts' biases travel with them (the hosttier computes them) */
+    for (size_t i = 0; moe && a->expert_biases && i < sizeof exps / sizeof *exps && !r; i++) {
+        const size_t k = strlen(exps[i]) - strlen("weight");
+        if (!strncmp(t, exps[i], k) && !strcmp(t + k, "bias"))
+            r = BL_ROLE_EXPERTS;
+    }
     for (size_t i = 0; moe && a->n_ff_shexp && i < sizeof shexp / sizeof *shexp && !r; i++)
         if (!strcmp(t, shexp[i]))
             r = BL_ROLE_FFN;

@@ -6,7 +6,8 @@
  * and shared experts after leading dense layers, attention biases, partial RoPE,
  * sigmoid routing with a selection bias, NextN layers kept for speculation) and
  * deepseek2 (multi-head latent attention with a compressed cache, YaRN, grouped
- * expert choice). */
+ * expert choice) and gpt-oss (sliding-window layers, attention sinks, biases
+ * everywhere, a clamped SwiGLU). */
 #ifndef BL_ARCH_H
 #define BL_ARCH_H
 
@@ -33,7 +34,14 @@ typedef enum bl_cache_kind {
 typedef enum bl_gating {
     BL_GATING_SOFTMAX = 1,
     BL_GATING_SIGMOID = 2,
+    BL_GATING_SOFTMAX_WEIGHT = 3, /* top k by logit, weighted by the k logits' softmax (gpt-oss) */
 } bl_gating_t;
+
+/* A routed expert's activation (kcpu's KCPU_ACT_*). */
+typedef enum bl_act {
+    BL_ACT_SWIGLU = 0,
+    BL_ACT_SWIGLU_OAI = 1, /* gpt-oss's clamped SwiGLU */
+} bl_act_t;
 
 typedef struct bl_arch {
     char name[16];        /* general.architecture: "qwen3moe", "qwen3", "glm4moe" */
@@ -70,6 +78,14 @@ typedef struct bl_arch {
     int expert_bias;      /* exp_probs_b: a bias on the scores for the choice only */
     int attn_bias;        /* attn_q/k/v carry biases */
     int qk_norm;          /* per-head RMSNorm of q and k */
+    /* gpt-oss */
+    int64_t n_swa;        /* sliding layers see this many positions, 0: no sliding layers */
+    int64_t swa_period;   /* layer l slides when l % swa_period < swa_period - 1 */
+    int attn_sinks;       /* attn_sinks: one more score per head in the softmax */
+    int attn_out_bias;    /* attn_output carries a bias */
+    int router_bias;      /* ffn_gate_inp carries a bias */
+    int expert_biases;    /* the routed experts' gate, up and down carry biases */
+    bl_act_t expert_act;
     const char *ffn_norm; /* the FFN's input norm: "ffn_norm" or "post_attention_norm" */
     int64_t n_vocab;      /* rows of token_embd.weight */
     int64_t n_ctx_train;
@@ -84,6 +100,12 @@ typedef struct bl_arch {
 static inline int bl_arch_layer_moe(const bl_arch_t *a, int64_t l)
 {
     return a->moe && l >= a->n_dense_lead && l < a->n_layer;
+}
+
+/* Whether layer l attends over a sliding window of n_swa positions. */
+static inline int bl_arch_layer_swa(const bl_arch_t *a, int64_t l)
+{
+    return a->n_swa > 0 && a->swa_period > 0 && l % a->swa_period < a->swa_period - 1;
 }
 
 /* Reads and checks a's fields from g (path names the file in messages). Errors:

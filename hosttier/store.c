@@ -173,6 +173,25 @@ static int find_layer(ht_store_t *s, int64_t l, const bl_gguf_tensor_t *t[3], bl
     return 0;
 }
 
+/* gpt-oss's expert biases of layer l (f32, read where the file maps them: a few
+ * KB an expert, so they are not paged). */
+static int find_biases(ht_store_t *s, int64_t l, kcpu_experts_t *e, bl_err_t *err)
+{
+    const bl_arch_t *a = &s->a;
+    static const char *const names[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    const float **dst[3] = {&e->gate_b, &e->up_b, &e->down_b};
+    for (int i = 0; i < 3; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "blk.%lld.%s.bias", (long long)l, names[i]);
+        const bl_gguf_tensor_t *t;
+        int rc = bl_arch_tensor(s->g, s->path, name, i < 2 ? a->n_ff_exp : a->n_embd, a->n_expert, 1, 1, &t, err);
+        if (rc < 0)
+            return rc;
+        *dst[i] = t->data;
+    }
+    return 0;
+}
+
 // --- the pager ---------------------------------------------------------------------------
 
 /* Expert x of layer l's slice i in its file: part, offset, bytes. */
@@ -751,6 +770,9 @@ int ht_store_open(ht_store_t **out, const ht_store_opts_t *o, bl_err_t *err)
         s->layers[l].n_expert = a->n_expert;
         s->layers[l].n_ff = a->n_ff_exp;
         s->layers[l].n_embd = a->n_embd;
+        s->layers[l].act = a->expert_act == BL_ACT_SWIGLU_OAI ? KCPU_ACT_SWIGLU_OAI : KCPU_ACT_SWIGLU;
+        if (a->expert_biases && (rc = find_biases(s, l, &s->layers[l], err)) < 0)
+            goto fail;
     }
     /* past the RAM budget they stay in the file, paged through slots; else into
      * huge pages where they fit (common/wmem.h) */

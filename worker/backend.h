@@ -61,6 +61,10 @@ typedef struct wk_moe {
     wk_tensor_t up_exps;   // (n_expert * n_ff_exp, n_embd)
     wk_tensor_t down_exps; // (n_expert * n_embd, n_ff_exp)
     wk_vec_t probs_b;      // (n_expert) a bias on the scores for the choice only (.p NULL: none)
+    wk_vec_t router_b;     // (n_expert) a bias on the router's logits (.p NULL: none)
+    wk_vec_t gate_b, up_b; // (n_expert, n_ff) the experts' biases (gpt-oss; .p NULL: none)
+    wk_vec_t down_b;       // (n_expert, n_embd)
+    int act;               /* bl_act_t: the experts' activation */
     int64_t n_expert, n_used, n_ff;
     int64_t n_group, topk_group; /* the choice among the topk_group best of n_group groups */
     int gating;            /* bl_gating_t: softmax or sigmoid scores */
@@ -69,9 +73,12 @@ typedef struct wk_moe {
 } wk_moe_t;
 
 /* Attention with optional per-head q/k RMSNorm and NEOX RoPE over the first n_rot
- * dims of each head (Qwen3: norms, every dim; GLM-4.5: no norms, half the dims). */
+ * dims of each head (Qwen3: norms, every dim; GLM-4.5: no norms, half the dims),
+ * optionally over a sliding window and with sinks (gpt-oss). */
 typedef struct wk_attn {
     const float *q_norm, *k_norm; /* (head_dim), the backend's, or NULL: no norm */
+    const float *sinks;           /* (n_head) gpt-oss's extra score per head, the backend's, or NULL */
+    int64_t window;               /* a row sees its last window positions; 0: all */
     int64_t n_head, n_head_kv, head_dim, n_rot;
     float eps, rope_base, scale;
 } wk_attn_t;

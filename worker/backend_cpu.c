@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "arch.h"
 #include "backend.h"
 #include "blocks.h"
 #include "kcpu.h"
@@ -371,8 +372,8 @@ static int cpu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *
         const kcpu_kv_view_t kvl = kv_layer(s->kv, l);
         kcpu_kv_store(&kvl, 0, k + s->row0 * nkv, s->pos, s->n, nkv);
         kcpu_kv_store(&kvl, 1, v + s->row0 * nkv, s->pos, s->n, nkv);
-        kcpu_attention(p->kc, &kvl, q + s->row0 * nq, att + s->row0 * nq, s->n, s->pos, a->n_head, a->n_head_kv,
-                       hd, a->scale);
+        kcpu_attention_ext(p->kc, &kvl, q + s->row0 * nq, att + s->row0 * nq, s->n, s->pos, a->n_head,
+                           a->n_head_kv, hd, a->scale, a->window, a->sinks);
     }
     prof_end(p, "attention", t0, 0);
     return 0;
@@ -457,7 +458,9 @@ void wk__cpu_experts(wk_backend_t *b, const wk_moe_t *e, const float *xn, int64_
 {
     cpu_t *p = (cpu_t *)b;
     const kcpu_experts_t x = {.gate = e->gate_exps.h, .up = e->up_exps.h, .down = e->down_exps.h,
-                              .n_expert = e->n_expert, .n_ff = e->n_ff, .n_embd = p->c->n_embd};
+                              .n_expert = e->n_expert, .n_ff = e->n_ff, .n_embd = p->c->n_embd,
+                              .act = e->act == BL_ACT_SWIGLU_OAI ? KCPU_ACT_SWIGLU_OAI : KCPU_ACT_SWIGLU,
+                              .gate_b = e->gate_b.p, .up_b = e->up_b.p, .down_b = e->down_b.p};
     kcpu_experts(p->kc, p->xs, &x, xn, n, counts, e->n_used, ids, wts, out);
 }
 
@@ -468,6 +471,8 @@ static int cpu_moe(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remot
     cpu_t *p = (cpu_t *)b;
     uint64_t t0 = prof_start(p);
     kcpu_matmul(p->kc, &e->gate_inp.h, xn, n, p->rl);
+    if (e->router_b.p)
+        (void)cpu_add_bias(b, p->rl, e->router_b.p, n, e->n_expert, err);
     const kcpu_route_t r = {.n_expert = e->n_expert, .k = e->n_used, .n_group = e->n_group,
                             .topk_group = e->topk_group, .gating = e->gating, .norm = e->norm,
                             .scale = e->scale, .bias = e->probs_b.p};

@@ -522,7 +522,7 @@ static int bind(cuda_t *cu, bl_err_t *err)
 
 /* The layer forms the CUDA kernels compute: qwen3's (per-head q/k norms fused
  * with a RoPE over the whole head, no biases, softmax routing renormalised to 1,
- * routed experts in every layer of a MoE model). Another form (glm4moe's, deepseek2's) is
+ * routed experts in every layer of a MoE model). Another form (glm4moe's, deepseek2's, gpt-oss's) is
  * refused by name rather than run wrong; the CPU backend runs it. */
 static int check_form(const cuda_t *cu, bl_err_t *err)
 {
@@ -536,8 +536,12 @@ static int check_form(const cuda_t *cu, bl_err_t *err)
         what = "RoPE over part of a head";
     else if (!c->qk_norm)
         what = "attention without q/k norms";
-    else if (c->attn_bias)
+    else if (c->attn_bias || c->attn_out_bias)
         what = "attention biases";
+    else if (c->attn_sinks || c->n_swa > 0)
+        what = "attention sinks or sliding-window layers";
+    else if (c->moe && (c->router_bias || c->expert_biases || c->expert_act != 0))
+        what = "router or expert biases, or a clamped SwiGLU";
     else if (c->moe && (c->gating != 1 || c->expert_bias || !c->expert_norm || c->expert_scale != 1.0f ||
                         (c->n_group > 1 && c->topk_group < c->n_group)))
         what = "sigmoid or biased or scaled expert routing";

@@ -86,6 +86,16 @@ static void weights_arena(wk_model_t *m)
     m->arena = bl_wmem_alloc(total, m->opts.no_mmap, &m->arena_len);
 }
 
+int wk__find_vec2(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, wk_vec_t *out, bl_err_t *err)
+{
+    const bl_gguf_tensor_t *t = NULL;
+    int rc = find(m, name, ne0, ne1, 1, 1, &t, err);
+    if (rc < 0)
+        return rc;
+    out->h = out->p = t->data;
+    return 0;
+}
+
 int wk__find_vec(wk_model_t *m, const char *name, int64_t ne0, wk_vec_t *out, bl_err_t *err)
 {
     const bl_gguf_tensor_t *t = NULL;
@@ -140,6 +150,13 @@ static int read_config(wk_model_t *m, bl_arch_t *a, bl_err_t *err)
     c->expert_bias = a->expert_bias;
     c->attn_bias = a->attn_bias;
     c->qk_norm = a->qk_norm;
+    c->n_swa = a->n_swa;
+    c->swa_period = a->swa_period;
+    c->attn_sinks = a->attn_sinks;
+    c->attn_out_bias = a->attn_out_bias;
+    c->router_bias = a->router_bias;
+    c->expert_biases = a->expert_biases;
+    c->expert_act = a->expert_act;
     snprintf(c->ffn_norm, sizeof c->ffn_norm, "%s", a->ffn_norm);
     c->n_vocab = a->n_vocab;
     c->n_ctx_train = a->n_ctx_train;
@@ -155,6 +172,7 @@ static const wk__family_t k_families[] = {
     {"qwen3", wk__gqa_map, wk__gqa_place, wk__gqa_forward},
     {"glm4moe", wk__gqa_map, wk__gqa_place, wk__gqa_forward},
     {"deepseek2", wk__ds2_map, wk__ds2_place, wk__ds2_forward},
+    {"gpt-oss", wk__gqa_map, wk__gqa_place, wk__gqa_forward},
 };
 
 static const wk__family_t *family_of(const char *arch)
@@ -242,6 +260,14 @@ int wk__map_ffn(wk_model_t *m, int64_t l, bl_err_t *err)
     e->gating = c->gating;
     e->norm = c->expert_norm;
     e->scale = c->expert_scale;
+    e->act = c->expert_act;
+    if (c->router_bias && (rc = wk__find_vec(m, NAME("ffn_gate_inp.bias"), c->n_expert, &e->router_b, err)) < 0)
+        return rc;
+    if (c->expert_biases &&
+        ((rc = wk__find_vec2(m, NAME("ffn_gate_exps.bias"), c->n_ff_exp, c->n_expert, &e->gate_b, err)) < 0 ||
+         (rc = wk__find_vec2(m, NAME("ffn_up_exps.bias"), c->n_ff_exp, c->n_expert, &e->up_b, err)) < 0 ||
+         (rc = wk__find_vec2(m, NAME("ffn_down_exps.bias"), E, c->n_expert, &e->down_b, err)) < 0))
+        return rc;
     if ((rc = wk__find_mat(m, NAME("ffn_gate_inp.weight"), E, c->n_expert, 1, use, &e->gate_inp, err)) < 0 ||
         (rc = wk__find_mat(m, NAME("ffn_gate_exps.weight"), E, c->n_ff_exp, c->n_expert, use_exps, &e->gate_exps, err)) < 0 ||
         (rc = wk__find_mat(m, NAME("ffn_up_exps.weight"), E, c->n_ff_exp, c->n_expert, use_exps, &e->up_exps, err)) < 0 ||
@@ -316,6 +342,11 @@ int wk__place_ffn(wk_model_t *m, int64_t l, bl_err_t *err)
                    : 0;
     if ((rc = op->add(b, &e->gate_inp, 0, err)) < 0 ||
         (c->expert_bias && (rc = op->add_vec(b, &e->probs_b, c->n_expert, err)) < 0) ||
+        (c->router_bias && (rc = op->add_vec(b, &e->router_b, c->n_expert, err)) < 0) ||
+        (c->expert_biases && wk__layer_local_experts(m, l) &&
+         ((rc = op->add_vec(b, &e->gate_b, c->n_expert * c->n_ff_exp, err)) < 0 ||
+          (rc = op->add_vec(b, &e->up_b, c->n_expert * c->n_ff_exp, err)) < 0 ||
+          (rc = op->add_vec(b, &e->down_b, c->n_expert * c->n_embd, err)) < 0)) ||
         (wk__layer_local_experts(m, l) &&
          ((rc = op->add(b, &e->gate_exps, 0, err)) < 0 || (rc = op->add(b, &e->up_exps, 0, err)) < 0 ||
           (rc = op->add(b, &e->down_exps, 0, err)) < 0)))

@@ -21,6 +21,8 @@ typedef struct layer {
     wk_tensor_t wv;       // (n_head_kv * head_dim, n_embd)
     wk_tensor_t wo;       // (n_embd, n_head * head_dim)
     wk_vec_t bq, bk, bv;  // (n_head * head_dim), (n_head_kv * head_dim) x 2: attn_bias
+    wk_vec_t bo;          // (n_embd) attn_output's bias (gpt-oss)
+    wk_vec_t sinks;       // (n_head) attention sinks (gpt-oss)
     wk_vec_t q_norm;      // (head_dim), qk_norm
     wk_vec_t k_norm;      // (head_dim)
     wk_vec_t ffn_norm;    // (n_embd) the FFN's input norm (glm4moe: post_attention_norm)
@@ -142,8 +144,9 @@ struct wk_kv_pool {
  * one. */
 int wk__find_mat(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, int64_t ne2, int use,
                  wk_tensor_t *out, bl_err_t *err) BL_WUR;
-/* An f32 vector of ne0. */
+/* An f32 vector of ne0, and an f32 matrix (ne0, ne1) seen as one vector. */
 int wk__find_vec(wk_model_t *m, const char *name, int64_t ne0, wk_vec_t *out, bl_err_t *err) BL_WUR;
+int wk__find_vec2(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, wk_vec_t *out, bl_err_t *err) BL_WUR;
 
 // --- a family (models/<arch>.c) -----------------------------------------------------
 

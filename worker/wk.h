@@ -109,7 +109,7 @@ void wk_model_opts_default(wk_model_opts_t *o);
 
 /* What the forward pass reads from the file's metadata. */
 typedef struct wk_config {
-    char arch[16];         /* "qwen3moe", "qwen3", "glm4moe" or "deepseek2" */
+    char arch[16];         /* "qwen3moe", "qwen3", "glm4moe", "deepseek2" or "gpt-oss" */
     int moe;               /* routed experts in layers n_dense_lead.. (else a dense FFN) */
     int64_t n_layer;       /* the layers a forward pass runs (NextN layers not counted) */
     int64_t n_embd;
@@ -136,6 +136,9 @@ typedef struct wk_config {
     int expert_bias;       /* exp_probs_b biases the choice */
     int attn_bias;         /* q, k and v have biases */
     int qk_norm;           /* per-head RMSNorm of q and k */
+    int64_t n_swa, swa_period; /* gpt-oss's sliding-window layers (arch.h) */
+    int attn_sinks, attn_out_bias, router_bias, expert_biases; /* gpt-oss's extras (arch.h) */
+    int expert_act;        /* bl_act_t */
     char ffn_norm[24];     /* the FFN's input norm's name: "ffn_norm", "post_attention_norm" */
     int64_t n_vocab;
     int64_t n_ctx_train;
@@ -156,7 +159,7 @@ typedef struct wk_kv_pool wk_kv_pool_t;
  * Weights stay in the file's mapping; with opts.device >= 0 the stage's weights are
  * then uploaded to that card (BL_ENOTSUP in a build without CUDA, for remote
  * experts, or for a type or shape the CUDA kernels do not take). Errors: the reader's (bl_gguf_open),
- * BL_ENOTSUP (an architecture other than qwen3moe/qwen3/glm4moe/deepseek2, a tensor type without a
+ * BL_ENOTSUP (an architecture other than qwen3moe/qwen3/glm4moe/deepseek2/gpt-oss, a tensor type without a
  * dequantizer), BL_ENOENT (a missing key or tensor, named), BL_EINVAL (a tensor of
  * the wrong shape or type, named with both shapes), BL_ERANGE, BL_ENOMEM. */
 int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opts,

@@ -18,7 +18,7 @@ struct kcpu_experts_scratch {
     float *dg;     // (max_rows * max_k, n_embd) down
     kcpu_mat_t gate[GROUP_MAX], up[GROUP_MAX], down[GROUP_MAX];
     kcpu_mm_job_t job[2 * GROUP_MAX];
-    int64_t job_at[GROUP_MAX], job_n[GROUP_MAX];
+    int64_t job_at[GROUP_MAX], job_n[GROUP_MAX], job_x[GROUP_MAX];
 };
 
 void kcpu_experts_scratch_destroy(kcpu_experts_scratch_t *s)
@@ -107,6 +107,25 @@ static void expert_mats(const kcpu_experts_t *e, int64_t x, kcpu_mat_t *gate, kc
     }
 }
 
+/* Adds expert x's bias rows b (width w) to m rows of y (w apart); b NULL: none. */
+static void add_bias(float *y, int64_t m, const float *b, int64_t x, int64_t w)
+{
+    if (!b)
+        return;
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t j = 0; j < w; j++)
+            y[r * w + j] += b[x * w + j];
+}
+
+/* y = the experts' activation of g and u over n elements. */
+static void activate(kcpu_ctx_t *c, const kcpu_experts_t *e, float *y, const float *g, const float *u, int64_t n)
+{
+    if (e->act == KCPU_ACT_SWIGLU_OAI)
+        kcpu_swiglu_oai(c, y, g, u, n);
+    else
+        kcpu_swiglu(c, y, g, u, n);
+}
+
 void kcpu_experts(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_experts_t *e, const float *xn, int64_t n,
                   const int32_t *counts, int64_t k, const int32_t *ids, const float *wts, float *out)
 {
@@ -150,15 +169,22 @@ void kcpu_experts_range(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_exp
                                                  .n = m, .y = s->u + total * F};
             s->job_at[ne] = total;
             s->job_n[ne] = m;
+            s->job_x[ne] = x;
             total += m;
             ne++;
         }
         kcpu_matmul_many(c, s->job, 2 * ne);
-        kcpu_swiglu(c, s->g, s->g, s->u, total * F);
+        for (int i = 0; i < ne; i++) {
+            add_bias(s->g + s->job_at[i] * F, s->job_n[i], e->gate_b, s->job_x[i], F);
+            add_bias(s->u + s->job_at[i] * F, s->job_n[i], e->up_b, s->job_x[i], F);
+        }
+        activate(c, e, s->g, s->g, s->u, total * F);
         for (int i = 0; i < ne; i++)
             s->job[i] = (kcpu_mm_job_t){.w = &s->down[i], .x = s->g + s->job_at[i] * F, .n = s->job_n[i],
                                         .y = s->dg + s->job_at[i] * E};
         kcpu_matmul_many(c, s->job, ne);
+        for (int i = 0; i < ne; i++)
+            add_bias(s->dg + s->job_at[i] * E, s->job_n[i], e->down_b, s->job_x[i], E);
         scatter(c, s, total, E, out);
         return;
     }
@@ -178,8 +204,11 @@ void kcpu_experts_range(kcpu_ctx_t *c, kcpu_experts_scratch_t *s, const kcpu_exp
         expert_mats(e, x, &gate, &up, &down);
         kcpu_matmul(c, &gate, s->xg, m, s->g);
         kcpu_matmul(c, &up, s->xg, m, s->u);
-        kcpu_swiglu(c, s->g, s->g, s->u, m * F);
+        add_bias(s->g, m, e->gate_b, x, F);
+        add_bias(s->u, m, e->up_b, x, F);
+        activate(c, e, s->g, s->g, s->u, m * F);
         kcpu_matmul(c, &down, s->g, m, s->dg);
+        add_bias(s->dg, m, e->down_b, x, E);
         scatter(c, s, m, E, out);
     }
 #undef CNT

@@ -405,6 +405,9 @@ void kcpu_rope_norm(float *x, const float *cs, int64_t n, int64_t n_head, int64_
 /* y (n, d) = silu(g) * u, elementwise; y may alias g. Long vectors are split over
  * c's threads (c may be NULL: this thread), with the same bits. */
 void kcpu_swiglu(kcpu_ctx_t *c, float *y, const float *g, const float *u, int64_t n);
+/* y = the KCPU_ACT_SWIGLU_OAI activation of g and u (gpt-oss's), elementwise; y may
+ * alias g. */
+void kcpu_swiglu_oai(kcpu_ctx_t *c, float *y, const float *g, const float *u, int64_t n);
 
 /* One layer's KV cache: rows of n_kv_head * head_dim elements of type (f32, f16 or
  * q8_0), row_bytes apart, one per position. */
@@ -425,18 +428,26 @@ void kcpu_kv_store(const kcpu_kv_view_t *kv, int is_v, const float *src, int64_t
 void kcpu_attention(kcpu_ctx_t *c, const kcpu_kv_view_t *kv, const float *q, float *out,
                     int64_t n, int64_t pos0, int64_t n_head, int64_t n_kv_head,
                     int64_t head_dim, float scale);
+/* kcpu_attention with a sliding window (a row at position p sees p - window + 1 ..
+ * p; window 0: all) and attention sinks (sinks (n_head): one more score per head,
+ * unscaled, with no value, in each row's softmax; NULL: none), as gpt-oss's
+ * layers attend. */
+void kcpu_attention_ext(kcpu_ctx_t *c, const kcpu_kv_view_t *kv, const float *q, float *out, int64_t n,
+                        int64_t pos0, int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale,
+                        int64_t window, const float *sinks);
 
 /* Most experts a router chooses among (BL_ARCH_MAX_EXPERTS). */
 #define KCPU_ROUTE_MAX_EXPERT 4096
 
 /* How a MoE router scores its experts (bl_gating_t's numbering). */
-enum { KCPU_GATE_SOFTMAX = 1, KCPU_GATE_SIGMOID = 2 };
+enum { KCPU_GATE_SOFTMAX = 1, KCPU_GATE_SIGMOID = 2, KCPU_GATE_SOFTMAX_WEIGHT = 3 };
 
 typedef struct kcpu_route {
     int64_t n_expert, k;
     int64_t n_group;    /* DeepSeek-V3's grouped choice: groups of n_expert / n_group */
     int64_t topk_group; /* experts, the k chosen from the topk_group best (0 or 1: off) */
-    int gating;         /* KCPU_GATE_*: the scores p of the logits */
+    int gating;         /* KCPU_GATE_*: the scores p of the logits (SOFTMAX_WEIGHT: the
+                         * logits, and the k chosen weighted by their softmax) */
     int norm;           /* the k weights divided by their sum (at least 2^-14) */
     float scale;        /* then multiplied by this */
     const float *bias;  /* (n_expert) added to p for the choice only, or NULL */
@@ -454,9 +465,16 @@ void kcpu_moe_route(kcpu_ctx_t *c, const float *logits, int64_t n, const kcpu_ro
 
 /* One MoE layer's routed experts, stacked: expert x is rows x*n_ff.. of gate and up
  * (n_expert * n_ff, n_embd) and rows x*n_embd.. of down (n_expert * n_embd, n_ff). */
+/* An expert's activation of its gate g and up u: silu(g) * u, or gpt-oss's clamped
+ * form min(g, 7) * sigmoid(1.702 * min(g, 7)) * (clamp(u, -7, 7) + 1). */
+enum { KCPU_ACT_SWIGLU = 0, KCPU_ACT_SWIGLU_OAI = 1 };
+
 typedef struct kcpu_experts {
     kcpu_mat_t gate, up, down;
     int64_t n_expert, n_ff, n_embd;
+    int act;                      /* KCPU_ACT_* */
+    const float *gate_b, *up_b;   /* (n_expert, n_ff) biases added to gate and up, or NULL */
+    const float *down_b;          /* (n_expert, n_embd) added to down, or NULL */
     /* NULL: the stacks above hold every expert. Else (3 * n_expert): expert x's gate,
      * up and down rows at slices[3x], [3x + 1], [3x + 2] (a pager's slots), with the
      * stacks' types and row sizes; only the experts a call uses are read. */

@@ -1267,6 +1267,26 @@ void kcpu_swiglu(kcpu_ctx_t *c, float *y, const float *g, const float *u, int64_
     kcpu_parallel_for(c, n, SWIGLU_PAR_ELEMS, swiglu_range, &a);
 }
 
+/* gpt-oss's limit and slope (llama.cpp's swiglu_oai with alpha 1.702, limit 7). */
+#define OAI_ALPHA 1.702f
+#define OAI_LIMIT 7.0f
+
+static void swiglu_oai_range(void *p, int64_t lo, int64_t hi)
+{
+    const swiglu_args_t *a = p;
+    for (int64_t i = lo; i < hi; i++) {
+        const float x = a->g[i] < OAI_LIMIT ? a->g[i] : OAI_LIMIT;
+        const float u = a->u[i] < -OAI_LIMIT ? -OAI_LIMIT : a->u[i] > OAI_LIMIT ? OAI_LIMIT : a->u[i];
+        a->y[i] = x / (1.0f + expf(-OAI_ALPHA * x)) * (u + 1.0f);
+    }
+}
+
+void kcpu_swiglu_oai(kcpu_ctx_t *c, float *y, const float *g, const float *u, int64_t n)
+{
+    swiglu_args_t a = {y, g, u};
+    kcpu_parallel_for(c, n, SWIGLU_PAR_ELEMS, swiglu_oai_range, &a);
+}
+
 typedef struct route_args {
     const float *logits;
     const kcpu_route_t *r;
@@ -1290,7 +1310,7 @@ static void route_rows(void *arg, int64_t lo, int64_t hi)
     const route_args_t *a = arg;
     const kcpu_route_t *r = a->r;
     const int64_t n_expert = r->n_expert, k = r->k;
-    const int sigmoid = r->gating == KCPU_GATE_SIGMOID;
+    const int sigmoid = r->gating == KCPU_GATE_SIGMOID, raw = r->gating == KCPU_GATE_SOFTMAX_WEIGHT;
     const int grouped = r->n_group > 1 && r->topk_group > 0 && r->topk_group < r->n_group;
     /* Without a bias or groups a softmax chooses by its logits, which order as its
      * probabilities do (and cost no exp per expert). */
@@ -1305,10 +1325,10 @@ static void route_rows(void *arg, int64_t lo, int64_t hi)
         for (int64_t e = 1; e < n_expert; e++)
             mx = l[e] > mx ? l[e] : mx;
         double sum = 0.0;
-        for (int64_t e = 0; !sigmoid && e < n_expert; e++)
+        for (int64_t e = 0; !sigmoid && !raw && e < n_expert; e++)
             sum += exp((double)(l[e] - mx));
         for (int64_t e = 0; e < n_expert; e++) {
-            p[e] = sigmoid ? 1.0 / (1.0 + exp(-(double)l[e])) : exp((double)(l[e] - mx)) / sum;
+            p[e] = raw ? (double)l[e] : sigmoid ? 1.0 / (1.0 + exp(-(double)l[e])) : exp((double)(l[e] - mx)) / sum;
             sel[e] = by_logit ? (double)l[e] : p[e] + (r->bias ? (double)r->bias[e] : 0.0);
             taken[e] = 0;
         }
@@ -1344,6 +1364,17 @@ static void route_rows(void *arg, int64_t lo, int64_t hi)
             ids[b * k + j] = (int32_t)best;
             w[b * k + j] = (float)p[best];
             wsum += p[best];
+        }
+        if (raw) { /* the softmax of the chosen logits */
+            double top = p[ids[b * k]];
+            for (int64_t j = 1; j < k; j++)
+                top = p[ids[b * k + j]] > top ? p[ids[b * k + j]] : top;
+            wsum = 0.0;
+            for (int64_t j = 0; j < k; j++)
+                wsum += exp(p[ids[b * k + j]] - top);
+            for (int64_t j = 0; j < k; j++)
+                w[b * k + j] = (float)(exp(p[ids[b * k + j]] - top) / wsum);
+            wsum = 1.0;
         }
         /* llama.cpp keeps the sum at least the smallest normal half, 2^-14 */
         if (r->norm)
@@ -1389,6 +1420,8 @@ typedef struct att_task {
     float *out;
     int64_t n, pos0, n_head, n_kv_head, hd;
     float scale;
+    int64_t window;       /* a row sees its last window positions; 0: all of them */
+    const float *sinks;   /* (n_head) an extra score per head with no value, or NULL */
     _Atomic int64_t next; /* f16 caches: the next work item to take */
     int64_t items;        /* f16 caches: the (row, KV head, group of query heads) items */
     float *part;          /* f16 caches, split form: the chunks' partials, or NULL */
@@ -1475,14 +1508,29 @@ static void att_merge(int ng, int64_t hd, const float *o, const float *m, const 
     }
 }
 
-/* out (ng, hd) = O / S. */
-static void att_finish(int ng, int64_t hd, const float *O, const double *S, float *out)
+/* out (ng, hd) = O / S; with sinks (the ng heads' own), each head's sink joins the
+ * sum as one more score whose value is nothing. */
+static void att_finish(int ng, int64_t hd, const float *O, const float *M, const double *S, const float *sinks,
+                       float *out)
 {
     for (int g = 0; g < ng; g++) {
-        const float inv = (float)(1.0 / S[g]);
+        double sum = S[g], a = 1.0;
+        if (sinks) {
+            const float mx = sinks[g] > M[g] ? sinks[g] : M[g];
+            a = (double)expf(M[g] - mx);
+            sum = S[g] * a + (double)expf(sinks[g] - mx);
+        }
+        const float inv = (float)(a / sum);
         for (int64_t i = 0; i < hd; i++)
             out[g * hd + i] = O[g * hd + i] * inv;
     }
+}
+
+/* The first position row b of t sees (its window's start). */
+static int64_t att_lo(const att_task_t *t, int64_t b)
+{
+    const int64_t len = t->pos0 + b + 1;
+    return t->window > 0 && len > t->window ? len - t->window : 0;
 }
 
 /* Item idx of the (row, KV head, group of query heads) items: its row b, KV head,
@@ -1527,13 +1575,13 @@ static void att_rows_f16(att_task_t *t, int ith)
         int64_t b, kvh, h0;
         int ng;
         att_item(t, idx, &b, &kvh, &h0, &ng);
-        const int64_t len = t->pos0 + b + 1; /* causal: positions 0 .. pos0 + b */
+        const int64_t len = t->pos0 + b + 1, lo = att_lo(t, b); /* causal: lo .. pos0 + b */
         const float *q = t->q + (b * t->n_head + h0) * hd;
-        for (int64_t j0 = 0; j0 < len; j0 += ATT_CHUNK) {
+        for (int64_t j0 = lo; j0 < len; j0 += ATT_CHUNK) {
             att_chunk(t, sc, q, ng, kvh, j0, att_chunk_end(j0, len), o, m, s);
-            att_merge(ng, hd, o, m, s, O, M, S, j0 == 0);
+            att_merge(ng, hd, o, m, s, O, M, S, j0 == lo);
         }
-        att_finish(ng, hd, O, S, t->out + (b * t->n_head + h0) * hd);
+        att_finish(ng, hd, O, M, S, t->sinks ? t->sinks + h0 : NULL, t->out + (b * t->n_head + h0) * hd);
     }
 }
 
@@ -1549,7 +1597,7 @@ static void att_rows_f16_split(att_task_t *t, int ith)
         int64_t b, kvh, h0;
         int ng;
         att_item(t, idx / t->nchunk, &b, &kvh, &h0, &ng);
-        const int64_t len = t->pos0 + b + 1, j0 = (idx % t->nchunk) * ATT_CHUNK;
+        const int64_t len = t->pos0 + b + 1, j0 = att_lo(t, b) + (idx % t->nchunk) * ATT_CHUNK;
         if (j0 >= len)
             continue;
         float *o, *m;
@@ -1570,14 +1618,14 @@ static void att_rows_merge(att_task_t *t)
         int64_t b, kvh, h0;
         int ng;
         att_item(t, it, &b, &kvh, &h0, &ng);
-        const int64_t len = t->pos0 + b + 1;
-        for (int64_t c = 0; c * ATT_CHUNK < len; c++) {
+        const int64_t len = t->pos0 + b + 1, lo = att_lo(t, b);
+        for (int64_t c = 0; lo + c * ATT_CHUNK < len; c++) {
             float *o, *m;
             double *s;
             att_part(t, it * t->nchunk + c, &o, &m, &s);
             att_merge(ng, hd, o, m, s, O, M, S, c == 0);
         }
-        att_finish(ng, hd, O, S, t->out + (b * t->n_head + h0) * hd);
+        att_finish(ng, hd, O, M, S, t->sinks ? t->sinks + h0 : NULL, t->out + (b * t->n_head + h0) * hd);
     }
 }
 
@@ -1599,25 +1647,25 @@ static void att_rows(void *p, int ith, int nth)
      * round-robin rather than in contiguous shares. */
     for (int64_t idx = ith; idx < t->n * t->n_head; idx += nth) {
         const int64_t b = idx / t->n_head, h = idx % t->n_head, kvh = h / group;
-        const int64_t len = t->pos0 + b + 1; /* causal: positions 0 .. pos0 + b */
+        const int64_t len = t->pos0 + b + 1, lo = att_lo(t, b); /* causal: lo .. pos0 + b */
         const float *q = t->q + idx * t->hd;
-        float mx = -INFINITY;
-        for (int64_t s = 0; s < len; s++) {
+        float mx = t->sinks ? t->sinks[h] : -INFINITY;
+        for (int64_t s = lo; s < len; s++) {
             const void *k = kv_head(t, t->kv->k, s, kvh, tmp);
             const float d = is_f16 ? kcpu__k->dot_f16_f32(k, q, t->hd)
                                    : kcpu__k->dot_f32_f32(k, q, t->hd);
             scores[s] = d * t->scale;
             mx = scores[s] > mx ? scores[s] : mx;
         }
-        double sum = 0.0;
-        for (int64_t s = 0; s < len; s++) {
+        double sum = t->sinks ? (double)expf(t->sinks[h] - mx) : 0.0;
+        for (int64_t s = lo; s < len; s++) {
             scores[s] = expf(scores[s] - mx);
             sum += scores[s];
         }
         const float inv = (float)(1.0 / sum);
         float *o = t->out + idx * t->hd;
         memset(o, 0, sizeof(float) * (size_t)t->hd);
-        for (int64_t s = 0; s < len; s++) {
+        for (int64_t s = lo; s < len; s++) {
             const void *v = kv_head(t, t->kv->v, s, kvh, tmp);
             if (is_f16)
                 kcpu__k->axpy_f16(o, scores[s] * inv, v, t->hd);
@@ -1631,15 +1679,25 @@ void kcpu_attention(kcpu_ctx_t *c, const kcpu_kv_view_t *kv, const float *q, flo
                     int64_t n, int64_t pos0, int64_t n_head, int64_t n_kv_head,
                     int64_t head_dim, float scale)
 {
+    kcpu_attention_ext(c, kv, q, out, n, pos0, n_head, n_kv_head, head_dim, scale, 0, NULL);
+}
+
+void kcpu_attention_ext(kcpu_ctx_t *c, const kcpu_kv_view_t *kv, const float *q, float *out, int64_t n,
+                        int64_t pos0, int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale,
+                        int64_t window, const float *sinks)
+{
     KCPU_ASSERT(pos0 + n <= c->lim.max_ctx && head_dim <= c->lim.head_dim);
-    KCPU_ASSERT(n_kv_head > 0 && n_head % n_kv_head == 0);
+    KCPU_ASSERT(n_kv_head > 0 && n_head % n_kv_head == 0 && window >= 0);
     att_task_t t = {.c = c, .kv = kv, .q = q, .out = out, .n = n, .pos0 = pos0,
                     .n_head = n_head, .n_kv_head = n_kv_head, .hd = head_dim, .scale = scale,
+                    .window = window, .sinks = sinks,
                     .items = n * n_kv_head * ((n_head / n_kv_head + ATT_GROUP - 1) / ATT_GROUP)};
     if (kv->type == BL_TYPE_F16) {
         /* Too few items for the threads and a long enough row: split the rows'
-         * chunks over the threads (the same bits; see att_rows_f16). */
-        const int64_t nchunk = (pos0 + n + ATT_CHUNK - 1) / ATT_CHUNK;
+         * chunks over the threads (the same bits; see att_rows_f16). A window
+         * bounds the span a row reads. */
+        const int64_t span = window > 0 && pos0 + n > window ? window : pos0 + n;
+        const int64_t nchunk = (span + ATT_CHUNK - 1) / ATT_CHUNK;
         if (t.items < kcpu_pool_n_threads(c->pool) && nchunk > 1 &&
             t.items * nchunk * att_part_floats(head_dim) <= ATT_SPLIT_FLOATS) {
             t.part = c->attp;

@@ -290,33 +290,101 @@ static void test_matmul_avx512_equals_avx2(void **state)
 // --- attention ---------------------------------------------------------------------------------
 
 /* Naive double attention over the f32 values the cache type would round to. */
-static void attention_ref(const float *q, const float *k, const float *v, double *out, int64_t n,
-                          int64_t pos0, int64_t nh, int64_t nkv, int64_t hd, double scale)
+/* Causal attention in double; window > 0: a row sees its last window positions;
+ * sinks (nh) or NULL: one more score per head, with no value. */
+static void attention_ref_ext(const float *q, const float *k, const float *v, double *out, int64_t n, int64_t pos0,
+                              int64_t nh, int64_t nkv, int64_t hd, double scale, int64_t window, const float *sinks)
 {
     double *sc = malloc(sizeof(double) * (size_t)(pos0 + n));
     for (int64_t b = 0; b < n; b++)
         for (int64_t h = 0; h < nh; h++) {
             const int64_t g = h / (nh / nkv), len = pos0 + b + 1;
-            double mx = -INFINITY, sum = 0.0;
-            for (int64_t s = 0; s < len; s++) {
+            const int64_t lo = window > 0 && len > window ? len - window : 0;
+            double mx = sinks ? sinks[h] : -INFINITY, sum = 0.0;
+            for (int64_t s = lo; s < len; s++) {
                 double d = 0.0;
                 for (int64_t i = 0; i < hd; i++)
                     d += (double)q[(b * nh + h) * hd + i] * k[(s * nkv + g) * hd + i];
                 sc[s] = d * scale;
                 mx = sc[s] > mx ? sc[s] : mx;
             }
-            for (int64_t s = 0; s < len; s++) {
+            for (int64_t s = lo; s < len; s++) {
                 sc[s] = exp(sc[s] - mx);
                 sum += sc[s];
             }
+            if (sinks)
+                sum += exp(sinks[h] - mx);
             for (int64_t i = 0; i < hd; i++) {
                 double o = 0.0;
-                for (int64_t s = 0; s < len; s++)
+                for (int64_t s = lo; s < len; s++)
                     o += sc[s] * v[(s * nkv + g) * hd + i];
                 out[(b * nh + h) * hd + i] = o / sum;
             }
         }
     free(sc);
+}
+
+static void attention_ref(const float *q, const float *k, const float *v, double *out, int64_t n,
+                          int64_t pos0, int64_t nh, int64_t nkv, int64_t hd, double scale)
+{
+    attention_ref_ext(q, k, v, out, n, pos0, nh, nkv, hd, scale, 0, NULL);
+}
+
+/* gpt-oss's attention: a sliding window and sinks, each cache type, one and three
+ * threads, and a decode row (the split form) equal to its row of the batch. */
+static void test_attention_window_sinks(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(31);
+    const int64_t nh = 4, nkv = 2, hd = 64, pos0 = 150 + (int64_t)(rng_next(&r) % 100), n = 6, T = pos0 + n;
+    const int64_t row = nkv * hd, windows[2] = {5, 100};
+    const uint32_t types[] = {BL_TYPE_F32, BL_TYPE_F16, BL_TYPE_Q8_0};
+    float *kf = malloc(sizeof(float) * (size_t)(T * row)), *vf = malloc(sizeof(float) * (size_t)(T * row));
+    float *q = malloc(sizeof(float) * (size_t)(n * nh * hd)), *out = malloc(sizeof(float) * (size_t)(n * nh * hd));
+    float *one = malloc(sizeof(float) * (size_t)(nh * hd)), sinks[4];
+    double *ref = malloc(sizeof(double) * (size_t)(n * nh * hd));
+    rand_vec(&r, kf, T * row, 1.0f);
+    rand_vec(&r, vf, T * row, 1.0f);
+    rand_vec(&r, q, n * nh * hd, 1.0f);
+    rand_vec(&r, sinks, nh, 3.0f);
+    for (size_t ti = 0; ti < 3; ti++)
+        for (int wi = 0; wi < 2; wi++) {
+            size_t rb;
+            bl_err_t err = {0};
+            assert_int_equal(bl_row_bytes(types[ti], row, &rb, &err), 0);
+            kcpu_kv_view_t kv = {.k = malloc(rb * (size_t)T), .v = malloc(rb * (size_t)T), .type = types[ti],
+                                 .row_bytes = rb};
+            kcpu_kv_store(&kv, 0, kf, 0, T, row);
+            kcpu_kv_store(&kv, 1, vf, 0, T, row);
+            float *kr = malloc(sizeof(float) * (size_t)(T * row)), *vr = malloc(sizeof(float) * (size_t)(T * row));
+            for (int64_t s = 0; s < T; s++) {
+                assert_int_equal(bl_dequantize_row_ref(types[ti], (uint8_t *)kv.k + rb * (size_t)s, kr + s * row, row), 0);
+                assert_int_equal(bl_dequantize_row_ref(types[ti], (uint8_t *)kv.v + rb * (size_t)s, vr + s * row, row), 0);
+            }
+            const double scale = 1.0 / sqrt((double)hd);
+            attention_ref_ext(q, kr, vr, ref, n, pos0, nh, nkv, hd, scale, windows[wi], sinks);
+            for (int threads = 1; threads <= 3; threads += 2) {
+                kcpu_ctx_t *c = make_ctx(threads, KCPU_PRECISE, 64, n, T, hd);
+                kcpu_attention_ext(c, &kv, q, out, n, pos0, nh, nkv, hd, (float)scale, windows[wi], sinks);
+                int bad = 0;
+                for (int64_t i = 0; i < n * nh * hd; i++)
+                    if (fabs(out[i] - ref[i]) > 1e-5 + 1e-5 * fabs(ref[i]) && bad++ < 5)
+                        print_error("kv type %u window %lld: out[%lld] = %.7g, ref %.7g\n", types[ti],
+                                    (long long)windows[wi], (long long)i, (double)out[i], ref[i]);
+                assert_int_equal(bad, 0);
+                /* a decode row on many threads (the split form for f16) gives its bits */
+                kcpu_ctx_t *c8 = make_ctx(8, KCPU_PRECISE, 64, n, T, hd);
+                for (int64_t b = 0; b < n; b++) {
+                    kcpu_attention_ext(c8, &kv, q + b * nh * hd, one, 1, pos0 + b, nh, nkv, hd, (float)scale,
+                                       windows[wi], sinks);
+                    assert_memory_equal(one, out + b * nh * hd, sizeof(float) * (size_t)(nh * hd));
+                }
+                kcpu_ctx_destroy(c8);
+                kcpu_ctx_destroy(c);
+            }
+            free(kr), free(vr), free(kv.k), free(kv.v);
+        }
+    free(kf), free(vf), free(q), free(out), free(one), free(ref);
 }
 
 static void test_attention_each_cache_type(void **state)
@@ -690,6 +758,79 @@ static void test_moe_route_groups(void **state)
     assert_int_equal(ids[1], 2);
 }
 
+/* gpt-oss's experts: biases on gate, up and down, the clamped SwiGLU, against the
+ * expert computed in double from the dequantized weights (precise mode); both the
+ * grouped pass (few experts) and the expert-by-expert one. And its routing: the top
+ * k by logit, weighted by the softmax of those k. */
+static void test_experts_biases_oai(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(37);
+    const int64_t E = 64, F = 32, K = 2, n = 5;
+    for (int big = 0; big < 2; big++) {
+        const int64_t NE = big ? 300 : 6; /* past GROUP_MAX: the expert-by-expert pass */
+        wmat_t g, u, d;
+        make_weights(&r, &g, BL_TYPE_Q8_0, E, F * NE);
+        make_weights(&r, &u, BL_TYPE_Q8_0, E, F * NE);
+        make_weights(&r, &d, BL_TYPE_Q8_0, F, E * NE);
+        float *gb = malloc(sizeof(float) * (size_t)(NE * F)), *ub = malloc(sizeof(float) * (size_t)(NE * F));
+        float *db = malloc(sizeof(float) * (size_t)(NE * E)), *xn = malloc(sizeof(float) * (size_t)(n * E));
+        float *out = malloc(sizeof(float) * (size_t)(n * E)), wts[5 * 2];
+        int32_t ids[5 * 2];
+        rand_vec(&r, gb, NE * F, 3.0f);
+        rand_vec(&r, ub, NE * F, 3.0f);
+        rand_vec(&r, db, NE * E, 0.5f);
+        rand_vec(&r, xn, n * E, 3.0f); /* large enough that the clamps at 7 bite */
+        for (int64_t i = 0; i < n * K; i++) {
+            ids[i] = (int32_t)((i * 7 + big) % NE);
+            wts[i] = 0.25f + 0.5f * (float)(i % 2);
+        }
+        const kcpu_experts_t e = {.gate = g.m, .up = u.m, .down = d.m, .n_expert = NE, .n_ff = F, .n_embd = E,
+                                  .act = KCPU_ACT_SWIGLU_OAI, .gate_b = gb, .up_b = ub, .down_b = db};
+        kcpu_ctx_t *c = make_ctx(2, KCPU_PRECISE, 64, n, 16, 64);
+        kcpu_experts_scratch_t *xs;
+        bl_err_t err = {0};
+        assert_int_equal(kcpu_experts_scratch_create(&xs, n, K, E, F, &err), 0);
+        kcpu_experts(c, xs, &e, xn, n, NULL, K, ids, wts, out);
+        int clamped = 0;
+        for (int64_t b = 0; b < n; b++)
+            for (int64_t j = 0; j < E; j++) {
+                double want = 0.0;
+                for (int64_t kk = 0; kk < K; kk++) {
+                    const int64_t x = ids[b * K + kk];
+                    double y = db[x * E + j];
+                    for (int64_t f = 0; f < F; f++) {
+                        double gv = gb[x * F + f], uv = ub[x * F + f];
+                        for (int64_t i = 0; i < E; i++) {
+                            gv += (double)g.deq[(x * F + f) * E + i] * xn[b * E + i];
+                            uv += (double)u.deq[(x * F + f) * E + i] * xn[b * E + i];
+                        }
+                        clamped += gv > 7.0 || uv > 7.0 || uv < -7.0;
+                        gv = gv < 7.0 ? gv : 7.0;
+                        uv = uv < -7.0 ? -7.0 : uv > 7.0 ? 7.0 : uv;
+                        y += (double)d.deq[(x * E + j) * F + f] * (gv / (1.0 + exp(-1.702 * gv)) * (uv + 1.0));
+                    }
+                    want += wts[b * K + kk] * y;
+                }
+                assert_true(fabs(out[b * E + j] - want) < 1e-3 + 1e-3 * fabs(want));
+            }
+        assert_true(clamped > 0);
+        kcpu_experts_scratch_destroy(xs);
+        kcpu_ctx_destroy(c);
+        free_weights(&g), free_weights(&u), free_weights(&d);
+        free(gb), free(ub), free(db), free(xn), free(out);
+    }
+    const float l[5] = {0.5f, 2.0f, -1.0f, 1.0f, 0.0f};
+    int32_t ids[2];
+    float w[2];
+    const kcpu_route_t rt = {.n_expert = 5, .k = 2, .gating = KCPU_GATE_SOFTMAX_WEIGHT, .scale = 1.0f};
+    kcpu_moe_route(NULL, l, 1, &rt, ids, w);
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(ids[1], 3);
+    const double z = exp(2.0) + exp(1.0);
+    assert_true(fabs(w[0] - exp(2.0) / z) < 1e-6 && fabs(w[1] - exp(1.0) / z) < 1e-6);
+}
+
 static void count_task(void *ctx, int ith, int nth)
 {
     int *hits = ctx;
@@ -837,6 +978,8 @@ int main(void)
         cmocka_unit_test(test_rope_partial),
         cmocka_unit_test(test_rope_norm_yarn),
         cmocka_unit_test(test_moe_route_groups),
+        cmocka_unit_test(test_attention_window_sinks),
+        cmocka_unit_test(test_experts_biases_oai),
         cmocka_unit_test(test_pool_runs_every_thread),
         cmocka_unit_test(test_pool_pin_strict),
         cmocka_unit_test(test_ctx_create_out_of_memory),

@@ -1,13 +1,15 @@
 /* The GQA transformers with SwiGLU FFNs, written once over the backend ops:
- * qwen3moe (routed experts), qwen3 (dense FFN) and glm4moe (leading dense layers,
- * then routed and shared experts). Their metadata (common/arch.c), their tensors,
+ * qwen3moe (routed experts), qwen3 (dense FFN), glm4moe (leading dense layers,
+ * then routed and shared experts) and gpt-oss. Their metadata (common/arch.c), their tensors,
  * and a forward pass that reads as llama.cpp's for these architectures: RMSNorm,
  * Q/K/V (plus biases in glm4moe), per-head RMSNorm of q and k where the file has
  * them, NEOX RoPE over n_rot dims, causal GQA attention, residual; RMSNorm, FFN
  * (a dense SwiGLU, or the router's top-k experts: softmax renormalised to 1 in
  * qwen3moe, sigmoid with a selection bias, normed and scaled in glm4moe; plus the
  * shared experts), residual; final norm and head (token_embd when output.weight is
- * absent). glm4moe's NextN layers are checked at load and not run. */
+ * absent). glm4moe's NextN layers are checked at load and not run. gpt-oss's layers
+ * add attention sinks, sliding windows on every other layer, biases on the output
+ * projection, the router and the experts, and a clamped SwiGLU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +44,9 @@ int wk__gqa_map(wk_model_t *m, bl_err_t *err)
                              (rc = wk__find_vec(m, NAME("attn_k.bias"), nkv, &L->bk, err)) < 0 ||
                              (rc = wk__find_vec(m, NAME("attn_v.bias"), nkv, &L->bv, err)) < 0))
             return rc;
+        if ((c->attn_out_bias && (rc = wk__find_vec(m, NAME("attn_output.bias"), E, &L->bo, err)) < 0) ||
+            (c->attn_sinks && (rc = wk__find_vec(m, NAME("attn_sinks.weight"), c->n_head, &L->sinks, err)) < 0))
+            return rc;
 #undef NAME
         if ((rc = wk__map_ffn(m, l, err)) < 0)
             return rc;
@@ -66,6 +71,8 @@ int wk__gqa_place(wk_model_t *m, bl_err_t *err)
                             (rc = op->add_vec(b, &L->k_norm, c->head_dim, err)) < 0)) ||
             (c->attn_bias && ((rc = op->add_vec(b, &L->bq, nq, err)) < 0 || (rc = op->add_vec(b, &L->bk, nkv, err)) < 0 ||
                               (rc = op->add_vec(b, &L->bv, nkv, err)) < 0)) ||
+            (c->attn_out_bias && (rc = op->add_vec(b, &L->bo, c->n_embd, err)) < 0) ||
+            (c->attn_sinks && (rc = op->add_vec(b, &L->sinks, c->n_head, err)) < 0) ||
             (rc = op->add_stack(b, qkv, err)) < 0 || (rc = op->add(b, &L->wo, 0, err)) < 0)
             break;
         rc = wk__place_ffn(m, l, err);
@@ -102,6 +109,8 @@ int wk__gqa_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err)
         wk_attn_t a = at;
         a.q_norm = c->qk_norm ? L->q_norm.p : NULL;
         a.k_norm = c->qk_norm ? L->k_norm.p : NULL;
+        a.sinks = c->attn_sinks ? L->sinks.p : NULL;
+        a.window = c->n_swa > 0 && c->swa_period > 0 && l % c->swa_period < c->swa_period - 1 ? c->n_swa : 0;
         /* attention: norm, projections (and their biases), per-head q/k norm and
          * RoPE, cache, attend, the output projection onto the residual */
         if ((rc = op->rms_norm(b, "attn_norm", s->xn, s->x, L->attn_norm.p, n, E, c->eps, err)) < 0 ||
@@ -110,7 +119,8 @@ int wk__gqa_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err)
                               (rc = op->add_bias(b, s->k, L->bk.p, n, nkv, err)) < 0 ||
                               (rc = op->add_bias(b, s->v, L->bv.p, n, nkv, err)) < 0)) ||
             (rc = op->attention(b, l, &a, s->q, s->k, s->v, s->att, err)) < 0 ||
-            (rc = op->matmul(b, "attn_output", &L->wo, s->att, n, s->x, 1, err)) < 0)
+            (rc = op->matmul(b, "attn_output", &L->wo, s->att, n, s->x, 1, err)) < 0 ||
+            (c->attn_out_bias && (rc = op->add_bias(b, s->x, L->bo.p, n, E, err)) < 0))
             break;
         /* FFN: norm, then the routed experts and the shared ones, or the dense
          * SwiGLU, onto the residual */
