@@ -1,8 +1,8 @@
 """Minimal GGUF v3 writer for building test models.
 
-Owns: writing metadata (typed values, arrays, nested arrays) and F32/F16
-tensors, and the helpers that build tiny random qwen3moe / qwen3 / glm4moe /
-deepseek2 models.
+Owns: writing metadata (typed values, arrays, nested arrays) and F32/F16/MXFP4
+tensors (mxfp4_encode: ggml's MXFP4 blocks), and the helpers that build tiny
+random qwen3moe / qwen3 / glm4moe / deepseek2 / gpt-oss models.
 Values are given as (type, value) pairs or plain Python values (int -> i32 or
 u64 when large, float -> f32, bool, str, list -> array of the first element's
 type). Tensors are float arrays in numpy order (slowest dimension first); they
@@ -78,8 +78,10 @@ class Writer:
             data = arr.astype("<f4").tobytes()
         elif ggml_type == "F16":
             data = arr.astype("<f2").tobytes()
+        elif ggml_type == "MXFP4":
+            data = mxfp4_encode(arr)[0]
         else:
-            raise ValueError("writer supports F32 and F16 only")
+            raise ValueError("writer supports F32, F16 and MXFP4 only")
         ne = tuple(reversed(arr.shape))
         self.tensors.append((name, ne, G.GGML_TYPE_IDS[ggml_type], data))
 
@@ -107,6 +109,43 @@ class Writer:
     def write(self, path):
         with open(path, "wb") as f:
             f.write(self.tobytes())
+
+
+# E2M1 (FP4) values of the codes 0..15: bit 3 the sign, then {0, 0.5, 1, 1.5, 2, 3, 4, 6}
+MXFP4_E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6],
+                      dtype=np.float64)
+
+
+def mxfp4_encode(arr):
+    """ggml's MXFP4 blocks of a float array whose last dimension is a multiple of 32.
+
+    Each block of 32 consecutive values: one E8M0 byte e (scale 2^(e - 127)),
+    then 16 bytes, byte j holding element j's 4-bit E2M1 code in its low
+    nibble and element j + 16's in its high one. As ggml's quantize_row_mxfp4_ref:
+    e = floor(log2(max |x|)) - 2 + 127 (0 for an all-zero block), each value the
+    nearest E2M1 value times the scale (ties: the lower code; beyond 6 x
+    scale: clipped). Returns (bytes, the encoded values as float64 in arr's shape).
+    """
+    x = np.asarray(arr, dtype=np.float64)
+    if x.ndim == 0 or x.shape[-1] % 32:
+        raise ValueError("MXFP4 needs rows of a multiple of 32 values, not shape %s" % (x.shape,))
+    blocks = x.reshape(-1, 32)
+    amax = np.max(np.abs(blocks), axis=1)
+    _, ex = np.frexp(amax)  # amax = m 2^ex, 0.5 <= m < 1: floor(log2 amax) = ex - 1
+    e = np.where(amax > 0, np.clip(ex - 1 - 2 + 127, 1, 254), 0).astype(np.int64)
+    scale = np.ldexp(1.0, e - 127)
+    err = np.abs(MXFP4_E2M1[None, None, :] * scale[:, None, None] - blocks[:, :, None])
+    codes = np.argmin(err, axis=2).astype(np.uint8)  # the first of equal errors
+    values = MXFP4_E2M1[codes] * scale[:, None]
+    out = np.empty((blocks.shape[0], 17), dtype=np.uint8)
+    out[:, 0] = e
+    out[:, 1:] = codes[:, :16] | (codes[:, 16:] << 4)
+    return out.tobytes(), (values + 0.0).reshape(x.shape)  # + 0.0: no negative zeros
+
+
+def mxfp4_round(arr):
+    """arr's values as MXFP4 blocks hold them (exact: writing them again changes nothing)."""
+    return mxfp4_encode(arr)[1]
 
 
 def tiny_weights(seed=0, n_vocab=64, n_embd=32, n_layer=2, n_head=4, n_head_kv=2,
@@ -429,4 +468,98 @@ def write_deepseek2(path, weights, hp, form="mla", n_expert_used=2, n_group=None
             wr.add_tensor(name.replace("attn_kv_b", "attn_v_b"), v_b)
             continue
         wr.add_tensor(name, arr)
+    wr.write(path)
+
+
+def tiny_gptoss_weights(seed=0, n_vocab=64, n_embd=32, n_layer=2, n_head=4, n_head_kv=2,
+                        head_dim=16, n_ff_exp=32, n_expert=4, scale=0.3, exp_scale=0.8,
+                        sink_scale=1.0):
+    """Random weights (numpy order) for a tiny gpt-oss model: every tensor of
+    gptoss-spec.md, biases included. exp_scale is the experts' gate and up
+    weights' (large enough that the swiglu_oai clamps at 7 act), sink_scale
+    the sinks'. n_embd and n_ff_exp multiples of 32 let the experts be MXFP4.
+    """
+    rng = np.random.default_rng(seed)
+
+    def r(*shape, s=scale):
+        return rng.standard_normal(shape) * s
+
+    w = {
+        "token_embd.weight": r(n_vocab, n_embd, s=1.0),
+        "output_norm.weight": 1.0 + r(n_embd, s=0.1),
+        "output.weight": r(n_vocab, n_embd),
+    }
+    for i in range(n_layer):
+        p = "blk.%d." % i
+        w[p + "attn_norm.weight"] = 1.0 + r(n_embd, s=0.1)
+        w[p + "attn_q.weight"] = r(n_head * head_dim, n_embd)
+        w[p + "attn_q.bias"] = r(n_head * head_dim)
+        w[p + "attn_k.weight"] = r(n_head_kv * head_dim, n_embd)
+        w[p + "attn_k.bias"] = r(n_head_kv * head_dim)
+        w[p + "attn_v.weight"] = r(n_head_kv * head_dim, n_embd)
+        w[p + "attn_v.bias"] = r(n_head_kv * head_dim)
+        w[p + "attn_output.weight"] = r(n_embd, n_head * head_dim)
+        w[p + "attn_output.bias"] = r(n_embd)
+        w[p + "attn_sinks.weight"] = r(n_head, s=sink_scale)
+        w[p + "post_attention_norm.weight"] = 1.0 + r(n_embd, s=0.1)
+        w[p + "ffn_gate_inp.weight"] = r(n_expert, n_embd)
+        w[p + "ffn_gate_inp.bias"] = r(n_expert)
+        w[p + "ffn_gate_exps.weight"] = r(n_expert, n_ff_exp, n_embd, s=exp_scale)
+        w[p + "ffn_gate_exps.bias"] = r(n_expert, n_ff_exp)
+        w[p + "ffn_up_exps.weight"] = r(n_expert, n_ff_exp, n_embd, s=exp_scale)
+        w[p + "ffn_up_exps.bias"] = r(n_expert, n_ff_exp)
+        w[p + "ffn_down_exps.weight"] = r(n_expert, n_embd, n_ff_exp, s=0.1)
+        w[p + "ffn_down_exps.bias"] = r(n_expert, n_embd)
+    hp = dict(n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+              n_head_kv=n_head_kv, head_dim=head_dim, n_ff=n_ff_exp, n_ff_exp=n_ff_exp,
+              n_expert=n_expert)
+    return w, hp
+
+
+GPTOSS_EXPERT_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+
+
+def write_gptoss(path, weights, hp, n_expert_used=2, n_swa=4, swa_period=None, expert_scale=None,
+                 rope_scaling=None, experts_type="F32", rope_base=150000.0, eps=1e-5, ctx=256,
+                 extra=None):
+    """Write `weights` (from tiny_gptoss_weights) as a gpt-oss file.
+
+    swa_period and expert_scale become attention.sliding_window_pattern (u32)
+    and expert_weights_scale; None leaves the key out. rope_scaling: a dict of
+    rope.scaling.* keys (type, factor, original_context_length, attn_factor,
+    yarn_beta_fast, yarn_beta_slow, yarn_log_multiplier) or None for none
+    written. experts_type "MXFP4" stores the three expert matrices as MXFP4
+    (their values rounded as mxfp4_round does). extra: more gpt-oss.* keys
+    {key: value} (values as Writer.add takes them).
+    """
+    arch = "gpt-oss"
+    wr = _header(arch, hp, hp["n_layer"], rope_base, eps)
+    wr.kv = [k for k in wr.kv if k[0] != arch + ".context_length"]
+    wr.add(arch + ".context_length", (G.T_UINT32, ctx))
+
+    def u32(key, v):
+        if v is not None:
+            wr.add(arch + "." + key, (G.T_UINT32, v))
+
+    u32("rope.dimension_count", hp["head_dim"])
+    u32("expert_count", hp["n_expert"])
+    u32("expert_used_count", n_expert_used)
+    u32("expert_feed_forward_length", hp["n_ff_exp"])
+    u32("attention.sliding_window", n_swa)
+    u32("attention.sliding_window_pattern", swa_period)
+    if expert_scale is not None:
+        wr.add(arch + ".expert_weights_scale", (G.T_FLOAT32, expert_scale))
+    for key, v in (rope_scaling or {}).items():
+        if key == "type":
+            wr.add(arch + ".rope.scaling.type", v)
+        elif key == "original_context_length":
+            u32("rope.scaling.original_context_length", v)
+        else:
+            wr.add(arch + ".rope.scaling." + key, (G.T_FLOAT32, v))
+    for key, v in (extra or {}).items():
+        wr.add(arch + "." + key, v)
+    _tokens(wr, hp)
+    for name, arr in weights.items():
+        mx = experts_type == "MXFP4" and name.endswith(GPTOSS_EXPERT_TENSORS)
+        wr.add_tensor(name, arr, "MXFP4" if mx else "F32")
     wr.write(path)

@@ -1,4 +1,4 @@
-"""Float64 reference forward pass for the qwen3moe, qwen3, glm4moe and deepseek2 architectures.
+"""Float64 reference forward pass for the qwen3moe, qwen3, glm4moe, deepseek2 and gpt-oss architectures.
 
 Owns: hyperparameters from GGUF metadata, weight loading (every weight
 dequantized exactly to float64), the transformer forward pass as llama.cpp
@@ -8,9 +8,12 @@ shared expert; its trailing NextN layers are not run; deepseek2: multi-head
 latent attention in both file forms (attn_k_b/attn_v_b and the legacy
 attn_kv_b), optional q compression, NORM-form RoPE of the n_rot rotated dims
 with YaRN, routing over the best expert groups, shared experts, leading dense
-layers, NextN layers not run), and the output head (log-sum-exp over the
-whole vocabulary row and the top-k ids per position), which is computed in
-vocabulary chunks so memory stays bounded.
+layers, NextN layers not run; gpt-oss: biases on q/k/v/output, attention
+sinks, sliding-window layers every other layer (or by the file's period),
+NEOX RoPE with YaRN, SOFTMAX_WEIGHT routing over biased router logits, and
+experts with biases and the clamped swiglu_oai activation), and the output
+head (log-sum-exp over the whole vocabulary row and the top-k ids per
+position), which is computed in vocabulary chunks so memory stays bounded.
 """
 
 import math
@@ -23,10 +26,14 @@ import numpy as np
 import dequant
 import gguf
 
-SUPPORTED_ARCHS = ("qwen3moe", "qwen3", "glm4moe", "deepseek2")
+SUPPORTED_ARCHS = ("qwen3moe", "qwen3", "glm4moe", "deepseek2", "gpt-oss")
 
 # llama.cpp clamps the routed weights' sum to this before dividing by it
 EXPERT_WEIGHTS_SUM_MIN = 6.103515625e-5
+
+# gpt-oss's expert activation (llama.cpp's swiglu_oai): its alpha and clamp
+SWIGLU_OAI_ALPHA = 1.702
+SWIGLU_OAI_LIMIT = 7.0
 
 
 class Hparams:
@@ -66,7 +73,14 @@ class Hparams:
         # experts are chosen among the topk_group best of n_group groups (deepseek2)
         self.n_group = 1
         self.topk_group = 1
-        if arch in ("qwen3moe", "glm4moe", "deepseek2"):
+        # RoPE scaling (deepseek2, gpt-oss): None or yarn_params' tuple
+        self.rope_yarn = None
+        # the experts' activation: silu(gate) * up, or gpt-oss's "swiglu_oai"
+        self.expert_act = "silu"
+        # sliding-window attention (gpt-oss): the window, and the layers' period
+        self.n_swa = 0
+        self.swa_period = 0
+        if arch in ("qwen3moe", "glm4moe", "deepseek2", "gpt-oss"):
             self.n_expert = int(get("expert_count"))
             self.n_expert_used = int(get("expert_used_count"))
             if not 0 < self.n_expert_used <= self.n_expert:
@@ -88,6 +102,8 @@ class Hparams:
             self.expert_gating = "softmax" if gating == 1 else "sigmoid"
         if arch == "deepseek2":
             self._deepseek2(md, get)
+        if arch == "gpt-oss":
+            self._gptoss(md, get)
         if self.n_head % self.n_head_kv:
             raise ValueError("n_head %d not a multiple of n_head_kv %d" % (self.n_head, self.n_head_kv))
 
@@ -152,26 +168,79 @@ class Hparams:
         if self.n_expert_used > self.topk_group * per_group:
             raise ValueError("deepseek2: %d used experts do not fit in %d groups of %d"
                              % (self.n_expert_used, self.topk_group, per_group))
-        # RoPE scaling: none, or YaRN
-        stype = opt("rope.scaling.type", "none")
-        if stype not in ("none", "yarn"):
-            raise ValueError("deepseek2.rope.scaling.type %r: only none and yarn are known" % (stype,))
         stored = float(opt("rope.scaling.yarn_log_multiplier", 0.0))
         # the converter stores 0.1 * mscale_all_dim; the division is llama.cpp's,
         # in float32, which gives the config's value back (0.1f / 0.1f == 1)
         self.yarn_log_mul = float(np.float32(stored) / np.float32(0.1))
-        factor = float(opt("rope.scaling.factor", 1.0))
-        self.rope_yarn, mscale = None, 1.0
-        if stype == "yarn" and factor > 1.0:
-            n_ctx_orig = md.get(a + "rope.scaling.original_context_length")
-            if n_ctx_orig is None:
-                n_ctx_orig = get("context_length")
-            self.rope_yarn, mscale = yarn_params(
-                self.rope_dim, self.rope_base, factor, int(n_ctx_orig),
-                beta_fast=float(opt("rope.scaling.yarn_beta_fast", 32.0)),
-                beta_slow=float(opt("rope.scaling.yarn_beta_slow", 1.0)),
-                log_mul=self.yarn_log_mul, attn_factor=float(opt("rope.scaling.attn_factor", 1.0)))
+        self.rope_yarn, mscale = self._rope_scaling(md, get, self.yarn_log_mul)
         self.kq_scale = mscale * mscale / math.sqrt(self.head_dim)
+
+    def _rope_scaling(self, md, get, log_mul=0.0):
+        """(rope_yarn, mscale) of the rope.scaling keys: none (None, 1.0), or YaRN."""
+        a = self.arch + "."
+
+        def opt(key, default):
+            v = md.get(a + key)
+            return default if v is None else v
+
+        stype = opt("rope.scaling.type", "none")
+        if stype not in ("none", "yarn"):
+            raise ValueError("%s.rope.scaling.type %r: only none and yarn are known" % (self.arch, stype))
+        factor = float(opt("rope.scaling.factor", 1.0))
+        if not (stype == "yarn" and factor > 1.0):
+            return None, 1.0
+        n_ctx_orig = md.get(a + "rope.scaling.original_context_length")
+        if n_ctx_orig is None:
+            n_ctx_orig = get("context_length")
+        return yarn_params(
+            self.rope_dim, self.rope_base, factor, int(n_ctx_orig),
+            beta_fast=float(opt("rope.scaling.yarn_beta_fast", 32.0)),
+            beta_slow=float(opt("rope.scaling.yarn_beta_slow", 1.0)),
+            log_mul=log_mul, attn_factor=float(opt("rope.scaling.attn_factor", 1.0)))
+
+    def _gptoss(self, md, get):
+        """gpt-oss's windows, experts and RoPE scaling (gptoss-spec.md)."""
+        a = self.arch + "."
+
+        def opt(key, default):
+            v = md.get(a + key)
+            return default if v is None else v
+
+        # llama.cpp shapes q/k/v by n_rot and scales the scores by 1/sqrt(n_rot):
+        # the spec's whole-head rotation, one width for all three
+        if not self.rope_dim == self.head_dim == self.head_dim_v:
+            raise ValueError("gpt-oss rotates whole heads: rope.dimension_count %d, key_length %d "
+                             "and value_length %d must agree"
+                             % (self.rope_dim, self.head_dim, self.head_dim_v))
+        self.n_ff_exp = int(get("expert_feed_forward_length"))
+        self.n_swa = int(get("attention.sliding_window"))
+        if self.n_swa < 1:
+            raise ValueError("gpt-oss.attention.sliding_window %d: a window holds at least its own key"
+                             % self.n_swa)
+        period = opt("attention.sliding_window_pattern", 2)
+        if isinstance(period, (bool, list)) or int(period) < 1:
+            raise ValueError("gpt-oss.attention.sliding_window_pattern %r: a period of 1 or more "
+                             "layers is known" % (period,))
+        self.swa_period = int(period)  # layer i slides when i % period < period - 1
+        scale = float(opt("expert_weights_scale", 0.0))
+        self.expert_weights_scale = 1.0 if scale == 0.0 else scale  # 0 or absent: no scaling
+        self.expert_weights_norm = False
+        # SOFTMAX_WEIGHT: implied by the architecture, whatever a gating key says
+        self.expert_gating = "softmax_weight"
+        self.expert_act = "swiglu_oai"
+        # keys the spec leaves out and llama.cpp would honour: refused, not ignored
+        if float(opt("rope.scaling.yarn_log_multiplier", 0.0)) != 0.0:
+            raise ValueError("gpt-oss.rope.scaling.yarn_log_multiplier: not part of gpt-oss")
+        base_swa = md.get(a + "rope.freq_base_swa")
+        if base_swa is not None and float(base_swa) != self.rope_base:
+            raise ValueError("gpt-oss.rope.freq_base_swa %g differs from rope.freq_base %g"
+                             % (float(base_swa), self.rope_base))
+        # the non-deepseek2 attention factor: get_mscale(F, 1) / (1 + 0.1 ln F) * attn_factor
+        self.rope_yarn, _ = self._rope_scaling(md, get)
+
+    def swa_layer(self, i):
+        """Whether layer i attends through the sliding window."""
+        return self.n_swa > 0 and i % self.swa_period < self.swa_period - 1
 
 
 def get_mscale(s, m):
@@ -184,9 +253,9 @@ def yarn_params(n_rot, base, factor, n_ctx_orig, beta_fast=32.0, beta_slow=1.0, 
     """YaRN's rotation and deepseek2's score factor as llama.cpp derives them, in float64.
 
     Returns (yarn, mscale): yarn = (freq_scale, ext_factor, lo, hi, m_rope) for
-    rope_norm, m_rope the factor cos and sin are multiplied by; the scores'
-    scale is mscale^2 / sqrt(hk). log_mul is yarn_log_mul after the division
-    by 0.1. factor <= 1 is no scaling: (None, 1.0).
+    rope_norm and rope_neox, m_rope the factor cos and sin are multiplied by;
+    deepseek2's scores' scale is mscale^2 / sqrt(hk). log_mul is yarn_log_mul
+    after the division by 0.1. factor <= 1 is no scaling: (None, 1.0).
     """
     if factor <= 1.0:
         return None, 1.0
@@ -221,13 +290,30 @@ def sigmoid(x):
     return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
-def rope_neox(x, pos, base, n_rot):
-    """x (T, H, D); rotate pairs (i, i + n_rot/2) for i < n_rot/2."""
+def _rope_cos_sin(pos, base, n_rot, yarn):
+    """cos and sin (T, 1, n_rot/2) of pair i's angle at each position.
+
+    Pair i turns by pos * base^(-2i/n_rot); with yarn = (freq_scale,
+    ext_factor, lo, hi, m_rope) from yarn_params by freq_scale * theta_e
+    (1 - r) + theta_e r with r = ramp(i) * ext_factor, and cos and sin are
+    multiplied by m_rope.
+    """
     half = n_rot // 2
-    inv = base ** (-2.0 * np.arange(half, dtype=np.float64) / n_rot)
-    theta = pos.astype(np.float64)[:, None] * inv[None, :]  # (T, half)
-    cos = np.cos(theta)[:, None, :]
-    sin = np.sin(theta)[:, None, :]
+    i = np.arange(half, dtype=np.float64)
+    theta = pos.astype(np.float64)[:, None] * (base ** (-2.0 * i / n_rot))[None, :]  # (T, half)
+    m = 1.0
+    if yarn is not None:
+        freq_scale, ext_factor, lo, hi, m = yarn
+        ramp = (1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)) * ext_factor
+        theta = freq_scale * theta * (1.0 - ramp) + theta * ramp
+    return (np.cos(theta) * m)[:, None, :], (np.sin(theta) * m)[:, None, :]
+
+
+def rope_neox(x, pos, base, n_rot, yarn=None):
+    """x (T, H, D); rotate pairs (i, i + n_rot/2) for i < n_rot/2 (llama.cpp's NEOX form),
+    with YaRN as in rope_norm when yarn is given."""
+    half = n_rot // 2
+    cos, sin = _rope_cos_sin(pos, base, n_rot, yarn)
     x0 = x[..., :half]
     x1 = x[..., half:n_rot]
     out = x.copy()
@@ -243,16 +329,7 @@ def rope_norm(x, pos, base, n_rot, yarn=None):
     turns by freq_scale * theta_e (1 - r) + theta_e r with r = ramp(i) *
     ext_factor, and cos and sin are multiplied by m_rope.
     """
-    half = n_rot // 2
-    i = np.arange(half, dtype=np.float64)
-    theta = pos.astype(np.float64)[:, None] * (base ** (-2.0 * i / n_rot))[None, :]  # (T, half)
-    m = 1.0
-    if yarn is not None:
-        freq_scale, ext_factor, lo, hi, m = yarn
-        ramp = (1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)) * ext_factor
-        theta = freq_scale * theta * (1.0 - ramp) + theta * ramp
-    cos = (np.cos(theta) * m)[:, None, :]
-    sin = (np.sin(theta) * m)[:, None, :]
+    cos, sin = _rope_cos_sin(pos, base, n_rot, yarn)
     x0 = x[..., 0:n_rot:2]
     x1 = x[..., 1:n_rot:2]
     out = x.copy()
@@ -307,15 +384,49 @@ def mm(x, w):
     return _MM(x, w)
 
 
+def swiglu_oai(g, u, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT):
+    """gpt-oss's activation: gc sigmoid(alpha gc) (uc + 1), gc = min(g, limit),
+    uc = u clamped to [-limit, limit]."""
+    gc = np.minimum(g, limit)
+    uc = np.clip(u, -limit, limit)
+    return gc * sigmoid(alpha * gc) * (uc + 1.0)
+
+
+def glu_ffn(x, gate, up, down, bias=None, act="silu"):
+    """down(act(gate x + bg, up x + bu)) + bd; gate, up (n_ff, n_embd), down
+    (n_embd, n_ff), bias None or (bg, bu, bd); act "silu" (silu(g) * u) or
+    "swiglu_oai"."""
+    g, u = mm(x, gate), mm(x, up)
+    if bias is not None:
+        g, u = g + bias[0], u + bias[1]
+    if act == "silu":
+        a = silu(g) * u
+    elif act == "swiglu_oai":
+        a = swiglu_oai(g, u)
+    else:
+        raise ValueError("unknown activation %r" % (act,))
+    y = mm(a, down)
+    return y if bias is None else y + bias[2]
+
+
 def swiglu_ffn(x, gate, up, down):
     """down(silu(gate x) * up x); gate, up (n_ff, n_embd), down (n_embd, n_ff)."""
-    return mm(silu(mm(x, gate)) * mm(x, up), down)
+    return glu_ffn(x, gate, up, down)
 
 
 def softmax(x, axis=-1):
     m = np.max(x, axis=axis, keepdims=True)
     e = np.exp(x - m)
     return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def softmax_sink(s, sink):
+    """Softmax of each row of s (.., n) with one more logit `sink` that has no
+    value: exp(s_t - M) / (sum_t' exp(s_t' - M) + exp(sink - M)), M the
+    larger of the row's max and sink."""
+    m = np.maximum(np.max(s, axis=-1, keepdims=True), sink)
+    e = np.exp(s - m)
+    return e / (np.sum(e, axis=-1, keepdims=True) + np.exp(sink - m))
 
 
 def _n_threads():
@@ -348,7 +459,7 @@ class Layer:
 
 
 class Model:
-    """A GGUF qwen3moe / qwen3 / glm4moe / deepseek2 model computed in float64.
+    """A GGUF qwen3moe / qwen3 / glm4moe / deepseek2 / gpt-oss model computed in float64.
 
     Small models are decoded once (every weight kept in float64). With
     lazy=True (the default when the decoded weights would pass
@@ -358,7 +469,7 @@ class Model:
     large files at the cost of decoding again on every pass.
 
     norm_topk applies to qwen3moe only; glm4moe and deepseek2 files say whether
-    the routed weights are normalised (expert_weights_norm).
+    the routed weights are normalised (expert_weights_norm); gpt-oss's are not.
     """
 
     LAZY_BYTES = 2 << 30
@@ -373,6 +484,8 @@ class Model:
         self.tok_embd_t = t["token_embd.weight"]
         self.n_vocab = self.tok_embd_t.shape[0]
         self.tied = "output.weight" not in t
+        if self.tied and hp.arch == "gpt-oss":
+            raise KeyError("tensor output.weight missing from %s (gpt-oss has no tied output)" % path)
         self.output_t = self.tok_embd_t if self.tied else t["output.weight"]
         if lazy is None:
             total = sum(x.n_elements for x in t.values()) * 8
@@ -398,19 +511,30 @@ class Model:
         p = "blk.%d." % i
         glm = hp.arch == "glm4moe"
         ds2 = hp.arch == "deepseek2"
+        oai = hp.arch == "gpt-oss"
         L = Layer()
         L.attn_norm = w(p + "attn_norm.weight")
+        # gpt-oss only: attention output bias, sinks, the sliding window
+        L.bo = L.sinks = None
+        L.swa = hp.swa_layer(i)
         if ds2:
             self._mla_weights(L, p)
             L.ffn_norm = w(p + "ffn_norm.weight")
+        elif oai:
+            self._oai_attn_weights(L, p)
         else:
             self._gqa_weights(L, p)
         L.is_moe = hp.n_expert > 0 and i >= hp.n_layer_dense_lead
         L.probs_bias = None
         L.shexp = None
+        # gpt-oss only: the router's bias (n_expert), the experts' (bg, bu, bd)
+        L.router_bias = None
+        L.exp_bias = None
         if L.is_moe:
             L.router = w(p + "ffn_gate_inp.weight")  # (n_expert, n_embd)
             L.expert = self._expert_loader(p)
+            if oai:
+                self._oai_expert_weights(L, p)
             if glm or ds2:
                 # glm4moe always has the selection bias; DeepSeek-V3 has it, V2 not
                 L.probs_bias = w(p + "exp_probs_b.bias") if glm else self._opt(p + "exp_probs_b.bias")
@@ -448,6 +572,38 @@ class Model:
             L.q_norm = w(p + "attn_q_norm.weight")
             L.k_norm = w(p + "attn_k_norm.weight")
             L.ffn_norm = w(p + "ffn_norm.weight")
+
+    def _oai_attn_weights(self, L, p):
+        """gpt-oss's attention weights, biases and sinks, and the FFN norm, shapes checked."""
+        hp = self.hp
+        E, H, Hkv, D = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim
+
+        def d(name, shape):
+            return dequant.dequantize(self._tensor(p + name, shape))
+
+        L.wq, L.bq = d("attn_q.weight", (H * D, E)), d("attn_q.bias", (H * D,))
+        L.wk, L.bk = d("attn_k.weight", (Hkv * D, E)), d("attn_k.bias", (Hkv * D,))
+        L.wv, L.bv = d("attn_v.weight", (Hkv * D, E)), d("attn_v.bias", (Hkv * D,))
+        L.wo, L.bo = d("attn_output.weight", (E, H * D)), d("attn_output.bias", (E,))
+        L.sinks = d("attn_sinks.weight", (H,))
+        L.q_norm = L.k_norm = None
+        L.ffn_norm = d("post_attention_norm.weight", (E,))
+
+    def _oai_expert_weights(self, L, p):
+        """gpt-oss's router bias and per-expert biases; the experts' shapes checked."""
+        hp = self.hp
+        E, F, n = hp.n_embd, hp.n_ff_exp, hp.n_expert
+
+        def d(name, shape):
+            return dequant.dequantize(self._tensor(p + name, shape))
+
+        self._tensor(p + "ffn_gate_inp.weight", (n, E))
+        self._tensor(p + "ffn_gate_exps.weight", (n, F, E))
+        self._tensor(p + "ffn_up_exps.weight", (n, F, E))
+        self._tensor(p + "ffn_down_exps.weight", (n, E, F))
+        L.router_bias = d("ffn_gate_inp.bias", (n,))
+        L.exp_bias = (d("ffn_gate_exps.bias", (n, F)), d("ffn_up_exps.bias", (n, F)),
+                      d("ffn_down_exps.bias", (n, E)))
 
     def _tensor(self, name, shape):
         """The gguf.Tensor `name`, checked to have numpy shape `shape`."""
@@ -559,25 +715,34 @@ class Model:
             q = rms_norm(q, L.q_norm, hp.eps)
         if L.k_norm is not None:
             k = rms_norm(k, L.k_norm, hp.eps)
-        q = rope_neox(q, pos, hp.rope_base, hp.rope_dim)
-        k = rope_neox(k, pos, hp.rope_base, hp.rope_dim)
+        q = rope_neox(q, pos, hp.rope_base, hp.rope_dim, hp.rope_yarn)
+        k = rope_neox(k, pos, hp.rope_base, hp.rope_dim, hp.rope_yarn)
         scale = 1.0 / math.sqrt(hp.head_dim)
         group = hp.n_head // hp.n_head_kv
         out = np.empty((T, hp.n_head, hp.head_dim_v))
         blk = 256
+        # a sliding layer's row p sees the rows p - n_swa < t <= p
+        window = hp.n_swa if L.swa else 0
 
         def one(job):
             a, h = job
             b = min(T, a + blk)
             kv = h // group
-            # query rows a..b-1 see keys 0..row
-            mask = np.arange(b)[None, :] > np.arange(a, b)[:, None]
-            s = mm(q[a:b, h, :], k[:b, kv, :]) * scale
+            lo = max(0, a - window + 1) if window else 0
+            # query rows a..b-1 see keys lo..row (and within the window)
+            keys = np.arange(lo, b)[None, :]
+            rows = np.arange(a, b)[:, None]
+            mask = keys > rows
+            if window:
+                mask |= keys <= rows - window
+            s = mm(q[a:b, h, :], k[lo:b, kv, :]) * scale
             s[mask] = -np.inf
-            out[a:b, h, :] = softmax(s, axis=-1) @ v[:b, kv, :]
+            p = softmax(s, axis=-1) if L.sinks is None else softmax_sink(s, L.sinks[h])
+            out[a:b, h, :] = p @ v[lo:b, kv, :]
 
         pmap(one, [(a, h) for a in range(0, T, blk) for h in range(hp.n_head)])
-        return mm(out.reshape(T, hp.n_head * hp.head_dim_v), L.wo)
+        o = mm(out.reshape(T, hp.n_head * hp.head_dim_v), L.wo)
+        return o if L.bo is None else o + L.bo
 
     def attention_mla(self, L, x, pos):
         """deepseek2's multi-head latent attention, in the plain (decompressed) form:
@@ -630,10 +795,18 @@ class Model:
         return np.where(drop[:, :, None], -np.inf, g).reshape(T, hp.n_expert)
 
     def route(self, L, x):
-        """Chosen experts (T, k), best first, and their weights (T, k)."""
+        """Chosen experts (T, k), best first, and their weights (T, k).
+
+        softmax / sigmoid gating: the top k of the probabilities (plus the
+        selection bias, which steers the choice only), weighted by the
+        probabilities; softmax_weight (gpt-oss): the top k of the logits (the
+        router's bias included), weighted by the softmax over those k.
+        """
         hp = self.hp
         k = hp.n_expert_used
         logits = mm(x, L.router)  # (T, n_expert)
+        if L.router_bias is not None:
+            logits = logits + L.router_bias
         if hp.arch == "qwen3moe":
             probs = softmax(logits, axis=-1)
             # top-k by probability; stable order by descending probability
@@ -642,25 +815,34 @@ class Model:
             if self.norm_topk:
                 wsel = wsel / np.sum(wsel, axis=-1, keepdims=True)
             return sel, wsel
-        probs = softmax(logits, axis=-1) if hp.expert_gating == "softmax" else sigmoid(logits)
+        if hp.expert_gating == "softmax":
+            probs = softmax(logits, axis=-1)
+        elif hp.expert_gating == "sigmoid":
+            probs = sigmoid(logits)
+        else:
+            probs = logits  # softmax_weight: the softmax comes after the choice
         # the bias only steers the choice (ties: lower id); weights are the unbiased probs
         score = probs if L.probs_bias is None else probs + L.probs_bias
         if hp.n_group > 1:
             score = self.mask_groups(score)
         sel = np.argsort(-score, axis=-1, kind="stable")[:, :k]
         wsel = np.take_along_axis(probs, sel, axis=-1)
+        if hp.expert_gating == "softmax_weight":
+            wsel = softmax(wsel, axis=-1)
         if hp.expert_weights_norm:
             wsel = wsel / np.maximum(np.sum(wsel, axis=-1, keepdims=True), EXPERT_WEIGHTS_SUM_MIN)
         return sel, wsel * hp.expert_weights_scale
 
     def experts(self, L, x, sel, wsel):
         """sum over j of wsel[:, j] * expert sel[:, j] applied to x."""
+        act = self.hp.expert_act
 
         def one(e):
             rows, slot = np.nonzero(sel == e)
             if rows.size == 0:
                 return None
-            y = swiglu_ffn(x[rows], *L.expert(e))
+            bias = None if L.exp_bias is None else tuple(b[e] for b in L.exp_bias)
+            y = glu_ffn(x[rows], *L.expert(e), bias=bias, act=act)
             return rows, wsel[rows, slot][:, None] * y
 
         out = np.zeros_like(x)

@@ -17,7 +17,13 @@ Owns:
      attention absorbed, absorbed against plain attention, the MLA form against
      the legacy one, grouped top-k routing, NextN layers not run, lazy against
      eager;
-  6. the reference on models written by bloomery-mkmodel (skipped when the
+  6. gpt-oss on tiny written files (f32 experts and MXFP4 ones): metadata
+     defaults and refusals, the MXFP4 block encoder against dq_mxfp4 and a
+     by-hand decoder, the forward pass against a plain numpy one (sliding and
+     full layers, a prompt longer than the window, YaRN), the window,
+     attention sinks, swiglu_oai's clamps, SOFTMAX_WEIGHT routing with the
+     router bias, the sliding-window period, shapes checked, lazy against eager;
+  7. the reference on models written by bloomery-mkmodel (skipped when the
      tool is not built).
 Oracle-dependent tests skip when the shared folder is absent (env
 BLOOMERY_SHARED, else <repo>/../shared).
@@ -675,9 +681,29 @@ def _ds2(tmp_path, weights, tag="", **kw):
 
 
 def _file(path):
-    """(metadata, tensors as float64 in numpy order) of a written file."""
+    """(metadata, tensors as float64 in numpy order) of a written file; MXFP4
+    tensors decoded by _mxfp4_by_hand."""
     g = gguf.load(path)
-    return g.metadata, {n: np.asarray(t.view(), dtype=np.float64) for n, t in g.tensors.items()}
+    F = {}
+    for n, t in g.tensors.items():
+        if t.type_name == "MXFP4":
+            F[n] = _mxfp4_by_hand(t.raw, t.shape)
+        else:
+            F[n] = np.asarray(t.view(), dtype=np.float64)
+    return g.metadata, F
+
+
+def _mxfp4_by_hand(raw, shape):
+    """ggml's MXFP4 blocks, one at a time: a byte e (scale 2^(e - 127)), then 16
+    bytes whose low nibbles are elements 0..15 and high nibbles 16..31, each
+    an E2M1 code: bit 3 the sign, bits 0..2 index {0, 0.5, 1, 1.5, 2, 3, 4, 6}."""
+    e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    out = []
+    for blk in np.asarray(raw, dtype=np.uint8).reshape(-1, 17):
+        scale = 2.0 ** (int(blk[0]) - 127)
+        codes = [int(q) & 15 for q in blk[1:]] + [int(q) >> 4 for q in blk[1:]]
+        out += [(-1.0 if c & 8 else 1.0) * e2m1[c & 7] * scale for c in codes]
+    return np.array(out).reshape(shape)
 
 
 def _ds2_yarn_by_hand(md):
@@ -1224,7 +1250,507 @@ def test_deepseek2_shapes_checked(tmp_path):
         _ds2(tmp_path, (w, hp), form="legacy")
 
 
-# ---------------------------------------------------------------- 6. mkmodel
+# ---------------------------------------------------------------- 6. gpt-oss
+# As for deepseek2: plain numpy from the written file (MXFP4 blocks decoded by
+# hand), one formula of build-dev/gptoss-spec.md at a time.
+
+OAI = "gpt-oss."
+# YaRN with every kind of pair at n_rot 16, base 100: corr dims 0 and 5
+OAI_YARN = dict(type="yarn", factor=32.0, original_context_length=64)
+
+
+def _oai(tmp_path, weights, tag="", rope_base=100.0, **kw):
+    """Write weights (from tiny_gptoss_weights) as a gpt-oss file and load it."""
+    w, hp = weights
+    p = tmp_path / ("gptoss%s.gguf" % tag)
+    gguf_write.write_gptoss(str(p), w, hp, rope_base=rope_base, **kw)
+    return refmodel.Model(str(p))
+
+
+def _oai_rope_by_hand(md):
+    """The spec's RoPE from metadata: (theta(pos, i), m) with cos and sin times m."""
+    n_rot, base = md[OAI + "rope.dimension_count"], md[OAI + "rope.freq_base"]
+    F = md.get(OAI + "rope.scaling.factor", 1.0)
+
+    def theta_e(pos, i):
+        return pos * base ** (-2.0 * i / n_rot)
+
+    if md.get(OAI + "rope.scaling.type", "none") != "yarn" or F <= 1.0:
+        return theta_e, 1.0
+    orig = md.get(OAI + "rope.scaling.original_context_length", md[OAI + "context_length"])
+
+    def corr_dim(beta):
+        return n_rot * math.log(orig / (beta * 2 * math.pi)) / (2 * math.log(base))
+
+    lo = max(0, math.floor(corr_dim(32.0)))
+    hi = min(n_rot - 1, math.ceil(corr_dim(1.0)))
+
+    def theta(pos, i):
+        ramp = 1 - min(1.0, max(0.0, (i - lo) / max(0.001, hi - lo)))
+        return theta_e(pos, i) / F * (1 - ramp) + theta_e(pos, i) * ramp
+
+    # attn_factor (get_mscale(F, 1) / (1 + 0.1 ln F) times the key) times 1 + 0.1 ln F
+    return theta, (1 + 0.1 * math.log(F)) * md.get(OAI + "rope.scaling.attn_factor", 1.0)
+
+
+def _rope_halves(x, theta, m, n_rot):
+    """x (T, H, D) at positions 0..T-1: pairs (i, i + n_rot/2) turned by
+    theta(pos, i), cos and sin times m."""
+    out = x.copy()
+    half = n_rot // 2
+    for t in range(x.shape[0]):
+        for i in range(half):
+            c, s = math.cos(theta(t, i)) * m, math.sin(theta(t, i)) * m
+            x0, x1 = x[t, :, i], x[t, :, i + half]
+            out[t, :, i] = x0 * c - x1 * s
+            out[t, :, i + half] = x0 * s + x1 * c
+    return out
+
+
+def _oai_sliding(md, i):
+    period = md.get(OAI + "attention.sliding_window_pattern", 2)
+    return i % period < period - 1
+
+
+def _oai_attention_by_hand(md, F, i, x, sinks=True):
+    """Layer i's attention over rows x at positions 0..T-1, token by token."""
+    p = "blk.%d." % i
+    H, Hkv = md[OAI + "attention.head_count"], md[OAI + "attention.head_count_kv"]
+    D = md[OAI + "attention.key_length"]
+    n_swa = md[OAI + "attention.sliding_window"]
+    sliding = _oai_sliding(md, i)
+    T = x.shape[0]
+    q = (x @ F[p + "attn_q.weight"].T + F[p + "attn_q.bias"]).reshape(T, H, D)
+    k = (x @ F[p + "attn_k.weight"].T + F[p + "attn_k.bias"]).reshape(T, Hkv, D)
+    v = (x @ F[p + "attn_v.weight"].T + F[p + "attn_v.bias"]).reshape(T, Hkv, D)
+    theta, m = _oai_rope_by_hand(md)
+    q, k = _rope_halves(q, theta, m, D), _rope_halves(k, theta, m, D)
+    sink = F[p + "attn_sinks.weight"]
+    out = np.zeros((T, H, D))
+    for h in range(H):
+        kv = h // (H // Hkv)
+        for t in range(T):
+            seen = [u for u in range(t + 1) if not sliding or t - n_swa < u]
+            s = np.array([q[t, h] @ k[u, kv] for u in seen]) / math.sqrt(D)
+            M = max(s.max(), sink[h]) if sinks else s.max()
+            e = np.exp(s - M)
+            den = e.sum() + (math.exp(sink[h] - M) if sinks else 0.0)
+            for j, u in enumerate(seen):
+                out[t, h] += e[j] / den * v[u, kv]
+    return out.reshape(T, H * D) @ F[p + "attn_output.weight"].T + F[p + "attn_output.bias"]
+
+
+def _oai_route_by_hand(md, lg):
+    """Chosen experts and weights of router logits lg (T, n) (the bias added), row by row."""
+    k = md[OAI + "expert_used_count"]
+    scale = md.get(OAI + "expert_weights_scale", 0.0) or 1.0
+    sel_all, w_all = [], []
+    for row in lg:
+        chosen = sorted(range(len(row)), key=lambda e: (-row[e], e))[:k]
+        z = np.exp(row[chosen] - row[chosen].max())
+        sel_all.append(chosen)
+        w_all.append(z / z.sum() * scale)
+    return np.array(sel_all), np.array(w_all)
+
+
+def _swiglu_oai_by_hand(g, u, clamp=True):
+    if clamp:
+        g = np.minimum(g, 7.0)
+        u = np.maximum(np.minimum(u, 7.0), -7.0)
+    return g / (1.0 + np.exp(-1.702 * g)) * (u + 1.0)
+
+
+def _oai_moe_by_hand(md, F, i, x, stats=None, clamp=True):
+    p = "blk.%d." % i
+    sel, w = _oai_route_by_hand(md, x @ F[p + "ffn_gate_inp.weight"].T + F[p + "ffn_gate_inp.bias"])
+    out = np.zeros_like(x)
+    for t in range(len(x)):
+        for e, we in zip(sel[t], w[t]):
+            g = F[p + "ffn_gate_exps.weight"][e] @ x[t] + F[p + "ffn_gate_exps.bias"][e]
+            u = F[p + "ffn_up_exps.weight"][e] @ x[t] + F[p + "ffn_up_exps.bias"][e]
+            if stats is not None:
+                stats["g"] = stats.get("g", 0) + int(np.sum(g > 7))
+                stats["u"] = stats.get("u", 0) + int(np.sum(np.abs(u) > 7))
+            y = F[p + "ffn_down_exps.weight"][e] @ _swiglu_oai_by_hand(g, u, clamp) \
+                + F[p + "ffn_down_exps.bias"][e]
+            out[t] += we * y
+    return out, sel
+
+
+def _oai_logits_by_hand(path, ids, stats=None):
+    md, F = _file(path)
+    eps = md[OAI + "attention.layer_norm_rms_epsilon"]
+    x = F["token_embd.weight"][ids]
+    sel = None
+    for i in range(md[OAI + "block_count"]):
+        p = "blk.%d." % i
+        x = x + _oai_attention_by_hand(md, F, i, _norm(x, F[p + "attn_norm.weight"], eps))
+        y, sel = _oai_moe_by_hand(md, F, i, _norm(x, F[p + "post_attention_norm.weight"], eps), stats)
+        x = x + y
+    return _norm(x, F["output_norm.weight"], eps) @ F["output.weight"].T, sel
+
+
+OAI_MD = {
+    "general.architecture": "gpt-oss", "gpt-oss.block_count": 24, "gpt-oss.context_length": 131072,
+    "gpt-oss.embedding_length": 2880, "gpt-oss.feed_forward_length": 2880,
+    "gpt-oss.attention.head_count": 64, "gpt-oss.attention.head_count_kv": 8,
+    "gpt-oss.attention.key_length": 64, "gpt-oss.attention.value_length": 64,
+    "gpt-oss.rope.dimension_count": 64, "gpt-oss.rope.freq_base": 150000.0,
+    "gpt-oss.attention.layer_norm_rms_epsilon": 1e-5, "gpt-oss.expert_count": 32,
+    "gpt-oss.expert_used_count": 4, "gpt-oss.expert_feed_forward_length": 2880,
+    "gpt-oss.attention.sliding_window": 128, "gpt-oss.rope.scaling.type": "yarn",
+    "gpt-oss.rope.scaling.factor": 32.0, "gpt-oss.rope.scaling.original_context_length": 4096,
+}
+
+
+def _oai_md(**kw):
+    md = dict(OAI_MD)
+    for k, v in kw.items():
+        k = OAI + k.replace("__", ".")
+        if v is None:
+            md.pop(k, None)
+        else:
+            md[k] = v
+    return md
+
+
+def test_gptoss_hparams():
+    """gpt-oss-20b's keys: the defaults, the YaRN factors and the refusals."""
+    hp = refmodel.Hparams(OAI_MD)
+    assert (hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, hp.rope_dim) == (24, 64, 8, 64, 64)
+    assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_expert_shared) == (32, 4, 2880, 0)
+    assert (hp.n_swa, hp.swa_period, hp.n_layer_dense_lead) == (128, 2, 0)
+    assert hp.expert_gating == "softmax_weight" and hp.expert_act == "swiglu_oai"
+    assert hp.expert_weights_scale == 1.0 and hp.expert_weights_norm is False
+    assert [hp.swa_layer(i) for i in range(4)] == [True, False, True, False]
+    # corr_dim(b) = 64 ln(4096 / (2 pi b)) / (2 ln 150000): 8.09 for b = 32, 17.4 for b = 1
+    lo = 64 * math.log(4096 / (2 * math.pi * 32)) / (2 * math.log(150000))
+    hi = 64 * math.log(4096 / (2 * math.pi)) / (2 * math.log(150000))
+    assert (math.floor(lo), math.ceil(hi)) == (8, 18)
+    fs, ext, got_lo, got_hi, m = hp.rope_yarn
+    assert (fs, ext, got_lo, got_hi) == (1.0 / 32, 1.0, 8.0, 18.0)
+    assert m == pytest.approx(1.0 + 0.1 * math.log(32.0), rel=1e-14)
+    # rope.scaling.attn_factor multiplies cos and sin; no scaling without yarn
+    hp = refmodel.Hparams(_oai_md(rope__scaling__attn_factor=1.25))
+    assert hp.rope_yarn[4] == pytest.approx(1.25 * (1.0 + 0.1 * math.log(32.0)), rel=1e-14)
+    for kw in (dict(rope__scaling__type=None), dict(rope__scaling__type="none"),
+               dict(rope__scaling__factor=1.0)):
+        assert refmodel.Hparams(_oai_md(**kw)).rope_yarn is None
+    # expert_weights_scale: 0 or absent is none; the period's key
+    assert refmodel.Hparams(_oai_md(expert_weights_scale=0.0)).expert_weights_scale == 1.0
+    assert refmodel.Hparams(_oai_md(expert_weights_scale=2.5)).expert_weights_scale == 2.5
+    assert refmodel.Hparams(_oai_md(attention__sliding_window_pattern=3)).swa_period == 3
+    # a gating key changes nothing: SOFTMAX_WEIGHT is the architecture's
+    assert refmodel.Hparams(_oai_md(expert_gating_func=2)).expert_gating == "softmax_weight"
+    assert refmodel.Hparams(_oai_md(rope__freq_base_swa=150000.0)).rope_base == 150000.0
+    for bad in (dict(attention__sliding_window=None),
+                dict(attention__sliding_window=0),
+                dict(attention__sliding_window_pattern=0),
+                dict(expert_feed_forward_length=None),
+                dict(expert_used_count=33),
+                dict(rope__dimension_count=32),                 # part of a head rotated
+                dict(attention__value_length=32),
+                dict(rope__scaling__type="linear"),
+                dict(rope__scaling__yarn_log_multiplier=0.1),   # not gpt-oss's
+                dict(rope__freq_base_swa=10000.0)):             # sliding layers' own base
+        with pytest.raises(ValueError):
+            refmodel.Hparams(_oai_md(**bad))
+
+
+def test_mxfp4_encoder():
+    """gguf_write's MXFP4 blocks: ggml's layout and exponent, nearest rounding,
+    decoded back by dq_mxfp4 and by hand to the values the encoder reports."""
+    # representable values with max |x| 6 x 2^-3: e = 127 - 3, exact
+    k = -3
+    vals = np.array([6, -6, 0.5, -0.5, 1, 1.5, 2, 3, 4, -4, 0, -1.5] + [0.0] * 20) * 2.0 ** k
+    raw, got = gguf_write.mxfp4_encode(vals)
+    b = np.frombuffer(raw, dtype=np.uint8)
+    assert b.size == 17 and b[0] == 127 + k
+    assert np.array_equal(got, vals)
+    # element j: byte 1 + j's low nibble, element j + 16: its high nibble
+    v2 = np.zeros(32)
+    v2[0], v2[16], v2[15], v2[31] = 1.0, -6.0, 3.0, 0.5
+    b2 = np.frombuffer(gguf_write.mxfp4_encode(v2)[0], dtype=np.uint8)
+    assert b2[0] == 127 and b2[1] == 0x2 | (0xF << 4) and b2[16] == 0x5 | (0x1 << 4)
+    # nearest, ties to the lower code, beyond 6 x scale clipped; all-zero block e 0
+    x = np.zeros(64)
+    x[:8] = [6.0, 0.7, 1.25, 5.0, -1.25, 2.4, -0.2, 0.3]
+    x[32:34] = [7.5, -7.9]
+    raw, got = gguf_write.mxfp4_encode(x)
+    assert np.array_equal(got[:8], [6.0, 0.5, 1.0, 4.0, -1.0, 2.0, 0.0, 0.5])
+    assert np.array_equal(got[32:34], [6.0, -6.0]) and np.all(got[8:32] == 0)
+    raw0, got0 = gguf_write.mxfp4_encode(np.zeros(32))
+    assert raw0 == bytes(17) and np.array_equal(got0, np.zeros(32))
+    # random rows of very different magnitudes: round trip and relative error
+    rng = np.random.default_rng(60)
+    x = rng.standard_normal((6, 96)) * np.array([1e-4, 1e-2, 1, 10, 300, 2e4])[:, None]
+    raw, got = gguf_write.mxfp4_encode(x)
+    blocks = np.frombuffer(raw, dtype=np.uint8)
+    assert blocks.size == 6 * 3 * 17
+    assert np.array_equal(dequant.dequantize_raw(blocks, "mxfp4").reshape(x.shape), got)
+    assert np.array_equal(_mxfp4_by_hand(blocks, x.shape), got)
+    amax = np.abs(x.reshape(-1, 32)).max(axis=1, keepdims=True)
+    assert np.all(np.abs(got - x).reshape(-1, 32) <= amax * 0.25)
+    assert np.any(got != x)
+    # what the blocks hold is written again unchanged
+    assert gguf_write.mxfp4_encode(got)[0] == raw
+    assert np.array_equal(gguf_write.mxfp4_round(x), got)
+    with pytest.raises(ValueError):
+        gguf_write.mxfp4_encode(np.zeros((2, 48)))
+
+
+@pytest.mark.parametrize("experts", ["F32", "MXFP4"])
+def test_gptoss_forward_by_hand(tmp_path, experts):
+    """Whole forward pass (layer 0 sliding, layer 1 full, window 4, 12
+    positions, YaRN) against plain numpy from the file; the swiglu_oai clamps act."""
+    w, hp = gguf_write.tiny_gptoss_weights(seed=50)
+    m = _oai(tmp_path, (w, hp), experts_type=experts, rope_scaling=OAI_YARN)
+    assert [m.layer(i).swa for i in range(m.hp.n_layer)] == [True, False]
+    assert m.hp.n_swa == 4 and len(IDS) == 12
+    assert m.hp.rope_yarn[2:4] == (0.0, 5.0)
+    stats = {}
+    want, sel = _oai_logits_by_hand(m.path, IDS, stats)
+    got = m.logits(IDS)
+    assert np.std(got) > 0.1
+    assert np.max(np.abs(got - want)) < 1e-10
+    assert np.array_equal(m.last_routing, sel)
+    assert len(np.unique(sel)) > 1
+    assert stats["g"] > 0 and stats["u"] > 0, stats
+    g = gguf.load(m.path)
+    for i in range(hp["n_layer"]):
+        for n in gguf_write.GPTOSS_EXPERT_TENSORS:
+            t = g.tensors["blk.%d.%s" % (i, n)]
+            assert t.type_name == experts
+            if experts == "MXFP4":
+                # the file holds the weights as the encoder rounds them
+                held = _mxfp4_by_hand(t.raw, t.shape)
+                assert np.array_equal(held, gguf_write.mxfp4_round(w["blk.%d.%s" % (i, n)]))
+                assert np.max(np.abs(held - w["blk.%d.%s" % (i, n)])) > 1e-3
+    assert g.tensors["blk.0.ffn_gate_exps.bias"].type_name == "F32"
+
+
+def test_gptoss_window(tmp_path):
+    """Window 4 over 12 positions: the first 4 positions see what a full layer
+    sees, the later ones less; a window as long as the prompt, or a period of 1
+    (no sliding layer), is full attention."""
+    wts = gguf_write.tiny_gptoss_weights(seed=51)
+    a = _oai(tmp_path, wts, tag="4", n_swa=4).logits(IDS)
+    full = _oai(tmp_path, wts, tag="12", n_swa=12).logits(IDS)
+    none = _oai(tmp_path, wts, tag="p1", n_swa=4, swa_period=1).logits(IDS)
+    assert np.array_equal(full, none)
+    assert np.max(np.abs(a[:4] - full[:4])) < 1e-12
+    assert np.min(np.max(np.abs(a[4:] - full[4:]), axis=1)) > 1e-3
+    # the sliding layer's attention alone, by hand, at windows 1 and 5
+    md, F = _file(_oai(tmp_path, wts, tag="1", n_swa=1).path)
+    x = np.random.default_rng(11).standard_normal((9, wts[1]["n_embd"]))
+    for n_swa in (1, 5):
+        m = _oai(tmp_path, wts, tag="w%d" % n_swa, n_swa=n_swa)
+        md[OAI + "attention.sliding_window"] = n_swa
+        got = m.attention(m.layer(0), x, np.arange(9))
+        want = _oai_attention_by_hand(md, F, 0, x)
+        assert np.max(np.abs(got - want)) < 1e-12
+    # 300 rows: the windows of the second block of query rows reach into the first
+    x = np.random.default_rng(15).standard_normal((300, wts[1]["n_embd"]))
+    got = m.attention(m.layer(0), x, np.arange(300))
+    assert np.max(np.abs(got - _oai_attention_by_hand(md, F, 0, x))) < 1e-12
+
+
+def test_gptoss_sinks(tmp_path):
+    """A huge negative sink is attention without sinks; a huge positive one
+    takes all the weight, so the heads give 0 and the layer its output bias;
+    with zero scores a sink s leaves each of n keys 1 / (n + e^s) (unscaled)."""
+    w, hp = gguf_write.tiny_gptoss_weights(seed=52)
+    H, E = hp["n_head"], hp["n_embd"]
+    x = np.random.default_rng(12).standard_normal((9, E))
+    pos = np.arange(9)
+    for i in range(hp["n_layer"]):
+        w["blk.%d.attn_sinks.weight" % i] = np.full(H, -1e4)
+    m = _oai(tmp_path, (w, hp), tag="neg")
+    md, F = _file(m.path)
+    for i in range(hp["n_layer"]):  # sliding, then full
+        L = m.layer(i)
+        got = m.attention(L, x, pos)
+        want = _oai_attention_by_hand(md, F, i, x, sinks=False)
+        assert np.std(want) > 0.1
+        assert np.max(np.abs(got - want)) < 1e-12
+        L.sinks = None
+        assert np.array_equal(m.attention(L, x, pos), got)
+    for i in range(hp["n_layer"]):
+        w["blk.%d.attn_sinks.weight" % i] = np.full(H, 1e4)
+    m = _oai(tmp_path, (w, hp), tag="pos")
+    for i in range(hp["n_layer"]):
+        got = m.attention(m.layer(i), x, pos)
+        bo = _f32(w["blk.%d.attn_output.bias" % i])
+        assert np.max(np.abs(got - bo[None, :])) < 1e-12
+    # one head of each kind, two ordinary ones: by hand
+    for i in range(hp["n_layer"]):
+        w["blk.%d.attn_sinks.weight" % i] = np.array([1e4, -1e4, 0.5, 2.0])
+    m = _oai(tmp_path, (w, hp), tag="mixed")
+    md, F = _file(m.path)
+    for i in range(hp["n_layer"]):
+        got = m.attention(m.layer(i), x, pos)
+        assert np.max(np.abs(got - _oai_attention_by_hand(md, F, i, x))) < 1e-12
+        assert np.max(np.abs(got - _oai_attention_by_hand(md, F, i, x, sinks=False))) > 1e-3
+    # zero scores: every visible key weighs 1 / (n + e^s), v is its bias
+    s = np.array([math.log(3.0), 0.0, -1.0, 2.5])
+    for i in range(hp["n_layer"]):
+        p = "blk.%d." % i
+        for n in ("attn_q", "attn_k", "attn_v"):
+            w[p + n + ".weight"] = np.zeros_like(w[p + n + ".weight"])
+        w[p + "attn_q.bias"] = np.zeros_like(w[p + "attn_q.bias"])
+        w[p + "attn_k.bias"] = np.zeros_like(w[p + "attn_k.bias"])
+        w[p + "attn_sinks.weight"] = s
+    m = _oai(tmp_path, (w, hp), tag="flat", n_swa=4)
+    D = hp["head_dim"]
+    es = np.exp(_f32(s))
+    for i in range(hp["n_layer"]):
+        p = "blk.%d." % i
+        got = m.attention(m.layer(i), x, pos)
+        bv = _f32(w[p + "attn_v.bias"]).reshape(hp["n_head_kv"], D)
+        for t in range(9):
+            n = min(t + 1, 4) if i == 0 else t + 1
+            heads = np.concatenate([n / (n + es[h]) * bv[h // (H // hp["n_head_kv"])] for h in range(H)])
+            want = _f32(w[p + "attn_output.weight"]) @ heads + _f32(w[p + "attn_output.bias"])
+            assert np.max(np.abs(got[t] - want)) < 1e-12
+
+
+def test_gptoss_swiglu_oai_clamps(tmp_path):
+    """swiglu_oai: the gate clamped above at 7 only, up to [-7, 7]; in the
+    experts too (MoE inputs large enough to pass the limits)."""
+    vals = [-1e6, -50.0, -8.0, -7.0, -1.0, 0.0, 0.5, 6.9, 7.0, 7.5, 50.0, 1e6]
+    G, U = np.meshgrid(vals, vals, indexing="ij")
+    got = refmodel.swiglu_oai(G, U)
+    for a, g in enumerate(vals):
+        for b, u in enumerate(vals):
+            gc, uc = min(g, 7.0), max(min(u, 7.0), -7.0)
+            want = 0.0 if gc < -700 else gc / (1.0 + math.exp(-1.702 * gc)) * (uc + 1.0)
+            assert got[a, b] == pytest.approx(want, rel=1e-14, abs=1e-300), (g, u)
+    i7, i75, i50 = vals.index(7.0), vals.index(7.5), vals.index(50.0)
+    im8, im7 = vals.index(-8.0), vals.index(-7.0)
+    assert np.array_equal(got[i75], got[i7]) and np.array_equal(got[i50], got[i7])
+    assert np.array_equal(got[:, i75], got[:, i7]) and np.array_equal(got[:, im8], got[:, im7])
+    live = np.array(vals) != -1.0  # up + 1 == 0 zeroes both
+    assert np.all(got[im8][live] != got[im7][live])  # no clamp below for the gate
+    assert np.all(got[:, vals.index(-1.0)] == 0.0)  # up + 1 == 0
+    # the experts: rows scaled so that gate and up pass 7 often
+    w, hp = gguf_write.tiny_gptoss_weights(seed=53)
+    m = _oai(tmp_path, (w, hp))
+    md, F = _file(m.path)
+    x = np.random.default_rng(13).standard_normal((7, hp["n_embd"])) * 3.0
+    stats = {}
+    want, sel = _oai_moe_by_hand(md, F, 1, x, stats)
+    got = m.moe(m.layer(1), x)
+    assert stats["g"] > 10 and stats["u"] > 10, stats
+    assert np.max(np.abs(got - want)) < 1e-10
+    assert np.array_equal(m.last_routing, sel)
+    unclamped, _ = _oai_moe_by_hand(md, F, 1, x, clamp=False)
+    assert np.max(np.abs(got - unclamped)) > 1e-2
+
+
+def test_gptoss_routing(tmp_path):
+    """SOFTMAX_WEIGHT: the top k of the router's logits plus its bias (ties:
+    lower id), weighted by the softmax over those k (summing to 1, or to
+    expert_weights_scale); the bias moves the choice and the weights."""
+    w, hp = gguf_write.tiny_gptoss_weights(seed=54, n_expert=8)
+    router = np.zeros((8, hp["n_embd"]))
+    router[:, :8] = np.eye(8)
+    w["blk.1.ffn_gate_inp.weight"] = router
+    w["blk.1.ffn_gate_inp.bias"] = np.zeros(8)
+    rows = [([3, 1, 2, 0, -1, -2, 0.5, 0], [0, 2]),
+            ([1, 1, 1, 1, 1, 1, 1, 1], [0, 1]),
+            ([-5, -9, -7, -6, -8, -5.5, -9, -9], [0, 5]),
+            ([0, 0, 0, 0.25, 0, 0, 0, 0.25], [3, 7])]
+    x = np.zeros((len(rows), hp["n_embd"]))
+    x[:, :8] = [r[0] for r in rows]
+    m = _oai(tmp_path, (w, hp), n_expert_used=2)
+    sel, wsel = m.route(m.layer(1), x)
+    assert np.array_equal(sel, [r[1] for r in rows])
+    lg = x[:, :8]
+    for t, (logits, chosen) in enumerate(rows):
+        z = np.exp([logits[e] for e in chosen])
+        assert np.allclose(wsel[t], z / z.sum(), rtol=1e-14, atol=0)
+    assert np.allclose(wsel.sum(axis=1), 1.0, rtol=0, atol=1e-15)
+    # not the softmax over all experts
+    pall = np.exp(lg) / np.exp(lg).sum(axis=1, keepdims=True)
+    assert np.max(np.abs(wsel - np.take_along_axis(pall, sel, axis=1))) > 0.1
+    # the router bias: expert 5 first in every row, its weight from the biased logit
+    w["blk.1.ffn_gate_inp.bias"] = np.array([0, 0, 0, 0, 0, 10.0, 0, 0])
+    mb = _oai(tmp_path, (w, hp), tag="bias", n_expert_used=2)
+    selb, wb = mb.route(mb.layer(1), x)
+    assert np.all(selb[:, 0] == 5) and np.any(selb != sel)
+    lb = lg + w["blk.1.ffn_gate_inp.bias"]
+    want_sel, want_w = _oai_route_by_hand({OAI + "expert_used_count": 2}, lb)
+    assert np.array_equal(selb, want_sel)
+    assert np.allclose(wb, want_w, rtol=1e-14, atol=0)
+    assert np.all(wb[:, 0] > 0.99)
+    # k = 3 and expert_weights_scale 2.5: the weights sum to 2.5; 0 is no scaling
+    for scale, total in ((2.5, 2.5), (0.0, 1.0)):
+        ms = _oai(tmp_path, (w, hp), tag="s%g" % scale, n_expert_used=3, expert_scale=scale)
+        s3, w3 = ms.route(ms.layer(1), x)
+        assert s3.shape == (len(rows), 3)
+        assert np.allclose(w3.sum(axis=1), total, rtol=1e-14, atol=0)
+    # random rows with the random bias, against the by-hand router
+    w2, hp2 = gguf_write.tiny_gptoss_weights(seed=55, n_expert=8)
+    m2 = _oai(tmp_path, (w2, hp2), tag="rand", n_expert_used=3)
+    xr = np.random.default_rng(14).standard_normal((40, hp2["n_embd"]))
+    md, F = _file(m2.path)
+    s_got, w_got = m2.route(m2.layer(0), xr)
+    lg = xr @ F["blk.0.ffn_gate_inp.weight"].T + F["blk.0.ffn_gate_inp.bias"]
+    s_want, w_want = _oai_route_by_hand(md, lg)
+    assert np.array_equal(s_got, s_want)
+    assert np.max(np.abs(w_got - w_want)) < 1e-14
+    unbiased = np.argsort(-(xr @ F["blk.0.ffn_gate_inp.weight"].T), axis=1, kind="stable")[:, :3]
+    assert np.any(unbiased != s_got)
+
+
+@pytest.mark.parametrize("period,want", [(None, [1, 0, 1, 0]), (2, [1, 0, 1, 0]), (3, [1, 1, 0, 1]),
+                                         (4, [1, 1, 1, 0]), (1, [0, 0, 0, 0])],
+                         ids=["absent", "2", "3", "4", "1"])
+def test_gptoss_sliding_pattern(tmp_path, period, want):
+    """Layer i slides when i % period < period - 1, the period from
+    attention.sliding_window_pattern (2 when absent); the forward pass by hand."""
+    wts = gguf_write.tiny_gptoss_weights(seed=56, n_layer=4)
+    m = _oai(tmp_path, wts, swa_period=period, n_swa=3)
+    assert m.hp.swa_period == (period or 2)
+    assert [int(m.layer(i).swa) for i in range(4)] == want
+    got = m.logits(IDS)
+    ref, _ = _oai_logits_by_hand(m.path, IDS)
+    assert np.max(np.abs(got - ref)) < 1e-10
+    if period == 2:
+        assert np.array_equal(got, _oai(tmp_path, wts, tag="absent", n_swa=3).logits(IDS))
+
+
+def test_gptoss_shapes_checked(tmp_path):
+    """Wrong or missing tensors are errors naming them, not wrong results."""
+    w, hp = gguf_write.tiny_gptoss_weights(seed=57)
+    for name, arr in (("blk.1.attn_sinks.weight", np.zeros(3)),
+                      ("blk.0.ffn_gate_inp.bias", np.zeros(5)),
+                      ("blk.1.ffn_down_exps.bias", np.zeros((4, 31))),
+                      ("blk.0.attn_output.bias", np.zeros(33))):
+        bad = dict(w)
+        bad[name] = arr
+        with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+            _oai(tmp_path, (bad, hp), tag="bad").layer(int(name[4]))
+    for name in ("blk.0.attn_sinks.weight", "blk.1.ffn_up_exps.bias", "output.weight"):
+        bad = {k: v for k, v in w.items() if k != name}
+        with pytest.raises(KeyError, match=name.replace(".", r"\.")):
+            _oai(tmp_path, (bad, hp), tag="missing").layer(0)
+
+
+@pytest.mark.parametrize("experts", ["F32", "MXFP4"])
+def test_gptoss_lazy_equals_eager(tmp_path, experts):
+    eager = _oai(tmp_path, gguf_write.tiny_gptoss_weights(seed=58), experts_type=experts,
+                 rope_scaling=OAI_YARN)
+    lazy = refmodel.Model(eager.path, lazy=True)
+    assert lazy.lazy and not eager.lazy
+    a = eager.head(eager.hidden(IDS), top=8, vchunk=16)
+    b = lazy.head(lazy.hidden(IDS), top=8, vchunk=16)
+    for x, y in zip(a, b):
+        assert np.array_equal(x, y)
+    assert np.array_equal(eager.last_routing, lazy.last_routing)
+
+
+# ---------------------------------------------------------------- 7. mkmodel
 
 def _mkmodel():
     cands = []
@@ -1247,6 +1773,7 @@ MK_CASES = [
     ("qwen3", ["--arch", "qwen3", "--layers", "1", "--type", "f16"]),
     ("glm4moe", ["--arch", "glm4moe", "--layers", "3", "--experts", "8", "--experts-used", "2"]),
     ("deepseek2", ["--arch", "deepseek2", "--layers", "3", "--experts", "8", "--experts-used", "2"]),
+    ("gpt-oss", ["--arch", "gpt-oss", "--layers", "2", "--experts", "8", "--experts-used", "2"]),
 ]
 
 
@@ -1278,7 +1805,7 @@ def test_mkmodel(tmp_path, arch, flags):
     # the chunked head agrees with the direct product
     lse, top_ids, _ = m.head(m.hidden(ids), top=4)
     assert np.array_equal(top_ids[:, 0], np.argmax(lg, axis=1))
-    if arch in ("qwen3moe", "glm4moe", "deepseek2"):
+    if arch in ("qwen3moe", "glm4moe", "deepseek2", "gpt-oss"):
         # routing uses more than one expert across the prompt
         assert len(np.unique(m.last_routing)) > 1
     sys.stderr.write("\nmkmodel %s: %.1fs, logits std %.3f\n" % (" ".join(flags), time.time() - t, float(np.mean(std))))
