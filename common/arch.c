@@ -218,6 +218,17 @@ static int read_gptoss(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_er
         return rc;
     if (a->expert_scale == 0.0f)
         a->expert_scale = 1.0f;
+    /* llama.cpp's heads are n_rot wide here, and a sliding layer may have its own
+     * RoPE base: files that differ are refused rather than run otherwise */
+    if (a->n_rot != a->head_dim)
+        return bl_err_set(err, BL_ENOTSUP, "%s: %s.rope.dimension_count %lld differs from key_length %lld", path, ar,
+                          (long long)a->n_rot, (long long)a->head_dim);
+    float base_swa = a->rope_base;
+    if ((rc = get_float(g, ar, "rope.freq_base_swa", a->rope_base, 1.0f, 1e12f, &base_swa, err)) < 0)
+        return rc;
+    if (base_swa != a->rope_base)
+        return bl_err_set(err, BL_ENOTSUP, "%s: %s.rope.freq_base_swa %g differs from rope.freq_base %g (not "
+                          "supported)", path, ar, (double)base_swa, (double)a->rope_base);
     a->gating = BL_GATING_SOFTMAX_WEIGHT;
     a->expert_norm = 0;
     a->qk_norm = 0;
