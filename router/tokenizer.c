@@ -457,13 +457,19 @@ static int parse_model(rt_tokenizer_t *tok, const rt_tokenizer_desc_t *d, bl_err
         tok->add_bos = 1;
     } else if (!strcmp(p, "deepseek-v3")) {
         tok->pre = RT__PRE_DEEPSEEK3;
+    } else if (!strcmp(p, "gpt-4o")) {
+        /* GPT-4o and gpt-oss (o200k): no normaliser, no BOS unless the file asks
+         * (tokenizer.ggml.add_bos_token), and merges applied as llama.cpp does for
+         * this pre type (its ignore_merges stays off) */
+        tok->pre = RT__PRE_GPT4O;
     } else if (!strcmp(p, "glm4") || !strcmp(p, "chatglm-bpe")) {
         /* GLM-4's split is Llama 3's; its prompts begin with the template's
          * [gMASK]<sop>, not a BOS token */
         tok->pre = RT__PRE_LLAMA3;
     } else {
         return bl_err_set(err, BL_ENOTSUP, "tokenizer: unknown pre-tokenizer '%.64s' "
-                          "(tokenizer.ggml.pre; known: qwen2, llama-bpe, deepseek-v3, glm4)", p);
+                          "(tokenizer.ggml.pre; known: qwen2, llama-bpe, deepseek-v3, glm4, "
+                          "gpt-4o)", p);
     }
     return 0;
 }

@@ -1,9 +1,9 @@
 /* The tokenizer: text to token ids and back, for the vocabularies a GGUF file
  * describes in its tokenizer.ggml.* keys. Byte-level BPE ("gpt2" model, with the
- * qwen2, llama-bpe and deepseek-v3 pre-tokenizers) and SentencePiece ("llama"
- * model, with byte fallback); special tokens recognised in text on request; NFC for
- * vocabularies whose tokenizer normalises; a streaming decoder that only ever emits
- * complete UTF-8.
+ * qwen2, llama-bpe, deepseek-v3 and gpt-4o pre-tokenizers) and SentencePiece
+ * ("llama" model, with byte fallback); special tokens recognised in text on
+ * request; NFC for vocabularies whose tokenizer normalises; a streaming decoder
+ * that only ever emits complete UTF-8.
  *
  * Threads: a tokenizer is immutable after creation except for the scratch buffers
  * and the word cache that rt_tokenize uses, so rt_tokenize calls on one tokenizer
@@ -42,7 +42,8 @@ typedef struct rt_str {
 typedef struct rt_tokenizer_desc {
     const char *model;       /* "gpt2" (byte-level BPE) or "llama" (SentencePiece) */
     const char *pre;         /* BPE pre-tokenizer: "qwen2", "llama-bpe", "deepseek-v3",
-                                ... (see rt_tokenizer_create); ignored for "llama" */
+                                "gpt-4o", ... (see rt_tokenizer_create); ignored for
+                                "llama" */
     uint32_t n_vocab;
     const rt_str_t *tokens;  /* n_vocab token texts, each valid UTF-8 */
     const int32_t *types;    /* n_vocab rt_token_type_t values, or NULL: all normal */
@@ -67,7 +68,8 @@ void rt_tokenizer_desc_init(rt_tokenizer_desc_t *d);
  * BL_ERANGE (counts past the limits), BL_ENOMEM.
  *
  * Pre-tokenizers: "qwen2" (and its aliases "deepseek-r1-qwen", "qwen3"),
- * "llama-bpe" ("llama3", "llama-v3"), "deepseek-v3", "glm4" ("chatglm-bpe"). Unknown
+ * "llama-bpe" ("llama3", "llama-v3"), "deepseek-v3", "glm4" ("chatglm-bpe"),
+ * "gpt-4o" (GPT-4o and gpt-oss: tiktoken's o200k split, no BOS by default). Unknown
  * names are refused, not guessed, since a wrong split silently changes every prompt.
  *
  * Special ids left at -1: eot is looked up by text (<|eot_id|>, <|im_end|>, ...);

@@ -35,6 +35,28 @@ static const char re_ds3_words[] =
     "[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\\r\\n]*|"
     WS "*[\\r\\n]+|" WS "+(?!" NWS ")|" WS "+";
 
+/* GPT-4o / gpt-oss ("gpt-4o", tiktoken's o200k_base): letters are cut where the
+ * case changes. A word is an optional run of upper-case letters then a run of
+ * lower-case ones, or a run of upper-case letters with an optional lower-case tail
+ * ("HelloWorld" -> "Hello" "World", "HTTPServer" stays whole, "iPHONE" -> "i"
+ * "PHONE"); Lm, Lo and marks count as both cases. Either kind may take a
+ * contraction after it and one character that is no letter, digit, CR or LF
+ * before it. Digits go in runs of up to three; a punctuation run takes the CRs,
+ * LFs and slashes after it. This is the pattern of gpt-oss's tokenizer.json
+ * (tiktoken's, character for character) with only the \s change above.
+ * llama.cpp's copy rewrites the letter classes as ((?=[\p{L}])([^a-z])) and
+ * ((?=[\p{L}])([^A-Z])) and the contractions as '[sS]|..., for an engine that
+ * knows neither \p{Lu}-style subcategories nor (?i:); that copy is looser (a
+ * letter outside a-z counts as upper case, one outside A-Z as lower case, marks as
+ * neither: it keeps "hello" + Cyrillic "Privet" whole), so it is not followed. */
+#define GPT4O_UPPER "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]"
+#define GPT4O_LOWER "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]"
+static const char re_gpt4o[] =
+    "[^\\r\\n\\p{L}\\p{N}]?" GPT4O_UPPER "*" GPT4O_LOWER "+" CONTRACTIONS "?|"
+    "[^\\r\\n\\p{L}\\p{N}]?" GPT4O_UPPER "+" GPT4O_LOWER "*" CONTRACTIONS "?|"
+    "\\p{N}{1,3}| ?[^\\s\\x{85}\\p{L}\\p{N}]+[\\r\\n/]*|"
+    WS "*[\\r\\n]+|" WS "+(?!" NWS ")|" WS "+";
+
 int rt__bpe_init(rt_tokenizer_t *tok, bl_err_t *err)
 {
     const char *pats[RT__MAX_REGEX];
@@ -42,6 +64,7 @@ int rt__bpe_init(rt_tokenizer_t *tok, bl_err_t *err)
     switch (tok->pre) {
     case RT__PRE_QWEN2: pats[n++] = re_qwen2; break;
     case RT__PRE_LLAMA3: pats[n++] = re_llama3; break;
+    case RT__PRE_GPT4O: pats[n++] = re_gpt4o; break;
     case RT__PRE_DEEPSEEK3:
         pats[n++] = re_ds3_digits;
         pats[n++] = re_ds3_cjk;

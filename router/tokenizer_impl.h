@@ -24,7 +24,13 @@
 #define RT__CACHE_IDS 14
 
 typedef enum { RT__MODEL_BPE, RT__MODEL_SPM } rt__model_t;
-typedef enum { RT__PRE_NONE, RT__PRE_QWEN2, RT__PRE_LLAMA3, RT__PRE_DEEPSEEK3 } rt__pre_t;
+typedef enum {
+    RT__PRE_NONE,
+    RT__PRE_QWEN2,
+    RT__PRE_LLAMA3,
+    RT__PRE_DEEPSEEK3,
+    RT__PRE_GPT4O, /* GPT-4o / gpt-oss: tiktoken's o200k split */
+} rt__pre_t;
 
 typedef struct rt__cache_slot {
     uint64_t hash;

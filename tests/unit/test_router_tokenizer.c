@@ -688,6 +688,106 @@ static void test_pretokenize_deepseek_v3(void **state)
     rt_tokenizer_destroy(tok);
 }
 
+/* GPT-4o / gpt-oss (o200k). The expected pieces were produced by Python's `regex`
+ * module running the pattern of gpt-oss's tokenizer.json unchanged (its \s, like
+ * the reference engine's, includes U+0085). */
+static void test_pretokenize_gpt4o(void **state)
+{
+    (void)state;
+    static vb_t v;
+    memset(&v, 0, sizeof v);
+    vb_bytes(&v);
+    rt_tokenizer_t *tok = vb_build(&v, "gpt2", "gpt-4o");
+    /* Case changes cut words; an upper-case run keeps its lower-case tail. */
+    SPLIT(tok, "Hello world", "Hello", " world");
+    SPLIT(tok, "HelloWorld", "Hello", "World");
+    SPLIT(tok, "helloWorld", "hello", "World");
+    SPLIT(tok, "HTTPServer iPHONE", "HTTPServer", " i", "PHONE");
+    /* Contractions in either case stay on their word; a quote after a space does
+     * not start one. */
+    SPLIT(tok, "I'm DON'T they'LL we've", "I'm", " DON'T", " they'LL", " we've");
+    SPLIT(tok, "don'tStop", "don't", "Stop");
+    SPLIT(tok, "She'S HE'd", "She'S", " HE'd");
+    SPLIT(tok, " 's", " '", "s");
+    /* Digits in runs of up to three, apart from letters and punctuation. */
+    SPLIT(tok, "12345", "123", "45");
+    SPLIT(tok, "a1234567b", "a", "123", "456", "7", "b");
+    SPLIT(tok, "$100 3.14159", "$", "100", " ", "3", ".", "141", "59");
+    /* White space: a run before a word leaves its last space to the word; newlines
+     * end a run. */
+    SPLIT(tok, "x\n\n  y", "x", "\n\n", " ", " y");
+    SPLIT(tok, "a  b", "a", " ", " b");
+    SPLIT(tok, "trailing   ", "trailing", "   ");
+    SPLIT(tok, "\tindent\n    code", "\tindent", "\n", "   ", " code");
+    SPLIT(tok, "x\r\ny", "x", "\r\n", "y");
+    SPLIT(tok, "a \n b", "a", " \n", " b");
+    /* Other scripts: Cyrillic case (a case change cuts across scripts too), CJK and
+     * kana (Lo counts as either case), a combining mark (M, likewise), a titlecase
+     * letter (Lt, upper), Greek with a capital final sigma. */
+    SPLIT(tok, "\xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82 \xD0\xBC\xD0\xB8\xD1\x80",
+          "\xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82", " \xD0\xBC\xD0\xB8\xD1\x80");
+    SPLIT(tok, "hello\xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82",
+          "hello", "\xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82");
+    SPLIT(tok, "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E" "\xE3\x83\x86\xE3\x82\xAD\xE3\x82\xB9\xE3\x83\x88",
+          "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E" "\xE3\x83\x86\xE3\x82\xAD\xE3\x82\xB9\xE3\x83\x88");
+    SPLIT(tok, "nai\xCC\x88ve", "nai\xCC\x88ve");
+    SPLIT(tok, "\xC7\x85ungla", "\xC7\x85ungla");
+    SPLIT(tok, "\xCE\x91\xCE\xB8\xCE\xAE\xCE\xBD\xCE\xB1\xCE\xA3 x",
+          "\xCE\x91\xCE\xB8\xCE\xAE\xCE\xBD\xCE\xB1", "\xCE\xA3", " x");
+    /* An emoji and its skin-tone modifier are neither letters, digits nor space:
+     * they split as punctuation does. */
+    SPLIT(tok, "hi \xF0\x9F\x91\x8B\xF0\x9F\x8F\xBD there",
+          "hi", " \xF0\x9F\x91\x8B\xF0\x9F\x8F\xBD", " there");
+    /* Punctuation runs take the newlines and slashes after them. */
+    SPLIT(tok, "!!!? x", "!!!?", " x");
+    SPLIT(tok, "end.\n", "end", ".\n");
+    SPLIT(tok, "path/to//file", "path", "/to", "//", "file");
+    SPLIT(tok, "a...\r\n/b", "a", "...\r\n/", "b");
+    SPLIT(tok, "foo(); // x\n", "foo", "();", " //", " x", "\n");
+    SPLIT(tok, "__init__", "__", "init", "__");
+    SPLIT(tok, "\xC2\xA1Hola!", "\xC2\xA1Hola", "!");
+    /* U+0085 counts as white space and U+FEFF does not, as in the reference
+     * engine (JavaScript's \s has it the other way round); (?i:'s) folds by Unicode,
+     * so 's' matches U+017F. */
+    SPLIT(tok, "a\xC2\x85 b", "a", "\xC2\x85", " b");
+    SPLIT(tok, "a \xC2\x85" "b", "a", " ", "\xC2\x85" "b");
+    SPLIT(tok, "x\xEF\xBB\xBF#", "x", "\xEF\xBB\xBF#");
+    SPLIT(tok, "it'\xC5\xBFs", "it'\xC5\xBF", "s");
+    rt_tokenizer_destroy(tok);
+}
+
+/* What "gpt-4o" implies besides the split, as llama.cpp has it: no BOS unless the
+ * file asks, no NFC, and merges applied to every word (ignore_merges off; for
+ * gpt-oss's vocabulary every token is what its own merges give, so this matches
+ * its tokenizer.json's ignore_merges = true). */
+static void test_gpt4o_defaults(void **state)
+{
+    (void)state;
+    static vb_t v;
+    memset(&v, 0, sizeof v);
+    vb_bytes(&v);
+    int32_t ab = vb_add(&v, "ab", RT_TOKEN_NORMAL, 0);
+    vb_add(&v, "abc", RT_TOKEN_NORMAL, 0); /* a token no merge makes */
+    int32_t bos = vb_add(&v, "<|startoftext|>", RT_TOKEN_CONTROL, 0);
+    vb_merge(&v, "a b");
+    rt_tokenizer_desc_t d = vb_desc(&v, "gpt2", "gpt-4o");
+    d.bos_id = bos;
+    rt_tokenizer_t *tok = NULL;
+    bl_err_t err = { 0 };
+    assert_int_equal(rt_tokenizer_create(&tok, &d, &err), 0);
+    assert_false(rt_tokenizer_add_bos(tok));
+    EXPECT(tok, "abc", RT_TOKENIZE_ADD_SPECIAL, ab, 'c');
+    /* e + U+0301 stays as written (NFC would make it U+00E9: C3 A9) */
+    EXPECT(tok, "e\xCC\x81", 0, 'e', 0xCC, 0x81);
+    rt_tokenizer_destroy(tok);
+
+    d.add_bos = 1; /* tokenizer.ggml.add_bos_token */
+    assert_int_equal(rt_tokenizer_create(&tok, &d, &err), 0);
+    assert_true(rt_tokenizer_add_bos(tok));
+    EXPECT(tok, "abc", RT_TOKENIZE_ADD_SPECIAL, bos, ab, 'c');
+    rt_tokenizer_destroy(tok);
+}
+
 /* --- random round trips ------------------------------------------------------------------ */
 
 static uint64_t rng_next(uint64_t *s)
@@ -798,8 +898,8 @@ static void test_random_text_round_trips(void **state)
     vb_add(&v, "aZ", 1, 0);
     vb_merge(&v, "\xC4\xA0 a");
     vb_merge(&v, "a Z");
-    const char *pres[] = { "qwen2", "llama-bpe", "deepseek-v3" };
-    for (size_t p = 0; p < 3; p++) {
+    const char *pres[] = { "qwen2", "llama-bpe", "deepseek-v3", "gpt-4o" };
+    for (size_t p = 0; p < sizeof pres / sizeof *pres; p++) {
         rt_tokenizer_desc_t d = vb_desc(&v, "gpt2", pres[p]);
         d.add_bos = 0;
         d.nfc = 0; /* NFC would change the text; the BPE round trip is exact */
@@ -884,8 +984,8 @@ static void test_clone_tokenizes_as_its_source_at_once(void **state)
     vb_add(&v, "aZ", 1, 0);
     vb_merge(&v, "\xC4\xA0 a");
     vb_merge(&v, "a Z");
-    const char *pres[] = { "qwen2", "llama-bpe", "deepseek-v3" };
-    for (size_t p = 0; p < 3; p++) {
+    const char *pres[] = { "qwen2", "llama-bpe", "deepseek-v3", "gpt-4o" };
+    for (size_t p = 0; p < sizeof pres / sizeof *pres; p++) {
         rt_tokenizer_desc_t d = vb_desc(&v, "gpt2", pres[p]);
         d.add_bos = 0;
         rt_tokenizer_t *tok = NULL;
@@ -1123,6 +1223,8 @@ int main(void)
         cmocka_unit_test(test_pretokenize_qwen2),
         cmocka_unit_test(test_pretokenize_llama3),
         cmocka_unit_test(test_pretokenize_deepseek_v3),
+        cmocka_unit_test(test_pretokenize_gpt4o),
+        cmocka_unit_test(test_gpt4o_defaults),
         cmocka_unit_test(test_random_text_round_trips),
         cmocka_unit_test(test_qwen3_oracle),
         cmocka_unit_test(test_qwen3_stream_decodes_split_emoji),
