@@ -276,6 +276,10 @@ static int read_rope_scaling(bl_arch_t *a, const bl_gguf_t *g, const char *path,
     a->rope_ext_factor = 0.0f;
     a->rope_corr_lo = a->rope_corr_hi = 0.0f;
     double af = attn, lnf = 0.0;
+    if (yarn && factor > 1.0f && (fast <= 0.0f || slow <= 0.0f || a->rope_base <= 1.0f))
+        return bl_err_set(err, BL_EINVAL, "%s: %s: YaRN needs rope.scaling.yarn_beta_fast %g and yarn_beta_slow %g "
+                          "above 0 and rope.freq_base %g above 1", path, ar, (double)fast, (double)slow,
+                          (double)a->rope_base);
     if (yarn && factor > 1.0f) {
         lnf = log((double)factor);
         a->rope_freq_scale = 1.0f / factor;

@@ -47,10 +47,10 @@ void bl_plan_free(bl_plan_t *p)
 
 int bl_plan_layer_host(const bl_plan_t *p, int64_t l)
 {
-    for (int64_t e = 0; e < p->n_expert; e++)
-        if (p->host[l * p->n_expert + e])
-            return 1;
-    return 0;
+    /* a layer's routed experts are placed together (host_layer, and the CPU stages'
+     * clearing), so its first expert says for all: O(1) where the fit loops ask
+     * for every layer after each move */
+    return p->n_expert > 0 && p->host[l * p->n_expert] != 0;
 }
 
 /* Puts layer l's routed experts in the hosttier; a layer without them (a leading

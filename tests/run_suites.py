@@ -32,6 +32,7 @@ CLIENT_TESTS = "tests/clients"
 # binary), or a folder of seed files in the tree, which the run reads but never
 # writes (what the run adds goes to the build folder).
 FUZZ_TARGETS = {"fuzz_gguf": "tests/fuzz/make_corpus.py",
+                "fuzz_arch": "tests/fuzz/make_corpus.py",
                 "fuzz_args": "tests/fuzz/corpus/fuzz_args",
                 "fuzz_grammar": "tests/fuzz/make_grammar_corpus.py",
                 "fuzz_json_schema": "tests/fuzz/corpus/fuzz_json_schema",

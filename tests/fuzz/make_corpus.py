@@ -1,15 +1,26 @@
 #!/usr/bin/python3
-"""Writes seed GGUF files for fuzz_gguf into a folder: a few small valid files (every
-value type, nested arrays, alignment 64, several tensor types) and a few slightly broken
-ones. Nothing binary is kept in the tree; run this before fuzzing:
+"""Writes seed GGUF files for fuzz_gguf and fuzz_arch into a folder: a few small valid
+files (every value type, nested arrays, alignment 64, several tensor types), a few
+slightly broken ones, the arch_* files (the metadata common/arch.c reads for
+qwen3moe, qwen3, glm4moe and deepseek2 with YaRN, expert groups, both forms of its
+latent attention, NextN and leading dense layers, and the largest values it accepts,
+over a few tiny tensors) and the mk_* files: tiny whole models of each architecture,
+gpt-oss's too, that bloomery-mkmodel writes (the same flags give the same bytes on any
+machine). Nothing binary is kept in the tree; run this before fuzzing:
 
-  /usr/bin/python3 tests/fuzz/make_corpus.py CORPUS_DIR
+  /usr/bin/python3 tests/fuzz/make_corpus.py [--mkmodel PATH] CORPUS_DIR
+
+bloomery-mkmodel is PATH, else $BLOOMERY_BIN/bloomery-mkmodel, else the one in build/;
+without it the mk_* files are left out (a line on stderr says so).
 
 The builder below is also used by tests/tools/test_bloomery_gguf.py.
 """
 import os
 import struct
+import subprocess
 import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Metadata value types.
 U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
@@ -99,14 +110,178 @@ def seeds():
     return out
 
 
+def arch_file(arch, keys, tensors):
+    """A model file of arch: keys are (key under ARCH., type, value), tensors as gguf()'s."""
+    kvs = [("general.architecture", STRING, arch)] + [(arch + "." + k, t, v) for k, t, v in keys]
+    return gguf(kvs, tensors)
+
+
+def arch_seeds():
+    """Metadata of every architecture and every key arch.c reads, over a few tiny
+    tensors (the reader and the plan look only at the tensors' names and sizes; the
+    tensor checks find the shapes right for the small ones)."""
+    E, V = 8, 16  # embedding width and vocabulary of the small files
+    io = [("token_embd.weight", T_F16, [E, V]), ("output_norm.weight", T_F32, [E])]
+    moe = [("expert_count", U32, 4), ("expert_used_count", U32, 2), ("expert_feed_forward_length", U32, 8)]
+    qwen3moe = [("block_count", U32, 2), ("embedding_length", U32, E), ("attention.head_count", U32, 2),
+                ("attention.head_count_kv", U32, 1), ("attention.key_length", U32, 4),
+                ("context_length", U32, 64)] + moe
+    qwen3 = [("block_count", U32, 2), ("embedding_length", U32, E), ("attention.head_count", U32, 2),
+             ("context_length", U32, 64), ("feed_forward_length", U32, 8), ("attention.value_length", U32, 4),
+             ("rope.dimension_count", U32, 2), ("rope.freq_base", F32, 1e6),
+             ("attention.layer_norm_rms_epsilon", F32, 1e-5)]
+    glm4moe = [("block_count", U32, 3), ("embedding_length", U32, E), ("attention.head_count", U32, 2),
+               ("attention.head_count_kv", U32, 1), ("attention.key_length", U32, 4),
+               ("rope.dimension_count", U32, 2), ("context_length", U32, 64), ("feed_forward_length", U32, 8),
+               ("nextn_predict_layers", U32, 1), ("leading_dense_block_count", U32, 1),
+               ("expert_shared_count", U32, 1), ("expert_gating_func", U32, 0),
+               ("expert_weights_norm", BOOL, True), ("expert_weights_scale", F32, 2.5)] + moe
+    # deepseek2: 2 heads of q/k 4 + 2 rotated dims and v 4, a latent of 8
+    ds2 = [("block_count", U32, 3), ("embedding_length", U32, E), ("attention.head_count", U32, 2),
+           ("attention.head_count_kv", U32, 1), ("context_length", U32, 64), ("feed_forward_length", U32, 8),
+           ("attention.q_lora_rank", U32, 8), ("attention.kv_lora_rank", U32, 8),
+           ("attention.key_length", U32, 10), ("attention.value_length", U32, 8),
+           ("attention.key_length_mla", U32, 6), ("attention.value_length_mla", U32, 4),
+           ("rope.dimension_count", U32, 2), ("nextn_predict_layers", U32, 1),
+           ("leading_dense_block_count", U32, 1), ("expert_shared_count", U32, 2),
+           ("expert_gating_func", U32, 2), ("expert_weights_norm", BOOL, True),
+           ("expert_weights_scale", F32, 2.5), ("expert_group_count", U32, 2),
+           ("expert_group_used_count", U32, 1), ("rope.scaling.type", STRING, "yarn"),
+           ("rope.scaling.factor", F32, 40.0), ("rope.scaling.original_context_length", U32, 16),
+           ("rope.scaling.yarn_log_multiplier", F32, 0.1), ("rope.scaling.attn_factor", F32, 1.0),
+           ("rope.scaling.yarn_beta_fast", F32, 32.0), ("rope.scaling.yarn_beta_slow", F32, 1.0)] + moe
+    ds2_legacy = [(k, t, v) for k, t, v in ds2 if not k.endswith("_mla") and not k.startswith("rope.scaling.")
+                  and not k.startswith("expert_group") and k not in ("attention.key_length",
+                                                                     "attention.value_length",
+                                                                     "attention.q_lora_rank",
+                                                                     "expert_gating_func")]
+    ds2_legacy += [("attention.key_length", U32, 6), ("attention.value_length", U32, 4),
+                   ("attention.q_lora_rank", U32, 0), ("rope.scaling.type", STRING, "none")]
+    # the largest values arch.c accepts, over a few layers
+    big_moe = [("expert_count", U32, 4096), ("expert_used_count", U32, 4096),
+               ("expert_feed_forward_length", U32, 1 << 20)]
+    qwen3moe_max = [("block_count", U32, 8), ("embedding_length", U32, 1 << 20), ("attention.head_count", U32, 1),
+                    ("attention.key_length", U32, 1 << 20), ("context_length", U32, 1 << 24),
+                    ("rope.freq_base", F32, 1e12), ("attention.layer_norm_rms_epsilon", F32, 1.0)] + big_moe
+    ds2_max = [("block_count", U32, 8), ("embedding_length", U32, 1 << 20), ("attention.head_count", U32, 1),
+               ("context_length", U32, 1 << 24), ("feed_forward_length", U32, 1 << 20),
+               ("attention.q_lora_rank", U32, 1 << 20), ("attention.kv_lora_rank", U32, (1 << 20) - 2),
+               ("attention.key_length", U32, 1 << 20), ("attention.value_length", U32, (1 << 20) - 2),
+               ("attention.key_length_mla", U32, 1 << 20), ("attention.value_length_mla", U32, 1 << 20),
+               ("rope.dimension_count", U32, 2), ("nextn_predict_layers", U32, 7),
+               ("leading_dense_block_count", U32, 1), ("expert_shared_count", U32, 64),
+               ("expert_gating_func", U32, 1), ("expert_weights_scale", F32, 1e6),
+               ("expert_group_count", U32, 4096), ("expert_group_used_count", U32, 4096),
+               ("rope.scaling.type", STRING, "yarn"), ("rope.scaling.factor", F32, 1e6),
+               ("rope.scaling.original_context_length", U32, 1 << 24),
+               ("rope.scaling.yarn_log_multiplier", F32, 100.0), ("rope.scaling.attn_factor", F32, 100.0),
+               ("rope.scaling.yarn_beta_fast", F32, 0.0), ("rope.scaling.yarn_beta_slow", F32, 1e6)] + big_moe
+
+    def blk(l, name, typ, ne):
+        return ("blk.%d.%s" % (l, name), typ, ne)
+
+    return {
+        "arch_qwen3moe": arch_file("qwen3moe", qwen3moe, io + [
+            blk(0, "attn_norm.weight", T_F32, [E]), blk(0, "attn_q.weight", T_F16, [E, 8]),
+            blk(0, "attn_q_norm.weight", T_F32, [4]), blk(0, "ffn_norm.weight", T_F32, [E]),
+            blk(0, "ffn_gate_inp.weight", T_F32, [E, 4]), blk(0, "ffn_gate_exps.weight", T_F16, [E, 8, 4]),
+            blk(1, "ffn_up_exps.weight", T_F16, [E, 8, 4]), blk(1, "ffn_down_exps.weight", T_F16, [8, E, 4])]),
+        "arch_qwen3": arch_file("qwen3", qwen3, io + [
+            ("output.weight", T_F16, [E, V]), blk(0, "attn_k.weight", T_F16, [E, 4]),
+            blk(0, "ffn_up.weight", T_F16, [E, 8]), blk(1, "ffn_down.weight", T_F16, [8, E])]),
+        "arch_glm4moe": arch_file("glm4moe", glm4moe, io + [
+            blk(0, "attn_q_norm.weight", T_F32, [4]), blk(0, "attn_q.bias", T_F32, [8]),
+            blk(0, "post_attention_norm.weight", T_F32, [E]), blk(0, "ffn_gate.weight", T_F16, [E, 8]),
+            blk(1, "exp_probs_b.bias", T_F32, [4]), blk(1, "ffn_gate_exps.weight", T_F16, [E, 8, 4]),
+            blk(1, "ffn_up_shexp.weight", T_F16, [E, 8]), blk(2, "nextn.eh_proj.weight", T_F16, [2 * E, E])]),
+        "arch_deepseek2_yarn": arch_file("deepseek2", ds2, io + [
+            blk(0, "attn_q_a.weight", T_F16, [E, 8]), blk(0, "attn_kv_a_mqa.weight", T_F16, [E, 10]),
+            blk(0, "attn_k_b.weight", T_F16, [4, 8, 2]), blk(0, "attn_v_b.weight", T_F16, [8, 4, 2]),
+            blk(0, "ffn_up.weight", T_F16, [E, 8]), blk(1, "exp_probs_b.bias", T_F32, [4]),
+            blk(1, "ffn_down_exps.weight", T_F16, [8, E, 4]), blk(1, "ffn_gate_shexp.weight", T_F16, [E, 16]),
+            blk(2, "nextn.enorm.weight", T_F32, [E])]),
+        "arch_deepseek2_legacy": arch_file("deepseek2", ds2_legacy, io + [
+            blk(0, "attn_q.weight", T_F16, [E, 12]), blk(0, "attn_kv_b.weight", T_F16, [8, 16]),
+            blk(1, "ffn_gate_inp.weight", T_F32, [E, 4]), blk(1, "ffn_gate_exps.weight", T_F16, [E, 8, 4])]),
+        "arch_qwen3moe_max": arch_file("qwen3moe", qwen3moe_max, io + [
+            blk(7, "ffn_up_exps.weight", T_F16, [E, 8, 4])]),
+        "arch_deepseek2_max": arch_file("deepseek2", ds2_max, io + [
+            blk(0, "ffn_up.weight", T_F16, [E, 8]), blk(7, "ffn_up_exps.weight", T_F16, [E, 8, 4])]),
+    }
+
+
+# The tiny whole models bloomery-mkmodel writes: f16 matrices of 8 columns over 300
+# tokens (its built-in vocabulary's least), a few tens of KB each.
+_MK_COMMON = ["--layers", "2", "--vocab", "300", "--n-embd", "8", "--heads", "2", "--type", "f16", "--ctx", "256"]
+_MK_MOE = ["--experts", "4", "--experts-used", "2", "--expert-ff", "8"]
+_MK_DS2 = ["--arch", "deepseek2", "--ff", "8", "--kv-lora", "8", "--qk-nope", "4", "--v-head", "4", "--rope-dim", "4"]
+MKMODEL_SEEDS = {
+    "mk_qwen3moe": ["--arch", "qwen3moe", "--kv-heads", "1", "--head-dim", "4"] + _MK_MOE,
+    "mk_qwen3_tied": ["--arch", "qwen3", "--kv-heads", "1", "--head-dim", "4", "--ff", "8", "--tied"],
+    "mk_glm4moe": ["--arch", "glm4moe", "--kv-heads", "1", "--head-dim", "4", "--ff", "8", "--qk-norm"] + _MK_MOE,
+    "mk_deepseek2_yarn_groups": _MK_DS2 + ["--experts", "8", "--experts-used", "2", "--expert-ff", "8",
+                                           "--q-lora", "8", "--yarn", "40", "--groups", "4",
+                                           "--groups-used", "2", "--nextn", "1"],
+    "mk_deepseek2_legacy_kv_b": _MK_DS2 + _MK_MOE + ["--q-lora", "0", "--legacy-kv-b", "--gating", "softmax",
+                                                     "--no-expert-norm", "--shared-experts", "2"],
+    "mk_gptoss": ["--arch", "gpt-oss", "--kv-heads", "1", "--head-dim", "4", "--type-experts", "f16", "--swa", "2",
+                  "--yarn", "32"] + _MK_MOE,
+}
+
+
+def find_mkmodel(explicit=None):
+    """bloomery-mkmodel: explicit, else in $BLOOMERY_BIN, else in build/; None if absent."""
+    cands = [explicit] if explicit else []
+    if os.environ.get("BLOOMERY_BIN"):
+        cands.append(os.path.join(os.environ["BLOOMERY_BIN"], "bloomery-mkmodel"))
+    cands += [os.path.join(ROOT, "build", "tools", "bloomery-mkmodel"),
+              os.path.join(ROOT, "build", "bin", "bloomery-mkmodel")]
+    for c in cands:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def write_mkmodel_seeds(mkmodel, out_dir):
+    """The mk_* seeds; one the tool refuses (an older build) is left out with a line on
+    stderr, so that the other seeds are still written."""
+    for name, args in MKMODEL_SEEDS.items():
+        path = os.path.join(out_dir, name + ".gguf")
+        p = subprocess.run([mkmodel, "-o", path + ".tmp", "--seed", "1", "--threads", "1"] + _MK_COMMON + args,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
+        if p.returncode != 0:
+            sys.stderr.write("make_corpus.py: %s left out: %s exited with %d: %s\n"
+                             % (name, mkmodel, p.returncode, p.stderr.strip()))
+            if os.path.exists(path + ".tmp"):
+                os.remove(path + ".tmp")
+            continue
+        os.replace(path + ".tmp", path)
+
+
 def main(argv):
-    if len(argv) != 2:
-        sys.stderr.write("usage: make_corpus.py CORPUS_DIR\n")
+    args = argv[1:]
+    mkmodel = None
+    if len(args) == 3 and args[0] == "--mkmodel":
+        mkmodel, args = args[1], args[2:]
+        if not (os.path.isfile(mkmodel) and os.access(mkmodel, os.X_OK)):
+            sys.stderr.write("make_corpus.py: %s is not an executable\n" % mkmodel)
+            return 2
+    if len(args) != 1 or args[0].startswith("-"):
+        sys.stderr.write("usage: make_corpus.py [--mkmodel PATH] CORPUS_DIR\n")
         return 2
-    os.makedirs(argv[1], exist_ok=True)
-    for name, data in seeds().items():
-        with open(os.path.join(argv[1], name + ".gguf"), "wb") as f:
+    out_dir = args[0]
+    os.makedirs(out_dir, exist_ok=True)
+    every = dict(seeds())
+    every.update(arch_seeds())
+    for name, data in every.items():
+        with open(os.path.join(out_dir, name + ".gguf"), "wb") as f:
             f.write(data)
+    mkmodel = find_mkmodel(mkmodel)
+    if mkmodel:
+        write_mkmodel_seeds(mkmodel, out_dir)
+    else:
+        sys.stderr.write("make_corpus.py: bloomery-mkmodel not found (build/ first, set BLOOMERY_BIN or give "
+                         "--mkmodel): the mk_* seeds are left out\n")
     return 0
 
 
