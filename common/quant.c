@@ -1,6 +1,7 @@
 /* The GGML type table, row sizes, fp16/bf16 conversions, the dispatchers, and the
  * scalar reference dequantizers and quantizers of the float, legacy (q4_0 ... q8_1)
- * and K-quant types. The IQ, ternary and mxfp4 dequantizers are in quant_iq.c.
+ * and K-quant types, and the mxfp4 quantizer. The IQ, ternary and mxfp4
+ * dequantizers are in quant_iq.c.
  * Everything here is plain C on purpose: it is the ground truth fast kernels are
  * compared with, so it must give the same bits in every build. */
 #include "quant.h"
@@ -47,7 +48,7 @@ static const bl_type_info_t type_table[BL_TYPE_COUNT] = {
     [BL_TYPE_BF16] = {"bf16", 1, 2, 1, 1},
     [BL_TYPE_TQ1_0] = {"tq1_0", BL_QK_K, sizeof(bl_block_tq1_0), 1, 0},
     [BL_TYPE_TQ2_0] = {"tq2_0", BL_QK_K, sizeof(bl_block_tq2_0), 1, 0},
-    [BL_TYPE_MXFP4] = {"mxfp4", BL_QK, sizeof(bl_block_mxfp4), 1, 0},
+    [BL_TYPE_MXFP4] = {"mxfp4", BL_QK, sizeof(bl_block_mxfp4), 1, 1},
 };
 
 const bl_type_info_t *bl_type_info(uint32_t type)
@@ -696,6 +697,51 @@ void bl_quantize_row_q6_K_ref(const float *src, void *dst, int64_t n)
     }
 }
 
+/* mxfp4 (32 values: an E8M0 exponent byte e, then 16 bytes of 4-bit E2M1 codes,
+ * value j in the low nibble of byte j and value j + 16 in the high one; value =
+ * E2M1(code) * 2^(e - 127), which bl_dequantize_row_mxfp4_ref computes as the
+ * doubled code times bl_e8m0_to_fp32_half(e) = 2^(e - 128)).
+ * The exponent follows the OCP MX rule llama.cpp's reference quantizer uses: with
+ * the block's largest magnitude amax = m 2^k (1 <= m < 2), the scale is 2^(k - 2),
+ * which puts amax in [4, 8) scale units, E2M1's top binade; magnitudes in [6, 8)
+ * units saturate to 6. Stored: e = k + 125, read off amax's float exponent bits
+ * (exact, where floor(log2f(amax)) can round 2^k - ulp up to k), clamped to 0 for
+ * amax below 2^-125 (such blocks are coarser: their steps stay 2^-128). Each value
+ * gets its nearest code; a tie goes to the smaller magnitude (llama.cpp's search
+ * keeps the first best), and a value within half the smallest step of zero to code
+ * 0 (+0), never 8 (-0).
+ * Not numbers: a NaN quantizes to 0 and does not enter amax; an Inf counts as
+ * FLT_MAX, so its block gets e = 252 and it decodes to +-6 * 2^125 (+-1.5 * 2^127,
+ * the largest finite magnitude mxfp4 holds), while its finite neighbours, far below
+ * that scale, mostly become 0. Deterministic; no float-to-int conversion can go out
+ * of range. */
+void bl_quantize_row_mxfp4_ref(const float *src, void *dst, int64_t n)
+{
+    /* Midpoints between consecutive doubled E2M1 magnitudes 0 1 2 3 4 6 8 12. */
+    static const double mid[7] = {0.5, 1.5, 2.5, 3.5, 5.0, 7.0, 10.0};
+    bl_block_mxfp4 *b = dst;
+    for (int64_t i = 0; i < n / BL_QK; i++, b++, src += BL_QK) {
+        const float amax = abs_max(src, BL_QK); /* NaN never compares above; Inf does */
+        int be = (int)((f32_bits(amax) >> 23) & 0xff); /* k + 127; 0 for 0 and subnormals */
+        if (be > 254)
+            be = 254; /* Inf: as FLT_MAX */
+        const int e = be < 2 ? 0 : be - 2;
+        b->e = (uint8_t)e;
+        /* |x| in units of the halved scale, exact: a power of two within double range */
+        const double inv = ldexp(1.0, 128 - e);
+        uint8_t c[BL_QK];
+        for (int j = 0; j < BL_QK; j++) {
+            const double v = fabs((double)src[j]) * inv; /* NaN stays NaN: code 0 */
+            int q = 0;
+            while (q < 7 && v > mid[q])
+                q++;
+            c[j] = (uint8_t)(q && src[j] < 0.0f ? q | 8 : q);
+        }
+        for (int j = 0; j < BL_QK / 2; j++)
+            b->qs[j] = (uint8_t)(c[j] | c[j + BL_QK / 2] << 4);
+    }
+}
+
 // --- dispatch ----------------------------------------------------------------------------
 
 typedef void (*dequant_fn)(const void *, float *, int64_t);
@@ -746,6 +792,7 @@ static quant_fn quant_for(bl_type_t type)
     case BL_TYPE_Q5_K: return bl_quantize_row_q5_K_ref;
     case BL_TYPE_Q6_K: return bl_quantize_row_q6_K_ref;
     case BL_TYPE_Q8_K: return bl_quantize_row_q8_K_ref;
+    case BL_TYPE_MXFP4: return bl_quantize_row_mxfp4_ref;
     default: return NULL;
     }
 }

@@ -75,7 +75,7 @@ int bl_dequantize_row_ref(bl_type_t type, const void *src, float *dst, int64_t n
 
 /* Reference quantizer: n floats (a multiple of the block size) into dst blocks.
  * Deterministic (same input, same bytes). Handles at least f32, f16, bf16, q8_0,
- * q4_K, q5_K, q6_K and q8_K; BL_ENOTSUP otherwise. */
+ * q4_K, q5_K, q6_K, q8_K and mxfp4; BL_ENOTSUP otherwise. */
 int bl_quantize_row_ref(bl_type_t type, const float *src, void *dst, int64_t n) BL_WUR;
 
 /* IEEE half and bfloat16 conversions (round to nearest even; NaN stays NaN). */
@@ -123,6 +123,9 @@ void bl_quantize_row_q4_K_ref(const float *src, void *dst, int64_t n);
 void bl_quantize_row_q5_K_ref(const float *src, void *dst, int64_t n);
 void bl_quantize_row_q6_K_ref(const float *src, void *dst, int64_t n);
 void bl_quantize_row_q8_K_ref(const float *src, void *dst, int64_t n);
+/* E8M0 exponent from the block's largest magnitude (OCP MX / llama.cpp rule), each
+ * value rounded to its nearest E2M1 code; NaN gives 0, Inf saturates (quant.c). */
+void bl_quantize_row_mxfp4_ref(const float *src, void *dst, int64_t n);
 
 /* The value of an MX E8M0 exponent byte halved, 2^(e - 128), as mxfp4 stores its
  * E2M1 table doubled (0xff, NaN in MX, gives 2^127 here as it does in GGUF tools).

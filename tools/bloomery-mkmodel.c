@@ -1,13 +1,16 @@
 /* bloomery-mkmodel: writes deterministic synthetic GGUF models of the qwen3moe,
- * qwen3, glm4moe and deepseek2 architectures (tensor names, shapes and keys as
- * llama.cpp's converter writes them and llama.cpp loads them; deepseek2's
+ * qwen3, glm4moe, deepseek2 and gpt-oss architectures (tensor names, shapes and keys
+ * as llama.cpp's converter writes them and llama.cpp loads them; deepseek2's
  * multi-head latent attention in the MLA form of today's converter or, with
- * --legacy-kv-b, the older attn_kv_b form; --preset gives the real shapes of
- * GLM-4.5, GLM-4.5-Air, DeepSeek-V3 or DeepSeek-V2-Lite), with random zero-mean
- * weights quantized by common/quant.c's reference quantizers, and either a small
- * built-in BPE vocabulary with the family's special tokens and chat template, or a
- * Hugging Face tokenizer folder; with --router-zipf, a qwen3moe router whose expert
- * choices follow a Zipf law per layer.
+ * --legacy-kv-b, the older attn_kv_b form; gpt-oss's attention biases and sinks,
+ * sliding-window layers, biased router and experts with biases, the experts in
+ * MXFP4 as in OpenAI's release; --preset gives the real shapes of GLM-4.5,
+ * GLM-4.5-Air, DeepSeek-V3, DeepSeek-V2-Lite, gpt-oss-20b or gpt-oss-120b), with
+ * random zero-mean weights quantized by common/quant.c's reference quantizers, and
+ * either a small built-in BPE vocabulary with the family's special tokens and chat
+ * template (gpt-oss: the harmony format), or a Hugging Face tokenizer folder; with
+ * --router-zipf, a qwen3moe router whose expert choices follow a Zipf law per
+ * layer.
  * Same flags and seed give the same bytes on every machine. */
 #include <errno.h>
 #include <math.h>
@@ -31,13 +34,14 @@
 #define MAX_THREADS 64
 #define ZIPF_CONST_CH 32 /* --router-zipf: channels of the constant (one q4_K sub-block) */
 
-enum { ARCH_QWEN3MOE, ARCH_QWEN3, ARCH_GLM4MOE, ARCH_DEEPSEEK2, ARCH_COUNT };
+enum { ARCH_QWEN3MOE, ARCH_QWEN3, ARCH_GLM4MOE, ARCH_DEEPSEEK2, ARCH_GPTOSS, ARCH_COUNT };
 
 /* Embedding rows of the real checkpoints, more than their tokenizers' ids: the
  * default --vocab with --tokenizer. */
 #define QWEN3_VOCAB_ROWS 151936
 #define GLM45_VOCAB_ROWS 151552
 #define DSV3_VOCAB_ROWS 129280
+#define GPTOSS_VOCAB_ROWS 201088
 
 /* What an architecture's files carry besides its tensors: the pre-tokenizer name,
  * the built-in vocabulary's family and the --tokenizer default rows. */
@@ -53,6 +57,7 @@ static const arch_info_t archs[ARCH_COUNT] = {
     [ARCH_QWEN3] = {"qwen3", "qwen2", MK_FAMILY_QWEN, QWEN3_VOCAB_ROWS},
     [ARCH_GLM4MOE] = {"glm4moe", "glm4", MK_FAMILY_GLM, GLM45_VOCAB_ROWS},
     [ARCH_DEEPSEEK2] = {"deepseek2", "deepseek-v3", MK_FAMILY_DEEPSEEK, DSV3_VOCAB_ROWS},
+    [ARCH_GPTOSS] = {"gpt-oss", "gpt-4o", MK_FAMILY_HARMONY, GPTOSS_VOCAB_ROWS},
 };
 
 /* The router of glm4moe and deepseek2: llama.cpp's expert_gating_func values. */
@@ -61,7 +66,9 @@ enum { GATING_SOFTMAX = 1, GATING_SIGMOID = 2 };
 /* The shapes of a real model (--preset); every field stands in for its flag when
  * the flag is not given. glm4moe's rotated dims are not listed: both GLM-4.5
  * models rotate half of each head, the default. The deepseek2 fields (q_lora
- * onwards) are left 0 for glm4moe, which ignores them. */
+ * onwards) are left 0 for glm4moe, which ignores them; n_swa is gpt-oss's alone
+ * (which rotates whole heads and has no dense, shared or NextN layers, and no
+ * expert_weights_scale unless --expert-scale asks for one). */
 typedef struct preset {
     const char *name;
     const char *note; /* follows a value the preset chose, in messages */
@@ -74,6 +81,7 @@ typedef struct preset {
     double yarn, yarn_log_mul; /* yarn: the YaRN factor, 0 for none */
     int64_t yarn_orig_ctx;
     int no_probs_bias;
+    int64_t n_swa; /* gpt-oss: the sliding window */
 } preset_t;
 
 static const preset_t presets[] = {
@@ -105,6 +113,17 @@ static const preset_t presets[] = {
      .n_q_lora = 0, .n_kv_lora = 512, .n_qk_nope = 128, .n_rot = 64, .n_v_head = 128,
      .n_group = 1, .n_group_used = 1, .yarn = 40, .yarn_orig_ctx = 4096, .yarn_log_mul = 0.0707,
      .no_probs_bias = 1},
+    /* gpt-oss-20b and gpt-oss-120b: alternating 128-token sliding and full layers */
+    {.name = "gpt-oss-20b", .note = " (the gpt-oss-20b preset's)", .arch = ARCH_GPTOSS,
+     .n_layer = 24, .n_embd = 2880, .n_head = 64, .n_head_kv = 8, .head_dim = 64, .n_ff = 2880,
+     .n_expert = 32, .n_expert_used = 4, .n_ff_exp = 2880, .n_vocab = GPTOSS_VOCAB_ROWS,
+     .n_ctx = 131072, .rope_base = 150000, .eps = 1e-5, .yarn = 32, .yarn_orig_ctx = 4096,
+     .n_swa = 128},
+    {.name = "gpt-oss-120b", .note = " (the gpt-oss-120b preset's)", .arch = ARCH_GPTOSS,
+     .n_layer = 36, .n_embd = 2880, .n_head = 64, .n_head_kv = 8, .head_dim = 64, .n_ff = 2880,
+     .n_expert = 128, .n_expert_used = 4, .n_ff_exp = 2880, .n_vocab = GPTOSS_VOCAB_ROWS,
+     .n_ctx = 131072, .rope_base = 150000, .eps = 1e-5, .yarn = 32, .yarn_orig_ctx = 4096,
+     .n_swa = 128},
 };
 
 /* Everything the flags decide. The *_set fields remember which flags were given,
@@ -136,8 +155,12 @@ typedef struct opts {
     int64_t n_q_lora, n_kv_lora, n_qk_nope, n_v_head, n_group, n_group_used, yarn_orig_ctx;
     double yarn, yarn_log_mul;
     int legacy_kv_b, no_probs_bias;
+    /* gpt-oss: sliding windows of n_swa keys in the layers i with i % swa_period <
+     * swa_period - 1; the routed experts' type */
+    int64_t n_swa, swa_period;
+    bl_type_t type_experts;
     const preset_t *preset;
-    int vocab_set, ff_set, attn_v_set, ffn_down_set, output_set, embd_set;
+    int vocab_set, ff_set, attn_v_set, ffn_down_set, output_set, embd_set, expert_scale_set;
 } opts_t;
 
 /* How a tensor's values are drawn. KIND_K_B and KIND_V_B: deepseek2's attn_k_b and
@@ -185,10 +208,13 @@ static void usage(FILE *f)
         "  -o, --output FILE      file to write (required)\n"
         "  --arch NAME            qwen3moe (default), qwen3 (dense), glm4moe (GLM-4.5:\n"
         "                         leading dense layers, then routed and shared experts;\n"
-        "                         attention biases, partial RoPE, NextN layers) or\n"
+        "                         attention biases, partial RoPE, NextN layers),\n"
         "                         deepseek2 (DeepSeek-V2/V3/R1: multi-head latent\n"
         "                         attention, leading dense layers, routed experts in\n"
-        "                         groups, shared experts, YaRN)\n"
+        "                         groups, shared experts, YaRN) or gpt-oss (OpenAI\n"
+        "                         gpt-oss: attention biases and sinks, sliding-window\n"
+        "                         and full layers in turn, routed experts with biases,\n"
+        "                         MXFP4 experts, the harmony chat format)\n"
         "  --preset NAME          a real model's shapes (implies its --arch); flags given\n"
         "                         as well override the preset's values, e.g. --layers 4\n"
         "                         --vocab 1024 for a cut-down file:\n"
@@ -226,39 +252,54 @@ static void usage(FILE *f)
         "                         --ctx 163840 --rope-base 10000 --eps 1e-6. The\n"
         "                         671B shape's MoE layers are 11G values each: cut\n"
         "                         --experts too for a small file\n"
+        "                           gpt-oss-20b  (gpt-oss) --layers 24 --experts 32\n"
+        "                           gpt-oss-120b (gpt-oss) --layers 36 --experts 128\n"
+        "                         both: --n-embd 2880 --heads 64 --kv-heads 8\n"
+        "                         --head-dim 64 --ff 2880 --expert-ff 2880\n"
+        "                         --experts-used 4 --swa 128 --yarn 32 --yarn-orig-ctx\n"
+        "                         4096 --vocab 201088 --ctx 131072 --rope-base 150000\n"
+        "                         --eps 1e-5 (--type q8_0, --type-experts mxfp4: the\n"
+        "                         20b file is about 12 GB)\n"
         "  --layers N             blocks the forward pass runs (default 4)\n"
         "  --n-embd N             embedding width (default 256)\n"
         "  --heads N              attention heads (default 4)\n"
         "  --kv-heads N           key/value heads, dividing --heads (default 2; not\n"
         "                         deepseek2: its heads are --qk-nope, --rope-dim and\n"
         "                         --v-head wide, key and value per query head)\n"
-        "  --head-dim N           width of one head, even (default 128; not deepseek2)\n"
+        "  --head-dim N           width of one head, even (default 128, gpt-oss 64; not\n"
+        "                         deepseek2)\n"
         "  --experts N            routed experts per layer, all but qwen3 (default 8)\n"
         "  --experts-used N       experts chosen per token, all but qwen3 (default 2)\n"
         "  --expert-ff N          expert FFN width, all but qwen3 (default 256)\n"
         "  --ff N                 dense FFN width: the FFN of qwen3, of the leading dense\n"
         "                         layers of glm4moe and deepseek2, metadata only for\n"
-        "                         qwen3moe (default 3 x --n-embd)\n"
+        "                         qwen3moe and gpt-oss (default 3 x --n-embd; gpt-oss\n"
+        "                         --expert-ff, as its converter writes)\n"
         "  --vocab N              tokens (rows of token_embd). Built-in vocabulary: default\n"
-        "                         1024, at least %d (glm4moe %d, deepseek2 %d); rows past\n"
-        "                         the tokens it learns are unused padding. With\n"
-        "                         --tokenizer: default the larger of the tokenizer's size\n"
-        "                         and the real checkpoints' embedding rows (Qwen3 %d,\n"
-        "                         GLM-4.5 %d, DeepSeek-V3 %d; a preset's --vocab)\n"
+        "                         1024, at least %d (glm4moe %d, deepseek2 %d, gpt-oss\n"
+        "                         %d); rows past the tokens it learns are unused\n"
+        "                         padding. With --tokenizer: default the larger of the\n"
+        "                         tokenizer's size and the real checkpoints' embedding\n"
+        "                         rows (Qwen3 %d, GLM-4.5 %d, DeepSeek-V3 %d,\n"
+        "                         gpt-oss %d; a preset's --vocab)\n"
         "  --ctx N                context_length (default 4096)\n"
-        "  --rope-base X          RoPE frequency base (default 1000000; deepseek2 10000)\n"
-        "  --eps X                RMS norm epsilon (default 1e-6)\n"
+        "  --rope-base X          RoPE frequency base (default 1000000; deepseek2 10000,\n"
+        "                         gpt-oss 150000)\n"
+        "  --eps X                RMS norm epsilon (default 1e-6; gpt-oss 1e-5)\n"
         "  --seed N               weight seed, decimal or 0x hex (default 1)\n"
         "  --type T               matrix type: f32, f16, bf16, q8_0, q4_K, q5_K, q6_K\n"
-        "                         (default q4_K). Norms, biases and the router are always\n"
-        "                         f32. glm4moe and deepseek2 store a K-quant matrix whose\n"
-        "                         rows are not whole 256-value blocks (GLM-4.5-Air's\n"
-        "                         widths 1408 and 10944, deepseek2's attn_k_b rows of\n"
-        "                         --qk-nope) as q8_0, as llama.cpp's quantizer falls back\n"
+        "                         (default q4_K; gpt-oss q8_0, and its routed experts\n"
+        "                         take --type-experts). Norms, biases, attention sinks\n"
+        "                         and the router are always f32. glm4moe, deepseek2 and\n"
+        "                         gpt-oss store a K-quant matrix whose rows are not\n"
+        "                         whole 256-value blocks (GLM-4.5-Air's widths 1408 and\n"
+        "                         10944, deepseek2's attn_k_b rows of --qk-nope,\n"
+        "                         gpt-oss's 2880) as q8_0, as llama.cpp's quantizer\n"
+        "                         falls back\n"
         "  --type-attn-v T        attn_v type, and deepseek2's attn_v_b or attn_kv_b\n"
         "                         (default q6_K when --type is q4_K or q5_K, else --type)\n"
         "  --type-ffn-down T      ffn_down / ffn_down_exps / ffn_down_shexp type (default\n"
-        "                         as --type-attn-v)\n"
+        "                         as --type-attn-v; gpt-oss: --type-experts)\n"
         "  --type-output T        output.weight type, and the NextN layers'\n"
         "                         nextn.shared_head_head (default as --type-attn-v)\n"
         "  --type-embd T          token_embd type, and the NextN layers'\n"
@@ -266,10 +307,12 @@ static void usage(FILE *f)
         "  --tokenizer DIR        take the vocabulary, merges, special tokens and chat\n"
         "                         template from DIR/tokenizer.json and\n"
         "                         DIR/tokenizer_config.json (a Qwen3 or, with glm4moe, a\n"
-        "                         GLM-4.5, with deepseek2 a DeepSeek-V3 tokenizer); the\n"
-        "                         pre-tokenizer is recorded as qwen2, glm4 for glm4moe,\n"
-        "                         deepseek-v3 for deepseek2\n"
-        "  --tied                 no output.weight: the head reuses token_embd\n"
+        "                         GLM-4.5, with deepseek2 a DeepSeek-V3, with gpt-oss a\n"
+        "                         gpt-oss tokenizer); the pre-tokenizer is recorded as\n"
+        "                         qwen2, glm4 for glm4moe, deepseek-v3 for deepseek2,\n"
+        "                         gpt-4o for gpt-oss (whose eom is then <|call|>)\n"
+        "  --tied                 no output.weight: the head reuses token_embd (not\n"
+        "                         gpt-oss, whose files always carry output.weight)\n"
         "  --threads N            threads quantizing weights (default: online CPUs, at\n"
         "                         most %d); the file does not depend on it\n"
         "  --router-zipf S        qwen3moe: route each token to k experts drawn without\n"
@@ -288,7 +331,9 @@ static void usage(FILE *f)
         "  --rope-dim N           dims of each head RoPE rotates, even: glm4moe\n"
         "                         2..--head-dim (default --head-dim / 2); deepseek2 the\n"
         "                         rotated part after --qk-nope (default 16)\n"
-        "  --expert-scale X       factor on the routed experts' weights (default 1)\n"
+        "  --expert-scale X       factor on the routed experts' weights (default 1; also\n"
+        "                         gpt-oss, which writes expert_weights_scale only when\n"
+        "                         this is given)\n"
         "  --gating G             the router's scores: sigmoid (default) or softmax\n"
         "  --no-expert-norm       leave the chosen experts' weights undivided by their sum\n"
         "\n"
@@ -316,17 +361,31 @@ static void usage(FILE *f)
         "  --no-probs-bias        no exp_probs_b selection bias (written by default with\n"
         "                         sigmoid gating; never with softmax)\n"
         "  --yarn F               YaRN context extension by F > 1: rope.scaling.type yarn\n"
-        "                         and its factor (default none; 0: none)\n"
+        "                         and its factor (default none; 0: none); also gpt-oss,\n"
+        "                         with no log multiplier\n"
         "  --yarn-orig-ctx N      rope.scaling.original_context_length, with --yarn\n"
-        "                         (default 4096)\n"
+        "                         (default 4096); also gpt-oss\n"
         "  --yarn-log-mul X       rope.scaling.yarn_log_multiplier as stored (0.1 x\n"
         "                         mscale_all_dim, as the converter writes it), with --yarn\n"
         "                         (default 0.1)\n"
+        "\n"
+        "gpt-oss only (also --expert-scale, --yarn and --yarn-orig-ctx above):\n"
+        "  --swa N                the sliding window: a sliding layer's query sees the N\n"
+        "                         latest keys, its own included (default 4, so that a\n"
+        "                         short prompt crosses it; the presets 128)\n"
+        "  --swa-period P         layer i slides when i %% P < P - 1, the others attend\n"
+        "                         to everything (default 2: even layers slide; written\n"
+        "                         as attention.sliding_window_pattern when not 2; 1:\n"
+        "                         no sliding layer)\n"
+        "  --type-experts T       the routed experts' type: mxfp4 (default, as OpenAI\n"
+        "                         ships them), f32, f16, bf16 or q8_0; ffn_down_exps\n"
+        "                         too unless --type-ffn-down is given\n"
         "  -h, --help             this text\n"
         "\n"
         "Exit status: 0 written, 1 a file could not be read or written, 2 bad flags.\n",
         MK_VOCAB_BUILTIN_MIN, MK_VOCAB_BUILTIN_MIN_GLM, MK_VOCAB_BUILTIN_MIN_DEEPSEEK,
-        QWEN3_VOCAB_ROWS, GLM45_VOCAB_ROWS, DSV3_VOCAB_ROWS, MAX_THREADS, ZIPF_CONST_CH);
+        MK_VOCAB_BUILTIN_MIN_HARMONY, QWEN3_VOCAB_ROWS, GLM45_VOCAB_ROWS, DSV3_VOCAB_ROWS,
+        GPTOSS_VOCAB_ROWS, MAX_THREADS, ZIPF_CONST_CH);
 }
 
 static int flag_error(const char *fmt, ...) BL_PRINTF(1, 2);
@@ -359,6 +418,21 @@ static int parse_type(void *ud, const char *arg, bl_err_t *err)
                       arg);
 }
 
+/* gpt-oss's routed experts: MXFP4 as released, or a plain type to compare with. */
+static int parse_type_experts(void *ud, const char *arg, bl_err_t *err)
+{
+    static const bl_type_t ok[] = {BL_TYPE_MXFP4, BL_TYPE_F32, BL_TYPE_F16, BL_TYPE_BF16,
+                                   BL_TYPE_Q8_0};
+    bl_type_t t;
+    if (bl_type_from_name(arg, &t) == 0)
+        for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+            if (ok[i] == t) {
+                *(bl_type_t *)ud = t;
+                return 0;
+            }
+    return bl_err_set(err, BL_EINVAL, "'%.32s' is not one of mxfp4, f32, f16, bf16, q8_0", arg);
+}
+
 static int parse_arch(void *ud, const char *arg, bl_err_t *err)
 {
     for (int a = 0; a < ARCH_COUNT; a++)
@@ -366,7 +440,8 @@ static int parse_arch(void *ud, const char *arg, bl_err_t *err)
             *(int *)ud = a;
             return 0;
         }
-    return bl_err_set(err, BL_EINVAL, "'%.32s' is not qwen3moe, qwen3, glm4moe or deepseek2", arg);
+    return bl_err_set(err, BL_EINVAL,
+                      "'%.32s' is not qwen3moe, qwen3, glm4moe, deepseek2 or gpt-oss", arg);
 }
 
 static int parse_preset(void *ud, const char *arg, bl_err_t *err)
@@ -377,7 +452,8 @@ static int parse_preset(void *ud, const char *arg, bl_err_t *err)
             return 0;
         }
     return bl_err_set(err, BL_EINVAL,
-                      "'%.32s' is not glm-4.5-air, glm-4.5, deepseek-v3 or deepseek-v2-lite", arg);
+                      "'%.32s' is not glm-4.5-air, glm-4.5, deepseek-v3, deepseek-v2-lite, "
+                      "gpt-oss-20b or gpt-oss-120b", arg);
 }
 
 static int parse_gating(void *ud, const char *arg, bl_err_t *err)
@@ -416,6 +492,8 @@ enum {
     /* deepseek2 only */
     A_Q_LORA, A_KV_LORA, A_QK_NOPE, A_V_HEAD, A_LEGACY_KV_B, A_GROUPS, A_GROUPS_USED,
     A_NO_PROBS_BIAS, A_YARN, A_YARN_ORIG_CTX, A_YARN_LOG_MUL,
+    /* gpt-oss only */
+    A_SWA, A_SWA_PERIOD, A_TYPE_EXPERTS,
     A_COUNT
 };
 
@@ -425,8 +503,9 @@ enum {
 #define F_QWEN3 (1u << ARCH_QWEN3)
 #define F_GLM4MOE (1u << ARCH_GLM4MOE)
 #define F_DEEPSEEK2 (1u << ARCH_DEEPSEEK2)
-#define F_MOE (F_QWEN3MOE | F_GLM4MOE | F_DEEPSEEK2)
-#define F_GQA (F_QWEN3MOE | F_QWEN3 | F_GLM4MOE)
+#define F_GPTOSS (1u << ARCH_GPTOSS)
+#define F_MOE (F_QWEN3MOE | F_GLM4MOE | F_DEEPSEEK2 | F_GPTOSS)
+#define F_GQA (F_QWEN3MOE | F_QWEN3 | F_GLM4MOE | F_GPTOSS)
 static const unsigned flag_archs[A_COUNT] = {
     [A_KV_HEADS] = F_GQA, [A_HEAD_DIM] = F_GQA,
     [A_EXPERTS] = F_MOE, [A_EXPERTS_USED] = F_MOE, [A_EXPERT_FF] = F_MOE,
@@ -435,13 +514,15 @@ static const unsigned flag_archs[A_COUNT] = {
     [A_ROUTER_ZIPF] = F_QWEN3MOE,
     [A_NEXTN] = F_GLM4MOE | F_DEEPSEEK2, [A_DENSE_LEAD] = F_GLM4MOE | F_DEEPSEEK2,
     [A_SHARED] = F_GLM4MOE | F_DEEPSEEK2, [A_ROPE_DIM] = F_GLM4MOE | F_DEEPSEEK2,
-    [A_EXPERT_SCALE] = F_GLM4MOE | F_DEEPSEEK2, [A_GATING] = F_GLM4MOE | F_DEEPSEEK2,
+    [A_EXPERT_SCALE] = F_GLM4MOE | F_DEEPSEEK2 | F_GPTOSS, [A_GATING] = F_GLM4MOE | F_DEEPSEEK2,
     [A_NO_EXPERT_NORM] = F_GLM4MOE | F_DEEPSEEK2,
     [A_QK_NORM] = F_GLM4MOE,
     [A_Q_LORA] = F_DEEPSEEK2, [A_KV_LORA] = F_DEEPSEEK2, [A_QK_NOPE] = F_DEEPSEEK2,
     [A_V_HEAD] = F_DEEPSEEK2, [A_LEGACY_KV_B] = F_DEEPSEEK2, [A_GROUPS] = F_DEEPSEEK2,
-    [A_GROUPS_USED] = F_DEEPSEEK2, [A_NO_PROBS_BIAS] = F_DEEPSEEK2, [A_YARN] = F_DEEPSEEK2,
-    [A_YARN_ORIG_CTX] = F_DEEPSEEK2, [A_YARN_LOG_MUL] = F_DEEPSEEK2,
+    [A_GROUPS_USED] = F_DEEPSEEK2, [A_NO_PROBS_BIAS] = F_DEEPSEEK2,
+    [A_YARN] = F_DEEPSEEK2 | F_GPTOSS, [A_YARN_ORIG_CTX] = F_DEEPSEEK2 | F_GPTOSS,
+    [A_YARN_LOG_MUL] = F_DEEPSEEK2,
+    [A_SWA] = F_GPTOSS, [A_SWA_PERIOD] = F_GPTOSS, [A_TYPE_EXPERTS] = F_GPTOSS,
 };
 
 /* "--flag applies to --arch a, b and c only" for a flag of set m. */
@@ -500,7 +581,19 @@ static void apply_preset(opts_t *o, const bl_arg_t *args)
     P(A_YARN, yarn);
     P(A_YARN_ORIG_CTX, yarn_orig_ctx);
     P(A_YARN_LOG_MUL, yarn_log_mul);
+    P(A_SWA, n_swa);
 #undef P
+}
+
+/* The YaRN flags of deepseek2 and gpt-oss. */
+static int check_yarn(const opts_t *o, const bl_arg_t *args)
+{
+    if (o->yarn != 0 && o->yarn <= 1)
+        return flag_error("--yarn %g: give a factor above 1, or 0 for none", o->yarn);
+    if (o->yarn == 0 && (args[A_YARN_ORIG_CTX].seen || args[A_YARN_LOG_MUL].seen))
+        return flag_error("%s applies with --yarn only",
+                          args[A_YARN_ORIG_CTX].seen ? "--yarn-orig-ctx" : "--yarn-log-mul");
+    return 0;
 }
 
 /* The deepseek2 rules (the shared MoE ones are checked before). */
@@ -529,13 +622,8 @@ static int check_deepseek2(opts_t *o, const bl_arg_t *args)
                           BY_PRESET(A_EXPERTS_USED), (long long)(o->n_group_used * per_group),
                           (long long)o->n_group_used, BY_PRESET(A_GROUPS_USED),
                           (long long)per_group);
-    if (o->yarn != 0 && o->yarn <= 1)
-        return flag_error("--yarn %g: give a factor above 1, or 0 for none", o->yarn);
-    if (o->yarn == 0 && (args[A_YARN_ORIG_CTX].seen || args[A_YARN_LOG_MUL].seen))
-        return flag_error("%s applies with --yarn only",
-                          args[A_YARN_ORIG_CTX].seen ? "--yarn-orig-ctx" : "--yarn-log-mul");
 #undef BY_PRESET
-    return 0;
+    return check_yarn(o, args);
 }
 
 /* Parses argv into o. Returns 0, -1 after --help (exit 0), or EXIT_USAGE. */
@@ -549,6 +637,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         .expert_scale = 1.0,
         .n_q_lora = 64, .n_kv_lora = 64, .n_qk_nope = 32, .n_v_head = 32, .n_group = 1,
         .n_group_used = 1, .yarn_orig_ctx = 4096, .yarn_log_mul = 0.1,
+        .n_swa = 4, .swa_period = 2, .type_experts = BL_TYPE_MXFP4,
     };
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     o->n_threads = ncpu < 1 ? 1 : ncpu > MAX_THREADS ? MAX_THREADS : ncpu;
@@ -603,6 +692,10 @@ static int parse_args(int argc, char **argv, opts_t *o)
                              UINT32_MAX},
         [A_YARN_LOG_MUL] = {"--yarn-log-mul", NULL, BL_ARG_F64, &o->yarn_log_mul, .fmin = 0,
                             .fmax = 10},
+        [A_SWA] = {"--swa", NULL, BL_ARG_I64, &o->n_swa, 1, UINT32_MAX},
+        [A_SWA_PERIOD] = {"--swa-period", NULL, BL_ARG_I64, &o->swa_period, 1, 4096},
+        [A_TYPE_EXPERTS] = {"--type-experts", NULL, BL_ARG_FN, NULL, .fn = parse_type_experts,
+                            .ud = &o->type_experts},
     };
     int help = 0;
     bl_err_t err = {0};
@@ -624,7 +717,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         o->arch = o->preset->arch;
         apply_preset(o, args);
     }
-    const int ds = o->arch == ARCH_DEEPSEEK2;
+    const int ds = o->arch == ARCH_DEEPSEEK2, oss = o->arch == ARCH_GPTOSS;
     /* deepseek2's defaults where they differ from glm4moe's: no NextN layer (the
      * converter drops DeepSeek-V3's), DeepSeek's RoPE base and rotated dims */
     if (ds && !o->preset) {
@@ -635,6 +728,18 @@ static int parse_args(int argc, char **argv, opts_t *o)
         if (!args[A_ROPE_DIM].seen)
             o->n_rot = 16;
     }
+    /* gpt-oss's defaults: the real models' RoPE base, epsilon and head width, and
+     * q8_0 matrices beside the MXFP4 experts, as in the converted release */
+    if (oss && !o->preset) {
+        if (!args[A_ROPE_BASE].seen)
+            o->rope_base = 150000;
+        if (!args[A_EPS].seen)
+            o->eps = 1e-5;
+        if (!args[A_HEAD_DIM].seen)
+            o->head_dim = 64;
+    }
+    if (oss && !args[A_TYPE].seen)
+        o->type = BL_TYPE_Q8_0;
     /* Notes a value the preset chose (the flag was not given), for messages. */
 #define BY_PRESET(a) (o->preset && !args[a].seen ? o->preset->note : "")
     o->ff_set = args[A_FF].seen || o->preset;
@@ -643,8 +748,12 @@ static int parse_args(int argc, char **argv, opts_t *o)
     o->ffn_down_set = args[A_TYPE_FFN_DOWN].seen;
     o->output_set = args[A_TYPE_OUTPUT].seen;
     o->embd_set = args[A_TYPE_EMBD].seen;
+    o->expert_scale_set = args[A_EXPERT_SCALE].seen;
 
-    /* Cross-flag rules. */
+    /* Cross-flag rules. gpt-oss always has its own head (llama.cpp requires
+     * output.weight). */
+    if (oss && o->tied)
+        return flag_error("--tied: gpt-oss files always carry their own output.weight");
     for (int i = 0; i < A_COUNT; i++)
         if (args[i].seen && flag_archs[i] && !((flag_archs[i] >> o->arch) & 1))
             return arch_error(args[i].names, flag_archs[i]);
@@ -685,6 +794,10 @@ static int parse_args(int argc, char **argv, opts_t *o)
     int rc;
     if (ds && (rc = check_deepseek2(o, args)))
         return rc;
+    if (oss && (rc = check_yarn(o, args)))
+        return rc;
+    if (oss)
+        o->n_rot = o->head_dim; /* RoPE turns whole heads */
     /* The skewed router reserves a channel per expert and the constant's channels,
      * which the blocks may not write; half the width stays theirs. */
     if (o->router_zipf > 0 && 2 * (o->n_expert + ZIPF_CONST_CH) > o->n_embd)
@@ -700,7 +813,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
                           (long long)o->n_vocab, BY_PRESET(A_VOCAB), mk_vocab_builtin_min(fam));
 #undef BY_PRESET
     if (!o->ff_set)
-        o->n_ff = 3 * o->n_embd;
+        o->n_ff = oss ? o->n_ff_exp : 3 * o->n_embd;
 
     /* Role types: K-quant files keep the most sensitive matrices at q6_K, as the
      * usual Q4_K_M / Q5_K_M mixes do; other types apply everywhere. */
@@ -710,6 +823,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
     if (!o->ffn_down_set) o->type_ffn_down = sensitive;
     if (!o->output_set) o->type_output = sensitive;
     if (!o->embd_set) o->type_embd = o->type;
+    if (oss && !o->ffn_down_set) o->type_ffn_down = o->type_experts;
     return 0;
 }
 
@@ -940,10 +1054,71 @@ static int add_deepseek2_block(const opts_t *o, tlist_t *L, int64_t i)
     return rc;
 }
 
-/* glm4moe and deepseek2 store a K-quant matrix whose rows are not whole 256-value
- * blocks as q8_0, as llama.cpp's quantizer does for GLM-4.5-Air's widths 1408 and
- * 10944 or DeepSeek's attn_k_b rows of 128 (it takes q8_0 for q6_K and q5_0 / q5_1
- * for q4_K / q5_K, which this tool does not write). A row that fits no 32-value
+/* gpt-oss's vectors: the attention sinks spread like the scores they compete with
+ * (about 1), so that a head's sink takes a visible share of its weights; the router
+ * bias moves some choices (as exp_probs_b does); the expert biases are small like
+ * the attention ones. */
+#define SINK_STD 0.5
+#define ROUTER_BIAS_STD 0.05
+#define EXPERT_BIAS_STD 0.02
+
+/* Block i of a gpt-oss file: attention with biases on q, k, v and the output and
+ * one sink logit per head, post_attention_norm as the FFN's input norm, the router
+ * and its bias, and the routed experts, each matrix with a bias per expert. The
+ * experts take --type-experts (MXFP4 by default, as released; ffn_down_exps
+ * --type-ffn-down when given), the rest --type and its role flags. Scales as
+ * build_tensors says. */
+static int add_gptoss_block(const opts_t *o, tlist_t *L, int64_t i)
+{
+    const int64_t E = o->n_embd, H = o->head_dim;
+    const int64_t QD = o->n_head * H, KD = o->n_head_kv * H;
+    const int64_t X = o->n_expert, FE = o->n_ff_exp;
+    const double inv_e = 1.0 / sqrt((double)E);
+    const bl_type_t f32 = BL_TYPE_F32;
+    const char *tf = "--type";
+    const char *v_flag = o->attn_v_set ? "--type-attn-v" : "--type";
+    const char *x_flag = "--type-experts";
+    const char *d_flag = o->ffn_down_set ? "--type-ffn-down" : "--type-experts";
+    char nm[BL_GW_MAX_NAME + 1];
+    int rc = 0;
+#define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%lld." suffix, (long long)i), nm)
+    rc |= add_t(L, BLK("attn_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+    rc |= add_t(L, BLK("attn_q.weight"), 2, E, QD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
+    rc |= add_t(L, BLK("attn_q.bias"), 1, QD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
+    rc |= add_t(L, BLK("attn_k.weight"), 2, E, KD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
+    rc |= add_t(L, BLK("attn_k.bias"), 1, KD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
+    rc |= add_t(L, BLK("attn_v.weight"), 2, E, KD, 1, o->type_attn_v, KIND_MAT, inv_e,
+                "--n-embd", v_flag);
+    rc |= add_t(L, BLK("attn_v.bias"), 1, KD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
+    rc |= add_t(L, BLK("attn_output.weight"), 2, QD, E, 1, o->type, KIND_MAT,
+                1.0 / sqrt((double)QD), "--heads x --head-dim", tf);
+    rc |= add_t(L, BLK("attn_output.bias"), 1, E, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
+    rc |= add_t(L, BLK("attn_sinks.weight"), 1, o->n_head, 1, 1, f32, KIND_MAT, SINK_STD, NULL,
+                NULL);
+    rc |= add_t(L, BLK("post_attention_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+    rc |= add_t(L, BLK("ffn_gate_inp.weight"), 2, E, X, 1, f32, KIND_MAT, 2 * inv_e, NULL, NULL);
+    rc |= add_t(L, BLK("ffn_gate_inp.bias"), 1, X, 1, 1, f32, KIND_MAT, ROUTER_BIAS_STD, NULL,
+                NULL);
+    rc |= add_t(L, BLK("ffn_gate_exps.weight"), 3, E, FE, X, o->type_experts, KIND_MAT, inv_e,
+                "--n-embd", x_flag);
+    rc |= add_t(L, BLK("ffn_gate_exps.bias"), 2, FE, X, 1, f32, KIND_MAT, EXPERT_BIAS_STD, NULL,
+                NULL);
+    rc |= add_t(L, BLK("ffn_up_exps.weight"), 3, E, FE, X, o->type_experts, KIND_MAT, inv_e,
+                "--n-embd", x_flag);
+    rc |= add_t(L, BLK("ffn_up_exps.bias"), 2, FE, X, 1, f32, KIND_MAT, EXPERT_BIAS_STD, NULL,
+                NULL);
+    rc |= add_t(L, BLK("ffn_down_exps.weight"), 3, FE, E, X, o->type_ffn_down, KIND_MAT,
+                1.0 / sqrt((double)FE), "--expert-ff", d_flag);
+    rc |= add_t(L, BLK("ffn_down_exps.bias"), 2, E, X, 1, f32, KIND_MAT, EXPERT_BIAS_STD, NULL,
+                NULL);
+#undef BLK
+    return rc;
+}
+
+/* glm4moe, deepseek2 and gpt-oss store a K-quant matrix whose rows are not whole
+ * 256-value blocks as q8_0, as llama.cpp's quantizer does for GLM-4.5-Air's widths
+ * 1408 and 10944, DeepSeek's attn_k_b rows of 128 or gpt-oss's 2880 (it takes q8_0
+ * for q6_K and q5_0 / q5_1 for q4_K / q5_K, which this tool does not write). A row that fits no 32-value
  * block either keeps its type, so that check_blocks names the flag that set it. */
 static void kquant_fallback_types(tlist_t *L)
 {
@@ -1001,6 +1176,13 @@ static int build_tensors(const opts_t *o, tlist_t *L)
     if (o->arch == ARCH_DEEPSEEK2) {
         for (int64_t i = 0; i < o->n_layer + o->n_nextn && !rc; i++)
             rc |= add_deepseek2_block(o, L, i);
+        if (!rc)
+            kquant_fallback_types(L);
+        return rc ? BL_ENOMEM : 0;
+    }
+    if (o->arch == ARCH_GPTOSS) {
+        for (int64_t i = 0; i < o->n_layer && !rc; i++)
+            rc |= add_gptoss_block(o, L, i);
         if (!rc)
             kquant_fallback_types(L);
         return rc ? BL_ENOMEM : 0;
@@ -1373,7 +1555,9 @@ static int fill_tensor(void *ud, bl_gguf_writer_t *w, size_t i, bl_err_t *err)
 /* --- metadata -------------------------------------------------------------------------- */
 
 /* general.file_type: llama.cpp's name for the file's main type (LLAMA_FTYPE_*);
- * the q4_K and q5_K mixes with q6_K for the sensitive matrices are its _M kinds. */
+ * the q4_K and q5_K mixes with q6_K for the sensitive matrices are its _M kinds.
+ * A gpt-oss file with MXFP4 experts is MOSTLY_MXFP4_MOE (write_metadata). */
+#define FTYPE_MXFP4_MOE 38
 static uint32_t file_type(bl_type_t t)
 {
     switch (t) {
@@ -1392,6 +1576,9 @@ static int write_metadata(bl_gguf_writer_t *w, const opts_t *o, const mk_vocab_t
 {
     const char *arch = archs[o->arch].name;
     const int glm = o->arch == ARCH_GLM4MOE, ds = o->arch == ARCH_DEEPSEEK2;
+    const int oss = o->arch == ARCH_GPTOSS;
+    const uint32_t ftype = oss && o->type_experts == BL_TYPE_MXFP4 ? FTYPE_MXFP4_MOE
+                                                                    : file_type(o->type);
     /* deepseek2's attention keys: the latent cache's one head of kv_lora + n_rot
      * (MLA form), or the decompressed heads (legacy form) */
     const int64_t hk = o->n_qk_nope + o->n_rot;
@@ -1408,7 +1595,7 @@ static int write_metadata(bl_gguf_writer_t *w, const opts_t *o, const mk_vocab_t
     if ((rc = bl_gw_set_str(w, "general.architecture", arch, err)) ||
         (rc = bl_gw_set_str(w, "general.name", name, err)) ||
         (rc = bl_gw_set_u32(w, "general.alignment", BL_GGUF_DEFAULT_ALIGNMENT, err)) ||
-        (rc = bl_gw_set_u32(w, "general.file_type", file_type(o->type), err)) ||
+        (rc = bl_gw_set_u32(w, "general.file_type", ftype, err)) ||
         (rc = bl_gw_set_u32(w, "general.quantization_version", 2, err)) ||
         (rc = bl_gw_set_u32(w, K("block_count"),
                             (uint32_t)(o->n_layer + (glm || ds ? o->n_nextn : 0)), err)) ||
@@ -1463,6 +1650,27 @@ static int write_metadata(bl_gguf_writer_t *w, const opts_t *o, const mk_vocab_t
                                  (uint32_t)o->yarn_orig_ctx, err)) ||
              (rc = bl_gw_set_f32(w, K("rope.scaling.yarn_log_multiplier"),
                                  (float)o->yarn_log_mul, err))))
+            return rc;
+    }
+    /* gpt-oss: whole heads rotated; the window, and its period when not the usual
+     * 2; expert_weights_scale only when asked for (absent: no scaling); YaRN
+     * without a log multiplier */
+    if (oss) {
+        if ((rc = bl_gw_set_u32(w, K("rope.dimension_count"), (uint32_t)o->n_rot, err)) ||
+            (rc = bl_gw_set_u32(w, K("attention.sliding_window"), (uint32_t)o->n_swa, err)))
+            return rc;
+        if (o->swa_period != 2 &&
+            (rc = bl_gw_set_u32(w, K("attention.sliding_window_pattern"),
+                                (uint32_t)o->swa_period, err)))
+            return rc;
+        if (o->expert_scale_set &&
+            (rc = bl_gw_set_f32(w, K("expert_weights_scale"), (float)o->expert_scale, err)))
+            return rc;
+        if (o->yarn > 0 &&
+            ((rc = bl_gw_set_str(w, K("rope.scaling.type"), "yarn", err)) ||
+             (rc = bl_gw_set_f32(w, K("rope.scaling.factor"), (float)o->yarn, err)) ||
+             (rc = bl_gw_set_u32(w, K("rope.scaling.original_context_length"),
+                                 (uint32_t)o->yarn_orig_ctx, err))))
             return rc;
     }
 #undef K
@@ -1541,6 +1749,8 @@ int main(int argc, char **argv)
             o.n_vocab = (int64_t)v.n > rows ? (int64_t)v.n : rows;
         if (o.arch == ARCH_GLM4MOE)
             mk_vocab_glm_ids(&v);
+        if (o.arch == ARCH_GPTOSS)
+            mk_vocab_harmony_ids(&v);
         if ((size_t)o.n_vocab < v.n) {
             status = flag_error("--vocab %lld is smaller than the %zu tokens of %s",
                                 (long long)o.n_vocab, v.n, o.tok_dir);
@@ -1604,12 +1814,15 @@ int main(int argc, char **argv)
     if (bl_gw_write_file(w, o.out, fill_tensor, &g, &err))
         goto fail;
 
-    char nextn[32] = "";
+    char layers[64] = "";
     if (o.arch == ARCH_GLM4MOE || o.arch == ARCH_DEEPSEEK2)
-        snprintf(nextn, sizeof nextn, " + %lld NextN", (long long)o.n_nextn);
+        snprintf(layers, sizeof layers, " + %lld NextN", (long long)o.n_nextn);
+    if (o.arch == ARCH_GPTOSS)
+        snprintf(layers, sizeof layers, " (sliding window %lld, period %lld)",
+                 (long long)o.n_swa, (long long)o.swa_period);
     printf("wrote %s: %s, %lld layers%s, n_embd %lld, %zu tokens, %zu tensors, %.2fM parameters, "
            "%llu bytes in %.2f s\n",
-           o.out, archs[o.arch].name, (long long)o.n_layer, nextn, (long long)o.n_embd, v.n, L.n,
+           o.out, archs[o.arch].name, (long long)o.n_layer, layers, (long long)o.n_embd, v.n, L.n,
            (double)n_params / 1e6, (unsigned long long)bl_gw_bytes_written(w), now_s() - t0);
     status = 0;
 fail:

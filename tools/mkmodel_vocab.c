@@ -1,7 +1,7 @@
 /* Vocabularies for bloomery-mkmodel (see mkmodel_vocab.h): GPT-2's byte-to-unicode
  * mapping, a greedy BPE learner over a built-in text, the built-in chat templates
- * and special tokens of the Qwen3, GLM-4.5 and DeepSeek-V3 families, and the reader
- * for Hugging Face tokenizer folders. */
+ * and special tokens of the Qwen3, GLM-4.5, DeepSeek-V3 and gpt-oss families, and
+ * the reader for Hugging Face tokenizer folders. */
 #include "mkmodel_vocab.h"
 
 #include <jansson.h>
@@ -293,6 +293,142 @@ static const char deepseek_template[] =
     "{%- endif %}\n"
     "{%- endif %}\n";
 
+/* gpt-oss (harmony) chat template for the built-in vocabulary. Every message is
+ * <|start|>AUTHOR[<|channel|>CHANNEL][ to=RECIPIENT]<|message|>TEXT and an end tag.
+ * A system message of this tool's wording comes first (the reasoning effort when
+ * the request gives one, the valid channels), then a developer message when there
+ * are instructions (every system or developer message's text, in order) or tools
+ * (each function as a TypeScript-like type in a "functions" namespace: its
+ * description, then its parameters by their JSON schema types, "?" marking the
+ * optional ones, enums as unions of their JSON values). User turns are plain
+ * messages. A past assistant answer is a final-channel message; the reasoning of
+ * the assistant messages after the last user turn (the turn in progress, its calls
+ * included) goes before them as an analysis message, earlier reasoning is dropped.
+ * A call is a commentary message to=functions.NAME with json arguments ended by
+ * <|call|> (text beside the calls a commentary message before them); a tool's
+ * result comes from functions.NAME (by the message's name, else the call its
+ * tool_call_id names, else the calls in order) to the assistant. The generation
+ * prompt is <|start|>assistant, the model writing the channel itself. The server
+ * recognises harmony by the template's "<|channel|>". Only the constructs
+ * router/template*.c implements are used. */
+static const char harmony_template[] =
+    "{%- set ns = namespace(last_user=-1, instructions='', calls=[], k=0, name='') %}\n"
+    "{%- for m in messages %}\n"
+    "{%- if m.role == 'user' %}\n"
+    "{%- set ns.last_user = loop.index0 %}\n"
+    "{%- elif m.role in ['system', 'developer'] and m.content is string %}\n"
+    "{%- set ns.instructions = ns.instructions + ('\\n\\n' if ns.instructions else '') + "
+    "m.content %}\n"
+    "{%- endif %}\n"
+    "{%- endfor %}\n"
+    "{{- '<|start|>system<|message|>You are a small synthetic model; your weights are "
+    "random, so what you write means nothing.' }}\n"
+    "{%- if reasoning_effort is defined and reasoning_effort %}\n"
+    "{{- '\\nReasoning: ' + reasoning_effort }}\n"
+    "{%- endif %}\n"
+    "{{- '\\n\\n# Valid channels: analysis, commentary, final. Channel must be included for "
+    "every message.' }}\n"
+    "{%- if tools %}\n"
+    "{{- '\\nFunction calls belong in the commentary channel.' }}\n"
+    "{%- endif %}\n"
+    "{{- '<|end|>' }}\n"
+    "{%- if ns.instructions or tools %}\n"
+    "{{- '<|start|>developer<|message|>' }}\n"
+    "{%- if ns.instructions %}\n"
+    "{{- '# Instructions\\n\\n' + ns.instructions }}\n"
+    "{%- if tools %}\n"
+    "{{- '\\n\\n' }}\n"
+    "{%- endif %}\n"
+    "{%- endif %}\n"
+    "{%- if tools %}\n"
+    "{{- '# Tools\\n\\n## functions\\n\\nnamespace functions {\\n' }}\n"
+    "{%- for tool in tools %}\n"
+    "{%- set f = tool.function if tool.function is defined else tool %}\n"
+    "{{- '\\n' }}\n"
+    "{%- if f.description is defined and f.description %}\n"
+    "{{- '// ' + f.description + '\\n' }}\n"
+    "{%- endif %}\n"
+    "{%- set params = f.parameters if f.parameters is defined and f.parameters else {} %}\n"
+    "{%- set props = params.properties if params.properties is defined else {} %}\n"
+    "{%- set required = params.required if params.required is defined else [] %}\n"
+    "{%- if props %}\n"
+    "{{- 'type ' + f.name + ' = (_: {\\n' }}\n"
+    "{%- for pname, p in props.items() %}\n"
+    "{%- if p.description is defined and p.description %}\n"
+    "{{- '// ' + p.description + '\\n' }}\n"
+    "{%- endif %}\n"
+    "{{- pname + ('' if pname in required else '?') + ': ' }}\n"
+    "{%- if p.enum is defined %}\n"
+    "{%- for e in p.enum %}\n"
+    "{{- (' | ' if not loop.first else '') + (e | tojson) }}\n"
+    "{%- endfor %}\n"
+    "{%- elif p.type is defined and p.type in ['integer', 'number'] %}\n"
+    "{{- 'number' }}\n"
+    "{%- elif p.type is defined and p.type in ['string', 'boolean', 'object'] %}\n"
+    "{{- p.type }}\n"
+    "{%- elif p.type is defined and p.type == 'array' %}\n"
+    "{{- 'any[]' }}\n"
+    "{%- else %}\n"
+    "{{- 'any' }}\n"
+    "{%- endif %}\n"
+    "{{- ',\\n' }}\n"
+    "{%- endfor %}\n"
+    "{{- '}) => any;\\n' }}\n"
+    "{%- else %}\n"
+    "{{- 'type ' + f.name + ' = () => any;\\n' }}\n"
+    "{%- endif %}\n"
+    "{%- endfor %}\n"
+    "{{- '\\n} // namespace functions' }}\n"
+    "{%- endif %}\n"
+    "{{- '<|end|>' }}\n"
+    "{%- endif %}\n"
+    "{%- for m in messages %}\n"
+    "{%- set content = m.content if m.content is string else '' %}\n"
+    "{%- if m.role == 'user' %}\n"
+    "{{- '<|start|>user<|message|>' + content + '<|end|>' }}\n"
+    "{%- elif m.role == 'assistant' %}\n"
+    "{%- set thought = m.reasoning_content if m.reasoning_content is string else "
+    "(m.thinking if m.thinking is string else '') %}\n"
+    "{%- if thought and loop.index0 > ns.last_user %}\n"
+    "{{- '<|start|>assistant<|channel|>analysis<|message|>' + thought + '<|end|>' }}\n"
+    "{%- endif %}\n"
+    "{%- if m.tool_calls %}\n"
+    "{%- if content %}\n"
+    "{{- '<|start|>assistant<|channel|>commentary<|message|>' + content + '<|end|>' }}\n"
+    "{%- endif %}\n"
+    "{%- for call in m.tool_calls %}\n"
+    "{%- set f = call.function if call.function is defined else call %}\n"
+    "{{- '<|start|>assistant<|channel|>commentary to=functions.' + f.name + "
+    "' <|constrain|>json<|message|>' }}\n"
+    "{{- f.arguments if f.arguments is string else f.arguments | tojson }}\n"
+    "{{- '<|call|>' }}\n"
+    "{%- endfor %}\n"
+    "{%- set ns.calls = m.tool_calls %}\n"
+    "{%- set ns.k = 0 %}\n"
+    "{%- else %}\n"
+    "{{- '<|start|>assistant<|channel|>final<|message|>' + content + '<|end|>' }}\n"
+    "{%- endif %}\n"
+    "{%- elif m.role == 'tool' %}\n"
+    "{%- set ns.name = m.name if m.name is string else '' %}\n"
+    "{%- for call in ns.calls %}\n"
+    "{%- if not ns.name and m.tool_call_id is defined and call.id is defined and "
+    "call.id == m.tool_call_id %}\n"
+    "{%- set ns.name = (call.function if call.function is defined else call).name %}\n"
+    "{%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if not ns.name and ns.k < ns.calls | length %}\n"
+    "{%- set call = ns.calls[ns.k] %}\n"
+    "{%- set ns.name = (call.function if call.function is defined else call).name %}\n"
+    "{%- endif %}\n"
+    "{%- set ns.k = ns.k + 1 %}\n"
+    "{{- '<|start|>functions.' + (ns.name if ns.name else 'unknown') + "
+    "' to=assistant<|channel|>commentary<|message|>' + content + '<|end|>' }}\n"
+    "{%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "{{- '<|start|>assistant' }}\n"
+    "{%- endif %}\n";
+
 /* Special tokens of the built-in vocabularies, in id order after the BPE tokens.
  * The tags a reply carries (think, tool call, arguments) are user-defined, so that
  * they stay in the detokenized text the server splits into reasoning and calls;
@@ -348,17 +484,32 @@ static const special_t deepseek_specials[] = {
     {DS_OUTPUT_END, MK_TOK_CONTROL},
 };
 
+static const special_t harmony_specials[] = {
+    {"<|startoftext|>", MK_TOK_CONTROL},
+    {"<|endoftext|>", MK_TOK_CONTROL},
+    {"<|return|>", MK_TOK_CONTROL},
+    {"<|constrain|>", MK_TOK_CONTROL},
+    {"<|channel|>", MK_TOK_CONTROL},
+    {"<|start|>", MK_TOK_CONTROL},
+    {"<|end|>", MK_TOK_CONTROL},
+    {"<|message|>", MK_TOK_CONTROL},
+    {"<|call|>", MK_TOK_CONTROL},
+};
+
 #define COUNT(a) (sizeof (a) / sizeof (a)[0])
 _Static_assert(256 + COUNT(qwen_specials) == MK_VOCAB_BUILTIN_MIN, "qwen minimum");
 _Static_assert(256 + COUNT(glm_specials) == MK_VOCAB_BUILTIN_MIN_GLM, "glm minimum");
 _Static_assert(256 + COUNT(deepseek_specials) == MK_VOCAB_BUILTIN_MIN_DEEPSEEK, "deepseek minimum");
+_Static_assert(256 + COUNT(harmony_specials) == MK_VOCAB_BUILTIN_MIN_HARMONY, "harmony minimum");
 
 /* The pre-tokenizer splits the merges are learned under (see "built-in BPE
  * learner"). */
 typedef enum split {
     SPLIT_QWEN2,    /* contractions, single digits, then the words */
     SPLIT_LLAMA3,   /* the same with runs of up to three digits (glm4) */
-    SPLIT_DEEPSEEK3 /* digit runs of up to three first, then the words, no contractions */
+    SPLIT_DEEPSEEK3, /* digit runs of up to three first, then the words, no contractions */
+    SPLIT_O200K     /* words cut where the case changes, contractions on their word,
+                     * runs of up to three digits (gpt-4o) */
 } split_t;
 
 /* What a family adds to the learned tokens. split: its pre-tokenizer's (qwen2
@@ -385,6 +536,12 @@ static const family_t families[] = {
     [MK_FAMILY_DEEPSEEK] = {deepseek_specials, COUNT(deepseek_specials), deepseek_template,
                             SPLIT_DEEPSEEK3, .bos = 0, .eos = 1, .pad = 1, .eot = -1, .eom = -1,
                             .add_bos = 1},
+    /* gpt-oss: a reply ends at <|return|> (eos) or <|call|> (eom); <|end|> only
+     * closes a message (the analysis one comes before the final one), so no eot;
+     * <|startoftext|> is bos but never added, <|endoftext|> pads */
+    [MK_FAMILY_HARMONY] = {harmony_specials, COUNT(harmony_specials), harmony_template,
+                           SPLIT_O200K, .bos = 0, .eos = 2, .pad = 1, .eot = -1, .eom = 8,
+                           .add_bos = 0},
 };
 
 size_t mk_vocab_builtin_min(mk_family_t family)
@@ -460,6 +617,13 @@ static int64_t find_token(const mk_vocab_t *v, const char *text)
     return -1;
 }
 
+void mk_vocab_harmony_ids(mk_vocab_t *v)
+{
+    int64_t id;
+    if ((id = find_token(v, "<|call|>")) >= 0)
+        v->eom_id = id;
+}
+
 void mk_vocab_glm_ids(mk_vocab_t *v)
 {
     int64_t id;
@@ -527,7 +691,9 @@ static int utf8_put(char *out, uint32_t c)
  * keeping runs of up to three digits together. DeepSeek-V3's cuts the digit runs
  * (up to three digits a piece) out first and splits the text between them as its
  * own string, without contractions (router/tokenizer_bpe.c has its regexes; the
- * CJK split between the two finds nothing in ASCII text). Then, repeatedly, the most frequent adjacent
+ * CJK split between the two finds nothing in ASCII text). gpt-oss's (gpt-4o,
+ * tiktoken's o200k) cuts words where the case changes and keeps a contraction on
+ * the word before it (pretoken_o200k_len). Then, repeatedly, the most frequent adjacent
  * symbol pair over all pre-tokens becomes a merge (ties go to the pair whose
  * texts sort first), until the vocabulary is full or nothing is left to merge. */
 
@@ -619,9 +785,79 @@ static size_t pretoken_ds3_len(const char *s, size_t n)
     return end ? end : 1;
 }
 
+static int is_upper(int c) { return c >= 'A' && c <= 'Z'; }
+static int is_lower(int c) { return c >= 'a' && c <= 'z'; }
+
+/* The length of the contraction ('s 't 're 've 'm 'll 'd, any case) at s, or 0. */
+static size_t contraction_len(const char *s)
+{
+    static const char *const tails[] = {"s", "t", "re", "ve", "m", "ll", "d"};
+    if (s[0] != '\'')
+        return 0;
+    for (size_t k = 0; k < sizeof tails / sizeof tails[0]; k++) {
+        size_t n = strlen(tails[k]);
+        if (strncasecmp(s + 1, tails[k], n) == 0)
+            return 1 + n;
+    }
+    return 0;
+}
+
+/* gpt-oss's split (pre "gpt-4o") of ASCII text: tiktoken's o200k_base pattern, as
+ * gpt-oss's tokenizer.json and llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT4O give it (the
+ * latter rewritten for its regex engine; on ASCII the two agree), U and L for
+ * [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] and [\p{Ll}\p{Lm}\p{Lo}\p{M}], C for
+ * (?i:'s|'t|'re|'ve|'m|'ll|'d):
+ *   [^\r\n\p{L}\p{N}]?U*L+C?|[^\r\n\p{L}\p{N}]?U+L*C?|\p{N}{1,3}|
+ *    ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * In ASCII: one optional character that is no letter, digit, CR or LF, then a run
+ * of upper-case letters and a run of lower-case ones (together not empty:
+ * "HelloWorld" is "Hello" "World", "HTTPServer" one word, "iPhone" "i" "Phone"),
+ * then a contraction; else up to three digits; else an optional space, a
+ * punctuation run and the CRs, LFs and slashes after it; else white space as
+ * Qwen2's. */
+static size_t pretoken_o200k_len(const char *s)
+{
+    const int c = (unsigned char)s[0];
+    size_t i = !is_alpha(c) && !is_digit(c) && !is_nl(c) ? 1 : 0;
+    size_t end = i;
+    while (is_upper((unsigned char)s[end]))
+        end++;
+    while (is_lower((unsigned char)s[end]))
+        end++;
+    if (end > i) /* letters after the optional character */
+        return end + contraction_len(s + end);
+    if (is_digit(c)) {
+        for (i = 1; i < 3 && is_digit((unsigned char)s[i]);)
+            i++;
+        return i;
+    }
+    if (is_punct(c) || (c == ' ' && is_punct((unsigned char)s[1]))) {
+        i = c == ' ' ? 1 : 0;
+        while (is_punct((unsigned char)s[i]))
+            i++;
+        while (is_nl((unsigned char)s[i]) || s[i] == '/')
+            i++;
+        return i;
+    }
+    size_t last_nl = 0;
+    end = 0;
+    while (is_space((unsigned char)s[end])) {
+        if (is_nl((unsigned char)s[end]))
+            last_nl = end + 1;
+        end++;
+    }
+    if (last_nl)
+        return last_nl;
+    if (s[end] && end > 1)
+        return end - 1;
+    return end;
+}
+
 /* Length of the pre-token starting at s (s non-empty, ASCII) under split. */
 static size_t split_len(const char *s, split_t split)
 {
+    if (split == SPLIT_O200K)
+        return pretoken_o200k_len(s);
     if (split != SPLIT_DEEPSEEK3)
         return pretoken_len(s, split == SPLIT_QWEN2 ? 1 : 3);
     size_t n = 0;

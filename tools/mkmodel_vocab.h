@@ -1,8 +1,9 @@
 /* Vocabularies for bloomery-mkmodel: a small byte-level BPE vocabulary learned in
  * code from a built-in text, with the special tokens and chat template of the Qwen3,
- * GLM-4.5 or DeepSeek-V3 family, or a Hugging Face tokenizer folder (tokenizer.json +
- * tokenizer_config.json) turned into GGUF's tokenizer.ggml.* conventions. Only
- * bloomery-mkmodel uses this, so the names carry the tool's mk_ prefix. */
+ * GLM-4.5, DeepSeek-V3 or gpt-oss (harmony) family, or a Hugging Face tokenizer
+ * folder (tokenizer.json + tokenizer_config.json) turned into GGUF's
+ * tokenizer.ggml.* conventions. Only bloomery-mkmodel uses this, so the names carry
+ * the tool's mk_ prefix. */
 #ifndef BL_MKMODEL_VOCAB_H
 #define BL_MKMODEL_VOCAB_H
 
@@ -42,6 +43,10 @@ typedef enum mk_family {
     MK_FAMILY_DEEPSEEK, /* DeepSeek-V3.1: BOS, <｜User｜> turns, <｜tool▁sep｜>
                          * tool calls; digit runs of up to three, then CJK runs,
                          * then the words (the deepseek-v3 split) */
+    MK_FAMILY_HARMONY,  /* gpt-oss: harmony messages (<|start|>ROLE<|channel|>...
+                         * <|message|>...<|end|>); words cut where the case changes,
+                         * contractions kept on their word, digit runs of up to
+                         * three (gpt-4o, tiktoken's o200k split) */
 } mk_family_t;
 
 /* Learns a byte-level BPE vocabulary of exactly n_vocab tokens: the 256 byte
@@ -56,11 +61,16 @@ typedef enum mk_family {
  *   MK_FAMILY_DEEPSEEK: <｜begin▁of▁sentence｜> (bos, added), <｜end▁of▁sentence｜>
  *     (eos and padding), <｜User｜>, <｜Assistant｜> and the tool output tags
  *     (control), <think>, </think> and the five tool call tags (user-defined).
+ *   MK_FAMILY_HARMONY: <|startoftext|> (bos, never added), <|endoftext|> (padding),
+ *     <|return|> (eos), <|constrain|>, <|channel|>, <|start|>, <|end|>, <|message|>
+ *     and <|call|> (eom), all control, in the order of o200k_harmony's ids; no eot:
+ *     <|end|> closes a message, not the reply.
  * Sets the family's chat template. n_vocab must be at least
  * mk_vocab_builtin_min(family). Deterministic. Free with mk_vocab_free. */
 #define MK_VOCAB_BUILTIN_MIN 261     /* MK_FAMILY_QWEN: 256 bytes + 5 specials */
 #define MK_VOCAB_BUILTIN_MIN_GLM 273 /* MK_FAMILY_GLM: 256 bytes + 17 specials */
 #define MK_VOCAB_BUILTIN_MIN_DEEPSEEK 271 /* MK_FAMILY_DEEPSEEK: 256 bytes + 15 specials */
+#define MK_VOCAB_BUILTIN_MIN_HARMONY 265 /* MK_FAMILY_HARMONY: 256 bytes + 9 specials */
 size_t mk_vocab_builtin_min(mk_family_t family);
 int mk_vocab_builtin(mk_vocab_t *v, size_t n_vocab, mk_family_t family, bl_err_t *err) BL_WUR;
 
@@ -75,6 +85,10 @@ int mk_vocab_load(mk_vocab_t *v, const char *dir, bl_err_t *err) BL_WUR;
  * the vocabulary has them, as llama.cpp's converter does for GLM-4.5 (its
  * tokenizer_config.json names none of them). */
 void mk_vocab_glm_ids(mk_vocab_t *v);
+
+/* Sets eom to gpt-oss's <|call|> where the vocabulary has it, as the built-in
+ * harmony vocabulary does (tokenizer_config.json names only bos, eos and pad). */
+void mk_vocab_harmony_ids(mk_vocab_t *v);
 
 /* Grows the vocabulary to n tokens with unused "[PADi]" entries (n >= v->n). */
 int mk_vocab_pad(mk_vocab_t *v, size_t n, bl_err_t *err) BL_WUR;

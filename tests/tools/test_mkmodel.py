@@ -1,7 +1,8 @@
 """Tests of bloomery-mkmodel: the files it writes (shapes, metadata, vocabulary,
 weights, the skewed router of --router-zipf, glm4moe's layers, vocabulary, template
 and GLM-4.5 presets, deepseek2's two file forms, vocabulary, template and DeepSeek
-presets) and how it refuses bad flags and bad tokenizer folders.
+presets, gpt-oss's tensors, MXFP4 experts, o200k-split vocabulary, harmony template
+and presets) and how it refuses bad flags and bad tokenizer folders.
 
 Binaries come from $BLOOMERY_BIN (a folder), else <repo>/build/bin. The real Qwen3
 tokenizer is looked up in $BLOOMERY_QWEN3_TOKENIZER, else
@@ -1345,6 +1346,515 @@ def test_help_lists_the_deepseek2_flags():
 @pytest.mark.parametrize("args", [DS, DS + ["--legacy-kv-b", "--q-lora", "0", "--nextn", "1"]],
                          ids=["mla", "legacy"])
 def test_bloomery_gguf_check_accepts_deepseek2(tmp_path, args):
+    if not os.access(GGUF_TOOL, os.X_OK):
+        pytest.skip("%s is not built" % GGUF_TOOL)
+    path = mk_ok(tmp_path, *args)
+    p = subprocess.run([GGUF_TOOL, "check", path], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout
+
+
+# --- gpt-oss ---------------------------------------------------------------------------
+
+# A tiny gpt-oss file with the defaults: 4 heads of 64 and 2 key/value heads, 8 experts
+# of 256 (2 used), a window of 4 on the even layers, q8_0 matrices, MXFP4 experts.
+OSS = ["--arch", "gpt-oss", "--layers", "3", "--vocab", "400"]
+OSS_SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>",
+                "<|channel|>", "<|start|>", "<|end|>", "<|message|>", "<|call|>"]
+MXFP4 = 39
+FTYPE_MXFP4_MOE = 38  # llama.cpp's LLAMA_FTYPE_MOSTLY_MXFP4_MOE
+
+
+def oss_expected(E=256, NH=4, NKV=2, HD=64, X=8, FE=256, n_layer=3, V=400):
+    """The spec's tensors of a gpt-oss file: name -> ne."""
+    t = {"token_embd.weight": (E, V), "output_norm.weight": (E,), "output.weight": (E, V)}
+    for i in range(n_layer):
+        b = "blk.%d." % i
+        t.update({
+            b + "attn_norm.weight": (E,), b + "attn_q.weight": (E, NH * HD),
+            b + "attn_q.bias": (NH * HD,), b + "attn_k.weight": (E, NKV * HD),
+            b + "attn_k.bias": (NKV * HD,), b + "attn_v.weight": (E, NKV * HD),
+            b + "attn_v.bias": (NKV * HD,), b + "attn_output.weight": (NH * HD, E),
+            b + "attn_output.bias": (E,), b + "attn_sinks.weight": (NH,),
+            b + "post_attention_norm.weight": (E,), b + "ffn_gate_inp.weight": (E, X),
+            b + "ffn_gate_inp.bias": (X,), b + "ffn_gate_exps.weight": (E, FE, X),
+            b + "ffn_gate_exps.bias": (FE, X), b + "ffn_up_exps.weight": (E, FE, X),
+            b + "ffn_up_exps.bias": (FE, X), b + "ffn_down_exps.weight": (FE, E, X),
+            b + "ffn_down_exps.bias": (E, X)})
+    return t
+
+
+def check_oss_tensors(g, want, matrix=TYPE_IDS["q8_0"], experts=MXFP4, down=None, attn_v=None,
+                      embd=None, output=None):
+    """Shapes as want; norms, biases, sinks and the router f32; the other types as given."""
+    got = {n: t.ne for n, t in g.tensors.items()}
+    assert set(got) == set(want), (sorted(set(got) - set(want)), sorted(set(want) - set(got)))
+    for n, ne in want.items():
+        assert got[n] == tuple(ne), (n, got[n], ne)
+    for n, t in g.tensors.items():
+        if n.endswith(("norm.weight", ".bias", "attn_sinks.weight", "ffn_gate_inp.weight")):
+            want_type = 0
+        elif n.endswith(("ffn_gate_exps.weight", "ffn_up_exps.weight")):
+            want_type = experts
+        elif n.endswith("ffn_down_exps.weight"):
+            want_type = experts if down is None else down
+        elif n.endswith("attn_v.weight"):
+            want_type = matrix if attn_v is None else attn_v
+        elif n == "token_embd.weight":
+            want_type = matrix if embd is None else embd
+        elif n == "output.weight":
+            want_type = matrix if output is None else output
+        else:
+            want_type = matrix
+        assert t.type == want_type, (n, t.type, want_type)
+
+
+def oss_md(g):
+    return {k[len("gpt-oss."):]: v for k, v in g.metadata.items() if k.startswith("gpt-oss.")}
+
+
+def test_gptoss_default_file(tmp_path):
+    g = load(mk_ok(tmp_path, *OSS))
+    md = g.metadata
+    assert md["general.architecture"] == "gpt-oss"
+    assert md["general.name"] == "synthetic-gpt-oss-3L"
+    assert md["general.file_type"] == FTYPE_MXFP4_MOE
+    check_oss_tensors(g, oss_expected())
+    md = oss_md(g)
+    ints = {"block_count": 3, "context_length": 4096, "embedding_length": 256,
+            "feed_forward_length": 256, "attention.head_count": 4, "attention.head_count_kv": 2,
+            "attention.key_length": 64, "attention.value_length": 64,
+            "rope.dimension_count": 64, "expert_count": 8, "expert_used_count": 2,
+            "expert_feed_forward_length": 256, "attention.sliding_window": 4}
+    floats = {"rope.freq_base": 150000, "attention.layer_norm_rms_epsilon": 1e-5}
+    assert set(md) == set(ints) | set(floats), sorted(md)
+    for k, v in ints.items():
+        assert md[k] == v, k
+    for k, v in floats.items():
+        assert md[k] == pytest.approx(v), k
+    # no window period (the usual 2), no expert_weights_scale, no rope scaling: the
+    # keys llama.cpp reads as their defaults are left out, as the converter leaves them
+    assert g.metadata["tokenizer.ggml.pre"] == "gpt-4o"
+
+
+def test_gptoss_flags_reach_the_file(tmp_path):
+    g = load(mk_ok(tmp_path, *OSS, "--heads", "8", "--kv-heads", "2", "--head-dim", "32",
+                   "--experts", "16", "--experts-used", "4", "--expert-ff", "128", "--ff",
+                   "1000", "--swa", "16", "--swa-period", "3", "--expert-scale", "2.5",
+                   "--yarn", "8", "--yarn-orig-ctx", "2048", "--rope-base", "5e5", "--eps",
+                   "1e-6", "--ctx", "8192", "--type", "f16", "--type-experts", "q8_0",
+                   "--type-ffn-down", "f32", "--type-attn-v", "bf16", "--type-embd", "f32",
+                   "--type-output", "q6_K"))
+    assert g.metadata["general.file_type"] == 1  # f16: the experts are not MXFP4
+    check_oss_tensors(g, oss_expected(NH=8, NKV=2, HD=32, X=16, FE=128),
+                      matrix=TYPE_IDS["f16"], experts=TYPE_IDS["q8_0"], down=TYPE_IDS["f32"],
+                      attn_v=TYPE_IDS["bf16"], embd=TYPE_IDS["f32"], output=TYPE_IDS["q6_K"])
+    md = oss_md(g)
+    ints = {"feed_forward_length": 1000, "attention.head_count": 8, "attention.head_count_kv": 2,
+            "attention.key_length": 32, "attention.value_length": 32,
+            "rope.dimension_count": 32, "expert_count": 16, "expert_used_count": 4,
+            "expert_feed_forward_length": 128, "attention.sliding_window": 16,
+            "attention.sliding_window_pattern": 3, "context_length": 8192,
+            "rope.scaling.type": "yarn", "rope.scaling.original_context_length": 2048}
+    for k, v in ints.items():
+        assert md[k] == v, k
+    floats = {"expert_weights_scale": 2.5, "rope.scaling.factor": 8, "rope.freq_base": 5e5,
+              "attention.layer_norm_rms_epsilon": 1e-6}
+    for k, v in floats.items():
+        assert md[k] == pytest.approx(v), k
+    assert "rope.scaling.yarn_log_multiplier" not in md  # not part of gpt-oss
+
+
+def test_gptoss_kquants_fall_back_and_types_follow_type(tmp_path):
+    """--type q4_K keeps the q6_K roles of the K-quant mixes; the experts stay MXFP4,
+    and a K-quant row that is not whole 256-value blocks (here 288) falls back to q8_0."""
+    g = load(mk_ok(tmp_path, *OSS, "--type", "q4_K", "--heads", "9", "--kv-heads", "3",
+                   "--head-dim", "32"))
+    t = g.tensors
+    assert g.metadata["general.file_type"] == FTYPE_MXFP4_MOE
+    assert t["blk.0.attn_q.weight"].type == TYPE_IDS["q4_K"]
+    assert t["blk.0.attn_v.weight"].type == TYPE_IDS["q6_K"]
+    assert t["output.weight"].type == TYPE_IDS["q6_K"]
+    assert t["blk.0.attn_output.weight"].ne == (288, 256)
+    assert t["blk.0.attn_output.weight"].type == TYPE_IDS["q8_0"]
+    assert t["blk.0.ffn_down_exps.weight"].type == MXFP4
+
+
+def test_gptoss_vectors_and_scales(tmp_path):
+    """Biases small (router 0.05, the rest 0.02), sinks spread like the scores they
+    compete with, matrices N(0, 1/fan_in), the router and the head twice that."""
+    g = load(mk_ok(tmp_path, *OSS, "--type", "f32", "--type-experts", "f32"))
+    t = g.tensors
+    spreads = {"attn_q.bias": 0.02, "attn_k.bias": 0.02, "attn_v.bias": 0.02,
+               "attn_output.bias": 0.02, "ffn_gate_exps.bias": 0.02, "ffn_up_exps.bias": 0.02,
+               "ffn_down_exps.bias": 0.02, "ffn_gate_inp.bias": 0.05,
+               "attn_q.weight": 1 / 16, "ffn_gate_exps.weight": 1 / 16,
+               "ffn_down_exps.weight": 1 / 16, "attn_output.weight": 1 / 16,
+               "ffn_gate_inp.weight": 2 / 16, "attn_sinks.weight": 0.5}
+    for name, std in spreads.items():
+        v = np.concatenate([values(t["blk.%d.%s" % (i, name)]) for i in range(3)])
+        tol = 0.5 if v.size < 64 else 0.2  # 12 sinks and 24 router biases spread more
+        assert abs(v.mean()) < 4 * std / np.sqrt(v.size), (name, v.mean())
+        assert (1 - tol) * std < v.std() < (1 + tol) * std, (name, v.std(), std)
+    assert abs(values(t["output.weight"]).std() - 2 / 16) < 0.005
+
+
+def test_gptoss_mxfp4_experts_are_the_f32_draws_quantized(tmp_path):
+    """Values depend only on the seed and the tensor's name: the MXFP4 experts decode to
+    the f32 file's values within MXFP4's rounding (each block's exponent from its largest
+    magnitude, every value at most half a step off, or saturated at 6 steps), and every
+    other tensor is the same."""
+    a = load(mk_ok(tmp_path, *OSS, name="mx.gguf"))
+    b = load(mk_ok(tmp_path, *OSS, "--type-experts", "f32", name="f32.gguf"))
+    for n in a.tensors:
+        if "_exps.weight" not in n:
+            assert np.array_equal(np.asarray(a.tensors[n].raw), np.asarray(b.tensors[n].raw)), n
+            continue
+        assert a.tensors[n].type == MXFP4 and b.tensors[n].type == 0, n
+        x = values(b.tensors[n]).reshape(-1, 32)
+        y = values(a.tensors[n]).reshape(-1, 32)
+        exps = np.asarray(a.tensors[n].raw).reshape(-1, 17)[:, 0].astype(np.int64)
+        amax = np.abs(x).max(axis=1)
+        k = np.floor(np.log2(amax)).astype(np.int64)
+        assert np.array_equal(exps, k + 125), n
+        s = np.ldexp(1.0, k - 2)[:, None]  # the scale: E2M1's 0.5 .. 6 steps of it
+        err = np.abs(y - x)
+        bound = np.where(np.abs(x) <= 6 * s, s, np.abs(x) - 6 * s)
+        assert np.all(err <= bound * (1 + 1e-12)), n
+        rel = np.sqrt((err ** 2).sum() / (x ** 2).sum())
+        assert rel < 0.14, (n, rel)  # about 0.115 on normal draws
+
+
+OSS_PRESETS = {
+    "gpt-oss-20b": (24, 32),
+    "gpt-oss-120b": (36, 128),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(OSS_PRESETS))
+def test_gptoss_presets(tmp_path, preset):
+    """The real shapes but for a narrow embedding, fewer layers and experts (the real
+    vocabulary of 201088 rows stays: 64 values a row keeps the file small)."""
+    layers, experts = OSS_PRESETS[preset]
+    g = load(mk_ok(tmp_path, "--preset", preset, "--layers", "2", "--n-embd", "64",
+                   "--experts", "4"))
+    assert g.metadata["general.architecture"] == "gpt-oss"
+    assert g.metadata["general.name"] == "synthetic-%s-2L" % preset
+    assert len(g.metadata["tokenizer.ggml.tokens"]) == 201088
+    md = oss_md(g)
+    ints = {"block_count": 2, "context_length": 131072, "embedding_length": 64,
+            "feed_forward_length": 2880, "attention.head_count": 64,
+            "attention.head_count_kv": 8, "attention.key_length": 64,
+            "attention.value_length": 64, "rope.dimension_count": 64, "expert_count": 4,
+            "expert_used_count": 4, "expert_feed_forward_length": 2880,
+            "attention.sliding_window": 128, "rope.scaling.type": "yarn",
+            "rope.scaling.original_context_length": 4096}
+    for k, v in ints.items():
+        assert md[k] == v, k
+    floats = {"rope.scaling.factor": 32, "rope.freq_base": 150000,
+              "attention.layer_norm_rms_epsilon": 1e-5}
+    for k, v in floats.items():
+        assert md[k] == pytest.approx(v), k
+    assert "attention.sliding_window_pattern" not in md and "expert_weights_scale" not in md
+    check_oss_tensors(g, oss_expected(E=64, NH=64, NKV=8, HD=64, X=4, FE=2880, n_layer=2,
+                                      V=201088))
+    # the cut flags name what the preset would have given
+    p = subprocess.run([MKMODEL, "--help"], stdout=subprocess.PIPE, text=True)
+    assert preset in p.stdout and "--layers %d --experts %d" % (layers, experts) in p.stdout
+
+
+def test_gptoss_preset_real_width(tmp_path):
+    """gpt-oss-20b's own width: 2880 is whole 32-value blocks, so the experts are MXFP4
+    and the matrices q8_0 throughout, as in the converted release."""
+    path = mk_ok(tmp_path, "--preset", "gpt-oss-20b", "--layers", "1", "--experts", "2",
+                 "--experts-used", "2", "--vocab", "1024")
+    try:
+        g = load(path)
+        check_oss_tensors(g, oss_expected(E=2880, NH=64, NKV=8, HD=64, X=2, FE=2880,
+                                          n_layer=1, V=1024))
+        assert g.metadata["general.file_type"] == FTYPE_MXFP4_MOE
+    finally:
+        os.unlink(path)  # 75 MB
+
+
+def test_gptoss_preset_flags_override(tmp_path):
+    md = oss_md(load(mk_ok(tmp_path, "--preset", "gpt-oss-120b", "--layers", "2", "--n-embd",
+                           "64", "--experts", "8", "--vocab", "1024", "--yarn", "0", "--swa",
+                           "64", "--swa-period", "4", "--expert-ff", "64", "--heads", "16")))
+    assert not any(k.startswith("rope.scaling") for k in md)
+    assert md["attention.sliding_window"] == 64 and md["attention.sliding_window_pattern"] == 4
+    assert md["expert_feed_forward_length"] == 64 and md["attention.head_count"] == 16
+    assert md["feed_forward_length"] == 2880  # the preset's, metadata only
+
+
+def test_gptoss_same_flags_give_same_bytes(tmp_path):
+    args = OSS + ["--yarn", "4", "--swa-period", "3"]
+    a = mk_ok(tmp_path, *args, "--threads", "1", name="a.gguf")
+    b = mk_ok(tmp_path, *args, "--threads", "3", name="b.gguf")
+    c = mk_ok(tmp_path, *args, name="c.gguf")
+    assert sha256(a) == sha256(b) == sha256(c)
+    d = mk_ok(tmp_path, *args, "--seed", "2", name="d.gguf")
+    assert sha256(a) != sha256(d)
+
+
+# tiktoken's o200k_base split, as gpt-oss's tokenizer.json gives it
+O200K = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+         r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+         r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}|"
+         r" ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def byte_decoder():
+    """GPT-2's byte-level alphabet, code point -> byte."""
+    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) +
+          list(range(ord("\xae"), ord("\xff") + 1)))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def test_gptoss_builtin_vocabulary(tmp_path):
+    md = load(mk_ok(tmp_path, *OSS, "--vocab", "700")).metadata
+    tokens, types, merges = (md["tokenizer.ggml.tokens"], md["tokenizer.ggml.token_type"],
+                             md["tokenizer.ggml.merges"])
+    assert len(tokens) == len(types) == 700 and len(set(tokens)) == 700
+    assert md["tokenizer.ggml.model"] == "gpt2" and md["tokenizer.ggml.pre"] == "gpt-4o"
+    index = {t: i for i, t in enumerate(tokens)}
+    # the specials in o200k_harmony's id order, all control tokens
+    ids = [index[s] for s in OSS_SPECIALS]
+    assert ids == list(range(ids[0], ids[0] + len(OSS_SPECIALS)))
+    for s in OSS_SPECIALS:
+        assert types[index[s]] == 3, s
+    assert md["tokenizer.ggml.bos_token_id"] == index["<|startoftext|>"]
+    assert md["tokenizer.ggml.eos_token_id"] == index["<|return|>"]
+    assert md["tokenizer.ggml.eom_token_id"] == index["<|call|>"]
+    assert md["tokenizer.ggml.padding_token_id"] == index["<|endoftext|>"]
+    assert "tokenizer.ggml.eot_token_id" not in md  # <|end|> does not end a reply
+    assert md["tokenizer.ggml.add_bos_token"] is False
+    assert "<|channel|>" in md["tokenizer.chat_template"]  # how the server finds harmony
+    dec = byte_decoder()
+    words = []
+    for m in merges:
+        left, right = m.split(" ")
+        assert left in index and right in index and left + right in index, m
+        words.append(bytes(dec[c] for c in left + right).decode("utf-8"))
+    # learned under the o200k split: no merge crosses a change of case, joins a digit
+    # to anything else or makes a run of more than three, and each merged token is one
+    # pre-token of it
+    for w in words:
+        assert not any(a.islower() and b.isupper() for a, b in zip(w, w[1:])), w
+        assert not any(c.isdigit() for c in w) or (w.isdigit() and len(w) <= 3), w
+    assert any(w.isdigit() and len(w) >= 2 for w in words)  # digits go in runs
+    regex = pytest.importorskip("regex")
+    bad = [w for w in words if regex.findall(O200K, w) != [w]]
+    assert not bad, bad[:10]
+
+
+OSS_SYSTEM = ("<|start|>system<|message|>You are a small synthetic model; your weights are "
+              "random, so what you write means nothing.")
+OSS_CHANNELS = ("\n\n# Valid channels: analysis, commentary, final. Channel must be included "
+                "for every message.")
+
+
+def test_gptoss_chat_template_renders(tmp_path):
+    """The harmony form, by the server's engine: system and developer messages, past
+    answers on the final channel, the turn in progress's reasoning as analysis, calls
+    and their results, the generation prompt."""
+    tmpl = load(mk_ok(tmp_path, *OSS)).metadata["tokenizer.chat_template"]
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello.", "reasoning_content": "greet them"},
+            {"role": "user", "content": "Bye"}]
+    text = render_template(tmp_path, tmpl, {"messages": chat, "add_generation_prompt": True,
+                                            "reasoning_effort": "medium"})
+    assert text == (OSS_SYSTEM + "\nReasoning: medium" + OSS_CHANNELS + "<|end|>"
+                    "<|start|>developer<|message|># Instructions\n\nBe brief.<|end|>"
+                    "<|start|>user<|message|>Hi<|end|>"
+                    "<|start|>assistant<|channel|>final<|message|>Hello.<|end|>"
+                    "<|start|>user<|message|>Bye<|end|><|start|>assistant")
+    # no system prompt, no tools, no effort: no developer message, no reasoning line
+    one = render_template(tmp_path, tmpl, {"messages": chat[1:2], "add_generation_prompt": True})
+    assert one == (OSS_SYSTEM + OSS_CHANNELS + "<|end|><|start|>user<|message|>Hi<|end|>"
+                   "<|start|>assistant")
+
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "required": ["city"], "properties": {
+            "city": {"type": "string", "description": "Its name"},
+            "unit": {"type": "string", "enum": ["c", "f"]}, "days": {"type": "integer"}}}}},
+        {"type": "function", "function": {"name": "now", "parameters": {}}}]
+    calls = [{"id": "c0", "type": "function",
+              "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+             {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}}]
+    conv = [{"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": None, "reasoning_content": "ask the tool",
+             "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "c1", "content": "noon"},
+            {"role": "tool", "tool_call_id": "c0", "content": "18 C"}]
+    text = render_template(tmp_path, tmpl, {"messages": conv, "tools": tools,
+                                            "add_generation_prompt": True})
+    assert text == (
+        OSS_SYSTEM + OSS_CHANNELS + "\nFunction calls belong in the commentary channel.<|end|>"
+        "<|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {\n\n"
+        "// The weather in a city\ntype get_weather = (_: {\n// Its name\ncity: string,\n"
+        "unit?: \"c\" | \"f\",\ndays?: number,\n}) => any;\n\ntype now = () => any;\n\n"
+        "} // namespace functions<|end|>"
+        "<|start|>user<|message|>Weather?<|end|>"
+        "<|start|>assistant<|channel|>analysis<|message|>ask the tool<|end|>"
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        "<|message|>{\"city\": \"Paris\"}<|call|>"
+        "<|start|>assistant<|channel|>commentary to=functions.now <|constrain|>json"
+        "<|message|>{}<|call|>"
+        "<|start|>functions.now to=assistant<|channel|>commentary<|message|>noon<|end|>"
+        "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>18 C<|end|>"
+        "<|start|>assistant")
+    # the turn goes on to its answer: its reasoning stays until the next user message;
+    # a result without an id is matched to the calls in order
+    conv[2:] = [{"role": "tool", "content": "18 C"}, {"role": "tool", "content": "noon"},
+                {"role": "assistant", "content": "Sunny.", "reasoning_content": "done"}]
+    text = render_template(tmp_path, tmpl, {"messages": conv, "tools": tools})
+    assert text.endswith(
+        "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>18 C<|end|>"
+        "<|start|>functions.now to=assistant<|channel|>commentary<|message|>noon<|end|>"
+        "<|start|>assistant<|channel|>analysis<|message|>done<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>Sunny.<|end|>")
+    conv.append({"role": "user", "content": "Thanks"})
+    text = render_template(tmp_path, tmpl, {"messages": conv, "tools": tools})
+    assert "ask the tool" not in text and "done" not in text
+    assert "<|channel|>final<|message|>Sunny.<|end|><|start|>user<|message|>Thanks" in text
+
+
+def test_gptoss_chat_template_renders_alike_in_jinja2(tmp_path):
+    jinja2 = pytest.importorskip("jinja2")
+    tmpl = load(mk_ok(tmp_path, *OSS)).metadata["tokenizer.chat_template"]
+    env = jinja2.Environment()
+    env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
+    conv = [{"role": "developer", "content": "Dev."}, {"role": "user", "content": "Add"},
+            {"role": "assistant", "content": "Adding.", "thinking": "sum",
+             "tool_calls": [{"function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]},
+            {"role": "tool", "name": "add", "content": "3"}]
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}]
+    ctx = {"messages": conv, "tools": tools, "add_generation_prompt": True,
+           "reasoning_effort": "low"}
+    text = render_template(tmp_path, tmpl, ctx)
+    assert text == env.from_string(tmpl).render(**ctx)
+    assert ("<|start|>assistant<|channel|>analysis<|message|>sum<|end|>"
+            "<|start|>assistant<|channel|>commentary<|message|>Adding.<|end|>"
+            "<|start|>assistant<|channel|>commentary to=functions.add <|constrain|>json"
+            "<|message|>{\"a\": 1, \"b\": 2}<|call|>"
+            "<|start|>functions.add to=assistant<|channel|>commentary<|message|>3<|end|>"
+            "<|start|>assistant") in text
+    assert "# Instructions\n\nDev.\n\n# Tools" in text
+
+
+def test_gptoss_tokenizer_folder_gets_call_as_eom(tmp_path):
+    tj = {"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]},
+          "added_tokens": [{"id": 3 + i, "content": s, "special": True}
+                           for i, s in enumerate(OSS_SPECIALS)]}
+    tc = {"bos_token": "<|startoftext|>", "eos_token": "<|return|>",
+          "pad_token": "<|endoftext|>", "chat_template": "{{ '<|channel|>' }}"}
+    d = write_tokenizer(tmp_path / "tok", tj, tc)
+    md = load(mk_ok(tmp_path, *OSS[:4], "--tokenizer", d, "--vocab", "16")).metadata
+    tokens = md["tokenizer.ggml.tokens"]
+    assert md["tokenizer.ggml.pre"] == "gpt-4o" and len(tokens) == 16
+    assert md["tokenizer.ggml.eos_token_id"] == tokens.index("<|return|>")
+    assert md["tokenizer.ggml.eom_token_id"] == tokens.index("<|call|>")
+    assert md["tokenizer.ggml.bos_token_id"] == tokens.index("<|startoftext|>")
+    assert md["tokenizer.ggml.add_bos_token"] is False
+
+
+def gptoss_reference():
+    try:
+        import model as ref_model
+    except ImportError:
+        pytest.skip("tests/reference/model.py is absent")
+    if "gpt-oss" not in getattr(ref_model, "SUPPORTED_ARCHS", ()):
+        pytest.skip("tests/reference/model.py does not compute gpt-oss")
+    return ref_model
+
+
+def test_gptoss_logits_spread_and_the_window_matters(tmp_path):
+    """The logits of a random gpt-oss file spread (std above 0.5) with and without YaRN,
+    and a short prompt crosses the default window of 4: the first four positions do not
+    see the window, the later ones do."""
+    ref_model = gptoss_reference()
+    ids = list(range(5, 120, 9))
+    small = mk_ok(tmp_path, *OSS, name="w4.gguf")
+    wide = mk_ok(tmp_path, *OSS, "--swa", "1000", name="w1000.gguf")
+    yarn = mk_ok(tmp_path, *OSS, "--yarn", "32", name="yarn.gguf")
+    a, b, c = (np.asarray(ref_model.Model(p).logits(ids), dtype=np.float64)
+               for p in (small, wide, yarn))
+    assert a.shape == (len(ids), 400)
+    for x in (a, b, c):
+        assert x.std(axis=1).min() > 0.5, x.std(axis=1)
+    assert np.allclose(a[:4], b[:4], atol=1e-9)
+    assert np.abs(a[4:] - b[4:]).max(axis=1).min() > 1e-3
+    assert not np.allclose(a, c)
+
+
+OSS_BAD_FLAGS = [
+    # the other architectures' flags, refused for gpt-oss
+    (OSS + ["--tied"], "--tied"),
+    (["--preset", "gpt-oss-20b", "--tied"], "--tied"),
+    (OSS + ["--rope-dim", "32"], "--rope-dim"),
+    (OSS + ["--nextn", "1"], "--nextn"),
+    (OSS + ["--dense-lead", "1"], "--dense-lead"),
+    (OSS + ["--shared-experts", "1"], "--shared-experts"),
+    (OSS + ["--gating", "softmax"], "--gating"),
+    (OSS + ["--no-expert-norm"], "--no-expert-norm"),
+    (OSS + ["--qk-norm"], "--qk-norm"),
+    (OSS + ["--q-lora", "64"], "--q-lora"),
+    (OSS + ["--yarn", "4", "--yarn-log-mul", "0.1"], "--yarn-log-mul"),
+    (OSS + ["--router-zipf", "1"], "--router-zipf"),
+    (["--preset", "gpt-oss-20b", "--arch", "deepseek2"], "--preset"),
+    # gpt-oss's flags, refused for the others
+    (["--swa", "4"], "--swa"),
+    (["--arch", "glm4moe", "--swa-period", "3"], "--swa-period"),
+    (["--arch", "deepseek2", "--type-experts", "f32"], "--type-experts"),
+    (["--arch", "qwen3", "--type-experts", "mxfp4"], "--type-experts"),
+    # bad values
+    (["--preset", "gpt-oss-30b"], "--preset"),
+    (OSS + ["--swa", "0"], "--swa"),
+    (OSS + ["--swa-period", "0"], "--swa-period"),
+    (OSS + ["--type-experts", "q4_K"], "--type-experts"),
+    (OSS + ["--type", "mxfp4"], "--type"),
+    (OSS + ["--yarn", "1"], "--yarn"),
+    (OSS + ["--yarn-orig-ctx", "8192"], "--yarn-orig-ctx"),
+    (OSS + ["--vocab", "264"], "--vocab"),
+    (OSS + ["--heads", "6", "--kv-heads", "4"], "--kv-heads"),
+    (OSS + ["--head-dim", "63"], "--head-dim"),
+    (OSS + ["--expert-ff", "100"], "--expert-ff"),
+    (OSS + ["--n-embd", "100"], "--n-embd"),
+    (OSS + ["--experts", "4", "--experts-used", "5"], "--experts-used"),
+]
+
+
+@pytest.mark.parametrize("args,flag", OSS_BAD_FLAGS, ids=[" ".join(a) for a, _ in OSS_BAD_FLAGS])
+def test_gptoss_bad_flags_exit_2_naming_the_flag(tmp_path, args, flag):
+    out, p = mk(tmp_path, *args)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert flag in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not os.path.exists(out)
+
+
+def test_help_lists_the_gptoss_flags():
+    need_binary()
+    p = subprocess.run([MKMODEL, "--help"], stdout=subprocess.PIPE, text=True)
+    assert p.returncode == 0
+    for word in ("gpt-oss", "gpt-oss-20b", "gpt-oss-120b", "--swa", "--swa-period",
+                 "--type-experts", "mxfp4", "harmony", "--yarn", "--expert-scale"):
+        assert word in p.stdout, word
+
+
+@pytest.mark.parametrize("args", [OSS, OSS + ["--type-experts", "q8_0", "--swa-period", "3",
+                                              "--yarn", "32", "--expert-scale", "2"]],
+                         ids=["default", "options"])
+def test_bloomery_gguf_check_accepts_gptoss(tmp_path, args):
     if not os.access(GGUF_TOOL, os.X_OK):
         pytest.skip("%s is not built" % GGUF_TOOL)
     path = mk_ok(tmp_path, *args)

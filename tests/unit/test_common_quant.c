@@ -11,6 +11,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -197,6 +198,7 @@ ORACLE_TEST(mxfp4, BL_TYPE_MXFP4)
 #define RT_BOUND_Q6_K 2.0e-2 /* 1.73e-2, max 1.78e-2 */
 #define RT_BOUND_Q5_K 4.1e-2 /* 3.57e-2, max 3.66e-2 */
 #define RT_BOUND_Q4_K 8.0e-2 /* 7.12e-2, max 7.29e-2 */
+#define RT_BOUND_MXFP4 1.35e-1 /* 1.15e-1, max 1.23e-1 */
 
 /* Quantizes and dequantizes nblocks blocks of Gaussian values times a random scale
  * (10^-3 .. 10^3) and returns the relative RMS error. */
@@ -273,10 +275,11 @@ ROUND_TRIP_TEST(q8_K, BL_TYPE_Q8_K, RT_BOUND_Q8_K)
 ROUND_TRIP_TEST(q6_K, BL_TYPE_Q6_K, RT_BOUND_Q6_K)
 ROUND_TRIP_TEST(q5_K, BL_TYPE_Q5_K, RT_BOUND_Q5_K)
 ROUND_TRIP_TEST(q4_K, BL_TYPE_Q4_K, RT_BOUND_Q4_K)
+ROUND_TRIP_TEST(mxfp4, BL_TYPE_MXFP4, RT_BOUND_MXFP4)
 
 static const bl_type_t quantizable[] = {
     BL_TYPE_F32, BL_TYPE_F16, BL_TYPE_BF16, BL_TYPE_Q8_0,
-    BL_TYPE_Q8_K, BL_TYPE_Q6_K, BL_TYPE_Q5_K, BL_TYPE_Q4_K,
+    BL_TYPE_Q8_K, BL_TYPE_Q6_K, BL_TYPE_Q5_K, BL_TYPE_Q4_K, BL_TYPE_MXFP4,
 };
 #define N_QUANTIZABLE (sizeof quantizable / sizeof quantizable[0])
 
@@ -393,6 +396,210 @@ static void test_quant_dispatch_rejects_unsupported(void **state)
     assert_int_equal(bl_dequantize_row_ref((bl_type_t)4, q, y, 32), BL_EINVAL);
     assert_int_equal(bl_dequantize_row_ref(BL_TYPE_Q4_K, q, y, 100), BL_ERANGE);
     assert_int_equal(bl_quantize_row_ref(BL_TYPE_Q8_0, x, q, 33), BL_ERANGE);
+}
+
+// --- mxfp4 quantizer ------------------------------------------------------------------
+
+/* A block's values as bl_dequantize_row_mxfp4_ref gives them, computed here from the
+ * format's definition: E2M1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 by code (bit 3 the
+ * sign), times 2^(e - 127). */
+static double mxfp4_value(uint8_t e, int code)
+{
+    static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+    return (code & 8 ? -1.0 : 1.0) * mag[code & 7] * ldexp(1.0, e - 127);
+}
+
+static int mxfp4_code(const bl_block_mxfp4 *b, int j)
+{
+    return j < BL_QK / 2 ? b->qs[j] & 0xf : b->qs[j - BL_QK / 2] >> 4;
+}
+
+/* Every block of representable values comes back bit-exact, bytes and all, at every
+ * exponent whose values are finite floats (0..252; subnormal floats included): the
+ * codes are random but -0 (8), and one value has magnitude 4 or 6 so that the block's
+ * largest magnitude picks that exponent again. */
+static void test_quant_mxfp4_representable_round_trip_exact(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(4001);
+    for (int e = 0; e <= 252; e++) {
+        for (int rep = 0; rep < 4; rep++) {
+            bl_block_mxfp4 in, out;
+            int code[BL_QK];
+            for (int j = 0; j < BL_QK; j++) {
+                do
+                    code[j] = (int)(rng_next(&r) % 16);
+                while (code[j] == 8);
+            }
+            const int top = (int)(rng_next(&r) % BL_QK);
+            code[top] = (int)(6 + rng_next(&r) % 2) | (int)(rng_next(&r) % 2) * 8;
+            in.e = (uint8_t)e;
+            for (int j = 0; j < BL_QK / 2; j++)
+                in.qs[j] = (uint8_t)(code[j] | code[j + BL_QK / 2] << 4);
+            float x[BL_QK], y[BL_QK];
+            bl_dequantize_row_mxfp4_ref(&in, x, BL_QK);
+            for (int j = 0; j < BL_QK; j++)
+                if ((double)x[j] != mxfp4_value((uint8_t)e, code[j]))
+                    fail_msg("e %d code %d decodes to %.9g, want %.9g", e, code[j], (double)x[j],
+                             mxfp4_value((uint8_t)e, code[j]));
+            memset(&out, 0xa5, sizeof out);
+            assert_int_equal(bl_quantize_row_ref(BL_TYPE_MXFP4, x, &out, BL_QK), 0);
+            if (memcmp(&in, &out, sizeof in) != 0)
+                fail_msg("e %d: block does not round-trip (exponent %d back)", e, out.e);
+            bl_dequantize_row_mxfp4_ref(&out, y, BL_QK);
+            assert_memory_equal(x, y, sizeof x);
+        }
+    }
+}
+
+/* Random rows at magnitudes from 2^-120 to 2^120: the exponent is floor(log2 amax)
+ * + 125 (computed here with frexp), every value's code is a nearest one (brute
+ * force over the 16 codes), and so, with s = 2^(k - 2) the scale, a value with
+ * |x| <= 6 s is off by at most s (half the widest step, 4 s to 6 s) and a saturated
+ * one by |x| - 6 s < 2 s. */
+static void test_quant_mxfp4_nearest_code_and_error_bound(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(4002);
+    enum { NB = 64 };
+    float x[NB * BL_QK], y[NB * BL_QK];
+    bl_block_mxfp4 q[NB];
+    for (int rep = 0; rep < 200; rep++) {
+        const double scale = ldexp(1.0, (int)(rng_next(&r) % 241) - 120);
+        for (int i = 0; i < NB * BL_QK; i++)
+            x[i] = (float)(rng_gauss(&r) * scale);
+        assert_int_equal(bl_quantize_row_ref(BL_TYPE_MXFP4, x, q, NB * BL_QK), 0);
+        assert_int_equal(bl_dequantize_row_ref(BL_TYPE_MXFP4, q, y, NB * BL_QK), 0);
+        for (int b = 0; b < NB; b++) {
+            const float *xb = x + b * BL_QK, *yb = y + b * BL_QK;
+            double amax = 0.0;
+            for (int j = 0; j < BL_QK; j++)
+                amax = fmax(amax, fabs((double)xb[j]));
+            int k;
+            (void)frexp(amax, &k); /* amax = f 2^k, f in [0.5, 1): floor(log2) = k - 1 */
+            const int want_e = k - 1 + 125;
+            if (q[b].e != want_e)
+                fail_msg("amax %.9g: exponent %d, want %d", amax, q[b].e, want_e);
+            const double s = ldexp(1.0, k - 1 - 2);
+            for (int j = 0; j < BL_QK; j++) {
+                const double err = fabs((double)yb[j] - xb[j]);
+                double best = INFINITY;
+                for (int c = 0; c < 16; c++)
+                    best = fmin(best, fabs(mxfp4_value(q[b].e, c) - xb[j]));
+                if (err != best)
+                    fail_msg("%.9g (amax %.9g) -> %.9g (code %d): error %.3g, nearest %.3g",
+                             (double)xb[j], amax, (double)yb[j], mxfp4_code(&q[b], j), err, best);
+                const double bound = fabs((double)xb[j]) <= 6 * s ? s : fabs((double)xb[j]) - 6 * s;
+                if (err > bound)
+                    fail_msg("%.9g -> %.9g: error %.3g above %.3g", (double)xb[j], (double)yb[j],
+                             err, bound);
+            }
+        }
+    }
+}
+
+/* Ties go to the smaller magnitude, as llama.cpp's search keeps the first best;
+ * values within half the smallest step of 0 become +0 (code 0, never 8). */
+static void test_quant_mxfp4_ties_and_signs(void **state)
+{
+    (void)state;
+    /* e = 128: the scale is 2, doubled codes are in units of 1 */
+    static const float x[BL_QK] = {12, 5, 0.5f, 1.5f, 2.5f, 3.5f, 7, 10, -5, -0.5f, -0.0f, 0,
+                                   -12, 11, 100, -100, 0.25f, -0.75f};
+    static const int want[BL_QK] = {7, 4, 0, 1, 2, 3, 5, 6, 12, 0, 0, 0, 15, 7, 7, 15, 0, 9};
+    bl_block_mxfp4 q;
+    assert_int_equal(bl_quantize_row_ref(BL_TYPE_MXFP4, x, &q, BL_QK), 0);
+    assert_int_equal(q.e, 6 + 125); /* amax 100 = 1.56 * 2^6 */
+    /* with the block's largest at 12 = 1.5 * 2^3 the exponent is 128 */
+    float x2[BL_QK];
+    memcpy(x2, x, sizeof x2);
+    x2[14] = 12;
+    x2[15] = -12;
+    assert_int_equal(bl_quantize_row_ref(BL_TYPE_MXFP4, x2, &q, BL_QK), 0);
+    assert_int_equal(q.e, 128);
+    for (int j = 0; j < BL_QK; j++)
+        if (mxfp4_code(&q, j) != want[j])
+            fail_msg("%g: code %d, want %d", (double)x2[j], mxfp4_code(&q, j), want[j]);
+}
+
+/* All-zero blocks (either sign) are exponent 0 and code 0 throughout. */
+static void test_quant_mxfp4_zero_block_bytes(void **state)
+{
+    (void)state;
+    float x[2 * BL_QK];
+    for (int j = 0; j < 2 * BL_QK; j++)
+        x[j] = j % 2 ? -0.0f : 0.0f;
+    bl_block_mxfp4 q[2];
+    memset(q, 0xff, sizeof q);
+    assert_int_equal(bl_quantize_row_ref(BL_TYPE_MXFP4, x, q, 2 * BL_QK), 0);
+    const uint8_t zero[2 * sizeof(bl_block_mxfp4)] = {0};
+    assert_memory_equal(q, zero, sizeof q);
+}
+
+/* The ends of the exponent range: amax below 2^-125 clamps to e = 0 (2^-127 still
+ * exact, 2^-140 rounds to 0, subnormals too); FLT_MAX takes e = 252 and saturates to
+ * 1.5 * 2^127, the largest finite magnitude; 2^127 itself is exact. */
+static void test_quant_mxfp4_extreme_exponents(void **state)
+{
+    (void)state;
+    float x[BL_QK] = {0}, y[BL_QK];
+    bl_block_mxfp4 q;
+    x[0] = ldexpf(1.0f, -127);
+    x[1] = -ldexpf(1.0f, -128);
+    x[2] = ldexpf(1.0f, -140);
+    x[3] = bits_f32(1); /* the smallest subnormal */
+    assert_int_equal(bl_quantize_row_ref(BL_TYPE_MXFP4, x, &q, BL_QK), 0);
+    bl_dequantize_row_mxfp4_ref(&q, y, BL_QK);
+    assert_int_equal(q.e, 0);
+    assert_true(y[0] == ldexpf(1.0f, -127) && y[1] == -ldexpf(1.0f, -128));
+    assert_true(y[2] == 0.0f && y[3] == 0.0f);
+
+    memset(x, 0, sizeof x);
+    x[0] = FLT_MAX;
+    x[1] = -ldexpf(1.0f, 127);
+    x[2] = 1.0f;
+    assert_int_equal(bl_quantize_row_ref(BL_TYPE_MXFP4, x, &q, BL_QK), 0);
+    bl_dequantize_row_mxfp4_ref(&q, y, BL_QK);
+    assert_int_equal(q.e, 252);
+    assert_true(y[0] == ldexpf(1.5f, 127));
+    assert_true(y[1] == -ldexpf(1.0f, 127));
+    assert_true(y[2] == 0.0f);
+    for (int j = 0; j < BL_QK; j++)
+        assert_true(isfinite(y[j]));
+}
+
+/* NaN quantizes to 0 and leaves the exponent to the other values; Inf counts as
+ * FLT_MAX: its block takes e = 252 and it decodes to +-1.5 * 2^127 (finite). */
+static void test_quant_mxfp4_nan_and_inf(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(4003);
+    float x[BL_QK], z[BL_QK], y[BL_QK], w[BL_QK];
+    for (int j = 0; j < BL_QK; j++)
+        x[j] = rng_gauss(&r);
+    memcpy(z, x, sizeof z);
+    x[5] = NAN;
+    x[20] = -NAN;
+    z[5] = z[20] = 0.0f;
+    bl_block_mxfp4 q, qz;
+    assert_int_equal(bl_quantize_row_ref(BL_TYPE_MXFP4, x, &q, BL_QK), 0);
+    assert_int_equal(bl_quantize_row_ref(BL_TYPE_MXFP4, z, &qz, BL_QK), 0);
+    assert_memory_equal(&q, &qz, sizeof q); /* NaN is 0 */
+    bl_dequantize_row_mxfp4_ref(&q, y, BL_QK);
+    bl_dequantize_row_mxfp4_ref(&qz, w, BL_QK);
+    assert_true(y[5] == 0.0f && y[20] == 0.0f);
+    assert_memory_equal(y, w, sizeof y);
+
+    for (int sign = 0; sign < 2; sign++) {
+        x[5] = 0.5f;
+        x[20] = sign ? -INFINITY : INFINITY;
+        assert_int_equal(bl_quantize_row_ref(BL_TYPE_MXFP4, x, &q, BL_QK), 0);
+        bl_dequantize_row_mxfp4_ref(&q, y, BL_QK);
+        assert_int_equal(q.e, 252);
+        assert_true(y[20] == (sign ? -1.0f : 1.0f) * ldexpf(1.5f, 127));
+        for (int j = 0; j < BL_QK; j++)
+            assert_true(isfinite(y[j]));
+    }
 }
 
 // --- type table and row sizes ------------------------------------------------------------
@@ -727,11 +934,18 @@ int main(void)
         cmocka_unit_test(test_quant_round_trip_q6_K),
         cmocka_unit_test(test_quant_round_trip_q5_K),
         cmocka_unit_test(test_quant_round_trip_q4_K),
+        cmocka_unit_test(test_quant_round_trip_mxfp4),
         cmocka_unit_test(test_quant_quantizers_are_deterministic),
         cmocka_unit_test(test_quant_zero_input_gives_zero),
         cmocka_unit_test(test_quant_quantizers_survive_extreme_input),
         cmocka_unit_test(test_quant_q8_K_bsums_are_group_sums),
         cmocka_unit_test(test_quant_dispatch_rejects_unsupported),
+        cmocka_unit_test(test_quant_mxfp4_representable_round_trip_exact),
+        cmocka_unit_test(test_quant_mxfp4_nearest_code_and_error_bound),
+        cmocka_unit_test(test_quant_mxfp4_ties_and_signs),
+        cmocka_unit_test(test_quant_mxfp4_zero_block_bytes),
+        cmocka_unit_test(test_quant_mxfp4_extreme_exponents),
+        cmocka_unit_test(test_quant_mxfp4_nan_and_inf),
         cmocka_unit_test(test_quant_type_table_covers_enum),
         cmocka_unit_test(test_quant_type_from_name_round_trips),
         cmocka_unit_test(test_quant_type_from_name_rejects_unknown),
