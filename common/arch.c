@@ -76,34 +76,46 @@ static const struct {
 
 static int is_arch(const bl_arch_t *a, const char *name) { return strcmp(a->name, name) == 0; }
 
-/* glm4moe's routing and layer kinds: sigmoid scores with a selection bias, shared
- * experts, leading dense layers, NextN layers at the end of the file. */
-static int read_glm4moe(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *err)
+/* The routing keys glm4moe and deepseek2 share: the shared experts' count (required),
+ * the gating function (0, "none", read as def, as llama.cpp does for each), the
+ * chosen weights' scale (0: none) and norm. */
+static int read_routing(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_gating_t def, int64_t *shared,
+                        bl_err_t *err)
 {
     const char *ar = a->name;
-    int64_t shared = 0, gating = BL_GATING_SIGMOID;
+    int64_t gating = 0;
     int rc;
-    if ((rc = get_count(g, ar, "nextn_predict_layers", 0, a->n_layer_file - 1, &a->n_nextn, err)) < 0 ||
-        (rc = get_count(g, ar, "expert_shared_count", -1, 64, &shared, err)) < 0 ||
-        (rc = get_count(g, ar, "expert_gating_func", BL_GATING_SIGMOID, 16, &gating, err)) < 0 ||
+    if ((rc = get_count(g, ar, "expert_shared_count", -1, 64, shared, err)) < 0 ||
+        (rc = get_count(g, ar, "expert_gating_func", 0, 16, &gating, err)) < 0 ||
         (rc = get_float(g, ar, "expert_weights_scale", 1.0f, 0.0f, 1e6f, &a->expert_scale, err)) < 0)
         return rc;
-    if (shared < 0)
+    if (*shared < 0)
         return bl_err_set(err, BL_ENOENT, "%s: metadata %s.expert_shared_count is missing", path, ar);
-    /* 0 ("none") is glm4moe's default as llama.cpp reads it */
     if (gating == 0)
-        gating = BL_GATING_SIGMOID;
+        gating = def;
     if (gating != BL_GATING_SOFTMAX && gating != BL_GATING_SIGMOID)
         return bl_err_set(err, BL_ENOTSUP, "%s: %s.expert_gating_func %lld is not supported (1 softmax, 2 sigmoid)",
                           path, ar, (long long)gating);
     a->gating = (bl_gating_t)gating;
-    /* llama.cpp reads a scale of 0 as "no scaling" */
     if (a->expert_scale == 0.0f)
         a->expert_scale = 1.0f;
     char key[128];
     snprintf(key, sizeof key, "%s.expert_weights_norm", ar);
     a->expert_norm = 0;
     if (bl_gguf_find_kv(g, key) && (rc = bl_gguf_get_bool(g, key, &a->expert_norm, err)) < 0)
+        return rc;
+    return 0;
+}
+
+/* glm4moe's routing and layer kinds: sigmoid scores with a selection bias, shared
+ * experts, leading dense layers, NextN layers at the end of the file. */
+static int read_glm4moe(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *err)
+{
+    const char *ar = a->name;
+    int64_t shared = 0;
+    int rc;
+    if ((rc = get_count(g, ar, "nextn_predict_layers", 0, a->n_layer_file - 1, &a->n_nextn, err)) < 0 ||
+        (rc = read_routing(a, g, path, BL_GATING_SIGMOID, &shared, err)) < 0)
         return rc;
     a->n_layer = a->n_layer_file - a->n_nextn;
     if ((rc = get_count(g, ar, "leading_dense_block_count", 0, a->n_layer, &a->n_dense_lead, err)) < 0)
@@ -125,7 +137,7 @@ static int read_glm4moe(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_e
 static int read_deepseek2(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *err)
 {
     const char *ar = a->name;
-    int64_t shared = -1, gating = 0, klen = 0, vlen = 0, kmla = 0, vmla = 0;
+    int64_t shared = -1, klen = 0, vlen = 0, kmla = 0, vmla = 0;
     int rc;
     if ((rc = get_count(g, ar, "attention.q_lora_rank", 0, BL_ARCH_MAX_DIM, &a->q_lora, err)) < 0 ||
         (rc = get_dim(g, ar, "attention.kv_lora_rank", 0, BL_ARCH_MAX_DIM, &a->kv_lora, err)) < 0 ||
@@ -135,28 +147,12 @@ static int read_deepseek2(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl
         (rc = get_count(g, ar, "attention.value_length_mla", 0, BL_ARCH_MAX_DIM, &vmla, err)) < 0 ||
         (rc = get_dim(g, ar, "rope.dimension_count", 0, BL_ARCH_MAX_DIM, &a->n_rot, err)) < 0 ||
         (rc = get_count(g, ar, "nextn_predict_layers", 0, a->n_layer_file - 1, &a->n_nextn, err)) < 0 ||
-        (rc = get_count(g, ar, "expert_shared_count", -1, 64, &shared, err)) < 0 ||
-        (rc = get_count(g, ar, "expert_gating_func", 0, 16, &gating, err)) < 0 ||
         (rc = get_count(g, ar, "expert_group_count", 1, BL_ARCH_MAX_EXPERTS, &a->n_group, err)) < 0 ||
         (rc = get_count(g, ar, "expert_group_used_count", 1, BL_ARCH_MAX_EXPERTS, &a->topk_group, err)) < 0 ||
-        (rc = get_float(g, ar, "expert_weights_scale", 1.0f, 0.0f, 1e6f, &a->expert_scale, err)) < 0)
+        /* 0 ("none"): the softmax of DeepSeek-V2's files, as llama.cpp reads them */
+        (rc = read_routing(a, g, path, BL_GATING_SOFTMAX, &shared, err)) < 0)
         return rc;
-    if (shared < 0)
-        return bl_err_set(err, BL_ENOENT, "%s: metadata %s.expert_shared_count is missing", path, ar);
-    /* 0 ("none"): the softmax of DeepSeek-V2's files, as llama.cpp reads them */
-    if (gating == 0)
-        gating = BL_GATING_SOFTMAX;
-    if (gating != BL_GATING_SOFTMAX && gating != BL_GATING_SIGMOID)
-        return bl_err_set(err, BL_ENOTSUP, "%s: %s.expert_gating_func %lld is not supported (1 softmax, 2 sigmoid)",
-                          path, ar, (long long)gating);
-    a->gating = (bl_gating_t)gating;
-    if (a->expert_scale == 0.0f)
-        a->expert_scale = 1.0f;
     char key[128];
-    snprintf(key, sizeof key, "%s.expert_weights_norm", ar);
-    a->expert_norm = 0;
-    if (bl_gguf_find_kv(g, key) && (rc = bl_gguf_get_bool(g, key, &a->expert_norm, err)) < 0)
-        return rc;
     if ((kmla != 0) != (vmla != 0))
         return bl_err_set(err, BL_EINVAL, "%s: metadata %s.attention.%s is missing (key_length_mla and "
                           "value_length_mla come together)", path, ar, kmla ? "value_length_mla" : "key_length_mla");

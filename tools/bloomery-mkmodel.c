@@ -901,40 +901,20 @@ static int add_nextn(const opts_t *o, tlist_t *L, int64_t i)
     return rc;
 }
 
-/* Block i of a glm4moe file: attention with q/k/v biases (and per-head q/k norms
- * with --qk-norm), post_attention_norm as the FFN's input norm, then a dense FFN
- * in the leading blocks, else the router, its selection bias, the routed experts
- * and the shared ones. A NextN block (i >= n_layer) is a MoE block plus the
- * tensors that predict one more token from the last hidden state and the next
- * token's embedding. Scales as build_tensors says. */
-static int add_glm4moe_block(const opts_t *o, tlist_t *L, int64_t i)
+/* The FFN part of block i of a glm4moe or deepseek2 file: a dense FFN in the leading
+ * blocks, else the router (and its selection bias when probs_b), the routed experts
+ * and the shared ones; then, past n_layer, the NextN tensors. */
+static int add_ffn_block(const opts_t *o, tlist_t *L, int64_t i, int probs_b)
 {
-    const int64_t E = o->n_embd, H = o->head_dim;
-    const int64_t QD = o->n_head * H, KD = o->n_head_kv * H;
+    const int64_t E = o->n_embd;
     const int64_t X = o->n_expert, FE = o->n_ff_exp, F = o->n_ff, FS = o->n_ff_exp * o->n_shared;
     const double inv_e = 1.0 / sqrt((double)E);
     const bl_type_t f32 = BL_TYPE_F32;
     const char *tf = "--type";
-    const char *v_flag = o->attn_v_set ? "--type-attn-v" : "--type";
     const char *d_flag = o->ffn_down_set ? "--type-ffn-down" : "--type";
     char nm[BL_GW_MAX_NAME + 1];
     int rc = 0;
 #define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%lld." suffix, (long long)i), nm)
-    rc |= add_t(L, BLK("attn_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
-    rc |= add_t(L, BLK("attn_q.weight"), 2, E, QD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
-    rc |= add_t(L, BLK("attn_q.bias"), 1, QD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
-    rc |= add_t(L, BLK("attn_k.weight"), 2, E, KD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
-    rc |= add_t(L, BLK("attn_k.bias"), 1, KD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
-    rc |= add_t(L, BLK("attn_v.weight"), 2, E, KD, 1, o->type_attn_v, KIND_MAT, inv_e,
-                "--n-embd", v_flag);
-    rc |= add_t(L, BLK("attn_v.bias"), 1, KD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
-    rc |= add_t(L, BLK("attn_output.weight"), 2, QD, E, 1, o->type, KIND_MAT,
-                1.0 / sqrt((double)QD), "--heads x --head-dim", tf);
-    if (o->qk_norm) {
-        rc |= add_t(L, BLK("attn_q_norm.weight"), 1, H, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
-        rc |= add_t(L, BLK("attn_k_norm.weight"), 1, H, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
-    }
-    rc |= add_t(L, BLK("post_attention_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
     if (i < o->n_dense_lead) {
         rc |= add_t(L, BLK("ffn_gate.weight"), 2, E, F, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
         rc |= add_t(L, BLK("ffn_up.weight"), 2, E, F, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
@@ -943,8 +923,9 @@ static int add_glm4moe_block(const opts_t *o, tlist_t *L, int64_t i)
     } else {
         rc |= add_t(L, BLK("ffn_gate_inp.weight"), 2, E, X, 1, f32, KIND_MAT, 2 * inv_e, NULL,
                     NULL);
-        rc |= add_t(L, BLK("exp_probs_b.bias"), 1, X, 1, 1, f32, KIND_MAT, EXP_PROBS_B_STD, NULL,
-                    NULL);
+        if (probs_b)
+            rc |= add_t(L, BLK("exp_probs_b.bias"), 1, X, 1, 1, f32, KIND_MAT, EXP_PROBS_B_STD,
+                        NULL, NULL);
         rc |= add_t(L, BLK("ffn_gate_exps.weight"), 3, E, FE, X, o->type, KIND_MAT, inv_e,
                     "--n-embd", tf);
         rc |= add_t(L, BLK("ffn_up_exps.weight"), 3, E, FE, X, o->type, KIND_MAT, inv_e,
@@ -966,6 +947,43 @@ static int add_glm4moe_block(const opts_t *o, tlist_t *L, int64_t i)
     return rc;
 }
 
+/* Block i of a glm4moe file: attention with q/k/v biases (and per-head q/k norms
+ * with --qk-norm), post_attention_norm as the FFN's input norm, then a dense FFN
+ * in the leading blocks, else the router, its selection bias, the routed experts
+ * and the shared ones. A NextN block (i >= n_layer) is a MoE block plus the
+ * tensors that predict one more token from the last hidden state and the next
+ * token's embedding. Scales as build_tensors says. */
+static int add_glm4moe_block(const opts_t *o, tlist_t *L, int64_t i)
+{
+    const int64_t E = o->n_embd, H = o->head_dim;
+    const int64_t QD = o->n_head * H, KD = o->n_head_kv * H;
+    const double inv_e = 1.0 / sqrt((double)E);
+    const bl_type_t f32 = BL_TYPE_F32;
+    const char *tf = "--type";
+    const char *v_flag = o->attn_v_set ? "--type-attn-v" : "--type";
+    char nm[BL_GW_MAX_NAME + 1];
+    int rc = 0;
+#define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%lld." suffix, (long long)i), nm)
+    rc |= add_t(L, BLK("attn_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+    rc |= add_t(L, BLK("attn_q.weight"), 2, E, QD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
+    rc |= add_t(L, BLK("attn_q.bias"), 1, QD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
+    rc |= add_t(L, BLK("attn_k.weight"), 2, E, KD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
+    rc |= add_t(L, BLK("attn_k.bias"), 1, KD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
+    rc |= add_t(L, BLK("attn_v.weight"), 2, E, KD, 1, o->type_attn_v, KIND_MAT, inv_e,
+                "--n-embd", v_flag);
+    rc |= add_t(L, BLK("attn_v.bias"), 1, KD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
+    rc |= add_t(L, BLK("attn_output.weight"), 2, QD, E, 1, o->type, KIND_MAT,
+                1.0 / sqrt((double)QD), "--heads x --head-dim", tf);
+    if (o->qk_norm) {
+        rc |= add_t(L, BLK("attn_q_norm.weight"), 1, H, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+        rc |= add_t(L, BLK("attn_k_norm.weight"), 1, H, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+    }
+    rc |= add_t(L, BLK("post_attention_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+#undef BLK
+    rc |= add_ffn_block(o, L, i, 1);
+    return rc;
+}
+
 /* Block i of a deepseek2 file, in the order llama.cpp's converter writes it:
  * attn_norm; q, through the rank --q-lora and its norm (attn_q_a, attn_q_a_norm,
  * attn_q_b) or directly (attn_q); attn_kv_a_mqa, which makes the --kv-lora latent
@@ -979,12 +997,10 @@ static int add_deepseek2_block(const opts_t *o, tlist_t *L, int64_t i)
 {
     const int64_t E = o->n_embd, NH = o->n_head, QL = o->n_q_lora, KL = o->n_kv_lora;
     const int64_t NOPE = o->n_qk_nope, ROT = o->n_rot, HV = o->n_v_head, HK = NOPE + ROT;
-    const int64_t X = o->n_expert, FE = o->n_ff_exp, F = o->n_ff, FS = o->n_ff_exp * o->n_shared;
     const double inv_e = 1.0 / sqrt((double)E), inv_kl = 1.0 / sqrt((double)KL);
     const bl_type_t f32 = BL_TYPE_F32;
     const char *tf = "--type";
     const char *v_flag = o->attn_v_set ? "--type-attn-v" : "--type";
-    const char *d_flag = o->ffn_down_set ? "--type-ffn-down" : "--type";
     char nm[BL_GW_MAX_NAME + 1], kv_b[BL_GW_MAX_NAME + 1];
     int rc = 0;
 #define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%lld." suffix, (long long)i), nm)
@@ -1022,35 +1038,8 @@ static int add_deepseek2_block(const opts_t *o, tlist_t *L, int64_t i)
     rc |= add_t(L, BLK("attn_output.weight"), 2, NH * HV, E, 1, o->type, KIND_MAT,
                 1.0 / sqrt((double)(NH * HV)), "--heads x --v-head", tf);
     rc |= add_t(L, BLK("ffn_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
-    if (i < o->n_dense_lead) {
-        rc |= add_t(L, BLK("ffn_gate.weight"), 2, E, F, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
-        rc |= add_t(L, BLK("ffn_up.weight"), 2, E, F, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
-        rc |= add_t(L, BLK("ffn_down.weight"), 2, F, E, 1, o->type_ffn_down, KIND_MAT,
-                    1.0 / sqrt((double)F), "--ff", d_flag);
-    } else {
-        rc |= add_t(L, BLK("ffn_gate_inp.weight"), 2, E, X, 1, f32, KIND_MAT, 2 * inv_e, NULL,
-                    NULL);
-        if (o->gating == GATING_SIGMOID && !o->no_probs_bias)
-            rc |= add_t(L, BLK("exp_probs_b.bias"), 1, X, 1, 1, f32, KIND_MAT, EXP_PROBS_B_STD,
-                        NULL, NULL);
-        rc |= add_t(L, BLK("ffn_gate_exps.weight"), 3, E, FE, X, o->type, KIND_MAT, inv_e,
-                    "--n-embd", tf);
-        rc |= add_t(L, BLK("ffn_up_exps.weight"), 3, E, FE, X, o->type, KIND_MAT, inv_e,
-                    "--n-embd", tf);
-        rc |= add_t(L, BLK("ffn_down_exps.weight"), 3, FE, E, X, o->type_ffn_down, KIND_MAT,
-                    1.0 / sqrt((double)FE), "--expert-ff", d_flag);
-        if (o->n_shared) {
-            rc |= add_t(L, BLK("ffn_gate_shexp.weight"), 2, E, FS, 1, o->type, KIND_MAT, inv_e,
-                        "--n-embd", tf);
-            rc |= add_t(L, BLK("ffn_up_shexp.weight"), 2, E, FS, 1, o->type, KIND_MAT, inv_e,
-                        "--n-embd", tf);
-            rc |= add_t(L, BLK("ffn_down_shexp.weight"), 2, FS, E, 1, o->type_ffn_down, KIND_MAT,
-                        1.0 / sqrt((double)FS), "--expert-ff x --shared-experts", d_flag);
-        }
-    }
 #undef BLK
-    if (i >= o->n_layer)
-        rc |= add_nextn(o, L, i);
+    rc |= add_ffn_block(o, L, i, o->gating == GATING_SIGMOID && !o->no_probs_bias);
     return rc;
 }
 
