@@ -6,11 +6,13 @@ prompt of some 300 tokens; the server's n_probs against bloomery-cli's; --worker
 and routed experts in the hosttier (-ot ...=HOSTTIER) giving exactly the one-worker
 answers; chat end to end with the file's own template (the rendered prompt, one BOS
 at the start of what is evaluated, reasoning split out, a forced tool call in the
-family's form); the family's end-of-generation tokens ending a reply; and files with
-a key or a tensor missing or wrong refused by its name, by bloomery-cli and
-bloomery-serve."""
+family's form); the family's end-of-generation tokens ending a reply (and harmony's
+<|end|>, which ends a message, not ending it); and files with a key or a tensor
+missing or wrong refused by its name, by bloomery-cli and bloomery-serve."""
 import collections
+import functools
 import json
+import operator
 import os
 import re
 import subprocess
@@ -53,6 +55,13 @@ FAMILIES = {
                                    "--groups", "4", "--groups-used", "2", "--yarn", "40",
                                    "--legacy-kv-b", "--q-lora", "0", "--gating", "softmax",
                                    "--seed", "8"]},
+    # gpt-oss cut down: attention biases and sinks, even layers sliding over a window
+    # of 4 (every prompt here is longer, the long one by far: a sliding layer sees its
+    # last 4 positions, layer 1 all of them), 8 routed experts with biases chosen 2
+    # (softmax over the chosen logits), MXFP4 experts (the default), YaRN by 32
+    "gpt-oss": {"arch": "gpt-oss", "long": True,
+                "flags": ["--layers", "3", "--experts", "8", "--experts-used", "2",
+                          "--swa", "4", "--yarn", "32"]},
 }
 
 
@@ -68,6 +77,9 @@ DS_CALLS = (ds("tool calls begin"), ds("tool call begin"), ds("tool sep"), ds("t
 # same ones for every file of an architecture) make of a conversation; the tests
 # that need it skip a family whose architecture has no entry. The prompts are as
 # /apply-template gives them: without the BOS text, which the tokenizer adds.
+OSS_SYSTEM = ("<|start|>system<|message|>You are a small synthetic model; your weights are random, "
+              "so what you write means nothing.\n\n# Valid channels: analysis, commentary, final. "
+              "Channel must be included for every message.<|end|>")
 FORMS = {
     "glm4moe": {
         "chat_prompt": "[gMASK]<sop><|user|>\nWhat is the capital of France?<|assistant|>\n",
@@ -104,11 +116,39 @@ FORMS = {
                  re.escape(DS_CALLS[4])),
         "ends": {ds("end of sentence"): "tokenizer.ggml.eos_token_id"},
     },
+    # harmony: the system message (the template's own text), the developer message
+    # holding the system prompt, the user's, and the generation prompt <|start|>assistant;
+    # the reply is channels: analysis (the thought), final (the answer), commentary
+    # to=functions.NAME (a call)
+    "gpt-oss": {
+        "chat_prompt": (OSS_SYSTEM + "<|start|>user<|message|>What is the capital of France?<|end|>"
+                        "<|start|>assistant"),
+        "system_user": ("Be brief.", "Hi there",
+                        OSS_SYSTEM + "<|start|>developer<|message|># Instructions\n\nBe brief.<|end|>"
+                        "<|start|>user<|message|>Hi there<|end|><|start|>assistant"),
+        "chat_format": "gpt-oss",
+        "reasoning": ({}, "<|channel|>analysis<|message|>The iron is hot.<|end|>"
+                          "<|start|>assistant<|channel|>final<|message|>Strike now."),
+        # one message in the commentary channel, its arguments JSON (the forcing
+        # grammar lets the model think first, in an analysis message, as llama.cpp's
+        # does; and like every form's here, it lets whitespace in where the form has a
+        # space); a group "thought", where it matched, is the reasoning_content
+        "call": (r"(?:<\|channel\|>analysis<\|message\|>(?P<thought>(?:(?!<\|end\|>).)*)<\|end\|>"
+                 r"<\|start\|>assistant)?"
+                 r"<\|channel\|>commentary\s+to=functions\.paint\s*<\|constrain\|>json<\|message\|>"
+                 r"(?P<args>\{.*\})(?:<\|call\|>)?"),
+        "ends": {"<|return|>": "tokenizer.ggml.eos_token_id",
+                 "<|call|>": "tokenizer.ggml.eom_token_id"},
+        # ends a message, and the reply goes on (llama.cpp takes it out of the
+        # end-of-generation tokens when <|return|> and <|call|> are there)
+        "not_ends": ["<|end|>"],
+    },
 }
 
 # A family's broken files: (what is wrong, the change, the name the refusal must give).
 # The change is rewrite()'s keywords. The first case is also tried on bloomery-serve.
 DS2 = "deepseek2."
+OSS = "gpt-oss."
 BAD_FILES = {
     "glm4moe": [
         ("the NextN layer's eh_proj is missing", {"drop_tensors": ["blk.3.nextn.eh_proj.weight"]},
@@ -140,6 +180,23 @@ BAD_FILES = {
         ("gating function 3", {"set_keys": {DS2 + "expert_gating_func": 3}},
          DS2 + "expert_gating_func"),
     ],
+    # the file has no sliding_window_pattern (the default period 2) and no
+    # freq_base_swa: those two cases add the key
+    "gpt-oss": [
+        ("a layer's attention sinks are missing", {"drop_tensors": ["blk.1.attn_sinks.weight"]},
+         "blk.1.attn_sinks.weight"),
+        ("sliding_window is missing", {"drop_keys": [OSS + "attention.sliding_window"]},
+         OSS + "attention.sliding_window"),
+        ("a sliding-window period of 0",
+         {"set_keys": {OSS + "attention.sliding_window_pattern": (gguf.T_UINT32, 0)}},
+         OSS + "attention.sliding_window_pattern"),
+        # the same bytes, the dimensions swapped: [n_expert, E] for [E, n_expert]
+        ("ffn_down_exps.bias shaped [8, 256]", {"shapes": {"blk.0.ffn_down_exps.bias": (8, 256)}},
+         "blk.0.ffn_down_exps.bias"),
+        ("the sliding layers' own RoPE base",
+         {"set_keys": {OSS + "rope.freq_base_swa": (gguf.T_FLOAT32, 10000.0)}},
+         OSS + "rope.freq_base_swa"),
+    ],
 }
 
 PLAIN = ["The old lighthouse keeper walked down to the",
@@ -157,15 +214,22 @@ def run(args, timeout=120):
                           errors="replace", timeout=timeout)
 
 
-def rewrite(src, dst, drop_tensors=(), drop_keys=(), set_keys=None, lengths=None):
-    """Copies a GGUF file with tensors or keys left out, keys given other values, or 1-D
-    tensors cut or stretched to another length; every other byte is the source's."""
+def rewrite(src, dst, drop_tensors=(), drop_keys=(), set_keys=None, lengths=None, shapes=None):
+    """Copies a GGUF file with tensors or keys left out, keys given other values (a key
+    the file lacks is added after the others, its value a (gguf type, value) pair), 1-D
+    tensors cut or stretched to another length, or tensors given other dimensions over
+    the same bytes (shapes: name -> ne, of as many values); every other byte is the
+    source's."""
     g = gguf.load(src)
     w = gguf_write.Writer(alignment=g.alignment)
+    set_keys = set_keys or {}
     for key, value in g.metadata.items():
         if key in drop_keys:
             continue
-        w.add(key, (set_keys or {}).get(key, value), typ=g.metadata_types[key])
+        w.add(key, set_keys.get(key, value), typ=g.metadata_types[key])
+    for key, value in set_keys.items():
+        if key not in g.metadata:
+            w.add(key, value)
     for name, t in g.tensors.items():
         if name in drop_tensors:
             continue
@@ -173,6 +237,10 @@ def rewrite(src, dst, drop_tensors=(), drop_keys=(), set_keys=None, lengths=None
         if lengths and name in lengths:
             n = lengths[name]
             ne, raw = (n,), (raw * (n // t.ne[0] + 1))[:n * len(raw) // t.ne[0]]
+        if shapes and name in shapes:
+            ne = tuple(shapes[name])
+            count = lambda dims: functools.reduce(operator.mul, dims, 1)  # noqa: E731
+            assert count(ne) == count(t.ne), (name, t.ne, ne)
         w.tensors.append((name, ne, t.type, raw))  # the bytes as they are: any ggml type
     w.write(dst)
 
@@ -417,6 +485,9 @@ def test_reasoning_split_out(family, one):
 
 
 # every call this tool allows is short, so the forced grammar ends whatever the model picks
+# (but a thought before it, which gpt-oss's forced grammar allows, ends only where the
+# model writes <|end|>: some 300 tokens of random text for the seeds below, so the
+# test's max_tokens leaves room, within FAST's 1024 positions)
 TOOLS = [{"type": "function", "function": {
     "name": "paint", "parameters": {
         "type": "object", "additionalProperties": False, "required": ["color", "coats"],
@@ -431,7 +502,7 @@ def test_forced_tool_call_in_the_family_form(family, one, seed):
     form = re.compile(forms(family)["call"], re.S)
     r = post(one.url, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "Paint the wall."}], "tools": TOOLS,
-        "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 400,
+        "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 700,
         "temperature": 1.0, "seed": seed, "logprobs": True})
     assert r.status_code == 200, r.text
     ch = r.json()["choices"][0]
@@ -449,6 +520,9 @@ def test_forced_tool_call_in_the_family_form(family, one, seed):
     assert m, "the model wrote more or other than the call form %r:\n%s" % (form.pattern, written)
     if "args" in form.groupindex:
         assert json.loads(m.group("args")) == args, written
+    if "thought" in form.groupindex:
+        assert (ch["message"].get("reasoning_content") or "") == (m.group("thought") or ""), \
+            (ch["message"], written)
 
 
 # ------------------------------------------------------------------ end of generation
@@ -479,6 +553,44 @@ def test_end_of_generation_tokens_end_the_reply(family, one):
         assert r.status_code == 200, r.text
         ch = r.json()["choices"][0]
         assert ch["finish_reason"] == "stop" and not ch["message"].get("content"), (text, ch)
+
+
+def test_message_ends_do_not_end_the_reply(family, one):
+    """A token that ends a message but not the reply (harmony's <|end|>: the analysis
+    message is followed by the final one), made all but certain by logit_bias, does
+    not stop a completion or a chat: as llama-server, which takes <|end|> out of the
+    end-of-generation tokens of a vocabulary with <|return|> and <|call|>, generation
+    runs on to the token limit."""
+    f = forms(family)
+    if not f.get("not_ends"):
+        pytest.skip("%s has no token that ends a message but not the reply" % family.arch)
+    md = gguf.load(family.path).metadata
+    ends = {md[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                            "tokenizer.ggml.eom_token_id") if k in md}
+    n = 6
+    for text in f["not_ends"]:
+        r = post(one.url, "/tokenize", {"content": text, "with_pieces": True})
+        assert r.status_code == 200, r.text
+        pieces = r.json()["tokens"]
+        assert len(pieces) == 1 and pieces[0]["piece"] == text, (text, pieces)
+        tid = pieces[0]["id"]
+        assert tid not in ends, (text, tid, ends)
+        r = post(one.url, "/completion", {"prompt": "The old lighthouse", "n_predict": n,
+                                          "temperature": 0, "return_tokens": True,
+                                          "logit_bias": [[tid, 100]], "cache_prompt": False})
+        assert r.status_code == 200, r.text
+        b = r.json()
+        assert b["stop_type"] != "eos", (text, b)
+        assert (b["stop_type"], b["tokens_predicted"], b["tokens"]) == ("limit", n, [tid] * n), \
+            (text, b)
+        r = post(one.url, "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": n, "temperature": 0,
+            "logit_bias": {str(tid): 100}})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        ch = body["choices"][0]
+        assert ch["finish_reason"] == "length", (text, body)
+        assert body["usage"]["completion_tokens"] == n, (text, body)
 
 
 # ------------------------------------------------------------------ bad files
