@@ -24,7 +24,8 @@ static int get_dim(const bl_gguf_t *g, const char *arch, const char *key, int64_
     if (rc < 0)
         return rc;
     if (v < 1 || v > max)
-        return bl_err_set(err, BL_ERANGE, "metadata %s = %u is outside 1..%lld", full, v, (long long)max);
+        return bl_err_set(err, BL_ERANGE, "%s: metadata %s = %u is outside 1..%lld", bl_gguf_part_path(g, 0), full, v,
+                          (long long)max);
     *out = v;
     return 0;
 }
@@ -43,8 +44,8 @@ static int get_float(const bl_gguf_t *g, const char *arch, const char *key, floa
     if (rc < 0)
         return rc;
     if (!(*out >= lo && *out <= hi))
-        return bl_err_set(err, BL_ERANGE, "metadata %s = %g is outside %g..%g", full, (double)*out, (double)lo,
-                          (double)hi);
+        return bl_err_set(err, BL_ERANGE, "%s: metadata %s = %g is outside %g..%g", bl_gguf_part_path(g, 0), full,
+                          (double)*out, (double)lo, (double)hi);
     return 0;
 }
 
@@ -63,7 +64,8 @@ static int get_count(const bl_gguf_t *g, const char *arch, const char *key, int6
     if (rc < 0)
         return rc;
     if (v > max)
-        return bl_err_set(err, BL_ERANGE, "metadata %s = %u is outside 0..%lld", full, v, (long long)max);
+        return bl_err_set(err, BL_ERANGE, "%s: metadata %s = %u is outside 0..%lld", bl_gguf_part_path(g, 0), full, v,
+                          (long long)max);
     *out = v;
     return 0;
 }
