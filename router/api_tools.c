@@ -82,7 +82,8 @@ static void gb_lit(gb_t *g, const char *s, size_t n)
         g->rc = BL_ENOMEM;
 }
 
-/* A form's text: runs of bytes as literals, a space as "fc-ws", %X by what x says. */
+/* A form's text: runs of bytes as literals, a space as "fc-ws", %X by what x says
+ * (chatfmt.h). */
 static void gb_form(gb_t *g, const char *form, const char *name, const char *args,
                     int json_name)
 {
@@ -120,6 +121,8 @@ static void gb_form(gb_t *g, const char *form, const char *name, const char *arg
             gb_str(g, " [0-9]{1,4}");
         } else if (k == '9') {
             gb_str(g, " [a-zA-Z0-9]{9}");
+        } else if (k == '_') {
+            gb_lit(g, " ", 1);
         }
     }
 }

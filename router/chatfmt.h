@@ -47,8 +47,9 @@ typedef struct rt_kvform {
  *   calls ::= open call (sep call)* close    (one call: open call close)
  * and each call is `call` with %N its name (JSON text with json_name, else raw),
  * %A its arguments (a JSON object of the tool's parameters, or key/value pairs in
- * kv's form), %I a call id of digits, %9 one of nine letters and digits. A space
- * stands for up to 20 spaces, tabs and line breaks; every other byte is itself.
+ * kv's form), %I a call id of digits, %9 one of nine letters and digits, %_ one
+ * space exactly. A space stands for up to 20 spaces, tabs and line breaks; every
+ * other byte is itself.
  * single: one call a reply. */
 typedef struct rt_callform {
     const char *open, *sep, *close, *call;

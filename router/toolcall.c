@@ -130,8 +130,9 @@ static const rt_callform_t k_forms[RT_CHATFMT_N] = {
                                 "\"parameters\" : %A }",
                                 1, 0, NULL},
     /* a harmony message holds one call (the next comes after its result), and its
-     * header comes first: a reply that begins otherwise is text */
-    [RT_CHATFMT_GPT_OSS] = {"", "", "", "<|channel|>commentary to=functions.%N <|constrain|>json"
+     * header comes first: a reply that begins otherwise is text; the header's spaces
+     * are single ones, as the model writes them */
+    [RT_CHATFMT_GPT_OSS] = {"", "", "", "<|channel|>commentary%_to=functions.%N%_<|constrain|>json"
                             "<|message|>%A", 0, 1, NULL},
 };
 
