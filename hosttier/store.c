@@ -36,7 +36,11 @@ typedef struct ahead {
     double *cand;            /* (n_expert) scratch */
     kcpu_mat_t *gate;        /* (n_layer) router: layer l's gate (n_expert x n_embd, where
                               * the file maps it); data NULL for a layer not held */
+    const float **gate_b;    /* (n_layer) its logits' bias (gpt-oss), or NULL */
+    const float **probs_b;   /* (n_layer) its choice's bias (exp_probs_b), or NULL */
     float *score;            /* (AHEAD_ROWS, n_expert) the gate's logits */
+    int32_t *ids;            /* (AHEAD_ROWS, n_expert_used) the predicted choice */
+    float *wts;              /* (AHEAD_ROWS, n_expert_used) and its weights */
 } ahead_t;
 
 #define AHEAD_ROWS 8 /* the rows of a call whose routes predict the next layer's */
@@ -109,6 +113,10 @@ static void ahead_stop(ahead_t *a)
     free(a->cand);
     free(a->gate);
     free(a->score);
+    free(a->gate_b);
+    free(a->probs_b);
+    free(a->ids);
+    free(a->wts);
 }
 
 static void pager_free(pager_t *p)
@@ -367,29 +375,27 @@ static void pager_evict(ht_store_t *s, int64_t v)
 }
 
 /* The experts the next layer nl will likely route the rows xn (n, n_embd) to: each
- * of the first AHEAD_ROWS rows' top n_expert_used under nl's gate (the file's gate
- * on the store's threads, as the worker computes it); cand[x] is set to the best
- * logit that chose x, so the surest come first. */
+ * of the first AHEAD_ROWS rows' choice under nl's router (the file's gate and biases
+ * on the store's threads, through the routing the workers run, kcpu_moe_route);
+ * cand[x] is set to the largest weight that chose x, so the surest come first. */
 static void predict_routes(ht_store_t *s, int64_t nl, const float *xn, int64_t n)
 {
     ahead_t *a = &s->pg->ah;
-    const int64_t NE = s->a.n_expert, K = s->a.n_expert_used, rows = n < AHEAD_ROWS ? n : AHEAD_ROWS;
+    const bl_arch_t *c = &s->a;
+    const int64_t NE = c->n_expert, K = c->n_expert_used, rows = n < AHEAD_ROWS ? n : AHEAD_ROWS;
     kcpu_matmul(s->kc, &a->gate[nl], xn, rows, a->score);
-    for (int64_t r = 0; r < rows; r++) {
-        float *sc = a->score + r * NE;
-        for (int64_t k = 0; k < K; k++) {
-            int64_t best = -1;
-            for (int64_t e = 0; e < NE; e++)
-                if (sc[e] > -INFINITY && (best < 0 || sc[e] > sc[best]))
-                    best = e;
-            if (best < 0)
-                break;
-            /* ranked by the logit, shifted positive (cand > 0 marks a candidate) */
-            const double v = 1e6 + (double)sc[best];
-            if (v > a->cand[best])
-                a->cand[best] = v;
-            sc[best] = -INFINITY;
-        }
+    for (int64_t r = 0; a->gate_b[nl] && r < rows; r++)
+        for (int64_t x = 0; x < NE; x++)
+            a->score[r * NE + x] += a->gate_b[nl][x];
+    const kcpu_route_t rt = {.n_expert = NE, .k = K, .n_group = c->n_group, .topk_group = c->topk_group,
+                             .gating = (int)c->gating, .norm = c->expert_norm, .scale = c->expert_scale,
+                             .bias = a->probs_b[nl]};
+    kcpu_moe_route(s->kc, a->score, rows, &rt, a->ids, a->wts);
+    for (int64_t i = 0; i < rows * K; i++) {
+        /* ranked by the weight, shifted positive (cand > 0 marks a candidate) */
+        const double v = 1e6 + (double)a->wts[i];
+        if (v > a->cand[a->ids[i]])
+            a->cand[a->ids[i]] = v;
     }
 }
 
@@ -526,8 +532,12 @@ static int load_gates(ht_store_t *s, bl_err_t *err)
 {
     ahead_t *a = &s->pg->ah;
     const bl_arch_t *c = &s->a;
-    if (!(a->gate = calloc((size_t)c->n_layer, sizeof *a->gate)) ||
-        !(a->score = malloc(sizeof(float) * AHEAD_ROWS * (size_t)c->n_expert)))
+    const size_t L = (size_t)c->n_layer, R = AHEAD_ROWS;
+    if (!(a->gate = calloc(L, sizeof *a->gate)) || !(a->gate_b = calloc(L, sizeof *a->gate_b)) ||
+        !(a->probs_b = calloc(L, sizeof *a->probs_b)) ||
+        !(a->score = malloc(sizeof(float) * R * (size_t)c->n_expert)) ||
+        !(a->ids = malloc(sizeof(int32_t) * R * (size_t)c->n_expert_used)) ||
+        !(a->wts = malloc(sizeof(float) * R * (size_t)c->n_expert_used)))
         return bl_err_set(err, BL_ENOMEM, "out of memory for the read-ahead");
     for (int64_t l = 0; l < c->n_layer; l++) {
         if (!s->held[l])
@@ -538,6 +548,16 @@ static int load_gates(ht_store_t *s, bl_err_t *err)
         int rc = bl_arch_tensor(s->g, s->path, name, c->n_embd, c->n_expert, 1, 0, &t, err);
         if (rc == 0)
             rc = kcpu_mat_init(&a->gate[l], t->data, t->type, c->n_embd, c->n_expert, err);
+        if (rc == 0 && c->router_bias) {
+            snprintf(name, sizeof name, "blk.%lld.ffn_gate_inp.bias", (long long)l);
+            if ((rc = bl_arch_tensor(s->g, s->path, name, c->n_expert, 1, 1, 1, &t, err)) == 0)
+                a->gate_b[l] = t->data;
+        }
+        if (rc == 0 && c->expert_bias) {
+            snprintf(name, sizeof name, "blk.%lld.exp_probs_b.bias", (long long)l);
+            if ((rc = bl_arch_tensor(s->g, s->path, name, c->n_expert, 1, 1, 1, &t, err)) == 0)
+                a->probs_b[l] = t->data;
+        }
         if (rc < 0)
             return rc;
     }
