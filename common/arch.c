@@ -386,6 +386,7 @@ int bl_arch_read(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *e
     a->tied_output = !bl_gguf_find_tensor(g, "output.weight");
     a->cache = BL_CACHE_KV;
     a->cache_prefix_cut = 1;
+    a->kv_planes = a->kv_lora > 0 ? 1 : 2;
     return 0;
 }
 

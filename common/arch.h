@@ -94,6 +94,7 @@ typedef struct bl_arch {
     int tied_output;      /* no output.weight: the head is token_embd */
     bl_cache_kind_t cache;
     int cache_prefix_cut; /* the cache can be cut back to a prefix */
+    int kv_planes;        /* 2: K and V rows; 1: the value is the key's row (deepseek2) */
 } bl_arch_t;
 
 /* Whether layer l has routed experts. */

@@ -28,7 +28,7 @@ uint64_t bl_kvpart_bytes(const bl_kvpart_t *p)
 {
     if (p->layer_end < p->layer_begin)
         return 0;
-    uint64_t l = (uint64_t)(p->layer_end - p->layer_begin) * 2, r;
+    uint64_t l = (uint64_t)(p->layer_end - p->layer_begin) * (p->planes ? p->planes : 2), r;
     if (__builtin_mul_overflow(l, p->n, &r) || __builtin_mul_overflow(r, p->row_bytes, &r))
         return 0;
     return r;
@@ -45,6 +45,7 @@ void bl_kvpart_encode(const bl_kvpart_t *p, uint8_t out[BL_KVPART_HDR_BYTES])
     bl_put_le64(out + 24, p->n);
     bl_put_le64(out + 32, p->row_bytes);
     bl_put_le64(out + 40, p->sum);
+    bl_put_le32(out + 48, p->planes);
     bl_put_le64(out + 56, bl_sum64(0, out, 56));
 }
 
@@ -55,10 +56,11 @@ int bl_kvpart_decode(const void *buf, size_t n, bl_kvpart_t *p, bl_err_t *err)
         return bl_err_set(err, BL_EINVAL, "cache part: %zu bytes, shorter than its header", n);
     if (memcmp(b, MAGIC, 8) != 0)
         return bl_err_set(err, BL_EINVAL, "cache part: not a cache part file");
-    if (bl_get_le64(b + 56) != bl_sum64(0, b, 56) || bl_get_le64(b + 48) != 0)
+    if (bl_get_le64(b + 56) != bl_sum64(0, b, 56) || bl_get_le32(b + 52) != 0 || bl_get_le32(b + 48) > 2)
         return bl_err_set(err, BL_EINVAL, "cache part: the header is damaged");
     *p = (bl_kvpart_t){.version = bl_get_le32(b + 8), .kv_type = bl_get_le32(b + 12),
                        .layer_begin = bl_get_le32(b + 16), .layer_end = bl_get_le32(b + 20),
+                       .planes = bl_get_le32(b + 48),
                        .n = bl_get_le64(b + 24), .row_bytes = bl_get_le64(b + 32), .sum = bl_get_le64(b + 40)};
     if (p->version != BL_KVPART_VERSION)
         return bl_err_set(err, BL_EINVAL, "cache part: version %u, this build reads %d", p->version,

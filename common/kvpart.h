@@ -2,13 +2,14 @@
  * that one stage writes for its layers (the prompt cache on disk, --cache-disk).
  *
  * A part file is a 64-byte header, then the stage's state as it holds it in host
- * memory ((layers, 2, n, row_bytes): K then V per layer):
+ * memory ((layers, planes, n, row_bytes): K then V per layer, or one plane where the
+ * value is the key's row):
  *
  *   0   "BLMKVPT1"
  *   8   u32 version (1)            12  u32 KV type (a bl_type_t id)
  *   16  u32 first layer            20  u32 end of the layers
  *   24  u64 positions              32  u64 bytes of one position of one layer's K
- *   40  u64 checksum of the state  48  u64 0
+ *   40  u64 checksum of the state  48  u32 planes a layer (0: 2)  52  u32 0
  *   56  u64 checksum of bytes 0..56
  *
  * all little-endian. */
@@ -50,11 +51,12 @@ static inline uint64_t bl_get_le64(const uint8_t *p)
 
 typedef struct bl_kvpart {
     uint32_t version, kv_type, layer_begin, layer_end;
+    uint32_t planes; /* 1 or 2; 0 is 2 (the files before the field) */
     uint64_t n, row_bytes, sum;
 } bl_kvpart_t;
 
-/* The state's bytes: (layer_end - layer_begin) * 2 * n * row_bytes, or 0 when that
- * overflows. */
+/* The state's bytes: (layer_end - layer_begin) * planes * n * row_bytes, or 0 when
+ * that overflows. */
 uint64_t bl_kvpart_bytes(const bl_kvpart_t *p);
 void bl_kvpart_encode(const bl_kvpart_t *p, uint8_t out[BL_KVPART_HDR_BYTES]);
 /* BL_EINVAL naming what is wrong: too short, not a part file, another version, a

@@ -294,7 +294,7 @@ static void ram_budget(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *
 /* Fills each stage's sizes. */
 static void size_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s)
 {
-    const double kv_pos_layer = 2.0 * (double)(a->n_head_kv * a->head_dim) *
+    const double kv_pos_layer = (double)a->kv_planes * (double)(a->n_head_kv * a->head_dim) *
                                 (o->kv_elem_bytes > 0 ? o->kv_elem_bytes : 2.0);
     p->host_bytes = 0;
     p->n_host_layers = 0;

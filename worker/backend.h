@@ -125,13 +125,14 @@ typedef struct wk_backend_ops {
      * backend's prompt offload); registered before commit */
     int (*add_host)(wk_backend_t *b, int64_t l, const wk_moe_t *e, bl_err_t *err);
     int (*commit)(wk_backend_t *b, bl_err_t *err);
-    /* a KV cache's memory: kv->buf of kv->n_layer * 2 * kv->stride * row_bytes (the
-     * planes of a cache in a shared one begin at kv->buf, stride positions apart) */
+    /* a KV cache's memory: kv->buf of kv->n_layer * kv->n_planes * kv->stride *
+     * row_bytes (the planes of a cache in a shared one begin at kv->buf, stride
+     * positions apart) */
     int (*kv_alloc)(wk_backend_t *b, wk_kv_t *kv, bl_err_t *err);
     void (*kv_free)(wk_backend_t *b, wk_kv_t *kv);
     /* positions 0..n of every layer's K and V between kv->buf and host memory, host
-     * laid out (n_layer, 2, host_n >= n, row_bytes); to_host: the direction. Done on
-     * return. */
+     * laid out (n_layer, n_planes, host_n >= n, row_bytes); to_host: the direction.
+     * Done on return. */
     int (*kv_copy)(wk_backend_t *b, wk_kv_t *kv, void *host, int64_t n, int64_t host_n, int to_host,
                    bl_err_t *err);
     /* positions src..src+n of every plane of kv to dst..dst+n, ranges that do not

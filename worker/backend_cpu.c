@@ -172,7 +172,7 @@ static int cpu_commit(wk_backend_t *b, bl_err_t *err)
 static int cpu_kv_alloc(wk_backend_t *b, wk_kv_t *kv, bl_err_t *err)
 {
     (void)b;
-    const size_t nbytes = (size_t)kv->n_layer * 2 * (size_t)kv->stride * kv->row_bytes;
+    const size_t nbytes = (size_t)kv->n_layer * (size_t)kv->n_planes * (size_t)kv->stride * kv->row_bytes;
     kv->buf = malloc(nbytes);
     if (!kv->buf)
         return bl_err_set(err, BL_ENOMEM, "out of memory for a KV cache of %zu bytes", nbytes);
@@ -191,7 +191,7 @@ static int cpu_kv_copy(wk_backend_t *b, wk_kv_t *kv, void *host, int64_t n, int6
     (void)b, (void)err;
     const size_t seg = (size_t)n * kv->row_bytes, pitch = (size_t)kv->stride * kv->row_bytes,
                  hpitch = (size_t)host_n * kv->row_bytes;
-    for (int64_t i = 0; i < kv->n_layer * 2; i++) {
+    for (int64_t i = 0; i < kv->n_layer * kv->n_planes; i++) {
         uint8_t *d = kv->buf + (size_t)i * pitch, *h = (uint8_t *)host + (size_t)i * hpitch;
         memcpy(to_host ? h : d, to_host ? d : h, seg);
     }
@@ -203,7 +203,7 @@ static int cpu_kv_move(wk_backend_t *b, wk_kv_t *kv, int64_t dst, int64_t src, i
 {
     (void)b, (void)err;
     const size_t rb = kv->row_bytes, pitch = (size_t)kv->stride * rb;
-    for (int64_t i = 0; i < kv->n_layer * 2; i++) {
+    for (int64_t i = 0; i < kv->n_layer * kv->n_planes; i++) {
         uint8_t *plane = kv->buf + (size_t)i * pitch;
         memcpy(plane + (size_t)dst * rb, plane + (size_t)src * rb, (size_t)n * rb);
     }
@@ -346,8 +346,9 @@ static kcpu_kv_view_t kv_layer(const wk_kv_t *kv, int64_t l)
 {
     l -= kv->model->lb;
     const size_t plane = (size_t)kv->stride * kv->row_bytes;
-    kcpu_kv_view_t v = {.k = kv->buf + (size_t)(2 * l) * plane,
-                        .v = kv->buf + (size_t)(2 * l + 1) * plane,
+    /* one plane: the value is the key's row */
+    kcpu_kv_view_t v = {.k = kv->buf + (size_t)(kv->n_planes * l) * plane,
+                        .v = kv->buf + (size_t)(kv->n_planes * l + kv->n_planes - 1) * plane,
                         .type = kv->type, .row_bytes = kv->row_bytes};
     return v;
 }
@@ -433,13 +434,15 @@ static int cpu_mla(wk_backend_t *b, int64_t l, const wk_mla_t *a, float *q, floa
         for (int64_t h = 0; h < H; h++)
             memcpy(p->mla_q + (i * H + h) * D + r, q + (i * H + h) * a->head_k + nope,
                    sizeof(float) * (size_t)a->n_rot);
-    /* one cache head for all query heads; the value is the cached row itself, of
-     * which the latent part is kept */
+    /* one cache head for all query heads; the value is the cached row itself (one
+     * plane: the model makes this cache's planes one), of which the latent part is
+     * kept */
     for (int64_t j = 0; j < st->nseg; j++) {
         const wk_seg_t *s = &st->seg[j];
         const kcpu_kv_view_t kvl = kv_layer(s->kv, l);
         kcpu_kv_store(&kvl, 0, c + s->row0 * D, s->pos, s->n, D);
-        kcpu_kv_store(&kvl, 1, c + s->row0 * D, s->pos, s->n, D);
+        if (kvl.v != kvl.k)
+            kcpu_kv_store(&kvl, 1, c + s->row0 * D, s->pos, s->n, D);
         kcpu_attention(p->kc, &kvl, p->mla_q + s->row0 * H * D, p->mla_o + s->row0 * H * D, s->n, s->pos, H, 1, D,
                        a->scale);
     }

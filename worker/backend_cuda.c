@@ -840,7 +840,7 @@ static int cu_kv_alloc(wk_backend_t *b, wk_kv_t *kv, bl_err_t *err)
     int rc = kcuda_set_device(cu->device, err);
     if (rc < 0)
         return rc;
-    const size_t nbytes = (size_t)kv->n_layer * 2 * (size_t)kv->stride * kv->row_bytes;
+    const size_t nbytes = (size_t)kv->n_layer * (size_t)kv->n_planes * (size_t)kv->stride * kv->row_bytes;
     if ((rc = kcuda_alloc((void **)&kv->buf, nbytes, err)) < 0) {
         char why[sizeof err->msg];
         snprintf(why, sizeof why, "%s", err->msg);
@@ -865,7 +865,7 @@ static int cu_kv_copy(wk_backend_t *b, wk_kv_t *kv, void *host, int64_t n, int64
     int rc = kcuda_set_device(cu->device, err);
     const size_t seg = (size_t)n * kv->row_bytes, pitch = (size_t)kv->stride * kv->row_bytes,
                  hpitch = (size_t)host_n * kv->row_bytes;
-    for (int64_t i = 0; rc == 0 && i < kv->n_layer * 2; i++) {
+    for (int64_t i = 0; rc == 0 && i < kv->n_layer * kv->n_planes; i++) {
         uint8_t *d = kv->buf + (size_t)i * pitch, *h = (uint8_t *)host + (size_t)i * hpitch;
         rc = to_host ? kcuda_download(h, d, seg, cu->stream, err) : kcuda_upload(d, h, seg, cu->stream, err);
     }
@@ -879,7 +879,7 @@ static int cu_kv_move(wk_backend_t *b, wk_kv_t *kv, int64_t dst, int64_t src, in
     const cuda_t *cu = (const cuda_t *)b;
     int rc = kcuda_set_device(cu->device, err);
     const size_t rb = kv->row_bytes, pitch = (size_t)kv->stride * rb;
-    for (int64_t i = 0; rc == 0 && i < kv->n_layer * 2; i++) {
+    for (int64_t i = 0; rc == 0 && i < kv->n_layer * kv->n_planes; i++) {
         uint8_t *plane = kv->buf + (size_t)i * pitch;
         rc = kcuda_copy(plane + (size_t)dst * rb, plane + (size_t)src * rb, (size_t)n * rb, cu->stream,
                         err);
@@ -1408,7 +1408,8 @@ static kcuda_kv_view_t kv_view(const wk_kv_t *kv, int64_t l)
 {
     const size_t plane = (size_t)kv->stride * kv->row_bytes;
     l -= kv->model->lb;
-    return (kcuda_kv_view_t){.k = kv->buf + (size_t)(2 * l) * plane, .v = kv->buf + (size_t)(2 * l + 1) * plane,
+    return (kcuda_kv_view_t){.k = kv->buf + (size_t)(kv->n_planes * l) * plane,
+                             .v = kv->buf + (size_t)(kv->n_planes * l + kv->n_planes - 1) * plane,
                              .row_bytes = kv->row_bytes};
 }
 

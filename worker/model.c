@@ -135,6 +135,7 @@ static int read_config(wk_model_t *m, bl_arch_t *a, bl_err_t *err)
     c->head_k = a->head_k;
     c->head_v = a->head_v;
     c->mla_split = a->mla_split;
+    c->kv_planes = a->kv_planes;
     c->n_ff = a->n_ff;
     c->n_expert = a->n_expert;
     c->n_expert_used = a->n_expert_used;
@@ -564,9 +565,10 @@ static int kv_init(wk_kv_t *kv, const wk_model_t *m, int64_t n_ctx, uint32_t typ
     kv->n_layer = m->le - m->lb;
     kv->n_ctx = kv->stride = n_ctx;
     kv->type = type;
+    kv->n_planes = c->kv_planes;
     /* (n_layer <= 4096) * 2 * (n_ctx <= 2^24) * row_bytes may pass 2^63 only for
      * absurd requests; checked rather than assumed. */
-    const double want = (double)kv->n_layer * 2.0 * (double)n_ctx * (double)kv->row_bytes;
+    const double want = (double)kv->n_layer * (double)kv->n_planes * (double)n_ctx * (double)kv->row_bytes;
     if (want > (double)(SIZE_MAX / 2))
         return bl_err_set(err, BL_ERANGE, "KV cache of %lld positions is too large", (long long)n_ctx);
     return 0;
@@ -824,10 +826,11 @@ void wk_kv_free(wk_kv_t *kv)
 
 int64_t wk_kv_n_past(const wk_kv_t *kv) { return kv->n_past; }
 size_t wk_kv_row_bytes(const wk_kv_t *kv) { return kv->row_bytes; }
+int wk_kv_planes(const wk_kv_t *kv) { return kv->n_planes; }
 
 size_t wk_kv_state_bytes(const wk_kv_t *kv, int64_t n)
 {
-    return (size_t)kv->n_layer * 2 * (size_t)(n > 0 ? n : 0) * kv->row_bytes;
+    return (size_t)kv->n_layer * (size_t)kv->n_planes * (size_t)(n > 0 ? n : 0) * kv->row_bytes;
 }
 
 int wk_kv_state_alloc(const wk_model_t *m, size_t nbytes, void **out, bl_err_t *err)

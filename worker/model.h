@@ -119,9 +119,11 @@ struct wk_kv {
     const wk_model_t *model; /* the model it was made for; another's is refused */
     int64_t n_layer, n_ctx, n_past; /* n_layer: the stage's layers */
     uint32_t type;
+    int n_planes;     /* 2: K and V; 1: the value is the key's own row (deepseek2's
+                       * latent cache), one plane a layer */
     size_t row_bytes; /* one position of one layer's K (or V) */
     int64_t stride;   /* positions from one plane to the next: n_ctx, or the pool's */
-    uint8_t *buf;     // (n_layer, 2, stride, row_bytes): K then V per layer, in the
+    uint8_t *buf;     // (n_layer, n_planes, stride, row_bytes): K then V per layer, in the
                       // backend's memory; in a pool, its first chunk's place there
     wk_kv_pool_t *pool; /* the shared cache it takes chunks of, or NULL: its own */
     int64_t c0, nc;     /* in a pool: its chunks c0..c0+nc */

@@ -122,6 +122,7 @@ typedef struct wk_config {
     float attn_scale;      /* the scores' scale */
     int64_t q_lora, kv_lora, head_k, head_v; /* deepseek2's latent attention (arch.h) */
     int mla_split;         /* attn_k_b and attn_v_b, else attn_kv_b */
+    int kv_planes;         /* a cache's planes a layer: 2 (K, V), 1 (the value is the key) */
     int64_t n_group, topk_group; /* grouped expert choice */
     int64_t n_ff;          /* dense FFN width (qwen3; glm4moe's leading dense layers) */
     int64_t n_expert;      /* MoE models */
@@ -204,6 +205,7 @@ int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t typ
 void wk_kv_free(wk_kv_t *kv);
 int64_t wk_kv_n_past(const wk_kv_t *kv); /* positions filled so far */
 size_t wk_kv_row_bytes(const wk_kv_t *kv); /* one position of one layer's K (or V) */
+int wk_kv_planes(const wk_kv_t *kv);       /* 2 (K, V), or 1 (deepseek2: the value is the key) */
 
 /* One cache of n_positions (rounded up to whole WK_KV_CHUNKs; at most n_ctx_max;
  * type as wk_kv_create's) that several caches made with wk_kv_create_in share:
@@ -223,7 +225,7 @@ int wk_kv_create_in(wk_kv_t **out, wk_kv_pool_t *pool, int64_t n_ctx, bl_err_t *
 /* Empties kv: n_past 0, its chunks back to the pool. */
 void wk_kv_clear(wk_kv_t *kv);
 
-/* The host bytes positions 0..n of kv take (this stage's layers, K and V). */
+/* The host bytes positions 0..n of kv take (this stage's layers, K and V: its planes). */
 size_t wk_kv_state_bytes(const wk_kv_t *kv, int64_t n);
 /* Host memory for saved states of m's caches, of the kind its copies move fastest
  * (page-locked beside a card); free with wk_kv_state_free. BL_ENOMEM. */

@@ -40,7 +40,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             uint8_t again[BL_KVPART_HDR_BYTES];
             bl_kvpart_encode(&k, again);
             check(memcmp(again, p, sizeof again) == 0, "a part header does not encode back to itself");
-            check(bl_kvpart_bytes(&k) == (uint64_t)(k.layer_end - k.layer_begin) * 2 * k.n * k.row_bytes,
+            check(bl_kvpart_bytes(&k) ==
+                      (uint64_t)(k.layer_end - k.layer_begin) * (k.planes ? k.planes : 2) * k.n * k.row_bytes,
                   "a part's size is not its counts' product");
         } else {
             check(err.msg[0] != '\0', "a refusal without a reason");

@@ -593,6 +593,40 @@ def test_message_ends_do_not_end_the_reply(family, one):
         assert body["usage"]["completion_tokens"] == n, (text, body)
 
 
+def test_cache_states_saved_and_restored(family, servers, tmp_path):
+    """The family's cache as the stages hold it (deepseek2's one latent plane, the
+    others' K and V): a slot file saved and restored into another slot, and a prompt
+    cache on disk read after a restart, each giving the cold reply from one evaluated
+    token."""
+    import glob
+    import time
+    from test_dropin import metric
+    slots, disk = tmp_path / "slots", tmp_path / "pcd"
+    srv = servers.start(["-np", "2", "-c", "1024", "-t", "1", "-tb", "1", "-cram", "0", "--slot-save-path",
+                         str(slots), "--cache-disk", str(disk)], model=family.path)
+    prompt = "The smith hammers the bloom, and the sparks fly far into the dark night. " * 3
+    body = {"prompt": prompt, "n_predict": 6, "id_slot": 1, "cache_prompt": True, "temperature": 0}
+    cold = post(srv.url, "/completion", body).json()
+    r = post(srv.url, "/slots/1?action=save", {"filename": "s.bin"})
+    assert r.status_code == 200, r.text
+    r = post(srv.url, "/slots/0?action=restore", {"filename": "s.bin"})
+    assert r.status_code == 200, r.text
+    warm = post(srv.url, "/completion", dict(body, id_slot=0)).json()
+    assert warm["content"] == cold["content"], (warm, cold)
+    assert warm["timings"]["prompt_n"] == 1, warm["timings"]
+    for _ in range(100):  # the part is written off the request's path
+        if glob.glob(str(disk / "pc-*.L*")) and not glob.glob(str(disk / "*.tmp")):
+            break
+        time.sleep(0.05)
+    srv.stop()
+    srv = servers.start(["-np", "1", "-c", "1024", "-t", "1", "-tb", "1", "-cram", "0", "--cache-disk", str(disk)],
+                        model=family.path)
+    again = post(srv.url, "/completion", dict(body, id_slot=0)).json()
+    assert again["content"] == cold["content"], (again, cold)
+    assert again["timings"]["prompt_n"] == 1, again["timings"]
+    assert metric(srv.url, "prompt_cache_disk_hits_total") == 1
+
+
 # ------------------------------------------------------------------ bad files
 
 def bad_files(family):
