@@ -901,6 +901,32 @@ static int add_nextn(const opts_t *o, tlist_t *L, int64_t i)
     return rc;
 }
 
+/* Block i's attention of glm4moe and gpt-oss: attn_norm, then q, k and v each with
+ * its bias, then the output projection. */
+static int add_biased_attn(const opts_t *o, tlist_t *L, int64_t i)
+{
+    const int64_t E = o->n_embd, QD = o->n_head * o->head_dim, KD = o->n_head_kv * o->head_dim;
+    const double inv_e = 1.0 / sqrt((double)E);
+    const bl_type_t f32 = BL_TYPE_F32;
+    const char *tf = "--type";
+    const char *v_flag = o->attn_v_set ? "--type-attn-v" : "--type";
+    char nm[BL_GW_MAX_NAME + 1];
+    int rc = 0;
+#define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%lld." suffix, (long long)i), nm)
+    rc |= add_t(L, BLK("attn_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+    rc |= add_t(L, BLK("attn_q.weight"), 2, E, QD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
+    rc |= add_t(L, BLK("attn_q.bias"), 1, QD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
+    rc |= add_t(L, BLK("attn_k.weight"), 2, E, KD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
+    rc |= add_t(L, BLK("attn_k.bias"), 1, KD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
+    rc |= add_t(L, BLK("attn_v.weight"), 2, E, KD, 1, o->type_attn_v, KIND_MAT, inv_e,
+                "--n-embd", v_flag);
+    rc |= add_t(L, BLK("attn_v.bias"), 1, KD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
+    rc |= add_t(L, BLK("attn_output.weight"), 2, QD, E, 1, o->type, KIND_MAT,
+                1.0 / sqrt((double)QD), "--heads x --head-dim", tf);
+#undef BLK
+    return rc;
+}
+
 /* The FFN part of block i of a glm4moe or deepseek2 file: a dense FFN in the leading
  * blocks, else the router (and its selection bias when probs_b), the routed experts
  * and the shared ones; then, past n_layer, the NextN tensors. */
@@ -956,24 +982,11 @@ static int add_ffn_block(const opts_t *o, tlist_t *L, int64_t i, int probs_b)
 static int add_glm4moe_block(const opts_t *o, tlist_t *L, int64_t i)
 {
     const int64_t E = o->n_embd, H = o->head_dim;
-    const int64_t QD = o->n_head * H, KD = o->n_head_kv * H;
-    const double inv_e = 1.0 / sqrt((double)E);
     const bl_type_t f32 = BL_TYPE_F32;
-    const char *tf = "--type";
-    const char *v_flag = o->attn_v_set ? "--type-attn-v" : "--type";
     char nm[BL_GW_MAX_NAME + 1];
     int rc = 0;
 #define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%lld." suffix, (long long)i), nm)
-    rc |= add_t(L, BLK("attn_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
-    rc |= add_t(L, BLK("attn_q.weight"), 2, E, QD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
-    rc |= add_t(L, BLK("attn_q.bias"), 1, QD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
-    rc |= add_t(L, BLK("attn_k.weight"), 2, E, KD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
-    rc |= add_t(L, BLK("attn_k.bias"), 1, KD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
-    rc |= add_t(L, BLK("attn_v.weight"), 2, E, KD, 1, o->type_attn_v, KIND_MAT, inv_e,
-                "--n-embd", v_flag);
-    rc |= add_t(L, BLK("attn_v.bias"), 1, KD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
-    rc |= add_t(L, BLK("attn_output.weight"), 2, QD, E, 1, o->type, KIND_MAT,
-                1.0 / sqrt((double)QD), "--heads x --head-dim", tf);
+    rc |= add_biased_attn(o, L, i);
     if (o->qk_norm) {
         rc |= add_t(L, BLK("attn_q_norm.weight"), 1, H, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
         rc |= add_t(L, BLK("attn_k_norm.weight"), 1, H, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
@@ -1059,28 +1072,16 @@ static int add_deepseek2_block(const opts_t *o, tlist_t *L, int64_t i)
  * build_tensors says. */
 static int add_gptoss_block(const opts_t *o, tlist_t *L, int64_t i)
 {
-    const int64_t E = o->n_embd, H = o->head_dim;
-    const int64_t QD = o->n_head * H, KD = o->n_head_kv * H;
+    const int64_t E = o->n_embd;
     const int64_t X = o->n_expert, FE = o->n_ff_exp;
     const double inv_e = 1.0 / sqrt((double)E);
     const bl_type_t f32 = BL_TYPE_F32;
-    const char *tf = "--type";
-    const char *v_flag = o->attn_v_set ? "--type-attn-v" : "--type";
     const char *x_flag = "--type-experts";
     const char *d_flag = o->ffn_down_set ? "--type-ffn-down" : "--type-experts";
     char nm[BL_GW_MAX_NAME + 1];
     int rc = 0;
 #define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%lld." suffix, (long long)i), nm)
-    rc |= add_t(L, BLK("attn_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
-    rc |= add_t(L, BLK("attn_q.weight"), 2, E, QD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
-    rc |= add_t(L, BLK("attn_q.bias"), 1, QD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
-    rc |= add_t(L, BLK("attn_k.weight"), 2, E, KD, 1, o->type, KIND_MAT, inv_e, "--n-embd", tf);
-    rc |= add_t(L, BLK("attn_k.bias"), 1, KD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
-    rc |= add_t(L, BLK("attn_v.weight"), 2, E, KD, 1, o->type_attn_v, KIND_MAT, inv_e,
-                "--n-embd", v_flag);
-    rc |= add_t(L, BLK("attn_v.bias"), 1, KD, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
-    rc |= add_t(L, BLK("attn_output.weight"), 2, QD, E, 1, o->type, KIND_MAT,
-                1.0 / sqrt((double)QD), "--heads x --head-dim", tf);
+    rc |= add_biased_attn(o, L, i);
     rc |= add_t(L, BLK("attn_output.bias"), 1, E, 1, 1, f32, KIND_MAT, ATTN_BIAS_STD, NULL, NULL);
     rc |= add_t(L, BLK("attn_sinks.weight"), 1, o->n_head, 1, 1, f32, KIND_MAT, SINK_STD, NULL,
                 NULL);

@@ -703,6 +703,24 @@ static int is_space(int c) { return c == ' ' || c == '\t' || c == '\n' || c == '
 static int is_nl(int c) { return c == '\n' || c == '\r'; }
 static int is_punct(int c) { return c && !is_space(c) && !is_alpha(c) && !is_digit(c); }
 
+/* A whitespace run at s: up to its last newline if it has one; otherwise all of it
+ * but the last space when a word follows, which that word then takes (every split's
+ * rule for white space). */
+static size_t ws_run_len(const char *s)
+{
+    size_t end = 0, last_nl = 0;
+    while (is_space((unsigned char)s[end])) {
+        if (is_nl((unsigned char)s[end]))
+            last_nl = end + 1;
+        end++;
+    }
+    if (last_nl)
+        return last_nl;
+    if (s[end] && end > 1)
+        return end - 1;
+    return end;
+}
+
 /* Length of the pre-token starting at s (s non-empty, ASCII); a digit run is cut
  * every max_digits digits. */
 static size_t pretoken_len(const char *s, int max_digits)
@@ -736,19 +754,7 @@ static size_t pretoken_len(const char *s, int max_digits)
             i++;
         return i;
     }
-    /* A whitespace run: up to its last newline if it has one; otherwise all of it
-     * but the last space when a word follows, which that word then takes. */
-    size_t end = 0, last_nl = 0;
-    while (is_space((unsigned char)s[end])) {
-        if (is_nl((unsigned char)s[end]))
-            last_nl = end + 1;
-        end++;
-    }
-    if (last_nl)
-        return last_nl;
-    if (s[end] && end > 1)
-        return end - 1;
-    return end;
+    return ws_run_len(s);
 }
 
 /* DeepSeek-V3's word split of ASCII text, within the n bytes (n >= 1, no digit)
@@ -839,18 +845,7 @@ static size_t pretoken_o200k_len(const char *s)
             i++;
         return i;
     }
-    size_t last_nl = 0;
-    end = 0;
-    while (is_space((unsigned char)s[end])) {
-        if (is_nl((unsigned char)s[end]))
-            last_nl = end + 1;
-        end++;
-    }
-    if (last_nl)
-        return last_nl;
-    if (s[end] && end > 1)
-        return end - 1;
-    return end;
+    return ws_run_len(s);
 }
 
 /* Length of the pre-token starting at s (s non-empty, ASCII) under split. */
