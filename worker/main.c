@@ -232,19 +232,17 @@ static void entry_drop(worker_t *w, int64_t id)
     struct kv_entry *e = entry_find(w, id);
     if (!e)
         return;
-    int mine = 1; /* the memory comes back here, unless a part file is being written */
+    /* The memory comes back here, unless a part file of it is queued or being
+     * written: the router has its meta file on disk already, so the part is still
+     * written, and the writer frees the memory after. */
+    int mine = 1;
     if (w->writer_on) {
         pthread_mutex_lock(&w->wmu);
         for (int i = 0; i < w->n_jobs; i++) {
             if (w->jobs[i].id != id || w->jobs[i].dropped)
                 continue;
-            if (i == 0 && w->writer_busy) {
-                w->jobs[0].dropped = 1;
-                mine = 0;
-            } else {
-                memmove(&w->jobs[i], &w->jobs[i + 1], (size_t)(w->n_jobs - i - 1) * sizeof *w->jobs);
-                w->n_jobs--;
-            }
+            w->jobs[i].dropped = 1;
+            mine = 0;
             break;
         }
         pthread_mutex_unlock(&w->wmu);
@@ -308,7 +306,9 @@ static void *writer_main(void *arg)
     for (;;) {
         while (!w->writer_stop && w->n_jobs == 0)
             pthread_cond_wait(&w->wcv, &w->wmu);
-        if (w->writer_stop)
+        /* a stop lets the queued parts be written first: the router has written their
+         * entries' meta files, so a part left out would cost a refused entry */
+        if (w->n_jobs == 0)
             break;
         struct part_job j = w->jobs[0];
         w->writer_busy = 1;
@@ -370,6 +370,18 @@ static int kv_fetch(worker_t *w, bp_step_kvop_t *o, bl_err_t *err)
     snprintf(path, sizeof path, BP_KV_PART_FMT, w->cache_dir, (long long)o->entry,
              (long long)w->layer_begin, (long long)w->layer_end);
     wk_kv_t *kv = w->kvs[o->slot];
+    if (w->writer_on) { /* a part still queued or being written is waited for */
+        pthread_mutex_lock(&w->wmu);
+        for (int i = 0; i < w->n_jobs;) {
+            if (w->jobs[i].id == o->entry) {
+                pthread_cond_wait(&w->wcv, &w->wmu);
+                i = 0;
+            } else {
+                i++;
+            }
+        }
+        pthread_mutex_unlock(&w->wmu);
+    }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return bl_err_set(err, BL_ENOENT, "%s: %s", path, strerror(errno));
@@ -888,7 +900,7 @@ static int print_devices(void)
 
 static void worker_free(worker_t *w, uint32_t n_slots)
 {
-    if (w->writer_on) { /* the part being written is finished; the queued ones are not */
+    if (w->writer_on) { /* the queued parts are written before the writer ends */
         pthread_mutex_lock(&w->wmu);
         w->writer_stop = 1;
         pthread_cond_broadcast(&w->wcv);

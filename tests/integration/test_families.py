@@ -598,14 +598,13 @@ def test_cache_states_saved_and_restored(family, servers, tmp_path):
     others' K and V): a slot file saved and restored into another slot, and a prompt
     cache on disk read after a restart, each giving the cold reply from one evaluated
     token."""
-    import glob
     import time
     from test_dropin import metric
     slots, disk = tmp_path / "slots", tmp_path / "pcd"
-    srv = servers.start(["-np", "2", "-c", "1024", "-t", "1", "-tb", "1", "-cram", "0", "--slot-save-path",
-                         str(slots), "--cache-disk", str(disk)], model=family.path)
     prompt = "The smith hammers the bloom, and the sparks fly far into the dark night. " * 3
     body = {"prompt": prompt, "n_predict": 6, "id_slot": 1, "cache_prompt": True, "temperature": 0}
+    srv = servers.start(["-np", "2", "-c", "1024", "-t", "1", "-tb", "1", "-cram", "0", "--slot-save-path",
+                         str(slots)], model=family.path)
     cold = post(srv.url, "/completion", body).json()
     r = post(srv.url, "/slots/1?action=save", {"filename": "s.bin"})
     assert r.status_code == 200, r.text
@@ -614,14 +613,19 @@ def test_cache_states_saved_and_restored(family, servers, tmp_path):
     warm = post(srv.url, "/completion", dict(body, id_slot=0)).json()
     assert warm["content"] == cold["content"], (warm, cold)
     assert warm["timings"]["prompt_n"] == 1, warm["timings"]
-    for _ in range(100):  # the part is written off the request's path
-        if glob.glob(str(disk / "pc-*.L*")) and not glob.glob(str(disk / "*.tmp")):
+    srv.stop()
+    flags = ["-np", "1", "-c", "1024", "-t", "1", "-tb", "1", "-cram", "0", "--cache-disk", str(disk)]
+    body = dict(body, id_slot=0)
+    srv = servers.start(flags, model=family.path)
+    post(srv.url, "/completion", body)
+    for _ in range(200):  # the entry is written off the request's path
+        if metric(srv.url, "prompt_cache_disk_saves_total") >= 1:
             break
         time.sleep(0.05)
+    assert metric(srv.url, "prompt_cache_disk_saves_total") == 1
     srv.stop()
-    srv = servers.start(["-np", "1", "-c", "1024", "-t", "1", "-tb", "1", "-cram", "0", "--cache-disk", str(disk)],
-                        model=family.path)
-    again = post(srv.url, "/completion", dict(body, id_slot=0)).json()
+    srv = servers.start(flags, model=family.path)
+    again = post(srv.url, "/completion", body).json()
     assert again["content"] == cold["content"], (again, cold)
     assert again["timings"]["prompt_n"] == 1, again["timings"]
     assert metric(srv.url, "prompt_cache_disk_hits_total") == 1
