@@ -109,6 +109,21 @@ static int read_routing(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_g
     return 0;
 }
 
+/* The layers glm4moe and deepseek2 run (block_count less the NextN ones), their
+ * leading dense layers with the dense FFN's width, and the shared experts' width. */
+static int read_layer_kinds(bl_arch_t *a, const bl_gguf_t *g, int64_t shared, bl_err_t *err)
+{
+    const char *ar = a->name;
+    int rc;
+    a->n_layer = a->n_layer_file - a->n_nextn;
+    if ((rc = get_count(g, ar, "leading_dense_block_count", 0, a->n_layer, &a->n_dense_lead, err)) < 0)
+        return rc;
+    if (a->n_dense_lead > 0 && (rc = get_dim(g, ar, "feed_forward_length", 0, BL_ARCH_MAX_DIM, &a->n_ff, err)) < 0)
+        return rc;
+    a->n_ff_shexp = shared * a->n_ff_exp;
+    return 0;
+}
+
 /* glm4moe's routing and layer kinds: sigmoid scores with a selection bias, shared
  * experts, leading dense layers, NextN layers at the end of the file. */
 static int read_glm4moe(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *err)
@@ -119,12 +134,8 @@ static int read_glm4moe(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_e
     if ((rc = get_count(g, ar, "nextn_predict_layers", 0, a->n_layer_file - 1, &a->n_nextn, err)) < 0 ||
         (rc = read_routing(a, g, path, BL_GATING_SIGMOID, &shared, err)) < 0)
         return rc;
-    a->n_layer = a->n_layer_file - a->n_nextn;
-    if ((rc = get_count(g, ar, "leading_dense_block_count", 0, a->n_layer, &a->n_dense_lead, err)) < 0)
+    if ((rc = read_layer_kinds(a, g, shared, err)) < 0)
         return rc;
-    if (a->n_dense_lead > 0 && (rc = get_dim(g, ar, "feed_forward_length", 0, BL_ARCH_MAX_DIM, &a->n_ff, err)) < 0)
-        return rc;
-    a->n_ff_shexp = shared * a->n_ff_exp;
     a->expert_bias = 1;
     a->attn_bias = 1;
     a->ffn_norm = "post_attention_norm";
@@ -181,12 +192,8 @@ static int read_deepseek2(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl
                           "expert_group_used_count %lld groups hold the %lld used experts", path, ar,
                           (long long)a->n_group, (long long)a->n_expert, (long long)a->topk_group,
                           (long long)a->n_expert_used);
-    a->n_layer = a->n_layer_file - a->n_nextn;
-    if ((rc = get_count(g, ar, "leading_dense_block_count", 0, a->n_layer, &a->n_dense_lead, err)) < 0)
+    if ((rc = read_layer_kinds(a, g, shared, err)) < 0)
         return rc;
-    if (a->n_dense_lead > 0 && (rc = get_dim(g, ar, "feed_forward_length", 0, BL_ARCH_MAX_DIM, &a->n_ff, err)) < 0)
-        return rc;
-    a->n_ff_shexp = shared * a->n_ff_exp;
     /* exp_probs_b is optional (DeepSeek-V3 has it, V2 not): the first MoE layer says */
     snprintf(key, sizeof key, "blk.%lld.exp_probs_b.bias", (long long)a->n_dense_lead);
     a->expert_bias = bl_gguf_find_tensor(g, key) != NULL;

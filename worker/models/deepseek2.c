@@ -20,7 +20,7 @@
 /* attn_kv_b (n_head * (qk_nope + head_v) rows of kv_lora) as attn_k_b's form, each
  * head's k rows transposed (kv_lora rows of qk_nope), and attn_v_b's, each head's v
  * rows: f32 copies the model owns. */
-static int split_kv_b(wk_model_t *m, int64_t l, const char *name, layer_t *L, bl_err_t *err)
+static int split_kv_b(wk_model_t *m, const char *name, layer_t *L, bl_err_t *err)
 {
     const wk_config_t *c = &m->cfg;
     const int64_t H = c->n_head, nope = c->head_k - c->n_rot, hv = c->head_v, r = c->kv_lora;
@@ -54,7 +54,6 @@ static int split_kv_b(wk_model_t *m, int64_t l, const char *name, layer_t *L, bl
                 memcpy(vb + (h * hv + i - nope) * r, row, sizeof(float) * (size_t)r);
         }
     free(row);
-    (void)l;
     if ((rc = kcpu_mat_init(&L->wk_b.h, kb, BL_TYPE_F32, nope, H * r, err)) < 0 ||
         (rc = kcpu_mat_init(&L->wv_b.h, vb, BL_TYPE_F32, r, H * hv, err)) < 0)
         return rc;
@@ -89,7 +88,7 @@ int wk__ds2_map(wk_model_t *m, bl_err_t *err)
             if ((rc = wk__find_mat(m, NAME("attn_k_b.weight"), nope, r, H, use, &L->wk_b, err)) < 0 ||
                 (rc = wk__find_mat(m, NAME("attn_v_b.weight"), r, c->head_v, H, use, &L->wv_b, err)) < 0)
                 return rc;
-        } else if (use ? (rc = split_kv_b(m, l, NAME("attn_kv_b.weight"), L, err)) < 0
+        } else if (use ? (rc = split_kv_b(m, NAME("attn_kv_b.weight"), L, err)) < 0
                        : (rc = wk__find_mat(m, NAME("attn_kv_b.weight"), r, H * (nope + c->head_v), 1, 0, &L->wk_b,
                                             err)) < 0) {
             return rc;
