@@ -532,25 +532,33 @@ static int check_form(const cuda_t *cu, bl_err_t *err)
         what = "multi-head latent attention";
     else if (!c->rope_neox || c->rope_freq_scale != 1.0f || c->rope_mscale != 1.0f)
         what = "RoPE scaling or consecutive-pair RoPE";
-    else if (c->n_rot != c->head_dim)
-        what = "RoPE over part of a head";
-    else if (!c->qk_norm)
-        what = "attention without q/k norms";
-    else if (c->attn_bias || c->attn_out_bias)
-        what = "attention biases";
     else if (c->attn_sinks || c->n_swa > 0)
         what = "attention sinks or sliding-window layers";
-    else if (c->moe && (c->router_bias || c->expert_biases || c->expert_act != 0))
-        what = "router or expert biases, or a clamped SwiGLU";
-    else if (c->moe && (c->gating != 1 || c->expert_bias || !c->expert_norm || c->expert_scale != 1.0f ||
-                        (c->n_group > 1 && c->topk_group < c->n_group)))
-        what = "sigmoid or biased or scaled expert routing";
-    else if (c->moe && (c->n_ff_shexp || c->n_dense_lead))
-        what = "shared experts or leading dense layers";
+    else if (c->moe && (c->expert_biases || c->expert_act != 0))
+        what = "expert biases or a clamped SwiGLU";
     if (what)
         return bl_err_set(err, BL_ENOTSUP, "%s: %s: the CUDA backend does not compute %s yet (run it with -ngl 0)",
                           cu->path, c->arch, what);
+    if (c->moe && c->n_group > 1 && c->topk_group > 0 && c->topk_group < c->n_group &&
+        (c->n_group > 32 || c->n_expert % c->n_group != 0))
+        return bl_err_set(err, BL_ENOTSUP, "%s: %lld expert groups over %lld experts on CUDA (at most 32, dividing "
+                          "the experts)", cu->path, (long long)c->n_group, (long long)c->n_expert);
     return 0;
+}
+
+/* The widest dense FFN a layer runs through cu_ffn: a dense model's, the leading
+ * dense layers', the shared experts'. */
+static size_t dense_ff(const wk_config_t *c)
+{
+    const int64_t d = !c->moe || c->n_dense_lead > 0 ? c->n_ff : 0;
+    return (size_t)(d > c->n_ff_shexp ? d : c->n_ff_shexp);
+}
+
+/* The routing of a MoE layer as the card's kernels take it. */
+static kcuda_route_t route_of(const wk_moe_t *e)
+{
+    return (kcuda_route_t){.gating = e->gating, .norm = e->norm, .scale = e->scale, .n_group = (int)e->n_group,
+                           .topk_group = (int)e->topk_group, .d_bias = e->probs_b.p, .d_logit_bias = e->router_b.p};
 }
 
 /* Shapes and types the CUDA kernels take, checked before anything is allocated. */
@@ -567,7 +575,7 @@ static int check_shapes(const cuda_t *cu, bl_err_t *err)
     if (c->n_head / c->n_head_kv > KCUDA_ATT_MAX_GROUP)
         return bl_err_set(err, BL_ENOTSUP, "%s: %lld query heads per KV head on CUDA (at most %d)", cu->path,
                           (long long)(c->n_head / c->n_head_kv), KCUDA_ATT_MAX_GROUP);
-    if (c->n_embd % 4 || nkv % 8 || (c->moe ? c->n_ff_exp % 4 : c->n_ff % 4))
+    if (c->n_embd % 4 || nkv % 8 || (c->moe && c->n_ff_exp % 4) || dense_ff(c) % 4)
         return bl_err_set(err, BL_ENOTSUP, "%s: n_embd %lld and the FFN width must be multiples of 4, "
                           "n_head_kv * head_dim %lld of 8, on CUDA", cu->path, (long long)c->n_embd,
                           (long long)nkv);
@@ -583,7 +591,7 @@ static int check_shapes(const cuda_t *cu, bl_err_t *err)
 static int prompt_shapes_ok(const wk_config_t *c)
 {
     const int64_t nq = c->n_head * c->head_dim;
-    return c->n_embd % 32 == 0 && nq % 8 == 0 && (c->moe ? c->n_ff_exp % 32 == 0 : c->n_ff % 8 == 0);
+    return c->n_embd % 32 == 0 && nq % 8 == 0 && (!c->moe || c->n_ff_exp % 32 == 0) && dense_ff(c) % 8 == 0;
 }
 
 /* The prompt path's scratch: f16 activations, the expert grouping, and one f16
@@ -612,7 +620,7 @@ static int alloc_prompt(cuda_t *cu, bl_err_t *err)
         cu->pp_ok = 0;
         return 0;
     }
-    if (rc < 0 || (rc = dalloc(&cu->x16, 2 * B * max_sz(max_sz(E, nq), ff), err)) < 0 ||
+    if (rc < 0 || (rc = dalloc(&cu->x16, 2 * B * max_sz(max_sz(E, nq), max_sz(ff, dense_ff(c))), err)) < 0 ||
         (rc = dalloc(&cu->wscr, w, err)) < 0)
         return rc;
     if (c->moe && ((rc = dalloc(&cu->xs16, 2 * B * K * max_sz(E, ff), err)) < 0 ||
@@ -629,14 +637,14 @@ static int alloc_scratch(cuda_t *cu, bl_err_t *err)
     const size_t nkv = (size_t)(c->n_head_kv * c->head_dim);
     const size_t K = (size_t)(c->moe ? c->n_expert_used : 1), ne = (size_t)(c->moe ? c->n_expert : 1);
     const size_t ff = (size_t)(c->moe ? c->n_ff_exp : c->n_ff);
-    const size_t f = sizeof(float);
+    const size_t f = sizeof(float), gw = max_sz(K * ff, dense_ff(c)); /* g and u_ per row */
     int rc;
     cu->max_len_cap = (cu->o->n_ctx_max + KCUDA_ATT_CHUNK - 1) / KCUDA_ATT_CHUNK * KCUDA_ATT_CHUNK;
     cu->att_scratch_bytes = kcuda_attention_scratch_bytes(ATT_ROWS > GRAPH_MAX_ROWS ? ATT_ROWS : GRAPH_MAX_ROWS,
                                                           c->n_head, c->head_dim, cu->max_len_cap);
     if ((rc = dalloc(&cu->rl, f * B * ne, err)) < 0 || (rc = dalloc(&cu->ids, 4 * B * K, err)) < 0 ||
-        (rc = dalloc(&cu->wts, f * B * K, err)) < 0 || (rc = dalloc(&cu->g, f * B * K * ff, err)) < 0 ||
-        (rc = dalloc(&cu->u_, f * B * K * ff, err)) < 0 || (rc = dalloc(&cu->xg, f * B * E, err)) < 0 ||
+        (rc = dalloc(&cu->wts, f * B * K, err)) < 0 || (rc = dalloc(&cu->g, f * B * gw, err)) < 0 ||
+        (rc = dalloc(&cu->u_, f * B * gw, err)) < 0 || (rc = dalloc(&cu->xg, f * B * E, err)) < 0 ||
         (rc = dalloc(&cu->att_scratch, cu->att_scratch_bytes, err)) < 0)
         return rc;
     if (cu->le == c->n_layer && (rc = dalloc(&cu->logits, f * B * (size_t)c->n_vocab, err)) < 0)
@@ -1389,6 +1397,13 @@ static int cu_qkv(wk_backend_t *b, const wk_tensor_t *wq, const wk_tensor_t *wk,
     return 0;
 }
 
+static int cu_add_bias(wk_backend_t *b, float *y, const float *bias, int64_t n, int64_t d, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    OP("add_bias", kcuda_add_bias(y, bias, n, d, cu->stream, err));
+    return 0;
+}
+
 static int cu_matmul(wk_backend_t *b, const char *op, const wk_tensor_t *w, const float *x, int64_t n, float *y,
                      int acc, bl_err_t *err)
 {
@@ -1427,14 +1442,14 @@ static int cu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *q
     if (cu->mode == MODE_DECODE) {
         OP("attention", kcuda_attention_rows_qkv(cu->d_rows, l - cu->lb, cu->kv_row_bytes, q, k, v, a->q_norm,
                                                  a->k_norm, cu->d_pos, att, n, cu->max_len, a->n_head, a->n_head_kv,
-                                                 hd, a->eps, a->rope_base, a->scale, cu->att_scratch,
+                                                 hd, a->n_rot, a->eps, a->rope_base, a->scale, cu->att_scratch,
                                                  cu->att_scratch_bytes, s, err));
         return 0;
     }
     OP("attn_qk_norm_rope",
-       kcuda_rms_norm_rope(q, a->q_norm, cu->d_pos, n, a->n_head, hd, a->eps, a->rope_base, s, err));
+       kcuda_rms_norm_rope(q, a->q_norm, cu->d_pos, n, a->n_head, hd, a->n_rot, a->eps, a->rope_base, s, err));
     OP("attn_qk_norm_rope",
-       kcuda_rms_norm_rope(k, a->k_norm, cu->d_pos, n, a->n_head_kv, hd, a->eps, a->rope_base, s, err));
+       kcuda_rms_norm_rope(k, a->k_norm, cu->d_pos, n, a->n_head_kv, hd, a->n_rot, a->eps, a->rope_base, s, err));
     for (int64_t j = 0; j < st->nseg; j++) {
         const wk_seg_t *sg = &st->seg[j];
         const kcuda_kv_view_t kv = kv_view(sg->kv, l);
@@ -1461,13 +1476,14 @@ static int moe_rows(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, f
 {
     const int64_t E = cu->c->n_embd, F = e->n_ff, K = e->n_used, NE = e->n_expert;
     const kcuda_mat_t *gate = M(&e->gate_exps), *up = M(&e->up_exps), *down = M(&e->down_exps);
+    const kcuda_route_t route = route_of(e);
     void *st = cu->stream;
     OP("ffn_gate_inp", mv(cu, M(&e->gate_inp), xn, E, n, cu->rl, NE, 0, err));
     /* Gate and up of one shape route in their own launch (each block routes its
      * row); otherwise the routing kernel first. */
     const int fused = same_shape(gate, up);
     if (!fused)
-        OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, e->norm, cu->ids, cu->wts, st, err));
+        OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, &route, cu->ids, cu->wts, st, err));
     /* The expert kernels index one block row per (row, choice): 65535 at most. */
     const int64_t step = 65535 / K;
     for (int64_t r = 0; r < n; r += step) {
@@ -1475,7 +1491,7 @@ static int moe_rows(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, f
         int32_t *ids = cu->ids + r * K;
         float *g = cu->g + r * K * F, *u = cu->u_ + r * K * F;
         if (fused) {
-            OP("ffn_moe_gate_up", kcuda_matvec_experts_swiglu_route(gate, up, NE, cu->rl + r * NE, e->norm, ids,
+            OP("ffn_moe_gate_up", kcuda_matvec_experts_swiglu_route(gate, up, NE, cu->rl + r * NE, &route, ids,
                                                                     cu->wts + r * K, cn, (int)K, xn + r * E, E, g, F,
                                                                     st, err));
         } else {
@@ -1499,8 +1515,9 @@ static int moe_prompt(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n,
     void *st = cu->stream;
     int32_t *counts = cu->srt, *offsets = counts + NE, *tile0 = offsets + NE + 1, *perm = tile0 + NE + 1;
     int32_t *inv = perm + cu->o->n_batch * K;
+    const kcuda_route_t route = route_of(e);
     OP("ffn_gate_inp", pp_mm(cu, M(&e->gate_inp), xn, E, E, n, cu->rl, NE, 0, err));
-    OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, e->norm, cu->ids, cu->wts, st, err));
+    OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, &route, cu->ids, cu->wts, st, err));
     OP("ffn_moe_sort", kcuda_moe_sort(cu->ids, S, NE, counts, offsets, tile0, perm, inv, st, err));
     OP("ffn_moe_gather", kcuda_moe_gather_f16(xn, E, perm, S, (int)K, E, cu->xs16, E, st, err));
     OP("ffn_moe_dequant", kcuda_dequant_f16(M(&e->gate_exps), 0, NE * F, cu->wscr, counts, F, st, err));
@@ -1662,7 +1679,8 @@ static int moe_remote(cuda_t *cu, int64_t l, const wk_moe_t *e, const wk_remote_
     } else {
         OP("ffn_gate_inp", mv(cu, M(&e->gate_inp), xn, E, n, cu->rl, NE, 0, err));
     }
-    OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, e->norm, cu->ids, cu->wts, st, err));
+    const kcuda_route_t route = route_of(e);
+    OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, &route, cu->ids, cu->wts, st, err));
     const struct rslots *rs = cu->rs ? &cu->rs[l - cu->lb] : NULL;
     if (rs && rs->n > 0) {
         /* the choices a card slot holds, through the slots' pools (the others are
@@ -1781,7 +1799,7 @@ static const wk_backend_ops_t cuda_ops = {
     .add_stack = cu_add_stack, .add_host = cu_add_host, .commit = cu_commit, .kv_alloc = cu_kv_alloc,
     .kv_free = cu_kv_free, .kv_copy = cu_kv_copy, .kv_move = cu_kv_move, .state_alloc = cu_state_alloc, .state_free = cu_state_free,
     .begin = cu_begin, .end = cu_end, .embed = cu_embed, .rms_norm = cu_rms_norm, .qkv = cu_qkv,
-    .matmul = cu_matmul, .attention = cu_attention, .moe = cu_moe, .ffn = cu_ffn, .head = cu_head,
+    .add_bias = cu_add_bias, .matmul = cu_matmul, .attention = cu_attention, .moe = cu_moe, .ffn = cu_ffn, .head = cu_head,
     .resid = cu_resid, .resid_layer = cu_resid_layer,
 };
 

@@ -353,7 +353,7 @@ int kcuda_attention_set_short(int max_len)
 typedef struct att_qkv {
     const float *k, *v, *qg, *kg;
     const int32_t *pos;
-    int n_kv;
+    int n_kv, n_rot;
     float eps, base;
 } att_qkv_t;
 
@@ -399,12 +399,12 @@ att_short_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const flo
     if (QKV) {
         const int writer = h % group == 0;
         if (warp == 0) {
-            kc_head_norm_rope(qs, q + ((size_t)b * n_head + h) * HD, f.qg, f.pos[b], HD, f.eps, f.base, lane, NULL);
+            kc_head_norm_rope(qs, q + ((size_t)b * n_head + h) * HD, f.qg, f.pos[b], HD, f.n_rot, f.eps, f.base, lane, NULL);
             __syncwarp();
             for (int d = lane; d < HD; d += 32)
                 qs[d] = qs[d] * scale;
         } else if (warp == 1) {
-            kc_head_norm_rope(kf, f.k + ((size_t)b * f.n_kv + kvh) * HD, f.kg, f.pos[b], HD, f.eps, f.base, lane, kh);
+            kc_head_norm_rope(kf, f.k + ((size_t)b * f.n_kv + kvh) * HD, f.kg, f.pos[b], HD, f.n_rot, f.eps, f.base, lane, kh);
             __syncwarp();
             if (writer)
                 for (int d = lane; d < HD; d += 32)
@@ -650,19 +650,20 @@ int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row
 int kcuda_attention_rows_qkv(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, float *d_q,
                              float *d_k, const float *d_v, const float *d_q_norm, const float *d_k_norm,
                              const int32_t *d_pos, float *d_out, int64_t n, int64_t max_len, int64_t n_head,
-                             int64_t n_kv_head, int64_t head_dim, float eps, float base, float scale,
+                             int64_t n_kv_head, int64_t head_dim, int64_t n_rot, float eps, float base, float scale,
                              void *d_scratch, size_t scratch_bytes, void *stream, bl_err_t *err)
 {
     if (max_len > g_att_short) {
         int rc = kcuda_qkv_rows(d_rows, layer, row_bytes, d_q, d_k, d_v, d_q_norm, d_k_norm, d_pos, n, n_head,
-                                n_kv_head, head_dim, eps, base, stream, err);
+                                n_kv_head, head_dim, n_rot, eps, base, stream, err);
         return rc < 0 ? rc
                       : kcuda_attention_rows(d_rows, layer, row_bytes, d_q, d_out, n, max_len, n_head, n_kv_head,
                                              head_dim, scale, d_scratch, scratch_bytes, stream, err);
     }
-    if (!d_k || !d_v || !d_q_norm || !d_k_norm || !d_pos)
-        return bl_err_set(err, BL_EINVAL, "attention_rows_qkv: a NULL buffer");
-    const att_qkv_t f = {d_k, d_v, d_q_norm, d_k_norm, d_pos, (int)n_kv_head, eps, base};
+    if (!d_k || !d_v || !d_pos || !d_q_norm != !d_k_norm || n_rot < 2 || n_rot > head_dim || n_rot % 2 != 0)
+        return bl_err_set(err, BL_EINVAL, "attention_rows_qkv: a NULL buffer, or %lld of %lld dims rotated",
+                          (long long)n_rot, (long long)head_dim);
+    const att_qkv_t f = {d_k, d_v, d_q_norm, d_k_norm, d_pos, (int)n_kv_head, (int)n_rot, eps, base};
     return attention_rows(d_rows, layer, row_bytes, d_q, d_out, n, max_len, n_head, n_kv_head, head_dim, scale,
                           d_scratch, scratch_bytes, &f, stream, err);
 }
@@ -730,7 +731,7 @@ int kcuda_kv_store_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_
 __global__ void __launch_bounds__(QKV_WARPS * 32)
 qkv_rows_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, float *q, float *k, const float *v,
                 const float *qg, const float *kg, const int32_t *pos, int64_t n, int n_head, int n_kv, int hd,
-                float eps, float base)
+                int nr, float eps, float base)
 {
     kc_wait_prior();
     kc_allow_next();
@@ -741,14 +742,14 @@ qkv_rows_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, float *q, 
     const int64_t b = w / per;
     const int j = (int)(w % per);
     if (j < n_head) {
-        kc_head_norm_rope(q + (b * n_head + j) * hd, q + (b * n_head + j) * hd, qg, pos[b], hd, eps, base, lane, NULL);
+        kc_head_norm_rope(q + (b * n_head + j) * hd, q + (b * n_head + j) * hd, qg, pos[b], hd, nr, eps, base, lane, NULL);
         return;
     }
     const kcuda_kv_row_t r = rows[b];
     uint8_t *kc = (uint8_t *)(uintptr_t)(r.k + (uint64_t)layer * r.layer_bytes) + (size_t)r.pos * rb;
     if (j < n_head + n_kv) {
         const int h = j - n_head;
-        kc_head_norm_rope(k + (b * n_kv + h) * hd, k + (b * n_kv + h) * hd, kg, pos[b], hd, eps, base, lane, (__half *)kc + (int64_t)h * hd);
+        kc_head_norm_rope(k + (b * n_kv + h) * hd, k + (b * n_kv + h) * hd, kg, pos[b], hd, nr, eps, base, lane, (__half *)kc + (int64_t)h * hd);
         return;
     }
     const int h = j - n_head - n_kv;
@@ -760,10 +761,11 @@ qkv_rows_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, float *q, 
 
 int kcuda_qkv_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, float *d_q, float *d_k,
                    const float *d_v, const float *d_q_norm, const float *d_k_norm, const int32_t *d_pos,
-                   int64_t n, int64_t n_head, int64_t n_kv_head, int64_t head_dim, float eps, float base,
-                   void *stream, bl_err_t *err)
+                   int64_t n, int64_t n_head, int64_t n_kv_head, int64_t head_dim, int64_t n_rot, float eps,
+                   float base, void *stream, bl_err_t *err)
 {
-    if (!d_rows || !d_q || !d_k || !d_v || !d_q_norm || !d_k_norm || !d_pos || n < 1 || layer < 0 ||
+    if (!d_rows || !d_q || !d_k || !d_v || !d_q_norm != !d_k_norm || !d_pos || n < 1 || layer < 0 ||
+        n_rot < 2 || n_rot > head_dim || n_rot % 2 != 0 ||
         n_head < 1 || n_kv_head < 1 || n_head > 65535 || n_kv_head > 65535 || head_dim < 2 || head_dim % 2 != 0 ||
         head_dim > 65535 || row_bytes < (size_t)(n_kv_head * head_dim) * 2 ||
         n * (n_head + 2 * n_kv_head) > (int64_t)QKV_WARPS * 2147483647)
@@ -775,6 +777,6 @@ int kcuda_qkv_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes
     const int64_t warps = n * (n_head + 2 * n_kv_head);
     KC_LAUNCH(err, qkv_rows_kernel, (unsigned)kc_cdiv(warps, QKV_WARPS), QKV_WARPS * 32, 0, (cudaStream_t)stream,
               d_rows, layer, row_bytes, d_q, d_k, d_v, d_q_norm, d_k_norm, d_pos, n, (int)n_head, (int)n_kv_head,
-              (int)head_dim, eps, base);
+              (int)head_dim, (int)n_rot, eps, base);
     return 0;
 }

@@ -182,6 +182,22 @@ int kcuda_matvec_swiglu(const kcuda_mat_t *gate, const kcuda_mat_t *up, const fl
                         int64_t ldx, int n, float *d_y, int64_t ldy, void *stream,
                         bl_err_t *err) BL_WUR;
 
+/* How a router scores and chooses (kcpu_route_t's meaning; gating numbered as
+ * bl_gating_t): softmax, sigmoid, or the softmax of the chosen logits only
+ * (gpt-oss); the choice by score plus d_bias (DeepSeek-V3 and GLM-4.5's
+ * exp_probs_b), among the topk_group best of n_group groups (n_group <= 32); the
+ * weights normalised to sum 1 (the sum kept at least 2^-14), then scaled. d_logit_bias
+ * is added to the logits first (gpt-oss's router bias). */
+enum { KCUDA_GATE_SOFTMAX = 1, KCUDA_GATE_SIGMOID = 2, KCUDA_GATE_SOFTMAX_WEIGHT = 3 };
+typedef struct kcuda_route {
+    int gating;
+    int norm;
+    float scale;
+    int n_group, topk_group;    /* 0 or 1: no groups */
+    const float *d_bias;        /* (n_expert) or NULL */
+    const float *d_logit_bias;  /* (n_expert) or NULL */
+} kcuda_route_t;
+
 /* The routed experts of a 3-D expert tensor, in one launch. w holds n_expert
  * experts of rows_per_expert rows each (w->nrows = n_expert * rows_per_expert);
  * d_ids (n, k) on the card holds the experts each of n activation rows selected
@@ -204,10 +220,11 @@ int kcuda_matvec_experts_swiglu(const kcuda_mat_t *gate, const kcuda_mat_t *up,
 /* kcuda_moe_route then kcuda_matvec_experts_swiglu in one launch: each block
  * routes its row from d_logits (n, n_expert) itself (the same arithmetic, so the
  * same ids, weights and outputs) and d_ids, d_wts (n, k) are written for the down
- * product; a decode step saves the routing kernel's launch. Past 128 experts it
- * launches the two. */
+ * product; a decode step saves the routing kernel's launch. Past 128 experts, or
+ * for a routing other than the plain softmax (kcuda_route_plain), it launches the
+ * two. */
 int kcuda_matvec_experts_swiglu_route(const kcuda_mat_t *gate, const kcuda_mat_t *up,
-                                      int64_t n_expert, const float *d_logits, int norm,
+                                      int64_t n_expert, const float *d_logits, const kcuda_route_t *r,
                                       int32_t *d_ids, float *d_wts, int n, int k,
                                       const float *d_x, int64_t ldx, float *d_y, int64_t ldy,
                                       void *stream, bl_err_t *err) BL_WUR;
@@ -239,10 +256,12 @@ int kcuda_rms_norm(float *d_y, const float *d_x, const float *d_g, int64_t n, in
 int kcuda_rope_neox(float *d_x, const int32_t *d_pos, int64_t n, int64_t n_head,
                     int64_t head_dim, float base, void *stream, bl_err_t *err) BL_WUR;
 
-/* Per-head RMSNorm then NEOX RoPE, in place, in one pass over x (n, n_head,
- * head_dim): the q (or k) normalisation of Qwen3 and its rotation fused. */
+/* Per-head RMSNorm (none when d_g is NULL) then NEOX RoPE over the first n_rot dims
+ * of each head (the rest kept), in place, in one pass over x (n, n_head, head_dim):
+ * the q (or k) normalisation of Qwen3 and its rotation fused; GLM-4.5's partial
+ * rotation without norms. */
 int kcuda_rms_norm_rope(float *d_x, const float *d_g, const int32_t *d_pos, int64_t n,
-                        int64_t n_head, int64_t head_dim, float eps, float base,
+                        int64_t n_head, int64_t head_dim, int64_t n_rot, float eps, float base,
                         void *stream, bl_err_t *err) BL_WUR;
 
 /* y[i] = silu(g[i]) * u[i] for n elements; y may be g. */
@@ -252,16 +271,23 @@ int kcuda_swiglu(float *d_y, const float *d_g, const float *d_u, int64_t n, void
 /* y[i] += x[i] for n elements (the residual add). */
 int kcuda_add(float *d_y, const float *d_x, int64_t n, void *stream, bl_err_t *err) BL_WUR;
 
+/* y (n, d) += bias (d) on every row. */
+int kcuda_add_bias(float *d_y, const float *d_bias, int64_t n, int64_t d, void *stream, bl_err_t *err) BL_WUR;
+
 // --- MoE routing ---------------------------------------------------------------------
 
 /* Most experts and choices kcuda_moe_route handles. */
 #define KCUDA_MOE_MAX_EXPERT 512
 #define KCUDA_MOE_MAX_K 32
 
-/* For n rows of router logits (n, n_expert): softmax, the k largest logits (ties to
- * the lower id), their probabilities renormalised to sum 1 when norm. ids (n, k) in
- * descending order, w (n, k). As kcpu_moe_route, with the softmax in f32. */
-int kcuda_moe_route(const float *d_logits, int64_t n, int64_t n_expert, int k, int norm,
+/* Whether r is the plain softmax (optionally normalised) the fused expert kernel
+ * routes in place. */
+int kcuda_route_plain(const kcuda_route_t *r);
+
+/* For n rows of router logits (n, n_expert): the scores, the k best choices (ties to
+ * the lower id), their weights, as r says. ids (n, k) in the order chosen, w (n, k).
+ * As kcpu_moe_route, in f32. */
+int kcuda_moe_route(const float *d_logits, int64_t n, int64_t n_expert, int k, const kcuda_route_t *r,
                     int32_t *d_ids, float *d_w, void *stream, bl_err_t *err) BL_WUR;
 
 /* Residency's slot ids: out[s] = d_table[ids[s]] (the slot expert ids[s] is served
@@ -341,12 +367,12 @@ int kcuda_kv_store_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_
 
 /* The decode step's work between the q/k/v products and attention, in one launch:
  * for n rows of q (n, n_head * head_dim), k and v (n, n_kv_head * head_dim), the
- * per-head RMSNorm (gains q_norm, k_norm) and NEOX RoPE at d_pos[b] of q and k in
- * place (kcuda_rms_norm_rope's bits), then k and v stored to the rows' caches as
+ * per-head RMSNorm (gains q_norm, k_norm; both NULL: none) and NEOX RoPE over n_rot
+ * dims at d_pos[b] of q and k in place (kcuda_rms_norm_rope's bits), then k and v stored to the rows' caches as
  * kcuda_kv_store_rows stores them. */
 int kcuda_qkv_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, float *d_q, float *d_k,
                    const float *d_v, const float *d_q_norm, const float *d_k_norm, const int32_t *d_pos,
-                   int64_t n, int64_t n_head, int64_t n_kv_head, int64_t head_dim, float eps, float base,
+                   int64_t n, int64_t n_head, int64_t n_kv_head, int64_t head_dim, int64_t n_rot, float eps, float base,
                    void *stream, bl_err_t *err) BL_WUR;
 
 /* kcuda_attention for n rows, each over its own cache (d_rows[b], layer `layer`)
@@ -379,7 +405,7 @@ int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row
 int kcuda_attention_rows_qkv(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, float *d_q,
                              float *d_k, const float *d_v, const float *d_q_norm, const float *d_k_norm,
                              const int32_t *d_pos, float *d_out, int64_t n, int64_t max_len, int64_t n_head,
-                             int64_t n_kv_head, int64_t head_dim, float eps, float base, float scale,
+                             int64_t n_kv_head, int64_t head_dim, int64_t n_rot, float eps, float base, float scale,
                              void *d_scratch, size_t scratch_bytes, void *stream, bl_err_t *err) BL_WUR;
 
 // --- prompts: tensor-core products, expert grouping, prefill attention (gemm.cu, prefill.cu)

@@ -62,24 +62,29 @@ static __device__ __forceinline__ void kc_rope_cs(int32_t pos, int64_t i, int64_
     *s = (float)sd;
 }
 
-/* One head v (hd elements) of Qwen3's q or k, by one warp: RMSNorm with gains g, then
- * NEOX RoPE at position p, into y (which may be v); h16, when not NULL, gets the
- * results in f16 too (round to nearest even, the cache's bits). Lane l owns the pairs
- * (i, i + hd/2) for i = l, l + 32, ..., and reads only what it writes, so no barrier
- * is needed. */
+/* One head v (hd elements) of q or k, by one warp: RMSNorm with gains g (none when g
+ * is NULL: Qwen3 has them, GLM-4.5 not), then NEOX RoPE over the first nr dims at
+ * position p (pairs (i, i + nr/2) by p * base^(-2i/nr)), the rest kept, into y
+ * (which may be v); h16, when not NULL, gets the results in f16 too (round to
+ * nearest even, the cache's bits). Each lane reads only what it writes, so no
+ * barrier is needed. */
 static __device__ __forceinline__ void kc_head_norm_rope(float *y, const float *v, const float *g, int32_t p,
-                                                         int64_t hd, float eps, float base, int lane, __half *h16)
+                                                         int64_t hd, int64_t nr, float eps, float base, int lane,
+                                                         __half *h16)
 {
-    float ss = 0.0f;
-    for (int64_t i = lane; i < hd; i += 32)
-        ss += v[i] * v[i];
-    ss = kc_warp_sum(ss);
-    const float sc = rsqrtf(ss / (float)hd + eps);
-    const int64_t half = hd / 2;
+    float sc = 1.0f;
+    if (g) {
+        float ss = 0.0f;
+        for (int64_t i = lane; i < hd; i += 32)
+            ss += v[i] * v[i];
+        ss = kc_warp_sum(ss);
+        sc = rsqrtf(ss / (float)hd + eps);
+    }
+    const int64_t half = nr / 2;
     for (int64_t i = lane; i < half; i += 32) {
-        const float x0 = v[i] * sc * g[i], x1 = v[i + half] * sc * g[i + half];
+        const float x0 = g ? v[i] * sc * g[i] : v[i], x1 = g ? v[i + half] * sc * g[i + half] : v[i + half];
         float c, s;
-        kc_rope_cs(p, i, hd, base, &c, &s);
+        kc_rope_cs(p, i, nr, base, &c, &s);
         const float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
         y[i] = y0;
         y[i + half] = y1;
@@ -87,6 +92,12 @@ static __device__ __forceinline__ void kc_head_norm_rope(float *y, const float *
             h16[i] = __float2half_rn(y0);
             h16[i + half] = __float2half_rn(y1);
         }
+    }
+    for (int64_t i = nr + lane; i < hd; i += 32) {
+        const float x = g ? v[i] * sc * g[i] : v[i];
+        y[i] = x;
+        if (h16)
+            h16[i] = __float2half_rn(x);
     }
 }
 
@@ -154,68 +165,150 @@ static __device__ __forceinline__ void kc_rms_norm_row(float *yr, const float *x
     __syncthreads(); /* part is free again, and the row is written for the block */
 }
 
-/* MoE routing of one row by one warp: softmax over n_expert logits (read through
- * L2, so a caller may route what other blocks of its grid just wrote), the top k
- * (ties to the lower id, as kcpu_moe_route), weights p or p / sum when norm. Lane l
- * holds experts l, l + 32, ... in registers (PL of them), so k rounds of a warp-wide
- * argmax pick the experts without touching memory again. */
-template <int PL> /* logits per lane: n_expert <= 32 PL (the loops are unrolled over PL) */
-static __device__ __forceinline__ void kc_moe_route_row(const float *l, int n_expert, int k, int norm, int32_t *ids,
-                                                        float *w, int lane)
+/* MoE routing of one row by one warp as r says (kcuda_route_t; kcpu_moe_route's
+ * arithmetic in f32): the scores of n_expert logits (read through L2, so a caller may
+ * route what other blocks of its grid just wrote), the top k by score plus bias (ties
+ * to the lower id), optionally among the best groups, weights as r says. Lane l holds
+ * experts l, l + 32, ... in registers (PL of them), so k rounds of a warp-wide argmax
+ * pick the experts without touching memory again. GEN false: the plain softmax
+ * (kcuda_route_plain), which chooses by logit and needs no score per expert. */
+template <int PL, bool GEN> /* logits per lane: n_expert <= 32 PL (the loops are unrolled over PL) */
+static __device__ __forceinline__ void kc_moe_route_row(const float *l, int n_expert, int k, const kcuda_route_t &r,
+                                                        int32_t *ids, float *w, int lane)
 {
-    float v[PL];
+    const bool sigmoid = GEN && r.gating == KCUDA_GATE_SIGMOID, raw = GEN && r.gating == KCUDA_GATE_SOFTMAX_WEIGHT;
+    const bool grouped = GEN && r.n_group > 1 && r.topk_group > 0 && r.topk_group < r.n_group;
+    const bool by_logit = !GEN || (!sigmoid && !r.d_bias && !grouped);
+    float v[PL], sel[PL], p[PL];
     float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < PL; i++) {
         const int e = lane + 32 * i;
-        v[i] = e < n_expert ? __ldcg(l + e) : -INFINITY;
+        v[i] = e < n_expert ? __ldcg(l + e) + (GEN && r.d_logit_bias ? r.d_logit_bias[e] : 0.0f) : -INFINITY;
         mx = fmaxf(mx, v[i]);
     }
     mx = kc_warp_max(mx);
     float sum = 0.0f;
+    if (!sigmoid && !raw) {
 #pragma unroll
-    for (int i = 0; i < PL; i++)
-        if (lane + 32 * i < n_expert)
-            sum += expf(v[i] - mx);
-    sum = kc_warp_sum(sum);
+        for (int i = 0; i < PL; i++)
+            if (lane + 32 * i < n_expert)
+                sum += expf(v[i] - mx);
+        sum = kc_warp_sum(sum);
+    }
+#pragma unroll
+    for (int i = 0; i < PL; i++) {
+        const int e = lane + 32 * i;
+        if (by_logit) {
+            sel[i] = v[i];
+            p[i] = 0.0f;
+        } else {
+            p[i] = raw ? v[i] : sigmoid ? 1.0f / (1.0f + expf(-v[i])) : expf(v[i] - mx) / sum;
+            sel[i] = e < n_expert ? p[i] + (r.d_bias ? r.d_bias[e] : 0.0f) : -INFINITY;
+        }
+    }
+    uint32_t taken = 0; /* bit i: expert lane + 32 i already chosen (or out of the choice) */
+    if (grouped) {
+        /* a group scores the sum of its two best; only the topk_group best groups'
+         * experts stay in the choice. Lane g ends with group g's score. */
+        const int gs = n_expert / r.n_group;
+        float mine_g = -INFINITY;
+        for (int g = 0; g < r.n_group; g++) {
+            float b1 = -INFINITY, b2 = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < PL; i++) {
+                const int e = lane + 32 * i;
+                if (e < n_expert && e / gs == g) {
+                    if (sel[i] > b1) {
+                        b2 = b1;
+                        b1 = sel[i];
+                    } else if (sel[i] > b2) {
+                        b2 = sel[i];
+                    }
+                }
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {
+                const float o1 = __shfl_xor_sync(KCUDA_FULL_MASK, b1, off);
+                const float o2 = __shfl_xor_sync(KCUDA_FULL_MASK, b2, off);
+                const float lo = fminf(b1, o1);
+                b1 = fmaxf(b1, o1);
+                b2 = fmaxf(lo, fmaxf(b2, o2));
+            }
+            if (lane == g)
+                mine_g = b1 + (gs > 1 ? b2 : 0.0f);
+        }
+        uint32_t keep = 0;
+        for (int j = 0; j < r.topk_group; j++) {
+            float bv = (keep >> lane & 1u) || lane >= r.n_group ? -INFINITY : mine_g;
+            int bg = (keep >> lane & 1u) || lane >= r.n_group ? INT32_MAX : lane;
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {
+                const float ov = __shfl_xor_sync(KCUDA_FULL_MASK, bv, off);
+                const int og = __shfl_xor_sync(KCUDA_FULL_MASK, bg, off);
+                if (og != INT32_MAX && (bg == INT32_MAX || ov > bv || (ov == bv && og < bg))) {
+                    bv = ov;
+                    bg = og;
+                }
+            }
+            if (bg != INT32_MAX)
+                keep |= 1u << bg;
+        }
+#pragma unroll
+        for (int i = 0; i < PL; i++)
+            if (!(keep >> ((lane + 32 * i) / gs) & 1u))
+                taken |= 1u << i;
+    }
 
-    uint32_t taken = 0; /* bit i: expert lane + 32 i already chosen */
-    float wsum = 0.0f, mine = 0.0f; /* lane j < k keeps choice j's probability */
+    float wsum = 0.0f, mine = 0.0f; /* lane j < k keeps choice j's weight */
     int32_t mine_id = 0;
     for (int j = 0; j < k; j++) {
-        /* This lane's best untaken logit; ascending ids, so a strict > keeps the
+        /* This lane's best untaken choice; ascending ids, so a strict > keeps the
          * lower id on ties. */
-        float bv = -INFINITY;
+        float bv = -INFINITY, bp = 0.0f;
         int be = INT32_MAX;
 #pragma unroll
         for (int i = 0; i < PL; i++) {
             const int e = lane + 32 * i;
-            if (e < n_expert && !(taken >> i & 1u) && (be == INT32_MAX || v[i] > bv)) {
-                bv = v[i];
+            if (e < n_expert && !(taken >> i & 1u) && (be == INT32_MAX || sel[i] > bv)) {
+                bv = sel[i];
+                bp = p[i];
                 be = e;
             }
         }
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {
             const float ov = __shfl_xor_sync(KCUDA_FULL_MASK, bv, off);
+            const float op = __shfl_xor_sync(KCUDA_FULL_MASK, bp, off);
             const int oe = __shfl_xor_sync(KCUDA_FULL_MASK, be, off);
             if (oe != INT32_MAX && (be == INT32_MAX || ov > bv || (ov == bv && oe < be))) {
                 bv = ov;
+                bp = op;
                 be = oe;
             }
         }
         if (be != INT32_MAX && (be & 31) == lane)
             taken |= 1u << (be >> 5);
-        const float p = expf(bv - mx) / sum;
-        wsum += p;
+        const float pj = by_logit ? expf(bv - mx) / sum : bp;
+        wsum += pj;
         if (lane == j) {
-            mine = p;
+            mine = pj;
             mine_id = be;
         }
     }
+    if (raw) { /* the softmax of the chosen logits */
+        const float top = kc_warp_max(lane < k ? mine : -INFINITY);
+        const float ex = lane < k ? expf(mine - top) : 0.0f;
+        const float es = kc_warp_sum(ex);
+        mine = ex / es;
+        wsum = 1.0f;
+    }
     if (lane < k) {
+        float wt = r.norm ? mine / fmaxf(wsum, 0x1p-14f) : mine;
+        if (GEN && r.scale != 1.0f)
+            wt *= r.scale;
         ids[lane] = mine_id;
-        w[lane] = norm ? mine / wsum : mine;
+        w[lane] = wt;
     }
 }
 

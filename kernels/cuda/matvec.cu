@@ -79,7 +79,7 @@ typedef struct mv_args {
      * its row itself and block column 0 of choice 0 writes the row's ids and
      * weights to ids_out and wts_out; ids is unused. */
     const float *logits;
-    int norm;
+    kcuda_route_t route; /* the plain softmax (kcuda_route_plain) */
     int32_t *ids_out;
     float *wts_out;
     size_t route_off; /* where the warps' routing copies start in shared memory */
@@ -707,7 +707,7 @@ static __device__ __forceinline__ void mv_body(const mv_args_t &a, unsigned bx)
         int32_t *rid = (int32_t *)(mv_smem + a.route_off) + warp * KCUDA_MOE_MAX_K;
         float *rwt = (float *)(mv_smem + a.route_off) + (MV_WARPS + warp) * KCUDA_MOE_MAX_K;
         const int64_t row = slot / a.k;
-        kc_moe_route_row<MV_ROUTE_MAX / 32>(a.logits + row * a.n_expert, (int)a.n_expert, a.k, a.norm, rid, rwt,
+        kc_moe_route_row<MV_ROUTE_MAX / 32, false>(a.logits + row * a.n_expert, (int)a.n_expert, a.k, a.route, rid, rwt,
                                             lane);
         __syncwarp();
         wk.ids = rid + (slot - row * a.k);
@@ -1419,16 +1419,16 @@ int kcuda_matvec_experts_swiglu(const kcuda_mat_t *gate, const kcuda_mat_t *up, 
 }
 
 int kcuda_matvec_experts_swiglu_route(const kcuda_mat_t *gate, const kcuda_mat_t *up, int64_t n_expert,
-                                      const float *d_logits, int norm, int32_t *d_ids, float *d_wts, int n,
+                                      const float *d_logits, const kcuda_route_t *r, int32_t *d_ids, float *d_wts, int n,
                                       int k, const float *d_x, int64_t ldx, float *d_y, int64_t ldy, void *stream,
                                       bl_err_t *err)
 {
-    if (!d_logits || !d_wts || k < 1 || k > KCUDA_MOE_MAX_K || k > n_expert)
+    if (!d_logits || !d_wts || !r || k < 1 || k > KCUDA_MOE_MAX_K || k > n_expert)
         return bl_err_set(err, BL_EINVAL, "matvec_experts_swiglu_route: top %d of %lld experts, or a NULL buffer",
                           k, (long long)n_expert);
     /* more experts than a warp's registers hold here: the routing kernel first */
-    if (n_expert > MV_ROUTE_MAX) {
-        int rc = kcuda_moe_route(d_logits, n, n_expert, k, norm, d_ids, d_wts, stream, err);
+    if (n_expert > MV_ROUTE_MAX || !kcuda_route_plain(r)) {
+        int rc = kcuda_moe_route(d_logits, n, n_expert, k, r, d_ids, d_wts, stream, err);
         return rc < 0 ? rc
                       : kcuda_matvec_experts_swiglu(gate, up, n_expert, d_ids, n, k, d_x, ldx, d_y, ldy, stream, err);
     }
@@ -1452,7 +1452,7 @@ int kcuda_matvec_experts_swiglu_route(const kcuda_mat_t *gate, const kcuda_mat_t
     a.k = k;
     a.mode = MV_EXPERT;
     a.logits = d_logits;
-    a.norm = norm;
+    a.route = *r;
     a.ids_out = d_ids;
     a.wts_out = d_wts;
     return mv_launch(gate, &a, (unsigned)(n * k), 1, stream, err);

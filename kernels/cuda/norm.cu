@@ -89,7 +89,7 @@ int kcuda_rope_neox(float *d_x, const int32_t *d_pos, int64_t n, int64_t n_head,
  * pairs (i, i + half) it rotates, so the in-place update needs no barrier. */
 __global__ void __launch_bounds__(NORM_WARPS * 32)
 rms_norm_rope_kernel(float *x, const float *g, const int32_t *pos, int64_t n, int64_t n_head,
-                     int64_t hd, float eps, float base)
+                     int64_t hd, int64_t nr, float eps, float base)
 {
     kc_wait_prior();
     kc_allow_next();
@@ -97,17 +97,17 @@ rms_norm_rope_kernel(float *x, const float *g, const int32_t *pos, int64_t n, in
     const int lane = threadIdx.x & 31;
     if (bh >= n * n_head)
         return;
-    kc_head_norm_rope(x + bh * hd, x + bh * hd, g, pos[bh / n_head], hd, eps, base, lane, NULL);
+    kc_head_norm_rope(x + bh * hd, x + bh * hd, g, pos[bh / n_head], hd, nr, eps, base, lane, NULL);
 }
 
 int kcuda_rms_norm_rope(float *d_x, const float *d_g, const int32_t *d_pos, int64_t n, int64_t n_head,
-                        int64_t head_dim, float eps, float base, void *stream, bl_err_t *err)
+                        int64_t head_dim, int64_t n_rot, float eps, float base, void *stream, bl_err_t *err)
 {
-    if (!d_x || !d_g || !d_pos || n < 1 || n_head < 1 || head_dim < 2 || head_dim % 2 != 0)
-        return bl_err_set(err, BL_EINVAL, "rms_norm_rope: %lld rows, %lld heads of %lld", (long long)n,
-                          (long long)n_head, (long long)head_dim);
+    if (!d_x || !d_pos || n < 1 || n_head < 1 || head_dim < 2 || n_rot < 2 || n_rot > head_dim || n_rot % 2 != 0)
+        return bl_err_set(err, BL_EINVAL, "rms_norm_rope: %lld rows, %lld heads of %lld, %lld rotated", (long long)n,
+                          (long long)n_head, (long long)head_dim, (long long)n_rot);
     KC_LAUNCH(err, rms_norm_rope_kernel, (unsigned)kc_cdiv(n * n_head, NORM_WARPS), NORM_WARPS * 32, 0,
-                           (cudaStream_t)stream, d_x, d_g, d_pos, n, n_head, head_dim, eps, base);
+                           (cudaStream_t)stream, d_x, d_g, d_pos, n, n_head, head_dim, n_rot, eps, base);
     return 0;
 }
 
@@ -148,5 +148,22 @@ int kcuda_add(float *d_y, const float *d_x, int64_t n, void *stream, bl_err_t *e
     if (!d_y || !d_x || n < 1)
         return bl_err_set(err, BL_EINVAL, "add: %lld elements", (long long)n);
     KC_LAUNCH(err, add_kernel, elem_blocks(n), 256, 0, (cudaStream_t)stream, d_y, d_x, n);
+    return 0;
+}
+
+__global__ void add_bias_kernel(float *y, const float *bias, int64_t n, int64_t d)
+{
+    kc_wait_prior();
+    kc_allow_next();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * d;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += bias[i % d];
+}
+
+int kcuda_add_bias(float *d_y, const float *d_bias, int64_t n, int64_t d, void *stream, bl_err_t *err)
+{
+    if (!d_y || !d_bias || n < 1 || d < 1)
+        return bl_err_set(err, BL_EINVAL, "add_bias: %lld rows of %lld", (long long)n, (long long)d);
+    KC_LAUNCH(err, add_bias_kernel, elem_blocks(n * d), 256, 0, (cudaStream_t)stream, d_y, d_bias, n, d);
     return 0;
 }

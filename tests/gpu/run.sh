@@ -18,6 +18,8 @@ build=${1:-build-gpu}
 dir=$build/tests/gpu
 sanitizer=${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
 export LD_LIBRARY_PATH=$PWD/$build/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# test_worker_cuda writes the families' tiny files with the build's bloomery-mkmodel
+[ -x "$build/tools/bloomery-mkmodel" ] && export BLOOMERY_MKMODEL=${BLOOMERY_MKMODEL:-$PWD/$build/tools/bloomery-mkmodel}
 export BLOOMERY_TEST_SEED=${BLOOMERY_TEST_SEED:-$(( $(date +%s) * 1000 + RANDOM % 1000 ))}
 logs=${GPU_TEST_LOGS:-$(mktemp -d /tmp/bloomery-gpu-tests.XXXXXX)}
 mkdir -p "$logs"

@@ -177,7 +177,9 @@ static void case_rows(rng_t *r, int64_t n, const int64_t *pos, int64_t n_head, i
  * on a stream of its own, so with programmatic dependent launch where the device
  * has it) against kcuda_rms_norm_rope twice and kcuda_kv_store_rows: the same bits
  * in q, k and every byte of the caches (layer 1 of two, poisoned elsewhere). */
-static void case_qkv_rows(rng_t *r, int64_t n, const int32_t *pos, int64_t n_head, int64_t n_kv, int64_t hd)
+/* nr: the dims rotated (0: all); gains 0: no q/k norms (GLM-4.5's attention). */
+static void case_qkv_rows_part(rng_t *r, int64_t n, const int32_t *pos, int64_t n_head, int64_t n_kv, int64_t hd,
+                               int64_t nr, int gains)
 {
     bl_err_t err = {0};
     const int64_t nq = n * n_head * hd, nk = n * n_kv * hd, kvw = n_kv * hd;
@@ -212,11 +214,14 @@ static void case_qkv_rows(rng_t *r, int64_t n, const int32_t *pos, int64_t n_hea
     float *dv = d_upload(v, sizeof(float) * (size_t)nk), *dg = d_upload(g, sizeof(float) * (size_t)(2 * hd));
     int32_t *dpos = d_upload(pos, sizeof(int32_t) * (size_t)n);
     const float eps = 1e-6f, base = 1000000.0f;
-    int ok = kcuda_qkv_rows(drows[0], 1, rb, dq[0], dk[0], dv, dg, dg + hd, dpos, n, n_head, n_kv, hd, eps, base,
+    if (!nr)
+        nr = hd;
+    const float *qg = gains ? dg : NULL, *kg = gains ? dg + hd : NULL;
+    int ok = kcuda_qkv_rows(drows[0], 1, rb, dq[0], dk[0], dv, qg, kg, dpos, n, n_head, n_kv, hd, nr, eps, base,
                             st, &err) == 0 &&
              kcuda_sync(st, &err) == 0 &&
-             kcuda_rms_norm_rope(dq[1], dg, dpos, n, n_head, hd, eps, base, NULL, &err) == 0 &&
-             kcuda_rms_norm_rope(dk[1], dg + hd, dpos, n, n_kv, hd, eps, base, NULL, &err) == 0 &&
+             kcuda_rms_norm_rope(dq[1], qg, dpos, n, n_head, hd, nr, eps, base, NULL, &err) == 0 &&
+             kcuda_rms_norm_rope(dk[1], kg, dpos, n, n_kv, hd, nr, eps, base, NULL, &err) == 0 &&
              kcuda_kv_store_rows(drows[1], 1, rb, dk[1], dv, kvw, n, kvw, NULL, &err) == 0 &&
              kcuda_sync(NULL, &err) == 0;
     int same = ok;
@@ -243,8 +248,9 @@ static void case_qkv_rows(rng_t *r, int64_t n, const int32_t *pos, int64_t n_hea
     } else {
         printf("#   %s\n", err.msg);
     }
-    tap_ok(same, "qkv_rows: %lld rows, %lld heads over %lld of %lld, the bits of norm+rope twice and kv_store_rows",
-           (long long)n, (long long)n_head, (long long)n_kv, (long long)hd);
+    tap_ok(same, "qkv_rows: %lld rows, %lld heads over %lld of %lld, %lld rotated%s, the bits of norm+rope twice and "
+           "kv_store_rows", (long long)n, (long long)n_head, (long long)n_kv, (long long)hd, (long long)nr,
+           gains ? "" : ", no norms");
     for (int w = 0; w < 2; w++) {
         kcuda_free(dq[w]);
         kcuda_free(dk[w]);
@@ -261,8 +267,8 @@ static void case_qkv_rows(rng_t *r, int64_t n, const int32_t *pos, int64_t n_hea
  * the same caches (random f16 before each row's position, in layer 1 of two): the
  * output and every cache byte, bit for bit. max_len within the one-pass bound folds
  * the q/k work into the attention launch; past it the call takes the two launches. */
-static void case_attention_qkv(rng_t *r, int64_t n, const int32_t *pos, int64_t n_head, int64_t n_kv, int64_t hd,
-                               int64_t max_len)
+static void case_attention_qkv_part(rng_t *r, int64_t n, const int32_t *pos, int64_t n_head, int64_t n_kv,
+                                    int64_t hd, int64_t max_len, int64_t nr, int gains)
 {
     bl_err_t err = {0};
     const int64_t nq = n * n_head * hd, nk = n * n_kv * hd, kvw = n_kv * hd;
@@ -301,9 +307,12 @@ static void case_attention_qkv(rng_t *r, int64_t n, const int32_t *pos, int64_t 
     float *dv = d_upload(v, sizeof(float) * (size_t)nk), *dg = d_upload(g, sizeof(float) * (size_t)(2 * hd));
     int32_t *dpos = d_upload(pos, sizeof(int32_t) * (size_t)n);
     const float eps = 1e-6f, base = 1000000.0f, scale = (float)(1.0 / sqrt((double)hd));
-    int ok = kcuda_attention_rows_qkv(drows[0], 1, rb, dq[0], dk[0], dv, dg, dg + hd, dpos, dout[0], n, max_len,
-                                      n_head, n_kv, hd, eps, base, scale, ds, sb, NULL, &err) == 0 &&
-             kcuda_qkv_rows(drows[1], 1, rb, dq[1], dk[1], dv, dg, dg + hd, dpos, n, n_head, n_kv, hd, eps, base,
+    if (!nr)
+        nr = hd;
+    const float *qg = gains ? dg : NULL, *kg = gains ? dg + hd : NULL;
+    int ok = kcuda_attention_rows_qkv(drows[0], 1, rb, dq[0], dk[0], dv, qg, kg, dpos, dout[0], n, max_len,
+                                      n_head, n_kv, hd, nr, eps, base, scale, ds, sb, NULL, &err) == 0 &&
+             kcuda_qkv_rows(drows[1], 1, rb, dq[1], dk[1], dv, qg, kg, dpos, n, n_head, n_kv, hd, nr, eps, base,
                             NULL, &err) == 0 &&
              kcuda_attention_rows(drows[1], 1, rb, dq[1], dout[1], n, max_len, n_head, n_kv, hd, scale, ds, sb,
                                   NULL, &err) == 0 &&
@@ -332,8 +341,9 @@ static void case_attention_qkv(rng_t *r, int64_t n, const int32_t *pos, int64_t 
         printf("#   %s\n", err.msg);
     }
     tap_ok(same, "attention_rows_qkv: %lld rows (last position %d), %lld heads over %lld of %lld, max_len %lld%s: the "
-           "bits of qkv_rows then attention_rows", (long long)n, pos[n - 1], (long long)n_head, (long long)n_kv,
-           (long long)hd, (long long)max_len, max_len <= KCUDA_ATT_SHORT ? " (one launch)" : " (two launches)");
+           "bits of qkv_rows then attention_rows (%lld rotated%s)", (long long)n, pos[n - 1], (long long)n_head,
+           (long long)n_kv, (long long)hd, (long long)max_len,
+           max_len <= KCUDA_ATT_SHORT ? " (one launch)" : " (two launches)", (long long)nr, gains ? "" : ", no norms");
     for (int w = 0; w < 2; w++) {
         kcuda_free(dq[w]);
         kcuda_free(dk[w]);
@@ -361,6 +371,17 @@ static void case_refusals(void)
     kcuda_free(d);
 }
 
+static void case_qkv_rows(rng_t *r, int64_t n, const int32_t *pos, int64_t n_head, int64_t n_kv, int64_t hd)
+{
+    case_qkv_rows_part(r, n, pos, n_head, n_kv, hd, 0, 1);
+}
+
+static void case_attention_qkv(rng_t *r, int64_t n, const int32_t *pos, int64_t n_head, int64_t n_kv, int64_t hd,
+                               int64_t max_len)
+{
+    case_attention_qkv_part(r, n, pos, n_head, n_kv, hd, max_len, 0, 1);
+}
+
 int main(void)
 {
     gpu_test_init("test_kcuda_attention");
@@ -372,6 +393,7 @@ int main(void)
     case_qkv_rows(&r, 1, qp1, 32, 4, 128);
     case_qkv_rows(&r, 3, qp3, 16, 2, 64);
     case_qkv_rows(&r, 2, qp3, 6, 3, 256);
+    case_qkv_rows_part(&r, 3, qp3, 12, 1, 128, 64, 0); /* GLM-4.5: half rotated, no norms */
     /* the q/k work folded into the one-pass attention: Qwen3-30B-A3B's heads, a row
      * at position 0, one filling its grid, every head size, group 16; and past the
      * bound, the two launches */
@@ -382,6 +404,8 @@ int main(void)
     case_attention_qkv(&r, 2, ap2, 6, 3, 256, 256);
     case_attention_qkv(&r, 2, ap2, 8, 4, 32, 201);
     case_attention_qkv(&r, 2, ap4, 32, 4, 128, 2048);
+    case_attention_qkv_part(&r, 3, ap3, 12, 1, 128, 256, 64, 0);  /* GLM-4.5 */
+    case_attention_qkv_part(&r, 2, ap4, 12, 1, 128, 2048, 64, 0);
 
     case_attention(&r, 1, 0, 4, 4, 128);      /* one position */
     case_attention(&r, 1, 36, 8, 2, 128);     /* less than a chunk */

@@ -11,19 +11,38 @@
 #include "kcpu.h"
 #include "quant.h"
 
-static void case_route(rng_t *r, int64_t n, int64_t n_expert, int k, int norm)
+/* One routing form: the card's against kcpu_moe_route's (scores in double there):
+ * the same ids, weights within f32 rounding. gating KCPU_GATE_*; bias: a selection
+ * bias (exp_probs_b); lbias: a router bias added to the logits (the reference adds
+ * it before routing, as the CPU model does); groups n_group/topk_group. */
+typedef struct route_form {
+    int gating, norm, n_group, topk_group, bias, lbias;
+    float scale;
+} route_form_t;
+
+static void case_route_form(rng_t *r, int64_t n, int64_t n_expert, int k, route_form_t f)
 {
     bl_err_t err = {0};
-    float *lg = xmalloc(sizeof(float) * (size_t)(n * n_expert));
+    float *lg = xmalloc(sizeof(float) * (size_t)(n * n_expert)), *lg2 = xmalloc(sizeof(float) * (size_t)(n * n_expert));
+    float *pb = xmalloc(sizeof(float) * (size_t)n_expert), *lb = xmalloc(sizeof(float) * (size_t)n_expert);
     rand_fill(r, lg, n * n_expert, 4.0f);
+    rand_fill(r, pb, n_expert, 0.5f);
+    rand_fill(r, lb, n_expert, 1.0f);
+    for (int64_t i = 0; i < n * n_expert; i++)
+        lg2[i] = f.lbias ? lg[i] + lb[i % n_expert] : lg[i];
     int32_t *ids_ref = xmalloc(sizeof(int32_t) * (size_t)(n * k)), *ids = xmalloc(sizeof(int32_t) * (size_t)(n * k));
     float *w_ref = xmalloc(sizeof(float) * (size_t)(n * k)), *w = xmalloc(sizeof(float) * (size_t)(n * k));
-    const kcpu_route_t rt = {.n_expert = n_expert, .k = k, .gating = KCPU_GATE_SOFTMAX, .norm = norm, .scale = 1.0f};
-    kcpu_moe_route(NULL, lg, n, &rt, ids_ref, w_ref);
+    const kcpu_route_t rt = {.n_expert = n_expert, .k = k, .n_group = f.n_group, .topk_group = f.topk_group,
+                             .gating = f.gating, .norm = f.norm, .scale = f.scale, .bias = f.bias ? pb : NULL};
+    kcpu_moe_route(NULL, lg2, n, &rt, ids_ref, w_ref);
     float *dl = d_upload(lg, sizeof(float) * (size_t)(n * n_expert));
+    float *dpb = d_upload(pb, sizeof(float) * (size_t)n_expert), *dlb = d_upload(lb, sizeof(float) * (size_t)n_expert);
     int32_t *di = d_poison(sizeof(int32_t) * (size_t)(n * k));
     float *dw = d_poison(sizeof(float) * (size_t)(n * k));
-    int ok = kcuda_moe_route(dl, n, n_expert, k, norm, di, dw, NULL, &err) == 0 &&
+    const kcuda_route_t cr = {.gating = f.gating, .norm = f.norm, .scale = f.scale, .n_group = f.n_group,
+                              .topk_group = f.topk_group, .d_bias = f.bias ? dpb : NULL,
+                              .d_logit_bias = f.lbias ? dlb : NULL};
+    int ok = kcuda_moe_route(dl, n, n_expert, k, &cr, di, dw, NULL, &err) == 0 &&
              d_fetch(ids, di, sizeof(int32_t) * (size_t)(n * k), &err) == 0 &&
              d_fetch(w, dw, sizeof(float) * (size_t)(n * k), &err) == 0;
     if (!ok) {
@@ -43,16 +62,28 @@ static void case_route(rng_t *r, int64_t n, int64_t n_expert, int k, int norm)
         ok &= check_close(w, k, ref, n, k, 1e-7, 2e-5);
         free(ref);
     }
-    tap_ok(ok, "moe_route: %lld rows, top %d of %lld%s", (long long)n, k, (long long)n_expert,
-           norm ? ", renormalised" : "");
+    static const char *const gname[] = {"?", "softmax", "sigmoid", "softmax of the chosen"};
+    tap_ok(ok, "moe_route: %lld rows, top %d of %lld, %s%s%s%s, groups %d/%d, scale %g", (long long)n, k,
+           (long long)n_expert, gname[f.gating & 3], f.norm ? ", renormalised" : "", f.bias ? ", choice bias" : "",
+           f.lbias ? ", router bias" : "", f.topk_group, f.n_group, (double)f.scale);
     kcuda_free(dl);
+    kcuda_free(dpb);
+    kcuda_free(dlb);
     kcuda_free(di);
     kcuda_free(dw);
     free(lg);
+    free(lg2);
+    free(pb);
+    free(lb);
     free(ids_ref);
     free(ids);
     free(w_ref);
     free(w);
+}
+
+static void case_route(rng_t *r, int64_t n, int64_t n_expert, int k, int norm)
+{
+    case_route_form(r, n, n_expert, k, (route_form_t){.gating = KCPU_GATE_SOFTMAX, .norm = norm, .scale = 1.0f});
 }
 
 /* Residency's slot ids straight after the routing that writes the ids, on a stream
@@ -78,7 +109,8 @@ static void case_remap(rng_t *r, int64_t n, int64_t n_expert, int k)
     int32_t *dt = d_upload(tab, sizeof(int32_t) * (size_t)n_expert);
     int32_t *di = d_poison(sizeof(int32_t) * (size_t)(n * k)), *ds = d_poison(sizeof(int32_t) * (size_t)(n * k));
     float *dw = d_poison(sizeof(float) * (size_t)(n * k));
-    int ok = kcuda_moe_route(dl, n, n_expert, k, 1, di, dw, st, &err) == 0 &&
+    const kcuda_route_t cr = {.gating = KCUDA_GATE_SOFTMAX, .norm = 1, .scale = 1.0f};
+    int ok = kcuda_moe_route(dl, n, n_expert, k, &cr, di, dw, st, &err) == 0 &&
              kcuda_moe_remap(di, n * k, dt, n_expert, ds, st, &err) == 0 && kcuda_sync(st, &err) == 0 &&
              d_fetch(got, ds, sizeof(int32_t) * (size_t)(n * k), &err) == 0;
     if (!ok)
@@ -302,9 +334,10 @@ static void case_routed(rng_t *r, uint32_t type, int64_t ne, int64_t E, int64_t 
     float *dw[2] = {d_poison(sizeof(float) * (size_t)S), d_poison(sizeof(float) * (size_t)S)};
     float *dy[2] = {d_poison(sizeof(float) * (size_t)(S * ldh)), d_poison(sizeof(float) * (size_t)(S * ldh))};
     const kcuda_mat_t mg = ekmat(&gate), mu = ekmat(&up);
-    int ok = kcuda_moe_route(dl, n, ne, k, norm, di[0], dw[0], NULL, &err) == 0 &&
+    const kcuda_route_t cr = {.gating = KCUDA_GATE_SOFTMAX, .norm = norm, .scale = 1.0f};
+    int ok = kcuda_moe_route(dl, n, ne, k, &cr, di[0], dw[0], NULL, &err) == 0 &&
              kcuda_matvec_experts_swiglu(&mg, &mu, ne, di[0], n, k, dx, ldx, dy[0], ldh, NULL, &err) == 0 &&
-             kcuda_matvec_experts_swiglu_route(&mg, &mu, ne, dl, norm, di[1], dw[1], n, k, dx, ldx, dy[1], ldh,
+             kcuda_matvec_experts_swiglu_route(&mg, &mu, ne, dl, &cr, di[1], dw[1], n, k, dx, ldx, dy[1], ldh,
                                                NULL, &err) == 0;
     if (!ok)
         printf("#   %s\n", err.msg);
@@ -347,13 +380,35 @@ int main(void)
     case_route(&r, 3, 512, 32, 1);   /* the limits */
     case_route(&r, 7, 60, 1, 1);
     case_route(&r, 4, 32, 32, 1);    /* k = n_expert */
+    /* GLM-4.5: sigmoid, choice bias, normalised, scaled */
+    case_route_form(&r, 9, 128, 8, (route_form_t){.gating = KCPU_GATE_SIGMOID, .norm = 1, .bias = 1, .scale = 2.5f});
+    case_route_form(&r, 5, 160, 8, (route_form_t){.gating = KCPU_GATE_SIGMOID, .norm = 1, .bias = 1, .scale = 1.0f});
+    /* DeepSeek-V3: 256 experts in 8 groups, the best 4 groups; V2: softmax groups */
+    case_route_form(&r, 7, 256, 8, (route_form_t){.gating = KCPU_GATE_SIGMOID, .norm = 1, .bias = 1, .n_group = 8,
+                                                  .topk_group = 4, .scale = 2.5f});
+    case_route_form(&r, 6, 160, 6, (route_form_t){.gating = KCPU_GATE_SOFTMAX, .n_group = 8, .topk_group = 3,
+                                                  .scale = 16.0f});
+    case_route_form(&r, 3, 64, 4, (route_form_t){.gating = KCPU_GATE_SIGMOID, .norm = 0, .n_group = 4,
+                                                 .topk_group = 2, .scale = 1.0f});
+    /* gpt-oss: router bias, the softmax of the chosen logits */
+    case_route_form(&r, 8, 32, 4, (route_form_t){.gating = KCPU_GATE_SOFTMAX_WEIGHT, .lbias = 1, .scale = 1.0f});
+    case_route_form(&r, 4, 128, 4, (route_form_t){.gating = KCPU_GATE_SOFTMAX_WEIGHT, .lbias = 1, .scale = 1.0f});
+    /* softmax with a choice bias and a scale (the general path, softmax scores) */
+    case_route_form(&r, 5, 100, 6, (route_form_t){.gating = KCPU_GATE_SOFTMAX, .norm = 1, .bias = 1, .scale = 0.5f});
     {
         bl_err_t err = {0};
         void *d = d_alloc(4096);
-        int ok = kcuda_moe_route(d, 1, 40, KCUDA_MOE_MAX_K + 1, 1, d, d, NULL, &err) == BL_ENOTSUP &&
-                 kcuda_moe_route(d, 1, KCUDA_MOE_MAX_EXPERT + 1, 8, 1, d, d, NULL, &err) == BL_ENOTSUP &&
-                 kcuda_moe_route(d, 1, 4, 5, 1, d, d, NULL, &err) == BL_ENOTSUP;
-        tap_ok(ok, "moe_route refuses k or n_expert past its limits");
+        const kcuda_route_t cr = {.gating = KCUDA_GATE_SOFTMAX, .norm = 1, .scale = 1.0f};
+        const kcuda_route_t g40 = {.gating = KCUDA_GATE_SIGMOID, .norm = 1, .scale = 1.0f, .n_group = 40,
+                                   .topk_group = 2};
+        const kcuda_route_t bad = {.gating = 7, .norm = 1, .scale = 1.0f};
+        int ok = kcuda_moe_route(d, 1, 40, KCUDA_MOE_MAX_K + 1, &cr, d, d, NULL, &err) == BL_ENOTSUP &&
+                 kcuda_moe_route(d, 1, KCUDA_MOE_MAX_EXPERT + 1, 8, &cr, d, d, NULL, &err) == BL_ENOTSUP &&
+                 kcuda_moe_route(d, 1, 4, 5, &cr, d, d, NULL, &err) == BL_ENOTSUP &&
+                 kcuda_moe_route(d, 1, 80, 4, &g40, d, d, NULL, &err) == BL_ENOTSUP &&
+                 kcuda_moe_route(d, 1, 80, 4, &bad, d, d, NULL, &err) == BL_ENOTSUP &&
+                 kcuda_moe_route(d, 1, 80, 4, NULL, d, d, NULL, &err) == BL_EINVAL;
+        tap_ok(ok, "moe_route refuses k, n_expert, groups or a gating past its limits");
         kcuda_free(d);
     }
 

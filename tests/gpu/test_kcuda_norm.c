@@ -44,8 +44,11 @@ static void case_rms_norm(rng_t *r, int64_t n, int64_t d, int64_t ld, int in_pla
     free(x); free(g); free(want); free(got);
 }
 
-/* RoPE alone (fused = 0) or per-head RMSNorm then RoPE in one kernel (fused = 1). */
-static void case_rope(rng_t *r, int64_t n, int64_t n_head, int64_t hd, int32_t max_pos, int fused)
+/* RoPE alone (fused = 0), per-head RMSNorm then RoPE in one kernel (fused = 1), or
+ * that kernel without gains (fused = 2: no norm), over the first n_rot dims of each
+ * head (0: all of them; GLM-4.5 rotates half). */
+static void case_rope_part(rng_t *r, int64_t n, int64_t n_head, int64_t hd, int64_t n_rot, int32_t max_pos,
+                           int fused)
 {
     bl_err_t err = {0};
     const int64_t len = n * n_head * hd;
@@ -59,17 +62,18 @@ static void case_rope(rng_t *r, int64_t n, int64_t n_head, int64_t hd, int32_t m
     for (int64_t b = 0; b < n; b++)
         pos[b] = (int32_t)(rng_next(r) % (uint64_t)(max_pos + 1));
     pos[0] = max_pos;
-    if (fused)
+    const int64_t nr = n_rot ? n_rot : hd;
+    if (fused == 1)
         kcpu_rms_norm(NULL, want, x, g, n * n_head, hd, hd, eps);
     else
         memcpy(want, x, sizeof(float) * (size_t)len);
-    const kcpu_rope_t rp = kcpu_rope_plain(hd, base);
+    const kcpu_rope_t rp = kcpu_rope_plain(nr, base);
     kcpu_rope_table(cs, pos, n, &rp);
-    kcpu_rope_neox(want, cs, n, n_head, hd, hd);
+    kcpu_rope_neox(want, cs, n, n_head, hd, nr);
     float *dx = d_upload(x, sizeof(float) * (size_t)len);
     float *dg = d_upload(g, sizeof(float) * (size_t)hd);
     int32_t *dp = d_upload(pos, sizeof(int32_t) * (size_t)n);
-    const int rc = fused ? kcuda_rms_norm_rope(dx, dg, dp, n, n_head, hd, eps, base, NULL, &err)
+    const int rc = fused ? kcuda_rms_norm_rope(dx, fused == 1 ? dg : NULL, dp, n, n_head, hd, nr, eps, base, NULL, &err)
                          : kcuda_rope_neox(dx, dp, n, n_head, hd, base, NULL, &err);
     int ok = rc == 0 && d_fetch(got, dx, sizeof(float) * (size_t)len, &err) == 0;
     if (!ok)
@@ -79,10 +83,16 @@ static void case_rope(rng_t *r, int64_t n, int64_t n_head, int64_t hd, int32_t m
         ok = check_close(got, len, ref, 1, len, 2e-6, 2e-6);
         free(ref);
     }
-    tap_ok(ok, "%s: %lld rows, %lld heads of %lld, positions up to %d", fused ? "rms_norm_rope" : "rope_neox",
-           (long long)n, (long long)n_head, (long long)hd, max_pos);
+    tap_ok(ok, "%s: %lld rows, %lld heads of %lld, %lld rotated, positions up to %d",
+           fused == 1 ? "rms_norm_rope" : fused ? "rms_norm_rope without gains" : "rope_neox", (long long)n,
+           (long long)n_head, (long long)hd, (long long)nr, max_pos);
     kcuda_free(dx); kcuda_free(dg); kcuda_free(dp);
     free(x); free(want); free(got); free(g); free(cs); free(pos);
+}
+
+static void case_rope(rng_t *r, int64_t n, int64_t n_head, int64_t hd, int32_t max_pos, int fused)
+{
+    case_rope_part(r, n, n_head, hd, 0, max_pos, fused);
 }
 
 static void case_swiglu_add(rng_t *r, int64_t n)
@@ -117,6 +127,24 @@ static void case_swiglu_add(rng_t *r, int64_t n)
         free(ref);
     }
     tap_ok(ok, "add: %lld elements", (long long)n);
+
+    /* y (rows, d) += bias (d): y = g as n / 7 rows of 7, the bias u's first 7 */
+    const int64_t rows = n / 7;
+    if (rows > 0) {
+        ok = d_fetch(want, dg, sizeof(float) * (size_t)n, &err) == 0;
+        for (int64_t i = 0; i < rows * 7; i++)
+            want[i] += u[i % 7];
+        ok = ok && kcuda_add_bias(dg, du, rows, 7, NULL, &err) == 0 &&
+             d_fetch(got, dg, sizeof(float) * (size_t)n, &err) == 0;
+        if (!ok)
+            printf("#   %s\n", err.msg);
+        else {
+            double *ref = to_double(want, 1, n, n);
+            ok = check_close(got, n, ref, 1, n, 0.0, 0.0);
+            free(ref);
+        }
+        tap_ok(ok, "add_bias: %lld rows of 7", (long long)rows);
+    }
     kcuda_free(dg); kcuda_free(du); kcuda_free(dy);
     free(g); free(u); free(want); free(got);
 }
@@ -142,6 +170,9 @@ int main(void)
     case_rope(&r, 3, 4, 128, 40000, 1);
     case_rope(&r, 2, 9, 80, 777, 1);      /* half not a multiple of 32 */
     case_rope(&r, 2, 3, 256, 65535, 1);
+    case_rope_part(&r, 3, 12, 128, 64, 5000, 2);  /* GLM-4.5: half rotated, no norms */
+    case_rope_part(&r, 2, 4, 128, 64, 300, 1);    /* gains and half rotated */
+    case_rope_part(&r, 2, 5, 96, 32, 70000, 2);
 
     case_swiglu_add(&r, 1);
     case_swiglu_add(&r, 6144 + 7);

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""A second opinion on the model families from llama.cpp's llama-server.
+
+For each family, bloomery-mkmodel writes a tiny file; llama-server (a build of
+llama.cpp given with --llama-server) and bloomery-serve load it, and both answer the
+same prompts (token ids, greedy, a few tokens, n_probs 10) through /completion. The
+table compares, at every generated position, the chosen token and the log
+probabilities of the tokens both list. llama.cpp must load every file (its tensor
+names, shapes and keys are the reference for them); the answers must agree on the
+chosen tokens, and the log-probability distances are printed for
+docs/performance.md's families section.
+
+    tests/gpu/peer_families.py --llama-server PATH --bin BUILD/bin [--ngl 99]
+
+--ngl is bloomery's (-ngl 0: the CPU worker); llama-server runs on the CPU (-ngl 0)
+so its second opinion does not depend on its CUDA kernels. Exit status 1 when a
+file does not load or a chosen token differs.
+"""
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+FAMILIES = {
+    "qwen3moe": ["--layers", "3", "--seed", "5"],
+    "glm4moe": ["--arch", "glm4moe", "--layers", "3", "--seed", "7"],
+    "deepseek2": ["--arch", "deepseek2", "--layers", "3", "--experts", "8", "--experts-used", "2",
+                  "--groups", "4", "--groups-used", "2", "--yarn", "40", "--seed", "4"],
+    "deepseek2-legacy": ["--arch", "deepseek2", "--layers", "3", "--experts", "8", "--experts-used", "2",
+                         "--groups", "4", "--groups-used", "2", "--yarn", "40", "--legacy-kv-b",
+                         "--q-lora", "0", "--gating", "softmax", "--seed", "8"],
+    "gpt-oss": ["--arch", "gpt-oss", "--layers", "3", "--experts", "8", "--experts-used", "2",
+                "--swa", "4", "--yarn", "32"],
+}
+
+
+def post(url, body, timeout=120):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def wait_ready(url, proc, limit=180):
+    t0 = time.time()
+    while time.time() - t0 < limit:
+        if proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except Exception:
+            pass
+        time.sleep(0.3)
+    return False
+
+
+def answers(url, prompts, n_predict):
+    out = []
+    for p in prompts:
+        j = post(url + "/completion", {"prompt": p, "n_predict": n_predict, "n_probs": 10, "temperature": 0,
+                                       "top_k": 1, "cache_prompt": False, "ignore_eos": True})
+        steps = []
+        for s in j.get("completion_probabilities", []):
+            top = {t["id"]: t["logprob"] for t in s.get("top_logprobs", [])}
+            steps.append((s["id"], top))
+        out.append(steps)
+    return out
+
+
+def serve(cmd, port, log):
+    f = open(log, "w")
+    p = subprocess.Popen(cmd + ["--host", "127.0.0.1", "--port", str(port)], stdout=f, stderr=subprocess.STDOUT)
+    return p
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--llama-server", required=True)
+    ap.add_argument("--bin", required=True, help="the folder with bloomery-serve and bloomery-mkmodel")
+    ap.add_argument("--ngl", default="0")
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--n-predict", type=int, default=4)
+    a = ap.parse_args()
+    rng = random.Random(20261205)
+    prompts = [[rng.randrange(0, 1000) for _ in range(n)] for n in (5, 17, 40, 90)]
+    tmp = tempfile.mkdtemp(prefix="bloomery-peer-")
+    bad = 0
+    rows = []
+    for fam in a.families.split(","):
+        path = os.path.join(tmp, fam + ".gguf")
+        mk = subprocess.run([os.path.join(a.bin, "bloomery-mkmodel"), "-o", path, "--threads", "4"] + FAMILIES[fam],
+                            capture_output=True, text=True)
+        if mk.returncode:
+            print("%s: bloomery-mkmodel failed: %s" % (fam, mk.stderr.strip()[-300:]))
+            bad += 1
+            continue
+        ll = serve([a.llama_server, "-m", path, "-ngl", "0", "-c", "2048", "-t", "8", "-np", "1",
+                    "--chat-template", "chatml"], 18190, os.path.join(tmp, fam + ".llama.log"))
+        bl = serve([os.path.join(a.bin, "bloomery-serve"), "-m", path, "-ngl", a.ngl, "-c", "2048", "-np", "1"],
+                   18191, os.path.join(tmp, fam + ".bloomery.log"))
+        try:
+            ok_l = wait_ready("http://127.0.0.1:18190", ll)
+            ok_b = wait_ready("http://127.0.0.1:18191", bl)
+            if not ok_l or not ok_b:
+                for ok, who in ((ok_l, "llama"), (ok_b, "bloomery")):
+                    if not ok:
+                        with open(os.path.join(tmp, "%s.%s.log" % (fam, who))) as f:
+                            tail = f.read()[-1500:]
+                        print("%s: %s-server did not load the file:\n%s" % (fam, who, tail))
+                bad += 1
+                continue
+            A = answers("http://127.0.0.1:18190", prompts, a.n_predict)
+            B = answers("http://127.0.0.1:18191", prompts, a.n_predict)
+            same = total = 0
+            dsum = dmax = 0.0
+            dn = 0
+            for pa, pb in zip(A, B):
+                for (ia, ta), (ib, tb) in zip(pa, pb):
+                    total += 1
+                    same += ia == ib
+                    for t in set(ta) & set(tb):
+                        d = abs(ta[t] - tb[t])
+                        dsum += d
+                        dmax = max(dmax, d)
+                        dn += 1
+                    if ia != ib:
+                        break  # the continuations differ from here on
+            mean = dsum / dn if dn else float("nan")
+            rows.append((fam, same, total, mean, dmax, dn))
+            if same != total or total == 0:
+                bad += 1
+        finally:
+            for p in (ll, bl):
+                p.terminate()
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+    print("family            | same token | mean |dlogprob| | max |dlogprob| | pairs")
+    for fam, same, total, mean, dmax, dn in rows:
+        print("%-17s | %4d/%-5d | %16.5f | %14.5f | %d" % (fam, same, total, mean, dmax, dn))
+    print("peer_families: %s (bloomery -ngl %s, llama-server -ngl 0)" % ("FAILED" if bad else "ok", a.ngl))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
