@@ -178,7 +178,7 @@ static __device__ __forceinline__ void kc_moe_route_row(const float *l, int n_ex
 {
     const bool sigmoid = GEN && r.gating == KCUDA_GATE_SIGMOID, raw = GEN && r.gating == KCUDA_GATE_SOFTMAX_WEIGHT;
     const bool grouped = GEN && r.n_group > 1 && r.topk_group > 0 && r.topk_group < r.n_group;
-    const bool by_logit = !GEN || (!sigmoid && !r.d_bias && !grouped);
+    const bool by_logit = !GEN || (!sigmoid && !raw && !r.d_bias && !grouped);
     float v[PL], sel[PL], p[PL];
     float mx = -INFINITY;
 #pragma unroll
