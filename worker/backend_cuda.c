@@ -530,12 +530,8 @@ static int check_form(const cuda_t *cu, bl_err_t *err)
     const char *what = NULL;
     if (c->kv_lora > 0)
         what = "multi-head latent attention";
-    else if (!c->rope_neox || c->rope_freq_scale != 1.0f || c->rope_mscale != 1.0f)
-        what = "RoPE scaling or consecutive-pair RoPE";
-    else if (c->attn_sinks || c->n_swa > 0)
-        what = "attention sinks or sliding-window layers";
-    else if (c->moe && (c->expert_biases || c->expert_act != 0))
-        what = "expert biases or a clamped SwiGLU";
+    else if (!c->rope_neox)
+        what = "consecutive-pair RoPE";
     if (what)
         return bl_err_set(err, BL_ENOTSUP, "%s: %s: the CUDA backend does not compute %s yet (run it with -ngl 0)",
                           cu->path, c->arch, what);
@@ -552,6 +548,19 @@ static size_t dense_ff(const wk_config_t *c)
 {
     const int64_t d = !c->moe || c->n_dense_lead > 0 ? c->n_ff : 0;
     return (size_t)(d > c->n_ff_shexp ? d : c->n_ff_shexp);
+}
+
+/* A layer's RoPE and attention extras as the card's kernels take them. */
+static kcuda_rope_t rope_of(const wk_config_t *c, const wk_attn_t *a)
+{
+    return (kcuda_rope_t){.n_rot = (int)a->n_rot, .base = a->rope_base, .freq_scale = c->rope_freq_scale,
+                          .ext_factor = c->rope_ext_factor, .corr_lo = c->rope_corr_lo, .corr_hi = c->rope_corr_hi,
+                          .mscale = c->rope_mscale};
+}
+
+static kcuda_att_ext_t att_ext_of(const wk_attn_t *a)
+{
+    return (kcuda_att_ext_t){.window = (int)a->window, .d_sinks = a->sinks};
 }
 
 /* The routing of a MoE layer as the card's kernels take it. */
@@ -1439,32 +1448,34 @@ static int cu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *q
     const int64_t n = st->n, hd = a->head_dim;
     const int64_t nq = a->n_head * hd, nkv = a->n_head_kv * hd;
     void *s = cu->stream;
+    const kcuda_rope_t rope = rope_of(cu->c, a);
+    const kcuda_att_ext_t ext = att_ext_of(a);
     if (cu->mode == MODE_DECODE) {
         OP("attention", kcuda_attention_rows_qkv(cu->d_rows, l - cu->lb, cu->kv_row_bytes, q, k, v, a->q_norm,
                                                  a->k_norm, cu->d_pos, att, n, cu->max_len, a->n_head, a->n_head_kv,
-                                                 hd, a->n_rot, a->eps, a->rope_base, a->scale, cu->att_scratch,
+                                                 hd, &rope, a->eps, a->scale, &ext, cu->att_scratch,
                                                  cu->att_scratch_bytes, s, err));
         return 0;
     }
     OP("attn_qk_norm_rope",
-       kcuda_rms_norm_rope(q, a->q_norm, cu->d_pos, n, a->n_head, hd, a->n_rot, a->eps, a->rope_base, s, err));
+       kcuda_rms_norm_rope(q, a->q_norm, cu->d_pos, n, a->n_head, hd, &rope, a->eps, s, err));
     OP("attn_qk_norm_rope",
-       kcuda_rms_norm_rope(k, a->k_norm, cu->d_pos, n, a->n_head_kv, hd, a->n_rot, a->eps, a->rope_base, s, err));
+       kcuda_rms_norm_rope(k, a->k_norm, cu->d_pos, n, a->n_head_kv, hd, &rope, a->eps, s, err));
     for (int64_t j = 0; j < st->nseg; j++) {
         const wk_seg_t *sg = &st->seg[j];
         const kcuda_kv_view_t kv = kv_view(sg->kv, l);
         const int64_t r0 = sg->row0;
         OP("kv_store", kcuda_kv_store(&kv, k + r0 * nkv, v + r0 * nkv, nkv, sg->pos, sg->n, nkv, s, err));
         if (cu->mode == MODE_PROMPT && cu->flash) {
-            OP("attention", kcuda_attention_prefill(&kv, q + r0 * nq, att + r0 * nq, sg->n, sg->pos, a->n_head,
-                                                    a->n_head_kv, hd, a->scale, s, err));
+            OP("attention", kcuda_attention_prefill_ext(&kv, q + r0 * nq, att + r0 * nq, sg->n, sg->pos, a->n_head,
+                                                        a->n_head_kv, hd, a->scale, &ext, s, err));
             continue;
         }
         for (int64_t i = 0; i < sg->n; i += ATT_ROWS) {
             const int64_t an = sg->n - i < ATT_ROWS ? sg->n - i : ATT_ROWS;
             OP("attention", kcuda_attention(&kv, q + (r0 + i) * nq, att + (r0 + i) * nq, an, sg->pos + i, a->n_head,
-                                            a->n_head_kv, hd, a->scale, cu->att_scratch, cu->att_scratch_bytes, s,
-                                            err));
+                                            a->n_head_kv, hd, a->scale, &ext, cu->att_scratch,
+                                            cu->att_scratch_bytes, s, err));
         }
     }
     return 0;
@@ -1479,9 +1490,10 @@ static int moe_rows(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, f
     const kcuda_route_t route = route_of(e);
     void *st = cu->stream;
     OP("ffn_gate_inp", mv(cu, M(&e->gate_inp), xn, E, n, cu->rl, NE, 0, err));
-    /* Gate and up of one shape route in their own launch (each block routes its
-     * row); otherwise the routing kernel first. */
-    const int fused = same_shape(gate, up);
+    /* Gate and up of one shape with the plain SwiGLU route in their own launch (each
+     * block routes its row); otherwise the routing kernel first. */
+    const int plain = e->act == KCUDA_ACT_SWIGLU && !e->gate_b.p && !e->up_b.p;
+    const int fused = plain && same_shape(gate, up);
     if (!fused)
         OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, &route, cu->ids, cu->wts, st, err));
     /* The expert kernels index one block row per (row, choice): 65535 at most. */
@@ -1497,10 +1509,17 @@ static int moe_rows(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, f
         } else {
             OP("ffn_moe_gate", kcuda_matvec_experts(gate, NE, ids, cn, (int)K, xn + r * E, E, g, F, st, err));
             OP("ffn_moe_up", kcuda_matvec_experts(up, NE, ids, cn, (int)K, xn + r * E, E, u, F, st, err));
-            OP("ffn_moe_swiglu", kcuda_swiglu(g, g, u, cn * K * F, st, err));
+            if (plain)
+                OP("ffn_moe_swiglu", kcuda_swiglu(g, g, u, cn * K * F, st, err));
+            else
+                OP("ffn_moe_act", kcuda_experts_act(g, u, F, ids, NULL, e->gate_b.p, e->up_b.p, cn * K, F, NE, e->act,
+                                                    NULL, st, err));
         }
         OP("ffn_moe_down", kcuda_matvec_experts_down(down, NE, ids, cu->wts + r * K, cn, (int)K, g, F, x + r * E, E,
                                                      1, st, err));
+        if (e->down_b.p)
+            OP("ffn_moe_down_bias", kcuda_experts_bias_down(x + r * E, E, ids, NULL, cu->wts + r * K, e->down_b.p, cn,
+                                                            (int)K, E, NE, st, err));
     }
     return 0;
 }
@@ -1525,10 +1544,17 @@ static int moe_prompt(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n,
     OP("ffn_moe_dequant", kcuda_dequant_f16(M(&e->up_exps), 0, NE * F, cu->wscr, counts, F, st, err));
     OP("ffn_moe_up", kcuda_gemm_grouped(cu->wscr, NE, F, E, cu->xs16, offsets, tile0, S, cu->u_, F, st, err));
     /* The SwiGLU output, in f16, takes the gathered rows' place. */
-    OP("ffn_moe_swiglu", kcuda_swiglu_f16(cu->g, cu->u_, S * F, cu->xs16, st, err));
+    if (e->act == KCUDA_ACT_SWIGLU && !e->gate_b.p && !e->up_b.p)
+        OP("ffn_moe_swiglu", kcuda_swiglu_f16(cu->g, cu->u_, S * F, cu->xs16, st, err));
+    else
+        OP("ffn_moe_act", kcuda_experts_act(cu->g, cu->u_, F, cu->ids, perm, e->gate_b.p, e->up_b.p, S, F, NE, e->act,
+                                            cu->xs16, st, err));
     OP("ffn_moe_dequant", kcuda_dequant_f16(M(&e->down_exps), 0, NE * E, cu->wscr, counts, E, st, err));
     OP("ffn_moe_down", kcuda_gemm_grouped(cu->wscr, NE, E, F, cu->xs16, offsets, tile0, S, cu->dg, E, st, err));
     OP("ffn_moe_combine", kcuda_moe_combine(cu->dg, E, inv, cu->wts, n, (int)K, E, x, E, 1, st, err));
+    if (e->down_b.p)
+        OP("ffn_moe_down_bias", kcuda_experts_bias_down(x, E, cu->ids, NULL, cu->wts, e->down_b.p, n, (int)K, E, NE, st,
+                                                        err));
     return 0;
 }
 
@@ -1826,6 +1852,15 @@ int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *
     cu->offload_rows = cfg->o->no_op_offload ? 0 : or_env && *or_env ? atoll(or_env) : WK_OP_OFFLOAD_ROWS;
     if (cu->offload_rows < 0)
         cu->offload_rows = 0;
+    /* the experts' biases live on the card only for its own layers: host layers'
+     * experts (biases included) are the host's to compute */
+    if (cfg->c->moe && cfg->c->expert_biases && (cu->offload_rows || cu->resid_wanted)) {
+        BL_LOG(BL_LOG_INFO, "event=host_experts_stay_host reason=\"expert biases\"");
+        cu->offload_rows = 0;
+        cu->resid_wanted = 0;
+        cu->heat = NULL;
+        cu->resid = -1;
+    }
     int rc = check_shapes(cu, err);
     if (rc < 0 || (rc = kcuda_init(cu->device, &cu->info, err)) < 0 ||
         (rc = kcuda_stream_create(&cu->stream, err)) < 0) {

@@ -60,7 +60,7 @@ static size_t att_smem_bytes(int group, int hd)
 __global__ void __launch_bounds__(ATT_THREADS)
 att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q, int64_t pos0,
                  int n_head, int group, int hd, float scale, int64_t n_split, int chunk, float *pacc,
-                 float *pml, const kcuda_kv_row_t *rows, int64_t layer)
+                 float *pml, const kcuda_kv_row_t *rows, int64_t layer, int window)
 {
     kc_wait_prior();
     kc_allow_next();
@@ -80,7 +80,15 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
         len = (int64_t)r.pos + 1;
     }
     const int64_t t0 = s * chunk;
-    const int cnt = len - t0 <= 0 ? 0 : (len - t0 < chunk ? (int)(len - t0) : chunk);
+    int cnt = len - t0 <= 0 ? 0 : (len - t0 < chunk ? (int)(len - t0) : chunk);
+    /* a window: the chunk's first `skip` positions are before the row's first
+     * visible one; a chunk wholly before it is as one past the end (the combine
+     * skips it) */
+    int skip = 0;
+    if (window > 0 && len - window > t0)
+        skip = len - window - t0 < cnt ? (int)(len - window - t0) : cnt;
+    if (skip == cnt)
+        cnt = 0;
     const int h0 = g * group;
     /* Head h0 + j's partial for this split: pacc[(ph(j)) * hd + d], pml[ph(j) * 2]. */
 #define PH(j) (((size_t)b * n_head + h0 + (j)) * (size_t)n_split + (size_t)s)
@@ -152,7 +160,7 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
                 for (int off = L >> 1; off > 0; off >>= 1)
                     part += __shfl_xor_sync(KCUDA_FULL_MASK, part, off);
                 if (li == 0 && t < cnt)
-                    sc[j * ATT_CHUNK + t] = part;
+                    sc[j * ATT_CHUNK + t] = t < skip ? -INFINITY : part;
             }
         }
     }
@@ -264,7 +272,7 @@ static size_t att_combine_smem(int64_t n_split)
  * n_split weights. Every thread sums L in the same order, so all hold the same L. */
 __global__ void __launch_bounds__(ATT_THREADS)
 att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int64_t n_split, int chunk,
-                   float *out, const kcuda_kv_row_t *rows)
+                   float *out, const kcuda_kv_row_t *rows, int64_t pos0, int window, const float *sinks)
 {
     kc_wait_prior();
     kc_allow_next();
@@ -279,8 +287,11 @@ att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int6
         const int64_t a = ((int64_t)rows[b].pos + chunk) / chunk;
         n_act = a < n_split ? (int)a : (int)n_split;
     }
+    /* a window's row starts at the chunk of its first visible position */
+    const int64_t len = rows ? (int64_t)rows[b].pos + 1 : pos0 + b + 1;
+    const int s_lo = window > 0 && len > window ? (int)((len - window) / chunk) : 0;
     float M = -INFINITY;
-    for (int s = tid; s < n_act; s += ATT_THREADS)
+    for (int s = s_lo + tid; s < n_act; s += ATT_THREADS)
         M = fmaxf(M, pml[(base + s) * 2]);
     M = kc_warp_max(M);
     if ((tid & 31) == 0)
@@ -289,13 +300,15 @@ att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int6
 #pragma unroll
     for (int w = 0; w < ATT_THREADS / 32; w++)
         M = fmaxf(M, wmax[w]);
-    for (int s = tid; s < n_act; s += ATT_THREADS)
+    if (sinks) /* the sink's score has no value: it only takes its share of the sum */
+        M = fmaxf(M, sinks[h]);
+    for (int s = s_lo + tid; s < n_act; s += ATT_THREADS)
         att_wsm[s] = expf(pml[(base + s) * 2] - M);
     __syncthreads();
     /* Both sums in split order; 8 loads are issued before they are used, so a
      * long context's 64 splits cost 8 memory latencies, not 64. */
     float L = 0.0f;
-    int s = 0;
+    int s = s_lo;
     for (; s + 8 <= n_act; s += 8) {
         float lv[8];
 #pragma unroll
@@ -307,10 +320,12 @@ att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int6
     }
     for (; s < n_act; s++)
         L += pml[(base + s) * 2 + 1] * att_wsm[s];
+    if (sinks)
+        L += expf(sinks[h] - M);
     const float inv = 1.0f / L;
     for (int d = tid; d < hd; d += ATT_THREADS) {
         float a = 0.0f;
-        int s2 = 0;
+        int s2 = s_lo;
         for (; s2 + 8 <= n_act; s2 += 8) {
             float av[8];
 #pragma unroll
@@ -353,8 +368,9 @@ int kcuda_attention_set_short(int max_len)
 typedef struct att_qkv {
     const float *k, *v, *qg, *kg;
     const int32_t *pos;
-    int n_kv, n_rot;
-    float eps, base;
+    int n_kv;
+    kcuda_rope_t rope;
+    float eps;
 } att_qkv_t;
 
 /* QKV: kcuda_qkv_rows's work folded in. Warp 0 normalises and rotates the block's q
@@ -366,7 +382,7 @@ typedef struct att_qkv {
 template <int HD, bool QKV>
 __global__ void __launch_bounds__(ATT_SHORT_THREADS, 1)
 att_short_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const float *q, int n_head, int group,
-                 float scale, int max_len, float *out, att_qkv_t f)
+                 float scale, int max_len, float *out, att_qkv_t f, int window, const float *sinks)
 {
     kc_wait_prior();
     kc_allow_next();
@@ -383,6 +399,7 @@ att_short_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const flo
     uint8_t *kc = (uint8_t *)(uintptr_t)(r.k + (uint64_t)layer * r.layer_bytes);
     uint8_t *vc = kc + r.v_bytes;
     const int len = (int)r.pos + 1 < max_len ? (int)r.pos + 1 : max_len;
+    const int lo = window > 0 && len > window ? len - window : 0; /* the first position the row sees */
     const int kvh = h / group;
     const size_t hoff = (size_t)kvh * HD * sizeof(__half);
     const int own = QKV ? (int)r.pos : -1; /* the position taken from shared memory */
@@ -399,12 +416,12 @@ att_short_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const flo
     if (QKV) {
         const int writer = h % group == 0;
         if (warp == 0) {
-            kc_head_norm_rope(qs, q + ((size_t)b * n_head + h) * HD, f.qg, f.pos[b], HD, f.n_rot, f.eps, f.base, lane, NULL);
+            kc_head_norm_rope(qs, q + ((size_t)b * n_head + h) * HD, f.qg, f.pos[b], HD, f.rope, f.eps, lane, NULL);
             __syncwarp();
             for (int d = lane; d < HD; d += 32)
                 qs[d] = qs[d] * scale;
         } else if (warp == 1) {
-            kc_head_norm_rope(kf, f.k + ((size_t)b * f.n_kv + kvh) * HD, f.kg, f.pos[b], HD, f.n_rot, f.eps, f.base, lane, kh);
+            kc_head_norm_rope(kf, f.k + ((size_t)b * f.n_kv + kvh) * HD, f.kg, f.pos[b], HD, f.rope, f.eps, lane, kh);
             __syncwarp();
             if (writer)
                 for (int d = lane; d < HD; d += 32)
@@ -431,6 +448,10 @@ att_short_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const flo
     float m = -INFINITY;
 #pragma unroll 1
     for (int t = tid; t < len; t += ATT_SHORT_THREADS) {
+        if (t < lo) { /* outside the window: probability 0 */
+            sc[t] = -INFINITY;
+            continue;
+        }
         const uint4 *kr = QKV && t == own ? (const uint4 *)kh : (const uint4 *)(kc + (size_t)t * rb + hoff);
         constexpr int KB = TPR < 16 ? TPR : 16; /* loads in flight (HD 256: two rounds) */
         float s = 0.0f;
@@ -462,6 +483,8 @@ att_short_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const flo
 #pragma unroll
     for (int w = 0; w < ATT_SHORT_THREADS / 32; w++)
         m = fmaxf(m, wr[0][w]);
+    if (sinks)
+        m = fmaxf(m, sinks[h]);
     float l = 0.0f;
     for (int t = tid; t < len; t += ATT_SHORT_THREADS) {
         const float p = expf(sc[t] - m);
@@ -476,6 +499,8 @@ att_short_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const flo
 #pragma unroll
     for (int w = 0; w < ATT_SHORT_THREADS / 32; w++)
         l += wr[1][w];
+    if (sinks)
+        l += expf(sinks[h] - m);
 
     float acc[8];
 #pragma unroll
@@ -542,9 +567,11 @@ size_t kcuda_attention_scratch_bytes(int64_t n, int64_t n_head, int64_t head_dim
 }
 
 int kcuda_attention(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, int64_t n, int64_t pos0,
-                    int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale, void *d_scratch,
-                    size_t scratch_bytes, void *stream, bl_err_t *err)
+                    int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale, const kcuda_att_ext_t *ext,
+                    void *d_scratch, size_t scratch_bytes, void *stream, bl_err_t *err)
 {
+    const int window = ext && ext->window > 0 ? ext->window : 0;
+    const float *sinks = ext ? ext->d_sinks : NULL;
     if (!kv || !kv->k || !kv->v || !d_q || !d_out || !d_scratch || n < 1 || n > 65535 || pos0 < 0)
         return bl_err_set(err, BL_EINVAL, "attention: %lld rows at position %lld, or a NULL buffer",
                           (long long)n, (long long)pos0);
@@ -572,9 +599,10 @@ int kcuda_attention(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, i
     cudaStream_t st = (cudaStream_t)stream;
     const dim3 g1((unsigned)n_split, (unsigned)n_kv_head, (unsigned)n);
     KC_LAUNCH(err, att_split_kernel, g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st, (const uint8_t *)kv->k, (const uint8_t *)kv->v, kv->row_bytes, d_q, pos0, (int)n_head, group,
-        (int)head_dim, scale, n_split, chunk, pacc, pml, NULL, 0);
+        (int)head_dim, scale, n_split, chunk, pacc, pml, NULL, 0, window);
     const dim3 g2((unsigned)n_head, (unsigned)n);
-    KC_LAUNCH(err, att_combine_kernel, g2, ATT_THREADS, att_combine_smem(n_split), st, pacc, pml, (int)n_head, (int)head_dim, n_split, chunk, d_out, NULL);
+    KC_LAUNCH(err, att_combine_kernel, g2, ATT_THREADS, att_combine_smem(n_split), st, pacc, pml, (int)n_head,
+              (int)head_dim, n_split, chunk, d_out, NULL, pos0, window, sinks);
     return 0;
 }
 
@@ -582,9 +610,11 @@ int kcuda_attention(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, i
  * one-pass kernel with kcuda_qkv_rows's work folded in. */
 static int attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, const float *d_q,
                           float *d_out, int64_t n, int64_t max_len, int64_t n_head, int64_t n_kv_head,
-                          int64_t head_dim, float scale, void *d_scratch, size_t scratch_bytes, const att_qkv_t *f,
-                          void *stream, bl_err_t *err)
+                          int64_t head_dim, float scale, const kcuda_att_ext_t *ext, void *d_scratch,
+                          size_t scratch_bytes, const att_qkv_t *f, void *stream, bl_err_t *err)
 {
+    const int window = ext && ext->window > 0 ? ext->window : 0;
+    const float *sinks = ext ? ext->d_sinks : NULL;
     if (!d_rows || !d_q || !d_out || !d_scratch || n < 1 || n > 65535 || max_len < 1 || layer < 0)
         return bl_err_set(err, BL_EINVAL, "attention_rows: %lld rows, max_len %lld, layer %lld, or a NULL buffer",
                           (long long)n, (long long)max_len, (long long)layer);
@@ -606,10 +636,10 @@ static int attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t ro
     do {                                                                                                         \
         if (f)                                                                                                   \
             KC_LAUNCH(err, (att_short_kernel<HD, true>), gs, ATT_SHORT_THREADS, 0, st, d_rows, layer, row_bytes, \
-                      d_q, (int)n_head, group, scale, (int)max_len, d_out, fq);                                  \
+                      d_q, (int)n_head, group, scale, (int)max_len, d_out, fq, window, sinks);                   \
         else                                                                                                     \
             KC_LAUNCH(err, (att_short_kernel<HD, false>), gs, ATT_SHORT_THREADS, 0, st, d_rows, layer,           \
-                      row_bytes, d_q, (int)n_head, group, scale, (int)max_len, d_out, fq);                       \
+                      row_bytes, d_q, (int)n_head, group, scale, (int)max_len, d_out, fq, window, sinks);        \
     } while (0)
         switch (head_dim) {
         case 32: ATT_SHORT_GO(32); break;
@@ -632,40 +662,43 @@ static int attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t ro
     float *pml = pacc + (size_t)n * (size_t)n_head * (size_t)n_split * (size_t)head_dim;
     const dim3 g1((unsigned)n_split, (unsigned)n_kv_head, (unsigned)n);
     KC_LAUNCH(err, att_split_kernel, g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st, NULL, NULL, row_bytes, d_q, 0, (int)n_head, group, (int)head_dim, scale, n_split, chunk, pacc, pml,
-        d_rows, layer);
+        d_rows, layer, window);
     const dim3 g2((unsigned)n_head, (unsigned)n);
-    KC_LAUNCH(err, att_combine_kernel, g2, ATT_THREADS, att_combine_smem(n_split), st, pacc, pml, (int)n_head, (int)head_dim, n_split, chunk, d_out, d_rows);
+    KC_LAUNCH(err, att_combine_kernel, g2, ATT_THREADS, att_combine_smem(n_split), st, pacc, pml, (int)n_head,
+              (int)head_dim, n_split, chunk, d_out, d_rows, 0, window, sinks);
     return 0;
 }
 
 int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, const float *d_q,
                          float *d_out, int64_t n, int64_t max_len, int64_t n_head, int64_t n_kv_head,
-                         int64_t head_dim, float scale, void *d_scratch, size_t scratch_bytes, void *stream,
-                         bl_err_t *err)
+                         int64_t head_dim, float scale, const kcuda_att_ext_t *ext, void *d_scratch,
+                         size_t scratch_bytes, void *stream, bl_err_t *err)
 {
-    return attention_rows(d_rows, layer, row_bytes, d_q, d_out, n, max_len, n_head, n_kv_head, head_dim, scale,
+    return attention_rows(d_rows, layer, row_bytes, d_q, d_out, n, max_len, n_head, n_kv_head, head_dim, scale, ext,
                           d_scratch, scratch_bytes, NULL, stream, err);
 }
 
 int kcuda_attention_rows_qkv(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, float *d_q,
                              float *d_k, const float *d_v, const float *d_q_norm, const float *d_k_norm,
                              const int32_t *d_pos, float *d_out, int64_t n, int64_t max_len, int64_t n_head,
-                             int64_t n_kv_head, int64_t head_dim, int64_t n_rot, float eps, float base, float scale,
-                             void *d_scratch, size_t scratch_bytes, void *stream, bl_err_t *err)
+                             int64_t n_kv_head, int64_t head_dim, const kcuda_rope_t *rope, float eps,
+                             float scale, const kcuda_att_ext_t *ext, void *d_scratch, size_t scratch_bytes,
+                             void *stream, bl_err_t *err)
 {
     if (max_len > g_att_short) {
         int rc = kcuda_qkv_rows(d_rows, layer, row_bytes, d_q, d_k, d_v, d_q_norm, d_k_norm, d_pos, n, n_head,
-                                n_kv_head, head_dim, n_rot, eps, base, stream, err);
+                                n_kv_head, head_dim, rope, eps, stream, err);
         return rc < 0 ? rc
                       : kcuda_attention_rows(d_rows, layer, row_bytes, d_q, d_out, n, max_len, n_head, n_kv_head,
-                                             head_dim, scale, d_scratch, scratch_bytes, stream, err);
+                                             head_dim, scale, ext, d_scratch, scratch_bytes, stream, err);
     }
-    if (!d_k || !d_v || !d_pos || !d_q_norm != !d_k_norm || n_rot < 2 || n_rot > head_dim || n_rot % 2 != 0)
-        return bl_err_set(err, BL_EINVAL, "attention_rows_qkv: a NULL buffer, or %lld of %lld dims rotated",
-                          (long long)n_rot, (long long)head_dim);
-    const att_qkv_t f = {d_k, d_v, d_q_norm, d_k_norm, d_pos, (int)n_kv_head, (int)n_rot, eps, base};
+    if (!d_k || !d_v || !d_pos || !rope || !d_q_norm != !d_k_norm || rope->n_rot < 2 || rope->n_rot > head_dim ||
+        rope->n_rot % 2 != 0)
+        return bl_err_set(err, BL_EINVAL, "attention_rows_qkv: a NULL buffer, or %d of %lld dims rotated",
+                          rope ? rope->n_rot : 0, (long long)head_dim);
+    const att_qkv_t f = {d_k, d_v, d_q_norm, d_k_norm, d_pos, (int)n_kv_head, *rope, eps};
     return attention_rows(d_rows, layer, row_bytes, d_q, d_out, n, max_len, n_head, n_kv_head, head_dim, scale,
-                          d_scratch, scratch_bytes, &f, stream, err);
+                          ext, d_scratch, scratch_bytes, &f, stream, err);
 }
 
 /* Thread per element of the n rows, K and V together. */
@@ -731,7 +764,7 @@ int kcuda_kv_store_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_
 __global__ void __launch_bounds__(QKV_WARPS * 32)
 qkv_rows_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, float *q, float *k, const float *v,
                 const float *qg, const float *kg, const int32_t *pos, int64_t n, int n_head, int n_kv, int hd,
-                int nr, float eps, float base)
+                kcuda_rope_t rope, float eps)
 {
     kc_wait_prior();
     kc_allow_next();
@@ -742,14 +775,14 @@ qkv_rows_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, float *q, 
     const int64_t b = w / per;
     const int j = (int)(w % per);
     if (j < n_head) {
-        kc_head_norm_rope(q + (b * n_head + j) * hd, q + (b * n_head + j) * hd, qg, pos[b], hd, nr, eps, base, lane, NULL);
+        kc_head_norm_rope(q + (b * n_head + j) * hd, q + (b * n_head + j) * hd, qg, pos[b], hd, rope, eps, lane, NULL);
         return;
     }
     const kcuda_kv_row_t r = rows[b];
     uint8_t *kc = (uint8_t *)(uintptr_t)(r.k + (uint64_t)layer * r.layer_bytes) + (size_t)r.pos * rb;
     if (j < n_head + n_kv) {
         const int h = j - n_head;
-        kc_head_norm_rope(k + (b * n_kv + h) * hd, k + (b * n_kv + h) * hd, kg, pos[b], hd, nr, eps, base, lane, (__half *)kc + (int64_t)h * hd);
+        kc_head_norm_rope(k + (b * n_kv + h) * hd, k + (b * n_kv + h) * hd, kg, pos[b], hd, rope, eps, lane, (__half *)kc + (int64_t)h * hd);
         return;
     }
     const int h = j - n_head - n_kv;
@@ -761,11 +794,11 @@ qkv_rows_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, float *q, 
 
 int kcuda_qkv_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, float *d_q, float *d_k,
                    const float *d_v, const float *d_q_norm, const float *d_k_norm, const int32_t *d_pos,
-                   int64_t n, int64_t n_head, int64_t n_kv_head, int64_t head_dim, int64_t n_rot, float eps,
-                   float base, void *stream, bl_err_t *err)
+                   int64_t n, int64_t n_head, int64_t n_kv_head, int64_t head_dim, const kcuda_rope_t *rope,
+                   float eps, void *stream, bl_err_t *err)
 {
-    if (!d_rows || !d_q || !d_k || !d_v || !d_q_norm != !d_k_norm || !d_pos || n < 1 || layer < 0 ||
-        n_rot < 2 || n_rot > head_dim || n_rot % 2 != 0 ||
+    if (!d_rows || !d_q || !d_k || !d_v || !d_q_norm != !d_k_norm || !d_pos || !rope || n < 1 || layer < 0 ||
+        rope->n_rot < 2 || rope->n_rot > head_dim || rope->n_rot % 2 != 0 ||
         n_head < 1 || n_kv_head < 1 || n_head > 65535 || n_kv_head > 65535 || head_dim < 2 || head_dim % 2 != 0 ||
         head_dim > 65535 || row_bytes < (size_t)(n_kv_head * head_dim) * 2 ||
         n * (n_head + 2 * n_kv_head) > (int64_t)QKV_WARPS * 2147483647)
@@ -777,6 +810,6 @@ int kcuda_qkv_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes
     const int64_t warps = n * (n_head + 2 * n_kv_head);
     KC_LAUNCH(err, qkv_rows_kernel, (unsigned)kc_cdiv(warps, QKV_WARPS), QKV_WARPS * 32, 0, (cudaStream_t)stream,
               d_rows, layer, row_bytes, d_q, d_k, d_v, d_q_norm, d_k_norm, d_pos, n, (int)n_head, (int)n_kv_head,
-              (int)head_dim, (int)n_rot, eps, base);
+              (int)head_dim, *rope, eps);
     return 0;
 }

@@ -256,12 +256,28 @@ int kcuda_rms_norm(float *d_y, const float *d_x, const float *d_g, int64_t n, in
 int kcuda_rope_neox(float *d_x, const int32_t *d_pos, int64_t n, int64_t n_head,
                     int64_t head_dim, float base, void *stream, bl_err_t *err) BL_WUR;
 
-/* Per-head RMSNorm (none when d_g is NULL) then NEOX RoPE over the first n_rot dims
- * of each head (the rest kept), in place, in one pass over x (n, n_head, head_dim):
- * the q (or k) normalisation of Qwen3 and its rotation fused; GLM-4.5's partial
- * rotation without norms. */
+/* A RoPE (kcpu_rope_t's meaning): n_rot dims rotated by pos * base^(-2i/n_rot) for
+ * pair i, with YaRN when freq_scale != 1 or ext_factor != 0 (the angle interpolated
+ * by freq_scale, mixed back over the pairs below corr_hi by ext_factor; cos and
+ * sin times mscale). Angles in double, as kcpu_rope_table. */
+typedef struct kcuda_rope {
+    int n_rot;
+    float base, freq_scale, ext_factor, corr_lo, corr_hi, mscale;
+} kcuda_rope_t;
+
+/* A plain RoPE over n_rot dims. */
+static inline kcuda_rope_t kcuda_rope_plain(int n_rot, float base)
+{
+    const kcuda_rope_t r = {n_rot, base, 1.0f, 0.0f, 0.0f, 0.0f, 1.0f};
+    return r;
+}
+
+/* Per-head RMSNorm (none when d_g is NULL) then NEOX RoPE over the first rope->n_rot
+ * dims of each head (the rest kept), in place, in one pass over x (n, n_head,
+ * head_dim): the q (or k) normalisation of Qwen3 and its rotation fused; GLM-4.5's
+ * partial rotation without norms; gpt-oss's YaRN. */
 int kcuda_rms_norm_rope(float *d_x, const float *d_g, const int32_t *d_pos, int64_t n,
-                        int64_t n_head, int64_t head_dim, int64_t n_rot, float eps, float base,
+                        int64_t n_head, int64_t head_dim, const kcuda_rope_t *rope, float eps,
                         void *stream, bl_err_t *err) BL_WUR;
 
 /* y[i] = silu(g[i]) * u[i] for n elements; y may be g. */
@@ -289,6 +305,27 @@ int kcuda_route_plain(const kcuda_route_t *r);
  * As kcpu_moe_route, in f32. */
 int kcuda_moe_route(const float *d_logits, int64_t n, int64_t n_expert, int k, const kcuda_route_t *r,
                     int32_t *d_ids, float *d_w, void *stream, bl_err_t *err) BL_WUR;
+
+/* The experts' activation between gate/up and down (kcpu's KCPU_ACT_*): silu(g) * u,
+ * or gpt-oss's clamped form. */
+enum { KCUDA_ACT_SWIGLU = 0, KCUDA_ACT_SWIGLU_OAI = 1 };
+
+/* For slots rows of gate and up products g, u (slots, F), ld floats apart: g + the
+ * slot's expert's gate bias, u + its up bias (NULL: none), then the activation,
+ * into g, or into h16 (slots, F) in f16 when d_h16 is not NULL (the prompt path's
+ * gathered rows). Slot s's expert is d_ids[d_perm[s]] (d_perm NULL: d_ids[s]); an
+ * id outside 0..n_expert-1 adds no bias. */
+int kcuda_experts_act(float *d_g, const float *d_u, int64_t ld, const int32_t *d_ids, const int32_t *d_perm,
+                      const float *d_gate_b, const float *d_up_b, int64_t slots, int64_t F, int64_t n_expert, int act,
+                      void *d_h16, void *stream, bl_err_t *err) BL_WUR;
+
+/* x (n, E) += sum over j < k of wts[r k + j] * down_b[ids[r k + j]] (the experts'
+ * down biases, weighted as their outputs), skipping ids out of range and the
+ * choices whose d_mask entry is negative (residency's slot ids: the host computes
+ * those, biases included). */
+int kcuda_experts_bias_down(float *d_x, int64_t ldx, const int32_t *d_ids, const int32_t *d_mask, const float *d_wts,
+                            const float *d_down_b, int64_t n, int k, int64_t E, int64_t n_expert, void *stream,
+                            bl_err_t *err) BL_WUR;
 
 /* Residency's slot ids: out[s] = d_table[ids[s]] (the slot expert ids[s] is served
  * from on the card, or -1) for n (row, choice) slots; an id outside 0..n_expert-1
@@ -332,6 +369,15 @@ int kcuda_kv_store(const kcuda_kv_view_t *kv, const float *d_k, const float *d_v
 size_t kcuda_attention_scratch_bytes(int64_t n, int64_t n_head, int64_t head_dim,
                                      int64_t max_len);
 
+/* What attention may add to the causal softmax (gpt-oss; NULL or zeros: nothing): a
+ * row at position p sees only positions p - window + 1 .. p (window 0: all), and
+ * head h's softmax has one more score, d_sinks[h], with no value (d_sinks NULL:
+ * none). */
+typedef struct kcuda_att_ext {
+    int window;
+    const float *d_sinks; /* (n_head) on the card */
+} kcuda_att_ext_t;
+
 /* Causal GQA attention over the cache for n rows at positions pos0 .. pos0+n-1:
  * out (n, n_head, head_dim) = softmax(scale * q . K[0 .. pos0+b]) V, query head h
  * reading KV head h / (n_head / n_kv_head). q (n, n_head, head_dim) f32. The cache
@@ -340,8 +386,8 @@ size_t kcuda_attention_scratch_bytes(int64_t n, int64_t n_head, int64_t head_dim
  * kcuda_attention_scratch_bytes(n, n_head, head_dim, pos0 + n) bytes. */
 int kcuda_attention(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, int64_t n,
                     int64_t pos0, int64_t n_head, int64_t n_kv_head, int64_t head_dim,
-                    float scale, void *d_scratch, size_t scratch_bytes, void *stream,
-                    bl_err_t *err) BL_WUR;
+                    float scale, const kcuda_att_ext_t *ext, void *d_scratch, size_t scratch_bytes,
+                    void *stream, bl_err_t *err) BL_WUR;
 
 /* --- per-row caches (graph-friendly attention) ---------------------------------------
  * A captured decode step must not bake a sequence's cache address, position or
@@ -367,13 +413,13 @@ int kcuda_kv_store_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_
 
 /* The decode step's work between the q/k/v products and attention, in one launch:
  * for n rows of q (n, n_head * head_dim), k and v (n, n_kv_head * head_dim), the
- * per-head RMSNorm (gains q_norm, k_norm; both NULL: none) and NEOX RoPE over n_rot
- * dims at d_pos[b] of q and k in place (kcuda_rms_norm_rope's bits), then k and v stored to the rows' caches as
+ * per-head RMSNorm (gains q_norm, k_norm; both NULL: none) and NEOX RoPE (rope) at
+ * d_pos[b] of q and k in place (kcuda_rms_norm_rope's bits), then k and v stored to the rows' caches as
  * kcuda_kv_store_rows stores them. */
 int kcuda_qkv_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, float *d_q, float *d_k,
                    const float *d_v, const float *d_q_norm, const float *d_k_norm, const int32_t *d_pos,
-                   int64_t n, int64_t n_head, int64_t n_kv_head, int64_t head_dim, int64_t n_rot, float eps, float base,
-                   void *stream, bl_err_t *err) BL_WUR;
+                   int64_t n, int64_t n_head, int64_t n_kv_head, int64_t head_dim, const kcuda_rope_t *rope,
+                   float eps, void *stream, bl_err_t *err) BL_WUR;
 
 /* kcuda_attention for n rows, each over its own cache (d_rows[b], layer `layer`)
  * at positions 0..d_rows[b].pos. max_len bounds every row's pos + 1 and sizes the
@@ -393,6 +439,7 @@ int kcuda_attention_set_short(int max_len);
 int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes,
                          const float *d_q, float *d_out, int64_t n, int64_t max_len,
                          int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale,
+                         const kcuda_att_ext_t *ext,
                          void *d_scratch, size_t scratch_bytes, void *stream,
                          bl_err_t *err) BL_WUR;
 
@@ -405,7 +452,8 @@ int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row
 int kcuda_attention_rows_qkv(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, float *d_q,
                              float *d_k, const float *d_v, const float *d_q_norm, const float *d_k_norm,
                              const int32_t *d_pos, float *d_out, int64_t n, int64_t max_len, int64_t n_head,
-                             int64_t n_kv_head, int64_t head_dim, int64_t n_rot, float eps, float base, float scale,
+                             int64_t n_kv_head, int64_t head_dim, const kcuda_rope_t *rope, float eps,
+                             float scale, const kcuda_att_ext_t *ext,
                              void *d_scratch, size_t scratch_bytes, void *stream, bl_err_t *err) BL_WUR;
 
 // --- prompts: tensor-core products, expert grouping, prefill attention (gemm.cu, prefill.cu)
@@ -493,6 +541,11 @@ int kcuda_moe_combine(const float *d_d, int64_t ldd, const int32_t *d_inv, const
 int kcuda_attention_prefill(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, int64_t n,
                             int64_t pos0, int64_t n_head, int64_t n_kv_head, int64_t head_dim,
                             float scale, void *stream, bl_err_t *err) BL_WUR;
+/* The same with a window and sinks (ext may be NULL). */
+int kcuda_attention_prefill_ext(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, int64_t n,
+                                int64_t pos0, int64_t n_head, int64_t n_kv_head, int64_t head_dim,
+                                float scale, const kcuda_att_ext_t *ext, void *stream,
+                                bl_err_t *err) BL_WUR;
 
 // --- pinned memory, events, graphs, devices (runtime.cu) -----------------------------
 

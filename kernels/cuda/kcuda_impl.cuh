@@ -62,16 +62,40 @@ static __device__ __forceinline__ void kc_rope_cs(int32_t pos, int64_t i, int64_
     *s = (float)sd;
 }
 
+/* The same for pair i of a RoPE with YaRN (kcpu_rope_table's arithmetic). */
+static __device__ __forceinline__ void kc_rope_cs_ext(int32_t pos, int64_t i, const kcuda_rope_t &r, float *c,
+                                                      float *s)
+{
+    if (r.freq_scale == 1.0f && r.ext_factor == 0.0f && r.mscale == 1.0f) {
+        kc_rope_cs(pos, i, r.n_rot, r.base, c, s);
+        return;
+    }
+    const double te = (double)pos * pow((double)r.base, -2.0 * (double)i / (double)r.n_rot);
+    double theta = te;
+    if (r.freq_scale != 1.0f || r.ext_factor != 0.0f) {
+        const double span = (double)r.corr_hi - (double)r.corr_lo;
+        double y = ((double)i - (double)r.corr_lo) / (span > 0.001 ? span : 0.001);
+        y = y < 0.0 ? 0.0 : y > 1.0 ? 1.0 : y;
+        const double mix = (1.0 - y) * (double)r.ext_factor;
+        theta = (double)r.freq_scale * te * (1.0 - mix) + te * mix;
+    }
+    double sd, cd;
+    sincos(theta, &sd, &cd);
+    *c = (float)(cd * (double)r.mscale);
+    *s = (float)(sd * (double)r.mscale);
+}
+
 /* One head v (hd elements) of q or k, by one warp: RMSNorm with gains g (none when g
- * is NULL: Qwen3 has them, GLM-4.5 not), then NEOX RoPE over the first nr dims at
- * position p (pairs (i, i + nr/2) by p * base^(-2i/nr)), the rest kept, into y
+ * is NULL: Qwen3 has them, GLM-4.5 not), then NEOX RoPE r at position p (pairs (i,
+ * i + n_rot/2), kc_rope_cs_ext), the dims past n_rot kept, into y
  * (which may be v); h16, when not NULL, gets the results in f16 too (round to
  * nearest even, the cache's bits). Each lane reads only what it writes, so no
  * barrier is needed. */
 static __device__ __forceinline__ void kc_head_norm_rope(float *y, const float *v, const float *g, int32_t p,
-                                                         int64_t hd, int64_t nr, float eps, float base, int lane,
+                                                         int64_t hd, const kcuda_rope_t &r, float eps, int lane,
                                                          __half *h16)
 {
+    const int64_t nr = r.n_rot;
     float sc = 1.0f;
     if (g) {
         float ss = 0.0f;
@@ -84,7 +108,7 @@ static __device__ __forceinline__ void kc_head_norm_rope(float *y, const float *
     for (int64_t i = lane; i < half; i += 32) {
         const float x0 = g ? v[i] * sc * g[i] : v[i], x1 = g ? v[i + half] * sc * g[i + half] : v[i + half];
         float c, s;
-        kc_rope_cs(p, i, nr, base, &c, &s);
+        kc_rope_cs_ext(p, i, r, &c, &s);
         const float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
         y[i] = y0;
         y[i + half] = y1;

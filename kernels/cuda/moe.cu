@@ -84,3 +84,81 @@ int kcuda_moe_route(const float *d_logits, int64_t n, int64_t n_expert, int k, c
         return route_launch<8>(d_logits, n, n_expert, k, r, d_ids, d_w, st, err);
     return route_launch<KCUDA_MOE_MAX_EXPERT / 32>(d_logits, n, n_expert, k, r, d_ids, d_w, st, err);
 }
+
+/* gpt-oss's clamped SwiGLU (kcpu_swiglu_oai's arithmetic: alpha 1.702, limit 7). */
+static __device__ __forceinline__ float act_oai(float g, float u)
+{
+    const float x = g < 7.0f ? g : 7.0f;
+    const float v = u < -7.0f ? -7.0f : u > 7.0f ? 7.0f : u;
+    return x / (1.0f + expf(-1.702f * x)) * (v + 1.0f);
+}
+
+/* grid-stride over slots * F: slot s's expert id = ids[perm ? perm[s] : s]. */
+static __global__ void experts_act_kernel(float *g, const float *u, int64_t ld, const int32_t *ids, const int32_t *perm,
+                                          const float *gb, const float *ub, int64_t slots, int64_t F, int64_t n_expert,
+                                          int act, __half *h16)
+{
+    kc_wait_prior();
+    kc_allow_next();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < slots * F;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t s = i / F, f = i % F;
+        const int32_t e = ids[perm ? perm[s] : s];
+        const bool ok = e >= 0 && e < n_expert;
+        float gv = g[s * ld + f], uv = u[s * ld + f];
+        if (ok && gb)
+            gv += gb[(int64_t)e * F + f];
+        if (ok && ub)
+            uv += ub[(int64_t)e * F + f];
+        const float y = act == KCUDA_ACT_SWIGLU_OAI ? act_oai(gv, uv) : kc_silu_mul(gv, uv);
+        if (h16)
+            h16[s * F + f] = __float2half_rn(y);
+        else
+            g[s * ld + f] = y;
+    }
+}
+
+int kcuda_experts_act(float *d_g, const float *d_u, int64_t ld, const int32_t *d_ids, const int32_t *d_perm,
+                      const float *d_gate_b, const float *d_up_b, int64_t slots, int64_t F, int64_t n_expert, int act,
+                      void *d_h16, void *stream, bl_err_t *err)
+{
+    if (!d_g || !d_u || !d_ids || slots < 1 || F < 1 || ld < F || n_expert < 1 ||
+        (act != KCUDA_ACT_SWIGLU && act != KCUDA_ACT_SWIGLU_OAI))
+        return bl_err_set(err, BL_EINVAL, "experts_act: %lld slots of %lld (ld %lld), activation %d",
+                          (long long)slots, (long long)F, (long long)ld, act);
+    const int64_t total = slots * F;
+    const int64_t blocks = kc_cdiv(total, 256) > 4096 ? 4096 : kc_cdiv(total, 256);
+    KC_LAUNCH(err, experts_act_kernel, (unsigned)blocks, 256, 0, (cudaStream_t)stream, d_g, d_u, ld, d_ids, d_perm,
+              d_gate_b, d_up_b, slots, F, n_expert, act, (__half *)d_h16);
+    return 0;
+}
+
+/* grid (n): row r's block adds sum_j w[r, j] down_b[ids[r, j]] in j order. */
+static __global__ void experts_bias_down_kernel(float *x, int64_t ldx, const int32_t *ids, const int32_t *mask,
+                                                const float *w, const float *db, int k, int64_t E, int64_t n_expert)
+{
+    kc_wait_prior();
+    kc_allow_next();
+    const int64_t r = blockIdx.x;
+    for (int64_t d = threadIdx.x; d < E; d += blockDim.x) {
+        float a = 0.0f;
+        for (int j = 0; j < k; j++) {
+            const int32_t e = ids[r * k + j];
+            if (e < 0 || e >= n_expert || (mask && mask[r * k + j] < 0))
+                continue;
+            a += w[r * k + j] * db[(int64_t)e * E + d];
+        }
+        x[r * ldx + d] += a;
+    }
+}
+
+int kcuda_experts_bias_down(float *d_x, int64_t ldx, const int32_t *d_ids, const int32_t *d_mask, const float *d_wts,
+                            const float *d_down_b, int64_t n, int k, int64_t E, int64_t n_expert, void *stream,
+                            bl_err_t *err)
+{
+    if (!d_x || !d_ids || !d_wts || !d_down_b || n < 1 || n > INT32_MAX || k < 1 || E < 1 || ldx < E || n_expert < 1)
+        return bl_err_set(err, BL_EINVAL, "experts_bias_down: %lld rows of %lld, top %d", (long long)n, (long long)E, k);
+    KC_LAUNCH(err, experts_bias_down_kernel, (unsigned)n, 256, 0, (cudaStream_t)stream, d_x, ldx, d_ids, d_mask, d_wts,
+              d_down_b, k, E, n_expert);
+    return 0;
+}

@@ -89,7 +89,7 @@ int kcuda_rope_neox(float *d_x, const int32_t *d_pos, int64_t n, int64_t n_head,
  * pairs (i, i + half) it rotates, so the in-place update needs no barrier. */
 __global__ void __launch_bounds__(NORM_WARPS * 32)
 rms_norm_rope_kernel(float *x, const float *g, const int32_t *pos, int64_t n, int64_t n_head,
-                     int64_t hd, int64_t nr, float eps, float base)
+                     int64_t hd, kcuda_rope_t r, float eps)
 {
     kc_wait_prior();
     kc_allow_next();
@@ -97,17 +97,18 @@ rms_norm_rope_kernel(float *x, const float *g, const int32_t *pos, int64_t n, in
     const int lane = threadIdx.x & 31;
     if (bh >= n * n_head)
         return;
-    kc_head_norm_rope(x + bh * hd, x + bh * hd, g, pos[bh / n_head], hd, nr, eps, base, lane, NULL);
+    kc_head_norm_rope(x + bh * hd, x + bh * hd, g, pos[bh / n_head], hd, r, eps, lane, NULL);
 }
 
 int kcuda_rms_norm_rope(float *d_x, const float *d_g, const int32_t *d_pos, int64_t n, int64_t n_head,
-                        int64_t head_dim, int64_t n_rot, float eps, float base, void *stream, bl_err_t *err)
+                        int64_t head_dim, const kcuda_rope_t *rope, float eps, void *stream, bl_err_t *err)
 {
-    if (!d_x || !d_pos || n < 1 || n_head < 1 || head_dim < 2 || n_rot < 2 || n_rot > head_dim || n_rot % 2 != 0)
-        return bl_err_set(err, BL_EINVAL, "rms_norm_rope: %lld rows, %lld heads of %lld, %lld rotated", (long long)n,
-                          (long long)n_head, (long long)head_dim, (long long)n_rot);
+    if (!d_x || !d_pos || !rope || n < 1 || n_head < 1 || head_dim < 2 || rope->n_rot < 2 || rope->n_rot > head_dim ||
+        rope->n_rot % 2 != 0)
+        return bl_err_set(err, BL_EINVAL, "rms_norm_rope: %lld rows, %lld heads of %lld, %d rotated", (long long)n,
+                          (long long)n_head, (long long)head_dim, rope ? rope->n_rot : 0);
     KC_LAUNCH(err, rms_norm_rope_kernel, (unsigned)kc_cdiv(n * n_head, NORM_WARPS), NORM_WARPS * 32, 0,
-                           (cudaStream_t)stream, d_x, d_g, d_pos, n, n_head, head_dim, n_rot, eps, base);
+                           (cudaStream_t)stream, d_x, d_g, d_pos, n, n_head, head_dim, *rope, eps);
     return 0;
 }
 

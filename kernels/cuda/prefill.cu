@@ -22,7 +22,8 @@ static __device__ __forceinline__ unsigned pack_half2(float a, float b)
 template <int D>
 static __global__ void __launch_bounds__(128) prefill_kernel(const uint8_t *kc, const uint8_t *vc, size_t row_bytes,
                                                              const float *q, float *out, int64_t n, int64_t pos0,
-                                                             int n_head, int group, float qscale)
+                                                             int n_head, int group, float qscale, int window,
+                                                             const float *sinks)
 {
     constexpr int LDS = D + 8, TILE = PF_BKV * LDS;
     extern __shared__ __align__(16) __half smem[];
@@ -46,7 +47,10 @@ static __global__ void __launch_bounds__(128) prefill_kernel(const uint8_t *kc, 
         }
         kc_cp_async_commit();
     };
-    load(0, 0);
+    /* with a window, the tiles before the block's first visible position are skipped */
+    const int64_t first = window > 0 && pos0 + r0 + 1 > window ? pos0 + r0 + 1 - window : 0;
+    const int64_t tbeg = first / PF_BKV * PF_BKV;
+    load(0, tbeg);
 
     /* Q tile, scaled, in f16; rows past n are zeros. */
     for (int c = tid; c < PF_BQ * D / 4; c += 128) {
@@ -67,7 +71,7 @@ static __global__ void __launch_bounds__(128) prefill_kernel(const uint8_t *kc, 
         o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
 
     int st = 0;
-    for (int64_t t0 = 0; t0 < end; t0 += PF_BKV, st ^= 1) {
+    for (int64_t t0 = tbeg; t0 < end; t0 += PF_BKV, st ^= 1) {
         /* Tile t0 has landed for every thread, and every warp is done with the
          * previous tile (and Q is written), so its stage can be refilled. */
         kc_cp_async_wait<0>();
@@ -106,6 +110,12 @@ static __global__ void __launch_bounds__(128) prefill_kernel(const uint8_t *kc, 
             if (key + 1 > pa) s[j][1] = -INFINITY;
             if (key > pb) s[j][2] = -INFINITY;
             if (key + 1 > pb) s[j][3] = -INFINITY;
+            if (window > 0) { /* row p sees p - window + 1 .. p */
+                if (key + window <= pa) s[j][0] = -INFINITY;
+                if (key + 1 + window <= pa) s[j][1] = -INFINITY;
+                if (key + window <= pb) s[j][2] = -INFINITY;
+                if (key + 1 + window <= pb) s[j][3] = -INFINITY;
+            }
             mx_a = fmaxf(mx_a, fmaxf(s[j][0], s[j][1]));
             mx_b = fmaxf(mx_b, fmaxf(s[j][2], s[j][3]));
         }
@@ -157,6 +167,20 @@ static __global__ void __launch_bounds__(128) prefill_kernel(const uint8_t *kc, 
         l_a += __shfl_xor_sync(KCUDA_FULL_MASK, l_a, off);
         l_b += __shfl_xor_sync(KCUDA_FULL_MASK, l_b, off);
     }
+    if (sinks) { /* one more score per head with no value, in the log2 domain */
+        const float sk = sinks[h] * 1.4426950408889634f;
+        const float na = fmaxf(m_a, sk), nb = fmaxf(m_b, sk);
+        const float ca = exp2f(m_a - na), cb = exp2f(m_b - nb);
+        l_a = l_a * ca + exp2f(sk - na);
+        l_b = l_b * cb + exp2f(sk - nb);
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            o[j][0] *= ca;
+            o[j][1] *= ca;
+            o[j][2] *= cb;
+            o[j][3] *= cb;
+        }
+    }
     const float ia = l_a > 0.f ? 1.f / l_a : 0.f, ib = l_b > 0.f ? 1.f / l_b : 0.f;
     const int64_t ra = warp * 16 + lane / 4, rb = ra + 8;
 #pragma unroll
@@ -171,7 +195,8 @@ static __global__ void __launch_bounds__(128) prefill_kernel(const uint8_t *kc, 
 
 template <int D>
 static int prefill_launch(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, int64_t n, int64_t pos0,
-                          int64_t n_head, int64_t group, float qscale, void *stream, bl_err_t *err)
+                          int64_t n_head, int64_t group, float qscale, int window, const float *sinks, void *stream,
+                          bl_err_t *err)
 {
     const size_t smem = (size_t)(PF_BQ + 4 * PF_BKV) * (D + 8) * sizeof(__half);
     KCUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
@@ -179,7 +204,7 @@ static int prefill_launch(const kcuda_kv_view_t *kv, const float *d_q, float *d_
     const dim3 grid((unsigned)kc_cdiv(n, PF_BQ), (unsigned)n_head);
     prefill_kernel<D><<<grid, 128, smem, (cudaStream_t)stream>>>((const uint8_t *)kv->k, (const uint8_t *)kv->v,
                                                                  kv->row_bytes, d_q, d_out, n, pos0, (int)n_head,
-                                                                 (int)group, qscale);
+                                                                 (int)group, qscale, window, sinks);
     KCUDA_CHECK_LAUNCH(err);
     return 0;
 }
@@ -188,6 +213,15 @@ int kcuda_attention_prefill(const kcuda_kv_view_t *kv, const float *d_q, float *
                             int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale, void *stream,
                             bl_err_t *err)
 {
+    return kcuda_attention_prefill_ext(kv, d_q, d_out, n, pos0, n_head, n_kv_head, head_dim, scale, NULL, stream, err);
+}
+
+int kcuda_attention_prefill_ext(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, int64_t n, int64_t pos0,
+                                int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale,
+                                const kcuda_att_ext_t *ext, void *stream, bl_err_t *err)
+{
+    const int window = ext && ext->window > 0 ? ext->window : 0;
+    const float *sinks = ext ? ext->d_sinks : NULL;
     if (head_dim != 64 && head_dim != 128)
         return bl_err_set(err, BL_ENOTSUP, "prefill attention: head_dim %lld (64 or 128)", (long long)head_dim);
     if (n < 0 || pos0 < 0 || n_kv_head < 1 || n_head % n_kv_head != 0 || n_head > 65535 ||
@@ -199,6 +233,7 @@ int kcuda_attention_prefill(const kcuda_kv_view_t *kv, const float *d_q, float *
         return 0;
     const float qscale = scale * 1.4426950408889634f; /* exp(x) = exp2(x log2 e) */
     const int64_t group = n_head / n_kv_head;
-    return head_dim == 64 ? prefill_launch<64>(kv, d_q, d_out, n, pos0, n_head, group, qscale, stream, err)
-                          : prefill_launch<128>(kv, d_q, d_out, n, pos0, n_head, group, qscale, stream, err);
+    return head_dim == 64
+               ? prefill_launch<64>(kv, d_q, d_out, n, pos0, n_head, group, qscale, window, sinks, stream, err)
+               : prefill_launch<128>(kv, d_q, d_out, n, pos0, n_head, group, qscale, window, sinks, stream, err);
 }

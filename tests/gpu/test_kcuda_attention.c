@@ -8,7 +8,11 @@
 #include "kcpu.h"
 #include "quant.h"
 
-static void case_attention(rng_t *r, int64_t n, int64_t pos0, int64_t n_head, int64_t n_kv, int64_t hd)
+/* window > 0 and sinks: gpt-oss's sliding layers and sinks (kcpu_attention_ext's
+ * reference); then the prompt path's flash kernel too (kcuda_attention_prefill_ext,
+ * head sizes 64 and 128, within its f16 rounding). */
+static void case_attention_ext(rng_t *r, int64_t n, int64_t pos0, int64_t n_head, int64_t n_kv, int64_t hd,
+                               int64_t window, int with_sinks)
 {
     bl_err_t err = {0};
     const int64_t len = pos0 + n, kvw = n_kv * hd;
@@ -31,8 +35,12 @@ static void case_attention(rng_t *r, int64_t n, int64_t pos0, int64_t n_head, in
     if (kcpu_ctx_create(&c, 1, KCPU_PRECISE, &lim, &err) < 0)
         bail("kcpu_ctx_create", &err);
     float *want = xmalloc(sizeof(float) * (size_t)(n * n_head * hd));
-    kcpu_attention(c, &hv, q, want, n, pos0, n_head, n_kv, hd, scale);
+    float *sinks = xmalloc(sizeof(float) * (size_t)n_head);
+    rand_fill(r, sinks, n_head, 3.0f);
+    kcpu_attention_ext(c, &hv, q, want, n, pos0, n_head, n_kv, hd, scale, window, with_sinks ? sinks : NULL);
     kcpu_ctx_destroy(c);
+    float *dsinks = d_upload(sinks, sizeof(float) * (size_t)n_head);
+    const kcuda_att_ext_t ext = {.window = (int)window, .d_sinks = with_sinks ? dsinks : NULL};
 
     /* the card: store every position in two calls (a prefix, then the rest) */
     float *dkf = d_upload(kf, sizeof(float) * (size_t)(len * kvw));
@@ -61,7 +69,7 @@ static void case_attention(rng_t *r, int64_t n, int64_t pos0, int64_t n_head, in
     float *dq = d_upload(q, sizeof(float) * (size_t)(n * n_head * hd));
     float *dout = d_poison(sizeof(float) * (size_t)(n * n_head * hd));
     float *got = xmalloc(sizeof(float) * (size_t)(n * n_head * hd));
-    ok = kcuda_attention(&dv, dq, dout, n, pos0, n_head, n_kv, hd, scale, ds, sb, NULL, &err) == 0 &&
+    ok = kcuda_attention(&dv, dq, dout, n, pos0, n_head, n_kv, hd, scale, &ext, ds, sb, NULL, &err) == 0 &&
          d_fetch(got, dout, sizeof(float) * (size_t)(n * n_head * hd), &err) == 0;
     if (!ok)
         printf("#   %s\n", err.msg);
@@ -72,21 +80,43 @@ static void case_attention(rng_t *r, int64_t n, int64_t pos0, int64_t n_head, in
         ok = check_close(got, n_head * hd, ref, n, n_head * hd, 2e-5, 1e-4);
         free(ref);
     }
-    tap_ok(ok, "attention: %lld row%s at %lld (context %lld), %lld heads over %lld KV heads, head_dim %lld",
+    tap_ok(ok, "attention: %lld row%s at %lld (context %lld), %lld heads over %lld KV heads, head_dim %lld%s%s",
            (long long)n, n == 1 ? "" : "s", (long long)pos0, (long long)len, (long long)n_head, (long long)n_kv,
-           (long long)hd);
+           (long long)hd, window ? ", a window" : "", with_sinks ? ", sinks" : "");
+    if ((window || with_sinks) && (hd == 64 || hd == 128)) {
+        ok = kcuda_attention_prefill_ext(&dv, dq, dout, n, pos0, n_head, n_kv, hd, scale, &ext, NULL, &err) == 0 &&
+             d_fetch(got, dout, sizeof(float) * (size_t)(n * n_head * hd), &err) == 0;
+        if (!ok)
+            printf("#   %s\n", err.msg);
+        else {
+            double *ref = xmalloc(sizeof(double) * (size_t)(n * n_head * hd));
+            for (int64_t i = 0; i < n * n_head * hd; i++)
+                ref[i] = want[i];
+            ok = check_close(got, n_head * hd, ref, n, n_head * hd, 4e-3, 4e-3); /* f16 q and probabilities */
+            free(ref);
+        }
+        tap_ok(ok, "prefill attention: %lld rows at %lld, window %lld%s", (long long)n, (long long)pos0,
+               (long long)window, with_sinks ? ", sinks" : "");
+    }
+    kcuda_free(dsinks);
+    free(sinks);
 
     kcuda_free(dkf); kcuda_free(dvf); kcuda_free(dv.k); kcuda_free(dv.v);
     kcuda_free(ds); kcuda_free(dq); kcuda_free(dout);
     free(kf); free(vf); free(kc); free(vc); free(kg); free(vg); free(q); free(want); free(got);
 }
 
+static void case_attention(rng_t *r, int64_t n, int64_t pos0, int64_t n_head, int64_t n_kv, int64_t hd)
+{
+    case_attention_ext(r, n, pos0, n_head, n_kv, hd, 0, 0);
+}
+
 /* The graph-friendly variants: n rows, each over its own cache (its own length, in
  * layer 1 of a 2-layer buffer so that the layer offset counts), positions and cache
  * addresses read from a rows table on the card; against kcpu_kv_store (bit for bit)
  * and kcpu_attention row by row. max_len bounds the grid, as a captured step does. */
-static void case_rows(rng_t *r, int64_t n, const int64_t *pos, int64_t n_head, int64_t n_kv, int64_t hd,
-                      int64_t max_len)
+static void case_rows_ext(rng_t *r, int64_t n, const int64_t *pos, int64_t n_head, int64_t n_kv, int64_t hd,
+                          int64_t max_len, int64_t window, int with_sinks)
 {
     bl_err_t err = {0};
     const int64_t kvw = n_kv * hd;
@@ -100,6 +130,10 @@ static void case_rows(rng_t *r, int64_t n, const int64_t *pos, int64_t n_head, i
     rand_fill(r, knew, n * kvw, 1.0f);
     rand_fill(r, vnew, n * kvw, 1.0f);
     rand_fill(r, q, n * n_head * hd, 1.0f);
+    float *sinks = xmalloc(sizeof(float) * (size_t)n_head);
+    rand_fill(r, sinks, n_head, 3.0f);
+    float *dsinks = d_upload(sinks, sizeof(float) * (size_t)n_head);
+    const kcuda_att_ext_t ext = {.window = (int)window, .d_sinks = with_sinks ? dsinks : NULL};
     uint8_t *hk[16], *hv[16];
     int ok = 1;
     for (int64_t b = 0; b < n; b++) {
@@ -119,7 +153,8 @@ static void case_rows(rng_t *r, int64_t n, const int64_t *pos, int64_t n_head, i
         const kcpu_limits_t lim = {.max_cols = hd, .max_batch = 1, .max_ctx = len, .head_dim = hd};
         if (kcpu_ctx_create(&c, 1, KCPU_PRECISE, &lim, &err) < 0)
             bail("kcpu_ctx_create", &err);
-        kcpu_attention(c, &view, q + b * n_head * hd, want + b * n_head * hd, 1, pos[b], n_head, n_kv, hd, scale);
+        kcpu_attention_ext(c, &view, q + b * n_head * hd, want + b * n_head * hd, 1, pos[b], n_head, n_kv, hd, scale,
+                           window, with_sinks ? sinks : NULL);
         kcpu_ctx_destroy(c);
         /* the card: 2 layers of (K, V) planes; layer 1 holds the positions before pos */
         dcache[b] = d_poison(4 * plane);
@@ -138,7 +173,7 @@ static void case_rows(rng_t *r, int64_t n, const int64_t *pos, int64_t n_head, i
     void *ds = d_poison(sb);
     float *got = xmalloc(sizeof(float) * (size_t)(n * n_head * hd));
     ok = ok && kcuda_kv_store_rows(drows, 1, rb, dk, dvv, kvw, n, kvw, NULL, &err) == 0 &&
-         kcuda_attention_rows(drows, 1, rb, dq, dout, n, max_len, n_head, n_kv, hd, scale, ds, sb, NULL, &err) == 0 &&
+         kcuda_attention_rows(drows, 1, rb, dq, dout, n, max_len, n_head, n_kv, hd, scale, &ext, ds, sb, NULL, &err) == 0 &&
          d_fetch(got, dout, sizeof(float) * (size_t)(n * n_head * hd), &err) == 0;
     if (!ok)
         printf("#   %s\n", err.msg);
@@ -162,8 +197,11 @@ static void case_rows(rng_t *r, int64_t n, const int64_t *pos, int64_t n_head, i
         ok = check_close(got, n_head * hd, ref, n, n_head * hd, 2e-5, 1e-4);
         free(ref);
     }
-    tap_ok(ok, "attention_rows: %lld rows over their own caches (last position %lld), max_len %lld, %lld heads over %lld, head_dim %lld",
-           (long long)n, (long long)pos[n - 1], (long long)max_len, (long long)n_head, (long long)n_kv, (long long)hd);
+    tap_ok(ok, "attention_rows: %lld rows over their own caches (last position %lld), max_len %lld, %lld heads over %lld, "
+           "head_dim %lld%s%s", (long long)n, (long long)pos[n - 1], (long long)max_len, (long long)n_head, (long long)n_kv,
+           (long long)hd, window ? ", a window" : "", with_sinks ? ", sinks" : "");
+    kcuda_free(dsinks);
+    free(sinks);
     for (int64_t b = 0; b < n; b++) {
         kcuda_free(dcache[b]);
         free(hk[b]);
@@ -171,6 +209,12 @@ static void case_rows(rng_t *r, int64_t n, const int64_t *pos, int64_t n_head, i
     }
     kcuda_free(drows); kcuda_free(dk); kcuda_free(dvv); kcuda_free(dq); kcuda_free(dout); kcuda_free(ds);
     free(knew); free(vnew); free(q); free(want); free(got);
+}
+
+static void case_rows(rng_t *r, int64_t n, const int64_t *pos, int64_t n_head, int64_t n_kv, int64_t hd,
+                      int64_t max_len)
+{
+    case_rows_ext(r, n, pos, n_head, n_kv, hd, max_len, 0, 0);
 }
 
 /* kcuda_qkv_rows (the decode step's q/k norm, RoPE and cache store in one launch,
@@ -217,11 +261,12 @@ static void case_qkv_rows_part(rng_t *r, int64_t n, const int32_t *pos, int64_t 
     if (!nr)
         nr = hd;
     const float *qg = gains ? dg : NULL, *kg = gains ? dg + hd : NULL;
-    int ok = kcuda_qkv_rows(drows[0], 1, rb, dq[0], dk[0], dv, qg, kg, dpos, n, n_head, n_kv, hd, nr, eps, base,
-                            st, &err) == 0 &&
+    const kcuda_rope_t rope = kcuda_rope_plain((int)nr, base);
+    int ok = kcuda_qkv_rows(drows[0], 1, rb, dq[0], dk[0], dv, qg, kg, dpos, n, n_head, n_kv, hd, &rope, eps, st,
+                            &err) == 0 &&
              kcuda_sync(st, &err) == 0 &&
-             kcuda_rms_norm_rope(dq[1], qg, dpos, n, n_head, hd, nr, eps, base, NULL, &err) == 0 &&
-             kcuda_rms_norm_rope(dk[1], kg, dpos, n, n_kv, hd, nr, eps, base, NULL, &err) == 0 &&
+             kcuda_rms_norm_rope(dq[1], qg, dpos, n, n_head, hd, &rope, eps, NULL, &err) == 0 &&
+             kcuda_rms_norm_rope(dk[1], kg, dpos, n, n_kv, hd, &rope, eps, NULL, &err) == 0 &&
              kcuda_kv_store_rows(drows[1], 1, rb, dk[1], dv, kvw, n, kvw, NULL, &err) == 0 &&
              kcuda_sync(NULL, &err) == 0;
     int same = ok;
@@ -310,11 +355,12 @@ static void case_attention_qkv_part(rng_t *r, int64_t n, const int32_t *pos, int
     if (!nr)
         nr = hd;
     const float *qg = gains ? dg : NULL, *kg = gains ? dg + hd : NULL;
+    const kcuda_rope_t rope = kcuda_rope_plain((int)nr, base);
     int ok = kcuda_attention_rows_qkv(drows[0], 1, rb, dq[0], dk[0], dv, qg, kg, dpos, dout[0], n, max_len,
-                                      n_head, n_kv, hd, nr, eps, base, scale, ds, sb, NULL, &err) == 0 &&
-             kcuda_qkv_rows(drows[1], 1, rb, dq[1], dk[1], dv, qg, kg, dpos, n, n_head, n_kv, hd, nr, eps, base,
-                            NULL, &err) == 0 &&
-             kcuda_attention_rows(drows[1], 1, rb, dq[1], dout[1], n, max_len, n_head, n_kv, hd, scale, ds, sb,
+                                      n_head, n_kv, hd, &rope, eps, scale, NULL, ds, sb, NULL, &err) == 0 &&
+             kcuda_qkv_rows(drows[1], 1, rb, dq[1], dk[1], dv, qg, kg, dpos, n, n_head, n_kv, hd, &rope, eps, NULL,
+                            &err) == 0 &&
+             kcuda_attention_rows(drows[1], 1, rb, dq[1], dout[1], n, max_len, n_head, n_kv, hd, scale, NULL, ds, sb,
                                   NULL, &err) == 0 &&
              kcuda_sync(NULL, &err) == 0;
     int same = ok;
@@ -361,10 +407,10 @@ static void case_refusals(void)
     bl_err_t err = {0};
     void *d = d_alloc(1 << 16);
     const kcuda_kv_view_t kv = {.k = d, .v = d, .row_bytes = 256};
-    int ok = kcuda_attention(&kv, d, d, 1, 0, 4, 1, 96, 0.1f, d, 1 << 16, NULL, &err) == BL_ENOTSUP;
-    ok &= kcuda_attention(&kv, d, d, 1, 0, 17 * 2, 2, 64, 0.1f, d, 1 << 16, NULL, &err) == BL_ENOTSUP;
-    ok &= kcuda_attention(&kv, d, d, 1, 0, 6, 4, 64, 0.1f, d, 1 << 16, NULL, &err) == BL_ENOTSUP;
-    ok &= kcuda_attention(&kv, d, d, 1, 4000, 2, 2, 64, 0.1f, d, 64, NULL, &err) == BL_ERANGE;
+    int ok = kcuda_attention(&kv, d, d, 1, 0, 4, 1, 96, 0.1f, NULL, d, 1 << 16, NULL, &err) == BL_ENOTSUP;
+    ok &= kcuda_attention(&kv, d, d, 1, 0, 17 * 2, 2, 64, 0.1f, NULL, d, 1 << 16, NULL, &err) == BL_ENOTSUP;
+    ok &= kcuda_attention(&kv, d, d, 1, 0, 6, 4, 64, 0.1f, NULL, d, 1 << 16, NULL, &err) == BL_ENOTSUP;
+    ok &= kcuda_attention(&kv, d, d, 1, 4000, 2, 2, 64, 0.1f, NULL, d, 64, NULL, &err) == BL_ERANGE;
     if (!ok)
         printf("#   last message: %s\n", err.msg);
     tap_ok(ok, "attention refuses unsupported shapes and short scratch");
@@ -415,10 +461,21 @@ int main(void)
     case_attention(&r, 3, 1010, 16, 1, 64);   /* group 16, three causal ends */
     case_attention(&r, 5, 50, 6, 2, 32);
     case_attention(&r, 8, 383, 12, 4, 128);   /* the last row ends a chunk */
+    /* gpt-oss: sinks, a window of 128 (the rows' windows start inside a chunk, on a
+     * chunk's edge, past whole chunks), heads of 64 in groups of 8 */
+    case_attention_ext(&r, 3, 40, 16, 2, 64, 0, 1);
+    case_attention_ext(&r, 4, 300, 16, 2, 64, 128, 1);
+    case_attention_ext(&r, 2, 1022, 16, 2, 64, 128, 0);
+    case_attention_ext(&r, 70, 200, 8, 1, 64, 128, 1);   /* a prompt: two flash tiles */
+    case_attention_ext(&r, 5, 60, 8, 2, 128, 16, 1);     /* windows shorter than the rows' spread */
+    case_attention_ext(&r, 3, 3000, 8, 1, 64, 128, 1);  /* chunks of 64 */
     const int64_t p1[1] = {0}, p3[3] = {5, 200, 129}, p5[5] = {127, 1, 1013, 300, 40};
     case_rows(&r, 1, p1, 8, 2, 128, 256);
     case_rows(&r, 3, p3, 32, 4, 128, 256);      /* a grid larger than two rows need */
     case_rows(&r, 5, p5, 16, 1, 64, 1024 + 128);
+    case_rows_ext(&r, 3, p3, 16, 2, 64, 256, 128, 1);          /* the one-pass kernel, a window and sinks */
+    case_rows_ext(&r, 5, p5, 16, 2, 64, 1024 + 128, 128, 1);   /* the split pass */
+    case_rows_ext(&r, 5, p5, 16, 2, 64, 1024 + 128, 0, 1);
     /* the one-pass kernel (max_len <= KCUDA_ATT_SHORT) for every head size, a
      * context filling the grid, more positions than threads, group 16 and group 1 */
     const int64_t s2[2] = {63, 127}, s3[3] = {255, 0, 100}, s4[2] = {17, 200}, s5[1] = {256};

@@ -86,6 +86,114 @@ static void case_route(rng_t *r, int64_t n, int64_t n_expert, int k, int norm)
     case_route_form(r, n, n_expert, k, (route_form_t){.gating = KCPU_GATE_SOFTMAX, .norm = norm, .scale = 1.0f});
 }
 
+/* gpt-oss's expert biases and clamped SwiGLU between the expert products
+ * (kcuda_experts_act, in place and into f16 through a permutation) and the down
+ * biases weighted into the rows (kcuda_experts_bias_down, with a mask), against the
+ * CPU's kcpu_swiglu_oai / kcpu_swiglu on the biased products. Ids include -1 and
+ * n_expert (no bias). */
+static void case_experts_act(rng_t *r, int64_t slots, int64_t F, int64_t ne, int act)
+{
+    bl_err_t err = {0};
+    const int64_t ld = F + 3, k = 4, n = slots / k, E = 40;
+    float *g = xmalloc(sizeof(float) * (size_t)(slots * ld)), *u = xmalloc(sizeof(float) * (size_t)(slots * ld));
+    float *gb = xmalloc(sizeof(float) * (size_t)(ne * F)), *ub = xmalloc(sizeof(float) * (size_t)(ne * F));
+    float *db = xmalloc(sizeof(float) * (size_t)(ne * E)), *w = xmalloc(sizeof(float) * (size_t)slots);
+    int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)slots), *perm = xmalloc(sizeof(int32_t) * (size_t)slots);
+    int32_t *mask = xmalloc(sizeof(int32_t) * (size_t)slots);
+    rand_fill(r, g, slots * ld, 9.0f);
+    rand_fill(r, u, slots * ld, 9.0f);
+    rand_fill(r, gb, ne * F, 2.0f);
+    rand_fill(r, ub, ne * F, 2.0f);
+    rand_fill(r, db, ne * E, 2.0f);
+    rand_fill(r, w, slots, 1.0f);
+    for (int64_t s = 0; s < slots; s++) {
+        ids[s] = (int32_t)(rng_next(r) % (uint64_t)(ne + 2)) - 1; /* -1 .. ne */
+        perm[s] = (int32_t)(slots - 1 - s);
+        mask[s] = rng_next(r) % 4 == 0 ? -1 : 0;
+    }
+    /* references: in place (slot s's own id) and permuted (slot s takes id perm[s]) */
+    float *gv = xmalloc(sizeof(float) * (size_t)(slots * F)), *uv = xmalloc(sizeof(float) * (size_t)(slots * F));
+    float *want = xmalloc(sizeof(float) * (size_t)(slots * F)), *wantp = xmalloc(sizeof(float) * (size_t)(slots * F));
+    for (int pass = 0; pass < 2; pass++) {
+        for (int64_t s = 0; s < slots; s++) {
+            const int32_t e = ids[pass ? perm[s] : s];
+            for (int64_t f = 0; f < F; f++) {
+                const int ok = e >= 0 && e < ne;
+                gv[s * F + f] = g[s * ld + f] + (ok ? gb[e * F + f] : 0.0f);
+                uv[s * F + f] = u[s * ld + f] + (ok ? ub[e * F + f] : 0.0f);
+            }
+        }
+        if (act == KCPU_ACT_SWIGLU_OAI)
+            kcpu_swiglu_oai(NULL, pass ? wantp : want, gv, uv, slots * F);
+        else
+            kcpu_swiglu(NULL, pass ? wantp : want, gv, uv, slots * F);
+    }
+    float *dg = d_upload(g, sizeof(float) * (size_t)(slots * ld)), *du = d_upload(u, sizeof(float) * (size_t)(slots * ld));
+    float *dgb = d_upload(gb, sizeof(float) * (size_t)(ne * F)), *dub = d_upload(ub, sizeof(float) * (size_t)(ne * F));
+    int32_t *di = d_upload(ids, sizeof(int32_t) * (size_t)slots), *dp = d_upload(perm, sizeof(int32_t) * (size_t)slots);
+    uint16_t *h16 = xmalloc(sizeof(uint16_t) * (size_t)(slots * F));
+    void *dh = d_poison(sizeof(uint16_t) * (size_t)(slots * F));
+    float *got = xmalloc(sizeof(float) * (size_t)(slots * ld));
+    int ok = kcuda_experts_act(dg, du, ld, di, dp, dgb, dub, slots, F, ne, act, dh, NULL, &err) == 0 &&
+             kcuda_experts_act(dg, du, ld, di, NULL, dgb, dub, slots, F, ne, act, NULL, NULL, &err) == 0 &&
+             d_fetch(got, dg, sizeof(float) * (size_t)(slots * ld), &err) == 0 &&
+             d_fetch(h16, dh, sizeof(uint16_t) * (size_t)(slots * F), &err) == 0;
+    if (!ok) {
+        printf("#   %s\n", err.msg);
+    } else {
+        double *ref = xmalloc(sizeof(double) * (size_t)(slots * F));
+        float *g2 = xmalloc(sizeof(float) * (size_t)(slots * F));
+        for (int64_t s = 0; s < slots; s++)
+            for (int64_t f = 0; f < F; f++) {
+                ref[s * F + f] = want[s * F + f];
+                g2[s * F + f] = got[s * ld + f];
+            }
+        ok = check_close(g2, F, ref, slots, F, 1e-6, 2e-6);
+        for (int64_t i = 0; i < slots * F; i++) {
+            ref[i] = wantp[i];
+            g2[i] = bl_fp16_to_fp32(h16[i]);
+        }
+        ok &= check_close(g2, F, ref, slots, F, 1e-6, 1e-3); /* f16's rounding */
+        free(ref);
+        free(g2);
+    }
+    tap_ok(ok, "experts_act %s: %lld slots of %lld, biases of %lld experts, in place and permuted into f16",
+           act == KCPU_ACT_SWIGLU_OAI ? "clamped swiglu" : "swiglu", (long long)slots, (long long)F, (long long)ne);
+
+    /* down biases: x (n, E) += sum_j w * down_b[id] where the mask allows */
+    float *x = xmalloc(sizeof(float) * (size_t)(n * E)), *xw = xmalloc(sizeof(float) * (size_t)(n * E));
+    rand_fill(r, x, n * E, 1.0f);
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t d = 0; d < E; d++) {
+            float a = 0.0f;
+            for (int64_t j = 0; j < k; j++) {
+                const int32_t e = ids[b * k + j];
+                if (e >= 0 && e < ne && mask[b * k + j] >= 0)
+                    a += w[b * k + j] * db[e * E + d];
+            }
+            xw[b * E + d] = x[b * E + d] + a;
+        }
+    float *dx = d_upload(x, sizeof(float) * (size_t)(n * E)), *ddb = d_upload(db, sizeof(float) * (size_t)(ne * E));
+    float *dw = d_upload(w, sizeof(float) * (size_t)slots);
+    int32_t *dm = d_upload(mask, sizeof(int32_t) * (size_t)slots);
+    ok = kcuda_experts_bias_down(dx, E, di, dm, dw, ddb, n, (int)k, E, ne, NULL, &err) == 0 &&
+         d_fetch(x, dx, sizeof(float) * (size_t)(n * E), &err) == 0;
+    if (!ok) {
+        printf("#   %s\n", err.msg);
+    } else {
+        double *ref = xmalloc(sizeof(double) * (size_t)(n * E));
+        for (int64_t i = 0; i < n * E; i++)
+            ref[i] = xw[i];
+        ok = check_close(x, E, ref, n, E, 1e-6, 1e-5); /* the same sums in order (the card may fuse a multiply-add) */
+        free(ref);
+    }
+    tap_ok(ok, "experts_bias_down: %lld rows, top %lld, a mask", (long long)n, (long long)k);
+    kcuda_free(dg); kcuda_free(du); kcuda_free(dgb); kcuda_free(dub); kcuda_free(di); kcuda_free(dp); kcuda_free(dh);
+    kcuda_free(dx); kcuda_free(ddb); kcuda_free(dw); kcuda_free(dm);
+    free(g); free(u); free(gb); free(ub); free(db); free(w); free(ids); free(perm); free(mask); free(gv); free(uv);
+    free(want); free(wantp); free(h16); free(got); free(x); free(xw);
+}
+
 /* Residency's slot ids straight after the routing that writes the ids, on a stream
  * (where launches overlap through programmatic dependent launch): each choice's slot
  * from a random table with about half the experts seated, -1 for the rest and for
@@ -412,6 +520,9 @@ int main(void)
         kcuda_free(d);
     }
 
+    case_experts_act(&r, 64, 72, 8, KCPU_ACT_SWIGLU_OAI);
+    case_experts_act(&r, 32, 2880, 32, KCPU_ACT_SWIGLU_OAI); /* gpt-oss-20b's width */
+    case_experts_act(&r, 16, 33, 5, KCPU_ACT_SWIGLU);
     case_remap(&r, 1, 128, 8);
     case_remap(&r, 64, 128, 8);
     case_remap(&r, 512, 60, 4);

@@ -47,8 +47,8 @@ static void case_rms_norm(rng_t *r, int64_t n, int64_t d, int64_t ld, int in_pla
 /* RoPE alone (fused = 0), per-head RMSNorm then RoPE in one kernel (fused = 1), or
  * that kernel without gains (fused = 2: no norm), over the first n_rot dims of each
  * head (0: all of them; GLM-4.5 rotates half). */
-static void case_rope_part(rng_t *r, int64_t n, int64_t n_head, int64_t hd, int64_t n_rot, int32_t max_pos,
-                           int fused)
+static void case_rope_yarn(rng_t *r, int64_t n, int64_t n_head, int64_t hd, int64_t n_rot, int32_t max_pos,
+                           int fused, const kcpu_rope_t *yarn)
 {
     bl_err_t err = {0};
     const int64_t len = n * n_head * hd;
@@ -67,13 +67,15 @@ static void case_rope_part(rng_t *r, int64_t n, int64_t n_head, int64_t hd, int6
         kcpu_rms_norm(NULL, want, x, g, n * n_head, hd, hd, eps);
     else
         memcpy(want, x, sizeof(float) * (size_t)len);
-    const kcpu_rope_t rp = kcpu_rope_plain(nr, base);
+    const kcpu_rope_t rp = yarn ? *yarn : kcpu_rope_plain(nr, base);
     kcpu_rope_table(cs, pos, n, &rp);
     kcpu_rope_neox(want, cs, n, n_head, hd, nr);
     float *dx = d_upload(x, sizeof(float) * (size_t)len);
     float *dg = d_upload(g, sizeof(float) * (size_t)hd);
     int32_t *dp = d_upload(pos, sizeof(int32_t) * (size_t)n);
-    const int rc = fused ? kcuda_rms_norm_rope(dx, fused == 1 ? dg : NULL, dp, n, n_head, hd, nr, eps, base, NULL, &err)
+    const kcuda_rope_t crp = {(int)rp.n_rot, rp.base, rp.freq_scale, rp.ext_factor, rp.corr_lo, rp.corr_hi,
+                              rp.mscale};
+    const int rc = fused ? kcuda_rms_norm_rope(dx, fused == 1 ? dg : NULL, dp, n, n_head, hd, &crp, eps, NULL, &err)
                          : kcuda_rope_neox(dx, dp, n, n_head, hd, base, NULL, &err);
     int ok = rc == 0 && d_fetch(got, dx, sizeof(float) * (size_t)len, &err) == 0;
     if (!ok)
@@ -83,11 +85,17 @@ static void case_rope_part(rng_t *r, int64_t n, int64_t n_head, int64_t hd, int6
         ok = check_close(got, len, ref, 1, len, 2e-6, 2e-6);
         free(ref);
     }
-    tap_ok(ok, "%s: %lld rows, %lld heads of %lld, %lld rotated, positions up to %d",
+    tap_ok(ok, "%s: %lld rows, %lld heads of %lld, %lld rotated, positions up to %d%s",
            fused == 1 ? "rms_norm_rope" : fused ? "rms_norm_rope without gains" : "rope_neox", (long long)n,
-           (long long)n_head, (long long)hd, (long long)nr, max_pos);
+           (long long)n_head, (long long)hd, (long long)nr, max_pos, yarn ? ", YaRN" : "");
     kcuda_free(dx); kcuda_free(dg); kcuda_free(dp);
     free(x); free(want); free(got); free(g); free(cs); free(pos);
+}
+
+static void case_rope_part(rng_t *r, int64_t n, int64_t n_head, int64_t hd, int64_t n_rot, int32_t max_pos,
+                           int fused)
+{
+    case_rope_yarn(r, n, n_head, hd, n_rot, max_pos, fused, NULL);
 }
 
 static void case_rope(rng_t *r, int64_t n, int64_t n_head, int64_t hd, int32_t max_pos, int fused)
@@ -173,6 +181,16 @@ int main(void)
     case_rope_part(&r, 3, 12, 128, 64, 5000, 2);  /* GLM-4.5: half rotated, no norms */
     case_rope_part(&r, 2, 4, 128, 64, 300, 1);    /* gains and half rotated */
     case_rope_part(&r, 2, 5, 96, 32, 70000, 2);
+    {
+        /* gpt-oss's YaRN (factor 32, a ramp over pairs 8..17) with a scaled
+         * rotation (mscale), and a scaling without it */
+        const kcpu_rope_t y1 = {.n_rot = 64, .base = 150000.0f, .freq_scale = 1.0f / 32.0f, .ext_factor = 1.0f,
+                                .corr_lo = 8.09f, .corr_hi = 17.4f, .mscale = 1.3466f};
+        const kcpu_rope_t y2 = {.n_rot = 64, .base = 10000.0f, .freq_scale = 0.025f, .ext_factor = 1.0f,
+                                .corr_lo = 10.0f, .corr_hi = 23.0f, .mscale = 1.0f};
+        case_rope_yarn(&r, 3, 8, 64, 64, 100000, 2, &y1);
+        case_rope_yarn(&r, 2, 4, 128, 64, 3000, 1, &y2);
+    }
 
     case_swiglu_add(&r, 1);
     case_swiglu_add(&r, 6144 + 7);

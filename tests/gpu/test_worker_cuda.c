@@ -567,10 +567,11 @@ static void test_dense(void)
 /* The families beside qwen3 on the card, each on a tiny file bloomery-mkmodel writes
  * (BLOOMERY_MKMODEL names the program; tests/gpu/run.sh sets it): glm4moe (partial
  * RoPE without q/k norms, q/k/v biases, sigmoid routing with a selection bias, a
- * shared expert, a leading dense layer) on the prompt path, through decode graphs
- * and with its routed experts in host RAM, each against the CPU's precise pass and
- * gated as the dense model is (the CPU 8-bit pass's distance); the forms the card
- * does not compute yet refused by name. */
+ * shared expert, a leading dense layer) and gpt-oss (sinks, sliding layers, YaRN,
+ * attention, router and expert biases, the clamped SwiGLU, MXFP4 experts) on the
+ * prompt path, through decode graphs and with their routed experts in host RAM,
+ * each against the CPU's precise pass and gated as the dense model is (the CPU 8-bit
+ * pass's distance); the forms the card does not compute yet refused by name. */
 static int mkmodel(const char *path, const char *flags)
 {
     const char *prog = getenv("BLOOMERY_MKMODEL");
@@ -613,7 +614,10 @@ static void test_families(void)
     snprintf(glm, sizeof glm, "%s/glm4moe.gguf", dir);
     snprintf(gpt, sizeof gpt, "%s/gpt-oss.gguf", dir);
     snprintf(dsk, sizeof dsk, "%s/deepseek2.gguf", dir);
-    if (mkmodel(glm, "--arch glm4moe --layers 3 --seed 7") != 0 || mkmodel(gpt, "--arch gpt-oss --layers 2") != 0 ||
+    /* gpt-oss: sinks, even layers sliding over 16 positions (the prompt is longer),
+     * YaRN by 32, expert biases, MXFP4 experts */
+    if (mkmodel(glm, "--arch glm4moe --layers 3 --seed 7") != 0 ||
+        mkmodel(gpt, "--arch gpt-oss --layers 3 --experts 8 --experts-used 2 --swa 16 --yarn 32") != 0 ||
         mkmodel(dsk, "--arch deepseek2 --layers 2 --experts 8 --experts-used 2") != 0) {
         printf("ok %d - # SKIP the families: no bloomery-mkmodel (BLOOMERY_MKMODEL)\n", ++g_tap_n);
         return;
@@ -623,33 +627,42 @@ static void test_families(void)
     rng_t r = rng_for(11);
     for (int i = 0; i < N; i++)
         ids[i] = (int32_t)(rng_next(&r) % 1000);
-    wk_model_t *gpu = load(glm, 0, 1, 0, 0), *cpu = load(glm, WK_DEVICE_CPU, 1, 0, 0);
-    wk_model_t *fast = load_mode(glm, WK_DEVICE_CPU, 1, 0, 0, 0);
-    const int64_t V = wk_model_config(gpu)->n_vocab;
-    float *c = run_prompt(cpu, ids, N, WK_KV_F32), *f = run_prompt(fast, ids, N, WK_KV_F16);
-    float *g = run_prompt(gpu, ids, N, WK_KV_F16);
-    gate_vs_cpu("glm4moe on the card, prompt", g, c, f, N, V);
-    free(g);
-    g = run_decode(gpu, ids, N);
-    gate_vs_cpu("glm4moe on the card, decode graphs", g, c, f, N, V);
-    free(g);
-    wk_placed_t pl = load_placed(glm, 1, NULL, 1, 0);
-    tap_ok(pl.ex != NULL, "glm4moe --cpu-moe: the plan puts routed experts in host RAM");
-    g = run_decode(pl.m, ids, N);
-    gate_vs_cpu("glm4moe --cpu-moe, decode graphs", g, c, f, N, V);
-    free(g);
-    g = run_prompt(pl.m, ids, N, WK_KV_F16);
-    gate_vs_cpu("glm4moe --cpu-moe, prompt", g, c, f, N, V);
-    free(g);
-    wk_placed_free(&pl);
-    free(c);
-    free(f);
-    wk_model_free(gpu);
-    wk_model_free(cpu);
-    wk_model_free(fast);
+    const char *const fam[2][2] = {{glm, "glm4moe"}, {gpt, "gpt-oss"}};
+    for (int fi = 0; fi < 2; fi++) {
+        const char *path = fam[fi][0], *name = fam[fi][1];
+        char what[128];
+        wk_model_t *gpu = load(path, 0, 1, 0, 0), *cpu = load(path, WK_DEVICE_CPU, 1, 0, 0);
+        wk_model_t *fast = load_mode(path, WK_DEVICE_CPU, 1, 0, 0, 0);
+        const int64_t V = wk_model_config(gpu)->n_vocab;
+        float *c = run_prompt(cpu, ids, N, WK_KV_F32), *f = run_prompt(fast, ids, N, WK_KV_F16);
+        float *g = run_prompt(gpu, ids, N, WK_KV_F16);
+        snprintf(what, sizeof what, "%s on the card, prompt", name);
+        gate_vs_cpu(what, g, c, f, N, V);
+        free(g);
+        g = run_decode(gpu, ids, N);
+        snprintf(what, sizeof what, "%s on the card, decode graphs", name);
+        gate_vs_cpu(what, g, c, f, N, V);
+        free(g);
+        wk_placed_t pl = load_placed(path, 1, NULL, 1, 0);
+        tap_ok(pl.ex != NULL, "%s --cpu-moe: the plan puts routed experts in host RAM", name);
+        g = run_decode(pl.m, ids, N);
+        snprintf(what, sizeof what, "%s --cpu-moe, decode graphs", name);
+        gate_vs_cpu(what, g, c, f, N, V);
+        free(g);
+        g = run_prompt(pl.m, ids, N, WK_KV_F16);
+        snprintf(what, sizeof what, "%s --cpu-moe, prompt", name);
+        gate_vs_cpu(what, g, c, f, N, V);
+        free(g);
+        wk_placed_free(&pl);
+        free(c);
+        free(f);
+        wk_model_free(gpu);
+        wk_model_free(cpu);
+        wk_model_free(fast);
+    }
     /* not yet on the card: refused by name, nothing loaded */
-    const char *const no[2][2] = {{gpt, "attention sinks"}, {dsk, "multi-head latent attention"}};
-    for (int i = 0; i < 2; i++) {
+    const char *const no[1][2] = {{dsk, "multi-head latent attention"}};
+    for (int i = 0; i < 1; i++) {
         char path[1400];
         wk_model_opts_t o = test_opts(no[i][0], 1, path, sizeof path);
         o.device = 0;
