@@ -106,6 +106,10 @@ typedef struct cuda {
     float *g, *u_; // (n_batch * n_expert_used, n_ff_exp) or (n_batch, n_ff)
     float *xg;     // (n_batch, n_embd) normed rows for the head
     float *logits; // (n_batch, n_vocab), last stage
+    /* latent attention (deepseek2): the absorbed queries and the heads' latent
+     * outputs (n_batch, n_head, kv_lora), and one per-head weight in f16 */
+    float *mla_q, *mla_o;
+    void *mla_w16;
     /* the prompt path */
     int pp_ok;     /* the shapes suit it; else prompts take the rows path */
     int flash;     /* prompts attend through kcuda_attention_prefill */
@@ -320,7 +324,7 @@ static void cu_destroy(wk_backend_t *b)
     for (int i = 0; i <= PROF_EVENTS; i++)
         kcuda_event_destroy(cu->ev[i]);
     void *bufs[] = {cu->arena, cu->rl, cu->ids, cu->wts, cu->g, cu->u_, cu->xg, cu->logits, cu->att_scratch,
-                    cu->d_in, cu->x16, cu->xs16, cu->dg, cu->srt, cu->wscr};
+                    cu->d_in, cu->x16, cu->xs16, cu->dg, cu->srt, cu->wscr, cu->mla_q, cu->mla_o, cu->mla_w16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         kcuda_free(bufs[i]);
     for (int i = 0; i < cu->n_allocs; i++)
@@ -528,10 +532,10 @@ static int check_form(const cuda_t *cu, bl_err_t *err)
 {
     const wk_config_t *c = cu->c;
     const char *what = NULL;
-    if (c->kv_lora > 0)
-        what = "multi-head latent attention";
-    else if (!c->rope_neox)
-        what = "consecutive-pair RoPE";
+    if (c->kv_lora > 0 && (c->kv_lora % 8 || (c->head_k - c->n_rot) % 8 || c->kv_lora + c->n_rot > 1024))
+        what = "latent attention of this shape (kv_lora and qk_nope multiples of 8, kv_lora + n_rot <= 1024)";
+    else if (!c->rope_neox && c->kv_lora == 0)
+        what = "consecutive-pair RoPE outside latent attention";
     if (what)
         return bl_err_set(err, BL_ENOTSUP, "%s: %s: the CUDA backend does not compute %s yet (run it with -ngl 0)",
                           cu->path, c->arch, what);
@@ -578,13 +582,14 @@ static int check_shapes(const cuda_t *cu, bl_err_t *err)
     int rc = check_form(cu, err);
     if (rc < 0)
         return rc;
-    if (c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 128 && c->head_dim != 256)
+    /* latent attention takes its own kernels (mla.cu, check_form's bounds) */
+    if (c->kv_lora == 0 && c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 128 && c->head_dim != 256)
         return bl_err_set(err, BL_ENOTSUP, "%s: head_dim %lld on CUDA (32, 64, 128 or 256)", cu->path,
                           (long long)c->head_dim);
-    if (c->n_head / c->n_head_kv > KCUDA_ATT_MAX_GROUP)
+    if (c->kv_lora == 0 && c->n_head / c->n_head_kv > KCUDA_ATT_MAX_GROUP)
         return bl_err_set(err, BL_ENOTSUP, "%s: %lld query heads per KV head on CUDA (at most %d)", cu->path,
                           (long long)(c->n_head / c->n_head_kv), KCUDA_ATT_MAX_GROUP);
-    if (c->n_embd % 4 || nkv % 8 || (c->moe && c->n_ff_exp % 4) || dense_ff(c) % 4)
+    if (c->n_embd % 4 || (c->kv_lora == 0 && nkv % 8) || (c->moe && c->n_ff_exp % 4) || dense_ff(c) % 4)
         return bl_err_set(err, BL_ENOTSUP, "%s: n_embd %lld and the FFN width must be multiples of 4, "
                           "n_head_kv * head_dim %lld of 8, on CUDA", cu->path, (long long)c->n_embd,
                           (long long)nkv);
@@ -658,6 +663,13 @@ static int alloc_scratch(cuda_t *cu, bl_err_t *err)
         return rc;
     if (cu->le == c->n_layer && (rc = dalloc(&cu->logits, f * B * (size_t)c->n_vocab, err)) < 0)
         return rc;
+    if (c->kv_lora > 0) {
+        const size_t H = (size_t)c->n_head, r = (size_t)c->kv_lora, nope = (size_t)(c->head_k - c->n_rot);
+        const size_t w16 = 2 * H * max_sz(r * nope, (size_t)c->head_v * r);
+        if ((rc = dalloc(&cu->mla_q, f * B * H * r, err)) < 0 || (rc = dalloc(&cu->mla_o, f * B * H * r, err)) < 0 ||
+            (rc = dalloc(&cu->mla_w16, w16, err)) < 0)
+            return rc;
+    }
     if (cu->pp_ok && (rc = alloc_prompt(cu, err)) < 0)
         return rc;
     /* The step inputs: the rows table first (32-byte entries), then the ids. */
@@ -1208,8 +1220,10 @@ static int cu_begin(wk_backend_t *b, const wk_step_t *st, float *x, bl_err_t *er
         for (int64_t j = 0; j < st->nseg; j++) {
             const wk_kv_t *kv = st->seg[j].kv;
             const uint64_t plane = (uint64_t)kv->stride * kv->row_bytes;
-            cu->h_rows[j] = (kcuda_kv_row_t){.k = (uint64_t)(uintptr_t)kv->buf, .layer_bytes = 2 * plane,
-                                             .v_bytes = plane, .pos = (int32_t)st->seg[j].pos};
+            cu->h_rows[j] = (kcuda_kv_row_t){.k = (uint64_t)(uintptr_t)kv->buf,
+                                             .layer_bytes = (uint64_t)kv->n_planes * plane,
+                                             .v_bytes = (uint64_t)(kv->n_planes - 1) * plane,
+                                             .pos = (int32_t)st->seg[j].pos};
         }
     if ((rc = kcuda_upload(cu->d_in, cu->h_in, cu->in_bytes, cu->stream, err)) < 0)
         return rc;
@@ -1478,6 +1492,47 @@ static int cu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *q
                                             cu->att_scratch_bytes, s, err));
         }
     }
+    return 0;
+}
+
+/* deepseek2's latent attention (cpu_mla's steps): the latent part of c normed, the
+ * rotated parts of q and c rotated, each head's q_nope through its attn_k_b rows
+ * (the weight dequantized to f16 per call), c stored as the position's cache row,
+ * the heads' attention over the latent rows, each head's output through its
+ * attn_v_b rows. */
+static int cu_mla(wk_backend_t *b, int64_t l, const wk_mla_t *a, float *q, float *c, float *att, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    const wk_step_t *st = cu->st;
+    const int64_t n = st->n, H = a->n_head, r = a->kv_lora, D = r + a->n_rot, hk = a->head_k, hv = a->head_v;
+    const int64_t nope = hk - a->n_rot, li = l - cu->lb;
+    void *s = cu->stream;
+    const kcuda_rope_t rope = {.n_rot = (int)a->n_rot, .base = cu->c->rope_base, .freq_scale = cu->c->rope_freq_scale,
+                               .ext_factor = cu->c->rope_ext_factor, .corr_lo = cu->c->rope_corr_lo,
+                               .corr_hi = cu->c->rope_corr_hi, .mscale = cu->c->rope_mscale};
+    OP("attn_kv_a_norm", kcuda_rms_norm(c, c, a->kv_norm, n, r, D, a->eps, s, err));
+    OP("attn_rope", kcuda_rope_norm(q + nope, cu->d_pos, n, H, H * hk, hk, &rope, s, err));
+    OP("attn_rope", kcuda_rope_norm(c + r, cu->d_pos, n, 1, D, 0, &rope, s, err));
+    OP("attn_k_b", kcuda_dequant_f16(M(a->wk_b), 0, H * r, cu->mla_w16, NULL, 1, s, err));
+    OP("attn_k_b", kcuda_matvec_heads(cu->mla_w16, H, r, nope, q, H * hk, hk, n, cu->mla_q, H * r, r, s, err));
+    if (cu->mode == MODE_DECODE) {
+        const size_t rb = st->seg[0].kv->row_bytes; /* every cache of a model has the same rows */
+        OP("kv_store", kcuda_kv_store_rows(cu->d_rows, li, rb, c, c, D, n, D, s, err));
+        OP("attention", kcuda_mla_attention(NULL, cu->d_rows, li, rb, 0, cu->mla_q, H * r, r, q + nope, H * hk, hk, n,
+                                            H, r, a->n_rot, a->scale, cu->mla_o, H * r, r, s, err));
+    } else {
+        for (int64_t j = 0; j < st->nseg; j++) {
+            const wk_seg_t *sg = &st->seg[j];
+            const kcuda_kv_view_t kv = kv_view(sg->kv, l);
+            const int64_t r0 = sg->row0;
+            OP("kv_store", kcuda_kv_store(&kv, c + r0 * D, c + r0 * D, D, sg->pos, sg->n, D, s, err));
+            OP("attention", kcuda_mla_attention(kv.k, NULL, 0, kv.row_bytes, sg->pos, cu->mla_q + r0 * H * r, H * r, r,
+                                                q + r0 * H * hk + nope, H * hk, hk, sg->n, H, r, a->n_rot, a->scale,
+                                                cu->mla_o + r0 * H * r, H * r, r, s, err));
+        }
+    }
+    OP("attn_v_b", kcuda_dequant_f16(M(a->wv_b), 0, H * hv, cu->mla_w16, NULL, 1, s, err));
+    OP("attn_v_b", kcuda_matvec_heads(cu->mla_w16, H, hv, r, cu->mla_o, H * r, r, n, att, H * hv, hv, s, err));
     return 0;
 }
 
@@ -1825,7 +1880,7 @@ static const wk_backend_ops_t cuda_ops = {
     .add_stack = cu_add_stack, .add_host = cu_add_host, .commit = cu_commit, .kv_alloc = cu_kv_alloc,
     .kv_free = cu_kv_free, .kv_copy = cu_kv_copy, .kv_move = cu_kv_move, .state_alloc = cu_state_alloc, .state_free = cu_state_free,
     .begin = cu_begin, .end = cu_end, .embed = cu_embed, .rms_norm = cu_rms_norm, .qkv = cu_qkv,
-    .add_bias = cu_add_bias, .matmul = cu_matmul, .attention = cu_attention, .moe = cu_moe, .ffn = cu_ffn, .head = cu_head,
+    .add_bias = cu_add_bias, .matmul = cu_matmul, .attention = cu_attention, .mla = cu_mla, .moe = cu_moe, .ffn = cu_ffn, .head = cu_head,
     .resid = cu_resid, .resid_layer = cu_resid_layer,
 };
 

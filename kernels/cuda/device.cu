@@ -182,7 +182,7 @@ int kcuda_type_supported(uint32_t type)
 {
     switch (type) {
     case BL_TYPE_F32: case BL_TYPE_F16: case BL_TYPE_BF16: case BL_TYPE_Q8_0:
-    case BL_TYPE_Q4_K: case BL_TYPE_Q5_K: case BL_TYPE_Q6_K:
+    case BL_TYPE_Q4_K: case BL_TYPE_Q5_K: case BL_TYPE_Q6_K: case BL_TYPE_MXFP4:
         return 1;
     default:
         return 0;

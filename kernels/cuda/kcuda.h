@@ -456,6 +456,35 @@ int kcuda_attention_rows_qkv(const kcuda_kv_row_t *d_rows, int64_t layer, size_t
                              float scale, const kcuda_att_ext_t *ext,
                              void *d_scratch, size_t scratch_bytes, void *stream, bl_err_t *err) BL_WUR;
 
+// --- deepseek2's latent attention (mla.cu) ------------------------------------------
+
+/* Consecutive-pair RoPE (llama.cpp's NORM form, DeepSeek's) in place: pairs (2i,
+ * 2i + 1) of the first rope->n_rot dims of head h of row b, which starts at
+ * x + b * row_stride + h * head_stride, at position d_pos[b] (kc_rope_cs_ext's
+ * angles, YaRN included). */
+int kcuda_rope_norm(float *d_x, const int32_t *d_pos, int64_t n, int64_t n_head, int64_t row_stride,
+                    int64_t head_stride, const kcuda_rope_t *rope, void *stream, bl_err_t *err) BL_WUR;
+
+/* Per-head products: y[b, h, 0..R) = W_h x[b, h, 0..C) for n rows and n_head heads,
+ * W_h rows h R .. h R + R - 1 of d_w16 (n_head R, C) f16 (kcuda_dequant_f16 of the
+ * file's tensor); x head h of row b at d_x + b * x_row + h * x_head, y at d_y + b *
+ * y_row + h * y_head. f32 sums in a fixed order. */
+int kcuda_matvec_heads(const void *d_w16, int64_t n_head, int64_t R, int64_t C, const float *d_x, int64_t x_row,
+                       int64_t x_head, int64_t n, float *d_y, int64_t y_row, int64_t y_head, void *stream,
+                       bl_err_t *err) BL_WUR;
+
+/* Latent attention: for n rows and n_head query heads, the query (q_lat[b, h] of
+ * kv_lora dims, then q_pe[b, h] of n_rot) times scale against every cached row (f16,
+ * kv_lora + n_rot dims, row_bytes apart) at positions 0 .. the row's own, the
+ * softmax, and out[b, h] (kv_lora dims) = the probabilities times the rows' first
+ * kv_lora dims. The cache: d_rows (the decode step's table, layer `layer`, each
+ * row's position) or, when d_rows is NULL, d_cache with row b at position pos0 + b.
+ * The rows' own latent rows must be stored first. kv_lora + n_rot <= 1024. */
+int kcuda_mla_attention(const void *d_cache, const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes,
+                        int64_t pos0, const float *d_ql, int64_t ql_row, int64_t ql_head, const float *d_qp,
+                        int64_t qp_row, int64_t qp_head, int64_t n, int64_t n_head, int64_t kv_lora, int64_t n_rot,
+                        float scale, float *d_out, int64_t o_row, int64_t o_head, void *stream, bl_err_t *err) BL_WUR;
+
 // --- prompts: tensor-core products, expert grouping, prefill attention (gemm.cu, prefill.cu)
 /* The path of steps with many rows per sequence. Weights are dequantized to f16
  * (exactly, then rounded to nearest f16), activations rounded to f16 once per

@@ -1,5 +1,5 @@
 /* Matrix-vector products for decode over weights as GGUF stores them (q4_K, q5_K,
- * q6_K, q8_0, f16, bf16, f32) and f32 activations: the plain product (up to
+ * q6_K, q8_0, mxfp4, f16, bf16, f32) and f32 activations: the plain product (up to
  * KCUDA_MV_MAX_ROWS activation rows per weight load), the routed experts' gate/up
  * (optionally with SwiGLU) and down (with the weighted sum) of 3-D expert tensors,
  * and the embedding gather.
@@ -14,19 +14,21 @@
  * measured no faster on the H200: the expert products are not bound by the bytes
  * a warp keeps in flight).
  *
- * Block formats (q4_K, q5_K, q6_K, q8_0): the block first rounds the activation
- * rows it reads to 8 bits per 32 elements in shared memory (d = amax / 127, q =
- * round(x / d), plus the integer sums of each half), and by default the residual
- * x - d q the same way (two q8 terms, kcuda_matvec_set_act_terms), overlapping the
- * first segments' copies; lanes then take integer dot products of packed weights
- * and each term (dp4a) per sub-block and scale them once. The result is W times
+ * Block formats (q4_K, q5_K, q6_K, q8_0, mxfp4): the block first rounds the
+ * activation rows it reads to 8 bits per 32 elements in shared memory (d = amax /
+ * 127, q = round(x / d), plus the integer sums of each half), and by default the
+ * residual x - d q the same way (two q8 terms, kcuda_matvec_set_act_terms),
+ * overlapping the first segments' copies; lanes then take integer dot products of
+ * packed weights (mxfp4: its 4-bit codes looked up as doubled E2M1 integers) and
+ * each term (dp4a) per sub-block and scale them once. The result is W times
  * the rounded activations, to f32 rounding (docs/cuda.md, "Numerics"): the same
  * weight bytes, twice the integer work. f16, bf16 and f32 weights multiply the f32
  * activations as given (read through L1).
  *
  * A lane's share of a segment is fixed per format (8 lanes per q4_K/q5_K block, 4
- * per q6_K block, one q8_0 block, strided elements); the rounded activations are
- * laid out per format (xunit) so that the lanes' 16-byte reads hit distinct banks.
+ * per q6_K block, one q8_0 or mxfp4 block, strided elements); the rounded
+ * activations are laid out per format (xunit) so that the lanes' 16-byte reads hit
+ * distinct banks.
  * A warp shuffle sums the lanes; lane 0 writes. Sums have a fixed order: the same
  * inputs give the same bits. */
 #include "kcuda_impl.cuh"
@@ -98,6 +100,8 @@ template <> struct fmt<BL_TYPE_Q4_K> { enum { BE = 256, BB = 144, G = 8, Q = 1 }
 template <> struct fmt<BL_TYPE_Q5_K> { enum { BE = 256, BB = 176, G = 8, Q = 1 }; };
 template <> struct fmt<BL_TYPE_Q6_K> { enum { BE = 256, BB = 210, G = 8, Q = 1 }; };
 template <> struct fmt<BL_TYPE_Q8_0> { enum { BE = 32, BB = 34, G = 32, Q = 1 }; };
+/* 96 blocks: a 2880-column row (gpt-oss's experts, both ways) is one group. */
+template <> struct fmt<BL_TYPE_MXFP4> { enum { BE = 32, BB = 17, G = 96, Q = 1 }; };
 template <> struct fmt<BL_TYPE_F16> { enum { BE = 1, BB = 2, G = 1024, Q = 0 }; };
 template <> struct fmt<BL_TYPE_BF16> { enum { BE = 1, BB = 2, G = 1024, Q = 0 }; };
 template <> struct fmt<BL_TYPE_F32> { enum { BE = 1, BB = 4, G = 512, Q = 0 }; };
@@ -106,6 +110,8 @@ static_assert(fmt<BL_TYPE_Q6_K>::G * fmt<BL_TYPE_Q6_K>::BB <= MV_GROUP_BYTES, "q
 static_assert(fmt<BL_TYPE_Q5_K>::G * fmt<BL_TYPE_Q5_K>::BB <= MV_GROUP_BYTES, "q5_K group");
 static_assert(fmt<BL_TYPE_Q4_K>::G * fmt<BL_TYPE_Q4_K>::BB <= MV_GROUP_BYTES, "q4_K group");
 static_assert(fmt<BL_TYPE_Q8_0>::G * fmt<BL_TYPE_Q8_0>::BB <= MV_GROUP_BYTES, "q8_0 group");
+static_assert(fmt<BL_TYPE_MXFP4>::G * fmt<BL_TYPE_MXFP4>::BB <= MV_GROUP_BYTES && fmt<BL_TYPE_MXFP4>::G % 32 == 0,
+              "mxfp4 group: whole passes of one block per lane");
 static_assert(fmt<BL_TYPE_F16>::G * fmt<BL_TYPE_F16>::BB <= MV_GROUP_BYTES, "f16 group");
 static_assert(fmt<BL_TYPE_F32>::G * fmt<BL_TYPE_F32>::BB <= MV_GROUP_BYTES, "f32 group");
 
@@ -119,8 +125,8 @@ static __device__ __forceinline__ uint4 ld_u4(const uint8_t *p)
     return *(const uint4 *)p;
 }
 
-/* Four words at any byte alignment in shared memory (q6_K's 210-byte and q8_0's
- * 34-byte blocks): five aligned reads and funnel shifts. */
+/* Four words at any byte alignment in shared memory (q6_K's 210-byte, q8_0's
+ * 34-byte and mxfp4's 17-byte blocks): five aligned reads and funnel shifts. */
 static __device__ __forceinline__ void ldw4(const uint8_t *p, uint32_t *w)
 {
     const uintptr_t a = (uintptr_t)p;
@@ -175,6 +181,35 @@ static __device__ __forceinline__ void k_scale_min_w(uint4 hd, int j, int *sc, i
     }
 }
 
+/* mxfp4's doubled E2M1 values (bl_e2m1_doubled in common/quant_iq.c) as int8, four
+ * codes a word: codes 0..3 (0 1 2 3), 4..7 (4 6 8 12), then their negatives. */
+#define MX_LO0 0x03020100u
+#define MX_LO1 0x0c080604u
+#define MX_HI0 0xfdfeff00u
+#define MX_HI1 0xf4f8fafcu
+
+/* The four int8 values of the four 4-bit codes in the low 16 bits of c (code i in
+ * bits 4i..4i+3 gives byte i): each code's low 3 bits pick from both halves of
+ * the table (__byte_perm reads 3 bits a selector), its bit 3 picks the half. */
+static __device__ __forceinline__ uint32_t mx_vals4(uint32_t c)
+{
+    const uint32_t lo = __byte_perm(MX_LO0, MX_LO1, c), hi = __byte_perm(MX_HI0, MX_HI1, c);
+    return __byte_perm(lo, hi, 0x3210u | ((c >> 1) & 0x4444u));
+}
+
+/* The doubled E2M1 value of one code, as an int (no table in memory). */
+static __device__ __forceinline__ int mx_val(int code)
+{
+    const int m = (int)((0xc8643210u >> (4 * (code & 7))) & 0xf);
+    return code & 8 ? -m : m;
+}
+
+/* An mxfp4 block's scale, bl_e8m0_to_fp32_half: 2^(e - 128), e < 2 subnormal. */
+static __device__ __forceinline__ float mx_scale(uint32_t e)
+{
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
 // --- rounded activations --------------------------------------------------------------------
 /* Where the 16-element unit u of a rounded activation row lives (in units of 16
  * bytes), per format, so that each phase of a lane's 16-byte reads covers 8
@@ -186,6 +221,8 @@ static __device__ __forceinline__ void k_scale_min_w(uint4 hd, int j, int *sc, i
  *   8h + 2k + hl goes to 4 (k ^ (super-block & 1)) + 2h + hl, so that two
  *   neighbouring super-blocks use different banks.
  * - q8_0: in each 8 blocks, first halves at 0..7, second halves at 8..15.
+ * - mxfp4: as q8_0, of the block's elements reordered as its code bytes hold them
+ *   (byte j: elements j and j + 16), 0 16 1 17 .. 15 31 (round_acts reorders).
  * Rows are padded to 256 elements, so every position is inside the row. */
 template <int T>
 static __device__ __forceinline__ int xunit(int u)
@@ -247,9 +284,18 @@ static __device__ void round_acts(const float *x, int64_t ldx, int nx, int64_t n
             sm += __shfl_xor_sync(KCUDA_FULL_MASK, sm, 1);
             sm += __shfl_xor_sync(KCUDA_FULL_MASK, sm, 2);
             const int hi = __shfl_xor_sync(KCUDA_FULL_MASK, sm, 4);
+            uint32_t wd = pk;
+            if (T == BL_TYPE_MXFP4) {
+                /* word sub of the reordered block: elements 2 sub, 16 + 2 sub, 2 sub + 1,
+                 * 17 + 2 sub, from lanes sub / 2 and 4 + sub / 2 of this quarter-warp */
+                const int src = (lane & ~7) | (sub >> 1);
+                const uint32_t a = __shfl_sync(KCUDA_FULL_MASK, pk, src);
+                const uint32_t b = __shfl_sync(KCUDA_FULL_MASK, pk, src + 4);
+                wd = __byte_perm(a, b, sub & 1 ? 0x7362u : 0x5140u);
+            }
             if (ok) {
                 const int vr = i * terms + t;
-                *(uint32_t *)(q + vr * xs + 16 * xunit<T>(2 * j + (sub >> 2)) + 4 * (sub & 3)) = pk;
+                *(uint32_t *)(q + vr * xs + 16 * xunit<T>(2 * j + (sub >> 2)) + 4 * (sub & 3)) = wd;
                 if (sub == 0) {
                     d[vr * xb + j] = dd;
                     s[vr * xb + j] = (sm & 0xffff) | (hi << 16);
@@ -416,6 +462,49 @@ static __device__ __forceinline__ void lane_dot_q8(const uint8_t *s, int nb, int
     }
 }
 
+/* mxfp4: one 17-byte block per lane, G / 32 passes. Code word i (bytes 4i..4i+3)
+ * holds elements 4i.. (low nibbles) and 4i + 16.. (high), interleaved as the
+ * rounded activations are (xunit), so its low and high 16 bits give the values of
+ * activation words 2i and 2i + 1 as they are. Doubled values times the halved
+ * scale, as bl_dequantize_row_mxfp4_ref. */
+template <int NX>
+static __device__ __forceinline__ void lane_dot_mx(const uint8_t *s, int nb, int lane, const mv_x_t &xv,
+                                                   int xr0, int nxr, int64_t e0, float *part)
+{
+    typedef fmt<BL_TYPE_MXFP4> F;
+    const int xb = xv.xs >> 5;
+#pragma unroll
+    for (int pass = 0; pass < F::G / 32; pass++) {
+        const int blk = pass * 32 + lane;
+        if (blk >= nb)
+            break;
+        const uint8_t *b = s + blk * F::BB;
+        uint32_t c[4], w[8];
+        ldw4(b + 1, c);
+        const float d = mx_scale(b[0]);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            w[2 * i] = mx_vals4(c[i]);
+            w[2 * i + 1] = mx_vals4(c[i] >> 16);
+        }
+        const int bi = (int)(e0 >> 5) + blk, u0 = (bi >> 3) * 16 + (bi & 7);
+#pragma unroll
+        for (int r = 0; r < NX; r++) {
+            if (r >= nxr)
+                break;
+#pragma unroll
+            for (int t = 0; t < 2; t++) {
+                if (t >= xv.terms)
+                    break;
+                const int xr = (xr0 + r) * xv.terms + t;
+                const uint8_t *xq = xv.q + xr * xv.xs;
+                const int is = dot4x4(w + 4, ld_u4(xq + 16 * (u0 + 8)), dot4x4(w, ld_u4(xq + 16 * u0), 0));
+                part[r] += d * xv.d[xr * xb + bi] * (float)is;
+            }
+        }
+    }
+}
+
 /* f16, bf16, f32: lane-strided elements (conflict-free shared-memory reads,
  * coalesced activation reads); any row length. */
 template <int T>
@@ -438,6 +527,8 @@ static __device__ __forceinline__ void lane_dot(const uint8_t *s, int nb, int la
         lane_dot_q6<NX>(s, nb, lane, xv, xr0, nxr, e0, part);
     } else if (T == BL_TYPE_Q8_0) {
         lane_dot_q8<NX>(s, nb, lane, xv, xr0, nxr, e0, part);
+    } else if (T == BL_TYPE_MXFP4) {
+        lane_dot_mx<NX>(s, nb, lane, xv, xr0, nxr, e0, part);
     } else {
         for (int e = lane; e < nb; e += 32) {
             const float w = plain_elem<T>(s, e);
@@ -934,6 +1025,17 @@ __device__ void deq_unit<BL_TYPE_Q8_0>(const uint8_t *b, int u, float *out)
         out[l] = (float)(int8_t)b[2 + l] * d;
 }
 
+template <>
+__device__ void deq_unit<BL_TYPE_MXFP4>(const uint8_t *b, int u, float *out)
+{
+    (void)u; /* one unit per block */
+    const float d = mx_scale(b[0]);
+    for (int l = 0; l < 16; l++) {
+        out[l] = (float)mx_val(b[1 + l] & 0xf) * d;
+        out[l + 16] = (float)mx_val(b[1 + l] >> 4) * d;
+    }
+}
+
 /* grid (1, n): one block per gathered row; threads take 32-element units. */
 template <int T>
 __global__ void get_rows_q_kernel(const uint8_t *table, size_t row_bytes, int64_t nrows,
@@ -1158,6 +1260,7 @@ static int mv_launch(const kcuda_mat_t *w, mv_args_t *a, unsigned slots, int nx,
     case BL_TYPE_Q5_K: return MV_GO(BL_TYPE_Q5_K);
     case BL_TYPE_Q6_K: return MV_GO(BL_TYPE_Q6_K);
     case BL_TYPE_Q8_0: return MV_GO(BL_TYPE_Q8_0);
+    case BL_TYPE_MXFP4: return MV_GO(BL_TYPE_MXFP4);
     case BL_TYPE_F16: return MV_GO(BL_TYPE_F16);
     case BL_TYPE_BF16: return MV_GO(BL_TYPE_BF16);
     case BL_TYPE_F32: return MV_GO(BL_TYPE_F32);
@@ -1500,6 +1603,7 @@ int kcuda_get_rows(const kcuda_mat_t *t, const int32_t *d_ids, int64_t n, float 
     case BL_TYPE_Q5_K: GR(get_rows_q_kernel, BL_TYPE_Q5_K); break;
     case BL_TYPE_Q6_K: GR(get_rows_q_kernel, BL_TYPE_Q6_K); break;
     case BL_TYPE_Q8_0: GR(get_rows_q_kernel, BL_TYPE_Q8_0); break;
+    case BL_TYPE_MXFP4: GR(get_rows_q_kernel, BL_TYPE_MXFP4); break;
     case BL_TYPE_F16: GR(get_rows_plain_kernel, BL_TYPE_F16); break;
     case BL_TYPE_BF16: GR(get_rows_plain_kernel, BL_TYPE_BF16); break;
     case BL_TYPE_F32: GR(get_rows_plain_kernel, BL_TYPE_F32); break;

@@ -180,7 +180,7 @@ static inline void act_q8_round(const float *x, float *xh, float *d2, int64_t n)
 static inline int act_rounded(uint32_t type)
 {
     return type == BL_TYPE_Q4_K || type == BL_TYPE_Q5_K || type == BL_TYPE_Q6_K ||
-           type == BL_TYPE_Q8_0;
+           type == BL_TYPE_Q8_0 || type == BL_TYPE_MXFP4;
 }
 
 /* Compares got (rows, cols; got row i at got + i * ldg) with ref (rows, cols,

@@ -428,6 +428,135 @@ static void case_attention_qkv(rng_t *r, int64_t n, const int32_t *pos, int64_t 
     case_attention_qkv_part(r, n, pos, n_head, n_kv, hd, max_len, 0, 1);
 }
 
+/* deepseek2's latent attention pieces (mla.cu): kcuda_mla_attention against
+ * kcpu_attention with one cache head of kv_lora + n_rot dims whose rows are also the
+ * values (the CPU's cpu_mla), through the decode rows table and the prompt form;
+ * kcuda_matvec_heads against a double product of the f16 weights; kcuda_rope_norm
+ * against kcpu_rope_norm with a YaRN table. */
+static void case_mla(rng_t *r, int64_t n, int64_t pos0, int64_t H, int64_t R, int64_t nr)
+{
+    bl_err_t err = {0};
+    const int64_t D = R + nr, len = pos0 + n;
+    const size_t rb = (size_t)D * 2 + 32;
+    const float scale = 0.07f;
+    float *cf = xmalloc(sizeof(float) * (size_t)(len * D));
+    rand_fill(r, cf, len * D, 1.0f);
+    uint8_t *hc = xmalloc(rb * (size_t)len);
+    memset(hc, 0, rb * (size_t)len);
+    const kcpu_kv_view_t hv = {.k = hc, .v = hc, .type = BL_TYPE_F16, .row_bytes = rb};
+    kcpu_kv_store(&hv, 0, cf, 0, len, D);
+    float *q = xmalloc(sizeof(float) * (size_t)(n * H * D));
+    rand_fill(r, q, n * H * D, 1.0f);
+    kcpu_ctx_t *c = NULL;
+    const kcpu_limits_t lim = {.max_cols = D, .max_batch = n, .max_ctx = len, .head_dim = D};
+    if (kcpu_ctx_create(&c, 1, KCPU_PRECISE, &lim, &err) < 0)
+        bail("kcpu_ctx_create", &err);
+    float *want = xmalloc(sizeof(float) * (size_t)(n * H * D));
+    kcpu_attention(c, &hv, q, want, n, pos0, H, 1, D, scale);
+    kcpu_ctx_destroy(c);
+    /* the card: q split as the model has it, the latent part (n, H, R) and the rotated
+     * part inside rows of H heads of nr + 8 (strided) */
+    float *ql = xmalloc(sizeof(float) * (size_t)(n * H * R)), *qp = xmalloc(sizeof(float) * (size_t)(n * H * (nr + 8)));
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t h = 0; h < H; h++) {
+            memcpy(ql + (b * H + h) * R, q + (b * H + h) * D, sizeof(float) * (size_t)R);
+            memcpy(qp + (b * H + h) * (nr + 8) + 8, q + (b * H + h) * D + R, sizeof(float) * (size_t)nr);
+        }
+    uint8_t *dc = d_upload(hc, rb * (size_t)len);
+    float *dql = d_upload(ql, sizeof(float) * (size_t)(n * H * R));
+    float *dqp = d_upload(qp, sizeof(float) * (size_t)(n * H * (nr + 8)));
+    float *dout = d_poison(sizeof(float) * (size_t)(n * H * R)), *got = xmalloc(sizeof(float) * (size_t)(n * H * R));
+    double *ref = xmalloc(sizeof(double) * (size_t)(n * H * R));
+    for (int64_t i = 0; i < n * H; i++)
+        for (int64_t d = 0; d < R; d++)
+            ref[i * R + d] = want[i * D + d];
+    int ok = kcuda_mla_attention(dc, NULL, 0, rb, pos0, dql, H * R, R, dqp + 8, H * (nr + 8), nr + 8, n, H, R, nr,
+                                 scale, dout, H * R, R, NULL, &err) == 0 &&
+             d_fetch(got, dout, sizeof(float) * (size_t)(n * H * R), &err) == 0;
+    if (!ok)
+        printf("#   %s\n", err.msg);
+    else
+        ok = check_close(got, H * R, ref, n, H * R, 2e-5, 1e-4);
+    tap_ok(ok, "mla_attention (prompt form): %lld rows at %lld, %lld heads, %lld + %lld dims", (long long)n,
+           (long long)pos0, (long long)H, (long long)R, (long long)nr);
+    /* the rows table: each row's own position, the cache in layer 1 of two */
+    kcuda_kv_row_t rows[64];
+    uint8_t *dc2 = d_poison(2 * rb * (size_t)len);
+    ok = n <= 64 && kcuda_upload(dc2 + rb * (size_t)len, hc, rb * (size_t)len, NULL, &err) == 0;
+    for (int64_t b = 0; ok && b < n; b++)
+        rows[b] = (kcuda_kv_row_t){.k = (uint64_t)(uintptr_t)dc2, .layer_bytes = rb * (size_t)len, .v_bytes = 0,
+                                   .pos = (int32_t)(pos0 + b)};
+    kcuda_kv_row_t *drows = ok ? d_upload(rows, sizeof(kcuda_kv_row_t) * (size_t)n) : NULL;
+    ok = ok && kcuda_mla_attention(NULL, drows, 1, rb, 0, dql, H * R, R, dqp + 8, H * (nr + 8), nr + 8, n, H, R, nr,
+                                   scale, dout, H * R, R, NULL, &err) == 0 &&
+         d_fetch(got, dout, sizeof(float) * (size_t)(n * H * R), &err) == 0;
+    if (!ok)
+        printf("#   %s\n", err.msg);
+    else
+        ok = check_close(got, H * R, ref, n, H * R, 2e-5, 1e-4);
+    tap_ok(ok, "mla_attention (rows table): %lld rows at %lld, %lld heads", (long long)n, (long long)pos0, (long long)H);
+
+    /* per-head products: W (H R, 32) f16 times x (n, H, 32) strided */
+    const int64_t C = 40, xr = H * C + 3;
+    uint16_t *w16 = xmalloc(sizeof(uint16_t) * (size_t)(H * R * C));
+    float *x = xmalloc(sizeof(float) * (size_t)(n * xr)), *y = xmalloc(sizeof(float) * (size_t)(n * H * R));
+    for (int64_t i = 0; i < H * R * C; i++)
+        w16[i] = bl_fp32_to_fp16(rng_f(r, -1.0f, 1.0f));
+    rand_fill(r, x, n * xr, 1.0f);
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t o = 0; o < R; o++) {
+                double a = 0;
+                for (int64_t k = 0; k < C; k++)
+                    a += (double)bl_fp16_to_fp32(w16[(h * R + o) * C + k]) * (double)x[b * xr + h * C + k];
+                ref[(b * H + h) * R + o] = a;
+            }
+    void *dw = d_upload(w16, sizeof(uint16_t) * (size_t)(H * R * C));
+    float *dx = d_upload(x, sizeof(float) * (size_t)(n * xr));
+    ok = kcuda_matvec_heads(dw, H, R, C, dx, xr, C, n, dout, H * R, R, NULL, &err) == 0 &&
+         d_fetch(y, dout, sizeof(float) * (size_t)(n * H * R), &err) == 0;
+    if (!ok)
+        printf("#   %s\n", err.msg);
+    else
+        ok = check_close(y, H * R, ref, n, H * R, 1e-5, 1e-5);
+    tap_ok(ok, "matvec_heads: %lld rows, %lld heads of %lld x %lld", (long long)n, (long long)H, (long long)R,
+           (long long)C);
+
+    /* NORM RoPE with YaRN, heads strided inside rows */
+    const kcpu_rope_t yr = {.n_rot = nr, .base = 10000.0f, .freq_scale = 0.025f, .ext_factor = 1.0f,
+                            .corr_lo = 3.0f, .corr_hi = 11.0f, .mscale = 1.2f};
+    const kcuda_rope_t cyr = {(int)nr, 10000.0f, 0.025f, 1.0f, 3.0f, 11.0f, 1.2f};
+    int32_t *pos = xmalloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t b = 0; b < n; b++)
+        pos[b] = (int32_t)(pos0 + 1000 * b);
+    /* rows of H heads of nr + 8, the rotated dims 5.. of each head */
+    const int64_t hs = nr + 8, rs = H * hs + 3;
+    float *cs = xmalloc(sizeof(float) * (size_t)(n * nr)), *xa = xmalloc(sizeof(float) * (size_t)(n * rs));
+    float *xb = xmalloc(sizeof(float) * (size_t)(n * rs));
+    rand_fill(r, xa, n * rs, 1.0f);
+    memcpy(xb, xa, sizeof(float) * (size_t)(n * rs));
+    kcpu_rope_table(cs, pos, n, &yr);
+    kcpu_rope_norm(xb + 5, cs, n, H, rs, hs, nr);
+    int32_t *dpos = d_upload(pos, sizeof(int32_t) * (size_t)n);
+    float *dxa = d_upload(xa, sizeof(float) * (size_t)(n * rs));
+    ok = kcuda_rope_norm(dxa + 5, dpos, n, H, rs, hs, &cyr, NULL, &err) == 0 &&
+         d_fetch(xa, dxa, sizeof(float) * (size_t)(n * rs), &err) == 0;
+    if (!ok)
+        printf("#   %s\n", err.msg);
+    else {
+        double *rr = xmalloc(sizeof(double) * (size_t)(n * rs));
+        for (int64_t i = 0; i < n * rs; i++)
+            rr[i] = xb[i];
+        ok = check_close(xa, rs, rr, n, rs, 2e-6, 2e-6);
+        free(rr);
+    }
+    tap_ok(ok, "rope_norm with YaRN: %lld rows, %lld heads, %lld rotated", (long long)n, (long long)H, (long long)nr);
+    kcuda_free(dc); kcuda_free(dc2); kcuda_free(dql); kcuda_free(dqp); kcuda_free(dout); kcuda_free(drows);
+    kcuda_free(dw); kcuda_free(dx); kcuda_free(dpos); kcuda_free(dxa);
+    free(cf); free(hc); free(q); free(want); free(ql); free(qp); free(got); free(ref); free(w16); free(x); free(y);
+    free(pos); free(cs); free(xa); free(xb);
+}
+
 int main(void)
 {
     gpu_test_init("test_kcuda_attention");
@@ -469,6 +598,9 @@ int main(void)
     case_attention_ext(&r, 70, 200, 8, 1, 64, 128, 1);   /* a prompt: two flash tiles */
     case_attention_ext(&r, 5, 60, 8, 2, 128, 16, 1);     /* windows shorter than the rows' spread */
     case_attention_ext(&r, 3, 3000, 8, 1, 64, 128, 1);  /* chunks of 64 */
+    case_mla(&r, 3, 40, 8, 64, 32);
+    case_mla(&r, 5, 700, 16, 512, 64);  /* DeepSeek-V3's latent and rotated widths */
+    case_mla(&r, 40, 0, 4, 64, 32);     /* a prompt from position 0 */
     const int64_t p1[1] = {0}, p3[3] = {5, 200, 129}, p5[5] = {127, 1, 1013, 300, 40};
     case_rows(&r, 1, p1, 8, 2, 128, 256);
     case_rows(&r, 3, p3, 32, 4, 128, 256);      /* a grid larger than two rows need */

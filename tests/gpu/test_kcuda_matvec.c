@@ -3,7 +3,7 @@
  * dequantized by common/quant.c's reference, dotted in double), on fresh random
  * weights and activations, with row counts that are not a multiple of the block's
  * rows, row lengths that end in a partial group and rows whose start is not
- * 16-byte aligned (q6_K, q8_0). TAP output; the seed is printed.
+ * 16-byte aligned (q6_K, q8_0, mxfp4). TAP output; the seed is printed.
  *
  * The block formats multiply activations rounded to two q8 terms per 32 elements
  * (the value and its residual; act_q8_round in gpu_test.h): their reference is the
@@ -28,6 +28,21 @@ typedef struct wmat {
     float *deq;  /* (nrows, ncols) reference values */
 } wmat_t;
 
+/* An mxfp4 row of random bytes: every code (-0 too, which the quantizer never
+ * writes) and exponents 119..126 (halved scales 2^-9 .. 2^-2: values up to 3, of
+ * the size the quantized rows have, so the tolerances fit both). */
+static void rand_mxfp4_row(rng_t *r, uint8_t *q, int64_t ncols)
+{
+    for (int64_t b = 0; b < ncols / 32; b++) {
+        uint8_t *blk = q + 17 * b;
+        blk[0] = (uint8_t)(119 + rng_next(r) % 8);
+        for (int j = 1; j < 17; j++)
+            blk[j] = (uint8_t)rng_next(r);
+    }
+}
+
+/* Random rows quantized by the reference; for mxfp4 every other row is random
+ * bytes instead (rand_mxfp4_row). */
 static void make_mat(rng_t *r, wmat_t *w, uint32_t type, int64_t ncols, int64_t nrows)
 {
     bl_err_t err = {0};
@@ -40,10 +55,14 @@ static void make_mat(rng_t *r, wmat_t *w, uint32_t type, int64_t ncols, int64_t 
     w->deq = xmalloc(sizeof(float) * (size_t)(ncols * nrows));
     float *src = xmalloc(sizeof(float) * (size_t)ncols);
     for (int64_t i = 0; i < nrows; i++) {
+        uint8_t *qr = q + w->row_bytes * (size_t)i;
         rand_fill(r, src, ncols, 1.0f);
-        if (bl_quantize_row_ref(type, src, q + w->row_bytes * (size_t)i, ncols) != 0 ||
-            bl_dequantize_row_ref(type, q + w->row_bytes * (size_t)i, w->deq + i * ncols, ncols) != 0)
+        if (type == BL_TYPE_MXFP4 && i % 2 == 1)
+            rand_mxfp4_row(r, qr, ncols);
+        else if (bl_quantize_row_ref(type, src, qr, ncols) != 0)
             bail("reference quantizer", NULL);
+        if (bl_dequantize_row_ref(type, qr, w->deq + i * ncols, ncols) != 0)
+            bail("reference dequantizer", NULL);
     }
     w->d = d_upload(q, w->row_bytes * (size_t)nrows);
     free(src);
@@ -550,6 +569,11 @@ static void bench_all(void)
     bench_matvec(BL_TYPE_Q4_K, 2048, 4096, 1);
     bench_matvec(BL_TYPE_Q6_K, 2048, 151936, 1);
     bench_experts(BL_TYPE_Q4_K, BL_TYPE_Q6_K, 128, 2048, 768, 8);
+    /* mxfp4: a plain product, and a gpt-oss-20b-class layer's experts (E = F = 2880,
+     * top 4 of 32) */
+    for (int i = 0; i < 4; i++)
+        bench_matvec(BL_TYPE_MXFP4, 4096, 32768, ns[i]);
+    bench_experts(BL_TYPE_MXFP4, BL_TYPE_MXFP4, 32, 2880, 2880, 4);
     /* what the second activation term costs: the same lines with one term */
     const int old = kcuda_matvec_set_act_terms(1);
     printf("# bench | one q8 activation term from here\n");
@@ -587,6 +611,14 @@ int main(void)
     case_matvec(&r, BL_TYPE_Q8_0, 1056, 66, 1, 1, 0);
     case_matvec(&r, BL_TYPE_Q8_0, 2048, 9, KCUDA_MV_MAX_ROWS, 0, 0);
     case_matvec(&r, BL_TYPE_Q8_0, 1056, 13, 3, 0, 1);
+    /* mxfp4: 1 block, 3 blocks (51-byte rows: unaligned starts), 97 blocks (a group of
+     * 96 and 1), gpt-oss's 2880 (90 blocks: one group, a partial third pass), the pair. */
+    case_matvec(&r, BL_TYPE_MXFP4, 32, 3, 1, 0, 0);
+    case_matvec(&r, BL_TYPE_MXFP4, 96, 41, 4, 0, 0);
+    case_matvec(&r, BL_TYPE_MXFP4, 3104, 66, 1, 1, 0);
+    case_matvec(&r, BL_TYPE_MXFP4, 2880, 9, KCUDA_MV_MAX_ROWS, 0, 0);
+    case_matvec(&r, BL_TYPE_MXFP4, 1056, 13, 3, 0, 1);
+    case_matvec(&r, BL_TYPE_MXFP4, 2880, 35, 2, 0, 1);
     /* f16, bf16, f32: odd lengths (rows of any alignment), a group plus a tail. */
     const uint32_t fl[] = {BL_TYPE_F16, BL_TYPE_BF16, BL_TYPE_F32};
     for (int t = 0; t < 3; t++) {
@@ -602,6 +634,7 @@ int main(void)
     case_matvec(&r, BL_TYPE_Q5_K, 256, 7003, 3, 1, 0);
     case_matvec(&r, BL_TYPE_Q6_K, 768, 6007, 2, 0, 0);
     case_matvec(&r, BL_TYPE_Q8_0, 96, 12001, 1, 0, 0);
+    case_matvec(&r, BL_TYPE_MXFP4, 160, 10007, 2, 0, 0);
     case_matvec(&r, BL_TYPE_F16, 99, 8001, 1, 0, 0);
     case_matvec(&r, BL_TYPE_Q4_K, 256, 5001, 1, 0, 1);
     /* Long rows: rounded activations past 48 KB of shared memory (8 rows of 12288),
@@ -609,6 +642,7 @@ int main(void)
     case_matvec(&r, BL_TYPE_Q4_K, 12288, 67, KCUDA_MV_MAX_ROWS, 0, 0);
     case_matvec(&r, BL_TYPE_Q8_0, 25600, 19, KCUDA_MV_MAX_ROWS, 1, 0);
     case_matvec(&r, BL_TYPE_Q6_K, 25600, 11, 5, 0, 0);
+    case_matvec(&r, BL_TYPE_MXFP4, 25600, 13, KCUDA_MV_MAX_ROWS, 0, 0);
     /* The largest decode shapes of a 30B-A3B-class model: q (4096 x 2048), o (2048 x
      * 4096), the router (128 x 2048, f32). */
     if (!g_small) {
@@ -616,6 +650,7 @@ int main(void)
         case_matvec(&r, BL_TYPE_Q6_K, 4096, 2048, 1, 1, 0);
         case_matvec(&r, BL_TYPE_Q8_0, 2048, 4096, 2, 0, 0);
         case_matvec(&r, BL_TYPE_F32, 2048, 128, 1, 0, 0);
+        case_matvec(&r, BL_TYPE_MXFP4, 2880, 4096, 1, 0, 0); /* gpt-oss's q shape (64 heads of 64) */
     }
 
     /* One q8 term (the kernels' option), its reference rounded the same way. */
@@ -625,6 +660,8 @@ int main(void)
         case_matvec(&r, BL_TYPE_Q5_K, 768, 37, 1, 0, 1);
         case_matvec(&r, BL_TYPE_Q6_K, 768, 37, KCUDA_MV_MAX_ROWS, 0, 0);
         case_matvec(&r, BL_TYPE_Q8_0, 1056, 66, 2, 0, 0);
+        case_matvec(&r, BL_TYPE_MXFP4, 2880, 66, 3, 1, 0);
+        case_matvec(&r, BL_TYPE_MXFP4, 1056, 21, 1, 0, 1);
         kcuda_matvec_set_act_terms(old);
     }
     /* q, k and v in one launch; the small f32/f16/bf16 path (few rows, ncols a
@@ -632,12 +669,14 @@ int main(void)
     case_split(&r, BL_TYPE_Q4_K, 512, 64, 16, 32, 1);
     case_split(&r, BL_TYPE_Q6_K, 768, 48, 16, 16, 3);
     case_split(&r, BL_TYPE_Q8_0, 96, 16, 32, 48, KCUDA_MV_MAX_ROWS);
+    case_split(&r, BL_TYPE_MXFP4, 96, 16, 32, 48, 3);
     case_split(&r, BL_TYPE_Q5_K, 2048, 4096 / 8, 512 / 8, 512 / 8, 2);
     case_split2(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 2048, 4096, 512, 512, 1); /* Qwen3-30B-A3B's attention */
     case_split2(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 512, 128, 64, 77, 3);
     case_split2(&r, BL_TYPE_Q5_K, BL_TYPE_Q8_0, 1024, 256, 96, 131, KCUDA_MV_MAX_ROWS);
     case_split2(&r, BL_TYPE_Q4_K, BL_TYPE_Q5_K, 256, 32, 32, 40, 2);
     case_split2(&r, BL_TYPE_Q8_0, BL_TYPE_Q4_K, 256, 64, 32, 16, 1); /* not a known pair: two launches */
+    case_split2(&r, BL_TYPE_MXFP4, BL_TYPE_MXFP4, 2880, 64, 16, 16, 2); /* two launches too */
     case_matvec(&r, BL_TYPE_F32, 2048, 128, 1, 0, 0);
     case_matvec(&r, BL_TYPE_F32, 516, 61, 3, 1, 0);
     case_matvec(&r, BL_TYPE_F16, 1024, 130, KCUDA_MV_MAX_ROWS, 1, 0);
@@ -646,9 +685,10 @@ int main(void)
     case_terms(&r, BL_TYPE_Q5_K, 4096, 256, 2);
     case_terms(&r, BL_TYPE_Q6_K, 768, 512, KCUDA_MV_MAX_ROWS);
     case_terms(&r, BL_TYPE_Q8_0, 1056, 300, 3);
-    const uint32_t all[] = {BL_TYPE_Q4_K, BL_TYPE_Q5_K, BL_TYPE_Q6_K, BL_TYPE_Q8_0,
+    case_terms(&r, BL_TYPE_MXFP4, 2880, 300, 2);
+    const uint32_t all[] = {BL_TYPE_Q4_K, BL_TYPE_Q5_K, BL_TYPE_Q6_K, BL_TYPE_Q8_0, BL_TYPE_MXFP4,
                             BL_TYPE_F16, BL_TYPE_BF16, BL_TYPE_F32};
-    for (int t = 0; t < 7; t++) {
+    for (size_t t = 0; t < sizeof all / sizeof all[0]; t++) {
         const int64_t cols = bl_type_info(all[t])->block_elems == 1 ? 77 : 512;
         case_get_rows(&r, all[t], cols, 50, 6);
     }

@@ -535,6 +535,10 @@ int main(void)
     case_experts(&r, BL_TYPE_Q8_0, BL_TYPE_Q4_K, 4, 64, 256, 2, 4);
     case_experts(&r, BL_TYPE_F16, BL_TYPE_BF16, 3, 40, 24, 2, 2);
     case_experts(&r, BL_TYPE_Q6_K, BL_TYPE_Q5_K, 7, 768, 512, 1, 7);
+    /* mxfp4 (gpt-oss's experts): a small odd shape, and 2880-column rows both ways */
+    case_experts(&r, BL_TYPE_MXFP4, BL_TYPE_MXFP4, 5, 96, 160, 3, 2);
+    if (!g_small)
+        case_experts(&r, BL_TYPE_MXFP4, BL_TYPE_MXFP4, 6, 2880, 2880, 2, 4);
     if (!g_small)
         case_experts(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 9, 2048, 768, 1, 8);
 
@@ -544,5 +548,6 @@ int main(void)
     case_routed(&r, BL_TYPE_Q8_0, 9, 64, 40, 2, 4, 1);
     case_routed(&r, BL_TYPE_Q6_K, 60, 256, 32, 4, 1, 0);
     case_routed(&r, BL_TYPE_F16, 200, 32, 16, 2, 6, 1);
+    case_routed(&r, BL_TYPE_MXFP4, 32, 2880, 64, 2, 4, 1);
     return tap_done();
 }
