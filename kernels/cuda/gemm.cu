@@ -31,20 +31,6 @@ static __device__ __forceinline__ float ld_half(const uint8_t *p)
     return kc_half((uint16_t)(p[0] | p[1] << 8));
 }
 
-/* mxfp4: the doubled E2M1 value of a 4-bit code (bl_e2m1_doubled: magnitudes 0 1 2
- * 3 4 6 8 12 by the low 3 bits, bit 3 the sign), and a block's halved scale
- * bl_e8m0_to_fp32_half, 2^(e - 128) (e < 2: subnormal). */
-static __device__ __forceinline__ int mx_val(int code)
-{
-    const int m = (int)((0xc8643210u >> (4 * (code & 7))) & 0xf);
-    return code & 8 ? -m : m;
-}
-
-static __device__ __forceinline__ float mx_scale(uint32_t e)
-{
-    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
-}
-
 /* Elements k0 .. k0+7 (k0 a multiple of 8) of one row, in f32, exactly as the
  * reference dequantizers compute them. */
 static __device__ __forceinline__ void deq8(const uint8_t *row, uint32_t type, int64_t k0, float v[8])
@@ -79,11 +65,11 @@ static __device__ __forceinline__ void deq8(const uint8_t *row, uint32_t type, i
     case BL_TYPE_MXFP4: {
         /* byte j of the codes: element j (low nibble) and j + 16 (high) */
         const uint8_t *b = row + 17 * (k0 / 32);
-        const float d = mx_scale(b[0]);
+        const float d = kc_mx_scale(b[0]);
         const int l = (int)(k0 % 32), shift = l < 16 ? 0 : 4;
         const uint8_t *qs = b + 1 + (l & 15);
         for (int i = 0; i < 8; i++)
-            v[i] = (float)mx_val((qs[i] >> shift) & 0xf) * d;
+            v[i] = (float)kc_mx_val((qs[i] >> shift) & 0xf) * d;
         break;
     }
     case BL_TYPE_Q4_K:

@@ -125,6 +125,20 @@ static __device__ __forceinline__ void kc_head_norm_rope(float *y, const float *
     }
 }
 
+/* mxfp4: the doubled E2M1 value of a 4-bit code (bl_e2m1_doubled: magnitudes 0 1 2
+ * 3 4 6 8 12 by the low 3 bits, bit 3 the sign), and a block's halved scale
+ * bl_e8m0_to_fp32_half, 2^(e - 128) (e < 2: subnormal). */
+static __device__ __forceinline__ int kc_mx_val(int code)
+{
+    const int m = (int)((0xc8643210u >> (4 * (code & 7))) & 0xf);
+    return code & 8 ? -m : m;
+}
+
+static __device__ __forceinline__ float kc_mx_scale(uint32_t e)
+{
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
 static inline int64_t kc_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* RMSNorm of one row by a whole block of KC_NORM_BLOCK threads: yr = xr * s * g with

@@ -197,19 +197,6 @@ static __device__ __forceinline__ uint32_t mx_vals4(uint32_t c)
     return __byte_perm(lo, hi, 0x3210u | ((c >> 1) & 0x4444u));
 }
 
-/* The doubled E2M1 value of one code, as an int (no table in memory). */
-static __device__ __forceinline__ int mx_val(int code)
-{
-    const int m = (int)((0xc8643210u >> (4 * (code & 7))) & 0xf);
-    return code & 8 ? -m : m;
-}
-
-/* An mxfp4 block's scale, bl_e8m0_to_fp32_half: 2^(e - 128), e < 2 subnormal. */
-static __device__ __forceinline__ float mx_scale(uint32_t e)
-{
-    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
-}
-
 // --- rounded activations --------------------------------------------------------------------
 /* Where the 16-element unit u of a rounded activation row lives (in units of 16
  * bytes), per format, so that each phase of a lane's 16-byte reads covers 8
@@ -481,7 +468,7 @@ static __device__ __forceinline__ void lane_dot_mx(const uint8_t *s, int nb, int
         const uint8_t *b = s + blk * F::BB;
         uint32_t c[4], w[8];
         ldw4(b + 1, c);
-        const float d = mx_scale(b[0]);
+        const float d = kc_mx_scale(b[0]);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             w[2 * i] = mx_vals4(c[i]);
@@ -1029,10 +1016,10 @@ template <>
 __device__ void deq_unit<BL_TYPE_MXFP4>(const uint8_t *b, int u, float *out)
 {
     (void)u; /* one unit per block */
-    const float d = mx_scale(b[0]);
+    const float d = kc_mx_scale(b[0]);
     for (int l = 0; l < 16; l++) {
-        out[l] = (float)mx_val(b[1 + l] & 0xf) * d;
-        out[l + 16] = (float)mx_val(b[1 + l] >> 4) * d;
+        out[l] = (float)kc_mx_val(b[1 + l] & 0xf) * d;
+        out[l + 16] = (float)kc_mx_val(b[1 + l] >> 4) * d;
     }
 }
 

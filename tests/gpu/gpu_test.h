@@ -177,6 +177,19 @@ static inline void act_q8_round(const float *x, float *xh, float *d2, int64_t n)
 
 /* Whether the CUDA products round activations for this weight type (the block
  * formats do; f16, bf16 and f32 multiply the f32 activations as given). */
+/* An mxfp4 row of random bytes: every code (-0 too, which the quantizer never
+ * writes) and exponents 119..126 (halved scales 2^-9 .. 2^-2: values up to 3, f16
+ * normals all). */
+static inline void rand_mxfp4_row(rng_t *r, uint8_t *q, int64_t ncols)
+{
+    for (int64_t b = 0; b < ncols / 32; b++) {
+        uint8_t *blk = q + 17 * b;
+        blk[0] = (uint8_t)(119 + rng_next(r) % 8);
+        for (int j = 1; j < 17; j++)
+            blk[j] = (uint8_t)rng_next(r);
+    }
+}
+
 static inline int act_rounded(uint32_t type)
 {
     return type == BL_TYPE_Q4_K || type == BL_TYPE_Q5_K || type == BL_TYPE_Q6_K ||

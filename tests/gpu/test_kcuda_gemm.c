@@ -20,19 +20,6 @@ typedef struct wmat {
     float *deq; /* (rows, ncols) the reference dequantization */
 } wmat_t;
 
-/* An mxfp4 row of random bytes: every code (-0 too, which the quantizer never
- * writes) and exponents 119..126 (halved scales 2^-9 .. 2^-2: values up to 3, f16
- * normals all). */
-static void rand_mxfp4_row(rng_t *r, uint8_t *q, int64_t ncols)
-{
-    for (int64_t b = 0; b < ncols / 32; b++) {
-        uint8_t *blk = q + 17 * b;
-        blk[0] = (uint8_t)(119 + rng_next(r) % 8);
-        for (int j = 1; j < 17; j++)
-            blk[j] = (uint8_t)rng_next(r);
-    }
-}
-
 /* Random rows quantized by the reference; for mxfp4 every other row is random
  * bytes instead (rand_mxfp4_row). */
 static void make_w(rng_t *r, wmat_t *w, uint32_t type, int64_t ncols, int64_t rows)
