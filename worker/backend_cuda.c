@@ -554,10 +554,11 @@ static size_t dense_ff(const wk_config_t *c)
     return (size_t)(d > c->n_ff_shexp ? d : c->n_ff_shexp);
 }
 
-/* A layer's RoPE and attention extras as the card's kernels take them. */
-static kcuda_rope_t rope_of(const wk_config_t *c, const wk_attn_t *a)
+/* A RoPE over n_rot dims with the model's scaling, and a layer's attention extras, as
+ * the card's kernels take them. */
+static kcuda_rope_t rope_of(const wk_config_t *c, int64_t n_rot, float base)
 {
-    return (kcuda_rope_t){.n_rot = (int)a->n_rot, .base = a->rope_base, .freq_scale = c->rope_freq_scale,
+    return (kcuda_rope_t){.n_rot = (int)n_rot, .base = base, .freq_scale = c->rope_freq_scale,
                           .ext_factor = c->rope_ext_factor, .corr_lo = c->rope_corr_lo, .corr_hi = c->rope_corr_hi,
                           .mscale = c->rope_mscale};
 }
@@ -1462,7 +1463,7 @@ static int cu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *q
     const int64_t n = st->n, hd = a->head_dim;
     const int64_t nq = a->n_head * hd, nkv = a->n_head_kv * hd;
     void *s = cu->stream;
-    const kcuda_rope_t rope = rope_of(cu->c, a);
+    const kcuda_rope_t rope = rope_of(cu->c, a->n_rot, a->rope_base);
     const kcuda_att_ext_t ext = att_ext_of(a);
     if (cu->mode == MODE_DECODE) {
         OP("attention", kcuda_attention_rows_qkv(cu->d_rows, l - cu->lb, cu->kv_row_bytes, q, k, v, a->q_norm,
@@ -1507,9 +1508,7 @@ static int cu_mla(wk_backend_t *b, int64_t l, const wk_mla_t *a, float *q, float
     const int64_t n = st->n, H = a->n_head, r = a->kv_lora, D = r + a->n_rot, hk = a->head_k, hv = a->head_v;
     const int64_t nope = hk - a->n_rot, li = l - cu->lb;
     void *s = cu->stream;
-    const kcuda_rope_t rope = {.n_rot = (int)a->n_rot, .base = cu->c->rope_base, .freq_scale = cu->c->rope_freq_scale,
-                               .ext_factor = cu->c->rope_ext_factor, .corr_lo = cu->c->rope_corr_lo,
-                               .corr_hi = cu->c->rope_corr_hi, .mscale = cu->c->rope_mscale};
+    const kcuda_rope_t rope = rope_of(cu->c, a->n_rot, cu->c->rope_base);
     OP("attn_kv_a_norm", kcuda_rms_norm(c, c, a->kv_norm, n, r, D, a->eps, s, err));
     OP("attn_rope", kcuda_rope_norm(q + nope, cu->d_pos, n, H, H * hk, hk, &rope, s, err));
     OP("attn_rope", kcuda_rope_norm(c + r, cu->d_pos, n, 1, D, 0, &rope, s, err));

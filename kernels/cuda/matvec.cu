@@ -420,19 +420,14 @@ static __device__ __forceinline__ void lane_dot_q6(const uint8_t *s, int nb, int
     }
 }
 
-/* q8_0: one 34-byte block per lane. */
+/* The 32 int8 weights w of activation block bi (q8_0's, or mxfp4's codes turned
+ * into values) against each rounded activation row and term: part[r] += d * the
+ * block's activation scale * the integer sum. */
 template <int NX>
-static __device__ __forceinline__ void lane_dot_q8(const uint8_t *s, int nb, int lane, const mv_x_t &xv,
-                                                   int xr0, int nxr, int64_t e0, float *part)
+static __device__ __forceinline__ void block32_dot(const uint32_t *w, float d, int bi, const mv_x_t &xv, int xr0,
+                                                   int nxr, float *part)
 {
-    if (lane >= nb)
-        return;
-    const uint8_t *b = s + lane * 34;
-    const float d = kc_half(ld_u16(b));
-    uint32_t w[8];
-    ldw4(b + 2, w);
-    ldw4(b + 18, w + 4);
-    const int bi = (int)(e0 >> 5) + lane, u0 = (bi >> 3) * 16 + (bi & 7), xb = xv.xs >> 5;
+    const int u0 = (bi >> 3) * 16 + (bi & 7), xb = xv.xs >> 5;
 #pragma unroll
     for (int r = 0; r < NX; r++) {
         if (r >= nxr)
@@ -449,6 +444,21 @@ static __device__ __forceinline__ void lane_dot_q8(const uint8_t *s, int nb, int
     }
 }
 
+/* q8_0: one 34-byte block per lane. */
+template <int NX>
+static __device__ __forceinline__ void lane_dot_q8(const uint8_t *s, int nb, int lane, const mv_x_t &xv,
+                                                   int xr0, int nxr, int64_t e0, float *part)
+{
+    if (lane >= nb)
+        return;
+    const uint8_t *b = s + lane * 34;
+    const float d = kc_half(ld_u16(b));
+    uint32_t w[8];
+    ldw4(b + 2, w);
+    ldw4(b + 18, w + 4);
+    block32_dot<NX>(w, d, (int)(e0 >> 5) + lane, xv, xr0, nxr, part);
+}
+
 /* mxfp4: one 17-byte block per lane, G / 32 passes. Code word i (bytes 4i..4i+3)
  * holds elements 4i.. (low nibbles) and 4i + 16.. (high), interleaved as the
  * rounded activations are (xunit), so its low and high 16 bits give the values of
@@ -459,7 +469,6 @@ static __device__ __forceinline__ void lane_dot_mx(const uint8_t *s, int nb, int
                                                    int xr0, int nxr, int64_t e0, float *part)
 {
     typedef fmt<BL_TYPE_MXFP4> F;
-    const int xb = xv.xs >> 5;
 #pragma unroll
     for (int pass = 0; pass < F::G / 32; pass++) {
         const int blk = pass * 32 + lane;
@@ -474,21 +483,7 @@ static __device__ __forceinline__ void lane_dot_mx(const uint8_t *s, int nb, int
             w[2 * i] = mx_vals4(c[i]);
             w[2 * i + 1] = mx_vals4(c[i] >> 16);
         }
-        const int bi = (int)(e0 >> 5) + blk, u0 = (bi >> 3) * 16 + (bi & 7);
-#pragma unroll
-        for (int r = 0; r < NX; r++) {
-            if (r >= nxr)
-                break;
-#pragma unroll
-            for (int t = 0; t < 2; t++) {
-                if (t >= xv.terms)
-                    break;
-                const int xr = (xr0 + r) * xv.terms + t;
-                const uint8_t *xq = xv.q + xr * xv.xs;
-                const int is = dot4x4(w + 4, ld_u4(xq + 16 * (u0 + 8)), dot4x4(w, ld_u4(xq + 16 * u0), 0));
-                part[r] += d * xv.d[xr * xb + bi] * (float)is;
-            }
-        }
+        block32_dot<NX>(w, d, (int)(e0 >> 5) + blk, xv, xr0, nxr, part);
     }
 }
 

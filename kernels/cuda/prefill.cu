@@ -12,6 +12,20 @@ static __device__ __forceinline__ unsigned pack_half2(float a, float b)
     return *(const unsigned *)&h;
 }
 
+/* A warp's output fragments times ca (its rows a) and cb (rows b): the online
+ * softmax's rescale when the running maximum moves. */
+template <int D>
+static __device__ __forceinline__ void rescale(float (*o)[4], float ca, float cb)
+{
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) {
+        o[j][0] *= ca;
+        o[j][1] *= ca;
+        o[j][2] *= cb;
+        o[j][3] *= cb;
+    }
+}
+
 /* grid (ceil(n / 64), n_head); block x takes the row tile counted from the end, so
  * the tiles with the longest causal span start first. Query row i of the block's
  * tile is at position pos0 + r0 + i; it attends to positions 0 .. pos0 + r0 + i.
@@ -131,13 +145,7 @@ static __global__ void __launch_bounds__(128) prefill_kernel(const uint8_t *kc, 
         m_b = nb;
         l_a *= ca;
         l_b *= cb;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++) {
-            o[j][0] *= ca;
-            o[j][1] *= ca;
-            o[j][2] *= cb;
-            o[j][3] *= cb;
-        }
+        rescale<D>(o, ca, cb);
         unsigned p[PF_BKV / 16][4];
 #pragma unroll
         for (int j = 0; j < PF_BKV / 8; j++) {
@@ -173,13 +181,7 @@ static __global__ void __launch_bounds__(128) prefill_kernel(const uint8_t *kc, 
         const float ca = exp2f(m_a - na), cb = exp2f(m_b - nb);
         l_a = l_a * ca + exp2f(sk - na);
         l_b = l_b * cb + exp2f(sk - nb);
-#pragma unroll
-        for (int j = 0; j < D / 8; j++) {
-            o[j][0] *= ca;
-            o[j][1] *= ca;
-            o[j][2] *= cb;
-            o[j][3] *= cb;
-        }
+        rescale<D>(o, ca, cb);
     }
     const float ia = l_a > 0.f ? 1.f / l_a : 0.f, ib = l_b > 0.f ? 1.f / l_b : 0.f;
     const int64_t ra = warp * 16 + lane / 4, rb = ra + 8;

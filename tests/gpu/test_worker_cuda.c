@@ -521,6 +521,33 @@ static void test_stages(void)
     oracle_free(&ex);
 }
 
+/* Logits g of the card against the CPU's precise pass c (n rows of V), gated by
+ * what the CPU's 8-bit pass f misses by: mean |dlogit| within 1.5 times its mean plus
+ * 1e-3, the largest within twice its largest plus 0.02. */
+static void gate_vs_cpu(const char *what, const float *g, const float *c, const float *f, int64_t n, int64_t V)
+{
+    double sum = 0, fsum = 0;
+    int64_t top = 0;
+    for (int64_t i = 0; i < n * V; i++) {
+        sum += fabs((double)g[i] - (double)c[i]);
+        fsum += fabs((double)f[i] - (double)c[i]);
+    }
+    for (int64_t r = 0; r < n; r++) {
+        int64_t a = 0, b = 0;
+        for (int64_t v = 1; v < V; v++) {
+            a = g[r * V + v] > g[r * V + a] ? v : a;
+            b = c[r * V + v] > c[r * V + b] ? v : b;
+        }
+        top += a == b;
+    }
+    const double mean = sum / (double)(n * V), mx = max_diff(g, c, n * V);
+    const double fmean = fsum / (double)(n * V), fmx = max_diff(f, c, n * V);
+    printf("# %s vs CPU precise: mean |dlogit| %.5f max %.4f top1 %lld/%lld | CPU 8-bit mean %.5f max %.4f\n", what,
+           mean, mx, (long long)top, (long long)n, fmean, fmx);
+    tap_ok(mean <= 1.5 * fmean + 1e-3 && mx <= 2 * fmx + 0.02,
+           "%s: within the CPU 8-bit pass's distance of the precise pass", what);
+}
+
 /* The dense qwen3 model on the card against the CPU's precise pass, gated by what
  * the CPU's 8-bit fast pass (activations rounded to one q8 term, as the card's
  * block-format products round them) misses by: the file has no oracle of its own,
@@ -544,17 +571,7 @@ static void test_dense(void)
     const int64_t V = wk_model_config(gpu)->n_vocab, n = ex.n;
     float *g = run_prompt(gpu, ex.ids, n, WK_KV_F16), *c = run_prompt(cpu, ex.ids, n, WK_KV_F32);
     float *f = run_prompt(fast, ex.ids, n, WK_KV_F16);
-    double sum = 0, fsum = 0;
-    for (int64_t i = 0; i < n * V; i++) {
-        sum += fabs((double)g[i] - (double)c[i]);
-        fsum += fabs((double)f[i] - (double)c[i]);
-    }
-    const double mean = sum / (double)(n * V), mx = max_diff(g, c, n * V);
-    const double fmean = fsum / (double)(n * V), fmx = max_diff(f, c, n * V);
-    printf("# qwen3 dense vs CPU precise (f32 cache): card (f16 cache) mean |dlogit| %.5f max %.4f | "
-           "CPU 8-bit fast (f16 cache) mean %.5f max %.4f\n", mean, mx, fmean, fmx);
-    tap_ok(mean <= 1.5 * fmean + 1e-3 && mx <= 2 * fmx + 0.02,
-           "the dense qwen3 model on the card is within the CPU 8-bit pass's distance of the precise pass");
+    gate_vs_cpu("the dense qwen3 model on the card (f16 cache; the CPU's in f32)", g, c, f, n, V);
     free(f);
     wk_model_free(fast);
     free(g);
@@ -581,30 +598,6 @@ static int mkmodel(const char *path, const char *flags)
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "'%s' -o '%s' --threads 4 %s > /dev/null", prog, path, flags);
     return system(cmd) == 0 ? 0 : -1;
-}
-
-static void gate_vs_cpu(const char *what, const float *g, const float *c, const float *f, int64_t n, int64_t V)
-{
-    double sum = 0, fsum = 0;
-    int64_t top = 0;
-    for (int64_t i = 0; i < n * V; i++) {
-        sum += fabs((double)g[i] - (double)c[i]);
-        fsum += fabs((double)f[i] - (double)c[i]);
-    }
-    for (int64_t r = 0; r < n; r++) {
-        int64_t a = 0, b = 0;
-        for (int64_t v = 1; v < V; v++) {
-            a = g[r * V + v] > g[r * V + a] ? v : a;
-            b = c[r * V + v] > c[r * V + b] ? v : b;
-        }
-        top += a == b;
-    }
-    const double mean = sum / (double)(n * V), mx = max_diff(g, c, n * V);
-    const double fmean = fsum / (double)(n * V), fmx = max_diff(f, c, n * V);
-    printf("# %s vs CPU precise: mean |dlogit| %.5f max %.4f top1 %lld/%lld | CPU 8-bit mean %.5f max %.4f\n", what,
-           mean, mx, (long long)top, (long long)n, fmean, fmx);
-    tap_ok(mean <= 1.5 * fmean + 1e-3 && mx <= 2 * fmx + 0.02,
-           "%s: within the CPU 8-bit pass's distance of the precise pass", what);
 }
 
 static void test_families(void)
