@@ -1493,8 +1493,10 @@ static value_t binop(rs_t *r, int op, const value_t *a, const value_t *b)
                          (b->t == V_STR && (a->t == V_INT || a->t == V_BOOL)))) {
         const value_t *sv = a->t == V_STR ? a : b, *nv = a->t == V_STR ? b : a;
         int64_t k = num_i(nv);
-        if (k > 0 && sv->u.s.n * (uint64_t)k > RT_TEMPLATE_MAX_OUTPUT)
+        if (k > 0 && sv->u.s.n > 0 && (uint64_t)k > RT_TEMPLATE_MAX_OUTPUT / sv->u.s.n)
             rfail(r, RT_ELIMIT, "string repetition exceeds %u bytes", (unsigned)RT_TEMPLATE_MAX_OUTPUT);
+        if (sv->u.s.n == 0) /* any count of nothing: no loop over a count the limit did not bound */
+            k = 0;
         sb_t o = {0};
         for (int64_t i = 0; i < k; i++)
             rt__sb_put(&r->a, &o, sv->u.s.p, sv->u.s.n);
@@ -1506,8 +1508,10 @@ static value_t binop(rs_t *r, int op, const value_t *a, const value_t *b)
         int64_t k = num_i(nv);
         if (lv->u.l->gen)
             RFAIL(r, "unsupported operand type(s) for *: '%s' and 'int'", type_name(lv));
-        if (k > 0 && lv->u.l->n * (uint64_t)k > RT_TEMPLATE_MAX_RANGE)
+        if (k > 0 && lv->u.l->n > 0 && (uint64_t)k > (uint64_t)RT_TEMPLATE_MAX_RANGE / lv->u.l->n)
             rfail(r, RT_ELIMIT, "list repetition exceeds %d items", RT_TEMPLATE_MAX_RANGE);
+        if (lv->u.l->n == 0) /* an empty list times any count: empty, without counting */
+            k = 0;
         list_t *l = list_new(r, 0);
         l->tuple = lv->u.l->tuple;
         for (int64_t i = 0; i < k; i++)

@@ -623,6 +623,17 @@ static void test_error_runaway_output_is_bounded(void **state)
                  NULL, RT_ELIMIT, "exceeds");
 }
 
+/* Repeating nothing any number of times is nothing, at once (the count is not
+ * walked); repeating something past the limits is refused, however large the count. */
+static void test_repetition_counts_are_bounded(void **state)
+{
+    (void)state;
+    expect("{{ ((1, 2)|list * 0 * 444888888888888888)|length }}|{{ '' * 9000000000000000000 }}|"
+           "{{ [] * 9000000000000000000 }}", NULL, "0||[]");
+    expect_error("{{ 'ab' * 9000000000000000000 }}", NULL, RT_ELIMIT, "exceeds");
+    expect_error("{{ [1, 2] * 9000000000000000000 }}", NULL, RT_ELIMIT, "exceeds");
+}
+
 static void test_error_context_must_be_an_object(void **state)
 {
     (void)state;
@@ -711,6 +722,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_expr_integer_arithmetic_follows_python),
+        cmocka_unit_test(test_repetition_counts_are_bounded),
         cmocka_unit_test(test_expr_huge_floats_as_integers_saturate),
         cmocka_unit_test(test_string_escapes_past_unicode_are_refused),
         cmocka_unit_test(test_expr_division_gives_float),
