@@ -74,7 +74,8 @@ static int get_count(const bl_gguf_t *g, const char *arch, const char *key, int6
 static const struct {
     const char *name;
     int moe;
-} k_archs[] = {{"qwen3moe", 1}, {"qwen3", 0}, {"glm4moe", 1}, {"deepseek2", 1}, {"gpt-oss", 1}};
+} k_archs[] = {{"qwen3moe", 1}, {"qwen3", 0}, {"glm4moe", 1}, {"deepseek2", 1}, {"gpt-oss", 1},
+                {"qwen3next", 1}, {"qwen35moe", 1}};
 
 static int is_arch(const bl_arch_t *a, const char *name) { return strcmp(a->name, name) == 0; }
 
@@ -243,6 +244,101 @@ static int read_gptoss(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_er
     return 0;
 }
 
+/* Which of the file's layers are DeltaNet layers: attention.recurrent_layers (a bool a
+ * layer of block_count), else all but every full_attention_interval-th (default 4).
+ * NextN layers are attention layers. */
+static int read_recurrent_layers(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *err)
+{
+    const char *ar = a->name;
+    char key[128];
+    int rc;
+    memset(a->recurrent, 0, sizeof a->recurrent);
+    snprintf(key, sizeof key, "%s.attention.recurrent_layers", ar);
+    const bl_gguf_kv_t *kv = bl_gguf_find_kv(g, key);
+    if (kv) {
+        const bl_gguf_arr_t *arr = NULL;
+        if ((rc = bl_gguf_get_arr(g, key, &arr, err)) < 0)
+            return rc;
+        if (bl_gguf_arr_count(arr) != (uint64_t)a->n_layer_file)
+            return bl_err_set(err, BL_EINVAL, "%s: %s has %llu values, not block_count %lld", path, key,
+                              (unsigned long long)bl_gguf_arr_count(arr), (long long)a->n_layer_file);
+        for (int64_t l = 0; l < a->n_layer_file; l++) {
+            int v = 0;
+            if ((rc = bl_gguf_arr_bool(arr, (uint64_t)l, &v, err)) < 0)
+                return rc;
+            if (v && l >= a->n_layer)
+                return bl_err_set(err, BL_EINVAL, "%s: %s marks NextN layer %lld recurrent", path, key, (long long)l);
+            if (v)
+                a->recurrent[l / 64] |= 1ull << (l % 64);
+        }
+        return 0;
+    }
+    int64_t every = 4;
+    if ((rc = get_dim(g, ar, "full_attention_interval", 4, BL_ARCH_MAX_LAYERS, &every, err)) < 0)
+        return rc;
+    for (int64_t l = 0; l < a->n_layer; l++)
+        if ((l + 1) % every != 0)
+            a->recurrent[l / 64] |= 1ull << (l % 64);
+    return 0;
+}
+
+/* qwen3next / qwen35moe: gated DeltaNet layers between gated full-attention ones, a
+ * softmax router with a gated shared expert, no dense layers; qwen35moe's NextN
+ * layers at the end of the file and its IMRoPE sections (for text, every section
+ * rotates by the token's position: NEOX exactly, when the three text sections cover
+ * every rotated pair). */
+static int read_qwen3next(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *err)
+{
+    const char *ar = a->name;
+    const int q35 = is_arch(a, "qwen35moe");
+    int64_t inner = 0;
+    int rc;
+    if ((q35 && (rc = get_count(g, ar, "nextn_predict_layers", 0, a->n_layer_file - 1, &a->n_nextn, err)) < 0) ||
+        (rc = get_dim(g, ar, "expert_shared_feed_forward_length", 0, BL_ARCH_MAX_DIM, &a->n_ff_shexp, err)) < 0 ||
+        (rc = get_float(g, ar, "expert_weights_scale", 1.0f, 0.0f, 1e6f, &a->expert_scale, err)) < 0 ||
+        (rc = get_dim(g, ar, "ssm.conv_kernel", 0, 64, &a->ssm_conv, err)) < 0 ||
+        (rc = get_dim(g, ar, "ssm.state_size", 0, 4096, &a->ssm_state, err)) < 0 ||
+        (rc = get_dim(g, ar, "ssm.group_count", 0, 4096, &a->ssm_groups, err)) < 0 ||
+        (rc = get_dim(g, ar, "ssm.time_step_rank", 0, 4096, &a->ssm_heads, err)) < 0 ||
+        (rc = get_dim(g, ar, "ssm.inner_size", 0, BL_ARCH_MAX_DIM, &inner, err)) < 0)
+        return rc;
+    if (a->expert_scale == 0.0f)
+        a->expert_scale = 1.0f;
+    if (a->ssm_conv < 2 || a->ssm_heads % a->ssm_groups != 0 || inner != a->ssm_state * a->ssm_heads ||
+        bl_arch_conv_channels(a) > BL_ARCH_MAX_DIM || bl_arch_rec_floats(a) > ((int64_t)1 << 32))
+        return bl_err_set(err, BL_EINVAL, "%s: %s.ssm: conv_kernel %lld must be 2 or more, time_step_rank %lld a "
+                          "multiple of group_count %lld, inner_size %lld = state_size %lld x time_step_rank",
+                          path, ar, (long long)a->ssm_conv, (long long)a->ssm_heads, (long long)a->ssm_groups,
+                          (long long)inner, (long long)a->ssm_state);
+    a->n_layer = a->n_layer_file - a->n_nextn;
+    if ((rc = read_recurrent_layers(a, g, path, err)) < 0)
+        return rc;
+    if (q35) {
+        char key[128];
+        snprintf(key, sizeof key, "%s.rope.dimension_sections", ar);
+        const bl_gguf_arr_t *arr = NULL;
+        if (!bl_gguf_find_kv(g, key))
+            return bl_err_set(err, BL_ENOENT, "%s: metadata %s is missing", path, key);
+        if ((rc = bl_gguf_get_arr(g, key, &arr, err)) < 0)
+            return rc;
+        int64_t sec[3] = {0, 0, 0};
+        for (uint64_t i = 0; i < 3 && i < bl_gguf_arr_count(arr); i++)
+            if ((rc = bl_gguf_arr_i64(arr, i, &sec[i], err)) < 0)
+                return rc;
+        for (int64_t p = 0; p < a->n_rot / 2; p++)
+            if (!(p < 3 * sec[p % 3]))
+                return bl_err_set(err, BL_ENOTSUP, "%s: %s [%lld, %lld, %lld] leave rotated pair %lld to the "
+                                  "fourth (image) section (not supported)", path, key, (long long)sec[0],
+                                  (long long)sec[1], (long long)sec[2], (long long)p);
+    }
+    a->ssm_tiled = q35;
+    a->ssm_ba = !q35;
+    a->attn_gate = 1;
+    a->shexp_gate = 1;
+    a->ffn_norm = "post_attention_norm";
+    return 0;
+}
+
 /* llama.cpp's attention temperature of a YaRN context extension by s. */
 static double get_mscale(double s, double m) { return s <= 1.0 ? 1.0 : 1.0 + 0.1 * m * log(s); }
 
@@ -327,7 +423,8 @@ int bl_arch_read(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *e
            !(s.len == strlen(k_archs[ai].name) && memcmp(s.ptr, k_archs[ai].name, s.len) == 0))
         ai++;
     if (ai == sizeof k_archs / sizeof *k_archs)
-        return bl_err_set(err, BL_ENOTSUP, "%s: architecture '%.*s' is not supported (qwen3moe, qwen3, glm4moe, deepseek2, gpt-oss)",
+        return bl_err_set(err, BL_ENOTSUP, "%s: architecture '%.*s' is not supported (qwen3moe, qwen3, glm4moe, deepseek2, gpt-oss, "
+                          "qwen3next, qwen35moe)",
                           path, (int)(s.len > 64 ? 64 : s.len), s.ptr);
     snprintf(a->name, sizeof a->name, "%s", k_archs[ai].name);
     a->moe = k_archs[ai].moe;
@@ -381,6 +478,7 @@ int bl_arch_read(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *e
     if ((is_arch(a, "glm4moe") && (rc = read_glm4moe(a, g, path, err)) < 0) ||
         (is_arch(a, "deepseek2") && (rc = read_deepseek2(a, g, path, err)) < 0) ||
         (is_arch(a, "gpt-oss") && (rc = read_gptoss(a, g, path, err)) < 0) ||
+        ((is_arch(a, "qwen3next") || is_arch(a, "qwen35moe")) && (rc = read_qwen3next(a, g, path, err)) < 0) ||
         (rc = read_rope_scaling(a, g, path, err)) < 0)
         return rc;
     const bl_gguf_tensor_t *te = bl_gguf_find_tensor(g, "token_embd.weight");
@@ -391,8 +489,8 @@ int bl_arch_read(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_err_t *e
         return bl_err_set(err, BL_ERANGE, "%s: token_embd.weight has %lld rows, outside 1..%d", path,
                           (long long)a->n_vocab, BL_ARCH_MAX_VOCAB);
     a->tied_output = !bl_gguf_find_tensor(g, "output.weight");
-    a->cache = BL_CACHE_KV;
-    a->cache_prefix_cut = 1;
+    a->cache = a->ssm_heads ? BL_CACHE_HYBRID : BL_CACHE_KV;
+    a->cache_prefix_cut = a->cache == BL_CACHE_KV;
     a->kv_planes = a->kv_lora > 0 ? 1 : 2;
     return 0;
 }
@@ -420,7 +518,11 @@ bl_role_t bl_arch_role(const bl_arch_t *a, const char *name, int64_t *layer)
                                        /* deepseek2's latent attention */
                                        "attn_q_a.weight", "attn_q_a_norm.weight", "attn_q_b.weight",
                                        "attn_kv_a_mqa.weight", "attn_kv_a_norm.weight", "attn_k_b.weight",
-                                       "attn_v_b.weight", "attn_kv_b.weight"};
+                                       "attn_v_b.weight", "attn_kv_b.weight",
+                                       /* the DeltaNet layers of qwen3next / qwen35moe */
+                                       "attn_qkv.weight", "attn_gate.weight", "ssm_conv1d.weight", "ssm_dt.bias",
+                                       "ssm_a", "ssm_ba.weight", "ssm_beta.weight", "ssm_alpha.weight",
+                                       "ssm_norm.weight", "ssm_out.weight"};
     static const char *const bias[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias",
                                        "attn_sinks.weight"};
     static const char *const exps[] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
@@ -451,6 +553,8 @@ bl_role_t bl_arch_role(const bl_arch_t *a, const char *name, int64_t *layer)
     for (size_t i = 0; moe && a->n_ff_shexp && i < sizeof shexp / sizeof *shexp && !r; i++)
         if (!strcmp(t, shexp[i]))
             r = BL_ROLE_FFN;
+    if (moe && a->shexp_gate && !r && !strcmp(t, "ffn_gate_inp_shexp.weight"))
+        r = BL_ROLE_FFN;
     for (size_t i = 0; !moe && i < sizeof ffn / sizeof *ffn && !r; i++)
         if (!strcmp(t, ffn[i]))
             r = BL_ROLE_FFN;

@@ -7,7 +7,9 @@
  * sigmoid routing with a selection bias, NextN layers kept for speculation) and
  * deepseek2 (multi-head latent attention with a compressed cache, YaRN, grouped
  * expert choice) and gpt-oss (sliding-window layers, attention sinks, biases
- * everywhere, a clamped SwiGLU). */
+ * everywhere, a clamped SwiGLU) and qwen3next / qwen35moe (gated DeltaNet layers with a
+ * recurrent state per sequence between gated full-attention layers, a gated shared
+ * expert; docs/models.md). */
 #ifndef BL_ARCH_H
 #define BL_ARCH_H
 
@@ -28,6 +30,10 @@
 typedef enum bl_cache_kind {
     BL_CACHE_KV = 1, /* K and V rows of n_head_kv * head_dim: a prefix of it is the cache
                       * of the prefix, so a cache can be cut back to any position */
+    BL_CACHE_HYBRID = 2, /* K and V rows in the attention layers, and in the DeltaNet
+                      * layers one recurrent state a sequence (bl_arch_rec_floats):
+                      * the state of the last position only, so the cache cannot be
+                      * cut back */
 } bl_cache_kind_t;
 
 /* How a MoE router turns its logits into expert scores (llama.cpp's numbering). */
@@ -86,6 +92,17 @@ typedef struct bl_arch {
     int router_bias;      /* ffn_gate_inp carries a bias */
     int expert_biases;    /* the routed experts' gate, up and down carry biases */
     bl_act_t expert_act;
+    /* qwen3next / qwen35moe: gated DeltaNet layers (docs/models.md) */
+    int64_t ssm_conv;     /* K: taps of the causal convolution */
+    int64_t ssm_state;    /* S: a head's key and value width */
+    int64_t ssm_groups;   /* Hk: q/k heads */
+    int64_t ssm_heads;    /* Hv: v heads, one S x S state each */
+    int ssm_tiled;        /* v head j reads q/k head j % Hk (qwen35moe), else j / (Hv / Hk) */
+    int ssm_ba;           /* beta and alpha come from one ssm_ba grouped by k head (qwen3next),
+                           * else from ssm_beta and ssm_alpha */
+    int attn_gate;        /* attn_q gives a sigmoid gate beside each head's q */
+    int shexp_gate;       /* ffn_gate_inp_shexp: a sigmoid gate on the shared expert */
+    uint64_t recurrent[BL_ARCH_MAX_LAYERS / 64]; /* bit l: layer l is a DeltaNet layer */
     const char *ffn_norm; /* the FFN's input norm: "ffn_norm" or "post_attention_norm" */
     int64_t n_vocab;      /* rows of token_embd.weight */
     int64_t n_ctx_train;
@@ -101,6 +118,27 @@ typedef struct bl_arch {
 static inline int bl_arch_layer_moe(const bl_arch_t *a, int64_t l)
 {
     return a->moe && l >= a->n_dense_lead && l < a->n_layer;
+}
+
+/* Whether layer l is a gated DeltaNet layer (a recurrent state, no K/V rows). */
+static inline int bl_arch_layer_recurrent(const bl_arch_t *a, int64_t l)
+{
+    return l >= 0 && l < BL_ARCH_MAX_LAYERS && (a->recurrent[l / 64] >> (l % 64) & 1);
+}
+
+/* The channels of a DeltaNet layer's convolution: q, k (Hk heads each) and v (Hv). */
+static inline int64_t bl_arch_conv_channels(const bl_arch_t *a)
+{
+    return a->ssm_state * (2 * a->ssm_groups + a->ssm_heads);
+}
+
+/* The f32 values of one sequence's recurrent state in one DeltaNet layer: the
+ * convolution's last K - 1 inputs and the Hv S x S states (0 without such layers). */
+static inline int64_t bl_arch_rec_floats(const bl_arch_t *a)
+{
+    if (a->ssm_heads == 0)
+        return 0;
+    return (a->ssm_conv - 1) * bl_arch_conv_channels(a) + a->ssm_heads * a->ssm_state * a->ssm_state;
 }
 
 /* Whether layer l attends over a sliding window of n_swa positions. */

@@ -317,8 +317,14 @@ static void size_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t 
             st->weight_bytes += s->embd;
         if (last)
             st->weight_bytes += s->out_norm + (a->tied_output && first ? 0 : s->head);
+        /* K/V rows in the attention layers; a DeltaNet layer's recurrent state a slot */
+        int64_t n_attn = 0, n_rec = 0;
+        for (int64_t l = st->lb; l < st->le; l++)
+            bl_arch_layer_recurrent(a, l) ? n_rec++ : n_attn++;
         st->kv_bytes = (uint64_t)(kv_pos_layer * (double)(o->n_ctx_total > 0 ? o->n_ctx_total : 0) *
-                                  (double)(st->le - st->lb));
+                                  (double)n_attn) +
+                       (uint64_t)n_rec * (uint64_t)bl_arch_rec_floats(a) * 4u *
+                           (uint64_t)(o->n_seqs > 0 ? o->n_seqs : 1);
         st->scratch_bytes = st->device >= 0 ? cuda_scratch(a, o, s, p, st, last) : 0;
     }
 }

@@ -68,6 +68,8 @@ typedef struct bl_place_opts {
     int64_t n_ctx_total;      /* KV positions over every slot */
     double kv_elem_bytes;     /* bytes of one cached K or V element (2 for f16) */
     int64_t n_batch;          /* rows of a step, for the scratch */
+    int64_t n_seqs;           /* slots: a hybrid model keeps one recurrent state each per
+                               * DeltaNet layer; 0 counts as 1 */
     /* RAM for the routed experts the host keeps (--experts-ram): 0 (the zero value)
      * no limit; > 0 bytes; BL_EXPERTS_RAM_AUTO (-1) what ram_avail spares with a
      * margin after the CPU stages' other weights and caches. Experts past it stay

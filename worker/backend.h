@@ -177,9 +177,25 @@ typedef struct wk_backend_ops {
      * placed elsewhere through remote, when set), weighted (normed, scaled) */
     int (*moe)(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remote_t *remote, const float *xn,
                int64_t n, float *x, bl_err_t *err);
-    /* x += down(silu(gate xn) * up xn), a dense SwiGLU FFN (or shared experts) */
+    /* x += down(silu(gate xn) * up xn), a dense SwiGLU FFN (or shared experts), times
+     * sigmoid(gate_inp . xn) per row when gate_inp (n_embd, the backend's) is set */
     int (*ffn)(wk_backend_t *b, const wk_tensor_t *gate, const wk_tensor_t *up, const wk_tensor_t *down,
-               const float *xn, int64_t n, float *x, bl_err_t *err);
+               const float *gate_inp, const float *xn, int64_t n, float *x, bl_err_t *err);
+    /* a and g (n, n_head * hd): the first and the second hd values of each head's 2 hd
+     * in x (n, n_head * 2 hd): a gated attention's q and gate. NULL where the backend
+     * has none. */
+    int (*split_heads)(wk_backend_t *b, const float *x, int64_t n, int64_t n_head, int64_t hd, float *a, float *g,
+                       bl_err_t *err);
+    /* y (n, d) *= sigmoid(g (n, d)). NULL where the backend has none. */
+    int (*mul_sigmoid)(wk_backend_t *b, float *y, const float *g, int64_t n, int64_t d, bl_err_t *err);
+    /* The gated DeltaNet of model layer l over the step's rows, each sequence after
+     * its cache's recurrent state (zero for a sequence at position 0), which it
+     * updates (kcpu_deltanet; d's vectors are the backend's): qkv (n, channels)
+     * changed, z (n, Hv S) the gate, bb and al the beta / alpha projections
+     * (kcpu_dnet_gates; al unused when d->ba), out (n, Hv S). NULL where the
+     * backend has none. */
+    int (*deltanet)(wk_backend_t *b, int64_t l, const kcpu_dnet_t *d, float *qkv, const float *z, const float *bb,
+                    const float *al, float *out, bl_err_t *err);
     /* the logits of each sequence's last n_out rows of x: norm, then the head */
     int (*head)(wk_backend_t *b, const float *norm, float eps, const wk_tensor_t *out, const float *x,
                 bl_err_t *err);

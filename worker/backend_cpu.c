@@ -2,6 +2,7 @@
  * own thread pool. Weights are read where the file view points (the mapping, or the
  * process's copy of it); activations and KV caches are host memory. A step's
  * products go to the pool whole; its rows never change a bit (kcpu.h). */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,7 @@ typedef struct cpu {
      * outputs (n_batch, n_head, kv_lora + n_rot), and a group of heads' gathered
      * inputs and outputs (MLA_HEADS, n_batch, the wider of their widths) */
     float *mla_q, *mla_o, *mla_x, *mla_y;
+    float *dn_beta, *dn_g; // (n_batch, Hv) a DeltaNet layer's gates
     bl_heat_t *heat;            /* the model's routing counts, or NULL */
     uint8_t *used;              // (n_expert) a step's distinct experts, for the profile
     /* opts.profile: each op's calls, time and weight bytes, in first-call order */
@@ -110,7 +112,7 @@ static void cpu_destroy(wk_backend_t *b)
     free(p->allocs);
     kcpu_experts_scratch_destroy(p->xs);
     void *bufs[] = {p->o_, p->rope, p->pos, p->rl, p->ids, p->wts, p->xg, p->g, p->u, p->used,
-                    p->mla_q, p->mla_o, p->mla_x, p->mla_y};
+                    p->mla_q, p->mla_o, p->mla_x, p->mla_y, p->dn_beta, p->dn_g};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(p);
@@ -173,7 +175,7 @@ static int cpu_kv_alloc(wk_backend_t *b, wk_kv_t *kv, bl_err_t *err)
 {
     (void)b;
     const size_t nbytes = (size_t)kv->n_layer * (size_t)kv->n_planes * (size_t)kv->stride * kv->row_bytes;
-    kv->buf = malloc(nbytes);
+    kv->buf = malloc(nbytes ? nbytes : 1); /* a stage of DeltaNet layers only has no rows */
     if (!kv->buf)
         return bl_err_set(err, BL_ENOMEM, "out of memory for a KV cache of %zu bytes", nbytes);
     return 0;
@@ -344,7 +346,7 @@ static int cpu_matmul(wk_backend_t *b, const char *op, const wk_tensor_t *w, con
 /* The cache of model layer l (inside the stage the cache was made for). */
 static kcpu_kv_view_t kv_layer(const wk_kv_t *kv, int64_t l)
 {
-    l -= kv->model->lb;
+    l = kv->model->kv_index[l];
     const size_t plane = (size_t)kv->stride * kv->row_bytes;
     /* one plane: the value is the key's row */
     kcpu_kv_view_t v = {.k = kv->buf + (size_t)(kv->n_planes * l) * plane,
@@ -377,6 +379,47 @@ static int cpu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *
                            a->n_head_kv, hd, a->scale, a->window, a->sinks);
     }
     prof_end(p, "attention", t0, 0);
+    return 0;
+}
+
+static int cpu_split_heads(wk_backend_t *b, const float *x, int64_t n, int64_t n_head, int64_t hd, float *a, float *g,
+                           bl_err_t *err)
+{
+    (void)b, (void)err;
+    for (int64_t r = 0; r < n * n_head; r++) {
+        memcpy(a + r * hd, x + r * 2 * hd, sizeof(float) * (size_t)hd);
+        memcpy(g + r * hd, x + r * 2 * hd + hd, sizeof(float) * (size_t)hd);
+    }
+    return 0;
+}
+
+static int cpu_mul_sigmoid(wk_backend_t *b, float *y, const float *g, int64_t n, int64_t d, bl_err_t *err)
+{
+    (void)b, (void)err;
+    for (int64_t i = 0; i < n * d; i++)
+        y[i] *= 1.0f / (1.0f + expf(-g[i]));
+    return 0;
+}
+
+static int cpu_deltanet(wk_backend_t *b, int64_t l, const kcpu_dnet_t *d, float *qkv, const float *z, const float *bb,
+                        const float *al, float *out, bl_err_t *err)
+{
+    (void)err;
+    cpu_t *p = (cpu_t *)b;
+    const wk_step_t *st = p->st;
+    const int64_t n = st->n, ch = kcpu_dnet_channels(d), V = d->Hv * d->S;
+    const uint64_t t0 = prof_start(p);
+    kcpu_dnet_gates(d, bb, d->ba ? 2 * d->Hv : d->Hv, al, d->Hv, n, p->dn_beta, p->dn_g);
+    for (int64_t j = 0; j < st->nseg; j++) {
+        const wk_seg_t *s = &st->seg[j];
+        const wk_model_t *m = s->kv->model;
+        float *state = s->kv->rec + (size_t)m->rec_index[l] * m->rec_floats;
+        if (s->pos == 0) /* a sequence's first rows start from nothing */
+            memset(state, 0, sizeof(float) * m->rec_floats);
+        kcpu_deltanet(p->kc, d, qkv + s->row0 * ch, z + s->row0 * V, p->dn_beta + s->row0 * d->Hv,
+                      p->dn_g + s->row0 * d->Hv, state, state + (d->K - 1) * ch, out + s->row0 * V, s->n);
+    }
+    prof_end(p, "deltanet", t0, 0);
     return 0;
 }
 
@@ -507,16 +550,26 @@ static int cpu_moe(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remot
 }
 
 static int cpu_ffn(wk_backend_t *b, const wk_tensor_t *gate, const wk_tensor_t *up, const wk_tensor_t *down,
-                   const float *xn, int64_t n, float *x, bl_err_t *err)
+                   const float *gate_inp, const float *xn, int64_t n, float *x, bl_err_t *err)
 {
     (void)err;
     cpu_t *p = (cpu_t *)b;
+    const int64_t E = p->c->n_embd;
     const uint64_t t0 = prof_start(p);
     kcpu_matmul(p->kc, &gate->h, xn, n, p->g);
     kcpu_matmul(p->kc, &up->h, xn, n, p->u);
     kcpu_swiglu(p->kc, p->g, p->g, p->u, n * gate->h.nrows);
     kcpu_matmul(p->kc, &down->h, p->g, n, p->o_);
-    add_rows(x, p->o_, n * p->c->n_embd);
+    for (int64_t r = 0; gate_inp && r < n; r++) {
+        /* the row's own gate: a dot of two f32 vectors, in double as the norms */
+        double d = 0.0;
+        for (int64_t i = 0; i < E; i++)
+            d += (double)gate_inp[i] * (double)xn[r * E + i];
+        const float s = 1.0f / (1.0f + expf(-(float)d));
+        for (int64_t i = 0; i < E; i++)
+            p->o_[r * E + i] *= s;
+    }
+    add_rows(x, p->o_, n * E);
     prof_end(p, "ffn", t0, mat_bytes(&gate->h) + mat_bytes(&up->h) + mat_bytes(&down->h));
     return 0;
 }
@@ -548,6 +601,7 @@ static const wk_backend_ops_t cpu_ops = {
     .kv_copy = cpu_kv_copy, .kv_move = cpu_kv_move, .state_alloc = cpu_state_alloc, .state_free = cpu_state_free,
     .begin = cpu_begin, .end = cpu_end, .embed = cpu_embed, .rms_norm = cpu_rms_norm, .qkv = cpu_qkv,
     .add_bias = cpu_add_bias, .matmul = cpu_matmul, .attention = cpu_attention, .mla = cpu_mla, .moe = cpu_moe, .ffn = cpu_ffn, .head = cpu_head,
+    .split_heads = cpu_split_heads, .mul_sigmoid = cpu_mul_sigmoid, .deltanet = cpu_deltanet,
 };
 
 int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *err)
@@ -589,6 +643,11 @@ int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *e
             return bl_err_set(err, BL_ENOMEM, "out of memory for the latent attention's scratch (n_batch %zu)", B);
         }
     }
+    if (c->ssm_heads > 0 && (!(p->dn_beta = malloc(sizeof(float) * B * (size_t)c->ssm_heads)) ||
+                             !(p->dn_g = malloc(sizeof(float) * B * (size_t)c->ssm_heads)))) {
+        cpu_destroy(&p->b);
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the DeltaNet scratch (n_batch %zu)", B);
+    }
     if (!p->o_ || !p->rope || !p->pos || !p->rl || !p->ids || !p->wts || !p->xg || !p->g || !p->u || !p->used) {
         cpu_destroy(&p->b);
         return bl_err_set(err, BL_ENOMEM, "out of memory for the CPU scratch (n_batch %zu)", B);
@@ -598,6 +657,7 @@ int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *e
     cols = c->n_ff > cols ? c->n_ff : cols;
     cols = c->n_ff_exp > cols ? c->n_ff_exp : cols;
     cols = c->n_ff_shexp > cols ? c->n_ff_shexp : cols;
+    cols = c->ssm_heads * c->ssm_state > cols ? c->ssm_heads * c->ssm_state : cols;
     const kcpu_limits_t lim = {.max_cols = cols, .max_batch = o->n_batch, .max_ctx = o->n_ctx_max,
                                .head_dim = c->head_dim};
     const int mode = o->precise ? KCPU_PRECISE : o->act_terms == 1 ? KCPU_FAST8 : KCPU_FAST16;

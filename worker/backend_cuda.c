@@ -536,6 +536,8 @@ static int check_form(const cuda_t *cu, bl_err_t *err)
         what = "latent attention of this shape (kv_lora and qk_nope multiples of 8, kv_lora + n_rot <= 1024)";
     else if (!c->rope_neox && c->kv_lora == 0)
         what = "consecutive-pair RoPE outside latent attention";
+    else if (c->ssm_heads > 0 || c->attn_gate || c->shexp_gate)
+        what = "gated DeltaNet layers, gated attention or a gated shared expert";
     if (what)
         return bl_err_set(err, BL_ENOTSUP, "%s: %s: the CUDA backend does not compute %s yet (run it with -ngl 0)",
                           cu->path, c->arch, what);
@@ -1812,9 +1814,11 @@ static int cu_moe(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remote
 
 /* The dense SwiGLU FFN of n rows of xn, added onto x. */
 static int cu_ffn(wk_backend_t *b, const wk_tensor_t *gate, const wk_tensor_t *up, const wk_tensor_t *down,
-                  const float *xn, int64_t n, float *x, bl_err_t *err)
+                  const float *gate_inp, const float *xn, int64_t n, float *x, bl_err_t *err)
 {
     cuda_t *cu = (cuda_t *)b;
+    if (gate_inp) /* check_form refuses such models at load */
+        return bl_err_set(err, BL_ENOTSUP, "%s: a gated shared expert on CUDA", cu->path);
     const int64_t E = cu->c->n_embd, F = M(gate)->nrows;
     if (cu->mode == MODE_PROMPT) {
         OP("ffn_to_f16", kcuda_to_f16(xn, E, n, E, cu->x16, E, cu->stream, err));

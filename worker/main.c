@@ -510,6 +510,13 @@ static int kv_op(worker_t *w, bp_step_kvop_t *o, bl_err_t *err)
         }
         return rc;
     }
+    if (o->op == BP_KV_ROLLBACK) {
+        const struct kv_entry *e = entry_find(w, o->entry);
+        if (!e || e->n != o->n)
+            return bl_err_set(err, BL_ENOENT, "no checkpoint %lld of %lld positions to roll slot %d back to",
+                              (long long)o->entry, (long long)o->n, o->slot);
+        return wk_kv_ckpt_load(kv, o->n, e->mem, err);
+    }
     entry_drop(w, o->entry); /* a name saved again replaces the old state */
     if (w->n_entries == w->cap_entries) {
         size_t cap = w->cap_entries ? 2 * w->cap_entries : 16;
@@ -519,14 +526,19 @@ static int kv_op(worker_t *w, bp_step_kvop_t *o, bl_err_t *err)
         w->entries = g;
         w->cap_entries = cap;
     }
-    const size_t bytes = wk_kv_state_bytes(kv, o->n);
+    const int ckpt = o->op == BP_KV_CKPT;
+    if (ckpt && o->n != wk_kv_n_past(kv))
+        return bl_err_set(err, BL_EINVAL, "a checkpoint of slot %d at %lld positions: it holds %lld", o->slot,
+                          (long long)o->n, (long long)wk_kv_n_past(kv));
+    /* a checkpoint of a stage without recurrent layers keeps only its position */
+    const size_t bytes = ckpt ? wk_kv_ckpt_bytes(kv) + 8 : wk_kv_state_bytes(kv, o->n);
     void *mem = NULL;
     size_t cap = 0;
     struct timespec t0, t1, t2;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int rc = block_get(w, bytes, &mem, &cap, err);
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    if (rc == 0 && (rc = wk_kv_save(kv, o->n, mem, err)) != 0)
+    if (rc == 0 && (rc = ckpt ? wk_kv_ckpt_save(kv, mem, err) : wk_kv_save(kv, o->n, mem, err)) != 0)
         block_put(w, mem, cap);
     clock_gettime(CLOCK_MONOTONIC, &t2);
     if (rc)

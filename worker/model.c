@@ -158,6 +158,16 @@ static int read_config(wk_model_t *m, bl_arch_t *a, bl_err_t *err)
     c->router_bias = a->router_bias;
     c->expert_biases = a->expert_biases;
     c->expert_act = a->expert_act;
+    c->ssm_conv = a->ssm_conv;
+    c->ssm_state = a->ssm_state;
+    c->ssm_groups = a->ssm_groups;
+    c->ssm_heads = a->ssm_heads;
+    c->ssm_tiled = a->ssm_tiled;
+    c->ssm_ba = a->ssm_ba;
+    c->attn_gate = a->attn_gate;
+    c->shexp_gate = a->shexp_gate;
+    _Static_assert(sizeof c->recurrent == sizeof a->recurrent, "one bit a layer");
+    memcpy(c->recurrent, a->recurrent, sizeof c->recurrent);
     snprintf(c->ffn_norm, sizeof c->ffn_norm, "%s", a->ffn_norm);
     c->n_vocab = a->n_vocab;
     c->n_ctx_train = a->n_ctx_train;
@@ -174,6 +184,8 @@ static const wk__family_t k_families[] = {
     {"glm4moe", wk__gqa_map, wk__gqa_place, wk__gqa_forward},
     {"deepseek2", wk__ds2_map, wk__ds2_place, wk__ds2_forward},
     {"gpt-oss", wk__gqa_map, wk__gqa_place, wk__gqa_forward},
+    {"qwen3next", wk__q3n_map, wk__q3n_place, wk__q3n_forward},
+    {"qwen35moe", wk__q3n_map, wk__q3n_place, wk__q3n_forward},
 };
 
 static const wk__family_t *family_of(const char *arch)
@@ -279,7 +291,8 @@ int wk__map_ffn(wk_model_t *m, int64_t l, bl_err_t *err)
     if (c->n_ff_shexp &&
         ((rc = wk__find_mat(m, NAME("ffn_gate_shexp.weight"), E, c->n_ff_shexp, 1, use, &L->sh_gate, err)) < 0 ||
          (rc = wk__find_mat(m, NAME("ffn_up_shexp.weight"), E, c->n_ff_shexp, 1, use, &L->sh_up, err)) < 0 ||
-         (rc = wk__find_mat(m, NAME("ffn_down_shexp.weight"), c->n_ff_shexp, E, 1, use, &L->sh_down, err)) < 0))
+         (rc = wk__find_mat(m, NAME("ffn_down_shexp.weight"), c->n_ff_shexp, E, 1, use, &L->sh_down, err)) < 0 ||
+         (c->shexp_gate && (rc = wk__find_vec(m, NAME("ffn_gate_inp_shexp.weight"), E, &L->sh_gate_inp, err)) < 0)))
         return rc;
 #undef NAME
     return 0;
@@ -353,7 +366,8 @@ int wk__place_ffn(wk_model_t *m, int64_t l, bl_err_t *err)
           (rc = op->add(b, &e->down_exps, 0, err)) < 0)))
         return rc;
     if (c->n_ff_shexp && ((rc = op->add(b, &L->sh_gate, 0, err)) < 0 || (rc = op->add(b, &L->sh_up, 0, err)) < 0 ||
-                          (rc = op->add(b, &L->sh_down, 0, err)) < 0))
+                          (rc = op->add(b, &L->sh_down, 0, err)) < 0 ||
+                          (c->shexp_gate && (rc = op->add_vec(b, &L->sh_gate_inp, c->n_embd, err)) < 0)))
         return rc;
     if (wk__layer_remote(m, l) && (rc = op->add_host(b, l, e, err)) < 0)
         return rc;
@@ -399,11 +413,37 @@ int wk__forward_ffn(wk_model_t *m, int64_t l, int64_t n, bl_err_t *err)
     if (rc < 0)
         return rc;
     if (!wk__layer_moe(m, l))
-        return op->ffn(b, &L->ffn_gate, &L->ffn_up, &L->ffn_down, s->xn, n, s->x, err);
+        return op->ffn(b, &L->ffn_gate, &L->ffn_up, &L->ffn_down, NULL, s->xn, n, s->x, err);
     if ((rc = op->moe(b, l, &L->moe, wk__layer_remote(m, l) ? &m->remote : NULL, s->xn, n, s->x, err)) == 0 &&
         c->n_ff_shexp)
-        rc = op->ffn(b, &L->sh_gate, &L->sh_up, &L->sh_down, s->xn, n, s->x, err);
+        rc = op->ffn(b, &L->sh_gate, &L->sh_up, &L->sh_down, c->shexp_gate ? L->sh_gate_inp.p : NULL, s->xn, n,
+                     s->x, err);
     return rc;
+}
+
+/* Where each stage layer keeps its part of a cache: K/V rows (attention layers) or a
+ * recurrent state (a hybrid's DeltaNet layers). */
+static int layer_caches(wk_model_t *m, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    m->kv_index = malloc(sizeof(int64_t) * (size_t)c->n_layer);
+    m->rec_index = malloc(sizeof(int64_t) * (size_t)c->n_layer);
+    if (!m->kv_index || !m->rec_index)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for %lld layers", (long long)c->n_layer);
+    m->n_kv_layers = m->n_rec_layers = 0;
+    for (int64_t l = 0; l < c->n_layer; l++) {
+        m->kv_index[l] = m->rec_index[l] = -1;
+        if (l < m->lb || l >= m->le)
+            continue;
+        if (wk__layer_recurrent(c, l))
+            m->rec_index[l] = m->n_rec_layers++;
+        else
+            m->kv_index[l] = m->n_kv_layers++;
+    }
+    const int64_t ch = c->ssm_state * (2 * c->ssm_groups + c->ssm_heads);
+    m->rec_floats = c->ssm_heads > 0 ? (size_t)((c->ssm_conv - 1) * ch + c->ssm_heads * c->ssm_state * c->ssm_state)
+                                     : 0;
+    return 0;
 }
 
 int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opts, bl_err_t *err)
@@ -450,6 +490,8 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
                         m->path, m->opts.device);
         goto fail;
     }
+    if ((rc = layer_caches(m, err)) < 0)
+        goto fail;
     if (m->opts.device < 0) /* on a device the weights go to the card instead */
         weights_arena(m);
     m->host = malloc((size_t)m->cfg.n_layer);
@@ -528,6 +570,8 @@ void wk_model_free(wk_model_t *m)
         m->be->op->destroy(m->be); /* frees the run state's activations */
     free(m->s.segs);
     free(m->host);
+    free(m->kv_index);
+    free(m->rec_index);
     free(m->w.layers);
     for (size_t i = 0; i < m->n_owned; i++)
         free(m->owned[i]);
@@ -562,7 +606,7 @@ static int kv_init(wk_kv_t *kv, const wk_model_t *m, int64_t n_ctx, uint32_t typ
     if (rc < 0)
         return rc;
     kv->model = m;
-    kv->n_layer = m->le - m->lb;
+    kv->n_layer = m->n_kv_layers;
     kv->n_ctx = kv->stride = n_ctx;
     kv->type = type;
     kv->n_planes = c->kv_planes;
@@ -574,6 +618,26 @@ static int kv_init(wk_kv_t *kv, const wk_model_t *m, int64_t n_ctx, uint32_t typ
     return 0;
 }
 
+/* A hybrid cache's recurrent state (host memory: only the CPU backend runs DeltaNet
+ * layers), zero until a sequence's first step sets it. */
+static int rec_alloc(wk_kv_t *kv, const wk_model_t *m, bl_err_t *err)
+{
+    kv->rec = NULL;
+    if (m->n_rec_layers == 0)
+        return 0;
+    kv->rec = calloc((size_t)m->n_rec_layers * m->rec_floats, sizeof(float));
+    if (!kv->rec)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for a recurrent state of %zu bytes",
+                          (size_t)m->n_rec_layers * m->rec_floats * sizeof(float));
+    return 0;
+}
+
+/* The bytes of a saved state's recurrent part (after its rows). */
+static size_t rec_bytes(const wk_kv_t *kv)
+{
+    return (size_t)kv->model->n_rec_layers * kv->model->rec_floats * sizeof(float);
+}
+
 int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t type, bl_err_t *err)
 {
     *out = NULL;
@@ -581,7 +645,8 @@ int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t typ
     if (!kv)
         return bl_err_set(err, BL_ENOMEM, "out of memory for a KV cache");
     int rc = kv_init(kv, m, n_ctx, type, err);
-    if (rc == 0 && (rc = m->be->op->kv_alloc(m->be, kv, err)) < 0) {
+    if (rc == 0 && (rc = rec_alloc(kv, m, err)) == 0 && (rc = m->be->op->kv_alloc(m->be, kv, err)) < 0) {
+        free(kv->rec);
         free(kv);
         return rc;
     }
@@ -658,6 +723,11 @@ int wk_kv_create_in(wk_kv_t **out, wk_kv_pool_t *pool, int64_t n_ctx, bl_err_t *
     kv->n_past = 0;
     kv->pool = pool;
     kv->c0 = kv->nc = 0;
+    int rc = rec_alloc(kv, kv->model, err);
+    if (rc < 0) {
+        free(kv);
+        return rc;
+    }
     *out = kv;
     return 0;
 }
@@ -821,6 +891,7 @@ void wk_kv_free(wk_kv_t *kv)
         kv_place(kv, 0, 0);
     else
         kv->model->be->op->kv_free(kv->model->be, kv);
+    free(kv->rec);
     free(kv);
 }
 
@@ -828,9 +899,15 @@ int64_t wk_kv_n_past(const wk_kv_t *kv) { return kv->n_past; }
 size_t wk_kv_row_bytes(const wk_kv_t *kv) { return kv->row_bytes; }
 int wk_kv_planes(const wk_kv_t *kv) { return kv->n_planes; }
 
-size_t wk_kv_state_bytes(const wk_kv_t *kv, int64_t n)
+/* The rows of positions 0..n, then a hybrid's recurrent state. */
+static size_t rows_bytes(const wk_kv_t *kv, int64_t n)
 {
     return (size_t)kv->n_layer * (size_t)kv->n_planes * (size_t)(n > 0 ? n : 0) * kv->row_bytes;
+}
+
+size_t wk_kv_state_bytes(const wk_kv_t *kv, int64_t n)
+{
+    return rows_bytes(kv, n) + (n > 0 ? rec_bytes(kv) : 0);
 }
 
 int wk_kv_state_alloc(const wk_model_t *m, size_t nbytes, void **out, bl_err_t *err)
@@ -850,7 +927,13 @@ int wk_kv_save(wk_kv_t *kv, int64_t n, void *dst, bl_err_t *err)
     if (n < 1 || n > kv->n_past)
         return bl_err_set(err, BL_EINVAL, "saving %lld positions of a KV cache that holds %lld",
                           (long long)n, (long long)kv->n_past);
-    return kv->model->be->op->kv_copy(kv->model->be, kv, dst, n, n, 1, err);
+    if (kv->rec && n != kv->n_past)
+        return bl_err_set(err, BL_EINVAL, "saving %lld positions of a cache with a recurrent state, which holds "
+                          "only its last position's (%lld)", (long long)n, (long long)kv->n_past);
+    int rc = kv->model->be->op->kv_copy(kv->model->be, kv, dst, n, n, 1, err);
+    if (rc == 0 && kv->rec)
+        memcpy((uint8_t *)dst + rows_bytes(kv, n), kv->rec, rec_bytes(kv));
+    return rc;
 }
 
 int wk_kv_load(wk_kv_t *kv, int64_t n, const void *src, int64_t n_saved, bl_err_t *err)
@@ -858,15 +941,42 @@ int wk_kv_load(wk_kv_t *kv, int64_t n, const void *src, int64_t n_saved, bl_err_
     if (n < 1 || n > kv->n_ctx || n > n_saved)
         return bl_err_set(err, BL_EINVAL, "loading %lld positions of %lld saved into a KV cache of %lld",
                           (long long)n, (long long)n_saved, (long long)kv->n_ctx);
+    if (kv->rec && n != n_saved)
+        return bl_err_set(err, BL_EINVAL, "loading %lld of %lld saved positions: a recurrent state is only "
+                          "whole", (long long)n, (long long)n_saved);
     kv->n_past = 0;
     kv_shrink(kv, 0);
     int rc = kv_reserve(kv, n, err);
     if (rc < 0)
         return rc;
     rc = kv->model->be->op->kv_copy(kv->model->be, kv, (void *)src, n, n_saved, 0, err);
+    if (rc == 0 && kv->rec)
+        memcpy(kv->rec, (const uint8_t *)src + rows_bytes(kv, n_saved), rec_bytes(kv));
     if (rc == 0)
         kv->n_past = n;
     return rc;
+}
+
+size_t wk_kv_ckpt_bytes(const wk_kv_t *kv) { return kv->rec ? rec_bytes(kv) : 0; }
+
+int wk_kv_ckpt_save(wk_kv_t *kv, void *dst, bl_err_t *err)
+{
+    (void)err;
+    if (kv->rec)
+        memcpy(dst, kv->rec, rec_bytes(kv));
+    return 0;
+}
+
+int wk_kv_ckpt_load(wk_kv_t *kv, int64_t n, const void *src, bl_err_t *err)
+{
+    if (n < 1 || n > kv->n_past)
+        return bl_err_set(err, BL_EINVAL, "a checkpoint at %lld positions into a cache that holds %lld",
+                          (long long)n, (long long)kv->n_past);
+    kv_shrink(kv, n);
+    kv->n_past = n;
+    if (kv->rec)
+        memcpy(kv->rec, src, rec_bytes(kv));
+    return 0;
 }
 
 // --- steps -------------------------------------------------------------------------------
@@ -885,6 +995,10 @@ static int check_seq(const wk_model_t *m, const wk_kv_t *kv, const int32_t *toke
     if (pos < 0 || pos > kv->n_past)
         return bl_err_set(err, BL_EINVAL, "sequence %lld: eval at position %lld, but the cache holds %lld",
                           (long long)i, (long long)pos, (long long)kv->n_past);
+    if (kv->rec && pos != kv->n_past && pos != 0)
+        return bl_err_set(err, BL_EINVAL, "sequence %lld: eval at position %lld, but the recurrent state is at "
+                          "%lld and cannot be cut back (restore a saved state, or start at 0)", (long long)i,
+                          (long long)pos, (long long)kv->n_past);
     if (n > kv->n_ctx - pos)
         return bl_err_set(err, BL_ERANGE, "sequence %lld: positions %lld..%lld do not fit a cache of %lld",
                           (long long)i, (long long)pos, (long long)(pos + n - 1), (long long)kv->n_ctx);

@@ -30,6 +30,17 @@ typedef struct layer {
     wk_tensor_t sh_gate;  // (n_ff_shexp, n_embd) a MoE layer's shared experts
     wk_tensor_t sh_up;    // (n_ff_shexp, n_embd)
     wk_tensor_t sh_down;  // (n_embd, n_ff_shexp)
+    wk_vec_t sh_gate_inp; // (n_embd) the shared expert's sigmoid gate (qwen3next)
+    /* qwen3next / qwen35moe's gated DeltaNet layers (docs/models.md) */
+    wk_tensor_t wqkv;     // (2 S Hk + S Hv, n_embd) attn_qkv
+    wk_tensor_t wgate;    // (S Hv, n_embd) attn_gate: the output gate z
+    wk_tensor_t ssm_ba;   // (2 Hv, n_embd) beta and alpha grouped by k head (qwen3next)
+    wk_tensor_t ssm_beta, ssm_alpha; // (Hv, n_embd) each (qwen35moe)
+    wk_vec_t ssm_conv;    // (channels, K) the convolution's weights
+    wk_vec_t ssm_dt;      // (Hv) the time-step bias
+    wk_vec_t ssm_a;       // (Hv) -exp(A_log)
+    wk_vec_t ssm_norm;    // (S) the output's RMSNorm
+    wk_tensor_t ssm_out;  // (n_embd, S Hv)
     /* deepseek2's latent attention */
     wk_tensor_t wq_a;     // (q_lora, n_embd), q_lora > 0
     wk_vec_t q_a_norm;    // (q_lora)
@@ -89,6 +100,12 @@ struct wk_model {
     char path[256];   /* for messages; truncated */
     int64_t lb, le;   /* the stage's layers [lb, le) */
     wk_remote_t remote; /* WK_EXPERTS_REMOTE: where routed experts go */
+    /* a hybrid (qwen3next): each stage layer's place in a cache, -1 where the layer
+     * has no such part: K/V rows (attention layers, kv_index) or a recurrent state
+     * (DeltaNet layers, rec_index); rec_floats: one layer's state */
+    int64_t *kv_index, *rec_index;
+    int64_t n_kv_layers, n_rec_layers;
+    size_t rec_floats;
     uint8_t *host;      /* (n_layer): 1 where the layer's routed experts are another
                          * process's (REMOTE) or this one's (ONLY) */
 };
@@ -117,12 +134,14 @@ static inline int wk__layer_local_experts(const wk_model_t *m, int64_t l)
 
 struct wk_kv {
     const wk_model_t *model; /* the model it was made for; another's is refused */
-    int64_t n_layer, n_ctx, n_past; /* n_layer: the stage's layers */
+    int64_t n_layer, n_ctx, n_past; /* n_layer: the stage's layers that keep K/V rows */
     uint32_t type;
     int n_planes;     /* 2: K and V; 1: the value is the key's own row (deepseek2's
                        * latent cache), one plane a layer */
     size_t row_bytes; /* one position of one layer's K (or V) */
     int64_t stride;   /* positions from one plane to the next: n_ctx, or the pool's */
+    float *rec;       // (model n_rec_layers, rec_floats) the DeltaNet layers' recurrent state
+                      // after position n_past (host memory), or NULL
     uint8_t *buf;     // (n_layer, n_planes, stride, row_bytes): K then V per layer, in the
                       // backend's memory; in a pool, its first chunk's place there
     wk_kv_pool_t *pool; /* the shared cache it takes chunks of, or NULL: its own */
@@ -168,12 +187,22 @@ int wk__forward_ffn(wk_model_t *m, int64_t l, int64_t n, bl_err_t *err) BL_WUR;
 /* Frees p with the model; p NULL is out of memory. */
 int wk__own(wk_model_t *m, void *p, bl_err_t *err) BL_WUR;
 
-/* gqa.c: qwen3moe, qwen3 and glm4moe; deepseek2.c: deepseek2. */
+/* gqa.c: qwen3moe, qwen3, glm4moe and gpt-oss; deepseek2.c: deepseek2; qwen3next.c:
+ * qwen3next and qwen35moe. */
 int wk__gqa_map(wk_model_t *m, bl_err_t *err) BL_WUR;
 int wk__gqa_place(wk_model_t *m, bl_err_t *err) BL_WUR;
 int wk__gqa_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err) BL_WUR;
 int wk__ds2_map(wk_model_t *m, bl_err_t *err) BL_WUR;
 int wk__ds2_place(wk_model_t *m, bl_err_t *err) BL_WUR;
 int wk__ds2_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err) BL_WUR;
+int wk__q3n_map(wk_model_t *m, bl_err_t *err) BL_WUR;
+int wk__q3n_place(wk_model_t *m, bl_err_t *err) BL_WUR;
+int wk__q3n_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err) BL_WUR;
+
+/* Whether layer l is a gated DeltaNet layer. */
+static inline int wk__layer_recurrent(const wk_config_t *c, int64_t l)
+{
+    return l >= 0 && l < 64 * 64 && (c->recurrent[l / 64] >> (l % 64) & 1);
+}
 
 #endif

@@ -109,7 +109,8 @@ void wk_model_opts_default(wk_model_opts_t *o);
 
 /* What the forward pass reads from the file's metadata. */
 typedef struct wk_config {
-    char arch[16];         /* "qwen3moe", "qwen3", "glm4moe", "deepseek2" or "gpt-oss" */
+    char arch[16];         /* "qwen3moe", "qwen3", "glm4moe", "deepseek2", "gpt-oss", "qwen3next",
+                            * "qwen35moe" */
     int moe;               /* routed experts in layers n_dense_lead.. (else a dense FFN) */
     int64_t n_layer;       /* the layers a forward pass runs (NextN layers not counted) */
     int64_t n_embd;
@@ -140,6 +141,12 @@ typedef struct wk_config {
     int64_t n_swa, swa_period; /* gpt-oss's sliding-window layers (arch.h) */
     int attn_sinks, attn_out_bias, router_bias, expert_biases; /* gpt-oss's extras (arch.h) */
     int expert_act;        /* bl_act_t */
+    /* qwen3next / qwen35moe's gated DeltaNet layers (arch.h); ssm_heads 0: none */
+    int64_t ssm_conv, ssm_state, ssm_groups, ssm_heads;
+    int ssm_tiled, ssm_ba;
+    int attn_gate;         /* attn_q gives a sigmoid gate beside each head's q */
+    int shexp_gate;        /* a sigmoid gate on the shared expert (ffn_gate_inp_shexp) */
+    uint64_t recurrent[64]; /* bit l: layer l is a DeltaNet layer (BL_ARCH_MAX_LAYERS bits) */
     char ffn_norm[24];     /* the FFN's input norm's name: "ffn_norm", "post_attention_norm" */
     int64_t n_vocab;
     int64_t n_ctx_train;
@@ -239,6 +246,17 @@ int wk_kv_save(wk_kv_t *kv, int64_t n, void *dst, bl_err_t *err) BL_WUR;
  * BL_EINVAL for n out of 1..min(n_ctx, n_saved); on a copy error n_past is 0 (the
  * cache holds nothing usable). */
 int wk_kv_load(wk_kv_t *kv, int64_t n, const void *src, int64_t n_saved, bl_err_t *err) BL_WUR;
+
+/* A cache whose model has recurrent (DeltaNet) layers holds their state after its
+ * last position only: it cannot be cut back to a prefix (wk_model_eval refuses a pos
+ * other than n_past or 0; wk_kv_save and wk_kv_load take whole states). A checkpoint
+ * is that state alone (wk_kv_ckpt_bytes, 0 without such layers): saved at n_past,
+ * put back together with cutting the K/V rows back to the checkpoint's position. */
+size_t wk_kv_ckpt_bytes(const wk_kv_t *kv);
+int wk_kv_ckpt_save(wk_kv_t *kv, void *dst, bl_err_t *err) BL_WUR;
+/* kv cut back to n positions (n <= n_past: those the checkpoint was saved at) with
+ * the state src. BL_EINVAL for n out of range. */
+int wk_kv_ckpt_load(wk_kv_t *kv, int64_t n, const void *src, bl_err_t *err) BL_WUR;
 
 /* Runs tokens[0..n) at positions pos.. (pos <= wk_kv_n_past: rewinding drops what
  * came after) through the model, appending their K/V to kv, and writes the logits

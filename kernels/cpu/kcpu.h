@@ -409,6 +409,34 @@ void kcpu_swiglu(kcpu_ctx_t *c, float *y, const float *g, const float *u, int64_
  * alias g. */
 void kcpu_swiglu_oai(kcpu_ctx_t *c, float *y, const float *g, const float *u, int64_t n);
 
+/* A gated DeltaNet layer's parameters (docs/models.md): the convolution's weights
+ * (channels, K), the time-step bias and decay rates (Hv; ssm_a holds -exp(A_log)),
+ * the output norm (S); K <= 64 taps, S <= 4096. */
+typedef struct kcpu_dnet {
+    const float *conv_w, *dt_bias, *a, *norm;
+    int64_t K, S, Hk, Hv;
+    int tiled; /* v head h reads q/k head h % Hk (qwen35moe), else h / (Hv / Hk) */
+    int ba;    /* beta and alpha in one row grouped by k head (qwen3next's ssm_ba) */
+    float eps;
+} kcpu_dnet_t;
+
+/* q, k (Hk heads of S) and v (Hv heads of S): the convolution's channels. */
+static inline int64_t kcpu_dnet_channels(const kcpu_dnet_t *d) { return d->S * (2 * d->Hk + d->Hv); }
+
+/* beta (n, Hv) = sigmoid(b) and g (n, Hv) = softplus(alpha + dt_bias) * a from the
+ * rows' projections: b (n rows b_ld apart) holds both when d->ba, else b and al
+ * (al_ld apart) one each. */
+void kcpu_dnet_gates(const kcpu_dnet_t *d, const float *b, int64_t b_ld, const float *al, int64_t al_ld,
+                     int64_t n, float *beta, float *g);
+
+/* n rows of one sequence through the layer, after its state: qkv (n, channels) the
+ * projections, convolved and normed in place; conv (K - 1, channels) the last
+ * inputs before the rows, M (Hv, S, S) the states (M[h][i][j]: key dim i, value dim
+ * j), both updated to after the rows; z (n, Hv * S) the output gate; out (n, Hv * S)
+ * rmsnorm(o, norm) * silu(z) of each head's output o. */
+void kcpu_deltanet(kcpu_ctx_t *c, const kcpu_dnet_t *d, float *qkv, const float *z, const float *beta,
+                   const float *g, float *conv, float *M, float *out, int64_t n);
+
 /* One layer's KV cache: rows of n_kv_head * head_dim elements of type (f32, f16 or
  * q8_0), row_bytes apart, one per position. */
 typedef struct kcpu_kv_view {
