@@ -289,7 +289,7 @@ int bp_step_parse(const void *msg, size_t nbytes, const bp_step_limits_t *lim,
         for (int32_t i = 0; i < h->n_seqs; i++) {
             const bp_step_kvop_t *o = &in->kvops[i];
             const int drop = o->op == BP_KV_DROP, clear = o->op == BP_KV_CLEAR;
-            if (o->op < BP_KV_SAVE || o->op > BP_KV_FETCH)
+            if (o->op < BP_KV_SAVE || o->op > BP_KV_ROLLBACK)
                 return bad(err, h, "ops[].op", o->op, "is not a KV op");
             if (drop || o->op == BP_KV_PERSIST ? o->slot != 0 : (o->slot < 0 || o->slot >= lim->n_slots))
                 return bad(err, h, "ops[].slot", o->slot, "is outside the plan's slots");

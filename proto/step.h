@@ -72,6 +72,10 @@ typedef enum bp_kv_op {
                         * stage's own: the op returns at once; n: the entry's positions */
     BP_KV_FETCH = 8,   /* entry's part files read into slot's positions 0..n (each stage
                         * checks its part's header and checksum first) */
+    BP_KV_CKPT = 9,    /* a checkpoint: the recurrent state of slot's n positions (n: all it
+                        * holds) kept as entry; nothing for a stage without recurrent layers */
+    BP_KV_ROLLBACK = 10, /* slot's cache cut back to the n positions of checkpoint entry,
+                        * and the entry's recurrent state put back */
 } bp_kv_op_t;
 
 /* A stage's part file of entry in cache_dir: layers lb..le. The stage writes it under

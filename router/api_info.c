@@ -481,6 +481,10 @@ static void route_metrics(rt_req_t *r)
            (double)st.prompt_cache_tokens_total);
     metric_of(&b, "bloomery", "prompt_cache_evictions_total", "counter", "Saved states dropped for the budget.",
            (double)st.prompt_cache_evictions_total);
+    metric_of(&b, "bloomery", "checkpoints_total", "counter",
+              "Checkpoints of a recurrent model's slots saved (-ctxcp).", (double)st.checkpoints_total);
+    metric_of(&b, "bloomery", "checkpoint_restores_total", "counter",
+              "Prompts that started from a slot's checkpoint.", (double)st.checkpoint_restores_total);
     metric_of(&b, "bloomery", "kv_evictions_total", "counter",
               "Idle slots' caches emptied for room in the shared KV cache (-kvu).",
               (double)st.kv_evictions_total);

@@ -1330,7 +1330,8 @@ _Static_assert(RT_KV_CHUNK == BP_KV_CHUNK, "the engine counts a shared cache's c
 _Static_assert((int)RT_KV_SAVE == (int)BP_KV_SAVE && (int)RT_KV_LOAD == (int)BP_KV_LOAD &&
                    (int)RT_KV_DROP == (int)BP_KV_DROP && (int)RT_KV_CLEAR == (int)BP_KV_CLEAR &&
                    (int)RT_KV_WRITE == (int)BP_KV_WRITE && (int)RT_KV_READ == (int)BP_KV_READ &&
-                   (int)RT_KV_PERSIST == (int)BP_KV_PERSIST && (int)RT_KV_FETCH == (int)BP_KV_FETCH,
+                   (int)RT_KV_PERSIST == (int)BP_KV_PERSIST && (int)RT_KV_FETCH == (int)BP_KV_FETCH &&
+                   (int)RT_KV_CKPT == (int)BP_KV_CKPT && (int)RT_KV_ROLLBACK == (int)BP_KV_ROLLBACK,
                "the engine's KV op codes are the wire's");
 
 int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
@@ -1338,7 +1339,7 @@ int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
     if (n_ops < 1 || n_ops > BP_STEP_MAX_KVOPS)
         return bl_err_set(err, BL_EINVAL, "kv: %d ops (1..%d)", n_ops, BP_STEP_MAX_KVOPS);
     for (int i = 0; i < n_ops; i++)
-        if ((ops[i].op < RT_KV_SAVE || ops[i].op > RT_KV_FETCH) ||
+        if ((ops[i].op < RT_KV_SAVE || ops[i].op > RT_KV_ROLLBACK) ||
             (ops[i].op != BP_KV_DROP && ops[i].op != BP_KV_PERSIST &&
              (ops[i].slot < 0 || ops[i].slot >= c->lim.n_slots)) ||
             ((ops[i].op == BP_KV_PERSIST || ops[i].op == BP_KV_FETCH) && !c->o.cache_dir) ||
@@ -1351,7 +1352,7 @@ int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
     pthread_mutex_lock(&c->step_mu);
     int reads_cache = 0;
     for (int i = 0; i < n_ops; i++)
-        reads_cache |= ops[i].op == BP_KV_SAVE;
+        reads_cache |= ops[i].op == BP_KV_SAVE || ops[i].op == BP_KV_CKPT;
     int rc = pipe_ready(c, reads_cache, err);
     uint64_t step = 0;
     const int64_t deadline = c->o.step_timeout_ms > 0 ? now_ms() + c->o.step_timeout_ms : 0;

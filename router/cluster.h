@@ -158,7 +158,7 @@ int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, cons
  * not hold; BL_ENOMEM). On an error the ops after the failing one did not run and
  * the slots they name hold nothing usable. Engine thread. */
 enum { RT_KV_SAVE = 1, RT_KV_LOAD = 2, RT_KV_DROP = 3, RT_KV_CLEAR = 4, RT_KV_WRITE = 5,
-       RT_KV_READ = 6, RT_KV_PERSIST = 7, RT_KV_FETCH = 8 };
+       RT_KV_READ = 6, RT_KV_PERSIST = 7, RT_KV_FETCH = 8, RT_KV_CKPT = 9, RT_KV_ROLLBACK = 10 };
 /* A shared cache (kv_pool) goes to the slots in chunks of this many positions. */
 #define RT_KV_CHUNK 256
 #define RT_KV_MAX_OPS 64

@@ -80,7 +80,7 @@ static const entry_t k_table[] = {
      "the default draft models are fetched from Hugging Face: pass -md FILE instead"},
     /* context and cache */
     {"-cms,--checkpoint-min-step", "LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT", "N", NOEFFECT, NULL,
-     "the models served here keep no context checkpoints (-ctxcp)"},
+     "checkpoints are taken before a prompt's last token and every -cpent prompt tokens"},
     {"-no-kvu,--no-kv-unified", NULL, NULL, SAME, NULL, "each slot owns its share of the context (-c / -np)"},
     /* prompts and text of the command-line programs */
     {"-p,--prompt", NULL, "PROMPT", NOEFFECT, NULL, "the server takes its prompts from requests"},

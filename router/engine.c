@@ -110,6 +110,10 @@ typedef struct slot {
     int has_new_line;     /* the generated text holds a line break */
     int in_indent;        /* at the leading blanks of a generated line */
     int32_t line_indent;  /* how many there are so far */
+    /* a recurrent model's checkpoints of this slot: the stages' entries holding the
+     * recurrent state at positions ck_n[i] of seq, oldest first */
+    int64_t *ck_id, *ck_n;
+    int n_ck;
 } slot_t;
 
 /* A slot's cache state saved in host RAM by the stages (rt_cluster_kv), for the
@@ -121,6 +125,8 @@ typedef struct pc_entry {
     int64_t bytes;
     uint64_t last_used;
 } pc_entry_t;
+
+static void ck_drop(rt_engine_t *e, slot_t *s, int64_t keep);
 
 /* The most tokens the draft proposes for one step. */
 #define RT_DRAFT_MAX 64
@@ -964,6 +970,7 @@ static int64_t kv_evict(rt_engine_t *e, int64_t want, const slot_t *keep)
         }
         BL_LOG(BL_LOG_DEBUG, "event=kv_evict slot=%d n=%lld", v->id, (long long)v->n_kv);
         v->n_past = v->n_kv = v->n_seq = 0;
+        ck_drop(e, v, 0);
         have = kv_free(e);
         pthread_mutex_lock(&e->mu);
         e->stats.kv_evictions_total++;
@@ -1012,6 +1019,9 @@ static size_t pc_restore(rt_engine_t *e, slot_t *s, const rt_task_t *t, size_t k
     pc_entry_t *hit = NULL;
     for (size_t i = 0; i < e->n_pc; i++) {
         size_t l = common_prefix(e->pc[i].toks, (size_t)e->pc[i].n, t->prompt, t->n_prompt);
+        /* a recurrent state is only whole: the entry all a prefix, a token left over */
+        if (e->o.recurrent && (l != (size_t)e->pc[i].n || l >= t->n_prompt))
+            continue;
         if (l > best) {
             best = l;
             hit = &e->pc[i];
@@ -1072,6 +1082,7 @@ static void forget_caches(rt_engine_t *e)
         e->slots[i].n_past = 0;
         e->slots[i].n_kv = 0;
         e->slots[i].n_seq = 0;
+        ck_drop(e, &e->slots[i], 0);
     }
     if (e->o.kv_pool) {
         /* where the processes live on (a refused step), their shared cache must hold
@@ -1105,6 +1116,103 @@ static void fail_running(rt_engine_t *e, int status, const char *msg)
     }
 }
 
+/* Drops s's checkpoints past position keep (keep 0: all) in the stages and here. */
+static void ck_drop(rt_engine_t *e, slot_t *s, int64_t keep)
+{
+    rt_kv_op_t ops[RT_KV_MAX_OPS];
+    int n = 0, k = 0;
+    for (int i = 0; i < s->n_ck; i++) {
+        if (s->ck_n[i] <= keep) {
+            s->ck_id[k] = s->ck_id[i];
+            s->ck_n[k++] = s->ck_n[i];
+        } else if (n < RT_KV_MAX_OPS) {
+            ops[n++] = (rt_kv_op_t){.op = RT_KV_DROP, .entry = s->ck_id[i]};
+        }
+    }
+    s->n_ck = k;
+    bl_err_t err = {0};
+    if (n && rt_cluster_state(e->cluster) == RT_CLUSTER_READY && rt_cluster_kv(e->cluster, ops, n, &err))
+        BL_LOG(BL_LOG_WARN, "event=checkpoint_drop_failed slot=%d entries=%d reason=\"%s\"", s->id, n, err.msg);
+}
+
+/* A checkpoint of s at n_past (a recurrent model), the oldest dropped past -ctxcp. */
+static void ck_save(rt_engine_t *e, slot_t *s)
+{
+    if (e->o.ctx_checkpoints <= 0 || s->n_past < 1 || (s->n_ck && s->ck_n[s->n_ck - 1] == s->n_past))
+        return;
+    bl_err_t err = {0};
+    if (s->n_ck == e->o.ctx_checkpoints) {
+        rt_kv_op_t drop = {.op = RT_KV_DROP, .entry = s->ck_id[0]};
+        if (rt_cluster_kv(e->cluster, &drop, 1, &err))
+            BL_LOG(BL_LOG_WARN, "event=checkpoint_drop_failed slot=%d entries=1 reason=\"%s\"", s->id, err.msg);
+        memmove(s->ck_id, s->ck_id + 1, (size_t)(s->n_ck - 1) * sizeof *s->ck_id);
+        memmove(s->ck_n, s->ck_n + 1, (size_t)(s->n_ck - 1) * sizeof *s->ck_n);
+        s->n_ck--;
+    }
+    rt_kv_op_t op = {.op = RT_KV_CKPT, .slot = s->id, .entry = e->pc_next_id++, .n = s->n_past};
+    if (rt_cluster_kv(e->cluster, &op, 1, &err)) {
+        BL_LOG(BL_LOG_WARN, "event=checkpoint_failed slot=%d n=%lld reason=\"%s\"", s->id, (long long)s->n_past,
+               err.msg);
+        rt_kv_op_t drop = {.op = RT_KV_DROP, .entry = op.entry}; /* what stages before kept */
+        if (rt_cluster_state(e->cluster) == RT_CLUSTER_READY && rt_cluster_kv(e->cluster, &drop, 1, &err))
+            BL_LOG(BL_LOG_WARN, "event=checkpoint_drop_failed slot=%d entries=1 reason=\"%s\"", s->id, err.msg);
+        return;
+    }
+    s->ck_id[s->n_ck] = op.entry;
+    s->ck_n[s->n_ck++] = s->n_past;
+    pthread_mutex_lock(&e->mu);
+    e->stats.checkpoints_total++;
+    pthread_mutex_unlock(&e->mu);
+    BL_LOG(BL_LOG_DEBUG, "event=checkpoint slot=%d n=%lld bytes=%lld kept=%d", s->id, (long long)s->n_past,
+           (long long)op.bytes, s->n_ck);
+}
+
+/* Where a recurrent model's slot s can start prompt t: its whole cache when that is a
+ * prefix of the prompt short of its last token, else its latest checkpoint inside the
+ * shared prefix (*ck: its index), else 0. */
+static size_t ck_keep(const slot_t *s, const rt_task_t *t, int *ck)
+{
+    *ck = -1;
+    const size_t common = common_prefix(s->seq, (size_t)s->n_past, t->prompt, t->n_prompt);
+    if (common == (size_t)s->n_past && common < t->n_prompt)
+        return common;
+    const size_t want = common < t->n_prompt ? common : t->n_prompt - 1;
+    for (int i = s->n_ck - 1; i >= 0; i--)
+        if ((size_t)s->ck_n[i] <= want) {
+            *ck = i;
+            return (size_t)s->ck_n[i];
+        }
+    return 0;
+}
+
+/* Whether a recurrent model's prompt slot s is at a checkpoint's position: the one
+ * before its prompt's last token (a prompt of at least PC_MIN_TOKENS; the next request
+ * of the conversation, or the same prompt again, starts there), or a multiple of
+ * -cpent inside it. */
+static int ck_due(const rt_engine_t *e, const slot_t *s)
+{
+    if (!e->o.recurrent || e->o.ctx_checkpoints <= 0 || s->n_past >= s->n_seq)
+        return 0;
+    if (s->n_past == s->n_seq - 1 && s->n_seq - 1 >= PC_MIN_TOKENS)
+        return 1;
+    return e->o.checkpoint_every > 0 && s->n_past % e->o.checkpoint_every == 0;
+}
+
+/* The next position past n_past where prompt slot s takes a checkpoint (ck_due), or 0:
+ * none before its prompt's end. */
+static int64_t ck_next(const rt_engine_t *e, const slot_t *s)
+{
+    if (!e->o.recurrent || e->o.ctx_checkpoints <= 0)
+        return 0;
+    int64_t at = s->n_seq - 1 >= PC_MIN_TOKENS && s->n_seq - 1 > s->n_past ? s->n_seq - 1 : 0;
+    if (e->o.checkpoint_every > 0) {
+        const int64_t every = (s->n_past / e->o.checkpoint_every + 1) * e->o.checkpoint_every;
+        if (every < s->n_seq && (at == 0 || every < at))
+            at = every;
+    }
+    return at;
+}
+
 /* Puts t into s: keeps the cached prefix, creates the sampler, resets the text state.
  * Returns 0, or -1 after ending the task with an ERROR. */
 static int slot_start(rt_engine_t *e, slot_t *s, rt_task_t *t, int32_t n_vocab)
@@ -1123,15 +1231,19 @@ static int slot_start(rt_engine_t *e, slot_t *s, rt_task_t *t, int32_t n_vocab)
         return -1;
     }
     size_t keep = 0;
+    int ck = -1;
     /* the draft's cache agrees with the new sequence as far as the old one does */
     s->d_past = (int64_t)common_prefix(s->seq, (size_t)s->d_past, t->prompt, t->n_prompt);
-    if (t->p.cache_prompt) {
+    if (t->p.cache_prompt && e->o.recurrent) {
+        keep = ck_keep(s, t, &ck);
+    } else if (t->p.cache_prompt) {
         keep = common_prefix(s->seq, (size_t)s->n_past, t->prompt, t->n_prompt);
         /* the logits of the prompt's last token are needed: evaluate it again */
         if (keep >= t->n_prompt)
             keep = t->n_prompt - 1;
     }
     const int64_t t_start = now_us(); /* the prompt's time counts the cache's copies */
+    const size_t own = keep;
     if (e->o.cache_ram != 0 || e->o.cache_dir) {
         /* what the prompt overwrites goes to the prompt cache first, and the prompt
          * starts from the cache when that holds more of it */
@@ -1140,6 +1252,27 @@ static int slot_start(rt_engine_t *e, slot_t *s, rt_task_t *t, int32_t n_vocab)
         if (t->p.cache_prompt)
             keep = pc_restore(e, s, t, keep);
         pc_trim(e, 0); /* after the load: the state it used is the latest */
+    }
+    if (e->o.recurrent) {
+        if (keep != own) {
+            ck_drop(e, s, 0); /* the slot holds another sequence's state now */
+        } else if (ck >= 0) {
+            /* back to the checkpoint: the K/V rows cut, the recurrent state put back */
+            rt_kv_op_t op = {.op = RT_KV_ROLLBACK, .slot = s->id, .entry = s->ck_id[ck], .n = s->ck_n[ck]};
+            bl_err_t kerr = {0};
+            if (rt_cluster_kv(e->cluster, &op, 1, &kerr)) {
+                BL_LOG(BL_LOG_WARN, "event=checkpoint_restore_failed slot=%d n=%lld reason=\"%s\"", s->id,
+                       (long long)op.n, kerr.msg);
+                keep = 0;
+            } else {
+                pthread_mutex_lock(&e->mu);
+                e->stats.checkpoint_restores_total++;
+                pthread_mutex_unlock(&e->mu);
+            }
+            ck_drop(e, s, (int64_t)keep);
+        } else {
+            ck_drop(e, s, (int64_t)keep);
+        }
     }
     memcpy(s->seq + keep, t->prompt + keep, (t->n_prompt - keep) * sizeof *t->prompt);
     s->n_past = (int64_t)keep;
@@ -1223,6 +1356,7 @@ static int io_clear(rt_engine_t *e, slot_t *s, bl_err_t *err)
     rt_kv_op_t op = {.op = RT_KV_CLEAR, .slot = s->id};
     int rc = rt_cluster_kv(e->cluster, &op, 1, err);
     s->n_past = s->n_kv = s->n_seq = 0;
+    ck_drop(e, s, 0);
     return rc;
 }
 
@@ -1377,6 +1511,7 @@ static void io_restore(rt_engine_t *e, slot_t *s, rt_task_t *t, const char *path
     if (n > 0) {
         memcpy(s->seq, toks, 4 * (size_t)n);
         s->n_past = s->n_kv = s->n_seq = n;
+        ck_drop(e, s, 0); /* they were of what the slot held before */
     }
     s->d_past = 0;
     s->last_used = ++e->clock;
@@ -2000,6 +2135,9 @@ static int build_step(rt_engine_t *e)
         int64_t take = s->n_seq - s->n_past;
         if (take > share)
             take = share;
+        const int64_t ck_at = ck_next(e, s);
+        if (ck_at > s->n_past && take > ck_at - s->n_past)
+            take = ck_at - s->n_past; /* the chunk ends where a checkpoint is due */
         if (e->o.kv_pool) {
             /* what the shared cache has room for; the prompt's rest waits for more */
             const int64_t room = kv_reach(e, s, s->n_past + take, &taken) - s->n_past;
@@ -2121,6 +2259,8 @@ static void run_step(rt_engine_t *e, int32_t n_vocab)
         }
         s->n_past += e->seqs[j].n;
         s->n_kv = s->n_past;
+        if (s->state == SLOT_PROMPT && s->task && ck_due(e, s))
+            ck_save(e, s);
         if (s->state == SLOT_PROMPT && s->task && s->task->p.return_progress && !s->got_first)
             post_progress(e, s);
         if (!e->seqs[j].n_out)
@@ -2336,7 +2476,10 @@ int rt_engine_create(rt_engine_t **out, const rt_engine_opts_t *o, rt_cluster_t 
         s->seq = malloc((size_t)o->n_ctx_slot * sizeof *s->seq);
         s->held_cap = 2 * STOP_MAX_LEN;
         s->held = malloc(s->held_cap);
-        if (!s->seq || !s->held)
+        const size_t nck = o->recurrent && o->ctx_checkpoints > 0 ? (size_t)o->ctx_checkpoints : 1;
+        s->ck_id = malloc(nck * sizeof *s->ck_id);
+        s->ck_n = malloc(nck * sizeof *s->ck_n);
+        if (!s->seq || !s->held || !s->ck_id || !s->ck_n)
             goto fail;
         if ((rc = rt_detok_create(&s->detok[0], tok, 0, err)) ||
             (rc = rt_detok_create(&s->detok[1], tok, RT_DETOK_SPECIAL, err)) ||
@@ -2387,6 +2530,8 @@ fail:
         for (int i = 0; i < o->n_slots; i++) {
             free(e->slots[i].seq);
             free(e->slots[i].held);
+            free(e->slots[i].ck_id);
+            free(e->slots[i].ck_n);
             for (int k = 0; k < 3; k++)
                 rt_detok_destroy(e->slots[i].detok[k]);
         }
@@ -2462,6 +2607,8 @@ void rt_engine_destroy(rt_engine_t *e)
             rt_detok_destroy(s->detok[k]);
         free(s->seq);
         free(s->held);
+        free(s->ck_id);
+        free(s->ck_n);
     }
     rt_grammar_vocab_destroy(e->gvocab); /* after the samplers that borrowed it */
     if (e->async)

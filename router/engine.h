@@ -157,6 +157,13 @@ typedef struct rt_engine_opts {
     int64_t cache_ram;      /* -cram: bytes of host RAM the prompt cache may hold (the
                              * stages' saved cache states together); 0: no prompt cache;
                              * -1: no bound */
+    int recurrent;          /* the model's cache holds a recurrent state (qwen3next): it
+                             * cannot be cut back to a prefix; a slot goes back only to
+                             * one of its checkpoints, or runs its prompt whole */
+    int ctx_checkpoints;    /* -ctxcp: checkpoints a slot keeps (recurrent models; the
+                             * oldest go first); 0: none */
+    int64_t checkpoint_every; /* -cpent: a checkpoint every this many prompt tokens, besides
+                             * the one before a prompt's last token; <= 0: only that one */
     int64_t sleep_idle_ms;  /* --sleep-idle-seconds: after this long without work the
                              * model's processes stop (rt_cluster_sleep) until the next
                              * task wakes them; 0: never */
@@ -232,6 +239,7 @@ typedef struct rt_engine_stats {
     uint64_t prompt_cache_tokens_total;  /* positions those restored */
     uint64_t prompt_cache_evictions_total;
     uint64_t kv_evictions_total; /* idle slots' caches emptied for room in a shared one */
+    uint64_t checkpoints_total, checkpoint_restores_total; /* a recurrent model's (-ctxcp) */
     uint64_t draft_steps_total, drafted_total, accepted_total; /* speculative decoding */
     /* the prompt cache on disk (--cache-disk) */
     uint64_t disk_saves_total, disk_hits_total, disk_tokens_total, disk_evictions_total,

@@ -95,7 +95,7 @@ typedef struct opts {
     const char *log_file;
     /* HTTP and logs */
     const char *api_prefix, *log_colors;
-    int64_t threads_http, log_verbosity, keep, cache_ram, ctx_checkpoints, cache_disk_size;
+    int64_t threads_http, log_verbosity, keep, cache_ram, ctx_checkpoints, checkpoint_every, cache_disk_size;
     const char *cache_disk;
     int list_devices, no_mmproj, no_op_offload, op_offload, cache_list, completion_bash, fim_qwen_30b;
     rt_compat_seen_t compat; /* llama-server's flags without a meaning here (compat.h) */
@@ -487,8 +487,14 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "there, and a prompt that shares more with a saved state starts from it; at most this "
         "much (default 8192, -1 no limit, 0 off)");
     I64("-ctxcp,--ctx-checkpoints,--swa-checkpoints", "LLAMA_ARG_CTX_CHECKPOINTS",
-        &o->ctx_checkpoints, 0, INT32_MAX, "N",
-        "accepted: the models served here keep no context checkpoints");
+        &o->ctx_checkpoints, 0, 1024, "N",
+        "checkpoints of the recurrent state a slot keeps (qwen3next, qwen35moe): a later prompt "
+        "that shares a prefix starts from the latest inside it (default 8; 0: none, such a "
+        "prompt runs whole); other models' caches are cut back to any prefix");
+    I64("-cpent,--checkpoint-every-n-tokens", "LLAMA_ARG_CHECKPOINT_EVERY_NT", &o->checkpoint_every, -1,
+        INT32_MAX, "N",
+        "a checkpoint every N prompt tokens, besides the one before a prompt's last token "
+        "(default 8192; -1: only that one)");
     if (rt_compat_args(a, &n, MAX_ARGS, &o->compat) != 0)
         abort(); /* MAX_ARGS is sized for the table */
 #undef STR
@@ -713,6 +719,12 @@ static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64
         return rc;
     if ((rc = rt_cluster_devices(bin_dir, devs, BL_PLAN_MAX_DEVICES, n_devs, err)) != 0)
         return rc;
+    if (a.ssm_heads > 0 && *n_devs > 0) {
+        /* the card has no DeltaNet kernels yet: the whole model runs on the CPU */
+        BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored arch=%s reason=the CUDA backend has no gated DeltaNet "
+               "layers yet: every layer runs on the CPU", a.name);
+        *n_devs = 0;
+    }
     const bl_place_flags_t *f = &o->place;
     if (*n_devs == 0 && f->gpu_layers && strcmp(f->gpu_layers, "0") && strcmp(f->gpu_layers, "auto") &&
         strcmp(f->gpu_layers, "-1"))
@@ -722,7 +734,7 @@ static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64
     bl_place_opts_t po = {
         .n_cpu_stages = (int)o->workers, .n_ctx_total = n_ctx,
         .kv_elem_bytes = kv_type == BL_TYPE_F32 ? 4.0 : kv_type == BL_TYPE_Q8_0 ? 34.0 / 32.0 : 2.0,
-        .n_batch = rows, .ram_avail = bl_mem_available()};
+        .n_batch = rows, .n_seqs = o->parallel, .ram_avail = bl_mem_available()};
     if ((rc = bl_plan_opts(&po, f, err)) != 0)
         return rc;
     if ((rc = bl_plan_build(plan, g, &a, devs, *n_devs, &po, err)) != 0)
@@ -1389,6 +1401,8 @@ int main(int argc, char **argv)
     o.log_verbosity = -1;
     o.threads_http = -1;
     o.cache_ram = -2; /* not given */
+    o.ctx_checkpoints = 8; /* llama-server's defaults */
+    o.checkpoint_every = 8192;
     o.cache_disk_size = 32768;
     o.draft_max = 16;
     o.draft_ngl = -1;
@@ -1778,11 +1792,31 @@ int main(int argc, char **argv)
             rc2 = bl_err_set(&e2, BL_EINVAL, "its vocabulary has %llu tokens, the model's %llu",
                              (unsigned long long)bl_gguf_arr_count(dt),
                              (unsigned long long)bl_gguf_arr_count(mt));
+        bl_arch_t da;
+        if (rc2 == 0 && (rc2 = bl_arch_read(&da, dg, o.draft_model, &e2)) == 0 && !da.cache_prefix_cut)
+            rc2 = bl_err_set(&e2, BL_ENOTSUP, "a draft whose cache holds a recurrent state (%s) cannot be cut "
+                             "back after a rejected proposal (not supported)", da.name);
         bl_gguf_close(dg);
         if (rc2) {
             bl_err_set(&err, rc2, "-md %s: %s", o.draft_model, e2.msg);
             goto fail;
         }
+    }
+    /* a recurrent state (qwen3next) holds only its last position: the slots go back to
+     * checkpoints; what needs a cut to any prefix is refused by name */
+    bl_arch_t march;
+    if (bl_arch_read(&march, g, o.model, &err) != 0)
+        goto fail;
+    const int recurrent = !march.cache_prefix_cut;
+    if (recurrent && draft_on) {
+        bl_err_set(&err, BL_ENOTSUP, "-md %s: speculative decoding of a model whose cache holds a recurrent "
+                   "state (%s) is not supported", o.draft_model, march.name);
+        goto fail;
+    }
+    if (recurrent && cache_dir) {
+        bl_err_set(&err, BL_ENOTSUP, "--cache-disk %s: the prompt cache on disk does not keep the recurrent "
+                   "state of %s models yet (the RAM cache, -cram, does)", o.cache_disk, march.name);
+        goto fail;
     }
     app->n_predict_default = o.n_predict;
     app->defaults = defaults;
@@ -1935,6 +1969,9 @@ int main(int argc, char **argv)
         .timeout_ms = o.timeout * 1000,
         .sleep_idle_ms = o.sleep_idle > 0 ? o.sleep_idle * 1000 : 0,
         .cache_ram = o.cache_ram > 0 ? o.cache_ram * 1024 * 1024 : o.cache_ram,
+        .recurrent = recurrent,
+        .ctx_checkpoints = (int)o.ctx_checkpoints,
+        .checkpoint_every = o.checkpoint_every,
     };
     if (rt_engine_create(&engine, &eo, cluster, tok, &s->loop, &err) != 0)
         goto fail;
