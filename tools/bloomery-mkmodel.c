@@ -1,11 +1,14 @@
 /* bloomery-mkmodel: writes deterministic synthetic GGUF models of the qwen3moe,
- * qwen3, glm4moe, deepseek2 and gpt-oss architectures (tensor names, shapes and keys
- * as llama.cpp's converter writes them and llama.cpp loads them; deepseek2's
- * multi-head latent attention in the MLA form of today's converter or, with
- * --legacy-kv-b, the older attn_kv_b form; gpt-oss's attention biases and sinks,
- * sliding-window layers, biased router and experts with biases, the experts in
- * MXFP4 as in OpenAI's release; --preset gives the real shapes of GLM-4.5,
- * GLM-4.5-Air, DeepSeek-V3, DeepSeek-V2-Lite, gpt-oss-20b or gpt-oss-120b), with
+ * qwen3, glm4moe, deepseek2, gpt-oss, qwen3next and qwen35moe architectures (tensor
+ * names, shapes and keys as llama.cpp's converter writes them and llama.cpp loads
+ * them; deepseek2's multi-head latent attention in the MLA form of today's converter
+ * or, with --legacy-kv-b, the older attn_kv_b form; gpt-oss's attention biases and
+ * sinks, sliding-window layers, biased router and experts with biases, the experts
+ * in MXFP4 as in OpenAI's release; qwen3next's and qwen35moe's gated DeltaNet layers
+ * between gated full-attention ones, with a gated shared expert beside the routed
+ * ones; --preset gives the real shapes of GLM-4.5, GLM-4.5-Air, DeepSeek-V3,
+ * DeepSeek-V2-Lite, gpt-oss-20b, gpt-oss-120b, Qwen3-Next-80B-A3B or
+ * Qwen3.5-35B-A3B), with
  * random zero-mean weights quantized by common/quant.c's reference quantizers, and
  * either a small built-in BPE vocabulary with the family's special tokens and chat
  * template (gpt-oss: the harmony format), or a Hugging Face tokenizer folder; with
@@ -34,7 +37,13 @@
 #define MAX_THREADS 64
 #define ZIPF_CONST_CH 32 /* --router-zipf: channels of the constant (one q4_K sub-block) */
 
-enum { ARCH_QWEN3MOE, ARCH_QWEN3, ARCH_GLM4MOE, ARCH_DEEPSEEK2, ARCH_GPTOSS, ARCH_COUNT };
+enum {
+    ARCH_QWEN3MOE, ARCH_QWEN3, ARCH_GLM4MOE, ARCH_DEEPSEEK2, ARCH_GPTOSS, ARCH_QWEN3NEXT,
+    ARCH_QWEN35MOE, ARCH_COUNT
+};
+
+/* qwen3next and qwen35moe: the hybrids of gated DeltaNet and gated attention layers. */
+#define IS_HYBRID(arch) ((arch) == ARCH_QWEN3NEXT || (arch) == ARCH_QWEN35MOE)
 
 /* Embedding rows of the real checkpoints, more than their tokenizers' ids: the
  * default --vocab with --tokenizer. */
@@ -42,6 +51,7 @@ enum { ARCH_QWEN3MOE, ARCH_QWEN3, ARCH_GLM4MOE, ARCH_DEEPSEEK2, ARCH_GPTOSS, ARC
 #define GLM45_VOCAB_ROWS 151552
 #define DSV3_VOCAB_ROWS 129280
 #define GPTOSS_VOCAB_ROWS 201088
+#define QWEN35_VOCAB_ROWS 248320
 
 /* What an architecture's files carry besides its tensors: the pre-tokenizer name,
  * the built-in vocabulary's family and the --tokenizer default rows. */
@@ -58,6 +68,8 @@ static const arch_info_t archs[ARCH_COUNT] = {
     [ARCH_GLM4MOE] = {"glm4moe", "glm4", MK_FAMILY_GLM, GLM45_VOCAB_ROWS},
     [ARCH_DEEPSEEK2] = {"deepseek2", "deepseek-v3", MK_FAMILY_DEEPSEEK, DSV3_VOCAB_ROWS},
     [ARCH_GPTOSS] = {"gpt-oss", "gpt-4o", MK_FAMILY_HARMONY, GPTOSS_VOCAB_ROWS},
+    [ARCH_QWEN3NEXT] = {"qwen3next", "qwen2", MK_FAMILY_QWEN, QWEN3_VOCAB_ROWS},
+    [ARCH_QWEN35MOE] = {"qwen35moe", "qwen2", MK_FAMILY_QWEN, QWEN35_VOCAB_ROWS},
 };
 
 /* The router of glm4moe and deepseek2: llama.cpp's expert_gating_func values. */
@@ -68,7 +80,9 @@ enum { GATING_SOFTMAX = 1, GATING_SIGMOID = 2 };
  * models rotate half of each head, the default. The deepseek2 fields (q_lora
  * onwards) are left 0 for glm4moe, which ignores them; n_swa is gpt-oss's alone
  * (which rotates whole heads and has no dense, shared or NextN layers, and no
- * expert_weights_scale unless --expert-scale asks for one). */
+ * expert_weights_scale unless --expert-scale asks for one); n_ff_shexp and the
+ * ssm_* fields are qwen3next's and qwen35moe's (whose dense width n_ff is not
+ * written, their layers having none). */
 typedef struct preset {
     const char *name;
     const char *note; /* follows a value the preset chose, in messages */
@@ -82,6 +96,7 @@ typedef struct preset {
     int64_t yarn_orig_ctx;
     int no_probs_bias;
     int64_t n_swa; /* gpt-oss: the sliding window */
+    int64_t n_ff_shexp, ssm_conv, ssm_state, ssm_groups, ssm_heads;
 } preset_t;
 
 static const preset_t presets[] = {
@@ -124,6 +139,20 @@ static const preset_t presets[] = {
      .n_expert = 128, .n_expert_used = 4, .n_ff_exp = 2880, .n_vocab = GPTOSS_VOCAB_ROWS,
      .n_ctx = 131072, .rope_base = 150000, .eps = 1e-5, .yarn = 32, .yarn_orig_ctx = 4096,
      .n_swa = 128},
+    /* Qwen3-Next-80B-A3B and Qwen3.5-35B-A3B (also Qwen3.6-35B-A3B): three DeltaNet
+     * layers to one gated attention layer, a quarter of each head rotated */
+    {.name = "qwen3-next-80b-a3b", .note = " (the qwen3-next-80b-a3b preset's)",
+     .arch = ARCH_QWEN3NEXT, .n_layer = 48, .n_nextn = 0, .n_embd = 2048, .n_head = 16,
+     .n_head_kv = 2, .head_dim = 256, .n_expert = 512, .n_expert_used = 10, .n_ff_exp = 512,
+     .n_ff_shexp = 512, .n_vocab = QWEN3_VOCAB_ROWS, .n_ctx = 262144, .rope_base = 1e7,
+     .eps = 1e-6, .n_rot = 64, .ssm_conv = 4, .ssm_state = 128, .ssm_groups = 16,
+     .ssm_heads = 32},
+    {.name = "qwen3.5-35b-a3b", .note = " (the qwen3.5-35b-a3b preset's)",
+     .arch = ARCH_QWEN35MOE, .n_layer = 40, .n_nextn = 1, .n_embd = 2048, .n_head = 16,
+     .n_head_kv = 2, .head_dim = 256, .n_expert = 256, .n_expert_used = 8, .n_ff_exp = 512,
+     .n_ff_shexp = 512, .n_vocab = QWEN35_VOCAB_ROWS, .n_ctx = 262144, .rope_base = 1e7,
+     .eps = 1e-6, .n_rot = 64, .ssm_conv = 4, .ssm_state = 128, .ssm_groups = 16,
+     .ssm_heads = 32},
 };
 
 /* Everything the flags decide. The *_set fields remember which flags were given,
@@ -159,6 +188,14 @@ typedef struct opts {
      * swa_period - 1; the routed experts' type */
     int64_t n_swa, swa_period;
     bl_type_t type_experts;
+    /* qwen3next and qwen35moe: the shared expert's width; the DeltaNet layers'
+     * convolution taps (K), key dims a head (S, also the value dims), q/k heads
+     * (Hk) and value heads (Hv, a multiple of Hk); every full_attn_interval-th
+     * layer attends, unless recurrent_pat spells each layer's kind ('1' DeltaNet,
+     * '0' attention); qwen35moe's IMRoPE sections, derived from n_rot */
+    int64_t n_ff_shexp, ssm_conv, ssm_state, ssm_groups, ssm_heads, full_attn_interval;
+    const char *recurrent_pat;
+    int32_t rope_sections[4];
     const preset_t *preset;
     int vocab_set, ff_set, attn_v_set, ffn_down_set, output_set, embd_set, expert_scale_set;
 } opts_t;
@@ -166,8 +203,9 @@ typedef struct opts {
 /* How a tensor's values are drawn. KIND_K_B and KIND_V_B: deepseek2's attn_k_b and
  * attn_v_b, the values of the attn_kv_b the legacy form of the same flags and seed
  * holds (k_b transposed per head, as llama.cpp's converter splits attn_kv_b), so
- * that both forms describe one model. */
-enum { KIND_NORM, KIND_MAT, KIND_K_B, KIND_V_B };
+ * that both forms describe one model. KIND_SSM_A: the DeltaNet decay rates ssm_a,
+ * -e^u with u uniform (see draw_ssm_a). */
+enum { KIND_NORM, KIND_MAT, KIND_K_B, KIND_V_B, KIND_SSM_A };
 
 /* What --router-zipf changes in a tensor after its draw (see "skewed router"). */
 enum {
@@ -187,6 +225,7 @@ typedef struct tdesc {
     bl_type_t type;
     int kind;
     double std;         /* KIND_MAT: standard deviation of the values */
+    double mean;        /* KIND_MAT: their mean (0 but for ssm_dt.bias) */
     const char *row_flag;  /* the flag(s) that set ne[0], for error messages */
     const char *type_flag; /* the flag that chose the type */
     int zrole;             /* ZR_*: what --router-zipf changes */
@@ -214,7 +253,13 @@ static void usage(FILE *f)
         "                         groups, shared experts, YaRN) or gpt-oss (OpenAI\n"
         "                         gpt-oss: attention biases and sinks, sliding-window\n"
         "                         and full layers in turn, routed experts with biases,\n"
-        "                         MXFP4 experts, the harmony chat format)\n"
+        "                         MXFP4 experts, the harmony chat format), qwen3next\n"
+        "                         (Qwen3-Next: gated DeltaNet layers between gated\n"
+        "                         attention ones, partial RoPE, routed experts and a\n"
+        "                         gated shared expert) or qwen35moe (Qwen3.5/3.6 MoE:\n"
+        "                         as qwen3next, with separate beta and alpha\n"
+        "                         projections, tiled DeltaNet heads, IMRoPE sections\n"
+        "                         and NextN layers)\n"
         "  --preset NAME          a real model's shapes (implies its --arch); flags given\n"
         "                         as well override the preset's values, e.g. --layers 4\n"
         "                         --vocab 1024 for a cut-down file:\n"
@@ -260,31 +305,45 @@ static void usage(FILE *f)
         "                         4096 --vocab 201088 --ctx 131072 --rope-base 150000\n"
         "                         --eps 1e-5 (--type q8_0, --type-experts mxfp4: the\n"
         "                         20b file is about 12 GB)\n"
+        "                           qwen3-next-80b-a3b  (qwen3next) --layers 48\n"
+        "                                        --experts 512 --experts-used 10\n"
+        "                                        --vocab 151936\n"
+        "                           qwen3.5-35b-a3b  (qwen35moe; also Qwen3.6-35B-A3B)\n"
+        "                                        --layers 40 --nextn 1 --experts 256\n"
+        "                                        --experts-used 8 --vocab 248320\n"
+        "                         both: --n-embd 2048 --heads 16 --kv-heads 2\n"
+        "                         --head-dim 256 --rope-dim 64 --expert-ff 512\n"
+        "                         --shared-ff 512 --ssm-conv 4 --ssm-state 128\n"
+        "                         --ssm-groups 16 --ssm-heads 32\n"
+        "                         --full-attention-interval 4 --ctx 262144\n"
+        "                         --rope-base 1e7 --eps 1e-6\n"
         "  --layers N             blocks the forward pass runs (default 4)\n"
         "  --n-embd N             embedding width (default 256)\n"
         "  --heads N              attention heads (default 4)\n"
         "  --kv-heads N           key/value heads, dividing --heads (default 2; not\n"
         "                         deepseek2: its heads are --qk-nope, --rope-dim and\n"
         "                         --v-head wide, key and value per query head)\n"
-        "  --head-dim N           width of one head, even (default 128, gpt-oss 64; not\n"
-        "                         deepseek2)\n"
+        "  --head-dim N           width of one head, even (default 128, gpt-oss 64,\n"
+        "                         qwen3next and qwen35moe 32; not deepseek2)\n"
         "  --experts N            routed experts per layer, all but qwen3 (default 8)\n"
         "  --experts-used N       experts chosen per token, all but qwen3 (default 2)\n"
         "  --expert-ff N          expert FFN width, all but qwen3 (default 256)\n"
         "  --ff N                 dense FFN width: the FFN of qwen3, of the leading dense\n"
         "                         layers of glm4moe and deepseek2, metadata only for\n"
         "                         qwen3moe and gpt-oss (default 3 x --n-embd; gpt-oss\n"
-        "                         --expert-ff, as its converter writes)\n"
+        "                         --expert-ff, as its converter writes); not qwen3next\n"
+        "                         or qwen35moe, which have no dense FFN\n"
         "  --vocab N              tokens (rows of token_embd). Built-in vocabulary: default\n"
         "                         1024, at least %d (glm4moe %d, deepseek2 %d, gpt-oss\n"
         "                         %d); rows past the tokens it learns are unused\n"
         "                         padding. With --tokenizer: default the larger of the\n"
         "                         tokenizer's size and the real checkpoints' embedding\n"
-        "                         rows (Qwen3 %d, GLM-4.5 %d, DeepSeek-V3 %d,\n"
-        "                         gpt-oss %d; a preset's --vocab)\n"
+        "                         rows (Qwen3 and Qwen3-Next %d, GLM-4.5 %d,\n"
+        "                         DeepSeek-V3 %d, gpt-oss %d, Qwen3.5 %d; a\n"
+        "                         preset's --vocab)\n"
         "  --ctx N                context_length (default 4096)\n"
         "  --rope-base X          RoPE frequency base (default 1000000; deepseek2 10000,\n"
-        "                         gpt-oss 150000)\n"
+        "                         gpt-oss 150000, qwen3next and qwen35moe 10000000)\n"
         "  --eps X                RMS norm epsilon (default 1e-6; gpt-oss 1e-5)\n"
         "  --seed N               weight seed, decimal or 0x hex (default 1)\n"
         "  --type T               matrix type: f32, f16, bf16, q8_0, q4_K, q5_K, q6_K\n"
@@ -295,7 +354,10 @@ static void usage(FILE *f)
         "                         whole 256-value blocks (GLM-4.5-Air's widths 1408 and\n"
         "                         10944, deepseek2's attn_k_b rows of --qk-nope,\n"
         "                         gpt-oss's 2880) as q8_0, as llama.cpp's quantizer\n"
-        "                         falls back\n"
+        "                         falls back; so do qwen3next and qwen35moe (their\n"
+        "                         tiny defaults' ssm_out and attn_output rows of 64\n"
+        "                         and 128). Their ssm_conv1d, ssm_dt, ssm_a and\n"
+        "                         shared expert gate are f32\n"
         "  --type-attn-v T        attn_v type, and deepseek2's attn_v_b or attn_kv_b\n"
         "                         (default q6_K when --type is q4_K or q5_K, else --type)\n"
         "  --type-ffn-down T      ffn_down / ffn_down_exps / ffn_down_shexp type (default\n"
@@ -309,8 +371,9 @@ static void usage(FILE *f)
         "                         DIR/tokenizer_config.json (a Qwen3 or, with glm4moe, a\n"
         "                         GLM-4.5, with deepseek2 a DeepSeek-V3, with gpt-oss a\n"
         "                         gpt-oss tokenizer); the pre-tokenizer is recorded as\n"
-        "                         qwen2, glm4 for glm4moe, deepseek-v3 for deepseek2,\n"
-        "                         gpt-4o for gpt-oss (whose eom is then <|call|>)\n"
+        "                         qwen2 (also qwen3next and qwen35moe), glm4 for\n"
+        "                         glm4moe, deepseek-v3 for deepseek2, gpt-4o for\n"
+        "                         gpt-oss (whose eom is then <|call|>)\n"
         "  --tied                 no output.weight: the head reuses token_embd (not\n"
         "                         gpt-oss, whose files always carry output.weight)\n"
         "  --threads N            threads quantizing weights (default: online CPUs, at\n"
@@ -320,17 +383,21 @@ static void usage(FILE *f)
         "                         of each layer's experts, S in 0..4 (default 0: the\n"
         "                         random router). Needs --n-embd >= 2 x (--experts + %d)\n"
         "\n"
-        "glm4moe and deepseek2:\n"
+        "glm4moe and deepseek2 (also qwen35moe: --nextn, --rope-dim; qwen3next:\n"
+        "--rope-dim):\n"
         "  --nextn N              NextN (multi-token prediction) layers appended after\n"
         "                         --layers, 0..4 (default 1; deepseek2 0): block_count is\n"
         "                         their sum. Each is a MoE layer plus its nextn.* tensors\n"
+        "                         (qwen35moe: a gated attention layer, and no\n"
+        "                         embed_tokens or shared_head_head of its own)\n"
         "  --dense-lead N         leading layers with a dense FFN of --ff, less than\n"
         "                         --layers (default 1)\n"
         "  --shared-experts N     shared experts, each as wide as --expert-ff, run for\n"
         "                         every token beside the routed ones (default 1; 0: none)\n"
         "  --rope-dim N           dims of each head RoPE rotates, even: glm4moe\n"
-        "                         2..--head-dim (default --head-dim / 2); deepseek2 the\n"
-        "                         rotated part after --qk-nope (default 16)\n"
+        "                         2..--head-dim (default --head-dim / 2); qwen3next and\n"
+        "                         qwen35moe 2..--head-dim (default --head-dim / 4);\n"
+        "                         deepseek2 the rotated part after --qk-nope (default 16)\n"
         "  --expert-scale X       factor on the routed experts' weights (default 1; also\n"
         "                         gpt-oss, which writes expert_weights_scale only when\n"
         "                         this is given)\n"
@@ -380,12 +447,32 @@ static void usage(FILE *f)
         "  --type-experts T       the routed experts' type: mxfp4 (default, as OpenAI\n"
         "                         ships them), f32, f16, bf16 or q8_0; ffn_down_exps\n"
         "                         too unless --type-ffn-down is given\n"
+        "\n"
+        "qwen3next and qwen35moe only (see also --rope-dim above, and --nextn for\n"
+        "qwen35moe). A DeltaNet layer convolves 2 x --ssm-groups q/k heads and\n"
+        "--ssm-heads value heads of --ssm-state values each; qwen35moe's\n"
+        "rope.dimension_sections split the --rope-dim / 2 rotated pairs over the three\n"
+        "text sections, the first ones taking the remainder ([11, 11, 10, 0] for 64):\n"
+        "  --shared-ff N          the shared expert's width (default --expert-ff)\n"
+        "  --ssm-conv K           convolution taps, 2..64 (default 4)\n"
+        "  --ssm-state S          key (and value) dims of a DeltaNet head (default 16)\n"
+        "  --ssm-groups N         q/k heads of a DeltaNet layer (default 2)\n"
+        "  --ssm-heads N          value heads, a multiple of --ssm-groups (default 4)\n"
+        "  --full-attention-interval N\n"
+        "                         layer i is a gated attention layer when (i + 1) %% N\n"
+        "                         is 0, a DeltaNet layer otherwise (default 4; 1: no\n"
+        "                         DeltaNet layer)\n"
+        "  --recurrent-layers P   each layer's kind instead, one character a layer of\n"
+        "                         --layers: 1 DeltaNet, 0 attention (e.g. 1101),\n"
+        "                         written as attention.recurrent_layers instead of\n"
+        "                         full_attention_interval (llama.cpp reads only the\n"
+        "                         latter)\n"
         "  -h, --help             this text\n"
         "\n"
         "Exit status: 0 written, 1 a file could not be read or written, 2 bad flags.\n",
         MK_VOCAB_BUILTIN_MIN, MK_VOCAB_BUILTIN_MIN_GLM, MK_VOCAB_BUILTIN_MIN_DEEPSEEK,
         MK_VOCAB_BUILTIN_MIN_HARMONY, QWEN3_VOCAB_ROWS, GLM45_VOCAB_ROWS, DSV3_VOCAB_ROWS,
-        GPTOSS_VOCAB_ROWS, MAX_THREADS, ZIPF_CONST_CH);
+        GPTOSS_VOCAB_ROWS, QWEN35_VOCAB_ROWS, MAX_THREADS, ZIPF_CONST_CH);
 }
 
 static int flag_error(const char *fmt, ...) BL_PRINTF(1, 2);
@@ -441,7 +528,8 @@ static int parse_arch(void *ud, const char *arg, bl_err_t *err)
             return 0;
         }
     return bl_err_set(err, BL_EINVAL,
-                      "'%.32s' is not qwen3moe, qwen3, glm4moe, deepseek2 or gpt-oss", arg);
+                      "'%.32s' is not qwen3moe, qwen3, glm4moe, deepseek2, gpt-oss, qwen3next or "
+                      "qwen35moe", arg);
 }
 
 static int parse_preset(void *ud, const char *arg, bl_err_t *err)
@@ -453,7 +541,7 @@ static int parse_preset(void *ud, const char *arg, bl_err_t *err)
         }
     return bl_err_set(err, BL_EINVAL,
                       "'%.32s' is not glm-4.5-air, glm-4.5, deepseek-v3, deepseek-v2-lite, "
-                      "gpt-oss-20b or gpt-oss-120b", arg);
+                      "gpt-oss-20b, gpt-oss-120b, qwen3-next-80b-a3b or qwen3.5-35b-a3b", arg);
 }
 
 static int parse_gating(void *ud, const char *arg, bl_err_t *err)
@@ -494,6 +582,9 @@ enum {
     A_NO_PROBS_BIAS, A_YARN, A_YARN_ORIG_CTX, A_YARN_LOG_MUL,
     /* gpt-oss only */
     A_SWA, A_SWA_PERIOD, A_TYPE_EXPERTS,
+    /* qwen3next and qwen35moe only */
+    A_SHARED_FF, A_SSM_CONV, A_SSM_STATE, A_SSM_GROUPS, A_SSM_HEADS, A_FULL_ATTN_INTERVAL,
+    A_RECURRENT_LAYERS,
     A_COUNT
 };
 
@@ -504,16 +595,21 @@ enum {
 #define F_GLM4MOE (1u << ARCH_GLM4MOE)
 #define F_DEEPSEEK2 (1u << ARCH_DEEPSEEK2)
 #define F_GPTOSS (1u << ARCH_GPTOSS)
-#define F_MOE (F_QWEN3MOE | F_GLM4MOE | F_DEEPSEEK2 | F_GPTOSS)
-#define F_GQA (F_QWEN3MOE | F_QWEN3 | F_GLM4MOE | F_GPTOSS)
+#define F_QWEN3NEXT (1u << ARCH_QWEN3NEXT)
+#define F_QWEN35MOE (1u << ARCH_QWEN35MOE)
+#define F_HYBRID (F_QWEN3NEXT | F_QWEN35MOE)
+#define F_MOE (F_QWEN3MOE | F_GLM4MOE | F_DEEPSEEK2 | F_GPTOSS | F_HYBRID)
+#define F_GQA (F_QWEN3MOE | F_QWEN3 | F_GLM4MOE | F_GPTOSS | F_HYBRID)
 static const unsigned flag_archs[A_COUNT] = {
     [A_KV_HEADS] = F_GQA, [A_HEAD_DIM] = F_GQA,
     [A_EXPERTS] = F_MOE, [A_EXPERTS_USED] = F_MOE, [A_EXPERT_FF] = F_MOE,
+    /* the hybrids have no dense FFN, hence no feed_forward_length */
+    [A_FF] = F_QWEN3MOE | F_QWEN3 | F_GLM4MOE | F_DEEPSEEK2 | F_GPTOSS,
     /* the skewed router's channels assume qwen3moe's blocks: nothing but the
      * attention and the routed experts writes the residual */
     [A_ROUTER_ZIPF] = F_QWEN3MOE,
-    [A_NEXTN] = F_GLM4MOE | F_DEEPSEEK2, [A_DENSE_LEAD] = F_GLM4MOE | F_DEEPSEEK2,
-    [A_SHARED] = F_GLM4MOE | F_DEEPSEEK2, [A_ROPE_DIM] = F_GLM4MOE | F_DEEPSEEK2,
+    [A_NEXTN] = F_GLM4MOE | F_DEEPSEEK2 | F_QWEN35MOE, [A_DENSE_LEAD] = F_GLM4MOE | F_DEEPSEEK2,
+    [A_SHARED] = F_GLM4MOE | F_DEEPSEEK2, [A_ROPE_DIM] = F_GLM4MOE | F_DEEPSEEK2 | F_HYBRID,
     [A_EXPERT_SCALE] = F_GLM4MOE | F_DEEPSEEK2 | F_GPTOSS, [A_GATING] = F_GLM4MOE | F_DEEPSEEK2,
     [A_NO_EXPERT_NORM] = F_GLM4MOE | F_DEEPSEEK2,
     [A_QK_NORM] = F_GLM4MOE,
@@ -523,12 +619,15 @@ static const unsigned flag_archs[A_COUNT] = {
     [A_YARN] = F_DEEPSEEK2 | F_GPTOSS, [A_YARN_ORIG_CTX] = F_DEEPSEEK2 | F_GPTOSS,
     [A_YARN_LOG_MUL] = F_DEEPSEEK2,
     [A_SWA] = F_GPTOSS, [A_SWA_PERIOD] = F_GPTOSS, [A_TYPE_EXPERTS] = F_GPTOSS,
+    [A_SHARED_FF] = F_HYBRID, [A_SSM_CONV] = F_HYBRID, [A_SSM_STATE] = F_HYBRID,
+    [A_SSM_GROUPS] = F_HYBRID, [A_SSM_HEADS] = F_HYBRID, [A_FULL_ATTN_INTERVAL] = F_HYBRID,
+    [A_RECURRENT_LAYERS] = F_HYBRID,
 };
 
 /* "--flag applies to --arch a, b and c only" for a flag of set m. */
 static int arch_error(const char *flag, unsigned m)
 {
-    char list[96] = "";
+    char list[128] = "";
     int n = 0, k = 0;
     for (int a = 0; a < ARCH_COUNT; a++)
         n += (m >> a) & 1;
@@ -582,6 +681,11 @@ static void apply_preset(opts_t *o, const bl_arg_t *args)
     P(A_YARN_ORIG_CTX, yarn_orig_ctx);
     P(A_YARN_LOG_MUL, yarn_log_mul);
     P(A_SWA, n_swa);
+    P(A_SHARED_FF, n_ff_shexp);
+    P(A_SSM_CONV, ssm_conv);
+    P(A_SSM_STATE, ssm_state);
+    P(A_SSM_GROUPS, ssm_groups);
+    P(A_SSM_HEADS, ssm_heads);
 #undef P
 }
 
@@ -626,6 +730,55 @@ static int check_deepseek2(opts_t *o, const bl_arg_t *args)
     return check_yarn(o, args);
 }
 
+/* The qwen3next and qwen35moe rules (the shared MoE ones are checked before); sets
+ * the default --rope-dim and qwen35moe's RoPE sections. */
+static int check_hybrid(opts_t *o, const bl_arg_t *args)
+{
+#define BY_PRESET(a) (o->preset && !args[a].seen ? o->preset->note : "")
+    if (o->n_layer + o->n_nextn > 4096)
+        return flag_error("--layers %lld%s and --nextn %lld%s make more than 4096 blocks",
+                          (long long)o->n_layer, BY_PRESET(A_LAYERS), (long long)o->n_nextn,
+                          BY_PRESET(A_NEXTN));
+    if (o->ssm_heads % o->ssm_groups)
+        return flag_error("--ssm-heads %lld%s is not a multiple of --ssm-groups %lld%s",
+                          (long long)o->ssm_heads, BY_PRESET(A_SSM_HEADS),
+                          (long long)o->ssm_groups, BY_PRESET(A_SSM_GROUPS));
+    /* the real models rotate a quarter of each head (64 of 256); NEOX pairs dim i
+     * with i + n_rot/2 */
+    if (!args[A_ROPE_DIM].seen && !o->preset) {
+        o->n_rot = o->head_dim / 4;
+        if (o->n_rot % 2 || o->n_rot == 0)
+            return flag_error("--head-dim %lld: a quarter of it, the default --rope-dim, is not "
+                              "an even count of 2 or more; give --rope-dim", (long long)o->head_dim);
+    }
+    if (o->n_rot % 2 || o->n_rot > o->head_dim)
+        return flag_error("--rope-dim %lld%s is not an even count of 2..--head-dim %lld%s",
+                          (long long)o->n_rot, BY_PRESET(A_ROPE_DIM), (long long)o->head_dim,
+                          BY_PRESET(A_HEAD_DIM));
+    if (o->recurrent_pat) {
+        const size_t n = strlen(o->recurrent_pat);
+        if (args[A_FULL_ATTN_INTERVAL].seen)
+            return flag_error("give --recurrent-layers or --full-attention-interval, not both");
+        if (n != (size_t)o->n_layer)
+            return flag_error("--recurrent-layers has %zu characters, not one for each of "
+                              "--layers %lld%s", n, (long long)o->n_layer, BY_PRESET(A_LAYERS));
+        for (size_t i = 0; i < n; i++)
+            if (o->recurrent_pat[i] != '0' && o->recurrent_pat[i] != '1')
+                return flag_error("--recurrent-layers: character %zu is not 1 (DeltaNet) or 0 "
+                                  "(attention)", i + 1);
+    }
+    /* IMRoPE gives rotated pair p to section p % 3 while p < 3 x that section's
+     * width: the n_rot / 2 pairs split as evenly as they go, the first sections
+     * taking the remainder, cover every pair (for text all sections turn by the
+     * token's position, the fourth, images' only, is empty) */
+    const int64_t pairs = o->n_rot / 2;
+    for (int k = 0; k < 3; k++)
+        o->rope_sections[k] = (int32_t)((pairs + 2 - k) / 3);
+    o->rope_sections[3] = 0;
+#undef BY_PRESET
+    return 0;
+}
+
 /* Parses argv into o. Returns 0, -1 after --help (exit 0), or EXIT_USAGE. */
 static int parse_args(int argc, char **argv, opts_t *o)
 {
@@ -638,6 +791,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         .n_q_lora = 64, .n_kv_lora = 64, .n_qk_nope = 32, .n_v_head = 32, .n_group = 1,
         .n_group_used = 1, .yarn_orig_ctx = 4096, .yarn_log_mul = 0.1,
         .n_swa = 4, .swa_period = 2, .type_experts = BL_TYPE_MXFP4,
+        .ssm_conv = 4, .ssm_state = 16, .ssm_groups = 2, .ssm_heads = 4, .full_attn_interval = 4,
     };
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     o->n_threads = ncpu < 1 ? 1 : ncpu > MAX_THREADS ? MAX_THREADS : ncpu;
@@ -696,6 +850,14 @@ static int parse_args(int argc, char **argv, opts_t *o)
         [A_SWA_PERIOD] = {"--swa-period", NULL, BL_ARG_I64, &o->swa_period, 1, 4096},
         [A_TYPE_EXPERTS] = {"--type-experts", NULL, BL_ARG_FN, NULL, .fn = parse_type_experts,
                             .ud = &o->type_experts},
+        [A_SHARED_FF] = {"--shared-ff", NULL, BL_ARG_I64, &o->n_ff_shexp, 1, big},
+        [A_SSM_CONV] = {"--ssm-conv", NULL, BL_ARG_I64, &o->ssm_conv, 2, 64},
+        [A_SSM_STATE] = {"--ssm-state", NULL, BL_ARG_I64, &o->ssm_state, 1, 4096},
+        [A_SSM_GROUPS] = {"--ssm-groups", NULL, BL_ARG_I64, &o->ssm_groups, 1, 4096},
+        [A_SSM_HEADS] = {"--ssm-heads", NULL, BL_ARG_I64, &o->ssm_heads, 1, 4096},
+        [A_FULL_ATTN_INTERVAL] = {"--full-attention-interval", NULL, BL_ARG_I64,
+                                  &o->full_attn_interval, 1, 4096},
+        [A_RECURRENT_LAYERS] = {"--recurrent-layers", NULL, BL_ARG_STR, &o->recurrent_pat},
     };
     int help = 0;
     bl_err_t err = {0};
@@ -740,6 +902,20 @@ static int parse_args(int argc, char **argv, opts_t *o)
     }
     if (oss && !args[A_TYPE].seen)
         o->type = BL_TYPE_Q8_0;
+    /* The hybrids' defaults: narrow heads (a quarter of each rotated, check_hybrid)
+     * and the real models' RoPE base; the shared expert as wide as a routed one, as
+     * in both real models; qwen3next files have no NextN layer */
+    const int hyb = IS_HYBRID(o->arch);
+    if (hyb && !o->preset) {
+        if (!args[A_ROPE_BASE].seen)
+            o->rope_base = 1e7;
+        if (!args[A_HEAD_DIM].seen)
+            o->head_dim = 32;
+        if (!args[A_SHARED_FF].seen)
+            o->n_ff_shexp = o->n_ff_exp;
+    }
+    if (o->arch == ARCH_QWEN3NEXT)
+        o->n_nextn = 0;
     /* Notes a value the preset chose (the flag was not given), for messages. */
 #define BY_PRESET(a) (o->preset && !args[a].seen ? o->preset->note : "")
     o->ff_set = args[A_FF].seen || o->preset;
@@ -798,6 +974,8 @@ static int parse_args(int argc, char **argv, opts_t *o)
         return rc;
     if (oss)
         o->n_rot = o->head_dim; /* RoPE turns whole heads */
+    if (hyb && (rc = check_hybrid(o, args)))
+        return rc;
     /* The skewed router reserves a channel per expert and the constant's channels,
      * which the blocks may not write; half the width stays theirs. */
     if (o->router_zipf > 0 && 2 * (o->n_expert + ZIPF_CONST_CH) > o->n_embd)
@@ -874,9 +1052,11 @@ static double embd_std(const opts_t *o)
 #define ATTN_BIAS_STD 0.02
 #define EXP_PROBS_B_STD 0.05
 
-/* The NextN tensors of a glm4moe or deepseek2 NextN block i: they predict one
- * more token from the last hidden state and the next token's embedding. */
-static int add_nextn(const opts_t *o, tlist_t *L, int64_t i)
+/* The NextN tensors of a glm4moe, deepseek2 or qwen35moe NextN block i: they
+ * predict one more token from the last hidden state and the next token's
+ * embedding. own_head: the block's own embedding and head (glm4moe, deepseek2);
+ * qwen35moe's reuse the model's. */
+static int add_nextn(const opts_t *o, tlist_t *L, int64_t i, int own_head)
 {
     const int64_t E = o->n_embd, V = o->n_vocab;
     const double inv_e = 1.0 / sqrt((double)E);
@@ -891,10 +1071,12 @@ static int add_nextn(const opts_t *o, tlist_t *L, int64_t i)
                 1.0 / sqrt((double)(2 * E)), "2 x --n-embd", "--type");
     rc |= add_t(L, BLK("nextn.enorm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
     rc |= add_t(L, BLK("nextn.hnorm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
-    rc |= add_t(L, BLK("nextn.embed_tokens.weight"), 2, E, V, 1, o->type_embd, KIND_MAT, 1.0,
-                "--n-embd", e_flag);
-    rc |= add_t(L, BLK("nextn.shared_head_head.weight"), 2, E, V, 1, o->type_output, KIND_MAT,
-                2 * inv_e, "--n-embd", out_flag);
+    if (own_head) {
+        rc |= add_t(L, BLK("nextn.embed_tokens.weight"), 2, E, V, 1, o->type_embd, KIND_MAT, 1.0,
+                    "--n-embd", e_flag);
+        rc |= add_t(L, BLK("nextn.shared_head_head.weight"), 2, E, V, 1, o->type_output,
+                    KIND_MAT, 2 * inv_e, "--n-embd", out_flag);
+    }
     rc |= add_t(L, BLK("nextn.shared_head_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL,
                 NULL);
 #undef BLK
@@ -969,7 +1151,7 @@ static int add_ffn_block(const opts_t *o, tlist_t *L, int64_t i, int probs_b)
     }
 #undef BLK
     if (i >= o->n_layer)
-        rc |= add_nextn(o, L, i);
+        rc |= add_nextn(o, L, i, 1);
     return rc;
 }
 
@@ -1105,11 +1287,124 @@ static int add_gptoss_block(const opts_t *o, tlist_t *L, int64_t i)
     return rc;
 }
 
-/* glm4moe, deepseek2 and gpt-oss store a K-quant matrix whose rows are not whole
- * 256-value blocks as q8_0, as llama.cpp's quantizer does for GLM-4.5-Air's widths
- * 1408 and 10944, DeepSeek's attn_k_b rows of 128 or gpt-oss's 2880 (it takes q8_0
- * for q6_K and q5_0 / q5_1 for q4_K / q5_K, which this tool does not write). A row that fits no 32-value
- * block either keeps its type, so that check_blocks names the flag that set it. */
+/* Whether block l of a qwen3next or qwen35moe file is a DeltaNet layer: as
+ * --recurrent-layers spells it, else all but every --full-attention-interval-th.
+ * NextN blocks attend. */
+static int layer_recurrent(const opts_t *o, int64_t l)
+{
+    if (l >= o->n_layer)
+        return 0;
+    if (o->recurrent_pat)
+        return o->recurrent_pat[l] == '1';
+    return (l + 1) % o->full_attn_interval != 0;
+}
+
+/* The DeltaNet time constants. A head's state decays by e^g a position, with
+ * g = softplus(alpha . x + ssm_dt.bias) * ssm_a: ssm_a = -e^u, u uniform in
+ * [SSM_A_LOG_MIN, SSM_A_LOG_MAX) (rates 0.14..1.65), and biases near -2, which
+ * make the softplus about 0.2. In the tiny default files e^g then spreads from
+ * about 0.65 to 0.99 (median 0.92): heads remember from a few positions to a few
+ * tens, so a 40-token prompt depends on the state carried across it, and the
+ * decay still varies with the token. */
+#define SSM_A_LOG_MIN (-2.0)
+#define SSM_A_LOG_MAX 0.5
+#define SSM_DT_BIAS_MEAN (-2.0)
+#define SSM_DT_BIAS_STD 0.5
+
+/* Block i of a qwen3next or qwen35moe file: attn_norm; a DeltaNet mixer (attn_qkv
+ * making the convolution's channels: the q heads, the k heads, the v heads;
+ * attn_gate the output gate z; ssm_ba, or ssm_beta and ssm_alpha, the write
+ * strength and decay inputs; the convolution, the decay's bias and rates, the
+ * per-head output norm and ssm_out) or a gated attention one (attn_q giving each
+ * head its q then its gate, per-head q/k norms); post_attention_norm; the softmax
+ * router, the routed experts, and the shared expert with its sigmoid gate
+ * (ffn_gate_inp_shexp, one scalar a token); past n_layer, qwen35moe's NextN
+ * tensors. Scales as build_tensors says; the shared expert's gate draws twice
+ * 1/sqrt(n_embd), as the router, so that it varies from token to token; the
+ * convolution 1/sqrt(K), keeping its outputs near unit size. */
+static int add_hybrid_block(const opts_t *o, tlist_t *L, int64_t i)
+{
+    const int64_t E = o->n_embd, H = o->head_dim, QD = o->n_head * H, KD = o->n_head_kv * H;
+    const int64_t S = o->ssm_state, HK = o->ssm_groups, HV = o->ssm_heads, K = o->ssm_conv;
+    const int64_t CH = S * (2 * HK + HV), VD = S * HV;
+    const int64_t X = o->n_expert, FE = o->n_ff_exp, FS = o->n_ff_shexp;
+    const double inv_e = 1.0 / sqrt((double)E);
+    const bl_type_t f32 = BL_TYPE_F32;
+    const char *tf = "--type";
+    const char *v_flag = o->attn_v_set ? "--type-attn-v" : "--type";
+    const char *d_flag = o->ffn_down_set ? "--type-ffn-down" : "--type";
+    char nm[BL_GW_MAX_NAME + 1];
+    int rc = 0;
+#define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%lld." suffix, (long long)i), nm)
+    rc |= add_t(L, BLK("attn_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+    if (layer_recurrent(o, i)) {
+        /* (E, 2 S Hk + S Hv): [q heads | k heads | v heads] */
+        rc |= add_t(L, BLK("attn_qkv.weight"), 2, E, CH, 1, o->type, KIND_MAT, inv_e, "--n-embd",
+                    tf);
+        rc |= add_t(L, BLK("attn_gate.weight"), 2, E, VD, 1, o->type, KIND_MAT, inv_e,
+                    "--n-embd", tf);
+        if (o->arch == ARCH_QWEN3NEXT) {
+            /* (E, 2 Hv): per k head, its v heads' b then their a */
+            rc |= add_t(L, BLK("ssm_ba.weight"), 2, E, 2 * HV, 1, o->type, KIND_MAT, inv_e,
+                        "--n-embd", tf);
+        } else {
+            rc |= add_t(L, BLK("ssm_beta.weight"), 2, E, HV, 1, o->type, KIND_MAT, inv_e,
+                        "--n-embd", tf);
+            rc |= add_t(L, BLK("ssm_alpha.weight"), 2, E, HV, 1, o->type, KIND_MAT, inv_e,
+                        "--n-embd", tf);
+        }
+        /* (K, channels): a channel's taps, the current position's last */
+        rc |= add_t(L, BLK("ssm_conv1d.weight"), 2, K, CH, 1, f32, KIND_MAT,
+                    1.0 / sqrt((double)K), NULL, NULL);
+        rc |= add_t(L, BLK("ssm_dt.bias"), 1, HV, 1, 1, f32, KIND_MAT, SSM_DT_BIAS_STD, NULL,
+                    NULL);
+        if (!rc)
+            L->t[L->n - 1].mean = SSM_DT_BIAS_MEAN;
+        rc |= add_t(L, BLK("ssm_a"), 1, HV, 1, 1, f32, KIND_SSM_A, 0, NULL, NULL);
+        rc |= add_t(L, BLK("ssm_norm.weight"), 1, S, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+        rc |= add_t(L, BLK("ssm_out.weight"), 2, VD, E, 1, o->type, KIND_MAT,
+                    1.0 / sqrt((double)VD), "--ssm-state x --ssm-heads", tf);
+    } else {
+        /* (E, 2 H hd): per head its q then its gate */
+        rc |= add_t(L, BLK("attn_q.weight"), 2, E, 2 * QD, 1, o->type, KIND_MAT, inv_e,
+                    "--n-embd", tf);
+        rc |= add_t(L, BLK("attn_k.weight"), 2, E, KD, 1, o->type, KIND_MAT, inv_e, "--n-embd",
+                    tf);
+        rc |= add_t(L, BLK("attn_v.weight"), 2, E, KD, 1, o->type_attn_v, KIND_MAT, inv_e,
+                    "--n-embd", v_flag);
+        rc |= add_t(L, BLK("attn_output.weight"), 2, QD, E, 1, o->type, KIND_MAT,
+                    1.0 / sqrt((double)QD), "--heads x --head-dim", tf);
+        rc |= add_t(L, BLK("attn_q_norm.weight"), 1, H, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+        rc |= add_t(L, BLK("attn_k_norm.weight"), 1, H, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+    }
+    rc |= add_t(L, BLK("post_attention_norm.weight"), 1, E, 1, 1, f32, KIND_NORM, 0, NULL, NULL);
+    rc |= add_t(L, BLK("ffn_gate_inp.weight"), 2, E, X, 1, f32, KIND_MAT, 2 * inv_e, NULL, NULL);
+    rc |= add_t(L, BLK("ffn_gate_exps.weight"), 3, E, FE, X, o->type, KIND_MAT, inv_e,
+                "--n-embd", tf);
+    rc |= add_t(L, BLK("ffn_up_exps.weight"), 3, E, FE, X, o->type, KIND_MAT, inv_e, "--n-embd",
+                tf);
+    rc |= add_t(L, BLK("ffn_down_exps.weight"), 3, FE, E, X, o->type_ffn_down, KIND_MAT,
+                1.0 / sqrt((double)FE), "--expert-ff", d_flag);
+    rc |= add_t(L, BLK("ffn_gate_inp_shexp.weight"), 1, E, 1, 1, f32, KIND_MAT, 2 * inv_e, NULL,
+                NULL);
+    rc |= add_t(L, BLK("ffn_gate_shexp.weight"), 2, E, FS, 1, o->type, KIND_MAT, inv_e,
+                "--n-embd", tf);
+    rc |= add_t(L, BLK("ffn_up_shexp.weight"), 2, E, FS, 1, o->type, KIND_MAT, inv_e, "--n-embd",
+                tf);
+    rc |= add_t(L, BLK("ffn_down_shexp.weight"), 2, FS, E, 1, o->type_ffn_down, KIND_MAT,
+                1.0 / sqrt((double)FS), "--shared-ff", d_flag);
+#undef BLK
+    if (i >= o->n_layer)
+        rc |= add_nextn(o, L, i, 0);
+    return rc;
+}
+
+/* glm4moe, deepseek2, gpt-oss, qwen3next and qwen35moe store a K-quant matrix whose
+ * rows are not whole 256-value blocks as q8_0, as llama.cpp's quantizer does for
+ * GLM-4.5-Air's widths 1408 and 10944, DeepSeek's attn_k_b rows of 128 or
+ * gpt-oss's 2880 (it takes q8_0 for q6_K and q5_0 / q5_1 for q4_K / q5_K, which
+ * this tool does not write). A row that fits no 32-value block either keeps its
+ * type, so that check_blocks names the flag that set it. */
 static void kquant_fallback_types(tlist_t *L)
 {
     for (size_t i = 0; i < L->n; i++) {
@@ -1173,6 +1468,13 @@ static int build_tensors(const opts_t *o, tlist_t *L)
     if (o->arch == ARCH_GPTOSS) {
         for (int64_t i = 0; i < o->n_layer && !rc; i++)
             rc |= add_gptoss_block(o, L, i);
+        if (!rc)
+            kquant_fallback_types(L);
+        return rc ? BL_ENOMEM : 0;
+    }
+    if (IS_HYBRID(o->arch)) {
+        for (int64_t i = 0; i < o->n_layer + o->n_nextn && !rc; i++)
+            rc |= add_hybrid_block(o, L, i);
         if (!rc)
             kquant_fallback_types(L);
         return rc ? BL_ENOMEM : 0;
@@ -1271,6 +1573,30 @@ static void draw_row(bl_rng_t *r, float *x, int64_t n, double std, double offset
         int64_t s = (int64_t)(u & 0xFFFF) + (int64_t)((u >> 16) & 0xFFFF) +
                     (int64_t)((u >> 32) & 0xFFFF) + (int64_t)(u >> 48) - 2 * 65535;
         x[i] = (float)(offset + (double)s * k);
+    }
+}
+
+/* e^x for |x| <= 2 from IEEE additions, multiplications and divisions only, as
+ * det_log: the Taylor series of e^|x|, converged by its 40th term, inverted for a
+ * negative x. */
+static double det_exp(double x)
+{
+    const double a = x < 0 ? -x : x;
+    double term = 1.0, sum = 1.0;
+    for (int k = 1; k <= 40; k++) {
+        term *= a / (double)k;
+        sum += term;
+    }
+    return x < 0 ? 1.0 / sum : sum;
+}
+
+/* n DeltaNet decay rates (ssm_a): -e^u, u uniform in [SSM_A_LOG_MIN, SSM_A_LOG_MAX)
+ * from 53 random bits each, as the converter stores -exp(A_log). */
+static void draw_ssm_a(bl_rng_t *r, float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const double u01 = (double)(bl_rng_next(r) >> 11) * 0x1p-53;
+        x[i] = (float)-det_exp(SSM_A_LOG_MIN + (SSM_A_LOG_MAX - SSM_A_LOG_MIN) * u01);
     }
 }
 
@@ -1475,8 +1801,10 @@ static void *run_job(void *p)
             zipf_router_row(j->z, r, j->row);
         else if (t->kind == KIND_NORM)
             draw_row(&rng, j->row, t->ne[0], 0.05, 1.0); /* norm gains near 1 */
+        else if (t->kind == KIND_SSM_A)
+            draw_ssm_a(&rng, j->row, t->ne[0]);
         else
-            draw_row(&rng, j->row, t->ne[0], t->std, 0.0);
+            draw_row(&rng, j->row, t->ne[0], t->std, t->mean);
         if (t->zrole != ZR_NONE)
             zipf_apply(j->z, t, r, &rng, j->row);
         j->rc = bl_quantize_row_ref(t->type, j->row, j->out + (size_t)(r - j->r0) * j->row_bytes,
@@ -1566,7 +1894,8 @@ static int write_metadata(bl_gguf_writer_t *w, const opts_t *o, const mk_vocab_t
 {
     const char *arch = archs[o->arch].name;
     const int glm = o->arch == ARCH_GLM4MOE, ds = o->arch == ARCH_DEEPSEEK2;
-    const int oss = o->arch == ARCH_GPTOSS;
+    const int oss = o->arch == ARCH_GPTOSS, hyb = IS_HYBRID(o->arch);
+    const int q35 = o->arch == ARCH_QWEN35MOE;
     const uint32_t ftype = oss && o->type_experts == BL_TYPE_MXFP4 ? FTYPE_MXFP4_MOE
                                                                     : file_type(o->type);
     /* deepseek2's attention keys: the latent cache's one head of kv_lora + n_rot
@@ -1588,11 +1917,14 @@ static int write_metadata(bl_gguf_writer_t *w, const opts_t *o, const mk_vocab_t
         (rc = bl_gw_set_u32(w, "general.file_type", ftype, err)) ||
         (rc = bl_gw_set_u32(w, "general.quantization_version", 2, err)) ||
         (rc = bl_gw_set_u32(w, K("block_count"),
-                            (uint32_t)(o->n_layer + (glm || ds ? o->n_nextn : 0)), err)) ||
+                            (uint32_t)(o->n_layer + (glm || ds || q35 ? o->n_nextn : 0)), err)) ||
         (rc = bl_gw_set_u32(w, K("context_length"), (uint32_t)o->n_ctx, err)) ||
-        (rc = bl_gw_set_u32(w, K("embedding_length"), (uint32_t)o->n_embd, err)) ||
-        (rc = bl_gw_set_u32(w, K("feed_forward_length"), (uint32_t)o->n_ff, err)) ||
-        (rc = bl_gw_set_u32(w, K("attention.head_count"), (uint32_t)o->n_head, err)) ||
+        (rc = bl_gw_set_u32(w, K("embedding_length"), (uint32_t)o->n_embd, err)))
+        return rc;
+    /* the hybrids have no dense FFN */
+    if (!hyb && (rc = bl_gw_set_u32(w, K("feed_forward_length"), (uint32_t)o->n_ff, err)))
+        return rc;
+    if ((rc = bl_gw_set_u32(w, K("attention.head_count"), (uint32_t)o->n_head, err)) ||
         (rc = bl_gw_set_u32(w, K("attention.head_count_kv"), (uint32_t)n_kv, err)) ||
         (rc = bl_gw_set_u32(w, K("attention.key_length"), (uint32_t)klen, err)) ||
         (rc = bl_gw_set_u32(w, K("attention.value_length"), (uint32_t)vlen, err)) ||
@@ -1618,6 +1950,44 @@ static int write_metadata(bl_gguf_writer_t *w, const opts_t *o, const mk_vocab_t
     if ((glm || (ds && o->n_nextn)) &&
         (rc = bl_gw_set_u32(w, K("nextn_predict_layers"), (uint32_t)o->n_nextn, err)))
         return rc;
+    /* qwen3next and qwen35moe: the shared expert's width, the rotated dims (and
+     * qwen35moe's IMRoPE sections), the DeltaNet shapes, the layer kinds (as an
+     * interval, or one bool a block, the NextN ones attending), and qwen35moe's
+     * NextN layers, whose key its files always carry */
+    if (hyb) {
+        const int64_t blocks = o->n_layer + o->n_nextn;
+        if ((rc = bl_gw_set_u32(w, K("expert_shared_feed_forward_length"),
+                                (uint32_t)o->n_ff_shexp, err)) ||
+            (rc = bl_gw_set_u32(w, K("rope.dimension_count"), (uint32_t)o->n_rot, err)))
+            return rc;
+        if (q35 && (rc = bl_gw_set_arr(w, K("rope.dimension_sections"), BL_GGUF_I32,
+                                       o->rope_sections, 4, err)))
+            return rc;
+        if ((rc = bl_gw_set_u32(w, K("ssm.conv_kernel"), (uint32_t)o->ssm_conv, err)) ||
+            (rc = bl_gw_set_u32(w, K("ssm.state_size"), (uint32_t)o->ssm_state, err)) ||
+            (rc = bl_gw_set_u32(w, K("ssm.group_count"), (uint32_t)o->ssm_groups, err)) ||
+            (rc = bl_gw_set_u32(w, K("ssm.time_step_rank"), (uint32_t)o->ssm_heads, err)) ||
+            (rc = bl_gw_set_u32(w, K("ssm.inner_size"), (uint32_t)(o->ssm_state * o->ssm_heads),
+                                err)))
+            return rc;
+        if (o->recurrent_pat) {
+            uint8_t *flags = calloc((size_t)blocks, 1);
+            if (!flags)
+                return bl_err_set(err, BL_ENOMEM, "out of memory for %lld layer kinds",
+                                  (long long)blocks);
+            for (int64_t l = 0; l < blocks; l++)
+                flags[l] = (uint8_t)layer_recurrent(o, l);
+            rc = bl_gw_set_arr(w, K("attention.recurrent_layers"), BL_GGUF_BOOL, flags,
+                               (size_t)blocks, err);
+            free(flags);
+        } else {
+            rc = bl_gw_set_u32(w, K("full_attention_interval"), (uint32_t)o->full_attn_interval,
+                               err);
+        }
+        if (rc || (q35 && (rc = bl_gw_set_u32(w, K("nextn_predict_layers"),
+                                              (uint32_t)o->n_nextn, err))))
+            return rc;
+    }
     if (ds) {
         if (o->n_q_lora &&
             (rc = bl_gw_set_u32(w, K("attention.q_lora_rank"), (uint32_t)o->n_q_lora, err)))
@@ -1804,9 +2174,19 @@ int main(int argc, char **argv)
     if (bl_gw_write_file(w, o.out, fill_tensor, &g, &err))
         goto fail;
 
-    char layers[64] = "";
+    char layers[96] = "";
     if (o.arch == ARCH_GLM4MOE || o.arch == ARCH_DEEPSEEK2)
         snprintf(layers, sizeof layers, " + %lld NextN", (long long)o.n_nextn);
+    if (IS_HYBRID(o.arch)) {
+        int64_t n_rec = 0;
+        for (int64_t l = 0; l < o.n_layer; l++)
+            n_rec += layer_recurrent(&o, l);
+        snprintf(layers, sizeof layers, " (%lld DeltaNet, %lld attention)", (long long)n_rec,
+                 (long long)(o.n_layer - n_rec));
+        if (o.arch == ARCH_QWEN35MOE)
+            snprintf(layers + strlen(layers), sizeof layers - strlen(layers), " + %lld NextN",
+                     (long long)o.n_nextn);
+    }
     if (o.arch == ARCH_GPTOSS)
         snprintf(layers, sizeof layers, " (sliding window %lld, period %lld)",
                  (long long)o.n_swa, (long long)o.swa_period);

@@ -2,7 +2,8 @@
 
 Owns: writing metadata (typed values, arrays, nested arrays) and F32/F16/MXFP4
 tensors (mxfp4_encode: ggml's MXFP4 blocks), and the helpers that build tiny
-random qwen3moe / qwen3 / glm4moe / deepseek2 / gpt-oss models.
+random qwen3moe / qwen3 / glm4moe / deepseek2 / gpt-oss / qwen3next / qwen35moe
+models.
 Values are given as (type, value) pairs or plain Python values (int -> i32 or
 u64 when large, float -> f32, bool, str, list -> array of the first element's
 type). Tensors are float arrays in numpy order (slowest dimension first); they
@@ -562,4 +563,155 @@ def write_gptoss(path, weights, hp, n_expert_used=2, n_swa=4, swa_period=None, e
     for name, arr in weights.items():
         mx = experts_type == "MXFP4" and name.endswith(GPTOSS_EXPERT_TENSORS)
         wr.add_tensor(name, arr, "MXFP4" if mx else "F32")
+    wr.write(path)
+
+
+def tiny_qwen3next_weights(seed=0, n_vocab=64, n_embd=32, n_layer=4, n_nextn=0, n_head=4,
+                           n_head_kv=2, head_dim=16, n_rot=8, n_ff_exp=16, n_ff_shexp=24, n_expert=4,
+                           conv_kernel=4, state=8, n_k_heads=2, n_v_heads=4, recurrent=None,
+                           scale=0.3):
+    """Random weights (numpy order) for a tiny qwen3next / qwen35moe model.
+
+    recurrent (a bool a run layer; None: every fourth layer attention, as the
+    interval's default) says which layers get DeltaNet weights; n_nextn NextN
+    layers (full attention, the nextn.* tensors) follow the n_layer run ones.
+    beta's and alpha's matrices are kept apart in v head order as
+    ssm_beta / ssm_alpha; write_qwen3next packs them into ssm_ba for qwen3next,
+    so one set of weights serves both architectures. ssm_a is -exp(A_log),
+    A_log uniform in [-2, 0.5], and alpha's rows and the dt bias small, so the
+    state keeps between e^-1.7 and e^-0.1 of itself a position at softplus 1
+    and carries several positions.
+    """
+    rng = np.random.default_rng(seed)
+
+    def r(*shape, s=scale):
+        return rng.standard_normal(shape) * s
+
+    if recurrent is None:
+        recurrent = [(i + 1) % 4 != 0 for i in range(n_layer)]
+    if len(recurrent) != n_layer:
+        raise ValueError("recurrent has %d values for %d layers" % (len(recurrent), n_layer))
+    S, Hk, Hv = state, n_k_heads, n_v_heads
+    channels = 2 * S * Hk + S * Hv
+    w = {
+        "token_embd.weight": r(n_vocab, n_embd, s=1.0),
+        "output_norm.weight": 1.0 + r(n_embd, s=0.1),
+        "output.weight": r(n_vocab, n_embd),
+    }
+    for i in range(n_layer + n_nextn):
+        p = "blk.%d." % i
+        w[p + "attn_norm.weight"] = 1.0 + r(n_embd, s=0.1)
+        if i < n_layer and recurrent[i]:
+            w[p + "attn_qkv.weight"] = r(channels, n_embd)
+            w[p + "attn_gate.weight"] = r(S * Hv, n_embd)
+            w[p + "ssm_conv1d.weight"] = r(channels, conv_kernel, s=0.5)
+            w[p + "ssm_beta.weight"] = r(Hv, n_embd)
+            w[p + "ssm_alpha.weight"] = r(Hv, n_embd, s=0.1)
+            w[p + "ssm_dt.bias"] = r(Hv, s=0.1)
+            w[p + "ssm_a"] = -np.exp(rng.uniform(-2.0, 0.5, Hv))
+            w[p + "ssm_norm.weight"] = 1.0 + r(S, s=0.1)
+            w[p + "ssm_out.weight"] = r(n_embd, S * Hv)
+        else:
+            w[p + "attn_q.weight"] = r(n_head * 2 * head_dim, n_embd)
+            w[p + "attn_k.weight"] = r(n_head_kv * head_dim, n_embd)
+            w[p + "attn_v.weight"] = r(n_head_kv * head_dim, n_embd)
+            w[p + "attn_output.weight"] = r(n_embd, n_head * head_dim)
+            w[p + "attn_q_norm.weight"] = 1.0 + r(head_dim, s=0.1)
+            w[p + "attn_k_norm.weight"] = 1.0 + r(head_dim, s=0.1)
+        w[p + "post_attention_norm.weight"] = 1.0 + r(n_embd, s=0.1)
+        w[p + "ffn_gate_inp.weight"] = r(n_expert, n_embd)
+        w[p + "ffn_gate_exps.weight"] = r(n_expert, n_ff_exp, n_embd)
+        w[p + "ffn_up_exps.weight"] = r(n_expert, n_ff_exp, n_embd)
+        w[p + "ffn_down_exps.weight"] = r(n_expert, n_embd, n_ff_exp)
+        w[p + "ffn_gate_inp_shexp.weight"] = r(n_embd)
+        w[p + "ffn_gate_shexp.weight"] = r(n_ff_shexp, n_embd)
+        w[p + "ffn_up_shexp.weight"] = r(n_ff_shexp, n_embd)
+        w[p + "ffn_down_shexp.weight"] = r(n_embd, n_ff_shexp)
+        if i >= n_layer:
+            w[p + "nextn.eh_proj.weight"] = r(n_embd, 2 * n_embd)
+            w[p + "nextn.enorm.weight"] = 1.0 + r(n_embd, s=0.1)
+            w[p + "nextn.hnorm.weight"] = 1.0 + r(n_embd, s=0.1)
+            w[p + "nextn.shared_head_norm.weight"] = 1.0 + r(n_embd, s=0.1)
+    hp = dict(n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer, n_nextn=n_nextn, n_head=n_head,
+              n_head_kv=n_head_kv, head_dim=head_dim, n_rot=n_rot, n_ff=n_ff_exp, n_ff_exp=n_ff_exp,
+              n_ff_shexp=n_ff_shexp, n_expert=n_expert, conv_kernel=conv_kernel, state=S,
+              n_k_heads=Hk, n_v_heads=Hv, recurrent=list(recurrent))
+    return w, hp
+
+
+def pack_ssm_ba(beta, alpha, n_k_heads):
+    """qwen3next's ssm_ba (2 Hv rows) from beta's and alpha's rows (Hv each, v
+    head order): per k head kh, the r rows of b of v heads kh r .. kh r + r - 1,
+    then their r rows of a."""
+    Hv, E = beta.shape
+    r = Hv // n_k_heads
+    return np.concatenate([np.asarray(beta).reshape(n_k_heads, 1, r, E),
+                           np.asarray(alpha).reshape(n_k_heads, 1, r, E)], axis=1).reshape(2 * Hv, E)
+
+
+# Qwen3.5's IMRoPE sections at 64 rotated dims: every pair in the three text sections
+QWEN35_SECTIONS = [11, 11, 10, 0]
+
+
+def write_qwen3next(path, weights, hp, arch="qwen3next", n_expert_used=2, expert_scale=None,
+                    recurrent_key=False, interval=None, sections=QWEN35_SECTIONS, rope_base=1e4,
+                    eps=1e-6, tied=False, ctx=256, extra=None):
+    """Write `weights` (from tiny_qwen3next_weights) as a qwen3next or qwen35moe file.
+
+    qwen3next: beta's and alpha's rows become one ssm_ba (pack_ssm_ba);
+    qwen35moe: kept as ssm_beta / ssm_alpha, with nextn_predict_layers and
+    rope.dimension_sections (sections; None leaves the key out); qwen3next has
+    no NextN layers. recurrent_key writes hp["recurrent"] (plus False for each NextN layer)
+    as attention.recurrent_layers; interval becomes full_attention_interval
+    (None leaves it out, 4 by default). expert_scale: expert_weights_scale
+    (None leaves it out). extra: more ARCH.* keys {key: value} (values as
+    Writer.add takes them).
+    """
+    if arch not in ("qwen3next", "qwen35moe"):
+        raise ValueError("arch is qwen3next or qwen35moe")
+    if arch == "qwen3next" and hp["n_nextn"]:
+        raise ValueError("qwen3next files have no NextN layers")
+    S, Hk, Hv = hp["state"], hp["n_k_heads"], hp["n_v_heads"]
+    n_file = hp["n_layer"] + hp["n_nextn"]
+    wr = _header(arch, hp, n_file, rope_base, eps)
+    wr.kv = [k for k in wr.kv if k[0] != arch + ".context_length"]
+    wr.add(arch + ".context_length", (G.T_UINT32, ctx))
+
+    def u32(key, v):
+        if v is not None:
+            wr.add(arch + "." + key, (G.T_UINT32, v))
+
+    u32("rope.dimension_count", hp["n_rot"])
+    u32("expert_count", hp["n_expert"])
+    u32("expert_used_count", n_expert_used)
+    u32("expert_feed_forward_length", hp["n_ff_exp"])
+    u32("expert_shared_feed_forward_length", hp["n_ff_shexp"])
+    if expert_scale is not None:
+        wr.add(arch + ".expert_weights_scale", (G.T_FLOAT32, expert_scale))
+    u32("ssm.conv_kernel", hp["conv_kernel"])
+    u32("ssm.state_size", S)
+    u32("ssm.group_count", Hk)
+    u32("ssm.time_step_rank", Hv)
+    u32("ssm.inner_size", S * Hv)
+    u32("full_attention_interval", interval)
+    if recurrent_key:
+        flags = [bool(v) for v in hp["recurrent"]] + [False] * hp["n_nextn"]
+        wr.add(arch + ".attention.recurrent_layers", (G.T_ARRAY, flags), elem_type=G.T_BOOL)
+    if arch == "qwen35moe":
+        u32("nextn_predict_layers", hp["n_nextn"])
+        if sections is not None:
+            wr.add(arch + ".rope.dimension_sections", (G.T_ARRAY, list(sections)), elem_type=G.T_INT32)
+    for key, v in (extra or {}).items():
+        wr.add(arch + "." + key, v)
+    _tokens(wr, hp)
+    for name, arr in weights.items():
+        if tied and name == "output.weight":
+            continue
+        if arch == "qwen3next" and name.endswith(".ssm_alpha.weight"):
+            continue
+        if arch == "qwen3next" and name.endswith(".ssm_beta.weight"):
+            alpha = weights[name.replace("ssm_beta", "ssm_alpha")]
+            wr.add_tensor(name.replace("ssm_beta", "ssm_ba"), pack_ssm_ba(arr, alpha, Hk))
+            continue
+        wr.add_tensor(name, arr)
     wr.write(path)

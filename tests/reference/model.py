@@ -1,4 +1,5 @@
-"""Float64 reference forward pass for the qwen3moe, qwen3, glm4moe, deepseek2 and gpt-oss architectures.
+"""Float64 reference forward pass for the qwen3moe, qwen3, glm4moe, deepseek2, gpt-oss,
+qwen3next and qwen35moe architectures.
 
 Owns: hyperparameters from GGUF metadata, weight loading (every weight
 dequantized exactly to float64), the transformer forward pass as llama.cpp
@@ -11,7 +12,11 @@ with YaRN, routing over the best expert groups, shared experts, leading dense
 layers, NextN layers not run; gpt-oss: biases on q/k/v/output, attention
 sinks, sliding-window layers every other layer (or by the file's period),
 NEOX RoPE with YaRN, SOFTMAX_WEIGHT routing over biased router logits, and
-experts with biases and the clamped swiglu_oai activation), and the output
+experts with biases and the clamped swiglu_oai activation; qwen3next and
+qwen35moe: gated DeltaNet layers (a causal convolution, then the delta rule's
+per-head S x S state run position by position) between gated full-attention
+layers with partial NEOX RoPE, softmax routing with a sigmoid-gated shared
+expert, qwen35moe's NextN layers not run), and the output
 head (log-sum-exp over the whole vocabulary row and the top-k ids per
 position), which is computed in vocabulary chunks so memory stays bounded.
 """
@@ -26,7 +31,10 @@ import numpy as np
 import dequant
 import gguf
 
-SUPPORTED_ARCHS = ("qwen3moe", "qwen3", "glm4moe", "deepseek2", "gpt-oss")
+SUPPORTED_ARCHS = ("qwen3moe", "qwen3", "glm4moe", "deepseek2", "gpt-oss", "qwen3next", "qwen35moe")
+
+# the gated DeltaNet hybrids (docs/models.md, "qwen3next and qwen35moe")
+HYBRID_ARCHS = ("qwen3next", "qwen35moe")
 
 # llama.cpp clamps the routed weights' sum to this before dividing by it
 EXPERT_WEIGHTS_SUM_MIN = 6.103515625e-5
@@ -50,8 +58,10 @@ class Hparams:
             return v
 
         self.block_count = int(get("block_count"))
-        # glm4moe's and deepseek2's trailing NextN (multi-token prediction) layers are not run
-        self.n_nextn = int(get("nextn_predict_layers", 0)) if arch in ("glm4moe", "deepseek2") else 0
+        # glm4moe's, deepseek2's and qwen35moe's trailing NextN (multi-token prediction)
+        # layers are not run
+        nextn = ("glm4moe", "deepseek2", "qwen35moe")
+        self.n_nextn = int(get("nextn_predict_layers", 0)) if arch in nextn else 0
         if not 0 <= self.n_nextn < self.block_count:
             raise ValueError("nextn_predict_layers %d with block_count %d"
                              % (self.n_nextn, self.block_count))
@@ -80,7 +90,9 @@ class Hparams:
         # sliding-window attention (gpt-oss): the window, and the layers' period
         self.n_swa = 0
         self.swa_period = 0
-        if arch in ("qwen3moe", "glm4moe", "deepseek2", "gpt-oss"):
+        # the hybrids' layer kinds: recurrent[i] says layer i is a DeltaNet layer
+        self.recurrent = [False] * self.n_layer
+        if arch in ("qwen3moe", "glm4moe", "deepseek2", "gpt-oss") + HYBRID_ARCHS:
             self.n_expert = int(get("expert_count"))
             self.n_expert_used = int(get("expert_used_count"))
             if not 0 < self.n_expert_used <= self.n_expert:
@@ -104,6 +116,8 @@ class Hparams:
             self._deepseek2(md, get)
         if arch == "gpt-oss":
             self._gptoss(md, get)
+        if arch in HYBRID_ARCHS:
+            self._hybrid(md, get)
         if self.n_head % self.n_head_kv:
             raise ValueError("n_head %d not a multiple of n_head_kv %d" % (self.n_head, self.n_head_kv))
 
@@ -238,6 +252,76 @@ class Hparams:
         # the non-deepseek2 attention factor: get_mscale(F, 1) / (1 + 0.1 ln F) * attn_factor
         self.rope_yarn, _ = self._rope_scaling(md, get)
 
+    def _hybrid(self, md, get):
+        """qwen3next's / qwen35moe's layer kinds, DeltaNet shapes, experts and RoPE
+        sections (docs/models.md, "qwen3next and qwen35moe: what is computed")."""
+        a = self.arch + "."
+
+        def opt(key, default):
+            v = md.get(a + key)
+            return default if v is None else v
+
+        if self.head_dim_v != self.head_dim:
+            raise ValueError("%s needs value_length %d == key_length %d"
+                             % (self.arch, self.head_dim_v, self.head_dim))
+        self.n_ff_exp = int(get("expert_feed_forward_length"))
+        self.n_ff_shexp = int(get("expert_shared_feed_forward_length"))
+        if self.n_ff_shexp < 1:
+            raise ValueError("%sexpert_shared_feed_forward_length %d: the shared expert is always there"
+                             % (a, self.n_ff_shexp))
+        scale = float(opt("expert_weights_scale", 0.0))
+        self.expert_weights_scale = 1.0 if scale == 0.0 else scale  # 0 or absent: no scaling
+        # the chosen softmax probabilities are always divided by their sum
+        self.expert_weights_norm = True
+        self.expert_gating = "softmax"
+        self.ssm_conv = int(get("ssm.conv_kernel"))  # K
+        self.ssm_state = int(get("ssm.state_size"))  # S
+        self.ssm_groups = int(get("ssm.group_count"))  # Hk
+        self.ssm_heads = int(get("ssm.time_step_rank"))  # Hv
+        inner = int(get("ssm.inner_size"))
+        if min(self.ssm_conv, self.ssm_state, self.ssm_groups, self.ssm_heads) < 1:
+            raise ValueError("%sssm: conv_kernel %d, state_size %d, group_count %d and time_step_rank %d "
+                             "must be 1 or more" % (a, self.ssm_conv, self.ssm_state, self.ssm_groups,
+                                                   self.ssm_heads))
+        if self.ssm_heads % self.ssm_groups:
+            raise ValueError("%sssm.time_step_rank %d is not a multiple of ssm.group_count %d"
+                             % (a, self.ssm_heads, self.ssm_groups))
+        if inner != self.ssm_state * self.ssm_heads:
+            raise ValueError("%sssm.inner_size %d is not state_size %d x time_step_rank %d"
+                             % (a, inner, self.ssm_state, self.ssm_heads))
+        # qwen35moe tiles the q/k heads over the v heads (j % Hk); qwen3next repeats
+        # each in place (j / r)
+        self.ssm_tiled = self.arch == "qwen35moe"
+        flags = md.get(a + "attention.recurrent_layers")
+        if flags is not None:
+            if not isinstance(flags, list) or len(flags) != self.block_count:
+                raise ValueError("%sattention.recurrent_layers has %s values, not block_count %d"
+                                 % (a, len(flags) if isinstance(flags, list) else "no list of",
+                                    self.block_count))
+            if any(bool(v) for v in flags[self.n_layer:]):
+                raise ValueError("%sattention.recurrent_layers marks a NextN layer recurrent" % a)
+            self.recurrent = [bool(v) for v in flags[:self.n_layer]]
+        else:
+            every = int(opt("full_attention_interval", 4))
+            if every < 1:
+                raise ValueError("%sfull_attention_interval %d: 1 or more" % (a, every))
+            self.recurrent = [(i + 1) % every != 0 for i in range(self.n_layer)]
+        self.rope_sections = None
+        if self.arch == "qwen35moe":
+            sec = md.get(a + "rope.dimension_sections")
+            if sec is None:
+                raise ValueError("missing metadata %srope.dimension_sections" % a)
+            if not isinstance(sec, list) or len(sec) != 4:
+                raise ValueError("%srope.dimension_sections %r: four section widths wanted" % (a, sec))
+            self.rope_sections = [int(v) for v in sec]
+            # IMRoPE gives rotated pair p to section p % 3 while p < 3 x that
+            # section's width, else to the fourth; a text token's position is the
+            # first three sections' (NEOX exactly), the fourth's would be 0
+            for p in range(self.rope_dim // 2):
+                if not p < 3 * self.rope_sections[p % 3]:
+                    raise ValueError("%srope.dimension_sections %r leave rotated pair %d to the fourth "
+                                     "(image) section" % (a, self.rope_sections, p))
+
     def swa_layer(self, i):
         """Whether layer i attends through the sliding window."""
         return self.n_swa > 0 and i % self.swa_period < self.swa_period - 1
@@ -283,6 +367,17 @@ def rms_norm(x, w, eps):
 
 def silu(x):
     return x / (1.0 + np.exp(-x))
+
+
+def softplus(x):
+    """log(1 + e^x), x itself above 20 (llama.cpp's cut-off)."""
+    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+
+
+def l2_norm(x, eps):
+    """x over its L2 norm along the last axis, the norm at least eps."""
+    n = np.sqrt(np.sum(x * x, axis=-1, keepdims=True))
+    return x / np.maximum(n, eps)
 
 
 def sigmoid(x):
@@ -459,7 +554,8 @@ class Layer:
 
 
 class Model:
-    """A GGUF qwen3moe / qwen3 / glm4moe / deepseek2 / gpt-oss model computed in float64.
+    """A GGUF qwen3moe / qwen3 / glm4moe / deepseek2 / gpt-oss / qwen3next / qwen35moe
+    model computed in float64.
 
     Small models are decoded once (every weight kept in float64). With
     lazy=True (the default when the decoded weights would pass
@@ -469,7 +565,8 @@ class Model:
     large files at the cost of decoding again on every pass.
 
     norm_topk applies to qwen3moe only; glm4moe and deepseek2 files say whether
-    the routed weights are normalised (expert_weights_norm); gpt-oss's are not.
+    the routed weights are normalised (expert_weights_norm); gpt-oss's are not,
+    qwen3next's and qwen35moe's always are.
     """
 
     LAZY_BYTES = 2 << 30
@@ -486,6 +583,12 @@ class Model:
         self.tied = "output.weight" not in t
         if self.tied and hp.arch == "gpt-oss":
             raise KeyError("tensor output.weight missing from %s (gpt-oss has no tied output)" % path)
+        if hp.arch in HYBRID_ARCHS:
+            old = sorted(n for n in t if n.endswith(".ssm_in.weight"))
+            if old:
+                # q, k, v and z in one matrix grouped by k head: an earlier converter's form
+                raise ValueError("%s: %s is the older qwen3next form (ssm_in instead of attn_qkv "
+                                 "and attn_gate); convert the model again" % (path, old[0]))
         self.output_t = self.tok_embd_t if self.tied else t["output.weight"]
         if lazy is None:
             total = sum(x.n_elements for x in t.values()) * 8
@@ -513,6 +616,11 @@ class Model:
         ds2 = hp.arch == "deepseek2"
         oai = hp.arch == "gpt-oss"
         L = Layer()
+        if hp.arch in HYBRID_ARCHS:
+            return self._hybrid_layer(L, i, p)
+        L.recurrent = False
+        L.q_gate = False
+        L.shexp_gate = None
         L.attn_norm = w(p + "attn_norm.weight")
         # gpt-oss only: attention output bias, sinks, the sliding window
         L.bo = L.sinks = None
@@ -550,6 +658,72 @@ class Model:
             L.up = w(p + "ffn_up.weight")
             L.down = w(p + "ffn_down.weight")  # (n_embd, n_ff)
         return L
+
+    def _hybrid_layer(self, L, i, p):
+        """A qwen3next / qwen35moe layer: DeltaNet or gated attention, then the
+        softmax-routed experts and the gated shared expert; shapes checked."""
+        hp = self.hp
+        E, H, Hkv, D = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim
+        n, F, Fs = hp.n_expert, hp.n_ff_exp, hp.n_ff_shexp
+
+        def d(name, shape):
+            return dequant.dequantize(self._tensor(p + name, shape))
+
+        L.attn_norm = d("attn_norm.weight", (E,))
+        L.ffn_norm = d("post_attention_norm.weight", (E,))
+        L.recurrent = hp.recurrent[i]
+        L.swa = False
+        L.bq = L.bk = L.bv = L.bo = L.sinks = None
+        if L.recurrent:
+            self._deltanet_weights(L, p)
+        else:
+            # per head its q then its gate: 2 hd rows a head
+            L.q_gate = True
+            L.wq = d("attn_q.weight", (H * 2 * D, E))
+            L.wk = d("attn_k.weight", (Hkv * D, E))
+            L.wv = d("attn_v.weight", (Hkv * D, E))
+            L.wo = d("attn_output.weight", (E, H * D))
+            L.q_norm = d("attn_q_norm.weight", (D,))
+            L.k_norm = d("attn_k_norm.weight", (D,))
+        L.is_moe = True
+        L.probs_bias = L.router_bias = L.exp_bias = None
+        L.router = d("ffn_gate_inp.weight", (n, E))
+        self._tensor(p + "ffn_gate_exps.weight", (n, F, E))
+        self._tensor(p + "ffn_up_exps.weight", (n, F, E))
+        self._tensor(p + "ffn_down_exps.weight", (n, E, F))
+        L.expert = self._expert_loader(p)
+        L.shexp = (d("ffn_gate_shexp.weight", (Fs, E)), d("ffn_up_shexp.weight", (Fs, E)),
+                   d("ffn_down_shexp.weight", (E, Fs)))
+        L.shexp_gate = d("ffn_gate_inp_shexp.weight", (E,))
+        return L
+
+    def _deltanet_weights(self, L, p):
+        """A DeltaNet layer's weights (numpy shapes, rows first); beta's and alpha's
+        rows in v head order whichever form the file has."""
+        hp = self.hp
+        E, K, S, Hk, Hv = hp.n_embd, hp.ssm_conv, hp.ssm_state, hp.ssm_groups, hp.ssm_heads
+        C = 2 * S * Hk + S * Hv
+
+        def d(name, shape):
+            return dequant.dequantize(self._tensor(p + name, shape))
+
+        L.q_gate = False
+        L.wqkv = d("attn_qkv.weight", (C, E))
+        L.wz = d("attn_gate.weight", (S * Hv, E))
+        L.conv = d("ssm_conv1d.weight", (C, K))
+        L.dt_bias = d("ssm_dt.bias", (Hv,))
+        L.ssm_a = d("ssm_a", (Hv,))
+        L.ssm_norm = d("ssm_norm.weight", (S,))
+        L.ssm_out = d("ssm_out.weight", (E, S * Hv))
+        if hp.arch == "qwen3next":
+            # rows grouped by k head kh: r of b, then r of a (v heads kh r .. kh r + r - 1)
+            r = Hv // Hk
+            ba = d("ssm_ba.weight", (2 * Hv, E)).reshape(Hk, 2, r, E)
+            L.wbeta = np.ascontiguousarray(ba[:, 0].reshape(Hv, E))
+            L.walpha = np.ascontiguousarray(ba[:, 1].reshape(Hv, E))
+        else:
+            L.wbeta = d("ssm_beta.weight", (Hv, E))
+            L.walpha = d("ssm_alpha.weight", (Hv, E))
 
     def _gqa_weights(self, L, p):
         """qwen3 / qwen3moe / glm4moe attention weights and the FFN norm."""
@@ -708,6 +882,10 @@ class Model:
         q, k, v = mm(x, L.wq), mm(x, L.wk), mm(x, L.wv)
         if L.bq is not None:
             q, k, v = q + L.bq, k + L.bk, v + L.bv
+        gate = None
+        if L.q_gate:
+            qg = q.reshape(T, hp.n_head, 2, hp.head_dim)
+            q, gate = qg[:, :, 0], qg[:, :, 1]
         q = q.reshape(T, hp.n_head, hp.head_dim)
         k = k.reshape(T, hp.n_head_kv, hp.head_dim)
         v = v.reshape(T, hp.n_head_kv, hp.head_dim_v)
@@ -741,8 +919,48 @@ class Model:
             out[a:b, h, :] = p @ v[lo:b, kv, :]
 
         pmap(one, [(a, h) for a in range(0, T, blk) for h in range(hp.n_head)])
+        if gate is not None:
+            out *= sigmoid(gate)
         o = mm(out.reshape(T, hp.n_head * hp.head_dim_v), L.wo)
         return o if L.bo is None else o + L.bo
+
+    def deltanet(self, L, x):
+        """A gated DeltaNet layer over rows x (T, n_embd) of one sequence from its
+        start: the causal convolution of qkv, then per v head the delta rule's
+        state M (key dim x value dim) updated position by position."""
+        hp = self.hp
+        T = x.shape[0]
+        K, S, Hk, Hv = hp.ssm_conv, hp.ssm_state, hp.ssm_groups, hp.ssm_heads
+        qkv = mm(x, L.wqkv)  # (T, 2 S Hk + S Hv)
+        z = mm(x, L.wz).reshape(T, Hv, S)
+        beta = sigmoid(mm(x, L.wbeta))  # (T, Hv)
+        g = softplus(mm(x, L.walpha) + L.dt_bias) * L.ssm_a  # (T, Hv); ssm_a < 0: e^g decays
+        # tap K-1 is the current position; positions before the first are 0
+        padded = np.concatenate([np.zeros((K - 1, qkv.shape[1])), qkv])
+        u = np.zeros_like(qkv)
+        for j in range(K):
+            u += padded[j:j + T] * L.conv[:, j]
+        u = silu(u)
+        q = l2_norm(u[:, :S * Hk].reshape(T, Hk, S), hp.eps) / math.sqrt(S)
+        k = l2_norm(u[:, S * Hk:2 * S * Hk].reshape(T, Hk, S), hp.eps)
+        v = u[:, 2 * S * Hk:].reshape(T, Hv, S)
+        kh = np.arange(Hv) % Hk if hp.ssm_tiled else np.arange(Hv) // (Hv // Hk)
+        q, k = q[:, kh], k[:, kh]  # (T, Hv, S): each v head's q and k
+        decay = np.exp(g)
+        M = np.zeros((Hv, S, S))
+        o = np.empty((T, Hv, S))
+        for t in range(T):
+            M *= decay[t][:, None, None]
+            kt = k[t]
+            d = beta[t][:, None] * (v[t] - np.einsum("hij,hi->hj", M, kt))
+            M += kt[:, :, None] * d[:, None, :]
+            o[t] = np.einsum("hij,hi->hj", M, q[t])
+        y = rms_norm(o, L.ssm_norm, hp.eps) * silu(z)
+        return mm(y.reshape(T, Hv * S), L.ssm_out)
+
+    def mixer(self, L, x, pos):
+        """The layer's token mixer: DeltaNet or attention."""
+        return self.deltanet(L, x) if L.recurrent else self.attention(L, x, pos)
 
     def attention_mla(self, L, x, pos):
         """deepseek2's multi-head latent attention, in the plain (decompressed) form:
@@ -855,7 +1073,10 @@ class Model:
         sel, wsel = self.route(L, x)
         out = self.experts(L, x, sel, wsel)
         if L.shexp is not None:
-            out = out + swiglu_ffn(x, *L.shexp)
+            sh = swiglu_ffn(x, *L.shexp)
+            if L.shexp_gate is not None:
+                sh = sh * sigmoid(x @ L.shexp_gate)[:, None]
+            out = out + sh
         self.last_routing = sel
         return out
 
@@ -871,7 +1092,7 @@ class Model:
         for i in range(hp.n_layer):
             L = self.layer(i)
             h = rms_norm(x, L.attn_norm, hp.eps)
-            x = x + self.attention(L, h, pos)
+            x = x + self.mixer(L, h, pos)
             h = rms_norm(x, L.ffn_norm, hp.eps)
             x = x + (self.moe(L, h) if L.is_moe else self.dense_ffn(L, h))
         return rms_norm(x, self.output_norm, hp.eps)

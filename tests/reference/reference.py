@@ -72,7 +72,8 @@ def parse_ids(text):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="float64 reference forward pass (qwen3moe, qwen3, glm4moe)")
+    ap = argparse.ArgumentParser(description="float64 reference forward pass (%s)"
+                                 % ", ".join(refmodel.SUPPORTED_ARCHS))
     ap.add_argument("model", help="GGUF model file")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--ids", help="comma-separated token ids")

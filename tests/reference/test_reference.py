@@ -23,7 +23,13 @@ Owns:
      full layers, a prompt longer than the window, YaRN), the window,
      attention sinks, swiglu_oai's clamps, SOFTMAX_WEIGHT routing with the
      router bias, the sliding-window period, shapes checked, lazy against eager;
-  7. the reference on models written by bloomery-mkmodel (skipped when the
+  7. qwen3next and qwen35moe on tiny written files (Hv = 2 Hk, so their head
+     maps differ): metadata defaults, layer kinds by interval and by array,
+     refusals (the older ssm_in form among them), the forward pass against a
+     plain numpy one position by position and head by head, the two head maps,
+     causality, the convolution's window and the state's reach, the shared
+     expert's gate, NextN layers not run, tensors checked, lazy against eager;
+  8. the reference on models written by bloomery-mkmodel (skipped when the
      tool is not built).
 Oracle-dependent tests skip when the shared folder is absent (env
 BLOOMERY_SHARED, else <repo>/../shared).
@@ -1750,7 +1756,422 @@ def test_gptoss_lazy_equals_eager(tmp_path, experts):
     assert np.array_equal(eager.last_routing, lazy.last_routing)
 
 
-# ---------------------------------------------------------------- 7. mkmodel
+# ---------------------------------------------------------------- 7. qwen3next / qwen35moe
+# The expected values below are computed from the written file with plain
+# numpy and Python loops, position by position and head by head, one formula
+# of docs/models.md at a time, not with model.py's helpers.
+
+def _q3n(tmp_path, weights, arch="qwen3next", tag="", **kw):
+    """Write weights (from tiny_qwen3next_weights) as an `arch` file and load it."""
+    w, hp = weights
+    p = tmp_path / ("%s%s.gguf" % (arch, tag))
+    gguf_write.write_qwen3next(str(p), w, hp, arch=arch, **kw)
+    return refmodel.Model(str(p))
+
+
+def _q3n_weights(seed, **kw):
+    """Tiny weights with Hv = 2 Hk, so the two architectures' head maps differ."""
+    kw.setdefault("n_k_heads", 2)
+    kw.setdefault("n_v_heads", 4)
+    return gguf_write.tiny_qwen3next_weights(seed=seed, **kw)
+
+
+def _q3n_kinds_by_hand(md, a, n):
+    """Whether each of the n run layers is a DeltaNet layer."""
+    flags = md.get(a + "attention.recurrent_layers")
+    if flags is not None:
+        return [bool(f) for f in flags[:n]]
+    every = md.get(a + "full_attention_interval", 4)
+    return [(l + 1) % every != 0 for l in range(n)]
+
+
+def _sig(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def _deltanet_by_hand(md, a, F, i, x):
+    """Layer i's gated DeltaNet over rows x at positions 0..T-1."""
+    p = "blk.%d." % i
+    K, S = md[a + "ssm.conv_kernel"], md[a + "ssm.state_size"]
+    Hk, Hv = md[a + "ssm.group_count"], md[a + "ssm.time_step_rank"]
+    eps = md[a + "attention.layer_norm_rms_epsilon"]
+    r = Hv // Hk
+    T = x.shape[0]
+    qkv = x @ F[p + "attn_qkv.weight"].T
+    z = x @ F[p + "attn_gate.weight"].T
+    b = np.zeros((T, Hv))
+    al = np.zeros((T, Hv))
+    if a == "qwen3next.":
+        ba = x @ F[p + "ssm_ba.weight"].T
+        for t in range(T):
+            for j in range(Hv):
+                kh, ii = j // r, j % r
+                b[t, j] = ba[t, 2 * r * kh + ii]
+                al[t, j] = ba[t, 2 * r * kh + r + ii]
+    else:
+        b = x @ F[p + "ssm_beta.weight"].T
+        al = x @ F[p + "ssm_alpha.weight"].T
+    w = F[p + "ssm_conv1d.weight"]
+    C = qkv.shape[1]
+    u = np.zeros((T, C))
+    for t in range(T):
+        for c in range(C):
+            s = 0.0
+            for j in range(K):
+                if t - K + 1 + j >= 0:
+                    s += w[c, j] * qkv[t - K + 1 + j, c]
+            u[t, c] = s / (1.0 + math.exp(-s))
+    y = np.zeros((T, S * Hv))
+    for j in range(Hv):
+        kh = j % Hk if a == "qwen35moe." else j // r
+        M = np.zeros((S, S))
+        for t in range(T):
+            q = u[t, kh * S:(kh + 1) * S]
+            k = u[t, S * Hk + kh * S:S * Hk + (kh + 1) * S]
+            v = u[t, 2 * S * Hk + j * S:2 * S * Hk + (j + 1) * S]
+            q = q / max(math.sqrt(q @ q), eps) / math.sqrt(S)
+            k = k / max(math.sqrt(k @ k), eps)
+            beta = _sig(b[t, j])
+            sp = al[t, j] + F[p + "ssm_dt.bias"][j]
+            sp = sp if sp > 20 else math.log(1.0 + math.exp(sp))
+            M = math.exp(sp * F[p + "ssm_a"][j]) * M
+            d = [beta * (v[jj] - sum(M[ii, jj] * k[ii] for ii in range(S))) for jj in range(S)]
+            for ii in range(S):
+                for jj in range(S):
+                    M[ii, jj] += k[ii] * d[jj]
+            o = np.array([sum(M[ii, jj] * q[ii] for ii in range(S)) for jj in range(S)])
+            zh = z[t, j * S:(j + 1) * S]
+            y[t, j * S:(j + 1) * S] = _norm(o, F[p + "ssm_norm.weight"], eps) * zh / (1.0 + np.exp(-zh))
+    return y @ F[p + "ssm_out.weight"].T
+
+
+def _gated_attention_by_hand(md, a, F, i, x):
+    """Layer i's gated full attention over rows x at positions 0..T-1."""
+    p = "blk.%d." % i
+    H, Hkv = md[a + "attention.head_count"], md[a + "attention.head_count_kv"]
+    D, n_rot = md[a + "attention.key_length"], md[a + "rope.dimension_count"]
+    eps = md[a + "attention.layer_norm_rms_epsilon"]
+    T = x.shape[0]
+    qg = (x @ F[p + "attn_q.weight"].T).reshape(T, H, 2 * D)
+    q, gate = qg[:, :, :D], qg[:, :, D:]
+    k = (x @ F[p + "attn_k.weight"].T).reshape(T, Hkv, D)
+    v = (x @ F[p + "attn_v.weight"].T).reshape(T, Hkv, D)
+    q = _norm(q, F[p + "attn_q_norm.weight"], eps)
+    k = _norm(k, F[p + "attn_k_norm.weight"], eps)
+    base = md[a + "rope.freq_base"]
+    q, k = _rope_pairs(q, base, n_rot), _rope_pairs(k, base, n_rot)
+    out = np.zeros((T, H, D))
+    for h in range(H):
+        kv = h // (H // Hkv)
+        for t in range(T):
+            s = np.array([q[t, h] @ k[u, kv] for u in range(t + 1)]) / math.sqrt(D)
+            e = np.exp(s - s.max())
+            for u in range(t + 1):
+                out[t, h] += e[u] / e.sum() * v[u, kv]
+            out[t, h] *= 1.0 / (1.0 + np.exp(-gate[t, h]))
+    return out.reshape(T, H * D) @ F[p + "attn_output.weight"].T
+
+
+def _q3n_moe_by_hand(md, a, F, i, x):
+    """Layer i's routed experts and gated shared expert, token by token."""
+    p = "blk.%d." % i
+    k = md[a + "expert_used_count"]
+    scale = md.get(a + "expert_weights_scale", 0.0) or 1.0
+    out = np.zeros_like(x)
+    sel = []
+    for t in range(len(x)):
+        lg = F[p + "ffn_gate_inp.weight"] @ x[t]
+        pr = np.exp(lg - lg.max())
+        pr /= pr.sum()
+        chosen = sorted(range(len(pr)), key=lambda e: (-pr[e], e))[:k]
+        total = sum(pr[e] for e in chosen)
+        for e in chosen:
+            y = _swiglu(x[t:t + 1], F[p + "ffn_gate_exps.weight"][e], F[p + "ffn_up_exps.weight"][e],
+                        F[p + "ffn_down_exps.weight"][e])[0]
+            out[t] += pr[e] / total * scale * y
+        sh = _swiglu(x[t:t + 1], F[p + "ffn_gate_shexp.weight"], F[p + "ffn_up_shexp.weight"],
+                     F[p + "ffn_down_shexp.weight"])[0]
+        out[t] += _sig(F[p + "ffn_gate_inp_shexp.weight"] @ x[t]) * sh
+        sel.append(chosen)
+    return out, np.array(sel)
+
+
+def _q3n_logits_by_hand(path, ids):
+    md, F = _file(path)
+    arch = md["general.architecture"]
+    a = arch + "."
+    eps = md[a + "attention.layer_norm_rms_epsilon"]
+    n = md[a + "block_count"] - (md.get(a + "nextn_predict_layers", 0) if arch == "qwen35moe" else 0)
+    kinds = _q3n_kinds_by_hand(md, a, n)
+    x = F["token_embd.weight"][ids]
+    sel = None
+    for i in range(n):
+        p = "blk.%d." % i
+        h = _norm(x, F[p + "attn_norm.weight"], eps)
+        x = x + (_deltanet_by_hand(md, a, F, i, h) if kinds[i] else _gated_attention_by_hand(md, a, F, i, h))
+        y, sel = _q3n_moe_by_hand(md, a, F, i, _norm(x, F[p + "post_attention_norm.weight"], eps))
+        x = x + y
+    out = F.get("output.weight", F["token_embd.weight"])
+    return _norm(x, F["output_norm.weight"], eps) @ out.T, sel, kinds
+
+
+# Qwen3-Next-80B-A3B's keys; Qwen3.5's add nextn_predict_layers and the sections
+Q3N_MD = {
+    "general.architecture": "qwen3next", "qwen3next.block_count": 48,
+    "qwen3next.context_length": 262144, "qwen3next.embedding_length": 2048,
+    "qwen3next.feed_forward_length": 5120, "qwen3next.attention.head_count": 16,
+    "qwen3next.attention.head_count_kv": 2, "qwen3next.attention.key_length": 256,
+    "qwen3next.attention.value_length": 256, "qwen3next.rope.dimension_count": 64,
+    "qwen3next.rope.freq_base": 10000000.0, "qwen3next.attention.layer_norm_rms_epsilon": 1e-6,
+    "qwen3next.expert_count": 512, "qwen3next.expert_used_count": 10,
+    "qwen3next.expert_feed_forward_length": 512, "qwen3next.expert_shared_feed_forward_length": 512,
+    "qwen3next.ssm.conv_kernel": 4, "qwen3next.ssm.state_size": 128, "qwen3next.ssm.group_count": 16,
+    "qwen3next.ssm.time_step_rank": 32, "qwen3next.ssm.inner_size": 4096,
+    "qwen3next.full_attention_interval": 4,
+}
+
+
+def _q3n_md(arch="qwen3next", **kw):
+    """Q3N_MD under `arch` (qwen35moe: one NextN layer and the sections), keys
+    in kw set (a__b for a.b) or, with None, removed."""
+    a = arch + "."
+    md = {k.replace("qwen3next.", a): v for k, v in Q3N_MD.items()}
+    md["general.architecture"] = arch
+    if arch == "qwen35moe":
+        md[a + "block_count"] = 41
+        md[a + "nextn_predict_layers"] = 1
+        md[a + "rope.dimension_sections"] = [11, 11, 10, 0]
+    for k, v in kw.items():
+        k = a + k.replace("__", ".")
+        if v is None:
+            md.pop(k, None)
+        else:
+            md[k] = v
+    return md
+
+
+def test_qwen3next_hparams():
+    """The keys' defaults, the layer kinds (interval and array) and the refusals."""
+    hp = refmodel.Hparams(_q3n_md())
+    assert (hp.n_layer, hp.n_nextn, hp.n_head, hp.n_head_kv, hp.head_dim, hp.rope_dim) == \
+        (48, 0, 16, 2, 256, 64)
+    assert (hp.ssm_conv, hp.ssm_state, hp.ssm_groups, hp.ssm_heads, hp.ssm_tiled) == (4, 128, 16, 32, False)
+    assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_ff_shexp) == (512, 10, 512, 512)
+    assert hp.expert_gating == "softmax" and hp.expert_weights_norm is True
+    assert hp.expert_weights_scale == 1.0 and hp.n_layer_dense_lead == 0
+    assert hp.recurrent[:8] == [True, True, True, False] * 2 and sum(hp.recurrent) == 36
+    # the interval's default is 4; an array overrides the interval
+    assert refmodel.Hparams(_q3n_md(full_attention_interval=None)).recurrent == hp.recurrent
+    assert refmodel.Hparams(_q3n_md(full_attention_interval=2)).recurrent[:4] == [True, False] * 2
+    flags = [i % 3 == 1 for i in range(48)]
+    assert refmodel.Hparams(_q3n_md(attention__recurrent_layers=flags)).recurrent == flags
+    assert refmodel.Hparams(_q3n_md(expert_weights_scale=0.0)).expert_weights_scale == 1.0
+    assert refmodel.Hparams(_q3n_md(expert_weights_scale=2.5)).expert_weights_scale == 2.5
+    # qwen3next has no NextN layers, whatever a key says
+    assert refmodel.Hparams(_q3n_md(nextn_predict_layers=1)).n_layer == 48
+    # qwen35moe: its NextN layer not run, q/k heads tiled over the v heads
+    hp = refmodel.Hparams(_q3n_md("qwen35moe"))
+    assert (hp.block_count, hp.n_nextn, hp.n_layer, hp.ssm_tiled) == (41, 1, 40, True)
+    assert len(hp.recurrent) == 40 and hp.recurrent[36:] == [True, True, True, False]
+    assert hp.rope_sections == [11, 11, 10, 0]
+    assert refmodel.Hparams(_q3n_md("qwen35moe", nextn_predict_layers=None)).n_layer == 41
+    # each refusal names its key
+    bad_both = [dict(ssm__inner_size=4095), dict(ssm__time_step_rank=24), dict(ssm__group_count=0),
+                dict(attention__value_length=128), dict(attention__recurrent_layers=[True] * 47),
+                dict(full_attention_interval=0), dict(expert_used_count=513),
+                dict(expert_shared_feed_forward_length=0)]
+    bad_both += [{k: None} for k in ("ssm__conv_kernel", "ssm__state_size", "ssm__group_count",
+                                     "ssm__time_step_rank", "ssm__inner_size", "expert_count",
+                                     "expert_feed_forward_length",
+                                     "expert_shared_feed_forward_length")]
+    for arch in ("qwen3next", "qwen35moe"):
+        for bad in bad_both:
+            key = list(bad)[0].split("__")[-1]
+            with pytest.raises(ValueError, match=key):
+                refmodel.Hparams(_q3n_md(arch, **bad))
+    for bad in (dict(rope__dimension_sections=None),
+                dict(rope__dimension_sections=[8, 8, 8, 8]),   # pairs 24.. in the fourth section
+                dict(rope__dimension_sections=[11, 11, 10]),
+                dict(attention__recurrent_layers=[True] * 41)):  # the NextN layer marked
+        with pytest.raises(ValueError, match=list(bad)[0].split("__")[-1]):
+            refmodel.Hparams(_q3n_md("qwen35moe", **bad))
+
+
+Q3N_CASES = {
+    # arch, weights' keywords, writer's keywords
+    "qwen3next": ("qwen3next", {}, dict(interval=4)),
+    "qwen3next-tied-interval2": ("qwen3next", dict(recurrent=[True, False, True, False]),
+                                 dict(interval=2, tied=True, expert_scale=2.0)),
+    "qwen35moe": ("qwen35moe", dict(n_nextn=1), dict(interval=4)),
+    "qwen35moe-array": ("qwen35moe", dict(n_nextn=1, recurrent=[True, False, True, True]),
+                        dict(recurrent_key=True, expert_scale=1.5)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(Q3N_CASES))
+def test_qwen3next_forward_by_hand(tmp_path, case):
+    """Whole forward pass (DeltaNet and gated attention layers, Hv = 2 Hk, 12
+    positions past the convolution's 4 taps) against plain numpy from the file."""
+    arch, wkw, fkw = Q3N_CASES[case]
+    w, hp = _q3n_weights(30 + sorted(Q3N_CASES).index(case), **wkw)
+    m = _q3n(tmp_path, (w, hp), arch=arch, **fkw)
+    assert m.hp.arch == arch and m.hp.n_layer == 4 and m.tied == bool(fkw.get("tied"))
+    assert [m.layer(i).recurrent for i in range(4)] == hp["recurrent"]
+    assert m.hp.ssm_heads == 2 * m.hp.ssm_groups and m.hp.ssm_conv < len(IDS)
+    want, sel, kinds = _q3n_logits_by_hand(m.path, IDS)
+    assert kinds == hp["recurrent"]
+    got = m.logits(IDS)
+    assert np.min(np.std(got, axis=1)) > 0.5
+    assert np.max(np.abs(got - want)) < 1e-10
+    assert np.array_equal(m.last_routing, sel)
+    assert len(np.unique(sel)) > 1
+
+
+def test_qwen3next_head_maps(tmp_path):
+    """The same weights as qwen3next (v head j reads q/k head j / r) and
+    qwen35moe (j % Hk) give other logits when Hv = 2 Hk, the same when Hv = Hk."""
+    wts = _q3n_weights(40)
+    a = _q3n(tmp_path, wts, arch="qwen3next").logits(IDS)
+    b = _q3n(tmp_path, wts, arch="qwen35moe").logits(IDS)
+    assert np.max(np.abs(a - b)) > 1e-3
+    wts = _q3n_weights(40, n_k_heads=2, n_v_heads=2)
+    a = _q3n(tmp_path, wts, arch="qwen3next", tag="r1").logits(IDS)
+    b = _q3n(tmp_path, wts, arch="qwen35moe", tag="r1").logits(IDS)
+    assert np.max(np.abs(a - b)) < 1e-12
+
+
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe"])
+def test_qwen3next_causal(tmp_path, arch):
+    """A prefix's logits are the first rows of a longer prompt's; later tokens
+    change only later rows."""
+    m = _q3n(tmp_path, _q3n_weights(41), arch=arch)
+    a = m.logits(IDS)
+    assert np.max(np.abs(m.logits(IDS[:5]) - a[:5])) < 1e-12
+    b = m.logits(IDS[:5] + [7, 7, 7])
+    assert np.max(np.abs(a[:5] - b[:5])) < 1e-12
+    assert np.min(np.max(np.abs(a[5:8] - b[5:8]), axis=1)) > 1e-6
+
+
+def test_qwen3next_conv_window(tmp_path):
+    """One DeltaNet layer (K = 4): with the state wiped at every position
+    (softplus above 20 times ssm_a -1000: e^g is 0) a token reaches exactly
+    the rows of the K positions from its own; with the state kept, every
+    later row."""
+    w, hp = _q3n_weights(42, n_layer=1, recurrent=[True])
+    ids = [5, 9, 2, 33, 17, 40, 8, 61, 3, 12]
+    s = 3
+    other = list(ids)
+    other[s] = 50
+
+    def changed(m):
+        a, b = m.logits(ids), m.logits(other)
+        return [t for t in range(len(ids)) if np.max(np.abs(a[t] - b[t])) > 0]
+
+    kept = _q3n(tmp_path, (w, hp), recurrent_key=True, tag="kept")
+    assert changed(kept) == list(range(s, len(ids)))
+    w = dict(w)
+    w["blk.0.ssm_dt.bias"] = np.full(4, 30.0)
+    w["blk.0.ssm_a"] = np.full(4, -1000.0)
+    wiped = _q3n(tmp_path, (w, hp), recurrent_key=True, tag="wiped")
+    assert changed(wiped) == list(range(s, s + 4))
+    want, _, _ = _q3n_logits_by_hand(wiped.path, ids)
+    assert np.max(np.abs(wiped.logits(ids) - want)) < 1e-10
+    # softplus is x itself above 20 (the branch the wiped state takes), log(1 + e^x) below
+    sp = refmodel.softplus(np.array([30.5, 20.5, 20.0, 1.0, -30.0]))
+    assert sp[0] == 30.5 and sp[1] == 20.5
+    assert np.array_equal(sp[2:], np.log1p(np.exp([20.0, 1.0, -30.0])))
+
+
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe"])
+def test_qwen3next_lazy_equals_eager(tmp_path, arch):
+    eager = _q3n(tmp_path, _q3n_weights(43, n_nextn=arch == "qwen35moe"), arch=arch)
+    lazy = refmodel.Model(eager.path, lazy=True)
+    assert lazy.lazy and not eager.lazy
+    a = eager.head(eager.hidden(IDS), top=8, vchunk=16)
+    b = lazy.head(lazy.hidden(IDS), top=8, vchunk=16)
+    for x, y in zip(a, b):
+        assert np.array_equal(x, y)
+    assert np.array_equal(eager.last_routing, lazy.last_routing)
+
+
+def test_qwen3next_tied_output(tmp_path):
+    w, hp = _q3n_weights(44)
+    m = _q3n(tmp_path, (w, hp), tied=True)
+    assert m.tied
+    assert np.array_equal(m.output, _f32(w["token_embd.weight"]))
+
+
+def test_qwen3next_shared_expert_gate(tmp_path):
+    """sigmoid(ffn_gate_inp_shexp . xn) scales the shared expert: every row's
+    first dim is large and positive, so a gate vector of -1e4 there shuts the
+    shared expert (as zero down weights do), 0 halves it (as halved down
+    weights do), and +1e4 lets it through whole."""
+    w, hp = _q3n_weights(45, n_layer=2, recurrent=[True, False])
+    w["token_embd.weight"][:, 0] += 40.0
+
+    def run(tag, gate, down_factor=1.0):
+        v = dict(w)
+        for i in range(2):
+            e0 = np.zeros(hp["n_embd"])
+            e0[0] = gate
+            v["blk.%d.ffn_gate_inp_shexp.weight" % i] = e0
+            v["blk.%d.ffn_down_shexp.weight" % i] = w["blk.%d.ffn_down_shexp.weight" % i] * down_factor
+        return _q3n(tmp_path, (v, hp), tag=tag, recurrent_key=True).logits(IDS)
+
+    off = run("off", -1e4)
+    assert np.max(np.abs(off - run("zero", -1e4, 0.0))) < 1e-12
+    assert np.max(np.abs(off - run("nodown", 1e4, 0.0))) < 1e-12
+    assert np.max(np.abs(run("half", 0.0) - run("halfdown", 1e4, 0.5))) < 1e-12
+    assert np.max(np.abs(run("on", 1e4) - off)) > 1e-3
+
+
+def test_qwen35moe_nextn_not_run(tmp_path):
+    """New weights for the NextN layer change nothing; for the last layer run they do."""
+    w, hp = _q3n_weights(46, n_nextn=1)
+    rng = np.random.default_rng(2)
+    assert any(k.startswith("blk.4.nextn.") for k in w)
+
+    def redraw(i):
+        p = "blk.%d." % i
+        return {k: (v + rng.standard_normal(v.shape) * 0.3 if k.startswith(p) else v) for k, v in w.items()}
+
+    m = _q3n(tmp_path, (w, hp), arch="qwen35moe")
+    assert (m.hp.block_count, m.hp.n_layer, m.hp.n_nextn) == (5, 4, 1)
+    a = m.logits(IDS)
+    b = _q3n(tmp_path, (redraw(4), hp), arch="qwen35moe", tag="nextn").logits(IDS)
+    assert np.array_equal(a, b)
+    c = _q3n(tmp_path, (redraw(3), hp), arch="qwen35moe", tag="last").logits(IDS)
+    assert np.max(np.abs(a - c)) > 1e-3
+
+
+def test_qwen3next_tensors_checked(tmp_path):
+    """The older ssm_in form is refused by name; wrong or missing tensors are
+    errors naming them, not wrong results."""
+    w, hp = _q3n_weights(47)
+    S, Hk, Hv, E = hp["state"], hp["n_k_heads"], hp["n_v_heads"], hp["n_embd"]
+    old = {k: v for k, v in w.items() if k not in ("blk.0.attn_qkv.weight", "blk.0.attn_gate.weight")}
+    old["blk.0.ssm_in.weight"] = np.zeros((2 * S * Hk + 2 * S * Hv, E))
+    for arch in ("qwen3next", "qwen35moe"):
+        with pytest.raises(ValueError, match="ssm_in"):
+            _q3n(tmp_path, (old, hp), arch=arch, tag="old")
+    for name, arr in (("blk.0.ssm_conv1d.weight", np.zeros((2 * S * Hk + S * Hv, 3))),
+                      ("blk.1.ssm_a", np.zeros(Hv + 1)),
+                      ("blk.2.ssm_norm.weight", np.zeros(S * Hv)),
+                      ("blk.3.attn_q.weight", np.zeros((4 * 16, E))),
+                      ("blk.0.ffn_gate_inp_shexp.weight", np.zeros((1, E)))):
+        bad = dict(w)
+        bad[name] = arr
+        with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+            _q3n(tmp_path, (bad, hp), tag="bad").layer(int(name[4]))
+    for name, arch in (("blk.1.ssm_a", "qwen3next"), ("blk.2.ssm_dt.bias", "qwen35moe"),
+                       ("blk.0.ssm_alpha.weight", "qwen35moe"), ("blk.3.attn_k_norm.weight", "qwen3next"),
+                       ("blk.0.ffn_up_shexp.weight", "qwen3next")):
+        bad = {k: v for k, v in w.items() if k != name}
+        with pytest.raises(KeyError, match=name.replace(".", r"\.")):
+            _q3n(tmp_path, (bad, hp), arch=arch, tag="missing").layer(int(name[4]))
+
+
+# ---------------------------------------------------------------- 8. mkmodel
 
 def _mkmodel():
     cands = []
@@ -1774,6 +2195,8 @@ MK_CASES = [
     ("glm4moe", ["--arch", "glm4moe", "--layers", "3", "--experts", "8", "--experts-used", "2"]),
     ("deepseek2", ["--arch", "deepseek2", "--layers", "3", "--experts", "8", "--experts-used", "2"]),
     ("gpt-oss", ["--arch", "gpt-oss", "--layers", "2", "--experts", "8", "--experts-used", "2"]),
+    ("qwen3next", ["--arch", "qwen3next", "--layers", "4", "--experts", "8", "--experts-used", "2"]),
+    ("qwen35moe", ["--arch", "qwen35moe", "--layers", "4", "--experts", "8", "--experts-used", "2"]),
 ]
 
 
@@ -1787,10 +2210,14 @@ def test_mkmodel(tmp_path, arch, flags):
     assert r.returncode == 0, r.stderr
     m = refmodel.Model(path)
     assert m.hp.arch == arch
-    # --layers counts the layers run; glm4moe files get one NextN layer besides,
-    # deepseek2 files may (DeepSeek-V3 has one; llama.cpp's converter drops it)
+    # --layers counts the layers run; glm4moe and qwen35moe files get one NextN
+    # layer besides, deepseek2 files may (DeepSeek-V3 has one; llama.cpp's
+    # converter drops it)
     assert m.hp.n_layer == int(flags[flags.index("--layers") + 1])
-    assert m.hp.n_nextn in {"glm4moe": (1,), "deepseek2": (0, 1)}.get(arch, (0,))
+    assert m.hp.n_nextn in {"glm4moe": (1,), "deepseek2": (0, 1), "qwen35moe": (1,)}.get(arch, (0,))
+    if arch in refmodel.HYBRID_ARCHS:
+        # a hybrid file runs both kinds of layers
+        assert any(m.hp.recurrent) and not all(m.hp.recurrent)
     rng = np.random.default_rng(5)
     ids = rng.integers(0, m.n_vocab, size=40).tolist()
     t = time.time()
@@ -1805,7 +2232,7 @@ def test_mkmodel(tmp_path, arch, flags):
     # the chunked head agrees with the direct product
     lse, top_ids, _ = m.head(m.hidden(ids), top=4)
     assert np.array_equal(top_ids[:, 0], np.argmax(lg, axis=1))
-    if arch in ("qwen3moe", "glm4moe", "deepseek2", "gpt-oss"):
+    if arch in ("qwen3moe", "glm4moe", "deepseek2", "gpt-oss") + refmodel.HYBRID_ARCHS:
         # routing uses more than one expert across the prompt
         assert len(np.unique(m.last_routing)) > 1
     sys.stderr.write("\nmkmodel %s: %.1fs, logits std %.3f\n" % (" ".join(flags), time.time() - t, float(np.mean(std))))
