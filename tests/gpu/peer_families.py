@@ -39,6 +39,9 @@ FAMILIES = {
                          "--q-lora", "0", "--gating", "softmax", "--seed", "8"],
     "gpt-oss": ["--arch", "gpt-oss", "--layers", "3", "--experts", "8", "--experts-used", "2",
                 "--swa", "4", "--yarn", "32"],
+    # the hybrids: DeltaNet layers 0-2 and 4, gated attention in layer 3
+    "qwen3next": ["--arch", "qwen3next", "--layers", "5", "--experts", "8", "--experts-used", "2", "--seed", "7"],
+    "qwen35moe": ["--arch", "qwen35moe", "--layers", "5", "--experts", "8", "--experts-used", "2", "--seed", "7"],
 }
 
 

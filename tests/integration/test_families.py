@@ -62,7 +62,19 @@ FAMILIES = {
     "gpt-oss": {"arch": "gpt-oss", "long": True,
                 "flags": ["--layers", "3", "--experts", "8", "--experts-used", "2",
                           "--swa", "4", "--yarn", "32"]},
+    # the Qwen3-Next / Qwen3.5 hybrids cut down: DeltaNet layers 0-2 and 4, gated
+    # attention in layer 3 (every fourth), 8 routed experts chosen 2 plus the gated
+    # shared expert, q/k heads read by twice as many v heads (in place in qwen3next,
+    # tiled in qwen35moe); qwen35moe's files end with a NextN layer. Long: the
+    # recurrence runs over some 300 positions.
+    "qwen3next": {"arch": "qwen3next", "long": True,
+                  "flags": ["--layers", "5", "--experts", "8", "--experts-used", "2", "--seed", "7"]},
+    "qwen35moe": {"arch": "qwen35moe", "long": True,
+                  "flags": ["--layers", "5", "--experts", "8", "--experts-used", "2", "--seed", "7"]},
 }
+
+# architectures whose cache holds a recurrent state (no cut to an arbitrary prefix)
+HYBRID = ("qwen3next", "qwen35moe")
 
 
 def ds(name):
@@ -182,6 +194,29 @@ BAD_FILES = {
     ],
     # the file has no sliding_window_pattern (the default period 2) and no
     # freq_base_swa: those two cases add the key
+    "qwen3next": [
+        ("a DeltaNet layer's ssm_a is missing", {"drop_tensors": ["blk.1.ssm_a"]}, "blk.1.ssm_a"),
+        ("ssm.state_size is missing", {"drop_keys": ["qwen3next.ssm.state_size"]}, "qwen3next.ssm.state_size"),
+        ("inner_size is not state_size x time_step_rank",
+         {"set_keys": {"qwen3next.ssm.inner_size": 12345}}, "qwen3next.ssm"),
+        ("a DeltaNet layer's attn_qkv is missing", {"drop_tensors": ["blk.0.attn_qkv.weight"]},
+         "blk.0.attn_qkv.weight"),
+        ("the shared expert's gate is missing", {"drop_tensors": ["blk.2.ffn_gate_inp_shexp.weight"]},
+         "blk.2.ffn_gate_inp_shexp.weight"),
+        ("recurrent_layers of 2 values for 5 layers",
+         {"set_keys": {"qwen3next.attention.recurrent_layers": [True, False]}},
+         "qwen3next.attention.recurrent_layers"),
+    ],
+    "qwen35moe": [
+        ("rope.dimension_sections is missing", {"drop_keys": ["qwen35moe.rope.dimension_sections"]},
+         "qwen35moe.rope.dimension_sections"),
+        ("a DeltaNet layer's ssm_alpha is missing", {"drop_tensors": ["blk.4.ssm_alpha.weight"]},
+         "blk.4.ssm_alpha.weight"),
+        ("the NextN layer's eh_proj is missing", {"drop_tensors": ["blk.5.nextn.eh_proj.weight"]},
+         "blk.5.nextn.eh_proj.weight"),
+        ("sections leaving rotated pairs to the image section",
+         {"set_keys": {"qwen35moe.rope.dimension_sections": [1, 1, 1, 0]}}, "qwen35moe.rope.dimension_sections"),
+    ],
     "gpt-oss": [
         ("a layer's attention sinks are missing", {"drop_tensors": ["blk.1.attn_sinks.weight"]},
          "blk.1.attn_sinks.weight"),
@@ -612,6 +647,17 @@ def test_cache_states_saved_and_restored(family, servers, tmp_path):
     assert r.status_code == 200, r.text
     warm = post(srv.url, "/completion", dict(body, id_slot=0)).json()
     assert warm["content"] == cold["content"], (warm, cold)
+    if family.arch in HYBRID:
+        # the restored state is after the reply's tokens: it cannot go back to the
+        # prompt's last one, and a restored slot has no checkpoints, so the prompt
+        # runs whole; the prompt cache on disk does not keep such states
+        assert warm["timings"]["prompt_n"] == cold["timings"]["prompt_n"], warm["timings"]
+        srv.stop()
+        srv = serverctl.Server(family.path, FAST + ["--cache-disk", str(disk)], log_dir=str(tmp_path))
+        srv.launch()
+        assert srv.proc.wait(30) > 0
+        assert "--cache-disk" in srv.log(20000), srv.log()
+        return
     assert warm["timings"]["prompt_n"] == 1, warm["timings"]
     srv.stop()
     flags = ["-np", "1", "-c", "1024", "-t", "1", "-tb", "1", "-cram", "0", "--cache-disk", str(disk)]
@@ -629,6 +675,55 @@ def test_cache_states_saved_and_restored(family, servers, tmp_path):
     assert again["content"] == cold["content"], (again, cold)
     assert again["timings"]["prompt_n"] == 1, again["timings"]
     assert metric(srv.url, "prompt_cache_disk_hits_total") == 1
+
+
+def test_checkpoints_of_a_recurrent_state(family, servers):
+    """A hybrid's slot goes back to its checkpoints (-ctxcp): the same prompt again
+    evaluates one token, a longer one only what follows the checkpoint, each reply and
+    its log-probabilities the cold ones bit for bit; -ctxcp 0 runs every prompt whole;
+    a draft model is refused."""
+    if family.arch not in HYBRID:
+        pytest.skip("%s's cache is cut back to any prefix" % family.arch)
+    from test_dropin import metric
+
+    def greedy(url, prompt, n, cache_prompt=True):
+        r = post(url, "/completion", {"prompt": prompt, "n_predict": n, "n_probs": 5, "temperature": 0,
+                                      "ignore_eos": True, "cache_prompt": cache_prompt, "return_tokens": True})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    prompt = "The smith hammers the bloom, and the sparks fly far into the dark night. " * 3
+    longer = prompt + "The anvil rings."
+    srv = servers.start(FAST + ["-cram", "0"], model=family.path)
+    cold = {p: greedy(srv.url, p, 6, cache_prompt=False) for p in (prompt, longer)}
+    first = greedy(srv.url, prompt, 6)
+    again = greedy(srv.url, prompt, 6)
+    more = greedy(srv.url, longer, 6)
+    n = first["tokens_evaluated"]
+    assert again["timings"]["prompt_n"] == 1, again["timings"]
+    assert 1 < more["timings"]["prompt_n"] < more["tokens_evaluated"] - n + 2, more["timings"]
+    for got, want in ((first, cold[prompt]), (again, cold[prompt]), (more, cold[longer])):
+        assert got["tokens"] == want["tokens"]
+        assert [[(t["id"], t["logprob"]) for t in x["top_logprobs"]] for x in got["completion_probabilities"]] == \
+               [[(t["id"], t["logprob"]) for t in x["top_logprobs"]] for x in want["completion_probabilities"]]
+    assert metric(srv.url, "checkpoints_total") >= 2
+    assert metric(srv.url, "checkpoint_restores_total") == 2
+    srv = servers.start(FAST + ["-cram", "0", "-ctxcp", "0"], model=family.path)
+    greedy(srv.url, prompt, 6)
+    again = greedy(srv.url, prompt, 6)
+    assert again["timings"]["prompt_n"] == again["tokens_evaluated"], again["timings"]
+    assert again["tokens"] == cold[prompt]["tokens"]
+    assert metric(srv.url, "checkpoints_total") == 0
+
+
+def test_a_draft_for_a_recurrent_state_refused(family, tmp_path):
+    if family.arch not in HYBRID:
+        pytest.skip("%s's cache is cut back to any prefix" % family.arch)
+    srv = serverctl.Server(family.path, FAST + ["-md", family.path], log_dir=str(tmp_path))
+    srv.launch()
+    assert srv.proc.wait(30) > 0
+    log = srv.log(20000)
+    assert "-md" in log and "recurrent state" in log, log
 
 
 # ------------------------------------------------------------------ bad files
