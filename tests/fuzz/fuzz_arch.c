@@ -66,7 +66,21 @@ static void check_arch(const bl_arch_t *a)
     CHECK(a->gating >= BL_GATING_SOFTMAX && a->gating <= 16);
     if (!strcmp(a->name, "glm4moe") || ds2)
         CHECK(a->gating == BL_GATING_SOFTMAX || a->gating == BL_GATING_SIGMOID);
-    CHECK(a->ffn_norm != NULL && a->cache == BL_CACHE_KV);
+    CHECK(a->ffn_norm != NULL && (a->cache == BL_CACHE_KV || a->cache == BL_CACHE_HYBRID));
+    CHECK(a->cache_prefix_cut == (a->cache == BL_CACHE_KV));
+    if (a->cache == BL_CACHE_HYBRID) {
+        /* the DeltaNet layers' shapes, and a state whose bytes fit a size_t */
+        CHECK(a->ssm_conv >= 2 && a->ssm_conv <= 64 && a->ssm_state >= 1 && a->ssm_groups >= 1);
+        CHECK(a->ssm_heads >= a->ssm_groups && a->ssm_heads % a->ssm_groups == 0);
+        CHECK(bl_arch_conv_channels(a) <= BL_ARCH_MAX_DIM && bl_arch_rec_floats(a) <= ((int64_t)1 << 32));
+        CHECK(a->moe && a->n_ff_shexp >= 1 && a->shexp_gate && a->attn_gate);
+        for (int64_t l = a->n_layer; l < a->n_layer_file; l++)
+            CHECK(!bl_arch_layer_recurrent(a, l)); /* NextN layers attend */
+    } else {
+        CHECK(a->ssm_heads == 0 && bl_arch_rec_floats(a) == 0);
+        for (int64_t l = 0; l < a->n_layer_file; l++)
+            CHECK(!bl_arch_layer_recurrent(a, l));
+    }
     if (a->moe) {
         CHECK(a->n_expert >= 1 && a->n_expert <= BL_ARCH_MAX_EXPERTS);
         CHECK(a->n_expert_used >= 1 && a->n_expert_used <= a->n_expert);

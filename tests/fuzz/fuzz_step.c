@@ -75,7 +75,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             for (int32_t i = 0; i < h->n_seqs; i++) {
                 const bp_step_kvop_t *o = &kvops[i];
                 const int drop = o->op == BP_KV_DROP, none = drop || o->op == BP_KV_CLEAR;
-                check(o->op >= BP_KV_SAVE && o->op <= BP_KV_FETCH, "an unknown KV op");
+                check(o->op >= BP_KV_SAVE && o->op <= BP_KV_ROLLBACK, "an unknown KV op");
                 check(drop || o->op == BP_KV_PERSIST ? o->slot == 0
                                                      : (o->slot >= 0 && o->slot < g_lim.n_slots),
                       "a KV op on a slot outside the plan");

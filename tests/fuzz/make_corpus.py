@@ -226,6 +226,13 @@ MKMODEL_SEEDS = {
                                                      "--no-expert-norm", "--shared-experts", "2"],
     "mk_gptoss": ["--arch", "gpt-oss", "--kv-heads", "1", "--head-dim", "4", "--type-experts", "f16", "--swa", "2",
                   "--yarn", "32"] + _MK_MOE,
+    # a DeltaNet layer then a gated attention layer
+    "mk_qwen3next": ["--arch", "qwen3next", "--kv-heads", "1", "--head-dim", "4", "--rope-dim", "2",
+                     "--ssm-state", "4", "--ssm-groups", "1", "--ssm-heads", "2", "--full-attention-interval", "2"]
+                    + _MK_MOE,
+    "mk_qwen35moe_layers": ["--arch", "qwen35moe", "--kv-heads", "1", "--head-dim", "4", "--rope-dim", "2",
+                            "--ssm-state", "4", "--ssm-groups", "1", "--ssm-heads", "2", "--recurrent-layers", "10"]
+                           + _MK_MOE,
 }
 
 
