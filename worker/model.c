@@ -877,6 +877,35 @@ static int kv_reserve(wk_kv_t *kv, int64_t n, bl_err_t *err)
     return rc;
 }
 
+/* Whether the shared caches of a step's n sequences have the chunks for their ends,
+ * counting the chunks they hold now as theirs: checked before any rewind gives chunks
+ * back, so that a step refused for room changes no cache. BL_ERANGE naming the
+ * shortfall. */
+static int kv_room(const wk_seq_t *q, int64_t n, bl_err_t *err)
+{
+    for (int64_t i = 0; i < n; i++) {
+        wk_kv_pool_t *p = q[i].kv->pool;
+        int first = 1;
+        for (int64_t j = 0; j < i && first; j++)
+            first = q[j].kv->pool != p;
+        if (!p || !first)
+            continue;
+        int64_t need = 0, have = 0;
+        for (int64_t j = i; j < n; j++)
+            if (q[j].kv->pool == p) { /* a cache is in a step once (the caller checks) */
+                need += chunks_of(q[j].pos + q[j].n);
+                have += q[j].kv->nc;
+            }
+        for (int64_t c = 0; c < p->n_chunks; c++)
+            have += p->owner[c] == NULL;
+        if (need > have)
+            return bl_err_set(err, BL_ERANGE, "the shared KV cache is full: the step's sequences need %lld "
+                              "chunks of %d, %lld of %lld are free or theirs", (long long)need, WK_KV_CHUNK,
+                              (long long)have, (long long)p->n_chunks);
+    }
+    return 0;
+}
+
 void wk_kv_clear(wk_kv_t *kv)
 {
     kv->n_past = 0;
@@ -1040,6 +1069,9 @@ int wk_model_eval(wk_model_t *m, wk_kv_t *kv, const int32_t *tokens, int64_t n, 
     /* Chunks of n_batch rows; the logit rows (the last n_out of all n) may span the
      * last chunks. */
     const int64_t first_out = n - n_out;
+    const wk_seq_t one = {.kv = kv, .tokens = tokens, .n = n, .pos = pos, .n_out = n_out};
+    if ((rc = kv_room(&one, 1, err)) < 0)
+        return rc;
     kv_shrink(kv, pos);
     if ((rc = kv_reserve(kv, pos + n, err)) < 0)
         return rc;
@@ -1091,7 +1123,10 @@ int wk_model_stage(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, const fl
                           (long long)m->le);
     if (m->le == m->cfg.n_layer && outs > 0 && !logits)
         return bl_err_set(err, BL_EINVAL, "logits asked for but no buffer given");
-    /* A shared cache: every rewind gives its chunks back before any growth takes. */
+    /* A shared cache: room for every sequence first (a refused step changes no cache),
+     * then every rewind gives its chunks back before any growth takes. */
+    if ((rc = kv_room(seqs, n_seqs, err)) < 0)
+        return rc;
     for (int64_t i = 0; i < n_seqs; i++)
         kv_shrink(seqs[i].kv, seqs[i].pos);
     for (int64_t i = 0; i < n_seqs; i++)
