@@ -101,6 +101,13 @@ struct rt_cluster {
     pthread_mutex_t step_mu;
     uint64_t step_no;
     float *logits;           /* (n_out_max, n_vocab) */
+    /* steps sent whose answers have not come back, oldest first (rt_cluster_step_send) */
+    struct {
+        uint64_t step;
+        int32_t n_out;
+        int64_t deadline;
+    } fl[RT_CLUSTER_MAX_INFLIGHT];
+    int fl_head, fl_n;
 
     /* ---- shared */
     pthread_mutex_t mu;
@@ -1285,9 +1292,12 @@ static int pipe_answer(rt_cluster_t *c, uint64_t step, int64_t deadline, bp_step
     return rc;
 }
 
-static int step_locked(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, int32_t n_rows,
-                       int32_t n_out, const float **logits, bl_err_t *err)
+/* Sends a step down the pipeline; its answer is the last of the steps in flight. */
+static int send_locked(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, int32_t n_rows, int32_t n_out,
+                       bl_err_t *err)
 {
+    if (c->fl_n == RT_CLUSTER_MAX_INFLIGHT)
+        return bl_err_set(err, BL_EINVAL, "step: %d steps in flight already", c->fl_n);
     int reads_cache = 0;
     for (int i = 0; i < n_seqs; i++)
         reads_cache |= seqs[i].pos > 0;
@@ -1309,18 +1319,39 @@ static int step_locked(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, i
     }
     if ((rc = bp_ring_commit(c->to_first, o.nbytes, err)) != 0)
         return rc;
+    const int at = (c->fl_head + c->fl_n) % RT_CLUSTER_MAX_INFLIGHT;
+    c->fl[at].step = step;
+    c->fl[at].n_out = n_out;
+    c->fl[at].deadline = deadline;
+    c->fl_n++;
+    return 0;
+}
+
+/* The answer of the oldest step in flight. On an error every step in flight is
+ * gone with it (the set restarts or is dead). */
+static int recv_locked(rt_cluster_t *c, const float **logits, bl_err_t *err)
+{
+    if (c->fl_n == 0)
+        return bl_err_set(err, BL_EINVAL, "step: no step in flight to wait for");
+    const uint64_t step = c->fl[c->fl_head].step;
+    const int32_t n_out = c->fl[c->fl_head].n_out;
+    const int64_t deadline = c->fl[c->fl_head].deadline;
+    c->fl_head = (c->fl_head + 1) % RT_CLUSTER_MAX_INFLIGHT;
+    c->fl_n--;
     bp_step_in_t in = {0};
-    if ((rc = pipe_answer(c, step, deadline, &in, err)) != 0)
-        return rc;
-    if (in.hdr.kind != BP_STEP_LOGITS || in.hdr.n_rows != n_out) {
+    int rc = pipe_answer(c, step, deadline, &in, err);
+    if (rc == 0 && (in.hdr.kind != BP_STEP_LOGITS || in.hdr.n_rows != n_out)) {
         rc = bl_err_set(err, BL_EPROTO, "step %llu: %s of %d rows from the last stage, %d logits rows asked",
                         (unsigned long long)step, bp_step_kind_name(in.hdr.kind), in.hdr.n_rows, n_out);
         atomic_store(&c->restart_req, 1);
-    } else {
+        bp_ring_release(c->from_last);
+    } else if (rc == 0) {
         memcpy(c->logits, in.rows, (size_t)n_out * (size_t)c->n_vocab * sizeof(float));
         *logits = c->logits;
+        bp_ring_release(c->from_last);
     }
-    bp_ring_release(c->from_last);
+    if (rc)
+        c->fl_n = c->fl_head = 0;
     return rc;
 }
 
@@ -1350,6 +1381,10 @@ int rt_cluster_kv(rt_cluster_t *c, rt_kv_op_t *ops, int n_ops, bl_err_t *err)
             return bl_err_set(err, BL_EINVAL, "kv: op %d (slot %d, %lld positions) is outside the plan", i,
                               ops[i].slot, (long long)ops[i].n);
     pthread_mutex_lock(&c->step_mu);
+    if (c->fl_n > 0) { /* its answer would come after theirs */
+        pthread_mutex_unlock(&c->step_mu);
+        return bl_err_set(err, BL_EINVAL, "kv: %d steps in flight (wait for their answers first)", c->fl_n);
+    }
     int reads_cache = 0;
     for (int i = 0; i < n_ops; i++)
         reads_cache |= ops[i].op == BP_KV_SAVE || ops[i].op == BP_KV_CKPT;
@@ -1411,13 +1446,58 @@ int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, cons
     if (rc)
         return rc;
     pthread_mutex_lock(&c->step_mu);
-    rc = step_locked(c, seqs, n_seqs, n_rows, n_out, logits, err);
+    if (c->fl_n > 0)
+        rc = bl_err_set(err, BL_EINVAL, "step: %d steps in flight (wait for their answers first)", c->fl_n);
+    else if ((rc = send_locked(c, seqs, n_seqs, n_rows, n_out, err)) == 0)
+        rc = recv_locked(c, logits, err);
     pthread_mutex_unlock(&c->step_mu);
     if (rc == 0) {
         atomic_fetch_add_explicit(&c->steps, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&c->rows, (uint64_t)n_rows, memory_order_relaxed);
     }
     return rc;
+}
+
+int rt_cluster_step_send(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, bl_err_t *err)
+{
+    int32_t n_rows = 0, n_out = 0;
+    int rc = check_step(c, seqs, n_seqs, &n_rows, &n_out, err);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&c->step_mu);
+    rc = send_locked(c, seqs, n_seqs, n_rows, n_out, err);
+    if (rc && rc != BL_EINVAL && rc != BL_EAGAIN)
+        c->fl_n = c->fl_head = 0; /* the set is going: so are the steps before this one */
+    pthread_mutex_unlock(&c->step_mu);
+    if (rc == 0) {
+        atomic_fetch_add_explicit(&c->steps, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->rows, (uint64_t)n_rows, memory_order_relaxed);
+    }
+    return rc;
+}
+
+int rt_cluster_step_recv(rt_cluster_t *c, const float **logits, bl_err_t *err)
+{
+    *logits = NULL;
+    pthread_mutex_lock(&c->step_mu);
+    int rc = recv_locked(c, logits, err);
+    pthread_mutex_unlock(&c->step_mu);
+    return rc;
+}
+
+int rt_cluster_in_flight(rt_cluster_t *c)
+{
+    pthread_mutex_lock(&c->step_mu);
+    int n = c->fl_n;
+    pthread_mutex_unlock(&c->step_mu);
+    return n;
+}
+
+void rt_cluster_forget_in_flight(rt_cluster_t *c)
+{
+    pthread_mutex_lock(&c->step_mu);
+    c->fl_n = c->fl_head = 0;
+    pthread_mutex_unlock(&c->step_mu);
 }
 
 /* --- the devices ------------------------------------------------------------------ */

@@ -150,6 +150,22 @@ typedef struct rt_step_seq {
 int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, const float **logits,
                     bl_err_t *err) BL_WUR;
 
+/* The most steps in flight at once (rt_cluster_step_send). */
+#define RT_CLUSTER_MAX_INFLIGHT 8
+
+/* A pipeline of several stages kept busy: rt_cluster_step_send puts a step in flight
+ * and returns (the stages work on it while the next is sent), rt_cluster_step_recv
+ * waits for the oldest one's answer (*logits as rt_cluster_step's, valid until the
+ * next recv). Errors as rt_cluster_step's; a failed recv, or a send failing for
+ * another reason than BL_EINVAL or BL_EAGAIN, ends every step in flight.
+ * rt_cluster_step and rt_cluster_kv refuse (BL_EINVAL) while steps are in flight:
+ * their answers would come after those. Engine thread. */
+int rt_cluster_step_send(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, bl_err_t *err) BL_WUR;
+int rt_cluster_step_recv(rt_cluster_t *c, const float **logits, bl_err_t *err) BL_WUR;
+int rt_cluster_in_flight(rt_cluster_t *c);
+/* Forgets the steps in flight (the engine saw the set go away between steps). */
+void rt_cluster_forget_in_flight(rt_cluster_t *c);
+
 /* Sends KV ops (proto/step.h: a slot's cache saved to host memory under an entry
  * name, loaded back into a slot, dropped, a slot's cache emptied) down the pipeline in step order, and
  * waits for them to come back; each op's bytes is then what the stages together

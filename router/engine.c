@@ -95,6 +95,7 @@ typedef struct slot {
     int d_wait, d_backoff; /* steps to decode without the draft, after it proposed nothing */
     int64_t n_drafted, n_accepted; /* the task's, for its timings */
     int in_step;        /* build_step: it has rows in the step being built */
+    int in_flight;      /* it has rows in a step sent whose answer has not come */
     int64_t n_seq;
     int64_t n_cached;
     int64_t n_decoded;
@@ -127,6 +128,8 @@ typedef struct pc_entry {
 } pc_entry_t;
 
 static void ck_drop(rt_engine_t *e, slot_t *s, int64_t keep);
+static void drain(rt_engine_t *e, int32_t n_vocab);
+static int build_step_max(rt_engine_t *e, int max_seqs);
 
 /* The most tokens the draft proposes for one step. */
 #define RT_DRAFT_MAX 64
@@ -178,6 +181,13 @@ struct rt_engine {
     slot_t *slots;          /* (n_slots) */
     rt_step_seq_t *seqs;    /* (n_slots) */
     int *seq_slot;          /* (n_slots) */
+    /* steps in flight (opts.pipeline > 1), oldest first: each one's sequences */
+    struct {
+        int ns;
+        rt_step_seq_t *seqs; /* (n_slots) */
+        int *seq_slot;       /* (n_slots) */
+    } fl[RT_CLUSTER_MAX_INFLIGHT];
+    int fl_head, fl_n;
     slot_t **order;         /* (n_slots) scratch for ordering prompt slots */
     int32_t cand_id[N_CAND_LOOKUP];
     float cand_p[N_CAND_LOOKUP];
@@ -1564,6 +1574,7 @@ static void assign_waiting(rt_engine_t *e, int32_t n_vocab)
         pthread_mutex_unlock(&e->mu);
         if (!t)
             return;
+        drain(e, n_vocab); /* its cache ops must not overtake the steps in flight */
         if (t->io)
             slot_io(e, s, t);
         else
@@ -1882,7 +1893,7 @@ static void reap_cancelled(rt_engine_t *e)
 {
     for (int i = 0; i < e->o.n_slots; i++) {
         slot_t *s = &e->slots[i];
-        if (s->task && atomic_load(&s->task->cancelled)) {
+        if (s->task && !s->in_flight && atomic_load(&s->task->cancelled)) {
             BL_LOG(BL_LOG_INFO, "event=task_cancelled task=%llu slot=%d",
                    (unsigned long long)s->task->id, s->id);
             slot_release(e, s, NULL);
@@ -2079,6 +2090,13 @@ static slot_t *kv_preempt(rt_engine_t *e)
 
 static int build_step(rt_engine_t *e)
 {
+    return build_step_max(e, e->o.n_slots);
+}
+
+/* build_step with at most max_seqs sequences (a share of the slots, when several
+ * steps are in flight). */
+static int build_step_max(rt_engine_t *e, int max_seqs)
+{
     int ns = 0;
     int64_t rows = 0;
     int64_t taken = 0; /* chunks of a shared cache the step's rows take (or give back) */
@@ -2086,7 +2104,7 @@ static int build_step(rt_engine_t *e)
         e->slots[i].in_step = 0;
     for (int i = 0; i < e->o.n_slots && rows < e->o.n_batch; i++) {
         slot_t *s = &e->slots[(e->rr + i) % e->o.n_slots];
-        if (s->state != SLOT_GEN)
+        if (s->state != SLOT_GEN || s->in_flight || ns >= max_seqs)
             continue;
         if (rows + 1 + s->n_draft > e->o.n_batch) /* the proposals that fit the step */
             s->n_draft = (int)(e->o.n_batch - rows - 1);
@@ -2119,14 +2137,14 @@ static int build_step(rt_engine_t *e)
     int np = 0;
     for (int i = 0; i < e->o.n_slots; i++) {
         slot_t *s = &e->slots[i];
-        if (s->state != SLOT_PROMPT)
+        if (s->state != SLOT_PROMPT || s->in_flight)
             continue;
         int j = np++;
         for (; j > 0 && e->order[j - 1]->start_order > s->start_order; j--)
             e->order[j] = e->order[j - 1];
         e->order[j] = s;
     }
-    for (int i = 0; i < np; i++) {
+    for (int i = 0; i < np && ns < max_seqs; i++) {
         int64_t budget = e->o.n_batch - rows;
         if (budget <= 0)
             break;
@@ -2199,8 +2217,140 @@ static void spec_take(rt_engine_t *e, slot_t *s, const rt_step_seq_t *q, const f
     pthread_mutex_unlock(&e->mu);
 }
 
+/* A step's answer: each sequence's rows into its slot, the logit rows to its task. */
+static void take_results(rt_engine_t *e, const rt_step_seq_t *seqs, const int *seq_slot, int ns,
+                         const float *logits, int32_t n_vocab)
+{
+    uint64_t prompt_rows = 0;
+    for (int j = 0; j < ns; j++) {
+        slot_t *s = &e->slots[seq_slot[j]];
+        if (s->state == SLOT_PROMPT)
+            prompt_rows += (uint64_t)seqs[j].n;
+    }
+    pthread_mutex_lock(&e->mu);
+    e->stats.n_decode_total++;
+    e->stats.n_busy_slots_total += (uint64_t)ns;
+    e->stats.prompt_tokens_total += prompt_rows;
+    pthread_mutex_unlock(&e->mu);
+
+    size_t out = 0;
+    for (int j = 0; j < ns; j++) {
+        slot_t *s = &e->slots[seq_slot[j]];
+        if (seqs[j].n_out > 1) { /* a verification: the rows the model agrees with */
+            spec_take(e, s, &seqs[j], logits + out * (size_t)n_vocab, n_vocab);
+            out += (size_t)seqs[j].n_out;
+            continue;
+        }
+        s->n_past += seqs[j].n;
+        s->n_kv = s->n_past;
+        if (s->state == SLOT_PROMPT && s->task && ck_due(e, s))
+            ck_save(e, s);
+        if (s->state == SLOT_PROMPT && s->task && s->task->p.return_progress && !s->got_first)
+            post_progress(e, s);
+        if (!seqs[j].n_out)
+            continue;
+        const float *row = logits + out * (size_t)n_vocab;
+        out++;
+        if (!s->task)
+            continue;
+        if (atomic_load(&s->task->cancelled)) {
+            slot_release(e, s, NULL);
+            continue;
+        }
+        on_output(e, s, row, n_vocab);
+    }
+}
+
+/* The step failed (rc, err): the rows are lost and the caches may be gone with the
+ * processes: the running tasks end, and the waiting ones run once READY. */
+static void step_failed(rt_engine_t *e, int rc, const bl_err_t *err)
+{
+    BL_LOG(BL_LOG_WARN, "event=step_failed code=%d reason=\"%s\"", rc, err->msg);
+    const char *msg = err->msg[0] ? err->msg : bl_strerror(rc);
+    char buf[sizeof err->msg];
+    if (rc == BL_EAGAIN) {
+        rt_cluster_error(e->cluster, buf, sizeof buf);
+        msg = buf[0] ? buf : "the model processes are restarting";
+    }
+    fail_running(e, 500, msg);
+    forget_caches(e);
+}
+
+/* Forgets the steps in flight: their answers will not come (the set went away). */
+static void forget_in_flight(rt_engine_t *e)
+{
+    e->fl_head = e->fl_n = 0;
+    for (int i = 0; i < e->o.n_slots; i++)
+        e->slots[i].in_flight = 0;
+    rt_cluster_forget_in_flight(e->cluster);
+}
+
+/* The oldest step in flight's answer, taken (or its failure handled). */
+static void recv_one(rt_engine_t *e, int32_t n_vocab)
+{
+    const int at = e->fl_head;
+    e->fl_head = (e->fl_head + 1) % e->o.pipeline;
+    e->fl_n--;
+    for (int j = 0; j < e->fl[at].ns; j++)
+        e->slots[e->fl[at].seq_slot[j]].in_flight = 0;
+    const float *logits = NULL;
+    bl_err_t err = {0};
+    int rc = rt_cluster_step_recv(e->cluster, &logits, &err);
+    if (rc) {
+        forget_in_flight(e);
+        step_failed(e, rc, &err);
+        return;
+    }
+    take_results(e, e->fl[at].seqs, e->fl[at].seq_slot, e->fl[at].ns, logits, n_vocab);
+}
+
+/* Takes every step in flight's answer: before a KV op, which must not overtake them. */
+static void drain(rt_engine_t *e, int32_t n_vocab)
+{
+    while (e->fl_n > 0)
+        recv_one(e, n_vocab);
+}
+
+/* Several stages kept busy (opts.pipeline steps in flight): steps of the slots not in
+ * flight are sent while the stages work on the earlier ones, so that decode rows of
+ * different slots are in different stages at once; then the oldest answer is taken.
+ * A slot is in one step at a time, so each sequence's rows go in order. */
+static void run_pipelined(rt_engine_t *e, int32_t n_vocab)
+{
+    bl_err_t err = {0};
+    /* each step takes an equal share of the busy slots, so that every stage has one */
+    int busy = 0;
+    for (int i = 0; i < e->o.n_slots; i++)
+        busy += e->slots[i].state == SLOT_GEN || e->slots[i].state == SLOT_PROMPT;
+    const int share = (busy + e->o.pipeline - 1) / e->o.pipeline;
+    while (e->fl_n < e->o.pipeline) {
+        int ns = build_step_max(e, share > 0 ? share : 1);
+        if (ns == 0)
+            break;
+        int rc = rt_cluster_step_send(e->cluster, e->seqs, ns, &err);
+        if (rc) {
+            forget_in_flight(e);
+            step_failed(e, rc, &err);
+            return;
+        }
+        const int at = (e->fl_head + e->fl_n) % e->o.pipeline;
+        memcpy(e->fl[at].seqs, e->seqs, (size_t)ns * sizeof *e->seqs);
+        memcpy(e->fl[at].seq_slot, e->seq_slot, (size_t)ns * sizeof *e->seq_slot);
+        e->fl[at].ns = ns;
+        e->fl_n++;
+        for (int j = 0; j < ns; j++)
+            e->slots[e->seq_slot[j]].in_flight = 1;
+    }
+    if (e->fl_n > 0)
+        recv_one(e, n_vocab);
+}
+
 static void run_step(rt_engine_t *e, int32_t n_vocab)
 {
+    if (e->o.pipeline > 1) {
+        run_pipelined(e, n_vocab);
+        return;
+    }
     spec_draft(e, n_vocab);
     int ns = build_step(e);
     if (e->o.kv_pool) {
@@ -2223,58 +2373,10 @@ static void run_step(rt_engine_t *e, int32_t n_vocab)
     bl_err_t err = { 0 };
     int rc = rt_cluster_step(e->cluster, e->seqs, ns, &logits, &err);
     if (rc) {
-        /* whatever failed, the rows are lost and the caches may be gone with the
-         * processes: the running tasks end, and the waiting ones run once READY */
-        BL_LOG(BL_LOG_WARN, "event=step_failed code=%d reason=\"%s\"", rc, err.msg);
-        const char *msg = err.msg[0] ? err.msg : bl_strerror(rc);
-        char buf[sizeof err.msg];
-        if (rc == BL_EAGAIN) {
-            rt_cluster_error(e->cluster, buf, sizeof buf);
-            msg = buf[0] ? buf : "the model processes are restarting";
-        }
-        fail_running(e, 500, msg);
-        forget_caches(e);
+        step_failed(e, rc, &err);
         return;
     }
-
-    uint64_t prompt_rows = 0;
-    for (int j = 0; j < ns; j++) {
-        slot_t *s = &e->slots[e->seq_slot[j]];
-        if (s->state == SLOT_PROMPT)
-            prompt_rows += (uint64_t)e->seqs[j].n;
-    }
-    pthread_mutex_lock(&e->mu);
-    e->stats.n_decode_total++;
-    e->stats.n_busy_slots_total += (uint64_t)ns;
-    e->stats.prompt_tokens_total += prompt_rows;
-    pthread_mutex_unlock(&e->mu);
-
-    size_t out = 0;
-    for (int j = 0; j < ns; j++) {
-        slot_t *s = &e->slots[e->seq_slot[j]];
-        if (e->seqs[j].n_out > 1) { /* a verification: the rows the model agrees with */
-            spec_take(e, s, &e->seqs[j], logits + out * (size_t)n_vocab, n_vocab);
-            out += (size_t)e->seqs[j].n_out;
-            continue;
-        }
-        s->n_past += e->seqs[j].n;
-        s->n_kv = s->n_past;
-        if (s->state == SLOT_PROMPT && s->task && ck_due(e, s))
-            ck_save(e, s);
-        if (s->state == SLOT_PROMPT && s->task && s->task->p.return_progress && !s->got_first)
-            post_progress(e, s);
-        if (!e->seqs[j].n_out)
-            continue;
-        const float *row = logits + out * (size_t)n_vocab;
-        out++;
-        if (!s->task)
-            continue;
-        if (atomic_load(&s->task->cancelled)) {
-            slot_release(e, s, NULL);
-            continue;
-        }
-        on_output(e, s, row, n_vocab);
-    }
+    take_results(e, e->seqs, e->seq_slot, ns, logits, n_vocab);
 }
 
 static int any_busy(const rt_engine_t *e)
@@ -2351,6 +2453,7 @@ static void *engine_main(void *arg)
             char buf[sizeof(((bl_err_t *)0)->msg)];
             rt_cluster_error(e->cluster, buf, sizeof buf);
             if (any_busy(e)) { /* the processes went away between two steps */
+                forget_in_flight(e);
                 fail_running(e, 500, buf[0] ? buf : "the model processes are restarting");
                 forget_caches(e);
             }
@@ -2373,6 +2476,7 @@ static void *engine_main(void *arg)
         rt_cluster_get_stats(e->cluster, &cs);
         if (cs.starts != e->cluster_starts) { /* a restart: the new processes start empty */
             if (e->cluster_starts != 0) {
+                forget_in_flight(e);
                 fail_running(e, 500, "the model processes were restarted");
                 forget_caches(e);
             }
@@ -2460,9 +2564,19 @@ int rt_engine_create(rt_engine_t **out, const rt_engine_opts_t *o, rt_cluster_t 
         e->n_eog += rt_tokenizer_is_eog(tok, i) != 0;
     e->eog = malloc((e->n_eog ? e->n_eog : 1) * sizeof *e->eog);
     size_t n_slots = (size_t)o->n_slots;
+    if (e->o.pipeline < 1)
+        e->o.pipeline = 1;
+    if (e->o.pipeline > RT_CLUSTER_MAX_INFLIGHT)
+        e->o.pipeline = RT_CLUSTER_MAX_INFLIGHT;
     e->slots = calloc(n_slots, sizeof *e->slots);
     e->seqs = calloc(n_slots, sizeof *e->seqs);
     e->seq_slot = calloc(n_slots, sizeof *e->seq_slot);
+    for (int i = 0; i < e->o.pipeline; i++) {
+        e->fl[i].seqs = calloc(n_slots, sizeof *e->fl[i].seqs);
+        e->fl[i].seq_slot = calloc(n_slots, sizeof *e->fl[i].seq_slot);
+        if (!e->fl[i].seqs || !e->fl[i].seq_slot)
+            goto fail;
+    }
     e->order = calloc(n_slots, sizeof *e->order);
     e->info = calloc(n_slots, sizeof *e->info);
     if (!e->eog || !e->slots || !e->seqs || !e->seq_slot || !e->order || !e->info)
@@ -2538,6 +2652,10 @@ fail:
     free(e->slots);
     free(e->seqs);
     free(e->seq_slot);
+    for (int i = 0; i < RT_CLUSTER_MAX_INFLIGHT; i++) {
+        free(e->fl[i].seqs);
+        free(e->fl[i].seq_slot);
+    }
     free(e->order);
     free(e->info);
     free(e->eog);
@@ -2622,6 +2740,10 @@ void rt_engine_destroy(rt_engine_t *e)
     free(e->slots);
     free(e->seqs);
     free(e->seq_slot);
+    for (int i = 0; i < RT_CLUSTER_MAX_INFLIGHT; i++) {
+        free(e->fl[i].seqs);
+        free(e->fl[i].seq_slot);
+    }
     free(e->order);
     free(e->info);
     free(e->eog);

@@ -157,6 +157,10 @@ typedef struct rt_engine_opts {
     int64_t cache_ram;      /* -cram: bytes of host RAM the prompt cache may hold (the
                              * stages' saved cache states together); 0: no prompt cache;
                              * -1: no bound */
+    int pipeline;           /* steps in flight at once (1..RT_CLUSTER_MAX_INFLIGHT): with
+                             * several stages, each works on its own step; 1: one step
+                             * at a time (a draft, a shared cache or a recurrent model
+                             * need 1) */
     int recurrent;          /* the model's cache holds a recurrent state (qwen3next): it
                              * cannot be cut back to a prefix; a slot goes back only to
                              * one of its checkpoints, or runs its prompt whole */

@@ -96,6 +96,7 @@ typedef struct opts {
     /* HTTP and logs */
     const char *api_prefix, *log_colors;
     int64_t threads_http, log_verbosity, keep, cache_ram, ctx_checkpoints, checkpoint_every, cache_disk_size;
+    int64_t pipeline;
     const char *cache_disk;
     int list_devices, no_mmproj, no_op_offload, op_offload, cache_list, completion_bash, fim_qwen_30b;
     rt_compat_seen_t compat; /* llama-server's flags without a meaning here (compat.h) */
@@ -478,6 +479,11 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "the prompt cache on disk (made if missing): what a finished request leaves in its "
         "slot is written there off the request's path, and a prompt that shares more with an "
         "entry there than with the RAM cache starts from it, also after a restart");
+    I64("--pipeline", "BLOOMERY_ARG_PIPELINE", &o->pipeline, 0, RT_CLUSTER_MAX_INFLIGHT, "N",
+        "steps in flight at once when the model runs in several stages (--workers, cards), "
+        "each over its own share of the busy slots, so that every stage works at once "
+        "(default 0: the stage count; 1: one step at a time); a draft model, -kvu and a "
+        "recurrent model (qwen3next) run one at a time");
     I64("--cache-disk-size", "BLOOMERY_ARG_CACHE_DISK_SIZE", &o->cache_disk_size, -1,
         INT64_MAX >> 20, "MiB",
         "bytes the --cache-disk folder's entries may take (default 32768; -1: no bound); the "
@@ -751,6 +757,26 @@ static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64
     if (plan->n_stages > RT_CLUSTER_MAX_STAGES)
         return bl_err_set(err, BL_EINVAL, "the plan has %d stages (at most %d)", plan->n_stages, RT_CLUSTER_MAX_STAGES);
     return 0;
+}
+
+/* Steps in flight (--pipeline): the stage count unless the flag says otherwise; one
+ * where a step must see the last one's answer before it is built (a draft's
+ * proposals, a shared cache's chunks, a recurrent state's checkpoints). */
+static int pipeline_depth(const opts_t *o, int n_stages, int draft, int64_t kv_pool, int recurrent)
+{
+    int64_t d = o->pipeline > 0 ? o->pipeline : n_stages;
+    const char *why = draft ? "a draft model" : kv_pool ? "-kvu" : recurrent ? "a recurrent model" : NULL;
+    if (d > 1 && why) {
+        if (o->pipeline > 1)
+            BL_LOG(BL_LOG_WARN, "event=pipeline_off flag=--pipeline value=%lld reason=%s runs one step at a time",
+                   (long long)o->pipeline, why);
+        d = 1;
+    }
+    if (d > RT_CLUSTER_MAX_INFLIGHT)
+        d = RT_CLUSTER_MAX_INFLIGHT;
+    if (d > 1)
+        BL_LOG(BL_LOG_INFO, "event=pipeline steps_in_flight=%lld stages=%d", (long long)d, n_stages);
+    return (int)(d < 1 ? 1 : d);
 }
 
 /* The requests' defaults from the sampling flags (o starts from
@@ -1969,6 +1995,7 @@ int main(int argc, char **argv)
         .timeout_ms = o.timeout * 1000,
         .sleep_idle_ms = o.sleep_idle > 0 ? o.sleep_idle * 1000 : 0,
         .cache_ram = o.cache_ram > 0 ? o.cache_ram * 1024 * 1024 : o.cache_ram,
+        .pipeline = pipeline_depth(&o, plan.n_stages, draft_on, kv_pool, recurrent),
         .recurrent = recurrent,
         .ctx_checkpoints = (int)o.ctx_checkpoints,
         .checkpoint_every = o.checkpoint_every,

@@ -96,6 +96,41 @@ def test_two_workers_same_as_one(url, servers):
     same_answers(url, srv.url)
 
 
+@pytest.mark.parametrize("depth", [2, 3])
+def test_steps_in_flight_over_two_workers_same_as_one(url, servers, depth):
+    """Two stages with steps in flight (--pipeline): six concurrent greedy requests,
+    each slot's rows in one step at a time, give the one-process answers bit for bit;
+    the stages took several steps at once (more steps than one at a time needs)."""
+    import concurrent.futures
+    import requests
+
+    def steps(u):
+        for line in requests.get(u + "/metrics", timeout=30).text.splitlines():
+            if line.startswith("llamacpp:n_decode_total "):
+                return float(line.split()[1])
+        raise AssertionError("no n_decode_total")
+
+    prompts = ["Once upon a time", "The smith heats the iron", "In the morning the village",
+               "A small bird sang", "The river ran past the mill", PROMPTS[0]]
+
+    def answers(u):
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as ex:
+            return list(ex.map(lambda p: greedy(u, p, 16), prompts))
+
+    one = servers.start(["-np", "6", "-c", "6144", "-t", "1", "-tb", "1", "--pipeline", "1"])
+    srv = servers.start(["-np", "6", "-c", "6144", "-t", "1", "-tb", "1", "--workers", "2",
+                         "--pipeline", str(depth)])
+    assert "event=pipeline steps_in_flight=%d stages=2" % depth in srv.log(100000)
+    want, got = answers(one.url), answers(srv.url)
+    for p, a, b in zip(prompts, want, got):
+        assert b["tokens"] == a["tokens"], p
+        for x, y in zip(a["completion_probabilities"], b["completion_probabilities"]):
+            assert [(t["id"], t["logprob"]) for t in x["top_logprobs"]] == \
+                   [(t["id"], t["logprob"]) for t in y["top_logprobs"]], p
+    # the slots were split over the steps in flight: fewer busy slots a step
+    assert steps(srv.url) > steps(one.url)
+
+
 @pytest.mark.parametrize("pattern", ["ffn_.*_exps=HOSTTIER", r"blk\.[13]\.ffn_(up|down|gate)_exps=HOSTTIER"])
 def test_experts_in_the_hosttier_same_as_in_the_worker(url, servers, pattern):
     """-ot puts the routed experts of the layers it matches in the hosttier: every

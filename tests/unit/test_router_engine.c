@@ -65,6 +65,14 @@ static struct fk {
     float logits[FK_SLOTS * N_VOCAB];
 } fk = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
 
+/* Steps in flight (rt_cluster_step_send): the fake computes a step when it is sent
+ * and keeps its logits until the answer is taken, as the stages' rings would. */
+#define FK_FLIGHT 8
+static struct {
+    float logits[FK_FLIGHT][FK_SLOTS * N_VOCAB];
+    int head, n, max_n;
+} fkf;
+
 /* The token the script wants at position pos: past the script, the end token. */
 static int32_t fk_next(int64_t pos)
 {
@@ -98,6 +106,7 @@ static void fk_reset(void)
     fk.bad = 0;
     fk.bad_msg[0] = '\0';
     fk.sleeps = fk.wakes = 0;
+    fkf.n = fkf.head = fkf.max_n = 0;
     fk.n_kv = fk.kv_saves = fk.kv_loads = fk.kv_drops = fk.kv_fail_load = 0;
     pthread_mutex_unlock(&fk.mu);
 }
@@ -243,6 +252,49 @@ int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, cons
     pthread_mutex_unlock(&fk.mu);
     *logits = fk.logits;
     return 0;
+}
+
+/* Steps in flight (rt_cluster_step_send): the fake computes a step when it is sent
+ * and keeps its logits until the answer is taken, as the stages' rings would. */
+
+int rt_cluster_step_send(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, bl_err_t *err)
+{
+    if (fkf.n == FK_FLIGHT)
+        return bl_err_set(err, BL_EINVAL, "too many steps in flight");
+    const float *lg = NULL;
+    int rc = rt_cluster_step(c, seqs, n_seqs, &lg, err);
+    if (rc) {
+        fkf.n = fkf.head = 0;
+        return rc;
+    }
+    memcpy(fkf.logits[(fkf.head + fkf.n) % FK_FLIGHT], lg, sizeof fkf.logits[0]);
+    fkf.n++;
+    if (fkf.n > fkf.max_n)
+        fkf.max_n = fkf.n;
+    return 0;
+}
+
+int rt_cluster_step_recv(rt_cluster_t *c, const float **logits, bl_err_t *err)
+{
+    (void)c;
+    if (fkf.n == 0)
+        return bl_err_set(err, BL_EINVAL, "no step in flight");
+    *logits = fkf.logits[fkf.head];
+    fkf.head = (fkf.head + 1) % FK_FLIGHT;
+    fkf.n--;
+    return 0;
+}
+
+int rt_cluster_in_flight(rt_cluster_t *c)
+{
+    (void)c;
+    return fkf.n;
+}
+
+void rt_cluster_forget_in_flight(rt_cluster_t *c)
+{
+    (void)c;
+    fkf.n = fkf.head = 0;
 }
 
 static int fk_kv_find(int64_t id)
@@ -1091,6 +1143,44 @@ static void test_engine_runs_tasks_in_parallel_in_one_step(void **state)
         assert_int_equal(count_seqs_of_step(s), 3);
 }
 
+/* Two steps in flight (two stages busy): the three decoding slots are split over
+ * them, each slot in one step at a time, its rows in order, and every reply as one
+ * step at a time gives; a new task arriving meanwhile waits for the answers in flight
+ * before its cache is touched. */
+static void test_engine_pipelines_steps_over_the_slots(void **state)
+{
+    (void)state;
+    fk.state = RT_CLUSTER_LOADING;
+    rt_engine_opts_t o = {.n_slots = 3, .n_ctx_slot = 256, .n_batch = 64, .n_predict_max = -1, .pipeline = 2};
+    rt_engine_t *e = start_opts(&o);
+    fk.script = "abcdefgh";
+    fk.base = 3;
+    rt_task_params_t p = greedy();
+    p.n_predict = 6;
+    rec_t r[3] = { { 0 } };
+    submit(e, &r[0], "xyz", &p);
+    submit(e, &r[1], "pqr", &p);
+    fk_set_state(RT_CLUSTER_READY);
+    pump(r, 2);
+    submit(e, &r[2], "uvw", &p);
+    pump(r + 2, 1);
+    for (int i = 0; i < 3; i++) {
+        assert_false(r[i].error);
+        assert_string_equal(r[i].text, "abcdef");
+    }
+    assert_false(fk.bad);
+    assert_int_equal(fkf.max_n, 2);
+    /* no step held a slot twice, and each slot's positions follow each other */
+    int64_t next[FK_SLOTS] = {0};
+    for (int i = 0; i < fk.n_log; i++) {
+        for (int j = i + 1; j < fk.n_log && fk.log[j].step == fk.log[i].step; j++)
+            assert_int_not_equal(fk.log[j].slot, fk.log[i].slot);
+        if (fk.log[i].pos != 0)
+            assert_int_equal(fk.log[i].pos, next[fk.log[i].slot]);
+        next[fk.log[i].slot] = fk.log[i].pos + fk.log[i].n;
+    }
+}
+
 static void test_engine_decode_rows_go_first_and_prompts_share_the_batch(void **state)
 {
     (void)state;
@@ -1527,6 +1617,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(
             test_engine_decode_rows_go_first_and_prompts_share_the_batch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_engine_pipelines_steps_over_the_slots, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_queues_tasks_beyond_the_slots, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_engine_cancel_frees_the_slot_within_a_step, setup,
