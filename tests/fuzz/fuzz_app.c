@@ -361,3 +361,36 @@ int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, cons
     *logits = fk.logits;
     return 0;
 }
+
+/* The engine runs one step at a time here (opts.pipeline 1): steps in flight are a
+ * step computed when sent, its answer taken at once. */
+static const float *fz_flight;
+
+int rt_cluster_step_send(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, bl_err_t *err)
+{
+    if (fz_flight)
+        return bl_err_set(err, BL_EINVAL, "a step is in flight already");
+    return rt_cluster_step(c, seqs, n_seqs, &fz_flight, err);
+}
+
+int rt_cluster_step_recv(rt_cluster_t *c, const float **logits, bl_err_t *err)
+{
+    (void)c;
+    if (!fz_flight)
+        return bl_err_set(err, BL_EINVAL, "no step in flight");
+    *logits = fz_flight;
+    fz_flight = NULL;
+    return 0;
+}
+
+void rt_cluster_forget_in_flight(rt_cluster_t *c)
+{
+    (void)c;
+    fz_flight = NULL;
+}
+
+int rt_cluster_in_flight(rt_cluster_t *c)
+{
+    (void)c;
+    return fz_flight != NULL;
+}
