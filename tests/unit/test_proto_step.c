@@ -365,7 +365,8 @@ static void test_step_kv_ops(void **state)
         bp_step_kvop_t op;
         const char *field;
     } bad[] = {
-        {0, {.op = 9, .slot = 1, .entry = 7, .n = 10}, "ops[].op"},
+        {0, {.op = BP_KV_ROLLBACK + 1, .slot = 1, .entry = 7, .n = 10}, "ops[].op"},
+        {0, {.op = 0, .slot = 1, .entry = 7, .n = 10}, "ops[].op"},
         {0, {.op = BP_KV_SAVE, .slot = 4, .entry = 7, .n = 10}, "ops[].slot"},
         {0, {.op = BP_KV_SAVE, .slot = -1, .entry = 7, .n = 10}, "ops[].slot"},
         {2, {.op = BP_KV_DROP, .slot = 1, .entry = 2}, "ops[].slot"},
