@@ -3,6 +3,7 @@
 #   make deps     install the Debian and npm packages the build and the tests need
 #   make test     deps + build (release, sanitizer and fuzz builds) + every test suite
 #   make serve    deps + build + start the server (the demo model unless MODEL=FILE)
+#   make install  build + install the programs, docs and systemd unit (PREFIX, DESTDIR)
 # Variables: BUILD (build folder, default build), MESON_ARGS (extra meson options).
 
 SHELL := /bin/bash
@@ -16,11 +17,12 @@ ASAN_BUILD := $(BUILD)-asan
 FUZZ_BUILD := $(BUILD)-fuzz
 MESON_ARGS ?=
 
-# Everything the build and the tests use, by Debian package name.
+# Everything the build and the tests use, by Debian package name (systemd: for
+# systemd-analyze, which checks the installed unit in tests/integration/test_install.py).
 DEB_PACKAGES := build-essential meson ninja-build pkg-config clang libclang-rt-14-dev \
 	libjansson-dev libcmocka-dev libpcre2-dev libutf8proc-dev libcurl4-openssl-dev libssl-dev \
 	libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libh2o-dev liburing-dev \
-	python3-numpy python3-jinja2 python3-pytest python3-regex python3-requests
+	python3-numpy python3-jinja2 python3-pytest python3-regex python3-requests systemd
 # Node.js may come from elsewhere than Debian (its npm then conflicts with Debian's):
 # Debian's nodejs and npm are installed only when no npm is on PATH.
 NODE_PACKAGES := nodejs npm
@@ -30,7 +32,7 @@ NODE_PACKAGES := nodejs npm
 NPM_DIR := tests
 NPM_STAMP := $(NPM_DIR)/node_modules/.package-lock.json
 
-.PHONY: all build deps test serve clean
+.PHONY: all build deps test serve install uninstall clean
 
 all: build
 
@@ -96,6 +98,64 @@ serve: deps build
 		$(MAKE) --no-print-directory $(DEMO_MODEL); args="-m $(DEMO_MODEL) $$args"; \
 	fi; \
 	exec $(BUILD)/bin/bloomery-serve $$args
+
+# make install [PREFIX=/usr/local] [DESTDIR=]: what a distribution's package holds.
+#   $(BINDIR)      every program of $(BUILD)/bin and tools/bloomery-load. bloomery-serve
+#                  starts bloomery-worker and bloomery-hosttier from its own folder, and
+#                  its chat page is built into it: the programs need nothing else.
+#   $(LIBEXECDIR)/bloomery   bloomery-wait-ready, the unit's readiness check
+#   $(DOCDIR)      README.md, docs/*.md (as docs/, so README's links hold), LICENSE when
+#                  there is one, and examples/ (the env file as shipped)
+#   $(UNITDIR)     bloomery.service, its /usr/local paths rewritten for PREFIX
+#   $(SYSCONFDIR)/bloomery/bloomery.env   only when absent: it holds the admin's settings;
+#                  mode 600, as it may hold an API key (systemd reads it as root)
+# Units: Debian installs a package's units (PREFIX=/usr) in /lib/systemd/system (the
+# same folder as /usr/lib/systemd/system on merged-/usr systems); a local install's go
+# in PREFIX/lib/systemd/system, which systemd also reads for /usr/local. Every path is
+# under $(DESTDIR), so a staged install needs no root.
+PREFIX ?= /usr/local
+DESTDIR ?=
+BINDIR ?= $(PREFIX)/bin
+LIBEXECDIR ?= $(PREFIX)/libexec
+DOCDIR ?= $(PREFIX)/share/doc/bloomery
+SYSCONFDIR ?= /etc
+ifeq ($(PREFIX),/usr)
+UNITDIR ?= /lib/systemd/system
+else
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+endif
+# deploy/systemd's files name the default layout; this moves them to the one installed.
+DEPLOY_PATHS := -e 's|/usr/local/bin/|$(BINDIR)/|g' -e 's|/usr/local/libexec/|$(LIBEXECDIR)/|g' \
+	-e 's|/usr/local/share/doc/bloomery|$(DOCDIR)|g' -e 's|/etc/bloomery/|$(SYSCONFDIR)/bloomery/|g'
+
+install: build
+	@progs=$$(ls $(BUILD)/bin/bloomery-*); \
+	for f in $$progs tools/bloomery-load; do \
+		install -D -m 755 "$$f" "$(DESTDIR)$(BINDIR)/$${f##*/}"; \
+	done; \
+	echo "install: programs in $(DESTDIR)$(BINDIR):" $$(for f in $$progs tools/bloomery-load; do echo "$${f##*/}"; done)
+	install -D -m 755 deploy/systemd/bloomery-wait-ready $(DESTDIR)$(LIBEXECDIR)/bloomery/bloomery-wait-ready
+	install -D -m 644 README.md $(DESTDIR)$(DOCDIR)/README.md
+	@for f in docs/*.md; do install -D -m 644 "$$f" "$(DESTDIR)$(DOCDIR)/$$f"; done
+	@if [ -f LICENSE ]; then install -D -m 644 LICENSE $(DESTDIR)$(DOCDIR)/LICENSE; fi
+	install -D -m 644 deploy/systemd/bloomery.env $(DESTDIR)$(DOCDIR)/examples/bloomery.env
+	sed -i $(DEPLOY_PATHS) $(DESTDIR)$(DOCDIR)/examples/bloomery.env
+	install -D -m 644 deploy/systemd/bloomery.service $(DESTDIR)$(UNITDIR)/bloomery.service
+	sed -i $(DEPLOY_PATHS) $(DESTDIR)$(UNITDIR)/bloomery.service
+	@env=$(DESTDIR)$(SYSCONFDIR)/bloomery/bloomery.env; \
+	if [ -e "$$env" ]; then \
+		echo "install: kept $$env (the shipped one: $(DOCDIR)/examples/bloomery.env)"; \
+	else \
+		install -D -m 600 $(DESTDIR)$(DOCDIR)/examples/bloomery.env "$$env"; \
+		echo "install: wrote $$env: set the model there, then systemctl enable --now bloomery"; \
+	fi
+
+# Removes what install wrote, except the env file (the admin's settings, as dpkg keeps
+# a removed package's conffiles) and the service's state and cache folders.
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/bloomery-* $(DESTDIR)$(UNITDIR)/bloomery.service
+	rm -rf $(DESTDIR)$(LIBEXECDIR)/bloomery $(DESTDIR)$(DOCDIR)
+	@echo "uninstall: kept $(DESTDIR)$(SYSCONFDIR)/bloomery/bloomery.env"
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
