@@ -83,6 +83,8 @@ typedef struct worker {
      * each side polls it at least every POLL_US) */
     _Atomic int stop;
     _Atomic uint64_t n_steps, n_rows, n_errors;
+    _Atomic uint64_t busy_us; /* time in the forward pass: 1 - its share of the uptime is
+                               * how long the stage waited for work */
     /* ---- control thread: the names of the per-layer Stats counters, by index */
     char stat_names[BP_CHILD_MAX_COUNTERS][32];
 } worker_t;
@@ -631,8 +633,12 @@ static void run_step(worker_t *w, const void *msg, size_t nbytes)
     }
     if (!w->last)
         memcpy(o.seqs, w->seqs, (size_t)in.hdr.n_seqs * sizeof *o.seqs);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     rc = wk_model_stage(w->m, w->wseqs, in.hdr.n_seqs, w->first ? NULL : in.rows,
                         w->last ? NULL : o.rows, w->last ? o.rows : NULL, &err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    atomic_fetch_add_explicit(&w->busy_us, (uint64_t)(ms_since(&t0, &t1) * 1e3), memory_order_relaxed);
     if (rc == 0 && (rc = bp_ring_commit(w->out, o.nbytes, &err)) == 0) {
         atomic_fetch_add_explicit(&w->n_steps, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&w->n_rows, (uint64_t)in.hdr.n_rows, memory_order_relaxed);
@@ -801,12 +807,13 @@ static int worker_stats(void *ud, bp_counter_t *out, int cap)
     worker_t *w = ud;
     if (cap > BP_CHILD_MAX_COUNTERS)
         cap = BP_CHILD_MAX_COUNTERS; /* stat_names has no more */
-    if (cap < 3)
+    if (cap < 4)
         return 0;
     int n = 0;
     out[n++] = (bp_counter_t){"steps", atomic_load(&w->n_steps)};
     out[n++] = (bp_counter_t){"rows", atomic_load(&w->n_rows)};
     out[n++] = (bp_counter_t){"step_errors", atomic_load(&w->n_errors)};
+    out[n++] = (bp_counter_t){"busy_us", atomic_load(&w->busy_us)};
     wk_resid_stats_t rs = {0};
     wk_model_resid_stats(w->m, &rs);
     if (rs.slots <= 0 || n + 4 > cap)
