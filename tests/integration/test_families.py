@@ -92,7 +92,25 @@ DS_CALLS = (ds("tool calls begin"), ds("tool call begin"), ds("tool sep"), ds("t
 OSS_SYSTEM = ("<|start|>system<|message|>You are a small synthetic model; your weights are random, "
               "so what you write means nothing.\n\n# Valid channels: analysis, commentary, final. "
               "Channel must be included for every message.<|end|>")
+QWEN_FORM = {
+    "chat_prompt": "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+    "system_user": ("Be brief.", "Hi there",
+                    "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
+                    "<|im_start|>assistant\n"),
+    "thinking": ({"enable_thinking": False},
+                 "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+    "chat_format": "hermes",
+    "reasoning": ({}, "<think>The iron is hot.</think>Strike now."),
+    # hermes: one JSON object of name and arguments between the markers
+    "call": r"<tool_call>\s*(?P<args_obj>\{.*\})\s*</tool_call>",
+    "ends": {"<|im_end|>": "tokenizer.ggml.eos_token_id"},
+}
+
 FORMS = {
+    # Qwen3-Next and Qwen3.5 speak Qwen's chat form (bloomery-mkmodel writes its
+    # built-in Qwen template into their files)
+    "qwen3next": QWEN_FORM,
+    "qwen35moe": QWEN_FORM,
     "glm4moe": {
         "chat_prompt": "[gMASK]<sop><|user|>\nWhat is the capital of France?<|assistant|>\n",
         "system_user": ("Be brief.", "Hi there",
