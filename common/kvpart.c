@@ -26,10 +26,11 @@ static const char MAGIC[8] = {'B', 'L', 'M', 'K', 'V', 'P', 'T', '1'};
 
 uint64_t bl_kvpart_bytes(const bl_kvpart_t *p)
 {
-    if (p->layer_end < p->layer_begin)
+    if (p->layer_end < p->layer_begin || p->kv_layers > p->layer_end - p->layer_begin)
         return 0;
-    uint64_t l = (uint64_t)(p->layer_end - p->layer_begin) * (p->planes ? p->planes : 2), r;
-    if (__builtin_mul_overflow(l, p->n, &r) || __builtin_mul_overflow(r, p->row_bytes, &r))
+    uint64_t l = (uint64_t)p->kv_layers * (p->planes ? p->planes : 2), r;
+    if (__builtin_mul_overflow(l, p->n, &r) || __builtin_mul_overflow(r, p->row_bytes, &r) ||
+        __builtin_add_overflow(r, p->rec_bytes, &r))
         return 0;
     return r;
 }
@@ -46,7 +47,9 @@ void bl_kvpart_encode(const bl_kvpart_t *p, uint8_t out[BL_KVPART_HDR_BYTES])
     bl_put_le64(out + 32, p->row_bytes);
     bl_put_le64(out + 40, p->sum);
     bl_put_le32(out + 48, p->planes);
-    bl_put_le64(out + 56, bl_sum64(0, out, 56));
+    bl_put_le32(out + 52, p->kv_layers);
+    bl_put_le64(out + 56, p->rec_bytes);
+    bl_put_le64(out + 64, bl_sum64(0, out, 64));
 }
 
 int bl_kvpart_decode(const void *buf, size_t n, bl_kvpart_t *p, bl_err_t *err)
@@ -56,17 +59,20 @@ int bl_kvpart_decode(const void *buf, size_t n, bl_kvpart_t *p, bl_err_t *err)
         return bl_err_set(err, BL_EINVAL, "cache part: %zu bytes, shorter than its header", n);
     if (memcmp(b, MAGIC, 8) != 0)
         return bl_err_set(err, BL_EINVAL, "cache part: not a cache part file");
-    if (bl_get_le64(b + 56) != bl_sum64(0, b, 56) || bl_get_le32(b + 52) != 0 || bl_get_le32(b + 48) > 2)
+    if (bl_get_le32(b + 8) != BL_KVPART_VERSION) /* before the checksum: version 1's is elsewhere */
+        return bl_err_set(err, BL_EINVAL, "cache part: version %u, this build reads %d", bl_get_le32(b + 8),
+                          BL_KVPART_VERSION);
+    if (bl_get_le64(b + 64) != bl_sum64(0, b, 64) || bl_get_le64(b + 72) != 0 || bl_get_le32(b + 48) < 1 ||
+        bl_get_le32(b + 48) > 2)
         return bl_err_set(err, BL_EINVAL, "cache part: the header is damaged");
     *p = (bl_kvpart_t){.version = bl_get_le32(b + 8), .kv_type = bl_get_le32(b + 12),
                        .layer_begin = bl_get_le32(b + 16), .layer_end = bl_get_le32(b + 20),
-                       .planes = bl_get_le32(b + 48),
-                       .n = bl_get_le64(b + 24), .row_bytes = bl_get_le64(b + 32), .sum = bl_get_le64(b + 40)};
-    if (p->version != BL_KVPART_VERSION)
-        return bl_err_set(err, BL_EINVAL, "cache part: version %u, this build reads %d", p->version,
-                          BL_KVPART_VERSION);
+                       .planes = bl_get_le32(b + 48), .kv_layers = bl_get_le32(b + 52),
+                       .n = bl_get_le64(b + 24), .row_bytes = bl_get_le64(b + 32), .sum = bl_get_le64(b + 40),
+                       .rec_bytes = bl_get_le64(b + 56)};
     if (p->layer_end <= p->layer_begin || p->layer_end > 65536 || p->n == 0 || p->n > (1u << 24) ||
-        p->row_bytes == 0 || p->row_bytes > (1u << 24) || bl_kvpart_bytes(p) == 0)
+        p->row_bytes == 0 || p->row_bytes > (1u << 24) || p->kv_layers > p->layer_end - p->layer_begin ||
+        p->rec_bytes > ((uint64_t)1 << 40) || bl_kvpart_bytes(p) == 0)
         return bl_err_set(err, BL_EINVAL, "cache part: layers %u..%u, %llu positions of %llu bytes",
                           p->layer_begin, p->layer_end, (unsigned long long)p->n,
                           (unsigned long long)p->row_bytes);

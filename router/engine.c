@@ -684,8 +684,10 @@ static int dk_write_meta(rt_engine_t *e, int64_t id, const int32_t *toks, int64_
  * step's path, the meta file is written here. */
 static void dk_persist(rt_engine_t *e, int64_t id, const int32_t *toks, int64_t n, int64_t est_bytes)
 {
+    /* a longer entry holds this one's state too; a recurrent state only its own length */
     for (size_t i = 0; i < e->n_dk; i++)
-        if (e->dk[i].n >= n && common_prefix(e->dk[i].toks, (size_t)e->dk[i].n, toks, (size_t)n) == (size_t)n) {
+        if ((e->o.recurrent ? e->dk[i].n == n : e->dk[i].n >= n) &&
+            common_prefix(e->dk[i].toks, (size_t)e->dk[i].n, toks, (size_t)n) == (size_t)n) {
             e->dk[i].last_used = ++e->clock;
             return;
         }
@@ -702,8 +704,9 @@ static void dk_persist(rt_engine_t *e, int64_t id, const int32_t *toks, int64_t 
         free(copy);
         return;
     }
-    /* the entries this one extends are superseded */
-    for (size_t i = 0; i < e->n_dk;) {
+    /* the entries this one extends are superseded (not a recurrent state's: the longer
+     * one cannot give back the shorter) */
+    for (size_t i = 0; i < e->n_dk && !e->o.recurrent;) {
         if (e->dk[i].n < n && common_prefix(e->dk[i].toks, (size_t)e->dk[i].n, toks, (size_t)n) ==
                                   (size_t)e->dk[i].n)
             dk_remove(e, i, 0);
@@ -878,7 +881,8 @@ static void pc_save(rt_engine_t *e, slot_t *s)
 {
     const int64_t n = s->n_past;
     for (size_t i = 0; i < e->n_pc; i++)
-        if (e->pc[i].n >= n && common_prefix(e->pc[i].toks, (size_t)e->pc[i].n, s->seq, (size_t)n) == (size_t)n) {
+        if ((e->o.recurrent ? e->pc[i].n == n : e->pc[i].n >= n) &&
+            common_prefix(e->pc[i].toks, (size_t)e->pc[i].n, s->seq, (size_t)n) == (size_t)n) {
             e->pc[i].last_used = ++e->clock; /* already kept */
             if (e->o.cache_dir)
                 dk_persist(e, e->pc[i].id, e->pc[i].toks, e->pc[i].n, e->pc[i].bytes);
@@ -908,10 +912,10 @@ static void pc_save(rt_engine_t *e, slot_t *s)
             BL_LOG(BL_LOG_WARN, "event=prompt_cache_drop_failed entries=1 reason=\"%s\"", err.msg);
         return;
     }
-    /* the entries this one extends are superseded */
+    /* the entries this one extends are superseded (not a recurrent state's) */
     rt_kv_op_t drops[RT_KV_MAX_OPS];
     int nd = 0;
-    for (size_t i = 0; i < e->n_pc && nd < RT_KV_MAX_OPS;) {
+    for (size_t i = 0; i < e->n_pc && nd < RT_KV_MAX_OPS && !e->o.recurrent;) {
         if (e->pc[i].n < n && common_prefix(e->pc[i].toks, (size_t)e->pc[i].n, toks, (size_t)n) ==
                                   (size_t)e->pc[i].n) {
             drops[nd++] = (rt_kv_op_t){.op = RT_KV_DROP, .entry = e->pc[i].id};
@@ -1042,6 +1046,8 @@ static size_t pc_restore(rt_engine_t *e, slot_t *s, const rt_task_t *t, size_t k
     int64_t dk_id = -1;
     for (size_t i = 0; i < e->n_dk; i++) {
         size_t l = common_prefix(e->dk[i].toks, (size_t)e->dk[i].n, t->prompt, t->n_prompt);
+        if (e->o.recurrent && (l != (size_t)e->dk[i].n || l >= t->n_prompt))
+            continue; /* a recurrent state is only whole, as in RAM */
         if (l > best_dk) {
             best_dk = l;
             dk_id = e->dk[i].id;

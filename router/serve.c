@@ -1839,11 +1839,6 @@ int main(int argc, char **argv)
                    "state (%s) is not supported", o.draft_model, march.name);
         goto fail;
     }
-    if (recurrent && cache_dir) {
-        bl_err_set(&err, BL_ENOTSUP, "--cache-disk %s: the prompt cache on disk does not keep the recurrent "
-                   "state of %s models yet (the RAM cache, -cram, does)", o.cache_disk, march.name);
-        goto fail;
-    }
     app->n_predict_default = o.n_predict;
     app->defaults = defaults;
     app->reasoning = o.skip_chat_parsing ? 0 : reasoning;

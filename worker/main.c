@@ -264,6 +264,8 @@ static int part_write(worker_t *w, const struct part_job *j, bl_err_t *err)
     bl_kvpart_t h = {.version = BL_KVPART_VERSION, .kv_type = w->kv_type,
                      .layer_begin = (uint32_t)w->layer_begin, .layer_end = (uint32_t)w->layer_end,
                      .planes = (uint32_t)wk_kv_planes(w->kvs[0]),
+                     .kv_layers = (uint32_t)wk_kv_layers(w->kvs[0]),
+                     .rec_bytes = wk_kv_ckpt_bytes(w->kvs[0]),
                      .n = (uint64_t)j->n, .row_bytes = wk_kv_row_bytes(w->kvs[0]),
                      .sum = bl_sum64(0, j->mem, j->bytes)};
     if (bl_kvpart_bytes(&h) != j->bytes)
@@ -395,8 +397,8 @@ static int kv_fetch(worker_t *w, bp_step_kvop_t *o, bl_err_t *err)
     const uint64_t bytes = rc == 0 ? bl_kvpart_bytes(&h) : 0;
     if (rc == 0 && (h.kv_type != w->kv_type || h.layer_begin != (uint32_t)w->layer_begin ||
                     h.layer_end != (uint32_t)w->layer_end || h.row_bytes != wk_kv_row_bytes(kv) ||
-                    (h.planes ? h.planes : 2) != (uint32_t)wk_kv_planes(kv) ||
-                    h.n < (uint64_t)o->n))
+                    h.planes != (uint32_t)wk_kv_planes(kv) || h.kv_layers != (uint32_t)wk_kv_layers(kv) ||
+                    h.rec_bytes != wk_kv_ckpt_bytes(kv) || h.n < (uint64_t)o->n))
         rc = bl_err_set(err, BL_EINVAL, "%s: a part of layers %u..%u, %llu positions, type %u, "
                         "not this stage's", path, h.layer_begin, h.layer_end,
                         (unsigned long long)h.n, h.kv_type);

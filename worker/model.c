@@ -927,6 +927,7 @@ void wk_kv_free(wk_kv_t *kv)
 int64_t wk_kv_n_past(const wk_kv_t *kv) { return kv->n_past; }
 size_t wk_kv_row_bytes(const wk_kv_t *kv) { return kv->row_bytes; }
 int wk_kv_planes(const wk_kv_t *kv) { return kv->n_planes; }
+int64_t wk_kv_layers(const wk_kv_t *kv) { return kv->n_layer; }
 
 /* The rows of positions 0..n, then a hybrid's recurrent state. */
 static size_t rows_bytes(const wk_kv_t *kv, int64_t n)

@@ -213,6 +213,7 @@ void wk_kv_free(wk_kv_t *kv);
 int64_t wk_kv_n_past(const wk_kv_t *kv); /* positions filled so far */
 size_t wk_kv_row_bytes(const wk_kv_t *kv); /* one position of one layer's K (or V) */
 int wk_kv_planes(const wk_kv_t *kv);       /* 2 (K, V), or 1 (deepseek2: the value is the key) */
+int64_t wk_kv_layers(const wk_kv_t *kv);   /* the stage's layers that keep K/V rows */
 
 /* One cache of n_positions (rounded up to whole WK_KV_CHUNKs; at most n_ctx_max;
  * type as wk_kv_create's) that several caches made with wk_kv_create_in share:

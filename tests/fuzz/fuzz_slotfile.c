@@ -40,9 +40,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             uint8_t again[BL_KVPART_HDR_BYTES];
             bl_kvpart_encode(&k, again);
             check(memcmp(again, p, sizeof again) == 0, "a part header does not encode back to itself");
-            check(bl_kvpart_bytes(&k) ==
-                      (uint64_t)(k.layer_end - k.layer_begin) * (k.planes ? k.planes : 2) * k.n * k.row_bytes,
-                  "a part's size is not its counts' product");
+            check(k.kv_layers <= k.layer_end - k.layer_begin && (k.planes == 1 || k.planes == 2),
+                  "a part's counts out of range");
+            check(bl_kvpart_bytes(&k) == (uint64_t)k.kv_layers * k.planes * k.n * k.row_bytes + k.rec_bytes,
+                  "a part's size is not its rows' and its recurrent state's");
         } else {
             check(err.msg[0] != '\0', "a refusal without a reason");
         }

@@ -668,14 +668,9 @@ def test_cache_states_saved_and_restored(family, servers, tmp_path):
     if family.arch in HYBRID:
         # the restored state is after the reply's tokens: it cannot go back to the
         # prompt's last one, and a restored slot has no checkpoints, so the prompt
-        # runs whole; the prompt cache on disk does not keep such states
+        # runs whole; what continues the saved sequence starts from it
         assert warm["timings"]["prompt_n"] == cold["timings"]["prompt_n"], warm["timings"]
-        srv.stop()
-        srv = serverctl.Server(family.path, FAST + ["--cache-disk", str(disk)], log_dir=str(tmp_path))
-        srv.launch()
-        assert srv.proc.wait(30) > 0
-        assert "--cache-disk" in srv.log(20000), srv.log()
-        return
+        return hybrid_disk_cache(family, servers, srv, body, disk)
     assert warm["timings"]["prompt_n"] == 1, warm["timings"]
     srv.stop()
     flags = ["-np", "1", "-c", "1024", "-t", "1", "-tb", "1", "-cram", "0", "--cache-disk", str(disk)]
@@ -693,6 +688,37 @@ def test_cache_states_saved_and_restored(family, servers, tmp_path):
     assert again["content"] == cold["content"], (again, cold)
     assert again["timings"]["prompt_n"] == 1, again["timings"]
     assert metric(srv.url, "prompt_cache_disk_hits_total") == 1
+
+
+def hybrid_disk_cache(family, servers, srv, body, disk):
+    """A recurrent state on disk (--cache-disk): the saved sequence is the prompt and
+    the reply but its last token (sampled, never evaluated); after a restart, a prompt
+    of exactly those tokens and that last one starts from the entry and evaluates one
+    token, with the cold reply; the prompt alone (shorter than the entry) runs whole."""
+    import time
+    from test_dropin import metric
+    ids = post(srv.url, "/tokenize", {"content": body["prompt"]}).json()["tokens"]
+    srv.stop()
+    flags = ["-np", "1", "-c", "1024", "-t", "1", "-tb", "1", "-cram", "0", "--cache-disk", str(disk)]
+    body = dict(body, id_slot=0, return_tokens=True)
+    srv = servers.start(flags, model=family.path)
+    first = post(srv.url, "/completion", body).json()
+    for _ in range(200):  # the entry is written off the request's path
+        if metric(srv.url, "prompt_cache_disk_saves_total") >= 1:
+            break
+        time.sleep(0.05)
+    assert metric(srv.url, "prompt_cache_disk_saves_total") == 1
+    longer = dict(body, prompt=ids + first["tokens"])
+    cold = post(srv.url, "/completion", dict(longer, cache_prompt=False)).json()
+    srv.stop()
+    srv = servers.start(flags, model=family.path)
+    again = post(srv.url, "/completion", longer).json()
+    assert again["timings"]["prompt_n"] == 1, again["timings"]
+    assert again["content"] == cold["content"], (again, cold)
+    assert metric(srv.url, "prompt_cache_disk_hits_total") == 1
+    whole = post(srv.url, "/completion", dict(body, id_slot=0)).json()
+    assert whole["timings"]["prompt_n"] == len(ids), whole["timings"]
+    assert whole["content"] == first["content"]
 
 
 def test_checkpoints_of_a_recurrent_state(family, servers):
