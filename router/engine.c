@@ -115,6 +115,9 @@ typedef struct slot {
      * recurrent state at positions ck_n[i] of seq, oldest first */
     int64_t *ck_id, *ck_n;
     int n_ck;
+    int64_t spec_ck;    /* a recurrent model's verify step: the checkpoint entry of the
+                         * state before it, or -1 */
+    int64_t spec_pos;   /* and its position */
 } slot_t;
 
 /* A slot's cache state saved in host RAM by the stages (rt_cluster_kv), for the
@@ -130,6 +133,7 @@ typedef struct pc_entry {
 static void ck_drop(rt_engine_t *e, slot_t *s, int64_t keep);
 static void drain(rt_engine_t *e, int32_t n_vocab);
 static int build_step_max(rt_engine_t *e, int max_seqs);
+static void step_failed(rt_engine_t *e, int rc, const bl_err_t *err);
 
 /* The most tokens the draft proposes for one step. */
 #define RT_DRAFT_MAX 64
@@ -2267,6 +2271,67 @@ static void take_results(rt_engine_t *e, const rt_step_seq_t *seqs, const int *s
     }
 }
 
+/* A recurrent model's verify steps (a draft's proposals): the state before each is
+ * kept as a checkpoint, since the rows the model rejects cannot be cut off the
+ * recurrent state afterwards. Returns 0, or -1 after the running tasks failed. */
+static int spec_checkpoints(rt_engine_t *e, int ns)
+{
+    rt_kv_op_t ops[RT_KV_MAX_OPS];
+    int n = 0;
+    for (int j = 0; j < ns; j++) {
+        slot_t *s = &e->slots[e->seq_slot[j]];
+        s->spec_ck = -1;
+        if (e->seqs[j].n_out <= 1)
+            continue;
+        if (n == RT_KV_MAX_OPS) { /* no room for its checkpoint: it decodes one token */
+            e->seqs[j].n = e->seqs[j].n_out = 1;
+            continue;
+        }
+        s->spec_ck = e->pc_next_id++;
+        s->spec_pos = e->seqs[j].pos;
+        ops[n++] = (rt_kv_op_t){.op = RT_KV_CKPT, .slot = s->id, .entry = s->spec_ck, .n = s->spec_pos};
+    }
+    bl_err_t err = {0};
+    int rc = n ? rt_cluster_kv(e->cluster, ops, n, &err) : 0;
+    if (rc) {
+        step_failed(e, rc, &err);
+        return -1;
+    }
+    return 0;
+}
+
+/* After a recurrent model's verify steps: a slot that took fewer rows than the stages
+ * ran goes back to the state before the step and runs the rows it took again (their
+ * logits are not needed), so that its state is that of its tokens. */
+static void spec_redo(rt_engine_t *e)
+{
+    rt_kv_op_t back[RT_KV_MAX_OPS], drop[RT_KV_MAX_OPS];
+    int nb = 0, nd = 0, ns = 0;
+    for (int i = 0; i < e->o.n_slots && nd < RT_KV_MAX_OPS; i++) {
+        slot_t *s = &e->slots[i];
+        if (s->spec_ck < 0)
+            continue;
+        drop[nd++] = (rt_kv_op_t){.op = RT_KV_DROP, .entry = s->spec_ck};
+        if (s->n_kv > s->n_past) { /* rows past what it took: back, then its rows again */
+            back[nb++] = (rt_kv_op_t){.op = RT_KV_ROLLBACK, .slot = s->id, .entry = s->spec_ck, .n = s->spec_pos};
+            e->seqs[ns] = (rt_step_seq_t){.slot = s->id, .n = (int32_t)(s->n_past - s->spec_pos),
+                                          .pos = s->spec_pos, .n_out = 0, .tokens = s->seq + s->spec_pos};
+            e->seq_slot[ns++] = s->id;
+            s->n_kv = s->n_past;
+        }
+        s->spec_ck = -1;
+    }
+    bl_err_t err = {0};
+    const float *logits = NULL;
+    int rc = 0;
+    if (nb && (rc = rt_cluster_kv(e->cluster, back, nb, &err)) == 0)
+        rc = rt_cluster_step(e->cluster, e->seqs, ns, &logits, &err);
+    if (rc == 0 && nd)
+        rc = rt_cluster_kv(e->cluster, drop, nd, &err);
+    if (rc)
+        step_failed(e, rc, &err);
+}
+
 /* The step failed (rc, err): the rows are lost and the caches may be gone with the
  * processes: the running tasks end, and the waiting ones run once READY. */
 static void step_failed(rt_engine_t *e, int rc, const bl_err_t *err)
@@ -2377,12 +2442,16 @@ static void run_step(rt_engine_t *e, int32_t n_vocab)
         return;
     const float *logits = NULL;
     bl_err_t err = { 0 };
+    if (e->o.recurrent && spec_checkpoints(e, ns) != 0)
+        return;
     int rc = rt_cluster_step(e->cluster, e->seqs, ns, &logits, &err);
     if (rc) {
         step_failed(e, rc, &err);
         return;
     }
     take_results(e, e->seqs, e->seq_slot, ns, logits, n_vocab);
+    if (e->o.recurrent)
+        spec_redo(e);
 }
 
 static int any_busy(const rt_engine_t *e)
@@ -2597,6 +2666,7 @@ int rt_engine_create(rt_engine_t **out, const rt_engine_opts_t *o, rt_cluster_t 
         s->held_cap = 2 * STOP_MAX_LEN;
         s->held = malloc(s->held_cap);
         const size_t nck = o->recurrent && o->ctx_checkpoints > 0 ? (size_t)o->ctx_checkpoints : 1;
+        s->spec_ck = -1;
         s->ck_id = malloc(nck * sizeof *s->ck_id);
         s->ck_n = malloc(nck * sizeof *s->ck_n);
         if (!s->seq || !s->held || !s->ck_id || !s->ck_n)

@@ -1834,11 +1834,6 @@ int main(int argc, char **argv)
     if (bl_arch_read(&march, g, o.model, &err) != 0)
         goto fail;
     const int recurrent = !march.cache_prefix_cut;
-    if (recurrent && draft_on) {
-        bl_err_set(&err, BL_ENOTSUP, "-md %s: speculative decoding of a model whose cache holds a recurrent "
-                   "state (%s) is not supported", o.draft_model, march.name);
-        goto fail;
-    }
     app->n_predict_default = o.n_predict;
     app->defaults = defaults;
     app->reasoning = o.skip_chat_parsing ? 0 : reasoning;

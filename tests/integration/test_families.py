@@ -724,8 +724,7 @@ def hybrid_disk_cache(family, servers, srv, body, disk):
 def test_checkpoints_of_a_recurrent_state(family, servers):
     """A hybrid's slot goes back to its checkpoints (-ctxcp): the same prompt again
     evaluates one token, a longer one only what follows the checkpoint, each reply and
-    its log-probabilities the cold ones bit for bit; -ctxcp 0 runs every prompt whole;
-    a draft model is refused."""
+    its log-probabilities the cold ones bit for bit; -ctxcp 0 runs every prompt whole."""
     if family.arch not in HYBRID:
         pytest.skip("%s's cache is cut back to any prefix" % family.arch)
     from test_dropin import metric
@@ -760,9 +759,28 @@ def test_checkpoints_of_a_recurrent_state(family, servers):
     assert metric(srv.url, "checkpoints_total") == 0
 
 
-def test_a_draft_for_a_recurrent_state_refused(family, tmp_path):
+def test_a_draft_for_a_recurrent_state(family, servers, tmp_path):
+    """Speculative decoding of a hybrid: each verify step keeps the state before it,
+    and the rows the model rejects are undone by going back to it and running the
+    taken ones again; greedy replies and log-probabilities equal those without the
+    draft bit for bit. A draft that is itself recurrent is refused."""
     if family.arch not in HYBRID:
         pytest.skip("%s's cache is cut back to any prefix" % family.arch)
+    from test_dropin import metric
+    draft = str(tmp_path / "draft.gguf")  # the same built-in vocabulary, one dense layer
+    p = run([serverctl.program("bloomery-mkmodel"), "-o", draft, "--arch", "qwen3", "--layers", "1",
+             "--seed", "3"])
+    assert p.returncode == 0, p.stdout
+    plain = servers.start(FAST + ["-np", "2", "-c", "2048"], model=family.path)
+    spec = servers.start(FAST + ["-np", "2", "-c", "2048", "-md", draft, "--draft-max", "4", "--draft-min", "1",
+                                 "--draft-p-min", "0"], model=family.path)
+    for prompt in PLAIN:
+        a, b = greedy(plain.url, prompt, 24), greedy(spec.url, prompt, 24)
+        assert b["tokens"] == a["tokens"], prompt
+        for x, y in zip(a["completion_probabilities"], b["completion_probabilities"]):
+            assert [(t["id"], t["logprob"]) for t in x["top_logprobs"]] == \
+                   [(t["id"], t["logprob"]) for t in y["top_logprobs"]], prompt
+    assert metric(spec.url, "draft_tokens_total") > 0
     srv = serverctl.Server(family.path, FAST + ["-md", family.path], log_dir=str(tmp_path))
     srv.launch()
     assert srv.proc.wait(30) > 0
