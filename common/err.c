@@ -30,6 +30,7 @@ const char *bl_strerror(int code)
     case BL_ECLOSED: return "closed by the peer";
     case BL_EAGAIN: return "would wait";
     case BL_EPROTO: return "protocol error";
+    case BL_EPERM: return "not allowed";
     }
     return "unknown error";
 }

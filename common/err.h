@@ -23,6 +23,7 @@ enum {
     BL_ECLOSED = -8,  /* a peer closed its end (or a ring is drained and closed) */
     BL_EAGAIN = -9,   /* no message or no room now, and the caller asked not to wait */
     BL_EPROTO = -10,  /* a peer's bytes break the protocol (corrupt header, index) */
+    BL_EPERM = -11,   /* a peer is not allowed: it does not hold the cluster's secret */
 };
 
 typedef struct bl_err {
