@@ -798,6 +798,19 @@ static void deadline_ts(struct timespec *ts, int64_t deadline_ms)
     ts->tv_nsec = (long)(deadline_ms % 1000) * 1000000L;
 }
 
+/* Waits on the link's condition (under mu) until signalled or the deadline (ms on
+ * now_ms's clock; negative: no deadline). */
+static void wait_until(bp_link_t *l, int64_t deadline)
+{
+    if (deadline < 0) {
+        pthread_cond_wait(&l->cv, &l->mu);
+        return;
+    }
+    struct timespec ts;
+    deadline_ts(&ts, deadline);
+    pthread_cond_timedwait(&l->cv, &l->mu, &ts);
+}
+
 int bp_link_wait_up(bp_link_t *l, int timeout_ms, bl_err_t *err)
 {
     int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
@@ -838,13 +851,7 @@ int bp_link_wait_up(bp_link_t *l, int timeout_ms, bl_err_t *err)
                                 timeout_ms);
             break;
         }
-        if (deadline < 0) {
-            pthread_cond_wait(&l->cv, &l->mu);
-        } else {
-            struct timespec ts;
-            deadline_ts(&ts, deadline);
-            pthread_cond_timedwait(&l->cv, &l->mu, &ts);
-        }
+        wait_until(l, deadline);
     }
     pthread_mutex_unlock(&l->mu);
     return rc;
@@ -1359,13 +1366,7 @@ int bp_link_pump_wait(bp_link_t *l, int timeout_ms, bl_err_t *err)
                             l->endpoint, timeout_ms);
             break;
         }
-        if (deadline < 0) {
-            pthread_cond_wait(&l->cv, &l->mu);
-        } else {
-            struct timespec ts;
-            deadline_ts(&ts, deadline);
-            pthread_cond_timedwait(&l->cv, &l->mu, &ts);
-        }
+        wait_until(l, deadline);
     }
     pthread_mutex_unlock(&l->mu);
     return rc;
