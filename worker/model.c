@@ -423,7 +423,7 @@ int wk__forward_ffn(wk_model_t *m, int64_t l, int64_t n, bl_err_t *err)
 
 /* Where each stage layer keeps its part of a cache: K/V rows (attention layers) or a
  * recurrent state (a hybrid's DeltaNet layers). */
-static int layer_caches(wk_model_t *m, bl_err_t *err)
+static int layer_caches(wk_model_t *m, const bl_arch_t *a, bl_err_t *err)
 {
     const wk_config_t *c = &m->cfg;
     m->kv_index = malloc(sizeof(int64_t) * (size_t)c->n_layer);
@@ -435,14 +435,12 @@ static int layer_caches(wk_model_t *m, bl_err_t *err)
         m->kv_index[l] = m->rec_index[l] = -1;
         if (l < m->lb || l >= m->le)
             continue;
-        if (wk__layer_recurrent(c, l))
+        if (bl_arch_layer_recurrent(a, l))
             m->rec_index[l] = m->n_rec_layers++;
         else
             m->kv_index[l] = m->n_kv_layers++;
     }
-    const int64_t ch = c->ssm_state * (2 * c->ssm_groups + c->ssm_heads);
-    m->rec_floats = c->ssm_heads > 0 ? (size_t)((c->ssm_conv - 1) * ch + c->ssm_heads * c->ssm_state * c->ssm_state)
-                                     : 0;
+    m->rec_floats = (size_t)bl_arch_rec_floats(a);
     return 0;
 }
 
@@ -490,7 +488,7 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
                         m->path, m->opts.device);
         goto fail;
     }
-    if ((rc = layer_caches(m, err)) < 0)
+    if ((rc = layer_caches(m, &arch, err)) < 0)
         goto fail;
     if (m->opts.device < 0) /* on a device the weights go to the card instead */
         weights_arena(m);
