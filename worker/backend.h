@@ -143,6 +143,12 @@ typedef struct wk_backend_ops {
      * beside a card) */
     int (*state_alloc)(wk_backend_t *b, size_t nbytes, void **out, bl_err_t *err);
     void (*state_free)(wk_backend_t *b, void *p);
+    /* a hybrid cache's recurrent state (kv->rec: nbytes, zero) where the backend's
+     * deltanet op reads it; rec_copy moves all of it to or from host memory (to_host:
+     * the direction), in order with the steps before and after, done on return */
+    int (*rec_alloc)(wk_backend_t *b, size_t nbytes, float **out, bl_err_t *err);
+    void (*rec_free)(wk_backend_t *b, float *rec); /* NULL is a no-op */
+    int (*rec_copy)(wk_backend_t *b, float *rec, void *host, size_t nbytes, int to_host, bl_err_t *err);
 
     /* --- a step */
     int (*begin)(wk_backend_t *b, const wk_step_t *st, float *x, bl_err_t *err);

@@ -226,6 +226,29 @@ static void cpu_state_free(wk_backend_t *b, void *p)
     free(p);
 }
 
+static int cpu_rec_alloc(wk_backend_t *b, size_t nbytes, float **out, bl_err_t *err)
+{
+    (void)b;
+    *out = calloc(1, nbytes ? nbytes : 1);
+    return *out ? 0 : bl_err_set(err, BL_ENOMEM, "out of memory for a recurrent state of %zu bytes", nbytes);
+}
+
+static void cpu_rec_free(wk_backend_t *b, float *rec)
+{
+    (void)b;
+    free(rec);
+}
+
+static int cpu_rec_copy(wk_backend_t *b, float *rec, void *host, size_t nbytes, int to_host, bl_err_t *err)
+{
+    (void)b, (void)err;
+    if (to_host)
+        memcpy(host, rec, nbytes);
+    else
+        memcpy(rec, host, nbytes);
+    return 0;
+}
+
 // --- a step -----------------------------------------------------------------------------
 
 static void add_rows(float *x, const float *y, int64_t n)
@@ -599,6 +622,7 @@ static const wk_backend_ops_t cpu_ops = {
     .name = cpu_name, .destroy = cpu_destroy, .alloc = cpu_alloc, .add = cpu_add, .add_vec = cpu_add_vec,
     .add_stack = cpu_add_stack, .add_host = cpu_add_host, .commit = cpu_commit, .kv_alloc = cpu_kv_alloc, .kv_free = cpu_kv_free,
     .kv_copy = cpu_kv_copy, .kv_move = cpu_kv_move, .state_alloc = cpu_state_alloc, .state_free = cpu_state_free,
+    .rec_alloc = cpu_rec_alloc, .rec_free = cpu_rec_free, .rec_copy = cpu_rec_copy,
     .begin = cpu_begin, .end = cpu_end, .embed = cpu_embed, .rms_norm = cpu_rms_norm, .qkv = cpu_qkv,
     .add_bias = cpu_add_bias, .matmul = cpu_matmul, .attention = cpu_attention, .mla = cpu_mla, .moe = cpu_moe, .ffn = cpu_ffn, .head = cpu_head,
     .split_heads = cpu_split_heads, .mul_sigmoid = cpu_mul_sigmoid, .deltanet = cpu_deltanet,

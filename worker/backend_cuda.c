@@ -131,6 +131,11 @@ typedef struct cuda {
     kcuda_kv_row_t *d_rows, *h_rows;
     int32_t *d_tokens, *h_tokens, *d_pos, *h_pos;
     size_t kv_row_bytes;     /* an f16 cache row: n_head_kv * head_dim halves */
+    int64_t *kvl;            /* (le - lb) a stage layer's layer in the caches (-1: a DeltaNet layer's) */
+    /* a hybrid's DeltaNet layers: the sequences' table (n_batch, uploaded at begin),
+     * the gates (n_batch, Hv) */
+    kcuda_dn_seg_t *d_dseg, *h_dseg;
+    float *dn_beta, *dn_g;
     void *graphs[GRAPH_MAX_ROWS + 1][N_BUCKETS];
     /* routed experts in host RAM (cfg->remote): the rows, ids and weights go to pinned
      * memory, a host node hands them to the remote hook and waits for the sums, which
@@ -324,13 +329,16 @@ static void cu_destroy(wk_backend_t *b)
     for (int i = 0; i <= PROF_EVENTS; i++)
         kcuda_event_destroy(cu->ev[i]);
     void *bufs[] = {cu->arena, cu->rl, cu->ids, cu->wts, cu->g, cu->u_, cu->xg, cu->logits, cu->att_scratch,
-                    cu->d_in, cu->x16, cu->xs16, cu->dg, cu->srt, cu->wscr, cu->mla_q, cu->mla_o, cu->mla_w16};
+                    cu->d_in, cu->x16, cu->xs16, cu->dg, cu->srt, cu->wscr, cu->mla_q, cu->mla_o, cu->mla_w16,
+                    cu->d_dseg, cu->dn_beta, cu->dn_g};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         kcuda_free(bufs[i]);
     for (int i = 0; i < cu->n_allocs; i++)
         kcuda_free(cu->allocs[i]);
     free(cu->allocs);
     kcuda_host_free(cu->h_in);
+    kcuda_host_free(cu->h_dseg);
+    free(cu->kvl);
     for (int i = 0; i < cu->n_spans; i++)
         kcuda_host_unregister(cu->spans[i]);
     free(cu->spans);
@@ -524,10 +532,9 @@ static int bind(cuda_t *cu, bl_err_t *err)
     return 0;
 }
 
-/* The layer forms the CUDA kernels compute: qwen3's (per-head q/k norms fused
- * with a RoPE over the whole head, no biases, softmax routing renormalised to 1,
- * routed experts in every layer of a MoE model). Another form (glm4moe's, deepseek2's, gpt-oss's) is
- * refused by name rather than run wrong; the CPU backend runs it. */
+/* The layer forms the CUDA kernels do not compute (latent attention of unusual
+ * shapes, consecutive-pair RoPE outside it, DeltaNet heads of other sizes) are
+ * refused by name rather than run wrong; the CPU backend runs them. */
 static int check_form(const cuda_t *cu, bl_err_t *err)
 {
     const wk_config_t *c = cu->c;
@@ -536,8 +543,8 @@ static int check_form(const cuda_t *cu, bl_err_t *err)
         what = "latent attention of this shape (kv_lora and qk_nope multiples of 8, kv_lora + n_rot <= 1024)";
     else if (!c->rope_neox && c->kv_lora == 0)
         what = "consecutive-pair RoPE outside latent attention";
-    else if (c->ssm_heads > 0 || c->attn_gate || c->shexp_gate)
-        what = "gated DeltaNet layers, gated attention or a gated shared expert";
+    else if (c->ssm_heads > 0 && !kcuda_dnet_supported((int)c->ssm_state, (int)c->ssm_conv))
+        what = "gated DeltaNet layers of this shape (heads of 16, 32, 64 or 128 dims, at most 16 taps)";
     if (what)
         return bl_err_set(err, BL_ENOTSUP, "%s: %s: the CUDA backend does not compute %s yet (run it with -ngl 0)",
                           cu->path, c->arch, what);
@@ -674,6 +681,12 @@ static int alloc_scratch(cuda_t *cu, bl_err_t *err)
             return rc;
     }
     if (cu->pp_ok && (rc = alloc_prompt(cu, err)) < 0)
+        return rc;
+    if (c->ssm_heads > 0 &&
+        ((rc = dalloc(&cu->d_dseg, sizeof(kcuda_dn_seg_t) * B, err)) < 0 ||
+         (rc = kcuda_host_alloc((void **)&cu->h_dseg, sizeof(kcuda_dn_seg_t) * B, err)) < 0 ||
+         (rc = dalloc(&cu->dn_beta, f * B * (size_t)c->ssm_heads, err)) < 0 ||
+         (rc = dalloc(&cu->dn_g, f * B * (size_t)c->ssm_heads, err)) < 0))
         return rc;
     /* The step inputs: the rows table first (32-byte entries), then the ids. */
     const size_t rows_bytes = sizeof(kcuda_kv_row_t) * GRAPH_MAX_ROWS;
@@ -873,6 +886,9 @@ static int cu_kv_alloc(wk_backend_t *b, wk_kv_t *kv, bl_err_t *err)
     if (rc < 0)
         return rc;
     const size_t nbytes = (size_t)kv->n_layer * (size_t)kv->n_planes * (size_t)kv->stride * kv->row_bytes;
+    kv->buf = NULL;
+    if (nbytes == 0) /* a stage of DeltaNet layers only */
+        return 0;
     if ((rc = kcuda_alloc((void **)&kv->buf, nbytes, err)) < 0) {
         char why[sizeof err->msg];
         snprintf(why, sizeof why, "%s", err->msg);
@@ -930,6 +946,41 @@ static void cu_state_free(wk_backend_t *b, void *p)
 {
     (void)b;
     kcuda_host_free(p);
+}
+
+static int cu_rec_alloc(wk_backend_t *b, size_t nbytes, float **out, bl_err_t *err)
+{
+    const cuda_t *cu = (const cuda_t *)b;
+    *out = NULL;
+    int rc = kcuda_set_device(cu->device, err);
+    if (rc == 0 && (rc = kcuda_alloc((void **)out, nbytes, err)) < 0) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        return bl_err_set(err, rc, "a recurrent state of %zu bytes on CUDA device %d: %s", nbytes, cu->device, why);
+    }
+    if (rc == 0 && (rc = kcuda_memset(*out, 0, nbytes, cu->stream, err)) == 0)
+        rc = kcuda_sync(cu->stream, err);
+    if (rc < 0) {
+        kcuda_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+static void cu_rec_free(wk_backend_t *b, float *rec)
+{
+    (void)b;
+    kcuda_free(rec);
+}
+
+/* On the step stream, as cu_kv_copy. */
+static int cu_rec_copy(wk_backend_t *b, float *rec, void *host, size_t nbytes, int to_host, bl_err_t *err)
+{
+    const cuda_t *cu = (const cuda_t *)b;
+    int rc = kcuda_set_device(cu->device, err);
+    if (rc == 0)
+        rc = to_host ? kcuda_download(host, rec, nbytes, cu->stream, err) : kcuda_upload(rec, host, nbytes, cu->stream, err);
+    return rc < 0 ? rc : kcuda_sync(cu->stream, err);
 }
 
 // --- residency -----------------------------------------------------------------------------
@@ -1230,6 +1281,16 @@ static int cu_begin(wk_backend_t *b, const wk_step_t *st, float *x, bl_err_t *er
         }
     if ((rc = kcuda_upload(cu->d_in, cu->h_in, cu->in_bytes, cu->stream, err)) < 0)
         return rc;
+    if (cu->d_dseg) { /* a hybrid: each sequence's rows and recurrent state */
+        for (int64_t j = 0; j < st->nseg; j++) {
+            const wk_seg_t *s = &st->seg[j];
+            cu->h_dseg[j] = (kcuda_dn_seg_t){.state = (uint64_t)(uintptr_t)s->kv->rec, .row0 = (int32_t)s->row0,
+                                             .n = (int32_t)s->n, .pos = (int32_t)s->pos};
+        }
+        if ((rc = kcuda_upload(cu->d_dseg, cu->h_dseg, sizeof(kcuda_dn_seg_t) * (size_t)st->nseg, cu->stream,
+                               err)) < 0)
+            return rc;
+    }
     if (cu->lb > 0 && st->x_in &&
         (rc = kcuda_upload(x, st->x_in, sizeof(float) * (size_t)(st->n * E), cu->stream, err)) < 0)
         return rc;
@@ -1448,7 +1509,7 @@ static int cu_matmul(wk_backend_t *b, const char *op, const wk_tensor_t *w, cons
 static kcuda_kv_view_t kv_view(const wk_kv_t *kv, int64_t l)
 {
     const size_t plane = (size_t)kv->stride * kv->row_bytes;
-    l -= kv->model->lb;
+    l = kv->model->kv_index[l];
     return (kcuda_kv_view_t){.k = kv->buf + (size_t)(kv->n_planes * l) * plane,
                              .v = kv->buf + (size_t)(kv->n_planes * l + kv->n_planes - 1) * plane,
                              .row_bytes = kv->row_bytes};
@@ -1468,7 +1529,7 @@ static int cu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *q
     const kcuda_rope_t rope = rope_of(cu->c, a->n_rot, a->rope_base);
     const kcuda_att_ext_t ext = att_ext_of(a);
     if (cu->mode == MODE_DECODE) {
-        OP("attention", kcuda_attention_rows_qkv(cu->d_rows, l - cu->lb, cu->kv_row_bytes, q, k, v, a->q_norm,
+        OP("attention", kcuda_attention_rows_qkv(cu->d_rows, cu->kvl[l - cu->lb], cu->kv_row_bytes, q, k, v, a->q_norm,
                                                  a->k_norm, cu->d_pos, att, n, cu->max_len, a->n_head, a->n_head_kv,
                                                  hd, &rope, a->eps, a->scale, &ext, cu->att_scratch,
                                                  cu->att_scratch_bytes, s, err));
@@ -1508,7 +1569,7 @@ static int cu_mla(wk_backend_t *b, int64_t l, const wk_mla_t *a, float *q, float
     cuda_t *cu = (cuda_t *)b;
     const wk_step_t *st = cu->st;
     const int64_t n = st->n, H = a->n_head, r = a->kv_lora, D = r + a->n_rot, hk = a->head_k, hv = a->head_v;
-    const int64_t nope = hk - a->n_rot, li = l - cu->lb;
+    const int64_t nope = hk - a->n_rot, li = cu->kvl[l - cu->lb];
     void *s = cu->stream;
     const kcuda_rope_t rope = rope_of(cu->c, a->n_rot, cu->c->rope_base);
     OP("attn_kv_a_norm", kcuda_rms_norm(c, c, a->kv_norm, n, r, D, a->eps, s, err));
@@ -1817,9 +1878,11 @@ static int cu_ffn(wk_backend_t *b, const wk_tensor_t *gate, const wk_tensor_t *u
                   const float *gate_inp, const float *xn, int64_t n, float *x, bl_err_t *err)
 {
     cuda_t *cu = (cuda_t *)b;
-    if (gate_inp) /* check_form refuses such models at load */
-        return bl_err_set(err, BL_ENOTSUP, "%s: a gated shared expert on CUDA", cu->path);
     const int64_t E = cu->c->n_embd, F = M(gate)->nrows;
+    /* behind a gate, the output goes to xg (the head's rows, free until the head)
+     * and onto x times the row's sigmoid(gate_inp . xn) */
+    float *y = gate_inp ? cu->xg : x;
+    const int acc = !gate_inp;
     if (cu->mode == MODE_PROMPT) {
         OP("ffn_to_f16", kcuda_to_f16(xn, E, n, E, cu->x16, E, cu->stream, err));
         OP("ffn_gate", pp_mm(cu, M(gate), xn, E, E, n, cu->g, F, 0, err));
@@ -1828,21 +1891,55 @@ static int cu_ffn(wk_backend_t *b, const wk_tensor_t *gate, const wk_tensor_t *u
         /* f32 down weights read the f32 SwiGLU output: make it in place in g. */
         if (M(down)->type == BL_TYPE_F32)
             OP("ffn_swiglu", kcuda_swiglu(cu->g, cu->g, cu->u_, n * F, cu->stream, err));
-        OP("ffn_down", pp_mm(cu, M(down), cu->g, F, F, n, x, E, 1, err));
-        return 0;
-    }
-    if (same_shape(M(gate), M(up))) {
+        OP("ffn_down", pp_mm(cu, M(down), cu->g, F, F, n, y, E, acc, err));
+    } else if (same_shape(M(gate), M(up))) {
         for (int64_t r = 0; r < n; r += KCUDA_MV_MAX_ROWS) {
             const int cn = (int)(n - r < KCUDA_MV_MAX_ROWS ? n - r : KCUDA_MV_MAX_ROWS);
             OP("ffn_gate_up", kcuda_matvec_swiglu(M(gate), M(up), xn + r * E, E, cn, cu->g + r * F, F, cu->stream,
                                                   err));
         }
+        OP("ffn_down", mv(cu, M(down), cu->g, F, n, y, E, acc, err));
     } else {
         OP("ffn_gate", mv(cu, M(gate), xn, E, n, cu->g, F, 0, err));
         OP("ffn_up", mv(cu, M(up), xn, E, n, cu->u_, F, 0, err));
         OP("ffn_swiglu", kcuda_swiglu(cu->g, cu->g, cu->u_, n * F, cu->stream, err));
+        OP("ffn_down", mv(cu, M(down), cu->g, F, n, y, E, acc, err));
     }
-    OP("ffn_down", mv(cu, M(down), cu->g, F, n, x, E, 1, err));
+    if (gate_inp)
+        OP("ffn_gate_shexp", kcuda_add_gated(x, cu->xg, gate_inp, xn, n, E, cu->stream, err));
+    return 0;
+}
+
+static int cu_split_heads(wk_backend_t *b, const float *x, int64_t n, int64_t n_head, int64_t hd, float *a, float *g,
+                          bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    OP("attn_gate_split", kcuda_split_heads(x, n, n_head, hd, a, g, cu->stream, err));
+    return 0;
+}
+
+static int cu_mul_sigmoid(wk_backend_t *b, float *y, const float *g, int64_t n, int64_t d, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    OP("attn_gate", kcuda_mul_sigmoid(y, g, n * d, cu->stream, err));
+    return 0;
+}
+
+/* The gates, then the layer over every sequence of the step at once through the
+ * table begin uploaded (its states where rec_alloc put them). */
+static int cu_deltanet(wk_backend_t *b, int64_t l, const kcpu_dnet_t *d, float *qkv, const float *z, const float *bb,
+                       const float *al, float *out, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    const wk_step_t *st = cu->st;
+    const wk_model_t *m = st->seg[0].kv->model;
+    const kcuda_dnet_t kd = {.d_conv_w = d->conv_w, .d_dt_bias = d->dt_bias, .d_a = d->a, .d_norm = d->norm,
+                             .K = (int)d->K, .S = (int)d->S, .Hk = (int)d->Hk, .Hv = (int)d->Hv, .tiled = d->tiled,
+                             .ba = d->ba, .eps = d->eps};
+    OP("ssm_gates", kcuda_dnet_gates(&kd, bb, d->ba ? 2 * d->Hv : d->Hv, al, d->Hv, st->n, cu->dn_beta, cu->dn_g,
+                                     cu->stream, err));
+    OP("deltanet", kcuda_deltanet(&kd, cu->d_dseg, st->nseg, m->rec_index[l] * (int64_t)m->rec_floats, qkv, z,
+                                  cu->dn_beta, cu->dn_g, out, st->n, cu->stream, err));
     return 0;
 }
 
@@ -1882,8 +1979,10 @@ static const wk_backend_ops_t cuda_ops = {
     .name = cu_name, .destroy = cu_destroy, .alloc = cu_alloc, .add = cu_add, .add_vec = cu_add_vec,
     .add_stack = cu_add_stack, .add_host = cu_add_host, .commit = cu_commit, .kv_alloc = cu_kv_alloc,
     .kv_free = cu_kv_free, .kv_copy = cu_kv_copy, .kv_move = cu_kv_move, .state_alloc = cu_state_alloc, .state_free = cu_state_free,
+    .rec_alloc = cu_rec_alloc, .rec_free = cu_rec_free, .rec_copy = cu_rec_copy,
     .begin = cu_begin, .end = cu_end, .embed = cu_embed, .rms_norm = cu_rms_norm, .qkv = cu_qkv,
     .add_bias = cu_add_bias, .matmul = cu_matmul, .attention = cu_attention, .mla = cu_mla, .moe = cu_moe, .ffn = cu_ffn, .head = cu_head,
+    .split_heads = cu_split_heads, .mul_sigmoid = cu_mul_sigmoid, .deltanet = cu_deltanet,
     .resid = cu_resid, .resid_layer = cu_resid_layer,
 };
 
@@ -1920,6 +2019,10 @@ int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *
         cu->resid = -1;
     }
     int rc = check_shapes(cu, err);
+    if (rc == 0 && !(cu->kvl = malloc(sizeof(int64_t) * (size_t)(cu->le - cu->lb + 1))))
+        rc = bl_err_set(err, BL_ENOMEM, "out of memory for %lld layers", (long long)(cu->le - cu->lb));
+    for (int64_t l = cu->lb, n = 0; rc == 0 && l < cu->le; l++)
+        cu->kvl[l - cu->lb] = wk__layer_recurrent(cfg->c, l) ? -1 : n++;
     if (rc < 0 || (rc = kcuda_init(cu->device, &cu->info, err)) < 0 ||
         (rc = kcuda_stream_create(&cu->stream, err)) < 0) {
         cu_destroy(&cu->b);

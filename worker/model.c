@@ -616,24 +616,32 @@ static int kv_init(wk_kv_t *kv, const wk_model_t *m, int64_t n_ctx, uint32_t typ
     return 0;
 }
 
-/* A hybrid cache's recurrent state (host memory: only the CPU backend runs DeltaNet
- * layers), zero until a sequence's first step sets it. */
+/* A hybrid cache's recurrent state, in the backend's memory (where its deltanet op
+ * reads it), zero until a sequence's first step sets it. */
 static int rec_alloc(wk_kv_t *kv, const wk_model_t *m, bl_err_t *err)
 {
     kv->rec = NULL;
     if (m->n_rec_layers == 0)
         return 0;
-    kv->rec = calloc((size_t)m->n_rec_layers * m->rec_floats, sizeof(float));
-    if (!kv->rec)
-        return bl_err_set(err, BL_ENOMEM, "out of memory for a recurrent state of %zu bytes",
-                          (size_t)m->n_rec_layers * m->rec_floats * sizeof(float));
-    return 0;
+    return m->be->op->rec_alloc(m->be, (size_t)m->n_rec_layers * m->rec_floats * sizeof(float), &kv->rec, err);
+}
+
+static void rec_free(wk_kv_t *kv)
+{
+    if (kv->rec)
+        kv->model->be->op->rec_free(kv->model->be, kv->rec);
+    kv->rec = NULL;
 }
 
 /* The bytes of a saved state's recurrent part (after its rows). */
 static size_t rec_bytes(const wk_kv_t *kv)
 {
     return (size_t)kv->model->n_rec_layers * kv->model->rec_floats * sizeof(float);
+}
+
+static int rec_copy(wk_kv_t *kv, void *host, int to_host, bl_err_t *err)
+{
+    return kv->model->be->op->rec_copy(kv->model->be, kv->rec, host, rec_bytes(kv), to_host, err);
 }
 
 int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t type, bl_err_t *err)
@@ -644,7 +652,7 @@ int wk_kv_create(wk_kv_t **out, const wk_model_t *m, int64_t n_ctx, uint32_t typ
         return bl_err_set(err, BL_ENOMEM, "out of memory for a KV cache");
     int rc = kv_init(kv, m, n_ctx, type, err);
     if (rc == 0 && (rc = rec_alloc(kv, m, err)) == 0 && (rc = m->be->op->kv_alloc(m->be, kv, err)) < 0) {
-        free(kv->rec);
+        rec_free(kv);
         free(kv);
         return rc;
     }
@@ -918,7 +926,7 @@ void wk_kv_free(wk_kv_t *kv)
         kv_place(kv, 0, 0);
     else
         kv->model->be->op->kv_free(kv->model->be, kv);
-    free(kv->rec);
+    rec_free(kv);
     free(kv);
 }
 
@@ -960,7 +968,7 @@ int wk_kv_save(wk_kv_t *kv, int64_t n, void *dst, bl_err_t *err)
                           "only its last position's (%lld)", (long long)n, (long long)kv->n_past);
     int rc = kv->model->be->op->kv_copy(kv->model->be, kv, dst, n, n, 1, err);
     if (rc == 0 && kv->rec)
-        memcpy((uint8_t *)dst + rows_bytes(kv, n), kv->rec, rec_bytes(kv));
+        rc = rec_copy(kv, (uint8_t *)dst + rows_bytes(kv, n), 1, err);
     return rc;
 }
 
@@ -979,7 +987,7 @@ int wk_kv_load(wk_kv_t *kv, int64_t n, const void *src, int64_t n_saved, bl_err_
         return rc;
     rc = kv->model->be->op->kv_copy(kv->model->be, kv, (void *)src, n, n_saved, 0, err);
     if (rc == 0 && kv->rec)
-        memcpy(kv->rec, (const uint8_t *)src + rows_bytes(kv, n_saved), rec_bytes(kv));
+        rc = rec_copy(kv, (uint8_t *)src + rows_bytes(kv, n_saved), 0, err);
     if (rc == 0)
         kv->n_past = n;
     return rc;
@@ -989,10 +997,7 @@ size_t wk_kv_ckpt_bytes(const wk_kv_t *kv) { return kv->rec ? rec_bytes(kv) : 0;
 
 int wk_kv_ckpt_save(wk_kv_t *kv, void *dst, bl_err_t *err)
 {
-    (void)err;
-    if (kv->rec)
-        memcpy(dst, kv->rec, rec_bytes(kv));
-    return 0;
+    return kv->rec ? rec_copy(kv, dst, 1, err) : 0;
 }
 
 int wk_kv_ckpt_load(wk_kv_t *kv, int64_t n, const void *src, bl_err_t *err)
@@ -1000,10 +1005,14 @@ int wk_kv_ckpt_load(wk_kv_t *kv, int64_t n, const void *src, bl_err_t *err)
     if (n < 1 || n > kv->n_past)
         return bl_err_set(err, BL_EINVAL, "a checkpoint at %lld positions into a cache that holds %lld",
                           (long long)n, (long long)kv->n_past);
+    const int rc = kv->rec ? rec_copy(kv, (void *)src, 0, err) : 0;
+    if (rc < 0) { /* the state is unknown: nothing in the cache is usable */
+        kv_shrink(kv, 0);
+        kv->n_past = 0;
+        return rc;
+    }
     kv_shrink(kv, n);
     kv->n_past = n;
-    if (kv->rec)
-        memcpy(kv->rec, src, rec_bytes(kv));
     return 0;
 }
 

@@ -290,6 +290,63 @@ int kcuda_add(float *d_y, const float *d_x, int64_t n, void *stream, bl_err_t *e
 /* y (n, d) += bias (d) on every row. */
 int kcuda_add_bias(float *d_y, const float *d_bias, int64_t n, int64_t d, void *stream, bl_err_t *err) BL_WUR;
 
+/* a and g (n, n_head * hd) = the first and the second hd values of each head's 2 hd
+ * in x (n, n_head * 2 hd): a gated attention's queries and gate. */
+int kcuda_split_heads(const float *d_x, int64_t n, int64_t n_head, int64_t hd, float *d_a, float *d_g,
+                      void *stream, bl_err_t *err) BL_WUR;
+
+/* y[i] *= sigmoid(g[i]) for n elements. */
+int kcuda_mul_sigmoid(float *d_y, const float *d_g, int64_t n, void *stream, bl_err_t *err) BL_WUR;
+
+/* x (n, d) += sigmoid(w . xn[r]) * y[r] on each row r: a shared expert's output y
+ * behind its own gate w (d), the dot in float over the row (a block's sum). */
+int kcuda_add_gated(float *d_x, const float *d_y, const float *d_w, const float *d_xn, int64_t n, int64_t d,
+                    void *stream, bl_err_t *err) BL_WUR;
+
+// --- gated DeltaNet (qwen3next, qwen35moe) -------------------------------------------
+
+/* A gated DeltaNet layer's parameters on the card (kcpu_dnet_t's meaning): the
+ * convolution's weights (channels, K), dt_bias and a (Hv), the output norm (S). */
+typedef struct kcuda_dnet {
+    const float *d_conv_w, *d_dt_bias, *d_a, *d_norm;
+    int K, S, Hk, Hv;
+    int tiled; /* v head h reads q/k head h % Hk, else h / (Hv / Hk) */
+    int ba;    /* beta and alpha in one row grouped by k head */
+    float eps;
+} kcuda_dnet_t;
+
+/* The shapes the kernels take: S (a head's key and value dims) one of 16, 32, 64,
+ * 128; K taps up to KCUDA_DNET_MAX_K. */
+#define KCUDA_DNET_MAX_K 16
+int kcuda_dnet_supported(int S, int K);
+
+/* One sequence's rows of a step: rows row0..row0 + n, the first at position pos (0:
+ * the sequence starts, its state is taken as zero), its recurrent state at state
+ * (the card's address of the cache's floats: per DeltaNet layer the convolution's
+ * last K - 1 inputs (K - 1, channels), then Hv states of S x S, M[h][i][j] key dim
+ * i, value dim j: kcpu_deltanet's layout). A table of them sits on the card, filled
+ * before the step's launches (a decode graph reads it at replay). */
+typedef struct kcuda_dn_seg {
+    uint64_t state;
+    int32_t row0, n, pos, _pad;
+} kcuda_dn_seg_t;
+
+/* beta (n, Hv) = sigmoid(b), g (n, Hv) = softplus(alpha + dt_bias) * a, as
+ * kcpu_dnet_gates: b (n rows b_ld apart) holds both when d->ba, else b and al (al_ld
+ * apart) one each. */
+int kcuda_dnet_gates(const kcuda_dnet_t *d, const float *d_b, int64_t b_ld, const float *d_al, int64_t al_ld,
+                     int64_t n, float *d_beta, float *d_g, void *stream, bl_err_t *err) BL_WUR;
+
+/* kcpu_deltanet for nseg sequences of a step's n rows (d_segs on the card, their
+ * rows together n): qkv (n, channels) convolved, silu'd and normed in place, each
+ * sequence's state (state_off floats into its state: the layer's) read and updated,
+ * out (n, Hv * S) = rmsnorm(o, norm) * silu(z) of each head's output. A launch per
+ * stage: the convolution over channels, the norms over rows, the delta rule a block
+ * per (head, sequence) with its S x S state in registers, the gated norm. */
+int kcuda_deltanet(const kcuda_dnet_t *d, const kcuda_dn_seg_t *d_segs, int64_t nseg, int64_t state_off,
+                   float *d_qkv, const float *d_z, const float *d_beta, const float *d_g, float *d_out, int64_t n,
+                   void *stream, bl_err_t *err) BL_WUR;
+
 // --- MoE routing ---------------------------------------------------------------------
 
 /* Most experts and choices kcuda_moe_route handles. */

@@ -588,8 +588,11 @@ static void test_dense(void)
  * attention, router and expert biases, the clamped SwiGLU, MXFP4 experts) on the
  * prompt path, through decode graphs and with their routed experts in host RAM,
  * deepseek2 (latent attention in both file forms, grouped sigmoid routing, YaRN, a
- * shared expert, a leading dense layer), each against the CPU's precise pass and
- * gated as the dense model is (the CPU 8-bit pass's distance). */
+ * shared expert, a leading dense layer), qwen3next and qwen35moe (gated DeltaNet
+ * layers with heads of 16 and of 128 dims, the recurrent state carried over the
+ * steps, gated attention with partial RoPE, the gated shared expert), each against
+ * the CPU's precise pass and gated as the dense model is (the CPU 8-bit pass's
+ * distance). */
 static int mkmodel(const char *path, const char *flags)
 {
     const char *prog = getenv("BLOOMERY_MKMODEL");
@@ -600,15 +603,69 @@ static int mkmodel(const char *path, const char *flags)
     return system(cmd) == 0 ? 0 : -1;
 }
 
+/* A hybrid's recurrent state on the card: saved whole to host memory and loaded
+ * into another cache that held another sequence, the next token gives the same bits;
+ * a checkpoint taken, five more tokens run, the checkpoint put back and the same
+ * five run again give the same bits (graphs on: the copies are on the step stream). */
+static void test_hybrid_state(const char *path)
+{
+    enum { N = 24, MORE = 5 };
+    int32_t ids[N + MORE];
+    rng_t r = rng_for(12);
+    for (int i = 0; i < N + MORE; i++)
+        ids[i] = (int32_t)(rng_next(&r) % 1000);
+    wk_model_t *m = load(path, 0, 1, 0, 0);
+    const int64_t V = wk_model_config(m)->n_vocab;
+    wk_kv_t *a = kv_new(m, 64, WK_KV_F16), *b = kv_new(m, 64, WK_KV_F16);
+    float *la = malloc(sizeof(float) * (size_t)(MORE * V)), *lb = malloc(sizeof(float) * (size_t)(MORE * V));
+    void *host = malloc(wk_kv_state_bytes(a, N)), *ck = malloc(wk_kv_ckpt_bytes(a) + 1);
+    bl_err_t err = {0};
+    int rc = wk_model_eval(m, a, ids, N, 0, 0, NULL, &err);
+    if (rc == 0)
+        rc = wk_model_eval(m, b, ids + 3, 9, 0, 0, NULL, &err);
+    if (rc == 0)
+        rc = wk_kv_save(a, N, host, &err);
+    if (rc == 0)
+        rc = wk_kv_load(b, N, host, N, &err);
+    if (rc == 0)
+        rc = wk_model_eval(m, a, ids + N, 1, N, 1, la, &err);
+    if (rc == 0)
+        rc = wk_model_eval(m, b, ids + N, 1, N, 1, lb, &err);
+    tap_ok(rc == 0 && memcmp(la, lb, sizeof(float) * (size_t)V) == 0,
+           "a hybrid's card state saved and loaded into a used cache continues with the same bits (%s)",
+           rc ? err.msg : "");
+    wk_kv_clear(a);
+    rc = wk_model_eval(m, a, ids, N, 0, 0, NULL, &err);
+    if (rc == 0)
+        rc = wk_kv_ckpt_save(a, ck, &err);
+    for (int i = 0; rc == 0 && i < MORE; i++)
+        rc = wk_model_eval(m, a, ids + N + i, 1, N + i, 1, la + i * V, &err);
+    if (rc == 0)
+        rc = wk_kv_ckpt_load(a, N, ck, &err);
+    for (int i = 0; rc == 0 && i < MORE; i++)
+        rc = wk_model_eval(m, a, ids + N + i, 1, N + i, 1, lb + i * V, &err);
+    tap_ok(rc == 0 && wk_kv_n_past(a) == N + MORE && memcmp(la, lb, sizeof(float) * (size_t)(MORE * V)) == 0,
+           "a hybrid's card checkpoint put back reruns the same tokens with the same bits (%s)", rc ? err.msg : "");
+    free(host);
+    free(ck);
+    free(la);
+    free(lb);
+    wk_kv_free(a);
+    wk_kv_free(b);
+    wk_model_free(m);
+}
+
 static void test_families(void)
 {
-    char dir[] = "/tmp/bloomery-gpu-fam.XXXXXX", glm[256], gpt[256], dsk[256], dsl[256];
+    char dir[] = "/tmp/bloomery-gpu-fam.XXXXXX", glm[256], gpt[256], dsk[256], dsl[256], q3n[256], q35[256];
     if (!mkdtemp(dir))
         bail("mkdtemp", NULL);
     snprintf(glm, sizeof glm, "%s/glm4moe.gguf", dir);
     snprintf(gpt, sizeof gpt, "%s/gpt-oss.gguf", dir);
     snprintf(dsk, sizeof dsk, "%s/deepseek2.gguf", dir);
     snprintf(dsl, sizeof dsl, "%s/deepseek2-legacy.gguf", dir);
+    snprintf(q3n, sizeof q3n, "%s/qwen3next.gguf", dir);
+    snprintf(q35, sizeof q35, "%s/qwen35moe.gguf", dir);
     /* gpt-oss: sinks, even layers sliding over 16 positions (the prompt is longer),
      * YaRN by 32, expert biases, MXFP4 experts */
     if (mkmodel(glm, "--arch glm4moe --layers 3 --seed 7") != 0 ||
@@ -616,7 +673,9 @@ static void test_families(void)
         mkmodel(dsk, "--arch deepseek2 --layers 3 --experts 8 --experts-used 2 --groups 4 --groups-used 2 "
                      "--yarn 40 --seed 4") != 0 ||
         mkmodel(dsl, "--arch deepseek2 --layers 3 --experts 8 --experts-used 2 --groups 4 --groups-used 2 "
-                     "--yarn 40 --legacy-kv-b --q-lora 0 --gating softmax --seed 8") != 0) {
+                     "--yarn 40 --legacy-kv-b --q-lora 0 --gating softmax --seed 8") != 0 ||
+        mkmodel(q3n, "--arch qwen3next --layers 4 --seed 5") != 0 ||
+        mkmodel(q35, "--arch qwen35moe --layers 4 --ssm-state 128 --ssm-groups 2 --ssm-heads 4 --seed 6") != 0) {
         printf("ok %d - # SKIP the families: no bloomery-mkmodel (BLOOMERY_MKMODEL)\n", ++g_tap_n);
         return;
     }
@@ -625,9 +684,10 @@ static void test_families(void)
     rng_t r = rng_for(11);
     for (int i = 0; i < N; i++)
         ids[i] = (int32_t)(rng_next(&r) % 1000);
-    const char *const fam[4][2] = {{glm, "glm4moe"}, {gpt, "gpt-oss"}, {dsk, "deepseek2"},
-                                   {dsl, "deepseek2 (attn_kv_b, q uncompressed)"}};
-    for (int fi = 0; fi < 4; fi++) {
+    const char *const fam[6][2] = {{glm, "glm4moe"}, {gpt, "gpt-oss"}, {dsk, "deepseek2"},
+                                   {dsl, "deepseek2 (attn_kv_b, q uncompressed)"}, {q3n, "qwen3next"},
+                                   {q35, "qwen35moe (128-dim DeltaNet heads)"}};
+    for (int fi = 0; fi < 6; fi++) {
         const char *path = fam[fi][0], *name = fam[fi][1];
         char what[128];
         wk_model_t *gpu = load(path, 0, 1, 0, 0), *cpu = load(path, WK_DEVICE_CPU, 1, 0, 0);
@@ -663,6 +723,9 @@ static void test_families(void)
     unlink(gpt);
     unlink(dsk);
     unlink(dsl);
+    test_hybrid_state(q3n);
+    unlink(q3n);
+    unlink(q35);
     rmdir(dir);
 }
 
