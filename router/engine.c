@@ -115,6 +115,8 @@ typedef struct slot {
      * recurrent state at positions ck_n[i] of seq, oldest first */
     int64_t *ck_id, *ck_n;
     int n_ck;
+    int64_t ck_at;      /* with steps in flight: a checkpoint due at this n_past, taken
+                         * once none is (ck_pending); 0 none */
     int64_t spec_ck;    /* a recurrent model's verify step: the checkpoint entry of the
                          * state before it, or -1 */
     int64_t spec_pos;   /* and its position */
@@ -2253,8 +2255,12 @@ static void take_results(rt_engine_t *e, const rt_step_seq_t *seqs, const int *s
         }
         s->n_past += seqs[j].n;
         s->n_kv = s->n_past;
-        if (s->state == SLOT_PROMPT && s->task && ck_due(e, s))
-            ck_save(e, s);
+        if (s->state == SLOT_PROMPT && s->task && ck_due(e, s)) {
+            if (e->fl_n > 0) /* a cache op waits until no step is in flight */
+                s->ck_at = s->n_past;
+            else
+                ck_save(e, s);
+        }
         if (s->state == SLOT_PROMPT && s->task && s->task->p.return_progress && !s->got_first)
             post_progress(e, s);
         if (!seqs[j].n_out)
@@ -2382,6 +2388,26 @@ static void drain(rt_engine_t *e, int32_t n_vocab)
         recv_one(e, n_vocab);
 }
 
+/* The checkpoints that came due while steps were in flight (a recurrent model): the
+ * steps drained (their answers may make more due), then each taken where its slot
+ * still holds that prompt at that position. A slot with one due is in no step until
+ * it is taken, so the state saved is the one at its position. */
+static void ck_pending(rt_engine_t *e, int32_t n_vocab)
+{
+    int any = 0;
+    for (int i = 0; i < e->o.n_slots && !any; i++)
+        any = e->slots[i].ck_at > 0;
+    if (!any)
+        return;
+    drain(e, n_vocab);
+    for (int i = 0; i < e->o.n_slots; i++) {
+        slot_t *s = &e->slots[i];
+        if (s->ck_at > 0 && s->ck_at == s->n_past && s->state == SLOT_PROMPT && s->task)
+            ck_save(e, s);
+        s->ck_at = 0;
+    }
+}
+
 /* Several stages kept busy (opts.pipeline steps in flight): steps of the slots not in
  * flight are sent while the stages work on the earlier ones, so that decode rows of
  * different slots are in different stages at once; then the oldest answer is taken.
@@ -2389,6 +2415,7 @@ static void drain(rt_engine_t *e, int32_t n_vocab)
 static void run_pipelined(rt_engine_t *e, int32_t n_vocab)
 {
     bl_err_t err = {0};
+    ck_pending(e, n_vocab);
     /* each step takes an equal share of the busy slots, so that every stage has one */
     int busy = 0;
     for (int i = 0; i < e->o.n_slots; i++)

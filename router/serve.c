@@ -761,11 +761,12 @@ static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64
 
 /* Steps in flight (--pipeline): the stage count unless the flag says otherwise; one
  * where a step must see the last one's answer before it is built (a draft's
- * proposals, a shared cache's chunks, a recurrent state's checkpoints). */
-static int pipeline_depth(const opts_t *o, int n_stages, int draft, int64_t kv_pool, int recurrent)
+ * proposals, a shared cache's chunks). A recurrent state's checkpoints wait for the
+ * steps in flight to drain (the engine's ck_pending): they come once a prompt. */
+static int pipeline_depth(const opts_t *o, int n_stages, int draft, int64_t kv_pool)
 {
     int64_t d = o->pipeline > 0 ? o->pipeline : n_stages;
-    const char *why = draft ? "a draft model" : kv_pool ? "-kvu" : recurrent ? "a recurrent model" : NULL;
+    const char *why = draft ? "a draft model" : kv_pool ? "-kvu" : NULL;
     if (d > 1 && why) {
         if (o->pipeline > 1)
             BL_LOG(BL_LOG_WARN, "event=pipeline_off flag=--pipeline value=%lld reason=%s runs one step at a time",
@@ -1985,7 +1986,7 @@ int main(int argc, char **argv)
         .timeout_ms = o.timeout * 1000,
         .sleep_idle_ms = o.sleep_idle > 0 ? o.sleep_idle * 1000 : 0,
         .cache_ram = o.cache_ram > 0 ? o.cache_ram * 1024 * 1024 : o.cache_ram,
-        .pipeline = pipeline_depth(&o, plan.n_stages, draft_on, kv_pool, recurrent),
+        .pipeline = pipeline_depth(&o, plan.n_stages, draft_on, kv_pool),
         .recurrent = recurrent,
         .ctx_checkpoints = (int)o.ctx_checkpoints,
         .checkpoint_every = o.checkpoint_every,

@@ -37,10 +37,10 @@
  *  - out: 2e-4 abs + 2e-4 rel. rmsnorm(o) divides o by sqrt(mean(o^2) + eps), which
  *    scales o's absolute rounding (~1e-9: sums of S terms |M| |q| of ~1e-3) by up to
  *    1 / sqrt(eps) = 1000 where o is small (a q nearly orthogonal to the state's
- *    keys), times |norm silu(z)| < 6: 1e-5 at worst, ~1e-6 typically. Any wrong
- *    kernel tried (the other head mapping, a state not carried, a starting state
- *    read, another sequence's rows in the window) moves out by ~0.1 to ~1, out's
- *    own scale, so the margin is wide both ways.
+ *    keys), times |norm silu(z)| < 6: 1e-5 at worst, ~1e-6 typically. A wrong
+ *    kernel (the other head mapping, a state not carried, a starting state read,
+ *    another sequence's rows in the window) moves out by ~0.1 to ~1, out's own
+ *    scale, so the margin is wide both ways.
  * eps is the models' 1e-6: a smaller one would let that amplification grow. */
 #define DN_EPS 1e-6f
 #define DN_QKV_ATOL 1e-5
@@ -343,7 +343,7 @@ static void case_gates(rng_t *r, int64_t n, int Hk, int Hv, int ba, int64_t b_ld
 /* One step of nseg sequences (rows[j] rows each, in order; start[j]: sequence j at
  * position 0 with garbage in its state, else at a position > 0 with a random
  * state), the layer state off floats into each sequence's buffer (sep: a buffer
- * each). beta uniform in (0, 1), g in (-2, 0], qkv +-2, z +-3. */
+ * each). beta uniform in [0, 1), g in (-2, 0], qkv +-2, z +-3. */
 static void case_deltanet(rng_t *r, int S, int K, int Hk, int Hv, int tiled, int64_t nseg, const int *rows,
                           const int *start, int64_t off, int sep)
 {

@@ -759,6 +759,42 @@ def test_checkpoints_of_a_recurrent_state(family, servers):
     assert metric(srv.url, "checkpoints_total") == 0
 
 
+def test_a_recurrent_state_over_pipelined_stages(family, servers):
+    """A hybrid over two workers with two steps in flight: four concurrent prompts
+    long enough for a checkpoint every 16 tokens (-cpent 16), some due while the
+    other slots' steps are in flight, then each prompt again from its checkpoint;
+    every reply and its log-probabilities are the one-process cold ones bit for bit."""
+    if family.arch not in HYBRID:
+        pytest.skip("%s's cache is cut back to any prefix" % family.arch)
+    import concurrent.futures
+    from test_dropin import metric
+
+    def greedy(url, prompt, cache_prompt=True):
+        r = post(url, "/completion", {"prompt": prompt, "n_predict": 6, "n_probs": 5, "temperature": 0,
+                                      "ignore_eos": True, "cache_prompt": cache_prompt, "return_tokens": True})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def probs(r):
+        return [[(t["id"], t["logprob"]) for t in x["top_logprobs"]] for x in r["completion_probabilities"]]
+
+    prompts = ["The smith hammers the bloom %d times, and the sparks fly into the dark. " % i * 2
+               for i in range(4)]
+    one = servers.start(["-np", "1", "-c", "1024", "-t", "1", "-tb", "1", "-cram", "0"], model=family.path)
+    cold = {p: greedy(one.url, p, cache_prompt=False) for p in prompts}
+    srv = servers.start(["-np", "4", "-c", "2048", "-t", "1", "-tb", "1", "-cram", "0", "-cpent", "16",
+                         "--workers", "2"], model=family.path)
+    assert "event=pipeline steps_in_flight=2 stages=2" in srv.log(100000)
+    for _ in range(2):  # cold, then each prompt from its slot's checkpoint
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as ex:
+            got = list(ex.map(lambda p: greedy(srv.url, p), prompts))
+        for p, r in zip(prompts, got):
+            assert r["tokens"] and r["tokens"] == cold[p]["tokens"], p
+            assert probs(r) == probs(cold[p]), p
+    assert metric(srv.url, "checkpoints_total") >= 8
+    assert metric(srv.url, "checkpoint_restores_total") >= 1
+
+
 def test_a_draft_for_a_recurrent_state(family, servers, tmp_path):
     """Speculative decoding of a hybrid: each verify step keeps the state before it,
     and the rows the model rejects are undone by going back to it and running the
