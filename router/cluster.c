@@ -69,7 +69,9 @@ typedef struct child {
 struct rt_cluster {
     rt_cluster_opts_t o; /* strings point into the copies below */
     char *model_path, *bin_dir, *runtime_dir;
-    char worker_bin[PATH_MAX], hosttier_bin[PATH_MAX];
+    char worker_bin[PATH_MAX], hosttier_bin[PATH_MAX], node_bin[PATH_MAX];
+    char *remote[RT_CLUSTER_MAX_STAGES]; /* copies of o.remote */
+    char *secret_path;
     char endpoint[160], sock_path[128];
 
     /* Model facts read from the file at create (they size the rings). */
@@ -318,9 +320,16 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
     snprintf(parent, sizeof parent, "%d", (int)getpid());
     snprintf(threads, sizeof threads, "%d", c->o.n_threads_hosttier > 0 ? c->o.n_threads_hosttier
                                                                         : c->o.n_threads);
-    char *argv[24];
+    char *argv[28];
     int a = 0;
-    argv[a++] = k->hosttier ? c->hosttier_bin : c->worker_bin;
+    const char *remote = !k->hosttier ? c->remote[i] : NULL;
+    argv[a++] = k->hosttier ? c->hosttier_bin : remote ? c->node_bin : c->worker_bin;
+    if (remote) { /* the stage's relay to the node on its host */
+        argv[a++] = (char *)"--relay";
+        argv[a++] = (char *)remote;
+        argv[a++] = (char *)"--secret";
+        argv[a++] = c->secret_path;
+    }
     argv[a++] = (char *)"--control";
     argv[a++] = c->endpoint;
     argv[a++] = (char *)"--identity";
@@ -971,6 +980,28 @@ int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_
     if (c->has_hosttier && (rc = find_program(c->hosttier_bin, sizeof c->hosttier_bin,
                                               c->bin_dir, "bloomery-hosttier", err)))
         goto fail;
+    int any_remote = 0;
+    for (int s = 0; s < c->o.n_workers && s < RT_CLUSTER_MAX_STAGES; s++) {
+        if (!opts->remote[s])
+            continue;
+        any_remote = 1;
+        if (!(c->remote[s] = strdup(opts->remote[s]))) {
+            rc = bl_err_set(err, BL_ENOMEM, "cluster: out of memory");
+            goto fail;
+        }
+        c->o.remote[s] = c->remote[s];
+    }
+    if (any_remote && !opts->secret_path) {
+        rc = bl_err_set(err, BL_EINVAL, "cluster: a stage on another host needs the cluster's secret file");
+        goto fail;
+    }
+    c->o.secret_path = NULL;
+    if (any_remote && (!(c->o.secret_path = c->secret_path = strdup(opts->secret_path)) ||
+                       (rc = find_program(c->node_bin, sizeof c->node_bin, c->bin_dir, "bloomery-node", err)))) {
+        if (!rc)
+            rc = bl_err_set(err, BL_ENOMEM, "cluster: out of memory");
+        goto fail;
+    }
     if (mkdir(c->runtime_dir, 0700) != 0 && errno != EEXIST) {
         rc = bl_err_set(err, BL_EIO, "cluster: mkdir %s: %s", c->runtime_dir, strerror(errno));
         goto fail;
@@ -1035,6 +1066,9 @@ fail:
     free(c->model_path);
     free(c->bin_dir);
     free(c->runtime_dir);
+    free(c->secret_path);
+    for (int s = 0; s < RT_CLUSTER_MAX_STAGES; s++)
+        free(c->remote[s]);
     free(c);
     return rc;
 }
@@ -1056,6 +1090,9 @@ void rt_cluster_destroy(rt_cluster_t *c)
     free(c->model_path);
     free(c->bin_dir);
     free(c->runtime_dir);
+    free(c->secret_path);
+    for (int s = 0; s < RT_CLUSTER_MAX_STAGES; s++)
+        free(c->remote[s]);
     free(c);
 }
 

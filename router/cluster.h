@@ -49,6 +49,12 @@ typedef struct rt_cluster_opts {
     int n_stage_ends;        /* n_workers when given */
     int64_t stage_end[RT_CLUSTER_MAX_STAGES]; /* stage i: layers [end of i-1, stage_end[i]) */
     int stage_device[RT_CLUSTER_MAX_STAGES];  /* -1 the CPU, else a CUDA ordinal */
+    /* Stages on other hosts (docs/deploy.md, "Several hosts"): stage i's worker runs
+     * under the node at remote[i] ("tcp://HOST:PORT"), reached through a relay
+     * (bloomery-node in bin_dir) started in its place; NULL: on this host. The links'
+     * keys come from secret_path (required when any stage is remote). */
+    const char *remote[RT_CLUSTER_MAX_STAGES];
+    const char *secret_path;
     /* Layers whose routed experts the hosttier computes; a hosttier runs only when one
      * is set (else every expert stays with its layer's worker) */
     uint8_t host_layers[RT_CLUSTER_MAX_LAYERS];

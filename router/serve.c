@@ -36,6 +36,7 @@
 #include "plan.h"
 #include "wmem.h"
 #include "quant.h"
+#include "hostfile.h"
 #include "log.h"
 
 
@@ -72,6 +73,7 @@ typedef struct opts {
     int64_t draft_max, draft_min, draft_ngl, draft_threads;
     float draft_p_min;
     int64_t workers;
+    const char *hostfile, *cluster_secret; /* stages on other hosts (docs/deploy.md) */
     const char *cache_type_k, *cache_type_v;
     const char *config;
     const char *slot_save_path;
@@ -336,6 +338,11 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "accepted and logged: HTTP runs on one event-loop thread, generation elsewhere");
     I64("--workers", "BLOOMERY_ARG_WORKERS", &o->workers, 1, 1024, "N",
         "CPU worker processes: the layers split into N pipeline stages (default 1)");
+    STR("--hostfile", "BLOOMERY_ARG_HOSTFILE", &o->hostfile, "FILE",
+        "the cluster's hostfile: a CPU stage per worker line, in order; a line of another host than the "
+        "router's runs under the node there (docs/deploy.md)");
+    STR("--cluster-secret", "BLOOMERY_ARG_CLUSTER_SECRET", &o->cluster_secret, "FILE",
+        "the cluster's secret (mode 0600, at least 32 bytes): the keys of the links to other hosts");
     STR("-ctk,--cache-type-k", "LLAMA_ARG_CACHE_TYPE_K", &o->cache_type_k, "TYPE",
         "KV cache type: f16 (default), f32, q8_0; -ctv must match");
     STR("-ctv,--cache-type-v", "LLAMA_ARG_CACHE_TYPE_V", &o->cache_type_v, "TYPE",
@@ -714,6 +721,53 @@ static json_t *placement_json(const bl_plan_t *p)
                      "target_mib", (json_int_t)p->fit_target_mib);
 }
 
+/* A hostfile's stages: a CPU worker per worker line, in file order; remote[i] the
+ * node's endpoint of a line whose host is not the router's ("" for this host). What
+ * this version does not take yet is refused by line: GPU workers, threads=, layers=,
+ * name=, a hosttier on another host. */
+static int hostfile_stages(opts_t *o, char remote[][300], bl_err_t *err)
+{
+    bl_hostfile_t hf = {0};
+    int rc = bl_hostfile_load(o->hostfile, &hf, err);
+    if (rc)
+        return rc;
+    const bl_host_entry_t *router = bl_hostfile_router(&hf);
+    int n = 0, any_remote = 0;
+    for (int i = 0; rc == 0 && i < hf.n; i++) {
+        const bl_host_entry_t *e = &hf.e[i];
+        const char *what = e->all_gpus || e->n_gpus ? "GPU workers (run the cards' stages on the router's host)"
+                           : e->threads            ? "threads= (-t and -tb set every worker's)"
+                           : e->layer_begin >= 0   ? "layers= (the plan splits the layers evenly)"
+                           : e->name[0]            ? "name="
+                                                   : NULL;
+        if (e->role == BL_HOST_HOSTTIER && strcasecmp(e->host, router->host) != 0)
+            what = "a hosttier on another host than the router's";
+        if (what && e->role != BL_HOST_ROUTER) {
+            rc = bl_err_set(err, BL_ENOTSUP, "%s:%d: %s is not taken yet", o->hostfile, e->line, what);
+            break;
+        }
+        if (e->role != BL_HOST_WORKER)
+            continue;
+        if (n == RT_CLUSTER_MAX_STAGES) {
+            rc = bl_err_set(err, BL_EINVAL, "%s: more than %d workers", o->hostfile, RT_CLUSTER_MAX_STAGES);
+            break;
+        }
+        remote[n][0] = '\0';
+        if (strcasecmp(e->host, router->host) != 0) {
+            snprintf(remote[n], 300, strchr(e->host, ':') ? "tcp://[%s]:%u" : "tcp://%s:%u", e->host,
+                     (unsigned)e->port);
+            any_remote = 1;
+        }
+        n++;
+    }
+    if (rc == 0 && any_remote && !o->cluster_secret)
+        rc = bl_err_set(err, BL_EINVAL, "%s: workers on other hosts need --cluster-secret FILE", o->hostfile);
+    if (rc == 0)
+        o->workers = n;
+    bl_hostfile_free(&hf);
+    return rc;
+}
+
 /* The placement (common/plan.c) from the placement flags, the model's file and the
  * devices bloomery-worker reports, printed at start. */
 static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64_t n_ctx, uint32_t kv_type,
@@ -725,6 +779,11 @@ static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64
         return rc;
     if ((rc = rt_cluster_devices(bin_dir, devs, BL_PLAN_MAX_DEVICES, n_devs, err)) != 0)
         return rc;
+    if (o->hostfile && *n_devs > 0) {
+        BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored flag=--hostfile reason=a hostfile's stages run on CPUs "
+               "for now");
+        *n_devs = 0;
+    }
     if (a.ssm_heads > 0 && *n_devs > 0) {
         /* the card has no DeltaNet kernels yet: the whole model runs on the CPU */
         BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored arch=%s reason=the CUDA backend has no gated DeltaNet "
@@ -1867,7 +1926,11 @@ int main(int argc, char **argv)
     /* the listener first (a busy port fails before any child is started; nothing is
      * served until the loop runs), then the child processes and the engine */
     char bin_dir[PATH_MAX];
-    if (find_bin_dir(bin_dir, sizeof bin_dir, &err) ||
+    static char remote[RT_CLUSTER_MAX_STAGES][300];
+    if (o.hostfile && o.workers != 1 && bl_err_set(&err, BL_EINVAL, "--workers and --hostfile: the hostfile's "
+                                                   "worker lines are the stages") < 0)
+        goto fail;
+    if ((o.hostfile && hostfile_stages(&o, remote, &err)) || find_bin_dir(bin_dir, sizeof bin_dir, &err) ||
         place(&o, g, bin_dir, n_ctx, ktype, rows, &plan, devs, &n_devs, &err) ||
         (draft_on && draft_device(&o, n_devs, &draft_dev, &err)) ||
         make_runtime_dir(runtime_dir, sizeof runtime_dir, &err))
@@ -1930,7 +1993,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < plan.n_stages; i++) {
         co.stage_end[i] = plan.stage[i].le;
         co.stage_device[i] = plan.stage[i].device;
+        co.remote[i] = o.hostfile && remote[i][0] ? remote[i] : NULL;
     }
+    co.secret_path = o.cluster_secret;
     for (int64_t l = 0; l < plan.n_layer && l < RT_CLUSTER_MAX_LAYERS; l++)
         co.host_layers[l] = (uint8_t)bl_plan_layer_host(&plan, l);
     if (rt_cluster_create(&cluster, &co, &err) != 0)
@@ -1941,6 +2006,7 @@ int main(int argc, char **argv)
          * experts, the slots and context of the model's (without -kvu's sharing) */
         rt_cluster_opts_t dco = co;
         dco.model_path = o.draft_model;
+        memset(dco.remote, 0, sizeof dco.remote); /* the draft runs on this host */
         dco.n_workers = 1;
         dco.n_stage_ends = draft_dev >= 0;
         dco.stage_end[0] = draft_layers;

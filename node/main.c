@@ -1,0 +1,762 @@
+/* bloomery-node: a pipeline stage on another host than its router (docs/deploy.md,
+ * "Several hosts"). Two modes of one program:
+ *
+ *   bloomery-node --listen tcp://ADDR:PORT --secret FILE
+ *     the host's node: serves one relay at a time; for each it makes the stage's
+ *     rings, starts bloomery-worker from its own folder on them and bridges the
+ *     worker's control socket to the relay.
+ *
+ *   bloomery-node --relay tcp://HOST:PORT --secret FILE --control EP --identity ID
+ *                 --parent PID [--name N] [log flags]
+ *     started by bloomery-serve in the place of a stage's worker, with that worker's
+ *     rings at proto/step.h's fds and its arguments: it connects to the node, and
+ *     forwards control messages both ways and the rings' messages through link pumps.
+ *
+ * Three CURVE links (proto/link.h) per session, keys from the cluster's secret: the
+ * control messages on PORT (an envelope byte, then a packed bp_msg or the setup), the
+ * stage's input and output on PORT+1, the hosttier's requests and replies on PORT+2
+ * (when the router runs one). Everything from the other side is untrusted: the setup
+ * is checked field by field, control messages are unpacked (validated) before they are
+ * sent on, and the pumps refuse a message larger than the ring it goes into.
+ *
+ * A session ends when any link drops, the worker exits or the relay's router goes;
+ * the relay then exits (the router sees a dead child and restarts the set, which
+ * starts a new relay), and the node stops its worker and listens again. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "args.h"
+#include "bl_config.h"
+#include "bloomery.pb-c.h"
+#include "chan.h"
+#include "child.h"
+#include "link.h"
+#include "log.h"
+#include "msg.h"
+#include "ring.h"
+#include "step.h"
+
+extern char **environ;
+
+#define N_LINKS 3
+#define SETUP_MAGIC "BLNODE1"
+/* Envelope bytes of the control link's messages. */
+#define ENV_SETUP 'S'
+#define ENV_MSG 'M'
+#define ENV_FILE 'F'
+/* How long a relay waits for the node's handshake and the node for the setup. */
+#define UP_MS 10000
+#define TICK_MS 10
+#define GRACE_MS 3000
+
+/* What the relay tells the node first: the worker's arguments and its rings. Both
+ * hosts are little-endian (x86-64, aarch64); the fields are checked on arrival. */
+typedef struct node_setup {
+    char magic[8];
+    char version[32];
+    char name[24];
+    char identity[40];
+    uint32_t n_rings;     /* 2, or 4 with the hosttier's */
+    int32_t verbosity;    /* -1: not given */
+    uint32_t flags;       /* SETUP_VERBOSE | SETUP_QUIET | SETUP_COLORS */
+    uint32_t pad;
+    uint64_t capacity[4]; /* in, out, experts out, experts in (proto/step.h's fd order) */
+} node_setup_t;
+#define SETUP_VERBOSE 1u
+#define SETUP_QUIET 2u
+#define SETUP_COLORS 4u
+
+/* The model file as the router sees it, sent before the Plan: the node's worker must
+ * load the same bytes. */
+typedef struct node_file {
+    uint64_t size;
+} node_file_t;
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* "tcp://HOST:PORT" with PORT + add; BL_EINVAL for another form. */
+static int endpoint_plus(char *out, size_t cap, const char *ep, int add, bl_err_t *err)
+{
+    const char *colon = strrchr(ep, ':');
+    char *end = NULL;
+    errno = 0;
+    const long port = colon ? strtol(colon + 1, &end, 10) : 0;
+    if (strncmp(ep, "tcp://", 6) != 0 || !colon || colon == ep + 5 || errno || !end || *end || port < 1 ||
+        port + N_LINKS - 1 > 65535)
+        return bl_err_set(err, BL_EINVAL, "endpoint '%s' is not tcp://HOST:PORT with PORT 1..%d", ep,
+                          65535 - (N_LINKS - 1));
+    const int n = snprintf(out, cap, "%.*s:%ld", (int)(colon - ep), ep, port + add);
+    return n > 0 && (size_t)n < cap ? 0 : bl_err_set(err, BL_ERANGE, "endpoint '%s' is too long", ep);
+}
+
+/* The largest ring message a data link may carry. */
+static size_t data_max_msg(void) { return bp_ring_max_msg(BP_RING_MAX_CAPACITY); }
+
+/* Sends one envelope (tag, then n bytes) on the control link. */
+static int env_send(bp_link_t *l, char tag, const void *p, size_t n, bl_err_t *err)
+{
+    uint8_t stack[4096], *buf = n + 1 <= sizeof stack ? stack : malloc(n + 1);
+    if (!buf)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for a control message of %zu bytes", n);
+    buf[0] = (uint8_t)tag;
+    memcpy(buf + 1, p, n);
+    const int rc = bp_link_send(l, buf, n + 1, 5000, err);
+    if (buf != stack)
+        free(buf);
+    return rc;
+}
+
+/* A control message packed into an ENV_MSG envelope. */
+static int msg_send(bp_link_t *l, const bp_msg_t *m, bl_err_t *err)
+{
+    const size_t cap = bp_msg_packed_size(m);
+    uint8_t *buf = cap ? malloc(cap) : NULL;
+    size_t n = 0;
+    if (!buf)
+        return bl_err_set(err, cap ? BL_ENOMEM : BL_EINVAL, "a control message of type %d", (int)m->type);
+    int rc = bp_msg_pack(m, buf, cap, &n, err);
+    if (rc == 0)
+        rc = env_send(l, ENV_MSG, buf, n, err);
+    free(buf);
+    return rc;
+}
+
+/* A fatal Error from process `process` with text, as a worker reports one. */
+static void fill_error(Bloomery__Error *er, bp_msg_t *m, uint32_t process, int code, char *text)
+{
+    bloomery__error__init(er);
+    er->code = code < 0 ? code : BL_EIO;
+    er->message = text;
+    er->process = process;
+    er->fatal = 1;
+    *m = (bp_msg_t){.type = BP_MSG_ERROR, .u.error = er};
+}
+
+// --- the relay ------------------------------------------------------------------------
+
+typedef struct relay {
+    bp_child_t ctl;       /* the router's control socket, as the stage's worker */
+    bp_link_t *l[N_LINKS];
+    bp_ring_t *r[4];      /* at BP_STEP_FD_IN.., with the worker's roles */
+    int n_rings;
+    int rings_rc;         /* relay_rings' failure, reported once the control socket is up */
+    bl_err_t rings_err;
+} relay_t;
+
+/* Attached before anything else opens a descriptor: fds 5 and 6 are the hosttier's
+ * rings when the router runs one, else closed, until something takes them. */
+static relay_t g_relay;
+
+static const bp_ring_role_t k_worker_role[4] = {BP_RING_CONSUMER, BP_RING_PRODUCER, BP_RING_PRODUCER,
+                                                 BP_RING_CONSUMER};
+
+static int relay_rings(relay_t *r, bl_err_t *err)
+{
+    static const char *const what[4] = {"stage-in", "stage-out", "experts-out", "experts-in"};
+    /* the router hands every stage the hosttier's rings when it runs one */
+    r->n_rings = fcntl(BP_STEP_FD_EXPERTS_OUT, F_GETFD) >= 0 && fcntl(BP_STEP_FD_EXPERTS_IN, F_GETFD) >= 0 ? 4 : 2;
+    for (int i = 0; i < r->n_rings; i++) {
+        int rc = bp_ring_attach_fd(&r->r[i], BP_STEP_FD_IN + i, what[i], k_worker_role[i], err);
+        close(BP_STEP_FD_IN + i);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* Control messages both ways until a side goes. Returns the exit status. */
+static int relay_bridge(relay_t *r)
+{
+    bl_err_t err = {0};
+    uint8_t *buf = malloc(BP_MSG_MAX_BYTES + 1);
+    if (!buf)
+        return 1;
+    int status = 1, shutting = 0;
+    for (;;) {
+        if (bp_child_parent_gone(&r->ctl)) {
+            status = 0;
+            break;
+        }
+        bp_msg_t m = {0};
+        int rc = bp_chan_recv(r->ctl.chan, NULL, &m, TICK_MS, &err);
+        if (rc == 0) {
+            shutting |= m.type == BP_MSG_SHUTDOWN;
+            if (m.type == BP_MSG_PLAN) { /* the node checks its file against the router's */
+                bp_plan_t p;
+                struct stat sb;
+                if (bp_plan_read(&m, &p, &err) == 0 && stat(p.model_path, &sb) == 0) {
+                    const node_file_t f = {.size = (uint64_t)sb.st_size};
+                    if ((rc = env_send(r->l[0], ENV_FILE, &f, sizeof f, &err)) != 0)
+                        goto lost;
+                }
+            }
+            rc = msg_send(r->l[0], &m, &err);
+            bp_msg_free(&m);
+            if (rc)
+                goto lost;
+        } else {
+            bp_msg_free(&m);
+            if (rc != BL_ETIMEDOUT)
+                BL_LOG(BL_LOG_WARN, "event=control_recv_failed reason=\"%s\"", err.msg);
+        }
+        size_t n = 0;
+        rc = bp_link_recv(r->l[0], buf, BP_MSG_MAX_BYTES + 1, &n, TICK_MS, &err);
+        if (rc == BL_ETIMEDOUT) {
+            for (int i = 1; i < N_LINKS; i++)
+                if (r->l[i] && bp_link_pump_wait(r->l[i], 0, &err) != BL_EAGAIN)
+                    goto lost;
+            continue;
+        }
+        if (rc)
+            goto lost;
+        if (n < 2 || buf[0] != ENV_MSG) {
+            BL_LOG(BL_LOG_WARN, "event=node_message_refused bytes=%zu reason=\"not a control message\"", n);
+            continue;
+        }
+        if (bp_msg_unpack(&m, buf + 1, n - 1, &err) != 0) {
+            BL_LOG(BL_LOG_WARN, "event=node_message_refused bytes=%zu reason=\"%s\"", n, err.msg);
+            bp_msg_free(&m);
+            continue;
+        }
+        rc = bp_chan_send(r->ctl.chan, NULL, &m, 2000, &err);
+        const int last = m.type == BP_MSG_ERROR && m.u.error->fatal;
+        bp_msg_free(&m);
+        if (rc)
+            BL_LOG(BL_LOG_WARN, "event=control_send_failed reason=\"%s\"", err.msg);
+        if (last) /* the node's last words: the stage is gone */
+            break;
+    }
+    free(buf);
+    return status;
+lost:
+    /* the node's last words (its worker's exit) may still be on the way when a data
+     * link closed first */
+    for (int64_t until = now_ms() + 300; !shutting && now_ms() < until;) {
+        size_t n = 0;
+        bp_msg_t m = {0};
+        bl_err_t e2 = {0};
+        if (bp_link_recv(r->l[0], buf, BP_MSG_MAX_BYTES + 1, &n, TICK_MS, &e2) == BL_ETIMEDOUT)
+            continue;
+        if (n < 2 || buf[0] != ENV_MSG || bp_msg_unpack(&m, buf + 1, n - 1, &e2) != 0) {
+            bp_msg_free(&m);
+            break;
+        }
+        const int last = m.type == BP_MSG_ERROR;
+        if (bp_chan_send(r->ctl.chan, NULL, &m, 2000, &e2) != 0)
+            BL_LOG(BL_LOG_WARN, "event=control_send_failed reason=\"%s\"", e2.msg);
+        bp_msg_free(&m);
+        if (last) {
+            free(buf);
+            return 1;
+        }
+    }
+    free(buf);
+    if (shutting) /* the node ended the session the router asked to end */
+        return 0;
+    {
+        bl_err_t e2 = {0};
+        bl_err_set(&e2, BL_ECLOSED, "the node at %s is gone: %s", bp_link_endpoint(r->l[0]),
+                   err.msg[0] ? err.msg : "its link closed");
+        BL_LOG(BL_LOG_WARN, "event=node_lost endpoint=%s reason=\"%s\"", bp_link_endpoint(r->l[0]), e2.msg);
+        bp_child_fatal(&r->ctl, &e2);
+    }
+    return 1;
+}
+
+static int relay_main(const char *node, const uint8_t key[32], const char *control, const char *identity,
+                      pid_t parent, const char *name, int32_t verbosity, uint32_t flags)
+{
+    relay_t r = g_relay;
+    bl_err_t err = {0};
+    int rc = r.rings_rc ? r.rings_rc : bp_child_start(&r.ctl, control, identity, parent, name, &err);
+    if (rc) {
+        BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"%s\"", r.rings_rc ? r.rings_err.msg : err.msg);
+        bp_child_stop(&r.ctl);
+        return 1;
+    }
+    node_setup_t s;
+    memset(&s, 0, sizeof s);
+    memcpy(s.magic, SETUP_MAGIC, sizeof SETUP_MAGIC);
+    snprintf(s.version, sizeof s.version, "%s", BL_VERSION);
+    snprintf(s.name, sizeof s.name, "%s", name);
+    snprintf(s.identity, sizeof s.identity, "%s", identity);
+    s.verbosity = verbosity;
+    s.flags = flags;
+    s.n_rings = (uint32_t)r.n_rings;
+    for (int i = 0; i < r.n_rings; i++)
+        s.capacity[i] = bp_ring_capacity(r.r[i]);
+    char ep[300];
+    for (int i = 0; rc == 0 && i < (r.n_rings == 4 ? 3 : 2); i++)
+        if ((rc = endpoint_plus(ep, sizeof ep, node, i, &err)) == 0)
+            rc = bp_link_connect(&r.l[i], ep, key, i == 0 ? BP_MSG_MAX_BYTES + 1 : data_max_msg(), NULL, &err);
+    for (int i = 0; rc == 0 && i < N_LINKS && r.l[i]; i++)
+        if ((rc = bp_link_wait_up(r.l[i], UP_MS, &err)) != 0) {
+            char why[sizeof err.msg];
+            snprintf(why, sizeof why, "%s", err.msg);
+            rc = bl_err_set(&err, rc, "%s: the node at %s: %s", name, bp_link_endpoint(r.l[i]), why);
+        }
+    if (rc == 0)
+        rc = env_send(r.l[0], ENV_SETUP, &s, sizeof s, &err);
+    /* the stage's input goes out and its output comes in on link 1; the hosttier's
+     * requests come in and its replies go out on link 2 */
+    if (rc == 0)
+        rc = bp_link_pump(r.l[1], r.r[0], r.r[1], &err);
+    if (rc == 0 && r.n_rings == 4)
+        rc = bp_link_pump(r.l[2], r.r[3], r.r[2], &err);
+    int status = 1;
+    if (rc) {
+        BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"%s\"", err.msg);
+        bp_child_fatal(&r.ctl, &err);
+    } else {
+        BL_LOG(BL_LOG_INFO, "event=relay_up node=%s rings=%d", node, r.n_rings);
+        status = relay_bridge(&r);
+    }
+    for (int i = 0; i < N_LINKS; i++)
+        bp_link_close(r.l[i]);
+    for (int i = 0; i < 4; i++)
+        bp_ring_destroy(r.r[i]);
+    bp_child_stop(&r.ctl);
+    return status;
+}
+
+// --- the node -------------------------------------------------------------------------
+
+typedef struct session {
+    bp_link_t *l[N_LINKS];
+    bp_ring_t *r[4];      /* the node's ends: producer of in, consumer of out, ... */
+    bp_chan_t *chan;      /* the worker's control socket */
+    char dir[64];         /* its folder */
+    bp_peer_t worker;
+    pid_t pid;
+    node_setup_t s;
+    uint64_t router_file; /* the router's model file size, 0 not told */
+    uint32_t process;     /* the stage's process id from the Plan */
+} session_t;
+
+/* After the node's last words (a fatal Error): the relay passes them on and exits;
+ * closing first could drop them with the connection. */
+static void await_relay(session_t *ss)
+{
+    for (int64_t until = now_ms() + 1000; bp_link_peer_up(ss->l[0]) && now_ms() < until;)
+        usleep(10000);
+}
+
+
+/* Checks a setup from the network. */
+static int setup_check(const node_setup_t *s, bl_err_t *err)
+{
+    if (memcmp(s->magic, SETUP_MAGIC, sizeof SETUP_MAGIC) != 0)
+        return bl_err_set(err, BL_EPROTO, "the relay's setup does not begin with %s", SETUP_MAGIC);
+    if (!memchr(s->version, 0, sizeof s->version) || !memchr(s->name, 0, sizeof s->name) ||
+        !memchr(s->identity, 0, sizeof s->identity) || !s->name[0] || !s->identity[0])
+        return bl_err_set(err, BL_EPROTO, "the relay's setup has a field without its end");
+    if (strcmp(s->version, BL_VERSION) != 0)
+        return bl_err_set(err, BL_EINVAL, "the router is bloomery %s, this node %s", s->version, BL_VERSION);
+    for (const char *p = s->name; *p; p++)
+        if (!(*p == '_' || *p == '-' || *p == '.' || (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') ||
+              (*p >= 'A' && *p <= 'Z')))
+            return bl_err_set(err, BL_EPROTO, "the relay's setup names the worker with a byte 0x%02x",
+                              (unsigned)(unsigned char)*p);
+    if (s->n_rings != 2 && s->n_rings != 4)
+        return bl_err_set(err, BL_EPROTO, "the relay's setup has %u rings (2 or 4)", s->n_rings);
+    if (s->verbosity < -1 || s->verbosity > 100 || (s->flags & ~(SETUP_VERBOSE | SETUP_QUIET | SETUP_COLORS)))
+        return bl_err_set(err, BL_EPROTO, "the relay's setup has log settings out of range");
+    for (uint32_t i = 0; i < s->n_rings; i++) {
+        const uint64_t c = s->capacity[i];
+        if (c < BP_RING_MIN_CAPACITY || c > BP_RING_MAX_CAPACITY || (c & (c - 1)))
+            return bl_err_set(err, BL_EPROTO, "the relay's ring %u has capacity %llu", i, (unsigned long long)c);
+    }
+    return 0;
+}
+
+/* The worker started on the session's rings, its control socket in s->dir. */
+static int spawn_worker(session_t *ss, const char *worker_bin, bl_err_t *err)
+{
+    char ep[160];
+    int rc = bp_chan_ipc_endpoint(ep, sizeof ep, ss->dir, "node", err);
+    if (rc == 0)
+        rc = bp_chan_bind(&ss->chan, BP_CHAN_ROUTER, ep, err);
+    if (rc)
+        return rc;
+    int tmp[4], n = (int)ss->s.n_rings;
+    for (int i = 0; i < n; i++)
+        if ((tmp[i] = fcntl(bp_ring_fd(ss->r[i]), F_DUPFD_CLOEXEC, BP_STEP_FD_IN + n)) < 0) {
+            for (int j = 0; j < i; j++)
+                close(tmp[j]);
+            return bl_err_set(err, BL_EIO, "dup of a ring fd: %s", strerror(errno));
+        }
+    char parent[24], lv[16];
+    snprintf(parent, sizeof parent, "%d", (int)getpid());
+    char *argv[16];
+    int a = 0;
+    argv[a++] = (char *)worker_bin;
+    argv[a++] = (char *)"--control";
+    argv[a++] = ep;
+    argv[a++] = (char *)"--identity";
+    argv[a++] = ss->s.identity;
+    argv[a++] = (char *)"--parent";
+    argv[a++] = parent;
+    argv[a++] = (char *)"--name";
+    argv[a++] = ss->s.name;
+    if (ss->s.flags & SETUP_VERBOSE)
+        argv[a++] = (char *)"--verbose";
+    if (ss->s.flags & SETUP_QUIET)
+        argv[a++] = (char *)"--log-disable";
+    if (ss->s.flags & SETUP_COLORS)
+        argv[a++] = (char *)"--log-colors";
+    if (ss->s.verbosity >= 0) {
+        snprintf(lv, sizeof lv, "%d", (int)ss->s.verbosity);
+        argv[a++] = (char *)"-lv";
+        argv[a++] = lv;
+    }
+    argv[a] = NULL;
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawnattr_init(&at);
+    for (int i = 0; i < n; i++)
+        posix_spawn_file_actions_adddup2(&fa, tmp[i], BP_STEP_FD_IN + i);
+    posix_spawn_file_actions_addclosefrom_np(&fa, BP_STEP_FD_IN + n);
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    posix_spawnattr_setsigmask(&at, &none);
+    posix_spawnattr_setsigdefault(&at, &all);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    const int e = posix_spawn(&ss->pid, worker_bin, &fa, &at, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    for (int i = 0; i < n; i++)
+        close(tmp[i]);
+    if (e != 0) {
+        ss->pid = 0;
+        return bl_err_set(err, BL_EIO, "cannot start %s: %s", worker_bin, strerror(e));
+    }
+    snprintf((char *)ss->worker.id, sizeof ss->worker.id, "%s", ss->s.identity);
+    ss->worker.len = strlen(ss->s.identity);
+    BL_LOG(BL_LOG_INFO, "event=child_started process=%s pid=%d", ss->s.name, (int)ss->pid);
+    return 0;
+}
+
+/* A Plan whose model file here is not the router's is answered with an Error naming
+ * both, and not passed on. Returns 1 when refused. */
+static int plan_refused(session_t *ss, const bp_msg_t *m)
+{
+    bp_plan_t p;
+    bl_err_t err = {0};
+    if (bp_plan_read(m, &p, &err) != 0)
+        return 0; /* the worker refuses it with its own words */
+    ss->process = p.you;
+    struct stat sb;
+    char host[64] = "this host", text[1400];
+    (void)gethostname(host, sizeof host - 1);
+    if (stat(p.model_path, &sb) != 0)
+        snprintf(text, sizeof text, "%s on %s: no model file %s here (%s)", ss->s.name, host, p.model_path,
+                 strerror(errno));
+    else if (ss->router_file && (uint64_t)sb.st_size != ss->router_file)
+        snprintf(text, sizeof text, "%s on %s: %s is %llu bytes here and %llu at the router: another file or "
+                 "version of the model", ss->s.name, host, p.model_path, (unsigned long long)sb.st_size,
+                 (unsigned long long)ss->router_file);
+    else
+        return 0;
+    BL_LOG(BL_LOG_ERROR, "event=plan_refused reason=\"%s\"", text);
+    Bloomery__Error er;
+    bp_msg_t e;
+    fill_error(&er, &e, p.you, BL_EINVAL, text);
+    if (msg_send(ss->l[0], &e, &err) != 0)
+        BL_LOG(BL_LOG_WARN, "event=control_send_failed reason=\"%s\"", err.msg);
+    return 1;
+}
+
+static void describe(int status, char *buf, size_t cap)
+{
+    if (WIFSIGNALED(status))
+        snprintf(buf, cap, "killed by signal %d", WTERMSIG(status));
+    else
+        snprintf(buf, cap, "exited with status %d", WEXITSTATUS(status));
+}
+
+/* Bridges the worker's control socket and the link until a side goes. */
+static void node_bridge(session_t *ss)
+{
+    bl_err_t err = {0};
+    uint8_t *buf = malloc(BP_MSG_MAX_BYTES + 1);
+    if (!buf)
+        return;
+    while (!g_stop) {
+        int status;
+        if (waitpid(ss->pid, &status, WNOHANG) == ss->pid) {
+            char how[64], host[64] = "this host", text[256];
+            describe(status, how, sizeof how);
+            (void)gethostname(host, sizeof host - 1);
+            ss->pid = 0;
+            snprintf(text, sizeof text, "%s on %s %s", ss->s.name, host, how);
+            BL_LOG(BL_LOG_WARN, "event=child_exited process=%s %s", ss->s.name, how);
+            if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+                Bloomery__Error er;
+                bp_msg_t e;
+                fill_error(&er, &e, ss->process, BL_ECLOSED, text);
+                if (msg_send(ss->l[0], &e, &err) == 0)
+                    await_relay(ss);
+            }
+            break;
+        }
+        bp_peer_t from;
+        bp_msg_t m = {0};
+        int rc = bp_chan_recv(ss->chan, &from, &m, TICK_MS, &err);
+        if (rc == 0)
+            rc = msg_send(ss->l[0], &m, &err);
+        else if (rc == BL_ETIMEDOUT)
+            rc = 0;
+        bp_msg_free(&m);
+        if (rc && rc != BL_EINVAL && rc != BL_EPROTO && rc != BL_ERANGE)
+            break;
+        size_t n = 0;
+        rc = bp_link_recv(ss->l[0], buf, BP_MSG_MAX_BYTES + 1, &n, TICK_MS, &err);
+        if (rc == BL_ETIMEDOUT) {
+            int lost = 0;
+            for (int i = 1; i < (ss->s.n_rings == 4 ? 3 : 2); i++)
+                lost |= bp_link_pump_wait(ss->l[i], 0, &err) != BL_EAGAIN;
+            if (lost)
+                break;
+            continue;
+        }
+        if (rc)
+            break;
+        if (n == 1 + sizeof(node_file_t) && buf[0] == ENV_FILE) {
+            node_file_t f;
+            memcpy(&f, buf + 1, sizeof f);
+            ss->router_file = f.size;
+            continue;
+        }
+        if (n < 2 || buf[0] != ENV_MSG) {
+            BL_LOG(BL_LOG_WARN, "event=relay_message_refused bytes=%zu reason=\"not a control message\"", n);
+            continue;
+        }
+        if (bp_msg_unpack(&m, buf + 1, n - 1, &err) != 0) {
+            BL_LOG(BL_LOG_WARN, "event=relay_message_refused bytes=%zu reason=\"%s\"", n, err.msg);
+            bp_msg_free(&m);
+            continue;
+        }
+        if (m.type == BP_MSG_PLAN && plan_refused(ss, &m)) {
+            bp_msg_free(&m); /* the session ends: the relay passes the Error on and exits */
+            await_relay(ss);
+            break;
+        }
+        if (bp_chan_send(ss->chan, &ss->worker, &m, 2000, &err) != 0)
+            BL_LOG(BL_LOG_WARN, "event=control_send_failed reason=\"%s\"", err.msg);
+        bp_msg_free(&m);
+    }
+    free(buf);
+}
+
+static void session_end(session_t *ss)
+{
+    if (ss->pid > 0) { /* a worker still running: asked, then made to stop */
+        kill(ss->pid, SIGTERM);
+        const int64_t until = now_ms() + GRACE_MS;
+        int status;
+        while (waitpid(ss->pid, &status, WNOHANG) == 0 && now_ms() < until)
+            usleep(10000);
+        if (waitpid(ss->pid, &status, WNOHANG) == 0) {
+            kill(ss->pid, SIGKILL);
+            (void)waitpid(ss->pid, &status, 0);
+        }
+    }
+    bp_chan_destroy(ss->chan);
+    for (int i = 0; i < N_LINKS; i++)
+        bp_link_close(ss->l[i]);
+    for (int i = 0; i < 4; i++)
+        bp_ring_destroy(ss->r[i]);
+    if (ss->dir[0]) {
+        char sock[128];
+        snprintf(sock, sizeof sock, "%s/node.sock", ss->dir);
+        unlink(sock);
+        rmdir(ss->dir);
+    }
+    memset(ss, 0, sizeof *ss);
+}
+
+/* One relay's session: the links, the setup, the rings, the worker, the bridge. */
+static int node_session(const char *listen, const uint8_t key[32], const char *worker_bin)
+{
+    static session_t ss;
+    memset(&ss, 0, sizeof ss);
+    bl_err_t err = {0};
+    char ep[300];
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < N_LINKS; i++)
+        if ((rc = endpoint_plus(ep, sizeof ep, listen, i, &err)) == 0)
+            rc = bp_link_listen(&ss.l[i], ep, key, i == 0 ? BP_MSG_MAX_BYTES + 1 : data_max_msg(), NULL, &err);
+    if (rc) {
+        BL_LOG(BL_LOG_ERROR, "event=listen_failed endpoint=%s reason=\"%s\"", listen, err.msg);
+        session_end(&ss);
+        return rc;
+    }
+    BL_LOG(BL_LOG_INFO, "event=node_listening endpoint=%s", listen);
+    while (!g_stop && (rc = bp_link_wait_up(ss.l[0], 200, &err)) == BL_ETIMEDOUT)
+        ;
+    if (g_stop || rc) {
+        session_end(&ss);
+        return 0;
+    }
+    uint8_t buf[1 + sizeof(node_setup_t)];
+    size_t n = 0;
+    rc = bp_link_recv(ss.l[0], buf, sizeof buf, &n, UP_MS, &err);
+    if (rc == 0 && (n != sizeof buf || buf[0] != ENV_SETUP))
+        rc = bl_err_set(&err, BL_EPROTO, "the relay's first message is not its setup (%zu bytes)", n);
+    if (rc == 0) {
+        memcpy(&ss.s, buf + 1, sizeof ss.s);
+        rc = setup_check(&ss.s, &err);
+    }
+    /* the node's ends: producer of the stage's input, consumer of its output, consumer
+     * of the hosttier requests, producer of the replies */
+    static const bp_ring_role_t role[4] = {BP_RING_PRODUCER, BP_RING_CONSUMER, BP_RING_CONSUMER,
+                                           BP_RING_PRODUCER};
+    for (uint32_t i = 0; rc == 0 && i < ss.s.n_rings; i++) {
+        char name[48];
+        snprintf(name, sizeof name, "bloomery-node%u", i);
+        rc = bp_ring_create(&ss.r[i], name, (size_t)ss.s.capacity[i], role[i], &err);
+    }
+    for (int i = 1; rc == 0 && i < (ss.s.n_rings == 4 ? 3 : 2); i++)
+        rc = bp_link_wait_up(ss.l[i], UP_MS, &err);
+    if (rc == 0)
+        rc = bp_link_pump(ss.l[1], ss.r[1], ss.r[0], &err);
+    if (rc == 0 && ss.s.n_rings == 4)
+        rc = bp_link_pump(ss.l[2], ss.r[2], ss.r[3], &err);
+    const char *tmp = getenv("TMPDIR");
+    snprintf(ss.dir, sizeof ss.dir, "%s/bloomery-node.XXXXXX", tmp && *tmp && strlen(tmp) < 40 ? tmp : "/tmp");
+    if (rc == 0 && !mkdtemp(ss.dir)) {
+        rc = bl_err_set(&err, BL_EIO, "mkdtemp %s: %s", ss.dir, strerror(errno));
+        ss.dir[0] = 0;
+    } else if (rc) {
+        ss.dir[0] = 0;
+    }
+    if (rc == 0)
+        rc = spawn_worker(&ss, worker_bin, &err);
+    if (rc) {
+        BL_LOG(BL_LOG_WARN, "event=session_failed reason=\"%s\"", err.msg);
+        Bloomery__Error er;
+        bp_msg_t e;
+        char text[sizeof err.msg + 64];
+        snprintf(text, sizeof text, "%s: %s", ss.s.name[0] ? ss.s.name : "node", err.msg);
+        fill_error(&er, &e, 0, rc, text);
+        if (msg_send(ss.l[0], &e, &err) == 0)
+            await_relay(&ss);
+    } else {
+        BL_LOG(BL_LOG_INFO, "event=session_started worker=%s rings=%u", ss.s.name, ss.s.n_rings);
+        node_bridge(&ss);
+    }
+    session_end(&ss);
+    BL_LOG(BL_LOG_INFO, "event=session_ended");
+    return 0;
+}
+
+/* bloomery-worker beside this program. */
+static int worker_path(char *out, size_t cap, const char *argv0)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        snprintf(self, sizeof self, "%s", argv0);
+        n = (ssize_t)strlen(self);
+    }
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    const int w = slash ? snprintf(out, cap, "%.*s/bloomery-worker", (int)(slash - self), self)
+                        : snprintf(out, cap, "bloomery-worker");
+    return w > 0 && (size_t)w < cap && access(out, X_OK) == 0 ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    const char *listen = NULL, *relay = NULL, *secret = NULL, *control = NULL, *identity = NULL;
+    const char *name = "worker";
+    int64_t parent = 0, verbosity = -1;
+    int verbose = 0, quiet = 0, colors = 0, help = 0;
+    bl_arg_t args[] = {
+        {"--listen", NULL, BL_ARG_STR, &listen, .metavar = "tcp://ADDR:PORT",
+         .help = "serve relays: the control link on PORT, the data links on PORT+1 and PORT+2"},
+        {"--relay", NULL, BL_ARG_STR, &relay, .metavar = "tcp://HOST:PORT",
+         .help = "be a stage's relay to the node there (started by bloomery-serve)"},
+        {"--secret", NULL, BL_ARG_STR, &secret, .metavar = "FILE",
+         .help = "the cluster's secret (mode 0600, at least 32 bytes); the links' keys come from it"},
+        {"--control", NULL, BL_ARG_STR, &control, .metavar = "ENDPOINT", .help = "relay: the router's control socket"},
+        {"--identity", NULL, BL_ARG_STR, &identity, .metavar = "ID", .help = "relay: the stage's routing id"},
+        {"--parent", NULL, BL_ARG_I64, &parent, 1, INT32_MAX, .metavar = "PID", .help = "relay: the router's pid"},
+        {"--name", NULL, BL_ARG_STR, &name, .metavar = "NAME", .help = "relay: the stage in logs and errors"},
+        {"-v,--verbose", NULL, BL_ARG_FLAG, &verbose, .help = "log at DEBUG (a relay's worker too)"},
+        {"--log-disable", NULL, BL_ARG_FLAG, &quiet, .help = "write no log lines"},
+        {"-lv,--verbosity", NULL, BL_ARG_I64, &verbosity, 0, 100, .metavar = "N",
+         .help = "llama.cpp's log threshold: 1 error, 2 warning, 3 info, 4 debug"},
+        {"--log-colors", NULL, BL_ARG_FLAG, &colors, .help = "colour the level names"},
+    };
+    const int n_args = (int)(sizeof args / sizeof args[0]);
+    bl_err_t err = {0};
+    if (bl_args_parse(args, n_args, argc, argv, NULL, &help, &err)) {
+        fprintf(stderr, "bloomery-node: %s\n", err.msg);
+        return 2;
+    }
+    if (relay && !help) /* before any descriptor is opened (g_relay) */
+        g_relay.rings_rc = relay_rings(&g_relay, &g_relay.rings_err);
+    if (help || !secret || !listen == !relay || (relay && (!control || !identity || !parent))) {
+        bl_args_usage(help ? stdout : stderr, "bloomery-node",
+                      "--listen tcp://ADDR:PORT --secret FILE | --relay tcp://HOST:PORT --secret FILE --control EP "
+                      "--identity ID --parent PID",
+                      args, n_args);
+        return help ? 0 : 2;
+    }
+    bl_log_init(relay ? name : "node", quiet           ? BL_LOG_OFF
+                                       : verbosity >= 0 ? bl_log_level_of_verbosity(verbosity)
+                                       : verbose        ? BL_LOG_DEBUG
+                                                        : BL_LOG_INFO);
+    bl_log_set_colors(colors);
+    uint8_t key[32];
+    char ep[300];
+    if (bp_secret_load(secret, key, &err) != 0 || endpoint_plus(ep, sizeof ep, relay ? relay : listen, 0, &err)) {
+        BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"%s\"", err.msg);
+        return 1;
+    }
+    if (relay) {
+        const uint32_t flags = (verbose ? SETUP_VERBOSE : 0) | (quiet ? SETUP_QUIET : 0) | (colors ? SETUP_COLORS : 0);
+        return relay_main(relay, key, control, identity, (pid_t)parent, name, (int32_t)verbosity, flags);
+    }
+    char worker_bin[PATH_MAX];
+    if (worker_path(worker_bin, sizeof worker_bin, argv[0]) != 0) {
+        BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"no bloomery-worker beside this program\"");
+        return 1;
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    while (!g_stop)
+        if (node_session(listen, key, worker_bin) != 0)
+            return 1;
+    BL_LOG(BL_LOG_INFO, "event=node_stopped");
+    return 0;
+}

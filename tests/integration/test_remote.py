@@ -1,0 +1,225 @@
+"""Stages on another host (bloomery-node, docs/deploy.md "Several hosts"): a hostfile
+names a worker line of another host than the router's, whose node serves the stage
+over CURVE links. The "other host" here is the loopback under another name
+(localhost beside 127.0.0.1: the hostfile compares hosts as written), so the relay
+and the node speak TCP as between two machines.
+
+What is checked: the answers and log-probabilities of a remote stage are one
+process's bit for bit (with and without the hosttier's rings on the links); a
+remote worker killed mid-service is reported by the node, the set restarts and
+serves again; a node with another secret, a node whose model file is another one
+(a private mount namespace puts another file at the path), a secret file others may
+read, and hostfile lines this version does not take are refused by name."""
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+import serverctl
+from sse import post
+
+FAST = ["-np", "2", "-c", "1024", "-t", "1", "-tb", "1"]
+PROMPTS = ["The smith heats the iron", "Once upon a time in the village"]
+
+
+def secret_file(path, text=None, mode=0o600):
+    with open(path, "w") as f:
+        f.write(text or os.urandom(32).hex())
+    os.chmod(path, mode)
+    return str(path)
+
+
+class Node:
+    """A bloomery-node --listen on three free ports (PORT, PORT+1, PORT+2)."""
+
+    def __init__(self, tmp_path, secret, wrap=(), cwd=None):
+        self.port = free_ports(3)
+        self.log_path = str(tmp_path / ("node-%d.log" % self.port))
+        cmd = list(wrap) + [serverctl.program("bloomery-node"), "--listen",
+                            "tcp://127.0.0.1:%d" % self.port, "--secret", secret]
+        self.log_file = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=self.log_file, stdin=subprocess.DEVNULL,
+                                     cwd=cwd or str(tmp_path))
+        deadline = time.monotonic() + 10
+        while "event=node_listening" not in self.log() and time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log()
+            time.sleep(0.02)
+        assert "event=node_listening" in self.log(), self.log()
+
+    def log(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def worker_pid(self):
+        for pid, argv0, _ in serverctl.descendants(self.proc.pid):
+            if argv0 == "bloomery-worker":
+                return pid
+        return None
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log_file.close()
+        assert self.worker_pid() is None
+
+
+def free_ports(n):
+    """A port p with p..p+n-1 free (checked by binding each)."""
+    import socket
+    for _ in range(200):
+        p = serverctl.free_port()
+        if p + n > 65535:
+            continue
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", p + i))
+                socks.append(s)
+            return p
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no %d free ports in a row" % n)
+
+
+def hostfile(tmp_path, node_port, name="hosts"):
+    path = tmp_path / name
+    path.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker\nlocalhost %d worker\n" % node_port)
+    return str(path)
+
+
+def greedy(url, prompt):
+    r = post(url, "/completion", {"prompt": prompt, "n_predict": 8, "n_probs": 3, "temperature": 0,
+                                  "ignore_eos": True, "return_tokens": True})
+    assert r.status_code == 200, r.text
+    j = r.json()
+    return j["tokens"], [[(t["id"], t["logprob"]) for t in x["top_logprobs"]] for x in j["completion_probabilities"]]
+
+
+@pytest.fixture
+def nodes(tmp_path):
+    started = []
+
+    def make(secret, **kw):
+        n = Node(tmp_path, secret, **kw)
+        started.append(n)
+        return n
+    yield make
+    for n in started:
+        n.stop()
+
+
+@pytest.mark.parametrize("hosttier", [False, True])
+def test_a_remote_stage_same_as_one_process(servers, nodes, tmp_path, hosttier):
+    secret = secret_file(tmp_path / "secret")
+    node = nodes(secret)
+    extra = ["-ot", "ffn_.*_exps=HOSTTIER"] if hosttier else []
+    one = servers.start(FAST + extra)
+    srv = servers.start(FAST + extra + ["--hostfile", hostfile(tmp_path, node.port), "--cluster-secret", secret])
+    assert "event=relay_up node=tcp://localhost:%d rings=%d" % (node.port, 4 if hosttier else 2) in srv.log(100000)
+    assert "event=session_started worker=worker1" in node.log()
+    assert node.worker_pid() is not None
+    for p in PROMPTS:
+        assert greedy(srv.url, p) == greedy(one.url, p), p
+
+
+def test_a_killed_remote_worker_is_reported_and_the_set_restarts(servers, nodes, tmp_path):
+    secret = secret_file(tmp_path / "secret")
+    node = nodes(secret)
+    srv = servers.start(FAST + ["--hostfile", hostfile(tmp_path, node.port), "--cluster-secret", secret])
+    want = greedy(srv.url, PROMPTS[0])
+    pid = node.worker_pid()
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while "start=2" not in srv.log(100000) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log = srv.log(100000)
+    assert re.search(r"event=child_error process=worker1 .*worker1 on \S+ killed by signal 9", log), log
+    assert "event=cluster_ready workers=2 hosttier=0 start=2" in log, log
+    srv.wait_healthy(30)
+    assert greedy(srv.url, PROMPTS[0]) == want
+    assert node.worker_pid() not in (None, pid)
+
+
+def test_a_node_with_another_secret_is_refused(servers, nodes, tmp_path):
+    node = nodes(secret_file(tmp_path / "theirs"))
+    ours = secret_file(tmp_path / "ours")
+    srv = servers.launch(FAST + ["--hostfile", hostfile(tmp_path, node.port), "--cluster-secret", ours])
+    assert srv.proc.wait(60) == 1, srv.log()
+    log = srv.log(100000)
+    assert "event=load_failed" in log, log
+    assert re.search(r"the node at tcp://localhost:%d.*(handshake|another cluster)" % node.port, log), log
+    assert "event=session_started" not in node.log()
+
+
+def test_a_node_whose_model_file_differs_is_refused(servers, nodes, tmp_path, model):
+    """The node sees another file at the model's path (a private mount namespace
+    binds one over it): its worker never loads it, and the error names both sizes."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespaces here")
+    other = tmp_path / "other.gguf"
+    serverctl.make_model(str(other), "--layers", "3")
+    secret = secret_file(tmp_path / "secret")
+    script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    node = nodes(secret, wrap=["unshare", "-m", "sh", "-c", script, "sh", str(other), model])
+    srv = servers.launch(FAST + ["--hostfile", hostfile(tmp_path, node.port), "--cluster-secret", secret])
+    assert srv.proc.wait(60) == 1, srv.log()
+    log = srv.log(100000)
+    size = os.path.getsize(model)
+    assert re.search(r"worker1 on \S+: %s is %d bytes here and %d at the router" %
+                     (re.escape(model), os.path.getsize(other), size), log), log
+    assert "event=plan_refused" in node.log()
+
+
+def test_refusals(servers, tmp_path):
+    secret = secret_file(tmp_path / "secret")
+    cases = [
+        ("127.0.0.1 1 router\n127.0.0.1 2 worker 0\n", ["--cluster-secret", secret], r"hosts:2: GPU workers"),
+        ("127.0.0.1 1 router\n127.0.0.1 2 worker threads=2\n", ["--cluster-secret", secret], r"hosts:2: threads="),
+        ("127.0.0.1 1 router\nlocalhost 2 worker\n", [], r"need --cluster-secret"),
+        ("127.0.0.1 1 router\nlocalhost 2 worker\nlocalhost 9 hosttier\n", ["--cluster-secret", secret],
+         r"hosts:3: a hosttier on another host"),
+        ("127.0.0.1 1 router\n127.0.0.1 2 wrker\n", [], r"hosts:2: role 'wrker'"),
+        ("127.0.0.1 1 router\nlocalhost 2 worker\n", ["--cluster-secret", secret_file(tmp_path / "open", mode=0o644)],
+         r"open.*(group|others)"),
+    ]
+    for text, extra, want in cases:
+        (tmp_path / "hosts").write_text(text)
+        srv = servers.launch(FAST + ["--hostfile", str(tmp_path / "hosts")] + extra)
+        assert srv.proc.wait(60) == 1, (text, srv.log())
+        assert re.search(want, srv.log(100000)), (text, srv.log())
+    (tmp_path / "hosts").write_text("127.0.0.1 1 router\n127.0.0.1 2 worker\n")
+    srv = servers.launch(FAST + ["--hostfile", str(tmp_path / "hosts"), "--workers", "2"])
+    assert srv.proc.wait(60) == 1
+    assert "--workers and --hostfile" in srv.log()
+
+
+def test_node_arguments_and_secret_checked(tmp_path):
+    node = serverctl.program("bloomery-node")
+    p = subprocess.run([node, "--listen", "tcp://127.0.0.1:1"], capture_output=True, text=True)
+    assert p.returncode == 2 and "usage" in (p.stdout + p.stderr).lower()
+    p = subprocess.run([node, "--listen", "tcp://127.0.0.1:1", "--relay", "tcp://x:1", "--secret", "s"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2
+    loose = secret_file(tmp_path / "loose", mode=0o640)
+    p = subprocess.run([node, "--listen", "tcp://127.0.0.1:5000", "--secret", loose], capture_output=True, text=True)
+    assert p.returncode == 1 and "event=start_failed" in p.stderr, p.stderr
+    short = secret_file(tmp_path / "short", text="abc")
+    p = subprocess.run([node, "--listen", "tcp://127.0.0.1:5000", "--secret", short], capture_output=True, text=True)
+    assert p.returncode == 1 and "fewer than the 32" in p.stderr, p.stderr
+    good = secret_file(tmp_path / "good")
+    p = subprocess.run([node, "--listen", "udp://127.0.0.1:5000", "--secret", good], capture_output=True, text=True)
+    assert p.returncode == 1 and "tcp://HOST:PORT" in p.stderr, p.stderr
+    p = subprocess.run([node, "--listen", "tcp://127.0.0.1:65534", "--secret", good], capture_output=True, text=True)
+    assert p.returncode == 1 and "PORT 1..65533" in p.stderr, p.stderr
