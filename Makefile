@@ -4,6 +4,7 @@
 #   make test     deps + build (release, sanitizer and fuzz builds) + every test suite
 #   make serve    deps + build + start the server (the demo model unless MODEL=FILE)
 #   make install  build + install the programs, docs and systemd unit (PREFIX, DESTDIR)
+#   make dist     build + a release tarball that runs on other hosts (DISTDIR)
 # Variables: BUILD (build folder, default build), MESON_ARGS (extra meson options).
 
 SHELL := /bin/bash
@@ -18,11 +19,12 @@ FUZZ_BUILD := $(BUILD)-fuzz
 MESON_ARGS ?=
 
 # Everything the build and the tests use, by Debian package name (systemd: for
-# systemd-analyze, which checks the installed unit in tests/integration/test_install.py).
+# systemd-analyze, which checks the installed unit in tests/integration/test_install.py;
+# patchelf: for make dist, which points the tarball's programs at its own lib/).
 DEB_PACKAGES := build-essential meson ninja-build pkg-config clang libclang-rt-14-dev \
 	libjansson-dev libcmocka-dev libpcre2-dev libutf8proc-dev libcurl4-openssl-dev libssl-dev \
 	libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libh2o-dev liburing-dev \
-	python3-numpy python3-jinja2 python3-pytest python3-regex python3-requests systemd
+	python3-numpy python3-jinja2 python3-pytest python3-regex python3-requests systemd patchelf
 # Node.js may come from elsewhere than Debian (its npm then conflicts with Debian's):
 # Debian's nodejs and npm are installed only when no npm is on PATH.
 NODE_PACKAGES := nodejs npm
@@ -32,7 +34,7 @@ NODE_PACKAGES := nodejs npm
 NPM_DIR := tests
 NPM_STAMP := $(NPM_DIR)/node_modules/.package-lock.json
 
-.PHONY: all build deps test serve install uninstall clean
+.PHONY: all build deps test serve install uninstall dist clean
 
 all: build
 
@@ -156,6 +158,19 @@ uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/bloomery-* $(DESTDIR)$(UNITDIR)/bloomery.service
 	rm -rf $(DESTDIR)$(LIBEXECDIR)/bloomery $(DESTDIR)$(DOCDIR)
 	@echo "uninstall: kept $(DESTDIR)$(SYSCONFDIR)/bloomery/bloomery.env"
+
+# make dist [DISTDIR=$(BUILD)/dist]: a tarball to unpack and run on another host, with
+# the shared libraries the programs need that a base system lacks (deploy/dist.sh says
+# which, and how). Its name, bloomery-VERSION-linux-x86_64[-cuda].tar.gz, comes from
+# the build's configuration: meson.build's version, and -cuda when built with CUDA.
+#   bin/           the programs install puts in $(BINDIR), run paths set to ../lib
+#   lib/           the libraries they link, but glibc's, GCC's runtime and the driver's
+#   share/doc/bloomery   what install puts in $(DOCDIR), and the libraries' copyrights
+#   examples/      deploy/systemd's files, their paths set for /opt/bloomery
+DISTDIR ?= $(BUILD)/dist
+
+dist: build
+	deploy/dist.sh $(BUILD) $(DISTDIR)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
