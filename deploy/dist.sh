@@ -40,7 +40,7 @@ src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # the source tree: README,
 # The programs every build makes (meson.build's executable()s); a build folder that
 # lacks one is refused rather than packed into a tarball that lacks it. Any other
 # bloomery-* of BUILD_DIR/bin is packed too.
-REQUIRED=(bloomery-serve bloomery-worker bloomery-hosttier bloomery-cli bloomery-bench
+REQUIRED=(bloomery-serve bloomery-worker bloomery-hosttier bloomery-node bloomery-cli bloomery-bench
           bloomery-gguf bloomery-mkmodel bloomery-tokenize bloomery-template
           bloomery-stepbench bloomery-ringbench)
 

@@ -28,7 +28,7 @@ DIST_SH = os.path.join(ROOT, "deploy", "dist.sh")
 
 # The programs a user runs (those of test_install.py, and ringbench); every other
 # bloomery-* of the build's bin/ must be in the tarball too.
-PROGRAMS = ["bloomery-serve", "bloomery-worker", "bloomery-hosttier", "bloomery-cli",
+PROGRAMS = ["bloomery-serve", "bloomery-worker", "bloomery-hosttier", "bloomery-node", "bloomery-cli",
             "bloomery-bench", "bloomery-gguf", "bloomery-mkmodel", "bloomery-tokenize",
             "bloomery-template", "bloomery-stepbench", "bloomery-ringbench", "bloomery-load"]
 
