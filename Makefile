@@ -102,7 +102,8 @@ serve: deps build
 	exec $(BUILD)/bin/bloomery-serve $$args
 
 # make install [PREFIX=/usr/local] [DESTDIR=]: what a distribution's package holds.
-#   $(BINDIR)      every program of $(BUILD)/bin and tools/bloomery-load. bloomery-serve
+#   $(BINDIR)      every program of $(BUILD)/bin, tools/bloomery-load and
+#                  deploy/bloomery-launch. bloomery-serve
 #                  starts bloomery-worker and bloomery-hosttier from its own folder, and
 #                  its chat page is built into it: the programs need nothing else.
 #   $(LIBEXECDIR)/bloomery   bloomery-wait-ready, the unit's readiness check
@@ -132,10 +133,10 @@ DEPLOY_PATHS := -e 's|/usr/local/bin/|$(BINDIR)/|g' -e 's|/usr/local/libexec/|$(
 
 install: build
 	@progs=$$(ls $(BUILD)/bin/bloomery-*); \
-	for f in $$progs tools/bloomery-load; do \
+	for f in $$progs tools/bloomery-load deploy/bloomery-launch; do \
 		install -D -m 755 "$$f" "$(DESTDIR)$(BINDIR)/$${f##*/}"; \
 	done; \
-	echo "install: programs in $(DESTDIR)$(BINDIR):" $$(for f in $$progs tools/bloomery-load; do echo "$${f##*/}"; done)
+	echo "install: programs in $(DESTDIR)$(BINDIR):" $$(for f in $$progs tools/bloomery-load deploy/bloomery-launch; do echo "$${f##*/}"; done)
 	install -D -m 755 deploy/systemd/bloomery-wait-ready $(DESTDIR)$(LIBEXECDIR)/bloomery/bloomery-wait-ready
 	install -D -m 644 README.md $(DESTDIR)$(DOCDIR)/README.md
 	@for f in docs/*.md; do install -D -m 644 "$$f" "$(DESTDIR)$(DOCDIR)/$$f"; done

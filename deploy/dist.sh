@@ -4,7 +4,7 @@
 # base system (`make dist` runs it with $(BUILD) and $(DISTDIR)). Writes
 #   OUT_DIR/bloomery-VERSION-linux-ARCH[-cuda].tar.gz
 # and prints its path on the last line. Inside, one folder of the same name:
-#   bin/      every bloomery-* program of BUILD_DIR/bin and tools/bloomery-load.
+#   bin/      every bloomery-* program of BUILD_DIR/bin, tools/bloomery-load and deploy/bloomery-launch.
 #             bloomery-serve starts bloomery-worker and bloomery-hosttier from its own
 #             folder (/proc/self/exe), so the three stay together here.
 #   lib/      the shared libraries the programs need, less the base system's (below)
@@ -100,7 +100,7 @@ mkdir -p "$top/bin" "$top/lib" "$top/share/doc/bloomery/docs" "$top/share/doc/bl
 
 # Copies, never links: patchelf below rewrites them in place (build/bin holds hard
 # links to the build's own files).
-for f in "$build"/bin/bloomery-* "$src/tools/bloomery-load"; do
+for f in "$build"/bin/bloomery-* "$src/tools/bloomery-load" "$src/deploy/bloomery-launch"; do
     cp "$f" "$top/bin/"
     chmod 755 "$top/bin/${f##*/}"
 done

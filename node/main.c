@@ -44,44 +44,17 @@
 #include "link.h"
 #include "log.h"
 #include "msg.h"
+#include "node.h"
 #include "ring.h"
 #include "step.h"
 
 extern char **environ;
 
 #define N_LINKS 3
-#define SETUP_MAGIC "BLNODE1"
-/* Envelope bytes of the control link's messages. */
-#define ENV_SETUP 'S'
-#define ENV_MSG 'M'
-#define ENV_FILE 'F'
 /* How long a relay waits for the node's handshake and the node for the setup. */
 #define UP_MS 10000
 #define TICK_MS 10
 #define GRACE_MS 3000
-
-/* What the relay tells the node first: the worker's arguments and its rings. Both
- * hosts are little-endian (x86-64, aarch64); the fields are checked on arrival. */
-typedef struct node_setup {
-    char magic[8];
-    char version[32];
-    char name[24];
-    char identity[40];
-    uint32_t n_rings;     /* 2, or 4 with the hosttier's */
-    int32_t verbosity;    /* -1: not given */
-    uint32_t flags;       /* SETUP_VERBOSE | SETUP_QUIET | SETUP_COLORS */
-    uint32_t pad;
-    uint64_t capacity[4]; /* in, out, experts out, experts in (proto/step.h's fd order) */
-} node_setup_t;
-#define SETUP_VERBOSE 1u
-#define SETUP_QUIET 2u
-#define SETUP_COLORS 4u
-
-/* The model file as the router sees it, sent before the Plan: the node's worker must
- * load the same bytes. */
-typedef struct node_file {
-    uint64_t size;
-} node_file_t;
 
 static volatile sig_atomic_t g_stop;
 
@@ -130,7 +103,7 @@ static int env_send(bp_link_t *l, char tag, const void *p, size_t n, bl_err_t *e
     return rc;
 }
 
-/* A control message packed into an ENV_MSG envelope. */
+/* A control message packed into a BP_NODE_ENV_MSG envelope. */
 static int msg_send(bp_link_t *l, const bp_msg_t *m, bl_err_t *err)
 {
     const size_t cap = bp_msg_packed_size(m);
@@ -140,7 +113,7 @@ static int msg_send(bp_link_t *l, const bp_msg_t *m, bl_err_t *err)
         return bl_err_set(err, cap ? BL_ENOMEM : BL_EINVAL, "a control message of type %d", (int)m->type);
     int rc = bp_msg_pack(m, buf, cap, &n, err);
     if (rc == 0)
-        rc = env_send(l, ENV_MSG, buf, n, err);
+        rc = env_send(l, BP_NODE_ENV_MSG, buf, n, err);
     free(buf);
     return rc;
 }
@@ -209,8 +182,8 @@ static int relay_bridge(relay_t *r)
                 bp_plan_t p;
                 struct stat sb;
                 if (bp_plan_read(&m, &p, &err) == 0 && stat(p.model_path, &sb) == 0) {
-                    const node_file_t f = {.size = (uint64_t)sb.st_size};
-                    if ((rc = env_send(r->l[0], ENV_FILE, &f, sizeof f, &err)) != 0)
+                    const bp_node_file_t f = {.size = (uint64_t)sb.st_size};
+                    if ((rc = env_send(r->l[0], BP_NODE_ENV_FILE, &f, sizeof f, &err)) != 0)
                         goto lost;
                 }
             }
@@ -233,7 +206,7 @@ static int relay_bridge(relay_t *r)
         }
         if (rc)
             goto lost;
-        if (n < 2 || buf[0] != ENV_MSG) {
+        if (n < 2 || buf[0] != BP_NODE_ENV_MSG) {
             BL_LOG(BL_LOG_WARN, "event=node_message_refused bytes=%zu reason=\"not a control message\"", n);
             continue;
         }
@@ -261,7 +234,7 @@ lost:
         bl_err_t e2 = {0};
         if (bp_link_recv(r->l[0], buf, BP_MSG_MAX_BYTES + 1, &n, TICK_MS, &e2) == BL_ETIMEDOUT)
             continue;
-        if (n < 2 || buf[0] != ENV_MSG || bp_msg_unpack(&m, buf + 1, n - 1, &e2) != 0) {
+        if (n < 2 || buf[0] != BP_NODE_ENV_MSG || bp_msg_unpack(&m, buf + 1, n - 1, &e2) != 0) {
             bp_msg_free(&m);
             break;
         }
@@ -298,9 +271,9 @@ static int relay_main(const char *node, const uint8_t key[32], const char *contr
         bp_child_stop(&r.ctl);
         return 1;
     }
-    node_setup_t s;
+    bp_node_setup_t s;
     memset(&s, 0, sizeof s);
-    memcpy(s.magic, SETUP_MAGIC, sizeof SETUP_MAGIC);
+    memcpy(s.magic, BP_NODE_SETUP_MAGIC, sizeof BP_NODE_SETUP_MAGIC);
     snprintf(s.version, sizeof s.version, "%s", BL_VERSION);
     snprintf(s.name, sizeof s.name, "%s", name);
     snprintf(s.identity, sizeof s.identity, "%s", identity);
@@ -320,7 +293,7 @@ static int relay_main(const char *node, const uint8_t key[32], const char *contr
             rc = bl_err_set(&err, rc, "%s: the node at %s: %s", name, bp_link_endpoint(r.l[i]), why);
         }
     if (rc == 0)
-        rc = env_send(r.l[0], ENV_SETUP, &s, sizeof s, &err);
+        rc = env_send(r.l[0], BP_NODE_ENV_SETUP, &s, sizeof s, &err);
     /* the stage's input goes out and its output comes in on link 1; the hosttier's
      * requests come in and its replies go out on link 2 */
     if (rc == 0)
@@ -352,7 +325,7 @@ typedef struct session {
     char dir[64];         /* its folder */
     bp_peer_t worker;
     pid_t pid;
-    node_setup_t s;
+    bp_node_setup_t s;
     uint64_t router_file; /* the router's model file size, 0 not told */
     uint32_t process;     /* the stage's process id from the Plan */
 } session_t;
@@ -365,33 +338,6 @@ static void await_relay(session_t *ss)
         usleep(10000);
 }
 
-
-/* Checks a setup from the network. */
-static int setup_check(const node_setup_t *s, bl_err_t *err)
-{
-    if (memcmp(s->magic, SETUP_MAGIC, sizeof SETUP_MAGIC) != 0)
-        return bl_err_set(err, BL_EPROTO, "the relay's setup does not begin with %s", SETUP_MAGIC);
-    if (!memchr(s->version, 0, sizeof s->version) || !memchr(s->name, 0, sizeof s->name) ||
-        !memchr(s->identity, 0, sizeof s->identity) || !s->name[0] || !s->identity[0])
-        return bl_err_set(err, BL_EPROTO, "the relay's setup has a field without its end");
-    if (strcmp(s->version, BL_VERSION) != 0)
-        return bl_err_set(err, BL_EINVAL, "the router is bloomery %s, this node %s", s->version, BL_VERSION);
-    for (const char *p = s->name; *p; p++)
-        if (!(*p == '_' || *p == '-' || *p == '.' || (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') ||
-              (*p >= 'A' && *p <= 'Z')))
-            return bl_err_set(err, BL_EPROTO, "the relay's setup names the worker with a byte 0x%02x",
-                              (unsigned)(unsigned char)*p);
-    if (s->n_rings != 2 && s->n_rings != 4)
-        return bl_err_set(err, BL_EPROTO, "the relay's setup has %u rings (2 or 4)", s->n_rings);
-    if (s->verbosity < -1 || s->verbosity > 100 || (s->flags & ~(SETUP_VERBOSE | SETUP_QUIET | SETUP_COLORS)))
-        return bl_err_set(err, BL_EPROTO, "the relay's setup has log settings out of range");
-    for (uint32_t i = 0; i < s->n_rings; i++) {
-        const uint64_t c = s->capacity[i];
-        if (c < BP_RING_MIN_CAPACITY || c > BP_RING_MAX_CAPACITY || (c & (c - 1)))
-            return bl_err_set(err, BL_EPROTO, "the relay's ring %u has capacity %llu", i, (unsigned long long)c);
-    }
-    return 0;
-}
 
 /* The worker started on the session's rings, its control socket in s->dir. */
 static int spawn_worker(session_t *ss, const char *worker_bin, bl_err_t *err)
@@ -422,11 +368,11 @@ static int spawn_worker(session_t *ss, const char *worker_bin, bl_err_t *err)
     argv[a++] = parent;
     argv[a++] = (char *)"--name";
     argv[a++] = ss->s.name;
-    if (ss->s.flags & SETUP_VERBOSE)
+    if (ss->s.flags & BP_NODE_VERBOSE)
         argv[a++] = (char *)"--verbose";
-    if (ss->s.flags & SETUP_QUIET)
+    if (ss->s.flags & BP_NODE_QUIET)
         argv[a++] = (char *)"--log-disable";
-    if (ss->s.flags & SETUP_COLORS)
+    if (ss->s.flags & BP_NODE_COLORS)
         argv[a++] = (char *)"--log-colors";
     if (ss->s.verbosity >= 0) {
         snprintf(lv, sizeof lv, "%d", (int)ss->s.verbosity);
@@ -547,13 +493,13 @@ static void node_bridge(session_t *ss)
         }
         if (rc)
             break;
-        if (n == 1 + sizeof(node_file_t) && buf[0] == ENV_FILE) {
-            node_file_t f;
+        if (n == 1 + sizeof(bp_node_file_t) && buf[0] == BP_NODE_ENV_FILE) {
+            bp_node_file_t f;
             memcpy(&f, buf + 1, sizeof f);
             ss->router_file = f.size;
             continue;
         }
-        if (n < 2 || buf[0] != ENV_MSG) {
+        if (n < 2 || buf[0] != BP_NODE_ENV_MSG) {
             BL_LOG(BL_LOG_WARN, "event=relay_message_refused bytes=%zu reason=\"not a control message\"", n);
             continue;
         }
@@ -624,15 +570,13 @@ static int node_session(const char *listen, const uint8_t key[32], const char *w
         session_end(&ss);
         return 0;
     }
-    uint8_t buf[1 + sizeof(node_setup_t)];
+    uint8_t buf[1 + sizeof(bp_node_setup_t)];
     size_t n = 0;
     rc = bp_link_recv(ss.l[0], buf, sizeof buf, &n, UP_MS, &err);
-    if (rc == 0 && (n != sizeof buf || buf[0] != ENV_SETUP))
+    if (rc == 0 && (n < 1 || buf[0] != BP_NODE_ENV_SETUP))
         rc = bl_err_set(&err, BL_EPROTO, "the relay's first message is not its setup (%zu bytes)", n);
-    if (rc == 0) {
-        memcpy(&ss.s, buf + 1, sizeof ss.s);
-        rc = setup_check(&ss.s, &err);
-    }
+    if (rc == 0)
+        rc = bp_node_setup_read(&ss.s, buf + 1, n - 1, BL_VERSION, &err);
     /* the node's ends: producer of the stage's input, consumer of its output, consumer
      * of the hosttier requests, producer of the replies */
     static const bp_ring_role_t role[4] = {BP_RING_PRODUCER, BP_RING_CONSUMER, BP_RING_CONSUMER,
@@ -742,7 +686,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (relay) {
-        const uint32_t flags = (verbose ? SETUP_VERBOSE : 0) | (quiet ? SETUP_QUIET : 0) | (colors ? SETUP_COLORS : 0);
+        const uint32_t flags = (verbose ? BP_NODE_VERBOSE : 0) | (quiet ? BP_NODE_QUIET : 0) | (colors ? BP_NODE_COLORS : 0);
         return relay_main(relay, key, control, identity, (pid_t)parent, name, (int32_t)verbosity, flags);
     }
     char worker_bin[PATH_MAX];

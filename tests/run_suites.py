@@ -44,7 +44,8 @@ FUZZ_TARGETS = {"fuzz_gguf": "tests/fuzz/make_corpus.py",
                 "fuzz_msg": "tests/fuzz/corpus/fuzz_msg",
                 "fuzz_xread": "tests/fuzz/corpus/fuzz_xread",
                 "fuzz_slotfile": "tests/fuzz/corpus/fuzz_slotfile",
-                "fuzz_hostfile": "tests/fuzz/corpus/fuzz_hostfile"}
+                "fuzz_hostfile": "tests/fuzz/corpus/fuzz_hostfile",
+                "fuzz_node": "tests/fuzz/corpus/fuzz_node"}
 FUZZ_SECONDS = 40  # per target: the suite stays near five minutes
 
 

@@ -30,7 +30,7 @@ DIST_SH = os.path.join(ROOT, "deploy", "dist.sh")
 # bloomery-* of the build's bin/ must be in the tarball too.
 PROGRAMS = ["bloomery-serve", "bloomery-worker", "bloomery-hosttier", "bloomery-node", "bloomery-cli",
             "bloomery-bench", "bloomery-gguf", "bloomery-mkmodel", "bloomery-tokenize",
-            "bloomery-template", "bloomery-stepbench", "bloomery-ringbench", "bloomery-load"]
+            "bloomery-template", "bloomery-stepbench", "bloomery-ringbench", "bloomery-load", "bloomery-launch"]
 
 # The libraries the tarball leaves to the host (deploy/dist.sh says why): glibc's,
 # GCC's runtime, the NVIDIA driver's. Any other library must come from its lib/.
@@ -184,7 +184,7 @@ def test_every_program_is_there_with_its_run_path(dist):
         if is_elf(path):
             assert runpath(path) == "$ORIGIN/../lib", "%s: run path %r" % (name, runpath(path))
         else:
-            assert name == "bloomery-load", "%s is not an ELF program" % name
+            assert name in ("bloomery-load", "bloomery-launch"), "%s is not an ELF program" % name
     # the build's own programs keep the run path the build gave them
     assert runpath(os.path.join(serverctl.BIN, "bloomery-serve")) != "$ORIGIN/../lib"
 

@@ -34,9 +34,9 @@ DOC_DIR = "/usr/share/doc/bloomery"
 WAIT_READY = "/usr/libexec/bloomery/bloomery-wait-ready"
 
 # The programs a user runs; every other bloomery-* the build gathers is installed too.
-PROGRAMS = ["bloomery-serve", "bloomery-worker", "bloomery-hosttier", "bloomery-cli",
+PROGRAMS = ["bloomery-serve", "bloomery-worker", "bloomery-hosttier", "bloomery-node", "bloomery-cli",
             "bloomery-bench", "bloomery-gguf", "bloomery-mkmodel", "bloomery-tokenize",
-            "bloomery-template", "bloomery-stepbench", "bloomery-load"]
+            "bloomery-template", "bloomery-stepbench", "bloomery-load", "bloomery-launch"]
 
 # The keys the unit may use: a misspelt one is only a warning to systemd, and silently
 # drops the setting it meant.
@@ -187,15 +187,16 @@ def server_variables(program):
 
 def test_programs_are_installed_executable(stage):
     built = sorted(n for n in os.listdir(serverctl.BIN) if n.startswith("bloomery-"))
-    for name in set(PROGRAMS) - {"bloomery-load"}:
+    scripts = {"bloomery-load": os.path.join(ROOT, "tools", "bloomery-load"),
+               "bloomery-launch": os.path.join(ROOT, "deploy", "bloomery-launch")}
+    for name in set(PROGRAMS) - set(scripts):
         assert name in built, "%s is not in %s" % (name, serverctl.BIN)
-    for name in built + ["bloomery-load"]:
+    for name in built + sorted(scripts):
         path = inside(stage, "/usr/bin/" + name)
         st = os.stat(path)
         assert stat.S_ISREG(st.st_mode), path
         assert stat.S_IMODE(st.st_mode) == 0o755, "%s has mode %o" % (path, stat.S_IMODE(st.st_mode))
-        src = os.path.join(ROOT, "tools", name) if name == "bloomery-load" \
-            else os.path.join(serverctl.BIN, name)
+        src = scripts.get(name) or os.path.join(serverctl.BIN, name)
         assert filecmp.cmp(src, path, shallow=False), "%s differs from %s" % (path, src)
     path = inside(stage, WAIT_READY)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o755, path
