@@ -20,11 +20,12 @@ MESON_ARGS ?=
 
 # Everything the build and the tests use, by Debian package name (systemd: for
 # systemd-analyze, which checks the installed unit in tests/integration/test_install.py;
-# patchelf: for make dist, which points the tarball's programs at its own lib/).
+# patchelf: for make dist, which points the tarball's programs at its own lib/;
+# iproute2: ss for bloomery-launch, ip and tc for the namespace hosts of test_launch.py).
 DEB_PACKAGES := build-essential meson ninja-build pkg-config clang libclang-rt-14-dev \
 	libjansson-dev libcmocka-dev libpcre2-dev libutf8proc-dev libcurl4-openssl-dev libssl-dev \
 	libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libh2o-dev liburing-dev \
-	python3-numpy python3-jinja2 python3-pytest python3-regex python3-requests systemd patchelf
+	python3-numpy python3-jinja2 python3-pytest python3-regex python3-requests systemd iproute2 patchelf
 # Node.js may come from elsewhere than Debian (its npm then conflicts with Debian's):
 # Debian's nodejs and npm are installed only when no npm is on PATH.
 NODE_PACKAGES := nodejs npm
