@@ -104,15 +104,17 @@ serve: deps build
 
 # make install [PREFIX=/usr/local] [DESTDIR=]: what a distribution's package holds.
 #   $(BINDIR)      every program of $(BUILD)/bin, tools/bloomery-load and
-#                  deploy/bloomery-launch. bloomery-serve
-#                  starts bloomery-worker and bloomery-hosttier from its own folder, and
-#                  its chat page is built into it: the programs need nothing else.
+#                  deploy/bloomery-launch. bloomery-serve starts bloomery-worker and
+#                  bloomery-hosttier from its own folder (bloomery-node its workers),
+#                  and its chat page is built into it: the programs need nothing else.
 #   $(LIBEXECDIR)/bloomery   bloomery-wait-ready, the unit's readiness check
 #   $(DOCDIR)      README.md, docs/*.md (as docs/, so README's links hold), LICENSE when
 #                  there is one, and examples/ (the env file as shipped)
-#   $(UNITDIR)     bloomery.service, its /usr/local paths rewritten for PREFIX
+#   $(UNITDIR)     bloomery.service and bloomery-node.service (a cluster's other hosts),
+#                  their /usr/local paths rewritten for PREFIX
 #   $(SYSCONFDIR)/bloomery/bloomery.env   only when absent: it holds the admin's settings;
-#                  mode 600, as it may hold an API key (systemd reads it as root)
+#                  mode 600, as it may hold an API key (systemd reads it as root);
+#                  bloomery-node.env likewise (mode 644: an address only)
 # Units: Debian installs a package's units (PREFIX=/usr) in /lib/systemd/system (the
 # same folder as /usr/lib/systemd/system on merged-/usr systems); a local install's go
 # in PREFIX/lib/systemd/system, which systemd also reads for /usr/local. Every path is
@@ -146,6 +148,11 @@ install: build
 	sed -i $(DEPLOY_PATHS) $(DESTDIR)$(DOCDIR)/examples/bloomery.env
 	install -D -m 644 deploy/systemd/bloomery.service $(DESTDIR)$(UNITDIR)/bloomery.service
 	sed -i $(DEPLOY_PATHS) $(DESTDIR)$(UNITDIR)/bloomery.service
+	install -D -m 644 deploy/systemd/bloomery-node.service $(DESTDIR)$(UNITDIR)/bloomery-node.service
+	sed -i $(DEPLOY_PATHS) $(DESTDIR)$(UNITDIR)/bloomery-node.service
+	install -D -m 644 deploy/systemd/bloomery-node.env $(DESTDIR)$(DOCDIR)/examples/bloomery-node.env
+	@env=$(DESTDIR)$(SYSCONFDIR)/bloomery/bloomery-node.env; \
+	if [ ! -e "$$env" ]; then install -D -m 644 deploy/systemd/bloomery-node.env "$$env"; fi
 	@env=$(DESTDIR)$(SYSCONFDIR)/bloomery/bloomery.env; \
 	if [ -e "$$env" ]; then \
 		echo "install: kept $$env (the shipped one: $(DOCDIR)/examples/bloomery.env)"; \
@@ -157,9 +164,9 @@ install: build
 # Removes what install wrote, except the env file (the admin's settings, as dpkg keeps
 # a removed package's conffiles) and the service's state and cache folders.
 uninstall:
-	rm -f $(DESTDIR)$(BINDIR)/bloomery-* $(DESTDIR)$(UNITDIR)/bloomery.service
+	rm -f $(DESTDIR)$(BINDIR)/bloomery-* $(DESTDIR)$(UNITDIR)/bloomery.service $(DESTDIR)$(UNITDIR)/bloomery-node.service
 	rm -rf $(DESTDIR)$(LIBEXECDIR)/bloomery $(DESTDIR)$(DOCDIR)
-	@echo "uninstall: kept $(DESTDIR)$(SYSCONFDIR)/bloomery/bloomery.env"
+	@echo "uninstall: kept $(DESTDIR)$(SYSCONFDIR)/bloomery/bloomery.env and bloomery-node.env"
 
 # make dist [DISTDIR=$(BUILD)/dist]: a tarball to unpack and run on another host, with
 # the shared libraries the programs need that a base system lacks (deploy/dist.sh says

@@ -468,3 +468,31 @@ def test_systemd_analyze_verifies_the_unit(stage, tmp_path):
     bad.write_text(text.replace("ProtectSystem=strict", "ProtectSytem=strict"))
     _, ours, out = verify(str(bad))
     assert any("ProtectSytem" in line for line in ours), out
+
+
+NODE_UNIT = "/lib/systemd/system/bloomery-node.service"
+
+
+def test_node_unit_is_installed_and_verifies(stage, tmp_path):
+    """bloomery-node.service (a cluster's other hosts): installed beside bloomery.service
+    with its paths for PREFIX, its env file in /etc/bloomery, the secret handed over as
+    a credential (the node refuses a secret others may read), and systemd's own check."""
+    svc = {}
+    for k, v in parse_unit(inside(stage, NODE_UNIT))["Service"]:
+        svc.setdefault(k, []).append(v)
+    assert svc["ExecStart"][0].startswith("/usr/bin/bloomery-node --listen ${BLOOMERY_NODE_LISTEN}")
+    assert os.access(inside(stage, "/usr/bin/bloomery-node"), os.X_OK)
+    assert svc["EnvironmentFile"] == ["/etc/bloomery/bloomery-node.env"]
+    assert svc["LoadCredential"] == ["cluster.secret:/etc/bloomery/cluster.secret"]
+    assert "--secret ${CREDENTIALS_DIRECTORY}/cluster.secret" in svc["ExecStart"][0]
+    env = inside(stage, "/etc/bloomery/bloomery-node.env")
+    with open(env) as f:
+        assert re.search(r"^BLOOMERY_NODE_LISTEN=tcp://\S+:\d+$", f.read(), re.M)
+    if not shutil.which("systemd-analyze"):
+        pytest.skip("systemd-analyze is not installed (Debian package systemd)")
+    with open(inside(stage, NODE_UNIT)) as f:
+        text = f.read().replace("/usr/bin/bloomery-node", inside(stage, "/usr/bin/bloomery-node"))
+    unit = tmp_path / "bloomery-node.service"
+    unit.write_text(text)
+    rc, ours, out = verify(str(unit))
+    assert rc == 0 and not ours, "systemd-analyze verify (status %d):\n%s" % (rc, out)
