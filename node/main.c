@@ -26,7 +26,6 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +47,6 @@
 #include "ring.h"
 #include "step.h"
 
-extern char **environ;
 
 #define N_LINKS 3
 /* How long a relay waits for the node's handshake and the node for the setup. */
@@ -348,13 +346,9 @@ static int spawn_worker(session_t *ss, const char *worker_bin, bl_err_t *err)
         rc = bp_chan_bind(&ss->chan, BP_CHAN_ROUTER, ep, err);
     if (rc)
         return rc;
-    int tmp[4], n = (int)ss->s.n_rings;
+    int fds[4], n = (int)ss->s.n_rings;
     for (int i = 0; i < n; i++)
-        if ((tmp[i] = fcntl(bp_ring_fd(ss->r[i]), F_DUPFD_CLOEXEC, BP_STEP_FD_IN + n)) < 0) {
-            for (int j = 0; j < i; j++)
-                close(tmp[j]);
-            return bl_err_set(err, BL_EIO, "dup of a ring fd: %s", strerror(errno));
-        }
+        fds[i] = bp_ring_fd(ss->r[i]);
     char parent[24], lv[16];
     snprintf(parent, sizeof parent, "%d", (int)getpid());
     char *argv[16];
@@ -380,28 +374,8 @@ static int spawn_worker(session_t *ss, const char *worker_bin, bl_err_t *err)
         argv[a++] = lv;
     }
     argv[a] = NULL;
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t at;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawnattr_init(&at);
-    for (int i = 0; i < n; i++)
-        posix_spawn_file_actions_adddup2(&fa, tmp[i], BP_STEP_FD_IN + i);
-    posix_spawn_file_actions_addclosefrom_np(&fa, BP_STEP_FD_IN + n);
-    sigset_t none, all;
-    sigemptyset(&none);
-    sigfillset(&all);
-    posix_spawnattr_setsigmask(&at, &none);
-    posix_spawnattr_setsigdefault(&at, &all);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    const int e = posix_spawn(&ss->pid, worker_bin, &fa, &at, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&at);
-    for (int i = 0; i < n; i++)
-        close(tmp[i]);
-    if (e != 0) {
-        ss->pid = 0;
-        return bl_err_set(err, BL_EIO, "cannot start %s: %s", worker_bin, strerror(e));
-    }
+    if ((rc = bp_spawn(&ss->pid, argv, fds, n, 1, ss->s.name, err)) != 0)
+        return rc;
     snprintf((char *)ss->worker.id, sizeof ss->worker.id, "%s", ss->s.identity);
     ss->worker.len = strlen(ss->s.identity);
     BL_LOG(BL_LOG_INFO, "event=child_started process=%s pid=%d", ss->s.name, (int)ss->pid);

@@ -1,10 +1,13 @@
 /* The child side of the control plane (proto/child.h). */
 #include "child.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -12,6 +15,9 @@
 #include "bloomery.pb-c.h"
 #include "chan.h"
 #include "log.h"
+#include "step.h"
+
+extern char **environ;
 
 /* How long one wait on the control socket lasts before the router's liveness and
  * the stop flag are checked again. */
@@ -207,4 +213,50 @@ void bp_child_control_loop(bp_child_t *c, _Atomic int *stop, bp_child_stats_fn s
         bp_msg_free(&m);
     }
     atomic_store_explicit(stop, 1, memory_order_relaxed);
+}
+
+int bp_spawn(pid_t *pid, char *const argv[], const int *fds, int n_fds, int new_pgroup, const char *what,
+             bl_err_t *err)
+{
+    enum { MAX_FDS = 256 };
+    *pid = 0;
+    if (n_fds < 0 || n_fds > MAX_FDS)
+        return bl_err_set(err, BL_EINVAL, "%s: %d descriptors to pass", what, n_fds);
+    int tmp[MAX_FDS], n_tmp = 0, rc = 0;
+    for (; n_tmp < n_fds; n_tmp++)
+        if ((tmp[n_tmp] = fcntl(fds[n_tmp], F_DUPFD_CLOEXEC, BP_STEP_FD_IN + n_fds)) < 0) {
+            rc = bl_err_set(err, BL_EIO, "%s: dup of a ring fd: %s", what, strerror(errno));
+            goto out;
+        }
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawnattr_init(&at);
+    for (int f = 0; f < n_fds; f++)
+        posix_spawn_file_actions_adddup2(&fa, tmp[f], BP_STEP_FD_IN + f);
+    /* nothing else of the parent's leaks into the child (listening sockets, ...) */
+    posix_spawn_file_actions_addclosefrom_np(&fa, BP_STEP_FD_IN + n_fds);
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    posix_spawnattr_setsigmask(&at, &none);
+    posix_spawnattr_setsigdefault(&at, &all);
+    short flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
+    if (new_pgroup) {
+        posix_spawnattr_setpgroup(&at, 0);
+        flags |= POSIX_SPAWN_SETPGROUP;
+    }
+    posix_spawnattr_setflags(&at, flags);
+    const int e = posix_spawn(pid, argv[0], &fa, &at, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    if (e != 0) {
+        *pid = 0;
+        rc = bl_err_set(err, e == ENOENT ? BL_ENOENT : BL_EIO, "%s: cannot start %s: %s", what, argv[0],
+                        strerror(e));
+    }
+out:
+    for (int f = 0; f < n_tmp; f++)
+        close(tmp[f]);
+    return rc;
 }

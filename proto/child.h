@@ -35,6 +35,16 @@ typedef struct bp_counter {
     uint64_t value;
 } bp_counter_t;
 
+/* Starts argv[0] (a path) with argv, this process's environment, and fds[0..n_fds)
+ * at BP_STEP_FD_IN + i (proto/step.h) and no other descriptor above them: the sources
+ * are first duplicated above every target, so that no dup2 overwrites one still
+ * needed. Default signal actions and an empty mask, whatever the caller's threads
+ * had; new_pgroup: its own process group (a Ctrl-C at the terminal then reaches the
+ * parent only, which stops its children in order). what names the child in errors.
+ * BL_ENOENT (no such program), BL_EIO. */
+int bp_spawn(pid_t *pid, char *const argv[], const int *fds, int n_fds, int new_pgroup, const char *what,
+             bl_err_t *err) BL_WUR;
+
 /* Monotonic microseconds. */
 uint64_t bp_now_us(void);
 

@@ -38,7 +38,6 @@
 #include "log.h"
 #include "step.h"
 
-extern char **environ;
 
 #define MAX_WORKERS 64
 /* How often the supervisor looks at its children, and a waiting step at the flags. */
@@ -285,8 +284,7 @@ static int create_rings(rt_cluster_t *c, bl_err_t *err)
 
 /* ------------------------------------------------------------ spawning */
 
-/* Starts child i with its rings at the fds proto/step.h names. The sources are first
- * duplicated above every target, so that no dup2 overwrites a source still needed. */
+/* Starts child i with its rings at the fds proto/step.h names (bp_spawn). */
 static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
 {
     child_t *k = &c->kids[i];
@@ -306,16 +304,7 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
             src[n_fds++] = bp_ring_fd(c->x_rep[i]);
         }
     }
-    int tmp[2 * MAX_WORKERS];
-    int n_tmp = 0, rc = 0;
-    for (; n_tmp < n_fds; n_tmp++) {
-        tmp[n_tmp] = fcntl(src[n_tmp], F_DUPFD_CLOEXEC, BP_STEP_FD_IN + n_fds);
-        if (tmp[n_tmp] < 0) {
-            rc = bl_err_set(err, BL_EIO, "%s: dup of a ring fd: %s", k->name, strerror(errno));
-            goto out;
-        }
-    }
-
+    int rc = 0;
     char parent[24], threads[24];
     snprintf(parent, sizeof parent, "%d", (int)getpid());
     snprintf(threads, sizeof threads, "%d", c->o.n_threads_hosttier > 0 ? c->o.n_threads_hosttier
@@ -357,41 +346,15 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
         argv[a++] = (char *)"--log-colors";
     argv[a] = NULL;
 
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t at;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawnattr_init(&at);
-    for (int f = 0; f < n_fds; f++)
-        posix_spawn_file_actions_adddup2(&fa, tmp[f], BP_STEP_FD_IN + f);
-    /* Nothing else of the router's leaks into the child (listening sockets, ...). */
-    posix_spawn_file_actions_addclosefrom_np(&fa, BP_STEP_FD_IN + n_fds);
-    /* Own process group: a Ctrl-C at the terminal reaches the router, which stops the
-     * children in order, rather than killing them under it. Default signal actions
-     * and an empty mask, whatever the router's threads had. */
-    sigset_t none, all;
-    sigemptyset(&none);
-    sigfillset(&all);
-    posix_spawnattr_setsigmask(&at, &none);
-    posix_spawnattr_setsigdefault(&at, &all);
-    posix_spawnattr_setpgroup(&at, 0);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
-                                      POSIX_SPAWN_SETSIGDEF);
+    /* its own process group: a Ctrl-C at the terminal reaches the router, which stops
+     * the children in order, rather than killing them under it */
     pid_t pid;
-    int e = posix_spawn(&pid, argv[0], &fa, &at, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&at);
-    if (e != 0) {
-        rc = bl_err_set(err, e == ENOENT ? BL_ENOENT : BL_EIO, "%s: cannot start %s: %s",
-                        k->name, argv[0], strerror(e));
-        goto out;
-    }
+    if ((rc = bp_spawn(&pid, argv, src, n_fds, 1, k->name, err)) != 0)
+        return rc;
     k->pid = pid;
     k->hello = k->ready = 0;
     BL_LOG(BL_LOG_INFO, "event=child_started process=%s pid=%d", k->tag, (int)pid);
-out:
-    for (int f = 0; f < n_tmp; f++)
-        close(tmp[f]);
-    return rc;
+    return 0;
 }
 
 /* "killed by signal 9", "exited with status 1". */

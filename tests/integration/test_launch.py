@@ -15,13 +15,11 @@ import time
 import pytest
 
 import serverctl
-from sse import post
+from test_remote import FAST, PROMPTS, greedy, secret_file
 
 ROOT = serverctl.ROOT
 LAUNCH = os.path.join(ROOT, "deploy", "bloomery-launch")
 BIN = os.path.dirname(serverctl.program("bloomery-serve"))
-FAST = ["-np", "2", "-c", "1024", "-t", "1", "-tb", "1"]
-PROMPTS = ["The smith heats the iron", "Once upon a time in the village"]
 
 
 def run(*cmd, check=True):
@@ -39,21 +37,6 @@ def netns_ok():
         return False
     run("ip", "netns", "del", name, check=False)
     return True
-
-
-def secret_file(path, text=None):
-    with open(path, "w") as f:
-        f.write(text or os.urandom(32).hex())
-    os.chmod(path, 0o600)
-    return str(path)
-
-
-def greedy(url, prompt):
-    r = post(url, "/completion", {"prompt": prompt, "n_predict": 8, "n_probs": 3, "temperature": 0,
-                                  "ignore_eos": True, "return_tokens": True})
-    assert r.status_code == 200, r.text
-    j = r.json()
-    return j["tokens"], [[(t["id"], t["logprob"]) for t in x["top_logprobs"]] for x in j["completion_probabilities"]]
 
 
 class Launch:
