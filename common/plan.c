@@ -649,9 +649,15 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
         const int64_t base = n_cpu_layers / ncs, extra = n_cpu_layers % ncs;
         int64_t at = 0;
         for (int i = 0; i < ncs; i++) {
-            const int64_t n = base + (i < extra ? 1 : 0);
-            p->stage[p->n_stages++] = (bl_plan_stage_t){.device = BL_PLAN_DEVICE_CPU, .lb = at, .le = at + n};
-            at += n;
+            const int64_t end = o->cpu_stage_ends ? o->cpu_stage_ends[i] : at + base + (i < extra ? 1 : 0);
+            if (end <= at || end > n_cpu_layers || (i == ncs - 1 && end != n_cpu_layers)) {
+                rc = bl_err_set(err, BL_EINVAL, "stage %d of the CPU layers ends at layer %lld, after %lld: the "
+                                "stages must cover the %lld CPU layers in order", i, (long long)end, (long long)at,
+                                (long long)n_cpu_layers);
+                goto out;
+            }
+            p->stage[p->n_stages++] = (bl_plan_stage_t){.device = BL_PLAN_DEVICE_CPU, .lb = at, .le = end};
+            at = end;
         }
     }
     if (n_gpu_layers > 0 && (rc = split_gpu_layers(p, n_cpu_layers, a->n_layer, gpus, w, n_gpus, err)) < 0)

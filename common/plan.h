@@ -65,6 +65,10 @@ typedef struct bl_place_opts {
     int64_t fit_target_mib;   /* -fitt: MiB each card keeps free; < 0: 1024 */
     int n_cpu_stages;         /* stages the CPU layers are split into (--workers); 0: 1;
                                * more than there are CPU layers: BL_EINVAL */
+    const int64_t *cpu_stage_ends; /* n_cpu_stages ends of the CPU stages (a hostfile's
+                               * layers=): increasing, the last the CPU layers' count
+                               * (else BL_EINVAL); NULL: split evenly, earlier stages
+                               * taking the remainder */
     int64_t n_ctx_total;      /* KV positions over every slot */
     double kv_elem_bytes;     /* bytes of one cached K or V element (2 for f16) */
     int64_t n_batch;          /* rows of a step, for the scratch */

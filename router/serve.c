@@ -722,10 +722,10 @@ static json_t *placement_json(const bl_plan_t *p)
 }
 
 /* A hostfile's stages: a CPU worker per worker line, in file order; remote[i] the
- * node's endpoint of a line whose host is not the router's ("" for this host). What
- * this version does not take yet is refused by line: GPU workers, threads=, layers=,
- * name=, a hosttier on another host. */
-static int hostfile_stages(opts_t *o, char remote[][300], bl_err_t *err)
+ * node's endpoint of a line whose host is not the router's ("" for this host); their
+ * layer ends (*has_ends) when the lines give layers=. What this version does not take
+ * yet is refused by line: GPU workers, threads=, name=, a hosttier on another host. */
+static int hostfile_stages(opts_t *o, char remote[][300], int64_t *ends, int *has_ends, bl_err_t *err)
 {
     bl_hostfile_t hf = {0};
     int rc = bl_hostfile_load(o->hostfile, &hf, err);
@@ -737,7 +737,6 @@ static int hostfile_stages(opts_t *o, char remote[][300], bl_err_t *err)
         const bl_host_entry_t *e = &hf.e[i];
         const char *what = e->all_gpus || e->n_gpus ? "GPU workers (run the cards' stages on the router's host)"
                            : e->threads            ? "threads= (-t and -tb set every worker's)"
-                           : e->layer_begin >= 0   ? "layers= (the plan splits the layers evenly)"
                            : e->name[0]            ? "name="
                                                    : NULL;
         if (e->role == BL_HOST_HOSTTIER && strcasecmp(e->host, router->host) != 0)
@@ -753,6 +752,9 @@ static int hostfile_stages(opts_t *o, char remote[][300], bl_err_t *err)
             break;
         }
         remote[n][0] = '\0';
+        /* layers= is on every worker or none, tiling from 0 (the parser's rules) */
+        *has_ends = e->layer_end > 0;
+        ends[n] = e->layer_end;
         if (strcasecmp(e->host, router->host) != 0) {
             snprintf(remote[n], 300, strchr(e->host, ':') ? "tcp://[%s]:%u" : "tcp://%s:%u", e->host,
                      (unsigned)e->port);
@@ -771,7 +773,8 @@ static int hostfile_stages(opts_t *o, char remote[][300], bl_err_t *err)
 /* The placement (common/plan.c) from the placement flags, the model's file and the
  * devices bloomery-worker reports, printed at start. */
 static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64_t n_ctx, uint32_t kv_type,
-                 int64_t rows, bl_plan_t *plan, bl_device_t *devs, int *n_devs, bl_err_t *err)
+                 int64_t rows, const int64_t *stage_ends, bl_plan_t *plan, bl_device_t *devs, int *n_devs,
+                 bl_err_t *err)
 {
     bl_arch_t a;
     int rc = bl_arch_read(&a, g, o->model, err);
@@ -797,7 +800,7 @@ static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64
         BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored flag=--gpu-layers value=%s reason=no CUDA device: every "
                "layer runs on the CPU", f->gpu_layers);
     bl_place_opts_t po = {
-        .n_cpu_stages = (int)o->workers, .n_ctx_total = n_ctx,
+        .n_cpu_stages = (int)o->workers, .cpu_stage_ends = stage_ends, .n_ctx_total = n_ctx,
         .kv_elem_bytes = kv_type == BL_TYPE_F32 ? 4.0 : kv_type == BL_TYPE_Q8_0 ? 34.0 / 32.0 : 2.0,
         .n_batch = rows, .n_seqs = o->parallel, .ram_avail = bl_mem_available()};
     if ((rc = bl_plan_opts(&po, f, err)) != 0)
@@ -1927,11 +1930,14 @@ int main(int argc, char **argv)
      * served until the loop runs), then the child processes and the engine */
     char bin_dir[PATH_MAX];
     static char remote[RT_CLUSTER_MAX_STAGES][300];
+    int64_t stage_ends[RT_CLUSTER_MAX_STAGES];
+    int has_ends = 0;
     if (o.hostfile && o.workers != 1 && bl_err_set(&err, BL_EINVAL, "--workers and --hostfile: the hostfile's "
                                                    "worker lines are the stages") < 0)
         goto fail;
-    if ((o.hostfile && hostfile_stages(&o, remote, &err)) || find_bin_dir(bin_dir, sizeof bin_dir, &err) ||
-        place(&o, g, bin_dir, n_ctx, ktype, rows, &plan, devs, &n_devs, &err) ||
+    if ((o.hostfile && hostfile_stages(&o, remote, stage_ends, &has_ends, &err)) ||
+        find_bin_dir(bin_dir, sizeof bin_dir, &err) ||
+        place(&o, g, bin_dir, n_ctx, ktype, rows, has_ends ? stage_ends : NULL, &plan, devs, &n_devs, &err) ||
         (draft_on && draft_device(&o, n_devs, &draft_dev, &err)) ||
         make_runtime_dir(runtime_dir, sizeof runtime_dir, &err))
         goto fail;

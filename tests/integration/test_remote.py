@@ -9,7 +9,8 @@ process's bit for bit (with and without the hosttier's rings on the links); a
 remote worker killed mid-service is reported by the node, the set restarts and
 serves again; a node with another secret, a node whose model file is another one
 (a private mount namespace puts another file at the path), a secret file others may
-read, and hostfile lines this version does not take are refused by name."""
+read, and hostfile lines this version does not take are refused by name; layers= splits the
+stages where it says."""
 import os
 import re
 import signal
@@ -130,6 +131,24 @@ def test_a_remote_stage_same_as_one_process(servers, nodes, tmp_path, hosttier):
     assert "event=relay_up node=tcp://localhost:%d rings=%d" % (node.port, 4 if hosttier else 2) in srv.log(100000)
     assert "event=session_started worker=worker1" in node.log()
     assert node.worker_pid() is not None
+    for p in PROMPTS:
+        assert greedy(srv.url, p) == greedy(one.url, p), p
+
+
+def test_layers_given_in_the_hostfile_split_the_stages_unevenly(servers, nodes, tmp_path):
+    """layers= puts one layer of four on the router's host and three under the node."""
+    model = serverctl.make_model(str(tmp_path / "four.gguf"), "--layers", "4")
+    secret = secret_file(tmp_path / "secret")
+    node = nodes(secret)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker layers=0-1\n"
+                     "localhost %d worker layers=1-4\n" % node.port)
+    one = servers.start(FAST, model=model)
+    srv = servers.start(FAST + ["--hostfile", str(hosts), "--cluster-secret", secret], model=model)
+    log = srv.log(100000)
+    assert "event=plan stage 0: layers 0..0 on the CPU" in log, log
+    assert "event=plan stage 1: layers 1..3 on the CPU" in log, log
+    assert "event=ready layers=1..4" in node.log()
     for p in PROMPTS:
         assert greedy(srv.url, p) == greedy(one.url, p), p
 

@@ -391,6 +391,33 @@ static void test_plan_cpu_stages_split_layers_earlier_take_the_remainder(void **
     expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "--workers 20");
 }
 
+/* A hostfile's layers=: the CPU stages end where it says, uneven; ends that do not
+ * cover the CPU layers in order are refused. */
+static void test_plan_cpu_stage_ends_given(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    const int64_t ends[3] = {1, 6, N_LAYER};
+    o.n_cpu_stages = 3;
+    o.cpu_stage_ends = ends;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_int_equal(p->n_stages, 3);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, 1);
+    assert_stage(p, 1, BL_PLAN_DEVICE_CPU, 1, 6);
+    assert_stage(p, 2, BL_PLAN_DEVICE_CPU, 6, N_LAYER);
+    assert_sizes(p, 1, 5 * (D_BYTES + X_BYTES), 5 * X_BYTES);
+    bl_plan_free(p);
+
+    const int64_t short_[3] = {1, 6, N_LAYER - 1}, back[3] = {4, 4, N_LAYER}, past[3] = {2, N_LAYER + 1, N_LAYER};
+    o.cpu_stage_ends = short_;
+    expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "must cover");
+    o.cpu_stage_ends = back;
+    expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "stage 1 of the CPU layers ends at layer 4, after 4");
+    o.cpu_stage_ends = past;
+    expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "must cover");
+}
+
 static void test_plan_one_device_defaults_put_every_layer_on_the_card(void **state)
 {
     (void)state;
@@ -1416,6 +1443,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_plan_no_devices_is_one_cpu_stage),
         T(test_plan_cpu_stages_split_layers_earlier_take_the_remainder),
+        T(test_plan_cpu_stage_ends_given),
         T(test_plan_one_device_defaults_put_every_layer_on_the_card),
         T(test_plan_free_memory_not_known_is_not_checked),
         T(test_plan_ngl_zero_puts_every_layer_on_the_cpu),
