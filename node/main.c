@@ -288,7 +288,7 @@ static int relay_main(const char *node, const uint8_t key[32], const char *contr
         if ((rc = bp_link_wait_up(r.l[i], UP_MS, &err)) != 0) {
             char why[sizeof err.msg];
             snprintf(why, sizeof why, "%s", err.msg);
-            rc = bl_err_set(&err, rc, "%s: the node at %s: %s", name, bp_link_endpoint(r.l[i]), why);
+            rc = bl_err_set(&err, rc, "the node at %s: %s", bp_link_endpoint(r.l[i]), why);
         }
     if (rc == 0)
         rc = env_send(r.l[0], BP_NODE_ENV_SETUP, &s, sizeof s, &err);

@@ -82,6 +82,11 @@ typedef struct rt_app {
     time_t started;
     int loading;                /* 1 until the cluster is READY: /health 503, generation 503 */
     int stopping;               /* 1 after SIGINT/SIGTERM: generation 503 */
+    /* "" while the model serves; why it does not, when its processes have been
+     * restarting for longer than a passing restart takes (a stage's host lost, the
+     * serve loop's watch sets it): /health and generation answer 503 with it until the
+     * set is whole again */
+    char down[1024];
 } rt_app_t;
 
 /* llama-server's defaults for what the flags may change: requests' parameters,
@@ -96,5 +101,6 @@ extern const size_t rt_webui_html_len;
  * for generation_settings and /props (api_gen.c). */
 json_t *rt_api_samplers_json(const rt_sampler_params_t *s);
 void rt_api_gen_register(rt_http_t *h);    /* api_gen.c */
+
 
 #endif

@@ -1649,6 +1649,10 @@ int rt__gen_unavailable(rt_req_t *r, int anthropic)
         rt__gen_send_error(r, api, 503, "unavailable_error", "Loading model");
         return 1;
     }
+    if (app->down[0]) {
+        rt__gen_send_error(r, api, 503, "unavailable_error", "%s", app->down);
+        return 1;
+    }
     if (app->stopping) {
         rt__gen_send_error(r, api, 503, "unavailable_error", "server is shutting down");
         return 1;

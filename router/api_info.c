@@ -135,6 +135,10 @@ static void route_health(rt_req_t *r)
 {
     if (refuse_while_loading(r))
         return;
+    if (app_of(r)->down[0]) {
+        rt_req_send_error(r, 503, "unavailable_error", "%s", app_of(r)->down);
+        return;
+    }
     rt_req_send_json(r, 200, json_pack("{s:s}", "status", "ok"));
 }
 

@@ -62,6 +62,7 @@ typedef struct child {
     pid_t pid;         /* 0 when not running */
     int hosttier;
     int hello, ready;
+    char last_words[512]; /* its fatal Error after load, told with its death */
     rt_child_stats_t stats; /* under mu; stats.n 0 until the first report */
 } child_t;
 
@@ -114,6 +115,7 @@ struct rt_cluster {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     rt_cluster_state_t state;  /* under mu */
+    int failed_restarts;       /* under mu: restarts that failed since the set was last whole */
     char error[1024];          /* under mu */
     int pending_closed;        /* under mu: a death the engine has not been told of: the
                                 * next step that reads a cache ends with BL_ECLOSED */
@@ -353,6 +355,7 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
         return rc;
     k->pid = pid;
     k->hello = k->ready = 0;
+    k->last_words[0] = '\0';
     BL_LOG(BL_LOG_INFO, "event=child_started process=%s pid=%d", k->tag, (int)pid);
     return 0;
 }
@@ -588,6 +591,8 @@ static int on_message(rt_cluster_t *c, const bp_peer_t *from, const bp_msg_t *m,
             set_error(c, err.msg);
             return code;
         }
+        if (fatal) /* it exits next: its death says why */
+            snprintf(k->last_words, sizeof k->last_words, "%s", esc);
         return 0;
     }
     case BP_MSG_STATS:
@@ -742,9 +747,10 @@ static int watch_set(rt_cluster_t *c)
         int status, i = reap_one(c, &status);
         if (i >= 0) {
             child_t *k = &c->kids[i];
-            char how[64], msg[256];
+            char how[64], msg[800];
             describe_status(status, how, sizeof how);
-            snprintf(msg, sizeof msg, "%s (pid %d) died: %s", k->name, (int)k->pid, how);
+            snprintf(msg, sizeof msg, "%s (pid %d) died: %s%s%s%s", k->name, (int)k->pid, how,
+                     k->last_words[0] ? " (" : "", k->last_words, k->last_words[0] ? ")" : "");
             k->pid = 0;
             BL_LOG(BL_LOG_ERROR, "event=child_died process=%s %s", k->tag, how);
             atomic_fetch_add(&c->child_deaths, 1);
@@ -796,7 +802,9 @@ static void *supervisor_main(void *arg)
         set_state(c, RT_CLUSTER_FAILED);
         return NULL;
     }
-    int failed = 0, first = 1;
+    int failed = 0, first = 1, remote = 0;
+    for (int s = 0; s < c->o.n_workers && s < RT_CLUSTER_MAX_STAGES; s++)
+        remote |= c->remote[s] != NULL;
     while (!atomic_load(&c->stopping)) {
         const int started = start_set(c);
         if (started == RT_SET_CHANGED) {
@@ -805,15 +813,30 @@ static void *supervisor_main(void *arg)
         }
         if (started != 0) {
             /* The first start failing is the user's problem (a bad file): report it.
-             * Later ones may be passing trouble: retry a few times. */
-            if (first || ++failed >= MAX_FAILED_RESTARTS || atomic_load(&c->stopping)) {
+             * Later ones may be passing trouble: retry a few times; with stages on
+             * other hosts without limit, since a host that went away may come back
+             * (the HTTP routes answer 503 with the reason meanwhile). */
+            ++failed;
+            pthread_mutex_lock(&c->mu);
+            c->failed_restarts = failed;
+            pthread_mutex_unlock(&c->mu);
+            if (first || (!remote && failed >= MAX_FAILED_RESTARTS) || atomic_load(&c->stopping)) {
                 set_state(c, atomic_load(&c->stopping) ? RT_CLUSTER_STOPPED : RT_CLUSTER_FAILED);
                 break;
             }
-            usleep(200000);
+            if (remote) {
+                char why[sizeof c->error];
+                BL_LOG(BL_LOG_WARN, "event=restart_failed attempt=%d reason=\"%s\"", failed,
+                       rt_cluster_error(c, why, sizeof why));
+            }
+            for (int i = 0; i < (remote && failed > 2 ? 25 : 2) && !atomic_load(&c->stopping); i++)
+                usleep(100000);
             continue;
         }
         first = failed = 0;
+        pthread_mutex_lock(&c->mu);
+        c->failed_restarts = 0;
+        pthread_mutex_unlock(&c->mu);
         set_state(c, RT_CLUSTER_READY);
         int why = watch_set(c);
         stop_set(c, why != 1);
@@ -1117,6 +1140,16 @@ const char *rt_cluster_error(rt_cluster_t *c, char *buf, size_t cap)
     snprintf(buf, cap, "%s", c->error);
     pthread_mutex_unlock(&c->mu);
     return buf;
+}
+
+int rt_cluster_down(rt_cluster_t *c, char *why, size_t cap)
+{
+    pthread_mutex_lock(&c->mu);
+    const int down = c->state == RT_CLUSTER_RESTARTING && c->failed_restarts > 0;
+    if (down)
+        snprintf(why, cap, "the model's processes are restarting%s%s", c->error[0] ? ": " : "", c->error);
+    pthread_mutex_unlock(&c->mu);
+    return down;
 }
 
 int64_t rt_cluster_n_vocab(const rt_cluster_t *c)

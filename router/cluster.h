@@ -128,6 +128,13 @@ rt_cluster_state_t rt_cluster_wait(rt_cluster_t *c, int timeout_ms);
  * killed by signal 9"); "" when none. Copied into buf. */
 const char *rt_cluster_error(rt_cluster_t *c, char *buf, size_t cap);
 
+/* Whether the cluster is RESTARTING after a restart that failed (a stage's host lost:
+ * a set with stages on other hosts keeps trying): then 1, with why it is down in why
+ * ("the model's processes are restarting: <the last failure>"), and the server
+ * answers 503 with it, waiting requests too, until the set is whole again. During a
+ * first restart requests wait, as a reload may take minutes. */
+int rt_cluster_down(rt_cluster_t *c, char *why, size_t cap);
+
 /* Model facts the workers report in their Ready (filled once READY). */
 int64_t rt_cluster_n_vocab(const rt_cluster_t *c);
 int64_t rt_cluster_n_embd(const rt_cluster_t *c);

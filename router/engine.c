@@ -2567,6 +2567,12 @@ static void *engine_main(void *arg)
                     fail_waiting_locked(e, 503, "server is shutting down");
                 pthread_mutex_unlock(&e->mu);
             } else {
+                char down[sizeof buf + 64];
+                if (rt_cluster_down(e->cluster, down, sizeof down)) { /* not a passing restart */
+                    pthread_mutex_lock(&e->mu);
+                    fail_waiting_locked(e, 503, down);
+                    pthread_mutex_unlock(&e->mu);
+                }
                 wake_loop(e);
                 (void)rt_cluster_wait(e->cluster, CLUSTER_POLL_MS);
             }

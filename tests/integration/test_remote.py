@@ -36,9 +36,9 @@ def secret_file(path, text=None, mode=0o600):
 class Node:
     """A bloomery-node --listen on three free ports (PORT, PORT+1, PORT+2)."""
 
-    def __init__(self, tmp_path, secret, wrap=(), cwd=None):
-        self.port = free_ports(3)
-        self.log_path = str(tmp_path / ("node-%d.log" % self.port))
+    def __init__(self, tmp_path, secret, wrap=(), cwd=None, port=None):
+        self.port = port or free_ports(3)
+        self.log_path = str(tmp_path / ("node-%d-%d.log" % (self.port, time.monotonic_ns())))
         cmd = list(wrap) + [serverctl.program("bloomery-node"), "--listen",
                             "tcp://127.0.0.1:%d" % self.port, "--secret", secret]
         self.log_file = open(self.log_path, "wb")
@@ -169,6 +169,37 @@ def test_a_killed_remote_worker_is_reported_and_the_set_restarts(servers, nodes,
     srv.wait_healthy(30)
     assert greedy(srv.url, PROMPTS[0]) == want
     assert node.worker_pid() not in (None, pid)
+
+
+def test_a_lost_host_gets_503_with_the_reason_until_it_is_back(servers, nodes, tmp_path):
+    """The node itself goes (its host lost): the router keeps trying, answers 503 with
+    the reason meanwhile (/health too), and serves again once a node is back."""
+    import requests
+    secret = secret_file(tmp_path / "secret")
+    node = nodes(secret)
+    port = node.port
+    srv = servers.start(FAST + ["--hostfile", hostfile(tmp_path, port), "--cluster-secret", secret])
+    want = greedy(srv.url, PROMPTS[0])
+    node.proc.kill()
+    node.proc.wait()
+    deadline = time.monotonic() + 30
+    r = None
+    while time.monotonic() < deadline:
+        r = requests.post(srv.url + "/completion", json={"prompt": "Hi", "n_predict": 2}, timeout=30)
+        if r.status_code == 503:
+            break
+        time.sleep(0.2)
+    assert r is not None and r.status_code == 503, (r and r.text, srv.log())
+    assert "restarting" in r.json()["error"]["message"] and "the node at tcp://localhost:%d" % port in r.text, r.text
+    h = requests.get(srv.url + "/health", timeout=10)
+    assert h.status_code == 503 and "the node at" in h.text, h.text
+    assert srv.proc.poll() is None, srv.log()
+    again = Node(tmp_path, secret, port=port)
+    try:
+        srv.wait_healthy(60)
+        assert greedy(srv.url, PROMPTS[0]) == want
+    finally:
+        again.stop()
 
 
 def test_a_node_with_another_secret_is_refused(servers, nodes, tmp_path):
