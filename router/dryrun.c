@@ -338,9 +338,14 @@ static void print_fit(FILE *f, const rt_dry_run_t *d)
                                       "(the load may fail)");
     }
     uint64_t host = p->host_ram_bytes;
-    for (int i = 0; i < p->n_stages; i++)
-        if (p->stage[i].device < 0)
-            host += p->stage[i].weight_bytes + p->stage[i].kv_bytes;
+    for (int i = 0; i < p->n_stages; i++) {
+        const uint64_t b = p->stage[i].weight_bytes + p->stage[i].kv_bytes;
+        if (p->stage[i].device < 0 && d->remote[i])
+            fprintf(f, "  %s: stage %d takes %s (weights and KV cache) of that host's RAM\n", d->remote[i], i,
+                    size_str(s1, sizeof s1, b));
+        else if (p->stage[i].device < 0)
+            host += b;
+    }
     if (host == 0)
         fprintf(f, "  host RAM: no weights (every layer on the cards)\n");
     else

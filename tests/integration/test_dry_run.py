@@ -305,3 +305,20 @@ def test_reads_the_header_and_not_the_weights(model, tmp_path):
     cached, n = resident_pages(path, size // 2, size)
     assert cached <= n // 10, "%d of %d pages of the weights were read" % (cached, n)
     assert secs < 10
+
+
+def test_hostfile_stage_on_another_host(model, tmp_path):
+    """--hostfile: the stage of another host's worker line is shown with its node and
+    counted in that host's RAM; nothing connects to it (the address leads nowhere)."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker\n192.0.2.7 9000 worker\n")
+    secret = tmp_path / "secret"
+    secret.write_bytes(os.urandom(64))
+    secret.chmod(0o600)
+    rc, out, err, secs, _ = serve(["-m", model, "--dry-run", "-t", "1", "--hostfile", str(hosts),
+                                   "--cluster-secret", str(secret)])
+    assert rc == 0, out + err
+    assert [r[1] for r in stages(out).values()] == ["0", "1"], out
+    assert "stage 1 runs on another host, through the node at tcp://192.0.2.7:9000 (--hostfile)" in out, out
+    assert re.search(r"tcp://192\.0\.2\.7:9000: stage 1 takes \S+ \S+ \(weights and KV cache\)", out), out
+    assert secs < 10
