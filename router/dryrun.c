@@ -303,6 +303,20 @@ static void print_context(FILE *f, const rt_dry_run_t *d)
     else
         fprintf(f, "  %lld positions: %lld slot%s of %lld\n", (long long)d->n_ctx, (long long)d->n_slots,
                 d->n_slots == 1 ? "" : "s", (long long)d->n_ctx_slot);
+    if (d->plan) {
+        uint64_t kv = 0, state = 0;
+        for (int i = 0; i < d->plan->n_stages; i++) {
+            kv += d->plan->stage[i].kv_bytes - d->plan->stage[i].state_bytes;
+            state += d->plan->stage[i].state_bytes;
+        }
+        const bl_type_info_t *kt = bl_type_info(d->kv_type);
+        char s1[32], s2[32];
+        fprintf(f, "  KV cache: %s (-ctk/-ctv), %s in all", kt ? kt->name : "?", size_str(s1, sizeof s1, kv));
+        if (state)
+            fprintf(f, "; recurrent state: %s in all, %s a slot", size_str(s1, sizeof s1, state),
+                    size_str(s2, sizeof s2, state / (uint64_t)(d->n_slots > 0 ? d->n_slots : 1)));
+        fprintf(f, "\n");
+    }
     if (d->draft_path) {
         char dev[32] = "the CPU";
         if (d->draft_device >= 0)
