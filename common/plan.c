@@ -209,6 +209,29 @@ static int read_sizes(const bl_gguf_t *g, const bl_arch_t *a, sizes_t *s, bl_err
     return 0;
 }
 
+void bl_plan_model_bytes(const bl_gguf_t *g, const bl_arch_t *a, bl_model_bytes_t *out)
+{
+    memset(out, 0, sizeof *out);
+    for (uint64_t i = 0; i < bl_gguf_n_tensors(g); i++) {
+        const bl_gguf_tensor_t *t = bl_gguf_tensor_at(g, i);
+        int64_t l = -1;
+        const bl_role_t role = bl_arch_role(a, t->name, &l);
+        uint64_t n = 1;
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            n *= (uint64_t)t->ne[d];
+        const int r = (int)role >= 0 && (int)role < BL_PLAN_N_ROLES ? (int)role : BL_ROLE_OTHER;
+        out->role_bytes[r] += t->nbytes;
+        out->role_params[r] += n;
+        if (t->type < BL_TYPE_COUNT) {
+            out->type_bytes[t->type] += t->nbytes;
+            out->type_tensors[t->type]++;
+        }
+        out->bytes += t->nbytes;
+        out->params += n;
+        out->tensors++;
+    }
+}
+
 static void free_sizes(sizes_t *s)
 {
     free(s->dense);
@@ -306,11 +329,13 @@ static void size_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t 
     for (int i = 0; i < p->n_stages; i++) {
         bl_plan_stage_t *st = &p->stage[i];
         const int first = st->lb == 0, last = st->le == a->n_layer;
-        st->weight_bytes = st->expert_bytes = 0;
+        st->weight_bytes = st->expert_bytes = st->host_expert_bytes = 0;
         for (int64_t l = st->lb; l < st->le; l++) {
             st->weight_bytes += s->dense[l];
             if (!bl_plan_layer_host(p, l))
                 st->expert_bytes += s->experts[l];
+            else
+                st->host_expert_bytes += s->experts[l];
         }
         st->weight_bytes += st->expert_bytes;
         if (first)
@@ -321,10 +346,11 @@ static void size_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t 
         int64_t n_attn = 0, n_rec = 0;
         for (int64_t l = st->lb; l < st->le; l++)
             bl_arch_layer_recurrent(a, l) ? n_rec++ : n_attn++;
+        st->state_bytes = (uint64_t)n_rec * (uint64_t)bl_arch_rec_floats(a) * 4u *
+                          (uint64_t)(o->n_seqs > 0 ? o->n_seqs : 1);
         st->kv_bytes = (uint64_t)(kv_pos_layer * (double)(o->n_ctx_total > 0 ? o->n_ctx_total : 0) *
                                   (double)n_attn) +
-                       (uint64_t)n_rec * (uint64_t)bl_arch_rec_floats(a) * 4u *
-                           (uint64_t)(o->n_seqs > 0 ? o->n_seqs : 1);
+                       st->state_bytes;
         st->scratch_bytes = st->device >= 0 ? cuda_scratch(a, o, s, p, st, last) : 0;
     }
 }
@@ -344,8 +370,7 @@ static int over(const bl_plan_stage_t *st, const bl_device_t *devs, int n_devs, 
     const bl_device_t *d = device_of(devs, n_devs, st->device);
     if (!d || d->free_bytes == 0)
         return 0;
-    const uint64_t need = st->weight_bytes + st->kv_bytes + st->scratch_bytes + margin;
-    return need > d->free_bytes;
+    return bl_plan_stage_need(st) + margin > d->free_bytes;
 }
 
 /* Certain not to fit: the weights and the KV cache alone pass the free memory. */
@@ -353,6 +378,16 @@ static int cannot_fit(const bl_plan_stage_t *st, const bl_device_t *devs, int n_
 {
     const bl_device_t *d = device_of(devs, n_devs, st->device);
     return d && d->free_bytes && st->weight_bytes + st->kv_bytes > d->free_bytes;
+}
+
+int bl_plan_stage_fit(const bl_plan_t *p, int i, const bl_device_t *devs, int n_devs)
+{
+    const bl_plan_stage_t *st = &p->stage[i];
+    if (st->device < 0)
+        return BL_PLAN_FITS;
+    if (cannot_fit(st, devs, n_devs))
+        return BL_PLAN_OVER;
+    return over(st, devs, n_devs, (uint64_t)p->fit_target_mib * MIB) ? BL_PLAN_TIGHT : BL_PLAN_FITS;
 }
 
 /* -dev: "none", or a comma list of CUDA devices ("cuda0", "CUDA1"); each must exist. */
@@ -542,7 +577,12 @@ static int apply_overrides(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a,
     return rc;
 }
 
-static void fmt_size(char *b, size_t n, uint64_t bytes)
+uint64_t bl_plan_stage_need(const bl_plan_stage_t *st)
+{
+    return st->weight_bytes + st->kv_bytes + st->scratch_bytes;
+}
+
+void bl_plan_fmt_size(char *b, size_t n, uint64_t bytes)
 {
     if (bytes >= (uint64_t)1 << 30)
         snprintf(b, n, "%.2f GiB", (double)bytes / GIB);
@@ -560,10 +600,10 @@ static int refuse_over(const bl_plan_t *p, const bl_device_t *devs, int n_devs, 
             continue;
         const bl_device_t *d = device_of(devs, n_devs, st->device);
         char w[32], k[32], s[32], f[32];
-        fmt_size(w, sizeof w, st->weight_bytes);
-        fmt_size(k, sizeof k, st->kv_bytes);
-        fmt_size(s, sizeof s, st->scratch_bytes);
-        fmt_size(f, sizeof f, d->free_bytes);
+        bl_plan_fmt_size(w, sizeof w, st->weight_bytes);
+        bl_plan_fmt_size(k, sizeof k, st->kv_bytes);
+        bl_plan_fmt_size(s, sizeof s, st->scratch_bytes);
+        bl_plan_fmt_size(f, sizeof f, d->free_bytes);
         return bl_err_set(err, BL_ENOMEM, "plan: layers %lld..%lld on CUDA%d need %s of weights and %s of KV "
                           "cache (and about %s of scratch, with -fitt %llu MiB kept free), but the card has %s free "
                           "(put routed experts in host RAM with --cpu-moe or -ncmoe N, fewer layers with -ngl, a "
@@ -577,6 +617,7 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
                   const bl_place_opts_t *o, bl_err_t *err)
 {
     memset(p, 0, sizeof *p);
+    p->ram_avail = o->ram_avail;
     p->n_layer = a->n_layer;
     p->n_expert = a->moe ? a->n_expert : 0;
     p->n_dense_lead = a->moe ? a->n_dense_lead : 0;
@@ -727,8 +768,8 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
                 const bl_plan_stage_t *st = &p->stage[i];
                 const bl_device_t *d = device_of(devs, n_devs, st->device);
                 char need[32], f[32];
-                fmt_size(need, sizeof need, st->weight_bytes + st->kv_bytes + st->scratch_bytes);
-                fmt_size(f, sizeof f, d->free_bytes);
+                bl_plan_fmt_size(need, sizeof need, bl_plan_stage_need(st));
+                bl_plan_fmt_size(f, sizeof f, d->free_bytes);
                 rc = bl_err_set(err, BL_ENOMEM, "--fit: layers %lld..%lld on CUDA%d need about %s with their routed "
                                 "experts in host RAM, and the card has %s free with %lld MiB to keep (give the "
                                 "layers with -ts or -ngl, or a smaller -c)", (long long)st->lb,
@@ -773,10 +814,10 @@ size_t bl_plan_format(const bl_plan_t *p, const bl_device_t *devs, int n_devs, c
     for (int i = 0; i < p->n_stages; i++) {
         const bl_plan_stage_t *st = &p->stage[i];
         char wb[32], eb[32], kb[32], sb[32];
-        fmt_size(wb, sizeof wb, st->weight_bytes);
-        fmt_size(eb, sizeof eb, st->expert_bytes);
-        fmt_size(kb, sizeof kb, st->kv_bytes);
-        fmt_size(sb, sizeof sb, st->scratch_bytes);
+        bl_plan_fmt_size(wb, sizeof wb, st->weight_bytes);
+        bl_plan_fmt_size(eb, sizeof eb, st->expert_bytes);
+        bl_plan_fmt_size(kb, sizeof kb, st->kv_bytes);
+        bl_plan_fmt_size(sb, sizeof sb, st->scratch_bytes);
         if (st->device >= 0) {
             const bl_device_t *d = device_of(devs, n_devs, st->device);
             card += st->weight_bytes;
@@ -790,14 +831,14 @@ size_t bl_plan_format(const bl_plan_t *p, const bl_device_t *devs, int n_devs, c
         }
     }
     char cb[32], rb[32], hb[32];
-    fmt_size(cb, sizeof cb, card);
-    fmt_size(rb, sizeof rb, cpu);
-    fmt_size(hb, sizeof hb, p->host_bytes);
+    bl_plan_fmt_size(cb, sizeof cb, card);
+    bl_plan_fmt_size(rb, sizeof rb, cpu);
+    bl_plan_fmt_size(hb, sizeof hb, p->host_bytes);
     if (p->host_disk_bytes > 0) {
         char ramb[32], db[32], bb[32];
-        fmt_size(ramb, sizeof ramb, p->host_ram_bytes);
-        fmt_size(db, sizeof db, p->host_disk_bytes);
-        fmt_size(bb, sizeof bb, p->experts_ram);
+        bl_plan_fmt_size(ramb, sizeof ramb, p->host_ram_bytes);
+        bl_plan_fmt_size(db, sizeof db, p->host_disk_bytes);
+        bl_plan_fmt_size(bb, sizeof bb, p->experts_ram);
         at = put(buf, cap, at, "on the cards %s; in the CPU workers %s; routed experts of %d of %lld layers with the "
                  "hosttier: %s, of which %s in host RAM and %s on disk (--experts-ram %s)\n", cb, rb,
                  p->n_host_layers, (long long)p->n_layer, hb, ramb, db, bb);

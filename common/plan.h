@@ -37,6 +37,7 @@
 #include "args.h"
 #include "err.h"
 #include "gguf.h"
+#include "quant.h"
 
 #define BL_PLAN_MAX_DEVICES 16
 #define BL_PLAN_MAX_STAGES 64
@@ -88,7 +89,11 @@ typedef struct bl_plan_stage {
     int64_t lb, le;         /* layers [lb, le) */
     uint64_t weight_bytes;  /* what the stage holds: dense parts, its experts, embd, head */
     uint64_t expert_bytes;  /* of which routed experts */
-    uint64_t kv_bytes;
+    uint64_t kv_bytes;      /* the cache: K/V rows of its attention layers and the
+                             * recurrent states of its DeltaNet layers */
+    uint64_t state_bytes;   /* of which recurrent states (every slot's) */
+    uint64_t host_expert_bytes; /* routed experts of its layers that the hosttier keeps
+                                 * (not in weight_bytes) */
     uint64_t scratch_bytes; /* an estimate of the backend's scratch (cards only) */
 } bl_plan_stage_t;
 
@@ -102,6 +107,7 @@ typedef struct bl_plan {
     int n_host_layers;      /* layers with an expert in host RAM */
     int hosttier;           /* a hosttier process computes the host experts */
     uint64_t experts_ram;   /* the host experts' RAM budget (resolved; UINT64_MAX: none) */
+    uint64_t ram_avail;     /* the available memory it was resolved from (0: unknown) */
     uint64_t host_ram_bytes, host_disk_bytes; /* host_bytes split by that budget */
     int disk_moved;         /* layers whose experts left their CPU worker for the pager */
     int fit_moved;          /* --fit put the experts of this many leading layers in RAM */
@@ -154,6 +160,31 @@ int bl_plan_opts(bl_place_opts_t *o, const bl_place_flags_t *f, bl_err_t *err) B
 
 /* Whether layer l has any expert in host RAM. */
 int bl_plan_layer_host(const bl_plan_t *p, int64_t l);
+
+/* What a card stage takes of its card: weights, cache and scratch (what --fit and the
+ * refusals hold against the free memory, less the -fitt margin). */
+uint64_t bl_plan_stage_need(const bl_plan_stage_t *st);
+
+/* How stage i of p sits on its card as the plan judges it: BL_PLAN_FITS (weights,
+ * cache and scratch with the -fitt margin within the free memory, or a CPU stage, or
+ * a card whose free memory is not known), BL_PLAN_TIGHT (weights and cache fit, the
+ * scratch or the margin do not: what --fit off and a chosen placement accept),
+ * BL_PLAN_OVER (weights and cache alone pass it: what the plan refuses). */
+enum { BL_PLAN_FITS = 0, BL_PLAN_TIGHT = 1, BL_PLAN_OVER = 2 };
+int bl_plan_stage_fit(const bl_plan_t *p, int i, const bl_device_t *devs, int n_devs);
+
+/* "12.3 MiB" below a GiB, else "4.56 GiB": the plan's lines and messages. */
+void bl_plan_fmt_size(char *buf, size_t cap, uint64_t bytes);
+
+/* The model file's tensors by their part in the model (bl_arch_role) and by type. */
+#define BL_PLAN_N_ROLES (BL_ROLE_FFN + 1)
+typedef struct bl_model_bytes {
+    uint64_t role_bytes[BL_PLAN_N_ROLES], role_params[BL_PLAN_N_ROLES];
+    uint64_t type_bytes[BL_TYPE_COUNT], type_tensors[BL_TYPE_COUNT];
+    uint64_t bytes, params, tensors;
+} bl_model_bytes_t;
+
+void bl_plan_model_bytes(const bl_gguf_t *g, const bl_arch_t *a, bl_model_bytes_t *out);
 
 /* Writes the plan as lines ("stage 0: layers 0..47 on CUDA0 ...", a summary, the
  * routed experts on the card per layer) into buf; returns the length it needed. */

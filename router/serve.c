@@ -34,6 +34,7 @@
 #include "slotfile.h"
 #include "hub.h"
 #include "plan.h"
+#include "dryrun.h"
 #include "wmem.h"
 #include "quant.h"
 #include "hostfile.h"
@@ -117,6 +118,7 @@ typedef struct opts {
     int cors_credentials, no_cors_credentials, reuse_port;
     double defrag_thold;
     int64_t sleep_idle; /* --sleep-idle-seconds: -1 never */
+    int dry_run;        /* --dry-run: print the plan and exit */
 } opts_t;
 
 /* --api-prefix: a path of plain segments, "/v2" or "/a/b", without a trailing '/'. */
@@ -462,6 +464,11 @@ static int build_args(bl_arg_t *a, opts_t *o)
     I64("--keep", "LLAMA_ARG_KEEP", &o->keep, -1, INT32_MAX, "N",
         "accepted and logged: the context is never shifted, so no tokens are kept for it");
     FLAG("--list-devices", NULL, &o->list_devices, "print the CUDA devices and exit");
+    FLAG("--dry-run", NULL, &o->dry_run,
+         "print the plan a start with these flags would make and exit: the machine, the model, what goes "
+         "where (per stage: weights, routed experts, KV cache, recurrent state, scratch), the context, and "
+         "whether it fits (if not, the start's error and status); reads the model's metadata and tensor "
+         "table only, starts no worker and opens no port; -hf reads the cache only, as --offline");
     FLAG("--fim-qwen-30b-default", NULL, &o->fim_qwen_30b,
          "llama-server's preset: -hf ggml-org/Qwen3-Coder-30B-A3B-Instruct-Q8_0-GGUF (its Q8_0 file), --port "
          "8012, -b and -ub 1024, -c 0, for code completion (/infill); flags given beside it win. Its cache reuse "
@@ -774,23 +781,26 @@ static int hostfile_stages(opts_t *o, char remote[][300], int64_t *ends, int *ha
  * devices bloomery-worker reports, printed at start. */
 static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64_t n_ctx, uint32_t kv_type,
                  int64_t rows, const int64_t *stage_ends, bl_plan_t *plan, bl_device_t *devs, int *n_devs,
-                 bl_err_t *err)
+                 int *n_found, const char **gpu_note, bl_err_t *err)
 {
+    *n_found = -1;
+    *gpu_note = NULL;
     bl_arch_t a;
     int rc = bl_arch_read(&a, g, o->model, err);
     if (rc)
         return rc;
     if ((rc = rt_cluster_devices(bin_dir, devs, BL_PLAN_MAX_DEVICES, n_devs, err)) != 0)
         return rc;
+    *n_found = *n_devs;
     if (o->hostfile && *n_devs > 0) {
-        BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored flag=--hostfile reason=a hostfile's stages run on CPUs "
-               "for now");
+        *gpu_note = "a hostfile's stages run on CPUs for now";
+        BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored flag=--hostfile reason=%s", *gpu_note);
         *n_devs = 0;
     }
     if (a.ssm_heads > 0 && *n_devs > 0) {
         /* the card has no DeltaNet kernels yet: the whole model runs on the CPU */
-        BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored arch=%s reason=the CUDA backend has no gated DeltaNet "
-               "layers yet: every layer runs on the CPU", a.name);
+        *gpu_note = "the CUDA backend has no gated DeltaNet layers yet: every layer runs on the CPU";
+        BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored arch=%s reason=%s", a.name, *gpu_note);
         *n_devs = 0;
     }
     const bl_place_flags_t *f = &o->place;
@@ -1144,10 +1154,12 @@ static void remove_runtime_dir(const char *dir);
 
 /* The folder a flag names, made if missing (as llama-server makes --slot-save-path's):
  * its real path in *out (caller frees). */
-static int made_folder(const char *flag, const char *path, char **out, bl_err_t *err)
+static int made_folder(const char *flag, const char *path, int dry_run, char **out, bl_err_t *err)
 {
     struct stat st;
     bl_err_t e2 = {0};
+    if (dry_run && path[0] && stat(path, &st) != 0 && errno == ENOENT) /* a dry run makes nothing */
+        return (*out = strdup(path)) ? 0 : bl_err_set(err, BL_ENOMEM, "out of memory");
     if (!path[0] || bl_make_dirs(path, 1, &e2) || !(*out = realpath(path, NULL)) ||
         stat(*out, &st) != 0 || !S_ISDIR(st.st_mode))
         return bl_err_set(err, BL_EINVAL, "%s %s: %s", flag, path, e2.msg[0] ? e2.msg : "not a folder");
@@ -1668,8 +1680,8 @@ int main(int argc, char **argv)
                    (long long)o.draft_max);
         goto fail;
     }
-    if ((o.cache_disk && made_folder("--cache-disk", o.cache_disk, &cache_dir, &err)) ||
-        (o.slot_save_path && made_folder("--slot-save-path", o.slot_save_path, &slot_dir, &err)))
+    if ((o.cache_disk && made_folder("--cache-disk", o.cache_disk, o.dry_run, &cache_dir, &err)) ||
+        (o.slot_save_path && made_folder("--slot-save-path", o.slot_save_path, o.dry_run, &slot_dir, &err)))
         goto fail;
     {
         const char *j = getenv("LLAMA_ARG_JINJA"); /* a flag's variable can say "off" too */
@@ -1715,7 +1727,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: no model: give -m FILE or -hf REPO (see --help)\n", PROG);
         goto out;
     }
-    /* a hub model is downloaded (or found in the cache) before anything else starts */
+    /* a hub model is downloaded (or found in the cache) before anything else starts;
+     * a dry run takes only what the cache holds */
+    if (o.dry_run)
+        o.hub.offline = 1;
     if (bl_hub_model_path(&o.hub, o.model, &model_path, &err) != 0) {
         BL_LOG(BL_LOG_ERROR, "event=start_failed reason=%s", err.msg);
         if (o.log_disable)
@@ -1937,11 +1952,37 @@ int main(int argc, char **argv)
     if (o.hostfile && o.workers != 1 && bl_err_set(&err, BL_EINVAL, "--workers and --hostfile: the hostfile's "
                                                    "worker lines are the stages") < 0)
         goto fail;
+    int n_found = -1;
+    const char *gpu_note = NULL;
     if ((o.hostfile && hostfile_stages(&o, remote, stage_ends, &has_ends, &err)) ||
-        find_bin_dir(bin_dir, sizeof bin_dir, &err) ||
-        place(&o, g, bin_dir, n_ctx, ktype, rows, has_ends ? stage_ends : NULL, &plan, devs, &n_devs, &err) ||
-        (draft_on && draft_device(&o, n_devs, &draft_dev, &err)) ||
-        make_runtime_dir(runtime_dir, sizeof runtime_dir, &err))
+        find_bin_dir(bin_dir, sizeof bin_dir, &err))
+        goto fail;
+    int placed = place(&o, g, bin_dir, n_ctx, ktype, rows, has_ends ? stage_ends : NULL, &plan, devs, &n_devs,
+                       &n_found, &gpu_note, &err);
+    const int plan_made = placed == 0;
+    if (placed == 0 && draft_on)
+        placed = draft_device(&o, n_devs, &draft_dev, &err);
+    if (o.dry_run) {
+        /* the report of what the start would do, from the same plan, and the same
+         * failure (status and log line) when it would not start */
+        rt_dry_run_t dr = {
+            .model_path = o.model, .g = g, .a = &march, .devs = devs, .n_devs = n_found,
+            .gpu_note = gpu_note, .plan = plan_made ? &plan : NULL,
+            .error = placed ? err.msg : NULL, .n_ctx = n_ctx, .n_ctx_slot = n_ctx_slot,
+            .n_slots = o.parallel, .kv_unified = kv_pool > 0, .kv_type = ktype, .threads = o.threads,
+            .threads_batch = o.threads_batch, .experts_vram = o.place.experts_vram,
+            .residency = !o.place.no_residency, .draft_path = draft_on ? o.draft_model : NULL,
+            .draft_layers = draft_layers, .draft_device = draft_dev};
+        for (int i = 0; o.hostfile && plan_made && i < plan.n_stages && i < RT_CLUSTER_MAX_STAGES; i++)
+            dr.remote[i] = remote[i][0] ? remote[i] : NULL;
+        rt_dry_run_print(stdout, &dr);
+        if (placed)
+            goto fail;
+        BL_LOG(BL_LOG_INFO, "event=dry_run fits=yes stages=%d", plan.n_stages);
+        exit_code = 0;
+        goto out;
+    }
+    if (placed || make_runtime_dir(runtime_dir, sizeof runtime_dir, &err))
         goto fail;
     if (uv_loop_init(&s->loop) != 0) {
         bl_err_set(&err, BL_EIO, "cannot create the event loop");

@@ -42,6 +42,8 @@ ROWS = [
      r"(?s)serve event=ready model=.*serve event=shutdown reason=SIGTERM.*serve event=stopped exit_code=0"),
     ("serve-sigint", S, [], {}, "sigint", 0, "err",
      r"(?s)serve event=shutdown reason=SIGINT.*serve event=stopped exit_code=0"),
+    ("serve-dry-run", S, ["-m", "{tiny}", "--port", "{busy}", "-t", "1", "--dry-run"], {}, None, 0, "out",
+     r"^fits: yes$"),
     # --- bloomery-serve: 2, the flags ---
     ("serve-unknown-flag", S, ["--bogus-flag"], {}, None, 2, "err",
      r"^bloomery-serve: unknown flag '--bogus-flag'\nTry 'bloomery-serve --help'\."),
@@ -76,6 +78,8 @@ ROWS = [
      r"serve event=start_failed reason=give -m FILE or -hf REPO, not both"),
     ("serve-hf-not-cached", S, ["-hf", "a/b", "--offline", "--port", "{port}"], {}, None, 1, "err",
      r"serve event=start_failed reason=--offline: a/b is not in the cache"),
+    ("serve-dry-run-refused", S, ["-m", "{tiny}", "--port", "{port}", "--dry-run", "--n-cpu-moe", "99"], {}, None, 1,
+     "out", r"^fits: no\n  --n-cpu-moe 99: the model has \d+ layers$"),
     ("serve-log-file", S, ["-m", "{tiny}", "--port", "{port}", "--log-file", "{missing}/serve.log"], {}, None, 1,
      "err", r"^bloomery-serve: --log-file \S+: No such file or directory"),
     ("serve-log-disable", S, ["-m", "{missing}", "--port", "{port}", "--log-disable"], {}, None, 1, "err",

@@ -300,6 +300,11 @@ static void assert_sizes(const bl_plan_t *p, int i, uint64_t weight_bytes, uint6
                  (unsigned long long)st->weight_bytes, (unsigned long long)st->expert_bytes,
                  (unsigned long long)weight_bytes, (unsigned long long)expert_bytes);
     assert_true(st->kv_bytes == (uint64_t)(st->le - st->lb) * KV_LAYER_BYTES);
+    assert_true(st->state_bytes == 0); /* no DeltaNet layers here */
+    uint64_t hosted = 0;
+    for (int64_t l = st->lb; l < st->le; l++)
+        hosted += bl_plan_layer_host(p, l) ? X_BYTES : 0;
+    assert_true(st->host_expert_bytes == hosted);
     if (st->device < 0)
         assert_true(st->scratch_bytes == 0);
     else
@@ -326,6 +331,9 @@ static void assert_fits(const bl_plan_t *p, const bl_device_t *devs, int n_devs,
         if (need_of(st, margin) > d->free_bytes)
             fail_msg("stage %d on CUDA%d needs %llu bytes with the margin, the card has %llu free", i, st->device,
                      (unsigned long long)need_of(st, margin), (unsigned long long)d->free_bytes);
+        assert_true(bl_plan_stage_need(st) + margin == need_of(st, margin));
+        if (margin == (uint64_t)p->fit_target_mib << 20)
+            assert_int_equal(bl_plan_stage_fit(p, i, devs, n_devs), BL_PLAN_FITS);
     }
 }
 
@@ -1138,6 +1146,12 @@ static void test_plan_fit_off_refuses_a_card_too_small_with_the_sizes(void **sta
     assert_stage(p, 0, 0, 0, N_LAYER);
     assert_host(p, "00000000");
     assert_int_equal(p->fit_moved, 0);
+    /* accepted, but the scratch and the margin do not fit: tight, as a report says */
+    assert_int_equal(bl_plan_stage_fit(p, 0, &d, 1), BL_PLAN_TIGHT);
+    d.free_bytes = W_ALL + KV_ALL - 1;
+    assert_int_equal(bl_plan_stage_fit(p, 0, &d, 1), BL_PLAN_OVER);
+    d.free_bytes = 0; /* not known: nothing is held against it */
+    assert_int_equal(bl_plan_stage_fit(p, 0, &d, 1), BL_PLAN_FITS);
     bl_plan_free(p);
 }
 
@@ -1288,6 +1302,40 @@ static void test_plan_tied_head_counts_token_embd_once(void **state)
     assert_int_equal(p->n_stages, 2);
     assert_sizes(p, 0, 4 * (D_BYTES + X_BYTES) + EMBD_BYTES, 4 * X_BYTES);
     assert_sizes(p, 1, 4 * (D_BYTES + X_BYTES) + OUT_NORM_BYTES + EMBD_BYTES, 4 * X_BYTES);
+    bl_plan_free(p);
+}
+
+/* --- bl_plan_model_bytes ------------------------------------------------------------------------ */
+
+static void test_plan_model_bytes_by_role_and_type(void **state)
+{
+    (void)state;
+    bl_model_bytes_t mb;
+    bl_plan_model_bytes(M.g[MOE], &M.a[MOE], &mb);
+    assert_true(mb.bytes == W_ALL);
+    assert_true(mb.role_bytes[BL_ROLE_EXPERTS] == N_LAYER * X_BYTES);
+    assert_true(mb.role_params[BL_ROLE_EXPERTS] == N_LAYER * X_BYTES / 4); /* f32 */
+    assert_true(mb.role_bytes[BL_ROLE_TOKEN_EMBD] == EMBD_BYTES);
+    assert_true(mb.role_bytes[BL_ROLE_OUTPUT] == HEAD_BYTES);
+    assert_true(mb.role_bytes[BL_ROLE_OUTPUT_NORM] == OUT_NORM_BYTES);
+    assert_true(mb.role_bytes[BL_ROLE_GATE_INP] == N_LAYER * 4ull * N_EMBD * N_EXPERT);
+    assert_true(mb.role_bytes[BL_ROLE_OTHER] == 0);
+    assert_true(mb.params * 4 == mb.bytes);
+    assert_true(mb.type_bytes[BL_TYPE_F32] == mb.bytes);
+    assert_true(mb.type_tensors[BL_TYPE_F32] == mb.tensors);
+    assert_true(mb.tensors == bl_gguf_n_tensors(M.g[MOE]));
+    uint64_t sum = 0;
+    for (int r = 0; r < BL_PLAN_N_ROLES; r++)
+        sum += mb.role_bytes[r];
+    assert_true(sum == mb.bytes);
+
+    /* what the plan places is the file's tensors, the routed experts in the hosttier included */
+    bl_place_opts_t o = opts();
+    o.n_cpu_moe = 3;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, big1, 1, &o);
+    assert_true(p->stage[0].weight_bytes + p->host_bytes == mb.bytes);
+    assert_true(p->stage[0].host_expert_bytes == p->host_bytes);
     bl_plan_free(p);
 }
 
@@ -1493,6 +1541,7 @@ int main(void)
         T(test_plan_dense_model_takes_cpu_moe_and_changes_nothing),
         T(test_plan_dense_model_ffn_tensor_stays_with_its_layer),
         T(test_plan_tied_head_counts_token_embd_once),
+        T(test_plan_model_bytes_by_role_and_type),
         T(test_plan_format_names_each_stage_and_the_host_ram),
         T(test_plan_format_reports_fit),
         T(test_plan_free_is_safe_after_a_failed_build_and_twice),
