@@ -29,19 +29,24 @@ void *bl_wmem_alloc(uint64_t total, int force, size_t *len)
     return p;
 }
 
-uint64_t bl_mem_available(void)
+/* A "Key: N kB" line of /proc/meminfo in bytes; 0 when absent. */
+static uint64_t meminfo(const char *key)
 {
     FILE *f = fopen("/proc/meminfo", "r");
     if (!f)
         return 0;
     char line[256];
+    const size_t kl = strlen(key);
     unsigned long long kb = 0;
     int found = 0;
     while (!found && fgets(line, sizeof line, f))
-        found = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+        found = strncmp(line, key, kl) == 0 && line[kl] == ':' && sscanf(line + kl + 1, " %llu kB", &kb) == 1;
     fclose(f);
     return found ? (uint64_t)kb * 1024 : 0;
 }
+
+uint64_t bl_mem_available(void) { return meminfo("MemAvailable"); }
+uint64_t bl_mem_total(void) { return meminfo("MemTotal"); }
 
 struct copy_share {
     const bl_wmem_job_t *jobs;

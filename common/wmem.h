@@ -23,6 +23,8 @@ void *bl_wmem_alloc(uint64_t total, int force, size_t *len);
 /* The kernel's estimate of the memory a new load can take without swapping
  * (MemAvailable of /proc/meminfo), in bytes; 0 when it cannot be read. */
 uint64_t bl_mem_available(void);
+/* MemTotal, the same way. */
+uint64_t bl_mem_total(void);
 
 /* One copy of a load: n bytes from src to dst. */
 typedef struct bl_wmem_job {

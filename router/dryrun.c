@@ -97,20 +97,6 @@ static void cpu_name(char *b, size_t n)
     fclose(f);
 }
 
-static uint64_t mem_total(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f)
-        return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    int found = 0;
-    while (!found && fgets(line, sizeof line, f))
-        found = sscanf(line, "MemTotal: %llu kB", &kb) == 1;
-    fclose(f);
-    return (uint64_t)kb * 1024;
-}
-
 static void print_machine(FILE *f, const rt_dry_run_t *d)
 {
     char name[256], a[32], b[32];
@@ -123,7 +109,7 @@ static void print_machine(FILE *f, const rt_dry_run_t *d)
             name, n_cpus, n_cpus == 1 ? "" : "s", (long long)d->threads, d->threads == 1 ? "" : "s",
             (long long)d->threads_batch);
     const uint64_t avail = d->plan ? d->plan->ram_avail : bl_mem_available();
-    fprintf(f, "  ram: %s available of %s\n", size_str(a, sizeof a, avail), size_str(b, sizeof b, mem_total()));
+    fprintf(f, "  ram: %s available of %s\n", size_str(a, sizeof a, avail), size_str(b, sizeof b, bl_mem_total()));
     if (d->n_devs < 0)
         fprintf(f, "  gpus: not known (bloomery-worker --list-devices did not answer)\n");
     else if (d->n_devs == 0)
