@@ -26,6 +26,16 @@ typedef enum bl_log_level {
  * starts follow its --no-log-timestamps and --no-log-prefix). Call before other
  * threads log. */
 void bl_log_init(const char *name, bl_log_level_t level);
+
+/* The line format, also from BLOOMERY_LOG_FORMAT (read by bl_log_init, so that the
+ * processes a server starts follow its --log-format): text (the default, above) or
+ * json, one object a line for log collectors:
+ *   {"ts":"2026-11-30T12:00:00.123Z","level":"info","proc":"serve","event":"listening",
+ *    "addr":"127.0.0.1:8080"}
+ * An "event=NAME k=v ..." message gives "event" and one member a key (a quoted value
+ * unescaped; words after a value without '=' belong to it); any other message goes
+ * in "msg". Values are strings; no colours. Returns BL_EINVAL for another name. */
+int bl_log_set_format(const char *name);
 bl_log_level_t bl_log_level(void);
 
 /* llama.cpp's verbosity threshold (-lv N: 0 generic output, 1 error, 2 warning, 3 info,

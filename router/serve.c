@@ -106,6 +106,7 @@ typedef struct opts {
     /* request defaults beside the sampling ones */
     int ignore_eos, cache_prompt, no_cache_prompt, ui, log_prefix, no_log_prefix, log_timestamps,
         no_log_timestamps;
+    const char *log_format;
     rt_logit_bias_t bias[MAX_DEFAULT_BIAS];
     int n_bias;
     const char *grammar, *grammar_file, *json_schema, *json_schema_file;
@@ -430,6 +431,9 @@ static int build_args(bl_arg_t *a, opts_t *o)
     FLAG("--log-timestamps", "LLAMA_ARG_LOG_TIMESTAMPS", &o->log_timestamps,
          "each log line starts with its UTC time (the default)");
     FLAG("--no-log-timestamps", NULL, &o->no_log_timestamps, "log lines without their time");
+    STR("--log-format", "BLOOMERY_LOG_FORMAT", &o->log_format, "text|json",
+        "log lines as text (the default) or one JSON object each, the event's fields as members "
+        "(docs/agents.md); the server's processes follow it");
     FLAG("--no-warmup", NULL, &o->no_warmup, "accepted: no warm-up run is made");
     FLAG("--swa-full", "LLAMA_ARG_SWA_FULL", &o->swa_full,
          "accepted: the models served here have no sliding-window attention");
@@ -1641,6 +1645,14 @@ int main(int argc, char **argv)
         setenv("LLAMA_ARG_LOG_TIMESTAMPS", o.no_log_timestamps ? "0" : "1", 1);
     if (o.no_log_prefix || o.log_prefix)
         setenv("LLAMA_ARG_LOG_PREFIX", o.no_log_prefix ? "0" : "1", 1);
+    if (o.log_format) {
+        if (bl_log_set_format(o.log_format) != 0) {
+            fprintf(stderr, "%s: --log-format takes text or json, not '%s'\n", PROG, o.log_format);
+            exit_code = 2;
+            goto out;
+        }
+        setenv("BLOOMERY_LOG_FORMAT", o.log_format, 1);
+    }
     bl_log_init("serve", bl_log_level());
     bl_log_set_colors(colors);
     if (o.threads_http != -1)
