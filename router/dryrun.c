@@ -356,8 +356,11 @@ static void print_fit(FILE *f, const rt_dry_run_t *d)
 
 void rt_dry_run_print(FILE *f, const rt_dry_run_t *d)
 {
-    fprintf(f, "bloomery-serve --dry-run: the plan a start with these flags makes; nothing loaded, no worker "
-            "started, no port opened\n\n");
+    if (d->starting)
+        fprintf(f, "\nbloomery-serve: starting with this plan\n\n");
+    else
+        fprintf(f, "bloomery-serve --dry-run: the plan a start with these flags makes; nothing loaded, no worker "
+                "started, no port opened\n\n");
     print_machine(f, d);
     fprintf(f, "\n");
     print_model(f, d);

@@ -32,10 +32,12 @@ typedef struct rt_dry_run {
     const char *draft_path;   /* -md, or NULL */
     int64_t draft_layers;
     int draft_device;         /* the draft's card, or -1: the CPU */
+    int starting;             /* 1: the start screen of a real start (a terminal), not a dry run */
 } rt_dry_run_t;
 
 /* Writes the report: the machine, the model, the placement per stage, the context
- * and whether it fits (with the start's error when it does not). */
+ * and whether it fits (with the start's error when it does not). A real start on a
+ * terminal shows it too (starting), as its start screen. */
 void rt_dry_run_print(FILE *f, const rt_dry_run_t *d);
 
 #endif

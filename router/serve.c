@@ -1311,6 +1311,7 @@ typedef struct serve {
     uv_timer_t drain;   /* shutdown: waits for the engine and open requests */
     int ever_ready;
     int log_disable;    /* --log-disable: a load failure still goes to stderr */
+    char screen_url[300]; /* on a terminal: the address the start screen names once ready ("" none) */
     int shutting_down;
     int exit_code;
     uint64_t drain_deadline;
@@ -1367,10 +1368,14 @@ static void on_watch(uv_timer_t *t)
     switch (st) {
     case RT_CLUSTER_READY:
         s->app.loading = 0;
-        if (!s->ever_ready)
+        if (!s->ever_ready) {
             BL_LOG(BL_LOG_INFO, "event=ready model=%s", s->app.model_alias);
-        else
+            if (s->screen_url[0]) /* the start screen's last line */
+                fprintf(stderr, "\n  ready: open %s/ for the chat page; the OpenAI API is %s/v1, "
+                        "llama-server's routes are at %s/\n\n", s->screen_url, s->screen_url, s->screen_url);
+        } else {
             BL_LOG(BL_LOG_INFO, "event=ready after=restart");
+        }
         s->ever_ready = 1;
         break;
     case RT_CLUSTER_FAILED:
@@ -1974,7 +1979,11 @@ int main(int argc, char **argv)
     const int plan_made = placed == 0;
     if (placed == 0 && draft_on)
         placed = draft_device(&o, n_devs, &draft_dev, &err);
-    if (o.dry_run) {
+    /* on a terminal (text log), the start screen: the dry run's report of the plan
+     * being started, then the address once it serves (on_watch) */
+    const int screen = !o.dry_run && placed == 0 && isatty(STDERR_FILENO) && !o.log_disable &&
+                       !(o.log_format && !strcmp(o.log_format, "json"));
+    if (o.dry_run || screen) {
         /* the report of what the start would do, from the same plan, and the same
          * failure (status and log line) when it would not start */
         rt_dry_run_t dr = {
@@ -1984,10 +1993,12 @@ int main(int argc, char **argv)
             .n_slots = o.parallel, .kv_unified = kv_pool > 0, .kv_type = ktype, .threads = o.threads,
             .threads_batch = o.threads_batch, .experts_vram = o.place.experts_vram,
             .residency = !o.place.no_residency, .draft_path = draft_on ? o.draft_model : NULL,
-            .draft_layers = draft_layers, .draft_device = draft_dev};
+            .draft_layers = draft_layers, .draft_device = draft_dev, .starting = screen};
         for (int i = 0; o.hostfile && plan_made && i < plan.n_stages && i < RT_CLUSTER_MAX_STAGES; i++)
             dr.remote[i] = remote[i][0] ? remote[i] : NULL;
-        rt_dry_run_print(stdout, &dr);
+        rt_dry_run_print(screen ? stderr : stdout, &dr);
+    }
+    if (o.dry_run) {
         if (placed)
             goto fail;
         BL_LOG(BL_LOG_INFO, "event=dry_run fits=yes stages=%d", plan.n_stages);
@@ -2147,6 +2158,11 @@ int main(int argc, char **argv)
     uv_timer_start(&s->watch, on_watch, 0, WATCH_MS);
 
     BL_LOG(BL_LOG_INFO, "event=listening addr=%s:%d", o.host, rt_http_port(s->http));
+    if (screen) {
+        const char *h = !strcmp(o.host, "0.0.0.0") || !strcmp(o.host, "::") ? "127.0.0.1" : o.host;
+        snprintf(s->screen_url, sizeof s->screen_url, strchr(h, ':') ? "http://[%s]:%d%s" : "http://%s:%d%s", h,
+                 rt_http_port(s->http), o.api_prefix ? o.api_prefix : "");
+    }
     uv_run(&s->loop, UV_RUN_DEFAULT);
     exit_code = s->exit_code;
 

@@ -39,3 +39,33 @@ def test_a_wrong_format_is_refused(tmp_path, model):
                         "--port", str(serverctl.free_port())], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, p.stderr
     assert "--log-format takes text or json, not 'xml'" in p.stderr
+
+
+def test_start_screen_on_a_terminal_only(model, servers):
+    """On a terminal the start shows the plan's report and, once ready, the address to
+    open; into a pipe (or with --log-format json) only the log lines."""
+    import pty
+    import select
+    port = serverctl.free_port()
+    master, slave = pty.openpty()
+    p = subprocess.Popen([serverctl.program("bloomery-serve"), "-m", model, "--port", str(port), "-np", "1",
+                          "-c", "512", "-t", "1"], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    out, deadline = b"", time.monotonic() + 60
+    try:
+        while b"ready: open" not in out and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:
+                    break
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(30)
+        os.close(master)
+    text = out.decode("utf-8", "replace")
+    assert "bloomery-serve: starting with this plan" in text, text
+    assert "placement" in text and "fits: yes" in text, text
+    assert "ready: open http://127.0.0.1:%d/" % port in text, text
+    srv = servers.start(["-np", "1", "-c", "512", "-t", "1"])
+    assert "starting with this plan" not in srv.log(100000) and "ready: open" not in srv.log(100000)
