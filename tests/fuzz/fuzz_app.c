@@ -234,6 +234,13 @@ const char *rt_cluster_error(rt_cluster_t *c, char *buf, size_t cap)
     return buf;
 }
 
+/* The fake never restarts: never down. */
+int rt_cluster_down(rt_cluster_t *c, char *why, size_t cap)
+{
+    (void)c, (void)why, (void)cap;
+    return 0;
+}
+
 int64_t rt_cluster_n_vocab(const rt_cluster_t *c)
 {
     (void)c;
