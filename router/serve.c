@@ -1280,22 +1280,36 @@ static int make_runtime_dir(char *buf, size_t cap, bl_err_t *err)
     return 0;
 }
 
+/* Removes what dir holds: files, and at depth 0 the folders in it (the draft's
+ * control folder) with their files; a symlink is removed, never followed. */
+static void empty_dir(const char *dir, int depth)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char path[PATH_MAX];
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= sizeof path)
+            continue;
+        struct stat st;
+        if (depth == 0 && lstat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+            empty_dir(path, depth + 1);
+            rmdir(path);
+        } else {
+            unlink(path);
+        }
+    }
+    closedir(d);
+}
+
 static void remove_runtime_dir(const char *dir)
 {
     if (!dir || !*dir)
         return;
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        char path[PATH_MAX];
-        while ((e = readdir(d)) != NULL) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-                continue;
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-            unlink(path);
-        }
-        closedir(d);
-    }
+    empty_dir(dir, 0);
     if (rmdir(dir) != 0 && errno != ENOENT)
         BL_LOG(BL_LOG_WARN, "event=runtime_dir_left path=%s error=%s", dir, strerror(errno));
 }

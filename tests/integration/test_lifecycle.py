@@ -344,6 +344,14 @@ def _stale_runtime_folders(servers, tmp_path):
         (tmp_path / name).mkdir(mode=0o700)
         if owner is not None:
             (tmp_path / name / "owner").write_text(owner)
+    # a draft model's control folder inside a gone server's, with a socket file in it;
+    # a link out of the folder is removed, never followed
+    (tmp_path / ("bloomery-serve-%d-aaaaaa" % dead.pid) / "draft").mkdir(mode=0o700)
+    (tmp_path / ("bloomery-serve-%d-aaaaaa" % dead.pid) / "draft" / "x.sock").write_text("")
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "file").write_text("kept")
+    os.symlink(str(keep), str(tmp_path / ("bloomery-serve-%d-aaaaaa" % dead.pid) / "link"))
     srv = servers.start(["-np", "1", "-c", "512", "-t", "1"], env=env)
     have = set(os.listdir(tmp_path))
     assert left[0] not in have, have
@@ -353,6 +361,8 @@ def _stale_runtime_folders(servers, tmp_path):
     assert "bloomery-serve-%d-cccccc" % me in have, have
     assert "bloomery-serve-%d-dddddd" % me in have, have
     assert "event=runtime_dir_stale" in srv.log(100000), srv.log()
+    assert "event=runtime_dir_left" not in srv.log(100000), srv.log()
+    assert (keep / "file").read_text() == "kept"
     mine = [p for p in have if p.startswith("bloomery-serve-%d-" % srv.pid)]
     assert len(mine) == 1, have
     with open(tmp_path / mine[0] / "owner") as f:
