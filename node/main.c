@@ -32,7 +32,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "args.h"
@@ -62,12 +61,8 @@ static void on_signal(int sig)
     g_stop = 1;
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+/* Monotonic milliseconds (proto/child.h's clock). */
+static int64_t now_ms(void) { return (int64_t)(bp_now_us() / 1000); }
 
 /* "tcp://HOST:PORT" with PORT + add; BL_EINVAL for another form. */
 static int endpoint_plus(char *out, size_t cap, const char *ep, int add, bl_err_t *err)
