@@ -28,6 +28,7 @@
 #include "buf.h"
 #include "gguf.h"
 #include "log.h"
+#include "progress.h"
 
 #define HUB_API_MAX_BYTES (64u << 20) /* one API reply */
 #define HUB_MAX_PAGES 1000            /* of a paginated file list */
@@ -783,8 +784,10 @@ typedef struct sink {
     long bad_status;
     const hub_t *h;
     const char *name;
-    uint64_t total;
+    uint64_t total;      /* the file's size; 0 while not known */
+    uint64_t start;      /* bytes in the file when this request began */
     struct timespec last;
+    bl_progress_t *pg;   /* the bar or the event lines (common/progress.h) */
 } sink_t;
 
 static size_t on_file_body(char *data, size_t size, size_t nmemb, void *ud)
@@ -830,26 +833,30 @@ static size_t on_file_body(char *data, size_t size, size_t nmemb, void *ud)
     return n;
 }
 
+/* The caller's progress function (at most four calls a second) and the bar or event
+ * lines of the download. */
 static void report(sink_t *s, int last)
 {
+    bl_progress_update(s->pg, s->have, s->total);
+    if (!s->h->o->progress)
+        return;
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     double dt = (double)(now.tv_sec - s->last.tv_sec) + 1e-9 * (double)(now.tv_nsec - s->last.tv_nsec);
-    if (!last && dt < (s->h->o->progress ? 0.25 : 2.0))
+    if (!last && dt < 0.25)
         return;
     s->last = now;
-    if (s->h->o->progress)
-        s->h->o->progress(s->h->o->ud, s->name, s->have, s->total);
-    else
-        BL_LOG(BL_LOG_INFO, "event=download file=%s done=%llu total=%llu", s->name,
-               (unsigned long long)s->have, (unsigned long long)s->total);
+    s->h->o->progress(s->h->o->ud, s->name, s->have, s->total);
 }
 
 static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
                        curl_off_t ulnow)
 {
-    (void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
-    report(ud, 0);
+    (void)dlnow, (void)ultotal, (void)ulnow;
+    sink_t *s = ud;
+    if (!s->total && dltotal > 0) /* a size the listing did not give: the reply's */
+        s->total = s->start + (uint64_t)dltotal;
+    report(s, 0);
     return 0;
 }
 
@@ -892,6 +899,7 @@ static int download(hub_t *h, const char *url, const char *tmp, const hub_file_t
         return bl_err_set(err, BL_ENOMEM, "cannot start a SHA-256");
     }
     int rc = 0;
+    bl_progress_t pg = {0};
     for (int attempt = 0;; attempt++) {
         struct stat st;
         if (fstat(fd, &st) != 0) {
@@ -911,9 +919,18 @@ static int download(hub_t *h, const char *url, const char *tmp, const hub_file_t
             rc = bl_err_set(err, BL_EIO, "cannot read back %.300s: %s", tmp, strerror(errno));
             break;
         }
+        if (!pg.started) {
+            char esc[200], fields[240], label[64];
+            const char *base = strrchr(f->path, '/');
+            base = base ? base + 1 : f->path;
+            snprintf(fields, sizeof fields, "event=download file=%s", bl_log_escape(esc, sizeof esc, f->path,
+                                                                                    strlen(f->path)));
+            snprintf(label, sizeof label, "downloading %s", bl_log_escape(esc, 48, base, strlen(base)));
+            bl_progress_begin(&pg, BL_PROGRESS_AUTO, label, fields, f->size, have);
+        }
         int64_t no_range = -1;
         sink_t s = {.fd = fd, .md = md, .have = have, .range_start = &no_range,
-                    .h = h, .name = f->path, .total = f->size};
+                    .h = h, .name = f->path, .total = f->size, .start = have, .pg = &pg};
         clock_gettime(CLOCK_MONOTONIC, &s.last);
         CURLcode cc = CURLE_OK;
         long status = 200;
@@ -1028,6 +1045,7 @@ static int download(hub_t *h, const char *url, const char *tmp, const hub_file_t
             break;
         }
     }
+    bl_progress_end(&pg, rc == 0);
     EVP_MD_CTX_free(md);
     close(fd);
     if (rc && rc != BL_EIO)

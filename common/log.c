@@ -1,11 +1,13 @@
 /* Levelled one-line logging to stderr (common/log.h). */
 #include "log.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -17,10 +19,84 @@ static const char *const level_colored[] = {"\033[2mDEBUG\033[0m", "\033[32mINFO
                                             "\033[33mWARN \033[0m", "\033[31mERROR\033[0m"};
 static int g_colors, g_no_time, g_no_prefix, g_json;
 
+/* The status line (a progress bar) of a terminal: every line on a terminal starts by
+ * erasing the line the cursor is on (another process's bar, or this one's) and this
+ * process's status is drawn again after it. */
+static pthread_mutex_t g_status_mu = PTHREAD_MUTEX_INITIALIZER;
+static char g_status[256];
+static size_t g_status_len;
+static _Atomic int g_tty = -1; /* stderr is a terminal that takes escapes; -1: not asked yet */
+
+#define ERASE "\r\033[K"
+
 static int env_off(const char *name)
 {
     const char *v = getenv(name);
     return v && (!strcmp(v, "0") || !strcmp(v, "false") || !strcmp(v, "off"));
+}
+
+static int stderr_tty(void)
+{
+    int t = atomic_load_explicit(&g_tty, memory_order_relaxed);
+    if (t < 0) {
+        const char *term = getenv("TERM");
+        t = isatty(STDERR_FILENO) && term && *term && strcmp(term, "dumb") != 0;
+        atomic_store_explicit(&g_tty, t, memory_order_relaxed);
+    }
+    return t;
+}
+
+int bl_log_terminal(void)
+{
+    return stderr_tty() && !g_json && bl_log_level() <= BL_LOG_INFO;
+}
+
+int bl_log_status_width(void)
+{
+    struct winsize ws;
+    if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) != 0 || ws.ws_col < 20)
+        return 80;
+    return ws.ws_col > 250 ? 250 : ws.ws_col;
+}
+
+/* Writes "erase, text (n), newline when nl, the status" as one write. */
+static void term_write(const char *text, size_t n, int nl)
+{
+    char buf[2600];
+    pthread_mutex_lock(&g_status_mu);
+    size_t o = sizeof ERASE - 1;
+    memcpy(buf, ERASE, o);
+    n = n < sizeof buf - o - g_status_len - 1 ? n : sizeof buf - o - g_status_len - 1;
+    memcpy(buf + o, text, n);
+    o += n;
+    if (nl)
+        buf[o++] = '\n';
+    memcpy(buf + o, g_status, g_status_len);
+    o += g_status_len;
+    ssize_t w = write(STDERR_FILENO, buf, o);
+    (void)w;
+    pthread_mutex_unlock(&g_status_mu);
+}
+
+void bl_log_status(const char *text)
+{
+    if (!bl_log_terminal())
+        return;
+    pthread_mutex_lock(&g_status_mu);
+    g_status_len = 0;
+    if (text) {
+        /* printable ASCII only: a status line is never a control sequence */
+        for (const char *c = text; *c && g_status_len < sizeof g_status - 1; c++)
+            g_status[g_status_len++] = (*c >= 0x20 && *c < 0x7f) ? *c : '?';
+    }
+    pthread_mutex_unlock(&g_status_mu);
+    term_write("", 0, 0);
+}
+
+void bl_log_plain(const char *text)
+{
+    if (bl_log_terminal())
+        term_write(text, strlen(text), 1);
 }
 
 void bl_log_init(const char *name, bl_log_level_t level)
@@ -217,6 +293,10 @@ void bl_log_write(bl_log_level_t level, const char *fmt, ...)
     size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
     if (len > sizeof line - 2)
         len = sizeof line - 2; /* cut: the line still ends with its newline */
+    if (stderr_tty()) {
+        term_write(line, len, 1);
+        return;
+    }
     line[len++] = '\n';
     /* One write per line; a short write to a pipe of < PIPE_BUF bytes cannot happen. */
     ssize_t w = write(STDERR_FILENO, line, len);

@@ -49,6 +49,24 @@ void bl_log_set_colors(int on);
 
 void bl_log_write(bl_log_level_t level, const char *fmt, ...) BL_PRINTF(2, 3);
 
+/* Whether stderr is a terminal that takes escapes (TERM set and not "dumb"), the
+ * format is text and INFO lines are written: where a progress bar is drawn. On a
+ * terminal every line starts by erasing the line under the cursor, so that a line
+ * of any process sharing it replaces a bar instead of running into it. */
+int bl_log_terminal(void);
+
+/* The terminal's width in columns (80 where not known). */
+int bl_log_status_width(void);
+
+/* The status line under the log on a terminal (common/progress.h's bar): text
+ * (printable ASCII; NULL or "" clears it) is drawn now and again after every line
+ * this process writes. Nothing where bl_log_terminal() is 0. */
+void bl_log_status(const char *text);
+
+/* text as a line of its own, no time or level (a bar's final state), on a terminal
+ * only. */
+void bl_log_plain(const char *text);
+
 #define BL_LOG(level, ...)                                                                         \
     do {                                                                                           \
         if ((level) >= bl_log_level())                                                             \

@@ -1,10 +1,12 @@
 /* The weights' copy in huge pages, and --mlock (wmem.h). */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -48,49 +50,107 @@ static uint64_t meminfo(const char *key)
 uint64_t bl_mem_available(void) { return meminfo("MemAvailable"); }
 uint64_t bl_mem_total(void) { return meminfo("MemTotal"); }
 
-struct copy_share {
+#define COPY_CHUNK ((uint64_t)16 << 20) /* between two looks at the progress */
+#define REPORT_US 200000                /* the progress function's period */
+
+/* One bl_wmem_copy_many call: the jobs, the bytes copied by all its threads and the
+ * progress function the caller's thread calls. */
+struct copy_run {
     const bl_wmem_job_t *jobs;
     size_t n_jobs;
-    uint64_t lo, hi; /* this thread's bytes of the jobs laid end to end */
+    uint64_t total;
+    _Atomic uint64_t copied;
+    _Atomic int finished; /* helper threads done */
+    bl_progress_fn fn;
+    void *ud;
+    int64_t last_us;
 };
+
+struct copy_share {
+    struct copy_run *run;
+    uint64_t lo, hi; /* this thread's bytes of the jobs laid end to end */
+    int caller;      /* the caller's thread: reports the progress */
+};
+
+static int64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static void tick(struct copy_run *r)
+{
+    const int64_t now = mono_us();
+    if (r->fn && now - r->last_us >= REPORT_US) {
+        r->last_us = now;
+        r->fn(r->ud, atomic_load_explicit(&r->copied, memory_order_relaxed), r->total);
+    }
+}
 
 static void *copy_share(void *arg)
 {
     const struct copy_share *c = arg;
+    struct copy_run *r = c->run;
     uint64_t at = 0;
-    for (size_t i = 0; i < c->n_jobs && at < c->hi; at += c->jobs[i].n, i++) {
-        const uint64_t a = at > c->lo ? at : c->lo, b = at + c->jobs[i].n < c->hi ? at + c->jobs[i].n : c->hi;
-        if (a < b)
-            memcpy((uint8_t *)c->jobs[i].dst + (a - at), (const uint8_t *)c->jobs[i].src + (a - at), (size_t)(b - a));
+    for (size_t i = 0; i < r->n_jobs && at < c->hi; at += r->jobs[i].n, i++) {
+        const uint64_t b = at + r->jobs[i].n < c->hi ? at + r->jobs[i].n : c->hi;
+        for (uint64_t a = at > c->lo ? at : c->lo; a < b;) {
+            const uint64_t e = b - a > COPY_CHUNK ? a + COPY_CHUNK : b;
+            memcpy((uint8_t *)r->jobs[i].dst + (a - at), (const uint8_t *)r->jobs[i].src + (a - at), (size_t)(e - a));
+            atomic_fetch_add_explicit(&r->copied, e - a, memory_order_relaxed);
+            a = e;
+            if (c->caller)
+                tick(r);
+        }
     }
+    if (!c->caller)
+        atomic_fetch_add_explicit(&r->finished, 1, memory_order_release);
     return NULL;
+}
+
+void bl_wmem_copy_many_progress(const bl_wmem_job_t *jobs, size_t n_jobs, int threads, bl_progress_fn fn,
+                                void *ud)
+{
+    struct copy_run run = {.jobs = jobs, .n_jobs = n_jobs, .fn = fn, .ud = ud, .last_us = mono_us()};
+    for (size_t i = 0; i < n_jobs; i++)
+        run.total += jobs[i].n;
+    enum { MAX_THREADS = 64 };
+    if (threads > MAX_THREADS)
+        threads = MAX_THREADS;
+    if (threads < 1 || run.total < ((uint64_t)64 << 20))
+        threads = 1;
+    struct copy_share share[MAX_THREADS];
+    pthread_t th[MAX_THREADS];
+    int started[MAX_THREADS] = {0}, n_started = 0;
+    for (int t = 0; t < threads; t++)
+        share[t] = (struct copy_share){&run, run.total * (uint64_t)t / (uint64_t)threads,
+                                       run.total * (uint64_t)(t + 1) / (uint64_t)threads, t == 0};
+    if (fn)
+        fn(ud, 0, run.total);
+    for (int t = 1; t < threads; t++)
+        n_started += started[t] = pthread_create(&th[t], NULL, copy_share, &share[t]) == 0;
+    copy_share(&share[0]);
+    for (int t = 1; t < threads; t++)
+        if (!started[t]) { /* no thread to spare: the caller copies that share too */
+            share[t].caller = 1;
+            copy_share(&share[t]);
+        }
+    /* the others' shares: the progress goes on while they finish */
+    while (fn && atomic_load_explicit(&run.finished, memory_order_acquire) < n_started) {
+        usleep(20000);
+        tick(&run);
+    }
+    for (int t = 1; t < threads; t++)
+        if (started[t])
+            pthread_join(th[t], NULL);
+    if (fn)
+        fn(ud, run.total, run.total);
 }
 
 void bl_wmem_copy_many(const bl_wmem_job_t *jobs, size_t n_jobs, int threads)
 {
-    uint64_t total = 0;
-    for (size_t i = 0; i < n_jobs; i++)
-        total += jobs[i].n;
-    enum { MAX_THREADS = 64 };
-    if (threads > MAX_THREADS)
-        threads = MAX_THREADS;
-    if (threads < 1 || total < ((uint64_t)64 << 20))
-        threads = 1;
-    struct copy_share share[MAX_THREADS];
-    pthread_t th[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
-    for (int t = 0; t < threads; t++)
-        share[t] = (struct copy_share){jobs, n_jobs, total * (uint64_t)t / (uint64_t)threads,
-                                       total * (uint64_t)(t + 1) / (uint64_t)threads};
-    for (int t = 1; t < threads; t++)
-        started[t] = pthread_create(&th[t], NULL, copy_share, &share[t]) == 0;
-    copy_share(&share[0]);
-    for (int t = 1; t < threads; t++) {
-        if (started[t])
-            pthread_join(th[t], NULL);
-        else
-            copy_share(&share[t]); /* no thread to spare: the caller copies that share too */
-    }
+    bl_wmem_copy_many_progress(jobs, n_jobs, threads, NULL, NULL);
 }
 
 void bl_wmem_lock(const void *p, uint64_t len, const bl_gguf_t *g)

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "gguf.h"
+#include "progress.h"
 
 /* Anonymous memory for total bytes of weights, rounded up to huge pages, into
  * *len; NULL (and *len 0) when it passes half the physical memory and force is not
@@ -39,6 +40,11 @@ typedef struct bl_wmem_job {
  * 3.4 GB file's weights at about 0.5 GB/s with one). Copies under 64 MiB in all run
  * on the caller. */
 void bl_wmem_copy_many(const bl_wmem_job_t *jobs, size_t n_jobs, int threads);
+
+/* bl_wmem_copy_many with progress: fn (NULL: none) gets the bytes copied so far of
+ * the total, on the caller's thread, a few times a second and once at the end. */
+void bl_wmem_copy_many_progress(const bl_wmem_job_t *jobs, size_t n_jobs, int threads, bl_progress_fn fn,
+                                void *ud);
 
 /* --mlock: the copy (p, len bytes) or, when p is NULL, every part of g's mapping,
  * locked in RAM. A refusal (RLIMIT_MEMLOCK, most often) is logged and the load goes

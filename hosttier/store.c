@@ -698,7 +698,11 @@ static int pager_open(ht_store_t *s, const ht_store_opts_t *o, bl_err_t *err)
         if (s->held[l])
             s->layers[l].slices = p->slices + l * NE * 3;
     /* the first fill: the slots in layer and expert order, 64 experts a batch */
-    int64_t v = 0;
+    int64_t v = 0, fill = 0;
+    for (int64_t l = 0; l < L; l++)
+        fill += s->held[l] ? NE : 0;
+    fill = fill < p->n_slots ? fill : p->n_slots;
+    const uint64_t fill_bytes = (uint64_t)fill * p->slot_bytes;
     for (int64_t l = 0; l < L && v < p->n_slots; l++)
         for (int64_t x = 0; s->held[l] && x < NE && v < p->n_slots;) {
             int nb = 0;
@@ -711,6 +715,8 @@ static int pager_open(ht_store_t *s, const ht_store_opts_t *o, bl_err_t *err)
             }
             if ((rc = pager_read(s, p->req_slot, nb, err)) < 0)
                 return rc;
+            if (o->fill_progress)
+                o->fill_progress(o->progress_ud, (uint64_t)v * p->slot_bytes, fill_bytes);
         }
     __atomic_store_n(&p->misses, 0, __ATOMIC_RELAXED); /* the fill is not a miss */
     if ((rc = ahead_open(s, o, &xo, paths, (int)np, err)) < 0)
@@ -819,7 +825,8 @@ int ht_store_open(ht_store_t **out, const ht_store_opts_t *o, bl_err_t *err)
         s->copy = NULL;
         s->copy_len = 0;
     }
-    bl_wmem_copy_many(jobs, n_jobs, o->n_threads); /* several threads: the first touches dominate */
+    /* several threads: the first touches dominate */
+    bl_wmem_copy_many_progress(jobs, n_jobs, o->n_threads, o->progress, o->progress_ud);
     free(jobs);
     if (o->mlock)
         bl_wmem_lock(s->copy, used, s->g);

@@ -12,6 +12,7 @@
 
 #include "arch.h"
 #include "err.h"
+#include "progress.h"
 
 typedef struct ht_store ht_store_t;
 
@@ -37,6 +38,9 @@ typedef struct ht_store_opts {
                              * BLOOMERY_READ_AHEAD, else HT_READ_AHEAD_DEFAULT */
     int read_ahead_policy;  /* which: HT_AHEAD_ROUTER, HT_AHEAD_HEAT, or HT_AHEAD_DEFAULT
                              * (BLOOMERY_READ_AHEAD_POLICY=router|heat, else router) */
+    bl_progress_fn progress;      /* or NULL: the experts' copy into RAM, bytes */
+    bl_progress_fn fill_progress; /* or NULL: the pager's first fill of its slots, bytes */
+    void *progress_ud;
 } ht_store_opts_t;
 
 #define HT_READ_AHEAD_DEFAULT 0 /* off: on the measured files it read more than it saved (docs/performance.md) */

@@ -141,6 +141,10 @@ int bp_child_recv_plan(bp_child_t *c, bp_msg_t *plan, bl_err_t *err)
 
 void bp_child_progress(bp_child_t *c, uint64_t done, uint64_t total, const char *stage)
 {
+    const uint64_t now = bp_now_us();
+    if (done && done < total && now - c->progress_us < BP_CHILD_PROGRESS_US)
+        return;
+    c->progress_us = now;
     Bloomery__LoadProgress p;
     bloomery__load_progress__init(&p);
     p.bytes_done = done;
@@ -150,13 +154,16 @@ void bp_child_progress(bp_child_t *c, uint64_t done, uint64_t total, const char 
     (void)bp_child_send(c, &m); /* progress is informational */
 }
 
-void bp_child_ready(bp_child_t *c, uint64_t n_vocab, uint64_t n_embd)
+void bp_child_ready(bp_child_t *c, uint64_t n_vocab, uint64_t n_embd, const char *kernels)
 {
     Bloomery__Ready r;
     bloomery__ready__init(&r);
     r.process = c->process;
     r.n_vocab = n_vocab;
     r.n_embd = n_embd;
+    char k[BP_MSG_MAX_KERNELS + 1];
+    snprintf(k, sizeof k, "%s", kernels ? kernels : "");
+    r.kernels = k;
     const bp_msg_t m = {.type = BP_MSG_READY, .u.ready = &r};
     (void)bp_child_send(c, &m); /* a lost Ready shows as a load timeout in the router */
 }

@@ -23,6 +23,7 @@ typedef struct bp_child {
     uint32_t process; /* this process's id in the plan, once known */
     char label[32];   /* "worker 0", "hosttier": starts every error text */
     uint64_t t0_us;   /* start, for Stats.uptime */
+    uint64_t progress_us; /* the last LoadProgress sent */
 } bp_child_t;
 
 typedef enum bp_child_kind {
@@ -83,8 +84,14 @@ void bp_child_hello_gpus(bp_child_t *c, bp_child_kind_t kind, const char *cpu_na
  * and skipped. */
 int bp_child_recv_plan(bp_child_t *c, bp_msg_t *plan, bl_err_t *err) BL_WUR;
 
+/* Sends a LoadProgress: the first and the last of a stage (done 0, done == total)
+ * always, the others at most every BP_CHILD_PROGRESS_US, so that a loop may call it
+ * for every chunk it moves. */
 void bp_child_progress(bp_child_t *c, uint64_t done, uint64_t total, const char *stage);
-void bp_child_ready(bp_child_t *c, uint64_t n_vocab, uint64_t n_embd);
+#define BP_CHILD_PROGRESS_US 250000
+/* Ready: the model facts the router checks, and the kernels this process runs
+ * ("CPU avx512", "CUDA0 NVIDIA H200 (sm_90)"; cut at BP_MSG_MAX_KERNELS). */
+void bp_child_ready(bp_child_t *c, uint64_t n_vocab, uint64_t n_embd, const char *kernels);
 /* Logs e and sends it as a fatal Error, "<label>: <message>". */
 void bp_child_fatal(bp_child_t *c, const bl_err_t *e);
 

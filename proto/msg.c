@@ -159,6 +159,13 @@ static int validate_load_progress(const Bloomery__LoadProgress *l, bl_err_t *err
     return 0;
 }
 
+static int validate_ready(const Bloomery__Ready *r, bl_err_t *err)
+{
+    if (r->kernels && strlen(r->kernels) > BP_MSG_MAX_KERNELS)
+        return bad(err, "Ready.kernels", "is longer than 128 bytes");
+    return 0;
+}
+
 static int validate_stats(const Bloomery__Stats *s, bl_err_t *err)
 {
     if (s->n_counters > 0 && s->counters == NULL)
@@ -213,7 +220,7 @@ int bp_msg_validate(const bp_msg_t *m, bl_err_t *err)
     case BP_MSG_STATS: return validate_stats(m->u.stats, err);
     case BP_MSG_ERROR: return validate_error(m->u.error, err);
     case BP_MSG_MOVE_EXPERTS: return validate_move_experts(m->u.move_experts, err);
-    case BP_MSG_READY:
+    case BP_MSG_READY: return validate_ready(m->u.ready, err);
     case BP_MSG_SHUTDOWN:
         return 0;
     }
@@ -426,11 +433,12 @@ const char *bp_msg_hello_version(const bp_msg_t *m)
     return m->type == BP_MSG_HELLO && m->u.hello && m->u.hello->version ? m->u.hello->version : "";
 }
 
-void bp_msg_ready_facts(const bp_msg_t *m, uint64_t *n_vocab, uint64_t *n_embd)
+void bp_msg_ready_facts(const bp_msg_t *m, uint64_t *n_vocab, uint64_t *n_embd, const char **kernels)
 {
     const int ok = m->type == BP_MSG_READY && m->u.ready;
     *n_vocab = ok ? m->u.ready->n_vocab : 0;
     *n_embd = ok ? m->u.ready->n_embd : 0;
+    *kernels = ok && m->u.ready->kernels ? m->u.ready->kernels : "";
 }
 
 void bp_msg_error_info(const bp_msg_t *m, int32_t *code, int *fatal, const char **message)

@@ -32,6 +32,7 @@ struct Bloomery__MoveExperts;
  * allocate ~30x the input for a message of many tiny submessages, so the limit also
  * bounds what a hostile peer makes the receiver allocate. */
 #define BP_MSG_MAX_BYTES ((size_t)4 << 20)
+#define BP_MSG_MAX_KERNELS 128 /* Ready.kernels */
 
 typedef enum bp_msg_type {
     BP_MSG_HELLO = 1,
@@ -146,8 +147,9 @@ int bp_kv_type_proto(uint32_t bl_type);
 
 /* Hello.version; "" when m is no Hello. */
 const char *bp_msg_hello_version(const bp_msg_t *m);
-/* Ready's model facts (0 from a hosttier, or when m is no Ready). */
-void bp_msg_ready_facts(const bp_msg_t *m, uint64_t *n_vocab, uint64_t *n_embd);
+/* Ready's model facts (0 from a hosttier, or when m is no Ready) and the kernels it
+ * runs ("" when not told; untrusted text, at most BP_MSG_MAX_KERNELS bytes). */
+void bp_msg_ready_facts(const bp_msg_t *m, uint64_t *n_vocab, uint64_t *n_embd, const char **kernels);
 /* Error's code, whether it is fatal, and its text ("" when none). */
 void bp_msg_error_info(const bp_msg_t *m, int32_t *code, int *fatal, const char **message);
 

@@ -36,6 +36,7 @@
 #include "file.h"
 #include "gguf.h"
 #include "log.h"
+#include "progress.h"
 #include "step.h"
 
 
@@ -63,6 +64,10 @@ typedef struct child {
     int hosttier;
     int hello, ready;
     char last_words[512]; /* its fatal Error after load, told with its death */
+    char kernels[BP_MSG_MAX_KERNELS + 16]; /* Ready.kernels, escaped (under mu) */
+    char load_stage[16];  /* its last LoadProgress's stage ("" none yet this start) */
+    bl_progress_t load;   /* that stage's bytes and rate */
+    int64_t load_line_ms; /* its last event=load_progress line */
     rt_child_stats_t stats; /* under mu; stats.n 0 until the first report */
 } child_t;
 
@@ -85,6 +90,8 @@ struct rt_cluster {
     bl_file_id_t *file_ids;
     int n_children; /* workers, then the hosttier */
     child_t kids[MAX_WORKERS + 1];
+    bl_progress_t load_bar; /* on a terminal: the children's weights loaded, summed */
+    int64_t load_deadline;  /* ms: a start fails when no child moved on by then */
     bp_step_limits_t lim; /* what the router accepts from the last stage */
 
     /* Rings of the current set. The router keeps a handle on every ring it made,
@@ -522,6 +529,40 @@ static void request_stats(rt_cluster_t *c)
 
 /* Handles one control message. During a start (loading) a fatal Error ends it:
  * returns the error's code with the child's text in c->error. */
+/* A child's LoadProgress: its event=load_progress line at each new stage, at the end
+ * of one and (away from a terminal, where the bar shows it) every
+ * BL_PROGRESS_PERIOD_S; the bar of the sum over the children's stages past the
+ * mapping; and more time for the start, which fails only when no child moves on for
+ * LOAD_TIMEOUT_MS. */
+static void load_progress(rt_cluster_t *c, child_t *k, const char *stage, uint64_t done, uint64_t total)
+{
+    char esc[sizeof k->load_stage];
+    bl_log_escape(esc, sizeof esc, stage, strlen(stage));
+    const int64_t now = now_ms();
+    const int fresh = strcmp(esc, k->load_stage) != 0;
+    if (fresh) {
+        snprintf(k->load_stage, sizeof k->load_stage, "%s", esc);
+        bl_progress_begin(&k->load, BL_PROGRESS_QUIET, "", "", total, 0);
+    }
+    const int finished = done >= total && (fresh || k->load.done < k->load.total);
+    bl_progress_update(&k->load, done, total);
+    if (fresh || finished ||
+        (!bl_log_terminal() && (double)(now - k->load_line_ms) >= BL_PROGRESS_PERIOD_S * 1e3)) {
+        char f[160];
+        bl_progress_format_fields(&k->load, bl_progress_now_us(), f, sizeof f);
+        BL_LOG(BL_LOG_INFO, "event=load_progress process=%s stage=%s %s", k->tag, k->load_stage, f);
+        k->load_line_ms = now;
+    }
+    c->load_deadline = now + LOAD_TIMEOUT_MS;
+    uint64_t sum_done = 0, sum_total = 0;
+    for (int i = 0; i < c->n_children; i++)
+        if (c->kids[i].load_stage[0] && strcmp(c->kids[i].load_stage, "mmap") != 0) {
+            sum_done += c->kids[i].load.done;
+            sum_total += c->kids[i].load.total;
+        }
+    bl_progress_update(&c->load_bar, sum_done, sum_total);
+}
+
 static int on_message(rt_cluster_t *c, const bp_peer_t *from, const bp_msg_t *m, int loading)
 {
     char who[64];
@@ -555,14 +596,13 @@ static int on_message(rt_cluster_t *c, const bp_peer_t *from, const bp_msg_t *m,
         uint64_t done, total;
         const char *stage;
         bp_msg_progress_info(m, &done, &total, &stage);
-        BL_LOG(BL_LOG_INFO, "event=load_progress process=%s stage=%s done=%llu total=%llu",
-               k->tag, bl_log_escape(esc, 64, stage, strlen(stage)), (unsigned long long)done,
-               (unsigned long long)total);
+        load_progress(c, k, stage, done, total);
         return 0;
     }
     case BP_MSG_READY: {
         uint64_t nv, ne;
-        bp_msg_ready_facts(m, &nv, &ne);
+        const char *kernels;
+        bp_msg_ready_facts(m, &nv, &ne, &kernels);
         if (!k->hosttier && (nv != (uint64_t)c->n_vocab || ne != (uint64_t)c->n_embd)) {
             snprintf(err.msg, sizeof err.msg, "%s: reports n_vocab %llu, n_embd %llu; the file "
                      "says %lld, %lld", k->name, (unsigned long long)nv, (unsigned long long)ne,
@@ -571,7 +611,11 @@ static int on_message(rt_cluster_t *c, const bp_peer_t *from, const bp_msg_t *m,
             return BL_EPROTO;
         }
         k->ready = 1;
-        BL_LOG(BL_LOG_INFO, "event=child_ready process=%s pid=%d", k->tag, (int)k->pid);
+        pthread_mutex_lock(&c->mu);
+        bl_log_escape(k->kernels, sizeof k->kernels, kernels, strlen(kernels));
+        pthread_mutex_unlock(&c->mu);
+        BL_LOG(BL_LOG_INFO, "event=child_ready process=%s pid=%d kernels=\"%s\"", k->tag, (int)k->pid,
+               k->kernels);
         return 0;
     }
     case BP_MSG_ERROR: {
@@ -638,8 +682,10 @@ static int start_set(rt_cluster_t *c)
     }
     c->gen++;
     pthread_mutex_lock(&c->mu); /* a new set has reported nothing yet */
-    for (int i = 0; i < c->n_children; i++)
+    for (int i = 0; i < c->n_children; i++) {
         c->kids[i].stats.n = 0;
+        c->kids[i].load_stage[0] = 0;
+    }
     pthread_mutex_unlock(&c->mu);
     for (int i = 0; i < c->n_children; i++) {
         child_t *k = &c->kids[i];
@@ -656,7 +702,8 @@ static int start_set(rt_cluster_t *c)
         stop_set(c, 0);
         return rc;
     }
-    int64_t deadline = now_ms() + LOAD_TIMEOUT_MS;
+    c->load_deadline = now_ms() + LOAD_TIMEOUT_MS;
+    bl_progress_begin(&c->load_bar, BL_PROGRESS_BAR, "loading", "", 0, 0);
     for (;;) {
         int n_ready = 0;
         for (int i = 0; i < c->n_children; i++)
@@ -690,14 +737,15 @@ static int start_set(rt_cluster_t *c)
             BL_LOG(BL_LOG_ERROR, "event=child_exited_during_load process=%s %s", k->tag, how);
             break;
         }
-        if (now_ms() > deadline) {
-            snprintf(err.msg, sizeof err.msg, "the children did not report ready within %d s",
+        if (now_ms() > c->load_deadline) {
+            snprintf(err.msg, sizeof err.msg, "the children reported no loading progress for %d s",
                      LOAD_TIMEOUT_MS / 1000);
             set_error(c, err.msg);
             rc = BL_ETIMEDOUT;
             break;
         }
     }
+    bl_progress_end(&c->load_bar, rc == 0);
     if (rc) {
         stop_set(c, 0);
         return rc;
@@ -1171,6 +1219,20 @@ int rt_cluster_child_stats(rt_cluster_t *c, rt_child_stats_t *out, int cap)
             out[n++] = c->kids[i].stats;
     pthread_mutex_unlock(&c->mu);
     return n;
+}
+
+void rt_cluster_kernels(rt_cluster_t *c, char *buf, size_t cap)
+{
+    size_t o = 0;
+    if (cap)
+        buf[0] = 0;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n_children && o < cap; i++) {
+        const child_t *k = &c->kids[i];
+        const int n = snprintf(buf + o, cap - o, "  %s: %s\n", k->tag, k->kernels[0] ? k->kernels : "?");
+        o += n > 0 ? (size_t)n : 0;
+    }
+    pthread_mutex_unlock(&c->mu);
 }
 
 void rt_cluster_get_stats(const rt_cluster_t *c, rt_cluster_stats_t *out)

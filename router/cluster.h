@@ -235,4 +235,8 @@ typedef struct rt_child_stats {
  * how many. Children that have not reported yet are left out. Thread-safe. */
 int rt_cluster_child_stats(rt_cluster_t *c, rt_child_stats_t *out, int cap);
 
+/* The kernels each child of the running set reported at Ready, one line each, into
+ * buf (cap bytes, cut there): "  worker0: CPU avx512\n". Thread-safe. */
+void rt_cluster_kernels(rt_cluster_t *c, char *buf, size_t cap);
+
 #endif

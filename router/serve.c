@@ -1384,9 +1384,13 @@ static void on_watch(uv_timer_t *t)
         s->app.loading = 0;
         if (!s->ever_ready) {
             BL_LOG(BL_LOG_INFO, "event=ready model=%s", s->app.model_alias);
-            if (s->screen_url[0]) /* the start screen's last line */
-                fprintf(stderr, "\n  ready: open %s/ for the chat page; the OpenAI API is %s/v1, "
-                        "llama-server's routes are at %s/\n\n", s->screen_url, s->screen_url, s->screen_url);
+            if (s->screen_url[0]) { /* the start screen's last lines: the kernels, the address */
+                char kernels[2048];
+                rt_cluster_kernels(s->app.cluster, kernels, sizeof kernels);
+                fprintf(stderr, "\nkernels\n%s\n  ready: open %s/ for the chat page; the OpenAI API is %s/v1, "
+                        "llama-server's routes are at %s/\n\n", kernels, s->screen_url, s->screen_url,
+                        s->screen_url);
+            }
         } else {
             BL_LOG(BL_LOG_INFO, "event=ready after=restart");
         }

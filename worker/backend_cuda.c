@@ -91,6 +91,7 @@ typedef struct cuda {
     int64_t lb, le;
     int device;
     kcuda_device_info_t info;
+    char label[96]; /* the name kernels go by: "NVIDIA H200 (sm_90)" */
     void *stream;
     /* the weights: what was registered, then one arena for all */
     upload_t *u;
@@ -315,7 +316,7 @@ out:
 
 // --- set-up --------------------------------------------------------------------------------
 
-static const char *cu_name(const wk_backend_t *b) { return ((const cuda_t *)b)->info.name; }
+static const char *cu_name(const wk_backend_t *b) { return ((const cuda_t *)b)->label; }
 
 static void cu_destroy(wk_backend_t *b)
 {
@@ -469,6 +470,11 @@ static int upload_all(cuda_t *cu, bl_err_t *err)
 {
     void *stage[2] = {NULL, NULL}, *done[2] = {NULL, NULL};
     int used[2] = {0, 0}, rc = 0, k = 0;
+    uint64_t total = 0, sent = 0;
+    for (size_t i = 0; i < cu->n_u; i++)
+        total += cu->u[i].nbytes;
+    if (cu->o->progress)
+        cu->o->progress(cu->o->progress_ud, 0, total);
     if ((rc = kcuda_host_alloc(&stage[0], STAGE_BYTES, err)) < 0 ||
         (rc = kcuda_host_alloc(&stage[1], STAGE_BYTES, err)) < 0 ||
         (rc = kcuda_event_create(&done[0], err)) < 0 || (rc = kcuda_event_create(&done[1], err)) < 0)
@@ -486,9 +492,14 @@ static int upload_all(cuda_t *cu, bl_err_t *err)
             used[k] = 1;
             k ^= 1;
             at += c;
+            sent += c;
+            if (cu->o->progress)
+                cu->o->progress(cu->o->progress_ud, sent, total);
         }
     }
     rc = kcuda_sync(cu->stream, err);
+    if (rc == 0 && cu->o->progress)
+        cu->o->progress(cu->o->progress_ud, total, total);
 out:
     drain(cu->stream); /* the staging buffers must be idle before freeing */
     kcuda_event_destroy(done[0]);
@@ -1999,6 +2010,7 @@ int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *
     cu->lb = cfg->lb;
     cu->le = cfg->le;
     cu->device = cfg->o->device;
+    snprintf(cu->label, sizeof cu->label, "CUDA%d", cu->device); /* until the card is asked */
     cu->remote = cfg->remote;
     /* the host layers' routing is counted for residency only, so that without it
      * the steps are what they were */
@@ -2028,6 +2040,7 @@ int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *
         cu_destroy(&cu->b);
         return rc;
     }
+    snprintf(cu->label, sizeof cu->label, "%.63s (sm_%d%d)", cu->info.name, cu->info.cc_major, cu->info.cc_minor);
     const wk_config_t *c = cu->c;
     /* BLOOMERY_CUDA_PROMPT=rows keeps prompts on the rows path (the reference the
      * GEMM path is checked against; docs/cuda.md). BLOOMERY_CUDA_PDL=0 launches every

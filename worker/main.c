@@ -62,6 +62,8 @@ typedef struct worker {
     int n_jobs;          /* queued, jobs[0] the one running when writer_busy */
     int writer_busy;
     bp_step_limits_t lim;
+    int device;          /* the stage's CUDA ordinal, or WK_DEVICE_CPU */
+    uint64_t load_total; /* bytes of weights the load copies or uploads (0: none) */
     int first, last, remote;
     int64_t layer_begin, layer_end;
     bp_ring_t *in, *out, *x_out, *x_in;
@@ -689,6 +691,18 @@ static int attach(bp_ring_t **r, int fd, const char *what, bp_ring_role_t role, 
     return rc;
 }
 
+/* wk_model_load's progress: the weights copied into memory or onto the card. A
+ * total of 0 (nothing copied: a card stage's host copy, or a mapping kept) says
+ * nothing. */
+static void on_load_progress(void *ud, uint64_t done, uint64_t total)
+{
+    worker_t *w = ud;
+    if (!total)
+        return;
+    w->load_total = total;
+    bp_child_progress(&w->ctl, done, total, "weights");
+}
+
 /* Everything between the Plan and Ready: rings, model, caches, scratch. */
 static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
 {
@@ -706,6 +720,7 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     w->first = idx == 0;
     w->last = idx + 1 == p->n_stages;
     const int device = st->device >= 0 ? st->device : WK_DEVICE_CPU;
+    w->device = device;
     /* The layers of this stage whose routed experts the hosttier computes: those the
      * placements list. */
     int any = 0, rc;
@@ -735,6 +750,8 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     bp_child_progress(&w->ctl, 0, total, "mmap");
     wk_model_opts_t o;
     wk_model_opts_default(&o);
+    o.progress = on_load_progress;
+    o.progress_ud = w;
     o.n_threads = p->threads ? (int)p->threads : 1;
     o.n_threads_batch = (int)p->threads_batch; /* 0: as n_threads */
     if (p->n_batch)
@@ -795,6 +812,10 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
         if ((rc = w->pool ? wk_kv_create_in(&w->kvs[i], w->pool, p->n_ctx, err)
                           : wk_kv_create(&w->kvs[i], w->m, p->n_ctx, kv_type, err)) != 0)
             return rc;
+    /* the bytes the load moved; a stage that reads its weights from the file mapping
+     * moved none, and reports the file */
+    if (w->load_total)
+        total = w->load_total;
     bp_child_progress(&w->ctl, total, total, "weights");
     return 0;
 }
@@ -1033,7 +1054,12 @@ int main(int argc, char **argv)
            (long long)w.layer_begin, (long long)w.layer_end, wk_model_kernels(w.m),
            w.remote ? "hosttier" : "local", pl.no_residency ? "off" : "on", vram);
     bp_msg_free(&plan);
-    bp_child_ready(&w.ctl, (uint64_t)w.lim.n_vocab, (uint64_t)w.lim.n_embd);
+    char kernels[BP_MSG_MAX_KERNELS + 1];
+    if (w.device >= 0)
+        snprintf(kernels, sizeof kernels, "CUDA%d %s", w.device, wk_model_kernels(w.m));
+    else
+        snprintf(kernels, sizeof kernels, "CPU %s", wk_model_kernels(w.m));
+    bp_child_ready(&w.ctl, (uint64_t)w.lim.n_vocab, (uint64_t)w.lim.n_embd, kernels);
 
     pthread_t th;
     if (pthread_create(&th, NULL, step_main, &w) != 0) {

@@ -502,7 +502,7 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
     m->opts.experts_host = NULL; /* the copy is m->host */
     if ((rc = m->fam->map(m, err)) < 0)
         goto fail;
-    bl_wmem_copy_many(m->copies, m->n_copies, m->opts.n_threads);
+    bl_wmem_copy_many_progress(m->copies, m->n_copies, m->opts.n_threads, m->opts.progress, m->opts.progress_ud);
     free(m->copies);
     m->copies = NULL;
     m->n_copies = m->cap_copies = 0;

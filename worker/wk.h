@@ -15,6 +15,7 @@
 #include "err.h"
 #include "gguf.h"
 #include "plan.h"
+#include "progress.h"
 
 /* KV cache element types (their bl_type_t ids). f16 is the default, as in
  * llama.cpp; f32 for checking against the exact oracle; q8_0 halves the memory. */
@@ -77,6 +78,9 @@ typedef struct wk_model_opts {
                         * each launch), on the CPU with the clock around each op;
                         * read with wk_model_profile, switch with
                         * wk_model_set_profile */
+    bl_progress_fn progress; /* or NULL: bytes of weights copied into memory or onto
+                        * the card during wk_model_load, called on the loading thread */
+    void *progress_ud;
 } wk_model_opts_t;
 
 #define WK_FLASH_AUTO BL_FLASH_AUTO /* the values bl_arg_flash_attn parses -fa into */

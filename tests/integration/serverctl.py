@@ -127,6 +127,39 @@ def runtime_dirs(pid=None, before=frozenset()):
     return out
 
 
+def run_on_terminal(argv, until, env=None, timeout=60):
+    """Runs argv with a pseudo-terminal of 160 columns as stdout and stderr (TERM=xterm) until its
+    output holds the bytes until or timeout seconds pass, then SIGTERM; returns the
+    output as text, escapes and all."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # rows, columns
+    e = dict(env if env is not None else os.environ, TERM="xterm")
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=e)
+    os.close(slave)
+    out, deadline = b"", time.monotonic() + timeout
+    try:
+        while until not in out and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                out += chunk
+    finally:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+        p.wait(30)
+        os.close(master)
+    return out.decode("utf-8", "replace")
+
+
 def http(method, url, body=None, headers=None, timeout=30):
     """(status, parsed JSON or text) without any dependency beyond the standard library."""
     data = None

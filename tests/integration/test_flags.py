@@ -4,6 +4,7 @@ naming it), a model that cannot load (a quick non-zero exit with the reason),
 whose effect does not exist yet (refused by name)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -619,6 +620,8 @@ def test_experts_ram_pages_from_disk_with_the_same_output(servers):
         assert p["hosttier"] is True and p["host_expert_disk_bytes"] > 0, p
         assert p["host_expert_ram_bytes"] + p["host_expert_disk_bytes"] == p["host_expert_bytes"], p
         assert "on disk" in srv.log() and "event=pager slots=" in srv.log(), srv.log()
+        # the first fill of the slots is reported as the hosttier's "fill" stage
+        assert re.search(r"event=load_progress process=hosttier stage=fill done=(\d+) total=\1 ", srv.log()), srv.log()
         assert post(srv.url, "/completion", body).json()["content"] == want
 
 

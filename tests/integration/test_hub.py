@@ -8,6 +8,7 @@ import http.server
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import threading
@@ -259,6 +260,43 @@ def test_hf_resumes_a_cut_download(hub, model):
     assert open(snapshot(hub, "tiny-Q8_0.gguf"), "rb").read() == open(model, "rb").read()
 
 
+def download_lines(out, name):
+    return [dict(kv.split("=", 1) for kv in line.split("event=download ", 1)[1].split())
+            for line in out.splitlines() if "event=download file=%s " % name in line]
+
+
+def test_hf_download_progress_lines(hub, model):
+    """Away from a terminal a download writes event=download lines: the first at 0, the
+    last at the whole size, each with the rate and the time left; a download that a
+    previous run left cut says where it resumed."""
+    size = len(open(model, "rb").read())
+    rc, out = cli(hub, "-hf", "test/tiny-GGUF")
+    assert rc == 0, out
+    lines = download_lines(out, "tiny-Q4_K_M.gguf")
+    assert len(lines) >= 2, out
+    assert lines[0]["done"] == "0" and lines[0]["total"] == str(size), lines
+    assert lines[-1]["done"] == str(size) and lines[-1]["eta_s"] == "0.0", lines
+    for ln in lines:
+        float(ln["rate_mib_s"])
+        assert ln["eta_s"] == "?" or float(ln["eta_s"]) >= 0
+        assert "resumed_from" not in ln
+    # another quant, half of it left by an earlier run
+    sha = hashlib.sha256(open(model, "rb").read()).hexdigest()
+    blobs = os.path.join(repo_dir(hub), "blobs")
+    shutil.rmtree(blobs)
+    shutil.rmtree(os.path.join(repo_dir(hub), "snapshots"))
+    os.makedirs(blobs)
+    with open(os.path.join(blobs, sha + ".incomplete"), "wb") as f:
+        f.write(open(model, "rb").read()[:size // 2])
+    rc, out = cli(hub, "-hf", "test/tiny-GGUF:Q8_0")
+    assert rc == 0, out
+    lines = download_lines(out, "tiny-Q8_0.gguf")
+    assert lines and lines[0]["done"] == str(size // 2) and lines[0]["resumed_from"] == str(size // 2), out
+    assert lines[-1]["done"] == str(size), lines
+    ranges = [r[2].get("Range") for r in hub.requests if r[1] == "/cdn/test/tiny-GGUF/tiny-Q8_0.gguf"]
+    assert ranges == ["bytes=%d-" % (size // 2)], ranges
+
+
 def test_hf_refuses_a_copy_whose_sha256_differs(hub):
     hub.corrupt.add("tiny-Q8_0.gguf")
     rc, out = cli(hub, "-hf", "test/tiny-GGUF:Q8_0")
@@ -351,6 +389,19 @@ def test_serve_hf_names_the_model_after_the_repository(hub, servers):
     assert r.status_code == 200, r.text
     assert r.json()["data"][0]["id"] == "test/tiny-GGUF:Q8_0", r.text
     assert "event=hub_model" in srv.log()
+
+
+def test_serve_hf_download_bar_on_a_terminal(hub, model):
+    """On a terminal a download is a bar that ends with the bytes, the time and the
+    rate; no event=download line is written there."""
+    port = serverctl.free_port()
+    text = serverctl.run_on_terminal([serverctl.program("bloomery-serve"), "-hf", "test/tiny-GGUF", "--port",
+                                      str(port), "-np", "1", "-c", "512", "-t", "1"], b"ready: open", env=hub.env)
+    size = len(open(model, "rb").read())
+    assert re.search(r"downloading tiny-Q4_K_M\.gguf \[#+\] 100%  [0-9.]+ [KM]iB in [0-9.]+ s", text), text
+    assert "event=download " not in text, text
+    assert "ready: open" in text, text
+    assert os.path.getsize(snapshot(hub, "tiny-Q4_K_M.gguf")) == size
 
 
 def test_serve_hf_failure_exits_with_the_reason(hub, servers):

@@ -3,6 +3,7 @@ with the event's fields as members (quoted values unescaped), through a start, a
 request, a killed worker's restart and a stop; a wrong format name is refused (2)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -42,30 +43,26 @@ def test_a_wrong_format_is_refused(tmp_path, model):
 
 
 def test_start_screen_on_a_terminal_only(model, servers):
-    """On a terminal the start shows the plan's report and, once ready, the address to
-    open; into a pipe (or with --log-format json) only the log lines."""
-    import pty
-    import select
+    """On a terminal the start shows the plan's report, a loading bar that ends at
+    100%, the kernels each process runs and, once ready, the address to open; into a
+    pipe (or with --log-format json) only the log lines, the loading progress as
+    event lines with rate and time left."""
     port = serverctl.free_port()
-    master, slave = pty.openpty()
-    p = subprocess.Popen([serverctl.program("bloomery-serve"), "-m", model, "--port", str(port), "-np", "1",
-                          "-c", "512", "-t", "1"], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
-    os.close(slave)
-    out, deadline = b"", time.monotonic() + 60
-    try:
-        while b"ready: open" not in out and time.monotonic() < deadline:
-            if select.select([master], [], [], 0.2)[0]:
-                try:
-                    out += os.read(master, 65536)
-                except OSError:
-                    break
-    finally:
-        p.send_signal(signal.SIGTERM)
-        p.wait(30)
-        os.close(master)
-    text = out.decode("utf-8", "replace")
+    text = serverctl.run_on_terminal([serverctl.program("bloomery-serve"), "-m", model, "--port", str(port),
+                                      "-np", "1", "-c", "512", "-t", "1"], b"ready: open")
     assert "bloomery-serve: starting with this plan" in text, text
     assert "placement" in text and "fits: yes" in text, text
     assert "ready: open http://127.0.0.1:%d/" % port in text, text
+    assert re.search(r"loading \[#+\] 100%  [0-9.]+ [KMG]iB in [0-9.:]+( s)?", text), text
+    assert re.search(r"kernels\r?\n  worker0: CPU (ref|avx2|avx512)\r?\n", text), text
+    # the bar is a status line: every log line erases it first
+    assert "\r\x1b[K" in text
+    # no intermediate progress line on a terminal (the bar shows it)
+    assert len(re.findall(r"event=load_progress process=worker0 stage=weights", text)) <= 2, text
     srv = servers.start(["-np", "1", "-c", "512", "-t", "1"])
-    assert "starting with this plan" not in srv.log(100000) and "ready: open" not in srv.log(100000)
+    log = srv.log(100000)
+    assert "starting with this plan" not in log and "ready: open" not in log
+    assert "\x1b" not in log
+    assert re.search(r"event=load_progress process=worker0 stage=weights done=(\d+) total=\1 rate_mib_s=[0-9.]+ "
+                     r"eta_s=0\.0", log), log
+    assert re.search(r'event=child_ready process=worker0 pid=\d+ kernels="CPU (ref|avx2|avx512)"', log), log

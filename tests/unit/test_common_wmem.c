@@ -7,6 +7,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -49,6 +50,71 @@ static void test_copy_many_every_share(void **state)
     }
 }
 
+/* The progress of a copy: first 0 of the total, then never back, never past the
+ * total, always on the caller's thread, last the total; the bytes as without it. */
+typedef struct seen {
+    pthread_t caller;
+    uint64_t total, last;
+    int calls, off_thread, backwards;
+} seen_t;
+
+static void on_progress(void *ud, uint64_t done, uint64_t total)
+{
+    seen_t *s = ud;
+    if (!pthread_equal(pthread_self(), s->caller))
+        s->off_thread++;
+    if (s->calls == 0)
+        assert_int_equal(done, 0);
+    if (done < s->last || done > total)
+        s->backwards++;
+    s->last = done;
+    s->total = total;
+    s->calls++;
+}
+
+static void test_copy_progress(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(2);
+    const size_t sizes[] = {(size_t)40 << 20, 7, (size_t)41 << 20, 65536};
+    enum { NJ = sizeof sizes / sizeof sizes[0] };
+    uint8_t *src[NJ], *dst[NJ];
+    bl_wmem_job_t jobs[NJ];
+    uint64_t total = 0;
+    for (int i = 0; i < NJ; i++) {
+        src[i] = malloc(sizes[i]);
+        dst[i] = malloc(sizes[i]);
+        assert_non_null(src[i]);
+        assert_non_null(dst[i]);
+        for (size_t j = 0; j < sizes[i]; j++)
+            src[i][j] = (uint8_t)rng_next(&r);
+        jobs[i] = (bl_wmem_job_t){dst[i], src[i], sizes[i]};
+        total += sizes[i];
+    }
+    const int threads[] = {1, 3};
+    for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+        seen_t s = {.caller = pthread_self()};
+        for (int i = 0; i < NJ; i++)
+            memset(dst[i], 0, sizes[i]);
+        bl_wmem_copy_many_progress(jobs, NJ, threads[t], on_progress, &s);
+        for (int i = 0; i < NJ; i++)
+            assert_memory_equal(dst[i], src[i], sizes[i]);
+        assert_true(s.calls >= 2);
+        assert_int_equal(s.off_thread, 0);
+        assert_int_equal(s.backwards, 0);
+        assert_int_equal(s.last, total);
+        assert_int_equal(s.total, total);
+    }
+    seen_t none = {.caller = pthread_self()};
+    bl_wmem_copy_many_progress(NULL, 0, 2, on_progress, &none); /* nothing: 0 of 0, twice */
+    assert_int_equal(none.last, 0);
+    assert_int_equal(none.backwards, 0);
+    for (int i = 0; i < NJ; i++) {
+        free(src[i]);
+        free(dst[i]);
+    }
+}
+
 static void test_alloc_refusals(void **state)
 {
     (void)state;
@@ -69,6 +135,7 @@ int main(void)
     test_seed_init("test_common_wmem");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_copy_many_every_share),
+        cmocka_unit_test(test_copy_progress),
         cmocka_unit_test(test_alloc_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

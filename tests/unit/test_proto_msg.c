@@ -255,8 +255,19 @@ static void test_msg_small_messages_round_trip(void **state)
 
     Bloomery__Ready rd = BLOOMERY__READY__INIT;
     rd.process = 3;
+    rd.kernels = "CUDA1 NVIDIA H200 (sm_90)";
     round_trip(&(bp_msg_t){.type = BP_MSG_READY, .u.ready = &rd}, &out);
     assert_int_equal(out.u.ready->process, 3);
+    uint64_t nv, ne;
+    const char *kernels;
+    bp_msg_ready_facts(&out, &nv, &ne, &kernels);
+    assert_string_equal(kernels, "CUDA1 NVIDIA H200 (sm_90)");
+    bp_msg_free(&out);
+    /* kernels not told (an older child): "" */
+    rd.kernels = NULL;
+    round_trip(&(bp_msg_t){.type = BP_MSG_READY, .u.ready = &rd}, &out);
+    bp_msg_ready_facts(&out, &nv, &ne, &kernels);
+    assert_string_equal(kernels, "");
     bp_msg_free(&out);
 
     /* An all-default message packs to the type byte alone. */
@@ -338,6 +349,19 @@ static void test_msg_validation_names_the_field(void **state)
     m = make_hello();
     g_hello.n_devices = 0;
     expect_invalid(&m, BL_EINVAL, "Hello.devices");
+
+    char longer[BP_MSG_MAX_KERNELS + 2];
+    memset(longer, 'k', sizeof longer - 1);
+    longer[sizeof longer - 1] = 0;
+    Bloomery__Ready rd = BLOOMERY__READY__INIT;
+    rd.kernels = longer;
+    expect_invalid(&(bp_msg_t){.type = BP_MSG_READY, .u.ready = &rd}, BL_EINVAL, "Ready.kernels");
+    Bloomery__LoadProgress lp = BLOOMERY__LOAD_PROGRESS__INIT;
+    lp.stage = "weights";
+    lp.bytes_done = 2;
+    lp.bytes_total = 1;
+    expect_invalid(&(bp_msg_t){.type = BP_MSG_LOAD_PROGRESS, .u.load_progress = &lp}, BL_EINVAL,
+                   "LoadProgress.bytes_done");
 
     m = make_plan();
     g_plan.model_path = "";
