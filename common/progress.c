@@ -185,6 +185,17 @@ void bl_progress_update(bl_progress_t *p, uint64_t done, uint64_t total)
     }
 }
 
+void bl_progress_phases(void *ud, uint64_t done, uint64_t total)
+{
+    bl_progress_t *p = ud;
+    if (total != p->phase_total || done < p->phase_done) { /* the next phase */
+        p->base += p->phase_total;
+        p->phase_total = total;
+    }
+    p->phase_done = done;
+    bl_progress_update(p, p->base + done, p->base + total);
+}
+
 void bl_progress_end(bl_progress_t *p, int ok)
 {
     if (!p->started || p->ended)

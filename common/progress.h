@@ -33,6 +33,7 @@ typedef struct bl_progress {
     int64_t t0_us, last_us;
     int bar, lines;     /* what this one writes */
     int started, ended;
+    uint64_t base, phase_total, phase_done; /* bl_progress_phases */
 } bl_progress_t;
 
 /* Starts p: from is where resumed work starts (0: from the beginning); draws the bar
@@ -47,6 +48,11 @@ void bl_progress_update(bl_progress_t *p, uint64_t done, uint64_t total);
 /* Ends p: the last line (or the bar's final state, left on the screen) and ok 0
  * says the work failed. */
 void bl_progress_end(bl_progress_t *p, int ok);
+
+/* A bl_progress_fn over ud, a started bl_progress_t, for work in phases that each
+ * count from 0 to their own total (a store's copy, then a model's): each phase's
+ * bytes add to the phases before, so done never goes back. */
+void bl_progress_phases(void *ud, uint64_t done, uint64_t total);
 
 /* The text of the bar as it would be drawn at now_us, width columns at most: label,
  * a bar where total is known, percent, bytes, rate, time left (or the time taken once

@@ -524,8 +524,13 @@ int main(int argc, char **argv)
         mo.flash_attn = b.flash_attn;
         wk_placed_t pl;
         wk_kv_t *kv = NULL;
-        if (wk_load_placed(&pl, b.model, &mo, &place, &err) ||
-            wk_kv_create(&kv, pl.m, mo.n_ctx_max, WK_KV_F16, &err)) {
+        bl_progress_t bar; /* on a terminal */
+        bl_progress_begin(&bar, BL_PROGRESS_BAR, "loading", "", 0, 0);
+        mo.progress = bl_progress_phases;
+        mo.progress_ud = &bar;
+        const int lrc = wk_load_placed(&pl, b.model, &mo, &place, &err);
+        bl_progress_end(&bar, lrc == 0);
+        if (lrc || wk_kv_create(&kv, pl.m, mo.n_ctx_max, WK_KV_F16, &err)) {
             wk_placed_free(&pl);
             fprintf(stderr, "bloomery-bench: %s\n", err.msg);
             goto done;

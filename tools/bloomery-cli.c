@@ -279,7 +279,13 @@ static int run(cli_t *c)
     if (mo.device >= 0 && !c->cache_type_k) /* the card keeps f16 caches only */
         kv_type = WK_KV_F16;
     double t0 = now_s();
-    if (wk_load_placed(&pl, c->model, &mo, &place, &err))
+    bl_progress_t bar; /* on a terminal */
+    bl_progress_begin(&bar, BL_PROGRESS_BAR, "loading", "", 0, 0);
+    mo.progress = bl_progress_phases;
+    mo.progress_ud = &bar;
+    const int lrc = wk_load_placed(&pl, c->model, &mo, &place, &err);
+    bl_progress_end(&bar, lrc == 0);
+    if (lrc)
         goto fail;
     m = pl.m;
     const wk_config_t *cfg = wk_model_config(m);

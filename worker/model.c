@@ -1277,7 +1277,8 @@ int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *op
     o.experts_host = any ? pl->host : NULL;
     if (!any)
         return wk_model_load(&out->m, path, &o, err);
-    const ht_store_opts_t so = {.path = path, .layers = pl->host, .n_threads = o.n_threads,
+    const ht_store_opts_t so = {.progress = o.progress, .progress_ud = o.progress_ud,
+                                .path = path, .layers = pl->host, .n_threads = o.n_threads,
                                 .n_batch = o.n_batch, .no_mmap = o.no_mmap, .mlock = o.mlock, .poll = o.poll,
                                 .cpu_strict = o.cpu_strict, .ram_bytes = pl->experts_ram, .read_ahead = -1};
     int rc;
