@@ -82,12 +82,14 @@ typedef struct rt_app {
     time_t started;
     int loading;                /* 1 until the cluster is READY: /health 503, generation 503 */
     int stopping;               /* 1 after SIGINT/SIGTERM: generation 503 */
-    /* "" while the model serves; why it does not, when its processes have been
-     * restarting for longer than a passing restart takes (a stage's host lost, the
-     * serve loop's watch sets it): /health and generation answer 503 with it until the
-     * set is whole again */
-    char down[1024];
 } rt_app_t;
+
+/* Whether the model does not serve because its processes have been restarting for
+ * longer than a passing restart takes (a stage's host lost: rt_cluster_down), and
+ * why, into why (cap bytes): /health and generation answer 503 with it until the set
+ * is whole again. Asked of the cluster each time, so that a route never says less
+ * than the engine already acts on. */
+int rt_app_down(const rt_app_t *app, char *why, size_t cap);
 
 /* llama-server's defaults for what the flags may change: requests' parameters,
  * reasoning on, no template arguments, no generation cap (api_gen.c). */

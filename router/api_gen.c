@@ -1649,8 +1649,9 @@ int rt__gen_unavailable(rt_req_t *r, int anthropic)
         rt__gen_send_error(r, api, 503, "unavailable_error", "Loading model");
         return 1;
     }
-    if (app->down[0]) {
-        rt__gen_send_error(r, api, 503, "unavailable_error", "%s", app->down);
+    char down[1024];
+    if (rt_app_down(app, down, sizeof down)) {
+        rt__gen_send_error(r, api, 503, "unavailable_error", "%s", down);
         return 1;
     }
     if (app->stopping) {

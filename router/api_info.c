@@ -131,12 +131,18 @@ static json_t *params_json(const rt_app_t *app)
 
 /* --- /health ----------------------------------------------------------------------- */
 
+int rt_app_down(const rt_app_t *app, char *why, size_t cap)
+{
+    return app->cluster && rt_cluster_down(app->cluster, why, cap);
+}
+
 static void route_health(rt_req_t *r)
 {
     if (refuse_while_loading(r))
         return;
-    if (app_of(r)->down[0]) {
-        rt_req_send_error(r, 503, "unavailable_error", "%s", app_of(r)->down);
+    char down[1024];
+    if (rt_app_down(app_of(r), down, sizeof down)) {
+        rt_req_send_error(r, 503, "unavailable_error", "%s", down);
         return;
     }
     rt_req_send_json(r, 200, json_pack("{s:s}", "status", "ok"));

@@ -1373,8 +1373,6 @@ static void on_watch(uv_timer_t *t)
 {
     serve_t *s = t->data;
     rt_cluster_state_t st = rt_cluster_state(s->app.cluster);
-    if (!rt_cluster_down(s->app.cluster, s->app.down, sizeof s->app.down))
-        s->app.down[0] = '\0';
     if (st == s->last_state)
         return;
     s->last_state = st;

@@ -78,6 +78,15 @@ void rt_engine_cancel(rt_engine_t *e, rt_task_t *task)
     g_cancels++;
 }
 
+/* no cluster here: the model always serves */
+int rt_app_down(const rt_app_t *app, char *why, size_t cap)
+{
+    (void)app;
+    (void)why;
+    (void)cap;
+    return 0;
+}
+
 int rt_http_route(rt_http_t *h, const char *method, const char *path, rt_route_fn fn,
                   unsigned flags)
 {
