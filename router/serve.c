@@ -801,12 +801,6 @@ static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64
         BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored flag=--hostfile reason=%s", *gpu_note);
         *n_devs = 0;
     }
-    if (a.ssm_heads > 0 && *n_devs > 0) {
-        /* the card has no DeltaNet kernels yet: the whole model runs on the CPU */
-        *gpu_note = "the CUDA backend has no gated DeltaNet layers yet: every layer runs on the CPU";
-        BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored arch=%s reason=%s", a.name, *gpu_note);
-        *n_devs = 0;
-    }
     const bl_place_flags_t *f = &o->place;
     if (*n_devs == 0 && f->gpu_layers && strcmp(f->gpu_layers, "0") && strcmp(f->gpu_layers, "auto") &&
         strcmp(f->gpu_layers, "-1"))

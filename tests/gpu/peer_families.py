@@ -115,6 +115,8 @@ def main():
     ap.add_argument("--n-predict", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=12, help="prompts of random ids, 5 to 278 long")
     ap.add_argument("--verbose", action="store_true", help="each prompt's tokens and distance")
+    ap.add_argument("--dump", help="a folder: each family's mkmodel arguments, prompts and both engines' top 10 "
+                    "(FAMILY.json), to compare with the reference elsewhere")
     a = ap.parse_args()
     rng = random.Random(20261205)
     candidates = [[rng.randrange(0, 1000) for _ in range(5 + 7 * i)] for i in range(40)]
@@ -147,6 +149,13 @@ def main():
             got = peer_answers("http://127.0.0.1:18190", candidates, a.prompts, a.n_predict)
             A = [g[1] for g in got]
             B = [ask("http://127.0.0.1:18191", g[0], a.n_predict) for g in got]
+            if a.dump:
+                os.makedirs(a.dump, exist_ok=True)
+                with open(os.path.join(a.dump, fam + ".json"), "w") as f:
+                    json.dump({"mkmodel": FAMILIES[fam], "prompts": [g[0] for g in got],
+                               "llama": [[[t, {str(k): v for k, v in tp.items()}] for t, tp in x] for x in A],
+                               "bloomery": [[[t, {str(k): v for k, v in tp.items()}] for t, tp in x] for x in B]},
+                              f)
             same = total = ties = 0
             dsum = dmax = 0.0
             dn = 0
