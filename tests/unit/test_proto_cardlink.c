@@ -209,151 +209,154 @@ static void test_cardlink_pipelined_steps_two_processes(void **state)
     munmap(card, sizeof *card);
 }
 
+/* Both ends of a link in this process: the ring, the fake card, each side's view,
+ * and a sending and a receiving link of n_bufs buffers of N_BATCH rows. */
+typedef struct ends {
+    bp_ring_t *prod, *cons;
+    fake_card_t *card;
+    side_t snd, rcv;
+    bp_cardlink_t *ls, *lr;
+} ends_t;
+
+static void ends_open(ends_t *e, int n_bufs)
+{
+    bl_err_t err = {0};
+    ring_pair(&e->prod, &e->cons);
+    e->card = card_map();
+    e->snd = e->rcv = (side_t){.card = e->card, .pending_k = -1};
+    assert_int_equal(bp_cardlink_create(&e->ls, e->prod, n_bufs, sizeof e->snd.x, &g_send_ops, &e->snd, &err), 0);
+    assert_int_equal(bp_cardlink_create(&e->lr, e->cons, n_bufs, sizeof e->rcv.x, &g_recv_ops, &e->rcv, &err), 0);
+}
+
+static void ends_close(ends_t *e)
+{
+    assert_int_equal(atomic_load(&e->card->overwrites), 0);
+    bp_cardlink_destroy(e->ls);
+    bp_cardlink_destroy(e->lr);
+    bp_ring_destroy(e->prod);
+    bp_ring_destroy(e->cons);
+    munmap(e->card, sizeof *e->card);
+}
+
+/* Peeks the next message at the receiver and parses it against lim: step `step`
+ * naming card buffer `card` (0: none), into in. */
+static void recv_next(ends_t *e, const bp_step_limits_t *lim, uint64_t step, uint32_t card, bp_step_in_t *in)
+{
+    static bp_step_seq_t seqs[4];
+    const void *msg;
+    size_t n;
+    bl_err_t err = {0};
+    *in = (bp_step_in_t){.seqs = seqs};
+    assert_int_equal(bp_ring_peek(e->cons, &msg, &n, 0, &err), 0);
+    assert_int_equal(bp_step_parse(msg, n, lim, BP_STEP_HIDDEN, step, in, &err), 0);
+    assert_int_equal(in->hdr.card, card);
+}
+
 static void test_cardlink_sender_waits_for_the_buffer_it_reuses(void **state)
 {
     (void)state;
-    bp_ring_t *prod, *cons;
-    ring_pair(&prod, &cons);
-    fake_card_t *card = card_map();
-    side_t snd = {.card = card, .pending_k = -1}, rcv = {.card = card, .pending_k = -1};
-    bp_cardlink_t *ls, *lr;
+    ends_t e;
+    ends_open(&e, 2);
     bl_err_t err = {0};
-    assert_int_equal(bp_cardlink_create(&ls, prod, 2, sizeof snd.x, &g_send_ops, &snd, &err), 0);
-    assert_int_equal(bp_cardlink_create(&lr, cons, 2, sizeof rcv.x, &g_recv_ops, &rcv, &err), 0);
+    bp_step_in_t in;
     /* two steps in flight take both buffers; the third waits for the first's release */
-    assert_int_equal(send_step(ls, &snd, 1, 3, 0, &err), 0);
-    assert_int_equal(send_step(ls, &snd, 2, 5, 0, &err), 0);
-    assert_int_equal(send_step(ls, &snd, 3, 2, 0, &err), BL_EAGAIN);
+    assert_int_equal(send_step(e.ls, &e.snd, 1, 3, 0, &err), 0);
+    assert_int_equal(send_step(e.ls, &e.snd, 2, 5, 0, &err), 0);
+    assert_int_equal(send_step(e.ls, &e.snd, 3, 2, 0, &err), BL_EAGAIN);
+    recv_next(&e, &g_lim, 1, 1, &in);
+    assert_int_equal(bp_cardlink_get(e.lr, &in, &err), 0);
+    /* read but not released: still not back */
+    assert_int_equal(send_step(e.ls, &e.snd, 3, 2, 0, &err), BL_EAGAIN);
+    assert_int_equal(e.rcv.settles, 0);
+    assert_int_equal(bp_cardlink_release(e.lr, &err), 0);
+    assert_int_equal(e.rcv.settles, 1);
+    assert_true(e.rcv.x[3 * N_EMBD - 1] == value(1, 3 * N_EMBD - 1));
+    /* buffer 0 is back, buffer 1 (step 2) is not: step 3 takes 0, step 4 waits */
+    assert_int_equal(send_step(e.ls, &e.snd, 3, 2, 0, &err), 0);
+    assert_int_equal(send_step(e.ls, &e.snd, 4, 2, 0, &err), BL_EAGAIN);
+    recv_next(&e, &g_lim, 2, 2, &in);
+    assert_int_equal(bp_cardlink_get(e.lr, &in, &err), 0);
+    assert_int_equal(bp_cardlink_release(e.lr, &err), 0);
+    assert_true(e.rcv.x[5 * N_EMBD - 1] == value(2, 5 * N_EMBD - 1));
+    assert_int_equal(send_step(e.ls, &e.snd, 4, 2, 0, &err), 0);
+    recv_next(&e, &g_lim, 3, 1, &in);
+    assert_int_equal(bp_cardlink_get(e.lr, &in, &err), 0);
+    assert_int_equal(bp_cardlink_release(e.lr, &err), 0);
+    assert_int_equal(bp_step_push_error(e.prod, 9, BL_EIO, "x", 0, &err), 0);
+    recv_next(&e, &g_lim, 4, 2, &in);
+    assert_int_equal(bp_cardlink_get(e.lr, &in, &err), 0);
+    assert_int_equal(bp_cardlink_release(e.lr, &err), 0);
+    /* a message without a card buffer is released without a settle */
+    const int settled = e.rcv.settles;
     const void *msg;
     size_t n;
-    static bp_step_seq_t seqs[4];
-    bp_step_in_t in = {.seqs = seqs};
-    assert_int_equal(bp_ring_peek(cons, &msg, &n, 0, &err), 0);
-    assert_int_equal(bp_step_parse(msg, n, &g_lim, BP_STEP_HIDDEN, 1, &in, &err), 0);
-    assert_int_equal(in.hdr.card, 1);
-    assert_int_equal(bp_cardlink_get(lr, &in, &err), 0);
-    /* read but not released: still not back */
-    assert_int_equal(send_step(ls, &snd, 3, 2, 0, &err), BL_EAGAIN);
-    assert_int_equal(rcv.settles, 0);
-    assert_int_equal(bp_cardlink_release(lr, &err), 0);
-    assert_int_equal(rcv.settles, 1);
-    assert_true(rcv.x[3 * N_EMBD - 1] == value(1, 3 * N_EMBD - 1));
-    /* buffer 0 is back, buffer 1 (step 2) is not: step 3 takes 0, step 4 waits */
-    assert_int_equal(send_step(ls, &snd, 3, 2, 0, &err), 0);
-    assert_int_equal(send_step(ls, &snd, 4, 2, 0, &err), BL_EAGAIN);
-    assert_int_equal(bp_ring_peek(cons, &msg, &n, 0, &err), 0);
-    assert_int_equal(bp_step_parse(msg, n, &g_lim, BP_STEP_HIDDEN, 2, &in, &err), 0);
-    assert_int_equal(in.hdr.card, 2);
-    assert_int_equal(bp_cardlink_get(lr, &in, &err), 0);
-    assert_int_equal(bp_cardlink_release(lr, &err), 0);
-    assert_true(rcv.x[5 * N_EMBD - 1] == value(2, 5 * N_EMBD - 1));
-    assert_int_equal(send_step(ls, &snd, 4, 2, 0, &err), 0);
-    /* a message without a card buffer is released without a settle */
-    assert_int_equal(bp_ring_peek(cons, &msg, &n, 0, &err), 0);
-    assert_int_equal(bp_step_parse(msg, n, &g_lim, BP_STEP_HIDDEN, 3, &in, &err), 0);
-    assert_int_equal(in.hdr.card, 1);
-    assert_int_equal(bp_cardlink_get(lr, &in, &err), 0);
-    assert_int_equal(bp_cardlink_release(lr, &err), 0);
-    assert_int_equal(bp_step_push_error(prod, 9, BL_EIO, "x", 0, &err), 0);
-    assert_int_equal(bp_ring_peek(cons, &msg, &n, 0, &err), 0); /* step 4's */
-    assert_int_equal(bp_cardlink_get(lr, &(bp_step_in_t){.hdr = {.kind = BP_STEP_HIDDEN, .n_rows = 2,
-                                                                  .width = N_EMBD, .card = 2}}, &err), 0);
-    assert_int_equal(bp_cardlink_release(lr, &err), 0);
-    const int settled = rcv.settles;
-    assert_int_equal(bp_ring_peek(cons, &msg, &n, 0, &err), 0); /* the error */
-    assert_int_equal(bp_cardlink_release(lr, &err), 0);
-    assert_int_equal(rcv.settles, settled);
-    assert_int_equal(atomic_load(&card->overwrites), 0);
-    bp_cardlink_destroy(ls);
-    bp_cardlink_destroy(lr);
-    bp_ring_destroy(prod);
-    bp_ring_destroy(cons);
-    munmap(card, sizeof *card);
+    assert_int_equal(bp_ring_peek(e.cons, &msg, &n, 0, &err), 0); /* the error */
+    assert_int_equal(bp_cardlink_release(e.lr, &err), 0);
+    assert_int_equal(e.rcv.settles, settled);
+    ends_close(&e);
 }
 
 static void test_cardlink_failed_settle_keeps_the_message(void **state)
 {
     (void)state;
-    bp_ring_t *prod, *cons;
-    ring_pair(&prod, &cons);
-    fake_card_t *card = card_map();
-    side_t snd = {.card = card, .pending_k = -1}, rcv = {.card = card, .pending_k = -1, .fail_settle = 1};
-    bp_cardlink_t *ls, *lr;
+    ends_t e;
+    ends_open(&e, 1);
+    e.rcv.fail_settle = 1;
     bl_err_t err = {0};
-    assert_int_equal(bp_cardlink_create(&ls, prod, 1, sizeof snd.x, &g_send_ops, &snd, &err), 0);
-    assert_int_equal(bp_cardlink_create(&lr, cons, 1, sizeof rcv.x, &g_recv_ops, &rcv, &err), 0);
-    assert_int_equal(send_step(ls, &snd, 1, 4, 0, &err), 0);
-    const void *msg;
-    size_t n;
-    static bp_step_seq_t seqs[4];
-    bp_step_in_t in = {.seqs = seqs};
+    bp_step_in_t in;
     const bp_step_limits_t one = {.n_slots = 4, .n_batch = N_BATCH, .n_ctx = 4096, .n_embd = N_EMBD,
                                   .n_vocab = 100, .n_layer = 3, .card_bufs = 1};
-    assert_int_equal(bp_ring_peek(cons, &msg, &n, 0, &err), 0);
-    assert_int_equal(bp_step_parse(msg, n, &one, BP_STEP_HIDDEN, 1, &in, &err), 0);
-    assert_int_equal(bp_cardlink_get(lr, &in, &err), 0);
-    assert_int_equal(bp_cardlink_release(lr, &err), BL_EIO);
+    assert_int_equal(send_step(e.ls, &e.snd, 1, 4, 0, &err), 0);
+    recv_next(&e, &one, 1, 1, &in);
+    assert_int_equal(bp_cardlink_get(e.lr, &in, &err), 0);
+    assert_int_equal(bp_cardlink_release(e.lr, &err), BL_EIO);
     /* the copy may still read the buffer: the message stays, the sender waits */
-    assert_int_equal(send_step(ls, &snd, 2, 4, 0, &err), BL_EAGAIN);
-    rcv.fail_settle = 0;
-    assert_int_equal(bp_cardlink_release(lr, &err), BL_EIO); /* broken for good */
+    assert_int_equal(send_step(e.ls, &e.snd, 2, 4, 0, &err), BL_EAGAIN);
+    e.rcv.fail_settle = 0;
+    assert_int_equal(bp_cardlink_release(e.lr, &err), BL_EIO); /* broken for good */
     assert_non_null(strstr(err.msg, "card buffer"));
-    assert_int_equal(send_step(ls, &snd, 2, 4, 0, &err), BL_EAGAIN);
-    bp_cardlink_destroy(ls);
-    bp_cardlink_destroy(lr);
-    bp_ring_destroy(prod);
-    bp_ring_destroy(cons);
-    munmap(card, sizeof *card);
+    assert_int_equal(send_step(e.ls, &e.snd, 2, 4, 0, &err), BL_EAGAIN);
+    ends_close(&e);
 }
 
 static void test_cardlink_failed_put_leaves_the_buffer_free(void **state)
 {
     (void)state;
-    bp_ring_t *prod, *cons;
-    ring_pair(&prod, &cons);
-    fake_card_t *card = card_map();
-    side_t snd = {.card = card, .pending_k = -1, .fail_put = 1};
-    bp_cardlink_t *ls;
+    ends_t e;
+    ends_open(&e, 2);
+    e.snd.fail_put = 1;
     bl_err_t err = {0};
-    assert_int_equal(bp_cardlink_create(&ls, prod, 2, sizeof snd.x, &g_send_ops, &snd, &err), 0);
-    assert_int_equal(send_step(ls, &snd, 1, 4, 0, &err), BL_EIO);
-    assert_int_equal(bp_ring_produced(prod), 0); /* nothing committed */
+    bp_step_in_t in;
+    assert_int_equal(send_step(e.ls, &e.snd, 1, 4, 0, &err), BL_EIO);
+    assert_int_equal(bp_ring_produced(e.prod), 0); /* nothing committed */
     /* the error goes out in its place; the next step takes the same buffer */
-    assert_int_equal(bp_step_push_error(prod, 1, BL_EIO, "put failed", 0, &err), 0);
-    snd.fail_put = 0;
-    assert_int_equal(send_step(ls, &snd, 2, 4, 0, &err), 0);
+    assert_int_equal(bp_step_push_error(e.prod, 1, BL_EIO, "put failed", 0, &err), 0);
+    e.snd.fail_put = 0;
+    assert_int_equal(send_step(e.ls, &e.snd, 2, 4, 0, &err), 0);
     const void *msg;
     size_t n;
-    static bp_step_seq_t seqs[4];
-    bp_step_in_t in = {.seqs = seqs};
-    assert_int_equal(bp_ring_peek(cons, &msg, &n, 0, &err), 0);
-    bp_ring_release(cons);
-    assert_int_equal(bp_ring_peek(cons, &msg, &n, 0, &err), 0);
-    assert_int_equal(bp_step_parse(msg, n, &g_lim, BP_STEP_HIDDEN, 2, &in, &err), 0);
-    assert_int_equal(in.hdr.card, 1);
-    bp_cardlink_destroy(ls);
-    bp_ring_destroy(prod);
-    bp_ring_destroy(cons);
-    munmap(card, sizeof *card);
+    assert_int_equal(bp_ring_peek(e.cons, &msg, &n, 0, &err), 0);
+    bp_ring_release(e.cons);
+    recv_next(&e, &g_lim, 2, 1, &in);
+    ends_close(&e);
 }
 
 static void test_cardlink_refusals(void **state)
 {
     (void)state;
-    bp_ring_t *prod, *cons;
-    ring_pair(&prod, &cons);
-    fake_card_t *card = card_map();
-    side_t s = {.card = card, .pending_k = -1};
+    ends_t e;
+    ends_open(&e, 2);
+    side_t *s = &e.snd;
     bp_cardlink_t *l = NULL;
     bl_err_t err = {0};
-    assert_int_equal(bp_cardlink_create(&l, prod, 0, 64, &g_send_ops, &s, &err), BL_EINVAL);
-    assert_int_equal(bp_cardlink_create(&l, prod, BP_CARD_MAX_BUFS + 1, 64, &g_send_ops, &s, &err), BL_EINVAL);
-    assert_int_equal(bp_cardlink_create(&l, prod, 2, 0, &g_send_ops, &s, &err), BL_EINVAL);
-    assert_int_equal(bp_cardlink_create(&l, prod, 2, 64, &(bp_cardlink_ops_t){.get = fake_get}, &s, &err),
+    assert_int_equal(bp_cardlink_create(&l, e.prod, 0, 64, &g_send_ops, s, &err), BL_EINVAL);
+    assert_int_equal(bp_cardlink_create(&l, e.prod, BP_CARD_MAX_BUFS + 1, 64, &g_send_ops, s, &err), BL_EINVAL);
+    assert_int_equal(bp_cardlink_create(&l, e.prod, 2, 0, &g_send_ops, s, &err), BL_EINVAL);
+    assert_int_equal(bp_cardlink_create(&l, e.prod, 2, 64, &(bp_cardlink_ops_t){.get = fake_get}, s, &err),
                      BL_EINVAL);
     assert_null(l);
-    /* a sender's buffers hold 2 rows */
-    assert_int_equal(bp_cardlink_create(&l, prod, 2, 2 * N_EMBD * sizeof(float), &g_send_ops, &s, &err), 0);
+    /* a sender whose buffers hold 2 rows */
+    assert_int_equal(bp_cardlink_create(&l, e.prod, 2, 2 * N_EMBD * sizeof(float), &g_send_ops, s, &err), 0);
     bp_step_out_t o;
     bp_step_hdr_t h = {.kind = BP_STEP_LOGITS, .n_rows = 1, .width = N_EMBD};
     assert_int_equal(bp_cardlink_reserve(l, &h, &o, 0, &err), BL_EINVAL);
@@ -363,8 +366,9 @@ static void test_cardlink_refusals(void **state)
     assert_int_equal(bp_cardlink_get(l, &(bp_step_in_t){.hdr = {.kind = BP_STEP_HIDDEN, .card = 1}}, &err),
                      BL_EINVAL);
     bp_cardlink_destroy(l);
-    /* a receiver: an index past its buffers, rows past a buffer, no card named */
-    assert_int_equal(bp_cardlink_create(&l, cons, 2, 2 * N_EMBD * sizeof(float), &g_recv_ops, &s, &err), 0);
+    /* a receiver whose buffers hold 2 rows: an index past its buffers, rows past a
+     * buffer, no card named, a reserve */
+    assert_int_equal(bp_cardlink_create(&l, e.cons, 2, 2 * N_EMBD * sizeof(float), &g_recv_ops, s, &err), 0);
     bp_step_in_t in = {.hdr = {.kind = BP_STEP_HIDDEN, .n_rows = 1, .width = N_EMBD, .card = 3}};
     assert_int_equal(bp_cardlink_get(l, &in, &err), BL_EINVAL);
     in.hdr.card = 0;
@@ -375,9 +379,7 @@ static void test_cardlink_refusals(void **state)
     assert_int_equal(bp_cardlink_reserve(l, &h, &o, 0, &err), BL_EINVAL);
     bp_cardlink_destroy(l);
     bp_cardlink_destroy(NULL);
-    bp_ring_destroy(prod);
-    bp_ring_destroy(cons);
-    munmap(card, sizeof *card);
+    ends_close(&e);
 }
 
 int main(void)

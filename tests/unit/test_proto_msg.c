@@ -387,6 +387,23 @@ static void test_msg_validation_names_the_field(void **state)
     expect_invalid(&m, BL_EINVAL, "unknown type 42");
 }
 
+/* Validation also runs on receive: pm (a message with a bad field) packed without
+ * validation, as a peer could send it, is refused naming field, and leaves nothing
+ * to free. */
+static void expect_refused_on_receive(bp_msg_type_t type, const ProtobufCMessage *pm, const char *field)
+{
+    uint8_t buf[4096];
+    buf[0] = (uint8_t)type;
+    const size_t n = 1 + protobuf_c_message_pack(pm, buf + 1);
+    bp_msg_t out;
+    bl_err_t err = {0};
+    assert_int_equal(bp_msg_unpack(&out, buf, n, &err), BL_EINVAL);
+    if (!strstr(err.msg, field))
+        fail_msg("expected '%s' in: %s", field, err.msg);
+    assert_null(out.u.base);
+    bp_msg_free(&out); /* harmless after a failure */
+}
+
 /* A CardLink offer of link 0: two buffers of 1 MiB on CUDA1, distinct handles. */
 static uint8_t g_handles[2 * BP_CARD_MAX_BUFS][BP_CARD_HANDLE_BYTES];
 static ProtobufCBinaryData g_cmem[BP_CARD_MAX_BUFS + 1], g_cev[BP_CARD_MAX_BUFS + 1];
@@ -513,41 +530,20 @@ static void test_msg_card_link_refusals(void **state)
     g_st[1].card_next = 1;
     expect_invalid(&m, BL_EINVAL, "Plan.stages[1].card_next");
     /* and on receive: a peer's offer of a handle of 16 bytes */
-    m = make_offer(1);
+    make_offer(1);
     g_cmem[0].len = 16;
-    uint8_t buf[4096];
-    buf[0] = BP_MSG_CARD_LINK;
-    size_t n = 1 + protobuf_c_message_pack(&g_card.base, buf + 1);
-    bp_msg_t out;
-    bl_err_t err = {0};
-    assert_int_equal(bp_msg_unpack(&out, buf, n, &err), BL_EINVAL);
-    assert_non_null(strstr(err.msg, "CardLink.buffers[0].len"));
-    bp_msg_free(&out);
+    expect_refused_on_receive(BP_MSG_CARD_LINK, &g_card.base, "CardLink.buffers[0].len");
 }
 
 static void test_msg_unpack_rejects_invalid_fields_from_peer(void **state)
 {
     (void)state;
-    /* Validation also runs on receive: pack a valid plan, then build the same bytes
-     * with a bad field by packing without validation. */
-    bp_msg_t m = make_plan();
+    make_plan();
     g_pl[0].expert = 1000;
-    uint8_t buf[4096];
-    buf[0] = BP_MSG_PLAN;
-    size_t n = 1 + protobuf_c_message_pack(&g_plan.base, buf + 1);
-    bp_msg_t out;
-    bl_err_t err = {0};
-    assert_int_equal(bp_msg_unpack(&out, buf, n, &err), BL_EINVAL);
-    assert_non_null(strstr(err.msg, "Plan.placements[0].expert"));
-    assert_null(out.u.base);
-    bp_msg_free(&out); /* harmless after a failure */
-    m = make_plan();
+    expect_refused_on_receive(BP_MSG_PLAN, &g_plan.base, "Plan.placements[0].expert");
+    make_plan();
     g_plan.experts_vram = -5;
-    n = 1 + protobuf_c_message_pack(&g_plan.base, buf + 1);
-    assert_int_equal(bp_msg_unpack(&out, buf, n, &err), BL_EINVAL);
-    assert_non_null(strstr(err.msg, "Plan.experts_vram"));
-    bp_msg_free(&out);
-    (void)m;
+    expect_refused_on_receive(BP_MSG_PLAN, &g_plan.base, "Plan.experts_vram");
 }
 
 static void test_msg_unpack_rejects_type_and_size(void **state)
