@@ -193,11 +193,13 @@ typedef struct cuda {
     /* the host call's packing: the rows with a host expert, their pairs and sums */
     float *cx, *cwts, *csums;
     int32_t *cids, *ccnt, *crow;
-    /* the card link to a neighbouring stage's process (wk_model_card_*): the
-     * buffers and their events this stage exported (card_out) or opened (card_in),
-     * and after the gets an event settle waits on */
-    int card_out, card_in, card_n;
-    void *card_buf[WK_CARD_MAX_BUFS], *card_ev[WK_CARD_MAX_BUFS];
+    /* the card links to the neighbouring stages' processes (wk_model_card_*): the
+     * buffers and events this stage exported for the next one, and those of the
+     * previous one it opened with, after the gets, an event settle waits on */
+    struct card_end {
+        int n;
+        void *buf[WK_CARD_MAX_BUFS], *ev[WK_CARD_MAX_BUFS];
+    } cout, cin;
     void *card_rev;
     /* the step running */
     const wk_step_t *st;
@@ -323,7 +325,7 @@ out:
 
 static const char *cu_name(const wk_backend_t *b) { return ((const cuda_t *)b)->info.name; }
 
-static void cu_card_close(wk_backend_t *b);
+static void cu_card_close(wk_backend_t *b, int which);
 
 static void cu_destroy(wk_backend_t *b)
 {
@@ -331,7 +333,7 @@ static void cu_destroy(wk_backend_t *b)
     bl_err_t e;
     if (kcuda_set_device(cu->device, &e) == 0 && cu->stream)
         drain(cu->stream); /* nothing may still read what is freed below */
-    cu_card_close(b);
+    cu_card_close(b, WK_CARD_OUT | WK_CARD_IN);
     for (int i = 0; i <= GRAPH_MAX_ROWS; i++)
         for (int j = 0; j < N_BUCKETS; j++)
             kcuda_graph_destroy(cu->graphs[i][j]);
@@ -1240,27 +1242,32 @@ static void cu_resid_layer(const wk_backend_t *b, int64_t l, uint64_t *selection
 
 // --- activations card to card ---------------------------------------------------------------
 
-/* The buffers and events of the link, exported or opened, let go of (the step stream
- * drained first: a get may still read a buffer). */
-static void cu_card_close(wk_backend_t *b)
+/* The buffers and events of the links, exported (WK_CARD_OUT) or opened
+ * (WK_CARD_IN), let go of (the step stream drained first: a copy may still use a
+ * buffer). */
+static void cu_card_close(wk_backend_t *b, int which)
 {
     cuda_t *cu = (cuda_t *)b;
     bl_err_t e;
-    if (!cu->card_out && !cu->card_in)
+    if (!((which & WK_CARD_OUT) && cu->cout.n) && !((which & WK_CARD_IN) && cu->cin.n))
         return;
     if (kcuda_set_device(cu->device, &e) == 0 && cu->stream)
         drain(cu->stream);
-    for (int k = 0; k < cu->card_n; k++) {
-        if (cu->card_out)
-            kcuda_free(cu->card_buf[k]);
-        else
-            kcuda_ipc_mem_close(cu->card_buf[k]);
-        kcuda_event_destroy(cu->card_ev[k]);
-        cu->card_buf[k] = cu->card_ev[k] = NULL;
+    for (int k = 0; (which & WK_CARD_OUT) && k < cu->cout.n; k++) {
+        kcuda_free(cu->cout.buf[k]);
+        kcuda_event_destroy(cu->cout.ev[k]);
     }
-    kcuda_event_destroy(cu->card_rev);
-    cu->card_rev = NULL;
-    cu->card_out = cu->card_in = cu->card_n = 0;
+    for (int k = 0; (which & WK_CARD_IN) && k < cu->cin.n; k++) {
+        kcuda_ipc_mem_close(cu->cin.buf[k]);
+        kcuda_event_destroy(cu->cin.ev[k]);
+    }
+    if (which & WK_CARD_OUT)
+        memset(&cu->cout, 0, sizeof cu->cout);
+    if (which & WK_CARD_IN) {
+        memset(&cu->cin, 0, sizeof cu->cin);
+        kcuda_event_destroy(cu->card_rev);
+        cu->card_rev = NULL;
+    }
 }
 
 /* A buffer of n_batch rows and its event per k, each exported: one allocation per
@@ -1270,16 +1277,15 @@ static int cu_card_export(wk_backend_t *b, int n_bufs, wk_card_t *out, bl_err_t 
     cuda_t *cu = (cuda_t *)b;
     const size_t bytes = sizeof(float) * (size_t)cu->o->n_batch * (size_t)cu->c->n_embd;
     int rc = kcuda_set_device(cu->device, err);
-    cu->card_out = 1;
     for (int k = 0; rc == 0 && k < n_bufs; k++) {
-        cu->card_n = k + 1;
-        if ((rc = kcuda_alloc(&cu->card_buf[k], bytes, err)) == 0 &&
-            (rc = kcuda_ipc_mem_export(cu->card_buf[k], out->mem[k], err)) == 0 &&
-            (rc = kcuda_ipc_event_create(&cu->card_ev[k], err)) == 0)
-            rc = kcuda_ipc_event_export(cu->card_ev[k], out->ev[k], err);
+        cu->cout.n = k + 1;
+        if ((rc = kcuda_alloc(&cu->cout.buf[k], bytes, err)) == 0 &&
+            (rc = kcuda_ipc_mem_export(cu->cout.buf[k], out->mem[k], err)) == 0 &&
+            (rc = kcuda_ipc_event_create(&cu->cout.ev[k], err)) == 0)
+            rc = kcuda_ipc_event_export(cu->cout.ev[k], out->ev[k], err);
     }
     if (rc < 0) {
-        cu_card_close(b);
+        cu_card_close(b, WK_CARD_OUT);
         return rc;
     }
     out->device = cu->device;
@@ -1302,16 +1308,15 @@ static int cu_card_import(wk_backend_t *b, const wk_card_t *in, bl_err_t *err)
     if (!can)
         return bl_err_set(err, BL_ENOTSUP, "CUDA%d cannot reach CUDA%d's memory (no peer access between them)",
                           cu->device, in->device);
-    cu->card_in = 1;
     for (int k = 0; rc == 0 && k < in->n_bufs; k++) {
-        cu->card_n = k + 1;
-        if ((rc = kcuda_ipc_mem_open(&cu->card_buf[k], in->mem[k], err)) == 0)
-            rc = kcuda_ipc_event_open(&cu->card_ev[k], in->ev[k], err);
+        cu->cin.n = k + 1;
+        if ((rc = kcuda_ipc_mem_open(&cu->cin.buf[k], in->mem[k], err)) == 0)
+            rc = kcuda_ipc_event_open(&cu->cin.ev[k], in->ev[k], err);
     }
     if (rc == 0)
         rc = kcuda_event_create_blocking(&cu->card_rev, err);
     if (rc < 0) {
-        cu_card_close(b);
+        cu_card_close(b, WK_CARD_IN);
         return rc;
     }
     return 0;
@@ -1322,8 +1327,8 @@ static int cu_card_put(wk_backend_t *b, int k, const float *x, size_t nbytes, bl
     cuda_t *cu = (cuda_t *)b;
     int rc = kcuda_set_device(cu->device, err);
     if (rc == 0)
-        rc = kcuda_copy(cu->card_buf[k], x, nbytes, cu->stream, err);
-    return rc < 0 ? rc : kcuda_event_record(cu->card_ev[k], cu->stream, err);
+        rc = kcuda_copy(cu->cout.buf[k], x, nbytes, cu->stream, err);
+    return rc < 0 ? rc : kcuda_event_record(cu->cout.ev[k], cu->stream, err);
 }
 
 static int cu_card_get(wk_backend_t *b, int k, float *x, size_t nbytes, bl_err_t *err)
@@ -1331,10 +1336,10 @@ static int cu_card_get(wk_backend_t *b, int k, float *x, size_t nbytes, bl_err_t
     cuda_t *cu = (cuda_t *)b;
     int rc = kcuda_set_device(cu->device, err);
     if (rc == 0)
-        rc = kcuda_stream_wait(cu->stream, cu->card_ev[k], err);
+        rc = kcuda_stream_wait(cu->stream, cu->cin.ev[k], err);
     /* a plain device copy: the opened buffer is mapped into this card's context */
     if (rc == 0)
-        rc = kcuda_copy(x, cu->card_buf[k], nbytes, cu->stream, err);
+        rc = kcuda_copy(x, cu->cin.buf[k], nbytes, cu->stream, err);
     return rc < 0 ? rc : kcuda_event_record(cu->card_rev, cu->stream, err);
 }
 

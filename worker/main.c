@@ -886,7 +886,7 @@ static void card_answer(worker_t *w, const bp_card_msg_t *offer, bp_card_msg_t *
     memcpy(in.ev, offer->ev, sizeof in.ev);
     int rc = wk_model_card_import(w->m, &in, &err);
     if (rc == 0 && (rc = bp_cardlink_create(&w->card_in, w->in, in.n_bufs, in.buf_bytes, &ops, w, &err)) != 0)
-        wk_model_card_close(w->m);
+        wk_model_card_close(w->m, WK_CARD_IN);
     if (rc) {
         snprintf(why, cap, "%s", err.msg);
         return;
@@ -902,11 +902,11 @@ static void card_answered(worker_t *w, int idx, const bp_card_msg_t *ans, const 
     bl_err_t err = {0};
     if (!ans->ok) {
         BL_LOG(BL_LOG_WARN, "event=card_link_off link=%d role=send reason=\"the receiver: %s\"", idx, ans->reason);
-        wk_model_card_close(w->m);
+        wk_model_card_close(w->m, WK_CARD_OUT);
     } else if (bp_cardlink_create(&w->card_out, w->out, exp->n_bufs, exp->buf_bytes, &ops, w, &err) != 0) {
         /* the receiver takes rows in the message as well: nothing to tell it */
         BL_LOG(BL_LOG_WARN, "event=card_link_off link=%d role=send reason=\"%s\"", idx, err.msg);
-        wk_model_card_close(w->m);
+        wk_model_card_close(w->m, WK_CARD_OUT);
     } else {
         BL_LOG(BL_LOG_INFO, "event=card_link link=%d role=send buffers=%d device=%d", idx, exp->n_bufs, exp->device);
     }
@@ -933,7 +933,7 @@ static int card_setup(worker_t *w, const bp_plan_t *p, bl_err_t *err)
         if (!cm.ok)
             BL_LOG(BL_LOG_WARN, "event=card_link_off link=%d role=send reason=\"%s\"", idx, why);
         if ((rc = bp_child_send_card(&w->ctl, &cm, err)) != 0) {
-            wk_model_card_close(w->m);
+            wk_model_card_close(w->m, WK_CARD_OUT);
             return rc == BL_ECLOSED ? rc : bl_err_set(err, BL_EIO, "card link %d: the offer: %s", idx, err->msg);
         }
     }

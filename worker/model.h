@@ -108,17 +108,13 @@ struct wk_model {
     size_t rec_floats;
     uint8_t *host;      /* (n_layer): 1 where the layer's routed experts are another
                          * process's (REMOTE) or this one's (ONLY) */
-    /* the card link to a neighbouring stage (wk_model_card_*): WK__CARD_OUT when this
-     * stage exported buffers for the next, WK__CARD_IN when it opened the previous
-     * one's, 0 without; their count; and the rows on the card between two calls: the
-     * last step's output a put may copy (OUT), or the input a get put in place for
-     * the next step (IN); 0: none */
-    int card, card_n;
-    int64_t card_rows;
+    /* the card links to the neighbouring stages (wk_model_card_*): the buffers this
+     * stage exported for the next and those of the previous one it opened (0: no
+     * link), and the rows on the card between two calls: the last step's output a
+     * put may copy, the input a get put in place for the next step (0: none) */
+    int card_out_n, card_in_n;
+    int64_t card_out_rows, card_in_rows;
 };
-
-#define WK__CARD_OUT 1
-#define WK__CARD_IN 2
 
 /* Whether layer l has routed experts (a MoE model past its leading dense layers). */
 static inline int wk__layer_moe(const wk_model_t *m, int64_t l)

@@ -381,9 +381,12 @@ int wk_model_card_export(wk_model_t *m, int n_bufs, wk_card_t *out, bl_err_t *er
  * memory: err says which), BL_EINVAL (buffers smaller than n_batch rows, a count out
  * of range, opened already), the runtime's errors (nothing is left open). */
 int wk_model_card_import(wk_model_t *m, const wk_card_t *in, bl_err_t *err) BL_WUR;
-/* Frees what export or import set up; the peer must be done with it (the exporter's
+/* Frees what export (WK_CARD_OUT) or import (WK_CARD_IN) set up, or both (a stage
+ * between two others may have both); the peer must be done with it (the exporter's
  * buffers outlive the importer's mappings). Also done by wk_model_free. */
-void wk_model_card_close(wk_model_t *m);
+#define WK_CARD_OUT 1
+#define WK_CARD_IN 2
+void wk_model_card_close(wk_model_t *m, int which);
 /* After a wk_model_stage with x_out NULL: its n_rows output rows into exported buffer
  * k, ordered before the importer's wait on k (an event). BL_EINVAL (k, n_rows not
  * the last step's). */
