@@ -683,6 +683,11 @@ int kcuda_host_call(void *stream, void (*fn)(void *ctx), void *ctx, bl_err_t *er
 int kcuda_host_register(const void *p, size_t nbytes, bl_err_t *err) BL_WUR;
 void kcuda_host_unregister(const void *p); /* NULL is a no-op */
 
+int kcuda_graph_begin(void *stream, bl_err_t *err) BL_WUR;
+int kcuda_graph_end(void *stream, void **exec, bl_err_t *err) BL_WUR;
+int kcuda_graph_launch(void *exec, void *stream, bl_err_t *err) BL_WUR;
+void kcuda_graph_destroy(void *exec); /* NULL is a no-op */
+
 /* The work enqueued on stream from now on waits for ev's last record, also an event
  * of another process (kcuda_ipc_event_open). */
 int kcuda_stream_wait(void *stream, void *ev, bl_err_t *err) BL_WUR;
@@ -712,11 +717,6 @@ int kcuda_ipc_event_export(void *ev, uint8_t handle[KCUDA_IPC_HANDLE_BYTES], bl_
 /* Another process's exported event, to wait on with kcuda_stream_wait; destroy with
  * kcuda_event_destroy, before the exporter destroys it. */
 int kcuda_ipc_event_open(void **out, const uint8_t handle[KCUDA_IPC_HANDLE_BYTES], bl_err_t *err) BL_WUR;
-
-int kcuda_graph_begin(void *stream, bl_err_t *err) BL_WUR;
-int kcuda_graph_end(void *stream, void **exec, bl_err_t *err) BL_WUR;
-int kcuda_graph_launch(void *exec, void *stream, bl_err_t *err) BL_WUR;
-void kcuda_graph_destroy(void *exec); /* NULL is a no-op */
 
 #ifdef __cplusplus
 }
