@@ -359,6 +359,7 @@ int bp_chan_send_plan(bp_chan_t *c, const bp_peer_t *to, const bp_plan_t *p, int
         st[s].layer_begin = p->stages[s].layer_begin;
         st[s].layer_end = p->stages[s].layer_end;
         st[s].gpu = p->stages[s].device >= 0 ? (uint32_t)p->stages[s].device + 1 : 0;
+        st[s].card_next = p->stages[s].card_next != 0;
         stp[s] = &st[s];
     }
     const int kv = bp_kv_type_proto(p->kv_type);

@@ -119,24 +119,71 @@ void bp_child_hello_gpus(bp_child_t *c, bp_child_kind_t kind, const char *cpu_na
     (void)bp_child_send(c, &m); /* a lost Hello shows as a load timeout in the router */
 }
 
-int bp_child_recv_plan(bp_child_t *c, bp_msg_t *plan, bl_err_t *err)
+/* Waits for a message of type; what else arrives is dropped (Shutdown ends the wait). */
+static int recv_type(bp_child_t *c, bp_msg_type_t type, bp_msg_t *out, bl_err_t *err)
 {
     for (;;) {
         if (bp_child_parent_gone(c))
             return bl_err_set(err, BL_ECLOSED, "the router is gone");
         bp_msg_t m = {0};
         int rc = bp_chan_recv(c->chan, NULL, &m, POLL_MS, err);
-        if (rc == 0 && m.type == BP_MSG_PLAN) {
-            *plan = m;
+        if (rc == 0 && m.type == type) {
+            *out = m;
             return 0;
         }
         if (rc && rc != BL_ETIMEDOUT)
             BL_LOG(BL_LOG_WARN, "event=bad_control_message reason=\"%s\"", err->msg);
         const int shutdown = rc == 0 && m.type == BP_MSG_SHUTDOWN;
+        if (rc == 0 && !shutdown)
+            BL_LOG(BL_LOG_DEBUG, "event=control_message_dropped type=%s waiting_for=%s",
+                   bp_msg_type_name((int)m.type), bp_msg_type_name((int)type));
         bp_msg_free(&m);
         if (shutdown)
-            return bl_err_set(err, BL_ECLOSED, "shutdown before the plan");
+            return bl_err_set(err, BL_ECLOSED, "shutdown while waiting for the %s", bp_msg_type_name((int)type));
     }
+}
+
+int bp_child_recv_plan(bp_child_t *c, bp_msg_t *plan, bl_err_t *err)
+{
+    return recv_type(c, BP_MSG_PLAN, plan, err);
+}
+
+int bp_child_send_card(bp_child_t *c, const bp_card_msg_t *cm, bl_err_t *err)
+{
+    if (cm->n_bufs < 0 || cm->n_bufs > BP_CARD_MAX_BUFS)
+        return bl_err_set(err, BL_EINVAL, "card link %u: %d buffers", cm->link, cm->n_bufs);
+    ProtobufCBinaryData mem[BP_CARD_MAX_BUFS], ev[BP_CARD_MAX_BUFS];
+    for (int i = 0; i < cm->n_bufs; i++) {
+        mem[i] = (ProtobufCBinaryData){BP_CARD_HANDLE_BYTES, (uint8_t *)cm->mem[i]};
+        ev[i] = (ProtobufCBinaryData){BP_CARD_HANDLE_BYTES, (uint8_t *)cm->ev[i]};
+    }
+    Bloomery__CardLink cl;
+    bloomery__card_link__init(&cl);
+    cl.link = cm->link;
+    cl.answer = cm->answer != 0;
+    cl.ok = cm->ok != 0;
+    cl.reason = (char *)(cm->reason ? cm->reason : "");
+    cl.device = cm->device;
+    cl.buf_bytes = cm->buf_bytes;
+    cl.buffers = mem;
+    cl.n_buffers = (size_t)cm->n_bufs;
+    cl.events = ev;
+    cl.n_events = (size_t)cm->n_bufs;
+    const bp_msg_t m = {.type = BP_MSG_CARD_LINK, .u.card_link = &cl};
+    int rc = bp_msg_validate(&m, err);
+    if (rc)
+        return rc;
+    if (!c->chan)
+        return bl_err_set(err, BL_ECLOSED, "card link %u: no control channel", cm->link);
+    return bp_chan_send(c->chan, NULL, &m, 2000, err);
+}
+
+int bp_child_recv_card(bp_child_t *c, bp_msg_t *hold, bp_card_msg_t *out, bl_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    out->reason = "";
+    int rc = recv_type(c, BP_MSG_CARD_LINK, hold, err);
+    return rc ? rc : bp_card_msg_read(hold, out, err);
 }
 
 void bp_child_progress(bp_child_t *c, uint64_t done, uint64_t total, const char *stage)

@@ -84,6 +84,16 @@ void bp_child_hello_gpus(bp_child_t *c, bp_child_kind_t kind, const char *cpu_na
  * and skipped. */
 int bp_child_recv_plan(bp_child_t *c, bp_msg_t *plan, bl_err_t *err) BL_WUR;
 
+/* Sends a CardLink offer or answer (proto/cardlink.h) to the router, which relays it
+ * to the link's other end. BL_EINVAL (an invalid message, named), bp_child_send's. */
+int bp_child_send_card(bp_child_t *c, const bp_card_msg_t *cm, bl_err_t *err) BL_WUR;
+/* Waits for the next CardLink message the router relays into *hold (freed by the
+ * caller with bp_msg_free, also on failure) and reads it into *out (its reason points
+ * into *hold). BL_ECLOSED on Shutdown or when the router is gone; other messages
+ * meanwhile are logged and dropped (a Stats request waits for Ready: the router
+ * asks only ready children). */
+int bp_child_recv_card(bp_child_t *c, bp_msg_t *hold, bp_card_msg_t *out, bl_err_t *err) BL_WUR;
+
 /* Sends a LoadProgress: the first and the last of a stage (done 0, done == total)
  * always, the others at most every BP_CHILD_PROGRESS_US, so that a loop may call it
  * for every chunk it moves. */

@@ -21,6 +21,7 @@ static const struct {
     [BP_MSG_ERROR] = {"error", &bloomery__error__descriptor},
     [BP_MSG_SHUTDOWN] = {"shutdown", &bloomery__shutdown__descriptor},
     [BP_MSG_MOVE_EXPERTS] = {"move_experts", &bloomery__move_experts__descriptor},
+    [BP_MSG_CARD_LINK] = {"card_link", &bloomery__card_link__descriptor},
 };
 
 /* Limits that no sane plan reaches; they bound the loops below and what a peer can
@@ -29,6 +30,9 @@ static const struct {
 #define MAX_EXPERTS 65536u
 #define MAX_CTX (1u << 24)
 #define MAX_SLOTS 4096u
+/* A card buffer holds n_batch rows of n_embd floats: 65536 x 16384 x 4 bytes at most. */
+#define MAX_CARD_BUF_BYTES ((uint64_t)4 << 30)
+#define MAX_REASON 1024u
 
 static int known_type(int type)
 {
@@ -116,6 +120,8 @@ static int validate_plan(const Bloomery__Plan *p, bl_err_t *err)
             return bad_at(err, "Plan.stages", i, "layer_end", "is not in (layer_begin, n_layers]");
         if (s->gpu > 256)
             return bad_at(err, "Plan.stages", i, "gpu", "is not 0 (CPU) or 1 + a CUDA ordinal 0..255");
+        if (s->card_next && (i + 1 >= p->n_stages || s->gpu == 0 || !p->stages[i + 1] || p->stages[i + 1]->gpu == 0))
+            return bad_at(err, "Plan.stages", i, "card_next", "is set where this stage or the next is not on a card");
         next = s->layer_end;
     }
     if (next != p->n_layers)
@@ -206,6 +212,41 @@ static int validate_move_experts(const Bloomery__MoveExperts *m, bl_err_t *err)
     return 0;
 }
 
+static int validate_card_link(const Bloomery__CardLink *c, bl_err_t *err)
+{
+    if (c->link + 1 >= BP_PLAN_MAX_STAGES)
+        return bad(err, "CardLink.link", "is not a stage with a next one");
+    if (c->reason && strlen(c->reason) > MAX_REASON)
+        return bad(err, "CardLink.reason", "is longer than 1024 bytes");
+    if (!c->ok && empty(c->reason))
+        return bad(err, "CardLink.reason", "is missing where ok is false");
+    if (c->n_buffers > 0 && c->buffers == NULL)
+        return bad(err, "CardLink.buffers", "has a count but no array");
+    if (c->n_events > 0 && c->events == NULL)
+        return bad(err, "CardLink.events", "has a count but no array");
+    if (c->answer || !c->ok) {
+        /* only an offer that worked carries handles */
+        if (c->n_buffers || c->n_events || c->buf_bytes || c->device)
+            return bad(err, "CardLink.buffers", "are given where no offer is made");
+        return 0;
+    }
+    if (c->device < 0 || c->device > 255)
+        return bad(err, "CardLink.device", "is not a CUDA ordinal 0..255");
+    if (c->buf_bytes == 0 || c->buf_bytes > MAX_CARD_BUF_BYTES)
+        return bad(err, "CardLink.buf_bytes", "is missing or above 4 GiB");
+    if (c->n_buffers < 1 || c->n_buffers > BP_CARD_MAX_BUFS)
+        return bad(err, "CardLink.buffers", "is not 1..4 handles");
+    if (c->n_events != c->n_buffers)
+        return bad(err, "CardLink.events", "are not one per buffer");
+    for (size_t i = 0; i < c->n_buffers; i++) {
+        if (c->buffers[i].len != BP_CARD_HANDLE_BYTES || !c->buffers[i].data)
+            return bad_at(err, "CardLink.buffers", i, "len", "is not 64 bytes");
+        if (c->events[i].len != BP_CARD_HANDLE_BYTES || !c->events[i].data)
+            return bad_at(err, "CardLink.events", i, "len", "is not 64 bytes");
+    }
+    return 0;
+}
+
 int bp_msg_validate(const bp_msg_t *m, bl_err_t *err)
 {
     if (!known_type((int)m->type))
@@ -220,6 +261,7 @@ int bp_msg_validate(const bp_msg_t *m, bl_err_t *err)
     case BP_MSG_STATS: return validate_stats(m->u.stats, err);
     case BP_MSG_ERROR: return validate_error(m->u.error, err);
     case BP_MSG_MOVE_EXPERTS: return validate_move_experts(m->u.move_experts, err);
+    case BP_MSG_CARD_LINK: return validate_card_link(m->u.card_link, err);
     case BP_MSG_READY: return validate_ready(m->u.ready, err);
     case BP_MSG_SHUTDOWN:
         return 0;
@@ -395,7 +437,8 @@ int bp_plan_read(const bp_msg_t *m, bp_plan_t *out, bl_err_t *err)
         if (st->gpu > 256)
             return bl_err_set(err, BL_EINVAL, "plan: stage %zu's gpu %u is out of range", i, st->gpu);
         out->stages[i] = (bp_plan_stage_t){.process = st->process, .layer_begin = st->layer_begin,
-                                           .layer_end = st->layer_end, .device = st->gpu ? (int)st->gpu - 1 : -1};
+                                           .layer_end = st->layer_end, .device = st->gpu ? (int)st->gpu - 1 : -1,
+                                           .card_next = st->card_next};
     }
     int rc = host_layers(p, out->host, err);
     if (rc)
@@ -425,6 +468,30 @@ int bp_plan_read(const bp_msg_t *m, bp_plan_t *out, bl_err_t *err)
     out->kv_pool = p->kv_pool;
     out->slot_dir = p->slot_dir ? p->slot_dir : "";
     out->cache_dir = p->cache_dir ? p->cache_dir : "";
+    return 0;
+}
+
+int bp_card_msg_read(const bp_msg_t *m, bp_card_msg_t *out, bl_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    out->reason = "";
+    if (m->type != BP_MSG_CARD_LINK || !m->u.card_link)
+        return bl_err_set(err, BL_EINVAL, "not a card link message");
+    const Bloomery__CardLink *c = m->u.card_link;
+    int rc = validate_card_link(c, err); /* unpack validated it; a caller-built one may not be */
+    if (rc)
+        return rc;
+    out->link = c->link;
+    out->answer = c->answer;
+    out->ok = c->ok;
+    out->reason = c->reason ? c->reason : "";
+    out->device = c->device;
+    out->buf_bytes = c->buf_bytes;
+    out->n_bufs = (int)c->n_buffers;
+    for (size_t i = 0; i < c->n_buffers; i++) {
+        memcpy(out->mem[i], c->buffers[i].data, BP_CARD_HANDLE_BYTES);
+        memcpy(out->ev[i], c->events[i].data, BP_CARD_HANDLE_BYTES);
+    }
     return 0;
 }
 

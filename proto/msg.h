@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cardlink.h"
 #include "err.h"
 
 /* The generated types are complete only inside proto/ (and in its tests, which
@@ -24,9 +25,10 @@ struct Bloomery__Stats;
 struct Bloomery__Error;
 struct Bloomery__Shutdown;
 struct Bloomery__MoveExperts;
+struct Bloomery__CardLink;
 
 /* The version of this wire protocol, carried in Hello.protocol. */
-#define BP_PROTOCOL_VERSION 1u
+#define BP_PROTOCOL_VERSION 2u
 /* The largest framed message (type byte included) either side accepts. */
 /* 4 MiB: a plan for 100 layers x 512 experts is under 1 MiB, and protobuf-c may
  * allocate ~30x the input for a message of many tiny submessages, so the limit also
@@ -43,8 +45,9 @@ typedef enum bp_msg_type {
     BP_MSG_ERROR = 6,
     BP_MSG_SHUTDOWN = 7,
     BP_MSG_MOVE_EXPERTS = 8,
+    BP_MSG_CARD_LINK = 9,
 } bp_msg_type_t;
-#define BP_MSG_TYPE_MAX BP_MSG_MOVE_EXPERTS
+#define BP_MSG_TYPE_MAX BP_MSG_CARD_LINK
 
 /* One message: the type and a pointer to the protobuf-c struct of that type. A
  * message built by the caller points at the caller's structs (initialise them with
@@ -62,6 +65,7 @@ typedef struct bp_msg {
         struct Bloomery__Error *error;
         struct Bloomery__Shutdown *shutdown;
         struct Bloomery__MoveExperts *move_experts;
+        struct Bloomery__CardLink *card_link;
     } u;
     int _owned; /* set by bp_msg_unpack */
 } bp_msg_t;
@@ -102,6 +106,8 @@ typedef struct bp_plan_stage {
     uint32_t process;      /* the worker's id in the plan */
     uint32_t layer_begin, layer_end;
     int device;            /* -1 the CPU, else a CUDA ordinal */
+    int card_next;         /* its output goes card to card to the next stage where both
+                            * can (bp_card_msg_t); set only between two card stages */
 } bp_plan_stage_t;
 
 /* The Plan: what the router sends each child. */
@@ -139,6 +145,24 @@ typedef struct bp_plan {
  * BL_EINVAL (an expert listed twice, a stage's device or KV type out of range;
  * bp_msg_unpack already refused an experts_vram below -1). */
 int bp_plan_read(const bp_msg_t *m, bp_plan_t *p, bl_err_t *err) BL_WUR;
+
+/* CardLink (proto/cardlink.h): the offer of the link between stage `link` and the
+ * next, or the answer to it. The handles are opaque bytes here; the ends check what
+ * they open. */
+typedef struct bp_card_msg {
+    uint32_t link;
+    int answer;            /* 0: the sender's offer; 1: the receiver's answer */
+    int ok;                /* offer: exported; answer: opened; 0: the host ring carries the rows */
+    const char *reason;    /* why not ok; "" when ok (borrowed like bp_plan_t's strings) */
+    int device;            /* offer: the sender's CUDA ordinal */
+    uint64_t buf_bytes;    /* offer: bytes of each buffer */
+    int n_bufs;            /* offer: 1..BP_CARD_MAX_BUFS when ok, else 0 */
+    uint8_t mem[BP_CARD_MAX_BUFS][BP_CARD_HANDLE_BYTES];
+    uint8_t ev[BP_CARD_MAX_BUFS][BP_CARD_HANDLE_BYTES];
+} bp_card_msg_t;
+
+/* A validated CardLink message into out. BL_EINVAL when m is none. */
+int bp_card_msg_read(const bp_msg_t *m, bp_card_msg_t *out, bl_err_t *err) BL_WUR;
 
 /* LoadProgress: bytes done and in all, and what is being loaded ("" when m is none). */
 void bp_msg_progress_info(const bp_msg_t *m, uint64_t *done, uint64_t *total, const char **stage);

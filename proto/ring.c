@@ -62,6 +62,8 @@ struct bp_ring {
     size_t held_len;
 
     uint64_t seq;          /* next message number (produced or consumed) */
+    uint64_t consumed_seen; /* producer: the consumer's count last loaded */
+    uint64_t consumed_want; /* producer: what bp_ring_wait_consumed waits for */
     bp_ring_stats_t stats;
 };
 
@@ -396,6 +398,7 @@ static int attach_owned_fd(bp_ring_t **out, int fd, const char *name, bp_ring_ro
         r->head_pub = head;
         r->tail_seen = tail;
         r->seq = atomic_load_explicit(&r->sh->produced, memory_order_relaxed);
+        r->consumed_seen = atomic_load_explicit(&r->sh->consumed, memory_order_relaxed);
     } else {
         r->tail = tail;
         r->head_seen = tail;
@@ -602,6 +605,66 @@ int bp_ring_push(bp_ring_t *r, const void *data, size_t nbytes, int64_t timeout_
     return bp_ring_commit(r, nbytes, err);
 }
 
+uint64_t bp_ring_produced(const bp_ring_t *r)
+{
+    return r->role == BP_RING_PRODUCER ? r->seq : 0;
+}
+
+/* Whether the consumer's count reached what bp_ring_wait_consumed waits for, or the
+ * consumer closed. The caller checks the count it reads. */
+static bool consumed_ready(bp_ring_t *r)
+{
+    return atomic_load_explicit(&r->sh->consumed, memory_order_acquire) >= r->consumed_want || peer_gone(r);
+}
+
+/* Loads the consumer's message count and checks it: never past what we produced,
+ * never back. */
+static int load_consumed(bp_ring_t *r, bl_err_t *err)
+{
+    uint64_t c = atomic_load_explicit(&r->sh->consumed, memory_order_acquire);
+    if (c > r->seq || c < r->consumed_seen) {
+        r->broken = true;
+        return bl_err_set(err, BL_EPROTO, "ring %s: consumer count %llu out of range (produced %llu, last seen %llu)",
+                          r->name, (unsigned long long)c, (unsigned long long)r->seq,
+                          (unsigned long long)r->consumed_seen);
+    }
+    r->consumed_seen = c;
+    return 0;
+}
+
+int bp_ring_wait_consumed(bp_ring_t *r, uint64_t n, int64_t timeout_us, bl_err_t *err)
+{
+    if (r->role != BP_RING_PRODUCER)
+        return bl_err_set(err, BL_EINVAL, "ring %s: waiting for releases on the consumer side", r->name);
+    if (r->broken)
+        return fail_broken(r, err);
+    if (n > r->seq)
+        return bl_err_set(err, BL_EINVAL, "ring %s: waiting for %llu releases of %llu messages", r->name,
+                          (unsigned long long)n, (unsigned long long)r->seq);
+    int rc = load_consumed(r, err);
+    if (rc)
+        return rc;
+    if (r->consumed_seen >= n)
+        return 0;
+    if (peer_gone(r))
+        return bl_err_set(err, BL_ECLOSED, "ring %s: the consumer closed", r->name);
+    /* The consumer rings the space bell at every release, so this is the wait a full
+     * ring makes. */
+    r->consumed_want = n;
+    rc = bell_wait(r, &r->sh->space_bell, consumed_ready, timeout_us);
+    if (rc == BL_EAGAIN)
+        return bl_err_set(err, rc, "ring %s: %llu of %llu messages released", r->name,
+                          (unsigned long long)r->consumed_seen, (unsigned long long)n);
+    if (rc == BL_ETIMEDOUT)
+        return bl_err_set(err, rc, "ring %s: message %llu not released after %lld us; consumer stalled?",
+                          r->name, (unsigned long long)n, (long long)timeout_us);
+    if ((rc = load_consumed(r, err)) != 0)
+        return rc;
+    if (r->consumed_seen >= n)
+        return 0;
+    return bl_err_set(err, BL_ECLOSED, "ring %s: the consumer closed", r->name);
+}
+
 /* --------------------------------------------------------------------- consumer */
 
 static int corrupt(bp_ring_t *r, bl_err_t *err, size_t pos, const char *what,
@@ -709,7 +772,10 @@ void bp_ring_release(bp_ring_t *r)
     r->held_rec = 0;
     r->seq++;
     r->stats.msgs++;
-    atomic_store_explicit(&r->sh->consumed, r->seq, memory_order_relaxed);
+    /* Release, as tail: what this side did for the message before releasing it (a
+     * copy out of a card buffer it names, waited for) happens before a producer's
+     * bp_ring_wait_consumed returns. */
+    atomic_store_explicit(&r->sh->consumed, r->seq, memory_order_release);
     /* Release: our reads of the payload complete before the producer may reuse it. */
     atomic_store_explicit(&r->sh->tail, r->tail, memory_order_release);
     bell_ring(r, &r->sh->space_bell);

@@ -109,6 +109,19 @@ int bp_ring_commit(bp_ring_t *r, size_t nbytes, bl_err_t *err) BL_WUR;
 int bp_ring_push(bp_ring_t *r, const void *data, size_t nbytes, int64_t timeout_us,
                  bl_err_t *err) BL_WUR;
 
+/* Messages this producer has committed, counted from the ring's creation: the n-th
+ * message committed (from 1) is released once the consumer's count reaches n. */
+uint64_t bp_ring_produced(const bp_ring_t *r);
+
+/* Waits until the consumer has released at least n messages (n at most
+ * bp_ring_produced): a producer that lent the consumer something beside a message
+ * (a card buffer the message names, proto/cardlink.h) learns that it came back. The
+ * consumer's release is a release store, so what it did before releasing happens
+ * before this returns. BL_ETIMEDOUT, BL_EAGAIN (timeout 0), BL_ECLOSED (the consumer
+ * closed), BL_EINVAL (not the producer, n past what was produced), BL_EPROTO (the
+ * consumer's count is past what was produced or went back; the handle stays broken). */
+int bp_ring_wait_consumed(bp_ring_t *r, uint64_t n, int64_t timeout_us, bl_err_t *err) BL_WUR;
+
 /* --- consumer ------------------------------------------------------------------ */
 
 /* Points *data at the next message and *nbytes at its size, without copying; the

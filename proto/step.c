@@ -51,7 +51,8 @@ int bp_step_layout(const bp_step_hdr_t *h, bp_step_layout_t *out, bl_err_t *err)
         break;
     case BP_STEP_HIDDEN:
         bad |= section(&at, (uint64_t)h->n_seqs, sizeof(bp_step_seq_t), &out->seqs);
-        bad |= section(&at, cells, sizeof(float), &out->rows);
+        if (!h->card) /* else the rows are in a card buffer */
+            bad |= section(&at, cells, sizeof(float), &out->rows);
         break;
     case BP_STEP_LOGITS:
     case BP_STEP_SUMS:
@@ -233,6 +234,12 @@ int bp_step_parse(const void *msg, size_t nbytes, const bp_step_limits_t *lim,
     } else if (h->code != 0 || h->text_len != 0) {
         return bad(err, h, "code", h->code, "is set outside an error");
     }
+    /* A card buffer holds n_batch rows (checked when the link opened), so the rows
+     * bound above fit it; the index is the peer's word, bounded here. */
+    if (h->card != 0 && h->kind != BP_STEP_HIDDEN)
+        return bad(err, h, "card", h->card, "is set outside a hidden message");
+    if (h->card > (uint32_t)(lim->card_bufs > 0 ? lim->card_bufs : 0))
+        return bad(err, h, "card", h->card, "names a card buffer the link does not have");
 
     bp_step_layout_t lay;
     int rc = bp_step_layout(h, &lay, err);

@@ -6,7 +6,9 @@
  *
  * A message is a header, then sections that each start 16-byte aligned:
  *   TOKENS   hdr | seqs (n_seqs) | tokens int32 (n_rows)
- *   HIDDEN   hdr | seqs (n_seqs) | rows float (n_rows, width = n_embd)
+ *   HIDDEN   hdr | seqs (n_seqs) | rows float (n_rows, width = n_embd); with hdr.card
+ *            set, hdr | seqs: the rows are in a card buffer of the link between the
+ *            two stages (proto/cardlink.h), not in the message
  *   LOGITS   hdr | rows float (n_rows, width = n_vocab)
  *   EXPERTS  hdr | rows float (n_rows, width = n_embd) | counts int32 (n_rows)
  *                | ids int32 (k) | weights float (k): row i's counts[i] (expert,
@@ -112,7 +114,8 @@ typedef struct bp_step_hdr {
     int32_t layer;     /* EXPERTS, SUMS */
     int32_t code;      /* ERROR: a negative BL_E* code */
     uint32_t text_len; /* ERROR: bytes of text */
-    uint32_t _pad;
+    uint32_t card;     /* HIDDEN: 0, the rows follow the sequences; k + 1, they are in
+                        * card buffer k of the link (proto/cardlink.h) */
 } bp_step_hdr_t;
 
 /* One sequence of a TOKENS or HIDDEN message (rt_step_seq_t on the wire). */
@@ -135,6 +138,9 @@ typedef struct bp_step_limits {
     int32_t n_layer;
     int32_t n_expert;
     int32_t n_expert_used;
+    int32_t card_bufs;     /* card buffers of the link this reader opened (each holds
+                            * n_batch rows of n_embd floats); 0: a HIDDEN message that
+                            * names one is refused */
 } bp_step_limits_t;
 
 /* Byte offsets of a message's sections (0 where the kind has none) and its size. */
@@ -151,7 +157,7 @@ int bp_step_layout(const bp_step_hdr_t *h, bp_step_layout_t *out, bl_err_t *err)
 typedef struct bp_step_out {
     bp_step_seq_t *seqs;
     int32_t *tokens; /* TOKENS */
-    float *rows;
+    float *rows;     /* NULL for a HIDDEN message whose rows are in a card buffer */
     int32_t *counts; /* EXPERTS */
     int32_t *ids;    /* EXPERTS */
     float *wts;      /* EXPERTS */
@@ -185,7 +191,7 @@ typedef struct bp_step_in {
                           * n_batch * n_expert_used expert ids (EXPERTS); may be NULL
                           * when the caller never accepts either kind */
     int32_t *counts;     /* set by the caller: room for n_batch pair counts (EXPERTS) */
-    const float *rows;
+    const float *rows;   /* NULL where hdr.card names a card buffer */
     const float *wts;
     const char *text;    /* ERROR: hdr.text_len bytes, not NUL-terminated */
     bp_step_kvop_t *kvops; /* set by the caller: room for BP_STEP_MAX_KVOPS ops (KV);
@@ -201,7 +207,8 @@ typedef struct bp_step_in {
  * n_ctx, n_out in 0..n; token ids below n_vocab; for experts: each row's count in
  * 1..n_expert_used, the counts summing to k, ids below n_expert, no id twice in a
  * row; for KV ops: a known op, slot below n_slots, entry >= 0, n in 1..n_ctx (0 for
- * DROP), bytes >= 0; the size equal to the layout's. BL_EPROTO naming the field and the
+ * DROP), bytes >= 0; card only on a HIDDEN message and naming one of lim's card_bufs
+ * (its rows, at most n_batch, fit the buffer); the size equal to the layout's. BL_EPROTO naming the field and the
  * value; nothing is read past nbytes. */
 int bp_step_parse(const void *msg, size_t nbytes, const bp_step_limits_t *lim,
                   bp_step_kind_t want, uint64_t want_step, bp_step_in_t *in,

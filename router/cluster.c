@@ -63,6 +63,10 @@ typedef struct child {
     pid_t pid;         /* 0 when not running */
     int hosttier;
     int hello, ready;
+    /* a card link's offer for this worker that came before its Hello, packed (0 bytes:
+     * none); relayed once it has said Hello */
+    uint8_t card_offer[1600]; /* the largest valid CardLink packs to 1571 bytes */
+    size_t card_offer_len;
     char last_words[512]; /* its fatal Error after load, told with its death */
     char kernels[BP_MSG_MAX_KERNELS + 16]; /* Ready.kernels, escaped (under mu) */
     char load_stage[16];  /* its last LoadProgress's stage ("" none yet this start) */
@@ -362,6 +366,7 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
         return rc;
     k->pid = pid;
     k->hello = k->ready = 0;
+    k->card_offer_len = 0; /* an offer of the last set means nothing to this one */
     k->last_words[0] = '\0';
     BL_LOG(BL_LOG_INFO, "event=child_started process=%s pid=%d", k->tag, (int)pid);
     return 0;
@@ -444,6 +449,79 @@ static int child_of(rt_cluster_t *c, const bp_peer_t *p)
     return -1;
 }
 
+/* Whether stage s and the next are both on cards of this host (a relayed stage's
+ * worker is another host's). */
+static int card_pair(const rt_cluster_t *c, int s)
+{
+    return c->o.n_stage_ends && c->o.stage_device[s] >= 0 && c->o.stage_device[s + 1] >= 0 && !c->remote[s] &&
+           !c->remote[s + 1];
+}
+
+/* Whether stage s and the next may pass their rows card to card: such a pair, and
+ * not turned off. The workers then try, and keep the ring where they cannot
+ * (docs/transport.md). */
+static int card_link(const rt_cluster_t *c, int s)
+{
+    return !c->o.no_peer_copy && card_pair(c, s);
+}
+
+/* Sends m to child k. */
+static int send_to(rt_cluster_t *c, const child_t *k, const bp_msg_t *m)
+{
+    bl_err_t err = {0};
+    bp_peer_t to = {.len = strlen(k->identity)};
+    memcpy(to.id, k->identity, to.len);
+    if (bp_chan_send(c->chan, &to, m, 1000, &err) != 0) {
+        set_error(c, err.msg);
+        return err.code ? err.code : BL_EIO;
+    }
+    return 0;
+}
+
+/* A CardLink from child i on its way to the link's other end: an offer from the
+ * sending stage goes to the next one (kept until that one has said Hello: a socket
+ * that has not connected yet cannot be sent to), an answer from the receiving stage
+ * back. A message of a link the plan has not, or from the wrong end, is dropped
+ * (logged): the ends then wait until the load times out, as for a child that never
+ * answers. */
+static int relay_card(rt_cluster_t *c, int i, const bp_msg_t *m)
+{
+    bp_card_msg_t cm;
+    bl_err_t err = {0};
+    const int nw = c->o.n_workers;
+    if (bp_card_msg_read(m, &cm, &err) != 0 || (int)cm.link + 1 >= nw || !card_link(c, (int)cm.link) ||
+        i != (int)cm.link + (cm.answer ? 1 : 0)) {
+        BL_LOG(BL_LOG_WARN, "event=card_link_dropped process=%s link=%u answer=%d", c->kids[i].tag, cm.link,
+               cm.answer);
+        return 0;
+    }
+    child_t *to = &c->kids[cm.answer ? cm.link : cm.link + 1];
+    if (to->hello)
+        return send_to(c, to, m);
+    if (bp_msg_pack(m, to->card_offer, sizeof to->card_offer, &to->card_offer_len, &err) != 0) {
+        set_error(c, err.msg);
+        return err.code ? err.code : BL_EIO;
+    }
+    return 0;
+}
+
+/* The offer kept for child k, relayed now that it has said Hello. */
+static int relay_kept_offer(rt_cluster_t *c, child_t *k)
+{
+    if (k->card_offer_len == 0)
+        return 0;
+    bp_msg_t m = {0};
+    bl_err_t err = {0};
+    int rc = bp_msg_unpack(&m, k->card_offer, k->card_offer_len, &err);
+    k->card_offer_len = 0;
+    if (rc != 0)
+        set_error(c, err.msg);
+    else
+        rc = send_to(c, k, &m);
+    bp_msg_free(&m);
+    return rc;
+}
+
 static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
 {
     static bp_plan_t p; /* large (the host-layer table); the supervisor thread sends plans one at a time */
@@ -458,6 +536,8 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
         p.stages[s] = (bp_plan_stage_t){.process = (uint32_t)s, .layer_begin = (uint32_t)lb,
                                         .layer_end = (uint32_t)at, .device = dev};
     }
+    for (int s = 0; s + 1 < nw; s++)
+        p.stages[s].card_next = card_link(c, s);
     p.n_stages = nw;
     p.model_path = c->model_path;
     p.n_layers = (uint32_t)c->n_layer;
@@ -590,7 +670,7 @@ static int on_message(rt_cluster_t *c, const bp_peer_t *from, const bp_msg_t *m,
             set_error(c, err.msg);
             return err.code ? err.code : BL_EIO;
         }
-        return 0;
+        return relay_kept_offer(c, k);
     }
     case BP_MSG_LOAD_PROGRESS: {
         uint64_t done, total;
@@ -642,6 +722,8 @@ static int on_message(rt_cluster_t *c, const bp_peer_t *from, const bp_msg_t *m,
     case BP_MSG_STATS:
         store_stats(c, k, m);
         return 0;
+    case BP_MSG_CARD_LINK:
+        return k->hosttier ? 0 : relay_card(c, i, m);
     default:
         return 0;
     }
@@ -1036,6 +1118,10 @@ int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_
             rc = bl_err_set(err, BL_ENOMEM, "cluster: out of memory");
         goto fail;
     }
+    /* Said once here: the workers say why a link they try stays off. */
+    for (int s = 0; c->o.no_peer_copy && s + 1 < c->o.n_workers; s++)
+        if (card_pair(c, s))
+            BL_LOG(BL_LOG_INFO, "event=card_link_off link=%d reason=\"--no-peer-copy\"", s);
     if (mkdir(c->runtime_dir, 0700) != 0 && errno != EEXIST) {
         rc = bl_err_set(err, BL_EIO, "cluster: mkdir %s: %s", c->runtime_dir, strerror(errno));
         goto fail;

@@ -62,6 +62,8 @@ typedef struct rt_cluster_opts {
     int no_mmap;             /* workers copy every weight into their memory (--no-mmap) */
     int mlock;               /* workers and hosttier lock their weights in RAM (--mlock) */
     int no_op_offload;       /* cards never copy host experts in for prompts (--no-op-offload) */
+    int no_peer_copy;        /* two card stages of this host pass the rows between them
+                              * through the host ring, not card to card (--no-peer-copy) */
     int poll;                /* CPU pools' idle wait, 0..100 (--poll) */
     int cpu_strict;          /* CPU pool threads pinned one to a CPU (--cpu-strict 1) */
     int64_t experts_vram;    /* card bytes for resident expert slots (--experts-vram):

@@ -102,6 +102,7 @@ typedef struct opts {
     int64_t pipeline;
     const char *cache_disk;
     int list_devices, no_mmproj, no_op_offload, op_offload, cache_list, completion_bash, fim_qwen_30b;
+    int no_peer_copy;
     rt_compat_seen_t compat; /* llama-server's flags without a meaning here (compat.h) */
     /* request defaults beside the sampling ones */
     int ignore_eos, cache_prompt, no_cache_prompt, ui, log_prefix, no_log_prefix, log_timestamps,
@@ -493,6 +494,10 @@ static int build_args(bl_arg_t *a, opts_t *o)
     FLAG("--no-op-offload", NULL, &o->no_op_offload,
          "a card never copies a layer's host-RAM experts in for a prompt step (by default a step "
          "of at least 64 rows computes them on the card)");
+    FLAG("--no-peer-copy", "BLOOMERY_ARG_NO_PEER_COPY", &o->no_peer_copy,
+         "two cards of this host pass a step's activations between their stages through host memory "
+         "(the stages' shared-memory ring) instead of card to card (CUDA IPC, the default where the "
+         "cards reach each other's memory)");
     STR("--cache-disk", "BLOOMERY_ARG_CACHE_DISK", &o->cache_disk, "PATH",
         "the prompt cache on disk (made if missing): what a finished request leaves in its "
         "slot is written there off the request's path, and a prompt that shares more with an "
@@ -2063,6 +2068,7 @@ int main(int argc, char **argv)
         .no_mmap = o.no_mmap,
         .mlock = o.mlock,
         .no_op_offload = o.no_op_offload,
+        .no_peer_copy = o.no_peer_copy,
         .poll = (int)o.poll,
         .cpu_strict = (int)o.cpu.strict,
         .experts_vram = o.place.experts_vram,

@@ -206,6 +206,21 @@ typedef struct wk_backend_ops {
     int (*head)(wk_backend_t *b, const float *norm, float eps, const wk_tensor_t *out, const float *x,
                 bl_err_t *err);
 
+    /* --- activations card to card between two stages (wk_model_card_*); NULL where
+     * the backend has no card. export: n_bufs buffers of n_batch rows of n_embd
+     * floats and an event each, their handles into out; import: the previous stage's,
+     * opened; close: what export (WK_CARD_OUT) or import (WK_CARD_IN) set up, freed
+     * (no step in flight) */
+    int (*card_export)(wk_backend_t *b, int n_bufs, wk_card_t *out, bl_err_t *err);
+    int (*card_import)(wk_backend_t *b, const wk_card_t *in, bl_err_t *err);
+    void (*card_close)(wk_backend_t *b, int which);
+    /* put: nbytes of x (the last step's output rows) into exported buffer k, k's
+     * event recorded after; get: nbytes of imported buffer k into x once k's event is
+     * reached, queued before the next step; settle: returns once the gets are done */
+    int (*card_put)(wk_backend_t *b, int k, const float *x, size_t nbytes, bl_err_t *err);
+    int (*card_get)(wk_backend_t *b, int k, float *x, size_t nbytes, bl_err_t *err);
+    int (*card_settle)(wk_backend_t *b, bl_err_t *err);
+
     /* residency's stats (wk_model_resid_stats, wk_model_resid_layer); NULL where the
      * backend has no card slots. Called from any thread. */
     void (*resid)(const wk_backend_t *b, wk_resid_stats_t *out);

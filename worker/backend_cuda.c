@@ -194,6 +194,14 @@ typedef struct cuda {
     /* the host call's packing: the rows with a host expert, their pairs and sums */
     float *cx, *cwts, *csums;
     int32_t *cids, *ccnt, *crow;
+    /* the card links to the neighbouring stages' processes (wk_model_card_*): the
+     * buffers and events this stage exported for the next one, and those of the
+     * previous one it opened with, after the gets, an event settle waits on */
+    struct card_end {
+        int n;
+        void *buf[WK_CARD_MAX_BUFS], *ev[WK_CARD_MAX_BUFS];
+    } cout, cin;
+    void *card_rev;
     /* the step running */
     const wk_step_t *st;
     int mode;
@@ -318,12 +326,15 @@ out:
 
 static const char *cu_name(const wk_backend_t *b) { return ((const cuda_t *)b)->label; }
 
+static void cu_card_close(wk_backend_t *b, int which);
+
 static void cu_destroy(wk_backend_t *b)
 {
     cuda_t *cu = (cuda_t *)b;
     bl_err_t e;
     if (kcuda_set_device(cu->device, &e) == 0 && cu->stream)
         drain(cu->stream); /* nothing may still read what is freed below */
+    cu_card_close(b, WK_CARD_OUT | WK_CARD_IN);
     for (int i = 0; i <= GRAPH_MAX_ROWS; i++)
         for (int j = 0; j < N_BUCKETS; j++)
             kcuda_graph_destroy(cu->graphs[i][j]);
@@ -1240,6 +1251,116 @@ static void cu_resid_layer(const wk_backend_t *b, int64_t l, uint64_t *selection
     *hits = atomic_load_explicit(&cu->hits[l - cu->lb], memory_order_relaxed);
 }
 
+// --- activations card to card ---------------------------------------------------------------
+
+/* The buffers and events of the links, exported (WK_CARD_OUT) or opened
+ * (WK_CARD_IN), let go of (the step stream drained first: a copy may still use a
+ * buffer). */
+static void cu_card_close(wk_backend_t *b, int which)
+{
+    cuda_t *cu = (cuda_t *)b;
+    bl_err_t e;
+    if (!((which & WK_CARD_OUT) && cu->cout.n) && !((which & WK_CARD_IN) && cu->cin.n))
+        return;
+    if (kcuda_set_device(cu->device, &e) == 0 && cu->stream)
+        drain(cu->stream);
+    for (int k = 0; (which & WK_CARD_OUT) && k < cu->cout.n; k++) {
+        kcuda_free(cu->cout.buf[k]);
+        kcuda_event_destroy(cu->cout.ev[k]);
+    }
+    for (int k = 0; (which & WK_CARD_IN) && k < cu->cin.n; k++) {
+        kcuda_ipc_mem_close(cu->cin.buf[k]);
+        kcuda_event_destroy(cu->cin.ev[k]);
+    }
+    if (which & WK_CARD_OUT)
+        memset(&cu->cout, 0, sizeof cu->cout);
+    if (which & WK_CARD_IN) {
+        memset(&cu->cin, 0, sizeof cu->cin);
+        kcuda_event_destroy(cu->card_rev);
+        cu->card_rev = NULL;
+    }
+}
+
+/* A buffer of n_batch rows and its event per k, each exported: one allocation per
+ * buffer, since an opened handle maps its whole allocation. */
+static int cu_card_export(wk_backend_t *b, int n_bufs, wk_card_t *out, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    const size_t bytes = sizeof(float) * (size_t)cu->o->n_batch * (size_t)cu->c->n_embd;
+    int rc = kcuda_set_device(cu->device, err);
+    for (int k = 0; rc == 0 && k < n_bufs; k++) {
+        cu->cout.n = k + 1;
+        if ((rc = kcuda_alloc(&cu->cout.buf[k], bytes, err)) == 0 &&
+            (rc = kcuda_ipc_mem_export(cu->cout.buf[k], out->mem[k], err)) == 0 &&
+            (rc = kcuda_ipc_event_create(&cu->cout.ev[k], err)) == 0)
+            rc = kcuda_ipc_event_export(cu->cout.ev[k], out->ev[k], err);
+    }
+    if (rc < 0) {
+        cu_card_close(b, WK_CARD_OUT);
+        return rc;
+    }
+    out->device = cu->device;
+    out->n_bufs = n_bufs;
+    out->buf_bytes = bytes;
+    return 0;
+}
+
+static int cu_card_import(wk_backend_t *b, const wk_card_t *in, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    int can = 0;
+    int rc = kcuda_set_device(cu->device, err);
+    if (rc == 0)
+        rc = kcuda_can_access_peer(cu->device, in->device, &can, err);
+    if (rc < 0)
+        return rc;
+    /* Without peer access the runtime would stage each copy through host memory:
+     * no better than the host ring, which stays then. */
+    if (!can)
+        return bl_err_set(err, BL_ENOTSUP, "CUDA%d cannot reach CUDA%d's memory (no peer access between them)",
+                          cu->device, in->device);
+    for (int k = 0; rc == 0 && k < in->n_bufs; k++) {
+        cu->cin.n = k + 1;
+        if ((rc = kcuda_ipc_mem_open(&cu->cin.buf[k], in->mem[k], err)) == 0)
+            rc = kcuda_ipc_event_open(&cu->cin.ev[k], in->ev[k], err);
+    }
+    if (rc == 0)
+        rc = kcuda_event_create_blocking(&cu->card_rev, err);
+    if (rc < 0) {
+        cu_card_close(b, WK_CARD_IN);
+        return rc;
+    }
+    return 0;
+}
+
+static int cu_card_put(wk_backend_t *b, int k, const float *x, size_t nbytes, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    int rc = kcuda_set_device(cu->device, err);
+    if (rc == 0)
+        rc = kcuda_copy(cu->cout.buf[k], x, nbytes, cu->stream, err);
+    return rc < 0 ? rc : kcuda_event_record(cu->cout.ev[k], cu->stream, err);
+}
+
+static int cu_card_get(wk_backend_t *b, int k, float *x, size_t nbytes, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    int rc = kcuda_set_device(cu->device, err);
+    if (rc == 0)
+        rc = kcuda_stream_wait(cu->stream, cu->cin.ev[k], err);
+    /* a plain device copy: the opened buffer is mapped into this card's context */
+    if (rc == 0)
+        rc = kcuda_copy(x, cu->cin.buf[k], nbytes, cu->stream, err);
+    return rc < 0 ? rc : kcuda_event_record(cu->card_rev, cu->stream, err);
+}
+
+static int cu_card_settle(wk_backend_t *b, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    int rc = kcuda_set_device(cu->device, err);
+    return rc < 0 ? rc : kcuda_event_sync(cu->card_rev, err);
+}
+
 // --- a step ------------------------------------------------------------------------------
 
 /* The graph bucket of a decode step whose longest row attends to len positions. */
@@ -1995,6 +2116,8 @@ static const wk_backend_ops_t cuda_ops = {
     .add_bias = cu_add_bias, .matmul = cu_matmul, .attention = cu_attention, .mla = cu_mla, .moe = cu_moe, .ffn = cu_ffn, .head = cu_head,
     .split_heads = cu_split_heads, .mul_sigmoid = cu_mul_sigmoid, .deltanet = cu_deltanet,
     .resid = cu_resid, .resid_layer = cu_resid_layer,
+    .card_export = cu_card_export, .card_import = cu_card_import, .card_close = cu_card_close,
+    .card_put = cu_card_put, .card_get = cu_card_get, .card_settle = cu_card_settle,
 };
 
 int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *err)

@@ -19,6 +19,7 @@
 
 #include "args.h"
 #include "bl_config.h"
+#include "cardlink.h"
 #include "chan.h"
 #include "child.h"
 #include "log.h"
@@ -31,6 +32,8 @@
 
 _Static_assert(WK_KV_CHUNK == BP_KV_CHUNK, "the router and the stages count a shared cache's "
                                           "chunks alike");
+_Static_assert(WK_CARD_MAX_BUFS == BP_CARD_MAX_BUFS && WK_CARD_HANDLE_BYTES == BP_CARD_HANDLE_BYTES,
+               "a card link's offer fits the model's export");
 
 /* How long a wait on a ring lasts before it looks again at the stop flag. */
 #define POLL_US 100000
@@ -65,8 +68,12 @@ typedef struct worker {
     int device;          /* the stage's CUDA ordinal, or WK_DEVICE_CPU */
     uint64_t load_total; /* bytes of weights the load copies or uploads (0: none) */
     int first, last, remote;
+    int stage;          /* this stage's index in the plan */
     int64_t layer_begin, layer_end;
     bp_ring_t *in, *out, *x_out, *x_in;
+    /* the card links on in and out (Plan.stages[].card_next) where both ends set them
+     * up; NULL: the ring carries the rows */
+    bp_cardlink_t *card_in, *card_out;
     /* ---- step thread */
     bp_step_seq_t *seqs; /* (n_slots) copied from the input */
     int32_t *tokens;     /* (n_batch) copied from the input */
@@ -93,12 +100,13 @@ typedef struct worker {
 
 /* ------------------------------------------------------------ ring waits */
 
-/* Reserves a step message, waiting in POLL_US slices so that stop is seen. */
-static int reserve(worker_t *w, bp_ring_t *r, const bp_step_hdr_t *h, bp_step_out_t *o,
+/* Reserves a step message, waiting in POLL_US slices so that stop is seen; through
+ * the card link (its buffer too) where card is set. */
+static int reserve(worker_t *w, bp_ring_t *r, bp_cardlink_t *card, const bp_step_hdr_t *h, bp_step_out_t *o,
                    bl_err_t *err)
 {
     for (;;) {
-        int rc = bp_step_reserve(r, h, o, POLL_US, err);
+        int rc = card ? bp_cardlink_reserve(card, h, o, POLL_US, err) : bp_step_reserve(r, h, o, POLL_US, err);
         if (rc != BL_ETIMEDOUT)
             return rc;
         if (atomic_load_explicit(&w->stop, memory_order_relaxed))
@@ -133,7 +141,7 @@ static int experts_remote(void *ctx, int64_t layer, const float *xn, int64_t n, 
     bp_step_hdr_t h = {.kind = BP_STEP_EXPERTS, .step = call, .n_rows = (int32_t)n,
                        .width = lim->n_embd, .k = (int32_t)picks, .layer = (int32_t)layer};
     bp_step_out_t o;
-    int rc = reserve(w, w->x_out, &h, &o, err);
+    int rc = reserve(w, w->x_out, NULL, &h, &o, err);
     if (rc)
         return rc;
     memcpy(o.rows, xn, (size_t)n * (size_t)lim->n_embd * sizeof(float));
@@ -567,7 +575,7 @@ static void run_kv(worker_t *w, const bp_step_in_t *in)
         rc = kv_op(w, &w->kvops[i], &err);
     bp_step_out_t o;
     bp_step_hdr_t h = {.kind = BP_STEP_KV, .step = in->hdr.step, .n_seqs = in->hdr.n_seqs};
-    if (rc == 0 && (rc = reserve(w, w->out, &h, &o, &err)) == 0) {
+    if (rc == 0 && (rc = reserve(w, w->out, NULL, &h, &o, &err)) == 0) {
         memcpy(o.kvops, w->kvops, (size_t)in->hdr.n_seqs * sizeof *o.kvops);
         if ((rc = bp_ring_commit(w->out, o.nbytes, &err)) == 0)
             return;
@@ -616,6 +624,13 @@ static void run_step(worker_t *w, const void *msg, size_t nbytes)
         return;
     }
 
+    /* Rows left in a card buffer come over first, queued before the stage's work. */
+    if (in.hdr.card && (rc = bp_cardlink_get(w->card_in, &in, &err)) != 0) {
+        char text[BP_STEP_MAX_TEXT];
+        snprintf(text, sizeof text, "%s: the previous stage's rows from the card: %s", w->ctl.label, err.msg);
+        send_error(w, step, rc, text);
+        return;
+    }
     int32_t n_out = 0, row = 0;
     for (int32_t i = 0; i < in.hdr.n_seqs; i++) {
         const bp_step_seq_t *s = &w->seqs[i];
@@ -631,7 +646,7 @@ static void run_step(worker_t *w, const void *msg, size_t nbytes)
         : (bp_step_hdr_t){.kind = BP_STEP_HIDDEN, .step = step, .n_seqs = in.hdr.n_seqs,
                           .n_rows = in.hdr.n_rows, .width = w->lim.n_embd};
     bp_step_out_t o;
-    if ((rc = reserve(w, w->out, &h, &o, &err)) != 0) {
+    if ((rc = reserve(w, w->out, w->card_out, &h, &o, &err)) != 0) {
         send_error(w, step, rc, err.msg);
         return;
     }
@@ -639,11 +654,14 @@ static void run_step(worker_t *w, const void *msg, size_t nbytes)
         memcpy(o.seqs, w->seqs, (size_t)in.hdr.n_seqs * sizeof *o.seqs);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* in.rows and o.rows are NULL where the rows come or go through the card */
     rc = wk_model_stage(w->m, w->wseqs, in.hdr.n_seqs, w->first ? NULL : in.rows,
                         w->last ? NULL : o.rows, w->last ? o.rows : NULL, &err);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     atomic_fetch_add_explicit(&w->busy_us, (uint64_t)(ms_since(&t0, &t1) * 1e3), memory_order_relaxed);
-    if (rc == 0 && (rc = bp_ring_commit(w->out, o.nbytes, &err)) == 0) {
+    if (rc == 0)
+        rc = w->card_out ? bp_cardlink_commit(w->card_out, &o, &err) : bp_ring_commit(w->out, o.nbytes, &err);
+    if (rc == 0) {
         atomic_fetch_add_explicit(&w->n_steps, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&w->n_rows, (uint64_t)in.hdr.n_rows, memory_order_relaxed);
         return;
@@ -676,7 +694,19 @@ static void *step_main(void *arg)
             break;
         }
         run_step(w, msg, nbytes);
-        bp_ring_release(w->in);
+        if (!w->card_in) {
+            bp_ring_release(w->in);
+            continue;
+        }
+        /* The message goes back only once the copy out of its card buffer is done:
+         * its release tells the previous stage the buffer is free. */
+        if ((rc = bp_cardlink_release(w->card_in, &err)) != 0) {
+            char text[BP_STEP_MAX_TEXT];
+            snprintf(text, sizeof text, "%s: card link from the previous stage: %s", w->ctl.label, err.msg);
+            send_error(w, 0, rc, text);
+            BL_LOG(BL_LOG_ERROR, "event=card_link_broken reason=\"%s\"", err.msg);
+            break;
+        }
     }
     atomic_store_explicit(&w->stop, 1, memory_order_relaxed);
     return NULL;
@@ -717,6 +747,7 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
         return bl_err_set(err, BL_EINVAL, "plan: no stage for process %u", p->you);
     w->ctl.process = p->you;
     snprintf(w->ctl.label, sizeof w->ctl.label, "worker %d", idx);
+    w->stage = idx;
     w->first = idx == 0;
     w->last = idx + 1 == p->n_stages;
     const int device = st->device >= 0 ? st->device : WK_DEVICE_CPU;
@@ -817,6 +848,144 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     if (w->load_total)
         total = w->load_total;
     bp_child_progress(&w->ctl, total, total, "weights");
+    return 0;
+}
+
+/* ------------------------------------------------------------ card links */
+
+/* bp_cardlink_ops_t over the model's card (ctx: the worker), on the step thread. */
+static int card_put(void *ctx, int k, size_t nbytes, bl_err_t *err)
+{
+    worker_t *w = ctx;
+    return wk_model_card_put(w->m, k, (int64_t)(nbytes / (sizeof(float) * (size_t)w->lim.n_embd)), err);
+}
+
+static int card_get(void *ctx, int k, size_t nbytes, bl_err_t *err)
+{
+    worker_t *w = ctx;
+    return wk_model_card_get(w->m, k, (int64_t)(nbytes / (sizeof(float) * (size_t)w->lim.n_embd)), err);
+}
+
+static int card_settle(void *ctx, bl_err_t *err)
+{
+    worker_t *w = ctx;
+    return wk_model_card_settle(w->m, err);
+}
+
+/* The sender's half: buffers exported and offered, or the reason they are not
+ * (written into why, cap bytes). */
+static void card_offer(worker_t *w, uint32_t link, wk_card_t *exp, bp_card_msg_t *cm, char *why, size_t cap)
+{
+    bl_err_t err = {0};
+    *cm = (bp_card_msg_t){.link = link, .reason = ""};
+    if (wk_model_card_export(w->m, BP_CARD_BUFS, exp, &err) != 0) {
+        snprintf(why, cap, "%s", err.msg[0] ? err.msg : "the buffers could not be exported");
+        cm->reason = why;
+        return;
+    }
+    cm->ok = 1;
+    cm->device = exp->device;
+    cm->buf_bytes = exp->buf_bytes;
+    cm->n_bufs = exp->n_bufs;
+    memcpy(cm->mem, exp->mem, sizeof cm->mem);
+    memcpy(cm->ev, exp->ev, sizeof cm->ev);
+}
+
+/* The receiver's half: the offer opened and the link made, or the reason not (into
+ * why), as the answer. */
+static void card_answer(worker_t *w, const bp_card_msg_t *offer, bp_card_msg_t *ans, char *why, size_t cap)
+{
+    static const bp_cardlink_ops_t ops = {.get = card_get, .settle = card_settle};
+    bl_err_t err = {0};
+    *ans = (bp_card_msg_t){.link = offer->link, .answer = 1, .reason = why};
+    if (!offer->ok) {
+        snprintf(why, cap, "the sender: %s", offer->reason);
+        return;
+    }
+    wk_card_t in = {.device = offer->device, .n_bufs = offer->n_bufs, .buf_bytes = offer->buf_bytes};
+    memcpy(in.mem, offer->mem, sizeof in.mem);
+    memcpy(in.ev, offer->ev, sizeof in.ev);
+    int rc = wk_model_card_import(w->m, &in, &err);
+    if (rc == 0 && (rc = bp_cardlink_create(&w->card_in, w->in, in.n_bufs, in.buf_bytes, &ops, w, &err)) != 0)
+        wk_model_card_close(w->m, WK_CARD_IN);
+    if (rc) {
+        snprintf(why, cap, "%s", err.msg);
+        return;
+    }
+    *ans = (bp_card_msg_t){.link = offer->link, .answer = 1, .ok = 1, .reason = ""};
+    w->lim.card_bufs = in.n_bufs;
+}
+
+/* The sender learns the answer: the link made, or the buffers let go of. */
+static void card_answered(worker_t *w, int idx, const bp_card_msg_t *ans, const wk_card_t *exp)
+{
+    static const bp_cardlink_ops_t ops = {.put = card_put};
+    bl_err_t err = {0};
+    if (!ans->ok) {
+        BL_LOG(BL_LOG_WARN, "event=card_link_off link=%d role=send reason=\"the receiver: %s\"", idx, ans->reason);
+        wk_model_card_close(w->m, WK_CARD_OUT);
+    } else if (bp_cardlink_create(&w->card_out, w->out, exp->n_bufs, exp->buf_bytes, &ops, w, &err) != 0) {
+        /* the receiver takes rows in the message as well: nothing to tell it */
+        BL_LOG(BL_LOG_WARN, "event=card_link_off link=%d role=send reason=\"%s\"", idx, err.msg);
+        wk_model_card_close(w->m, WK_CARD_OUT);
+    } else {
+        BL_LOG(BL_LOG_INFO, "event=card_link link=%d role=send buffers=%d device=%d", idx, exp->n_bufs, exp->device);
+    }
+}
+
+/* The card links of this stage (Plan.stages[].card_next), between the Plan and
+ * Ready, on the control thread: as the sender of the link to the next stage it
+ * exports and offers its buffers; as the receiver of the link from the previous
+ * stage it opens the offer the router relays and answers; as the sender again it
+ * learns the answer. Where either end cannot, both keep the host ring, and each
+ * logs why. Only a lost router (BL_ECLOSED) fails the start; a message that cannot
+ * be sent leaves the peer waiting, which the router's load timeout ends. */
+static int card_setup(worker_t *w, const bp_plan_t *p, bl_err_t *err)
+{
+    const int idx = w->stage;
+    const int send = idx + 1 < p->n_stages && p->stages[idx].card_next;
+    const int recv = idx > 0 && p->stages[idx - 1].card_next;
+    bp_card_msg_t cm = {0};
+    wk_card_t exp;
+    char why[sizeof err->msg + 16];
+    int rc;
+    if (send) {
+        card_offer(w, (uint32_t)idx, &exp, &cm, why, sizeof why);
+        if (!cm.ok)
+            BL_LOG(BL_LOG_WARN, "event=card_link_off link=%d role=send reason=\"%s\"", idx, why);
+        if ((rc = bp_child_send_card(&w->ctl, &cm, err)) != 0) {
+            wk_model_card_close(w->m, WK_CARD_OUT);
+            return rc == BL_ECLOSED ? rc : bl_err_set(err, BL_EIO, "card link %d: the offer: %s", idx, err->msg);
+        }
+    }
+    int need_offer = recv, need_answer = send && cm.ok;
+    while (need_offer || need_answer) {
+        bp_msg_t hold = {0};
+        bp_card_msg_t in;
+        rc = bp_child_recv_card(&w->ctl, &hold, &in, err);
+        if (rc == 0 && need_offer && !in.answer && (int)in.link == idx - 1) {
+            bp_card_msg_t ans;
+            card_answer(w, &in, &ans, why, sizeof why);
+            need_offer = 0;
+            if (ans.ok)
+                BL_LOG(BL_LOG_INFO, "event=card_link link=%d role=receive buffers=%d from_device=%d", idx - 1,
+                       in.n_bufs, in.device);
+            else
+                BL_LOG(BL_LOG_WARN, "event=card_link_off link=%d role=receive reason=\"%s\"", idx - 1, why);
+            if ((rc = bp_child_send_card(&w->ctl, &ans, err)) != 0 && rc != BL_ECLOSED)
+                BL_LOG(BL_LOG_WARN, "event=card_link_answer_lost link=%d reason=\"%s\"", idx - 1, err->msg);
+        } else if (rc == 0 && need_answer && in.answer && (int)in.link == idx) {
+            need_answer = 0;
+            card_answered(w, idx, &in, &exp);
+        } else if (rc == 0) {
+            BL_LOG(BL_LOG_WARN, "event=card_link_unexpected link=%u answer=%d", in.link, in.answer);
+        } else if (rc != BL_ECLOSED) {
+            BL_LOG(BL_LOG_WARN, "event=bad_control_message reason=\"%s\"", err->msg);
+        }
+        bp_msg_free(&hold);
+        if (rc == BL_ECLOSED)
+            return rc;
+    }
     return 0;
 }
 
@@ -968,7 +1137,9 @@ static void worker_free(worker_t *w, uint32_t n_slots)
     free(w->seqs);
     free(w->wseqs);
     free(w->tokens);
-    wk_model_free(w->m);
+    bp_cardlink_destroy(w->card_in);
+    bp_cardlink_destroy(w->card_out);
+    wk_model_free(w->m); /* its card buffers with it */
     bp_ring_destroy(w->in);
     bp_ring_destroy(w->out);
     bp_ring_destroy(w->x_out);
@@ -1046,6 +1217,13 @@ int main(int argc, char **argv)
         bp_msg_free(&plan);
         worker_free(&w, n_slots);
         return 1;
+    }
+    if ((rc = card_setup(&w, &pl, &err)) != 0) {
+        if (rc != BL_ECLOSED)
+            bp_child_fatal(&w.ctl, &err);
+        bp_msg_free(&plan);
+        worker_free(&w, n_slots);
+        return rc == BL_ECLOSED ? 0 : 1;
     }
     char vram[24] = "auto";
     if (pl.experts_vram != WK_EXPERTS_VRAM_AUTO)

@@ -1102,6 +1102,10 @@ int wk_model_eval(wk_model_t *m, wk_kv_t *kv, const int32_t *tokens, int64_t n, 
 int wk_model_stage(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, const float *x_in,
                    float *x_out, float *logits, bl_err_t *err)
 {
+    /* The input a card get put in place serves this step only, whatever becomes of
+     * it, and the step overwrites the output the last one left for a put. */
+    const int64_t got = m->card_in_rows;
+    m->card_in_rows = m->card_out_rows = 0;
     int rc = check_runnable(m, 0, err);
     if (rc < 0)
         return rc;
@@ -1124,9 +1128,10 @@ int wk_model_stage(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, const fl
         rows += q->n;
         outs += q->n_out;
     }
-    if (m->lb > 0 && !x_in)
-        return bl_err_set(err, BL_EINVAL, "a stage from layer %lld needs the hidden state in", (long long)m->lb);
-    if (m->le < m->cfg.n_layer && !x_out)
+    if (m->lb > 0 && !x_in && got != rows)
+        return bl_err_set(err, BL_EINVAL, "a stage from layer %lld needs the hidden state in (%lld rows from the card, "
+                          "the step has %lld)", (long long)m->lb, (long long)got, (long long)rows);
+    if (m->le < m->cfg.n_layer && !x_out && !m->card_out_n)
         return bl_err_set(err, BL_EINVAL, "a stage to layer %lld needs a buffer for the hidden state out",
                           (long long)m->le);
     if (m->le == m->cfg.n_layer && outs > 0 && !logits)
@@ -1155,7 +1160,90 @@ int wk_model_stage(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, const fl
         return rc;
     for (int64_t i = 0; i < n_seqs; i++)
         seqs[i].kv->n_past = seqs[i].pos + seqs[i].n;
+    if (m->card_out_n && !x_out)
+        m->card_out_rows = rows; /* in the run state's x until the next step */
     return 0;
+}
+
+// --- activations card to card ------------------------------------------------------------
+
+int wk_model_card_export(wk_model_t *m, int n_bufs, wk_card_t *out, bl_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    if (!m->be->op->card_export || m->le >= m->cfg.n_layer)
+        return bl_err_set(err, BL_ENOTSUP, "%s: card buffers for the next stage need a card stage before the last",
+                          m->path);
+    if (m->card_out_n)
+        return bl_err_set(err, BL_EINVAL, "%s: this stage's card buffers are exported already", m->path);
+    if (n_bufs < 1 || n_bufs > WK_CARD_MAX_BUFS)
+        return bl_err_set(err, BL_EINVAL, "%s: %d card buffers (1..%d)", m->path, n_bufs, WK_CARD_MAX_BUFS);
+    int rc = m->be->op->card_export(m->be, n_bufs, out, err);
+    if (rc < 0)
+        return rc;
+    m->card_out_n = n_bufs;
+    m->card_out_rows = 0;
+    return 0;
+}
+
+int wk_model_card_import(wk_model_t *m, const wk_card_t *in, bl_err_t *err)
+{
+    if (!m->be->op->card_import || m->lb == 0)
+        return bl_err_set(err, BL_ENOTSUP, "%s: card buffers of the previous stage need a card stage after the first",
+                          m->path);
+    if (m->card_in_n)
+        return bl_err_set(err, BL_EINVAL, "%s: the previous stage's card buffers are open already", m->path);
+    if (in->n_bufs < 1 || in->n_bufs > WK_CARD_MAX_BUFS)
+        return bl_err_set(err, BL_EINVAL, "%s: %d card buffers offered (1..%d)", m->path, in->n_bufs,
+                          WK_CARD_MAX_BUFS);
+    const size_t need = sizeof(float) * (size_t)m->opts.n_batch * (size_t)m->cfg.n_embd;
+    if (in->buf_bytes < need)
+        return bl_err_set(err, BL_EINVAL, "%s: card buffers of %zu bytes offered, a step's rows take up to %zu",
+                          m->path, in->buf_bytes, need);
+    int rc = m->be->op->card_import(m->be, in, err);
+    if (rc < 0)
+        return rc;
+    m->card_in_n = in->n_bufs;
+    m->card_in_rows = 0;
+    return 0;
+}
+
+void wk_model_card_close(wk_model_t *m, int which)
+{
+    which &= (m->card_out_n ? WK_CARD_OUT : 0) | (m->card_in_n ? WK_CARD_IN : 0);
+    if (which && m->be->op->card_close)
+        m->be->op->card_close(m->be, which);
+    if (which & WK_CARD_OUT)
+        m->card_out_n = 0, m->card_out_rows = 0;
+    if (which & WK_CARD_IN)
+        m->card_in_n = 0, m->card_in_rows = 0;
+}
+
+int wk_model_card_put(wk_model_t *m, int k, int64_t n_rows, bl_err_t *err)
+{
+    if (k < 0 || k >= m->card_out_n)
+        return bl_err_set(err, BL_EINVAL, "%s: no exported card buffer %d", m->path, k);
+    if (n_rows < 1 || n_rows != m->card_out_rows)
+        return bl_err_set(err, BL_EINVAL, "%s: %lld rows to pass on, the last step left %lld on the card", m->path,
+                          (long long)n_rows, (long long)m->card_out_rows);
+    m->card_out_rows = 0; /* once: the next step writes x again */
+    return m->be->op->card_put(m->be, k, m->s.x, sizeof(float) * (size_t)(n_rows * m->cfg.n_embd), err);
+}
+
+int wk_model_card_get(wk_model_t *m, int k, int64_t n_rows, bl_err_t *err)
+{
+    if (k < 0 || k >= m->card_in_n)
+        return bl_err_set(err, BL_EINVAL, "%s: no imported card buffer %d", m->path, k);
+    if (n_rows < 1 || n_rows > m->opts.n_batch)
+        return bl_err_set(err, BL_EINVAL, "%s: %lld rows from the card, outside 1..%lld", m->path,
+                          (long long)n_rows, (long long)m->opts.n_batch);
+    int rc = m->be->op->card_get(m->be, k, m->s.x, sizeof(float) * (size_t)(n_rows * m->cfg.n_embd), err);
+    m->card_in_rows = rc < 0 ? 0 : n_rows;
+    return rc;
+}
+
+int wk_model_card_settle(wk_model_t *m, bl_err_t *err)
+{
+    return m->card_in_n ? m->be->op->card_settle(m->be, err) : 0;
 }
 
 int wk_model_eval_multi(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, float *logits,

@@ -108,6 +108,12 @@ struct wk_model {
     size_t rec_floats;
     uint8_t *host;      /* (n_layer): 1 where the layer's routed experts are another
                          * process's (REMOTE) or this one's (ONLY) */
+    /* the card links to the neighbouring stages (wk_model_card_*): the buffers this
+     * stage exported for the next and those of the previous one it opened (0: no
+     * link), and the rows on the card between two calls: the last step's output a
+     * put may copy, the input a get put in place for the next step (0: none) */
+    int card_out_n, card_in_n;
+    int64_t card_out_rows, card_in_rows;
 };
 
 /* Whether layer l has routed experts (a MoE model past its leading dense layers). */

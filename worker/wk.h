@@ -345,13 +345,63 @@ int wk_model_experts(wk_model_t *m, int64_t layer, const float *xn, int64_t n, c
  * wk_model_eval_multi: the first stage reads seqs[].tokens, a later one reads the
  * hidden state x_in (rows, n_embd) the stage before wrote, where tokens may be NULL;
  * the last stage writes the logits of each sequence's last n_out rows, an earlier one
- * writes the hidden state of every row to x_out (rows, n_embd). KV caches made for
- * this model hold only the stage's layers. Splitting the layers over stages gives
+ * writes the hidden state of every row to x_out (rows, n_embd). x_in may be NULL
+ * right after a wk_model_card_get of the step's rows, x_out NULL on a stage that
+ * exported card buffers (wk_model_card_put then passes the rows on). KV caches made
+ * for this model hold only the stage's layers. Splitting the layers over stages gives
  * the same bits as one stage. Errors as wk_model_eval_multi, plus BL_EINVAL for a
  * missing x_in/x_out, and the experts callback's error (the caches may then hold
  * part of the step; the caller drops the step). */
 int wk_model_stage(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, const float *x_in,
                    float *x_out, float *logits, bl_err_t *err) BL_WUR;
+
+/* --- activations card to card between two stages on one host ---------------------- */
+
+/* Buffers a stage exports at most, and the size of an exported handle (proto's
+ * BP_CARD_MAX_BUFS and BP_CARD_HANDLE_BYTES; the worker checks they agree). */
+#define WK_CARD_MAX_BUFS 4
+#define WK_CARD_HANDLE_BYTES 64
+
+/* Card buffers an earlier stage exported for the next one: n_bufs buffers of
+ * buf_bytes on CUDA device `device`, each with an event, as opaque handles. */
+typedef struct wk_card {
+    int device;
+    int n_bufs;
+    size_t buf_bytes;
+    uint8_t mem[WK_CARD_MAX_BUFS][WK_CARD_HANDLE_BYTES];
+    uint8_t ev[WK_CARD_MAX_BUFS][WK_CARD_HANDLE_BYTES];
+} wk_card_t;
+
+/* A stage on a card that is not the last: n_bufs (1..WK_CARD_MAX_BUFS) buffers of
+ * n_batch rows of n_embd floats and their events, exported for another process of
+ * this host into *out. Afterwards wk_model_stage may take x_out NULL (the rows stay
+ * on the card), and wk_model_card_put copies them into a buffer. BL_ENOTSUP (the
+ * CPU, the last stage, a build without CUDA), BL_EINVAL (n_bufs, exported already),
+ * the runtime's errors (nothing is left exported). */
+int wk_model_card_export(wk_model_t *m, int n_bufs, wk_card_t *out, bl_err_t *err) BL_WUR;
+/* A stage on a card after the first: the previous stage's buffers opened here.
+ * Afterwards wk_model_card_get fills the next step's input from one of them.
+ * BL_ENOTSUP (the CPU, the first stage, the two cards cannot reach each other's
+ * memory: err says which), BL_EINVAL (buffers smaller than n_batch rows, a count out
+ * of range, opened already), the runtime's errors (nothing is left open). */
+int wk_model_card_import(wk_model_t *m, const wk_card_t *in, bl_err_t *err) BL_WUR;
+/* Frees what export (WK_CARD_OUT) or import (WK_CARD_IN) set up, or both (a stage
+ * between two others may have both); the peer must be done with it (the exporter's
+ * buffers outlive the importer's mappings). Also done by wk_model_free. */
+#define WK_CARD_OUT 1
+#define WK_CARD_IN 2
+void wk_model_card_close(wk_model_t *m, int which);
+/* After a wk_model_stage with x_out NULL: its n_rows output rows into exported buffer
+ * k, ordered before the importer's wait on k (an event). BL_EINVAL (k, n_rows not
+ * the last step's). */
+int wk_model_card_put(wk_model_t *m, int k, int64_t n_rows, bl_err_t *err) BL_WUR;
+/* Before a wk_model_stage with x_in NULL over n_rows rows: those rows from imported
+ * buffer k, copied once the exporter's put of k is reached, in order before the
+ * stage. BL_EINVAL (k, n_rows outside 1..n_batch). */
+int wk_model_card_get(wk_model_t *m, int k, int64_t n_rows, bl_err_t *err) BL_WUR;
+/* Returns once every wk_model_card_get so far has finished reading its buffer (the
+ * exporter may then write it again). */
+int wk_model_card_settle(wk_model_t *m, bl_err_t *err) BL_WUR;
 
 /* --- placement for a program that runs the model in its own process --------------- */
 

@@ -688,6 +688,36 @@ int kcuda_graph_end(void *stream, void **exec, bl_err_t *err) BL_WUR;
 int kcuda_graph_launch(void *exec, void *stream, bl_err_t *err) BL_WUR;
 void kcuda_graph_destroy(void *exec); /* NULL is a no-op */
 
+/* The work enqueued on stream from now on waits for ev's last record, also an event
+ * of another process (kcuda_ipc_event_open). */
+int kcuda_stream_wait(void *stream, void *ev, bl_err_t *err) BL_WUR;
+
+// --- memory and events shared with another process (CUDA IPC; runtime.cu) -------------
+
+/* The opaque form of an exported allocation or event (cudaIpcMemHandle_t,
+ * cudaIpcEventHandle_t). */
+#define KCUDA_IPC_HANDLE_BYTES 64
+
+/* Whether device reaches peer's memory directly (cudaDeviceCanAccessPeer; a device
+ * reaches its own). */
+int kcuda_can_access_peer(int device, int peer, int *can, bl_err_t *err) BL_WUR;
+/* The handle of d_p, the start of a kcuda_alloc allocation, for another process of
+ * this host to open; the memory stays this process's (kcuda_free it after the peer
+ * is done). */
+int kcuda_ipc_mem_export(const void *d_p, uint8_t handle[KCUDA_IPC_HANDLE_BYTES], bl_err_t *err) BL_WUR;
+/* Maps another process's exported allocation into the current device's context
+ * (peer access enabled as needed); *d_out reads and writes it. Undo with
+ * kcuda_ipc_mem_close. A handle of this process, or a device out of reach, fails. */
+int kcuda_ipc_mem_open(void **d_out, const uint8_t handle[KCUDA_IPC_HANDLE_BYTES], bl_err_t *err) BL_WUR;
+void kcuda_ipc_mem_close(void *d_p); /* NULL is a no-op */
+/* An event another process may wait on (interprocess, no timing); destroy with
+ * kcuda_event_destroy. Record it with kcuda_event_record outside a capture. */
+int kcuda_ipc_event_create(void **out, bl_err_t *err) BL_WUR;
+int kcuda_ipc_event_export(void *ev, uint8_t handle[KCUDA_IPC_HANDLE_BYTES], bl_err_t *err) BL_WUR;
+/* Another process's exported event, to wait on with kcuda_stream_wait; destroy with
+ * kcuda_event_destroy, before the exporter destroys it. */
+int kcuda_ipc_event_open(void **out, const uint8_t handle[KCUDA_IPC_HANDLE_BYTES], bl_err_t *err) BL_WUR;
+
 #ifdef __cplusplus
 }
 #endif

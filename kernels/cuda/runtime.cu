@@ -1,11 +1,16 @@
 /* The CUDA runtime pieces a model on the card needs besides kernels: pinned host
  * memory for staging and step inputs, the current device of a thread, device
- * queries that create no context, device copies, timing events, and graph capture
- * and replay of a decode step. Each wraps one runtime call behind KCUDA_CHECK. */
+ * queries that create no context, device copies, timing events, graph capture and
+ * replay of a decode step, and memory and events shared with another process (the
+ * card-to-card link between two stages). Each wraps one runtime call behind
+ * KCUDA_CHECK. */
 #include <stdio.h>
 #include <string.h>
 
 #include "kcuda_impl.cuh"
+
+static_assert(sizeof(cudaIpcMemHandle_t) == KCUDA_IPC_HANDLE_BYTES, "an exported allocation's handle");
+static_assert(sizeof(cudaIpcEventHandle_t) == KCUDA_IPC_HANDLE_BYTES, "an exported event's handle");
 
 int kcuda_host_alloc(void **out, size_t nbytes, bl_err_t *err)
 {
@@ -156,4 +161,74 @@ void kcuda_host_unregister(const void *p)
 {
     if (p)
         (void)cudaHostUnregister((void *)p);
+}
+
+int kcuda_stream_wait(void *stream, void *ev, bl_err_t *err)
+{
+    KCUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)ev, 0), err);
+    return 0;
+}
+
+int kcuda_can_access_peer(int device, int peer, int *can, bl_err_t *err)
+{
+    *can = 0;
+    if (device == peer) {
+        *can = 1;
+        return 0;
+    }
+    KCUDA_CHECK(cudaDeviceCanAccessPeer(can, device, peer), err);
+    return 0;
+}
+
+int kcuda_ipc_mem_export(const void *d_p, uint8_t handle[KCUDA_IPC_HANDLE_BYTES], bl_err_t *err)
+{
+    cudaIpcMemHandle_t h;
+    KCUDA_CHECK(cudaIpcGetMemHandle(&h, (void *)d_p), err);
+    memcpy(handle, &h, sizeof h);
+    return 0;
+}
+
+int kcuda_ipc_mem_open(void **d_out, const uint8_t handle[KCUDA_IPC_HANDLE_BYTES], bl_err_t *err)
+{
+    *d_out = NULL;
+    cudaIpcMemHandle_t h;
+    memcpy(&h, handle, sizeof h);
+    /* another card's memory is mapped through peer access, which this turns on */
+    KCUDA_CHECK(cudaIpcOpenMemHandle(d_out, h, cudaIpcMemLazyEnablePeerAccess), err);
+    return 0;
+}
+
+void kcuda_ipc_mem_close(void *d_p)
+{
+    if (d_p)
+        (void)cudaIpcCloseMemHandle(d_p); /* nothing to do about a failure at teardown */
+}
+
+int kcuda_ipc_event_create(void **out, bl_err_t *err)
+{
+    cudaEvent_t ev = NULL;
+    *out = NULL;
+    /* the runtime refuses an interprocess event that keeps timing */
+    KCUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming), err);
+    *out = ev;
+    return 0;
+}
+
+int kcuda_ipc_event_export(void *ev, uint8_t handle[KCUDA_IPC_HANDLE_BYTES], bl_err_t *err)
+{
+    cudaIpcEventHandle_t h;
+    KCUDA_CHECK(cudaIpcGetEventHandle(&h, (cudaEvent_t)ev), err);
+    memcpy(handle, &h, sizeof h);
+    return 0;
+}
+
+int kcuda_ipc_event_open(void **out, const uint8_t handle[KCUDA_IPC_HANDLE_BYTES], bl_err_t *err)
+{
+    cudaEvent_t ev = NULL;
+    *out = NULL;
+    cudaIpcEventHandle_t h;
+    memcpy(&h, handle, sizeof h);
+    KCUDA_CHECK(cudaIpcOpenEventHandle(&ev, h), err);
+    *out = ev;
+    return 0;
 }

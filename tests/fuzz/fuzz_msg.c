@@ -3,8 +3,10 @@
  * what the receivers read of it. Invariants beside the sanitizers': an accepted
  * message validates, packs again to a framing that unpacks to the same type and
  * size; a Plan's plain form (bp_plan_read) has stages that cover the layers in
- * order, host layers only below n_layers, a KV type of f16, f32 or q8_0, and a
- * refusal says why; the readers of the other kinds give bounded values. Seeds:
+ * order, host layers only below n_layers, a KV type of f16, f32 or q8_0, a card
+ * link only from a card stage to a next card stage, and a refusal says why; a
+ * CardLink reads as an offer of 1..BP_CARD_MAX_BUFS handles or as none; the readers
+ * of the other kinds give bounded values. Seeds:
  * tests/fuzz/corpus/fuzz_msg/ (a valid message of each kind). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +60,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             for (int i = 0; i < p.n_stages; i++) {
                 check(p.stages[i].layer_begin == next && p.stages[i].layer_end > next, "stages out of order");
                 check(p.stages[i].device >= -1 && p.stages[i].device <= 255, "a stage's device out of range");
+                check(!p.stages[i].card_next || (i + 1 < p.n_stages && p.stages[i].device >= 0 &&
+                                                 p.stages[i + 1].device >= 0),
+                      "a card link from or to a stage off the cards");
                 next = p.stages[i].layer_end;
             }
             check(next == p.n_layers, "stages that do not cover the layers");
@@ -86,6 +91,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check(k >= 0 && k <= 8, "more counters than room");
         for (int i = 0; i < k; i++)
             check(cs[i].name != NULL, "a counter without a name");
+        break;
+    }
+    case BP_MSG_CARD_LINK: {
+        bp_card_msg_t cm;
+        check(bp_card_msg_read(&m, &cm, &err) == 0, "an accepted card link that does not read");
+        check(cm.reason != NULL && (cm.ok || cm.reason[0]), "a card link refused without a reason");
+        check(cm.link + 1 < BP_PLAN_MAX_STAGES, "a card link past the stages");
+        if (cm.ok && !cm.answer)
+            check(cm.n_bufs >= 1 && cm.n_bufs <= BP_CARD_MAX_BUFS && cm.buf_bytes > 0, "an offer without buffers");
+        else
+            check(cm.n_bufs == 0, "handles outside an offer");
         break;
     }
     case BP_MSG_LOAD_PROGRESS: {

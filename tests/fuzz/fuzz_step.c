@@ -5,8 +5,9 @@
  * use (rows within the plan, an EXPERTS message's per-row counts in 1..n_expert_used
  * summing to k, distinct ids below n_expert within each row, tokens below n_vocab,
  * sequences covering n_rows, a KV message's ops each a known op on a slot of the
- * plan with positions inside its cache), every section lies inside the bytes given, and
- * writing the same header again gives the same size. Seeds:
+ * plan with positions inside its cache, a HIDDEN message that names a card buffer
+ * names one of the link's and carries no rows), every section lies inside the bytes
+ * given, and writing the same header again gives the same size. Seeds:
  * tests/fuzz/corpus/fuzz_step/ (valid messages of each kind). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +19,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static const bp_step_limits_t g_lim = {
     .n_slots = 4, .n_batch = 16, .n_ctx = 64, .n_out_max = 4, .n_embd = 8, .n_vocab = 100,
-    .n_layer = 3, .n_expert = 6, .n_expert_used = 3,
+    .n_layer = 3, .n_expert = 6, .n_expert_used = 3, .card_bufs = 2,
 };
 
 static void check(int ok, const char *what)
@@ -67,6 +68,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (in.rows)
                 check(inside(in.rows, (size_t)h->n_rows * (size_t)h->width * sizeof(float), msg, n),
                       "rows outside the message");
+        }
+        if (h->card != 0) {
+            check(h->kind == BP_STEP_HIDDEN && h->card <= (uint32_t)g_lim.card_bufs,
+                  "a card buffer named outside a hidden message or past the link's");
+            check(in.rows == NULL, "a card message with rows");
         }
         if (h->kind == BP_STEP_KV) {
             check(want == BP_STEP_TOKENS || want == BP_STEP_HIDDEN || want == BP_STEP_LOGITS,

@@ -1,8 +1,10 @@
 /* Tests of common/plan.c: small qwen3moe and qwen3 files written with the GGUF writer
  * (zero data: the plan reads only metadata and tensor sizes) are placed on made-up
  * device inventories, one test per flag behaviour and per refusal, with every byte
- * count computed from the shapes. plan.c is included (not linked) so that its
- * allocations can be made to fail. */
+ * count computed from the shapes; and a file of about 200 GB (its header, then a
+ * hole) on two H200s, larger than one of them. plan.c is included (not linked) so
+ * that its allocations can be made to fail. */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -91,6 +94,13 @@ static struct {
     bl_gguf_t *g[N_MODELS];
     bl_arch_t a[N_MODELS];
 } M;
+
+/* The file of about 200 GB (write_big_model), written at its first use. */
+static struct {
+    char path[256];
+    bl_gguf_t *g;
+    bl_arch_t a;
+} BIG;
 
 static int add_t(bl_gguf_writer_t *w, const char *name, int n_dims, int64_t ne0, int64_t ne1, int64_t ne2,
                  bl_err_t *err)
@@ -198,6 +208,10 @@ static int models_teardown(void **state)
         if (M.path[k][0])
             unlink(M.path[k]);
     }
+    bl_gguf_close(BIG.g);
+    BIG.g = NULL;
+    if (BIG.path[0])
+        unlink(BIG.path);
     return 0;
 }
 
@@ -1483,6 +1497,244 @@ static void test_plan_args_carry_the_residency_flags(void **state)
     assert_int_equal(bl_plan_args(a, &n, 32, &f), BL_ERANGE);
 }
 
+/* --- two H200s and a model larger than one of them ----------------------------------- */
+
+/* Qwen3-235B-A22B's widths over 20 layers, every tensor f32: a layer's routed experts
+ * take 9.66 GB and the file about 204 GB, more than one H200 holds, less than two. */
+#define BIG_LAYER 20
+#define BIG_EMBD 4096
+#define BIG_HEAD 64
+#define BIG_HEAD_KV 4
+#define BIG_HEAD_DIM 128
+#define BIG_EXPERT 128
+#define BIG_FF_EXP 1536
+#define BIG_VOCAB 151936
+#define BIG_X_BYTES (3ull * 4 * BIG_EMBD * BIG_FF_EXP * BIG_EXPERT)
+/* nvidia-smi's 143771 MiB, less what the runtime's context takes */
+#define H200_BYTES (143771ull << 20)
+
+/* Writes the big file at path without its bytes: the writer's header (its stream
+ * flushed, the file linked to path before the writer removes its own name), then a
+ * hole to the size the tensors take with their padding. The plan reads no data. */
+static int write_big_model(const char *path, bl_err_t *err)
+{
+    bl_gguf_writer_t *w = NULL;
+    char tmp[300], key[96], name[64];
+    snprintf(tmp, sizeof tmp, "%s.head", path);
+    int rc = bl_gw_create(&w, err);
+    if (rc < 0)
+        return rc;
+#define SET_U32(k, v) (snprintf(key, sizeof key, "qwen3moe.%s", k), bl_gw_set_u32(w, key, v, err))
+    if ((rc = bl_gw_set_str(w, "general.architecture", "qwen3moe", err)) < 0 ||
+        (rc = SET_U32("block_count", BIG_LAYER)) < 0 || (rc = SET_U32("embedding_length", BIG_EMBD)) < 0 ||
+        (rc = SET_U32("attention.head_count", BIG_HEAD)) < 0 ||
+        (rc = SET_U32("attention.head_count_kv", BIG_HEAD_KV)) < 0 ||
+        (rc = SET_U32("attention.key_length", BIG_HEAD_DIM)) < 0 ||
+        (rc = SET_U32("attention.value_length", BIG_HEAD_DIM)) < 0 || (rc = SET_U32("context_length", 40960)) < 0 ||
+        (rc = SET_U32("expert_count", BIG_EXPERT)) < 0 || (rc = SET_U32("expert_used_count", 8)) < 0 ||
+        (rc = SET_U32("expert_feed_forward_length", BIG_FF_EXP)) < 0)
+        goto out;
+#undef SET_U32
+    const int64_t nq = BIG_HEAD * BIG_HEAD_DIM, nkv = BIG_HEAD_KV * BIG_HEAD_DIM;
+    if ((rc = add_t(w, "token_embd.weight", 2, BIG_EMBD, BIG_VOCAB, 1, err)) < 0 ||
+        (rc = add_t(w, "output_norm.weight", 1, BIG_EMBD, 1, 1, err)) < 0 ||
+        (rc = add_t(w, "output.weight", 2, BIG_EMBD, BIG_VOCAB, 1, err)) < 0)
+        goto out;
+    for (int l = 0; l < BIG_LAYER; l++) {
+        const struct {
+            const char *t;
+            int n_dims;
+            int64_t ne0, ne1, ne2;
+        } spec[] = {
+            {"attn_norm", 1, BIG_EMBD, 1, 1},       {"attn_q", 2, BIG_EMBD, nq, 1},
+            {"attn_k", 2, BIG_EMBD, nkv, 1},        {"attn_v", 2, BIG_EMBD, nkv, 1},
+            {"attn_output", 2, nq, BIG_EMBD, 1},    {"attn_q_norm", 1, BIG_HEAD_DIM, 1, 1},
+            {"attn_k_norm", 1, BIG_HEAD_DIM, 1, 1}, {"ffn_norm", 1, BIG_EMBD, 1, 1},
+            {"ffn_gate_inp", 2, BIG_EMBD, BIG_EXPERT, 1},
+            {"ffn_gate_exps", 3, BIG_EMBD, BIG_FF_EXP, BIG_EXPERT},
+            {"ffn_up_exps", 3, BIG_EMBD, BIG_FF_EXP, BIG_EXPERT},
+            {"ffn_down_exps", 3, BIG_FF_EXP, BIG_EMBD, BIG_EXPERT},
+        };
+        for (size_t i = 0; i < sizeof spec / sizeof *spec; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, spec[i].t);
+            if ((rc = add_t(w, name, spec[i].n_dims, spec[i].ne0, spec[i].ne1, spec[i].ne2, err)) < 0)
+                goto out;
+        }
+    }
+    uint64_t data = 0;
+    for (size_t i = 0; i < bl_gw_tensor_count(w); i++)
+        data += (bl_gw_tensor_nbytes(w, i) + BL_GGUF_DEFAULT_ALIGNMENT - 1) / BL_GGUF_DEFAULT_ALIGNMENT *
+                BL_GGUF_DEFAULT_ALIGNMENT;
+    if ((rc = bl_gw_begin(w, tmp, err)) < 0)
+        goto out;
+    const uint64_t head = bl_gw_bytes_written(w);
+    (void)unlink(path);
+    if (fflush(NULL) != 0 || link(tmp, path) != 0 || truncate(path, (off_t)(head + data)) != 0)
+        rc = bl_err_set(err, BL_EIO, "%s: %s", path, strerror(errno));
+out:
+    bl_gw_destroy(w); /* removes tmp */
+    return rc;
+}
+
+/* The big file, written at the first use and removed with the small ones. */
+static void big_model(void)
+{
+    if (BIG.g)
+        return;
+    const char *dir = getenv("TMPDIR");
+    snprintf(BIG.path, sizeof BIG.path, "%s/bl_test_plan_big_%d.gguf", dir && *dir ? dir : "/tmp", (int)getpid());
+    bl_err_t err = {0};
+    if (write_big_model(BIG.path, &err) < 0 || bl_gguf_open(&BIG.g, BIG.path, &err) < 0 ||
+        bl_arch_read(&BIG.a, BIG.g, BIG.path, &err) < 0)
+        fail_msg("%s: %s", BIG.path, err.msg);
+}
+
+static bl_device_t h200(int index)
+{
+    bl_device_t d = {.index = index, .total_bytes = H200_BYTES, .free_bytes = H200_BYTES - (600ull << 20)};
+    snprintf(d.name, sizeof d.name, "NVIDIA H200");
+    return d;
+}
+
+static void build_big(bl_plan_t *p, const bl_device_t *devs, int n_devs, const bl_place_opts_t *o)
+{
+    bl_err_t err = {0};
+    big_model();
+    const int rc = bl_plan_build(p, BIG.g, &BIG.a, devs, n_devs, o, &err);
+    if (rc != 0)
+        fail_msg("bl_plan_build: %d: %s", rc, err.msg);
+}
+
+/* The layers whose experts --fit moved to host RAM: a prefix of the first stage's
+ * layers, as many as the plan says; every card's stage within its free memory less
+ * the margin. */
+static void assert_big_fits(const bl_plan_t *p, const bl_device_t *devs, int n_devs, int want_moved)
+{
+    int64_t l = 0;
+    while (l < p->n_layer && bl_plan_layer_host(p, l))
+        l++;
+    assert_int_equal(p->n_host_layers, l);
+    assert_int_equal(p->fit_moved, l);
+    assert_true(l <= p->stage[0].le);
+    if (want_moved >= 0)
+        assert_int_equal(l, want_moved);
+    assert_int_equal(p->hosttier, l > 0);
+    for (int i = 0; i < p->n_stages; i++) {
+        assert_true(p->stage[i].device >= 0);
+        assert_int_equal(bl_plan_stage_fit(p, i, devs, n_devs), BL_PLAN_FITS);
+    }
+}
+
+static void test_plan_two_h200s_split_a_model_larger_than_one(void **state)
+{
+    (void)state;
+    const bl_device_t d[2] = {h200(0), h200(1)};
+    big_model();
+    /* larger than one card, not than two */
+    struct stat st;
+    assert_int_equal(stat(BIG.path, &st), 0);
+    assert_true((uint64_t)st.st_size > H200_BYTES && (uint64_t)st.st_size < 2 * H200_BYTES);
+    bl_plan_t *p = &g_plan;
+    /* -sm layer -ts 1,1, -dev CUDA0,CUDA1 and the default (equal free memory): half
+     * each, nothing in host RAM */
+    static const struct {
+        const char *sm, *ts, *dev;
+    } even[] = {{"layer", "1,1", NULL}, {NULL, NULL, "CUDA0,CUDA1"}, {NULL, NULL, NULL}};
+    for (size_t i = 0; i < sizeof even / sizeof *even; i++) {
+        bl_place_opts_t o = opts();
+        o.split_mode = even[i].sm;
+        o.tensor_split = even[i].ts;
+        o.devices = even[i].dev;
+        build_big(p, d, 2, &o);
+        assert_int_equal(p->n_stages, 2);
+        assert_stage(p, 0, 0, 0, 10);
+        assert_stage(p, 1, 1, 10, BIG_LAYER);
+        assert_big_fits(p, d, 2, 0);
+        assert_true(p->stage[0].expert_bytes == 10 * BIG_X_BYTES);
+        bl_plan_free(p);
+    }
+    /* -dev in the other order: CUDA1 runs the first stage */
+    bl_place_opts_t o = opts();
+    o.devices = "CUDA1,CUDA0";
+    build_big(p, d, 2, &o);
+    assert_stage(p, 0, 1, 0, 10);
+    assert_stage(p, 1, 0, 10, BIG_LAYER);
+    bl_plan_free(p);
+}
+
+static void test_plan_two_h200s_uneven_split_moves_experts_off_the_fuller_card(void **state)
+{
+    (void)state;
+    const bl_device_t d[2] = {h200(0), h200(1)};
+    bl_place_opts_t o = opts();
+    o.tensor_split = "3,1"; /* 15 layers: about 150 GB for a card of 150 */
+    bl_plan_t *p = &g_plan;
+    build_big(p, d, 2, &o);
+    assert_int_equal(p->n_stages, 2);
+    assert_stage(p, 0, 0, 0, 15);
+    assert_stage(p, 1, 1, 15, BIG_LAYER);
+    assert_big_fits(p, d, 2, -1);
+    print_message("# -ts 3,1: the experts of %d layers in host RAM\n", p->n_host_layers);
+    assert_true(p->n_host_layers >= 1 && p->n_host_layers < 15);
+    assert_true(bl_plan_stage_need(&p->stage[0]) + BIG_X_BYTES + MARGIN_DEFAULT > d[0].free_bytes);
+    assert_true(p->stage[0].host_expert_bytes == (uint64_t)p->n_host_layers * BIG_X_BYTES);
+    assert_true(p->stage[1].host_expert_bytes == 0);
+    bl_plan_free(p);
+    /* --fit off takes the card's word: the stage does not fit, refused with the sizes */
+    o.fit = "off";
+    bl_plan_t q;
+    bl_err_t err = {0};
+    big_model();
+    assert_int_equal(bl_plan_build(&q, BIG.g, &BIG.a, d, 2, &o, &err), BL_ENOMEM);
+    assert_non_null(strstr(err.msg, "CUDA0"));
+}
+
+static void test_plan_two_h200s_main_gpu_takes_the_whole_model(void **state)
+{
+    (void)state;
+    const bl_device_t d[2] = {h200(0), h200(1)};
+    bl_place_opts_t o = opts();
+    o.split_mode = "none";
+    o.main_gpu = 1;
+    bl_plan_t *p = &g_plan;
+    build_big(p, d, 2, &o);
+    assert_int_equal(p->n_stages, 1);
+    assert_stage(p, 0, 1, 0, BIG_LAYER);
+    /* 20 layers of about 10 GB on a card of 150: the experts of the first few go,
+     * as few as fit (one layer fewer would not) */
+    assert_big_fits(p, d, 2, -1);
+    print_message("# -sm none -mg 1: the experts of %d layers in host RAM\n", p->n_host_layers);
+    assert_true(p->n_host_layers >= 2);
+    assert_true(bl_plan_stage_need(&p->stage[0]) + BIG_X_BYTES + MARGIN_DEFAULT > d[1].free_bytes);
+    bl_plan_free(p);
+}
+
+/* An expert tier on the second card: routed experts of the first card's layers
+ * placed on the other card are refused (not supported yet); the second card's own
+ * layers' experts named for it stay where they are. */
+static void test_plan_two_h200s_experts_on_the_other_card_are_refused(void **state)
+{
+    (void)state;
+    const bl_device_t d[2] = {h200(0), h200(1)};
+    big_model();
+    bl_place_opts_t o = opts();
+    o.tensor_split = "1,1";
+    const char *ot[1] = {"blk\\.[0-4]\\.ffn_.*_exps=CUDA1"};
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    bl_plan_t q;
+    bl_err_t err = {0};
+    assert_int_equal(bl_plan_build(&q, BIG.g, &BIG.a, d, 2, &o, &err), BL_ENOTSUP);
+    assert_non_null(strstr(err.msg, "another card than their layer's"));
+    ot[0] = "blk\\.1[5-9]\\.ffn_.*_exps=CUDA1";
+    bl_plan_t *p = &g_plan;
+    build_big(p, d, 2, &o);
+    assert_stage(p, 1, 1, 10, BIG_LAYER);
+    assert_true(p->stage[1].expert_bytes == 10 * BIG_X_BYTES);
+    assert_int_equal(p->n_host_layers, 0);
+    bl_plan_free(p);
+}
+
 /* Each test with the teardown that frees what a failed assertion left. */
 #define T(f) cmocka_unit_test_teardown(f, free_plan)
 
@@ -1547,6 +1799,10 @@ int main(void)
         T(test_plan_free_is_safe_after_a_failed_build_and_twice),
         T(test_plan_allocation_failure_is_enomem),
         T(test_plan_args_carry_the_residency_flags),
+        T(test_plan_two_h200s_split_a_model_larger_than_one),
+        T(test_plan_two_h200s_uneven_split_moves_experts_off_the_fuller_card),
+        T(test_plan_two_h200s_main_gpu_takes_the_whole_model),
+        T(test_plan_two_h200s_experts_on_the_other_card_are_refused),
     };
     return cmocka_run_group_tests(tests, models_setup, models_teardown);
 }

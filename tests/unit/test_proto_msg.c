@@ -1,6 +1,7 @@
 /* Tests of proto/msg.c: pack/unpack round trips of every message type, the size and
  * type checks, validation that names the missing field, and truncated, flipped and
- * random bytes refused without a crash. */
+ * random bytes refused without a crash; a card link's offer and answer with their
+ * handles, and the offers a peer may not make. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -410,29 +411,163 @@ static void test_msg_validation_names_the_field(void **state)
     expect_invalid(&m, BL_EINVAL, "unknown type 42");
 }
 
-static void test_msg_unpack_rejects_invalid_fields_from_peer(void **state)
+/* Validation also runs on receive: pm (a message with a bad field) packed without
+ * validation, as a peer could send it, is refused naming field, and leaves nothing
+ * to free. */
+static void expect_refused_on_receive(bp_msg_type_t type, const ProtobufCMessage *pm, const char *field)
 {
-    (void)state;
-    /* Validation also runs on receive: pack a valid plan, then build the same bytes
-     * with a bad field by packing without validation. */
-    bp_msg_t m = make_plan();
-    g_pl[0].expert = 1000;
     uint8_t buf[4096];
-    buf[0] = BP_MSG_PLAN;
-    size_t n = 1 + protobuf_c_message_pack(&g_plan.base, buf + 1);
+    buf[0] = (uint8_t)type;
+    const size_t n = 1 + protobuf_c_message_pack(pm, buf + 1);
     bp_msg_t out;
     bl_err_t err = {0};
     assert_int_equal(bp_msg_unpack(&out, buf, n, &err), BL_EINVAL);
-    assert_non_null(strstr(err.msg, "Plan.placements[0].expert"));
+    if (!strstr(err.msg, field))
+        fail_msg("expected '%s' in: %s", field, err.msg);
     assert_null(out.u.base);
     bp_msg_free(&out); /* harmless after a failure */
-    m = make_plan();
-    g_plan.experts_vram = -5;
-    n = 1 + protobuf_c_message_pack(&g_plan.base, buf + 1);
-    assert_int_equal(bp_msg_unpack(&out, buf, n, &err), BL_EINVAL);
-    assert_non_null(strstr(err.msg, "Plan.experts_vram"));
+}
+
+/* A CardLink offer of link 0: two buffers of 1 MiB on CUDA1, distinct handles. */
+static uint8_t g_handles[2 * BP_CARD_MAX_BUFS][BP_CARD_HANDLE_BYTES];
+static ProtobufCBinaryData g_cmem[BP_CARD_MAX_BUFS + 1], g_cev[BP_CARD_MAX_BUFS + 1];
+static Bloomery__CardLink g_card;
+
+static bp_msg_t make_offer(int n_bufs)
+{
+    bloomery__card_link__init(&g_card);
+    for (int i = 0; i < 2 * BP_CARD_MAX_BUFS; i++)
+        memset(g_handles[i], 0x40 + i, BP_CARD_HANDLE_BYTES);
+    for (int i = 0; i <= BP_CARD_MAX_BUFS; i++) {
+        g_cmem[i] = (ProtobufCBinaryData){BP_CARD_HANDLE_BYTES, g_handles[i % BP_CARD_MAX_BUFS]};
+        g_cev[i] = (ProtobufCBinaryData){BP_CARD_HANDLE_BYTES, g_handles[BP_CARD_MAX_BUFS + i % BP_CARD_MAX_BUFS]};
+    }
+    g_card.link = 0;
+    g_card.ok = 1;
+    g_card.reason = "";
+    g_card.device = 1;
+    g_card.buf_bytes = 1 << 20;
+    g_card.n_buffers = g_card.n_events = (size_t)n_bufs;
+    g_card.buffers = g_cmem;
+    g_card.events = g_cev;
+    return (bp_msg_t){.type = BP_MSG_CARD_LINK, .u.card_link = &g_card};
+}
+
+static void test_msg_card_link_round_trip(void **state)
+{
+    (void)state;
+    bp_msg_t m = make_offer(2), out;
+    round_trip(&m, &out);
+    bp_card_msg_t cm;
+    bl_err_t err = {0};
+    assert_int_equal(bp_card_msg_read(&out, &cm, &err), 0);
+    assert_int_equal(cm.link, 0);
+    assert_false(cm.answer);
+    assert_true(cm.ok);
+    assert_int_equal(cm.device, 1);
+    assert_int_equal(cm.buf_bytes, 1 << 20);
+    assert_int_equal(cm.n_bufs, 2);
+    assert_memory_equal(cm.mem[1], g_handles[1], BP_CARD_HANDLE_BYTES);
+    assert_memory_equal(cm.ev[0], g_handles[BP_CARD_MAX_BUFS], BP_CARD_HANDLE_BYTES);
     bp_msg_free(&out);
-    (void)m;
+    /* the answers: opened, and refused with the reason */
+    Bloomery__CardLink a = BLOOMERY__CARD_LINK__INIT;
+    a.link = 3;
+    a.answer = 1;
+    a.ok = 1;
+    round_trip(&(bp_msg_t){.type = BP_MSG_CARD_LINK, .u.card_link = &a}, &out);
+    assert_int_equal(bp_card_msg_read(&out, &cm, &err), 0);
+    assert_true(cm.answer && cm.ok);
+    assert_int_equal(cm.link, 3);
+    assert_int_equal(cm.n_bufs, 0);
+    assert_string_equal(cm.reason, "");
+    bp_msg_free(&out);
+    a.ok = 0;
+    a.reason = "CUDA1 cannot reach CUDA0's memory (no peer access between them)";
+    round_trip(&(bp_msg_t){.type = BP_MSG_CARD_LINK, .u.card_link = &a}, &out);
+    assert_int_equal(bp_card_msg_read(&out, &cm, &err), 0);
+    assert_false(cm.ok);
+    assert_string_equal(cm.reason, a.reason);
+    bp_msg_free(&out);
+    /* a plan's stage that passes its rows on card to card */
+    m = make_plan();
+    g_st[0].gpu = 1;
+    g_st[1].gpu = 2;
+    g_st[0].card_next = 1;
+    round_trip(&m, &out);
+    static bp_plan_t pl;
+    assert_int_equal(bp_plan_read(&out, &pl, &err), 0);
+    assert_true(pl.stages[0].card_next);
+    assert_false(pl.stages[1].card_next);
+    bp_msg_free(&out);
+    assert_int_equal(bp_card_msg_read(&m, &cm, &err), BL_EINVAL); /* not a card link */
+}
+
+static void test_msg_card_link_refusals(void **state)
+{
+    (void)state;
+    bp_msg_t m = make_offer(0);
+    expect_invalid(&m, BL_EINVAL, "CardLink.buffers");
+    m = make_offer(BP_CARD_MAX_BUFS + 1);
+    expect_invalid(&m, BL_EINVAL, "CardLink.buffers");
+    m = make_offer(2);
+    g_card.n_events = 1;
+    expect_invalid(&m, BL_EINVAL, "CardLink.events");
+    m = make_offer(2);
+    g_cmem[1].len = 63;
+    expect_invalid(&m, BL_EINVAL, "CardLink.buffers[1].len");
+    m = make_offer(2);
+    g_cev[0].len = 65;
+    expect_invalid(&m, BL_EINVAL, "CardLink.events[0].len");
+    m = make_offer(2);
+    g_card.buf_bytes = 0;
+    expect_invalid(&m, BL_EINVAL, "CardLink.buf_bytes");
+    m = make_offer(2);
+    g_card.buf_bytes = (5ull << 30);
+    expect_invalid(&m, BL_EINVAL, "CardLink.buf_bytes");
+    m = make_offer(2);
+    g_card.device = -1;
+    expect_invalid(&m, BL_EINVAL, "CardLink.device");
+    m = make_offer(2);
+    g_card.link = BP_PLAN_MAX_STAGES - 1; /* the last stage has no next */
+    expect_invalid(&m, BL_EINVAL, "CardLink.link");
+    m = make_offer(2);
+    g_card.ok = 0; /* a refusal says why, and carries no handles */
+    g_card.reason = "no card";
+    expect_invalid(&m, BL_EINVAL, "CardLink.buffers");
+    m = make_offer(0);
+    g_card.ok = 0;
+    g_card.reason = "";
+    g_card.buf_bytes = 0;
+    g_card.device = 0;
+    expect_invalid(&m, BL_EINVAL, "CardLink.reason");
+    m = make_offer(2);
+    g_card.answer = 1; /* an answer carries none either */
+    expect_invalid(&m, BL_EINVAL, "CardLink.buffers");
+    /* card_next only between two card stages, never on the last */
+    m = make_plan();
+    g_st[0].card_next = 1;
+    expect_invalid(&m, BL_EINVAL, "Plan.stages[0].card_next");
+    m = make_plan();
+    g_st[0].gpu = 1;
+    g_st[1].gpu = 1;
+    g_st[1].card_next = 1;
+    expect_invalid(&m, BL_EINVAL, "Plan.stages[1].card_next");
+    /* and on receive: a peer's offer of a handle of 16 bytes */
+    make_offer(1);
+    g_cmem[0].len = 16;
+    expect_refused_on_receive(BP_MSG_CARD_LINK, &g_card.base, "CardLink.buffers[0].len");
+}
+
+static void test_msg_unpack_rejects_invalid_fields_from_peer(void **state)
+{
+    (void)state;
+    make_plan();
+    g_pl[0].expert = 1000;
+    expect_refused_on_receive(BP_MSG_PLAN, &g_plan.base, "Plan.placements[0].expert");
+    make_plan();
+    g_plan.experts_vram = -5;
+    expect_refused_on_receive(BP_MSG_PLAN, &g_plan.base, "Plan.experts_vram");
 }
 
 static void test_msg_unpack_rejects_type_and_size(void **state)
@@ -512,6 +647,8 @@ int main(void)
         cmocka_unit_test(test_msg_unknown_fields_are_refused),
         cmocka_unit_test(test_msg_small_messages_round_trip),
         cmocka_unit_test(test_msg_validation_names_the_field),
+        cmocka_unit_test(test_msg_card_link_round_trip),
+        cmocka_unit_test(test_msg_card_link_refusals),
         cmocka_unit_test(test_msg_unpack_rejects_invalid_fields_from_peer),
         cmocka_unit_test(test_msg_unpack_rejects_type_and_size),
         cmocka_unit_test(test_msg_truncated_and_flipped_bytes_never_crash),

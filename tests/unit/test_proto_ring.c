@@ -1,7 +1,7 @@
 /* Tests of proto/ring.c: round trips with random sizes across the wrap, full and empty
  * edges, the size limit, two processes exchanging 100k messages through the doorbell,
- * park and wake, timeouts, the closed flag, and corrupt shared bytes refused with
- * BL_EPROTO. Also prints (never asserts) the one-way wake latency and throughput. */
+ * park and wake, timeouts, the closed flag, a producer waiting for the consumer's
+ * releases, and corrupt shared bytes refused with BL_EPROTO. Also prints (never asserts) the one-way wake latency and throughput. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -365,6 +365,78 @@ static void test_ring_corrupt_tail_index_is_eproto(void **state)
     bp_ring_destroy(p);
 }
 
+/* bp_ring_wait_consumed: done at once for what was released, a wait for the rest, a
+ * release by another process wakes it, a closed consumer ends it, and a count past
+ * what was produced, or one going back, breaks the handle. */
+static void test_ring_wait_consumed(void **state)
+{
+    (void)state;
+    bp_ring_t *p, *c;
+    make_pair(4096, &p, &c);
+    bl_err_t err = {0};
+    assert_int_equal(bp_ring_produced(p), 0);
+    assert_int_equal(bp_ring_produced(c), 0);
+    assert_int_equal(bp_ring_wait_consumed(p, 0, 0, &err), 0);
+    assert_int_equal(bp_ring_wait_consumed(p, 1, 0, &err), BL_EINVAL); /* never produced */
+    assert_int_equal(bp_ring_wait_consumed(c, 0, 0, &err), BL_EINVAL); /* the consumer's end */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(bp_ring_push(p, "abc", 3, 0, &err), 0);
+    assert_int_equal(bp_ring_produced(p), 3);
+    assert_int_equal(bp_ring_wait_consumed(p, 1, 0, &err), BL_EAGAIN);
+    assert_int_equal(bp_ring_wait_consumed(p, 1, 2000, &err), BL_ETIMEDOUT);
+    const void *src;
+    size_t len;
+    assert_int_equal(bp_ring_peek(c, &src, &len, 0, &err), 0);
+    assert_int_equal(bp_ring_wait_consumed(p, 1, 0, &err), BL_EAGAIN); /* peeked is not released */
+    bp_ring_release(c);
+    assert_int_equal(bp_ring_wait_consumed(p, 1, 0, &err), 0);
+    assert_int_equal(bp_ring_wait_consumed(p, 2, 0, &err), BL_EAGAIN);
+    /* another process releases the second message while this one is parked */
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        usleep(20000);
+        bl_err_t e = {0};
+        if (bp_ring_peek(c, &src, &len, 1000000, &e) != 0)
+            _exit(1);
+        bp_ring_release(c);
+        _exit(0);
+    }
+    bp_ring_set_spin_us(p, 0);
+    assert_int_equal(bp_ring_wait_consumed(p, 2, 5000000, &err), 0);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    /* the consumer closes: a wait for the third ends */
+    bp_ring_close(c);
+    assert_int_equal(bp_ring_wait_consumed(p, 3, 1000, &err), BL_ECLOSED);
+    bp_ring_destroy(c);
+    bp_ring_destroy(p);
+
+    /* a hostile consumer's counts */
+    make_pair(4096, &p, &c);
+    assert_int_equal(bp_ring_push(p, "abc", 3, 0, &err), 0);
+    ring_shared_t *sh = evil_map(p);
+    atomic_store(&sh->consumed, 7); /* more than was ever produced */
+    assert_int_equal(bp_ring_wait_consumed(p, 1, 0, &err), BL_EPROTO);
+    assert_non_null(strstr(err.msg, "consumer count"));
+    assert_int_equal(bp_ring_wait_consumed(p, 0, 0, &err), BL_EPROTO); /* broken for good */
+    evil_unmap(p, sh);
+    bp_ring_destroy(c);
+    bp_ring_destroy(p);
+    make_pair(4096, &p, &c);
+    assert_int_equal(bp_ring_push(p, "abc", 3, 0, &err), 0);
+    assert_int_equal(bp_ring_peek(c, &src, &len, 0, &err), 0);
+    bp_ring_release(c);
+    assert_int_equal(bp_ring_wait_consumed(p, 1, 0, &err), 0);
+    sh = evil_map(p);
+    atomic_store(&sh->consumed, 0); /* going back */
+    assert_int_equal(bp_ring_wait_consumed(p, 1, 0, &err), BL_EPROTO);
+    evil_unmap(p, sh);
+    bp_ring_destroy(c);
+    bp_ring_destroy(p);
+}
+
 static void test_ring_attach_rejects_bad_segment(void **state)
 {
     (void)state;
@@ -653,6 +725,7 @@ int main(void)
         cmocka_unit_test(test_ring_corrupt_header_is_eproto),
         cmocka_unit_test(test_ring_corrupt_head_index_is_eproto),
         cmocka_unit_test(test_ring_corrupt_tail_index_is_eproto),
+        cmocka_unit_test(test_ring_wait_consumed),
         cmocka_unit_test(test_ring_attach_rejects_bad_segment),
         cmocka_unit_test(test_ring_shm_name_create_attach),
         cmocka_unit_test(test_ring_dead_peer_is_a_timeout),

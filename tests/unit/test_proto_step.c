@@ -1,6 +1,7 @@
 /* Tests of proto/step.c: every kind of step message round-trips through a buffer and
  * a ring; truncated, oversized, stale, miscounted messages and bad slots, positions,
- * token and expert ids are refused with BL_EPROTO naming the field. */
+ * token and expert ids are refused with BL_EPROTO naming the field; a HIDDEN message
+ * whose rows are in a card buffer carries none and names a buffer the link has. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -391,6 +392,78 @@ static void test_step_kv_ops(void **state)
                  "n_seqs");
 }
 
+/* A HIDDEN message of 3 rows in card buffer `card` (1-based), with its sequences. */
+static size_t write_card_hidden(uint32_t card)
+{
+    bl_err_t err = {0};
+    bp_step_hdr_t h = {.kind = BP_STEP_HIDDEN, .step = 12, .n_seqs = 1, .n_rows = 3, .width = 8, .card = card};
+    bp_step_out_t o;
+    assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
+    assert_null(o.rows);
+    o.seqs[0] = (bp_step_seq_t){.slot = 0, .n = 3, .pos = 4, .n_out = 1};
+    return o.nbytes;
+}
+
+static void test_step_card_hidden_carries_no_rows(void **state)
+{
+    (void)state;
+    const bp_step_limits_t lim = {.n_slots = 4, .n_batch = 16, .n_ctx = 64, .n_out_max = 4, .n_embd = 8,
+                                  .n_vocab = 100, .n_layer = 3, .card_bufs = 2};
+    const size_t n = write_card_hidden(2);
+    /* header and one sequence: the rows' 96 bytes stay on the card */
+    assert_int_equal(n, sizeof(bp_step_hdr_t) + sizeof(bp_step_seq_t));
+    bl_err_t err = {0};
+    bp_step_in_t in = fresh_in();
+    assert_int_equal(bp_step_parse(g_buf, n, &lim, BP_STEP_HIDDEN, 12, &in, &err), 0);
+    assert_int_equal(in.hdr.card, 2);
+    assert_int_equal(in.hdr.n_rows, 3);
+    assert_null(in.rows);
+    assert_int_equal(g_seqs[0].pos, 4);
+    /* a host message on the same link still carries its rows */
+    bp_step_hdr_t h = {.kind = BP_STEP_HIDDEN, .step = 13, .n_seqs = 1, .n_rows = 3, .width = 8};
+    bp_step_out_t o;
+    assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
+    o.seqs[0] = (bp_step_seq_t){.slot = 0, .n = 3, .pos = 7, .n_out = 0};
+    assert_int_equal(bp_step_parse(g_buf, o.nbytes, &lim, BP_STEP_HIDDEN, 13, &in, &err), 0);
+    assert_non_null(in.rows);
+}
+
+static void test_step_rejects_bad_card_buffers(void **state)
+{
+    (void)state;
+    bp_step_limits_t lim = g_lim;
+    lim.card_bufs = 2;
+    bl_err_t err = {0};
+    bp_step_in_t in = fresh_in();
+    /* past the link's buffers */
+    size_t n = write_card_hidden(3);
+    assert_int_equal(bp_step_parse(g_buf, n, &lim, BP_STEP_HIDDEN, BP_STEP_ANY, &in, &err), BL_EPROTO);
+    assert_non_null(strstr(err.msg, "card"));
+    n = write_card_hidden(UINT32_MAX);
+    assert_int_equal(bp_step_parse(g_buf, n, &lim, BP_STEP_HIDDEN, BP_STEP_ANY, &in, &err), BL_EPROTO);
+    /* a reader without a card link takes none */
+    n = write_card_hidden(1);
+    expect_proto(n, BP_STEP_HIDDEN, BP_STEP_ANY, "card");
+    /* a card message with the rows appended after all: the size is not its layout's */
+    assert_int_equal(bp_step_parse(g_buf, n + 96, &lim, BP_STEP_HIDDEN, BP_STEP_ANY, &in, &err), BL_EPROTO);
+    /* more rows than a buffer holds (n_batch): refused as any HIDDEN message */
+    bp_step_hdr_t big = {.kind = BP_STEP_HIDDEN, .n_seqs = 1, .n_rows = 17, .width = 8, .card = 1};
+    bp_step_out_t o;
+    assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &big, &o, &err), 0);
+    o.seqs[0] = (bp_step_seq_t){.slot = 0, .n = 17, .pos = 0};
+    assert_int_equal(bp_step_parse(g_buf, o.nbytes, &lim, BP_STEP_HIDDEN, BP_STEP_ANY, &in, &err), BL_EPROTO);
+    assert_non_null(strstr(err.msg, "n_rows"));
+    /* sequences that do not cover the rows, as with rows in the message */
+    n = write_card_hidden(1);
+    ((bp_step_seq_t *)(g_buf + sizeof(bp_step_hdr_t)))->n = 2;
+    assert_int_equal(bp_step_parse(g_buf, n, &lim, BP_STEP_HIDDEN, BP_STEP_ANY, &in, &err), BL_EPROTO);
+    /* the card flag on other kinds */
+    n = write_tokens(1);
+    ((bp_step_hdr_t *)g_buf)->card = 1;
+    assert_int_equal(bp_step_parse(g_buf, n, &lim, BP_STEP_TOKENS, BP_STEP_ANY, &in, &err), BL_EPROTO);
+    assert_non_null(strstr(err.msg, "card"));
+}
+
 static void test_step_layout_refuses_negative_and_unknown(void **state)
 {
     (void)state;
@@ -440,6 +513,8 @@ int main(void)
         cmocka_unit_test(test_step_rejects_bad_sequences),
         cmocka_unit_test(test_step_rejects_bad_ids),
         cmocka_unit_test(test_step_kv_ops),
+        cmocka_unit_test(test_step_card_hidden_carries_no_rows),
+        cmocka_unit_test(test_step_rejects_bad_card_buffers),
         cmocka_unit_test(test_step_layout_refuses_negative_and_unknown),
         cmocka_unit_test(test_step_survives_corrupted_messages),
     };
