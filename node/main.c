@@ -39,6 +39,7 @@
 #include "bloomery.pb-c.h"
 #include "chan.h"
 #include "child.h"
+#include "fingerprint.h"
 #include "link.h"
 #include "log.h"
 #include "msg.h"
@@ -46,6 +47,8 @@
 #include "ring.h"
 #include "step.h"
 
+
+_Static_assert(BP_NODE_FINGERPRINT_BYTES == BL_FINGERPRINT_BYTES, "the model file's fingerprint fits its field");
 
 #define N_LINKS 3
 /* How long a relay waits for the node's handshake and the node for the setup. */
@@ -154,6 +157,25 @@ static int relay_rings(relay_t *r, bl_err_t *err)
     return 0;
 }
 
+/* Before a Plan: the router's model file, which the node checks its own against.
+ * BL_ECLOSED when the link failed; another code when this host's file cannot be
+ * fingerprinted (err says why; the Plan is not sent). */
+static int send_model_file(relay_t *r, const bp_msg_t *plan, bl_err_t *err)
+{
+    bp_plan_t p;
+    if (bp_plan_read(plan, &p, err) != 0)
+        return 0; /* the worker refuses it with its own words */
+    bp_node_file_t f;
+    memset(&f, 0, sizeof f);
+    int rc = bl_model_fingerprint(p.model_path, f.fingerprint, &f.size, err);
+    if (rc) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        return bl_err_set(err, rc, "the router's model file cannot be fingerprinted: %s", why);
+    }
+    return env_send(r->l[0], BP_NODE_ENV_FILE, &f, sizeof f, err) == 0 ? 0 : BL_ECLOSED;
+}
+
 /* Control messages both ways until a side goes. Returns the exit status. */
 static int relay_bridge(relay_t *r)
 {
@@ -171,14 +193,11 @@ static int relay_bridge(relay_t *r)
         int rc = bp_chan_recv(r->ctl.chan, NULL, &m, TICK_MS, &err);
         if (rc == 0) {
             shutting |= m.type == BP_MSG_SHUTDOWN;
-            if (m.type == BP_MSG_PLAN) { /* the node checks its file against the router's */
-                bp_plan_t p;
-                struct stat sb;
-                if (bp_plan_read(&m, &p, &err) == 0 && stat(p.model_path, &sb) == 0) {
-                    const bp_node_file_t f = {.size = (uint64_t)sb.st_size};
-                    if ((rc = env_send(r->l[0], BP_NODE_ENV_FILE, &f, sizeof f, &err)) != 0)
-                        goto lost;
-                }
+            if (m.type == BP_MSG_PLAN && (rc = send_model_file(r, &m, &err)) != 0) {
+                bp_msg_free(&m);
+                if (rc != BL_ECLOSED)
+                    goto refused;
+                goto lost;
             }
             rc = msg_send(r->l[0], &m, &err);
             bp_msg_free(&m);
@@ -218,6 +237,10 @@ static int relay_bridge(relay_t *r)
     }
     free(buf);
     return status;
+refused:
+    free(buf);
+    bp_child_fatal(&r->ctl, &err);
+    return 1;
 lost:
     /* the node's last words (its worker's exit) may still be on the way when a data
      * link closed first */
@@ -319,7 +342,8 @@ typedef struct session {
     bp_peer_t worker;
     pid_t pid;
     bp_node_setup_t s;
-    uint64_t router_file; /* the router's model file size, 0 not told */
+    bp_node_file_t router_file; /* the router's model file, as the relay told it */
+    int told_file;        /* router_file holds what the relay told since its last Plan */
     uint32_t process;     /* the stage's process id from the Plan */
 } session_t;
 
@@ -386,18 +410,33 @@ static int plan_refused(session_t *ss, const bp_msg_t *m)
     if (bp_plan_read(m, &p, &err) != 0)
         return 0; /* the worker refuses it with its own words */
     ss->process = p.you;
-    struct stat sb;
     char host[64] = "this host", text[1400];
     (void)gethostname(host, sizeof host - 1);
-    if (stat(p.model_path, &sb) != 0)
-        snprintf(text, sizeof text, "%s on %s: no model file %s here (%s)", ss->s.name, host, p.model_path,
-                 strerror(errno));
-    else if (ss->router_file && (uint64_t)sb.st_size != ss->router_file)
-        snprintf(text, sizeof text, "%s on %s: %s is %llu bytes here and %llu at the router: another file or "
-                 "version of the model", ss->s.name, host, p.model_path, (unsigned long long)sb.st_size,
-                 (unsigned long long)ss->router_file);
-    else
+    const int told = ss->told_file;
+    ss->told_file = 0; /* each Plan comes after its own */
+    uint8_t fp[BL_FINGERPRINT_BYTES];
+    uint64_t size = 0;
+    const int rc = told ? bl_model_fingerprint(p.model_path, fp, &size, &err) : 0;
+    if (!told) {
+        snprintf(text, sizeof text, "%s on %s: the relay sent a Plan without the router's model file first",
+                 ss->s.name, host);
+    } else if (rc == BL_ENOENT) {
+        snprintf(text, sizeof text, "%s on %s: no model file here: %s", ss->s.name, host, err.msg);
+    } else if (rc) {
+        snprintf(text, sizeof text, "%s on %s: %s here is not the router's model: %s", ss->s.name, host,
+                 p.model_path, err.msg);
+    } else if (size != ss->router_file.size ||
+               memcmp(fp, ss->router_file.fingerprint, sizeof fp) != 0) {
+        char here[16], there[16];
+        bl_fingerprint_hex(fp, 12, here);
+        bl_fingerprint_hex(ss->router_file.fingerprint, 12, there);
+        snprintf(text, sizeof text, "%s on %s: %s differs from the router's (another file or version of the "
+                 "model): here %llu bytes, fingerprint %s; at the router %llu bytes, fingerprint %s", ss->s.name,
+                 host, p.model_path, (unsigned long long)size, here,
+                 (unsigned long long)ss->router_file.size, there);
+    } else {
         return 0;
+    }
     BL_LOG(BL_LOG_ERROR, "event=plan_refused reason=\"%s\"", text);
     Bloomery__Error er;
     bp_msg_t e;
@@ -462,10 +501,10 @@ static void node_bridge(session_t *ss)
         }
         if (rc)
             break;
-        if (n == 1 + sizeof(bp_node_file_t) && buf[0] == BP_NODE_ENV_FILE) {
-            bp_node_file_t f;
-            memcpy(&f, buf + 1, sizeof f);
-            ss->router_file = f.size;
+        if (n >= 1 && buf[0] == BP_NODE_ENV_FILE) {
+            ss->told_file = bp_node_file_read(&ss->router_file, buf + 1, n - 1, &err) == 0;
+            if (!ss->told_file) /* the Plan after it is refused as untold */
+                BL_LOG(BL_LOG_WARN, "event=relay_message_refused bytes=%zu reason=\"%s\"", n, err.msg);
             continue;
         }
         if (n < 2 || buf[0] != BP_NODE_ENV_MSG) {

@@ -1,9 +1,13 @@
-/* The relay's setup as the node reads it (node.h). */
+/* The relay's envelopes as the node reads them (node.h). */
 #include "node.h"
 
 #include <string.h>
 
 #include "ring.h"
+
+/* The wire layouts: both hosts little-endian, these sizes on either */
+_Static_assert(sizeof(bp_node_setup_t) == 152, "the setup is 152 bytes on the wire");
+_Static_assert(sizeof(bp_node_file_t) == 40, "the model file is 40 bytes on the wire");
 
 /* A name or routing id: terminated inside its field, 1 or more bytes of A-Z a-z 0-9
  * _ . - */
@@ -48,5 +52,23 @@ int bp_node_setup_read(bp_node_setup_t *out, const uint8_t *p, size_t n, const c
     if (strcmp(s.version, version) != 0)
         return bl_err_set(err, BL_EINVAL, "the router is bloomery %s, this node %s", s.version, version);
     *out = s;
+    return 0;
+}
+
+int bp_node_file_read(bp_node_file_t *out, const uint8_t *p, size_t n, bl_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    if (n != sizeof *out)
+        return bl_err_set(err, BL_EPROTO, "the relay's model file is %zu bytes, not %zu", n, sizeof *out);
+    bp_node_file_t f;
+    memcpy(&f, p, sizeof f);
+    if (f.size == 0 || f.size > (uint64_t)INT64_MAX)
+        return bl_err_set(err, BL_EPROTO, "the relay's model file has size %llu", (unsigned long long)f.size);
+    uint8_t any = 0;
+    for (size_t i = 0; i < sizeof f.fingerprint; i++)
+        any |= f.fingerprint[i];
+    if (!any) /* SHA-256 gives no such value: a sender that never computed one */
+        return bl_err_set(err, BL_EPROTO, "the relay's model file has a fingerprint of zeros");
+    *out = f;
     return 0;
 }

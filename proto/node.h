@@ -1,7 +1,8 @@
 /* The control link between a stage's relay and the node on its host (node/main.c,
  * docs/deploy.md "Several hosts"): each message is an envelope byte and its payload.
  * The relay's first message is its setup (the worker's arguments and its rings),
- * then file facts and packed control messages (msg.h) go either way. The bytes come
+ * then the router's model file (size and fingerprint, before each Plan) and packed
+ * control messages (msg.h) go either way. The bytes come
  * from the network: bp_node_setup_read checks every field. */
 #ifndef BP_NODE_H
 #define BP_NODE_H
@@ -35,9 +36,13 @@ typedef struct bp_node_setup {
 #define BP_NODE_QUIET 2u
 #define BP_NODE_COLORS 4u
 
-/* The router's model file: the node's must be the same size. */
+/* The router's model file as the relay tells it before each Plan: the node loads the
+ * Plan's model only when its own file at that path has the same size and fingerprint
+ * (common/fingerprint.h, computed by each side over its own file). */
+#define BP_NODE_FINGERPRINT_BYTES 32
 typedef struct bp_node_file {
-    uint64_t size;
+    uint64_t size;        /* bytes of every part, 1..INT64_MAX */
+    uint8_t fingerprint[BP_NODE_FINGERPRINT_BYTES]; /* SHA-256: not all zero */
 } bp_node_file_t;
 
 /* A setup from a payload of n bytes into *out. BL_EPROTO naming the field that is
@@ -46,5 +51,10 @@ typedef struct bp_node_file {
  * than version (naming both). */
 int bp_node_setup_read(bp_node_setup_t *out, const uint8_t *p, size_t n, const char *version,
                        bl_err_t *err) BL_WUR;
+
+/* The router's model file from a payload of n bytes into *out. BL_EPROTO naming the
+ * field that is wrong (the payload's size, a size of 0 or past INT64_MAX, a
+ * fingerprint of zeros). */
+int bp_node_file_read(bp_node_file_t *out, const uint8_t *p, size_t n, bl_err_t *err) BL_WUR;
 
 #endif

@@ -1,9 +1,12 @@
-/* libFuzzer target for a relay's setup as a node reads it (proto/node.c): the input is
- * the payload after the envelope byte. An accepted setup keeps what the node relies
- * on (terminated, non-empty names of the allowed bytes, 2 or 4 rings of valid
- * capacities and none past them, log settings in range, this version) and reads the
- * same from its own bytes again; a refusal says why, the same way twice.
+/* libFuzzer target for the envelopes a node reads from its relay (proto/node.c): the
+ * input is an envelope, its tag byte then the payload. A setup ('S') accepted keeps
+ * what the node relies on (terminated, non-empty names of the allowed bytes, 2 or 4
+ * rings of valid capacities and none past them, log settings in range, this
+ * version); a model file ('F') accepted has a size in 1..INT64_MAX and a fingerprint
+ * not all zero. Each accepted payload reads the same from its own bytes again; a
+ * refusal says why, the same way twice.
  * Seeds: tests/fuzz/corpus/fuzz_node/. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,17 +26,25 @@ static void check(int ok, const char *what)
     }
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+/* The same refusal twice, with its reason. */
+static void check_refusal(int rc, int again, const bl_err_t *e1, const bl_err_t *e2)
+{
+    check(rc == again, "two reads disagree");
+    check(rc == BL_EPROTO || rc == BL_EINVAL, "a refusal of another kind");
+    check(e1->msg[0] && strcmp(e1->msg, e2->msg) == 0, "a refusal without its reason, or said two ways");
+}
+
+static void setup_one(const uint8_t *data, size_t size)
 {
     bp_node_setup_t s, t;
     bl_err_t e1 = {0}, e2 = {0};
     const int rc = bp_node_setup_read(&s, data, size, VERSION, &e1);
-    check(rc == bp_node_setup_read(&t, data, size, VERSION, &e2), "two reads disagree");
+    const int again = bp_node_setup_read(&t, data, size, VERSION, &e2);
     if (rc != 0) {
-        check(rc == BL_EPROTO || rc == BL_EINVAL, "a refusal of another kind");
-        check(e1.msg[0] && strcmp(e1.msg, e2.msg) == 0, "a refusal without its reason, or said two ways");
-        return 0;
+        check_refusal(rc, again, &e1, &e2);
+        return;
     }
+    check(again == 0, "two reads disagree");
     check(size == sizeof s, "a setup of another size accepted");
     check(memchr(s.name, 0, sizeof s.name) && s.name[0] && memchr(s.identity, 0, sizeof s.identity) &&
               s.identity[0], "an empty or unterminated name accepted");
@@ -47,9 +58,42 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check(c == 0, "a capacity past the rings accepted");
     }
     check(s.verbosity >= -1 && s.verbosity <= 100, "a verbosity accepted");
-    uint8_t again[sizeof s];
-    memcpy(again, &s, sizeof s);
-    check(bp_node_setup_read(&t, again, sizeof again, VERSION, &e2) == 0 && memcmp(&s, &t, sizeof s) == 0,
+    uint8_t own[sizeof s];
+    memcpy(own, &s, sizeof s);
+    check(bp_node_setup_read(&t, own, sizeof own, VERSION, &e2) == 0 && memcmp(&s, &t, sizeof s) == 0,
           "an accepted setup does not read the same from its own bytes");
+}
+
+static void file_one(const uint8_t *data, size_t size)
+{
+    bp_node_file_t f, g;
+    bl_err_t e1 = {0}, e2 = {0};
+    const int rc = bp_node_file_read(&f, data, size, &e1);
+    const int again = bp_node_file_read(&g, data, size, &e2);
+    if (rc != 0) {
+        check_refusal(rc, again, &e1, &e2);
+        return;
+    }
+    check(again == 0, "two reads disagree");
+    check(size == sizeof f, "a model file of another size accepted");
+    check(f.size >= 1 && f.size <= (uint64_t)INT64_MAX, "a file size accepted");
+    uint8_t any = 0;
+    for (size_t i = 0; i < sizeof f.fingerprint; i++)
+        any |= f.fingerprint[i];
+    check(any != 0, "a fingerprint of zeros accepted");
+    uint8_t own[sizeof f];
+    memcpy(own, &f, sizeof f);
+    check(bp_node_file_read(&g, own, sizeof own, &e2) == 0 && memcmp(&f, &g, sizeof f) == 0,
+          "an accepted model file does not read the same from its own bytes");
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size == 0)
+        return 0;
+    if (data[0] == BP_NODE_ENV_SETUP)
+        setup_one(data + 1, size - 1);
+    else if (data[0] == BP_NODE_ENV_FILE)
+        file_one(data + 1, size - 1);
     return 0;
 }

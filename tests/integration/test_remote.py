@@ -8,7 +8,8 @@ What is checked: the answers and log-probabilities of a remote stage are one
 process's bit for bit (with and without the hosttier's rings on the links); a
 remote worker killed mid-service is reported by the node, the set restarts and
 serves again; a node with another secret, a node whose model file is another one
-(a private mount namespace puts another file at the path), a secret file others may
+(a private mount namespace puts another file at the path: another model, or one of
+the same size whose content differs), a secret file others may
 read, and hostfile lines this version does not take are refused by name; layers= splits the
 stages where it says."""
 import os
@@ -213,13 +214,23 @@ def test_a_node_with_another_secret_is_refused(servers, nodes, tmp_path):
     assert "event=session_started" not in node.log()
 
 
-def test_a_node_whose_model_file_differs_is_refused(servers, nodes, tmp_path, model):
+@pytest.mark.parametrize("other_kind", ["other_model", "same_size"])
+def test_a_node_whose_model_file_differs_is_refused(servers, nodes, tmp_path, model, other_kind):
     """The node sees another file at the model's path (a private mount namespace
-    binds one over it): its worker never loads it, and the error names both sizes."""
+    binds one over it): its worker never loads it, and the error names both sizes
+    and fingerprints. The other file is another model, or the same model of the
+    same size with one byte of its last tensor changed (the end of the data is
+    always in the fingerprint's sample)."""
     if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
         pytest.skip("no mount namespaces here")
     other = tmp_path / "other.gguf"
-    serverctl.make_model(str(other), "--layers", "3")
+    if other_kind == "other_model":
+        serverctl.make_model(str(other), "--layers", "3")
+    else:
+        data = bytearray(open(model, "rb").read())
+        data[-1] ^= 0x40
+        other.write_bytes(bytes(data))
+        assert os.path.getsize(other) == os.path.getsize(model)
     secret = secret_file(tmp_path / "secret")
     script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
     node = nodes(secret, wrap=["unshare", "-m", "sh", "-c", script, "sh", str(other), model])
@@ -227,9 +238,14 @@ def test_a_node_whose_model_file_differs_is_refused(servers, nodes, tmp_path, mo
     assert srv.proc.wait(60) == 1, srv.log()
     log = srv.log(100000)
     size = os.path.getsize(model)
-    assert re.search(r"worker1 on \S+: %s is %d bytes here and %d at the router" %
+    assert re.search(r"worker1 on \S+: %s differs from the router's \(another file or version of the model\): "
+                     r"here %d bytes, fingerprint [0-9a-f]{12}; at the router %d bytes, fingerprint [0-9a-f]{12}" %
                      (re.escape(model), os.path.getsize(other), size), log), log
+    here, there = re.search(r"fingerprint ([0-9a-f]{12}); at the router \d+ bytes, fingerprint ([0-9a-f]{12})",
+                            log).groups()
+    assert here != there
     assert "event=plan_refused" in node.log()
+    assert "event=ready" not in node.log()  # its worker never loaded the file
 
 
 def test_refusals(servers, tmp_path):
