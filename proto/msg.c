@@ -116,6 +116,10 @@ static int validate_plan(const Bloomery__Plan *p, bl_err_t *err)
             return bad_at(err, "Plan.stages", i, "layer_end", "is not in (layer_begin, n_layers]");
         if (s->gpu > 256)
             return bad_at(err, "Plan.stages", i, "gpu", "is not 0 (CPU) or 1 + a CUDA ordinal 0..255");
+        if (s->threads > BP_PLAN_MAX_THREADS)
+            return bad_at(err, "Plan.stages", i, "threads", "is above 256");
+        if (s->threads_batch > BP_PLAN_MAX_THREADS)
+            return bad_at(err, "Plan.stages", i, "threads_batch", "is above 256");
         next = s->layer_end;
     }
     if (next != p->n_layers)
@@ -388,7 +392,8 @@ int bp_plan_read(const bp_msg_t *m, bp_plan_t *out, bl_err_t *err)
         if (st->gpu > 256)
             return bl_err_set(err, BL_EINVAL, "plan: stage %zu's gpu %u is out of range", i, st->gpu);
         out->stages[i] = (bp_plan_stage_t){.process = st->process, .layer_begin = st->layer_begin,
-                                           .layer_end = st->layer_end, .device = st->gpu ? (int)st->gpu - 1 : -1};
+                                           .layer_end = st->layer_end, .device = st->gpu ? (int)st->gpu - 1 : -1,
+                                           .threads = st->threads, .threads_batch = st->threads_batch};
     }
     int rc = host_layers(p, out->host, err);
     if (rc)

@@ -94,6 +94,8 @@ void bp_msg_free(bp_msg_t *m);
 /* Most layers a Plan may carry (Plan.n_layers), and stages. */
 #define BP_PLAN_MAX_LAYERS 4096u
 #define BP_PLAN_MAX_STAGES 64
+/* Most threads of a stage's compute pool (Stage.threads, threads_batch). */
+#define BP_PLAN_MAX_THREADS 256u
 
 /* --- the messages as the processes use them ------------------------------------- */
 
@@ -101,6 +103,8 @@ typedef struct bp_plan_stage {
     uint32_t process;      /* the worker's id in the plan */
     uint32_t layer_begin, layer_end;
     int device;            /* -1 the CPU, else a CUDA ordinal */
+    uint32_t threads;      /* its decode threads, 0..BP_PLAN_MAX_THREADS; 0: the plan's */
+    uint32_t threads_batch; /* its prompt-step threads, likewise */
 } bp_plan_stage_t;
 
 /* The Plan: what the router sends each child. */

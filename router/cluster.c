@@ -448,8 +448,10 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
         const int64_t lb = at;
         at = c->o.n_stage_ends ? c->o.stage_end[s] : at + base + (s < extra ? 1 : 0);
         const int dev = c->o.n_stage_ends ? c->o.stage_device[s] : -1;
+        const uint32_t threads = (uint32_t)c->o.stage_threads[s];
         p.stages[s] = (bp_plan_stage_t){.process = (uint32_t)s, .layer_begin = (uint32_t)lb,
-                                        .layer_end = (uint32_t)at, .device = dev};
+                                        .layer_end = (uint32_t)at, .device = dev, .threads = threads,
+                                        .threads_batch = threads};
     }
     p.n_stages = nw;
     p.model_path = c->model_path;
@@ -882,6 +884,10 @@ static int check_opts(const rt_cluster_opts_t *o, bl_err_t *err)
         if (o->stage_device[i] < -1 || o->stage_device[i] > 255)
             return bl_err_set(err, BL_EINVAL, "cluster: stage %d's device %d is not -1 or a CUDA ordinal", i,
                               o->stage_device[i]);
+    for (int i = 0; i < o->n_workers && i < RT_CLUSTER_MAX_STAGES; i++)
+        if (o->stage_threads[i] < 0 || o->stage_threads[i] > 256)
+            return bl_err_set(err, BL_EINVAL, "cluster: stage %d's threads %d is not 0 (as n_threads) or 1..256", i,
+                              o->stage_threads[i]);
     if (o->n_slots < 1 || o->n_slots > 4096)
         return bl_err_set(err, BL_EINVAL, "cluster: n_slots %d is not in 1..4096", o->n_slots);
     if (o->n_ctx_slot < 1 || o->n_ctx_slot > (1 << 24))

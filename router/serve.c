@@ -734,9 +734,11 @@ static json_t *placement_json(const bl_plan_t *p)
 
 /* A hostfile's stages: a CPU worker per worker line, in file order; remote[i] the
  * node's endpoint of a line whose host is not the router's ("" for this host); their
- * layer ends (*has_ends) when the lines give layers=. What this version does not take
- * yet is refused by line: GPU workers, threads=, name=, a hosttier on another host. */
-static int hostfile_stages(opts_t *o, char remote[][300], int64_t *ends, int *has_ends, bl_err_t *err)
+ * layer ends (*has_ends) when the lines give layers=; threads[i] a line's threads=
+ * (0: -t and -tb). What this version does not take yet is refused by line: GPU
+ * workers, name=, a hosttier on another host. */
+static int hostfile_stages(opts_t *o, char remote[][300], int64_t *ends, int *has_ends, int *threads,
+                           bl_err_t *err)
 {
     bl_hostfile_t hf = {0};
     int rc = bl_hostfile_load(o->hostfile, &hf, err);
@@ -747,7 +749,6 @@ static int hostfile_stages(opts_t *o, char remote[][300], int64_t *ends, int *ha
     for (int i = 0; rc == 0 && i < hf.n; i++) {
         const bl_host_entry_t *e = &hf.e[i];
         const char *what = e->all_gpus || e->n_gpus ? "GPU workers (run the cards' stages on the router's host)"
-                           : e->threads            ? "threads= (-t and -tb set every worker's)"
                            : e->name[0]            ? "name="
                                                    : NULL;
         if (e->role == BL_HOST_HOSTTIER && strcasecmp(e->host, router->host) != 0)
@@ -762,6 +763,12 @@ static int hostfile_stages(opts_t *o, char remote[][300], int64_t *ends, int *ha
             rc = bl_err_set(err, BL_EINVAL, "%s: more than %d workers", o->hostfile, RT_CLUSTER_MAX_STAGES);
             break;
         }
+        if (e->threads > 256) { /* the hostfile takes up to 1024; a worker's pool 256 */
+            rc = bl_err_set(err, BL_EINVAL, "%s:%d: threads=%d: a worker runs at most 256 threads", o->hostfile,
+                            e->line, e->threads);
+            break;
+        }
+        threads[n] = e->threads;
         remote[n][0] = '\0';
         /* layers= is on every worker or none, tiling from 0 (the parser's rules) */
         *has_ends = e->layer_end > 0;
@@ -1979,13 +1986,14 @@ int main(int argc, char **argv)
     char bin_dir[PATH_MAX];
     static char remote[RT_CLUSTER_MAX_STAGES][300];
     int64_t stage_ends[RT_CLUSTER_MAX_STAGES];
+    int stage_threads[RT_CLUSTER_MAX_STAGES] = {0};
     int has_ends = 0;
     if (o.hostfile && o.workers != 1 && bl_err_set(&err, BL_EINVAL, "--workers and --hostfile: the hostfile's "
                                                    "worker lines are the stages") < 0)
         goto fail;
     int n_found = -1;
     const char *gpu_note = NULL;
-    if ((o.hostfile && hostfile_stages(&o, remote, stage_ends, &has_ends, &err)) ||
+    if ((o.hostfile && hostfile_stages(&o, remote, stage_ends, &has_ends, stage_threads, &err)) ||
         find_bin_dir(bin_dir, sizeof bin_dir, &err))
         goto fail;
     int placed = place(&o, g, bin_dir, n_ctx, ktype, rows, has_ends ? stage_ends : NULL, &plan, devs, &n_devs,
@@ -2080,6 +2088,7 @@ int main(int argc, char **argv)
         co.stage_end[i] = plan.stage[i].le;
         co.stage_device[i] = plan.stage[i].device;
         co.remote[i] = o.hostfile && remote[i][0] ? remote[i] : NULL;
+        co.stage_threads[i] = o.hostfile ? stage_threads[i] : 0;
     }
     co.secret_path = o.cluster_secret;
     for (int64_t l = 0; l < plan.n_layer && l < RT_CLUSTER_MAX_LAYERS; l++)
@@ -2093,6 +2102,7 @@ int main(int argc, char **argv)
         rt_cluster_opts_t dco = co;
         dco.model_path = o.draft_model;
         memset(dco.remote, 0, sizeof dco.remote); /* the draft runs on this host */
+        memset(dco.stage_threads, 0, sizeof dco.stage_threads); /* with -td or -t */
         dco.n_workers = 1;
         dco.n_stage_ends = draft_dev >= 0;
         dco.stage_end[0] = draft_layers;

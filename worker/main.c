@@ -64,6 +64,7 @@ typedef struct worker {
     bp_step_limits_t lim;
     int first, last, remote;
     int64_t layer_begin, layer_end;
+    int threads, threads_batch; /* the compute pool's, as the plan gave them */
     bp_ring_t *in, *out, *x_out, *x_in;
     /* ---- step thread */
     bp_step_seq_t *seqs; /* (n_slots) copied from the input */
@@ -735,8 +736,12 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     bp_child_progress(&w->ctl, 0, total, "mmap");
     wk_model_opts_t o;
     wk_model_opts_default(&o);
-    o.n_threads = p->threads ? (int)p->threads : 1;
-    o.n_threads_batch = (int)p->threads_batch; /* 0: as n_threads */
+    /* a stage's own counts (a hostfile line's threads=: its host is not the router's)
+     * win over the plan-wide -t and -tb */
+    o.n_threads = st->threads ? (int)st->threads : p->threads ? (int)p->threads : 1;
+    o.n_threads_batch = st->threads_batch ? (int)st->threads_batch : (int)p->threads_batch; /* 0: as n_threads */
+    w->threads = o.n_threads;
+    w->threads_batch = o.n_threads_batch ? o.n_threads_batch : o.n_threads;
     if (p->n_batch)
         o.n_batch = p->n_batch;
     o.n_ctx_max = p->n_ctx;
@@ -1029,9 +1034,10 @@ int main(int argc, char **argv)
     char vram[24] = "auto";
     if (pl.experts_vram != WK_EXPERTS_VRAM_AUTO)
         snprintf(vram, sizeof vram, "%lld", (long long)pl.experts_vram);
-    BL_LOG(BL_LOG_INFO, "event=ready layers=%lld..%lld kernels=%s experts=%s residency=%s experts_vram=%s",
-           (long long)w.layer_begin, (long long)w.layer_end, wk_model_kernels(w.m),
-           w.remote ? "hosttier" : "local", pl.no_residency ? "off" : "on", vram);
+    BL_LOG(BL_LOG_INFO, "event=ready layers=%lld..%lld threads=%d threads_batch=%d kernels=%s experts=%s "
+           "residency=%s experts_vram=%s", (long long)w.layer_begin, (long long)w.layer_end, w.threads,
+           w.threads_batch, wk_model_kernels(w.m), w.remote ? "hosttier" : "local", pl.no_residency ? "off" : "on",
+           vram);
     bp_msg_free(&plan);
     bp_child_ready(&w.ctl, (uint64_t)w.lim.n_vocab, (uint64_t)w.lim.n_embd);
 

@@ -11,7 +11,7 @@ serves again; a node with another secret, a node whose model file is another one
 (a private mount namespace puts another file at the path: another model, or one of
 the same size whose content differs), a secret file others may
 read, and hostfile lines this version does not take are refused by name; layers= splits the
-stages where it says."""
+stages where it says, and threads= sets a stage's threads."""
 import os
 import re
 import signal
@@ -154,6 +154,28 @@ def test_layers_given_in_the_hostfile_split_the_stages_unevenly(servers, nodes, 
         assert greedy(srv.url, p) == greedy(one.url, p), p
 
 
+def test_threads_given_in_the_hostfile_set_each_stage(servers, nodes, tmp_path):
+    """threads= on a worker line sets that stage's threads for decode and prompt steps
+    alike, over -t and -tb (3 here, which no stage runs): the router's stage runs 1,
+    the node's 2, as each worker's event=ready says; the answers are one process's."""
+    secret = secret_file(tmp_path / "secret")
+    node = nodes(secret)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker threads=1\n"
+                     "localhost %d worker threads=2\n" % node.port)
+    one = servers.start(FAST)
+    wide = [a for a in FAST if a not in ("-t", "-tb", "1")] + ["-t", "3", "-tb", "3"]
+    assert wide == ["-np", "2", "-c", "1024", "-t", "3", "-tb", "3"]
+    srv = servers.start(wide + ["--hostfile", str(hosts), "--cluster-secret", secret])
+    ready = [line for line in srv.log(100000).splitlines() if "event=ready layers=" in line]
+    assert len(ready) == 1 and "worker0" in ready[0], ready
+    assert " threads=1 threads_batch=1 " in ready[0], ready
+    ready = [line for line in node.log().splitlines() if "event=ready layers=" in line]
+    assert len(ready) == 1 and " threads=2 threads_batch=2 " in ready[0], ready
+    for p in PROMPTS:
+        assert greedy(srv.url, p) == greedy(one.url, p), p
+
+
 def test_a_killed_remote_worker_is_reported_and_the_set_restarts(servers, nodes, tmp_path):
     secret = secret_file(tmp_path / "secret")
     node = nodes(secret)
@@ -252,7 +274,8 @@ def test_refusals(servers, tmp_path):
     secret = secret_file(tmp_path / "secret")
     cases = [
         ("127.0.0.1 1 router\n127.0.0.1 2 worker 0\n", ["--cluster-secret", secret], r"hosts:2: GPU workers"),
-        ("127.0.0.1 1 router\n127.0.0.1 2 worker threads=2\n", ["--cluster-secret", secret], r"hosts:2: threads="),
+        ("127.0.0.1 1 router\n127.0.0.1 2 worker threads=300\n", ["--cluster-secret", secret],
+         r"hosts:2: threads=300: a worker runs at most 256"),
         ("127.0.0.1 1 router\nlocalhost 2 worker\n", [], r"need --cluster-secret"),
         ("127.0.0.1 1 router\nlocalhost 2 worker\nlocalhost 9 hosttier\n", ["--cluster-secret", secret],
          r"hosts:3: a hosttier on another host"),
