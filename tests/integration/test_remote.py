@@ -214,7 +214,13 @@ def test_a_lost_host_gets_503_with_the_reason_until_it_is_back(servers, nodes, t
         time.sleep(0.2)
     assert r is not None and r.status_code == 503, (r and r.text, srv.log())
     assert "restarting" in r.json()["error"]["message"] and "the node at tcp://localhost:%d" % port in r.text, r.text
+    # /health reads the server's view of the set, refreshed every 100 ms: it may lag
+    # the 503 a generation route gave a moment earlier
+    deadline = time.monotonic() + 2
     h = requests.get(srv.url + "/health", timeout=10)
+    while h.status_code != 503 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        h = requests.get(srv.url + "/health", timeout=10)
     assert h.status_code == 503 and "the node at" in h.text, h.text
     assert srv.proc.poll() is None, srv.log()
     again = Node(tmp_path, secret, port=port)
