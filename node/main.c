@@ -39,6 +39,7 @@
 #include "bloomery.pb-c.h"
 #include "chan.h"
 #include "child.h"
+#include "cpuset.h"
 #include "fingerprint.h"
 #include "link.h"
 #include "log.h"
@@ -46,6 +47,7 @@
 #include "node.h"
 #include "ring.h"
 #include "step.h"
+#include "wmem.h"
 
 
 _Static_assert(BP_NODE_FINGERPRINT_BYTES == BL_FINGERPRINT_BYTES, "the model file's fingerprint fits its field");
@@ -356,6 +358,65 @@ static void await_relay(session_t *ss)
 }
 
 
+/* This host's name as the probe's answer carries it: the bytes a name may hold, others
+ * as '-'. */
+static void host_name(char *out, size_t cap)
+{
+    char name[256] = "";
+    (void)gethostname(name, sizeof name - 1); /* on failure the name stays empty */
+    size_t n = 0;
+    for (; name[n] && n + 1 < cap; n++) {
+        const char c = name[n];
+        out[n] = c == '_' || c == '-' || c == '.' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+                         (c >= 'A' && c <= 'Z')
+                     ? c
+                     : '-';
+    }
+    out[n] = 0;
+    if (n == 0)
+        snprintf(out, cap, "unknown");
+}
+
+/* A router's probe: this host's CPUs and memory, then the session ends. */
+static int answer_probe(session_t *ss, const uint8_t *p, size_t n, bl_err_t *err)
+{
+    bp_node_probe_t q;
+    int rc = bp_node_probe_read(&q, p, n, BL_VERSION, err);
+    if (rc)
+        return rc;
+    bp_node_host_t h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, BP_NODE_HOST_MAGIC, sizeof BP_NODE_HOST_MAGIC);
+    host_name(h.hostname, sizeof h.hostname);
+    const int cpus = bl_cpu_count(); /* the workers started here inherit this affinity */
+    h.n_cpus = (uint32_t)(cpus < (int)BP_NODE_MAX_CPUS ? cpus : (int)BP_NODE_MAX_CPUS);
+    h.mem_total = bl_mem_total();
+    h.mem_available = bl_mem_available();
+    h.mem_total = h.mem_total < BP_NODE_MAX_MEM ? h.mem_total : BP_NODE_MAX_MEM;
+    if (h.mem_available > BP_NODE_MAX_MEM || (h.mem_total && h.mem_available > h.mem_total))
+        h.mem_available = h.mem_total ? h.mem_total : BP_NODE_MAX_MEM;
+    /* the data links first: once the router sees this session end, none of it listens
+     * where a relay started next connects */
+    for (int i = N_LINKS - 1; i > 0; i--) {
+        bp_link_close(ss->l[i]);
+        ss->l[i] = NULL;
+    }
+    if ((rc = env_send(ss->l[0], BP_NODE_ENV_HOST, &h, sizeof h, err)) != 0)
+        return rc;
+    BL_LOG(BL_LOG_INFO, "event=probe_answered host=%s cpus=%u mem_available=%llu mem_total=%llu", h.hostname,
+           h.n_cpus, (unsigned long long)h.mem_available, (unsigned long long)h.mem_total);
+    /* the router's word that it has the answer (or its going): closing before could
+     * drop the answer with the connection */
+    uint8_t done[8];
+    size_t n_done = 0;
+    bl_err_t e2 = {0};
+    for (int64_t until = now_ms() + UP_MS; !g_stop && bp_link_peer_up(ss->l[0]) && now_ms() < until;)
+        if (bp_link_recv(ss->l[0], done, sizeof done, &n_done, TICK_MS, &e2) == 0 && n_done >= 1 &&
+            done[0] == BP_NODE_ENV_DONE)
+            break;
+    return 0;
+}
+
 /* The worker started on the session's rings, its control socket in s->dir. */
 static int spawn_worker(session_t *ss, const char *worker_bin, bl_err_t *err)
 {
@@ -581,6 +642,10 @@ static int node_session(const char *listen, const uint8_t key[32], const char *w
     uint8_t buf[1 + sizeof(bp_node_setup_t)];
     size_t n = 0;
     rc = bp_link_recv(ss.l[0], buf, sizeof buf, &n, UP_MS, &err);
+    if (rc == 0 && n >= 1 && buf[0] == BP_NODE_ENV_PROBE && (rc = answer_probe(&ss, buf + 1, n - 1, &err)) == 0) {
+        session_end(&ss);
+        return 0;
+    }
     if (rc == 0 && (n < 1 || buf[0] != BP_NODE_ENV_SETUP))
         rc = bl_err_set(&err, BL_EPROTO, "the relay's first message is not its setup (%zu bytes)", n);
     if (rc == 0)

@@ -1,13 +1,19 @@
 /* The relay's envelopes as the node reads them (node.h). */
 #include "node.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "link.h"
+#include "msg.h"
 #include "ring.h"
 
 /* The wire layouts: both hosts little-endian, these sizes on either */
 _Static_assert(sizeof(bp_node_setup_t) == 152, "the setup is 152 bytes on the wire");
 _Static_assert(sizeof(bp_node_file_t) == 40, "the model file is 40 bytes on the wire");
+_Static_assert(sizeof(bp_node_probe_t) == 40, "the probe is 40 bytes on the wire");
+_Static_assert(sizeof(bp_node_host_t) == 96, "the host's facts are 96 bytes on the wire");
 
 /* A name or routing id: terminated inside its field, 1 or more bytes of A-Z a-z 0-9
  * _ . - */
@@ -71,4 +77,117 @@ int bp_node_file_read(bp_node_file_t *out, const uint8_t *p, size_t n, bl_err_t 
         return bl_err_set(err, BL_EPROTO, "the relay's model file has a fingerprint of zeros");
     *out = f;
     return 0;
+}
+
+int bp_node_probe_read(bp_node_probe_t *out, const uint8_t *p, size_t n, const char *version, bl_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    if (n != sizeof *out)
+        return bl_err_set(err, BL_EPROTO, "the router's probe is %zu bytes, not %zu", n, sizeof *out);
+    bp_node_probe_t q;
+    memcpy(&q, p, sizeof q);
+    if (memcmp(q.magic, BP_NODE_PROBE_MAGIC, sizeof BP_NODE_PROBE_MAGIC) != 0)
+        return bl_err_set(err, BL_EPROTO, "the router's probe does not begin with %s", BP_NODE_PROBE_MAGIC);
+    if (!memchr(q.version, 0, sizeof q.version))
+        return bl_err_set(err, BL_EPROTO, "the router's probe has a version without its end");
+    if (strcmp(q.version, version) != 0)
+        return bl_err_set(err, BL_EINVAL, "the router is bloomery %s, this node %s", q.version, version);
+    *out = q;
+    return 0;
+}
+
+int bp_node_host_read(bp_node_host_t *out, const uint8_t *p, size_t n, bl_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    if (n != sizeof *out)
+        return bl_err_set(err, BL_EPROTO, "the node's host facts are %zu bytes, not %zu", n, sizeof *out);
+    bp_node_host_t h;
+    memcpy(&h, p, sizeof h);
+    if (memcmp(h.magic, BP_NODE_HOST_MAGIC, sizeof BP_NODE_HOST_MAGIC) != 0)
+        return bl_err_set(err, BL_EPROTO, "the node's host facts do not begin with %s", BP_NODE_HOST_MAGIC);
+    if (!word_ok(h.hostname, sizeof h.hostname))
+        return bl_err_set(err, BL_EPROTO, "the node's host name is not 1-63 of A-Z a-z 0-9 _ . -");
+    if (h.n_cpus < 1 || h.n_cpus > BP_NODE_MAX_CPUS)
+        return bl_err_set(err, BL_EPROTO, "the node's host has %u CPUs (1..%u)", h.n_cpus, BP_NODE_MAX_CPUS);
+    if (h.pad != 0)
+        return bl_err_set(err, BL_EPROTO, "the node's host facts have padding that is not 0");
+    if (h.mem_available > BP_NODE_MAX_MEM || h.mem_total > BP_NODE_MAX_MEM ||
+        (h.mem_total && h.mem_available > h.mem_total))
+        return bl_err_set(err, BL_EPROTO, "the node's host has %llu bytes of memory available of %llu",
+                          (unsigned long long)h.mem_available, (unsigned long long)h.mem_total);
+    *out = h;
+    return 0;
+}
+
+/* The node's answer: its facts, or its refusal as a packed Error. */
+static int probe_answer(const uint8_t *buf, size_t n, const char *endpoint, bp_node_host_t *out, bl_err_t *err)
+{
+    bl_err_t why = {0};
+    if (n >= 1 && buf[0] == BP_NODE_ENV_HOST) {
+        if (bp_node_host_read(out, buf + 1, n - 1, &why) == 0)
+            return 0;
+        return bl_err_set(err, why.code, "the node at %s: %s", endpoint, why.msg);
+    }
+    if (n >= 2 && buf[0] == BP_NODE_ENV_MSG) {
+        bp_msg_t m = {0};
+        if (bp_msg_unpack(&m, buf + 1, n - 1, &why) != 0)
+            return bl_err_set(err, BL_EPROTO, "the node at %s: %s", endpoint, why.msg);
+        int32_t code = 0;
+        int fatal = 0;
+        const char *text = "";
+        bp_msg_error_info(&m, &code, &fatal, &text);
+        const int rc = m.type == BP_MSG_ERROR
+                           ? bl_err_set(err, code, "the node at %s: %s", endpoint, text)
+                           : bl_err_set(err, BL_EPROTO, "the node at %s answered a probe with a control message "
+                                        "of type %d", endpoint, (int)m.type);
+        bp_msg_free(&m);
+        return rc;
+    }
+    return bl_err_set(err, BL_EPROTO, "the node at %s answered a probe with %zu bytes of envelope %d", endpoint, n,
+                      n ? buf[0] : -1);
+}
+
+int bp_node_probe(const char *endpoint, const uint8_t key[32], const char *version, int timeout_ms,
+                  bp_node_host_t *out, bl_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    /* an answer is the facts or an Error of a sentence: far below this */
+    enum { CAP = 16384 };
+    uint8_t *buf = malloc(CAP);
+    bp_link_t *l = NULL;
+    bl_err_t why = {0};
+    int rc = buf ? bp_link_connect(&l, endpoint, key, CAP, NULL, &why) : BL_ENOMEM;
+    if (rc == 0)
+        rc = bp_link_wait_up(l, timeout_ms, &why);
+    if (rc == 0) {
+        bp_node_probe_t q;
+        memset(&q, 0, sizeof q);
+        memcpy(q.magic, BP_NODE_PROBE_MAGIC, sizeof BP_NODE_PROBE_MAGIC);
+        snprintf(q.version, sizeof q.version, "%s", version);
+        buf[0] = (uint8_t)BP_NODE_ENV_PROBE;
+        memcpy(buf + 1, &q, sizeof q);
+        rc = bp_link_send(l, buf, 1 + sizeof q, timeout_ms, &why);
+    }
+    size_t n = 0;
+    if (rc == 0)
+        rc = bp_link_recv(l, buf, CAP, &n, timeout_ms, &why);
+    if (rc == 0) {
+        rc = probe_answer(buf, n, endpoint, out, err);
+        /* then the node closes the session; it is waited for, as a relay that connected
+         * before the node listens again would find the old session's link taken */
+        const uint8_t done = (uint8_t)BP_NODE_ENV_DONE;
+        bl_err_t e2 = {0};
+        if (bp_link_send(l, &done, 1, timeout_ms, &e2) == 0)
+            for (int i = 0; i < 100 && bp_link_peer_up(l); i++)
+                (void)!bp_link_recv(l, buf, CAP, &n, timeout_ms / 100 + 1, &e2); /* nothing more is expected */
+    } else if (rc == BL_ENOMEM && !l) {
+        bl_err_set(err, BL_ENOMEM, "the node at %s: out of memory for its probe", endpoint);
+    } else {
+        bl_err_set(err, rc, "the node at %s: %s", endpoint, why.msg);
+    }
+    bp_link_close(l);
+    free(buf);
+    if (rc)
+        memset(out, 0, sizeof *out);
+    return rc;
 }

@@ -11,7 +11,8 @@ serves again; a node with another secret, a node whose model file is another one
 (a private mount namespace puts another file at the path: another model, or one of
 the same size whose content differs), a secret file others may
 read, and hostfile lines this version does not take are refused by name; layers= splits the
-stages where it says, and threads= sets a stage's threads."""
+stages where it says, and threads= sets a stage's threads; without layers=, the split
+follows each stage's threads and its host's CPUs as its node reports them."""
 import os
 import re
 import signal
@@ -154,6 +155,42 @@ def test_layers_given_in_the_hostfile_split_the_stages_unevenly(servers, nodes, 
         assert greedy(srv.url, p) == greedy(one.url, p), p
 
 
+def split(n_layers, weights):
+    """common/plan.c's split by weight: each stage its rounded-down share (at least
+    one), the layers left to the largest remainders (the first of equal ones)."""
+    q = [n_layers * w / sum(weights) for w in weights]
+    c = [max(1, int(x)) for x in q]
+    while sum(c) < n_layers:
+        c[max(range(len(c)), key=lambda i: (q[i] - c[i], -i))] += 1
+    while sum(c) > n_layers:
+        c[max((i for i in range(len(c)) if c[i] > 1), key=lambda i: (c[i] - q[i], -i))] -= 1
+    return c
+
+
+def test_without_layers_the_split_follows_threads_and_cpus(servers, nodes, tmp_path):
+    """Without layers=, the router asks the node for its host's CPUs and memory before
+    it plans, and splits the layers by each stage's threads capped by its CPUs: here
+    threads=1 on the router's host and threads=3 under the node, over 8 layers."""
+    model = serverctl.make_model(str(tmp_path / "eight.gguf"), "--layers", "8")
+    secret = secret_file(tmp_path / "secret")
+    node = nodes(secret)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker threads=1\n"
+                     "localhost %d worker threads=3\n" % node.port)
+    cpus = len(os.sched_getaffinity(0))
+    first, _ = split(8, [1, min(3, cpus)])
+    one = servers.start(FAST, model=model)
+    srv = servers.start(FAST + ["--hostfile", str(hosts), "--cluster-secret", secret], model=model)
+    log = srv.log(100000)
+    assert "event=probe_answered host=" in node.log(), node.log()
+    assert re.search(r"event=stage_host stage=1 host=localhost node=tcp://localhost:%d cpus=%d mem_available=[1-9]"
+                     % (node.port, cpus), log), log
+    assert "event=plan stage 0: layers 0..%d on the CPU" % (first - 1) in log, log
+    assert "event=plan stage 1: layers %d..7 on the CPU" % first in log, log
+    assert "event=ready layers=%d..8 threads=3 " % first in node.log(), node.log()
+    assert greedy(srv.url, PROMPTS[0]) == greedy(one.url, PROMPTS[0])
+
+
 def test_threads_given_in_the_hostfile_set_each_stage(servers, nodes, tmp_path):
     """threads= on a worker line sets that stage's threads for decode and prompt steps
     alike, over -t and -tb (3 here, which no stage runs): the router's stage runs 1,
@@ -232,12 +269,14 @@ def test_a_lost_host_gets_503_with_the_reason_until_it_is_back(servers, nodes, t
 
 
 def test_a_node_with_another_secret_is_refused(servers, nodes, tmp_path):
+    """The start asks each node for its host's facts before it plans: a node of another
+    cluster fails it there, before any worker starts."""
     node = nodes(secret_file(tmp_path / "theirs"))
     ours = secret_file(tmp_path / "ours")
     srv = servers.launch(FAST + ["--hostfile", hostfile(tmp_path, node.port), "--cluster-secret", ours])
     assert srv.proc.wait(60) == 1, srv.log()
     log = srv.log(100000)
-    assert "event=load_failed" in log, log
+    assert "event=start_failed" in log, log
     assert re.search(r"the node at tcp://localhost:%d.*(handshake|another cluster)" % node.port, log), log
     assert "event=session_started" not in node.log()
 
