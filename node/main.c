@@ -36,7 +36,6 @@
 
 #include "args.h"
 #include "bl_config.h"
-#include "bloomery.pb-c.h"
 #include "chan.h"
 #include "child.h"
 #include "cpuset.h"
@@ -116,15 +115,43 @@ static int msg_send(bp_link_t *l, const bp_msg_t *m, bl_err_t *err)
     return rc;
 }
 
-/* A fatal Error from process `process` with text, as a worker reports one. */
-static void fill_error(Bloomery__Error *er, bp_msg_t *m, uint32_t process, int code, char *text)
+/* One envelope from the control link into *env, its tag one of accept
+ * (bp_node_env_read: the caller frees env->msg). 0; BL_ETIMEDOUT when none came
+ * within timeout_ms; BL_EAGAIN when one came that breaks the protocol: logged as
+ * refused from peer ("node", "relay") and dropped, the link goes on; or the link's
+ * failure. buf holds cap bytes. */
+static int env_recv(bp_link_t *l, uint8_t *buf, size_t cap, const char *accept, int timeout_ms, const char *peer,
+                    bp_node_env_t *env, bl_err_t *err)
 {
-    bloomery__error__init(er);
-    er->code = code < 0 ? code : BL_EIO;
-    er->message = text;
-    er->process = process;
-    er->fatal = 1;
-    *m = (bp_msg_t){.type = BP_MSG_ERROR, .u.error = er};
+    size_t n = 0;
+    const int rc = bp_link_recv(l, buf, cap, &n, timeout_ms, err);
+    if (rc)
+        return rc;
+    bl_err_t why = {0};
+    if (bp_node_env_read(env, buf, n, accept, BL_VERSION, &why) != 0) {
+        BL_LOG(BL_LOG_WARN, "event=%s_message_refused bytes=%zu reason=\"%s\"", peer, n, why.msg);
+        return BL_EAGAIN;
+    }
+    return 0;
+}
+
+typedef struct link_send {
+    bp_link_t *l;
+    bl_err_t *err;
+} link_send_t;
+
+static int link_send_msg(void *ud, const bp_msg_t *m)
+{
+    const link_send_t *s = ud;
+    return msg_send(s->l, m, s->err);
+}
+
+/* A fatal Error of process `process` with text, as a worker reports one, on the
+ * control link. */
+static int send_fatal(bp_link_t *l, uint32_t process, int code, const char *text, bl_err_t *err)
+{
+    link_send_t s = {.l = l, .err = err};
+    return bp_msg_fatal(process, code, text, link_send_msg, &s);
 }
 
 // --- the relay ------------------------------------------------------------------------
@@ -210,31 +237,26 @@ static int relay_bridge(relay_t *r)
             if (rc != BL_ETIMEDOUT)
                 BL_LOG(BL_LOG_WARN, "event=control_recv_failed reason=\"%s\"", err.msg);
         }
-        size_t n = 0;
-        rc = bp_link_recv(r->l[0], buf, BP_MSG_MAX_BYTES + 1, &n, TICK_MS, &err);
+        bp_node_env_t env;
+        rc = env_recv(r->l[0], buf, BP_MSG_MAX_BYTES + 1, "M", TICK_MS, "node", &env, &err);
         if (rc == BL_ETIMEDOUT) {
             for (int i = 1; i < N_LINKS; i++)
                 if (r->l[i] && bp_link_pump_wait(r->l[i], 0, &err) != BL_EAGAIN)
                     goto lost;
             continue;
         }
+        if (rc == BL_EAGAIN)
+            continue;
         if (rc)
             goto lost;
-        if (n < 2 || buf[0] != BP_NODE_ENV_MSG) {
-            BL_LOG(BL_LOG_WARN, "event=node_message_refused bytes=%zu reason=\"not a control message\"", n);
-            continue;
-        }
-        if (bp_msg_unpack(&m, buf + 1, n - 1, &err) != 0) {
-            BL_LOG(BL_LOG_WARN, "event=node_message_refused bytes=%zu reason=\"%s\"", n, err.msg);
-            bp_msg_free(&m);
-            continue;
-        }
-        rc = bp_chan_send(r->ctl.chan, NULL, &m, 2000, &err);
-        const int last = m.type == BP_MSG_ERROR && m.u.error->fatal;
-        bp_msg_free(&m);
-        if (rc)
+        int32_t code;
+        int fatal;
+        const char *text;
+        bp_msg_error_info(&env.msg, &code, &fatal, &text);
+        if ((rc = bp_chan_send(r->ctl.chan, NULL, &env.msg, 2000, &err)) != 0)
             BL_LOG(BL_LOG_WARN, "event=control_send_failed reason=\"%s\"", err.msg);
-        if (last) /* the node's last words: the stage is gone */
+        bp_msg_free(&env.msg);
+        if (fatal) /* the node's last words: the stage is gone */
             break;
     }
     free(buf);
@@ -247,19 +269,17 @@ lost:
     /* the node's last words (its worker's exit) may still be on the way when a data
      * link closed first */
     for (int64_t until = now_ms() + 300; !shutting && now_ms() < until;) {
-        size_t n = 0;
-        bp_msg_t m = {0};
+        bp_node_env_t env;
         bl_err_t e2 = {0};
-        if (bp_link_recv(r->l[0], buf, BP_MSG_MAX_BYTES + 1, &n, TICK_MS, &e2) == BL_ETIMEDOUT)
+        const int rc = env_recv(r->l[0], buf, BP_MSG_MAX_BYTES + 1, "M", TICK_MS, "node", &env, &e2);
+        if (rc == BL_ETIMEDOUT)
             continue;
-        if (n < 2 || buf[0] != BP_NODE_ENV_MSG || bp_msg_unpack(&m, buf + 1, n - 1, &e2) != 0) {
-            bp_msg_free(&m);
+        if (rc)
             break;
-        }
-        const int last = m.type == BP_MSG_ERROR;
-        if (bp_chan_send(r->ctl.chan, NULL, &m, 2000, &e2) != 0)
+        const int last = env.msg.type == BP_MSG_ERROR;
+        if (bp_chan_send(r->ctl.chan, NULL, &env.msg, 2000, &e2) != 0)
             BL_LOG(BL_LOG_WARN, "event=control_send_failed reason=\"%s\"", e2.msg);
-        bp_msg_free(&m);
+        bp_msg_free(&env.msg);
         if (last) {
             free(buf);
             return 1;
@@ -377,13 +397,11 @@ static void host_name(char *out, size_t cap)
         snprintf(out, cap, "unknown");
 }
 
-/* A router's probe: this host's CPUs and memory, then the session ends. */
-static int answer_probe(session_t *ss, const uint8_t *p, size_t n, bl_err_t *err)
+/* The answer to a router's probe (read and of this version): this host's CPUs and
+ * memory; the session ends once the router has them. */
+static int answer_probe(session_t *ss, bl_err_t *err)
 {
-    bp_node_probe_t q;
-    int rc = bp_node_probe_read(&q, p, n, BL_VERSION, err);
-    if (rc)
-        return rc;
+    int rc;
     bp_node_host_t h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, BP_NODE_HOST_MAGIC, sizeof BP_NODE_HOST_MAGIC);
@@ -408,12 +426,13 @@ static int answer_probe(session_t *ss, const uint8_t *p, size_t n, bl_err_t *err
     /* the router's word that it has the answer (or its going): closing before could
      * drop the answer with the connection */
     uint8_t done[8];
-    size_t n_done = 0;
+    bp_node_env_t env;
     bl_err_t e2 = {0};
-    for (int64_t until = now_ms() + UP_MS; !g_stop && bp_link_peer_up(ss->l[0]) && now_ms() < until;)
-        if (bp_link_recv(ss->l[0], done, sizeof done, &n_done, TICK_MS, &e2) == 0 && n_done >= 1 &&
-            done[0] == BP_NODE_ENV_DONE)
+    for (int64_t until = now_ms() + UP_MS; !g_stop && bp_link_peer_up(ss->l[0]) && now_ms() < until;) {
+        rc = env_recv(ss->l[0], done, sizeof done, "D", TICK_MS, "router", &env, &e2);
+        if (rc != BL_ETIMEDOUT && rc != BL_EAGAIN) /* the word, or a link that failed */
             break;
+    }
     return 0;
 }
 
@@ -499,10 +518,7 @@ static int plan_refused(session_t *ss, const bp_msg_t *m)
         return 0;
     }
     BL_LOG(BL_LOG_ERROR, "event=plan_refused reason=\"%s\"", text);
-    Bloomery__Error er;
-    bp_msg_t e;
-    fill_error(&er, &e, p.you, BL_EINVAL, text);
-    if (msg_send(ss->l[0], &e, &err) != 0)
+    if (send_fatal(ss->l[0], p.you, BL_EINVAL, text, &err) != 0)
         BL_LOG(BL_LOG_WARN, "event=control_send_failed reason=\"%s\"", err.msg);
     return 1;
 }
@@ -532,10 +548,7 @@ static void node_bridge(session_t *ss)
             snprintf(text, sizeof text, "%s on %s %s", ss->s.name, host, how);
             BL_LOG(BL_LOG_WARN, "event=child_exited process=%s %s", ss->s.name, how);
             if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-                Bloomery__Error er;
-                bp_msg_t e;
-                fill_error(&er, &e, ss->process, BL_ECLOSED, text);
-                if (msg_send(ss->l[0], &e, &err) == 0)
+                if (send_fatal(ss->l[0], ss->process, BL_ECLOSED, text, &err) == 0)
                     await_relay(ss);
             }
             break;
@@ -550,8 +563,8 @@ static void node_bridge(session_t *ss)
         bp_msg_free(&m);
         if (rc && rc != BL_EINVAL && rc != BL_EPROTO && rc != BL_ERANGE)
             break;
-        size_t n = 0;
-        rc = bp_link_recv(ss->l[0], buf, BP_MSG_MAX_BYTES + 1, &n, TICK_MS, &err);
+        bp_node_env_t env;
+        rc = env_recv(ss->l[0], buf, BP_MSG_MAX_BYTES + 1, "FM", TICK_MS, "relay", &env, &err);
         if (rc == BL_ETIMEDOUT) {
             int lost = 0;
             for (int i = 1; i < (ss->s.n_rings == 4 ? 3 : 2); i++)
@@ -560,31 +573,25 @@ static void node_bridge(session_t *ss)
                 break;
             continue;
         }
+        if (rc == BL_EAGAIN) {
+            ss->told_file = 0; /* a model file refused: the Plan after it is refused as untold */
+            continue;
+        }
         if (rc)
             break;
-        if (n >= 1 && buf[0] == BP_NODE_ENV_FILE) {
-            ss->told_file = bp_node_file_read(&ss->router_file, buf + 1, n - 1, &err) == 0;
-            if (!ss->told_file) /* the Plan after it is refused as untold */
-                BL_LOG(BL_LOG_WARN, "event=relay_message_refused bytes=%zu reason=\"%s\"", n, err.msg);
+        if (env.tag == BP_NODE_ENV_FILE) {
+            ss->router_file = env.u.file;
+            ss->told_file = 1;
             continue;
         }
-        if (n < 2 || buf[0] != BP_NODE_ENV_MSG) {
-            BL_LOG(BL_LOG_WARN, "event=relay_message_refused bytes=%zu reason=\"not a control message\"", n);
-            continue;
-        }
-        if (bp_msg_unpack(&m, buf + 1, n - 1, &err) != 0) {
-            BL_LOG(BL_LOG_WARN, "event=relay_message_refused bytes=%zu reason=\"%s\"", n, err.msg);
-            bp_msg_free(&m);
-            continue;
-        }
-        if (m.type == BP_MSG_PLAN && plan_refused(ss, &m)) {
-            bp_msg_free(&m); /* the session ends: the relay passes the Error on and exits */
+        if (env.msg.type == BP_MSG_PLAN && plan_refused(ss, &env.msg)) {
+            bp_msg_free(&env.msg); /* the session ends: the relay passes the Error on and exits */
             await_relay(ss);
             break;
         }
-        if (bp_chan_send(ss->chan, &ss->worker, &m, 2000, &err) != 0)
+        if (bp_chan_send(ss->chan, &ss->worker, &env.msg, 2000, &err) != 0)
             BL_LOG(BL_LOG_WARN, "event=control_send_failed reason=\"%s\"", err.msg);
-        bp_msg_free(&m);
+        bp_msg_free(&env.msg);
     }
     free(buf);
 }
@@ -639,17 +646,19 @@ static int node_session(const char *listen, const uint8_t key[32], const char *w
         session_end(&ss);
         return 0;
     }
+    /* a relay's setup, or the router's probe for this host's facts */
     uint8_t buf[1 + sizeof(bp_node_setup_t)];
     size_t n = 0;
+    bp_node_env_t env;
     rc = bp_link_recv(ss.l[0], buf, sizeof buf, &n, UP_MS, &err);
-    if (rc == 0 && n >= 1 && buf[0] == BP_NODE_ENV_PROBE && (rc = answer_probe(&ss, buf + 1, n - 1, &err)) == 0) {
+    if (rc == 0)
+        rc = bp_node_env_read(&env, buf, n, "SP", BL_VERSION, &err);
+    if (rc == 0 && env.tag == BP_NODE_ENV_PROBE && (rc = answer_probe(&ss, &err)) == 0) {
         session_end(&ss);
         return 0;
     }
-    if (rc == 0 && (n < 1 || buf[0] != BP_NODE_ENV_SETUP))
-        rc = bl_err_set(&err, BL_EPROTO, "the relay's first message is not its setup (%zu bytes)", n);
-    if (rc == 0)
-        rc = bp_node_setup_read(&ss.s, buf + 1, n - 1, BL_VERSION, &err);
+    if (rc == 0 && env.tag == BP_NODE_ENV_SETUP)
+        ss.s = env.u.setup;
     /* the node's ends: producer of the stage's input, consumer of its output, consumer
      * of the hosttier requests, producer of the replies */
     static const bp_ring_role_t role[4] = {BP_RING_PRODUCER, BP_RING_CONSUMER, BP_RING_CONSUMER,
@@ -677,12 +686,9 @@ static int node_session(const char *listen, const uint8_t key[32], const char *w
         rc = spawn_worker(&ss, worker_bin, &err);
     if (rc) {
         BL_LOG(BL_LOG_WARN, "event=session_failed reason=\"%s\"", err.msg);
-        Bloomery__Error er;
-        bp_msg_t e;
         char text[sizeof err.msg + 64];
         snprintf(text, sizeof text, "%s: %s", ss.s.name[0] ? ss.s.name : "node", err.msg);
-        fill_error(&er, &e, 0, rc, text);
-        if (msg_send(ss.l[0], &e, &err) == 0)
+        if (send_fatal(ss.l[0], 0, rc, text, &err) == 0)
             await_relay(&ss);
     } else {
         BL_LOG(BL_LOG_INFO, "event=session_started worker=%s rings=%u", ss.s.name, ss.s.n_rings);

@@ -438,6 +438,18 @@ void bp_msg_ready_facts(const bp_msg_t *m, uint64_t *n_vocab, uint64_t *n_embd)
     *n_embd = ok ? m->u.ready->n_embd : 0;
 }
 
+int bp_msg_fatal(uint32_t process, int code, const char *text, bp_msg_send_fn send, void *ud)
+{
+    Bloomery__Error er;
+    bloomery__error__init(&er);
+    er.code = code < 0 ? code : BL_EIO; /* validate_error refuses a code that is not negative */
+    er.message = (char *)text;          /* protobuf-c's fields are not const; packing only reads it */
+    er.process = process;
+    er.fatal = 1;
+    const bp_msg_t m = {.type = BP_MSG_ERROR, .u.error = &er};
+    return send(ud, &m);
+}
+
 void bp_msg_error_info(const bp_msg_t *m, int32_t *code, int *fatal, const char **message)
 {
     const int ok = m->type == BP_MSG_ERROR && m->u.error;

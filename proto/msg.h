@@ -152,6 +152,13 @@ int bp_kv_type_proto(uint32_t bl_type);
 const char *bp_msg_hello_version(const bp_msg_t *m);
 /* Ready's model facts (0 from a hosttier, or when m is no Ready). */
 void bp_msg_ready_facts(const bp_msg_t *m, uint64_t *n_vocab, uint64_t *n_embd);
+/* A fatal Error of process `process`, built on the stack and handed to send(ud, m),
+ * whose result it returns: how a child and a node tell their router that a process
+ * cannot go on. code is a negative BL_E* code (another value sends BL_EIO); text is
+ * borrowed for the call. */
+typedef int (*bp_msg_send_fn)(void *ud, const bp_msg_t *m);
+int bp_msg_fatal(uint32_t process, int code, const char *text, bp_msg_send_fn send, void *ud);
+
 /* Error's code, whether it is fatal, and its text ("" when none). */
 void bp_msg_error_info(const bp_msg_t *m, int32_t *code, int *fatal, const char **message);
 

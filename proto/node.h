@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "msg.h"
 
 #define BP_NODE_ENV_SETUP 'S' /* the relay's setup (bp_node_setup_t), first and once */
 #define BP_NODE_ENV_MSG 'M'   /* a packed control message (bp_msg_pack) */
@@ -93,6 +94,28 @@ int bp_node_file_read(bp_node_file_t *out, const uint8_t *p, size_t n, bl_err_t 
 int bp_node_probe_read(bp_node_probe_t *out, const uint8_t *p, size_t n, const char *version,
                        bl_err_t *err) BL_WUR;
 int bp_node_host_read(bp_node_host_t *out, const uint8_t *p, size_t n, bl_err_t *err) BL_WUR;
+
+/* One envelope as read: its tag and what the tag's reader made of the payload. */
+typedef struct bp_node_env {
+    char tag;             /* BP_NODE_ENV_* */
+    union {
+        bp_node_setup_t setup; /* S */
+        bp_node_file_t file;   /* F */
+        bp_node_probe_t probe; /* P */
+        bp_node_host_t host;   /* H */
+    } u;
+    bp_msg_t msg;         /* M: the control message, unpacked and validated; the caller
+                           * frees it with bp_msg_free (a no-op for the other tags) */
+} bp_node_env_t;
+
+/* An envelope of n bytes into *out: its tag must be one of accept (the tags this side
+ * takes at this point, "FM" for a node's session), and its payload is read by the
+ * tag's reader above (version: this side's, for a setup and a probe), a control
+ * message by bp_msg_unpack; a D carries nothing. BL_EPROTO (no bytes, a tag not in
+ * accept, bytes after a D), else the reader's error, which names the field. On
+ * failure *out holds nothing to free. The one parser of the node protocol. */
+int bp_node_env_read(bp_node_env_t *out, const uint8_t *p, size_t n, const char *accept, const char *version,
+                     bl_err_t *err) BL_WUR;
 
 /* Asks the node at endpoint (its control port, "tcp://HOST:PORT") for its host's
  * facts over a link keyed by the cluster's secret, and waits until the node has

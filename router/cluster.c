@@ -67,10 +67,10 @@ typedef struct child {
 } child_t;
 
 struct rt_cluster {
-    rt_cluster_opts_t o; /* strings point into the copies below */
+    rt_cluster_opts_t o; /* strings point into the copies below; o.remote[i] are the
+                          * cluster's own copies (freed with it), NULL past n_workers */
     char *model_path, *bin_dir, *runtime_dir;
     char worker_bin[PATH_MAX], hosttier_bin[PATH_MAX], node_bin[PATH_MAX];
-    char *remote[RT_CLUSTER_MAX_STAGES]; /* copies of o.remote */
     char *secret_path;
     char endpoint[160], sock_path[128];
 
@@ -313,7 +313,7 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
                                                                         : c->o.n_threads);
     char *argv[28];
     int a = 0;
-    const char *remote = !k->hosttier ? c->remote[i] : NULL;
+    const char *remote = !k->hosttier ? c->o.remote[i] : NULL;
     argv[a++] = k->hosttier ? c->hosttier_bin : remote ? c->node_bin : c->worker_bin;
     if (remote) { /* the stage's relay to the node on its host */
         argv[a++] = (char *)"--relay";
@@ -806,7 +806,7 @@ static void *supervisor_main(void *arg)
     }
     int failed = 0, first = 1, remote = 0;
     for (int s = 0; s < c->o.n_workers && s < RT_CLUSTER_MAX_STAGES; s++)
-        remote |= c->remote[s] != NULL;
+        remote |= c->o.remote[s] != NULL;
     while (!atomic_load(&c->stopping)) {
         const int started = start_set(c);
         if (started == RT_SET_CHANGED) {
@@ -916,6 +916,13 @@ static int find_program(char *out, size_t cap, const char *dir, const char *name
     return 0;
 }
 
+/* The cluster's copies of the stages' node endpoints. */
+static void free_remote(rt_cluster_t *c)
+{
+    for (int s = 0; s < RT_CLUSTER_MAX_STAGES; s++)
+        free((char *)c->o.remote[s]); /* allocated by rt_cluster_create: const only to the caller */
+}
+
 int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_t *err)
 {
     *out = NULL;
@@ -926,6 +933,7 @@ int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_
     if (!c)
         return bl_err_set(err, BL_ENOMEM, "cluster: out of memory");
     c->o = *opts;
+    memset(c->o.remote, 0, sizeof c->o.remote); /* the copies below, or none */
     c->model_path = strdup(opts->model_path);
     c->bin_dir = strdup(opts->bin_dir);
     c->runtime_dir = strdup(opts->runtime_dir);
@@ -977,11 +985,10 @@ int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_
         if (!opts->remote[s])
             continue;
         any_remote = 1;
-        if (!(c->remote[s] = strdup(opts->remote[s]))) {
+        if (!(c->o.remote[s] = strdup(opts->remote[s]))) {
             rc = bl_err_set(err, BL_ENOMEM, "cluster: out of memory");
             goto fail;
         }
-        c->o.remote[s] = c->remote[s];
     }
     if (any_remote && !opts->secret_path) {
         rc = bl_err_set(err, BL_EINVAL, "cluster: a stage on another host needs the cluster's secret file");
@@ -1059,8 +1066,7 @@ fail:
     free(c->bin_dir);
     free(c->runtime_dir);
     free(c->secret_path);
-    for (int s = 0; s < RT_CLUSTER_MAX_STAGES; s++)
-        free(c->remote[s]);
+    free_remote(c);
     free(c);
     return rc;
 }
@@ -1083,8 +1089,7 @@ void rt_cluster_destroy(rt_cluster_t *c)
     free(c->bin_dir);
     free(c->runtime_dir);
     free(c->secret_path);
-    for (int s = 0; s < RT_CLUSTER_MAX_STAGES; s++)
-        free(c->remote[s]);
+    free_remote(c);
     free(c);
 }
 

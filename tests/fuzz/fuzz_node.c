@@ -7,7 +7,9 @@
  * ('H') have a name of the allowed bytes, 1..BP_NODE_MAX_CPUS CPUs, no padding, and
  * memory within BP_NODE_MAX_MEM with what is available at most the total. Each
  * accepted payload reads the same from its own bytes again; a refusal says why, the
- * same way twice.
+ * same way twice. bp_node_env_read, the parser both sides use, agrees with each
+ * tag's reader, hands over a control message ('M') that validates and frees it, takes
+ * a done ('D') only bare, and refuses every tag it is not told to take.
  * Seeds: tests/fuzz/corpus/fuzz_node/. */
 #include <stdint.h>
 #include <stdio.h>
@@ -29,122 +31,156 @@ static void check(int ok, const char *what)
     }
 }
 
-/* The same refusal twice, with its reason. */
-static void check_refusal(int rc, int again, const bl_err_t *e1, const bl_err_t *e2)
+// --- each payload's reader, with one signature --------------------------------------
+
+typedef int (*read_fn)(void *out, const uint8_t *p, size_t n, bl_err_t *err);
+
+static int read_setup(void *out, const uint8_t *p, size_t n, bl_err_t *err)
 {
-    check(rc == again, "two reads disagree");
-    check(rc == BL_EPROTO || rc == BL_EINVAL, "a refusal of another kind");
-    check(e1->msg[0] && strcmp(e1->msg, e2->msg) == 0, "a refusal without its reason, or said two ways");
+    return bp_node_setup_read(out, p, n, VERSION, err);
+}
+static int read_file(void *out, const uint8_t *p, size_t n, bl_err_t *err) { return bp_node_file_read(out, p, n, err); }
+static int read_probe(void *out, const uint8_t *p, size_t n, bl_err_t *err)
+{
+    return bp_node_probe_read(out, p, n, VERSION, err);
+}
+static int read_host(void *out, const uint8_t *p, size_t n, bl_err_t *err) { return bp_node_host_read(out, p, n, err); }
+
+static const struct {
+    char tag;
+    read_fn read;
+    size_t size;
+} k_readers[] = {
+    {BP_NODE_ENV_SETUP, read_setup, sizeof(bp_node_setup_t)},
+    {BP_NODE_ENV_FILE, read_file, sizeof(bp_node_file_t)},
+    {BP_NODE_ENV_PROBE, read_probe, sizeof(bp_node_probe_t)},
+    {BP_NODE_ENV_HOST, read_host, sizeof(bp_node_host_t)},
+};
+
+/* Reads n bytes with reader r twice into out (r's struct, as are a and b): the reads
+ * agree, a refusal is a protocol or version error with its reason, said the same way
+ * twice; an accepted payload is exactly the struct and reads back from its own bytes
+ * as itself. 1 when accepted. */
+static int read_twice(int r, const uint8_t *p, size_t n, void *out)
+{
+    union {
+        bp_node_setup_t s;
+        bp_node_file_t f;
+        bp_node_probe_t q;
+        bp_node_host_t h;
+    } again, own;
+    bl_err_t e1 = {0}, e2 = {0};
+    const int rc = k_readers[r].read(out, p, n, &e1);
+    check(rc == k_readers[r].read(&again, p, n, &e2), "two reads disagree");
+    if (rc != 0) {
+        check(rc == BL_EPROTO || rc == BL_EINVAL, "a refusal of another kind");
+        check(e1.msg[0] && strcmp(e1.msg, e2.msg) == 0, "a refusal without its reason, or said two ways");
+        return 0;
+    }
+    check(n == k_readers[r].size, "a payload of another size accepted");
+    memcpy(&own, out, k_readers[r].size);
+    check(k_readers[r].read(&again, (const uint8_t *)&own, k_readers[r].size, &e2) == 0 &&
+              memcmp(&again, out, k_readers[r].size) == 0,
+          "an accepted payload does not read the same from its own bytes");
+    return 1;
 }
 
-static void setup_one(const uint8_t *data, size_t size)
+/* A name field as the protocol allows it: ended inside the field, not empty, of these
+ * bytes only. */
+static int name_ok(const char *s, size_t cap)
 {
-    bp_node_setup_t s, t;
-    bl_err_t e1 = {0}, e2 = {0};
-    const int rc = bp_node_setup_read(&s, data, size, VERSION, &e1);
-    const int again = bp_node_setup_read(&t, data, size, VERSION, &e2);
-    if (rc != 0) {
-        check_refusal(rc, again, &e1, &e2);
-        return;
-    }
-    check(again == 0, "two reads disagree");
-    check(size == sizeof s, "a setup of another size accepted");
-    check(memchr(s.name, 0, sizeof s.name) && s.name[0] && memchr(s.identity, 0, sizeof s.identity) &&
-              s.identity[0], "an empty or unterminated name accepted");
-    check(strcmp(s.version, VERSION) == 0, "another version accepted");
-    check(s.n_rings == 2 || s.n_rings == 4, "a ring count accepted");
+    static const char allowed[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-";
+    const char *end = memchr(s, 0, cap);
+    return end && end > s && strspn(s, allowed) == (size_t)(end - s);
+}
+
+// --- what an accepted payload must hold -----------------------------------------------
+
+static void setup_holds(const bp_node_setup_t *s)
+{
+    check(name_ok(s->name, sizeof s->name) && name_ok(s->identity, sizeof s->identity),
+          "an empty, unterminated or odd name accepted");
+    check(strcmp(s->version, VERSION) == 0, "another version accepted");
+    check(s->n_rings == 2 || s->n_rings == 4, "a ring count accepted");
     for (int i = 0; i < 4; i++) {
-        const uint64_t c = s.capacity[i];
-        if ((uint32_t)i < s.n_rings)
+        const uint64_t c = s->capacity[i];
+        if ((uint32_t)i < s->n_rings)
             check(c >= BP_RING_MIN_CAPACITY && c <= BP_RING_MAX_CAPACITY && !(c & (c - 1)), "a capacity accepted");
         else
             check(c == 0, "a capacity past the rings accepted");
     }
-    check(s.verbosity >= -1 && s.verbosity <= 100, "a verbosity accepted");
-    uint8_t own[sizeof s];
-    memcpy(own, &s, sizeof s);
-    check(bp_node_setup_read(&t, own, sizeof own, VERSION, &e2) == 0 && memcmp(&s, &t, sizeof s) == 0,
-          "an accepted setup does not read the same from its own bytes");
+    check(s->verbosity >= -1 && s->verbosity <= 100, "a verbosity accepted");
 }
 
-static void file_one(const uint8_t *data, size_t size)
+static void file_holds(const bp_node_file_t *f)
 {
-    bp_node_file_t f, g;
-    bl_err_t e1 = {0}, e2 = {0};
-    const int rc = bp_node_file_read(&f, data, size, &e1);
-    const int again = bp_node_file_read(&g, data, size, &e2);
-    if (rc != 0) {
-        check_refusal(rc, again, &e1, &e2);
-        return;
-    }
-    check(again == 0, "two reads disagree");
-    check(size == sizeof f, "a model file of another size accepted");
-    check(f.size >= 1 && f.size <= (uint64_t)INT64_MAX, "a file size accepted");
+    check(f->size >= 1 && f->size <= (uint64_t)INT64_MAX, "a file size accepted");
     uint8_t any = 0;
-    for (size_t i = 0; i < sizeof f.fingerprint; i++)
-        any |= f.fingerprint[i];
+    for (size_t i = 0; i < sizeof f->fingerprint; i++)
+        any |= f->fingerprint[i];
     check(any != 0, "a fingerprint of zeros accepted");
-    uint8_t own[sizeof f];
-    memcpy(own, &f, sizeof f);
-    check(bp_node_file_read(&g, own, sizeof own, &e2) == 0 && memcmp(&f, &g, sizeof f) == 0,
-          "an accepted model file does not read the same from its own bytes");
 }
 
-static void probe_one(const uint8_t *data, size_t size)
+static void host_holds(const bp_node_host_t *h)
 {
-    bp_node_probe_t q, r;
-    bl_err_t e1 = {0}, e2 = {0};
-    const int rc = bp_node_probe_read(&q, data, size, VERSION, &e1);
-    const int again = bp_node_probe_read(&r, data, size, VERSION, &e2);
-    if (rc != 0) {
-        check_refusal(rc, again, &e1, &e2);
-        return;
-    }
-    check(again == 0, "two reads disagree");
-    check(size == sizeof q && strcmp(q.version, VERSION) == 0, "a probe of another size or version accepted");
-    uint8_t own[sizeof q];
-    memcpy(own, &q, sizeof q);
-    check(bp_node_probe_read(&r, own, sizeof own, VERSION, &e2) == 0 && memcmp(&q, &r, sizeof q) == 0,
-          "an accepted probe does not read the same from its own bytes");
+    check(name_ok(h->hostname, sizeof h->hostname), "an empty, unterminated or odd host name accepted");
+    check(h->n_cpus >= 1 && h->n_cpus <= BP_NODE_MAX_CPUS && h->pad == 0, "a CPU count or padding accepted");
+    check(h->mem_available <= BP_NODE_MAX_MEM && h->mem_total <= BP_NODE_MAX_MEM &&
+              (!h->mem_total || h->mem_available <= h->mem_total), "a memory size accepted");
 }
 
-static void host_one(const uint8_t *data, size_t size)
+/* The envelope parser against the readers it calls. */
+static void env_one(const uint8_t *data, size_t size)
 {
-    bp_node_host_t h, g;
+    bp_node_env_t env, none;
     bl_err_t e1 = {0}, e2 = {0};
-    const int rc = bp_node_host_read(&h, data, size, &e1);
-    const int again = bp_node_host_read(&g, data, size, &e2);
+    const int rc = bp_node_env_read(&env, data, size, "SFPHMD", VERSION, &e1);
+    check(bp_node_env_read(&none, data, size, "", VERSION, &e2) == BL_EPROTO, "a tag taken that was not asked for");
     if (rc != 0) {
-        check_refusal(rc, again, &e1, &e2);
+        check(rc < 0 && e1.msg[0], "a refusal without its code or reason");
+        check(env.tag == 0 && env.msg.u.base == NULL, "a refusal that left something behind");
         return;
     }
-    check(again == 0, "two reads disagree");
-    check(size == sizeof h, "host facts of another size accepted");
-    const char *end = memchr(h.hostname, 0, sizeof h.hostname);
-    check(end && end > h.hostname, "an empty or unterminated host name accepted");
-    for (const char *c = h.hostname; c < end; c++)
-        check(*c == '_' || *c == '-' || *c == '.' || (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'z') ||
-                  (*c >= 'A' && *c <= 'Z'), "a host name byte accepted");
-    check(h.n_cpus >= 1 && h.n_cpus <= BP_NODE_MAX_CPUS && h.pad == 0, "a CPU count or padding accepted");
-    check(h.mem_available <= BP_NODE_MAX_MEM && h.mem_total <= BP_NODE_MAX_MEM &&
-              (!h.mem_total || h.mem_available <= h.mem_total), "a memory size accepted");
-    uint8_t own[sizeof h];
-    memcpy(own, &h, sizeof h);
-    check(bp_node_host_read(&g, own, sizeof own, &e2) == 0 && memcmp(&h, &g, sizeof h) == 0,
-          "accepted host facts do not read the same from their own bytes");
+    check(size >= 1 && env.tag == (char)data[0], "the tag read is not the envelope's");
+    if (env.tag == BP_NODE_ENV_MSG) {
+        check(env.msg.u.base != NULL && bp_msg_validate(&env.msg, &e2) == 0, "a control message that does not "
+              "validate");
+        bp_msg_free(&env.msg);
+        return;
+    }
+    if (env.tag == BP_NODE_ENV_DONE) {
+        check(size == 1, "a done envelope with a payload accepted");
+        return;
+    }
+    int found = 0;
+    for (size_t r = 0; r < sizeof k_readers / sizeof k_readers[0]; r++) {
+        if (k_readers[r].tag != env.tag)
+            continue;
+        bp_node_env_t one;
+        check(k_readers[r].read(&one.u, data + 1, size - 1, &e2) == 0 &&
+                  memcmp(&one.u, &env.u, k_readers[r].size) == 0, "an envelope read two ways");
+        found = 1;
+    }
+    check(found, "a tag outside the protocol accepted");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    env_one(data, size);
     if (size == 0)
         return 0;
-    if (data[0] == BP_NODE_ENV_SETUP)
-        setup_one(data + 1, size - 1);
-    else if (data[0] == BP_NODE_ENV_FILE)
-        file_one(data + 1, size - 1);
-    else if (data[0] == BP_NODE_ENV_PROBE)
-        probe_one(data + 1, size - 1);
-    else if (data[0] == BP_NODE_ENV_HOST)
-        host_one(data + 1, size - 1);
+    bp_node_env_t env;
+    for (int r = 0; r < (int)(sizeof k_readers / sizeof k_readers[0]); r++) {
+        if (k_readers[r].tag != (char)data[0] || !read_twice(r, data + 1, size - 1, &env.u))
+            continue;
+        if (data[0] == BP_NODE_ENV_SETUP)
+            setup_holds(&env.u.setup);
+        else if (data[0] == BP_NODE_ENV_FILE)
+            file_holds(&env.u.file);
+        else if (data[0] == BP_NODE_ENV_PROBE)
+            check(strcmp(env.u.probe.version, VERSION) == 0, "a probe of another version accepted");
+        else
+            host_holds(&env.u.host);
+    }
     return 0;
 }

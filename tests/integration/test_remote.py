@@ -137,16 +137,26 @@ def test_a_remote_stage_same_as_one_process(servers, nodes, tmp_path, hosttier):
         assert greedy(srv.url, p) == greedy(one.url, p), p
 
 
-def test_layers_given_in_the_hostfile_split_the_stages_unevenly(servers, nodes, tmp_path):
-    """layers= puts one layer of four on the router's host and three under the node."""
-    model = serverctl.make_model(str(tmp_path / "four.gguf"), "--layers", "4")
+def two_stages(servers, nodes, tmp_path, local, remote, n_layers=None, args=FAST):
+    """A node, and two servers of the same model (of n_layers layers, or the session's):
+    one process, and a hostfile's two worker lines, this host's with the options local
+    and the node's with remote. Returns (one, the hostfile's server, the node)."""
+    model = None
+    if n_layers:
+        model = serverctl.make_model(str(tmp_path / ("layers%d.gguf" % n_layers)), "--layers", str(n_layers))
     secret = secret_file(tmp_path / "secret")
     node = nodes(secret)
     hosts = tmp_path / "hosts"
-    hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker layers=0-1\n"
-                     "localhost %d worker layers=1-4\n" % node.port)
+    hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker %s\nlocalhost %d worker %s\n"
+                     % (local, node.port, remote))
     one = servers.start(FAST, model=model)
-    srv = servers.start(FAST + ["--hostfile", str(hosts), "--cluster-secret", secret], model=model)
+    srv = servers.start(list(args) + ["--hostfile", str(hosts), "--cluster-secret", secret], model=model)
+    return one, srv, node
+
+
+def test_layers_given_in_the_hostfile_split_the_stages_unevenly(servers, nodes, tmp_path):
+    """layers= puts one layer of four on the router's host and three under the node."""
+    one, srv, node = two_stages(servers, nodes, tmp_path, "layers=0-1", "layers=1-4", n_layers=4)
     log = srv.log(100000)
     assert "event=plan stage 0: layers 0..0 on the CPU" in log, log
     assert "event=plan stage 1: layers 1..3 on the CPU" in log, log
@@ -171,16 +181,9 @@ def test_without_layers_the_split_follows_threads_and_cpus(servers, nodes, tmp_p
     """Without layers=, the router asks the node for its host's CPUs and memory before
     it plans, and splits the layers by each stage's threads capped by its CPUs: here
     threads=1 on the router's host and threads=3 under the node, over 8 layers."""
-    model = serverctl.make_model(str(tmp_path / "eight.gguf"), "--layers", "8")
-    secret = secret_file(tmp_path / "secret")
-    node = nodes(secret)
-    hosts = tmp_path / "hosts"
-    hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker threads=1\n"
-                     "localhost %d worker threads=3\n" % node.port)
+    one, srv, node = two_stages(servers, nodes, tmp_path, "threads=1", "threads=3", n_layers=8)
     cpus = len(os.sched_getaffinity(0))
     first, _ = split(8, [1, min(3, cpus)])
-    one = servers.start(FAST, model=model)
-    srv = servers.start(FAST + ["--hostfile", str(hosts), "--cluster-secret", secret], model=model)
     log = srv.log(100000)
     assert "event=probe_answered host=" in node.log(), node.log()
     assert re.search(r"event=stage_host stage=1 host=localhost node=tcp://localhost:%d cpus=%d mem_available=[1-9]"
@@ -195,15 +198,9 @@ def test_threads_given_in_the_hostfile_set_each_stage(servers, nodes, tmp_path):
     """threads= on a worker line sets that stage's threads for decode and prompt steps
     alike, over -t and -tb (3 here, which no stage runs): the router's stage runs 1,
     the node's 2, as each worker's event=ready says; the answers are one process's."""
-    secret = secret_file(tmp_path / "secret")
-    node = nodes(secret)
-    hosts = tmp_path / "hosts"
-    hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker threads=1\n"
-                     "localhost %d worker threads=2\n" % node.port)
-    one = servers.start(FAST)
     wide = [a for a in FAST if a not in ("-t", "-tb", "1")] + ["-t", "3", "-tb", "3"]
     assert wide == ["-np", "2", "-c", "1024", "-t", "3", "-tb", "3"]
-    srv = servers.start(wide + ["--hostfile", str(hosts), "--cluster-secret", secret])
+    one, srv, node = two_stages(servers, nodes, tmp_path, "threads=1", "threads=2", args=wide)
     ready = [line for line in srv.log(100000).splitlines() if "event=ready layers=" in line]
     assert len(ready) == 1 and "worker0" in ready[0], ready
     assert " threads=1 threads_batch=1 " in ready[0], ready

@@ -433,8 +433,9 @@ static bl_cpu_host_t host(const char *name, int threads, int n_cpus, uint64_t me
     return (bl_cpu_host_t){.name = name, .remote = 1, .threads = threads, .n_cpus = n_cpus, .mem_avail = mem_avail};
 }
 
-/* Splits n_layers layers of bytes_each over the hosts and checks what every split
- * must hold: ends increasing to n_layers, a layer at least per stage. */
+/* Splits n_layers layers of bytes_each (the first stage also holding first, the last
+ * last) over the n hosts and checks what every split must hold: ends increasing to
+ * n_layers, a layer at least per stage. */
 static int split(int64_t n_layers, uint64_t bytes_each, uint64_t first, uint64_t last, const bl_cpu_host_t *h,
                  int n, int64_t *ends, bl_err_t *err)
 {
@@ -450,48 +451,49 @@ static int split(int64_t n_layers, uint64_t bytes_each, uint64_t first, uint64_t
     return rc;
 }
 
+/* The same, expecting the ends want. */
+static void expect_ends(int64_t n_layers, uint64_t bytes_each, uint64_t first, uint64_t last, const bl_cpu_host_t *h,
+                        int n, const int64_t *want)
+{
+    int64_t ends[BL_PLAN_MAX_STAGES];
+    bl_err_t err = {0};
+    const int rc = split(n_layers, bytes_each, first, last, h, n, ends, &err);
+    if (rc)
+        fail_msg("split: %d: %s", rc, err.msg);
+    for (int i = 0; i < n; i++)
+        if (ends[i] != want[i])
+            fail_msg("stage %d ends at %lld, expected %lld", i, (long long)ends[i], (long long)want[i]);
+}
+
+#define HOSTS(...) ((const bl_cpu_host_t[]){__VA_ARGS__})
+#define ENDS(...) ((const int64_t[]){__VA_ARGS__})
+
 static void test_plan_split_cpu_follows_the_threads(void **state)
 {
     (void)state;
-    int64_t ends[4];
-    bl_err_t err = {0};
-    const bl_cpu_host_t even[3] = {host("a", 8, 0, 0), host("b", 8, 0, 0), host("c", 8, 0, 0)};
-    assert_int_equal(split(48, 100, 0, 0, even, 3, ends, &err), 0);
-    assert_int_equal(ends[0], 16);
-    assert_int_equal(ends[1], 32);
-    const bl_cpu_host_t uneven[2] = {host("a", 1, 0, 0), host("b", 3, 0, 0)};
-    assert_int_equal(split(48, 100, 0, 0, uneven, 2, ends, &err), 0);
-    assert_int_equal(ends[0], 12);
+    expect_ends(48, 100, 0, 0, HOSTS(host("a", 8, 0, 0), host("b", 8, 0, 0), host("c", 8, 0, 0)), 3, ENDS(16, 32, 48));
+    expect_ends(48, 100, 0, 0, HOSTS(host("a", 1, 0, 0), host("b", 3, 0, 0)), 2, ENDS(12, 48));
     /* a share that does not divide: the largest remainder takes the layer left */
-    assert_int_equal(split(4, 100, 0, 0, uneven, 2, ends, &err), 0);
-    assert_int_equal(ends[0], 1);
-    const bl_cpu_host_t thirds[2] = {host("a", 1, 0, 0), host("b", 2, 0, 0)};
-    assert_int_equal(split(4, 100, 0, 0, thirds, 2, ends, &err), 0);
-    assert_int_equal(ends[0], 1); /* 1.33 and 2.67: the second's remainder is larger */
+    expect_ends(4, 100, 0, 0, HOSTS(host("a", 1, 0, 0), host("b", 3, 0, 0)), 2, ENDS(1, 4));
+    /* 1.33 and 2.67: the second's remainder is larger */
+    expect_ends(4, 100, 0, 0, HOSTS(host("a", 1, 0, 0), host("b", 2, 0, 0)), 2, ENDS(1, 4));
 }
 
 static void test_plan_split_cpu_caps_threads_by_the_hosts_cpus(void **state)
 {
     (void)state;
-    int64_t ends[2];
-    bl_err_t err = {0};
     /* 16 threads on 4 CPUs run as fast as 4 threads on 4 CPUs */
-    const bl_cpu_host_t h[2] = {host("a", 16, 4, 0), host("b", 4, 8, 0)};
-    assert_int_equal(split(48, 100, 0, 0, h, 2, ends, &err), 0);
-    assert_int_equal(ends[0], 24);
+    expect_ends(48, 100, 0, 0, HOSTS(host("a", 16, 4, 0), host("b", 4, 8, 0)), 2, ENDS(24, 48));
 }
 
 static void test_plan_split_cpu_gives_every_stage_a_layer(void **state)
 {
     (void)state;
+    const bl_cpu_host_t *h = HOSTS(host("a", 1000, 0, 0), host("b", 1, 0, 0), host("c", 1, 0, 0));
+    expect_ends(10, 100, 0, 0, h, 3, ENDS(8, 9, 10));
+    expect_ends(3, 100, 0, 0, h, 3, ENDS(1, 2, 3));
     int64_t ends[3];
     bl_err_t err = {0};
-    const bl_cpu_host_t h[3] = {host("a", 1000, 0, 0), host("b", 1, 0, 0), host("c", 1, 0, 0)};
-    assert_int_equal(split(10, 100, 0, 0, h, 3, ends, &err), 0);
-    assert_int_equal(ends[0], 8);
-    assert_int_equal(ends[1], 9);
-    assert_int_equal(split(3, 100, 0, 0, h, 3, ends, &err), 0);
-    assert_int_equal(ends[0], 1);
     assert_int_equal(split(2, 100, 0, 0, h, 3, ends, &err), BL_EINVAL); /* more stages than layers */
     assert_non_null(strstr(err.msg, "3 workers for 2 layers"));
     assert_int_equal(split(2, 100, 0, 0, h, 0, ends, &err), BL_EINVAL);
@@ -500,28 +502,16 @@ static void test_plan_split_cpu_gives_every_stage_a_layer(void **state)
 static void test_plan_split_cpu_keeps_each_host_within_its_memory(void **state)
 {
     (void)state;
-    int64_t ends[3];
-    bl_err_t err = {0};
     /* b would take 15 of 20 layers by its threads; its memory holds 5 */
-    bl_cpu_host_t h[3] = {host("a", 1, 0, 0), host("b", 3, 0, 500)};
-    assert_int_equal(split(20, 100, 0, 0, h, 2, ends, &err), 0);
-    assert_int_equal(ends[0], 15);
+    expect_ends(20, 100, 0, 0, HOSTS(host("a", 1, 0, 0), host("b", 3, 0, 500)), 2, ENDS(15, 20));
     /* the last stage holds the head too: 4 layers and it */
-    assert_int_equal(split(20, 100, 50, 70, h, 2, ends, &err), 0);
-    assert_int_equal(ends[0], 16);
-    /* the first stage holds the embedding: a's memory with it */
-    h[0].mem_avail = 50 + 300;
-    h[1].mem_avail = 0;
-    assert_int_equal(split(20, 100, 50, 70, h, 2, ends, &err), 0);
-    assert_int_equal(ends[0], 3);
-    /* two stages of one host share its memory; the layers they give go to the third */
-    h[0] = host("a", 1, 0, 1000);
-    h[1] = host("A", 1, 0, 1000); /* the same host, named as the hostfile compares */
-    h[2] = host("c", 1, 0, 0);
-    assert_int_equal(split(30, 100, 0, 0, h, 3, ends, &err), 0);
-    assert_true(ends[1] * 100 <= 1000);
-    assert_int_equal(ends[1], 10);
-    assert_int_equal(ends[0], 5);
+    expect_ends(20, 100, 50, 70, HOSTS(host("a", 1, 0, 0), host("b", 3, 0, 500)), 2, ENDS(16, 20));
+    /* the first stage holds the embedding: a's memory with it holds 3 layers */
+    expect_ends(20, 100, 50, 70, HOSTS(host("a", 1, 0, 350), host("b", 3, 0, 0)), 2, ENDS(3, 20));
+    /* two stages of one host (named as the hostfile compares names) share its memory;
+     * the layers they give go to the third */
+    expect_ends(30, 100, 0, 0, HOSTS(host("a", 1, 0, 1000), host("A", 1, 0, 1000), host("c", 1, 0, 0)), 3,
+                ENDS(5, 10, 30));
 }
 
 static void test_plan_split_cpu_refuses_what_no_split_fits(void **state)
@@ -530,15 +520,15 @@ static void test_plan_split_cpu_refuses_what_no_split_fits(void **state)
     int64_t ends[2];
     bl_err_t err = {0};
     /* 20 layers of 100 bytes, 1500 bytes of memory in all */
-    const bl_cpu_host_t h[2] = {host("gpu-a", 1, 0, 1000), host("10.0.0.2", 1, 0, 500)};
-    assert_int_equal(split(20, 100, 0, 0, h, 2, ends, &err), BL_ENOMEM);
+    assert_int_equal(split(20, 100, 0, 0, HOSTS(host("gpu-a", 1, 0, 1000), host("10.0.0.2", 1, 0, 500)), 2, ends,
+                           &err), BL_ENOMEM);
     assert_non_null(strstr(err.msg, "no split of the 20 CPU layers fits"));
     assert_true(strstr(err.msg, "gpu-a has") || strstr(err.msg, "10.0.0.2 has"));
     assert_non_null(strstr(err.msg, "MemAvailable"));
     assert_non_null(strstr(err.msg, "bytes of weights and KV cache"));
     /* a host whose memory does not hold even one layer */
-    const bl_cpu_host_t tiny[2] = {host("a", 1, 0, 0), host("small-host", 1, 0, 99)};
-    assert_int_equal(split(20, 100, 0, 0, tiny, 2, ends, &err), BL_ENOMEM);
+    assert_int_equal(split(20, 100, 0, 0, HOSTS(host("a", 1, 0, 0), host("small-host", 1, 0, 99)), 2, ends, &err),
+                     BL_ENOMEM);
     assert_non_null(strstr(err.msg, "small-host has 0.0 MiB available (MemAvailable, 99 bytes) and its 1 stage "
                                     "needs 0.0 MiB (100 bytes of weights and KV cache) with one layer each"));
 }
@@ -1634,54 +1624,44 @@ static void test_plan_free_is_safe_after_a_failed_build_and_twice(void **state)
 
 /* Every allocation of bl_plan_build made to fail in turn: BL_ENOMEM, nothing left
  * (the sanitizer build checks the leaks), then a build that succeeds. */
+/* Builds o's plan into g_plan with each allocation budget from 0 until it succeeds:
+ * every failure on the way is BL_ENOMEM, says so, and leaves nothing to free. */
+static void build_through_failing_allocations(int model, const bl_device_t *devs, int n_devs,
+                                              const bl_place_opts_t *o)
+{
+    for (long budget = 0; budget < 64; budget++) {
+        bl_plan_t *p = &g_plan;
+        bl_err_t err = {0};
+        alloc_budget = budget;
+        const int rc = bl_plan_build(p, M.g[model], &M.a[model], devs, n_devs, o, &err);
+        alloc_budget = -1;
+        if (rc == 0) {
+            assert_true(budget > 0);
+            return;
+        }
+        if (rc != BL_ENOMEM)
+            fail_msg("budget %ld: %d (%s)", budget, rc, err.msg);
+        assert_non_null(strstr(err.msg, "out of memory"));
+        assert_null(p->host);
+    }
+    fail_msg("no plan within 64 allocations");
+}
+
 static void test_plan_allocation_failure_is_enomem(void **state)
 {
     (void)state;
     bl_place_opts_t o = opts();
     o.n_cpu_moe = 2;
-    int ok = 0;
-    for (long budget = 0; budget < 64 && !ok; budget++) {
-        bl_plan_t *p = &g_plan;
-        bl_err_t err = {0};
-        alloc_budget = budget;
-        const int rc = bl_plan_build(p, M.g[MOE], &M.a[MOE], big1, 1, &o, &err);
-        alloc_budget = -1;
-        if (rc == 0) {
-            assert_true(budget > 0);
-            assert_host(p, "11000000");
-            bl_plan_free(p);
-            ok = 1;
-            continue;
-        }
-        if (rc != BL_ENOMEM)
-            fail_msg("budget %ld: %d (%s)", budget, rc, err.msg);
-        assert_non_null(strstr(err.msg, "out of memory"));
-        assert_null(p->host);
-    }
-    assert_true(ok);
+    build_through_failing_allocations(MOE, big1, 1, &o);
+    assert_host(&g_plan, "11000000");
+    bl_plan_free(&g_plan);
     /* and with a hostfile's hosts to split the CPU layers by */
     const bl_cpu_host_t h[2] = {{.name = "a", .threads = 1}, {.name = "b", .threads = 3}};
     o = opts();
     o.n_cpu_stages = 2;
     o.cpu_hosts = h;
-    ok = 0;
-    for (long budget = 0; budget < 64 && !ok; budget++) {
-        bl_plan_t *p = &g_plan;
-        bl_err_t err = {0};
-        alloc_budget = budget;
-        const int rc = bl_plan_build(p, M.g[MOE], &M.a[MOE], NULL, 0, &o, &err);
-        alloc_budget = -1;
-        if (rc == 0) {
-            assert_stage(p, 1, BL_PLAN_DEVICE_CPU, 2, N_LAYER);
-            ok = 1;
-            continue;
-        }
-        if (rc != BL_ENOMEM)
-            fail_msg("budget %ld: %d (%s)", budget, rc, err.msg);
-        assert_non_null(strstr(err.msg, "out of memory"));
-        assert_null(p->host);
-    }
-    assert_true(ok);
+    build_through_failing_allocations(MOE, NULL, 0, &o);
+    assert_stage(&g_plan, 1, BL_PLAN_DEVICE_CPU, 2, N_LAYER);
 }
 
 /* The residency flags come with the placement flags: --experts-vram defaults to auto

@@ -354,12 +354,16 @@ static void test_msg_validation_names_the_field(void **state)
     m = make_plan();
     g_plan.n_stages = 1; /* layers 2-3 belong to nobody */
     expect_invalid(&m, BL_EINVAL, "Plan.stages");
-    m = make_plan();
-    g_st[1].threads = 257;
-    expect_invalid(&m, BL_EINVAL, "Plan.stages[1].threads");
-    m = make_plan();
-    g_st[0].threads_batch = 1000;
-    expect_invalid(&m, BL_EINVAL, "Plan.stages[0].threads_batch");
+    /* a stage's own thread counts past a worker's pool */
+    static const char *const threads_field[2] = {"Plan.stages[1].threads", "Plan.stages[0].threads_batch"};
+    for (int f = 0; f < 2; f++) {
+        m = make_plan();
+        if (f == 0)
+            g_st[1].threads = 257;
+        else
+            g_st[0].threads_batch = 1000;
+        expect_invalid(&m, BL_EINVAL, threads_field[f]);
+    }
     m = make_plan();
     g_pl[5].expert = 8;
     expect_invalid(&m, BL_EINVAL, "Plan.placements[5].expert");
