@@ -761,6 +761,8 @@ static int hostfile_stages(opts_t *o, hf_stage_t *hs, int *has_ends, bl_err_t *e
                                                    : NULL;
         if (e->role == BL_HOST_HOSTTIER && strcasecmp(e->host, router->host) != 0)
             what = "a hosttier on another host than the router's";
+        else if (e->role == BL_HOST_HOSTTIER && e->threads)
+            what = "threads= on a hosttier line (its threads are -t's)";
         if (what && e->role != BL_HOST_ROUTER) {
             rc = bl_err_set(err, BL_ENOTSUP, "%s:%d: %s is not taken yet", o->hostfile, e->line, what);
             break;

@@ -318,6 +318,8 @@ def test_refusals(servers, tmp_path):
         ("127.0.0.1 1 router\n127.0.0.1 2 worker 0\n", ["--cluster-secret", secret], r"hosts:2: GPU workers"),
         ("127.0.0.1 1 router\n127.0.0.1 2 worker threads=300\n", ["--cluster-secret", secret],
          r"hosts:2: threads=300: a worker runs at most 256"),
+        ("127.0.0.1 1 router\n127.0.0.1 2 worker\n127.0.0.1 3 hosttier threads=4\n", [],
+         r"hosts:3: threads= on a hosttier line"),
         ("127.0.0.1 1 router\nlocalhost 2 worker\n", [], r"need --cluster-secret"),
         ("127.0.0.1 1 router\nlocalhost 2 worker\nlocalhost 9 hosttier\n", ["--cluster-secret", secret],
          r"hosts:3: a hosttier on another host"),
