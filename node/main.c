@@ -574,7 +574,8 @@ static void node_bridge(session_t *ss)
             continue;
         }
         if (rc == BL_EAGAIN) {
-            ss->told_file = 0; /* a model file refused: the Plan after it is refused as untold */
+            if (buf[0] == BP_NODE_ENV_FILE) /* a model file refused: the Plan after it is refused as untold */
+                ss->told_file = 0;
             continue;
         }
         if (rc)
