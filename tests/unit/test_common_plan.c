@@ -605,12 +605,14 @@ static void test_plan_cpu_hosts_split_the_cpu_stages(void **state)
     assert_sizes(p, 0, EMBD_BYTES + 2 * (D_BYTES + X_BYTES), 2 * X_BYTES);
     assert_sizes(p, 1, 6 * (D_BYTES + X_BYTES) + OUT_NORM_BYTES + HEAD_BYTES, 6 * X_BYTES);
     assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, 2);
+    bl_plan_free(p);
 
     /* 10.0.0.2 holds three layers with the head: the rest go to the router's host */
     h[1].mem_avail = 3 * (D_BYTES + X_BYTES + KV_LAYER_BYTES) + OUT_NORM_BYTES + HEAD_BYTES;
     build_ok(p, MOE, NULL, 0, &o);
     assert_true(p->stage[1].weight_bytes + p->stage[1].kv_bytes <= h[1].mem_avail);
     assert_stage(p, 1, BL_PLAN_DEVICE_CPU, 5, N_LAYER);
+    bl_plan_free(p);
     h[0].mem_avail = 2 * (D_BYTES + X_BYTES + KV_LAYER_BYTES);
     expect_refusal(MOE, NULL, 0, &o, BL_ENOMEM, "has");
     h[0].mem_avail = h[1].mem_avail = 0;
@@ -620,6 +622,7 @@ static void test_plan_cpu_hosts_split_the_cpu_stages(void **state)
     o.cpu_stage_ends = ends;
     build_ok(p, MOE, NULL, 0, &o);
     assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, 4);
+    bl_plan_free(p);
 
     /* --experts-ram auto with little RAM here: the router host's stage's experts go to
      * the hosttier, the other host's stay in its worker */
