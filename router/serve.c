@@ -345,7 +345,8 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "CPU worker processes: the layers split into N pipeline stages (default 1)");
     STR("--hostfile", "BLOOMERY_ARG_HOSTFILE", &o->hostfile, "FILE",
         "the cluster's hostfile: a CPU stage per worker line, in order; a line of another host than the "
-        "router's runs under the node there (docs/deploy.md)");
+        "router's runs under the node there; layers by the lines' layers=, else by each stage's threads within "
+        "each host's memory (docs/deploy.md)");
     STR("--cluster-secret", "BLOOMERY_ARG_CLUSTER_SECRET", &o->cluster_secret, "FILE",
         "the cluster's secret (mode 0600, at least 32 bytes): the keys of the links to other hosts");
     STR("-ctk,--cache-type-k", "LLAMA_ARG_CACHE_TYPE_K", &o->cache_type_k, "TYPE",
