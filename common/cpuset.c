@@ -130,6 +130,16 @@ int bl_cpu_default_threads(void)
     return bl_cpu_physical_cores("/sys/devices/system/cpu", &allowed);
 }
 
+int bl_cpu_count(void)
+{
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) > 0)
+        return CPU_COUNT(&allowed);
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
 void bl_cpu_list(const cpu_set_t *s, char *buf, size_t cap)
 {
     size_t at = 0;

@@ -68,6 +68,9 @@ int bl_cpu_flags_apply(const bl_cpu_flags_t *f, bl_err_t *err) BL_WUR;
  * ROOT/cpuN/topology/{physical_package_id,core_id} (ROOT: /sys/devices/system/cpu,
  * or another for tests); the CPU count where the topology cannot be read. At least 1. */
 int bl_cpu_default_threads(void);
+/* The CPUs this process may run on (its affinity: what its threads, and the processes
+ * it starts, can use); the online CPUs where the affinity cannot be read. At least 1. */
+int bl_cpu_count(void);
 int bl_cpu_physical_cores(const char *root, const cpu_set_t *allowed);
 
 /* s as a list ("0-3,8"), for logs; "" for an empty set. */

@@ -281,9 +281,16 @@ static uint64_t cuda_scratch(const bl_arch_t *a, const bl_place_opts_t *o, const
 
 static void size_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s);
 
+/* Whether stage i is a CPU stage of this machine, whose memory is ram_avail's (a
+ * hostfile's stage on another host has its own). The CPU stages come first. */
+static int local_cpu_stage(const bl_plan_t *p, const bl_place_opts_t *o, int i)
+{
+    return p->stage[i].device < 0 && !(o->cpu_hosts && i < o->n_cpu_stages && o->cpu_hosts[i].remote);
+}
+
 /* The host experts' RAM budget (o->experts_ram, resolved) and what of them it leaves
- * on disk. When a CPU stage's own experts pass it, every CPU layer's experts go to
- * the hosttier, whose pager alone reads from disk. */
+ * on disk. When a CPU stage's own experts pass it, every CPU layer's experts of this
+ * machine go to the hosttier, whose pager alone reads from disk. */
 static void ram_budget(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s)
 {
     uint64_t budget = UINT64_MAX;
@@ -292,7 +299,7 @@ static void ram_budget(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *
     } else if (o->experts_ram == BL_EXPERTS_RAM_AUTO && o->ram_avail > 0) {
         uint64_t other = 0; /* what the CPU stages hold besides routed experts */
         for (int i = 0; i < p->n_stages; i++)
-            if (p->stage[i].device < 0)
+            if (local_cpu_stage(p, o, i))
                 other += p->stage[i].weight_bytes - p->stage[i].expert_bytes + p->stage[i].kv_bytes;
         const uint64_t margin = o->ram_avail / 10 > RAM_MARGIN_MIN ? o->ram_avail / 10 : RAM_MARGIN_MIN;
         budget = o->ram_avail > margin + other ? o->ram_avail - margin - other : 0;
@@ -300,11 +307,11 @@ static void ram_budget(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *
     p->experts_ram = budget;
     uint64_t cpu_experts = 0;
     for (int i = 0; i < p->n_stages; i++)
-        if (p->stage[i].device < 0)
+        if (local_cpu_stage(p, o, i))
             cpu_experts += p->stage[i].expert_bytes;
     if (a->moe && p->n_expert > 0 && cpu_experts > 0 && cpu_experts + p->host_bytes > budget) {
         for (int i = 0; i < p->n_stages; i++)
-            for (int64_t l = p->stage[i].lb; p->stage[i].device < 0 && l < p->stage[i].le; l++) {
+            for (int64_t l = p->stage[i].lb; local_cpu_stage(p, o, i) && l < p->stage[i].le; l++) {
                 host_layer(p, a, l);
                 p->disk_moved += bl_arch_layer_moe(a, l);
             }
@@ -314,11 +321,28 @@ static void ram_budget(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *
     p->host_disk_bytes = p->host_bytes - p->host_ram_bytes;
 }
 
+/* Layer l's cache: its K/V rows over every position (an attention layer) or every
+ * slot's recurrent state (a DeltaNet layer). */
+static uint64_t layer_kv_bytes(const bl_arch_t *a, const bl_place_opts_t *o, int64_t l)
+{
+    if (bl_arch_layer_recurrent(a, l))
+        return (uint64_t)bl_arch_rec_floats(a) * 4u * (uint64_t)(o->n_seqs > 0 ? o->n_seqs : 1);
+    const double kv_pos_layer = (double)a->kv_planes * (double)(a->n_head_kv * a->head_dim) *
+                                (o->kv_elem_bytes > 0 ? o->kv_elem_bytes : 2.0);
+    return (uint64_t)(kv_pos_layer * (double)(o->n_ctx_total > 0 ? o->n_ctx_total : 0));
+}
+
+/* What layer l adds to its CPU stage: its dense part, its routed experts unless the
+ * hosttier keeps them, its cache (size_stages' sum, layer by layer). */
+static uint64_t layer_bytes(const bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s,
+                            int64_t l)
+{
+    return s->dense[l] + (bl_plan_layer_host(p, l) ? 0 : s->experts[l]) + layer_kv_bytes(a, o, l);
+}
+
 /* Fills each stage's sizes. */
 static void size_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s)
 {
-    const double kv_pos_layer = (double)a->kv_planes * (double)(a->n_head_kv * a->head_dim) *
-                                (o->kv_elem_bytes > 0 ? o->kv_elem_bytes : 2.0);
     p->host_bytes = 0;
     p->n_host_layers = 0;
     for (int64_t l = 0; l < a->n_layer; l++)
@@ -343,14 +367,12 @@ static void size_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t 
         if (last)
             st->weight_bytes += s->out_norm + (a->tied_output && first ? 0 : s->head);
         /* K/V rows in the attention layers; a DeltaNet layer's recurrent state a slot */
-        int64_t n_attn = 0, n_rec = 0;
-        for (int64_t l = st->lb; l < st->le; l++)
-            bl_arch_layer_recurrent(a, l) ? n_rec++ : n_attn++;
-        st->state_bytes = (uint64_t)n_rec * (uint64_t)bl_arch_rec_floats(a) * 4u *
-                          (uint64_t)(o->n_seqs > 0 ? o->n_seqs : 1);
-        st->kv_bytes = (uint64_t)(kv_pos_layer * (double)(o->n_ctx_total > 0 ? o->n_ctx_total : 0) *
-                                  (double)n_attn) +
-                       st->state_bytes;
+        st->kv_bytes = st->state_bytes = 0;
+        for (int64_t l = st->lb; l < st->le; l++) {
+            const uint64_t kv = layer_kv_bytes(a, o, l);
+            st->kv_bytes += kv;
+            st->state_bytes += bl_arch_layer_recurrent(a, l) ? kv : 0;
+        }
         st->scratch_bytes = st->device >= 0 ? cuda_scratch(a, o, s, p, st, last) : 0;
     }
 }
@@ -499,6 +521,151 @@ static int split_gpu_layers(bl_plan_t *p, int64_t lb, int64_t le, const int *gpu
         at = end;
     }
     return 0;
+}
+
+// --- the CPU layers over a hostfile's hosts ------------------------------------------
+
+/* A stage's share of the layers: its threads, capped by its host's CPUs. */
+static double host_weight(const bl_cpu_host_t *h)
+{
+    int t = h->threads > 0 ? h->threads : 1;
+    if (h->n_cpus > 0 && t > h->n_cpus)
+        t = h->n_cpus;
+    return (double)t;
+}
+
+static int same_host(const bl_cpu_host_t *x, const bl_cpu_host_t *y)
+{
+    return strcasecmp(x->name ? x->name : "", y->name ? y->name : "") == 0;
+}
+
+/* Bytes of stage i, layers [at[i], at[i + 1]), through the prefix sums pre. */
+static uint64_t split_stage_bytes(const uint64_t *pre, const int64_t *at, int i, int n, uint64_t first,
+                                  uint64_t last)
+{
+    return pre[at[i + 1]] - pre[at[i]] + (i == 0 ? first : 0) + (i == n - 1 ? last : 0);
+}
+
+/* What the stages of host h's name hold together. */
+static uint64_t split_host_bytes(const uint64_t *pre, const int64_t *at, const bl_cpu_host_t *hosts, int n, int h,
+                                 uint64_t first, uint64_t last)
+{
+    uint64_t sum = 0;
+    for (int i = 0; i < n; i++)
+        if (same_host(&hosts[i], &hosts[h]))
+            sum += split_stage_bytes(pre, at, i, n, first, last);
+    return sum;
+}
+
+int bl_plan_split_cpu(const uint64_t *bytes, int64_t n_layers, uint64_t first, uint64_t last,
+                      const bl_cpu_host_t *hosts, int n, int64_t *ends, bl_err_t *err)
+{
+    if (n < 1 || n > BL_PLAN_MAX_STAGES)
+        return bl_err_set(err, BL_EINVAL, "plan: %d CPU stages (1..%d)", n, BL_PLAN_MAX_STAGES);
+    if (n_layers < n)
+        return bl_err_set(err, BL_EINVAL, "plan: %d workers for %lld layer%s on the CPU", n, (long long)n_layers,
+                          n_layers == 1 ? "" : "s");
+    uint64_t *pre = malloc(sizeof *pre * (size_t)(n_layers + 1));
+    if (!pre)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the plan");
+    pre[0] = 0;
+    for (int64_t l = 0; l < n_layers; l++)
+        pre[l + 1] = pre[l] + bytes[l];
+    /* the shares by weight: each stage its rounded-down share (at least one), then the
+     * layers left to the largest remainders, or taken back from the largest excesses */
+    double w[BL_PLAN_MAX_STAGES], q[BL_PLAN_MAX_STAGES], sum_w = 0;
+    int64_t c[BL_PLAN_MAX_STAGES], at[BL_PLAN_MAX_STAGES + 1], total = 0;
+    for (int i = 0; i < n; i++)
+        sum_w += w[i] = host_weight(&hosts[i]);
+    for (int i = 0; i < n; i++) {
+        q[i] = (double)n_layers * w[i] / sum_w;
+        c[i] = (int64_t)q[i] < 1 ? 1 : (int64_t)q[i];
+        total += c[i];
+    }
+    for (; total != n_layers; total += total < n_layers ? 1 : -1) {
+        int best = -1;
+        for (int i = 0; i < n; i++) {
+            const double d = total < n_layers ? q[i] - (double)c[i] : (double)c[i] - q[i];
+            if ((total < n_layers || c[i] > 1) &&
+                (best < 0 || d > (total < n_layers ? q[best] - (double)c[best] : (double)c[best] - q[best])))
+                best = i;
+        }
+        c[best] += total < n_layers ? 1 : -1; /* n <= n_layers: a stage above one layer exists */
+    }
+    /* then the hosts' memory: a host over it gives layers, one at a time, from its
+     * stage with the most per thread to the stage with the fewest per thread among
+     * those of hosts not (yet) found over theirs. A host's stages never take layers
+     * back, so this ends within n * n_layers moves. */
+    int frozen[BL_PLAN_MAX_STAGES] = {0}, rc = 0;
+    for (int64_t move = 0;; move++) {
+        at[0] = 0;
+        for (int i = 0; i < n; i++)
+            at[i + 1] = at[i] + c[i];
+        int over = -1;
+        for (int h = 0; h < n && over < 0; h++)
+            if (hosts[h].mem_avail > 0 && split_host_bytes(pre, at, hosts, n, h, first, last) > hosts[h].mem_avail)
+                over = h;
+        if (over < 0)
+            break;
+        int donor = -1, taker = -1;
+        for (int i = 0; i < n; i++) {
+            if (!same_host(&hosts[i], &hosts[over]))
+                continue;
+            frozen[i] = 1;
+            if (c[i] > 1 && (donor < 0 || (double)c[i] / w[i] > (double)c[donor] / w[donor]))
+                donor = i;
+        }
+        for (int i = 0; i < n; i++)
+            if (!frozen[i] && (taker < 0 || (double)(c[i] + 1) / w[i] < (double)(c[taker] + 1) / w[taker]))
+                taker = i;
+        if (donor < 0 || taker < 0 || move > (int64_t)n * n_layers) {
+            char have[32], need[32];
+            const uint64_t bytes_over = split_host_bytes(pre, at, hosts, n, over, first, last);
+            int n_there = 0;
+            for (int i = 0; i < n; i++)
+                n_there += same_host(&hosts[i], &hosts[over]);
+            bl_plan_fmt_size(have, sizeof have, hosts[over].mem_avail);
+            bl_plan_fmt_size(need, sizeof need, bytes_over);
+            rc = bl_err_set(err, BL_ENOMEM, "plan: no split of the %lld CPU layers fits the hosts' memory: %s has %s "
+                            "available (MemAvailable, %llu bytes) and its %d stage%s need%s %s (%llu bytes of weights "
+                            "and KV cache) %s", (long long)n_layers, hosts[over].name ? hosts[over].name : "a host",
+                            have, (unsigned long long)hosts[over].mem_avail, n_there, n_there == 1 ? "" : "s",
+                            n_there == 1 ? "s" : "", need, (unsigned long long)bytes_over,
+                            donor < 0 ? "with one layer each (fewer workers there, or a smaller -c)"
+                                      : "and no other host has room for more of its layers (a smaller -c, or "
+                                        "more hosts)");
+            break;
+        }
+        c[donor]--;
+        c[taker]++;
+    }
+    for (int i = 0; rc == 0 && i < n; i++)
+        ends[i] = at[i + 1];
+    free(pre);
+    return rc;
+}
+
+/* The CPU stages p holds (the first ncs) re-cut by o->cpu_hosts. */
+static int split_cpu_by_hosts(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s,
+                              int ncs, bl_err_t *err)
+{
+    const int64_t n = p->stage[ncs - 1].le;
+    uint64_t *bytes = malloc(sizeof *bytes * (size_t)n);
+    int64_t ends[BL_PLAN_MAX_STAGES];
+    if (!bytes)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the plan");
+    for (int64_t l = 0; l < n; l++)
+        bytes[l] = layer_bytes(p, a, o, s, l);
+    /* as size_stages counts them: one stage holding the first and the last layer keeps
+     * a tied head once */
+    const uint64_t last = s->out_norm + (a->tied_output && ncs == 1 ? 0 : s->head);
+    const int rc = bl_plan_split_cpu(bytes, n, s->embd, last, o->cpu_hosts, ncs, ends, err);
+    free(bytes);
+    for (int i = 0; rc == 0 && i < ncs; i++) {
+        p->stage[i].lb = i == 0 ? 0 : ends[i - 1];
+        p->stage[i].le = ends[i];
+    }
+    return rc;
 }
 
 static int stage_of(const bl_plan_t *p, int64_t l)
@@ -674,6 +841,11 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
         goto out;
     const int64_t n_gpu_layers = ngl >= a->n_layer ? a->n_layer : ngl;
     const int64_t n_cpu_layers = a->n_layer - n_gpu_layers;
+    if (o->cpu_hosts && n_gpu_layers > 0) {
+        rc = bl_err_set(err, BL_EINVAL, "plan: the CPU stages' hosts are given for a plan with %lld layers on "
+                        "cards (a hostfile's stages run on CPUs)", (long long)n_gpu_layers);
+        goto out;
+    }
 
     /* stages: the CPU layers first, split into n_cpu_stages, then the GPU layers */
     int ncs = o->n_cpu_stages > 0 ? o->n_cpu_stages : 1;
@@ -716,6 +888,11 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
     if ((rc = apply_overrides(p, g, a, ov, n_ov, err)) < 0)
         goto out;
 
+    /* a hostfile's CPU stages without layers=: by their hosts' speed and memory (the
+     * layers' bytes are known now, and on the CPU no split changes where an expert
+     * goes) */
+    if (o->cpu_hosts && !o->cpu_stage_ends && (rc = split_cpu_by_hosts(p, a, o, &sz, ncs, err)) < 0)
+        goto out;
     const uint64_t margin = (uint64_t)(o->fit_target_mib >= 0 ? o->fit_target_mib : 1024) * MIB;
     p->fit_target_mib = (int64_t)(margin / MIB);
     size_stages(p, a, o, &sz);

@@ -51,6 +51,19 @@ typedef struct bl_device {
     uint64_t free_bytes;  /* 0: not known (nothing is checked against it) */
 } bl_device_t;
 
+/* A CPU stage's host as the automatic split sees it (bl_plan_split_cpu): a hostfile's
+ * worker line, with what its node (or, on the router's host, this machine) reports.
+ * Stages whose hosts have the same name (compared without regard to case, as the
+ * hostfile compares them) share that host's memory. */
+typedef struct bl_cpu_host {
+    const char *name;     /* the host as the hostfile writes it; borrowed */
+    int remote;           /* on another host than the router's: its memory is not ram_avail's */
+    int threads;          /* the stage's threads (threads=, else -t); below 1 counts as 1 */
+    int n_cpus;           /* CPUs the stage's process may run on there; 0: not known (no cap) */
+    uint64_t mem_avail;   /* the host's MemAvailable; 0: not known (no cap) */
+    uint64_t mem_total;   /* its MemTotal, for reports; 0: not known */
+} bl_cpu_host_t;
+
 /* The placement flags as given (NULL / 0: not given) and what the plan sizes. */
 typedef struct bl_place_opts {
     const char *gpu_layers;   /* -ngl */
@@ -68,8 +81,13 @@ typedef struct bl_place_opts {
                                * more than there are CPU layers: BL_EINVAL */
     const int64_t *cpu_stage_ends; /* n_cpu_stages ends of the CPU stages (a hostfile's
                                * layers=): increasing, the last the CPU layers' count
-                               * (else BL_EINVAL); NULL: split evenly, earlier stages
-                               * taking the remainder */
+                               * (else BL_EINVAL); NULL: split by cpu_hosts, else
+                               * evenly, earlier stages taking the remainder */
+    const bl_cpu_host_t *cpu_hosts; /* n_cpu_stages hosts of the CPU stages in order (a
+                               * hostfile's), or NULL. Given, and cpu_stage_ends not, the
+                               * CPU layers split by bl_plan_split_cpu; a remote stage's
+                               * memory is never counted against ram_avail. A plan with
+                               * card layers takes none (BL_EINVAL) */
     int64_t n_ctx_total;      /* KV positions over every slot */
     double kv_elem_bytes;     /* bytes of one cached K or V element (2 for f16) */
     int64_t n_batch;          /* rows of a step, for the scratch */
@@ -121,7 +139,8 @@ typedef struct bl_plan {
  * the layer count; contradicting flags), BL_ENOTSUP (-sm row; a device that does not
  * exist; an -ot pattern that matches no tensor, or places a layer's dense part or
  * part of its experts apart from it), BL_ENOMEM (a stage that does not fit its card,
- * with the sizes). Caller frees with bl_plan_free. */
+ * or no split of a hostfile's CPU stages fits its hosts' memory, with the sizes).
+ * Caller frees with bl_plan_free. */
 int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl_device_t *devs, int n_devs,
                   const bl_place_opts_t *o, bl_err_t *err) BL_WUR;
 void bl_plan_free(bl_plan_t *p);
@@ -157,6 +176,20 @@ int bl_plan_args(bl_arg_t *a, int *n, int cap, bl_place_flags_t *f) BL_WUR;
  * must give one margin (BL_EINVAL for a value that does not parse, BL_ENOTSUP for
  * margins that differ between cards). */
 int bl_plan_opts(bl_place_opts_t *o, const bl_place_flags_t *f, bl_err_t *err) BL_WUR;
+
+/* The CPU layers' split over n stages (a hostfile's workers without layers=): ends[i]
+ * the end of stage i's layers (the last n_layers). Each stage gets layers in
+ * proportion to its weight, its threads capped by its host's CPUs (a host's speed on
+ * the CPU follows the threads it runs, and threads past its CPUs only share them), at
+ * least one; then no host is given more than its mem_avail holds of its stages'
+ * bytes: layer l takes bytes[l] (its weights and cache), the first stage also first
+ * (the token embedding), the last also last (the output norm and head). A host over
+ * its memory gives layers, one at a time from its stage with the most per thread, to
+ * the stage of a host not yet over with the fewest per thread. BL_EINVAL (no stage,
+ * more stages than layers), BL_ENOMEM (no split fits: err names the host, the
+ * memory it has and what its stages need at the least). */
+int bl_plan_split_cpu(const uint64_t *bytes, int64_t n_layers, uint64_t first, uint64_t last,
+                      const bl_cpu_host_t *hosts, int n, int64_t *ends, bl_err_t *err) BL_WUR;
 
 /* Whether layer l has any expert in host RAM. */
 int bl_plan_layer_host(const bl_plan_t *p, int64_t l);

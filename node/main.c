@@ -36,16 +36,20 @@
 
 #include "args.h"
 #include "bl_config.h"
-#include "bloomery.pb-c.h"
 #include "chan.h"
 #include "child.h"
+#include "cpuset.h"
+#include "fingerprint.h"
 #include "link.h"
 #include "log.h"
 #include "msg.h"
 #include "node.h"
 #include "ring.h"
 #include "step.h"
+#include "wmem.h"
 
+
+_Static_assert(BP_NODE_FINGERPRINT_BYTES == BL_FINGERPRINT_BYTES, "the model file's fingerprint fits its field");
 
 #define N_LINKS 3
 /* How long a relay waits for the node's handshake and the node for the setup. */
@@ -111,15 +115,43 @@ static int msg_send(bp_link_t *l, const bp_msg_t *m, bl_err_t *err)
     return rc;
 }
 
-/* A fatal Error from process `process` with text, as a worker reports one. */
-static void fill_error(Bloomery__Error *er, bp_msg_t *m, uint32_t process, int code, char *text)
+/* One envelope from the control link into *env, its tag one of accept
+ * (bp_node_env_read: the caller frees env->msg). 0; BL_ETIMEDOUT when none came
+ * within timeout_ms; BL_EAGAIN when one came that breaks the protocol: logged as
+ * refused from peer ("node", "relay") and dropped, the link goes on; or the link's
+ * failure. buf holds cap bytes. */
+static int env_recv(bp_link_t *l, uint8_t *buf, size_t cap, const char *accept, int timeout_ms, const char *peer,
+                    bp_node_env_t *env, bl_err_t *err)
 {
-    bloomery__error__init(er);
-    er->code = code < 0 ? code : BL_EIO;
-    er->message = text;
-    er->process = process;
-    er->fatal = 1;
-    *m = (bp_msg_t){.type = BP_MSG_ERROR, .u.error = er};
+    size_t n = 0;
+    const int rc = bp_link_recv(l, buf, cap, &n, timeout_ms, err);
+    if (rc)
+        return rc;
+    bl_err_t why = {0};
+    if (bp_node_env_read(env, buf, n, accept, BL_VERSION, &why) != 0) {
+        BL_LOG(BL_LOG_WARN, "event=%s_message_refused bytes=%zu reason=\"%s\"", peer, n, why.msg);
+        return BL_EAGAIN;
+    }
+    return 0;
+}
+
+typedef struct link_send {
+    bp_link_t *l;
+    bl_err_t *err;
+} link_send_t;
+
+static int link_send_msg(void *ud, const bp_msg_t *m)
+{
+    const link_send_t *s = ud;
+    return msg_send(s->l, m, s->err);
+}
+
+/* A fatal Error of process `process` with text, as a worker reports one, on the
+ * control link. */
+static int send_fatal(bp_link_t *l, uint32_t process, int code, const char *text, bl_err_t *err)
+{
+    link_send_t s = {.l = l, .err = err};
+    return bp_msg_fatal(process, code, text, link_send_msg, &s);
 }
 
 // --- the relay ------------------------------------------------------------------------
@@ -154,6 +186,25 @@ static int relay_rings(relay_t *r, bl_err_t *err)
     return 0;
 }
 
+/* Before a Plan: the router's model file, which the node checks its own against.
+ * BL_ECLOSED when the link failed; another code when this host's file cannot be
+ * fingerprinted (err says why; the Plan is not sent). */
+static int send_model_file(relay_t *r, const bp_msg_t *plan, bl_err_t *err)
+{
+    bp_plan_t p;
+    if (bp_plan_read(plan, &p, err) != 0)
+        return 0; /* the worker refuses it with its own words */
+    bp_node_file_t f;
+    memset(&f, 0, sizeof f);
+    int rc = bl_model_fingerprint(p.model_path, f.fingerprint, &f.size, err);
+    if (rc) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        return bl_err_set(err, rc, "the router's model file cannot be fingerprinted: %s", why);
+    }
+    return env_send(r->l[0], BP_NODE_ENV_FILE, &f, sizeof f, err) == 0 ? 0 : BL_ECLOSED;
+}
+
 /* Control messages both ways until a side goes. Returns the exit status. */
 static int relay_bridge(relay_t *r)
 {
@@ -171,14 +222,11 @@ static int relay_bridge(relay_t *r)
         int rc = bp_chan_recv(r->ctl.chan, NULL, &m, TICK_MS, &err);
         if (rc == 0) {
             shutting |= m.type == BP_MSG_SHUTDOWN;
-            if (m.type == BP_MSG_PLAN) { /* the node checks its file against the router's */
-                bp_plan_t p;
-                struct stat sb;
-                if (bp_plan_read(&m, &p, &err) == 0 && stat(p.model_path, &sb) == 0) {
-                    const bp_node_file_t f = {.size = (uint64_t)sb.st_size};
-                    if ((rc = env_send(r->l[0], BP_NODE_ENV_FILE, &f, sizeof f, &err)) != 0)
-                        goto lost;
-                }
+            if (m.type == BP_MSG_PLAN && (rc = send_model_file(r, &m, &err)) != 0) {
+                bp_msg_free(&m);
+                if (rc != BL_ECLOSED)
+                    goto refused;
+                goto lost;
             }
             rc = msg_send(r->l[0], &m, &err);
             bp_msg_free(&m);
@@ -189,52 +237,49 @@ static int relay_bridge(relay_t *r)
             if (rc != BL_ETIMEDOUT)
                 BL_LOG(BL_LOG_WARN, "event=control_recv_failed reason=\"%s\"", err.msg);
         }
-        size_t n = 0;
-        rc = bp_link_recv(r->l[0], buf, BP_MSG_MAX_BYTES + 1, &n, TICK_MS, &err);
+        bp_node_env_t env;
+        rc = env_recv(r->l[0], buf, BP_MSG_MAX_BYTES + 1, "M", TICK_MS, "node", &env, &err);
         if (rc == BL_ETIMEDOUT) {
             for (int i = 1; i < N_LINKS; i++)
                 if (r->l[i] && bp_link_pump_wait(r->l[i], 0, &err) != BL_EAGAIN)
                     goto lost;
             continue;
         }
+        if (rc == BL_EAGAIN)
+            continue;
         if (rc)
             goto lost;
-        if (n < 2 || buf[0] != BP_NODE_ENV_MSG) {
-            BL_LOG(BL_LOG_WARN, "event=node_message_refused bytes=%zu reason=\"not a control message\"", n);
-            continue;
-        }
-        if (bp_msg_unpack(&m, buf + 1, n - 1, &err) != 0) {
-            BL_LOG(BL_LOG_WARN, "event=node_message_refused bytes=%zu reason=\"%s\"", n, err.msg);
-            bp_msg_free(&m);
-            continue;
-        }
-        rc = bp_chan_send(r->ctl.chan, NULL, &m, 2000, &err);
-        const int last = m.type == BP_MSG_ERROR && m.u.error->fatal;
-        bp_msg_free(&m);
-        if (rc)
+        int32_t code;
+        int fatal;
+        const char *text;
+        bp_msg_error_info(&env.msg, &code, &fatal, &text);
+        if ((rc = bp_chan_send(r->ctl.chan, NULL, &env.msg, 2000, &err)) != 0)
             BL_LOG(BL_LOG_WARN, "event=control_send_failed reason=\"%s\"", err.msg);
-        if (last) /* the node's last words: the stage is gone */
+        bp_msg_free(&env.msg);
+        if (fatal) /* the node's last words: the stage is gone */
             break;
     }
     free(buf);
     return status;
+refused:
+    free(buf);
+    bp_child_fatal(&r->ctl, &err);
+    return 1;
 lost:
     /* the node's last words (its worker's exit) may still be on the way when a data
      * link closed first */
     for (int64_t until = now_ms() + 300; !shutting && now_ms() < until;) {
-        size_t n = 0;
-        bp_msg_t m = {0};
+        bp_node_env_t env;
         bl_err_t e2 = {0};
-        if (bp_link_recv(r->l[0], buf, BP_MSG_MAX_BYTES + 1, &n, TICK_MS, &e2) == BL_ETIMEDOUT)
+        const int rc = env_recv(r->l[0], buf, BP_MSG_MAX_BYTES + 1, "M", TICK_MS, "node", &env, &e2);
+        if (rc == BL_ETIMEDOUT)
             continue;
-        if (n < 2 || buf[0] != BP_NODE_ENV_MSG || bp_msg_unpack(&m, buf + 1, n - 1, &e2) != 0) {
-            bp_msg_free(&m);
+        if (rc)
             break;
-        }
-        const int last = m.type == BP_MSG_ERROR;
-        if (bp_chan_send(r->ctl.chan, NULL, &m, 2000, &e2) != 0)
+        const int last = env.msg.type == BP_MSG_ERROR;
+        if (bp_chan_send(r->ctl.chan, NULL, &env.msg, 2000, &e2) != 0)
             BL_LOG(BL_LOG_WARN, "event=control_send_failed reason=\"%s\"", e2.msg);
-        bp_msg_free(&m);
+        bp_msg_free(&env.msg);
         if (last) {
             free(buf);
             return 1;
@@ -319,7 +364,8 @@ typedef struct session {
     bp_peer_t worker;
     pid_t pid;
     bp_node_setup_t s;
-    uint64_t router_file; /* the router's model file size, 0 not told */
+    bp_node_file_t router_file; /* the router's model file, as the relay told it */
+    int told_file;        /* router_file holds what the relay told since its last Plan */
     uint32_t process;     /* the stage's process id from the Plan */
 } session_t;
 
@@ -331,6 +377,64 @@ static void await_relay(session_t *ss)
         usleep(10000);
 }
 
+
+/* This host's name as the probe's answer carries it: the bytes a name may hold, others
+ * as '-'. */
+static void host_name(char *out, size_t cap)
+{
+    char name[256] = "";
+    (void)gethostname(name, sizeof name - 1); /* on failure the name stays empty */
+    size_t n = 0;
+    for (; name[n] && n + 1 < cap; n++) {
+        const char c = name[n];
+        out[n] = c == '_' || c == '-' || c == '.' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+                         (c >= 'A' && c <= 'Z')
+                     ? c
+                     : '-';
+    }
+    out[n] = 0;
+    if (n == 0)
+        snprintf(out, cap, "unknown");
+}
+
+/* The answer to a router's probe (read and of this version): this host's CPUs and
+ * memory; the session ends once the router has them. */
+static int answer_probe(session_t *ss, bl_err_t *err)
+{
+    int rc;
+    bp_node_host_t h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, BP_NODE_HOST_MAGIC, sizeof BP_NODE_HOST_MAGIC);
+    host_name(h.hostname, sizeof h.hostname);
+    const int cpus = bl_cpu_count(); /* the workers started here inherit this affinity */
+    h.n_cpus = (uint32_t)(cpus < (int)BP_NODE_MAX_CPUS ? cpus : (int)BP_NODE_MAX_CPUS);
+    h.mem_total = bl_mem_total();
+    h.mem_available = bl_mem_available();
+    h.mem_total = h.mem_total < BP_NODE_MAX_MEM ? h.mem_total : BP_NODE_MAX_MEM;
+    if (h.mem_available > BP_NODE_MAX_MEM || (h.mem_total && h.mem_available > h.mem_total))
+        h.mem_available = h.mem_total ? h.mem_total : BP_NODE_MAX_MEM;
+    /* the data links first: once the router sees this session end, none of it listens
+     * where a relay started next connects */
+    for (int i = N_LINKS - 1; i > 0; i--) {
+        bp_link_close(ss->l[i]);
+        ss->l[i] = NULL;
+    }
+    if ((rc = env_send(ss->l[0], BP_NODE_ENV_HOST, &h, sizeof h, err)) != 0)
+        return rc;
+    BL_LOG(BL_LOG_INFO, "event=probe_answered host=%s cpus=%u mem_available=%llu mem_total=%llu", h.hostname,
+           h.n_cpus, (unsigned long long)h.mem_available, (unsigned long long)h.mem_total);
+    /* the router's word that it has the answer (or its going): closing before could
+     * drop the answer with the connection */
+    uint8_t done[8];
+    bp_node_env_t env;
+    bl_err_t e2 = {0};
+    for (int64_t until = now_ms() + UP_MS; !g_stop && bp_link_peer_up(ss->l[0]) && now_ms() < until;) {
+        rc = env_recv(ss->l[0], done, sizeof done, "D", TICK_MS, "router", &env, &e2);
+        if (rc != BL_ETIMEDOUT && rc != BL_EAGAIN) /* the word, or a link that failed */
+            break;
+    }
+    return 0;
+}
 
 /* The worker started on the session's rings, its control socket in s->dir. */
 static int spawn_worker(session_t *ss, const char *worker_bin, bl_err_t *err)
@@ -386,23 +490,35 @@ static int plan_refused(session_t *ss, const bp_msg_t *m)
     if (bp_plan_read(m, &p, &err) != 0)
         return 0; /* the worker refuses it with its own words */
     ss->process = p.you;
-    struct stat sb;
     char host[64] = "this host", text[1400];
     (void)gethostname(host, sizeof host - 1);
-    if (stat(p.model_path, &sb) != 0)
-        snprintf(text, sizeof text, "%s on %s: no model file %s here (%s)", ss->s.name, host, p.model_path,
-                 strerror(errno));
-    else if (ss->router_file && (uint64_t)sb.st_size != ss->router_file)
-        snprintf(text, sizeof text, "%s on %s: %s is %llu bytes here and %llu at the router: another file or "
-                 "version of the model", ss->s.name, host, p.model_path, (unsigned long long)sb.st_size,
-                 (unsigned long long)ss->router_file);
-    else
+    const int told = ss->told_file;
+    ss->told_file = 0; /* each Plan comes after its own */
+    uint8_t fp[BL_FINGERPRINT_BYTES];
+    uint64_t size = 0;
+    const int rc = told ? bl_model_fingerprint(p.model_path, fp, &size, &err) : 0;
+    if (!told) {
+        snprintf(text, sizeof text, "%s on %s: the relay sent a Plan without the router's model file first",
+                 ss->s.name, host);
+    } else if (rc == BL_ENOENT) {
+        snprintf(text, sizeof text, "%s on %s: no model file here: %s", ss->s.name, host, err.msg);
+    } else if (rc) {
+        snprintf(text, sizeof text, "%s on %s: %s here is not the router's model: %s", ss->s.name, host,
+                 p.model_path, err.msg);
+    } else if (size != ss->router_file.size ||
+               memcmp(fp, ss->router_file.fingerprint, sizeof fp) != 0) {
+        char here[16], there[16];
+        bl_fingerprint_hex(fp, 12, here);
+        bl_fingerprint_hex(ss->router_file.fingerprint, 12, there);
+        snprintf(text, sizeof text, "%s on %s: %s differs from the router's (another file or version of the "
+                 "model): here %llu bytes, fingerprint %s; at the router %llu bytes, fingerprint %s", ss->s.name,
+                 host, p.model_path, (unsigned long long)size, here,
+                 (unsigned long long)ss->router_file.size, there);
+    } else {
         return 0;
+    }
     BL_LOG(BL_LOG_ERROR, "event=plan_refused reason=\"%s\"", text);
-    Bloomery__Error er;
-    bp_msg_t e;
-    fill_error(&er, &e, p.you, BL_EINVAL, text);
-    if (msg_send(ss->l[0], &e, &err) != 0)
+    if (send_fatal(ss->l[0], p.you, BL_EINVAL, text, &err) != 0)
         BL_LOG(BL_LOG_WARN, "event=control_send_failed reason=\"%s\"", err.msg);
     return 1;
 }
@@ -432,10 +548,7 @@ static void node_bridge(session_t *ss)
             snprintf(text, sizeof text, "%s on %s %s", ss->s.name, host, how);
             BL_LOG(BL_LOG_WARN, "event=child_exited process=%s %s", ss->s.name, how);
             if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-                Bloomery__Error er;
-                bp_msg_t e;
-                fill_error(&er, &e, ss->process, BL_ECLOSED, text);
-                if (msg_send(ss->l[0], &e, &err) == 0)
+                if (send_fatal(ss->l[0], ss->process, BL_ECLOSED, text, &err) == 0)
                     await_relay(ss);
             }
             break;
@@ -450,8 +563,8 @@ static void node_bridge(session_t *ss)
         bp_msg_free(&m);
         if (rc && rc != BL_EINVAL && rc != BL_EPROTO && rc != BL_ERANGE)
             break;
-        size_t n = 0;
-        rc = bp_link_recv(ss->l[0], buf, BP_MSG_MAX_BYTES + 1, &n, TICK_MS, &err);
+        bp_node_env_t env;
+        rc = env_recv(ss->l[0], buf, BP_MSG_MAX_BYTES + 1, "FM", TICK_MS, "relay", &env, &err);
         if (rc == BL_ETIMEDOUT) {
             int lost = 0;
             for (int i = 1; i < (ss->s.n_rings == 4 ? 3 : 2); i++)
@@ -460,31 +573,26 @@ static void node_bridge(session_t *ss)
                 break;
             continue;
         }
+        if (rc == BL_EAGAIN) {
+            if (buf[0] == BP_NODE_ENV_FILE) /* a model file refused: the Plan after it is refused as untold */
+                ss->told_file = 0;
+            continue;
+        }
         if (rc)
             break;
-        if (n == 1 + sizeof(bp_node_file_t) && buf[0] == BP_NODE_ENV_FILE) {
-            bp_node_file_t f;
-            memcpy(&f, buf + 1, sizeof f);
-            ss->router_file = f.size;
+        if (env.tag == BP_NODE_ENV_FILE) {
+            ss->router_file = env.u.file;
+            ss->told_file = 1;
             continue;
         }
-        if (n < 2 || buf[0] != BP_NODE_ENV_MSG) {
-            BL_LOG(BL_LOG_WARN, "event=relay_message_refused bytes=%zu reason=\"not a control message\"", n);
-            continue;
-        }
-        if (bp_msg_unpack(&m, buf + 1, n - 1, &err) != 0) {
-            BL_LOG(BL_LOG_WARN, "event=relay_message_refused bytes=%zu reason=\"%s\"", n, err.msg);
-            bp_msg_free(&m);
-            continue;
-        }
-        if (m.type == BP_MSG_PLAN && plan_refused(ss, &m)) {
-            bp_msg_free(&m); /* the session ends: the relay passes the Error on and exits */
+        if (env.msg.type == BP_MSG_PLAN && plan_refused(ss, &env.msg)) {
+            bp_msg_free(&env.msg); /* the session ends: the relay passes the Error on and exits */
             await_relay(ss);
             break;
         }
-        if (bp_chan_send(ss->chan, &ss->worker, &m, 2000, &err) != 0)
+        if (bp_chan_send(ss->chan, &ss->worker, &env.msg, 2000, &err) != 0)
             BL_LOG(BL_LOG_WARN, "event=control_send_failed reason=\"%s\"", err.msg);
-        bp_msg_free(&m);
+        bp_msg_free(&env.msg);
     }
     free(buf);
 }
@@ -539,13 +647,19 @@ static int node_session(const char *listen, const uint8_t key[32], const char *w
         session_end(&ss);
         return 0;
     }
+    /* a relay's setup, or the router's probe for this host's facts */
     uint8_t buf[1 + sizeof(bp_node_setup_t)];
     size_t n = 0;
+    bp_node_env_t env;
     rc = bp_link_recv(ss.l[0], buf, sizeof buf, &n, UP_MS, &err);
-    if (rc == 0 && (n < 1 || buf[0] != BP_NODE_ENV_SETUP))
-        rc = bl_err_set(&err, BL_EPROTO, "the relay's first message is not its setup (%zu bytes)", n);
     if (rc == 0)
-        rc = bp_node_setup_read(&ss.s, buf + 1, n - 1, BL_VERSION, &err);
+        rc = bp_node_env_read(&env, buf, n, "SP", BL_VERSION, &err);
+    if (rc == 0 && env.tag == BP_NODE_ENV_PROBE && (rc = answer_probe(&ss, &err)) == 0) {
+        session_end(&ss);
+        return 0;
+    }
+    if (rc == 0 && env.tag == BP_NODE_ENV_SETUP)
+        ss.s = env.u.setup;
     /* the node's ends: producer of the stage's input, consumer of its output, consumer
      * of the hosttier requests, producer of the replies */
     static const bp_ring_role_t role[4] = {BP_RING_PRODUCER, BP_RING_CONSUMER, BP_RING_CONSUMER,
@@ -573,12 +687,9 @@ static int node_session(const char *listen, const uint8_t key[32], const char *w
         rc = spawn_worker(&ss, worker_bin, &err);
     if (rc) {
         BL_LOG(BL_LOG_WARN, "event=session_failed reason=\"%s\"", err.msg);
-        Bloomery__Error er;
-        bp_msg_t e;
         char text[sizeof err.msg + 64];
         snprintf(text, sizeof text, "%s: %s", ss.s.name[0] ? ss.s.name : "node", err.msg);
-        fill_error(&er, &e, 0, rc, text);
-        if (msg_send(ss.l[0], &e, &err) == 0)
+        if (send_fatal(ss.l[0], 0, rc, text, &err) == 0)
             await_relay(&ss);
     } else {
         BL_LOG(BL_LOG_INFO, "event=session_started worker=%s rings=%u", ss.s.name, ss.s.n_rings);

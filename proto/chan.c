@@ -354,12 +354,17 @@ int bp_chan_send_plan(bp_chan_t *c, const bp_peer_t *to, const bp_plan_t *p, int
     for (int s = 0; s < p->n_stages; s++) {
         if (p->stages[s].device < -1 || p->stages[s].device > 255)
             return bl_err_set(err, BL_EINVAL, "plan: stage %d's device %d", s, p->stages[s].device);
+        if (p->stages[s].threads > BP_PLAN_MAX_THREADS || p->stages[s].threads_batch > BP_PLAN_MAX_THREADS)
+            return bl_err_set(err, BL_EINVAL, "plan: stage %d's threads %u, %u for prompts (at most %u)", s,
+                              p->stages[s].threads, p->stages[s].threads_batch, BP_PLAN_MAX_THREADS);
         bloomery__stage__init(&st[s]);
         st[s].process = p->stages[s].process;
         st[s].layer_begin = p->stages[s].layer_begin;
         st[s].layer_end = p->stages[s].layer_end;
         st[s].gpu = p->stages[s].device >= 0 ? (uint32_t)p->stages[s].device + 1 : 0;
         st[s].card_next = p->stages[s].card_next != 0;
+        st[s].threads = p->stages[s].threads;
+        st[s].threads_batch = p->stages[s].threads_batch;
         stp[s] = &st[s];
     }
     const int kv = bp_kv_type_proto(p->kv_type);

@@ -215,19 +215,14 @@ void bp_child_ready(bp_child_t *c, uint64_t n_vocab, uint64_t n_embd, const char
     (void)bp_child_send(c, &m); /* a lost Ready shows as a load timeout in the router */
 }
 
+static int child_send(void *ud, const bp_msg_t *m) { return bp_child_send(ud, m); }
+
 void bp_child_fatal(bp_child_t *c, const bl_err_t *e)
 {
     BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"%s\"", e->msg);
     char text[sizeof e->msg + 40];
     snprintf(text, sizeof text, "%s: %s", c->label, e->msg);
-    Bloomery__Error er;
-    bloomery__error__init(&er);
-    er.code = e->code < 0 ? e->code : BL_EIO;
-    er.message = text;
-    er.process = c->process;
-    er.fatal = 1;
-    const bp_msg_t m = {.type = BP_MSG_ERROR, .u.error = &er};
-    (void)bp_child_send(c, &m); /* best effort: the exit status tells the rest */
+    (void)bp_msg_fatal(c->process, e->code, text, child_send, c); /* best effort: the exit status tells the rest */
 }
 
 static void send_stats(bp_child_t *c, bp_child_stats_fn stats, void *ud)

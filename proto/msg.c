@@ -122,6 +122,10 @@ static int validate_plan(const Bloomery__Plan *p, bl_err_t *err)
             return bad_at(err, "Plan.stages", i, "gpu", "is not 0 (CPU) or 1 + a CUDA ordinal 0..255");
         if (s->card_next && (i + 1 >= p->n_stages || s->gpu == 0 || !p->stages[i + 1] || p->stages[i + 1]->gpu == 0))
             return bad_at(err, "Plan.stages", i, "card_next", "is set where this stage or the next is not on a card");
+        if (s->threads > BP_PLAN_MAX_THREADS)
+            return bad_at(err, "Plan.stages", i, "threads", "is above 256");
+        if (s->threads_batch > BP_PLAN_MAX_THREADS)
+            return bad_at(err, "Plan.stages", i, "threads_batch", "is above 256");
         next = s->layer_end;
     }
     if (next != p->n_layers)
@@ -438,7 +442,8 @@ int bp_plan_read(const bp_msg_t *m, bp_plan_t *out, bl_err_t *err)
             return bl_err_set(err, BL_EINVAL, "plan: stage %zu's gpu %u is out of range", i, st->gpu);
         out->stages[i] = (bp_plan_stage_t){.process = st->process, .layer_begin = st->layer_begin,
                                            .layer_end = st->layer_end, .device = st->gpu ? (int)st->gpu - 1 : -1,
-                                           .card_next = st->card_next};
+                                           .card_next = st->card_next,
+                                           .threads = st->threads, .threads_batch = st->threads_batch};
     }
     int rc = host_layers(p, out->host, err);
     if (rc)
@@ -506,6 +511,18 @@ void bp_msg_ready_facts(const bp_msg_t *m, uint64_t *n_vocab, uint64_t *n_embd, 
     *n_vocab = ok ? m->u.ready->n_vocab : 0;
     *n_embd = ok ? m->u.ready->n_embd : 0;
     *kernels = ok && m->u.ready->kernels ? m->u.ready->kernels : "";
+}
+
+int bp_msg_fatal(uint32_t process, int code, const char *text, bp_msg_send_fn send, void *ud)
+{
+    Bloomery__Error er;
+    bloomery__error__init(&er);
+    er.code = code < 0 ? code : BL_EIO; /* validate_error refuses a code that is not negative */
+    er.message = (char *)text;          /* protobuf-c's fields are not const; packing only reads it */
+    er.process = process;
+    er.fatal = 1;
+    const bp_msg_t m = {.type = BP_MSG_ERROR, .u.error = &er};
+    return send(ud, &m);
 }
 
 void bp_msg_error_info(const bp_msg_t *m, int32_t *code, int *fatal, const char **message)

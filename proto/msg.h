@@ -99,6 +99,8 @@ void bp_msg_free(bp_msg_t *m);
 /* Most layers a Plan may carry (Plan.n_layers), and stages. */
 #define BP_PLAN_MAX_LAYERS 4096u
 #define BP_PLAN_MAX_STAGES 64
+/* Most threads of a stage's compute pool (Stage.threads, threads_batch). */
+#define BP_PLAN_MAX_THREADS 256u
 
 /* --- the messages as the processes use them ------------------------------------- */
 
@@ -108,6 +110,8 @@ typedef struct bp_plan_stage {
     int device;            /* -1 the CPU, else a CUDA ordinal */
     int card_next;         /* its output goes card to card to the next stage where both
                             * can (bp_card_msg_t); set only between two card stages */
+    uint32_t threads;      /* its decode threads, 0..BP_PLAN_MAX_THREADS; 0: the plan's */
+    uint32_t threads_batch; /* its prompt-step threads, likewise */
 } bp_plan_stage_t;
 
 /* The Plan: what the router sends each child. */
@@ -174,6 +178,13 @@ const char *bp_msg_hello_version(const bp_msg_t *m);
 /* Ready's model facts (0 from a hosttier, or when m is no Ready) and the kernels it
  * runs ("" when not told; untrusted text, at most BP_MSG_MAX_KERNELS bytes). */
 void bp_msg_ready_facts(const bp_msg_t *m, uint64_t *n_vocab, uint64_t *n_embd, const char **kernels);
+/* A fatal Error of process `process`, built on the stack and handed to send(ud, m),
+ * whose result it returns: how a child and a node tell their router that a process
+ * cannot go on. code is a negative BL_E* code (another value sends BL_EIO); text is
+ * borrowed for the call. */
+typedef int (*bp_msg_send_fn)(void *ud, const bp_msg_t *m);
+int bp_msg_fatal(uint32_t process, int code, const char *text, bp_msg_send_fn send, void *ud);
+
 /* Error's code, whether it is fatal, and its text ("" when none). */
 void bp_msg_error_info(const bp_msg_t *m, int32_t *code, int *fatal, const char **message);
 

@@ -1,9 +1,20 @@
-/* The relay's setup as the node reads it (node.h). */
+/* The relay's envelopes as the node reads them (node.h). */
 #include "node.h"
 
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "link.h"
+#include "msg.h"
 #include "ring.h"
+
+/* The wire layouts: both hosts little-endian, these sizes on either */
+_Static_assert(sizeof(bp_node_setup_t) == 152, "the setup is 152 bytes on the wire");
+_Static_assert(sizeof(bp_node_file_t) == 40, "the model file is 40 bytes on the wire");
+_Static_assert(sizeof(bp_node_probe_t) == 40, "the probe is 40 bytes on the wire");
+_Static_assert(sizeof(bp_node_host_t) == 96, "the host's facts are 96 bytes on the wire");
 
 /* A name or routing id: terminated inside its field, 1 or more bytes of A-Z a-z 0-9
  * _ . - */
@@ -19,17 +30,39 @@ static int word_ok(const char *s, size_t cap)
     return 1;
 }
 
+/* A payload of one of the fixed layouts: n bytes of p into dst (size bytes), which
+ * begin with magic (and its NUL) when magic is given, and a version field (cap bytes
+ * at version_at, or none when cap is 0) that ends inside it. what names it. The
+ * reader's out (size bytes) is emptied first: it holds only what was accepted. */
+static int fixed_read(void *out, void *dst, size_t size, const uint8_t *p, size_t n, const char *magic,
+                      size_t version_at, size_t cap, const char *what, bl_err_t *err)
+{
+    memset(out, 0, size);
+    if (n != size)
+        return bl_err_set(err, BL_EPROTO, "%s is %zu bytes, not %zu", what, n, size);
+    memcpy(dst, p, size);
+    if (magic && memcmp(dst, magic, strlen(magic) + 1) != 0)
+        return bl_err_set(err, BL_EPROTO, "%s does not begin with %s", what, magic);
+    if (cap && !memchr((const char *)dst + version_at, 0, cap))
+        return bl_err_set(err, BL_EPROTO, "%s has a version without its end", what);
+    return 0;
+}
+
+/* The peer's version against this side's: another is refused with both named. */
+static int same_version(const char *theirs, const char *ours, bl_err_t *err)
+{
+    return strcmp(theirs, ours) == 0 ? 0
+                                     : bl_err_set(err, BL_EINVAL, "the router is bloomery %s, this node %s", theirs,
+                                                  ours);
+}
+
 int bp_node_setup_read(bp_node_setup_t *out, const uint8_t *p, size_t n, const char *version, bl_err_t *err)
 {
-    memset(out, 0, sizeof *out);
-    if (n != sizeof *out)
-        return bl_err_set(err, BL_EPROTO, "the relay's setup is %zu bytes, not %zu", n, sizeof *out);
     bp_node_setup_t s;
-    memcpy(&s, p, sizeof s);
-    if (memcmp(s.magic, BP_NODE_SETUP_MAGIC, sizeof BP_NODE_SETUP_MAGIC) != 0)
-        return bl_err_set(err, BL_EPROTO, "the relay's setup does not begin with %s", BP_NODE_SETUP_MAGIC);
-    if (!memchr(s.version, 0, sizeof s.version))
-        return bl_err_set(err, BL_EPROTO, "the relay's setup has a version without its end");
+    const int rc = fixed_read(out, &s, sizeof s, p, n, BP_NODE_SETUP_MAGIC, offsetof(bp_node_setup_t, version),
+                              sizeof s.version, "the relay's setup", err);
+    if (rc)
+        return rc;
     if (!word_ok(s.name, sizeof s.name) || !word_ok(s.identity, sizeof s.identity))
         return bl_err_set(err, BL_EPROTO, "the relay's setup names the worker outside 1-23 (id 1-39) of A-Z a-z "
                           "0-9 _ . -");
@@ -45,8 +78,155 @@ int bp_node_setup_read(bp_node_setup_t *out, const uint8_t *p, size_t n, const c
         if (!ok)
             return bl_err_set(err, BL_EPROTO, "the relay's ring %u has capacity %llu", i, (unsigned long long)c);
     }
-    if (strcmp(s.version, version) != 0)
-        return bl_err_set(err, BL_EINVAL, "the router is bloomery %s, this node %s", s.version, version);
+    if (same_version(s.version, version, err) != 0)
+        return BL_EINVAL;
     *out = s;
     return 0;
+}
+
+int bp_node_file_read(bp_node_file_t *out, const uint8_t *p, size_t n, bl_err_t *err)
+{
+    bp_node_file_t f;
+    const int rc = fixed_read(out, &f, sizeof f, p, n, NULL, 0, 0, "the relay's model file", err);
+    if (rc)
+        return rc;
+    if (f.size == 0 || f.size > (uint64_t)INT64_MAX)
+        return bl_err_set(err, BL_EPROTO, "the relay's model file has size %llu", (unsigned long long)f.size);
+    uint8_t any = 0;
+    for (size_t i = 0; i < sizeof f.fingerprint; i++)
+        any |= f.fingerprint[i];
+    if (!any) /* SHA-256 gives no such value: a sender that never computed one */
+        return bl_err_set(err, BL_EPROTO, "the relay's model file has a fingerprint of zeros");
+    *out = f;
+    return 0;
+}
+
+int bp_node_probe_read(bp_node_probe_t *out, const uint8_t *p, size_t n, const char *version, bl_err_t *err)
+{
+    bp_node_probe_t q;
+    int rc = fixed_read(out, &q, sizeof q, p, n, BP_NODE_PROBE_MAGIC, offsetof(bp_node_probe_t, version),
+                        sizeof q.version, "the router's probe", err);
+    if (rc == 0 && (rc = same_version(q.version, version, err)) == 0)
+        *out = q;
+    return rc;
+}
+
+int bp_node_host_read(bp_node_host_t *out, const uint8_t *p, size_t n, bl_err_t *err)
+{
+    bp_node_host_t h;
+    const int rc = fixed_read(out, &h, sizeof h, p, n, BP_NODE_HOST_MAGIC, 0, 0, "the node's answer", err);
+    if (rc)
+        return rc;
+    if (!word_ok(h.hostname, sizeof h.hostname))
+        return bl_err_set(err, BL_EPROTO, "the node's host name is not 1-63 of A-Z a-z 0-9 _ . -");
+    if (h.n_cpus < 1 || h.n_cpus > BP_NODE_MAX_CPUS)
+        return bl_err_set(err, BL_EPROTO, "the node's host has %u CPUs (1..%u)", h.n_cpus, BP_NODE_MAX_CPUS);
+    if (h.pad != 0)
+        return bl_err_set(err, BL_EPROTO, "the node's host facts have padding that is not 0");
+    if (h.mem_available > BP_NODE_MAX_MEM || h.mem_total > BP_NODE_MAX_MEM ||
+        (h.mem_total && h.mem_available > h.mem_total))
+        return bl_err_set(err, BL_EPROTO, "the node's host has %llu bytes of memory available of %llu",
+                          (unsigned long long)h.mem_available, (unsigned long long)h.mem_total);
+    *out = h;
+    return 0;
+}
+
+int bp_node_env_read(bp_node_env_t *out, const uint8_t *p, size_t n, const char *accept, const char *version,
+                     bl_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    if (n == 0)
+        return bl_err_set(err, BL_EPROTO, "an empty envelope");
+    const char tag = (char)p[0];
+    if (!tag || !strchr(accept, tag))
+        return bl_err_set(err, BL_EPROTO, "an envelope tagged %d ('%c') where only \"%s\" are taken", p[0],
+                          p[0] >= 0x20 && p[0] < 0x7f ? p[0] : '?', accept);
+    int rc;
+    switch (tag) {
+    case BP_NODE_ENV_SETUP: rc = bp_node_setup_read(&out->u.setup, p + 1, n - 1, version, err); break;
+    case BP_NODE_ENV_FILE: rc = bp_node_file_read(&out->u.file, p + 1, n - 1, err); break;
+    case BP_NODE_ENV_PROBE: rc = bp_node_probe_read(&out->u.probe, p + 1, n - 1, version, err); break;
+    case BP_NODE_ENV_HOST: rc = bp_node_host_read(&out->u.host, p + 1, n - 1, err); break;
+    case BP_NODE_ENV_MSG: rc = bp_msg_unpack(&out->msg, p + 1, n - 1, err); break;
+    case BP_NODE_ENV_DONE:
+        rc = n == 1 ? 0 : bl_err_set(err, BL_EPROTO, "a done envelope carries %zu bytes", n - 1);
+        break;
+    default: rc = bl_err_set(err, BL_EPROTO, "an envelope tagged %d is not of the node protocol", p[0]); break;
+    }
+    if (rc) {
+        memset(out, 0, sizeof *out); /* bp_msg_unpack left nothing to free on failure */
+        return rc;
+    }
+    out->tag = tag;
+    return 0;
+}
+
+/* The node's answer: its facts, or its refusal as a packed Error. */
+static int probe_answer(const uint8_t *buf, size_t n, const char *endpoint, bp_node_host_t *out, bl_err_t *err)
+{
+    bl_err_t why = {0};
+    bp_node_env_t env;
+    if (bp_node_env_read(&env, buf, n, "HM", "", &why) != 0)
+        return bl_err_set(err, why.code, "the node at %s answered a probe with what breaks the protocol: %s",
+                          endpoint, why.msg);
+    int rc = 0;
+    if (env.tag == BP_NODE_ENV_HOST) {
+        *out = env.u.host;
+    } else {
+        int32_t code = 0;
+        int fatal = 0;
+        const char *text = "";
+        bp_msg_error_info(&env.msg, &code, &fatal, &text);
+        rc = env.msg.type == BP_MSG_ERROR
+                 ? bl_err_set(err, code, "the node at %s: %s", endpoint, text)
+                 : bl_err_set(err, BL_EPROTO, "the node at %s answered a probe with a %s message", endpoint,
+                              bp_msg_type_name((int)env.msg.type));
+    }
+    bp_msg_free(&env.msg);
+    return rc;
+}
+
+int bp_node_probe(const char *endpoint, const uint8_t key[32], const char *version, int timeout_ms,
+                  bp_node_host_t *out, bl_err_t *err)
+{
+    memset(out, 0, sizeof *out);
+    /* an answer is the facts or an Error of a sentence: far below this */
+    enum { CAP = 16384 };
+    uint8_t *buf = malloc(CAP);
+    bp_link_t *l = NULL;
+    bl_err_t why = {0};
+    int rc = buf ? bp_link_connect(&l, endpoint, key, CAP, NULL, &why) : BL_ENOMEM;
+    if (rc == 0)
+        rc = bp_link_wait_up(l, timeout_ms, &why);
+    if (rc == 0) {
+        bp_node_probe_t q;
+        memset(&q, 0, sizeof q);
+        memcpy(q.magic, BP_NODE_PROBE_MAGIC, sizeof BP_NODE_PROBE_MAGIC);
+        snprintf(q.version, sizeof q.version, "%s", version);
+        buf[0] = (uint8_t)BP_NODE_ENV_PROBE;
+        memcpy(buf + 1, &q, sizeof q);
+        rc = bp_link_send(l, buf, 1 + sizeof q, timeout_ms, &why);
+    }
+    size_t n = 0;
+    if (rc == 0)
+        rc = bp_link_recv(l, buf, CAP, &n, timeout_ms, &why);
+    if (rc == 0) {
+        rc = probe_answer(buf, n, endpoint, out, err);
+        /* then the node closes the session; it is waited for, as a relay that connected
+         * before the node listens again would find the old session's link taken */
+        const uint8_t done = (uint8_t)BP_NODE_ENV_DONE;
+        bl_err_t e2 = {0};
+        if (bp_link_send(l, &done, 1, timeout_ms, &e2) == 0)
+            for (int i = 0; i < 100 && bp_link_peer_up(l); i++)
+                (void)!bp_link_recv(l, buf, CAP, &n, timeout_ms / 100 + 1, &e2); /* nothing more is expected */
+    } else if (rc == BL_ENOMEM && !l) {
+        bl_err_set(err, BL_ENOMEM, "the node at %s: out of memory for its probe", endpoint);
+    } else {
+        bl_err_set(err, rc, "the node at %s: %s", endpoint, why.msg);
+    }
+    bp_link_close(l);
+    free(buf);
+    if (rc)
+        memset(out, 0, sizeof *out);
+    return rc;
 }

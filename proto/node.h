@@ -1,8 +1,16 @@
 /* The control link between a stage's relay and the node on its host (node/main.c,
  * docs/deploy.md "Several hosts"): each message is an envelope byte and its payload.
  * The relay's first message is its setup (the worker's arguments and its rings),
- * then file facts and packed control messages (msg.h) go either way. The bytes come
- * from the network: bp_node_setup_read checks every field. */
+ * then the router's model file (size and fingerprint, before each Plan) and packed
+ * control messages (msg.h) go either way.
+ *
+ * Before any relay, the router asks each node for its host's facts (bp_node_probe):
+ * a probe as the first message, which the node answers with its CPUs and memory; the
+ * router says it has the answer, and the node ends the session (closing at once
+ * could drop the answer with the connection). The router needs them to split the layers before it starts
+ * a stage, which is why they are not part of a relay's session.
+ *
+ * The bytes come from the network: the _read functions check every field. */
 #ifndef BP_NODE_H
 #define BP_NODE_H
 
@@ -10,12 +18,18 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "msg.h"
 
 #define BP_NODE_ENV_SETUP 'S' /* the relay's setup (bp_node_setup_t), first and once */
 #define BP_NODE_ENV_MSG 'M'   /* a packed control message (bp_msg_pack) */
 #define BP_NODE_ENV_FILE 'F'  /* the router's model file (bp_node_file_t), before a Plan */
+#define BP_NODE_ENV_PROBE 'P' /* the router's question (bp_node_probe_t), first and once */
+#define BP_NODE_ENV_HOST 'H'  /* the node's answer (bp_node_host_t) */
+#define BP_NODE_ENV_DONE 'D'  /* the router has the answer (no payload): the node ends the session */
 
 #define BP_NODE_SETUP_MAGIC "BLNODE1"
+#define BP_NODE_PROBE_MAGIC "BLPROBE"
+#define BP_NODE_HOST_MAGIC "BLHOST1"
 
 /* The worker the node starts and its rings. On the wire as this struct, both hosts
  * little-endian (x86-64, aarch64). */
@@ -35,10 +49,32 @@ typedef struct bp_node_setup {
 #define BP_NODE_QUIET 2u
 #define BP_NODE_COLORS 4u
 
-/* The router's model file: the node's must be the same size. */
+/* The router's model file as the relay tells it before each Plan: the node loads the
+ * Plan's model only when its own file at that path has the same size and fingerprint
+ * (common/fingerprint.h, computed by each side over its own file). */
+#define BP_NODE_FINGERPRINT_BYTES 32
 typedef struct bp_node_file {
-    uint64_t size;
+    uint64_t size;        /* bytes of every part, 1..INT64_MAX */
+    uint8_t fingerprint[BP_NODE_FINGERPRINT_BYTES]; /* SHA-256: not all zero */
 } bp_node_file_t;
+
+/* The router's question for the host's facts. */
+typedef struct bp_node_probe {
+    char magic[8];        /* BP_NODE_PROBE_MAGIC */
+    char version[32];     /* the router's bloomery version, NUL-terminated */
+} bp_node_probe_t;
+
+/* The node's host as its workers would run there. */
+#define BP_NODE_MAX_CPUS 65536u
+#define BP_NODE_MAX_MEM ((uint64_t)1 << 56)
+typedef struct bp_node_host {
+    char magic[8];        /* BP_NODE_HOST_MAGIC */
+    char hostname[64];    /* the node's host name: 1-63 of A-Z a-z 0-9 _ . - */
+    uint32_t n_cpus;      /* CPUs its workers may run on (its affinity), 1..BP_NODE_MAX_CPUS */
+    uint32_t pad;         /* 0 */
+    uint64_t mem_available; /* MemAvailable in bytes, 0: not known; at most BP_NODE_MAX_MEM */
+    uint64_t mem_total;   /* MemTotal, 0: not known; else at least mem_available */
+} bp_node_host_t;
 
 /* A setup from a payload of n bytes into *out. BL_EPROTO naming the field that is
  * wrong (size, magic, an unterminated or empty string, a byte outside a name's set,
@@ -46,5 +82,49 @@ typedef struct bp_node_file {
  * than version (naming both). */
 int bp_node_setup_read(bp_node_setup_t *out, const uint8_t *p, size_t n, const char *version,
                        bl_err_t *err) BL_WUR;
+
+/* The router's model file from a payload of n bytes into *out. BL_EPROTO naming the
+ * field that is wrong (the payload's size, a size of 0 or past INT64_MAX, a
+ * fingerprint of zeros). */
+int bp_node_file_read(bp_node_file_t *out, const uint8_t *p, size_t n, bl_err_t *err) BL_WUR;
+
+/* A probe (BL_EPROTO: size, magic, an unterminated version; BL_EINVAL: another
+ * version than version, naming both) and the node's answer (BL_EPROTO naming the
+ * field: size, magic, host name, CPU count, padding, memory). */
+int bp_node_probe_read(bp_node_probe_t *out, const uint8_t *p, size_t n, const char *version,
+                       bl_err_t *err) BL_WUR;
+int bp_node_host_read(bp_node_host_t *out, const uint8_t *p, size_t n, bl_err_t *err) BL_WUR;
+
+/* One envelope as read: its tag and what the tag's reader made of the payload. */
+typedef struct bp_node_env {
+    char tag;             /* BP_NODE_ENV_* */
+    union {
+        bp_node_setup_t setup; /* S */
+        bp_node_file_t file;   /* F */
+        bp_node_probe_t probe; /* P */
+        bp_node_host_t host;   /* H */
+    } u;
+    bp_msg_t msg;         /* M: the control message, unpacked and validated; the caller
+                           * frees it with bp_msg_free (a no-op for the other tags) */
+} bp_node_env_t;
+
+/* An envelope of n bytes into *out: its tag must be one of accept (the tags this side
+ * takes at this point, "FM" for a node's session), and its payload is read by the
+ * tag's reader above (version: this side's, for a setup and a probe), a control
+ * message by bp_msg_unpack; a D carries nothing. BL_EPROTO (no bytes, a tag not in
+ * accept, bytes after a D), else the reader's error, which names the field. On
+ * failure *out holds nothing to free. The one parser of the node protocol. */
+int bp_node_env_read(bp_node_env_t *out, const uint8_t *p, size_t n, const char *accept, const char *version,
+                     bl_err_t *err) BL_WUR;
+
+/* Asks the node at endpoint (its control port, "tcp://HOST:PORT") for its host's
+ * facts over a link keyed by the cluster's secret, and waits until the node has
+ * ended that session, so that a relay started next finds it listening. timeout_ms
+ * bounds the handshake and the answer each. Errors name the endpoint: BL_ETIMEDOUT
+ * and BL_EPERM (no handshake: no node there, or another secret; bp_link_wait_up's
+ * reasons), the node's refusal as it gave it (another version: BL_EINVAL), BL_EPROTO
+ * (an answer that breaks the protocol), BL_ECLOSED, BL_ENOMEM. The caller's thread. */
+int bp_node_probe(const char *endpoint, const uint8_t key[32], const char *version, int timeout_ms,
+                  bp_node_host_t *out, bl_err_t *err) BL_WUR;
 
 #endif

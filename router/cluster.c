@@ -76,10 +76,10 @@ typedef struct child {
 } child_t;
 
 struct rt_cluster {
-    rt_cluster_opts_t o; /* strings point into the copies below */
+    rt_cluster_opts_t o; /* strings point into the copies below; o.remote[i] are the
+                          * cluster's own copies (freed with it), NULL past n_workers */
     char *model_path, *bin_dir, *runtime_dir;
     char worker_bin[PATH_MAX], hosttier_bin[PATH_MAX], node_bin[PATH_MAX];
-    char *remote[RT_CLUSTER_MAX_STAGES]; /* copies of o.remote */
     char *secret_path;
     char endpoint[160], sock_path[128];
 
@@ -324,7 +324,7 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
                                                                         : c->o.n_threads);
     char *argv[28];
     int a = 0;
-    const char *remote = !k->hosttier ? c->remote[i] : NULL;
+    const char *remote = !k->hosttier ? c->o.remote[i] : NULL;
     argv[a++] = k->hosttier ? c->hosttier_bin : remote ? c->node_bin : c->worker_bin;
     if (remote) { /* the stage's relay to the node on its host */
         argv[a++] = (char *)"--relay";
@@ -453,8 +453,8 @@ static int child_of(rt_cluster_t *c, const bp_peer_t *p)
  * worker is another host's). */
 static int card_pair(const rt_cluster_t *c, int s)
 {
-    return c->o.n_stage_ends && c->o.stage_device[s] >= 0 && c->o.stage_device[s + 1] >= 0 && !c->remote[s] &&
-           !c->remote[s + 1];
+    return c->o.n_stage_ends && c->o.stage_device[s] >= 0 && c->o.stage_device[s + 1] >= 0 && !c->o.remote[s] &&
+           !c->o.remote[s + 1];
 }
 
 /* Whether stage s and the next may pass their rows card to card: such a pair, and
@@ -533,8 +533,10 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
         const int64_t lb = at;
         at = c->o.n_stage_ends ? c->o.stage_end[s] : at + base + (s < extra ? 1 : 0);
         const int dev = c->o.n_stage_ends ? c->o.stage_device[s] : -1;
+        const uint32_t threads = (uint32_t)c->o.stage_threads[s];
         p.stages[s] = (bp_plan_stage_t){.process = (uint32_t)s, .layer_begin = (uint32_t)lb,
-                                        .layer_end = (uint32_t)at, .device = dev};
+                                        .layer_end = (uint32_t)at, .device = dev, .threads = threads,
+                                        .threads_batch = threads};
     }
     for (int s = 0; s + 1 < nw; s++)
         p.stages[s].card_next = card_link(c, s);
@@ -934,7 +936,7 @@ static void *supervisor_main(void *arg)
     }
     int failed = 0, first = 1, remote = 0;
     for (int s = 0; s < c->o.n_workers && s < RT_CLUSTER_MAX_STAGES; s++)
-        remote |= c->remote[s] != NULL;
+        remote |= c->o.remote[s] != NULL;
     while (!atomic_load(&c->stopping)) {
         const int started = start_set(c);
         if (started == RT_SET_CHANGED) {
@@ -1012,6 +1014,10 @@ static int check_opts(const rt_cluster_opts_t *o, bl_err_t *err)
         if (o->stage_device[i] < -1 || o->stage_device[i] > 255)
             return bl_err_set(err, BL_EINVAL, "cluster: stage %d's device %d is not -1 or a CUDA ordinal", i,
                               o->stage_device[i]);
+    for (int i = 0; i < o->n_workers && i < RT_CLUSTER_MAX_STAGES; i++)
+        if (o->stage_threads[i] < 0 || o->stage_threads[i] > 256)
+            return bl_err_set(err, BL_EINVAL, "cluster: stage %d's threads %d is not 0 (as n_threads) or 1..256", i,
+                              o->stage_threads[i]);
     if (o->n_slots < 1 || o->n_slots > 4096)
         return bl_err_set(err, BL_EINVAL, "cluster: n_slots %d is not in 1..4096", o->n_slots);
     if (o->n_ctx_slot < 1 || o->n_ctx_slot > (1 << 24))
@@ -1040,6 +1046,13 @@ static int find_program(char *out, size_t cap, const char *dir, const char *name
     return 0;
 }
 
+/* The cluster's copies of the stages' node endpoints. */
+static void free_remote(rt_cluster_t *c)
+{
+    for (int s = 0; s < RT_CLUSTER_MAX_STAGES; s++)
+        free((char *)c->o.remote[s]); /* allocated by rt_cluster_create: const only to the caller */
+}
+
 int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_t *err)
 {
     *out = NULL;
@@ -1050,6 +1063,7 @@ int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_
     if (!c)
         return bl_err_set(err, BL_ENOMEM, "cluster: out of memory");
     c->o = *opts;
+    memset(c->o.remote, 0, sizeof c->o.remote); /* the copies below, or none */
     c->model_path = strdup(opts->model_path);
     c->bin_dir = strdup(opts->bin_dir);
     c->runtime_dir = strdup(opts->runtime_dir);
@@ -1101,11 +1115,10 @@ int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_
         if (!opts->remote[s])
             continue;
         any_remote = 1;
-        if (!(c->remote[s] = strdup(opts->remote[s]))) {
+        if (!(c->o.remote[s] = strdup(opts->remote[s]))) {
             rc = bl_err_set(err, BL_ENOMEM, "cluster: out of memory");
             goto fail;
         }
-        c->o.remote[s] = c->remote[s];
     }
     if (any_remote && !opts->secret_path) {
         rc = bl_err_set(err, BL_EINVAL, "cluster: a stage on another host needs the cluster's secret file");
@@ -1187,8 +1200,7 @@ fail:
     free(c->bin_dir);
     free(c->runtime_dir);
     free(c->secret_path);
-    for (int s = 0; s < RT_CLUSTER_MAX_STAGES; s++)
-        free(c->remote[s]);
+    free_remote(c);
     free(c);
     return rc;
 }
@@ -1211,8 +1223,7 @@ void rt_cluster_destroy(rt_cluster_t *c)
     free(c->bin_dir);
     free(c->runtime_dir);
     free(c->secret_path);
-    for (int s = 0; s < RT_CLUSTER_MAX_STAGES; s++)
-        free(c->remote[s]);
+    free_remote(c);
     free(c);
 }
 

@@ -49,6 +49,10 @@ typedef struct rt_cluster_opts {
     int n_stage_ends;        /* n_workers when given */
     int64_t stage_end[RT_CLUSTER_MAX_STAGES]; /* stage i: layers [end of i-1, stage_end[i]) */
     int stage_device[RT_CLUSTER_MAX_STAGES];  /* -1 the CPU, else a CUDA ordinal */
+    /* A stage's own threads for decode and prompt steps alike (a hostfile line's
+     * threads=: its host is not the router's), 1..256; 0: n_threads and
+     * n_threads_batch */
+    int stage_threads[RT_CLUSTER_MAX_STAGES];
     /* Stages on other hosts (docs/deploy.md, "Several hosts"): stage i's worker runs
      * under the node at remote[i] ("tcp://HOST:PORT"), reached through a relay
      * (bloomery-node in bin_dir) started in its place; NULL: on this host. The links'

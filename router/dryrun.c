@@ -1,9 +1,9 @@
 /* bloomery-serve --dry-run's report (dryrun.h). */
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "cpuset.h"
 #include "dryrun.h"
 #include "quant.h"
 #include "wmem.h"
@@ -101,9 +101,7 @@ static void print_machine(FILE *f, const rt_dry_run_t *d)
 {
     char name[256], a[32], b[32];
     cpu_name(name, sizeof name);
-    cpu_set_t cpus;
-    CPU_ZERO(&cpus);
-    const int n_cpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
+    const int n_cpus = bl_cpu_count();
     fprintf(f, "machine\n");
     fprintf(f, "  cpu: %s; %d CPU%s this server may use; %lld thread%s a worker (-t), %lld for prompt steps (-tb)\n",
             name, n_cpus, n_cpus == 1 ? "" : "s", (long long)d->threads, d->threads == 1 ? "" : "s",
@@ -206,6 +204,39 @@ static void print_model(FILE *f, const rt_dry_run_t *d)
     fprintf(f, "\n");
 }
 
+/* A hostfile's stages: where each runs, its layers, its host's CPUs and memory (as the
+ * node there answered), its threads, and how the layers were split. */
+static void print_hosts(FILE *f, const rt_dry_run_t *d)
+{
+    const bl_plan_t *p = d->plan;
+    char s1[32], s2[32];
+    fprintf(f, "  hosts (--hostfile): %s\n",
+            d->hosts_split ? "the layers split by each stage's threads (at most its host's CPUs), no host given more "
+                             "weights and KV cache than its memory available"
+                           : "the layers as the hostfile's layers= give them");
+    for (int i = 0; i < p->n_stages; i++) {
+        const bl_cpu_host_t *h = &d->hosts[i];
+        const bl_plan_stage_t *st = &p->stage[i];
+        fprintf(f, "    stage %d: layers %lld..%lld on %s", i, (long long)st->lb, (long long)st->le - 1,
+                h->name && h->name[0] ? h->name : "?");
+        if (d->remote[i])
+            fprintf(f, " through the node at %s", d->remote[i]);
+        else
+            fprintf(f, " (this host)");
+        fprintf(f, ": %d CPU%s, ", h->n_cpus, h->n_cpus == 1 ? "" : "s");
+        if (h->mem_avail)
+            fprintf(f, "%s available", size_str(s1, sizeof s1, h->mem_avail));
+        else
+            fprintf(f, "memory available not known");
+        if (h->mem_total)
+            fprintf(f, " of %s", size_str(s2, sizeof s2, h->mem_total));
+        fprintf(f, "; %d thread%s", h->threads, h->threads == 1 ? "" : "s");
+        if (d->hosts_split && h->n_cpus > 0 && h->threads > h->n_cpus)
+            fprintf(f, " (weighed as its %d CPUs)", h->n_cpus);
+        fprintf(f, "\n");
+    }
+}
+
 static void print_placement(FILE *f, const rt_dry_run_t *d)
 {
     const bl_plan_t *p = d->plan;
@@ -249,9 +280,11 @@ static void print_placement(FILE *f, const rt_dry_run_t *d)
             "hosttier: its layers' routed experts that the hosttier holds instead; KV cache: %s rows of its "
             "attention layers; recurrent state: of its DeltaNet layers, every slot's, f32; scratch: an estimate, "
             "cards only)\n", kt ? kt->name : "?");
-    for (int i = 0; i < p->n_stages; i++)
+    for (int i = 0; !d->hosts && i < p->n_stages; i++)
         if (d->remote[i])
             fprintf(f, "  stage %d runs on another host, through the node at %s (--hostfile)\n", i, d->remote[i]);
+    if (d->hosts)
+        print_hosts(f, d);
     if (p->hosttier) {
         fprintf(f, "  hosttier: the routed experts of %d of %lld layers, %s: %s in host RAM", p->n_host_layers,
                 (long long)p->n_layer, size_str(s1, sizeof s1, p->host_bytes),
@@ -340,7 +373,10 @@ static void print_fit(FILE *f, const rt_dry_run_t *d)
     uint64_t host = p->host_ram_bytes;
     for (int i = 0; i < p->n_stages; i++) {
         const uint64_t b = p->stage[i].weight_bytes + p->stage[i].kv_bytes;
-        if (p->stage[i].device < 0 && d->remote[i])
+        if (p->stage[i].device < 0 && d->remote[i] && d->hosts && d->hosts[i].mem_avail)
+            fprintf(f, "  %s: stage %d takes %s (weights and KV cache) of that host's RAM, of %s available\n",
+                    d->remote[i], i, size_str(s1, sizeof s1, b), size_str(s2, sizeof s2, d->hosts[i].mem_avail));
+        else if (p->stage[i].device < 0 && d->remote[i])
             fprintf(f, "  %s: stage %d takes %s (weights and KV cache) of that host's RAM\n", d->remote[i], i,
                     size_str(s1, sizeof s1, b));
         else if (p->stage[i].device < 0)

@@ -38,7 +38,9 @@
 #include "wmem.h"
 #include "quant.h"
 #include "hostfile.h"
+#include "link.h"
 #include "log.h"
+#include "node.h"
 
 
 #define PROG "bloomery-serve"
@@ -344,7 +346,8 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "CPU worker processes: the layers split into N pipeline stages (default 1)");
     STR("--hostfile", "BLOOMERY_ARG_HOSTFILE", &o->hostfile, "FILE",
         "the cluster's hostfile: a CPU stage per worker line, in order; a line of another host than the "
-        "router's runs under the node there (docs/deploy.md)");
+        "router's runs under the node there; layers by the lines' layers=, else by each stage's threads within "
+        "each host's memory (docs/deploy.md)");
     STR("--cluster-secret", "BLOOMERY_ARG_CLUSTER_SECRET", &o->cluster_secret, "FILE",
         "the cluster's secret (mode 0600, at least 32 bytes): the keys of the links to other hosts");
     STR("-ctk,--cache-type-k", "LLAMA_ARG_CACHE_TYPE_K", &o->cache_type_k, "TYPE",
@@ -737,11 +740,19 @@ static json_t *placement_json(const bl_plan_t *p)
                      "target_mib", (json_int_t)p->fit_target_mib);
 }
 
-/* A hostfile's stages: a CPU worker per worker line, in file order; remote[i] the
- * node's endpoint of a line whose host is not the router's ("" for this host); their
- * layer ends (*has_ends) when the lines give layers=. What this version does not take
- * yet is refused by line: GPU workers, threads=, name=, a hosttier on another host. */
-static int hostfile_stages(opts_t *o, char remote[][300], int64_t *ends, int *has_ends, bl_err_t *err)
+/* A hostfile's worker line as the start uses it (hostfile_stages). */
+typedef struct hf_stage {
+    char host[256];   /* its HOST as written */
+    char remote[300]; /* the node's endpoint ("tcp://HOST:PORT") of another host than the
+                       * router's; "" for this host */
+    int threads;      /* its threads=, 0: -t and -tb */
+    int64_t end;      /* its layers= end, when the lines give them (*has_ends) */
+} hf_stage_t;
+
+/* A hostfile's stages: a CPU worker per worker line, in file order, into hs (sets
+ * o->workers). What this version does not take yet is refused by line: GPU workers,
+ * name=, a hosttier on another host; so is threads= above a worker's 256. */
+static int hostfile_stages(opts_t *o, hf_stage_t *hs, int *has_ends, bl_err_t *err)
 {
     bl_hostfile_t hf = {0};
     int rc = bl_hostfile_load(o->hostfile, &hf, err);
@@ -752,11 +763,12 @@ static int hostfile_stages(opts_t *o, char remote[][300], int64_t *ends, int *ha
     for (int i = 0; rc == 0 && i < hf.n; i++) {
         const bl_host_entry_t *e = &hf.e[i];
         const char *what = e->all_gpus || e->n_gpus ? "GPU workers (run the cards' stages on the router's host)"
-                           : e->threads            ? "threads= (-t and -tb set every worker's)"
                            : e->name[0]            ? "name="
                                                    : NULL;
         if (e->role == BL_HOST_HOSTTIER && strcasecmp(e->host, router->host) != 0)
             what = "a hosttier on another host than the router's";
+        else if (e->role == BL_HOST_HOSTTIER && e->threads)
+            what = "threads= on a hosttier line (its threads are -t's)";
         if (what && e->role != BL_HOST_ROUTER) {
             rc = bl_err_set(err, BL_ENOTSUP, "%s:%d: %s is not taken yet", o->hostfile, e->line, what);
             break;
@@ -767,12 +779,20 @@ static int hostfile_stages(opts_t *o, char remote[][300], int64_t *ends, int *ha
             rc = bl_err_set(err, BL_EINVAL, "%s: more than %d workers", o->hostfile, RT_CLUSTER_MAX_STAGES);
             break;
         }
-        remote[n][0] = '\0';
+        if (e->threads > 256) { /* the hostfile takes up to 1024; a worker's pool 256 */
+            rc = bl_err_set(err, BL_EINVAL, "%s:%d: threads=%d: a worker runs at most 256 threads", o->hostfile,
+                            e->line, e->threads);
+            break;
+        }
+        hf_stage_t *h = &hs[n];
+        memset(h, 0, sizeof *h);
+        snprintf(h->host, sizeof h->host, "%s", e->host);
+        h->threads = e->threads;
         /* layers= is on every worker or none, tiling from 0 (the parser's rules) */
         *has_ends = e->layer_end > 0;
-        ends[n] = e->layer_end;
+        h->end = e->layer_end;
         if (strcasecmp(e->host, router->host) != 0) {
-            snprintf(remote[n], 300, strchr(e->host, ':') ? "tcp://[%s]:%u" : "tcp://%s:%u", e->host,
+            snprintf(h->remote, sizeof h->remote, strchr(e->host, ':') ? "tcp://[%s]:%u" : "tcp://%s:%u", e->host,
                      (unsigned)e->port);
             any_remote = 1;
         }
@@ -786,11 +806,48 @@ static int hostfile_stages(opts_t *o, char remote[][300], int64_t *ends, int *ha
     return rc;
 }
 
+/* Each hostfile stage's host as the split of the layers sees it (common/plan.h): this
+ * machine's CPUs and memory for a line of the router's host, what the node answers
+ * for another's (bp_node_probe; the start fails when a node does not answer, as it
+ * would when its stage starts). */
+static int stage_hosts(const opts_t *o, const hf_stage_t *hs, int n, bl_cpu_host_t *out, bl_err_t *err)
+{
+    uint8_t key[32];
+    int have_key = 0, rc = 0;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        bl_cpu_host_t *h = &out[i];
+        *h = (bl_cpu_host_t){.name = hs[i].host, .remote = hs[i].remote[0] != 0,
+                             .threads = hs[i].threads ? hs[i].threads : (int)o->threads};
+        if (!h->remote) {
+            h->n_cpus = bl_cpu_count();
+            h->mem_avail = bl_mem_available();
+            h->mem_total = bl_mem_total();
+        } else {
+            bp_node_host_t nh;
+            if (!have_key && (rc = bp_secret_load(o->cluster_secret, key, err)) != 0)
+                break;
+            have_key = 1;
+            if ((rc = bp_node_probe(hs[i].remote, key, BL_VERSION, 10000, &nh, err)) != 0)
+                break;
+            h->n_cpus = (int)nh.n_cpus;
+            h->mem_avail = nh.mem_available;
+            h->mem_total = nh.mem_total;
+        }
+        BL_LOG(BL_LOG_INFO, "event=stage_host stage=%d host=%s node=%s cpus=%d mem_available=%llu "
+               "mem_total=%llu threads=%d", i, h->name, h->remote ? hs[i].remote : "-", h->n_cpus,
+               (unsigned long long)h->mem_avail, (unsigned long long)h->mem_total, h->threads);
+    }
+    memset(key, 0, sizeof key);
+    return rc;
+}
+
 /* The placement (common/plan.c) from the placement flags, the model's file and the
- * devices bloomery-worker reports, printed at start. */
+ * devices bloomery-worker reports, printed at start; with a hostfile, its stages
+ * (hs) and their hosts' facts, which it asks the nodes for (into hosts). */
 static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64_t n_ctx, uint32_t kv_type,
-                 int64_t rows, const int64_t *stage_ends, bl_plan_t *plan, bl_device_t *devs, int *n_devs,
-                 int *n_found, const char **gpu_note, bl_err_t *err)
+                 int64_t rows, const int64_t *stage_ends, const hf_stage_t *hs, bl_cpu_host_t *hosts,
+                 bl_plan_t *plan, bl_device_t *devs, int *n_devs, int *n_found, const char **gpu_note,
+                 bl_err_t *err)
 {
     *n_found = -1;
     *gpu_note = NULL;
@@ -801,6 +858,9 @@ static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64
     if ((rc = rt_cluster_devices(bin_dir, devs, BL_PLAN_MAX_DEVICES, n_devs, err)) != 0)
         return rc;
     *n_found = *n_devs;
+    /* a node that does not answer fails the start, as it would when its stage starts */
+    if (o->hostfile && (rc = stage_hosts(o, hs, (int)o->workers, hosts, err)) != 0)
+        return rc;
     if (o->hostfile && *n_devs > 0) {
         *gpu_note = "a hostfile's stages run on CPUs for now";
         BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored flag=--hostfile reason=%s", *gpu_note);
@@ -813,7 +873,8 @@ static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64
         BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored flag=--gpu-layers value=%s reason=no CUDA device: every "
                "layer runs on the CPU", f->gpu_layers);
     bl_place_opts_t po = {
-        .n_cpu_stages = (int)o->workers, .cpu_stage_ends = stage_ends, .n_ctx_total = n_ctx,
+        .n_cpu_stages = (int)o->workers, .cpu_stage_ends = stage_ends, .cpu_hosts = o->hostfile ? hosts : NULL,
+        .n_ctx_total = n_ctx,
         .kv_elem_bytes = kv_type == BL_TYPE_F32 ? 4.0 : kv_type == BL_TYPE_Q8_0 ? 34.0 / 32.0 : 2.0,
         .n_batch = rows, .n_seqs = o->parallel, .ram_avail = bl_mem_available()};
     if ((rc = bl_plan_opts(&po, f, err)) != 0)
@@ -1978,7 +2039,8 @@ int main(int argc, char **argv)
     /* the listener first (a busy port fails before any child is started; nothing is
      * served until the loop runs), then the child processes and the engine */
     char bin_dir[PATH_MAX];
-    static char remote[RT_CLUSTER_MAX_STAGES][300];
+    static hf_stage_t hs[RT_CLUSTER_MAX_STAGES];
+    bl_cpu_host_t hosts[RT_CLUSTER_MAX_STAGES];
     int64_t stage_ends[RT_CLUSTER_MAX_STAGES];
     int has_ends = 0;
     if (o.hostfile && o.workers != 1 && bl_err_set(&err, BL_EINVAL, "--workers and --hostfile: the hostfile's "
@@ -1986,11 +2048,12 @@ int main(int argc, char **argv)
         goto fail;
     int n_found = -1;
     const char *gpu_note = NULL;
-    if ((o.hostfile && hostfile_stages(&o, remote, stage_ends, &has_ends, &err)) ||
-        find_bin_dir(bin_dir, sizeof bin_dir, &err))
+    if ((o.hostfile && hostfile_stages(&o, hs, &has_ends, &err)) || find_bin_dir(bin_dir, sizeof bin_dir, &err))
         goto fail;
-    int placed = place(&o, g, bin_dir, n_ctx, ktype, rows, has_ends ? stage_ends : NULL, &plan, devs, &n_devs,
-                       &n_found, &gpu_note, &err);
+    for (int i = 0; o.hostfile && i < o.workers; i++)
+        stage_ends[i] = hs[i].end;
+    int placed = place(&o, g, bin_dir, n_ctx, ktype, rows, has_ends ? stage_ends : NULL, hs, hosts, &plan, devs,
+                       &n_devs, &n_found, &gpu_note, &err);
     const int plan_made = placed == 0;
     if (placed == 0 && draft_on)
         placed = draft_device(&o, n_devs, &draft_dev, &err);
@@ -2010,7 +2073,11 @@ int main(int argc, char **argv)
             .residency = !o.place.no_residency, .draft_path = draft_on ? o.draft_model : NULL,
             .draft_layers = draft_layers, .draft_device = draft_dev, .starting = screen};
         for (int i = 0; o.hostfile && plan_made && i < plan.n_stages && i < RT_CLUSTER_MAX_STAGES; i++)
-            dr.remote[i] = remote[i][0] ? remote[i] : NULL;
+            dr.remote[i] = hs[i].remote[0] ? hs[i].remote : NULL;
+        if (o.hostfile && plan_made) {
+            dr.hosts = hosts;
+            dr.hosts_split = !has_ends;
+        }
         rt_dry_run_print(screen ? stderr : stdout, &dr);
     }
     if (o.dry_run) {
@@ -2081,7 +2148,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < plan.n_stages; i++) {
         co.stage_end[i] = plan.stage[i].le;
         co.stage_device[i] = plan.stage[i].device;
-        co.remote[i] = o.hostfile && remote[i][0] ? remote[i] : NULL;
+        co.remote[i] = o.hostfile && hs[i].remote[0] ? hs[i].remote : NULL;
+        co.stage_threads[i] = o.hostfile ? hs[i].threads : 0;
     }
     co.secret_path = o.cluster_secret;
     for (int64_t l = 0; l < plan.n_layer && l < RT_CLUSTER_MAX_LAYERS; l++)
@@ -2095,6 +2163,7 @@ int main(int argc, char **argv)
         rt_cluster_opts_t dco = co;
         dco.model_path = o.draft_model;
         memset(dco.remote, 0, sizeof dco.remote); /* the draft runs on this host */
+        memset(dco.stage_threads, 0, sizeof dco.stage_threads); /* with -td or -t */
         dco.n_workers = 1;
         dco.n_stage_ends = draft_dev >= 0;
         dco.stage_end[0] = draft_layers;

@@ -70,6 +70,7 @@ typedef struct worker {
     int first, last, remote;
     int stage;          /* this stage's index in the plan */
     int64_t layer_begin, layer_end;
+    int threads, threads_batch; /* the compute pool's, as the plan gave them */
     bp_ring_t *in, *out, *x_out, *x_in;
     /* the card links on in and out (Plan.stages[].card_next) where both ends set them
      * up; NULL: the ring carries the rows */
@@ -783,8 +784,12 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     wk_model_opts_default(&o);
     o.progress = on_load_progress;
     o.progress_ud = w;
-    o.n_threads = p->threads ? (int)p->threads : 1;
-    o.n_threads_batch = (int)p->threads_batch; /* 0: as n_threads */
+    /* a stage's own counts (a hostfile line's threads=: its host is not the router's)
+     * win over the plan-wide -t and -tb */
+    o.n_threads = st->threads ? (int)st->threads : p->threads ? (int)p->threads : 1;
+    o.n_threads_batch = st->threads_batch ? (int)st->threads_batch : (int)p->threads_batch; /* 0: as n_threads */
+    w->threads = o.n_threads;
+    w->threads_batch = o.n_threads_batch ? o.n_threads_batch : o.n_threads;
     if (p->n_batch)
         o.n_batch = p->n_batch;
     o.n_ctx_max = p->n_ctx;
@@ -1228,9 +1233,10 @@ int main(int argc, char **argv)
     char vram[24] = "auto";
     if (pl.experts_vram != WK_EXPERTS_VRAM_AUTO)
         snprintf(vram, sizeof vram, "%lld", (long long)pl.experts_vram);
-    BL_LOG(BL_LOG_INFO, "event=ready layers=%lld..%lld kernels=%s experts=%s residency=%s experts_vram=%s",
-           (long long)w.layer_begin, (long long)w.layer_end, wk_model_kernels(w.m),
-           w.remote ? "hosttier" : "local", pl.no_residency ? "off" : "on", vram);
+    BL_LOG(BL_LOG_INFO, "event=ready layers=%lld..%lld threads=%d threads_batch=%d kernels=%s experts=%s "
+           "residency=%s experts_vram=%s", (long long)w.layer_begin, (long long)w.layer_end, w.threads,
+           w.threads_batch, wk_model_kernels(w.m), w.remote ? "hosttier" : "local", pl.no_residency ? "off" : "on",
+           vram);
     bp_msg_free(&plan);
     char kernels[BP_MSG_MAX_KERNELS + 1];
     if (w.device >= 0)

@@ -307,18 +307,75 @@ def test_reads_the_header_and_not_the_weights(model, tmp_path):
     assert secs < 10
 
 
-def test_hostfile_stage_on_another_host(model, tmp_path):
-    """--hostfile: the stage of another host's worker line is shown with its node and
-    counted in that host's RAM; nothing connects to it (the address leads nowhere)."""
-    hosts = tmp_path / "hosts"
-    hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker\n192.0.2.7 9000 worker\n")
-    secret = tmp_path / "secret"
-    secret.write_bytes(os.urandom(64))
-    secret.chmod(0o600)
-    rc, out, err, secs, _ = serve(["-m", model, "--dry-run", "-t", "1", "--hostfile", str(hosts),
-                                   "--cluster-secret", str(secret)])
-    assert rc == 0, out + err
+def test_hostfile_stages_with_their_hosts(model, tmp_path):
+    """--hostfile: the start asks the node of another host's worker line for its CPUs
+    and memory, and the report shows each stage's layers and host, the node's answer
+    and the RAM the stage takes there."""
+    from test_remote import Node, secret_file
+    secret = secret_file(tmp_path / "secret")
+    node = Node(tmp_path, secret)
+    try:
+        hosts = tmp_path / "hosts"
+        hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker threads=1\n"
+                         "localhost %d worker threads=2\n" % node.port)
+        rc, out, err, secs, _ = serve(["-m", model, "--dry-run", "-t", "1", "--hostfile", str(hosts),
+                                       "--cluster-secret", secret])
+        assert rc == 0, out + err
+        assert "event=probe_answered" in node.log(), node.log()
+        assert "event=session_started" not in node.log()  # nothing but the question
+    finally:
+        node.stop()
     assert [r[1] for r in stages(out).values()] == ["0", "1"], out
-    assert "stage 1 runs on another host, through the node at tcp://192.0.2.7:9000 (--hostfile)" in out, out
-    assert re.search(r"tcp://192\.0\.2\.7:9000: stage 1 takes \S+ \S+ \(weights and KV cache\)", out), out
+    cpus = len(os.sched_getaffinity(0))
+    assert "  hosts (--hostfile): the layers split by each stage's threads" in out, out
+    assert re.search(r"\n    stage 0: layers 0\.\.0 on 127\.0\.0\.1 \(this host\): %d CPUs?, \S+ \S+ available of "
+                     r"\S+ \S+; 1 thread\n" % cpus, out), out
+    assert re.search(r"\n    stage 1: layers 1\.\.1 on localhost through the node at tcp://localhost:%d: %d CPUs?, "
+                     r"\S+ \S+ available of \S+ \S+; 2 threads" % (node.port, cpus), out), out
+    assert re.search(r"tcp://localhost:%d: stage 1 takes \S+ \S+ \(weights and KV cache\) of that host's RAM, of "
+                     r"\S+ \S+ available" % node.port, out), out
     assert secs < 10
+
+
+def test_hostfile_node_that_does_not_answer(model, tmp_path):
+    """A worker line whose node does not answer: the report says so, as the start
+    fails (the probe waits 10 s for a handshake)."""
+    from test_remote import free_ports, secret_file
+    secret = secret_file(tmp_path / "secret")
+    port = free_ports(3)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker\nlocalhost %d worker\n" % port)
+    rc, out, err, secs, _ = serve(["-m", model, "--dry-run", "-t", "1", "--hostfile", str(hosts),
+                                   "--cluster-secret", secret])
+    assert rc == 1, out + err
+    assert re.search(r"fits: no\n  the node at tcp://localhost:%d: .*after 10000 ms" % port, out), out
+    assert "the node at tcp://localhost:%d" % port in failure(err)[0], err
+
+
+def test_hostfile_split_refused_when_no_host_holds_it(tmp_path):
+    """The hostfile's stages on one host, whose memory cannot hold the model's KV cache
+    at this -c: the split is refused with the host and the bytes, as the start
+    refuses it."""
+    avail = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    per_pos = 4 * 2 * 8 * 128 * 2  # layers x K and V x kv heads x head dim x f16
+    n_ctx = 2 * avail // per_pos + 1
+    if not avail or n_ctx > 1 << 24:
+        pytest.skip("this machine's memory holds any context a slot may have")
+    path = serverctl.make_model(str(tmp_path / "wide-kv.gguf"), "--layers", "4", "--heads", "8", "--kv-heads", "8",
+                                "--head-dim", "128")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker\n127.0.0.1 9001 worker\n")
+    base = ["-m", path, "--port", str(serverctl.free_port()), "-t", "1", "-np", "1", "-c", str(n_ctx),
+            "--hostfile", str(hosts)]
+    rc, out, err, _, _ = serve(base + ["--dry-run"])
+    rc_start, _, err_start, _, _ = serve(base)
+    want = ("no split of the 4 CPU layers fits the hosts' memory: 127.0.0.1 has ", " available (MemAvailable, ",
+            "and its 2 stages need ", "bytes of weights and KV cache")
+    for text, r in ((out + err, rc), (err_start, rc_start)):
+        assert r == 1, text
+        assert all(w in text for w in want), text
+    assert "fits: no\n  plan: no split" in out, out

@@ -8,9 +8,11 @@ What is checked: the answers and log-probabilities of a remote stage are one
 process's bit for bit (with and without the hosttier's rings on the links); a
 remote worker killed mid-service is reported by the node, the set restarts and
 serves again; a node with another secret, a node whose model file is another one
-(a private mount namespace puts another file at the path), a secret file others may
+(a private mount namespace puts another file at the path: another model, or one of
+the same size whose content differs), a secret file others may
 read, and hostfile lines this version does not take are refused by name; layers= splits the
-stages where it says."""
+stages where it says, and threads= sets a stage's threads; without layers=, the split
+follows each stage's threads and its host's CPUs as its node reports them."""
 import os
 import re
 import signal
@@ -135,20 +137,75 @@ def test_a_remote_stage_same_as_one_process(servers, nodes, tmp_path, hosttier):
         assert greedy(srv.url, p) == greedy(one.url, p), p
 
 
-def test_layers_given_in_the_hostfile_split_the_stages_unevenly(servers, nodes, tmp_path):
-    """layers= puts one layer of four on the router's host and three under the node."""
-    model = serverctl.make_model(str(tmp_path / "four.gguf"), "--layers", "4")
+def two_stages(servers, nodes, tmp_path, local, remote, n_layers=None, args=FAST):
+    """A node, and two servers of the same model (of n_layers layers, or the session's):
+    one process, and a hostfile's two worker lines, this host's with the options local
+    and the node's with remote. Returns (one, the hostfile's server, the node)."""
+    model = None
+    if n_layers:
+        model = serverctl.make_model(str(tmp_path / ("layers%d.gguf" % n_layers)), "--layers", str(n_layers))
     secret = secret_file(tmp_path / "secret")
     node = nodes(secret)
     hosts = tmp_path / "hosts"
-    hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker layers=0-1\n"
-                     "localhost %d worker layers=1-4\n" % node.port)
+    hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker %s\nlocalhost %d worker %s\n"
+                     % (local, node.port, remote))
     one = servers.start(FAST, model=model)
-    srv = servers.start(FAST + ["--hostfile", str(hosts), "--cluster-secret", secret], model=model)
+    srv = servers.start(list(args) + ["--hostfile", str(hosts), "--cluster-secret", secret], model=model)
+    return one, srv, node
+
+
+def test_layers_given_in_the_hostfile_split_the_stages_unevenly(servers, nodes, tmp_path):
+    """layers= puts one layer of four on the router's host and three under the node."""
+    one, srv, node = two_stages(servers, nodes, tmp_path, "layers=0-1", "layers=1-4", n_layers=4)
     log = srv.log(100000)
     assert "event=plan stage 0: layers 0..0 on the CPU" in log, log
     assert "event=plan stage 1: layers 1..3 on the CPU" in log, log
     assert "event=ready layers=1..4" in node.log()
+    for p in PROMPTS:
+        assert greedy(srv.url, p) == greedy(one.url, p), p
+
+
+def split(n_layers, weights):
+    """common/plan.c's split by weight: each stage its rounded-down share (at least
+    one), the layers left to the largest remainders (the first of equal ones)."""
+    q = [n_layers * w / sum(weights) for w in weights]
+    c = [max(1, int(x)) for x in q]
+    while sum(c) < n_layers:
+        c[max(range(len(c)), key=lambda i: (q[i] - c[i], -i))] += 1
+    while sum(c) > n_layers:
+        c[max((i for i in range(len(c)) if c[i] > 1), key=lambda i: (c[i] - q[i], -i))] -= 1
+    return c
+
+
+def test_without_layers_the_split_follows_threads_and_cpus(servers, nodes, tmp_path):
+    """Without layers=, the router asks the node for its host's CPUs and memory before
+    it plans, and splits the layers by each stage's threads capped by its CPUs: here
+    threads=1 on the router's host and threads=3 under the node, over 8 layers."""
+    one, srv, node = two_stages(servers, nodes, tmp_path, "threads=1", "threads=3", n_layers=8)
+    cpus = len(os.sched_getaffinity(0))
+    first, _ = split(8, [1, min(3, cpus)])
+    log = srv.log(100000)
+    assert "event=probe_answered host=" in node.log(), node.log()
+    assert re.search(r"event=stage_host stage=1 host=localhost node=tcp://localhost:%d cpus=%d mem_available=[1-9]"
+                     % (node.port, cpus), log), log
+    assert "event=plan stage 0: layers 0..%d on the CPU" % (first - 1) in log, log
+    assert "event=plan stage 1: layers %d..7 on the CPU" % first in log, log
+    assert "event=ready layers=%d..8 threads=3 " % first in node.log(), node.log()
+    assert greedy(srv.url, PROMPTS[0]) == greedy(one.url, PROMPTS[0])
+
+
+def test_threads_given_in_the_hostfile_set_each_stage(servers, nodes, tmp_path):
+    """threads= on a worker line sets that stage's threads for decode and prompt steps
+    alike, over -t and -tb (3 here, which no stage runs): the router's stage runs 1,
+    the node's 2, as each worker's event=ready says; the answers are one process's."""
+    wide = [a for a in FAST if a not in ("-t", "-tb", "1")] + ["-t", "3", "-tb", "3"]
+    assert wide == ["-np", "2", "-c", "1024", "-t", "3", "-tb", "3"]
+    one, srv, node = two_stages(servers, nodes, tmp_path, "threads=1", "threads=2", args=wide)
+    ready = [line for line in srv.log(100000).splitlines() if "event=ready layers=" in line]
+    assert len(ready) == 1 and "worker0" in ready[0], ready
+    assert " threads=1 threads_batch=1 " in ready[0], ready
+    ready = [line for line in node.log().splitlines() if "event=ready layers=" in line]
+    assert len(ready) == 1 and " threads=2 threads_batch=2 " in ready[0], ready
     for p in PROMPTS:
         assert greedy(srv.url, p) == greedy(one.url, p), p
 
@@ -191,7 +248,13 @@ def test_a_lost_host_gets_503_with_the_reason_until_it_is_back(servers, nodes, t
         time.sleep(0.2)
     assert r is not None and r.status_code == 503, (r and r.text, srv.log())
     assert "restarting" in r.json()["error"]["message"] and "the node at tcp://localhost:%d" % port in r.text, r.text
+    # /health reads the server's view of the set, refreshed every 100 ms: it may lag
+    # the 503 a generation route gave a moment earlier
+    deadline = time.monotonic() + 2
     h = requests.get(srv.url + "/health", timeout=10)
+    while h.status_code != 503 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        h = requests.get(srv.url + "/health", timeout=10)
     assert h.status_code == 503 and "the node at" in h.text, h.text
     assert srv.proc.poll() is None, srv.log()
     again = Node(tmp_path, secret, port=port)
@@ -203,23 +266,35 @@ def test_a_lost_host_gets_503_with_the_reason_until_it_is_back(servers, nodes, t
 
 
 def test_a_node_with_another_secret_is_refused(servers, nodes, tmp_path):
+    """The start asks each node for its host's facts before it plans: a node of another
+    cluster fails it there, before any worker starts."""
     node = nodes(secret_file(tmp_path / "theirs"))
     ours = secret_file(tmp_path / "ours")
     srv = servers.launch(FAST + ["--hostfile", hostfile(tmp_path, node.port), "--cluster-secret", ours])
     assert srv.proc.wait(60) == 1, srv.log()
     log = srv.log(100000)
-    assert "event=load_failed" in log, log
+    assert "event=start_failed" in log, log
     assert re.search(r"the node at tcp://localhost:%d.*(handshake|another cluster)" % node.port, log), log
     assert "event=session_started" not in node.log()
 
 
-def test_a_node_whose_model_file_differs_is_refused(servers, nodes, tmp_path, model):
+@pytest.mark.parametrize("other_kind", ["other_model", "same_size"])
+def test_a_node_whose_model_file_differs_is_refused(servers, nodes, tmp_path, model, other_kind):
     """The node sees another file at the model's path (a private mount namespace
-    binds one over it): its worker never loads it, and the error names both sizes."""
+    binds one over it): its worker never loads it, and the error names both sizes
+    and fingerprints. The other file is another model, or the same model of the
+    same size with one byte of its last tensor changed (the end of the data is
+    always in the fingerprint's sample)."""
     if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
         pytest.skip("no mount namespaces here")
     other = tmp_path / "other.gguf"
-    serverctl.make_model(str(other), "--layers", "3")
+    if other_kind == "other_model":
+        serverctl.make_model(str(other), "--layers", "3")
+    else:
+        data = bytearray(open(model, "rb").read())
+        data[-1] ^= 0x40
+        other.write_bytes(bytes(data))
+        assert os.path.getsize(other) == os.path.getsize(model)
     secret = secret_file(tmp_path / "secret")
     script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
     node = nodes(secret, wrap=["unshare", "-m", "sh", "-c", script, "sh", str(other), model])
@@ -227,16 +302,24 @@ def test_a_node_whose_model_file_differs_is_refused(servers, nodes, tmp_path, mo
     assert srv.proc.wait(60) == 1, srv.log()
     log = srv.log(100000)
     size = os.path.getsize(model)
-    assert re.search(r"worker1 on \S+: %s is %d bytes here and %d at the router" %
+    assert re.search(r"worker1 on \S+: %s differs from the router's \(another file or version of the model\): "
+                     r"here %d bytes, fingerprint [0-9a-f]{12}; at the router %d bytes, fingerprint [0-9a-f]{12}" %
                      (re.escape(model), os.path.getsize(other), size), log), log
+    here, there = re.search(r"fingerprint ([0-9a-f]{12}); at the router \d+ bytes, fingerprint ([0-9a-f]{12})",
+                            log).groups()
+    assert here != there
     assert "event=plan_refused" in node.log()
+    assert "event=ready" not in node.log()  # its worker never loaded the file
 
 
 def test_refusals(servers, tmp_path):
     secret = secret_file(tmp_path / "secret")
     cases = [
         ("127.0.0.1 1 router\n127.0.0.1 2 worker 0\n", ["--cluster-secret", secret], r"hosts:2: GPU workers"),
-        ("127.0.0.1 1 router\n127.0.0.1 2 worker threads=2\n", ["--cluster-secret", secret], r"hosts:2: threads="),
+        ("127.0.0.1 1 router\n127.0.0.1 2 worker threads=300\n", ["--cluster-secret", secret],
+         r"hosts:2: threads=300: a worker runs at most 256"),
+        ("127.0.0.1 1 router\n127.0.0.1 2 worker\n127.0.0.1 3 hosttier threads=4\n", [],
+         r"hosts:3: threads= on a hosttier line"),
         ("127.0.0.1 1 router\nlocalhost 2 worker\n", [], r"need --cluster-secret"),
         ("127.0.0.1 1 router\nlocalhost 2 worker\nlocalhost 9 hosttier\n", ["--cluster-secret", secret],
          r"hosts:3: a hosttier on another host"),

@@ -440,6 +440,218 @@ static void test_plan_cpu_stage_ends_given(void **state)
     expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "must cover");
 }
 
+/* --- a hostfile's CPU stages split by their hosts (bl_plan_split_cpu) ---------------- */
+
+static bl_cpu_host_t host(const char *name, int threads, int n_cpus, uint64_t mem_avail)
+{
+    return (bl_cpu_host_t){.name = name, .remote = 1, .threads = threads, .n_cpus = n_cpus, .mem_avail = mem_avail};
+}
+
+/* Splits n_layers layers of bytes_each (the first stage also holding first, the last
+ * last) over the n hosts and checks what every split must hold: ends increasing to
+ * n_layers, a layer at least per stage. */
+static int split(int64_t n_layers, uint64_t bytes_each, uint64_t first, uint64_t last, const bl_cpu_host_t *h,
+                 int n, int64_t *ends, bl_err_t *err)
+{
+    uint64_t bytes[4096];
+    assert_true(n_layers <= 4096);
+    for (int64_t l = 0; l < n_layers; l++)
+        bytes[l] = bytes_each;
+    const int rc = bl_plan_split_cpu(bytes, n_layers, first, last, h, n, ends, err);
+    for (int i = 0; rc == 0 && i < n; i++)
+        assert_true(ends[i] >= (i ? ends[i - 1] : 0) + 1);
+    if (rc == 0)
+        assert_int_equal(ends[n - 1], n_layers);
+    return rc;
+}
+
+/* The same, expecting the ends want. */
+static void expect_ends(int64_t n_layers, uint64_t bytes_each, uint64_t first, uint64_t last, const bl_cpu_host_t *h,
+                        int n, const int64_t *want)
+{
+    int64_t ends[BL_PLAN_MAX_STAGES];
+    bl_err_t err = {0};
+    const int rc = split(n_layers, bytes_each, first, last, h, n, ends, &err);
+    if (rc)
+        fail_msg("split: %d: %s", rc, err.msg);
+    for (int i = 0; i < n; i++)
+        if (ends[i] != want[i])
+            fail_msg("stage %d ends at %lld, expected %lld", i, (long long)ends[i], (long long)want[i]);
+}
+
+#define HOSTS(...) ((const bl_cpu_host_t[]){__VA_ARGS__})
+#define ENDS(...) ((const int64_t[]){__VA_ARGS__})
+
+static void test_plan_split_cpu_follows_the_threads(void **state)
+{
+    (void)state;
+    expect_ends(48, 100, 0, 0, HOSTS(host("a", 8, 0, 0), host("b", 8, 0, 0), host("c", 8, 0, 0)), 3, ENDS(16, 32, 48));
+    expect_ends(48, 100, 0, 0, HOSTS(host("a", 1, 0, 0), host("b", 3, 0, 0)), 2, ENDS(12, 48));
+    /* a share that does not divide: the largest remainder takes the layer left */
+    expect_ends(4, 100, 0, 0, HOSTS(host("a", 1, 0, 0), host("b", 3, 0, 0)), 2, ENDS(1, 4));
+    /* 1.33 and 2.67: the second's remainder is larger */
+    expect_ends(4, 100, 0, 0, HOSTS(host("a", 1, 0, 0), host("b", 2, 0, 0)), 2, ENDS(1, 4));
+}
+
+static void test_plan_split_cpu_caps_threads_by_the_hosts_cpus(void **state)
+{
+    (void)state;
+    /* 16 threads on 4 CPUs run as fast as 4 threads on 4 CPUs */
+    expect_ends(48, 100, 0, 0, HOSTS(host("a", 16, 4, 0), host("b", 4, 8, 0)), 2, ENDS(24, 48));
+}
+
+static void test_plan_split_cpu_gives_every_stage_a_layer(void **state)
+{
+    (void)state;
+    const bl_cpu_host_t *h = HOSTS(host("a", 1000, 0, 0), host("b", 1, 0, 0), host("c", 1, 0, 0));
+    expect_ends(10, 100, 0, 0, h, 3, ENDS(8, 9, 10));
+    expect_ends(3, 100, 0, 0, h, 3, ENDS(1, 2, 3));
+    int64_t ends[3];
+    bl_err_t err = {0};
+    assert_int_equal(split(2, 100, 0, 0, h, 3, ends, &err), BL_EINVAL); /* more stages than layers */
+    assert_non_null(strstr(err.msg, "3 workers for 2 layers"));
+    assert_int_equal(split(2, 100, 0, 0, h, 0, ends, &err), BL_EINVAL);
+}
+
+static void test_plan_split_cpu_keeps_each_host_within_its_memory(void **state)
+{
+    (void)state;
+    /* b would take 15 of 20 layers by its threads; its memory holds 5 */
+    expect_ends(20, 100, 0, 0, HOSTS(host("a", 1, 0, 0), host("b", 3, 0, 500)), 2, ENDS(15, 20));
+    /* the last stage holds the head too: 4 layers and it */
+    expect_ends(20, 100, 50, 70, HOSTS(host("a", 1, 0, 0), host("b", 3, 0, 500)), 2, ENDS(16, 20));
+    /* the first stage holds the embedding: a's memory with it holds 3 layers */
+    expect_ends(20, 100, 50, 70, HOSTS(host("a", 1, 0, 350), host("b", 3, 0, 0)), 2, ENDS(3, 20));
+    /* two stages of one host (named as the hostfile compares names) share its memory;
+     * the layers they give go to the third */
+    expect_ends(30, 100, 0, 0, HOSTS(host("a", 1, 0, 1000), host("A", 1, 0, 1000), host("c", 1, 0, 0)), 3,
+                ENDS(5, 10, 30));
+}
+
+static void test_plan_split_cpu_refuses_what_no_split_fits(void **state)
+{
+    (void)state;
+    int64_t ends[2];
+    bl_err_t err = {0};
+    /* 20 layers of 100 bytes, 1500 bytes of memory in all */
+    assert_int_equal(split(20, 100, 0, 0, HOSTS(host("gpu-a", 1, 0, 1000), host("10.0.0.2", 1, 0, 500)), 2, ends,
+                           &err), BL_ENOMEM);
+    assert_non_null(strstr(err.msg, "no split of the 20 CPU layers fits"));
+    assert_true(strstr(err.msg, "gpu-a has") || strstr(err.msg, "10.0.0.2 has"));
+    assert_non_null(strstr(err.msg, "MemAvailable"));
+    assert_non_null(strstr(err.msg, "bytes of weights and KV cache"));
+    /* a host whose memory does not hold even one layer */
+    assert_int_equal(split(20, 100, 0, 0, HOSTS(host("a", 1, 0, 0), host("small-host", 1, 0, 99)), 2, ends, &err),
+                     BL_ENOMEM);
+    assert_non_null(strstr(err.msg, "small-host has 0.0 MiB available (MemAvailable, 99 bytes) and its 1 stage "
+                                    "needs 0.0 MiB (100 bytes of weights and KV cache) with one layer each"));
+}
+
+/* Every split of many made-up inventories: the layers covered in order, one at least
+ * each, no host over its memory, or a refusal only where the memory cannot hold the
+ * model with a layer per stage kept. */
+static void test_plan_split_cpu_holds_its_rules_on_many_inventories(void **state)
+{
+    (void)state;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    static const char *const names[4] = {"a", "b", "c", "d"};
+    for (int round = 0; round < 500; round++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const int n = 1 + (int)((x >> 33) % 6);
+        const int64_t n_layers = n + (int64_t)((x >> 20) % 60);
+        bl_cpu_host_t h[6];
+        uint64_t bytes[64 + 6];
+        for (int64_t l = 0; l < n_layers; l++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            bytes[l] = 50 + (x >> 40) % 200;
+        }
+        for (int i = 0; i < n; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            h[i] = host(names[(x >> 10) % 4], 1 + (int)((x >> 20) % 32), (int)((x >> 30) % 16),
+                        (x >> 40) % 3 ? 0 : (uint64_t)(500 + (x >> 45) % 8000));
+        }
+        int64_t ends[6];
+        bl_err_t err = {0};
+        const int rc = bl_plan_split_cpu(bytes, n_layers, 30, 70, h, n, ends, &err);
+        if (rc != 0) {
+            assert_int_equal(rc, BL_ENOMEM);
+            continue;
+        }
+        int64_t at = 0;
+        for (int i = 0; i < n; i++) {
+            assert_true(ends[i] > at);
+            at = ends[i];
+        }
+        assert_int_equal(at, n_layers);
+        for (int k = 0; k < n; k++) {
+            if (!h[k].mem_avail)
+                continue;
+            uint64_t sum = 0;
+            for (int i = 0; i < n; i++) {
+                if (strcmp(h[i].name, h[k].name) != 0)
+                    continue;
+                for (int64_t l = i ? ends[i - 1] : 0; l < ends[i]; l++)
+                    sum += bytes[l];
+                sum += (i == 0 ? 30 : 0) + (i == n - 1 ? 70 : 0);
+            }
+            if (sum > h[k].mem_avail)
+                fail_msg("round %d: host %s holds %llu bytes of %llu", round, h[k].name, (unsigned long long)sum,
+                         (unsigned long long)h[k].mem_avail);
+        }
+    }
+}
+
+/* The plan with a hostfile's hosts: its CPU stages split by threads, the sizes of
+ * each as the split counted them; a host short of memory refused by name; hosts with
+ * layers on cards refused; a remote stage's routed experts never go to this
+ * machine's hosttier for want of its RAM. */
+static void test_plan_cpu_hosts_split_the_cpu_stages(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    bl_cpu_host_t h[2] = {host("router", 1, 0, 0), host("10.0.0.2", 3, 0, 0)};
+    h[0].remote = 0;
+    o.n_cpu_stages = 2;
+    o.cpu_hosts = h;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_int_equal(p->n_stages, 2);
+    assert_sizes(p, 0, EMBD_BYTES + 2 * (D_BYTES + X_BYTES), 2 * X_BYTES);
+    assert_sizes(p, 1, 6 * (D_BYTES + X_BYTES) + OUT_NORM_BYTES + HEAD_BYTES, 6 * X_BYTES);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, 2);
+    bl_plan_free(p);
+
+    /* 10.0.0.2 holds three layers with the head: the rest go to the router's host */
+    h[1].mem_avail = 3 * (D_BYTES + X_BYTES + KV_LAYER_BYTES) + OUT_NORM_BYTES + HEAD_BYTES;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_true(p->stage[1].weight_bytes + p->stage[1].kv_bytes <= h[1].mem_avail);
+    assert_stage(p, 1, BL_PLAN_DEVICE_CPU, 5, N_LAYER);
+    bl_plan_free(p);
+    h[0].mem_avail = 2 * (D_BYTES + X_BYTES + KV_LAYER_BYTES);
+    expect_refusal(MOE, NULL, 0, &o, BL_ENOMEM, "has");
+    h[0].mem_avail = h[1].mem_avail = 0;
+
+    /* layers= wins over the hosts */
+    const int64_t ends[2] = {4, N_LAYER};
+    o.cpu_stage_ends = ends;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, 4);
+    bl_plan_free(p);
+
+    /* --experts-ram auto with little RAM here: the router host's stage's experts go to
+     * the hosttier, the other host's stay in its worker */
+    o.experts_ram = BL_EXPERTS_RAM_AUTO;
+    o.ram_avail = 1;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_host(p, "11110000");
+    bl_plan_free(p);
+    o.experts_ram = 0;
+    o.ram_avail = 0;
+
+    o.gpu_layers = "4";
+    expect_refusal(MOE, big1, 1, &o, BL_EINVAL, "cards");
+}
+
 static void test_plan_one_device_defaults_put_every_layer_on_the_card(void **state)
 {
     (void)state;
@@ -1429,31 +1641,44 @@ static void test_plan_free_is_safe_after_a_failed_build_and_twice(void **state)
 
 /* Every allocation of bl_plan_build made to fail in turn: BL_ENOMEM, nothing left
  * (the sanitizer build checks the leaks), then a build that succeeds. */
-static void test_plan_allocation_failure_is_enomem(void **state)
+/* Builds o's plan into g_plan with each allocation budget from 0 until it succeeds:
+ * every failure on the way is BL_ENOMEM, says so, and leaves nothing to free. */
+static void build_through_failing_allocations(int model, const bl_device_t *devs, int n_devs,
+                                              const bl_place_opts_t *o)
 {
-    (void)state;
-    bl_place_opts_t o = opts();
-    o.n_cpu_moe = 2;
-    int ok = 0;
-    for (long budget = 0; budget < 64 && !ok; budget++) {
+    for (long budget = 0; budget < 64; budget++) {
         bl_plan_t *p = &g_plan;
         bl_err_t err = {0};
         alloc_budget = budget;
-        const int rc = bl_plan_build(p, M.g[MOE], &M.a[MOE], big1, 1, &o, &err);
+        const int rc = bl_plan_build(p, M.g[model], &M.a[model], devs, n_devs, o, &err);
         alloc_budget = -1;
         if (rc == 0) {
             assert_true(budget > 0);
-            assert_host(p, "11000000");
-            bl_plan_free(p);
-            ok = 1;
-            continue;
+            return;
         }
         if (rc != BL_ENOMEM)
             fail_msg("budget %ld: %d (%s)", budget, rc, err.msg);
         assert_non_null(strstr(err.msg, "out of memory"));
         assert_null(p->host);
     }
-    assert_true(ok);
+    fail_msg("no plan within 64 allocations");
+}
+
+static void test_plan_allocation_failure_is_enomem(void **state)
+{
+    (void)state;
+    bl_place_opts_t o = opts();
+    o.n_cpu_moe = 2;
+    build_through_failing_allocations(MOE, big1, 1, &o);
+    assert_host(&g_plan, "11000000");
+    bl_plan_free(&g_plan);
+    /* and with a hostfile's hosts to split the CPU layers by */
+    const bl_cpu_host_t h[2] = {{.name = "a", .threads = 1}, {.name = "b", .threads = 3}};
+    o = opts();
+    o.n_cpu_stages = 2;
+    o.cpu_hosts = h;
+    build_through_failing_allocations(MOE, NULL, 0, &o);
+    assert_stage(&g_plan, 1, BL_PLAN_DEVICE_CPU, 2, N_LAYER);
 }
 
 /* The residency flags come with the placement flags: --experts-vram defaults to auto
@@ -1744,6 +1969,13 @@ int main(void)
         T(test_plan_no_devices_is_one_cpu_stage),
         T(test_plan_cpu_stages_split_layers_earlier_take_the_remainder),
         T(test_plan_cpu_stage_ends_given),
+        T(test_plan_split_cpu_follows_the_threads),
+        T(test_plan_split_cpu_caps_threads_by_the_hosts_cpus),
+        T(test_plan_split_cpu_gives_every_stage_a_layer),
+        T(test_plan_split_cpu_keeps_each_host_within_its_memory),
+        T(test_plan_split_cpu_refuses_what_no_split_fits),
+        T(test_plan_split_cpu_holds_its_rules_on_many_inventories),
+        T(test_plan_cpu_hosts_split_the_cpu_stages),
         T(test_plan_one_device_defaults_put_every_layer_on_the_card),
         T(test_plan_free_memory_not_known_is_not_checked),
         T(test_plan_ngl_zero_puts_every_layer_on_the_cpu),

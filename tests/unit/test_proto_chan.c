@@ -203,8 +203,8 @@ static void test_chan_router_dealer_across_processes(void **state)
 }
 
 /* The router's plan as plain values through a channel: bp_chan_send_plan on one side,
- * bp_plan_read on the other give the same stages, host layers, KV type, poll level,
- * CPU pinning and residency. */
+ * bp_plan_read on the other give the same stages (a stage's own threads too), host
+ * layers, KV type, poll level, CPU pinning and residency. */
 static void test_chan_plan_as_plain_values(void **state)
 {
     (void)state;
@@ -221,6 +221,7 @@ static void test_chan_plan_as_plain_values(void **state)
             bp_plan_read(&in, &p, &err))
             _exit(1);
         const int ok = p.n_stages == 2 && p.stages[1].device == 3 && p.stages[0].device == -1 &&
+                       p.stages[0].threads == 0 && p.stages[1].threads == 6 && p.stages[1].threads_batch == 6 &&
                        p.stages[1].layer_begin == 5 && p.n_layers == 9 && p.n_expert == 4 && p.host[0] == 0 &&
                        p.host[6] == 1 && p.host[8] == 1 && p.host[7] == 0 && p.kv_type == 0 &&
                        !strcmp(p.model_path, "/m.gguf") && p.you == 1 && p.host_process == 2 && p.poll == 37 &&
@@ -238,7 +239,8 @@ static void test_chan_plan_as_plain_values(void **state)
     p.n_expert = 4;
     p.n_stages = 2;
     p.stages[0] = (bp_plan_stage_t){.process = 0, .layer_begin = 0, .layer_end = 5, .device = -1};
-    p.stages[1] = (bp_plan_stage_t){.process = 1, .layer_begin = 5, .layer_end = 9, .device = 3};
+    p.stages[1] = (bp_plan_stage_t){.process = 1, .layer_begin = 5, .layer_end = 9, .device = 3, .threads = 6,
+                                    .threads_batch = 6};
     p.host[6] = p.host[8] = 1;
     p.host_process = 2;
     p.kv_type = 0; /* f32 */
@@ -264,6 +266,10 @@ static void test_chan_plan_as_plain_values(void **state)
     p.kv_type = 1;
     p.stages[1].device = 300;
     assert_int_equal(bp_chan_send_plan(a, NULL, &p, 0, &err), BL_EINVAL);
+    p.stages[1].device = 3;
+    p.stages[1].threads = 257;
+    assert_int_equal(bp_chan_send_plan(a, NULL, &p, 0, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "threads"));
     bp_chan_destroy(a);
 }
 

@@ -128,6 +128,8 @@ static void test_msg_plan_read(void **state)
     bp_msg_t m = make_plan(), out;
     g_plan.n_placements = 16; /* layers 0 and 1: all 8 experts each */
     g_st[1].gpu = 1;          /* stage 1 on CUDA device 0 */
+    g_st[1].threads = 12;     /* its host's own thread counts; stage 0 the plan's */
+    g_st[1].threads_batch = 24;
     g_plan.kv_type = BLOOMERY__KV_TYPE__KV_TYPE_Q8_0;
     round_trip(&m, &out);
     static bp_plan_t pl;
@@ -138,6 +140,10 @@ static void test_msg_plan_read(void **state)
     assert_int_equal(pl.stages[0].device, -1);
     assert_int_equal(pl.stages[1].device, 0);
     assert_int_equal(pl.stages[1].layer_begin, 2);
+    assert_int_equal(pl.stages[0].threads, 0);
+    assert_int_equal(pl.stages[0].threads_batch, 0);
+    assert_int_equal(pl.stages[1].threads, 12);
+    assert_int_equal(pl.stages[1].threads_batch, 24);
     assert_int_equal(pl.host[0], 1);
     assert_int_equal(pl.host[1], 1);
     assert_int_equal(pl.host[2], 0);
@@ -373,6 +379,16 @@ static void test_msg_validation_names_the_field(void **state)
     m = make_plan();
     g_plan.n_stages = 1; /* layers 2-3 belong to nobody */
     expect_invalid(&m, BL_EINVAL, "Plan.stages");
+    /* a stage's own thread counts past a worker's pool */
+    static const char *const threads_field[2] = {"Plan.stages[1].threads", "Plan.stages[0].threads_batch"};
+    for (int f = 0; f < 2; f++) {
+        m = make_plan();
+        if (f == 0)
+            g_st[1].threads = 257;
+        else
+            g_st[0].threads_batch = 1000;
+        expect_invalid(&m, BL_EINVAL, threads_field[f]);
+    }
     m = make_plan();
     g_pl[5].expert = 8;
     expect_invalid(&m, BL_EINVAL, "Plan.placements[5].expert");

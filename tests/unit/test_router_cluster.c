@@ -526,6 +526,12 @@ static void test_cluster_load_failure_names_the_child(void **state)
     o.step_timeout_ms = -1;
     assert_int_equal(rt_cluster_create(&c, &o, &err), BL_EINVAL);
     assert_non_null(strstr(err.msg, "step timeout"));
+
+    /* So is a stage's own thread count past a worker's pool. */
+    o.step_timeout_ms = 0;
+    o.stage_threads[0] = 257;
+    assert_int_equal(rt_cluster_create(&c, &o, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "stage 0's threads 257"));
 }
 
 int main(void)

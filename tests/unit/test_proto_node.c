@@ -1,0 +1,289 @@
+/* Tests of proto/node.c: each envelope a node or a router reads from the network is
+ * refused by the field that is wrong (model file, probe, host facts; the setup's own
+ * checks are fuzz_node's too), and bp_node_probe against a made-up node over a
+ * loopback link: the facts it answers, its refusal passed on with the endpoint, no
+ * node there, and a node of another cluster. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bloomery.pb-c.h"
+#include "link.h"
+#include "msg.h"
+#include "node.h"
+
+#define VERSION "1.2.3"
+#define UP_MS 5000
+
+static const uint8_t g_key[32] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+                                  17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32};
+
+/* --- the readers ------------------------------------------------------------------- */
+
+static bp_node_file_t good_file(void)
+{
+    bp_node_file_t f = {.size = 18ull << 30};
+    for (size_t i = 0; i < sizeof f.fingerprint; i++)
+        f.fingerprint[i] = (uint8_t)(i * 7 + 1);
+    return f;
+}
+
+static void expect_file(const bp_node_file_t *f, size_t n, int code, const char *needle)
+{
+    bp_node_file_t out;
+    bl_err_t err = {0};
+    assert_int_equal(bp_node_file_read(&out, (const uint8_t *)f, n, &err), code);
+    if (code == 0) {
+        assert_memory_equal(&out, f, sizeof out);
+        return;
+    }
+    if (!strstr(err.msg, needle))
+        fail_msg("'%s' does not name '%s'", err.msg, needle);
+}
+
+static void test_node_file_refused_by_field(void **state)
+{
+    (void)state;
+    bp_node_file_t f = good_file();
+    expect_file(&f, sizeof f, 0, NULL);
+    expect_file(&f, sizeof f - 1, BL_EPROTO, "39 bytes, not 40");
+    f.size = 0;
+    expect_file(&f, sizeof f, BL_EPROTO, "size 0");
+    f.size = (uint64_t)INT64_MAX + 1;
+    expect_file(&f, sizeof f, BL_EPROTO, "size 9223372036854775808");
+    f = good_file();
+    memset(f.fingerprint, 0, sizeof f.fingerprint);
+    expect_file(&f, sizeof f, BL_EPROTO, "fingerprint of zeros");
+}
+
+static bp_node_probe_t good_probe(const char *version)
+{
+    bp_node_probe_t q;
+    memset(&q, 0, sizeof q);
+    memcpy(q.magic, BP_NODE_PROBE_MAGIC, sizeof BP_NODE_PROBE_MAGIC);
+    snprintf(q.version, sizeof q.version, "%s", version);
+    return q;
+}
+
+static void test_node_probe_refused_by_field(void **state)
+{
+    (void)state;
+    bp_node_probe_t q = good_probe(VERSION), out;
+    bl_err_t err = {0};
+    assert_int_equal(bp_node_probe_read(&out, (const uint8_t *)&q, sizeof q, VERSION, &err), 0);
+    assert_int_equal(bp_node_probe_read(&out, (const uint8_t *)&q, 12, VERSION, &err), BL_EPROTO);
+    assert_non_null(strstr(err.msg, "12 bytes"));
+    q.magic[0] = 'X';
+    assert_int_equal(bp_node_probe_read(&out, (const uint8_t *)&q, sizeof q, VERSION, &err), BL_EPROTO);
+    assert_non_null(strstr(err.msg, BP_NODE_PROBE_MAGIC));
+    q = good_probe(VERSION);
+    memset(q.version, 'a', sizeof q.version);
+    assert_int_equal(bp_node_probe_read(&out, (const uint8_t *)&q, sizeof q, VERSION, &err), BL_EPROTO);
+    assert_non_null(strstr(err.msg, "version without its end"));
+    q = good_probe("9.9.9");
+    assert_int_equal(bp_node_probe_read(&out, (const uint8_t *)&q, sizeof q, VERSION, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "the router is bloomery 9.9.9, this node " VERSION));
+}
+
+static bp_node_host_t good_host(void)
+{
+    bp_node_host_t h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, BP_NODE_HOST_MAGIC, sizeof BP_NODE_HOST_MAGIC);
+    snprintf(h.hostname, sizeof h.hostname, "gpu-b.lan");
+    h.n_cpus = 16;
+    h.mem_available = 60ull << 30;
+    h.mem_total = 64ull << 30;
+    return h;
+}
+
+static void expect_host(const bp_node_host_t *h, int code, const char *needle)
+{
+    bp_node_host_t out;
+    bl_err_t err = {0};
+    assert_int_equal(bp_node_host_read(&out, (const uint8_t *)h, sizeof *h, &err), code);
+    if (code == 0)
+        assert_memory_equal(&out, h, sizeof out);
+    else if (!strstr(err.msg, needle))
+        fail_msg("'%s' does not name '%s'", err.msg, needle);
+}
+
+static void test_node_host_facts_refused_by_field(void **state)
+{
+    (void)state;
+    bp_node_host_t h = good_host();
+    expect_host(&h, 0, NULL);
+    h.mem_total = 0; /* not known: any available amount within the limit */
+    expect_host(&h, 0, NULL);
+    h = good_host();
+    h.magic[3] = 0;
+    expect_host(&h, BL_EPROTO, BP_NODE_HOST_MAGIC);
+    h = good_host();
+    h.hostname[3] = ' ';
+    expect_host(&h, BL_EPROTO, "host name");
+    h = good_host();
+    memset(h.hostname, 'a', sizeof h.hostname); /* no end */
+    expect_host(&h, BL_EPROTO, "host name");
+    h = good_host();
+    h.hostname[0] = 0;
+    expect_host(&h, BL_EPROTO, "host name");
+    h = good_host();
+    h.n_cpus = 0;
+    expect_host(&h, BL_EPROTO, "0 CPUs");
+    h.n_cpus = BP_NODE_MAX_CPUS + 1;
+    expect_host(&h, BL_EPROTO, "CPUs");
+    h = good_host();
+    h.pad = 1;
+    expect_host(&h, BL_EPROTO, "padding");
+    h = good_host();
+    h.mem_available = h.mem_total + 1;
+    expect_host(&h, BL_EPROTO, "memory available");
+    h = good_host();
+    h.mem_total = BP_NODE_MAX_MEM + 1;
+    expect_host(&h, BL_EPROTO, "memory available");
+    bp_node_host_t out;
+    bl_err_t err = {0};
+    h = good_host();
+    assert_int_equal(bp_node_host_read(&out, (const uint8_t *)&h, sizeof h + 1, &err), BL_EPROTO);
+    assert_non_null(strstr(err.msg, "97 bytes, not 96"));
+}
+
+/* --- bp_node_probe against a made-up node --------------------------------------------- */
+
+enum { ANSWER_FACTS, ANSWER_ERROR, ANSWER_GARBAGE };
+
+typedef struct fake_node {
+    bp_link_t *l;
+    int answer;
+    int up_ms;       /* how long it waits for the router */
+    int got_probe, got_done;
+} fake_node_t;
+
+/* A node's side of one probe: the question, the answer, the router's word, the end. */
+static void *fake_node_main(void *arg)
+{
+    fake_node_t *fn = arg;
+    bl_err_t err = {0};
+    uint8_t buf[256];
+    size_t n = 0;
+    if (bp_link_wait_up(fn->l, fn->up_ms, &err) != 0 || bp_link_recv(fn->l, buf, sizeof buf, &n, UP_MS, &err) != 0)
+        return NULL;
+    bp_node_probe_t q;
+    fn->got_probe = n == 1 + sizeof q && buf[0] == BP_NODE_ENV_PROBE &&
+                    bp_node_probe_read(&q, buf + 1, n - 1, VERSION, &err) == 0;
+    if (fn->answer == ANSWER_FACTS) {
+        const bp_node_host_t h = good_host();
+        buf[0] = BP_NODE_ENV_HOST;
+        memcpy(buf + 1, &h, sizeof h);
+        n = 1 + sizeof h;
+    } else if (fn->answer == ANSWER_ERROR) {
+        Bloomery__Error er = BLOOMERY__ERROR__INIT;
+        er.code = BL_EINVAL;
+        er.message = "node: the router is bloomery 9.9.9, this node 1.2.3";
+        er.fatal = 1;
+        const bp_msg_t m = {.type = BP_MSG_ERROR, .u.error = &er};
+        buf[0] = BP_NODE_ENV_MSG;
+        if (bp_msg_pack(&m, buf + 1, sizeof buf - 1, &n, &err) != 0) /* the test's own message: fits */
+            return NULL;
+        n += 1;
+    } else {
+        memcpy(buf, "Zzzz", 4);
+        n = 4;
+    }
+    if (bp_link_send(fn->l, buf, n, UP_MS, &err) != 0)
+        return NULL;
+    if (bp_link_recv(fn->l, buf, sizeof buf, &n, UP_MS, &err) == 0)
+        fn->got_done = n == 1 && buf[0] == BP_NODE_ENV_DONE;
+    bp_link_close(fn->l); /* the session ends: the probe waits for this */
+    fn->l = NULL;
+    return NULL;
+}
+
+static int probe_fake(int answer, const uint8_t *router_key, bp_node_host_t *out, bl_err_t *err, fake_node_t *fn)
+{
+    memset(fn, 0, sizeof *fn);
+    fn->answer = answer;
+    fn->up_ms = router_key == g_key ? UP_MS : 1500;
+    bl_err_t e = {0};
+    assert_int_equal(bp_link_listen(&fn->l, "tcp://127.0.0.1:*", g_key, 1 << 20, NULL, &e), 0);
+    char ep[128];
+    snprintf(ep, sizeof ep, "%s", bp_link_endpoint(fn->l));
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, fake_node_main, fn), 0);
+    const int rc = bp_node_probe(ep, router_key, VERSION, answer == ANSWER_FACTS ? UP_MS : 1500, out, err);
+    pthread_join(th, NULL);
+    bp_link_close(fn->l);
+    if (rc)
+        assert_non_null(strstr(err->msg, ep));
+    return rc;
+}
+
+static void test_node_probe_returns_the_facts_and_waits_for_the_end(void **state)
+{
+    (void)state;
+    fake_node_t fn;
+    bp_node_host_t h;
+    bl_err_t err = {0};
+    assert_int_equal(probe_fake(ANSWER_FACTS, g_key, &h, &err, &fn), 0);
+    const bp_node_host_t want = good_host();
+    assert_memory_equal(&h, &want, sizeof h);
+    assert_true(fn.got_probe);
+    assert_true(fn.got_done);
+}
+
+static void test_node_probe_passes_the_nodes_refusal_on(void **state)
+{
+    (void)state;
+    fake_node_t fn;
+    bp_node_host_t h;
+    bl_err_t err = {0};
+    assert_int_equal(probe_fake(ANSWER_ERROR, g_key, &h, &err, &fn), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "the router is bloomery 9.9.9"));
+    assert_int_equal(probe_fake(ANSWER_GARBAGE, g_key, &h, &err, &fn), BL_EPROTO);
+    assert_non_null(strstr(err.msg, "answered a probe"));
+}
+
+static void test_node_probe_without_a_node_or_with_another_secret(void **state)
+{
+    (void)state;
+    bp_node_host_t h;
+    bl_err_t err = {0};
+    /* nothing listens: a port just taken and given back */
+    bp_link_t *l = NULL;
+    assert_int_equal(bp_link_listen(&l, "tcp://127.0.0.1:*", g_key, 1024, NULL, &err), 0);
+    char ep[128];
+    snprintf(ep, sizeof ep, "%s", bp_link_endpoint(l));
+    bp_link_close(l);
+    assert_int_equal(bp_node_probe(ep, g_key, VERSION, 300, &h, &err), BL_ETIMEDOUT);
+    assert_non_null(strstr(err.msg, ep));
+    /* a node of another cluster never answers the handshake */
+    uint8_t other[32];
+    memcpy(other, g_key, sizeof other);
+    other[0] ^= 1;
+    fake_node_t fn;
+    const int rc = probe_fake(ANSWER_FACTS, other, &h, &err, &fn);
+    assert_true(rc == BL_ETIMEDOUT || rc == BL_EPERM);
+    assert_false(fn.got_probe);
+    const bp_node_host_t zero = {0};
+    assert_memory_equal(&h, &zero, sizeof h);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_node_file_refused_by_field),
+        cmocka_unit_test(test_node_probe_refused_by_field),
+        cmocka_unit_test(test_node_host_facts_refused_by_field),
+        cmocka_unit_test(test_node_probe_returns_the_facts_and_waits_for_the_end),
+        cmocka_unit_test(test_node_probe_passes_the_nodes_refusal_on),
+        cmocka_unit_test(test_node_probe_without_a_node_or_with_another_secret),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
