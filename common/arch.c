@@ -295,15 +295,15 @@ static int read_qwen3next(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl
     int rc;
     if ((q35 && (rc = get_count(g, ar, "nextn_predict_layers", 0, a->n_layer_file - 1, &a->n_nextn, err)) < 0) ||
         (rc = get_dim(g, ar, "expert_shared_feed_forward_length", 0, BL_ARCH_MAX_DIM, &a->n_ff_shexp, err)) < 0 ||
-        (rc = get_float(g, ar, "expert_weights_scale", 1.0f, 0.0f, 1e6f, &a->expert_scale, err)) < 0 ||
         (rc = get_dim(g, ar, "ssm.conv_kernel", 0, 64, &a->ssm_conv, err)) < 0 ||
         (rc = get_dim(g, ar, "ssm.state_size", 0, 4096, &a->ssm_state, err)) < 0 ||
         (rc = get_dim(g, ar, "ssm.group_count", 0, 4096, &a->ssm_groups, err)) < 0 ||
         (rc = get_dim(g, ar, "ssm.time_step_rank", 0, 4096, &a->ssm_heads, err)) < 0 ||
         (rc = get_dim(g, ar, "ssm.inner_size", 0, BL_ARCH_MAX_DIM, &inner, err)) < 0)
         return rc;
-    if (a->expert_scale == 0.0f)
-        a->expert_scale = 1.0f;
+    /* llama.cpp never reads expert_weights_scale for these two (nor does Qwen's
+     * model scale the routed experts): a file that has the key is not scaled */
+    a->expert_scale = 1.0f;
     if (a->ssm_conv < 2 || a->ssm_heads % a->ssm_groups != 0 || inner != a->ssm_state * a->ssm_heads ||
         bl_arch_conv_channels(a) > BL_ARCH_MAX_DIM || bl_arch_rec_floats(a) > ((int64_t)1 << 32))
         return bl_err_set(err, BL_EINVAL, "%s: %s.ssm: conv_kernel %lld must be 2 or more, time_step_rank %lld a "
@@ -321,15 +321,21 @@ static int read_qwen3next(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl
             return bl_err_set(err, BL_ENOENT, "%s: metadata %s is missing", path, key);
         if ((rc = bl_gguf_get_arr(g, key, &arr, err)) < 0)
             return rc;
-        int64_t sec[3] = {0, 0, 0};
-        for (uint64_t i = 0; i < 3 && i < bl_gguf_arr_count(arr); i++)
+        int64_t sec[4] = {0, 0, 0, 0};
+        for (uint64_t i = 0; i < 4 && i < bl_gguf_arr_count(arr); i++)
             if ((rc = bl_gguf_arr_i64(arr, i, &sec[i], err)) < 0)
                 return rc;
-        for (int64_t p = 0; p < a->n_rot / 2; p++)
-            if (!(p < 3 * sec[p % 3]))
-                return bl_err_set(err, BL_ENOTSUP, "%s: %s [%lld, %lld, %lld] leave rotated pair %lld to the "
-                                  "fourth (image) section (not supported)", path, key, (long long)sec[0],
-                                  (long long)sec[1], (long long)sec[2], (long long)p);
+        /* IMRoPE, as ggml interleaves it: pair p falls in sector p % (the sections'
+         * sum), which is text (the token's position, so NEOX) when sector < 3
+         * sec[sector % 3] and the fourth (image) section otherwise */
+        const int64_t dims = sec[0] + sec[1] + sec[2] + sec[3];
+        for (int64_t p = 0; p < a->n_rot / 2; p++) {
+            const int64_t sector = dims > 0 ? p % dims : 0;
+            if (dims <= 0 || sec[0] < 0 || sec[1] < 0 || sec[2] < 0 || sec[3] < 0 || !(sector < 3 * sec[sector % 3]))
+                return bl_err_set(err, BL_ENOTSUP, "%s: %s [%lld, %lld, %lld, %lld] leave rotated pair %lld to "
+                                  "the fourth (image) section (not supported)", path, key, (long long)sec[0],
+                                  (long long)sec[1], (long long)sec[2], (long long)sec[3], (long long)p);
+        }
     }
     a->ssm_tiled = q35;
     a->ssm_ba = !q35;

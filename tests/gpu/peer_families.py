@@ -131,7 +131,9 @@ def main():
             print("%s: bloomery-mkmodel failed: %s" % (fam, mk.stderr.strip()[-300:]))
             bad += 1
             continue
-        ll = serve([a.llama_server, "-m", path, "-ngl", "0", "-c", "2048", "-t", "8", "-np", "1",
+        # -ngl 0 alone still sends a long prompt's products to a visible card:
+        # --no-op-offload keeps llama-server on the CPU
+        ll = serve([a.llama_server, "-m", path, "-ngl", "0", "--no-op-offload", "-c", "2048", "-t", "8", "-np", "1",
                     "--chat-template", "chatml", "--no-jinja", "--reasoning-format", "none"], 18190, os.path.join(tmp, fam + ".llama.log"))
         bl = serve([os.path.join(a.bin, "bloomery-serve"), "-m", path, "-ngl", a.ngl, "-c", "2048", "-np", "1"],
                    18191, os.path.join(tmp, fam + ".bloomery.log"))

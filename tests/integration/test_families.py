@@ -233,7 +233,7 @@ BAD_FILES = {
         ("the NextN layer's eh_proj is missing", {"drop_tensors": ["blk.5.nextn.eh_proj.weight"]},
          "blk.5.nextn.eh_proj.weight"),
         ("sections leaving rotated pairs to the image section",
-         {"set_keys": {"qwen35moe.rope.dimension_sections": [1, 1, 1, 0]}}, "qwen35moe.rope.dimension_sections"),
+         {"set_keys": {"qwen35moe.rope.dimension_sections": [1, 1, 1, 1]}}, "qwen35moe.rope.dimension_sections"),
     ],
     "gpt-oss": [
         ("a layer's attention sinks are missing", {"drop_tensors": ["blk.1.attn_sinks.weight"]},

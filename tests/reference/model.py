@@ -269,8 +269,8 @@ class Hparams:
         if self.n_ff_shexp < 1:
             raise ValueError("%sexpert_shared_feed_forward_length %d: the shared expert is always there"
                              % (a, self.n_ff_shexp))
-        scale = float(opt("expert_weights_scale", 0.0))
-        self.expert_weights_scale = 1.0 if scale == 0.0 else scale  # 0 or absent: no scaling
+        # llama.cpp does not read expert_weights_scale for the hybrids: never scaled
+        self.expert_weights_scale = 1.0
         # the chosen softmax probabilities are always divided by their sum
         self.expert_weights_norm = True
         self.expert_gating = "softmax"
@@ -314,11 +314,14 @@ class Hparams:
             if not isinstance(sec, list) or len(sec) != 4:
                 raise ValueError("%srope.dimension_sections %r: four section widths wanted" % (a, sec))
             self.rope_sections = [int(v) for v in sec]
-            # IMRoPE gives rotated pair p to section p % 3 while p < 3 x that
-            # section's width, else to the fourth; a text token's position is the
-            # first three sections' (NEOX exactly), the fourth's would be 0
+            # IMRoPE (ggml's interleaving): rotated pair p is in sector p % (the
+            # widths' sum); the sector goes to section sector % 3 while it is under 3
+            # x that section's width, else to the fourth; a text token's position is
+            # the first three sections' (NEOX exactly), the fourth's would be 0
+            dims = sum(self.rope_sections)
             for p in range(self.rope_dim // 2):
-                if not p < 3 * self.rope_sections[p % 3]:
+                sector = p % dims if dims > 0 else 0
+                if dims <= 0 or min(self.rope_sections) < 0 or not sector < 3 * self.rope_sections[sector % 3]:
                     raise ValueError("%srope.dimension_sections %r leave rotated pair %d to the fourth "
                                      "(image) section" % (a, self.rope_sections, p))
 

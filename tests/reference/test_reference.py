@@ -1876,7 +1876,7 @@ def _q3n_moe_by_hand(md, a, F, i, x):
     """Layer i's routed experts and gated shared expert, token by token."""
     p = "blk.%d." % i
     k = md[a + "expert_used_count"]
-    scale = md.get(a + "expert_weights_scale", 0.0) or 1.0
+    scale = 1.0  # expert_weights_scale is not read for the hybrids (as llama.cpp)
     out = np.zeros_like(x)
     sel = []
     for t in range(len(x)):
@@ -1966,7 +1966,8 @@ def test_qwen3next_hparams():
     flags = [i % 3 == 1 for i in range(48)]
     assert refmodel.Hparams(_q3n_md(attention__recurrent_layers=flags)).recurrent == flags
     assert refmodel.Hparams(_q3n_md(expert_weights_scale=0.0)).expert_weights_scale == 1.0
-    assert refmodel.Hparams(_q3n_md(expert_weights_scale=2.5)).expert_weights_scale == 2.5
+    # as llama.cpp: the key is not read for the hybrids
+    assert refmodel.Hparams(_q3n_md(expert_weights_scale=2.5)).expert_weights_scale == 1.0
     # qwen3next has no NextN layers, whatever a key says
     assert refmodel.Hparams(_q3n_md(nextn_predict_layers=1)).n_layer == 48
     # qwen35moe: its NextN layer not run, q/k heads tiled over the v heads
@@ -1992,6 +1993,8 @@ def test_qwen3next_hparams():
     for bad in (dict(rope__dimension_sections=None),
                 dict(rope__dimension_sections=[8, 8, 8, 8]),   # pairs 24.. in the fourth section
                 dict(rope__dimension_sections=[11, 11, 10]),
+                dict(rope__dimension_sections=[3, 0, 2, 0]),   # pair 6: sector 1, of the empty h section
+                dict(rope__dimension_sections=[0, 0, 0, 0]),
                 dict(attention__recurrent_layers=[True] * 41)):  # the NextN layer marked
         with pytest.raises(ValueError, match=list(bad)[0].split("__")[-1]):
             refmodel.Hparams(_q3n_md("qwen35moe", **bad))

@@ -205,9 +205,10 @@ static void write_hybrid(const char *path, int arch, int variant, uint64_t s)
     rc = rc ? rc : bl_gw_set_u32(w, K("ssm.inner_size"), SSM_S * SSM_HV, &err);
     assert_int_equal(rc, 0);
     if (q35) {
-        /* IMRoPE: pair p turns with section p % 3 while p < 3 x its width; [2, 1, 1]
-         * covers the 4 rotated pairs, [1, 0, 0] leaves pair 1 to the image section */
-        const int32_t good[4] = {2, 1, 1, 0}, bad[4] = {1, 0, 0, 0};
+        /* IMRoPE: pair p is in sector p % (the widths' sum), which turns with section
+         * sector % 3 while sector < 3 x its width; [2, 1, 1, 0] covers the 4 rotated
+         * pairs, [1, 0, 0, 1] leaves pair 1 (sector 1, an empty section) to the image */
+        const int32_t good[4] = {2, 1, 1, 0}, bad[4] = {1, 0, 0, 1};
         if (variant != MK_NO_SECTIONS)
             assert_int_equal(bl_gw_set_arr(w, K("rope.dimension_sections"), BL_GGUF_I32,
                                            variant == MK_BAD_SECTIONS ? bad : good, 4, &err), 0);
