@@ -547,7 +547,9 @@ fail:
     return rc;
 }
 
-int bl_gw_write_data(bl_gguf_writer_t *w, const void *buf, size_t n, bl_err_t *err)
+/* n bytes of tensor data from buf, or (buf NULL) a hole the file system leaves
+ * unallocated, which reads as zeros. */
+static int put_data(bl_gguf_writer_t *w, const void *buf, uint64_t n, bl_err_t *err)
 {
     if (w->state != ST_WRITING)
         return bl_err_set(err, BL_EINVAL, "gguf writer: %s: tensor data written %s",
@@ -558,16 +560,25 @@ int bl_gw_write_data(bl_gguf_writer_t *w, const void *buf, size_t n, bl_err_t *e
         if (w->cur >= w->n_t) {
             w->state = ST_FAILED;
             return bl_err_set(err, BL_EINVAL,
-                              "gguf writer: %s: %zu bytes of tensor data past the last tensor",
-                              w->path, n);
+                              "gguf writer: %s: %llu bytes of tensor data past the last tensor",
+                              w->path, (unsigned long long)n);
         }
         const gw_tensor_t *t = &w->t[w->cur];
         uint64_t left = t->nbytes - w->cur_done;
-        size_t k = n < left ? n : (size_t)left;
-        int rc = file_write(w, p, k, err);
+        uint64_t k = n < left ? n : left;
+        int rc = 0;
+        if (p) {
+            rc = file_write(w, p, (size_t)k, err);
+            p += k;
+        } else if (k > INT64_MAX || fseeko(w->f, (off_t)k, SEEK_CUR) != 0) {
+            w->state = ST_FAILED;
+            rc = bl_err_set(err, BL_EIO, "%s: seek failed at byte %llu: %s", w->path,
+                            (unsigned long long)w->written, strerror(errno));
+        } else {
+            w->written += k;
+        }
         if (rc)
             return rc;
-        p += k;
         n -= k;
         w->cur_done += k;
         if (w->cur_done == t->nbytes) {
@@ -578,6 +589,18 @@ int bl_gw_write_data(bl_gguf_writer_t *w, const void *buf, size_t n, bl_err_t *e
         }
     }
     return 0;
+}
+
+int bl_gw_write_data(bl_gguf_writer_t *w, const void *buf, size_t n, bl_err_t *err)
+{
+    if (!buf && n)
+        return bl_err_set(err, BL_EINVAL, "gguf writer: %s: %zu bytes of data from NULL", w->path ? w->path : "?", n);
+    return put_data(w, buf ? buf : "", n, err);
+}
+
+int bl_gw_skip_data(bl_gguf_writer_t *w, uint64_t n, bl_err_t *err)
+{
+    return put_data(w, NULL, n, err);
 }
 
 int bl_gw_finish(bl_gguf_writer_t *w, bl_err_t *err)
@@ -596,6 +619,11 @@ int bl_gw_finish(bl_gguf_writer_t *w, bl_err_t *err)
     w->f = NULL;
     int bad = fflush(f) != 0 || ferror(f);
     int e = errno;
+    /* a hole at the end (bl_gw_skip_data) is no byte yet: the size makes it one */
+    if (!bad && (ftello(f) < 0 || ftruncate(fileno(f), (off_t)w->written) != 0)) {
+        bad = 1;
+        e = errno;
+    }
     if (fclose(f) != 0 && !bad) {
         bad = 1;
         e = errno;

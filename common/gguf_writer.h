@@ -93,6 +93,11 @@ int bl_gw_begin(bl_gguf_writer_t *w, const char *path, bl_err_t *err) BL_WUR;
  * BL_EINVAL when the bytes go past the last tensor. */
 int bl_gw_write_data(bl_gguf_writer_t *w, const void *buf, size_t n, bl_err_t *err) BL_WUR;
 
+/* As bl_gw_write_data, but n bytes the file leaves as a hole (a sparse file: no
+ * disk block, read as zeros): a file with every tensor's name, type and shape and
+ * no weights, for what reads only the header (--dry-run, the placement plan). */
+int bl_gw_skip_data(bl_gguf_writer_t *w, uint64_t n, bl_err_t *err) BL_WUR;
+
 /* Index of the tensor the next bl_gw_write_data bytes belong to (== count when
  * all data is written). */
 size_t bl_gw_current_tensor(const bl_gguf_writer_t *w);

@@ -168,6 +168,7 @@ typedef struct opts {
     bl_type_t type, type_attn_v, type_ffn_down, type_output, type_embd;
     const char *tok_dir;
     int tied;
+    int header_only; /* --header-only: the tensor data a hole (a sparse file) */
     int64_t n_threads;
     double router_zipf; /* Zipf exponent of the routing; 0: the random router */
     /* glm4moe and deepseek2: n_layer blocks run, then n_nextn NextN blocks; the
@@ -376,6 +377,11 @@ static void usage(FILE *f)
         "                         gpt-oss (whose eom is then <|call|>)\n"
         "  --tied                 no output.weight: the head reuses token_embd (not\n"
         "                         gpt-oss, whose files always carry output.weight)\n"
+        "  --header-only          write the metadata and the tensor table and leave the\n"
+        "                         weights a hole of zeros (a sparse file of the full\n"
+        "                         size, no disk blocks, written in a moment): for\n"
+        "                         bloomery-serve --dry-run and the placement plan, not\n"
+        "                         for running (every weight is 0)\n"
         "  --threads N            threads quantizing weights (default: online CPUs, at\n"
         "                         most %d); the file does not depend on it\n"
         "  --router-zipf S        qwen3moe: route each token to k experts drawn without\n"
@@ -572,7 +578,7 @@ enum {
     A_OUTPUT, A_ARCH, A_PRESET, A_LAYERS, A_N_EMBD, A_HEADS, A_KV_HEADS, A_HEAD_DIM,
     A_EXPERTS, A_EXPERTS_USED, A_EXPERT_FF, A_FF, A_VOCAB, A_CTX, A_ROPE_BASE, A_EPS, A_SEED,
     A_TYPE, A_TYPE_ATTN_V, A_TYPE_FFN_DOWN, A_TYPE_OUTPUT, A_TYPE_EMBD, A_TOKENIZER, A_TIED,
-    A_THREADS, A_ROUTER_ZIPF,
+    A_THREADS, A_ROUTER_ZIPF, A_HEADER_ONLY,
     /* glm4moe and deepseek2 */
     A_NEXTN, A_DENSE_LEAD, A_SHARED, A_ROPE_DIM, A_EXPERT_SCALE, A_GATING, A_NO_EXPERT_NORM,
     /* glm4moe only */
@@ -824,6 +830,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         [A_THREADS] = {"--threads", NULL, BL_ARG_I64, &o->n_threads, 1, MAX_THREADS},
         [A_ROUTER_ZIPF] = {"--router-zipf", NULL, BL_ARG_F64, &o->router_zipf, .fmin = 0,
                            .fmax = 4},
+        [A_HEADER_ONLY] = {"--header-only", NULL, BL_ARG_FLAG, &o->header_only},
         [A_NEXTN] = {"--nextn", NULL, BL_ARG_I64, &o->n_nextn, 0, 4},
         [A_DENSE_LEAD] = {"--dense-lead", NULL, BL_ARG_I64, &o->n_dense_lead, 0, 4095},
         [A_SHARED] = {"--shared-experts", NULL, BL_ARG_I64, &o->n_shared, 0, 64},
@@ -1824,6 +1831,13 @@ typedef struct gen {
     size_t batch_bytes;
 } gen_t;
 
+/* --header-only: tensor i's bytes left a hole */
+static int skip_tensor(void *ud, bl_gguf_writer_t *w, size_t i, bl_err_t *err)
+{
+    (void)ud;
+    return bl_gw_skip_data(w, bl_gw_tensor_nbytes(w, i), err);
+}
+
 static int fill_tensor(void *ud, bl_gguf_writer_t *w, size_t i, bl_err_t *err)
 {
     gen_t *g = ud;
@@ -2171,7 +2185,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < L.n; i++)
         if (bl_gw_add_tensor(w, L.t[i].name, L.t[i].type, L.t[i].n_dims, L.t[i].ne, &err))
             goto fail;
-    if (bl_gw_write_file(w, o.out, fill_tensor, &g, &err))
+    if (bl_gw_write_file(w, o.out, o.header_only ? skip_tensor : fill_tensor, &g, &err))
         goto fail;
 
     char layers[96] = "";

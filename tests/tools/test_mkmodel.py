@@ -204,6 +204,27 @@ def test_default_model_shape_and_metadata(tmp_path):
     assert types["blk.0.ffn_gate_inp.weight"] == 0 and types["blk.0.attn_norm.weight"] == 0
 
 
+def test_header_only_is_the_same_file_without_its_weights(tmp_path):
+    """--header-only: the metadata and tensor table of the full file, byte for byte,
+    the full size, zeros for data, almost no disk; the server's dry run plans it."""
+    full = mk_ok(tmp_path, *SMALL, name="full.gguf")
+    ho = mk_ok(tmp_path, *SMALL, "--header-only", name="ho.gguf")
+    assert os.path.getsize(ho) == os.path.getsize(full)
+    gf, gh = load(full), load(ho)
+    assert gh.metadata == gf.metadata
+    assert {n: (t.type, t.ne) for n, t in gh.tensors.items()} == {n: (t.type, t.ne) for n, t in gf.tensors.items()}
+    for t in gh.tensors.values():
+        assert not np.asarray(t.raw).any()
+    big = mk_ok(tmp_path, "--preset", "qwen3-next-80b-a3b", "--header-only", name="big.gguf")
+    st = os.stat(big)
+    assert st.st_size > 40e9 and st.st_blocks * 512 < 64e6, (st.st_size, st.st_blocks)
+    p = subprocess.run([os.path.join(BIN, "bloomery-serve"), "-m", big, "--dry-run", "-c", "4096", "-np", "1"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "qwen3next, 48 layers: 36 gated DeltaNet, 12 attention" in p.stdout, p.stdout
+    assert "recurrent state" in p.stdout and "fits:" in p.stdout
+
+
 def test_same_flags_give_same_bytes(tmp_path):
     a = mk_ok(tmp_path, *SMALL, name="a.gguf")
     b = mk_ok(tmp_path, *SMALL, name="b.gguf")

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "gguf.h"
@@ -187,6 +188,68 @@ static void test_gw_short_or_long_data_is_refused_and_file_removed(void **state)
     assert_int_not_equal(access(path, F_OK), 0);
 }
 
+/* Skipped data: the file has its full size and reads as zeros where skipped, the
+ * written tensors keep their bytes, a large hole takes no disk blocks (on file systems
+ * that make holes), and skipping past the last tensor is refused. */
+static void test_gw_skipped_data_is_a_hole_of_zeros(void **state)
+{
+    (void)state;
+    const char *path = temp_path();
+    bl_gguf_writer_t *w;
+    CHECK(bl_gw_create(&w, err));
+    const int64_t small[1] = {4}, big[2] = {1024, 4096}; /* 16 MiB of f32 */
+    CHECK(bl_gw_add_tensor(w, "a", BL_TYPE_F32, 1, small, err));
+    CHECK(bl_gw_add_tensor(w, "hole", BL_TYPE_F32, 2, big, err));
+    CHECK(bl_gw_add_tensor(w, "b", BL_TYPE_F32, 1, small, err));
+    CHECK(bl_gw_add_tensor(w, "tail", BL_TYPE_F32, 2, big, err)); /* the file ends in a hole */
+    CHECK(bl_gw_begin(w, path, err));
+    const float va[4] = {1, 2, 3, 4}, vb[4] = {-1, -2, -3, -4};
+    CHECK(bl_gw_write_data(w, va, sizeof va, err));
+    CHECK(bl_gw_skip_data(w, 1000, err)); /* a hole in pieces */
+    CHECK(bl_gw_skip_data(w, 16 * 1024 * 1024 - 1000, err));
+    CHECK(bl_gw_write_data(w, vb, sizeof vb, err));
+    CHECK(bl_gw_skip_data(w, 16 * 1024 * 1024, err));
+    bl_err_t e = {0};
+    assert_int_equal(bl_gw_skip_data(w, 1, &e), BL_EINVAL); /* past the last tensor */
+    bl_gw_destroy(w);
+    assert_int_not_equal(access(path, F_OK), 0);
+
+    CHECK(bl_gw_create(&w, err));
+    CHECK(bl_gw_add_tensor(w, "a", BL_TYPE_F32, 1, small, err));
+    CHECK(bl_gw_add_tensor(w, "hole", BL_TYPE_F32, 2, big, err));
+    CHECK(bl_gw_add_tensor(w, "b", BL_TYPE_F32, 1, small, err));
+    CHECK(bl_gw_add_tensor(w, "tail", BL_TYPE_F32, 2, big, err));
+    CHECK(bl_gw_begin(w, path, err));
+    CHECK(bl_gw_write_data(w, va, sizeof va, err));
+    CHECK(bl_gw_skip_data(w, 16 * 1024 * 1024, err));
+    CHECK(bl_gw_write_data(w, vb, sizeof vb, err));
+    CHECK(bl_gw_skip_data(w, 16 * 1024 * 1024, err));
+    const uint64_t total = bl_gw_bytes_written(w);
+    CHECK(bl_gw_finish(w, err));
+    bl_gw_destroy(w);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal((uint64_t)st.st_size, total);
+    printf("# a 32 MiB hole: %lld bytes on disk\n", (long long)st.st_blocks * 512);
+    bl_gguf_t *g;
+    CHECK(bl_gguf_open(&g, path, err)); /* every tensor inside the file */
+    const bl_gguf_tensor_t *a = bl_gguf_find_tensor(g, "a"), *h = bl_gguf_find_tensor(g, "hole"),
+                           *b = bl_gguf_find_tensor(g, "b"), *t = bl_gguf_find_tensor(g, "tail");
+    assert_non_null(a);
+    assert_non_null(h);
+    assert_non_null(b);
+    assert_non_null(t);
+    assert_memory_equal(a->data, va, sizeof va);
+    assert_memory_equal(b->data, vb, sizeof vb);
+    const uint8_t *z[2] = {h->data, t->data};
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < 16 * 1024 * 1024; i += 4093)
+            assert_int_equal(z[k][i], 0);
+    assert_int_equal(((const uint8_t *)t->data)[16 * 1024 * 1024 - 1], 0);
+    bl_gguf_close(g);
+    unlink(path);
+}
+
 static void test_gw_no_metadata_after_begin(void **state)
 {
     (void)state;
@@ -220,6 +283,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gw_round_trip_of_every_value_type_and_tensor),
+        cmocka_unit_test(test_gw_skipped_data_is_a_hole_of_zeros),
         cmocka_unit_test(test_gw_rejects_repeated_key_and_tensor),
         cmocka_unit_test(test_gw_rejects_bad_tensor_shapes),
         cmocka_unit_test(test_gw_short_or_long_data_is_refused_and_file_removed),
