@@ -69,7 +69,7 @@ static const arch_info_t archs[ARCH_COUNT] = {
     [ARCH_DEEPSEEK2] = {"deepseek2", "deepseek-v3", MK_FAMILY_DEEPSEEK, DSV3_VOCAB_ROWS},
     [ARCH_GPTOSS] = {"gpt-oss", "gpt-4o", MK_FAMILY_HARMONY, GPTOSS_VOCAB_ROWS},
     [ARCH_QWEN3NEXT] = {"qwen3next", "qwen2", MK_FAMILY_QWEN, QWEN3_VOCAB_ROWS},
-    [ARCH_QWEN35MOE] = {"qwen35moe", "qwen2", MK_FAMILY_QWEN, QWEN35_VOCAB_ROWS},
+    [ARCH_QWEN35MOE] = {"qwen35moe", "qwen2", MK_FAMILY_QWEN35, QWEN35_VOCAB_ROWS},
 };
 
 /* The router of glm4moe and deepseek2: llama.cpp's expert_gating_func values. */

@@ -114,6 +114,82 @@ static const char qwen_template[] =
     "{%- endif %}\n"
     "{%- endif %}\n";
 
+/* Qwen3.5-style chat template for the built-in vocabulary: Qwen's <|im_start|> turns
+ * (earlier reasoning dropped, an empty think block when thinking is off), with
+ * Qwen3.5's tool form: the tools, one JSON description a line, inside <tools> in the
+ * system turn; a call as <tool_call> <function=NAME> and each argument as
+ * <parameter=KEY> VALUE </parameter> on lines of their own (string values raw,
+ * others as JSON); results inside <tool_response> in a user turn, consecutive ones
+ * sharing it. The server reads the call form off "<function=" and "<parameter=".
+ * Only the constructs router/template*.c implements are used. */
+static const char qwen35_template[] =
+    "{%- set has_system = messages | length > 0 and messages[0].role == 'system' %}\n"
+    "{%- if tools or has_system %}\n"
+    "{{- '<|im_start|>system\\n' }}\n"
+    "{%- if has_system and messages[0].content is string %}\n"
+    "{{- messages[0].content }}\n"
+    "{%- endif %}\n"
+    "{%- if tools %}\n"
+    "{%- if has_system %}\n"
+    "{{- '\\n\\n' }}\n"
+    "{%- endif %}\n"
+    "{{- 'These functions are available:\\n<tools>\\n' }}\n"
+    "{%- for tool in tools %}\n"
+    "{{- (tool.function if tool.function is defined else tool) | tojson }}\n"
+    "{{- '\\n' }}\n"
+    "{%- endfor %}\n"
+    "{{- '</tools>\\nTo call one, answer with <tool_call>, then <function=NAME> on a line, each "
+    "argument as <parameter=KEY>, its value on the next lines and </parameter>, then </function> "
+    "and </tool_call>. Results come back inside <tool_response>.' }}\n"
+    "{%- endif %}\n"
+    "{{- '<|im_end|>\\n' }}\n"
+    "{%- endif %}\n"
+    "{%- set ns = namespace(prev='') %}\n"
+    "{%- for m in messages %}\n"
+    "{%- set content = m.content if m.content is string else '' %}\n"
+    "{%- if loop.first and has_system %}\n"
+    "{%- elif m.role == 'tool' %}\n"
+    "{%- if ns.prev != 'tool' %}\n"
+    "{{- '<|im_start|>user' }}\n"
+    "{%- endif %}\n"
+    "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}\n"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}\n"
+    "{{- '<|im_end|>\\n' }}\n"
+    "{%- endif %}\n"
+    "{%- elif m.role == 'assistant' %}\n"
+    "{%- if '</think>' in content %}\n"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}\n"
+    "{%- endif %}\n"
+    "{{- '<|im_start|>assistant\\n' + content }}\n"
+    "{%- if m.tool_calls %}\n"
+    "{%- for call in m.tool_calls %}\n"
+    "{%- set f = call.function if call.function is defined else call %}\n"
+    "{%- if content or not loop.first %}\n"
+    "{{- '\\n' }}\n"
+    "{%- endif %}\n"
+    "{{- '<tool_call>\\n<function=' + f.name + '>\\n' }}\n"
+    "{%- if f.arguments is mapping %}\n"
+    "{%- for key, value in f.arguments.items() %}\n"
+    "{{- '<parameter=' + key + '>\\n' + (value if value is string else value | tojson) + "
+    "'\\n</parameter>\\n' }}\n"
+    "{%- endfor %}\n"
+    "{%- endif %}\n"
+    "{{- '</function>\\n</tool_call>' }}\n"
+    "{%- endfor %}\n"
+    "{%- endif %}\n"
+    "{{- '<|im_end|>\\n' }}\n"
+    "{%- else %}\n"
+    "{{- '<|im_start|>' + m.role + '\\n' + content + '<|im_end|>\\n' }}\n"
+    "{%- endif %}\n"
+    "{%- set ns.prev = m.role %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "{{- '<|im_start|>assistant\\n' }}\n"
+    "{%- if enable_thinking is defined and enable_thinking is false %}\n"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}\n"
+    "{%- endif %}\n"
+    "{%- endif %}\n";
+
 /* GLM-4.5-style chat template for the built-in vocabulary: "[gMASK]<sop>" once, then
  * <|system|>, <|user|>, <|assistant|> and <|observation|> turns with no end marker
  * (generation stops at the next turn's token: <|user|> is eot, <|observation|> eom).
@@ -530,6 +606,9 @@ static const family_t families[] = {
     /* Qwen3: bos and padding <|endoftext|>, <|im_end|> ends a chat turn */
     [MK_FAMILY_QWEN] = {qwen_specials, COUNT(qwen_specials), qwen_template, SPLIT_QWEN2,
                         .bos = 0, .eos = 2, .pad = 0, .eot = -1, .eom = -1, .add_bos = 0},
+    /* Qwen3.5: Qwen3's tokens, its own tool form */
+    [MK_FAMILY_QWEN35] = {qwen_specials, COUNT(qwen_specials), qwen35_template, SPLIT_QWEN2,
+                          .bos = 0, .eos = 2, .pad = 0, .eot = -1, .eom = -1, .add_bos = 0},
     [MK_FAMILY_GLM] = {glm_specials, COUNT(glm_specials), glm_template, SPLIT_LLAMA3,
                        .bos = 1, .eos = 0, .pad = 0, .eot = 4, .eom = 6, .add_bos = 0},
     /* DeepSeek-V3: BOS added to every prompt, <｜end▁of▁sentence｜> ends a reply and pads */

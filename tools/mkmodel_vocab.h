@@ -38,6 +38,8 @@ typedef struct mk_vocab {
  * template and the pre-tokenizer split its merges are learned under. */
 typedef enum mk_family {
     MK_FAMILY_QWEN, /* Qwen3: <|im_start|> turns; digits split one by one (qwen2) */
+    MK_FAMILY_QWEN35, /* Qwen3.5: Qwen3's turns and tokens, calls as <function=NAME>
+                       * <parameter=KEY> (the qwen3-coder form) */
     MK_FAMILY_GLM,  /* GLM-4.5: [gMASK]<sop>, <|user|> turns, <arg_key> tool calls;
                      * digits in runs of up to three (glm4, Llama 3's split) */
     MK_FAMILY_DEEPSEEK, /* DeepSeek-V3.1: BOS, <｜User｜> turns, <｜tool▁sep｜>
@@ -54,6 +56,7 @@ typedef enum mk_family {
  * special tokens, then unused padding if the text ran out of merges.
  *   MK_FAMILY_QWEN: <|endoftext|>, <|im_start|>, <|im_end|> (control) and <think>,
  *     </think> (user-defined); eos <|im_end|>, bos and padding <|endoftext|>.
+ *   MK_FAMILY_QWEN35: MK_FAMILY_QWEN's.
  *   MK_FAMILY_GLM: <|endoftext|>, [gMASK], <sop>, <|system|>, <|user|>,
  *     <|assistant|>, <|observation|> (control) and the think, tool call, argument
  *     and tool response tags (user-defined); eos and padding <|endoftext|>, eot

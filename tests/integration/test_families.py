@@ -106,11 +106,17 @@ QWEN_FORM = {
     "ends": {"<|im_end|>": "tokenizer.ggml.eos_token_id"},
 }
 
+# Qwen3.5: Qwen's turns, calls as <function=NAME> with <parameter=KEY> lines (the
+# server's qwen3-coder form)
+QWEN35_FORM = dict(QWEN_FORM, chat_format="qwen3-coder",
+                   call=r"<tool_call>\s*<function=paint>\s*(?:<parameter=(?:color|coats)>[^<]*</parameter>\s*){2}"
+                        r"</function>\s*</tool_call>")
+
 FORMS = {
-    # Qwen3-Next and Qwen3.5 speak Qwen's chat form (bloomery-mkmodel writes its
-    # built-in Qwen template into their files)
+    # Qwen3-Next speaks Qwen3's chat form (bloomery-mkmodel writes its built-in Qwen
+    # template into its files), Qwen3.5 its own tool form
     "qwen3next": QWEN_FORM,
-    "qwen35moe": QWEN_FORM,
+    "qwen35moe": QWEN35_FORM,
     "glm4moe": {
         "chat_prompt": "[gMASK]<sop><|user|>\nWhat is the capital of France?<|assistant|>\n",
         "system_user": ("Be brief.", "Hi there",
@@ -488,6 +494,31 @@ def test_the_template_renders_the_family_form(family, one):
         assert apply_template(one.url, [{"role": "user", "content": user}],
                               chat_template_kwargs=kwargs) == want
     assert "chat_format=%s" % f["chat_format"] in one.log(200000), one.log()
+
+
+def test_qwen35_tool_turns_render_in_its_form(family, one):
+    """Qwen3.5's form of a conversation with tools: the tools inside <tools> in the
+    system turn, a past call as <function=NAME> with one <parameter=KEY> block an
+    argument (a string raw, a number as JSON), its thought dropped, and two results in
+    one user turn."""
+    if family.arch != "qwen35moe":
+        pytest.skip("Qwen3.5's form")
+    tools = [{"type": "function", "function": {"name": "paint", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "Paint it."},
+                {"role": "assistant", "content": "<think>Blue.</think>",
+                 "tool_calls": [{"type": "function", "id": "c1",
+                                 "function": {"name": "paint", "arguments": '{"color": "deep blue", "coats": 2}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "done"},
+                {"role": "tool", "tool_call_id": "c2", "content": "dry"}]
+    got = apply_template(one.url, messages, tools=tools)
+    want = ('<|im_start|>system\nThese functions are available:\n<tools>\n'
+            '{"name": "paint", "parameters": {"type": "object"}}\n</tools>\n')
+    assert got.startswith(want), got
+    assert ('<|im_start|>user\nPaint it.<|im_end|>\n<|im_start|>assistant\n<tool_call>\n<function=paint>\n'
+            '<parameter=color>\ndeep blue\n</parameter>\n<parameter=coats>\n2\n</parameter>\n'
+            '</function>\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\ndone\n</tool_response>\n'
+            '<tool_response>\ndry\n</tool_response><|im_end|>\n<|im_start|>assistant\n') in got, got
+    assert "Blue." not in got
 
 
 def test_one_bos_at_the_start_of_a_chat_prompt(family, one):
