@@ -169,6 +169,7 @@ typedef struct opts {
     const char *tok_dir;
     int tied;
     int header_only; /* --header-only: the tensor data a hole (a sparse file) */
+    int bench_fill;  /* --bench-fill: quantized matrices repeat BENCH_POOL rows */
     int64_t n_threads;
     double router_zipf; /* Zipf exponent of the routing; 0: the random router */
     /* glm4moe and deepseek2: n_layer blocks run, then n_nextn NextN blocks; the
@@ -382,6 +383,12 @@ static void usage(FILE *f)
         "                         size, no disk blocks, written in a moment): for\n"
         "                         bloomery-serve --dry-run and the placement plan, not\n"
         "                         for running (every weight is 0)\n"
+        "  --bench-fill           quantize 256 random rows of each quantized matrix and\n"
+        "                         fill its other rows with copies of them in a random\n"
+        "                         order (norms and routers stay whole): the shapes,\n"
+        "                         types and routing of a real file, written at about\n"
+        "                         the disk's speed, for speed measurements; its answers\n"
+        "                         mean nothing\n"
         "  --threads N            threads quantizing weights (default: online CPUs, at\n"
         "                         most %d); the file does not depend on it\n"
         "  --router-zipf S        qwen3moe: route each token to k experts drawn without\n"
@@ -578,7 +585,7 @@ enum {
     A_OUTPUT, A_ARCH, A_PRESET, A_LAYERS, A_N_EMBD, A_HEADS, A_KV_HEADS, A_HEAD_DIM,
     A_EXPERTS, A_EXPERTS_USED, A_EXPERT_FF, A_FF, A_VOCAB, A_CTX, A_ROPE_BASE, A_EPS, A_SEED,
     A_TYPE, A_TYPE_ATTN_V, A_TYPE_FFN_DOWN, A_TYPE_OUTPUT, A_TYPE_EMBD, A_TOKENIZER, A_TIED,
-    A_THREADS, A_ROUTER_ZIPF, A_HEADER_ONLY,
+    A_THREADS, A_ROUTER_ZIPF, A_HEADER_ONLY, A_BENCH_FILL,
     /* glm4moe and deepseek2 */
     A_NEXTN, A_DENSE_LEAD, A_SHARED, A_ROPE_DIM, A_EXPERT_SCALE, A_GATING, A_NO_EXPERT_NORM,
     /* glm4moe only */
@@ -831,6 +838,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         [A_ROUTER_ZIPF] = {"--router-zipf", NULL, BL_ARG_F64, &o->router_zipf, .fmin = 0,
                            .fmax = 4},
         [A_HEADER_ONLY] = {"--header-only", NULL, BL_ARG_FLAG, &o->header_only},
+        [A_BENCH_FILL] = {"--bench-fill", NULL, BL_ARG_FLAG, &o->bench_fill},
         [A_NEXTN] = {"--nextn", NULL, BL_ARG_I64, &o->n_nextn, 0, 4},
         [A_DENSE_LEAD] = {"--dense-lead", NULL, BL_ARG_I64, &o->n_dense_lead, 0, 4095},
         [A_SHARED] = {"--shared-experts", NULL, BL_ARG_I64, &o->n_shared, 0, 64},
@@ -1829,7 +1837,11 @@ typedef struct gen {
     float *heads[MAX_THREADS]; /* per thread, with attn_k_b: one head's k rows (job_t) */
     uint8_t *batch;           /* BATCH_BYTES, or one row if a row is larger */
     size_t batch_bytes;
+    int bench_fill;           /* --bench-fill: quantized matrices repeat BENCH_POOL rows */
 } gen_t;
+
+/* --bench-fill: the rows a quantized matrix's others are copies of */
+#define BENCH_POOL 256
 
 /* --header-only: tensor i's bytes left a hole */
 static int skip_tensor(void *ud, bl_gguf_writer_t *w, size_t i, bl_err_t *err)
@@ -1852,7 +1864,15 @@ static int fill_tensor(void *ud, bl_gguf_writer_t *w, size_t i, bl_err_t *err)
         zipf_layer(&g->z, key);
     int64_t rows = t->ne[1] * t->ne[2];
     int64_t per_batch = (int64_t)(g->batch_bytes / row_bytes);
-    for (int64_t b = 0; b < rows; b += per_batch) {
+    /* --bench-fill: the first BENCH_POOL rows of a quantized matrix as always (one
+     * batch), the others copies of them in a random order (filled below); f32 and
+     * f16 tensors (norms, routers: what decides the routing) stay whole */
+    const int pool = g->bench_fill && rows > BENCH_POOL && per_batch >= BENCH_POOL &&
+                     t->type != BL_TYPE_F32 && t->type != BL_TYPE_F16 && t->type != BL_TYPE_BF16;
+    const int64_t computed = pool ? BENCH_POOL : rows;
+    if (pool)
+        per_batch = BENCH_POOL;
+    for (int64_t b = 0; b < computed; b += per_batch) {
         int64_t n = rows - b < per_batch ? rows - b : per_batch;
         int nt = n < g->n_threads ? (int)n : g->n_threads;
         job_t jobs[MAX_THREADS];
@@ -1881,7 +1901,24 @@ static int fill_tensor(void *ud, bl_gguf_writer_t *w, size_t i, bl_err_t *err)
         if ((rc = bl_gw_write_data(w, g->batch, (size_t)n * row_bytes, err)))
             return rc;
     }
-    return 0;
+    if (!pool)
+        return 0;
+    uint8_t *src = malloc((size_t)BENCH_POOL * row_bytes);
+    if (!src)
+        return bl_err_set(err, BL_ENOMEM, "%s: out of memory for %d rows", t->name, BENCH_POOL);
+    memcpy(src, g->batch, (size_t)BENCH_POOL * row_bytes);
+    per_batch = (int64_t)(g->batch_bytes / row_bytes);
+    for (int64_t b = BENCH_POOL; b < rows && rc == 0; b += per_batch) {
+        const int64_t n = rows - b < per_batch ? rows - b : per_batch;
+        for (int64_t r = 0; r < n; r++) {
+            uint64_t s = key + (uint64_t)(b + r);
+            memcpy(g->batch + (size_t)r * row_bytes, src + (size_t)(bl_splitmix64(&s) % BENCH_POOL) * row_bytes,
+                   row_bytes);
+        }
+        rc = bl_gw_write_data(w, g->batch, (size_t)n * row_bytes, err);
+    }
+    free(src);
+    return rc;
 }
 
 /* --- metadata -------------------------------------------------------------------------- */
@@ -2166,6 +2203,7 @@ int main(int argc, char **argv)
         }
     }
     /* A row is at most 4 bytes per value (f32); a batch holds at least one. */
+    g.bench_fill = (int)o.bench_fill;
     g.batch_bytes = (size_t)max_row * sizeof(float) > BATCH_BYTES ? (size_t)max_row * sizeof(float)
                                                                    : BATCH_BYTES;
     g.batch = malloc(g.batch_bytes);

@@ -225,6 +225,33 @@ def test_header_only_is_the_same_file_without_its_weights(tmp_path):
     assert "recurrent state" in p.stdout and "fits:" in p.stdout
 
 
+def test_bench_fill_repeats_the_first_rows_of_quantized_matrices(tmp_path):
+    """--bench-fill: the same metadata and tensor table; a quantized matrix's first 256
+    rows are the normal file's and each later row is a copy of one of them (several
+    different ones); f32 tensors (norms, routers) are the normal file's."""
+    full = mk_ok(tmp_path, *SMALL, name="full.gguf")
+    bf = mk_ok(tmp_path, *SMALL, "--bench-fill", name="bf.gguf")
+    assert os.path.getsize(bf) == os.path.getsize(full)
+    gf, gb = load(full), load(bf)
+    assert gb.metadata == gf.metadata
+    repeated = 0
+    for name, tf in gf.tensors.items():
+        a, b = np.asarray(tf.raw), np.asarray(gb.tensors[name].raw)
+        assert a.shape == b.shape, name
+        rows = int(np.prod(tf.ne[1:])) if len(tf.ne) > 1 else 1
+        if tf.type in (0, 1) or rows <= 256:
+            assert np.array_equal(a, b), name
+            continue
+        ra, rb = a.reshape(rows, -1), b.reshape(rows, -1)
+        assert np.array_equal(ra[:256], rb[:256]), name
+        pool = {r.tobytes() for r in rb[:256]}
+        later = [r.tobytes() for r in rb[256:]]
+        assert all(r in pool for r in later), name
+        assert len(set(later)) > 1, name
+        repeated += 1
+    assert repeated >= 1
+
+
 def test_same_flags_give_same_bytes(tmp_path):
     a = mk_ok(tmp_path, *SMALL, name="a.gguf")
     b = mk_ok(tmp_path, *SMALL, name="b.gguf")
