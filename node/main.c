@@ -397,15 +397,37 @@ static void host_name(char *out, size_t cap)
         snprintf(out, cap, "unknown");
 }
 
-/* The answer to a router's probe (read and of this version): this host's CPUs and
- * memory; the session ends once the router has them. */
-static int answer_probe(session_t *ss, bl_err_t *err)
+/* This host's CUDA devices into h, as the workers started here would see them (the
+ * worker's own listing: the router's plan reads its host's the same way). */
+static int host_devices(bp_node_host_t *h, const char *worker_bin, bl_err_t *err)
+{
+    bl_device_t devs[BP_NODE_MAX_DEVICES];
+    int n = 0;
+    bl_err_t why = {0};
+    if (bp_list_devices(worker_bin, devs, BP_NODE_MAX_DEVICES, &n, &why) != 0)
+        return bl_err_set(err, why.code, "%s cannot list its CUDA devices: %s", h->hostname, why.msg);
+    h->n_devices = (uint32_t)n;
+    for (int i = 0; i < n; i++) {
+        bp_node_device_t *d = &h->device[i];
+        d->index = devs[i].index;
+        snprintf(d->name, sizeof d->name, "%s", devs[i].name); /* printable, not empty: bp_list_devices' */
+        d->total_bytes = devs[i].total_bytes < BP_NODE_MAX_MEM ? devs[i].total_bytes : BP_NODE_MAX_MEM;
+        d->free_bytes = devs[i].free_bytes < d->total_bytes ? devs[i].free_bytes : d->total_bytes;
+    }
+    return 0;
+}
+
+/* The answer to a router's probe (read and of this version): this host's CPUs,
+ * memory and CUDA devices; the session ends once the router has them. */
+static int answer_probe(session_t *ss, const char *worker_bin, bl_err_t *err)
 {
     int rc;
     bp_node_host_t h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, BP_NODE_HOST_MAGIC, sizeof BP_NODE_HOST_MAGIC);
     host_name(h.hostname, sizeof h.hostname);
+    if ((rc = host_devices(&h, worker_bin, err)) != 0)
+        return rc;
     const int cpus = bl_cpu_count(); /* the workers started here inherit this affinity */
     h.n_cpus = (uint32_t)(cpus < (int)BP_NODE_MAX_CPUS ? cpus : (int)BP_NODE_MAX_CPUS);
     h.mem_total = bl_mem_total();
@@ -421,8 +443,9 @@ static int answer_probe(session_t *ss, bl_err_t *err)
     }
     if ((rc = env_send(ss->l[0], BP_NODE_ENV_HOST, &h, sizeof h, err)) != 0)
         return rc;
-    BL_LOG(BL_LOG_INFO, "event=probe_answered host=%s cpus=%u mem_available=%llu mem_total=%llu", h.hostname,
-           h.n_cpus, (unsigned long long)h.mem_available, (unsigned long long)h.mem_total);
+    BL_LOG(BL_LOG_INFO, "event=probe_answered host=%s cpus=%u mem_available=%llu mem_total=%llu devices=%u",
+           h.hostname, h.n_cpus, (unsigned long long)h.mem_available, (unsigned long long)h.mem_total,
+           h.n_devices);
     /* the router's word that it has the answer (or its going): closing before could
      * drop the answer with the connection */
     uint8_t done[8];
@@ -654,7 +677,7 @@ static int node_session(const char *listen, const uint8_t key[32], const char *w
     rc = bp_link_recv(ss.l[0], buf, sizeof buf, &n, UP_MS, &err);
     if (rc == 0)
         rc = bp_node_env_read(&env, buf, n, "SP", BL_VERSION, &err);
-    if (rc == 0 && env.tag == BP_NODE_ENV_PROBE && (rc = answer_probe(&ss, &err)) == 0) {
+    if (rc == 0 && env.tag == BP_NODE_ENV_PROBE && (rc = answer_probe(&ss, worker_bin, &err)) == 0) {
         session_end(&ss);
         return 0;
     }
