@@ -554,6 +554,32 @@ static void describe(int status, char *buf, size_t cap)
         snprintf(buf, cap, "exited with status %d", WEXITSTATUS(status));
 }
 
+/* The worker has exited with status: its last words first, which may still be on
+ * their way through its control socket and say why better than its exit does (a
+ * fatal Error: "device: ..."), then, when it failed, its exit as the node's own. */
+static void worker_exited(session_t *ss, int status, bl_err_t *err)
+{
+    bp_peer_t from;
+    bp_msg_t last = {0};
+    while (bp_chan_recv(ss->chan, &from, &last, 50, err) == 0) {
+        const int sent = msg_send(ss->l[0], &last, err);
+        bp_msg_free(&last);
+        if (sent != 0)
+            break;
+    }
+    bp_msg_free(&last);
+    char how[64], host[64] = "this host", text[256];
+    describe(status, how, sizeof how);
+    (void)gethostname(host, sizeof host - 1);
+    ss->pid = 0;
+    snprintf(text, sizeof text, "%s on %s %s", ss->s.name, host, how);
+    BL_LOG(BL_LOG_WARN, "event=child_exited process=%s %s", ss->s.name, how);
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        if (send_fatal(ss->l[0], ss->process, BL_ECLOSED, text, err) == 0)
+            await_relay(ss);
+    }
+}
+
 /* Bridges the worker's control socket and the link until a side goes. */
 static void node_bridge(session_t *ss)
 {
@@ -564,16 +590,7 @@ static void node_bridge(session_t *ss)
     while (!g_stop) {
         int status;
         if (waitpid(ss->pid, &status, WNOHANG) == ss->pid) {
-            char how[64], host[64] = "this host", text[256];
-            describe(status, how, sizeof how);
-            (void)gethostname(host, sizeof host - 1);
-            ss->pid = 0;
-            snprintf(text, sizeof text, "%s on %s %s", ss->s.name, host, how);
-            BL_LOG(BL_LOG_WARN, "event=child_exited process=%s %s", ss->s.name, how);
-            if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-                if (send_fatal(ss->l[0], ss->process, BL_ECLOSED, text, &err) == 0)
-                    await_relay(ss);
-            }
+            worker_exited(ss, status, &err);
             break;
         }
         bp_peer_t from;
@@ -592,6 +609,13 @@ static void node_bridge(session_t *ss)
             int lost = 0;
             for (int i = 1; i < (ss->s.n_rings == 4 ? 3 : 2); i++)
                 lost |= bp_link_pump_wait(ss->l[i], 0, &err) != BL_EAGAIN;
+            /* a worker that exits closes its rings, which stops the pumps: its exit,
+             * not the link, is then what ended the session, and it says why */
+            for (int64_t until = now_ms() + 500; lost && now_ms() < until; usleep(10000))
+                if (waitpid(ss->pid, &status, WNOHANG) == ss->pid) {
+                    worker_exited(ss, status, &err);
+                    break;
+                }
             if (lost)
                 break;
             continue;
