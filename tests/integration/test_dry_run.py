@@ -81,27 +81,12 @@ def stages(report):
     return rows
 
 
-def gpu_present():
-    return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
-
-
 @pytest.fixture(scope="module")
 def fake_bin(tmp_path_factory):
     """bloomery-serve beside a bloomery-worker that writes each of its command lines to
     $FAKE_WORKER_LOG and answers --list-devices with $FAKE_DEVICES (lines "cuda INDEX
     TOTAL FREE NAME"): the devices of any machine, and a record of every start."""
-    d = tmp_path_factory.mktemp("fakebin")
-    shutil.copy2(serverctl.program("bloomery-serve"), str(d / "bloomery-serve"))
-    w = d / "bloomery-worker"
-    w.write_text('#!/bin/sh\n'
-                 'echo "$*" >> "${FAKE_WORKER_LOG:-/dev/null}"\n'
-                 'if [ "$1" = "--list-devices" ]; then\n'
-                 '  [ -n "$FAKE_DEVICES" ] && printf "%s\\n" "$FAKE_DEVICES"\n'
-                 '  exit 0\n'
-                 'fi\n'
-                 'exit 3\n')
-    w.chmod(0o755)
-    return str(d / "bloomery-serve")
+    return serverctl.fake_devices_bin(str(tmp_path_factory.mktemp("fakebin")), "bloomery-serve")
 
 
 H100 = "cuda 0 85899345920 84825604096 NVIDIA H100 80GB HBM3"
@@ -136,7 +121,7 @@ def test_prints_the_plan_and_starts_nothing(model, tmp_path, fake_bin):
         assert not [n for n in serverctl.shm_objects() - shm if str(pid) in n]
         assert not serverctl.runtime_dirs(pid, dirs)
         assert secs < 10
-        if not gpu_present():  # the machine's CPU plan
+        if not serverctl.gpu_present():  # the machine's CPU plan
             assert "gpus: none" in out, out
             assert [r[0] for r in stages(out).values()] == ["CPU"], out
 

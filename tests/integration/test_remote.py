@@ -21,7 +21,6 @@ the stage on the card the line names, the node's worker gets the card in its Pla
 this build or machine having no such card, fails the start with its reason. A card
 the node lacks, two cards on one line of another host, and host RAM beside that card
 are refused by name."""
-import shutil
 import os
 import re
 import signal
@@ -354,28 +353,14 @@ GB10 = "cuda 0 137438953472 130000000000 Fake GB10"
 
 
 def make_fake_node(d):
-    """A copy of bloomery-node in folder d beside a bloomery-worker that answers
-    --list-devices with $FAKE_DEVICES (lines "cuda INDEX TOTAL FREE NAME") and runs the
-    real worker for anything else: the node of a host with those cards."""
-    shutil.copy2(serverctl.program("bloomery-node"), str(d / "bloomery-node"))
-    w = d / "bloomery-worker"
-    w.write_text('#!/bin/sh\n'
-                 'if [ "$1" = "--list-devices" ]; then\n'
-                 '  [ -n "$FAKE_DEVICES" ] && printf "%%s\\n" "$FAKE_DEVICES"\n'
-                 '  exit 0\n'
-                 'fi\n'
-                 'exec "%s" "$@"\n' % serverctl.program("bloomery-worker"))
-    w.chmod(0o755)
-    return str(d / "bloomery-node")
+    """bloomery-node in folder d, its host's cards $FAKE_DEVICES: its worker answers
+    --list-devices with them and runs the real worker for a stage."""
+    return serverctl.fake_devices_bin(str(d), "bloomery-node", run_worker=True)
 
 
 @pytest.fixture(scope="module")
 def fake_node(tmp_path_factory):
     return make_fake_node(tmp_path_factory.mktemp("fakenode"))
-
-
-def gpu_present():
-    return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
 
 
 def test_a_remote_gpu_line_gets_the_nodes_card(servers, nodes, tmp_path, fake_node):
@@ -384,7 +369,7 @@ def test_a_remote_gpu_line_gets_the_nodes_card(servers, nodes, tmp_path, fake_no
     what a card beside a thread leaves: one layer of four), the Plan the node's worker
     gets names it, and the worker, which has no such card, fails the start with its
     reason, exit 1."""
-    if gpu_present():
+    if serverctl.gpu_present():
         pytest.skip("a real card here would take the made-up one's place")
     model = serverctl.make_model(str(tmp_path / "layers4.gguf"), "--layers", "4")
     secret = secret_file(tmp_path / "secret")

@@ -548,60 +548,6 @@ static void test_plan_split_cpu_refuses_what_no_split_fits(void **state)
                                     "needs 0.0 MiB (100 bytes of weights and KV cache) with one layer each"));
 }
 
-/* Every split of many made-up inventories: the layers covered in order, one at least
- * each, no host over its memory, or a refusal only where the memory cannot hold the
- * model with a layer per stage kept. */
-static void test_plan_split_cpu_holds_its_rules_on_many_inventories(void **state)
-{
-    (void)state;
-    uint64_t x = 0x9e3779b97f4a7c15ull;
-    static const char *const names[4] = {"a", "b", "c", "d"};
-    for (int round = 0; round < 500; round++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        const int n = 1 + (int)((x >> 33) % 6);
-        const int64_t n_layers = n + (int64_t)((x >> 20) % 60);
-        bl_stage_host_t h[6];
-        uint64_t bytes[64 + 6];
-        for (int64_t l = 0; l < n_layers; l++) {
-            x = x * 6364136223846793005ull + 1442695040888963407ull;
-            bytes[l] = 50 + (x >> 40) % 200;
-        }
-        for (int i = 0; i < n; i++) {
-            x = x * 6364136223846793005ull + 1442695040888963407ull;
-            h[i] = host(names[(x >> 10) % 4], 1 + (int)((x >> 20) % 32), (int)((x >> 30) % 16),
-                        (x >> 40) % 3 ? 0 : (uint64_t)(500 + (x >> 45) % 8000));
-        }
-        int64_t ends[6];
-        bl_err_t err = {0};
-        const int rc = bl_plan_split_hosts(bytes, n_layers, 30, 70, h, NULL, n, ends, &err);
-        if (rc != 0) {
-            assert_int_equal(rc, BL_ENOMEM);
-            continue;
-        }
-        int64_t at = 0;
-        for (int i = 0; i < n; i++) {
-            assert_true(ends[i] > at);
-            at = ends[i];
-        }
-        assert_int_equal(at, n_layers);
-        for (int k = 0; k < n; k++) {
-            if (!h[k].mem_avail)
-                continue;
-            uint64_t sum = 0;
-            for (int i = 0; i < n; i++) {
-                if (strcmp(h[i].name, h[k].name) != 0)
-                    continue;
-                for (int64_t l = i ? ends[i - 1] : 0; l < ends[i]; l++)
-                    sum += bytes[l];
-                sum += (i == 0 ? 30 : 0) + (i == n - 1 ? 70 : 0);
-            }
-            if (sum > h[k].mem_avail)
-                fail_msg("round %d: host %s holds %llu bytes of %llu", round, h[k].name, (unsigned long long)sum,
-                         (unsigned long long)h[k].mem_avail);
-        }
-    }
-}
-
 /* The plan with a hostfile's hosts: its CPU stages split by threads, the sizes of
  * each as the split counted them; a host short of memory refused by name; -ngl with
  * no card among them changes nothing; a remote stage's routed experts never go to
@@ -750,14 +696,14 @@ static void test_plan_split_hosts_refuses_a_card_by_host_and_bytes(void **state)
     assert_non_null(strstr(err.msg, "no split of the 20 layers fits the stages' memory"));
 }
 
-/* Splits of many made-up inventories of CPU and card stages: the layers covered in
- * order, no memory over what it holds (a host's RAM for its CPU stages together, a
- * card its room), or a refusal. */
-static void test_plan_split_hosts_holds_its_rules_with_cards(void **state)
+/* Every split of many made-up inventories of CPU and card stages: the layers covered
+ * in order, one at least each, no memory over what it holds (a host's RAM for its CPU
+ * stages together, a card its room), or a refusal for want of memory. */
+static void test_plan_split_hosts_holds_its_rules_on_many_inventories(void **state)
 {
     (void)state;
-    uint64_t x = 0x243f6a8885a308d3ull;
-    static const char *const names[3] = {"a", "b", "c"};
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    static const char *const names[4] = {"a", "b", "c", "d"};
     static const bl_device_t cards[2] = {{.index = 0, .name = "X", .free_bytes = 1}, {.index = 1, .name = "Y",
                                                                                        .free_bytes = 1}};
     for (int round = 0; round < 500; round++) {
@@ -772,7 +718,7 @@ static void test_plan_split_hosts_holds_its_rules_with_cards(void **state)
         }
         for (int i = 0; i < n; i++) {
             x = x * 6364136223846793005ull + 1442695040888963407ull;
-            h[i] = host(names[(x >> 10) % 3], 1 + (int)((x >> 20) % 32), (int)((x >> 30) % 16),
+            h[i] = host(names[(x >> 10) % 4], 1 + (int)((x >> 20) % 32), (int)((x >> 30) % 16),
                         (x >> 40) % 3 ? 0 : (uint64_t)(500 + (x >> 45) % 8000));
             /* a card of its host that no earlier stage there has */
             const bl_device_t *c = (x >> 50) % 2 ? &cards[(x >> 52) % 2] : NULL;
@@ -812,17 +758,27 @@ static void test_plan_split_hosts_holds_its_rules_with_cards(void **state)
     }
 }
 
+/* A hostfile of a CPU line of 16 threads on the router's host and a line of another
+ * host (10.0.0.2) on card d, into h, and the options that plan them. */
+static bl_place_opts_t card_line_opts(bl_stage_host_t h[2], const bl_device_t *d)
+{
+    h[0] = host("router", 16, 0, 0);
+    h[0].remote = 0;
+    h[1] = card_host("10.0.0.2", d);
+    bl_place_opts_t o = opts();
+    o.hosts = h;
+    o.n_hosts = 2;
+    return o;
+}
+
 /* A hostfile of a CPU line on the router's host and a card line of another: the card
  * stage on its card with its facts, the split by weight; the card's size checked. */
 static void test_plan_hosts_put_a_card_line_on_its_card(void **state)
 {
     (void)state;
     const bl_device_t d = card(1, 80 * GIB_BYTES);
-    bl_stage_host_t h[2] = {host("router", 16, 0, 0), card_host("10.0.0.2", &d)};
-    h[0].remote = 0;
-    bl_place_opts_t o = opts();
-    o.hosts = h;
-    o.n_hosts = 2;
+    bl_stage_host_t h[2];
+    bl_place_opts_t o = card_line_opts(h, &d);
     bl_plan_t *p = &g_plan;
     build_ok(p, MOE, NULL, 0, &o);
     /* 8 layers by 16 and 64: 1.6 and 6.4, the larger remainder the CPU's */
@@ -869,12 +825,9 @@ static void test_plan_hosts_layers_given_on_cards(void **state)
 {
     (void)state;
     bl_device_t d = card(1, 80 * GIB_BYTES);
-    bl_stage_host_t h[2] = {host("router", 16, 0, 0), card_host("10.0.0.2", &d)};
-    h[0].remote = 0;
+    bl_stage_host_t h[2];
+    bl_place_opts_t o = card_line_opts(h, &d);
     const int64_t ends[2] = {5, N_LAYER};
-    bl_place_opts_t o = opts();
-    o.hosts = h;
-    o.n_hosts = 2;
     o.stage_ends = ends;
     bl_plan_t *p = &g_plan;
     build_ok(p, MOE, NULL, 0, &o);
@@ -900,11 +853,8 @@ static void test_plan_hosts_expert_flags_and_card_flags(void **state)
 {
     (void)state;
     const bl_device_t d = card(1, 80 * GIB_BYTES);
-    bl_stage_host_t h[2] = {host("router", 16, 0, 0), card_host("10.0.0.2", &d)};
-    h[0].remote = 0;
-    bl_place_opts_t o = opts();
-    o.hosts = h;
-    o.n_hosts = 2;
+    bl_stage_host_t h[2];
+    bl_place_opts_t o = card_line_opts(h, &d);
     bl_plan_t *p = &g_plan;
     o.cpu_moe = 1;
     expect_refusal(MOE, NULL, 0, &o, BL_ENOTSUP, "--cpu-moe \\.ffn_(up|down|gate)_exps=CPU: blk.2.ffn_");
@@ -2349,12 +2299,11 @@ int main(void)
         T(test_plan_split_cpu_gives_every_stage_a_layer),
         T(test_plan_split_cpu_keeps_each_host_within_its_memory),
         T(test_plan_split_cpu_refuses_what_no_split_fits),
-        T(test_plan_split_cpu_holds_its_rules_on_many_inventories),
         T(test_plan_cpu_hosts_split_the_cpu_stages),
         T(test_plan_split_hosts_weighs_a_card_as_many_threads),
         T(test_plan_split_hosts_keeps_each_card_within_its_room),
         T(test_plan_split_hosts_refuses_a_card_by_host_and_bytes),
-        T(test_plan_split_hosts_holds_its_rules_with_cards),
+        T(test_plan_split_hosts_holds_its_rules_on_many_inventories),
         T(test_plan_hosts_put_a_card_line_on_its_card),
         T(test_plan_hosts_layers_given_on_cards),
         T(test_plan_hosts_expert_flags_and_card_flags),
