@@ -145,6 +145,10 @@ static int read_overrides(const bl_place_opts_t *o, const bl_arch_t *a, const bl
                 return bl_err_set(err, BL_EINVAL, "--override-tensor %s: not REGEX=BUFFER_TYPE", text);
             int buft = 0, cuda = -1;
             rc = parse_buft(eq + 1, (size_t)(p + len - eq - 1), devs, n_devs, &buft, &cuda);
+            if (o->hosts && (rc == BL_ENOTSUP || buft == BUFT_CUDA))
+                /* CUDA0 names a card of each host; the experts stay on their stage's */
+                return bl_err_set(err, BL_EINVAL, "--override-tensor %s: with a hostfile, routed experts stay on "
+                                  "their stage's card, or go to CPU or HOSTTIER", text);
             if (rc == BL_ENOTSUP)
                 return bl_err_set(err, BL_ENOTSUP, "--override-tensor %s: no such device (%d CUDA device%s here)",
                                   text, n_devs, n_devs == 1 ? "" : "s");
@@ -282,10 +286,10 @@ static uint64_t cuda_scratch(const bl_arch_t *a, const bl_place_opts_t *o, const
 static void size_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s);
 
 /* Whether stage i is a CPU stage of this machine, whose memory is ram_avail's (a
- * hostfile's stage on another host has its own). The CPU stages come first. */
+ * hostfile's stage on another host has its own). */
 static int local_cpu_stage(const bl_plan_t *p, const bl_place_opts_t *o, int i)
 {
-    return p->stage[i].device < 0 && !(o->cpu_hosts && i < o->n_cpu_stages && o->cpu_hosts[i].remote);
+    return p->stage[i].device < 0 && !(o->hosts && i < o->n_hosts && o->hosts[i].remote);
 }
 
 /* The host experts' RAM budget (o->experts_ram, resolved) and what of them it leaves
@@ -385,31 +389,29 @@ static const bl_device_t *device_of(const bl_device_t *devs, int n, int index)
     return NULL;
 }
 
-/* The stage's total on its card against what the card has free less the margin: 0
- * when it fits or the free memory is not known. */
-static int over(const bl_plan_stage_t *st, const bl_device_t *devs, int n_devs, uint64_t margin)
+/* A card stage's total on its card against what the card has free less the margin:
+ * 0 when it fits, the free memory is not known, or it is a CPU stage. */
+static int over(const bl_plan_stage_t *st, uint64_t margin)
 {
-    const bl_device_t *d = device_of(devs, n_devs, st->device);
-    if (!d || d->free_bytes == 0)
+    if (st->device < 0 || st->card.free_bytes == 0)
         return 0;
-    return bl_plan_stage_need(st) + margin > d->free_bytes;
+    return bl_plan_stage_need(st) + margin > st->card.free_bytes;
 }
 
 /* Certain not to fit: the weights and the KV cache alone pass the free memory. */
-static int cannot_fit(const bl_plan_stage_t *st, const bl_device_t *devs, int n_devs)
+static int cannot_fit(const bl_plan_stage_t *st)
 {
-    const bl_device_t *d = device_of(devs, n_devs, st->device);
-    return d && d->free_bytes && st->weight_bytes + st->kv_bytes > d->free_bytes;
+    return st->device >= 0 && st->card.free_bytes && st->weight_bytes + st->kv_bytes > st->card.free_bytes;
 }
 
-int bl_plan_stage_fit(const bl_plan_t *p, int i, const bl_device_t *devs, int n_devs)
+int bl_plan_stage_fit(const bl_plan_t *p, int i)
 {
     const bl_plan_stage_t *st = &p->stage[i];
     if (st->device < 0)
         return BL_PLAN_FITS;
-    if (cannot_fit(st, devs, n_devs))
+    if (cannot_fit(st))
         return BL_PLAN_OVER;
-    return over(st, devs, n_devs, (uint64_t)p->fit_target_mib * MIB) ? BL_PLAN_TIGHT : BL_PLAN_FITS;
+    return over(st, (uint64_t)p->fit_target_mib * MIB) ? BL_PLAN_TIGHT : BL_PLAN_FITS;
 }
 
 /* -dev: "none", or a comma list of CUDA devices ("cuda0", "CUDA1"); each must exist. */
@@ -501,9 +503,10 @@ static int parse_split(const char *v, int n_gpus, double *w, bl_err_t *err)
 }
 
 /* Layers [lb, le) over the GPUs by weights w: stage boundaries at the rounded
- * cumulative shares, a device whose share rounds to no layer gets no stage. */
-static int split_gpu_layers(bl_plan_t *p, int64_t lb, int64_t le, const int *gpus, const double *w, int n_gpus,
-                            bl_err_t *err)
+ * cumulative shares, a device whose share rounds to no layer gets no stage. Each
+ * stage keeps its card's facts (gpus are devices of devs: parse_devices'). */
+static int split_gpu_layers(bl_plan_t *p, int64_t lb, int64_t le, const bl_device_t *devs, int n_devs,
+                            const int *gpus, const double *w, int n_gpus, bl_err_t *err)
 {
     double sum = 0, acc = 0;
     for (int i = 0; i < n_gpus; i++)
@@ -517,26 +520,48 @@ static int split_gpu_layers(bl_plan_t *p, int64_t lb, int64_t le, const int *gpu
             continue;
         if (p->n_stages >= BL_PLAN_MAX_STAGES)
             return bl_err_set(err, BL_EINVAL, "plan: more than %d stages", BL_PLAN_MAX_STAGES);
-        p->stage[p->n_stages++] = (bl_plan_stage_t){.device = gpus[i], .lb = at, .le = end};
+        p->stage[p->n_stages++] = (bl_plan_stage_t){.device = gpus[i], .lb = at, .le = end,
+                                                    .card = *device_of(devs, n_devs, gpus[i])};
         at = end;
     }
     return 0;
 }
 
-// --- the CPU layers over a hostfile's hosts ------------------------------------------
+// --- the layers over a hostfile's stages -----------------------------------------------
 
-/* A stage's share of the layers: its threads, capped by its host's CPUs. */
-static double host_weight(const bl_cpu_host_t *h)
+/* A stage's share of the layers: a card's BL_PLAN_CARD_THREADS, a CPU stage its
+ * threads, capped by its host's CPUs. */
+static double host_weight(const bl_stage_host_t *h)
 {
+    if (h->card)
+        return (double)BL_PLAN_CARD_THREADS;
     int t = h->threads > 0 ? h->threads : 1;
     if (h->n_cpus > 0 && t > h->n_cpus)
         t = h->n_cpus;
     return (double)t;
 }
 
-static int same_host(const bl_cpu_host_t *x, const bl_cpu_host_t *y)
+static int same_host(const bl_stage_host_t *x, const bl_stage_host_t *y)
 {
     return strcasecmp(x->name ? x->name : "", y->name ? y->name : "") == 0;
+}
+
+/* Whether two stages draw on one memory: the RAM of one host (its CPU stages), or one
+ * card of one host. */
+static int same_pool(const bl_stage_host_t *x, const bl_stage_host_t *y)
+{
+    if (!same_host(x, y) || !x->card != !y->card)
+        return 0;
+    return !x->card || x->card->index == y->card->index;
+}
+
+/* What stage i's memory holds for its layers: a card's room (room[i]; UINT64_MAX or no
+ * room given: not known), a CPU stage's host's MemAvailable (0: not known). */
+static uint64_t pool_cap(const bl_stage_host_t *hosts, const uint64_t *room, int i)
+{
+    if (hosts[i].card)
+        return room ? room[i] : UINT64_MAX;
+    return hosts[i].mem_avail > 0 ? hosts[i].mem_avail : UINT64_MAX;
 }
 
 /* Bytes of stage i, layers [at[i], at[i + 1]), through the prefix sums pre. */
@@ -546,25 +571,61 @@ static uint64_t split_stage_bytes(const uint64_t *pre, const int64_t *at, int i,
     return pre[at[i + 1]] - pre[at[i]] + (i == 0 ? first : 0) + (i == n - 1 ? last : 0);
 }
 
-/* What the stages of host h's name hold together. */
-static uint64_t split_host_bytes(const uint64_t *pre, const int64_t *at, const bl_cpu_host_t *hosts, int n, int h,
+/* What the stages of stage h's memory hold together. */
+static uint64_t split_pool_bytes(const uint64_t *pre, const int64_t *at, const bl_stage_host_t *hosts, int n, int h,
                                  uint64_t first, uint64_t last)
 {
     uint64_t sum = 0;
     for (int i = 0; i < n; i++)
-        if (same_host(&hosts[i], &hosts[h]))
+        if (same_pool(&hosts[i], &hosts[h]))
             sum += split_stage_bytes(pre, at, i, n, first, last);
     return sum;
 }
 
-int bl_plan_split_cpu(const uint64_t *bytes, int64_t n_layers, uint64_t first, uint64_t last,
-                      const bl_cpu_host_t *hosts, int n, int64_t *ends, bl_err_t *err)
+/* The refusal of a split none of whose moves fits: the memory that is over (a card or
+ * a host's RAM), what it has and what its stages need. */
+static int split_refused(const bl_stage_host_t *hosts, const uint64_t *room, int n, int over, uint64_t need,
+                         int64_t n_layers, int any_card, int donor, bl_err_t *err)
+{
+    const bl_stage_host_t *h = &hosts[over];
+    const char *name = h->name ? h->name : "a host";
+    const char *why = donor < 0 ? "with one layer each (fewer workers there, or a smaller -c)"
+                                : "and no other stage has room for more of its layers (a smaller -c, or more hosts)";
+    char have[32], needs[32];
+    bl_plan_fmt_size(needs, sizeof needs, need);
+    if (h->card) {
+        char f[32];
+        const uint64_t cap = pool_cap(hosts, room, over);
+        bl_plan_fmt_size(have, sizeof have, cap);
+        bl_plan_fmt_size(f, sizeof f, h->card->free_bytes);
+        return bl_err_set(err, BL_ENOMEM, "plan: no split of the %lld layers fits the stages' memory: CUDA%d (%s) "
+                          "of %s has room for %s of weights and KV cache (%llu bytes: its %s free less the -fitt "
+                          "margin and the scratch) and its stage needs %s (%llu bytes) %s", (long long)n_layers,
+                          h->card->index, h->card->name, name, have, (unsigned long long)cap, f, needs,
+                          (unsigned long long)need, donor < 0 ? "with one layer (a smaller -c, or more hosts)" : why);
+    }
+    int n_there = 0;
+    for (int i = 0; i < n; i++)
+        n_there += same_pool(&hosts[i], h);
+    bl_plan_fmt_size(have, sizeof have, h->mem_avail);
+    return bl_err_set(err, BL_ENOMEM, "plan: no split of the %lld %slayers fits the %s memory: %s has %s available "
+                      "(MemAvailable, %llu bytes) and its %d %sstage%s need%s %s (%llu bytes of weights and KV cache) "
+                      "%s", (long long)n_layers, any_card ? "" : "CPU ", any_card ? "stages'" : "hosts'", name, have,
+                      (unsigned long long)h->mem_avail, n_there, any_card ? "CPU " : "", n_there == 1 ? "" : "s",
+                      n_there == 1 ? "s" : "", needs, (unsigned long long)need, why);
+}
+
+int bl_plan_split_hosts(const uint64_t *bytes, int64_t n_layers, uint64_t first, uint64_t last,
+                        const bl_stage_host_t *hosts, const uint64_t *room, int n, int64_t *ends, bl_err_t *err)
 {
     if (n < 1 || n > BL_PLAN_MAX_STAGES)
-        return bl_err_set(err, BL_EINVAL, "plan: %d CPU stages (1..%d)", n, BL_PLAN_MAX_STAGES);
+        return bl_err_set(err, BL_EINVAL, "plan: %d stages (1..%d)", n, BL_PLAN_MAX_STAGES);
+    int any_card = 0;
+    for (int i = 0; i < n; i++)
+        any_card |= hosts[i].card != NULL;
     if (n_layers < n)
-        return bl_err_set(err, BL_EINVAL, "plan: %d workers for %lld layer%s on the CPU", n, (long long)n_layers,
-                          n_layers == 1 ? "" : "s");
+        return bl_err_set(err, BL_EINVAL, "plan: %d workers for %lld layer%s%s", n, (long long)n_layers,
+                          n_layers == 1 ? "" : "s", any_card ? "" : " on the CPU");
     uint64_t *pre = malloc(sizeof *pre * (size_t)(n_layers + 1));
     if (!pre)
         return bl_err_set(err, BL_ENOMEM, "out of memory for the plan");
@@ -592,10 +653,11 @@ int bl_plan_split_cpu(const uint64_t *bytes, int64_t n_layers, uint64_t first, u
         }
         c[best] += total < n_layers ? 1 : -1; /* n <= n_layers: a stage above one layer exists */
     }
-    /* then the hosts' memory: a host over it gives layers, one at a time, from its
-     * stage with the most per thread to the stage with the fewest per thread among
-     * those of hosts not (yet) found over theirs. A host's stages never take layers
-     * back, so this ends within n * n_layers moves. */
+    /* then the memories: one that is over (a host's RAM, its CPU stages together, or a
+     * card) gives layers, one at a time, from its stage with the most per weight to the
+     * stage with the fewest per weight among those whose memory was not (yet) found
+     * over. A memory's stages never take layers back, so this ends within n * n_layers
+     * moves. */
     int frozen[BL_PLAN_MAX_STAGES] = {0}, rc = 0;
     for (int64_t move = 0;; move++) {
         at[0] = 0;
@@ -603,13 +665,13 @@ int bl_plan_split_cpu(const uint64_t *bytes, int64_t n_layers, uint64_t first, u
             at[i + 1] = at[i] + c[i];
         int over = -1;
         for (int h = 0; h < n && over < 0; h++)
-            if (hosts[h].mem_avail > 0 && split_host_bytes(pre, at, hosts, n, h, first, last) > hosts[h].mem_avail)
+            if (split_pool_bytes(pre, at, hosts, n, h, first, last) > pool_cap(hosts, room, h))
                 over = h;
         if (over < 0)
             break;
         int donor = -1, taker = -1;
         for (int i = 0; i < n; i++) {
-            if (!same_host(&hosts[i], &hosts[over]))
+            if (!same_pool(&hosts[i], &hosts[over]))
                 continue;
             frozen[i] = 1;
             if (c[i] > 1 && (donor < 0 || (double)c[i] / w[i] > (double)c[donor] / w[donor]))
@@ -619,21 +681,8 @@ int bl_plan_split_cpu(const uint64_t *bytes, int64_t n_layers, uint64_t first, u
             if (!frozen[i] && (taker < 0 || (double)(c[i] + 1) / w[i] < (double)(c[taker] + 1) / w[taker]))
                 taker = i;
         if (donor < 0 || taker < 0 || move > (int64_t)n * n_layers) {
-            char have[32], need[32];
-            const uint64_t bytes_over = split_host_bytes(pre, at, hosts, n, over, first, last);
-            int n_there = 0;
-            for (int i = 0; i < n; i++)
-                n_there += same_host(&hosts[i], &hosts[over]);
-            bl_plan_fmt_size(have, sizeof have, hosts[over].mem_avail);
-            bl_plan_fmt_size(need, sizeof need, bytes_over);
-            rc = bl_err_set(err, BL_ENOMEM, "plan: no split of the %lld CPU layers fits the hosts' memory: %s has %s "
-                            "available (MemAvailable, %llu bytes) and its %d stage%s need%s %s (%llu bytes of weights "
-                            "and KV cache) %s", (long long)n_layers, hosts[over].name ? hosts[over].name : "a host",
-                            have, (unsigned long long)hosts[over].mem_avail, n_there, n_there == 1 ? "" : "s",
-                            n_there == 1 ? "s" : "", need, (unsigned long long)bytes_over,
-                            donor < 0 ? "with one layer each (fewer workers there, or a smaller -c)"
-                                      : "and no other host has room for more of its layers (a smaller -c, or "
-                                        "more hosts)");
+            rc = split_refused(hosts, room, n, over, split_pool_bytes(pre, at, hosts, n, over, first, last),
+                               n_layers, any_card, donor, err);
             break;
         }
         c[donor]--;
@@ -645,23 +694,36 @@ int bl_plan_split_cpu(const uint64_t *bytes, int64_t n_layers, uint64_t first, u
     return rc;
 }
 
-/* The CPU stages p holds (the first ncs) re-cut by o->cpu_hosts. */
-static int split_cpu_by_hosts(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s,
-                              int ncs, bl_err_t *err)
+/* The stages p holds (a hostfile's, o->hosts in order) re-cut by their hosts' speed
+ * and memory: a card stage's room is its card's free memory less the margin and the
+ * scratch of a stage of every layer (which no stage of fewer passes). */
+static int split_by_hosts(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s,
+                          uint64_t margin, bl_err_t *err)
 {
-    const int64_t n = p->stage[ncs - 1].le;
-    uint64_t *bytes = malloc(sizeof *bytes * (size_t)n);
+    const int n = p->n_stages;
+    const int64_t nl = a->n_layer;
+    uint64_t *bytes = malloc(sizeof *bytes * (size_t)nl);
+    uint64_t room[BL_PLAN_MAX_STAGES];
     int64_t ends[BL_PLAN_MAX_STAGES];
     if (!bytes)
         return bl_err_set(err, BL_ENOMEM, "out of memory for the plan");
-    for (int64_t l = 0; l < n; l++)
+    for (int64_t l = 0; l < nl; l++)
         bytes[l] = layer_bytes(p, a, o, s, l);
+    for (int i = 0; i < n; i++) {
+        const bl_device_t *d = o->hosts[i].card;
+        room[i] = UINT64_MAX;
+        if (!d || d->free_bytes == 0)
+            continue;
+        const bl_plan_stage_t all = {.device = d->index, .lb = 0, .le = nl};
+        const uint64_t keep = margin + cuda_scratch(a, o, s, p, &all, i == n - 1);
+        room[i] = d->free_bytes > keep ? d->free_bytes - keep : 0;
+    }
     /* as size_stages counts them: one stage holding the first and the last layer keeps
      * a tied head once */
-    const uint64_t last = s->out_norm + (a->tied_output && ncs == 1 ? 0 : s->head);
-    const int rc = bl_plan_split_cpu(bytes, n, s->embd, last, o->cpu_hosts, ncs, ends, err);
+    const uint64_t last = s->out_norm + (a->tied_output && n == 1 ? 0 : s->head);
+    const int rc = bl_plan_split_hosts(bytes, nl, s->embd, last, o->hosts, room, n, ends, err);
     free(bytes);
-    for (int i = 0; rc == 0 && i < ncs; i++) {
+    for (int i = 0; rc == 0 && i < n; i++) {
         p->stage[i].lb = i == 0 ? 0 : ends[i - 1];
         p->stage[i].le = ends[i];
     }
@@ -677,9 +739,11 @@ static int stage_of(const bl_plan_t *p, int64_t l)
 }
 
 /* The overrides against every tensor of the file: the routed experts a pattern puts
- * in host RAM are marked; what a plan cannot do is refused by name. */
-static int apply_overrides(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, override_t *ov, int n_ov,
-                           bl_err_t *err)
+ * in host RAM are marked; what a plan cannot do is refused by name. as_cpu: as if
+ * every stage were a CPU stage (what a hostfile's split counts before it has placed
+ * the layers on their stages' cards): host RAM keeps a layer's experts with it. */
+static int apply_overrides(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl_place_opts_t *o,
+                           override_t *ov, int n_ov, int as_cpu, bl_err_t *err)
 {
     /* per layer: what the first expert tensor decided, to refuse a split of them */
     int *layer_buft = malloc(sizeof(int) * (size_t)a->n_layer);
@@ -703,12 +767,19 @@ static int apply_overrides(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a,
             }
         if (role == BL_ROLE_EXPERTS) {
             const int s = stage_of(p, l);
-            const int dev = p->stage[s].device;
+            const int dev = as_cpu ? BL_PLAN_DEVICE_CPU : p->stage[s].device;
             int b = BUFT_STAGE;
             if (hit) {
                 hit->hits++;
                 if (hit->buft == BUFT_HOSTTIER || (hit->buft == BUFT_CPU && dev >= 0))
                     b = BUFT_HOSTTIER;
+                if (hit->buft == BUFT_CPU && dev >= 0 && o->hosts && o->hosts[s].remote)
+                    /* beside a card, host RAM is the hosttier's, which runs on the
+                     * router's host only */
+                    rc = bl_err_set(err, BL_ENOTSUP, "%s %s: %s is on CUDA%d of %s, another host than the "
+                                    "router's, whose routed experts in host RAM would need a hosttier there (not "
+                                    "supported): keep them on its card, or compute them on the router's host with "
+                                    "-ot ...=HOSTTIER", hit->flag, hit->text, name, dev, o->hosts[s].name);
                 else if (hit->buft == BUFT_CUDA && hit->cuda != dev)
                     rc = bl_err_set(err, BL_ENOTSUP, "%s %s: %s belongs to a stage %s; routed experts on "
                                     "another card than their layer's are not supported yet", hit->flag, hit->text,
@@ -725,7 +796,7 @@ static int apply_overrides(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a,
             continue;
         hit->hits++;
         const int s = l >= 0 ? stage_of(p, l) : (role == BL_ROLE_TOKEN_EMBD ? 0 : p->n_stages - 1);
-        const int dev = s >= 0 ? p->stage[s].device : BL_PLAN_DEVICE_CPU;
+        const int dev = s >= 0 && !as_cpu ? p->stage[s].device : BL_PLAN_DEVICE_CPU;
         const int same = (hit->buft == BUFT_CPU && dev < 0) || (hit->buft == BUFT_CUDA && hit->cuda == dev);
         if (!same && role != BL_ROLE_OTHER)
             rc = bl_err_set(err, BL_ENOTSUP, "%s %s: %s (%s) would leave its layer's stage on %s; only routed "
@@ -757,72 +828,80 @@ void bl_plan_fmt_size(char *b, size_t n, uint64_t bytes)
         snprintf(b, n, "%.1f MiB", (double)bytes / (double)MIB);
 }
 
-/* A placement the user chose (or --fit off) is not changed; what cannot fit is
- * refused with the sizes. */
-static int refuse_over(const bl_plan_t *p, const bl_device_t *devs, int n_devs, uint64_t margin, bl_err_t *err)
+/* A placement the user chose (or --fit off, or a hostfile's) is not changed; what
+ * cannot fit is refused with the sizes, and a hostfile's card with its host. */
+static int refuse_over(const bl_plan_t *p, const bl_place_opts_t *o, uint64_t margin, bl_err_t *err)
 {
     for (int i = 0; i < p->n_stages; i++) {
         const bl_plan_stage_t *st = &p->stage[i];
-        if (st->device < 0 || !cannot_fit(st, devs, n_devs))
+        if (!cannot_fit(st))
             continue;
-        const bl_device_t *d = device_of(devs, n_devs, st->device);
-        char w[32], k[32], s[32], f[32];
+        char w[32], k[32], s[32], f[32], where[300] = "";
         bl_plan_fmt_size(w, sizeof w, st->weight_bytes);
         bl_plan_fmt_size(k, sizeof k, st->kv_bytes);
         bl_plan_fmt_size(s, sizeof s, st->scratch_bytes);
-        bl_plan_fmt_size(f, sizeof f, d->free_bytes);
-        return bl_err_set(err, BL_ENOMEM, "plan: layers %lld..%lld on CUDA%d need %s of weights and %s of KV "
-                          "cache (and about %s of scratch, with -fitt %llu MiB kept free), but the card has %s free "
-                          "(put routed experts in host RAM with --cpu-moe or -ncmoe N, fewer layers with -ngl, a "
-                          "smaller -c, or leave the placement to --fit on)", (long long)st->lb,
-                          (long long)st->le - 1, st->device, w, k, s, (unsigned long long)(margin / MIB), f);
+        bl_plan_fmt_size(f, sizeof f, st->card.free_bytes);
+        if (o->hosts)
+            snprintf(where, sizeof where, " (%s) of %s", st->card.name, o->hosts[i].name ? o->hosts[i].name : "?");
+        return bl_err_set(err, BL_ENOMEM, "plan: layers %lld..%lld on CUDA%d%s need %s of weights and %s of KV "
+                          "cache (and about %s of scratch, with -fitt %llu MiB kept free), but the card has %s free, "
+                          "%llu bytes (%s)", (long long)st->lb, (long long)st->le - 1, st->device, where, w, k, s,
+                          (unsigned long long)(margin / MIB), f, (unsigned long long)st->card.free_bytes,
+                          o->hosts ? "fewer layers on it with the hostfile's layers=, routed experts elsewhere with "
+                                     "--cpu-moe, -ncmoe N or -ot, or a smaller -c"
+                                   : "put routed experts in host RAM with --cpu-moe or -ncmoe N, fewer layers with "
+                                     "-ngl, a smaller -c, or leave the placement to --fit on");
     }
     return 0;
 }
 
-int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl_device_t *devs, int n_devs,
-                  const bl_place_opts_t *o, bl_err_t *err)
+/* Stages [p->n_stages, + n) over layers [0, n_layers) (what: "CPU " or "", for
+ * messages): at ends (increasing, the last n_layers, else BL_EINVAL), or evenly,
+ * earlier stages taking the remainder; the devices are the caller's to set. */
+static int cut_layers(bl_plan_t *p, int n, int64_t n_layers, const int64_t *ends, const char *what, bl_err_t *err)
 {
-    memset(p, 0, sizeof *p);
-    p->ram_avail = o->ram_avail;
-    p->n_layer = a->n_layer;
-    p->n_expert = a->moe ? a->n_expert : 0;
-    p->n_dense_lead = a->moe ? a->n_dense_lead : 0;
-    p->host = calloc((size_t)(a->n_layer * (p->n_expert ? p->n_expert : 1)), 1);
-    if (!p->host)
-        return bl_err_set(err, BL_ENOMEM, "out of memory for the plan");
-    int gpus[BL_PLAN_MAX_DEVICES], n_gpus = 0, rc = 0, n_ov = 0;
-    override_t *ov = NULL;
-    sizes_t sz = {0};
+    const int64_t base = n_layers / n, extra = n_layers % n;
+    int64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        const int64_t end = ends ? ends[i] : at + base + (i < extra ? 1 : 0);
+        if (end <= at || end > n_layers || (i == n - 1 && end != n_layers))
+            return bl_err_set(err, BL_EINVAL, "stage %d of the %slayers ends at layer %lld, after %lld: the stages "
+                              "must cover the %lld %slayers in order", i, what, (long long)end, (long long)at,
+                              (long long)n_layers, what);
+        p->stage[p->n_stages++] = (bl_plan_stage_t){.device = BL_PLAN_DEVICE_CPU, .lb = at, .le = end};
+        at = end;
+    }
+    return 0;
+}
+
+/* The stages from the flags: the CPU layers first, in o->n_cpu_stages, then the GPU
+ * layers over the cards -dev, -sm and -ts choose (-ngl: how many). *ngl_given: -ngl
+ * gave a number; *n_gpus: the cards the GPU layers may use. */
+static int flag_stages(bl_plan_t *p, const bl_arch_t *a, const bl_device_t *devs, int n_devs,
+                       const bl_place_opts_t *o, int *ngl_given, int *n_gpus_out, bl_err_t *err)
+{
+    int gpus[BL_PLAN_MAX_DEVICES], n_gpus = 0, rc = 0;
+    *n_gpus_out = 0;
     for (int i = 0; i < n_devs && n_gpus < BL_PLAN_MAX_DEVICES; i++)
         gpus[n_gpus++] = devs[i].index;
     if (o->devices && (rc = parse_devices(o->devices, devs, n_devs, gpus, &n_gpus, err)) < 0)
-        goto out;
-    if (o->split_mode && strcmp(o->split_mode, "layer") && strcmp(o->split_mode, "none")) {
-        rc = bl_err_set(err, !strcmp(o->split_mode, "row") ? BL_ENOTSUP : BL_EINVAL, "--split-mode %.32s: %s",
-                        o->split_mode, !strcmp(o->split_mode, "row")
-                            ? "splitting matrices by rows across GPUs is not supported (layer puts a pipeline "
-                              "stage on each device)"
-                            : "not none, layer or row");
-        goto out;
-    }
+        return rc;
+    if (o->split_mode && strcmp(o->split_mode, "layer") && strcmp(o->split_mode, "none"))
+        return bl_err_set(err, !strcmp(o->split_mode, "row") ? BL_ENOTSUP : BL_EINVAL, "--split-mode %.32s: %s",
+                          o->split_mode, !strcmp(o->split_mode, "row")
+                              ? "splitting matrices by rows across GPUs is not supported (layer puts a pipeline "
+                                "stage on each device)"
+                              : "not none, layer or row");
     if (o->split_mode && !strcmp(o->split_mode, "none") && n_gpus > 0) {
-        if (o->main_gpu < 0 || o->main_gpu >= n_gpus) {
-            rc = bl_err_set(err, BL_EINVAL, "--main-gpu %lld: there %s %d device%s", (long long)o->main_gpu,
-                            n_gpus == 1 ? "is" : "are", n_gpus, n_gpus == 1 ? "" : "s");
-            goto out;
-        }
+        if (o->main_gpu < 0 || o->main_gpu >= n_gpus)
+            return bl_err_set(err, BL_EINVAL, "--main-gpu %lld: there %s %d device%s", (long long)o->main_gpu,
+                              n_gpus == 1 ? "is" : "are", n_gpus, n_gpus == 1 ? "" : "s");
         gpus[0] = gpus[o->main_gpu];
         n_gpus = 1;
     }
-    if (o->fit && strcmp(o->fit, "on") && strcmp(o->fit, "off")) {
-        rc = bl_err_set(err, BL_EINVAL, "--fit: '%.32s' is not on or off", o->fit);
-        goto out;
-    }
     int64_t ngl;
-    int ngl_given;
-    if ((rc = parse_ngl(o->gpu_layers, &ngl, &ngl_given, err)) < 0)
-        goto out;
+    if ((rc = parse_ngl(o->gpu_layers, &ngl, ngl_given, err)) < 0)
+        return rc;
     if (n_gpus == 0)
         ngl = 0;
     /* llama.cpp's default split: by free memory (evenly where a card's is not known);
@@ -838,42 +917,93 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
         w[i] = 1.0;
     const int one_card = o->split_mode && !strcmp(o->split_mode, "none");
     if (o->tensor_split && !one_card && (rc = parse_split(o->tensor_split, n_gpus > 0 ? n_gpus : 1, w, err)) < 0)
-        goto out;
+        return rc;
     const int64_t n_gpu_layers = ngl >= a->n_layer ? a->n_layer : ngl;
     const int64_t n_cpu_layers = a->n_layer - n_gpu_layers;
-    if (o->cpu_hosts && n_gpu_layers > 0) {
-        rc = bl_err_set(err, BL_EINVAL, "plan: the CPU stages' hosts are given for a plan with %lld layers on "
-                        "cards (a hostfile's stages run on CPUs)", (long long)n_gpu_layers);
-        goto out;
-    }
 
     /* stages: the CPU layers first, split into n_cpu_stages, then the GPU layers */
-    int ncs = o->n_cpu_stages > 0 ? o->n_cpu_stages : 1;
+    const int ncs = o->n_cpu_stages > 0 ? o->n_cpu_stages : 1;
     if (n_cpu_layers > 0) {
-        if (ncs > n_cpu_layers) {
-            rc = bl_err_set(err, BL_EINVAL, "--workers %d: %lld layer%s on the CPU to split into stages", ncs,
-                            (long long)n_cpu_layers, n_cpu_layers == 1 ? "" : "s");
-            goto out;
-        }
-        if (ncs > BL_PLAN_MAX_STAGES - n_gpus) {
-            rc = bl_err_set(err, BL_EINVAL, "plan: more than %d stages", BL_PLAN_MAX_STAGES);
-            goto out;
-        }
-        const int64_t base = n_cpu_layers / ncs, extra = n_cpu_layers % ncs;
-        int64_t at = 0;
-        for (int i = 0; i < ncs; i++) {
-            const int64_t end = o->cpu_stage_ends ? o->cpu_stage_ends[i] : at + base + (i < extra ? 1 : 0);
-            if (end <= at || end > n_cpu_layers || (i == ncs - 1 && end != n_cpu_layers)) {
-                rc = bl_err_set(err, BL_EINVAL, "stage %d of the CPU layers ends at layer %lld, after %lld: the "
-                                "stages must cover the %lld CPU layers in order", i, (long long)end, (long long)at,
-                                (long long)n_cpu_layers);
-                goto out;
-            }
-            p->stage[p->n_stages++] = (bl_plan_stage_t){.device = BL_PLAN_DEVICE_CPU, .lb = at, .le = end};
-            at = end;
-        }
+        if (ncs > n_cpu_layers)
+            return bl_err_set(err, BL_EINVAL, "--workers %d: %lld layer%s on the CPU to split into stages", ncs,
+                              (long long)n_cpu_layers, n_cpu_layers == 1 ? "" : "s");
+        if (ncs > BL_PLAN_MAX_STAGES - n_gpus)
+            return bl_err_set(err, BL_EINVAL, "plan: more than %d stages", BL_PLAN_MAX_STAGES);
+        if ((rc = cut_layers(p, ncs, n_cpu_layers, o->stage_ends, "CPU ", err)) < 0)
+            return rc;
     }
-    if (n_gpu_layers > 0 && (rc = split_gpu_layers(p, n_cpu_layers, a->n_layer, gpus, w, n_gpus, err)) < 0)
+    if (n_gpu_layers > 0 &&
+        (rc = split_gpu_layers(p, n_cpu_layers, a->n_layer, devs, n_devs, gpus, w, n_gpus, err)) < 0)
+        return rc;
+    *n_gpus_out = n_gpus;
+    return 0;
+}
+
+/* The stages of a hostfile (o->hosts), in its order: each on its card or on its host's
+ * CPU, at o->stage_ends or evenly until split_by_hosts cuts them. The flags that
+ * choose cards are the hostfile's GPUS to give: -dev, -ts, -sm other than layer are
+ * refused, and so is -ngl N where a stage has a card (without one it changes
+ * nothing, as on a machine without a GPU). */
+static int host_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, bl_err_t *err)
+{
+    const int n = o->n_hosts;
+    if (n < 1 || n > BL_PLAN_MAX_STAGES)
+        return bl_err_set(err, BL_EINVAL, "plan: %d stages of a hostfile (1..%d)", n, BL_PLAN_MAX_STAGES);
+    if (n > a->n_layer)
+        return bl_err_set(err, BL_EINVAL, "plan: %d workers for %lld layer%s", n, (long long)a->n_layer,
+                          a->n_layer == 1 ? "" : "s");
+    int n_cards = 0;
+    for (int i = 0; i < n; i++) {
+        const bl_device_t *d = o->hosts[i].card;
+        if (d && (d->index < 0 || d->index > 255))
+            return bl_err_set(err, BL_EINVAL, "plan: stage %d's card has CUDA ordinal %d (0..255)", i, d->index);
+        n_cards += d != NULL;
+    }
+    const char *flag = o->devices ? "--device" : o->tensor_split ? "--tensor-split" : NULL;
+    const char *value = o->devices ? o->devices : o->tensor_split;
+    if (!flag && o->split_mode && strcmp(o->split_mode, "layer")) {
+        flag = "--split-mode";
+        value = o->split_mode;
+    }
+    if (flag)
+        return bl_err_set(err, BL_EINVAL, "%s %.40s: with a hostfile, its worker lines choose the cards (GPUS: cpu, "
+                          "all or CUDA ordinals), a stage on each", flag, value);
+    int64_t ngl;
+    int given = 0, rc;
+    if ((rc = parse_ngl(o->gpu_layers, &ngl, &given, err)) < 0)
+        return rc;
+    if (given && n_cards > 0)
+        return bl_err_set(err, BL_EINVAL, "--gpu-layers %.32s: with a hostfile, its worker lines put layers on "
+                          "cards (GPUS) and layers= says which", o->gpu_layers);
+    if ((rc = cut_layers(p, n, a->n_layer, o->stage_ends, "", err)) < 0)
+        return rc;
+    for (int i = 0; i < n; i++)
+        if (o->hosts[i].card) {
+            p->stage[i].device = o->hosts[i].card->index;
+            p->stage[i].card = *o->hosts[i].card;
+        }
+    return 0;
+}
+
+int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl_device_t *devs, int n_devs,
+                  const bl_place_opts_t *o, bl_err_t *err)
+{
+    memset(p, 0, sizeof *p);
+    p->ram_avail = o->ram_avail;
+    p->n_layer = a->n_layer;
+    p->n_expert = a->moe ? a->n_expert : 0;
+    p->n_dense_lead = a->moe ? a->n_dense_lead : 0;
+    p->host = calloc((size_t)(a->n_layer * (p->n_expert ? p->n_expert : 1)), 1);
+    if (!p->host)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the plan");
+    int n_gpus = 0, ngl_given = 0, rc = 0, n_ov = 0;
+    override_t *ov = NULL;
+    sizes_t sz = {0};
+    if (o->fit && strcmp(o->fit, "on") && strcmp(o->fit, "off")) {
+        rc = bl_err_set(err, BL_EINVAL, "--fit: '%.32s' is not on or off", o->fit);
+        goto out;
+    }
+    if ((rc = o->hosts ? host_stages(p, a, o, err) : flag_stages(p, a, devs, n_devs, o, &ngl_given, &n_gpus, err)) < 0)
         goto out;
 
     ov = calloc(MAX_OVERRIDES, sizeof *ov);
@@ -884,17 +1014,26 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
     if ((rc = read_overrides(o, a, devs, n_devs, ov, &n_ov, err)) < 0 ||
         (rc = read_sizes(g, a, &sz, err)) < 0)
         goto out;
-    /* a dense model has no routed experts: --cpu-moe and -ncmoe change nothing there */
-    if ((rc = apply_overrides(p, g, a, ov, n_ov, err)) < 0)
-        goto out;
-
-    /* a hostfile's CPU stages without layers=: by their hosts' speed and memory (the
-     * layers' bytes are known now, and on the CPU no split changes where an expert
-     * goes) */
-    if (o->cpu_hosts && !o->cpu_stage_ends && (rc = split_cpu_by_hosts(p, a, o, &sz, ncs, err)) < 0)
-        goto out;
     const uint64_t margin = (uint64_t)(o->fit_target_mib >= 0 ? o->fit_target_mib : 1024) * MIB;
     p->fit_target_mib = (int64_t)(margin / MIB);
+    /* a hostfile's stages without layers=: by their hosts' speed and memory. The split
+     * needs each layer's bytes, which depend on where the overrides put its experts,
+     * which depends on the stage (beside a card, host RAM is the hosttier's): it is cut
+     * with the experts that host RAM would keep counted with their layer, which the
+     * overrides' placement afterwards can only lighten on a card (a layer's experts
+     * leave it, and its scratch grows by at most one layer's). On CPU stages alone
+     * both placements are one. */
+    if (o->hosts && !o->stage_ends) {
+        if ((rc = apply_overrides(p, g, a, o, ov, n_ov, 1, err)) < 0 ||
+            (rc = split_by_hosts(p, a, o, &sz, margin, err)) < 0)
+            goto out;
+        memset(p->host, 0, (size_t)(a->n_layer * (p->n_expert ? p->n_expert : 1)));
+        for (int j = 0; j < n_ov; j++)
+            ov[j].hits = ov[j].seen = 0;
+    }
+    /* a dense model has no routed experts: --cpu-moe and -ncmoe change nothing there */
+    if ((rc = apply_overrides(p, g, a, o, ov, n_ov, 0, err)) < 0)
+        goto out;
     size_stages(p, a, o, &sz);
     const int fit = !o->fit || !strcmp(o->fit, "on");
     const int chosen = ngl_given || o->cpu_moe || o->n_cpu_moe > 0 || o->n_override_tensor > 0;
@@ -902,8 +1041,7 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
         /* the experts of leading layers of each card's stage to host RAM until it fits */
         for (int i = 0; i < p->n_stages; i++) {
             bl_plan_stage_t *st = &p->stage[i];
-            for (int64_t l = st->lb; st->device >= 0 && a->moe && l < st->le && over(st, devs, n_devs, margin);
-                 l++) {
+            for (int64_t l = st->lb; st->device >= 0 && a->moe && l < st->le && over(st, margin); l++) {
                 host_layer(p, a, l);
                 p->fit_moved += bl_arch_layer_moe(a, l);
                 size_stages(p, a, o, &sz);
@@ -915,7 +1053,7 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
             for (int i = 0; i < p->n_stages && gi < 0; i++)
                 if (p->stage[i].device >= 0)
                     gi = i;
-            if (gi < 0 || !over(&p->stage[gi], devs, n_devs, margin))
+            if (gi < 0 || !over(&p->stage[gi], margin))
                 break;
             bl_plan_stage_t *st = &p->stage[gi];
             if (gi > 0 && p->stage[gi - 1].device < 0) {
@@ -941,19 +1079,18 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
         }
         p->fit_moved = p->n_host_layers;
         for (int i = 0; i < p->n_stages; i++)
-            if (p->stage[i].device >= 0 && over(&p->stage[i], devs, n_devs, margin)) {
+            if (over(&p->stage[i], margin)) {
                 const bl_plan_stage_t *st = &p->stage[i];
-                const bl_device_t *d = device_of(devs, n_devs, st->device);
                 char need[32], f[32];
                 bl_plan_fmt_size(need, sizeof need, bl_plan_stage_need(st));
-                bl_plan_fmt_size(f, sizeof f, d->free_bytes);
+                bl_plan_fmt_size(f, sizeof f, st->card.free_bytes);
                 rc = bl_err_set(err, BL_ENOMEM, "--fit: layers %lld..%lld on CUDA%d need about %s with their routed "
                                 "experts in host RAM, and the card has %s free with %lld MiB to keep (give the "
                                 "layers with -ts or -ngl, or a smaller -c)", (long long)st->lb,
                                 (long long)st->le - 1, st->device, need, f, (long long)p->fit_target_mib);
                 goto out;
             }
-    } else if ((rc = refuse_over(p, devs, n_devs, margin, err)) < 0) {
+    } else if ((rc = refuse_over(p, o, margin, err)) < 0) {
         goto out;
     }
     ram_budget(p, a, o, &sz);
@@ -982,7 +1119,7 @@ static size_t put(char *buf, size_t cap, size_t at, const char *fmt, ...)
     return at + (size_t)n;
 }
 
-size_t bl_plan_format(const bl_plan_t *p, const bl_device_t *devs, int n_devs, char *buf, size_t cap)
+size_t bl_plan_format(const bl_plan_t *p, char *buf, size_t cap)
 {
     size_t at = 0;
     if (cap)
@@ -996,11 +1133,10 @@ size_t bl_plan_format(const bl_plan_t *p, const bl_device_t *devs, int n_devs, c
         bl_plan_fmt_size(kb, sizeof kb, st->kv_bytes);
         bl_plan_fmt_size(sb, sizeof sb, st->scratch_bytes);
         if (st->device >= 0) {
-            const bl_device_t *d = device_of(devs, n_devs, st->device);
             card += st->weight_bytes;
             at = put(buf, cap, at, "stage %d: layers %lld..%lld on CUDA%d (%s): weights %s (routed experts %s), "
                      "KV %s, scratch ~%s\n", i, (long long)st->lb, (long long)st->le - 1, st->device,
-                     d ? d->name : "?", wb, eb, kb, sb);
+                     st->card.name[0] ? st->card.name : "?", wb, eb, kb, sb);
         } else {
             cpu += st->weight_bytes;
             at = put(buf, cap, at, "stage %d: layers %lld..%lld on the CPU: weights %s (routed experts %s), KV %s\n",

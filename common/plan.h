@@ -2,7 +2,8 @@
  * from a model's file (its architecture facts and tensor sizes), the devices the
  * workers report and llama.cpp's placement flags with their meaning, where every
  * weight lives and runs:
- *   - stages: contiguous layer ranges, each on the CPU or on one CUDA device;
+ *   - stages: contiguous layer ranges, each on the CPU or on one CUDA device (of this
+ *     machine, or with a hostfile, of the stage's host);
  *   - the expert table: for every (layer, routed expert), with its layer's stage
  *     (on that card, or in the CPU worker) or in host RAM (the hosttier).
  * The dense parts of a layer (attention, norms, router) and its KV cache always sit
@@ -51,18 +52,27 @@ typedef struct bl_device {
     uint64_t free_bytes;  /* 0: not known (nothing is checked against it) */
 } bl_device_t;
 
-/* A CPU stage's host as the automatic split sees it (bl_plan_split_cpu): a hostfile's
- * worker line, with what its node (or, on the router's host, this machine) reports.
- * Stages whose hosts have the same name (compared without regard to case, as the
- * hostfile compares them) share that host's memory. */
-typedef struct bl_cpu_host {
+/* A hostfile's stage and its host as the plan sees them (bl_plan_split_hosts): one
+ * CPU worker or one card of a worker line, with what its node (or, on the router's
+ * host, this machine) reports. CPU stages whose hosts have the same name (compared
+ * without regard to case, as the hostfile compares them) share that host's memory;
+ * a card stage has its card's. */
+typedef struct bl_stage_host {
     const char *name;     /* the host as the hostfile writes it; borrowed */
     int remote;           /* on another host than the router's: its memory is not ram_avail's */
     int threads;          /* the stage's threads (threads=, else -t); below 1 counts as 1 */
     int n_cpus;           /* CPUs the stage's process may run on there; 0: not known (no cap) */
     uint64_t mem_avail;   /* the host's MemAvailable; 0: not known (no cap) */
     uint64_t mem_total;   /* its MemTotal, for reports; 0: not known */
-} bl_cpu_host_t;
+    const bl_device_t *card; /* the stage's card as its host reports it (borrowed), or NULL:
+                              * the stage runs on that host's CPU */
+} bl_stage_host_t;
+
+/* What a card stage weighs in a hostfile's split against a CPU stage's threads. A card
+ * reads its memory several times faster than a host's cores do, and its speed is not
+ * measured: it counts as this many threads (a 16-thread CPU stage beside a card gets
+ * 16/80 of their layers), and the card's memory caps what it takes. */
+#define BL_PLAN_CARD_THREADS 64
 
 /* The placement flags as given (NULL / 0: not given) and what the plan sizes. */
 typedef struct bl_place_opts {
@@ -79,15 +89,20 @@ typedef struct bl_place_opts {
     int64_t fit_target_mib;   /* -fitt: MiB each card keeps free; < 0: 1024 */
     int n_cpu_stages;         /* stages the CPU layers are split into (--workers); 0: 1;
                                * more than there are CPU layers: BL_EINVAL */
-    const int64_t *cpu_stage_ends; /* n_cpu_stages ends of the CPU stages (a hostfile's
-                               * layers=): increasing, the last the CPU layers' count
-                               * (else BL_EINVAL); NULL: split by cpu_hosts, else
+    const int64_t *stage_ends; /* the stages' ends (a hostfile's layers=): n_hosts of them
+                               * with hosts, else n_cpu_stages of the CPU stages;
+                               * increasing, the last the layers' (the CPU layers')
+                               * count, else BL_EINVAL; NULL: split by hosts, else
                                * evenly, earlier stages taking the remainder */
-    const bl_cpu_host_t *cpu_hosts; /* n_cpu_stages hosts of the CPU stages in order (a
-                               * hostfile's), or NULL. Given, and cpu_stage_ends not, the
-                               * CPU layers split by bl_plan_split_cpu; a remote stage's
-                               * memory is never counted against ram_avail. A plan with
-                               * card layers takes none (BL_EINVAL) */
+    const bl_stage_host_t *hosts; /* a hostfile's n_hosts stages in order, or NULL. Given,
+                               * they are the plan's stages, each on its card or its
+                               * host's CPU (-dev, -ts, -sm other than layer, and -ngl N
+                               * where a stage has a card are refused; -ot's CUDAn too);
+                               * without stage_ends the layers split by
+                               * bl_plan_split_hosts; a remote stage's memory is never
+                               * counted against ram_avail, and host RAM beside a card of
+                               * another host is refused (it would be the hosttier's) */
+    int n_hosts;
     int64_t n_ctx_total;      /* KV positions over every slot */
     double kv_elem_bytes;     /* bytes of one cached K or V element (2 for f16) */
     int64_t n_batch;          /* rows of a step, for the scratch */
@@ -104,6 +119,8 @@ typedef struct bl_place_opts {
 
 typedef struct bl_plan_stage {
     int device;             /* BL_PLAN_DEVICE_CPU or a CUDA ordinal */
+    bl_device_t card;       /* a card stage's card, as its host reported it (all zeros on
+                             * the CPU): what it is checked against */
     int64_t lb, le;         /* layers [lb, le) */
     uint64_t weight_bytes;  /* what the stage holds: dense parts, its experts, embd, head */
     uint64_t expert_bytes;  /* of which routed experts */
@@ -138,9 +155,10 @@ typedef struct bl_plan {
  * not parse: -ngl, -dev, -ts, -sm, -ot's regex or buffer type, --fit; -ncmoe above
  * the layer count; contradicting flags), BL_ENOTSUP (-sm row; a device that does not
  * exist; an -ot pattern that matches no tensor, or places a layer's dense part or
- * part of its experts apart from it), BL_ENOMEM (a stage that does not fit its card,
- * or no split of a hostfile's CPU stages fits its hosts' memory, with the sizes).
- * Caller frees with bl_plan_free. */
+ * part of its experts apart from it; host RAM beside another host's card),
+ * BL_ENOMEM (a stage that does not fit its card, or no split of a hostfile's stages
+ * fits their memories, with the sizes and, with a hostfile, the host). With hosts,
+ * devs are not read (each stage carries its card). Caller frees with bl_plan_free. */
 int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl_device_t *devs, int n_devs,
                   const bl_place_opts_t *o, bl_err_t *err) BL_WUR;
 void bl_plan_free(bl_plan_t *p);
@@ -177,19 +195,23 @@ int bl_plan_args(bl_arg_t *a, int *n, int cap, bl_place_flags_t *f) BL_WUR;
  * margins that differ between cards). */
 int bl_plan_opts(bl_place_opts_t *o, const bl_place_flags_t *f, bl_err_t *err) BL_WUR;
 
-/* The CPU layers' split over n stages (a hostfile's workers without layers=): ends[i]
+/* The layers' split over a hostfile's n stages (its workers without layers=): ends[i]
  * the end of stage i's layers (the last n_layers). Each stage gets layers in
- * proportion to its weight, its threads capped by its host's CPUs (a host's speed on
- * the CPU follows the threads it runs, and threads past its CPUs only share them), at
- * least one; then no host is given more than its mem_avail holds of its stages'
- * bytes: layer l takes bytes[l] (its weights and cache), the first stage also first
- * (the token embedding), the last also last (the output norm and head). A host over
- * its memory gives layers, one at a time from its stage with the most per thread, to
- * the stage of a host not yet over with the fewest per thread. BL_EINVAL (no stage,
- * more stages than layers), BL_ENOMEM (no split fits: err names the host, the
- * memory it has and what its stages need at the least). */
-int bl_plan_split_cpu(const uint64_t *bytes, int64_t n_layers, uint64_t first, uint64_t last,
-                      const bl_cpu_host_t *hosts, int n, int64_t *ends, bl_err_t *err) BL_WUR;
+ * proportion to its weight, at least one: a CPU stage its threads capped by its
+ * host's CPUs (a host's speed on the CPU follows the threads it runs, and threads past
+ * its CPUs only share them), a card stage BL_PLAN_CARD_THREADS. Then no memory is
+ * given more than it holds of its stages' bytes: a host's RAM its mem_avail (its CPU
+ * stages together), a card room[i] (what its free memory holds of weights and cache
+ * once the plan's margin and scratch are kept; UINT64_MAX, or room NULL: not known).
+ * Layer l takes bytes[l] (its weights and cache), the first stage also first (the
+ * token embedding), the last also last (the output norm and head). A memory over
+ * gives layers, one at a time from its stage with the most per weight, to the stage
+ * of a memory not yet over with the fewest per weight. BL_EINVAL (no stage, more
+ * stages than layers), BL_ENOMEM (no split fits: err names the host, and the card,
+ * the memory it has and what its stages need at the least). */
+int bl_plan_split_hosts(const uint64_t *bytes, int64_t n_layers, uint64_t first, uint64_t last,
+                        const bl_stage_host_t *hosts, const uint64_t *room, int n, int64_t *ends,
+                        bl_err_t *err) BL_WUR;
 
 /* Whether layer l has any expert in host RAM. */
 int bl_plan_layer_host(const bl_plan_t *p, int64_t l);
@@ -204,7 +226,7 @@ uint64_t bl_plan_stage_need(const bl_plan_stage_t *st);
  * scratch or the margin do not: what --fit off and a chosen placement accept),
  * BL_PLAN_OVER (weights and cache alone pass it: what the plan refuses). */
 enum { BL_PLAN_FITS = 0, BL_PLAN_TIGHT = 1, BL_PLAN_OVER = 2 };
-int bl_plan_stage_fit(const bl_plan_t *p, int i, const bl_device_t *devs, int n_devs);
+int bl_plan_stage_fit(const bl_plan_t *p, int i);
 
 /* "12.3 MiB" below a GiB, else "4.56 GiB": the plan's lines and messages. */
 void bl_plan_fmt_size(char *buf, size_t cap, uint64_t bytes);
@@ -221,6 +243,6 @@ void bl_plan_model_bytes(const bl_gguf_t *g, const bl_arch_t *a, bl_model_bytes_
 
 /* Writes the plan as lines ("stage 0: layers 0..47 on CUDA0 ...", a summary, the
  * routed experts on the card per layer) into buf; returns the length it needed. */
-size_t bl_plan_format(const bl_plan_t *p, const bl_device_t *devs, int n_devs, char *buf, size_t cap);
+size_t bl_plan_format(const bl_plan_t *p, char *buf, size_t cap);
 
 #endif

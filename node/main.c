@@ -397,15 +397,37 @@ static void host_name(char *out, size_t cap)
         snprintf(out, cap, "unknown");
 }
 
-/* The answer to a router's probe (read and of this version): this host's CPUs and
- * memory; the session ends once the router has them. */
-static int answer_probe(session_t *ss, bl_err_t *err)
+/* This host's CUDA devices into h, as the workers started here would see them (the
+ * worker's own listing: the router's plan reads its host's the same way). */
+static int host_devices(bp_node_host_t *h, const char *worker_bin, bl_err_t *err)
+{
+    bl_device_t devs[BP_NODE_MAX_DEVICES];
+    int n = 0;
+    bl_err_t why = {0};
+    if (bp_list_devices(worker_bin, devs, BP_NODE_MAX_DEVICES, &n, &why) != 0)
+        return bl_err_set(err, why.code, "%s cannot list its CUDA devices: %s", h->hostname, why.msg);
+    h->n_devices = (uint32_t)n;
+    for (int i = 0; i < n; i++) {
+        bp_node_device_t *d = &h->device[i];
+        d->index = devs[i].index;
+        snprintf(d->name, sizeof d->name, "%s", devs[i].name); /* printable, not empty: bp_list_devices' */
+        d->total_bytes = devs[i].total_bytes < BP_NODE_MAX_MEM ? devs[i].total_bytes : BP_NODE_MAX_MEM;
+        d->free_bytes = devs[i].free_bytes < d->total_bytes ? devs[i].free_bytes : d->total_bytes;
+    }
+    return 0;
+}
+
+/* The answer to a router's probe (read and of this version): this host's CPUs,
+ * memory and CUDA devices; the session ends once the router has them. */
+static int answer_probe(session_t *ss, const char *worker_bin, bl_err_t *err)
 {
     int rc;
     bp_node_host_t h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, BP_NODE_HOST_MAGIC, sizeof BP_NODE_HOST_MAGIC);
     host_name(h.hostname, sizeof h.hostname);
+    if ((rc = host_devices(&h, worker_bin, err)) != 0)
+        return rc;
     const int cpus = bl_cpu_count(); /* the workers started here inherit this affinity */
     h.n_cpus = (uint32_t)(cpus < (int)BP_NODE_MAX_CPUS ? cpus : (int)BP_NODE_MAX_CPUS);
     h.mem_total = bl_mem_total();
@@ -421,8 +443,9 @@ static int answer_probe(session_t *ss, bl_err_t *err)
     }
     if ((rc = env_send(ss->l[0], BP_NODE_ENV_HOST, &h, sizeof h, err)) != 0)
         return rc;
-    BL_LOG(BL_LOG_INFO, "event=probe_answered host=%s cpus=%u mem_available=%llu mem_total=%llu", h.hostname,
-           h.n_cpus, (unsigned long long)h.mem_available, (unsigned long long)h.mem_total);
+    BL_LOG(BL_LOG_INFO, "event=probe_answered host=%s cpus=%u mem_available=%llu mem_total=%llu devices=%u",
+           h.hostname, h.n_cpus, (unsigned long long)h.mem_available, (unsigned long long)h.mem_total,
+           h.n_devices);
     /* the router's word that it has the answer (or its going): closing before could
      * drop the answer with the connection */
     uint8_t done[8];
@@ -531,6 +554,32 @@ static void describe(int status, char *buf, size_t cap)
         snprintf(buf, cap, "exited with status %d", WEXITSTATUS(status));
 }
 
+/* The worker has exited with status: its last words first, which may still be on
+ * their way through its control socket and say why better than its exit does (a
+ * fatal Error: "device: ..."), then, when it failed, its exit as the node's own. */
+static void worker_exited(session_t *ss, int status, bl_err_t *err)
+{
+    bp_peer_t from;
+    bp_msg_t last = {0};
+    while (bp_chan_recv(ss->chan, &from, &last, 50, err) == 0) {
+        const int sent = msg_send(ss->l[0], &last, err);
+        bp_msg_free(&last);
+        if (sent != 0)
+            break;
+    }
+    bp_msg_free(&last);
+    char how[64], host[64] = "this host", text[256];
+    describe(status, how, sizeof how);
+    (void)gethostname(host, sizeof host - 1);
+    ss->pid = 0;
+    snprintf(text, sizeof text, "%s on %s %s", ss->s.name, host, how);
+    BL_LOG(BL_LOG_WARN, "event=child_exited process=%s %s", ss->s.name, how);
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        if (send_fatal(ss->l[0], ss->process, BL_ECLOSED, text, err) == 0)
+            await_relay(ss);
+    }
+}
+
 /* Bridges the worker's control socket and the link until a side goes. */
 static void node_bridge(session_t *ss)
 {
@@ -541,16 +590,7 @@ static void node_bridge(session_t *ss)
     while (!g_stop) {
         int status;
         if (waitpid(ss->pid, &status, WNOHANG) == ss->pid) {
-            char how[64], host[64] = "this host", text[256];
-            describe(status, how, sizeof how);
-            (void)gethostname(host, sizeof host - 1);
-            ss->pid = 0;
-            snprintf(text, sizeof text, "%s on %s %s", ss->s.name, host, how);
-            BL_LOG(BL_LOG_WARN, "event=child_exited process=%s %s", ss->s.name, how);
-            if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-                if (send_fatal(ss->l[0], ss->process, BL_ECLOSED, text, &err) == 0)
-                    await_relay(ss);
-            }
+            worker_exited(ss, status, &err);
             break;
         }
         bp_peer_t from;
@@ -569,6 +609,13 @@ static void node_bridge(session_t *ss)
             int lost = 0;
             for (int i = 1; i < (ss->s.n_rings == 4 ? 3 : 2); i++)
                 lost |= bp_link_pump_wait(ss->l[i], 0, &err) != BL_EAGAIN;
+            /* a worker that exits closes its rings, which stops the pumps: its exit,
+             * not the link, is then what ended the session, and it says why */
+            for (int64_t until = now_ms() + 500; lost && now_ms() < until; usleep(10000))
+                if (waitpid(ss->pid, &status, WNOHANG) == ss->pid) {
+                    worker_exited(ss, status, &err);
+                    break;
+                }
             if (lost)
                 break;
             continue;
@@ -654,7 +701,7 @@ static int node_session(const char *listen, const uint8_t key[32], const char *w
     rc = bp_link_recv(ss.l[0], buf, sizeof buf, &n, UP_MS, &err);
     if (rc == 0)
         rc = bp_node_env_read(&env, buf, n, "SP", BL_VERSION, &err);
-    if (rc == 0 && env.tag == BP_NODE_ENV_PROBE && (rc = answer_probe(&ss, &err)) == 0) {
+    if (rc == 0 && env.tag == BP_NODE_ENV_PROBE && (rc = answer_probe(&ss, worker_bin, &err)) == 0) {
         session_end(&ss);
         return 0;
     }

@@ -3,11 +3,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -308,4 +311,97 @@ out:
     for (int f = 0; f < n_tmp; f++)
         close(tmp[f]);
     return rc;
+}
+
+// --- the host's CUDA devices, as bloomery-worker reports them ----------------------------
+
+/* One line of `bloomery-worker --list-devices`: "cuda INDEX TOTAL FREE NAME". */
+static int parse_device_line(const char *line, bl_device_t *d, bl_err_t *err)
+{
+    int idx = -1, used = 0;
+    uint64_t total = 0, free_b = 0;
+    if (sscanf(line, "cuda %d %" SCNu64 " %" SCNu64 " %n", &idx, &total, &free_b, &used) != 3 || used == 0 ||
+        idx < 0 || idx > 255 || free_b > total)
+        return bl_err_set(err, BL_EPROTO, "bloomery-worker --list-devices: a line that does not parse: \"%.80s\"",
+                          line);
+    if (!line[used])
+        return bl_err_set(err, BL_EPROTO, "bloomery-worker --list-devices: CUDA%d has no name", idx);
+    memset(d, 0, sizeof *d);
+    d->index = idx;
+    d->total_bytes = total;
+    d->free_bytes = free_b;
+    size_t k = 0;
+    for (const char *c = line + used; *c && k + 1 < sizeof d->name; c++) /* printable, for logs and the wire */
+        d->name[k++] = *c >= 0x20 && *c < 0x7f ? *c : '?';
+    return 0;
+}
+
+int bp_list_devices(const char *bin, bl_device_t *out, int cap, int *n, bl_err_t *err)
+{
+    *n = 0;
+    int rc = 0;
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0)
+        return bl_err_set(err, BL_EIO, "pipe: %s", strerror(errno));
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    char *argv[] = {(char *)bin, (char *)"--list-devices", NULL}; /* posix_spawn writes none of it */
+    pid_t pid = -1;
+    const int se = posix_spawn(&pid, bin, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fds[1]);
+    if (se != 0) {
+        close(fds[0]);
+        return bl_err_set(err, BL_EIO, "cannot start %s --list-devices: %s", bin, strerror(se));
+    }
+    char buf[16384];
+    size_t len = 0;
+    const int64_t deadline = (int64_t)time(NULL) + 30;
+    for (;;) {
+        struct pollfd pf = {.fd = fds[0], .events = POLLIN};
+        const int64_t left = deadline - (int64_t)time(NULL);
+        if (left <= 0) {
+            rc = bl_err_set(err, BL_ETIMEDOUT, "%s --list-devices gave no answer in 30 s", bin);
+            break;
+        }
+        const int pr = poll(&pf, 1, (int)(left * 1000));
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr <= 0)
+            continue;
+        const ssize_t k = read(fds[0], buf + len, sizeof buf - 1 - len);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        len += (size_t)k;
+        if (len == sizeof buf - 1) {
+            rc = bl_err_set(err, BL_EPROTO, "%s --list-devices: more than %zu bytes", bin, sizeof buf - 1);
+            break;
+        }
+    }
+    close(fds[0]);
+    if (rc)
+        kill(pid, SIGKILL);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (rc)
+        return rc;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        return bl_err_set(err, BL_EIO, "%s --list-devices failed (status %d)", bin, status);
+    buf[len] = '\0';
+    for (char *line = buf, *nl; *line; line = nl + 1) {
+        nl = strchr(line, '\n');
+        if (!nl)
+            return bl_err_set(err, BL_EPROTO, "%s --list-devices: a line without its end", bin);
+        *nl = '\0';
+        if (*n >= cap)
+            break;
+        if ((rc = parse_device_line(line, &out[*n], err)) != 0)
+            return rc;
+        (*n)++;
+    }
+    return 0;
 }

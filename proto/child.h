@@ -14,6 +14,7 @@
 
 #include "err.h"
 #include "msg.h"
+#include "plan.h"
 
 typedef struct bp_chan bp_chan_t;
 
@@ -45,6 +46,14 @@ typedef struct bp_counter {
  * BL_ENOENT (no such program), BL_EIO. */
 int bp_spawn(pid_t *pid, char *const argv[], const int *fds, int n_fds, int new_pgroup, const char *what,
              bl_err_t *err) BL_WUR;
+
+/* This host's CUDA devices as bin (a bloomery-worker) reports them: runs `bin
+ * --list-devices` and reads its lines, "cuda INDEX TOTAL FREE NAME", into out (at most
+ * cap; 30 s). Names are cut to bl_device_t's field, bytes outside printable ASCII as '?'.
+ * A worker built without CUDA, or a host without a GPU, gives none. BL_EPROTO (a line
+ * that does not parse, quoted), BL_ETIMEDOUT, BL_EIO (it cannot start or fails). The
+ * one reader of that listing: the router's plan and a node's answer to a probe. */
+int bp_list_devices(const char *bin, bl_device_t *out, int cap, int *n, bl_err_t *err) BL_WUR;
 
 /* Monotonic microseconds. */
 uint64_t bp_now_us(void);

@@ -8,13 +8,16 @@
 
 #include "link.h"
 #include "msg.h"
+#include "plan.h"
 #include "ring.h"
 
 /* The wire layouts: both hosts little-endian, these sizes on either */
 _Static_assert(sizeof(bp_node_setup_t) == 152, "the setup is 152 bytes on the wire");
 _Static_assert(sizeof(bp_node_file_t) == 40, "the model file is 40 bytes on the wire");
 _Static_assert(sizeof(bp_node_probe_t) == 40, "the probe is 40 bytes on the wire");
-_Static_assert(sizeof(bp_node_host_t) == 96, "the host's facts are 96 bytes on the wire");
+_Static_assert(sizeof(bp_node_device_t) == 88, "a device is 88 bytes on the wire");
+_Static_assert(sizeof(bp_node_host_t) == 96 + BP_NODE_MAX_DEVICES * 88, "the host's facts are 1504 bytes on the wire");
+_Static_assert(BP_NODE_MAX_DEVICES == BL_PLAN_MAX_DEVICES, "a node reports as many devices as a plan takes");
 
 /* A name or routing id: terminated inside its field, 1 or more bytes of A-Z a-z 0-9
  * _ . - */
@@ -111,22 +114,67 @@ int bp_node_probe_read(bp_node_probe_t *out, const uint8_t *p, size_t n, const c
     return rc;
 }
 
+/* Whether the n bytes at p are all zero. */
+static int zeros(const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++)
+        if (b[i])
+            return 0;
+    return 1;
+}
+
+/* Device i of the node's answer h: an ordinal in range and not one of an earlier
+ * device's, a name of printable ASCII ended inside its field with zeros after it,
+ * free memory at most the total, no padding. */
+static int device_read(const bp_node_host_t *h, uint32_t i, bl_err_t *err)
+{
+    const bp_node_device_t *d = &h->device[i];
+    if (d->index < 0 || d->index > BP_NODE_MAX_ORDINAL)
+        return bl_err_set(err, BL_EPROTO, "the node's device %u has CUDA ordinal %d (0..%d)", i, (int)d->index,
+                          BP_NODE_MAX_ORDINAL);
+    for (uint32_t k = 0; k < i; k++)
+        if (h->device[k].index == d->index)
+            return bl_err_set(err, BL_EPROTO, "the node's devices %u and %u are both CUDA%d", k, i, (int)d->index);
+    const char *end = memchr(d->name, 0, sizeof d->name);
+    if (!end || end == d->name || !zeros(end, sizeof d->name - (size_t)(end - d->name)))
+        return bl_err_set(err, BL_EPROTO, "the node's device %u (CUDA%d) has a name that is empty, not ended in "
+                          "its 64 bytes or not followed by zeros", i, (int)d->index);
+    for (const char *c = d->name; c < end; c++)
+        if (*c < 0x20 || *c > 0x7e)
+            return bl_err_set(err, BL_EPROTO, "the node's device %u (CUDA%d) has a name with byte 0x%02x (not "
+                              "printable ASCII)", i, (int)d->index, (unsigned)(uint8_t)*c);
+    if (d->total_bytes > BP_NODE_MAX_MEM || d->free_bytes > d->total_bytes)
+        return bl_err_set(err, BL_EPROTO, "the node's device %u (CUDA%d) has %llu bytes free of %llu", i,
+                          (int)d->index, (unsigned long long)d->free_bytes, (unsigned long long)d->total_bytes);
+    if (d->pad != 0)
+        return bl_err_set(err, BL_EPROTO, "the node's device %u (CUDA%d) has padding that is not 0", i,
+                          (int)d->index);
+    return 0;
+}
+
 int bp_node_host_read(bp_node_host_t *out, const uint8_t *p, size_t n, bl_err_t *err)
 {
     bp_node_host_t h;
-    const int rc = fixed_read(out, &h, sizeof h, p, n, BP_NODE_HOST_MAGIC, 0, 0, "the node's answer", err);
+    int rc = fixed_read(out, &h, sizeof h, p, n, BP_NODE_HOST_MAGIC, 0, 0, "the node's answer", err);
     if (rc)
         return rc;
     if (!word_ok(h.hostname, sizeof h.hostname))
         return bl_err_set(err, BL_EPROTO, "the node's host name is not 1-63 of A-Z a-z 0-9 _ . -");
     if (h.n_cpus < 1 || h.n_cpus > BP_NODE_MAX_CPUS)
         return bl_err_set(err, BL_EPROTO, "the node's host has %u CPUs (1..%u)", h.n_cpus, BP_NODE_MAX_CPUS);
-    if (h.pad != 0)
-        return bl_err_set(err, BL_EPROTO, "the node's host facts have padding that is not 0");
     if (h.mem_available > BP_NODE_MAX_MEM || h.mem_total > BP_NODE_MAX_MEM ||
         (h.mem_total && h.mem_available > h.mem_total))
         return bl_err_set(err, BL_EPROTO, "the node's host has %llu bytes of memory available of %llu",
                           (unsigned long long)h.mem_available, (unsigned long long)h.mem_total);
+    if (h.n_devices > BP_NODE_MAX_DEVICES)
+        return bl_err_set(err, BL_EPROTO, "the node's host has %u CUDA devices (at most %u)", h.n_devices,
+                          BP_NODE_MAX_DEVICES);
+    for (uint32_t i = 0; i < h.n_devices; i++)
+        if ((rc = device_read(&h, i, err)) != 0)
+            return rc;
+    if (!zeros(&h.device[h.n_devices], sizeof h.device[0] * (BP_NODE_MAX_DEVICES - h.n_devices)))
+        return bl_err_set(err, BL_EPROTO, "the node's answer has bytes past its %u devices", h.n_devices);
     *out = h;
     return 0;
 }

@@ -5,10 +5,11 @@
  * control messages (msg.h) go either way.
  *
  * Before any relay, the router asks each node for its host's facts (bp_node_probe):
- * a probe as the first message, which the node answers with its CPUs and memory; the
- * router says it has the answer, and the node ends the session (closing at once
- * could drop the answer with the connection). The router needs them to split the layers before it starts
- * a stage, which is why they are not part of a relay's session.
+ * a probe as the first message, which the node answers with its CPUs, memory and CUDA
+ * devices; the router says it has the answer, and the node ends the session (closing
+ * at once could drop the answer with the connection). The router needs them to place
+ * the stages and split the layers before it starts one, which is why they are not
+ * part of a relay's session.
  *
  * The bytes come from the network: the _read functions check every field. */
 #ifndef BP_NODE_H
@@ -29,7 +30,7 @@
 
 #define BP_NODE_SETUP_MAGIC "BLNODE1"
 #define BP_NODE_PROBE_MAGIC "BLPROBE"
-#define BP_NODE_HOST_MAGIC "BLHOST1"
+#define BP_NODE_HOST_MAGIC "BLHOST2"
 
 /* The worker the node starts and its rings. On the wire as this struct, both hosts
  * little-endian (x86-64, aarch64). */
@@ -64,16 +65,27 @@ typedef struct bp_node_probe {
     char version[32];     /* the router's bloomery version, NUL-terminated */
 } bp_node_probe_t;
 
-/* The node's host as its workers would run there. */
+/* The node's host as its workers would run there: its CPUs, its memory and its CUDA
+ * devices (as bloomery-worker --list-devices reports them there). */
 #define BP_NODE_MAX_CPUS 65536u
 #define BP_NODE_MAX_MEM ((uint64_t)1 << 56)
+#define BP_NODE_MAX_DEVICES 16  /* the plan's BL_PLAN_MAX_DEVICES */
+#define BP_NODE_MAX_ORDINAL 255 /* a Plan's Stage.gpu is 1 + at most this */
+typedef struct bp_node_device {
+    int32_t index;        /* its CUDA ordinal, 0..BP_NODE_MAX_ORDINAL, no two alike */
+    uint32_t pad;         /* 0 */
+    char name[64];        /* "NVIDIA GB10": 1-63 bytes of printable ASCII, then zeros */
+    uint64_t total_bytes; /* at most BP_NODE_MAX_MEM */
+    uint64_t free_bytes;  /* at most total_bytes; 0: not known */
+} bp_node_device_t;
 typedef struct bp_node_host {
     char magic[8];        /* BP_NODE_HOST_MAGIC */
     char hostname[64];    /* the node's host name: 1-63 of A-Z a-z 0-9 _ . - */
     uint32_t n_cpus;      /* CPUs its workers may run on (its affinity), 1..BP_NODE_MAX_CPUS */
-    uint32_t pad;         /* 0 */
+    uint32_t n_devices;   /* CUDA devices, 0..BP_NODE_MAX_DEVICES */
     uint64_t mem_available; /* MemAvailable in bytes, 0: not known; at most BP_NODE_MAX_MEM */
     uint64_t mem_total;   /* MemTotal, 0: not known; else at least mem_available */
+    bp_node_device_t device[BP_NODE_MAX_DEVICES]; /* the first n_devices; the others all zeros */
 } bp_node_host_t;
 
 /* A setup from a payload of n bytes into *out. BL_EPROTO naming the field that is
@@ -90,7 +102,9 @@ int bp_node_file_read(bp_node_file_t *out, const uint8_t *p, size_t n, bl_err_t 
 
 /* A probe (BL_EPROTO: size, magic, an unterminated version; BL_EINVAL: another
  * version than version, naming both) and the node's answer (BL_EPROTO naming the
- * field: size, magic, host name, CPU count, padding, memory). */
+ * field: size, magic, host name, CPU count, memory, device count, and of a device by
+ * its place: ordinal, one ordinal twice, name, memory, padding; an unused device
+ * entry that is not zeros). */
 int bp_node_probe_read(bp_node_probe_t *out, const uint8_t *p, size_t n, const char *version,
                        bl_err_t *err) BL_WUR;
 int bp_node_host_read(bp_node_host_t *out, const uint8_t *p, size_t n, bl_err_t *err) BL_WUR;

@@ -86,11 +86,10 @@ typedef struct rt_cluster_opts {
                               * failure still reaches the router as an Error */
 } rt_cluster_opts_t;
 
-/* The CUDA devices of this host as bloomery-worker (in bin_dir) sees them, for the
- * placement plan: it runs `bloomery-worker --list-devices` and reads its lines
- * (at most cap devices, 30 s). A worker built without CUDA, or a host without a GPU,
- * gives none. BL_ENOENT (no worker in bin_dir), BL_EPROTO (a line that does not
- * parse, quoted), BL_ETIMEDOUT, BL_EIO. */
+/* The CUDA devices of this host as the bloomery-worker in bin_dir sees them, for the
+ * placement plan (bp_list_devices: at most cap devices, 30 s). A worker built without
+ * CUDA, or a host without a GPU, gives none. BL_ENOENT (no worker in bin_dir), and
+ * bp_list_devices' errors. */
 int rt_cluster_devices(const char *bin_dir, bl_device_t *out, int cap, int *n, bl_err_t *err) BL_WUR;
 
 /* State of the processes, for /health and the engine. */

@@ -204,18 +204,28 @@ static void print_model(FILE *f, const rt_dry_run_t *d)
     fprintf(f, "\n");
 }
 
-/* A hostfile's stages: where each runs, its layers, its host's CPUs and memory (as the
- * node there answered), its threads, and how the layers were split. */
+/* A hostfile's stages: where each runs, its layers, its card or its host's CPUs and
+ * memory (as the node there answered), its threads, and how the layers were split. */
 static void print_hosts(FILE *f, const rt_dry_run_t *d)
 {
     const bl_plan_t *p = d->plan;
     char s1[32], s2[32];
-    fprintf(f, "  hosts (--hostfile): %s\n",
-            d->hosts_split ? "the layers split by each stage's threads (at most its host's CPUs), no host given more "
-                             "weights and KV cache than its memory available"
-                           : "the layers as the hostfile's layers= give them");
+    int any_card = 0;
+    for (int i = 0; i < p->n_stages; i++)
+        any_card |= d->hosts[i].card != NULL;
+    fprintf(f, "  hosts (--hostfile): ");
+    if (!d->hosts_split)
+        fprintf(f, "the layers as the hostfile's layers= give them\n");
+    else if (any_card)
+        fprintf(f, "the layers split by each stage's weight (a CPU stage's threads, at most its host's CPUs; a card "
+                "as %d threads), no card given more weights and KV cache than its free memory holds beside the "
+                "scratch and -fitt's margin, no host's CPU stages more than its memory available\n",
+                BL_PLAN_CARD_THREADS);
+    else
+        fprintf(f, "the layers split by each stage's threads (at most its host's CPUs), no host given more weights "
+                "and KV cache than its memory available\n");
     for (int i = 0; i < p->n_stages; i++) {
-        const bl_cpu_host_t *h = &d->hosts[i];
+        const bl_stage_host_t *h = &d->hosts[i];
         const bl_plan_stage_t *st = &p->stage[i];
         fprintf(f, "    stage %d: layers %lld..%lld on %s", i, (long long)st->lb, (long long)st->le - 1,
                 h->name && h->name[0] ? h->name : "?");
@@ -223,6 +233,12 @@ static void print_hosts(FILE *f, const rt_dry_run_t *d)
             fprintf(f, " through the node at %s", d->remote[i]);
         else
             fprintf(f, " (this host)");
+        if (h->card) {
+            fprintf(f, ": CUDA%d %s, %s free of %s\n", h->card->index, h->card->name,
+                    h->card->free_bytes ? size_str(s1, sizeof s1, h->card->free_bytes) : "?",
+                    size_str(s2, sizeof s2, h->card->total_bytes));
+            continue;
+        }
         fprintf(f, ": %d CPU%s, ", h->n_cpus, h->n_cpus == 1 ? "" : "s");
         if (h->mem_avail)
             fprintf(f, "%s available", size_str(s1, sizeof s1, h->mem_avail));
@@ -358,14 +374,13 @@ static void print_fit(FILE *f, const rt_dry_run_t *d)
         const bl_plan_stage_t *st = &p->stage[i];
         if (st->device < 0)
             continue;
-        const bl_device_t *dev = NULL;
-        for (int k = 0; k < d->n_devs; k++)
-            if (d->devs[k].index == st->device)
-                dev = &d->devs[k];
-        const int fit = bl_plan_stage_fit(p, i, d->devs, d->n_devs);
-        fprintf(f, "  CUDA%d: stage %d needs about %s (weights, KV cache, scratch) and keeps %lld MiB free (-fitt), "
-                "of %s free%s\n", st->device, i, size_str(s1, sizeof s1, bl_plan_stage_need(st)),
-                (long long)p->fit_target_mib, dev && dev->free_bytes ? size_str(s2, sizeof s2, dev->free_bytes) : "?",
+        const int fit = bl_plan_stage_fit(p, i);
+        char host[300] = "";
+        if (d->hosts && d->remote[i])
+            snprintf(host, sizeof host, " of %s (%s)", d->hosts[i].name ? d->hosts[i].name : "?", st->card.name);
+        fprintf(f, "  CUDA%d%s: stage %d needs about %s (weights, KV cache, scratch) and keeps %lld MiB free (-fitt), "
+                "of %s free%s\n", st->device, host, i, size_str(s1, sizeof s1, bl_plan_stage_need(st)),
+                (long long)p->fit_target_mib, st->card.free_bytes ? size_str(s2, sizeof s2, st->card.free_bytes) : "?",
                 fit == BL_PLAN_FITS ? ""
                                     : ": tight: the weights and KV cache fit, the scratch and the margin do not "
                                       "(the load may fail)");

@@ -17,11 +17,12 @@ typedef struct rt_dry_run {
     const char *model_path;
     const bl_gguf_t *g;
     const bl_arch_t *a;
-    const bl_device_t *devs;  /* the host's CUDA devices as the worker reports them */
+    const bl_device_t *devs;  /* this host's CUDA devices as the worker reports them */
     int n_devs;               /* -1: not known (asking for them failed) */
     const char *gpu_note;     /* why the plan was given none of them, or NULL */
     const char *remote[BL_PLAN_MAX_STAGES]; /* a stage's node on another host (--hostfile), or NULL */
-    const bl_cpu_host_t *hosts; /* a hostfile's stages' hosts, plan->n_stages of them, or NULL */
+    const bl_stage_host_t *hosts; /* a hostfile's stages and their hosts, plan->n_stages of them,
+                                * or NULL */
     int hosts_split;          /* 1: the plan split the layers by them; 0: the hostfile's layers= */
     const bl_plan_t *plan;    /* NULL: no plan (error says why) */
     const char *error;        /* the start's error, or NULL: it fits */

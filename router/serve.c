@@ -345,9 +345,10 @@ static int build_args(bl_arg_t *a, opts_t *o)
     I64("--workers", "BLOOMERY_ARG_WORKERS", &o->workers, 1, 1024, "N",
         "CPU worker processes: the layers split into N pipeline stages (default 1)");
     STR("--hostfile", "BLOOMERY_ARG_HOSTFILE", &o->hostfile, "FILE",
-        "the cluster's hostfile: a CPU stage per worker line, in order; a line of another host than the "
-        "router's runs under the node there; layers by the lines' layers=, else by each stage's threads within "
-        "each host's memory (docs/deploy.md)");
+        "the cluster's hostfile: a stage per worker line, in order, on its host's CPU or on each GPU it names; a "
+        "line of another host than the router's runs under the node there; layers by the lines' layers=, else by "
+        "each stage's speed (a CPU stage's threads, a card's) within each host's and card's memory "
+        "(docs/deploy.md)");
     STR("--cluster-secret", "BLOOMERY_ARG_CLUSTER_SECRET", &o->cluster_secret, "FILE",
         "the cluster's secret (mode 0600, at least 32 bytes): the keys of the links to other hosts");
     STR("-ctk,--cache-type-k", "LLAMA_ARG_CACHE_TYPE_K", &o->cache_type_k, "TYPE",
@@ -740,19 +741,31 @@ static json_t *placement_json(const bl_plan_t *p)
                      "target_mib", (json_int_t)p->fit_target_mib);
 }
 
-/* A hostfile's worker line as the start uses it (hostfile_stages). */
-typedef struct hf_stage {
+/* A hostfile's worker line as the start uses it (hostfile_lines), and its host's CUDA
+ * devices (stage_hosts). */
+typedef struct hf_line {
     char host[256];   /* its HOST as written */
     char remote[300]; /* the node's endpoint ("tcp://HOST:PORT") of another host than the
                        * router's; "" for this host */
+    int line;         /* in the hostfile, for messages */
     int threads;      /* its threads=, 0: -t and -tb */
-    int64_t end;      /* its layers= end, when the lines give them (*has_ends) */
+    int64_t end;      /* its layers= end, when the lines give them */
+    int all_gpus, n_gpus;            /* its GPUS: all, or n_gpus ordinals; neither: cpu */
+    int gpus[BL_HOSTFILE_MAX_GPUS];
+    bl_device_t devs[BL_PLAN_MAX_DEVICES]; /* its host's, as its node (or this machine) reports */
+    int n_devs;
+} hf_line_t;
+
+/* A hostfile's stage: a CPU worker line, or one card of a line. */
+typedef struct hf_stage {
+    const hf_line_t *line;
+    const bl_device_t *card; /* one of line->devs, or NULL: the line's host's CPU */
 } hf_stage_t;
 
-/* A hostfile's stages: a CPU worker per worker line, in file order, into hs (sets
- * o->workers). What this version does not take yet is refused by line: GPU workers,
- * name=, a hosttier on another host; so is threads= above a worker's 256. */
-static int hostfile_stages(opts_t *o, hf_stage_t *hs, int *has_ends, bl_err_t *err)
+/* A hostfile's worker lines, in file order, into lines (*n_lines). What this version
+ * does not take yet is refused by line: name=, a hosttier on another host or with
+ * threads=; so is threads= above a worker's 256. */
+static int hostfile_lines(const opts_t *o, hf_line_t *lines, int *n_lines, int *has_ends, bl_err_t *err)
 {
     bl_hostfile_t hf = {0};
     int rc = bl_hostfile_load(o->hostfile, &hf, err);
@@ -762,9 +775,7 @@ static int hostfile_stages(opts_t *o, hf_stage_t *hs, int *has_ends, bl_err_t *e
     int n = 0, any_remote = 0;
     for (int i = 0; rc == 0 && i < hf.n; i++) {
         const bl_host_entry_t *e = &hf.e[i];
-        const char *what = e->all_gpus || e->n_gpus ? "GPU workers (run the cards' stages on the router's host)"
-                           : e->name[0]            ? "name="
-                                                   : NULL;
+        const char *what = e->name[0] ? "name=" : NULL;
         if (e->role == BL_HOST_HOSTTIER && strcasecmp(e->host, router->host) != 0)
             what = "a hosttier on another host than the router's";
         else if (e->role == BL_HOST_HOSTTIER && e->threads)
@@ -784,10 +795,14 @@ static int hostfile_stages(opts_t *o, hf_stage_t *hs, int *has_ends, bl_err_t *e
                             e->line, e->threads);
             break;
         }
-        hf_stage_t *h = &hs[n];
+        hf_line_t *h = &lines[n];
         memset(h, 0, sizeof *h);
         snprintf(h->host, sizeof h->host, "%s", e->host);
+        h->line = e->line;
         h->threads = e->threads;
+        h->all_gpus = e->all_gpus;
+        h->n_gpus = e->n_gpus;
+        memcpy(h->gpus, e->gpus, sizeof h->gpus);
         /* layers= is on every worker or none, tiling from 0 (the parser's rules) */
         *has_ends = e->layer_end > 0;
         h->end = e->layer_end;
@@ -801,51 +816,132 @@ static int hostfile_stages(opts_t *o, hf_stage_t *hs, int *has_ends, bl_err_t *e
     if (rc == 0 && any_remote && !o->cluster_secret)
         rc = bl_err_set(err, BL_EINVAL, "%s: workers on other hosts need --cluster-secret FILE", o->hostfile);
     if (rc == 0)
-        o->workers = n;
+        *n_lines = n;
     bl_hostfile_free(&hf);
     return rc;
 }
 
-/* Each hostfile stage's host as the split of the layers sees it (common/plan.h): this
- * machine's CPUs and memory for a line of the router's host, what the node answers
- * for another's (bp_node_probe; the start fails when a node does not answer, as it
- * would when its stage starts). */
-static int stage_hosts(const opts_t *o, const hf_stage_t *hs, int n, bl_cpu_host_t *out, bl_err_t *err)
+/* "CUDA0 (NVIDIA GB10), CUDA1 (...)", or "no CUDA device": what a host reports. */
+static void devices_text(char *buf, size_t cap, const bl_device_t *devs, int n)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    if (n == 0)
+        snprintf(buf, cap, "no CUDA device");
+    for (int i = 0; i < n && at < cap; i++) {
+        const int k = snprintf(buf + at, cap - at, "%sCUDA%d (%s)", i ? ", " : "", devs[i].index, devs[i].name);
+        at += k > 0 ? (size_t)k : 0;
+    }
+}
+
+/* The stages of worker line h, whose host reports h->devs: the line's CPU, or a
+ * stage on each card its GPUS names (all: every card there), in order, appended to
+ * hs from *n. A card its host lacks is refused by line, host and ordinal; so is a
+ * line of another host with more than one card (its node serves one stage) and
+ * layers= on a line of several. */
+static int line_stages(const opts_t *o, const hf_line_t *h, hf_stage_t *hs, int *n, bl_err_t *err)
+{
+    const char *where = h->remote[0] ? "its node reports" : "this host has";
+    char have[512];
+    devices_text(have, sizeof have, h->devs, h->n_devs);
+    const int n_cards = h->all_gpus ? h->n_devs : h->n_gpus;
+    if (h->all_gpus && h->n_devs == 0)
+        return bl_err_set(err, BL_EINVAL, "%s:%d: GPUS all on %s: %s no CUDA device", o->hostfile, h->line, h->host,
+                          where);
+    if (n_cards > 1 && h->remote[0])
+        return bl_err_set(err, BL_ENOTSUP, "%s:%d: %d GPUs of %s on one line: its node serves one stage, so a "
+                          "card of another host takes a line of its own, with its own PORT and node (%s %s)",
+                          o->hostfile, h->line, n_cards, h->host, where, have);
+    if (n_cards > 1 && h->end > 0)
+        return bl_err_set(err, BL_EINVAL, "%s:%d: layers= on a line of %d GPUs: give each GPU a line of its own "
+                          "with its layers", o->hostfile, h->line, n_cards);
+    if (*n + (n_cards ? n_cards : 1) > RT_CLUSTER_MAX_STAGES)
+        return bl_err_set(err, BL_EINVAL, "%s: more than %d stages", o->hostfile, RT_CLUSTER_MAX_STAGES);
+    if (n_cards == 0) {
+        hs[(*n)++] = (hf_stage_t){.line = h};
+        return 0;
+    }
+    for (int k = 0; k < n_cards; k++) {
+        const bl_device_t *card = NULL;
+        for (int d = 0; d < h->n_devs && !card; d++)
+            if (h->all_gpus ? d == k : h->devs[d].index == h->gpus[k])
+                card = &h->devs[d];
+        if (!card)
+            return bl_err_set(err, BL_EINVAL, "%s:%d: GPU %d of %s: %s %s", o->hostfile, h->line, h->gpus[k],
+                              h->host, where, have);
+        hs[(*n)++] = (hf_stage_t){.line = h, .card = card};
+    }
+    return 0;
+}
+
+/* Each hostfile line's host (this machine's CPUs, memory and devs for a line of the
+ * router's host, what the node answers for another's: bp_node_probe; the start fails
+ * when a node does not answer, as it would when its stage starts), then the stages
+ * of the lines in order (line_stages), into hs and hosts (*n of them), as the plan
+ * sees them (common/plan.h). */
+static int stage_hosts(const opts_t *o, hf_line_t *lines, int n_lines, const bl_device_t *devs, int n_devs,
+                       hf_stage_t *hs, bl_stage_host_t *hosts, int *n, bl_err_t *err)
 {
     uint8_t key[32];
-    int have_key = 0, rc = 0;
-    for (int i = 0; rc == 0 && i < n; i++) {
-        bl_cpu_host_t *h = &out[i];
-        *h = (bl_cpu_host_t){.name = hs[i].host, .remote = hs[i].remote[0] != 0,
-                             .threads = hs[i].threads ? hs[i].threads : (int)o->threads};
-        if (!h->remote) {
-            h->n_cpus = bl_cpu_count();
-            h->mem_avail = bl_mem_available();
-            h->mem_total = bl_mem_total();
+    int have_key = 0, rc = 0, n_cpus[RT_CLUSTER_MAX_STAGES];
+    uint64_t avail[RT_CLUSTER_MAX_STAGES], total[RT_CLUSTER_MAX_STAGES];
+    *n = 0;
+    for (int i = 0; rc == 0 && i < n_lines; i++) {
+        hf_line_t *h = &lines[i];
+        if (!h->remote[0]) {
+            n_cpus[i] = bl_cpu_count();
+            avail[i] = bl_mem_available();
+            total[i] = bl_mem_total();
+            h->n_devs = n_devs;
+            memcpy(h->devs, devs, sizeof *devs * (size_t)n_devs);
         } else {
-            bp_node_host_t nh;
+            static bp_node_host_t nh; /* 1.5 KB: the start's one thread */
             if (!have_key && (rc = bp_secret_load(o->cluster_secret, key, err)) != 0)
                 break;
             have_key = 1;
-            if ((rc = bp_node_probe(hs[i].remote, key, BL_VERSION, 10000, &nh, err)) != 0)
+            if ((rc = bp_node_probe(h->remote, key, BL_VERSION, 10000, &nh, err)) != 0)
                 break;
-            h->n_cpus = (int)nh.n_cpus;
-            h->mem_avail = nh.mem_available;
-            h->mem_total = nh.mem_total;
+            n_cpus[i] = (int)nh.n_cpus;
+            avail[i] = nh.mem_available;
+            total[i] = nh.mem_total;
+            h->n_devs = (int)nh.n_devices; /* at most BL_PLAN_MAX_DEVICES: bp_node_host_read's */
+            for (int d = 0; d < h->n_devs; d++) {
+                bl_device_t *c = &h->devs[d];
+                memset(c, 0, sizeof *c);
+                c->index = nh.device[d].index;
+                snprintf(c->name, sizeof c->name, "%s", nh.device[d].name);
+                c->total_bytes = nh.device[d].total_bytes;
+                c->free_bytes = nh.device[d].free_bytes;
+            }
         }
-        BL_LOG(BL_LOG_INFO, "event=stage_host stage=%d host=%s node=%s cpus=%d mem_available=%llu "
-               "mem_total=%llu threads=%d", i, h->name, h->remote ? hs[i].remote : "-", h->n_cpus,
-               (unsigned long long)h->mem_avail, (unsigned long long)h->mem_total, h->threads);
+        const int first = *n;
+        if ((rc = line_stages(o, h, hs, n, err)) != 0)
+            break;
+        for (int k = first; k < *n; k++) {
+            bl_stage_host_t *sh = &hosts[k];
+            *sh = (bl_stage_host_t){.name = h->host, .remote = h->remote[0] != 0,
+                                    .threads = h->threads ? h->threads : (int)o->threads, .n_cpus = n_cpus[i],
+                                    .mem_avail = avail[i], .mem_total = total[i], .card = hs[k].card};
+            char card[200] = "cpu", name[160];
+            if (sh->card)
+                snprintf(card, sizeof card, "CUDA%d card_free=%llu card_total=%llu card_name=\"%s\"", sh->card->index,
+                         (unsigned long long)sh->card->free_bytes, (unsigned long long)sh->card->total_bytes,
+                         bl_log_escape(name, sizeof name, sh->card->name, strlen(sh->card->name)));
+            BL_LOG(BL_LOG_INFO, "event=stage_host stage=%d host=%s node=%s cpus=%d mem_available=%llu "
+                   "mem_total=%llu threads=%d device=%s", k, sh->name, sh->remote ? h->remote : "-", sh->n_cpus,
+                   (unsigned long long)sh->mem_avail, (unsigned long long)sh->mem_total, sh->threads, card);
+        }
     }
     memset(key, 0, sizeof key);
     return rc;
 }
 
 /* The placement (common/plan.c) from the placement flags, the model's file and the
- * devices bloomery-worker reports, printed at start; with a hostfile, its stages
- * (hs) and their hosts' facts, which it asks the nodes for (into hosts). */
-static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64_t n_ctx, uint32_t kv_type,
-                 int64_t rows, const int64_t *stage_ends, const hf_stage_t *hs, bl_cpu_host_t *hosts,
+ * devices bloomery-worker reports, printed at start; with a hostfile, its worker lines
+ * (lines) placed on their hosts' CPUs and cards, whose facts it asks the nodes for:
+ * the stages into hs and hosts (o->workers of them). */
+static int place(opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64_t n_ctx, uint32_t kv_type,
+                 int64_t rows, hf_line_t *lines, int n_lines, int has_ends, hf_stage_t *hs, bl_stage_host_t *hosts,
                  bl_plan_t *plan, bl_device_t *devs, int *n_devs, int *n_found, const char **gpu_note,
                  bl_err_t *err)
 {
@@ -858,23 +954,32 @@ static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64
     if ((rc = rt_cluster_devices(bin_dir, devs, BL_PLAN_MAX_DEVICES, n_devs, err)) != 0)
         return rc;
     *n_found = *n_devs;
+    int n_stages = 0, local_cards = 0, any_card = 0;
+    int64_t stage_ends[RT_CLUSTER_MAX_STAGES];
     /* a node that does not answer fails the start, as it would when its stage starts */
-    if (o->hostfile && (rc = stage_hosts(o, hs, (int)o->workers, hosts, err)) != 0)
-        return rc;
-    if (o->hostfile && *n_devs > 0) {
-        *gpu_note = "a hostfile's stages run on CPUs for now";
-        BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored flag=--hostfile reason=%s", *gpu_note);
-        *n_devs = 0;
+    if (o->hostfile) {
+        if ((rc = stage_hosts(o, lines, n_lines, devs, *n_devs, hs, hosts, &n_stages, err)) != 0)
+            return rc;
+        o->workers = n_stages;
+        for (int i = 0; i < n_stages; i++) {
+            stage_ends[i] = hs[i].line->end;
+            any_card |= hs[i].card != NULL;
+            local_cards |= hs[i].card && !hosts[i].remote;
+        }
+        if (*n_devs > 0 && !local_cards) {
+            *gpu_note = "no worker line of this host names one of its GPUs (--hostfile)";
+            BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored flag=--hostfile reason=%s", *gpu_note);
+        }
     }
     const bl_place_flags_t *f = &o->place;
-    if (*n_devs == 0 && f->gpu_layers && strcmp(f->gpu_layers, "0") && strcmp(f->gpu_layers, "auto") &&
-        strcmp(f->gpu_layers, "-1"))
+    if ((o->hostfile ? !any_card : *n_devs == 0) && f->gpu_layers && strcmp(f->gpu_layers, "0") &&
+        strcmp(f->gpu_layers, "auto") && strcmp(f->gpu_layers, "-1"))
         /* llama-server's answer on a machine without a GPU: a warning, and the CPU */
-        BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored flag=--gpu-layers value=%s reason=no CUDA device: every "
-               "layer runs on the CPU", f->gpu_layers);
+        BL_LOG(BL_LOG_WARN, "event=gpu_layers_ignored flag=--gpu-layers value=%s reason=%s: every layer runs on the "
+               "CPU", f->gpu_layers, o->hostfile ? "no worker line of the hostfile names a GPU" : "no CUDA device");
     bl_place_opts_t po = {
-        .n_cpu_stages = (int)o->workers, .cpu_stage_ends = stage_ends, .cpu_hosts = o->hostfile ? hosts : NULL,
-        .n_ctx_total = n_ctx,
+        .n_cpu_stages = (int)o->workers, .stage_ends = o->hostfile && has_ends ? stage_ends : NULL,
+        .hosts = o->hostfile ? hosts : NULL, .n_hosts = o->hostfile ? n_stages : 0, .n_ctx_total = n_ctx,
         .kv_elem_bytes = kv_type == BL_TYPE_F32 ? 4.0 : kv_type == BL_TYPE_Q8_0 ? 34.0 / 32.0 : 2.0,
         .n_batch = rows, .n_seqs = o->parallel, .ram_avail = bl_mem_available()};
     if ((rc = bl_plan_opts(&po, f, err)) != 0)
@@ -882,7 +987,7 @@ static int place(const opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64
     if ((rc = bl_plan_build(plan, g, &a, devs, *n_devs, &po, err)) != 0)
         return rc;
     char text[8192];
-    bl_plan_format(plan, devs, *n_devs, text, sizeof text);
+    bl_plan_format(plan, text, sizeof text);
     for (char *line = text, *nl; *line; line = nl + 1) {
         nl = strchr(line, '\n');
         if (!nl)
@@ -2039,20 +2144,19 @@ int main(int argc, char **argv)
     /* the listener first (a busy port fails before any child is started; nothing is
      * served until the loop runs), then the child processes and the engine */
     char bin_dir[PATH_MAX];
+    static hf_line_t lines[RT_CLUSTER_MAX_STAGES];
     static hf_stage_t hs[RT_CLUSTER_MAX_STAGES];
-    bl_cpu_host_t hosts[RT_CLUSTER_MAX_STAGES];
-    int64_t stage_ends[RT_CLUSTER_MAX_STAGES];
-    int has_ends = 0;
+    bl_stage_host_t hosts[RT_CLUSTER_MAX_STAGES];
+    int has_ends = 0, n_lines = 0;
     if (o.hostfile && o.workers != 1 && bl_err_set(&err, BL_EINVAL, "--workers and --hostfile: the hostfile's "
                                                    "worker lines are the stages") < 0)
         goto fail;
     int n_found = -1;
     const char *gpu_note = NULL;
-    if ((o.hostfile && hostfile_stages(&o, hs, &has_ends, &err)) || find_bin_dir(bin_dir, sizeof bin_dir, &err))
+    if ((o.hostfile && hostfile_lines(&o, lines, &n_lines, &has_ends, &err)) ||
+        find_bin_dir(bin_dir, sizeof bin_dir, &err))
         goto fail;
-    for (int i = 0; o.hostfile && i < o.workers; i++)
-        stage_ends[i] = hs[i].end;
-    int placed = place(&o, g, bin_dir, n_ctx, ktype, rows, has_ends ? stage_ends : NULL, hs, hosts, &plan, devs,
+    int placed = place(&o, g, bin_dir, n_ctx, ktype, rows, lines, n_lines, has_ends, hs, hosts, &plan, devs,
                        &n_devs, &n_found, &gpu_note, &err);
     const int plan_made = placed == 0;
     if (placed == 0 && draft_on)
@@ -2073,7 +2177,7 @@ int main(int argc, char **argv)
             .residency = !o.place.no_residency, .draft_path = draft_on ? o.draft_model : NULL,
             .draft_layers = draft_layers, .draft_device = draft_dev, .starting = screen};
         for (int i = 0; o.hostfile && plan_made && i < plan.n_stages && i < RT_CLUSTER_MAX_STAGES; i++)
-            dr.remote[i] = hs[i].remote[0] ? hs[i].remote : NULL;
+            dr.remote[i] = hs[i].line->remote[0] ? hs[i].line->remote : NULL;
         if (o.hostfile && plan_made) {
             dr.hosts = hosts;
             dr.hosts_split = !has_ends;
@@ -2148,8 +2252,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < plan.n_stages; i++) {
         co.stage_end[i] = plan.stage[i].le;
         co.stage_device[i] = plan.stage[i].device;
-        co.remote[i] = o.hostfile && hs[i].remote[0] ? hs[i].remote : NULL;
-        co.stage_threads[i] = o.hostfile ? hs[i].threads : 0;
+        co.remote[i] = o.hostfile && hs[i].line->remote[0] ? hs[i].line->remote : NULL;
+        co.stage_threads[i] = o.hostfile ? hs[i].line->threads : 0;
     }
     co.secret_path = o.cluster_secret;
     for (int64_t l = 0; l < plan.n_layer && l < RT_CLUSTER_MAX_LAYERS; l++)

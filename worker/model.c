@@ -1325,7 +1325,7 @@ int wk_place_one(const char *path, const bl_place_opts_t *o, wk_place_t *out, ch
     int rc = wk_devices(devs, BL_PLAN_MAX_DEVICES, &n_devs, err);
     if (rc == 0 && (rc = bl_gguf_open(&g, path, err)) == 0 && (rc = bl_arch_read(&a, g, path, err)) == 0 &&
         (rc = bl_plan_build(&p, g, &a, devs, n_devs, o, err)) == 0) {
-        bl_plan_format(&p, devs, n_devs, text, cap);
+        bl_plan_format(&p, text, cap);
         if (p.n_stages != 1)
             rc = bl_err_set(err, BL_ENOTSUP, "the plan has %d stages (layers on the CPU and on a card, or on "
                             "several cards); this program runs one, bloomery-serve runs them all", p.n_stages);

@@ -298,11 +298,11 @@ static void check_plan(const bl_plan_t *p, const bl_arch_t *a, const bl_gguf_t *
     CHECK(n_host == p->n_host_layers && p->hosttier == (n_host > 0));
     /* the text, whole and cut short */
     char buf[4096];
-    const size_t need = bl_plan_format(p, devs, n_devs, NULL, 0);
-    const size_t got = bl_plan_format(p, devs, n_devs, buf, sizeof buf);
+    const size_t need = bl_plan_format(p, NULL, 0);
+    const size_t got = bl_plan_format(p, buf, sizeof buf);
     CHECK(got == need && strlen(buf) == (need < sizeof buf ? need : sizeof buf - 1));
     char tiny[7];
-    CHECK(bl_plan_format(p, devs, n_devs, tiny, sizeof tiny) == need && strlen(tiny) <= 6);
+    CHECK(bl_plan_format(p, tiny, sizeof tiny) == need && strlen(tiny) <= 6);
 }
 
 /* Two cards: one with room to spare, one just over -fitt's default margin. */

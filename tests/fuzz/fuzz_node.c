@@ -4,8 +4,11 @@
  * allowed bytes, 2 or 4 rings of valid capacities and none past them, log settings in
  * range, this version); a model file ('F') accepted has a size in 1..INT64_MAX and a
  * fingerprint not all zero; a probe ('P') is of this version; a node's host facts
- * ('H') have a name of the allowed bytes, 1..BP_NODE_MAX_CPUS CPUs, no padding, and
- * memory within BP_NODE_MAX_MEM with what is available at most the total. Each
+ * ('H') have a name of the allowed bytes, 1..BP_NODE_MAX_CPUS CPUs, memory within
+ * BP_NODE_MAX_MEM with what is available at most the total, and at most
+ * BP_NODE_MAX_DEVICES CUDA devices, each of its own ordinal in range, a printable name
+ * ended in its field with zeros after it, free memory at most its total and no
+ * padding, with zeros past the last. Each
  * accepted payload reads the same from its own bytes again; a refusal says why, the
  * same way twice. bp_node_env_read, the parser both sides use, agrees with each
  * tag's reader, hands over a control message ('M') that validates and frees it, takes
@@ -124,9 +127,26 @@ static void file_holds(const bp_node_file_t *f)
 static void host_holds(const bp_node_host_t *h)
 {
     check(name_ok(h->hostname, sizeof h->hostname), "an empty, unterminated or odd host name accepted");
-    check(h->n_cpus >= 1 && h->n_cpus <= BP_NODE_MAX_CPUS && h->pad == 0, "a CPU count or padding accepted");
+    check(h->n_cpus >= 1 && h->n_cpus <= BP_NODE_MAX_CPUS, "a CPU count accepted");
     check(h->mem_available <= BP_NODE_MAX_MEM && h->mem_total <= BP_NODE_MAX_MEM &&
               (!h->mem_total || h->mem_available <= h->mem_total), "a memory size accepted");
+    check(h->n_devices <= BP_NODE_MAX_DEVICES, "a device count accepted");
+    for (uint32_t i = 0; i < BP_NODE_MAX_DEVICES; i++) {
+        const bp_node_device_t *d = &h->device[i];
+        if (i >= h->n_devices) {
+            static const bp_node_device_t zero;
+            check(memcmp(d, &zero, sizeof zero) == 0, "a device past the count accepted");
+            continue;
+        }
+        check(d->index >= 0 && d->index <= BP_NODE_MAX_ORDINAL && d->pad == 0, "an ordinal or padding accepted");
+        for (uint32_t k = 0; k < i; k++)
+            check(h->device[k].index != d->index, "one ordinal twice accepted");
+        const char *end = memchr(d->name, 0, sizeof d->name);
+        check(end && end > d->name, "an empty or unterminated device name accepted");
+        for (const char *c = d->name; c < d->name + sizeof d->name; c++)
+            check(c < end ? *c >= 0x20 && *c <= 0x7e : *c == 0, "a device name of other bytes accepted");
+        check(d->total_bytes <= BP_NODE_MAX_MEM && d->free_bytes <= d->total_bytes, "a card's memory accepted");
+    }
 }
 
 /* The envelope parser against the readers it calls. */

@@ -48,6 +48,31 @@ def program(name):
     return path
 
 
+def gpu_present():
+    """Whether this machine has an NVIDIA card (its device nodes)."""
+    return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
+
+
+def fake_devices_bin(folder, name, run_worker=False):
+    """A copy of program name (bloomery-serve, bloomery-node) in folder beside a
+    bloomery-worker that writes each of its command lines to $FAKE_WORKER_LOG, answers
+    --list-devices with $FAKE_DEVICES (lines "cuda INDEX TOTAL FREE NAME"), and for
+    anything else runs the real worker (run_worker) or exits 3: the program of a host
+    with those cards. Returns the copy's path."""
+    shutil.copy2(program(name), os.path.join(folder, name))
+    w = os.path.join(folder, "bloomery-worker")
+    with open(w, "w") as f:
+        f.write('#!/bin/sh\n'
+                'echo "$*" >> "${FAKE_WORKER_LOG:-/dev/null}"\n'
+                'if [ "$1" = "--list-devices" ]; then\n'
+                '  [ -n "$FAKE_DEVICES" ] && printf "%%s\\n" "$FAKE_DEVICES"\n'
+                '  exit 0\n'
+                'fi\n'
+                '%s\n' % ('exec "%s" "$@"' % program("bloomery-worker") if run_worker else "exit 3"))
+    os.chmod(w, 0o755)
+    return os.path.join(folder, name)
+
+
 def make_model(path, *extra):
     """Writes the test model to path (seconds; the same bytes every time)."""
     if not os.path.isfile(os.path.join(TOKENIZER, "tokenizer.json")):

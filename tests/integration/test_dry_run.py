@@ -81,30 +81,22 @@ def stages(report):
     return rows
 
 
-def gpu_present():
-    return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
-
-
 @pytest.fixture(scope="module")
 def fake_bin(tmp_path_factory):
     """bloomery-serve beside a bloomery-worker that writes each of its command lines to
     $FAKE_WORKER_LOG and answers --list-devices with $FAKE_DEVICES (lines "cuda INDEX
     TOTAL FREE NAME"): the devices of any machine, and a record of every start."""
-    d = tmp_path_factory.mktemp("fakebin")
-    shutil.copy2(serverctl.program("bloomery-serve"), str(d / "bloomery-serve"))
-    w = d / "bloomery-worker"
-    w.write_text('#!/bin/sh\n'
-                 'echo "$*" >> "${FAKE_WORKER_LOG:-/dev/null}"\n'
-                 'if [ "$1" = "--list-devices" ]; then\n'
-                 '  [ -n "$FAKE_DEVICES" ] && printf "%s\\n" "$FAKE_DEVICES"\n'
-                 '  exit 0\n'
-                 'fi\n'
-                 'exit 3\n')
-    w.chmod(0o755)
-    return str(d / "bloomery-serve")
+    return serverctl.fake_devices_bin(str(tmp_path_factory.mktemp("fakebin")), "bloomery-serve")
 
 
 H100 = "cuda 0 85899345920 84825604096 NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture(scope="module")
+def fake_node(tmp_path_factory):
+    """bloomery-node with made-up devices (test_remote.make_fake_node)."""
+    from test_remote import make_fake_node
+    return make_fake_node(tmp_path_factory.mktemp("fakenode"))
 
 
 def test_prints_the_plan_and_starts_nothing(model, tmp_path, fake_bin):
@@ -129,7 +121,7 @@ def test_prints_the_plan_and_starts_nothing(model, tmp_path, fake_bin):
         assert not [n for n in serverctl.shm_objects() - shm if str(pid) in n]
         assert not serverctl.runtime_dirs(pid, dirs)
         assert secs < 10
-        if not gpu_present():  # the machine's CPU plan
+        if not serverctl.gpu_present():  # the machine's CPU plan
             assert "gpus: none" in out, out
             assert [r[0] for r in stages(out).values()] == ["CPU"], out
 
@@ -335,6 +327,86 @@ def test_hostfile_stages_with_their_hosts(model, tmp_path):
     assert re.search(r"tcp://localhost:%d: stage 1 takes \S+ \S+ \(weights and KV cache\) of that host's RAM, of "
                      r"\S+ \S+ available" % node.port, out), out
     assert secs < 10
+
+
+def test_hostfile_gpu_stages_on_two_hosts(tmp_path, fake_node):
+    """A DGX Spark pair as the report sees it: two hosts, each a node whose host has one
+    GB10 (made up: fake_node), a GPU line each; the router's host runs no stage. The
+    start asks both nodes, puts a stage on each card, the layers split evenly (two
+    cards alike), and shows each stage's host, card, layers and bytes, and that each
+    fits its card; then a CPU line of the router's host beside one card line: the card
+    weighs as 64 threads, the CPU stage's one thread takes one layer of four."""
+    from test_remote import GB10, Node, secret_file
+    path = serverctl.make_model(str(tmp_path / "layers4.gguf"), "--layers", "4")
+    secret = secret_file(tmp_path / "secret")
+    a = Node(tmp_path, secret, exe=fake_node, env={"FAKE_DEVICES": GB10})
+    b = Node(tmp_path, secret, exe=fake_node, env={"FAKE_DEVICES": GB10}, addr="127.0.0.2")
+    try:
+        hosts = tmp_path / "hosts"
+        hosts.write_text("127.0.0.1 8090 router\nlocalhost %d worker 0\n127.0.0.2 %d worker all\n"
+                         % (a.port, b.port))
+        rc, out, err, secs, _ = serve(["-m", path, "--dry-run", "-t", "1", "--hostfile", str(hosts),
+                                       "--cluster-secret", secret])
+        assert rc == 0, out + err
+        for n in (a, b):
+            assert "event=probe_answered" in n.log() and " devices=1" in n.log(), n.log()
+            assert "event=session_started" not in n.log()  # nothing but the question
+        rows = stages(out)
+        assert [(r[0], r[1]) for r in rows.values()] == [("CUDA0", "0-1"), ("CUDA0", "2-3")], out
+        assert all(r[2][5] is not None for r in rows.values()), out  # a card's scratch
+        assert "  hosts (--hostfile): the layers split by each stage's weight (a CPU stage's threads" in out, out
+        assert ("\n    stage 0: layers 0..1 on localhost through the node at tcp://localhost:%d: CUDA0 Fake GB10, "
+                "121.07 GiB free of 128.00 GiB\n" % a.port) in out, out
+        assert ("\n    stage 1: layers 2..3 on 127.0.0.2 through the node at tcp://127.0.0.2:%d: CUDA0 Fake GB10, "
+                "121.07 GiB free of 128.00 GiB\n" % b.port) in out, out
+        for i, host in enumerate(("localhost", "127.0.0.2")):
+            assert re.search(r"\n  CUDA0 of %s \(Fake GB10\): stage %d needs about \S+ \S+ \(weights, KV cache, "
+                             r"scratch\) and keeps 1024 MiB free \(-fitt\), of 121.07 GiB free\n" % (re.escape(host), i),
+                             out), out
+        assert "fits: yes" in out and "  host RAM: no weights (every layer on the cards)" in out, out
+        assert re.search(r"event=stage_host stage=1 host=127\.0\.0\.2 .* device=CUDA0 card_free=130000000000 ", err)
+
+        hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker threads=1\nlocalhost %d worker 0\n" % a.port)
+        rc, out, err, _, _ = serve(["-m", path, "--dry-run", "-t", "1", "--hostfile", str(hosts),
+                                    "--cluster-secret", secret])
+        assert rc == 0, out + err
+        assert [(r[0], r[1]) for r in stages(out).values()] == [("CPU", "0"), ("CUDA0", "1-3")], out
+        assert re.search(r"\n    stage 0: layers 0\.\.0 on 127\.0\.0\.1 \(this host\): \d+ CPUs?, ", out), out
+
+        # layers= decides, and is checked against the card
+        hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker layers=0-3\nlocalhost %d worker 0 "
+                         "layers=3-4\n" % a.port)
+        rc, out, err, _, _ = serve(["-m", path, "--dry-run", "-t", "1", "--hostfile", str(hosts),
+                                    "--cluster-secret", secret])
+        assert rc == 0, out + err
+        assert [(r[0], r[1]) for r in stages(out).values()] == [("CPU", "0-2"), ("CUDA0", "3")], out
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_hostfile_gpu_stage_that_no_card_holds(tmp_path, fake_node):
+    """One card line of another host whose card is too small for the model: the report
+    and the start refuse it alike, naming the card, its host and the bytes."""
+    from test_remote import Node, secret_file
+    secret = secret_file(tmp_path / "secret")
+    path = serverctl.make_model(str(tmp_path / "layers4.gguf"), "--layers", "4")
+    node = Node(tmp_path, secret, exe=fake_node, env={"FAKE_DEVICES": "cuda 0 1073741824 10485760 Tiny GPU"})
+    try:
+        hosts = tmp_path / "hosts"
+        hosts.write_text("127.0.0.1 8090 router\nlocalhost %d worker 0\n" % node.port)
+        base = ["-m", path, "--port", str(serverctl.free_port()), "-t", "1", "--hostfile", str(hosts),
+                "--cluster-secret", secret]
+        rc, out, err, _, _ = serve(base + ["--dry-run"])
+        rc_start, _, err_start, _, _ = serve(base)
+    finally:
+        node.stop()
+    want = "no split of the 4 layers fits the stages' memory: CUDA0 (Tiny GPU) of localhost has room for "
+    for text, r in ((out + err, rc), (err_start, rc_start)):
+        assert r == 1, text
+        assert want in text and "bytes: its 10.0 MiB free less the -fitt margin and the scratch) and its stage needs" \
+            in text, text
+    assert "fits: no\n  plan: no split" in out, out
 
 
 def test_hostfile_node_that_does_not_answer(model, tmp_path):

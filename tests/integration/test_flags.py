@@ -174,15 +174,11 @@ def test_llama_arg_environment(servers):
     assert len(get(srv2.url, "/slots").json()) == 2
 
 
-def gpu_present():
-    return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
-
-
 @pytest.mark.parametrize("value", ["99", "all"])
 def test_gpu_layers_without_a_gpu_warn_and_use_the_cpu(servers, value):
     """As llama-server: a model card's -ngl 99 on a machine without a GPU runs on the
     CPU with a warning."""
-    if gpu_present():
+    if serverctl.gpu_present():
         pytest.skip("a GPU is present: -ngl takes it")
     srv = servers.start(FAST + ["-ngl", value])
     assert "event=gpu_layers_ignored" in srv.log(), srv.log()
@@ -237,7 +233,7 @@ def test_gpu_layers_without_a_gpu_warn_and_use_the_cpu(servers, value):
 def test_refused_at_start_by_name(model, args, names):
     """Valid flags asking for what this build cannot do: status 1 (2 when the value
     itself does not parse), naming the flag, before anything loads."""
-    if gpu_present() and args[0] in ("-ngl", "-ts", "-dev", "-ot"):
+    if serverctl.gpu_present() and args[0] in ("-ngl", "-ts", "-dev", "-ot"):
         pytest.skip("a GPU is present: placement flags may have an effect here")
     rc, out, secs = run_serve(["-m", model, "--port", str(serverctl.free_port())] + FAST + args,
                               timeout=15)
@@ -261,7 +257,7 @@ def test_refused_at_start_by_name(model, args, names):
 def test_placement_refused_with_the_reason(model, args, says):
     """The placement plan refuses what it cannot place, at start (status 1), with the
     flag and the reason."""
-    if gpu_present():
+    if serverctl.gpu_present():
         pytest.skip("a GPU is present: the plan differs")
     rc, out, _ = run_serve(["-m", model, "--port", str(serverctl.free_port())] + args + FAST, timeout=15)
     assert rc == 1 and says in out, out
@@ -596,7 +592,7 @@ def test_residency_flags_reach_the_worker(servers, args, env, says):
     ready = [l for l in log.splitlines() if " worker0 event=ready " in l]
     assert config and config[0].endswith(" " + says), log
     assert ready and ready[0].endswith(" " + says), log
-    if not gpu_present():
+    if not serverctl.gpu_present():
         assert "bloomery:child_expert_slots" not in get(srv.url, "/metrics").text
 
 
@@ -606,7 +602,7 @@ def test_experts_ram_pages_from_disk_with_the_same_output(servers):
     the plan and /props say how much is on disk, and greedy text is the same as with
     every expert in RAM (the same bytes, the same kernels). BLOOMERY_EXPERTS_RAM is
     the same flag; 0 is one expert at a time."""
-    if gpu_present():
+    if serverctl.gpu_present():
         pytest.skip("a GPU is present: the plan differs")
     body = {"prompt": "Once upon a time", "n_predict": 12, "temperature": 0, "ignore_eos": True,
             "cache_prompt": False}

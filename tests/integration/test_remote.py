@@ -12,7 +12,15 @@ serves again; a node with another secret, a node whose model file is another one
 the same size whose content differs), a secret file others may
 read, and hostfile lines this version does not take are refused by name; layers= splits the
 stages where it says, and threads= sets a stage's threads; without layers=, the split
-follows each stage's threads and its host's CPUs as its node reports them."""
+follows each stage's threads and its host's CPUs as its node reports them.
+
+A GPU worker line of another host: the node reports its host's CUDA devices with its
+facts, here made up (a bloomery-worker beside a copy of bloomery-node answers
+--list-devices with $FAKE_DEVICES and runs the real worker otherwise); the plan puts
+the stage on the card the line names, the node's worker gets the card in its Plan and,
+this build or machine having no such card, fails the start with its reason. A card
+the node lacks, two cards on one line of another host, and host RAM beside that card
+are refused by name."""
 import os
 import re
 import signal
@@ -38,14 +46,16 @@ def secret_file(path, text=None, mode=0o600):
 class Node:
     """A bloomery-node --listen on three free ports (PORT, PORT+1, PORT+2)."""
 
-    def __init__(self, tmp_path, secret, wrap=(), cwd=None, port=None):
-        self.port = port or free_ports(3)
+    def __init__(self, tmp_path, secret, wrap=(), cwd=None, port=None, exe=None, env=None, addr="127.0.0.1"):
+        self.port = port or free_ports(3, addr)
         self.log_path = str(tmp_path / ("node-%d-%d.log" % (self.port, time.monotonic_ns())))
-        cmd = list(wrap) + [serverctl.program("bloomery-node"), "--listen",
-                            "tcp://127.0.0.1:%d" % self.port, "--secret", secret]
+        cmd = list(wrap) + [exe or serverctl.program("bloomery-node"), "--listen",
+                            "tcp://%s:%d" % (addr, self.port), "--secret", secret]
         self.log_file = open(self.log_path, "wb")
+        e = dict(os.environ)
+        e.update(env or {})
         self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=self.log_file, stdin=subprocess.DEVNULL,
-                                     cwd=cwd or str(tmp_path))
+                                     cwd=cwd or str(tmp_path), env=e)
         deadline = time.monotonic() + 10
         while "event=node_listening" not in self.log() and time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log()
@@ -74,8 +84,8 @@ class Node:
         assert self.worker_pid() is None
 
 
-def free_ports(n):
-    """A port p with p..p+n-1 free (checked by binding each)."""
+def free_ports(n, addr="127.0.0.1"):
+    """A port p with p..p+n-1 free on addr (checked by binding each)."""
     import socket
     for _ in range(200):
         p = serverctl.free_port()
@@ -85,7 +95,7 @@ def free_ports(n):
         try:
             for i in range(n):
                 s = socket.socket()
-                s.bind(("127.0.0.1", p + i))
+                s.bind((addr, p + i))
                 socks.append(s)
             return p
         except OSError:
@@ -315,7 +325,8 @@ def test_a_node_whose_model_file_differs_is_refused(servers, nodes, tmp_path, mo
 def test_refusals(servers, tmp_path):
     secret = secret_file(tmp_path / "secret")
     cases = [
-        ("127.0.0.1 1 router\n127.0.0.1 2 worker 0\n", ["--cluster-secret", secret], r"hosts:2: GPU workers"),
+        ("127.0.0.1 1 router\n127.0.0.1 2 worker 63\n", ["--cluster-secret", secret],
+         r"hosts:2: GPU 63 of 127\.0\.0\.1: this host has (no CUDA device|CUDA)"),
         ("127.0.0.1 1 router\n127.0.0.1 2 worker threads=300\n", ["--cluster-secret", secret],
          r"hosts:2: threads=300: a worker runs at most 256"),
         ("127.0.0.1 1 router\n127.0.0.1 2 worker\n127.0.0.1 3 hosttier threads=4\n", [],
@@ -336,6 +347,86 @@ def test_refusals(servers, tmp_path):
     srv = servers.launch(FAST + ["--hostfile", str(tmp_path / "hosts"), "--workers", "2"])
     assert srv.proc.wait(60) == 1
     assert "--workers and --hostfile" in srv.log()
+
+
+GB10 = "cuda 0 137438953472 130000000000 Fake GB10"
+
+
+def make_fake_node(d):
+    """bloomery-node in folder d, its host's cards $FAKE_DEVICES: its worker answers
+    --list-devices with them and runs the real worker for a stage."""
+    return serverctl.fake_devices_bin(str(d), "bloomery-node", run_worker=True)
+
+
+@pytest.fixture(scope="module")
+def fake_node(tmp_path_factory):
+    return make_fake_node(tmp_path_factory.mktemp("fakenode"))
+
+
+def test_a_remote_gpu_line_gets_the_nodes_card(servers, nodes, tmp_path, fake_node):
+    """A CPU line here and a GPU line of another host, whose node reports a GB10: the
+    probe's answer carries the card, the plan puts the stage on it (the CPU stage takes
+    what a card beside a thread leaves: one layer of four), the Plan the node's worker
+    gets names it, and the worker, which has no such card, fails the start with its
+    reason, exit 1."""
+    if serverctl.gpu_present():
+        pytest.skip("a real card here would take the made-up one's place")
+    model = serverctl.make_model(str(tmp_path / "layers4.gguf"), "--layers", "4")
+    secret = secret_file(tmp_path / "secret")
+    node = nodes(secret, exe=fake_node, env={"FAKE_DEVICES": GB10})
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker threads=1\nlocalhost %d worker 0\n" % node.port)
+    srv = servers.launch(FAST + ["--hostfile", str(hosts), "--cluster-secret", secret], model=model)
+    assert srv.proc.wait(60) == 1, srv.log()
+    log = srv.log(100000)
+    assert "event=probe_answered" in node.log() and " devices=1" in node.log(), node.log()
+    assert re.search(r"event=stage_host stage=1 host=localhost node=tcp://localhost:%d .* device=CUDA0 "
+                     r"card_free=130000000000 card_total=137438953472 card_name=\"Fake GB10\"" % node.port, log), log
+    assert "event=plan stage 0: layers 0..0 on the CPU" in log, log
+    assert "event=plan stage 1: layers 1..3 on CUDA0 (Fake GB10)" in log, log
+    assert "event=session_started worker=worker1" in node.log(), node.log()
+    # the node's worker was given the card: this build (or machine) has none
+    assert re.search(r"event=child_error process=worker1 .*reason=\"worker 1: device: .*CUDA", log), log
+    assert re.search(r"event=load_failed reason=worker 1: device: ", log), log
+    assert "event=ready" not in node.log()
+
+
+def test_remote_gpu_lines_refused_by_name(servers, nodes, tmp_path, fake_node):
+    """What the hostfile names that the node's host lacks, or that a node cannot serve,
+    is refused at the start, naming the line, the host and the card: a GPU the node
+    does not report, all on a host without one, two cards on one line of another host
+    (its node serves one stage), layers= on a line of several GPUs here; host RAM beside
+    another host's card (--cpu-moe: a hosttier there, which runs on the router's host
+    only); a hosttier line of another host, as ever."""
+    secret = secret_file(tmp_path / "secret")
+    one = nodes(secret, exe=fake_node, env={"FAKE_DEVICES": GB10})
+    two = nodes(secret, exe=fake_node, env={"FAKE_DEVICES": GB10 + "\n" + GB10.replace("cuda 0", "cuda 1")})
+    none = nodes(secret, exe=fake_node)
+    head = "127.0.0.1 8090 router\n127.0.0.1 9000 worker\n"
+    cases = [
+        ("localhost %d worker 1\n" % one.port, [],
+         r"hosts:3: GPU 1 of localhost: its node reports CUDA0 \(Fake GB10\)"),
+        ("localhost %d worker all\n" % none.port, [], r"hosts:3: GPUS all on localhost: its node reports no CUDA"),
+        ("localhost %d worker 0,1\n" % two.port, [],
+         r"hosts:3: 2 GPUs of localhost on one line: its node serves one stage"),
+        ("localhost %d worker all\n" % two.port, [], r"hosts:3: 2 GPUs of localhost on one line"),
+        ("localhost %d worker 0\n" % one.port, ["--cpu-moe"],
+         r"is on CUDA0 of localhost, another host than the router's"),
+        ("localhost %d worker 0\n" % one.port, ["-dev", "cuda0"], r"--device cuda0: with a hostfile"),
+        ("localhost %d worker 0\nlocalhost 9100 hosttier\n" % one.port, [], r"hosts:4: a hosttier on another host"),
+    ]
+    for text, extra, want in cases:
+        (tmp_path / "hosts").write_text(head + text)
+        srv = servers.launch(FAST + ["--hostfile", str(tmp_path / "hosts"), "--cluster-secret", secret] + extra)
+        assert srv.proc.wait(60) == 1, (text, srv.log())
+        assert re.search(want, srv.log(100000)), (text, want, srv.log())
+    (tmp_path / "hosts").write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker all layers=0-2\n")
+    srv = servers.launch(FAST + ["--hostfile", str(tmp_path / "hosts")])
+    assert srv.proc.wait(60) == 1
+    assert re.search(r"hosts:2: (GPUS all on 127\.0\.0\.1: this host has no CUDA device|layers= on a line of)",
+                     srv.log(100000)), srv.log()
+    for n in (one, two, none):
+        assert "event=session_started" not in n.log()  # nothing but the question
 
 
 def test_node_arguments_and_secret_checked(tmp_path):

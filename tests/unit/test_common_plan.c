@@ -1,9 +1,10 @@
 /* Tests of common/plan.c: small qwen3moe and qwen3 files written with the GGUF writer
  * (zero data: the plan reads only metadata and tensor sizes) are placed on made-up
  * device inventories, one test per flag behaviour and per refusal, with every byte
- * count computed from the shapes; and a file of about 200 GB (its header, then a
- * hole) on two H200s, larger than one of them. plan.c is included (not linked) so
- * that its allocations can be made to fail. */
+ * count computed from the shapes; a hostfile's stages on CPUs and on cards of
+ * several hosts; and a file of about 200 GB (its header, then a hole) on two H200s
+ * and on a DGX Spark pair (a GB10 on each of two hosts), larger than one card. plan.c
+ * is included (not linked) so that its allocations can be made to fail. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -347,7 +348,7 @@ static void assert_fits(const bl_plan_t *p, const bl_device_t *devs, int n_devs,
                      (unsigned long long)need_of(st, margin), (unsigned long long)d->free_bytes);
         assert_true(bl_plan_stage_need(st) + margin == need_of(st, margin));
         if (margin == (uint64_t)p->fit_target_mib << 20)
-            assert_int_equal(bl_plan_stage_fit(p, i, devs, n_devs), BL_PLAN_FITS);
+            assert_int_equal(bl_plan_stage_fit(p, i), BL_PLAN_FITS);
     }
 }
 
@@ -415,13 +416,13 @@ static void test_plan_cpu_stages_split_layers_earlier_take_the_remainder(void **
 
 /* A hostfile's layers=: the CPU stages end where it says, uneven; ends that do not
  * cover the CPU layers in order are refused. */
-static void test_plan_cpu_stage_ends_given(void **state)
+static void test_plan_stage_ends_given(void **state)
 {
     (void)state;
     bl_place_opts_t o = opts();
     const int64_t ends[3] = {1, 6, N_LAYER};
     o.n_cpu_stages = 3;
-    o.cpu_stage_ends = ends;
+    o.stage_ends = ends;
     bl_plan_t *p = &g_plan;
     build_ok(p, MOE, NULL, 0, &o);
     assert_int_equal(p->n_stages, 3);
@@ -432,32 +433,32 @@ static void test_plan_cpu_stage_ends_given(void **state)
     bl_plan_free(p);
 
     const int64_t short_[3] = {1, 6, N_LAYER - 1}, back[3] = {4, 4, N_LAYER}, past[3] = {2, N_LAYER + 1, N_LAYER};
-    o.cpu_stage_ends = short_;
+    o.stage_ends = short_;
     expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "must cover");
-    o.cpu_stage_ends = back;
+    o.stage_ends = back;
     expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "stage 1 of the CPU layers ends at layer 4, after 4");
-    o.cpu_stage_ends = past;
+    o.stage_ends = past;
     expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "must cover");
 }
 
-/* --- a hostfile's CPU stages split by their hosts (bl_plan_split_cpu) ---------------- */
+/* --- a hostfile's CPU stages split by their hosts (bl_plan_split_hosts) ---------------- */
 
-static bl_cpu_host_t host(const char *name, int threads, int n_cpus, uint64_t mem_avail)
+static bl_stage_host_t host(const char *name, int threads, int n_cpus, uint64_t mem_avail)
 {
-    return (bl_cpu_host_t){.name = name, .remote = 1, .threads = threads, .n_cpus = n_cpus, .mem_avail = mem_avail};
+    return (bl_stage_host_t){.name = name, .remote = 1, .threads = threads, .n_cpus = n_cpus, .mem_avail = mem_avail};
 }
 
 /* Splits n_layers layers of bytes_each (the first stage also holding first, the last
  * last) over the n hosts and checks what every split must hold: ends increasing to
  * n_layers, a layer at least per stage. */
-static int split(int64_t n_layers, uint64_t bytes_each, uint64_t first, uint64_t last, const bl_cpu_host_t *h,
+static int split(int64_t n_layers, uint64_t bytes_each, uint64_t first, uint64_t last, const bl_stage_host_t *h,
                  int n, int64_t *ends, bl_err_t *err)
 {
     uint64_t bytes[4096];
     assert_true(n_layers <= 4096);
     for (int64_t l = 0; l < n_layers; l++)
         bytes[l] = bytes_each;
-    const int rc = bl_plan_split_cpu(bytes, n_layers, first, last, h, n, ends, err);
+    const int rc = bl_plan_split_hosts(bytes, n_layers, first, last, h, NULL, n, ends, err);
     for (int i = 0; rc == 0 && i < n; i++)
         assert_true(ends[i] >= (i ? ends[i - 1] : 0) + 1);
     if (rc == 0)
@@ -466,7 +467,7 @@ static int split(int64_t n_layers, uint64_t bytes_each, uint64_t first, uint64_t
 }
 
 /* The same, expecting the ends want. */
-static void expect_ends(int64_t n_layers, uint64_t bytes_each, uint64_t first, uint64_t last, const bl_cpu_host_t *h,
+static void expect_ends(int64_t n_layers, uint64_t bytes_each, uint64_t first, uint64_t last, const bl_stage_host_t *h,
                         int n, const int64_t *want)
 {
     int64_t ends[BL_PLAN_MAX_STAGES];
@@ -479,7 +480,7 @@ static void expect_ends(int64_t n_layers, uint64_t bytes_each, uint64_t first, u
             fail_msg("stage %d ends at %lld, expected %lld", i, (long long)ends[i], (long long)want[i]);
 }
 
-#define HOSTS(...) ((const bl_cpu_host_t[]){__VA_ARGS__})
+#define HOSTS(...) ((const bl_stage_host_t[]){__VA_ARGS__})
 #define ENDS(...) ((const int64_t[]){__VA_ARGS__})
 
 static void test_plan_split_cpu_follows_the_threads(void **state)
@@ -503,7 +504,7 @@ static void test_plan_split_cpu_caps_threads_by_the_hosts_cpus(void **state)
 static void test_plan_split_cpu_gives_every_stage_a_layer(void **state)
 {
     (void)state;
-    const bl_cpu_host_t *h = HOSTS(host("a", 1000, 0, 0), host("b", 1, 0, 0), host("c", 1, 0, 0));
+    const bl_stage_host_t *h = HOSTS(host("a", 1000, 0, 0), host("b", 1, 0, 0), host("c", 1, 0, 0));
     expect_ends(10, 100, 0, 0, h, 3, ENDS(8, 9, 10));
     expect_ends(3, 100, 0, 0, h, 3, ENDS(1, 2, 3));
     int64_t ends[3];
@@ -547,72 +548,19 @@ static void test_plan_split_cpu_refuses_what_no_split_fits(void **state)
                                     "needs 0.0 MiB (100 bytes of weights and KV cache) with one layer each"));
 }
 
-/* Every split of many made-up inventories: the layers covered in order, one at least
- * each, no host over its memory, or a refusal only where the memory cannot hold the
- * model with a layer per stage kept. */
-static void test_plan_split_cpu_holds_its_rules_on_many_inventories(void **state)
-{
-    (void)state;
-    uint64_t x = 0x9e3779b97f4a7c15ull;
-    static const char *const names[4] = {"a", "b", "c", "d"};
-    for (int round = 0; round < 500; round++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        const int n = 1 + (int)((x >> 33) % 6);
-        const int64_t n_layers = n + (int64_t)((x >> 20) % 60);
-        bl_cpu_host_t h[6];
-        uint64_t bytes[64 + 6];
-        for (int64_t l = 0; l < n_layers; l++) {
-            x = x * 6364136223846793005ull + 1442695040888963407ull;
-            bytes[l] = 50 + (x >> 40) % 200;
-        }
-        for (int i = 0; i < n; i++) {
-            x = x * 6364136223846793005ull + 1442695040888963407ull;
-            h[i] = host(names[(x >> 10) % 4], 1 + (int)((x >> 20) % 32), (int)((x >> 30) % 16),
-                        (x >> 40) % 3 ? 0 : (uint64_t)(500 + (x >> 45) % 8000));
-        }
-        int64_t ends[6];
-        bl_err_t err = {0};
-        const int rc = bl_plan_split_cpu(bytes, n_layers, 30, 70, h, n, ends, &err);
-        if (rc != 0) {
-            assert_int_equal(rc, BL_ENOMEM);
-            continue;
-        }
-        int64_t at = 0;
-        for (int i = 0; i < n; i++) {
-            assert_true(ends[i] > at);
-            at = ends[i];
-        }
-        assert_int_equal(at, n_layers);
-        for (int k = 0; k < n; k++) {
-            if (!h[k].mem_avail)
-                continue;
-            uint64_t sum = 0;
-            for (int i = 0; i < n; i++) {
-                if (strcmp(h[i].name, h[k].name) != 0)
-                    continue;
-                for (int64_t l = i ? ends[i - 1] : 0; l < ends[i]; l++)
-                    sum += bytes[l];
-                sum += (i == 0 ? 30 : 0) + (i == n - 1 ? 70 : 0);
-            }
-            if (sum > h[k].mem_avail)
-                fail_msg("round %d: host %s holds %llu bytes of %llu", round, h[k].name, (unsigned long long)sum,
-                         (unsigned long long)h[k].mem_avail);
-        }
-    }
-}
-
 /* The plan with a hostfile's hosts: its CPU stages split by threads, the sizes of
- * each as the split counted them; a host short of memory refused by name; hosts with
- * layers on cards refused; a remote stage's routed experts never go to this
- * machine's hosttier for want of its RAM. */
+ * each as the split counted them; a host short of memory refused by name; -ngl with
+ * no card among them changes nothing; a remote stage's routed experts never go to
+ * this machine's hosttier for want of its RAM. */
 static void test_plan_cpu_hosts_split_the_cpu_stages(void **state)
 {
     (void)state;
     bl_place_opts_t o = opts();
-    bl_cpu_host_t h[2] = {host("router", 1, 0, 0), host("10.0.0.2", 3, 0, 0)};
+    bl_stage_host_t h[2] = {host("router", 1, 0, 0), host("10.0.0.2", 3, 0, 0)};
     h[0].remote = 0;
     o.n_cpu_stages = 2;
-    o.cpu_hosts = h;
+    o.hosts = h;
+    o.n_hosts = 2;
     bl_plan_t *p = &g_plan;
     build_ok(p, MOE, NULL, 0, &o);
     assert_int_equal(p->n_stages, 2);
@@ -633,7 +581,7 @@ static void test_plan_cpu_hosts_split_the_cpu_stages(void **state)
 
     /* layers= wins over the hosts */
     const int64_t ends[2] = {4, N_LAYER};
-    o.cpu_stage_ends = ends;
+    o.stage_ends = ends;
     build_ok(p, MOE, NULL, 0, &o);
     assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, 4);
     bl_plan_free(p);
@@ -648,8 +596,320 @@ static void test_plan_cpu_hosts_split_the_cpu_stages(void **state)
     o.experts_ram = 0;
     o.ram_avail = 0;
 
+    /* no stage has a card: -ngl has nothing to put there (the server warns), and the
+     * devices of this machine are not the hostfile's */
     o.gpu_layers = "4";
-    expect_refusal(MOE, big1, 1, &o, BL_EINVAL, "cards");
+    build_ok(p, MOE, big1, 1, &o);
+    assert_int_equal(p->n_stages, 2);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, 4); /* layers= above */
+    assert_stage(p, 1, BL_PLAN_DEVICE_CPU, 4, N_LAYER);
+    bl_plan_free(p);
+}
+
+/* --- a hostfile's stages on cards ------------------------------------------------------ */
+
+/* A stage on card d of host name (another host than the router's). */
+static bl_stage_host_t card_host(const char *name, const bl_device_t *d)
+{
+    return (bl_stage_host_t){.name = name, .remote = 1, .threads = 4, .n_cpus = 8, .card = d};
+}
+
+static const bl_device_t k_gb10 = {.index = 0, .name = "NVIDIA GB10", .total_bytes = 128 * GIB_BYTES,
+                                   .free_bytes = 130000000000ull};
+static const bl_device_t k_gb10_1 = {.index = 1, .name = "NVIDIA GB10", .total_bytes = 128 * GIB_BYTES,
+                                     .free_bytes = 130000000000ull};
+
+static void test_plan_split_hosts_weighs_a_card_as_many_threads(void **state)
+{
+    (void)state;
+    /* a CPU stage of 16 threads and a card: 16 and BL_PLAN_CARD_THREADS of the weight */
+    _Static_assert(BL_PLAN_CARD_THREADS == 64, "the card's weight these ends follow");
+    expect_ends(80, 100, 0, 0, HOSTS(host("a", 16, 0, 0), card_host("b", &k_gb10)), 2, ENDS(16, 80));
+    /* a CPU stage's threads past its CPUs count as its CPUs; a card's threads and CPUs
+     * change nothing */
+    bl_stage_host_t c = card_host("b", &k_gb10);
+    c.threads = 1;
+    c.n_cpus = 1;
+    expect_ends(80, 100, 0, 0, HOSTS(host("a", 64, 16, 0), c), 2, ENDS(16, 80));
+    /* two cards alike: half each; in hostfile order, whatever the ordinals */
+    expect_ends(48, 100, 0, 0, HOSTS(card_host("spark-a", &k_gb10_1), card_host("spark-b", &k_gb10)), 2, ENDS(24, 48));
+}
+
+/* Splits 20 layers of 100 bytes (the first stage also holding 50, the last 70) over
+ * h with the cards' rooms, into ends. */
+static int split_room(const bl_stage_host_t *h, const uint64_t *room, int n, int64_t *ends, bl_err_t *err)
+{
+    uint64_t bytes[20];
+    for (int l = 0; l < 20; l++)
+        bytes[l] = 100;
+    return bl_plan_split_hosts(bytes, 20, 50, 70, h, room, n, ends, err);
+}
+
+static void test_plan_split_hosts_keeps_each_card_within_its_room(void **state)
+{
+    (void)state;
+    int64_t ends[3];
+    bl_err_t err = {0};
+    /* the card would take 16 of 20 layers by its weight; its room holds 9 with the head */
+    const bl_stage_host_t *h = HOSTS(host("a", 16, 0, 0), card_host("b", &k_gb10));
+    assert_int_equal(split_room(h, (const uint64_t[]){UINT64_MAX, 1000}, 2, ends, &err), 0);
+    assert_true(ends[0] == 11 && ends[1] == 20);
+    /* no room given, or not known: no cap */
+    assert_int_equal(split_room(h, NULL, 2, ends, &err), 0);
+    assert_true(ends[0] == 4);
+    assert_int_equal(split_room(h, (const uint64_t[]){0, UINT64_MAX}, 2, ends, &err), 0);
+    assert_true(ends[0] == 4);
+    /* a host's card and its CPU stage draw on two memories: the host's RAM (500 with
+     * the embedding: 4 layers) holds the CPU stage, the card's room the rest */
+    const bl_stage_host_t *mixed = HOSTS(host("a", 16, 0, 500), card_host("a", &k_gb10));
+    assert_int_equal(split_room(mixed, (const uint64_t[]){0, 1700}, 2, ends, &err), 0);
+    assert_true(ends[0] == 4 && ends[1] == 20);
+    /* two cards of one host: a room each */
+    const bl_stage_host_t *two = HOSTS(card_host("a", &k_gb10), card_host("a", &k_gb10_1), host("c", 1, 0, 0));
+    assert_int_equal(split_room(two, (const uint64_t[]){550, 500, 0}, 3, ends, &err), 0);
+    if (ends[0] != 5 || ends[1] != 10 || ends[2] != 20)
+        fail_msg("ends %lld %lld %lld", (long long)ends[0], (long long)ends[1], (long long)ends[2]);
+}
+
+static void test_plan_split_hosts_refuses_a_card_by_host_and_bytes(void **state)
+{
+    (void)state;
+    int64_t ends[2];
+    bl_err_t err = {0};
+    /* two cards with room for 1500 bytes in all, 2120 to hold */
+    const bl_stage_host_t *h = HOSTS(card_host("spark-a", &k_gb10), card_host("spark-b", &k_gb10));
+    assert_int_equal(split_room(h, (const uint64_t[]){750, 750}, 2, ends, &err), BL_ENOMEM);
+    assert_non_null(strstr(err.msg, "no split of the 20 layers fits the stages' memory: CUDA0 (NVIDIA GB10) of "
+                                    "spark-"));
+    assert_non_null(strstr(err.msg, "has room for 0.0 MiB of weights and KV cache (750 bytes: its 121.07 GiB "
+                                    "free less the -fitt margin and the scratch) and its stage needs"));
+    assert_non_null(strstr(err.msg, "no other stage has room"));
+    /* a card whose room holds not one layer */
+    assert_int_equal(split_room(HOSTS(host("a", 1, 0, 0), card_host("spark-b", &k_gb10)),
+                                (const uint64_t[]){0, 99}, 2, ends, &err), BL_ENOMEM);
+    assert_non_null(strstr(err.msg, "CUDA0 (NVIDIA GB10) of spark-b has room for 0.0 MiB of weights and KV cache "
+                                    "(99 bytes"));
+    assert_non_null(strstr(err.msg, "needs 0.0 MiB (170 bytes) with one layer"));
+    /* beside cards, a host's RAM that is over is named as the host's, its CPU stages' */
+    assert_int_equal(split_room(HOSTS(host("gpu-a", 1, 0, 120), card_host("b", &k_gb10)),
+                                (const uint64_t[]){0, 100}, 2, ends, &err), BL_ENOMEM);
+    assert_non_null(strstr(err.msg, "no split of the 20 layers fits the stages' memory"));
+}
+
+/* Every split of many made-up inventories of CPU and card stages: the layers covered
+ * in order, one at least each, no memory over what it holds (a host's RAM for its CPU
+ * stages together, a card its room), or a refusal for want of memory. */
+static void test_plan_split_hosts_holds_its_rules_on_many_inventories(void **state)
+{
+    (void)state;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    static const char *const names[4] = {"a", "b", "c", "d"};
+    static const bl_device_t cards[2] = {{.index = 0, .name = "X", .free_bytes = 1}, {.index = 1, .name = "Y",
+                                                                                       .free_bytes = 1}};
+    for (int round = 0; round < 500; round++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const int n = 1 + (int)((x >> 33) % 6);
+        const int64_t n_layers = n + (int64_t)((x >> 20) % 60);
+        bl_stage_host_t h[6];
+        uint64_t bytes[64 + 6], room[6];
+        for (int64_t l = 0; l < n_layers; l++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            bytes[l] = 50 + (x >> 40) % 200;
+        }
+        for (int i = 0; i < n; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            h[i] = host(names[(x >> 10) % 4], 1 + (int)((x >> 20) % 32), (int)((x >> 30) % 16),
+                        (x >> 40) % 3 ? 0 : (uint64_t)(500 + (x >> 45) % 8000));
+            /* a card of its host that no earlier stage there has */
+            const bl_device_t *c = (x >> 50) % 2 ? &cards[(x >> 52) % 2] : NULL;
+            for (int k = 0; c && k < i; k++)
+                if (h[k].card == c && !strcmp(h[k].name, h[i].name))
+                    c = NULL;
+            h[i].card = c;
+            room[i] = (x >> 55) % 3 ? (uint64_t)(300 + (x >> 20) % 6000) : UINT64_MAX;
+        }
+        int64_t ends[6];
+        bl_err_t err = {0};
+        const int rc = bl_plan_split_hosts(bytes, n_layers, 30, 70, h, room, n, ends, &err);
+        if (rc != 0) {
+            assert_int_equal(rc, BL_ENOMEM);
+            continue;
+        }
+        int64_t at = 0;
+        for (int i = 0; i < n; i++) {
+            assert_true(ends[i] > at);
+            at = ends[i];
+        }
+        assert_int_equal(at, n_layers);
+        for (int k = 0; k < n; k++) {
+            const uint64_t cap = h[k].card ? room[k] : h[k].mem_avail ? h[k].mem_avail : UINT64_MAX;
+            uint64_t sum = 0;
+            for (int i = 0; i < n; i++) {
+                if (strcmp(h[i].name, h[k].name) != 0 || h[i].card != h[k].card)
+                    continue;
+                for (int64_t l = i ? ends[i - 1] : 0; l < ends[i]; l++)
+                    sum += bytes[l];
+                sum += (i == 0 ? 30 : 0) + (i == n - 1 ? 70 : 0);
+            }
+            if (sum > cap)
+                fail_msg("round %d: stage %d's memory holds %llu bytes of %llu", round, k, (unsigned long long)sum,
+                         (unsigned long long)cap);
+        }
+    }
+}
+
+/* A hostfile of a CPU line of 16 threads on the router's host and a line of another
+ * host (10.0.0.2) on card d, into h, and the options that plan them. */
+static bl_place_opts_t card_line_opts(bl_stage_host_t h[2], const bl_device_t *d)
+{
+    h[0] = host("router", 16, 0, 0);
+    h[0].remote = 0;
+    h[1] = card_host("10.0.0.2", d);
+    bl_place_opts_t o = opts();
+    o.hosts = h;
+    o.n_hosts = 2;
+    return o;
+}
+
+/* A hostfile of a CPU line on the router's host and a card line of another: the card
+ * stage on its card with its facts, the split by weight; the card's size checked. */
+static void test_plan_hosts_put_a_card_line_on_its_card(void **state)
+{
+    (void)state;
+    const bl_device_t d = card(1, 80 * GIB_BYTES);
+    bl_stage_host_t h[2];
+    bl_place_opts_t o = card_line_opts(h, &d);
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, NULL, 0, &o);
+    /* 8 layers by 16 and 64: 1.6 and 6.4, the larger remainder the CPU's */
+    assert_int_equal(p->n_stages, 2);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, 2);
+    assert_stage(p, 1, 1, 2, N_LAYER);
+    assert_sizes(p, 1, 6 * (D_BYTES + X_BYTES) + OUT_NORM_BYTES + HEAD_BYTES, 6 * X_BYTES);
+    assert_string_equal(p->stage[1].card.name, "NVIDIA Test");
+    assert_true(p->stage[1].card.free_bytes == d.free_bytes);
+    assert_true(p->stage[0].card.total_bytes == 0);
+    assert_int_equal(bl_plan_stage_fit(p, 1), BL_PLAN_FITS);
+    assert_host(p, "00000000");
+    char text[2048];
+    bl_plan_format(p, text, sizeof text);
+    assert_non_null(strstr(text, "stage 1: layers 2..7 on CUDA1 (NVIDIA Test)"));
+    bl_plan_free(p);
+
+    /* a card whose free memory holds three of its layers with the scratch: the rest go
+     * to the CPU stage */
+    bl_device_t small = d;
+    const bl_stage_host_t whole = card_host("10.0.0.2", &small);
+    o.hosts = (const bl_stage_host_t[]){h[0], whole};
+    small.free_bytes = 0;
+    build_ok(p, MOE, NULL, 0, &o); /* not known: nothing held against it */
+    const uint64_t scratch = p->stage[1].scratch_bytes;
+    bl_plan_free(p);
+    small.free_bytes = MARGIN_DEFAULT + scratch + 3 * (D_BYTES + X_BYTES + KV_LAYER_BYTES) + OUT_NORM_BYTES +
+                       HEAD_BYTES;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, 5);
+    assert_stage(p, 1, 1, 5, N_LAYER);
+    assert_int_equal(bl_plan_stage_fit(p, 1), BL_PLAN_FITS);
+    bl_plan_free(p);
+    /* and without the CPU stage, the card alone cannot hold the model */
+    o.hosts = &whole;
+    o.n_hosts = 1;
+    expect_refusal(MOE, NULL, 0, &o, BL_ENOMEM, "no split of the 8 layers fits the stages' memory: CUDA1 (NVIDIA "
+                                                "Test) of 10.0.0.2 has room for");
+}
+
+/* layers= decides a hostfile's stages with cards too; a card its stage does not fit
+ * is refused with its host and the bytes, not changed. */
+static void test_plan_hosts_layers_given_on_cards(void **state)
+{
+    (void)state;
+    bl_device_t d = card(1, 80 * GIB_BYTES);
+    bl_stage_host_t h[2];
+    bl_place_opts_t o = card_line_opts(h, &d);
+    const int64_t ends[2] = {5, N_LAYER};
+    o.stage_ends = ends;
+    bl_plan_t *p = &g_plan;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_stage(p, 0, BL_PLAN_DEVICE_CPU, 0, 5);
+    assert_stage(p, 1, 1, 5, N_LAYER);
+    bl_plan_free(p);
+    d.free_bytes = 3 * (D_BYTES + X_BYTES) + OUT_NORM_BYTES + HEAD_BYTES; /* the weights, not the cache */
+    expect_refusal(MOE, NULL, 0, &o, BL_ENOMEM, "plan: layers 5..7 on CUDA1 (NVIDIA Test) of 10.0.0.2 need");
+    char want[64];
+    snprintf(want, sizeof want, "free, %llu bytes (fewer layers", (unsigned long long)d.free_bytes);
+    expect_refusal(MOE, NULL, 0, &o, BL_ENOMEM, want);
+    const int64_t bad[2] = {N_LAYER, N_LAYER};
+    o.stage_ends = bad;
+    expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "stage 1 of the layers ends at layer 8, after 8");
+}
+
+/* The expert flags beside another host's card: host RAM there would be a hosttier's,
+ * which runs on the router's host only, so --cpu-moe and -ncmoe that reach its layers
+ * are refused by name; beside this host's card they go to the hosttier as on one
+ * host, on a CPU stage they stay in its worker, and HOSTTIER is taken for any stage.
+ * The flags that choose cards are the hostfile's to give. */
+static void test_plan_hosts_expert_flags_and_card_flags(void **state)
+{
+    (void)state;
+    const bl_device_t d = card(1, 80 * GIB_BYTES);
+    bl_stage_host_t h[2];
+    bl_place_opts_t o = card_line_opts(h, &d);
+    bl_plan_t *p = &g_plan;
+    o.cpu_moe = 1;
+    expect_refusal(MOE, NULL, 0, &o, BL_ENOTSUP, "--cpu-moe \\.ffn_(up|down|gate)_exps=CPU: blk.2.ffn_");
+    expect_refusal(MOE, NULL, 0, &o, BL_ENOTSUP, "is on CUDA1 of 10.0.0.2, another host than the router's");
+    o.cpu_moe = 0;
+    o.n_cpu_moe = 2; /* the CPU stage's layers: they stay in its worker */
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_host(p, "00000000");
+    bl_plan_free(p);
+    o.n_cpu_moe = 3;
+    expect_refusal(MOE, NULL, 0, &o, BL_ENOTSUP, "blk.2.ffn_");
+    o.n_cpu_moe = 0;
+    const char *ot[1] = {"blk\\.[67]\\.ffn_.*_exps=HOSTTIER"};
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_host(p, "00000011");
+    assert_stage(p, 1, 1, 2, N_LAYER);
+    assert_true(p->stage[1].host_expert_bytes == 2 * X_BYTES);
+    bl_plan_free(p);
+    ot[0] = "blk\\.[67]\\.ffn_.*_exps=CUDA1";
+    expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "with a hostfile, routed experts stay on their stage's card");
+    o.n_override_tensor = 0;
+
+    /* the card of the router's host: --cpu-moe puts its layers' experts in the
+     * hosttier, the CPU stage's stay */
+    h[1].remote = 0;
+    o.cpu_moe = 1;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_host(p, "00111111");
+    bl_plan_free(p);
+    o.cpu_moe = 0;
+
+    o.devices = "cuda1";
+    expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "--device cuda1: with a hostfile, its worker lines choose the cards");
+    o.devices = NULL;
+    o.tensor_split = "1,1";
+    expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "--tensor-split 1,1");
+    o.tensor_split = NULL;
+    o.split_mode = "none";
+    expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "--split-mode none");
+    o.split_mode = "layer";
+    build_ok(p, MOE, NULL, 0, &o);
+    bl_plan_free(p);
+    o.split_mode = NULL;
+    o.gpu_layers = "4";
+    expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "--gpu-layers 4: with a hostfile");
+    o.gpu_layers = "all";
+    build_ok(p, MOE, NULL, 0, &o);
+    bl_plan_free(p);
+    o.gpu_layers = NULL;
+    o.n_hosts = N_LAYER + 1;
+    expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "9 workers for 8 layers");
+    o.n_hosts = 0;
+    expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "0 stages of a hostfile");
 }
 
 static void test_plan_one_device_defaults_put_every_layer_on_the_card(void **state)
@@ -829,14 +1089,14 @@ static void test_plan_experts_ram_budget(void **state)
     assert_true(p->host_ram_bytes == 3 * X_BYTES && p->host_disk_bytes == 5 * X_BYTES);
     assert_true(p->experts_ram == 3 * X_BYTES);
     char text[2048];
-    bl_plan_format(p, big1, 1, text, sizeof text);
+    bl_plan_format(p, text, sizeof text);
     assert_non_null(strstr(text, "on disk"));
     bl_plan_free(p);
 
     o.experts_ram = (int64_t)(100 * X_BYTES); /* room for all: nothing on disk */
     build_ok(p, MOE, big1, 1, &o);
     assert_true(p->host_ram_bytes == 8 * X_BYTES && p->host_disk_bytes == 0);
-    bl_plan_format(p, big1, 1, text, sizeof text);
+    bl_plan_format(p, text, sizeof text);
     assert_null(strstr(text, "on disk"));
     bl_plan_free(p);
 
@@ -1373,11 +1633,13 @@ static void test_plan_fit_off_refuses_a_card_too_small_with_the_sizes(void **sta
     assert_host(p, "00000000");
     assert_int_equal(p->fit_moved, 0);
     /* accepted, but the scratch and the margin do not fit: tight, as a report says */
-    assert_int_equal(bl_plan_stage_fit(p, 0, &d, 1), BL_PLAN_TIGHT);
-    d.free_bytes = W_ALL + KV_ALL - 1;
-    assert_int_equal(bl_plan_stage_fit(p, 0, &d, 1), BL_PLAN_OVER);
-    d.free_bytes = 0; /* not known: nothing is held against it */
-    assert_int_equal(bl_plan_stage_fit(p, 0, &d, 1), BL_PLAN_FITS);
+    assert_int_equal(bl_plan_stage_fit(p, 0), BL_PLAN_TIGHT);
+    assert_int_equal(p->stage[0].card.free_bytes, d.free_bytes); /* the stage keeps its card's facts */
+    assert_string_equal(p->stage[0].card.name, d.name);
+    p->stage[0].card.free_bytes = W_ALL + KV_ALL - 1;
+    assert_int_equal(bl_plan_stage_fit(p, 0), BL_PLAN_OVER);
+    p->stage[0].card.free_bytes = 0; /* not known: nothing is held against it */
+    assert_int_equal(bl_plan_stage_fit(p, 0), BL_PLAN_FITS);
     bl_plan_free(p);
 }
 
@@ -1578,7 +1840,7 @@ static void test_plan_format_names_each_stage_and_the_host_ram(void **state)
     bl_plan_t *p = &g_plan;
     build_ok(p, MOE, big1, 1, &o);
     char buf[4096];
-    const size_t n = bl_plan_format(p, big1, 1, buf, sizeof buf);
+    const size_t n = bl_plan_format(p, buf, sizeof buf);
     assert_int_equal(n, strlen(buf));
     /* stage 0: embd + 3 layers = 1366912 B; stage 1: 5 layers' dense parts, 3 layers'
      * experts, the norm and the head = 1474944 B */
@@ -1596,10 +1858,10 @@ static void test_plan_format_names_each_stage_and_the_host_ram(void **state)
     /* a small buffer: the full length back, what fits NUL-terminated */
     char small[10];
     memset(small, 'x', sizeof small);
-    assert_int_equal(bl_plan_format(p, big1, 1, small, sizeof small), n);
+    assert_int_equal(bl_plan_format(p, small, sizeof small), n);
     assert_int_equal(small[9], '\0');
     assert_memory_equal(small, buf, 9);
-    assert_int_equal(bl_plan_format(p, big1, 1, NULL, 0), n);
+    assert_int_equal(bl_plan_format(p, NULL, 0), n);
     bl_plan_free(p);
 }
 
@@ -1611,7 +1873,7 @@ static void test_plan_format_reports_fit(void **state)
     bl_plan_t *p = &g_plan;
     build_ok(p, MOE, &d, 1, &o);
     char buf[4096];
-    (void)bl_plan_format(p, &d, 1, buf, sizeof buf); /* the length is checked elsewhere */
+    (void)bl_plan_format(p, buf, sizeof buf); /* the length is checked elsewhere */
     const char *want = "--fit: experts of 3 layers put in host RAM, 0 layers moved to the CPU, to keep 1024 MiB "
                        "free on each card\n";
     if (!strstr(buf, want))
@@ -1673,10 +1935,11 @@ static void test_plan_allocation_failure_is_enomem(void **state)
     assert_host(&g_plan, "11000000");
     bl_plan_free(&g_plan);
     /* and with a hostfile's hosts to split the CPU layers by */
-    const bl_cpu_host_t h[2] = {{.name = "a", .threads = 1}, {.name = "b", .threads = 3}};
+    const bl_stage_host_t h[2] = {{.name = "a", .threads = 1}, {.name = "b", .threads = 3}};
     o = opts();
     o.n_cpu_stages = 2;
-    o.cpu_hosts = h;
+    o.hosts = h;
+    o.n_hosts = 2;
     build_through_failing_allocations(MOE, NULL, 0, &o);
     assert_stage(&g_plan, 1, BL_PLAN_DEVICE_CPU, 2, N_LAYER);
 }
@@ -1846,7 +2109,7 @@ static void assert_big_fits(const bl_plan_t *p, const bl_device_t *devs, int n_d
     assert_int_equal(p->hosttier, l > 0);
     for (int i = 0; i < p->n_stages; i++) {
         assert_true(p->stage[i].device >= 0);
-        assert_int_equal(bl_plan_stage_fit(p, i, devs, n_devs), BL_PLAN_FITS);
+        assert_int_equal(bl_plan_stage_fit(p, i), BL_PLAN_FITS);
     }
 }
 
@@ -1960,6 +2223,68 @@ static void test_plan_two_h200s_experts_on_the_other_card_are_refused(void **sta
     bl_plan_free(p);
 }
 
+/* --- a DGX Spark pair: a card on each of two hosts ------------------------------------ */
+
+/* GB10's 128 GB of memory, shared with its CPU; the free memory a node reports */
+static bl_device_t gb10(void)
+{
+    bl_device_t d = {.index = 0, .total_bytes = 128 * GIB_BYTES, .free_bytes = 130000000000ull};
+    snprintf(d.name, sizeof d.name, "NVIDIA GB10");
+    return d;
+}
+
+static void test_plan_spark_pair_splits_a_model_larger_than_one(void **state)
+{
+    (void)state;
+    bl_device_t a = gb10(), b = gb10();
+    bl_stage_host_t h[2] = {card_host("spark-a", &a), card_host("spark-b", &b)};
+    h[0].remote = 0; /* the router's host */
+    big_model();
+    struct stat st;
+    assert_int_equal(stat(BIG.path, &st), 0);
+    assert_true((uint64_t)st.st_size > a.free_bytes && (uint64_t)st.st_size < 2 * a.free_bytes);
+    bl_place_opts_t o = opts();
+    o.hosts = h;
+    o.n_hosts = 2;
+    bl_plan_t *p = &g_plan;
+    build_big(p, NULL, 0, &o);
+    assert_int_equal(p->n_stages, 2);
+    assert_stage(p, 0, 0, 0, 10);
+    assert_stage(p, 1, 0, 10, BIG_LAYER);
+    for (int i = 0; i < 2; i++) {
+        assert_string_equal(p->stage[i].card.name, "NVIDIA GB10");
+        assert_int_equal(bl_plan_stage_fit(p, i), BL_PLAN_FITS);
+    }
+    assert_int_equal(p->n_host_layers, 0);
+    assert_int_equal(p->hosttier, 0);
+    bl_plan_free(p);
+
+    /* less free on spark-b: spark-a takes more of the layers, both within their cards */
+    b.free_bytes = 110000000000ull;
+    build_big(p, NULL, 0, &o);
+    assert_true(p->stage[0].le > 10);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(bl_plan_stage_fit(p, i), BL_PLAN_FITS);
+    bl_plan_free(p);
+    b = gb10();
+
+    /* one Spark alone: refused with the card, the host and the bytes */
+    bl_plan_t q;
+    bl_err_t err = {0};
+    o.n_hosts = 1;
+    assert_int_equal(bl_plan_build(&q, BIG.g, &BIG.a, NULL, 0, &o, &err), BL_ENOMEM);
+    assert_non_null(strstr(err.msg, "CUDA0 (NVIDIA GB10) of spark-a has room for"));
+    assert_non_null(strstr(err.msg, " bytes: its 121.07 GiB free less the -fitt margin and the scratch) and its stage "
+                                    "needs"));
+    /* layers= that put 15 of 20 layers on spark-a: refused, not changed */
+    o.n_hosts = 2;
+    const int64_t ends[2] = {15, BIG_LAYER};
+    o.stage_ends = ends;
+    assert_int_equal(bl_plan_build(&q, BIG.g, &BIG.a, NULL, 0, &o, &err), BL_ENOMEM);
+    assert_non_null(strstr(err.msg, "plan: layers 0..14 on CUDA0 (NVIDIA GB10) of spark-a need"));
+    assert_non_null(strstr(err.msg, "free, 130000000000 bytes"));
+}
+
 /* Each test with the teardown that frees what a failed assertion left. */
 #define T(f) cmocka_unit_test_teardown(f, free_plan)
 
@@ -1968,14 +2293,20 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_plan_no_devices_is_one_cpu_stage),
         T(test_plan_cpu_stages_split_layers_earlier_take_the_remainder),
-        T(test_plan_cpu_stage_ends_given),
+        T(test_plan_stage_ends_given),
         T(test_plan_split_cpu_follows_the_threads),
         T(test_plan_split_cpu_caps_threads_by_the_hosts_cpus),
         T(test_plan_split_cpu_gives_every_stage_a_layer),
         T(test_plan_split_cpu_keeps_each_host_within_its_memory),
         T(test_plan_split_cpu_refuses_what_no_split_fits),
-        T(test_plan_split_cpu_holds_its_rules_on_many_inventories),
         T(test_plan_cpu_hosts_split_the_cpu_stages),
+        T(test_plan_split_hosts_weighs_a_card_as_many_threads),
+        T(test_plan_split_hosts_keeps_each_card_within_its_room),
+        T(test_plan_split_hosts_refuses_a_card_by_host_and_bytes),
+        T(test_plan_split_hosts_holds_its_rules_on_many_inventories),
+        T(test_plan_hosts_put_a_card_line_on_its_card),
+        T(test_plan_hosts_layers_given_on_cards),
+        T(test_plan_hosts_expert_flags_and_card_flags),
         T(test_plan_one_device_defaults_put_every_layer_on_the_card),
         T(test_plan_free_memory_not_known_is_not_checked),
         T(test_plan_ngl_zero_puts_every_layer_on_the_cpu),
@@ -2035,6 +2366,7 @@ int main(void)
         T(test_plan_two_h200s_uneven_split_moves_experts_off_the_fuller_card),
         T(test_plan_two_h200s_main_gpu_takes_the_whole_model),
         T(test_plan_two_h200s_experts_on_the_other_card_are_refused),
+        T(test_plan_spark_pair_splits_a_model_larger_than_one),
     };
     return cmocka_run_group_tests(tests, models_setup, models_teardown);
 }

@@ -1,8 +1,8 @@
 /* Tests of proto/node.c: each envelope a node or a router reads from the network is
- * refused by the field that is wrong (model file, probe, host facts; the setup's own
- * checks are fuzz_node's too), and bp_node_probe against a made-up node over a
- * loopback link: the facts it answers, its refusal passed on with the endpoint, no
- * node there, and a node of another cluster. */
+ * refused by the field that is wrong (model file, probe, host facts and their CUDA
+ * devices; the setup's own checks are fuzz_node's too), and bp_node_probe against a
+ * made-up node over a loopback link: the facts it answers, its refusal passed on with
+ * the endpoint, no node there, and a node of another cluster. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -101,6 +101,11 @@ static bp_node_host_t good_host(void)
     h.n_cpus = 16;
     h.mem_available = 60ull << 30;
     h.mem_total = 64ull << 30;
+    h.n_devices = 2;
+    h.device[0] = (bp_node_device_t){.index = 0, .total_bytes = 128ull << 30, .free_bytes = 120ull << 30};
+    snprintf(h.device[0].name, sizeof h.device[0].name, "NVIDIA GB10");
+    h.device[1] = (bp_node_device_t){.index = 3, .total_bytes = 80ull << 30, .free_bytes = 0}; /* free not known */
+    snprintf(h.device[1].name, sizeof h.device[1].name, "NVIDIA H100 80GB HBM3");
     return h;
 }
 
@@ -140,9 +145,6 @@ static void test_node_host_facts_refused_by_field(void **state)
     h.n_cpus = BP_NODE_MAX_CPUS + 1;
     expect_host(&h, BL_EPROTO, "CPUs");
     h = good_host();
-    h.pad = 1;
-    expect_host(&h, BL_EPROTO, "padding");
-    h = good_host();
     h.mem_available = h.mem_total + 1;
     expect_host(&h, BL_EPROTO, "memory available");
     h = good_host();
@@ -152,7 +154,64 @@ static void test_node_host_facts_refused_by_field(void **state)
     bl_err_t err = {0};
     h = good_host();
     assert_int_equal(bp_node_host_read(&out, (const uint8_t *)&h, sizeof h + 1, &err), BL_EPROTO);
-    assert_non_null(strstr(err.msg, "97 bytes, not 96"));
+    assert_non_null(strstr(err.msg, "1505 bytes, not 1504"));
+    assert_int_equal(bp_node_host_read(&out, (const uint8_t *)&h, 96, &err), BL_EPROTO); /* a node of before */
+    assert_non_null(strstr(err.msg, "96 bytes, not 1504"));
+}
+
+static void test_node_host_devices_refused_by_field(void **state)
+{
+    (void)state;
+    bp_node_host_t h = good_host();
+    h.n_devices = 0; /* a host without a card: the entries all zeros */
+    memset(h.device, 0, sizeof h.device);
+    expect_host(&h, 0, NULL);
+    h = good_host();
+    h.n_devices = BP_NODE_MAX_DEVICES;
+    for (int i = 0; i < BP_NODE_MAX_DEVICES; i++) { /* as many as a plan takes */
+        h.device[i] = (bp_node_device_t){.index = 255 - i, .total_bytes = BP_NODE_MAX_MEM,
+                                         .free_bytes = BP_NODE_MAX_MEM};
+        snprintf(h.device[i].name, sizeof h.device[i].name, "card %d ~!", i);
+    }
+    expect_host(&h, 0, NULL);
+    h.n_devices = BP_NODE_MAX_DEVICES + 1;
+    expect_host(&h, BL_EPROTO, "17 CUDA devices (at most 16)");
+    h = good_host();
+    h.device[1].index = -1;
+    expect_host(&h, BL_EPROTO, "device 1 has CUDA ordinal -1 (0..255)");
+    h.device[1].index = 256;
+    expect_host(&h, BL_EPROTO, "device 1 has CUDA ordinal 256");
+    h.device[1].index = 0;
+    expect_host(&h, BL_EPROTO, "devices 0 and 1 are both CUDA0");
+    h = good_host();
+    h.device[0].name[0] = 0;
+    expect_host(&h, BL_EPROTO, "device 0 (CUDA0) has a name that is empty");
+    h = good_host();
+    memset(h.device[0].name, 'a', sizeof h.device[0].name); /* no end */
+    expect_host(&h, BL_EPROTO, "not ended");
+    h = good_host();
+    h.device[0].name[40] = 'x'; /* a byte after the end */
+    expect_host(&h, BL_EPROTO, "not followed by zeros");
+    h = good_host();
+    h.device[1].name[2] = '\n';
+    expect_host(&h, BL_EPROTO, "device 1 (CUDA3) has a name with byte 0x0a");
+    h.device[1].name[2] = (char)0xc3;
+    expect_host(&h, BL_EPROTO, "byte 0xc3");
+    h = good_host();
+    h.device[0].free_bytes = h.device[0].total_bytes + 1;
+    expect_host(&h, BL_EPROTO, "device 0 (CUDA0) has 137438953473 bytes free of 137438953472");
+    h = good_host();
+    h.device[0].total_bytes = h.device[0].free_bytes = BP_NODE_MAX_MEM + 1;
+    expect_host(&h, BL_EPROTO, "bytes free of");
+    h = good_host();
+    h.device[1].pad = 7;
+    expect_host(&h, BL_EPROTO, "device 1 (CUDA3) has padding");
+    h = good_host();
+    h.device[2].index = 5; /* an entry past the count */
+    expect_host(&h, BL_EPROTO, "bytes past its 2 devices");
+    h = good_host();
+    h.device[BP_NODE_MAX_DEVICES - 1].name[63] = 1;
+    expect_host(&h, BL_EPROTO, "bytes past its 2 devices");
 }
 
 /* --- bp_node_probe against a made-up node --------------------------------------------- */
@@ -171,7 +230,7 @@ static void *fake_node_main(void *arg)
 {
     fake_node_t *fn = arg;
     bl_err_t err = {0};
-    uint8_t buf[256];
+    uint8_t buf[1 + sizeof(bp_node_host_t)];
     size_t n = 0;
     if (bp_link_wait_up(fn->l, fn->up_ms, &err) != 0 || bp_link_recv(fn->l, buf, sizeof buf, &n, UP_MS, &err) != 0)
         return NULL;
@@ -281,6 +340,7 @@ int main(void)
         cmocka_unit_test(test_node_file_refused_by_field),
         cmocka_unit_test(test_node_probe_refused_by_field),
         cmocka_unit_test(test_node_host_facts_refused_by_field),
+        cmocka_unit_test(test_node_host_devices_refused_by_field),
         cmocka_unit_test(test_node_probe_returns_the_facts_and_waits_for_the_end),
         cmocka_unit_test(test_node_probe_passes_the_nodes_refusal_on),
         cmocka_unit_test(test_node_probe_without_a_node_or_with_another_secret),
