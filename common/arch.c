@@ -211,8 +211,7 @@ static int read_gptoss(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_er
     const char *ar = a->name;
     char key[128];
     int rc;
-    if ((rc = get_dim(g, ar, "attention.sliding_window", 0, BL_ARCH_MAX_CTX, &a->n_swa, err)) < 0 ||
-        (rc = get_float(g, ar, "expert_weights_scale", 1.0f, 0.0f, 1e6f, &a->expert_scale, err)) < 0)
+    if ((rc = get_dim(g, ar, "attention.sliding_window", 0, BL_ARCH_MAX_CTX, &a->n_swa, err)) < 0)
         return rc;
     snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", ar);
     a->swa_period = 2;
@@ -222,8 +221,9 @@ static int read_gptoss(bl_arch_t *a, const bl_gguf_t *g, const char *path, bl_er
                           key);
     if (kv && (rc = get_dim(g, ar, "attention.sliding_window_pattern", 2, 64, &a->swa_period, err)) < 0)
         return rc;
-    if (a->expert_scale == 0.0f)
-        a->expert_scale = 1.0f;
+    /* llama.cpp's gpt-oss graph never scales the chosen experts' weights (nor does
+     * OpenAI's model): a file that has expert_weights_scale is not scaled */
+    a->expert_scale = 1.0f;
     /* llama.cpp's heads are n_rot wide here, and a sliding layer may have its own
      * RoPE base: files that differ are refused rather than run otherwise */
     if (a->n_rot != a->head_dim)

@@ -411,9 +411,9 @@ static void usage(FILE *f)
         "                         2..--head-dim (default --head-dim / 2); qwen3next and\n"
         "                         qwen35moe 2..--head-dim (default --head-dim / 4);\n"
         "                         deepseek2 the rotated part after --qk-nope (default 16)\n"
-        "  --expert-scale X       factor on the routed experts' weights (default 1; also\n"
-        "                         gpt-oss, which writes expert_weights_scale only when\n"
-        "                         this is given)\n"
+        "  --expert-scale X       factor on the routed experts' weights (default 1). gpt-oss\n"
+        "                         writes expert_weights_scale only when this is given, a\n"
+        "                         key llama.cpp and bloomery do not read for gpt-oss\n"
         "  --gating G             the router's scores: sigmoid (default) or softmax\n"
         "  --no-expert-norm       leave the chosen experts' weights undivided by their sum\n"
         "\n"
@@ -2064,8 +2064,8 @@ static int write_metadata(bl_gguf_writer_t *w, const opts_t *o, const mk_vocab_t
             return rc;
     }
     /* gpt-oss: whole heads rotated; the window, and its period when not the usual
-     * 2; expert_weights_scale only when asked for (absent: no scaling); YaRN
-     * without a log multiplier */
+     * 2; expert_weights_scale only when asked for (a key the readers ignore for
+     * gpt-oss: a file to check that); YaRN without a log multiplier */
     if (oss) {
         if ((rc = bl_gw_set_u32(w, K("rope.dimension_count"), (uint32_t)o->n_rot, err)) ||
             (rc = bl_gw_set_u32(w, K("attention.sliding_window"), (uint32_t)o->n_swa, err)))

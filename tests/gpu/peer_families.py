@@ -15,6 +15,12 @@ each other), and the log-probability distances are printed for docs/models.md.
 --ngl is bloomery's (-ngl 0: the CPU worker); llama-server runs on the CPU (-ngl 0)
 so its second opinion does not depend on its CUDA kernels. Exit status 1 when a
 file does not load or a chosen token differs.
+
+--f32 asks the question without rounding: every matrix of the files in f32 (gpt-oss's
+experts too), both caches f32 and llama-server without flash attention (on the CPU
+its flash attention gives the same f16 distances over an f32 cache). Both engines
+then compute each family's meaning in f32, and any log probability further apart
+than F32_LIMIT fails the family.
 """
 import argparse
 import json
@@ -46,6 +52,9 @@ FAMILIES = {
 
 
 TIE = 0.25  # log-probability gap under which two engines may pick either token
+# --f32: llama.cpp and bloomery met within 2e-5 on every family's f32 file; a
+# difference of meaning (a scale, a mask, a routing rule) moves them by far more
+F32_LIMIT = 1e-3
 
 
 def post(url, body, timeout=120):
@@ -115,6 +124,8 @@ def main():
     ap.add_argument("--n-predict", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=12, help="prompts of random ids, 5 to 278 long")
     ap.add_argument("--verbose", action="store_true", help="each prompt's tokens and distance")
+    ap.add_argument("--f32", action="store_true", help="f32 files, f32 caches, no flash attention: the engines' "
+                    "meaning without their rounding (fails past F32_LIMIT)")
     ap.add_argument("--dump", help="a folder: each family's mkmodel arguments, prompts and both engines' top 10 "
                     "(FAMILY.json), to compare with the reference elsewhere")
     a = ap.parse_args()
@@ -125,7 +136,10 @@ def main():
     rows = []
     for fam in a.families.split(","):
         path = os.path.join(tmp, fam + ".gguf")
-        mk = subprocess.run([os.path.join(a.bin, "bloomery-mkmodel"), "-o", path, "--threads", "4"] + FAMILIES[fam],
+        mk_args = FAMILIES[fam]
+        if a.f32:
+            mk_args = mk_args + ["--type", "f32"] + (["--type-experts", "f32"] if fam == "gpt-oss" else [])
+        mk = subprocess.run([os.path.join(a.bin, "bloomery-mkmodel"), "-o", path, "--threads", "4"] + mk_args,
                             capture_output=True, text=True)
         if mk.returncode:
             print("%s: bloomery-mkmodel failed: %s" % (fam, mk.stderr.strip()[-300:]))
@@ -133,10 +147,12 @@ def main():
             continue
         # -ngl 0 alone still sends a long prompt's products to a visible card:
         # --no-op-offload keeps llama-server on the CPU
+        exact_l = ["-ctk", "f32", "-ctv", "f32", "-fa", "off"] if a.f32 else []
         ll = serve([a.llama_server, "-m", path, "-ngl", "0", "--no-op-offload", "-c", "2048", "-t", "8", "-np", "1",
-                    "--chat-template", "chatml", "--no-jinja", "--reasoning-format", "none"], 18190, os.path.join(tmp, fam + ".llama.log"))
-        bl = serve([os.path.join(a.bin, "bloomery-serve"), "-m", path, "-ngl", a.ngl, "-c", "2048", "-np", "1"],
-                   18191, os.path.join(tmp, fam + ".bloomery.log"))
+                    "--chat-template", "chatml", "--no-jinja", "--reasoning-format", "none"] + exact_l,
+                   18190, os.path.join(tmp, fam + ".llama.log"))
+        bl = serve([os.path.join(a.bin, "bloomery-serve"), "-m", path, "-ngl", a.ngl, "-c", "2048", "-np", "1"] +
+                   (["-ctk", "f32", "-ctv", "f32"] if a.f32 else []), 18191, os.path.join(tmp, fam + ".bloomery.log"))
         try:
             ok_l = wait_ready("http://127.0.0.1:18190", ll)
             ok_b = wait_ready("http://127.0.0.1:18191", bl)
@@ -154,7 +170,7 @@ def main():
             if a.dump:
                 os.makedirs(a.dump, exist_ok=True)
                 with open(os.path.join(a.dump, fam + ".json"), "w") as f:
-                    json.dump({"mkmodel": FAMILIES[fam], "prompts": [g[0] for g in got],
+                    json.dump({"mkmodel": mk_args, "prompts": [g[0] for g in got],
                                "llama": [[[t, {str(k): v for k, v in tp.items()}] for t, tp in x] for x in A],
                                "bloomery": [[[t, {str(k): v for k, v in tp.items()}] for t, tp in x] for x in B]},
                               f)
@@ -183,7 +199,7 @@ def main():
                         break  # the continuations differ from here on
             mean = dsum / dn if dn else float("nan")
             rows.append((fam, same, total, ties, mean, dmax, dn))
-            if same + ties != total or total == 0:
+            if same + ties != total or total == 0 or (a.f32 and dmax > F32_LIMIT):
                 bad += 1
         finally:
             for p in (ll, bl):
@@ -194,8 +210,10 @@ def main():
                     p.kill()
     print("family            | same token | near ties | mean |dlogprob| | max |dlogprob| | pairs")
     for fam, same, total, ties, mean, dmax, dn in rows:
-        print("%-17s | %4d/%-5d | %9d | %16.5f | %14.5f | %d" % (fam, same, total, ties, mean, dmax, dn))
-    print("peer_families: %s (bloomery -ngl %s, llama-server -ngl 0)" % ("FAILED" if bad else "ok", a.ngl))
+        dist = "%16.2e | %14.2e" if a.f32 else "%16.5f | %14.5f"
+        print(("%-17s | %4d/%-5d | %9d | " + dist + " | %d") % (fam, same, total, ties, mean, dmax, dn))
+    print("peer_families: %s (bloomery -ngl %s, llama-server -ngl 0%s)" % (
+        "FAILED" if bad else "ok", a.ngl, "; f32 files, caches and products" if a.f32 else ""))
     return 1 if bad else 0
 
 

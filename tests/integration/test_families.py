@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.join(serverctl.ROOT, "tests", "reference"))
 import compare  # noqa: E402
 import gguf  # noqa: E402
 import gguf_write  # noqa: E402
+import model as refmodel  # noqa: E402
 
 REFERENCE = os.path.join(serverctl.ROOT, "tests", "reference", "reference.py")
 
@@ -376,6 +377,33 @@ def test_cpu_pass_against_the_reference(family, tmp_path, k):
         assert m["mean_abs_dlogit"] <= gate["mean"], summary
         assert gate["max"] is None or m["max_abs_dlogit"] <= gate["max"], summary
         assert m["max_abs_dlse"] <= gate["lse"], summary
+
+
+# keys llama.cpp does not read for an architecture, with values that would move the
+# logits were they read: a drop-in server must compute what llama-server does
+UNREAD_KEYS = {
+    "gpt-oss": {OSS + "expert_weights_scale": 2.5},
+    "qwen3next": {"qwen3next.expert_weights_scale": 2.5},
+    "qwen35moe": {"qwen35moe.expert_weights_scale": 2.5},
+}
+
+
+def test_keys_llama_cpp_does_not_read_change_nothing(family, tmp_path):
+    """The family's file with UNREAD_KEYS set gives bloomery-cli the logits of the file
+    without them, bit for bit, and the reference reads the same hyperparameters."""
+    if family.name not in UNREAD_KEYS:
+        pytest.skip("UNREAD_KEYS has no entry for %s" % family.name)
+    md = gguf.load(family.path).metadata
+    keys = {k: v if k in md else (gguf.T_FLOAT32, v) for k, v in UNREAD_KEYS[family.name].items()}
+    other = str(tmp_path / "keys.gguf")
+    rewrite(family.path, other, set_keys=keys)
+    changed = gguf.load(other).metadata
+    assert all(changed[k] == v for k, v in UNREAD_KEYS[family.name].items())
+    want = cli_dump(family.path, PLAIN[1], tmp_path / "want.json")
+    got = cli_dump(other, PLAIN[1], tmp_path / "got.json")
+    assert got["prompt_ids"] == want["prompt_ids"]
+    assert got["positions"] == want["positions"], "%s: a key llama.cpp ignores moved the logits" % family.name
+    assert vars(refmodel.Hparams(changed)) == vars(refmodel.Hparams(md))
 
 
 # some 300 tokens: positions well past the short prompts', where YaRN's stretched

@@ -236,8 +236,9 @@ class Hparams:
             raise ValueError("gpt-oss.attention.sliding_window_pattern %r: a period of 1 or more "
                              "layers is known" % (period,))
         self.swa_period = int(period)  # layer i slides when i % period < period - 1
-        scale = float(opt("expert_weights_scale", 0.0))
-        self.expert_weights_scale = 1.0 if scale == 0.0 else scale  # 0 or absent: no scaling
+        # llama.cpp's gpt-oss graph does not scale the chosen weights, whatever
+        # expert_weights_scale says: never scaled
+        self.expert_weights_scale = 1.0
         self.expert_weights_norm = False
         # SOFTMAX_WEIGHT: implied by the architecture, whatever a gating key says
         self.expert_gating = "softmax_weight"

@@ -1349,7 +1349,7 @@ def _oai_attention_by_hand(md, F, i, x, sinks=True):
 def _oai_route_by_hand(md, lg):
     """Chosen experts and weights of router logits lg (T, n) (the bias added), row by row."""
     k = md[OAI + "expert_used_count"]
-    scale = md.get(OAI + "expert_weights_scale", 0.0) or 1.0
+    scale = 1.0  # expert_weights_scale is not read for gpt-oss (as llama.cpp)
     sel_all, w_all = [], []
     for row in lg:
         chosen = sorted(range(len(row)), key=lambda e: (-row[e], e))[:k]
@@ -1442,9 +1442,10 @@ def test_gptoss_hparams():
     for kw in (dict(rope__scaling__type=None), dict(rope__scaling__type="none"),
                dict(rope__scaling__factor=1.0)):
         assert refmodel.Hparams(_oai_md(**kw)).rope_yarn is None
-    # expert_weights_scale: 0 or absent is none; the period's key
+    # expert_weights_scale is not read (llama.cpp's gpt-oss graph never scales); the
+    # period's key is
     assert refmodel.Hparams(_oai_md(expert_weights_scale=0.0)).expert_weights_scale == 1.0
-    assert refmodel.Hparams(_oai_md(expert_weights_scale=2.5)).expert_weights_scale == 2.5
+    assert refmodel.Hparams(_oai_md(expert_weights_scale=2.5)).expert_weights_scale == 1.0
     assert refmodel.Hparams(_oai_md(attention__sliding_window_pattern=3)).swa_period == 3
     # a gating key changes nothing: SOFTMAX_WEIGHT is the architecture's
     assert refmodel.Hparams(_oai_md(expert_gating_func=2)).expert_gating == "softmax_weight"
@@ -1655,8 +1656,8 @@ def test_gptoss_swiglu_oai_clamps(tmp_path):
 
 def test_gptoss_routing(tmp_path):
     """SOFTMAX_WEIGHT: the top k of the router's logits plus its bias (ties:
-    lower id), weighted by the softmax over those k (summing to 1, or to
-    expert_weights_scale); the bias moves the choice and the weights."""
+    lower id), weighted by the softmax over those k (summing to 1, whatever
+    expert_weights_scale says); the bias moves the choice and the weights."""
     w, hp = gguf_write.tiny_gptoss_weights(seed=54, n_expert=8)
     router = np.zeros((8, hp["n_embd"]))
     router[:, :8] = np.eye(8)
@@ -1689,8 +1690,8 @@ def test_gptoss_routing(tmp_path):
     assert np.array_equal(selb, want_sel)
     assert np.allclose(wb, want_w, rtol=1e-14, atol=0)
     assert np.all(wb[:, 0] > 0.99)
-    # k = 3 and expert_weights_scale 2.5: the weights sum to 2.5; 0 is no scaling
-    for scale, total in ((2.5, 2.5), (0.0, 1.0)):
+    # k = 3: the weights sum to 1 with expert_weights_scale 2.5 or 0 (the key is not read)
+    for scale, total in ((2.5, 1.0), (0.0, 1.0)):
         ms = _oai(tmp_path, (w, hp), tag="s%g" % scale, n_expert_used=3, expert_scale=scale)
         s3, w3 = ms.route(ms.layer(1), x)
         assert s3.shape == (len(rows), 3)
