@@ -6,7 +6,6 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -72,16 +71,9 @@ struct copy_share {
     int caller;      /* the caller's thread: reports the progress */
 };
 
-static int64_t mono_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 static void tick(struct copy_run *r)
 {
-    const int64_t now = mono_us();
+    const int64_t now = bl_progress_now_us();
     if (r->fn && now - r->last_us >= REPORT_US) {
         r->last_us = now;
         r->fn(r->ud, atomic_load_explicit(&r->copied, memory_order_relaxed), r->total);
@@ -112,7 +104,7 @@ static void *copy_share(void *arg)
 void bl_wmem_copy_many_progress(const bl_wmem_job_t *jobs, size_t n_jobs, int threads, bl_progress_fn fn,
                                 void *ud)
 {
-    struct copy_run run = {.jobs = jobs, .n_jobs = n_jobs, .fn = fn, .ud = ud, .last_us = mono_us()};
+    struct copy_run run = {.jobs = jobs, .n_jobs = n_jobs, .fn = fn, .ud = ud, .last_us = bl_progress_now_us()};
     for (size_t i = 0; i < n_jobs; i++)
         run.total += jobs[i].n;
     enum { MAX_THREADS = 64 };
