@@ -11,13 +11,19 @@
 #include "log.h"
 #include "wmem.h"
 
+int bl_wmem_leaves_margin(uint64_t total, uint64_t avail, uint64_t ram)
+{
+    const uint64_t margin = ram / 10 > ((uint64_t)2 << 30) ? ram / 10 : (uint64_t)2 << 30;
+    return avail == 0 || (total <= avail && avail - total >= margin);
+}
+
 void *bl_wmem_alloc(uint64_t total, int force, size_t *len)
 {
     *len = 0;
     const size_t huge = (size_t)2 << 20;
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     if (total == 0 || total > SIZE_MAX - huge || pages <= 0 || page <= 0 ||
-        (!force && total > (uint64_t)pages / 2 * (uint64_t)page))
+        (!force && (total > (uint64_t)pages / 2 * (uint64_t)page || !bl_wmem_leaves_margin(total, bl_mem_available(), bl_mem_total()))))
         return NULL;
     const size_t n = ((size_t)total + huge - 1) & ~(huge - 1);
     void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -2,9 +2,10 @@
  * weight once per token, and a file mapping is in 4 KiB pages (a TLB miss every 4 KiB
  * and a hardware prefetcher that stops at each page), so the weights are copied once
  * into anonymous memory advised as huge pages (measured on the 2-core EPYC: tg64 on
- * m8.gguf about +12%). Best effort: weights past half the physical memory stay in the
- * file mapping, which the page cache can evict and a copy could not be, unless the
- * caller forces the copy (--no-mmap). The worker's weights and the hosttier's experts
+ * m8.gguf about +12%). Best effort: weights past half the physical memory, or more
+ * than the available memory less a margin (a file in tmpfs is not available: a copy
+ * would hold it twice), stay in the file mapping, which the page cache can evict and
+ * a copy could not be, unless the caller forces the copy (--no-mmap). The worker's weights and the hosttier's experts
  * both go through here. */
 #ifndef BL_WMEM_H
 #define BL_WMEM_H
@@ -16,10 +17,14 @@
 #include "progress.h"
 
 /* Anonymous memory for total bytes of weights, rounded up to huge pages, into
- * *len; NULL (and *len 0) when it passes half the physical memory and force is not
- * set, or the mapping fails: the caller then reads the file mapping. Free with
+ * *len; NULL (and *len 0) when it passes half the physical memory or would leave
+ * less than max(2 GiB, RAM / 10) available and force is not set, or the mapping fails: the caller then reads the file mapping. Free with
  * munmap(p, *len). */
 void *bl_wmem_alloc(uint64_t total, int force, size_t *len);
+
+/* Whether a copy of total bytes leaves a margin of avail (MemAvailable), the larger
+ * of 2 GiB and a tenth of ram; 1 when avail is unknown (0). */
+int bl_wmem_leaves_margin(uint64_t total, uint64_t avail, uint64_t ram);
 
 /* The kernel's estimate of the memory a new load can take without swapping
  * (MemAvailable of /proc/meminfo), in bytes; 0 when it cannot be read. */

@@ -130,6 +130,27 @@ static void test_alloc_refusals(void **state)
     assert_int_equal(munmap(p, len), 0);
 }
 
+/* The copy leaves max(2 GiB, RAM / 10) of the available memory: a 60 GiB file in
+ * tmpfs on a 125 GiB machine leaves about 62 GiB available, too little for its copy. */
+static void test_margin(void **state)
+{
+    (void)state;
+    const uint64_t G = (uint64_t)1 << 30;
+    assert_int_equal(bl_wmem_leaves_margin(57 * G, 62 * G, 125 * G), 0);
+    assert_int_equal(bl_wmem_leaves_margin(40 * G, 62 * G, 125 * G), 1);  /* 22 GiB left, 12.5 needed */
+    assert_int_equal(bl_wmem_leaves_margin(50 * G, 62 * G, 125 * G), 0);  /* 12 GiB left */
+    assert_int_equal(bl_wmem_leaves_margin(3 * G, 6 * G, 8 * G), 1);      /* 3 GiB left, 2 needed */
+    assert_int_equal(bl_wmem_leaves_margin(5 * G, 6 * G, 8 * G), 0);      /* 1 GiB left */
+    assert_int_equal(bl_wmem_leaves_margin(7 * G, 6 * G, 8 * G), 0);      /* more than there is */
+    assert_int_equal(bl_wmem_leaves_margin(7 * G, 0, 0), 1);              /* unknown: the old rule */
+    size_t len = 1;
+    const uint64_t avail = bl_mem_available();
+    if (avail > 2 * G) { /* the available memory itself, unforced: refused */
+        assert_null(bl_wmem_alloc(avail - G, 0, &len));
+        assert_int_equal(len, 0);
+    }
+}
+
 int main(void)
 {
     test_seed_init("test_common_wmem");
@@ -137,6 +158,7 @@ int main(void)
         cmocka_unit_test(test_copy_many_every_share),
         cmocka_unit_test(test_copy_progress),
         cmocka_unit_test(test_alloc_refusals),
+        cmocka_unit_test(test_margin),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
