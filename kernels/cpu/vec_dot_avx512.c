@@ -25,10 +25,73 @@ AVX512 static inline float hsum_ps(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* q8_0 and mxfp4 (vec_dot_q8_family.h): one vpdpbusd for the four-product sums. */
+/* q8_0 and mxfp4 (vec_dot_q8_family.h): one vpdpbusd for the four-product sums,
+ * two blocks in each 512-bit register. */
 #define Q8F_TARGET AVX512
 #define Q8F_LANES(aw, qw, qy) _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(qy, qw))
+#define Q8F_OWN_DOT
 #include "vec_dot_q8_family.h"
+
+/* Blocks i and i + 1's 64 signed weights, their scales into dw[0..1]. */
+AVX512 static inline __m512i q8f_weights2(const bl_block_q8_0 *a8, const bl_block_mxfp4 *a4, int64_t i, float *dw)
+{
+    if (a8) {
+        dw[0] = _cvtsh_ss(a8[i].d);
+        dw[1] = _cvtsh_ss(a8[i + 1].d);
+        return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a8[i].qs)),
+                                  _mm256_loadu_si256((const __m256i *)a8[i + 1].qs), 1);
+    }
+    dw[0] = bl_e8m0_to_fp32_half(a4[i].e);
+    dw[1] = bl_e8m0_to_fp32_half(a4[i + 1].e);
+    const __m256i raw = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a4[i].qs)),
+        _mm_loadu_si128((const __m128i *)a4[i + 1].qs), 1);
+    /* [raw_i, raw_i+1, raw_i >> 4, raw_i+1 >> 4] in 128-bit lanes, then lanes 0, 2, 1, 3 */
+    __m512i n = _mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1);
+    n = _mm512_and_si512(_mm512_shuffle_i64x2(n, n, _MM_SHUFFLE(3, 1, 2, 0)), _mm512_set1_epi8(0xf));
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)bl_e2m1_doubled)), n);
+}
+
+AVX512 static inline float dot_q8_family(const bl_block_q8_0 *a8, const bl_block_mxfp4 *a4,
+                                         const bl_block_q8_0 *const *bx, int nx, int64_t nb)
+{
+    /* blocks 4j, 4j+1 in the halves of wa[t], 4j+2, 4j+3 in those of wb[t] */
+    __m512 wa[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, wb[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        for (int h = 0; h < 2; h++) {
+            float dw[2];
+            const __m512i qw = q8f_weights2(a8, a4, i + 2 * h, dw);
+            const __m512i aw = _mm512_abs_epi8(qw);
+            const __mmask64 neg = _mm512_movepi8_mask(qw);
+            for (int t = 0; t < nx; t++) {
+                const bl_block_q8_0 *y = bx[t] + i + 2 * h;
+                const __m512i qy = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)y[0].qs)),
+                    _mm256_loadu_si256((const __m256i *)y[1].qs), 1);
+                const __m512i sy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
+                const __m512 d = _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(dw[0] * _cvtsh_ss(y[0].d)),
+                                                      _mm512_set1_ps(dw[1] * _cvtsh_ss(y[1].d)));
+                const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, sy));
+                if (h == 0)
+                    wa[t] = _mm512_fmadd_ps(d, p, wa[t]);
+                else
+                    wb[t] = _mm512_fmadd_ps(d, p, wb[t]);
+            }
+        }
+    }
+    __m256 acc[2][4];
+    for (int t = 0; t < 2; t++) {
+        acc[t][0] = _mm512_castps512_ps256(wa[t]);
+        acc[t][1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wa[t]), 1));
+        acc[t][2] = _mm512_castps512_ps256(wb[t]);
+        acc[t][3] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wb[t]), 1));
+    }
+    for (; i < nb; i++) /* the last blocks, one at a time into their accumulators */
+        q8f_block(a8, a4, bx, nx, i, (int)(i & 3), acc);
+    return q8f_finish(acc, nx);
+}
+
 Q8F_ENTRY_POINTS(avx512)
 
 #else /* not x86-64: the names exist so the table compiles; kcpu_init never picks them */
