@@ -1966,7 +1966,8 @@ static int moe_remote(cuda_t *cu, int64_t l, const wk_moe_t *e, const wk_remote_
             const int cn = (int)(n - r < step ? n - r : step);
             const int32_t *sid = cu->d_sid + r * K;
             float *g = cu->g + r * K * F, *u = cu->u_ + r * K * F;
-            if (same_shape(&rs->m[0], &rs->m[1])) {
+            const int plain = e->act == KCUDA_ACT_SWIGLU && !e->gate_b.p && !e->up_b.p;
+            if (plain && same_shape(&rs->m[0], &rs->m[1])) {
                 OP("ffn_moe_gate_up", kcuda_matvec_experts_swiglu(&rs->m[0], &rs->m[1], rs->n, sid, cn, (int)K,
                                                                   xn + r * E, E, g, F, st, err));
             } else {
@@ -1974,10 +1975,17 @@ static int moe_remote(cuda_t *cu, int64_t l, const wk_moe_t *e, const wk_remote_
                                                         err));
                 OP("ffn_moe_up", kcuda_matvec_experts(&rs->m[1], rs->n, sid, cn, (int)K, xn + r * E, E, u, F, st,
                                                       err));
-                OP("ffn_moe_swiglu", kcuda_swiglu(g, g, u, cn * K * F, st, err));
+                if (plain)
+                    OP("ffn_moe_swiglu", kcuda_swiglu(g, g, u, cn * K * F, st, err));
+                else /* the biases by expert id; a choice no slot holds is the host's */
+                    OP("ffn_moe_act", kcuda_experts_act(g, u, F, cu->ids + r * K, NULL, e->gate_b.p, e->up_b.p,
+                                                        cn * K, F, NE, e->act, NULL, st, err));
             }
             OP("ffn_moe_down", kcuda_matvec_experts_down(&rs->m[2], rs->n, sid, cu->wts + r * K, cn, (int)K, g, F,
                                                          x + r * E, E, 1, st, err));
+            if (e->down_b.p) /* only the choices a slot served: the host adds its own */
+                OP("ffn_moe_down_bias", kcuda_experts_bias_down(x + r * E, E, cu->ids + r * K, sid, cu->wts + r * K,
+                                                                e->down_b.p, cn, (int)K, E, NE, st, err));
         }
     }
     OP("ffn_host_out", kcuda_download(cu->h_x, xn, sizeof(float) * (size_t)(n * E), st, err));
@@ -2144,15 +2152,6 @@ int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *
     cu->offload_rows = cfg->o->no_op_offload ? 0 : or_env && *or_env ? atoll(or_env) : WK_OP_OFFLOAD_ROWS;
     if (cu->offload_rows < 0)
         cu->offload_rows = 0;
-    /* the experts' biases live on the card only for its own layers: host layers'
-     * experts (biases included) are the host's to compute */
-    if (cfg->c->moe && cfg->c->expert_biases && (cu->offload_rows || cu->resid_wanted)) {
-        BL_LOG(BL_LOG_INFO, "event=host_experts_stay_host reason=\"expert biases\"");
-        cu->offload_rows = 0;
-        cu->resid_wanted = 0;
-        cu->heat = NULL;
-        cu->resid = -1;
-    }
     int rc = check_shapes(cu, err);
     if (rc == 0 && !(cu->kvl = malloc(sizeof(int64_t) * (size_t)(cu->le - cu->lb + 1))))
         rc = bl_err_set(err, BL_ENOMEM, "out of memory for %lld layers", (long long)(cu->le - cu->lb));

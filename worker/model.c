@@ -357,7 +357,9 @@ int wk__place_ffn(wk_model_t *m, int64_t l, bl_err_t *err)
     if ((rc = op->add(b, &e->gate_inp, 0, err)) < 0 ||
         (c->expert_bias && (rc = op->add_vec(b, &e->probs_b, c->n_expert, err)) < 0) ||
         (c->router_bias && (rc = op->add_vec(b, &e->router_b, c->n_expert, err)) < 0) ||
-        (c->expert_biases && wk__layer_local_experts(m, l) &&
+        /* the biases also beside experts kept in host RAM: a card computes such a
+         * layer's experts for a long prompt (the offload) and from its slots */
+        (c->expert_biases && (wk__layer_local_experts(m, l) || wk__layer_remote(m, l)) &&
          ((rc = op->add_vec(b, &e->gate_b, c->n_expert * c->n_ff_exp, err)) < 0 ||
           (rc = op->add_vec(b, &e->up_b, c->n_expert * c->n_ff_exp, err)) < 0 ||
           (rc = op->add_vec(b, &e->down_b, c->n_expert * c->n_embd, err)) < 0)) ||

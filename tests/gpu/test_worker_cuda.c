@@ -713,6 +713,34 @@ static void test_families(void)
         gate_vs_cpu(what, g, c, f, N, V);
         free(g);
         wk_placed_free(&pl);
+        /* the host layers' experts on the card: copied there for the prompt (a bound
+         * of 1 row), and from residency's slots in decode (room for all, and for 1 a
+         * layer: most choices the host's, biases included) */
+        setenv("BLOOMERY_OP_OFFLOAD_ROWS", "1", 1);
+        pl = load_placed(path, 1, NULL, 1, 0);
+        unsetenv("BLOOMERY_OP_OFFLOAD_ROWS");
+        g = run_prompt(pl.m, ids, N, WK_KV_F16);
+        snprintf(what, sizeof what, "%s --cpu-moe, prompt offload", name);
+        gate_vs_cpu(what, g, c, f, N, V);
+        free(g);
+        wk_placed_free(&pl);
+        int64_t per = 0; /* a slot's bytes, from the first run */
+        for (int k = 0; k < 2 && (k == 0 || per > 0); k++) {
+            const int64_t vram = k == 0 ? WK_EXPERTS_VRAM_AUTO : wk_model_config(gpu)->n_layer * (per + 1024);
+            pl = load_resident(path, 1, NULL, 1, 0, vram);
+            g = run_decode(pl.m, ids, N);
+            wk_resid_stats_t rs;
+            wk_model_resid_stats(pl.m, &rs);
+            if (k == 0 && rs.slots > 0)
+                per = rs.slot_bytes / rs.slots;
+            snprintf(what, sizeof what, "%s --cpu-moe, decode from card slots (%s)", name,
+                     k == 0 ? "room for all" : "one a layer");
+            tap_ok(rs.slots > 0 && rs.moves > 0, "%s: %lld slots, %llu moves", what, (long long)rs.slots,
+                   (unsigned long long)rs.moves);
+            gate_vs_cpu(what, g, c, f, N, V);
+            free(g);
+            wk_placed_free(&pl);
+        }
         free(c);
         free(f);
         wk_model_free(gpu);
