@@ -520,7 +520,10 @@ static int relay_kept_offer(rt_cluster_t *c, child_t *k)
 
 static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
 {
-    static bp_plan_t p; /* large (the host-layer table); the supervisor thread sends plans one at a time */
+    /* on the stack (some 6 KiB, the host-layer table): a static one would be shared with
+     * the supervisor of another cluster of the process (a draft's, started beside the
+     * model's), whose plan could overwrite this one before it is sent */
+    bp_plan_t p;
     memset(&p, 0, sizeof p);
     const int nw = c->o.n_workers;
     /* The plan's stages, or an even split, earlier stages taking the remainder. */

@@ -3,7 +3,10 @@
  * hosttier) equal in-process wk_model_eval bit for bit; kill -9 of a worker or of
  * the hosttier ends the step with BL_ECLOSED naming it within a second, and the
  * restarted set works; a child that cannot load fails the cluster with its reason;
- * destroy leaves no child behind. */
+ * destroy leaves no child behind; two clusters whose plans are built at once (a
+ * draft's beside the model's) each run their own model. cluster.c is included, its
+ * plans sent through plan_sent here, which can hold the first ones until both are
+ * built. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -21,8 +24,36 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "chan.h"
 #include "cluster.h"
 #include "wk.h"
+
+static int plan_sent(bp_chan_t *c, const bp_peer_t *to, const bp_plan_t *p, int timeout_ms, bl_err_t *err);
+#define bp_chan_send_plan plan_sent
+#include "cluster.c"
+#undef bp_chan_send_plan
+
+/* Plans still to be built before any of them is sent (0: each goes at once): the
+ * first g_plans_meet plans wait in plan_sent for one another, 10 s at most. */
+static pthread_mutex_t g_plan_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_plan_cv = PTHREAD_COND_INITIALIZER;
+static int g_plans_meet;
+
+static int plan_sent(bp_chan_t *c, const bp_peer_t *to, const bp_plan_t *p, int timeout_ms, bl_err_t *err)
+{
+    pthread_mutex_lock(&g_plan_mu);
+    if (g_plans_meet > 0) {
+        g_plans_meet--;
+        pthread_cond_broadcast(&g_plan_cv);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 10;
+        while (g_plans_meet > 0 && pthread_cond_timedwait(&g_plan_cv, &g_plan_mu, &until) == 0)
+            ;
+    }
+    pthread_mutex_unlock(&g_plan_mu);
+    return bp_chan_send_plan(c, to, p, timeout_ms, err);
+}
 
 #define N_SLOTS 2
 #define N_CTX 128
@@ -213,7 +244,7 @@ static rt_cluster_t *start_host(const char *model, int n_workers, int host)
     if (rt_cluster_create(&c, &o, &err) != 0)
         fail_msg("create: %s", err.msg);
     rt_cluster_state_t st = rt_cluster_wait(c, 60000);
-    char why[512];
+    char why[1024];
     if (st != RT_CLUSTER_READY)
         fail_msg("cluster state %d: %s", st, rt_cluster_error(c, why, sizeof why));
     return c;
@@ -338,7 +369,7 @@ static void kill_and_recover(const char *prefix, const char *who)
     assert_true(rc == BL_EAGAIN || rc == 0 || rc == BL_EINVAL);
 
     assert_int_equal(rt_cluster_wait(c, 60000), RT_CLUSTER_READY);
-    char why[512];
+    char why[1024];
     assert_non_null(strstr(rt_cluster_error(c, why, sizeof why), who));
     if (through(c, got, &err) != 0)
         fail_msg("after the restart: %s", err.msg);
@@ -491,6 +522,57 @@ static void test_cluster_refuses_bad_steps(void **state)
     assert_no_children();
 }
 
+/* A draft's cluster starts beside the model's, each supervisor building the plan of
+ * its worker when the worker says Hello. Here both plans are built before either is
+ * sent: each worker still loads its own cluster's model (the two files have the same
+ * vocabulary and width, so a worker with the other's would pass the Ready check),
+ * and each cluster's logits are its model's in process, bit for bit. */
+static void test_cluster_plans_of_two_at_once(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    static float ref[N_LOGITS * 1024], got[N_LOGITS * 1024];
+    const char *models[2] = {g_moe, g_dense};
+    rt_cluster_opts_t o[2];
+    rt_cluster_t *c[2];
+    bl_err_t err = {0};
+    pthread_mutex_lock(&g_plan_mu);
+    g_plans_meet = 2;
+    pthread_mutex_unlock(&g_plan_mu);
+    for (int i = 0; i < 2; i++) {
+        o[i] = (rt_cluster_opts_t){
+            .model_path = models[i], .bin_dir = g_bin, .runtime_dir = g_dir, .n_workers = 1,
+            .n_threads = 1, .n_threads_batch = 1, .n_slots = N_SLOTS, .n_ctx_slot = N_CTX,
+            .n_batch = N_BATCH, .kv_type = WK_KV_F16};
+        if (rt_cluster_create(&c[i], &o[i], &err) != 0)
+            fail_msg("create %s: %s", models[i], err.msg);
+    }
+    for (int i = 0; i < 2; i++) {
+        char why[1024];
+        if (rt_cluster_wait(c[i], 60000) != RT_CLUSTER_READY)
+            fail_msg("%s: %s", models[i], rt_cluster_error(c[i], why, sizeof why));
+    }
+    pthread_mutex_lock(&g_plan_mu);
+    const int unmet = g_plans_meet;
+    g_plans_meet = 0;
+    pthread_mutex_unlock(&g_plan_mu);
+    assert_int_equal(unmet, 0);
+    for (int i = 0; i < 2; i++) {
+        const int64_t nv = rt_cluster_n_vocab(c[i]);
+        assert_true(nv <= 1024);
+        reference(models[i], ref, nv);
+        if (through(c[i], got, &err) != 0)
+            fail_msg("step of %s: %s", models[i], err.msg);
+        for (int64_t j = 0; j < N_LOGITS * nv; j++)
+            if (memcmp(&ref[j], &got[j], sizeof(float)) != 0)
+                fail_msg("%s: logit %lld (row %lld) differs: %.9g in process, %.9g through its cluster",
+                         models[i], (long long)j, (long long)(j / nv), ref[j], got[j]);
+    }
+    for (int i = 0; i < 2; i++)
+        rt_cluster_destroy(c[i]);
+    assert_no_children();
+}
+
 static void test_cluster_load_failure_names_the_child(void **state)
 {
     (void)state;
@@ -503,7 +585,7 @@ static void test_cluster_load_failure_names_the_child(void **state)
     bl_err_t err = {0};
     assert_int_equal(rt_cluster_create(&c, &o, &err), 0);
     assert_int_equal(rt_cluster_wait(c, 60000), RT_CLUSTER_FAILED);
-    char why[512];
+    char why[1024];
     rt_cluster_error(c, why, sizeof why);
     if (!strstr(why, "worker 0"))
         fail_msg("error '%s' does not name worker 0", why);
@@ -549,6 +631,7 @@ int main(void)
         cmocka_unit_test(test_cluster_death_while_idle_spares_new_steps),
         cmocka_unit_test(test_cluster_kill_hosttier_during_steps),
         cmocka_unit_test(test_cluster_load_failure_names_the_child),
+        cmocka_unit_test(test_cluster_plans_of_two_at_once),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
