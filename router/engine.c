@@ -1710,8 +1710,9 @@ static void finish_task(rt_engine_t *e, slot_t *s, rt_stop_type_t st, int which)
            (long long)tm.n_cached, (long long)tm.n_predicted, tm.prompt_ms, tm.predicted_ms);
     slot_release(e, s, n);
     /* the prompt cache on disk keeps what a finished task leaves in its slot, after
-     * the reply has gone: a restart finds it there */
-    if (e->o.cache_dir && s->n_past >= PC_MIN_TOKENS)
+     * the reply has gone: a restart finds it there (a recurrent state with rejected
+     * proposals in it after spec_redo has undone them) */
+    if (e->o.cache_dir && s->n_past >= PC_MIN_TOKENS && !(s->spec_ck >= 0 && s->n_kv > s->n_past))
         pc_save(e, s);
 }
 
@@ -1944,6 +1945,18 @@ static int32_t draft_pick(const float *row, int32_t n_vocab, float *p)
     return best;
 }
 
+/* Keeps the first keep of slot s's proposals (those a step will verify): the draft's
+ * cache holds the pending token and its proposals up to the last it was given, so
+ * the dropped ones leave it too, or its next catch-up would start past them. */
+static void keep_proposals(slot_t *s, int keep)
+{
+    if (keep >= s->n_draft)
+        return;
+    s->n_draft = keep < 0 ? 0 : keep;
+    if (s->d_past > s->n_past + 1 + s->n_draft)
+        s->d_past = s->n_past + 1 + s->n_draft;
+}
+
 /* The draft model proposes tokens for every generating slot: it first catches up
  * with what the slot's sequence holds beyond its own cache (the prompt, the
  * tokens taken since), then writes one token a step while it is sure enough of
@@ -1955,7 +1968,7 @@ static void spec_draft(rt_engine_t *e, int32_t n_vocab)
 {
     rt_cluster_t *d = e->o.draft;
     for (int i = 0; i < e->o.n_slots; i++)
-        e->slots[i].n_draft = 0;
+        keep_proposals(&e->slots[i], 0); /* any a step left out */
     if (!d || e->draft_off || rt_cluster_state(d) != RT_CLUSTER_READY)
         return;
     rt_cluster_stats_t cs;
@@ -2049,7 +2062,7 @@ static void spec_draft(rt_engine_t *e, int32_t n_vocab)
     for (int i = 0; i < e->o.n_slots; i++) {
         slot_t *s = &e->slots[i];
         if (s->n_draft < e->o.draft_min)
-            s->n_draft = 0;
+            keep_proposals(s, 0);
         drafted += (uint64_t)s->n_draft;
         /* a draft that proposes nothing costs a step for nothing: the next tries wait
          * 1, 2, 4, then 8 steps while it stays so */
@@ -2119,13 +2132,13 @@ static int build_step_max(rt_engine_t *e, int max_seqs)
         if (s->state != SLOT_GEN || s->in_flight || ns >= max_seqs)
             continue;
         if (rows + 1 + s->n_draft > e->o.n_batch) /* the proposals that fit the step */
-            s->n_draft = (int)(e->o.n_batch - rows - 1);
+            keep_proposals(s, (int)(e->o.n_batch - rows - 1));
         if (e->o.kv_pool) {
             int64_t reach;
             slot_t *v = NULL;
             if (s->n_draft && kv_reach(e, s, s->n_past + 1 + s->n_draft, &taken) <
                                   s->n_past + 1 + s->n_draft)
-                s->n_draft = 0; /* proposals take no room from other slots */
+                keep_proposals(s, 0); /* proposals take no room from other slots */
             while ((reach = kv_reach(e, s, s->n_past + 1, &taken)) < s->n_past + 1 &&
                    (v = kv_preempt(e)) != NULL && v != s)
                 ;
@@ -2291,6 +2304,7 @@ static int spec_checkpoints(rt_engine_t *e, int ns)
             continue;
         if (n == RT_KV_MAX_OPS) { /* no room for its checkpoint: it decodes one token */
             e->seqs[j].n = e->seqs[j].n_out = 1;
+            keep_proposals(s, 0);
             continue;
         }
         s->spec_ck = e->pc_next_id++;
@@ -2313,12 +2327,16 @@ static void spec_redo(rt_engine_t *e)
 {
     rt_kv_op_t back[RT_KV_MAX_OPS], drop[RT_KV_MAX_OPS];
     int nb = 0, nd = 0, ns = 0;
+    slot_t *done[RT_KV_MAX_OPS]; /* finished in the step: their disk cache entry is due */
+    int n_done = 0;
     for (int i = 0; i < e->o.n_slots && nd < RT_KV_MAX_OPS; i++) {
         slot_t *s = &e->slots[i];
         if (s->spec_ck < 0)
             continue;
         drop[nd++] = (rt_kv_op_t){.op = RT_KV_DROP, .entry = s->spec_ck};
         if (s->n_kv > s->n_past) { /* rows past what it took: back, then its rows again */
+            if (!s->task && e->o.cache_dir && s->n_past >= PC_MIN_TOKENS)
+                done[n_done++] = s;
             back[nb++] = (rt_kv_op_t){.op = RT_KV_ROLLBACK, .slot = s->id, .entry = s->spec_ck, .n = s->spec_pos};
             e->seqs[ns] = (rt_step_seq_t){.slot = s->id, .n = (int32_t)(s->n_past - s->spec_pos),
                                           .pos = s->spec_pos, .n_out = 0, .tokens = s->seq + s->spec_pos};
@@ -2334,8 +2352,13 @@ static void spec_redo(rt_engine_t *e)
         rc = rt_cluster_step(e->cluster, e->seqs, ns, &logits, &err);
     if (rc == 0 && nd)
         rc = rt_cluster_kv(e->cluster, drop, nd, &err);
-    if (rc)
+    if (rc) {
         step_failed(e, rc, &err);
+        return;
+    }
+    for (int i = 0; i < n_done; i++)
+        if (!done[i]->task) /* still idle: nothing has taken the slot since */
+            pc_save(e, done[i]);
 }
 
 /* The step failed (rc, err): the rows are lost and the caches may be gone with the

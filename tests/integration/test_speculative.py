@@ -96,6 +96,25 @@ def test_two_slots_at_once(pair):
     assert got == want
 
 
+def test_proposals_cut_by_the_batch(pair, module_servers):
+    """two slots in steps of 16 rows, 14 proposals each: the second slot's do not fit
+    the step and are dropped unverified, and the draft's cache forgets them too (its next catch-up starts at
+    the pending token, never past it), so no draft step fails and the text is the
+    model's own"""
+    import concurrent.futures
+    plain, _ = pair
+    spec = module_servers.start(FLAGS + ["-md", DRAFT, "--draft-max", "14", "--draft-min", "2", "--draft-p-min", "0",
+                                         "-b", "16", "-ub", "16"], model=TARGET)
+    body = lambda p: {"prompt": p, "n_predict": 40, "temperature": 0}
+    want = [post(plain.url, "/completion", body(p)).json()["content"] for p in PROMPTS]
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:
+        got = list(ex.map(lambda p: post(spec.url, "/completion", body(p)).json()["content"], PROMPTS))
+    assert got == want
+    assert metric(spec.url, "draft_accepted_total") > 0
+    log = spec.log(200000)
+    assert "draft_step_failed" not in log, log[-3000:]
+
+
 @pytest.mark.parametrize("flags,needle", [
     (["-md", "{model}"], "vocabulary"),
     (["--spec-type", "ngram-mod", "-md", DRAFT], "--spec-type ngram-mod"),
