@@ -858,7 +858,8 @@ def test_a_draft_for_a_recurrent_state(family, servers, tmp_path):
     """Speculative decoding of a hybrid: each verify step keeps the state before it,
     and the rows the model rejects are undone by going back to it and running the
     taken ones again; greedy replies and log-probabilities equal those without the
-    draft bit for bit. A draft that is itself recurrent is refused."""
+    draft bit for bit, and the disk cache keeps the finished tasks' states. A draft
+    that is itself recurrent is refused."""
     if family.arch not in HYBRID:
         pytest.skip("%s's cache is cut back to any prefix" % family.arch)
     from test_dropin import metric
@@ -868,7 +869,7 @@ def test_a_draft_for_a_recurrent_state(family, servers, tmp_path):
     assert p.returncode == 0, p.stdout
     plain = servers.start(FAST + ["-np", "2", "-c", "2048"], model=family.path)
     spec = servers.start(FAST + ["-np", "2", "-c", "2048", "-md", draft, "--draft-max", "4", "--draft-min", "1",
-                                 "--draft-p-min", "0"], model=family.path)
+                                 "--draft-p-min", "0", "--cache-disk", str(tmp_path / "pc")], model=family.path)
     for prompt in PLAIN:
         a, b = greedy(plain.url, prompt, 24), greedy(spec.url, prompt, 24)
         assert b["tokens"] == a["tokens"], prompt
@@ -876,6 +877,15 @@ def test_a_draft_for_a_recurrent_state(family, servers, tmp_path):
             assert [(t["id"], t["logprob"]) for t in x["top_logprobs"]] == \
                    [(t["id"], t["logprob"]) for t in y["top_logprobs"]], prompt
     assert metric(spec.url, "draft_tokens_total") > 0
+    # a stop string ends the reply inside a verify step, with rows after it that the
+    # redo undoes: the same text, and the disk cache keeps the task's state (saved
+    # once the redo has run, not before)
+    body = {"prompt": PLAIN[0], "n_predict": 24, "temperature": 0, "ignore_eos": True}
+    text = post(plain.url, "/completion", body).json()["content"]
+    body["stop"] = [text[len(text) // 2:len(text) // 2 + 2]]
+    a, b = post(plain.url, "/completion", body).json(), post(spec.url, "/completion", body).json()
+    assert (b["content"], b["stop_type"]) == (a["content"], "word"), (a, b)
+    assert "prompt_cache_save_failed" not in spec.log(200000)
     srv = serverctl.Server(family.path, FAST + ["-md", family.path], log_dir=str(tmp_path))
     srv.launch()
     assert srv.proc.wait(30) > 0
