@@ -786,7 +786,7 @@ typedef struct sink {
     const char *name;
     uint64_t total;      /* the file's size; 0 while not known */
     uint64_t start;      /* bytes in the file when this request began */
-    struct timespec last;
+    int64_t last_us; /* the last call of the caller's progress function */
     bl_progress_t *pg;   /* the bar or the event lines (common/progress.h) */
 } sink_t;
 
@@ -840,12 +840,10 @@ static void report(sink_t *s, int last)
     bl_progress_update(s->pg, s->have, s->total);
     if (!s->h->o->progress)
         return;
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    double dt = (double)(now.tv_sec - s->last.tv_sec) + 1e-9 * (double)(now.tv_nsec - s->last.tv_nsec);
-    if (!last && dt < 0.25)
+    const int64_t now = bl_progress_now_us();
+    if (!last && now - s->last_us < 250000)
         return;
-    s->last = now;
+    s->last_us = now;
     s->h->o->progress(s->h->o->ud, s->name, s->have, s->total);
 }
 
@@ -931,7 +929,7 @@ static int download(hub_t *h, const char *url, const char *tmp, const hub_file_t
         int64_t no_range = -1;
         sink_t s = {.fd = fd, .md = md, .have = have, .range_start = &no_range,
                     .h = h, .name = f->path, .total = f->size, .start = have, .pg = &pg};
-        clock_gettime(CLOCK_MONOTONIC, &s.last);
+        s.last_us = bl_progress_now_us();
         CURLcode cc = CURLE_OK;
         long status = 200;
         if (!(f->size && have == f->size)) { /* else only the check is left */
