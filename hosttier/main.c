@@ -300,7 +300,7 @@ int main(int argc, char **argv)
     }
     char kernels[BP_MSG_MAX_KERNELS + 1];
     snprintf(kernels, sizeof kernels, "CPU %s", ht_store_kernels(h.store));
-    bp_child_ready(&h.ctl, 0, 0, kernels);
+    bp_child_ready(&h.ctl, 0, 0, 0, kernels);
     BL_LOG(BL_LOG_INFO, "event=ready workers=%d kernels=%s", h.n_pairs, ht_store_kernels(h.store));
 
     pthread_t th;

@@ -204,13 +204,14 @@ void bp_child_progress(bp_child_t *c, uint64_t done, uint64_t total, const char 
     (void)bp_child_send(c, &m); /* progress is informational */
 }
 
-void bp_child_ready(bp_child_t *c, uint64_t n_vocab, uint64_t n_embd, const char *kernels)
+void bp_child_ready(bp_child_t *c, uint64_t n_vocab, uint64_t n_embd, uint64_t n_layer, const char *kernels)
 {
     Bloomery__Ready r;
     bloomery__ready__init(&r);
     r.process = c->process;
     r.n_vocab = n_vocab;
     r.n_embd = n_embd;
+    r.n_layer = n_layer;
     char k[BP_MSG_MAX_KERNELS + 1];
     snprintf(k, sizeof k, "%s", kernels ? kernels : "");
     r.kernels = k;

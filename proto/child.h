@@ -108,9 +108,10 @@ int bp_child_recv_card(bp_child_t *c, bp_msg_t *hold, bp_card_msg_t *out, bl_err
  * for every chunk it moves. */
 void bp_child_progress(bp_child_t *c, uint64_t done, uint64_t total, const char *stage);
 #define BP_CHILD_PROGRESS_US 250000
-/* Ready: the model facts the router checks, and the kernels this process runs
+/* Ready: the model facts the router checks (those of the file the process loaded:
+ * a plan that named another file shows there), and the kernels this process runs
  * ("CPU avx512", "CUDA0 NVIDIA H200 (sm_90)"; cut at BP_MSG_MAX_KERNELS). */
-void bp_child_ready(bp_child_t *c, uint64_t n_vocab, uint64_t n_embd, const char *kernels);
+void bp_child_ready(bp_child_t *c, uint64_t n_vocab, uint64_t n_embd, uint64_t n_layer, const char *kernels);
 /* Logs e and sends it as a fatal Error, "<label>: <message>". */
 void bp_child_fatal(bp_child_t *c, const bl_err_t *e);
 

@@ -505,11 +505,13 @@ const char *bp_msg_hello_version(const bp_msg_t *m)
     return m->type == BP_MSG_HELLO && m->u.hello && m->u.hello->version ? m->u.hello->version : "";
 }
 
-void bp_msg_ready_facts(const bp_msg_t *m, uint64_t *n_vocab, uint64_t *n_embd, const char **kernels)
+void bp_msg_ready_facts(const bp_msg_t *m, uint64_t *n_vocab, uint64_t *n_embd, uint64_t *n_layer,
+                        const char **kernels)
 {
     const int ok = m->type == BP_MSG_READY && m->u.ready;
     *n_vocab = ok ? m->u.ready->n_vocab : 0;
     *n_embd = ok ? m->u.ready->n_embd : 0;
+    *n_layer = ok ? m->u.ready->n_layer : 0;
     *kernels = ok && m->u.ready->kernels ? m->u.ready->kernels : "";
 }
 

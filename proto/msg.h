@@ -177,7 +177,8 @@ int bp_kv_type_proto(uint32_t bl_type);
 const char *bp_msg_hello_version(const bp_msg_t *m);
 /* Ready's model facts (0 from a hosttier, or when m is no Ready) and the kernels it
  * runs ("" when not told; untrusted text, at most BP_MSG_MAX_KERNELS bytes). */
-void bp_msg_ready_facts(const bp_msg_t *m, uint64_t *n_vocab, uint64_t *n_embd, const char **kernels);
+void bp_msg_ready_facts(const bp_msg_t *m, uint64_t *n_vocab, uint64_t *n_embd, uint64_t *n_layer,
+                        const char **kernels);
 /* A fatal Error of process `process`, built on the stack and handed to send(ud, m),
  * whose result it returns: how a child and a node tell their router that a process
  * cannot go on. code is a negative BL_E* code (another value sends BL_EIO); text is

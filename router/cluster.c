@@ -681,13 +681,13 @@ static int on_message(rt_cluster_t *c, const bp_peer_t *from, const bp_msg_t *m,
         return 0;
     }
     case BP_MSG_READY: {
-        uint64_t nv, ne;
+        uint64_t nv, ne, nl;
         const char *kernels;
-        bp_msg_ready_facts(m, &nv, &ne, &kernels);
-        if (!k->hosttier && (nv != (uint64_t)c->n_vocab || ne != (uint64_t)c->n_embd)) {
-            snprintf(err.msg, sizeof err.msg, "%s: reports n_vocab %llu, n_embd %llu; the file "
-                     "says %lld, %lld", k->name, (unsigned long long)nv, (unsigned long long)ne,
-                     (long long)c->n_vocab, (long long)c->n_embd);
+        bp_msg_ready_facts(m, &nv, &ne, &nl, &kernels);
+        if (!k->hosttier && (nv != (uint64_t)c->n_vocab || ne != (uint64_t)c->n_embd || nl != (uint64_t)c->n_layer)) {
+            snprintf(err.msg, sizeof err.msg, "%s: reports n_vocab %llu, n_embd %llu, %llu layers; the file "
+                     "says %lld, %lld, %lld", k->name, (unsigned long long)nv, (unsigned long long)ne,
+                     (unsigned long long)nl, (long long)c->n_vocab, (long long)c->n_embd, (long long)c->n_layer);
             set_error(c, err.msg);
             return BL_EPROTO;
         }

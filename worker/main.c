@@ -1243,7 +1243,8 @@ int main(int argc, char **argv)
         snprintf(kernels, sizeof kernels, "CUDA%d %s", w.device, wk_model_kernels(w.m));
     else
         snprintf(kernels, sizeof kernels, "CPU %s", wk_model_kernels(w.m));
-    bp_child_ready(&w.ctl, (uint64_t)w.lim.n_vocab, (uint64_t)w.lim.n_embd, kernels);
+    bp_child_ready(&w.ctl, (uint64_t)w.lim.n_vocab, (uint64_t)w.lim.n_embd,
+                   (uint64_t)wk_model_config(w.m)->n_layer, kernels);
 
     pthread_t th;
     if (pthread_create(&th, NULL, step_main, &w) != 0) {

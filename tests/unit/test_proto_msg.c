@@ -263,17 +263,23 @@ static void test_msg_small_messages_round_trip(void **state)
     Bloomery__Ready rd = BLOOMERY__READY__INIT;
     rd.process = 3;
     rd.kernels = "CUDA1 NVIDIA H200 (sm_90)";
+    rd.n_vocab = 151936;
+    rd.n_embd = 2048;
+    rd.n_layer = 48;
     round_trip(&(bp_msg_t){.type = BP_MSG_READY, .u.ready = &rd}, &out);
     assert_int_equal(out.u.ready->process, 3);
-    uint64_t nv, ne;
+    uint64_t nv, ne, nl;
     const char *kernels;
-    bp_msg_ready_facts(&out, &nv, &ne, &kernels);
+    bp_msg_ready_facts(&out, &nv, &ne, &nl, &kernels);
     assert_string_equal(kernels, "CUDA1 NVIDIA H200 (sm_90)");
+    assert_int_equal(nv, 151936);
+    assert_int_equal(ne, 2048);
+    assert_int_equal(nl, 48);
     bp_msg_free(&out);
     /* kernels not told (an older child): "" */
     rd.kernels = NULL;
     round_trip(&(bp_msg_t){.type = BP_MSG_READY, .u.ready = &rd}, &out);
-    bp_msg_ready_facts(&out, &nv, &ne, &kernels);
+    bp_msg_ready_facts(&out, &nv, &ne, &nl, &kernels);
     assert_string_equal(kernels, "");
     bp_msg_free(&out);
 
