@@ -47,6 +47,8 @@ static const kcpu_kernels_t kernels_ref = {
     .dot2_q4_K_q8_K = kcpu_vec_dot2_q4_K_q8_K_ref,
     .dot2_q5_K_q8_K = kcpu_vec_dot2_q5_K_q8_K_ref,
     .dot2_q6_K_q8_K = kcpu_vec_dot2_q6_K_q8_K_ref,
+    .dotp_q8_0_q8_0 = kcpu_vec_dotp_q8_0_q8_0_ref,
+    .dotp_mxfp4_q8_0 = kcpu_vec_dotp_mxfp4_q8_0_ref,
     .axpy_f32 = kcpu_axpy_f32_ref,
     .axpy_f16 = kcpu_axpy_f16_ref,
     .quantize_q16_K = kcpu_quantize_row_q16_K_ref,
@@ -74,6 +76,8 @@ static const kcpu_kernels_t kernels_avx2 = {
     .dot2_q4_K_q8_K = kcpu_vec_dot2_q4_K_q8_K_avx2,
     .dot2_q5_K_q8_K = kcpu_vec_dot2_q5_K_q8_K_avx2,
     .dot2_q6_K_q8_K = kcpu_vec_dot2_q6_K_q8_K_avx2,
+    .dotp_q8_0_q8_0 = kcpu_vec_dotp_q8_0_q8_0_avx2,
+    .dotp_mxfp4_q8_0 = kcpu_vec_dotp_mxfp4_q8_0_avx2,
     .axpy_f32 = kcpu_axpy_f32_avx2,
     .axpy_f16 = kcpu_axpy_f16_avx2,
     .unpack_q4_K = kcpu_unpack_q4_K_avx2,
@@ -162,6 +166,8 @@ static void init_kernels(void)
     kernels_avx512.dot2_q8_0_q8_0 = kcpu_vec_dot2_q8_0_q8_0_avx512;
     kernels_avx512.dot_mxfp4_q8_0 = kcpu_vec_dot_mxfp4_q8_0_avx512;
     kernels_avx512.dot2_mxfp4_q8_0 = kcpu_vec_dot2_mxfp4_q8_0_avx512;
+    kernels_avx512.dotp_q8_0_q8_0 = kcpu_vec_dotp_q8_0_q8_0_avx512;
+    kernels_avx512.dotp_mxfp4_q8_0 = kcpu_vec_dotp_mxfp4_q8_0_avx512;
     kernels_avx512.dotn_q4_K_q16_K = kcpu_vec_dotn_q4_K_q16_K_avx512;
     kernels_avx512.dotn_q5_K_q16_K = kcpu_vec_dotn_q5_K_q16_K_avx512;
     kernels_avx512.dotn_q6_K_q16_K = kcpu_vec_dotn_q6_K_q16_K_avx512;
@@ -223,6 +229,16 @@ static kcpu_dot2_fn int_dot2(uint32_t t)
     case BL_TYPE_Q4_K: return kcpu__k->dot2_q4_K_q8_K;
     case BL_TYPE_Q5_K: return kcpu__k->dot2_q5_K_q8_K;
     case BL_TYPE_Q6_K: return kcpu__k->dot2_q6_K_q8_K;
+    default: return NULL;
+    }
+}
+
+/* The pair dot of a batch's rows, or NULL (a type without one). */
+static kcpu_dotp_fn int_dotp(uint32_t t)
+{
+    switch (t) {
+    case BL_TYPE_Q8_0: return kcpu__k->dotp_q8_0_q8_0;
+    case BL_TYPE_MXFP4: return kcpu__k->dotp_mxfp4_q8_0;
     default: return NULL;
     }
 }
@@ -722,6 +738,7 @@ typedef struct mm_task {
     kcpu_unpack_fn unpack;
     kcpu_unpack16_fn unpack16; /* q16_K with a batch and a tile kernel, or NULL */
     kcpu_dotn16_fn dotn;       /* q16_K with a few rows: the packed multi-row dot, or NULL */
+    kcpu_dotp_fn dotp;         /* q8_0 activations, several rows: the pair dot, or NULL */
     int q6;         /* the weights are q6_K (the tile kernel's flag) */
     uint8_t *actq;  /* MM_INT: nx rows xstride bytes apart, a slice of c->actq */
     size_t xstride; /* MM_INT: bytes per quantized activation row */
@@ -950,8 +967,22 @@ static void mm_rows_range(const mm_task_t *t, int ith, int64_t lo, int64_t hi)
                 for (int64_t r = r0; r < r1; r++)
                     t->y[b * nr + r] = kcpu__k->dot_f32_f32(deq + (r - r0) * k, t->x + mm_xrow(t, b) * k, k);
             break;
-        case MM_INT:
-            for (int64_t b = 0; b < t->n; b++) {
+        case MM_INT: {
+            int64_t b = 0;
+            if (t->dotp) /* rows in pairs: each weight block decoded once for both */
+                for (; b + 1 < t->n; b += 2) {
+                    const uint8_t *xa = t->actq + (size_t)mm_xrow(t, b) * t->xstride;
+                    const uint8_t *xb = t->actq + (size_t)mm_xrow(t, b + 1) * t->xstride;
+                    for (int64_t r = r0; r < r1; r++) {
+                        if (r + MM_PF_ROWS < hi)
+                            prefetch_row(wd + (size_t)(r + MM_PF_ROWS) * w->row_bytes, w->row_bytes);
+                        float o[2];
+                        t->dotp(wd + (size_t)r * w->row_bytes, xa, xb, t->c->act_row_bytes, t->terms, k, o);
+                        t->y[b * nr + r] = o[0];
+                        t->y[(b + 1) * nr + r] = o[1];
+                    }
+                }
+            for (; b < t->n; b++) {
                 const size_t arb = t->c->act_row_bytes;
                 const uint8_t *xq = t->actq + (size_t)mm_xrow(t, b) * t->xstride;
                 if (t->terms == 2)
@@ -968,6 +999,7 @@ static void mm_rows_range(const mm_task_t *t, int ith, int64_t lo, int64_t hi)
                     }
             }
             break;
+        }
         }
     }
 }
@@ -1041,6 +1073,8 @@ static void mm_prepare(kcpu_ctx_t *c, mm_task_t *t, const kcpu_mm_job_t *jb, int
             t->dot2 = int_dot2(w->type);
             if (jb->n > 1)
                 t->dotu = int_dotu(w->type, &t->unpack, &t->dotu2);
+            if (jb->n > 1 && !t->dotu)
+                t->dotp = int_dotp(w->type);
         }
         *act_at += nx;
     } else {

@@ -52,11 +52,13 @@ AVX512 static inline __m512i q8f_weights2(const bl_block_q8_0 *a8, const bl_bloc
     return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)bl_e2m1_doubled)), n);
 }
 
-AVX512 static inline float dot_q8_family(const bl_block_q8_0 *a8, const bl_block_mxfp4 *a4,
-                                         const bl_block_q8_0 *const *bx, int nx, int64_t nb)
+AVX512 static inline void dot_q8_family(const bl_block_q8_0 *a8, const bl_block_mxfp4 *a4,
+                                        const bl_block_q8_0 *const *bx, int nx, int64_t nb, int per, float *out)
 {
     /* blocks 4j, 4j+1 in the halves of wa[t], 4j+2, 4j+3 in those of wb[t] */
-    __m512 wa[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, wb[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512 wa[4], wb[4];
+    for (int t = 0; t < 4; t++)
+        wa[t] = wb[t] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 4 <= nb; i += 4) {
         for (int h = 0; h < 2; h++) {
@@ -80,8 +82,8 @@ AVX512 static inline float dot_q8_family(const bl_block_q8_0 *a8, const bl_block
             }
         }
     }
-    __m256 acc[2][4];
-    for (int t = 0; t < 2; t++) {
+    __m256 acc[4][4];
+    for (int t = 0; t < 4; t++) {
         acc[t][0] = _mm512_castps512_ps256(wa[t]);
         acc[t][1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wa[t]), 1));
         acc[t][2] = _mm512_castps512_ps256(wb[t]);
@@ -89,7 +91,7 @@ AVX512 static inline float dot_q8_family(const bl_block_q8_0 *a8, const bl_block
     }
     for (; i < nb; i++) /* the last blocks, one at a time into their accumulators */
         q8f_block(a8, a4, bx, nx, i, (int)(i & 3), acc);
-    return q8f_finish(acc, nx);
+    q8f_finish(acc, nx, per, out);
 }
 
 Q8F_ENTRY_POINTS(avx512)
@@ -100,5 +102,7 @@ float kcpu_vec_dot_q8_0_q8_0_avx512(const void *w, const void *x, int64_t n) { r
 float kcpu_vec_dot2_q8_0_q8_0_avx512(const void *w, const void *x0, const void *x1, int64_t n) { return kcpu_vec_dot2_q8_0_q8_0_ref(w, x0, x1, n); }
 float kcpu_vec_dot_mxfp4_q8_0_avx512(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_mxfp4_q8_0_ref(w, x, n); }
 float kcpu_vec_dot2_mxfp4_q8_0_avx512(const void *w, const void *x0, const void *x1, int64_t n) { return kcpu_vec_dot2_mxfp4_q8_0_ref(w, x0, x1, n); }
+void kcpu_vec_dotp_q8_0_q8_0_avx512(const void *w, const void *xa, const void *xb, size_t tb, int terms, int64_t n, float out[2]) { kcpu_vec_dotp_q8_0_q8_0_ref(w, xa, xb, tb, terms, n, out); }
+void kcpu_vec_dotp_mxfp4_q8_0_avx512(const void *w, const void *xa, const void *xb, size_t tb, int terms, int64_t n, float out[2]) { kcpu_vec_dotp_mxfp4_q8_0_ref(w, xa, xb, tb, terms, n, out); }
 
 #endif

@@ -1,14 +1,17 @@
 /* The body of the dots whose weights are 32 signed bytes a block with one scale:
  * q8_0 (a8) and mxfp4 (a4: its 32 codes looked up with vpshufb on the doubled E2M1
- * table, low nibbles elements 0..15, high ones 16..31), against nx (1 or 2) q8_0
- * activation rows sharing one pass over the weights: with two rows (a value and its
- * residual) the weights are decoded and |w| formed once per block.
+ * table, low nibbles elements 0..15, high ones 16..31), against nx (1..4) q8_0
+ * activation rows sharing one pass over the weights: each weight block is decoded
+ * and |w| formed once for all of them. The rows are an activation row's q8 terms (a
+ * value and its residual: their dots summed), or two activation rows (the pair dot
+ * of a batch), or two rows of two terms each.
  *
  * Block i of a row adds into accumulator i % 4 of its activation row (four chains of
  * fused multiply-adds, not one: a chain waits the latency of each), and the row's
  * dot is (a0 + a2) + (a1 + a3) summed across the lanes. A wider set (AVX-512) that
  * keeps blocks 4j, 4j+1 in one 16-lane register and 4j+2, 4j+3 in another forms the
- * same sums in the same order, so every set gives the same bits.
+ * same sums in the same order, so every set gives the same bits, and a row's dot is
+ * the same whatever rows share its pass.
  *
  * Included by vec_dot_avx2.c and vec_dot_avx512.c, each of which defines first
  * Q8F_TARGET (its target attribute), Q8F_LANES(aw, qw, qy) (the eight int32 sums of
@@ -35,7 +38,7 @@ Q8F_TARGET static inline __m256i q8f_weights(const bl_block_q8_0 *a8, const bl_b
 
 /* Block i into accumulator acc[t][j] (j = i % 4) of each activation row t. */
 Q8F_TARGET static inline void q8f_block(const bl_block_q8_0 *a8, const bl_block_mxfp4 *a4,
-                                        const bl_block_q8_0 *const *bx, int nx, int64_t i, int j, __m256 acc[2][4])
+                                        const bl_block_q8_0 *const *bx, int nx, int64_t i, int j, __m256 acc[4][4])
 {
     float dw;
     const __m256i qw = q8f_weights(a8, a4, i, &dw);
@@ -47,21 +50,24 @@ Q8F_TARGET static inline void q8f_block(const bl_block_q8_0 *a8, const bl_block_
     }
 }
 
-/* The dot of each activation row from its four accumulators, summed over rows. */
-Q8F_TARGET static inline float q8f_finish(__m256 acc[2][4], int nx)
+/* out[o]: the dots of activation rows o * per .. o * per + per - 1 from their four
+ * accumulators, summed in row order, for the nx / per outputs. */
+Q8F_TARGET static inline void q8f_finish(__m256 acc[4][4], int nx, int per, float *out)
 {
-    float s = 0.0f;
-    for (int t = 0; t < nx; t++)
-        s += hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][2]), _mm256_add_ps(acc[t][1], acc[t][3])));
-    return s;
+    for (int o = 0; o < nx / per; o++) {
+        float s = 0.0f;
+        for (int t = o * per; t < o * per + per; t++)
+            s += hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][2]), _mm256_add_ps(acc[t][1], acc[t][3])));
+        out[o] = s;
+    }
 }
 
 #ifndef Q8F_OWN_DOT
-Q8F_TARGET static inline float dot_q8_family(const bl_block_q8_0 *a8, const bl_block_mxfp4 *a4,
-                                             const bl_block_q8_0 *const *bx, int nx, int64_t nb)
+Q8F_TARGET static inline void dot_q8_family(const bl_block_q8_0 *a8, const bl_block_mxfp4 *a4,
+                                            const bl_block_q8_0 *const *bx, int nx, int64_t nb, int per, float *out)
 {
-    __m256 acc[2][4];
-    for (int t = 0; t < 2; t++)
+    __m256 acc[4][4];
+    for (int t = 0; t < 4; t++)
         for (int j = 0; j < 4; j++)
             acc[t][j] = _mm256_setzero_ps();
     int64_t i = 0;
@@ -70,32 +76,63 @@ Q8F_TARGET static inline float dot_q8_family(const bl_block_q8_0 *a8, const bl_b
             q8f_block(a8, a4, bx, nx, i + j, j, acc);
     for (; i < nb; i++)
         q8f_block(a8, a4, bx, nx, i, (int)(i & 3), acc);
-    return q8f_finish(acc, nx);
+    q8f_finish(acc, nx, per, out);
 }
 #endif
 
-/* The four entry points of a set, named with suffix (avx2, avx512). */
+/* The entry points of a set, named with suffix (avx2, avx512). The pair dots take
+ * two activation rows of terms (1 or 2) q8 rows each, term_bytes apart. */
 #define Q8F_ENTRY_POINTS(suffix)                                                                              \
     Q8F_TARGET float kcpu_vec_dot_q8_0_q8_0_##suffix(const void *w, const void *x, int64_t n)                 \
     {                                                                                                         \
         const bl_block_q8_0 *bx[1] = {x};                                                                     \
-        return dot_q8_family(w, NULL, bx, 1, n / BL_QK);                                                      \
+        float o;                                                                                              \
+        dot_q8_family(w, NULL, bx, 1, n / BL_QK, 1, &o);                                                      \
+        return o;                                                                                             \
     }                                                                                                         \
     Q8F_TARGET float kcpu_vec_dot2_q8_0_q8_0_##suffix(const void *w, const void *x0, const void *x1, int64_t n) \
     {                                                                                                         \
         const bl_block_q8_0 *bx[2] = {x0, x1};                                                                \
-        return dot_q8_family(w, NULL, bx, 2, n / BL_QK);                                                      \
+        float o;                                                                                              \
+        dot_q8_family(w, NULL, bx, 2, n / BL_QK, 2, &o);                                                      \
+        return o;                                                                                             \
     }                                                                                                         \
     Q8F_TARGET float kcpu_vec_dot_mxfp4_q8_0_##suffix(const void *w, const void *x, int64_t n)                \
     {                                                                                                         \
         const bl_block_q8_0 *bx[1] = {x};                                                                     \
-        return dot_q8_family(NULL, w, bx, 1, n / BL_QK);                                                      \
+        float o;                                                                                              \
+        dot_q8_family(NULL, w, bx, 1, n / BL_QK, 1, &o);                                                      \
+        return o;                                                                                             \
     }                                                                                                         \
     Q8F_TARGET float kcpu_vec_dot2_mxfp4_q8_0_##suffix(const void *w, const void *x0, const void *x1,         \
                                                       int64_t n)                                              \
     {                                                                                                         \
         const bl_block_q8_0 *bx[2] = {x0, x1};                                                                \
-        return dot_q8_family(NULL, w, bx, 2, n / BL_QK);                                                      \
+        float o;                                                                                              \
+        dot_q8_family(NULL, w, bx, 2, n / BL_QK, 2, &o);                                                      \
+        return o;                                                                                             \
+    }                                                                                                         \
+    Q8F_TARGET void kcpu_vec_dotp_q8_0_q8_0_##suffix(const void *w, const void *xa, const void *xb,          \
+                                                    size_t term_bytes, int terms, int64_t n, float out[2])    \
+    {                                                                                                         \
+        const uint8_t *a = xa, *b = xb;                                                                       \
+        const bl_block_q8_0 *bx[4] = {xa, terms == 2 ? (const void *)(a + term_bytes) : xb, xb,               \
+                                      (const void *)(b + term_bytes)};                                        \
+        if (terms == 2)                                                                                       \
+            dot_q8_family(w, NULL, bx, 4, n / BL_QK, 2, out);                                                 \
+        else                                                                                                  \
+            dot_q8_family(w, NULL, bx, 2, n / BL_QK, 1, out);                                                 \
+    }                                                                                                         \
+    Q8F_TARGET void kcpu_vec_dotp_mxfp4_q8_0_##suffix(const void *w, const void *xa, const void *xb,         \
+                                                     size_t term_bytes, int terms, int64_t n, float out[2])   \
+    {                                                                                                         \
+        const uint8_t *a = xa, *b = xb;                                                                       \
+        const bl_block_q8_0 *bx[4] = {xa, terms == 2 ? (const void *)(a + term_bytes) : xb, xb,               \
+                                      (const void *)(b + term_bytes)};                                        \
+        if (terms == 2)                                                                                       \
+            dot_q8_family(NULL, w, bx, 4, n / BL_QK, 2, out);                                                 \
+        else                                                                                                  \
+            dot_q8_family(NULL, w, bx, 2, n / BL_QK, 1, out);                                                 \
     }
 
 #endif

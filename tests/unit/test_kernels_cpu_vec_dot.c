@@ -520,6 +520,75 @@ static void test_vec_dot_q8_0_family_avx512(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* The pair dots of q8_0 and mxfp4 (a batch's rows two at a time) against each set's
+ * own one-row dot (terms 1) and two-term dot (terms 2), bit for bit, on fresh random
+ * weights and activations of every size: a row's output does not depend on the row
+ * beside it. */
+typedef void (*dotp_fn)(const void *, const void *, const void *, size_t, int, int64_t, float[2]);
+static void test_vec_dotp_q8_0_family(void **state)
+{
+    (void)state;
+    const struct {
+        const char *set;
+        uint32_t type;
+        dot_fn dot;
+        dot2_fn dot2;
+        dotp_fn dotp;
+        int avail;
+    } k[] = {
+        {"ref", BL_TYPE_Q8_0, kcpu_vec_dot_q8_0_q8_0_ref, kcpu_vec_dot2_q8_0_q8_0_ref, kcpu_vec_dotp_q8_0_q8_0_ref, 1},
+        {"ref", BL_TYPE_MXFP4, kcpu_vec_dot_mxfp4_q8_0_ref, kcpu_vec_dot2_mxfp4_q8_0_ref, kcpu_vec_dotp_mxfp4_q8_0_ref,
+         1},
+        {"avx2", BL_TYPE_Q8_0, kcpu_vec_dot_q8_0_q8_0_avx2, kcpu_vec_dot2_q8_0_q8_0_avx2, kcpu_vec_dotp_q8_0_q8_0_avx2,
+         kcpu_have_avx2()},
+        {"avx2", BL_TYPE_MXFP4, kcpu_vec_dot_mxfp4_q8_0_avx2, kcpu_vec_dot2_mxfp4_q8_0_avx2,
+         kcpu_vec_dotp_mxfp4_q8_0_avx2, kcpu_have_avx2()},
+        {"avx512", BL_TYPE_Q8_0, kcpu_vec_dot_q8_0_q8_0_avx512, kcpu_vec_dot2_q8_0_q8_0_avx512,
+         kcpu_vec_dotp_q8_0_q8_0_avx512, kcpu_have_avx512()},
+        {"avx512", BL_TYPE_MXFP4, kcpu_vec_dot_mxfp4_q8_0_avx512, kcpu_vec_dot2_mxfp4_q8_0_avx512,
+         kcpu_vec_dotp_mxfp4_q8_0_avx512, kcpu_have_avx512()},
+    };
+    int bad = 0, tested = 0;
+    for (size_t ki = 0; ki < sizeof k / sizeof k[0]; ki++) {
+        if (!k[ki].avail) {
+            print_message("no %s on this CPU: its pair dots are not tested here\n", k[ki].set);
+            continue;
+        }
+        tested++;
+        rng_t r = rng_for(720 + ki);
+        const bl_type_info_t *wi = bl_type_info(k[ki].type), *ai = bl_type_info(BL_TYPE_Q8_0);
+        for (size_t si = 0; si < sizeof k_nblocks / sizeof k_nblocks[0]; si++) {
+            const int64_t nb = k_nblocks[si], n = nb * BL_QK;
+            const size_t tb = (size_t)nb * ai->block_bytes; /* one q8 row */
+            uint8_t *w = malloc((size_t)nb * wi->block_bytes), *xq = malloc(4 * tb);
+            float *x = malloc(sizeof(float) * (size_t)n);
+            for (int rep = 0; rep < 4; rep++) {
+                rand_weights(&r, k[ki].type, w, nb);
+                for (int t = 0; t < 4; t++) { /* rows a (terms a0, a1) and b (b0, b1) */
+                    rand_act(&r, x, n);
+                    assert_int_equal(bl_quantize_row_ref(BL_TYPE_Q8_0, x, xq + (size_t)t * tb, n), 0);
+                }
+                const uint8_t *xa = xq, *xb = xq + 2 * tb;
+                for (int terms = 1; terms <= 2; terms++) {
+                    float o[2];
+                    k[ki].dotp(w, xa, xb, tb, terms, n, o);
+                    const float want[2] = {terms == 2 ? k[ki].dot2(w, xa, xa + tb, n) : k[ki].dot(w, xa, n),
+                                           terms == 2 ? k[ki].dot2(w, xb, xb + tb, n) : k[ki].dot(w, xb, n)};
+                    if (memcmp(o, want, sizeof o) != 0 && bad++ < 5)
+                        print_error("%s type %u: %lld blocks, %d terms: pair %.9g %.9g, alone %.9g %.9g\n",
+                                    k[ki].set, k[ki].type, (long long)nb, terms, (double)o[0], (double)o[1],
+                                    (double)want[0], (double)want[1]);
+                }
+            }
+            free(w);
+            free(xq);
+            free(x);
+        }
+    }
+    assert_true(tested >= 2);
+    assert_int_equal(bad, 0);
+}
+
 /* Each AVX-512 multi-row dot against the one-row dot, bit for bit, at every row
  * count 1..KCPU_DOTN_MAX, on fresh random weights and activations of every size. */
 static void test_vec_dotn_q16_K_avx512(void **state)
@@ -831,6 +900,7 @@ int main(void)
         cmocka_unit_test(test_vec_dot_q16_K_avx512),
         cmocka_unit_test(test_vec_dotn_q16_K_avx512),
         cmocka_unit_test(test_vec_dot_q8_0_family_avx512),
+        cmocka_unit_test(test_vec_dotp_q8_0_family),
         cmocka_unit_test(test_attention_f16_group),
         cmocka_unit_test(test_exp_sub),
         cmocka_unit_test(test_kernel_set_selection),
