@@ -1755,6 +1755,10 @@ static int moe_rows(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, f
             OP("ffn_moe_gate_up", kcuda_matvec_experts_swiglu_route(gate, up, NE, cu->rl + r * NE, &route, ids,
                                                                     cu->wts + r * K, cn, (int)K, xn + r * E, E, g, F,
                                                                     st, err));
+        } else if (same_shape(gate, up)) { /* biases and the activation inside the launch */
+            const kcuda_experts_ext_t ext = {.gate_b = e->gate_b.p, .up_b = e->up_b.p, .act = e->act};
+            OP("ffn_moe_gate_up", kcuda_matvec_experts_swiglu_ext(gate, up, NE, ids, cn, (int)K, xn + r * E, E, g, F,
+                                                                  &ext, st, err));
         } else {
             OP("ffn_moe_gate", kcuda_matvec_experts(gate, NE, ids, cn, (int)K, xn + r * E, E, g, F, st, err));
             OP("ffn_moe_up", kcuda_matvec_experts(up, NE, ids, cn, (int)K, xn + r * E, E, u, F, st, err));
@@ -1764,11 +1768,8 @@ static int moe_rows(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, f
                 OP("ffn_moe_act", kcuda_experts_act(g, u, F, ids, NULL, e->gate_b.p, e->up_b.p, cn * K, F, NE, e->act,
                                                     NULL, st, err));
         }
-        OP("ffn_moe_down", kcuda_matvec_experts_down(down, NE, ids, cu->wts + r * K, cn, (int)K, g, F, x + r * E, E,
-                                                     1, st, err));
-        if (e->down_b.p)
-            OP("ffn_moe_down_bias", kcuda_experts_bias_down(x + r * E, E, ids, NULL, cu->wts + r * K, e->down_b.p, cn,
-                                                            (int)K, E, NE, st, err));
+        OP("ffn_moe_down", kcuda_matvec_experts_down_bias(down, NE, ids, cu->wts + r * K, cn, (int)K, g, F,
+                                                          e->down_b.p, x + r * E, E, 1, st, err));
     }
     return 0;
 }

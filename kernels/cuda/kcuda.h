@@ -217,6 +217,22 @@ int kcuda_matvec_experts_swiglu(const kcuda_mat_t *gate, const kcuda_mat_t *up,
                                 const float *d_x, int64_t ldx, float *d_y, int64_t ldy,
                                 void *stream, bl_err_t *err) BL_WUR;
 
+/* The expert products' extras: the experts' gate and up biases (n_expert,
+ * rows_per_expert; NULL: none), added to each slot's products before the
+ * activation, and the activation of the pair (KCUDA_ACT_SWIGLU, or gpt-oss's
+ * clamped KCUDA_ACT_SWIGLU_OAI). */
+typedef struct kcuda_experts_ext {
+    const float *gate_b, *up_b;
+    int act;
+} kcuda_experts_ext_t;
+
+/* kcuda_matvec_experts_swiglu with ext (NULL: the plain SwiGLU): one launch where
+ * kcuda_matvec_experts twice and kcuda_experts_act take three. */
+int kcuda_matvec_experts_swiglu_ext(const kcuda_mat_t *gate, const kcuda_mat_t *up, int64_t n_expert,
+                                    const int32_t *d_ids, int n, int k, const float *d_x, int64_t ldx, float *d_y,
+                                    int64_t ldy, const kcuda_experts_ext_t *ext, void *stream,
+                                    bl_err_t *err) BL_WUR;
+
 /* kcuda_moe_route then kcuda_matvec_experts_swiglu in one launch: each block
  * routes its row from d_logits (n, n_expert) itself (the same arithmetic, so the
  * same ids, weights and outputs) and d_ids, d_wts (n, k) are written for the down
@@ -236,6 +252,13 @@ int kcuda_matvec_experts_down(const kcuda_mat_t *w, int64_t n_expert, const int3
                               const float *d_wts, int n, int k, const float *d_h, int64_t ldh,
                               float *d_y, int64_t ldy, int accumulate, void *stream,
                               bl_err_t *err) BL_WUR;
+/* The same with the experts' down biases d_down_b (n_expert, rows_per_expert; NULL:
+ * none), each weighted as its expert's output (kcuda_experts_bias_down's sum, in
+ * the same launch). */
+int kcuda_matvec_experts_down_bias(const kcuda_mat_t *w, int64_t n_expert, const int32_t *d_ids,
+                                   const float *d_wts, int n, int k, const float *d_h, int64_t ldh,
+                                   const float *d_down_b, float *d_y, int64_t ldy, int accumulate, void *stream,
+                                   bl_err_t *err) BL_WUR;
 
 /* Embedding gather: y (n, table->ncols) = the rows d_ids[0..n) of table,
  * dequantized. An id outside 0..table->nrows-1 gives a row of zeros. */

@@ -51,6 +51,14 @@ static __device__ __forceinline__ float kc_silu_mul(float g, float u)
     return g / (1.0f + expf(-g)) * u;
 }
 
+/* gpt-oss's clamped SwiGLU (kcpu_swiglu_oai's arithmetic: alpha 1.702, limit 7). */
+static __device__ __forceinline__ float kc_act_oai(float g, float u)
+{
+    const float x = g < 7.0f ? g : 7.0f;
+    const float v = u < -7.0f ? -7.0f : u > 7.0f ? 7.0f : u;
+    return x / (1.0f + expf(-1.702f * x)) * (v + 1.0f);
+}
+
 /* cos and sin of pos * base^(-2i/hd), in double as kcpu_rope_table, rounded to float. */
 static __device__ __forceinline__ void kc_rope_cs(int32_t pos, int64_t i, int64_t hd, float base, float *c,
                                                   float *s)

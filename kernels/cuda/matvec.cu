@@ -68,6 +68,11 @@ typedef struct mv_args {
     int k;             /* choices per row (expert modes) */
     int mode;
     int accumulate;
+    /* Expert modes: the experts' biases (n_expert, nrows), NULL for none: gate's and
+     * up's (b1, b2) added before the activation, or down's (b1) weighted as its
+     * output; act, the activation of the SwiGLU pair (KCUDA_ACT_*). */
+    const float *b1, *b2;
+    int act;
     int rpw;           /* rows per warp */
     int xs;            /* bytes per rounded activation row in shared memory */
     int terms;         /* q8 terms per activation block (block formats): 1 or 2 */
@@ -680,11 +685,19 @@ static __device__ __forceinline__ void mv_rows(const mv_args_t &a, const mv_work
             continue;
         /* end of a part */
         if (a.mode == MV_EXPERT_DOWN) {
+            /* the bias once per choice: on the first lane of those the warp sums */
+            const int64_t rb = wk.r0 + (int64_t)i * MV_WARPS;
             if (T == BL_TYPE_Q6_K && wk.pair) {
-                if (mine)
-                    acc[0] += a.wts[slot * a.k + 2 * q + half] * part[0];
+                if (mine) {
+                    const int j = 2 * q + half;
+                    acc[0] += a.wts[slot * a.k + j] * part[0];
+                    if (a.b1 && (lane & 15) == 0)
+                        acc[0] += a.wts[slot * a.k + j] * a.b1[(int64_t)wk.ids[j] * a.nrows + rb];
+                }
             } else if (sg.src) {
                 acc[0] += a.wts[slot * a.k + q] * part[0];
+                if (a.b1 && lane == 0)
+                    acc[0] += a.wts[slot * a.k + q] * a.b1[(int64_t)wk.ids[q] * a.nrows + rb];
             }
         } else {
 #pragma unroll
@@ -719,10 +732,19 @@ static __device__ __forceinline__ void mv_rows(const mv_args_t &a, const mv_work
         for (int j = 0; j < NX; j++) {
             if (j >= nxr)
                 break;
-            const float v = kc_warp_sum(acc[j]);
-            const float u = a.w2 ? kc_warp_sum(acc2[j]) : 0.0f;
+            float v = kc_warp_sum(acc[j]);
+            float u = a.w2 ? kc_warp_sum(acc2[j]) : 0.0f;
             if (lane == 0) {
-                const float o = a.w2 ? kc_silu_mul(v, u) : v;
+                if (a.mode == MV_EXPERT && (a.b1 || a.b2)) { /* the slot's expert's biases */
+                    const int32_t e = wk.ids[0];
+                    if (e >= 0 && e < a.n_expert) {
+                        if (a.b1)
+                            v += a.b1[(int64_t)e * a.nrows + r];
+                        if (a.b2)
+                            u += a.b2[(int64_t)e * a.nrows + r];
+                    }
+                }
+                const float o = !a.w2 ? v : a.act == KCUDA_ACT_SWIGLU_OAI ? kc_act_oai(v, u) : kc_silu_mul(v, u);
                 float *y = yo + (yrow + j) * ldo + ro;
                 *y = a.accumulate ? *y + o : o;
             }
@@ -1462,7 +1484,7 @@ static int experts_args(const kcuda_mat_t *w, int64_t n_expert, const int32_t *d
 
 static int experts_up(const kcuda_mat_t *w, const kcuda_mat_t *w2, int64_t n_expert,
                       const int32_t *d_ids, int n, int k, const float *d_x, int64_t ldx, float *d_y,
-                      int64_t ldy, void *stream, bl_err_t *err)
+                      int64_t ldy, const kcuda_experts_ext_t *ext, void *stream, bl_err_t *err)
 {
     int64_t rpe = 0;
     int rc = check_x(w, d_x, ldx, "matvec_experts", err);
@@ -1483,6 +1505,13 @@ static int experts_up(const kcuda_mat_t *w, const kcuda_mat_t *w2, int64_t n_exp
     a.n = n;
     a.k = k;
     a.mode = MV_EXPERT;
+    if (ext) {
+        if (ext->act != KCUDA_ACT_SWIGLU && ext->act != KCUDA_ACT_SWIGLU_OAI)
+            return bl_err_set(err, BL_EINVAL, "matvec_experts: activation %d", ext->act);
+        a.b1 = ext->gate_b;
+        a.b2 = ext->up_b;
+        a.act = ext->act;
+    }
     return mv_launch(w, &a, (unsigned)(n * k), 1, stream, err);
 }
 
@@ -1490,17 +1519,24 @@ int kcuda_matvec_experts(const kcuda_mat_t *w, int64_t n_expert, const int32_t *
                          const float *d_x, int64_t ldx, float *d_y, int64_t ldy, void *stream,
                          bl_err_t *err)
 {
-    return experts_up(w, NULL, n_expert, d_ids, n, k, d_x, ldx, d_y, ldy, stream, err);
+    return experts_up(w, NULL, n_expert, d_ids, n, k, d_x, ldx, d_y, ldy, NULL, stream, err);
 }
 
 int kcuda_matvec_experts_swiglu(const kcuda_mat_t *gate, const kcuda_mat_t *up, int64_t n_expert,
                                 const int32_t *d_ids, int n, int k, const float *d_x, int64_t ldx,
                                 float *d_y, int64_t ldy, void *stream, bl_err_t *err)
 {
+    return kcuda_matvec_experts_swiglu_ext(gate, up, n_expert, d_ids, n, k, d_x, ldx, d_y, ldy, NULL, stream, err);
+}
+
+int kcuda_matvec_experts_swiglu_ext(const kcuda_mat_t *gate, const kcuda_mat_t *up, int64_t n_expert,
+                                    const int32_t *d_ids, int n, int k, const float *d_x, int64_t ldx, float *d_y,
+                                    int64_t ldy, const kcuda_experts_ext_t *ext, void *stream, bl_err_t *err)
+{
     int rc = same_shape(gate, up, "matvec_experts_swiglu", err);
     if (rc < 0)
         return rc;
-    return experts_up(gate, up, n_expert, d_ids, n, k, d_x, ldx, d_y, ldy, stream, err);
+    return experts_up(gate, up, n_expert, d_ids, n, k, d_x, ldx, d_y, ldy, ext, stream, err);
 }
 
 int kcuda_matvec_experts_swiglu_route(const kcuda_mat_t *gate, const kcuda_mat_t *up, int64_t n_expert,
@@ -1547,6 +1583,15 @@ int kcuda_matvec_experts_down(const kcuda_mat_t *w, int64_t n_expert, const int3
                               const float *d_wts, int n, int k, const float *d_h, int64_t ldh,
                               float *d_y, int64_t ldy, int accumulate, void *stream, bl_err_t *err)
 {
+    return kcuda_matvec_experts_down_bias(w, n_expert, d_ids, d_wts, n, k, d_h, ldh, NULL, d_y, ldy, accumulate,
+                                          stream, err);
+}
+
+int kcuda_matvec_experts_down_bias(const kcuda_mat_t *w, int64_t n_expert, const int32_t *d_ids,
+                                   const float *d_wts, int n, int k, const float *d_h, int64_t ldh,
+                                   const float *d_down_b, float *d_y, int64_t ldy, int accumulate, void *stream,
+                                   bl_err_t *err)
+{
     int64_t rpe = 0;
     int rc = check_x(w, d_h, ldh, "matvec_experts_down", err);
     if (rc < 0 || (rc = experts_args(w, n_expert, d_ids, n, k, "matvec_experts_down", &rpe, err)) < 0)
@@ -1567,6 +1612,7 @@ int kcuda_matvec_experts_down(const kcuda_mat_t *w, int64_t n_expert, const int3
     a.k = k;
     a.mode = MV_EXPERT_DOWN;
     a.accumulate = accumulate;
+    a.b1 = d_down_b;
     return mv_launch(w, &a, (unsigned)n, k, stream, err);
 }
 

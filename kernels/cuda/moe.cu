@@ -85,14 +85,6 @@ int kcuda_moe_route(const float *d_logits, int64_t n, int64_t n_expert, int k, c
     return route_launch<KCUDA_MOE_MAX_EXPERT / 32>(d_logits, n, n_expert, k, r, d_ids, d_w, st, err);
 }
 
-/* gpt-oss's clamped SwiGLU (kcpu_swiglu_oai's arithmetic: alpha 1.702, limit 7). */
-static __device__ __forceinline__ float act_oai(float g, float u)
-{
-    const float x = g < 7.0f ? g : 7.0f;
-    const float v = u < -7.0f ? -7.0f : u > 7.0f ? 7.0f : u;
-    return x / (1.0f + expf(-1.702f * x)) * (v + 1.0f);
-}
-
 /* grid-stride over slots * F: slot s's expert id = ids[perm ? perm[s] : s]. */
 static __global__ void experts_act_kernel(float *g, const float *u, int64_t ld, const int32_t *ids, const int32_t *perm,
                                           const float *gb, const float *ub, int64_t slots, int64_t F, int64_t n_expert,
@@ -110,7 +102,7 @@ static __global__ void experts_act_kernel(float *g, const float *u, int64_t ld, 
             gv += gb[(int64_t)e * F + f];
         if (ok && ub)
             uv += ub[(int64_t)e * F + f];
-        const float y = act == KCUDA_ACT_SWIGLU_OAI ? act_oai(gv, uv) : kc_silu_mul(gv, uv);
+        const float y = act == KCUDA_ACT_SWIGLU_OAI ? kc_act_oai(gv, uv) : kc_silu_mul(gv, uv);
         if (h16)
             h16[s * F + f] = __float2half_rn(y);
         else

@@ -422,6 +422,82 @@ static void case_experts(rng_t *r, uint32_t type_up, uint32_t type_down, int64_t
     free(xr_all); free(hr);
 }
 
+/* The fused extras against the launches they replace: gate/up with the experts'
+ * biases and the activation in one launch (kcuda_matvec_experts_swiglu_ext) against
+ * kcuda_matvec_experts twice and kcuda_experts_act, and down with its biases
+ * (kcuda_matvec_experts_down_bias) against kcuda_matvec_experts_down and
+ * kcuda_experts_bias_down, on n rows of k choices (ids include -1 and n_expert). */
+static void case_experts_ext(rng_t *r, uint32_t type, int64_t ne, int64_t E, int64_t F, int n, int k, int act)
+{
+    bl_err_t err = {0};
+    emat_t gate, up, down;
+    make_emat(r, &gate, type, E, ne * F);
+    make_emat(r, &up, type, E, ne * F);
+    make_emat(r, &down, type, F, ne * E);
+    const int S = n * k;
+    const int64_t ldx = E + 4, ldh = F + 8, ldy = E + 2;
+    float *x = xmalloc(sizeof(float) * (size_t)(n * ldx)), *wts = xmalloc(sizeof(float) * (size_t)S);
+    float *gb = xmalloc(sizeof(float) * (size_t)(ne * F)), *ub = xmalloc(sizeof(float) * (size_t)(ne * F));
+    float *db = xmalloc(sizeof(float) * (size_t)(ne * E)), *y0 = xmalloc(sizeof(float) * (size_t)(n * ldy));
+    int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)S);
+    rand_fill(r, x, n * ldx, 1.0f);
+    rand_fill(r, wts, S, 1.0f);
+    rand_fill(r, gb, ne * F, 2.0f);
+    rand_fill(r, ub, ne * F, 2.0f);
+    rand_fill(r, db, ne * E, 2.0f);
+    rand_fill(r, y0, n * ldy, 1.0f);
+    for (int s = 0; s < S; s++)
+        ids[s] = (int32_t)(rng_next(r) % (uint64_t)(ne + 2)) - 1; /* -1 .. ne */
+    float *dx = d_upload(x, sizeof(float) * (size_t)(n * ldx)), *dw = d_upload(wts, sizeof(float) * (size_t)S);
+    float *dgb = d_upload(gb, sizeof(float) * (size_t)(ne * F)), *dub = d_upload(ub, sizeof(float) * (size_t)(ne * F));
+    float *ddb = d_upload(db, sizeof(float) * (size_t)(ne * E));
+    int32_t *di = d_upload(ids, sizeof(int32_t) * (size_t)S);
+    float *dg = d_poison(sizeof(float) * (size_t)(S * ldh)), *du = d_poison(sizeof(float) * (size_t)(S * ldh));
+    float *dh = d_poison(sizeof(float) * (size_t)(S * ldh));
+    float *dy[2] = {d_upload(y0, sizeof(float) * (size_t)(n * ldy)), d_upload(y0, sizeof(float) * (size_t)(n * ldy))};
+    const kcuda_mat_t mg = ekmat(&gate), mu = ekmat(&up), md = ekmat(&down);
+    const kcuda_experts_ext_t ext = {.gate_b = dgb, .up_b = dub, .act = act};
+    /* the separate launches, then the fused ones into dh and dy[1] */
+    int ok = kcuda_matvec_experts(&mg, ne, di, n, k, dx, ldx, dg, ldh, NULL, &err) == 0 &&
+             kcuda_matvec_experts(&mu, ne, di, n, k, dx, ldx, du, ldh, NULL, &err) == 0 &&
+             kcuda_experts_act(dg, du, ldh, di, NULL, dgb, dub, S, F, ne, act, NULL, NULL, &err) == 0 &&
+             kcuda_matvec_experts_down(&md, ne, di, dw, n, k, dg, ldh, dy[0], ldy, 1, NULL, &err) == 0 &&
+             kcuda_experts_bias_down(dy[0], ldy, di, NULL, dw, ddb, n, k, E, ne, NULL, &err) == 0 &&
+             kcuda_matvec_experts_swiglu_ext(&mg, &mu, ne, di, n, k, dx, ldx, dh, ldh, &ext, NULL, &err) == 0 &&
+             kcuda_matvec_experts_down_bias(&md, ne, di, dw, n, k, dh, ldh, ddb, dy[1], ldy, 1, NULL, &err) == 0;
+    float *h0 = xmalloc(sizeof(float) * (size_t)(S * ldh)), *h1 = xmalloc(sizeof(float) * (size_t)(S * ldh));
+    float *y[2] = {xmalloc(sizeof(float) * (size_t)(n * ldy)), xmalloc(sizeof(float) * (size_t)(n * ldy))};
+    ok = ok && d_fetch(h0, dg, sizeof(float) * (size_t)(S * ldh), &err) == 0 &&
+         d_fetch(h1, dh, sizeof(float) * (size_t)(S * ldh), &err) == 0 &&
+         d_fetch(y[0], dy[0], sizeof(float) * (size_t)(n * ldy), &err) == 0 &&
+         d_fetch(y[1], dy[1], sizeof(float) * (size_t)(n * ldy), &err) == 0;
+    int ok_h = 0, ok_y = 0;
+    if (!ok) {
+        printf("#   %s\n", err.msg);
+    } else {
+        double *ref = xmalloc(sizeof(double) * (size_t)(S * F > n * E ? S * F : n * E));
+        for (int s = 0; s < S; s++)
+            for (int64_t f = 0; f < F; f++)
+                ref[s * F + f] = h0[s * ldh + f];
+        ok_h = check_close(h1, ldh, ref, S, F, 1e-5, 1e-5);
+        for (int b = 0; b < n; b++)
+            for (int64_t d = 0; d < E; d++)
+                ref[b * E + d] = y[0][b * ldy + d];
+        ok_y = check_close(y[1], ldy, ref, n, E, 1e-4, 1e-5);
+        free(ref);
+    }
+    const char *tn = bl_type_info(type)->name, *an = act == KCUDA_ACT_SWIGLU_OAI ? "clamped swiglu" : "swiglu";
+    tap_ok(ok && ok_h, "matvec_experts_swiglu_ext %s, biases, %s: %d rows x top %d of %lld experts, %lld x %lld = "
+           "the three launches", tn, an, n, k, (long long)ne, (long long)F, (long long)E);
+    tap_ok(ok && ok_y, "matvec_experts_down_bias %s: %d rows x top %d of %lld experts, %lld x %lld = down, then "
+           "experts_bias_down", tn, n, k, (long long)ne, (long long)E, (long long)F);
+    kcuda_free(dx); kcuda_free(dw); kcuda_free(dgb); kcuda_free(dub); kcuda_free(ddb); kcuda_free(di);
+    kcuda_free(dg); kcuda_free(du); kcuda_free(dh); kcuda_free(dy[0]); kcuda_free(dy[1]);
+    kcuda_free(gate.d); kcuda_free(up.d); kcuda_free(down.d);
+    free(gate.deq); free(up.deq); free(down.deq);
+    free(x); free(wts); free(gb); free(ub); free(db); free(y0); free(ids); free(h0); free(h1); free(y[0]); free(y[1]);
+}
+
 /* The routed gate/up (kcuda_matvec_experts_swiglu_route) against kcuda_moe_route
  * then kcuda_matvec_experts_swiglu, both checked above: the same ids, weights and
  * outputs, bit for bit, for n rows of random logits. Past 128 experts it takes the
@@ -541,6 +617,15 @@ int main(void)
         case_experts(&r, BL_TYPE_MXFP4, BL_TYPE_MXFP4, 6, 2880, 2880, 2, 4);
     if (!g_small)
         case_experts(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 9, 2048, 768, 1, 8);
+
+    /* the biases and the activation inside the expert launches: gpt-oss's form at a
+     * small odd shape and at its 2880 width, the plain SwiGLU, and q6_K's paired
+     * down rows (4 blocks or fewer) */
+    case_experts_ext(&r, BL_TYPE_MXFP4, 5, 96, 160, 3, 2, KCUDA_ACT_SWIGLU_OAI);
+    if (!g_small)
+        case_experts_ext(&r, BL_TYPE_MXFP4, 8, 2880, 2880, 2, 4, KCUDA_ACT_SWIGLU_OAI);
+    case_experts_ext(&r, BL_TYPE_Q8_0, 6, 64, 96, 2, 3, KCUDA_ACT_SWIGLU);
+    case_experts_ext(&r, BL_TYPE_Q6_K, 7, 256, 768, 2, 5, KCUDA_ACT_SWIGLU_OAI);
 
     /* routing inside the gate/up launch: 30B-A3B's 128 experts (top 8), fewer than
      * a warp, one choice, no renormalisation, and past 128 (two launches) */
