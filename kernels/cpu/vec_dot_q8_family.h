@@ -83,6 +83,19 @@ Q8F_TARGET static inline void dot_q8_family(const bl_block_q8_0 *a8, const bl_bl
 /* The entry points of a set, named with suffix (avx2, avx512). The pair dots take
  * two activation rows of terms (1 or 2) q8 rows each, term_bytes apart. */
 #define Q8F_ENTRY_POINTS(suffix)                                                                              \
+    /* the pair dot: rows xa and xb of terms q8 rows each, term_bytes apart */                                \
+    Q8F_TARGET static inline void q8f_dotp(const bl_block_q8_0 *a8, const bl_block_mxfp4 *a4, const void *xa, \
+                                           const void *xb, size_t term_bytes, int terms, int64_t n,           \
+                                           float out[2])                                                      \
+    {                                                                                                         \
+        const uint8_t *a = xa, *b = xb;                                                                       \
+        const bl_block_q8_0 *bx[4] = {xa, terms == 2 ? (const void *)(a + term_bytes) : xb, xb,               \
+                                      (const void *)(b + term_bytes)};                                        \
+        if (terms == 2)                                                                                       \
+            dot_q8_family(a8, a4, bx, 4, n / BL_QK, 2, out);                                                  \
+        else                                                                                                  \
+            dot_q8_family(a8, a4, bx, 2, n / BL_QK, 1, out);                                                  \
+    }                                                                                                         \
     Q8F_TARGET float kcpu_vec_dot_q8_0_q8_0_##suffix(const void *w, const void *x, int64_t n)                 \
     {                                                                                                         \
         const bl_block_q8_0 *bx[1] = {x};                                                                     \
@@ -115,24 +128,12 @@ Q8F_TARGET static inline void dot_q8_family(const bl_block_q8_0 *a8, const bl_bl
     Q8F_TARGET void kcpu_vec_dotp_q8_0_q8_0_##suffix(const void *w, const void *xa, const void *xb,          \
                                                     size_t term_bytes, int terms, int64_t n, float out[2])    \
     {                                                                                                         \
-        const uint8_t *a = xa, *b = xb;                                                                       \
-        const bl_block_q8_0 *bx[4] = {xa, terms == 2 ? (const void *)(a + term_bytes) : xb, xb,               \
-                                      (const void *)(b + term_bytes)};                                        \
-        if (terms == 2)                                                                                       \
-            dot_q8_family(w, NULL, bx, 4, n / BL_QK, 2, out);                                                 \
-        else                                                                                                  \
-            dot_q8_family(w, NULL, bx, 2, n / BL_QK, 1, out);                                                 \
+        q8f_dotp(w, NULL, xa, xb, term_bytes, terms, n, out);                                                 \
     }                                                                                                         \
     Q8F_TARGET void kcpu_vec_dotp_mxfp4_q8_0_##suffix(const void *w, const void *xa, const void *xb,         \
                                                      size_t term_bytes, int terms, int64_t n, float out[2])   \
     {                                                                                                         \
-        const uint8_t *a = xa, *b = xb;                                                                       \
-        const bl_block_q8_0 *bx[4] = {xa, terms == 2 ? (const void *)(a + term_bytes) : xb, xb,               \
-                                      (const void *)(b + term_bytes)};                                        \
-        if (terms == 2)                                                                                       \
-            dot_q8_family(NULL, w, bx, 4, n / BL_QK, 2, out);                                                 \
-        else                                                                                                  \
-            dot_q8_family(NULL, w, bx, 2, n / BL_QK, 1, out);                                                 \
+        q8f_dotp(NULL, w, xa, xb, term_bytes, terms, n, out);                                                 \
     }
 
 #endif
