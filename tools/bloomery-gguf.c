@@ -2,13 +2,17 @@
  *
  *   bloomery-gguf info FILE    version, metadata, tensor table and totals
  *   bloomery-gguf check FILE   validates the file (all parts of a split model)
+ *   bloomery-gguf fingerprint FILE   the model's identity (common/fingerprint.h),
+ *                                    as the hosts of a cluster compare it
  *
  * Exit status: 0 done, 1 the file is bad (message on stderr), 2 usage error. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "fingerprint.h"
 #include "gguf.h"
+#include "progress.h"
 #include "quant.h"
 
 #define MAX_STR_SHOWN 72   /* bytes of a string value printed before "..." */
@@ -20,6 +24,8 @@ static void usage(FILE *f)
 {
     fputs("usage: bloomery-gguf info FILE    print version, metadata, tensors and totals\n"
           "       bloomery-gguf check FILE   validate FILE; exit 0 if good, 1 if not\n"
+          "       bloomery-gguf fingerprint FILE   print the model's fingerprint (what the hosts\n"
+          "                                  of a cluster compare), its size and the time taken\n"
           "       bloomery-gguf --help\n"
           "FILE may be the first (or any) part NAME-00001-of-0000N.gguf of a split model.\n",
           f);
@@ -222,14 +228,37 @@ static int cmd_check(const bl_gguf_t *g, const char *path)
     return 0;
 }
 
+/* The fingerprint in hex, the model's bytes and the milliseconds it took. */
+static int cmd_fingerprint(const char *path)
+{
+    uint8_t fp[BL_FINGERPRINT_BYTES];
+    uint64_t size = 0;
+    bl_err_t err;
+    const int64_t t0 = bl_progress_now_us();
+    if (bl_model_fingerprint(path, fp, &size, &err)) {
+        fprintf(stderr, "bloomery-gguf: %s\n", err.msg);
+        return 1;
+    }
+    const double ms = (double)(bl_progress_now_us() - t0) / 1000.0;
+    char hex[2 * BL_FINGERPRINT_BYTES + 1];
+    bl_fingerprint_hex(fp, 2 * BL_FINGERPRINT_BYTES, hex);
+    printf("%s  %s\n%" PRIu64 " bytes, fingerprinted in %.1f ms\n", hex, path, size, ms);
+    return 0;
+}
+
+static int known(const char *cmd)
+{
+    return !strcmp(cmd, "info") || !strcmp(cmd, "check") || !strcmp(cmd, "fingerprint");
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         usage(stdout);
         return 0;
     }
-    if (argc != 3 || (strcmp(argv[1], "info") && strcmp(argv[1], "check"))) {
-        if (argc >= 2 && strcmp(argv[1], "info") && strcmp(argv[1], "check"))
+    if (argc != 3 || !known(argv[1])) {
+        if (argc >= 2 && !known(argv[1]))
             fprintf(stderr, "bloomery-gguf: unknown command '%s'\n", argv[1]);
         else
             fprintf(stderr, "bloomery-gguf: expected one FILE\n");
@@ -237,6 +266,8 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    if (!strcmp(argv[1], "fingerprint"))
+        return cmd_fingerprint(argv[2]);
     bl_gguf_t *g = NULL;
     bl_err_t err;
     if (bl_gguf_open(&g, argv[2], &err)) {

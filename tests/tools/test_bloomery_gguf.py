@@ -40,10 +40,11 @@ def write(tmp_path, name, data):
 def test_help_exits_0():
     p = run("--help")
     assert p.returncode == 0
-    assert "info FILE" in p.stdout and "check FILE" in p.stdout
+    assert "info FILE" in p.stdout and "check FILE" in p.stdout and "fingerprint FILE" in p.stdout
 
 
-@pytest.mark.parametrize("args", [[], ["info"], ["check"], ["frobnicate", "x.gguf"], ["info", "a", "b"]])
+@pytest.mark.parametrize("args", [[], ["info"], ["check"], ["fingerprint"], ["frobnicate", "x.gguf"],
+                                  ["info", "a", "b"]])
 def test_usage_errors_exit_2(args):
     p = run(*args)
     assert p.returncode == 2
@@ -141,3 +142,24 @@ def test_info_shared_tiny_model():
     assert "totals: 51 tensors" in p.stdout
     c = run("check", TINY)
     assert c.returncode == 0 and "51 tensors" in c.stdout
+
+
+def test_fingerprint(tmp_path):
+    """the same bytes give the same fingerprint under any name; a changed data byte
+    inside the hashed sample, or a longer file, gives another; the line holds the
+    size; a file that is not a model is refused with exit 1"""
+    data = mc.small_model()
+    a, b = write(tmp_path, "a.gguf", data), write(tmp_path, "b.gguf", data)
+    pa, pb = run("fingerprint", a), run("fingerprint", b)
+    assert pa.returncode == 0 and pb.returncode == 0, pa.stderr + pb.stderr
+    fa, fb = pa.stdout.split()[0], pb.stdout.split()[0]
+    assert re.fullmatch(r"[0-9a-f]{64}", fa) and fa == fb
+    assert ("%d bytes" % len(data)) in pa.stdout and "fingerprinted in" in pa.stdout
+    changed = bytearray(data)
+    changed[-1] ^= 0x40  # the data section's last block is always hashed
+    c = run("fingerprint", write(tmp_path, "c.gguf", bytes(changed)))
+    assert c.returncode == 0 and c.stdout.split()[0] != fa
+    bad = run("fingerprint", write(tmp_path, "bad.gguf", b"GGUF" + b"\0" * 8))
+    assert bad.returncode == 1 and "bloomery-gguf:" in bad.stderr
+    missing = run("fingerprint", str(tmp_path / "none.gguf"))
+    assert missing.returncode == 1
