@@ -11,6 +11,7 @@
 #include "args.h"
 #include "gguf.h"
 #include "plan.h"
+#include "wmem.h"
 
 #define MIB ((uint64_t)1 << 20)
 #define GIB ((double)(1u << 30))
@@ -281,8 +282,6 @@ static uint64_t cuda_scratch(const bl_arch_t *a, const bl_place_opts_t *o, const
     return bytes;
 }
 
-#define RAM_MARGIN_MIN ((uint64_t)2 << 30)
-
 static void size_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s);
 
 /* Whether stage i is a CPU stage of this machine, whose memory is ram_avail's (a
@@ -305,7 +304,7 @@ static void ram_budget(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *
         for (int i = 0; i < p->n_stages; i++)
             if (local_cpu_stage(p, o, i))
                 other += p->stage[i].weight_bytes - p->stage[i].expert_bytes + p->stage[i].kv_bytes;
-        const uint64_t margin = o->ram_avail / 10 > RAM_MARGIN_MIN ? o->ram_avail / 10 : RAM_MARGIN_MIN;
+        const uint64_t margin = bl_mem_margin(o->ram_avail);
         budget = o->ram_avail > margin + other ? o->ram_avail - margin - other : 0;
     }
     p->experts_ram = budget;

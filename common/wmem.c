@@ -11,10 +11,15 @@
 #include "log.h"
 #include "wmem.h"
 
+uint64_t bl_mem_margin(uint64_t of)
+{
+    const uint64_t least = (uint64_t)2 << 30;
+    return of / 10 > least ? of / 10 : least;
+}
+
 int bl_wmem_leaves_margin(uint64_t total, uint64_t avail, uint64_t ram)
 {
-    const uint64_t margin = ram / 10 > ((uint64_t)2 << 30) ? ram / 10 : (uint64_t)2 << 30;
-    return avail == 0 || (total <= avail && avail - total >= margin);
+    return avail == 0 || (total <= avail && avail - total >= bl_mem_margin(ram));
 }
 
 void *bl_wmem_alloc(uint64_t total, int force, size_t *len)

@@ -22,8 +22,12 @@
  * munmap(p, *len). */
 void *bl_wmem_alloc(uint64_t total, int force, size_t *len);
 
-/* Whether a copy of total bytes leaves a margin of avail (MemAvailable), the larger
- * of 2 GiB and a tenth of ram; 1 when avail is unknown (0). */
+/* The memory a load leaves free for everything else: the larger of 2 GiB and a
+ * tenth of of (the RAM, or what is available). */
+uint64_t bl_mem_margin(uint64_t of);
+
+/* Whether a copy of total bytes leaves a margin of avail (MemAvailable),
+ * bl_mem_margin(ram); 1 when avail is unknown (0). */
 int bl_wmem_leaves_margin(uint64_t total, uint64_t avail, uint64_t ram);
 
 /* The kernel's estimate of the memory a new load can take without swapping

@@ -1670,6 +1670,12 @@ static const char *stop_name(rt_stop_type_t st)
 
 /* Posts DONE and frees the slot. The held text (and, unless a stop string ended the
  * task, the bytes of an unfinished character) is released as the tail. */
+/* Whether the disk cache keeps what a finished task leaves in slot s. */
+static int dk_due(const rt_engine_t *e, const slot_t *s)
+{
+    return e->o.cache_dir && s->n_past >= PC_MIN_TOKENS;
+}
+
 static void finish_task(rt_engine_t *e, slot_t *s, rt_stop_type_t st, int which)
 {
     rt_task_t *t = s->task;
@@ -1712,7 +1718,7 @@ static void finish_task(rt_engine_t *e, slot_t *s, rt_stop_type_t st, int which)
     /* the prompt cache on disk keeps what a finished task leaves in its slot, after
      * the reply has gone: a restart finds it there (a recurrent state with rejected
      * proposals in it after spec_redo has undone them) */
-    if (e->o.cache_dir && s->n_past >= PC_MIN_TOKENS && !(s->spec_ck >= 0 && s->n_kv > s->n_past))
+    if (dk_due(e, s) && !(s->spec_ck >= 0 && s->n_kv > s->n_past))
         pc_save(e, s);
 }
 
@@ -2335,7 +2341,7 @@ static void spec_redo(rt_engine_t *e)
             continue;
         drop[nd++] = (rt_kv_op_t){.op = RT_KV_DROP, .entry = s->spec_ck};
         if (s->n_kv > s->n_past) { /* rows past what it took: back, then its rows again */
-            if (!s->task && e->o.cache_dir && s->n_past >= PC_MIN_TOKENS)
+            if (!s->task && dk_due(e, s))
                 done[n_done++] = s;
             back[nb++] = (rt_kv_op_t){.op = RT_KV_ROLLBACK, .slot = s->id, .entry = s->spec_ck, .n = s->spec_pos};
             e->seqs[ns] = (rt_step_seq_t){.slot = s->id, .n = (int32_t)(s->n_past - s->spec_pos),
@@ -2357,8 +2363,7 @@ static void spec_redo(rt_engine_t *e)
         return;
     }
     for (int i = 0; i < n_done; i++)
-        if (!done[i]->task) /* still idle: nothing has taken the slot since */
-            pc_save(e, done[i]);
+        pc_save(e, done[i]);
 }
 
 /* The step failed (rc, err): the rows are lost and the caches may be gone with the

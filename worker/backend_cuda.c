@@ -1559,6 +1559,12 @@ static int same_shape(const kcuda_mat_t *a, const kcuda_mat_t *b)
     return a->type == b->type && a->ncols == b->ncols && a->nrows == b->nrows;
 }
 
+/* Whether e's experts take the plain SwiGLU without biases (the fused kernels' form). */
+static int plain_swiglu(const wk_moe_t *e)
+{
+    return e->act == KCUDA_ACT_SWIGLU && !e->gate_b.p && !e->up_b.p;
+}
+
 static int cu_embed(wk_backend_t *b, const wk_tensor_t *table, float *x, bl_err_t *err)
 {
     cuda_t *cu = (cuda_t *)b;
@@ -1741,7 +1747,7 @@ static int moe_rows(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, f
     OP("ffn_gate_inp", mv(cu, M(&e->gate_inp), xn, E, n, cu->rl, NE, 0, err));
     /* Gate and up of one shape with the plain SwiGLU route in their own launch (each
      * block routes its row); otherwise the routing kernel first. */
-    const int plain = e->act == KCUDA_ACT_SWIGLU && !e->gate_b.p && !e->up_b.p;
+    const int plain = plain_swiglu(e);
     const int fused = plain && same_shape(gate, up);
     if (!fused)
         OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, &route, cu->ids, cu->wts, st, err));
@@ -1794,7 +1800,7 @@ static int moe_prompt(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n,
     OP("ffn_moe_dequant", kcuda_dequant_f16(M(&e->up_exps), 0, NE * F, cu->wscr, counts, F, st, err));
     OP("ffn_moe_up", kcuda_gemm_grouped(cu->wscr, NE, F, E, cu->xs16, offsets, tile0, S, cu->u_, F, st, err));
     /* The SwiGLU output, in f16, takes the gathered rows' place. */
-    if (e->act == KCUDA_ACT_SWIGLU && !e->gate_b.p && !e->up_b.p)
+    if (plain_swiglu(e))
         OP("ffn_moe_swiglu", kcuda_swiglu_f16(cu->g, cu->u_, S * F, cu->xs16, st, err));
     else
         OP("ffn_moe_act", kcuda_experts_act(cu->g, cu->u_, F, cu->ids, perm, e->gate_b.p, e->up_b.p, S, F, NE, e->act,
@@ -1967,7 +1973,7 @@ static int moe_remote(cuda_t *cu, int64_t l, const wk_moe_t *e, const wk_remote_
             const int cn = (int)(n - r < step ? n - r : step);
             const int32_t *sid = cu->d_sid + r * K;
             float *g = cu->g + r * K * F, *u = cu->u_ + r * K * F;
-            const int plain = e->act == KCUDA_ACT_SWIGLU && !e->gate_b.p && !e->up_b.p;
+            const int plain = plain_swiglu(e);
             if (plain && same_shape(&rs->m[0], &rs->m[1])) {
                 OP("ffn_moe_gate_up", kcuda_matvec_experts_swiglu(&rs->m[0], &rs->m[1], rs->n, sid, cn, (int)K,
                                                                   xn + r * E, E, g, F, st, err));

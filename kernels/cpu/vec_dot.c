@@ -172,20 +172,26 @@ float kcpu_vec_dot2_mxfp4_q8_0_ref(const void *w, const void *x0, const void *x1
     return kcpu_vec_dot_mxfp4_q8_0_ref(w, x0, n) + kcpu_vec_dot_mxfp4_q8_0_ref(w, x1, n);
 }
 
+/* The pair dot from a type's dot and dot2: each row alone. */
+static void dotp_ref(float (*dot)(const void *, const void *, int64_t),
+                     float (*dot2)(const void *, const void *, const void *, int64_t), const void *w, const void *xa,
+                     const void *xb, size_t term_bytes, int terms, int64_t n, float out[2])
+{
+    const uint8_t *x[2] = {xa, xb};
+    for (int i = 0; i < 2; i++)
+        out[i] = terms == 2 ? dot2(w, x[i], x[i] + term_bytes, n) : dot(w, x[i], n);
+}
+
 void kcpu_vec_dotp_q8_0_q8_0_ref(const void *w, const void *xa, const void *xb, size_t term_bytes, int terms,
                                  int64_t n, float out[2])
 {
-    const uint8_t *a = xa, *b = xb;
-    out[0] = terms == 2 ? kcpu_vec_dot2_q8_0_q8_0_ref(w, a, a + term_bytes, n) : kcpu_vec_dot_q8_0_q8_0_ref(w, a, n);
-    out[1] = terms == 2 ? kcpu_vec_dot2_q8_0_q8_0_ref(w, b, b + term_bytes, n) : kcpu_vec_dot_q8_0_q8_0_ref(w, b, n);
+    dotp_ref(kcpu_vec_dot_q8_0_q8_0_ref, kcpu_vec_dot2_q8_0_q8_0_ref, w, xa, xb, term_bytes, terms, n, out);
 }
 
 void kcpu_vec_dotp_mxfp4_q8_0_ref(const void *w, const void *xa, const void *xb, size_t term_bytes, int terms,
                                   int64_t n, float out[2])
 {
-    const uint8_t *a = xa, *b = xb;
-    out[0] = terms == 2 ? kcpu_vec_dot2_mxfp4_q8_0_ref(w, a, a + term_bytes, n) : kcpu_vec_dot_mxfp4_q8_0_ref(w, a, n);
-    out[1] = terms == 2 ? kcpu_vec_dot2_mxfp4_q8_0_ref(w, b, b + term_bytes, n) : kcpu_vec_dot_mxfp4_q8_0_ref(w, b, n);
+    dotp_ref(kcpu_vec_dot_mxfp4_q8_0_ref, kcpu_vec_dot2_mxfp4_q8_0_ref, w, xa, xb, term_bytes, terms, n, out);
 }
 
 float kcpu_vec_dot2_q4_K_q8_K_ref(const void *w, const void *x0, const void *x1, int64_t n)
