@@ -204,6 +204,21 @@ void bp_child_progress(bp_child_t *c, uint64_t done, uint64_t total, const char 
     (void)bp_child_send(c, &m); /* progress is informational */
 }
 
+void bp_child_copy_progress(void *ud, uint64_t done, uint64_t total)
+{
+    bp_child_t *c = ud;
+    if (!total)
+        return;
+    c->copy_total = total;
+    bp_child_progress(c, done, total, c->copy_stage ? c->copy_stage : "copy");
+}
+
+void bp_child_copy_done(bp_child_t *c, uint64_t other_total)
+{
+    const uint64_t t = c->copy_total ? c->copy_total : other_total;
+    bp_child_progress(c, t, t, c->copy_stage ? c->copy_stage : "copy");
+}
+
 void bp_child_ready(bp_child_t *c, uint64_t n_vocab, uint64_t n_embd, uint64_t n_layer, const char *kernels)
 {
     Bloomery__Ready r;

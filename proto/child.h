@@ -25,6 +25,8 @@ typedef struct bp_child {
     char label[32];   /* "worker 0", "hosttier": starts every error text */
     uint64_t t0_us;   /* start, for Stats.uptime */
     uint64_t progress_us; /* the last LoadProgress sent */
+    const char *copy_stage; /* bp_child_copy_progress's stage name ("weights") */
+    uint64_t copy_total;    /* the bytes the load's copy reported (0: it copied none) */
 } bp_child_t;
 
 typedef enum bp_child_kind {
@@ -108,6 +110,12 @@ int bp_child_recv_card(bp_child_t *c, bp_msg_t *hold, bp_card_msg_t *out, bl_err
  * for every chunk it moves. */
 void bp_child_progress(bp_child_t *c, uint64_t done, uint64_t total, const char *stage);
 #define BP_CHILD_PROGRESS_US 250000
+/* A load's copy progress, as a callback (ud: the bp_child_t): sent under c->copy_stage;
+ * a total of 0 (nothing copied: a card stage's host copy, a mapping kept) says
+ * nothing. bp_child_copy_done sends the stage's last report: the copy's total, or
+ * other_total (the file a mapping reads) when nothing was copied. */
+void bp_child_copy_progress(void *ud, uint64_t done, uint64_t total);
+void bp_child_copy_done(bp_child_t *c, uint64_t other_total);
 /* Ready: the model facts the router checks (those of the file the process loaded:
  * a plan that named another file shows there), and the kernels this process runs
  * ("CPU avx512", "CUDA0 NVIDIA H200 (sm_90)"; cut at BP_MSG_MAX_KERNELS). */

@@ -66,7 +66,6 @@ typedef struct worker {
     int writer_busy;
     bp_step_limits_t lim;
     int device;          /* the stage's CUDA ordinal, or WK_DEVICE_CPU */
-    uint64_t load_total; /* bytes of weights the load copies or uploads (0: none) */
     int first, last, remote;
     int stage;          /* this stage's index in the plan */
     int64_t layer_begin, layer_end;
@@ -722,18 +721,6 @@ static int attach(bp_ring_t **r, int fd, const char *what, bp_ring_role_t role, 
     return rc;
 }
 
-/* wk_model_load's progress: the weights copied into memory or onto the card. A
- * total of 0 (nothing copied: a card stage's host copy, or a mapping kept) says
- * nothing. */
-static void on_load_progress(void *ud, uint64_t done, uint64_t total)
-{
-    worker_t *w = ud;
-    if (!total)
-        return;
-    w->load_total = total;
-    bp_child_progress(&w->ctl, done, total, "weights");
-}
-
 /* Everything between the Plan and Ready: rings, model, caches, scratch. */
 static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
 {
@@ -782,8 +769,9 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     bp_child_progress(&w->ctl, 0, total, "mmap");
     wk_model_opts_t o;
     wk_model_opts_default(&o);
-    o.progress = on_load_progress;
-    o.progress_ud = w;
+    w->ctl.copy_stage = "weights"; /* the weights copied into memory or onto the card */
+    o.progress = bp_child_copy_progress;
+    o.progress_ud = &w->ctl;
     /* a stage's own counts (a hostfile line's threads=: its host is not the router's)
      * win over the plan-wide -t and -tb */
     o.n_threads = st->threads ? (int)st->threads : p->threads ? (int)p->threads : 1;
@@ -850,9 +838,7 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
             return rc;
     /* the bytes the load moved; a stage that reads its weights from the file mapping
      * moved none, and reports the file */
-    if (w->load_total)
-        total = w->load_total;
-    bp_child_progress(&w->ctl, total, total, "weights");
+    bp_child_copy_done(&w->ctl, total);
     return 0;
 }
 
