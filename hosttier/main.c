@@ -35,11 +35,11 @@ typedef struct hosttier {
     ht_store_t *store;
     bp_step_limits_t lim;
     int n_pairs;
+    int n_threads;    /* the expert pool's: -t, else the plan's */
     bp_ring_t **req;  /* (n_pairs) worker i's rows, consumer */
     bp_ring_t **rep;  /* (n_pairs) the sums to worker i, producer */
     int32_t *ids;     /* (n_batch, n_expert_used) copied from a request */
     int32_t *counts;  /* (n_batch) its rows' pair counts */
-    uint64_t load_total; /* bytes of experts the load copied (0: none) */
     _Atomic int stop; /* set by either thread, polled by both */
     _Atomic uint64_t n_calls, n_rows, n_errors;
 } hosttier_t;
@@ -132,22 +132,12 @@ out:
 
 /* ------------------------------------------------------------ control plane */
 
-/* The store's progress: its experts copied into RAM ("experts"), or the disk tier's
- * slots read for the first time ("fill"). */
-static void on_copy_progress(void *ud, uint64_t done, uint64_t total)
-{
-    hosttier_t *h = ud;
-    if (!total)
-        return;
-    h->load_total = total;
-    bp_child_progress(&h->ctl, done, total, "experts");
-}
-
+/* The disk tier's slots read for the first time ("fill"; the experts copied into RAM
+ * are bp_child_copy_progress's "experts"); ud: the control channel's bp_child_t. */
 static void on_fill_progress(void *ud, uint64_t done, uint64_t total)
 {
-    hosttier_t *h = ud;
     if (total)
-        bp_child_progress(&h->ctl, done, total, "fill");
+        bp_child_progress(ud, done, total, "fill");
 }
 
 static int load(hosttier_t *h, const bp_plan_t *p, int n_threads, bl_err_t *err)
@@ -176,13 +166,14 @@ static int load(hosttier_t *h, const bp_plan_t *p, int n_threads, bl_err_t *err)
     /* only the layers the placements put in host RAM */
     int rc;
     const int64_t n_batch = p->n_batch ? p->n_batch : 512;
-    const ht_store_opts_t so = {.path = p->model_path, .layers = p->host,
-                                .n_threads = n_threads > 0 ? n_threads : (p->threads ? (int)p->threads : 1),
+    h->ctl.copy_stage = "experts"; /* the experts copied into RAM */
+    h->n_threads = n_threads > 0 ? n_threads : (p->threads ? (int)p->threads : 1);
+    const ht_store_opts_t so = {.path = p->model_path, .layers = p->host, .n_threads = h->n_threads,
                                 .n_batch = n_batch, .no_mmap = p->no_mmap, .mlock = p->mlock,
                                 .poll = (int)p->poll, .cpu_strict = p->cpu_strict,
                                 .ram_bytes = (uint64_t)p->experts_ram, .read_ahead = -1,
-                                .progress = on_copy_progress, .fill_progress = on_fill_progress,
-                                .progress_ud = h};
+                                .progress = bp_child_copy_progress, .fill_progress = on_fill_progress,
+                                .progress_ud = &h->ctl};
     if ((rc = ht_store_open(&h->store, &so, err)) != 0)
         return rc;
     const bl_arch_t *c = ht_store_arch(h->store);
@@ -197,9 +188,7 @@ static int load(hosttier_t *h, const bp_plan_t *p, int n_threads, bl_err_t *err)
     h->counts = calloc((size_t)n_batch, sizeof *h->counts);
     if (!h->ids || !h->counts)
         return bl_err_set(err, BL_ENOMEM, "ids: out of memory");
-    if (h->load_total)
-        total = h->load_total;
-    bp_child_progress(&h->ctl, total, total, "experts");
+    bp_child_copy_done(&h->ctl, total);
     return 0;
 }
 
@@ -301,7 +290,8 @@ int main(int argc, char **argv)
     char kernels[BP_MSG_MAX_KERNELS + 1];
     snprintf(kernels, sizeof kernels, "CPU %s", ht_store_kernels(h.store));
     bp_child_ready(&h.ctl, 0, 0, 0, kernels);
-    BL_LOG(BL_LOG_INFO, "event=ready workers=%d kernels=%s", h.n_pairs, ht_store_kernels(h.store));
+    BL_LOG(BL_LOG_INFO, "event=ready workers=%d threads=%d kernels=%s", h.n_pairs, h.n_threads,
+           ht_store_kernels(h.store));
 
     pthread_t th;
     if (pthread_create(&th, NULL, ring_main, &h) != 0) {

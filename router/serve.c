@@ -762,10 +762,12 @@ typedef struct hf_stage {
     const bl_device_t *card; /* one of line->devs, or NULL: the line's host's CPU */
 } hf_stage_t;
 
-/* A hostfile's worker lines, in file order, into lines (*n_lines). What this version
- * does not take yet is refused by line: name=, a hosttier on another host or with
- * threads=; so is threads= above a worker's 256. */
-static int hostfile_lines(const opts_t *o, hf_line_t *lines, int *n_lines, int *has_ends, bl_err_t *err)
+/* A hostfile's worker lines, in file order, into lines (*n_lines), and the threads=
+ * of its hosttier line into *ht_threads (0: none given, -t's). What this version
+ * does not take yet is refused by line: name=, a hosttier on another host; so is
+ * threads= above the 256 of a worker's or the hosttier's pool. */
+static int hostfile_lines(const opts_t *o, hf_line_t *lines, int *n_lines, int *has_ends, int *ht_threads,
+                          bl_err_t *err)
 {
     bl_hostfile_t hf = {0};
     int rc = bl_hostfile_load(o->hostfile, &hf, err);
@@ -778,21 +780,21 @@ static int hostfile_lines(const opts_t *o, hf_line_t *lines, int *n_lines, int *
         const char *what = e->name[0] ? "name=" : NULL;
         if (e->role == BL_HOST_HOSTTIER && strcasecmp(e->host, router->host) != 0)
             what = "a hosttier on another host than the router's";
-        else if (e->role == BL_HOST_HOSTTIER && e->threads)
-            what = "threads= on a hosttier line (its threads are -t's)";
         if (what && e->role != BL_HOST_ROUTER) {
             rc = bl_err_set(err, BL_ENOTSUP, "%s:%d: %s is not taken yet", o->hostfile, e->line, what);
             break;
         }
+        if (e->role != BL_HOST_ROUTER && e->threads > 256) { /* the hostfile takes up to 1024, a pool 256 */
+            rc = bl_err_set(err, BL_EINVAL, "%s:%d: threads=%d: a %s runs at most 256 threads", o->hostfile, e->line,
+                            e->threads, e->role == BL_HOST_HOSTTIER ? "hosttier" : "worker");
+            break;
+        }
+        if (e->role == BL_HOST_HOSTTIER)
+            *ht_threads = e->threads; /* the parser allows one a host, and it is this host's */
         if (e->role != BL_HOST_WORKER)
             continue;
         if (n == RT_CLUSTER_MAX_STAGES) {
             rc = bl_err_set(err, BL_EINVAL, "%s: more than %d workers", o->hostfile, RT_CLUSTER_MAX_STAGES);
-            break;
-        }
-        if (e->threads > 256) { /* the hostfile takes up to 1024; a worker's pool 256 */
-            rc = bl_err_set(err, BL_EINVAL, "%s:%d: threads=%d: a worker runs at most 256 threads", o->hostfile,
-                            e->line, e->threads);
             break;
         }
         hf_line_t *h = &lines[n];
@@ -2147,13 +2149,13 @@ int main(int argc, char **argv)
     static hf_line_t lines[RT_CLUSTER_MAX_STAGES];
     static hf_stage_t hs[RT_CLUSTER_MAX_STAGES];
     bl_stage_host_t hosts[RT_CLUSTER_MAX_STAGES];
-    int has_ends = 0, n_lines = 0;
+    int has_ends = 0, n_lines = 0, ht_threads = 0;
     if (o.hostfile && o.workers != 1 && bl_err_set(&err, BL_EINVAL, "--workers and --hostfile: the hostfile's "
                                                    "worker lines are the stages") < 0)
         goto fail;
     int n_found = -1;
     const char *gpu_note = NULL;
-    if ((o.hostfile && hostfile_lines(&o, lines, &n_lines, &has_ends, &err)) ||
+    if ((o.hostfile && hostfile_lines(&o, lines, &n_lines, &has_ends, &ht_threads, &err)) ||
         find_bin_dir(bin_dir, sizeof bin_dir, &err))
         goto fail;
     int placed = place(&o, g, bin_dir, n_ctx, ktype, rows, lines, n_lines, has_ends, hs, hosts, &plan, devs,
@@ -2222,7 +2224,7 @@ int main(int argc, char **argv)
         .n_workers = (int)o.workers,
         .n_threads = (int)o.threads,
         .n_threads_batch = (int)o.threads_batch,
-        .n_threads_hosttier = (int)o.threads,
+        .n_threads_hosttier = ht_threads ? ht_threads : (int)o.threads, /* a hostfile's hosttier line wins */
         .n_slots = (int)o.parallel,
         .n_ctx_slot = n_ctx_slot,
         .kv_pool = kv_pool,

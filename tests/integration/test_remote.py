@@ -11,7 +11,7 @@ serves again; a node with another secret, a node whose model file is another one
 (a private mount namespace puts another file at the path: another model, or one of
 the same size whose content differs), a secret file others may
 read, and hostfile lines this version does not take are refused by name; layers= splits the
-stages where it says, and threads= sets a stage's threads; without layers=, the split
+stages where it says, and threads= sets a stage's threads (or the hosttier's); without layers=, the split
 follows each stage's threads and its host's CPUs as its node reports them.
 
 A GPU worker line of another host: the node reports its host's CUDA devices with its
@@ -322,6 +322,21 @@ def test_a_node_whose_model_file_differs_is_refused(servers, nodes, tmp_path, mo
     assert "event=ready" not in node.log()  # its worker never loaded the file
 
 
+def test_threads_on_the_hosttier_line(servers, tmp_path):
+    """threads= on the hosttier line sets its expert pool's threads over -t (1 here), as
+    its event=ready says; the answers are those of -t's pool."""
+    (tmp_path / "hosts").write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker\n127.0.0.1 9100 hosttier threads=2\n")
+    ot = ["-ot", "ffn_.*_exps=HOSTTIER"]
+    one = servers.start(FAST + ot)
+    srv = servers.start(FAST + ot + ["--hostfile", str(tmp_path / "hosts")])
+    ready = [line for line in srv.log(100000).splitlines() if "event=ready workers=" in line]
+    assert len(ready) == 1 and "hosttier" in ready[0] and " threads=2 " in ready[0], ready
+    ready = [line for line in one.log(100000).splitlines() if "event=ready workers=" in line]
+    assert len(ready) == 1 and " threads=1 " in ready[0], ready
+    for p in PROMPTS:
+        assert greedy(srv.url, p) == greedy(one.url, p), p
+
+
 def test_refusals(servers, tmp_path):
     secret = secret_file(tmp_path / "secret")
     cases = [
@@ -329,8 +344,8 @@ def test_refusals(servers, tmp_path):
          r"hosts:2: GPU 63 of 127\.0\.0\.1: this host has (no CUDA device|CUDA)"),
         ("127.0.0.1 1 router\n127.0.0.1 2 worker threads=300\n", ["--cluster-secret", secret],
          r"hosts:2: threads=300: a worker runs at most 256"),
-        ("127.0.0.1 1 router\n127.0.0.1 2 worker\n127.0.0.1 3 hosttier threads=4\n", [],
-         r"hosts:3: threads= on a hosttier line"),
+        ("127.0.0.1 1 router\n127.0.0.1 2 worker\n127.0.0.1 3 hosttier threads=300\n", [],
+         r"hosts:3: threads=300: a hosttier runs at most 256"),
         ("127.0.0.1 1 router\nlocalhost 2 worker\n", [], r"need --cluster-secret"),
         ("127.0.0.1 1 router\nlocalhost 2 worker\nlocalhost 9 hosttier\n", ["--cluster-secret", secret],
          r"hosts:3: a hosttier on another host"),
