@@ -34,7 +34,7 @@ typedef struct cli {
     bl_place_flags_t place; /* -ngl, -dev, --cpu-moe, ...: the plan's flags, as the server's */
     bl_cpu_flags_t cpu;     /* -C, -Cr, --cpu-strict, as the server's */
     int flash_attn; /* -fa: BL_FLASH_* */
-    int chat, precise, no_parse_special, ignore_eos, jinja, show_special;
+    int chat, precise, no_parse_special, ignore_eos, jinja, show_special, mtp;
     rt_sampler_params_t sp;
     int64_t seed, top_k, repeat_last_n; /* widened: the flag parser stores int64_t */
     rt_logit_bias_t bias[MAX_LOGIT_BIAS];
@@ -121,6 +121,28 @@ static json_t *row_json(const float *row, int64_t n_vocab, int64_t top)
     json_object_set_new(o, "ids", ji);
     json_object_set_new(o, "logits", jl);
     return o;
+}
+
+/* After a step of a model that runs its NextN layer: the proposal from the step's last
+ * logit row into *in and *tok (-1 when it made none), and, with rows and ins (a dump),
+ * the layer's logits and the token it read appended to them. */
+static void mtp_take(const wk_model_t *m, int64_t top, json_t *rows, json_t *ins, int32_t *in, int32_t *tok)
+{
+    const wk_mtp_row_t *r;
+    const float *lg;
+    const int64_t n = wk_model_mtp(m, &r, &lg);
+    *in = *tok = -1;
+    if (n < 1 || r[n - 1].in < 0)
+        return;
+    *in = r[n - 1].in;
+    *tok = r[n - 1].tok;
+    if (!rows)
+        return;
+    int64_t at = 0; /* its logits follow those of the earlier rows that proposed */
+    for (int64_t k = 0; k < n - 1; k++)
+        at += r[k].in >= 0;
+    json_array_append_new(rows, row_json(lg + at * wk_model_config(m)->n_vocab, wk_model_config(m)->n_vocab, top));
+    json_array_append_new(ins, json_integer(*in));
 }
 
 // --- main -------------------------------------------------------------------------------
@@ -235,7 +257,7 @@ static int run(cli_t *c)
     rt_tokens_t prompt = {0};
     char *text = NULL, *file_text = NULL, *grammar = NULL;
     float *logits = NULL;
-    json_t *dump = NULL, *positions = NULL, *greedy = NULL;
+    json_t *dump = NULL, *positions = NULL, *greedy = NULL, *mtp_rows = NULL, *mtp_in = NULL;
 
     /* the precise mode checks the arithmetic, so its cache keeps f32 unless told */
     uint32_t kv_type = c->precise ? WK_KV_F32 : WK_KV_F16;
@@ -258,6 +280,7 @@ static int run(cli_t *c)
     wk_model_opts_t mo;
     wk_model_opts_default(&mo);
     mo.precise = c->precise;
+    mo.mtp = c->mtp;
     mo.n_threads = (int)c->n_threads;
     mo.poll = (int)c->poll;
     mo.cpu_strict = (int)c->cpu.strict;
@@ -375,6 +398,15 @@ static int run(cli_t *c)
         json_object_set_new(dump, "prompt_ids", ids);
     }
 
+    /* --mtp: the NextN layer's proposal after the last step (c_*), the one before and
+     * the token generated after it (q_*), and how often the proposals came true */
+    int32_t c_in = -1, c_tok = -1, q_in = -1, q_tok = -1, q_gen = -1;
+    int64_t n_proposed = 0, n_hit = 0;
+    if (c->mtp && dump) {
+        mtp_rows = json_array();
+        mtp_in = json_array();
+    }
+
     /* the prompt, in chunks of n_batch rows */
     double tp0 = now_s();
     const float *last = NULL;
@@ -388,6 +420,21 @@ static int run(cli_t *c)
         if (n_out)
             last = logits + (n_out - 1) * n_vocab;
     }
+    if (c->mtp && c->dump_logits) {
+        /* every row had logits, so the NextN layer read the rows as a verify step's
+         * (it stops at the first row whose next token is not its most likely one):
+         * the prompt again, logits for its last row only, as a server's prompt */
+        wk_kv_clear(kv);
+        for (size_t at = 0; at < prompt.n; at += (size_t)chunk) {
+            int64_t n = (int64_t)(prompt.n - at) < chunk ? (int64_t)(prompt.n - at) : chunk;
+            int64_t n_out = at + (size_t)n == prompt.n ? 1 : 0;
+            if (wk_model_eval(m, kv, prompt.ids + at, n, (int64_t)at, n_out, logits, &err))
+                goto fail;
+            if (n_out)
+                last = logits;
+        }
+    }
+    mtp_take(m, c->dump_top, mtp_rows, mtp_in, &c_in, &c_tok);
     double tp = now_s() - tp0;
     for (size_t i = 0; i < prompt.n; i++)
         rt_sampler_accept(smp, prompt.ids[i]);
@@ -407,6 +454,12 @@ static int run(cli_t *c)
             json_array_append_new(greedy, g);
         }
         rt_sampler_accept_generated(smp, t);
+        if (q_in >= 0 && q_gen == q_in) { /* the proposal before: the token it read came */
+            n_proposed++;
+            n_hit += t == q_tok;
+        }
+        q_in = c_in, q_tok = c_tok, q_gen = t;
+        c_in = c_tok = -1;
         n_gen++;
         if (!c->ignore_eos && rt_tokenizer_is_eog(tok, t))
             break;
@@ -421,6 +474,7 @@ static int run(cli_t *c)
         if (wk_model_eval(m, kv, &t, 1, pos, 1, logits, &err))
             goto fail;
         last = logits;
+        mtp_take(m, c->dump_top, mtp_rows, mtp_in, &c_in, &c_tok);
     }
     const char *tail;
     size_t tail_len;
@@ -434,6 +488,10 @@ static int run(cli_t *c)
             prompt.n, tp, prompt.n / (tp > 0 ? tp : 1e-9), (long long)n_gen, tg,
             n_gen / (tg > 0 ? tg : 1e-9), rt_sampler_seed(smp));
 
+    if (c->mtp)
+        fprintf(stderr, "bloomery-cli: NextN proposals: %lld of %lld were the token generated after the next "
+                "(%.1f %%)\n", (long long)n_hit, (long long)n_proposed,
+                n_proposed ? 100.0 * (double)n_hit / (double)n_proposed : 0.0);
     if (c->routing_stats)
         print_routing(wk_model_heat(m), c->routing_stats);
     if (dump) {
@@ -442,6 +500,11 @@ static int run(cli_t *c)
         if (c->n_predict != 0) {
             json_object_set_new(dump, "greedy", greedy);
             greedy = NULL;
+        }
+        if (mtp_rows) {
+            json_object_set_new(dump, "mtp", mtp_rows);
+            json_object_set_new(dump, "mtp_in", mtp_in);
+            mtp_rows = mtp_in = NULL;
         }
         if (json_dump_file(dump, c->dump_logits, JSON_COMPACT | JSON_REAL_PRECISION(9))) {
             bl_err_set(&err, BL_EIO, "%s: cannot write", c->dump_logits);
@@ -457,6 +520,8 @@ done:
     json_decref(dump);
     json_decref(positions);
     json_decref(greedy);
+    json_decref(mtp_rows);
+    json_decref(mtp_in);
     free(logits);
     free(text);
     free(file_text);
@@ -521,6 +586,7 @@ int main(int argc, char **argv)
         {"-ctv,--cache-type-v", "LLAMA_ARG_CACHE_TYPE_V", BL_ARG_STR, &c.cache_type_v, .metavar = "TYPE", .help = "must equal the K type"},
         {"-fa,--flash-attn", "LLAMA_ARG_FLASH_ATTN", BL_ARG_FN, NULL, .fn = bl_arg_flash_attn, .ud = &c.flash_attn, .metavar = "on|off|auto", .help = "on a GPU: prompt attention as one flash kernel (on), as score/softmax/value pieces (off), flash where the head size has it (auto, default)"},
         {"--precise", NULL, BL_ARG_FLAG, &c.precise, .help = "f32 activations and KV cache, no activation quantization (for checking)"},
+        {"--mtp", NULL, BL_ARG_FLAG, &c.mtp, .help = "run the model's NextN (multi-token prediction) layer after each step: how often its proposal was the token generated after the next is printed at the end; with --dump-logits, its logits after each generated token go to the dump's \"mtp\" list"},
         {"--dump-logits", NULL, BL_ARG_STR, &c.dump_logits, .metavar = "FILE", .help = "write lse and top logits of every position as JSON"},
         {"--dump-top", NULL, BL_ARG_I64, &c.dump_top, 1, 256, .metavar = "N", .help = "ids per position in --dump-logits (default 32)"},
         {"--routing-stats", NULL, BL_ARG_I64, &c.routing_stats, 1, 1 << 16, .metavar = "K", .help = "after the run, print per layer the share of the routing that went to its K most chosen experts, and which they are (a MoE model on the CPU)"},

@@ -52,6 +52,8 @@ typedef struct wk_step {
     const float *x_in; /* a later stage's input rows (host) */
     float *x_out;     /* an earlier stage's output rows (host) */
     float *logits;    /* the last stage's logits (host): the n_out rows in order */
+    int mtp;          /* the NextN layer's pass after a step: the rows are its own, the
+                       * step's routing was counted already */
 } wk_step_t;
 
 /* The routed experts of a MoE layer. */
@@ -205,6 +207,9 @@ typedef struct wk_backend_ops {
     /* the logits of each sequence's last n_out rows of x: norm, then the head */
     int (*head)(wk_backend_t *b, const float *norm, float eps, const wk_tensor_t *out, const float *x,
                 bl_err_t *err);
+    /* dst (n, d) = src (n, d), in the backend's memory (the NextN layer's pass). NULL
+     * where the backend has none (it runs no NextN layer). */
+    int (*copy_rows)(wk_backend_t *b, float *dst, const float *src, int64_t n, int64_t d, bl_err_t *err);
 
     /* --- activations card to card between two stages (wk_model_card_*); NULL where
      * the backend has no card. export: n_bufs buffers of n_batch rows of n_embd

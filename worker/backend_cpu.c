@@ -288,7 +288,7 @@ static int cpu_end(wk_backend_t *b, const wk_step_t *st, int status, const float
     p->st = NULL;
     if (status < 0)
         return status;
-    if (p->heat)
+    if (p->heat && !st->mtp)
         bl_heat_step(p->heat);
     if (st->x_out) /* an earlier stage; checked by the model */
         memcpy(st->x_out, x, sizeof(float) * (size_t)(st->n * p->c->n_embd));
@@ -546,7 +546,7 @@ static int cpu_moe(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remot
                             .topk_group = e->topk_group, .gating = e->gating, .norm = e->norm,
                             .scale = e->scale, .bias = e->probs_b.p};
     kcpu_moe_route(p->kc, p->rl, n, &r, p->ids, p->wts);
-    if (p->heat)
+    if (p->heat && l < p->c->n_layer) /* not the NextN layer's */
         bl_heat_add(p->heat, l, p->ids, n * e->n_used);
     prof_end(p, "ffn_moe_router", t0, mat_bytes(&e->gate_inp.h));
     t0 = prof_start(p);
@@ -618,6 +618,13 @@ static int cpu_head(wk_backend_t *b, const float *norm, float eps, const wk_tens
     return 0;
 }
 
+static int cpu_copy_rows(wk_backend_t *b, float *dst, const float *src, int64_t n, int64_t d, bl_err_t *err)
+{
+    (void)b, (void)err;
+    memmove(dst, src, sizeof(float) * (size_t)(n * d));
+    return 0;
+}
+
 static const wk_backend_ops_t cpu_ops = {
     .name = cpu_name, .destroy = cpu_destroy, .alloc = cpu_alloc, .add = cpu_add, .add_vec = cpu_add_vec,
     .add_stack = cpu_add_stack, .add_host = cpu_add_host, .commit = cpu_commit, .kv_alloc = cpu_kv_alloc, .kv_free = cpu_kv_free,
@@ -626,6 +633,7 @@ static const wk_backend_ops_t cpu_ops = {
     .begin = cpu_begin, .end = cpu_end, .embed = cpu_embed, .rms_norm = cpu_rms_norm, .qkv = cpu_qkv,
     .add_bias = cpu_add_bias, .matmul = cpu_matmul, .attention = cpu_attention, .mla = cpu_mla, .moe = cpu_moe, .ffn = cpu_ffn, .head = cpu_head,
     .split_heads = cpu_split_heads, .mul_sigmoid = cpu_mul_sigmoid, .deltanet = cpu_deltanet,
+    .copy_rows = cpu_copy_rows,
 };
 
 int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *err)

@@ -4,6 +4,7 @@
  * of a step. A family (models/<arch>.c) reads its metadata, maps its tensors and
  * writes its forward pass over the backend ops; model.c calls it. */
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,13 +180,13 @@ static int read_config(wk_model_t *m, bl_arch_t *a, bl_err_t *err)
 
 /* The families and the architectures each runs. */
 static const wk__family_t k_families[] = {
-    {"qwen3moe", wk__gqa_map, wk__gqa_place, wk__gqa_forward},
-    {"qwen3", wk__gqa_map, wk__gqa_place, wk__gqa_forward},
-    {"glm4moe", wk__gqa_map, wk__gqa_place, wk__gqa_forward},
-    {"deepseek2", wk__ds2_map, wk__ds2_place, wk__ds2_forward},
-    {"gpt-oss", wk__gqa_map, wk__gqa_place, wk__gqa_forward},
-    {"qwen3next", wk__q3n_map, wk__q3n_place, wk__q3n_forward},
-    {"qwen35moe", wk__q3n_map, wk__q3n_place, wk__q3n_forward},
+    {"qwen3moe", wk__gqa_map, wk__gqa_place, wk__gqa_forward, NULL},
+    {"qwen3", wk__gqa_map, wk__gqa_place, wk__gqa_forward, NULL},
+    {"glm4moe", wk__gqa_map, wk__gqa_place, wk__gqa_forward, wk__gqa_block},
+    {"deepseek2", wk__ds2_map, wk__ds2_place, wk__ds2_forward, NULL},
+    {"gpt-oss", wk__gqa_map, wk__gqa_place, wk__gqa_forward, NULL},
+    {"qwen3next", wk__q3n_map, wk__q3n_place, wk__q3n_forward, NULL},
+    {"qwen35moe", wk__q3n_map, wk__q3n_place, wk__q3n_forward, NULL},
 };
 
 static const wk__family_t *family_of(const char *arch)
@@ -224,7 +225,8 @@ int wk__map_io(wk_model_t *m, bl_err_t *err)
     const int only = m->opts.experts == WK_EXPERTS_ONLY;
     const int last = m->le == c->n_layer;
     const int use_head = !only && last;
-    const int use_embd = !only && (m->lb == 0 || (last && !bl_gguf_find_tensor(m->g, "output.weight")));
+    const int use_embd = !only && (m->lb == 0 || (last && !bl_gguf_find_tensor(m->g, "output.weight")) ||
+                                   m->mtp_l >= 0);
     int rc;
     if ((rc = wk__find_mat(m, "token_embd.weight", E, c->n_vocab, 1, use_embd, &w->tok_embd, err)) < 0 ||
         (rc = wk__find_vec(m, "output_norm.weight", E, &w->output_norm, err)) < 0)
@@ -238,7 +240,7 @@ int wk__map_io(wk_model_t *m, bl_err_t *err)
     /* The head runs for one row per sequence, even in a prompt: its activations stay
      * two q8 terms, whose packed q6_K kernel streams faster than the q16_K one. */
     w->output.h.act_q8 = 1;
-    w->layers = calloc((size_t)c->n_layer, sizeof *w->layers);
+    w->layers = calloc((size_t)wk__layers_held(m), sizeof *w->layers);
     if (!w->layers)
         return bl_err_set(err, BL_ENOMEM, "out of memory for %lld layers", (long long)c->n_layer);
     return 0;
@@ -249,7 +251,7 @@ int wk__map_ffn(wk_model_t *m, int64_t l, bl_err_t *err)
     const wk_config_t *c = &m->cfg;
     layer_t *L = &m->w.layers[l];
     const int64_t E = c->n_embd;
-    const int use = m->opts.experts != WK_EXPERTS_ONLY && l >= m->lb && l < m->le;
+    const int use = m->opts.experts != WK_EXPERTS_ONLY && wk__in_stage(m, l);
     const int use_exps = wk__layer_local_experts(m, l);
     char n[96];
     int rc;
@@ -423,21 +425,253 @@ int wk__forward_ffn(wk_model_t *m, int64_t l, int64_t n, bl_err_t *err)
     return rc;
 }
 
+// --- the NextN layer's pass (docs/models.md, "NextN") -----------------------------------------
+
+/* One sequence's part of the NextN layer's pass. */
+struct wk__mtp_seg {
+    wk_kv_t *kv;
+    int kept;         /* it reads the cache's kept row first (at the position before the step's) */
+    int64_t src, cnt; /* then the step's rows src.. (cnt of them) */
+    int64_t keep;     /* the step's row the cache keeps for the next step, always one */
+    int64_t keep_pos;
+    int32_t keep_tok; /* the token the layer read after it (-1: none yet) */
+};
+
+int wk__map_mtp(wk_model_t *m, bl_err_t *err)
+{
+    if (m->mtp_l < 0)
+        return 0;
+    const wk_config_t *c = &m->cfg;
+    weights_t *w = &m->w;
+    const int64_t E = c->n_embd;
+    char n[96];
+    wk_tensor_t eh;
+    int rc;
+#define NAME(s) (snprintf(n, sizeof n, "blk.%lld.nextn.%s", (long long)m->mtp_l, s), n)
+    if ((rc = wk__find_mat(m, NAME("eh_proj.weight"), 2 * E, E, 1, 1, &eh, err)) < 0 ||
+        (rc = wk__find_vec(m, NAME("enorm.weight"), E, &w->mtp_enorm, err)) < 0 ||
+        (rc = wk__find_vec(m, NAME("hnorm.weight"), E, &w->mtp_hnorm, err)) < 0 ||
+        (rc = wk__find_vec(m, NAME("shared_head_norm.weight"), E, &w->mtp_head_norm, err)) < 0)
+        return rc;
+    w->mtp_head = w->output; /* the layer's own head and embedding where the file has them */
+    if (bl_gguf_find_tensor(m->g, NAME("shared_head_head.weight")) &&
+        (rc = wk__find_mat(m, n, E, c->n_vocab, 1, 1, &w->mtp_head, err)) < 0)
+        return rc;
+    w->mtp_head.h.act_q8 = 1; /* a head: one row a sequence, as the model's */
+    w->mtp_embd = w->tok_embd;
+    if (bl_gguf_find_tensor(m->g, NAME("embed_tokens.weight")) &&
+        (rc = wk__find_mat(m, n, E, c->n_vocab, 1, 1, &w->mtp_embd, err)) < 0)
+        return rc;
+#undef NAME
+    /* eh_proj times [enorm(embedding); hnorm(hidden state)] is the sum of its two
+     * column halves' products: each half a view of the rows, the row length unchanged */
+    size_t half;
+    if ((rc = bl_row_bytes(eh.h.type, E, &half, NULL)) < 0 || 2 * half != eh.h.row_bytes)
+        return bl_err_set(err, BL_ENOTSUP, "%s: blk.%lld.nextn.eh_proj.weight's rows do not split into two whole "
+                          "halves of %lld columns in its type", m->path, (long long)m->mtp_l, (long long)E);
+    w->mtp_eh_e = w->mtp_eh_h = eh;
+    w->mtp_eh_e.h.ncols = w->mtp_eh_h.h.ncols = E;
+    w->mtp_eh_h.h.data = (const uint8_t *)eh.h.data + half;
+    return 0;
+}
+
+int wk__place_mtp(wk_model_t *m, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    weights_t *w = &m->w;
+    wk_backend_t *b = m->be;
+    const wk_backend_ops_t *op = b->op;
+    const int64_t E = c->n_embd;
+    int rc;
+    if (!op->copy_rows)
+        return bl_err_set(err, BL_ENOTSUP, "%s: the %s backend runs no NextN layer", m->path, op->name(b));
+    if ((rc = op->add_vec(b, &w->mtp_enorm, E, err)) < 0 || (rc = op->add_vec(b, &w->mtp_hnorm, E, err)) < 0 ||
+        (rc = op->add_vec(b, &w->mtp_head_norm, E, err)) < 0 || (rc = op->add(b, &w->mtp_eh_e, 0, err)) < 0 ||
+        (rc = op->add(b, &w->mtp_eh_h, 0, err)) < 0)
+        return rc;
+    /* the model's head and embedding are placed already where this stage has them */
+    if (w->mtp_head.h.data != w->output.h.data && (rc = op->add(b, &w->mtp_head, WK_ADD_PIECES, err)) < 0)
+        return rc;
+    if ((w->mtp_embd.h.data != w->tok_embd.h.data || m->lb > 0) &&
+        (rc = op->add(b, &w->mtp_embd, WK_ADD_TABLE, err)) < 0)
+        return rc;
+    const size_t B = (size_t)m->opts.n_batch;
+    m->mtp_rows = calloc(B, sizeof *m->mtp_rows);
+    m->mtp_tok = calloc(B, sizeof *m->mtp_tok);
+    m->mtp_segs = calloc(B, sizeof *m->mtp_segs);
+    m->mtp_plan = calloc(B, sizeof *m->mtp_plan);
+    m->mtp_e = op->alloc(b, sizeof(float) * B * (size_t)E);
+    m->mtp_h = op->alloc(b, sizeof(float) * B * (size_t)E);
+    if (!m->mtp_rows || !m->mtp_tok || !m->mtp_segs || !m->mtp_plan || !m->mtp_e || !m->mtp_h)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the NextN layer's scratch (n_batch %zu)", B);
+    return 0;
+}
+
+/* The most likely token of a row of n_vocab logits (the lowest id of equals), and its
+ * softmax probability into *p. */
+static int32_t row_pick(const float *row, int64_t n_vocab, float *p)
+{
+    int64_t best = 0;
+    for (int64_t i = 1; i < n_vocab; i++)
+        if (row[i] > row[best])
+            best = i;
+    if (p) {
+        double sum = 0;
+        for (int64_t i = 0; i < n_vocab; i++)
+            sum += exp((double)row[i] - (double)row[best]);
+        *p = (float)(1.0 / sum);
+    }
+    return (int32_t)best;
+}
+
+int wk__mtp_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    const weights_t *w = &m->w;
+    const run_state_t *s = &m->s;
+    wk_backend_t *b = m->be;
+    const wk_backend_ops_t *op = b->op;
+    const int64_t E = c->n_embd, V = c->n_vocab, B = m->opts.n_batch;
+    for (int64_t j = 0; j < st->nseg; j++) {
+        const wk_seg_t *g = &st->seg[j];
+        if (!g->tokens)
+            return bl_err_set(err, BL_EINVAL, "the NextN layer needs the step's tokens (sequence %lld has none)",
+                              (long long)j);
+        for (int64_t i = 0; i < g->n; i++)
+            if (g->tokens[i] < 0 || g->tokens[i] >= V)
+                return bl_err_set(err, BL_EINVAL, "sequence %lld: token %lld is %d, outside 0..%lld", (long long)j,
+                                  (long long)i, g->tokens[i], (long long)(V - 1));
+        if (!g->kv->mtp_h && !(g->kv->mtp_h = malloc(sizeof(float) * (size_t)E)))
+            return bl_err_set(err, BL_ENOMEM, "out of memory for the NextN layer's row of a cache");
+    }
+    /* The plan: each sequence reads its kept row when the layer has not read this
+     * step's first token after it, then its rows while the next row's token is the
+     * row's most likely one; the row where it is not, or the last row, when it has
+     * logits, reads its most likely token and proposes. A last row without logits
+     * (a prompt chunk's) is kept for the next step, which has the token after it. */
+    struct wk__mtp_seg *plan = m->mtp_plan;
+    wk_seg_t *ms = m->mtp_segs;
+    int64_t nm = 0, nms = 0, n_out = 0, n_prop = 0;
+    for (int64_t j = 0; j < st->nseg; j++) {
+        const wk_seg_t *g = &st->seg[j];
+        wk_kv_t *kv = g->kv;
+        const int64_t first_out = g->n - g->n_out;
+        /* a step of n_batch rows has no room for a kept row: its fix waits */
+        const int kept = kv->mtp_kept && kv->mtp_pos == g->pos - 1 && kv->mtp_tok != g->tokens[0] &&
+                         nm + 1 + g->n <= B;
+        int32_t *tok = m->mtp_tok + nm + kept;
+        int64_t cnt = 0, prop = -1;
+        for (int64_t i = 0; i < g->n; i++) {
+            const int out = i >= first_out;
+            const int32_t am = out ? row_pick(st->logits + (n_out + i - first_out) * V, V, NULL) : -1;
+            if (i + 1 < g->n && (!out || am == g->tokens[i + 1])) {
+                tok[cnt++] = g->tokens[i + 1];
+                continue;
+            }
+            if (out) {
+                tok[cnt++] = am;
+                prop = i;
+            }
+            break;
+        }
+        for (int64_t k = 0; k < g->n_out; k++)
+            m->mtp_rows[n_out + k] = (wk_mtp_row_t){.in = -1, .tok = -1, .p = 0};
+        if (prop >= 0)
+            m->mtp_rows[n_out + prop - first_out].in = tok[cnt - 1];
+        n_out += g->n_out;
+        plan[j] = (struct wk__mtp_seg){.kv = kv, .kept = kept, .src = g->row0, .cnt = cnt,
+                                       .keep = g->row0 + (prop >= 0 ? prop : g->n - 1),
+                                       .keep_pos = g->pos + (prop >= 0 ? prop : g->n - 1),
+                                       .keep_tok = prop >= 0 ? tok[cnt - 1] : -1};
+        if (kept + cnt == 0)
+            continue;
+        if (kept)
+            m->mtp_tok[nm] = g->tokens[0];
+        ms[nms++] = (wk_seg_t){.kv = kv, .tokens = m->mtp_tok + nm, .row0 = nm, .n = kept + cnt,
+                               .pos = g->pos - kept, .n_out = prop >= 0};
+        nm += kept + cnt;
+        n_prop += prop >= 0;
+    }
+    if (n_prop > m->mtp_logits_cap) {
+        float *l = realloc(m->mtp_logits, sizeof(float) * (size_t)(n_prop * V));
+        if (!l)
+            return bl_err_set(err, BL_ENOMEM, "out of memory for %lld rows of the NextN layer's logits",
+                              (long long)n_prop);
+        m->mtp_logits = l;
+        m->mtp_logits_cap = n_prop;
+    }
+    const wk_step_t ps = {.seg = ms, .nseg = nms, .n = nm, .logits = m->mtp_logits, .mtp = 1};
+    int rc = op->begin(b, &ps, s->x, err);
+    if (rc < 0)
+        return rc;
+    /* the rows it reads: the model's final-normed hidden states */
+    rc = op->rms_norm(b, "mtp_hidden", s->xn, s->x, w->output_norm.p, st->n, E, c->eps, err);
+    for (int64_t j = 0, at = 0; rc == 0 && j < st->nseg; j++) {
+        const struct wk__mtp_seg *q = &plan[j];
+        if (q->kept && (rc = op->copy_rows(b, m->mtp_h + at * E, q->kv->mtp_h, 1, E, err)) < 0)
+            break;
+        if (q->cnt && (rc = op->copy_rows(b, m->mtp_h + (at + q->kept) * E, s->xn + q->src * E, q->cnt, E, err)) < 0)
+            break;
+        at += q->kept + q->cnt;
+    }
+    for (int64_t j = 0; rc == 0 && j < st->nseg; j++) {
+        const struct wk__mtp_seg *q = &plan[j];
+        if ((rc = op->copy_rows(b, q->kv->mtp_h, s->xn + q->keep * E, 1, E, err)) < 0)
+            break;
+        q->kv->mtp_pos = q->keep_pos;
+        q->kv->mtp_tok = q->keep_tok;
+        q->kv->mtp_kept = 1;
+    }
+    /* x = eh_proj [enorm(embedding of the token after); hnorm(hidden state)], the
+     * layer's block, its head for the rows that propose */
+    if (rc == 0 && nm > 0)
+        rc = op->embed(b, &w->mtp_embd, m->mtp_e, err);
+    if (rc == 0 && nm > 0)
+        rc = op->rms_norm(b, "mtp_enorm", m->mtp_e, m->mtp_e, w->mtp_enorm.p, nm, E, c->eps, err);
+    if (rc == 0 && nm > 0)
+        rc = op->rms_norm(b, "mtp_hnorm", m->mtp_h, m->mtp_h, w->mtp_hnorm.p, nm, E, c->eps, err);
+    if (rc == 0 && nm > 0)
+        rc = op->matmul(b, "mtp_eh_proj", &w->mtp_eh_e, m->mtp_e, nm, s->x, 0, err);
+    if (rc == 0 && nm > 0)
+        rc = op->matmul(b, "mtp_eh_proj", &w->mtp_eh_h, m->mtp_h, nm, s->x, 1, err);
+    if (rc == 0 && nm > 0)
+        rc = m->fam->block(m, m->mtp_l, nm, err);
+    if (rc == 0 && n_prop > 0)
+        rc = op->head(b, w->mtp_head_norm.p, c->eps, &w->mtp_head, s->x, err);
+    if ((rc = op->end(b, &ps, rc, s->x, err)) < 0)
+        return rc;
+    for (int64_t k = 0, at = 0; k < n_out; k++)
+        if (m->mtp_rows[k].in >= 0) {
+            m->mtp_rows[k].tok = row_pick(m->mtp_logits + at * V, V, &m->mtp_rows[k].p);
+            at++;
+        }
+    m->n_mtp_rows = n_out;
+    return 0;
+}
+
+int64_t wk_model_mtp(const wk_model_t *m, const wk_mtp_row_t **rows, const float **logits)
+{
+    *rows = m->mtp_rows;
+    *logits = m->mtp_logits;
+    return m->mtp_l >= 0 ? m->n_mtp_rows : 0;
+}
+
 /* Where each stage layer keeps its part of a cache: K/V rows (attention layers) or a
  * recurrent state (a hybrid's DeltaNet layers). */
 static int layer_caches(wk_model_t *m, const bl_arch_t *a, bl_err_t *err)
 {
     const wk_config_t *c = &m->cfg;
-    m->kv_index = malloc(sizeof(int64_t) * (size_t)c->n_layer);
-    m->rec_index = malloc(sizeof(int64_t) * (size_t)c->n_layer);
+    const int64_t held = wk__layers_held(m);
+    m->kv_index = malloc(sizeof(int64_t) * (size_t)held);
+    m->rec_index = malloc(sizeof(int64_t) * (size_t)held);
     if (!m->kv_index || !m->rec_index)
         return bl_err_set(err, BL_ENOMEM, "out of memory for %lld layers", (long long)c->n_layer);
     m->n_kv_layers = m->n_rec_layers = 0;
-    for (int64_t l = 0; l < c->n_layer; l++) {
+    for (int64_t l = 0; l < held; l++) { /* the NextN layer's K/V after the stage's */
         m->kv_index[l] = m->rec_index[l] = -1;
-        if (l < m->lb || l >= m->le)
+        if (!wk__in_stage(m, l))
             continue;
-        if (bl_arch_layer_recurrent(a, l))
+        if (l < c->n_layer && bl_arch_layer_recurrent(a, l))
             m->rec_index[l] = m->n_rec_layers++;
         else
             m->kv_index[l] = m->n_kv_layers++;
@@ -490,17 +724,34 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
                         m->path, m->opts.device);
         goto fail;
     }
+    m->mtp_l = -1;
+    if (m->opts.mtp && m->opts.experts != WK_EXPERTS_ONLY && m->le == m->cfg.n_layer) {
+        if (m->cfg.n_nextn < 1 || !m->fam->block) {
+            rc = bl_err_set(err, BL_ENOTSUP, "%s: %s", m->path, m->cfg.n_nextn < 1
+                                ? "the file has no NextN (multi-token prediction) layer"
+                                : "the NextN layer of this architecture does not run yet (glm4moe's does)");
+            goto fail;
+        }
+        if (m->opts.device >= 0) {
+            rc = bl_err_set(err, BL_ENOTSUP, "%s: the NextN layer runs on the CPU only for now, not on CUDA device %d",
+                            m->path, m->opts.device);
+            goto fail;
+        }
+        m->mtp_l = m->cfg.n_layer;
+    }
     if ((rc = layer_caches(m, &arch, err)) < 0)
         goto fail;
     if (m->opts.device < 0) /* on a device the weights go to the card instead */
         weights_arena(m);
-    m->host = malloc((size_t)m->cfg.n_layer);
+    m->host = malloc((size_t)wk__layers_held(m));
     if (!m->host) {
         rc = bl_err_set(err, BL_ENOMEM, "out of memory for %lld layers", (long long)m->cfg.n_layer);
         goto fail;
     }
     for (int64_t l = 0; l < m->cfg.n_layer; l++)
         m->host[l] = m->opts.experts_host ? m->opts.experts_host[l] != 0 : 1;
+    if (m->mtp_l >= 0)
+        m->host[m->mtp_l] = 0; /* the NextN layer's experts are computed here */
     m->opts.experts_host = NULL; /* the copy is m->host */
     if ((rc = m->fam->map(m, err)) < 0)
         goto fail;
@@ -569,6 +820,11 @@ void wk_model_free(wk_model_t *m)
     if (m->be)
         m->be->op->destroy(m->be); /* frees the run state's activations */
     free(m->s.segs);
+    free(m->mtp_rows);
+    free(m->mtp_logits);
+    free(m->mtp_tok);
+    free(m->mtp_segs);
+    free(m->mtp_plan);
     free(m->host);
     free(m->kv_index);
     free(m->rec_index);
@@ -729,6 +985,8 @@ int wk_kv_create_in(wk_kv_t **out, wk_kv_pool_t *pool, int64_t n_ctx, bl_err_t *
     *kv = pool->own;
     kv->n_ctx = n_ctx;
     kv->n_past = 0;
+    kv->mtp_h = NULL;
+    kv->mtp_kept = 0;
     kv->pool = pool;
     kv->c0 = kv->nc = 0;
     int rc = rec_alloc(kv, kv->model, err);
@@ -917,6 +1175,7 @@ static int kv_room(const wk_seq_t *q, int64_t n, bl_err_t *err)
 void wk_kv_clear(wk_kv_t *kv)
 {
     kv->n_past = 0;
+    kv->mtp_kept = 0;
     kv_shrink(kv, 0);
 }
 
@@ -929,6 +1188,7 @@ void wk_kv_free(wk_kv_t *kv)
     else
         kv->model->be->op->kv_free(kv->model->be, kv);
     rec_free(kv);
+    free(kv->mtp_h);
     free(kv);
 }
 
@@ -983,6 +1243,7 @@ int wk_kv_load(wk_kv_t *kv, int64_t n, const void *src, int64_t n_saved, bl_err_
         return bl_err_set(err, BL_EINVAL, "loading %lld of %lld saved positions: a recurrent state is only "
                           "whole", (long long)n, (long long)n_saved);
     kv->n_past = 0;
+    kv->mtp_kept = 0; /* another sequence's state */
     kv_shrink(kv, 0);
     int rc = kv_reserve(kv, n, err);
     if (rc < 0)
@@ -1093,7 +1354,10 @@ int wk_model_eval(wk_model_t *m, wk_kv_t *kv, const int32_t *tokens, int64_t n, 
         const wk_seg_t sg = {.kv = kv, .tokens = tokens + c0, .row0 = 0, .n = cn, .pos = pos + c0,
                              .n_out = cn - out0};
         const wk_step_t st = {.seg = &sg, .nseg = 1, .n = cn, .logits = lg};
+        m->n_mtp_rows = 0;
         rc = m->fam->forward(m, &st, err);
+        if (rc == 0 && m->mtp_l >= 0)
+            rc = wk__mtp_forward(m, &st, err);
         if (rc < 0)
             return rc;
         kv->n_past = pos + c0 + cn;
@@ -1157,7 +1421,10 @@ int wk_model_stage(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, const fl
     }
     const wk_step_t st = {.seg = sg, .nseg = n_seqs, .n = rows, .x_in = x_in, .x_out = x_out,
                           .logits = logits};
+    m->n_mtp_rows = 0;
     rc = m->fam->forward(m, &st, err);
+    if (rc == 0 && m->mtp_l >= 0)
+        rc = wk__mtp_forward(m, &st, err);
     if (rc < 0)
         return rc;
     for (int64_t i = 0; i < n_seqs; i++)

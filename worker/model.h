@@ -58,7 +58,13 @@ typedef struct weights {
     wk_tensor_t tok_embd;  // (n_vocab, n_embd)
     wk_vec_t output_norm;  // (n_embd)
     wk_tensor_t output;    // (n_vocab, n_embd); tok_embd's rows when tied
-    layer_t *layers;       // (n_layer)
+    layer_t *layers;       // (n_layer, and the NextN layer the stage runs: wk__layers_held)
+    /* the NextN layer's own parts (mtp_l >= 0): eh_proj (n_embd, 2 n_embd) as the two
+     * halves of its columns (the next token's embedding, the hidden state), its norms,
+     * its head (nextn.shared_head_head, or output) and embedding (nextn.embed_tokens,
+     * or token_embd) */
+    wk_tensor_t mtp_eh_e, mtp_eh_h, mtp_head, mtp_embd;
+    wk_vec_t mtp_enorm, mtp_hnorm, mtp_head_norm;
 } weights_t;
 
 /* The activations of one step of up to n_batch rows, in the backend's memory. */
@@ -80,6 +86,9 @@ typedef struct wk__family {
     int (*map)(wk_model_t *m, bl_err_t *err);
     int (*place)(wk_model_t *m, bl_err_t *err);
     int (*forward)(wk_model_t *m, const wk_step_t *st, bl_err_t *err);
+    /* x += layer l's block (its attention, then its FFN) over the n rows of the step
+     * begun, for the NextN layer's pass (wk__mtp_forward); NULL: the family runs none */
+    int (*block)(wk_model_t *m, int64_t l, int64_t n, bl_err_t *err);
 } wk__family_t;
 
 struct wk_model {
@@ -114,7 +123,32 @@ struct wk_model {
      * put may copy, the input a get put in place for the next step (0: none) */
     int card_out_n, card_in_n;
     int64_t card_out_rows, card_in_rows;
+    /* the NextN layer (opts.mtp on the last stage): its index (n_layer: the file's
+     * first NextN block), or -1; the last step's rows (wk_model_mtp) and the logits of
+     * those with a proposal; the pass's scratch: its rows' tokens and sequences (host),
+     * the embedded tokens and the hidden states (the backend's, n_batch rows each) */
+    int64_t mtp_l;
+    wk_mtp_row_t *mtp_rows;  /* (n_batch) */
+    int64_t n_mtp_rows;
+    float *mtp_logits;       /* (mtp_logits_cap, n_vocab) */
+    int64_t mtp_logits_cap;
+    int32_t *mtp_tok;        /* (n_batch) */
+    wk_seg_t *mtp_segs;      /* (n_batch) */
+    struct wk__mtp_seg *mtp_plan; /* (n_batch) model.c's */
+    float *mtp_e, *mtp_h;    /* (n_batch, n_embd) */
 };
+
+/* The layers m holds: the model's, and the NextN layer it runs. */
+static inline int64_t wk__layers_held(const wk_model_t *m)
+{
+    return m->cfg.n_layer + (m->mtp_l >= 0 ? 1 : 0);
+}
+
+/* Whether this process computes layer l (its stage's, or the NextN layer it runs). */
+static inline int wk__in_stage(const wk_model_t *m, int64_t l)
+{
+    return (l >= m->lb && l < m->le) || (m->mtp_l >= 0 && l == m->mtp_l);
+}
 
 /* Whether layer l has routed experts (a MoE model past its leading dense layers). */
 static inline int wk__layer_moe(const wk_model_t *m, int64_t l)
@@ -135,7 +169,7 @@ static inline int wk__layer_local_experts(const wk_model_t *m, int64_t l)
         return 0;
     if (m->opts.experts == WK_EXPERTS_ONLY)
         return m->host[l];
-    return l >= m->lb && l < m->le && !wk__layer_remote(m, l);
+    return wk__in_stage(m, l) && !wk__layer_remote(m, l);
 }
 
 struct wk_kv {
@@ -152,6 +186,13 @@ struct wk_kv {
                       // backend's memory; in a pool, its first chunk's place there
     wk_kv_pool_t *pool; /* the shared cache it takes chunks of, or NULL: its own */
     int64_t c0, nc;     /* in a pool: its chunks c0..c0+nc */
+    /* the NextN layer's pass (wk__mtp_forward): the final hidden state of position
+     * mtp_pos kept for the next step, which reads the token after it (mtp_kept set),
+     * and the token the layer read after it (-1: none yet) */
+    float *mtp_h;       /* (n_embd), host */
+    int64_t mtp_pos;
+    int32_t mtp_tok;
+    int mtp_kept;
 };
 
 /* Caches of several sequences in one buffer of n_chunks * WK_KV_CHUNK positions:
@@ -184,6 +225,14 @@ int wk__find_vec2(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, wk_
 int wk__map_io(wk_model_t *m, bl_err_t *err) BL_WUR;
 int wk__map_ffn(wk_model_t *m, int64_t l, bl_err_t *err) BL_WUR;
 int wk__check_nextn(wk_model_t *m, bl_err_t *err) BL_WUR;
+/* The NextN layer's own parts (nothing when the stage runs none), after its block's
+ * tensors; and their registration with the backend, after the stage's layers'. */
+int wk__map_mtp(wk_model_t *m, bl_err_t *err) BL_WUR;
+int wk__place_mtp(wk_model_t *m, bl_err_t *err) BL_WUR;
+/* The NextN layer's pass after a step of the last stage (docs/models.md, "NextN"): it
+ * reads the step's final rows and the tokens after them, extends the layer's cache, and
+ * proposes a token for each sequence's row where greedy decoding would go on. */
+int wk__mtp_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err) BL_WUR;
 int wk__place_io(wk_model_t *m, bl_err_t *err) BL_WUR;
 int wk__place_ffn(wk_model_t *m, int64_t l, bl_err_t *err) BL_WUR;
 int wk__place_done(wk_model_t *m, int64_t q_width, int64_t k_width, int64_t att_width, int64_t extra_width,
@@ -198,6 +247,7 @@ int wk__own(wk_model_t *m, void *p, bl_err_t *err) BL_WUR;
 int wk__gqa_map(wk_model_t *m, bl_err_t *err) BL_WUR;
 int wk__gqa_place(wk_model_t *m, bl_err_t *err) BL_WUR;
 int wk__gqa_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err) BL_WUR;
+int wk__gqa_block(wk_model_t *m, int64_t l, int64_t n, bl_err_t *err) BL_WUR;
 int wk__ds2_map(wk_model_t *m, bl_err_t *err) BL_WUR;
 int wk__ds2_place(wk_model_t *m, bl_err_t *err) BL_WUR;
 int wk__ds2_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err) BL_WUR;

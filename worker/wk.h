@@ -78,6 +78,10 @@ typedef struct wk_model_opts {
                         * each launch), on the CPU with the clock around each op;
                         * read with wk_model_profile, switch with
                         * wk_model_set_profile */
+    int mtp;           /* the last stage also runs the file's first NextN (multi-token
+                        * prediction) layer, which proposes the token after each
+                        * sequence's next one (wk_model_mtp); glm4moe on the CPU. Other
+                        * stages ignore it */
     bl_progress_fn progress; /* or NULL: bytes of weights copied into memory or onto
                         * the card during wk_model_load, called on the loading thread */
     void *progress_ud;
@@ -292,6 +296,28 @@ typedef struct wk_seq {
  * on an error no cache has changed. */
 int wk_model_eval_multi(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, float *logits,
                         bl_err_t *err) BL_WUR;
+
+/* --- the NextN layer's proposals (opts.mtp) ---------------------------------------- */
+
+/* One logit row's part of the NextN layer's pass. The layer reads the row's hidden
+ * state and the token after it. Within a sequence of the step that token is the
+ * next row's, as long as the next row's token is the row's most likely one (greedy
+ * decoding would have taken it); the first row where it is not, or the sequence's
+ * last row, reads its most likely token instead, and its proposal is the token the
+ * layer finds most likely after that one: what greedy decoding would draft. */
+typedef struct wk_mtp_row {
+    int32_t in;  /* the token the layer read after this row when it proposes from it; -1:
+                  * no proposal from this row */
+    int32_t tok; /* the proposed token (-1 with in) */
+    float p;     /* its probability under the layer's softmax */
+} wk_mtp_row_t;
+
+/* After a step of a model loaded with opts.mtp (the last stage): one row for each
+ * logit row of the step, in order (*rows), and the layer's logits, n_vocab floats for
+ * each row with in >= 0, in the same order (*logits; at most one such row a sequence).
+ * Returns the count, 0 before a step, after a failed one, or without the layer.
+ * Valid until the next step. */
+int64_t wk_model_mtp(const wk_model_t *m, const wk_mtp_row_t **rows, const float **logits);
 
 /* --- a model on a CUDA device ---------------------------------------------------- */
 

@@ -379,6 +379,67 @@ def test_cpu_pass_against_the_reference(family, tmp_path, k):
         assert m["max_abs_dlse"] <= gate["lse"], summary
 
 
+# the families whose NextN layer runs (--mtp, --spec-type draft-mtp)
+MTP_FAMILIES = ("glm4moe",)
+
+
+def mtp_dump(model, prompt, out, *extra):
+    """bloomery-cli --mtp's greedy run of MTP_STEPS tokens with its dump, and what it
+    printed."""
+    p = run([serverctl.program("bloomery-cli"), "-m", model, "-p", prompt, "-n", str(MTP_STEPS), "-t", "1",
+             "--temp", "0", "--mtp", "--dump-logits", str(out), "--dump-top", str(CLI_TOP)] + list(extra))
+    assert p.returncode == 0, p.stdout
+    with open(out) as f:
+        return json.load(f), p.stdout
+
+
+MTP_STEPS = 8
+
+
+@pytest.mark.parametrize("k", range(len(PLAIN)))
+def test_nextn_layer_against_the_reference(family, tmp_path, k):
+    """The NextN layer's logits after each greedy token (bloomery-cli --mtp: the
+    layer over the prompt's rows, then one row a step) against the float64
+    reference's over the same ids, default and --precise; its proposals' count is
+    printed; the model's own tokens are those without --mtp."""
+    if family.arch not in MTP_FAMILIES:
+        pytest.skip("%s's NextN layer does not run" % family.arch)
+    plain = cli_dump(family.path, PLAIN[k], tmp_path / "plain.json", "-n", str(MTP_STEPS), "--temp", "0")
+    for mode, gate in GATES.items():
+        extra = ["--precise"] if mode == "precise" else []
+        d, out = mtp_dump(family.path, PLAIN[k], tmp_path / ("%s.json" % mode), *extra)
+        assert re.search(r"NextN proposals: \d+ of %d were the token generated after the next" % (MTP_STEPS - 1),
+                         out), out
+        ids = [g["id"] for g in d["greedy"]]
+        assert len(ids) == len(d["mtp"]) == MTP_STEPS
+        assert d["mtp_in"] == ids  # each proposal read the token generated after its row
+        if mode == "default":
+            assert ids == [g["id"] for g in plain["greedy"]]
+            assert d["positions"] == plain["positions"]  # the layer leaves the model's logits alone
+        p = run([sys.executable, REFERENCE, family.path, "--oracle", str(tmp_path / ("%s.json" % mode)), "--mtp",
+                 "--dump-logits", str(tmp_path / "ref.json"), "-q"])
+        assert p.returncode == 0, p.stdout
+        ref = compare.load(str(tmp_path / "ref.json"))
+        m = compare.compare(ref, dict(d, positions=d["mtp"], prompt_ids=ref["prompt_ids"]))
+        summary = "%s %s NextN on %r: %s" % (family.name, mode, PLAIN[k], {x: m[x] for x in (
+            "positions", "top1_same", "mean_abs_dlogit", "max_abs_dlogit", "max_abs_dlse")})
+        assert m["positions"] == MTP_STEPS and m["n_missing"] == 0, summary
+        assert m["top1_same"] == m["positions"], summary
+        assert m["mean_abs_dlogit"] <= gate["mean"], summary
+        assert gate["max"] is None or m["max_abs_dlogit"] <= gate["max"], summary
+        assert m["max_abs_dlse"] <= gate["lse"], summary
+
+
+def test_nextn_layer_refused_where_it_does_not_run(family, tmp_path):
+    """--mtp on a file without a NextN layer, or one whose NextN layer does not run
+    yet, fails the load by name."""
+    if family.arch in MTP_FAMILIES:
+        pytest.skip("%s's NextN layer runs" % family.arch)
+    p = run([serverctl.program("bloomery-cli"), "-m", family.path, "-p", "Hi", "-n", "1", "-t", "1", "--mtp"])
+    assert p.returncode == 1, p.stdout
+    assert re.search(r"the file has no NextN|the NextN layer of this architecture does not run yet", p.stdout), p.stdout
+
+
 # keys llama.cpp does not read for an architecture, with values that would move the
 # logits were they read: a drop-in server must compute what llama-server does
 UNREAD_KEYS = {

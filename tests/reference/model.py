@@ -1101,6 +1101,55 @@ class Model:
             x = x + (self.moe(L, h) if L.is_moe else self.dense_ffn(L, h))
         return rms_norm(x, self.output_norm, hp.eps)
 
+    # ---- the NextN (multi-token prediction) layer --------------------------
+    def mtp_hidden(self, ids):
+        """The first NextN layer's rows (T - 1, n_embd), normed for its head: row i
+        reads the model's final-normed hidden state at position i and the embedding
+        of ids[i + 1] (the token after it), and predicts the token after that. The
+        layer attends causally over its own rows, at the positions of the hidden
+        states. glm4moe only (a GQA block with its routed and shared experts)."""
+        hp = self.hp
+        if hp.arch != "glm4moe":
+            raise NotImplementedError("the NextN layer of %s is not computed" % hp.arch)
+        if hp.n_nextn < 1:
+            raise ValueError("%s has no NextN layer" % self.path)
+        ids = np.asarray(ids, dtype=np.int64)
+        if len(ids) < 2:
+            raise ValueError("the NextN layer needs at least two ids")
+        i = hp.n_layer
+        p = "blk.%d.nextn." % i
+        L = self._layer(i)
+        h = self.hidden(ids)[:-1]
+        nxt = ids[1:]
+        t = self.gf.tensors
+        if p + "embed_tokens.weight" in t:
+            e = dequant.dequantize(t[p + "embed_tokens.weight"], rows=np.unique(nxt))
+            e = e[np.searchsorted(np.unique(nxt), nxt)]
+        else:
+            e = self.embed(nxt)
+        eh = self._tensor(p + "eh_proj.weight", (hp.n_embd, 2 * hp.n_embd))
+        x = mm(np.concatenate([rms_norm(e, self._w(p + "enorm.weight"), hp.eps),
+                               rms_norm(h, self._w(p + "hnorm.weight"), hp.eps)], axis=1),
+               dequant.dequantize(eh))
+        pos = np.arange(len(nxt))
+        x = x + self.mixer(L, rms_norm(x, L.attn_norm, hp.eps), pos)
+        hn = rms_norm(x, L.ffn_norm, hp.eps)
+        x = x + (self.moe(L, hn) if L.is_moe else self.dense_ffn(L, hn))
+        return rms_norm(x, self._w(p + "shared_head_norm.weight"), hp.eps)
+
+    def mtp_head(self, rows, top=32):
+        """head() through the NextN layer's own head (shared_head_head), or the
+        model's when the file has none."""
+        name = "blk.%d.nextn.shared_head_head.weight" % self.hp.n_layer
+        if name not in self.gf.tensors:
+            return self.head(rows, top=top)
+        saved = (self.output_t, self._output)
+        self.output_t, self._output = self.gf.tensors[name], None
+        try:
+            return self.head(rows, top=top)
+        finally:
+            self.output_t, self._output = saved
+
     # ---- output head ---------------------------------------------------
     def logits(self, ids):
         """Full logits (T, n_vocab); only for small inputs."""

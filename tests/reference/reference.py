@@ -9,10 +9,16 @@ Owns: the `reference.py` CLI and the writer of the oracle JSON format
 
 Usage:
   reference.py MODEL.gguf (--ids 1,2,3 | --ids-file F.json | --oracle O.json)
-               --dump-logits OUT.json [--top 32] [-n N] [--greedy-top 4] [--lazy] [-q]
+               --dump-logits OUT.json [--top 32] [-n N] [--greedy-top 4] [--mtp] [--lazy] [-q]
 
 --ids-file takes a JSON list of ids or an object with "prompt_ids";
 --oracle takes the prompt_ids of an oracle file. "-" as OUT writes stdout.
+
+--mtp: the rows of the model's first NextN layer instead, one for each greedy id of
+the input (an oracle file's "greedy" ids after its prompt_ids, P of them then G):
+positions i = P-1 .. P+G-2 of the NextN layer, row i reading the hidden state at i
+and the id after it, and predicting the id after that (what bloomery-cli --mtp
+dumps as "mtp").
 """
 
 import argparse
@@ -57,6 +63,20 @@ def run(model_path, prompt_ids, top=32, n_greedy=0, greedy_top=4, model=None, lo
     return out
 
 
+def run_mtp(model, prompt_ids, greedy_ids, top=32):
+    """The NextN layer's rows after each greedy id, in the oracle format."""
+    ids = list(prompt_ids) + list(greedy_ids)
+    rows = model.mtp_hidden(ids)[len(prompt_ids) - 1:]
+    lse, tid, vals = model.mtp_head(rows, top=top)
+    return {
+        "model": model.path,
+        "n_vocab": int(model.n_vocab),
+        "prompt_ids": [int(i) for i in ids],
+        "positions": [{"lse": float(lse[i]), "ids": tid[i].tolist(), "logits": vals[i].tolist()}
+                      for i in range(len(greedy_ids))],
+    }
+
+
 def dumps(doc):
     """Serialize in the oracle files' layout: one position per line."""
     head = {k: doc[k] for k in ("model", "n_vocab", "prompt_ids")}
@@ -83,11 +103,14 @@ def main(argv=None):
     ap.add_argument("--top", type=int, default=32, help="ids per position (default 32)")
     ap.add_argument("-n", type=int, default=0, help="greedy continuation length")
     ap.add_argument("--greedy-top", type=int, default=4, help="ids per greedy step (default 4)")
+    ap.add_argument("--mtp", action="store_true",
+                    help="the NextN layer's rows after each greedy id of the input (see above)")
     ap.add_argument("--lazy", action="store_true",
                     help="decode weights as they are used (automatic for large files)")
     ap.add_argument("-q", "--quiet", action="store_true")
     a = ap.parse_args(argv)
 
+    gids = []
     try:
         if a.ids is not None:
             ids = parse_ids(a.ids)
@@ -96,15 +119,21 @@ def main(argv=None):
                 doc = json.load(f)
             ids = doc["prompt_ids"] if isinstance(doc, dict) else doc
             ids = [int(i) for i in ids]
+            gids = [int(g["id"]) for g in doc.get("greedy", [])] if isinstance(doc, dict) else []
     except (OSError, ValueError, KeyError, TypeError) as e:
         ap.error("cannot read token ids: %s" % e)
     if not ids:
         ap.error("no token ids")
+    if a.mtp and (a.ids is not None or not gids):
+        ap.error("--mtp needs an oracle or ids file with greedy ids")
 
     log = None if a.quiet else (lambda msg: print(msg, file=sys.stderr))
     try:
         m = refmodel.Model(a.model, lazy=True if a.lazy else None)
-        out = run(a.model, ids, top=a.top, n_greedy=a.n, greedy_top=a.greedy_top, model=m, log=log)
+        if a.mtp:
+            out = run_mtp(m, ids, gids, top=a.top)
+        else:
+            out = run(a.model, ids, top=a.top, n_greedy=a.n, greedy_top=a.greedy_top, model=m, log=log)
         text = dumps(out)
         if a.dump_logits == "-":
             sys.stdout.write(text)

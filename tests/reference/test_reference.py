@@ -539,6 +539,44 @@ def test_glm4moe_nextn_not_run(tmp_path):
     assert np.max(np.abs(a - c)) > 1e-3
 
 
+def test_glm4moe_nextn_layer_by_hand(tmp_path):
+    """The NextN layer's logits (mtp_hidden, mtp_head) against plain numpy: row i
+    from the final-normed hidden state at position i and the embedding (the layer's
+    own) of the id after it, through eh_proj, a block at positions 0.., its norm and
+    its own head; every expert used so the routing is known. A prefix of the ids gives
+    the same first rows (the layer is causal)."""
+    w, hp = gguf_write.tiny_glm4moe_weights(seed=24)
+    _zero_probs_bias(w, hp)
+    m = _glm(tmp_path, (w, hp), n_expert_used=hp["n_expert"])
+    eps, base = m.hp.eps, m.hp.rope_base
+    x = _f32(w["token_embd.weight"])[IDS]
+    for i in range(hp["n_layer"]):
+        f = _getter(w, i)
+        x = x + _glm_attention(w, hp, i, _norm(x, f("attn_norm"), eps), eps, base)
+        h = _norm(x, f("post_attention_norm"), eps)
+        x = x + (_swiglu(h, f("ffn_gate"), f("ffn_up"), f("ffn_down")) if i < hp["n_dense_lead"]
+                 else _glm_moe_all(w, hp, i, h, 1.0, True))
+    hid = _norm(x, _f32(w["output_norm.weight"]), eps)[:-1]
+    n = hp["n_layer"]
+    f = _getter(w, n)
+    e = _f32(w["blk.%d.nextn.embed_tokens.weight" % n])[IDS[1:]]
+    y = np.concatenate([_norm(e, f("nextn.enorm"), eps), _norm(hid, f("nextn.hnorm"), eps)], axis=1)
+    y = y @ f("nextn.eh_proj").T
+    y = y + _glm_attention(w, hp, n, _norm(y, f("attn_norm"), eps), eps, base)
+    y = y + _glm_moe_all(w, hp, n, _norm(y, f("post_attention_norm"), eps), 1.0, True)
+    want = _norm(y, f("nextn.shared_head_norm"), eps) @ f("nextn.shared_head_head").T
+    rows = m.mtp_hidden(IDS)
+    lse, ids, vals = m.mtp_head(rows, top=hp["n_vocab"])
+    got = np.empty_like(want)
+    for t in range(len(rows)):
+        got[t, ids[t]] = vals[t]
+    assert np.std(got) > 0.1
+    assert np.max(np.abs(got - want)) < 1e-10
+    assert np.max(np.abs(m.mtp_hidden(IDS[:4]) - rows[:3])) < 1e-12
+    with pytest.raises(ValueError, match="at least two ids"):
+        m.mtp_hidden(IDS[:1])
+
+
 @pytest.mark.parametrize("gating", [2, 1], ids=["sigmoid", "softmax"])
 def test_glm4moe_moe_all_experts(tmp_path, gating):
     """expert_used_count == expert_count, no norm, scale 2.5, zero bias:

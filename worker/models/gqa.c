@@ -7,7 +7,9 @@
  * (a dense SwiGLU, or the router's top-k experts: softmax renormalised to 1 in
  * qwen3moe, sigmoid with a selection bias, normed and scaled in glm4moe; plus the
  * shared experts), residual; final norm and head (token_embd when output.weight is
- * absent). glm4moe's NextN layers are checked at load and not run. gpt-oss's layers
+ * absent). glm4moe's first NextN layer runs as a block after the head when the stage
+ * proposes tokens with it (model.c's wk__mtp_forward); the others are checked at load
+ * and not run. gpt-oss's layers
  * add attention sinks, sliding windows on every other layer, biases on the output
  * projection, the router and the experts, and a clamped SwiGLU. */
 #include <math.h>
@@ -26,10 +28,10 @@ int wk__gqa_map(wk_model_t *m, bl_err_t *err)
     int rc = wk__map_io(m, err);
     if (rc < 0)
         return rc;
-    for (int64_t l = 0; l < c->n_layer; l++) {
+    for (int64_t l = 0; l < wk__layers_held(m); l++) {
         layer_t *L = &m->w.layers[l];
         char n[96];
-        const int use = m->opts.experts != WK_EXPERTS_ONLY && l >= m->lb && l < m->le;
+        const int use = m->opts.experts != WK_EXPERTS_ONLY && wk__in_stage(m, l);
 #define NAME(s) (snprintf(n, sizeof n, "blk.%lld.%s", (long long)l, s), n)
         if ((rc = wk__find_vec(m, NAME("attn_norm.weight"), E, &L->attn_norm, err)) < 0 ||
             (rc = wk__find_mat(m, NAME("attn_q.weight"), E, nq, 1, use, &L->wq, err)) < 0 ||
@@ -51,7 +53,29 @@ int wk__gqa_map(wk_model_t *m, bl_err_t *err)
         if ((rc = wk__map_ffn(m, l, err)) < 0)
             return rc;
     }
-    return wk__check_nextn(m, err);
+    return (rc = wk__map_mtp(m, err)) < 0 ? rc : wk__check_nextn(m, err);
+}
+
+/* Layer l's tensors registered with the backend. */
+static int place_layer(wk_model_t *m, int64_t l, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    wk_backend_t *b = m->be;
+    const wk_backend_ops_t *op = b->op;
+    const int64_t nq = c->n_head * c->head_dim, nkv = c->n_head_kv * c->head_dim;
+    layer_t *L = &m->w.layers[l];
+    wk_tensor_t *const qkv[3] = {&L->wq, &L->wk, &L->wv};
+    int rc;
+    if ((rc = op->add_vec(b, &L->attn_norm, c->n_embd, err)) < 0 ||
+        (c->qk_norm && ((rc = op->add_vec(b, &L->q_norm, c->head_dim, err)) < 0 ||
+                        (rc = op->add_vec(b, &L->k_norm, c->head_dim, err)) < 0)) ||
+        (c->attn_bias && ((rc = op->add_vec(b, &L->bq, nq, err)) < 0 || (rc = op->add_vec(b, &L->bk, nkv, err)) < 0 ||
+                          (rc = op->add_vec(b, &L->bv, nkv, err)) < 0)) ||
+        (c->attn_out_bias && (rc = op->add_vec(b, &L->bo, c->n_embd, err)) < 0) ||
+        (c->attn_sinks && (rc = op->add_vec(b, &L->sinks, c->n_head, err)) < 0) ||
+        (rc = op->add_stack(b, qkv, err)) < 0 || (rc = op->add(b, &L->wo, 0, err)) < 0)
+        return rc;
+    return wk__place_ffn(m, l, err);
 }
 
 /* Registers what the stage computes with the backend, in file order, places it, and
@@ -59,25 +83,44 @@ int wk__gqa_map(wk_model_t *m, bl_err_t *err)
 int wk__gqa_place(wk_model_t *m, bl_err_t *err)
 {
     const wk_config_t *c = &m->cfg;
-    wk_backend_t *b = m->be;
-    const wk_backend_ops_t *op = b->op;
     const int64_t nq = c->n_head * c->head_dim, nkv = c->n_head_kv * c->head_dim;
     int rc = wk__place_io(m, err);
-    for (int64_t l = m->lb; rc == 0 && l < m->le; l++) {
-        layer_t *L = &m->w.layers[l];
-        wk_tensor_t *const qkv[3] = {&L->wq, &L->wk, &L->wv};
-        if ((rc = op->add_vec(b, &L->attn_norm, c->n_embd, err)) < 0 ||
-            (c->qk_norm && ((rc = op->add_vec(b, &L->q_norm, c->head_dim, err)) < 0 ||
-                            (rc = op->add_vec(b, &L->k_norm, c->head_dim, err)) < 0)) ||
-            (c->attn_bias && ((rc = op->add_vec(b, &L->bq, nq, err)) < 0 || (rc = op->add_vec(b, &L->bk, nkv, err)) < 0 ||
-                              (rc = op->add_vec(b, &L->bv, nkv, err)) < 0)) ||
-            (c->attn_out_bias && (rc = op->add_vec(b, &L->bo, c->n_embd, err)) < 0) ||
-            (c->attn_sinks && (rc = op->add_vec(b, &L->sinks, c->n_head, err)) < 0) ||
-            (rc = op->add_stack(b, qkv, err)) < 0 || (rc = op->add(b, &L->wo, 0, err)) < 0)
-            break;
-        rc = wk__place_ffn(m, l, err);
-    }
+    for (int64_t l = m->lb; rc == 0 && l < m->le; l++)
+        rc = place_layer(m, l, err);
+    if (rc == 0 && m->mtp_l >= 0 && (rc = place_layer(m, m->mtp_l, err)) == 0)
+        rc = wk__place_mtp(m, err);
     return rc < 0 ? rc : wk__place_done(m, nq, nkv, nq, 0, err);
+}
+
+int wk__gqa_block(wk_model_t *m, int64_t l, int64_t n, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    const layer_t *L = &m->w.layers[l];
+    const run_state_t *s = &m->s;
+    wk_backend_t *b = m->be;
+    const wk_backend_ops_t *op = b->op;
+    const int64_t E = c->n_embd, nq = c->n_head * c->head_dim, nkv = c->n_head_kv * c->head_dim;
+    const wk_attn_t a = {.n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim,
+                         .n_rot = c->n_rot, .eps = c->eps, .rope_base = c->rope_base, .scale = c->attn_scale,
+                         .q_norm = c->qk_norm ? L->q_norm.p : NULL, .k_norm = c->qk_norm ? L->k_norm.p : NULL,
+                         .sinks = c->attn_sinks ? L->sinks.p : NULL,
+                         .window = c->n_swa > 0 && c->swa_period > 0 && l % c->swa_period < c->swa_period - 1
+                                       ? c->n_swa : 0};
+    int rc;
+    /* attention: norm, projections (and their biases), per-head q/k norm and RoPE,
+     * cache, attend, the output projection onto the residual */
+    if ((rc = op->rms_norm(b, "attn_norm", s->xn, s->x, L->attn_norm.p, n, E, c->eps, err)) < 0 ||
+        (rc = op->qkv(b, &L->wq, &L->wk, &L->wv, s->xn, n, s->q, s->k, s->v, err)) < 0 ||
+        (c->attn_bias && ((rc = op->add_bias(b, s->q, L->bq.p, n, nq, err)) < 0 ||
+                          (rc = op->add_bias(b, s->k, L->bk.p, n, nkv, err)) < 0 ||
+                          (rc = op->add_bias(b, s->v, L->bv.p, n, nkv, err)) < 0)) ||
+        (rc = op->attention(b, l, &a, s->q, s->k, s->v, s->att, err)) < 0 ||
+        (rc = op->matmul(b, "attn_output", &L->wo, s->att, n, s->x, 1, err)) < 0 ||
+        (c->attn_out_bias && (rc = op->add_bias(b, s->x, L->bo.p, n, E, err)) < 0))
+        return rc;
+    /* FFN: norm, then the routed experts and the shared ones, or the dense SwiGLU,
+     * onto the residual */
+    return wk__forward_ffn(m, l, n, err);
 }
 
 /* One step of the stage's layers over the step's rows. The first stage embeds the
@@ -92,10 +135,6 @@ int wk__gqa_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err)
     const run_state_t *s = &m->s;
     wk_backend_t *b = m->be;
     const wk_backend_ops_t *op = b->op;
-    const int64_t n = st->n, E = c->n_embd;
-    const int64_t nq = c->n_head * c->head_dim, nkv = c->n_head_kv * c->head_dim;
-    const wk_attn_t at = {.n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim,
-                          .n_rot = c->n_rot, .eps = c->eps, .rope_base = c->rope_base, .scale = c->attn_scale};
 
     int rc = op->begin(b, st, s->x, err);
     if (rc < 0)
@@ -104,28 +143,8 @@ int wk__gqa_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err)
         return op->end(b, st, 0, s->x, err);
     if (m->lb == 0)
         rc = op->embed(b, &w->tok_embd, s->x, err);
-    for (int64_t l = m->lb; l < m->le && rc == 0; l++) {
-        const layer_t *L = &w->layers[l];
-        wk_attn_t a = at;
-        a.q_norm = c->qk_norm ? L->q_norm.p : NULL;
-        a.k_norm = c->qk_norm ? L->k_norm.p : NULL;
-        a.sinks = c->attn_sinks ? L->sinks.p : NULL;
-        a.window = c->n_swa > 0 && c->swa_period > 0 && l % c->swa_period < c->swa_period - 1 ? c->n_swa : 0;
-        /* attention: norm, projections (and their biases), per-head q/k norm and
-         * RoPE, cache, attend, the output projection onto the residual */
-        if ((rc = op->rms_norm(b, "attn_norm", s->xn, s->x, L->attn_norm.p, n, E, c->eps, err)) < 0 ||
-            (rc = op->qkv(b, &L->wq, &L->wk, &L->wv, s->xn, n, s->q, s->k, s->v, err)) < 0 ||
-            (c->attn_bias && ((rc = op->add_bias(b, s->q, L->bq.p, n, nq, err)) < 0 ||
-                              (rc = op->add_bias(b, s->k, L->bk.p, n, nkv, err)) < 0 ||
-                              (rc = op->add_bias(b, s->v, L->bv.p, n, nkv, err)) < 0)) ||
-            (rc = op->attention(b, l, &a, s->q, s->k, s->v, s->att, err)) < 0 ||
-            (rc = op->matmul(b, "attn_output", &L->wo, s->att, n, s->x, 1, err)) < 0 ||
-            (c->attn_out_bias && (rc = op->add_bias(b, s->x, L->bo.p, n, E, err)) < 0))
-            break;
-        /* FFN: norm, then the routed experts and the shared ones, or the dense
-         * SwiGLU, onto the residual */
-        rc = wk__forward_ffn(m, l, n, err);
-    }
+    for (int64_t l = m->lb; l < m->le && rc == 0; l++)
+        rc = wk__gqa_block(m, l, st->n, err);
     if (rc == 0 && m->le == c->n_layer)
         rc = op->head(b, w->output_norm.p, c->eps, &w->output, s->x, err);
     return op->end(b, st, rc, s->x, err);
