@@ -418,6 +418,7 @@ int bp_chan_send_plan(bp_chan_t *c, const bp_peer_t *to, const bp_plan_t *p, int
     m.kv_pool = p->kv_pool;
     m.slot_dir = (char *)(p->slot_dir ? p->slot_dir : "");
     m.cache_dir = (char *)(p->cache_dir ? p->cache_dir : "");
+    m.mtp = p->mtp != 0;
     m.you = p->you;
     const bp_msg_t msg = {.type = BP_MSG_PLAN, .u.plan = &m};
     const int rc = bp_chan_send(c, to, &msg, timeout_ms, err);

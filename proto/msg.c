@@ -473,6 +473,7 @@ int bp_plan_read(const bp_msg_t *m, bp_plan_t *out, bl_err_t *err)
     out->kv_pool = p->kv_pool;
     out->slot_dir = p->slot_dir ? p->slot_dir : "";
     out->cache_dir = p->cache_dir ? p->cache_dir : "";
+    out->mtp = p->mtp;
     return 0;
 }
 

@@ -140,6 +140,8 @@ typedef struct bp_plan {
                             * (--slot-save-path), where WRITE and READ ops go; "": none */
     const char *cache_dir; /* likewise: the prompt cache on disk (--cache-disk), where
                             * PERSIST and FETCH ops go; "": none */
+    int mtp;               /* the last stage runs the NextN layer; its LOGITS carry the
+                            * proposals (proto/step.h) */
 } bp_plan_t;
 
 /* A validated Plan message into p: the stages, the host layers from its placements

@@ -6,6 +6,7 @@
 
 _Static_assert(sizeof(bp_step_hdr_t) == 48, "step header is 48 bytes on the wire");
 _Static_assert(sizeof(bp_step_seq_t) == 24, "step sequence is 24 bytes on the wire");
+_Static_assert(sizeof(bp_step_mtp_t) == 16, "a NextN proposal is 16 bytes on the wire");
 _Static_assert(sizeof(bp_step_hdr_t) % BP_RING_ALIGN == 0, "sections after the header align");
 
 static const char *const g_kind_names[] = {
@@ -51,10 +52,15 @@ int bp_step_layout(const bp_step_hdr_t *h, bp_step_layout_t *out, bl_err_t *err)
         break;
     case BP_STEP_HIDDEN:
         bad |= section(&at, (uint64_t)h->n_seqs, sizeof(bp_step_seq_t), &out->seqs);
+        bad |= section(&at, rows, sizeof(int32_t), &out->tokens);
         if (!h->card) /* else the rows are in a card buffer */
             bad |= section(&at, cells, sizeof(float), &out->rows);
         break;
     case BP_STEP_LOGITS:
+        bad |= section(&at, cells, sizeof(float), &out->rows);
+        if (h->k)
+            bad |= section(&at, rows, sizeof(bp_step_mtp_t), &out->mtp);
+        break;
     case BP_STEP_SUMS:
         bad |= section(&at, cells, sizeof(float), &out->rows);
         break;
@@ -96,6 +102,7 @@ static void point(uint8_t *base, const bp_step_hdr_t *h, const bp_step_layout_t 
     out->wts = lay->wts ? (float *)(base + lay->wts) : NULL;
     out->text = lay->text ? (char *)(base + lay->text) : NULL;
     out->kvops = lay->kvops ? (bp_step_kvop_t *)(base + lay->kvops) : NULL;
+    out->mtp = lay->mtp ? (bp_step_mtp_t *)(base + lay->mtp) : NULL;
     out->nbytes = lay->nbytes;
 }
 
@@ -224,8 +231,9 @@ int bp_step_parse(const void *msg, size_t nbytes, const bp_step_limits_t *lim,
         return bad(err, h, "layer", h->layer, "is not a layer of the model");
     if (h->kind == BP_STEP_EXPERTS
             ? h->k < h->n_rows || (int64_t)h->k > (int64_t)h->n_rows * lim->n_expert_used
-            : h->k != 0)
-        return bad(err, h, "k", h->k, "is not in n_rows..n_rows * the model's experts per row");
+            : h->kind == BP_STEP_LOGITS ? h->k != 0 && h->k != 1 : h->k != 0)
+        return bad(err, h, "k", h->k, h->kind == BP_STEP_LOGITS ? "is not 0 or 1 (NextN proposals)"
+                   : "is not in n_rows..n_rows * the model's experts per row");
     if (h->kind == BP_STEP_ERROR) {
         if (h->code >= 0)
             return bad(err, h, "code", h->code, "is not an error code");
@@ -271,8 +279,22 @@ int bp_step_parse(const void *msg, size_t nbytes, const bp_step_limits_t *lim,
         if (sum != h->k)
             return bad(err, h, "k", h->k, "differs from the sum of the rows' counts");
     }
-    if (h->kind == BP_STEP_TOKENS || h->kind == BP_STEP_EXPERTS) {
-        int tokens = h->kind == BP_STEP_TOKENS;
+    if (h->kind == BP_STEP_LOGITS && h->k) {
+        if (in->mtp == NULL)
+            return bl_err_set(err, BL_EINVAL, "step message: no room for NextN proposals");
+        memcpy(in->mtp, base + lay.mtp, (size_t)h->n_rows * sizeof *in->mtp);
+        for (int32_t i = 0; i < h->n_rows; i++) {
+            const bp_step_mtp_t *q = &in->mtp[i];
+            if (q->in < -1 || q->in >= lim->n_vocab)
+                return bad(err, h, "mtp[].in", q->in, "is not a token of the vocabulary, or -1");
+            if (q->tok < -1 || q->tok >= lim->n_vocab || (q->in < 0) != (q->tok < 0))
+                return bad(err, h, "mtp[].tok", q->tok, "is not a token of the vocabulary, or -1 where in is");
+            if (!(q->p >= 0.0f && q->p <= 1.0f))
+                return bad(err, h, "mtp[].p", i, "(of this row) is not a probability in 0..1");
+        }
+    }
+    if (h->kind == BP_STEP_TOKENS || h->kind == BP_STEP_HIDDEN || h->kind == BP_STEP_EXPERTS) {
+        int tokens = h->kind != BP_STEP_EXPERTS;
         size_t n = tokens ? (size_t)h->n_rows : (size_t)h->k;
         int32_t hi = tokens ? lim->n_vocab : lim->n_expert;
         if (in->ids == NULL)

@@ -6,10 +6,12 @@
  *
  * A message is a header, then sections that each start 16-byte aligned:
  *   TOKENS   hdr | seqs (n_seqs) | tokens int32 (n_rows)
- *   HIDDEN   hdr | seqs (n_seqs) | rows float (n_rows, width = n_embd); with hdr.card
- *            set, hdr | seqs: the rows are in a card buffer of the link between the
- *            two stages (proto/cardlink.h), not in the message
- *   LOGITS   hdr | rows float (n_rows, width = n_vocab)
+ *   HIDDEN   hdr | seqs (n_seqs) | tokens int32 (n_rows) | rows float (n_rows, width =
+ *            n_embd); with hdr.card set, hdr | seqs | tokens: the rows are in a card
+ *            buffer of the link between the two stages (proto/cardlink.h), not in the
+ *            message. The tokens are the step's, for a NextN layer on the last stage
+ *   LOGITS   hdr | rows float (n_rows, width = n_vocab); with hdr.k 1, then | mtp
+ *            (n_rows): the NextN layer's proposal from each row (Plan.mtp)
  *   EXPERTS  hdr | rows float (n_rows, width = n_embd) | counts int32 (n_rows)
  *                | ids int32 (k) | weights float (k): row i's counts[i] (expert,
  *                weight) pairs follow row i-1's; k is their total, so a worker sends
@@ -127,6 +129,14 @@ typedef struct bp_step_seq {
     int32_t _pad;
 } bp_step_seq_t;
 
+/* A LOGITS row's NextN proposal (worker/wk.h's wk_mtp_row_t on the wire); 16 bytes. */
+typedef struct bp_step_mtp {
+    int32_t in;  /* the token the layer read after the row, or -1: no proposal */
+    int32_t tok; /* the token it proposes after that one, or -1 with in */
+    float p;     /* its probability, 0..1 */
+    int32_t _pad;
+} bp_step_mtp_t;
+
 /* What a receiver accepts: from the plan and the model. */
 typedef struct bp_step_limits {
     int32_t n_slots;
@@ -145,7 +155,7 @@ typedef struct bp_step_limits {
 
 /* Byte offsets of a message's sections (0 where the kind has none) and its size. */
 typedef struct bp_step_layout {
-    size_t seqs, tokens, rows, counts, ids, wts, text, kvops;
+    size_t seqs, tokens, rows, counts, ids, wts, text, kvops, mtp;
     size_t nbytes;
 } bp_step_layout_t;
 
@@ -163,6 +173,7 @@ typedef struct bp_step_out {
     float *wts;      /* EXPERTS */
     char *text;      /* ERROR */
     bp_step_kvop_t *kvops; /* KV */
+    bp_step_mtp_t *mtp;    /* LOGITS with hdr.k 1 */
     size_t nbytes;   /* pass to bp_ring_commit */
 } bp_step_out_t;
 
@@ -196,6 +207,8 @@ typedef struct bp_step_in {
     const char *text;    /* ERROR: hdr.text_len bytes, not NUL-terminated */
     bp_step_kvop_t *kvops; /* set by the caller: room for BP_STEP_MAX_KVOPS ops (KV);
                             * may be NULL when the caller never accepts KV */
+    bp_step_mtp_t *mtp;    /* set by the caller: room for n_out_max proposals (LOGITS with
+                            * hdr.k 1); may be NULL when the caller never accepts them */
 } bp_step_in_t;
 
 /* Checks nbytes of an untrusted message against lim, expecting kind want (an ERROR

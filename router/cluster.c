@@ -110,6 +110,8 @@ struct rt_cluster {
     pthread_mutex_t step_mu;
     uint64_t step_no;
     float *logits;           /* (n_out_max, n_vocab) */
+    bp_step_mtp_t *mtp_in;   /* (n_out_max) the last answer's NextN proposals, as read */
+    rt_mtp_t *mtp;           /* (n_out_max) the same for the engine (o.mtp) */
     /* steps sent whose answers have not come back, oldest first (rt_cluster_step_send) */
     struct {
         uint64_t step;
@@ -273,7 +275,7 @@ static int create_rings(rt_cluster_t *c, bl_err_t *err)
     int embd = (int)c->n_embd, k = (int)c->n_expert_used;
     size_t tokens = msg_size(BP_STEP_TOKENS, slots, batch, 0, 0);
     size_t hidden = msg_size(BP_STEP_HIDDEN, slots, batch, embd, 0);
-    size_t logits = msg_size(BP_STEP_LOGITS, 0, c->lim.n_out_max, (int)c->n_vocab, 0);
+    size_t logits = msg_size(BP_STEP_LOGITS, 0, c->lim.n_out_max, (int)c->n_vocab, c->o.mtp ? 1 : 0);
     size_t xreq = msg_size(BP_STEP_EXPERTS, 0, batch, embd, batch * k); /* every pair of every row */
     size_t xrep = msg_size(BP_STEP_SUMS, 0, batch, embd, 0);
     int rc = make_ring(&c->to_first, "tokens", 0, tokens, BP_RING_PRODUCER, err);
@@ -551,6 +553,7 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
     p.kv_pool = (uint32_t)c->o.kv_pool;
     p.slot_dir = c->o.slot_dir ? c->o.slot_dir : "";
     p.cache_dir = c->o.cache_dir ? c->o.cache_dir : "";
+    p.mtp = c->o.mtp;
     p.n_slots = (uint32_t)c->o.n_slots;
     p.threads = (uint32_t)c->o.n_threads;
     p.threads_batch = (uint32_t)c->o.n_threads_batch;
@@ -1170,7 +1173,9 @@ int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_
                                 .n_layer = (int32_t)c->n_layer, .n_expert = (int32_t)c->n_expert,
                                 .n_expert_used = (int32_t)c->n_expert_used};
     c->logits = malloc((size_t)n_out_max * (size_t)c->n_vocab * sizeof(float));
-    if (!c->logits) {
+    c->mtp_in = calloc((size_t)n_out_max, sizeof *c->mtp_in);
+    c->mtp = calloc((size_t)n_out_max, sizeof *c->mtp);
+    if (!c->logits || !c->mtp_in || !c->mtp) {
         rc = bl_err_set(err, BL_ENOMEM, "cluster: out of memory for logits");
         goto fail;
     }
@@ -1195,6 +1200,8 @@ int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_
 fail:
     free_files(c);
     free(c->logits);
+    free(c->mtp_in);
+    free(c->mtp);
     free(c->model_path);
     free(c->bin_dir);
     free(c->runtime_dir);
@@ -1218,6 +1225,8 @@ void rt_cluster_destroy(rt_cluster_t *c)
     pthread_mutex_destroy(&c->step_mu);
     free_files(c);
     free(c->logits);
+    free(c->mtp_in);
+    free(c->mtp);
     free(c->model_path);
     free(c->bin_dir);
     free(c->runtime_dir);
@@ -1529,15 +1538,18 @@ static int recv_locked(rt_cluster_t *c, const float **logits, bl_err_t *err)
     const int64_t deadline = c->fl[c->fl_head].deadline;
     c->fl_head = (c->fl_head + 1) % RT_CLUSTER_MAX_INFLIGHT;
     c->fl_n--;
-    bp_step_in_t in = {0};
+    bp_step_in_t in = {.mtp = c->mtp_in};
     int rc = pipe_answer(c, step, deadline, &in, err);
-    if (rc == 0 && (in.hdr.kind != BP_STEP_LOGITS || in.hdr.n_rows != n_out)) {
-        rc = bl_err_set(err, BL_EPROTO, "step %llu: %s of %d rows from the last stage, %d logits rows asked",
-                        (unsigned long long)step, bp_step_kind_name(in.hdr.kind), in.hdr.n_rows, n_out);
+    if (rc == 0 && (in.hdr.kind != BP_STEP_LOGITS || in.hdr.n_rows != n_out || in.hdr.k != (c->o.mtp ? 1 : 0))) {
+        rc = bl_err_set(err, BL_EPROTO, "step %llu: %s of %d rows%s from the last stage, %d logits rows%s asked",
+                        (unsigned long long)step, bp_step_kind_name(in.hdr.kind), in.hdr.n_rows,
+                        in.hdr.k ? " with NextN proposals" : "", n_out, c->o.mtp ? " with NextN proposals" : "");
         atomic_store(&c->restart_req, 1);
         bp_ring_release(c->from_last);
     } else if (rc == 0) {
         memcpy(c->logits, in.rows, (size_t)n_out * (size_t)c->n_vocab * sizeof(float));
+        for (int32_t i = 0; c->o.mtp && i < n_out; i++)
+            c->mtp[i] = (rt_mtp_t){.in = c->mtp_in[i].in, .tok = c->mtp_in[i].tok, .p = c->mtp_in[i].p};
         *logits = c->logits;
         bp_ring_release(c->from_last);
     }
@@ -1545,6 +1557,8 @@ static int recv_locked(rt_cluster_t *c, const float **logits, bl_err_t *err)
         c->fl_n = c->fl_head = 0;
     return rc;
 }
+
+const rt_mtp_t *rt_cluster_mtp(const rt_cluster_t *c) { return c->o.mtp ? c->mtp : NULL; }
 
 _Static_assert(RT_KV_MAX_OPS == BP_STEP_MAX_KVOPS, "one bound for KV ops");
 _Static_assert(RT_KV_CHUNK == BP_KV_CHUNK, "the engine counts a shared cache's chunks as the "

@@ -37,6 +37,8 @@ typedef struct rt_cluster_opts {
     int64_t n_ctx_slot;      /* positions per slot's cache */
     const char *slot_dir;    /* the folder of slot files (--slot-save-path), or NULL */
     const char *cache_dir;   /* the prompt cache on disk (--cache-disk), or NULL */
+    int mtp;                 /* the last stage runs the NextN layer: each step's answer
+                              * carries its proposals (rt_cluster_mtp) */
     int64_t kv_pool;         /* positions one cache holds for all slots together (-kvu),
                               * handed out in BP_KV_CHUNK chunks; 0: each slot owns
                               * n_ctx_slot */
@@ -167,6 +169,16 @@ typedef struct rt_step_seq {
  * Blocks while the step runs; a dead child ends the wait within a second. */
 int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, const float **logits,
                     bl_err_t *err) BL_WUR;
+
+/* With o.mtp: the NextN layer's proposal from each logit row of the last answer
+ * (rt_cluster_step or _recv), in the same order; valid as the logits. NULL without. */
+typedef struct rt_mtp {
+    int32_t in;  /* the token the layer read after the row (its most likely one), or -1:
+                  * no proposal from this row */
+    int32_t tok; /* the token it proposes after that one */
+    float p;     /* its probability */
+} rt_mtp_t;
+const rt_mtp_t *rt_cluster_mtp(const rt_cluster_t *c);
 
 /* The most steps in flight at once (rt_cluster_step_send). */
 #define RT_CLUSTER_MAX_INFLIGHT 8

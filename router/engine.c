@@ -93,6 +93,9 @@ typedef struct slot {
     int64_t d_past;
     int n_draft;
     int d_wait, d_backoff; /* steps to decode without the draft, after it proposed nothing */
+    int32_t mtp_tok;    /* the NextN layer's proposal for the step after the pending token,
+                         * from the step that sampled it, or -1 */
+    float mtp_p;        /* its probability */
     int64_t n_drafted, n_accepted; /* the task's, for its timings */
     int in_step;        /* build_step: it has rows in the step being built */
     int in_flight;      /* it has rows in a step sent whose answer has not come */
@@ -1304,6 +1307,7 @@ static int slot_start(rt_engine_t *e, slot_t *s, rt_task_t *t, int32_t n_vocab)
     s->n_draft = 0;
     s->n_drafted = s->n_accepted = 0;
     s->d_wait = s->d_backoff = 0;
+    s->mtp_tok = -1;
     s->task = t;
     s->smpl = smpl;
     /* the penalties look back over the prompt too, as llama-server's do */
@@ -1963,6 +1967,59 @@ static void keep_proposals(slot_t *s, int keep)
         s->d_past = s->n_past + 1 + s->n_draft;
 }
 
+/* The most tokens a verify step of generating slot s may propose, at most want: what
+ * its context and its task's n_predict leave room for (the verification adds a token
+ * of its own), and a draft model's context. */
+static int64_t draft_cap(const rt_engine_t *e, const slot_t *s, int64_t want)
+{
+    int64_t k = want;
+    if (k > e->o.n_ctx_slot - 2 - s->n_past) /* positions n_past..n_past+k in the context */
+        k = e->o.n_ctx_slot - 2 - s->n_past;
+    if (e->o.draft && k > e->o.draft_ctx - 1 - s->n_past) /* and the draft's up to n_past+k-1 */
+        k = e->o.draft_ctx - 1 - s->n_past;
+    if (s->task->n_predict > 0 && k > s->task->n_predict - s->n_decoded - 1)
+        k = s->task->n_predict - s->n_decoded - 1;
+    return k;
+}
+
+/* --spec-type draft-mtp: each generating slot's proposal is the one the NextN layer
+ * made in the step that sampled its pending token (take_results keeps it), one token,
+ * when the layer gives it draft_p_min or more and there is room to verify it. */
+static void spec_mtp(rt_engine_t *e)
+{
+    uint64_t drafted = 0;
+    for (int i = 0; i < e->o.n_slots; i++) {
+        slot_t *s = &e->slots[i];
+        keep_proposals(s, 0); /* any a step left out */
+        const int32_t tok = s->mtp_tok;
+        s->mtp_tok = -1; /* one step's: a proposal not verified now is stale next time */
+        if (s->state != SLOT_GEN || !s->task || tok < 0 || s->mtp_p < e->o.draft_p_min ||
+            rt_tokenizer_is_eog(e->tok, tok) || e->o.draft_min > 1 || draft_cap(e, s, 1) < 1)
+            continue;
+        s->seq[s->n_past + 1] = tok;
+        s->n_draft = 1;
+        drafted++;
+    }
+    if (drafted) {
+        pthread_mutex_lock(&e->mu);
+        e->stats.draft_steps_total++;
+        pthread_mutex_unlock(&e->mu);
+    }
+}
+
+/* After a step with the NextN layer: slot s's proposal for its next step, from the
+ * logit row that gave its pending token (row of mtp), when the layer read that token
+ * after the row (it read the row's most likely one: a sampler that drew another one
+ * gets no proposal). */
+static void mtp_keep(slot_t *s, const rt_mtp_t *mtp, size_t row)
+{
+    s->mtp_tok = -1;
+    if (!mtp || s->state != SLOT_GEN || !s->task || mtp[row].in < 0 || mtp[row].in != s->seq[s->n_past])
+        return;
+    s->mtp_tok = mtp[row].tok;
+    s->mtp_p = mtp[row].p;
+}
+
 /* The draft model proposes tokens for every generating slot: it first catches up
  * with what the slot's sequence holds beyond its own cache (the prompt, the
  * tokens taken since), then writes one token a step while it is sure enough of
@@ -1997,13 +2054,7 @@ static void spec_draft(rt_engine_t *e, int32_t n_vocab)
         active[i] = cap[i] = 0;
         if (s->state != SLOT_GEN || !s->task)
             continue;
-        int64_t k = e->o.draft_max;
-        if (k > e->o.n_ctx_slot - 2 - s->n_past) /* positions n_past..n_past+k in the context */
-            k = e->o.n_ctx_slot - 2 - s->n_past;
-        if (k > e->o.draft_ctx - 1 - s->n_past) /* and the draft's up to n_past+k-1 */
-            k = e->o.draft_ctx - 1 - s->n_past;
-        if (s->task->n_predict > 0 && k > s->task->n_predict - s->n_decoded - 1)
-            k = s->task->n_predict - s->n_decoded - 1; /* the verification adds one of its own */
+        const int64_t k = draft_cap(e, s, e->o.draft_max);
         if (k < 1 || k < e->o.draft_min)
             continue;
         if (s->d_wait > 0) { /* the draft was unsure here lately: it catches up later */
@@ -2264,11 +2315,15 @@ static void take_results(rt_engine_t *e, const rt_step_seq_t *seqs, const int *s
     e->stats.prompt_tokens_total += prompt_rows;
     pthread_mutex_unlock(&e->mu);
 
+    const rt_mtp_t *mtp = e->o.mtp ? rt_cluster_mtp(e->cluster) : NULL;
     size_t out = 0;
     for (int j = 0; j < ns; j++) {
         slot_t *s = &e->slots[seq_slot[j]];
         if (seqs[j].n_out > 1) { /* a verification: the rows the model agrees with */
+            const int64_t at = s->n_past;
             spec_take(e, s, &seqs[j], logits + out * (size_t)n_vocab, n_vocab);
+            /* the pending token came from the row of the last proposal taken */
+            mtp_keep(s, mtp, out + (size_t)(s->n_past - at - 1));
             out += (size_t)seqs[j].n_out;
             continue;
         }
@@ -2293,6 +2348,7 @@ static void take_results(rt_engine_t *e, const rt_step_seq_t *seqs, const int *s
             continue;
         }
         on_output(e, s, row, n_vocab);
+        mtp_keep(s, mtp, out - 1);
     }
 }
 
@@ -2477,7 +2533,10 @@ static void run_step(rt_engine_t *e, int32_t n_vocab)
         run_pipelined(e, n_vocab);
         return;
     }
-    spec_draft(e, n_vocab);
+    if (e->o.mtp)
+        spec_mtp(e);
+    else
+        spec_draft(e, n_vocab);
     int ns = build_step(e);
     if (e->o.kv_pool) {
         /* the generating slots that found no room end as at a full context */

@@ -145,6 +145,9 @@ typedef struct rt_engine_opts {
     int draft_max, draft_min; /* tokens drafted per step at most, and the fewest worth a
                              * verification (fewer: the step decodes one token) */
     float draft_p_min;      /* drafting stops at a token the draft gives less than this */
+    int mtp;                /* --spec-type draft-mtp: the model's NextN layer proposes one
+                             * token a step (rt_cluster_mtp) with draft_min, draft_p_min and
+                             * the limits a draft has; draft is NULL */
     int64_t draft_ctx;      /* positions of a slot's cache in the draft's processes (its
                              * n_ctx_slot): past them a slot decodes without proposals */
     int64_t kv_pool;        /* -kvu: positions the slots' caches hold together (the

@@ -255,8 +255,9 @@ static int build_args(bl_arg_t *a, opts_t *o)
     I64("-td,--threads-draft,--spec-draft-threads", NULL, &o->draft_threads, -1, 1024, "N",
         "the draft process's threads (default: as -t)");
     STR("--spec-type", "LLAMA_ARG_SPEC_TYPE", &o->spec_type, "TYPE",
-        "none (no speculative decoding, also with -md) or draft (a draft model, -md; the "
-        "default with -md); the n-gram and the model's own MTP types are refused");
+        "none (no speculative decoding, also with -md), draft (a draft model, -md; the "
+        "default with -md) or draft-mtp (the model's own NextN layer proposes one token a step: "
+        "glm4moe, on the CPU); the n-gram types are refused");
     STR("--slot-save-path", NULL, &o->slot_save_path, "PATH",
         "folder of slot files: POST /slots/ID?action=save|restore writes and reads a slot's "
         "cache there (created if missing); without it slot actions answer 501");
@@ -1009,7 +1010,7 @@ static int place(opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64_t n_c
 static int pipeline_depth(const opts_t *o, int n_stages, int draft, int64_t kv_pool)
 {
     int64_t d = o->pipeline > 0 ? o->pipeline : n_stages;
-    const char *why = draft ? "a draft model" : kv_pool ? "-kvu" : NULL;
+    const char *why = draft ? "speculative decoding" : kv_pool ? "-kvu" : NULL;
     if (d > 1 && why) {
         if (o->pipeline > 1)
             BL_LOG(BL_LOG_WARN, "event=pipeline_off flag=--pipeline value=%lld reason=%s runs one step at a time",
@@ -1863,19 +1864,26 @@ int main(int argc, char **argv)
     /* speculative decoding: the type, the draft file */
     int draft_on = 0, draft_dev = -1;
     int64_t draft_layers = 0;
+    /* draft-mtp: the model's own NextN layer proposes (checked against the file and the
+     * plan below) */
+    const int mtp_on = o.spec_type && !strcmp(o.spec_type, "draft-mtp");
     if (o.spec_type && strcmp(o.spec_type, "none") && strcmp(o.spec_type, "draft") &&
-        strcmp(o.spec_type, "draft-simple")) {
-        bl_err_set(&err, BL_ENOTSUP, "--spec-type %.40s: only none and draft (a draft model, -md) "
-                   "are supported; n-gram speculation and the model's own MTP heads are not yet",
-                   o.spec_type);
+        strcmp(o.spec_type, "draft-simple") && !mtp_on) {
+        bl_err_set(&err, BL_ENOTSUP, "--spec-type %.40s: only none, draft (a draft model, -md) and draft-mtp "
+                   "(the model's NextN layer) are supported; n-gram speculation is not yet", o.spec_type);
         goto fail;
     }
-    if (o.spec_type && strcmp(o.spec_type, "none") && !o.draft_model) {
+    if (mtp_on && o.draft_model) {
+        bl_err_set(&err, BL_ENOTSUP, "--spec-type draft-mtp proposes with the NextN layer of the model's own file; "
+                   "a NextN head in a file of its own (-md %s) is not supported", o.draft_model);
+        goto fail;
+    }
+    if (o.spec_type && strcmp(o.spec_type, "none") && !mtp_on && !o.draft_model) {
         bl_err_set(&err, BL_EINVAL, "--spec-type %s needs a draft model (-md FILE)", o.spec_type);
         goto fail;
     }
     draft_on = o.draft_model && !(o.spec_type && !strcmp(o.spec_type, "none"));
-    if (draft_on && o.draft_min > o.draft_max) {
+    if ((draft_on || mtp_on) && o.draft_min > o.draft_max) {
         bl_err_set(&err, BL_EINVAL, "--draft-min %lld is above --draft-max %lld", (long long)o.draft_min,
                    (long long)o.draft_max);
         goto fail;
@@ -2114,6 +2122,12 @@ int main(int argc, char **argv)
     if (bl_arch_read(&march, g, o.model, &err) != 0)
         goto fail;
     const int recurrent = !march.cache_prefix_cut;
+    if (mtp_on && (march.n_nextn < 1 || strcmp(march.name, "glm4moe"))) {
+        bl_err_set(&err, BL_ENOTSUP, "--spec-type draft-mtp: %s %s", o.model, march.n_nextn < 1
+                       ? "has no NextN (multi-token prediction) layer (nextn_predict_layers is 0)"
+                       : "has a NextN layer that does not run yet (glm4moe's does)");
+        goto fail;
+    }
     app->n_predict_default = o.n_predict;
     app->defaults = defaults;
     app->reasoning = o.skip_chat_parsing ? 0 : reasoning;
@@ -2163,6 +2177,10 @@ int main(int argc, char **argv)
     const int plan_made = placed == 0;
     if (placed == 0 && draft_on)
         placed = draft_device(&o, n_devs, &draft_dev, &err);
+    if (placed == 0 && mtp_on && plan.stage[plan.n_stages - 1].device >= 0)
+        placed = bl_err_set(&err, BL_ENOTSUP, "--spec-type draft-mtp: the NextN layer runs on the CPU only for now, "
+                            "and the plan puts the last layers on CUDA%d (-ngl 0 keeps them on the CPU)",
+                            plan.stage[plan.n_stages - 1].device);
     /* on a terminal (text log), the start screen: the dry run's report of the plan
      * being started, then the address once it serves (on_watch) */
     const int screen = !o.dry_run && placed == 0 && isatty(STDERR_FILENO) && !o.log_disable &&
@@ -2231,7 +2249,8 @@ int main(int argc, char **argv)
         .slot_dir = slot_dir,
         .cache_dir = cache_dir,
         .n_batch = rows,
-        .logit_rows = draft_on ? o.parallel * (1 + o.draft_max) : 0,
+        .logit_rows = draft_on ? o.parallel * (1 + o.draft_max) : mtp_on ? o.parallel * 2 : 0,
+        .mtp = mtp_on,
         .kv_type = ktype,
         .verbose = o.verbose,
         .quiet = o.log_disable,
@@ -2292,6 +2311,11 @@ int main(int argc, char **argv)
                o.draft_model, draft_dev, (long long)o.draft_max, (long long)o.draft_min,
                (double)o.draft_p_min);
     }
+    if (mtp_on) {
+        app->speculative = 1;
+        BL_LOG(BL_LOG_INFO, "event=draft kind=mtp layer=%lld draft_max=1 draft_min=%lld p_min=%.2f", (long long)march.n_layer,
+               (long long)o.draft_min, (double)o.draft_p_min);
+    }
     s->last_state = RT_CLUSTER_LOADING;
     s->log_disable = o.log_disable;
     rt_engine_opts_t eo = {
@@ -2315,7 +2339,8 @@ int main(int argc, char **argv)
         .timeout_ms = o.timeout * 1000,
         .sleep_idle_ms = o.sleep_idle > 0 ? o.sleep_idle * 1000 : 0,
         .cache_ram = o.cache_ram > 0 ? o.cache_ram * 1024 * 1024 : o.cache_ram,
-        .pipeline = pipeline_depth(&o, plan.n_stages, draft_on, kv_pool),
+        .pipeline = pipeline_depth(&o, plan.n_stages, draft_on || mtp_on, kv_pool),
+        .mtp = mtp_on,
         .recurrent = recurrent,
         .ctx_checkpoints = (int)o.ctx_checkpoints,
         .checkpoint_every = o.checkpoint_every,

@@ -67,6 +67,7 @@ typedef struct worker {
     bp_step_limits_t lim;
     int device;          /* the stage's CUDA ordinal, or WK_DEVICE_CPU */
     int first, last, remote;
+    int mtp;            /* the last stage's NextN proposals go with its logits (Plan.mtp) */
     int stage;          /* this stage's index in the plan */
     int64_t layer_begin, layer_end;
     int threads, threads_batch; /* the compute pool's, as the plan gave them */
@@ -634,15 +635,14 @@ static void run_step(worker_t *w, const void *msg, size_t nbytes)
     int32_t n_out = 0, row = 0;
     for (int32_t i = 0; i < in.hdr.n_seqs; i++) {
         const bp_step_seq_t *s = &w->seqs[i];
-        w->wseqs[i] = (wk_seq_t){.kv = w->kvs[s->slot],
-                                 .tokens = w->first ? w->tokens + row : NULL,
+        w->wseqs[i] = (wk_seq_t){.kv = w->kvs[s->slot], .tokens = w->tokens + row,
                                  .n = s->n, .pos = s->pos, .n_out = s->n_out};
         row += s->n;
         n_out += s->n_out;
     }
     bp_step_hdr_t h = w->last
         ? (bp_step_hdr_t){.kind = BP_STEP_LOGITS, .step = step, .n_rows = n_out,
-                          .width = w->lim.n_vocab}
+                          .width = w->lim.n_vocab, .k = w->mtp}
         : (bp_step_hdr_t){.kind = BP_STEP_HIDDEN, .step = step, .n_seqs = in.hdr.n_seqs,
                           .n_rows = in.hdr.n_rows, .width = w->lim.n_embd};
     bp_step_out_t o;
@@ -650,8 +650,10 @@ static void run_step(worker_t *w, const void *msg, size_t nbytes)
         send_error(w, step, rc, err.msg);
         return;
     }
-    if (!w->last)
+    if (!w->last) { /* the sequences and their tokens go on with the rows */
         memcpy(o.seqs, w->seqs, (size_t)in.hdr.n_seqs * sizeof *o.seqs);
+        memcpy(o.tokens, w->tokens, (size_t)in.hdr.n_rows * sizeof *o.tokens);
+    }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     /* in.rows and o.rows are NULL where the rows come or go through the card */
@@ -659,6 +661,14 @@ static void run_step(worker_t *w, const void *msg, size_t nbytes)
                         w->last ? NULL : o.rows, w->last ? o.rows : NULL, &err);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     atomic_fetch_add_explicit(&w->busy_us, (uint64_t)(ms_since(&t0, &t1) * 1e3), memory_order_relaxed);
+    if (rc == 0 && w->mtp) { /* the NextN layer's proposals, one for each logit row */
+        const wk_mtp_row_t *mr;
+        const float *ml;
+        const int64_t nm = wk_model_mtp(w->m, &mr, &ml);
+        for (int32_t k = 0; k < n_out; k++)
+            o.mtp[k] = k < nm ? (bp_step_mtp_t){.in = mr[k].in, .tok = mr[k].tok, .p = mr[k].p}
+                              : (bp_step_mtp_t){.in = -1, .tok = -1};
+    }
     if (rc == 0)
         rc = w->card_out ? bp_cardlink_commit(w->card_out, &o, &err) : bp_ring_commit(w->out, o.nbytes, &err);
     if (rc == 0) {
@@ -800,6 +810,8 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     _Static_assert(WK_EXPERTS_VRAM_AUTO == -1, "Plan.experts_vram's automatic value");
     o.experts_vram = p->experts_vram; /* below -1 bp_msg_unpack refused it */
     o.residency = !p->no_residency;
+    o.mtp = p->mtp;
+    w->mtp = p->mtp && w->last;
     if ((rc = wk_model_load(&w->m, p->model_path, &o, err)) != 0)
         return rc;
     const wk_config_t *cfg = wk_model_config(w->m);

@@ -3,8 +3,10 @@
  * expects, the rest is the message. Invariants beside the sanitizers': a parse
  * succeeds or answers BL_EPROTO; an accepted message's counts are what the reader may
  * use (rows within the plan, an EXPERTS message's per-row counts in 1..n_expert_used
- * summing to k, distinct ids below n_expert within each row, tokens below n_vocab,
- * sequences covering n_rows, a KV message's ops each a known op on a slot of the
+ * summing to k, distinct ids below n_expert within each row, tokens (TOKENS, HIDDEN)
+ * below n_vocab, a LOGITS message's NextN proposals tokens of the vocabulary (or -1
+ * and -1) with probabilities in 0..1, sequences covering n_rows, a KV message's ops
+ * each a known op on a slot of the
  * plan with positions inside its cache, a HIDDEN message that names a card buffer
  * names one of the link's and carries no rows), every section lies inside the bytes
  * given, and writing the same header again gives the same size. Seeds:
@@ -51,7 +53,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static bp_step_seq_t seqs[4];
     static int32_t ids[16 * 3], counts[16];
     static bp_step_kvop_t kvops[BP_STEP_MAX_KVOPS];
-    bp_step_in_t in = {.seqs = seqs, .ids = ids, .counts = counts, .kvops = kvops};
+    static bp_step_mtp_t mtp[16];
+    bp_step_in_t in = {.seqs = seqs, .ids = ids, .counts = counts, .kvops = kvops, .mtp = mtp};
     bl_err_t err = {0};
     const int rc = bp_step_parse(msg, n, &g_lim, want, BP_STEP_ANY, &in, &err);
     check(rc == 0 || rc == BL_EPROTO, "a parse that is neither ok nor BL_EPROTO");
@@ -99,9 +102,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             }
             check(rows == h->n_rows, "sequences that do not cover the rows");
         }
-        if (h->kind == BP_STEP_TOKENS)
+        if (h->kind == BP_STEP_TOKENS || h->kind == BP_STEP_HIDDEN)
             for (int32_t i = 0; i < h->n_rows; i++)
                 check(ids[i] >= 0 && ids[i] < g_lim.n_vocab, "a token outside the vocabulary");
+        if (h->kind == BP_STEP_LOGITS && h->k)
+            for (int32_t i = 0; i < h->n_rows; i++)
+                check(mtp[i].in >= -1 && mtp[i].in < g_lim.n_vocab && (mtp[i].in < 0) == (mtp[i].tok < 0) &&
+                          mtp[i].tok < g_lim.n_vocab && mtp[i].p >= 0.0f && mtp[i].p <= 1.0f,
+                      "a NextN proposal outside the vocabulary or not a probability");
         if (h->kind == BP_STEP_EXPERTS) {
             int64_t sum = 0;
             for (int32_t r = 0; r < h->n_rows; r++) {

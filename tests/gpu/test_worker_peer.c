@@ -167,6 +167,7 @@ static int sender(bp_ring_t *out, int device, int64_t cut)
         if (rc)
             break;
         o.seqs[0] = (bp_step_seq_t){.slot = 0, .n = (int32_t)q.n, .pos = q.pos, .n_out = 1};
+        memcpy(o.tokens, q.tokens, sizeof *o.tokens * (size_t)q.n); /* the step's tokens go with it */
         if ((rc = wk_model_stage(m, &q, 1, NULL, NULL, NULL, &err)) == 0)
             rc = bp_cardlink_commit(l, &o, &err);
     }
@@ -222,7 +223,8 @@ static int receiver(bp_ring_t *in, int device, int64_t cut)
         const void *msg;
         size_t n;
         static bp_step_seq_t seqs[1];
-        bp_step_in_t got = {.seqs = seqs};
+        static int32_t toks[N_BATCH];
+        bp_step_in_t got = {.seqs = seqs, .ids = toks};
         if ((rc = bp_ring_peek(in, &msg, &n, WAIT_US, &err)) != 0 ||
             (rc = bp_step_parse(msg, n, &lim, BP_STEP_HIDDEN, (uint64_t)s + 1, &got, &err)) != 0)
             break;

@@ -126,8 +126,9 @@ def write():
     a, b = text.find(BEGIN), text.find(END)
     if a < 0 or b < a:
         sys.exit("%s has no %s ... %s markers" % (DOC, BEGIN, END))
+    new = table()  # before the file is opened for writing: a failure leaves it whole
     with open(DOC, "w", encoding="utf-8") as f:
-        f.write(text[:a] + table() + text[b + len(END):])
+        f.write(text[:a] + new + text[b + len(END):])
 
 
 if __name__ == "__main__":

@@ -440,6 +440,61 @@ def test_nextn_layer_refused_where_it_does_not_run(family, tmp_path):
     assert re.search(r"the file has no NextN|the NextN layer of this architecture does not run yet", p.stdout), p.stdout
 
 
+def test_nextn_drafts_in_the_server(family, one, servers):
+    """--spec-type draft-mtp: the NextN layer proposes a token each step and the
+    model verifies it; greedy replies and their log-probabilities are those without
+    it bit for bit, over two slots at once and two stages, and a seeded sampled reply
+    is the same text; the timings and /metrics count the proposals."""
+    if family.arch not in MTP_FAMILIES:
+        pytest.skip("%s's NextN layer does not run" % family.arch)
+    import concurrent.futures
+    from test_dropin import metric
+
+    def ask(url, prompt, **kw):
+        body = {"prompt": prompt, "n_predict": 16, "n_probs": 3, "temperature": 0, "ignore_eos": True,
+                "cache_prompt": False, "return_tokens": True}
+        body.update(kw)
+        r = post(url, "/completion", body)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def probs(r):
+        return [[(t["id"], t["logprob"]) for t in x["top_logprobs"]] for x in r["completion_probabilities"]]
+
+    spec = servers.start(["-np", "2", "-c", "2048", "-t", "1", "-tb", "1", "--spec-type", "draft-mtp",
+                          "--draft-p-min", "0"], model=family.path)
+    assert "event=draft kind=mtp" in spec.log(100000)
+    drafted = 0
+    for prompt in PLAIN:
+        a, b = ask(one.url, prompt), ask(spec.url, prompt)
+        assert b["tokens"] == a["tokens"] and probs(b) == probs(a), prompt
+        assert b["timings"]["draft_n"] > 0 and 0 <= b["timings"]["draft_n_accepted"] <= b["timings"]["draft_n"]
+        drafted += b["timings"]["draft_n"]
+        sa, sb = (ask(u, prompt, temperature=0.8, seed=42) for u in (one.url, spec.url))
+        assert sb["tokens"] == sa["tokens"], prompt
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:
+        got = list(ex.map(lambda p: ask(spec.url, p), PLAIN[:2]))
+    for prompt, r in zip(PLAIN[:2], got):
+        assert r["tokens"] == ask(one.url, prompt)["tokens"], prompt
+    assert metric(spec.url, "draft_tokens_total") >= drafted
+    two = servers.start(FAST + ["--workers", "2", "--spec-type", "draft-mtp", "--draft-p-min", "0"],
+                        model=family.path)
+    for prompt in PLAIN:
+        assert ask(two.url, prompt)["tokens"] == ask(one.url, prompt)["tokens"], prompt
+
+
+def test_nextn_drafts_refused_by_name(family, servers, tmp_path):
+    """--spec-type draft-mtp on a file whose NextN layer does not run, or with a
+    draft model beside it, fails the start by name."""
+    cases = [(["--spec-type", "draft-mtp", "-md", family.path], "a NextN head in a file of its own")]
+    if family.arch not in MTP_FAMILIES:
+        cases.append((["--spec-type", "draft-mtp"], r"has no NextN|has a NextN layer that does not run yet"))
+    for extra, want in cases:
+        srv = servers.launch(FAST + extra, model=family.path)
+        assert srv.proc.wait(60) == 1, srv.log()
+        assert re.search(want, srv.log(100000)), srv.log()
+
+
 # keys llama.cpp does not read for an architecture, with values that would move the
 # logits were they read: a drop-in server must compute what llama-server does
 UNREAD_KEYS = {

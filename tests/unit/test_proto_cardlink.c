@@ -123,6 +123,8 @@ static int send_step(bp_cardlink_t *l, side_t *s, uint64_t step, int32_t n, int6
         return rc;
     assert_null(o.rows);
     o.seqs[0] = (bp_step_seq_t){.slot = (int32_t)(step % 4), .n = n, .pos = (int64_t)(step % 2048), .n_out = 1};
+    for (int i = 0; i < n; i++)
+        o.tokens[i] = (int32_t)((step + (uint64_t)i) % 7);
     for (int i = 0; i < n * N_EMBD; i++)
         s->x[i] = value(step, i);
     return bp_cardlink_commit(l, &o, err);
@@ -140,13 +142,14 @@ static int receiver(bp_ring_t *cons, fake_card_t *card)
         return 100;
     rng_t r = rng_for(2);
     static bp_step_seq_t seqs[4];
+    static int32_t toks[N_BATCH];
     int bad = 0, expect_k = 0;
     for (uint64_t step = 1; step <= STEPS; step++) {
         const void *msg;
         size_t n;
         if (bp_ring_peek(cons, &msg, &n, 10 * 1000 * 1000, &err) != 0)
             return 101;
-        bp_step_in_t in = {.seqs = seqs};
+        bp_step_in_t in = {.seqs = seqs, .ids = toks};
         if (bp_step_parse(msg, n, &g_lim, BP_STEP_HIDDEN, step, &in, &err) != 0)
             return 102;
         if (in.hdr.kind == BP_STEP_HIDDEN) {
@@ -243,10 +246,11 @@ static void ends_close(ends_t *e)
 static void recv_next(ends_t *e, const bp_step_limits_t *lim, uint64_t step, uint32_t card, bp_step_in_t *in)
 {
     static bp_step_seq_t seqs[4];
+    static int32_t toks[N_BATCH];
     const void *msg;
     size_t n;
     bl_err_t err = {0};
-    *in = (bp_step_in_t){.seqs = seqs};
+    *in = (bp_step_in_t){.seqs = seqs, .ids = toks};
     assert_int_equal(bp_ring_peek(e->cons, &msg, &n, 0, &err), 0);
     assert_int_equal(bp_step_parse(msg, n, lim, BP_STEP_HIDDEN, step, in, &err), 0);
     assert_int_equal(in->hdr.card, card);

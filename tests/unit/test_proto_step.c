@@ -8,6 +8,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <string.h>
 
 #include "step.h"
@@ -122,12 +123,19 @@ static void test_step_hidden_logits_sums_round_trip(void **state)
     bp_step_hdr_t h = {.kind = BP_STEP_HIDDEN, .step = 3, .n_seqs = 1, .n_rows = 2, .width = 8};
     assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
     o.seqs[0] = (bp_step_seq_t){.slot = 0, .n = 2, .pos = 0, .n_out = 0};
+    o.tokens[0] = 41; /* the step's tokens go on with the rows (a NextN layer reads them) */
+    o.tokens[1] = 99;
     for (int i = 0; i < 16; i++)
         o.rows[i] = (float)i;
     assert_int_equal(((uintptr_t)o.rows) % 16, 0);
     bp_step_in_t in = fresh_in();
     assert_int_equal(bp_step_parse(g_buf, o.nbytes, &g_lim, BP_STEP_HIDDEN, 3, &in, &err), 0);
     assert_true(in.rows[15] == 15.0f);
+    assert_int_equal(g_ids[0], 41);
+    assert_int_equal(g_ids[1], 99);
+    o.tokens[1] = 100; /* outside the vocabulary */
+    assert_int_equal(bp_step_parse(g_buf, o.nbytes, &g_lim, BP_STEP_HIDDEN, 3, &in, &err), BL_EPROTO);
+    assert_non_null(strstr(err.msg, "tokens[]"));
 
     h = (bp_step_hdr_t){.kind = BP_STEP_LOGITS, .step = 4, .n_rows = 2, .width = 100};
     assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
@@ -138,6 +146,38 @@ static void test_step_hidden_logits_sums_round_trip(void **state)
     h.n_rows = 0;
     assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
     assert_int_equal(bp_step_parse(g_buf, o.nbytes, &g_lim, BP_STEP_LOGITS, 4, &in, &err), 0);
+
+    /* with the NextN layer's proposals (k 1): one a row, copied out and checked */
+    bp_step_mtp_t mtp[4];
+    in.mtp = mtp;
+    h = (bp_step_hdr_t){.kind = BP_STEP_LOGITS, .step = 6, .n_rows = 2, .width = 100, .k = 1};
+    assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
+    assert_non_null(o.mtp);
+    assert_int_equal(((uintptr_t)o.mtp) % 16, 0);
+    o.mtp[0] = (bp_step_mtp_t){.in = -1, .tok = -1};
+    o.mtp[1] = (bp_step_mtp_t){.in = 7, .tok = 99, .p = 0.25f};
+    assert_int_equal(bp_step_parse(g_buf, o.nbytes, &g_lim, BP_STEP_LOGITS, 6, &in, &err), 0);
+    assert_int_equal(mtp[1].tok, 99);
+    assert_true(mtp[1].p == 0.25f);
+    const bp_step_mtp_t bad[] = {{.in = 100, .tok = 1}, {.in = -2, .tok = -1}, {.in = 3, .tok = -1},
+                                 {.in = -1, .tok = 5}, {.in = 3, .tok = 100}, {.in = 3, .tok = 4, .p = 1.5f},
+                                 {.in = 3, .tok = 4, .p = NAN}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
+        o.mtp[0] = (bp_step_mtp_t){.in = -1, .tok = -1};
+        o.mtp[1] = bad[i];
+        assert_int_equal(bp_step_parse(g_buf, o.nbytes, &g_lim, BP_STEP_LOGITS, 6, &in, &err), BL_EPROTO);
+        assert_non_null(strstr(err.msg, "mtp[]"));
+    }
+    h.k = 2; /* proposals are one a row */
+    assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
+    assert_int_equal(bp_step_parse(g_buf, o.nbytes, &g_lim, BP_STEP_LOGITS, 6, &in, &err), BL_EPROTO);
+    assert_non_null(strstr(err.msg, "field k"));
+    h.k = 1; /* a reader with no room for them */
+    assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
+    o.mtp[0] = o.mtp[1] = (bp_step_mtp_t){.in = -1, .tok = -1};
+    in.mtp = NULL;
+    assert_int_equal(bp_step_parse(g_buf, o.nbytes, &g_lim, BP_STEP_LOGITS, 6, &in, &err), BL_EINVAL);
 
     h = (bp_step_hdr_t){.kind = BP_STEP_SUMS, .step = 5, .n_rows = 1, .width = 8, .layer = 2};
     assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
@@ -401,6 +441,8 @@ static size_t write_card_hidden(uint32_t card)
     assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
     assert_null(o.rows);
     o.seqs[0] = (bp_step_seq_t){.slot = 0, .n = 3, .pos = 4, .n_out = 1};
+    for (int i = 0; i < 3; i++)
+        o.tokens[i] = 10 + i;
     return o.nbytes;
 }
 
@@ -410,8 +452,8 @@ static void test_step_card_hidden_carries_no_rows(void **state)
     const bp_step_limits_t lim = {.n_slots = 4, .n_batch = 16, .n_ctx = 64, .n_out_max = 4, .n_embd = 8,
                                   .n_vocab = 100, .n_layer = 3, .card_bufs = 2};
     const size_t n = write_card_hidden(2);
-    /* header and one sequence: the rows' 96 bytes stay on the card */
-    assert_int_equal(n, sizeof(bp_step_hdr_t) + sizeof(bp_step_seq_t));
+    /* header, one sequence and its tokens: the rows' 96 bytes stay on the card */
+    assert_int_equal(n, ((sizeof(bp_step_hdr_t) + sizeof(bp_step_seq_t) + 15) & ~(size_t)15) + 3 * sizeof(int32_t));
     bl_err_t err = {0};
     bp_step_in_t in = fresh_in();
     assert_int_equal(bp_step_parse(g_buf, n, &lim, BP_STEP_HIDDEN, 12, &in, &err), 0);
@@ -424,6 +466,7 @@ static void test_step_card_hidden_carries_no_rows(void **state)
     bp_step_out_t o;
     assert_int_equal(bp_step_write(g_buf, sizeof g_buf, &h, &o, &err), 0);
     o.seqs[0] = (bp_step_seq_t){.slot = 0, .n = 3, .pos = 7, .n_out = 0};
+    memset(o.tokens, 0, 3 * sizeof *o.tokens);
     assert_int_equal(bp_step_parse(g_buf, o.nbytes, &lim, BP_STEP_HIDDEN, 13, &in, &err), 0);
     assert_non_null(in.rows);
 }

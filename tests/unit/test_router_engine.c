@@ -2,7 +2,9 @@
  * functions the engine calls): the fake returns logits that put one token far ahead,
  * chosen from a script by position, records every sequence of every step, checks the
  * positions the engine sends against what it holds per slot, and fails a step with
- * BL_ECLOSED on demand. Events arrive through a real libuv loop. */
+ * BL_ECLOSED on demand. With fk.mtp it proposes tokens as a NextN layer does: from the
+ * row where greedy decoding stops, the script's token after the next (a wrong one at
+ * every fk.mtp_wrong-th position). Events arrive through a real libuv loop. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -31,6 +33,7 @@
 #define FK_SLOTS 4
 #define FK_CTX 4096
 #define FK_LOG 8192
+#define FK_ROWS 64    /* logit rows of a step at most */
 
 typedef struct fk_seq {
     uint64_t step;
@@ -62,14 +65,17 @@ static struct fk {
     int n_kv, kv_saves, kv_loads, kv_drops;
     int kv_fail_load;        /* the next load fails with BL_ENOENT */
     char slot_dir[256];      /* slot files (rt_cluster_kv WRITE, READ) */
-    float logits[FK_SLOTS * N_VOCAB];
+    float logits[FK_ROWS * N_VOCAB];
+    int mtp;                 /* rt_cluster_mtp answers */
+    int mtp_wrong;           /* a wrong proposal at positions that are multiples of it; 0: none */
+    rt_mtp_t mtp_rows[FK_ROWS];
 } fk = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
 
 /* Steps in flight (rt_cluster_step_send): the fake computes a step when it is sent
  * and keeps its logits until the answer is taken, as the stages' rings would. */
 #define FK_FLIGHT 8
 static struct {
-    float logits[FK_FLIGHT][FK_SLOTS * N_VOCAB];
+    float logits[FK_FLIGHT][FK_ROWS * N_VOCAB];
     int head, n, max_n;
 } fkf;
 
@@ -108,7 +114,14 @@ static void fk_reset(void)
     fk.sleeps = fk.wakes = 0;
     fkf.n = fkf.head = fkf.max_n = 0;
     fk.n_kv = fk.kv_saves = fk.kv_loads = fk.kv_drops = fk.kv_fail_load = 0;
+    fk.mtp = fk.mtp_wrong = 0;
     pthread_mutex_unlock(&fk.mu);
+}
+
+const rt_mtp_t *rt_cluster_mtp(const rt_cluster_t *c)
+{
+    (void)c;
+    return fk.mtp ? fk.mtp_rows : NULL;
 }
 
 static void fk_set_state(rt_cluster_state_t st)
@@ -248,8 +261,18 @@ int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, cons
         if (fk.n_log < FK_LOG)
             fk.log[fk.n_log++] = (fk_seq_t){ fk.steps, q->slot, q->n, q->n_out, q->pos,
                                              q->tokens[0] };
-        if (q->n_out)
-            fk_row(&fk.logits[out++ * N_VOCAB], q->tokens[q->n - 1], q->pos + q->n - 1);
+        /* each logit row, and where greedy decoding stops in them, a proposal */
+        int stopped = 0;
+        for (int k = q->n - q->n_out; k < q->n && out < FK_ROWS; k++, out++) {
+            const int64_t at = q->pos + k;
+            fk_row(&fk.logits[out * N_VOCAB], q->tokens[k], at);
+            fk.mtp_rows[out] = (rt_mtp_t){.in = -1, .tok = -1};
+            if (stopped || (k + 1 < q->n && q->tokens[k + 1] == fk_next(at + 1)))
+                continue;
+            stopped = 1;
+            const int wrong = fk.mtp_wrong && (at + 2) % fk.mtp_wrong == 0;
+            fk.mtp_rows[out] = (rt_mtp_t){.in = fk_next(at + 1), .tok = wrong ? 'X' : fk_next(at + 2), .p = 0.9f};
+        }
     }
     if (rows > fk.n_batch) {
         fk.bad = 1;
@@ -707,6 +730,48 @@ static void test_engine_greedy_generates_in_order(void **state)
     assert_int_equal(st.prompt_tokens_total, 2);
     assert_int_equal(st.tokens_predicted_total, 5);
     assert_int_equal(st.n_decode_total, 5);
+}
+
+/* --spec-type draft-mtp: each step's proposal is verified in the next (the pending
+ * token and the proposal, two logit rows); the text is the script's, with right and
+ * wrong proposals alike; the right ones save steps, and the timings count them. */
+static void test_engine_nextn_proposals_verified(void **state)
+{
+    (void)state;
+    for (int wrong = 0; wrong <= 3; wrong += 3) {
+        fk_reset();
+        fk.mtp = 1;
+        fk.mtp_wrong = wrong;
+        rt_engine_opts_t o = {.n_slots = 2, .n_ctx_slot = 256, .n_batch = 64, .n_predict_max = -1, .mtp = 1,
+                              .draft_max = 16, .draft_p_min = 0.5f};
+        rt_engine_t *e = start_opts(&o);
+        fk.script = "the smith strikes the iron";
+        fk.base = 3;
+        rec_t r = {0};
+        rt_task_params_t p = greedy();
+        p.n_predict = 20;
+        submit(e, &r, "abc", &p);
+        pump(&r, 1);
+        assert_false(r.error);
+        assert_string_equal(r.text, "the smith strikes th");
+        int verified = 0;
+        for (int i = 0; i < fk.n_log; i++) {
+            assert_true(fk.log[i].n_out <= 2); /* one proposal at most */
+            verified += fk.log[i].n_out == 2;
+        }
+        assert_true(verified > 0);
+        assert_int_equal(r.tm.n_drafted, verified);
+        if (!wrong) /* every proposal right: two tokens a step after the first */
+            assert_int_equal(r.tm.n_accepted, verified);
+        else
+            assert_true(r.tm.n_accepted > 0 && r.tm.n_accepted < verified);
+        assert_true(fk_steps() < 20);
+        rt_engine_shutdown(e);
+        while (!rt_engine_drained(e))
+            uv_run(&g_loop, UV_RUN_ONCE);
+        rt_engine_destroy(e);
+        g_e = NULL;
+    }
 }
 
 static void test_engine_server_cap_limits_n_predict(void **state)
@@ -1601,6 +1666,7 @@ int main(void)
     make_tokenizer();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_engine_greedy_generates_in_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_engine_nextn_proposals_verified, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_server_cap_limits_n_predict, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_n_predict_zero_only_reads_the_prompt, setup,
                                         teardown),
