@@ -257,7 +257,7 @@ static int build_args(bl_arg_t *a, opts_t *o)
     STR("--spec-type", "LLAMA_ARG_SPEC_TYPE", &o->spec_type, "TYPE",
         "none (no speculative decoding, also with -md), draft (a draft model, -md; the "
         "default with -md) or draft-mtp (the model's own NextN layer proposes one token a step: "
-        "glm4moe, on the CPU); the n-gram types are refused");
+        "glm4moe and qwen35moe, on the CPU); the n-gram types are refused");
     STR("--slot-save-path", NULL, &o->slot_save_path, "PATH",
         "folder of slot files: POST /slots/ID?action=save|restore writes and reads a slot's "
         "cache there (created if missing); without it slot actions answer 501");
@@ -2122,10 +2122,10 @@ int main(int argc, char **argv)
     if (bl_arch_read(&march, g, o.model, &err) != 0)
         goto fail;
     const int recurrent = !march.cache_prefix_cut;
-    if (mtp_on && (march.n_nextn < 1 || strcmp(march.name, "glm4moe"))) {
+    if (mtp_on && (march.n_nextn < 1 || (strcmp(march.name, "glm4moe") && strcmp(march.name, "qwen35moe")))) {
         bl_err_set(&err, BL_ENOTSUP, "--spec-type draft-mtp: %s %s", o.model, march.n_nextn < 1
                        ? "has no NextN (multi-token prediction) layer (nextn_predict_layers is 0)"
-                       : "has a NextN layer that does not run yet (glm4moe's does)");
+                       : "has a NextN layer that does not run yet (glm4moe's and qwen35moe's do)");
         goto fail;
     }
     app->n_predict_default = o.n_predict;

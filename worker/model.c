@@ -186,7 +186,7 @@ static const wk__family_t k_families[] = {
     {"deepseek2", wk__ds2_map, wk__ds2_place, wk__ds2_forward, NULL},
     {"gpt-oss", wk__gqa_map, wk__gqa_place, wk__gqa_forward, NULL},
     {"qwen3next", wk__q3n_map, wk__q3n_place, wk__q3n_forward, NULL},
-    {"qwen35moe", wk__q3n_map, wk__q3n_place, wk__q3n_forward, NULL},
+    {"qwen35moe", wk__q3n_map, wk__q3n_place, wk__q3n_forward, wk__q3n_block},
 };
 
 static const wk__family_t *family_of(const char *arch)
@@ -729,7 +729,8 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         if (m->cfg.n_nextn < 1 || !m->fam->block) {
             rc = bl_err_set(err, BL_ENOTSUP, "%s: %s", m->path, m->cfg.n_nextn < 1
                                 ? "the file has no NextN (multi-token prediction) layer"
-                                : "the NextN layer of this architecture does not run yet (glm4moe's does)");
+                                : "the NextN layer of this architecture does not run yet (glm4moe's and "
+                                  "qwen35moe's do)");
             goto fail;
         }
         if (m->opts.device >= 0) {

@@ -248,6 +248,7 @@ int wk__gqa_map(wk_model_t *m, bl_err_t *err) BL_WUR;
 int wk__gqa_place(wk_model_t *m, bl_err_t *err) BL_WUR;
 int wk__gqa_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err) BL_WUR;
 int wk__gqa_block(wk_model_t *m, int64_t l, int64_t n, bl_err_t *err) BL_WUR;
+int wk__q3n_block(wk_model_t *m, int64_t l, int64_t n, bl_err_t *err) BL_WUR;
 int wk__ds2_map(wk_model_t *m, bl_err_t *err) BL_WUR;
 int wk__ds2_place(wk_model_t *m, bl_err_t *err) BL_WUR;
 int wk__ds2_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err) BL_WUR;

@@ -380,7 +380,7 @@ def test_cpu_pass_against_the_reference(family, tmp_path, k):
 
 
 # the families whose NextN layer runs (--mtp, --spec-type draft-mtp)
-MTP_FAMILIES = ("glm4moe",)
+MTP_FAMILIES = ("glm4moe", "qwen35moe")
 
 
 def mtp_dump(model, prompt, out, *extra):

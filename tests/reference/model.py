@@ -675,7 +675,7 @@ class Model:
 
         L.attn_norm = d("attn_norm.weight", (E,))
         L.ffn_norm = d("post_attention_norm.weight", (E,))
-        L.recurrent = hp.recurrent[i]
+        L.recurrent = i < hp.n_layer and hp.recurrent[i]  # a NextN layer is gated attention
         L.swa = False
         L.bq = L.bk = L.bv = L.bo = L.sinks = None
         if L.recurrent:
@@ -1107,9 +1107,10 @@ class Model:
         reads the model's final-normed hidden state at position i and the embedding
         of ids[i + 1] (the token after it), and predicts the token after that. The
         layer attends causally over its own rows, at the positions of the hidden
-        states. glm4moe only (a GQA block with its routed and shared experts)."""
+        states. glm4moe (a GQA block with its routed and shared experts) and
+        qwen35moe (a gated attention block with its experts and gated shared one)."""
         hp = self.hp
-        if hp.arch != "glm4moe":
+        if hp.arch not in ("glm4moe", "qwen35moe"):
             raise NotImplementedError("the NextN layer of %s is not computed" % hp.arch)
         if hp.n_nextn < 1:
             raise ValueError("%s has no NextN layer" % self.path)
