@@ -448,7 +448,7 @@ int wk__map_mtp(wk_model_t *m, bl_err_t *err)
     wk_tensor_t eh;
     int rc;
 #define NAME(s) (snprintf(n, sizeof n, "blk.%lld.nextn.%s", (long long)m->mtp_l, s), n)
-    if ((rc = wk__find_mat(m, NAME("eh_proj.weight"), 2 * E, E, 1, 1, &eh, err)) < 0 ||
+    if ((rc = wk__find_mat(m, NAME("eh_proj.weight"), 2 * E, E, 1, 0, &eh, err)) < 0 ||
         (rc = wk__find_vec(m, NAME("enorm.weight"), E, &w->mtp_enorm, err)) < 0 ||
         (rc = wk__find_vec(m, NAME("hnorm.weight"), E, &w->mtp_hnorm, err)) < 0 ||
         (rc = wk__find_vec(m, NAME("shared_head_norm.weight"), E, &w->mtp_head_norm, err)) < 0)
@@ -464,14 +464,24 @@ int wk__map_mtp(wk_model_t *m, bl_err_t *err)
         return rc;
 #undef NAME
     /* eh_proj times [enorm(embedding); hnorm(hidden state)] is the sum of its two
-     * column halves' products: each half a view of the rows, the row length unchanged */
+     * column halves' products: each half copied out as a matrix of its own (n_embd
+     * rows of n_embd columns), which any backend places as it places the others */
     size_t half;
     if ((rc = bl_row_bytes(eh.h.type, E, &half, NULL)) < 0 || 2 * half != eh.h.row_bytes)
         return bl_err_set(err, BL_ENOTSUP, "%s: blk.%lld.nextn.eh_proj.weight's rows do not split into two whole "
                           "halves of %lld columns in its type", m->path, (long long)m->mtp_l, (long long)E);
-    w->mtp_eh_e = w->mtp_eh_h = eh;
-    w->mtp_eh_e.h.ncols = w->mtp_eh_h.h.ncols = E;
-    w->mtp_eh_h.h.data = (const uint8_t *)eh.h.data + half;
+    wk_tensor_t *const out[2] = {&w->mtp_eh_e, &w->mtp_eh_h};
+    for (int k = 0; k < 2; k++) {
+        uint8_t *p = malloc(half * (size_t)E);
+        if ((rc = wk__own(m, p, err)) < 0)
+            return rc;
+        for (int64_t r = 0; r < E; r++)
+            memcpy(p + (size_t)r * half, (const uint8_t *)eh.h.data + (size_t)r * eh.h.row_bytes + (size_t)k * half,
+                   half);
+        out[k]->d = NULL;
+        if ((rc = kcpu_mat_init(&out[k]->h, p, eh.h.type, E, E, err)) < 0)
+            return rc;
+    }
     return 0;
 }
 
