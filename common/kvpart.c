@@ -26,7 +26,7 @@ static const char MAGIC[8] = {'B', 'L', 'M', 'K', 'V', 'P', 'T', '1'};
 
 uint64_t bl_kvpart_bytes(const bl_kvpart_t *p)
 {
-    if (p->layer_end < p->layer_begin || p->kv_layers > p->layer_end - p->layer_begin)
+    if (p->layer_end < p->layer_begin || p->kv_layers > p->layer_end - p->layer_begin + 1)
         return 0;
     uint64_t l = (uint64_t)p->kv_layers * (p->planes ? p->planes : 2), r;
     if (__builtin_mul_overflow(l, p->n, &r) || __builtin_mul_overflow(r, p->row_bytes, &r) ||
@@ -71,7 +71,7 @@ int bl_kvpart_decode(const void *buf, size_t n, bl_kvpart_t *p, bl_err_t *err)
                        .n = bl_get_le64(b + 24), .row_bytes = bl_get_le64(b + 32), .sum = bl_get_le64(b + 40),
                        .rec_bytes = bl_get_le64(b + 56)};
     if (p->layer_end <= p->layer_begin || p->layer_end > 65536 || p->n == 0 || p->n > (1u << 24) ||
-        p->row_bytes == 0 || p->row_bytes > (1u << 24) || p->kv_layers > p->layer_end - p->layer_begin ||
+        p->row_bytes == 0 || p->row_bytes > (1u << 24) || p->kv_layers > p->layer_end - p->layer_begin + 1 ||
         p->rec_bytes > ((uint64_t)1 << 40) || bl_kvpart_bytes(p) == 0)
         return bl_err_set(err, BL_EINVAL, "cache part: layers %u..%u, %llu positions of %llu bytes",
                           p->layer_begin, p->layer_end, (unsigned long long)p->n,

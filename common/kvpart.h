@@ -56,7 +56,8 @@ typedef struct bl_kvpart {
     uint32_t version, kv_type, layer_begin, layer_end;
     uint32_t planes;    /* 1 or 2 */
     uint32_t kv_layers; /* the stage's layers that keep K/V rows (a hybrid's attention
-                         * layers), at most layer_end - layer_begin */
+                         * layers, and a last stage's NextN layer where it runs one), at
+                         * most layer_end - layer_begin + 1 */
     uint64_t n, row_bytes, sum;
     uint64_t rec_bytes; /* the recurrent state after the rows (0 without one) */
 } bl_kvpart_t;

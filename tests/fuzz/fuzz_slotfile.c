@@ -40,7 +40,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             uint8_t again[BL_KVPART_HDR_BYTES];
             bl_kvpart_encode(&k, again);
             check(memcmp(again, p, sizeof again) == 0, "a part header does not encode back to itself");
-            check(k.kv_layers <= k.layer_end - k.layer_begin && (k.planes == 1 || k.planes == 2),
+            check(k.kv_layers <= k.layer_end - k.layer_begin + 1 && (k.planes == 1 || k.planes == 2),
                   "a part's counts out of range");
             check(bl_kvpart_bytes(&k) == (uint64_t)k.kv_layers * k.planes * k.n * k.row_bytes + k.rec_bytes,
                   "a part's size is not its rows' and its recurrent state's");

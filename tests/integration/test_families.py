@@ -483,6 +483,38 @@ def test_nextn_drafts_in_the_server(family, one, servers):
         assert ask(two.url, prompt)["tokens"] == ask(one.url, prompt)["tokens"], prompt
 
 
+def test_nextn_layer_in_the_saved_caches(family, servers, tmp_path):
+    """The NextN layer's rows go with the slot's cache: the prompt cache on disk keeps
+    them (a server after a restart answers from it, the same tokens; a hybrid's entry
+    is the whole state after the reply, no prefix of the prompt, so it answers cold),
+    and a slot file of a server with the layer is refused by one without it, by name."""
+    if family.arch not in MTP_FAMILIES:
+        pytest.skip("%s's NextN layer does not run" % family.arch)
+    prompt = "The smith hammers the bloom, and the sparks fly far into the dark night. " * 3
+
+    def ask(url):
+        r = post(url, "/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0, "ignore_eos": True,
+                                      "return_tokens": True})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    mtp = FAST + ["--spec-type", "draft-mtp", "--draft-p-min", "0", "--slot-save-path", str(tmp_path / "slots"),
+                  "--cache-disk", str(tmp_path / "pc")]
+    srv = servers.start(mtp, model=family.path)
+    cold = ask(srv.url)
+    r = post(srv.url, "/slots/0?action=save", {"filename": "s.bin"})
+    assert r.status_code == 200, r.text
+    srv.stop()
+    again = servers.start(mtp, model=family.path)
+    warm = ask(again.url)
+    assert warm["tokens"] == cold["tokens"]
+    if family.arch not in HYBRID:
+        assert warm["timings"]["prompt_n"] < cold["timings"]["prompt_n"], warm["timings"]
+    plain = servers.start(FAST + ["--slot-save-path", str(tmp_path / "slots")], model=family.path)
+    r = post(plain.url, "/slots/0?action=restore", {"filename": "s.bin"})
+    assert r.status_code == 400 and "laid out for other layers" in r.text, r.text
+
+
 def test_nextn_drafts_refused_by_name(family, servers, tmp_path):
     """--spec-type draft-mtp on a file whose NextN layer does not run, or with a
     draft model beside it, fails the start by name."""
