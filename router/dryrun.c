@@ -352,6 +352,9 @@ static void print_context(FILE *f, const rt_dry_run_t *d)
                     size_str(s2, sizeof s2, state / (uint64_t)(d->n_slots > 0 ? d->n_slots : 1)));
         fprintf(f, "\n");
     }
+    if (d->mtp && d->plan)
+        fprintf(f, "  draft: the model's NextN layer (blk.%lld), on the last stage beside its layers, one token a "
+                "step (its weights and its K/V rows are not in the sizes above)\n", (long long)d->plan->n_layer);
     if (d->draft_path) {
         char dev[32] = "the CPU";
         if (d->draft_device >= 0)

@@ -35,6 +35,7 @@ typedef struct rt_dry_run {
     const char *draft_path;   /* -md, or NULL */
     int64_t draft_layers;
     int draft_device;         /* the draft's card, or -1: the CPU */
+    int mtp;                  /* --spec-type draft-mtp: the model's NextN layer drafts */
     int starting;             /* 1: the start screen of a real start (a terminal), not a dry run */
 } rt_dry_run_t;
 

@@ -2195,7 +2195,7 @@ int main(int argc, char **argv)
             .n_slots = o.parallel, .kv_unified = kv_pool > 0, .kv_type = ktype, .threads = o.threads,
             .threads_batch = o.threads_batch, .experts_vram = o.place.experts_vram,
             .residency = !o.place.no_residency, .draft_path = draft_on ? o.draft_model : NULL,
-            .draft_layers = draft_layers, .draft_device = draft_dev, .starting = screen};
+            .draft_layers = draft_layers, .draft_device = draft_dev, .mtp = mtp_on, .starting = screen};
         for (int i = 0; o.hostfile && plan_made && i < plan.n_stages && i < RT_CLUSTER_MAX_STAGES; i++)
             dr.remote[i] = hs[i].line->remote[0] ? hs[i].line->remote : NULL;
         if (o.hostfile && plan_made) {

@@ -461,6 +461,9 @@ def test_nextn_drafts_in_the_server(family, one, servers):
     def probs(r):
         return [[(t["id"], t["logprob"]) for t in x["top_logprobs"]] for x in r["completion_probabilities"]]
 
+    dry = run([serverctl.program("bloomery-serve"), "-m", family.path, "--spec-type", "draft-mtp", "--dry-run"])
+    assert dry.returncode == 0 and "draft: the model's NextN layer (blk.%d)" % (
+        gguf.load(family.path).metadata[family.arch + ".block_count"] - 1) in dry.stdout, dry.stdout
     spec = servers.start(["-np", "2", "-c", "2048", "-t", "1", "-tb", "1", "--spec-type", "draft-mtp",
                           "--draft-p-min", "0"], model=family.path)
     assert "event=draft kind=mtp" in spec.log(100000)
