@@ -496,6 +496,19 @@ def test_glm4moe_hparams():
         refmodel.Hparams(md)
 
 
+def _glm_by_hand(w, hp, eps, base, scale):
+    """The final-normed hidden states of IDS through the layers run (not the NextN
+    ones), every expert used, the weights normalised and scaled by scale."""
+    x = _f32(w["token_embd.weight"])[IDS]
+    for i in range(hp["n_layer"]):
+        f = _getter(w, i)
+        x = x + _glm_attention(w, hp, i, _norm(x, f("attn_norm"), eps), eps, base)
+        h = _norm(x, f("post_attention_norm"), eps)
+        x = x + (_swiglu(h, f("ffn_gate"), f("ffn_up"), f("ffn_down")) if i < hp["n_dense_lead"]
+                 else _glm_moe_all(w, hp, i, h, scale, True))
+    return _norm(x, _f32(w["output_norm.weight"]), eps)
+
+
 def test_glm4moe_forward_by_hand(tmp_path):
     """Whole forward pass (dense layer 0, MoE layer 1, NextN layer 2 skipped)
     against plain numpy; every expert used so the routing is known."""
@@ -504,17 +517,7 @@ def test_glm4moe_forward_by_hand(tmp_path):
     m = _glm(tmp_path, (w, hp), n_expert_used=hp["n_expert"], expert_scale=1.5, expert_norm=True)
     assert m.hp.expert_weights_norm is True and m.hp.expert_weights_scale == 1.5
     assert [m.layer(i).is_moe for i in range(m.hp.n_layer)] == [False, True]
-    eps, base = m.hp.eps, m.hp.rope_base
-    x = _f32(w["token_embd.weight"])[IDS]
-    for i in range(hp["n_layer"]):
-        f = _getter(w, i)
-        x = x + _glm_attention(w, hp, i, _norm(x, f("attn_norm"), eps), eps, base)
-        h = _norm(x, f("post_attention_norm"), eps)
-        if i < hp["n_dense_lead"]:
-            x = x + _swiglu(h, f("ffn_gate"), f("ffn_up"), f("ffn_down"))
-        else:
-            x = x + _glm_moe_all(w, hp, i, h, 1.5, True)
-    want = _norm(x, _f32(w["output_norm.weight"]), eps) @ _f32(w["output.weight"]).T
+    want = _glm_by_hand(w, hp, m.hp.eps, m.hp.rope_base, 1.5) @ _f32(w["output.weight"]).T
     got = m.logits(IDS)
     assert np.std(got) > 0.1
     assert np.max(np.abs(got - want)) < 1e-10
@@ -549,14 +552,7 @@ def test_glm4moe_nextn_layer_by_hand(tmp_path):
     _zero_probs_bias(w, hp)
     m = _glm(tmp_path, (w, hp), n_expert_used=hp["n_expert"])
     eps, base = m.hp.eps, m.hp.rope_base
-    x = _f32(w["token_embd.weight"])[IDS]
-    for i in range(hp["n_layer"]):
-        f = _getter(w, i)
-        x = x + _glm_attention(w, hp, i, _norm(x, f("attn_norm"), eps), eps, base)
-        h = _norm(x, f("post_attention_norm"), eps)
-        x = x + (_swiglu(h, f("ffn_gate"), f("ffn_up"), f("ffn_down")) if i < hp["n_dense_lead"]
-                 else _glm_moe_all(w, hp, i, h, 1.0, True))
-    hid = _norm(x, _f32(w["output_norm.weight"]), eps)[:-1]
+    hid = _glm_by_hand(w, hp, eps, base, 1.0)[:-1]
     n = hp["n_layer"]
     f = _getter(w, n)
     e = _f32(w["blk.%d.nextn.embed_tokens.weight" % n])[IDS[1:]]
