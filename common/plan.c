@@ -36,6 +36,7 @@ typedef struct sizes {
     uint64_t *experts; /* (n_layer) the three expert tensors */
     uint64_t *exp_max; /* (n_layer) the largest expert tensor (the prompt path's f16 scratch) */
     uint64_t embd, head, out_norm;
+    uint64_t nextn;    /* the first NextN layer's tensors (blk.n_layer.*) */
 } sizes_t;
 
 void bl_plan_free(bl_plan_t *p)
@@ -190,9 +191,13 @@ static int read_sizes(const bl_gguf_t *g, const bl_arch_t *a, sizes_t *s, bl_err
     s->exp_max = calloc((size_t)a->n_layer, sizeof *s->exp_max);
     if (!s->dense || !s->experts || !s->exp_max)
         return bl_err_set(err, BL_ENOMEM, "out of memory for the plan of %lld layers", (long long)a->n_layer);
+    char nextn[32];
+    const int nextn_len = snprintf(nextn, sizeof nextn, "blk.%lld.", (long long)a->n_layer);
     for (uint64_t i = 0; i < bl_gguf_n_tensors(g); i++) {
         const bl_gguf_tensor_t *t = bl_gguf_tensor_at(g, i);
         const char *name = t->name;
+        if (a->n_nextn > 0 && !strncmp(name, nextn, (size_t)nextn_len))
+            s->nextn += t->nbytes;
         int64_t l = -1;
         switch (bl_arch_role(a, name, &l)) {
         case BL_ROLE_TOKEN_EMBD: s->embd = t->nbytes; break;
@@ -375,6 +380,10 @@ static void size_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t 
             const uint64_t kv = layer_kv_bytes(a, o, l);
             st->kv_bytes += kv;
             st->state_bytes += bl_arch_layer_recurrent(a, l) ? kv : 0;
+        }
+        if (last && o->mtp) { /* the NextN layer the last stage runs: its tensors and rows */
+            st->weight_bytes += s->nextn;
+            st->kv_bytes += layer_kv_bytes(a, o, a->n_layer);
         }
         st->scratch_bytes = st->device >= 0 ? cuda_scratch(a, o, s, p, st, last) : 0;
     }

@@ -115,6 +115,8 @@ typedef struct bl_place_opts {
     int64_t experts_ram;
     uint64_t ram_avail;       /* the machine's available memory (bl_mem_available); 0:
                                * unknown, and auto is no limit */
+    int mtp;                  /* the last stage runs the first NextN layer (--spec-type
+                               * draft-mtp): its weights and K/V rows count there */
 } bl_place_opts_t;
 
 typedef struct bl_plan_stage {

@@ -354,7 +354,7 @@ static void print_context(FILE *f, const rt_dry_run_t *d)
     }
     if (d->mtp && d->plan)
         fprintf(f, "  draft: the model's NextN layer (blk.%lld), on the last stage beside its layers, one token a "
-                "step (its weights and its K/V rows are not in the sizes above)\n", (long long)d->plan->n_layer);
+                "step (its weights and K/V rows are in that stage's sizes)\n", (long long)d->plan->n_layer);
     if (d->draft_path) {
         char dev[32] = "the CPU";
         if (d->draft_device >= 0)

@@ -984,7 +984,8 @@ static int place(opts_t *o, const bl_gguf_t *g, const char *bin_dir, int64_t n_c
         .n_cpu_stages = (int)o->workers, .stage_ends = o->hostfile && has_ends ? stage_ends : NULL,
         .hosts = o->hostfile ? hosts : NULL, .n_hosts = o->hostfile ? n_stages : 0, .n_ctx_total = n_ctx,
         .kv_elem_bytes = kv_type == BL_TYPE_F32 ? 4.0 : kv_type == BL_TYPE_Q8_0 ? 34.0 / 32.0 : 2.0,
-        .n_batch = rows, .n_seqs = o->parallel, .ram_avail = bl_mem_available()};
+        .n_batch = rows, .n_seqs = o->parallel, .ram_avail = bl_mem_available(),
+        .mtp = o->spec_type && !strcmp(o->spec_type, "draft-mtp")};
     if ((rc = bl_plan_opts(&po, f, err)) != 0)
         return rc;
     if ((rc = bl_plan_build(plan, g, &a, devs, *n_devs, &po, err)) != 0)

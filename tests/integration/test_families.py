@@ -464,6 +464,10 @@ def test_nextn_drafts_in_the_server(family, one, servers):
     dry = run([serverctl.program("bloomery-serve"), "-m", family.path, "--spec-type", "draft-mtp", "--dry-run"])
     assert dry.returncode == 0 and "draft: the model's NextN layer (blk.%d)" % (
         gguf.load(family.path).metadata[family.arch + ".block_count"] - 1) in dry.stdout, dry.stdout
+    # its tensors and K/V rows count in the last stage: more weights and cache than without it
+    plain = run([serverctl.program("bloomery-serve"), "-m", family.path, "--dry-run"])
+    stage = lambda text: re.search(r"event=plan stage 0: .*", text).group(0)  # noqa: E731
+    assert stage(dry.stdout) != stage(plain.stdout), (stage(dry.stdout), stage(plain.stdout))
     spec = servers.start(["-np", "2", "-c", "2048", "-t", "1", "-tb", "1", "--spec-type", "draft-mtp",
                           "--draft-p-min", "0"], model=family.path)
     assert "event=draft kind=mtp" in spec.log(100000)
