@@ -1984,12 +1984,15 @@ static int64_t draft_cap(const rt_engine_t *e, const slot_t *s, int64_t want)
 
 /* --spec-type draft-mtp: each generating slot's proposal is the one the NextN layer
  * made in the step that sampled its pending token (take_results keeps it), one token,
- * when the layer gives it draft_p_min or more and there is room to verify it. */
+ * when the layer gives it draft_p_min or more and there is room to verify it. Slots
+ * in a step in flight wait for its answer (pipelined steps). */
 static void spec_mtp(rt_engine_t *e)
 {
     uint64_t drafted = 0;
     for (int i = 0; i < e->o.n_slots; i++) {
         slot_t *s = &e->slots[i];
+        if (s->in_flight)
+            continue;
         keep_proposals(s, 0); /* any a step left out */
         const int32_t tok = s->mtp_tok;
         s->mtp_tok = -1; /* one step's: a proposal not verified now is stale next time */
@@ -2506,6 +2509,8 @@ static void run_pipelined(rt_engine_t *e, int32_t n_vocab)
         busy += e->slots[i].state == SLOT_GEN || e->slots[i].state == SLOT_PROMPT;
     const int share = (busy + e->o.pipeline - 1) / e->o.pipeline;
     while (e->fl_n < e->o.pipeline) {
+        if (e->o.mtp) /* the proposals of the slots whose answers came */
+            spec_mtp(e);
         int ns = build_step_max(e, share > 0 ? share : 1);
         if (ns == 0)
             break;

@@ -2340,7 +2340,9 @@ int main(int argc, char **argv)
         .timeout_ms = o.timeout * 1000,
         .sleep_idle_ms = o.sleep_idle > 0 ? o.sleep_idle * 1000 : 0,
         .cache_ram = o.cache_ram > 0 ? o.cache_ram * 1024 * 1024 : o.cache_ram,
-        .pipeline = pipeline_depth(&o, plan.n_stages, draft_on || mtp_on, kv_pool),
+        /* the NextN layer's proposals come with each answer: a hybrid's verify steps
+         * keep checkpoints, which run one step at a time */
+        .pipeline = pipeline_depth(&o, plan.n_stages, draft_on || (mtp_on && recurrent), kv_pool),
         .mtp = mtp_on,
         .recurrent = recurrent,
         .ctx_checkpoints = (int)o.ctx_checkpoints,
