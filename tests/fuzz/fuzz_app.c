@@ -396,6 +396,13 @@ void rt_cluster_forget_in_flight(rt_cluster_t *c)
     fz_flight = NULL;
 }
 
+/* No NextN layer: the fuzzed server runs without draft-mtp. */
+const rt_mtp_t *rt_cluster_mtp(const rt_cluster_t *c)
+{
+    (void)c;
+    return NULL;
+}
+
 int rt_cluster_in_flight(rt_cluster_t *c)
 {
     (void)c;
