@@ -102,6 +102,9 @@ extern const size_t rt_webui_html_len;
 /* The sampler chain of s as llama.cpp's names (a new array; NULL when out of memory),
  * for generation_settings and /props (api_gen.c). */
 json_t *rt_api_samplers_json(const rt_sampler_params_t *s);
+/* Sets "speculative.n_max", ".n_min" and ".p_min" in a request's params object, as
+ * llama-server shows them (the limits the engine applies to the request). */
+void rt_api_spec_limits_json(json_t *params, rt_spec_limits_t l);
 void rt_api_gen_register(rt_http_t *h);    /* api_gen.c */
 
 

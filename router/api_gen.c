@@ -811,6 +811,24 @@ int rt__gen_parse_params(const json_t *body, rt_gen_api_t api, const rt_gen_limi
         goto fail;
     if (found)
         p->task.n_indent = (int32_t)iv;
+    /* speculative decoding's limits for this request (llama-server's keys) */
+    static const char *const spec_keys[2] = {"speculative.n_max", "speculative.n_min"};
+    int32_t *const spec_vals[2] = {&p->task.spec_n_max, &p->task.spec_n_min};
+    for (int k = 0; k < 2; k++) {
+        if ((rc = get_int(body, spec_keys[k], 0, INT32_MAX, &iv, &found, err)))
+            goto fail;
+        if (found)
+            *spec_vals[k] = (int32_t)iv;
+    }
+    double pm;
+    if ((rc = get_double(body, "speculative.p_min", &pm, &found, err)))
+        goto fail;
+    if (found && !(pm >= 0.0 && pm <= 1.0)) {
+        rc = bl_err_set(err, BL_EINVAL, "'speculative.p_min' must be in 0..1");
+        goto fail;
+    }
+    if (found)
+        p->task.spec_p_min = (float)pm;
     const json_t *rf;
     if (api == RT_GEN_API_NATIVE && (rf = field(body, "response_fields"))) {
         size_t i;
@@ -2143,6 +2161,13 @@ void rt_app_defaults(rt_app_t *app)
     app->n_predict_default = -1;
 }
 
+void rt_api_spec_limits_json(json_t *params, rt_spec_limits_t l)
+{
+    json_object_set_new(params, "speculative.n_max", json_integer(l.n_max));
+    json_object_set_new(params, "speculative.n_min", json_integer(l.n_min));
+    json_object_set_new(params, "speculative.p_min", rt__gen_json_real(l.p_min));
+}
+
 json_t *rt_api_samplers_json(const rt_sampler_params_t *s)
 {
     json_t *a = json_array();
@@ -2183,6 +2208,8 @@ json_t *rt__gen_settings_json(const rt_gen_req_t *g)
         json_object_set_new(j, "n_ctx", json_integer(g->app->n_ctx_slot));
     if (j)
         json_object_set_new(j, "model", json_string(g->app->model_alias ? g->app->model_alias : ""));
+    if (j && g->app->engine)
+        rt_api_spec_limits_json(j, rt_engine_spec_limits(g->app->engine, t));
     return j;
 }
 

@@ -86,7 +86,7 @@ static json_t *params_json(const rt_app_t *app)
     const rt_sampler_params_t *s = &p.sampling;
     json_t *samplers = rt_api_samplers_json(s);
     int64_t n_predict = app->n_predict_default >= 0 ? app->n_predict_default : p.n_predict;
-    return json_pack(
+    json_t *j = json_pack(
         "{s:I,s:I,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:f,s:f,s:i,s:i,"
         "s:[],s:i,s:f,s:f,s:[],s:I,s:i,s:i,s:b,s:b,s:[],s:i,s:i,s:s,"
         "s:o,s:b,s:b}",
@@ -127,6 +127,9 @@ static json_t *params_json(const rt_app_t *app)
         "samplers", samplers ? samplers : json_array(),
         "timings_per_token", 0,
         "post_sampling_probs", 0);
+    if (j && app->engine)
+        rt_api_spec_limits_json(j, rt_engine_spec_limits(app->engine, &p));
+    return j;
 }
 
 /* --- /health ----------------------------------------------------------------------- */

@@ -235,6 +235,8 @@ void rt_task_params_default(rt_task_params_t *p)
     p->special = 0;
     p->slot_id = -1;
     p->t_max_predict_ms = 0;
+    p->spec_n_max = p->spec_n_min = -1;
+    p->spec_p_min = -1.0f;
 }
 
 // --- task references and the event queue (mu held) ----------------------------------------
@@ -1967,6 +1969,26 @@ static void keep_proposals(slot_t *s, int keep)
         s->d_past = s->n_past + 1 + s->n_draft;
 }
 
+rt_spec_limits_t rt_engine_spec_limits(const rt_engine_t *e, const rt_task_params_t *p)
+{
+    rt_spec_limits_t l = {.n_max = e->o.draft_max, .n_min = e->o.draft_min, .p_min = e->o.draft_p_min};
+    if (p->spec_n_max >= 0 && p->spec_n_max < l.n_max)
+        l.n_max = p->spec_n_max;
+    if (p->spec_n_min >= 0)
+        l.n_min = p->spec_n_min;
+    if (l.n_min > l.n_max)
+        l.n_min = l.n_max;
+    if (p->spec_p_min >= 0.0f)
+        l.p_min = p->spec_p_min;
+    return l;
+}
+
+/* Slot s's draft limits (its task's). */
+static rt_spec_limits_t spec_limits(const rt_engine_t *e, const slot_t *s)
+{
+    return rt_engine_spec_limits(e, &s->task->p);
+}
+
 /* The most tokens a verify step of generating slot s may propose, at most want: what
  * its context and its task's n_predict leave room for (the verification adds a token
  * of its own), and a draft model's context. */
@@ -1996,8 +2018,11 @@ static void spec_mtp(rt_engine_t *e)
         keep_proposals(s, 0); /* any a step left out */
         const int32_t tok = s->mtp_tok;
         s->mtp_tok = -1; /* one step's: a proposal not verified now is stale next time */
-        if (s->state != SLOT_GEN || !s->task || tok < 0 || s->mtp_p < e->o.draft_p_min ||
-            rt_tokenizer_is_eog(e->tok, tok) || e->o.draft_min > 1 || draft_cap(e, s, 1) < 1)
+        if (s->state != SLOT_GEN || !s->task || tok < 0)
+            continue;
+        const rt_spec_limits_t l = spec_limits(e, s);
+        if (s->mtp_p < l.p_min || rt_tokenizer_is_eog(e->tok, tok) || l.n_max < 1 || l.n_min > 1 ||
+            draft_cap(e, s, 1) < 1)
             continue;
         s->seq[s->n_past + 1] = tok;
         s->n_draft = 1;
@@ -2057,8 +2082,9 @@ static void spec_draft(rt_engine_t *e, int32_t n_vocab)
         active[i] = cap[i] = 0;
         if (s->state != SLOT_GEN || !s->task)
             continue;
-        const int64_t k = draft_cap(e, s, e->o.draft_max);
-        if (k < 1 || k < e->o.draft_min)
+        const rt_spec_limits_t l = spec_limits(e, s);
+        const int64_t k = draft_cap(e, s, l.n_max);
+        if (k < 1 || k < l.n_min)
             continue;
         if (s->d_wait > 0) { /* the draft was unsure here lately: it catches up later */
             s->d_wait--;
@@ -2106,7 +2132,7 @@ static void spec_draft(rt_engine_t *e, int32_t n_vocab)
                 continue;
             float p = 0.0f;
             int32_t tok = draft_pick(logits + out++ * (size_t)n_vocab, n_vocab, &p);
-            if (p < e->o.draft_p_min || rt_tokenizer_is_eog(e->tok, tok)) {
+            if (p < spec_limits(e, s).p_min || rt_tokenizer_is_eog(e->tok, tok)) {
                 active[e->seq_slot[j]] = 0;
                 n_active--;
                 continue;
@@ -2121,7 +2147,7 @@ static void spec_draft(rt_engine_t *e, int32_t n_vocab)
     uint64_t drafted = 0;
     for (int i = 0; i < e->o.n_slots; i++) {
         slot_t *s = &e->slots[i];
-        if (s->n_draft < e->o.draft_min)
+        if (s->task && s->n_draft < spec_limits(e, s).n_min)
             keep_proposals(s, 0);
         drafted += (uint64_t)s->n_draft;
         /* a draft that proposes nothing costs a step for nothing: the next tries wait

@@ -52,10 +52,26 @@ typedef struct rt_task_params {
     int32_t n_indent;             /* 0: off; else a generated line indented by fewer
                                    * spaces or tabs ends generation before its first
                                    * other character (code completion) */
+    /* speculative decoding: the request's own limits (llama-server's
+     * "speculative.n_max", "speculative.n_min", "speculative.p_min"), -1 for the
+     * server's (--draft-max, --draft-min, --draft-p-min); n_max counts at most the
+     * server's, which sizes the steps */
+    int32_t spec_n_max, spec_n_min;
+    float spec_p_min;
 } rt_task_params_t;
 
+/* A task's draft limits as the engine applies them: its own where the request gave
+ * them, else the server's; n_max at most the server's (the steps are sized for it),
+ * n_min at most n_max (llama-server's rule). */
+typedef struct rt_spec_limits {
+    int n_max, n_min;
+    float p_min;
+} rt_spec_limits_t;
+rt_spec_limits_t rt_engine_spec_limits(const rt_engine_t *e, const rt_task_params_t *p);
+
 /* The defaults of llama-server: rt_sampler_params_default, n_predict -1, no stop,
- * n_probs 0, cache_prompt 1, ignore_eos 0, special 0, slot_id -1. */
+ * n_probs 0, cache_prompt 1, ignore_eos 0, special 0, slot_id -1; the server's draft
+ * limits (-1). */
 void rt_task_params_default(rt_task_params_t *p);
 
 /* One candidate in a token event: id, its probability after the sampler's filters

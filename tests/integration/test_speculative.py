@@ -56,6 +56,30 @@ def test_greedy_text_is_the_models_own(pair):
     assert metric(spec.url, "draft_steps_total") > 0
 
 
+def test_a_requests_own_draft_limits(pair):
+    """llama-server's per-request fields: "speculative.n_max" 0 turns drafting off for
+    the request, 2 caps it below the server's 6, a "speculative.p_min" is the request's;
+    the text stays the model's whatever they are; the effective limits show in generation_settings and
+    the server's in /props; out-of-range values are refused by name."""
+    plain, spec = pair
+    props = requests.get(spec.url + "/props", timeout=30).json()["default_generation_settings"]["params"]
+    assert (props["speculative.n_max"], props["speculative.n_min"], props["speculative.p_min"]) == (6, 0, 0.0)
+    want = post(plain.url, "/completion", {"prompt": PROMPTS[1], "n_predict": 32, "temperature": 0}).json()
+    for extra, drafted in (({"speculative.n_max": 0}, False), ({"speculative.n_max": 2}, True),
+                           ({"speculative.p_min": 0.99}, None)):
+        body = dict({"prompt": PROMPTS[1], "n_predict": 32, "temperature": 0}, **extra)
+        r = post(spec.url, "/completion", body).json()
+        assert r["content"] == want["content"], extra
+        if drafted is not None:
+            assert (r["timings"].get("draft_n", 0) > 0) == drafted, (extra, r["timings"])
+        g = r["generation_settings"]
+        assert g["speculative.n_max"] == extra.get("speculative.n_max", 6), g
+        assert abs(g["speculative.p_min"] - extra.get("speculative.p_min", 0.0)) < 1e-6, g
+    for bad in ({"speculative.n_max": -1}, {"speculative.p_min": 2}, {"speculative.n_min": "one"}):
+        r = post(spec.url, "/completion", dict({"prompt": "x", "n_predict": 1}, **bad))
+        assert r.status_code == 400 and next(iter(bad)) in r.text, (bad, r.text)
+
+
 def test_seeded_sampling_is_the_models_own(pair):
     """each token is drawn from the model's own distribution, one draw a token, so a
     seed gives the same text with and without the draft"""

@@ -54,6 +54,15 @@ void rt_task_params_default(rt_task_params_t *p)
     p->n_predict = -1;
     p->cache_prompt = 1;
     p->slot_id = -1;
+    p->spec_n_max = p->spec_n_min = -1;
+    p->spec_p_min = -1.0f;
+}
+
+/* The request's own draft limits as they came (the engine's clamps are its test's). */
+rt_spec_limits_t rt_engine_spec_limits(const rt_engine_t *e, const rt_task_params_t *p)
+{
+    (void)e;
+    return (rt_spec_limits_t){.n_max = p->spec_n_max, .n_min = p->spec_n_min, .p_min = p->spec_p_min};
 }
 
 int rt_engine_submit(rt_engine_t *e, const int32_t *prompt, size_t n, const rt_task_params_t *p,
@@ -332,6 +341,29 @@ static void test_params_sampling_fields(void **state)
     assert_int_equal(parse("{\"temperature\":null,\"stop\":null}", RT_GEN_API_NATIVE, &p, &err), 0);
     assert_float_equal(p.task.sampling.temp, 0.8f, 0);
     rt__gen_params_fini(&p);
+}
+
+/* llama-server's per-request draft limits: read, defaulting to the server's (-1), and
+ * refused by name when out of range. */
+static void test_params_speculative_limits(void **state)
+{
+    (void)state;
+    rt_gen_params_t p;
+    bl_err_t err = {0};
+    assert_int_equal(parse("{}", RT_GEN_API_NATIVE, &p, &err), 0);
+    assert_int_equal(p.task.spec_n_max, -1);
+    assert_int_equal(p.task.spec_n_min, -1);
+    assert_true(p.task.spec_p_min < 0.0f);
+    rt__gen_params_fini(&p);
+    assert_int_equal(parse("{\"speculative.n_max\":2,\"speculative.n_min\":1,\"speculative.p_min\":0.5}",
+                           RT_GEN_API_OAI_CHAT, &p, &err), 0);
+    assert_int_equal(p.task.spec_n_max, 2);
+    assert_int_equal(p.task.spec_n_min, 1);
+    assert_float_equal(p.task.spec_p_min, 0.5f, 0);
+    rt__gen_params_fini(&p);
+    expect_refused("{\"speculative.n_max\":-1}", RT_GEN_API_NATIVE, "speculative.n_max");
+    expect_refused("{\"speculative.n_min\":\"two\"}", RT_GEN_API_NATIVE, "speculative.n_min");
+    expect_refused("{\"speculative.p_min\":1.5}", RT_GEN_API_OAI_CMPL, "speculative.p_min");
 }
 
 static void test_params_token_limits(void **state)
@@ -1891,6 +1923,7 @@ int main(void)
         cmocka_unit_test(test_params_defaults_are_llama_servers),
         cmocka_unit_test(test_params_sampling_fields),
         cmocka_unit_test(test_params_token_limits),
+        cmocka_unit_test(test_params_speculative_limits),
         cmocka_unit_test(test_params_wrong_types_name_the_field),
         cmocka_unit_test(test_params_stop),
         cmocka_unit_test(test_params_logit_bias),

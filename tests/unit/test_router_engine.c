@@ -774,6 +774,41 @@ static void test_engine_nextn_proposals_verified(void **state)
     }
 }
 
+/* A request's own draft limits ("speculative.n_max" 0, or a "speculative.p_min" above
+ * the proposals' 0.9) leave its steps unverified; its text is the same. */
+static void test_engine_request_draft_limits(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 3; k++) {
+        fk_reset();
+        fk.mtp = 1;
+        rt_engine_opts_t o = {.n_slots = 1, .n_ctx_slot = 256, .n_batch = 64, .n_predict_max = -1, .mtp = 1,
+                              .draft_max = 16, .draft_p_min = 0.5f};
+        rt_engine_t *e = start_opts(&o);
+        fk.script = "hammer";
+        fk.base = 3;
+        rec_t r = {0};
+        rt_task_params_t p = greedy();
+        p.n_predict = 6;
+        if (k == 1)
+            p.spec_n_max = 0;
+        if (k == 2)
+            p.spec_p_min = 0.95f;
+        const rt_spec_limits_t l = rt_engine_spec_limits(e, &p);
+        assert_int_equal(l.n_max, k == 1 ? 0 : 16);
+        assert_true(l.p_min == (k == 2 ? 0.95f : 0.5f));
+        submit(e, &r, "abc", &p);
+        pump(&r, 1);
+        assert_string_equal(r.text, "hammer");
+        assert_true(k == 0 ? r.tm.n_drafted > 0 : r.tm.n_drafted == 0);
+        rt_engine_shutdown(e);
+        while (!rt_engine_drained(e))
+            uv_run(&g_loop, UV_RUN_ONCE);
+        rt_engine_destroy(e);
+        g_e = NULL;
+    }
+}
+
 static void test_engine_server_cap_limits_n_predict(void **state)
 {
     (void)state;
@@ -1667,6 +1702,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_engine_greedy_generates_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_nextn_proposals_verified, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_engine_request_draft_limits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_server_cap_limits_n_predict, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_n_predict_zero_only_reads_the_prompt, setup,
                                         teardown),
