@@ -45,7 +45,7 @@ typedef struct bench {
     const char *model, *output;
     list_t pp, tg, threads, depth, krows;
     int64_t reps, n_batch, poll;
-    int precise, no_roofline, profile, kernels, disk;
+    int precise, no_roofline, profile, kernels, disk, mtp;
     int flash_attn; /* BL_FLASH_*: -fa */
     bl_place_flags_t place; /* -ngl, -dev, --cpu-moe, ...: the plan's flags, as the server's */
     bl_cpu_flags_t cpu;     /* -C, -Cr, --cpu-strict, as the server's */
@@ -408,6 +408,7 @@ int main(int argc, char **argv)
         {"--poll", NULL, BL_ARG_I64, &b.poll, 0, 100, .metavar = "0..100", .help = "how the CPU pools' idle threads wait: they yield for 4 us per level before they sleep (default 50, as llama.cpp's)"},
         {"-o,--output", NULL, BL_ARG_STR, &b.output, .metavar = "md|jsonl", .help = "table format (default md)"},
         {"--precise", NULL, BL_ARG_FLAG, &b.precise, .help = "f32 activations (the checking mode)"},
+        {"--mtp", NULL, BL_ARG_FLAG, &b.mtp, .help = "run the model's NextN layer after every step, as --spec-type draft-mtp does (glm4moe, qwen35moe; the CPU): the rates include its pass, the backend column says +NextN"},
         {"--no-roofline", NULL, BL_ARG_FLAG, &b.no_roofline, .help = "skip the bandwidth measurement"},
         {"-fa,--flash-attn", NULL, BL_ARG_FN, NULL, .fn = bl_arg_flash_attn, .ud = &b.flash_attn, .metavar = "on|off|auto|1|0", .help = "on a GPU: prompt attention as one flash kernel (on), as score/softmax/value pieces (off), flash where the head size has it (auto, default); the CPU computes the same either way"},
         {"--kernels", NULL, BL_ARG_FLAG, &b.kernels, .help = "no model: the rate each CPU kernel set streams routed experts' weights (q4_K, q5_K, q6_K, q8_0, mxfp4; 1 GiB each) beside the read bandwidth"},
@@ -514,6 +515,7 @@ int main(int argc, char **argv)
         wk_model_opts_t mo;
         wk_model_opts_default(&mo);
         mo.precise = b.precise;
+        mo.mtp = b.mtp;
         mo.n_threads = (int)b.threads.v[ti];
         mo.n_batch = b.n_batch;
         mo.poll = (int)b.poll;
@@ -573,7 +575,10 @@ int main(int argc, char **argv)
                     tg_best_depth = r->depth;
                     memcpy(tg_best_test, r->test, sizeof tg_best_test);
                 }
-                const char *backend = place.device >= 0 ? (pl.ex ? "CUDA+host" : "CUDA") : (pl.ex ? "CPU+host" : "CPU");
+                char backend[32];
+                snprintf(backend, sizeof backend, "%s%s",
+                         place.device >= 0 ? (pl.ex ? "CUDA+host" : "CUDA") : (pl.ex ? "CPU+host" : "CPU"),
+                         b.mtp ? "+NextN" : "");
                 if (md)
                     printf("| %s %.2fB %s | %.2f GiB | %.2f B | %s (%s) | %lld | %s | %.2f ± %.2f |\n",
                            arch, mb.params / 1e9, ftype, mb.total / (1 << 30), mb.params / 1e9, backend,
