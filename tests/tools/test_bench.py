@@ -30,6 +30,20 @@ def model(tmp_path_factory):
     return str(path)
 
 
+def test_bench_with_the_nextn_layer(model, tmp_path):
+    """--mtp: the rows of a file whose NextN layer runs say CPU+NextN; a file without
+    one exits 1 naming why."""
+    glm = str(tmp_path / "glm.gguf")
+    p = run([tool("bloomery-mkmodel"), "-o", glm, "--arch", "glm4moe", "--layers", "2"])
+    assert p.returncode == 0, p.stderr
+    p = run([tool("bloomery-bench"), "-m", glm, "-p", "8", "-n", "4", "-r", "1", "-t", "1", "--mtp"])
+    assert p.returncode == 0, p.stderr
+    rows = [l for l in p.stdout.splitlines()[2:] if l.startswith("| ")]
+    assert [r.split("|")[4].strip().split(" ")[0] for r in rows] == ["CPU+NextN", "CPU+NextN"], p.stdout
+    p = run([tool("bloomery-bench"), "-m", model, "-p", "8", "-n", "4", "-r", "1", "-t", "1", "--mtp"])
+    assert p.returncode == 1 and "no NextN" in p.stderr, p.stderr
+
+
 def test_bench_prints_llama_bench_table_and_roofline(model):
     p = run([tool("bloomery-bench"), "-m", model, "-p", "16,32", "-n", "4", "-r", "2", "-t", "1,2"])
     assert p.returncode == 0, p.stderr
