@@ -14,6 +14,7 @@
 #define BL_ARCH_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "err.h"
 #include "gguf.h"
@@ -118,6 +119,13 @@ typedef struct bl_arch {
 static inline int bl_arch_layer_moe(const bl_arch_t *a, int64_t l)
 {
     return a->moe && l >= a->n_dense_lead && l < a->n_layer;
+}
+
+/* Whether the file's first NextN layer runs (--spec-type draft-mtp): it has one, and
+ * its family's NextN block is built (glm4moe, qwen35moe). */
+static inline int bl_arch_nextn_runs(const bl_arch_t *a)
+{
+    return a->n_nextn > 0 && (!strcmp(a->name, "glm4moe") || !strcmp(a->name, "qwen35moe"));
 }
 
 /* Whether layer l is a gated DeltaNet layer (a recurrent state, no K/V rows). */

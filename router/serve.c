@@ -2123,7 +2123,7 @@ int main(int argc, char **argv)
     if (bl_arch_read(&march, g, o.model, &err) != 0)
         goto fail;
     const int recurrent = !march.cache_prefix_cut;
-    if (mtp_on && (march.n_nextn < 1 || (strcmp(march.name, "glm4moe") && strcmp(march.name, "qwen35moe")))) {
+    if (mtp_on && !bl_arch_nextn_runs(&march)) {
         bl_err_set(&err, BL_ENOTSUP, "--spec-type draft-mtp: %s %s", o.model, march.n_nextn < 1
                        ? "has no NextN (multi-token prediction) layer (nextn_predict_layers is 0)"
                        : "has a NextN layer that does not run yet (glm4moe's and qwen35moe's do)");

@@ -736,7 +736,7 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
     }
     m->mtp_l = -1;
     if (m->opts.mtp && m->opts.experts != WK_EXPERTS_ONLY && m->le == m->cfg.n_layer) {
-        if (m->cfg.n_nextn < 1 || !m->fam->block) {
+        if (!bl_arch_nextn_runs(&arch) || !m->fam->block) {
             rc = bl_err_set(err, BL_ENOTSUP, "%s: %s", m->path, m->cfg.n_nextn < 1
                                 ? "the file has no NextN (multi-token prediction) layer"
                                 : "the NextN layer of this architecture does not run yet (glm4moe's and "

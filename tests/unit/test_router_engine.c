@@ -732,6 +732,29 @@ static void test_engine_greedy_generates_in_order(void **state)
     assert_int_equal(st.n_decode_total, 5);
 }
 
+/* A fresh fake proposing as a NextN layer (a wrong proposal at every wrong-th
+ * position; 0: none) and an engine of n_slots drafting with it: draft_max 16,
+ * draft_p_min 0.5. */
+static rt_engine_t *start_mtp(int n_slots, int wrong)
+{
+    fk_reset();
+    fk.mtp = 1;
+    fk.mtp_wrong = wrong;
+    rt_engine_opts_t o = {.n_slots = n_slots, .n_ctx_slot = 256, .n_batch = 64, .n_predict_max = -1, .mtp = 1,
+                          .draft_max = 16, .draft_p_min = 0.5f};
+    return start_opts(&o);
+}
+
+/* Shuts e down and waits until it is drained, for a test that starts several. */
+static void stop_engine(rt_engine_t *e)
+{
+    rt_engine_shutdown(e);
+    while (!rt_engine_drained(e))
+        uv_run(&g_loop, UV_RUN_ONCE);
+    rt_engine_destroy(e);
+    g_e = NULL;
+}
+
 /* --spec-type draft-mtp: each step's proposal is verified in the next (the pending
  * token and the proposal, two logit rows); the text is the script's, with right and
  * wrong proposals alike; the right ones save steps, and the timings count them. */
@@ -739,12 +762,7 @@ static void test_engine_nextn_proposals_verified(void **state)
 {
     (void)state;
     for (int wrong = 0; wrong <= 3; wrong += 3) {
-        fk_reset();
-        fk.mtp = 1;
-        fk.mtp_wrong = wrong;
-        rt_engine_opts_t o = {.n_slots = 2, .n_ctx_slot = 256, .n_batch = 64, .n_predict_max = -1, .mtp = 1,
-                              .draft_max = 16, .draft_p_min = 0.5f};
-        rt_engine_t *e = start_opts(&o);
+        rt_engine_t *e = start_mtp(2, wrong);
         fk.script = "the smith strikes the iron";
         fk.base = 3;
         rec_t r = {0};
@@ -766,11 +784,7 @@ static void test_engine_nextn_proposals_verified(void **state)
         else
             assert_true(r.tm.n_accepted > 0 && r.tm.n_accepted < verified);
         assert_true(fk_steps() < 20);
-        rt_engine_shutdown(e);
-        while (!rt_engine_drained(e))
-            uv_run(&g_loop, UV_RUN_ONCE);
-        rt_engine_destroy(e);
-        g_e = NULL;
+        stop_engine(e);
     }
 }
 
@@ -780,11 +794,7 @@ static void test_engine_request_draft_limits(void **state)
 {
     (void)state;
     for (int k = 0; k < 3; k++) {
-        fk_reset();
-        fk.mtp = 1;
-        rt_engine_opts_t o = {.n_slots = 1, .n_ctx_slot = 256, .n_batch = 64, .n_predict_max = -1, .mtp = 1,
-                              .draft_max = 16, .draft_p_min = 0.5f};
-        rt_engine_t *e = start_opts(&o);
+        rt_engine_t *e = start_mtp(1, 0);
         fk.script = "hammer";
         fk.base = 3;
         rec_t r = {0};
@@ -801,11 +811,7 @@ static void test_engine_request_draft_limits(void **state)
         pump(&r, 1);
         assert_string_equal(r.text, "hammer");
         assert_true(k == 0 ? r.tm.n_drafted > 0 : r.tm.n_drafted == 0);
-        rt_engine_shutdown(e);
-        while (!rt_engine_drained(e))
-            uv_run(&g_loop, UV_RUN_ONCE);
-        rt_engine_destroy(e);
-        g_e = NULL;
+        stop_engine(e);
     }
 }
 
