@@ -12,7 +12,10 @@
  * A pp test evaluates N random tokens in batches of -b rows; a tg test decodes N
  * tokens one at a time. Both start from an empty cache, or with -d D from D random
  * tokens evaluated (untimed) before each run, as llama-bench's depth ("tg128 @
- * d4096"). Each test runs once untimed, then -r times timed. */
+ * d4096"). With -np P a tg test decodes P sequences together, each with its own
+ * cache and one row of every step (as P slots of the server), and its rate is all
+ * of their tokens per second ("tg128 x8"). Each test runs once untimed, then -r
+ * times timed. */
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -35,6 +38,8 @@
 #include "wk.h"
 
 #define MAX_LIST 16
+/* most sequences a -np test decodes together */
+#define BENCH_MAX_PAR 256
 
 typedef struct list {
     int64_t v[MAX_LIST];
@@ -43,7 +48,7 @@ typedef struct list {
 
 typedef struct bench {
     const char *model, *output;
-    list_t pp, tg, threads, depth, krows;
+    list_t pp, tg, threads, depth, krows, par;
     int64_t reps, n_batch, poll;
     int precise, no_roofline, profile, kernels, disk, mtp;
     int flash_attn; /* BL_FLASH_*: -fa */
@@ -88,6 +93,17 @@ static int parse_counts(list_t *l, const char *v, int keep_zero, bl_err_t *err)
 static int parse_list(void *ud, const char *v, bl_err_t *err) { return parse_counts(ud, v, 0, err); }
 
 static int parse_depths(void *ud, const char *v, bl_err_t *err) { return parse_counts(ud, v, 1, err); }
+
+/* -np: counts of 1 or more */
+static int parse_par(void *ud, const char *v, bl_err_t *err)
+{
+    list_t *l = ud;
+    int rc = parse_counts(l, v, 1, err);
+    for (int i = 0; rc == 0 && i < l->n; i++)
+        if (l->v[i] < 1)
+            rc = bl_err_set(err, BL_EINVAL, "0 is not a count of sequences (1 or more)");
+    return rc;
+}
 
 // --- memory bandwidth -------------------------------------------------------------------
 
@@ -228,11 +244,19 @@ static const char *thr_note(int64_t threads)
 
 // --- tests ---------------------------------------------------------------------------------
 
+static void kv_free_all(wk_kv_t **kv, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        wk_kv_free(kv[i]);
+        kv[i] = NULL;
+    }
+}
+
 typedef struct result {
-    char test[32];
+    char test[48];
     int64_t threads;
-    double mean, sd;   /* tok/s */
-    int64_t n, depth;
+    double mean, sd;   /* tok/s: all sequences' tokens */
+    int64_t n, depth, par;
 } result_t;
 
 /* pp: n tokens at positions d.. in batches of n_batch, logits of the last; tg: n
@@ -251,21 +275,55 @@ static int eval_span(wk_model_t *m, wk_kv_t *kv, const int32_t *tokens, int64_t 
     return 0;
 }
 
-static int run_test(wk_model_t *m, wk_kv_t *kv, int is_pp, int64_t n, int64_t depth, int64_t n_batch,
+/* P sequences' decode: each cache filled with depth random tokens (untimed), then
+ * n steps of one row from every sequence through wk_model_eval_multi. logits holds
+ * P rows; tokens P * (depth + n). */
+static int eval_par(wk_model_t *m, wk_kv_t **kv, int64_t P, const int32_t *tokens, int64_t depth, int64_t n,
+                    int64_t n_batch, float *logits, double *secs, bl_err_t *err)
+{
+    wk_seq_t seqs[BENCH_MAX_PAR];
+    for (int64_t s = 0; s < P; s++) {
+        int rc = eval_span(m, kv[s], tokens + s * (depth + n), 0, depth, 1, 0, n_batch, logits, err);
+        if (rc)
+            return rc;
+    }
+    const double t0 = now_s();
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t s = 0; s < P; s++)
+            seqs[s] = (wk_seq_t){.kv = kv[s], .tokens = tokens + s * (depth + n) + depth + i, .n = 1,
+                                 .pos = depth + i, .n_out = 1};
+        int rc = wk_model_eval_multi(m, seqs, P, logits, err);
+        if (rc)
+            return rc;
+    }
+    *secs = now_s() - t0;
+    return 0;
+}
+
+/* One test: pp or tg of n tokens at depth, with P sequences for tg (kv holds P
+ * caches; with P = 1 the single-sequence path, as llama-bench's). */
+static int run_test(wk_model_t *m, wk_kv_t **kv, int64_t P, int is_pp, int64_t n, int64_t depth, int64_t n_batch,
                     int64_t reps, float *logits, int32_t *tokens, result_t *r, bl_err_t *err)
 {
     const wk_config_t *cfg = wk_model_config(m);
     double sum = 0, sum2 = 0;
     for (int64_t rep = -1; rep < reps; rep++) { /* rep -1: the untimed warm-up */
-        for (int64_t i = 0; i < depth + n; i++)
+        for (int64_t i = 0; i < P * (depth + n); i++)
             tokens[i] = (int32_t)(rand() % cfg->n_vocab);
-        int rc = eval_span(m, kv, tokens, 0, depth, 1, 0, n_batch, logits, err); /* the depth, untimed */
+        double secs = 0;
+        int rc;
+        if (P > 1) {
+            rc = eval_par(m, kv, P, tokens, depth, n, n_batch, logits, &secs, err);
+        } else {
+            rc = eval_span(m, kv[0], tokens, 0, depth, 1, 0, n_batch, logits, err); /* the depth, untimed */
+            const double t0 = now_s();
+            if (rc == 0)
+                rc = eval_span(m, kv[0], tokens, depth, n, is_pp, 1, n_batch, logits, err);
+            secs = now_s() - t0;
+        }
         if (rc)
             return rc;
-        double t0 = now_s();
-        if ((rc = eval_span(m, kv, tokens, depth, n, is_pp, 1, n_batch, logits, err)))
-            return rc;
-        double ts = (double)n / (now_s() - t0);
+        double ts = (double)(P * n) / secs;
         if (rep >= 0) {
             sum += ts;
             sum2 += ts * ts;
@@ -275,10 +333,12 @@ static int run_test(wk_model_t *m, wk_kv_t *kv, int is_pp, int64_t n, int64_t de
     r->sd = reps > 1 ? sqrt(fmax(0.0, (sum2 - sum * sum / (double)reps) / (double)(reps - 1))) : 0;
     r->n = n;
     r->depth = depth;
+    r->par = P;
+    int at = snprintf(r->test, sizeof r->test, "%s%lld", is_pp ? "pp" : "tg", (long long)n);
     if (depth > 0)
-        snprintf(r->test, sizeof r->test, "%s%lld @ d%lld", is_pp ? "pp" : "tg", (long long)n, (long long)depth);
-    else
-        snprintf(r->test, sizeof r->test, "%s%lld", is_pp ? "pp" : "tg", (long long)n);
+        at += snprintf(r->test + at, sizeof r->test - (size_t)at, " @ d%lld", (long long)depth);
+    if (P > 1)
+        snprintf(r->test + at, sizeof r->test - (size_t)at, " x%lld", (long long)P);
     return 0;
 }
 
@@ -322,36 +382,43 @@ static void print_profile(wk_prof_op_t *ops, int n, int64_t steps, const char *w
 }
 
 /* The per-op breakdown of a decode step: 32 steps after a 512-token prompt, printed
- * per step, largest first. On a card each step is captured with an event node after
- * every launch and replayed (timestamps from the card, no host gaps); on the CPU
- * each op is timed on the clock, and the weights it read give its rate, and the
+ * per step, largest first; with P sequences (the largest -np) each step has a row
+ * of each, after a prompt each. On a card each step is captured with an event node
+ * after every launch and replayed (timestamps from the card, no host gaps); on the
+ * CPU each op is timed on the clock, and the weights it read give its rate, and the
  * prompt's step (512 rows) is broken down too. */
-static int profile_decode(wk_model_t *m, wk_kv_t *kv, float *logits, int cpu, bl_err_t *err)
+static int profile_decode(wk_model_t *m, wk_kv_t **kv, int64_t P, float *logits, int cpu, bl_err_t *err)
 {
     const wk_config_t *cfg = wk_model_config(m);
-    const int64_t ctx = 512, steps = 32;
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(ctx + steps));
+    const int64_t ctx = 512, steps = 32, per = ctx + steps;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(P * per));
     if (!tok)
         return bl_err_set(err, BL_ENOMEM, "out of memory");
-    for (int64_t i = 0; i < ctx + steps; i++)
+    for (int64_t i = 0; i < P * per; i++)
         tok[i] = (int32_t)(rand() % cfg->n_vocab);
     wk_prof_op_t ops[64];
     (void)wk_model_profile(m, ops, 64, 1); /* drop anything before */
     wk_model_set_profile(m, cpu);
     double t0 = now_s();
-    int rc = wk_model_eval(m, kv, tok, ctx, 0, 1, logits, err);
+    int rc = 0;
+    for (int64_t s = 0; rc == 0 && s < P; s++)
+        rc = wk_model_eval(m, kv[s], tok + s * per, ctx, 0, 1, logits, err);
     if (rc == 0 && cpu) {
-        const double wall_us = (now_s() - t0) * 1e6;
+        const double wall_us = (now_s() - t0) * 1e6 / (double)P;
         const int n = wk_model_profile(m, ops, 64, 1);
         char what[96];
         snprintf(what, sizeof what, "prompt step breakdown (%lld rows in steps of -b)", (long long)ctx);
-        print_profile(ops, n > 64 ? 64 : n, 1, what, cpu, wall_us);
+        print_profile(ops, n > 64 ? 64 : n, P, what, cpu, wall_us);
     }
     (void)wk_model_profile(m, ops, 64, 1);
     wk_model_set_profile(m, 1);
+    wk_seq_t seqs[BENCH_MAX_PAR];
     t0 = now_s();
-    for (int64_t i = 0; rc == 0 && i < steps; i++)
-        rc = wk_model_eval(m, kv, tok + ctx + i, 1, ctx + i, 1, logits, err);
+    for (int64_t i = 0; rc == 0 && i < steps; i++) {
+        for (int64_t s = 0; s < P; s++)
+            seqs[s] = (wk_seq_t){.kv = kv[s], .tokens = tok + s * per + ctx + i, .n = 1, .pos = ctx + i, .n_out = 1};
+        rc = wk_model_eval_multi(m, seqs, P, logits, err);
+    }
     const double wall_us = (now_s() - t0) * 1e6 / (double)steps;
     wk_model_set_profile(m, 0);
     free(tok);
@@ -359,7 +426,8 @@ static int profile_decode(wk_model_t *m, wk_kv_t *kv, float *logits, int cpu, bl
         return rc;
     const int n = wk_model_profile(m, ops, 64, 1);
     char what[96];
-    snprintf(what, sizeof what, "decode step breakdown (context %lld, %lld steps)", (long long)ctx, (long long)steps);
+    snprintf(what, sizeof what, "decode step breakdown (context %lld, %lld steps of %lld row%s)", (long long)ctx,
+             (long long)steps, (long long)P, P == 1 ? "" : "s");
     print_profile(ops, n > 64 ? 64 : n, steps, what, cpu, wall_us);
     return 0;
 }
@@ -397,10 +465,12 @@ int main(int argc, char **argv)
     b.poll = KCPU_POLL_DEFAULT;
     b.output = "md";
     b.krows = (list_t){{1, 4, 8}, 3};
+    b.par = (list_t){{1}, 1};
     bl_arg_t args[48] = {
         {"-m,--model", NULL, BL_ARG_STR, &b.model, .metavar = "FILE", .help = "model file (GGUF)"},
         {"-p,--n-prompt", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.pp, .metavar = "N[,N...]", .help = "prompt lengths to test (default 512; 0: none)"},
         {"-n,--n-gen", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.tg, .metavar = "N[,N...]", .help = "decode lengths to test (default 128; 0: none)"},
+        {"-np,--parallel", NULL, BL_ARG_FN, NULL, .fn = parse_par, .ud = &b.par, .metavar = "N[,N...]", .help = "sequences a tg test decodes together, each with its own cache and a row of every step, as the server's slots (default 1); the rate counts all of them (\"tg128 x8\"); --profile breaks down a step of the largest"},
         {"-d,--n-depth", NULL, BL_ARG_FN, NULL, .fn = parse_depths, .ud = &b.depth, .metavar = "N[,N...]", .help = "cached positions each test starts from (default 0), filled untimed before every run"},
         {"-t,--threads", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.threads, .metavar = "N[,N...]", .help = "thread counts (default: one per physical core of the CPUs it may use)"},
         {"-r,--repetitions", NULL, BL_ARG_I64, &b.reps, 1, 1000, .metavar = "N", .help = "timed runs per test (default 5)"},
@@ -476,9 +546,19 @@ int main(int argc, char **argv)
     int64_t max_d = 0;
     for (int i = 0; i < b.depth.n; i++)
         max_d = b.depth.v[i] > max_d ? b.depth.v[i] : max_d;
+    int64_t max_p = 1;
+    for (int i = 0; i < b.par.n; i++) {
+        if (b.par.v[i] > BENCH_MAX_PAR || b.par.v[i] > b.n_batch) {
+            fprintf(stderr, "bloomery-bench: -np: %lld sequences is more than %lld (at most %d, and at most -b)\n",
+                    (long long)b.par.v[i], (long long)(b.n_batch < BENCH_MAX_PAR ? b.n_batch : BENCH_MAX_PAR),
+                    BENCH_MAX_PAR);
+            return 2;
+        }
+        max_p = b.par.v[i] > max_p ? b.par.v[i] : max_p;
+    }
 
     /* Where the layers go: the server's plan from the same flags, for one stage. */
-    bl_place_opts_t po = {.n_ctx_total = max_d + max_n + (b.profile ? 544 : 0), .kv_elem_bytes = 2.0,
+    bl_place_opts_t po = {.n_ctx_total = max_p * (max_d + max_n + (b.profile ? 544 : 0)), .kv_elem_bytes = 2.0,
                           .n_batch = b.n_batch};
     static wk_place_t place; /* the plan's device and host-expert layers */
     {
@@ -494,7 +574,8 @@ int main(int argc, char **argv)
 
     srand(1);
     int rc = 1;
-    int32_t *tokens = malloc((size_t)(max_d + max_n) * sizeof *tokens);
+    int32_t *tokens = malloc((size_t)(max_p * (max_d + max_n)) * sizeof *tokens);
+    wk_kv_t **kv = calloc((size_t)max_p, sizeof *kv);
     float *logits = NULL;
     double tg_best = 0;
     int64_t tg_best_n = 0, tg_best_threads = 0, tg_best_depth = 0;
@@ -504,7 +585,7 @@ int main(int argc, char **argv)
     char dev_name[256] = "";
     char ftype[32] = "?";
     char arch[16] = "?";
-    if (!tokens)
+    if (!tokens || !kv)
         goto oom;
     if (md) {
         printf("| model | size | params | backend | threads | test | t/s |\n");
@@ -525,14 +606,17 @@ int main(int argc, char **argv)
         mo.n_ctx_max = max_d + max_n + (b.profile ? 544 : 0);
         mo.flash_attn = b.flash_attn;
         wk_placed_t pl;
-        wk_kv_t *kv = NULL;
         bl_progress_t bar; /* on a terminal */
         bl_progress_begin(&bar, BL_PROGRESS_BAR, "loading", "", 0, 0);
         mo.progress = bl_progress_phases;
         mo.progress_ud = &bar;
         const int lrc = wk_load_placed(&pl, b.model, &mo, &place, &err);
         bl_progress_end(&bar, lrc == 0);
-        if (lrc || wk_kv_create(&kv, pl.m, mo.n_ctx_max, WK_KV_F16, &err)) {
+        int kv_rc = lrc;
+        for (int64_t s = 0; kv_rc == 0 && s < max_p; s++)
+            kv_rc = wk_kv_create(&kv[s], pl.m, mo.n_ctx_max, WK_KV_F16, &err);
+        if (kv_rc) {
+            kv_free_all(kv, max_p);
             wk_placed_free(&pl);
             fprintf(stderr, "bloomery-bench: %s\n", err.msg);
             goto done;
@@ -543,24 +627,26 @@ int main(int argc, char **argv)
         ftype_name(wk_model_gguf(m), ftype, sizeof ftype);
         snprintf(arch, sizeof arch, "%s", cfg->arch);
         free(logits);
-        logits = malloc((size_t)cfg->n_vocab * sizeof *logits);
+        logits = malloc((size_t)(max_p * cfg->n_vocab) * sizeof *logits);
         if (!logits) {
-            wk_kv_free(kv);
+            kv_free_all(kv, max_p);
             wk_placed_free(&pl);
             goto oom;
         }
         for (int pass = 0; pass < 2; pass++) {
             const list_t *l = pass == 0 ? &b.pp : &b.tg;
-            for (int i = 0; i < l->n * b.depth.n; i++) {
+            const int np = pass == 0 ? 1 : b.par.n; /* prompts: one sequence */
+            for (int i = 0; i < l->n * b.depth.n * np; i++) {
                 result_t res, *r = &res;
+                const int64_t P = pass == 0 ? 1 : b.par.v[i % np], n = l->v[i / np / b.depth.n],
+                              depth = b.depth.v[i / np % b.depth.n];
                 r->threads = b.threads.v[ti];
                 ht_store_pager_stats_t ps0 = {0}, ps1 = {0};
                 if (pl.ex)
                     ht_store_pager_stats(pl.ex, &ps0);
-                if (run_test(m, kv, pass == 0, l->v[i / b.depth.n], b.depth.v[i % b.depth.n], b.n_batch, b.reps,
-                             logits, tokens, r, &err)) {
+                if (run_test(m, kv, P, pass == 0, n, depth, b.n_batch, b.reps, logits, tokens, r, &err)) {
                     fprintf(stderr, "bloomery-bench: %s\n", err.msg);
-                    wk_kv_free(kv);
+                    kv_free_all(kv, max_p);
                     wk_placed_free(&pl);
                     goto done;
                 }
@@ -568,7 +654,7 @@ int main(int argc, char **argv)
                     ht_store_pager_stats(pl.ex, &ps1);
                 if (ps1.paged)
                     pager_line(r->test, &ps0, &ps1, pass == 1 && r->depth == 0 ? r->n * (b.reps + 1) : 0);
-                if (pass == 1 && r->mean > tg_best) {
+                if (pass == 1 && P == 1 && r->mean > tg_best) { /* the roofline is one sequence's */
                     tg_best = r->mean;
                     tg_best_n = r->n;
                     tg_best_threads = r->threads;
@@ -584,10 +670,10 @@ int main(int argc, char **argv)
                            arch, mb.params / 1e9, ftype, mb.total / (1 << 30), mb.params / 1e9, backend,
                            wk_model_kernels(m), (long long)r->threads, r->test, r->mean, r->sd);
                 else
-                    printf("{\"model\":\"%s\",\"arch\":\"%s\",\"size\":%.0f,\"params\":%.0f,\"backend\":\"%s\",\"kernels\":\"%s\",\"threads\":%lld,\"test\":\"%s\",\"n\":%lld,\"n_depth\":%lld,\"reps\":%lld,\"avg_ts\":%.3f,\"stddev_ts\":%.3f}\n",
+                    printf("{\"model\":\"%s\",\"arch\":\"%s\",\"size\":%.0f,\"params\":%.0f,\"backend\":\"%s\",\"kernels\":\"%s\",\"threads\":%lld,\"test\":\"%s\",\"n\":%lld,\"n_depth\":%lld,\"n_parallel\":%lld,\"reps\":%lld,\"avg_ts\":%.3f,\"stddev_ts\":%.3f}\n",
                            b.model, arch, mb.total, mb.params, backend, wk_model_kernels(m),
-                           (long long)r->threads, r->test, (long long)r->n, (long long)r->depth, (long long)b.reps,
-                           r->mean, r->sd);
+                           (long long)r->threads, r->test, (long long)r->n, (long long)r->depth, (long long)r->par,
+                           (long long)b.reps, r->mean, r->sd);
                 fflush(stdout);
             }
         }
@@ -595,23 +681,23 @@ int main(int argc, char **argv)
             wk_model_device_bandwidth(m, (size_t)1 << 30, &dev_bw, &err) != 0)
             fprintf(stderr, "bloomery-bench: device bandwidth: %s\n", err.msg);
         snprintf(dev_name, sizeof dev_name, "%s", wk_model_kernels(m));
-        if (b.profile && profile_decode(m, kv, logits, place.device < 0, &err) != 0)
+        if (b.profile && profile_decode(m, kv, max_p, logits, place.device < 0, &err) != 0)
             fprintf(stderr, "bloomery-bench: profile: %s\n", err.msg);
-        wk_kv_free(kv);
+        kv_free_all(kv, max_p);
         wk_placed_free(&pl);
     }
 
     if (!b.no_roofline && tg_best > 0) {
         double bw = place.device >= 0 ? dev_bw : measure_read_bandwidth((int)tg_best_threads);
         /* a tg run of n tokens at depth d reads on average d + n/2 cached positions per token */
-        double kv = mb.kv_per_pos * ((double)tg_best_depth + (double)tg_best_n / 2.0);
-        double per_token = mb.per_token + kv;
+        double kv_bytes = mb.kv_per_pos * ((double)tg_best_depth + (double)tg_best_n / 2.0);
+        double per_token = mb.per_token + kv_bytes;
         double limit = bw / per_token;
         if (md)
             printf("\ndecode roofline: a token reads %.1f MB (weights %.1f MB, KV cache %.2f MB at %s); "
                    "%s %.1f GB/s%s: at most %.1f tok/s; "
                    "%s reached %.2f tok/s = %.0f%% of it (%.0f GB/s achieved)\n",
-                   per_token / 1e6, mb.per_token / 1e6, kv / 1e6, tg_best_test,
+                   per_token / 1e6, mb.per_token / 1e6, kv_bytes / 1e6, tg_best_test,
                    place.device >= 0 ? dev_name : "memory read bandwidth", bw / 1e9,
                    place.device >= 0 ? " device-to-device copy (read + write)" : thr_note(tg_best_threads),
                    limit, tg_best_test, tg_best, 100.0 * tg_best / limit,
@@ -627,6 +713,7 @@ oom:
     fprintf(stderr, "bloomery-bench: out of memory\n");
 done:
     free(tokens);
+    free(kv);
     free(logits);
     return rc;
 }

@@ -80,8 +80,33 @@ def test_bench_depth(model):
     assert [(r["test"], r["n"], r["n_depth"]) for r in recs] == [("tg2 @ d33", 2, 33)]
 
 
+def test_bench_parallel_sequences(model):
+    """-np P decodes P sequences together: one tg row per P (named "x P" past one),
+    prompts once; jsonl says n_parallel; --profile breaks down a step of the
+    largest."""
+    p = run([tool("bloomery-bench"), "-m", model, "-p", "8", "-n", "3", "-d", "0,5", "-np", "1,3", "-r", "1",
+             "-t", "1"])
+    assert p.returncode == 0, p.stderr
+    rows = [l for l in p.stdout.splitlines()[2:] if l.startswith("| ")]
+    assert [r.split("|")[6].strip() for r in rows] == [
+        "pp8", "pp8 @ d5", "tg3", "tg3 x3", "tg3 @ d5", "tg3 @ d5 x3"], p.stdout
+    p = run([tool("bloomery-bench"), "-m", model, "-p", "0", "-n", "2", "-np", "4", "-r", "1", "-o", "jsonl",
+             "--no-roofline"])
+    assert p.returncode == 0, p.stderr
+    recs = [json.loads(l) for l in p.stdout.splitlines()]
+    assert [(r["test"], r["n_parallel"]) for r in recs] == [("tg2 x4", 4)]
+    assert recs[0]["avg_ts"] > 0
+    p = run([tool("bloomery-bench"), "-m", model, "-p", "0", "-n", "1", "-np", "2", "-r", "1", "--profile",
+             "--no-roofline"])
+    assert p.returncode == 0, p.stderr
+    assert "32 steps of 2 rows" in p.stdout, p.stdout
+
+
 @pytest.mark.parametrize("args,needle", [
     ([], "-m FILE"),
+    (["-m", "x.gguf", "-np", "0"], "--parallel"),
+    (["-m", "x.gguf", "-np", "257"], "-np"),
+    (["-m", "x.gguf", "-np", "8", "-b", "4"], "-np"),
     (["-m", "x.gguf", "-d", "x"], "--n-depth"),
     (["-m", "x.gguf", "-d", ","], "--n-depth"),
     (["-m", "x.gguf", "-p", "abc"], "--n-prompt"),
