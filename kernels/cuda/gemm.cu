@@ -352,11 +352,13 @@ int kcuda_gemm(void *blas, const kcuda_mat_t *w, const void *d_x16, int64_t ldx1
 #define GG_BK 32
 #define GG_LDS (GG_BK + 8) /* halves per shared row: 80 bytes, conflict-free ldmatrix */
 
-/* One block: warp w counts, then places, the slots of experts w, w + 32, ...; a
- * ballot over 32 slots at a time keeps each expert's slots in slot order (stable). */
+/* One block: warp w counts, then places, the slots of experts w, w + the warp
+ * count, ...; a ballot over 32 slots at a time keeps each expert's slots in slot
+ * order (stable). */
 static __global__ void moe_sort_kernel(const int32_t *ids, int64_t n_slots, int n_expert, int32_t *counts,
                                        int32_t *offsets, int32_t *tile0, int32_t *perm, int32_t *inv)
 {
+    __shared__ int32_t s_cnt[KCUDA_MOE_MAX_EXPERT], s_off[KCUDA_MOE_MAX_EXPERT];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     for (int64_t s = threadIdx.x; s < n_slots; s += blockDim.x) {
         const int e = ids[s];
@@ -369,24 +371,46 @@ static __global__ void moe_sort_kernel(const int32_t *ids, int64_t n_slots, int 
             const int64_t s = s0 + lane;
             c += __popc(__ballot_sync(KCUDA_FULL_MASK, s < n_slots && ids[s] == e));
         }
-        if (lane == 0)
+        if (lane == 0) {
             counts[e] = c;
+            s_cnt[e] = c;
+        }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int o = 0, t = 0;
-        for (int e = 0; e < n_expert; e++) {
-            offsets[e] = o;
-            tile0[e] = t;
-            o += counts[e];
-            t += (counts[e] + GG_BM - 1) / GG_BM;
+    /* The starts: lane l sums a run of experts, a warp scan of the runs, then each
+     * lane writes its run's starts (shared memory only: no global round trips). */
+    if (warp == 0) {
+        const int per = (n_expert + 31) / 32, e0 = lane * per, e1 = min(n_expert, e0 + per);
+        int c = 0, t = 0;
+        for (int e = e0; e < e1; e++) {
+            c += s_cnt[e];
+            t += (s_cnt[e] + GG_BM - 1) / GG_BM;
         }
-        offsets[n_expert] = o;
-        tile0[n_expert] = t;
+        int ci = c, ti = t;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const int cu = __shfl_up_sync(KCUDA_FULL_MASK, ci, d), tu = __shfl_up_sync(KCUDA_FULL_MASK, ti, d);
+            if (lane >= d) {
+                ci += cu;
+                ti += tu;
+            }
+        }
+        int o = ci - c, tt = ti - t;
+        for (int e = e0; e < e1; e++) {
+            s_off[e] = o;
+            offsets[e] = o;
+            tile0[e] = tt;
+            o += s_cnt[e];
+            tt += (s_cnt[e] + GG_BM - 1) / GG_BM;
+        }
+        if (lane == 31) {
+            offsets[n_expert] = ci;
+            tile0[n_expert] = ti;
+        }
     }
     __syncthreads();
     for (int e = warp; e < n_expert; e += nw) {
-        int at = offsets[e];
+        int at = s_off[e];
         for (int64_t s0 = 0; s0 < n_slots; s0 += 32) {
             const int64_t s = s0 + lane;
             const int hit = s < n_slots && ids[s] == e;

@@ -244,6 +244,7 @@ static void case_experts(rng_t *r, uint32_t type_up, uint32_t type_down, int64_t
     float *dd = d_poison(sizeof(float) * (size_t)(S * E));
     float *y = xmalloc(sizeof(float) * (size_t)(n * E));
     int32_t *hperm = xmalloc(sizeof(int32_t) * (size_t)S), *hinv = xmalloc(sizeof(int32_t) * (size_t)S);
+    int32_t *hoff = xmalloc(sizeof(int32_t) * (size_t)(2 * ne + 2)); /* offsets, then tile0 */
     int ok = kcuda_moe_sort(dids, S, ne, counts, offs, tile0, perm, inv, NULL, &err) == 0 &&
              kcuda_moe_gather_f16(dx, E, perm, S - 1, k, E, xs16, E, NULL, &err) == 0 &&
              kcuda_dequant_f16(&gate.m, 0, ne * F, wscr, counts, F, NULL, &err) == 0 &&
@@ -256,7 +257,24 @@ static void case_experts(rng_t *r, uint32_t type_up, uint32_t type_down, int64_t
              kcuda_moe_combine(dd, E, inv, dw, n, k, E, dy, E, 1, NULL, &err) == 0 &&
              d_fetch(y, dy, sizeof(float) * (size_t)(n * E), &err) == 0 &&
              d_fetch(hperm, perm, sizeof(int32_t) * (size_t)S, &err) == 0 &&
-             d_fetch(hinv, inv, sizeof(int32_t) * (size_t)S, &err) == 0;
+             d_fetch(hinv, inv, sizeof(int32_t) * (size_t)S, &err) == 0 &&
+             d_fetch(hoff, offs, sizeof(int32_t) * (size_t)(2 * ne + 2), &err) == 0;
+    if (ok) {
+        /* the starts and tile starts of each expert, against a count here */
+        int32_t o = 0, t = 0;
+        for (int64_t e = 0; e <= ne && ok; e++) {
+            if (hoff[e] != o || hoff[ne + 1 + e] != t) {
+                printf("#   expert %lld starts at %d, tile %d; want %d, %d\n", (long long)e, hoff[e],
+                       hoff[ne + 1 + e], o, t);
+                ok = 0;
+            }
+            int32_t c = 0;
+            for (int64_t s = 0; e < ne && s < S; s++)
+                c += ids[s] == e;
+            o += c;
+            t += (c + KCUDA_GG_ROWS - 1) / KCUDA_GG_ROWS;
+        }
+    }
     if (ok) {
         /* the permutation: stable by expert, inv its inverse, the bad id dropped */
         int sorted = hinv[S - 1] == -1;
@@ -277,7 +295,7 @@ static void case_experts(rng_t *r, uint32_t type_up, uint32_t type_down, int64_t
     void *bufs[] = {dx, dy, dids, dw, srt, xs16, wscr, g, u, dd};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         kcuda_free(bufs[i]);
-    free(x), free(x0), free(ids), free(wts), free(y), free(hperm), free(hinv);
+    free(x), free(x0), free(ids), free(wts), free(y), free(hperm), free(hinv), free(hoff);
     free_w(&gate), free_w(&up), free_w(&down);
 }
 
