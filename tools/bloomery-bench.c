@@ -275,13 +275,23 @@ static int eval_span(wk_model_t *m, wk_kv_t *kv, const int32_t *tokens, int64_t 
     return 0;
 }
 
+/* One decode step of P sequences at position pos: sequence s's tokens at tokens + s *
+ * stride (its token pos there), its logits in row s. */
+static int step_rows(wk_model_t *m, wk_kv_t **kv, int64_t P, const int32_t *tokens, int64_t stride, int64_t pos,
+                     float *logits, bl_err_t *err)
+{
+    wk_seq_t seqs[BENCH_MAX_PAR];
+    for (int64_t s = 0; s < P; s++)
+        seqs[s] = (wk_seq_t){.kv = kv[s], .tokens = tokens + s * stride + pos, .n = 1, .pos = pos, .n_out = 1};
+    return wk_model_eval_multi(m, seqs, P, logits, err);
+}
+
 /* P sequences' decode: each cache filled with depth random tokens (untimed), then
  * n steps of one row from every sequence through wk_model_eval_multi. logits holds
  * P rows; tokens P * (depth + n). */
 static int eval_par(wk_model_t *m, wk_kv_t **kv, int64_t P, const int32_t *tokens, int64_t depth, int64_t n,
                     int64_t n_batch, float *logits, double *secs, bl_err_t *err)
 {
-    wk_seq_t seqs[BENCH_MAX_PAR];
     for (int64_t s = 0; s < P; s++) {
         int rc = eval_span(m, kv[s], tokens + s * (depth + n), 0, depth, 1, 0, n_batch, logits, err);
         if (rc)
@@ -289,10 +299,7 @@ static int eval_par(wk_model_t *m, wk_kv_t **kv, int64_t P, const int32_t *token
     }
     const double t0 = now_s();
     for (int64_t i = 0; i < n; i++) {
-        for (int64_t s = 0; s < P; s++)
-            seqs[s] = (wk_seq_t){.kv = kv[s], .tokens = tokens + s * (depth + n) + depth + i, .n = 1,
-                                 .pos = depth + i, .n_out = 1};
-        int rc = wk_model_eval_multi(m, seqs, P, logits, err);
+        int rc = step_rows(m, kv, P, tokens, depth + n, depth + i, logits, err);
         if (rc)
             return rc;
     }
@@ -412,13 +419,9 @@ static int profile_decode(wk_model_t *m, wk_kv_t **kv, int64_t P, float *logits,
     }
     (void)wk_model_profile(m, ops, 64, 1);
     wk_model_set_profile(m, 1);
-    wk_seq_t seqs[BENCH_MAX_PAR];
     t0 = now_s();
-    for (int64_t i = 0; rc == 0 && i < steps; i++) {
-        for (int64_t s = 0; s < P; s++)
-            seqs[s] = (wk_seq_t){.kv = kv[s], .tokens = tok + s * per + ctx + i, .n = 1, .pos = ctx + i, .n_out = 1};
-        rc = wk_model_eval_multi(m, seqs, P, logits, err);
-    }
+    for (int64_t i = 0; rc == 0 && i < steps; i++)
+        rc = step_rows(m, kv, P, tok, per, ctx + i, logits, err);
     const double wall_us = (now_s() - t0) * 1e6 / (double)steps;
     wk_model_set_profile(m, 0);
     free(tok);
