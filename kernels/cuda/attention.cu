@@ -6,11 +6,13 @@
  * still give the card a few hundred blocks, each with little serial work), for all the query heads
  * of that KV head's group, so each K and V row is read once per group. It scores
  * its positions (16-byte K loads, head_dim / 8 lanes per position, a shuffle sum),
- * takes the chunk's softmax (max m, sum l), and accumulates p * V (half2 loads,
- * one pair of dimensions per thread, a few position phases summed in shared
- * memory). It writes the unnormalised sum and (m, l) to scratch.
+ * takes the chunk's softmax (max m, sum l), and accumulates p * V (8-byte loads,
+ * four dimensions per thread, head_dim / 4 threads per position, the position
+ * phases summed in shared memory). It writes the unnormalised sum and (m, l) to
+ * scratch.
  * Combine pass, grid (n_head, n): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
- * the weights e^(m_s - M) computed once per split into shared memory.
+ * the weights e^(m_s - M) computed once per split into shared memory, the sum
+ * taken by split phases with 16-byte loads.
  * A chunk past a row's causal end writes m = -inf, l = 0 and drops out.
  *
  * The _rows variants (graph-friendly) take each row's cache address and position
@@ -26,35 +28,56 @@
 #define ATT_CHUNK KCUDA_ATT_CHUNK
 #define ATT_MAXG KCUDA_ATT_MAX_GROUP
 
-/* Positions per split block for a grid over max_len positions: 16 up to 1024
- * positions, then 32, 64, and KCUDA_ATT_CHUNK past 4096, so that a context of
- * 256 to 8192 gets 16 to 64 splits per (row, KV head). It depends on max_len
- * alone (never on the row count): a row gives the same bits in any step over the
- * same max_len. */
+/* Positions per split block for a grid over max_len positions: 16 up to 4096
+ * positions, then 32, 64, and KCUDA_ATT_CHUNK past 16384, so that a context of
+ * 1024 to 32768 gets 64 to 256 splits per (row, KV head): a decode step of one
+ * row over 4 KV heads still puts several blocks on every SM, each with one or
+ * two memory latencies of serial work. It depends on max_len alone (never on
+ * the row count): a row gives the same bits in any step over the same max_len. */
 static int att_chunk(int64_t max_len)
 {
-    return max_len <= 1024 ? 16 : max_len <= 2048 ? 32 : max_len <= 4096 ? 64 : ATT_CHUNK;
+    return max_len <= 4096 ? 16 : max_len <= 8192 ? 32 : max_len <= 16384 ? 64 : ATT_CHUNK;
 }
 
 static int64_t att_splits(int64_t max_len) { return kc_cdiv(max_len, att_chunk(max_len)); }
 
 /* The most splits any max_len' <= max_len gives (what scratch must hold):
- * att_splits is at most 64 up to 8192 positions, then ceil(max_len / 128). */
+ * att_splits is at most 256 up to 32768 positions, then ceil(max_len / 128). */
 static int64_t att_splits_bound(int64_t max_len)
 {
     const int64_t a = kc_cdiv(max_len, 16), b = kc_cdiv(max_len, ATT_CHUNK);
-    const int64_t hi = b > 64 ? b : 64;
+    const int64_t hi = b > 256 ? b : 256;
     return a < hi ? a : hi;
 }
 
-/* The combine's shared weights: one float per split, within the default 48 KB. */
-#define ATT_MAX_SPLITS 12000
+/* The combine's shared weights: one float per split, within the default 48 KB
+ * beside its 2 KB of phase sums. */
+#define ATT_MAX_SPLITS 11500
 
-/* Shared floats for a group: q (group, hd), scores (group, CHUNK), phase sums
- * (256 / hd phases, group, hd) = 256 * group, and (m, l) per head. */
+/* Shared floats for a group: (m, l) per head (padded to 4), then q (group, hd)
+ * and the scores (group, CHUNK), whose space the phase sums of p * V
+ * (ATT_THREADS * 4 / hd phases, group, hd) = 512 * group reuse once both are read. */
+#define ATT_PV_FLOATS (ATT_THREADS * 4)
 static size_t att_smem_bytes(int group, int hd)
 {
-    return sizeof(float) * (size_t)group * (size_t)(hd + ATT_CHUNK + 256 + 2);
+    const int body = hd + ATT_CHUNK > ATT_PV_FLOATS ? hd + ATT_CHUNK : ATT_PV_FLOATS;
+    return sizeof(float) * (size_t)group * (size_t)(4 + body);
+}
+
+/* acc[j] += p(j, t) * V (four dimensions of position t, raw f16) for the group's heads. */
+__device__ __forceinline__ void att_pv(float4 *acc, const float *sc, int t, int group, uint2 raw)
+{
+    const float2 v01 = __half22float2(*(const __half2 *)&raw.x), v23 = __half22float2(*(const __half2 *)&raw.y);
+#pragma unroll
+    for (int j = 0; j < ATT_MAXG; j++) {
+        if (j >= group)
+            break;
+        const float p = sc[j * ATT_CHUNK + t];
+        acc[j].x += p * v01.x;
+        acc[j].y += p * v01.y;
+        acc[j].z += p * v23.x;
+        acc[j].w += p * v23.y;
+    }
 }
 
 __global__ void __launch_bounds__(ATT_THREADS)
@@ -65,10 +88,10 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
     kc_wait_prior();
     kc_allow_next();
     extern __shared__ float4 att_smem4[];
-    float *qs = (float *)att_smem4;      // (group, hd), pre-scaled
-    float *sc = qs + group * hd;         // (group, CHUNK): scores, then probabilities
-    float *red = sc + group * ATT_CHUNK; // (phases, group, hd)
-    float *ml = red + 256 * group;       // (group, 2)
+    float *ml = (float *)att_smem4; // (group, 2), padded to (group, 4)
+    float *qs = ml + 4 * group;     // (group, hd), pre-scaled
+    float *sc = qs + group * hd;    // (group, CHUNK): scores, then probabilities
+    float *red = qs;                // (phases, group, hd) once q and the scores are read
     const int64_t s = blockIdx.x;
     const int g = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -103,19 +126,19 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
         }
         return;
     }
-    /* p * V below: thread (phase ph, dimension pair dp). A chunk of at most 8 phases
-     * per thread (every decode chunk of up to 1024 positions) has its V loads
-     * issued here, before the scores, so they land while the scores are taken. */
-    const int np = hd >> 1, nph = ATT_THREADS / np, dp = tid % np, ph = tid / np;
-    const size_t voff = ((size_t)g * hd + 2 * (size_t)dp) * sizeof(__half);
+    /* p * V below: thread (phase ph, four dimensions dq: one 8-byte load per
+     * position). A chunk of at most 8 phases per thread (every chunk of up to
+     * 32 positions at head_dim 128) has its V loads issued here, before the
+     * scores, so they land while the scores are taken. */
+    const int nq = hd >> 2, nph = ATT_THREADS / nq, dq = tid % nq, ph = tid / nq;
+    const size_t voff = ((size_t)g * hd + 4 * (size_t)dq) * sizeof(__half);
     const bool vpre_all = cnt <= 8 * nph;
-    float2 vpre[8];
+    uint2 vpre[8];
     if (vpre_all) {
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             const int t = ph + u * nph;
-            vpre[u] = t < cnt ? __half22float2(*(const __half2 *)(vc + (size_t)(t0 + t) * rb + voff))
-                              : make_float2(0.0f, 0.0f);
+            vpre[u] = t < cnt ? *(const uint2 *)(vc + (size_t)(t0 + t) * rb + voff) : make_uint2(0u, 0u);
         }
     }
     const float *qg = q + ((size_t)b * n_head + h0) * hd;
@@ -187,64 +210,41 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
     }
     __syncthreads();
 
-    /* p * V: thread (phase ph, dimension pair dp); phases summed below. */
-    float2 acc[ATT_MAXG];
+    /* p * V: thread (phase ph, dimensions 4 dq ..); phases summed below. */
+    float4 acc[ATT_MAXG];
 #pragma unroll
     for (int j = 0; j < ATT_MAXG; j++)
-        acc[j] = make_float2(0.0f, 0.0f);
+        acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (vpre_all) { /* positions in the order of the loops below: the same bits */
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             const int t = ph + u * nph;
             if (t >= cnt)
                 break;
-#pragma unroll
-            for (int j = 0; j < ATT_MAXG; j++) {
-                if (j >= group)
-                    break;
-                const float p = sc[j * ATT_CHUNK + t];
-                acc[j].x += p * vpre[u].x;
-                acc[j].y += p * vpre[u].y;
-            }
+            att_pv(acc, sc, t, group, vpre[u]);
         }
     }
-    /* Eight V loads are issued before any is used: one at a time, a decode step's
-     * few blocks waited out a memory latency per position. The sums still run in
-     * position order, so the bits are those of the one-at-a-time loop. */
+    /* Eight V loads are issued before any is used, so a block waits out one
+     * memory latency per eight positions of a phase. The sums still run in
+     * position order. */
     int t = vpre_all ? cnt : ph;
     for (; t + 7 * nph < cnt; t += 8 * nph) {
-        float2 vf[8];
+        uint2 vr[8];
 #pragma unroll
         for (int u = 0; u < 8; u++)
-            vf[u] = __half22float2(*(const __half2 *)(vc + (size_t)(t0 + t + u * nph) * rb + voff));
+            vr[u] = *(const uint2 *)(vc + (size_t)(t0 + t + u * nph) * rb + voff);
 #pragma unroll
         for (int u = 0; u < 8; u++)
-#pragma unroll
-            for (int j = 0; j < ATT_MAXG; j++) {
-                if (j >= group)
-                    break;
-                const float p = sc[j * ATT_CHUNK + t + u * nph];
-                acc[j].x += p * vf[u].x;
-                acc[j].y += p * vf[u].y;
-            }
+            att_pv(acc, sc, t + u * nph, group, vr[u]);
     }
-    for (; t < cnt; t += nph) {
-        const float2 vf = __half22float2(*(const __half2 *)(vc + (size_t)(t0 + t) * rb + voff));
-#pragma unroll
-        for (int j = 0; j < ATT_MAXG; j++) {
-            if (j >= group)
-                break;
-            const float p = sc[j * ATT_CHUNK + t];
-            acc[j].x += p * vf.x;
-            acc[j].y += p * vf.y;
-        }
-    }
+    for (; t < cnt; t += nph)
+        att_pv(acc, sc, t, group, *(const uint2 *)(vc + (size_t)(t0 + t) * rb + voff));
+    __syncthreads(); /* red takes the place of q and the scores */
 #pragma unroll
     for (int j = 0; j < ATT_MAXG; j++) {
         if (j >= group)
             break;
-        red[(ph * group + j) * hd + 2 * dp] = acc[j].x;
-        red[(ph * group + j) * hd + 2 * dp + 1] = acc[j].y;
+        *(float4 *)&red[(ph * group + j) * hd + 4 * dq] = acc[j];
     }
     __syncthreads();
     for (int idx = tid; idx < group * hd; idx += ATT_THREADS) {
@@ -269,7 +269,11 @@ static size_t att_combine_smem(int64_t n_split)
 }
 
 /* grid (n_head, n): merges the splits of one (row, head). Dynamic shared memory:
- * n_split weights. Every thread sums L in the same order, so all hold the same L. */
+ * n_split weights. M and L are block reductions in a fixed order, so every
+ * thread holds the same values and a row's bits do not depend on the others.
+ * The sum of the accumulators: thread (split phase sp, four dimensions dq),
+ * float4 loads, eight splits in flight per thread, then the phases summed in
+ * order through shared memory. */
 __global__ void __launch_bounds__(ATT_THREADS)
 att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int64_t n_split, int chunk,
                    float *out, const kcuda_kv_row_t *rows, int64_t pos0, int window, const float *sinks)
@@ -277,8 +281,9 @@ att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int6
     kc_wait_prior();
     kc_allow_next();
     extern __shared__ float att_wsm[];
-    __shared__ float wmax[ATT_THREADS / 32];
-    const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+    __shared__ float wred[ATT_THREADS / 32];
+    __shared__ __align__(16) float part[ATT_PV_FLOATS];
+    const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const size_t base = ((size_t)b * n_head + h) * (size_t)n_split;
     /* A row of the table has only its own chunks written; the chunks a launch
      * argument's row skips hold l = 0 and add exact zeros, so both give the same bits. */
@@ -294,50 +299,65 @@ att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int6
     for (int s = s_lo + tid; s < n_act; s += ATT_THREADS)
         M = fmaxf(M, pml[(base + s) * 2]);
     M = kc_warp_max(M);
-    if ((tid & 31) == 0)
-        wmax[tid >> 5] = M;
+    if (lane == 0)
+        wred[warp] = M;
     __syncthreads();
 #pragma unroll
     for (int w = 0; w < ATT_THREADS / 32; w++)
-        M = fmaxf(M, wmax[w]);
+        M = fmaxf(M, wred[w]);
     if (sinks) /* the sink's score has no value: it only takes its share of the sum */
         M = fmaxf(M, sinks[h]);
-    for (int s = s_lo + tid; s < n_act; s += ATT_THREADS)
-        att_wsm[s] = expf(pml[(base + s) * 2] - M);
-    __syncthreads();
-    /* Both sums in split order; 8 loads are issued before they are used, so a
-     * long context's 64 splits cost 8 memory latencies, not 64. */
     float L = 0.0f;
-    int s = s_lo;
-    for (; s + 8 <= n_act; s += 8) {
-        float lv[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-            lv[u] = pml[(base + s + u) * 2 + 1];
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-            L += lv[u] * att_wsm[s + u];
+    for (int s = s_lo + tid; s < n_act; s += ATT_THREADS) {
+        const float w = expf(pml[(base + s) * 2] - M);
+        att_wsm[s] = w;
+        L += pml[(base + s) * 2 + 1] * w;
     }
-    for (; s < n_act; s++)
-        L += pml[(base + s) * 2 + 1] * att_wsm[s];
+    L = kc_warp_sum(L);
+    __syncthreads(); /* every warp has read wred's maxima */
+    if (lane == 0)
+        wred[warp] = L;
+    __syncthreads();
+    L = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATT_THREADS / 32; w++)
+        L += wred[w];
     if (sinks)
         L += expf(sinks[h] - M);
     const float inv = 1.0f / L;
-    for (int d = tid; d < hd; d += ATT_THREADS) {
-        float a = 0.0f;
-        int s2 = s_lo;
-        for (; s2 + 8 <= n_act; s2 += 8) {
-            float av[8];
+    const int nq = hd >> 2, nsp = ATT_THREADS / nq, dq = tid % nq, sp = tid / nq;
+    const float *pa = pacc + base * hd + 4 * (size_t)dq;
+    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    int s = s_lo + sp;
+    for (; s + 7 * nsp < n_act; s += 8 * nsp) {
+        float4 av[8];
 #pragma unroll
-            for (int u = 0; u < 8; u++)
-                av[u] = pacc[(base + s2 + u) * hd + d];
+        for (int u = 0; u < 8; u++)
+            av[u] = *(const float4 *)(pa + (size_t)(s + u * nsp) * hd);
 #pragma unroll
-            for (int u = 0; u < 8; u++)
-                a += av[u] * att_wsm[s2 + u];
+        for (int u = 0; u < 8; u++) {
+            const float w = att_wsm[s + u * nsp];
+            a.x += av[u].x * w;
+            a.y += av[u].y * w;
+            a.z += av[u].z * w;
+            a.w += av[u].w * w;
         }
-        for (; s2 < n_act; s2++)
-            a += pacc[(base + s2) * hd + d] * att_wsm[s2];
-        out[((size_t)b * n_head + h) * hd + d] = a * inv;
+    }
+    for (; s < n_act; s += nsp) {
+        const float4 av = *(const float4 *)(pa + (size_t)s * hd);
+        const float w = att_wsm[s];
+        a.x += av.x * w;
+        a.y += av.y * w;
+        a.z += av.z * w;
+        a.w += av.w * w;
+    }
+    *(float4 *)&part[sp * hd + 4 * dq] = a;
+    __syncthreads();
+    for (int d = tid; d < hd; d += ATT_THREADS) {
+        float v = 0.0f;
+        for (int p2 = 0; p2 < nsp; p2++)
+            v += part[p2 * hd + d];
+        out[((size_t)b * n_head + h) * hd + d] = v * inv;
     }
 }
 

@@ -431,9 +431,9 @@ int kcuda_kv_store(const kcuda_kv_view_t *kv, const float *d_k, const float *d_v
                    bl_err_t *err) BL_WUR;
 
 /* Most positions one flash-decoding block covers. A grid over L positions uses
- * chunks of 16 (L <= 1024), 32 (<= 2048), 64 (<= 4096) or KCUDA_ATT_CHUNK
- * positions: ceil(L / chunk) blocks per (row, KV head), so short contexts still
- * fill the card. */
+ * chunks of 16 (L <= 4096), 32 (<= 8192), 64 (<= 16384) or KCUDA_ATT_CHUNK
+ * positions: ceil(L / chunk) blocks per (row, KV head), so that one row's
+ * few KV heads still fill the card. */
 #define KCUDA_ATT_CHUNK 128
 /* Longest grid kcuda_attention_rows takes in one pass by default (a block per row
  * and query head over the whole context, no split and no combine launch), and the

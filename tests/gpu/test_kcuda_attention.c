@@ -615,14 +615,16 @@ int main(void)
     case_rows(&r, 3, s3, 6, 3, 256, KCUDA_ATT_SHORT);
     case_rows(&r, 2, s4, 4, 4, 32, 201);
     case_rows(&r, 1, s5, 32, 4, 128, KCUDA_ATT_SHORT + 1); /* just past it: the split pass */
-    /* each chunk size (16 up to 1024 positions, 32, 64, 128 past 4096), with
+    /* each chunk size (16 up to 4096 positions, 32, 64, 128 past 16384), with
      * causal ends inside a chunk and on its edge */
     case_attention(&r, 2, 1022, 32, 4, 128);  /* chunks of 16: ends at 1023, 1024 */
-    case_attention(&r, 1, 1500, 16, 2, 128);  /* chunks of 32 */
-    case_attention(&r, 3, 3000, 8, 1, 64);    /* chunks of 64 */
-    const int64_t p6[2] = {31, 2047}, p7[3] = {4096, 17, 300};
-    case_rows(&r, 2, p6, 32, 4, 128, 2048);   /* chunks of 32, a row ending a chunk */
-    case_rows(&r, 3, p7, 16, 2, 128, 4097 + 500); /* chunks of 128 */
+    case_attention(&r, 3, 3000, 8, 1, 64);    /* chunks of 16, 188 splits */
+    case_attention(&r, 1, 5000, 16, 2, 128);  /* chunks of 32 */
+    case_attention(&r, 2, 9000, 8, 1, 256);   /* chunks of 64 */
+    const int64_t p6[2] = {31, 2047}, p7[3] = {4096, 17, 300}, p8[3] = {9000, 16383, 40};
+    case_rows(&r, 2, p6, 32, 4, 128, 2048);   /* chunks of 16, a row ending a chunk */
+    case_rows(&r, 3, p7, 16, 2, 128, 4097 + 500); /* chunks of 32 */
+    case_rows(&r, 3, p8, 32, 4, 128, 16384);  /* chunks of 64, a row ending the grid */
     /* the one-pass kernel moved up to its most (kcuda_attention_set_short): long
      * contexts, 8 positions a thread, group 16 */
     const int short_old = kcuda_attention_set_short(KCUDA_ATT_SHORT_MAX);
