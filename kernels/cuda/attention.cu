@@ -10,7 +10,7 @@
  * four dimensions per thread, head_dim / 4 threads per position, the position
  * phases summed in shared memory). It writes the unnormalised sum and (m, l) to
  * scratch.
- * Combine pass, grid (n_head, n): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
+ * Combine pass, grid (n_head, n, head_dim / 32): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
  * the weights e^(m_s - M) computed once per split into shared memory, the sum
  * taken by split phases with 16-byte loads.
  * A chunk past a row's causal end writes m = -inf, l = 0 and drops out.
@@ -271,9 +271,10 @@ static size_t att_combine_smem(int64_t n_split)
 /* grid (n_head, n): merges the splits of one (row, head). Dynamic shared memory:
  * n_split weights. M and L are block reductions in a fixed order, so every
  * thread holds the same values and a row's bits do not depend on the others.
- * The sum of the accumulators: thread (split phase sp, four dimensions dq),
- * float4 loads, eight splits in flight per thread, then the phases summed in
- * order through shared memory. */
+ * grid z: 32 of the head's dimensions per block, so that a long context's
+ * splits are read by head_dim / 32 blocks at once. Their sum: thread (split
+ * phase sp of 16, four dimensions dq), 16-byte loads, eight splits in flight
+ * per thread, then the phases summed in order through shared memory. */
 __global__ void __launch_bounds__(ATT_THREADS)
 att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int64_t n_split, int chunk,
                    float *out, const kcuda_kv_row_t *rows, int64_t pos0, int window, const float *sinks)
@@ -282,7 +283,7 @@ att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int6
     kc_allow_next();
     extern __shared__ float att_wsm[];
     __shared__ float wred[ATT_THREADS / 32];
-    __shared__ __align__(16) float part[ATT_PV_FLOATS];
+    __shared__ __align__(16) float part[ATT_THREADS / 8 * 32];
     const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const size_t base = ((size_t)b * n_head + h) * (size_t)n_split;
     /* A row of the table has only its own chunks written; the chunks a launch
@@ -325,8 +326,8 @@ att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int6
     if (sinks)
         L += expf(sinks[h] - M);
     const float inv = 1.0f / L;
-    const int nq = hd >> 2, nsp = ATT_THREADS / nq, dq = tid % nq, sp = tid / nq;
-    const float *pa = pacc + base * hd + 4 * (size_t)dq;
+    const int nsp = ATT_THREADS / 8, dq = tid % 8, sp = tid / 8, d0 = 32 * (int)blockIdx.z;
+    const float *pa = pacc + base * hd + d0 + 4 * (size_t)dq;
     float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     int s = s_lo + sp;
     for (; s + 7 * nsp < n_act; s += 8 * nsp) {
@@ -351,13 +352,13 @@ att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int6
         a.z += av.z * w;
         a.w += av.w * w;
     }
-    *(float4 *)&part[sp * hd + 4 * dq] = a;
+    *(float4 *)&part[sp * 32 + 4 * dq] = a;
     __syncthreads();
-    for (int d = tid; d < hd; d += ATT_THREADS) {
+    if (tid < 32) {
         float v = 0.0f;
         for (int p2 = 0; p2 < nsp; p2++)
-            v += part[p2 * hd + d];
-        out[((size_t)b * n_head + h) * hd + d] = v * inv;
+            v += part[p2 * 32 + tid];
+        out[((size_t)b * n_head + h) * hd + d0 + tid] = v * inv;
     }
 }
 
@@ -620,7 +621,7 @@ int kcuda_attention(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, i
     const dim3 g1((unsigned)n_split, (unsigned)n_kv_head, (unsigned)n);
     KC_LAUNCH(err, att_split_kernel, g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st, (const uint8_t *)kv->k, (const uint8_t *)kv->v, kv->row_bytes, d_q, pos0, (int)n_head, group,
         (int)head_dim, scale, n_split, chunk, pacc, pml, NULL, 0, window);
-    const dim3 g2((unsigned)n_head, (unsigned)n);
+    const dim3 g2((unsigned)n_head, (unsigned)n, (unsigned)(head_dim / 32));
     KC_LAUNCH(err, att_combine_kernel, g2, ATT_THREADS, att_combine_smem(n_split), st, pacc, pml, (int)n_head,
               (int)head_dim, n_split, chunk, d_out, NULL, pos0, window, sinks);
     return 0;
@@ -683,7 +684,7 @@ static int attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t ro
     const dim3 g1((unsigned)n_split, (unsigned)n_kv_head, (unsigned)n);
     KC_LAUNCH(err, att_split_kernel, g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st, NULL, NULL, row_bytes, d_q, 0, (int)n_head, group, (int)head_dim, scale, n_split, chunk, pacc, pml,
         d_rows, layer, window);
-    const dim3 g2((unsigned)n_head, (unsigned)n);
+    const dim3 g2((unsigned)n_head, (unsigned)n, (unsigned)(head_dim / 32));
     KC_LAUNCH(err, att_combine_kernel, g2, ATT_THREADS, att_combine_smem(n_split), st, pacc, pml, (int)n_head,
               (int)head_dim, n_split, chunk, d_out, d_rows, 0, window, sinks);
     return 0;
