@@ -80,6 +80,18 @@ __device__ __forceinline__ void att_pv(float4 *acc, const float *sc, int t, int 
     }
 }
 
+/* q (8 floats in shared memory) . k (8 floats) */
+__device__ __forceinline__ float att_dot8(const float *qq, const float *k)
+{
+    const float4 qa = *(const float4 *)qq, qb = *(const float4 *)(qq + 4);
+    return qa.x * k[0] + qa.y * k[1] + qa.z * k[2] + qa.w * k[3] + qb.x * k[4] + qb.y * k[5] + qb.z * k[6] +
+           qb.w * k[7];
+}
+
+/* G8: the group is 8 and head_dim 128 (Qwen3-30B-A3B, gpt-oss, qwen3next): the
+ * scores' shuffle sums of the 8 heads share one butterfly (8 shuffles a position
+ * instead of 32). */
+template <bool G8>
 __global__ void __launch_bounds__(ATT_THREADS)
 att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q, int64_t pos0,
                  int n_head, int group, int hd, float scale, int64_t n_split, int chunk, float *pacc,
@@ -175,15 +187,32 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
             const int base = base0 + u * 4 * P, t = base + pi;
             if (base >= cnt) /* the same for the whole warp */
                 break;
-            for (int j = 0; j < group; j++) {
-                const float *qq = qs + j * hd + li * 8;
-                const float4 qa = *(const float4 *)qq, qb = *(const float4 *)(qq + 4);
-                float part = qa.x * kf[u][0] + qa.y * kf[u][1] + qa.z * kf[u][2] + qa.w * kf[u][3] +
-                             qb.x * kf[u][4] + qb.y * kf[u][5] + qb.z * kf[u][6] + qb.w * kf[u][7];
-                for (int off = L >> 1; off > 0; off >>= 1)
-                    part += __shfl_xor_sync(KCUDA_FULL_MASK, part, off);
-                if (li == 0 && t < cnt)
+            if (G8) { /* 8 heads over 16 lanes: one butterfly, each step halving the heads a lane holds */
+                float p8[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    p8[j] = att_dot8(qs + j * 128 + li * 8, kf[u]);
+                const bool h8 = li & 8, h4 = li & 4, h2 = li & 2;
+                float p4[4], p2[2];
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    p4[i] = (h8 ? p8[i + 4] : p8[i]) + __shfl_xor_sync(KCUDA_FULL_MASK, h8 ? p8[i] : p8[i + 4], 8);
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    p2[i] = (h4 ? p4[i + 2] : p4[i]) + __shfl_xor_sync(KCUDA_FULL_MASK, h4 ? p4[i] : p4[i + 2], 4);
+                float part = (h2 ? p2[1] : p2[0]) + __shfl_xor_sync(KCUDA_FULL_MASK, h2 ? p2[0] : p2[1], 2);
+                part += __shfl_xor_sync(KCUDA_FULL_MASK, part, 1);
+                const int j = (h8 ? 4 : 0) + (h4 ? 2 : 0) + (h2 ? 1 : 0);
+                if ((li & 1) == 0 && t < cnt)
                     sc[j * ATT_CHUNK + t] = t < skip ? -INFINITY : part;
+            } else {
+                for (int j = 0; j < group; j++) {
+                    float part = att_dot8(qs + j * hd + li * 8, kf[u]);
+                    for (int off = L >> 1; off > 0; off >>= 1)
+                        part += __shfl_xor_sync(KCUDA_FULL_MASK, part, off);
+                    if (li == 0 && t < cnt)
+                        sc[j * ATT_CHUNK + t] = t < skip ? -INFINITY : part;
+                }
             }
         }
     }
@@ -619,7 +648,8 @@ int kcuda_attention(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, i
     const int group = (int)(n_head / n_kv_head);
     cudaStream_t st = (cudaStream_t)stream;
     const dim3 g1((unsigned)n_split, (unsigned)n_kv_head, (unsigned)n);
-    KC_LAUNCH(err, att_split_kernel, g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st, (const uint8_t *)kv->k, (const uint8_t *)kv->v, kv->row_bytes, d_q, pos0, (int)n_head, group,
+    const bool g8 = group == 8 && head_dim == 128;
+    KC_LAUNCH(err, g8 ? att_split_kernel<true> : att_split_kernel<false>, g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st, (const uint8_t *)kv->k, (const uint8_t *)kv->v, kv->row_bytes, d_q, pos0, (int)n_head, group,
         (int)head_dim, scale, n_split, chunk, pacc, pml, NULL, 0, window);
     const dim3 g2((unsigned)n_head, (unsigned)n, (unsigned)(head_dim / 32));
     KC_LAUNCH(err, att_combine_kernel, g2, ATT_THREADS, att_combine_smem(n_split), st, pacc, pml, (int)n_head,
@@ -682,7 +712,8 @@ static int attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t ro
     float *pacc = (float *)d_scratch;
     float *pml = pacc + (size_t)n * (size_t)n_head * (size_t)n_split * (size_t)head_dim;
     const dim3 g1((unsigned)n_split, (unsigned)n_kv_head, (unsigned)n);
-    KC_LAUNCH(err, att_split_kernel, g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st, NULL, NULL, row_bytes, d_q, 0, (int)n_head, group, (int)head_dim, scale, n_split, chunk, pacc, pml,
+    const bool g8 = group == 8 && head_dim == 128;
+    KC_LAUNCH(err, g8 ? att_split_kernel<true> : att_split_kernel<false>, g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st, NULL, NULL, row_bytes, d_q, 0, (int)n_head, group, (int)head_dim, scale, n_split, chunk, pacc, pml,
         d_rows, layer, window);
     const dim3 g2((unsigned)n_head, (unsigned)n, (unsigned)(head_dim / 32));
     KC_LAUNCH(err, att_combine_kernel, g2, ATT_THREADS, att_combine_smem(n_split), st, pacc, pml, (int)n_head,
