@@ -281,14 +281,15 @@ static int parse_option(const ctx_t *c, int line, tok_t t, bl_host_entry_t *e, u
         e->layer_end = b;
     } else if (tok_is(key, "name")) {
         bit = 4;
-        int ok = val.n >= 1 && val.n <= 64;
+        int ok = val.n >= 1 && val.n <= BL_HOSTFILE_MAX_NAME;
         for (size_t i = 0; ok && i < val.n; i++) {
             const char ch = val.p[i];
             ok = is_digit(ch) || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_' || ch == '.' ||
                  ch == '-';
         }
         if (!ok)
-            return refuse(c, line, "name '%s' is not 1..64 of A-Z a-z 0-9 _ . -", clip(cb, val));
+            return refuse(c, line, "name '%s' is not 1..%d of A-Z a-z 0-9 _ . -", clip(cb, val),
+                          BL_HOSTFILE_MAX_NAME);
         memcpy(e->name, val.p, val.n);
         e->name[val.n] = '\0';
     } else {
@@ -417,6 +418,7 @@ typedef struct file_check {
     int cap;            /* slots of each table: a power of two >= 2n */
     int *host_slot;     /* index into st, -1: empty */
     int *port_slot;     /* index of the entry, -1: empty */
+    int *name_slot;     /* index of an entry with a name=, -1: empty */
     host_state_t *st;   /* one per distinct host */
     int n_st;
 } file_check_t;
@@ -447,6 +449,24 @@ static int port_dup(file_check_t *f, const bl_host_entry_t *v, int i, int host)
             return -1;
         }
         if (v[k].port == v[i].port && host_eq(v[k].host, v[i].host))
+            return k;
+    }
+}
+
+/* The earlier entry with i's name= (recording i when none), or -1. */
+static int name_dup(file_check_t *f, const bl_host_entry_t *v, int i)
+{
+    const uint32_t mask = (uint32_t)f->cap - 1;
+    uint32_t hsh = 2166136261u;
+    for (const char *p = v[i].name; *p; p++)
+        hsh = (hsh ^ (uint8_t)*p) * 16777619u;
+    for (uint32_t s = hsh & mask;; s = (s + 1) & mask) {
+        const int k = f->name_slot[s];
+        if (k < 0) {
+            f->name_slot[s] = i;
+            return -1;
+        }
+        if (strcmp(v[k].name, v[i].name) == 0)
             return k;
     }
 }
@@ -498,13 +518,15 @@ static int check_file(const ctx_t *c, const bl_host_entry_t *v, int n)
             f.cap *= 2;
         f.host_slot = malloc((size_t)f.cap * sizeof *f.host_slot);
         f.port_slot = malloc((size_t)f.cap * sizeof *f.port_slot);
+        f.name_slot = malloc((size_t)f.cap * sizeof *f.name_slot);
         f.st = calloc((size_t)n, sizeof *f.st);
-        if (!f.host_slot || !f.port_slot || !f.st) {
+        if (!f.host_slot || !f.port_slot || !f.name_slot || !f.st) {
             rc = bl_err_set(c->err, BL_ENOMEM, "%.100s: out of memory", c->name);
             goto done;
         }
         memset(f.host_slot, 0xff, (size_t)f.cap * sizeof *f.host_slot);
         memset(f.port_slot, 0xff, (size_t)f.cap * sizeof *f.port_slot);
+        memset(f.name_slot, 0xff, (size_t)f.cap * sizeof *f.name_slot);
     }
     int64_t prev_end = -1;
     int prev_line = 0;
@@ -514,6 +536,11 @@ static int check_file(const ctx_t *c, const bl_host_entry_t *v, int n)
         const int d = port_dup(&f, v, i, h);
         if (d >= 0) {
             rc = refuse(c, e->line, "%s is also at line %d", hostport(hp, sizeof hp, e), v[d].line);
+            goto done;
+        }
+        const int dn = e->name[0] ? name_dup(&f, v, i) : -1;
+        if (dn >= 0) {
+            rc = refuse(c, e->line, "name=%s is also line %d's: a name labels one line", e->name, v[dn].line);
             goto done;
         }
         if (e->role == BL_HOST_ROUTER) {
@@ -577,6 +604,7 @@ static int check_file(const ctx_t *c, const bl_host_entry_t *v, int n)
 done:
     free(f.host_slot);
     free(f.port_slot);
+    free(f.name_slot);
     free(f.st);
     return rc;
 }

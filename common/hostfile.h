@@ -18,6 +18,9 @@
 #define BL_HOSTFILE_MAX_GPUS 64          /* CUDA ordinals 0..63 */
 #define BL_HOSTFILE_MAX_THREADS 1024
 #define BL_HOSTFILE_MAX_LAYERS 4096      /* layers=A-B with B <= this */
+/* name=WORD: at most this many bytes, so that a card's stage of a line of several
+ * ("NAME.K", K its place on the line) still fits a process's log name */
+#define BL_HOSTFILE_MAX_NAME 20
 
 typedef enum bl_host_role {
     BL_HOST_ROUTER = 1,   /* bloomery-serve: PORT is its cluster port */
@@ -36,7 +39,7 @@ typedef struct bl_host_entry {
     int gpus[BL_HOSTFILE_MAX_GPUS]; /* distinct CUDA ordinals, as listed */
     int threads;               /* threads=N; 0: not given */
     int64_t layer_begin, layer_end; /* layers=A-B, B exclusive; -1: not given */
-    char name[65];             /* name=WORD; "": not given */
+    char name[BL_HOSTFILE_MAX_NAME + 1]; /* name=WORD, unique in the file; "": not given */
     int line;                  /* 1-based line of the file */
 } bl_host_entry_t;
 

@@ -232,7 +232,7 @@ static void hosttier_free(hosttier_t *h)
 
 int main(int argc, char **argv)
 {
-    const char *endpoint = NULL, *identity = "hosttier";
+    const char *endpoint = NULL, *identity = "hosttier", *name = "hosttier";
     int64_t parent = 0, n_threads = 0;
     int verbose = 0, quiet = 0, help = 0, colors = 0;
     int64_t verbosity = -1;
@@ -241,6 +241,7 @@ int main(int argc, char **argv)
         {"--identity", NULL, BL_ARG_STR, &identity, .metavar = "ID", .help = "routing id on the control socket"},
         {"--parent", NULL, BL_ARG_I64, &parent, 1, INT32_MAX, .metavar = "PID", .help = "the router's pid"},
         {"-t,--threads", NULL, BL_ARG_I64, &n_threads, 1, 256, .metavar = "N", .help = "expert pool threads (default: the plan's)"},
+        {"--name", NULL, BL_ARG_STR, &name, .metavar = "NAME", .help = "this process in logs and errors (hosttier)"},
         {"-v,--verbose", NULL, BL_ARG_FLAG, &verbose, .help = "log at DEBUG"},
         {"--log-disable", NULL, BL_ARG_FLAG, &quiet, .help = "write no log lines"},
         {"-lv,--verbosity", NULL, BL_ARG_I64, &verbosity, 0, 100, .metavar = "N", .help = "llama.cpp's log threshold: 1 error, 2 warning, 3 info, 4 debug"},
@@ -258,13 +259,13 @@ int main(int argc, char **argv)
                       args, n_args);
         return help ? 0 : 2;
     }
-    bl_log_init("hosttier", quiet           ? BL_LOG_OFF
+    bl_log_init(name, quiet           ? BL_LOG_OFF
                     : verbosity >= 0 ? bl_log_level_of_verbosity(verbosity)
                     : verbose        ? BL_LOG_DEBUG
                                      : BL_LOG_INFO);
     bl_log_set_colors(colors);
     static hosttier_t h;
-    int rc = bp_child_start(&h.ctl, endpoint, identity, (pid_t)parent, "hosttier", &err);
+    int rc = bp_child_start(&h.ctl, endpoint, identity, (pid_t)parent, name, &err);
     if (rc) {
         BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"%s\"", err.msg);
         bp_child_stop(&h.ctl);

@@ -336,12 +336,14 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
     argv[a++] = k->identity;
     argv[a++] = (char *)"--parent";
     argv[a++] = parent;
+    const char *label = k->hosttier ? c->o.hosttier_name : c->o.stage_name[i];
     if (k->hosttier) {
         argv[a++] = (char *)"--threads";
         argv[a++] = threads;
-    } else {
+    }
+    if (!k->hosttier || label) {
         argv[a++] = (char *)"--name";
-        argv[a++] = k->tag;
+        argv[a++] = label ? (char *)label : k->tag;
     }
     if (c->o.verbose)
         argv[a++] = (char *)"--verbose";
@@ -366,7 +368,10 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
     k->hello = k->ready = 0;
     k->card_offer_len = 0; /* an offer of the last set means nothing to this one */
     k->last_words[0] = '\0';
-    BL_LOG(BL_LOG_INFO, "event=child_started process=%s pid=%d", k->tag, (int)pid);
+    if (label)
+        BL_LOG(BL_LOG_INFO, "event=child_started process=%s name=%s pid=%d", k->tag, label, (int)pid);
+    else
+        BL_LOG(BL_LOG_INFO, "event=child_started process=%s pid=%d", k->tag, (int)pid);
     return 0;
 }
 

@@ -60,6 +60,11 @@ typedef struct rt_cluster_opts {
      * (bloomery-node in bin_dir) started in its place; NULL: on this host. The links'
      * keys come from secret_path (required when any stage is remote). */
     const char *remote[RT_CLUSTER_MAX_STAGES];
+    /* A hostfile's name= labels (NULL: "worker<i>", "hosttier"): each stage's and the
+     * hosttier's log name and error label, given to the process as --name; its routing
+     * id, /metrics' process label and the router's process= fields keep the tag. */
+    const char *stage_name[RT_CLUSTER_MAX_STAGES];
+    const char *hosttier_name;
     const char *secret_path;
     /* Layers whose routed experts the hosttier computes; a hosttier runs only when one
      * is set (else every expert stays with its layer's worker) */

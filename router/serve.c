@@ -755,6 +755,7 @@ typedef struct hf_line {
     int gpus[BL_HOSTFILE_MAX_GPUS];
     bl_device_t devs[BL_PLAN_MAX_DEVICES]; /* its host's, as its node (or this machine) reports */
     int n_devs;
+    char name[BL_HOSTFILE_MAX_NAME + 1]; /* its name=, "" none */
 } hf_line_t;
 
 /* A hostfile's stage: a CPU worker line, or one card of a line. */
@@ -763,12 +764,21 @@ typedef struct hf_stage {
     const bl_device_t *card; /* one of line->devs, or NULL: the line's host's CPU */
 } hf_stage_t;
 
-/* A hostfile's worker lines, in file order, into lines (*n_lines), and the threads=
- * of its hosttier line into *ht_threads (0: none given, -t's). What this version
- * does not take yet is refused by line: name=, a hosttier on another host; so is
- * threads= above the 256 of a worker's or the hosttier's pool. */
+/* A hostfile's names (name=, "" where not given): the router's line's, the
+ * hosttier's, and each stage's ("NAME" for a line of one stage, "NAME.K" for the
+ * K-th card of a line of several). */
+typedef struct hf_names {
+    char router[BL_HOSTFILE_MAX_NAME + 1], hosttier[BL_HOSTFILE_MAX_NAME + 1];
+    char stage[RT_CLUSTER_MAX_STAGES][BL_HOSTFILE_MAX_NAME + 12]; /* K < 64: at most 23 bytes */
+} hf_names_t;
+
+/* A hostfile's worker lines, in file order, into lines (*n_lines), the threads= of
+ * its hosttier line into *ht_threads (0: none given, -t's), and the router's and
+ * hosttier's name= into names. What this version does not take yet is refused by
+ * line: a hosttier on another host; so is threads= above the 256 of a worker's or
+ * the hosttier's pool. */
 static int hostfile_lines(const opts_t *o, hf_line_t *lines, int *n_lines, int *has_ends, int *ht_threads,
-                          bl_err_t *err)
+                          hf_names_t *names, bl_err_t *err)
 {
     bl_hostfile_t hf = {0};
     int rc = bl_hostfile_load(o->hostfile, &hf, err);
@@ -778,13 +788,15 @@ static int hostfile_lines(const opts_t *o, hf_line_t *lines, int *n_lines, int *
     int n = 0, any_remote = 0;
     for (int i = 0; rc == 0 && i < hf.n; i++) {
         const bl_host_entry_t *e = &hf.e[i];
-        const char *what = e->name[0] ? "name=" : NULL;
-        if (e->role == BL_HOST_HOSTTIER && strcasecmp(e->host, router->host) != 0)
-            what = "a hosttier on another host than the router's";
-        if (what && e->role != BL_HOST_ROUTER) {
-            rc = bl_err_set(err, BL_ENOTSUP, "%s:%d: %s is not taken yet", o->hostfile, e->line, what);
+        if (e->role == BL_HOST_HOSTTIER && strcasecmp(e->host, router->host) != 0) {
+            rc = bl_err_set(err, BL_ENOTSUP, "%s:%d: a hosttier on another host than the router's is not taken yet",
+                            o->hostfile, e->line);
             break;
         }
+        if (e->role == BL_HOST_ROUTER)
+            snprintf(names->router, sizeof names->router, "%s", e->name);
+        else if (e->role == BL_HOST_HOSTTIER)
+            snprintf(names->hosttier, sizeof names->hosttier, "%s", e->name);
         if (e->role != BL_HOST_ROUTER && e->threads > 256) { /* the hostfile takes up to 1024, a pool 256 */
             rc = bl_err_set(err, BL_EINVAL, "%s:%d: threads=%d: a %s runs at most 256 threads", o->hostfile, e->line,
                             e->threads, e->role == BL_HOST_HOSTTIER ? "hosttier" : "worker");
@@ -803,6 +815,7 @@ static int hostfile_lines(const opts_t *o, hf_line_t *lines, int *n_lines, int *
         snprintf(h->host, sizeof h->host, "%s", e->host);
         h->line = e->line;
         h->threads = e->threads;
+        snprintf(h->name, sizeof h->name, "%s", e->name);
         h->all_gpus = e->all_gpus;
         h->n_gpus = e->n_gpus;
         memcpy(h->gpus, e->gpus, sizeof h->gpus);
@@ -822,6 +835,27 @@ static int hostfile_lines(const opts_t *o, hf_line_t *lines, int *n_lines, int *
         *n_lines = n;
     bl_hostfile_free(&hf);
     return rc;
+}
+
+/* Stage i's name (the stages hs[0 .. n) of a hostfile): its line's name=, with ".K"
+ * when the line gives several stages and this is its K-th; NULL when the line has
+ * none. */
+static const char *stage_name(hf_names_t *names, const hf_stage_t *hs, int n, int i)
+{
+    const hf_line_t *l = hs[i].line;
+    if (!l->name[0])
+        return NULL;
+    int k = 0, of = 0;
+    for (int j = 0; j < n; j++)
+        if (hs[j].line == l) {
+            k += j < i;
+            of++;
+        }
+    if (of == 1)
+        snprintf(names->stage[i], sizeof names->stage[i], "%s", l->name);
+    else
+        snprintf(names->stage[i], sizeof names->stage[i], "%s.%d", l->name, k);
+    return names->stage[i];
 }
 
 /* "CUDA0 (NVIDIA GB10), CUDA1 (...)", or "no CUDA device": what a host reports. */
@@ -2165,14 +2199,17 @@ int main(int argc, char **argv)
     static hf_stage_t hs[RT_CLUSTER_MAX_STAGES];
     bl_stage_host_t hosts[RT_CLUSTER_MAX_STAGES];
     int has_ends = 0, n_lines = 0, ht_threads = 0;
+    static hf_names_t names;
     if (o.hostfile && o.workers != 1 && bl_err_set(&err, BL_EINVAL, "--workers and --hostfile: the hostfile's "
                                                    "worker lines are the stages") < 0)
         goto fail;
     int n_found = -1;
     const char *gpu_note = NULL;
-    if ((o.hostfile && hostfile_lines(&o, lines, &n_lines, &has_ends, &ht_threads, &err)) ||
+    if ((o.hostfile && hostfile_lines(&o, lines, &n_lines, &has_ends, &ht_threads, &names, &err)) ||
         find_bin_dir(bin_dir, sizeof bin_dir, &err))
         goto fail;
+    if (names.router[0]) /* the router line's name= labels this process's lines */
+        bl_log_init(names.router, bl_log_level());
     int placed = place(&o, g, bin_dir, n_ctx, ktype, rows, lines, n_lines, has_ends, hs, hosts, &plan, devs,
                        &n_devs, &n_found, &gpu_note, &err);
     const int plan_made = placed == 0;
@@ -2276,7 +2313,9 @@ int main(int argc, char **argv)
         co.stage_device[i] = plan.stage[i].device;
         co.remote[i] = o.hostfile && hs[i].line->remote[0] ? hs[i].line->remote : NULL;
         co.stage_threads[i] = o.hostfile ? hs[i].line->threads : 0;
+        co.stage_name[i] = o.hostfile ? stage_name(&names, hs, plan.n_stages, i) : NULL;
     }
+    co.hosttier_name = names.hosttier[0] ? names.hosttier : NULL;
     co.secret_path = o.cluster_secret;
     for (int64_t l = 0; l < plan.n_layer && l < RT_CLUSTER_MAX_LAYERS; l++)
         co.host_layers[l] = (uint8_t)bl_plan_layer_host(&plan, l);
@@ -2290,6 +2329,8 @@ int main(int argc, char **argv)
         dco.model_path = o.draft_model;
         memset(dco.remote, 0, sizeof dco.remote); /* the draft runs on this host */
         memset(dco.stage_threads, 0, sizeof dco.stage_threads); /* with -td or -t */
+        memset(dco.stage_name, 0, sizeof dco.stage_name);
+        dco.hosttier_name = NULL;
         dco.n_workers = 1;
         dco.n_stage_ends = draft_dev >= 0;
         dco.stage_end[0] = draft_layers;

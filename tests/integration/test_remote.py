@@ -337,6 +337,22 @@ def test_threads_on_the_hosttier_line(servers, tmp_path):
         assert greedy(srv.url, p) == greedy(one.url, p), p
 
 
+def test_names_label_the_processes_logs(servers, tmp_path):
+    """name= on the router, worker and hosttier lines: each process logs under its
+    line's name (the router's own lines too), and event=child_started ties the name to
+    the process's tag."""
+    (tmp_path / "hosts").write_text("127.0.0.1 8090 router name=front\n127.0.0.1 9000 worker name=stage-a\n"
+                                    "127.0.0.1 9001 worker name=stage.b\n127.0.0.1 9100 hosttier name=ht_1\n")
+    srv = servers.start(FAST + ["-ot", "ffn_.*_exps=HOSTTIER", "--hostfile", str(tmp_path / "hosts")])
+    log = srv.log(100000)
+    for tag, name in (("worker0", "stage-a"), ("worker1", "stage.b"), ("hosttier", "ht_1")):
+        assert re.search(r"event=child_started process=%s name=%s pid=" % (tag, re.escape(name)), log), (name, log)
+        assert re.search(r" %s event=" % re.escape(name), log), (name, log)
+    assert re.search(r" front event=", log), log
+    assert not re.search(r" (worker0|worker1) event=", log), log
+    assert greedy(srv.url, PROMPTS[0])[0]
+
+
 def test_refusals(servers, tmp_path):
     secret = secret_file(tmp_path / "secret")
     cases = [
@@ -350,6 +366,7 @@ def test_refusals(servers, tmp_path):
         ("127.0.0.1 1 router\nlocalhost 2 worker\nlocalhost 9 hosttier\n", ["--cluster-secret", secret],
          r"hosts:3: a hosttier on another host"),
         ("127.0.0.1 1 router\n127.0.0.1 2 wrker\n", [], r"hosts:2: role 'wrker'"),
+        ("127.0.0.1 1 router name=a\n127.0.0.1 2 worker name=a\n", [], r"hosts:2: name=a is also line 1's"),
         ("127.0.0.1 1 router\nlocalhost 2 worker\n", ["--cluster-secret", secret_file(tmp_path / "open", mode=0o644)],
          r"open.*(group|others)"),
     ]

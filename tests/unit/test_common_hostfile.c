@@ -246,16 +246,16 @@ static void test_hostfile_options(void **state)
 static void test_hostfile_accepts_the_limits(void **state)
 {
     (void)state;
-    char label63[64], name64[65], host253[254];
+    char label63[64], name20[BL_HOSTFILE_MAX_NAME + 1], host253[254];
     memset(label63, 'a', 63);
     label63[63] = '\0';
-    memset(name64, 'n', 64);
-    name64[64] = '\0';
+    memset(name20, 'n', BL_HOSTFILE_MAX_NAME);
+    name20[BL_HOSTFILE_MAX_NAME] = '\0';
     /* four labels of 63 and one of 61, dots between: 253 bytes */
     snprintf(host253, sizeof host253, "%s.%s.%s.%.61s", label63, label63, label63, label63);
     assert_int_equal(strlen(host253), 253);
     text_t t = {0};
-    add(&t, "%s 65535 router name=%s\n", host253, name64);
+    add(&t, "%s 65535 router name=%s\n", host253, name20);
     add(&t, "0.0.0.0 1 worker 63,0,62 layers=0-4095\n");
     add(&t, "255.255.255.255 1 worker layers=4095-4096 threads=1024\n");
     /* a line of exactly 1024 bytes (its comment pads it), then CRLF */
@@ -269,7 +269,7 @@ static void test_hostfile_accepts_the_limits(void **state)
     assert_int_equal(h.n, 4);
     assert_string_equal(h.e[0].host, host253);
     assert_int_equal(h.e[0].port, 65535);
-    assert_string_equal(h.e[0].name, name64);
+    assert_string_equal(h.e[0].name, name20);
     assert_int_equal(h.e[1].n_gpus, 3);
     assert_int_equal(h.e[1].gpus[0], 63);
     assert_int_equal(h.e[2].layer_end, 4096);
@@ -368,8 +368,10 @@ static void test_hostfile_rejects_bad_inputs(void **state)
         {OK_HEAD "w 3 worker threads=4k\n", 3, "threads '4k'"},
         {OK_HEAD "w 3 worker name=a/b\n", 3, "name 'a/b'"},
         {OK_HEAD "w 3 worker name=\n", 3, "name ''"},
-        {OK_HEAD "w 3 worker name=" /* 65 bytes */
-         "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn\n", 3, "name 'nnnn"},
+        {OK_HEAD "w 3 worker name=nnnnnnnnnnnnnnnnnnnnn\n" /* 21 bytes */, 3, "name 'nnnnnnnnnnnnnnnnnnnnn' is not 1..20"},
+        {"r 1 router name=a\nw 2 worker name=b\nw 3 worker name=a\n", 3, "name=a is also line 1's"},
+        {"r 1 router\nw 2 worker name=s.0\nw 3 worker 0 name=S.0\nw 4 worker 1 name=s.0\n", 4,
+         "name=s.0 is also line 2's"},
         {"r 1 router layers=0-4\nw 2 worker\n", 1, "layers= is a worker's option, not a router's"},
         {OK_HEAD "h 3 hosttier layers=0-4\n", 3, "not a hosttier's"},
         {"r 1 router\nw 2 worker layers=4-4\n", 2, "layers '4-4'"},
