@@ -388,16 +388,17 @@ static void print_profile(wk_prof_op_t *ops, int n, int64_t steps, const char *w
                wall_us);
 }
 
-/* The per-op breakdown of a decode step: 32 steps after a 512-token prompt, printed
+/* The per-op breakdown of a decode step: 32 steps after a prompt of ctx tokens, printed
  * per step, largest first; with P sequences (the largest -np) each step has a row
  * of each, after a prompt each. On a card each step is captured with an event node
  * after every launch and replayed (timestamps from the card, no host gaps); on the
  * CPU each op is timed on the clock, and the weights it read give its rate, and the
- * prompt's step (512 rows) is broken down too. */
-static int profile_decode(wk_model_t *m, wk_kv_t **kv, int64_t P, float *logits, int cpu, bl_err_t *err)
+ * prompt's step (ctx rows) is broken down too. */
+static int profile_decode(wk_model_t *m, wk_kv_t **kv, int64_t P, int64_t ctx, float *logits, int cpu,
+                          bl_err_t *err)
 {
     const wk_config_t *cfg = wk_model_config(m);
-    const int64_t ctx = 512, steps = 32, per = ctx + steps;
+    const int64_t steps = 32, per = ctx + steps;
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)(P * per));
     if (!tok)
         return bl_err_set(err, BL_ENOMEM, "out of memory");
@@ -684,7 +685,8 @@ int main(int argc, char **argv)
             wk_model_device_bandwidth(m, (size_t)1 << 30, &dev_bw, &err) != 0)
             fprintf(stderr, "bloomery-bench: device bandwidth: %s\n", err.msg);
         snprintf(dev_name, sizeof dev_name, "%s", wk_model_kernels(m));
-        if (b.profile && profile_decode(m, kv, max_p, logits, place.device < 0, &err) != 0)
+        /* at the deepest -d (where attention's share is the question), else 512 */
+        if (b.profile && profile_decode(m, kv, max_p, max_d > 0 ? max_d : 512, logits, place.device < 0, &err) != 0)
             fprintf(stderr, "bloomery-bench: profile: %s\n", err.msg);
         kv_free_all(kv, max_p);
         wk_placed_free(&pl);

@@ -100,6 +100,12 @@ def test_bench_parallel_sequences(model):
              "--no-roofline"])
     assert p.returncode == 0, p.stderr
     assert "32 steps of 2 rows" in p.stdout, p.stdout
+    assert "context 512," in p.stdout, p.stdout
+    # the profile's step follows the deepest -d
+    p = run([tool("bloomery-bench"), "-m", model, "-p", "0", "-n", "1", "-d", "0,100", "-r", "1", "--profile",
+             "--no-roofline"])
+    assert p.returncode == 0, p.stderr
+    assert "context 100, 32 steps of 1 row" in p.stdout, p.stdout
 
 
 @pytest.mark.parametrize("args,needle", [
