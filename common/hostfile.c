@@ -412,7 +412,7 @@ static uint32_t host_hash(const char *s)
     return h;
 }
 
-/* The rules need a lookup by host and by HOST:PORT per entry; hash tables keep a file
+/* The rules need a lookup by host, by HOST:PORT and by name= per entry; hash tables keep a file
  * of 4096 entries linear rather than 8 million string comparisons. */
 typedef struct file_check {
     int cap;            /* slots of each table: a power of two >= 2n */
@@ -457,10 +457,8 @@ static int port_dup(file_check_t *f, const bl_host_entry_t *v, int i, int host)
 static int name_dup(file_check_t *f, const bl_host_entry_t *v, int i)
 {
     const uint32_t mask = (uint32_t)f->cap - 1;
-    uint32_t hsh = 2166136261u;
-    for (const char *p = v[i].name; *p; p++)
-        hsh = (hsh ^ (uint8_t)*p) * 16777619u;
-    for (uint32_t s = hsh & mask;; s = (s + 1) & mask) {
+    /* host_hash folds case; names compare exactly, and equal names still share a slot run */
+    for (uint32_t s = host_hash(v[i].name) & mask;; s = (s + 1) & mask) {
         const int k = f->name_slot[s];
         if (k < 0) {
             f->name_slot[s] = i;

@@ -368,10 +368,8 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
     k->hello = k->ready = 0;
     k->card_offer_len = 0; /* an offer of the last set means nothing to this one */
     k->last_words[0] = '\0';
-    if (label)
-        BL_LOG(BL_LOG_INFO, "event=child_started process=%s name=%s pid=%d", k->tag, label, (int)pid);
-    else
-        BL_LOG(BL_LOG_INFO, "event=child_started process=%s pid=%d", k->tag, (int)pid);
+    BL_LOG(BL_LOG_INFO, "event=child_started process=%s%s%s pid=%d", k->tag, label ? " name=" : "",
+           label ? label : "", (int)pid);
     return 0;
 }
 
