@@ -3,13 +3,14 @@
  * Split pass, grid (n_split, n_kv_head, n): a block of 128 threads takes one row,
  * one KV head and `chunk` positions of its context (att_chunk: 16 to
  * KCUDA_ATT_CHUNK, shorter for short contexts so that a decode step's few rows
- * still give the card a few hundred blocks, each with little serial work), for all the query heads
- * of that KV head's group, so each K and V row is read once per group. It scores
- * its positions (16-byte K loads, head_dim / 8 lanes per position, a shuffle sum),
- * takes the chunk's softmax (max m, sum l), and accumulates p * V (8-byte loads,
- * four dimensions per thread, head_dim / 4 threads per position, the position
- * phases summed in shared memory). It writes the unnormalised sum and (m, l) to
- * scratch.
+ * still give the card a few hundred blocks), for all the query heads of that KV
+ * head's group, so each K and V row is read once per group. It first issues every
+ * K and then every V row of its chunk as 16-byte asynchronous copies into shared
+ * memory (two groups: the whole chunk in flight at once), scores the positions
+ * once K has landed (head_dim / 8 lanes per position, a shuffle sum), takes the
+ * chunk's softmax (max m, sum l), and accumulates p * V from shared memory (four
+ * dimensions per thread, head_dim / 4 threads per position, the position phases
+ * summed in shared memory). It writes the unnormalised sum and (m, l) to scratch.
  * Combine pass, grid (n_head, n, head_dim / 32): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
  * the weights e^(m_s - M) computed once per split into shared memory, the sum
  * taken by split phases with 16-byte loads.
@@ -29,23 +30,39 @@
 #define ATT_MAXG KCUDA_ATT_MAX_GROUP
 
 /* Positions per split block for a grid over max_len positions: 16 up to 4096
- * positions, then 32, 64, and KCUDA_ATT_CHUNK past 16384, so that a context of
- * 1024 to 32768 gets 64 to 256 splits per (row, KV head): a decode step of one
- * row over 4 KV heads still puts several blocks on every SM, each with one or
- * two memory latencies of serial work. It depends on max_len alone (never on
- * the row count): a row gives the same bits in any step over the same max_len. */
-static int att_chunk(int64_t max_len)
+ * positions, then 32, 64, and KCUDA_ATT_CHUNK past 16384 (64 at head_dim 256,
+ * whose rows of 128 positions would not fit the shared memory of small cards), so
+ * that a context of 1024 to 32768 gets 64 to 256 splits per (row, KV head) at
+ * head_dim up to 128: a decode step of one row over 4 KV heads still puts several
+ * blocks on every SM. It depends on max_len and head_dim alone (never on the row
+ * count): a row gives the same bits in any step over the same max_len. */
+static int att_chunk_cap(int hd) { return hd > 128 ? ATT_CHUNK / 2 : ATT_CHUNK; }
+
+/* The shortest chunk the schedule may use (kcuda_attention_set_chunk). */
+static int g_att_chunk_min = 16;
+
+int kcuda_attention_set_chunk(int min_chunk)
 {
-    return max_len <= 4096 ? 16 : max_len <= 8192 ? 32 : max_len <= 16384 ? 64 : ATT_CHUNK;
+    const int old = g_att_chunk_min;
+    g_att_chunk_min = min_chunk < 16 ? 16 : min_chunk > ATT_CHUNK ? ATT_CHUNK : min_chunk / 16 * 16;
+    return old;
 }
 
-static int64_t att_splits(int64_t max_len) { return kc_cdiv(max_len, att_chunk(max_len)); }
+static int att_chunk(int64_t max_len, int hd)
+{
+    int c = max_len <= 4096 ? 16 : max_len <= 8192 ? 32 : max_len <= 16384 ? 64 : ATT_CHUNK;
+    c = c > g_att_chunk_min ? c : g_att_chunk_min;
+    return c < att_chunk_cap(hd) ? c : att_chunk_cap(hd);
+}
+
+static int64_t att_splits(int64_t max_len, int hd) { return kc_cdiv(max_len, att_chunk(max_len, hd)); }
 
 /* The most splits any max_len' <= max_len gives (what scratch must hold):
- * att_splits is at most 256 up to 32768 positions, then ceil(max_len / 128). */
-static int64_t att_splits_bound(int64_t max_len)
+ * att_splits is at most 256 up to 16384 positions (32768 where the cap is 128),
+ * then ceil(max_len / cap). */
+static int64_t att_splits_bound(int64_t max_len, int hd)
 {
-    const int64_t a = kc_cdiv(max_len, 16), b = kc_cdiv(max_len, ATT_CHUNK);
+    const int64_t a = kc_cdiv(max_len, 16), b = kc_cdiv(max_len, att_chunk_cap(hd));
     const int64_t hi = b > 256 ? b : 256;
     return a < hi ? a : hi;
 }
@@ -54,15 +71,33 @@ static int64_t att_splits_bound(int64_t max_len)
  * beside its 2 KB of phase sums. */
 #define ATT_MAX_SPLITS 11500
 
-/* Shared floats for a group: (m, l) per head (padded to 4), then q (group, hd)
- * and the scores (group, CHUNK), whose space the phase sums of p * V
- * (ATT_THREADS * 4 / hd phases, group, hd) = 512 * group reuse once both are read. */
+/* Shared memory of a split block, in floats: (m, l) per head (padded to 4), the
+ * row's own k (hd, the QKV form's), then q (group, hd) and the scores (group,
+ * ATT_CHUNK), then the chunk's K and V rows (chunk, hd) f16 each. The phase sums of
+ * p * V (ATT_THREADS * 4 / hd phases, group, hd) = ATT_PV_FLOATS * group take the
+ * place of q, the scores and the rows once all are read. At most 91.4 KB (group 16,
+ * head_dim 256, chunk 64). */
 #define ATT_PV_FLOATS (ATT_THREADS * 4)
-static size_t att_smem_bytes(int group, int hd)
+static size_t att_smem_floats(int group, int hd, int chunk)
 {
-    const int body = hd + ATT_CHUNK > ATT_PV_FLOATS ? hd + ATT_CHUNK : ATT_PV_FLOATS;
-    return sizeof(float) * (size_t)group * (size_t)(4 + body);
+    const size_t body = (size_t)group * (size_t)(hd + ATT_CHUNK) + (size_t)chunk * (size_t)hd;
+    const size_t red = (size_t)ATT_PV_FLOATS * (size_t)group;
+    return 4 * (size_t)group + (size_t)hd + (body > red ? body : red);
 }
+
+static size_t att_smem_bytes(int group, int hd, int chunk) { return sizeof(float) * att_smem_floats(group, hd, chunk); }
+
+#define ATT_SMEM_MAX (sizeof(float) * (4 * ATT_MAXG + 256 + ATT_MAXG * (256 + ATT_CHUNK) + ATT_CHUNK / 2 * 256))
+
+/* The step's work before attention, for the kernels' QKV forms: the raw k and v
+ * rows (n, n_kv * HD), the q/k norm gains, RoPE positions and base (kcuda_qkv_rows). */
+typedef struct att_qkv {
+    const float *k, *v, *qg, *kg;
+    const int32_t *pos;
+    int n_kv;
+    kcuda_rope_t rope;
+    float eps;
+} att_qkv_t;
 
 /* acc[j] += p(j, t) * V (four dimensions of position t, raw f16) for the group's heads. */
 __device__ __forceinline__ void att_pv(float4 *acc, const float *sc, int t, int group, uint2 raw)
@@ -80,30 +115,51 @@ __device__ __forceinline__ void att_pv(float4 *acc, const float *sc, int t, int 
     }
 }
 
-/* q (8 floats in shared memory) . k (8 floats) */
+/* q (8 floats) . k (8 floats) */
 __device__ __forceinline__ float att_dot8(const float *qq, const float *k)
 {
-    const float4 qa = *(const float4 *)qq, qb = *(const float4 *)(qq + 4);
-    return qa.x * k[0] + qa.y * k[1] + qa.z * k[2] + qa.w * k[3] + qb.x * k[4] + qb.y * k[5] + qb.z * k[6] +
-           qb.w * k[7];
+    return qq[0] * k[0] + qq[1] * k[1] + qq[2] * k[2] + qq[3] * k[3] + qq[4] * k[4] + qq[5] * k[5] + qq[6] * k[6] +
+           qq[7] * k[7];
 }
 
-/* G8: the group is 8 and head_dim 128 (Qwen3-30B-A3B, gpt-oss, qwen3next): the
+/* Eight f16 of a K row in shared memory, as floats. */
+__device__ __forceinline__ void att_k8(float *kf, const __half *src)
+{
+    const uint4 raw = *(const uint4 *)src;
+    const __half2 *h2 = (const __half2 *)&raw;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 f = __half22float2(h2[i]);
+        kf[2 * i] = f.x;
+        kf[2 * i + 1] = f.y;
+    }
+}
+
+/* G8: the group is 8 and head_dim 128 (Qwen3-30B-A3B, gpt-oss, qwen3next): each
+ * lane keeps its eight dimensions of the eight heads' q in registers, and the
  * scores' shuffle sums of the 8 heads share one butterfly (8 shuffles a position
- * instead of 32). */
-template <bool G8>
+ * instead of 32).
+ * QKV (rows only): kcuda_qkv_rows's work folded in, as in att_short_kernel: each
+ * block normalises and rotates its group's q heads into shared memory; the block
+ * whose chunk ends at the row's own position (its last) normalises and rotates the
+ * KV head's k, rounds v, stores both in the cache and puts them in its rows of the
+ * chunk, which no other block reads. q and k in global memory are left as they were. */
+template <bool G8, bool QKV>
 __global__ void __launch_bounds__(ATT_THREADS)
 att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q, int64_t pos0,
                  int n_head, int group, int hd, float scale, int64_t n_split, int chunk, float *pacc,
-                 float *pml, const kcuda_kv_row_t *rows, int64_t layer, int window)
+                 float *pml, const kcuda_kv_row_t *rows, int64_t layer, int window, att_qkv_t f)
 {
     kc_wait_prior();
     kc_allow_next();
     extern __shared__ float4 att_smem4[];
-    float *ml = (float *)att_smem4; // (group, 2), padded to (group, 4)
-    float *qs = ml + 4 * group;     // (group, hd), pre-scaled
-    float *sc = qs + group * hd;    // (group, CHUNK): scores, then probabilities
-    float *red = qs;                // (phases, group, hd) once q and the scores are read
+    float *ml = (float *)att_smem4;                     // (group, 2), padded to (group, 4)
+    float *kf = ml + 4 * group;                         // (hd): the row's own k (QKV)
+    float *qs = kf + hd;                                // (group, hd), pre-scaled
+    float *sc = qs + group * hd;                        // (group, ATT_CHUNK): scores, then probabilities
+    __half *ks = (__half *)(sc + group * ATT_CHUNK);    // (chunk, hd): the chunk's K rows
+    __half *vs = ks + (size_t)chunk * hd;               // (chunk, hd): its V rows
+    float *red = qs;                                    // (phases, group, hd) once all above is read
     const int64_t s = blockIdx.x;
     const int g = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -138,61 +194,92 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
         }
         return;
     }
-    /* p * V below: thread (phase ph, four dimensions dq: one 8-byte load per
-     * position). A chunk of at most 8 phases per thread (every chunk of up to
-     * 32 positions at head_dim 128) has its V loads issued here, before the
-     * scores, so they land while the scores are taken. */
-    const int nq = hd >> 2, nph = ATT_THREADS / nq, dq = tid % nq, ph = tid / nq;
-    const size_t voff = ((size_t)g * hd + 4 * (size_t)dq) * sizeof(__half);
-    const bool vpre_all = cnt <= 8 * nph;
-    uint2 vpre[8];
-    if (vpre_all) {
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int t = ph + u * nph;
-            vpre[u] = t < cnt ? *(const uint2 *)(vc + (size_t)(t0 + t) * rb + voff) : make_uint2(0u, 0u);
+    /* The chunk's K rows of this KV head, then its V rows, copied to shared memory
+     * as two groups of 16-byte pieces: every load of the block is in flight at
+     * once, and the scores start as soon as K has landed. */
+    const size_t hoff = (size_t)g * hd * sizeof(__half);
+    /* QKV: the chunk ends at the row's own position, whose K and V this block makes */
+    const bool own = QKV && t0 + cnt == len;
+    {
+        const int lp = __ffs(hd >> 3) - 1; /* log2 of the 16-byte pieces of a row */
+        const int pieces = (own ? cnt - 1 : cnt) << lp;
+        for (int i = tid; i < pieces; i += ATT_THREADS) {
+            const int t = i >> lp, c = i & ((1 << lp) - 1);
+            kc_cp_async16(ks + (size_t)t * hd + 8 * c, kc + (size_t)(t0 + t) * rb + hoff + 16 * (size_t)c, 16);
         }
+        kc_cp_async_commit();
+        for (int i = tid; i < pieces; i += ATT_THREADS) {
+            const int t = i >> lp, c = i & ((1 << lp) - 1);
+            kc_cp_async16(vs + (size_t)t * hd + 8 * c, vc + (size_t)(t0 + t) * rb + hoff + 16 * (size_t)c, 16);
+        }
+        kc_cp_async_commit();
     }
     const float *qg = q + ((size_t)b * n_head + h0) * hd;
-    for (int idx = tid; idx < group * hd; idx += ATT_THREADS)
-        qs[idx] = qg[idx] * scale;
-    __syncthreads();
-
-    /* Scores: L lanes per position, P positions per warp step, 4 warps. */
-    const int L = hd >> 3, P = 32 / L, li = lane % L, pi = lane / L;
-    const size_t koff = ((size_t)g * hd + (size_t)li * 8) * sizeof(__half);
-    /* Four K loads in flight per lane before the dots (latency, as for V below). */
-    for (int base0 = warp * P; base0 < cnt; base0 += 16 * P) {
-        float kf[4][8];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int t = base0 + u * 4 * P + pi;
-            if (t < cnt) {
-                const uint4 raw = *(const uint4 *)(kc + (size_t)(t0 + t) * rb + koff);
-                const __half2 *h2 = (const __half2 *)&raw;
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const float2 f = __half22float2(h2[i]);
-                    kf[u][2 * i] = f.x;
-                    kf[u][2 * i + 1] = f.y;
+    if (QKV) {
+        const int32_t p = f.pos[b];
+        for (int j = warp; j < group; j += ATT_THREADS / 32) {
+            float *qj = qs + j * hd;
+            kc_head_norm_rope(qj, qg + (size_t)j * hd, f.qg, p, hd, f.rope, f.eps, lane, NULL);
+            __syncwarp();
+            for (int d = lane; d < hd; d += 32)
+                qj[d] = qj[d] * scale;
+        }
+        if (own) {
+            const size_t at = (size_t)(len - 1) * rb + hoff;
+            __half *kh = ks + (size_t)(cnt - 1) * hd, *vh = vs + (size_t)(cnt - 1) * hd;
+            if (warp == 0) {
+                kc_head_norm_rope(kf, f.k + ((size_t)b * f.n_kv + g) * hd, f.kg, p, hd, f.rope, f.eps, lane, kh);
+                __syncwarp();
+                for (int d = lane; d < hd; d += 32)
+                    ((__half *)(uintptr_t)(kc + at))[d] = kh[d];
+            } else if (warp == 1) {
+                const float *vr = f.v + ((size_t)b * f.n_kv + g) * hd;
+                for (int d = lane; d < hd; d += 32) {
+                    vh[d] = __float2half_rn(vr[d]);
+                    ((__half *)(uintptr_t)(vc + at))[d] = vh[d];
                 }
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    kf[u][i] = 0.0f;
             }
         }
+    } else {
+        for (int idx = tid; idx < group * hd; idx += ATT_THREADS)
+            qs[idx] = qg[idx] * scale;
+    }
+    kc_cp_async_wait<1>();
+    __syncthreads();
+
+    /* Scores: L lanes per position (eight dimensions each), P positions per warp
+     * step, two steps at a time, 4 warps. */
+    const int L = hd >> 3, P = 32 / L, li = lane % L, pi = lane / L;
+    if (G8) { /* 8 heads over 16 lanes: one butterfly, each step halving the heads a lane holds */
+        float qr[8][8];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int base = base0 + u * 4 * P, t = base + pi;
-            if (base >= cnt) /* the same for the whole warp */
-                break;
-            if (G8) { /* 8 heads over 16 lanes: one butterfly, each step halving the heads a lane holds */
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                qr[j][i] = qs[j * 128 + li * 8 + i];
+        const bool h8 = li & 8, h4 = li & 4, h2 = li & 2;
+        const int jo = (h8 ? 4 : 0) + (h4 ? 2 : 0) + (h2 ? 1 : 0);
+        for (int base = warp * 2; base < cnt; base += 16) {
+            float kf[2][8];
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int t = base + 8 * u + pi;
+                if (t < cnt)
+                    att_k8(kf[u], ks + (size_t)t * 128 + li * 8);
+                else
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+                        kf[u][i] = 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int t = base + 8 * u + pi;
+                if (base + 8 * u >= cnt) /* the same for the whole warp */
+                    break;
                 float p8[8];
 #pragma unroll
                 for (int j = 0; j < 8; j++)
-                    p8[j] = att_dot8(qs + j * 128 + li * 8, kf[u]);
-                const bool h8 = li & 8, h4 = li & 4, h2 = li & 2;
+                    p8[j] = att_dot8(qr[j], kf[u]);
                 float p4[4], p2[2];
 #pragma unroll
                 for (int i = 0; i < 4; i++)
@@ -202,17 +289,26 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
                     p2[i] = (h4 ? p4[i + 2] : p4[i]) + __shfl_xor_sync(KCUDA_FULL_MASK, h4 ? p4[i] : p4[i + 2], 4);
                 float part = (h2 ? p2[1] : p2[0]) + __shfl_xor_sync(KCUDA_FULL_MASK, h2 ? p2[0] : p2[1], 2);
                 part += __shfl_xor_sync(KCUDA_FULL_MASK, part, 1);
-                const int j = (h8 ? 4 : 0) + (h4 ? 2 : 0) + (h2 ? 1 : 0);
                 if ((li & 1) == 0 && t < cnt)
+                    sc[jo * ATT_CHUNK + t] = t < skip ? -INFINITY : part;
+            }
+        }
+    } else {
+        for (int base = warp * P; base < cnt; base += 4 * P) {
+            const int t = base + pi;
+            float kf[8];
+            if (t < cnt)
+                att_k8(kf, ks + (size_t)t * hd + li * 8);
+            else
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    kf[i] = 0.0f;
+            for (int j = 0; j < group; j++) {
+                float part = att_dot8(qs + j * hd + li * 8, kf);
+                for (int off = L >> 1; off > 0; off >>= 1)
+                    part += __shfl_xor_sync(KCUDA_FULL_MASK, part, off);
+                if (li == 0 && t < cnt)
                     sc[j * ATT_CHUNK + t] = t < skip ? -INFINITY : part;
-            } else {
-                for (int j = 0; j < group; j++) {
-                    float part = att_dot8(qs + j * hd + li * 8, kf[u]);
-                    for (int off = L >> 1; off > 0; off >>= 1)
-                        part += __shfl_xor_sync(KCUDA_FULL_MASK, part, off);
-                    if (li == 0 && t < cnt)
-                        sc[j * ATT_CHUNK + t] = t < skip ? -INFINITY : part;
-                }
             }
         }
     }
@@ -237,38 +333,21 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
             ml[2 * j + 1] = l;
         }
     }
+    kc_cp_async_wait<0>();
     __syncthreads();
 
-    /* p * V: thread (phase ph, dimensions 4 dq ..); phases summed below. */
+    /* p * V: thread (phase ph, dimensions 4 dq ..), 8-byte reads of the V rows;
+     * the sums run in position order, phases summed below. */
+    const int nq = hd >> 2, nph = ATT_THREADS / nq, dq = tid % nq, ph = tid / nq;
     float4 acc[ATT_MAXG];
 #pragma unroll
     for (int j = 0; j < ATT_MAXG; j++)
         acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (vpre_all) { /* positions in the order of the loops below: the same bits */
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int t = ph + u * nph;
-            if (t >= cnt)
-                break;
-            att_pv(acc, sc, t, group, vpre[u]);
-        }
-    }
-    /* Eight V loads are issued before any is used, so a block waits out one
-     * memory latency per eight positions of a phase. The sums still run in
-     * position order. */
-    int t = vpre_all ? cnt : ph;
-    for (; t + 7 * nph < cnt; t += 8 * nph) {
-        uint2 vr[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-            vr[u] = *(const uint2 *)(vc + (size_t)(t0 + t + u * nph) * rb + voff);
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-            att_pv(acc, sc, t + u * nph, group, vr[u]);
-    }
-    for (; t < cnt; t += nph)
-        att_pv(acc, sc, t, group, *(const uint2 *)(vc + (size_t)(t0 + t) * rb + voff));
-    __syncthreads(); /* red takes the place of q and the scores */
+    const __half *vp = vs + 4 * dq;
+#pragma unroll 4
+    for (int t = ph; t < cnt; t += nph)
+        att_pv(acc, sc, t, group, *(const uint2 *)(vp + (size_t)t * hd));
+    __syncthreads(); /* red takes the place of q, the scores and the rows */
 #pragma unroll
     for (int j = 0; j < ATT_MAXG; j++) {
         if (j >= group)
@@ -288,6 +367,44 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
         pml[PH(tid) * 2 + 1] = ml[2 * tid + 1];
     }
 #undef PH
+}
+
+/* Raises the split kernel's dynamic shared-memory limit to ATT_SMEM_MAX, once per
+ * kernel and device. */
+template <bool G8, bool QKV>
+static int att_split_prepare(bl_err_t *err)
+{
+    static int done[KC_MAX_DEVICES];
+    int dev = 0;
+    KCUDA_CHECK(cudaGetDevice(&dev), err);
+    return kc_smem_prepare(att_split_kernel<G8, QKV>, done, dev, (int)ATT_SMEM_MAX, err);
+}
+
+/* Launches the split pass: G8 where the group is 8 heads of 128, QKV where f is given. */
+static int att_split_go(dim3 grid, size_t smem, cudaStream_t st, bool g8, const att_qkv_t *f, const uint8_t *kc,
+                        const uint8_t *vc, size_t rb, const float *q, int64_t pos0, int n_head, int group, int hd,
+                        float scale, int64_t n_split, int chunk, float *pacc, float *pml,
+                        const kcuda_kv_row_t *rows, int64_t layer, int window, bl_err_t *err)
+{
+    const att_qkv_t fq = f ? *f : att_qkv_t{};
+#define ATT_SPLIT_GO(G, Q)                                                                                          \
+    do {                                                                                                            \
+        const int rc = att_split_prepare<G, Q>(err);                                                                \
+        if (rc < 0)                                                                                                 \
+            return rc;                                                                                              \
+        KC_LAUNCH(err, (att_split_kernel<G, Q>), grid, ATT_THREADS, smem, st, kc, vc, rb, q, pos0, n_head, group, hd, \
+                  scale, n_split, chunk, pacc, pml, rows, layer, window, fq);                                       \
+    } while (0)
+    if (g8 && f)
+        ATT_SPLIT_GO(true, true);
+    else if (g8)
+        ATT_SPLIT_GO(true, false);
+    else if (f)
+        ATT_SPLIT_GO(false, true);
+    else
+        ATT_SPLIT_GO(false, false);
+#undef ATT_SPLIT_GO
+    return 0;
 }
 
 /* Dynamic shared memory of the combine pass: n_split weights, padded to whole
@@ -412,16 +529,6 @@ int kcuda_attention_set_short(int max_len)
     g_att_short = max_len < 0 ? 0 : max_len > KCUDA_ATT_SHORT_MAX ? KCUDA_ATT_SHORT_MAX : max_len;
     return old;
 }
-
-/* The step's work before attention, for att_short_kernel<HD, true>: the raw k and v
- * rows (n, n_kv * HD), the q/k norm gains, RoPE positions and base (kcuda_qkv_rows). */
-typedef struct att_qkv {
-    const float *k, *v, *qg, *kg;
-    const int32_t *pos;
-    int n_kv;
-    kcuda_rope_t rope;
-    float eps;
-} att_qkv_t;
 
 /* QKV: kcuda_qkv_rows's work folded in. Warp 0 normalises and rotates the block's q
  * head into shared memory (then scales it), warp 1 its KV head's k (kept in f16, the
@@ -612,7 +719,7 @@ size_t kcuda_attention_scratch_bytes(int64_t n, int64_t n_head, int64_t head_dim
 {
     if (n < 1 || n_head < 1 || head_dim < 1 || max_len < 1)
         return 0;
-    return sizeof(float) * (size_t)n * (size_t)n_head * (size_t)att_splits_bound(max_len) *
+    return sizeof(float) * (size_t)n * (size_t)n_head * (size_t)att_splits_bound(max_len, (int)head_dim) *
            (size_t)(head_dim + 2);
 }
 
@@ -635,30 +742,33 @@ int kcuda_attention(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, i
         (uintptr_t)kv->k % 16 != 0 || (uintptr_t)kv->v % 16 != 0)
         return bl_err_set(err, BL_EINVAL, "attention: cache rows of %zu bytes (a multiple of 16, at least %lld) or misaligned",
                           kv->row_bytes, (long long)(n_kv_head * head_dim * 2));
-    const int64_t n_split = att_splits(pos0 + n);
-    const int chunk = att_chunk(pos0 + n);
+    const int64_t n_split = att_splits(pos0 + n, (int)head_dim);
+    const int chunk = att_chunk(pos0 + n, (int)head_dim);
     const size_t need = kcuda_attention_scratch_bytes(n, n_head, head_dim, pos0 + n);
     if (scratch_bytes < need)
         return bl_err_set(err, BL_ERANGE, "attention: scratch of %zu bytes, %zu needed", scratch_bytes, need);
     if (n_split > ATT_MAX_SPLITS)
         return bl_err_set(err, BL_ENOTSUP, "attention: a context of %lld positions (at most %lld)",
-                          (long long)(pos0 + n), (long long)ATT_MAX_SPLITS * ATT_CHUNK);
+                          (long long)(pos0 + n), (long long)ATT_MAX_SPLITS * att_chunk_cap((int)head_dim));
     float *pacc = (float *)d_scratch;
     float *pml = pacc + (size_t)n * (size_t)n_head * (size_t)n_split * (size_t)head_dim;
     const int group = (int)(n_head / n_kv_head);
     cudaStream_t st = (cudaStream_t)stream;
     const dim3 g1((unsigned)n_split, (unsigned)n_kv_head, (unsigned)n);
     const bool g8 = group == 8 && head_dim == 128;
-    KC_LAUNCH(err, g8 ? att_split_kernel<true> : att_split_kernel<false>, g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st, (const uint8_t *)kv->k, (const uint8_t *)kv->v, kv->row_bytes, d_q, pos0, (int)n_head, group,
-        (int)head_dim, scale, n_split, chunk, pacc, pml, NULL, 0, window);
+    const int rc = att_split_go(g1, att_smem_bytes(group, (int)head_dim, chunk), st, g8, NULL, (const uint8_t *)kv->k,
+                                (const uint8_t *)kv->v, kv->row_bytes, d_q, pos0, (int)n_head, group, (int)head_dim,
+                                scale, n_split, chunk, pacc, pml, NULL, 0, window, err);
+    if (rc < 0)
+        return rc;
     const dim3 g2((unsigned)n_head, (unsigned)n, (unsigned)(head_dim / 32));
     KC_LAUNCH(err, att_combine_kernel, g2, ATT_THREADS, att_combine_smem(n_split), st, pacc, pml, (int)n_head,
               (int)head_dim, n_split, chunk, d_out, NULL, pos0, window, sinks);
     return 0;
 }
 
-/* kcuda_attention_rows; with f (and a grid within the one-pass bound), the
- * one-pass kernel with kcuda_qkv_rows's work folded in. */
+/* kcuda_attention_rows; with f, kcuda_qkv_rows's work folded into the one-pass
+ * kernel (a grid within its bound) or the split pass. */
 static int attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, const float *d_q,
                           float *d_out, int64_t n, int64_t max_len, int64_t n_head, int64_t n_kv_head,
                           int64_t head_dim, float scale, const kcuda_att_ext_t *ext, void *d_scratch,
@@ -701,20 +811,23 @@ static int attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t ro
 #undef ATT_SHORT_GO
         return 0;
     }
-    const int64_t n_split = att_splits(max_len);
-    const int chunk = att_chunk(max_len);
+    const int64_t n_split = att_splits(max_len, (int)head_dim);
+    const int chunk = att_chunk(max_len, (int)head_dim);
     const size_t need = kcuda_attention_scratch_bytes(n, n_head, head_dim, max_len);
     if (scratch_bytes < need)
         return bl_err_set(err, BL_ERANGE, "attention_rows: scratch of %zu bytes, %zu needed", scratch_bytes, need);
     if (n_split > ATT_MAX_SPLITS)
         return bl_err_set(err, BL_ENOTSUP, "attention_rows: max_len %lld (at most %lld)", (long long)max_len,
-                          (long long)ATT_MAX_SPLITS * ATT_CHUNK);
+                          (long long)ATT_MAX_SPLITS * att_chunk_cap((int)head_dim));
     float *pacc = (float *)d_scratch;
     float *pml = pacc + (size_t)n * (size_t)n_head * (size_t)n_split * (size_t)head_dim;
     const dim3 g1((unsigned)n_split, (unsigned)n_kv_head, (unsigned)n);
     const bool g8 = group == 8 && head_dim == 128;
-    KC_LAUNCH(err, g8 ? att_split_kernel<true> : att_split_kernel<false>, g1, ATT_THREADS, att_smem_bytes(group, (int)head_dim), st, NULL, NULL, row_bytes, d_q, 0, (int)n_head, group, (int)head_dim, scale, n_split, chunk, pacc, pml,
-        d_rows, layer, window);
+    const int rc = att_split_go(g1, att_smem_bytes(group, (int)head_dim, chunk), st, g8, f, NULL, NULL, row_bytes, d_q,
+                                0, (int)n_head, group, (int)head_dim, scale, n_split, chunk, pacc, pml, d_rows, layer,
+                                window, err);
+    if (rc < 0)
+        return rc;
     const dim3 g2((unsigned)n_head, (unsigned)n, (unsigned)(head_dim / 32));
     KC_LAUNCH(err, att_combine_kernel, g2, ATT_THREADS, att_combine_smem(n_split), st, pacc, pml, (int)n_head,
               (int)head_dim, n_split, chunk, d_out, d_rows, 0, window, sinks);
@@ -737,13 +850,6 @@ int kcuda_attention_rows_qkv(const kcuda_kv_row_t *d_rows, int64_t layer, size_t
                              float scale, const kcuda_att_ext_t *ext, void *d_scratch, size_t scratch_bytes,
                              void *stream, bl_err_t *err)
 {
-    if (max_len > g_att_short) {
-        int rc = kcuda_qkv_rows(d_rows, layer, row_bytes, d_q, d_k, d_v, d_q_norm, d_k_norm, d_pos, n, n_head,
-                                n_kv_head, head_dim, rope, eps, stream, err);
-        return rc < 0 ? rc
-                      : kcuda_attention_rows(d_rows, layer, row_bytes, d_q, d_out, n, max_len, n_head, n_kv_head,
-                                             head_dim, scale, ext, d_scratch, scratch_bytes, stream, err);
-    }
     if (!d_k || !d_v || !d_pos || !rope || !d_q_norm != !d_k_norm || rope->n_rot < 2 || rope->n_rot > head_dim ||
         rope->n_rot % 2 != 0)
         return bl_err_set(err, BL_EINVAL, "attention_rows_qkv: a NULL buffer, or %d of %lld dims rotated",

@@ -515,6 +515,11 @@ int kcuda_qkv_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes
  * at each launch, so a captured graph keeps what it was captured with; for
  * measuring where the one-pass kernel stops paying (BLOOMERY_CUDA_ATT_SHORT). */
 int kcuda_attention_set_short(int max_len);
+/* Sets the shortest chunk of the split pass, 16 to KCUDA_ATT_CHUNK (a multiple of
+ * 16; the schedule above still sets longer ones); returns the previous value.
+ * Process-wide and read at each launch, as kcuda_attention_set_short; for measuring
+ * the schedule (BLOOMERY_CUDA_ATT_CHUNK). */
+int kcuda_attention_set_chunk(int min_chunk);
 
 int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes,
                          const float *d_q, float *d_out, int64_t n, int64_t max_len,
@@ -523,12 +528,15 @@ int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row
                          void *d_scratch, size_t scratch_bytes, void *stream,
                          bl_err_t *err) BL_WUR;
 
-/* kcuda_qkv_rows then kcuda_attention_rows (the same arguments), in one launch when
- * max_len is within the one-pass bound (kcuda_attention_set_short): each block
- * normalises and rotates its own q head and its KV head's k, and the group's first
- * block stores k and v at the row's position. The same cache bytes and output bits
- * as the two calls; d_q and d_k are normalised in place only by the two-call path
- * (nothing after attention reads them). */
+/* kcuda_qkv_rows then kcuda_attention_rows (the same arguments), with the first
+ * folded into the second: within the one-pass bound (kcuda_attention_set_short)
+ * each block normalises and rotates its own q head and its KV head's k, and the
+ * group's first block stores k and v at the row's position; past it each split
+ * block does so for its group's q heads, and the block whose chunk holds the row's
+ * position stores that KV head's k and v. The same cache bytes and output bits as
+ * the two calls; d_q and d_k are left as they were (the two calls normalise them
+ * in place; nothing after attention reads them). Rows must be of distinct
+ * sequences (a row's context is read while the others' positions are stored). */
 int kcuda_attention_rows_qkv(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, float *d_q,
                              float *d_k, const float *d_v, const float *d_q_norm, const float *d_k_norm,
                              const int32_t *d_pos, float *d_out, int64_t n, int64_t max_len, int64_t n_head,

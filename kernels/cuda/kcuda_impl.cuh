@@ -358,6 +358,23 @@ static __device__ __forceinline__ void kc_moe_route_row(const float *l, int n_ex
     }
 }
 
+/* Devices whose per-kernel settings the launchers remember. */
+#define KC_MAX_DEVICES 16
+
+/* Raises kernel's dynamic shared-memory limit to bytes on device dev, once per
+ * kernel and device (done: that kernel's flags; a host-side attribute, not a
+ * stream operation). */
+template <typename K>
+static int kc_smem_prepare(K kernel, int *done, int dev, int bytes, bl_err_t *err)
+{
+    if (dev >= 0 && dev < KC_MAX_DEVICES && done[dev])
+        return 0;
+    KCUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), err);
+    if (dev >= 0 && dev < KC_MAX_DEVICES)
+        done[dev] = 1;
+    return 0;
+}
+
 /* Asynchronous copies and tensor-core fragments (sm_80 and later), for the kernels
  * that stage tiles in shared memory: a 16-byte global-to-shared copy (bytes < 16
  * zero-fills the rest; 0 reads nothing), its group commit and wait; ldmatrix of four

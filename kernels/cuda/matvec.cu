@@ -47,7 +47,6 @@
  * measured slower on the H200 in a decode step: fewer registers per thread, and
  * less room for the next kernel's blocks to start early). */
 #define MV_MIN_BLOCKS 2
-#define MV_MAX_DEVICES 16
 
 enum { MV_PLAIN = 0, MV_EXPERT = 1, MV_EXPERT_DOWN = 2 };
 
@@ -1109,19 +1108,19 @@ static int same_shape(const kcuda_mat_t *a, const kcuda_mat_t *b, const char *wh
 /* Per device: SM count and the opt-in shared-memory limit per block (0: not read
  * yet). Written once per device by whichever thread gets there first; every writer
  * writes the same values. */
-static int g_sm_count[MV_MAX_DEVICES], g_smem_optin[MV_MAX_DEVICES];
+static int g_sm_count[KC_MAX_DEVICES], g_smem_optin[KC_MAX_DEVICES];
 
 static int device_limits(int *dev, int *sms, int *optin, bl_err_t *err)
 {
     KCUDA_CHECK(cudaGetDevice(dev), err);
-    if (*dev >= 0 && *dev < MV_MAX_DEVICES && g_sm_count[*dev] > 0) {
+    if (*dev >= 0 && *dev < KC_MAX_DEVICES && g_sm_count[*dev] > 0) {
         *sms = g_sm_count[*dev];
         *optin = g_smem_optin[*dev];
         return 0;
     }
     KCUDA_CHECK(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, *dev), err);
     KCUDA_CHECK(cudaDeviceGetAttribute(optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, *dev), err);
-    if (*dev >= 0 && *dev < MV_MAX_DEVICES) {
+    if (*dev >= 0 && *dev < KC_MAX_DEVICES) {
         g_smem_optin[*dev] = *optin;
         g_sm_count[*dev] = *sms;
     }
@@ -1131,35 +1130,22 @@ static int device_limits(int *dev, int *sms, int *optin, bl_err_t *err)
 /* Shared memory per SM (the blocks of a launch that can share one), per device. */
 static int sm_smem(int dev, int *out, bl_err_t *err)
 {
-    static int cache[MV_MAX_DEVICES];
-    if (dev >= 0 && dev < MV_MAX_DEVICES && cache[dev] > 0) {
+    static int cache[KC_MAX_DEVICES];
+    if (dev >= 0 && dev < KC_MAX_DEVICES && cache[dev] > 0) {
         *out = cache[dev];
         return 0;
     }
     KCUDA_CHECK(cudaDeviceGetAttribute(out, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), err);
-    if (dev >= 0 && dev < MV_MAX_DEVICES)
+    if (dev >= 0 && dev < KC_MAX_DEVICES)
         cache[dev] = *out;
-    return 0;
-}
-
-/* Raises the kernel's dynamic shared-memory limit to the device's opt-in limit,
- * once per device (a host-side attribute, not a stream operation). */
-template <typename K>
-static int mv_prepare(K kernel, int *done, int dev, int optin, bl_err_t *err)
-{
-    if (dev >= 0 && dev < MV_MAX_DEVICES && done[dev])
-        return 0;
-    KCUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin), err);
-    if (dev >= 0 && dev < MV_MAX_DEVICES)
-        done[dev] = 1;
     return 0;
 }
 
 template <int T, int NX>
 static int mv_go(const mv_args_t *a, dim3 grid, size_t smem, int dev, int optin, cudaStream_t st, bl_err_t *err)
 {
-    static int done[MV_MAX_DEVICES]; /* one set per kernel instance and device */
-    int rc = mv_prepare(mv_kernel<T, NX>, done, dev, optin, err);
+    static int done[KC_MAX_DEVICES]; /* one set per kernel instance and device */
+    int rc = kc_smem_prepare(mv_kernel<T, NX>, done, dev, optin, err);
     if (rc < 0)
         return rc;
     KC_LAUNCH(err, mv_kernel<T, NX>, grid, MV_THREADS, smem, st, *a);
@@ -1277,8 +1263,8 @@ template <int T1, int T2, int NX>
 static int mv_go2(const mv_args_t *a1, const mv_args_t *a2, unsigned nbx1, dim3 grid, size_t smem, int dev,
                   int optin, cudaStream_t st, bl_err_t *err)
 {
-    static int done[MV_MAX_DEVICES];
-    int rc = mv_prepare(mv_kernel2<T1, T2, NX>, done, dev, optin, err);
+    static int done[KC_MAX_DEVICES];
+    int rc = kc_smem_prepare(mv_kernel2<T1, T2, NX>, done, dev, optin, err);
     if (rc < 0)
         return rc;
     KC_LAUNCH(err, mv_kernel2<T1, T2, NX>, grid, MV_THREADS, smem, st, *a1, *a2, nbx1);
