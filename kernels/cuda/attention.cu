@@ -135,23 +135,50 @@ __device__ __forceinline__ void att_k8(float *kf, const __half *src)
     }
 }
 
-/* G8: the group is 8 and head_dim 128 (Qwen3-30B-A3B, gpt-oss, qwen3next): each
- * lane keeps its eight dimensions of the eight heads' q in registers, and the
- * scores' shuffle sums of the 8 heads share one butterfly (8 shuffles a position
- * instead of 32).
+/* The place of 16-byte piece c of row t of a chunk's K or V rows in shared memory
+ * for the tensor-core form: piece c ^ att_swz(t), so that the 8 rows an ldmatrix
+ * reads, and the two rows a quarter-warp's 16-byte reads of K take, fall on
+ * distinct banks (rows are 256 bytes, all on the same banks unswizzled). */
+__device__ __forceinline__ int att_swz(int t) { return ((t & 1) << 2) | ((t >> 1) & 3); }
+
+/* f (two floats) as f16 pairs hi + lo: hi = f16(f), lo = f16(f - hi); hi + lo
+ * carries about 22 bits of each, so products with f16 K and V keep f32 accuracy. */
+__device__ __forceinline__ void att_split_f16(float x, float y, unsigned *hi, unsigned *lo)
+{
+    const __half2 h = __floats2half2_rn(x, y);
+    const float2 hf = __half22float2(h);
+    const __half2 l = __floats2half2_rn(x - hf.x, y - hf.y);
+    *hi = *(const unsigned *)&h;
+    *lo = *(const unsigned *)&l;
+}
+
+/* MMA: head_dim 128 and a group of at most 8 heads (Qwen3-30B-A3B's 8): the scores
+ * and p * V are tensor-core products (mma m16n8k16, f32 sums), the group's heads
+ * the 16 rows' first 8 (the rest zero), q and p each split into f16 hi + lo (two
+ * products each), K and V exact in f16. Scores: a warp per 8 positions, S (heads,
+ * 8 positions) = q (heads, 16 dims) K^T (16 dims, 8 positions) over 8 steps of 16
+ * dims, whose order is permuted (the same for q and K) so that each lane reads its
+ * K row as four 16-byte pieces. p * V: a warp per 32 dimensions over all the
+ * chunk's positions, O (heads, 8 dims) += p (heads, 16 positions) V (16 positions,
+ * 8 dims), V read transposed by ldmatrix; each warp writes its own dimensions, so
+ * no phase sums. The FP32 form spends about 2,048 multiply-adds a position and KV
+ * head in instructions the SMs issue one warp at a time; at 32k positions that,
+ * not the memory, was the bound.
  * QKV (rows only): kcuda_qkv_rows's work folded in, as in att_short_kernel: each
  * block normalises and rotates its group's q heads into shared memory; the block
  * whose chunk ends at the row's own position (its last) normalises and rotates the
  * KV head's k, rounds v, stores both in the cache and puts them in its rows of the
  * chunk, which no other block reads. q and k in global memory are left as they were. */
-template <bool G8, bool QKV>
-__global__ void __launch_bounds__(ATT_THREADS)
+template <bool MMA, bool QKV>
+__global__ void __launch_bounds__(ATT_THREADS, 1)
 att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q, int64_t pos0,
                  int n_head, int group, int hd, float scale, int64_t n_split, int chunk, float *pacc,
                  float *pml, const kcuda_kv_row_t *rows, int64_t layer, int window, att_qkv_t f)
 {
     kc_wait_prior();
     kc_allow_next();
+    if (MMA)
+        hd = 128;
     extern __shared__ float4 att_smem4[];
     float *ml = (float *)att_smem4;                     // (group, 2), padded to (group, 4)
     float *kf = ml + 4 * group;                         // (hd): the row's own k (QKV)
@@ -160,8 +187,8 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
     __half *ks = (__half *)(sc + group * ATT_CHUNK);    // (chunk, hd): the chunk's K rows
     __half *vs = ks + (size_t)chunk * hd;               // (chunk, hd): its V rows
     float *red = qs;                                    // (phases, group, hd) once all above is read
-    const int64_t s = blockIdx.x;
-    const int g = blockIdx.y, b = blockIdx.z;
+    const int64_t s = blockIdx.y;
+    const int g = blockIdx.x, b = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     int64_t len = pos0 + b + 1;
     if (rows) {
@@ -196,22 +223,26 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
     }
     /* The chunk's K rows of this KV head, then its V rows, copied to shared memory
      * as two groups of 16-byte pieces: every load of the block is in flight at
-     * once, and the scores start as soon as K has landed. */
+     * once, and the scores start as soon as K has landed. The tensor-core form's V
+     * rows up to the next 16 positions are zeros (its products take 16 at a time). */
     const size_t hoff = (size_t)g * hd * sizeof(__half);
     /* QKV: the chunk ends at the row's own position, whose K and V this block makes */
     const bool own = QKV && t0 + cnt == len;
+    const int lp = __ffs(hd >> 3) - 1; /* log2 of the 16-byte pieces of a row */
     {
-        const int lp = __ffs(hd >> 3) - 1; /* log2 of the 16-byte pieces of a row */
         const int pieces = (own ? cnt - 1 : cnt) << lp;
         for (int i = tid; i < pieces; i += ATT_THREADS) {
-            const int t = i >> lp, c = i & ((1 << lp) - 1);
-            kc_cp_async16(ks + (size_t)t * hd + 8 * c, kc + (size_t)(t0 + t) * rb + hoff + 16 * (size_t)c, 16);
+            const int t = i >> lp, c = i & ((1 << lp) - 1), cs = MMA ? c ^ att_swz(t) : c;
+            kc_cp_async16(ks + (size_t)t * hd + 8 * cs, kc + (size_t)(t0 + t) * rb + hoff + 16 * (size_t)c, 16);
         }
         kc_cp_async_commit();
         for (int i = tid; i < pieces; i += ATT_THREADS) {
-            const int t = i >> lp, c = i & ((1 << lp) - 1);
-            kc_cp_async16(vs + (size_t)t * hd + 8 * c, vc + (size_t)(t0 + t) * rb + hoff + 16 * (size_t)c, 16);
+            const int t = i >> lp, c = i & ((1 << lp) - 1), cs = MMA ? c ^ att_swz(t) : c;
+            kc_cp_async16(vs + (size_t)t * hd + 8 * cs, vc + (size_t)(t0 + t) * rb + hoff + 16 * (size_t)c, 16);
         }
+        if (MMA)
+            for (int i = (cnt << lp) + tid; i < ((cnt + 15) & ~15) << lp; i += ATT_THREADS)
+                kc_cp_async16(vs + (size_t)(i >> lp) * hd + 8 * (i & ((1 << lp) - 1)), vc, 0);
         kc_cp_async_commit();
     }
     const float *qg = q + ((size_t)b * n_head + h0) * hd;
@@ -226,17 +257,22 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
         }
         if (own) {
             const size_t at = (size_t)(len - 1) * rb + hoff;
-            __half *kh = ks + (size_t)(cnt - 1) * hd, *vh = vs + (size_t)(cnt - 1) * hd;
+            const int t = cnt - 1, sw = MMA ? att_swz(t) : 0;
+            __half *kh = ks + (size_t)t * hd, *vh = vs + (size_t)t * hd;
             if (warp == 0) {
-                kc_head_norm_rope(kf, f.k + ((size_t)b * f.n_kv + g) * hd, f.kg, p, hd, f.rope, f.eps, lane, kh);
+                kc_head_norm_rope(kf, f.k + ((size_t)b * f.n_kv + g) * hd, f.kg, p, hd, f.rope, f.eps, lane, NULL);
                 __syncwarp();
-                for (int d = lane; d < hd; d += 32)
-                    ((__half *)(uintptr_t)(kc + at))[d] = kh[d];
+                for (int d = lane; d < hd; d += 32) {
+                    const __half h = __float2half_rn(kf[d]);
+                    kh[8 * ((d >> 3) ^ sw) + (d & 7)] = h;
+                    ((__half *)(uintptr_t)(kc + at))[d] = h;
+                }
             } else if (warp == 1) {
                 const float *vr = f.v + ((size_t)b * f.n_kv + g) * hd;
                 for (int d = lane; d < hd; d += 32) {
-                    vh[d] = __float2half_rn(vr[d]);
-                    ((__half *)(uintptr_t)(vc + at))[d] = vh[d];
+                    const __half h = __float2half_rn(vr[d]);
+                    vh[8 * ((d >> 3) ^ sw) + (d & 7)] = h;
+                    ((__half *)(uintptr_t)(vc + at))[d] = h;
                 }
             }
         }
@@ -247,64 +283,62 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
     kc_cp_async_wait<1>();
     __syncthreads();
 
-    /* Scores: L lanes per position (eight dimensions each), P positions per warp
-     * step, two steps at a time, 4 warps. */
-    const int L = hd >> 3, P = 32 / L, li = lane % L, pi = lane / L;
-    if (G8) { /* 8 heads over 16 lanes: one butterfly, each step halving the heads a lane holds */
-        float qr[8][8];
+    const int gq = lane >> 2, tq = lane & 3; /* the tensor-core fragments' row and column group */
+    if (MMA) {
+        /* q as the A operand, rows gq (zero past the group), the 8 steps of 16 dims
+         * in the permuted order: step 2u + e takes dims 32u + 8tq + 4e + {0, 1}
+         * (first pair) and + {2, 3} (second), where K's 16-byte piece 4u + tq of
+         * row gq holds them in the same order */
+        unsigned qa[8][2][2]; /* [step][hi, lo][first, second pair] */
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int u = 0; u < 4; u++) {
+            float x[8];
 #pragma unroll
             for (int i = 0; i < 8; i++)
-                qr[j][i] = qs[j * 128 + li * 8 + i];
-        const bool h8 = li & 8, h4 = li & 4, h2 = li & 2;
-        const int jo = (h8 ? 4 : 0) + (h4 ? 2 : 0) + (h2 ? 1 : 0);
-        for (int base = warp * 2; base < cnt; base += 16) {
-            float kf[2][8];
+                x[i] = gq < group ? qs[gq * 128 + 32 * u + 8 * tq + i] : 0.0f;
 #pragma unroll
-            for (int u = 0; u < 2; u++) {
-                const int t = base + 8 * u + pi;
-                if (t < cnt)
-                    att_k8(kf[u], ks + (size_t)t * 128 + li * 8);
-                else
-#pragma unroll
-                    for (int i = 0; i < 8; i++)
-                        kf[u][i] = 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                const int t = base + 8 * u + pi;
-                if (base + 8 * u >= cnt) /* the same for the whole warp */
-                    break;
-                float p8[8];
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    p8[j] = att_dot8(qr[j], kf[u]);
-                float p4[4], p2[2];
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    p4[i] = (h8 ? p8[i + 4] : p8[i]) + __shfl_xor_sync(KCUDA_FULL_MASK, h8 ? p8[i] : p8[i + 4], 8);
-#pragma unroll
-                for (int i = 0; i < 2; i++)
-                    p2[i] = (h4 ? p4[i + 2] : p4[i]) + __shfl_xor_sync(KCUDA_FULL_MASK, h4 ? p4[i] : p4[i + 2], 4);
-                float part = (h2 ? p2[1] : p2[0]) + __shfl_xor_sync(KCUDA_FULL_MASK, h2 ? p2[0] : p2[1], 2);
-                part += __shfl_xor_sync(KCUDA_FULL_MASK, part, 1);
-                if ((li & 1) == 0 && t < cnt)
-                    sc[jo * ATT_CHUNK + t] = t < skip ? -INFINITY : part;
+            for (int e = 0; e < 2; e++) {
+                att_split_f16(x[4 * e], x[4 * e + 1], &qa[2 * u + e][0][0], &qa[2 * u + e][1][0]);
+                att_split_f16(x[4 * e + 2], x[4 * e + 3], &qa[2 * u + e][0][1], &qa[2 * u + e][1][1]);
             }
         }
+        for (int tile = warp; tile * 8 < cnt; tile += ATT_THREADS / 32) {
+            const int r = tile * 8 + gq; /* the K row this lane's B fragment reads */
+            const uint4 *kr = (const uint4 *)(ks + (size_t)r * 128);
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const uint4 w = kr[(4 * u + tq) ^ att_swz(r)];
+#pragma unroll
+                for (int hl = 0; hl < 2; hl++) {
+                    const unsigned a0[4] = {qa[2 * u][hl][0], 0u, qa[2 * u][hl][1], 0u};
+                    kc_mma16816(c, a0, w.x, w.y);
+                    const unsigned a1[4] = {qa[2 * u + 1][hl][0], 0u, qa[2 * u + 1][hl][1], 0u};
+                    kc_mma16816(c, a1, w.z, w.w);
+                }
+            }
+            /* c[0], c[1]: head gq's scores of positions tile * 8 + 2 tq, + 1 (rows past
+             * cnt read stale shared memory; their scores are never read) */
+            const int t = tile * 8 + 2 * tq;
+            if (gq < group)
+                *(float2 *)&sc[gq * ATT_CHUNK + t] = make_float2(t < skip ? -INFINITY : c[0],
+                                                                 t + 1 < skip ? -INFINITY : c[1]);
+        }
     } else {
+        /* Scores: L lanes per position (eight dimensions each), P positions per
+         * warp step, 4 warps. */
+        const int L = hd >> 3, P = 32 / L, li = lane % L, pi = lane / L;
         for (int base = warp * P; base < cnt; base += 4 * P) {
             const int t = base + pi;
-            float kf[8];
+            float kv8[8];
             if (t < cnt)
-                att_k8(kf, ks + (size_t)t * hd + li * 8);
+                att_k8(kv8, ks + (size_t)t * hd + li * 8);
             else
 #pragma unroll
                 for (int i = 0; i < 8; i++)
-                    kf[i] = 0.0f;
+                    kv8[i] = 0.0f;
             for (int j = 0; j < group; j++) {
-                float part = att_dot8(qs + j * hd + li * 8, kf);
+                float part = att_dot8(qs + j * hd + li * 8, kv8);
                 for (int off = L >> 1; off > 0; off >>= 1)
                     part += __shfl_xor_sync(KCUDA_FULL_MASK, part, off);
                 if (li == 0 && t < cnt)
@@ -314,7 +348,9 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
     }
     __syncthreads();
 
-    /* The chunk's softmax per head: a warp per head. */
+    /* The chunk's softmax per head: a warp per head; p is 0 from cnt to the next
+     * 16 positions (the tensor-core products' last step). */
+    const int cnt16 = (cnt + 15) & ~15;
     for (int j = warp; j < group; j += ATT_THREADS / 32) {
         float *sj = sc + j * ATT_CHUNK;
         float m = -INFINITY;
@@ -327,6 +363,9 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
             sj[t] = p;
             l += p;
         }
+        if (MMA)
+            for (int t = cnt + lane; t < cnt16; t += 32)
+                sj[t] = 0.0f;
         l = kc_warp_sum(l);
         if (lane == 0) {
             ml[2 * j] = m;
@@ -336,31 +375,65 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
     kc_cp_async_wait<0>();
     __syncthreads();
 
-    /* p * V: thread (phase ph, dimensions 4 dq ..), 8-byte reads of the V rows;
-     * the sums run in position order, phases summed below. */
-    const int nq = hd >> 2, nph = ATT_THREADS / nq, dq = tid % nq, ph = tid / nq;
-    float4 acc[ATT_MAXG];
+    if (MMA) {
+        /* p * V: warp w takes dims 32 w .. 32 w + 31 (four tiles of 8), all positions */
+        float o[4][4];
 #pragma unroll
-    for (int j = 0; j < ATT_MAXG; j++)
-        acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const __half *vp = vs + 4 * dq;
+        for (int i = 0; i < 4; i++)
+            o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+        const float *prow = sc + (gq < group ? gq : 0) * ATT_CHUNK;
+        const int mi = lane >> 3, rr = lane & 7; /* the ldmatrix row this lane addresses */
+        for (int k0 = 0; k0 < cnt16; k0 += 16) {
+            unsigned ah[4] = {0u, 0u, 0u, 0u}, al[4] = {0u, 0u, 0u, 0u};
+            if (gq < group) {
+                const float2 p0 = *(const float2 *)&prow[k0 + 2 * tq], p1 = *(const float2 *)&prow[k0 + 2 * tq + 8];
+                att_split_f16(p0.x, p0.y, &ah[0], &al[0]);
+                att_split_f16(p1.x, p1.y, &ah[2], &al[2]);
+            }
+            const int vr = k0 + (mi & 1) * 8 + rr;
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) {
+                const int c = 4 * warp + 2 * h2 + (mi >> 1); /* 16-byte piece: dims 8c .. 8c + 7 */
+                unsigned bv[4];
+                kc_ldsm_x4_t(bv, vs + (size_t)vr * 128 + 8 * (c ^ att_swz(vr)));
+                kc_mma16816(o[2 * h2], ah, bv[0], bv[1]);
+                kc_mma16816(o[2 * h2], al, bv[0], bv[1]);
+                kc_mma16816(o[2 * h2 + 1], ah, bv[2], bv[3]);
+                kc_mma16816(o[2 * h2 + 1], al, bv[2], bv[3]);
+            }
+        }
+        /* o[i][0], o[i][1]: head gq, dims 32 w + 8 i + 2 tq, + 1 */
+        if (gq < group)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                *(float2 *)&pacc[PH(gq) * 128 + 32 * warp + 8 * i + 2 * tq] = make_float2(o[i][0], o[i][1]);
+    } else {
+        /* p * V: thread (phase ph, dimensions 4 dq ..), 8-byte reads of the V rows;
+         * the sums run in position order, phases summed below. */
+        const int nq = hd >> 2, nph = ATT_THREADS / nq, dq = tid % nq, ph = tid / nq;
+        float4 acc[ATT_MAXG];
+#pragma unroll
+        for (int j = 0; j < ATT_MAXG; j++)
+            acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const __half *vp = vs + 4 * dq;
 #pragma unroll 4
-    for (int t = ph; t < cnt; t += nph)
-        att_pv(acc, sc, t, group, *(const uint2 *)(vp + (size_t)t * hd));
-    __syncthreads(); /* red takes the place of q, the scores and the rows */
+        for (int t = ph; t < cnt; t += nph)
+            att_pv(acc, sc, t, group, *(const uint2 *)(vp + (size_t)t * hd));
+        __syncthreads(); /* red takes the place of q, the scores and the rows */
 #pragma unroll
-    for (int j = 0; j < ATT_MAXG; j++) {
-        if (j >= group)
-            break;
-        *(float4 *)&red[(ph * group + j) * hd + 4 * dq] = acc[j];
-    }
-    __syncthreads();
-    for (int idx = tid; idx < group * hd; idx += ATT_THREADS) {
-        const int j = idx / hd, d = idx % hd;
-        float a = 0.0f;
-        for (int p2 = 0; p2 < nph; p2++)
-            a += red[(p2 * group + j) * hd + d];
-        pacc[PH(j) * hd + d] = a;
+        for (int j = 0; j < ATT_MAXG; j++) {
+            if (j >= group)
+                break;
+            *(float4 *)&red[(ph * group + j) * hd + 4 * dq] = acc[j];
+        }
+        __syncthreads();
+        for (int idx = tid; idx < group * hd; idx += ATT_THREADS) {
+            const int j = idx / hd, d = idx % hd;
+            float a = 0.0f;
+            for (int p2 = 0; p2 < nph; p2++)
+                a += red[(p2 * group + j) * hd + d];
+            pacc[PH(j) * hd + d] = a;
+        }
     }
     if (tid < group) {
         pml[PH(tid) * 2] = ml[2 * tid];
@@ -371,17 +444,17 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
 
 /* Raises the split kernel's dynamic shared-memory limit to ATT_SMEM_MAX, once per
  * kernel and device. */
-template <bool G8, bool QKV>
+template <bool MMA, bool QKV>
 static int att_split_prepare(bl_err_t *err)
 {
     static int done[KC_MAX_DEVICES];
     int dev = 0;
     KCUDA_CHECK(cudaGetDevice(&dev), err);
-    return kc_smem_prepare(att_split_kernel<G8, QKV>, done, dev, (int)ATT_SMEM_MAX, err);
+    return kc_smem_prepare(att_split_kernel<MMA, QKV>, done, dev, (int)ATT_SMEM_MAX, err);
 }
 
-/* Launches the split pass: G8 where the group is 8 heads of 128, QKV where f is given. */
-static int att_split_go(dim3 grid, size_t smem, cudaStream_t st, bool g8, const att_qkv_t *f, const uint8_t *kc,
+/* Launches the split pass: MMA where head_dim is 128 and the group at most 8, QKV where f is given. */
+static int att_split_go(dim3 grid, size_t smem, cudaStream_t st, bool mma, const att_qkv_t *f, const uint8_t *kc,
                         const uint8_t *vc, size_t rb, const float *q, int64_t pos0, int n_head, int group, int hd,
                         float scale, int64_t n_split, int chunk, float *pacc, float *pml,
                         const kcuda_kv_row_t *rows, int64_t layer, int window, bl_err_t *err)
@@ -395,9 +468,9 @@ static int att_split_go(dim3 grid, size_t smem, cudaStream_t st, bool g8, const 
         KC_LAUNCH(err, (att_split_kernel<G, Q>), grid, ATT_THREADS, smem, st, kc, vc, rb, q, pos0, n_head, group, hd, \
                   scale, n_split, chunk, pacc, pml, rows, layer, window, fq);                                       \
     } while (0)
-    if (g8 && f)
+    if (mma && f)
         ATT_SPLIT_GO(true, true);
-    else if (g8)
+    else if (mma)
         ATT_SPLIT_GO(true, false);
     else if (f)
         ATT_SPLIT_GO(false, true);
@@ -754,9 +827,9 @@ int kcuda_attention(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, i
     float *pml = pacc + (size_t)n * (size_t)n_head * (size_t)n_split * (size_t)head_dim;
     const int group = (int)(n_head / n_kv_head);
     cudaStream_t st = (cudaStream_t)stream;
-    const dim3 g1((unsigned)n_split, (unsigned)n_kv_head, (unsigned)n);
-    const bool g8 = group == 8 && head_dim == 128;
-    const int rc = att_split_go(g1, att_smem_bytes(group, (int)head_dim, chunk), st, g8, NULL, (const uint8_t *)kv->k,
+    const dim3 g1((unsigned)n_kv_head, (unsigned)n_split, (unsigned)n);
+    const bool mma = group <= 8 && head_dim == 128;
+    const int rc = att_split_go(g1, att_smem_bytes(group, (int)head_dim, chunk), st, mma, NULL, (const uint8_t *)kv->k,
                                 (const uint8_t *)kv->v, kv->row_bytes, d_q, pos0, (int)n_head, group, (int)head_dim,
                                 scale, n_split, chunk, pacc, pml, NULL, 0, window, err);
     if (rc < 0)
@@ -821,9 +894,9 @@ static int attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t ro
                           (long long)ATT_MAX_SPLITS * att_chunk_cap((int)head_dim));
     float *pacc = (float *)d_scratch;
     float *pml = pacc + (size_t)n * (size_t)n_head * (size_t)n_split * (size_t)head_dim;
-    const dim3 g1((unsigned)n_split, (unsigned)n_kv_head, (unsigned)n);
-    const bool g8 = group == 8 && head_dim == 128;
-    const int rc = att_split_go(g1, att_smem_bytes(group, (int)head_dim, chunk), st, g8, f, NULL, NULL, row_bytes, d_q,
+    const dim3 g1((unsigned)n_kv_head, (unsigned)n_split, (unsigned)n);
+    const bool mma = group <= 8 && head_dim == 128;
+    const int rc = att_split_go(g1, att_smem_bytes(group, (int)head_dim, chunk), st, mma, f, NULL, NULL, row_bytes, d_q,
                                 0, (int)n_head, group, (int)head_dim, scale, n_split, chunk, pacc, pml, d_rows, layer,
                                 window, err);
     if (rc < 0)
