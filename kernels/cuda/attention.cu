@@ -1,16 +1,19 @@
 /* Decode attention over an f16 KV cache (flash-decoding) and the cache store.
  *
- * Split pass, grid (n_split, n_kv_head, n): a block of 128 threads takes one row,
+ * Split pass, grid (n_kv_head, n_split, n) (the KV head fastest, so the blocks of
+ * one chunk's KV heads run together): a block of 128 threads takes one row,
  * one KV head and `chunk` positions of its context (att_chunk: 16 to
  * KCUDA_ATT_CHUNK, shorter for short contexts so that a decode step's few rows
  * still give the card a few hundred blocks), for all the query heads of that KV
  * head's group, so each K and V row is read once per group. It first issues every
  * K and then every V row of its chunk as 16-byte asynchronous copies into shared
  * memory (two groups: the whole chunk in flight at once), scores the positions
- * once K has landed (head_dim / 8 lanes per position, a shuffle sum), takes the
- * chunk's softmax (max m, sum l), and accumulates p * V from shared memory (four
- * dimensions per thread, head_dim / 4 threads per position, the position phases
- * summed in shared memory). It writes the unnormalised sum and (m, l) to scratch.
+ * once K has landed, takes the chunk's softmax (max m, sum l), and accumulates
+ * p * V from shared memory: on tensor cores at head_dim 128 with groups of up to 8
+ * heads (att_split_kernel's MMA form), else in FP32 (head_dim / 8 lanes per
+ * position and a shuffle sum for the scores; four dimensions per thread,
+ * head_dim / 4 threads per position and phases summed in shared memory for p * V).
+ * It writes the unnormalised sum and (m, l) to scratch.
  * Combine pass, grid (n_head, n, head_dim / 32): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
  * the weights e^(m_s - M) computed once per split into shared memory, the sum
  * taken by split phases with 16-byte loads.
