@@ -90,7 +90,6 @@ static size_t att_smem_floats(int group, int hd, int chunk)
 
 static size_t att_smem_bytes(int group, int hd, int chunk) { return sizeof(float) * att_smem_floats(group, hd, chunk); }
 
-#define ATT_SMEM_MAX (sizeof(float) * (4 * ATT_MAXG + 256 + ATT_MAXG * (256 + ATT_CHUNK) + ATT_CHUNK / 2 * 256))
 
 /* The step's work before attention, for the kernels' QKV forms: the raw k and v
  * rows (n, n_kv * HD), the q/k norm gains, RoPE positions and base (kcuda_qkv_rows). */
@@ -143,6 +142,18 @@ __device__ __forceinline__ void att_k8(float *kf, const __half *src)
  * reads, and the two rows a quarter-warp's 16-byte reads of K take, fall on
  * distinct banks (rows are 256 bytes, all on the same banks unswizzled). */
 __device__ __forceinline__ int att_swz(int t) { return ((t & 1) << 2) | ((t >> 1) & 3); }
+
+/* Rows 0 .. n - 1 of a chunk (src: its first row's piece 0, rb bytes apart; 2^lp
+ * 16-byte pieces a row) into dst (rows of 8 * 2^lp f16, pieces placed by att_swz
+ * when swz), as asynchronous copies spread over the block's threads. */
+__device__ __forceinline__ void att_copy_rows(__half *dst, const uint8_t *src, size_t rb, int n, int lp, bool swz,
+                                              int tid)
+{
+    for (int i = tid; i < n << lp; i += ATT_THREADS) {
+        const int t = i >> lp, c = i & ((1 << lp) - 1), cs = swz ? c ^ att_swz(t) : c;
+        kc_cp_async16(dst + ((size_t)t << (lp + 3)) + 8 * cs, src + (size_t)t * rb + 16 * (size_t)c, 16);
+    }
+}
 
 /* f (two floats) as f16 pairs hi + lo: hi = f16(f), lo = f16(f - hi); hi + lo
  * carries about 22 bits of each, so products with f16 K and V keep f32 accuracy. */
@@ -232,22 +243,14 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
     /* QKV: the chunk ends at the row's own position, whose K and V this block makes */
     const bool own = QKV && t0 + cnt == len;
     const int lp = __ffs(hd >> 3) - 1; /* log2 of the 16-byte pieces of a row */
-    {
-        const int pieces = (own ? cnt - 1 : cnt) << lp;
-        for (int i = tid; i < pieces; i += ATT_THREADS) {
-            const int t = i >> lp, c = i & ((1 << lp) - 1), cs = MMA ? c ^ att_swz(t) : c;
-            kc_cp_async16(ks + (size_t)t * hd + 8 * cs, kc + (size_t)(t0 + t) * rb + hoff + 16 * (size_t)c, 16);
-        }
-        kc_cp_async_commit();
-        for (int i = tid; i < pieces; i += ATT_THREADS) {
-            const int t = i >> lp, c = i & ((1 << lp) - 1), cs = MMA ? c ^ att_swz(t) : c;
-            kc_cp_async16(vs + (size_t)t * hd + 8 * cs, vc + (size_t)(t0 + t) * rb + hoff + 16 * (size_t)c, 16);
-        }
-        if (MMA)
-            for (int i = (cnt << lp) + tid; i < ((cnt + 15) & ~15) << lp; i += ATT_THREADS)
-                kc_cp_async16(vs + (size_t)(i >> lp) * hd + 8 * (i & ((1 << lp) - 1)), vc, 0);
-        kc_cp_async_commit();
-    }
+    const int n_copy = own ? cnt - 1 : cnt;
+    att_copy_rows(ks, kc + (size_t)t0 * rb + hoff, rb, n_copy, lp, MMA, tid);
+    kc_cp_async_commit();
+    att_copy_rows(vs, vc + (size_t)t0 * rb + hoff, rb, n_copy, lp, MMA, tid);
+    if (MMA)
+        for (int i = (cnt << lp) + tid; i < ((cnt + 15) & ~15) << lp; i += ATT_THREADS)
+            kc_cp_async16(vs + (size_t)(i >> lp) * hd + 8 * (i & ((1 << lp) - 1)), vc, 0);
+    kc_cp_async_commit();
     const float *qg = q + ((size_t)b * n_head + h0) * hd;
     if (QKV) {
         const int32_t p = f.pos[b];
@@ -445,7 +448,8 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
 #undef PH
 }
 
-/* Raises the split kernel's dynamic shared-memory limit to ATT_SMEM_MAX, once per
+/* Raises the split kernel's dynamic shared-memory limit to the most any launch takes
+ * (group ATT_MAXG at head_dim 256, whose chunks stop at 64: the largest), once per
  * kernel and device. */
 template <bool MMA, bool QKV>
 static int att_split_prepare(bl_err_t *err)
@@ -453,7 +457,8 @@ static int att_split_prepare(bl_err_t *err)
     static int done[KC_MAX_DEVICES];
     int dev = 0;
     KCUDA_CHECK(cudaGetDevice(&dev), err);
-    return kc_smem_prepare(att_split_kernel<MMA, QKV>, done, dev, (int)ATT_SMEM_MAX, err);
+    const int most = (int)att_smem_bytes(ATT_MAXG, 256, att_chunk_cap(256));
+    return kc_smem_prepare(att_split_kernel<MMA, QKV>, done, dev, most, err);
 }
 
 /* Launches the split pass: MMA where head_dim is 128 and the group at most 8, QKV where f is given. */
