@@ -74,24 +74,23 @@ static int64_t att_splits_bound(int64_t max_len, int hd)
  * beside its 2 KB of phase sums. */
 #define ATT_MAX_SPLITS 11500
 
-/* Shared memory of a split block, in floats: (m, l) per head (padded to 4), the
- * row's own k (hd, the QKV form's), then q (group, hd) and the scores (group,
- * ATT_CHUNK), then the chunk's K and V rows (chunk, hd) f16 each. The phase sums of
- * p * V (ATT_THREADS * 4 / hd phases, group, hd) = ATT_PV_FLOATS * group take the
- * place of q, the scores and the rows once all are read. At most 91.4 KB (group 16,
- * head_dim 256, chunk 64). */
+/* Shared memory of a split block, in floats: (m, l) per head (padded to 4), then q
+ * (group, hd) and the scores (group, ATT_CHUNK), then the chunk's K and V rows
+ * (chunk, hd) f16 each. The phase sums of p * V (ATT_THREADS * 4 / hd phases,
+ * group, hd) = ATT_PV_FLOATS * group take the place of q, the scores and the rows
+ * once all are read. At most 90.4 KB (group 16, head_dim 256, chunk 64). */
 #define ATT_PV_FLOATS (ATT_THREADS * 4)
 static size_t att_smem_floats(int group, int hd, int chunk)
 {
     const size_t body = (size_t)group * (size_t)(hd + ATT_CHUNK) + (size_t)chunk * (size_t)hd;
     const size_t red = (size_t)ATT_PV_FLOATS * (size_t)group;
-    return 4 * (size_t)group + (size_t)hd + (body > red ? body : red);
+    return 4 * (size_t)group + (body > red ? body : red);
 }
 
 static size_t att_smem_bytes(int group, int hd, int chunk) { return sizeof(float) * att_smem_floats(group, hd, chunk); }
 
 
-/* The step's work before attention, for the kernels' QKV forms: the raw k and v
+/* The step's work before attention, for att_short_kernel<HD, true>: the raw k and v
  * rows (n, n_kv * HD), the q/k norm gains, RoPE positions and base (kcuda_qkv_rows). */
 typedef struct att_qkv {
     const float *k, *v, *qg, *kg;
@@ -177,17 +176,12 @@ __device__ __forceinline__ void att_split_f16(float x, float y, unsigned *hi, un
  * 8 dims), V read transposed by ldmatrix; each warp writes its own dimensions, so
  * no phase sums. The FP32 form spends about 2,048 multiply-adds a position and KV
  * head in instructions the SMs issue one warp at a time; at 32k positions that,
- * not the memory, was the bound.
- * QKV (rows only): kcuda_qkv_rows's work folded in, as in att_short_kernel: each
- * block normalises and rotates its group's q heads into shared memory; the block
- * whose chunk ends at the row's own position (its last) normalises and rotates the
- * KV head's k, rounds v, stores both in the cache and puts them in its rows of the
- * chunk, which no other block reads. q and k in global memory are left as they were. */
-template <bool MMA, bool QKV>
+ * not the memory, was the bound. */
+template <bool MMA>
 __global__ void __launch_bounds__(ATT_THREADS, 1)
 att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q, int64_t pos0,
                  int n_head, int group, int hd, float scale, int64_t n_split, int chunk, float *pacc,
-                 float *pml, const kcuda_kv_row_t *rows, int64_t layer, int window, att_qkv_t f)
+                 float *pml, const kcuda_kv_row_t *rows, int64_t layer, int window)
 {
     kc_wait_prior();
     kc_allow_next();
@@ -195,8 +189,7 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
         hd = 128;
     extern __shared__ float4 att_smem4[];
     float *ml = (float *)att_smem4;                     // (group, 2), padded to (group, 4)
-    float *kf = ml + 4 * group;                         // (hd): the row's own k (QKV)
-    float *qs = kf + hd;                                // (group, hd), pre-scaled
+    float *qs = ml + 4 * group;                         // (group, hd), pre-scaled
     float *sc = qs + group * hd;                        // (group, ATT_CHUNK): scores, then probabilities
     __half *ks = (__half *)(sc + group * ATT_CHUNK);    // (chunk, hd): the chunk's K rows
     __half *vs = ks + (size_t)chunk * hd;               // (chunk, hd): its V rows
@@ -240,52 +233,17 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
      * once, and the scores start as soon as K has landed. The tensor-core form's V
      * rows up to the next 16 positions are zeros (its products take 16 at a time). */
     const size_t hoff = (size_t)g * hd * sizeof(__half);
-    /* QKV: the chunk ends at the row's own position, whose K and V this block makes */
-    const bool own = QKV && t0 + cnt == len;
     const int lp = __ffs(hd >> 3) - 1; /* log2 of the 16-byte pieces of a row */
-    const int n_copy = own ? cnt - 1 : cnt;
-    att_copy_rows(ks, kc + (size_t)t0 * rb + hoff, rb, n_copy, lp, MMA, tid);
+    att_copy_rows(ks, kc + (size_t)t0 * rb + hoff, rb, cnt, lp, MMA, tid);
     kc_cp_async_commit();
-    att_copy_rows(vs, vc + (size_t)t0 * rb + hoff, rb, n_copy, lp, MMA, tid);
+    att_copy_rows(vs, vc + (size_t)t0 * rb + hoff, rb, cnt, lp, MMA, tid);
     if (MMA)
         for (int i = (cnt << lp) + tid; i < ((cnt + 15) & ~15) << lp; i += ATT_THREADS)
             kc_cp_async16(vs + (size_t)(i >> lp) * hd + 8 * (i & ((1 << lp) - 1)), vc, 0);
     kc_cp_async_commit();
     const float *qg = q + ((size_t)b * n_head + h0) * hd;
-    if (QKV) {
-        const int32_t p = f.pos[b];
-        for (int j = warp; j < group; j += ATT_THREADS / 32) {
-            float *qj = qs + j * hd;
-            kc_head_norm_rope(qj, qg + (size_t)j * hd, f.qg, p, hd, f.rope, f.eps, lane, NULL);
-            __syncwarp();
-            for (int d = lane; d < hd; d += 32)
-                qj[d] = qj[d] * scale;
-        }
-        if (own) {
-            const size_t at = (size_t)(len - 1) * rb + hoff;
-            const int t = cnt - 1, sw = MMA ? att_swz(t) : 0;
-            __half *kh = ks + (size_t)t * hd, *vh = vs + (size_t)t * hd;
-            if (warp == 0) {
-                kc_head_norm_rope(kf, f.k + ((size_t)b * f.n_kv + g) * hd, f.kg, p, hd, f.rope, f.eps, lane, NULL);
-                __syncwarp();
-                for (int d = lane; d < hd; d += 32) {
-                    const __half h = __float2half_rn(kf[d]);
-                    kh[8 * ((d >> 3) ^ sw) + (d & 7)] = h;
-                    ((__half *)(uintptr_t)(kc + at))[d] = h;
-                }
-            } else if (warp == 1) {
-                const float *vr = f.v + ((size_t)b * f.n_kv + g) * hd;
-                for (int d = lane; d < hd; d += 32) {
-                    const __half h = __float2half_rn(vr[d]);
-                    vh[8 * ((d >> 3) ^ sw) + (d & 7)] = h;
-                    ((__half *)(uintptr_t)(vc + at))[d] = h;
-                }
-            }
-        }
-    } else {
-        for (int idx = tid; idx < group * hd; idx += ATT_THREADS)
-            qs[idx] = qg[idx] * scale;
-    }
+    for (int idx = tid; idx < group * hd; idx += ATT_THREADS)
+        qs[idx] = qg[idx] * scale;
     kc_cp_async_wait<1>();
     __syncthreads();
 
@@ -451,40 +409,27 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
 /* Raises the split kernel's dynamic shared-memory limit to the most any launch takes
  * (group ATT_MAXG at head_dim 256, whose chunks stop at 64: the largest), once per
  * kernel and device. */
-template <bool MMA, bool QKV>
+template <bool MMA>
 static int att_split_prepare(bl_err_t *err)
 {
     static int done[KC_MAX_DEVICES];
     int dev = 0;
     KCUDA_CHECK(cudaGetDevice(&dev), err);
     const int most = (int)att_smem_bytes(ATT_MAXG, 256, att_chunk_cap(256));
-    return kc_smem_prepare(att_split_kernel<MMA, QKV>, done, dev, most, err);
+    return kc_smem_prepare(att_split_kernel<MMA>, done, dev, most, err);
 }
 
-/* Launches the split pass: MMA where head_dim is 128 and the group at most 8, QKV where f is given. */
-static int att_split_go(dim3 grid, size_t smem, cudaStream_t st, bool mma, const att_qkv_t *f, const uint8_t *kc,
-                        const uint8_t *vc, size_t rb, const float *q, int64_t pos0, int n_head, int group, int hd,
-                        float scale, int64_t n_split, int chunk, float *pacc, float *pml,
-                        const kcuda_kv_row_t *rows, int64_t layer, int window, bl_err_t *err)
+/* Launches the split pass: MMA where head_dim is 128 and the group at most 8. */
+static int att_split_go(dim3 grid, size_t smem, cudaStream_t st, bool mma, const uint8_t *kc, const uint8_t *vc,
+                        size_t rb, const float *q, int64_t pos0, int n_head, int group, int hd, float scale,
+                        int64_t n_split, int chunk, float *pacc, float *pml, const kcuda_kv_row_t *rows,
+                        int64_t layer, int window, bl_err_t *err)
 {
-    const att_qkv_t fq = f ? *f : att_qkv_t{};
-#define ATT_SPLIT_GO(G, Q)                                                                                          \
-    do {                                                                                                            \
-        const int rc = att_split_prepare<G, Q>(err);                                                                \
-        if (rc < 0)                                                                                                 \
-            return rc;                                                                                              \
-        KC_LAUNCH(err, (att_split_kernel<G, Q>), grid, ATT_THREADS, smem, st, kc, vc, rb, q, pos0, n_head, group, hd, \
-                  scale, n_split, chunk, pacc, pml, rows, layer, window, fq);                                       \
-    } while (0)
-    if (mma && f)
-        ATT_SPLIT_GO(true, true);
-    else if (mma)
-        ATT_SPLIT_GO(true, false);
-    else if (f)
-        ATT_SPLIT_GO(false, true);
-    else
-        ATT_SPLIT_GO(false, false);
-#undef ATT_SPLIT_GO
+    const int rc = mma ? att_split_prepare<true>(err) : att_split_prepare<false>(err);
+    if (rc < 0)
+        return rc;
+    KC_LAUNCH(err, mma ? att_split_kernel<true> : att_split_kernel<false>, grid, ATT_THREADS, smem, st, kc, vc, rb, q,
+              pos0, n_head, group, hd, scale, n_split, chunk, pacc, pml, rows, layer, window);
     return 0;
 }
 
@@ -837,7 +782,7 @@ int kcuda_attention(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, i
     cudaStream_t st = (cudaStream_t)stream;
     const dim3 g1((unsigned)n_kv_head, (unsigned)n_split, (unsigned)n);
     const bool mma = group <= 8 && head_dim == 128;
-    const int rc = att_split_go(g1, att_smem_bytes(group, (int)head_dim, chunk), st, mma, NULL, (const uint8_t *)kv->k,
+    const int rc = att_split_go(g1, att_smem_bytes(group, (int)head_dim, chunk), st, mma, (const uint8_t *)kv->k,
                                 (const uint8_t *)kv->v, kv->row_bytes, d_q, pos0, (int)n_head, group, (int)head_dim,
                                 scale, n_split, chunk, pacc, pml, NULL, 0, window, err);
     if (rc < 0)
@@ -848,8 +793,8 @@ int kcuda_attention(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, i
     return 0;
 }
 
-/* kcuda_attention_rows; with f, kcuda_qkv_rows's work folded into the one-pass
- * kernel (a grid within its bound) or the split pass. */
+/* kcuda_attention_rows; with f (and a grid within the one-pass bound), the
+ * one-pass kernel with kcuda_qkv_rows's work folded in. */
 static int attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, const float *d_q,
                           float *d_out, int64_t n, int64_t max_len, int64_t n_head, int64_t n_kv_head,
                           int64_t head_dim, float scale, const kcuda_att_ext_t *ext, void *d_scratch,
@@ -904,7 +849,7 @@ static int attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t ro
     float *pml = pacc + (size_t)n * (size_t)n_head * (size_t)n_split * (size_t)head_dim;
     const dim3 g1((unsigned)n_kv_head, (unsigned)n_split, (unsigned)n);
     const bool mma = group <= 8 && head_dim == 128;
-    const int rc = att_split_go(g1, att_smem_bytes(group, (int)head_dim, chunk), st, mma, f, NULL, NULL, row_bytes, d_q,
+    const int rc = att_split_go(g1, att_smem_bytes(group, (int)head_dim, chunk), st, mma, NULL, NULL, row_bytes, d_q,
                                 0, (int)n_head, group, (int)head_dim, scale, n_split, chunk, pacc, pml, d_rows, layer,
                                 window, err);
     if (rc < 0)
@@ -931,6 +876,13 @@ int kcuda_attention_rows_qkv(const kcuda_kv_row_t *d_rows, int64_t layer, size_t
                              float scale, const kcuda_att_ext_t *ext, void *d_scratch, size_t scratch_bytes,
                              void *stream, bl_err_t *err)
 {
+    if (max_len > g_att_short) {
+        int rc = kcuda_qkv_rows(d_rows, layer, row_bytes, d_q, d_k, d_v, d_q_norm, d_k_norm, d_pos, n, n_head,
+                                n_kv_head, head_dim, rope, eps, stream, err);
+        return rc < 0 ? rc
+                      : kcuda_attention_rows(d_rows, layer, row_bytes, d_q, d_out, n, max_len, n_head, n_kv_head,
+                                             head_dim, scale, ext, d_scratch, scratch_bytes, stream, err);
+    }
     if (!d_k || !d_v || !d_pos || !rope || !d_q_norm != !d_k_norm || rope->n_rot < 2 || rope->n_rot > head_dim ||
         rope->n_rot % 2 != 0)
         return bl_err_set(err, BL_EINVAL, "attention_rows_qkv: a NULL buffer, or %d of %lld dims rotated",

@@ -528,15 +528,14 @@ int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row
                          void *d_scratch, size_t scratch_bytes, void *stream,
                          bl_err_t *err) BL_WUR;
 
-/* kcuda_qkv_rows then kcuda_attention_rows (the same arguments), with the first
- * folded into the second: within the one-pass bound (kcuda_attention_set_short)
- * each block normalises and rotates its own q head and its KV head's k, and the
- * group's first block stores k and v at the row's position; past it each split
- * block does so for its group's q heads, and the block whose chunk holds the row's
- * position stores that KV head's k and v. The same cache bytes and output bits as
- * the two calls; d_q and d_k are left as they were (the two calls normalise them
- * in place; nothing after attention reads them). Rows must be of distinct
- * sequences (a row's context is read while the others' positions are stored). */
+/* kcuda_qkv_rows then kcuda_attention_rows (the same arguments), in one launch when
+ * max_len is within the one-pass bound (kcuda_attention_set_short): each block
+ * normalises and rotates its own q head and its KV head's k, and the group's first
+ * block stores k and v at the row's position. The same cache bytes and output bits
+ * as the two calls; d_q and d_k are normalised in place only by the two-call path
+ * (nothing after attention reads them). Within the bound the rows must be of
+ * distinct sequences (a row's context is read while the others' positions are
+ * stored). */
 int kcuda_attention_rows_qkv(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, float *d_q,
                              float *d_k, const float *d_v, const float *d_q_norm, const float *d_k_norm,
                              const int32_t *d_pos, float *d_out, int64_t n, int64_t max_len, int64_t n_head,
