@@ -2177,13 +2177,17 @@ int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *
      * launch gives. BLOOMERY_CUDA_ATT_SHORT=N moves the longest context decode
      * attention takes in one pass (kcuda_attention_set_short), to measure where the
      * split pays; BLOOMERY_CUDA_ATT_CHUNK=N the shortest chunk of the split pass
-     * (kcuda_attention_set_chunk). */
+     * (kcuda_attention_set_chunk), BLOOMERY_CUDA_ATT_SPLITS=N its most blocks per
+     * row and KV head (kcuda_attention_set_splits). */
     const char *as_env = getenv("BLOOMERY_CUDA_ATT_SHORT");
     if (as_env && *as_env)
         (void)kcuda_attention_set_short(atoi(as_env));
     const char *ac_env = getenv("BLOOMERY_CUDA_ATT_CHUNK");
     if (ac_env && *ac_env)
         (void)kcuda_attention_set_chunk(atoi(ac_env));
+    const char *sp_env = getenv("BLOOMERY_CUDA_ATT_SPLITS");
+    if (sp_env && *sp_env)
+        (void)kcuda_attention_set_splits(atoi(sp_env));
     const char *pdl_env = getenv("BLOOMERY_CUDA_PDL");
     if (pdl_env && strcmp(pdl_env, "0") == 0)
         (void)kcuda_set_pdl(0);

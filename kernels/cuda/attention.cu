@@ -58,7 +58,28 @@ static int att_chunk(int64_t max_len, int hd)
     return c < att_chunk_cap(hd) ? c : att_chunk_cap(hd);
 }
 
-static int64_t att_splits(int64_t max_len, int hd) { return kc_cdiv(max_len, att_chunk(max_len, hd)); }
+/* The most blocks per (row, KV head) the schedule gives before each block takes
+ * several chunks (kcuda_attention_set_splits; 0: one chunk a block). */
+static int g_att_splits = 0;
+
+int kcuda_attention_set_splits(int max_splits)
+{
+    const int old = g_att_splits;
+    g_att_splits = max_splits < 0 ? 0 : max_splits > 4096 ? 4096 : max_splits;
+    return old;
+}
+
+/* Chunks per split block: as few as keep the splits within g_att_splits. */
+static int att_per(int64_t max_len, int hd)
+{
+    const int64_t n_chunk = kc_cdiv(max_len, att_chunk(max_len, hd));
+    return g_att_splits > 0 && n_chunk > g_att_splits ? (int)kc_cdiv(n_chunk, g_att_splits) : 1;
+}
+
+static int64_t att_splits(int64_t max_len, int hd)
+{
+    return kc_cdiv(max_len, (int64_t)att_chunk(max_len, hd) * att_per(max_len, hd));
+}
 
 /* The most splits any max_len' <= max_len gives (what scratch must hold):
  * att_splits is at most 256 up to 16384 positions (32768 where the cap is 128),
@@ -154,6 +175,17 @@ __device__ __forceinline__ void att_copy_rows(__half *dst, const uint8_t *src, s
     }
 }
 
+/* A chunk's V rows (att_copy_rows from vc + off), and in the tensor-core form (mma)
+ * zeros in the rows from n up to the next 16 (its products take 16 at a time). */
+__device__ __forceinline__ void att_copy_v(__half *dst, const uint8_t *vc, size_t off, size_t rb, int n, int lp,
+                                           bool mma, int tid)
+{
+    att_copy_rows(dst, vc + off, rb, n, lp, mma, tid);
+    if (mma)
+        for (int i = (n << lp) + tid; i < ((n + 15) & ~15) << lp; i += ATT_THREADS)
+            kc_cp_async16(dst + ((size_t)(i >> lp) << (lp + 3)) + 8 * (i & ((1 << lp) - 1)), vc, 0);
+}
+
 /* f (two floats) as f16 pairs hi + lo: hi = f16(f), lo = f16(f - hi); hi + lo
  * carries about 22 bits of each, so products with f16 K and V keep f32 accuracy. */
 __device__ __forceinline__ void att_split_f16(float x, float y, unsigned *hi, unsigned *lo)
@@ -180,7 +212,7 @@ __device__ __forceinline__ void att_split_f16(float x, float y, unsigned *hi, un
 template <bool MMA>
 __global__ void __launch_bounds__(ATT_THREADS, 1)
 att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q, int64_t pos0,
-                 int n_head, int group, int hd, float scale, int64_t n_split, int chunk, float *pacc,
+                 int n_head, int group, int hd, float scale, int64_t n_split, int chunk, int per, float *pacc,
                  float *pml, const kcuda_kv_row_t *rows, int64_t layer, int window)
 {
     kc_wait_prior();
@@ -188,7 +220,7 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
     if (MMA)
         hd = 128;
     extern __shared__ float4 att_smem4[];
-    float *ml = (float *)att_smem4;                     // (group, 2), padded to (group, 4)
+    float *ml = (float *)att_smem4;                     // (group, 4): m, l, the last chunk's rescale
     float *qs = ml + 4 * group;                         // (group, hd), pre-scaled
     float *sc = qs + group * hd;                        // (group, ATT_CHUNK): scores, then probabilities
     __half *ks = (__half *)(sc + group * ATT_CHUNK);    // (chunk, hd): the chunk's K rows
@@ -204,21 +236,17 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
         vc = kc + r.v_bytes;
         len = (int64_t)r.pos + 1;
     }
-    const int64_t t0 = s * chunk;
-    int cnt = len - t0 <= 0 ? 0 : (len - t0 < chunk ? (int)(len - t0) : chunk);
-    /* a window: the chunk's first `skip` positions are before the row's first
-     * visible one; a chunk wholly before it is as one past the end (the combine
-     * skips it) */
-    int skip = 0;
-    if (window > 0 && len - window > t0)
-        skip = len - window - t0 < cnt ? (int)(len - window - t0) : cnt;
-    if (skip == cnt)
-        cnt = 0;
+    /* The block's positions: its span of per chunks, cut at the row's end, from the
+     * chunk holding the row's first visible position (a window's start) */
+    const int64_t span = (int64_t)chunk * per, a0 = s * span;
+    const int64_t lo = window > 0 && len > window ? len - window : 0;
+    const int64_t t_end = len < a0 + span ? len : a0 + span;
+    const int64_t t_beg = lo > a0 ? a0 + (lo - a0) / chunk * chunk : a0;
     const int h0 = g * group;
     /* Head h0 + j's partial for this split: pacc[(ph(j)) * hd + d], pml[ph(j) * 2]. */
 #define PH(j) (((size_t)b * n_head + h0 + (j)) * (size_t)n_split + (size_t)s)
-    if (cnt == 0) {
-        if (rows) /* the combine reads only this row's own chunks */
+    if (t_beg >= t_end || lo >= t_end) {
+        if (rows) /* the combine reads only this row's own splits */
             return;
         for (int idx = tid; idx < group * hd; idx += ATT_THREADS)
             pacc[PH(idx / hd) * hd + idx % hd] = 0.0f;
@@ -228,32 +256,37 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
         }
         return;
     }
-    /* The chunk's K rows of this KV head, then its V rows, copied to shared memory
-     * as two groups of 16-byte pieces: every load of the block is in flight at
-     * once, and the scores start as soon as K has landed. The tensor-core form's V
-     * rows up to the next 16 positions are zeros (its products take 16 at a time). */
+    /* Each chunk's K rows of this KV head, then its V rows, are copied to shared
+     * memory as two groups of 16-byte pieces: the first chunk's both at once, then
+     * the next chunk's K as soon as this one's scores are taken and its V as soon
+     * as p * V is done, so the loads of the next chunk run under this one's
+     * arithmetic. The tensor-core form's V rows up to the next 16 positions are
+     * zeros (its products take 16 at a time). */
     const size_t hoff = (size_t)g * hd * sizeof(__half);
     const int lp = __ffs(hd >> 3) - 1; /* log2 of the 16-byte pieces of a row */
+    int64_t t0 = t_beg;
+    int cnt = t_end - t0 < chunk ? (int)(t_end - t0) : chunk;
     att_copy_rows(ks, kc + (size_t)t0 * rb + hoff, rb, cnt, lp, MMA, tid);
     kc_cp_async_commit();
-    att_copy_rows(vs, vc + (size_t)t0 * rb + hoff, rb, cnt, lp, MMA, tid);
-    if (MMA)
-        for (int i = (cnt << lp) + tid; i < ((cnt + 15) & ~15) << lp; i += ATT_THREADS)
-            kc_cp_async16(vs + (size_t)(i >> lp) * hd + 8 * (i & ((1 << lp) - 1)), vc, 0);
+    att_copy_v(vs, vc, (size_t)t0 * rb + hoff, rb, cnt, lp, MMA, tid);
     kc_cp_async_commit();
     const float *qg = q + ((size_t)b * n_head + h0) * hd;
     for (int idx = tid; idx < group * hd; idx += ATT_THREADS)
         qs[idx] = qg[idx] * scale;
-    kc_cp_async_wait<1>();
+    if (tid < group) {
+        ml[4 * tid] = -INFINITY;
+        ml[4 * tid + 1] = 0.0f;
+    }
     __syncthreads();
 
     const int gq = lane >> 2, tq = lane & 3; /* the tensor-core fragments' row and column group */
+    /* MMA: q as the A operand, rows gq (zero past the group), the 8 steps of 16 dims
+     * in the permuted order: step 2u + e takes dims 32u + 8tq + 4e + {0, 1} (first
+     * pair) and + {2, 3} (second), where K's 16-byte piece 4u + tq of row gq holds
+     * them in the same order */
+    unsigned qa[8][2][2]; /* [step][hi, lo][first, second pair] */
+    float o[4][4];        /* MMA p * V: head gq, dims 32 warp + 8 i + 2 tq, + 1 (and zero rows) */
     if (MMA) {
-        /* q as the A operand, rows gq (zero past the group), the 8 steps of 16 dims
-         * in the permuted order: step 2u + e takes dims 32u + 8tq + 4e + {0, 1}
-         * (first pair) and + {2, 3} (second), where K's 16-byte piece 4u + tq of
-         * row gq holds them in the same order */
-        unsigned qa[8][2][2]; /* [step][hi, lo][first, second pair] */
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             float x[8];
@@ -266,124 +299,170 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
                 att_split_f16(x[4 * e + 2], x[4 * e + 3], &qa[2 * u + e][0][1], &qa[2 * u + e][1][1]);
             }
         }
-        for (int tile = warp; tile * 8 < cnt; tile += ATT_THREADS / 32) {
-            const int r = tile * 8 + gq; /* the K row this lane's B fragment reads */
-            const uint4 *kr = (const uint4 *)(ks + (size_t)r * 128);
-            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const uint4 w = kr[(4 * u + tq) ^ att_swz(r)];
-#pragma unroll
-                for (int hl = 0; hl < 2; hl++) {
-                    const unsigned a0[4] = {qa[2 * u][hl][0], 0u, qa[2 * u][hl][1], 0u};
-                    kc_mma16816(c, a0, w.x, w.y);
-                    const unsigned a1[4] = {qa[2 * u + 1][hl][0], 0u, qa[2 * u + 1][hl][1], 0u};
-                    kc_mma16816(c, a1, w.z, w.w);
-                }
-            }
-            /* c[0], c[1]: head gq's scores of positions tile * 8 + 2 tq, + 1 (rows past
-             * cnt read stale shared memory; their scores are never read) */
-            const int t = tile * 8 + 2 * tq;
-            if (gq < group)
-                *(float2 *)&sc[gq * ATT_CHUNK + t] = make_float2(t < skip ? -INFINITY : c[0],
-                                                                 t + 1 < skip ? -INFINITY : c[1]);
-        }
-    } else {
-        /* Scores: L lanes per position (eight dimensions each), P positions per
-         * warp step, 4 warps. */
-        const int L = hd >> 3, P = 32 / L, li = lane % L, pi = lane / L;
-        for (int base = warp * P; base < cnt; base += 4 * P) {
-            const int t = base + pi;
-            float kv8[8];
-            if (t < cnt)
-                att_k8(kv8, ks + (size_t)t * hd + li * 8);
-            else
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    kv8[i] = 0.0f;
-            for (int j = 0; j < group; j++) {
-                float part = att_dot8(qs + j * hd + li * 8, kv8);
-                for (int off = L >> 1; off > 0; off >>= 1)
-                    part += __shfl_xor_sync(KCUDA_FULL_MASK, part, off);
-                if (li == 0 && t < cnt)
-                    sc[j * ATT_CHUNK + t] = t < skip ? -INFINITY : part;
-            }
-        }
-    }
-    __syncthreads();
-
-    /* The chunk's softmax per head: a warp per head; p is 0 from cnt to the next
-     * 16 positions (the tensor-core products' last step). */
-    const int cnt16 = (cnt + 15) & ~15;
-    for (int j = warp; j < group; j += ATT_THREADS / 32) {
-        float *sj = sc + j * ATT_CHUNK;
-        float m = -INFINITY;
-        for (int t = lane; t < cnt; t += 32)
-            m = fmaxf(m, sj[t]);
-        m = kc_warp_max(m);
-        float l = 0.0f;
-        for (int t = lane; t < cnt; t += 32) {
-            const float p = expf(sj[t] - m);
-            sj[t] = p;
-            l += p;
-        }
-        if (MMA)
-            for (int t = cnt + lane; t < cnt16; t += 32)
-                sj[t] = 0.0f;
-        l = kc_warp_sum(l);
-        if (lane == 0) {
-            ml[2 * j] = m;
-            ml[2 * j + 1] = l;
-        }
-    }
-    kc_cp_async_wait<0>();
-    __syncthreads();
-
-    if (MMA) {
-        /* p * V: warp w takes dims 32 w .. 32 w + 31 (four tiles of 8), all positions */
-        float o[4][4];
 #pragma unroll
         for (int i = 0; i < 4; i++)
             o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-        const float *prow = sc + (gq < group ? gq : 0) * ATT_CHUNK;
-        const int mi = lane >> 3, rr = lane & 7; /* the ldmatrix row this lane addresses */
-        for (int k0 = 0; k0 < cnt16; k0 += 16) {
-            unsigned ah[4] = {0u, 0u, 0u, 0u}, al[4] = {0u, 0u, 0u, 0u};
-            if (gq < group) {
-                const float2 p0 = *(const float2 *)&prow[k0 + 2 * tq], p1 = *(const float2 *)&prow[k0 + 2 * tq + 8];
-                att_split_f16(p0.x, p0.y, &ah[0], &al[0]);
-                att_split_f16(p1.x, p1.y, &ah[2], &al[2]);
-            }
-            const int vr = k0 + (mi & 1) * 8 + rr;
+    }
+    /* FP32 p * V: thread (phase ph, dimensions 4 dq ..), 8-byte reads of the V rows;
+     * the sums run in position order, phases summed after the last chunk. */
+    const int nq = hd >> 2, nph = ATT_THREADS / nq, dq = tid % nq, ph = tid / nq;
+    float4 acc[ATT_MAXG];
+    if (!MMA)
 #pragma unroll
-            for (int h2 = 0; h2 < 2; h2++) {
-                const int c = 4 * warp + 2 * h2 + (mi >> 1); /* 16-byte piece: dims 8c .. 8c + 7 */
-                unsigned bv[4];
-                kc_ldsm_x4_t(bv, vs + (size_t)vr * 128 + 8 * (c ^ att_swz(vr)));
-                kc_mma16816(o[2 * h2], ah, bv[0], bv[1]);
-                kc_mma16816(o[2 * h2], al, bv[0], bv[1]);
-                kc_mma16816(o[2 * h2 + 1], ah, bv[2], bv[3]);
-                kc_mma16816(o[2 * h2 + 1], al, bv[2], bv[3]);
+        for (int j = 0; j < ATT_MAXG; j++)
+            acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+    for (;;) {
+        /* positions before the window's first are masked */
+        const int skip = lo > t0 ? (int)(lo - t0) : 0;
+        kc_cp_async_wait<1>(); /* this chunk's K (its V and nothing else may be in flight) */
+        __syncthreads();
+        if (MMA) {
+            for (int tile = warp; tile * 8 < cnt; tile += ATT_THREADS / 32) {
+                const int r = tile * 8 + gq; /* the K row this lane's B fragment reads */
+                const uint4 *kr = (const uint4 *)(ks + (size_t)r * 128);
+                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const uint4 w = kr[(4 * u + tq) ^ att_swz(r)];
+#pragma unroll
+                    for (int hl = 0; hl < 2; hl++) {
+                        const unsigned a0[4] = {qa[2 * u][hl][0], 0u, qa[2 * u][hl][1], 0u};
+                        kc_mma16816(c, a0, w.x, w.y);
+                        const unsigned a1[4] = {qa[2 * u + 1][hl][0], 0u, qa[2 * u + 1][hl][1], 0u};
+                        kc_mma16816(c, a1, w.z, w.w);
+                    }
+                }
+                /* c[0], c[1]: head gq's scores of positions tile * 8 + 2 tq, + 1 (rows
+                 * past cnt read stale shared memory; their scores are never read) */
+                const int t = tile * 8 + 2 * tq;
+                if (gq < group)
+                    *(float2 *)&sc[gq * ATT_CHUNK + t] = make_float2(t < skip ? -INFINITY : c[0],
+                                                                     t + 1 < skip ? -INFINITY : c[1]);
+            }
+        } else {
+            /* Scores: L lanes per position (eight dimensions each), P positions per
+             * warp step, 4 warps. */
+            const int L = hd >> 3, P = 32 / L, li = lane % L, pi = lane / L;
+            for (int base = warp * P; base < cnt; base += 4 * P) {
+                const int t = base + pi;
+                float kv8[8];
+                if (t < cnt)
+                    att_k8(kv8, ks + (size_t)t * hd + li * 8);
+                else
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+                        kv8[i] = 0.0f;
+                for (int j = 0; j < group; j++) {
+                    float part = att_dot8(qs + j * hd + li * 8, kv8);
+                    for (int off = L >> 1; off > 0; off >>= 1)
+                        part += __shfl_xor_sync(KCUDA_FULL_MASK, part, off);
+                    if (li == 0 && t < cnt)
+                        sc[j * ATT_CHUNK + t] = t < skip ? -INFINITY : part;
+                }
             }
         }
-        /* o[i][0], o[i][1]: head gq, dims 32 w + 8 i + 2 tq, + 1 */
+        __syncthreads(); /* the scores are whole and the K rows free */
+        const int64_t t1 = t0 + chunk;
+        const int cnt1 = t1 < t_end ? (t_end - t1 < chunk ? (int)(t_end - t1) : chunk) : 0;
+        att_copy_rows(ks, kc + (size_t)t1 * rb + hoff, rb, cnt1, lp, MMA, tid);
+        kc_cp_async_commit();
+
+        /* The softmax per head, a warp per head, against the running maximum: the
+         * sums so far are rescaled by e^(m_old - m_new) (0 at the first chunk, whose
+         * m_old is -inf; the first chunk always has a visible position, so m_new is
+         * finite). p is 0 from cnt to the next 16 positions (the tensor-core
+         * products' last step). */
+        const int cnt16 = (cnt + 15) & ~15;
+        for (int j = warp; j < group; j += ATT_THREADS / 32) {
+            float *sj = sc + j * ATT_CHUNK;
+            float m = -INFINITY;
+            for (int t = lane; t < cnt; t += 32)
+                m = fmaxf(m, sj[t]);
+            m = fmaxf(kc_warp_max(m), ml[4 * j]);
+            float l = 0.0f;
+            for (int t = lane; t < cnt; t += 32) {
+                const float p = expf(sj[t] - m);
+                sj[t] = p;
+                l += p;
+            }
+            if (MMA)
+                for (int t = cnt + lane; t < cnt16; t += 32)
+                    sj[t] = 0.0f;
+            l = kc_warp_sum(l);
+            __syncwarp();
+            if (lane == 0) {
+                const float a = expf(ml[4 * j] - m);
+                ml[4 * j] = m;
+                ml[4 * j + 1] = ml[4 * j + 1] * a + l;
+                ml[4 * j + 2] = a;
+            }
+        }
+        kc_cp_async_wait<1>(); /* this chunk's V (the next chunk's K may be in flight) */
+        __syncthreads();
+
+        if (MMA) {
+            /* p * V: warp w takes dims 32 w .. 32 w + 31 (four tiles of 8), all positions */
+            const float a = ml[4 * (gq < group ? gq : 0) + 2];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                o[i][0] *= a;
+                o[i][1] *= a;
+            }
+            const float *prow = sc + (gq < group ? gq : 0) * ATT_CHUNK;
+            const int mi = lane >> 3, rr = lane & 7; /* the ldmatrix row this lane addresses */
+            for (int k0 = 0; k0 < cnt16; k0 += 16) {
+                unsigned ah[4] = {0u, 0u, 0u, 0u}, al[4] = {0u, 0u, 0u, 0u};
+                if (gq < group) {
+                    const float2 p0 = *(const float2 *)&prow[k0 + 2 * tq];
+                    const float2 p1 = *(const float2 *)&prow[k0 + 2 * tq + 8];
+                    att_split_f16(p0.x, p0.y, &ah[0], &al[0]);
+                    att_split_f16(p1.x, p1.y, &ah[2], &al[2]);
+                }
+                const int vr = k0 + (mi & 1) * 8 + rr;
+#pragma unroll
+                for (int h2 = 0; h2 < 2; h2++) {
+                    const int c = 4 * warp + 2 * h2 + (mi >> 1); /* 16-byte piece: dims 8c .. 8c + 7 */
+                    unsigned bv[4];
+                    kc_ldsm_x4_t(bv, vs + (size_t)vr * 128 + 8 * (c ^ att_swz(vr)));
+                    kc_mma16816(o[2 * h2], ah, bv[0], bv[1]);
+                    kc_mma16816(o[2 * h2], al, bv[0], bv[1]);
+                    kc_mma16816(o[2 * h2 + 1], ah, bv[2], bv[3]);
+                    kc_mma16816(o[2 * h2 + 1], al, bv[2], bv[3]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < ATT_MAXG; j++) {
+                if (j >= group)
+                    break;
+                const float a = ml[4 * j + 2];
+                acc[j].x *= a;
+                acc[j].y *= a;
+                acc[j].z *= a;
+                acc[j].w *= a;
+            }
+            const __half *vp = vs + 4 * dq;
+#pragma unroll 4
+            for (int t = ph; t < cnt; t += nph)
+                att_pv(acc, sc, t, group, *(const uint2 *)(vp + (size_t)t * hd));
+        }
+        __syncthreads(); /* the V rows and the probabilities are free */
+        att_copy_v(vs, vc, (size_t)t1 * rb + hoff, rb, cnt1, lp, MMA, tid);
+        kc_cp_async_commit();
+        if (cnt1 == 0)
+            break;
+        t0 = t1;
+        cnt = cnt1;
+    }
+
+    if (MMA) {
         if (gq < group)
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 *(float2 *)&pacc[PH(gq) * 128 + 32 * warp + 8 * i + 2 * tq] = make_float2(o[i][0], o[i][1]);
     } else {
-        /* p * V: thread (phase ph, dimensions 4 dq ..), 8-byte reads of the V rows;
-         * the sums run in position order, phases summed below. */
-        const int nq = hd >> 2, nph = ATT_THREADS / nq, dq = tid % nq, ph = tid / nq;
-        float4 acc[ATT_MAXG];
-#pragma unroll
-        for (int j = 0; j < ATT_MAXG; j++)
-            acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        const __half *vp = vs + 4 * dq;
-#pragma unroll 4
-        for (int t = ph; t < cnt; t += nph)
-            att_pv(acc, sc, t, group, *(const uint2 *)(vp + (size_t)t * hd));
-        __syncthreads(); /* red takes the place of q, the scores and the rows */
+        /* red takes the place of q, the scores and the rows (all read: the loop's last barrier) */
 #pragma unroll
         for (int j = 0; j < ATT_MAXG; j++) {
             if (j >= group)
@@ -400,8 +479,8 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
         }
     }
     if (tid < group) {
-        pml[PH(tid) * 2] = ml[2 * tid];
-        pml[PH(tid) * 2 + 1] = ml[2 * tid + 1];
+        pml[PH(tid) * 2] = ml[4 * tid];
+        pml[PH(tid) * 2 + 1] = ml[4 * tid + 1];
     }
 #undef PH
 }
@@ -419,20 +498,6 @@ static int att_split_prepare(bl_err_t *err)
     return kc_smem_prepare(att_split_kernel<MMA>, done, dev, most, err);
 }
 
-/* Launches the split pass: MMA where head_dim is 128 and the group at most 8. */
-static int att_split_go(dim3 grid, size_t smem, cudaStream_t st, bool mma, const uint8_t *kc, const uint8_t *vc,
-                        size_t rb, const float *q, int64_t pos0, int n_head, int group, int hd, float scale,
-                        int64_t n_split, int chunk, float *pacc, float *pml, const kcuda_kv_row_t *rows,
-                        int64_t layer, int window, bl_err_t *err)
-{
-    const int rc = mma ? att_split_prepare<true>(err) : att_split_prepare<false>(err);
-    if (rc < 0)
-        return rc;
-    KC_LAUNCH(err, mma ? att_split_kernel<true> : att_split_kernel<false>, grid, ATT_THREADS, smem, st, kc, vc, rb, q,
-              pos0, n_head, group, hd, scale, n_split, chunk, pacc, pml, rows, layer, window);
-    return 0;
-}
-
 /* Dynamic shared memory of the combine pass: n_split weights, padded to whole
  * 16-byte groups (loads of the weight list may be widened by the compiler). */
 static size_t att_combine_smem(int64_t n_split)
@@ -448,7 +513,7 @@ static size_t att_combine_smem(int64_t n_split)
  * phase sp of 16, four dimensions dq), 16-byte loads, eight splits in flight
  * per thread, then the phases summed in order through shared memory. */
 __global__ void __launch_bounds__(ATT_THREADS)
-att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int64_t n_split, int chunk,
+att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int64_t n_split, int span,
                    float *out, const kcuda_kv_row_t *rows, int64_t pos0, int window, const float *sinks)
 {
     kc_wait_prior();
@@ -458,16 +523,16 @@ att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int6
     __shared__ __align__(16) float part[ATT_THREADS / 8 * 32];
     const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const size_t base = ((size_t)b * n_head + h) * (size_t)n_split;
-    /* A row of the table has only its own chunks written; the chunks a launch
+    /* A row of the table has only its own splits written; the splits a launch
      * argument's row skips hold l = 0 and add exact zeros, so both give the same bits. */
     int n_act = (int)n_split;
     if (rows) {
-        const int64_t a = ((int64_t)rows[b].pos + chunk) / chunk;
+        const int64_t a = ((int64_t)rows[b].pos + span) / span;
         n_act = a < n_split ? (int)a : (int)n_split;
     }
-    /* a window's row starts at the chunk of its first visible position */
+    /* a window's row starts at the split of its first visible position */
     const int64_t len = rows ? (int64_t)rows[b].pos + 1 : pos0 + b + 1;
-    const int s_lo = window > 0 && len > window ? (int)((len - window) / chunk) : 0;
+    const int s_lo = window > 0 && len > window ? (int)((len - window) / span) : 0;
     float M = -INFINITY;
     for (int s = s_lo + tid; s < n_act; s += ATT_THREADS)
         M = fmaxf(M, pml[(base + s) * 2]);
@@ -532,6 +597,41 @@ att_combine_kernel(const float *pacc, const float *pml, int n_head, int hd, int6
             v += part[p2 * 32 + tid];
         out[((size_t)b * n_head + h) * hd + d0 + tid] = v * inv;
     }
+}
+
+/* The split pass and its combine for n rows over a grid of max_len positions: the
+ * caches kc/vc and rows at pos0 .. (kcuda_attention), or the rows' table d_rows
+ * and layer (the rows form). The split kernel takes the tensor-core form where
+ * head_dim is 128 and the group at most 8. */
+static int att_split_run(const char *who, const uint8_t *kc, const uint8_t *vc, size_t rb, const float *d_q,
+                         float *d_out, int64_t n, int64_t pos0, int64_t max_len, int64_t n_head, int64_t n_kv_head,
+                         int64_t head_dim, float scale, int window, const float *sinks, void *d_scratch,
+                         size_t scratch_bytes, const kcuda_kv_row_t *d_rows, int64_t layer, cudaStream_t st,
+                         bl_err_t *err)
+{
+    const int hd = (int)head_dim, group = (int)(n_head / n_kv_head);
+    const int chunk = att_chunk(max_len, hd), per = att_per(max_len, hd);
+    const int64_t n_split = att_splits(max_len, hd);
+    const size_t need = kcuda_attention_scratch_bytes(n, n_head, head_dim, max_len);
+    if (scratch_bytes < need)
+        return bl_err_set(err, BL_ERANGE, "%s: scratch of %zu bytes, %zu needed", who, scratch_bytes, need);
+    if (n_split > ATT_MAX_SPLITS)
+        return bl_err_set(err, BL_ENOTSUP, "%s: a context of %lld positions (at most %lld)", who,
+                          (long long)max_len, (long long)ATT_MAX_SPLITS * att_chunk_cap(hd));
+    float *pacc = (float *)d_scratch;
+    float *pml = pacc + (size_t)n * (size_t)n_head * (size_t)n_split * (size_t)head_dim;
+    const bool mma = group <= 8 && hd == 128;
+    const int rc = mma ? att_split_prepare<true>(err) : att_split_prepare<false>(err);
+    if (rc < 0)
+        return rc;
+    const dim3 g1((unsigned)n_kv_head, (unsigned)n_split, (unsigned)n);
+    KC_LAUNCH(err, mma ? att_split_kernel<true> : att_split_kernel<false>, g1, ATT_THREADS,
+              att_smem_bytes(group, hd, chunk), st, kc, vc, rb, d_q, pos0, (int)n_head, group, hd, scale, n_split,
+              chunk, per, pacc, pml, d_rows, layer, window);
+    const dim3 g2((unsigned)n_head, (unsigned)n, (unsigned)(head_dim / 32));
+    KC_LAUNCH(err, att_combine_kernel, g2, ATT_THREADS, att_combine_smem(n_split), st, pacc, pml, (int)n_head, hd,
+              n_split, chunk * per, d_out, d_rows, pos0, window, sinks);
+    return 0;
 }
 
 /* Short contexts (max_len up to kcuda_attention_set_short's bound, KCUDA_ATT_SHORT by
@@ -768,29 +868,9 @@ int kcuda_attention(const kcuda_kv_view_t *kv, const float *d_q, float *d_out, i
         (uintptr_t)kv->k % 16 != 0 || (uintptr_t)kv->v % 16 != 0)
         return bl_err_set(err, BL_EINVAL, "attention: cache rows of %zu bytes (a multiple of 16, at least %lld) or misaligned",
                           kv->row_bytes, (long long)(n_kv_head * head_dim * 2));
-    const int64_t n_split = att_splits(pos0 + n, (int)head_dim);
-    const int chunk = att_chunk(pos0 + n, (int)head_dim);
-    const size_t need = kcuda_attention_scratch_bytes(n, n_head, head_dim, pos0 + n);
-    if (scratch_bytes < need)
-        return bl_err_set(err, BL_ERANGE, "attention: scratch of %zu bytes, %zu needed", scratch_bytes, need);
-    if (n_split > ATT_MAX_SPLITS)
-        return bl_err_set(err, BL_ENOTSUP, "attention: a context of %lld positions (at most %lld)",
-                          (long long)(pos0 + n), (long long)ATT_MAX_SPLITS * att_chunk_cap((int)head_dim));
-    float *pacc = (float *)d_scratch;
-    float *pml = pacc + (size_t)n * (size_t)n_head * (size_t)n_split * (size_t)head_dim;
-    const int group = (int)(n_head / n_kv_head);
-    cudaStream_t st = (cudaStream_t)stream;
-    const dim3 g1((unsigned)n_kv_head, (unsigned)n_split, (unsigned)n);
-    const bool mma = group <= 8 && head_dim == 128;
-    const int rc = att_split_go(g1, att_smem_bytes(group, (int)head_dim, chunk), st, mma, (const uint8_t *)kv->k,
-                                (const uint8_t *)kv->v, kv->row_bytes, d_q, pos0, (int)n_head, group, (int)head_dim,
-                                scale, n_split, chunk, pacc, pml, NULL, 0, window, err);
-    if (rc < 0)
-        return rc;
-    const dim3 g2((unsigned)n_head, (unsigned)n, (unsigned)(head_dim / 32));
-    KC_LAUNCH(err, att_combine_kernel, g2, ATT_THREADS, att_combine_smem(n_split), st, pacc, pml, (int)n_head,
-              (int)head_dim, n_split, chunk, d_out, NULL, pos0, window, sinks);
-    return 0;
+    return att_split_run("attention", (const uint8_t *)kv->k, (const uint8_t *)kv->v, kv->row_bytes, d_q, d_out, n,
+                         pos0, pos0 + n, n_head, n_kv_head, head_dim, scale, window, sinks, d_scratch, scratch_bytes,
+                         NULL, 0, (cudaStream_t)stream, err);
 }
 
 /* kcuda_attention_rows; with f (and a grid within the one-pass bound), the
@@ -837,27 +917,8 @@ static int attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t ro
 #undef ATT_SHORT_GO
         return 0;
     }
-    const int64_t n_split = att_splits(max_len, (int)head_dim);
-    const int chunk = att_chunk(max_len, (int)head_dim);
-    const size_t need = kcuda_attention_scratch_bytes(n, n_head, head_dim, max_len);
-    if (scratch_bytes < need)
-        return bl_err_set(err, BL_ERANGE, "attention_rows: scratch of %zu bytes, %zu needed", scratch_bytes, need);
-    if (n_split > ATT_MAX_SPLITS)
-        return bl_err_set(err, BL_ENOTSUP, "attention_rows: max_len %lld (at most %lld)", (long long)max_len,
-                          (long long)ATT_MAX_SPLITS * att_chunk_cap((int)head_dim));
-    float *pacc = (float *)d_scratch;
-    float *pml = pacc + (size_t)n * (size_t)n_head * (size_t)n_split * (size_t)head_dim;
-    const dim3 g1((unsigned)n_kv_head, (unsigned)n_split, (unsigned)n);
-    const bool mma = group <= 8 && head_dim == 128;
-    const int rc = att_split_go(g1, att_smem_bytes(group, (int)head_dim, chunk), st, mma, NULL, NULL, row_bytes, d_q,
-                                0, (int)n_head, group, (int)head_dim, scale, n_split, chunk, pacc, pml, d_rows, layer,
-                                window, err);
-    if (rc < 0)
-        return rc;
-    const dim3 g2((unsigned)n_head, (unsigned)n, (unsigned)(head_dim / 32));
-    KC_LAUNCH(err, att_combine_kernel, g2, ATT_THREADS, att_combine_smem(n_split), st, pacc, pml, (int)n_head,
-              (int)head_dim, n_split, chunk, d_out, d_rows, 0, window, sinks);
-    return 0;
+    return att_split_run("attention_rows", NULL, NULL, row_bytes, d_q, d_out, n, 0, max_len, n_head, n_kv_head,
+                         head_dim, scale, window, sinks, d_scratch, scratch_bytes, d_rows, layer, st, err);
 }
 
 int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes, const float *d_q,

@@ -520,6 +520,12 @@ int kcuda_attention_set_short(int max_len);
  * Process-wide and read at each launch, as kcuda_attention_set_short; for measuring
  * the schedule (BLOOMERY_CUDA_ATT_CHUNK). */
 int kcuda_attention_set_chunk(int min_chunk);
+/* Sets the most split blocks per (row, KV head) of the split pass (0: no limit,
+ * one chunk a block; at most 4096): past it each block takes several consecutive
+ * chunks, the next chunk's rows loading under the current one's arithmetic, with a
+ * running softmax over its chunks. Returns the previous value. Process-wide and
+ * read at each launch, as kcuda_attention_set_short (BLOOMERY_CUDA_ATT_SPLITS). */
+int kcuda_attention_set_splits(int max_splits);
 
 int kcuda_attention_rows(const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes,
                          const float *d_q, float *d_out, int64_t n, int64_t max_len,

@@ -637,6 +637,25 @@ int main(void)
     case_attention(&r, 2, 1022, 32, 4, 128);
     case_attention(&r, 1, 5000, 8, 1, 256);
     (void)kcuda_attention_set_chunk(chunk_old);
+    /* several chunks a split block (kcuda_attention_set_splits): the running softmax
+     * over 2 to 72 chunks, rows ending inside a block's span and on its edge,
+     * windows starting inside a block's later chunks, both forms, group 16 */
+    const int splits_old = kcuda_attention_set_splits(4);
+    case_rows(&r, 3, p7, 16, 2, 128, 4097 + 500);   /* tensor cores, 9 chunks a block */
+    case_rows(&r, 2, p9, 16, 1, 128, 17000);        /* FP32, group 16 */
+    case_attention(&r, 2, 1022, 32, 4, 128);
+    case_attention(&r, 1, 5000, 8, 1, 256);
+    case_attention(&r, 5, 50, 6, 2, 32);            /* 4 chunks: one a block */
+    case_rows_ext(&r, 5, p5, 16, 2, 64, 1024 + 128, 128, 1);
+    case_attention_ext(&r, 4, 300, 16, 2, 64, 128, 1);
+    case_attention_ext(&r, 5, 60, 8, 2, 128, 16, 1);
+    (void)kcuda_attention_set_splits(1);            /* the whole context in one block */
+    case_attention(&r, 3, 1010, 16, 1, 64);
+    case_rows(&r, 5, p5, 32, 4, 128, 1024 + 128);
+    (void)kcuda_attention_set_splits(64);
+    case_rows(&r, 3, p8, 32, 4, 128, 16384);
+    case_rows_ext(&r, 2, p10, 16, 2, 64, 17001, 128, 1);
+    (void)kcuda_attention_set_splits(splits_old);
     /* the one-pass kernel moved up to its most (kcuda_attention_set_short): long
      * contexts, 8 positions a thread, group 16 */
     const int short_old = kcuda_attention_set_short(KCUDA_ATT_SHORT_MAX);
@@ -648,6 +667,9 @@ int main(void)
         case_rows(&r, 2, p2, 32, 4, 128, 4096);
         case_attention(&r, 1, 4095, 32, 4, 128);
         case_attention(&r, 2, 20000, 32, 4, 128);
+        const int sp = kcuda_attention_set_splits(64);
+        case_attention(&r, 2, 20000, 32, 4, 128);
+        (void)kcuda_attention_set_splits(sp);
     }
     return tap_done();
 }
