@@ -1,29 +1,34 @@
 /* Decode attention over an f16 KV cache (flash-decoding) and the cache store.
  *
  * Split pass, grid (n_kv_head, n_split, n) (the KV head fastest, so the blocks of
- * one chunk's KV heads run together): a block of 128 threads takes one row,
- * one KV head and `chunk` positions of its context (att_chunk: 16 to
- * KCUDA_ATT_CHUNK, shorter for short contexts so that a decode step's few rows
- * still give the card a few hundred blocks), for all the query heads of that KV
- * head's group, so each K and V row is read once per group. It first issues every
- * K and then every V row of its chunk as 16-byte asynchronous copies into shared
- * memory (two groups: the whole chunk in flight at once), scores the positions
- * once K has landed, takes the chunk's softmax (max m, sum l), and accumulates
- * p * V from shared memory: on tensor cores at head_dim 128 with groups of up to 8
- * heads (att_split_kernel's MMA form), else in FP32 (head_dim / 8 lanes per
- * position and a shuffle sum for the scores; four dimensions per thread,
- * head_dim / 4 threads per position and phases summed in shared memory for p * V).
- * It writes the unnormalised sum and (m, l) to scratch.
+ * one span's KV heads run together): a block of 128 threads takes one row, one KV
+ * head and a span of `per` consecutive chunks of `chunk` positions of its context
+ * (att_chunk: 16 to KCUDA_ATT_CHUNK, shorter for short contexts so that a decode
+ * step's few rows still give the card a few hundred blocks; att_per: one chunk a
+ * block up to KCUDA_ATT_SPLITS chunks, more past it), for all the query heads of
+ * that KV head's group, so each K and V row is read once per group. It issues a
+ * chunk's K and then its V rows as 16-byte asynchronous copies into shared memory
+ * (two groups: the whole chunk in flight at once), scores the positions once K
+ * has landed, takes the chunk's softmax against the running maximum (m, l, and
+ * the sums so far rescaled), and accumulates p * V from shared memory; the next
+ * chunk's K is issued as soon as the scores are taken and its V once p * V is
+ * done, so its loads run under this chunk's arithmetic. p * V and the scores run
+ * on tensor cores at head_dim 128 with groups of up to 8 heads (att_split_kernel's
+ * MMA form), else in FP32 (head_dim / 8 lanes per position and a shuffle sum for
+ * the scores; four dimensions per thread, head_dim / 4 threads per position and
+ * phases summed in shared memory for p * V). It writes the unnormalised sum and
+ * (m, l) to scratch.
  * Combine pass, grid (n_head, n, head_dim / 32): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
  * the weights e^(m_s - M) computed once per split into shared memory, the sum
  * taken by split phases with 16-byte loads.
- * A chunk past a row's causal end writes m = -inf, l = 0 and drops out.
+ * A span past a row's causal end (or wholly before its window) writes m = -inf,
+ * l = 0 and drops out.
  *
  * The _rows variants (graph-friendly) take each row's cache address and position
  * from a table on the card (kcuda_kv_row_t) instead of launch arguments, so a
  * captured step replays for any caches and positions; the kernels are the same,
- * with a chunk past a row's end returning at once and the combine reading only
- * the row's own chunks. */
+ * with a span past a row's end returning at once and the combine reading only
+ * the row's own splits. */
 #include <math.h>
 
 #include "kcuda_impl.cuh"
@@ -60,7 +65,7 @@ static int att_chunk(int64_t max_len, int hd)
 
 /* The most blocks per (row, KV head) the schedule gives before each block takes
  * several chunks (kcuda_attention_set_splits; 0: one chunk a block). */
-static int g_att_splits = 0;
+static int g_att_splits = KCUDA_ATT_SPLITS;
 
 int kcuda_attention_set_splits(int max_splits)
 {
@@ -82,7 +87,8 @@ static int64_t att_splits(int64_t max_len, int hd)
 }
 
 /* The most splits any max_len' <= max_len gives (what scratch must hold):
- * att_splits is at most 256 up to 16384 positions (32768 where the cap is 128),
+ * att_splits with one chunk a block (several give fewer) is at most 256 up to
+ * 16384 positions (32768 where the cap is 128),
  * then ceil(max_len / cap). */
 static int64_t att_splits_bound(int64_t max_len, int hd)
 {

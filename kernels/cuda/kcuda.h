@@ -430,11 +430,15 @@ int kcuda_kv_store(const kcuda_kv_view_t *kv, const float *d_k, const float *d_v
                    int64_t pos0, int64_t n, int64_t row_elems, void *stream,
                    bl_err_t *err) BL_WUR;
 
-/* Most positions one flash-decoding block covers. A grid over L positions uses
- * chunks of 16 (L <= 4096), 32 (<= 8192), 64 (<= 16384) or KCUDA_ATT_CHUNK
- * positions: ceil(L / chunk) blocks per (row, KV head), so that one row's
- * few KV heads still fill the card. */
+/* Most positions of one chunk of the flash-decoding split pass. A grid over L
+ * positions uses chunks of 16 (L <= 4096), 32 (<= 8192), 64 (<= 16384) or
+ * KCUDA_ATT_CHUNK positions: ceil(L / chunk) chunks per (row, KV head), a block
+ * for each up to KCUDA_ATT_SPLITS of them, so that one row's few KV heads still
+ * fill the card; past that each block takes several consecutive chunks. */
 #define KCUDA_ATT_CHUNK 128
+/* Most split blocks per (row, KV head) by default: past 128 chunks each block takes
+ * several (kcuda_attention_set_splits). */
+#define KCUDA_ATT_SPLITS 128
 /* Longest grid kcuda_attention_rows takes in one pass by default (a block per row
  * and query head over the whole context, no split and no combine launch), and the
  * most kcuda_attention_set_short allows. */
@@ -520,8 +524,8 @@ int kcuda_attention_set_short(int max_len);
  * Process-wide and read at each launch, as kcuda_attention_set_short; for measuring
  * the schedule (BLOOMERY_CUDA_ATT_CHUNK). */
 int kcuda_attention_set_chunk(int min_chunk);
-/* Sets the most split blocks per (row, KV head) of the split pass (0: no limit,
- * one chunk a block; at most 4096): past it each block takes several consecutive
+/* Sets the most split blocks per (row, KV head) of the split pass (KCUDA_ATT_SPLITS by
+ * default; 0: no limit, one chunk a block; at most 4096): past it each block takes several consecutive
  * chunks, the next chunk's rows loading under the current one's arithmetic, with a
  * running softmax over its chunks. Returns the previous value. Process-wide and
  * read at each launch, as kcuda_attention_set_short (BLOOMERY_CUDA_ATT_SPLITS). */
