@@ -37,13 +37,14 @@
 #define ATT_CHUNK KCUDA_ATT_CHUNK
 #define ATT_MAXG KCUDA_ATT_MAX_GROUP
 
-/* Positions per split block for a grid over max_len positions: 16 up to 4096
- * positions, then 32, 64, and KCUDA_ATT_CHUNK past 16384 (64 at head_dim 256,
- * whose rows of 128 positions would not fit the shared memory of small cards), so
- * that a context of 1024 to 32768 gets 64 to 256 splits per (row, KV head) at
- * head_dim up to 128: a decode step of one row over 4 KV heads still puts several
- * blocks on every SM. It depends on max_len and head_dim alone (never on the row
- * count): a row gives the same bits in any step over the same max_len. */
+/* Positions per chunk for a grid over max_len positions: 16 up to 4096 positions,
+ * then 32, 64, and KCUDA_ATT_CHUNK past 16384 (64 at head_dim 256, whose rows of
+ * 128 positions would not fit the shared memory of small cards), so that a context
+ * of 1024 to 32768 gets 64 to 256 chunks per (row, KV head) at head_dim up to 128,
+ * and past KCUDA_ATT_SPLITS chunks each block takes several (att_per): a decode
+ * step of one row over 4 KV heads still puts a few blocks on every SM. The
+ * schedule depends on max_len and head_dim alone (never on the row count): a row
+ * gives the same bits in any step over the same max_len. */
 static int att_chunk_cap(int hd) { return hd > 128 ? ATT_CHUNK / 2 : ATT_CHUNK; }
 
 /* The shortest chunk the schedule may use (kcuda_attention_set_chunk). */
@@ -101,7 +102,7 @@ static int64_t att_splits_bound(int64_t max_len, int hd)
  * beside its 2 KB of phase sums. */
 #define ATT_MAX_SPLITS 11500
 
-/* Shared memory of a split block, in floats: (m, l) per head (padded to 4), then q
+/* Shared memory of a split block, in floats: (m, l, rescale) per head (padded to 4), then q
  * (group, hd) and the scores (group, ATT_CHUNK), then the chunk's K and V rows
  * (chunk, hd) f16 each. The phase sums of p * V (ATT_THREADS * 4 / hd phases,
  * group, hd) = ATT_PV_FLOATS * group take the place of q, the scores and the rows
