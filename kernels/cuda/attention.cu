@@ -13,11 +13,10 @@
  * the sums so far rescaled), and accumulates p * V from shared memory; the next
  * chunk's K is issued as soon as the scores are taken and its V once p * V is
  * done, so its loads run under this chunk's arithmetic. p * V and the scores run
- * on tensor cores at head_dim 128 with groups of up to 8 heads (att_split_kernel's
- * MMA form), else in FP32 (head_dim / 8 lanes per position and a shuffle sum for
- * the scores; four dimensions per thread, head_dim / 4 threads per position and
- * phases summed in shared memory for p * V). It writes the unnormalised sum and
- * (m, l) to scratch.
+ * on tensor cores at head_dim 128 (att_split_kernel's MMA form), else in FP32
+ * (head_dim / 8 lanes per position and a shuffle sum for the scores; four
+ * dimensions per thread, head_dim / 4 threads per position and phases summed in
+ * shared memory for p * V). It writes the unnormalised sum and (m, l) to scratch.
  * Combine pass, grid (n_head, n, head_dim / 32): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
  * the weights e^(m_s - M) computed once per split into shared memory, the sum
  * taken by split phases with 16-byte loads.
@@ -204,9 +203,10 @@ __device__ __forceinline__ void att_split_f16(float x, float y, unsigned *hi, un
     *lo = *(const unsigned *)&l;
 }
 
-/* MMA: head_dim 128 and a group of at most 8 heads (Qwen3-30B-A3B's 8): the scores
- * and p * V are tensor-core products (mma m16n8k16, f32 sums), the group's heads
- * the 16 rows' first 8 (the rest zero), q and p each split into f16 hi + lo (two
+/* MMA: head_dim 128 and a group of up to 16 heads (Qwen3-30B-A3B's 8, GLM-4.5's 12,
+ * Qwen3-235B-A22B's 16): the scores and p * V are tensor-core products (mma
+ * m16n8k16, f32 sums), the group's heads the 16 rows (a lane holds rows gq and
+ * gq + 8; rows past the group zero), q and p each split into f16 hi + lo (two
  * products each), K and V exact in f16. Scores: a warp per 8 positions, S (heads,
  * 8 positions) = q (heads, 16 dims) K^T (16 dims, 8 positions) over 8 steps of 16
  * dims, whose order is permuted (the same for q and K) so that each lane reads its
@@ -287,23 +287,28 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
     __syncthreads();
 
     const int gq = lane >> 2, tq = lane & 3; /* the tensor-core fragments' row and column group */
-    /* MMA: q as the A operand, rows gq (zero past the group), the 8 steps of 16 dims
-     * in the permuted order: step 2u + e takes dims 32u + 8tq + 4e + {0, 1} (first
-     * pair) and + {2, 3} (second), where K's 16-byte piece 4u + tq of row gq holds
-     * them in the same order */
-    unsigned qa[8][2][2]; /* [step][hi, lo][first, second pair] */
-    float o[4][4];        /* MMA p * V: head gq, dims 32 warp + 8 i + 2 tq, + 1 (and zero rows) */
+    /* MMA: q as the A operand, rows gq and gq + 8 (heads; zero past the group), the 8
+     * steps of 16 dims in the permuted order: step 2u + e takes dims 32u + 8tq + 4e +
+     * {0, 1} (first pair) and + {2, 3} (second), where K's 16-byte piece 4u + tq of
+     * row gq holds them in the same order */
+    unsigned qa[8][2][4]; /* [step][hi, lo][the A fragment: rows gq, gq + 8 of each pair] */
+    float o[4][4];        /* MMA p * V: heads gq ([0], [1]) and gq + 8 ([2], [3]), dims 32 warp + 8 i + 2 tq, + 1 */
+    const bool hi8 = gq + 8 < group; /* the lane's second head is in the group */
     if (MMA) {
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            float x[8];
 #pragma unroll
-            for (int i = 0; i < 8; i++)
-                x[i] = gq < group ? qs[gq * 128 + 32 * u + 8 * tq + i] : 0.0f;
+            for (int rh = 0; rh < 2; rh++) {
+                const int j = gq + 8 * rh;
+                float x[8];
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                att_split_f16(x[4 * e], x[4 * e + 1], &qa[2 * u + e][0][0], &qa[2 * u + e][1][0]);
-                att_split_f16(x[4 * e + 2], x[4 * e + 3], &qa[2 * u + e][0][1], &qa[2 * u + e][1][1]);
+                for (int i = 0; i < 8; i++)
+                    x[i] = j < group ? qs[j * 128 + 32 * u + 8 * tq + i] : 0.0f;
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    att_split_f16(x[4 * e], x[4 * e + 1], &qa[2 * u + e][0][rh], &qa[2 * u + e][1][rh]);
+                    att_split_f16(x[4 * e + 2], x[4 * e + 3], &qa[2 * u + e][0][2 + rh], &qa[2 * u + e][1][2 + rh]);
+                }
             }
         }
 #pragma unroll
@@ -334,18 +339,20 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
                     const uint4 w = kr[(4 * u + tq) ^ att_swz(r)];
 #pragma unroll
                     for (int hl = 0; hl < 2; hl++) {
-                        const unsigned a0[4] = {qa[2 * u][hl][0], 0u, qa[2 * u][hl][1], 0u};
-                        kc_mma16816(c, a0, w.x, w.y);
-                        const unsigned a1[4] = {qa[2 * u + 1][hl][0], 0u, qa[2 * u + 1][hl][1], 0u};
-                        kc_mma16816(c, a1, w.z, w.w);
+                        kc_mma16816(c, qa[2 * u][hl], w.x, w.y);
+                        kc_mma16816(c, qa[2 * u + 1][hl], w.z, w.w);
                     }
                 }
-                /* c[0], c[1]: head gq's scores of positions tile * 8 + 2 tq, + 1 (rows
-                 * past cnt read stale shared memory; their scores are never read) */
+                /* c[0], c[1]: head gq's scores of positions tile * 8 + 2 tq, + 1, c[2],
+                 * c[3] head gq + 8's (rows past cnt read stale shared memory; their
+                 * scores are never read) */
                 const int t = tile * 8 + 2 * tq;
                 if (gq < group)
                     *(float2 *)&sc[gq * ATT_CHUNK + t] = make_float2(t < skip ? -INFINITY : c[0],
                                                                      t + 1 < skip ? -INFINITY : c[1]);
+                if (hi8)
+                    *(float2 *)&sc[(gq + 8) * ATT_CHUNK + t] = make_float2(t < skip ? -INFINITY : c[2],
+                                                                           t + 1 < skip ? -INFINITY : c[3]);
             }
         } else {
             /* Scores: L lanes per position (eight dimensions each), P positions per
@@ -410,13 +417,16 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
 
         if (MMA) {
             /* p * V: warp w takes dims 32 w .. 32 w + 31 (four tiles of 8), all positions */
-            const float a = ml[4 * (gq < group ? gq : 0) + 2];
+            const float a = ml[4 * (gq < group ? gq : 0) + 2], a8 = hi8 ? ml[4 * (gq + 8) + 2] : 0.0f;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 o[i][0] *= a;
                 o[i][1] *= a;
+                o[i][2] *= a8;
+                o[i][3] *= a8;
             }
             const float *prow = sc + (gq < group ? gq : 0) * ATT_CHUNK;
+            const float *prow8 = sc + (hi8 ? gq + 8 : 0) * ATT_CHUNK;
             const int mi = lane >> 3, rr = lane & 7; /* the ldmatrix row this lane addresses */
             for (int k0 = 0; k0 < cnt16; k0 += 16) {
                 unsigned ah[4] = {0u, 0u, 0u, 0u}, al[4] = {0u, 0u, 0u, 0u};
@@ -425,6 +435,12 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
                     const float2 p1 = *(const float2 *)&prow[k0 + 2 * tq + 8];
                     att_split_f16(p0.x, p0.y, &ah[0], &al[0]);
                     att_split_f16(p1.x, p1.y, &ah[2], &al[2]);
+                }
+                if (hi8) {
+                    const float2 p0 = *(const float2 *)&prow8[k0 + 2 * tq];
+                    const float2 p1 = *(const float2 *)&prow8[k0 + 2 * tq + 8];
+                    att_split_f16(p0.x, p0.y, &ah[1], &al[1]);
+                    att_split_f16(p1.x, p1.y, &ah[3], &al[3]);
                 }
                 const int vr = k0 + (mi & 1) * 8 + rr;
 #pragma unroll
@@ -464,10 +480,13 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
     }
 
     if (MMA) {
-        if (gq < group)
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 4; i++) {
+            if (gq < group)
                 *(float2 *)&pacc[PH(gq) * 128 + 32 * warp + 8 * i + 2 * tq] = make_float2(o[i][0], o[i][1]);
+            if (hi8)
+                *(float2 *)&pacc[PH(gq + 8) * 128 + 32 * warp + 8 * i + 2 * tq] = make_float2(o[i][2], o[i][3]);
+        }
     } else {
         /* red takes the place of q, the scores and the rows (all read: the loop's last barrier) */
 #pragma unroll
@@ -627,7 +646,7 @@ static int att_split_run(const char *who, const uint8_t *kc, const uint8_t *vc, 
                           (long long)max_len, (long long)ATT_MAX_SPLITS * att_chunk_cap(hd));
     float *pacc = (float *)d_scratch;
     float *pml = pacc + (size_t)n * (size_t)n_head * (size_t)n_split * (size_t)head_dim;
-    const bool mma = group <= 8 && hd == 128;
+    const bool mma = hd == 128; /* groups up to ATT_MAXG = 16: the tiles' 16 rows */
     const int rc = mma ? att_split_prepare<true>(err) : att_split_prepare<false>(err);
     if (rc < 0)
         return rc;

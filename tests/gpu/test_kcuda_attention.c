@@ -608,6 +608,12 @@ int main(void)
     case_rows_ext(&r, 3, p3, 16, 2, 64, 256, 128, 1);          /* the one-pass kernel, a window and sinks */
     case_rows_ext(&r, 5, p5, 16, 2, 64, 1024 + 128, 128, 1);   /* the split pass */
     case_rows_ext(&r, 5, p5, 16, 2, 64, 1024 + 128, 0, 1);
+    /* tensor cores with more than 8 heads a group (the lanes' second head): GLM-4.5's
+     * 12 over 1, 16 over 1 and 2 with a window and sinks, every chunk length */
+    case_attention(&r, 3, 1010, 12, 1, 128);
+    case_attention(&r, 2, 5000, 24, 2, 128);
+    case_attention_ext(&r, 4, 300, 16, 1, 128, 128, 1);
+    case_rows_ext(&r, 5, p5, 32, 2, 128, 1024 + 128, 100, 1);
     /* the one-pass kernel (max_len <= KCUDA_ATT_SHORT) for every head size, a
      * context filling the grid, more positions than threads, group 16 and group 1 */
     const int64_t s2[2] = {63, 127}, s3[3] = {255, 0, 100}, s4[2] = {17, 200}, s5[1] = {256};
@@ -642,7 +648,7 @@ int main(void)
      * windows starting inside a block's later chunks, both forms, group 16 */
     const int splits_old = kcuda_attention_set_splits(4);
     case_rows(&r, 3, p7, 16, 2, 128, 4097 + 500);   /* tensor cores, 9 chunks a block */
-    case_rows(&r, 2, p9, 16, 1, 128, 17000);        /* FP32, group 16 */
+    case_rows(&r, 2, p9, 16, 1, 128, 17000);        /* group 16: both heads of every lane */
     case_attention(&r, 2, 1022, 32, 4, 128);
     case_attention(&r, 1, 5000, 8, 1, 256);
     case_attention(&r, 5, 50, 6, 2, 32);            /* 4 chunks: one a block */
