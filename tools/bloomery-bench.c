@@ -7,7 +7,9 @@
  * on the CPU from the clock around each op, with the weight bytes each op read and
  * the rate that makes. --kernels needs no model: it measures the CPU kernel sets
  * streaming random routed experts' weights (bench_kernels.c). --disk measures the
- * model file's reads as the disk pager makes them (bench_disk.c).
+ * model file's reads as the disk pager makes them (bench_disk.c). --attention needs
+ * no model either: it times the decode step's attention alone on the card at each
+ * depth, as a decode graph runs it over every layer (bench_attention.c).
  *
  * A pp test evaluates N random tokens in batches of -b rows; a tg test decodes N
  * tokens one at a time. Both start from an empty cache, or with -d D from D random
@@ -28,6 +30,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "bench_attention.h"
 #include "bench_disk.h"
 #include "bench_kernels.h"
 #include "cpuset.h"
@@ -50,7 +53,9 @@ typedef struct bench {
     const char *model, *output;
     list_t pp, tg, threads, depth, krows, par;
     int64_t reps, n_batch, poll;
-    int precise, no_roofline, profile, kernels, disk, mtp;
+    int precise, no_roofline, profile, kernels, disk, mtp, attention;
+    const char *att_heads;                /* --att-heads Q,KV */
+    int64_t att_head_dim, att_layers, ctx; /* --att-head-dim, --att-layers, -c */
     int flash_attn; /* BL_FLASH_*: -fa */
     bl_place_flags_t place; /* -ngl, -dev, --cpu-moe, ...: the plan's flags, as the server's */
     bl_cpu_flags_t cpu;     /* -C, -Cr, --cpu-strict, as the server's */
@@ -470,7 +475,10 @@ int main(int argc, char **argv)
     b.output = "md";
     b.krows = (list_t){{1, 4, 8}, 3};
     b.par = (list_t){{1}, 1};
-    bl_arg_t args[48] = {
+    b.att_heads = "32,4";
+    b.att_head_dim = 128;
+    b.att_layers = 48;
+    bl_arg_t args[56] = {
         {"-m,--model", NULL, BL_ARG_STR, &b.model, .metavar = "FILE", .help = "model file (GGUF)"},
         {"-p,--n-prompt", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.pp, .metavar = "N[,N...]", .help = "prompt lengths to test (default 512; 0: none)"},
         {"-n,--n-gen", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.tg, .metavar = "N[,N...]", .help = "decode lengths to test (default 128; 0: none)"},
@@ -489,6 +497,11 @@ int main(int argc, char **argv)
         {"--kernel-rows", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.krows, .metavar = "N[,N...]", .help = "with --kernels: rows per expert to test (default 1,4,8)"},
         {"--disk", NULL, BL_ARG_FLAG, &b.disk, .help = "the model file's read rates through the disk pager's reader instead of a model run: sequential 1 MiB reads and random whole routed experts at depths 1, 4 and 16 (O_DIRECT where the file system takes it)"},
         {"--profile", NULL, BL_ARG_FLAG, &b.profile, .help = "time each op of 32 decode steps and print the breakdown of one step (on the CPU with the weight bytes and rate of each op)"},
+        {"--attention", NULL, BL_ARG_FLAG, &b.attention, .help = "no model: the decode step's attention alone on the card (-mg), at each -d depth and -np rows, over --att-layers caches of --att-heads and --att-head-dim, -r replays of the layers' graph; the knobs BLOOMERY_CUDA_ATT_* apply"},
+        {"--att-heads", NULL, BL_ARG_STR, &b.att_heads, .metavar = "Q,KV", .help = "with --attention: query heads and KV heads (default 32,4: Qwen3-30B-A3B's)"},
+        {"--att-head-dim", NULL, BL_ARG_I64, &b.att_head_dim, 32, 256, .metavar = "N", .help = "with --attention: head size, 32, 64, 128 or 256 (default 128)"},
+        {"--att-layers", NULL, BL_ARG_I64, &b.att_layers, 1, 1024, .metavar = "N", .help = "with --attention: layers a step takes, each over its own cache (default 48)"},
+        {"-c,--ctx-size", NULL, BL_ARG_I64, &b.ctx, 1, INT32_MAX, .metavar = "N", .help = "with --attention: the context the worker would hold, which caps the attention grid (default: the largest depth + 1)"},
     };
     int n_args = 0;
     while (args[n_args].names)
@@ -508,7 +521,7 @@ int main(int argc, char **argv)
         bl_args_usage(stdout, "bloomery-bench", "-m FILE [options]", args, n_args);
         return 0;
     }
-    if (!b.model && !b.kernels) {
+    if (!b.model && !b.kernels && !b.attention) {
         fprintf(stderr, "bloomery-bench: -m FILE is required (see --help)\n");
         return 2;
     }
@@ -532,6 +545,30 @@ int main(int argc, char **argv)
 
     if (b.disk)
         return bench_disk(b.model, b.reps, md);
+    if (b.attention) {
+        long long q = 0, kv = 0;
+        char tail = 0;
+        if (sscanf(b.att_heads, "%lld,%lld%c", &q, &kv, &tail) != 2 || q < 1 || kv < 1 || q > 1024 || q % kv != 0) {
+            fprintf(stderr, "bloomery-bench: --att-heads: '%s' is not Q,KV with KV dividing Q (1..1024)\n",
+                    b.att_heads);
+            return 2;
+        }
+        if (b.att_head_dim != 32 && b.att_head_dim != 64 && b.att_head_dim != 128 && b.att_head_dim != 256) {
+            fprintf(stderr, "bloomery-bench: --att-head-dim: %lld (32, 64, 128 or 256)\n", (long long)b.att_head_dim);
+            return 2;
+        }
+        for (int i = 0; i < b.par.n; i++)
+            if (b.par.v[i] > 64) {
+                fprintf(stderr, "bloomery-bench: -np: %lld rows is more than --attention takes (64)\n",
+                        (long long)b.par.v[i]);
+                return 2;
+            }
+        const bench_att_t a = {.depths = b.depth.v, .n_depths = b.depth.n, .rows = b.par.v, .n_rows = b.par.n,
+                               .n_head = q, .n_kv_head = kv, .head_dim = b.att_head_dim, .ctx = b.ctx,
+                               .layers = b.att_layers, .reps = b.reps, .device = (int)b.place.main_gpu,
+                               .roofline = !b.no_roofline, .md = md};
+        return bench_attention(&a);
+    }
     if (b.kernels) {
         for (int i = 0; i < b.krows.n; i++)
             if (b.krows.v[i] > 64) {

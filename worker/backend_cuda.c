@@ -281,34 +281,70 @@ int wk__cuda_profile(wk_backend_t *b, wk_prof_op_t *out, int cap, int reset)
     return n;
 }
 
-int wk__cuda_bandwidth(wk_backend_t *b, size_t nbytes, double *bytes_per_s, bl_err_t *err)
+/* The best of a few device-to-device copies of nbytes on the current device and
+ * stream, as bytes read plus written per second (the first copy warms up). */
+static int copy_rate(void *stream, size_t nbytes, double *bytes_per_s, bl_err_t *err)
 {
-    cuda_t *cu = (cuda_t *)b;
     *bytes_per_s = 0;
     void *a = NULL, *d = NULL, *e0 = NULL, *e1 = NULL;
-    int rc = kcuda_set_device(cu->device, err);
-    if (rc < 0 || (rc = kcuda_alloc(&a, nbytes, err)) < 0 || (rc = kcuda_alloc(&d, nbytes, err)) < 0 ||
+    int rc = 0;
+    if ((rc = kcuda_alloc(&a, nbytes, err)) < 0 || (rc = kcuda_alloc(&d, nbytes, err)) < 0 ||
         (rc = kcuda_event_create(&e0, err)) < 0 || (rc = kcuda_event_create(&e1, err)) < 0 ||
-        (rc = kcuda_memset(a, 1, nbytes, cu->stream, err)) < 0)
+        (rc = kcuda_memset(a, 1, nbytes, stream, err)) < 0)
         goto out;
     for (int rep = 0; rep < 5; rep++) {
         float ms = 0;
-        if ((rc = kcuda_event_record(e0, cu->stream, err)) < 0 ||
-            (rc = kcuda_copy(d, a, nbytes, cu->stream, err)) < 0 ||
-            (rc = kcuda_event_record(e1, cu->stream, err)) < 0 || (rc = kcuda_event_sync(e1, err)) < 0 ||
+        if ((rc = kcuda_event_record(e0, stream, err)) < 0 || (rc = kcuda_copy(d, a, nbytes, stream, err)) < 0 ||
+            (rc = kcuda_event_record(e1, stream, err)) < 0 || (rc = kcuda_event_sync(e1, err)) < 0 ||
             (rc = kcuda_event_elapsed_ms(&ms, e0, e1, err)) < 0)
             goto out;
         const double bps = 2.0 * (double)nbytes / (1e-3 * (double)ms); /* read + written */
-        if (rep > 0 && bps > *bytes_per_s)                              /* rep 0 warms up */
+        if (rep > 0 && bps > *bytes_per_s)
             *bytes_per_s = bps;
     }
 out:
-    drain(cu->stream);
+    drain(stream);
     kcuda_event_destroy(e0);
     kcuda_event_destroy(e1);
     kcuda_free(a);
     kcuda_free(d);
     return rc;
+}
+
+int wk__cuda_bandwidth(wk_backend_t *b, size_t nbytes, double *bytes_per_s, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    *bytes_per_s = 0;
+    const int rc = kcuda_set_device(cu->device, err);
+    return rc < 0 ? rc : copy_rate(cu->stream, nbytes, bytes_per_s, err);
+}
+
+int wk_cuda_copy_rate(int device, size_t nbytes, double *bytes_per_s, bl_err_t *err)
+{
+    *bytes_per_s = 0;
+    void *st = NULL;
+    int rc = kcuda_set_device(device, err);
+    if (rc < 0 || (rc = kcuda_stream_create(&st, err)) < 0)
+        return rc;
+    rc = copy_rate(st, nbytes, bytes_per_s, err);
+    kcuda_stream_destroy(st);
+    return rc;
+}
+
+void wk_cuda_knobs_from_env(void)
+{
+    const char *as_env = getenv("BLOOMERY_CUDA_ATT_SHORT");
+    if (as_env && *as_env)
+        (void)kcuda_attention_set_short(atoi(as_env));
+    const char *ac_env = getenv("BLOOMERY_CUDA_ATT_CHUNK");
+    if (ac_env && *ac_env)
+        (void)kcuda_attention_set_chunk(atoi(ac_env));
+    const char *sp_env = getenv("BLOOMERY_CUDA_ATT_SPLITS");
+    if (sp_env && *sp_env)
+        (void)kcuda_attention_set_splits(atoi(sp_env));
+    const char *pdl_env = getenv("BLOOMERY_CUDA_PDL");
+    if (pdl_env && strcmp(pdl_env, "0") == 0)
+        (void)kcuda_set_pdl(0);
 }
 
 /* Every launch goes through OP: a failure returns, and a profiling step records an
@@ -2172,25 +2208,9 @@ int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *
     snprintf(cu->label, sizeof cu->label, "%.63s (sm_%d%d)", cu->info.name, cu->info.cc_major, cu->info.cc_minor);
     const wk_config_t *c = cu->c;
     /* BLOOMERY_CUDA_PROMPT=rows keeps prompts on the rows path (the reference the
-     * GEMM path is checked against; docs/cuda.md). BLOOMERY_CUDA_PDL=0 launches every
-     * kernel the ordinary way (kcuda_set_pdl), to measure what programmatic dependent
-     * launch gives. BLOOMERY_CUDA_ATT_SHORT=N moves the longest context decode
-     * attention takes in one pass (kcuda_attention_set_short), to measure where the
-     * split pays; BLOOMERY_CUDA_ATT_CHUNK=N the shortest chunk of the split pass
-     * (kcuda_attention_set_chunk), BLOOMERY_CUDA_ATT_SPLITS=N its most blocks per
-     * row and KV head (kcuda_attention_set_splits). */
-    const char *as_env = getenv("BLOOMERY_CUDA_ATT_SHORT");
-    if (as_env && *as_env)
-        (void)kcuda_attention_set_short(atoi(as_env));
-    const char *ac_env = getenv("BLOOMERY_CUDA_ATT_CHUNK");
-    if (ac_env && *ac_env)
-        (void)kcuda_attention_set_chunk(atoi(ac_env));
-    const char *sp_env = getenv("BLOOMERY_CUDA_ATT_SPLITS");
-    if (sp_env && *sp_env)
-        (void)kcuda_attention_set_splits(atoi(sp_env));
-    const char *pdl_env = getenv("BLOOMERY_CUDA_PDL");
-    if (pdl_env && strcmp(pdl_env, "0") == 0)
-        (void)kcuda_set_pdl(0);
+     * GEMM path is checked against; docs/cuda.md). The attention and launch knobs:
+     * wk_cuda_knobs_from_env (wk.h). */
+    wk_cuda_knobs_from_env();
     /* Flash prefill for head_dim 64 and 128 unless -fa off (WK_FLASH_OFF) asks for
      * the split attention in 64-row pieces (the reference it is compared with); so
      * does BLOOMERY_CUDA_FLASH=0 under -fa auto. -fa on with another head size runs
@@ -2259,5 +2279,14 @@ int wk__cuda_bandwidth(wk_backend_t *b, size_t nbytes, double *bytes_per_s, bl_e
     *bytes_per_s = 0;
     return bl_err_set(err, BL_ENOTSUP, "device: this build has no CUDA");
 }
+
+int wk_cuda_copy_rate(int device, size_t nbytes, double *bytes_per_s, bl_err_t *err)
+{
+    (void)device, (void)nbytes;
+    *bytes_per_s = 0;
+    return bl_err_set(err, BL_ENOTSUP, "device: this build has no CUDA");
+}
+
+void wk_cuda_knobs_from_env(void) {}
 
 #endif

@@ -342,6 +342,19 @@ void wk_model_set_profile(wk_model_t *m, int on);
 int wk_model_device_bandwidth(wk_model_t *m, size_t nbytes, double *bytes_per_s,
                               bl_err_t *err) BL_WUR;
 
+/* The same measure on CUDA device `device` without a model (BL_ENOTSUP in a build
+ * without CUDA). */
+int wk_cuda_copy_rate(int device, size_t nbytes, double *bytes_per_s, bl_err_t *err) BL_WUR;
+
+/* The card's attention and launch knobs from the environment, as the CUDA backend
+ * reads them when it starts (docs/cuda.md): BLOOMERY_CUDA_ATT_SHORT=N the longest
+ * context decode attention takes in one pass (kcuda_attention_set_short),
+ * BLOOMERY_CUDA_ATT_CHUNK=N the shortest chunk of the split pass
+ * (kcuda_attention_set_chunk), BLOOMERY_CUDA_ATT_SPLITS=N its most blocks per row and
+ * KV head (kcuda_attention_set_splits), BLOOMERY_CUDA_PDL=0 every kernel launched the
+ * ordinary way (kcuda_set_pdl). Process-wide; nothing in a build without CUDA. */
+void wk_cuda_knobs_from_env(void);
+
 /* --- pipeline stages and remote experts ------------------------------------------- */
 
 /* Computes routed experts of n rows for one layer (see wk_model_experts) into out

@@ -122,6 +122,14 @@ def test_bench_parallel_sequences(model):
     (["-m", "x.gguf", "--experts-vram", "-5"], "--experts-vram"),
     (["-m", "x.gguf", "--experts-vram", "12Q"], "--experts-vram"),
     (["-m", "x.gguf", "--no-residency=1"], "--no-residency"),
+    (["--attention", "--att-heads", "5,2"], "--att-heads"),
+    (["--attention", "--att-heads", "32"], "--att-heads"),
+    (["--attention", "--att-heads", "32,4,1"], "--att-heads"),
+    (["--attention", "--att-head-dim", "96"], "--att-head-dim"),
+    (["--attention", "--att-head-dim", "512"], "--att-head-dim"),
+    (["--attention", "--att-layers", "0"], "--att-layers"),
+    (["--attention", "-np", "65"], "-np"),
+    (["--attention", "-c", "0"], "--ctx-size"),
 ])
 def test_bench_bad_flags_exit_2(args, needle):
     p = run([tool("bloomery-bench")] + args)
@@ -139,6 +147,15 @@ def test_bench_takes_the_residency_flags(model, args):
              "--no-roofline"] + args)
     assert p.returncode == 0, p.stderr
     assert [json.loads(l)["test"] for l in p.stdout.splitlines()] == ["pp8", "tg2"]
+
+
+def test_bench_attention_without_a_card_exits_1():
+    """--attention needs no model but a CUDA device: without one (or in a build without
+    CUDA) it exits 1 and says which; a depth past -c is refused the same way."""
+    p = run([tool("bloomery-bench"), "--attention", "-d", "4096", "-r", "1"])
+    assert p.returncode == 1 and "--attention" in p.stderr, p.stderr
+    assert "CUDA" in p.stderr, p.stderr
+    assert p.stdout == ""
 
 
 def test_bench_bad_model_exits_1(tmp_path):
