@@ -42,8 +42,9 @@ static void case_free(att_case_t *c, int64_t n)
         kcuda_stream_destroy(c->stream);
 }
 
-/* Random floats in [-1, 1) (xorshift64*, seeded by the caller) uploaded as n floats. */
-static int upload_random(void **d, int64_t n, uint64_t *seed, bl_err_t *err)
+/* Random floats in [-1, 1) (xorshift64*, seeded by the caller) uploaded as n floats
+ * on stream (the host copy is taken before the call returns). */
+static int upload_random(void **d, int64_t n, void *stream, uint64_t *seed, bl_err_t *err)
 {
     float *h = malloc(sizeof(float) * (size_t)n);
     if (!h)
@@ -56,7 +57,7 @@ static int upload_random(void **d, int64_t n, uint64_t *seed, bl_err_t *err)
     }
     int rc = kcuda_alloc(d, sizeof(float) * (size_t)n, err);
     if (rc == 0)
-        rc = kcuda_upload(*d, h, sizeof(float) * (size_t)n, NULL, err);
+        rc = kcuda_upload(*d, h, sizeof(float) * (size_t)n, stream, err);
     free(h);
     return rc;
 }
@@ -68,32 +69,33 @@ static int run_case(const bench_att_t *b, int64_t n, int64_t depth, int64_t max_
     att_case_t c;
     memset(&c, 0, sizeof c);
     const size_t rb = (size_t)(b->n_kv_head * b->head_dim) * 2, plane = rb * (size_t)(depth + 1);
-    int rc = 0;
+    /* every copy on the case's own stream, so the graph replayed there sees them */
+    int rc = kcuda_stream_create(&c.stream, err);
     kcuda_kv_row_t rows[64];
     int32_t pos[64];
     for (int64_t i = 0; i < n && rc == 0; i++) {
         if ((rc = kcuda_alloc(&c.cache[i], 2 * plane * (size_t)b->layers, err)) == 0)
-            rc = kcuda_memset(c.cache[i], 0x11, 2 * plane * (size_t)b->layers, NULL, err);
+            rc = kcuda_memset(c.cache[i], 0x11, 2 * plane * (size_t)b->layers, c.stream, err);
         rows[i] = (kcuda_kv_row_t){.k = (uint64_t)(uintptr_t)c.cache[i], .layer_bytes = 2 * plane,
                                    .v_bytes = plane, .pos = (int32_t)depth};
         pos[i] = (int32_t)depth;
     }
     const size_t sb = kcuda_attention_scratch_bytes(n, b->n_head, b->head_dim, max_len);
     if (rc == 0 && (rc = kcuda_alloc(&c.rows, sizeof rows[0] * (size_t)n, err)) == 0)
-        rc = kcuda_upload(c.rows, rows, sizeof rows[0] * (size_t)n, NULL, err);
+        rc = kcuda_upload(c.rows, rows, sizeof rows[0] * (size_t)n, c.stream, err);
     if (rc == 0 && (rc = kcuda_alloc(&c.pos, sizeof pos[0] * (size_t)n, err)) == 0)
-        rc = kcuda_upload(c.pos, pos, sizeof pos[0] * (size_t)n, NULL, err);
+        rc = kcuda_upload(c.pos, pos, sizeof pos[0] * (size_t)n, c.stream, err);
     if (rc == 0)
-        rc = upload_random(&c.q, n * b->n_head * b->head_dim, seed, err);
+        rc = upload_random(&c.q, n * b->n_head * b->head_dim, c.stream, seed, err);
     if (rc == 0)
-        rc = upload_random(&c.k, n * b->n_kv_head * b->head_dim, seed, err);
+        rc = upload_random(&c.k, n * b->n_kv_head * b->head_dim, c.stream, seed, err);
     if (rc == 0)
-        rc = upload_random(&c.v, n * b->n_kv_head * b->head_dim, seed, err);
+        rc = upload_random(&c.v, n * b->n_kv_head * b->head_dim, c.stream, seed, err);
     if (rc == 0)
         rc = kcuda_alloc(&c.out, sizeof(float) * (size_t)(n * b->n_head * b->head_dim), err);
     if (rc == 0)
         rc = kcuda_alloc(&c.scratch, sb > 0 ? sb : 16, err);
-    if (rc == 0 && (rc = kcuda_stream_create(&c.stream, err)) == 0 && (rc = kcuda_event_create(&c.e0, err)) == 0)
+    if (rc == 0 && (rc = kcuda_event_create(&c.e0, err)) == 0)
         rc = kcuda_event_create(&c.e1, err);
     if (rc == 0)
         rc = kcuda_graph_begin(c.stream, err);
