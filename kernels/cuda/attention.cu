@@ -13,7 +13,7 @@
  * the sums so far rescaled), and accumulates p * V from shared memory; the next
  * chunk's K is issued as soon as the scores are taken and its V once p * V is
  * done, so its loads run under this chunk's arithmetic. p * V and the scores run
- * on tensor cores at head_dim 128 (att_split_kernel's MMA form), else in FP32
+ * on tensor cores at head_dim 64 and 128 (att_split_kernel's MMA form), else in FP32
  * (head_dim / 8 lanes per position and a shuffle sum for the scores; four
  * dimensions per thread, head_dim / 4 threads per position and phases summed in
  * shared memory for p * V). It writes the unnormalised sum and (m, l) to scratch.
@@ -203,20 +203,20 @@ __device__ __forceinline__ void att_split_f16(float x, float y, unsigned *hi, un
     *lo = *(const unsigned *)&l;
 }
 
-/* MMA: head_dim 128 and a group of up to 16 heads (Qwen3-30B-A3B's 8, GLM-4.5's 12,
- * Qwen3-235B-A22B's 16): the scores and p * V are tensor-core products (mma
- * m16n8k16, f32 sums), the group's heads the 16 rows (a lane holds rows gq and
- * gq + 8; rows past the group zero), q and p each split into f16 hi + lo (two
- * products each), K and V exact in f16. Scores: a warp per 8 positions, S (heads,
- * 8 positions) = q (heads, 16 dims) K^T (16 dims, 8 positions) over 8 steps of 16
- * dims, whose order is permuted (the same for q and K) so that each lane reads its
- * K row as four 16-byte pieces. p * V: a warp per 32 dimensions over all the
- * chunk's positions, O (heads, 8 dims) += p (heads, 16 positions) V (16 positions,
- * 8 dims), V read transposed by ldmatrix; each warp writes its own dimensions, so
- * no phase sums. The FP32 form spends about 2,048 multiply-adds a position and KV
+/* MH (the MMA form): head_dim MH = 64 (gpt-oss) or 128 and a group of up to 16
+ * heads (Qwen3-30B-A3B's 8, GLM-4.5's 12, Qwen3-235B-A22B's 16): the scores and
+ * p * V are tensor-core products (mma m16n8k16, f32 sums), the group's heads the 16
+ * rows (a lane holds rows gq and gq + 8; rows past the group zero), q and p each
+ * split into f16 hi + lo (two products each), K and V exact in f16. Scores: a warp
+ * per 8 positions, S (heads, 8 positions) = q (heads, 16 dims) K^T (16 dims, 8
+ * positions) over MH / 16 steps of 16 dims, whose order is permuted (the same for q
+ * and K) so that each lane reads its K row as MH / 32 16-byte pieces. p * V: a warp
+ * per MH / 4 dimensions over all the chunk's positions, O (heads, 8 dims) += p
+ * (heads, 16 positions) V (16 positions, 8 dims), V read transposed by ldmatrix;
+ * each warp writes its own dimensions, so no phase sums. The FP32 form spends about 2,048 multiply-adds a position and KV
  * head in instructions the SMs issue one warp at a time; at 32k positions that,
  * not the memory, was the bound. */
-template <bool MMA>
+template <int MH>
 __global__ void __launch_bounds__(ATT_THREADS, 1)
 att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q, int64_t pos0,
                  int n_head, int group, int hd, float scale, int64_t n_split, int chunk, int per, float *pacc,
@@ -224,8 +224,11 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
 {
     kc_wait_prior();
     kc_allow_next();
+    constexpr bool MMA = MH != 0;
+    /* the tensor-core form's 16-dim steps, their pairs, and 8-dim tiles a warp owns */
+    constexpr int NS = MMA ? MH / 16 : 1, NU = MMA ? NS / 2 : 1, NT = MMA ? MH / 32 : 1;
     if (MMA)
-        hd = 128;
+        hd = MH;
     extern __shared__ float4 att_smem4[];
     float *ml = (float *)att_smem4;                     // (group, 4): m, l, the last chunk's rescale
     float *qs = ml + 4 * group;                         // (group, hd), pre-scaled
@@ -287,23 +290,23 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
     __syncthreads();
 
     const int gq = lane >> 2, tq = lane & 3; /* the tensor-core fragments' row and column group */
-    /* MMA: q as the A operand, rows gq and gq + 8 (heads; zero past the group), the 8
+    /* MMA: q as the A operand, rows gq and gq + 8 (heads; zero past the group), the NS
      * steps of 16 dims in the permuted order: step 2u + e takes dims 32u + 8tq + 4e +
      * {0, 1} (first pair) and + {2, 3} (second), where K's 16-byte piece 4u + tq of
      * row gq holds them in the same order */
-    unsigned qa[8][2][4]; /* [step][hi, lo][the A fragment: rows gq, gq + 8 of each pair] */
-    float o[4][4];        /* MMA p * V: heads gq ([0], [1]) and gq + 8 ([2], [3]), dims 32 warp + 8 i + 2 tq, + 1 */
+    unsigned qa[NS][2][4]; /* [step][hi, lo][the A fragment: rows gq, gq + 8 of each pair] */
+    float o[NT][4];        /* MMA p * V: heads gq ([0], [1]) and gq + 8 ([2], [3]), dims MH / 4 warp + 8 i + 2 tq, + 1 */
     const bool hi8 = gq + 8 < group; /* the lane's second head is in the group */
     if (MMA) {
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < NU; u++) {
 #pragma unroll
             for (int rh = 0; rh < 2; rh++) {
                 const int j = gq + 8 * rh;
                 float x[8];
 #pragma unroll
                 for (int i = 0; i < 8; i++)
-                    x[i] = j < group ? qs[j * 128 + 32 * u + 8 * tq + i] : 0.0f;
+                    x[i] = j < group ? qs[j * MH + 32 * u + 8 * tq + i] : 0.0f;
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     att_split_f16(x[4 * e], x[4 * e + 1], &qa[2 * u + e][0][rh], &qa[2 * u + e][1][rh]);
@@ -312,7 +315,7 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
             }
         }
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < NT; i++)
             o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     }
     /* FP32 p * V: thread (phase ph, dimensions 4 dq ..), 8-byte reads of the V rows;
@@ -332,10 +335,10 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
         if (MMA) {
             for (int tile = warp; tile * 8 < cnt; tile += ATT_THREADS / 32) {
                 const int r = tile * 8 + gq; /* the K row this lane's B fragment reads */
-                const uint4 *kr = (const uint4 *)(ks + (size_t)r * 128);
+                const uint4 *kr = (const uint4 *)(ks + (size_t)r * MH);
                 float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                for (int u = 0; u < 4; u++) {
+                for (int u = 0; u < NU; u++) {
                     const uint4 w = kr[(4 * u + tq) ^ att_swz(r)];
 #pragma unroll
                     for (int hl = 0; hl < 2; hl++) {
@@ -416,10 +419,10 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
         __syncthreads();
 
         if (MMA) {
-            /* p * V: warp w takes dims 32 w .. 32 w + 31 (four tiles of 8), all positions */
+            /* p * V: warp w takes dims MH / 4 w .. (NT tiles of 8), all positions */
             const float a = ml[4 * (gq < group ? gq : 0) + 2], a8 = hi8 ? ml[4 * (gq + 8) + 2] : 0.0f;
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < NT; i++) {
                 o[i][0] *= a;
                 o[i][1] *= a;
                 o[i][2] *= a8;
@@ -444,10 +447,10 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
                 }
                 const int vr = k0 + (mi & 1) * 8 + rr;
 #pragma unroll
-                for (int h2 = 0; h2 < 2; h2++) {
-                    const int c = 4 * warp + 2 * h2 + (mi >> 1); /* 16-byte piece: dims 8c .. 8c + 7 */
+                for (int h2 = 0; h2 < NT / 2; h2++) {
+                    const int c = NT * warp + 2 * h2 + (mi >> 1); /* 16-byte piece: dims 8c .. 8c + 7 */
                     unsigned bv[4];
-                    kc_ldsm_x4_t(bv, vs + (size_t)vr * 128 + 8 * (c ^ att_swz(vr)));
+                    kc_ldsm_x4_t(bv, vs + (size_t)vr * MH + 8 * (c ^ att_swz(vr)));
                     kc_mma16816(o[2 * h2], ah, bv[0], bv[1]);
                     kc_mma16816(o[2 * h2], al, bv[0], bv[1]);
                     kc_mma16816(o[2 * h2 + 1], ah, bv[2], bv[3]);
@@ -481,11 +484,12 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
 
     if (MMA) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < NT; i++) {
+            const int d = 8 * NT * warp + 8 * i + 2 * tq;
             if (gq < group)
-                *(float2 *)&pacc[PH(gq) * 128 + 32 * warp + 8 * i + 2 * tq] = make_float2(o[i][0], o[i][1]);
+                *(float2 *)&pacc[PH(gq) * MH + d] = make_float2(o[i][0], o[i][1]);
             if (hi8)
-                *(float2 *)&pacc[PH(gq + 8) * 128 + 32 * warp + 8 * i + 2 * tq] = make_float2(o[i][2], o[i][3]);
+                *(float2 *)&pacc[PH(gq + 8) * MH + d] = make_float2(o[i][2], o[i][3]);
         }
     } else {
         /* red takes the place of q, the scores and the rows (all read: the loop's last barrier) */
@@ -514,14 +518,14 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
 /* Raises the split kernel's dynamic shared-memory limit to the most any launch takes
  * (group ATT_MAXG at head_dim 256, whose chunks stop at 64: the largest), once per
  * kernel and device. */
-template <bool MMA>
+template <int MH>
 static int att_split_prepare(bl_err_t *err)
 {
     static int done[KC_MAX_DEVICES];
     int dev = 0;
     KCUDA_CHECK(cudaGetDevice(&dev), err);
     const int most = (int)att_smem_bytes(ATT_MAXG, 256, att_chunk_cap(256));
-    return kc_smem_prepare(att_split_kernel<MMA>, done, dev, most, err);
+    return kc_smem_prepare(att_split_kernel<MH>, done, dev, most, err);
 }
 
 /* Dynamic shared memory of the combine pass: n_split weights, padded to whole
@@ -646,14 +650,16 @@ static int att_split_run(const char *who, const uint8_t *kc, const uint8_t *vc, 
                           (long long)max_len, (long long)ATT_MAX_SPLITS * att_chunk_cap(hd));
     float *pacc = (float *)d_scratch;
     float *pml = pacc + (size_t)n * (size_t)n_head * (size_t)n_split * (size_t)head_dim;
-    const bool mma = hd == 128; /* groups up to ATT_MAXG = 16: the tiles' 16 rows */
-    const int rc = mma ? att_split_prepare<true>(err) : att_split_prepare<false>(err);
+    /* the tensor-core form at head_dim 64 and 128, for groups up to ATT_MAXG = 16 (the
+     * tiles' 16 rows); the FP32 form at 32 and 256 */
+    const int rc = hd == 128 ? att_split_prepare<128>(err) : hd == 64 ? att_split_prepare<64>(err)
+                                                                      : att_split_prepare<0>(err);
     if (rc < 0)
         return rc;
     const dim3 g1((unsigned)n_kv_head, (unsigned)n_split, (unsigned)n);
-    KC_LAUNCH(err, mma ? att_split_kernel<true> : att_split_kernel<false>, g1, ATT_THREADS,
-              att_smem_bytes(group, hd, chunk), st, kc, vc, rb, d_q, pos0, (int)n_head, group, hd, scale, n_split,
-              chunk, per, pacc, pml, d_rows, layer, window);
+    KC_LAUNCH(err, hd == 128 ? att_split_kernel<128> : hd == 64 ? att_split_kernel<64> : att_split_kernel<0>, g1,
+              ATT_THREADS, att_smem_bytes(group, hd, chunk), st, kc, vc, rb, d_q, pos0, (int)n_head, group, hd, scale,
+              n_split, chunk, per, pacc, pml, d_rows, layer, window);
     const dim3 g2((unsigned)n_head, (unsigned)n, (unsigned)(head_dim / 32));
     KC_LAUNCH(err, att_combine_kernel, g2, ATT_THREADS, att_combine_smem(n_split), st, pacc, pml, (int)n_head, hd,
               n_split, chunk * per, d_out, d_rows, pos0, window, sinks);

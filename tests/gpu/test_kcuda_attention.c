@@ -637,6 +637,8 @@ int main(void)
     case_rows(&r, 2, p9, 16, 1, 128, 17000);
     case_rows(&r, 2, p10, 16, 2, 256, 17001);
     case_rows_ext(&r, 2, p10, 16, 2, 64, 17001, 128, 1);
+    case_rows(&r, 2, p10, 64, 8, 64, 17001);              /* gpt-oss's heads, tensor cores */
+    case_rows_ext(&r, 3, p7, 64, 8, 64, 4097 + 500, 128, 1);
     /* the longest chunks at short contexts (kcuda_attention_set_chunk) */
     const int chunk_old = kcuda_attention_set_chunk(KCUDA_ATT_CHUNK);
     case_rows(&r, 3, p7, 16, 2, 128, 4097 + 500);
