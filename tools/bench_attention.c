@@ -1,11 +1,12 @@
 /* bloomery-bench --attention: the decode step's attention on the card, alone. No model
  * file: each row of a step gets its own cache of `layers` layers (K and V planes of
  * depth + 1 positions, f16), the launches a decode graph makes for attention
- * (kcuda_attention_rows_qkv: the q/k RoPE, the cache store at the row's position and
- * the attention over the grid the worker would use: the next power of two from 256
- * up, capped at the context) are captured for every layer in one graph, and the
- * graph is replayed. Each layer reads its own cache, so a short context does not
- * stay in the card's L2 as it would when one layer's call were repeated. */
+ * (the step's RoPE table, then kcuda_attention_rows_qkv per layer: the q/k RoPE, the
+ * cache store at the row's position and the attention over the grid the worker
+ * would use: the next power of two from 256 up, capped at the context) are captured
+ * for every layer in one graph, and the graph is replayed. Each layer reads its own
+ * cache, so a short context does not stay in the card's L2 as it would when one
+ * layer's call were repeated. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +22,7 @@
 /* The buffers of one (rows, depth) case. */
 typedef struct att_case {
     void *cache[64];   /* a row's layers: (K plane, V plane) each */
-    void *rows, *pos, *q, *k, *v, *out, *scratch, *stream, *exec, *e0, *e1;
+    void *rows, *pos, *q, *k, *v, *out, *scratch, *cs, *stream, *exec, *e0, *e1;
 } att_case_t;
 
 static void case_free(att_case_t *c, int64_t n)
@@ -35,6 +36,7 @@ static void case_free(att_case_t *c, int64_t n)
     kcuda_free(c->v);
     kcuda_free(c->out);
     kcuda_free(c->scratch);
+    kcuda_free(c->cs);
     kcuda_graph_destroy(c->exec);
     kcuda_event_destroy(c->e0);
     kcuda_event_destroy(c->e1);
@@ -95,12 +97,17 @@ static int run_case(const bench_att_t *b, int64_t n, int64_t depth, int64_t max_
         rc = kcuda_alloc(&c.out, sizeof(float) * (size_t)(n * b->n_head * b->head_dim), err);
     if (rc == 0)
         rc = kcuda_alloc(&c.scratch, sb > 0 ? sb : 16, err);
+    if (rc == 0)
+        rc = kcuda_alloc(&c.cs, sizeof(float) * (size_t)(n * b->head_dim), err);
     if (rc == 0 && (rc = kcuda_event_create(&c.e0, err)) == 0)
         rc = kcuda_event_create(&c.e1, err);
     if (rc == 0)
         rc = kcuda_graph_begin(c.stream, err);
     if (rc == 0) {
-        const kcuda_rope_t rope = kcuda_rope_plain((int)b->head_dim, 1e6f);
+        /* the step's RoPE table once, as the worker's decode step makes it */
+        kcuda_rope_t rope = kcuda_rope_plain((int)b->head_dim, 1e6f);
+        rc = kcuda_rope_table(c.pos, n, &rope, c.cs, c.stream, err);
+        rope.d_cs = c.cs;
         const float scale = (float)(1.0 / sqrt((double)b->head_dim));
         for (int64_t l = 0; l < b->layers && rc == 0; l++)
             rc = kcuda_attention_rows_qkv(c.rows, l, rb, c.q, c.k, c.v, NULL, NULL, c.pos, c.out, n, max_len,

@@ -124,6 +124,13 @@ typedef struct cuda {
     size_t wscr_bytes;
     void *att_scratch;
     size_t att_scratch_bytes;
+    /* a decode step's RoPE table (kcuda_rope_table: n_batch rows of head_dim floats),
+     * made by the step's first attention layer and again where a layer's RoPE
+     * differs from the one it holds (rope_cs_of; rope_cs_ok is cleared as each
+     * decode step begins) */
+    float *d_rope_cs;
+    kcuda_rope_t rope_cs_of;
+    int rope_cs_ok;
     int64_t max_len_cap;     /* n_ctx_max rounded up to KCUDA_ATT_CHUNK */
     /* step inputs: one region, the same layout on the card and in pinned memory:
      * the rows table (GRAPH_MAX_ROWS), tokens (n_batch), positions (n_batch) */
@@ -376,7 +383,7 @@ static void cu_destroy(wk_backend_t *b)
             kcuda_graph_destroy(cu->graphs[i][j]);
     for (int i = 0; i <= PROF_EVENTS; i++)
         kcuda_event_destroy(cu->ev[i]);
-    void *bufs[] = {cu->arena, cu->rl, cu->ids, cu->wts, cu->g, cu->u_, cu->xg, cu->logits, cu->att_scratch,
+    void *bufs[] = {cu->arena, cu->rl, cu->ids, cu->wts, cu->g, cu->u_, cu->xg, cu->logits, cu->att_scratch, cu->d_rope_cs,
                     cu->d_in, cu->x16, cu->xs16, cu->dg, cu->srt, cu->wscr, cu->mla_q, cu->mla_o, cu->mla_w16,
                     cu->d_dseg, cu->dn_beta, cu->dn_g};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -623,6 +630,14 @@ static size_t dense_ff(const wk_config_t *c)
 
 /* A RoPE over n_rot dims with the model's scaling, and a layer's attention extras, as
  * the card's kernels take them. */
+/* Whether two RoPEs give the same angles (their tables are alike). */
+static int rope_same(const kcuda_rope_t *x, const kcuda_rope_t *y)
+{
+    return x->n_rot == y->n_rot && x->base == y->base && x->freq_scale == y->freq_scale &&
+           x->ext_factor == y->ext_factor && x->corr_lo == y->corr_lo && x->corr_hi == y->corr_hi &&
+           x->mscale == y->mscale;
+}
+
 static kcuda_rope_t rope_of(const wk_config_t *c, int64_t n_rot, float base)
 {
     return (kcuda_rope_t){.n_rot = (int)n_rot, .base = base, .freq_scale = c->rope_freq_scale,
@@ -727,7 +742,8 @@ static int alloc_scratch(cuda_t *cu, bl_err_t *err)
     if ((rc = dalloc(&cu->rl, f * B * ne, err)) < 0 || (rc = dalloc(&cu->ids, 4 * B * K, err)) < 0 ||
         (rc = dalloc(&cu->wts, f * B * K, err)) < 0 || (rc = dalloc(&cu->g, f * B * gw, err)) < 0 ||
         (rc = dalloc(&cu->u_, f * B * gw, err)) < 0 || (rc = dalloc(&cu->xg, f * B * E, err)) < 0 ||
-        (rc = dalloc(&cu->att_scratch, cu->att_scratch_bytes, err)) < 0)
+        (rc = dalloc(&cu->att_scratch, cu->att_scratch_bytes, err)) < 0 ||
+        (rc = dalloc(&cu->d_rope_cs, f * B * (size_t)c->head_dim, err)) < 0)
         return rc;
     if (cu->le == c->n_layer && (rc = dalloc(&cu->logits, f * B * (size_t)c->n_vocab, err)) < 0)
         return rc;
@@ -1473,6 +1489,7 @@ static int cu_begin(wk_backend_t *b, const wk_step_t *st, float *x, bl_err_t *er
         return 0;
     }
     cu->mode = MODE_DECODE;
+    cu->rope_cs_ok = 0;
     const int bk = bucket_of(max_pos);
     cu->max_len = (int64_t)256 << bk;
     cu->max_len = cu->max_len < cu->max_len_cap ? cu->max_len : cu->max_len_cap;
@@ -1700,9 +1717,18 @@ static int cu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *q
     const int64_t n = st->n, hd = a->head_dim;
     const int64_t nq = a->n_head * hd, nkv = a->n_head_kv * hd;
     void *s = cu->stream;
-    const kcuda_rope_t rope = rope_of(cu->c, a->n_rot, a->rope_base);
+    kcuda_rope_t rope = rope_of(cu->c, a->n_rot, a->rope_base);
     const kcuda_att_ext_t ext = att_ext_of(a);
     if (cu->mode == MODE_DECODE) {
+        /* the step's cosines and sines, once for the layers that share this RoPE */
+        if (a->n_rot <= cu->c->head_dim) {
+            if (!cu->rope_cs_ok || !rope_same(&cu->rope_cs_of, &rope)) {
+                OP("attn_rope_table", kcuda_rope_table(cu->d_pos, n, &rope, cu->d_rope_cs, s, err));
+                cu->rope_cs_of = rope;
+                cu->rope_cs_ok = 1;
+            }
+            rope.d_cs = cu->d_rope_cs;
+        }
         OP("attention", kcuda_attention_rows_qkv(cu->d_rows, cu->kvl[l - cu->lb], cu->kv_row_bytes, q, k, v, a->q_norm,
                                                  a->k_norm, cu->d_pos, att, n, cu->max_len, a->n_head, a->n_head_kv,
                                                  hd, &rope, a->eps, a->scale, &ext, cu->att_scratch,

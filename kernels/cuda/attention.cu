@@ -731,12 +731,13 @@ att_short_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, const flo
     if (QKV) {
         const int writer = h % group == 0;
         if (warp == 0) {
-            kc_head_norm_rope(qs, q + ((size_t)b * n_head + h) * HD, f.qg, f.pos[b], HD, f.rope, f.eps, lane, NULL);
+            kc_head_norm_rope(qs, q + ((size_t)b * n_head + h) * HD, f.qg, b, f.pos[b], HD, f.rope, f.eps, lane, NULL);
             __syncwarp();
             for (int d = lane; d < HD; d += 32)
                 qs[d] = qs[d] * scale;
         } else if (warp == 1) {
-            kc_head_norm_rope(kf, f.k + ((size_t)b * f.n_kv + kvh) * HD, f.kg, f.pos[b], HD, f.rope, f.eps, lane, kh);
+            kc_head_norm_rope(kf, f.k + ((size_t)b * f.n_kv + kvh) * HD, f.kg, b, f.pos[b], HD, f.rope, f.eps, lane,
+                              kh);
             __syncwarp();
             if (writer)
                 for (int d = lane; d < HD; d += 32)
@@ -1059,14 +1060,16 @@ qkv_rows_kernel(const kcuda_kv_row_t *rows, int64_t layer, size_t rb, float *q, 
     const int64_t b = w / per;
     const int j = (int)(w % per);
     if (j < n_head) {
-        kc_head_norm_rope(q + (b * n_head + j) * hd, q + (b * n_head + j) * hd, qg, pos[b], hd, rope, eps, lane, NULL);
+        kc_head_norm_rope(q + (b * n_head + j) * hd, q + (b * n_head + j) * hd, qg, b, pos[b], hd, rope, eps, lane,
+                          NULL);
         return;
     }
     const kcuda_kv_row_t r = rows[b];
     uint8_t *kc = (uint8_t *)(uintptr_t)(r.k + (uint64_t)layer * r.layer_bytes) + (size_t)r.pos * rb;
     if (j < n_head + n_kv) {
         const int h = j - n_head;
-        kc_head_norm_rope(k + (b * n_kv + h) * hd, k + (b * n_kv + h) * hd, kg, pos[b], hd, rope, eps, lane, (__half *)kc + (int64_t)h * hd);
+        kc_head_norm_rope(k + (b * n_kv + h) * hd, k + (b * n_kv + h) * hd, kg, b, pos[b], hd, rope, eps, lane,
+                          (__half *)kc + (int64_t)h * hd);
         return;
     }
     const int h = j - n_head - n_kv;

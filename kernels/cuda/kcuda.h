@@ -282,18 +282,29 @@ int kcuda_rope_neox(float *d_x, const int32_t *d_pos, int64_t n, int64_t n_head,
 /* A RoPE (kcpu_rope_t's meaning): n_rot dims rotated by pos * base^(-2i/n_rot) for
  * pair i, with YaRN when freq_scale != 1 or ext_factor != 0 (the angle interpolated
  * by freq_scale, mixed back over the pairs below corr_hi by ext_factor; cos and
- * sin times mscale). Angles in double, as kcpu_rope_table. */
+ * sin times mscale). Angles in double, as kcpu_rope_table. d_cs, when not NULL, is
+ * the step's table of these cosines and sines (kcuda_rope_table over the same d_pos
+ * and RoPE): the kernels that rotate q and k per head (kcuda_rms_norm_rope,
+ * kcuda_qkv_rows, kcuda_attention_rows_qkv) read row b's pairs there instead of
+ * taking them in double per head, with the same bits. */
 typedef struct kcuda_rope {
     int n_rot;
     float base, freq_scale, ext_factor, corr_lo, corr_hi, mscale;
+    const float *d_cs; /* (n, n_rot / 2, 2): cos, sin of row b's pair i; or NULL */
 } kcuda_rope_t;
 
 /* A plain RoPE over n_rot dims. */
 static inline kcuda_rope_t kcuda_rope_plain(int n_rot, float base)
 {
-    const kcuda_rope_t r = {n_rot, base, 1.0f, 0.0f, 0.0f, 0.0f, 1.0f};
+    const kcuda_rope_t r = {n_rot, base, 1.0f, 0.0f, 0.0f, 0.0f, 1.0f, NULL};
     return r;
 }
+
+/* The cosines and sines of rope at positions d_pos (n rows) into d_cs (n, n_rot / 2,
+ * 2 floats): the values the per-head kernels take (kc_rope_cs_ext), made once for
+ * every layer of a step that shares the RoPE. rope->d_cs is ignored. */
+int kcuda_rope_table(const int32_t *d_pos, int64_t n, const kcuda_rope_t *rope, float *d_cs, void *stream,
+                     bl_err_t *err) BL_WUR;
 
 /* Per-head RMSNorm (none when d_g is NULL) then NEOX RoPE over the first rope->n_rot
  * dims of each head (the rest kept), in place, in one pass over x (n, n_head,

@@ -93,17 +93,18 @@ static __device__ __forceinline__ void kc_rope_cs_ext(int32_t pos, int64_t i, co
     *s = (float)(sd * (double)r.mscale);
 }
 
-/* One head v (hd elements) of q or k, by one warp: RMSNorm with gains g (none when g
- * is NULL: Qwen3 has them, GLM-4.5 not), then NEOX RoPE r at position p (pairs (i,
- * i + n_rot/2), kc_rope_cs_ext), the dims past n_rot kept, into y
+/* One head v (hd elements) of q or k of row b, by one warp: RMSNorm with gains g
+ * (none when g is NULL: Qwen3 has them, GLM-4.5 not), then NEOX RoPE r at position p
+ * (pairs (i, i + n_rot/2), kc_rope_cs_ext, or row b of r.d_cs), the dims past n_rot kept, into y
  * (which may be v); h16, when not NULL, gets the results in f16 too (round to
  * nearest even, the cache's bits). Each lane reads only what it writes, so no
  * barrier is needed. */
-static __device__ __forceinline__ void kc_head_norm_rope(float *y, const float *v, const float *g, int32_t p,
-                                                         int64_t hd, const kcuda_rope_t &r, float eps, int lane,
-                                                         __half *h16)
+static __device__ __forceinline__ void kc_head_norm_rope(float *y, const float *v, const float *g, int64_t b,
+                                                         int32_t p, int64_t hd, const kcuda_rope_t &r, float eps,
+                                                         int lane, __half *h16)
 {
     const int64_t nr = r.n_rot;
+    const float2 *cs = r.d_cs ? (const float2 *)(r.d_cs + b * nr) : NULL;
     float sc = 1.0f;
     if (g) {
         float ss = 0.0f;
@@ -116,7 +117,13 @@ static __device__ __forceinline__ void kc_head_norm_rope(float *y, const float *
     for (int64_t i = lane; i < half; i += 32) {
         const float x0 = g ? v[i] * sc * g[i] : v[i], x1 = g ? v[i + half] * sc * g[i + half] : v[i + half];
         float c, s;
-        kc_rope_cs_ext(p, i, r, &c, &s);
+        if (cs) {
+            const float2 t = cs[i];
+            c = t.x;
+            s = t.y;
+        } else {
+            kc_rope_cs_ext(p, i, r, &c, &s);
+        }
         const float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
         y[i] = y0;
         y[i + half] = y1;

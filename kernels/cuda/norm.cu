@@ -97,7 +97,34 @@ rms_norm_rope_kernel(float *x, const float *g, const int32_t *pos, int64_t n, in
     const int lane = threadIdx.x & 31;
     if (bh >= n * n_head)
         return;
-    kc_head_norm_rope(x + bh * hd, x + bh * hd, g, pos[bh / n_head], hd, r, eps, lane, NULL);
+    kc_head_norm_rope(x + bh * hd, x + bh * hd, g, bh / n_head, pos[bh / n_head], hd, r, eps, lane, NULL);
+}
+
+/* grid (ceil(n * n_rot / 2 / 256)): a thread per (row, pair). */
+__global__ void rope_table_kernel(const int32_t *pos, int64_t n, kcuda_rope_t r, float2 *cs)
+{
+    kc_wait_prior();
+    kc_allow_next();
+    const int64_t half = r.n_rot / 2, idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n * half)
+        return;
+    float c, s;
+    kc_rope_cs_ext(pos[idx / half], idx % half, r, &c, &s);
+    cs[idx] = make_float2(c, s);
+}
+
+int kcuda_rope_table(const int32_t *d_pos, int64_t n, const kcuda_rope_t *rope, float *d_cs, void *stream,
+                     bl_err_t *err)
+{
+    if (!d_pos || !d_cs || !rope || n < 1 || rope->n_rot < 2 || rope->n_rot % 2 != 0 ||
+        (uintptr_t)d_cs % 8 != 0)
+        return bl_err_set(err, BL_EINVAL, "rope_table: %lld rows, %d rotated, or a NULL or misaligned buffer",
+                          (long long)n, rope ? rope->n_rot : 0);
+    kcuda_rope_t r = *rope;
+    r.d_cs = NULL;
+    KC_LAUNCH(err, rope_table_kernel, (unsigned)kc_cdiv(n * (r.n_rot / 2), 256), 256, 0, (cudaStream_t)stream,
+              d_pos, n, r, (float2 *)d_cs);
+    return 0;
 }
 
 int kcuda_rms_norm_rope(float *d_x, const float *d_g, const int32_t *d_pos, int64_t n, int64_t n_head,

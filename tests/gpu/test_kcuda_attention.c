@@ -222,6 +222,26 @@ static void case_rows(rng_t *r, int64_t n, const int64_t *pos, int64_t n_head, i
  * has it) against kcuda_rms_norm_rope twice and kcuda_kv_store_rows: the same bits
  * in q, k and every byte of the caches (layer 1 of two, poisoned elsewhere). */
 /* nr: the dims rotated (0: all); gains 0: no q/k norms (GLM-4.5's attention). */
+/* Whether the fused paths below (kcuda_qkv_rows, kcuda_attention_rows_qkv) take the
+ * step's RoPE table (kcuda_rope_table) while the paths they are compared with take
+ * each head's sines and cosines: the bits must not change. */
+static int g_table;
+
+/* rope with the table of its cosines and sines at dpos (n rows) when g_table; *cs is
+ * the table to free (NULL without). */
+static kcuda_rope_t rope_maybe_table(kcuda_rope_t rope, const int32_t *dpos, int64_t n, float **cs)
+{
+    *cs = NULL;
+    if (!g_table)
+        return rope;
+    bl_err_t err = {0};
+    *cs = d_poison(sizeof(float) * (size_t)(n * rope.n_rot));
+    if (kcuda_rope_table(dpos, n, &rope, *cs, NULL, &err) != 0)
+        bail("kcuda_rope_table", &err);
+    rope.d_cs = *cs;
+    return rope;
+}
+
 static void case_qkv_rows_part(rng_t *r, int64_t n, const int32_t *pos, int64_t n_head, int64_t n_kv, int64_t hd,
                                int64_t nr, int gains)
 {
@@ -262,7 +282,10 @@ static void case_qkv_rows_part(rng_t *r, int64_t n, const int32_t *pos, int64_t 
         nr = hd;
     const float *qg = gains ? dg : NULL, *kg = gains ? dg + hd : NULL;
     const kcuda_rope_t rope = kcuda_rope_plain((int)nr, base);
-    int ok = kcuda_qkv_rows(drows[0], 1, rb, dq[0], dk[0], dv, qg, kg, dpos, n, n_head, n_kv, hd, &rope, eps, st,
+    float *cs;
+    const kcuda_rope_t rope_f = rope_maybe_table(rope, dpos, n, &cs);
+    int ok = kcuda_sync(NULL, &err) == 0 &&
+             kcuda_qkv_rows(drows[0], 1, rb, dq[0], dk[0], dv, qg, kg, dpos, n, n_head, n_kv, hd, &rope_f, eps, st,
                             &err) == 0 &&
              kcuda_sync(st, &err) == 0 &&
              kcuda_rms_norm_rope(dq[1], qg, dpos, n, n_head, hd, &rope, eps, NULL, &err) == 0 &&
@@ -293,9 +316,10 @@ static void case_qkv_rows_part(rng_t *r, int64_t n, const int32_t *pos, int64_t 
     } else {
         printf("#   %s\n", err.msg);
     }
-    tap_ok(same, "qkv_rows: %lld rows, %lld heads over %lld of %lld, %lld rotated%s, the bits of norm+rope twice and "
-           "kv_store_rows", (long long)n, (long long)n_head, (long long)n_kv, (long long)hd, (long long)nr,
-           gains ? "" : ", no norms");
+    tap_ok(same, "qkv_rows: %lld rows, %lld heads over %lld of %lld, %lld rotated%s%s, the bits of norm+rope twice "
+           "and kv_store_rows", (long long)n, (long long)n_head, (long long)n_kv, (long long)hd, (long long)nr,
+           gains ? "" : ", no norms", g_table ? ", the RoPE table" : "");
+    kcuda_free(cs);
     for (int w = 0; w < 2; w++) {
         kcuda_free(dq[w]);
         kcuda_free(dk[w]);
@@ -356,8 +380,10 @@ static void case_attention_qkv_part(rng_t *r, int64_t n, const int32_t *pos, int
         nr = hd;
     const float *qg = gains ? dg : NULL, *kg = gains ? dg + hd : NULL;
     const kcuda_rope_t rope = kcuda_rope_plain((int)nr, base);
+    float *cs;
+    const kcuda_rope_t rope_f = rope_maybe_table(rope, dpos, n, &cs);
     int ok = kcuda_attention_rows_qkv(drows[0], 1, rb, dq[0], dk[0], dv, qg, kg, dpos, dout[0], n, max_len,
-                                      n_head, n_kv, hd, &rope, eps, scale, NULL, ds, sb, NULL, &err) == 0 &&
+                                      n_head, n_kv, hd, &rope_f, eps, scale, NULL, ds, sb, NULL, &err) == 0 &&
              kcuda_qkv_rows(drows[1], 1, rb, dq[1], dk[1], dv, qg, kg, dpos, n, n_head, n_kv, hd, &rope, eps, NULL,
                             &err) == 0 &&
              kcuda_attention_rows(drows[1], 1, rb, dq[1], dout[1], n, max_len, n_head, n_kv, hd, scale, NULL, ds, sb,
@@ -387,9 +413,11 @@ static void case_attention_qkv_part(rng_t *r, int64_t n, const int32_t *pos, int
         printf("#   %s\n", err.msg);
     }
     tap_ok(same, "attention_rows_qkv: %lld rows (last position %d), %lld heads over %lld of %lld, max_len %lld%s: the "
-           "bits of qkv_rows then attention_rows (%lld rotated%s)", (long long)n, pos[n - 1], (long long)n_head,
+           "bits of qkv_rows then attention_rows (%lld rotated%s%s)", (long long)n, pos[n - 1], (long long)n_head,
            (long long)n_kv, (long long)hd, (long long)max_len,
-           max_len <= KCUDA_ATT_SHORT ? " (one launch)" : " (two launches)", (long long)nr, gains ? "" : ", no norms");
+           max_len <= KCUDA_ATT_SHORT ? " (one launch)" : " (two launches)", (long long)nr, gains ? "" : ", no norms",
+           g_table ? ", the RoPE table" : "");
+    kcuda_free(cs);
     for (int w = 0; w < 2; w++) {
         kcuda_free(dq[w]);
         kcuda_free(dk[w]);
@@ -581,6 +609,14 @@ int main(void)
     case_attention_qkv(&r, 2, ap4, 32, 4, 128, 2048);
     case_attention_qkv_part(&r, 3, ap3, 12, 1, 128, 256, 64, 0);  /* GLM-4.5 */
     case_attention_qkv_part(&r, 2, ap4, 12, 1, 128, 2048, 64, 0);
+    /* the same with the step's RoPE table (kcuda_rope_table) in the fused paths */
+    g_table = 1;
+    case_qkv_rows(&r, 3, qp3, 16, 2, 64);
+    case_qkv_rows_part(&r, 3, qp3, 12, 1, 128, 64, 0);
+    case_attention_qkv(&r, 3, ap3, 32, 4, 128, KCUDA_ATT_SHORT);
+    case_attention_qkv(&r, 2, ap4, 32, 4, 128, 2048);
+    case_attention_qkv_part(&r, 3, ap3, 12, 1, 128, 256, 64, 0);
+    g_table = 0;
 
     case_attention(&r, 1, 0, 4, 4, 128);      /* one position */
     case_attention(&r, 1, 36, 8, 2, 128);     /* less than a chunk */
