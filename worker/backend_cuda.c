@@ -383,9 +383,9 @@ static void cu_destroy(wk_backend_t *b)
             kcuda_graph_destroy(cu->graphs[i][j]);
     for (int i = 0; i <= PROF_EVENTS; i++)
         kcuda_event_destroy(cu->ev[i]);
-    void *bufs[] = {cu->arena, cu->rl, cu->ids, cu->wts, cu->g, cu->u_, cu->xg, cu->logits, cu->att_scratch, cu->d_rope_cs,
-                    cu->d_in, cu->x16, cu->xs16, cu->dg, cu->srt, cu->wscr, cu->mla_q, cu->mla_o, cu->mla_w16,
-                    cu->d_dseg, cu->dn_beta, cu->dn_g};
+    void *bufs[] = {cu->arena, cu->rl, cu->ids, cu->wts, cu->g, cu->u_, cu->xg, cu->logits, cu->att_scratch,
+                    cu->d_rope_cs, cu->d_in, cu->x16, cu->xs16, cu->dg, cu->srt, cu->wscr, cu->mla_q, cu->mla_o,
+                    cu->mla_w16, cu->d_dseg, cu->dn_beta, cu->dn_g};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         kcuda_free(bufs[i]);
     for (int i = 0; i < cu->n_allocs; i++)
@@ -628,8 +628,6 @@ static size_t dense_ff(const wk_config_t *c)
     return (size_t)(d > c->n_ff_shexp ? d : c->n_ff_shexp);
 }
 
-/* A RoPE over n_rot dims with the model's scaling, and a layer's attention extras, as
- * the card's kernels take them. */
 /* Whether two RoPEs give the same angles (their tables are alike). */
 static int rope_same(const kcuda_rope_t *x, const kcuda_rope_t *y)
 {
@@ -638,6 +636,8 @@ static int rope_same(const kcuda_rope_t *x, const kcuda_rope_t *y)
            x->mscale == y->mscale;
 }
 
+/* A RoPE over n_rot dims with the model's scaling, and a layer's attention extras, as
+ * the card's kernels take them. */
 static kcuda_rope_t rope_of(const wk_config_t *c, int64_t n_rot, float base)
 {
     return (kcuda_rope_t){.n_rot = (int)n_rot, .base = base, .freq_scale = c->rope_freq_scale,

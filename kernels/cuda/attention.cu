@@ -213,9 +213,9 @@ __device__ __forceinline__ void att_split_f16(float x, float y, unsigned *hi, un
  * and K) so that each lane reads its K row as MH / 32 16-byte pieces. p * V: a warp
  * per MH / 4 dimensions over all the chunk's positions, O (heads, 8 dims) += p
  * (heads, 16 positions) V (16 positions, 8 dims), V read transposed by ldmatrix;
- * each warp writes its own dimensions, so no phase sums. The FP32 form spends about 2,048 multiply-adds a position and KV
- * head in instructions the SMs issue one warp at a time; at 32k positions that,
- * not the memory, was the bound. */
+ * each warp writes its own dimensions, so no phase sums. The FP32 form spends about
+ * 2,048 multiply-adds a position and KV head in instructions the SMs issue one warp
+ * at a time; at 32k positions that, not the memory, was the bound. */
 template <int MH>
 __global__ void __launch_bounds__(ATT_THREADS, 1)
 att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q, int64_t pos0,
@@ -295,7 +295,8 @@ att_split_kernel(const uint8_t *kc, const uint8_t *vc, size_t rb, const float *q
      * {0, 1} (first pair) and + {2, 3} (second), where K's 16-byte piece 4u + tq of
      * row gq holds them in the same order */
     unsigned qa[NS][2][4]; /* [step][hi, lo][the A fragment: rows gq, gq + 8 of each pair] */
-    float o[NT][4];        /* MMA p * V: heads gq ([0], [1]) and gq + 8 ([2], [3]), dims MH / 4 warp + 8 i + 2 tq, + 1 */
+    /* MMA p * V: heads gq ([0], [1]) and gq + 8 ([2], [3]), dims MH / 4 warp + 8 i + 2 tq, + 1 */
+    float o[NT][4];
     const bool hi8 = gq + 8 < group; /* the lane's second head is in the group */
     if (MMA) {
 #pragma unroll
