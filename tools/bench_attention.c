@@ -11,9 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bench_attention.h"
 #include "bl_config.h"
+#include "rng.h"
 #include "wk.h"
 
 #if BL_HAVE_CUDA
@@ -44,19 +46,21 @@ static void case_free(att_case_t *c, int64_t n)
         kcuda_stream_destroy(c->stream);
 }
 
-/* Random floats in [-1, 1) (xorshift64*, seeded by the caller) uploaded as n floats
- * on stream (the host copy is taken before the call returns). */
-static int upload_random(void **d, int64_t n, void *stream, uint64_t *seed, bl_err_t *err)
+/* Bytes of one row's cache: layers of a K and a V plane of depth + 1 positions. */
+static size_t row_cache_bytes(const bench_att_t *b, int64_t depth)
+{
+    return 2 * (size_t)b->layers * (size_t)(depth + 1) * (size_t)(b->n_kv_head * b->head_dim) * 2;
+}
+
+/* Random floats in [-1, 1) from rng uploaded as n floats on stream (the host copy is
+ * taken before the call returns). */
+static int upload_random(void **d, int64_t n, void *stream, bl_rng_t *rng, bl_err_t *err)
 {
     float *h = malloc(sizeof(float) * (size_t)n);
     if (!h)
         return bl_err_set(err, BL_ENOMEM, "out of memory for %lld floats", (long long)n);
-    for (int64_t i = 0; i < n; i++) {
-        *seed ^= *seed >> 12;
-        *seed ^= *seed << 25;
-        *seed ^= *seed >> 27;
-        h[i] = (float)((*seed * 0x2545f4914f6cdd1dull) >> 40) / (float)(1 << 23) - 1.0f;
-    }
+    for (int64_t i = 0; i < n; i++)
+        h[i] = (float)(2.0 * bl_rng_uniform(rng) - 1.0);
     int rc = kcuda_alloc(d, sizeof(float) * (size_t)n, err);
     if (rc == 0)
         rc = kcuda_upload(*d, h, sizeof(float) * (size_t)n, stream, err);
@@ -65,7 +69,7 @@ static int upload_random(void **d, int64_t n, void *stream, uint64_t *seed, bl_e
 }
 
 /* One (rows, depth) case: the time a layer, in microseconds. */
-static int run_case(const bench_att_t *b, int64_t n, int64_t depth, int64_t max_len, uint64_t *seed,
+static int run_case(const bench_att_t *b, int64_t n, int64_t depth, int64_t max_len, bl_rng_t *rng,
                     double *us, bl_err_t *err)
 {
     att_case_t c;
@@ -76,8 +80,8 @@ static int run_case(const bench_att_t *b, int64_t n, int64_t depth, int64_t max_
     kcuda_kv_row_t rows[64];
     int32_t pos[64];
     for (int64_t i = 0; i < n && rc == 0; i++) {
-        if ((rc = kcuda_alloc(&c.cache[i], 2 * plane * (size_t)b->layers, err)) == 0)
-            rc = kcuda_memset(c.cache[i], 0x11, 2 * plane * (size_t)b->layers, c.stream, err);
+        if ((rc = kcuda_alloc(&c.cache[i], row_cache_bytes(b, depth), err)) == 0)
+            rc = kcuda_memset(c.cache[i], 0x11, row_cache_bytes(b, depth), c.stream, err);
         rows[i] = (kcuda_kv_row_t){.k = (uint64_t)(uintptr_t)c.cache[i], .layer_bytes = 2 * plane,
                                    .v_bytes = plane, .pos = (int32_t)depth};
         pos[i] = (int32_t)depth;
@@ -88,11 +92,11 @@ static int run_case(const bench_att_t *b, int64_t n, int64_t depth, int64_t max_
     if (rc == 0 && (rc = kcuda_alloc(&c.pos, sizeof pos[0] * (size_t)n, err)) == 0)
         rc = kcuda_upload(c.pos, pos, sizeof pos[0] * (size_t)n, c.stream, err);
     if (rc == 0)
-        rc = upload_random(&c.q, n * b->n_head * b->head_dim, c.stream, seed, err);
+        rc = upload_random(&c.q, n * b->n_head * b->head_dim, c.stream, rng, err);
     if (rc == 0)
-        rc = upload_random(&c.k, n * b->n_kv_head * b->head_dim, c.stream, seed, err);
+        rc = upload_random(&c.k, n * b->n_kv_head * b->head_dim, c.stream, rng, err);
     if (rc == 0)
-        rc = upload_random(&c.v, n * b->n_kv_head * b->head_dim, c.stream, seed, err);
+        rc = upload_random(&c.v, n * b->n_kv_head * b->head_dim, c.stream, rng, err);
     if (rc == 0)
         rc = kcuda_alloc(&c.out, sizeof(float) * (size_t)(n * b->n_head * b->head_dim), err);
     if (rc == 0)
@@ -158,8 +162,7 @@ int bench_attention(const bench_att_t *b)
                 (long long)max_d, (long long)ctx);
         return 1;
     }
-    const double need = (double)max_n * (double)b->layers * 2.0 * (double)(max_d + 1) *
-                        (double)(b->n_kv_head * b->head_dim) * 2.0;
+    const double need = (double)max_n * (double)row_cache_bytes(b, max_d);
     if (need > 0.9 * (double)info.free_bytes) {
         fprintf(stderr, "bloomery-bench: --attention: the caches of %lld rows at depth %lld over %lld layers take "
                 "%.1f GiB, more than 90%% of the %.1f GiB free on %s\n", (long long)max_n, (long long)max_d,
@@ -177,7 +180,8 @@ int bench_attention(const bench_att_t *b)
                b->roofline ? " of the copy rate |" : "");
         printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |%s\n", b->roofline ? " ---: |" : "");
     }
-    uint64_t seed = 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)&err;
+    bl_rng_t rng;
+    bl_rng_seed(&rng, (uint64_t)time(NULL)); /* new q, k and v every run */
     for (int ri = 0; ri < b->n_rows; ri++)
         for (int di = 0; di < b->n_depths; di++) {
             const int64_t n = b->rows[ri], d = b->depths[di];
@@ -186,7 +190,7 @@ int bench_attention(const bench_att_t *b)
                 max_len <<= 1;
             max_len = max_len < cap ? max_len : cap;
             double us = 0;
-            if (run_case(b, n, d, max_len, &seed, &us, &err) != 0) {
+            if (run_case(b, n, d, max_len, &rng, &us, &err) != 0) {
                 fprintf(stderr, "bloomery-bench: --attention: %lld rows at depth %lld: %s\n", (long long)n,
                         (long long)d, err.msg);
                 return 1;
