@@ -105,6 +105,7 @@ typedef struct cuda {
     int32_t *ids;  // (n_batch, n_expert_used)
     float *wts;    // (n_batch, n_expert_used)
     float *g, *u_; // (n_batch * n_expert_used, n_ff_exp) or (n_batch, n_ff)
+    float *dscr;   // (KCUDA_MV_MAX_ROWS * n_expert_used, n_embd): grouped down products, unweighted
     float *xg;     // (n_batch, n_embd) normed rows for the head
     float *logits; // (n_batch, n_vocab), last stage
     /* latent attention (deepseek2): the absorbed queries and the heads' latent
@@ -349,6 +350,9 @@ void wk_cuda_knobs_from_env(void)
     const char *sp_env = getenv("BLOOMERY_CUDA_ATT_SPLITS");
     if (sp_env && *sp_env)
         (void)kcuda_attention_set_splits(atoi(sp_env));
+    const char *mma_env = getenv("BLOOMERY_CUDA_MMA");
+    if (mma_env && *mma_env)
+        (void)kcuda_matvec_set_mma(atoi(mma_env));
     const char *pdl_env = getenv("BLOOMERY_CUDA_PDL");
     if (pdl_env && strcmp(pdl_env, "0") == 0)
         (void)kcuda_set_pdl(0);
@@ -383,7 +387,7 @@ static void cu_destroy(wk_backend_t *b)
             kcuda_graph_destroy(cu->graphs[i][j]);
     for (int i = 0; i <= PROF_EVENTS; i++)
         kcuda_event_destroy(cu->ev[i]);
-    void *bufs[] = {cu->arena, cu->rl, cu->ids, cu->wts, cu->g, cu->u_, cu->xg, cu->logits, cu->att_scratch,
+    void *bufs[] = {cu->arena, cu->rl, cu->ids, cu->wts, cu->g, cu->u_, cu->dscr, cu->xg, cu->logits, cu->att_scratch,
                     cu->d_rope_cs, cu->d_in, cu->x16, cu->xs16, cu->dg, cu->srt, cu->wscr, cu->mla_q, cu->mla_o,
                     cu->mla_w16, cu->d_dseg, cu->dn_beta, cu->dn_g};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -744,6 +748,8 @@ static int alloc_scratch(cuda_t *cu, bl_err_t *err)
         (rc = dalloc(&cu->u_, f * B * gw, err)) < 0 || (rc = dalloc(&cu->xg, f * B * E, err)) < 0 ||
         (rc = dalloc(&cu->att_scratch, cu->att_scratch_bytes, err)) < 0 ||
         (rc = dalloc(&cu->d_rope_cs, f * B * (size_t)c->head_dim, err)) < 0)
+        return rc;
+    if (c->moe && (rc = dalloc(&cu->dscr, f * (B < KCUDA_MV_MAX_ROWS ? B : KCUDA_MV_MAX_ROWS) * K * E, err)) < 0)
         return rc;
     if (cu->le == c->n_layer && (rc = dalloc(&cu->logits, f * B * (size_t)c->n_vocab, err)) < 0)
         return rc;
@@ -1836,8 +1842,12 @@ static int moe_rows(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, f
                 OP("ffn_moe_act", kcuda_experts_act(g, u, F, ids, NULL, e->gate_b.p, e->up_b.p, cn * K, F, NE, e->act,
                                                     NULL, st, err));
         }
-        OP("ffn_moe_down", kcuda_matvec_experts_down_bias(down, NE, ids, cu->wts + r * K, cn, (int)K, g, F,
-                                                          e->down_b.p, x + r * E, E, 1, st, err));
+        if (e->down_b.p)
+            OP("ffn_moe_down", kcuda_matvec_experts_down_bias(down, NE, ids, cu->wts + r * K, cn, (int)K, g, F,
+                                                              e->down_b.p, x + r * E, E, 1, st, err));
+        else
+            OP("ffn_moe_down", kcuda_matvec_experts_down_grouped(down, NE, ids, cu->wts + r * K, cn, (int)K, g, F,
+                                                                 cu->dscr, E, x + r * E, E, 1, st, err));
     }
     return 0;
 }
@@ -2050,8 +2060,8 @@ static int moe_remote(cuda_t *cu, int64_t l, const wk_moe_t *e, const wk_remote_
                     OP("ffn_moe_act", kcuda_experts_act(g, u, F, cu->ids + r * K, NULL, e->gate_b.p, e->up_b.p,
                                                         cn * K, F, NE, e->act, NULL, st, err));
             }
-            OP("ffn_moe_down", kcuda_matvec_experts_down(&rs->m[2], rs->n, sid, cu->wts + r * K, cn, (int)K, g, F,
-                                                         x + r * E, E, 1, st, err));
+            OP("ffn_moe_down", kcuda_matvec_experts_down_grouped(&rs->m[2], rs->n, sid, cu->wts + r * K, cn, (int)K,
+                                                                 g, F, cu->dscr, E, x + r * E, E, 1, st, err));
             if (e->down_b.p) /* only the choices a slot served: the host adds its own */
                 OP("ffn_moe_down_bias", kcuda_experts_bias_down(x + r * E, E, cu->ids + r * K, sid, cu->wts + r * K,
                                                                 e->down_b.p, cn, (int)K, E, NE, st, err));

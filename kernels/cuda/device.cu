@@ -1,5 +1,6 @@
 /* Device set-up, memory helpers, the error check behind KCUDA_CHECK, and weight
  * matrix descriptions for the CUDA kernels. */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -163,19 +164,89 @@ int kcuda_sync(void *stream, bl_err_t *err)
     return 0;
 }
 
+/* Each stream's scratch (kc_stream_scratch): a table under a lock, looked up at
+ * launch; the legacy default stream's one per device, made at its first use. */
+#define SCR_MAX 64
+static struct {
+    cudaStream_t s;
+    int dev;
+    void *p;
+} g_scr[SCR_MAX];
+static pthread_mutex_t g_scr_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void scr_add(cudaStream_t s, int dev, void *p)
+{
+    pthread_mutex_lock(&g_scr_mu);
+    for (int i = 0; i < SCR_MAX; i++)
+        if (!g_scr[i].p) {
+            g_scr[i].s = s;
+            g_scr[i].dev = dev;
+            g_scr[i].p = p;
+            p = NULL;
+            break;
+        }
+    pthread_mutex_unlock(&g_scr_mu);
+    if (p) /* the table is full: this stream goes without */
+        (void)cudaFree(p);
+}
+
+void *kc_stream_scratch(cudaStream_t st)
+{
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    void *p = NULL;
+    pthread_mutex_lock(&g_scr_mu);
+    for (int i = 0; i < SCR_MAX && !p; i++)
+        if (g_scr[i].p && g_scr[i].s == st && (st != NULL || g_scr[i].dev == dev))
+            p = g_scr[i].p;
+    pthread_mutex_unlock(&g_scr_mu);
+    if (p || st != NULL)
+        return p;
+    if (cudaMalloc(&p, KC_STREAM_SCRATCH) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    scr_add(NULL, dev, p);
+    return kc_stream_scratch(NULL); /* this one, or another thread's made at the same time */
+}
+
 int kcuda_stream_create(void **out, bl_err_t *err)
 {
     cudaStream_t s = NULL;
     *out = NULL;
+    int dev = 0;
+    KCUDA_CHECK(cudaGetDevice(&dev), err);
     KCUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), err);
+    void *p = NULL;
+    const cudaError_t e = cudaMalloc(&p, KC_STREAM_SCRATCH);
+    if (e != cudaSuccess) {
+        (void)cudaStreamDestroy(s);
+        KCUDA_CHECK(e, err);
+    }
+    scr_add(s, dev, p);
     *out = (void *)s;
     return 0;
 }
 
 void kcuda_stream_destroy(void *stream)
 {
-    if (stream)
-        (void)cudaStreamDestroy((cudaStream_t)stream);
+    if (!stream)
+        return;
+    void *p = NULL;
+    pthread_mutex_lock(&g_scr_mu);
+    for (int i = 0; i < SCR_MAX; i++)
+        if (g_scr[i].p && g_scr[i].s == (cudaStream_t)stream) {
+            p = g_scr[i].p;
+            g_scr[i].p = NULL;
+            g_scr[i].s = NULL;
+        }
+    pthread_mutex_unlock(&g_scr_mu);
+    (void)cudaStreamDestroy((cudaStream_t)stream);
+    if (p)
+        (void)cudaFree(p); /* waits for the device, so nothing still reads it */
 }
 
 int kcuda_type_supported(uint32_t type)

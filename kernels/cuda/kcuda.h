@@ -100,7 +100,9 @@ int kcuda_memset(void *d_dst, int byte, size_t nbytes, void *stream, bl_err_t *e
  * kernels that ran on it. */
 int kcuda_sync(void *stream, bl_err_t *err) BL_WUR;
 
-/* A non-blocking stream; caller destroys with kcuda_stream_destroy. */
+/* A non-blocking stream, with a 1 MiB scratch buffer on the current device for the
+ * kernels that hand data from one launch to the next (the tensor-core products'
+ * rounded activations); caller destroys with kcuda_stream_destroy. */
 int kcuda_stream_create(void **out, bl_err_t *err) BL_WUR;
 void kcuda_stream_destroy(void *stream);
 
@@ -142,6 +144,17 @@ int kcuda_type_supported(uint32_t type);
  * it was captured with); returns the previous value, ignores anything but 1 or 2. */
 int kcuda_matvec_set_act_terms(int terms);
 int kcuda_matvec_act_terms(void);
+
+/* Products of several activation rows over q4_K and q6_K weights run on int8 tensor
+ * cores (the same rounded activations, the int32 tiles scaled per sub-block in
+ * f32): each activation row's result depends on its own values only, so it has the
+ * same bits in any step of that many rows or more, and agrees with the streaming
+ * kernel's one-row result to f32 rounding. kcuda_matvec_set_mma(m) sets the fewest
+ * rows that take them (default 4; 1: every product of those types; 0: none);
+ * returns the previous value, ignores values outside 0..KCUDA_MV_MAX_ROWS. Read at
+ * each launch. kcuda_matvec_mma_ok: whether a product of n rows of w takes them. */
+int kcuda_matvec_set_mma(int min_rows);
+int kcuda_matvec_mma_ok(const kcuda_mat_t *w, int n);
 
 /* y (n, w->nrows) = x (n, w->ncols) times w^T, for n in 1..KCUDA_MV_MAX_ROWS: every
  * weight row is read once for all n activation rows. */
@@ -259,6 +272,22 @@ int kcuda_matvec_experts_down_bias(const kcuda_mat_t *w, int64_t n_expert, const
                                    const float *d_wts, int n, int k, const float *d_h, int64_t ldh,
                                    const float *d_down_b, float *d_y, int64_t ldy, int accumulate, void *stream,
                                    bl_err_t *err) BL_WUR;
+
+/* kcuda_matvec_experts_down (no biases) with the slots grouped by expert, for the
+ * products kcuda_matvec_mma_ok(w, n) takes: each chosen expert's weights are read
+ * once for all the slots that chose it, the slots' products go to d_scr (n * k,
+ * rows_per_expert; ldscr floats apart), then the weighted sum in j order into y
+ * (a second launch). Otherwise kcuda_matvec_experts_down, d_scr unused.
+ *
+ * The gate/up products (kcuda_matvec_experts, _swiglu, _swiglu_route; without
+ * biases) group the same way. Grouped when the step's slots (n * k) are at least
+ * twice the experts, so that a chosen expert serves two slots or more on average;
+ * kcuda_experts_grouped_ok says whether a product of w would be. */
+int kcuda_experts_grouped_ok(const kcuda_mat_t *w, int n, int k, int64_t n_expert);
+int kcuda_matvec_experts_down_grouped(const kcuda_mat_t *w, int64_t n_expert, const int32_t *d_ids,
+                                      const float *d_wts, int n, int k, const float *d_h, int64_t ldh, float *d_scr,
+                                      int64_t ldscr, float *d_y, int64_t ldy, int accumulate, void *stream,
+                                      bl_err_t *err) BL_WUR;
 
 /* Embedding gather: y (n, table->ncols) = the rows d_ids[0..n) of table,
  * dequantized. An id outside 0..table->nrows-1 gives a row of zeros. */

@@ -449,6 +449,15 @@ static __device__ __forceinline__ void kc_allow_next(void)
 #endif
 }
 
+/* The scratch buffer of a stream (KC_STREAM_SCRATCH bytes on its device), for
+ * kernels that hand data to a later launch on the same stream (the tensor-core
+ * products' rounded activations): stream order, and kc_wait_prior before a kernel
+ * writes it, keep its users apart. Streams of kcuda_stream_create get one when they
+ * are made; the legacy default stream (NULL) one per device at its first use.
+ * NULL when there is none (the caller takes another path). device.cu. */
+#define KC_STREAM_SCRATCH ((size_t)1 << 20)
+void *kc_stream_scratch(cudaStream_t st);
+
 /* Whether kc_launch asks for programmatic serialization (device.cu). */
 int kcuda__pdl_on(void);
 

@@ -241,6 +241,37 @@ typedef struct mv_x {
     int64_t ldx;
 } mv_x_t;
 
+/* One q8 term of 32 activations, four per lane in a quarter-warp (lanes 8i..8i+7,
+ * in element order): d = amax / 127, q = roundf(x * (1 / d)), as act_q8_round in
+ * tests/gpu/gpu_test.h. Returns this lane's four q packed as bytes; *d the scale,
+ * *s16 the sum of q over this lane's half of the 32 (lanes 0-3: elements 0..15),
+ * *hi the other half's sum; v becomes the residual x - d q (f32 product, then f32
+ * difference, no FMA: the test's reference takes the same two roundings). Every
+ * lane of the warp calls it. */
+static __device__ __forceinline__ uint32_t q8_term(float4 &v, float *d, int *s16, int *hi)
+{
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    amax = fmaxf(amax, __shfl_xor_sync(KCUDA_FULL_MASK, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(KCUDA_FULL_MASK, amax, 2));
+    amax = fmaxf(amax, __shfl_xor_sync(KCUDA_FULL_MASK, amax, 4));
+    const float dd = amax / 127.0f;
+    const float id = dd > 0.0f ? 1.0f / dd : 0.0f;
+    const int q0 = (int)roundf(__fmul_rn(v.x, id)), q1 = (int)roundf(__fmul_rn(v.y, id));
+    const int q2 = (int)roundf(__fmul_rn(v.z, id)), q3 = (int)roundf(__fmul_rn(v.w, id));
+    int sm = q0 + q1 + q2 + q3;
+    sm += __shfl_xor_sync(KCUDA_FULL_MASK, sm, 1);
+    sm += __shfl_xor_sync(KCUDA_FULL_MASK, sm, 2);
+    *hi = __shfl_xor_sync(KCUDA_FULL_MASK, sm, 4);
+    *s16 = sm;
+    *d = dd;
+    v.x = __fsub_rn(v.x, __fmul_rn(dd, (float)q0));
+    v.y = __fsub_rn(v.y, __fmul_rn(dd, (float)q1));
+    v.z = __fsub_rn(v.z, __fmul_rn(dd, (float)q2));
+    v.w = __fsub_rn(v.w, __fmul_rn(dd, (float)q3));
+    return (uint32_t)(q0 & 0xff) | (uint32_t)(q1 & 0xff) << 8 | (uint32_t)(q2 & 0xff) << 16 |
+           (uint32_t)(q3 & 0xff) << 24;
+}
+
 /* Rounds nx activation rows (row i at x + i * ldx, ncols a multiple of 32) into
  * q, d, s, as act_q8_round in tests/gpu/gpu_test.h: per 32 elements d = amax /
  * 127, q = roundf(x * (1 / d)); with two terms the residual x - d * q (f32 product,
@@ -261,20 +292,9 @@ static __device__ void round_acts(const float *x, int64_t ldx, int nx, int64_t n
         if (ok)
             v = __ldg((const float4 *)(x + i * ldx + 32 * j + 4 * sub));
         for (int t = 0; t < terms; t++) {
-            float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-            amax = fmaxf(amax, __shfl_xor_sync(KCUDA_FULL_MASK, amax, 1));
-            amax = fmaxf(amax, __shfl_xor_sync(KCUDA_FULL_MASK, amax, 2));
-            amax = fmaxf(amax, __shfl_xor_sync(KCUDA_FULL_MASK, amax, 4));
-            const float dd = amax / 127.0f;
-            const float id = dd > 0.0f ? 1.0f / dd : 0.0f;
-            const int q0 = (int)roundf(__fmul_rn(v.x, id)), q1 = (int)roundf(__fmul_rn(v.y, id));
-            const int q2 = (int)roundf(__fmul_rn(v.z, id)), q3 = (int)roundf(__fmul_rn(v.w, id));
-            const uint32_t pk = (uint32_t)(q0 & 0xff) | (uint32_t)(q1 & 0xff) << 8 |
-                                (uint32_t)(q2 & 0xff) << 16 | (uint32_t)(q3 & 0xff) << 24;
-            int sm = q0 + q1 + q2 + q3;
-            sm += __shfl_xor_sync(KCUDA_FULL_MASK, sm, 1);
-            sm += __shfl_xor_sync(KCUDA_FULL_MASK, sm, 2);
-            const int hi = __shfl_xor_sync(KCUDA_FULL_MASK, sm, 4);
+            float dd;
+            int sm, hi;
+            const uint32_t pk = q8_term(v, &dd, &sm, &hi);
             uint32_t wd = pk;
             if (T == BL_TYPE_MXFP4) {
                 /* word sub of the reordered block: elements 2 sub, 16 + 2 sub, 2 sub + 1,
@@ -292,12 +312,6 @@ static __device__ void round_acts(const float *x, int64_t ldx, int nx, int64_t n
                     s[vr * xb + j] = (sm & 0xffff) | (hi << 16);
                 }
             }
-            /* the residual: what d * q left of each element (no FMA: the test's
-             * reference takes the same two roundings) */
-            v.x = __fsub_rn(v.x, __fmul_rn(dd, (float)q0));
-            v.y = __fsub_rn(v.y, __fmul_rn(dd, (float)q1));
-            v.z = __fsub_rn(v.z, __fmul_rn(dd, (float)q2));
-            v.w = __fsub_rn(v.w, __fmul_rn(dd, (float)q3));
         }
     }
 }
@@ -629,6 +643,27 @@ static __device__ __forceinline__ void issue(uint8_t *dst, mv_seg_t sg, int lane
         issue_span<T>(dst + MV_PAIR_OFF, sg.src2, sg.nb, lane);
 }
 
+/* Where output row r of a plain product goes (split outputs: rows r1.. to y1, r2..
+ * to y2, the rest to y): the output's base, its ldy in *ldo and the row in it in
+ * *ro. mv_args_t and mq_args_t name these fields alike. */
+template <typename A>
+static __device__ __forceinline__ float *out_row(const A &a, int64_t r, int64_t *ldo, int64_t *ro)
+{
+    if (r >= a.r2) {
+        *ldo = a.ldy2;
+        *ro = r - a.r2;
+        return a.y2;
+    }
+    if (r >= a.r1) {
+        *ldo = a.ldy1;
+        *ro = r - a.r1;
+        return a.y1;
+    }
+    *ldo = a.ldy;
+    *ro = r;
+    return a.y;
+}
+
 /* The warp's segments: decode each as it lands, keep MV_STAGES - 1 ahead, sum and
  * write each row when its last part ends. pend: the segments the prologue issued
  * (positions 0 .. MV_STAGES - 2), rotated as the walk goes; stage t % MV_STAGES
@@ -716,17 +751,8 @@ static __device__ __forceinline__ void mv_rows(const mv_args_t &a, const mv_work
         const int64_t r = wk.r0 + (int64_t)i * MV_WARPS;
         const int64_t yrow = a.mode == MV_PLAIN ? 0 : slot;
         /* the output this row goes to (split outputs: plain mode only) */
-        float *yo = a.y;
-        int64_t ldo = a.ldy, ro = r;
-        if (r >= a.r2) {
-            yo = a.y2;
-            ldo = a.ldy2;
-            ro = r - a.r2;
-        } else if (r >= a.r1) {
-            yo = a.y1;
-            ldo = a.ldy1;
-            ro = r - a.r1;
-        }
+        int64_t ldo, ro;
+        float *yo = out_row(a, r, &ldo, &ro);
 #pragma unroll
         for (int j = 0; j < NX; j++) {
             if (j >= nxr)
@@ -974,6 +1000,475 @@ static int small_go(const mv_args_t *a, cudaStream_t st, bl_err_t *err)
     else
         KC_LAUNCH(err, mv_small_kernel<T, MAXR>, grid, SM_THREADS, 0, st, *a);
     return 0;
+}
+
+// --- several activation rows on int8 tensor cores ----------------------------------------------
+/* Products of 2..KCUDA_MV_MAX_ROWS activation rows ("columns" below) over q4_K and q6_K
+ * weights, as mma.sync over int8: the weights' quants are the A tile (16 output rows
+ * by 32 or 16 elements), the columns' rounded activations (the same q8 terms as the
+ * streaming kernel's) the B tile, the int32 tile scaled per sub-block in f32. A
+ * warp's integer work for 8 columns is then what the streaming kernel spends on one,
+ * and each weight byte is read once for all the columns.
+ *
+ * The columns are activation rows of a plain product, or, for the routed experts,
+ * the (row, choice) slots that chose one expert: block column y takes slot y's
+ * expert when y leads it (a multiple of MQ_COLS slots with that expert come
+ * before y) and the next MQ_COLS slots with it, so each chosen expert's weights are
+ * read once for all its slots and every other block exits at once.
+ *
+ * Block: MQ_WARPS warps over rt = MQ_WARPS / kw tiles of 16 output rows; the kw
+ * warps of a tile split its 256-element super-blocks (warp q takes q, q + kw, ..),
+ * and their sums meet in shared memory in warp order (fixed: the same inputs give
+ * the same bits, and a column's result does not depend on the other columns). A lane loads its quants straight into registers (rows gid and
+ * gid + 8 of the tile, gid = lane / 4), the next super-block's while the current
+ * one's tiles run.
+ *
+ * Which element of a sub-block a lane's fragment register holds does not matter to
+ * the sum as long as A and B agree: for q4_K a lane (tig = lane % 4) takes the 8
+ * bytes 8 tig.. of each 32-byte quarter of qs (low nibbles: sub-block 2p, high:
+ * 2p + 1), so registers a0/a2 hold elements 8 tig + 0..3 / 4..7 and B is read at
+ * the same places; q6_K's scales are per 16 elements, so its tiles are m16n8k16,
+ * a lane taking elements 4 tig + 0..3 of each 16. */
+#define MQ_WARPS 4
+#define MQ_THREADS (MQ_WARPS * 32)
+#define MQ_COLS 8
+enum { MQ_PLAIN = 0, MQ_UP = 1, MQ_DOWN = 2 };
+
+typedef struct mq_args {
+    const uint8_t *w, *w2; /* w2: up of the SwiGLU pair, or NULL */
+    size_t row_bytes;
+    int64_t ncols;
+    int64_t nrows;         /* the matrix's rows (plain) or rows per expert */
+    int64_t n_expert;
+    const float *x;
+    int64_t ldx;
+    float *y;              /* plain: column c's outputs at y + c * ldy; experts: slot s's at y + s * ldy */
+    int64_t ldy;
+    int64_t r1, r2;        /* split outputs, as mv_args_t */
+    float *y1, *y2;
+    int64_t ldy1, ldy2;
+    const int32_t *ids;    /* experts: (n, k) */
+    int n;                 /* plain: columns; experts: rows */
+    int k;
+    int mode;              /* MQ_PLAIN; MQ_UP: slot s reads x row s / k; MQ_DOWN: x row s */
+    int accumulate;
+    int terms;
+    int kw;                /* warps splitting a tile's super-blocks: 1, 2 or 4 */
+    const uint8_t *xq;     /* the rounded rows (mq_x_t) */
+    const float4 *xds;
+} mq_args_t;
+
+static __device__ __forceinline__ void mma_s8_k32(int c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ void mma_s8_k16(int c[4], uint32_t a0, uint32_t a1, uint32_t b0)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+}
+
+/* Weight loads that do not stay in L1 (each weight byte is read once), so that L1
+ * keeps the rounded activations every tile reads. */
+static __device__ __forceinline__ uint4 ldw_u4(const uint8_t *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+static __device__ __forceinline__ uint2 ldw_u2(const uint8_t *p)
+{
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+static __device__ __forceinline__ uint32_t ldw_u32(const uint8_t *p)
+{
+    uint32_t v;
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+static __device__ __forceinline__ uint32_t ldw_u16(const uint8_t *p)
+{
+    unsigned short v;
+    asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+/* A word of weights at 2-byte alignment (q6_K's 210-byte blocks). */
+static __device__ __forceinline__ uint32_t ldg_w2(const uint8_t *p)
+{
+    if (((uintptr_t)p & 2) == 0)
+        return ldw_u32(p);
+    return ldw_u16(p) | ldw_u16(p + 2) << 16;
+}
+
+/* The quants of one super-block a lane holds: rows gid (index 0) and gid + 8 (1). */
+template <int T> struct mq_frag;
+template <> struct mq_frag<BL_TYPE_Q4_K> {
+    uint4 h[2];    /* d, dmin, scales */
+    uint2 q[2][4]; /* quarter p's bytes 8 tig.. */
+};
+template <> struct mq_frag<BL_TYPE_Q6_K> {
+    uint32_t ql[2][8]; /* half h, s (16-element half of l), lo/hi 32: ql[64h + 32c + 16s + 4tig] at [4h + 2s + c] */
+    uint32_t qh[2][4]; /* qh[32h + 16s + 4tig] at [2h + s] */
+    uint32_t sc[2][4]; /* the 16 int8 scales */
+    float d[2];
+};
+
+static __device__ __forceinline__ void mq_load(mq_frag<BL_TYPE_Q4_K> &f, const uint8_t *r0, const uint8_t *r1,
+                                               int64_t sb, int tig)
+{
+    const uint8_t *b[2] = {r0 + sb * 144, r1 + sb * 144};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        f.h[r] = ldw_u4(b[r]);
+#pragma unroll
+        for (int p = 0; p < 4; p++)
+            f.q[r][p] = ldw_u2(b[r] + 16 + 32 * p + 8 * tig);
+    }
+}
+
+static __device__ __forceinline__ void mq_load(mq_frag<BL_TYPE_Q6_K> &f, const uint8_t *r0, const uint8_t *r1,
+                                               int64_t sb, int tig)
+{
+    const uint8_t *b[2] = {r0 + sb * 210, r1 + sb * 210};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) /* i = 4h + 2s + c */
+            f.ql[r][i] = ldg_w2(b[r] + 64 * (i >> 2) + 32 * (i & 1) + 16 * ((i >> 1) & 1) + 4 * tig);
+#pragma unroll
+        for (int i = 0; i < 4; i++) /* i = 2h + s */
+            f.qh[r][i] = ldg_w2(b[r] + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * tig);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            f.sc[r][i] = ldg_w2(b[r] + 192 + 4 * i);
+        f.d[r] = kc_half((uint16_t)ldw_u16(b[r] + 208));
+    }
+}
+
+/* The rounded activation rows (mq_round_kernel): term t of row v at q + (v * terms +
+ * t) * K bytes; its 32-element block j's scales and sum at ds[v * nb32 + j] = {d of
+ * term 0, d of term 1 (0 for one term), the block's sum of the rounded values d0 q0
+ * + d1 q1, 0}. A lane reads B from row vb (its column, gid) and the scales of rows
+ * v0, v1 (the columns 2 tig, 2 tig + 1 of its accumulators). */
+typedef struct mq_x {
+    const uint8_t *qb;      /* row vb's term 0 */
+    const float4 *d0, *d1;  /* rows v0's and v1's blocks */
+    int64_t K;
+    int terms;
+} mq_x_t;
+
+/* tmp[r][c] = (t = 0) or += (t = 1) term t's int32 tile scaled by the activation
+ * scale of term t of column c's block (x0, x1: columns 2 tig and 2 tig + 1). */
+static __device__ __forceinline__ void mq_scale_term(const int c[4], float4 x0, float4 x1, int t, float tmp[2][2])
+{
+    const float s0 = t ? x0.y : x0.x, s1 = t ? x1.y : x1.x;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        tmp[r][0] = t ? fmaf(s0, (float)c[2 * r], tmp[r][0]) : s0 * (float)c[2 * r];
+        tmp[r][1] = t ? fmaf(s1, (float)c[2 * r + 1], tmp[r][1]) : s1 * (float)c[2 * r + 1];
+    }
+}
+
+/* The 8 6-bit scales and mins of a q4_K block held in registers (k_scale_min_w for
+ * every j at once): sc/mn[0] bytes j = 0..3, [1] bytes j = 4..7. */
+static __device__ __forceinline__ void k_scales_all(uint4 hd, uint32_t sc[2], uint32_t mn[2])
+{
+    sc[0] = hd.y & 0x3f3f3f3fu;
+    mn[0] = hd.z & 0x3f3f3f3fu;
+    sc[1] = (hd.w & 0x0f0f0f0fu) | ((hd.y >> 2) & 0x30303030u);
+    mn[1] = ((hd.w >> 4) & 0x0f0f0f0fu) | ((hd.z >> 2) & 0x30303030u);
+}
+
+/* acc[r][c] += this lane's share of super-block sb (rows gid + 8 r, columns 2 tig + c):
+ * per 32-element block j, the terms' int32 tiles scaled by their activation scales,
+ * then by the row's scale, less the row's min times the block's sum. */
+static __device__ __forceinline__ void mq_tiles(const mq_frag<BL_TYPE_Q4_K> &f, int64_t sb, const mq_x_t &xv,
+                                                int tig, float acc[2][2])
+{
+    float d[2], dm[2];
+    uint32_t sc[2][2], mn[2][2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        d[r] = kc_half((uint16_t)(f.h[r].x & 0xffff));
+        dm[r] = kc_half((uint16_t)(f.h[r].x >> 16));
+        k_scales_all(f.h[r], sc[r], mn[r]);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int p = j >> 1, sh = 4 * (j & 1);
+        const uint32_t a[4] = {(f.q[0][p].x >> sh) & 0x0f0f0f0fu, (f.q[1][p].x >> sh) & 0x0f0f0f0fu,
+                               (f.q[0][p].y >> sh) & 0x0f0f0f0fu, (f.q[1][p].y >> sh) & 0x0f0f0f0fu};
+        const int64_t j32 = sb * 8 + j;
+        const float4 x0 = __ldg(xv.d0 + j32), x1 = __ldg(xv.d1 + j32);
+        float tmp[2][2];
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            if (t >= xv.terms)
+                break;
+            const uint2 b = __ldg((const uint2 *)(xv.qb + t * xv.K + 32 * j32 + 8 * tig));
+            int c[4] = {0, 0, 0, 0};
+            mma_s8_k32(c, a, b.x, b.y);
+            mq_scale_term(c, x0, x1, t, tmp);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int bs = 8 * (j & 3);
+            const float ds = d[r] * (float)((sc[r][j >> 2] >> bs) & 0xff);
+            const float dn = dm[r] * (float)((mn[r][j >> 2] >> bs) & 0xff);
+            acc[r][0] = fmaf(ds, tmp[r][0], fmaf(-dn, x0.z, acc[r][0]));
+            acc[r][1] = fmaf(ds, tmp[r][1], fmaf(-dn, x1.z, acc[r][1]));
+        }
+    }
+}
+
+static __device__ __forceinline__ void mq_tiles(const mq_frag<BL_TYPE_Q6_K> &f, int64_t sb, const mq_x_t &xv,
+                                                int tig, float acc[2][2])
+{
+#pragma unroll
+    for (int hs = 0; hs < 4; hs++) { /* hs = 2h + s */
+        const int h = hs >> 1, s = hs & 1;
+        uint32_t q[2][4]; /* the four 32-groups g of this (h, s), as q - 32 */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const uint32_t A = f.ql[r][4 * h + 2 * s], C = f.ql[r][4 * h + 2 * s + 1], H = f.qh[r][hs];
+            q[r][0] = __vsub4((A & 0x0f0f0f0fu) | ((H << 4) & 0x30303030u), 0x20202020u);
+            q[r][1] = __vsub4((C & 0x0f0f0f0fu) | ((H << 2) & 0x30303030u), 0x20202020u);
+            q[r][2] = __vsub4(((A >> 4) & 0x0f0f0f0fu) | (H & 0x30303030u), 0x20202020u);
+            q[r][3] = __vsub4(((C >> 4) & 0x0f0f0f0fu) | ((H >> 2) & 0x30303030u), 0x20202020u);
+        }
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const int is = 8 * h + 2 * g + s; /* the scale's index */
+            const int64_t j32 = sb * 8 + 4 * h + g;
+            const float4 x0 = __ldg(xv.d0 + j32), x1 = __ldg(xv.d1 + j32);
+            float tmp[2][2];
+#pragma unroll
+            for (int t = 0; t < 2; t++) {
+                if (t >= xv.terms)
+                    break;
+                const uint32_t b = __ldg((const uint32_t *)(xv.qb + t * xv.K + 32 * j32 + 16 * s + 4 * tig));
+                int c[4] = {0, 0, 0, 0};
+                mma_s8_k16(c, q[0][g], q[1][g], b);
+                mq_scale_term(c, x0, x1, t, tmp);
+            }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const float ds = f.d[r] * (float)(int8_t)(f.sc[r][is >> 2] >> (8 * (is & 3)));
+                acc[r][0] = fmaf(ds, tmp[r][0], acc[r][0]);
+                acc[r][1] = fmaf(ds, tmp[r][1], acc[r][1]);
+            }
+        }
+    }
+}
+
+/* The block's columns (slots for the experts): *e the expert (-1: plain), cols[i]
+ * the slot of column i; 0 columns when the block does not lead its expert. Warp 0
+ * only. */
+static __device__ int mq_columns(const mq_args_t &a, int lane, int *cols, int32_t *e)
+{
+    if (a.mode == MQ_PLAIN) {
+        if (lane < a.n)
+            cols[lane] = lane;
+        *e = -1;
+        return a.n;
+    }
+    const int ns = a.n * a.k, y = (int)blockIdx.y;
+    const int32_t me = a.ids[y];
+    *e = me;
+    int before = 0, got = 0;
+    for (int s0 = 0; s0 < ns; s0 += 32) {
+        const int s = s0 + lane;
+        const unsigned m = __ballot_sync(KCUDA_FULL_MASK, s < ns && a.ids[s] == me);
+        const unsigned lt = s0 + 32 <= y ? m : s0 >= y ? 0u : m & ((1u << (y - s0)) - 1u);
+        before += __popc(lt);
+        unsigned ge = m & ~lt;
+        while (ge && got < MQ_COLS) {
+            const int b = __ffs(ge) - 1;
+            if (lane == 0)
+                cols[got] = s0 + b;
+            got++;
+            ge &= ge - 1;
+        }
+    }
+    __syncwarp();
+    return before % MQ_COLS == 0 ? got : 0;
+}
+
+/* Rounds rows 0..R-1 of x (ldx apart, K columns) into the stream's scratch as mq_x_t
+ * describes it: a quarter-warp per 32 elements (q8_term, each term). grid
+ * (ceil(R * K / 32 / 32)), 256 threads. */
+__global__ void __launch_bounds__(256) mq_round_kernel(const float *x, int64_t ldx, int R, int64_t K, int terms,
+                                                       uint8_t *q, float4 *ds)
+{
+    kc_wait_prior(); /* x is the previous kernel's; the scratch may still be read by the one before */
+    kc_allow_next();
+    const int lane = threadIdx.x & 31, sub = lane & 7;
+    const int64_t nb32 = K / 32, item = (int64_t)blockIdx.x * 32 + (threadIdx.x >> 3);
+    const bool ok = item < (int64_t)R * nb32;
+    const int64_t v = ok ? item / nb32 : 0, j = ok ? item - v * nb32 : 0;
+    float4 x4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (ok)
+        x4 = __ldg((const float4 *)(x + v * ldx + 32 * j + 4 * sub));
+    float d0 = 0.0f, d1 = 0.0f, sum = 0.0f;
+    for (int t = 0; t < terms; t++) {
+        float dd;
+        int sm, hi;
+        const uint32_t pk = q8_term(x4, &dd, &sm, &hi);
+        sum = fmaf(dd, (float)(sm + hi), sum);
+        if (t)
+            d1 = dd;
+        else
+            d0 = dd;
+        if (ok)
+            *(uint32_t *)(q + (v * terms + t) * K + 32 * j + 4 * sub) = pk;
+    }
+    if (ok && sub == 0)
+        ds[v * nb32 + j] = make_float4(d0, d1, sum, 0.0f);
+}
+
+/* grid (ceil(nrows / (16 * rt)), 1 or n * k): the rounded rows ready in a.xq. */
+template <int T, int PAIR>
+__global__ void __launch_bounds__(MQ_THREADS) mq_kernel(const mq_args_t a)
+{
+    __shared__ int cols[MQ_COLS];
+    __shared__ int ncol_s;
+    __shared__ int32_t exp_s;
+    __shared__ float red[MQ_WARPS][1 + PAIR][16][MQ_COLS]; /* the warps' tiles */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    const int kw = a.kw, rt = MQ_WARPS / kw, tile = warp / kw, kq = warp % kw;
+    const int64_t r0 = (int64_t)blockIdx.x * 16 * rt + 16 * tile;
+    const int64_t nsb = a.ncols / 256;
+    const int64_t ra = min(r0 + gid, a.nrows - 1), rb = min(r0 + gid + 8, a.nrows - 1);
+
+    /* the columns first: the experts' need the ids an earlier kernel wrote */
+    if (a.mode != MQ_PLAIN)
+        kc_wait_prior();
+    if (warp == 0) {
+        int32_t e = -1;
+        const int nc = mq_columns(a, lane, cols, &e);
+        if (lane == 0) {
+            ncol_s = nc;
+            exp_s = e;
+        }
+    }
+    __syncthreads();
+    const int ncol = ncol_s;
+    const int32_t e = exp_s;
+    if (ncol == 0) { /* not this expert's leader */
+        kc_wait_prior();
+        kc_allow_next();
+        return;
+    }
+    const bool live = a.mode == MQ_PLAIN || (e >= 0 && e < a.n_expert);
+    const size_t eoff = a.mode == MQ_PLAIN || !live ? 0 : (size_t)e * (size_t)a.nrows * a.row_bytes;
+    const uint8_t *wa = a.w + eoff + (size_t)ra * a.row_bytes, *wb = a.w + eoff + (size_t)rb * a.row_bytes;
+    const uint8_t *ua = PAIR ? a.w2 + eoff + (size_t)ra * a.row_bytes : NULL;
+    const uint8_t *ub = PAIR ? a.w2 + eoff + (size_t)rb * a.row_bytes : NULL;
+
+    mq_frag<T> f, fu;
+    int64_t sb = kq;
+    if (live && sb < nsb) { /* weights only: before the wait for a plain product */
+        mq_load(f, wa, wb, sb, tig);
+        if (PAIR)
+            mq_load(fu, ua, ub, sb, tig);
+    }
+    if (a.mode == MQ_PLAIN)
+        kc_wait_prior();
+    kc_allow_next();
+
+    /* the rounded rows of this lane's columns (past ncol: column 0's, not written) */
+    const int c0 = 2 * tig < ncol ? 2 * tig : 0, c1 = 2 * tig + 1 < ncol ? 2 * tig + 1 : 0;
+    const int cb = gid < ncol ? gid : 0;
+    const int64_t vb = a.mode == MQ_UP ? cols[cb] / a.k : cols[cb];
+    const int64_t v0 = a.mode == MQ_UP ? cols[c0] / a.k : cols[c0], v1 = a.mode == MQ_UP ? cols[c1] / a.k : cols[c1];
+    mq_x_t xv;
+    xv.K = a.ncols;
+    xv.terms = a.terms;
+    xv.qb = a.xq + vb * a.terms * a.ncols;
+    xv.d0 = a.xds + v0 * (a.ncols / 32);
+    xv.d1 = a.xds + v1 * (a.ncols / 32);
+
+    float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}, accu[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    while (live && sb < nsb) {
+        mq_frag<T> g, gu;
+        const int64_t nx = sb + kw;
+        if (nx < nsb) {
+            mq_load(g, wa, wb, nx, tig);
+            if (PAIR)
+                mq_load(gu, ua, ub, nx, tig);
+        }
+        mq_tiles(f, sb, xv, tig, acc);
+        if (PAIR)
+            mq_tiles(fu, sb, xv, tig, accu);
+        f = g;
+        if (PAIR)
+            fu = gu;
+        sb = nx;
+    }
+
+    /* the kw warps' tiles meet in warp order */
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            red[warp][0][gid + 8 * r][2 * tig + c] = acc[r][c];
+            if (PAIR)
+                red[warp][PAIR][gid + 8 * r][2 * tig + c] = accu[r][c];
+        }
+    __syncthreads();
+    for (int o = threadIdx.x; o < rt * 16 * MQ_COLS; o += MQ_THREADS) {
+        const int t = o / (16 * MQ_COLS), rr = (o / MQ_COLS) % 16, c = o % MQ_COLS;
+        const int64_t r = (int64_t)blockIdx.x * 16 * rt + 16 * t + rr;
+        if (c >= ncol || r >= a.nrows)
+            continue;
+        float v = 0.0f, u = 0.0f;
+        for (int q = 0; q < kw; q++) {
+            v += red[t * kw + q][0][rr][c];
+            if (PAIR)
+                u += red[t * kw + q][PAIR][rr][c];
+        }
+        const float out = PAIR ? kc_silu_mul(v, u) : v;
+        if (a.mode != MQ_PLAIN) {
+            a.y[(int64_t)cols[c] * a.ldy + r] = out;
+            continue;
+        }
+        int64_t ldo, ro;
+        float *yo = out_row(a, r, &ldo, &ro);
+        float *y = yo + (int64_t)c * ldo + ro;
+        *y = a.accumulate ? *y + out : out;
+    }
+}
+
+/* y (n, rows) (+)= sum over j < k in j order of wts[b k + j] * h[(b k + j), :]: the
+ * grouped down products' weighted sum (kcuda_matvec_experts_down_grouped). grid
+ * (ceil(rows / 256), n). */
+__global__ void mq_wsum_kernel(const float *h, int64_t ldh, const float *wts, int k, int64_t rows, float *y,
+                               int64_t ldy, int accumulate)
+{
+    kc_wait_prior();
+    kc_allow_next();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
+    if (i >= rows)
+        return;
+    float acc = 0.0f;
+    for (int j = 0; j < k; j++)
+        acc += wts[b * k + j] * h[(b * k + j) * ldh + i];
+    float *o = y + b * ldy + i;
+    *o = accumulate ? *o + acc : acc;
 }
 
 // --- embedding gather ------------------------------------------------------------------------
@@ -1340,6 +1835,158 @@ static mv_args_t plain_args(const kcuda_mat_t *w, const kcuda_mat_t *w2, const f
     return a;
 }
 
+// --- several activation rows on tensor cores: launchers ----------------------------------------
+
+static int mq_type_ok(const kcuda_mat_t *w)
+{
+    return w && (w->type == BL_TYPE_Q4_K || w->type == BL_TYPE_Q6_K) && w->ncols % 256 == 0;
+}
+
+/* Bytes of R rounded rows of K columns in the scratch: the quants, then (16-byte
+ * aligned) the scales and sums. */
+static size_t mq_q_bytes(int64_t R, int64_t K, int terms) { return ((size_t)(R * terms * K) + 15) / 16 * 16; }
+
+static size_t mq_scratch_bytes(int64_t R, int64_t K, int terms)
+{
+    return mq_q_bytes(R, K, terms) + (size_t)(R * (K / 32)) * sizeof(float4);
+}
+
+/* The fewest activation rows the tensor-core products take (kcuda_matvec_set_mma;
+ * 0: never). Read at each launch, as the q8 terms. */
+static int g_mq_min = 4;
+
+/* Whether the tensor-core products take n columns of w: g_mq_min..MQ_COLS
+ * columns, q4_K or q6_K, and R rounded rows within a stream's scratch. */
+static int mq_fits(const kcuda_mat_t *w, int n, int64_t R)
+{
+    return g_mq_min >= 1 && n >= g_mq_min && n <= MQ_COLS && mq_type_ok(w) &&
+           mq_scratch_bytes(R, w->ncols, g_act_terms) <= KC_STREAM_SCRATCH;
+}
+
+int kcuda_matvec_set_mma(int min_rows)
+{
+    const int old = g_mq_min;
+    if (min_rows >= 0 && min_rows <= MQ_COLS)
+        g_mq_min = min_rows;
+    return old;
+}
+
+int kcuda_matvec_mma_ok(const kcuda_mat_t *w, int n) { return mq_fits(w, n, n); }
+
+/* Whether the stream can take a tensor-core product (its scratch exists). */
+static int mq_ready(void *stream) { return kc_stream_scratch((cudaStream_t)stream) != NULL; }
+
+/* Whether the routed experts' products are grouped by expert: when the step's
+ * slots are at least twice the experts, so that a chosen expert serves about two
+ * slots or more. Fewer (a decode step of 8 rows choosing 8 of 128 experts: most
+ * chosen experts serve one slot) leave the tiles' columns empty, and the streaming
+ * kernel's one slot a block is faster (docs/performance.md, 2026-12-06). */
+static int mq_group(const kcuda_mat_t *w, int n, int k, int64_t n_expert, int64_t R, void *stream)
+{
+    return (int64_t)n * k >= 2 * n_expert && mq_fits(w, n, R) && mq_ready(stream);
+}
+
+int kcuda_experts_grouped_ok(const kcuda_mat_t *w, int n, int k, int64_t n_expert)
+{
+    return mq_group(w, n, k, n_expert, (int64_t)n * k, NULL);
+}
+
+/* Rounds rows 0..R-1 of x (K columns) into the stream's scratch and points a's
+ * xq, xds there; BL_ENOTSUP when the stream has none (mq_ready checks first). */
+static int mq_round(const float *x, int64_t ldx, int64_t R, int64_t K, mq_args_t *a, cudaStream_t st, bl_err_t *err)
+{
+    uint8_t *scr = (uint8_t *)kc_stream_scratch(st);
+    if (!scr)
+        return bl_err_set(err, BL_ENOTSUP, "matvec: the stream has no scratch for the rounded rows");
+    a->terms = g_act_terms;
+    a->xq = scr;
+    a->xds = (const float4 *)(scr + mq_q_bytes(R, K, a->terms));
+    const dim3 grid((unsigned)kc_cdiv(R * (K / 32), 32));
+    KC_LAUNCH(err, mq_round_kernel, grid, 256, 0, st, x, ldx, (int)R, K, a->terms, scr, (float4 *)a->xds);
+    return 0;
+}
+
+/* Launches mq_kernel for w (pair: w2) over the rounded rows in a, slots block
+ * columns (1 for a plain product). */
+static int mq_launch(const kcuda_mat_t *w, const kcuda_mat_t *w2, mq_args_t *a, unsigned slots, void *stream,
+                     bl_err_t *err)
+{
+    a->w = (const uint8_t *)w->data;
+    a->w2 = w2 ? (const uint8_t *)w2->data : NULL;
+    a->row_bytes = w->row_bytes;
+    a->ncols = w->ncols;
+    const int64_t nsb = w->ncols / 256;
+    a->kw = nsb >= 8 ? 4 : nsb >= 4 ? 2 : 1;
+    if (a->mode == MQ_PLAIN && a->y1 == NULL)
+        a->r1 = a->r2 = a->nrows;
+    const dim3 grid((unsigned)kc_cdiv(a->nrows, 16 * (MQ_WARPS / a->kw)), slots);
+    cudaStream_t st = (cudaStream_t)stream;
+#define MQ_GO(T, P) KC_LAUNCH(err, mq_kernel<T, P>, grid, MQ_THREADS, 0, st, *a)
+    if (w->type == BL_TYPE_Q4_K && w2)
+        MQ_GO(BL_TYPE_Q4_K, 1);
+    else if (w->type == BL_TYPE_Q4_K)
+        MQ_GO(BL_TYPE_Q4_K, 0);
+    else if (w2)
+        MQ_GO(BL_TYPE_Q6_K, 1);
+    else
+        MQ_GO(BL_TYPE_Q6_K, 0);
+#undef MQ_GO
+    return 0;
+}
+
+/* The arguments of a plain product of n columns (split outputs as plain_args takes
+ * them). */
+static mq_args_t mq_plain_args(const kcuda_mat_t *w, const float *d_x, int64_t ldx, int n, float *d_y, int64_t ldy,
+                               int accumulate, const kcuda_out_t *outs, int nouts)
+{
+    const mv_args_t p = plain_args(w, NULL, d_x, ldx, n, d_y, ldy, accumulate, outs, nouts, 0);
+    mq_args_t a = {};
+    a.nrows = w->nrows;
+    a.x = p.x;
+    a.ldx = ldx;
+    a.y = p.y;
+    a.ldy = p.ldy;
+    a.r1 = p.r1;
+    a.r2 = p.r2;
+    a.y1 = p.y1;
+    a.y2 = p.y2;
+    a.ldy1 = p.ldy1;
+    a.ldy2 = p.ldy2;
+    a.n = n;
+    a.mode = MQ_PLAIN;
+    a.accumulate = accumulate;
+    return a;
+}
+
+static int mq_plain(const kcuda_mat_t *w, const kcuda_mat_t *w2, const float *d_x, int64_t ldx, int n, float *d_y,
+                    int64_t ldy, int accumulate, const kcuda_out_t *outs, int nouts, void *stream, bl_err_t *err)
+{
+    mq_args_t a = mq_plain_args(w, d_x, ldx, n, d_y, ldy, accumulate, outs, nouts);
+    int rc = mq_round(d_x, ldx, n, w->ncols, &a, (cudaStream_t)stream, err);
+    return rc < 0 ? rc : mq_launch(w, w2, &a, 1, stream, err);
+}
+
+/* The routed experts' products grouped by expert: gate (and up, SwiGLU) with mode
+ * MQ_UP into y (n * k, rows), or down with MQ_DOWN into y (n * k, rows) unweighted. */
+static int mq_experts(const kcuda_mat_t *w, const kcuda_mat_t *w2, int64_t n_expert, int64_t rpe,
+                      const int32_t *d_ids, int n, int k, const float *d_x, int64_t ldx, float *d_y, int64_t ldy,
+                      int mode, void *stream, bl_err_t *err)
+{
+    mq_args_t a = {};
+    a.nrows = rpe;
+    a.n_expert = n_expert;
+    a.x = d_x;
+    a.ldx = ldx;
+    a.y = d_y;
+    a.ldy = ldy;
+    a.ids = d_ids;
+    a.n = n;
+    a.k = k;
+    a.mode = mode;
+    int rc = mq_round(d_x, ldx, mode == MQ_UP ? n : (int64_t)n * k, w->ncols, &a, (cudaStream_t)stream, err);
+    return rc < 0 ? rc : mq_launch(w, w2, &a, (unsigned)(n * k), stream, err);
+}
+
 /* outs: NULL (one output d_y, ldy) or the split outputs (kcuda_matvec_split). */
 static int matvec_plain(const kcuda_mat_t *w, const kcuda_mat_t *w2, const float *d_x, int64_t ldx,
                         int n, float *d_y, int64_t ldy, int accumulate, const kcuda_out_t *outs,
@@ -1373,6 +2020,8 @@ static int matvec_plain(const kcuda_mat_t *w, const kcuda_mat_t *w2, const float
         default: return small_go<BL_TYPE_BF16>(&a, st, err);
         }
     }
+    if (mq_fits(w, n, n) && mq_ready(stream))
+        return mq_plain(w, w2, d_x, ldx, n, d_y, ldy, accumulate, outs, nouts, stream, err);
     /* Rows whose rounded activations do not fit one block go in several launches,
      * each reading the weights again. */
     const int fit = rows_that_fit(w->type, w->ncols, optin);
@@ -1435,8 +2084,23 @@ int kcuda_matvec_split2(const kcuda_mat_t *w, const kcuda_out_t *outs, int nouts
     if ((rc = device_limits(&dev, &sms, &optin, err)) < 0)
         return rc;
     /* One launch when both take the n rows in one block and the pair of types is
-     * one mv_launch2 knows; otherwise the two products one after the other. */
-    if (n <= rows_that_fit(w->type, w->ncols, optin) && n <= rows_that_fit(w2->type, w2->ncols, optin)) {
+     * one mv_launch2 knows; otherwise the two products one after the other (the
+     * tensor-core products among them). */
+    /* Both on tensor cores: the rows rounded once for the two. */
+    const int mq = mq_ready(stream);
+    if (mq && mq_fits(w, n, n) && mq_fits(w2, n, n)) {
+        mq_args_t a = mq_plain_args(w, d_x, ldx, n, outs[0].d_y, outs[0].ldy, 0, outs, nouts);
+        mq_args_t b = mq_plain_args(w2, d_x, ldx, n, d_y2, ldy2, 0, NULL, 0);
+        if ((rc = mq_round(d_x, ldx, n, w->ncols, &a, (cudaStream_t)stream, err)) < 0 ||
+            (rc = mq_launch(w, NULL, &a, 1, stream, err)) < 0)
+            return rc;
+        b.terms = a.terms;
+        b.xq = a.xq;
+        b.xds = a.xds;
+        return mq_launch(w2, NULL, &b, 1, stream, err);
+    }
+    if (!(mq && mq_fits(w, n, n)) && !(mq && mq_fits(w2, n, n)) &&
+        n <= rows_that_fit(w->type, w->ncols, optin) && n <= rows_that_fit(w2->type, w2->ncols, optin)) {
         mv_args_t a1 = plain_args(w, NULL, d_x, ldx, n, outs[0].d_y, outs[0].ldy, 0, outs, nouts, 0);
         mv_args_t a2 = plain_args(w2, NULL, d_x, ldx, n, d_y2, ldy2, 0, NULL, 0, 0);
         if ((rc = mv_launch2(w, &a1, w2, &a2, n, stream, err)) != 0)
@@ -1479,6 +2143,9 @@ static int experts_up(const kcuda_mat_t *w, const kcuda_mat_t *w2, int64_t n_exp
     if (!d_y || ldy < rpe)
         return bl_err_set(err, BL_EINVAL, "matvec_experts: ldy %lld for %lld outputs", (long long)ldy,
                           (long long)rpe);
+    const int plain_act = !ext || (!ext->gate_b && !ext->up_b && ext->act == KCUDA_ACT_SWIGLU);
+    if (plain_act && mq_group(w, n, k, n_expert, n, stream))
+        return mq_experts(w, w2, n_expert, rpe, d_ids, n, k, d_x, ldx, d_y, ldy, MQ_UP, stream, err);
     mv_args_t a = {};
     a.w2 = w2 ? (const uint8_t *)w2->data : NULL;
     a.nrows = rpe;
@@ -1533,8 +2200,9 @@ int kcuda_matvec_experts_swiglu_route(const kcuda_mat_t *gate, const kcuda_mat_t
     if (!d_logits || !d_wts || !r || k < 1 || k > KCUDA_MOE_MAX_K || k > n_expert)
         return bl_err_set(err, BL_EINVAL, "matvec_experts_swiglu_route: top %d of %lld experts, or a NULL buffer",
                           k, (long long)n_expert);
-    /* more experts than a warp's registers hold here: the routing kernel first */
-    if (n_expert > MV_ROUTE_MAX || !kcuda_route_plain(r)) {
+    /* more experts than a warp's registers hold here, or the slots grouped by
+     * expert (which needs every row's choices): the routing kernel first */
+    if (n_expert > MV_ROUTE_MAX || !kcuda_route_plain(r) || mq_group(gate, n, k, n_expert, n, stream)) {
         int rc = kcuda_moe_route(d_logits, n, n_expert, k, r, d_ids, d_wts, stream, err);
         return rc < 0 ? rc
                       : kcuda_matvec_experts_swiglu(gate, up, n_expert, d_ids, n, k, d_x, ldx, d_y, ldy, stream, err);
@@ -1600,6 +2268,30 @@ int kcuda_matvec_experts_down_bias(const kcuda_mat_t *w, int64_t n_expert, const
     a.accumulate = accumulate;
     a.b1 = d_down_b;
     return mv_launch(w, &a, (unsigned)n, k, stream, err);
+}
+
+int kcuda_matvec_experts_down_grouped(const kcuda_mat_t *w, int64_t n_expert, const int32_t *d_ids,
+                                      const float *d_wts, int n, int k, const float *d_h, int64_t ldh, float *d_scr,
+                                      int64_t ldscr, float *d_y, int64_t ldy, int accumulate, void *stream,
+                                      bl_err_t *err)
+{
+    if (!mq_group(w, n, k, n_expert, (int64_t)n * k, stream))
+        return kcuda_matvec_experts_down(w, n_expert, d_ids, d_wts, n, k, d_h, ldh, d_y, ldy, accumulate, stream,
+                                         err);
+    int64_t rpe = 0;
+    int rc = check_x(w, d_h, ldh, "matvec_experts_down_grouped", err);
+    if (rc < 0 || (rc = experts_args(w, n_expert, d_ids, n, k, "matvec_experts_down_grouped", &rpe, err)) < 0)
+        return rc;
+    if (!d_wts || !d_y || ldy < rpe || !d_scr || ldscr < rpe)
+        return bl_err_set(err, BL_EINVAL,
+                          "matvec_experts_down_grouped: no weights or scratch, or ldy %lld / ldscr %lld for %lld outputs",
+                          (long long)ldy, (long long)ldscr, (long long)rpe);
+    if ((rc = mq_experts(w, NULL, n_expert, rpe, d_ids, n, k, d_h, ldh, d_scr, ldscr, MQ_DOWN, stream, err)) < 0)
+        return rc;
+    const dim3 grid((unsigned)kc_cdiv(rpe, 256), (unsigned)n);
+    KC_LAUNCH(err, mq_wsum_kernel, grid, 256, 0, (cudaStream_t)stream, (const float *)d_scr, ldscr, d_wts, k, rpe,
+              d_y, ldy, accumulate);
+    return 0;
 }
 
 int kcuda_get_rows(const kcuda_mat_t *t, const int32_t *d_ids, int64_t n, float *d_y, int64_t ldy,

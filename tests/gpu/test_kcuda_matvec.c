@@ -12,6 +12,10 @@
  * A few cases run with one term (kcuda_matvec_set_act_terms), and case_terms checks
  * that the second term brings the product at least 32 times closer to the exact one.
  *
+ * Products of 2..8 rows over q4_K and q6_K run on tensor cores (kcuda_matvec_set_mma):
+ * the same reference; case_mma_bits checks that a row's bits do not depend on the
+ * rows beside it, and some cases run with the tensor cores off and on for one row.
+ *
  * BLOOMERY_MV_BENCH=1 runs only the bandwidth bench (GB/s per format, activation
  * rows and the expert shapes of a 30B-A3B-class layer). */
 #include "gpu_test.h"
@@ -262,6 +266,59 @@ static void case_terms(rng_t *r, uint32_t type, int64_t ncols, int64_t nrows, in
     free(x);
     free(y);
     free(ex);
+    free_mat(&w);
+}
+
+/* The tensor-core products (kcuda_matvec_set_mma): an activation row's result does
+ * not depend on the rows beside it, so rows taken 8 at a time, 2 and 3 at a time,
+ * and (every product on tensor cores) one at a time give the same bits; with the
+ * streaming kernel for every row count the results agree to f32 rounding. */
+static void case_mma_bits(rng_t *r, uint32_t type, int64_t ncols, int64_t nrows)
+{
+    bl_err_t err = {0};
+    wmat_t w;
+    make_mat(r, &w, type, ncols, nrows);
+    const int n = KCUDA_MV_MAX_ROWS;
+    const int64_t ldx = round4(ncols), ldy = nrows;
+    float *x = xmalloc(sizeof(float) * (size_t)(ldx * n));
+    rand_fill(r, x, ldx * n, 1.0f);
+    float *all = xmalloc(sizeof(float) * (size_t)(ldy * n)), *part = xmalloc(sizeof(float) * (size_t)(ldy * n));
+    float *str = xmalloc(sizeof(float) * (size_t)(ldy * n));
+    float *dx = d_upload(x, sizeof(float) * (size_t)(ldx * n));
+    float *dy = d_poison(sizeof(float) * (size_t)(ldy * n));
+    const kcuda_mat_t mw = kmat(&w);
+    const int old = kcuda_matvec_set_mma(1);
+    int ok = kcuda_matvec_mma_ok(&mw, n) && kcuda_matvec_mma_ok(&mw, 1) &&
+             kcuda_matvec(&mw, dx, ldx, n, dy, ldy, 0, NULL, &err) == 0 &&
+             d_fetch(all, dy, sizeof(float) * (size_t)(ldy * n), &err) == 0;
+    /* rows 0..1, 2..4, then 5, 6, 7 one at a time */
+    static const int at[] = {0, 2, 5, 6, 7, 8};
+    for (int i = 0; ok && i + 1 < (int)(sizeof at / sizeof at[0]); i++)
+        ok = kcuda_matvec(&mw, dx + at[i] * ldx, ldx, at[i + 1] - at[i], dy + at[i] * ldy, ldy, 0, NULL, &err) == 0;
+    ok = ok && d_fetch(part, dy, sizeof(float) * (size_t)(ldy * n), &err) == 0;
+    const int same = ok && memcmp(all, part, sizeof(float) * (size_t)(ldy * n)) == 0;
+    kcuda_matvec_set_mma(0);
+    ok = ok && !kcuda_matvec_mma_ok(&mw, n) && kcuda_matvec(&mw, dx, ldx, n, dy, ldy, 0, NULL, &err) == 0 &&
+         d_fetch(str, dy, sizeof(float) * (size_t)(ldy * n), &err) == 0;
+    kcuda_matvec_set_mma(old);
+    if (!ok && err.msg[0])
+        printf("#   %s\n", err.msg);
+    double worst = 0.0;
+    for (int64_t i = 0; ok && i < ldy * n; i++) {
+        const double d = fabs((double)all[i] - (double)str[i]) / (mv_atol(ncols) + 1e-4 * fabs((double)str[i]));
+        worst = d > worst ? d : worst;
+    }
+    if (ok)
+        printf("#   tensor cores vs the streaming kernel: %.3g of the f32 gate\n", worst);
+    tap_ok(ok && same && worst <= 1.0,
+           "tensor-core %s %lld x %lld: rows in steps of 8, 2, 3 and 1 have the same bits; the streaming kernel "
+           "agrees to f32 rounding", bl_type_info(type)->name, (long long)nrows, (long long)ncols);
+    kcuda_free(dx);
+    kcuda_free(dy);
+    free(x);
+    free(all);
+    free(part);
+    free(str);
     free_mat(&w);
 }
 
@@ -668,6 +725,26 @@ int main(void)
     case_matvec(&r, BL_TYPE_F32, 516, 61, 3, 1, 0);
     case_matvec(&r, BL_TYPE_F16, 1024, 130, KCUDA_MV_MAX_ROWS, 1, 0);
     case_matvec(&r, BL_TYPE_BF16, 4, 3, 2, 0, 0);
+    /* the tensor-core products: the same bits whatever the step's row count; the
+     * streaming kernel's several-row form (other types, and these with the tensor
+     * cores off) */
+    case_mma_bits(&r, BL_TYPE_Q4_K, 2048, 531);
+    case_mma_bits(&r, BL_TYPE_Q6_K, 768, 77);
+    case_mma_bits(&r, BL_TYPE_Q4_K, 256, 17);
+    {
+        const int old = kcuda_matvec_set_mma(0);
+        case_matvec(&r, BL_TYPE_Q4_K, 2304, 130, KCUDA_MV_MAX_ROWS, 1, 0);
+        case_matvec(&r, BL_TYPE_Q6_K, 768, 37, 3, 0, 0);
+        case_matvec(&r, BL_TYPE_Q4_K, 768, 21, 2, 0, 1);
+        case_split2(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 512, 128, 64, 77, 3);
+        kcuda_matvec_set_mma(1); /* every product of these types on tensor cores, one row too */
+        case_matvec(&r, BL_TYPE_Q4_K, 1024, 45, 1, 1, 0);
+        case_matvec(&r, BL_TYPE_Q6_K, 4096, 33, 1, 0, 0);
+        case_matvec(&r, BL_TYPE_Q4_K, 512, 19, 1, 0, 1);
+        kcuda_matvec_set_mma(old);
+    }
+    case_matvec(&r, BL_TYPE_Q6_K, 1280, 99, 7, 1, 0); /* 5 super-blocks: two warps a tile */
+    case_matvec(&r, BL_TYPE_Q6_K, 2048, 40, 4, 0, 1); /* q6_K's SwiGLU pair */
     case_terms(&r, BL_TYPE_Q4_K, 2048, 512, 1);
     case_terms(&r, BL_TYPE_Q5_K, 4096, 256, 2);
     case_terms(&r, BL_TYPE_Q6_K, 768, 512, KCUDA_MV_MAX_ROWS);

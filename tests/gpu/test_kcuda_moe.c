@@ -414,6 +414,21 @@ static void case_experts(rng_t *r, uint32_t type_up, uint32_t type_down, int64_t
     tap_ok(ok, "matvec_experts_down %s: %d rows x top %d of %lld experts, %lld x %lld, weighted, accumulate",
            td, n, k, (long long)ne, (long long)E, (long long)F);
 
+    /* the grouped form (tensor cores from 2 rows of q4_K or q6_K; otherwise the
+     * call above), onto the same random start */
+    float *dscr = d_poison(sizeof(float) * (size_t)(S * ldy));
+    ok = kcuda_upload(dy, y0, sizeof(float) * (size_t)(n * ldy), NULL, &err) == 0 &&
+         kcuda_matvec_experts_down_grouped(&md, ne, dids, dwts, n, k, dh, ldh, dscr, ldy, dy, ldy, 1, NULL, &err) ==
+             0 &&
+         d_fetch(y, dy, sizeof(float) * (size_t)(n * ldy), &err) == 0;
+    if (!ok)
+        printf("#   %s\n", err.msg);
+    else
+        ok = check_close(y, ldy, rd, n, E, atol_down, 1e-4);
+    tap_ok(ok, "matvec_experts_down_grouped %s: %d rows x top %d of %lld experts (%s), weighted, accumulate", td, n,
+           k, (long long)ne, kcuda_experts_grouped_ok(&md, n, k, ne) ? "grouped, tensor cores" : "the streaming kernel");
+    kcuda_free(dscr);
+
     kcuda_free(dx); kcuda_free(dids); kcuda_free(dwts); kcuda_free(dh);
     kcuda_free(dg); kcuda_free(dsw); kcuda_free(dy);
     kcuda_free(gate.d); kcuda_free(up.d); kcuda_free(down.d);
@@ -457,7 +472,10 @@ static void case_experts_ext(rng_t *r, uint32_t type, int64_t ne, int64_t E, int
     float *dy[2] = {d_upload(y0, sizeof(float) * (size_t)(n * ldy)), d_upload(y0, sizeof(float) * (size_t)(n * ldy))};
     const kcuda_mat_t mg = ekmat(&gate), mu = ekmat(&up), md = ekmat(&down);
     const kcuda_experts_ext_t ext = {.gate_b = dgb, .up_b = dub, .act = act};
-    /* the separate launches, then the fused ones into dh and dy[1] */
+    /* the separate launches, then the fused ones into dh and dy[1]; the streaming
+     * kernel for both (the tensor-core products take no biases, and their bits
+     * differ from the streaming kernel's) */
+    const int mma = kcuda_matvec_set_mma(0);
     int ok = kcuda_matvec_experts(&mg, ne, di, n, k, dx, ldx, dg, ldh, NULL, &err) == 0 &&
              kcuda_matvec_experts(&mu, ne, di, n, k, dx, ldx, du, ldh, NULL, &err) == 0 &&
              kcuda_experts_act(dg, du, ldh, di, NULL, dgb, dub, S, F, ne, act, NULL, NULL, &err) == 0 &&
@@ -465,6 +483,7 @@ static void case_experts_ext(rng_t *r, uint32_t type, int64_t ne, int64_t E, int
              kcuda_experts_bias_down(dy[0], ldy, di, NULL, dw, ddb, n, k, E, ne, NULL, &err) == 0 &&
              kcuda_matvec_experts_swiglu_ext(&mg, &mu, ne, di, n, k, dx, ldx, dh, ldh, &ext, NULL, &err) == 0 &&
              kcuda_matvec_experts_down_bias(&md, ne, di, dw, n, k, dh, ldh, ddb, dy[1], ldy, 1, NULL, &err) == 0;
+    kcuda_matvec_set_mma(mma);
     float *h0 = xmalloc(sizeof(float) * (size_t)(S * ldh)), *h1 = xmalloc(sizeof(float) * (size_t)(S * ldh));
     float *y[2] = {xmalloc(sizeof(float) * (size_t)(n * ldy)), xmalloc(sizeof(float) * (size_t)(n * ldy))};
     ok = ok && d_fetch(h0, dg, sizeof(float) * (size_t)(S * ldh), &err) == 0 &&
@@ -617,6 +636,13 @@ int main(void)
         case_experts(&r, BL_TYPE_MXFP4, BL_TYPE_MXFP4, 6, 2880, 2880, 2, 4);
     if (!g_small)
         case_experts(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 9, 2048, 768, 1, 8);
+    /* several rows (the experts grouped on tensor cores): the 30B-A3B shape with 8
+     * rows choosing 8 of 9 (up to 8 slots an expert), a small shape, and more
+     * choices than experts (an expert chosen by more than 8 slots: its leaders take
+     * 8 each) */
+    case_experts(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 9, 2048, 768, KCUDA_MV_MAX_ROWS, 8);
+    case_experts(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 5, 256, 768, 4, 3);
+    case_experts(&r, BL_TYPE_Q6_K, BL_TYPE_Q4_K, 3, 512, 256, 6, 5);
 
     /* the biases and the activation inside the expert launches: gpt-oss's form at a
      * small odd shape and at its 2880 width, the plain SwiGLU, and q6_K's paired
