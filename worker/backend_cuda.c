@@ -353,6 +353,9 @@ void wk_cuda_knobs_from_env(void)
     const char *mma_env = getenv("BLOOMERY_CUDA_MMA");
     if (mma_env && *mma_env)
         (void)kcuda_matvec_set_mma(atoi(mma_env));
+    const char *grp_env = getenv("BLOOMERY_CUDA_GROUP");
+    if (grp_env && *grp_env)
+        (void)kcuda_matvec_set_group(atoi(grp_env));
     const char *pdl_env = getenv("BLOOMERY_CUDA_PDL");
     if (pdl_env && strcmp(pdl_env, "0") == 0)
         (void)kcuda_set_pdl(0);

@@ -282,8 +282,12 @@ int kcuda_matvec_experts_down_bias(const kcuda_mat_t *w, int64_t n_expert, const
  * The gate/up products (kcuda_matvec_experts, _swiglu, _swiglu_route; without
  * biases) group the same way. Grouped when the step's slots (n * k) are at least
  * twice the experts, so that a chosen expert serves two slots or more on average;
- * kcuda_experts_grouped_ok says whether a product of w would be. */
+ * kcuda_experts_grouped_ok says whether a product of w would be.
+ * kcuda_matvec_set_group(pct) moves the bound: grouped when n * k * 100 >= pct *
+ * n_expert (default 200; 0: whenever the tensor-core products take the rows);
+ * returns the previous value, ignores a negative one. */
 int kcuda_experts_grouped_ok(const kcuda_mat_t *w, int n, int k, int64_t n_expert);
+int kcuda_matvec_set_group(int pct);
 int kcuda_matvec_experts_down_grouped(const kcuda_mat_t *w, int64_t n_expert, const int32_t *d_ids,
                                       const float *d_wts, int n, int k, const float *d_h, int64_t ldh, float *d_scr,
                                       int64_t ldscr, float *d_y, int64_t ldy, int accumulate, void *stream,

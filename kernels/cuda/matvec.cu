@@ -1877,13 +1877,23 @@ int kcuda_matvec_mma_ok(const kcuda_mat_t *w, int n) { return mq_fits(w, n, n); 
 static int mq_ready(void *stream) { return kc_stream_scratch((cudaStream_t)stream) != NULL; }
 
 /* Whether the routed experts' products are grouped by expert: when the step's
- * slots are at least twice the experts, so that a chosen expert serves about two
- * slots or more. Fewer (a decode step of 8 rows choosing 8 of 128 experts: most
+ * slots are at least g_mq_group % of the experts (200: twice), so that a chosen
+ * expert serves about two slots or more. Fewer (a decode step of 8 rows choosing 8 of 128 experts: most
  * chosen experts serve one slot) leave the tiles' columns empty, and the streaming
  * kernel's one slot a block is faster (docs/performance.md, 2026-12-06). */
+static int g_mq_group = 200; /* kcuda_matvec_set_group */
+
 static int mq_group(const kcuda_mat_t *w, int n, int k, int64_t n_expert, int64_t R, void *stream)
 {
-    return (int64_t)n * k >= 2 * n_expert && mq_fits(w, n, R) && mq_ready(stream);
+    return (int64_t)n * k * 100 >= (int64_t)g_mq_group * n_expert && mq_fits(w, n, R) && mq_ready(stream);
+}
+
+int kcuda_matvec_set_group(int pct)
+{
+    const int old = g_mq_group;
+    if (pct >= 0)
+        g_mq_group = pct;
+    return old;
 }
 
 int kcuda_experts_grouped_ok(const kcuda_mat_t *w, int n, int k, int64_t n_expert)
