@@ -1054,7 +1054,8 @@ typedef struct mq_args {
     int accumulate;
     int terms;
     int kw;                /* warps splitting a tile's super-blocks: 1, 2 or 4 */
-    const uint8_t *xq;     /* the rounded rows (mq_x_t) */
+    const uint8_t *xq;     /* the R rounded rows (mq_x_t) */
+    int R;
     const float4 *xds;
 } mq_args_t;
 
@@ -1159,16 +1160,18 @@ static __device__ __forceinline__ void mq_load(mq_frag<BL_TYPE_Q6_K> &f, const u
     }
 }
 
-/* The rounded activation rows (mq_round_kernel): term t of row v at q + (v * terms +
- * t) * K bytes; its 32-element block j's scales and sum at ds[v * nb32 + j] = {d of
- * term 0, d of term 1 (0 for one term), the block's sum of the rounded values d0 q0
- * + d1 q1, 0}. A lane reads B from row vb (its column, gid) and the scales of rows
- * v0, v1 (the columns 2 tig, 2 tig + 1 of its accumulators). */
+/* The rounded activation rows (mq_round_kernel), R of them, laid out so that one
+ * block's 32-element pieces of all rows sit together (a warp's B reads of one
+ * (term, block) then touch 2 cache lines, not 8): term t of row v's block j at q +
+ * ((t * nb32 + j) * R + v) * 32, its scales and sum at ds[j * R + v] = {d of term
+ * 0, d of term 1 (0 for one term), the block's sum of the rounded values d0 q0 + d1
+ * q1, 0}. A lane reads B from row vb (its column, gid) and the scales of rows v0,
+ * v1 (the columns 2 tig, 2 tig + 1 of its accumulators). */
 typedef struct mq_x {
-    const uint8_t *qb;      /* row vb's term 0 */
-    const float4 *d0, *d1;  /* rows v0's and v1's blocks */
-    int64_t K;
-    int terms;
+    const uint8_t *qb;      /* row vb's piece of block 0, term 0 */
+    const float4 *d0, *d1;  /* rows v0's and v1's block 0 */
+    int64_t tstride, jstride; /* bytes between terms and between blocks (32 R) */
+    int R, terms;
 } mq_x_t;
 
 /* tmp[r][c] = (t = 0) or += (t = 1) term t's int32 tile scaled by the activation
@@ -1213,13 +1216,13 @@ static __device__ __forceinline__ void mq_tiles(const mq_frag<BL_TYPE_Q4_K> &f, 
         const uint32_t a[4] = {(f.q[0][p].x >> sh) & 0x0f0f0f0fu, (f.q[1][p].x >> sh) & 0x0f0f0f0fu,
                                (f.q[0][p].y >> sh) & 0x0f0f0f0fu, (f.q[1][p].y >> sh) & 0x0f0f0f0fu};
         const int64_t j32 = sb * 8 + j;
-        const float4 x0 = __ldg(xv.d0 + j32), x1 = __ldg(xv.d1 + j32);
+        const float4 x0 = __ldg(xv.d0 + j32 * xv.R), x1 = __ldg(xv.d1 + j32 * xv.R);
         float tmp[2][2];
 #pragma unroll
         for (int t = 0; t < 2; t++) {
             if (t >= xv.terms)
                 break;
-            const uint2 b = __ldg((const uint2 *)(xv.qb + t * xv.K + 32 * j32 + 8 * tig));
+            const uint2 b = __ldg((const uint2 *)(xv.qb + t * xv.tstride + j32 * xv.jstride + 8 * tig));
             int c[4] = {0, 0, 0, 0};
             mma_s8_k32(c, a, b.x, b.y);
             mq_scale_term(c, x0, x1, t, tmp);
@@ -1254,13 +1257,14 @@ static __device__ __forceinline__ void mq_tiles(const mq_frag<BL_TYPE_Q6_K> &f, 
         for (int g = 0; g < 4; g++) {
             const int is = 8 * h + 2 * g + s; /* the scale's index */
             const int64_t j32 = sb * 8 + 4 * h + g;
-            const float4 x0 = __ldg(xv.d0 + j32), x1 = __ldg(xv.d1 + j32);
+            const float4 x0 = __ldg(xv.d0 + j32 * xv.R), x1 = __ldg(xv.d1 + j32 * xv.R);
             float tmp[2][2];
 #pragma unroll
             for (int t = 0; t < 2; t++) {
                 if (t >= xv.terms)
                     break;
-                const uint32_t b = __ldg((const uint32_t *)(xv.qb + t * xv.K + 32 * j32 + 16 * s + 4 * tig));
+                const uint32_t b =
+                    __ldg((const uint32_t *)(xv.qb + t * xv.tstride + j32 * xv.jstride + 16 * s + 4 * tig));
                 int c[4] = {0, 0, 0, 0};
                 mma_s8_k16(c, q[0][g], q[1][g], b);
                 mq_scale_term(c, x0, x1, t, tmp);
@@ -1334,10 +1338,10 @@ __global__ void __launch_bounds__(256) mq_round_kernel(const float *x, int64_t l
         else
             d0 = dd;
         if (ok)
-            *(uint32_t *)(q + (v * terms + t) * K + 32 * j + 4 * sub) = pk;
+            *(uint32_t *)(q + ((t * nb32 + j) * R + v) * 32 + 4 * sub) = pk;
     }
     if (ok && sub == 0)
-        ds[v * nb32 + j] = make_float4(d0, d1, sum, 0.0f);
+        ds[j * R + v] = make_float4(d0, d1, sum, 0.0f);
 }
 
 /* grid (ceil(nrows / (16 * rt)), 1 or n * k): the rounded rows ready in a.xq. */
@@ -1396,11 +1400,13 @@ __global__ void __launch_bounds__(MQ_THREADS) mq_kernel(const mq_args_t a)
     const int64_t vb = a.mode == MQ_UP ? cols[cb] / a.k : cols[cb];
     const int64_t v0 = a.mode == MQ_UP ? cols[c0] / a.k : cols[c0], v1 = a.mode == MQ_UP ? cols[c1] / a.k : cols[c1];
     mq_x_t xv;
-    xv.K = a.ncols;
+    xv.R = a.R;
     xv.terms = a.terms;
-    xv.qb = a.xq + vb * a.terms * a.ncols;
-    xv.d0 = a.xds + v0 * (a.ncols / 32);
-    xv.d1 = a.xds + v1 * (a.ncols / 32);
+    xv.jstride = 32 * (int64_t)a.R;
+    xv.tstride = (a.ncols / 32) * xv.jstride;
+    xv.qb = a.xq + vb * 32;
+    xv.d0 = a.xds + v0;
+    xv.d1 = a.xds + v1;
 
     float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}, accu[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
     while (live && sb < nsb) {
@@ -1909,6 +1915,7 @@ static int mq_round(const float *x, int64_t ldx, int64_t R, int64_t K, mq_args_t
     if (!scr)
         return bl_err_set(err, BL_ENOTSUP, "matvec: the stream has no scratch for the rounded rows");
     a->terms = g_act_terms;
+    a->R = (int)R;
     a->xq = scr;
     a->xds = (const float4 *)(scr + mq_q_bytes(R, K, a->terms));
     const dim3 grid((unsigned)kc_cdiv(R * (K / 32), 32));
@@ -2105,6 +2112,7 @@ int kcuda_matvec_split2(const kcuda_mat_t *w, const kcuda_out_t *outs, int nouts
             (rc = mq_launch(w, NULL, &a, 1, stream, err)) < 0)
             return rc;
         b.terms = a.terms;
+        b.R = a.R;
         b.xq = a.xq;
         b.xds = a.xds;
         return mq_launch(w2, NULL, &b, 1, stream, err);
