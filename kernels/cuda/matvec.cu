@@ -1003,12 +1003,15 @@ static int small_go(const mv_args_t *a, cudaStream_t st, bl_err_t *err)
 }
 
 // --- several activation rows on int8 tensor cores ----------------------------------------------
-/* Products of 2..KCUDA_MV_MAX_ROWS activation rows ("columns" below) over q4_K and q6_K
- * weights, as mma.sync over int8: the weights' quants are the A tile (16 output rows
- * by 32 or 16 elements), the columns' rounded activations (the same q8 terms as the
- * streaming kernel's) the B tile, the int32 tile scaled per sub-block in f32. A
- * warp's integer work for 8 columns is then what the streaming kernel spends on one,
- * and each weight byte is read once for all the columns.
+/* Products of several activation rows ("columns" below; from 4 by default,
+ * kcuda_matvec_set_mma, to KCUDA_MV_MAX_ROWS) over q4_K and q6_K weights, as
+ * mma.sync over int8: the weights' quants are the A tile (16 output rows by 32 or 16
+ * elements), the columns' rounded activations (the same q8 terms as the streaming
+ * kernel's) the B tile, the int32 tile scaled per 32-element block in f32. A warp's
+ * integer work for 8 columns is then what the streaming kernel spends on one, and
+ * each weight byte is read once for all the columns. The columns are rounded once
+ * per product by mq_round_kernel into the stream's scratch (kc_stream_scratch),
+ * where the tiles read them through L1 (the weights bypass L1).
  *
  * The columns are activation rows of a plain product, or, for the routed experts,
  * the (row, choice) slots that chose one expert: block column y takes slot y's
@@ -1019,9 +1022,9 @@ static int small_go(const mv_args_t *a, cudaStream_t st, bl_err_t *err)
  * Block: MQ_WARPS warps over rt = MQ_WARPS / kw tiles of 16 output rows; the kw
  * warps of a tile split its 256-element super-blocks (warp q takes q, q + kw, ..),
  * and their sums meet in shared memory in warp order (fixed: the same inputs give
- * the same bits, and a column's result does not depend on the other columns). A lane loads its quants straight into registers (rows gid and
- * gid + 8 of the tile, gid = lane / 4), the next super-block's while the current
- * one's tiles run.
+ * the same bits, and a column's result does not depend on the other columns). A
+ * lane loads its quants straight into registers (rows gid and gid + 8 of the tile,
+ * gid = lane / 4), the next super-block's while the current one's tiles run.
  *
  * Which element of a sub-block a lane's fragment register holds does not matter to
  * the sum as long as A and B agree: for q4_K a lane (tig = lane % 4) takes the 8
