@@ -195,8 +195,8 @@ int bench_attention(const bench_att_t *b)
                         (long long)d, err.msg);
                 return 1;
             }
-            const double gbs = (double)n * (double)(d + 1) * (double)(b->n_kv_head * b->head_dim) * 4.0 /
-                               (us * 1e-6) / 1e9;
+            /* a layer's K and V of every row, read once */
+            const double gbs = (double)n * (double)row_cache_bytes(b, d) / (double)b->layers / (us * 1e-6) / 1e9;
             if (b->md) {
                 printf("| %s | %lld/%lld | %lld | %lld | %lld | %lld | %.2f | %.0f |", info.name,
                        (long long)b->n_head, (long long)b->n_kv_head, (long long)b->head_dim, (long long)n,

@@ -341,21 +341,19 @@ int wk_cuda_copy_rate(int device, size_t nbytes, double *bytes_per_s, bl_err_t *
 
 void wk_cuda_knobs_from_env(void)
 {
-    const char *as_env = getenv("BLOOMERY_CUDA_ATT_SHORT");
-    if (as_env && *as_env)
-        (void)kcuda_attention_set_short(atoi(as_env));
-    const char *ac_env = getenv("BLOOMERY_CUDA_ATT_CHUNK");
-    if (ac_env && *ac_env)
-        (void)kcuda_attention_set_chunk(atoi(ac_env));
-    const char *sp_env = getenv("BLOOMERY_CUDA_ATT_SPLITS");
-    if (sp_env && *sp_env)
-        (void)kcuda_attention_set_splits(atoi(sp_env));
-    const char *mma_env = getenv("BLOOMERY_CUDA_MMA");
-    if (mma_env && *mma_env)
-        (void)kcuda_matvec_set_mma(atoi(mma_env));
-    const char *grp_env = getenv("BLOOMERY_CUDA_GROUP");
-    if (grp_env && *grp_env)
-        (void)kcuda_matvec_set_group(atoi(grp_env));
+    static const struct {
+        const char *var;
+        int (*set)(int);
+    } knobs[] = {{"BLOOMERY_CUDA_ATT_SHORT", kcuda_attention_set_short},
+                 {"BLOOMERY_CUDA_ATT_CHUNK", kcuda_attention_set_chunk},
+                 {"BLOOMERY_CUDA_ATT_SPLITS", kcuda_attention_set_splits},
+                 {"BLOOMERY_CUDA_MMA", kcuda_matvec_set_mma},
+                 {"BLOOMERY_CUDA_GROUP", kcuda_matvec_set_group}};
+    for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++) {
+        const char *v = getenv(knobs[i].var);
+        if (v && *v)
+            (void)knobs[i].set(atoi(v));
+    }
     const char *pdl_env = getenv("BLOOMERY_CUDA_PDL");
     if (pdl_env && strcmp(pdl_env, "0") == 0)
         (void)kcuda_set_pdl(0);
@@ -1845,12 +1843,8 @@ static int moe_rows(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, f
                 OP("ffn_moe_act", kcuda_experts_act(g, u, F, ids, NULL, e->gate_b.p, e->up_b.p, cn * K, F, NE, e->act,
                                                     NULL, st, err));
         }
-        if (e->down_b.p)
-            OP("ffn_moe_down", kcuda_matvec_experts_down_bias(down, NE, ids, cu->wts + r * K, cn, (int)K, g, F,
-                                                              e->down_b.p, x + r * E, E, 1, st, err));
-        else
-            OP("ffn_moe_down", kcuda_matvec_experts_down_grouped(down, NE, ids, cu->wts + r * K, cn, (int)K, g, F,
-                                                                 cu->dscr, E, x + r * E, E, 1, st, err));
+        OP("ffn_moe_down", kcuda_matvec_experts_down_grouped(down, NE, ids, cu->wts + r * K, cn, (int)K, g, F,
+                                                             e->down_b.p, cu->dscr, E, x + r * E, E, 1, st, err));
     }
     return 0;
 }
@@ -2064,7 +2058,7 @@ static int moe_remote(cuda_t *cu, int64_t l, const wk_moe_t *e, const wk_remote_
                                                         cn * K, F, NE, e->act, NULL, st, err));
             }
             OP("ffn_moe_down", kcuda_matvec_experts_down_grouped(&rs->m[2], rs->n, sid, cu->wts + r * K, cn, (int)K,
-                                                                 g, F, cu->dscr, E, x + r * E, E, 1, st, err));
+                                                                 g, F, NULL, cu->dscr, E, x + r * E, E, 1, st, err));
             if (e->down_b.p) /* only the choices a slot served: the host adds its own */
                 OP("ffn_moe_down_bias", kcuda_experts_bias_down(x + r * E, E, cu->ids + r * K, sid, cu->wts + r * K,
                                                                 e->down_b.p, cn, (int)K, E, NE, st, err));

@@ -351,8 +351,11 @@ int wk_cuda_copy_rate(int device, size_t nbytes, double *bytes_per_s, bl_err_t *
  * context decode attention takes in one pass (kcuda_attention_set_short),
  * BLOOMERY_CUDA_ATT_CHUNK=N the shortest chunk of the split pass
  * (kcuda_attention_set_chunk), BLOOMERY_CUDA_ATT_SPLITS=N its most blocks per row and
- * KV head (kcuda_attention_set_splits), BLOOMERY_CUDA_PDL=0 every kernel launched the
- * ordinary way (kcuda_set_pdl). Process-wide; nothing in a build without CUDA. */
+ * KV head (kcuda_attention_set_splits), BLOOMERY_CUDA_MMA=N the fewest activation
+ * rows the tensor-core products take (kcuda_matvec_set_mma), BLOOMERY_CUDA_GROUP=P
+ * the bound for grouping routed experts by expert (kcuda_matvec_set_group),
+ * BLOOMERY_CUDA_PDL=0 every kernel launched the ordinary way (kcuda_set_pdl).
+ * Process-wide; nothing in a build without CUDA. */
 void wk_cuda_knobs_from_env(void);
 
 /* --- pipeline stages and remote experts ------------------------------------------- */

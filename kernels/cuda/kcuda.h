@@ -273,11 +273,12 @@ int kcuda_matvec_experts_down_bias(const kcuda_mat_t *w, int64_t n_expert, const
                                    const float *d_down_b, float *d_y, int64_t ldy, int accumulate, void *stream,
                                    bl_err_t *err) BL_WUR;
 
-/* kcuda_matvec_experts_down (no biases) with the slots grouped by expert, for the
- * products kcuda_matvec_mma_ok(w, n) takes: each chosen expert's weights are read
- * once for all the slots that chose it, the slots' products go to d_scr (n * k,
- * rows_per_expert; ldscr floats apart), then the weighted sum in j order into y
- * (a second launch). Otherwise kcuda_matvec_experts_down, d_scr unused.
+/* kcuda_matvec_experts_down_bias with the slots grouped by expert when there are no
+ * biases (d_down_b NULL) and kcuda_experts_grouped_ok says so: each chosen
+ * expert's weights are read once for all the slots that chose it, the slots'
+ * products go to d_scr (n * k, rows_per_expert; ldscr floats apart), then the
+ * weighted sum in j order into y (a second launch). Otherwise
+ * kcuda_matvec_experts_down_bias, d_scr unused.
  *
  * The gate/up products (kcuda_matvec_experts, _swiglu, _swiglu_route; without
  * biases) group the same way. Grouped when the step's slots (n * k) are at least
@@ -289,9 +290,9 @@ int kcuda_matvec_experts_down_bias(const kcuda_mat_t *w, int64_t n_expert, const
 int kcuda_experts_grouped_ok(const kcuda_mat_t *w, int n, int k, int64_t n_expert);
 int kcuda_matvec_set_group(int pct);
 int kcuda_matvec_experts_down_grouped(const kcuda_mat_t *w, int64_t n_expert, const int32_t *d_ids,
-                                      const float *d_wts, int n, int k, const float *d_h, int64_t ldh, float *d_scr,
-                                      int64_t ldscr, float *d_y, int64_t ldy, int accumulate, void *stream,
-                                      bl_err_t *err) BL_WUR;
+                                      const float *d_wts, int n, int k, const float *d_h, int64_t ldh,
+                                      const float *d_down_b, float *d_scr, int64_t ldscr, float *d_y, int64_t ldy,
+                                      int accumulate, void *stream, bl_err_t *err) BL_WUR;
 
 /* Embedding gather: y (n, table->ncols) = the rows d_ids[0..n) of table,
  * dequantized. An id outside 0..table->nrows-1 gives a row of zeros. */

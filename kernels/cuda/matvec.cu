@@ -1864,12 +1864,13 @@ static size_t mq_scratch_bytes(int64_t R, int64_t K, int terms)
  * 0: never). Read at each launch, as the q8 terms. */
 static int g_mq_min = 4;
 
-/* Whether the tensor-core products take n columns of w: g_mq_min..MQ_COLS
- * columns, q4_K or q6_K, and R rounded rows within a stream's scratch. */
-static int mq_fits(const kcuda_mat_t *w, int n, int64_t R)
+/* Whether the tensor-core products take n columns of w on stream: g_mq_min..MQ_COLS
+ * columns, q4_K or q6_K, and a stream with a scratch that holds R rounded rows. */
+static int mq_fits(const kcuda_mat_t *w, int n, int64_t R, void *stream)
 {
     return g_mq_min >= 1 && n >= g_mq_min && n <= MQ_COLS && mq_type_ok(w) &&
-           mq_scratch_bytes(R, w->ncols, g_act_terms) <= KC_STREAM_SCRATCH;
+           mq_scratch_bytes(R, w->ncols, g_act_terms) <= KC_STREAM_SCRATCH &&
+           kc_stream_scratch((cudaStream_t)stream) != NULL;
 }
 
 int kcuda_matvec_set_mma(int min_rows)
@@ -1880,21 +1881,19 @@ int kcuda_matvec_set_mma(int min_rows)
     return old;
 }
 
-int kcuda_matvec_mma_ok(const kcuda_mat_t *w, int n) { return mq_fits(w, n, n); }
-
-/* Whether the stream can take a tensor-core product (its scratch exists). */
-static int mq_ready(void *stream) { return kc_stream_scratch((cudaStream_t)stream) != NULL; }
+int kcuda_matvec_mma_ok(const kcuda_mat_t *w, int n) { return mq_fits(w, n, n, NULL); }
 
 /* Whether the routed experts' products are grouped by expert: when the step's
  * slots are at least g_mq_group % of the experts (200: twice), so that a chosen
- * expert serves about two slots or more. Fewer (a decode step of 8 rows choosing 8 of 128 experts: most
- * chosen experts serve one slot) leave the tiles' columns empty, and the streaming
- * kernel's one slot a block is faster (docs/performance.md, 2026-12-06). */
+ * expert serves about two slots or more. Fewer (a decode step of 8 rows choosing 8
+ * of 128 experts: most chosen experts serve one slot) leave the tiles' columns
+ * empty, and the streaming kernel's one slot a block is faster (docs/performance.md,
+ * 2026-12-06). */
 static int g_mq_group = 200; /* kcuda_matvec_set_group */
 
 static int mq_group(const kcuda_mat_t *w, int n, int k, int64_t n_expert, int64_t R, void *stream)
 {
-    return (int64_t)n * k * 100 >= (int64_t)g_mq_group * n_expert && mq_fits(w, n, R) && mq_ready(stream);
+    return (int64_t)n * k * 100 >= (int64_t)g_mq_group * n_expert && mq_fits(w, n, R, stream);
 }
 
 int kcuda_matvec_set_group(int pct)
@@ -1911,7 +1910,7 @@ int kcuda_experts_grouped_ok(const kcuda_mat_t *w, int n, int k, int64_t n_exper
 }
 
 /* Rounds rows 0..R-1 of x (K columns) into the stream's scratch and points a's
- * xq, xds there; BL_ENOTSUP when the stream has none (mq_ready checks first). */
+ * xq, xds there; BL_ENOTSUP when the stream has none (mq_fits checks first). */
 static int mq_round(const float *x, int64_t ldx, int64_t R, int64_t K, mq_args_t *a, cudaStream_t st, bl_err_t *err)
 {
     uint8_t *scr = (uint8_t *)kc_stream_scratch(st);
@@ -2040,7 +2039,7 @@ static int matvec_plain(const kcuda_mat_t *w, const kcuda_mat_t *w2, const float
         default: return small_go<BL_TYPE_BF16>(&a, st, err);
         }
     }
-    if (mq_fits(w, n, n) && mq_ready(stream))
+    if (mq_fits(w, n, n, stream))
         return mq_plain(w, w2, d_x, ldx, n, d_y, ldy, accumulate, outs, nouts, stream, err);
     /* Rows whose rounded activations do not fit one block go in several launches,
      * each reading the weights again. */
@@ -2107,8 +2106,8 @@ int kcuda_matvec_split2(const kcuda_mat_t *w, const kcuda_out_t *outs, int nouts
      * one mv_launch2 knows; otherwise the two products one after the other (the
      * tensor-core products among them). */
     /* Both on tensor cores: the rows rounded once for the two. */
-    const int mq = mq_ready(stream);
-    if (mq && mq_fits(w, n, n) && mq_fits(w2, n, n)) {
+    const int mq1 = mq_fits(w, n, n, stream), mq2 = mq_fits(w2, n, n, stream);
+    if (mq1 && mq2) {
         mq_args_t a = mq_plain_args(w, d_x, ldx, n, outs[0].d_y, outs[0].ldy, 0, outs, nouts);
         mq_args_t b = mq_plain_args(w2, d_x, ldx, n, d_y2, ldy2, 0, NULL, 0);
         if ((rc = mq_round(d_x, ldx, n, w->ncols, &a, (cudaStream_t)stream, err)) < 0 ||
@@ -2120,7 +2119,7 @@ int kcuda_matvec_split2(const kcuda_mat_t *w, const kcuda_out_t *outs, int nouts
         b.xds = a.xds;
         return mq_launch(w2, NULL, &b, 1, stream, err);
     }
-    if (!(mq && mq_fits(w, n, n)) && !(mq && mq_fits(w2, n, n)) &&
+    if (!mq1 && !mq2 &&
         n <= rows_that_fit(w->type, w->ncols, optin) && n <= rows_that_fit(w2->type, w2->ncols, optin)) {
         mv_args_t a1 = plain_args(w, NULL, d_x, ldx, n, outs[0].d_y, outs[0].ldy, 0, outs, nouts, 0);
         mv_args_t a2 = plain_args(w2, NULL, d_x, ldx, n, d_y2, ldy2, 0, NULL, 0, 0);
@@ -2292,13 +2291,13 @@ int kcuda_matvec_experts_down_bias(const kcuda_mat_t *w, int64_t n_expert, const
 }
 
 int kcuda_matvec_experts_down_grouped(const kcuda_mat_t *w, int64_t n_expert, const int32_t *d_ids,
-                                      const float *d_wts, int n, int k, const float *d_h, int64_t ldh, float *d_scr,
-                                      int64_t ldscr, float *d_y, int64_t ldy, int accumulate, void *stream,
-                                      bl_err_t *err)
+                                      const float *d_wts, int n, int k, const float *d_h, int64_t ldh,
+                                      const float *d_down_b, float *d_scr, int64_t ldscr, float *d_y, int64_t ldy,
+                                      int accumulate, void *stream, bl_err_t *err)
 {
-    if (!mq_group(w, n, k, n_expert, (int64_t)n * k, stream))
-        return kcuda_matvec_experts_down(w, n_expert, d_ids, d_wts, n, k, d_h, ldh, d_y, ldy, accumulate, stream,
-                                         err);
+    if (d_down_b || !mq_group(w, n, k, n_expert, (int64_t)n * k, stream))
+        return kcuda_matvec_experts_down_bias(w, n_expert, d_ids, d_wts, n, k, d_h, ldh, d_down_b, d_y, ldy,
+                                              accumulate, stream, err);
     int64_t rpe = 0;
     int rc = check_x(w, d_h, ldh, "matvec_experts_down_grouped", err);
     if (rc < 0 || (rc = experts_args(w, n_expert, d_ids, n, k, "matvec_experts_down_grouped", &rpe, err)) < 0)

@@ -418,7 +418,8 @@ static void case_experts(rng_t *r, uint32_t type_up, uint32_t type_down, int64_t
      * call above), onto the same random start */
     float *dscr = d_poison(sizeof(float) * (size_t)(S * ldy));
     ok = kcuda_upload(dy, y0, sizeof(float) * (size_t)(n * ldy), NULL, &err) == 0 &&
-         kcuda_matvec_experts_down_grouped(&md, ne, dids, dwts, n, k, dh, ldh, dscr, ldy, dy, ldy, 1, NULL, &err) ==
+         kcuda_matvec_experts_down_grouped(&md, ne, dids, dwts, n, k, dh, ldh, NULL, dscr, ldy, dy, ldy, 1, NULL,
+                                           &err) ==
              0 &&
          d_fetch(y, dy, sizeof(float) * (size_t)(n * ldy), &err) == 0;
     if (!ok)
