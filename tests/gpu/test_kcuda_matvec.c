@@ -17,7 +17,9 @@
  * rows beside it, and some cases run with the tensor cores off and on for one row.
  *
  * BLOOMERY_MV_BENCH=1 runs only the bandwidth bench (GB/s per format, activation
- * rows and the expert shapes of a 30B-A3B-class layer). */
+ * rows and the expert shapes of a 30B-A3B-class layer); any other value runs only
+ * the bench lines whose key ("matvec q4_K 32768x4096 n1", "experts_swiglu q4_K n8",
+ * "experts_down q6_K n8 grouped", ...) contains it, for a profiler. */
 #include "gpu_test.h"
 
 #include <time.h>
@@ -502,6 +504,13 @@ static float *rand_acts(int64_t n)
     return d;
 }
 
+static const char *g_bench_only; /* NULL: every bench line */
+
+static int bench_wanted(const char *key)
+{
+    return g_bench_only == NULL || strstr(key, g_bench_only) != NULL;
+}
+
 static void bench_line(const char *what, const char *fmt, const char *shape, int n, double nbytes,
                        double us, int rc, const bl_err_t *err)
 {
@@ -519,6 +528,11 @@ static void bench_matvec(uint32_t type, int64_t ncols, int64_t nrows, int n)
     if (bl_row_bytes(type, ncols, &rb, &err) < 0)
         bail("bl_row_bytes", &err);
     const size_t nbytes = rb * (size_t)nrows;
+    char key[96];
+    snprintf(key, sizeof key, "matvec %s %lldx%lld n%d", bl_type_info(type)->name, (long long)nrows,
+             (long long)ncols, n);
+    if (!bench_wanted(key))
+        return;
     void *dw = rand_weights(nbytes);
     float *dx = rand_acts(ncols * n), *dy = d_alloc(sizeof(float) * (size_t)(nrows * n));
     kcuda_mat_t m;
@@ -541,60 +555,107 @@ static void bench_matvec(uint32_t type, int64_t ncols, int64_t nrows, int n)
     kcuda_free(dy);
 }
 
-/* One MoE layer's expert products for one token (n = 1), E n_embd, F the expert
- * width, top k of ne: gate/up with SwiGLU, then down with the weighted sum. Each
- * launch takes the next of ne / k disjoint id sets, so that no expert's rows are
- * still in L2 from the launch before. */
-static void bench_experts(uint32_t tu, uint32_t td, int64_t ne, int64_t E, int64_t F, int k)
+/* One MoE layer's expert products for n tokens, E n_embd, F the expert width, top k
+ * of ne: gate/up with SwiGLU, then down with the weighted sum; grouped: by expert on
+ * tensor cores (kcuda_matvec_set_group(0)) instead of one slot a block. Launches
+ * cycle over NL layers' experts and pseudo-random choices (k distinct a row), so no
+ * launch finds its weights in L2 from the one before; GB/s counts the bytes of the
+ * distinct experts a launch reads. */
+#define BENCH_SETS 16
+static void bench_experts(uint32_t tu, uint32_t td, int64_t ne, int64_t E, int64_t F, int k, int n, int grouped)
 {
     bl_err_t err = {0};
+    char key[96];
+    snprintf(key, sizeof key, "experts %s %s n%d%s", bl_type_info(tu)->name, bl_type_info(td)->name, n,
+             grouped ? " grouped" : "");
+    if (!bench_wanted(key))
+        return;
     size_t rbu, rbd;
     if (bl_row_bytes(tu, E, &rbu, &err) < 0 || bl_row_bytes(td, F, &rbd, &err) < 0)
         bail("bl_row_bytes", &err);
-    void *dg = rand_weights(rbu * (size_t)(ne * F)), *du = rand_weights(rbu * (size_t)(ne * F));
-    void *dd = rand_weights(rbd * (size_t)(ne * E));
-    const int nsets = (int)(ne / k);
-    int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)(nsets * k));
-    float *wts = xmalloc(sizeof(float) * (size_t)(nsets * k));
-    for (int i = 0; i < nsets * k; i++) {
-        ids[i] = (int32_t)((i * 37) % ne); /* 37 is odd: a permutation of 0..ne-1 for ne a power of 2 */
-        wts[i] = 1.0f / (float)k;
+    const int nl = n == 1 ? 1 : 4; /* one token's 8 experts of 128 already cycle 16 disjoint sets */
+    void *dg = rand_weights(rbu * (size_t)(nl * ne * F)), *du = rand_weights(rbu * (size_t)(nl * ne * F));
+    void *dd = rand_weights(rbd * (size_t)(nl * ne * E));
+    const int ns = n * k;
+    int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)(BENCH_SETS * ns));
+    float *wts = xmalloc(sizeof(float) * (size_t)(BENCH_SETS * ns));
+    double distinct = 0.0;
+    uint32_t h = 0x9e3779b9u;
+    for (int s = 0; s < BENCH_SETS; s++) {
+        uint8_t seen[1024] = {0};
+        for (int i = 0; i < ns; i++) {
+            int32_t e;
+            if (n == 1) {
+                e = (int32_t)(((s * k + i) * 37) % ne); /* 37 is odd: disjoint sets for ne a power of 2 */
+            } else {
+                int again;
+                do { /* distinct within the row */
+                    h ^= h << 13;
+                    h ^= h >> 17;
+                    h ^= h << 5;
+                    e = (int32_t)(h % (uint32_t)ne);
+                    again = 0;
+                    for (int j = i - i % k; j < i; j++)
+                        again |= ids[s * ns + j] == e;
+                } while (again);
+            }
+            ids[s * ns + i] = e;
+            wts[s * ns + i] = 1.0f / (float)k;
+            if (e < 1024 && !seen[e]) {
+                seen[e] = 1;
+                distinct += 1.0;
+            }
+        }
     }
-    int32_t *dids = d_upload(ids, sizeof(int32_t) * (size_t)(nsets * k));
-    float *dwts = d_upload(wts, sizeof(float) * (size_t)(nsets * k));
-    float *dx = rand_acts(E), *dh = rand_acts(F * k);
-    float *dsw = d_alloc(sizeof(float) * (size_t)(F * k)), *dy = d_alloc(sizeof(float) * (size_t)E);
-    kcuda_mat_t mg, mu, md;
-    if (kcuda_mat_init(&mg, dg, tu, E, ne * F, &err) < 0 || kcuda_mat_init(&mu, du, tu, E, ne * F, &err) < 0 ||
-        kcuda_mat_init(&md, dd, td, F, ne * E, &err) < 0)
-        bail("bench set-up", &err);
+    distinct /= BENCH_SETS;
+    int32_t *dids = d_upload(ids, sizeof(int32_t) * (size_t)(BENCH_SETS * ns));
+    float *dwts = d_upload(wts, sizeof(float) * (size_t)(BENCH_SETS * ns));
+    float *dx = rand_acts(E * n), *dh = rand_acts(F * ns);
+    float *dsw = d_alloc(sizeof(float) * (size_t)(F * ns)), *dy = d_alloc(sizeof(float) * (size_t)(E * n));
+    float *dscr = d_alloc(sizeof(float) * (size_t)(E * ns));
+    kcuda_mat_t mg[4], mu[4], md[4];
+    for (int l = 0; l < nl; l++)
+        if (kcuda_mat_init(&mg[l], (uint8_t *)dg + rbu * (size_t)(l * ne * F), tu, E, ne * F, &err) < 0 ||
+            kcuda_mat_init(&mu[l], (uint8_t *)du + rbu * (size_t)(l * ne * F), tu, E, ne * F, &err) < 0 ||
+            kcuda_mat_init(&md[l], (uint8_t *)dd + rbd * (size_t)(l * ne * E), td, F, ne * E, &err) < 0)
+            bail("bench set-up", &err);
+    void *st = NULL;
+    if (kcuda_stream_create(&st, &err) < 0)
+        bail("bench stream", &err);
+    const int old_group = kcuda_matvec_set_group(grouped ? 0 : 1 << 30);
     const int reps = 200;
     int rc = 0;
     for (int pass = 0; pass < 2; pass++) {
-        for (int i = 0; i < 4; i++) /* warm-up */
-            rc |= pass == 0 ? kcuda_matvec_experts_swiglu(&mg, &mu, ne, dids, 1, k, dx, E, dsw, F, NULL, &err)
-                            : kcuda_matvec_experts_down(&md, ne, dids, dwts, 1, k, dh, F, dy, E, 1, NULL, &err);
-        rc |= kcuda_sync(NULL, &err);
-        const double t0 = now_us();
-        for (int i = 0; i < reps && rc == 0; i++) {
-            const int32_t *si = dids + (i % nsets) * k;
-            const float *sw = dwts + (i % nsets) * k;
-            rc |= pass == 0 ? kcuda_matvec_experts_swiglu(&mg, &mu, ne, si, 1, k, dx, E, dsw, F, NULL, &err)
-                            : kcuda_matvec_experts_down(&md, ne, si, sw, 1, k, dh, F, dy, E, 1, NULL, &err);
+        double t0 = 0.0;
+        for (int i = -4; i < reps && rc == 0; i++) { /* 4 warm-up launches */
+            if (i == 0) {
+                rc |= kcuda_sync(st, &err);
+                t0 = now_us();
+            }
+            const int l = (i + 4) % nl, s = (i + 4) % BENCH_SETS;
+            const int32_t *si = dids + s * ns;
+            const float *sw = dwts + s * ns;
+            rc |= pass == 0 ? kcuda_matvec_experts_swiglu(&mg[l], &mu[l], ne, si, n, k, dx, E, dsw, F, st, &err)
+                            : kcuda_matvec_experts_down_grouped(&md[l], ne, si, sw, n, k, dh, F, NULL, dscr, E, dy, E,
+                                                                0, st, &err);
         }
-        rc |= kcuda_sync(NULL, &err);
+        rc |= kcuda_sync(st, &err);
         const double us = (now_us() - t0) / reps;
         char shape[64];
         if (pass == 0) {
-            snprintf(shape, sizeof shape, "%dx2 x %lld x %lld", k, (long long)F, (long long)E);
-            bench_line("experts_swiglu", bl_type_info(tu)->name, shape, 1, 2.0 * (double)(rbu * (size_t)(k * F)), us, rc, &err);
+            snprintf(shape, sizeof shape, "%dx2 x %lld x %lld%s", k, (long long)F, (long long)E, grouped ? " g" : "");
+            bench_line("experts_swiglu", bl_type_info(tu)->name, shape, n, 2.0 * distinct * (double)(rbu * (size_t)F),
+                       us, rc, &err);
         } else {
-            snprintf(shape, sizeof shape, "%d x %lld x %lld", k, (long long)E, (long long)F);
-            bench_line("experts_down", bl_type_info(td)->name, shape, 1, (double)(rbd * (size_t)(k * E)), us, rc, &err);
+            snprintf(shape, sizeof shape, "%d x %lld x %lld%s", k, (long long)E, (long long)F, grouped ? " g" : "");
+            bench_line("experts_down", bl_type_info(td)->name, shape, n, distinct * (double)(rbd * (size_t)E), us, rc,
+                       &err);
         }
     }
+    kcuda_matvec_set_group(old_group);
+    kcuda_stream_destroy(st);
     kcuda_free(dg); kcuda_free(du); kcuda_free(dd); kcuda_free(dids); kcuda_free(dwts);
-    kcuda_free(dx); kcuda_free(dh); kcuda_free(dsw); kcuda_free(dy);
+    kcuda_free(dx); kcuda_free(dh); kcuda_free(dsw); kcuda_free(dy); kcuda_free(dscr);
     free(ids);
     free(wts);
 }
@@ -612,19 +673,25 @@ static void bench_all(void)
     /* 30B-A3B-class decode shapes: attention q (4096 x 2048), the head (151936 x 2048) */
     bench_matvec(BL_TYPE_Q4_K, 2048, 4096, 1);
     bench_matvec(BL_TYPE_Q6_K, 2048, 151936, 1);
-    bench_experts(BL_TYPE_Q4_K, BL_TYPE_Q6_K, 128, 2048, 768, 8);
+    bench_experts(BL_TYPE_Q4_K, BL_TYPE_Q6_K, 128, 2048, 768, 8, 1, 0);
+    /* several tokens' experts (a decode step of n slots): one slot a block, grouped */
+    const int en[] = {4, 8, 16, 32};
+    for (int i = 0; i < 4; i++)
+        for (int g = 0; g < 2; g++)
+            bench_experts(BL_TYPE_Q4_K, BL_TYPE_Q6_K, 128, 2048, 768, 8, en[i], g);
     /* mxfp4: a plain product, and a gpt-oss-20b-class layer's experts (E = F = 2880,
      * top 4 of 32) */
     for (int i = 0; i < 4; i++)
         bench_matvec(BL_TYPE_MXFP4, 4096, 32768, ns[i]);
-    bench_experts(BL_TYPE_MXFP4, BL_TYPE_MXFP4, 32, 2880, 2880, 4);
+    bench_experts(BL_TYPE_MXFP4, BL_TYPE_MXFP4, 32, 2880, 2880, 4, 1, 0);
     /* what the second activation term costs: the same lines with one term */
     const int old = kcuda_matvec_set_act_terms(1);
     printf("# bench | one q8 activation term from here\n");
     bench_matvec(BL_TYPE_Q4_K, 4096, 32768, 1);
     bench_matvec(BL_TYPE_Q6_K, 4096, 32768, 8);
     bench_matvec(BL_TYPE_Q4_K, 2048, 4096, 1);
-    bench_experts(BL_TYPE_Q4_K, BL_TYPE_Q6_K, 128, 2048, 768, 8);
+    bench_experts(BL_TYPE_Q4_K, BL_TYPE_Q6_K, 128, 2048, 768, 8, 1, 0);
+    bench_experts(BL_TYPE_Q4_K, BL_TYPE_Q6_K, 128, 2048, 768, 8, 8, 0);
     kcuda_matvec_set_act_terms(old);
 }
 
@@ -633,6 +700,7 @@ int main(void)
     gpu_test_init("test_kcuda_matvec");
     const char *bo = getenv("BLOOMERY_MV_BENCH");
     if (bo && *bo && strcmp(bo, "0") != 0) {
+        g_bench_only = strcmp(bo, "1") == 0 ? NULL : bo;
         bench_all();
         return tap_done();
     }
