@@ -291,6 +291,7 @@ static __device__ void round_acts(const float *x, int64_t ldx, int nx, int64_t n
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (ok)
             v = __ldg((const float4 *)(x + i * ldx + 32 * j + 4 * sub));
+        float hs[2] = {0.0f, 0.0f};
         for (int t = 0; t < terms; t++) {
             float dd;
             int sm, hi;
@@ -309,9 +310,21 @@ static __device__ void round_acts(const float *x, int64_t ldx, int nx, int64_t n
                 *(uint32_t *)(q + vr * xs + 16 * xunit<T>(2 * j + (sub >> 2)) + 4 * (sub & 3)) = wd;
                 if (sub == 0) {
                     d[vr * xb + j] = dd;
-                    s[vr * xb + j] = (sm & 0xffff) | (hi << 16);
+                    if (T != BL_TYPE_Q4_K || terms != 2)
+                        s[vr * xb + j] = (sm & 0xffff) | (hi << 16);
                 }
             }
+            if (T == BL_TYPE_Q4_K && terms == 2) {
+                hs[0] = fmaf(dd, (float)sm, hs[0]);
+                hs[1] = fmaf(dd, (float)hi, hs[1]);
+            }
+        }
+        /* q4_K with two terms: s holds instead the rounded values' sums per 16-element
+         * half over both terms, d0 Σq0 + d1 Σq1, as floats: half h of block j at row
+         * (i * 2 + h), so that a lane reads its two blocks' half in one load. */
+        if (T == BL_TYPE_Q4_K && terms == 2 && ok && sub == 0) {
+            s[(i * 2) * xb + j] = __float_as_int(hs[0]);
+            s[(i * 2 + 1) * xb + j] = __float_as_int(hs[1]);
         }
     }
 }
@@ -379,6 +392,77 @@ static __device__ __forceinline__ void lane_dot_k45(const uint8_t *s, int nb, in
                 const int s0 = half_sum(xsum[0], hh), s1 = half_sum(xsum[1], hh);
                 part[r] += xd[0] * (ds0 * (float)il - dm0 * (float)s0) + xd[1] * (ds1 * (float)ih - dm1 * (float)s1);
             }
+        }
+    }
+}
+
+/* The scales and mins of blocks 2p and 2p + 1 of a q4_K super-block from its header
+ * words (k_scale_min for j = 2p, 2p + 1) without branches: one word, bytes sc(2p),
+ * sc(2p + 1), m(2p), m(2p + 1). sel and the masks depend only on p (q4_sel). */
+typedef struct q4_sel {
+    uint32_t yz, w;   /* __byte_perm selectors: Y/Z bytes k, k + 1; W bytes k, k + 1 twice */
+    uint32_t lo, hi;  /* p < 2: 0x3f3f3f3f and 0; p >= 2: 0 and ~0 */
+} q4_sel_t;
+
+static __device__ __forceinline__ q4_sel_t q4_sel(int p)
+{
+    const uint32_t k = p < 2 ? 2 * p : 2 * p - 4;
+    q4_sel_t q;
+    q.yz = k | (k + 1) << 4 | (k + 4) << 8 | (k + 5) << 12;
+    q.w = k | (k + 1) << 4 | k << 8 | (k + 1) << 12;
+    q.lo = p < 2 ? 0x3f3f3f3fu : 0u;
+    q.hi = p < 2 ? 0u : ~0u;
+    return q;
+}
+
+static __device__ __forceinline__ uint32_t q4_scales(uint4 hd, const q4_sel_t &q)
+{
+    const uint32_t a = __byte_perm(hd.y, hd.z, q.yz), w = __byte_perm(hd.w, 0, q.w);
+    const uint32_t low = (w & 0x00000f0fu) | ((w >> 4) & 0x0f0f0000u); /* 4 low bits (j >= 4) */
+    return (a & q.lo) | ((low | ((a >> 2) & 0x30303030u)) & q.hi);
+}
+
+/* q4_K with two activation terms: the lanes as lane_dot_k45, but each block's mins
+ * come off once against the rounded values' float half sums over both terms (as
+ * round_acts stores them for q4_K), and the scales are decoded without branches. */
+template <int NX>
+static __device__ __forceinline__ void lane_dot_q4(const uint8_t *s, int nb, int lane, const mv_x_t &xv, int xr0,
+                                                   int nxr, int64_t e0, float *part)
+{
+    const int c = lane & 7, p = c >> 1, hh = c & 1;
+    const int sb0 = (int)(e0 >> 8), xb = xv.xs >> 5;
+    const q4_sel_t qs = q4_sel(p);
+#pragma unroll
+    for (int pass = 0; pass < fmt<BL_TYPE_Q4_K>::G / 4; pass++) {
+        const int blk = pass * 4 + (lane >> 3);
+        if (blk >= nb)
+            break;
+        const uint8_t *b = s + blk * 144;
+        const uint4 hd = ld_u4(b), qv = ld_u4(b + 16 + 16 * c);
+        const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w};
+        uint32_t lo[4], hi[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo[i] = qw[i] & 0x0f0f0f0fu;
+            hi[i] = (qw[i] >> 4) & 0x0f0f0f0fu;
+        }
+        const float2 dd = __half22float2(*(const __half2 *)&hd.x);
+        const uint32_t sm = q4_scales(hd, qs);
+        const float ds0 = dd.x * (float)(sm & 0xff), ds1 = dd.x * (float)((sm >> 8) & 0xff);
+        const float dm0 = dd.y * (float)((sm >> 16) & 0xff), dm1 = dd.y * (float)(sm >> 24);
+        const int sb = sb0 + blk, j0 = sb * 8 + 2 * p, ul = sb * 16 + c;
+#pragma unroll
+        for (int r = 0; r < NX; r++) {
+            if (r >= nxr)
+                break;
+            const int x0 = (xr0 + r) * 2;
+            const uint8_t *q0 = xv.q + x0 * xv.xs, *q1 = q0 + xv.xs;
+            const int il0 = dot4x4(lo, ld_u4(q0 + 16 * ul), 0), ih0 = dot4x4(hi, ld_u4(q0 + 16 * (ul + 8)), 0);
+            const int il1 = dot4x4(lo, ld_u4(q1 + 16 * ul), 0), ih1 = dot4x4(hi, ld_u4(q1 + 16 * (ul + 8)), 0);
+            const float2 d0 = *(const float2 *)(xv.d + x0 * xb + j0), d1 = *(const float2 *)(xv.d + (x0 + 1) * xb + j0);
+            const float2 hs = *(const float2 *)(xv.s + (x0 + hh) * xb + j0);
+            const float fl = fmaf(d0.x, (float)il0, d1.x * (float)il1), fh = fmaf(d0.y, (float)ih0, d1.y * (float)ih1);
+            part[r] += fmaf(ds0, fl, fmaf(ds1, fh, -fmaf(dm0, hs.x, dm1 * hs.y)));
         }
     }
 }
@@ -521,7 +605,9 @@ template <int T, int NX>
 static __device__ __forceinline__ void lane_dot(const uint8_t *s, int nb, int lane, const mv_x_t &xv, int xr0,
                                                 int nxr, int64_t e0, float *part)
 {
-    if (T == BL_TYPE_Q4_K || T == BL_TYPE_Q5_K) {
+    if (T == BL_TYPE_Q4_K && xv.terms == 2) {
+        lane_dot_q4<NX>(s, nb, lane, xv, xr0, nxr, e0, part);
+    } else if (T == BL_TYPE_Q4_K || T == BL_TYPE_Q5_K) {
         lane_dot_k45<T, NX>(s, nb, lane, xv, xr0, nxr, e0, part);
     } else if (T == BL_TYPE_Q6_K) {
         lane_dot_q6<NX>(s, nb, lane, xv, xr0, nxr, e0, part);
