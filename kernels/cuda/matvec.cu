@@ -272,22 +272,42 @@ static __device__ __forceinline__ uint32_t q8_term(float4 &v, float *d, int *s16
            (uint32_t)(q3 & 0xff) << 24;
 }
 
+/* Whether round_acts stores float half sums over both terms (lane_dot_q4,
+ * lane_dot_q6t: one activation row a block, where their fewer instructions pay)
+ * rather than each term's integer half sums (several rows: the register budget). */
+template <int T, int NX>
+static __device__ __forceinline__ bool half_sums_f(int terms)
+{
+    return (T == BL_TYPE_Q4_K || T == BL_TYPE_Q6_K) && terms == 2 && NX == 1;
+}
+
 /* Rounds nx activation rows (row i at x + i * ldx, ncols a multiple of 32) into
  * q, d, s, as act_q8_round in tests/gpu/gpu_test.h: per 32 elements d = amax /
  * 127, q = roundf(x * (1 / d)); with two terms the residual x - d * q (f32 product,
  * then f32 difference) is rounded the same way into the next rounded row, so the
  * two integer dots together see about 16 bits of each activation. A quarter-warp
  * per 32 elements, 4 per lane; the whole block calls it (terms is uniform). */
-template <int T>
+template <int T, int NX>
 static __device__ void round_acts(const float *x, int64_t ldx, int nx, int64_t ncols, uint8_t *q,
                                   float *d, int *s, int xs, int terms)
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane & 7;
     const int nb32 = (int)(ncols / 32), total = nx * nb32, xb = xs / 32;
+    /* item blk = i * nb32 + j, advanced without division */
+    int bi = 0, bj = warp * 4 + (lane >> 3);
+    while (bj >= nb32 && bi < nx) {
+        bj -= nb32;
+        bi++;
+    }
     for (int b0 = warp * 4; b0 < total; b0 += MV_WARPS * 4) {
         const int blk = b0 + (lane >> 3);
         const bool ok = blk < total;
-        const int i = ok ? blk / nb32 : 0, j = ok ? blk - i * nb32 : 0;
+        const int i = ok ? bi : 0, j = ok ? bj : 0;
+        bj += MV_WARPS * 4;
+        while (bj >= nb32 && bi < nx) {
+            bj -= nb32;
+            bi++;
+        }
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (ok)
             v = __ldg((const float4 *)(x + i * ldx + 32 * j + 4 * sub));
@@ -310,19 +330,20 @@ static __device__ void round_acts(const float *x, int64_t ldx, int nx, int64_t n
                 *(uint32_t *)(q + vr * xs + 16 * xunit<T>(2 * j + (sub >> 2)) + 4 * (sub & 3)) = wd;
                 if (sub == 0) {
                     d[vr * xb + j] = dd;
-                    if (T != BL_TYPE_Q4_K || terms != 2)
+                    if (!half_sums_f<T, NX>(terms))
                         s[vr * xb + j] = (sm & 0xffff) | (hi << 16);
                 }
             }
-            if (T == BL_TYPE_Q4_K && terms == 2) {
+            if (half_sums_f<T, NX>(terms)) {
                 hs[0] = fmaf(dd, (float)sm, hs[0]);
                 hs[1] = fmaf(dd, (float)hi, hs[1]);
             }
         }
-        /* q4_K with two terms: s holds instead the rounded values' sums per 16-element
-         * half over both terms, d0 Σq0 + d1 Σq1, as floats: half h of block j at row
-         * (i * 2 + h), so that a lane reads its two blocks' half in one load. */
-        if (T == BL_TYPE_Q4_K && terms == 2 && ok && sub == 0) {
+        /* q4_K and q6_K with two terms: s holds instead the rounded values' sums per
+         * 16-element half over both terms, d0 Σq0 + d1 Σq1, as floats: half h of
+         * block j at row (i * 2 + h), so that a lane reads its blocks' half in one
+         * load. */
+        if (half_sums_f<T, NX>(terms) && ok && sub == 0) {
             s[(i * 2) * xb + j] = __float_as_int(hs[0]);
             s[(i * 2 + 1) * xb + j] = __float_as_int(hs[1]);
         }
@@ -422,12 +443,12 @@ static __device__ __forceinline__ uint32_t q4_scales(uint4 hd, const q4_sel_t &q
     return (a & q.lo) | ((low | ((a >> 2) & 0x30303030u)) & q.hi);
 }
 
-/* q4_K with two activation terms: the lanes as lane_dot_k45, but each block's mins
- * come off once against the rounded values' float half sums over both terms (as
- * round_acts stores them for q4_K), and the scales are decoded without branches. */
-template <int NX>
+/* q4_K with two activation terms, one activation row (xr0): the lanes as
+ * lane_dot_k45, but each block's mins come off once against the rounded values'
+ * float half sums over both terms (as round_acts stores them then), and the scales
+ * are decoded without branches. */
 static __device__ __forceinline__ void lane_dot_q4(const uint8_t *s, int nb, int lane, const mv_x_t &xv, int xr0,
-                                                   int nxr, int64_t e0, float *part)
+                                                   int64_t e0, float *part)
 {
     const int c = lane & 7, p = c >> 1, hh = c & 1;
     const int sb0 = (int)(e0 >> 8), xb = xv.xs >> 5;
@@ -451,19 +472,14 @@ static __device__ __forceinline__ void lane_dot_q4(const uint8_t *s, int nb, int
         const float ds0 = dd.x * (float)(sm & 0xff), ds1 = dd.x * (float)((sm >> 8) & 0xff);
         const float dm0 = dd.y * (float)((sm >> 16) & 0xff), dm1 = dd.y * (float)(sm >> 24);
         const int sb = sb0 + blk, j0 = sb * 8 + 2 * p, ul = sb * 16 + c;
-#pragma unroll
-        for (int r = 0; r < NX; r++) {
-            if (r >= nxr)
-                break;
-            const int x0 = (xr0 + r) * 2;
-            const uint8_t *q0 = xv.q + x0 * xv.xs, *q1 = q0 + xv.xs;
-            const int il0 = dot4x4(lo, ld_u4(q0 + 16 * ul), 0), ih0 = dot4x4(hi, ld_u4(q0 + 16 * (ul + 8)), 0);
-            const int il1 = dot4x4(lo, ld_u4(q1 + 16 * ul), 0), ih1 = dot4x4(hi, ld_u4(q1 + 16 * (ul + 8)), 0);
-            const float2 d0 = *(const float2 *)(xv.d + x0 * xb + j0), d1 = *(const float2 *)(xv.d + (x0 + 1) * xb + j0);
-            const float2 hs = *(const float2 *)(xv.s + (x0 + hh) * xb + j0);
-            const float fl = fmaf(d0.x, (float)il0, d1.x * (float)il1), fh = fmaf(d0.y, (float)ih0, d1.y * (float)ih1);
-            part[r] += fmaf(ds0, fl, fmaf(ds1, fh, -fmaf(dm0, hs.x, dm1 * hs.y)));
-        }
+        const int x0 = xr0 * 2;
+        const uint8_t *q0 = xv.q + x0 * xv.xs, *q1 = q0 + xv.xs;
+        const int il0 = dot4x4(lo, ld_u4(q0 + 16 * ul), 0), ih0 = dot4x4(hi, ld_u4(q0 + 16 * (ul + 8)), 0);
+        const int il1 = dot4x4(lo, ld_u4(q1 + 16 * ul), 0), ih1 = dot4x4(hi, ld_u4(q1 + 16 * (ul + 8)), 0);
+        const float2 d0 = *(const float2 *)(xv.d + x0 * xb + j0), d1 = *(const float2 *)(xv.d + (x0 + 1) * xb + j0);
+        const float2 hs = *(const float2 *)(xv.s + (x0 + hh) * xb + j0);
+        const float fl = fmaf(d0.x, (float)il0, d1.x * (float)il1), fh = fmaf(d0.y, (float)ih0, d1.y * (float)ih1);
+        part[0] += fmaf(ds0, fl, fmaf(ds1, fh, -fmaf(dm0, hs.x, dm1 * hs.y)));
     }
 }
 
@@ -520,6 +536,52 @@ static __device__ __forceinline__ void lane_dot_q6(const uint8_t *s, int nb, int
             part[r] += t;
         }
     }
+}
+
+/* q6_K with two activation terms, one activation row (xr0): the lanes as
+ * lane_dot_q6, but the -32 comes off once per 32-element group against the float
+ * half sums over both terms (as round_acts stores them then), and a lane reads its
+ * four groups' scales and sums with one load per term. */
+static __device__ __forceinline__ void lane_dot_q6t(const uint8_t *s, int nb, int lane, const mv_x_t &xv, int xr0,
+                                                    int64_t e0, float *part)
+{
+    const int blk = lane >> 2, p = lane & 3, h = p >> 1, hl = p & 1;
+    if (blk >= nb)
+        return;
+    const uint8_t *b = s + blk * 210;
+    uint32_t A[4], C[4], H[4];
+    ldw4(b + 64 * h + 16 * hl, A);
+    ldw4(b + 64 * h + 32 + 16 * hl, C);
+    ldw4(b + 128 + 32 * h + 16 * hl, H);
+    const float d = kc_half(ld_u16(b + 208));
+    const int8_t *sc = (const int8_t *)(b + 192 + 8 * h + hl);
+    float dk[4];
+    uint32_t qk[4][4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        dk[k] = d * (float)sc[2 * k];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        qk[0][i] = (A[i] & 0x0f0f0f0fu) | ((H[i] << 4) & 0x30303030u);
+        qk[1][i] = (C[i] & 0x0f0f0f0fu) | ((H[i] << 2) & 0x30303030u);
+        qk[2][i] = ((A[i] >> 4) & 0x0f0f0f0fu) | (H[i] & 0x30303030u);
+        qk[3][i] = ((C[i] >> 4) & 0x0f0f0f0fu) | ((H[i] >> 2) & 0x30303030u);
+    }
+    const int sb = (int)(e0 >> 8) + blk, par = sb & 1, xb = xv.xs >> 5, j0 = sb * 8 + 4 * h;
+    const int x0 = xr0 * 2;
+    const uint8_t *q0 = xv.q + x0 * xv.xs + 16 * (sb * 16 + p), *q1 = q0 + xv.xs;
+    const float4 d0 = *(const float4 *)(xv.d + x0 * xb + j0), d1 = *(const float4 *)(xv.d + (x0 + 1) * xb + j0);
+    const float4 hs = *(const float4 *)((const float *)xv.s + (x0 + hl) * xb + j0);
+    const float dx0[4] = {d0.x, d0.y, d0.z, d0.w}, dx1[4] = {d1.x, d1.y, d1.z, d1.w};
+    const float sx[4] = {hs.x, hs.y, hs.z, hs.w};
+    float t = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int i0 = dot4x4(qk[k], ld_u4(q0 + 64 * (k ^ par)), 0);
+        const int i1 = dot4x4(qk[k], ld_u4(q1 + 64 * (k ^ par)), 0);
+        t = fmaf(dk[k], fmaf(dx0[k], (float)i0, fmaf(dx1[k], (float)i1, -32.0f * sx[k])), t);
+    }
+    part[0] += t;
 }
 
 /* The 32 int8 weights w of activation block bi (q8_0's, or mxfp4's codes turned
@@ -605,10 +667,12 @@ template <int T, int NX>
 static __device__ __forceinline__ void lane_dot(const uint8_t *s, int nb, int lane, const mv_x_t &xv, int xr0,
                                                 int nxr, int64_t e0, float *part)
 {
-    if (T == BL_TYPE_Q4_K && xv.terms == 2) {
-        lane_dot_q4<NX>(s, nb, lane, xv, xr0, nxr, e0, part);
+    if (half_sums_f<T, NX>(xv.terms) && T == BL_TYPE_Q4_K) {
+        lane_dot_q4(s, nb, lane, xv, xr0, e0, part);
     } else if (T == BL_TYPE_Q4_K || T == BL_TYPE_Q5_K) {
         lane_dot_k45<T, NX>(s, nb, lane, xv, xr0, nxr, e0, part);
+    } else if (half_sums_f<T, NX>(xv.terms)) {
+        lane_dot_q6t(s, nb, lane, xv, xr0, e0, part);
     } else if (T == BL_TYPE_Q6_K) {
         lane_dot_q6<NX>(s, nb, lane, xv, xr0, nxr, e0, part);
     } else if (T == BL_TYPE_Q8_0) {
@@ -662,6 +726,9 @@ typedef struct mv_work {
     /* Expert modes: the block's expert ids (gate/up: its slot's one; down: its
      * row's k), in global memory or, routed, in the warp's shared copy. */
     const int32_t *ids;
+    /* Plain and gate/up modes: where part q's rows start (w, w2; the slot's expert's
+     * rows), NULL for none (an expert id out of range), found once per block. */
+    const uint8_t *base[2];
 } mv_work_t;
 
 /* A position in the warp's walk: group g of part q of the warp's row i. The walk
@@ -686,8 +753,9 @@ static __device__ __forceinline__ mv_seg_t seg_at(const mv_args_t &a, const mv_w
 {
     const int64_t r = wk.r0 + (int64_t)p.i * MV_WARPS;
     const uint8_t *row = NULL, *row2 = NULL;
-    if (a.mode == MV_PLAIN) {
-        row = (p.q ? a.w2 : a.w) + r * a.row_bytes;
+    if (a.mode != MV_EXPERT_DOWN) {
+        const uint8_t *b = p.q ? wk.base[1] : wk.base[0];
+        row = b ? b + r * a.row_bytes : NULL;
     } else if (wk.pair) {
         const int j = 2 * p.q;
         const int32_t e = wk.ids[j], e2 = j + 1 < a.k ? wk.ids[j + 1] : -1;
@@ -696,9 +764,9 @@ static __device__ __forceinline__ mv_seg_t seg_at(const mv_args_t &a, const mv_w
         if (e2 >= 0 && e2 < a.n_expert)
             row2 = a.w + ((int64_t)e2 * a.nrows + r) * a.row_bytes;
     } else {
-        const int32_t e = a.mode == MV_EXPERT ? wk.ids[0] : wk.ids[p.q];
+        const int32_t e = wk.ids[p.q];
         if (e >= 0 && e < a.n_expert)
-            row = (a.mode == MV_EXPERT && p.q ? a.w2 : a.w) + ((int64_t)e * a.nrows + r) * a.row_bytes;
+            row = a.w + ((int64_t)e * a.nrows + r) * a.row_bytes;
     }
     mv_seg_t sg;
     const int64_t left = wk.nblk - (int64_t)p.g * fmt<T>::G;
@@ -922,6 +990,15 @@ static __device__ __forceinline__ void mv_body(const mv_args_t &a, unsigned bx)
             a.wts_out[row * a.k + lane] = rwt[lane];
         }
     }
+    wk.base[0] = a.w;
+    wk.base[1] = a.w2;
+    if (a.mode == MV_EXPERT) {
+        const int32_t e = wk.ids[0];
+        const size_t off = (size_t)e * (size_t)a.nrows * a.row_bytes;
+        const bool ok = e >= 0 && e < a.n_expert;
+        wk.base[0] = ok ? a.w + off : NULL;
+        wk.base[1] = ok && a.w2 ? a.w2 + off : NULL;
+    }
     mv_seg_t pend[MV_STAGES - 1];
     mv_pos_t p0 = {0, 0, 0};
 #pragma unroll
@@ -946,7 +1023,7 @@ static __device__ __forceinline__ void mv_body(const mv_args_t &a, unsigned bx)
     xv.d = (const float *)(xv.q + (size_t)nx * a.terms * a.xs);
     xv.s = (const int *)(xv.d + (size_t)nx * a.terms * (a.xs / 32));
     if (F::Q) {
-        round_acts<T>(xb, a.ldx, nx, a.ncols, (uint8_t *)xv.q, (float *)xv.d, (int *)xv.s, a.xs, a.terms);
+        round_acts<T, NX>(xb, a.ldx, nx, a.ncols, (uint8_t *)xv.q, (float *)xv.d, (int *)xv.s, a.xs, a.terms);
         __syncthreads(); /* the only block-wide barrier: every warp reaches it */
     }
     if (nseg == 0)
