@@ -483,6 +483,29 @@ static __device__ __forceinline__ void lane_dot_q4(const uint8_t *s, int nb, int
     }
 }
 
+/* A q6_K lane's share of its block b (lane_dot_q6's lanes: half h, positions l in
+ * 16 hl .. 16 hl + 15): for each k its 16 six-bit values as bytes (q + 32) in qk[k]
+ * and d times the scale in dk[k]. */
+static __device__ __forceinline__ void q6_lane_vals(const uint8_t *b, int h, int hl, float dk[4], uint32_t qk[4][4])
+{
+    uint32_t A[4], C[4], H[4];
+    ldw4(b + 64 * h + 16 * hl, A);
+    ldw4(b + 64 * h + 32 + 16 * hl, C);
+    ldw4(b + 128 + 32 * h + 16 * hl, H);
+    const float d = kc_half(ld_u16(b + 208));
+    const int8_t *sc = (const int8_t *)(b + 192 + 8 * h + hl);
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        dk[k] = d * (float)sc[2 * k];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        qk[0][i] = (A[i] & 0x0f0f0f0fu) | ((H[i] << 4) & 0x30303030u);
+        qk[1][i] = (C[i] & 0x0f0f0f0fu) | ((H[i] << 2) & 0x30303030u);
+        qk[2][i] = ((A[i] >> 4) & 0x0f0f0f0fu) | (H[i] & 0x30303030u);
+        qk[3][i] = ((C[i] >> 4) & 0x0f0f0f0fu) | ((H[i] >> 2) & 0x30303030u);
+    }
+}
+
 /* q6_K: 4 lanes per block; lane p takes half h = p / 2 and l in 16 (p % 2) .. +15
  * of it, and for each l the four elements 128h + 32k + l (k = 0..3): low nibbles
  * from ql[64h + l] (k = 0, 2) and ql[64h + 32 + l] (k = 1, 3), two high bits at bit
@@ -495,25 +518,9 @@ static __device__ __forceinline__ void lane_dot_q6(const uint8_t *s, int nb, int
     const int blk = lane >> 2, p = lane & 3, h = p >> 1, hl = p & 1;
     if (blk >= nb)
         return;
-    const uint8_t *b = s + blk * 210;
-    uint32_t A[4], C[4], H[4];
-    ldw4(b + 64 * h + 16 * hl, A);
-    ldw4(b + 64 * h + 32 + 16 * hl, C);
-    ldw4(b + 128 + 32 * h + 16 * hl, H);
-    const float d = kc_half(ld_u16(b + 208));
-    const int8_t *sc = (const int8_t *)(b + 192 + 8 * h + hl);
     float dk[4];
     uint32_t qk[4][4];
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-        dk[k] = d * (float)sc[2 * k];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        qk[0][i] = (A[i] & 0x0f0f0f0fu) | ((H[i] << 4) & 0x30303030u);
-        qk[1][i] = (C[i] & 0x0f0f0f0fu) | ((H[i] << 2) & 0x30303030u);
-        qk[2][i] = ((A[i] >> 4) & 0x0f0f0f0fu) | (H[i] & 0x30303030u);
-        qk[3][i] = ((C[i] >> 4) & 0x0f0f0f0fu) | ((H[i] >> 2) & 0x30303030u);
-    }
+    q6_lane_vals(s + blk * 210, h, hl, dk, qk);
     const int sb = (int)(e0 >> 8) + blk, par = sb & 1, xb = xv.xs >> 5;
 #pragma unroll
     for (int r = 0; r < NX; r++) {
@@ -548,25 +555,9 @@ static __device__ __forceinline__ void lane_dot_q6t(const uint8_t *s, int nb, in
     const int blk = lane >> 2, p = lane & 3, h = p >> 1, hl = p & 1;
     if (blk >= nb)
         return;
-    const uint8_t *b = s + blk * 210;
-    uint32_t A[4], C[4], H[4];
-    ldw4(b + 64 * h + 16 * hl, A);
-    ldw4(b + 64 * h + 32 + 16 * hl, C);
-    ldw4(b + 128 + 32 * h + 16 * hl, H);
-    const float d = kc_half(ld_u16(b + 208));
-    const int8_t *sc = (const int8_t *)(b + 192 + 8 * h + hl);
     float dk[4];
     uint32_t qk[4][4];
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-        dk[k] = d * (float)sc[2 * k];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        qk[0][i] = (A[i] & 0x0f0f0f0fu) | ((H[i] << 4) & 0x30303030u);
-        qk[1][i] = (C[i] & 0x0f0f0f0fu) | ((H[i] << 2) & 0x30303030u);
-        qk[2][i] = ((A[i] >> 4) & 0x0f0f0f0fu) | (H[i] & 0x30303030u);
-        qk[3][i] = ((C[i] >> 4) & 0x0f0f0f0fu) | ((H[i] >> 2) & 0x30303030u);
-    }
+    q6_lane_vals(s + blk * 210, h, hl, dk, qk);
     const int sb = (int)(e0 >> 8) + blk, par = sb & 1, xb = xv.xs >> 5, j0 = sb * 8 + 4 * h;
     const int x0 = xr0 * 2;
     const uint8_t *q0 = xv.q + x0 * xv.xs + 16 * (sb * 16 + p), *q1 = q0 + xv.xs;
