@@ -3,10 +3,9 @@
  * depth + 1 positions, f16), the launches a decode graph makes for attention
  * (the step's RoPE table, then kcuda_attention_rows_qkv per layer: the q/k RoPE, the
  * cache store at the row's position and the attention over the grid the worker
- * would use: the next power of two from 256 up, capped at the context) are captured
- * for every layer in one graph, and the graph is replayed. Each layer reads its own
- * cache, so a short context does not stay in the card's L2 as it would when one
- * layer's call were repeated. */
+ * uses, wk_cuda_att_grid) are captured for every layer in one graph, and the graph
+ * is replayed. Each layer reads its own cache, so a short context does not stay in
+ * the card's L2 as it would when one layer's call were repeated. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,7 +155,6 @@ int bench_attention(const bench_att_t *b)
     for (int i = 0; i < b->n_rows; i++)
         max_n = b->rows[i] > max_n ? b->rows[i] : max_n;
     const int64_t ctx = b->ctx > 0 ? b->ctx : max_d + 1;
-    const int64_t cap = (ctx + KCUDA_ATT_CHUNK - 1) / KCUDA_ATT_CHUNK * KCUDA_ATT_CHUNK;
     if (max_d + 1 > ctx) {
         fprintf(stderr, "bloomery-bench: --attention: depth %lld is past the context of %lld positions (-c)\n",
                 (long long)max_d, (long long)ctx);
@@ -185,10 +183,7 @@ int bench_attention(const bench_att_t *b)
     for (int ri = 0; ri < b->n_rows; ri++)
         for (int di = 0; di < b->n_depths; di++) {
             const int64_t n = b->rows[ri], d = b->depths[di];
-            int64_t max_len = 256;
-            while (max_len < d + 1)
-                max_len <<= 1;
-            max_len = max_len < cap ? max_len : cap;
+            const int64_t max_len = wk_cuda_att_grid(d + 1, ctx);
             double us = 0;
             if (run_case(b, n, d, max_len, &rng, &us, &err) != 0) {
                 fprintf(stderr, "bloomery-bench: --attention: %lld rows at depth %lld: %s\n", (long long)n,

@@ -1431,6 +1431,13 @@ static int bucket_of(int64_t len)
     return i;
 }
 
+int64_t wk_cuda_att_grid(int64_t positions, int64_t n_ctx)
+{
+    const int64_t cap = (n_ctx + KCUDA_ATT_CHUNK - 1) / KCUDA_ATT_CHUNK * KCUDA_ATT_CHUNK;
+    const int64_t grid = (int64_t)256 << bucket_of(positions);
+    return grid < cap ? grid : cap;
+}
+
 /* The step's inputs into pinned memory, then one copy to the card; picks the
  * schedule. A decode step replays its graph (WK_STEP_REPLAYED) or starts capturing
  * it; a profiled one is captured with an event node after every launch (so the
@@ -1498,8 +1505,7 @@ static int cu_begin(wk_backend_t *b, const wk_step_t *st, float *x, bl_err_t *er
     cu->mode = MODE_DECODE;
     cu->rope_cs_ok = 0;
     const int bk = bucket_of(max_pos);
-    cu->max_len = (int64_t)256 << bk;
-    cu->max_len = cu->max_len < cu->max_len_cap ? cu->max_len : cu->max_len_cap;
+    cu->max_len = wk_cuda_att_grid(max_pos, cu->o->n_ctx_max);
     if (!graph)
         return 0;
     if (!cu->prof_on && cu->graphs[st->n][bk]) {

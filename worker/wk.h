@@ -346,6 +346,12 @@ int wk_model_device_bandwidth(wk_model_t *m, size_t nbytes, double *bytes_per_s,
  * without CUDA). */
 int wk_cuda_copy_rate(int device, size_t nbytes, double *bytes_per_s, bl_err_t *err) BL_WUR;
 
+/* The positions the card's decode attention covers (its grid) when the step's
+ * longest row attends to `positions` of a context of n_ctx: the next power of two
+ * from 256 up (the step's graph bucket), at most n_ctx rounded up to
+ * KCUDA_ATT_CHUNK. CUDA builds only (bloomery-bench --attention follows it). */
+int64_t wk_cuda_att_grid(int64_t positions, int64_t n_ctx);
+
 /* The card's attention and launch knobs from the environment, as the CUDA backend
  * reads them when it starts (docs/cuda.md): BLOOMERY_CUDA_ATT_SHORT=N the longest
  * context decode attention takes in one pass (kcuda_attention_set_short),
