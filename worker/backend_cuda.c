@@ -132,7 +132,6 @@ typedef struct cuda {
     float *d_rope_cs;
     kcuda_rope_t rope_cs_of;
     int rope_cs_ok;
-    int64_t max_len_cap;     /* n_ctx_max rounded up to KCUDA_ATT_CHUNK */
     /* step inputs: one region, the same layout on the card and in pinned memory:
      * the rows table (GRAPH_MAX_ROWS), tokens (n_batch), positions (n_batch) */
     uint8_t *d_in, *h_in;
@@ -732,6 +731,13 @@ static int alloc_prompt(cuda_t *cu, bl_err_t *err)
     return 0;
 }
 
+/* The longest grid a context of n_ctx positions needs: n_ctx rounded up to the
+ * attention's chunk. */
+static int64_t att_cap(int64_t n_ctx)
+{
+    return (n_ctx + KCUDA_ATT_CHUNK - 1) / KCUDA_ATT_CHUNK * KCUDA_ATT_CHUNK;
+}
+
 static int alloc_scratch(cuda_t *cu, bl_err_t *err)
 {
     const wk_config_t *c = cu->c;
@@ -741,9 +747,8 @@ static int alloc_scratch(cuda_t *cu, bl_err_t *err)
     const size_t ff = (size_t)(c->moe ? c->n_ff_exp : c->n_ff);
     const size_t f = sizeof(float), gw = max_sz(K * ff, dense_ff(c)); /* g and u_ per row */
     int rc;
-    cu->max_len_cap = (cu->o->n_ctx_max + KCUDA_ATT_CHUNK - 1) / KCUDA_ATT_CHUNK * KCUDA_ATT_CHUNK;
     cu->att_scratch_bytes = kcuda_attention_scratch_bytes(ATT_ROWS > GRAPH_MAX_ROWS ? ATT_ROWS : GRAPH_MAX_ROWS,
-                                                          c->n_head, c->head_dim, cu->max_len_cap);
+                                                          c->n_head, c->head_dim, att_cap(cu->o->n_ctx_max));
     if ((rc = dalloc(&cu->rl, f * B * ne, err)) < 0 || (rc = dalloc(&cu->ids, 4 * B * K, err)) < 0 ||
         (rc = dalloc(&cu->wts, f * B * K, err)) < 0 || (rc = dalloc(&cu->g, f * B * gw, err)) < 0 ||
         (rc = dalloc(&cu->u_, f * B * gw, err)) < 0 || (rc = dalloc(&cu->xg, f * B * E, err)) < 0 ||
@@ -1433,7 +1438,7 @@ static int bucket_of(int64_t len)
 
 int64_t wk_cuda_att_grid(int64_t positions, int64_t n_ctx)
 {
-    const int64_t cap = (n_ctx + KCUDA_ATT_CHUNK - 1) / KCUDA_ATT_CHUNK * KCUDA_ATT_CHUNK;
+    const int64_t cap = att_cap(n_ctx);
     const int64_t grid = (int64_t)256 << bucket_of(positions);
     return grid < cap ? grid : cap;
 }

@@ -2139,13 +2139,13 @@ static int mq_plain(const kcuda_mat_t *w, const kcuda_mat_t *w2, const float *d_
     return rc < 0 ? rc : mq_launch(w, w2, &a, 1, stream, err);
 }
 
-/* The routed experts' products grouped by expert: gate (and up, SwiGLU) with mode
- * MQ_UP into y (n * k, rows), or down with MQ_DOWN into y (n * k, rows) unweighted. */
-static int mq_experts(const kcuda_mat_t *w, const kcuda_mat_t *w2, int64_t n_expert, int64_t rpe,
-                      const int32_t *d_ids, int n, int k, const float *d_x, int64_t ldx, float *d_y, int64_t ldy,
-                      int mode, void *stream, bl_err_t *err)
+/* The fields every routed-expert product sets alike, on mv_args_t or mq_args_t
+ * (named the same): rpe rows per expert of n_expert, x (ldx apart) to y (ldy apart),
+ * n rows of k choices d_ids. */
+template <typename A>
+static void expert_fields(A &a, int64_t rpe, int64_t n_expert, const float *d_x, int64_t ldx, float *d_y,
+                          int64_t ldy, const int32_t *d_ids, int n, int k)
 {
-    mq_args_t a = {};
     a.nrows = rpe;
     a.n_expert = n_expert;
     a.x = d_x;
@@ -2155,6 +2155,16 @@ static int mq_experts(const kcuda_mat_t *w, const kcuda_mat_t *w2, int64_t n_exp
     a.ids = d_ids;
     a.n = n;
     a.k = k;
+}
+
+/* The routed experts' products grouped by expert: gate (and up, SwiGLU) with mode
+ * MQ_UP into y (n * k, rows), or down with MQ_DOWN into y (n * k, rows) unweighted. */
+static int mq_experts(const kcuda_mat_t *w, const kcuda_mat_t *w2, int64_t n_expert, int64_t rpe,
+                      const int32_t *d_ids, int n, int k, const float *d_x, int64_t ldx, float *d_y, int64_t ldy,
+                      int mode, void *stream, bl_err_t *err)
+{
+    mq_args_t a = {};
+    expert_fields(a, rpe, n_expert, d_x, ldx, d_y, ldy, d_ids, n, k);
     a.mode = mode;
     int rc = mq_round(d_x, ldx, mode == MQ_UP ? n : (int64_t)n * k, w->ncols, &a, (cudaStream_t)stream, err);
     return rc < 0 ? rc : mq_launch(w, w2, &a, (unsigned)(n * k), stream, err);
@@ -2322,15 +2332,7 @@ static int experts_up(const kcuda_mat_t *w, const kcuda_mat_t *w2, int64_t n_exp
         return mq_experts(w, w2, n_expert, rpe, d_ids, n, k, d_x, ldx, d_y, ldy, MQ_UP, stream, err);
     mv_args_t a = {};
     a.w2 = w2 ? (const uint8_t *)w2->data : NULL;
-    a.nrows = rpe;
-    a.n_expert = n_expert;
-    a.x = d_x;
-    a.ldx = ldx;
-    a.y = d_y;
-    a.ldy = ldy;
-    a.ids = d_ids;
-    a.n = n;
-    a.k = k;
+    expert_fields(a, rpe, n_expert, d_x, ldx, d_y, ldy, d_ids, n, k);
     a.mode = MV_EXPERT;
     if (ext) {
         if (ext->act != KCUDA_ACT_SWIGLU && ext->act != KCUDA_ACT_SWIGLU_OAI)
@@ -2391,14 +2393,7 @@ int kcuda_matvec_experts_swiglu_route(const kcuda_mat_t *gate, const kcuda_mat_t
                           (long long)ldy, (long long)rpe);
     mv_args_t a = {};
     a.w2 = (const uint8_t *)up->data;
-    a.nrows = rpe;
-    a.n_expert = n_expert;
-    a.x = d_x;
-    a.ldx = ldx;
-    a.y = d_y;
-    a.ldy = ldy;
-    a.n = n;
-    a.k = k;
+    expert_fields(a, rpe, n_expert, d_x, ldx, d_y, ldy, (const int32_t *)NULL, n, k); /* the ids come from routing */
     a.mode = MV_EXPERT;
     a.logits = d_logits;
     a.route = *r;
@@ -2428,16 +2423,8 @@ int kcuda_matvec_experts_down_bias(const kcuda_mat_t *w, int64_t n_expert, const
         return bl_err_set(err, BL_EINVAL, "matvec_experts_down: no weights, or ldy %lld for %lld outputs",
                           (long long)ldy, (long long)rpe);
     mv_args_t a = {};
-    a.nrows = rpe;
-    a.n_expert = n_expert;
-    a.x = d_h;
-    a.ldx = ldh;
-    a.y = d_y;
-    a.ldy = ldy;
-    a.ids = d_ids;
+    expert_fields(a, rpe, n_expert, d_h, ldh, d_y, ldy, d_ids, n, k);
     a.wts = d_wts;
-    a.n = n;
-    a.k = k;
     a.mode = MV_EXPERT_DOWN;
     a.accumulate = accumulate;
     a.b1 = d_down_b;
