@@ -775,6 +775,97 @@ static size_t fill(rt_sampler_t *s, const float *logits, int mask, int forcing)
     return live;
 }
 
+/* Whether the chain's first stage with an effect is top_k over the logits as they
+ * come: no bias, no penalty in force (the stages before it do nothing here), and a
+ * k below the vocabulary. fill then top_k would give the k best; take_top_k finds
+ * them without the full candidate list. */
+static size_t first_top_k(const rt_sampler_t *s)
+{
+    const rt_sampler_params_t *p = &s->p;
+    if (p->n_logit_bias || p->top_k <= 0)
+        return 0;
+    const size_t k = (size_t)p->top_k > keep_floor(s) ? (size_t)p->top_k : keep_floor(s);
+    if (k >= (size_t)s->n_vocab)
+        return 0;
+    const int pen = s->ring_len > 0 && (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f ||
+                                        p->frequency_penalty != 0.0f);
+    for (int i = 0; i < p->n_stages; i++) {
+        switch ((rt_sampler_stage_t)p->stages[i]) {
+        case RT_STAGE_TOP_K:
+            return k;
+        case RT_STAGE_PENALTIES:
+            if (pen)
+                return 0;
+            break;
+        case RT_STAGE_DRY:
+        case RT_STAGE_TOP_N_SIGMA:
+        case RT_STAGE_XTC:
+            break; /* off (run_chain) */
+        default:
+            return 0;
+        }
+    }
+    return 0;
+}
+
+/* The k best of logits (NaN as -inf) into cand[0..k), sorted, as fill then top_k
+ * leave them: the order is (logit desc, id asc), a total order, so the set is the
+ * same. Ids come in increasing order, so a logit equal to the heap's smallest
+ * never enters it (its id is larger), and a run of 16 whose largest is not above
+ * it is skipped whole. */
+static void take_top_k(rt_sampler_t *s, const float *logits, size_t k)
+{
+    cand_t *h = s->cand; /* min-heap of the best k, root = smallest */
+    size_t n = 0;
+    const int32_t V = s->n_vocab;
+    for (int32_t i0 = 0; i0 < V; i0 += 16) {
+        const int32_t i1 = i0 + 16 < V ? i0 + 16 : V;
+        if (n == k && i1 - i0 == 16) {
+            const float thr = h[0].logit;
+            int above = 0;
+            for (int32_t i = i0; i < i0 + 16; i++)
+                above |= logits[i] > thr; /* a NaN never is */
+            if (!above)
+                continue;
+        }
+        for (int32_t i = i0; i < i1; i++) {
+            const float l = isnan(logits[i]) ? -INFINITY : logits[i];
+            if (n == k && !(l > h[0].logit))
+                continue;
+            const cand_t c = {.id = i, .logit = l};
+            if (n < k) {
+                size_t j = n++;
+                while (j > 0) { /* sift up */
+                    size_t parent = (j - 1) / 2;
+                    if (by_logit_desc(&h[parent], &c) >= 0)
+                        break;
+                    h[j] = h[parent];
+                    j = parent;
+                }
+                h[j] = c;
+                continue;
+            }
+            size_t j = 0;
+            for (;;) { /* sift down */
+                size_t l2 = 2 * j + 1, r = l2 + 1, m = j;
+                const cand_t *mv = &c;
+                if (l2 < n && by_logit_desc(&h[l2], mv) > 0)
+                    m = l2, mv = &h[l2];
+                if (r < n && by_logit_desc(&h[r], mv) > 0)
+                    m = r, mv = &h[r];
+                if (m == j)
+                    break;
+                h[j] = h[m];
+                j = m;
+            }
+            h[j] = c;
+        }
+    }
+    s->n_cand = n;
+    qsort(s->cand, n, sizeof *s->cand, by_logit_desc);
+    s->cand_sorted = 1;
+}
+
 static int32_t run_chain(rt_sampler_t *s)
 {
     const rt_sampler_params_t *p = &s->p;
@@ -817,7 +908,11 @@ static int32_t run_chain(rt_sampler_t *s)
 int32_t rt_sampler_sample(rt_sampler_t *s, const float *logits)
 {
     int forcing = think_forced(s);
-    fill(s, logits, 0, 0);
+    const size_t k = first_top_k(s);
+    if (k)
+        take_top_k(s, logits, k); /* the chain's top_k then has nothing to do */
+    else
+        fill(s, logits, 0, 0);
     int32_t tok = run_chain(s);
     if ((!s->gm || grammar_allows(s, tok)) && (!forcing || close_allows(s, tok)))
         return tok;

@@ -15,6 +15,7 @@
 #include "grammar.h"
 #include "sampler.h"
 #include "tokenizer.h"
+#include "test_seed.h"
 
 /* Parameters with every filter off, so a test switches on only what it tests. */
 static rt_sampler_params_t plain(void)
@@ -321,6 +322,62 @@ static void test_sampler_nan_logits_are_never_chosen(void **state)
     for (int i = 0; i < 20; i++)
         assert_int_equal(rt_sampler_sample(s, logits), 1);
     rt_sampler_destroy(s);
+}
+
+/* The default chain's top_k taken straight from the logits (no bias, no penalty in
+ * force) against the full candidate list: a zero bias on one token sends the same
+ * request the long way. Random logits over 1,000 to 152,000 tokens with ties, NaN,
+ * -inf and runs of equal values; every k, token and candidate list the same. */
+static void test_sampler_top_k_fast_path_matches(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(11);
+    const int32_t sizes[] = {1000, 1003, 151936};
+    for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+        const int32_t V = sizes[z];
+        float *lg = malloc(sizeof(float) * (size_t)V);
+        assert_non_null(lg);
+        const int32_t ks[] = {1, 2, 40, 100, V - 1};
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+            rt_sampler_params_t p;
+            rt_sampler_params_default(&p);
+            p.seed = 77;
+            p.top_k = ks[ki];
+            p.repeat_penalty = ki == 2 ? 1.1f : 1.0f; /* no effect until a token is seen */
+            const rt_logit_bias_t zero = {.token = 5, .bias = 0.0f};
+            rt_sampler_t *fast = make(&p, V);
+            p.logit_bias = &zero;
+            p.n_logit_bias = 1;
+            rt_sampler_t *full = make(&p, V);
+            for (int round = 0; round < 6; round++) {
+                const int coarse = round % 3 == 1; /* few distinct values: many ties */
+                for (int32_t i = 0; i < V; i++)
+                    lg[i] = coarse ? (float)(rng_next(&r) % 8) : rng_f(&r, -8.0f, 8.0f);
+                for (int j = 0; j < 20; j++) {
+                    const int32_t at = (int32_t)(rng_next(&r) % (uint64_t)V);
+                    lg[at] = j % 3 == 0 ? NAN : j % 3 == 1 ? -INFINITY : 9.0f;
+                }
+                const int32_t a = rt_sampler_sample(fast, lg), b = rt_sampler_sample(full, lg);
+                assert_int_equal(a, b);
+                if (ki != 2) { /* the penalty, once in force, takes the long way in both */
+                    rt_sampler_accept_generated(fast, a);
+                    rt_sampler_accept_generated(full, b);
+                }
+                int32_t ia[128], ib[128];
+                float pa[128], pb[128];
+                const size_t na = rt_sampler_last_candidates(fast, ia, pa, 128);
+                const size_t nb = rt_sampler_last_candidates(full, ib, pb, 128);
+                assert_int_equal(na, nb);
+                for (size_t i = 0; i < na; i++) {
+                    assert_int_equal(ia[i], ib[i]);
+                    assert_memory_equal(&pa[i], &pb[i], sizeof pa[i]);
+                }
+            }
+            rt_sampler_destroy(fast);
+            rt_sampler_destroy(full);
+        }
+        free(lg);
+    }
 }
 
 static void test_sampler_rejects_bad_parameters(void **state)
@@ -734,6 +791,7 @@ static void test_sampler_grammar_constrains_every_token(void **state)
 
 int main(void)
 {
+    test_seed_init("test_router_sampler");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sampler_defaults_are_llama_server_defaults),
         cmocka_unit_test(test_sampler_zero_temperature_is_argmax),
@@ -751,6 +809,7 @@ int main(void)
         cmocka_unit_test(test_sampler_frequency_and_presence_penalties),
         cmocka_unit_test(test_sampler_candidates_are_sorted_probabilities),
         cmocka_unit_test(test_sampler_nan_logits_are_never_chosen),
+        cmocka_unit_test(test_sampler_top_k_fast_path_matches),
         cmocka_unit_test(test_sampler_rejects_bad_parameters),
         cmocka_unit_test(test_sampler_chain_of_the_request),
         cmocka_unit_test(test_sampler_infill_stage),
