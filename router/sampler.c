@@ -493,6 +493,41 @@ static void apply_penalties(rt_sampler_t *s)
     }
 }
 
+/* Offers c to the min-heap h of the best k (n held; root = the smallest by
+ * by_logit_desc). */
+static void heap_offer(cand_t *h, size_t *n, size_t k, cand_t c)
+{
+    size_t j;
+    if (*n < k) {
+        j = (*n)++;
+        while (j > 0) { /* sift up */
+            size_t parent = (j - 1) / 2;
+            if (by_logit_desc(&h[parent], &c) >= 0)
+                break;
+            h[j] = h[parent];
+            j = parent;
+        }
+        h[j] = c;
+        return;
+    }
+    if (by_logit_desc(&c, &h[0]) >= 0) /* not better than the smallest kept */
+        return;
+    j = 0;
+    for (;;) { /* sift down */
+        size_t l = 2 * j + 1, r = l + 1, m = j;
+        const cand_t *mv = &c;
+        if (l < *n && by_logit_desc(&h[l], mv) > 0)
+            m = l, mv = &h[l];
+        if (r < *n && by_logit_desc(&h[r], mv) > 0)
+            m = r, mv = &h[r];
+        if (m == j)
+            break;
+        h[j] = h[m];
+        j = m;
+    }
+    h[j] = c;
+}
+
 /* Moves the k largest to the front, sorted. A bounded min-heap keeps it O(n log k). */
 static void top_k(rt_sampler_t *s, size_t k)
 {
@@ -502,37 +537,9 @@ static void top_k(rt_sampler_t *s, size_t k)
         s->n_cand = k;
         return;
     }
-    cand_t *h = s->cand; /* heap of the best k in cand[0..k), root = smallest */
-    size_t n = 0;
-    for (size_t i = 0; i < s->n_cand; i++) {
-        cand_t c = s->cand[i];
-        if (n < k) {
-            size_t j = n++;
-            while (j > 0) { /* sift up */
-                size_t parent = (j - 1) / 2;
-                if (by_logit_desc(&h[parent], &c) >= 0)
-                    break;
-                h[j] = h[parent];
-                j = parent;
-            }
-            h[j] = c;
-        } else if (by_logit_desc(&c, &h[0]) < 0) { /* c beats the smallest kept */
-            size_t j = 0;
-            for (;;) { /* sift down */
-                size_t l = 2 * j + 1, r = l + 1, m = j;
-                const cand_t *mv = &c;
-                if (l < n && by_logit_desc(&h[l], mv) > 0)
-                    m = l, mv = &h[l];
-                if (r < n && by_logit_desc(&h[r], mv) > 0)
-                    m = r, mv = &h[r];
-                if (m == j)
-                    break;
-                h[j] = h[m];
-                j = m;
-            }
-            h[j] = c;
-        }
-    }
+    size_t n = 0; /* the heap grows in cand[0..n), behind the one read (n <= i) */
+    for (size_t i = 0; i < s->n_cand; i++)
+        heap_offer(s->cand, &n, k, s->cand[i]);
     s->n_cand = k;
     qsort(s->cand, k, sizeof *s->cand, by_logit_desc);
     s->cand_sorted = 1;
@@ -775,14 +782,18 @@ static size_t fill(rt_sampler_t *s, const float *logits, int mask, int forcing)
     return live;
 }
 
-/* Whether the chain's first stage with an effect is top_k over the logits as they
- * come: no bias, no penalty in force (the stages before it do nothing here), and a
- * k below the vocabulary. fill then top_k would give the k best; take_top_k finds
- * them without the full candidate list. */
+/* The most logit_bias entries take_top_k handles (ignore_eos's end tokens and a
+ * request's few; more take the full candidate list). */
+#define FAST_MAX_BIAS 64
+
+/* Whether the chain's first stage with an effect is top_k over the (biased) logits:
+ * no penalty in force (the stages before it do nothing here), at most
+ * FAST_MAX_BIAS biases and a k below the vocabulary. fill then top_k would give the
+ * k best; take_top_k finds them without the full candidate list. */
 static size_t first_top_k(const rt_sampler_t *s)
 {
     const rt_sampler_params_t *p = &s->p;
-    if (p->n_logit_bias || p->top_k <= 0)
+    if (p->n_logit_bias > FAST_MAX_BIAS || p->top_k <= 0)
         return 0;
     const size_t k = (size_t)p->top_k > keep_floor(s) ? (size_t)p->top_k : keep_floor(s);
     if (k >= (size_t)s->n_vocab)
@@ -808,14 +819,30 @@ static size_t first_top_k(const rt_sampler_t *s)
     return 0;
 }
 
-/* The k best of logits (NaN as -inf) into cand[0..k), sorted, as fill then top_k
- * leave them: the order is (logit desc, id asc), a total order, so the set is the
- * same. Ids come in increasing order, so a logit equal to the heap's smallest
- * never enters it (its id is larger), and a run of 16 whose largest is not above
- * it is skipped whole. */
+/* The k best of the biased logits (NaN as -inf) into cand[0..k), sorted, as fill
+ * then top_k leave them: the order is (logit desc, id asc), a total order, so the
+ * set is the same. The biased tokens' values are summed in list order, as fill
+ * adds them, and offered after the scan. In the scan ids come in increasing order,
+ * so a logit equal to the heap's smallest never enters (its id is larger), and a
+ * run of 16 with none above it is skipped whole. */
 static void take_top_k(rt_sampler_t *s, const float *logits, size_t k)
 {
-    cand_t *h = s->cand; /* min-heap of the best k, root = smallest */
+    const rt_sampler_params_t *p = &s->p;
+    int32_t bt[FAST_MAX_BIAS];
+    float bv[FAST_MAX_BIAS];
+    int nb = 0;
+    for (size_t i = 0; i < p->n_logit_bias; i++) {
+        const int32_t t = p->logit_bias[i].token;
+        int j = 0;
+        while (j < nb && bt[j] != t)
+            j++;
+        if (j == nb) {
+            bt[nb] = t;
+            bv[nb++] = isnan(logits[t]) ? -INFINITY : logits[t];
+        }
+        bv[j] += p->logit_bias[i].bias;
+    }
+    cand_t *h = s->cand;
     size_t n = 0;
     const int32_t V = s->n_vocab;
     for (int32_t i0 = 0; i0 < V; i0 += 16) {
@@ -832,35 +859,15 @@ static void take_top_k(rt_sampler_t *s, const float *logits, size_t k)
             const float l = isnan(logits[i]) ? -INFINITY : logits[i];
             if (n == k && !(l > h[0].logit))
                 continue;
-            const cand_t c = {.id = i, .logit = l};
-            if (n < k) {
-                size_t j = n++;
-                while (j > 0) { /* sift up */
-                    size_t parent = (j - 1) / 2;
-                    if (by_logit_desc(&h[parent], &c) >= 0)
-                        break;
-                    h[j] = h[parent];
-                    j = parent;
-                }
-                h[j] = c;
-                continue;
-            }
-            size_t j = 0;
-            for (;;) { /* sift down */
-                size_t l2 = 2 * j + 1, r = l2 + 1, m = j;
-                const cand_t *mv = &c;
-                if (l2 < n && by_logit_desc(&h[l2], mv) > 0)
-                    m = l2, mv = &h[l2];
-                if (r < n && by_logit_desc(&h[r], mv) > 0)
-                    m = r, mv = &h[r];
-                if (m == j)
-                    break;
-                h[j] = h[m];
-                j = m;
-            }
-            h[j] = c;
+            int biased = 0;
+            for (int j = 0; j < nb && !biased; j++)
+                biased = bt[j] == i;
+            if (!biased)
+                heap_offer(h, &n, k, (cand_t){.id = i, .logit = l});
         }
     }
+    for (int j = 0; j < nb; j++)
+        heap_offer(h, &n, k, (cand_t){.id = bt[j], .logit = bv[j]});
     s->n_cand = n;
     qsort(s->cand, n, sizeof *s->cand, by_logit_desc);
     s->cand_sorted = 1;

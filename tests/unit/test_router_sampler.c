@@ -324,10 +324,11 @@ static void test_sampler_nan_logits_are_never_chosen(void **state)
     rt_sampler_destroy(s);
 }
 
-/* The default chain's top_k taken straight from the logits (no bias, no penalty in
- * force) against the full candidate list: a zero bias on one token sends the same
- * request the long way. Random logits over 1,000 to 152,000 tokens with ties, NaN,
- * -inf and runs of equal values; every k, token and candidate list the same. */
+/* The default chain's top_k taken straight from the logits (a few biases, no
+ * penalty in force) against the full candidate list: the same biases and 65 zero
+ * ones more send the same request the long way. Random logits over 1,000 to 152,000
+ * tokens with ties, NaN, -inf and runs of equal values, biases raising, banning and
+ * repeating tokens; every k, token and candidate list the same. */
 static void test_sampler_top_k_fast_path_matches(void **state)
 {
     (void)state;
@@ -344,10 +345,17 @@ static void test_sampler_top_k_fast_path_matches(void **state)
             p.seed = 77;
             p.top_k = ks[ki];
             p.repeat_penalty = ki == 2 ? 1.1f : 1.0f; /* no effect until a token is seen */
-            const rt_logit_bias_t zero = {.token = 5, .bias = 0.0f};
+            const int nreal = ki == 1 ? 0 : 4;
+            rt_logit_bias_t bias[4 + 65] = {{.token = 7, .bias = 3.0f},
+                                            {.token = V - 1, .bias = -INFINITY},
+                                            {.token = 7, .bias = 0.5f},
+                                            {.token = 900, .bias = 10.0f}};
+            for (int i = 0; i < 65; i++)
+                bias[nreal + i] = (rt_logit_bias_t){.token = 100 + i, .bias = 0.0f};
+            p.logit_bias = bias;
+            p.n_logit_bias = (size_t)nreal;
             rt_sampler_t *fast = make(&p, V);
-            p.logit_bias = &zero;
-            p.n_logit_bias = 1;
+            p.n_logit_bias += 65;
             rt_sampler_t *full = make(&p, V);
             for (int round = 0; round < 6; round++) {
                 const int coarse = round % 3 == 1; /* few distinct values: many ties */
