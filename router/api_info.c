@@ -526,6 +526,11 @@ static void route_metrics(rt_req_t *r)
     metric_of(&b, "bloomery", "kv_preemptions_total", "counter",
               "Tasks whose cache gave way in the full shared KV cache, recomputed later (-kvu).",
               (double)st.kv_preemptions_total);
+    metric_of(&b, "bloomery", "step_wait_seconds_total", "counter",
+              "Time the engine waited for its steps' answers from the model processes.",
+              st.step_wait_seconds_total);
+    metric_of(&b, "bloomery", "step_output_seconds_total", "counter",
+              "Time the engine took the answers: sampling, text and events.", st.step_output_seconds_total);
     metric_of(&b, "bloomery", "prompt_cache_entries", "gauge", "Saved states held.", (double)st.prompt_cache_entries);
     metric_of(&b, "bloomery", "prompt_cache_bytes", "gauge", "Host bytes the saved states take.",
            (double)st.prompt_cache_bytes);

@@ -2328,6 +2328,16 @@ static void spec_take(rt_engine_t *e, slot_t *s, const rt_step_seq_t *q, const f
     pthread_mutex_unlock(&e->mu);
 }
 
+/* A step's times for /metrics: its answer awaited from t0 to t1, then taken. */
+static void step_times(rt_engine_t *e, int64_t t0, int64_t t1)
+{
+    const int64_t t2 = now_us();
+    pthread_mutex_lock(&e->mu);
+    e->stats.step_wait_seconds_total += (double)(t1 - t0) * 1e-6;
+    e->stats.step_output_seconds_total += (double)(t2 - t1) * 1e-6;
+    pthread_mutex_unlock(&e->mu);
+}
+
 /* A step's answer: each sequence's rows into its slot, the logit rows to its task. */
 static void take_results(rt_engine_t *e, const rt_step_seq_t *seqs, const int *seq_slot, int ns,
                          const float *logits, int32_t n_vocab)
@@ -2485,13 +2495,16 @@ static void recv_one(rt_engine_t *e, int32_t n_vocab)
         e->slots[e->fl[at].seq_slot[j]].in_flight = 0;
     const float *logits = NULL;
     bl_err_t err = {0};
+    const int64_t t0 = now_us();
     int rc = rt_cluster_step_recv(e->cluster, &logits, &err);
     if (rc) {
         forget_in_flight(e);
         step_failed(e, rc, &err);
         return;
     }
+    const int64_t t1 = now_us();
     take_results(e, e->fl[at].seqs, e->fl[at].seq_slot, e->fl[at].ns, logits, n_vocab);
+    step_times(e, t0, t1);
 }
 
 /* Takes every step in flight's answer: before a KV op, which must not overtake them. */
@@ -2589,12 +2602,15 @@ static void run_step(rt_engine_t *e, int32_t n_vocab)
     bl_err_t err = { 0 };
     if (e->o.recurrent && spec_checkpoints(e, ns) != 0)
         return;
+    const int64_t t0 = now_us();
     int rc = rt_cluster_step(e->cluster, e->seqs, ns, &logits, &err);
     if (rc) {
         step_failed(e, rc, &err);
         return;
     }
+    const int64_t t1 = now_us();
     take_results(e, e->seqs, e->seq_slot, ns, logits, n_vocab);
+    step_times(e, t0, t1);
     if (e->o.recurrent)
         spec_redo(e);
 }

@@ -272,6 +272,10 @@ typedef struct rt_engine_stats {
                                     * recomputed */
     int64_t prompt_cache_entries;
     int64_t prompt_cache_bytes;
+    /* where the engine thread's steps go: waiting for the stages' answer (from the
+     * step's send, or the wait's start with several in flight, to its logits), and
+     * taking it (sampling, text, events) */
+    double step_wait_seconds_total, step_output_seconds_total;
 } rt_engine_stats_t;
 
 /* Fills slots[0..n_slots) and returns n_slots (at most cap). */
