@@ -22,6 +22,7 @@
 
 #include "log.h"
 #include "slotfile.h"
+#include "spool.h"
 
 #define STOP_MAX_LEN 1024 /* bytes per stop string: bounds the text held back */
 #define N_CAND_LOOKUP 128 /* sampler candidates searched for the reported probabilities */
@@ -170,6 +171,12 @@ struct rt_engine {
 
     pthread_t thread;
     int thread_started;
+    rt_spool_t *spool;      /* the rows' sampling, spread over helper threads */
+    struct sample_job {     /* (n_slots): a step's rows to sample, then their tokens */
+        slot_t *s;
+        const float *row;
+        int32_t tok;
+    } *jobs;
     pthread_mutex_t mu;
     pthread_cond_t cv;
 
@@ -1827,7 +1834,8 @@ static void post_progress(rt_engine_t *e, slot_t *s)
     pthread_mutex_unlock(&e->mu);
 }
 
-static void on_output(rt_engine_t *e, slot_t *s, const float *row, int32_t n_vocab)
+/* tok: the row's token if it was drawn already (sample_rows), else -1. */
+static void on_output(rt_engine_t *e, slot_t *s, const float *row, int32_t n_vocab, int32_t tok)
 {
     rt_task_t *t = s->task;
     int64_t now = now_us();
@@ -1835,7 +1843,8 @@ static void on_output(rt_engine_t *e, slot_t *s, const float *row, int32_t n_voc
         finish_task(e, s, RT_STOP_LIMIT, 0);
         return;
     }
-    int32_t tok = rt_sampler_sample(s->smpl, row);
+    if (tok < 0)
+        tok = rt_sampler_sample(s->smpl, row);
     rt_sampler_accept_generated(s->smpl, tok);
     s->n_decoded++;
     if (!s->got_first) {
@@ -2310,7 +2319,7 @@ static void spec_take(rt_engine_t *e, slot_t *s, const rt_step_seq_t *q, const f
             slot_release(e, s, NULL);
             break;
         }
-        on_output(e, s, rows + (size_t)i * (size_t)n_vocab, n_vocab);
+        on_output(e, s, rows + (size_t)i * (size_t)n_vocab, n_vocab, -1);
         if (!s->task || s->state != SLOT_GEN || i == k || s->seq[s->n_past] != prop[i])
             break;
         s->n_past++; /* the proposal is the model's own token: its row is next */
@@ -2338,6 +2347,38 @@ static void step_times(rt_engine_t *e, int64_t t0, int64_t t1)
     pthread_mutex_unlock(&e->mu);
 }
 
+static void sample_job(void *ctx, int i)
+{
+    struct sample_job *j = &((rt_engine_t *)ctx)->jobs[i];
+    j->tok = rt_sampler_sample(j->s->smpl, j->row);
+}
+
+/* Draws the tokens of the step's plain output rows (one row, a task that wants a
+ * token), each with its slot's own sampler, over the pool's threads: the rows
+ * take_results hands to on_output, in the same order, so each slot's sampler sees
+ * the same calls as one at a time. Returns the number of jobs; job k is the k-th
+ * such row. */
+static int sample_rows(rt_engine_t *e, const rt_step_seq_t *seqs, const int *seq_slot, int ns,
+                       const float *logits, int32_t n_vocab)
+{
+    int nj = 0;
+    size_t out = 0;
+    for (int j = 0; j < ns; j++) {
+        slot_t *s = &e->slots[seq_slot[j]];
+        if (seqs[j].n_out > 1) {
+            out += (size_t)seqs[j].n_out;
+            continue;
+        }
+        if (!seqs[j].n_out)
+            continue;
+        const float *row = logits + out++ * (size_t)n_vocab;
+        if (s->task && !atomic_load(&s->task->cancelled) && s->task->n_predict != 0)
+            e->jobs[nj++] = (struct sample_job){.s = s, .row = row, .tok = -1};
+    }
+    rt_spool_run(e->spool, nj, sample_job, e);
+    return nj;
+}
+
 /* A step's answer: each sequence's rows into its slot, the logit rows to its task. */
 static void take_results(rt_engine_t *e, const rt_step_seq_t *seqs, const int *seq_slot, int ns,
                          const float *logits, int32_t n_vocab)
@@ -2355,6 +2396,8 @@ static void take_results(rt_engine_t *e, const rt_step_seq_t *seqs, const int *s
     pthread_mutex_unlock(&e->mu);
 
     const rt_mtp_t *mtp = e->o.mtp ? rt_cluster_mtp(e->cluster) : NULL;
+    const int nj = sample_rows(e, seqs, seq_slot, ns, logits, n_vocab);
+    int jk = 0; /* the next drawn row's job */
     size_t out = 0;
     for (int j = 0; j < ns; j++) {
         slot_t *s = &e->slots[seq_slot[j]];
@@ -2382,11 +2425,14 @@ static void take_results(rt_engine_t *e, const rt_step_seq_t *seqs, const int *s
         out++;
         if (!s->task)
             continue;
+        int32_t tok = -1;
+        if (jk < nj && e->jobs[jk].row == row)
+            tok = e->jobs[jk++].tok;
         if (atomic_load(&s->task->cancelled)) {
             slot_release(e, s, NULL);
             continue;
         }
-        on_output(e, s, row, n_vocab);
+        on_output(e, s, row, n_vocab, tok);
         mtp_keep(s, mtp, out - 1);
     }
 }
@@ -2865,6 +2911,20 @@ int rt_engine_create(rt_engine_t **out, const rt_engine_opts_t *o, rt_cluster_t 
         goto fail;
     }
     e->async->data = e;
+    const long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int helpers = rt_spool_default_helpers(o->n_slots, n_cpus > 0 ? (int)n_cpus : 1);
+    const char *hv = getenv("BLOOMERY_SAMPLE_THREADS"); /* the sampling threads, helpers + 1 */
+    if (hv && *hv && atoi(hv) >= 1 && atoi(hv) <= 65)
+        helpers = atoi(hv) - 1;
+    if (!(e->jobs = calloc((size_t)o->n_slots, sizeof *e->jobs))) {
+        rc = bl_err_set(err, BL_ENOMEM, "engine: out of memory for %d slots' sampling", o->n_slots);
+        have_msg = 1;
+        goto fail;
+    }
+    if ((rc = rt_spool_create(&e->spool, helpers, err))) {
+        have_msg = 1;
+        goto fail;
+    }
     if (e->o.cache_dir) /* before the thread: the entries and their names are known */
         dk_scan(e);
     if (pthread_create(&e->thread, NULL, engine_main, e)) {
@@ -2902,6 +2962,8 @@ fail:
     free(e->order);
     free(e->info);
     free(e->eog);
+    rt_spool_destroy(e->spool);
+    free(e->jobs);
     if (cv_ok)
         pthread_cond_destroy(&e->cv);
     if (mu_ok)
@@ -2940,6 +3002,8 @@ void rt_engine_destroy(rt_engine_t *e)
     pthread_mutex_unlock(&e->mu);
     if (e->thread_started)
         pthread_join(e->thread, NULL);
+    rt_spool_destroy(e->spool);
+    free(e->jobs);
 
     /* events never delivered, and tasks whose handle the loop still held */
     ev_node_t *n = e->ev_head;
