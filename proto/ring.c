@@ -479,6 +479,11 @@ void bp_ring_destroy(bp_ring_t *r)
 
 int bp_ring_fd(const bp_ring_t *r) { return r->fd; }
 size_t bp_ring_capacity(const bp_ring_t *r) { return r->capacity; }
+void bp_ring_mapping(const bp_ring_t *r, void **p, size_t *nbytes)
+{
+    *p = r->sh;
+    *nbytes = r->map_nbytes;
+}
 const char *bp_ring_name(const bp_ring_t *r) { return r->name; }
 void bp_ring_set_spin_us(bp_ring_t *r, uint32_t spin_us) { r->spin_us = spin_us; }
 int bp_ring_peer_closed(const bp_ring_t *r) { return peer_gone(r); }

@@ -73,6 +73,9 @@ void bp_ring_destroy(bp_ring_t *r);
 /* The segment's fd (owned by the handle; dup it to keep it past bp_ring_destroy). */
 int bp_ring_fd(const bp_ring_t *r);
 size_t bp_ring_capacity(const bp_ring_t *r);
+/* The ring's whole mapping (control page, then data), page-aligned: for a producer
+ * that pins it so that a device writes its messages directly. */
+void bp_ring_mapping(const bp_ring_t *r, void **p, size_t *nbytes);
 const char *bp_ring_name(const bp_ring_t *r);
 
 /* How long waits spin before parking, in microseconds (0: park at once). */

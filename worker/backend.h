@@ -226,6 +226,11 @@ typedef struct wk_backend_ops {
     int (*card_get)(wk_backend_t *b, int k, float *x, size_t nbytes, bl_err_t *err);
     int (*card_settle)(wk_backend_t *b, bl_err_t *err);
 
+    /* Pins nbytes of host memory at p (page-aligned), the memory the step's outputs
+     * are copied into (a last stage's logits ring), so that the device writes it
+     * directly; undone at destroy. NULL where the backend copies nothing out. */
+    int (*pin_host)(wk_backend_t *b, void *p, size_t nbytes, bl_err_t *err);
+
     /* residency's stats (wk_model_resid_stats, wk_model_resid_layer); NULL where the
      * backend has no card slots. Called from any thread. */
     void (*resid)(const wk_backend_t *b, wk_resid_stats_t *out);

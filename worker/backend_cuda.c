@@ -168,6 +168,7 @@ typedef struct cuda {
     size_t off_bytes;
     size_t off_f16;       /* the largest host expert tensor in f16 (the prompt's wscr) */
     void *ostage[2], *oev[2];
+    void *pinned;         /* host memory pinned by cu_pin_host (the logits ring), or NULL */
     int oused[2];         /* a staging half's copy was enqueued (its event must be waited on) */
     /* residency (o->residency with host layers): card slots for the hottest experts
      * of the host layers, set up at the first step (when the caches are made, so
@@ -400,6 +401,7 @@ static void cu_destroy(wk_backend_t *b)
     free(cu->kvl);
     for (int i = 0; i < cu->n_spans; i++)
         kcuda_host_unregister(cu->spans[i]);
+    kcuda_host_unregister(cu->pinned);
     free(cu->spans);
     free(cu->hx);
     kcuda_free(cu->d_off);
@@ -1425,6 +1427,18 @@ static int cu_card_settle(wk_backend_t *b, bl_err_t *err)
     return rc < 0 ? rc : kcuda_event_sync(cu->card_rev, err);
 }
 
+static int cu_pin_host(wk_backend_t *b, void *p, size_t nbytes, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    if (cu->pinned)
+        return bl_err_set(err, BL_EINVAL, "the backend pins one host region");
+    int rc = kcuda_set_device(cu->device, err);
+    if (rc < 0 || (rc = kcuda_host_pin(p, nbytes, err)) < 0)
+        return rc;
+    cu->pinned = p;
+    return 0;
+}
+
 // --- a step ------------------------------------------------------------------------------
 
 /* The graph bucket of a decode step whose longest row attends to len positions. */
@@ -1565,12 +1579,23 @@ static int cu_end(wk_backend_t *b, const wk_step_t *st, int status, const float 
         if (st->x_out && (rc = kcuda_download(st->x_out, x, sizeof(float) * (size_t)(st->n * E), cu->stream, err)) < 0)
             return rc;
     } else if (cu->mode == MODE_DECODE) {
+        /* row j of the card's logits is sequence j's; each run of sequences with an
+         * output row is one copy */
         int64_t o = 0;
-        for (int64_t j = 0; j < st->nseg; j++)
-            if (st->seg[j].n_out > 0 &&
-                (rc = kcuda_download(st->logits + (size_t)(o++) * (size_t)V, cu->logits + (size_t)j * (size_t)V,
-                                     sizeof(float) * (size_t)V, cu->stream, err)) < 0)
+        for (int64_t j = 0; j < st->nseg;) {
+            if (st->seg[j].n_out <= 0) {
+                j++;
+                continue;
+            }
+            int64_t j1 = j + 1;
+            while (j1 < st->nseg && st->seg[j1].n_out > 0)
+                j1++;
+            if ((rc = kcuda_download(st->logits + (size_t)o * (size_t)V, cu->logits + (size_t)j * (size_t)V,
+                                     sizeof(float) * (size_t)((j1 - j) * V), cu->stream, err)) < 0)
                 return rc;
+            o += j1 - j;
+            j = j1;
+        }
     } else {
         int64_t n_out = 0;
         for (int64_t j = 0; j < st->nseg; j++)
@@ -2212,7 +2237,7 @@ static const wk_backend_ops_t cuda_ops = {
     .split_heads = cu_split_heads, .mul_sigmoid = cu_mul_sigmoid, .deltanet = cu_deltanet,
     .resid = cu_resid, .resid_layer = cu_resid_layer,
     .card_export = cu_card_export, .card_import = cu_card_import, .card_close = cu_card_close,
-    .card_put = cu_card_put, .card_get = cu_card_get, .card_settle = cu_card_settle,
+    .card_put = cu_card_put, .card_get = cu_card_get, .card_settle = cu_card_settle, .pin_host = cu_pin_host,
 };
 
 int wk__cuda_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *err)

@@ -820,6 +820,14 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
                           (long long)cfg->n_layer);
     if (w->remote)
         wk_model_set_experts(w->m, experts_remote, w);
+    if (w->last && w->out) { /* the logits go from the card straight into the ring */
+        void *map;
+        size_t map_bytes;
+        bl_err_t e2 = {0};
+        bp_ring_mapping(w->out, &map, &map_bytes);
+        if (wk_model_pin_host(w->m, map, map_bytes, &e2) != 0)
+            BL_LOG(BL_LOG_WARN, "event=ring_pin_failed ring=stage-out reason=\"%s\"", e2.msg);
+    }
 
     w->lim = (bp_step_limits_t){
         .n_slots = (int32_t)p->n_slots, .n_batch = (int32_t)o.n_batch, .n_ctx = p->n_ctx,

@@ -1526,6 +1526,11 @@ int wk_model_card_settle(wk_model_t *m, bl_err_t *err)
     return m->card_in_n ? m->be->op->card_settle(m->be, err) : 0;
 }
 
+int wk_model_pin_host(wk_model_t *m, void *p, size_t nbytes, bl_err_t *err)
+{
+    return m->be->op->pin_host ? m->be->op->pin_host(m->be, p, nbytes, err) : 0;
+}
+
 int wk_model_eval_multi(wk_model_t *m, const wk_seq_t *seqs, int64_t n_seqs, float *logits,
                         bl_err_t *err)
 {

@@ -451,6 +451,12 @@ int wk_model_card_get(wk_model_t *m, int k, int64_t n_rows, bl_err_t *err) BL_WU
  * exporter may then write it again). */
 int wk_model_card_settle(wk_model_t *m, bl_err_t *err) BL_WUR;
 
+/* The host memory at p (page-aligned, nbytes) that wk_model_stage's logits (or rows)
+ * will be written into, pinned by a card's backend so that its copies go there
+ * directly instead of through the driver's staging; a no-op for the CPU backend.
+ * Kept until wk_model_free, which must come before p is unmapped. */
+int wk_model_pin_host(wk_model_t *m, void *p, size_t nbytes, bl_err_t *err) BL_WUR;
+
 /* --- placement for a program that runs the model in its own process --------------- */
 
 /* This host's CUDA devices with their free memory (none in a build without CUDA or

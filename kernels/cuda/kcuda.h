@@ -767,6 +767,9 @@ int kcuda_host_call(void *stream, void (*fn)(void *ctx), void *ctx, bl_err_t *er
  * read-only (a file's mapping may be registered); undone by kcuda_host_unregister. */
 int kcuda_host_register(const void *p, size_t nbytes, bl_err_t *err) BL_WUR;
 void kcuda_host_unregister(const void *p); /* NULL is a no-op */
+/* Pins nbytes of host memory at p (page-aligned) for copies from the card to write
+ * directly (a shared-memory mapping may be pinned); undone by kcuda_host_unregister. */
+int kcuda_host_pin(void *p, size_t nbytes, bl_err_t *err) BL_WUR;
 
 int kcuda_graph_begin(void *stream, bl_err_t *err) BL_WUR;
 int kcuda_graph_end(void *stream, void **exec, bl_err_t *err) BL_WUR;

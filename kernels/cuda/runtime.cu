@@ -157,6 +157,12 @@ int kcuda_host_register(const void *p, size_t nbytes, bl_err_t *err)
     return 0;
 }
 
+int kcuda_host_pin(void *p, size_t nbytes, bl_err_t *err)
+{
+    KCUDA_CHECK(cudaHostRegister(p, nbytes, cudaHostRegisterDefault), err);
+    return 0;
+}
+
 void kcuda_host_unregister(const void *p)
 {
     if (p)
