@@ -110,6 +110,8 @@ struct rt_cluster {
     pthread_mutex_t step_mu;
     uint64_t step_no;
     float *logits;           /* (n_out_max, n_vocab) */
+    const float *view;       /* the answer left in the ring (rt_cluster_step_view), or NULL */
+    int32_t view_rows;
     bp_step_mtp_t *mtp_in;   /* (n_out_max) the last answer's NextN proposals, as read */
     rt_mtp_t *mtp;           /* (n_out_max) the same for the engine (o.mtp) */
     /* steps sent whose answers have not come back, oldest first (rt_cluster_step_send) */
@@ -1530,9 +1532,10 @@ static int send_locked(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, i
     return 0;
 }
 
-/* The answer of the oldest step in flight. On an error every step in flight is
- * gone with it (the set restarts or is dead). */
-static int recv_locked(rt_cluster_t *c, const float **logits, bl_err_t *err)
+/* The answer of the oldest step in flight: copied out of the ring (view 0), or left
+ * there for rt_cluster_view_end (view 1; *logits points into the message). On an
+ * error every step in flight is gone with it (the set restarts or is dead). */
+static int recv_locked(rt_cluster_t *c, const float **logits, int view, bl_err_t *err)
 {
     if (c->fl_n == 0)
         return bl_err_set(err, BL_EINVAL, "step: no step in flight to wait for");
@@ -1550,11 +1553,17 @@ static int recv_locked(rt_cluster_t *c, const float **logits, bl_err_t *err)
         atomic_store(&c->restart_req, 1);
         bp_ring_release(c->from_last);
     } else if (rc == 0) {
-        memcpy(c->logits, in.rows, (size_t)n_out * (size_t)c->n_vocab * sizeof(float));
         for (int32_t i = 0; c->o.mtp && i < n_out; i++)
             c->mtp[i] = (rt_mtp_t){.in = c->mtp_in[i].in, .tok = c->mtp_in[i].tok, .p = c->mtp_in[i].p};
-        *logits = c->logits;
-        bp_ring_release(c->from_last);
+        if (view) {
+            c->view = in.rows;
+            c->view_rows = n_out;
+            *logits = in.rows;
+        } else {
+            memcpy(c->logits, in.rows, (size_t)n_out * (size_t)c->n_vocab * sizeof(float));
+            *logits = c->logits;
+            bp_ring_release(c->from_last);
+        }
     }
     if (rc)
         c->fl_n = c->fl_head = 0;
@@ -1645,8 +1654,9 @@ int rt_cluster_kv_io_path(const rt_cluster_t *c, int64_t entry, char *out, size_
     return 0;
 }
 
-int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, const float **logits,
-                    bl_err_t *err)
+/* rt_cluster_step, and with view rt_cluster_step_view (step_mu stays held on success). */
+static int step_answer(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, const float **logits, int view,
+                       bl_err_t *err)
 {
     *logits = NULL;
     int32_t n_rows = 0, n_out = 0;
@@ -1657,8 +1667,9 @@ int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, cons
     if (c->fl_n > 0)
         rc = bl_err_set(err, BL_EINVAL, "step: %d steps in flight (wait for their answers first)", c->fl_n);
     else if ((rc = send_locked(c, seqs, n_seqs, n_rows, n_out, err)) == 0)
-        rc = recv_locked(c, logits, err);
-    pthread_mutex_unlock(&c->step_mu);
+        rc = recv_locked(c, logits, view, err);
+    if (rc || !view)
+        pthread_mutex_unlock(&c->step_mu);
     if (rc == 0) {
         atomic_fetch_add_explicit(&c->steps, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&c->rows, (uint64_t)n_rows, memory_order_relaxed);
@@ -1684,13 +1695,52 @@ int rt_cluster_step_send(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs,
     return rc;
 }
 
-int rt_cluster_step_recv(rt_cluster_t *c, const float **logits, bl_err_t *err)
+int rt_cluster_step(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, const float **logits,
+                    bl_err_t *err)
+{
+    return step_answer(c, seqs, n_seqs, logits, 0, err);
+}
+
+int rt_cluster_step_view(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, const float **view,
+                         bl_err_t *err)
+{
+    return step_answer(c, seqs, n_seqs, view, 1, err);
+}
+
+static int recv_answer(rt_cluster_t *c, const float **logits, int view, bl_err_t *err)
 {
     *logits = NULL;
     pthread_mutex_lock(&c->step_mu);
-    int rc = recv_locked(c, logits, err);
-    pthread_mutex_unlock(&c->step_mu);
+    int rc = recv_locked(c, logits, view, err);
+    if (rc || !view)
+        pthread_mutex_unlock(&c->step_mu);
     return rc;
+}
+
+int rt_cluster_step_recv(rt_cluster_t *c, const float **logits, bl_err_t *err)
+{
+    return recv_answer(c, logits, 0, err);
+}
+
+int rt_cluster_step_recv_view(rt_cluster_t *c, const float **view, bl_err_t *err)
+{
+    return recv_answer(c, view, 1, err);
+}
+
+const float *rt_cluster_view_end(rt_cluster_t *c, int keep)
+{
+    const float *out = NULL;
+    if (c->view) {
+        if (keep) {
+            memcpy(c->logits, c->view, (size_t)c->view_rows * (size_t)c->n_vocab * sizeof(float));
+            out = c->logits;
+        }
+        bp_ring_release(c->from_last);
+        c->view = NULL;
+        c->view_rows = 0;
+    }
+    pthread_mutex_unlock(&c->step_mu);
+    return out;
 }
 
 int rt_cluster_in_flight(rt_cluster_t *c)

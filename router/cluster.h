@@ -197,6 +197,18 @@ const rt_mtp_t *rt_cluster_mtp(const rt_cluster_t *c);
  * their answers would come after those. Engine thread. */
 int rt_cluster_step_send(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, bl_err_t *err) BL_WUR;
 int rt_cluster_step_recv(rt_cluster_t *c, const float **logits, bl_err_t *err) BL_WUR;
+
+/* rt_cluster_step and rt_cluster_step_recv with the answer left where it came: *view
+ * points at the logit rows in the last stage's ring, not copied out (at 8 rows of a
+ * 152k vocabulary, 4.8 MB a step). On success the cluster stays locked for the
+ * caller, which reads the rows and then calls rt_cluster_view_end, and nothing else
+ * on c, before: keep 1 copies the rows out first and returns the copy (valid as
+ * rt_cluster_step's logits), keep 0 returns NULL; either way the ring's message is
+ * given back and *view is invalid. On an error nothing is held. */
+int rt_cluster_step_view(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, const float **view,
+                         bl_err_t *err) BL_WUR;
+int rt_cluster_step_recv_view(rt_cluster_t *c, const float **view, bl_err_t *err) BL_WUR;
+const float *rt_cluster_view_end(rt_cluster_t *c, int keep);
 int rt_cluster_in_flight(rt_cluster_t *c);
 /* Forgets the steps in flight (the engine saw the set go away between steps). */
 void rt_cluster_forget_in_flight(rt_cluster_t *c);

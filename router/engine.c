@@ -175,8 +175,10 @@ struct rt_engine {
     struct sample_job {     /* (n_slots): a step's rows to sample, then their tokens */
         slot_t *s;
         const float *row;
+        size_t out;         /* the row's index among the step's logit rows */
         int32_t tok;
     } *jobs;
+    int n_jobs;             /* the last sample_rows's */
     pthread_mutex_t mu;
     pthread_cond_t cv;
 
@@ -2356,30 +2358,46 @@ static void sample_job(void *ctx, int i)
 /* Draws the tokens of the step's plain output rows (one row, a task that wants a
  * token), each with its slot's own sampler, over the pool's threads: the rows
  * take_results hands to on_output, in the same order, so each slot's sampler sees
- * the same calls as one at a time. Returns the number of jobs; job k is the k-th
- * such row. */
+ * the same calls as one at a time (job k: the k-th such row, e->n_jobs of them).
+ * Returns whether take_results will read the logits again: a verification's rows,
+ * or a task that reports probabilities. */
 static int sample_rows(rt_engine_t *e, const rt_step_seq_t *seqs, const int *seq_slot, int ns,
                        const float *logits, int32_t n_vocab)
 {
-    int nj = 0;
+    int nj = 0, again = 0;
     size_t out = 0;
     for (int j = 0; j < ns; j++) {
         slot_t *s = &e->slots[seq_slot[j]];
         if (seqs[j].n_out > 1) {
             out += (size_t)seqs[j].n_out;
+            again = 1;
             continue;
         }
         if (!seqs[j].n_out)
             continue;
-        const float *row = logits + out++ * (size_t)n_vocab;
-        if (s->task && !atomic_load(&s->task->cancelled) && s->task->n_predict != 0)
-            e->jobs[nj++] = (struct sample_job){.s = s, .row = row, .tok = -1};
+        const size_t at = out++;
+        if (s->task && !atomic_load(&s->task->cancelled) && s->task->n_predict != 0) {
+            e->jobs[nj++] = (struct sample_job){.s = s, .row = logits + at * (size_t)n_vocab, .out = at, .tok = -1};
+            again |= s->task->p.n_probs > 0;
+        }
     }
+    e->n_jobs = nj;
     rt_spool_run(e->spool, nj, sample_job, e);
-    return nj;
+    return again;
 }
 
-/* A step's answer: each sequence's rows into its slot, the logit rows to its task. */
+/* The step's answer in the ring (rt_cluster_step_view or _recv_view): its tokens
+ * drawn there, then the rows copied out only where they are read again. Returns
+ * the logits take_results reads (NULL: none needed). */
+static const float *take_view(rt_engine_t *e, const rt_step_seq_t *seqs, const int *seq_slot, int ns,
+                              const float *view, int32_t n_vocab)
+{
+    const int again = sample_rows(e, seqs, seq_slot, ns, view, n_vocab);
+    return rt_cluster_view_end(e->cluster, again);
+}
+
+/* A step's answer: each sequence's rows into its slot, the logit rows to its task,
+ * after take_view drew the tokens (logits NULL where no row is read again). */
 static void take_results(rt_engine_t *e, const rt_step_seq_t *seqs, const int *seq_slot, int ns,
                          const float *logits, int32_t n_vocab)
 {
@@ -2396,7 +2414,7 @@ static void take_results(rt_engine_t *e, const rt_step_seq_t *seqs, const int *s
     pthread_mutex_unlock(&e->mu);
 
     const rt_mtp_t *mtp = e->o.mtp ? rt_cluster_mtp(e->cluster) : NULL;
-    const int nj = sample_rows(e, seqs, seq_slot, ns, logits, n_vocab);
+    const int nj = e->n_jobs;
     int jk = 0; /* the next drawn row's job */
     size_t out = 0;
     for (int j = 0; j < ns; j++) {
@@ -2421,12 +2439,13 @@ static void take_results(rt_engine_t *e, const rt_step_seq_t *seqs, const int *s
             post_progress(e, s);
         if (!seqs[j].n_out)
             continue;
-        const float *row = logits + out * (size_t)n_vocab;
-        out++;
+        const size_t at = out++;
+        /* NULL where take_view found no reader: every row on_output gets was drawn */
+        const float *row = logits ? logits + at * (size_t)n_vocab : NULL;
         if (!s->task)
             continue;
         int32_t tok = -1;
-        if (jk < nj && e->jobs[jk].row == row)
+        if (jk < nj && e->jobs[jk].out == at)
             tok = e->jobs[jk++].tok;
         if (atomic_load(&s->task->cancelled)) {
             slot_release(e, s, NULL);
@@ -2539,16 +2558,17 @@ static void recv_one(rt_engine_t *e, int32_t n_vocab)
     e->fl_n--;
     for (int j = 0; j < e->fl[at].ns; j++)
         e->slots[e->fl[at].seq_slot[j]].in_flight = 0;
-    const float *logits = NULL;
+    const float *view = NULL;
     bl_err_t err = {0};
     const int64_t t0 = now_us();
-    int rc = rt_cluster_step_recv(e->cluster, &logits, &err);
+    int rc = rt_cluster_step_recv_view(e->cluster, &view, &err);
     if (rc) {
         forget_in_flight(e);
         step_failed(e, rc, &err);
         return;
     }
     const int64_t t1 = now_us();
+    const float *logits = take_view(e, e->fl[at].seqs, e->fl[at].seq_slot, e->fl[at].ns, view, n_vocab);
     take_results(e, e->fl[at].seqs, e->fl[at].seq_slot, e->fl[at].ns, logits, n_vocab);
     step_times(e, t0, t1);
 }
@@ -2649,12 +2669,14 @@ static void run_step(rt_engine_t *e, int32_t n_vocab)
     if (e->o.recurrent && spec_checkpoints(e, ns) != 0)
         return;
     const int64_t t0 = now_us();
-    int rc = rt_cluster_step(e->cluster, e->seqs, ns, &logits, &err);
+    const float *view = NULL;
+    int rc = rt_cluster_step_view(e->cluster, e->seqs, ns, &view, &err);
     if (rc) {
         step_failed(e, rc, &err);
         return;
     }
     const int64_t t1 = now_us();
+    logits = take_view(e, e->seqs, e->seq_slot, ns, view, n_vocab);
     take_results(e, e->seqs, e->seq_slot, ns, logits, n_vocab);
     step_times(e, t0, t1);
     if (e->o.recurrent)
