@@ -2936,8 +2936,9 @@ int rt_engine_create(rt_engine_t **out, const rt_engine_opts_t *o, rt_cluster_t 
     const long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int helpers = rt_spool_default_helpers(o->n_slots, n_cpus > 0 ? (int)n_cpus : 1);
     const char *hv = getenv("BLOOMERY_SAMPLE_THREADS"); /* the sampling threads, helpers + 1 */
-    if (hv && *hv && atoi(hv) >= 1 && atoi(hv) <= 65)
-        helpers = atoi(hv) - 1;
+    const int threads = hv && *hv ? atoi(hv) : 0;
+    if (threads >= 1 && threads <= 65)
+        helpers = threads - 1;
     if (!(e->jobs = calloc((size_t)o->n_slots, sizeof *e->jobs))) {
         rc = bl_err_set(err, BL_ENOMEM, "engine: out of memory for %d slots' sampling", o->n_slots);
         have_msg = 1;

@@ -315,31 +315,7 @@ int rt_cluster_step_recv(rt_cluster_t *c, const float **logits, bl_err_t *err)
     return 0;
 }
 
-/* The views: the fake's logits stay where its step left them until view_end. */
-static const float *fk_view;
-
-int rt_cluster_step_view(rt_cluster_t *c, const rt_step_seq_t *seqs, int n_seqs, const float **view,
-                         bl_err_t *err)
-{
-    int rc = rt_cluster_step(c, seqs, n_seqs, view, err);
-    fk_view = rc ? NULL : *view;
-    return rc;
-}
-
-int rt_cluster_step_recv_view(rt_cluster_t *c, const float **view, bl_err_t *err)
-{
-    int rc = rt_cluster_step_recv(c, view, err);
-    fk_view = rc ? NULL : *view;
-    return rc;
-}
-
-const float *rt_cluster_view_end(rt_cluster_t *c, int keep)
-{
-    (void)c;
-    const float *v = fk_view;
-    fk_view = NULL;
-    return keep ? v : NULL;
-}
+#include "../fake_view.h"
 
 int rt_cluster_in_flight(rt_cluster_t *c)
 {
