@@ -5,6 +5,7 @@
  * fields under rt_engine.mu are the only ones both touch. */
 #include "engine.h"
 #include "grammar.h"
+#include "kcpu.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -1954,20 +1955,6 @@ static int64_t kv_reach(rt_engine_t *e, const slot_t *s, int64_t end, const int6
 
 // --- speculative decoding -------------------------------------------------------------------
 
-/* The draft's most likely token of row and its probability. */
-static int32_t draft_pick(const float *row, int32_t n_vocab, float *p)
-{
-    int32_t best = 0;
-    for (int32_t i = 1; i < n_vocab; i++)
-        if (row[i] > row[best])
-            best = i;
-    double sum = 0.0;
-    for (int32_t i = 0; i < n_vocab; i++)
-        sum += exp((double)row[i] - (double)row[best]);
-    *p = (float)(1.0 / sum);
-    return best;
-}
-
 /* Keeps the first keep of slot s's proposals (those a step will verify): the draft's
  * cache holds the pending token and its proposals up to the last it was given, so
  * the dropped ones leave it too, or its next catch-up would start past them. */
@@ -2127,9 +2114,9 @@ static void spec_draft(rt_engine_t *e, int32_t n_vocab)
         }
         if (ns == 0)
             break;
-        const float *logits = NULL;
+        const float *logits = NULL; /* in the draft's ring until rt_cluster_view_end */
         bl_err_t err = {0};
-        if (rt_cluster_step(d, e->seqs, ns, &logits, &err)) {
+        if (rt_cluster_step_view(d, e->seqs, ns, &logits, &err)) {
             BL_LOG(BL_LOG_WARN, "event=draft_step_failed reason=\"%s\"", err.msg);
             for (int i = 0; i < e->o.n_slots; i++)
                 e->slots[i].d_past = e->slots[i].n_draft = 0;
@@ -2142,7 +2129,7 @@ static void spec_draft(rt_engine_t *e, int32_t n_vocab)
             if (!e->seqs[j].n_out)
                 continue;
             float p = 0.0f;
-            int32_t tok = draft_pick(logits + out++ * (size_t)n_vocab, n_vocab, &p);
+            int32_t tok = (int32_t)kcpu_row_top1(logits + out++ * (size_t)n_vocab, n_vocab, &p);
             if (p < spec_limits(e, s).p_min || rt_tokenizer_is_eog(e->tok, tok)) {
                 active[e->seq_slot[j]] = 0;
                 n_active--;
@@ -2154,6 +2141,7 @@ static void spec_draft(rt_engine_t *e, int32_t n_vocab)
                 n_active--;
             }
         }
+        (void)rt_cluster_view_end(d, 0);
     }
     uint64_t drafted = 0;
     for (int i = 0; i < e->o.n_slots; i++) {

@@ -519,21 +519,6 @@ int wk__place_mtp(wk_model_t *m, bl_err_t *err)
 
 /* The most likely token of a row of n_vocab logits (the lowest id of equals), and its
  * softmax probability into *p. */
-static int32_t row_pick(const float *row, int64_t n_vocab, float *p)
-{
-    int64_t best = 0;
-    for (int64_t i = 1; i < n_vocab; i++)
-        if (row[i] > row[best])
-            best = i;
-    if (p) {
-        double sum = 0;
-        for (int64_t i = 0; i < n_vocab; i++)
-            sum += exp((double)row[i] - (double)row[best]);
-        *p = (float)(1.0 / sum);
-    }
-    return (int32_t)best;
-}
-
 int wk__mtp_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err)
 {
     const wk_config_t *c = &m->cfg;
@@ -573,7 +558,7 @@ int wk__mtp_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err)
         int64_t cnt = 0, prop = -1;
         for (int64_t i = 0; i < g->n; i++) {
             const int out = i >= first_out;
-            const int32_t am = out ? row_pick(st->logits + (n_out + i - first_out) * V, V, NULL) : -1;
+            const int32_t am = out ? (int32_t)kcpu_row_top1(st->logits + (n_out + i - first_out) * V, V, NULL) : -1;
             if (i + 1 < g->n && (!out || am == g->tokens[i + 1])) {
                 tok[cnt++] = g->tokens[i + 1];
                 continue;
@@ -652,7 +637,7 @@ int wk__mtp_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err)
         return rc;
     for (int64_t k = 0, at = 0; k < n_out; k++)
         if (m->mtp_rows[k].in >= 0) {
-            m->mtp_rows[k].tok = row_pick(m->mtp_logits + at * V, V, &m->mtp_rows[k].p);
+            m->mtp_rows[k].tok = (int32_t)kcpu_row_top1(m->mtp_logits + at * V, V, &m->mtp_rows[k].p);
             at++;
         }
     m->n_mtp_rows = n_out;

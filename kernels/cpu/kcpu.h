@@ -236,6 +236,16 @@ void kcpu_gemm_u16_q16_K_avx512(const kcpu_kunpacked16_t *const u[2], int nr,
 void kcpu_exp_sub_ref(float *x, int64_t n, float m);
 void kcpu_exp_sub_avx2(float *x, int64_t n, float m);
 
+/* A logits row's most likely entry: the first index of the largest value (NaN values
+ * ignored; 0 when all are NaN, -1 when n < 1) and, where p is not NULL, its softmax
+ * probability 1 / sum_i exp(x[i] - max) over the values that are not NaN (0 when the
+ * largest is not finite). The reference sums in double with libm's exp; the AVX2
+ * variant gives the same index and p within a relative 1e-5 (its exp as exp_sub's,
+ * the sums flushed into double every 2,048 values). */
+int64_t kcpu_row_top1(const float *x, int64_t n, float *p);
+int64_t kcpu_row_top1_ref(const float *x, int64_t n, float *p);
+int64_t kcpu_row_top1_avx2(const float *x, int64_t n, float *p);
+
 /* Attention over an f16 cache for ng (1..8) query heads sharing one KV head, each
  * cache row read and converted once for all of them. qk: sc[g * ld + s] = scale *
  * dot(q row g, K row s) for s < len, q (ng, hd), K rows k_stride elements apart.

@@ -90,6 +90,7 @@ typedef struct kcpu_kernels {
     /* Attention over an f16 cache, a KV head's query heads at once (hd % 8 == 0 for
      * the AVX2 set; other head sizes take the references). */
     void (*exp_sub)(float *x, int64_t n, float m);
+    int64_t (*top1)(const float *x, int64_t n, float *p);
     void (*att_qk_f16)(const float *q, int ng, const uint16_t *k, int64_t k_stride, int64_t len,
                        int64_t hd, float scale, float *sc, int64_t ld);
     void (*att_pv_f16)(const float *p, int ng, int64_t ld, const uint16_t *v, int64_t v_stride,

@@ -56,6 +56,7 @@ static const kcpu_kernels_t kernels_ref = {
     .dot_q5_K_q16_K = kcpu_vec_dot_q5_K_q16_K_ref,
     .dot_q6_K_q16_K = kcpu_vec_dot_q6_K_q16_K_ref,
     .exp_sub = kcpu_exp_sub_ref,
+    .top1 = kcpu_row_top1_ref,
     .att_qk_f16 = kcpu_att_qk_f16_ref,
     .att_pv_f16 = kcpu_att_pv_f16_ref,
 };
@@ -98,6 +99,7 @@ static const kcpu_kernels_t kernels_avx2 = {
     .unpack16_q6_K = kcpu_unpack16_q6_K_avx2,
     .gemm16 = kcpu_gemm_u16_q16_K_avx2,
     .exp_sub = kcpu_exp_sub_avx2,
+    .top1 = kcpu_row_top1_avx2,
     .att_qk_f16 = kcpu_att_qk_f16_avx2,
     .att_pv_f16 = kcpu_att_pv_f16_avx2,
 };
@@ -203,6 +205,12 @@ int kcpu_select(const char *name)
 }
 
 const char *kcpu_variant_name(void) { return kcpu__k->name; }
+
+int64_t kcpu_row_top1(const float *x, int64_t n, float *p)
+{
+    (void)kcpu_init(); /* the router calls it with no kernel context */
+    return kcpu__k->top1(x, n, p);
+}
 
 int kcpu_act_type(uint32_t t)
 {

@@ -455,3 +455,25 @@ void kcpu_exp_sub_ref(float *x, int64_t n, float m)
     for (int64_t i = 0; i < n; i++)
         x[i] = expf(x[i] - m);
 }
+
+int64_t kcpu_row_top1_ref(const float *x, int64_t n, float *p)
+{
+    int64_t best = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!isnan(x[i]) && (best < 0 || x[i] > x[best]))
+            best = i;
+    if (best < 0) { /* empty, or every value NaN */
+        if (p)
+            *p = 0.0f;
+        return n > 0 ? 0 : -1;
+    }
+    if (p) {
+        const double m = x[best];
+        double sum = 0.0;
+        for (int64_t i = 0; isfinite(m) && i < n; i++)
+            if (!isnan(x[i]))
+                sum += exp((double)x[i] - m);
+        *p = isfinite(m) ? (float)(1.0 / sum) : 0.0f;
+    }
+    return best;
+}

@@ -4,6 +4,7 @@
  * vector finish with the scalar loop. Integer kernels use the sign trick
  * (|w| times y carrying w's sign) so that _mm256_maddubs_epi16 can multiply: this
  * needs activations in -127..127, which our q8_0/q8_K quantizers guarantee. */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -643,6 +644,70 @@ AVX2 void kcpu_exp_sub_avx2(float *x, int64_t n, float m)
     }
 }
 
+/* One pass keeps each lane's largest value and its first index (a strict > never
+ * takes a NaN or a later equal value); the lanes' best, the smallest index among
+ * equal ones, then the tail. A second pass sums the exponentials, eight values a
+ * lane between flushes into double. Rows with no finite maximum, or too short or
+ * long for 32-bit lane indices, take the reference. */
+AVX2 int64_t kcpu_row_top1_avx2(const float *x, int64_t n, float *p)
+{
+    if (n < 8 || n > INT32_MAX)
+        return kcpu_row_top1_ref(x, n, p);
+    const int64_t n8 = n & ~(int64_t)7;
+    __m256 bv = _mm256_set1_ps(-INFINITY);
+    __m256i bi = _mm256_setzero_si256(), at = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i step = _mm256_set1_epi32(8);
+    for (int64_t i = 0; i < n8; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 gt = _mm256_cmp_ps(v, bv, _CMP_GT_OQ);
+        bv = _mm256_blendv_ps(bv, v, gt);
+        bi = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(bi), _mm256_castsi256_ps(at), gt));
+        at = _mm256_add_epi32(at, step);
+    }
+    float lv[8];
+    int32_t li[8];
+    _mm256_storeu_ps(lv, bv);
+    _mm256_storeu_si256((__m256i *)li, bi);
+    float m = lv[0];
+    int64_t best = li[0];
+    for (int l = 1; l < 8; l++)
+        if (lv[l] > m || (lv[l] == m && li[l] < best)) {
+            m = lv[l];
+            best = li[l];
+        }
+    for (int64_t i = n8; i < n; i++)
+        if (x[i] > m) {
+            m = x[i];
+            best = i;
+        }
+    if (!isfinite(m))
+        return kcpu_row_top1_ref(x, n, p);
+    if (!p)
+        return best;
+    /* x - m <= 0 for every value but NaN, whose exp_neg is about 1e-38: nothing */
+    const __m256 vm = _mm256_set1_ps(m);
+    double sum = 0.0;
+    for (int64_t i = 0; i < n8;) {
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+        const int64_t end = i + 2048 < n8 ? i + 2048 : n8;
+        for (; i + 16 <= end; i += 16) {
+            s0 = _mm256_add_ps(s0, exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm)));
+            s1 = _mm256_add_ps(s1, exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), vm)));
+        }
+        for (; i < end; i += 8)
+            s0 = _mm256_add_ps(s0, exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm)));
+        float t[8];
+        _mm256_storeu_ps(t, _mm256_add_ps(s0, s1));
+        for (int l = 0; l < 8; l++)
+            sum += t[l];
+    }
+    for (int64_t i = n8; i < n; i++)
+        if (!isnan(x[i]))
+            sum += exp((double)x[i] - (double)m);
+    *p = (float)(1.0 / sum);
+    return best;
+}
+
 #else /* not x86-64: the names exist so the table compiles; kcpu_init never picks them */
 
 float kcpu_vec_dot_f32_f32_avx2(const float *w, const float *x, int64_t n) { return kcpu_vec_dot_f32_f32_ref(w, x, n); }
@@ -675,5 +740,6 @@ void kcpu_att_qk_f16_avx2(const float *q, int ng, const uint16_t *k, int64_t k_s
 void kcpu_att_pv_f16_avx2(const float *p, int ng, int64_t ld, const uint16_t *v, int64_t v_stride, int64_t len, int64_t hd, float *out) { kcpu_att_pv_f16_ref(p, ng, ld, v, v_stride, len, hd, out); }
 void kcpu_axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) { kcpu_axpy_f16_ref(y, a, x, n); }
 void kcpu_exp_sub_avx2(float *x, int64_t n, float m) { kcpu_exp_sub_ref(x, n, m); }
+int64_t kcpu_row_top1_avx2(const float *x, int64_t n, float *p) { return kcpu_row_top1_ref(x, n, p); }
 
 #endif

@@ -864,6 +864,83 @@ static void test_exp_sub(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* A logits row's most likely entry, AVX2 against the double reference on fresh
+ * random rows of every tail length up to a real vocabulary's 151,936: the same
+ * index, p within a relative 1e-5; ties (the first wins), NaN values (ignored),
+ * -inf, a row of one value, and rows with no finite maximum. */
+static void test_row_top1(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(701);
+    enum { N = 151936 };
+    float *x = malloc(sizeof(float) * N);
+    assert_non_null(x);
+    float p = -1.0f;
+    assert_int_equal(kcpu_row_top1_ref(x, 0, &p), -1);
+    assert_true(p == 0.0f);
+    double worst = 0.0;
+    for (int rep = 0; rep < 60; rep++) {
+        const int64_t n = rep < 20 ? 1 + (int64_t)(rng_next(&r) % 70) : rep < 55 ? 1 + (int64_t)(rng_next(&r) % N) : N;
+        const float spread = rep % 3 == 0 ? 0.5f : rep % 3 == 1 ? 8.0f : 40.0f;
+        for (int64_t i = 0; i < n; i++)
+            x[i] = rng_f(&r, -spread, spread);
+        if (rep % 5 == 1 && n > 3) /* a tie: the earlier one wins */
+            x[n - 1] = x[n / 2] = spread + 1.0f;
+        if (rep % 5 == 2 && n > 3) { /* NaN, including where it would be the largest */
+            x[0] = NAN;
+            x[n - 2] = NAN;
+            x[rng_next(&r) % (uint64_t)n] = -INFINITY;
+        }
+        if (rep % 7 == 3) /* one clear winner at the tail */
+            x[n - 1] = spread * 4.0f;
+        float pr = 0.0f, pv = 0.0f;
+        const int64_t ir = kcpu_row_top1_ref(x, n, &pr);
+        /* the reference's own definition, checked by a plain scan */
+        int64_t want = -1;
+        for (int64_t i = 0; i < n; i++)
+            if (!isnan(x[i]) && (want < 0 || x[i] > x[want]))
+                want = i;
+        assert_int_equal(ir, want < 0 ? 0 : want);
+        assert_true(pr > 0.0f && pr <= 1.0f);
+        assert_int_equal(kcpu_row_top1_ref(x, n, NULL), ir);
+        if (!kcpu_have_avx2())
+            continue;
+        const int64_t iv = kcpu_row_top1_avx2(x, n, &pv);
+        assert_int_equal(kcpu_row_top1_avx2(x, n, NULL), iv);
+        if (iv != ir)
+            fail_msg("n %lld rep %d: avx2 index %lld, reference %lld", (long long)n, rep, (long long)iv, (long long)ir);
+        const double rel = fabs((double)pv - (double)pr) / (double)pr;
+        worst = rel > worst ? rel : worst;
+        if (rel > 1e-5)
+            fail_msg("n %lld rep %d: avx2 p %.9g, reference %.9g (rel %.3g)", (long long)n, rep, (double)pv, (double)pr, rel);
+    }
+    print_message("worst relative error of p %.3g\n", worst);
+    /* no finite maximum: p 0, the first index of the largest (-inf, +inf) or 0 (all NaN) */
+    for (int kind = 0; kind < 3; kind++) {
+        const int64_t n = 37;
+        for (int64_t i = 0; i < n; i++)
+            x[i] = kind == 0 ? -INFINITY : kind == 1 ? NAN : rng_f(&r, -1.0f, 1.0f);
+        if (kind == 2)
+            x[9] = x[20] = INFINITY;
+        if (kind == 1)
+            x[5] = NAN;
+        const int64_t want = kind == 2 ? 9 : 0;
+        for (int v = 0; v < 2; v++) {
+            if (v == 1 && !kcpu_have_avx2())
+                break;
+            p = -1.0f;
+            assert_int_equal(v ? kcpu_row_top1_avx2(x, n, &p) : kcpu_row_top1_ref(x, n, &p), want);
+            assert_true(p == 0.0f);
+        }
+    }
+    /* one value repeated: the first index, p = 1 / n */
+    for (int64_t i = 0; i < 1000; i++)
+        x[i] = 3.25f;
+    assert_int_equal(kcpu_row_top1(x, 1000, &p), 0);
+    assert_true(fabs(p - 1e-3) < 1e-8);
+    free(x);
+}
+
 static void test_kernel_set_selection(void **state)
 {
     (void)state;
@@ -906,6 +983,7 @@ int main(void)
         cmocka_unit_test(test_vec_dotp_q8_0_family),
         cmocka_unit_test(test_attention_f16_group),
         cmocka_unit_test(test_exp_sub),
+        cmocka_unit_test(test_row_top1),
         cmocka_unit_test(test_kernel_set_selection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
