@@ -39,6 +39,29 @@ def test_load_tool_reports_errors(url):
     assert "error" in out or out["errors"] > 0
 
 
+def test_load_tool_body(url):
+    """--body's fields reach the server: a valid logit_bias runs clean, a malformed one
+    is refused by the server for every request; a --body that is not a JSON object is
+    refused by the tool."""
+    base = [TOOL, "--url", url, "-c", "1", "-d", "1", "-n", "4", "--mode", "native", "--json"]
+    p = subprocess.run(base + ["--body", '{"logit_bias": [[0, false], [1, -5.5]]}'],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads(p.stdout)["errors"] == 0
+    p = subprocess.run(base + ["--body", '{"logit_bias": "all of them"}'],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert p.returncode == 1, p.stdout + p.stderr
+    out = json.loads(p.stdout)
+    assert out["errors"] > 0 and "logit_bias" in json.dumps(out["error_messages"])
+    for bad in ("[1, 2]", "{nope", '"text"'):
+        p = subprocess.run([TOOL, "--url", url, "-d", "1", "--body", bad], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=30)
+        assert p.returncode == 2 and "--body" in p.stderr, (bad, p.stderr)
+    p = subprocess.run([TOOL, "--url", url, "-d", "1", "--mix", "--body", "{}"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=30)
+    assert p.returncode == 2 and "--mix" in p.stderr
+
+
 MIX_KINDS = {"chat_stream", "chat", "native_stream", "cancel", "constrained", "bad"}
 
 
