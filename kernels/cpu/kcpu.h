@@ -156,6 +156,13 @@ void kcpu_vec_dotu2_q5_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *xa, co
                                    size_t term_bytes, int terms, int64_t n, float out[2]);
 void kcpu_vec_dotu2_q6_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *xa, const void *xb,
                                    size_t term_bytes, int terms, int64_t n, float out[2]);
+/* The same bits as the avx2 dotu2 kernels, where kcpu_have_avx512(). */
+void kcpu_vec_dotu2_q4_K_q8_K_avx512(const kcpu_kunpacked_t *u, const void *xa, const void *xb,
+                                     size_t term_bytes, int terms, int64_t n, float out[2]);
+void kcpu_vec_dotu2_q5_K_q8_K_avx512(const kcpu_kunpacked_t *u, const void *xa, const void *xb,
+                                     size_t term_bytes, int terms, int64_t n, float out[2]);
+void kcpu_vec_dotu2_q6_K_q8_K_avx512(const kcpu_kunpacked_t *u, const void *xa, const void *xb,
+                                     size_t term_bytes, int terms, int64_t n, float out[2]);
 
 /* The fast path's activation block for K-quant weights: 256 values as x = d * q
  * with |q| <= 32767 (16 bits: the precision of two q8 terms at one term's integer

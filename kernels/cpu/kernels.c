@@ -173,6 +173,9 @@ static void init_kernels(void)
     kernels_avx512.dotn_q4_K_q16_K = kcpu_vec_dotn_q4_K_q16_K_avx512;
     kernels_avx512.dotn_q5_K_q16_K = kcpu_vec_dotn_q5_K_q16_K_avx512;
     kernels_avx512.dotn_q6_K_q16_K = kcpu_vec_dotn_q6_K_q16_K_avx512;
+    kernels_avx512.dotu2_q4_K_q8_K = kcpu_vec_dotu2_q4_K_q8_K_avx512;
+    kernels_avx512.dotu2_q5_K_q8_K = kcpu_vec_dotu2_q5_K_q8_K_avx512;
+    kernels_avx512.dotu2_q6_K_q8_K = kcpu_vec_dotu2_q6_K_q8_K_avx512;
     const char *force = getenv("BLOOMERY_CPU_KERNELS");
     kcpu__k = kcpu_have_avx512() ? &kernels_avx512 : kcpu_have_avx2() ? &kernels_avx2 : &kernels_ref;
     if (force && strcmp(force, "ref") == 0)

@@ -437,82 +437,28 @@ AVX2 void kcpu_unpack_q6_K_avx2(const void *w, kcpu_kunpacked_t *u, int64_t n)
     }
 }
 
-/* dotu_q45_K / dotu_q6_K for two activation rows at once (xa and xb, nx terms
- * each): the unpacked weights are loaded once for both. Each row's sums are the
- * same operations in the same order as the one-row kernel's, so the same bits. */
-AVX2 static inline void dotu2_K(const kcpu_kunpacked_t *u, const bl_block_q8_K *const *bx, int nx,
-                                int64_t nb, int q6, float *out)
+/* dotu_q45_K / dotu_q6_K for two activation rows at once (vec_dot_dotu2.h): each
+ * 32-element chunk one vpmaddubsw/vpmaddwd pair a stream. */
+AVX2 static inline void dotu2_sums(const kcpu_kunpacked_t *u, const bl_block_q8_K *const *bx, int nx,
+                                   int64_t i, __m256i sumi[4])
 {
-    /* Streams s = 2 * row + term: bx[s] is row s / 2's term s % 2 (rows of nx == 1
-     * use streams 0 and 2). */
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    for (int64_t i = 0; i < nb; i++, u++) {
-        const __m256i cv = _mm256_loadu_si256((const __m256i *)u->corr);
-        __m256i sumi[4];
+    for (int st = 0; st < 4; st++)
+        sumi[st] = _mm256_setzero_si256();
+    for (int c = 0; c < 8; c++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(u->q + 32 * c));
+        const __m256i s = _mm256_loadu_si256((const __m256i *)u->scv[c]);
         for (int r = 0; r < 2; r++)
             for (int t = 0; t < nx; t++) {
                 const int st = 2 * r + t;
-                if (q6) {
-                    const __m256i off = _mm256_madd_epi16(cv, _mm256_loadu_si256((const __m256i *)bx[st][i].bsums));
-                    sumi[st] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
-                } else {
-                    sumi[st] = _mm256_setzero_si256();
-                }
-            }
-        for (int c = 0; c < 8; c++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(u->q + 32 * c));
-            const __m256i s = _mm256_loadu_si256((const __m256i *)u->scv[c]);
-            for (int r = 0; r < 2; r++)
-                for (int t = 0; t < nx; t++) {
-                    const int st = 2 * r + t;
-                    const __m256i y = _mm256_loadu_si256((const __m256i *)(bx[st][i].qs + 32 * c));
-                    sumi[st] = _mm256_add_epi32(sumi[st], _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), s));
-                }
-        }
-        for (int r = 0; r < 2; r++)
-            for (int t = 0; t < nx; t++) {
-                const int st = 2 * r + t;
-                acc[st] = _mm256_fmadd_ps(_mm256_set1_ps(u->d * bx[st][i].d), _mm256_cvtepi32_ps(sumi[st]),
-                                          acc[st]);
-                if (!q6) {
-                    const __m256i msum = _mm256_madd_epi16(cv, _mm256_loadu_si256((const __m256i *)bx[st][i].bsums));
-                    acc[st] = _mm256_fnmadd_ps(_mm256_set1_ps(u->dmin * bx[st][i].d),
-                                               _mm256_cvtepi32_ps(msum), acc[st]);
-                }
+                const __m256i y = _mm256_loadu_si256((const __m256i *)(bx[st][i].qs + 32 * c));
+                sumi[st] = _mm256_add_epi32(sumi[st], _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), s));
             }
     }
-    for (int r = 0; r < 2; r++)
-        out[r] = nx == 1 ? hsum_ps(acc[2 * r]) : hsum_ps(acc[2 * r]) + hsum_ps(acc[2 * r + 1]);
 }
 
-AVX2 void kcpu_vec_dotu2_q4_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *xa, const void *xb,
-                                        size_t term_bytes, int terms, int64_t n, float out[2])
-{
-    const bl_block_q8_K *bx[4] = {xa, (const bl_block_q8_K *)((const uint8_t *)xa + term_bytes), xb,
-                                  (const bl_block_q8_K *)((const uint8_t *)xb + term_bytes)};
-    if (terms == 2)
-        dotu2_K(u, bx, 2, n / BL_QK_K, 0, out);
-    else
-        dotu2_K(u, bx, 1, n / BL_QK_K, 0, out);
-}
-
-AVX2 void kcpu_vec_dotu2_q5_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *xa, const void *xb,
-                                        size_t term_bytes, int terms, int64_t n, float out[2])
-{
-    kcpu_vec_dotu2_q4_K_q8_K_avx2(u, xa, xb, term_bytes, terms, n, out);
-}
-
-AVX2 void kcpu_vec_dotu2_q6_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *xa, const void *xb,
-                                        size_t term_bytes, int terms, int64_t n, float out[2])
-{
-    const bl_block_q8_K *bx[4] = {xa, (const bl_block_q8_K *)((const uint8_t *)xa + term_bytes), xb,
-                                  (const bl_block_q8_K *)((const uint8_t *)xb + term_bytes)};
-    if (terms == 2)
-        dotu2_K(u, bx, 2, n / BL_QK_K, 1, out);
-    else
-        dotu2_K(u, bx, 1, n / BL_QK_K, 1, out);
-}
+#define DOTU2_TARGET AVX2
+#include "vec_dot_dotu2.h"
+DOTU2_ENTRY_POINTS(avx2)
 
 AVX2 float kcpu_vec_dotu_q4_K_q8_K_avx2(const kcpu_kunpacked_t *u, const void *x0, const void *x1,
                                         int64_t n)

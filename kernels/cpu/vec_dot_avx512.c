@@ -7,6 +7,7 @@
  * same, in the same order. One instruction a product group instead of two. */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "blocks.h"
 #include "kcpu.h"
@@ -96,6 +97,33 @@ AVX512 static inline void dot_q8_family(const bl_block_q8_0 *a8, const bl_block_
 
 Q8F_ENTRY_POINTS(avx512)
 
+/* The unpacked K-quant dots for two activation rows (vec_dot_dotu2.h): two 32-element
+ * chunks a 512-bit vpmaddubsw/vpmaddwd pair, their int32 lanes folded onto the AVX2
+ * kernel's eight (each lane then sums the same products, exactly), so the AVX2
+ * kernels' bits. */
+AVX512 static inline void dotu2_sums(const kcpu_kunpacked_t *u, const bl_block_q8_K *const *bx, int nx,
+                                     int64_t i, __m256i sumi[4])
+{
+    __m512i wide[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                       _mm512_setzero_si512()};
+    for (int c = 0; c < 8; c += 2) {
+        const __m512i q = _mm512_loadu_si512(u->q + 32 * c);
+        const __m512i sc = _mm512_loadu_si512(u->scv[c]);
+        for (int r = 0; r < 2; r++)
+            for (int t = 0; t < nx; t++) {
+                const int st = 2 * r + t;
+                const __m512i y = _mm512_loadu_si512(bx[st][i].qs + 32 * c);
+                wide[st] = _mm512_add_epi32(wide[st], _mm512_madd_epi16(_mm512_maddubs_epi16(q, y), sc));
+            }
+    }
+    for (int st = 0; st < 4; st++)
+        sumi[st] = _mm256_add_epi32(_mm512_castsi512_si256(wide[st]), _mm512_extracti64x4_epi64(wide[st], 1));
+}
+
+#define DOTU2_TARGET AVX512
+#include "vec_dot_dotu2.h"
+DOTU2_ENTRY_POINTS(avx512)
+
 #else /* not x86-64: the names exist so the table compiles; kcpu_init never picks them */
 
 float kcpu_vec_dot_q8_0_q8_0_avx512(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q8_0_q8_0_ref(w, x, n); }
@@ -104,5 +132,9 @@ float kcpu_vec_dot_mxfp4_q8_0_avx512(const void *w, const void *x, int64_t n) { 
 float kcpu_vec_dot2_mxfp4_q8_0_avx512(const void *w, const void *x0, const void *x1, int64_t n) { return kcpu_vec_dot2_mxfp4_q8_0_ref(w, x0, x1, n); }
 void kcpu_vec_dotp_q8_0_q8_0_avx512(const void *w, const void *xa, const void *xb, size_t tb, int terms, int64_t n, float out[2]) { kcpu_vec_dotp_q8_0_q8_0_ref(w, xa, xb, tb, terms, n, out); }
 void kcpu_vec_dotp_mxfp4_q8_0_avx512(const void *w, const void *xa, const void *xb, size_t tb, int terms, int64_t n, float out[2]) { kcpu_vec_dotp_mxfp4_q8_0_ref(w, xa, xb, tb, terms, n, out); }
+/* No unpacked reference kernel exists; kcpu_init never selects these off x86-64. */
+void kcpu_vec_dotu2_q4_K_q8_K_avx512(const kcpu_kunpacked_t *u, const void *xa, const void *xb, size_t tb, int terms, int64_t n, float out[2]) { (void)u; (void)xa; (void)xb; (void)tb; (void)terms; (void)n; (void)out; abort(); }
+void kcpu_vec_dotu2_q5_K_q8_K_avx512(const kcpu_kunpacked_t *u, const void *xa, const void *xb, size_t tb, int terms, int64_t n, float out[2]) { (void)u; (void)xa; (void)xb; (void)tb; (void)terms; (void)n; (void)out; abort(); }
+void kcpu_vec_dotu2_q6_K_q8_K_avx512(const kcpu_kunpacked_t *u, const void *xa, const void *xb, size_t tb, int terms, int64_t n, float out[2]) { (void)u; (void)xa; (void)xb; (void)tb; (void)terms; (void)n; (void)out; abort(); }
 
 #endif

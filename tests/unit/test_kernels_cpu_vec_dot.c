@@ -163,7 +163,8 @@ static void test_vec_dot_quant_pairs(void **state)
 /* Unpacked K-quant rows (the batched matmul's tiles): the AVX2 unpackers write the
  * scalar ones' bytes; the unpacked dots, one and two activation rows, one and two
  * terms, give exactly the bits of the packed AVX2 dots (a row's result must not
- * depend on whether it was batched) and so stay within the references' tolerance. */
+ * depend on whether it was batched) and so stay within the references' tolerance;
+ * the AVX-512 two-row dots give the AVX2 ones' bits where the CPU has them. */
 static void test_vec_dot_unpacked_k_quants(void **state)
 {
     (void)state;
@@ -177,19 +178,19 @@ static void test_vec_dot_unpacked_k_quants(void **state)
         uint32_t type;
         unpack_fn ref, avx2;
         dotu_fn dotu;
-        dotu2_fn dotu2;
+        dotu2_fn dotu2, dotu2_512;
         dot_fn dot, dot_ref;
         dot2_fn dot2;
     } k[] = {
         {BL_TYPE_Q4_K, kcpu_unpack_q4_K, kcpu_unpack_q4_K_avx2, kcpu_vec_dotu_q4_K_q8_K_avx2,
-         kcpu_vec_dotu2_q4_K_q8_K_avx2, kcpu_vec_dot_q4_K_q8_K_avx2, kcpu_vec_dot_q4_K_q8_K_ref,
-         kcpu_vec_dot2_q4_K_q8_K_avx2},
+         kcpu_vec_dotu2_q4_K_q8_K_avx2, kcpu_vec_dotu2_q4_K_q8_K_avx512, kcpu_vec_dot_q4_K_q8_K_avx2,
+         kcpu_vec_dot_q4_K_q8_K_ref, kcpu_vec_dot2_q4_K_q8_K_avx2},
         {BL_TYPE_Q5_K, kcpu_unpack_q5_K, kcpu_unpack_q5_K_avx2, kcpu_vec_dotu_q5_K_q8_K_avx2,
-         kcpu_vec_dotu2_q5_K_q8_K_avx2, kcpu_vec_dot_q5_K_q8_K_avx2, kcpu_vec_dot_q5_K_q8_K_ref,
-         kcpu_vec_dot2_q5_K_q8_K_avx2},
+         kcpu_vec_dotu2_q5_K_q8_K_avx2, kcpu_vec_dotu2_q5_K_q8_K_avx512, kcpu_vec_dot_q5_K_q8_K_avx2,
+         kcpu_vec_dot_q5_K_q8_K_ref, kcpu_vec_dot2_q5_K_q8_K_avx2},
         {BL_TYPE_Q6_K, kcpu_unpack_q6_K, kcpu_unpack_q6_K_avx2, kcpu_vec_dotu_q6_K_q8_K_avx2,
-         kcpu_vec_dotu2_q6_K_q8_K_avx2, kcpu_vec_dot_q6_K_q8_K_avx2, kcpu_vec_dot_q6_K_q8_K_ref,
-         kcpu_vec_dot2_q6_K_q8_K_avx2},
+         kcpu_vec_dotu2_q6_K_q8_K_avx2, kcpu_vec_dotu2_q6_K_q8_K_avx512, kcpu_vec_dot_q6_K_q8_K_avx2,
+         kcpu_vec_dot_q6_K_q8_K_ref, kcpu_vec_dot2_q6_K_q8_K_avx2},
     };
     int bad = 0;
     for (size_t ti = 0; ti < sizeof k / sizeof k[0]; ti++) {
@@ -249,6 +250,14 @@ static void test_vec_dot_unpacked_k_quants(void **state)
                             print_error("type %u: %lld blocks rep %d: dotu2 row %d terms %d %.9g, dotu %.9g\n",
                                         k[ti].type, (long long)nb, rep, row, terms, (double)o[row], (double)e);
                     }
+                    if (!kcpu_have_avx512())
+                        continue;
+                    float o5[2];
+                    k[ti].dotu2_512(ur, xq, xq + 2 * arb, arb, terms, n, o5);
+                    if (memcmp(o5, o, sizeof o) != 0 && bad++ < 5)
+                        print_error("type %u: %lld blocks rep %d terms %d: avx512 dotu2 %.9g %.9g, avx2 %.9g %.9g\n",
+                                    k[ti].type, (long long)nb, rep, terms, (double)o5[0], (double)o5[1],
+                                    (double)o[0], (double)o[1]);
                 }
                 free(w);
                 free(ur);
