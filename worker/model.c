@@ -517,8 +517,6 @@ int wk__place_mtp(wk_model_t *m, bl_err_t *err)
     return 0;
 }
 
-/* The most likely token of a row of n_vocab logits (the lowest id of equals), and its
- * softmax probability into *p. */
 int wk__mtp_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err)
 {
     const wk_config_t *c = &m->cfg;
