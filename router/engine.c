@@ -23,7 +23,6 @@
 
 #include "log.h"
 #include "slotfile.h"
-#include "spool.h"
 
 #define STOP_MAX_LEN 1024 /* bytes per stop string: bounds the text held back */
 #define N_CAND_LOOKUP 128 /* sampler candidates searched for the reported probabilities */
@@ -172,7 +171,7 @@ struct rt_engine {
 
     pthread_t thread;
     int thread_started;
-    rt_spool_t *spool;      /* the rows' sampling, spread over helper threads */
+    kcpu_pool_t *pool;      /* the rows' sampling threads beside this one (NULL: none) */
     struct sample_job {     /* (n_slots): a step's rows to sample, then their tokens */
         slot_t *s;
         const float *row;
@@ -180,6 +179,7 @@ struct rt_engine {
         int32_t tok;
     } *jobs;
     int n_jobs;             /* the last sample_rows's */
+    atomic_int job_next;    /* the next job a sampling thread takes */
     pthread_mutex_t mu;
     pthread_cond_t cv;
 
@@ -1967,6 +1967,16 @@ static void keep_proposals(slot_t *s, int keep)
         s->d_past = s->n_past + 1 + s->n_draft;
 }
 
+int rt_engine_sample_helpers(int n_slots, int n_cpus)
+{
+    int h = n_cpus / 2 - 1;
+    if (h > n_slots - 1)
+        h = n_slots - 1;
+    if (h > 7)
+        h = 7;
+    return h > 0 ? h : 0;
+}
+
 rt_spec_limits_t rt_engine_spec_limits(const rt_engine_t *e, const rt_task_params_t *p)
 {
     rt_spec_limits_t l = {.n_max = e->o.draft_max, .n_min = e->o.draft_min, .p_min = e->o.draft_p_min};
@@ -2337,10 +2347,15 @@ static void step_times(rt_engine_t *e, int64_t t0, int64_t t1)
     pthread_mutex_unlock(&e->mu);
 }
 
-static void sample_job(void *ctx, int i)
+/* A sampling thread's share: jobs taken one at a time until none is left (rows differ
+ * in cost: penalties, grammars). */
+static void sample_task(void *ctx, int ith, int nth)
 {
-    struct sample_job *j = &((rt_engine_t *)ctx)->jobs[i];
-    j->tok = rt_sampler_sample(j->s->smpl, j->row);
+    (void)ith;
+    (void)nth;
+    rt_engine_t *e = ctx;
+    for (int i; (i = atomic_fetch_add(&e->job_next, 1)) < e->n_jobs;)
+        e->jobs[i].tok = rt_sampler_sample(e->jobs[i].s->smpl, e->jobs[i].row);
 }
 
 /* Draws the tokens of the step's plain output rows (one row, a task that wants a
@@ -2370,7 +2385,11 @@ static int sample_rows(rt_engine_t *e, const rt_step_seq_t *seqs, const int *seq
         }
     }
     e->n_jobs = nj;
-    rt_spool_run(e->spool, nj, sample_job, e);
+    atomic_store(&e->job_next, 0);
+    if (e->pool && nj > 1)
+        kcpu_pool_run(e->pool, sample_task, e);
+    else
+        sample_task(e, 0, 1);
     return again;
 }
 
@@ -2922,7 +2941,7 @@ int rt_engine_create(rt_engine_t **out, const rt_engine_opts_t *o, rt_cluster_t 
     }
     e->async->data = e;
     const long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int helpers = rt_spool_default_helpers(o->n_slots, n_cpus > 0 ? (int)n_cpus : 1);
+    int helpers = rt_engine_sample_helpers(o->n_slots, n_cpus > 0 ? (int)n_cpus : 1);
     const char *hv = getenv("BLOOMERY_SAMPLE_THREADS"); /* the sampling threads, helpers + 1 */
     const int threads = hv && *hv ? atoi(hv) : 0;
     if (threads >= 1 && threads <= 65)
@@ -2932,9 +2951,12 @@ int rt_engine_create(rt_engine_t **out, const rt_engine_opts_t *o, rt_cluster_t 
         have_msg = 1;
         goto fail;
     }
-    if ((rc = rt_spool_create(&e->spool, helpers, err))) {
-        have_msg = 1;
-        goto fail;
+    if (helpers > 0) {
+        if ((rc = kcpu_pool_create(&e->pool, helpers + 1, err))) {
+            have_msg = 1;
+            goto fail;
+        }
+        kcpu_pool_set_poll(e->pool, 0); /* between steps the helpers sleep: the worker computes */
     }
     if (e->o.cache_dir) /* before the thread: the entries and their names are known */
         dk_scan(e);
@@ -2973,7 +2995,7 @@ fail:
     free(e->order);
     free(e->info);
     free(e->eog);
-    rt_spool_destroy(e->spool);
+    kcpu_pool_destroy(e->pool);
     free(e->jobs);
     if (cv_ok)
         pthread_cond_destroy(&e->cv);
@@ -3013,7 +3035,7 @@ void rt_engine_destroy(rt_engine_t *e)
     pthread_mutex_unlock(&e->mu);
     if (e->thread_started)
         pthread_join(e->thread, NULL);
-    rt_spool_destroy(e->spool);
+    kcpu_pool_destroy(e->pool);
     free(e->jobs);
 
     /* events never delivered, and tasks whose handle the loop still held */

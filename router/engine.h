@@ -60,6 +60,12 @@ typedef struct rt_task_params {
     float spec_p_min;
 } rt_task_params_t;
 
+/* The sampling threads the engine starts beside its own for n_slots slots on a host
+ * of n_cpus (BLOOMERY_SAMPLE_THREADS=N overrides: N - 1): none for one slot or a host
+ * of 2 CPUs or fewer (the worker's threads need them), else one per extra slot up to
+ * n_cpus / 2 - 1 and 7. */
+int rt_engine_sample_helpers(int n_slots, int n_cpus);
+
 /* A task's draft limits as the engine applies them: its own where the request gave
  * them, else the server's; n_max at most the server's (the steps are sized for it),
  * n_min at most n_max (llama-server's rule). */

@@ -1703,6 +1703,18 @@ static void test_engine_slots_snapshot(void **state)
     assert_int_equal(st.requests_processing, 0);
 }
 
+/* The sampling threads' policy (rt_engine_sample_helpers). */
+static void test_engine_sample_helpers(void **state)
+{
+    (void)state;
+    assert_int_equal(rt_engine_sample_helpers(1, 64), 0);  /* one slot */
+    assert_int_equal(rt_engine_sample_helpers(8, 2), 0);   /* the CI machine */
+    assert_int_equal(rt_engine_sample_helpers(8, 4), 1);
+    assert_int_equal(rt_engine_sample_helpers(8, 16), 7);
+    assert_int_equal(rt_engine_sample_helpers(4, 16), 3);
+    assert_int_equal(rt_engine_sample_helpers(32, 128), 7);
+}
+
 int main(void)
 {
     bl_log_init("test", BL_LOG_WARN + 1); /* the engine's expected warnings stay quiet */
@@ -1755,8 +1767,13 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_engine_n_probs_are_log_softmax_of_the_logits, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_engine_slots_snapshot, setup, teardown),
+        cmocka_unit_test(test_engine_sample_helpers),
     };
+    /* once as the host's CPUs have it (none on a 2-CPU host), once with a step's rows
+     * drawn on three threads: the same assertions either way */
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    setenv("BLOOMERY_SAMPLE_THREADS", "3", 1);
+    rc |= cmocka_run_group_tests(tests, NULL, NULL);
     rt_tokenizer_destroy(g_tok);
     return rc;
 }
