@@ -10,9 +10,10 @@
  *            in integers; a weight format without an integer kernel takes the
  *            precise path. By default (KCPU_FAST16) K-quant weights meet 16-bit
  *            activations (kcpu_block_q16_K, _mm256_madd_epi16 against int16 weights
- *            times their scales), and q8_0/q4_0 weights two q8_0 rows, the value and
- *            the residual it leaves; a matrix marked act_q8 (the output head) keeps
- *            two q8_K rows. KCPU_FAST8 keeps one q8 term, as llama.cpp does; its
+ *            times their scales), and q8_0, q4_0 and mxfp4 weights 16-bit activations
+ *            in blocks of 32 (kcpu_block_q16_0); a K-quant matrix marked act_q8 (the
+ *            output head) keeps two q8_K rows, the value and the residual it
+ *            leaves. KCPU_FAST8 keeps one q8 term, as llama.cpp does; its
  *            error is llama.cpp's (mean |dlogit| ~0.06 on the tiny oracle model
  *            against ~0.0009 for 16 bits). f32 and f16 weights are dotted in f32.
  * Results never depend on the thread count: every output element is computed by
@@ -203,6 +204,48 @@ void kcpu_vec_dotn_q5_K_q16_K_avx512(const void *w, const kcpu_block_q16_K *cons
                                      float *out);
 void kcpu_vec_dotn_q6_K_q16_K_avx512(const void *w, const kcpu_block_q16_K *const *x, int nx, int64_t n,
                                      float *out);
+
+/* The fast path's activation block for q8_0, q4_0 and mxfp4 weights
+ * (KCPU_FAST16): 32 values as x = d * q with |q| <= 32767, one scale a block as
+ * the weights have one. 16 bits at one term's integer multiplies
+ * (_mm256_madd_epi16 against the weights widened to int16), where a q8_0 value and
+ * its q8_0 residual took two. 68 bytes, the room of those two q8_0 blocks. */
+typedef struct kcpu_block_q16_0 {
+    float d;
+    int16_t q[32];
+} kcpu_block_q16_0;
+
+/* Quantizes n values (a multiple of 32) of x into n / 32 blocks; the AVX2 variant
+ * writes the same bytes. */
+void kcpu_quantize_row_q16_0_ref(const float *x, kcpu_block_q16_0 *y, int64_t n);
+void kcpu_quantize_row_q16_0_avx2(const float *x, kcpu_block_q16_0 *y, int64_t n);
+
+/* The reference dots: each block's integer products summed exactly, the blocks in
+ * double. */
+float kcpu_vec_dot_q8_0_q16_0_ref(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot_q4_0_q16_0_ref(const void *w, const void *x, int64_t n);
+float kcpu_vec_dot_mxfp4_q16_0_ref(const void *w, const void *x, int64_t n);
+
+/* kcpu_vec_dotn_*_q16_0: one weight row w against nx (1..KCPU_DOTN_MAX) activation
+ * rows x[0..nx), out[c] = dot(w, x[c]). The _ref variants are the reference dot of
+ * each row. In the AVX2 variants each weight block is widened to int16 once for up
+ * to four rows, and a row's bits do not depend on nx or on the rows beside it:
+ * block i adds fma(d_w * d_x, float(eight int32 lane sums), acc[i % 2]) and the
+ * row's dot is the fixed horizontal sum of acc[0] + acc[1]. A lane adds four
+ * products (elements 2l, 2l + 1, 16 + 2l, 17 + 2l) of at most 128 * 32767 each, under
+ * 2^24, so its float is exact. The avx512 set runs these (the same bits). */
+void kcpu_vec_dotn_q8_0_q16_0_ref(const void *w, const kcpu_block_q16_0 *const *x, int nx, int64_t n,
+                                  float *out);
+void kcpu_vec_dotn_q4_0_q16_0_ref(const void *w, const kcpu_block_q16_0 *const *x, int nx, int64_t n,
+                                  float *out);
+void kcpu_vec_dotn_mxfp4_q16_0_ref(const void *w, const kcpu_block_q16_0 *const *x, int nx, int64_t n,
+                                   float *out);
+void kcpu_vec_dotn_q8_0_q16_0_avx2(const void *w, const kcpu_block_q16_0 *const *x, int nx, int64_t n,
+                                   float *out);
+void kcpu_vec_dotn_q4_0_q16_0_avx2(const void *w, const kcpu_block_q16_0 *const *x, int nx, int64_t n,
+                                   float *out);
+void kcpu_vec_dotn_mxfp4_q16_0_avx2(const void *w, const kcpu_block_q16_0 *const *x, int nx, int64_t n,
+                                    float *out);
 
 /* A K-quant weight block unpacked for q16_K activations: w holds each weight's
  * integer times its group scale (sc * q for q4_K/q5_K, at most 1953; sc * (q - 32)

@@ -36,6 +36,8 @@ typedef void (*kcpu_dotu2_fn)(const kcpu_kunpacked_t *u, const void *xa, const v
 typedef void (*kcpu_quant16_fn)(const float *x, kcpu_block_q16_K *y, int64_t n);
 typedef void (*kcpu_unpack16_fn)(const void *w, kcpu_kunpacked16_t *u, int64_t n);
 typedef void (*kcpu_dotn16_fn)(const void *w, const kcpu_block_q16_K *const *x, int nx, int64_t n, float *out);
+typedef void (*kcpu_quant16_0_fn)(const float *x, kcpu_block_q16_0 *y, int64_t n);
+typedef void (*kcpu_dotn16_0_fn)(const void *w, const kcpu_block_q16_0 *const *x, int nx, int64_t n, float *out);
 typedef void (*kcpu_gemm16_fn)(const kcpu_kunpacked16_t *const u[2], int nr,
                                const kcpu_block_q16_K *const x[4], int nc, int64_t nb, int q6,
                                float out[8]);
@@ -87,6 +89,11 @@ typedef struct kcpu_kernels {
     kcpu_dotn16_fn dotn_q4_K_q16_K;
     kcpu_dotn16_fn dotn_q5_K_q16_K;
     kcpu_dotn16_fn dotn_q6_K_q16_K;
+    /* 16-bit activations in blocks of 32 (q8_0, q4_0, mxfp4 weights): any rows */
+    kcpu_quant16_0_fn quantize_q16_0;
+    kcpu_dotn16_0_fn dotn_q8_0_q16_0;
+    kcpu_dotn16_0_fn dotn_q4_0_q16_0;
+    kcpu_dotn16_0_fn dotn_mxfp4_q16_0;
     /* Attention over an f16 cache, a KV head's query heads at once (hd % 8 == 0 for
      * the AVX2 set; other head sizes take the references). */
     void (*exp_sub)(float *x, int64_t n, float m);

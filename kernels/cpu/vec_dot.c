@@ -3,8 +3,9 @@
  * against these. Integer products are summed exactly per (sub-)block; the float
  * f32/f16 dots sum in double so that the reference is the more accurate side.
  * Also the scalar unpackers of K-quant rows for batched products, and the 16-bit
- * activation format of the fast path (kcpu_block_q16_K): its quantizer, its dots
- * with q4_K, q5_K and q6_K, and the unpackers of its batched tiles. */
+ * activation formats of the fast path (kcpu_block_q16_K, kcpu_block_q16_0): their
+ * quantizers, their dots with the K-quants and with q8_0, q4_0 and mxfp4, and the
+ * unpackers of the K-quants' batched tiles. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -396,6 +397,95 @@ float kcpu_vec_dot_q6_K_q16_K_ref(const void *w, const void *x, int64_t n)
         s += (double)bl_fp16_to_fp32(a[i].d) * (double)b[i].d * (double)sumi;
     }
     return (float)s;
+}
+
+// --- 16-bit activations in blocks of 32 (q16_0) ------------------------------------------
+
+/* As q16_K, a block of 32 at a time: d = amax / 32767. */
+void kcpu_quantize_row_q16_0_ref(const float *x, kcpu_block_q16_0 *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / BL_QK; i++, x += BL_QK, y++) {
+        float amax = 0.0f;
+        for (int j = 0; j < BL_QK; j++) {
+            const float a = fabsf(x[j]);
+            amax = a > amax ? a : amax;
+        }
+        const float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        for (int j = 0; j < BL_QK; j++) {
+            float v = x[j] * id;
+            v = v < -32767.0f ? -32767.0f : v > 32767.0f ? 32767.0f : v;
+            y->q[j] = (int16_t)lrintf(v);
+        }
+        y->d = amax / 32767.0f;
+    }
+}
+
+/* Weight block i of a q8_0, q4_0 or mxfp4 row (the one of a8, a4, am given) as 32
+ * integers in element order, and its scale. */
+static float q16_0_weights(const bl_block_q8_0 *a8, const bl_block_q4_0 *a4, const bl_block_mxfp4 *am,
+                           int64_t i, int w[BL_QK])
+{
+    if (a8) {
+        for (int j = 0; j < BL_QK; j++)
+            w[j] = a8[i].qs[j];
+        return bl_fp16_to_fp32(a8[i].d);
+    }
+    const uint8_t *qs = a4 ? a4[i].qs : am[i].qs;
+    for (int j = 0; j < BL_QK / 2; j++) {
+        const int lo = qs[j] & 0xf, hi = qs[j] >> 4;
+        w[j] = a4 ? lo - 8 : bl_e2m1_doubled[lo];
+        w[j + BL_QK / 2] = a4 ? hi - 8 : bl_e2m1_doubled[hi];
+    }
+    return a4 ? bl_fp16_to_fp32(a4[i].d) : bl_e8m0_to_fp32_half(am[i].e);
+}
+
+static float dot_q16_0_ref(const bl_block_q8_0 *a8, const bl_block_q4_0 *a4, const bl_block_mxfp4 *am,
+                           const kcpu_block_q16_0 *b, int64_t nb)
+{
+    double s = 0.0;
+    for (int64_t i = 0; i < nb; i++) {
+        int w[BL_QK];
+        const float dw = q16_0_weights(a8, a4, am, i, w);
+        int64_t isum = 0;
+        for (int j = 0; j < BL_QK; j++)
+            isum += (int64_t)w[j] * b[i].q[j];
+        s += (double)dw * (double)b[i].d * (double)isum;
+    }
+    return (float)s;
+}
+
+float kcpu_vec_dot_q8_0_q16_0_ref(const void *w, const void *x, int64_t n)
+{
+    return dot_q16_0_ref(w, NULL, NULL, x, n / BL_QK);
+}
+
+float kcpu_vec_dot_q4_0_q16_0_ref(const void *w, const void *x, int64_t n)
+{
+    return dot_q16_0_ref(NULL, w, NULL, x, n / BL_QK);
+}
+
+float kcpu_vec_dot_mxfp4_q16_0_ref(const void *w, const void *x, int64_t n)
+{
+    return dot_q16_0_ref(NULL, NULL, w, x, n / BL_QK);
+}
+
+void kcpu_vec_dotn_q8_0_q16_0_ref(const void *w, const kcpu_block_q16_0 *const *x, int nx, int64_t n, float *out)
+{
+    for (int c = 0; c < nx; c++)
+        out[c] = kcpu_vec_dot_q8_0_q16_0_ref(w, x[c], n);
+}
+
+void kcpu_vec_dotn_q4_0_q16_0_ref(const void *w, const kcpu_block_q16_0 *const *x, int nx, int64_t n, float *out)
+{
+    for (int c = 0; c < nx; c++)
+        out[c] = kcpu_vec_dot_q4_0_q16_0_ref(w, x[c], n);
+}
+
+void kcpu_vec_dotn_mxfp4_q16_0_ref(const void *w, const kcpu_block_q16_0 *const *x, int nx, int64_t n,
+                                   float *out)
+{
+    for (int c = 0; c < nx; c++)
+        out[c] = kcpu_vec_dot_mxfp4_q16_0_ref(w, x[c], n);
 }
 
 static void unpack16_q45_K(const bl_block_q4_K *a4, const bl_block_q5_K *a5, kcpu_kunpacked16_t *u,

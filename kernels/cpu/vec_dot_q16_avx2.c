@@ -1,6 +1,8 @@
 /* AVX2 kernels of the 16-bit activation format (kcpu_block_q16_K), the fast path's
  * partner of K-quant weights: the quantizer, the packed dots a decode step streams
- * the weights through, the unpackers of a batch's weight tiles and the tile kernel.
+ * the weights through, the unpackers of a batch's weight tiles and the tile kernel;
+ * and those of its blocks of 32 (kcpu_block_q16_0) against q8_0, q4_0 and mxfp4
+ * weights (kcpu.h says how their bits are kept).
  * Products are _mm256_madd_epi16 of int16 weights (already times their group
  * scale) and int16 activations, summed exactly in int32 lanes.
  *
@@ -418,6 +420,131 @@ AVX2 void kcpu_gemm_u16_q16_K_avx2(const kcpu_kunpacked16_t *const u[2], int nr,
     }
 }
 
+// --- q16_0: blocks of 32 against q8_0, q4_0 and mxfp4 weights --------------------------------
+
+/* As the q16_K quantizer, a block of 32 at a time. */
+AVX2 void kcpu_quantize_row_q16_0_avx2(const float *x, kcpu_block_q16_0 *y, int64_t n)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 hi = _mm256_set1_ps(32767.0f), lo = _mm256_set1_ps(-32767.0f);
+    for (int64_t i = 0; i < n / BL_QK; i++, x += BL_QK, y++) {
+        __m256 v[4];
+        __m256 mx = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            v[j] = _mm256_loadu_ps(x + 8 * j);
+            mx = _mm256_max_ps(mx, _mm256_and_ps(v[j], absmask));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        const __m256 vid = _mm256_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
+        for (int j = 0; j < 4; j += 2) {
+            const __m256 v0 = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v[j], vid), lo), hi);
+            const __m256 v1 = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v[j + 1], vid), lo), hi);
+            const __m256i q =
+                _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_cvtps_epi32(v0), _mm256_cvtps_epi32(v1)), 0xd8);
+            _mm256_storeu_si256((__m256i *)(y->q + 8 * j), q);
+        }
+        y->d = amax / 32767.0f;
+    }
+}
+
+/* Weight block i of a q8_0, q4_0 or mxfp4 row (whichever of a8, a4, am is given)
+ * as int16: elements 0..15 in *w0, 16..31 in *w1; its scale in *dw. */
+AVX2 static INLINE void q16_0_weights(const bl_block_q8_0 *a8, const bl_block_q4_0 *a4, const bl_block_mxfp4 *am,
+                                      int64_t i, __m256i *w0, __m256i *w1, float *dw)
+{
+    if (a8) {
+        *w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a8[i].qs));
+        *w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(a8[i].qs + 16)));
+        *dw = _cvtsh_ss(a8[i].d);
+        return;
+    }
+    const __m128i m4 = _mm_set1_epi8(0xf);
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(a4 ? a4[i].qs : am[i].qs));
+    __m128i l = _mm_and_si128(raw, m4), h = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
+    if (a4) {
+        l = _mm_sub_epi8(l, _mm_set1_epi8(8));
+        h = _mm_sub_epi8(h, _mm_set1_epi8(8));
+        *dw = _cvtsh_ss(a4[i].d);
+    } else {
+        const __m128i tab = _mm_loadu_si128((const __m128i *)bl_e2m1_doubled);
+        l = _mm_shuffle_epi8(tab, l);
+        h = _mm_shuffle_epi8(tab, h);
+        *dw = bl_e8m0_to_fp32_half(am[i].e);
+    }
+    *w0 = _mm256_cvtepi8_epi16(l);
+    *w1 = _mm256_cvtepi8_epi16(h);
+}
+
+/* Block i into accumulator acc[c][j] of each of the NX rows. */
+#define Q16_0_BLOCK(NX, i, j)                                                                                    \
+    do {                                                                                                         \
+        __m256i w0, w1;                                                                                          \
+        float dw;                                                                                                \
+        q16_0_weights(a8, a4, am, (i), &w0, &w1, &dw);                                                           \
+        const __m256 vdw = _mm256_set1_ps(dw);                                                                   \
+        for (int c = 0; c < (NX); c++) {                                                                         \
+            const kcpu_block_q16_0 *b = x[c] + (i);                                                              \
+            const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)b->q)), \
+                                               _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(b->q + 16)))); \
+            acc[c][j] = _mm256_fmadd_ps(_mm256_mul_ps(vdw, _mm256_broadcast_ss(&b->d)), _mm256_cvtepi32_ps(p),  \
+                                        acc[c][j]);                                                              \
+        }                                                                                                        \
+    } while (0)
+
+/* NX (1..4) rows in one pass over the weight row: even blocks into acc[c][0], odd
+ * ones into acc[c][1] (two chains of fused multiply-adds a row). */
+AVX2 static INLINE void q16_0_pass(const bl_block_q8_0 *a8, const bl_block_q4_0 *a4, const bl_block_mxfp4 *am,
+                                   const kcpu_block_q16_0 *const *x, const int NX, int64_t nb, float *out)
+{
+    __m256 acc[4][2];
+    for (int c = 0; c < NX; c++)
+        acc[c][0] = acc[c][1] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        Q16_0_BLOCK(NX, i, 0);
+        Q16_0_BLOCK(NX, i + 1, 1);
+    }
+    if (i < nb)
+        Q16_0_BLOCK(NX, i, 0);
+    for (int c = 0; c < NX; c++)
+        out[c] = hsum8(_mm256_add_ps(acc[c][0], acc[c][1]));
+}
+
+AVX2 static INLINE void dotn_q16_0(const bl_block_q8_0 *a8, const bl_block_q4_0 *a4, const bl_block_mxfp4 *am,
+                                   const kcpu_block_q16_0 *const *x, int nx, int64_t n, float *out)
+{
+    KCPU_ASSERT(nx >= 1 && nx <= KCPU_DOTN_MAX);
+    for (int c0 = 0; c0 < nx; c0 += 4) {
+        switch (nx - c0 < 4 ? nx - c0 : 4) {
+        case 1: q16_0_pass(a8, a4, am, x + c0, 1, n / BL_QK, out + c0); break;
+        case 2: q16_0_pass(a8, a4, am, x + c0, 2, n / BL_QK, out + c0); break;
+        case 3: q16_0_pass(a8, a4, am, x + c0, 3, n / BL_QK, out + c0); break;
+        default: q16_0_pass(a8, a4, am, x + c0, 4, n / BL_QK, out + c0); break;
+        }
+    }
+}
+
+AVX2 void kcpu_vec_dotn_q8_0_q16_0_avx2(const void *w, const kcpu_block_q16_0 *const *x, int nx, int64_t n,
+                                        float *out)
+{
+    dotn_q16_0(w, NULL, NULL, x, nx, n, out);
+}
+
+AVX2 void kcpu_vec_dotn_q4_0_q16_0_avx2(const void *w, const kcpu_block_q16_0 *const *x, int nx, int64_t n,
+                                        float *out)
+{
+    dotn_q16_0(NULL, w, NULL, x, nx, n, out);
+}
+
+AVX2 void kcpu_vec_dotn_mxfp4_q16_0_avx2(const void *w, const kcpu_block_q16_0 *const *x, int nx, int64_t n,
+                                         float *out)
+{
+    dotn_q16_0(NULL, NULL, w, x, nx, n, out);
+}
+
 #else /* not x86-64: the names exist so the table compiles; kcpu_init never picks them */
 
 void kcpu_quantize_row_q16_K_avx2(const float *x, kcpu_block_q16_K *y, int64_t n) { kcpu_quantize_row_q16_K_ref(x, y, n); }
@@ -428,5 +555,10 @@ void kcpu_unpack16_q4_K_avx2(const void *w, kcpu_kunpacked16_t *u, int64_t n) { 
 void kcpu_unpack16_q5_K_avx2(const void *w, kcpu_kunpacked16_t *u, int64_t n) { kcpu_unpack16_q5_K(w, u, n); }
 void kcpu_unpack16_q6_K_avx2(const void *w, kcpu_kunpacked16_t *u, int64_t n) { kcpu_unpack16_q6_K(w, u, n); }
 void kcpu_gemm_u16_q16_K_avx2(const kcpu_kunpacked16_t *const u[2], int nr, const kcpu_block_q16_K *const x[4], int nc, int64_t nb, int q6, float out[8]) { (void)u; (void)nr; (void)x; (void)nc; (void)nb; (void)q6; (void)out; abort(); }
+
+void kcpu_quantize_row_q16_0_avx2(const float *x, kcpu_block_q16_0 *y, int64_t n) { kcpu_quantize_row_q16_0_ref(x, y, n); }
+void kcpu_vec_dotn_q8_0_q16_0_avx2(const void *w, const kcpu_block_q16_0 *const *x, int nx, int64_t n, float *out) { kcpu_vec_dotn_q8_0_q16_0_ref(w, x, nx, n, out); }
+void kcpu_vec_dotn_q4_0_q16_0_avx2(const void *w, const kcpu_block_q16_0 *const *x, int nx, int64_t n, float *out) { kcpu_vec_dotn_q4_0_q16_0_ref(w, x, nx, n, out); }
+void kcpu_vec_dotn_mxfp4_q16_0_avx2(const void *w, const kcpu_block_q16_0 *const *x, int nx, int64_t n, float *out) { kcpu_vec_dotn_mxfp4_q16_0_ref(w, x, nx, n, out); }
 
 #endif

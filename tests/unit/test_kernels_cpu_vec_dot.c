@@ -974,6 +974,164 @@ static void test_kernel_set_selection(void **state)
     assert_int_equal(kcpu_act_type(BL_TYPE_IQ2_XXS), -1);
 }
 
+// --- 16-bit activations in blocks of 32 (q16_0) --------------------------------------------
+
+/* The AVX2 quantizer writes the reference's bytes, and every value is within half a
+ * step of its input. */
+static void test_quantize_q16_0(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(700);
+    int bad = 0;
+    for (size_t si = 0; si < sizeof k_nblocks / sizeof k_nblocks[0]; si++) {
+        const int64_t nb = k_nblocks[si], n = nb * BL_QK;
+        float *x = malloc(sizeof(float) * (size_t)n);
+        kcpu_block_q16_0 *a = malloc(sizeof *a * (size_t)nb), *b = malloc(sizeof *b * (size_t)nb);
+        rand_act(&r, x, n);
+        if (si == 0)
+            for (int j = 0; j < BL_QK; j++)
+                x[j] = 0.0f; /* an all-zero block: d 0, q 0 */
+        kcpu_quantize_row_q16_0_ref(x, a, n);
+        for (int64_t i = 0; i < nb; i++) {
+            int top = 0;
+            for (int j = 0; j < BL_QK; j++) {
+                const double e = fabs((double)a[i].d * a[i].q[j] - x[i * BL_QK + j]);
+                top |= a[i].q[j] == 32767 || a[i].q[j] == -32767;
+                if ((e > 0.51 * a[i].d || a[i].q[j] < -32767) && bad++ < 5)
+                    print_error("q16_0 %lld blocks: x %.9g -> %d * %.9g\n", (long long)nb,
+                                (double)x[i * BL_QK + j], a[i].q[j], (double)a[i].d);
+            }
+            if (!top && a[i].d != 0.0f && bad++ < 5) /* the largest value takes the whole range */
+                print_error("q16_0 block %lld: no value at +-32767\n", (long long)i);
+        }
+        if (kcpu_have_avx2()) {
+            kcpu_quantize_row_q16_0_avx2(x, b, n);
+            if (memcmp(a, b, sizeof *a * (size_t)nb) != 0 && bad++ < 5)
+                print_error("q16_0 %lld blocks: AVX2 bytes differ from the reference\n", (long long)nb);
+        }
+        free(x);
+        free(a);
+        free(b);
+    }
+    assert_int_equal(bad, 0);
+}
+
+typedef void (*dotn0_fn)(const void *, const kcpu_block_q16_0 *const *, int, int64_t, float *);
+
+static const struct q16_0_pair {
+    uint32_t type;
+    dot_fn ref;
+    dotn0_fn dotn_ref, dotn_avx2;
+} k_q16_0[] = {
+    {BL_TYPE_Q8_0, kcpu_vec_dot_q8_0_q16_0_ref, kcpu_vec_dotn_q8_0_q16_0_ref, kcpu_vec_dotn_q8_0_q16_0_avx2},
+    {BL_TYPE_Q4_0, kcpu_vec_dot_q4_0_q16_0_ref, kcpu_vec_dotn_q4_0_q16_0_ref, kcpu_vec_dotn_q4_0_q16_0_avx2},
+    {BL_TYPE_MXFP4, kcpu_vec_dot_mxfp4_q16_0_ref, kcpu_vec_dotn_mxfp4_q16_0_ref, kcpu_vec_dotn_mxfp4_q16_0_avx2},
+};
+
+/* Each reference against the double dot of the dequantized operands; the AVX2
+ * multi-row dot against the reference (within float rounding) and, at every row
+ * count 1..KCPU_DOTN_MAX with the rows in any order, against its own one-row form
+ * bit for bit; the ref multi-row dot is the reference's. */
+static void test_vec_dot_q16_0(void **state)
+{
+    (void)state;
+    const int avx2 = kcpu_have_avx2();
+    int bad = 0;
+    for (size_t ti = 0; ti < sizeof k_q16_0 / sizeof k_q16_0[0]; ti++) {
+        const struct q16_0_pair *p = &k_q16_0[ti];
+        rng_t r = rng_for(710 + ti);
+        const bl_type_info_t *wi = bl_type_info(p->type);
+        for (size_t si = 0; si < sizeof k_nblocks / sizeof k_nblocks[0]; si++) {
+            const int64_t nb = k_nblocks[si], n = nb * BL_QK;
+            uint8_t *w = malloc((size_t)nb * wi->block_bytes);
+            float *wf = malloc(sizeof(float) * (size_t)n), *x = malloc(sizeof(float) * (size_t)n);
+            kcpu_block_q16_0 *xq = malloc(sizeof *xq * (size_t)(nb * KCPU_DOTN_MAX));
+            rand_weights(&r, p->type, w, nb);
+            assert_int_equal(bl_dequantize_row_ref(p->type, w, wf, n), 0);
+            const kcpu_block_q16_0 *rows[KCPU_DOTN_MAX];
+            float ref[KCPU_DOTN_MAX];
+            for (int c = 0; c < KCPU_DOTN_MAX; c++) {
+                rand_act(&r, x, n);
+                kcpu_block_q16_0 *q = xq + c * nb;
+                kcpu_quantize_row_q16_0_ref(x, q, n);
+                double exact = 0.0, scale = 0.0;
+                for (int64_t i = 0; i < n; i++) {
+                    const double v = (double)wf[i] * ((double)q[i / BL_QK].d * q[i / BL_QK].q[i % BL_QK]);
+                    exact += v;
+                    scale += fabs(v);
+                }
+                ref[c] = p->ref(w, q, n);
+                if (!close_enough(ref[c], exact, scale, 1e-6, 1e-6) && bad++ < 5)
+                    print_error("type %u q16_0 ref: %lld blocks: %.9g exact %.9g\n", p->type, (long long)nb,
+                                (double)ref[c], exact);
+            }
+            /* rows in no particular order, as an expert's routed rows are */
+            for (int c = 0; c < KCPU_DOTN_MAX; c++)
+                rows[c] = xq + ((c * 3) % KCPU_DOTN_MAX) * nb;
+            for (int nx = 1; nx <= KCPU_DOTN_MAX; nx++) {
+                float o[KCPU_DOTN_MAX];
+                p->dotn_ref(w, rows, nx, n, o);
+                for (int c = 0; c < nx; c++)
+                    if (o[c] != ref[(c * 3) % KCPU_DOTN_MAX] && bad++ < 5)
+                        print_error("type %u q16_0 ref rows: %d rows, row %d\n", p->type, nx, c);
+                if (!avx2)
+                    continue;
+                p->dotn_avx2(w, rows, nx, n, o);
+                for (int c = 0; c < nx; c++) {
+                    float one;
+                    p->dotn_avx2(w, &rows[c], 1, n, &one);
+                    const float rc = ref[(c * 3) % KCPU_DOTN_MAX];
+                    double scale = 0.0;
+                    for (int64_t i = 0; i < n; i++)
+                        scale += fabs((double)wf[i] * ((double)rows[c][i / BL_QK].d * rows[c][i / BL_QK].q[i % BL_QK]));
+                    if (memcmp(&o[c], &one, sizeof one) != 0 && bad++ < 5)
+                        print_error("type %u q16_0 avx2: %lld blocks, %d rows: row %d %.9g, one row %.9g\n", p->type,
+                                    (long long)nb, nx, c, (double)o[c], (double)one);
+                    if (!close_enough(o[c], rc, scale, 1e-6, 2e-6) && bad++ < 5)
+                        print_error("type %u q16_0 avx2: %lld blocks: %.9g ref %.9g\n", p->type, (long long)nb,
+                                    (double)o[c], (double)rc);
+                }
+            }
+            free(w);
+            free(wf);
+            free(x);
+            free(xq);
+        }
+    }
+    if (!avx2)
+        print_message("no AVX2/FMA/F16C on this CPU: the AVX2 q16_0 dots are not tested here\n");
+    assert_int_equal(bad, 0);
+}
+
+/* The largest products: q8_0 weights of -128 and 127 (a file may hold -128) against
+ * activations of +-32767 put a lane's four products at 2^24 - 512, whose float is
+ * still exact; the AVX2 dot must equal the exact sum times the scales. */
+static void test_vec_dot_q16_0_extremes(void **state)
+{
+    (void)state;
+    if (!kcpu_have_avx2())
+        skip();
+    enum { NB = 8 };
+    bl_block_q8_0 w[NB];
+    kcpu_block_q16_0 x[NB];
+    for (int i = 0; i < NB; i++) {
+        w[i].d = bl_fp32_to_fp16(1.0f);
+        x[i].d = 1.0f;
+        for (int j = 0; j < BL_QK; j++) {
+            w[i].qs[j] = (int8_t)(i % 2 ? 127 : -128);
+            x[i].q[j] = (int16_t)(i % 4 < 2 ? -32767 : 32767);
+        }
+    }
+    const kcpu_block_q16_0 *rows[1] = {x};
+    double exact = 0.0;
+    for (int i = 0; i < NB; i++)
+        exact += (double)BL_QK * w[i].qs[0] * x[i].q[0];
+    float o;
+    kcpu_vec_dotn_q8_0_q16_0_avx2(w, rows, 1, NB * BL_QK, &o);
+    assert_true((double)o == exact);
+    assert_true((double)kcpu_vec_dot_q8_0_q16_0_ref(w, x, NB * BL_QK) == exact);
+}
+
 int main(void)
 {
     test_seed_init("test_kernels_cpu_vec_dot");
@@ -990,6 +1148,9 @@ int main(void)
         cmocka_unit_test(test_vec_dotn_q16_K_avx512),
         cmocka_unit_test(test_vec_dot_q8_0_family_avx512),
         cmocka_unit_test(test_vec_dotp_q8_0_family),
+        cmocka_unit_test(test_quantize_q16_0),
+        cmocka_unit_test(test_vec_dot_q16_0),
+        cmocka_unit_test(test_vec_dot_q16_0_extremes),
         cmocka_unit_test(test_attention_f16_group),
         cmocka_unit_test(test_exp_sub),
         cmocka_unit_test(test_row_top1),
