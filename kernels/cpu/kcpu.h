@@ -78,38 +78,25 @@ float kcpu_vec_dot_q4_K_q8_K_avx2(const void *w, const void *x, int64_t n);
 float kcpu_vec_dot_q5_K_q8_K_avx2(const void *w, const void *x, int64_t n);
 float kcpu_vec_dot_q6_K_q8_K_avx2(const void *w, const void *x, int64_t n);
 
-/* kcpu_vec_dot2_*: dot(w, x0) + dot(w, x1), one weight row against an activation
- * row's two q8 terms (KCPU_FAST16); the SIMD variants unpack each weight block once
- * for both. q4_0 has no fused SIMD variant (its AVX2 set runs two single dots). */
-float kcpu_vec_dot2_q8_0_q8_0_ref(const void *w, const void *x0, const void *x1, int64_t n);
-float kcpu_vec_dot2_q4_0_q8_0_ref(const void *w, const void *x0, const void *x1, int64_t n);
-float kcpu_vec_dot2_mxfp4_q8_0_ref(const void *w, const void *x0, const void *x1, int64_t n);
-float kcpu_vec_dot2_mxfp4_q8_0_avx2(const void *w, const void *x0, const void *x1, int64_t n);
-/* kcpu_vec_dotp_*: one weight row against two activation rows xa and xb of terms (1
- * or 2) q8 rows each, term_bytes apart: out[0] and out[1] are what dot (or dot2) of
- * each gives, bit for bit; the SIMD variants decode each weight block once for both
+/* kcpu_vec_dotp_*: one weight row against two activation rows xa and xb (one q8_0
+ * term each, KCPU_FAST8): out[0] and out[1] are what the same set's dot of each
+ * gives, bit for bit; the SIMD variants decode each weight block once for both
  * (a batch's rows in pairs). */
-void kcpu_vec_dotp_q8_0_q8_0_ref(const void *w, const void *xa, const void *xb, size_t term_bytes, int terms,
-                                 int64_t n, float out[2]);
-void kcpu_vec_dotp_mxfp4_q8_0_ref(const void *w, const void *xa, const void *xb, size_t term_bytes, int terms,
-                                  int64_t n, float out[2]);
-void kcpu_vec_dotp_q8_0_q8_0_avx2(const void *w, const void *xa, const void *xb, size_t term_bytes, int terms,
-                                  int64_t n, float out[2]);
-void kcpu_vec_dotp_mxfp4_q8_0_avx2(const void *w, const void *xa, const void *xb, size_t term_bytes, int terms,
-                                   int64_t n, float out[2]);
-void kcpu_vec_dotp_q8_0_q8_0_avx512(const void *w, const void *xa, const void *xb, size_t term_bytes, int terms,
-                                    int64_t n, float out[2]);
-void kcpu_vec_dotp_mxfp4_q8_0_avx512(const void *w, const void *xa, const void *xb, size_t term_bytes, int terms,
-                                     int64_t n, float out[2]);
+void kcpu_vec_dotp_q8_0_q8_0_ref(const void *w, const void *xa, const void *xb, int64_t n, float out[2]);
+void kcpu_vec_dotp_mxfp4_q8_0_ref(const void *w, const void *xa, const void *xb, int64_t n, float out[2]);
+void kcpu_vec_dotp_q8_0_q8_0_avx2(const void *w, const void *xa, const void *xb, int64_t n, float out[2]);
+void kcpu_vec_dotp_mxfp4_q8_0_avx2(const void *w, const void *xa, const void *xb, int64_t n, float out[2]);
+void kcpu_vec_dotp_q8_0_q8_0_avx512(const void *w, const void *xa, const void *xb, int64_t n, float out[2]);
+void kcpu_vec_dotp_mxfp4_q8_0_avx512(const void *w, const void *xa, const void *xb, int64_t n, float out[2]);
 /* The same bits as the avx2 q8_0 and mxfp4 dots, where kcpu_have_avx512(). */
 float kcpu_vec_dot_q8_0_q8_0_avx512(const void *w, const void *x, int64_t n);
-float kcpu_vec_dot2_q8_0_q8_0_avx512(const void *w, const void *x0, const void *x1, int64_t n);
 float kcpu_vec_dot_mxfp4_q8_0_avx512(const void *w, const void *x, int64_t n);
-float kcpu_vec_dot2_mxfp4_q8_0_avx512(const void *w, const void *x0, const void *x1, int64_t n);
+/* kcpu_vec_dot2_*: dot(w, x0) + dot(w, x1), one K-quant weight row against an
+ * activation row's two q8_K terms (a matrix marked act_q8 in KCPU_FAST16); the SIMD
+ * variants unpack each weight block once for both. */
 float kcpu_vec_dot2_q4_K_q8_K_ref(const void *w, const void *x0, const void *x1, int64_t n);
 float kcpu_vec_dot2_q5_K_q8_K_ref(const void *w, const void *x0, const void *x1, int64_t n);
 float kcpu_vec_dot2_q6_K_q8_K_ref(const void *w, const void *x0, const void *x1, int64_t n);
-float kcpu_vec_dot2_q8_0_q8_0_avx2(const void *w, const void *x0, const void *x1, int64_t n);
 float kcpu_vec_dot2_q4_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n);
 float kcpu_vec_dot2_q5_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n);
 float kcpu_vec_dot2_q6_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n);

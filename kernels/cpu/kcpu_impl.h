@@ -23,8 +23,7 @@
 
 typedef float (*kcpu_dot_fn)(const void *w, const void *x, int64_t n);
 typedef float (*kcpu_dot2_fn)(const void *w, const void *x0, const void *x1, int64_t n);
-typedef void (*kcpu_dotp_fn)(const void *w, const void *xa, const void *xb, size_t term_bytes, int terms, int64_t n,
-                             float out[2]);
+typedef void (*kcpu_dotp_fn)(const void *w, const void *xa, const void *xb, int64_t n, float out[2]);
 typedef float (*kcpu_dot_f32_fn)(const float *w, const float *x, int64_t n);
 typedef float (*kcpu_dot_f16_fn)(const uint16_t *w, const float *x, int64_t n);
 typedef void (*kcpu_axpy_f32_fn)(float *y, float a, const float *x, int64_t n);
@@ -53,9 +52,6 @@ typedef struct kcpu_kernels {
     kcpu_dot_fn dot_q4_K_q8_K;
     kcpu_dot_fn dot_q5_K_q8_K;
     kcpu_dot_fn dot_q6_K_q8_K;
-    kcpu_dot2_fn dot2_q8_0_q8_0;
-    kcpu_dot2_fn dot2_q4_0_q8_0;
-    kcpu_dot2_fn dot2_mxfp4_q8_0;
     kcpu_dot2_fn dot2_q4_K_q8_K;
     kcpu_dot2_fn dot2_q5_K_q8_K;
     kcpu_dot2_fn dot2_q6_K_q8_K;

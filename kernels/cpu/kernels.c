@@ -25,12 +25,6 @@
 
 // --- kernel sets and dispatch ----------------------------------------------------------
 
-/* q4_0 has no fused two-row kernel: two single AVX2 dots. */
-static float dot2_q4_0_q8_0_avx2(const void *w, const void *x0, const void *x1, int64_t n)
-{
-    return kcpu_vec_dot_q4_0_q8_0_avx2(w, x0, n) + kcpu_vec_dot_q4_0_q8_0_avx2(w, x1, n);
-}
-
 static const kcpu_kernels_t kernels_ref = {
     .name = "ref",
     .dot_f32_f32 = kcpu_vec_dot_f32_f32_ref,
@@ -41,9 +35,6 @@ static const kcpu_kernels_t kernels_ref = {
     .dot_q4_K_q8_K = kcpu_vec_dot_q4_K_q8_K_ref,
     .dot_q5_K_q8_K = kcpu_vec_dot_q5_K_q8_K_ref,
     .dot_q6_K_q8_K = kcpu_vec_dot_q6_K_q8_K_ref,
-    .dot2_q8_0_q8_0 = kcpu_vec_dot2_q8_0_q8_0_ref,
-    .dot2_q4_0_q8_0 = kcpu_vec_dot2_q4_0_q8_0_ref,
-    .dot2_mxfp4_q8_0 = kcpu_vec_dot2_mxfp4_q8_0_ref,
     .dot2_q4_K_q8_K = kcpu_vec_dot2_q4_K_q8_K_ref,
     .dot2_q5_K_q8_K = kcpu_vec_dot2_q5_K_q8_K_ref,
     .dot2_q6_K_q8_K = kcpu_vec_dot2_q6_K_q8_K_ref,
@@ -75,9 +66,6 @@ static const kcpu_kernels_t kernels_avx2 = {
     .dot_q4_K_q8_K = kcpu_vec_dot_q4_K_q8_K_avx2,
     .dot_q5_K_q8_K = kcpu_vec_dot_q5_K_q8_K_avx2,
     .dot_q6_K_q8_K = kcpu_vec_dot_q6_K_q8_K_avx2,
-    .dot2_q8_0_q8_0 = kcpu_vec_dot2_q8_0_q8_0_avx2,
-    .dot2_q4_0_q8_0 = dot2_q4_0_q8_0_avx2,
-    .dot2_mxfp4_q8_0 = kcpu_vec_dot2_mxfp4_q8_0_avx2,
     .dot2_q4_K_q8_K = kcpu_vec_dot2_q4_K_q8_K_avx2,
     .dot2_q5_K_q8_K = kcpu_vec_dot2_q5_K_q8_K_avx2,
     .dot2_q6_K_q8_K = kcpu_vec_dot2_q6_K_q8_K_avx2,
@@ -173,9 +161,7 @@ static void init_kernels(void)
     kernels_avx512.dot_q6_K_q16_K = kcpu_vec_dot_q6_K_q16_K_avx512;
     kernels_avx512.gemm16 = kcpu_gemm_u16_q16_K_avx512;
     kernels_avx512.dot_q8_0_q8_0 = kcpu_vec_dot_q8_0_q8_0_avx512;
-    kernels_avx512.dot2_q8_0_q8_0 = kcpu_vec_dot2_q8_0_q8_0_avx512;
     kernels_avx512.dot_mxfp4_q8_0 = kcpu_vec_dot_mxfp4_q8_0_avx512;
-    kernels_avx512.dot2_mxfp4_q8_0 = kcpu_vec_dot2_mxfp4_q8_0_avx512;
     kernels_avx512.dotp_q8_0_q8_0 = kcpu_vec_dotp_q8_0_q8_0_avx512;
     kernels_avx512.dotp_mxfp4_q8_0 = kcpu_vec_dotp_mxfp4_q8_0_avx512;
     kernels_avx512.dotn_q4_K_q16_K = kcpu_vec_dotn_q4_K_q16_K_avx512;
@@ -242,9 +228,6 @@ int kcpu_act_type(uint32_t t)
 static kcpu_dot2_fn int_dot2(uint32_t t)
 {
     switch (t) {
-    case BL_TYPE_Q8_0: return kcpu__k->dot2_q8_0_q8_0;
-    case BL_TYPE_Q4_0: return kcpu__k->dot2_q4_0_q8_0;
-    case BL_TYPE_MXFP4: return kcpu__k->dot2_mxfp4_q8_0;
     case BL_TYPE_Q4_K: return kcpu__k->dot2_q4_K_q8_K;
     case BL_TYPE_Q5_K: return kcpu__k->dot2_q5_K_q8_K;
     case BL_TYPE_Q6_K: return kcpu__k->dot2_q6_K_q8_K;
@@ -775,7 +758,7 @@ typedef struct mm_task {
     kcpu_unpack16_fn unpack16; /* q16_K with a batch and a tile kernel, or NULL */
     kcpu_dotn16_fn dotn;       /* q16_K with a few rows: the packed multi-row dot, or NULL */
     kcpu_dotn16_0_fn dotn0;    /* q16_0: the multi-row dot, for any rows */
-    kcpu_dotp_fn dotp;         /* q8_0 activations, several rows: the pair dot, or NULL */
+    kcpu_dotp_fn dotp;         /* one q8_0 term (KCPU_FAST8), several rows: the pair dot, or NULL */
     int q6;         /* the weights are q6_K (the tile kernel's flag) */
     uint8_t *actq;  /* MM_INT: nx rows xstride bytes apart, a slice of c->actq */
     size_t xstride; /* MM_INT: bytes per quantized activation row */
@@ -1022,7 +1005,7 @@ static void mm_rows_range(const mm_task_t *t, int ith, int64_t lo, int64_t hi)
                         if (r + MM_PF_ROWS < hi)
                             prefetch_row(wd + (size_t)(r + MM_PF_ROWS) * w->row_bytes, w->row_bytes);
                         float o[2];
-                        t->dotp(wd + (size_t)r * w->row_bytes, xa, xb, t->c->act_row_bytes, t->terms, k, o);
+                        t->dotp(wd + (size_t)r * w->row_bytes, xa, xb, k, o);
                         t->y[b * nr + r] = o[0];
                         t->y[(b + 1) * nr + r] = o[1];
                     }

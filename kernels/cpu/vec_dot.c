@@ -156,45 +156,22 @@ float kcpu_vec_dot_q6_K_q8_K_ref(const void *w, const void *x, int64_t n)
     return s;
 }
 
-/* Two activation rows (a value and its residual) against one weight row: by
- * definition the sum of the two dots, which the fused SIMD variants match. */
-float kcpu_vec_dot2_q8_0_q8_0_ref(const void *w, const void *x0, const void *x1, int64_t n)
+/* Two activation rows against one weight row: by definition each row's dot, which
+ * the SIMD variants match bit for bit with their own one-row dot. */
+void kcpu_vec_dotp_q8_0_q8_0_ref(const void *w, const void *xa, const void *xb, int64_t n, float out[2])
 {
-    return kcpu_vec_dot_q8_0_q8_0_ref(w, x0, n) + kcpu_vec_dot_q8_0_q8_0_ref(w, x1, n);
+    out[0] = kcpu_vec_dot_q8_0_q8_0_ref(w, xa, n);
+    out[1] = kcpu_vec_dot_q8_0_q8_0_ref(w, xb, n);
 }
 
-float kcpu_vec_dot2_q4_0_q8_0_ref(const void *w, const void *x0, const void *x1, int64_t n)
+void kcpu_vec_dotp_mxfp4_q8_0_ref(const void *w, const void *xa, const void *xb, int64_t n, float out[2])
 {
-    return kcpu_vec_dot_q4_0_q8_0_ref(w, x0, n) + kcpu_vec_dot_q4_0_q8_0_ref(w, x1, n);
+    out[0] = kcpu_vec_dot_mxfp4_q8_0_ref(w, xa, n);
+    out[1] = kcpu_vec_dot_mxfp4_q8_0_ref(w, xb, n);
 }
 
-float kcpu_vec_dot2_mxfp4_q8_0_ref(const void *w, const void *x0, const void *x1, int64_t n)
-{
-    return kcpu_vec_dot_mxfp4_q8_0_ref(w, x0, n) + kcpu_vec_dot_mxfp4_q8_0_ref(w, x1, n);
-}
-
-/* The pair dot from a type's dot and dot2: each row alone. */
-static void dotp_ref(float (*dot)(const void *, const void *, int64_t),
-                     float (*dot2)(const void *, const void *, const void *, int64_t), const void *w, const void *xa,
-                     const void *xb, size_t term_bytes, int terms, int64_t n, float out[2])
-{
-    const uint8_t *x[2] = {xa, xb};
-    for (int i = 0; i < 2; i++)
-        out[i] = terms == 2 ? dot2(w, x[i], x[i] + term_bytes, n) : dot(w, x[i], n);
-}
-
-void kcpu_vec_dotp_q8_0_q8_0_ref(const void *w, const void *xa, const void *xb, size_t term_bytes, int terms,
-                                 int64_t n, float out[2])
-{
-    dotp_ref(kcpu_vec_dot_q8_0_q8_0_ref, kcpu_vec_dot2_q8_0_q8_0_ref, w, xa, xb, term_bytes, terms, n, out);
-}
-
-void kcpu_vec_dotp_mxfp4_q8_0_ref(const void *w, const void *xa, const void *xb, size_t term_bytes, int terms,
-                                  int64_t n, float out[2])
-{
-    dotp_ref(kcpu_vec_dot_mxfp4_q8_0_ref, kcpu_vec_dot2_mxfp4_q8_0_ref, w, xa, xb, term_bytes, terms, n, out);
-}
-
+/* An activation row's two q8_K terms (a value and its residual) against one weight
+ * row: by definition the sum of the two dots, which the fused SIMD variants match. */
 float kcpu_vec_dot2_q4_K_q8_K_ref(const void *w, const void *x0, const void *x1, int64_t n)
 {
     return kcpu_vec_dot_q4_K_q8_K_ref(w, x0, n) + kcpu_vec_dot_q4_K_q8_K_ref(w, x1, n);

@@ -663,11 +663,9 @@ float kcpu_vec_dot_q4_0_q8_0_avx2(const void *w, const void *x, int64_t n) { ret
 float kcpu_vec_dot_q4_K_q8_K_avx2(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q4_K_q8_K_ref(w, x, n); }
 float kcpu_vec_dot_q5_K_q8_K_avx2(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q5_K_q8_K_ref(w, x, n); }
 float kcpu_vec_dot_q6_K_q8_K_avx2(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q6_K_q8_K_ref(w, x, n); }
-float kcpu_vec_dot2_q8_0_q8_0_avx2(const void *w, const void *x0, const void *x1, int64_t n) { return kcpu_vec_dot2_q8_0_q8_0_ref(w, x0, x1, n); }
 float kcpu_vec_dot_mxfp4_q8_0_avx2(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_mxfp4_q8_0_ref(w, x, n); }
-float kcpu_vec_dot2_mxfp4_q8_0_avx2(const void *w, const void *x0, const void *x1, int64_t n) { return kcpu_vec_dot2_mxfp4_q8_0_ref(w, x0, x1, n); }
-void kcpu_vec_dotp_q8_0_q8_0_avx2(const void *w, const void *xa, const void *xb, size_t tb, int terms, int64_t n, float out[2]) { kcpu_vec_dotp_q8_0_q8_0_ref(w, xa, xb, tb, terms, n, out); }
-void kcpu_vec_dotp_mxfp4_q8_0_avx2(const void *w, const void *xa, const void *xb, size_t tb, int terms, int64_t n, float out[2]) { kcpu_vec_dotp_mxfp4_q8_0_ref(w, xa, xb, tb, terms, n, out); }
+void kcpu_vec_dotp_q8_0_q8_0_avx2(const void *w, const void *xa, const void *xb, int64_t n, float out[2]) { kcpu_vec_dotp_q8_0_q8_0_ref(w, xa, xb, n, out); }
+void kcpu_vec_dotp_mxfp4_q8_0_avx2(const void *w, const void *xa, const void *xb, int64_t n, float out[2]) { kcpu_vec_dotp_mxfp4_q8_0_ref(w, xa, xb, n, out); }
 float kcpu_vec_dot2_q4_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n) { return kcpu_vec_dot2_q4_K_q8_K_ref(w, x0, x1, n); }
 float kcpu_vec_dot2_q5_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n) { return kcpu_vec_dot2_q5_K_q8_K_ref(w, x0, x1, n); }
 float kcpu_vec_dot2_q6_K_q8_K_avx2(const void *w, const void *x0, const void *x1, int64_t n) { return kcpu_vec_dot2_q6_K_q8_K_ref(w, x0, x1, n); }

@@ -54,11 +54,11 @@ AVX512 static inline __m512i q8f_weights2(const bl_block_q8_0 *a8, const bl_bloc
 }
 
 AVX512 static inline void dot_q8_family(const bl_block_q8_0 *a8, const bl_block_mxfp4 *a4,
-                                        const bl_block_q8_0 *const *bx, int nx, int64_t nb, int per, float *out)
+                                        const bl_block_q8_0 *const *bx, int nx, int64_t nb, float *out)
 {
     /* blocks 4j, 4j+1 in the halves of wa[t], 4j+2, 4j+3 in those of wb[t] */
-    __m512 wa[4], wb[4];
-    for (int t = 0; t < 4; t++)
+    __m512 wa[2], wb[2];
+    for (int t = 0; t < 2; t++)
         wa[t] = wb[t] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 4 <= nb; i += 4) {
@@ -83,8 +83,8 @@ AVX512 static inline void dot_q8_family(const bl_block_q8_0 *a8, const bl_block_
             }
         }
     }
-    __m256 acc[4][4];
-    for (int t = 0; t < 4; t++) {
+    __m256 acc[2][4];
+    for (int t = 0; t < 2; t++) {
         acc[t][0] = _mm512_castps512_ps256(wa[t]);
         acc[t][1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wa[t]), 1));
         acc[t][2] = _mm512_castps512_ps256(wb[t]);
@@ -92,7 +92,7 @@ AVX512 static inline void dot_q8_family(const bl_block_q8_0 *a8, const bl_block_
     }
     for (; i < nb; i++) /* the last blocks, one at a time into their accumulators */
         q8f_block(a8, a4, bx, nx, i, (int)(i & 3), acc);
-    q8f_finish(acc, nx, per, out);
+    q8f_finish(acc, nx, out);
 }
 
 Q8F_ENTRY_POINTS(avx512)
@@ -127,11 +127,9 @@ DOTU2_ENTRY_POINTS(avx512)
 #else /* not x86-64: the names exist so the table compiles; kcpu_init never picks them */
 
 float kcpu_vec_dot_q8_0_q8_0_avx512(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_q8_0_q8_0_ref(w, x, n); }
-float kcpu_vec_dot2_q8_0_q8_0_avx512(const void *w, const void *x0, const void *x1, int64_t n) { return kcpu_vec_dot2_q8_0_q8_0_ref(w, x0, x1, n); }
 float kcpu_vec_dot_mxfp4_q8_0_avx512(const void *w, const void *x, int64_t n) { return kcpu_vec_dot_mxfp4_q8_0_ref(w, x, n); }
-float kcpu_vec_dot2_mxfp4_q8_0_avx512(const void *w, const void *x0, const void *x1, int64_t n) { return kcpu_vec_dot2_mxfp4_q8_0_ref(w, x0, x1, n); }
-void kcpu_vec_dotp_q8_0_q8_0_avx512(const void *w, const void *xa, const void *xb, size_t tb, int terms, int64_t n, float out[2]) { kcpu_vec_dotp_q8_0_q8_0_ref(w, xa, xb, tb, terms, n, out); }
-void kcpu_vec_dotp_mxfp4_q8_0_avx512(const void *w, const void *xa, const void *xb, size_t tb, int terms, int64_t n, float out[2]) { kcpu_vec_dotp_mxfp4_q8_0_ref(w, xa, xb, tb, terms, n, out); }
+void kcpu_vec_dotp_q8_0_q8_0_avx512(const void *w, const void *xa, const void *xb, int64_t n, float out[2]) { kcpu_vec_dotp_q8_0_q8_0_ref(w, xa, xb, n, out); }
+void kcpu_vec_dotp_mxfp4_q8_0_avx512(const void *w, const void *xa, const void *xb, int64_t n, float out[2]) { kcpu_vec_dotp_mxfp4_q8_0_ref(w, xa, xb, n, out); }
 /* No unpacked reference kernel exists; kcpu_init never selects these off x86-64. */
 void kcpu_vec_dotu2_q4_K_q8_K_avx512(const kcpu_kunpacked_t *u, const void *xa, const void *xb, size_t tb, int terms, int64_t n, float out[2]) { (void)u; (void)xa; (void)xb; (void)tb; (void)terms; (void)n; (void)out; abort(); }
 void kcpu_vec_dotu2_q5_K_q8_K_avx512(const kcpu_kunpacked_t *u, const void *xa, const void *xb, size_t tb, int terms, int64_t n, float out[2]) { (void)u; (void)xa; (void)xb; (void)tb; (void)terms; (void)n; (void)out; abort(); }

@@ -1,10 +1,9 @@
 /* The body of the dots whose weights are 32 signed bytes a block with one scale:
  * q8_0 (a8) and mxfp4 (a4: its 32 codes looked up with vpshufb on the doubled E2M1
- * table, low nibbles elements 0..15, high ones 16..31), against nx (1..4) q8_0
- * activation rows sharing one pass over the weights: each weight block is decoded
- * and |w| formed once for all of them. The rows are an activation row's q8 terms (a
- * value and its residual: their dots summed), or two activation rows (the pair dot
- * of a batch), or two rows of two terms each.
+ * table, low nibbles elements 0..15, high ones 16..31), against nx (1 or 2) q8_0
+ * activation rows sharing one pass over the weights (KCPU_FAST8's one q8_0 term a
+ * row; the pair dot of a batch): each weight block is decoded and |w| formed once
+ * for both.
  *
  * Block i of a row adds into accumulator i % 4 of its activation row (four chains of
  * fused multiply-adds, not one: a chain waits the latency of each), and the row's
@@ -38,7 +37,7 @@ Q8F_TARGET static inline __m256i q8f_weights(const bl_block_q8_0 *a8, const bl_b
 
 /* Block i into accumulator acc[t][j] (j = i % 4) of each activation row t. */
 Q8F_TARGET static inline void q8f_block(const bl_block_q8_0 *a8, const bl_block_mxfp4 *a4,
-                                        const bl_block_q8_0 *const *bx, int nx, int64_t i, int j, __m256 acc[4][4])
+                                        const bl_block_q8_0 *const *bx, int nx, int64_t i, int j, __m256 acc[2][4])
 {
     float dw;
     const __m256i qw = q8f_weights(a8, a4, i, &dw);
@@ -50,24 +49,19 @@ Q8F_TARGET static inline void q8f_block(const bl_block_q8_0 *a8, const bl_block_
     }
 }
 
-/* out[o]: the dots of activation rows o * per .. o * per + per - 1 from their four
- * accumulators, summed in row order, for the nx / per outputs. */
-Q8F_TARGET static inline void q8f_finish(__m256 acc[4][4], int nx, int per, float *out)
+/* out[t]: activation row t's dot from its four accumulators. */
+Q8F_TARGET static inline void q8f_finish(__m256 acc[2][4], int nx, float *out)
 {
-    for (int o = 0; o < nx / per; o++) {
-        float s = 0.0f;
-        for (int t = o * per; t < o * per + per; t++)
-            s += hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][2]), _mm256_add_ps(acc[t][1], acc[t][3])));
-        out[o] = s;
-    }
+    for (int t = 0; t < nx; t++)
+        out[t] = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][2]), _mm256_add_ps(acc[t][1], acc[t][3])));
 }
 
 #ifndef Q8F_OWN_DOT
 Q8F_TARGET static inline void dot_q8_family(const bl_block_q8_0 *a8, const bl_block_mxfp4 *a4,
-                                            const bl_block_q8_0 *const *bx, int nx, int64_t nb, int per, float *out)
+                                            const bl_block_q8_0 *const *bx, int nx, int64_t nb, float *out)
 {
-    __m256 acc[4][4];
-    for (int t = 0; t < 4; t++)
+    __m256 acc[2][4];
+    for (int t = 0; t < 2; t++)
         for (int j = 0; j < 4; j++)
             acc[t][j] = _mm256_setzero_ps();
     int64_t i = 0;
@@ -76,64 +70,37 @@ Q8F_TARGET static inline void dot_q8_family(const bl_block_q8_0 *a8, const bl_bl
             q8f_block(a8, a4, bx, nx, i + j, j, acc);
     for (; i < nb; i++)
         q8f_block(a8, a4, bx, nx, i, (int)(i & 3), acc);
-    q8f_finish(acc, nx, per, out);
+    q8f_finish(acc, nx, out);
 }
 #endif
 
-/* The entry points of a set, named with suffix (avx2, avx512). The pair dots take
- * two activation rows of terms (1 or 2) q8 rows each, term_bytes apart. */
+/* The entry points of a set, named with suffix (avx2, avx512). */
 #define Q8F_ENTRY_POINTS(suffix)                                                                              \
-    /* the pair dot: rows xa and xb of terms q8 rows each, term_bytes apart */                                \
-    Q8F_TARGET static inline void q8f_dotp(const bl_block_q8_0 *a8, const bl_block_mxfp4 *a4, const void *xa, \
-                                           const void *xb, size_t term_bytes, int terms, int64_t n,           \
-                                           float out[2])                                                      \
-    {                                                                                                         \
-        const uint8_t *a = xa, *b = xb;                                                                       \
-        const bl_block_q8_0 *bx[4] = {xa, terms == 2 ? (const void *)(a + term_bytes) : xb, xb,               \
-                                      (const void *)(b + term_bytes)};                                        \
-        if (terms == 2)                                                                                       \
-            dot_q8_family(a8, a4, bx, 4, n / BL_QK, 2, out);                                                  \
-        else                                                                                                  \
-            dot_q8_family(a8, a4, bx, 2, n / BL_QK, 1, out);                                                  \
-    }                                                                                                         \
     Q8F_TARGET float kcpu_vec_dot_q8_0_q8_0_##suffix(const void *w, const void *x, int64_t n)                 \
     {                                                                                                         \
         const bl_block_q8_0 *bx[1] = {x};                                                                     \
         float o;                                                                                              \
-        dot_q8_family(w, NULL, bx, 1, n / BL_QK, 1, &o);                                                      \
-        return o;                                                                                             \
-    }                                                                                                         \
-    Q8F_TARGET float kcpu_vec_dot2_q8_0_q8_0_##suffix(const void *w, const void *x0, const void *x1, int64_t n) \
-    {                                                                                                         \
-        const bl_block_q8_0 *bx[2] = {x0, x1};                                                                \
-        float o;                                                                                              \
-        dot_q8_family(w, NULL, bx, 2, n / BL_QK, 2, &o);                                                      \
+        dot_q8_family(w, NULL, bx, 1, n / BL_QK, &o);                                                         \
         return o;                                                                                             \
     }                                                                                                         \
     Q8F_TARGET float kcpu_vec_dot_mxfp4_q8_0_##suffix(const void *w, const void *x, int64_t n)                \
     {                                                                                                         \
         const bl_block_q8_0 *bx[1] = {x};                                                                     \
         float o;                                                                                              \
-        dot_q8_family(NULL, w, bx, 1, n / BL_QK, 1, &o);                                                      \
+        dot_q8_family(NULL, w, bx, 1, n / BL_QK, &o);                                                         \
         return o;                                                                                             \
     }                                                                                                         \
-    Q8F_TARGET float kcpu_vec_dot2_mxfp4_q8_0_##suffix(const void *w, const void *x0, const void *x1,         \
-                                                      int64_t n)                                              \
+    Q8F_TARGET void kcpu_vec_dotp_q8_0_q8_0_##suffix(const void *w, const void *xa, const void *xb, int64_t n, \
+                                                    float out[2])                                             \
     {                                                                                                         \
-        const bl_block_q8_0 *bx[2] = {x0, x1};                                                                \
-        float o;                                                                                              \
-        dot_q8_family(NULL, w, bx, 2, n / BL_QK, 2, &o);                                                      \
-        return o;                                                                                             \
-    }                                                                                                         \
-    Q8F_TARGET void kcpu_vec_dotp_q8_0_q8_0_##suffix(const void *w, const void *xa, const void *xb,          \
-                                                    size_t term_bytes, int terms, int64_t n, float out[2])    \
-    {                                                                                                         \
-        q8f_dotp(w, NULL, xa, xb, term_bytes, terms, n, out);                                                 \
+        const bl_block_q8_0 *bx[2] = {xa, xb};                                                                \
+        dot_q8_family(w, NULL, bx, 2, n / BL_QK, out);                                                        \
     }                                                                                                         \
     Q8F_TARGET void kcpu_vec_dotp_mxfp4_q8_0_##suffix(const void *w, const void *xa, const void *xb,         \
-                                                     size_t term_bytes, int terms, int64_t n, float out[2])   \
+                                                     int64_t n, float out[2])                                 \
     {                                                                                                         \
-        q8f_dotp(NULL, w, xa, xb, term_bytes, terms, n, out);                                                 \
+        const bl_block_q8_0 *bx[2] = {xa, xb};                                                                \
+        dot_q8_family(NULL, w, bx, 2, n / BL_QK, out);                                                        \
     }
 
 #endif

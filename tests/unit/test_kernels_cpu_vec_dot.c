@@ -59,16 +59,14 @@ typedef struct pair {
     const char *name;
     uint32_t wtype, atype;
     dot_fn ref, avx2;
-    dot2_fn ref2, avx2_2; /* the fused two-row form; avx2_2 NULL where none */
+    dot2_fn ref2, avx2_2; /* the fused two-term form (K-quants); NULL where none */
 } pair_t;
 
 static const pair_t k_pairs[] = {
-    {"q8_0_q8_0", BL_TYPE_Q8_0, BL_TYPE_Q8_0, kcpu_vec_dot_q8_0_q8_0_ref, kcpu_vec_dot_q8_0_q8_0_avx2,
-     kcpu_vec_dot2_q8_0_q8_0_ref, kcpu_vec_dot2_q8_0_q8_0_avx2},
-    {"q4_0_q8_0", BL_TYPE_Q4_0, BL_TYPE_Q8_0, kcpu_vec_dot_q4_0_q8_0_ref, kcpu_vec_dot_q4_0_q8_0_avx2,
-     kcpu_vec_dot2_q4_0_q8_0_ref, NULL},
-    {"mxfp4_q8_0", BL_TYPE_MXFP4, BL_TYPE_Q8_0, kcpu_vec_dot_mxfp4_q8_0_ref, kcpu_vec_dot_mxfp4_q8_0_avx2,
-     kcpu_vec_dot2_mxfp4_q8_0_ref, kcpu_vec_dot2_mxfp4_q8_0_avx2},
+    {"q8_0_q8_0", BL_TYPE_Q8_0, BL_TYPE_Q8_0, kcpu_vec_dot_q8_0_q8_0_ref, kcpu_vec_dot_q8_0_q8_0_avx2, NULL, NULL},
+    {"q4_0_q8_0", BL_TYPE_Q4_0, BL_TYPE_Q8_0, kcpu_vec_dot_q4_0_q8_0_ref, kcpu_vec_dot_q4_0_q8_0_avx2, NULL, NULL},
+    {"mxfp4_q8_0", BL_TYPE_MXFP4, BL_TYPE_Q8_0, kcpu_vec_dot_mxfp4_q8_0_ref, kcpu_vec_dot_mxfp4_q8_0_avx2, NULL,
+     NULL},
     {"q4_K_q8_K", BL_TYPE_Q4_K, BL_TYPE_Q8_K, kcpu_vec_dot_q4_K_q8_K_ref, kcpu_vec_dot_q4_K_q8_K_avx2,
      kcpu_vec_dot2_q4_K_q8_K_ref, kcpu_vec_dot2_q4_K_q8_K_avx2},
     {"q5_K_q8_K", BL_TYPE_Q5_K, BL_TYPE_Q8_K, kcpu_vec_dot_q5_K_q8_K_ref, kcpu_vec_dot_q5_K_q8_K_avx2,
@@ -124,22 +122,24 @@ static void check_pair(const pair_t *p, int check_avx2)
                                     p->name, (long long)nb, rep, (double)v, (double)ref, scale);
                 }
             }
-            /* The fused two-row form, on the residual the fast path makes as its
-             * second row. */
-            void *xq2 = malloc((size_t)(n / ai->block_elems) * ai->block_bytes);
-            for (int64_t i = 0; i < n; i++)
-                x[i] -= xf[i];
-            assert_int_equal(bl_quantize_row_ref(p->atype, x, xq2, n), 0);
-            const float r2 = p->ref2(w, xq, xq2, n);
-            if (!close_enough(r2, (double)ref + (double)p->ref(w, xq2, n), scale, 1e-6, 2e-6) && bad++ < 5)
-                print_error("%s dot2_ref: %lld blocks rep %d: %.9g\n", p->name, (long long)nb, rep, (double)r2);
-            if (check_avx2 && p->avx2_2) {
-                const float v2 = p->avx2_2(w, xq, xq2, n);
-                if (!close_enough(v2, r2, scale, 1e-6, 2e-6) && bad++ < 5)
-                    print_error("%s dot2_avx2: %lld blocks rep %d: avx2 %.9g ref %.9g (scale %.3g)\n",
-                                p->name, (long long)nb, rep, (double)v2, (double)r2, scale);
+            /* The fused two-term form, on the residual an act_q8 matrix's second
+             * term holds. */
+            if (p->ref2) {
+                void *xq2 = malloc((size_t)(n / ai->block_elems) * ai->block_bytes);
+                for (int64_t i = 0; i < n; i++)
+                    x[i] -= xf[i];
+                assert_int_equal(bl_quantize_row_ref(p->atype, x, xq2, n), 0);
+                const float r2 = p->ref2(w, xq, xq2, n);
+                if (!close_enough(r2, (double)ref + (double)p->ref(w, xq2, n), scale, 1e-6, 2e-6) && bad++ < 5)
+                    print_error("%s dot2_ref: %lld blocks rep %d: %.9g\n", p->name, (long long)nb, rep, (double)r2);
+                if (check_avx2 && p->avx2_2) {
+                    const float v2 = p->avx2_2(w, xq, xq2, n);
+                    if (!close_enough(v2, r2, scale, 1e-6, 2e-6) && bad++ < 5)
+                        print_error("%s dot2_avx2: %lld blocks rep %d: avx2 %.9g ref %.9g (scale %.3g)\n",
+                                    p->name, (long long)nb, rep, (double)v2, (double)r2, scale);
+                }
+                free(xq2);
             }
-            free(xq2);
             free(w);
             free(xq);
             free(x);
@@ -492,12 +492,9 @@ static void test_vec_dot_q8_0_family_avx512(void **state)
     const struct {
         uint32_t type;
         dot_fn avx2, avx512;
-        dot2_fn avx2_2, avx512_2;
     } k[] = {
-        {BL_TYPE_Q8_0, kcpu_vec_dot_q8_0_q8_0_avx2, kcpu_vec_dot_q8_0_q8_0_avx512, kcpu_vec_dot2_q8_0_q8_0_avx2,
-         kcpu_vec_dot2_q8_0_q8_0_avx512},
-        {BL_TYPE_MXFP4, kcpu_vec_dot_mxfp4_q8_0_avx2, kcpu_vec_dot_mxfp4_q8_0_avx512,
-         kcpu_vec_dot2_mxfp4_q8_0_avx2, kcpu_vec_dot2_mxfp4_q8_0_avx512},
+        {BL_TYPE_Q8_0, kcpu_vec_dot_q8_0_q8_0_avx2, kcpu_vec_dot_q8_0_q8_0_avx512},
+        {BL_TYPE_MXFP4, kcpu_vec_dot_mxfp4_q8_0_avx2, kcpu_vec_dot_mxfp4_q8_0_avx512},
     };
     int bad = 0;
     for (size_t ti = 0; ti < sizeof k / sizeof k[0]; ti++) {
@@ -506,20 +503,16 @@ static void test_vec_dot_q8_0_family_avx512(void **state)
         for (size_t si = 0; si < sizeof k_nblocks / sizeof k_nblocks[0]; si++) {
             const int64_t nb = k_nblocks[si], n = nb * BL_QK;
             uint8_t *w = malloc((size_t)nb * wi->block_bytes);
-            uint8_t *xq = malloc(2 * (size_t)nb * ai->block_bytes);
+            uint8_t *xq = malloc((size_t)nb * ai->block_bytes);
             float *x = malloc(sizeof(float) * (size_t)n);
             for (int rep = 0; rep < 8; rep++) {
                 rand_weights(&r, k[ti].type, w, nb);
-                for (int t = 0; t < 2; t++) {
-                    rand_act(&r, x, n);
-                    assert_int_equal(bl_quantize_row_ref(BL_TYPE_Q8_0, x, xq + (size_t)t * nb * ai->block_bytes, n), 0);
-                }
-                const void *x1 = xq + (size_t)nb * ai->block_bytes;
+                rand_act(&r, x, n);
+                assert_int_equal(bl_quantize_row_ref(BL_TYPE_Q8_0, x, xq, n), 0);
                 const float a = k[ti].avx2(w, xq, n), e = k[ti].avx512(w, xq, n);
-                const float a2 = k[ti].avx2_2(w, xq, x1, n), e2 = k[ti].avx512_2(w, xq, x1, n);
-                if ((memcmp(&a, &e, sizeof a) != 0 || memcmp(&a2, &e2, sizeof a2) != 0) && bad++ < 5)
-                    print_error("type %u: %lld blocks: avx512 %.9g / %.9g, avx2 %.9g / %.9g\n", k[ti].type,
-                                (long long)nb, (double)e, (double)e2, (double)a, (double)a2);
+                if (memcmp(&a, &e, sizeof a) != 0 && bad++ < 5)
+                    print_error("type %u: %lld blocks: avx512 %.9g, avx2 %.9g\n", k[ti].type, (long long)nb,
+                                (double)e, (double)a);
             }
             free(w);
             free(xq);
@@ -529,11 +522,10 @@ static void test_vec_dot_q8_0_family_avx512(void **state)
     assert_int_equal(bad, 0);
 }
 
-/* The pair dots of q8_0 and mxfp4 (a batch's rows two at a time) against each set's
- * own one-row dot (terms 1) and two-term dot (terms 2), bit for bit, on fresh random
- * weights and activations of every size: a row's output does not depend on the row
- * beside it. */
-typedef void (*dotp_fn)(const void *, const void *, const void *, size_t, int, int64_t, float[2]);
+/* The pair dots of q8_0 and mxfp4 (a batch's rows two at a time, one q8_0 term
+ * each) against each set's own one-row dot, bit for bit, on fresh random weights and
+ * activations of every size: a row's output does not depend on the row beside it. */
+typedef void (*dotp_fn)(const void *, const void *, const void *, int64_t, float[2]);
 static void test_vec_dotp_q8_0_family(void **state)
 {
     (void)state;
@@ -541,21 +533,16 @@ static void test_vec_dotp_q8_0_family(void **state)
         const char *set;
         uint32_t type;
         dot_fn dot;
-        dot2_fn dot2;
         dotp_fn dotp;
         int avail;
     } k[] = {
-        {"ref", BL_TYPE_Q8_0, kcpu_vec_dot_q8_0_q8_0_ref, kcpu_vec_dot2_q8_0_q8_0_ref, kcpu_vec_dotp_q8_0_q8_0_ref, 1},
-        {"ref", BL_TYPE_MXFP4, kcpu_vec_dot_mxfp4_q8_0_ref, kcpu_vec_dot2_mxfp4_q8_0_ref, kcpu_vec_dotp_mxfp4_q8_0_ref,
-         1},
-        {"avx2", BL_TYPE_Q8_0, kcpu_vec_dot_q8_0_q8_0_avx2, kcpu_vec_dot2_q8_0_q8_0_avx2, kcpu_vec_dotp_q8_0_q8_0_avx2,
-         kcpu_have_avx2()},
-        {"avx2", BL_TYPE_MXFP4, kcpu_vec_dot_mxfp4_q8_0_avx2, kcpu_vec_dot2_mxfp4_q8_0_avx2,
-         kcpu_vec_dotp_mxfp4_q8_0_avx2, kcpu_have_avx2()},
-        {"avx512", BL_TYPE_Q8_0, kcpu_vec_dot_q8_0_q8_0_avx512, kcpu_vec_dot2_q8_0_q8_0_avx512,
-         kcpu_vec_dotp_q8_0_q8_0_avx512, kcpu_have_avx512()},
-        {"avx512", BL_TYPE_MXFP4, kcpu_vec_dot_mxfp4_q8_0_avx512, kcpu_vec_dot2_mxfp4_q8_0_avx512,
-         kcpu_vec_dotp_mxfp4_q8_0_avx512, kcpu_have_avx512()},
+        {"ref", BL_TYPE_Q8_0, kcpu_vec_dot_q8_0_q8_0_ref, kcpu_vec_dotp_q8_0_q8_0_ref, 1},
+        {"ref", BL_TYPE_MXFP4, kcpu_vec_dot_mxfp4_q8_0_ref, kcpu_vec_dotp_mxfp4_q8_0_ref, 1},
+        {"avx2", BL_TYPE_Q8_0, kcpu_vec_dot_q8_0_q8_0_avx2, kcpu_vec_dotp_q8_0_q8_0_avx2, kcpu_have_avx2()},
+        {"avx2", BL_TYPE_MXFP4, kcpu_vec_dot_mxfp4_q8_0_avx2, kcpu_vec_dotp_mxfp4_q8_0_avx2, kcpu_have_avx2()},
+        {"avx512", BL_TYPE_Q8_0, kcpu_vec_dot_q8_0_q8_0_avx512, kcpu_vec_dotp_q8_0_q8_0_avx512, kcpu_have_avx512()},
+        {"avx512", BL_TYPE_MXFP4, kcpu_vec_dot_mxfp4_q8_0_avx512, kcpu_vec_dotp_mxfp4_q8_0_avx512,
+         kcpu_have_avx512()},
     };
     int bad = 0, tested = 0;
     for (size_t ki = 0; ki < sizeof k / sizeof k[0]; ki++) {
@@ -569,25 +556,21 @@ static void test_vec_dotp_q8_0_family(void **state)
         for (size_t si = 0; si < sizeof k_nblocks / sizeof k_nblocks[0]; si++) {
             const int64_t nb = k_nblocks[si], n = nb * BL_QK;
             const size_t tb = (size_t)nb * ai->block_bytes; /* one q8 row */
-            uint8_t *w = malloc((size_t)nb * wi->block_bytes), *xq = malloc(4 * tb);
+            uint8_t *w = malloc((size_t)nb * wi->block_bytes), *xq = malloc(2 * tb);
             float *x = malloc(sizeof(float) * (size_t)n);
             for (int rep = 0; rep < 4; rep++) {
                 rand_weights(&r, k[ki].type, w, nb);
-                for (int t = 0; t < 4; t++) { /* rows a (terms a0, a1) and b (b0, b1) */
+                for (int t = 0; t < 2; t++) { /* rows a and b */
                     rand_act(&r, x, n);
                     assert_int_equal(bl_quantize_row_ref(BL_TYPE_Q8_0, x, xq + (size_t)t * tb, n), 0);
                 }
-                const uint8_t *xa = xq, *xb = xq + 2 * tb;
-                for (int terms = 1; terms <= 2; terms++) {
-                    float o[2];
-                    k[ki].dotp(w, xa, xb, tb, terms, n, o);
-                    const float want[2] = {terms == 2 ? k[ki].dot2(w, xa, xa + tb, n) : k[ki].dot(w, xa, n),
-                                           terms == 2 ? k[ki].dot2(w, xb, xb + tb, n) : k[ki].dot(w, xb, n)};
-                    if (memcmp(o, want, sizeof o) != 0 && bad++ < 5)
-                        print_error("%s type %u: %lld blocks, %d terms: pair %.9g %.9g, alone %.9g %.9g\n",
-                                    k[ki].set, k[ki].type, (long long)nb, terms, (double)o[0], (double)o[1],
-                                    (double)want[0], (double)want[1]);
-                }
+                const uint8_t *xa = xq, *xb = xq + tb;
+                float o[2];
+                k[ki].dotp(w, xa, xb, n, o);
+                const float want[2] = {k[ki].dot(w, xa, n), k[ki].dot(w, xb, n)};
+                if (memcmp(o, want, sizeof o) != 0 && bad++ < 5)
+                    print_error("%s type %u: %lld blocks: pair %.9g %.9g, alone %.9g %.9g\n", k[ki].set, k[ki].type,
+                                (long long)nb, (double)o[0], (double)o[1], (double)want[0], (double)want[1]);
             }
             free(w);
             free(xq);
