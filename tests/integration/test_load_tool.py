@@ -148,6 +148,53 @@ def test_load_tool_mix_counts_what_is_wrong(tmp_path):
     assert any("expected 4" in m for m in out["error_messages"]), out["error_messages"]
 
 
+def test_load_tool_resends_on_a_connection_the_server_closed(tmp_path):
+    """A server that closes each connection after its streamed answer without a
+    Connection: close header (as llama-server does): the next request on that
+    connection fails before any answer, and goes again once on a fresh connection;
+    counted as a reconnect, not an error, so the rate is the server's."""
+    import http.server
+    import threading
+
+    class Once(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            n = self.headers.get("Content-Length")
+            self.rfile.read(int(n) if n and n.isdigit() else 0)
+            events = [{"content": "a", "stop": False}] * 3 + [{"content": "", "stop": True,
+                                                              "timings": {"predicted_n": 3}}]
+            body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.close_connection = True  # and say nothing of it
+
+        def do_GET(self):  # /health
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "15")
+            self.end_headers()
+            self.wfile.write(b'{"status":"ok"}')
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Once)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        p, out = run_tool(["--url", "http://127.0.0.1:%d" % srv.server_port, "--mode", "native", "-c", "2",
+                           "-d", "1", "-n", "3", "--json"], timeout=60)
+    finally:
+        srv.shutdown()
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert out["errors"] == 0, out["error_messages"]
+    assert out["requests"] >= 4 and out["tokens"] == 3 * out["requests"], out
+    assert out["reconnects"] >= out["requests"] - 2, out
+
+
 def test_load_tool_mix_flags():
     for args in (["--mix", "nothing=1"], ["--mix", "chat=-1"], ["--mix", "bad:nope=1"],
                  ["--rss-every", "5"], ["--server-pid", "999999999"]):
