@@ -554,6 +554,37 @@ static int same_host(const bl_stage_host_t *x, const bl_stage_host_t *y)
     return strcasecmp(x->name ? x->name : "", y->name ? y->name : "") == 0;
 }
 
+/* The n stages' weights w[i] (bl_plan_split_hosts says how): by threads, or, where
+ * every host's read rates are known, by the rate each stage's threads get. */
+static void stage_weights(const bl_stage_host_t *hosts, int n, double *w)
+{
+    int measured = 1;
+    for (int i = 0; i < n; i++) {
+        w[i] = host_weight(&hosts[i]);
+        measured &= hosts[i].read_mbps_one > 0 && hosts[i].read_mbps_all > 0;
+    }
+    if (!measured)
+        return;
+    double t[BL_PLAN_MAX_STAGES];
+    for (int i = 0; i < n; i++)
+        t[i] = w[i]; /* a CPU stage's threads, capped by its host's CPUs */
+    for (int i = 0; i < n; i++) {
+        const bl_stage_host_t *h = &hosts[i];
+        if (h->card) {
+            w[i] = (double)BL_PLAN_CARD_THREADS * (double)h->read_mbps_one;
+            continue;
+        }
+        double sum_t = 0.0;
+        for (int j = 0; j < n; j++)
+            if (!hosts[j].card && same_host(h, &hosts[j]))
+                sum_t += t[j];
+        const double busy = h->n_cpus > 0 && sum_t > (double)h->n_cpus ? (double)h->n_cpus : sum_t;
+        double rate = busy * (double)h->read_mbps_one;
+        rate = rate < (double)h->read_mbps_all ? rate : (double)h->read_mbps_all;
+        w[i] = rate * t[i] / sum_t;
+    }
+}
+
 /* Whether two stages draw on one memory: the RAM of one host (its CPU stages), or one
  * card of one host. */
 static int same_pool(const bl_stage_host_t *x, const bl_stage_host_t *y)
@@ -644,8 +675,9 @@ int bl_plan_split_hosts(const uint64_t *bytes, int64_t n_layers, uint64_t first,
      * layers left to the largest remainders, or taken back from the largest excesses */
     double w[BL_PLAN_MAX_STAGES], q[BL_PLAN_MAX_STAGES], sum_w = 0;
     int64_t c[BL_PLAN_MAX_STAGES], at[BL_PLAN_MAX_STAGES + 1], total = 0;
+    stage_weights(hosts, n, w);
     for (int i = 0; i < n; i++)
-        sum_w += w[i] = host_weight(&hosts[i]);
+        sum_w += w[i];
     for (int i = 0; i < n; i++) {
         q[i] = (double)n_layers * w[i] / sum_w;
         c[i] = (int64_t)q[i] < 1 ? 1 : (int64_t)q[i];

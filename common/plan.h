@@ -64,6 +64,8 @@ typedef struct bl_stage_host {
     int n_cpus;           /* CPUs the stage's process may run on there; 0: not known (no cap) */
     uint64_t mem_avail;   /* the host's MemAvailable; 0: not known (no cap) */
     uint64_t mem_total;   /* its MemTotal, for reports; 0: not known */
+    uint32_t read_mbps_one; /* the host's memory read rate with one thread and with all its */
+    uint32_t read_mbps_all; /* CPUs, MB/s (bl_mem_read_mbps); 0: not known */
     const bl_device_t *card; /* the stage's card as its host reports it (borrowed), or NULL:
                               * the stage runs on that host's CPU */
 } bl_stage_host_t;
@@ -71,7 +73,8 @@ typedef struct bl_stage_host {
 /* What a card stage weighs in a hostfile's split against a CPU stage's threads. A card
  * reads its memory several times faster than a host's cores do, and its speed is not
  * measured: it counts as this many threads (a 16-thread CPU stage beside a card gets
- * 16/80 of their layers), and the card's memory caps what it takes. */
+ * 16/80 of their layers; with measured read rates, as this many of its host's one
+ * thread's rate), and the card's memory caps what it takes. */
 #define BL_PLAN_CARD_THREADS 64
 
 /* The placement flags as given (NULL / 0: not given) and what the plan sizes. */
@@ -201,7 +204,11 @@ int bl_plan_opts(bl_place_opts_t *o, const bl_place_flags_t *f, bl_err_t *err) B
  * the end of stage i's layers (the last n_layers). Each stage gets layers in
  * proportion to its weight, at least one: a CPU stage its threads capped by its
  * host's CPUs (a host's speed on the CPU follows the threads it runs, and threads past
- * its CPUs only share them), a card stage BL_PLAN_CARD_THREADS. Then no memory is
+ * its CPUs only share them), a card stage BL_PLAN_CARD_THREADS. Where every stage's
+ * host has measured read rates, a decode's speed is its memory's: a host's CPU stages
+ * together read at min(read_mbps_all, T * read_mbps_one) MB/s for their T threads
+ * (at most its CPUs), shared among them by their threads, and a card stage weighs
+ * BL_PLAN_CARD_THREADS times its host's read_mbps_one. Then no memory is
  * given more than it holds of its stages' bytes: a host's RAM its mem_avail (its CPU
  * stages together), a card room[i] (what its free memory holds of weights and cache
  * once the plan's margin and scratch are kept; UINT64_MAX, or room NULL: not known).

@@ -1,6 +1,7 @@
 /* The weights' copy in huge pages, and --mlock (wmem.h). */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdint.h>
@@ -154,6 +155,82 @@ void bl_wmem_copy_many_progress(const bl_wmem_job_t *jobs, size_t n_jobs, int th
 void bl_wmem_copy_many(const bl_wmem_job_t *jobs, size_t n_jobs, int threads)
 {
     bl_wmem_copy_many_progress(jobs, n_jobs, threads, NULL, NULL);
+}
+
+// --- the read rate ---------------------------------------------------------------------
+
+struct read_share {
+    const uint64_t *p;
+    size_t n;            /* words */
+    _Atomic int *go;     /* the pass starts when it is set */
+    uint64_t sum;        /* kept, so that the reads are not optimised away */
+};
+
+static void *read_share(void *arg)
+{
+    struct read_share *r = arg;
+    while (!atomic_load_explicit(r->go, memory_order_acquire))
+        sched_yield();
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    size_t i = 0;
+    for (; i + 4 <= r->n; i += 4) {
+        a += r->p[i];
+        b ^= r->p[i + 1];
+        c += r->p[i + 2];
+        d ^= r->p[i + 3];
+    }
+    for (; i < r->n; i++)
+        a += r->p[i];
+    r->sum = a + b + c + d;
+    return NULL;
+}
+
+uint32_t bl_mem_read_mbps(int threads)
+{
+    enum { MAX_THREADS = 64 };
+    threads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
+    uint64_t bytes = (uint64_t)256 << 20;
+    const uint64_t avail = bl_mem_available();
+    if (avail && avail / 16 < bytes)
+        bytes = avail / 16 > ((uint64_t)16 << 20) ? avail / 16 : (uint64_t)16 << 20;
+    bytes &= ~(uint64_t)4095;
+    uint64_t *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED)
+        return 0;
+    (void)madvise(buf, bytes, MADV_HUGEPAGE);
+    memset(buf, 0x5a, bytes); /* every page present before the timing */
+    const size_t words = bytes / sizeof *buf;
+    double best = 0.0;
+    uint64_t sink = 0;
+    int failed = 0;
+    for (int pass = 0; pass < 3 && !failed; pass++) {
+        _Atomic int go = 0;
+        struct read_share sh[MAX_THREADS];
+        pthread_t th[MAX_THREADS];
+        int started = 1;
+        for (int t = 0; t < threads; t++) {
+            const size_t lo = words * (size_t)t / (size_t)threads, hi = words * (size_t)(t + 1) / (size_t)threads;
+            sh[t] = (struct read_share){buf + lo, hi - lo, &go, 0};
+        }
+        while (started < threads && pthread_create(&th[started], NULL, read_share, &sh[started]) == 0)
+            started++;
+        failed = started < threads; /* the threads that did start still run their share */
+        const int64_t t0 = bl_progress_now_us();
+        atomic_store_explicit(&go, 1, memory_order_release);
+        read_share(&sh[0]);
+        for (int t = 1; t < started; t++)
+            pthread_join(th[t], NULL);
+        const int64_t us = bl_progress_now_us() - t0;
+        for (int t = 0; t < started; t++)
+            sink += sh[t].sum;
+        const double mbps = us > 0 ? (double)bytes / (double)us : 0.0; /* bytes per us = MB/s */
+        best = !failed && mbps > best ? mbps : best;
+    }
+    munmap(buf, bytes);
+    __asm__ volatile("" : : "r"(sink));
+    if (failed)
+        return 0;
+    return best > (double)UINT32_MAX ? UINT32_MAX : (uint32_t)best;
 }
 
 void bl_wmem_lock(const void *p, uint64_t len, const bl_gguf_t *g)

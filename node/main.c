@@ -435,6 +435,11 @@ static int answer_probe(session_t *ss, const char *worker_bin, bl_err_t *err)
     h.mem_total = h.mem_total < BP_NODE_MAX_MEM ? h.mem_total : BP_NODE_MAX_MEM;
     if (h.mem_available > BP_NODE_MAX_MEM || (h.mem_total && h.mem_available > h.mem_total))
         h.mem_available = h.mem_total ? h.mem_total : BP_NODE_MAX_MEM;
+    /* the rates the router's split weighs this host's CPU stages by */
+    h.read_mbps_one = bl_mem_read_mbps(1);
+    h.read_mbps_all = bl_mem_read_mbps(cpus);
+    h.read_mbps_one = h.read_mbps_one < BP_NODE_MAX_MBPS ? h.read_mbps_one : BP_NODE_MAX_MBPS;
+    h.read_mbps_all = h.read_mbps_all < BP_NODE_MAX_MBPS ? h.read_mbps_all : BP_NODE_MAX_MBPS;
     /* the data links first: once the router sees this session end, none of it listens
      * where a relay started next connects */
     for (int i = N_LINKS - 1; i > 0; i--) {
@@ -443,9 +448,9 @@ static int answer_probe(session_t *ss, const char *worker_bin, bl_err_t *err)
     }
     if ((rc = env_send(ss->l[0], BP_NODE_ENV_HOST, &h, sizeof h, err)) != 0)
         return rc;
-    BL_LOG(BL_LOG_INFO, "event=probe_answered host=%s cpus=%u mem_available=%llu mem_total=%llu devices=%u",
-           h.hostname, h.n_cpus, (unsigned long long)h.mem_available, (unsigned long long)h.mem_total,
-           h.n_devices);
+    BL_LOG(BL_LOG_INFO, "event=probe_answered host=%s cpus=%u mem_available=%llu mem_total=%llu read_mbps_one=%u "
+           "read_mbps_all=%u devices=%u", h.hostname, h.n_cpus, (unsigned long long)h.mem_available,
+           (unsigned long long)h.mem_total, h.read_mbps_one, h.read_mbps_all, h.n_devices);
     /* the router's word that it has the answer (or its going): closing before could
      * drop the answer with the connection */
     uint8_t done[8];

@@ -16,7 +16,7 @@ _Static_assert(sizeof(bp_node_setup_t) == 152, "the setup is 152 bytes on the wi
 _Static_assert(sizeof(bp_node_file_t) == 40, "the model file is 40 bytes on the wire");
 _Static_assert(sizeof(bp_node_probe_t) == 40, "the probe is 40 bytes on the wire");
 _Static_assert(sizeof(bp_node_device_t) == 88, "a device is 88 bytes on the wire");
-_Static_assert(sizeof(bp_node_host_t) == 96 + BP_NODE_MAX_DEVICES * 88, "the host's facts are 1504 bytes on the wire");
+_Static_assert(sizeof(bp_node_host_t) == 104 + BP_NODE_MAX_DEVICES * 88, "the host's facts are 1512 bytes on the wire");
 _Static_assert(BP_NODE_MAX_DEVICES == BL_PLAN_MAX_DEVICES, "a node reports as many devices as a plan takes");
 
 /* A name or routing id: terminated inside its field, 1 or more bytes of A-Z a-z 0-9
@@ -167,6 +167,9 @@ int bp_node_host_read(bp_node_host_t *out, const uint8_t *p, size_t n, bl_err_t 
         (h.mem_total && h.mem_available > h.mem_total))
         return bl_err_set(err, BL_EPROTO, "the node's host has %llu bytes of memory available of %llu",
                           (unsigned long long)h.mem_available, (unsigned long long)h.mem_total);
+    if (h.read_mbps_one > BP_NODE_MAX_MBPS || h.read_mbps_all > BP_NODE_MAX_MBPS)
+        return bl_err_set(err, BL_EPROTO, "the node's host reads its memory at %u MB/s with one thread and %u with "
+                          "all (at most %u)", h.read_mbps_one, h.read_mbps_all, BP_NODE_MAX_MBPS);
     if (h.n_devices > BP_NODE_MAX_DEVICES)
         return bl_err_set(err, BL_EPROTO, "the node's host has %u CUDA devices (at most %u)", h.n_devices,
                           BP_NODE_MAX_DEVICES);

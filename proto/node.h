@@ -30,7 +30,7 @@
 
 #define BP_NODE_SETUP_MAGIC "BLNODE1"
 #define BP_NODE_PROBE_MAGIC "BLPROBE"
-#define BP_NODE_HOST_MAGIC "BLHOST2"
+#define BP_NODE_HOST_MAGIC "BLHOST3"
 
 /* The worker the node starts and its rings. On the wire as this struct, both hosts
  * little-endian (x86-64, aarch64). */
@@ -71,6 +71,7 @@ typedef struct bp_node_probe {
 #define BP_NODE_MAX_MEM ((uint64_t)1 << 56)
 #define BP_NODE_MAX_DEVICES 16  /* the plan's BL_PLAN_MAX_DEVICES */
 #define BP_NODE_MAX_ORDINAL 255 /* a Plan's Stage.gpu is 1 + at most this */
+#define BP_NODE_MAX_MBPS 100000000u /* a memory read rate past 100 TB/s is not a host's */
 typedef struct bp_node_device {
     int32_t index;        /* its CUDA ordinal, 0..BP_NODE_MAX_ORDINAL, no two alike */
     uint32_t pad;         /* 0 */
@@ -85,6 +86,8 @@ typedef struct bp_node_host {
     uint32_t n_devices;   /* CUDA devices, 0..BP_NODE_MAX_DEVICES */
     uint64_t mem_available; /* MemAvailable in bytes, 0: not known; at most BP_NODE_MAX_MEM */
     uint64_t mem_total;   /* MemTotal, 0: not known; else at least mem_available */
+    uint32_t read_mbps_one; /* its memory read rate with one thread and with n_cpus, MB/s */
+    uint32_t read_mbps_all; /* (bl_mem_read_mbps); 0: not known; at most BP_NODE_MAX_MBPS */
     bp_node_device_t device[BP_NODE_MAX_DEVICES]; /* the first n_devices; the others all zeros */
 } bp_node_host_t;
 
@@ -102,7 +105,7 @@ int bp_node_file_read(bp_node_file_t *out, const uint8_t *p, size_t n, bl_err_t 
 
 /* A probe (BL_EPROTO: size, magic, an unterminated version; BL_EINVAL: another
  * version than version, naming both) and the node's answer (BL_EPROTO naming the
- * field: size, magic, host name, CPU count, memory, device count, and of a device by
+ * field: size, magic, host name, CPU count, memory, read rates, device count, and of a device by
  * its place: ordinal, one ordinal twice, name, memory, padding; an unused device
  * entry that is not zeros). */
 int bp_node_probe_read(bp_node_probe_t *out, const uint8_t *p, size_t n, const char *version,

@@ -210,12 +210,24 @@ static void print_hosts(FILE *f, const rt_dry_run_t *d)
 {
     const bl_plan_t *p = d->plan;
     char s1[32], s2[32];
-    int any_card = 0;
-    for (int i = 0; i < p->n_stages; i++)
+    int any_card = 0, measured = 1;
+    for (int i = 0; i < p->n_stages; i++) {
         any_card |= d->hosts[i].card != NULL;
+        measured &= d->hosts[i].read_mbps_one > 0 && d->hosts[i].read_mbps_all > 0;
+    }
     fprintf(f, "  hosts (--hostfile): ");
     if (!d->hosts_split)
         fprintf(f, "the layers as the hostfile's layers= give them\n");
+    else if (measured && any_card)
+        fprintf(f, "the layers split by the memory read rate each stage gets (a host's CPU stages together read at "
+                "its rate for their threads, at most its CPUs, shared by their threads; a card as %d times its "
+                "host's one-thread rate), no card given more weights and KV cache than its free memory holds "
+                "beside the scratch and -fitt's margin, no host's CPU stages more than its memory available\n",
+                BL_PLAN_CARD_THREADS);
+    else if (measured)
+        fprintf(f, "the layers split by the memory read rate each stage gets (a host's CPU stages together read at "
+                "its rate for their threads, at most its CPUs, shared by their threads), no host given more "
+                "weights and KV cache than its memory available\n");
     else if (any_card)
         fprintf(f, "the layers split by each stage's weight (a CPU stage's threads, at most its host's CPUs; a card "
                 "as %d threads), no card given more weights and KV cache than its free memory holds beside the "
@@ -249,6 +261,9 @@ static void print_hosts(FILE *f, const rt_dry_run_t *d)
         fprintf(f, "; %d thread%s", h->threads, h->threads == 1 ? "" : "s");
         if (d->hosts_split && h->n_cpus > 0 && h->threads > h->n_cpus)
             fprintf(f, " (weighed as its %d CPUs)", h->n_cpus);
+        if (h->read_mbps_one && h->read_mbps_all)
+            fprintf(f, "; reads memory at %.1f GB/s with one thread, %.1f with all", h->read_mbps_one / 1000.0,
+                    h->read_mbps_all / 1000.0);
         fprintf(f, "\n");
     }
 }

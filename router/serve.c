@@ -922,6 +922,7 @@ static int stage_hosts(const opts_t *o, hf_line_t *lines, int n_lines, const bl_
     uint8_t key[32];
     int have_key = 0, rc = 0, n_cpus[RT_CLUSTER_MAX_STAGES];
     uint64_t avail[RT_CLUSTER_MAX_STAGES], total[RT_CLUSTER_MAX_STAGES];
+    uint32_t one[RT_CLUSTER_MAX_STAGES], all[RT_CLUSTER_MAX_STAGES], here_one = 0, here_all = 0;
     *n = 0;
     for (int i = 0; rc == 0 && i < n_lines; i++) {
         hf_line_t *h = &lines[i];
@@ -929,6 +930,12 @@ static int stage_hosts(const opts_t *o, hf_line_t *lines, int n_lines, const bl_
             n_cpus[i] = bl_cpu_count();
             avail[i] = bl_mem_available();
             total[i] = bl_mem_total();
+            if (!here_one) { /* this host's read rates, once: what a node measures for its host */
+                here_one = bl_mem_read_mbps(1);
+                here_all = bl_mem_read_mbps(n_cpus[i]);
+            }
+            one[i] = here_one;
+            all[i] = here_all;
             h->n_devs = n_devs;
             memcpy(h->devs, devs, sizeof *devs * (size_t)n_devs);
         } else {
@@ -941,6 +948,8 @@ static int stage_hosts(const opts_t *o, hf_line_t *lines, int n_lines, const bl_
             n_cpus[i] = (int)nh.n_cpus;
             avail[i] = nh.mem_available;
             total[i] = nh.mem_total;
+            one[i] = nh.read_mbps_one;
+            all[i] = nh.read_mbps_all;
             h->n_devs = (int)nh.n_devices; /* at most BL_PLAN_MAX_DEVICES: bp_node_host_read's */
             for (int d = 0; d < h->n_devs; d++) {
                 bl_device_t *c = &h->devs[d];
@@ -958,15 +967,17 @@ static int stage_hosts(const opts_t *o, hf_line_t *lines, int n_lines, const bl_
             bl_stage_host_t *sh = &hosts[k];
             *sh = (bl_stage_host_t){.name = h->host, .remote = h->remote[0] != 0,
                                     .threads = h->threads ? h->threads : (int)o->threads, .n_cpus = n_cpus[i],
-                                    .mem_avail = avail[i], .mem_total = total[i], .card = hs[k].card};
+                                    .mem_avail = avail[i], .mem_total = total[i], .read_mbps_one = one[i],
+                                    .read_mbps_all = all[i], .card = hs[k].card};
             char card[200] = "cpu", name[160];
             if (sh->card)
                 snprintf(card, sizeof card, "CUDA%d card_free=%llu card_total=%llu card_name=\"%s\"", sh->card->index,
                          (unsigned long long)sh->card->free_bytes, (unsigned long long)sh->card->total_bytes,
                          bl_log_escape(name, sizeof name, sh->card->name, strlen(sh->card->name)));
             BL_LOG(BL_LOG_INFO, "event=stage_host stage=%d host=%s node=%s cpus=%d mem_available=%llu "
-                   "mem_total=%llu threads=%d device=%s", k, sh->name, sh->remote ? h->remote : "-", sh->n_cpus,
-                   (unsigned long long)sh->mem_avail, (unsigned long long)sh->mem_total, sh->threads, card);
+                   "mem_total=%llu read_mbps_one=%u read_mbps_all=%u threads=%d device=%s", k, sh->name,
+                   sh->remote ? h->remote : "-", sh->n_cpus, (unsigned long long)sh->mem_avail,
+                   (unsigned long long)sh->mem_total, sh->read_mbps_one, sh->read_mbps_all, sh->threads, card);
         }
     }
     memset(key, 0, sizeof key);

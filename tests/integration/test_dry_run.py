@@ -319,11 +319,14 @@ def test_hostfile_stages_with_their_hosts(model, tmp_path):
         node.stop()
     assert [r[1] for r in stages(out).values()] == ["0", "1"], out
     cpus = len(os.sched_getaffinity(0))
-    assert "  hosts (--hostfile): the layers split by each stage's threads" in out, out
+    # both hosts' read rates measured (the router's here, the node's there): the split follows them
+    assert "  hosts (--hostfile): the layers split by the memory read rate each stage gets" in out, out
+    rate = r"; reads memory at \d+\.\d GB/s with one thread, \d+\.\d with all\n"
     assert re.search(r"\n    stage 0: layers 0\.\.0 on 127\.0\.0\.1 \(this host\): %d CPUs?, \S+ \S+ available of "
-                     r"\S+ \S+; 1 thread\n" % cpus, out), out
+                     r"\S+ \S+; 1 thread%s" % (cpus, rate), out), out
     assert re.search(r"\n    stage 1: layers 1\.\.1 on localhost through the node at tcp://localhost:%d: %d CPUs?, "
-                     r"\S+ \S+ available of \S+ \S+; 2 threads" % (node.port, cpus), out), out
+                     r"\S+ \S+ available of \S+ \S+; 2 threads%s" % (node.port, cpus, rate), out), out
+    assert re.search(r"event=stage_host stage=1 host=localhost .* read_mbps_one=[1-9]\d* read_mbps_all=[1-9]", err), err
     assert re.search(r"tcp://localhost:%d: stage 1 takes \S+ \S+ \(weights and KV cache\) of that host's RAM, of "
                      r"\S+ \S+ available" % node.port, out), out
     assert secs < 10
@@ -335,7 +338,7 @@ def test_hostfile_gpu_stages_on_two_hosts(tmp_path, fake_node):
     start asks both nodes, puts a stage on each card, the layers split evenly (two
     cards alike), and shows each stage's host, card, layers and bytes, and that each
     fits its card; then a CPU line of the router's host beside one card line: the card
-    weighs as 64 threads, the CPU stage's one thread takes one layer of four."""
+    weighs as 64 of its host's threads, the CPU stage's one thread takes one layer of four."""
     from test_remote import GB10, Node, secret_file
     path = serverctl.make_model(str(tmp_path / "layers4.gguf"), "--layers", "4")
     secret = secret_file(tmp_path / "secret")
@@ -354,7 +357,9 @@ def test_hostfile_gpu_stages_on_two_hosts(tmp_path, fake_node):
         rows = stages(out)
         assert [(r[0], r[1]) for r in rows.values()] == [("CUDA0", "0-1"), ("CUDA0", "2-3")], out
         assert all(r[2][5] is not None for r in rows.values()), out  # a card's scratch
-        assert "  hosts (--hostfile): the layers split by each stage's weight (a CPU stage's threads" in out, out
+        assert ("  hosts (--hostfile): the layers split by the memory read rate each stage gets (a host's CPU stages "
+                "together read at its rate for their threads, at most its CPUs, shared by their threads; a card as 64 "
+                "times its host's one-thread rate)") in out, out
         assert ("\n    stage 0: layers 0..1 on localhost through the node at tcp://localhost:%d: CUDA0 Fake GB10, "
                 "121.07 GiB free of 128.00 GiB\n" % a.port) in out, out
         assert ("\n    stage 1: layers 2..3 on 127.0.0.2 through the node at tcp://127.0.0.2:%d: CUDA0 Fake GB10, "

@@ -635,6 +635,39 @@ static void test_plan_split_hosts_weighs_a_card_as_many_threads(void **state)
     expect_ends(48, 100, 0, 0, HOSTS(card_host("spark-a", &k_gb10_1), card_host("spark-b", &k_gb10)), 2, ENDS(24, 48));
 }
 
+/* h with measured read rates (MB/s). */
+static bl_stage_host_t rated(bl_stage_host_t h, uint32_t one, uint32_t all)
+{
+    h.read_mbps_one = one;
+    h.read_mbps_all = all;
+    return h;
+}
+
+static void test_plan_split_follows_measured_read_rates(void **state)
+{
+    (void)state;
+    /* the same threads on hosts that read at 10 and 30 GB/s: a quarter and three */
+    expect_ends(48, 100, 0, 0, HOSTS(rated(host("a", 8, 8, 0), 2000, 10000), rated(host("b", 8, 8, 0), 5000, 30000)),
+                2, ENDS(12, 48));
+    /* a host's threads past what its memory feeds add nothing: 4 threads of 5 GB/s
+     * read 20 GB/s, 16 threads of the same host's kind at most its 20 */
+    expect_ends(48, 100, 0, 0, HOSTS(rated(host("a", 4, 16, 0), 5000, 20000), rated(host("b", 16, 16, 0), 5000, 20000)),
+                2, ENDS(24, 48));
+    /* two stages of one host share its rate; a host of its own reads at its own:
+     * a and a' 4 threads each of 40 GB/s together (20 each), b 8 threads of 20 */
+    expect_ends(48, 100, 0, 0,
+                HOSTS(rated(host("a", 4, 8, 0), 10000, 40000), rated(host("a", 4, 8, 0), 10000, 40000),
+                      rated(host("b", 8, 8, 0), 10000, 20000)),
+                3, ENDS(16, 32, 48));
+    /* a card weighs BL_PLAN_CARD_THREADS of its host's one-thread rate: 64 x 5 GB/s
+     * against a CPU stage's 80 (16 threads of 5, within its 100) */
+    _Static_assert(BL_PLAN_CARD_THREADS == 64, "the card's weight these ends follow");
+    expect_ends(80, 100, 0, 0, HOSTS(rated(host("a", 16, 16, 0), 5000, 100000), rated(card_host("b", &k_gb10), 5000, 100000)),
+                2, ENDS(16, 80));
+    /* one host without rates: every stage by its threads, as without any */
+    expect_ends(48, 100, 0, 0, HOSTS(rated(host("a", 8, 8, 0), 2000, 10000), host("b", 8, 8, 0)), 2, ENDS(24, 48));
+}
+
 /* Splits 20 layers of 100 bytes (the first stage also holding 50, the last 70) over
  * h with the cards' rooms, into ends. */
 static int split_room(const bl_stage_host_t *h, const uint64_t *room, int n, int64_t *ends, bl_err_t *err)
@@ -2301,6 +2334,7 @@ int main(void)
         T(test_plan_split_cpu_refuses_what_no_split_fits),
         T(test_plan_cpu_hosts_split_the_cpu_stages),
         T(test_plan_split_hosts_weighs_a_card_as_many_threads),
+        T(test_plan_split_follows_measured_read_rates),
         T(test_plan_split_hosts_keeps_each_card_within_its_room),
         T(test_plan_split_hosts_refuses_a_card_by_host_and_bytes),
         T(test_plan_split_hosts_holds_its_rules_on_many_inventories),

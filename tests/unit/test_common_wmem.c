@@ -151,6 +151,19 @@ static void test_margin(void **state)
     }
 }
 
+/* The read rate is measured, not made up: some MB/s with one thread and with two,
+ * below what any memory reads (10 TB/s); a thread count out of range is clamped. */
+static void test_read_rate(void **state)
+{
+    (void)state;
+    const uint32_t one = bl_mem_read_mbps(1), two = bl_mem_read_mbps(2), many = bl_mem_read_mbps(1000);
+    print_message("read rate: %u MB/s with one thread, %u with two, %u with 64\n", one, two, many);
+    assert_true(one > 0 && one < 10000000);
+    assert_true(two > 0 && two < 10000000);
+    assert_true(many > 0 && many < 10000000);
+    assert_true(bl_mem_read_mbps(0) > 0);
+}
+
 int main(void)
 {
     test_seed_init("test_common_wmem");
@@ -159,6 +172,7 @@ int main(void)
         cmocka_unit_test(test_copy_progress),
         cmocka_unit_test(test_alloc_refusals),
         cmocka_unit_test(test_margin),
+        cmocka_unit_test(test_read_rate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -101,6 +101,8 @@ static bp_node_host_t good_host(void)
     h.n_cpus = 16;
     h.mem_available = 60ull << 30;
     h.mem_total = 64ull << 30;
+    h.read_mbps_one = 11000;
+    h.read_mbps_all = 180000;
     h.n_devices = 2;
     h.device[0] = (bp_node_device_t){.index = 0, .total_bytes = 128ull << 30, .free_bytes = 120ull << 30};
     snprintf(h.device[0].name, sizeof h.device[0].name, "NVIDIA GB10");
@@ -154,9 +156,16 @@ static void test_node_host_facts_refused_by_field(void **state)
     bl_err_t err = {0};
     h = good_host();
     assert_int_equal(bp_node_host_read(&out, (const uint8_t *)&h, sizeof h + 1, &err), BL_EPROTO);
-    assert_non_null(strstr(err.msg, "1505 bytes, not 1504"));
-    assert_int_equal(bp_node_host_read(&out, (const uint8_t *)&h, 96, &err), BL_EPROTO); /* a node of before */
-    assert_non_null(strstr(err.msg, "96 bytes, not 1504"));
+    assert_non_null(strstr(err.msg, "1513 bytes, not 1512"));
+    assert_int_equal(bp_node_host_read(&out, (const uint8_t *)&h, 1504, &err), BL_EPROTO); /* a node of before */
+    assert_non_null(strstr(err.msg, "1504 bytes, not 1512"));
+    h = good_host();
+    h.read_mbps_all = BP_NODE_MAX_MBPS + 1;
+    expect_host(&h, BL_EPROTO, "reads its memory at");
+    h = good_host();
+    h.read_mbps_one = 0; /* not known: taken */
+    h.read_mbps_all = 0;
+    expect_host(&h, 0, NULL);
 }
 
 static void test_node_host_devices_refused_by_field(void **state)
