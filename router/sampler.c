@@ -24,6 +24,13 @@ struct rt_sampler {
     rt_sampler_params_t p; /* p.logit_bias points at bias below */
     const rt_tokenizer_t *tok; /* the infill stage's vocabulary; may be NULL */
     rt_logit_bias_t *bias;
+    /* the biases in token order for take_top_k: the entries sorted by (token, place
+     * in the list), and the n_bias_tok tokens they name with their biased logits */
+    struct bias_at { int32_t token; uint32_t at; } *bias_sorted;
+    int32_t *bias_tok;
+    float *bias_val;
+    size_t n_bias_tok;
+    int full_path;         /* rt_sampler_full_path: no take_top_k */
     int32_t n_vocab;
     uint32_t seed;
     bl_rng_t rng;
@@ -260,6 +267,17 @@ static int grammar_vocab(rt_sampler_t *s, const rt_grammar_vocab_t *shared, bl_e
     return rc;
 }
 
+/* The biases by token, then by their place in the list (qsort is not stable). */
+static int by_token_then_place(const void *a, const void *b)
+{
+    const struct bias_at *x = a, *y = b;
+    if (x->token != y->token)
+        return x->token < y->token ? -1 : 1;
+    return x->at < y->at ? -1 : x->at > y->at;
+}
+
+void rt_sampler_full_path(rt_sampler_t *s) { s->full_path = 1; }
+
 int rt_sampler_create(rt_sampler_t **out, const rt_sampler_params_t *p, int32_t n_vocab,
                       int32_t n_ctx, const rt_tokenizer_t *tok, bl_err_t *err)
 {
@@ -297,14 +315,26 @@ int rt_sampler_create(rt_sampler_t **out, const rt_sampler_params_t *p, int32_t 
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
     s->counts = calloc((size_t)n_vocab, sizeof *s->counts);
     s->ring = malloc((size_t)(s->window > 0 ? s->window : 1) * sizeof *s->ring);
-    if (p->n_logit_bias)
+    if (p->n_logit_bias) {
         s->bias = malloc(p->n_logit_bias * sizeof *s->bias);
-    if (!s->cand || !s->counts || !s->ring || (p->n_logit_bias && !s->bias)) {
+        s->bias_sorted = malloc(p->n_logit_bias * sizeof *s->bias_sorted);
+        s->bias_tok = malloc(p->n_logit_bias * sizeof *s->bias_tok);
+        s->bias_val = malloc(p->n_logit_bias * sizeof *s->bias_val);
+    }
+    if (!s->cand || !s->counts || !s->ring ||
+        (p->n_logit_bias && (!s->bias || !s->bias_sorted || !s->bias_tok || !s->bias_val))) {
         rt_sampler_destroy(s);
         return bl_err_set(err, BL_ENOMEM, "sampler: out of memory for %d tokens", n_vocab);
     }
-    if (p->n_logit_bias)
+    if (p->n_logit_bias) {
         memcpy(s->bias, p->logit_bias, p->n_logit_bias * sizeof *s->bias);
+        for (size_t i = 0; i < p->n_logit_bias; i++)
+            s->bias_sorted[i] = (struct bias_at){p->logit_bias[i].token, (uint32_t)i};
+        qsort(s->bias_sorted, p->n_logit_bias, sizeof *s->bias_sorted, by_token_then_place);
+        for (size_t i = 0; i < p->n_logit_bias; i++)
+            if (i == 0 || s->bias_sorted[i].token != s->bias_sorted[i - 1].token)
+                s->bias_tok[s->n_bias_tok++] = s->bias_sorted[i].token;
+    }
     s->p.logit_bias = s->bias;
     s->p.grammar = NULL; /* borrowed text: only the compiled form is kept */
     if (p->grammar && ((rc = rt_grammar_parse(&s->grammar, p->grammar, p->grammar_len, err)) ||
@@ -328,6 +358,9 @@ void rt_sampler_destroy(rt_sampler_t *s)
     free(s->counts);
     free(s->ring);
     free(s->bias);
+    free(s->bias_sorted);
+    free(s->bias_tok);
+    free(s->bias_val);
     rt_grammar_match_destroy(s->gm);
     rt_grammar_destroy(s->grammar);
     rt_grammar_vocab_destroy(s->own_vocab);
@@ -782,18 +815,14 @@ static size_t fill(rt_sampler_t *s, const float *logits, int mask, int forcing)
     return live;
 }
 
-/* The most logit_bias entries take_top_k handles (ignore_eos's end tokens and a
- * request's few; more take the full candidate list). */
-#define FAST_MAX_BIAS 64
-
 /* Whether the chain's first stage with an effect is top_k over the (biased) logits:
- * no penalty in force (the stages before it do nothing here), at most
- * FAST_MAX_BIAS biases and a k below the vocabulary. fill then top_k would give the
- * k best; take_top_k finds them without the full candidate list. */
+ * no penalty in force (the stages before it do nothing here) and a k below the
+ * vocabulary. fill then top_k would give the k best; take_top_k finds them without
+ * the full candidate list, whatever the biases (a ban list of thousands included). */
 static size_t first_top_k(const rt_sampler_t *s)
 {
     const rt_sampler_params_t *p = &s->p;
-    if (p->n_logit_bias > FAST_MAX_BIAS || p->top_k <= 0)
+    if (s->full_path || p->top_k <= 0)
         return 0;
     const size_t k = (size_t)p->top_k > keep_floor(s) ? (size_t)p->top_k : keep_floor(s);
     if (k >= (size_t)s->n_vocab)
@@ -822,26 +851,24 @@ static size_t first_top_k(const rt_sampler_t *s)
 /* The k best of the biased logits (NaN as -inf) into cand[0..k), sorted, as fill
  * then top_k leave them: the order is (logit desc, id asc), a total order, so the
  * set is the same. The biased tokens' values are summed in list order, as fill
- * adds them, and offered after the scan. In the scan ids come in increasing order,
+ * adds them, and offered after the scan, which skips them (their ids in increasing
+ * order, walked beside the scan's). In the scan ids come in increasing order,
  * so a logit equal to the heap's smallest never enters (its id is larger), and a
  * run of 16 with none above it is skipped whole. */
 static void take_top_k(rt_sampler_t *s, const float *logits, size_t k)
 {
     const rt_sampler_params_t *p = &s->p;
-    int32_t bt[FAST_MAX_BIAS];
-    float bv[FAST_MAX_BIAS];
-    int nb = 0;
-    for (size_t i = 0; i < p->n_logit_bias; i++) {
-        const int32_t t = p->logit_bias[i].token;
-        int j = 0;
-        while (j < nb && bt[j] != t)
-            j++;
-        if (j == nb) {
-            bt[nb] = t;
-            bv[nb++] = isnan(logits[t]) ? -INFINITY : logits[t];
-        }
-        bv[j] += p->logit_bias[i].bias;
+    const int32_t *bt = s->bias_tok;
+    float *bv = s->bias_val;
+    const size_t nb = s->n_bias_tok;
+    for (size_t u = 0, e = 0; u < nb; u++) {
+        const int32_t t = bt[u];
+        float v = isnan(logits[t]) ? -INFINITY : logits[t];
+        for (; e < p->n_logit_bias && s->bias_sorted[e].token == t; e++)
+            v += p->logit_bias[s->bias_sorted[e].at].bias;
+        bv[u] = v;
     }
+    size_t bi = 0; /* the first biased token at or past the scan */
     cand_t *h = s->cand;
     size_t n = 0;
     const int32_t V = s->n_vocab;
@@ -859,15 +886,15 @@ static void take_top_k(rt_sampler_t *s, const float *logits, size_t k)
             const float l = isnan(logits[i]) ? -INFINITY : logits[i];
             if (n == k && !(l > h[0].logit))
                 continue;
-            int biased = 0;
-            for (int j = 0; j < nb && !biased; j++)
-                biased = bt[j] == i;
-            if (!biased)
-                heap_offer(h, &n, k, (cand_t){.id = i, .logit = l});
+            while (bi < nb && bt[bi] < i)
+                bi++;
+            if (bi < nb && bt[bi] == i)
+                continue; /* biased: offered with its bias below */
+            heap_offer(h, &n, k, (cand_t){.id = i, .logit = l});
         }
     }
-    for (int j = 0; j < nb; j++)
-        heap_offer(h, &n, k, (cand_t){.id = bt[j], .logit = bv[j]});
+    for (size_t u = 0; u < nb; u++)
+        heap_offer(h, &n, k, (cand_t){.id = bt[u], .logit = bv[u]});
     s->n_cand = n;
     qsort(s->cand, n, sizeof *s->cand, by_logit_desc);
     s->cand_sorted = 1;

@@ -157,6 +157,10 @@ void rt_sampler_reset(rt_sampler_t *s);
  * token. Does not accept it: call rt_sampler_accept with the token kept. */
 int32_t rt_sampler_sample(rt_sampler_t *s, const float *logits);
 
+/* Every later sample of s takes the full candidate list, never the top-k path
+ * straight from the logits: the reference the tests hold that path to. */
+void rt_sampler_full_path(rt_sampler_t *s);
+
 /* After rt_sampler_sample: the candidates that survived the filters, with their
  * probabilities after temperature, most likely first (n_out of them, at most max_n).
  * For logprobs and n_probs. */

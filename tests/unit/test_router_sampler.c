@@ -325,10 +325,11 @@ static void test_sampler_nan_logits_are_never_chosen(void **state)
 }
 
 /* The default chain's top_k taken straight from the logits (a few biases, no
- * penalty in force) against the full candidate list: the same biases and 65 zero
- * ones more send the same request the long way. Random logits over 1,000 to 152,000
- * tokens with ties, NaN, -inf and runs of equal values, biases raising, banning and
- * repeating tokens; every k, token and candidate list the same. */
+ * penalty in force) against the full candidate list (rt_sampler_full_path). Random
+ * logits over 1,000 to 152,000 tokens with ties, NaN, -inf and runs of equal values,
+ * biases raising, banning and repeating tokens, and a ban list of thousands of
+ * tokens (repeated ones among them) beside them; every k, token and candidate list
+ * the same. */
 static void test_sampler_top_k_fast_path_matches(void **state)
 {
     (void)state;
@@ -346,17 +347,22 @@ static void test_sampler_top_k_fast_path_matches(void **state)
             p.top_k = ks[ki];
             p.repeat_penalty = ki == 2 ? 1.1f : 1.0f; /* no effect until a token is seen */
             const int nreal = ki == 1 ? 0 : 4;
-            rt_logit_bias_t bias[4 + 65] = {{.token = 7, .bias = 3.0f},
-                                            {.token = V - 1, .bias = -INFINITY},
-                                            {.token = 7, .bias = 0.5f},
-                                            {.token = 900, .bias = 10.0f}};
-            for (int i = 0; i < 65; i++)
-                bias[nreal + i] = (rt_logit_bias_t){.token = 100 + i, .bias = 0.0f};
+            enum { NBAN = 2000 };
+            static rt_logit_bias_t bias[4 + NBAN];
+            bias[0] = (rt_logit_bias_t){.token = 7, .bias = 3.0f};
+            bias[1] = (rt_logit_bias_t){.token = V - 1, .bias = -INFINITY};
+            bias[2] = (rt_logit_bias_t){.token = 7, .bias = 0.5f};
+            bias[3] = (rt_logit_bias_t){.token = 900, .bias = 10.0f};
+            /* with k = 100: a ban list as long as Qwen3's pieces that are not whole UTF-8 */
+            const int nban = ks[ki] == 100 ? NBAN : 0;
+            for (int i = 0; i < nban; i++)
+                bias[nreal + i] = (rt_logit_bias_t){.token = (int32_t)(rng_next(&r) % (uint64_t)V),
+                                                    .bias = i % 7 == 0 ? -2.5f : -INFINITY};
             p.logit_bias = bias;
-            p.n_logit_bias = (size_t)nreal;
+            p.n_logit_bias = (size_t)(nreal + nban);
             rt_sampler_t *fast = make(&p, V);
-            p.n_logit_bias += 65;
             rt_sampler_t *full = make(&p, V);
+            rt_sampler_full_path(full);
             for (int round = 0; round < 6; round++) {
                 const int coarse = round % 3 == 1; /* few distinct values: many ties */
                 for (int32_t i = 0; i < V; i++)
