@@ -284,23 +284,29 @@ void kcpu_unpack_q6_K(const void *w, kcpu_kunpacked_t *u, int64_t n)
 
 // --- 16-bit activations (q16_K) ----------------------------------------------------------
 
-/* x = d * q with d = amax / 32767: the largest value maps to +-32767 and every q
- * stays in int16 (the clamp only guards the last rounding of x * id). */
+/* One block of n values as x = d * q with d = amax / 32767 (returned): the largest
+ * value maps to +-32767 and every q stays in int16 (the clamp only guards the last
+ * rounding of x * id). q16_K's blocks and q16_0's alike. */
+static float quantize_q16_block(const float *x, int n, int16_t *q)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < n; j++) {
+        const float a = fabsf(x[j]);
+        amax = a > amax ? a : amax;
+    }
+    const float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
+    for (int j = 0; j < n; j++) {
+        float v = x[j] * id;
+        v = v < -32767.0f ? -32767.0f : v > 32767.0f ? 32767.0f : v;
+        q[j] = (int16_t)lrintf(v);
+    }
+    return amax / 32767.0f;
+}
+
 void kcpu_quantize_row_q16_K_ref(const float *x, kcpu_block_q16_K *y, int64_t n)
 {
     for (int64_t i = 0; i < n / BL_QK_K; i++, x += BL_QK_K, y++) {
-        float amax = 0.0f;
-        for (int j = 0; j < BL_QK_K; j++) {
-            const float a = fabsf(x[j]);
-            amax = a > amax ? a : amax;
-        }
-        const float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        for (int j = 0; j < BL_QK_K; j++) {
-            float v = x[j] * id;
-            v = v < -32767.0f ? -32767.0f : v > 32767.0f ? 32767.0f : v;
-            y->q[j] = (int16_t)lrintf(v);
-        }
-        y->d = amax / 32767.0f;
+        y->d = quantize_q16_block(x, BL_QK_K, y->q);
         for (int sb = 0; sb < 8; sb++) {
             int32_t sum = 0;
             for (int l = 0; l < 32; l++)
@@ -378,23 +384,11 @@ float kcpu_vec_dot_q6_K_q16_K_ref(const void *w, const void *x, int64_t n)
 
 // --- 16-bit activations in blocks of 32 (q16_0) ------------------------------------------
 
-/* As q16_K, a block of 32 at a time: d = amax / 32767. */
+/* As q16_K, a block of 32 at a time. */
 void kcpu_quantize_row_q16_0_ref(const float *x, kcpu_block_q16_0 *y, int64_t n)
 {
-    for (int64_t i = 0; i < n / BL_QK; i++, x += BL_QK, y++) {
-        float amax = 0.0f;
-        for (int j = 0; j < BL_QK; j++) {
-            const float a = fabsf(x[j]);
-            amax = a > amax ? a : amax;
-        }
-        const float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        for (int j = 0; j < BL_QK; j++) {
-            float v = x[j] * id;
-            v = v < -32767.0f ? -32767.0f : v > 32767.0f ? 32767.0f : v;
-            y->q[j] = (int16_t)lrintf(v);
-        }
-        y->d = amax / 32767.0f;
-    }
+    for (int64_t i = 0; i < n / BL_QK; i++, x += BL_QK, y++)
+        y->d = quantize_q16_block(x, BL_QK, y->q);
 }
 
 /* Weight block i of a q8_0, q4_0 or mxfp4 row (the one of a8, a4, am given) as 32

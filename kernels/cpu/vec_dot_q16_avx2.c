@@ -47,33 +47,45 @@ AVX2 static INLINE int32_t hsum8_epi32(__m256i v)
 
 // --- quantizer --------------------------------------------------------------------------
 
-/* The reference's steps in vectors: the same amax (max is exact in any order), the
- * same x * id rounded to nearest even, the same integer sums. */
-AVX2 void kcpu_quantize_row_q16_K_avx2(const float *x, kcpu_block_q16_K *y, int64_t n)
+/* The quantizers take the reference's steps in vectors: the same amax (max is exact
+ * in any order), the same x * id rounded to nearest even, the same integer sums. */
+
+/* The largest |x| of n values (a multiple of 8), and 1 / its step (32767 / amax,
+ * or 0) into *id. */
+AVX2 static INLINE float q16_amax(const float *x, int n, float *id)
 {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 mx = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8)
+        mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(x + j), absmask));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    *id = amax > 0.0f ? 32767.0f / amax : 0.0f;
+    return amax;
+}
+
+/* 16 values of x times vid, clamped to +-32767 and rounded, as int16 in order. */
+AVX2 static INLINE __m256i q16_round16(const float *x, __m256 vid)
+{
     const __m256 hi = _mm256_set1_ps(32767.0f), lo = _mm256_set1_ps(-32767.0f);
+    const __m256 v0 = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(x), vid), lo), hi);
+    const __m256 v1 = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8), vid), lo), hi);
+    return _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_cvtps_epi32(v0), _mm256_cvtps_epi32(v1)), 0xd8);
+}
+
+AVX2 void kcpu_quantize_row_q16_K_avx2(const float *x, kcpu_block_q16_K *y, int64_t n)
+{
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t i = 0; i < n / BL_QK_K; i++, x += BL_QK_K, y++) {
-        __m256 mx = _mm256_setzero_ps();
-        for (int j = 0; j < BL_QK_K; j += 8)
-            mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(x + j), absmask));
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float amax = _mm_cvtss_f32(m4);
-        const float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        const float d = amax / 32767.0f;
+        float id;
+        const float d = q16_amax(x, BL_QK_K, &id) / 32767.0f;
         const __m256 vid = _mm256_set1_ps(id);
         for (int sb = 0; sb < 8; sb++) {
             __m256i bs = _mm256_setzero_si256();
             for (int j = 32 * sb; j < 32 * sb + 32; j += 16) {
-                __m256 v0 = _mm256_mul_ps(_mm256_loadu_ps(x + j), vid);
-                __m256 v1 = _mm256_mul_ps(_mm256_loadu_ps(x + j + 8), vid);
-                v0 = _mm256_min_ps(_mm256_max_ps(v0, lo), hi);
-                v1 = _mm256_min_ps(_mm256_max_ps(v1, lo), hi);
-                const __m256i q = _mm256_permute4x64_epi64(
-                    _mm256_packs_epi32(_mm256_cvtps_epi32(v0), _mm256_cvtps_epi32(v1)), 0xd8);
+                const __m256i q = q16_round16(x + j, vid);
                 _mm256_storeu_si256((__m256i *)(y->q + j), q);
                 bs = _mm256_add_epi32(bs, _mm256_madd_epi16(q, ones));
             }
@@ -425,28 +437,12 @@ AVX2 void kcpu_gemm_u16_q16_K_avx2(const kcpu_kunpacked16_t *const u[2], int nr,
 /* As the q16_K quantizer, a block of 32 at a time. */
 AVX2 void kcpu_quantize_row_q16_0_avx2(const float *x, kcpu_block_q16_0 *y, int64_t n)
 {
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    const __m256 hi = _mm256_set1_ps(32767.0f), lo = _mm256_set1_ps(-32767.0f);
     for (int64_t i = 0; i < n / BL_QK; i++, x += BL_QK, y++) {
-        __m256 v[4];
-        __m256 mx = _mm256_setzero_ps();
-        for (int j = 0; j < 4; j++) {
-            v[j] = _mm256_loadu_ps(x + 8 * j);
-            mx = _mm256_max_ps(mx, _mm256_and_ps(v[j], absmask));
-        }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float amax = _mm_cvtss_f32(m4);
-        const __m256 vid = _mm256_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
-        for (int j = 0; j < 4; j += 2) {
-            const __m256 v0 = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v[j], vid), lo), hi);
-            const __m256 v1 = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v[j + 1], vid), lo), hi);
-            const __m256i q =
-                _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_cvtps_epi32(v0), _mm256_cvtps_epi32(v1)), 0xd8);
-            _mm256_storeu_si256((__m256i *)(y->q + 8 * j), q);
-        }
-        y->d = amax / 32767.0f;
+        float id;
+        y->d = q16_amax(x, BL_QK, &id) / 32767.0f;
+        const __m256 vid = _mm256_set1_ps(id);
+        _mm256_storeu_si256((__m256i *)y->q, q16_round16(x, vid));
+        _mm256_storeu_si256((__m256i *)(y->q + 16), q16_round16(x + 16, vid));
     }
 }
 
