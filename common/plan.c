@@ -570,8 +570,9 @@ static void stage_weights(const bl_stage_host_t *hosts, int n, double *w)
         t[i] = w[i]; /* a CPU stage's threads, capped by its host's CPUs */
     for (int i = 0; i < n; i++) {
         const bl_stage_host_t *h = &hosts[i];
-        if (h->card) {
-            w[i] = (double)BL_PLAN_CARD_THREADS * (double)h->read_mbps_one;
+        if (h->card) { /* its measured rate, else the guess */
+            w[i] = h->card->read_mbps ? (double)h->card->read_mbps
+                                      : (double)BL_PLAN_CARD_THREADS * (double)h->read_mbps_one;
             continue;
         }
         double sum_t = 0.0;

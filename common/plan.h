@@ -50,6 +50,8 @@ typedef struct bl_device {
     char name[64];        /* "NVIDIA H200" */
     uint64_t total_bytes;
     uint64_t free_bytes;  /* 0: not known (nothing is checked against it) */
+    uint32_t read_mbps;   /* its memory's rate, a device-to-device copy's bytes read and
+                           * written a second, in MB/s; 0: not known */
 } bl_device_t;
 
 /* A hostfile's stage and its host as the plan sees them (bl_plan_split_hosts): one
@@ -70,11 +72,12 @@ typedef struct bl_stage_host {
                               * the stage runs on that host's CPU */
 } bl_stage_host_t;
 
-/* What a card stage weighs in a hostfile's split against a CPU stage's threads. A card
- * reads its memory several times faster than a host's cores do, and its speed is not
- * measured: it counts as this many threads (a 16-thread CPU stage beside a card gets
- * 16/80 of their layers; with measured read rates, as this many of its host's one
- * thread's rate), and the card's memory caps what it takes. */
+/* What a card stage weighs in a hostfile's split against a CPU stage's threads where
+ * the rates are not measured: a card reads its memory several times faster than a
+ * host's cores do, so it counts as this many threads (a 16-thread CPU stage beside a
+ * card gets 16/80 of their layers; with the hosts' rates measured but not the
+ * card's, as this many of its host's one thread's rate), and the card's memory caps
+ * what it takes. */
 #define BL_PLAN_CARD_THREADS 64
 
 /* The placement flags as given (NULL / 0: not given) and what the plan sizes. */
@@ -208,7 +211,8 @@ int bl_plan_opts(bl_place_opts_t *o, const bl_place_flags_t *f, bl_err_t *err) B
  * host has measured read rates, a decode's speed is its memory's: a host's CPU stages
  * together read at min(read_mbps_all, T * read_mbps_one) MB/s for their T threads
  * (at most its CPUs), shared among them by their threads, and a card stage weighs
- * BL_PLAN_CARD_THREADS times its host's read_mbps_one. Then no memory is
+ * its card's read_mbps (BL_PLAN_CARD_THREADS times its host's read_mbps_one where
+ * that is not known). Then no memory is
  * given more than it holds of its stages' bytes: a host's RAM its mem_avail (its CPU
  * stages together), a card room[i] (what its free memory holds of weights and cache
  * once the plan's margin and scratch are kept; UINT64_MAX, or room NULL: not known).

@@ -413,6 +413,7 @@ static int host_devices(bp_node_host_t *h, const char *worker_bin, bl_err_t *err
         snprintf(d->name, sizeof d->name, "%s", devs[i].name); /* printable, not empty: bp_list_devices' */
         d->total_bytes = devs[i].total_bytes < BP_NODE_MAX_MEM ? devs[i].total_bytes : BP_NODE_MAX_MEM;
         d->free_bytes = devs[i].free_bytes < d->total_bytes ? devs[i].free_bytes : d->total_bytes;
+        d->read_mbps = devs[i].read_mbps < BP_NODE_MAX_MBPS ? devs[i].read_mbps : BP_NODE_MAX_MBPS;
     }
     return 0;
 }

@@ -1,6 +1,7 @@
 /* The child side of the control plane (proto/child.h). */
 #include "child.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -331,21 +332,30 @@ out:
 
 // --- the host's CUDA devices, as bloomery-worker reports them ----------------------------
 
-/* One line of `bloomery-worker --list-devices`: "cuda INDEX TOTAL FREE NAME". */
+/* One line of `bloomery-worker --list-devices`: "cuda INDEX TOTAL FREE [read_mbps=N]
+ * NAME" (a line without the rate: not known). */
 static int parse_device_line(const char *line, bl_device_t *d, bl_err_t *err)
 {
-    int idx = -1, used = 0;
-    uint64_t total = 0, free_b = 0;
+    int idx = -1, used = 0, used_rate = 0;
+    uint64_t total = 0, free_b = 0, rate = 0;
     if (sscanf(line, "cuda %d %" SCNu64 " %" SCNu64 " %n", &idx, &total, &free_b, &used) != 3 || used == 0 ||
         idx < 0 || idx > 255 || free_b > total)
         return bl_err_set(err, BL_EPROTO, "bloomery-worker --list-devices: a line that does not parse: \"%.80s\"",
                           line);
+    if (strncmp(line + used, "read_mbps=", 10) == 0) {
+        if (sscanf(line + used, "read_mbps=%" SCNu64 " %n", &rate, &used_rate) != 1 || used_rate == 0 ||
+            !isdigit((unsigned char)line[used + 10]) || rate > 100000000u)
+            return bl_err_set(err, BL_EPROTO, "bloomery-worker --list-devices: CUDA%d's read rate does not parse: "
+                              "\"%.80s\"", idx, line);
+        used += used_rate;
+    }
     if (!line[used])
         return bl_err_set(err, BL_EPROTO, "bloomery-worker --list-devices: CUDA%d has no name", idx);
     memset(d, 0, sizeof *d);
     d->index = idx;
     d->total_bytes = total;
     d->free_bytes = free_b;
+    d->read_mbps = (uint32_t)rate;
     size_t k = 0;
     for (const char *c = line + used; *c && k + 1 < sizeof d->name; c++) /* printable, for logs and the wire */
         d->name[k++] = *c >= 0x20 && *c < 0x7f ? *c : '?';

@@ -126,7 +126,7 @@ static int zeros(const void *p, size_t n)
 
 /* Device i of the node's answer h: an ordinal in range and not one of an earlier
  * device's, a name of printable ASCII ended inside its field with zeros after it,
- * free memory at most the total, no padding. */
+ * free memory at most the total, a read rate in range. */
 static int device_read(const bp_node_host_t *h, uint32_t i, bl_err_t *err)
 {
     const bp_node_device_t *d = &h->device[i];
@@ -147,9 +147,9 @@ static int device_read(const bp_node_host_t *h, uint32_t i, bl_err_t *err)
     if (d->total_bytes > BP_NODE_MAX_MEM || d->free_bytes > d->total_bytes)
         return bl_err_set(err, BL_EPROTO, "the node's device %u (CUDA%d) has %llu bytes free of %llu", i,
                           (int)d->index, (unsigned long long)d->free_bytes, (unsigned long long)d->total_bytes);
-    if (d->pad != 0)
-        return bl_err_set(err, BL_EPROTO, "the node's device %u (CUDA%d) has padding that is not 0", i,
-                          (int)d->index);
+    if (d->read_mbps > BP_NODE_MAX_MBPS)
+        return bl_err_set(err, BL_EPROTO, "the node's device %u (CUDA%d) reads its memory at %u MB/s (at most %u)",
+                          i, (int)d->index, d->read_mbps, BP_NODE_MAX_MBPS);
     return 0;
 }
 

@@ -74,7 +74,7 @@ typedef struct bp_node_probe {
 #define BP_NODE_MAX_MBPS 100000000u /* a memory read rate past 100 TB/s is not a host's */
 typedef struct bp_node_device {
     int32_t index;        /* its CUDA ordinal, 0..BP_NODE_MAX_ORDINAL, no two alike */
-    uint32_t pad;         /* 0 */
+    uint32_t read_mbps;   /* its memory's rate (bl_device_t's), 0: not known; at most BP_NODE_MAX_MBPS */
     char name[64];        /* "NVIDIA GB10": 1-63 bytes of printable ASCII, then zeros */
     uint64_t total_bytes; /* at most BP_NODE_MAX_MEM */
     uint64_t free_bytes;  /* at most total_bytes; 0: not known */

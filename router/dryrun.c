@@ -220,9 +220,10 @@ static void print_hosts(FILE *f, const rt_dry_run_t *d)
         fprintf(f, "the layers as the hostfile's layers= give them\n");
     else if (measured && any_card)
         fprintf(f, "the layers split by the memory read rate each stage gets (a host's CPU stages together read at "
-                "its rate for their threads, at most its CPUs, shared by their threads; a card as %d times its "
-                "host's one-thread rate), no card given more weights and KV cache than its free memory holds "
-                "beside the scratch and -fitt's margin, no host's CPU stages more than its memory available\n",
+                "its rate for their threads, at most its CPUs, shared by their threads; a card at its copy rate, "
+                "or where that is not known as %d times its host's one-thread rate), no card given more weights "
+                "and KV cache than its free memory holds beside the scratch and -fitt's margin, no host's CPU "
+                "stages more than its memory available\n",
                 BL_PLAN_CARD_THREADS);
     else if (measured)
         fprintf(f, "the layers split by the memory read rate each stage gets (a host's CPU stages together read at "
@@ -246,9 +247,12 @@ static void print_hosts(FILE *f, const rt_dry_run_t *d)
         else
             fprintf(f, " (this host)");
         if (h->card) {
-            fprintf(f, ": CUDA%d %s, %s free of %s\n", h->card->index, h->card->name,
+            fprintf(f, ": CUDA%d %s, %s free of %s", h->card->index, h->card->name,
                     h->card->free_bytes ? size_str(s1, sizeof s1, h->card->free_bytes) : "?",
                     size_str(s2, sizeof s2, h->card->total_bytes));
+            if (h->card->read_mbps)
+                fprintf(f, "; copies its memory at %.0f GB/s", h->card->read_mbps / 1000.0);
+            fprintf(f, "\n");
             continue;
         }
         fprintf(f, ": %d CPU%s, ", h->n_cpus, h->n_cpus == 1 ? "" : "s");

@@ -958,6 +958,7 @@ static int stage_hosts(const opts_t *o, hf_line_t *lines, int n_lines, const bl_
                 snprintf(c->name, sizeof c->name, "%s", nh.device[d].name);
                 c->total_bytes = nh.device[d].total_bytes;
                 c->free_bytes = nh.device[d].free_bytes;
+                c->read_mbps = nh.device[d].read_mbps;
             }
         }
         const int first = *n;

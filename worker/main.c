@@ -1096,9 +1096,10 @@ static int list_gpus(bp_gpu_t *out, kcuda_names_t *names, int cap)
 }
 
 /* --list-devices: this host's CUDA devices as the router's placement plan reads them,
- * one line each, "cuda INDEX TOTAL_BYTES FREE_BYTES NAME" (free memory needs a
- * context on each device, which this process makes and leaves by exiting). Nothing
- * in a build without CUDA or where there is no GPU. */
+ * one line each, "cuda INDEX TOTAL_BYTES FREE_BYTES read_mbps=N NAME" (free memory
+ * needs a context on each device, which this process makes and leaves by exiting; the
+ * rate a copy on it, read_mbps=0 where that failed). Nothing in a build without CUDA
+ * or where there is no GPU. */
 static int print_devices(void)
 {
     bl_device_t devs[64];
@@ -1114,8 +1115,8 @@ static int print_devices(void)
         for (const char *c = devs[i].name; *c && k + 1 < sizeof name; c++) /* one line, printable */
             name[k++] = (*c >= 0x20 && *c < 0x7f) ? *c : '?';
         name[k] = '\0';
-        printf("cuda %d %llu %llu %s\n", devs[i].index, (unsigned long long)devs[i].total_bytes,
-               (unsigned long long)devs[i].free_bytes, name);
+        printf("cuda %d %llu %llu read_mbps=%u %s\n", devs[i].index, (unsigned long long)devs[i].total_bytes,
+               (unsigned long long)devs[i].free_bytes, devs[i].read_mbps, name);
     }
     return fflush(stdout) == 0 ? 0 : 1;
 }

@@ -56,7 +56,7 @@ def gpu_present():
 def fake_devices_bin(folder, name, run_worker=False):
     """A copy of program name (bloomery-serve, bloomery-node) in folder beside a
     bloomery-worker that writes each of its command lines to $FAKE_WORKER_LOG, answers
-    --list-devices with $FAKE_DEVICES (lines "cuda INDEX TOTAL FREE NAME"), and for
+    --list-devices with $FAKE_DEVICES (lines "cuda INDEX TOTAL FREE [read_mbps=N] NAME"), and for
     anything else runs the real worker (run_worker) or exits 3: the program of a host
     with those cards. Returns the copy's path."""
     shutil.copy2(program(name), os.path.join(folder, name))

@@ -358,12 +358,12 @@ def test_hostfile_gpu_stages_on_two_hosts(tmp_path, fake_node):
         assert [(r[0], r[1]) for r in rows.values()] == [("CUDA0", "0-1"), ("CUDA0", "2-3")], out
         assert all(r[2][5] is not None for r in rows.values()), out  # a card's scratch
         assert ("  hosts (--hostfile): the layers split by the memory read rate each stage gets (a host's CPU stages "
-                "together read at its rate for their threads, at most its CPUs, shared by their threads; a card as 64 "
-                "times its host's one-thread rate)") in out, out
+                "together read at its rate for their threads, at most its CPUs, shared by their threads; a card at "
+                "its copy rate, or where that is not known as 64 times its host's one-thread rate)") in out, out
         assert ("\n    stage 0: layers 0..1 on localhost through the node at tcp://localhost:%d: CUDA0 Fake GB10, "
-                "121.07 GiB free of 128.00 GiB\n" % a.port) in out, out
+                "121.07 GiB free of 128.00 GiB; copies its memory at 240 GB/s\n" % a.port) in out, out
         assert ("\n    stage 1: layers 2..3 on 127.0.0.2 through the node at tcp://127.0.0.2:%d: CUDA0 Fake GB10, "
-                "121.07 GiB free of 128.00 GiB\n" % b.port) in out, out
+                "121.07 GiB free of 128.00 GiB; copies its memory at 240 GB/s\n" % b.port) in out, out
         for i, host in enumerate(("localhost", "127.0.0.2")):
             assert re.search(r"\n  CUDA0 of %s \(Fake GB10\): stage %d needs about \S+ \S+ \(weights, KV cache, "
                              r"scratch\) and keeps 1024 MiB free \(-fitt\), of 121.07 GiB free\n" % (re.escape(host), i),

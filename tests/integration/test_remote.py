@@ -188,16 +188,26 @@ def split(n_layers, weights):
 
 
 def test_without_layers_the_split_follows_threads_and_cpus(servers, nodes, tmp_path):
-    """Without layers=, the router asks the node for its host's CPUs and memory before
-    it plans, and splits the layers by each stage's threads capped by its CPUs: here
-    threads=1 on the router's host and threads=3 under the node, over 8 layers."""
+    """Without layers=, the router asks the node for its host's CPUs, memory and read
+    rates before it plans, and splits the layers by the rate each stage's threads get
+    (its threads capped by its CPUs times the one-thread rate, at most the rate of
+    all): here threads=1 on the router's host and threads=3 under the node, over 8
+    layers; the rates are measured, so the split expected is the one the logged
+    rates give."""
     one, srv, node = two_stages(servers, nodes, tmp_path, "threads=1", "threads=3", n_layers=8)
     cpus = len(os.sched_getaffinity(0))
-    first, _ = split(8, [1, min(3, cpus)])
     log = srv.log(100000)
     assert "event=probe_answered host=" in node.log(), node.log()
+    assert re.search(r"event=probe_answered host=\S+ cpus=%d .*read_mbps_one=[1-9]\d* read_mbps_all=[1-9]" % cpus,
+                     node.log()), node.log()
     assert re.search(r"event=stage_host stage=1 host=localhost node=tcp://localhost:%d cpus=%d mem_available=[1-9]"
                      % (node.port, cpus), log), log
+    rates = {}
+    for m in re.finditer(r"event=stage_host stage=(\d) .* read_mbps_one=(\d+) read_mbps_all=(\d+) threads=(\d+)",
+                         log):
+        rates[int(m.group(1))] = [int(g) for g in m.group(2, 3, 4)]
+    assert sorted(rates) == [0, 1] and rates[0][2] == 1 and rates[1][2] == 3, log
+    first, _ = split(8, [min(a, min(t, cpus) * o) for o, a, t in (rates[0], rates[1])])
     assert "event=plan stage 0: layers 0..%d on the CPU" % (first - 1) in log, log
     assert "event=plan stage 1: layers %d..7 on the CPU" % first in log, log
     assert "event=ready layers=%d..8 threads=3 " % first in node.log(), node.log()
@@ -381,7 +391,7 @@ def test_refusals(servers, tmp_path):
     assert "--workers and --hostfile" in srv.log()
 
 
-GB10 = "cuda 0 137438953472 130000000000 Fake GB10"
+GB10 = "cuda 0 137438953472 130000000000 read_mbps=240000 Fake GB10"
 
 
 def make_fake_node(d):

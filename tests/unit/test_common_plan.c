@@ -664,6 +664,12 @@ static void test_plan_split_follows_measured_read_rates(void **state)
     _Static_assert(BL_PLAN_CARD_THREADS == 64, "the card's weight these ends follow");
     expect_ends(80, 100, 0, 0, HOSTS(rated(host("a", 16, 16, 0), 5000, 100000), rated(card_host("b", &k_gb10), 5000, 100000)),
                 2, ENDS(16, 80));
+    /* a card's measured rate, where its host lists it, is its weight: 240 GB/s against
+     * a CPU stage's 80 */
+    bl_device_t gb10_rated = k_gb10;
+    gb10_rated.read_mbps = 240000;
+    expect_ends(80, 100, 0, 0, HOSTS(rated(host("a", 16, 16, 0), 5000, 100000), rated(card_host("b", &gb10_rated), 5000, 100000)),
+                2, ENDS(20, 80));
     /* one host without rates: every stage by its threads, as without any */
     expect_ends(48, 100, 0, 0, HOSTS(rated(host("a", 8, 8, 0), 2000, 10000), host("b", 8, 8, 0)), 2, ENDS(24, 48));
 }

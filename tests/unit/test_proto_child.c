@@ -44,7 +44,7 @@ static void test_list_devices_reads_each_line(void **state)
 {
     (void)state;
     fake_worker("cuda 0 137438953472 130000000000 NVIDIA GB10\\n"
-                "cuda 3 85899345920 0 NVIDIA H100 80GB HBM3\\n", 0);
+                "cuda 3 85899345920 0 read_mbps=2987000 NVIDIA H100 80GB HBM3\\n", 0);
     bl_device_t d[4];
     int n = -1;
     bl_err_t err = {0};
@@ -56,6 +56,7 @@ static void test_list_devices_reads_each_line(void **state)
     assert_int_equal(d[1].index, 3);
     assert_string_equal(d[1].name, "NVIDIA H100 80GB HBM3");
     assert_true(d[1].free_bytes == 0); /* not known */
+    assert_true(d[0].read_mbps == 0 && d[1].read_mbps == 2987000); /* a line without the rate: not known */
     /* at most cap */
     assert_int_equal(bp_list_devices(g_bin, d, 1, &n, &err), 0);
     assert_int_equal(n, 1);
@@ -95,6 +96,10 @@ static void test_list_devices_refuses_what_is_not_a_device(void **state)
         {"cuda 0 100 50\\n", "CUDA0 has no name"},
         {"cuda 0 100 50 \\n", "CUDA0 has no name"},
         {"cuda 0 100 50 No end", "a line without its end"},
+        {"cuda 0 100 50 read_mbps=x GPU\\n", "CUDA0's read rate does not parse"},
+        {"cuda 0 100 50 read_mbps=-1 GPU\\n", "CUDA0's read rate does not parse"},
+        {"cuda 0 100 50 read_mbps=100000001 GPU\\n", "CUDA0's read rate does not parse"},
+        {"cuda 0 100 50 read_mbps=5\\n", "CUDA0 has no name"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         fake_worker(bad[i].body, 0);

@@ -213,8 +213,8 @@ static void test_node_host_devices_refused_by_field(void **state)
     h.device[0].total_bytes = h.device[0].free_bytes = BP_NODE_MAX_MEM + 1;
     expect_host(&h, BL_EPROTO, "bytes free of");
     h = good_host();
-    h.device[1].pad = 7;
-    expect_host(&h, BL_EPROTO, "device 1 (CUDA3) has padding");
+    h.device[1].read_mbps = BP_NODE_MAX_MBPS + 1;
+    expect_host(&h, BL_EPROTO, "device 1 (CUDA3) reads its memory at");
     h = good_host();
     h.device[2].index = 5; /* an entry past the count */
     expect_host(&h, BL_EPROTO, "bytes past its 2 devices");
