@@ -130,6 +130,7 @@ static void host_holds(const bp_node_host_t *h)
     check(h->n_cpus >= 1 && h->n_cpus <= BP_NODE_MAX_CPUS, "a CPU count accepted");
     check(h->mem_available <= BP_NODE_MAX_MEM && h->mem_total <= BP_NODE_MAX_MEM &&
               (!h->mem_total || h->mem_available <= h->mem_total), "a memory size accepted");
+    check(h->read_mbps_one <= BP_NODE_MAX_MBPS && h->read_mbps_all <= BP_NODE_MAX_MBPS, "a read rate accepted");
     check(h->n_devices <= BP_NODE_MAX_DEVICES, "a device count accepted");
     for (uint32_t i = 0; i < BP_NODE_MAX_DEVICES; i++) {
         const bp_node_device_t *d = &h->device[i];
@@ -138,7 +139,8 @@ static void host_holds(const bp_node_host_t *h)
             check(memcmp(d, &zero, sizeof zero) == 0, "a device past the count accepted");
             continue;
         }
-        check(d->index >= 0 && d->index <= BP_NODE_MAX_ORDINAL && d->pad == 0, "an ordinal or padding accepted");
+        check(d->index >= 0 && d->index <= BP_NODE_MAX_ORDINAL && d->read_mbps <= BP_NODE_MAX_MBPS,
+              "an ordinal or a card's read rate accepted");
         for (uint32_t k = 0; k < i; k++)
             check(h->device[k].index != d->index, "one ordinal twice accepted");
         const char *end = memchr(d->name, 0, sizeof d->name);
