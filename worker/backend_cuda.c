@@ -2316,12 +2316,6 @@ int wk_devices(bl_device_t *out, int cap, int *n, bl_err_t *err)
         snprintf(d->name, sizeof d->name, "%.63s", info.name);
         d->total_bytes = info.total_bytes;
         d->free_bytes = info.free_bytes;
-        /* its memory's rate, for a hostfile's split: a copy of 64 MiB, after the free
-         * memory was read (a card that cannot spare it keeps 0: not known) */
-        double bps = 0;
-        bl_err_t e2 = {0};
-        if (d->free_bytes > ((uint64_t)256 << 20) && wk_cuda_copy_rate(i, (size_t)64 << 20, &bps, &e2) == 0)
-            d->read_mbps = bps / 1e6 < 100000000.0 ? (uint32_t)(bps / 1e6) : 100000000u;
     }
     return 0;
 }

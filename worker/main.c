@@ -1110,6 +1110,14 @@ static int print_devices(void)
         return 1;
     }
     for (int i = 0; i < n; i++) {
+        /* the card's rate, for a hostfile's split: a copy of 64 MiB, after its free
+         * memory was read (a card that cannot spare it keeps 0: not known); only
+         * here, not in every placement that lists the cards */
+        double bps = 0;
+        bl_err_t e2 = {0};
+        if (devs[i].free_bytes > ((uint64_t)256 << 20) &&
+            wk_cuda_copy_rate(devs[i].index, (size_t)64 << 20, &bps, &e2) == 0)
+            devs[i].read_mbps = bps / 1e6 < 100000000.0 ? (uint32_t)(bps / 1e6) : 100000000u;
         char name[sizeof devs[i].name];
         size_t k = 0;
         for (const char *c = devs[i].name; *c && k + 1 < sizeof name; c++) /* one line, printable */
