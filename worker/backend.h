@@ -163,14 +163,14 @@ typedef struct wk_backend_ops {
     /* y (n, d) = RMSNorm of x (n, d) times g */
     int (*rms_norm)(wk_backend_t *b, const char *op, float *y, const float *x, const float *g, int64_t n,
                     int64_t d, float eps, bl_err_t *err);
-    /* q, k, v (n, their rows) = x (n, ncols) times each matrix's transpose */
+    /* q, k, v (n, their rows) = x (n, ncols) times each matrix's transpose, plus
+     * bias[i] (a value a row of the matrix; bias NULL, or an entry NULL: none) */
     int (*qkv)(wk_backend_t *b, const wk_tensor_t *wq, const wk_tensor_t *wk, const wk_tensor_t *wv,
-               const float *x, int64_t n, float *q, float *k, float *v, bl_err_t *err);
-    /* y (n, d) += bias (d) on every row */
-    int (*add_bias)(wk_backend_t *b, float *y, const float *bias, int64_t n, int64_t d, bl_err_t *err);
-    /* y (n, w rows) = x (n, w cols) w^T, or y += that when acc */
-    int (*matmul)(wk_backend_t *b, const char *op, const wk_tensor_t *w, const float *x, int64_t n, float *y,
-                  int acc, bl_err_t *err);
+               const float *const *bias, const float *x, int64_t n, float *q, float *k, float *v, bl_err_t *err);
+    /* y (n, w rows) = x (n, w cols) w^T, or y += that when acc; then bias (w rows;
+     * NULL for none) added to each row */
+    int (*matmul)(wk_backend_t *b, const char *op, const wk_tensor_t *w, const float *bias, const float *x,
+                  int64_t n, float *y, int acc, bl_err_t *err);
     /* causal attention of the step's rows for model layer l: q and k normed per head
      * and rotated (in place), k and v stored in each sequence's cache, att (n,
      * n_head * head_dim) the attended values */

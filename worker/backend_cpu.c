@@ -326,8 +326,16 @@ static int cpu_rms_norm(wk_backend_t *b, const char *op, float *y, const float *
     return 0;
 }
 
+/* y (n, d) += bias (d) on every row */
+static void add_bias(float *y, const float *bias, int64_t n, int64_t d)
+{
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t j = 0; j < d; j++)
+            y[r * d + j] += bias[j];
+}
+
 static int cpu_qkv(wk_backend_t *b, const wk_tensor_t *wq, const wk_tensor_t *wk, const wk_tensor_t *wv,
-                   const float *x, int64_t n, float *q, float *k, float *v, bl_err_t *err)
+                   const float *const *bias, const float *x, int64_t n, float *q, float *k, float *v, bl_err_t *err)
 {
     (void)err;
     cpu_t *p = (cpu_t *)b;
@@ -336,22 +344,15 @@ static int cpu_qkv(wk_backend_t *b, const wk_tensor_t *wq, const wk_tensor_t *wk
                                    {.w = &wv->h, .x = x, .n = n, .y = v}};
     const uint64_t t0 = prof_start(p);
     kcpu_matmul_many(p->kc, jobs, 3);
+    for (int i = 0; bias && i < 3; i++)
+        if (bias[i])
+            add_bias(jobs[i].y, bias[i], n, jobs[i].w->nrows);
     prof_end(p, "attn_qkv", t0, mat_bytes(&wq->h) + mat_bytes(&wk->h) + mat_bytes(&wv->h));
     return 0;
 }
 
-static int cpu_add_bias(wk_backend_t *b, float *y, const float *bias, int64_t n, int64_t d, bl_err_t *err)
-{
-    (void)b;
-    (void)err;
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t j = 0; j < d; j++)
-            y[r * d + j] += bias[j];
-    return 0;
-}
-
-static int cpu_matmul(wk_backend_t *b, const char *op, const wk_tensor_t *w, const float *x, int64_t n, float *y,
-                      int acc, bl_err_t *err)
+static int cpu_matmul(wk_backend_t *b, const char *op, const wk_tensor_t *w, const float *bias, const float *x,
+                      int64_t n, float *y, int acc, bl_err_t *err)
 {
     (void)err;
     cpu_t *p = (cpu_t *)b;
@@ -362,6 +363,8 @@ static int cpu_matmul(wk_backend_t *b, const char *op, const wk_tensor_t *w, con
         kcpu_matmul(p->kc, &w->h, x, n, p->o_);
         add_rows(y, p->o_, n * w->h.nrows);
     }
+    if (bias)
+        add_bias(y, bias, n, w->h.nrows);
     prof_end(p, op, t0, mat_bytes(&w->h));
     return 0;
 }
@@ -541,7 +544,7 @@ static int cpu_moe(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remot
     uint64_t t0 = prof_start(p);
     kcpu_matmul(p->kc, &e->gate_inp.h, xn, n, p->rl);
     if (e->router_b.p)
-        (void)cpu_add_bias(b, p->rl, e->router_b.p, n, e->n_expert, err);
+        add_bias(p->rl, e->router_b.p, n, e->n_expert);
     const kcpu_route_t r = {.n_expert = e->n_expert, .k = e->n_used, .n_group = e->n_group,
                             .topk_group = e->topk_group, .gating = e->gating, .norm = e->norm,
                             .scale = e->scale, .bias = e->probs_b.p};
@@ -631,7 +634,7 @@ static const wk_backend_ops_t cpu_ops = {
     .kv_copy = cpu_kv_copy, .kv_move = cpu_kv_move, .state_alloc = cpu_state_alloc, .state_free = cpu_state_free,
     .rec_alloc = cpu_rec_alloc, .rec_free = cpu_rec_free, .rec_copy = cpu_rec_copy,
     .begin = cpu_begin, .end = cpu_end, .embed = cpu_embed, .rms_norm = cpu_rms_norm, .qkv = cpu_qkv,
-    .add_bias = cpu_add_bias, .matmul = cpu_matmul, .attention = cpu_attention, .mla = cpu_mla, .moe = cpu_moe, .ffn = cpu_ffn, .head = cpu_head,
+    .matmul = cpu_matmul, .attention = cpu_attention, .mla = cpu_mla, .moe = cpu_moe, .ffn = cpu_ffn, .head = cpu_head,
     .split_heads = cpu_split_heads, .mul_sigmoid = cpu_mul_sigmoid, .deltanet = cpu_deltanet,
     .copy_rows = cpu_copy_rows,
 };

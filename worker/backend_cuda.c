@@ -1627,12 +1627,12 @@ static int cu_end(wk_backend_t *b, const wk_step_t *st, int status, const float 
 static const kcuda_mat_t *M(const wk_tensor_t *t) { return &((const cw_t *)t->d)->m; }
 
 /* y (n, w->nrows) = x (n, w->ncols) w^T in chunks of KCUDA_MV_MAX_ROWS rows. */
-static int mv(cuda_t *cu, const kcuda_mat_t *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
-              int acc, bl_err_t *err)
+static int mv(cuda_t *cu, const kcuda_mat_t *w, const float *bias, const float *x, int64_t ldx, int64_t n, float *y,
+              int64_t ldy, int acc, bl_err_t *err)
 {
     for (int64_t r = 0; r < n; r += KCUDA_MV_MAX_ROWS) {
         const int cn = (int)(n - r < KCUDA_MV_MAX_ROWS ? n - r : KCUDA_MV_MAX_ROWS);
-        int rc = kcuda_matvec(w, x + r * ldx, ldx, cn, y + r * ldy, ldy, acc, cu->stream, err);
+        int rc = kcuda_matvec_bias(w, x + r * ldx, ldx, cn, bias, y + r * ldy, ldy, acc, cu->stream, err);
         if (rc < 0)
             return rc;
     }
@@ -1674,17 +1674,19 @@ static int cu_rms_norm(wk_backend_t *b, const char *op, float *y, const float *x
     return 0;
 }
 
-/* q, k, v of n rows of x, one launch per KCUDA_MV_MAX_ROWS rows (the bits of separate
- * products): the stacked run, and v beside it when it is not in the run. */
-static int mv_qkv(cuda_t *cu, const cw_t *q, const kcuda_mat_t *wk, const kcuda_mat_t *wv, const float *x,
-                  int64_t ldx, int64_t n, float *dq, float *dk, float *dv, bl_err_t *err)
+/* q, k, v of n rows of x with their biases (b: NULL or three, each may be NULL), one
+ * launch per KCUDA_MV_MAX_ROWS rows (the bits of separate products and bias adds):
+ * the stacked run, and v beside it when it is not in the run. */
+static int mv_qkv(cuda_t *cu, const cw_t *q, const kcuda_mat_t *wk, const kcuda_mat_t *wv, const float *const *b,
+                  const float *x, int64_t ldx, int64_t n, float *dq, float *dk, float *dv, bl_err_t *err)
 {
     const int64_t nq = q->m.nrows, nkv = wk->nrows;
     for (int64_t r = 0; r < n; r += KCUDA_MV_MAX_ROWS) {
         const int cn = (int)(n - r < KCUDA_MV_MAX_ROWS ? n - r : KCUDA_MV_MAX_ROWS);
-        const kcuda_out_t outs[3] = {{dq + r * nq, nq, q->m.nrows}, {dk + r * nkv, nkv, wk->nrows},
-                                     {dv + r * nkv, nkv, wv->nrows}};
-        int rc = q->nstack == 2 ? kcuda_matvec_split2(&q->stack, outs, 2, wv, outs[2].d_y, nkv, x + r * ldx, ldx, cn,
+        const kcuda_out_t outs[3] = {{dq + r * nq, nq, q->m.nrows, b ? b[0] : NULL},
+                                     {dk + r * nkv, nkv, wk->nrows, b ? b[1] : NULL},
+                                     {dv + r * nkv, nkv, wv->nrows, b ? b[2] : NULL}};
+        int rc = q->nstack == 2 ? kcuda_matvec_split2(&q->stack, outs, 2, wv, &outs[2], x + r * ldx, ldx, cn,
                                                       cu->stream, err)
                                 : kcuda_matvec_split(&q->stack, x + r * ldx, ldx, cn, outs, 3, cu->stream, err);
         if (rc < 0)
@@ -1694,46 +1696,48 @@ static int mv_qkv(cuda_t *cu, const cw_t *q, const kcuda_mat_t *wk, const kcuda_
 }
 
 static int cu_qkv(wk_backend_t *b, const wk_tensor_t *wq, const wk_tensor_t *wk, const wk_tensor_t *wv,
-                  const float *x, int64_t n, float *q, float *k, float *v, bl_err_t *err)
+                  const float *const *bias, const float *x, int64_t n, float *q, float *k, float *v, bl_err_t *err)
 {
     cuda_t *cu = (cuda_t *)b;
     const int64_t E = cu->c->n_embd, nq = M(wq)->nrows, nkv = M(wk)->nrows;
+    const float *bq = bias ? bias[0] : NULL, *bk = bias ? bias[1] : NULL, *bv = bias ? bias[2] : NULL;
     if (cu->mode == MODE_PROMPT) {
         OP("attn_to_f16", kcuda_to_f16(x, E, n, E, cu->x16, E, cu->stream, err));
         OP("attn_q", pp_mm(cu, M(wq), x, E, E, n, q, nq, 0, err));
         OP("attn_k", pp_mm(cu, M(wk), x, E, E, n, k, nkv, 0, err));
         OP("attn_v", pp_mm(cu, M(wv), x, E, E, n, v, nkv, 0, err));
+        if (bq)
+            OP("attn_q_bias", kcuda_add_bias(q, bq, n, nq, cu->stream, err));
+        if (bk)
+            OP("attn_k_bias", kcuda_add_bias(k, bk, n, nkv, cu->stream, err));
+        if (bv)
+            OP("attn_v_bias", kcuda_add_bias(v, bv, n, nkv, cu->stream, err));
         return 0;
     }
     const cw_t *cq = wq->d;
     if (cq->stack.data) {
-        OP("attn_qkv", mv_qkv(cu, cq, M(wk), M(wv), x, E, n, q, k, v, err));
+        OP("attn_qkv", mv_qkv(cu, cq, M(wk), M(wv), bias, x, E, n, q, k, v, err));
     } else {
-        OP("attn_q", mv(cu, M(wq), x, E, n, q, nq, 0, err));
-        OP("attn_k", mv(cu, M(wk), x, E, n, k, nkv, 0, err));
-        OP("attn_v", mv(cu, M(wv), x, E, n, v, nkv, 0, err));
+        OP("attn_q", mv(cu, M(wq), bq, x, E, n, q, nq, 0, err));
+        OP("attn_k", mv(cu, M(wk), bk, x, E, n, k, nkv, 0, err));
+        OP("attn_v", mv(cu, M(wv), bv, x, E, n, v, nkv, 0, err));
     }
     return 0;
 }
 
-static int cu_add_bias(wk_backend_t *b, float *y, const float *bias, int64_t n, int64_t d, bl_err_t *err)
-{
-    cuda_t *cu = (cuda_t *)b;
-    OP("add_bias", kcuda_add_bias(y, bias, n, d, cu->stream, err));
-    return 0;
-}
-
-static int cu_matmul(wk_backend_t *b, const char *op, const wk_tensor_t *w, const float *x, int64_t n, float *y,
-                     int acc, bl_err_t *err)
+static int cu_matmul(wk_backend_t *b, const char *op, const wk_tensor_t *w, const float *bias, const float *x,
+                     int64_t n, float *y, int acc, bl_err_t *err)
 {
     cuda_t *cu = (cuda_t *)b;
     const kcuda_mat_t *m = M(w);
     if (cu->mode == MODE_PROMPT) {
         OP(op, kcuda_to_f16(x, m->ncols, n, m->ncols, cu->x16, m->ncols, cu->stream, err));
         OP(op, pp_mm(cu, m, x, m->ncols, m->ncols, n, y, m->nrows, acc, err));
+        if (bias)
+            OP(op, kcuda_add_bias(y, bias, n, m->nrows, cu->stream, err));
         return 0;
     }
-    OP(op, mv(cu, m, x, m->ncols, n, y, m->nrows, acc, err));
+    OP(op, mv(cu, m, bias, x, m->ncols, n, y, m->nrows, acc, err));
     return 0;
 }
 
@@ -1847,7 +1851,7 @@ static int moe_rows(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, f
     const kcuda_mat_t *gate = M(&e->gate_exps), *up = M(&e->up_exps), *down = M(&e->down_exps);
     const kcuda_route_t route = route_of(e);
     void *st = cu->stream;
-    OP("ffn_gate_inp", mv(cu, M(&e->gate_inp), xn, E, n, cu->rl, NE, 0, err));
+    OP("ffn_gate_inp", mv(cu, M(&e->gate_inp), NULL, xn, E, n, cu->rl, NE, 0, err));
     /* Gate and up of one shape with the plain SwiGLU route in their own launch (each
      * block routes its row); otherwise the routing kernel first. */
     const int plain = plain_swiglu(e);
@@ -2059,7 +2063,7 @@ static int moe_remote(cuda_t *cu, int64_t l, const wk_moe_t *e, const wk_remote_
         OP("ffn_to_f16", kcuda_to_f16(xn, E, n, E, cu->x16, E, st, err));
         OP("ffn_gate_inp", pp_mm(cu, M(&e->gate_inp), xn, E, E, n, cu->rl, NE, 0, err));
     } else {
-        OP("ffn_gate_inp", mv(cu, M(&e->gate_inp), xn, E, n, cu->rl, NE, 0, err));
+        OP("ffn_gate_inp", mv(cu, M(&e->gate_inp), NULL, xn, E, n, cu->rl, NE, 0, err));
     }
     const kcuda_route_t route = route_of(e);
     OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, &route, cu->ids, cu->wts, st, err));
@@ -2145,12 +2149,12 @@ static int cu_ffn(wk_backend_t *b, const wk_tensor_t *gate, const wk_tensor_t *u
             OP("ffn_gate_up", kcuda_matvec_swiglu(M(gate), M(up), xn + r * E, E, cn, cu->g + r * F, F, cu->stream,
                                                   err));
         }
-        OP("ffn_down", mv(cu, M(down), cu->g, F, n, y, E, acc, err));
+        OP("ffn_down", mv(cu, M(down), NULL, cu->g, F, n, y, E, acc, err));
     } else {
-        OP("ffn_gate", mv(cu, M(gate), xn, E, n, cu->g, F, 0, err));
-        OP("ffn_up", mv(cu, M(up), xn, E, n, cu->u_, F, 0, err));
+        OP("ffn_gate", mv(cu, M(gate), NULL, xn, E, n, cu->g, F, 0, err));
+        OP("ffn_up", mv(cu, M(up), NULL, xn, E, n, cu->u_, F, 0, err));
         OP("ffn_swiglu", kcuda_swiglu(cu->g, cu->g, cu->u_, n * F, cu->stream, err));
-        OP("ffn_down", mv(cu, M(down), cu->g, F, n, y, E, acc, err));
+        OP("ffn_down", mv(cu, M(down), NULL, cu->g, F, n, y, E, acc, err));
     }
     if (gate_inp)
         OP("ffn_gate_shexp", kcuda_add_gated(x, cu->xg, gate_inp, xn, n, E, cu->stream, err));
@@ -2217,7 +2221,7 @@ static int cu_head(wk_backend_t *b, const float *norm, float eps, const wk_tenso
         OP("output", kcuda_to_f16(cu->xg, E, n_out, E, cu->x16, E, cu->stream, err));
         OP("output", pp_mm(cu, M(out), cu->xg, E, E, n_out, cu->logits, V, 0, err));
     } else if (n_out > 0) {
-        OP("output", mv(cu, M(out), cu->xg, E, n_out, cu->logits, V, 0, err));
+        OP("output", mv(cu, M(out), NULL, cu->xg, E, n_out, cu->logits, V, 0, err));
     }
     return 0;
 }
@@ -2228,7 +2232,7 @@ static const wk_backend_ops_t cuda_ops = {
     .kv_free = cu_kv_free, .kv_copy = cu_kv_copy, .kv_move = cu_kv_move, .state_alloc = cu_state_alloc, .state_free = cu_state_free,
     .rec_alloc = cu_rec_alloc, .rec_free = cu_rec_free, .rec_copy = cu_rec_copy,
     .begin = cu_begin, .end = cu_end, .embed = cu_embed, .rms_norm = cu_rms_norm, .qkv = cu_qkv,
-    .add_bias = cu_add_bias, .matmul = cu_matmul, .attention = cu_attention, .mla = cu_mla, .moe = cu_moe, .ffn = cu_ffn, .head = cu_head,
+    .matmul = cu_matmul, .attention = cu_attention, .mla = cu_mla, .moe = cu_moe, .ffn = cu_ffn, .head = cu_head,
     .split_heads = cu_split_heads, .mul_sigmoid = cu_mul_sigmoid, .deltanet = cu_deltanet,
     .resid = cu_resid, .resid_layer = cu_resid_layer,
     .card_export = cu_card_export, .card_import = cu_card_import, .card_close = cu_card_close,

@@ -625,9 +625,9 @@ int wk__mtp_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err)
     if (rc == 0 && nm > 0)
         rc = op->rms_norm(b, "mtp_hnorm", m->mtp_h, m->mtp_h, w->mtp_hnorm.p, nm, E, c->eps, err);
     if (rc == 0 && nm > 0)
-        rc = op->matmul(b, "mtp_eh_proj", &w->mtp_eh_e, m->mtp_e, nm, s->x, 0, err);
+        rc = op->matmul(b, "mtp_eh_proj", &w->mtp_eh_e, NULL, m->mtp_e, nm, s->x, 0, err);
     if (rc == 0 && nm > 0)
-        rc = op->matmul(b, "mtp_eh_proj", &w->mtp_eh_h, m->mtp_h, nm, s->x, 1, err);
+        rc = op->matmul(b, "mtp_eh_proj", &w->mtp_eh_h, NULL, m->mtp_h, nm, s->x, 1, err);
     if (rc == 0 && nm > 0)
         rc = m->fam->block(m, m->mtp_l, nm, err);
     if (rc == 0 && n_prop > 0)

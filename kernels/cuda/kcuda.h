@@ -160,13 +160,20 @@ int kcuda_matvec_mma_ok(const kcuda_mat_t *w, int n);
  * weight row is read once for all n activation rows. */
 int kcuda_matvec(const kcuda_mat_t *w, const float *d_x, int64_t ldx, int n, float *d_y,
                  int64_t ldy, int accumulate, void *stream, bl_err_t *err) BL_WUR;
+/* The same with a bias d_bias (w->nrows; NULL for none) added to each output row
+ * after the product and the accumulation: the bits of kcuda_matvec then
+ * kcuda_add_bias, in one launch. */
+int kcuda_matvec_bias(const kcuda_mat_t *w, const float *d_x, int64_t ldx, int n, const float *d_bias,
+                      float *d_y, int64_t ldy, int accumulate, void *stream, bl_err_t *err) BL_WUR;
 
 /* One output of kcuda_matvec_split: `rows` consecutive output rows of the matrix,
- * written at d_y (n rows, ldy floats apart). */
+ * written at d_y (n rows, ldy floats apart), plus d_bias (rows; NULL for none) as
+ * kcuda_matvec_bias adds it. */
 typedef struct kcuda_out {
     float *d_y;
     int64_t ldy;
     int64_t rows;
+    const float *d_bias;
 } kcuda_out_t;
 
 /* Most outputs of one kcuda_matvec_split. */
@@ -181,12 +188,12 @@ typedef struct kcuda_out {
 int kcuda_matvec_split(const kcuda_mat_t *w, const float *d_x, int64_t ldx, int n,
                        const kcuda_out_t *outs, int nouts, void *stream, bl_err_t *err) BL_WUR;
 
-/* kcuda_matvec_split of w into outs, and y2 (n, w2->nrows) = x w2^T, over the same
- * activation rows: in one launch when w and w2 are a pair of block formats that
- * quantised attention uses (q4_K or q5_K beside q6_K, q5_K or q8_0), else in two.
- * Either way the bits of the two calls. */
+/* kcuda_matvec_split of w into outs, and w2's product into out2 (all w2->nrows rows),
+ * over the same activation rows: in one launch when w and w2 are a pair of block
+ * formats that quantised attention uses (q4_K or q5_K beside q6_K, q5_K or q8_0),
+ * else in two. Either way the bits of the two calls. */
 int kcuda_matvec_split2(const kcuda_mat_t *w, const kcuda_out_t *outs, int nouts, const kcuda_mat_t *w2,
-                        float *d_y2, int64_t ldy2, const float *d_x, int64_t ldx, int n, void *stream,
+                        const kcuda_out_t *out2, const float *d_x, int64_t ldx, int n, void *stream,
                         bl_err_t *err) BL_WUR;
 
 /* y (n, gate->nrows) = silu(x gate^T) * (x up^T), the dense SwiGLU FFN's first half

@@ -80,6 +80,9 @@ typedef struct mv_args {
     int64_t r1, r2;
     float *y1, *y2;
     int64_t ldy1, ldy2;
+    /* Plain mode: each output's bias (one value a row of it, added after the
+     * product, and after the accumulation), NULL for none. */
+    const float *pb, *pb1, *pb2;
     /* Expert mode with routing (kcuda_matvec_experts_swiglu_route): row b's router
      * logits at logits + b * n_expert (n_expert <= MV_ROUTE_MAX); each block routes
      * its row itself and block column 0 of choice 0 writes the row's ids and
@@ -809,6 +812,27 @@ static __device__ __forceinline__ float *out_row(const A &a, int64_t r, int64_t 
     return a.y;
 }
 
+/* Output row r's bias (plain mode's split outputs, as out_row), NULL for none. */
+template <typename A>
+static __device__ __forceinline__ const float *out_bias(const A &a, int64_t r)
+{
+    if (r >= a.r2)
+        return a.pb2 ? a.pb2 + (r - a.r2) : NULL;
+    if (r >= a.r1)
+        return a.pb1 ? a.pb1 + (r - a.r1) : NULL;
+    return a.pb ? a.pb + r : NULL;
+}
+
+/* *y = o, or *y + o with acc, then the bias (the order of a product, its
+ * accumulation, then a bias added after them). */
+static __device__ __forceinline__ void put_out(float *y, float o, int acc, const float *bias)
+{
+    float t = acc ? *y + o : o;
+    if (bias)
+        t += *bias;
+    *y = t;
+}
+
 /* The warp's segments: decode each as it lands, keep MV_STAGES - 1 ahead, sum and
  * write each row when its last part ends. pend: the segments the prologue issued
  * (positions 0 .. MV_STAGES - 2), rotated as the walk goes; stage t % MV_STAGES
@@ -915,8 +939,7 @@ static __device__ __forceinline__ void mv_rows(const mv_args_t &a, const mv_work
                     }
                 }
                 const float o = !a.w2 ? v : a.act == KCUDA_ACT_SWIGLU_OAI ? kc_act_oai(v, u) : kc_silu_mul(v, u);
-                float *y = yo + (yrow + j) * ldo + ro;
-                *y = a.accumulate ? *y + o : o;
+                put_out(yo + (yrow + j) * ldo + ro, o, a.accumulate, out_bias(a, r));
             }
             acc[j] = acc2[j] = 0.0f;
         }
@@ -1127,8 +1150,7 @@ __global__ void __launch_bounds__(SM_THREADS) mv_small_kernel(const mv_args_t a)
 #pragma unroll
         for (int w = 0; w < SM_THREADS / 32; w++)
             v += red[w][tid];
-        float *y = a.y + tid * a.ldy + i;
-        *y = a.accumulate ? *y + v : v;
+        put_out(a.y + tid * a.ldy + i, v, a.accumulate, a.pb ? a.pb + i : NULL);
     }
 }
 
@@ -1204,6 +1226,7 @@ typedef struct mq_args {
     int64_t r1, r2;        /* split outputs, as mv_args_t */
     float *y1, *y2;
     int64_t ldy1, ldy2;
+    const float *pb, *pb1, *pb2; /* their biases, as mv_args_t */
     const int32_t *ids;    /* experts: (n, k) */
     int n;                 /* plain: columns; experts: rows */
     int k;
@@ -1611,8 +1634,7 @@ __global__ void __launch_bounds__(MQ_THREADS) mq_kernel(const mq_args_t a)
         }
         int64_t ldo, ro;
         float *yo = out_row(a, r, &ldo, &ro);
-        float *y = yo + (int64_t)c * ldo + ro;
-        *y = a.accumulate ? *y + out : out;
+        put_out(yo + (int64_t)c * ldo + ro, out, a.accumulate, out_bias(a, r));
     }
 }
 
@@ -1973,7 +1995,8 @@ static int mv_launch2(const kcuda_mat_t *w1, mv_args_t *a1, const kcuda_mat_t *w
 /* The arguments of a plain product of n activation rows starting at row b of x
  * (and of the outputs). */
 static mv_args_t plain_args(const kcuda_mat_t *w, const kcuda_mat_t *w2, const float *d_x, int64_t ldx, int n,
-                            float *d_y, int64_t ldy, int accumulate, const kcuda_out_t *outs, int nouts, int b)
+                            float *d_y, int64_t ldy, int accumulate, const float *bias, const kcuda_out_t *outs,
+                            int nouts, int b)
 {
     mv_args_t a = {};
     a.w2 = w2 ? (const uint8_t *)w2->data : NULL;
@@ -1982,7 +2005,10 @@ static mv_args_t plain_args(const kcuda_mat_t *w, const kcuda_mat_t *w2, const f
     a.ldx = ldx;
     a.y = d_y + (int64_t)b * ldy;
     a.ldy = ldy;
+    a.pb = outs ? outs[0].d_bias : bias;
     if (outs) {
+        a.pb1 = nouts > 1 ? outs[1].d_bias : NULL;
+        a.pb2 = nouts > 2 ? outs[2].d_bias : NULL;
         a.r1 = outs[0].rows;
         a.y1 = nouts > 1 ? outs[1].d_y + (int64_t)b * outs[1].ldy : NULL;
         a.ldy1 = nouts > 1 ? outs[1].ldy : 0;
@@ -2110,9 +2136,9 @@ static int mq_launch(const kcuda_mat_t *w, const kcuda_mat_t *w2, mq_args_t *a, 
 /* The arguments of a plain product of n columns (split outputs as plain_args takes
  * them). */
 static mq_args_t mq_plain_args(const kcuda_mat_t *w, const float *d_x, int64_t ldx, int n, float *d_y, int64_t ldy,
-                               int accumulate, const kcuda_out_t *outs, int nouts)
+                               int accumulate, const float *bias, const kcuda_out_t *outs, int nouts)
 {
-    const mv_args_t p = plain_args(w, NULL, d_x, ldx, n, d_y, ldy, accumulate, outs, nouts, 0);
+    const mv_args_t p = plain_args(w, NULL, d_x, ldx, n, d_y, ldy, accumulate, bias, outs, nouts, 0);
     mq_args_t a = {};
     a.nrows = w->nrows;
     a.x = p.x;
@@ -2125,6 +2151,9 @@ static mq_args_t mq_plain_args(const kcuda_mat_t *w, const float *d_x, int64_t l
     a.y2 = p.y2;
     a.ldy1 = p.ldy1;
     a.ldy2 = p.ldy2;
+    a.pb = p.pb;
+    a.pb1 = p.pb1;
+    a.pb2 = p.pb2;
     a.n = n;
     a.mode = MQ_PLAIN;
     a.accumulate = accumulate;
@@ -2132,9 +2161,10 @@ static mq_args_t mq_plain_args(const kcuda_mat_t *w, const float *d_x, int64_t l
 }
 
 static int mq_plain(const kcuda_mat_t *w, const kcuda_mat_t *w2, const float *d_x, int64_t ldx, int n, float *d_y,
-                    int64_t ldy, int accumulate, const kcuda_out_t *outs, int nouts, void *stream, bl_err_t *err)
+                    int64_t ldy, int accumulate, const float *bias, const kcuda_out_t *outs, int nouts, void *stream,
+                    bl_err_t *err)
 {
-    mq_args_t a = mq_plain_args(w, d_x, ldx, n, d_y, ldy, accumulate, outs, nouts);
+    mq_args_t a = mq_plain_args(w, d_x, ldx, n, d_y, ldy, accumulate, bias, outs, nouts);
     int rc = mq_round(d_x, ldx, n, w->ncols, &a, (cudaStream_t)stream, err);
     return rc < 0 ? rc : mq_launch(w, w2, &a, 1, stream, err);
 }
@@ -2170,10 +2200,11 @@ static int mq_experts(const kcuda_mat_t *w, const kcuda_mat_t *w2, int64_t n_exp
     return rc < 0 ? rc : mq_launch(w, w2, &a, (unsigned)(n * k), stream, err);
 }
 
-/* outs: NULL (one output d_y, ldy) or the split outputs (kcuda_matvec_split). */
+/* outs: NULL (one output d_y, ldy, with bias) or the split outputs
+ * (kcuda_matvec_split, their biases in them). */
 static int matvec_plain(const kcuda_mat_t *w, const kcuda_mat_t *w2, const float *d_x, int64_t ldx,
-                        int n, float *d_y, int64_t ldy, int accumulate, const kcuda_out_t *outs,
-                        int nouts, void *stream, bl_err_t *err)
+                        int n, float *d_y, int64_t ldy, int accumulate, const float *bias,
+                        const kcuda_out_t *outs, int nouts, void *stream, bl_err_t *err)
 {
     int rc = check_x(w, d_x, ldx, "matvec", err);
     if (rc < 0)
@@ -2196,6 +2227,7 @@ static int matvec_plain(const kcuda_mat_t *w, const kcuda_mat_t *w2, const float
         a.ldy = ldy;
         a.n = n;
         a.accumulate = accumulate;
+        a.pb = bias;
         cudaStream_t st = (cudaStream_t)stream;
         switch (w->type) {
         case BL_TYPE_F32: return small_go<BL_TYPE_F32>(&a, st, err);
@@ -2204,7 +2236,7 @@ static int matvec_plain(const kcuda_mat_t *w, const kcuda_mat_t *w2, const float
         }
     }
     if (mq_fits(w, n, n, stream))
-        return mq_plain(w, w2, d_x, ldx, n, d_y, ldy, accumulate, outs, nouts, stream, err);
+        return mq_plain(w, w2, d_x, ldx, n, d_y, ldy, accumulate, bias, outs, nouts, stream, err);
     /* Rows whose rounded activations do not fit one block go in several launches,
      * each reading the weights again. */
     const int fit = rows_that_fit(w->type, w->ncols, optin);
@@ -2212,7 +2244,8 @@ static int matvec_plain(const kcuda_mat_t *w, const kcuda_mat_t *w2, const float
         return bl_err_set(err, BL_ENOTSUP, "matvec: rows of %lld columns do not fit shared memory",
                           (long long)w->ncols);
     for (int b = 0; b < n; b += fit) {
-        mv_args_t a = plain_args(w, w2, d_x, ldx, n - b < fit ? n - b : fit, d_y, ldy, accumulate, outs, nouts, b);
+        mv_args_t a =
+            plain_args(w, w2, d_x, ldx, n - b < fit ? n - b : fit, d_y, ldy, accumulate, bias, outs, nouts, b);
         if ((rc = mv_launch(w, &a, 1, a.n, stream, err)) < 0)
             return rc;
     }
@@ -2222,7 +2255,13 @@ static int matvec_plain(const kcuda_mat_t *w, const kcuda_mat_t *w2, const float
 int kcuda_matvec(const kcuda_mat_t *w, const float *d_x, int64_t ldx, int n, float *d_y, int64_t ldy,
                  int accumulate, void *stream, bl_err_t *err)
 {
-    return matvec_plain(w, NULL, d_x, ldx, n, d_y, ldy, accumulate, NULL, 0, stream, err);
+    return matvec_plain(w, NULL, d_x, ldx, n, d_y, ldy, accumulate, NULL, NULL, 0, stream, err);
+}
+
+int kcuda_matvec_bias(const kcuda_mat_t *w, const float *d_x, int64_t ldx, int n, const float *d_bias, float *d_y,
+                      int64_t ldy, int accumulate, void *stream, bl_err_t *err)
+{
+    return matvec_plain(w, NULL, d_x, ldx, n, d_y, ldy, accumulate, d_bias, NULL, 0, stream, err);
 }
 
 static int check_outs(const kcuda_mat_t *w, const kcuda_out_t *outs, int nouts, bl_err_t *err)
@@ -2248,21 +2287,22 @@ int kcuda_matvec_split(const kcuda_mat_t *w, const float *d_x, int64_t ldx, int 
     int rc = check_outs(w, outs, nouts, err);
     if (rc < 0)
         return rc;
-    return matvec_plain(w, NULL, d_x, ldx, n, outs[0].d_y, outs[0].ldy, 0, outs, nouts, stream, err);
+    return matvec_plain(w, NULL, d_x, ldx, n, outs[0].d_y, outs[0].ldy, 0, NULL, outs, nouts, stream, err);
 }
 
 int kcuda_matvec_split2(const kcuda_mat_t *w, const kcuda_out_t *outs, int nouts, const kcuda_mat_t *w2,
-                        float *d_y2, int64_t ldy2, const float *d_x, int64_t ldx, int n, void *stream,
+                        const kcuda_out_t *out2, const float *d_x, int64_t ldx, int n, void *stream,
                         bl_err_t *err)
 {
     int rc = check_outs(w, outs, nouts, err);
     if (rc < 0 || (rc = check_x(w, d_x, ldx, "matvec_split2", err)) < 0 ||
-        (rc = check_x(w2, d_x, ldx, "matvec_split2", err)) < 0)
+        (rc = check_x(w2, d_x, ldx, "matvec_split2", err)) < 0 || (rc = check_outs(w2, out2, 1, err)) < 0)
         return rc;
-    if (n < 1 || n > KCUDA_MV_MAX_ROWS || !d_y2 || ldy2 < w2->nrows || w2->ncols != w->ncols)
-        return bl_err_set(err, BL_EINVAL, "matvec_split2: %d rows (1..%d), a second matrix of %lld columns (%lld), "
-                          "ldy %lld for %lld outputs", n, KCUDA_MV_MAX_ROWS, (long long)w2->ncols,
-                          (long long)w->ncols, (long long)ldy2, (long long)w2->nrows);
+    if (n < 1 || n > KCUDA_MV_MAX_ROWS || w2->ncols != w->ncols)
+        return bl_err_set(err, BL_EINVAL, "matvec_split2: %d rows (1..%d), a second matrix of %lld columns (%lld)",
+                          n, KCUDA_MV_MAX_ROWS, (long long)w2->ncols, (long long)w->ncols);
+    float *d_y2 = out2->d_y;
+    const int64_t ldy2 = out2->ldy;
     int dev = 0, sms = 0, optin = 0;
     if ((rc = device_limits(&dev, &sms, &optin, err)) < 0)
         return rc;
@@ -2272,8 +2312,8 @@ int kcuda_matvec_split2(const kcuda_mat_t *w, const kcuda_out_t *outs, int nouts
     /* Both on tensor cores: the rows rounded once for the two. */
     const int mq1 = mq_fits(w, n, n, stream), mq2 = mq_fits(w2, n, n, stream);
     if (mq1 && mq2) {
-        mq_args_t a = mq_plain_args(w, d_x, ldx, n, outs[0].d_y, outs[0].ldy, 0, outs, nouts);
-        mq_args_t b = mq_plain_args(w2, d_x, ldx, n, d_y2, ldy2, 0, NULL, 0);
+        mq_args_t a = mq_plain_args(w, d_x, ldx, n, outs[0].d_y, outs[0].ldy, 0, NULL, outs, nouts);
+        mq_args_t b = mq_plain_args(w2, d_x, ldx, n, d_y2, ldy2, 0, out2->d_bias, NULL, 0);
         if ((rc = mq_round(d_x, ldx, n, w->ncols, &a, (cudaStream_t)stream, err)) < 0 ||
             (rc = mq_launch(w, NULL, &a, 1, stream, err)) < 0)
             return rc;
@@ -2285,14 +2325,14 @@ int kcuda_matvec_split2(const kcuda_mat_t *w, const kcuda_out_t *outs, int nouts
     }
     if (!mq1 && !mq2 &&
         n <= rows_that_fit(w->type, w->ncols, optin) && n <= rows_that_fit(w2->type, w2->ncols, optin)) {
-        mv_args_t a1 = plain_args(w, NULL, d_x, ldx, n, outs[0].d_y, outs[0].ldy, 0, outs, nouts, 0);
-        mv_args_t a2 = plain_args(w2, NULL, d_x, ldx, n, d_y2, ldy2, 0, NULL, 0, 0);
+        mv_args_t a1 = plain_args(w, NULL, d_x, ldx, n, outs[0].d_y, outs[0].ldy, 0, NULL, outs, nouts, 0);
+        mv_args_t a2 = plain_args(w2, NULL, d_x, ldx, n, d_y2, ldy2, 0, out2->d_bias, NULL, 0, 0);
         if ((rc = mv_launch2(w, &a1, w2, &a2, n, stream, err)) != 0)
             return rc < 0 ? rc : 0;
     }
     if ((rc = kcuda_matvec_split(w, d_x, ldx, n, outs, nouts, stream, err)) < 0)
         return rc;
-    return kcuda_matvec(w2, d_x, ldx, n, d_y2, ldy2, 0, stream, err);
+    return kcuda_matvec_bias(w2, d_x, ldx, n, out2->d_bias, d_y2, ldy2, 0, stream, err);
 }
 
 int kcuda_matvec_swiglu(const kcuda_mat_t *gate, const kcuda_mat_t *up, const float *d_x,
@@ -2301,7 +2341,7 @@ int kcuda_matvec_swiglu(const kcuda_mat_t *gate, const kcuda_mat_t *up, const fl
     int rc = same_shape(gate, up, "matvec_swiglu", err);
     if (rc < 0)
         return rc;
-    return matvec_plain(gate, up, d_x, ldx, n, d_y, ldy, 0, NULL, 0, stream, err);
+    return matvec_plain(gate, up, d_x, ldx, n, d_y, ldy, 0, NULL, NULL, 0, stream, err);
 }
 
 static int experts_args(const kcuda_mat_t *w, int64_t n_expert, const int32_t *d_ids, int n, int k,

@@ -326,8 +326,9 @@ static void case_mma_bits(rng_t *r, uint32_t type, int64_t ncols, int64_t nrows)
 
 /* kcuda_matvec_split: one matrix of ra + rb + rc rows (row counts that keep each
  * part 16-byte aligned, so the parts are matrices of their own too) into three
- * outputs with their own ldy, against the reference and, bit for bit, against
- * kcuda_matvec on each part. */
+ * outputs with their own ldy, the first and the last with a bias, against the
+ * reference and, bit for bit, against kcuda_matvec on each part with the bias added
+ * after it. */
 static void case_split(rng_t *r, uint32_t type, int64_t ncols, int64_t ra, int64_t rb, int64_t rc, int n)
 {
     bl_err_t err = {0};
@@ -340,7 +341,7 @@ static void case_split(rng_t *r, uint32_t type, int64_t ncols, int64_t ra, int64
     float *dx = d_upload(x, sizeof(float) * (size_t)(ldx * n));
     float *xh = xmalloc(sizeof(float) * (size_t)ncols);
     int ok = 1, same = 1;
-    float *dys[3], *dsep[3], *got[3], *sep[3];
+    float *dys[3], *dsep[3], *got[3], *sep[3], *bias[3] = {NULL, NULL, NULL}, *dbias[3] = {NULL, NULL, NULL};
     kcuda_out_t outs[3];
     for (int p = 0; p < 3; p++) {
         const size_t nb = sizeof(float) * (size_t)(ldys[p] * n);
@@ -348,7 +349,12 @@ static void case_split(rng_t *r, uint32_t type, int64_t ncols, int64_t ra, int64
         dsep[p] = d_poison(nb);
         got[p] = xmalloc(nb);
         sep[p] = xmalloc(nb);
-        outs[p] = (kcuda_out_t){.d_y = dys[p], .ldy = ldys[p], .rows = rows[p]};
+        if (p != 1) {
+            bias[p] = xmalloc(sizeof(float) * (size_t)rows[p]);
+            rand_fill(r, bias[p], rows[p], 1.0f);
+            dbias[p] = d_upload(bias[p], sizeof(float) * (size_t)rows[p]);
+        }
+        outs[p] = (kcuda_out_t){.d_y = dys[p], .ldy = ldys[p], .rows = rows[p], .d_bias = dbias[p]};
     }
     const kcuda_mat_t mw = kmat(&w);
     ok = kcuda_matvec_split(&mw, dx, ldx, n, outs, 3, NULL, &err) == 0;
@@ -366,8 +372,12 @@ static void case_split(rng_t *r, uint32_t type, int64_t ncols, int64_t ra, int64
             const float *xb = x + b * ldx;
             if (act_rounded(type))
                 act_q8_round(xb, xh, NULL, ncols);
-            for (int64_t i = 0; i < rows[p]; i++)
-                ref[b * rows[p] + i] = ref_dot(w.deq + (r0 + i) * ncols, act_rounded(type) ? xh : xb, ncols);
+            for (int64_t i = 0; i < rows[p]; i++) {
+                ref[b * rows[p] + i] = ref_dot(w.deq + (r0 + i) * ncols, act_rounded(type) ? xh : xb, ncols) +
+                                       (bias[p] ? bias[p][i] : 0.0);
+                if (bias[p])
+                    sep[p][b * ldys[p] + i] += bias[p][i];
+            }
             same &= memcmp(got[p] + b * ldys[p], sep[p] + b * ldys[p], sizeof(float) * (size_t)rows[p]) == 0;
         }
         ok = check_close(got[p], ldys[p], ref, n, rows[p], mv_atol(ncols), 1e-4);
@@ -378,14 +388,16 @@ static void case_split(rng_t *r, uint32_t type, int64_t ncols, int64_t ra, int64
         printf("#   %s\n", err.msg);
     if (ok && !same)
         printf("#   the split outputs differ from separate products\n");
-    tap_ok(ok && same, "matvec_split %s: %lld + %lld + %lld rows x %lld, %d row%s, the bits of separate products",
-           bl_type_info(type)->name, (long long)ra, (long long)rb, (long long)rc, (long long)ncols, n,
-           n == 1 ? "" : "s");
+    tap_ok(ok && same, "matvec_split %s: %lld + %lld + %lld rows x %lld, %d row%s, two biased: the bits of "
+           "separate products and adds", bl_type_info(type)->name, (long long)ra, (long long)rb, (long long)rc,
+           (long long)ncols, n, n == 1 ? "" : "s");
     for (int p = 0; p < 3; p++) {
         kcuda_free(dys[p]);
         kcuda_free(dsep[p]);
+        kcuda_free(dbias[p]);
         free(got[p]);
         free(sep[p]);
+        free(bias[p]);
     }
     kcuda_free(dx);
     free(x);
@@ -394,9 +406,9 @@ static void case_split(rng_t *r, uint32_t type, int64_t ncols, int64_t ra, int64
 }
 
 /* kcuda_matvec_split2: q and k stacked (type t1, two outputs) and v (type t2) over
- * the same rows, on a stream of its own, against kcuda_matvec_split and
- * kcuda_matvec one after the other: the same bits (one launch for the pairs the
- * kernel knows, two otherwise). */
+ * the same rows, each with a bias, on a stream of its own, against
+ * kcuda_matvec_split and kcuda_matvec_bias one after the other: the same bits (one
+ * launch for the pairs the kernel knows, two otherwise). */
 static void case_split2(rng_t *r, uint32_t t1, uint32_t t2, int64_t ncols, int64_t rq, int64_t rk, int64_t rv, int n)
 {
     bl_err_t err = {0};
@@ -408,19 +420,24 @@ static void case_split2(rng_t *r, uint32_t t1, uint32_t t2, int64_t ncols, int64
     rand_fill(r, x, ldx * n, 1.0f);
     float *dx = d_upload(x, sizeof(float) * (size_t)(ldx * n));
     const int64_t ld[3] = {rq + 3, rk, rv + 1}, rows[3] = {rq, rk, rv};
-    float *d1[3], *d2[3];
+    float *d1[3], *d2[3], *db[3];
     for (int p = 0; p < 3; p++) {
         d1[p] = d_poison(sizeof(float) * (size_t)(ld[p] * n));
         d2[p] = d_poison(sizeof(float) * (size_t)(ld[p] * n));
+        float *b = xmalloc(sizeof(float) * (size_t)rows[p]);
+        rand_fill(r, b, rows[p], 1.0f);
+        db[p] = d_upload(b, sizeof(float) * (size_t)rows[p]);
+        free(b);
     }
     void *st = NULL;
     if (kcuda_stream_create(&st, &err) < 0)
         bail("kcuda_stream_create", &err);
     const kcuda_mat_t mw = kmat(&w), mv = kmat(&v);
-    const kcuda_out_t o1[2] = {{d1[0], ld[0], rq}, {d1[1], ld[1], rk}}, o2[2] = {{d2[0], ld[0], rq}, {d2[1], ld[1], rk}};
-    int ok = kcuda_matvec_split2(&mw, o1, 2, &mv, d1[2], ld[2], dx, ldx, n, st, &err) == 0 &&
+    const kcuda_out_t o1[3] = {{d1[0], ld[0], rq, db[0]}, {d1[1], ld[1], rk, db[1]}, {d1[2], ld[2], rv, db[2]}};
+    const kcuda_out_t o2[2] = {{d2[0], ld[0], rq, db[0]}, {d2[1], ld[1], rk, db[1]}};
+    int ok = kcuda_matvec_split2(&mw, o1, 2, &mv, &o1[2], dx, ldx, n, st, &err) == 0 &&
              kcuda_sync(st, &err) == 0 && kcuda_matvec_split(&mw, dx, ldx, n, o2, 2, NULL, &err) == 0 &&
-             kcuda_matvec(&mv, dx, ldx, n, d2[2], ld[2], 0, NULL, &err) == 0;
+             kcuda_matvec_bias(&mv, dx, ldx, n, db[2], d2[2], ld[2], 0, NULL, &err) == 0;
     int same = ok;
     for (int p = 0; ok && p < 3; p++) {
         const size_t nb = sizeof(float) * (size_t)(ld[p] * n);
@@ -441,6 +458,7 @@ static void case_split2(rng_t *r, uint32_t t1, uint32_t t2, int64_t ncols, int64
     for (int p = 0; p < 3; p++) {
         kcuda_free(d1[p]);
         kcuda_free(d2[p]);
+        kcuda_free(db[p]);
     }
     kcuda_stream_destroy(st);
     kcuda_free(dx);
@@ -695,6 +713,51 @@ static void bench_all(void)
     kcuda_matvec_set_act_terms(old);
 }
 
+/* kcuda_matvec_bias with accumulate onto random y: the bits of kcuda_matvec's
+ * accumulation, then the bias added (in that order, as a product onto the residual
+ * and the projection's bias after it), and without accumulate the product plus the
+ * bias; whichever kernel the type and row count take. */
+static void case_bias(rng_t *r, uint32_t type, int64_t ncols, int64_t nrows, int n)
+{
+    bl_err_t err = {0};
+    wmat_t w;
+    make_mat(r, &w, type, ncols, nrows);
+    const kcuda_mat_t mw = kmat(&w);
+    const int64_t ldx = round4(ncols), ldy = nrows + 3;
+    const size_t ny = sizeof(float) * (size_t)(ldy * n);
+    float *x = xmalloc(sizeof(float) * (size_t)(ldx * n)), *y0 = xmalloc(ny), *bias = xmalloc(sizeof(float) * (size_t)nrows);
+    rand_fill(r, x, ldx * n, 1.0f);
+    rand_fill(r, y0, ldy * n, 4.0f);
+    rand_fill(r, bias, nrows, 1.0f);
+    float *dx = d_upload(x, sizeof(float) * (size_t)(ldx * n)), *db = d_upload(bias, sizeof(float) * (size_t)nrows);
+    float *dp = d_upload(y0, ny), *dq = d_upload(y0, ny), *dz = d_poison(ny), *dw = d_poison(ny);
+    float *p = xmalloc(ny), *q = xmalloc(ny), *z = xmalloc(ny), *wz = xmalloc(ny);
+    int ok = kcuda_matvec(&mw, dx, ldx, n, dp, ldy, 1, NULL, &err) == 0 &&
+             kcuda_matvec_bias(&mw, dx, ldx, n, db, dq, ldy, 1, NULL, &err) == 0 &&
+             kcuda_matvec(&mw, dx, ldx, n, dz, ldy, 0, NULL, &err) == 0 &&
+             kcuda_matvec_bias(&mw, dx, ldx, n, db, dw, ldy, 0, NULL, &err) == 0 &&
+             d_fetch(p, dp, ny, &err) == 0 && d_fetch(q, dq, ny, &err) == 0 && d_fetch(z, dz, ny, &err) == 0 &&
+             d_fetch(wz, dw, ny, &err) == 0;
+    int same = ok;
+    for (int b = 0; ok && b < n; b++)
+        for (int64_t i = 0; i < nrows; i++) {
+            const float acc = p[b * ldy + i] + bias[i], plain = z[b * ldy + i] + bias[i];
+            if (memcmp(&acc, &q[b * ldy + i], sizeof acc) || memcmp(&plain, &wz[b * ldy + i], sizeof plain)) {
+                if (same)
+                    printf("#   row %d output %lld: %.9g / %.9g, want %.9g / %.9g\n", b, (long long)i,
+                           q[b * ldy + i], wz[b * ldy + i], acc, plain);
+                same = 0;
+            }
+        }
+    if (!ok)
+        printf("#   %s\n", err.msg);
+    tap_ok(ok && same, "matvec_bias %s: %lld x %lld, %d row%s, with and without accumulate: the product's bits plus "
+           "the bias", bl_type_info(type)->name, (long long)nrows, (long long)ncols, n, n == 1 ? "" : "s");
+    kcuda_free(dx), kcuda_free(db), kcuda_free(dp), kcuda_free(dq), kcuda_free(dz), kcuda_free(dw);
+    free(x), free(y0), free(bias), free(p), free(q), free(z), free(wz);
+    free_mat(&w);
+}
+
 int main(void)
 {
     gpu_test_init("test_kcuda_matvec");
@@ -789,6 +852,14 @@ int main(void)
     case_split2(&r, BL_TYPE_Q4_K, BL_TYPE_Q5_K, 256, 32, 32, 40, 2);
     case_split2(&r, BL_TYPE_Q8_0, BL_TYPE_Q4_K, 256, 64, 32, 16, 1); /* not a known pair: two launches */
     case_split2(&r, BL_TYPE_MXFP4, BL_TYPE_MXFP4, 2880, 64, 16, 16, 2); /* two launches too */
+    /* a bias after the product: the streaming kernel (q8_0, mxfp4: gpt-oss's o
+     * projection), the tensor cores (q4_K, q6_K at 4-8 rows), the small f32/f16 path */
+    case_bias(&r, BL_TYPE_Q8_0, 4096, 2880, 1);
+    case_bias(&r, BL_TYPE_MXFP4, 2880, 67, 3);
+    case_bias(&r, BL_TYPE_Q4_K, 1024, 100, KCUDA_MV_MAX_ROWS);
+    case_bias(&r, BL_TYPE_Q6_K, 768, 37, 4);
+    case_bias(&r, BL_TYPE_F32, 516, 61, 3);
+    case_bias(&r, BL_TYPE_F16, 1024, 130, 1);
     case_matvec(&r, BL_TYPE_F32, 2048, 128, 1, 0, 0);
     case_matvec(&r, BL_TYPE_F32, 516, 61, 3, 1, 0);
     case_matvec(&r, BL_TYPE_F16, 1024, 130, KCUDA_MV_MAX_ROWS, 1, 0);

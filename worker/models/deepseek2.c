@@ -151,17 +151,17 @@ int wk__ds2_forward(wk_model_t *m, const wk_step_t *st, bl_err_t *err)
         if ((rc = op->rms_norm(b, "attn_norm", s->xn, s->x, L->attn_norm.p, n, E, c->eps, err)) < 0)
             break;
         if (c->q_lora > 0)
-            rc = (rc = op->matmul(b, "attn_q_a", &L->wq_a, s->xn, n, s->extra, 0, err)) < 0 ||
+            rc = (rc = op->matmul(b, "attn_q_a", &L->wq_a, NULL, s->xn, n, s->extra, 0, err)) < 0 ||
                          (rc = op->rms_norm(b, "attn_q_a_norm", s->extra, s->extra, L->q_a_norm.p, n, c->q_lora,
                                             c->eps, err)) < 0 ||
-                         (rc = op->matmul(b, "attn_q_b", &L->wq_b, s->extra, n, s->q, 0, err)) < 0
+                         (rc = op->matmul(b, "attn_q_b", &L->wq_b, NULL, s->extra, n, s->q, 0, err)) < 0
                      ? rc
                      : 0;
         else
-            rc = op->matmul(b, "attn_q", &L->wq_b, s->xn, n, s->q, 0, err);
-        if (rc < 0 || (rc = op->matmul(b, "attn_kv_a", &L->wkv_a, s->xn, n, s->k, 0, err)) < 0 ||
+            rc = op->matmul(b, "attn_q", &L->wq_b, NULL, s->xn, n, s->q, 0, err);
+        if (rc < 0 || (rc = op->matmul(b, "attn_kv_a", &L->wkv_a, NULL, s->xn, n, s->k, 0, err)) < 0 ||
             (rc = op->mla(b, l, &a, s->q, s->k, s->att, err)) < 0 ||
-            (rc = op->matmul(b, "attn_output", &L->wo, s->att, n, s->x, 1, err)) < 0)
+            (rc = op->matmul(b, "attn_output", &L->wo, NULL, s->att, n, s->x, 1, err)) < 0)
             break;
         rc = wk__forward_ffn(m, l, n, err);
     }

@@ -99,24 +99,22 @@ int wk__gqa_block(wk_model_t *m, int64_t l, int64_t n, bl_err_t *err)
     const run_state_t *s = &m->s;
     wk_backend_t *b = m->be;
     const wk_backend_ops_t *op = b->op;
-    const int64_t E = c->n_embd, nq = c->n_head * c->head_dim, nkv = c->n_head_kv * c->head_dim;
+    const int64_t E = c->n_embd;
     const wk_attn_t a = {.n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim,
                          .n_rot = c->n_rot, .eps = c->eps, .rope_base = c->rope_base, .scale = c->attn_scale,
                          .q_norm = c->qk_norm ? L->q_norm.p : NULL, .k_norm = c->qk_norm ? L->k_norm.p : NULL,
                          .sinks = c->attn_sinks ? L->sinks.p : NULL,
                          .window = c->n_swa > 0 && c->swa_period > 0 && l % c->swa_period < c->swa_period - 1
                                        ? c->n_swa : 0};
+    const float *const qkv_b[3] = {L->bq.p, L->bk.p, L->bv.p};
     int rc;
     /* attention: norm, projections (and their biases), per-head q/k norm and RoPE,
-     * cache, attend, the output projection onto the residual */
+     * cache, attend, the output projection (and its bias) onto the residual */
     if ((rc = op->rms_norm(b, "attn_norm", s->xn, s->x, L->attn_norm.p, n, E, c->eps, err)) < 0 ||
-        (rc = op->qkv(b, &L->wq, &L->wk, &L->wv, s->xn, n, s->q, s->k, s->v, err)) < 0 ||
-        (c->attn_bias && ((rc = op->add_bias(b, s->q, L->bq.p, n, nq, err)) < 0 ||
-                          (rc = op->add_bias(b, s->k, L->bk.p, n, nkv, err)) < 0 ||
-                          (rc = op->add_bias(b, s->v, L->bv.p, n, nkv, err)) < 0)) ||
+        (rc = op->qkv(b, &L->wq, &L->wk, &L->wv, c->attn_bias ? qkv_b : NULL, s->xn, n, s->q, s->k, s->v, err)) <
+            0 ||
         (rc = op->attention(b, l, &a, s->q, s->k, s->v, s->att, err)) < 0 ||
-        (rc = op->matmul(b, "attn_output", &L->wo, s->att, n, s->x, 1, err)) < 0 ||
-        (c->attn_out_bias && (rc = op->add_bias(b, s->x, L->bo.p, n, E, err)) < 0))
+        (rc = op->matmul(b, "attn_output", &L->wo, c->attn_out_bias ? L->bo.p : NULL, s->att, n, s->x, 1, err)) < 0)
         return rc;
     /* FFN: norm, then the routed experts and the shared ones, or the dense SwiGLU,
      * onto the residual */

@@ -148,13 +148,13 @@ int wk__q3n_block(wk_model_t *m, int64_t l, int64_t n, bl_err_t *err)
                                .Hk = c->ssm_groups, .Hv = c->ssm_heads, .tiled = c->ssm_tiled,
                                .ba = c->ssm_ba, .eps = c->eps};
         /* projections, the recurrence with its gated norm, the output onto the residual */
-        if ((rc = op->matmul(b, "attn_qkv", &L->wqkv, s->xn, n, s->q, 0, err)) < 0 ||
-            (rc = op->matmul(b, "attn_gate", &L->wgate, s->xn, n, s->k, 0, err)) < 0 ||
-            (c->ssm_ba && (rc = op->matmul(b, "ssm_ba", &L->ssm_ba, s->xn, n, s->v, 0, err)) < 0) ||
-            (!c->ssm_ba && ((rc = op->matmul(b, "ssm_beta", &L->ssm_beta, s->xn, n, s->v, 0, err)) < 0 ||
-                            (rc = op->matmul(b, "ssm_alpha", &L->ssm_alpha, s->xn, n, s->extra, 0, err)) < 0)) ||
+        if ((rc = op->matmul(b, "attn_qkv", &L->wqkv, NULL, s->xn, n, s->q, 0, err)) < 0 ||
+            (rc = op->matmul(b, "attn_gate", &L->wgate, NULL, s->xn, n, s->k, 0, err)) < 0 ||
+            (c->ssm_ba && (rc = op->matmul(b, "ssm_ba", &L->ssm_ba, NULL, s->xn, n, s->v, 0, err)) < 0) ||
+            (!c->ssm_ba && ((rc = op->matmul(b, "ssm_beta", &L->ssm_beta, NULL, s->xn, n, s->v, 0, err)) < 0 ||
+                            (rc = op->matmul(b, "ssm_alpha", &L->ssm_alpha, NULL, s->xn, n, s->extra, 0, err)) < 0)) ||
             (rc = op->deltanet(b, l, &d, s->q, s->k, s->v, s->extra, s->att, err)) < 0 ||
-            (rc = op->matmul(b, "ssm_out", &L->ssm_out, s->att, n, s->x, 1, err)) < 0)
+            (rc = op->matmul(b, "ssm_out", &L->ssm_out, NULL, s->att, n, s->x, 1, err)) < 0)
             return rc;
     } else {
         const wk_attn_t a = {.n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim,
@@ -162,11 +162,11 @@ int wk__q3n_block(wk_model_t *m, int64_t l, int64_t n, bl_err_t *err)
                              .scale = c->attn_scale, .q_norm = L->q_norm.p, .k_norm = L->k_norm.p};
         /* attn_q's rows: each head's q then its gate; the attended values times
          * sigmoid(gate) */
-        if ((rc = op->qkv(b, &L->wq, &L->wk, &L->wv, s->xn, n, s->att, s->k, s->v, err)) < 0 ||
+        if ((rc = op->qkv(b, &L->wq, &L->wk, &L->wv, NULL, s->xn, n, s->att, s->k, s->v, err)) < 0 ||
             (rc = op->split_heads(b, s->att, n, c->n_head, c->head_dim, s->q, s->extra, err)) < 0 ||
             (rc = op->attention(b, l, &a, s->q, s->k, s->v, s->att, err)) < 0 ||
             (rc = op->mul_sigmoid(b, s->att, s->extra, n, nq, err)) < 0 ||
-            (rc = op->matmul(b, "attn_output", &L->wo, s->att, n, s->x, 1, err)) < 0)
+            (rc = op->matmul(b, "attn_output", &L->wo, NULL, s->att, n, s->x, 1, err)) < 0)
             return rc;
     }
     return wk__forward_ffn(m, l, n, err);
