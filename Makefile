@@ -110,8 +110,9 @@ serve: deps build
 #   $(LIBEXECDIR)/bloomery   bloomery-wait-ready, the unit's readiness check
 #   $(DOCDIR)      README.md, docs/*.md (as docs/, so README's links hold), LICENSE when
 #                  there is one, and examples/ (the env file as shipped)
-#   $(UNITDIR)     bloomery.service and bloomery-node.service (a cluster's other hosts),
-#                  their /usr/local paths rewritten for PREFIX
+#   $(UNITDIR)     bloomery.service, bloomery-node.service (a cluster's other hosts) and
+#                  bloomery-node@.service (one node a stage on a host of several, the
+#                  instance its PORT), their /usr/local paths rewritten for PREFIX
 #   $(SYSCONFDIR)/bloomery/bloomery.env   only when absent: it holds the admin's settings;
 #                  mode 600, as it may hold an API key (systemd reads it as root);
 #                  bloomery-node.env likewise (mode 644: an address only)
@@ -150,6 +151,8 @@ install: build
 	sed -i $(DEPLOY_PATHS) $(DESTDIR)$(UNITDIR)/bloomery.service
 	install -D -m 644 deploy/systemd/bloomery-node.service $(DESTDIR)$(UNITDIR)/bloomery-node.service
 	sed -i $(DEPLOY_PATHS) $(DESTDIR)$(UNITDIR)/bloomery-node.service
+	install -D -m 644 deploy/systemd/bloomery-node@.service $(DESTDIR)$(UNITDIR)/bloomery-node@.service
+	sed -i $(DEPLOY_PATHS) $(DESTDIR)$(UNITDIR)/bloomery-node@.service
 	install -D -m 644 deploy/systemd/bloomery-node.env $(DESTDIR)$(DOCDIR)/examples/bloomery-node.env
 	@env=$(DESTDIR)$(SYSCONFDIR)/bloomery/bloomery-node.env; \
 	if [ ! -e "$$env" ]; then install -D -m 644 deploy/systemd/bloomery-node.env "$$env"; fi
@@ -164,7 +167,8 @@ install: build
 # Removes what install wrote, except the env file (the admin's settings, as dpkg keeps
 # a removed package's conffiles) and the service's state and cache folders.
 uninstall:
-	rm -f $(DESTDIR)$(BINDIR)/bloomery-* $(DESTDIR)$(UNITDIR)/bloomery.service $(DESTDIR)$(UNITDIR)/bloomery-node.service
+	rm -f $(DESTDIR)$(BINDIR)/bloomery-* $(DESTDIR)$(UNITDIR)/bloomery.service $(DESTDIR)$(UNITDIR)/bloomery-node.service \
+		$(DESTDIR)$(UNITDIR)/bloomery-node@.service
 	rm -rf $(DESTDIR)$(LIBEXECDIR)/bloomery $(DESTDIR)$(DOCDIR)
 	@echo "uninstall: kept $(DESTDIR)$(SYSCONFDIR)/bloomery/bloomery.env and bloomery-node.env"
 

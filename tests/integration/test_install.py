@@ -496,3 +496,97 @@ def test_node_unit_is_installed_and_verifies(stage, tmp_path):
     unit.write_text(text)
     rc, ours, out = verify(str(unit))
     assert rc == 0 and not ours, "systemd-analyze verify (status %d):\n%s" % (rc, out)
+
+
+NODE_TEMPLATE = "/lib/systemd/system/bloomery-node@.service"
+# The template's settings that name its instance; every other one is the plain unit's.
+PER_INSTANCE = {("Unit", "Description"), ("Service", "Environment"), ("Service", "EnvironmentFile"),
+                ("Service", "ExecStart"), ("Service", "RuntimeDirectory")}
+
+
+def instance_folder_problems(sections):
+    """Why the instances of a template would share a folder: systemd removes an
+    instance's runtime folder when it stops, under the feet of another using it."""
+    problems = []
+    runtime = unit_values(sections, "Service", "RuntimeDirectory")
+    if len(runtime) != 1 or "%i" not in runtime[0]:
+        problems.append("RuntimeDirectory=%s does not name the instance (%%i)" % runtime)
+    tmpdir = [item.split("=", 1)[1] for v in unit_values(sections, "Service", "Environment")
+              for item in shlex.split(v) if item.startswith("TMPDIR=")]
+    if len(runtime) == 1 and tmpdir != ["%t/" + runtime[0]]:
+        problems.append("TMPDIR=%s is not the instance's runtime folder %%t/%s" % (tmpdir, runtime[0]))
+    return problems
+
+
+def test_node_template_is_installed_per_port_and_verifies(stage, tmp_path):
+    """bloomery-node@.service (one node a stage on a host of several, the instance its
+    PORT): installed beside bloomery-node.service with its paths for PREFIX, the
+    instance used as the port and in its own env file and runtime folder, the rest as
+    the plain unit, and systemd's own check of an instance."""
+    path = inside(stage, NODE_TEMPLATE)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644, path
+    u = parse_unit(path)
+    assert set(u) == {"Unit", "Service", "Install"}, sorted(u)
+    for section, items in u.items():
+        for key, value in items:
+            assert key not in BREAKS, "%s=%s: %s" % (key, value, BREAKS[key])
+            assert key in KNOWN_KEYS[section], "[%s] %s= is not a key this test knows" % (section, key)
+            assert "/usr/local" not in value, "[%s] %s=%s: not moved to PREFIX" % (section, key, value)
+    for d in unit_values(u, "Unit", "Documentation"):
+        assert os.path.isfile(inside(stage, d[len("file:"):])), d
+
+    def svc(key):
+        return unit_values(u, "Service", key)
+
+    start = unit_value(u, "Service", "ExecStart")
+    assert start.startswith("/usr/bin/bloomery-node --listen tcp://${BLOOMERY_NODE_HOST}:%i "), start
+    assert "--secret ${CREDENTIALS_DIRECTORY}/cluster.secret" in start, start
+    assert svc("LoadCredential") == ["cluster.secret:/etc/bloomery/cluster.secret"]
+    assert svc("EnvironmentFile") == ["/etc/bloomery/bloomery-node.env",
+                                      "-/etc/bloomery/bloomery-node@%i.env"]
+    # the default address, set before the files so that either may replace it
+    before_files = u["Service"][:[k for k, _ in u["Service"]].index("EnvironmentFile")]
+    assert ("Environment", "BLOOMERY_NODE_HOST=0.0.0.0") in before_files, u["Service"]
+    assert unit_value(u, "Service", "RuntimeDirectory") == "bloomery-node-%i"
+    assert instance_folder_problems(u) == []
+
+    # the rest is the plain unit's, so the two do not drift apart
+    plain = parse_unit(inside(stage, NODE_UNIT))
+    for section in ("Unit", "Service", "Install"):
+        ours = [kv for kv in u[section] if (section, kv[0]) not in PER_INSTANCE]
+        theirs = [kv for kv in plain[section] if (section, kv[0]) not in PER_INSTANCE]
+        assert ours == theirs, "[%s] differs from bloomery-node.service's" % section
+
+    # the check is worth something: a template whose instances share a folder fails it
+    with open(path) as f:
+        text = f.read()
+    shared = tmp_path / "shared.service"
+    shared.write_text(text.replace("bloomery-node-%i", "bloomery-node"))
+    assert instance_folder_problems(parse_unit(str(shared))), "a shared runtime folder passed"
+
+    # the instance name is used only as a port: the node refuses any other
+    secret = tmp_path / "cluster.secret"
+    secret.write_text("ab" * 32)
+    secret.chmod(0o600)
+    node = inside(stage, "/usr/bin/bloomery-node")
+    argv = [node if w == "/usr/bin/bloomery-node" else w for w in shlex.split(start)
+            if w != "$BLOOMERY_NODE_ARGS"]
+    argv = [w.replace("${BLOOMERY_NODE_HOST}", "127.0.0.1").replace("%i", "abc")
+            .replace("${CREDENTIALS_DIRECTORY}", str(tmp_path)) for w in argv]
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
+    assert p.returncode == 1 and "event=start_failed" in p.stdout, p.stdout
+    assert "'tcp://127.0.0.1:abc' is not tcp://HOST:PORT" in p.stdout, p.stdout
+
+    if not shutil.which("systemd-analyze"):
+        pytest.skip("systemd-analyze is not installed (Debian package systemd)")
+    # verify loads an instance from the template beside it
+    (tmp_path / "bloomery-node@.service").write_text(text.replace("/usr/bin/bloomery-node", node))
+    rc, ours, out = verify(str(tmp_path / "bloomery-node@9000.service"))
+    assert rc == 0 and not ours, "systemd-analyze verify (status %d):\n%s" % (rc, out)
+    # and reads the template: a misspelt key in it is reported for the instance
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "bloomery-node@.service").write_text(
+        text.replace("/usr/bin/bloomery-node", node).replace("ProtectSystem=strict", "ProtectSytem=strict"))
+    _, ours, out = verify(str(bad / "bloomery-node@9000.service"))
+    assert any("ProtectSytem" in line for line in ours), out
