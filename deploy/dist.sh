@@ -204,14 +204,18 @@ fi
 
 # deploy/systemd's files name the default install layout (/usr/local); here they name
 # the tarball's own layout under /opt/bloomery, with the readiness check and the
-# example env file in examples/.
-install -m 644 "$src/deploy/systemd/bloomery.service" "$src/deploy/systemd/bloomery.env" "$top/examples/"
+# example env files in examples/ (the router's unit, and the node units of a
+# cluster's other hosts).
+units=(bloomery.service bloomery.env bloomery-node.service bloomery-node@.service bloomery-node.env)
+for u in "${units[@]}"; do
+    install -m 644 "$src/deploy/systemd/$u" "$top/examples/"
+done
 install -m 755 "$src/deploy/systemd/bloomery-wait-ready" "$top/examples/"
 sed -i -e 's|/usr/local/bin/|/opt/bloomery/bin/|g' \
     -e 's|/usr/local/libexec/bloomery/|/opt/bloomery/examples/|g' \
     -e 's|/usr/local/share/doc/bloomery/examples/|/opt/bloomery/examples/|g' \
     -e 's|/usr/local/share/doc/bloomery|/opt/bloomery/share/doc/bloomery|g' \
-    "$top/examples/bloomery.service" "$top/examples/bloomery.env"
+    "${units[@]/#/$top/examples/}"
 
 # --- the tarball ------------------------------------------------------------------
 

@@ -227,7 +227,8 @@ def test_docs_and_examples(dist):
             assert os.path.isfile(os.path.join(doc, "docs", name)), name
     assert os.path.isfile(os.path.join(doc, "LICENSE")) == os.path.isfile(os.path.join(ROOT, "LICENSE"))
     examples = sorted(os.listdir(dist.path("examples")))
-    assert examples == ["bloomery-wait-ready", "bloomery.env", "bloomery.service"], examples
+    assert examples == ["bloomery-node.env", "bloomery-node.service", "bloomery-node@.service",
+                        "bloomery-wait-ready", "bloomery.env", "bloomery.service"], examples
     assert os.access(dist.path("examples", "bloomery-wait-ready"), os.X_OK)
     # the unit names the tarball's own files, as unpacked or linked at /opt/bloomery
     with open(dist.path("examples", "bloomery.service")) as f:
@@ -241,6 +242,15 @@ def test_docs_and_examples(dist):
     for text, what in ((unit, "bloomery.service"), (env, "bloomery.env")):
         for rel in re.findall(r"/opt/bloomery/([\w./-]*\w)", text):
             assert os.path.exists(dist.path(rel)), "%s names /opt/bloomery/%s, not in the tarball" % (what, rel)
+    # the node units of a cluster's other hosts start the tarball's node
+    for name in ("bloomery-node.service", "bloomery-node@.service"):
+        with open(dist.path("examples", name)) as f:
+            node = "".join(line for line in f if not line.startswith("#"))
+        assert "/usr/local" not in node, (name, node)
+        named = re.findall(r"/opt/bloomery/([\w./-]*\w)", node)
+        assert "bin/bloomery-node" in named, (name, named)
+        for rel in named:
+            assert os.path.exists(dist.path(rel)), "%s names /opt/bloomery/%s, not in the tarball" % (name, rel)
 
 
 # --- the unpacked server
