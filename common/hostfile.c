@@ -421,6 +421,7 @@ typedef struct file_check {
     int *name_slot;     /* index of an entry with a name=, -1: empty */
     host_state_t *st;   /* one per distinct host */
     int n_st;
+    int *host_at;       /* (n) each entry's index into st */
 } file_check_t;
 
 static int host_of(file_check_t *f, const bl_host_entry_t *v, int i)
@@ -495,6 +496,50 @@ static int check_gpus(const ctx_t *c, const bl_host_entry_t *v, int i, host_stat
     return 0;
 }
 
+/* A worker line of another host than the router's is served by a node listening on
+ * PORT, PORT + 1 and PORT + 2: two such lines of one host whose ranges meet would have
+ * the second node fail to bind. key: (host, port) of those lines, sorted. */
+typedef struct node_port {
+    int host, port, i;
+} node_port_t;
+
+static int node_port_cmp(const void *x, const void *y)
+{
+    const node_port_t *a = x, *b = y;
+    return a->host != b->host ? (a->host > b->host) - (a->host < b->host) : (a->port > b->port) - (a->port < b->port);
+}
+
+/* The node lines' port ranges (router the router's entry), the overlap whose later
+ * line comes first in the file reported there. */
+static int check_node_ports(const ctx_t *c, const bl_host_entry_t *v, int n, const file_check_t *f, int router)
+{
+    node_port_t *k = malloc((size_t)n * sizeof *k);
+    if (!k)
+        return bl_err_set(c->err, BL_ENOMEM, "%.100s: out of memory", c->name);
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (v[i].role == BL_HOST_WORKER && f->host_at[i] != f->host_at[router])
+            k[m++] = (node_port_t){f->host_at[i], v[i].port, i};
+    qsort(k, (size_t)m, sizeof *k, node_port_cmp);
+    int first = -1, other = -1; /* the entry to report, and the line it meets */
+    for (int a = 0; a < m; a++)
+        for (int b = a + 1; b < m && k[b].host == k[a].host && k[b].port - k[a].port < 3; b++) {
+            const int later = v[k[a].i].line > v[k[b].i].line ? k[a].i : k[b].i;
+            if (first < 0 || v[later].line < v[first].line) {
+                first = later;
+                other = later == k[a].i ? k[b].i : k[a].i;
+            }
+        }
+    free(k);
+    if (first < 0)
+        return 0;
+    char hp[300];
+    return refuse(c, v[first].line, "%s: the node of line %d takes ports %u-%u of %s (a worker of another host "
+                  "than the router's is served by a node on PORT, PORT+1 and PORT+2): keep their PORTs 3 apart",
+                  hostport(hp, sizeof hp, &v[first]), v[other].line, (unsigned)v[other].port,
+                  (unsigned)v[other].port + 2u, v[other].host);
+}
+
 static int check_file(const ctx_t *c, const bl_host_entry_t *v, int n)
 {
     char hp[300];
@@ -518,7 +563,8 @@ static int check_file(const ctx_t *c, const bl_host_entry_t *v, int n)
         f.port_slot = malloc((size_t)f.cap * sizeof *f.port_slot);
         f.name_slot = malloc((size_t)f.cap * sizeof *f.name_slot);
         f.st = calloc((size_t)n, sizeof *f.st);
-        if (!f.host_slot || !f.port_slot || !f.name_slot || !f.st) {
+        f.host_at = malloc((size_t)n * sizeof *f.host_at);
+        if (!f.host_slot || !f.port_slot || !f.name_slot || !f.st || !f.host_at) {
             rc = bl_err_set(c->err, BL_ENOMEM, "%.100s: out of memory", c->name);
             goto done;
         }
@@ -531,6 +577,7 @@ static int check_file(const ctx_t *c, const bl_host_entry_t *v, int n)
     for (int i = 0; i < n; i++) {
         const bl_host_entry_t *e = &v[i];
         const int h = host_of(&f, v, i);
+        f.host_at[i] = h;
         const int d = port_dup(&f, v, i, h);
         if (d >= 0) {
             rc = refuse(c, e->line, "%s is also at line %d", hostport(hp, sizeof hp, e), v[d].line);
@@ -599,8 +646,11 @@ static int check_file(const ctx_t *c, const bl_host_entry_t *v, int n)
         rc = refuse(c, 0, "no router: a cluster needs one line 'HOST PORT router'");
     else if (worker < 0)
         rc = refuse(c, 0, "no worker: a cluster needs at least one line 'HOST PORT worker [GPUS]'");
+    else
+        rc = check_node_ports(c, v, n, &f, router);
 done:
     free(f.host_slot);
+    free(f.host_at);
     free(f.port_slot);
     free(f.name_slot);
     free(f.st);

@@ -166,8 +166,8 @@ static void test_hostfile_gpus_are_per_host(void **state)
              "a 2 worker 0\n"
              "b 2 worker 0\n"
              "c 2 worker all\n"
-             "c 3 worker\n"
-             "c 4 worker cpu\n",
+             "c 5 worker\n"
+             "c 8 worker cpu\n",
              &h);
     assert_int_equal(h.n, 6);
     bl_hostfile_free(&h);
@@ -224,7 +224,7 @@ static void test_hostfile_options(void **state)
     bl_hostfile_t h;
     parse_ok("r.example.com 8090 router threads=4 name=front\n"
              "w1.example.com 9000 worker 0,3 name=stage-0 threads=8 layers=0-10\n"
-             "w1.example.com 9001 worker layers=10-12 threads=1\n"
+             "w1.example.com 9003 worker layers=10-12 threads=1\n"
              "w1.example.com 9100 hosttier name=ht_1.a threads=1024\n",
              &h);
     assert_int_equal(h.e[0].threads, 4);
@@ -239,6 +239,17 @@ static void test_hostfile_options(void **state)
     assert_int_equal(h.e[2].threads, 1);
     assert_int_equal(h.e[3].threads, 1024);
     assert_string_equal(h.e[3].name, "ht_1.a");
+    bl_hostfile_free(&h);
+}
+
+/* Worker lines of another host than the router's are nodes on PORT..PORT+2: three
+ * apart is enough; the router's own host's workers are not nodes. */
+static void test_hostfile_node_ports(void **state)
+{
+    (void)state;
+    bl_hostfile_t h;
+    parse_ok("r 1 router\nh 9000 worker 0\nh 9003 worker 1\nr 2 worker\nr 3 worker\ng 9001 worker\n", &h);
+    assert_int_equal(h.n, 6);
     bl_hostfile_free(&h);
 }
 
@@ -433,6 +444,10 @@ static void test_hostfile_rejects_bad_inputs(void **state)
         {"r 1 router\nw 2 worker layers=4-8\nw 3 worker layers=0-4\n", 2, "gap"}, /* file order */
         {"r 1 router\nw 2 worker layers=0-4\nw 3 worker\n", 3, "layers= on every worker or on none"},
         {"r 1 router\nw 2 worker\nw 3 worker layers=0-4\n", 2, "layers= on every worker or on none: line 3"},
+        {"r 1 router\nh 9000 worker 0\nh 9002 worker 1\n", 3,
+         "h:9002: the node of line 2 takes ports 9000-9002 of h"},
+        {"r 1 router\nh 9004 worker\nH 9000 worker\nh 9002 worker\n", 4, "the node of line 3 takes ports 9000-9002"},
+        {"h 9001 worker\nh 9000 worker\nr 1 router\n", 2, "h:9000: the node of line 1 takes ports 9001-9003"},
         /* the earliest line's error wins */
         {"r 1 router\nw 2 worker layers=0-4\nw 2 worker\n", 3, "is also at line 2"},
         {"r 1 router\nr 1 router\n", 2, "also at line 1"},
@@ -581,6 +596,7 @@ int main(void)
         cmocka_unit_test(test_hostfile_one_host_two_gpus),
         cmocka_unit_test(test_hostfile_two_hosts),
         cmocka_unit_test(test_hostfile_gpus_are_per_host),
+        cmocka_unit_test(test_hostfile_node_ports),
         cmocka_unit_test(test_hostfile_ipv6),
         cmocka_unit_test(test_hostfile_comments_tabs_crlf),
         cmocka_unit_test(test_hostfile_options),
