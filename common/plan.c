@@ -554,16 +554,21 @@ static int same_host(const bl_stage_host_t *x, const bl_stage_host_t *y)
     return strcasecmp(x->name ? x->name : "", y->name ? y->name : "") == 0;
 }
 
+int bl_plan_hosts_measured(const bl_stage_host_t *hosts, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (hosts[i].read_mbps_one == 0 || hosts[i].read_mbps_all == 0)
+            return 0;
+    return 1;
+}
+
 /* The n stages' weights w[i] (bl_plan_split_hosts says how): by threads, or, where
  * every host's read rates are known, by the rate each stage's threads get. */
 static void stage_weights(const bl_stage_host_t *hosts, int n, double *w)
 {
-    int measured = 1;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         w[i] = host_weight(&hosts[i]);
-        measured &= hosts[i].read_mbps_one > 0 && hosts[i].read_mbps_all > 0;
-    }
-    if (!measured)
+    if (!bl_plan_hosts_measured(hosts, n))
         return;
     double t[BL_PLAN_MAX_STAGES];
     for (int i = 0; i < n; i++)

@@ -225,6 +225,9 @@ int bl_plan_opts(bl_place_opts_t *o, const bl_place_flags_t *f, bl_err_t *err) B
 int bl_plan_split_hosts(const uint64_t *bytes, int64_t n_layers, uint64_t first, uint64_t last,
                         const bl_stage_host_t *hosts, const uint64_t *room, int n, int64_t *ends,
                         bl_err_t *err) BL_WUR;
+/* Whether every one of the n stages' hosts has both read rates, so that
+ * bl_plan_split_hosts weighs the stages by them rather than by threads. */
+int bl_plan_hosts_measured(const bl_stage_host_t *hosts, int n);
 
 /* Whether layer l has any expert in host RAM. */
 int bl_plan_layer_host(const bl_plan_t *p, int64_t l);

@@ -210,11 +210,10 @@ static void print_hosts(FILE *f, const rt_dry_run_t *d)
 {
     const bl_plan_t *p = d->plan;
     char s1[32], s2[32];
-    int any_card = 0, measured = 1;
-    for (int i = 0; i < p->n_stages; i++) {
+    int any_card = 0;
+    for (int i = 0; i < p->n_stages; i++)
         any_card |= d->hosts[i].card != NULL;
-        measured &= d->hosts[i].read_mbps_one > 0 && d->hosts[i].read_mbps_all > 0;
-    }
+    const int measured = bl_plan_hosts_measured(d->hosts, p->n_stages);
     fprintf(f, "  hosts (--hostfile): ");
     if (!d->hosts_split)
         fprintf(f, "the layers as the hostfile's layers= give them\n");

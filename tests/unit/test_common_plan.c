@@ -646,6 +646,12 @@ static bl_stage_host_t rated(bl_stage_host_t h, uint32_t one, uint32_t all)
 static void test_plan_split_follows_measured_read_rates(void **state)
 {
     (void)state;
+    /* rates count only when every host has both */
+    const bl_stage_host_t both[2] = {rated(host("a", 8, 8, 0), 2000, 10000), rated(host("b", 8, 8, 0), 5000, 30000)};
+    const bl_stage_host_t part[2] = {rated(host("a", 8, 8, 0), 2000, 10000), rated(host("b", 8, 8, 0), 5000, 0)};
+    assert_true(bl_plan_hosts_measured(both, 2));
+    assert_false(bl_plan_hosts_measured(part, 2));
+    assert_true(bl_plan_hosts_measured(part, 1));
     /* the same threads on hosts that read at 10 and 30 GB/s: a quarter and three */
     expect_ends(48, 100, 0, 0, HOSTS(rated(host("a", 8, 8, 0), 2000, 10000), rated(host("b", 8, 8, 0), 5000, 30000)),
                 2, ENDS(12, 48));
