@@ -930,7 +930,9 @@ static int stage_hosts(const opts_t *o, hf_line_t *lines, int n_lines, const bl_
             n_cpus[i] = bl_cpu_count();
             avail[i] = bl_mem_available();
             total[i] = bl_mem_total();
-            if (!here_one) { /* this host's read rates, once: what a node measures for its host */
+            /* this host's read rates, once (what a node measures for its host), for a
+             * split the lines' layers= do not fix */
+            if (!here_one && h->end <= 0) {
                 here_one = bl_mem_read_mbps(1);
                 here_all = bl_mem_read_mbps(n_cpus[i]);
             }

@@ -385,6 +385,9 @@ def test_hostfile_gpu_stages_on_two_hosts(tmp_path, fake_node):
                                     "--cluster-secret", secret])
         assert rc == 0, out + err
         assert [(r[0], r[1]) for r in stages(out).values()] == [("CPU", "0-2"), ("CUDA0", "3")], out
+        # no split to weigh: this host's read rates are not measured (0.3 s at each start)
+        assert re.search(r"\n    stage 0: layers 0\.\.2 on 127\.0\.0\.1 \(this host\): [^\n]*thread[s]?\n", out), out
+        assert not re.search(r"stage 0: [^\n]*reads memory", out), out
     finally:
         a.stop()
         b.stop()
