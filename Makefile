@@ -154,8 +154,9 @@ install: build
 	install -D -m 644 deploy/systemd/bloomery-node@.service $(DESTDIR)$(UNITDIR)/bloomery-node@.service
 	sed -i $(DEPLOY_PATHS) $(DESTDIR)$(UNITDIR)/bloomery-node@.service
 	install -D -m 644 deploy/systemd/bloomery-node.env $(DESTDIR)$(DOCDIR)/examples/bloomery-node.env
+	sed -i $(DEPLOY_PATHS) $(DESTDIR)$(DOCDIR)/examples/bloomery-node.env
 	@env=$(DESTDIR)$(SYSCONFDIR)/bloomery/bloomery-node.env; \
-	if [ ! -e "$$env" ]; then install -D -m 644 deploy/systemd/bloomery-node.env "$$env"; fi
+	if [ ! -e "$$env" ]; then install -D -m 644 $(DESTDIR)$(DOCDIR)/examples/bloomery-node.env "$$env"; fi
 	@env=$(DESTDIR)$(SYSCONFDIR)/bloomery/bloomery.env; \
 	if [ -e "$$env" ]; then \
 		echo "install: kept $$env (the shipped one: $(DOCDIR)/examples/bloomery.env)"; \

@@ -342,6 +342,27 @@ def test_default_prefix_is_usr_local_and_units_follow_it():
         assert "/etc/bloomery/bloomery.env" in p.stdout
 
 
+def test_sysconfdir_moves_every_path_that_names_it(tmp_path):
+    """SYSCONFDIR=/opt/etc: the units, the shipped examples and both env files written
+    there name /opt/etc/bloomery, never /etc/bloomery (an admin reading the installed
+    env file is told where it is)."""
+    if not os.path.isdir(BUILD_DIR):
+        pytest.skip("%s is not built (run make)" % BUILD_DIR)
+    root = str(tmp_path / "stage")
+    p = run_make("install", "DESTDIR=" + root, "PREFIX=/usr", "SYSCONFDIR=/opt/etc")
+    assert p.returncode == 0, "make install failed (%d):\n%s" % (p.returncode, p.stdout[-6000:])
+    files = [UNIT, NODE_UNIT, NODE_TEMPLATE, "/opt/etc/bloomery/bloomery.env",
+             "/opt/etc/bloomery/bloomery-node.env", "/usr/share/doc/bloomery/examples/bloomery.env",
+             "/usr/share/doc/bloomery/examples/bloomery-node.env"]
+    for path in files:
+        with open(inside(root, path)) as f:
+            text = f.read()
+        assert "/opt/etc/bloomery/" in text, "%s names no /opt/etc/bloomery/" % path
+        stale = [line for line in text.splitlines() if re.search(r"(?<![\w/])/etc/bloomery", line)]
+        assert not stale, "%s still names /etc/bloomery:\n%s" % (path, "\n".join(stale))
+    assert not os.path.exists(inside(root, "/etc/bloomery")), "wrote into /etc despite SYSCONFDIR"
+
+
 # --- the installed server
 
 class InstalledServer(serverctl.Server):
