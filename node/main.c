@@ -420,7 +420,7 @@ static int host_devices(bp_node_host_t *h, const char *worker_bin, bl_err_t *err
 
 /* The answer to a router's probe (read and of this version): this host's CPUs,
  * memory and CUDA devices; the session ends once the router has them. */
-static int answer_probe(session_t *ss, const char *worker_bin, bl_err_t *err)
+static int answer_probe(session_t *ss, const char *worker_bin, uint32_t flags, bl_err_t *err)
 {
     int rc;
     bp_node_host_t h;
@@ -436,9 +436,12 @@ static int answer_probe(session_t *ss, const char *worker_bin, bl_err_t *err)
     h.mem_total = h.mem_total < BP_NODE_MAX_MEM ? h.mem_total : BP_NODE_MAX_MEM;
     if (h.mem_available > BP_NODE_MAX_MEM || (h.mem_total && h.mem_available > h.mem_total))
         h.mem_available = h.mem_total ? h.mem_total : BP_NODE_MAX_MEM;
-    /* the rates the router's split weighs this host's CPU stages by */
-    h.read_mbps_one = bl_mem_read_mbps(1);
-    h.read_mbps_all = bl_mem_read_mbps(cpus);
+    /* the rates the router's split weighs this host's CPU stages by, when it has a
+     * split to weigh (a hostfile whose lines' layers= fix it asks for none) */
+    if (flags & BP_NODE_PROBE_RATES) {
+        h.read_mbps_one = bl_mem_read_mbps(1);
+        h.read_mbps_all = bl_mem_read_mbps(cpus);
+    }
     h.read_mbps_one = h.read_mbps_one < BP_NODE_MAX_MBPS ? h.read_mbps_one : BP_NODE_MAX_MBPS;
     h.read_mbps_all = h.read_mbps_all < BP_NODE_MAX_MBPS ? h.read_mbps_all : BP_NODE_MAX_MBPS;
     /* the data links first: once the router sees this session end, none of it listens
@@ -707,7 +710,7 @@ static int node_session(const char *listen, const uint8_t key[32], const char *w
     rc = bp_link_recv(ss.l[0], buf, sizeof buf, &n, UP_MS, &err);
     if (rc == 0)
         rc = bp_node_env_read(&env, buf, n, "SP", BL_VERSION, &err);
-    if (rc == 0 && env.tag == BP_NODE_ENV_PROBE && (rc = answer_probe(&ss, worker_bin, &err)) == 0) {
+    if (rc == 0 && env.tag == BP_NODE_ENV_PROBE && (rc = answer_probe(&ss, worker_bin, env.u.probe.flags, &err)) == 0) {
         session_end(&ss);
         return 0;
     }

@@ -14,7 +14,7 @@
 /* The wire layouts: both hosts little-endian, these sizes on either */
 _Static_assert(sizeof(bp_node_setup_t) == 152, "the setup is 152 bytes on the wire");
 _Static_assert(sizeof(bp_node_file_t) == 40, "the model file is 40 bytes on the wire");
-_Static_assert(sizeof(bp_node_probe_t) == 40, "the probe is 40 bytes on the wire");
+_Static_assert(sizeof(bp_node_probe_t) == 48, "the probe is 48 bytes on the wire");
 _Static_assert(sizeof(bp_node_device_t) == 88, "a device is 88 bytes on the wire");
 _Static_assert(sizeof(bp_node_host_t) == 104 + BP_NODE_MAX_DEVICES * 88, "the host's facts are 1512 bytes on the wire");
 _Static_assert(BP_NODE_MAX_DEVICES == BL_PLAN_MAX_DEVICES, "a node reports as many devices as a plan takes");
@@ -109,6 +109,8 @@ int bp_node_probe_read(bp_node_probe_t *out, const uint8_t *p, size_t n, const c
     bp_node_probe_t q;
     int rc = fixed_read(out, &q, sizeof q, p, n, BP_NODE_PROBE_MAGIC, offsetof(bp_node_probe_t, version),
                         sizeof q.version, "the router's probe", err);
+    if (rc == 0 && ((q.flags & ~BP_NODE_PROBE_RATES) || q.pad))
+        rc = bl_err_set(err, BL_EPROTO, "the router's probe has flags 0x%x or padding %u", q.flags, q.pad);
     if (rc == 0 && (rc = same_version(q.version, version, err)) == 0)
         *out = q;
     return rc;
@@ -237,8 +239,8 @@ static int probe_answer(const uint8_t *buf, size_t n, const char *endpoint, bp_n
     return rc;
 }
 
-int bp_node_probe(const char *endpoint, const uint8_t key[32], const char *version, int timeout_ms,
-                  bp_node_host_t *out, bl_err_t *err)
+int bp_node_probe(const char *endpoint, const uint8_t key[32], const char *version, uint32_t flags,
+                  int timeout_ms, bp_node_host_t *out, bl_err_t *err)
 {
     memset(out, 0, sizeof *out);
     /* an answer is the facts or an Error of a sentence: far below this */
@@ -254,6 +256,7 @@ int bp_node_probe(const char *endpoint, const uint8_t key[32], const char *versi
         memset(&q, 0, sizeof q);
         memcpy(q.magic, BP_NODE_PROBE_MAGIC, sizeof BP_NODE_PROBE_MAGIC);
         snprintf(q.version, sizeof q.version, "%s", version);
+        q.flags = flags;
         buf[0] = (uint8_t)BP_NODE_ENV_PROBE;
         memcpy(buf + 1, &q, sizeof q);
         rc = bp_link_send(l, buf, 1 + sizeof q, timeout_ms, &why);

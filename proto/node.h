@@ -60,9 +60,12 @@ typedef struct bp_node_file {
 } bp_node_file_t;
 
 /* The router's question for the host's facts. */
+#define BP_NODE_PROBE_RATES 1u /* measure the host's memory read rates (about 0.3 s); else 0 */
 typedef struct bp_node_probe {
     char magic[8];        /* BP_NODE_PROBE_MAGIC */
     char version[32];     /* the router's bloomery version, NUL-terminated */
+    uint32_t flags;       /* BP_NODE_PROBE_* */
+    uint32_t pad;         /* 0 */
 } bp_node_probe_t;
 
 /* The node's host as its workers would run there: its CPUs, its memory and its CUDA
@@ -86,7 +89,8 @@ typedef struct bp_node_host {
     uint32_t n_devices;   /* CUDA devices, 0..BP_NODE_MAX_DEVICES */
     uint64_t mem_available; /* MemAvailable in bytes, 0: not known; at most BP_NODE_MAX_MEM */
     uint64_t mem_total;   /* MemTotal, 0: not known; else at least mem_available */
-    uint32_t read_mbps_one; /* its memory read rate with one thread and with n_cpus, MB/s */
+    uint32_t read_mbps_one; /* its memory read rate with one thread and with n_cpus, MB/s (0:
+                             * not measured, the probe did not ask) */
     uint32_t read_mbps_all; /* (bl_mem_read_mbps); 0: not known; at most BP_NODE_MAX_MBPS */
     bp_node_device_t device[BP_NODE_MAX_DEVICES]; /* the first n_devices; the others all zeros */
 } bp_node_host_t;
@@ -105,7 +109,7 @@ int bp_node_file_read(bp_node_file_t *out, const uint8_t *p, size_t n, bl_err_t 
 
 /* A probe (BL_EPROTO: size, magic, an unterminated version; BL_EINVAL: another
  * version than version, naming both) and the node's answer (BL_EPROTO naming the
- * field: size, magic, host name, CPU count, memory, read rates, device count, and of a device by
+ * field: size, magic, flags, host name, CPU count, memory, read rates, device count, and of a device by
  * its place: ordinal, one ordinal twice, name, memory, padding; an unused device
  * entry that is not zeros). */
 int bp_node_probe_read(bp_node_probe_t *out, const uint8_t *p, size_t n, const char *version,
@@ -135,13 +139,14 @@ int bp_node_env_read(bp_node_env_t *out, const uint8_t *p, size_t n, const char 
                      bl_err_t *err) BL_WUR;
 
 /* Asks the node at endpoint (its control port, "tcp://HOST:PORT") for its host's
- * facts over a link keyed by the cluster's secret, and waits until the node has
+ * facts over a link keyed by the cluster's secret (flags: BP_NODE_PROBE_RATES when the
+ * answer's read rates are wanted, else they come as 0), and waits until the node has
  * ended that session, so that a relay started next finds it listening. timeout_ms
  * bounds the handshake and the answer each. Errors name the endpoint: BL_ETIMEDOUT
  * and BL_EPERM (no handshake: no node there, or another secret; bp_link_wait_up's
  * reasons), the node's refusal as it gave it (another version: BL_EINVAL), BL_EPROTO
  * (an answer that breaks the protocol), BL_ECLOSED, BL_ENOMEM. The caller's thread. */
-int bp_node_probe(const char *endpoint, const uint8_t key[32], const char *version, int timeout_ms,
-                  bp_node_host_t *out, bl_err_t *err) BL_WUR;
+int bp_node_probe(const char *endpoint, const uint8_t key[32], const char *version, uint32_t flags,
+                  int timeout_ms, bp_node_host_t *out, bl_err_t *err) BL_WUR;
 
 #endif

@@ -945,7 +945,8 @@ static int stage_hosts(const opts_t *o, hf_line_t *lines, int n_lines, const bl_
             if (!have_key && (rc = bp_secret_load(o->cluster_secret, key, err)) != 0)
                 break;
             have_key = 1;
-            if ((rc = bp_node_probe(h->remote, key, BL_VERSION, 10000, &nh, err)) != 0)
+            const uint32_t ask = h->end <= 0 ? BP_NODE_PROBE_RATES : 0; /* as this host's, above */
+            if ((rc = bp_node_probe(h->remote, key, BL_VERSION, ask, 10000, &nh, err)) != 0)
                 break;
             n_cpus[i] = (int)nh.n_cpus;
             avail[i] = nh.mem_available;

@@ -388,6 +388,9 @@ def test_hostfile_gpu_stages_on_two_hosts(tmp_path, fake_node):
         # no split to weigh: this host's read rates are not measured (0.3 s at each start)
         assert re.search(r"\n    stage 0: layers 0\.\.2 on 127\.0\.0\.1 \(this host\): [^\n]*thread[s]?\n", out), out
         assert not re.search(r"stage 0: [^\n]*reads memory", out), out
+        # nor the node's: its probe asks for none
+        answers = [line for line in a.log().splitlines() if "event=probe_answered" in line]
+        assert answers and "read_mbps_one=0 read_mbps_all=0 " in answers[-1], a.log()
     finally:
         a.stop()
         b.stop()

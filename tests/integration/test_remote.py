@@ -171,6 +171,8 @@ def test_layers_given_in_the_hostfile_split_the_stages_unevenly(servers, nodes, 
     assert "event=plan stage 0: layers 0..0 on the CPU" in log, log
     assert "event=plan stage 1: layers 1..3 on the CPU" in log, log
     assert "event=ready layers=1..4" in node.log()
+    # nothing to weigh: the node's probe answer carries no read rates (0.3 s it spares)
+    assert re.search(r"event=probe_answered .*read_mbps_one=0 read_mbps_all=0 ", node.log()), node.log()
     for p in PROMPTS:
         assert greedy(srv.url, p) == greedy(one.url, p), p
 

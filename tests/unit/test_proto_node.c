@@ -87,6 +87,17 @@ static void test_node_probe_refused_by_field(void **state)
     memset(q.version, 'a', sizeof q.version);
     assert_int_equal(bp_node_probe_read(&out, (const uint8_t *)&q, sizeof q, VERSION, &err), BL_EPROTO);
     assert_non_null(strstr(err.msg, "version without its end"));
+    q = good_probe(VERSION);
+    q.flags = BP_NODE_PROBE_RATES;
+    assert_int_equal(bp_node_probe_read(&out, (const uint8_t *)&q, sizeof q, VERSION, &err), 0);
+    assert_int_equal(out.flags, BP_NODE_PROBE_RATES);
+    q.flags = 2;
+    assert_int_equal(bp_node_probe_read(&out, (const uint8_t *)&q, sizeof q, VERSION, &err), BL_EPROTO);
+    assert_non_null(strstr(err.msg, "flags 0x2"));
+    q = good_probe(VERSION);
+    q.pad = 1;
+    assert_int_equal(bp_node_probe_read(&out, (const uint8_t *)&q, sizeof q, VERSION, &err), BL_EPROTO);
+    assert_non_null(strstr(err.msg, "padding 1"));
     q = good_probe("9.9.9");
     assert_int_equal(bp_node_probe_read(&out, (const uint8_t *)&q, sizeof q, VERSION, &err), BL_EINVAL);
     assert_non_null(strstr(err.msg, "the router is bloomery 9.9.9, this node " VERSION));
@@ -232,6 +243,7 @@ typedef struct fake_node {
     int answer;
     int up_ms;       /* how long it waits for the router */
     int got_probe, got_done;
+    uint32_t probe_flags; /* the probe's flags as read */
 } fake_node_t;
 
 /* A node's side of one probe: the question, the answer, the router's word, the end. */
@@ -246,6 +258,7 @@ static void *fake_node_main(void *arg)
     bp_node_probe_t q;
     fn->got_probe = n == 1 + sizeof q && buf[0] == BP_NODE_ENV_PROBE &&
                     bp_node_probe_read(&q, buf + 1, n - 1, VERSION, &err) == 0;
+    fn->probe_flags = fn->got_probe ? q.flags : 0;
     if (fn->answer == ANSWER_FACTS) {
         const bp_node_host_t h = good_host();
         buf[0] = BP_NODE_ENV_HOST;
@@ -285,7 +298,8 @@ static int probe_fake(int answer, const uint8_t *router_key, bp_node_host_t *out
     snprintf(ep, sizeof ep, "%s", bp_link_endpoint(fn->l));
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, fake_node_main, fn), 0);
-    const int rc = bp_node_probe(ep, router_key, VERSION, answer == ANSWER_FACTS ? UP_MS : 1500, out, err);
+    const int rc = bp_node_probe(ep, router_key, VERSION, BP_NODE_PROBE_RATES, answer == ANSWER_FACTS ? UP_MS : 1500,
+                                 out, err);
     pthread_join(th, NULL);
     bp_link_close(fn->l);
     if (rc)
@@ -303,6 +317,7 @@ static void test_node_probe_returns_the_facts_and_waits_for_the_end(void **state
     const bp_node_host_t want = good_host();
     assert_memory_equal(&h, &want, sizeof h);
     assert_true(fn.got_probe);
+    assert_int_equal(fn.probe_flags, BP_NODE_PROBE_RATES);
     assert_true(fn.got_done);
 }
 
@@ -329,7 +344,7 @@ static void test_node_probe_without_a_node_or_with_another_secret(void **state)
     char ep[128];
     snprintf(ep, sizeof ep, "%s", bp_link_endpoint(l));
     bp_link_close(l);
-    assert_int_equal(bp_node_probe(ep, g_key, VERSION, 300, &h, &err), BL_ETIMEDOUT);
+    assert_int_equal(bp_node_probe(ep, g_key, VERSION, 0, 300, &h, &err), BL_ETIMEDOUT);
     assert_non_null(strstr(err.msg, ep));
     /* a node of another cluster never answers the handshake */
     uint8_t other[32];
