@@ -518,9 +518,9 @@ static void route_metrics(rt_req_t *r)
     metric_of(&b, "bloomery", "prompt_cache_disk_bytes", "gauge", "Bytes of the entries on disk.",
               (double)st.disk_bytes);
     metric_of(&b, "bloomery", "draft_steps_total", "counter",
-              "Steps that verified a draft model's proposals (-md).", (double)st.draft_steps_total);
+              "Steps that verified proposals (a draft model, the NextN layer or n-grams).", (double)st.draft_steps_total);
     metric_of(&b, "bloomery", "draft_tokens_total", "counter",
-              "Tokens the draft model proposed.", (double)st.drafted_total);
+              "Tokens proposed for verification.", (double)st.drafted_total);
     metric_of(&b, "bloomery", "draft_accepted_total", "counter",
               "Proposed tokens the model took.", (double)st.accepted_total);
     metric_of(&b, "bloomery", "kv_preemptions_total", "counter",

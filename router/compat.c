@@ -22,7 +22,8 @@ typedef struct entry {
 } entry_t;
 
 #define NO_DRAFT "the draft model (-md) runs in a process of its own, whole on one card or on the CPU (-ngld, -devd), with the model's cache type and -td threads: llama.cpp's draft context has no such setting here"
-#define NGRAM "n-gram speculation is not supported yet (--spec-type none)"
+#define NGRAM_MAP "the ngram-map-k and ngram-map-k4v types are not supported (--spec-type refuses them)"
+#define NGRAM_HITS "ngram-simple proposes after the newest earlier occurrence and counts no hits, as llama.cpp's"
 #define ONE_POOL "prompt steps run on the same threads and CPUs as decode steps (-t, -C, -Cr, --cpu-strict, --prio, --poll), one pool a worker"
 #define NO_ROUTER "serving several models (router mode) is not supported: give one model with -m or -hf"
 #define TEXT_ONLY "no multimodal projector is ever loaded (text only: --mmproj is refused)"
@@ -61,21 +62,14 @@ static const entry_t k_table[] = {
     {"--spec-draft-p-split,--draft-p-split", "LLAMA_ARG_SPEC_DRAFT_P_SPLIT", "P", NOEFFECT, NULL, NO_DRAFT},
     {"--spec-draft-backend-sampling", "LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMPLING", NULL, NOEFFECT, NULL, NO_DRAFT},
     {"--no-spec-draft-backend-sampling", NULL, NULL, NOEFFECT, NULL, NO_DRAFT},
-    {"--spec-ngram-mod-n-min", NULL, "N", NOEFFECT, NULL, NGRAM},
-    {"--spec-ngram-mod-n-max", NULL, "N", NOEFFECT, NULL, NGRAM},
-    {"--spec-ngram-mod-n-match", NULL, "N", NOEFFECT, NULL, NGRAM},
-    {"--spec-ngram-simple-size-n", NULL, "N", NOEFFECT, NULL, NGRAM},
-    {"--spec-ngram-simple-size-m", NULL, "N", NOEFFECT, NULL, NGRAM},
-    {"--spec-ngram-simple-min-hits", NULL, "N", NOEFFECT, NULL, NGRAM},
-    {"--spec-ngram-map-k-size-n", NULL, "N", NOEFFECT, NULL, NGRAM},
-    {"--spec-ngram-map-k-size-m", NULL, "N", NOEFFECT, NULL, NGRAM},
-    {"--spec-ngram-map-k-min-hits", NULL, "N", NOEFFECT, NULL, NGRAM},
-    {"--spec-ngram-map-k4v-size-n", NULL, "N", NOEFFECT, NULL, NGRAM},
-    {"--spec-ngram-map-k4v-size-m", NULL, "N", NOEFFECT, NULL, NGRAM},
-    {"--spec-ngram-map-k4v-min-hits", NULL, "N", NOEFFECT, NULL, NGRAM},
-    {"--spec-ngram-size-n", NULL, "N", NOEFFECT, NULL, NGRAM},
-    {"--spec-ngram-size-m", NULL, "N", NOEFFECT, NULL, NGRAM},
-    {"--spec-ngram-min-hits", NULL, "N", NOEFFECT, NULL, NGRAM},
+    {"--spec-ngram-simple-min-hits", NULL, "N", NOEFFECT, NULL, NGRAM_HITS},
+    {"--spec-ngram-map-k-size-n", NULL, "N", NOEFFECT, NULL, NGRAM_MAP},
+    {"--spec-ngram-map-k-size-m", NULL, "N", NOEFFECT, NULL, NGRAM_MAP},
+    {"--spec-ngram-map-k-min-hits", NULL, "N", NOEFFECT, NULL, NGRAM_MAP},
+    {"--spec-ngram-map-k4v-size-n", NULL, "N", NOEFFECT, NULL, NGRAM_MAP},
+    {"--spec-ngram-map-k4v-size-m", NULL, "N", NOEFFECT, NULL, NGRAM_MAP},
+    {"--spec-ngram-map-k4v-min-hits", NULL, "N", NOEFFECT, NULL, NGRAM_MAP},
+    {"--spec-ngram-min-hits", NULL, "N", NOEFFECT, NULL, NGRAM_HITS},
     {"--spec-default", NULL, NULL, REFUSE, NULL,
      "the default draft models are fetched from Hugging Face: pass -md FILE instead"},
     /* context and cache */

@@ -6,6 +6,7 @@
 #include "engine.h"
 #include "grammar.h"
 #include "kcpu.h"
+#include "ngram.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -124,6 +125,10 @@ typedef struct slot {
     int64_t spec_ck;    /* a recurrent model's verify step: the checkpoint entry of the
                          * state before it, or -1 */
     int64_t spec_pos;   /* and its position */
+    /* ngram-mod: the task's tokens before ng_mark are in the table (ng_begun: since
+     * the task's first proposal); verify steps in a row that took under half */
+    int64_t ng_mark;
+    int ng_begun, ng_low;
 } slot_t;
 
 /* A slot's cache state saved in host RAM by the stages (rt_cluster_kv), for the
@@ -220,6 +225,7 @@ struct rt_engine {
     int64_t io_next;        /* slot files' io numbers (rt_cluster_kv_io_path) */
     uint64_t draft_starts;  /* the draft processes' starts seen: a restart empties them */
     int draft_off;          /* the draft cannot serve this model (its vocabulary) */
+    rt_ngram_mod_t *ngram_mod; /* --spec-type ngram-mod: the slots' table */
     dk_entry_t *dk;         /* the prompt cache on disk (n_dk) */
     size_t n_dk, cap_dk;
     int64_t dk_bytes;
@@ -1320,6 +1326,8 @@ static int slot_start(rt_engine_t *e, slot_t *s, rt_task_t *t, int32_t n_vocab)
     s->n_drafted = s->n_accepted = 0;
     s->d_wait = s->d_backoff = 0;
     s->mtp_tok = -1;
+    s->ng_begun = s->ng_low = 0;
+    s->ng_mark = 0;
     s->task = t;
     s->smpl = smpl;
     /* the penalties look back over the prompt too, as llama-server's do */
@@ -1991,6 +1999,14 @@ rt_spec_limits_t rt_engine_spec_limits(const rt_engine_t *e, const rt_task_param
     return l;
 }
 
+/* /metrics: a step with proposals to verify is coming. */
+static void count_draft_step(rt_engine_t *e)
+{
+    pthread_mutex_lock(&e->mu);
+    e->stats.draft_steps_total++;
+    pthread_mutex_unlock(&e->mu);
+}
+
 /* Slot s's draft limits (its task's). */
 static rt_spec_limits_t spec_limits(const rt_engine_t *e, const slot_t *s)
 {
@@ -2036,10 +2052,79 @@ static void spec_mtp(rt_engine_t *e)
         s->n_draft = 1;
         drafted++;
     }
-    if (drafted) {
-        pthread_mutex_lock(&e->mu);
-        e->stats.draft_steps_total++;
-        pthread_mutex_unlock(&e->mu);
+    if (drafted)
+        count_draft_step(e);
+}
+
+/* ngram-mod's table: 4 Mi entries (16 MiB), as llama.cpp's; emptied when a task
+ * starts with it over a quarter full, or after verify steps of one slot that took
+ * under half of what it proposed, NGRAM_LOW_STEPS in a row (text unlike what came
+ * before: the old entries only cost verifications). */
+#define NGRAM_MOD_ENTRIES ((size_t)4 << 20)
+#define NGRAM_LOW_STEPS 3
+/* New tokens of a slot's task go into the table this many at a time. */
+#define NGRAM_ADD_EVERY 32
+
+/* --spec-type ngram-simple and ngram-mod: each generating slot's proposals come from
+ * the tokens it has (router/ngram.h), within its draft limits and the room to verify
+ * them; fewer than the limits' n_min are none. No model runs for them. */
+static void spec_ngram(rt_engine_t *e)
+{
+    uint64_t drafted = 0;
+    for (int i = 0; i < e->o.n_slots; i++) {
+        slot_t *s = &e->slots[i];
+        if (s->in_flight)
+            continue;
+        keep_proposals(s, 0); /* any a step left out */
+        if (s->state != SLOT_GEN || !s->task)
+            continue;
+        const rt_spec_limits_t l = spec_limits(e, s);
+        const int64_t cap = draft_cap(e, s, l.n_max);
+        if (cap < 1 || cap < l.n_min)
+            continue;
+        const int64_t n = s->n_past + 1; /* through the pending token */
+        int32_t *out = s->seq + n;
+        int k;
+        if (e->o.ngram == RT_NGRAM_MOD) {
+            rt_ngram_mod_t *m = e->ngram_mod;
+            if (!s->ng_begun) { /* the task's prompt goes in whole */
+                if (rt_ngram_mod_used(m) * 4 > rt_ngram_mod_entries(m)) {
+                    BL_LOG(BL_LOG_INFO, "event=ngram_reset reason=full used=%zu entries=%zu", rt_ngram_mod_used(m),
+                           rt_ngram_mod_entries(m));
+                    rt_ngram_mod_reset(m);
+                }
+                s->ng_mark = rt_ngram_mod_add(m, s->seq, n, 0);
+                s->ng_begun = 1;
+            } else if (n - s->ng_mark >= NGRAM_ADD_EVERY + rt_ngram_mod_size_n(m)) {
+                s->ng_mark = rt_ngram_mod_add(m, s->seq, n, s->ng_mark);
+            }
+            k = rt_ngram_mod_draft(m, s->seq, n, l.n_min, (int)cap, out, (int)cap);
+        } else {
+            k = rt_ngram_simple(s->seq, n, e->o.ngram_n, (int)cap, out, (int)cap);
+        }
+        if (k < l.n_min)
+            k = 0;
+        s->n_draft = k;
+        drafted += k > 0;
+    }
+    if (drafted)
+        count_draft_step(e);
+}
+
+/* After a verify step of slot s that took taken of k n-gram proposals: ngram-mod's
+ * table is emptied after NGRAM_LOW_STEPS such steps in a row that took under half. */
+static void ngram_taken(rt_engine_t *e, slot_t *s, int k, int taken)
+{
+    if (e->o.ngram != RT_NGRAM_MOD || k < 1)
+        return;
+    if (2 * taken >= k) {
+        s->ng_low = 0;
+        return;
+    }
+    if (++s->ng_low >= NGRAM_LOW_STEPS) {
+        BL_LOG(BL_LOG_INFO, "event=ngram_reset reason=rejected slot=%d steps=%d", s->id, s->ng_low);
+        rt_ngram_mod_reset(e->ngram_mod);
+        s->ng_low = 0;
     }
 }
 
@@ -2166,11 +2251,8 @@ static void spec_draft(rt_engine_t *e, int32_t n_vocab)
             s->d_wait = s->d_backoff;
         }
     }
-    if (drafted) {
-        pthread_mutex_lock(&e->mu);
-        e->stats.draft_steps_total++;
-        pthread_mutex_unlock(&e->mu);
-    }
+    if (drafted)
+        count_draft_step(e);
 }
 
 /* A shared cache too full for a generating slot's next token, or for any slot to go
@@ -2326,6 +2408,7 @@ static void spec_take(rt_engine_t *e, slot_t *s, const rt_step_seq_t *q, const f
         taken++;
     }
     s->n_accepted += taken;
+    ngram_taken(e, s, k, taken);
     if (taken > 0)
         s->d_backoff = 0;
     if (s->d_past > s->n_past)
@@ -2623,6 +2706,8 @@ static void run_pipelined(rt_engine_t *e, int32_t n_vocab)
     while (e->fl_n < e->o.pipeline) {
         if (e->o.mtp) /* the proposals of the slots whose answers came */
             spec_mtp(e);
+        else if (e->o.ngram)
+            spec_ngram(e);
         int ns = build_step_max(e, share > 0 ? share : 1);
         if (ns == 0)
             break;
@@ -2652,6 +2737,8 @@ static void run_step(rt_engine_t *e, int32_t n_vocab)
     }
     if (e->o.mtp)
         spec_mtp(e);
+    else if (e->o.ngram)
+        spec_ngram(e);
     else
         spec_draft(e, n_vocab);
     int ns = build_step(e);
@@ -2848,6 +2935,12 @@ int rt_engine_create(rt_engine_t **out, const rt_engine_opts_t *o, rt_cluster_t 
         return bl_err_set(err, BL_EINVAL, "engine: draft-max %d (1..%d), draft-min %d (0..draft-max), "
                           "draft-p-min %g (0..1)", o->draft_max, RT_DRAFT_MAX, o->draft_min,
                           (double)o->draft_p_min);
+    if (o->ngram && (o->ngram < RT_NGRAM_SIMPLE || o->ngram > RT_NGRAM_MOD || o->draft || o->mtp ||
+                     o->ngram_n < 1 || o->ngram_n > RT_NGRAM_MAX_N || o->draft_max < 1 ||
+                     o->draft_max > RT_DRAFT_MAX || o->draft_min < 0 || o->draft_min > o->draft_max))
+        return bl_err_set(err, BL_EINVAL, "engine: n-gram speculation %d with n %d (1..%d), draft-max %d (1..%d), "
+                          "draft-min %d (0..draft-max), and no draft model or NextN layer", o->ngram, o->ngram_n,
+                          RT_NGRAM_MAX_N, o->draft_max, RT_DRAFT_MAX, o->draft_min);
 
     rt_engine_t *e = calloc(1, sizeof *e);
     if (!e)
@@ -2885,6 +2978,8 @@ int rt_engine_create(rt_engine_t **out, const rt_engine_opts_t *o, rt_cluster_t 
         e->o.pipeline = 1;
     if (e->o.pipeline > RT_CLUSTER_MAX_INFLIGHT)
         e->o.pipeline = RT_CLUSTER_MAX_INFLIGHT;
+    if (e->o.ngram == RT_NGRAM_MOD && !(e->ngram_mod = rt_ngram_mod_new(e->o.ngram_n, NGRAM_MOD_ENTRIES)))
+        goto fail;
     e->slots = calloc(n_slots, sizeof *e->slots);
     e->seqs = calloc(n_slots, sizeof *e->seqs);
     e->seq_slot = calloc(n_slots, sizeof *e->seq_slot);
@@ -2985,6 +3080,7 @@ fail:
             for (int k = 0; k < 3; k++)
                 rt_detok_destroy(e->slots[i].detok[k]);
         }
+    rt_ngram_mod_free(e->ngram_mod);
     free(e->slots);
     free(e->seqs);
     free(e->seq_slot);
@@ -3077,6 +3173,7 @@ void rt_engine_destroy(rt_engine_t *e)
     for (size_t i = 0; i < e->n_dk; i++)
         free(e->dk[i].toks);
     free(e->dk);
+    rt_ngram_mod_free(e->ngram_mod);
     free(e->slots);
     free(e->seqs);
     free(e->seq_slot);

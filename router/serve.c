@@ -35,6 +35,7 @@
 #include "hub.h"
 #include "plan.h"
 #include "dryrun.h"
+#include "ngram.h"
 #include "wmem.h"
 #include "quant.h"
 #include "hostfile.h"
@@ -75,6 +76,8 @@ typedef struct opts {
     const char *draft_model, *draft_device, *spec_type;
     int64_t draft_max, draft_min, draft_ngl, draft_threads;
     float draft_p_min;
+    /* n-gram speculation; -1: not given */
+    int64_t ng_simple_n, ng_simple_m, ng_mod_match, ng_mod_min, ng_mod_max, ng_n, ng_m;
     int64_t workers;
     const char *hostfile, *cluster_secret; /* stages on other hosts (docs/deploy.md) */
     const char *cache_type_k, *cache_type_v;
@@ -235,11 +238,11 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "a draft model (GGUF, the model's vocabulary) for speculative decoding: it runs in a "
         "process of its own and proposes tokens that the model verifies in one step");
     I64("--draft,--draft-n,--draft-max", "LLAMA_ARG_DRAFT_MAX", &o->draft_max, 1, 64, "N",
-        "tokens the draft proposes per step at most (default 16)");
+        "tokens the draft proposes per step at most (default 16; the n-gram types have their own)");
     I64("--spec-draft-n-max", "LLAMA_ARG_SPEC_DRAFT_N_MAX", &o->draft_max, 1, 64, "N",
         "as --draft-max");
     I64("--draft-min,--draft-n-min", "LLAMA_ARG_DRAFT_MIN", &o->draft_min, 0, 64, "N",
-        "fewest proposals worth a verification (default 0)");
+        "fewest proposals worth a verification (default 0; the n-gram types have their own)");
     I64("--spec-draft-n-min", "LLAMA_ARG_SPEC_DRAFT_N_MIN", &o->draft_min, 0, 64, "N",
         "as --draft-min");
     a[n++] = (bl_arg_t){.names = "--draft-p-min,--spec-draft-p-min", .env = "LLAMA_ARG_SPEC_DRAFT_P_MIN",
@@ -256,8 +259,25 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "the draft process's threads (default: as -t)");
     STR("--spec-type", "LLAMA_ARG_SPEC_TYPE", &o->spec_type, "TYPE",
         "none (no speculative decoding, also with -md), draft (a draft model, -md; the "
-        "default with -md) or draft-mtp (the model's own NextN layer proposes one token a step: "
-        "glm4moe and qwen35moe, on the CPU); the n-gram types are refused");
+        "default with -md), draft-mtp (the model's own NextN layer proposes one token a step: "
+        "glm4moe and qwen35moe, on the CPU), ngram-simple (the tokens that followed the newest "
+        "earlier occurrence of the last N) or ngram-mod (chained from a table of what followed each "
+        "N tokens, shared by the slots); ngram-map-k, ngram-map-k4v and ngram-cache are refused");
+    I64("--spec-ngram-simple-size-n", NULL, &o->ng_simple_n, 1, RT_NGRAM_MAX_N, "N",
+        "ngram-simple: the tokens looked up, the pending one last (default 12)");
+    I64("--spec-ngram-simple-size-m", NULL, &o->ng_simple_m, 1, 64, "N",
+        "ngram-simple: tokens proposed per step at most (default 48; at most 64 here)");
+    I64("--spec-ngram-mod-n-match", NULL, &o->ng_mod_match, 1, RT_NGRAM_MAX_N, "N",
+        "ngram-mod: the tokens each table entry is keyed by (default 24)");
+    I64("--spec-ngram-mod-n-min", NULL, &o->ng_mod_min, 0, 64, "N",
+        "ngram-mod: fewer proposals than this are none (default 48)");
+    I64("--spec-ngram-mod-n-max", NULL, &o->ng_mod_max, 1, 64, "N",
+        "ngram-mod: tokens proposed per step at most (default 64; at most 64 here)");
+    I64("--spec-ngram-size-n", NULL, &o->ng_n, 1, RT_NGRAM_MAX_N, "N",
+        "the older name of the chosen n-gram type's N (--spec-ngram-simple-size-n, "
+        "--spec-ngram-mod-n-match); the type's own flag wins");
+    I64("--spec-ngram-size-m", NULL, &o->ng_m, 1, 64, "N",
+        "the older name of --spec-ngram-simple-size-m; the type's own flag wins");
     STR("--slot-save-path", NULL, &o->slot_save_path, "PATH",
         "folder of slot files: POST /slots/ID?action=save|restore writes and reads a slot's "
         "cache there (created if missing); without it slot actions answer 501");
@@ -1754,6 +1774,7 @@ int main(int argc, char **argv)
     o.draft_ngl = -1;
     o.draft_threads = -1;
     o.draft_p_min = 0.75f;
+    o.ng_simple_n = o.ng_simple_m = o.ng_mod_match = o.ng_mod_min = o.ng_mod_max = o.ng_n = o.ng_m = -1;
     o.workers = 1;
     rt_sampler_params_t sd;
     rt_sampler_params_default(&sd);
@@ -1917,18 +1938,44 @@ int main(int argc, char **argv)
     /* draft-mtp: the model's own NextN layer proposes (checked against the file and the
      * plan below) */
     const int mtp_on = o.spec_type && !strcmp(o.spec_type, "draft-mtp");
+    /* ngram-simple, ngram-mod: proposals from the slot's own tokens (router/ngram.h),
+     * llama.cpp's defaults; the engine's draft limits are the type's */
+    const int ngram = !o.spec_type ? RT_NGRAM_NONE
+                      : !strcmp(o.spec_type, "ngram-simple") ? RT_NGRAM_SIMPLE
+                      : !strcmp(o.spec_type, "ngram-mod") ? RT_NGRAM_MOD : RT_NGRAM_NONE;
+    int64_t ng_n = 0;
     if (o.spec_type && strcmp(o.spec_type, "none") && strcmp(o.spec_type, "draft") &&
-        strcmp(o.spec_type, "draft-simple") && !mtp_on) {
-        bl_err_set(&err, BL_ENOTSUP, "--spec-type %.40s: only none, draft (a draft model, -md) and draft-mtp "
-                   "(the model's NextN layer) are supported; n-gram speculation is not yet", o.spec_type);
+        strcmp(o.spec_type, "draft-simple") && !mtp_on && !ngram) {
+        bl_err_set(&err, BL_ENOTSUP, "--spec-type %.40s: only none, draft (a draft model, -md), draft-mtp "
+                   "(the model's NextN layer), ngram-simple and ngram-mod are supported (one type, not a list)",
+                   o.spec_type);
         goto fail;
+    }
+    if (ngram && o.draft_model) {
+        bl_err_set(&err, BL_ENOTSUP, "--spec-type %s proposes from the slots' own tokens; a draft model "
+                   "(-md %s) beside it is not supported", o.spec_type, o.draft_model);
+        goto fail;
+    }
+    if (ngram == RT_NGRAM_SIMPLE) {
+        ng_n = o.ng_simple_n > 0 ? o.ng_simple_n : o.ng_n > 0 ? o.ng_n : 12;
+        o.draft_max = o.ng_simple_m > 0 ? o.ng_simple_m : o.ng_m > 0 ? o.ng_m : 48;
+        o.draft_min = 0;
+    } else if (ngram == RT_NGRAM_MOD) {
+        ng_n = o.ng_mod_match > 0 ? o.ng_mod_match : o.ng_n > 0 ? o.ng_n : 24;
+        o.draft_max = o.ng_mod_max > 0 ? o.ng_mod_max : 64;
+        o.draft_min = o.ng_mod_min >= 0 ? o.ng_mod_min : 48;
+        if (o.draft_min > o.draft_max) {
+            bl_err_set(&err, BL_EINVAL, "--spec-ngram-mod-n-min %lld is above --spec-ngram-mod-n-max %lld",
+                       (long long)o.draft_min, (long long)o.draft_max);
+            goto fail;
+        }
     }
     if (mtp_on && o.draft_model) {
         bl_err_set(&err, BL_ENOTSUP, "--spec-type draft-mtp proposes with the NextN layer of the model's own file; "
                    "a NextN head in a file of its own (-md %s) is not supported", o.draft_model);
         goto fail;
     }
-    if (o.spec_type && strcmp(o.spec_type, "none") && !mtp_on && !o.draft_model) {
+    if (o.spec_type && strcmp(o.spec_type, "none") && !mtp_on && !ngram && !o.draft_model) {
         bl_err_set(&err, BL_EINVAL, "--spec-type %s needs a draft model (-md FILE)", o.spec_type);
         goto fail;
     }
@@ -2302,7 +2349,7 @@ int main(int argc, char **argv)
         .slot_dir = slot_dir,
         .cache_dir = cache_dir,
         .n_batch = rows,
-        .logit_rows = draft_on ? o.parallel * (1 + o.draft_max) : mtp_on ? o.parallel * 2 : 0,
+        .logit_rows = draft_on || ngram ? o.parallel * (1 + o.draft_max) : mtp_on ? o.parallel * 2 : 0,
         .mtp = mtp_on,
         .kv_type = ktype,
         .verbose = o.verbose,
@@ -2368,6 +2415,11 @@ int main(int argc, char **argv)
                o.draft_model, draft_dev, (long long)o.draft_max, (long long)o.draft_min,
                (double)o.draft_p_min);
     }
+    if (ngram) {
+        app->speculative = 1;
+        BL_LOG(BL_LOG_INFO, "event=draft kind=%s n=%lld draft_max=%lld draft_min=%lld", o.spec_type, (long long)ng_n,
+               (long long)o.draft_max, (long long)o.draft_min);
+    }
     if (mtp_on) {
         app->speculative = 1;
         BL_LOG(BL_LOG_INFO, "event=draft kind=mtp layer=%lld draft_max=1 draft_min=%lld p_min=%.2f", (long long)march.n_layer,
@@ -2384,6 +2436,8 @@ int main(int argc, char **argv)
         .draft_max = (int)o.draft_max,
         .draft_min = (int)o.draft_min,
         .draft_p_min = o.draft_p_min,
+        .ngram = ngram,
+        .ngram_n = (int)ng_n,
         .draft_ctx = kv_pool ? n_ctx / o.parallel : n_ctx_slot,
         .slot_dir = slot_dir,
         .cache_dir = cache_dir,
@@ -2398,7 +2452,7 @@ int main(int argc, char **argv)
         .cache_ram = o.cache_ram > 0 ? o.cache_ram * 1024 * 1024 : o.cache_ram,
         /* the NextN layer's proposals come with each answer: a hybrid's verify steps
          * keep checkpoints, which run one step at a time */
-        .pipeline = pipeline_depth(&o, plan.n_stages, draft_on || (mtp_on && recurrent), kv_pool),
+        .pipeline = pipeline_depth(&o, plan.n_stages, draft_on || ((mtp_on || ngram) && recurrent), kv_pool),
         .mtp = mtp_on,
         .recurrent = recurrent,
         .ctx_checkpoints = (int)o.ctx_checkpoints,

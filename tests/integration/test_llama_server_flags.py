@@ -68,7 +68,7 @@ def test_refused_flags_stop_the_start_naming_the_flag(model):
 
 
 @pytest.mark.parametrize("args,says", [
-    (["--spec-type", "ngram-simple"], "--spec-type ngram-simple"),
+    (["--spec-type", "ngram-map-k4v"], "--spec-type ngram-map-k4v"),
     (["--mirostat", "2"], "--mirostat 2"),
     (["--dry-multiplier", "0.8"], "--dry-multiplier 0.8"),
     (["--top-nsigma", "1.5"], "--top-n-sigma 1.5"),

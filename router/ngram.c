@@ -1,0 +1,142 @@
+/* N-gram speculation: the proposers (ngram.h). */
+#include "ngram.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int rt_ngram_simple(const int32_t *toks, int64_t n, int size_n, int size_m, int32_t *out, int cap)
+{
+    if (!toks || size_n < 1 || size_m < 1 || cap < 1 || n <= (int64_t)size_n + size_m + 1)
+        return 0;
+    const int32_t *pat = toks + n - size_n; /* ends with the pending token */
+    /* newest first; the occurrence at n - size_n is the pattern itself, and one at 0
+     * is not taken (as llama.cpp's) */
+    int64_t at = 0;
+    for (int64_t j = n - size_n - 1; j > 0; j--) {
+        if (toks[j] != pat[0] || toks[j + size_n - 1] != pat[size_n - 1])
+            continue;
+        if (memcmp(toks + j, pat, (size_t)size_n * sizeof *toks) == 0) {
+            at = j;
+            break;
+        }
+    }
+    if (at == 0)
+        return 0;
+    int64_t k = n - (at + size_n); /* tokens after the match, up to the pending one */
+    if (k > size_m)
+        k = size_m;
+    if (k < size_n)
+        return 0;
+    if (k > cap)
+        k = cap;
+    memcpy(out, toks + at + size_n, (size_t)k * sizeof *out);
+    return (int)k;
+}
+
+struct rt_ngram_mod {
+    int size_n;
+    size_t mask; /* entries - 1 */
+    size_t used;
+    int32_t *tab; /* the token after an n-gram of this hash, or -1 */
+};
+
+rt_ngram_mod_t *rt_ngram_mod_new(int size_n, size_t entries)
+{
+    if (size_n < 1 || size_n > RT_NGRAM_MAX_N || entries > ((size_t)1 << 30))
+        return NULL;
+    size_t cap = 1024;
+    while (cap < entries)
+        cap <<= 1;
+    rt_ngram_mod_t *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    m->tab = malloc(cap * sizeof *m->tab);
+    if (!m->tab) {
+        free(m);
+        return NULL;
+    }
+    m->size_n = size_n;
+    m->mask = cap - 1;
+    rt_ngram_mod_reset(m);
+    return m;
+}
+
+void rt_ngram_mod_free(rt_ngram_mod_t *m)
+{
+    if (m) {
+        free(m->tab);
+        free(m);
+    }
+}
+
+void rt_ngram_mod_reset(rt_ngram_mod_t *m)
+{
+    memset(m->tab, 0xff, (m->mask + 1) * sizeof *m->tab);
+    m->used = 0;
+}
+
+int rt_ngram_mod_size_n(const rt_ngram_mod_t *m) { return m->size_n; }
+size_t rt_ngram_mod_used(const rt_ngram_mod_t *m) { return m->used; }
+size_t rt_ngram_mod_entries(const rt_ngram_mod_t *m) { return m->mask + 1; }
+
+/* FNV-1a over the tokens' 32-bit values, then a final mix so the low bits (the
+ * index) depend on every token. */
+static uint64_t mix(uint64_t h, int32_t t)
+{
+    return (h ^ (uint32_t)t) * 0x100000001b3ull;
+}
+
+static size_t slot_of(const rt_ngram_mod_t *m, uint64_t h)
+{
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    return (size_t)h & m->mask;
+}
+
+static uint64_t hash_of(const int32_t *g, int n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < n; i++)
+        h = mix(h, g[i]);
+    return h;
+}
+
+int64_t rt_ngram_mod_add(rt_ngram_mod_t *m, const int32_t *toks, int64_t n, int64_t from)
+{
+    const int sn = m->size_n;
+    if (from < 0)
+        from = 0;
+    int64_t i = from;
+    for (; i + sn < n; i++) { /* the n-gram toks[i, i + sn) and the token after it */
+        const int32_t next = toks[i + sn];
+        if (next < 0)
+            continue;
+        int32_t *e = &m->tab[slot_of(m, hash_of(toks + i, sn))];
+        m->used += *e < 0;
+        *e = next;
+    }
+    return i > from ? i : from;
+}
+
+int rt_ngram_mod_draft(const rt_ngram_mod_t *m, const int32_t *toks, int64_t n, int n_min, int n_max,
+                       int32_t *out, int cap)
+{
+    const int sn = m->size_n;
+    if (!toks || n < sn || n_max < 1 || cap < 1)
+        return 0;
+    if (n_max > cap)
+        n_max = cap;
+    int k = 0;
+    while (k < n_max) {
+        /* the window: the last sn tokens of toks followed by out[0, k) */
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (int j = k; j < k + sn; j++)
+            h = mix(h, j < sn ? toks[n - sn + j] : out[j - sn]);
+        const int32_t t = m->tab[slot_of(m, h)];
+        if (t < 0)
+            break;
+        out[k++] = t;
+    }
+    return k < n_min ? 0 : k;
+}

@@ -1,0 +1,46 @@
+/* N-gram speculation (--spec-type ngram-simple, ngram-mod): proposals for a slot's
+ * next tokens taken from text it has seen, with no draft model. The engine verifies
+ * them as it verifies a draft model's (a step evaluates the pending token and the
+ * proposals; the model's own tokens decide), so the text is the model's whatever
+ * these propose.
+ *
+ * toks[0, n) is a slot's sequence up to and including its pending token (the one
+ * sampled last, not yet evaluated): the n-gram looked up always ends with it. */
+#ifndef RT_NGRAM_H
+#define RT_NGRAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define RT_NGRAM_MAX_N 1024 /* the longest n-gram looked up (llama.cpp's bound) */
+
+/* ngram-simple: the last size_n tokens of toks are searched backwards in toks for
+ * their newest earlier occurrence that does not start at position 0; the tokens
+ * that followed it are proposed, at most size_m and at most cap, and none when
+ * fewer than size_n follow it (a short run is more likely a coincidence), when
+ * n <= size_n + size_m + 1, or when nothing matches. Returns how many went to out. */
+int rt_ngram_simple(const int32_t *toks, int64_t n, int size_n, int size_m, int32_t *out, int cap);
+
+/* ngram-mod: a table shared by the slots that maps the hash of size_n tokens to the
+ * token that followed them last (a later occurrence overwrites; two n-grams of one
+ * hash share an entry, and the verification throws out what that proposes). */
+typedef struct rt_ngram_mod rt_ngram_mod_t;
+
+/* A table of entries slots (rounded up to a power of two, at least 1024) for
+ * n-grams of size_n (1..RT_NGRAM_MAX_N); NULL without memory. */
+rt_ngram_mod_t *rt_ngram_mod_new(int size_n, size_t entries);
+void rt_ngram_mod_free(rt_ngram_mod_t *m);
+void rt_ngram_mod_reset(rt_ngram_mod_t *m);
+int rt_ngram_mod_size_n(const rt_ngram_mod_t *m);
+size_t rt_ngram_mod_used(const rt_ngram_mod_t *m);    /* entries that hold a token */
+size_t rt_ngram_mod_entries(const rt_ngram_mod_t *m);
+/* Records the n-grams of toks[0, n) that have a token after them, those starting
+ * at from.. (the caller's mark of what it added before); returns the new mark. */
+int64_t rt_ngram_mod_add(rt_ngram_mod_t *m, const int32_t *toks, int64_t n, int64_t from);
+/* Proposes by chaining: the token recorded after the last size_n tokens of toks,
+ * then the one after the window moved on by that token, and so on, at most n_max
+ * (and cap); none at all when the chain breaks before n_min. Returns the count. */
+int rt_ngram_mod_draft(const rt_ngram_mod_t *m, const int32_t *toks, int64_t n, int n_min, int n_max,
+                       int32_t *out, int cap);
+
+#endif
