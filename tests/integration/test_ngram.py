@@ -122,3 +122,27 @@ def test_refused_at_start(flags, needle):
     from test_flags import run_serve
     code, out, _ = run_serve(["-m", TARGET, "--port", "0"] + FLAGS + flags, timeout=60)
     assert code in (1, 2) and needle in out, (code, out)  # 2: a value the flag parser refuses
+
+
+def test_a_recurrent_model_keeps_its_text(module_servers, tmp_path):
+    """qwen3next (a recurrent state beside the cache): a verify step keeps the state
+    before it as a checkpoint and goes back to it past the first token the model does
+    not take, so the text with proposals is the model's own. N is 1, so proposals
+    come; the tiny random file takes few or none of them, so this is the path back to
+    the checkpoint (the taken ones are the trained model's tests above)"""
+    import subprocess
+    path = str(tmp_path / "qwen3next.gguf")
+    subprocess.run([serverctl.program("bloomery-mkmodel"), "-o", path, "--threads", "2", "--arch", "qwen3next",
+                    "--layers", "5", "--experts", "8", "--experts-used", "2", "--seed", "7"],
+                   check=True, stdout=subprocess.DEVNULL, timeout=300)
+    flags = ["-np", "1", "-c", "1024", "-t", "1", "-tb", "1"]
+    plain = module_servers.start(flags, model=path)
+    spec = module_servers.start(flags + ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1",
+                                         "--spec-ngram-simple-size-m", "6"], model=path)
+    for p in ("a b c a b c a b c a b", "Hello world. Hello world. Hello"):
+        want = complete(plain, p, n_predict=48)
+        got = complete(spec, p, n_predict=48)
+        assert (got["content"], got["tokens_predicted"]) == (want["content"], want["tokens_predicted"]), p
+    drafted, taken = metric(spec.url, "draft_tokens_total"), metric(spec.url, "draft_accepted_total")
+    assert drafted > 0, spec.log(20000)[-2000:]
+    assert taken <= drafted
