@@ -6,13 +6,15 @@
 
 int rt_ngram_simple(const int32_t *toks, int64_t n, int size_n, int size_m, int32_t *out, int cap)
 {
-    if (!toks || size_n < 1 || size_m < 1 || cap < 1 || n <= (int64_t)size_n + size_m + 1)
+    const int64_t cur = n - 1; /* the tokens before the pending one, llama.cpp's history */
+    if (!toks || size_n < 1 || size_m < 1 || cap < 1 || cur <= (int64_t)size_n + size_m + 1)
         return 0;
     const int32_t *pat = toks + n - size_n; /* ends with the pending token */
-    /* newest first; the occurrence at n - size_n is the pattern itself, and one at 0
-     * is not taken (as llama.cpp's) */
+    /* newest first, as llama.cpp's: from the window that ends two tokens before the
+     * pending one (the one after it would overlap the pattern by all but a token),
+     * and never at 0 */
     int64_t at = 0;
-    for (int64_t j = n - size_n - 1; j > 0; j--) {
+    for (int64_t j = cur - size_n - 1; j > 0; j--) {
         if (toks[j] != pat[0] || toks[j + size_n - 1] != pat[size_n - 1])
             continue;
         if (memcmp(toks + j, pat, (size_t)size_n * sizeof *toks) == 0) {
@@ -22,7 +24,7 @@ int rt_ngram_simple(const int32_t *toks, int64_t n, int size_n, int size_m, int3
     }
     if (at == 0)
         return 0;
-    int64_t k = n - (at + size_n); /* tokens after the match, up to the pending one */
+    int64_t k = cur - (at + size_n); /* tokens after the match, before the pending one */
     if (k > size_m)
         k = size_m;
     if (k < size_n)

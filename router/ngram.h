@@ -14,11 +14,13 @@
 
 #define RT_NGRAM_MAX_N 1024 /* the longest n-gram looked up (llama.cpp's bound) */
 
-/* ngram-simple: the last size_n tokens of toks are searched backwards in toks for
- * their newest earlier occurrence that does not start at position 0; the tokens
- * that followed it are proposed, at most size_m and at most cap, and none when
- * fewer than size_n follow it (a short run is more likely a coincidence), when
- * n <= size_n + size_m + 1, or when nothing matches. Returns how many went to out. */
+/* ngram-simple, as llama.cpp's: the last size_n tokens of toks (the pending one
+ * last) are searched backwards for their newest earlier occurrence that ends at
+ * least two tokens before the pending one and does not start at position 0; the
+ * tokens that followed it, before the pending one, are proposed: at most size_m and
+ * cap, and none when fewer than size_n follow it (a short run is more likely a
+ * coincidence), when there are no more than size_n + size_m + 1 tokens before the
+ * pending one, or when nothing matches. Returns how many went to out. */
 int rt_ngram_simple(const int32_t *toks, int64_t n, int size_n, int size_m, int32_t *out, int cap);
 
 /* ngram-mod: a table shared by the slots that maps the hash of size_n tokens to the

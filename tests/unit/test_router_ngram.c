@@ -42,22 +42,24 @@ static void test_ngram_simple_takes_the_newest_earlier_match(void **state)
     const int32_t y[] = {4, 4, 4, 4, 4, 4, 4, 4, 2, 2, 2};
     assert_int_equal(rt_ngram_simple(y, 11, 2, 4, out, 8), 0); /* "2 2" at 8: one token after it */
     const int32_t z[] = {4, 4, 4, 4, 4, 4, 1, 2, 3, 1, 2};
-    assert_int_equal(rt_ngram_simple(z, 11, 2, 4, out, 8), 3); /* the tokens after, the pending one too */
-    assert_int_equal(out[2], 2);
+    assert_int_equal(rt_ngram_simple(z, 11, 2, 4, out, 8), 2); /* the tokens after, before the pending one */
+    assert_int_equal(out[0], 3);
+    assert_int_equal(out[1], 1);
 }
 
 /* The rules as the header states them, the plain way. */
 static int simple_ref(const int32_t *t, int64_t n, int sn, int sm, int32_t *out, int cap)
 {
-    if (n <= (int64_t)sn + sm + 1)
+    const int64_t cur = n - 1;
+    if (cur <= (int64_t)sn + sm + 1)
         return 0;
-    for (int64_t j = n - sn - 1; j > 0; j--) {
+    for (int64_t j = cur - sn - 1; j > 0; j--) {
         int eq = 1;
         for (int k = 0; k < sn; k++)
             eq &= t[j + k] == t[n - sn + k];
         if (!eq)
             continue;
-        int64_t k = n - (j + sn);
+        int64_t k = cur - (j + sn);
         if (k > sm)
             k = sm;
         if (k < sn)
@@ -91,13 +93,17 @@ static void test_ngram_simple_matches_a_plain_search(void **state)
 static void test_ngram_simple_refuses_bad_sizes(void **state)
 {
     (void)state;
-    const int32_t t[] = {1, 2, 1, 2, 1, 2, 1, 2, 1, 2};
+    const int32_t t[] = {99, 1, 2, 7, 8, 3, 4, 1, 2};
     int32_t out[8];
-    assert_int_equal(rt_ngram_simple(t, 10, 0, 2, out, 8), 0);
-    assert_int_equal(rt_ngram_simple(t, 10, 2, 0, out, 8), 0);
-    assert_int_equal(rt_ngram_simple(t, 10, 2, 2, out, 0), 0);
-    assert_int_equal(rt_ngram_simple(NULL, 10, 2, 2, out, 8), 0);
-    assert_int_equal(rt_ngram_simple(t, 10, 2, 2, out, 8), 2);
+    assert_int_equal(rt_ngram_simple(t, 9, 0, 2, out, 8), 0);
+    assert_int_equal(rt_ngram_simple(t, 9, 2, 0, out, 8), 0);
+    assert_int_equal(rt_ngram_simple(t, 9, 2, 2, out, 0), 0);
+    assert_int_equal(rt_ngram_simple(NULL, 9, 2, 2, out, 8), 0);
+    assert_int_equal(rt_ngram_simple(t, 9, 2, 2, out, 8), 2);
+    /* the newest match decides, also when too few tokens follow it: "1 2" at 6 has
+     * one token after it before the pending 2, and the one at 4 is not looked at */
+    const int32_t r[] = {1, 2, 1, 2, 1, 2, 1, 2, 1, 2};
+    assert_int_equal(rt_ngram_simple(r, 10, 2, 2, out, 8), 0);
 }
 
 static void test_ngram_mod_chains_what_followed(void **state)
