@@ -22,7 +22,8 @@ typedef struct entry {
 } entry_t;
 
 #define NO_DRAFT "the draft model (-md) runs in a process of its own, whole on one card or on the CPU (-ngld, -devd), with the model's cache type and -td threads: llama.cpp's draft context has no such setting here"
-#define NGRAM_MAP "the ngram-map-k and ngram-map-k4v types are not supported (--spec-type refuses them)"
+#define NGRAM_MAP "the ngram-map-k4v type is not supported (--spec-type refuses it)"
+#define NGRAM_KHITS "ngram-map-k counts no hits, as llama.cpp's (ngram-map-k4v would, which is not supported)"
 #define NGRAM_HITS "ngram-simple proposes after the newest earlier occurrence and counts no hits, as llama.cpp's"
 #define ONE_POOL "prompt steps run on the same threads and CPUs as decode steps (-t, -C, -Cr, --cpu-strict, --prio, --poll), one pool a worker"
 #define NO_ROUTER "serving several models (router mode) is not supported: give one model with -m or -hf"
@@ -63,9 +64,7 @@ static const entry_t k_table[] = {
     {"--spec-draft-backend-sampling", "LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMPLING", NULL, NOEFFECT, NULL, NO_DRAFT},
     {"--no-spec-draft-backend-sampling", NULL, NULL, NOEFFECT, NULL, NO_DRAFT},
     {"--spec-ngram-simple-min-hits", NULL, "N", NOEFFECT, NULL, NGRAM_HITS},
-    {"--spec-ngram-map-k-size-n", NULL, "N", NOEFFECT, NULL, NGRAM_MAP},
-    {"--spec-ngram-map-k-size-m", NULL, "N", NOEFFECT, NULL, NGRAM_MAP},
-    {"--spec-ngram-map-k-min-hits", NULL, "N", NOEFFECT, NULL, NGRAM_MAP},
+    {"--spec-ngram-map-k-min-hits", NULL, "N", NOEFFECT, NULL, NGRAM_KHITS},
     {"--spec-ngram-map-k4v-size-n", NULL, "N", NOEFFECT, NULL, NGRAM_MAP},
     {"--spec-ngram-map-k4v-size-m", NULL, "N", NOEFFECT, NULL, NGRAM_MAP},
     {"--spec-ngram-map-k4v-min-hits", NULL, "N", NOEFFECT, NULL, NGRAM_MAP},

@@ -129,6 +129,7 @@ typedef struct slot {
      * the task's first proposal); verify steps in a row that took under half */
     int64_t ng_mark;
     int ng_begun, ng_low;
+    rt_ngram_map_t ng_map; /* ngram-map-k's keys of the task */
 } slot_t;
 
 /* A slot's cache state saved in host RAM by the stages (rt_cluster_kv), for the
@@ -2099,6 +2100,12 @@ static void spec_ngram(rt_engine_t *e)
                 s->ng_mark = rt_ngram_mod_add(m, s->seq, n, s->ng_mark);
             }
             k = rt_ngram_mod_draft(m, s->seq, n, l.n_min, (int)cap, out, (int)cap);
+        } else if (e->o.ngram == RT_NGRAM_MAP_K) {
+            if (!s->ng_begun) {
+                rt_ngram_map_begin(&s->ng_map, e->o.ngram_n, e->o.draft_max, (int64_t)s->task->n_prompt);
+                s->ng_begun = 1;
+            }
+            k = rt_ngram_map_draft(&s->ng_map, s->seq, n, out, (int)cap);
         } else {
             k = rt_ngram_simple(s->seq, n, e->o.ngram_n, (int)cap, out, (int)cap);
         }
@@ -2111,10 +2118,13 @@ static void spec_ngram(rt_engine_t *e)
         count_draft_step(e);
 }
 
-/* After a verify step of slot s that took taken of k n-gram proposals: ngram-mod's
- * table is emptied after NGRAM_LOW_STEPS such steps in a row that took under half. */
+/* After a verify step of slot s that took taken of k n-gram proposals: ngram-map-k's
+ * key remembers taken; ngram-mod's table is emptied after NGRAM_LOW_STEPS steps in a
+ * row that took under half. */
 static void ngram_taken(rt_engine_t *e, slot_t *s, int k, int taken)
 {
+    if (e->o.ngram == RT_NGRAM_MAP_K)
+        rt_ngram_map_accept(&s->ng_map, taken);
     if (e->o.ngram != RT_NGRAM_MOD || k < 1)
         return;
     if (2 * taken >= k) {
@@ -2935,7 +2945,7 @@ int rt_engine_create(rt_engine_t **out, const rt_engine_opts_t *o, rt_cluster_t 
         return bl_err_set(err, BL_EINVAL, "engine: draft-max %d (1..%d), draft-min %d (0..draft-max), "
                           "draft-p-min %g (0..1)", o->draft_max, RT_DRAFT_MAX, o->draft_min,
                           (double)o->draft_p_min);
-    if (o->ngram && (o->ngram < RT_NGRAM_SIMPLE || o->ngram > RT_NGRAM_MOD || o->draft || o->mtp ||
+    if (o->ngram && (o->ngram < RT_NGRAM_SIMPLE || o->ngram > RT_NGRAM_MAP_K || o->draft || o->mtp ||
                      o->ngram_n < 1 || o->ngram_n > RT_NGRAM_MAX_N || o->draft_max < 1 ||
                      o->draft_max > RT_DRAFT_MAX || o->draft_min < 0 || o->draft_min > o->draft_max))
         return bl_err_set(err, BL_EINVAL, "engine: n-gram speculation %d with n %d (1..%d), draft-max %d (1..%d), "
@@ -3077,6 +3087,7 @@ fail:
             free(e->slots[i].held);
             free(e->slots[i].ck_id);
             free(e->slots[i].ck_n);
+            rt_ngram_map_free(&e->slots[i].ng_map);
             for (int k = 0; k < 3; k++)
                 rt_detok_destroy(e->slots[i].detok[k]);
         }
@@ -3163,6 +3174,7 @@ void rt_engine_destroy(rt_engine_t *e)
         free(s->held);
         free(s->ck_id);
         free(s->ck_n);
+        rt_ngram_map_free(&s->ng_map);
     }
     rt_grammar_vocab_destroy(e->gvocab); /* after the samplers that borrowed it */
     if (e->async)

@@ -150,7 +150,7 @@ typedef void (*rt_event_fn)(void *ud, const rt_event_t *ev);
 
 enum { RT_TASK_SPECIAL_MARKERS = 2 };
 
-enum { RT_NGRAM_NONE = 0, RT_NGRAM_SIMPLE = 1, RT_NGRAM_MOD = 2 };
+enum { RT_NGRAM_NONE = 0, RT_NGRAM_SIMPLE = 1, RT_NGRAM_MOD = 2, RT_NGRAM_MAP_K = 3 };
 
 typedef struct rt_engine_opts {
     const char *const *markers; /* the texts of the control tokens the reply format is
@@ -172,11 +172,11 @@ typedef struct rt_engine_opts {
     int mtp;                /* --spec-type draft-mtp: the model's NextN layer proposes one
                              * token a step (rt_cluster_mtp) with draft_min, draft_p_min and
                              * the limits a draft has; draft is NULL */
-    int ngram;              /* --spec-type ngram-simple / ngram-mod (RT_NGRAM_*): proposals
+    int ngram;              /* --spec-type ngram-simple / -mod / -map-k (RT_NGRAM_*): proposals
                              * from the slot's own tokens (router/ngram.h), at most
                              * draft_max and none fewer than draft_min; draft is NULL */
-    int ngram_n;            /* the n-gram looked up (ngram-simple's size-n, ngram-mod's
-                             * n-match: 1..RT_NGRAM_MAX_N) */
+    int ngram_n;            /* the n-gram looked up (ngram-simple's and ngram-map-k's size-n,
+                             * ngram-mod's n-match: 1..RT_NGRAM_MAX_N) */
     int64_t draft_ctx;      /* positions of a slot's cache in the draft's processes (its
                              * n_ctx_slot): past them a slot decodes without proposals */
     int64_t kv_pool;        /* -kvu: positions the slots' caches hold together (the

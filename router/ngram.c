@@ -35,6 +35,84 @@ int rt_ngram_simple(const int32_t *toks, int64_t n, int size_n, int size_m, int3
     return (int)k;
 }
 
+void rt_ngram_map_begin(rt_ngram_map_t *m, int size_n, int size_m, int64_t begin)
+{
+    m->size_n = size_n;
+    m->size_m = size_m;
+    m->begin = begin;
+    m->n_keys = 0;
+    m->last = -1;
+}
+
+/* Whether toks[j, j + len) equals pat[0, len). */
+static int same(const int32_t *toks, int64_t j, const int32_t *pat, int len)
+{
+    return toks[j] == pat[0] && memcmp(toks + j, pat, (size_t)len * sizeof *pat) == 0;
+}
+
+int rt_ngram_map_draft(rt_ngram_map_t *m, const int32_t *toks, int64_t n, int32_t *out, int cap)
+{
+    m->last = -1;
+    const int sn = m->size_n, sm = m->size_m;
+    const int64_t cur = n - 1; /* before the pending token */
+    if (!toks || sn < 1 || sm < 1 || cap < 1 || cur < 2 * (int64_t)sn + sm)
+        return 0;
+    const int32_t *key = toks + n - sn;
+    int64_t at = 0, j;
+    /* the prompt first (newest there first), then the reply */
+    for (j = m->begin - sn - sm - 1; j > 0 && !at; j--)
+        if (j + sn + sm < cur && same(toks, j, key, sn))
+            at = j;
+    for (j = cur - sn - sm - 1; j > m->begin && j > 0 && !at; j--)
+        if (same(toks, j, key, sn))
+            at = j;
+    if (!at)
+        return 0;
+    int k = 0;
+    while (k < m->n_keys && !same(toks, m->key_at[k], key, sn))
+        k++;
+    if (k == m->n_keys) {
+        if (m->n_keys == m->cap) {
+            const int c = m->cap ? 2 * m->cap : 64;
+            if (c > RT_NGRAM_MAP_KEYS)
+                return 0;
+            int64_t *ka = realloc(m->key_at, (size_t)c * sizeof *ka);
+            if (ka)
+                m->key_at = ka;
+            int16_t *tk = ka ? realloc(m->taken, (size_t)c * sizeof *tk) : NULL;
+            if (tk)
+                m->taken = tk;
+            if (!ka || !tk)
+                return 0;
+            m->cap = c;
+        }
+        m->key_at[k] = at;
+        m->taken[k] = (int16_t)sm;
+        m->n_keys++;
+    }
+    int d = m->taken[k] < sm ? m->taken[k] : sm;
+    if (d > cap)
+        d = cap;
+    memcpy(out, toks + at + sn, (size_t)d * sizeof *out);
+    m->last = d > 0 ? k : -1;
+    return d;
+}
+
+void rt_ngram_map_accept(rt_ngram_map_t *m, int taken)
+{
+    if (m->last >= 0 && m->last < m->n_keys && taken >= 0)
+        m->taken[m->last] = (int16_t)(taken < m->size_m ? taken : m->size_m);
+    m->last = -1;
+}
+
+void rt_ngram_map_free(rt_ngram_map_t *m)
+{
+    free(m->key_at);
+    free(m->taken);
+    memset(m, 0, sizeof *m);
+    m->last = -1;
+}
+
 struct rt_ngram_mod {
     int size_n;
     size_t mask; /* entries - 1 */

@@ -23,6 +23,31 @@
  * pending one, or when nothing matches. Returns how many went to out. */
 int rt_ngram_simple(const int32_t *toks, int64_t n, int size_n, int size_m, int32_t *out, int cap);
 
+/* ngram-map-k, as llama.cpp's: ngram-simple's lookup, with the prompt searched
+ * first and the reply after it, and a memory per key n-gram of how many of its
+ * last proposals the model took: a key proposes that many next time (size_m at
+ * first), so a key whose proposals failed proposes nothing again. One a slot,
+ * emptied when a task starts. */
+typedef struct rt_ngram_map {
+    int size_n, size_m;
+    int64_t begin;      /* the task's prompt length: where its reply begins */
+    int n_keys, cap;
+    int64_t *key_at;    /* where each key n-gram was found */
+    int16_t *taken;     /* how many of its last proposals were taken */
+    int last;           /* the key of the last proposals, or -1 */
+} rt_ngram_map_t;
+
+#define RT_NGRAM_MAP_KEYS 4096 /* keys a slot remembers; past them new keys propose nothing */
+
+/* A task of prompt length begin starts: the keys are forgotten. */
+void rt_ngram_map_begin(rt_ngram_map_t *m, int size_n, int size_m, int64_t begin);
+/* Proposals for toks[0, n) (the pending token last) into out, at most cap; the
+ * count, 0 without memory for a new key. */
+int rt_ngram_map_draft(rt_ngram_map_t *m, const int32_t *toks, int64_t n, int32_t *out, int cap);
+/* The model took taken of the last proposals. */
+void rt_ngram_map_accept(rt_ngram_map_t *m, int taken);
+void rt_ngram_map_free(rt_ngram_map_t *m);
+
 /* ngram-mod: a table shared by the slots that maps the hash of size_n tokens to the
  * token that followed them last (a later occurrence overwrites; two n-grams of one
  * hash share an entry, and the verification throws out what that proposes). */

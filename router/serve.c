@@ -77,7 +77,7 @@ typedef struct opts {
     int64_t draft_max, draft_min, draft_ngl, draft_threads;
     float draft_p_min;
     /* n-gram speculation; -1: not given */
-    int64_t ng_simple_n, ng_simple_m, ng_mod_match, ng_mod_min, ng_mod_max, ng_n, ng_m;
+    int64_t ng_simple_n, ng_simple_m, ng_mod_match, ng_mod_min, ng_mod_max, ng_map_n, ng_map_m, ng_n, ng_m;
     int64_t workers;
     const char *hostfile, *cluster_secret; /* stages on other hosts (docs/deploy.md) */
     const char *cache_type_k, *cache_type_v;
@@ -261,12 +261,17 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "none (no speculative decoding, also with -md), draft (a draft model, -md; the "
         "default with -md), draft-mtp (the model's own NextN layer proposes one token a step: "
         "glm4moe and qwen35moe, on the CPU), ngram-simple (the tokens that followed the newest "
-        "earlier occurrence of the last N) or ngram-mod (chained from a table of what followed each "
-        "N tokens, shared by the slots); ngram-map-k, ngram-map-k4v and ngram-cache are refused");
+        "earlier occurrence of the last N), ngram-map-k (as ngram-simple, each N-gram proposing as many "
+        "as the model took of its last proposals) or ngram-mod (chained from a table of what followed "
+        "each N tokens, shared by the slots); ngram-map-k4v and ngram-cache are refused");
     I64("--spec-ngram-simple-size-n", NULL, &o->ng_simple_n, 1, RT_NGRAM_MAX_N, "N",
         "ngram-simple: the tokens looked up, the pending one last (default 12)");
     I64("--spec-ngram-simple-size-m", NULL, &o->ng_simple_m, 1, 64, "N",
         "ngram-simple: tokens proposed per step at most (default 48; at most 64 here)");
+    I64("--spec-ngram-map-k-size-n", NULL, &o->ng_map_n, 1, RT_NGRAM_MAX_N, "N",
+        "ngram-map-k: the tokens looked up, the pending one last (default 12)");
+    I64("--spec-ngram-map-k-size-m", NULL, &o->ng_map_m, 1, 64, "N",
+        "ngram-map-k: tokens proposed per step at most (default 48; at most 64 here)");
     I64("--spec-ngram-mod-n-match", NULL, &o->ng_mod_match, 1, RT_NGRAM_MAX_N, "N",
         "ngram-mod: the tokens each table entry is keyed by (default 24)");
     I64("--spec-ngram-mod-n-min", NULL, &o->ng_mod_min, 0, 64, "N",
@@ -275,9 +280,10 @@ static int build_args(bl_arg_t *a, opts_t *o)
         "ngram-mod: tokens proposed per step at most (default 64; at most 64 here)");
     I64("--spec-ngram-size-n", NULL, &o->ng_n, 1, RT_NGRAM_MAX_N, "N",
         "the older name of the chosen n-gram type's N (--spec-ngram-simple-size-n, "
-        "--spec-ngram-mod-n-match); the type's own flag wins");
+        "--spec-ngram-map-k-size-n, --spec-ngram-mod-n-match); the type's own flag wins");
     I64("--spec-ngram-size-m", NULL, &o->ng_m, 1, 64, "N",
-        "the older name of --spec-ngram-simple-size-m; the type's own flag wins");
+        "the older name of --spec-ngram-simple-size-m and --spec-ngram-map-k-size-m; the type's own "
+        "flag wins");
     STR("--slot-save-path", NULL, &o->slot_save_path, "PATH",
         "folder of slot files: POST /slots/ID?action=save|restore writes and reads a slot's "
         "cache there (created if missing); without it slot actions answer 501");
@@ -1774,7 +1780,8 @@ int main(int argc, char **argv)
     o.draft_ngl = -1;
     o.draft_threads = -1;
     o.draft_p_min = 0.75f;
-    o.ng_simple_n = o.ng_simple_m = o.ng_mod_match = o.ng_mod_min = o.ng_mod_max = o.ng_n = o.ng_m = -1;
+    o.ng_simple_n = o.ng_simple_m = o.ng_mod_match = o.ng_mod_min = o.ng_mod_max = o.ng_map_n = o.ng_map_m = -1;
+    o.ng_n = o.ng_m = -1;
     o.workers = 1;
     rt_sampler_params_t sd;
     rt_sampler_params_default(&sd);
@@ -1942,12 +1949,13 @@ int main(int argc, char **argv)
      * llama.cpp's defaults; the engine's draft limits are the type's */
     const int ngram = !o.spec_type ? RT_NGRAM_NONE
                       : !strcmp(o.spec_type, "ngram-simple") ? RT_NGRAM_SIMPLE
-                      : !strcmp(o.spec_type, "ngram-mod") ? RT_NGRAM_MOD : RT_NGRAM_NONE;
+                      : !strcmp(o.spec_type, "ngram-mod") ? RT_NGRAM_MOD
+                      : !strcmp(o.spec_type, "ngram-map-k") ? RT_NGRAM_MAP_K : RT_NGRAM_NONE;
     int64_t ng_n = 0;
     if (o.spec_type && strcmp(o.spec_type, "none") && strcmp(o.spec_type, "draft") &&
         strcmp(o.spec_type, "draft-simple") && !mtp_on && !ngram) {
         bl_err_set(&err, BL_ENOTSUP, "--spec-type %.40s: only none, draft (a draft model, -md), draft-mtp "
-                   "(the model's NextN layer), ngram-simple and ngram-mod are supported (one type, not a list)",
+                   "(the model's NextN layer), ngram-simple, ngram-map-k and ngram-mod are supported (one type, not a list)",
                    o.spec_type);
         goto fail;
     }
@@ -1959,6 +1967,10 @@ int main(int argc, char **argv)
     if (ngram == RT_NGRAM_SIMPLE) {
         ng_n = o.ng_simple_n > 0 ? o.ng_simple_n : o.ng_n > 0 ? o.ng_n : 12;
         o.draft_max = o.ng_simple_m > 0 ? o.ng_simple_m : o.ng_m > 0 ? o.ng_m : 48;
+        o.draft_min = 0;
+    } else if (ngram == RT_NGRAM_MAP_K) {
+        ng_n = o.ng_map_n > 0 ? o.ng_map_n : o.ng_n > 0 ? o.ng_n : 12;
+        o.draft_max = o.ng_map_m > 0 ? o.ng_map_m : o.ng_m > 0 ? o.ng_m : 48;
         o.draft_min = 0;
     } else if (ngram == RT_NGRAM_MOD) {
         ng_n = o.ng_mod_match > 0 ? o.ng_mod_match : o.ng_n > 0 ? o.ng_n : 24;

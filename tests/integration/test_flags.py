@@ -210,7 +210,7 @@ def test_gpu_layers_without_a_gpu_warn_and_use_the_cpu(servers, value):
     (["--lora", "adapter.gguf"], ["--lora: LoRA"]),
     (["--mmproj", "mmproj.gguf"], ["--mmproj: multimodal"]),
     (["-md", "draft.gguf"], ["-md draft.gguf"]),
-    (["--spec-type", "ngram-map-k"], ["--spec-type ngram-map-k"]),
+    (["--spec-type", "ngram-cache"], ["--spec-type ngram-cache"]),
     (["--embeddings"], ["--embeddings: embeddings"]),
     (["--rerank"], ["--rerank: reranking"]),
     (["--numa", "spread"], ["--numa"]),

@@ -1,4 +1,4 @@
-"""N-gram speculation (--spec-type ngram-simple, ngram-mod): proposals from the text a
+"""N-gram speculation (--spec-type ngram-simple, ngram-map-k, ngram-mod): proposals from the text a
 slot has seen, verified by the model as a draft model's are, so the text is the
 model's own, greedy and seeded, one slot or two, one stage or two in a pipeline; the
 timings and /metrics count the proposals and those taken; a request's
@@ -26,6 +26,7 @@ PROMPTS = [GPL, "<|im_start|>user\nTell me a fortune.<|im_end|>\n<|im_start|>ass
            "Return a new sorted list from the items in"]
 FLAGS = ["-np", "2", "-c", "2048", "-t", "1", "-tb", "1"]
 SIMPLE = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8"]
+MAPK = ["--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-n", "3", "--spec-ngram-map-k-size-m", "8"]
 MOD = ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "4", "--spec-ngram-mod-n-min", "1",
        "--spec-ngram-mod-n-max", "8"]
 
@@ -42,7 +43,8 @@ def trio(module_servers):
     plain = module_servers.start(FLAGS, model=TARGET)
     simple = module_servers.start(FLAGS + SIMPLE, model=TARGET)
     mod = module_servers.start(FLAGS + MOD, model=TARGET)
-    return plain, simple, mod
+    mapk = module_servers.start(FLAGS + MAPK, model=TARGET)
+    return plain, simple, mod, mapk
 
 
 def complete(srv, prompt, **kw):
@@ -50,13 +52,13 @@ def complete(srv, prompt, **kw):
 
 
 def test_greedy_text_is_the_models_own(trio):
-    plain, simple, mod = trio
+    plain, simple, mod, mapk = trio
     for p in PROMPTS:
         want = complete(plain, p)
-        for srv in (simple, mod):
+        for srv in (simple, mod, mapk):
             got = complete(srv, p)
             assert (got["content"], got["tokens_predicted"]) == (want["content"], want["tokens_predicted"]), p
-    for srv, name in ((simple, "ngram-simple"), (mod, "ngram-mod")):
+    for srv, name in ((simple, "ngram-simple"), (mod, "ngram-mod"), (mapk, "ngram-map-k")):
         t = complete(srv, GPL)["timings"]
         assert t["draft_n"] > 0 and 0 <= t["draft_n_accepted"] <= t["draft_n"], (name, t)
         assert metric(srv.url, "draft_tokens_total") >= metric(srv.url, "draft_accepted_total") > 0, name
@@ -64,18 +66,18 @@ def test_greedy_text_is_the_models_own(trio):
 
 
 def test_seeded_sampling_and_stop_strings_are_the_models_own(trio):
-    plain, simple, mod = trio
+    plain, simple, mod, mapk = trio
     for extra in ({"temperature": 0.8, "seed": 7}, {"stop": ["Library"]}, {"n_predict": 5}):
         want = complete(plain, GPL, **extra)
-        for srv in (simple, mod):
+        for srv in (simple, mod, mapk):
             got = complete(srv, GPL, **extra)
             assert (got["content"], got["stop_type"]) == (want["content"], want["stop_type"]), extra
 
 
 def test_streamed_and_two_slots_at_once(trio):
-    plain, simple, mod = trio
+    plain, simple, mod, mapk = trio
     want = [complete(plain, p)["content"] for p in PROMPTS[:2]]
-    for srv in (simple, mod):
+    for srv in (simple, mod, mapk):
         with concurrent.futures.ThreadPoolExecutor(2) as ex:
             got = list(ex.map(lambda p: complete(srv, p)["content"], PROMPTS[:2]))
         assert got == want
@@ -86,7 +88,7 @@ def test_streamed_and_two_slots_at_once(trio):
 
 
 def test_a_requests_n_max_and_the_servers_limits(trio):
-    plain, simple, mod = trio
+    plain, simple, mod, mapk = trio
     props = requests.get(simple.url + "/props", timeout=30).json()["default_generation_settings"]["params"]
     assert (props["speculative.n_max"], props["speculative.n_min"]) == (8, 0)
     props = requests.get(mod.url + "/props", timeout=30).json()["default_generation_settings"]["params"]
@@ -110,7 +112,7 @@ def test_two_stages_in_a_pipeline(module_servers, trio):
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["--spec-type", "ngram-map-k"], "--spec-type ngram-map-k"),
+    (["--spec-type", "ngram-map-k4v"], "--spec-type ngram-map-k4v"),
     (["--spec-type", "ngram-cache"], "--spec-type ngram-cache"),
     (["--spec-type", "ngram-simple,draft-mtp"], "one type, not a list"),
     (["--spec-type", "ngram-mod", "--spec-ngram-mod-n-min", "10", "--spec-ngram-mod-n-max", "4"],

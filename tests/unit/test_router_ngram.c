@@ -106,6 +106,71 @@ static void test_ngram_simple_refuses_bad_sizes(void **state)
     assert_int_equal(rt_ngram_simple(r, 10, 2, 2, out, 8), 0);
 }
 
+static void test_ngram_map_k_remembers_what_each_key_had_taken(void **state)
+{
+    (void)state;
+    rt_ngram_map_t m = {0};
+    /* prompt of 12: "1 2" then 7 8 9 5 at 1; the reply from 12 on repeats "1 2" */
+    int32_t t[32] = {99, 1, 2, 7, 8, 9, 5, 6, 6, 6, 6, 6, 3, 3, 1, 2};
+    int32_t out[8];
+    rt_ngram_map_begin(&m, 2, 3, 12);
+    assert_int_equal(rt_ngram_map_draft(&m, t, 16, out, 8), 3); /* size_m at first */
+    const int32_t want[] = {7, 8, 9};
+    assert_memory_equal(out, want, sizeof want);
+    assert_int_equal(m.n_keys, 1);
+    rt_ngram_map_accept(&m, 1); /* the model took one: next time this key proposes one */
+    assert_int_equal(rt_ngram_map_draft(&m, t, 16, out, 8), 1);
+    assert_int_equal(out[0], 7);
+    rt_ngram_map_accept(&m, 0); /* none: the key proposes nothing again */
+    assert_int_equal(rt_ngram_map_draft(&m, t, 16, out, 8), 0);
+    /* another key is another count; cap bounds a proposal */
+    const int32_t u[] = {99, 1, 2, 7, 8, 9, 5, 6, 6, 6, 6, 6, 3, 3, 8, 9};
+    assert_int_equal(rt_ngram_map_draft(&m, u, 16, out, 2), 2);
+    assert_int_equal(out[0], 5);
+    assert_int_equal(m.n_keys, 2);
+    rt_ngram_map_accept(&m, 2);
+    /* a new task forgets the keys */
+    rt_ngram_map_begin(&m, 2, 3, 12);
+    assert_int_equal(m.n_keys, 0);
+    assert_int_equal(rt_ngram_map_draft(&m, t, 16, out, 8), 3);
+    /* too short a sequence: no proposal (fewer than 2 N + M before the pending token) */
+    assert_int_equal(rt_ngram_map_draft(&m, t, 7, out, 8), 0);
+    rt_ngram_map_free(&m);
+    rt_ngram_map_free(&m); /* twice is harmless */
+}
+
+/* Over random text: proposals are the tokens after an earlier occurrence of the key,
+ * never more than size_m or cap, and a key's count follows what was taken. */
+static void test_ngram_map_k_proposes_what_followed_a_match(void **state)
+{
+    (void)state;
+    rng_t r = rng_for(3);
+    int32_t t[500], out[64];
+    for (int it = 0; it < 400; it++) {
+        const int n = 1 + (int)(rng_next(&r) % 500), vocab = 2 + (int)(rng_next(&r) % 5);
+        for (int i = 0; i < n; i++)
+            t[i] = (int32_t)(rng_next(&r) % (uint64_t)vocab);
+        const int sn = 1 + (int)(rng_next(&r) % 4), sm = 1 + (int)(rng_next(&r) % 16);
+        rt_ngram_map_t m = {0};
+        rt_ngram_map_begin(&m, sn, sm, (int64_t)(rng_next(&r) % (uint64_t)n));
+        for (int64_t upto = 1; upto <= n; upto += 1 + (int64_t)(rng_next(&r) % 20)) {
+            const int cap = 1 + (int)(rng_next(&r) % 16);
+            const int k = rt_ngram_map_draft(&m, t, upto, out, cap);
+            assert_true(k >= 0 && k <= sm && k <= cap);
+            if (k > 0) { /* some earlier occurrence of the key is followed by out */
+                int found = 0;
+                for (int64_t j = 1; j + sn + k < upto && !found; j++)
+                    found = memcmp(t + j, t + upto - sn, (size_t)sn * sizeof *t) == 0 &&
+                            memcmp(t + j + sn, out, (size_t)k * sizeof *t) == 0;
+                assert_true(found);
+            }
+            rt_ngram_map_accept(&m, (int)(rng_next(&r) % (uint64_t)(k + 1)));
+        }
+        assert_true(m.n_keys <= RT_NGRAM_MAP_KEYS);
+        rt_ngram_map_free(&m);
+    }
+}
+
 static void test_ngram_mod_chains_what_followed(void **state)
 {
     (void)state;
@@ -180,6 +245,8 @@ int main(void)
         cmocka_unit_test(test_ngram_simple_takes_the_newest_earlier_match),
         cmocka_unit_test(test_ngram_simple_matches_a_plain_search),
         cmocka_unit_test(test_ngram_simple_refuses_bad_sizes),
+        cmocka_unit_test(test_ngram_map_k_remembers_what_each_key_had_taken),
+        cmocka_unit_test(test_ngram_map_k_proposes_what_followed_a_match),
         cmocka_unit_test(test_ngram_mod_chains_what_followed),
         cmocka_unit_test(test_ngram_mod_proposes_recorded_tokens),
     };
