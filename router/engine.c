@@ -125,8 +125,9 @@ typedef struct slot {
     int64_t spec_ck;    /* a recurrent model's verify step: the checkpoint entry of the
                          * state before it, or -1 */
     int64_t spec_pos;   /* and its position */
-    /* ngram-mod: the task's tokens before ng_mark are in the table (ng_begun: since
-     * the task's first proposal); verify steps in a row that took under half */
+    /* n-gram speculation (ng_begun: since the task's first proposal): ngram-mod's
+     * table holds the task's tokens before ng_mark; ng_low counts verify steps in a
+     * row that took under half */
     int64_t ng_mark;
     int ng_begun, ng_low;
     rt_ngram_map_t ng_map; /* ngram-map-k's keys of the task */
@@ -2066,7 +2067,7 @@ static void spec_mtp(rt_engine_t *e)
 /* New tokens of a slot's task go into the table this many at a time. */
 #define NGRAM_ADD_EVERY 32
 
-/* --spec-type ngram-simple and ngram-mod: each generating slot's proposals come from
+/* --spec-type ngram-simple, ngram-map-k and ngram-mod: each generating slot's proposals come from
  * the tokens it has (router/ngram.h), within its draft limits and the room to verify
  * them; fewer than the limits' n_min are none. No model runs for them. */
 static void spec_ngram(rt_engine_t *e)
