@@ -34,7 +34,6 @@ typedef struct override {
 typedef struct sizes {
     uint64_t *dense;   /* (n_layer) attention, norms, router, dense FFN */
     uint64_t *experts; /* (n_layer) the three expert tensors */
-    uint64_t *exp_max; /* (n_layer) the largest expert tensor (the prompt path's f16 scratch) */
     uint64_t embd, head, out_norm;
     uint64_t nextn;    /* the first NextN layer's tensors (blk.n_layer.*) */
 } sizes_t;
@@ -188,8 +187,7 @@ static int read_sizes(const bl_gguf_t *g, const bl_arch_t *a, sizes_t *s, bl_err
 {
     s->dense = calloc((size_t)a->n_layer, sizeof *s->dense);
     s->experts = calloc((size_t)a->n_layer, sizeof *s->experts);
-    s->exp_max = calloc((size_t)a->n_layer, sizeof *s->exp_max);
-    if (!s->dense || !s->experts || !s->exp_max)
+    if (!s->dense || !s->experts)
         return bl_err_set(err, BL_ENOMEM, "out of memory for the plan of %lld layers", (long long)a->n_layer);
     char nextn[32];
     const int nextn_len = snprintf(nextn, sizeof nextn, "blk.%lld.", (long long)a->n_layer);
@@ -205,8 +203,6 @@ static int read_sizes(const bl_gguf_t *g, const bl_arch_t *a, sizes_t *s, bl_err
         case BL_ROLE_OUTPUT_NORM: s->out_norm = t->nbytes; break;
         case BL_ROLE_EXPERTS:
             s->experts[l] += t->nbytes;
-            if (t->nbytes > s->exp_max[l])
-                s->exp_max[l] = t->nbytes;
             break;
         case BL_ROLE_ATTN: case BL_ROLE_NORM: case BL_ROLE_GATE_INP: case BL_ROLE_FFN:
             s->dense[l] += t->nbytes;
@@ -246,14 +242,13 @@ static void free_sizes(sizes_t *s)
 {
     free(s->dense);
     free(s->experts);
-    free(s->exp_max);
 }
 
 static uint64_t max_u64(uint64_t x, uint64_t y) { return x > y ? x : y; }
 
 /* What backend_cuda.c allocates beside the weights for a stage: the activations and
- * scratch of n_batch rows, the prompt path's f16 buffers and the largest matrix in
- * f16, the attention scratch, the logits of the last stage. An estimate: cuBLAS and
+ * scratch of n_batch rows, the prompt path's f16 buffers and the largest dense
+ * matrix in f16, the attention scratch, the logits of the last stage. An estimate: cuBLAS and
  * the CUDA context come on top, which -fitt's margin is for. */
 static uint64_t cuda_scratch(const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s,
                              const bl_plan_t *p, const bl_plan_stage_t *st, int last)
@@ -267,13 +262,12 @@ static uint64_t cuda_scratch(const bl_arch_t *a, const bl_place_opts_t *o, const
         f32 += B * (uint64_t)a->n_vocab;
     uint64_t bytes = 4 * f32;
     bytes += 2 * B * max_u64(max_u64(E, nq), ff) + 2 * B * K * max_u64(E, ff) + 4 * B * K * E;
-    /* the f16 copy of the largest matrix a GEMM reads: an expert tensor on the card,
-     * else a layer's largest dense matrix (bounded by the layer's dense bytes) */
+    /* the f16 copy of the largest dense matrix a GEMM reads (bounded by the layer's
+     * dense bytes; the expert GEMMs read their weights as stored) */
     uint64_t w = 0, off = 0;
     for (int64_t l = st->lb; l < st->le; l++) {
-        /* a host layer's experts too: a prompt step copies them in (the op offload)
-         * into one buffer of a layer's experts */
-        w = max_u64(w, s->exp_max[l] * 4); /* 4-bit weights to 16 bits, at most 4x */
+        /* a host layer's experts: a prompt step copies them in (the op offload) into
+         * one buffer of a layer's experts */
         w = max_u64(w, s->dense[l] * 4 / 3);
         if (bl_plan_layer_host(p, l))
             off = max_u64(off, s->experts[l]);

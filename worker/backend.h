@@ -99,6 +99,7 @@ typedef struct wk_mla {
 #define WK_STEP_REPLAYED 1
 #define WK_ADD_PIECES 1
 #define WK_ADD_TABLE 2
+#define WK_ADD_EXPERTS 4
 
 typedef struct wk_backend wk_backend_t;
 
@@ -116,7 +117,9 @@ typedef struct wk_backend_ops {
     /* weights, in file order; commit places them all (the CUDA arena). flags:
      * WK_ADD_PIECES, a product the backend may run over pieces of the matrix (the
      * head), so its scratch need not hold all of it; WK_ADD_TABLE, only rows of it
-     * are read (token embeddings), it takes part in no product */
+     * are read (token embeddings), it takes part in no product; WK_ADD_EXPERTS, a
+     * layer's routed experts (n_expert matrices stacked), which only the expert
+     * products read */
     int (*add)(wk_backend_t *b, wk_tensor_t *t, int flags, bl_err_t *err);
     int (*add_vec)(wk_backend_t *b, wk_vec_t *v, int64_t n, bl_err_t *err);
     /* q, k, v of one layer: placed back to back where their formats allow, so that

@@ -166,7 +166,6 @@ typedef struct cuda {
     int64_t offload_rows;
     uint8_t *d_off;       /* one layer's three expert tensors, 256-aligned */
     size_t off_bytes;
-    size_t off_f16;       /* the largest host expert tensor in f16 (the prompt's wscr) */
     void *ostage[2], *oev[2];
     void *pinned;         /* host memory pinned by cu_pin_host (the logits ring), or NULL */
     int oused[2];         /* a staging half's copy was enqueued (its event must be waited on) */
@@ -698,8 +697,9 @@ static int prompt_shapes_ok(const wk_config_t *c)
 }
 
 /* The prompt path's scratch: f16 activations, the expert grouping, and one f16
- * weight buffer as large as the largest matrix a product reads (a whole expert
- * tensor for qwen3moe); a WK_ADD_PIECES matrix goes through it in pieces. */
+ * weight buffer as large as the largest dense matrix a product reads; a
+ * WK_ADD_PIECES matrix goes through it in pieces. Routed experts need none: the
+ * grouped GEMM reads them as stored. */
 static int alloc_prompt(cuda_t *cu, bl_err_t *err)
 {
     const wk_config_t *c = cu->c;
@@ -710,12 +710,11 @@ static int alloc_prompt(cuda_t *cu, bl_err_t *err)
     size_t w = 0;
     for (size_t i = 0; i < cu->n_u; i++) {
         const upload_t *u = &cu->u[i];
-        if (!u->t || (u->flags & WK_ADD_TABLE))
+        if (!u->t || (u->flags & (WK_ADD_TABLE | WK_ADD_EXPERTS)))
             continue;
         const size_t s = kcuda_gemm_scratch_bytes(&((const cw_t *)u->t->d)->m);
         w = max_sz(w, (u->flags & WK_ADD_PIECES) && s > PIECE_BYTES ? PIECE_BYTES : s);
     }
-    w = max_sz(w, cu->off_f16); /* a host layer's experts computed here */
     cu->wscr_bytes = w;
     int rc = kcuda_blas_create(&cu->blas, cu->stream, err);
     if (rc == BL_ENOTSUP) { /* no cuBLAS on this machine: prompts take the rows path */
@@ -824,7 +823,6 @@ static int cu_add_host(wk_backend_t *b, int64_t l, const wk_moe_t *e, bl_err_t *
                               cu->path, (long long)l);
         x->h[i] = *h[i];
         bytes = ((bytes + 255) & ~(size_t)255) + h[i]->row_bytes * (size_t)h[i]->nrows;
-        cu->off_f16 = max_sz(cu->off_f16, (size_t)h[i]->nrows * (size_t)h[i]->ncols * 2);
     }
     cu->off_bytes = max_sz(cu->off_bytes, bytes);
     return 0;
@@ -1822,7 +1820,7 @@ static int cu_mla(wk_backend_t *b, int64_t l, const wk_mla_t *a, float *q, float
     OP("attn_kv_a_norm", kcuda_rms_norm(c, c, a->kv_norm, n, r, D, a->eps, s, err));
     OP("attn_rope", kcuda_rope_norm(q + nope, cu->d_pos, n, H, H * hk, hk, &rope, s, err));
     OP("attn_rope", kcuda_rope_norm(c + r, cu->d_pos, n, 1, D, 0, &rope, s, err));
-    OP("attn_k_b", kcuda_dequant_f16(M(a->wk_b), 0, H * r, cu->mla_w16, NULL, 1, s, err));
+    OP("attn_k_b", kcuda_dequant_f16(M(a->wk_b), 0, H * r, cu->mla_w16, s, err));
     OP("attn_k_b", kcuda_matvec_heads(cu->mla_w16, H, r, nope, q, H * hk, hk, n, cu->mla_q, H * r, r, s, err));
     if (cu->mode == MODE_DECODE) {
         const size_t rb = st->seg[0].kv->row_bytes; /* every cache of a model has the same rows */
@@ -1840,7 +1838,7 @@ static int cu_mla(wk_backend_t *b, int64_t l, const wk_mla_t *a, float *q, float
                                                 cu->mla_o + r0 * H * r, H * r, r, s, err));
         }
     }
-    OP("attn_v_b", kcuda_dequant_f16(M(a->wv_b), 0, H * hv, cu->mla_w16, NULL, 1, s, err));
+    OP("attn_v_b", kcuda_dequant_f16(M(a->wv_b), 0, H * hv, cu->mla_w16, s, err));
     OP("attn_v_b", kcuda_matvec_heads(cu->mla_w16, H, hv, r, cu->mla_o, H * r, r, n, att, H * hv, hv, s, err));
     return 0;
 }
@@ -1891,8 +1889,8 @@ static int moe_rows(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, f
 
 /* The same for a prompt (x16 holds xn in f16): router and top-k on the card, the
  * (row, choice) slots sorted by expert on the card, the gathered rows through each
- * expert matrix in one grouped launch (only the chosen experts dequantized), then
- * the weighted sum back in row order. */
+ * expert matrix in one grouped launch (the chosen experts' weights read as stored,
+ * dequantized inside it), then the weighted sum back in row order. */
 static int moe_prompt(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, float *x, bl_err_t *err)
 {
     const int64_t E = cu->c->n_embd, F = e->n_ff, K = e->n_used, NE = e->n_expert, S = n * K;
@@ -1904,18 +1902,15 @@ static int moe_prompt(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n,
     OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, &route, cu->ids, cu->wts, st, err));
     OP("ffn_moe_sort", kcuda_moe_sort(cu->ids, S, NE, counts, offsets, tile0, perm, inv, st, err));
     OP("ffn_moe_gather", kcuda_moe_gather_f16(xn, E, perm, S, (int)K, E, cu->xs16, E, st, err));
-    OP("ffn_moe_dequant", kcuda_dequant_f16(M(&e->gate_exps), 0, NE * F, cu->wscr, counts, F, st, err));
-    OP("ffn_moe_gate", kcuda_gemm_grouped(cu->wscr, NE, F, E, cu->xs16, offsets, tile0, S, cu->g, F, st, err));
-    OP("ffn_moe_dequant", kcuda_dequant_f16(M(&e->up_exps), 0, NE * F, cu->wscr, counts, F, st, err));
-    OP("ffn_moe_up", kcuda_gemm_grouped(cu->wscr, NE, F, E, cu->xs16, offsets, tile0, S, cu->u_, F, st, err));
+    OP("ffn_moe_gate", kcuda_gemm_grouped(M(&e->gate_exps), NE, F, cu->xs16, offsets, tile0, S, cu->g, F, st, err));
+    OP("ffn_moe_up", kcuda_gemm_grouped(M(&e->up_exps), NE, F, cu->xs16, offsets, tile0, S, cu->u_, F, st, err));
     /* The SwiGLU output, in f16, takes the gathered rows' place. */
     if (plain_swiglu(e))
         OP("ffn_moe_swiglu", kcuda_swiglu_f16(cu->g, cu->u_, S * F, cu->xs16, st, err));
     else
         OP("ffn_moe_act", kcuda_experts_act(cu->g, cu->u_, F, cu->ids, perm, e->gate_b.p, e->up_b.p, S, F, NE, e->act,
                                             cu->xs16, st, err));
-    OP("ffn_moe_dequant", kcuda_dequant_f16(M(&e->down_exps), 0, NE * E, cu->wscr, counts, E, st, err));
-    OP("ffn_moe_down", kcuda_gemm_grouped(cu->wscr, NE, E, F, cu->xs16, offsets, tile0, S, cu->dg, E, st, err));
+    OP("ffn_moe_down", kcuda_gemm_grouped(M(&e->down_exps), NE, E, cu->xs16, offsets, tile0, S, cu->dg, E, st, err));
     OP("ffn_moe_combine", kcuda_moe_combine(cu->dg, E, inv, cu->wts, n, (int)K, E, x, E, 1, st, err));
     if (e->down_b.p)
         OP("ffn_moe_down_bias", kcuda_experts_bias_down(x, E, cu->ids, NULL, cu->wts, e->down_b.p, n, (int)K, E, NE, st,

@@ -366,8 +366,9 @@ int wk__place_ffn(wk_model_t *m, int64_t l, bl_err_t *err)
           (rc = op->add_vec(b, &e->up_b, c->n_expert * c->n_ff_exp, err)) < 0 ||
           (rc = op->add_vec(b, &e->down_b, c->n_expert * c->n_embd, err)) < 0)) ||
         (wk__layer_local_experts(m, l) &&
-         ((rc = op->add(b, &e->gate_exps, 0, err)) < 0 || (rc = op->add(b, &e->up_exps, 0, err)) < 0 ||
-          (rc = op->add(b, &e->down_exps, 0, err)) < 0)))
+         ((rc = op->add(b, &e->gate_exps, WK_ADD_EXPERTS, err)) < 0 ||
+          (rc = op->add(b, &e->up_exps, WK_ADD_EXPERTS, err)) < 0 ||
+          (rc = op->add(b, &e->down_exps, WK_ADD_EXPERTS, err)) < 0)))
         return rc;
     if (c->n_ff_shexp && ((rc = op->add(b, &L->sh_gate, 0, err)) < 0 || (rc = op->add(b, &L->sh_up, 0, err)) < 0 ||
                           (rc = op->add(b, &L->sh_down, 0, err)) < 0 ||

@@ -107,19 +107,15 @@ static __device__ __forceinline__ void deq8(const uint8_t *row, uint32_t type, i
     }
 }
 
-/* A thread per 8 elements: out (nrows, ncols) f16 = rows row0.. of w. With counts,
- * rows of a group (expert) whose count is 0 are skipped. */
+/* A thread per 8 elements: out (nrows, ncols) f16 = rows row0.. of w. */
 static __global__ void dequant_f16_kernel(const uint8_t *w, uint32_t type, size_t row_bytes, int64_t ncols,
-                                          int64_t row0, int64_t nrows, __half *out, const int32_t *counts,
-                                          int64_t rows_per_group)
+                                          int64_t row0, int64_t nrows, __half *out)
 {
     const int64_t per_row = ncols / 8;
     const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= nrows * per_row)
         return;
     const int64_t r = g / per_row, k0 = (g % per_row) * 8;
-    if (counts && counts[(row0 + r) / rows_per_group] == 0)
-        return;
     float v[8];
     deq8(w + (size_t)(row0 + r) * row_bytes, type, k0, v);
     __align__(16) __half h[8];
@@ -128,22 +124,19 @@ static __global__ void dequant_f16_kernel(const uint8_t *w, uint32_t type, size_
     *(uint4 *)(out + r * ncols + k0) = *(const uint4 *)h;
 }
 
-int kcuda_dequant_f16(const kcuda_mat_t *w, int64_t row0, int64_t nrows, void *d_out, const int32_t *d_counts,
-                      int64_t rows_per_group, void *stream, bl_err_t *err)
+int kcuda_dequant_f16(const kcuda_mat_t *w, int64_t row0, int64_t nrows, void *d_out, void *stream, bl_err_t *err)
 {
     if (!kcuda_type_supported(w->type) || w->ncols % 8 != 0)
         return bl_err_set(err, BL_ENOTSUP, "dequant to f16: type %u with %lld columns (a multiple of 8)", w->type,
                           (long long)w->ncols);
-    if (row0 < 0 || nrows < 0 || row0 + nrows > w->nrows || (d_counts && rows_per_group < 1) ||
-        (uintptr_t)d_out % 16 != 0)
+    if (row0 < 0 || nrows < 0 || row0 + nrows > w->nrows || (uintptr_t)d_out % 16 != 0)
         return bl_err_set(err, BL_EINVAL, "dequant to f16: rows %lld..%lld of %lld, output %p", (long long)row0,
                           (long long)(row0 + nrows), (long long)w->nrows, d_out);
     const int64_t total = nrows * (w->ncols / 8);
     if (total == 0)
         return 0;
     dequant_f16_kernel<<<(unsigned)kc_cdiv(total, 256), 256, 0, (cudaStream_t)stream>>>(
-        (const uint8_t *)w->data, w->type, w->row_bytes, w->ncols, row0, nrows, (__half *)d_out, d_counts,
-        rows_per_group);
+        (const uint8_t *)w->data, w->type, w->row_bytes, w->ncols, row0, nrows, (__half *)d_out);
     KCUDA_CHECK_LAUNCH(err);
     return 0;
 }
@@ -337,7 +330,7 @@ int kcuda_gemm(void *blas, const kcuda_mat_t *w, const void *d_x16, int64_t ldx1
                           (long long)K);
     for (int64_t r = 0; r < w->nrows; r += piece) {
         const int64_t m = w->nrows - r < piece ? w->nrows - r : piece;
-        int rc = kcuda_dequant_f16(w, r, m, d_wscratch, NULL, 1, stream, err);
+        int rc = kcuda_dequant_f16(w, r, m, d_wscratch, stream, err);
         if (rc < 0 || (rc = gemm_f16(h, d_wscratch, K, d_x16, ldx16, m, n, K, d_y + r, ldy, accumulate, err)) < 0)
             return rc;
     }
@@ -497,8 +490,15 @@ int kcuda_moe_combine(const float *d_d, int64_t ldd, const int32_t *d_inv, const
 
 /* Block: 4 warps, a 64 x 64 tile of one expert's output (sorted rows x outputs);
  * warp (wm, wn) owns 32 x 32. grid (ceil(rows_per_expert / 64), tile count bound);
- * block y finds its expert from tile0. K in steps of 32, two stages of cp.async. */
-static __global__ void __launch_bounds__(128) gemm_grouped_kernel(const __half *w, int64_t rows_per_expert, int64_t K,
+ * block y finds its expert from tile0. K in steps of 32, two stages: the rows' f16
+ * tile by cp.async; the weights' tile by cp.async when they are f16, otherwise
+ * dequantized by the threads (deq8, the reference's arithmetic, rounded to f16: the
+ * same halves kcuda_dequant_f16 writes), the next step's into registers before the
+ * current step's products and stored after them, so that the weights are read once,
+ * as stored, and their load latency hides behind the tensor cores. */
+template <uint32_t T>
+static __global__ void __launch_bounds__(128) gemm_grouped_kernel(const uint8_t *w, size_t row_bytes,
+                                                                  int64_t rows_per_expert, int64_t K,
                                                                   const __half *x, const int32_t *offsets,
                                                                   const int32_t *tile0, int n_expert, float *y,
                                                                   int64_t ldy)
@@ -520,7 +520,7 @@ static __global__ void __launch_bounds__(128) gemm_grouped_kernel(const __half *
     const int64_t m0 = offsets[e] + (int64_t)(t - tile0[e]) * GG_BM;
     const int64_t m_end = offsets[e + 1];
     const int64_t n0 = (int64_t)blockIdx.x * GG_BN;
-    const __half *wb = w + ((int64_t)e * rows_per_expert) * K;
+    const uint8_t *wb = w + (size_t)e * (size_t)rows_per_expert * row_bytes;
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 2, wn = warp % 2;
     float acc[2][4][4];
@@ -532,25 +532,59 @@ static __global__ void __launch_bounds__(128) gemm_grouped_kernel(const __half *
             for (int q = 0; q < 4; q++)
                 acc[i][j][q] = 0.0f;
 
-    /* Each thread copies 2 16-byte chunks of A and 2 of B per stage (64 rows x 4). */
+    /* Each thread copies 2 16-byte chunks of A (and of f16 B) per stage (64 rows x 4). */
     auto load = [&](int stage, int64_t k0) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int c = tid + 128 * i, r = c / 4, kc = (c % 4) * 8;
-            const int64_t ra = m0 + r, rb = n0 + r;
-            const int oka = ra < m_end, okb = rb < rows_per_expert;
+            const int64_t ra = m0 + r;
+            const int oka = ra < m_end;
             kc_cp_async16(&sa[stage][r * GG_LDS + kc], x + (oka ? ra : m0) * K + k0 + kc, oka ? 16 : 0);
-            kc_cp_async16(&sb[stage][r * GG_LDS + kc], wb + (okb ? rb : 0) * K + k0 + kc, okb ? 16 : 0);
+            if (T == BL_TYPE_F16) {
+                const int64_t rb = n0 + r;
+                const int okb = rb < rows_per_expert;
+                kc_cp_async16(&sb[stage][r * GG_LDS + kc], wb + (okb ? rb : 0) * row_bytes + 2 * (k0 + kc),
+                              okb ? 16 : 0);
+            }
         }
         kc_cp_async_commit();
+    };
+    /* Quantized B: thread t dequantizes row t / 2 of the tile, elements kc and kc + 16
+     * (kc = 8 (t % 2)): for MXFP4 the same 8 code bytes, low and high nibbles. */
+    const int br = tid / 2, bk = 8 * (tid % 2);
+    const int bok = n0 + br < rows_per_expert;
+    const uint8_t *brow = wb + (size_t)(bok ? n0 + br : 0) * row_bytes;
+    uint4 bq[2];
+    auto fetch_b = [&](int64_t k0) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float v[8];
+            deq8(brow, T, k0 + bk + 16 * i, v);
+            __align__(16) __half h[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                h[q] = __float2half_rn(bok ? v[q] : 0.0f);
+            bq[i] = *(const uint4 *)h;
+        }
+    };
+    auto store_b = [&](int stage) {
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+            *(uint4 *)&sb[stage][br * GG_LDS + bk + 16 * i] = bq[i];
     };
 
     const int64_t nk = K / GG_BK;
     load(0, 0);
+    if (T != BL_TYPE_F16) {
+        fetch_b(0);
+        store_b(0);
+    }
     for (int64_t kt = 0; kt < nk; kt++) {
         const int st = (int)(kt & 1);
         if (kt + 1 < nk) {
             load(st ^ 1, (kt + 1) * GG_BK);
+            if (T != BL_TYPE_F16)
+                fetch_b((kt + 1) * GG_BK);
             kc_cp_async_wait<1>();
         } else {
             kc_cp_async_wait<0>();
@@ -572,6 +606,9 @@ static __global__ void __launch_bounds__(128) gemm_grouped_kernel(const __half *
                 for (int j = 0; j < 4; j++)
                     kc_mma16816(acc[i][j], a[i], b[j / 2][(j % 2) * 2], b[j / 2][(j % 2) * 2 + 1]);
         }
+        /* the other stage was last read before the previous barrier */
+        if (T != BL_TYPE_F16 && kt + 1 < nk)
+            store_b(st ^ 1);
         __syncthreads(); /* the stage is refilled next iteration */
     }
 
@@ -592,15 +629,17 @@ static __global__ void __launch_bounds__(128) gemm_grouped_kernel(const __half *
             }
 }
 
-int kcuda_gemm_grouped(const void *d_w16, int64_t n_expert, int64_t rows_per_expert, int64_t k, const void *d_x16,
+int kcuda_gemm_grouped(const kcuda_mat_t *w, int64_t n_expert, int64_t rows_per_expert, const void *d_x16,
                        const int32_t *d_offsets, const int32_t *d_tile0, int64_t n_sorted, float *d_y, int64_t ldy,
                        void *stream, bl_err_t *err)
 {
+    const int64_t k = w->ncols;
     if (k % GG_BK != 0 || k <= 0 || rows_per_expert < 1 || n_expert < 1 || n_expert > KCUDA_MOE_MAX_EXPERT ||
-        ldy < rows_per_expert || (uintptr_t)d_w16 % 16 || (uintptr_t)d_x16 % 16)
+        w->nrows != n_expert * rows_per_expert || ldy < rows_per_expert || (uintptr_t)w->data % 16 ||
+        (uintptr_t)d_x16 % 16)
         return bl_err_set(err, BL_EINVAL, "grouped gemm: k %lld (a multiple of %d), %lld rows per expert, %lld "
-                          "experts, ldy %lld", (long long)k, GG_BK, (long long)rows_per_expert, (long long)n_expert,
-                          (long long)ldy);
+                          "experts, %lld rows, ldy %lld", (long long)k, GG_BK, (long long)rows_per_expert,
+                          (long long)n_expert, (long long)w->nrows, (long long)ldy);
     if (n_sorted == 0)
         return 0;
     /* Tiles: each expert's rows in pieces of GG_BM, at most n_sorted / GG_BM + n_expert. */
@@ -608,9 +647,27 @@ int kcuda_gemm_grouped(const void *d_w16, int64_t n_expert, int64_t rows_per_exp
     if (tiles > 65535)
         return bl_err_set(err, BL_ERANGE, "grouped gemm: %lld rows", (long long)n_sorted);
     const dim3 grid((unsigned)kc_cdiv(rows_per_expert, GG_BN), (unsigned)tiles);
-    gemm_grouped_kernel<<<grid, 128, 0, (cudaStream_t)stream>>>((const __half *)d_w16, rows_per_expert, k,
-                                                                (const __half *)d_x16, d_offsets, d_tile0,
-                                                                (int)n_expert, d_y, ldy);
+    const uint8_t *wd = (const uint8_t *)w->data;
+    const __half *x16 = (const __half *)d_x16;
+    cudaStream_t s = (cudaStream_t)stream;
+#define GG_CASE(TY)                                                                                            \
+    case TY:                                                                                                   \
+        gemm_grouped_kernel<TY><<<grid, 128, 0, s>>>(wd, w->row_bytes, rows_per_expert, k, x16, d_offsets,    \
+                                                     d_tile0, (int)n_expert, d_y, ldy);                        \
+        break;
+    switch (w->type) {
+        GG_CASE(BL_TYPE_F32)
+        GG_CASE(BL_TYPE_F16)
+        GG_CASE(BL_TYPE_BF16)
+        GG_CASE(BL_TYPE_Q8_0)
+        GG_CASE(BL_TYPE_MXFP4)
+        GG_CASE(BL_TYPE_Q4_K)
+        GG_CASE(BL_TYPE_Q5_K)
+        GG_CASE(BL_TYPE_Q6_K)
+    default:
+        return bl_err_set(err, BL_ENOTSUP, "grouped gemm: weights of type %u", w->type);
+    }
+#undef GG_CASE
     KCUDA_CHECK_LAUNCH(err);
     return 0;
 }

@@ -642,11 +642,8 @@ int kcuda_mla_attention(const void *d_cache, const kcuda_kv_row_t *d_rows, int64
  * are within the oracle gates; docs/cuda.md, "Prompts". */
 
 /* out (nrows, w->ncols) f16 = rows row0 .. row0+nrows-1 of w, dequantized as the
- * references do, rounded to f16. w->ncols a multiple of 8; out 16-byte aligned.
- * With d_counts, rows of group (row0 + r) / rows_per_group are skipped (left as
- * they were) when d_counts[group] is 0: the experts no row chose. */
-int kcuda_dequant_f16(const kcuda_mat_t *w, int64_t row0, int64_t nrows, void *d_out,
-                      const int32_t *d_counts, int64_t rows_per_group, void *stream,
+ * references do, rounded to f16. w->ncols a multiple of 8; out 16-byte aligned. */
+int kcuda_dequant_f16(const kcuda_mat_t *w, int64_t row0, int64_t nrows, void *d_out, void *stream,
                       bl_err_t *err) BL_WUR;
 
 /* y (n, ncols) f16, ldy halves apart = x (n, ncols) f32 rounded to nearest. ncols,
@@ -692,11 +689,15 @@ int kcuda_moe_gather_f16(const float *d_x, int64_t ldx, const int32_t *d_perm, i
                          bl_err_t *err) BL_WUR;
 
 /* y (n_sorted, rows_per_expert) f32, ldy apart: sorted row p (of expert e, from the
- * offsets) times expert e's rows of d_w16 (n_expert * rows_per_expert, k) f16. One
- * launch for all experts (tiles of 64 rows of one expert x 64 outputs, mma.sync,
- * f32 accumulation in a fixed order: a row's result does not depend on the other
- * rows). k a multiple of 32; d_offsets, d_tile0 from kcuda_moe_sort. */
-int kcuda_gemm_grouped(const void *d_w16, int64_t n_expert, int64_t rows_per_expert, int64_t k,
+ * offsets) times expert e's rows of w (n_expert * rows_per_expert rows of w->ncols,
+ * any type kcuda_type_supported takes, read as stored: the weights' tiles are
+ * dequantized inside the launch to the halves kcuda_dequant_f16 writes). One launch
+ * for all experts (tiles of 64 rows of one expert x 64 outputs, mma.sync, f32
+ * accumulation in a fixed order: a row's result does not depend on the other rows,
+ * and is the same bits for weights given quantized or as their f16 dequantization).
+ * w->ncols a multiple of 32, w->data 16-byte aligned; d_offsets, d_tile0 from
+ * kcuda_moe_sort. */
+int kcuda_gemm_grouped(const kcuda_mat_t *w, int64_t n_expert, int64_t rows_per_expert,
                        const void *d_x16, const int32_t *d_offsets, const int32_t *d_tile0,
                        int64_t n_sorted, float *d_y, int64_t ldy, void *stream,
                        bl_err_t *err) BL_WUR;

@@ -73,7 +73,7 @@ static void case_dequant(rng_t *r, uint32_t type, int64_t ncols, int64_t rows)
     make_w(r, &w, type, ncols, rows);
     const int64_t r0 = rows > 3 ? 2 : 0, nr = rows - r0;
     void *d = d_poison(2 * (size_t)(nr * ncols));
-    int ok = kcuda_dequant_f16(&w.m, r0, nr, d, NULL, 1, NULL, &err) == 0;
+    int ok = kcuda_dequant_f16(&w.m, r0, nr, d, NULL, &err) == 0;
     if (ok) {
         float *got = fetch_f16(d, nr * ncols);
         double *ref = xmalloc(sizeof(double) * (size_t)(nr * ncols));
@@ -211,6 +211,36 @@ static int check_expert_stages(const wmat_t *gate, const wmat_t *up, const wmat_
     return ok;
 }
 
+/* Whether the grouped GEMM's output y (n_sorted rows, ldy apart), computed from w as
+ * stored, has the bits of the same product over w dequantized to f16 first. */
+static int grouped_same_as_f16(const wmat_t *w, int64_t ne, int64_t rows_per, const void *xs16,
+                               const int32_t *offs, const int32_t *tile0, int64_t n_sorted, const float *y,
+                               int64_t ldy, void *wscr, bl_err_t *err)
+{
+    kcuda_mat_t m16;
+    float *y16 = d_poison(sizeof(float) * (size_t)(n_sorted * ldy));
+    float *a = xmalloc(sizeof(float) * (size_t)(n_sorted * ldy)), *b = xmalloc(sizeof(float) * (size_t)(n_sorted * ldy));
+    int ok = kcuda_dequant_f16(&w->m, 0, w->m.nrows, wscr, NULL, err) == 0 &&
+             kcuda_mat_init(&m16, wscr, BL_TYPE_F16, w->m.ncols, w->m.nrows, err) == 0 &&
+             kcuda_gemm_grouped(&m16, ne, rows_per, xs16, offs, tile0, n_sorted, y16, ldy, NULL, err) == 0 &&
+             d_fetch(a, y, sizeof(float) * (size_t)(n_sorted * ldy), err) == 0 &&
+             d_fetch(b, y16, sizeof(float) * (size_t)(n_sorted * ldy), err) == 0;
+    if (ok && memcmp(a, b, sizeof(float) * (size_t)(n_sorted * ldy)) != 0) {
+        for (int64_t i = 0; i < n_sorted * ldy; i++)
+            if (memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+                printf("#   %s weights as stored: element %lld is %.9g, over their f16 copy %.9g\n",
+                       bl_type_info(w->m.type)->name, (long long)i, a[i], b[i]);
+                break;
+            }
+        ok = 0;
+    } else if (!ok) {
+        printf("#   %s\n", err->msg);
+    }
+    kcuda_free(y16);
+    free(a), free(b);
+    return ok;
+}
+
 /* The prompt MoE FFN's expert part for n rows choosing k of ne experts: sort,
  * gather, gate/up grouped GEMMs, SwiGLU, down, combine onto random x. The last
  * slot names an expert past the end (it must contribute nothing). */
@@ -247,13 +277,12 @@ static void case_experts(rng_t *r, uint32_t type_up, uint32_t type_down, int64_t
     int32_t *hoff = xmalloc(sizeof(int32_t) * (size_t)(2 * ne + 2)); /* offsets, then tile0 */
     int ok = kcuda_moe_sort(dids, S, ne, counts, offs, tile0, perm, inv, NULL, &err) == 0 &&
              kcuda_moe_gather_f16(dx, E, perm, S - 1, k, E, xs16, E, NULL, &err) == 0 &&
-             kcuda_dequant_f16(&gate.m, 0, ne * F, wscr, counts, F, NULL, &err) == 0 &&
-             kcuda_gemm_grouped(wscr, ne, F, E, xs16, offs, tile0, S - 1, g, F, NULL, &err) == 0 &&
-             kcuda_dequant_f16(&up.m, 0, ne * F, wscr, counts, F, NULL, &err) == 0 &&
-             kcuda_gemm_grouped(wscr, ne, F, E, xs16, offs, tile0, S - 1, u, F, NULL, &err) == 0 &&
+             kcuda_gemm_grouped(&gate.m, ne, F, xs16, offs, tile0, S - 1, g, F, NULL, &err) == 0 &&
+             kcuda_gemm_grouped(&up.m, ne, F, xs16, offs, tile0, S - 1, u, F, NULL, &err) == 0 &&
+             grouped_same_as_f16(&gate, ne, F, xs16, offs, tile0, S - 1, g, F, wscr, &err) &&
              kcuda_swiglu_f16(g, u, (S - 1) * F, xs16, NULL, &err) == 0 &&
-             kcuda_dequant_f16(&down.m, 0, ne * E, wscr, counts, E, NULL, &err) == 0 &&
-             kcuda_gemm_grouped(wscr, ne, E, F, xs16, offs, tile0, S - 1, dd, E, NULL, &err) == 0 &&
+             kcuda_gemm_grouped(&down.m, ne, E, xs16, offs, tile0, S - 1, dd, E, NULL, &err) == 0 &&
+             grouped_same_as_f16(&down, ne, E, xs16, offs, tile0, S - 1, dd, E, wscr, &err) &&
              kcuda_moe_combine(dd, E, inv, dw, n, k, E, dy, E, 1, NULL, &err) == 0 &&
              d_fetch(y, dy, sizeof(float) * (size_t)(n * E), &err) == 0 &&
              d_fetch(hperm, perm, sizeof(int32_t) * (size_t)S, &err) == 0 &&
@@ -352,9 +381,12 @@ static void case_prefill(rng_t *r, int64_t n, int64_t pos0, int64_t n_head, int6
 static void case_refusals(void *blas)
 {
     bl_err_t err = {0};
-    tap_ok(kcuda_gemm_grouped((void *)16, 4, 64, 48, (void *)16, NULL, NULL, 1, (float *)16, 64, NULL, &err) ==
-               BL_EINVAL,
+    const kcuda_mat_t k48 = {.data = (void *)16, .type = BL_TYPE_F16, .ncols = 48, .nrows = 256, .row_bytes = 96};
+    tap_ok(kcuda_gemm_grouped(&k48, 4, 64, (void *)16, NULL, NULL, 1, (float *)16, 64, NULL, &err) == BL_EINVAL,
            "grouped gemm refuses k not a multiple of 32 (%s)", err.msg);
+    const kcuda_mat_t k64 = {.data = (void *)16, .type = BL_TYPE_F16, .ncols = 64, .nrows = 250, .row_bytes = 128};
+    tap_ok(kcuda_gemm_grouped(&k64, 4, 64, (void *)16, NULL, NULL, 1, (float *)16, 64, NULL, &err) == BL_EINVAL,
+           "grouped gemm refuses a matrix of other than n_expert x rows_per_expert rows (%s)", err.msg);
     const kcuda_kv_view_t v = {.k = (void *)256, .v = (void *)256, .row_bytes = 512};
     tap_ok(kcuda_attention_prefill(&v, (float *)256, (float *)256, 4, 0, 4, 2, 256, 1.0f, NULL, &err) == BL_ENOTSUP,
            "prefill attention refuses head_dim 256 (%s)", err.msg);
@@ -389,6 +421,9 @@ int main(void)
     case_experts(&r, BL_TYPE_Q8_0, BL_TYPE_Q8_0, 5, 96, 160, 70, 2);
     case_experts(&r, BL_TYPE_F16, BL_TYPE_Q5_K, 16, 512, 256, 9, 8);
     case_experts(&r, BL_TYPE_MXFP4, BL_TYPE_MXFP4, 6, 96, 160, 40, 4);
+    /* every other type the weights' tiles dequantize, and experts of 2-3 row tiles */
+    case_experts(&r, BL_TYPE_BF16, BL_TYPE_F32, 3, 64, 96, 150, 2);
+    case_experts(&r, BL_TYPE_Q5_K, BL_TYPE_Q4_K, 2, 256, 512, 90, 2);
     if (!g_small) {
         case_experts(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 128, 512, 256, 200, 8);
         /* gpt-oss's expert shapes (E = F = 2880, top 4), 5 experts */
