@@ -205,8 +205,11 @@ static int check_expert_stages(const wmat_t *gate, const wmat_t *up, const wmat_
     if (bad_gu || bad_h)
         printf("#   %lld g/u and %lld h elements off\n", (long long)bad_gu, (long long)bad_h);
     /* the f32 sums of F terms: their rounding grows with the terms' sizes, not the
-     * result's (large mxfp4 values cancel to small outputs) */
-    const int ok = !bad_gu && !bad_h && check_close(y, E, ref, n, E, 2e-3 + 2e-7 * max_sab, 2e-3);
+     * result's (large mxfp4 values cancel to small outputs). The tensor cores add
+     * the products with fewer bits than an f32 add keeps: at gpt-oss's F of 2880 an
+     * H100 came 3.9e-7 of the terms' absolute sum away (seed 1796619655312), where
+     * the down product's bits equal the f16-copy path's (grouped_same_as_f16) */
+    const int ok = !bad_gu && !bad_h && check_close(y, E, ref, n, E, 2e-3 + 8e-7 * max_sab, 2e-3);
     free(g), free(u), free(h), free(ref);
     return ok;
 }
