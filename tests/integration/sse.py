@@ -71,6 +71,14 @@ def post(base, path, body, **kw):
     return requests.post(base + path, json=body, **kw)
 
 
+def metric(base, name):
+    """The value of bloomery:NAME in the server's /metrics."""
+    for line in requests.get(base + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("bloomery:" + name + " "):
+            return float(line.split()[1])
+    raise AssertionError("no metric " + name)
+
+
 def get(base, path, **kw):
     kw.setdefault("timeout", TIMEOUT)
     return requests.get(base + path, **kw)

@@ -7,7 +7,7 @@ import time
 
 import requests
 
-from sse import post
+from sse import metric, post
 
 FAST = ["-np", "1", "-c", "512", "-t", "1"]
 
@@ -237,13 +237,6 @@ def test_kv_unified_slots_share_one_cache(servers):
     assert r.json()["tokens_evaluated"] > 512, r.json()
     assert metric(srv.url, "kv_evictions_total") >= 1
     assert metric(srv.url, "kv_preemptions_total") >= 0
-
-
-def metric(url, name):
-    for line in requests.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("bloomery:" + name + " "):
-            return float(line.split()[1])
-    raise AssertionError("no metric " + name)
 
 
 def test_prompt_cache_in_host_ram(servers):

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 import serverctl
-from sse import data_events, post, stream
+from sse import data_events, metric, post, stream
 
 SHARED = os.environ.get("BLOOMERY_SHARED") or os.path.join(os.path.dirname(serverctl.ROOT), "shared")
 TARGET = os.path.join(SHARED, "models", "qwen3moe-trained-q8.gguf")
@@ -29,13 +29,6 @@ SIMPLE = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--s
 MAPK = ["--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-n", "3", "--spec-ngram-map-k-size-m", "8"]
 MOD = ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "4", "--spec-ngram-mod-n-min", "1",
        "--spec-ngram-mod-n-max", "8"]
-
-
-def metric(url, name):
-    for line in requests.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("bloomery:" + name + " "):
-            return float(line.split()[1])
-    raise AssertionError("no metric " + name)
 
 
 @pytest.fixture(scope="module")

@@ -4,14 +4,13 @@ does, greedily, whole and streamed, with stop strings and token limits; the
 timings and /metrics report the proposals and those taken; a draft of another
 vocabulary, an unknown --spec-type and --spec-type draft without a draft are
 refused at start."""
-import json
 import os
 
 import pytest
 import requests
 
 import serverctl
-from sse import data_events, post, stream
+from sse import data_events, metric, post, stream
 
 SHARED = os.environ.get("BLOOMERY_SHARED") or os.path.join(os.path.dirname(serverctl.ROOT), "shared")
 TARGET = os.path.join(SHARED, "models", "qwen3moe-trained-q8.gguf")
@@ -24,13 +23,6 @@ PROMPTS = ["<|im_start|>user\nTell me a fortune.<|im_end|>\n<|im_start|>assistan
            "This program is free software; you can redistribute it",
            "Return a new sorted list from the items in"]
 FLAGS = ["-np", "2", "-c", "2048", "-t", "1", "-tb", "1"]
-
-
-def metric(url, name):
-    for line in requests.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("bloomery:" + name + " "):
-            return float(line.split()[1])
-    raise AssertionError("no metric " + name)
 
 
 @pytest.fixture(scope="module")
