@@ -2067,9 +2067,10 @@ static void spec_mtp(rt_engine_t *e)
 /* New tokens of a slot's task go into the table this many at a time. */
 #define NGRAM_ADD_EVERY 32
 
-/* --spec-type ngram-simple, ngram-map-k and ngram-mod: each generating slot's proposals come from
- * the tokens it has (router/ngram.h), within its draft limits and the room to verify
- * them; fewer than the limits' n_min are none. No model runs for them. */
+/* --spec-type ngram-simple, ngram-map-k and ngram-mod: each generating slot's
+ * proposals come from the tokens it has (router/ngram.h), within its draft limits
+ * and the room to verify them; fewer than the limits' n_min are none. No model runs
+ * for them. */
 static void spec_ngram(rt_engine_t *e)
 {
     uint64_t drafted = 0;

@@ -1955,7 +1955,8 @@ int main(int argc, char **argv)
     if (o.spec_type && strcmp(o.spec_type, "none") && strcmp(o.spec_type, "draft") &&
         strcmp(o.spec_type, "draft-simple") && !mtp_on && !ngram) {
         bl_err_set(&err, BL_ENOTSUP, "--spec-type %.40s: only none, draft (a draft model, -md), draft-mtp "
-                   "(the model's NextN layer), ngram-simple, ngram-map-k and ngram-mod are supported (one type, not a list)",
+                   "(the model's NextN layer), ngram-simple, ngram-map-k and ngram-mod are supported (one type, "
+                   "not a list)",
                    o.spec_type);
         goto fail;
     }
