@@ -4,6 +4,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Whether toks[j, j + len) equals pat[0, len). */
+static int same(const int32_t *toks, int64_t j, const int32_t *pat, int len)
+{
+    return toks[j] == pat[0] && memcmp(toks + j, pat, (size_t)len * sizeof *pat) == 0;
+}
+
 int rt_ngram_simple(const int32_t *toks, int64_t n, int size_n, int size_m, int32_t *out, int cap)
 {
     const int64_t cur = n - 1; /* the tokens before the pending one, llama.cpp's history */
@@ -14,14 +20,9 @@ int rt_ngram_simple(const int32_t *toks, int64_t n, int size_n, int size_m, int3
      * pending one (the one after it would overlap the pattern by all but a token),
      * and never at 0 */
     int64_t at = 0;
-    for (int64_t j = cur - size_n - 1; j > 0; j--) {
-        if (toks[j] != pat[0] || toks[j + size_n - 1] != pat[size_n - 1])
-            continue;
-        if (memcmp(toks + j, pat, (size_t)size_n * sizeof *toks) == 0) {
+    for (int64_t j = cur - size_n - 1; j > 0 && !at; j--)
+        if (same(toks, j, pat, size_n))
             at = j;
-            break;
-        }
-    }
     if (at == 0)
         return 0;
     int64_t k = cur - (at + size_n); /* tokens after the match, before the pending one */
@@ -42,12 +43,6 @@ void rt_ngram_map_begin(rt_ngram_map_t *m, int size_n, int size_m, int64_t begin
     m->begin = begin;
     m->n_keys = 0;
     m->last = -1;
-}
-
-/* Whether toks[j, j + len) equals pat[0, len). */
-static int same(const int32_t *toks, int64_t j, const int32_t *pat, int len)
-{
-    return toks[j] == pat[0] && memcmp(toks + j, pat, (size_t)len * sizeof *pat) == 0;
 }
 
 int rt_ngram_map_draft(rt_ngram_map_t *m, const int32_t *toks, int64_t n, int32_t *out, int cap)
