@@ -188,6 +188,12 @@ typedef struct wk_backend_ops {
      * placed elsewhere through remote, when set), weighted (normed, scaled) */
     int (*moe)(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remote_t *remote, const float *xn,
                int64_t n, float *x, bl_err_t *err);
+    /* out (n, n_embd), host memory = the routed experts of layer l of rows xn (host):
+     * row i's counts[i] (expert, weight) pairs packed row after row in ids and wts
+     * (counts NULL: n_used each), as wk_experts_fn; what an expert tier computes for
+     * a stage (wk_model_experts). Done on return. */
+    int (*experts)(wk_backend_t *b, int64_t l, const wk_moe_t *e, const float *xn, int64_t n, const int32_t *counts,
+                   const int32_t *ids, const float *wts, float *out, bl_err_t *err);
     /* x += down(silu(gate xn) * up xn), a dense SwiGLU FFN (or shared experts), times
      * sigmoid(gate_inp . xn) per row when gate_inp (n_embd, the backend's) is set */
     int (*ffn)(wk_backend_t *b, const wk_tensor_t *gate, const wk_tensor_t *up, const wk_tensor_t *down,
@@ -255,12 +261,8 @@ struct wk_backend {
     const wk_backend_ops_t *op;
 };
 
-/* The CPU backend; its experts are what a hosttier computes (wk__cpu_experts). */
+/* The CPU backend; its experts op is what a hosttier computes (kcpu_experts). */
 int wk__cpu_backend(wk_backend_t **out, const wk_backend_cfg_t *cfg, bl_err_t *err) BL_WUR;
-/* out (n, n_embd) = the routed experts of rows xn: row i's counts[i] (expert, weight)
- * pairs, packed row after row in ids and wts (counts NULL: n_used each) */
-void wk__cpu_experts(wk_backend_t *b, const wk_moe_t *e, const float *xn, int64_t n, const int32_t *counts,
-                     const int32_t *ids, const float *wts, float *out);
 /* The CPU backend's op times (wk_model_profile). */
 int wk__cpu_profile(wk_backend_t *b, wk_prof_op_t *out, int cap, int reset);
 /* The CUDA backend on cfg->o->device; BL_ENOTSUP in a build without CUDA. */

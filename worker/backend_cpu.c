@@ -525,8 +525,8 @@ static int cpu_mla(wk_backend_t *b, int64_t l, const wk_mla_t *a, float *q, floa
 
 /* The routed experts of n rows (kcpu_experts, the same code the hosttier runs, so a
  * layer's experts give the same bits in either process). */
-void wk__cpu_experts(wk_backend_t *b, const wk_moe_t *e, const float *xn, int64_t n, const int32_t *counts,
-                     const int32_t *ids, const float *wts, float *out)
+static void cpu_experts_into(wk_backend_t *b, const wk_moe_t *e, const float *xn, int64_t n, const int32_t *counts,
+                             const int32_t *ids, const float *wts, float *out)
 {
     cpu_t *p = (cpu_t *)b;
     const kcpu_experts_t x = {.gate = e->gate_exps.h, .up = e->up_exps.h, .down = e->down_exps.h,
@@ -534,6 +534,15 @@ void wk__cpu_experts(wk_backend_t *b, const wk_moe_t *e, const float *xn, int64_
                               .act = e->act == BL_ACT_SWIGLU_OAI ? KCPU_ACT_SWIGLU_OAI : KCPU_ACT_SWIGLU,
                               .gate_b = e->gate_b.p, .up_b = e->up_b.p, .down_b = e->down_b.p};
     kcpu_experts(p->kc, p->xs, &x, xn, n, counts, e->n_used, ids, wts, out);
+}
+
+static int cpu_experts(wk_backend_t *b, int64_t l, const wk_moe_t *e, const float *xn, int64_t n,
+                       const int32_t *counts, const int32_t *ids, const float *wts, float *out, bl_err_t *err)
+{
+    (void)l;
+    (void)err;
+    cpu_experts_into(b, e, xn, n, counts, ids, wts, out);
+    return 0;
 }
 
 /* The gate and top-k here, the experts here or through the remote hook. */
@@ -558,7 +567,7 @@ static int cpu_moe(wk_backend_t *b, int64_t l, const wk_moe_t *e, const wk_remot
         if (rc < 0)
             return rc;
     } else {
-        wk__cpu_experts(b, e, xn, n, NULL, p->ids, p->wts, p->o_);
+        cpu_experts_into(b, e, xn, n, NULL, p->ids, p->wts, p->o_);
     }
     add_rows(x, p->o_, n * p->c->n_embd);
     if (t0) { /* the distinct experts' bytes: each is read once for all its rows */
@@ -634,7 +643,8 @@ static const wk_backend_ops_t cpu_ops = {
     .kv_copy = cpu_kv_copy, .kv_move = cpu_kv_move, .state_alloc = cpu_state_alloc, .state_free = cpu_state_free,
     .rec_alloc = cpu_rec_alloc, .rec_free = cpu_rec_free, .rec_copy = cpu_rec_copy,
     .begin = cpu_begin, .end = cpu_end, .embed = cpu_embed, .rms_norm = cpu_rms_norm, .qkv = cpu_qkv,
-    .matmul = cpu_matmul, .attention = cpu_attention, .mla = cpu_mla, .moe = cpu_moe, .ffn = cpu_ffn, .head = cpu_head,
+    .matmul = cpu_matmul, .attention = cpu_attention, .mla = cpu_mla, .moe = cpu_moe, .experts = cpu_experts,
+    .ffn = cpu_ffn, .head = cpu_head,
     .split_heads = cpu_split_heads, .mul_sigmoid = cpu_mul_sigmoid, .deltanet = cpu_deltanet,
     .copy_rows = cpu_copy_rows,
 };

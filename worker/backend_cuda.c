@@ -805,6 +805,28 @@ static int alloc_scratch(cuda_t *cu, bl_err_t *err)
     return 0;
 }
 
+/* An experts-only model's scratch (an expert tier): a call's rows, choices and sums
+ * for n_batch rows, on the card and pinned. */
+static int alloc_only(cuda_t *cu, bl_err_t *err)
+{
+    const wk_config_t *c = cu->c;
+    const size_t B = (size_t)cu->o->n_batch, E = (size_t)c->n_embd, f = sizeof(float);
+    const size_t K = (size_t)c->n_expert_used, F = (size_t)c->n_ff_exp;
+    if (!c->moe)
+        return bl_err_set(err, BL_EINVAL, "%s: %s has no routed experts to hold", cu->path, c->arch);
+    int rc;
+    if ((rc = dalloc(&cu->ids, 4 * B * K, err)) < 0 || (rc = dalloc(&cu->wts, f * B * K, err)) < 0 ||
+        (rc = dalloc(&cu->g, f * B * K * F, err)) < 0 || (rc = dalloc(&cu->u_, f * B * K * F, err)) < 0 ||
+        (rc = dalloc(&cu->xg, f * B * E, err)) < 0 || (rc = dalloc(&cu->d_sums, f * B * E, err)) < 0 ||
+        (rc = dalloc(&cu->dscr, f * (B < KCUDA_MV_MAX_ROWS ? B : KCUDA_MV_MAX_ROWS) * K * E, err)) < 0 ||
+        (rc = kcuda_host_alloc((void **)&cu->h_x, f * B * E, err)) < 0 ||
+        (rc = kcuda_host_alloc((void **)&cu->h_ids, 4 * B * K, err)) < 0 ||
+        (rc = kcuda_host_alloc((void **)&cu->h_wts, f * B * K, err)) < 0 ||
+        (rc = kcuda_host_alloc((void **)&cu->h_sums, f * B * E, err)) < 0)
+        return rc;
+    return 0;
+}
+
 /* A host layer's experts, kept for the prompt offload (unless -no-op-offload) and
  * for residency's copies. */
 static int cu_add_host(wk_backend_t *b, int64_t l, const wk_moe_t *e, bl_err_t *err)
@@ -954,7 +976,10 @@ static int cu_commit(wk_backend_t *b, bl_err_t *err)
         snprintf(why, sizeof why, "%s", err->msg);
         return bl_err_set(err, rc, "%s: a weight the CUDA kernels cannot read: %s", cu->path, why);
     }
-    if ((rc = upload_all(cu, err)) < 0 || (rc = alloc_scratch(cu, err)) < 0 || (rc = offload_alloc(cu, err)) < 0)
+    if ((rc = upload_all(cu, err)) < 0)
+        return rc;
+    if (cu->o->experts == WK_EXPERTS_ONLY ? (rc = alloc_only(cu, err)) < 0
+                                          : (rc = alloc_scratch(cu, err)) < 0 || (rc = offload_alloc(cu, err)) < 0)
         return rc;
     for (int i = 0; i <= PROF_EVENTS; i++) /* cheap; profiling can be switched on later */
         if ((rc = kcuda_event_create(&cu->ev[i], err)) < 0)
@@ -1843,29 +1868,26 @@ static int cu_mla(wk_backend_t *b, int64_t l, const wk_mla_t *a, float *q, float
     return 0;
 }
 
-/* The routed experts of n rows of xn, added onto x: the gate and top-k, then each
- * row's k experts (gate/up with SwiGLU, then down with the weighted sum). */
-static int moe_rows(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, float *x, bl_err_t *err)
+/* Each of n rows' k experts of xn (gate/up with SwiGLU, then down with the weighted
+ * sum) into x (added where acc, else written), row r's choices in cu->ids and cu->wts
+ * r * k.. (an id outside the experts adds nothing); with rl set (the router's logits,
+ * route its choice), gate and up of the plain SwiGLU route each row themselves and
+ * write those choices. */
+static int experts_rows(cuda_t *cu, const wk_moe_t *e, const float *rl, const kcuda_route_t *route, const float *xn,
+                        int64_t n, float *x, int acc, bl_err_t *err)
 {
     const int64_t E = cu->c->n_embd, F = e->n_ff, K = e->n_used, NE = e->n_expert;
     const kcuda_mat_t *gate = M(&e->gate_exps), *up = M(&e->up_exps), *down = M(&e->down_exps);
-    const kcuda_route_t route = route_of(e);
     void *st = cu->stream;
-    OP("ffn_gate_inp", mv(cu, M(&e->gate_inp), NULL, xn, E, n, cu->rl, NE, 0, err));
-    /* Gate and up of one shape with the plain SwiGLU route in their own launch (each
-     * block routes its row); otherwise the routing kernel first. */
     const int plain = plain_swiglu(e);
-    const int fused = plain && same_shape(gate, up);
-    if (!fused)
-        OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, &route, cu->ids, cu->wts, st, err));
     /* The expert kernels index one block row per (row, choice): 65535 at most. */
     const int64_t step = 65535 / K;
     for (int64_t r = 0; r < n; r += step) {
         const int cn = (int)(n - r < step ? n - r : step);
         int32_t *ids = cu->ids + r * K;
         float *g = cu->g + r * K * F, *u = cu->u_ + r * K * F;
-        if (fused) {
-            OP("ffn_moe_gate_up", kcuda_matvec_experts_swiglu_route(gate, up, NE, cu->rl + r * NE, &route, ids,
+        if (rl) {
+            OP("ffn_moe_gate_up", kcuda_matvec_experts_swiglu_route(gate, up, NE, rl + r * NE, route, ids,
                                                                     cu->wts + r * K, cn, (int)K, xn + r * E, E, g, F,
                                                                     st, err));
         } else if (same_shape(gate, up)) { /* biases and the activation inside the launch */
@@ -1882,8 +1904,63 @@ static int moe_rows(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, f
                                                     NULL, st, err));
         }
         OP("ffn_moe_down", kcuda_matvec_experts_down_grouped(down, NE, ids, cu->wts + r * K, cn, (int)K, g, F,
-                                                             e->down_b.p, cu->dscr, E, x + r * E, E, 1, st, err));
+                                                             e->down_b.p, cu->dscr, E, x + r * E, E, acc, st, err));
     }
+    return 0;
+}
+
+/* The routed experts of n rows of xn, added onto x: the gate and top-k, then each
+ * row's k experts. */
+static int moe_rows(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, float *x, bl_err_t *err)
+{
+    const int64_t E = cu->c->n_embd, K = e->n_used, NE = e->n_expert;
+    const kcuda_route_t route = route_of(e);
+    OP("ffn_gate_inp", mv(cu, M(&e->gate_inp), NULL, xn, E, n, cu->rl, NE, 0, err));
+    /* Gate and up of one shape with the plain SwiGLU route in their own launch (each
+     * block routes its row); otherwise the routing kernel first. */
+    const int fused = plain_swiglu(e) && same_shape(M(&e->gate_exps), M(&e->up_exps));
+    if (!fused)
+        OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, &route, cu->ids, cu->wts, cu->stream, err));
+    return experts_rows(cu, e, fused ? cu->rl : NULL, &route, xn, n, x, 1, err);
+}
+
+/* An expert tier's call (an experts-only model on this card): a stage's rows with
+ * their choices, in host memory, through layer l's experts here, the sums into out.
+ * A row with fewer than n_used choices is padded with id -1 (which adds nothing), so
+ * the launches are a decode step's. Done on return. */
+static int cu_experts(wk_backend_t *b, int64_t l, const wk_moe_t *e, const float *xn, int64_t n,
+                      const int32_t *counts, const int32_t *ids, const float *wts, float *out, bl_err_t *err)
+{
+    cuda_t *cu = (cuda_t *)b;
+    const int64_t E = cu->c->n_embd, K = e->n_used;
+    const size_t f = sizeof(float);
+    (void)l;
+    if (cu->o->experts != WK_EXPERTS_ONLY || !cu->h_x)
+        return bl_err_set(err, BL_EINVAL, "%s: only a model loaded for its experts computes them apart from a step",
+                          cu->path);
+    if (n < 1 || n > cu->o->n_batch)
+        return bl_err_set(err, BL_ERANGE, "%lld expert rows, outside 1..%lld", (long long)n,
+                          (long long)cu->o->n_batch);
+    for (int64_t r = 0, at = 0; r < n; r++) {
+        const int64_t c = counts ? counts[r] : K;
+        for (int64_t j = 0; j < K; j++) {
+            cu->h_ids[r * K + j] = j < c ? ids[at + j] : -1;
+            cu->h_wts[r * K + j] = j < c ? wts[at + j] : 0.0f;
+        }
+        at += c;
+    }
+    memcpy(cu->h_x, xn, f * (size_t)(n * E));
+    void *st = cu->stream;
+    int rc;
+    if ((rc = kcuda_set_device(cu->device, err)) < 0 ||
+        (rc = kcuda_upload(cu->xg, cu->h_x, f * (size_t)(n * E), st, err)) < 0 ||
+        (rc = kcuda_upload(cu->ids, cu->h_ids, sizeof(int32_t) * (size_t)(n * K), st, err)) < 0 ||
+        (rc = kcuda_upload(cu->wts, cu->h_wts, f * (size_t)(n * K), st, err)) < 0 ||
+        (rc = experts_rows(cu, e, NULL, NULL, cu->xg, n, cu->d_sums, 0, err)) < 0 ||
+        (rc = kcuda_download(cu->h_sums, cu->d_sums, f * (size_t)(n * E), st, err)) < 0 ||
+        (rc = kcuda_sync(st, err)) < 0)
+        return rc;
+    memcpy(out, cu->h_sums, f * (size_t)(n * E));
     return 0;
 }
 
@@ -2232,7 +2309,8 @@ static const wk_backend_ops_t cuda_ops = {
     .kv_free = cu_kv_free, .kv_copy = cu_kv_copy, .kv_move = cu_kv_move, .state_alloc = cu_state_alloc, .state_free = cu_state_free,
     .rec_alloc = cu_rec_alloc, .rec_free = cu_rec_free, .rec_copy = cu_rec_copy,
     .begin = cu_begin, .end = cu_end, .embed = cu_embed, .rms_norm = cu_rms_norm, .qkv = cu_qkv,
-    .matmul = cu_matmul, .attention = cu_attention, .mla = cu_mla, .moe = cu_moe, .ffn = cu_ffn, .head = cu_head,
+    .matmul = cu_matmul, .attention = cu_attention, .mla = cu_mla, .moe = cu_moe, .experts = cu_experts, .ffn = cu_ffn,
+    .head = cu_head,
     .split_heads = cu_split_heads, .mul_sigmoid = cu_mul_sigmoid, .deltanet = cu_deltanet,
     .resid = cu_resid, .resid_layer = cu_resid_layer,
     .card_export = cu_card_export, .card_import = cu_card_import, .card_close = cu_card_close,

@@ -379,6 +379,29 @@ int wk__place_ffn(wk_model_t *m, int64_t l, bl_err_t *err)
     return 0;
 }
 
+/* A model loaded for its experts only (a hosttier's or an expert tier's): the routed
+ * experts of its layers and their biases are all the backend holds; no step runs. */
+static int place_experts_only(wk_model_t *m, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    wk_backend_t *b = m->be;
+    const wk_backend_ops_t *op = b->op;
+    int rc = 0;
+    for (int64_t l = 0; rc == 0 && l < c->n_layer; l++) {
+        if (!wk__layer_local_experts(m, l))
+            continue;
+        wk_moe_t *e = &m->w.layers[l].moe;
+        if ((c->expert_biases && ((rc = op->add_vec(b, &e->gate_b, c->n_expert * c->n_ff_exp, err)) < 0 ||
+                                  (rc = op->add_vec(b, &e->up_b, c->n_expert * c->n_ff_exp, err)) < 0 ||
+                                  (rc = op->add_vec(b, &e->down_b, c->n_expert * c->n_embd, err)) < 0)) ||
+            (rc = op->add(b, &e->gate_exps, WK_ADD_EXPERTS, err)) < 0 ||
+            (rc = op->add(b, &e->up_exps, WK_ADD_EXPERTS, err)) < 0 ||
+            (rc = op->add(b, &e->down_exps, WK_ADD_EXPERTS, err)) < 0)
+            return rc;
+    }
+    return op->commit(b, err);
+}
+
 int wk__place_done(wk_model_t *m, int64_t q_width, int64_t k_width, int64_t att_width, int64_t extra_width,
                    bl_err_t *err)
 {
@@ -713,11 +736,6 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         rc = bl_err_set(err, BL_EINVAL, "device %d is not a CUDA ordinal or WK_DEVICE_CPU", m->opts.device);
         goto fail;
     }
-    if (m->opts.device >= 0 && m->opts.experts == WK_EXPERTS_ONLY) {
-        rc = bl_err_set(err, BL_ENOTSUP, "%s: a model for its experts only runs on the CPU, not on CUDA device %d",
-                        m->path, m->opts.device);
-        goto fail;
-    }
     m->mtp_l = -1;
     if (m->opts.mtp && m->opts.experts != WK_EXPERTS_ONLY && m->le == m->cfg.n_layer) {
         if (!bl_arch_nextn_runs(&arch) || !m->fam->block) {
@@ -783,7 +801,7 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         goto fail;
     bc.heat = m->heat;
     rc = m->opts.device >= 0 ? wk__cuda_backend(&m->be, &bc, err) : wk__cpu_backend(&m->be, &bc, err);
-    if (rc < 0 || (rc = m->fam->place(m, err)) < 0)
+    if (rc < 0 || (rc = m->opts.experts == WK_EXPERTS_ONLY ? place_experts_only(m, err) : m->fam->place(m, err)) < 0)
         goto fail;
     *out = m;
     return 0;
@@ -1552,11 +1570,10 @@ int wk_model_experts(wk_model_t *m, int64_t layer, const float *xn, int64_t n, c
     const int rc = kcpu_experts_check(c->n_expert, c->n_expert_used, n, counts, ids, err);
     if (rc < 0)
         return rc;
-    if (m->opts.device >= 0)
-        return bl_err_set(err, BL_ENOTSUP, "%s: the experts of a model on a card are computed in its steps",
+    if (m->opts.device >= 0 && m->opts.experts != WK_EXPERTS_ONLY)
+        return bl_err_set(err, BL_ENOTSUP, "%s: the experts of a stage on a card are computed in its steps",
                           m->path);
-    wk__cpu_experts(m->be, &m->w.layers[layer].moe, xn, n, counts, ids, wts, out);
-    return 0;
+    return m->be->op->experts(m->be, layer, &m->w.layers[layer].moe, xn, n, counts, ids, wts, out, err);
 }
 
 // --- a model on a CUDA device ---------------------------------------------------------

@@ -108,8 +108,9 @@ typedef struct wk_model_opts {
 #define WK_EXPERTS_REMOTE 1 /* the gate and top-k run here; the selected experts run in
                              * the callback of wk_model_set_experts (the hosttier); their
                              * weights are not copied into this process's memory */
-#define WK_EXPERTS_ONLY 2   /* a hosttier: only the routed experts' weights are used,
-                             * and only wk_model_experts runs */
+#define WK_EXPERTS_ONLY 2   /* an expert tier (on the CPU or a card): only the routed
+                             * experts' weights are loaded, and only wk_model_experts
+                             * runs */
 
 /* Defaults: fast path with act_terms 2, 1 thread, n_batch 512, n_ctx_max 0, every
  * layer, experts local, the CPU (graphs on, profile off for a device). */
@@ -382,10 +383,12 @@ void wk_model_set_experts(wk_model_t *m, wk_experts_fn fn, void *ctx);
  * normed hidden states xn (n, n_embd), row i with counts[i] (1..n_expert_used)
  * distinct experts (counts NULL: n_expert_used each), their ids and weights packed
  * row after row, into out (n, n_embd). With every pair of a row sent, the bits equal
- * what the same rows get from the experts inside wk_model_eval. Needs the layer's
- * experts in this process (WK_EXPERTS_LOCAL in its stage, or _ONLY with the layer
- * listed). BL_EINVAL (layer, a count or an id out of range, named; a non-MoE model;
- * the wrong experts mode), BL_ERANGE (n outside 1..n_batch). */
+ * what the same rows get from the experts inside wk_model_eval (on the CPU; a card's
+ * sums are within its gates of them). Needs the layer's experts in this process
+ * (WK_EXPERTS_LOCAL in a CPU stage, or _ONLY with the layer listed, on the CPU or a
+ * card). BL_EINVAL (layer, a count or an id out of range, named; a non-MoE model;
+ * the wrong experts mode), BL_ENOTSUP (a stage on a card: its experts run in its
+ * steps), BL_ERANGE (n outside 1..n_batch). */
 int wk_model_experts(wk_model_t *m, int64_t layer, const float *xn, int64_t n, const int32_t *counts,
                      const int32_t *ids, const float *wts, float *out, bl_err_t *err) BL_WUR;
 

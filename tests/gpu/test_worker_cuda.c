@@ -701,6 +701,114 @@ static void multi_vs_alone(wk_model_t *m, const int32_t *ids, const char *name)
     free(b);
 }
 
+/* wk_experts_fn over an experts-only model: a stage's experts computed by a tier. */
+static int tier_experts(void *ctx, int64_t layer, const float *xn, int64_t n, const int32_t *counts,
+                        const int32_t *ids, const float *wts, float *out, bl_err_t *err)
+{
+    return wk_model_experts(ctx, layer, xn, n, counts, ids, wts, out, err);
+}
+
+static wk_model_t *load_experts(const char *name, int device, int experts, int precise)
+{
+    char path[1400];
+    wk_model_opts_t o = test_opts(name, 1, path, sizeof path);
+    o.precise = precise;
+    if (!precise)
+        o.act_terms = 1;
+    o.device = device;
+    o.experts = experts;
+    wk_model_t *m = NULL;
+    bl_err_t err = {0};
+    if (wk_model_load(&m, path, &o, &err) != 0)
+        bail(path, &err);
+    return m;
+}
+
+/* An expert tier on the card (every routed expert loaded alone, WK_EXPERTS_ONLY):
+ * (1) its sums for random rows, each with all its choices or fewer (the padded
+ * form), against the CPU tier's, gated by the CPU's 8-bit pass as the logits are;
+ * (2) a stage on the card whose experts all go to it, prompt and decode graphs,
+ * against the CPU's precise pass (c, f: its and the 8-bit pass's logits of ids). */
+static void test_tier(const char *path, const char *name, const int32_t *ids, int64_t N, const float *c,
+                      const float *f)
+{
+    wk_model_t *gt = load_experts(path, 0, WK_EXPERTS_ONLY, 1);
+    wk_model_t *ct = load_experts(path, WK_DEVICE_CPU, WK_EXPERTS_ONLY, 1);
+    wk_model_t *ft = load_experts(path, WK_DEVICE_CPU, WK_EXPERTS_ONLY, 0);
+    const wk_config_t *cf = wk_model_config(gt);
+    const int64_t E = cf->n_embd, K = cf->n_expert_used, NE = cf->n_expert, R = 70;
+    float *xn = malloc(sizeof(float) * (size_t)(R * E)), *wts = malloc(sizeof(float) * (size_t)(R * K));
+    float *og = malloc(sizeof(float) * (size_t)(R * E)), *oc = malloc(sizeof(float) * (size_t)(R * E));
+    float *of = malloc(sizeof(float) * (size_t)(R * E));
+    int32_t *xi = malloc(sizeof(int32_t) * (size_t)(R * K)), *cnt = malloc(sizeof(int32_t) * (size_t)R);
+    if (!xn || !wts || !og || !oc || !of || !xi || !cnt)
+        bail("out of memory", NULL);
+    rng_t r = rng_for(23);
+    for (int64_t i = 0; i < R * E; i++)
+        xn[i] = (float)((double)(rng_next(&r) % 20001) / 10000.0 - 1.0);
+    int64_t at = 0;
+    for (int64_t i = 0; i < R; i++) {
+        cnt[i] = i % 3 == 2 ? (int32_t)(1 + rng_next(&r) % (uint64_t)K) : (int32_t)K;
+        for (int32_t j = 0; j < cnt[i]; j++, at++) { /* distinct ids: a run from a random start */
+            xi[at] = (int32_t)((rng_next(&r) % (uint64_t)NE + (uint64_t)j) % (uint64_t)NE);
+            for (int32_t q = 0; q < j; q++)
+                if (xi[at - j + q] == xi[at])
+                    xi[at] = (xi[at] + 1) % (int32_t)NE, q = -1;
+            wts[at] = (float)(rng_next(&r) % 1000 + 1) / 1000.0f;
+        }
+    }
+    bl_err_t err = {0};
+    const int64_t rows[3] = {1, 5, R};
+    for (int k = 0; k < 3; k++)
+        for (int64_t l = cf->n_dense_lead; l < cf->n_layer; l++) {
+            const int32_t *cn = k == 1 ? NULL : cnt; /* 5 rows of K choices each, else the counts */
+            if (wk_model_experts(gt, l, xn, rows[k], cn, xi, wts, og, &err) != 0 ||
+                wk_model_experts(ct, l, xn, rows[k], cn, xi, wts, oc, &err) != 0 ||
+                wk_model_experts(ft, l, xn, rows[k], cn, xi, wts, of, &err) != 0)
+                bail("wk_model_experts", &err);
+            double sg = 0, sf = 0;
+            for (int64_t i = 0; i < rows[k] * E; i++) {
+                sg += fabs((double)og[i] - (double)oc[i]);
+                sf += fabs((double)of[i] - (double)oc[i]);
+            }
+            const double mg = sg / (double)(rows[k] * E), mf = sf / (double)(rows[k] * E);
+            const double xg = max_diff(og, oc, rows[k] * E), xf = max_diff(of, oc, rows[k] * E);
+            if (l == cf->n_dense_lead || !(mg <= 1.5 * mf + 1e-4 && xg <= 2 * xf + 1e-3))
+                tap_ok(mg <= 1.5 * mf + 1e-4 && xg <= 2 * xf + 1e-3,
+                       "%s: the card tier's sums of layer %lld, %lld rows%s: mean |d| %.3g max %.3g (CPU 8-bit "
+                       "%.3g, %.3g)", name, (long long)l, (long long)rows[k], cn ? " with counts" : "", mg, xg, mf,
+                       xf);
+        }
+    int rc = wk_model_experts(gt, cf->n_dense_lead, xn, 513, NULL, xi, wts, og, &err);
+    tap_ok(rc == BL_ERANGE, "%s: a tier call past n_batch rows is refused (%s)", name, err.msg);
+    free(xn), free(wts), free(og), free(oc), free(of), free(xi), free(cnt);
+    wk_model_free(ct);
+    wk_model_free(ft);
+
+    char p[1400];
+    wk_model_opts_t o = test_opts(path, 1, p, sizeof p);
+    o.device = 0;
+    o.experts = WK_EXPERTS_REMOTE;
+    o.residency = 0;
+    o.no_op_offload = 1;
+    wk_model_t *st = NULL;
+    if (wk_model_load(&st, p, &o, &err) != 0)
+        bail(p, &err);
+    wk_model_set_experts(st, tier_experts, gt);
+    const int64_t V = cf->n_vocab;
+    char what[160];
+    float *g = run_prompt(st, ids, N, WK_KV_F16);
+    snprintf(what, sizeof what, "%s, a stage with its experts on a card tier, prompt", name);
+    gate_vs_cpu(what, g, c, f, N, V);
+    free(g);
+    g = run_decode(st, ids, N);
+    snprintf(what, sizeof what, "%s, a stage with its experts on a card tier, decode graphs", name);
+    gate_vs_cpu(what, g, c, f, N, V);
+    free(g);
+    wk_model_free(st);
+    wk_model_free(gt);
+}
+
 static void test_families(void)
 {
     char dir[] = "/tmp/bloomery-gpu-fam.XXXXXX", glm[256], gpt[256], dsk[256], dsl[256], q3n[256], q35[256];
@@ -771,6 +879,7 @@ static void test_families(void)
         gate_vs_cpu(what, g, c, f, N, V);
         free(g);
         wk_placed_free(&pl);
+        test_tier(path, name, ids, N, c, f);
         int64_t per = 0; /* a slot's bytes, from the first run */
         for (int k = 0; k < 2 && (k == 0 || per > 0); k++) {
             const int64_t vram = k == 0 ? WK_EXPERTS_VRAM_AUTO : wk_model_config(gpu)->n_layer * (per + 1024);
@@ -871,9 +980,6 @@ static void test_refusals(void)
         wk_model_free(m);
         m = NULL;
     }
-    o.experts = WK_EXPERTS_ONLY;
-    rc = wk_model_load(&m, path, &o, &err);
-    tap_ok(rc == BL_ENOTSUP && m == NULL, "an experts-only model on a device is refused (%s)", err.msg);
     o.experts = WK_EXPERTS_LOCAL;
     o.device = 999;
     rc = wk_model_load(&m, path, &o, &err);
