@@ -1,8 +1,8 @@
 /* bloomery-hosttier: the routed experts in host RAM. Started by the router with one
  * ring pair per worker at known fds (proto/step.h); it says Hello, takes the Plan,
  * loads only the experts' weights, reports Ready, then its ring thread serves every
- * worker: pop rows, compute their experts (store.c), push the sums. The
- * main thread is the control thread and owns the ZeroMQ socket. A bad request is
+ * worker (proto/xserve.h): pop rows, compute their experts (store.c), push the sums.
+ * The main thread is the control thread and owns the ZeroMQ socket. A bad request is
  * answered with an error message on that worker's ring, never an exit. */
 #include <pthread.h>
 #include <signal.h>
@@ -21,113 +21,21 @@
 #include "log.h"
 #include "step.h"
 #include "store.h"
+#include "xserve.h"
 
-#define POLL_US 100000
-/* With several workers no single futex can be waited on, so the ring thread polls
- * every request ring in turn: without waiting while requests came recently (a decode
- * step sends one per MoE layer), then parked on each ring for PARK_US. */
-#define BUSY_US 5000
-#define PARK_US 1000
-
-/* The hosttier. The ring thread owns the rings and ids; the control thread owns ctl. */
+/* The hosttier. The ring thread owns the rings (xs); the control thread owns ctl. */
 typedef struct hosttier {
     bp_child_t ctl;   /* control plane */
     ht_store_t *store;
-    bp_step_limits_t lim;
-    int n_pairs;
     int n_threads;    /* the expert pool's: -t, else the plan's */
-    bp_ring_t **req;  /* (n_pairs) worker i's rows, consumer */
-    bp_ring_t **rep;  /* (n_pairs) the sums to worker i, producer */
-    int32_t *ids;     /* (n_batch, n_expert_used) copied from a request */
-    int32_t *counts;  /* (n_batch) its rows' pair counts */
+    bp_xserve_t xs;
     _Atomic int stop; /* set by either thread, polled by both */
-    _Atomic uint64_t n_calls, n_rows, n_errors;
 } hosttier_t;
 
-/* ------------------------------------------------------------ ring thread */
-
-static void reply_error(hosttier_t *h, int i, uint64_t call, int code, const char *why)
+static int store_experts(void *ctx, int32_t layer, const float *rows, int32_t n, const int32_t *counts,
+                         const int32_t *ids, const float *wts, float *out, bl_err_t *err)
 {
-    char text[BP_STEP_MAX_TEXT];
-    bl_err_t e2;
-    snprintf(text, sizeof text, "hosttier: %s", why);
-    atomic_fetch_add_explicit(&h->n_errors, 1, memory_order_relaxed);
-    if (bp_step_push_error(h->rep[i], call, code, text, POLL_US * 10, &e2) != 0)
-        BL_LOG(BL_LOG_WARN, "event=reply_lost worker=%d reason=\"%s\"", i, e2.msg);
-}
-
-/* One request from worker i: compute its experts straight into the reply. */
-static void serve(hosttier_t *h, int i, const void *msg, size_t nbytes)
-{
-    bl_err_t err = {0};
-    bp_step_in_t in = {.ids = h->ids, .counts = h->counts};
-    int rc = bp_step_parse(msg, nbytes, &h->lim, BP_STEP_EXPERTS, BP_STEP_ANY, &in, &err);
-    if (rc || in.hdr.kind == BP_STEP_ERROR) {
-        reply_error(h, i, in.hdr.step, rc ? rc : BL_EPROTO,
-                    rc ? err.msg : "an error message is not a request");
-        return;
-    }
-    bp_step_hdr_t rh = {.kind = BP_STEP_SUMS, .step = in.hdr.step, .n_rows = in.hdr.n_rows,
-                        .width = h->lim.n_embd, .layer = in.hdr.layer};
-    bp_step_out_t o;
-    for (;;) {
-        rc = bp_step_reserve(h->rep[i], &rh, &o, POLL_US, &err);
-        if (rc != BL_ETIMEDOUT || atomic_load_explicit(&h->stop, memory_order_relaxed))
-            break;
-    }
-    if (rc == 0)
-        rc = ht_store_experts(h->store, in.hdr.layer, in.rows, in.hdr.n_rows, h->counts, h->ids, in.wts,
-                              o.rows, &err);
-    if (rc == 0 && (rc = bp_ring_commit(h->rep[i], o.nbytes, &err)) == 0) {
-        atomic_fetch_add_explicit(&h->n_calls, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&h->n_rows, (uint64_t)in.hdr.n_rows, memory_order_relaxed);
-        return;
-    }
-    reply_error(h, i, in.hdr.step, rc, err.msg);
-}
-
-/* Serves ring i if it holds a request; 1 if it did, 0 if empty, -1 if the ring ended. */
-static int try_ring(hosttier_t *h, int i, int64_t wait_us)
-{
-    const void *msg;
-    size_t nbytes;
-    bl_err_t err = {0};
-    int rc = bp_ring_peek(h->req[i], &msg, &nbytes, wait_us, &err);
-    if (rc == BL_EAGAIN || rc == BL_ETIMEDOUT)
-        return 0;
-    if (rc) {
-        if (rc != BL_ECLOSED)
-            BL_LOG(BL_LOG_ERROR, "event=ring_broken worker=%d reason=\"%s\"", i, err.msg);
-        return -1;
-    }
-    serve(h, i, msg, nbytes);
-    bp_ring_release(h->req[i]);
-    return 1;
-}
-
-static void *ring_main(void *arg)
-{
-    hosttier_t *h = arg;
-    uint64_t last_us = bp_now_us();
-    while (!atomic_load_explicit(&h->stop, memory_order_relaxed)) {
-        if (h->n_pairs == 1) { /* one ring: its doorbell does the waiting */
-            if (try_ring(h, 0, POLL_US) < 0)
-                break;
-            continue;
-        }
-        int busy = bp_now_us() - last_us < BUSY_US, served = 0;
-        for (int i = 0; i < h->n_pairs; i++) {
-            int r = try_ring(h, i, busy ? 0 : PARK_US);
-            if (r < 0)
-                goto out;
-            served |= r;
-        }
-        if (served)
-            last_us = bp_now_us();
-    }
-out:
-    atomic_store_explicit(&h->stop, 1, memory_order_relaxed);
-    return NULL;
+    return ht_store_experts(ctx, layer, rows, n, counts, ids, wts, out, err);
 }
 
 /* ------------------------------------------------------------ control plane */
@@ -146,17 +54,21 @@ static int load(hosttier_t *h, const bp_plan_t *p, int n_threads, bl_err_t *err)
         return bl_err_set(err, BL_EINVAL, "plan: n_batch %u, threads %u, %zu stages or poll %u out of "
                           "range", p->n_batch, p->threads, (size_t)p->n_stages, p->poll);
     h->ctl.process = p->you;
-    h->n_pairs = (int)p->n_stages;
-    h->req = calloc((size_t)h->n_pairs, sizeof *h->req);
-    h->rep = calloc((size_t)h->n_pairs, sizeof *h->rep);
-    if (!h->req || !h->rep)
+    bp_xserve_t *x = &h->xs;
+    x->who = "hosttier";
+    x->stop = &h->stop;
+    x->fn = store_experts;
+    x->n_pairs = (int)p->n_stages;
+    x->req = calloc((size_t)x->n_pairs, sizeof *x->req);
+    x->rep = calloc((size_t)x->n_pairs, sizeof *x->rep);
+    if (!x->req || !x->rep)
         return bl_err_set(err, BL_ENOMEM, "rings: out of memory");
-    for (int i = 0; i < h->n_pairs; i++) {
+    for (int i = 0; i < x->n_pairs; i++) {
         int fd_req = BP_STEP_FD_HOSTTIER_BASE + 2 * i, fd_rep = fd_req + 1;
-        int rc = bp_ring_attach_fd(&h->req[i], fd_req, "experts-req", BP_RING_CONSUMER, err);
+        int rc = bp_ring_attach_fd(&x->req[i], fd_req, "experts-req", BP_RING_CONSUMER, err);
         close(fd_req);
         if (rc == 0)
-            rc = bp_ring_attach_fd(&h->rep[i], fd_rep, "experts-rep", BP_RING_PRODUCER, err);
+            rc = bp_ring_attach_fd(&x->rep[i], fd_rep, "experts-rep", BP_RING_PRODUCER, err);
         close(fd_rep);
         if (rc)
             return rc;
@@ -179,15 +91,14 @@ static int load(hosttier_t *h, const bp_plan_t *p, int n_threads, bl_err_t *err)
     const bl_arch_t *c = ht_store_arch(h->store);
     if ((uint64_t)c->n_layer != p->n_layers)
         return bl_err_set(err, BL_EINVAL, "plan: %u layers, the model has %lld", p->n_layers, (long long)c->n_layer);
-    h->lim = (bp_step_limits_t){.n_slots = (int32_t)p->n_slots, .n_batch = (int32_t)n_batch,
+    x->ctx = h->store;
+    x->lim = (bp_step_limits_t){.n_slots = (int32_t)p->n_slots, .n_batch = (int32_t)n_batch,
                                 .n_ctx = p->n_ctx, .n_embd = (int32_t)c->n_embd,
                                 .n_vocab = (int32_t)c->n_vocab, .n_layer = (int32_t)c->n_layer,
                                 .n_expert = (int32_t)c->n_expert,
                                 .n_expert_used = (int32_t)c->n_expert_used};
-    h->ids = calloc((size_t)n_batch * (size_t)c->n_expert_used, sizeof *h->ids);
-    h->counts = calloc((size_t)n_batch, sizeof *h->counts);
-    if (!h->ids || !h->counts)
-        return bl_err_set(err, BL_ENOMEM, "ids: out of memory");
+    if ((rc = bp_xserve_init(x, err)) != 0)
+        return rc;
     bp_child_copy_done(&h->ctl, total);
     return 0;
 }
@@ -197,9 +108,9 @@ static int hosttier_stats(void *ud, bp_counter_t *out, int cap)
     hosttier_t *h = ud;
     if (cap < 10)
         return 0;
-    out[0] = (bp_counter_t){"expert_calls", atomic_load(&h->n_calls)};
-    out[1] = (bp_counter_t){"expert_rows", atomic_load(&h->n_rows)};
-    out[2] = (bp_counter_t){"errors", atomic_load(&h->n_errors)};
+    out[0] = (bp_counter_t){"expert_calls", atomic_load(&h->xs.n_calls)};
+    out[1] = (bp_counter_t){"expert_rows", atomic_load(&h->xs.n_rows)};
+    out[2] = (bp_counter_t){"errors", atomic_load(&h->xs.n_errors)};
     ht_store_pager_stats_t ps;
     if (!h->store) /* the control loop starts after the load */
         return 3;
@@ -218,14 +129,13 @@ static int hosttier_stats(void *ud, bp_counter_t *out, int cap)
 
 static void hosttier_free(hosttier_t *h)
 {
-    for (int i = 0; i < h->n_pairs; i++) {
-        bp_ring_destroy(h->req ? h->req[i] : NULL);
-        bp_ring_destroy(h->rep ? h->rep[i] : NULL);
+    for (int i = 0; i < h->xs.n_pairs; i++) {
+        bp_ring_destroy(h->xs.req ? h->xs.req[i] : NULL);
+        bp_ring_destroy(h->xs.rep ? h->xs.rep[i] : NULL);
     }
-    free(h->req);
-    free(h->rep);
-    free(h->ids);
-    free(h->counts);
+    free(h->xs.req);
+    free(h->xs.rep);
+    bp_xserve_free(&h->xs);
     ht_store_close(h->store);
     bp_child_stop(&h->ctl);
 }
@@ -291,11 +201,11 @@ int main(int argc, char **argv)
     char kernels[BP_MSG_MAX_KERNELS + 1];
     snprintf(kernels, sizeof kernels, "CPU %s", ht_store_kernels(h.store));
     bp_child_ready(&h.ctl, 0, 0, 0, kernels);
-    BL_LOG(BL_LOG_INFO, "event=ready workers=%d threads=%d kernels=%s", h.n_pairs, h.n_threads,
+    BL_LOG(BL_LOG_INFO, "event=ready workers=%d threads=%d kernels=%s", h.xs.n_pairs, h.n_threads,
            ht_store_kernels(h.store));
 
     pthread_t th;
-    if (pthread_create(&th, NULL, ring_main, &h) != 0) {
+    if (pthread_create(&th, NULL, bp_xserve_main, &h.xs) != 0) {
         bl_err_set(&err, BL_ENOMEM, "cannot start the ring thread");
         bp_child_fatal(&h.ctl, &err);
         hosttier_free(&h);
