@@ -370,10 +370,24 @@ int bp_chan_send_plan(bp_chan_t *c, const bp_peer_t *to, const bp_plan_t *p, int
     const int kv = bp_kv_type_proto(p->kv_type);
     if (kv < 0)
         return bl_err_set(err, BL_EINVAL, "plan: KV type %u is not f16, f32 or q8_0", p->kv_type);
-    /* every expert of a host layer */
+    if (p->n_tiers < 0 || p->n_tiers > BP_PLAN_MAX_TIERS)
+        return bl_err_set(err, BL_EINVAL, "plan: %d expert tiers (at most %d)", p->n_tiers, BP_PLAN_MAX_TIERS);
+    Bloomery__ExpertTier tr[BP_PLAN_MAX_TIERS], *trp[BP_PLAN_MAX_TIERS];
+    for (int k = 0; k < p->n_tiers; k++) {
+        if (p->tiers[k].device < -1 || p->tiers[k].device > 255)
+            return bl_err_set(err, BL_EINVAL, "plan: tier %d's device %d", k, p->tiers[k].device);
+        bloomery__expert_tier__init(&tr[k]);
+        tr[k].process = p->tiers[k].process;
+        tr[k].gpu = p->tiers[k].device >= 0 ? (uint32_t)p->tiers[k].device + 1 : 0;
+        trp[k] = &tr[k];
+    }
+    /* every expert of a host or tier layer */
     size_t n_pl = 0;
-    for (uint32_t l = 0; l < p->n_layers; l++)
-        n_pl += p->host[l] ? p->n_expert : 0;
+    for (uint32_t l = 0; l < p->n_layers; l++) {
+        if (p->tier[l] > p->n_tiers)
+            return bl_err_set(err, BL_EINVAL, "plan: layer %u's tier %u of %d", l, p->tier[l], p->n_tiers);
+        n_pl += p->host[l] || p->tier[l] ? p->n_expert : 0;
+    }
     Bloomery__ExpertPlacement *pl = n_pl ? calloc(n_pl, sizeof *pl) : NULL;
     Bloomery__ExpertPlacement **plp = n_pl ? calloc(n_pl, sizeof *plp) : NULL;
     if (n_pl && (!pl || !plp)) {
@@ -383,11 +397,11 @@ int bp_chan_send_plan(bp_chan_t *c, const bp_peer_t *to, const bp_plan_t *p, int
     }
     size_t k = 0;
     for (uint32_t l = 0; l < p->n_layers; l++)
-        for (uint32_t e = 0; p->host[l] && e < p->n_expert; e++, k++) {
+        for (uint32_t e = 0; (p->host[l] || p->tier[l]) && e < p->n_expert; e++, k++) {
             bloomery__expert_placement__init(&pl[k]);
             pl[k].layer = l;
             pl[k].expert = e;
-            pl[k].process = p->host_process;
+            pl[k].process = p->tier[l] ? p->tiers[p->tier[l] - 1].process : p->host_process;
             plp[k] = &pl[k];
         }
     Bloomery__Plan m;
@@ -399,13 +413,15 @@ int bp_chan_send_plan(bp_chan_t *c, const bp_peer_t *to, const bp_plan_t *p, int
     m.n_stages = (size_t)p->n_stages;
     m.placements = plp;
     m.n_placements = n_pl;
+    m.tiers = p->n_tiers ? trp : NULL;
+    m.n_tiers = (size_t)p->n_tiers;
     m.kv_type = (Bloomery__KvType)kv;
     m.n_ctx = p->n_ctx;
     m.n_slots = p->n_slots;
     m.threads = p->threads;
     m.threads_batch = p->threads_batch;
     m.n_batch = p->n_batch;
-    m.experts_remote = n_pl > 0; /* a hosttier runs */
+    m.experts_remote = n_pl > 0; /* a hosttier or a tier runs */
     m.flash_attn = p->flash_attn;
     m.no_mmap = p->no_mmap != 0;
     m.mlock = p->mlock != 0;

@@ -141,6 +141,20 @@ static int validate_plan(const Bloomery__Plan *p, bl_err_t *err)
         if (e->expert >= p->n_expert)
             return bad_at(err, "Plan.placements", i, "expert", "is not below n_expert");
     }
+    if (p->n_tiers > BP_PLAN_MAX_TIERS || (p->n_tiers > 0 && p->tiers == NULL))
+        return bad(err, "Plan.tiers", "has more than 16 entries, or a count but no array");
+    for (size_t i = 0; i < p->n_tiers; i++) {
+        if (p->tiers[i] == NULL)
+            return bad_at(err, "Plan.tiers", i, "", "is NULL");
+        if (p->tiers[i]->gpu > 256)
+            return bad_at(err, "Plan.tiers", i, "gpu", "is not 0 (CPU) or 1 + a CUDA ordinal 0..255");
+        for (size_t j = 0; j < p->n_stages; j++)
+            if (p->stages[j]->process == p->tiers[i]->process)
+                return bad_at(err, "Plan.tiers", i, "process", "is a stage's");
+        for (size_t j = 0; j < i; j++)
+            if (p->tiers[j]->process == p->tiers[i]->process)
+                return bad_at(err, "Plan.tiers", i, "process", "is an earlier tier's");
+    }
     if (p->kv_type < BLOOMERY__KV_TYPE__KV_TYPE_F16 || p->kv_type > BLOOMERY__KV_TYPE__KV_TYPE_Q4_0)
         return bad(err, "Plan.kv_type", "is missing or not a KV cache type");
     if (p->n_ctx == 0 || p->n_ctx > MAX_CTX)
@@ -373,34 +387,57 @@ void bp_msg_free(bp_msg_t *m)
     memset(m, 0, sizeof *m);
 }
 
-static int host_layers(const Bloomery__Plan *p, uint8_t *out, bl_err_t *err)
+/* Plan.tiers' index of process, or -1: the hosttier's. */
+static int tier_of(const Bloomery__Plan *p, uint32_t process)
+{
+    for (size_t k = 0; k < p->n_tiers; k++)
+        if (p->tiers[k]->process == process)
+            return (int)k;
+    return -1;
+}
+
+/* The placements as whole layers: host[l] 1 where the hosttier computes layer l's
+ * experts, tier[l] k + 1 where tier k does. */
+static int placed_layers(const Bloomery__Plan *p, uint8_t *host, uint8_t *tier, bl_err_t *err)
 {
     const size_t nl = p->n_layers, ne = p->n_expert;
-    memset(out, 0, nl);
+    memset(host, 0, nl);
+    memset(tier, 0, nl);
     if (p->n_placements == 0)
         return 0;
     if (ne == 0)
         return bl_err_set(err, BL_EINVAL, "Plan.placements: a model without routed experts");
     uint8_t *seen = calloc(nl * ne, 1);
     uint32_t *count = calloc(nl, sizeof *count);
-    int rc = seen && count ? 0 : bl_err_set(err, BL_ENOMEM, "out of memory for the plan's placements");
+    int16_t *who = malloc(nl * sizeof *who); /* the layer's first placement's tier, -1 the hosttier */
+    int rc = seen && count && who ? 0 : bl_err_set(err, BL_ENOMEM, "out of memory for the plan's placements");
     for (size_t i = 0; rc == 0 && i < p->n_placements; i++) {
         const Bloomery__ExpertPlacement *e = p->placements[i];
         uint8_t *s = &seen[(size_t)e->layer * ne + e->expert];
+        const int k = tier_of(p, e->process);
         if (*s)
             rc = bl_err_set(err, BL_EINVAL, "Plan.placements[%zu]: expert %u of layer %u is listed twice", i,
                             e->expert, e->layer);
+        else if (count[e->layer] && who[e->layer] != k)
+            rc = bl_err_set(err, BL_ENOTSUP, "Plan.placements[%zu]: expert %u of layer %u names process %u, "
+                            "another than the layer's other experts; a layer's experts are placed together", i,
+                            e->expert, e->layer, e->process);
         *s = 1;
+        who[e->layer] = (int16_t)k;
         count[e->layer]++;
     }
     for (size_t l = 0; rc == 0 && l < nl; l++) {
         if (count[l] != 0 && count[l] != ne)
-            rc = bl_err_set(err, BL_ENOTSUP, "Plan.placements: %u of the %zu routed experts of layer %zu are in "
-                            "host RAM; a layer's experts are placed together", count[l], ne, l);
-        out[l] = count[l] == ne;
+            rc = bl_err_set(err, BL_ENOTSUP, "Plan.placements: %u of the %zu routed experts of layer %zu are "
+                            "placed apart from their stage; a layer's experts are placed together", count[l], ne, l);
+        else if (count[l] == ne && who[l] < 0)
+            host[l] = 1;
+        else if (count[l] == ne)
+            tier[l] = (uint8_t)(who[l] + 1);
     }
     free(seen);
     free(count);
+    free(who);
     return rc;
 }
 
@@ -445,10 +482,18 @@ int bp_plan_read(const bp_msg_t *m, bp_plan_t *out, bl_err_t *err)
                                            .card_next = st->card_next,
                                            .threads = st->threads, .threads_batch = st->threads_batch};
     }
-    int rc = host_layers(p, out->host, err);
+    int rc = placed_layers(p, out->host, out->tier, err);
     if (rc)
         return rc;
-    out->host_process = p->n_placements ? p->placements[0]->process : 0;
+    out->n_tiers = (int)p->n_tiers;
+    for (size_t k = 0; k < p->n_tiers; k++)
+        out->tiers[k] = (bp_plan_tier_t){.process = p->tiers[k]->process,
+                                         .device = p->tiers[k]->gpu ? (int)p->tiers[k]->gpu - 1 : -1};
+    for (size_t i = 0; i < p->n_placements; i++)
+        if (tier_of(p, p->placements[i]->process) < 0) {
+            out->host_process = p->placements[i]->process;
+            break;
+        }
     out->kv_type = UINT32_MAX;
     for (size_t i = 0; i < sizeof kv_types / sizeof kv_types[0]; i++)
         if ((int)kv_types[i].proto == (int)p->kv_type)

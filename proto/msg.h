@@ -102,7 +102,17 @@ void bp_msg_free(bp_msg_t *m);
 /* Most threads of a stage's compute pool (Stage.threads, threads_batch). */
 #define BP_PLAN_MAX_THREADS 256u
 
+/* Most expert tiers a Plan may carry (Plan.tiers). */
+#define BP_PLAN_MAX_TIERS 16
+
 /* --- the messages as the processes use them ------------------------------------- */
+
+/* An expert tier (Plan.tiers): the worker that computes the routed experts of the
+ * layers bp_plan_t.tier gives it. */
+typedef struct bp_plan_tier {
+    uint32_t process;
+    int device;            /* -1 the CPU, else a CUDA ordinal */
+} bp_plan_tier_t;
 
 typedef struct bp_plan_stage {
     uint32_t process;      /* the worker's id in the plan */
@@ -123,6 +133,10 @@ typedef struct bp_plan {
     uint8_t host[BP_PLAN_MAX_LAYERS]; /* 1 where the layer's routed experts are in host RAM,
                                        * computed by the hosttier (process host_process) */
     uint32_t host_process;
+    int n_tiers;
+    bp_plan_tier_t tiers[BP_PLAN_MAX_TIERS];
+    uint8_t tier[BP_PLAN_MAX_LAYERS]; /* k + 1 where tiers[k] computes the layer's routed
+                                       * experts; 0: the hosttier or its stage (host) */
     uint32_t kv_type;      /* a bl_type_t id: f16, f32 or q8_0 */
     uint32_t n_ctx, n_slots, threads, threads_batch, n_batch, you, flash_attn;
     int no_mmap, mlock;
@@ -144,12 +158,14 @@ typedef struct bp_plan {
                             * proposals (proto/step.h) */
 } bp_plan_t;
 
-/* A validated Plan message into p: the stages, the host layers from its placements
- * (each names an expert that the hosttier computes: a layer is a host layer when
- * every expert of it is listed), the KV type as a bl_type_t id. BL_ENOTSUP where a
- * layer has some of its experts listed (a layer's experts move together for now),
- * BL_EINVAL (an expert listed twice, a stage's device or KV type out of range;
- * bp_msg_unpack already refused an experts_vram below -1). */
+/* A validated Plan message into p: the stages, the tiers, the host and tier layers
+ * from its placements (each names the process that computes an expert: a tier's, else
+ * the hosttier's; a layer is a host or tier layer when every expert of it is listed,
+ * all with one process), the KV type as a bl_type_t id. BL_ENOTSUP where a layer has
+ * some of its experts listed or names two processes (a layer's experts move together
+ * for now), BL_EINVAL (an expert listed twice, a stage's or tier's device or the KV
+ * type out of range, a tier's process a stage's or another tier's; bp_msg_unpack
+ * already refused an experts_vram below -1). */
 int bp_plan_read(const bp_msg_t *m, bp_plan_t *p, bl_err_t *err) BL_WUR;
 
 /* CardLink (proto/cardlink.h): the offer of the link between stage `link` and the

@@ -170,6 +170,69 @@ static void test_msg_plan_read(void **state)
     assert_int_equal(bp_plan_read(&hello, &pl, &err), BL_EINVAL);
 }
 
+/* Expert tiers: a layer whose placements all name a tier's process is that tier's
+ * (tier[l] its index + 1), one whose placements name any other process the
+ * hosttier's; a layer split between a tier and the hosttier, a tier with a stage's
+ * process or an earlier tier's, and a tier's gpu out of range are refused. */
+static void test_msg_plan_read_tiers(void **state)
+{
+    (void)state;
+    static Bloomery__ExpertTier tr[2];
+    static Bloomery__ExpertTier *trp[2] = {&tr[0], &tr[1]};
+    static bp_plan_t pl;
+    bl_err_t err = {0};
+    bp_msg_t m = make_plan(), out;
+    for (int k = 0; k < 2; k++) {
+        bloomery__expert_tier__init(&tr[k]);
+        tr[k].process = (uint32_t)(3 + k);
+        tr[k].gpu = k == 0 ? 2u : 0u; /* CUDA1, then the CPU */
+    }
+    g_plan.tiers = trp;
+    g_plan.n_tiers = 2;
+    for (int i = 0; i < 32; i++) /* layer 0 the hosttier's (process 2), 1 and 3 tier 0's, 2 tier 1's */
+        g_pl[i].process = i < 8 ? 2u : i / 8 == 2 ? 4u : 3u;
+    round_trip(&m, &out);
+    assert_int_equal(bp_plan_read(&out, &pl, &err), 0);
+    assert_int_equal(pl.n_tiers, 2);
+    assert_int_equal(pl.tiers[0].process, 3);
+    assert_int_equal(pl.tiers[0].device, 1);
+    assert_int_equal(pl.tiers[1].device, -1);
+    assert_int_equal(pl.host[0], 1);
+    assert_int_equal(pl.tier[0], 0);
+    assert_int_equal(pl.host[1], 0);
+    assert_int_equal(pl.tier[1], 1);
+    assert_int_equal(pl.tier[2], 2);
+    assert_int_equal(pl.tier[3], 1);
+    assert_int_equal(pl.host_process, 2);
+    bp_msg_free(&out);
+
+    m = make_plan();
+    g_plan.tiers = trp;
+    g_plan.n_tiers = 2;
+    for (int i = 0; i < 32; i++) /* layer 1: half tier 0's, half the hosttier's */
+        g_pl[i].process = i / 8 == 1 && i % 2 ? 3u : 2u;
+    round_trip(&m, &out);
+    assert_int_equal(bp_plan_read(&out, &pl, &err), BL_ENOTSUP);
+    assert_non_null(strstr(err.msg, "layer 1"));
+    bp_msg_free(&out);
+
+    uint8_t buf[4096];
+    size_t n = 0;
+    const uint32_t bad[3][2] = {{1, 1}, {3, 1}, {5, 300}}; /* a stage's process, tier 0's, a gpu past 256 */
+    for (int b = 0; b < 3; b++) {
+        m = make_plan();
+        g_plan.tiers = trp;
+        g_plan.n_tiers = 2;
+        tr[1].process = bad[b][0];
+        tr[1].gpu = bad[b][1];
+        /* the checks bp_msg_unpack runs too (bp_msg_validate) */
+        assert_int_equal(bp_msg_pack(&m, buf, sizeof buf, &n, &err), BL_EINVAL);
+        assert_non_null(strstr(err.msg, "Plan.tiers"));
+    }
+    tr[1].process = 4;
+    tr[1].gpu = 0;
+}
+
 /* The residency fields: experts_vram -1 (automatic), 0 (no slots) and a size arrive
  * as sent, as does no_residency; an unset field reads as 0 and false. */
 static void test_msg_plan_read_carries_residency(void **state)
@@ -665,6 +728,7 @@ int main(void)
         cmocka_unit_test(test_msg_hello_round_trip),
         cmocka_unit_test(test_msg_plan_round_trip),
         cmocka_unit_test(test_msg_plan_read),
+        cmocka_unit_test(test_msg_plan_read_tiers),
         cmocka_unit_test(test_msg_plan_read_carries_residency),
         cmocka_unit_test(test_msg_unknown_fields_are_refused),
         cmocka_unit_test(test_msg_small_messages_round_trip),
