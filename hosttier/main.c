@@ -58,25 +58,12 @@ static int load(hosttier_t *h, const bp_plan_t *p, int n_threads, bl_err_t *err)
     x->who = "hosttier";
     x->stop = &h->stop;
     x->fn = store_experts;
-    x->n_pairs = (int)p->n_stages;
-    x->req = calloc((size_t)x->n_pairs, sizeof *x->req);
-    x->rep = calloc((size_t)x->n_pairs, sizeof *x->rep);
-    if (!x->req || !x->rep)
-        return bl_err_set(err, BL_ENOMEM, "rings: out of memory");
-    for (int i = 0; i < x->n_pairs; i++) {
-        int fd_req = BP_STEP_FD_HOSTTIER_BASE + 2 * i, fd_rep = fd_req + 1;
-        int rc = bp_ring_attach_fd(&x->req[i], fd_req, "experts-req", BP_RING_CONSUMER, err);
-        close(fd_req);
-        if (rc == 0)
-            rc = bp_ring_attach_fd(&x->rep[i], fd_rep, "experts-rep", BP_RING_PRODUCER, err);
-        close(fd_rep);
-        if (rc)
-            return rc;
-    }
+    int rc = bp_xserve_attach(x, (int)p->n_stages, err);
+    if (rc)
+        return rc;
     struct stat sb;
     uint64_t total = stat(p->model_path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     /* only the layers the placements put in host RAM */
-    int rc;
     const int64_t n_batch = p->n_batch ? p->n_batch : 512;
     h->ctl.copy_stage = "experts"; /* the experts copied into RAM */
     h->n_threads = n_threads > 0 ? n_threads : (p->threads ? (int)p->threads : 1);
@@ -108,9 +95,7 @@ static int hosttier_stats(void *ud, bp_counter_t *out, int cap)
     hosttier_t *h = ud;
     if (cap < 10)
         return 0;
-    out[0] = (bp_counter_t){"expert_calls", atomic_load(&h->xs.n_calls)};
-    out[1] = (bp_counter_t){"expert_rows", atomic_load(&h->xs.n_rows)};
-    out[2] = (bp_counter_t){"errors", atomic_load(&h->xs.n_errors)};
+    bp_xserve_stats(&h->xs, out, cap);
     ht_store_pager_stats_t ps;
     if (!h->store) /* the control loop starts after the load */
         return 3;
@@ -129,12 +114,6 @@ static int hosttier_stats(void *ud, bp_counter_t *out, int cap)
 
 static void hosttier_free(hosttier_t *h)
 {
-    for (int i = 0; i < h->xs.n_pairs; i++) {
-        bp_ring_destroy(h->xs.req ? h->xs.req[i] : NULL);
-        bp_ring_destroy(h->xs.rep ? h->xs.rep[i] : NULL);
-    }
-    free(h->xs.req);
-    free(h->xs.rep);
     bp_xserve_free(&h->xs);
     ht_store_close(h->store);
     bp_child_stop(&h->ctl);

@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "child.h"
 #include "log.h"
@@ -20,12 +21,49 @@ int bp_xserve_init(bp_xserve_t *x, bl_err_t *err)
     return 0;
 }
 
+int bp_xserve_attach(bp_xserve_t *x, int n_pairs, bl_err_t *err)
+{
+    x->n_pairs = n_pairs;
+    x->req = calloc((size_t)(n_pairs > 0 ? n_pairs : 1), sizeof *x->req);
+    x->rep = calloc((size_t)(n_pairs > 0 ? n_pairs : 1), sizeof *x->rep);
+    if (!x->req || !x->rep)
+        return bl_err_set(err, BL_ENOMEM, "%s: out of memory for %d ring pairs", x->who, n_pairs);
+    for (int i = 0; i < n_pairs; i++) {
+        const int fd_req = BP_STEP_FD_HOSTTIER_BASE + 2 * i, fd_rep = fd_req + 1;
+        int rc = bp_ring_attach_fd(&x->req[i], fd_req, "experts-req", BP_RING_CONSUMER, err);
+        close(fd_req); /* the handle holds its own dup */
+        if (rc == 0)
+            rc = bp_ring_attach_fd(&x->rep[i], fd_rep, "experts-rep", BP_RING_PRODUCER, err);
+        close(fd_rep);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int bp_xserve_stats(bp_xserve_t *x, bp_counter_t *out, int cap)
+{
+    if (cap < 3)
+        return 0;
+    out[0] = (bp_counter_t){"expert_calls", atomic_load(&x->n_calls)};
+    out[1] = (bp_counter_t){"expert_rows", atomic_load(&x->n_rows)};
+    out[2] = (bp_counter_t){"errors", atomic_load(&x->n_errors)};
+    return 3;
+}
+
 void bp_xserve_free(bp_xserve_t *x)
 {
+    for (int i = 0; i < x->n_pairs; i++) {
+        bp_ring_destroy(x->req ? x->req[i] : NULL);
+        bp_ring_destroy(x->rep ? x->rep[i] : NULL);
+    }
+    free(x->req);
+    free(x->rep);
     free(x->ids);
     free(x->counts);
-    x->ids = NULL;
-    x->counts = NULL;
+    x->req = x->rep = NULL;
+    x->ids = x->counts = NULL;
+    x->n_pairs = 0;
 }
 
 static void reply_error(bp_xserve_t *x, int i, uint64_t call, int code, const char *why)

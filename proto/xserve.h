@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "child.h"
 #include "err.h"
 #include "ring.h"
 #include "step.h"
@@ -38,11 +39,19 @@ typedef struct bp_xserve {
     _Atomic uint64_t n_calls, n_rows, n_errors;
 } bp_xserve_t;
 
+/* The ring pairs of n_pairs stages where the router put them (proto/step.h: stage i's
+ * requests at BP_STEP_FD_HOSTTIER_BASE + 2i, its sums at the next fd), attached and
+ * the fds closed. BL_ENOMEM, the rings' errors (bp_xserve_free undoes a part). */
+int bp_xserve_attach(bp_xserve_t *x, int n_pairs, bl_err_t *err) BL_WUR;
 /* Makes the index buffers for lim. BL_ENOMEM. */
 int bp_xserve_init(bp_xserve_t *x, bl_err_t *err) BL_WUR;
 /* Serves until *stop, or until a ring ends (its peer closed it, or it broke: logged),
  * which sets *stop. A thread's function: arg is the bp_xserve_t. */
 void *bp_xserve_main(void *arg);
+/* Its counters into out (cap entries): expert_calls, expert_rows, errors; how many
+ * (3, or 0 when cap is smaller). Any thread. */
+int bp_xserve_stats(bp_xserve_t *x, bp_counter_t *out, int cap);
+/* The rings destroyed, the buffers freed. */
 void bp_xserve_free(bp_xserve_t *x);
 
 #endif
