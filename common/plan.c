@@ -20,6 +20,8 @@
 #define HEAD_PIECE ((uint64_t)256 << 20)
 
 enum { BUFT_STAGE = 0, BUFT_CPU, BUFT_CUDA, BUFT_HOSTTIER };
+/* apply_overrides' per-layer choice for routed experts on card d, an expert tier */
+#define BUFT_TIER(d) (16 + (d))
 
 typedef struct override {
     pcre2_code *re;
@@ -42,7 +44,9 @@ void bl_plan_free(bl_plan_t *p)
 {
     if (p) {
         free(p->host);
+        free(p->tier_of);
         p->host = NULL;
+        p->tier_of = NULL;
     }
 }
 
@@ -52,6 +56,27 @@ int bl_plan_layer_host(const bl_plan_t *p, int64_t l)
      * clearing), so its first expert says for all: O(1) where the fit loops ask
      * for every layer after each move */
     return p->n_expert > 0 && p->host[l * p->n_expert] != 0;
+}
+
+/* Layer l's routed experts on an expert tier on card d (made here at its first
+ * layer); a layer without them stays as it is. */
+static int tier_layer(bl_plan_t *p, const bl_arch_t *a, int64_t l, int d, const bl_device_t *card, bl_err_t *err)
+{
+    if (!bl_arch_layer_moe(a, l))
+        return 0;
+    int k = 0;
+    while (k < p->n_tiers && p->tier[k].device != d)
+        k++;
+    if (k == p->n_tiers) {
+        if (k == BL_PLAN_MAX_TIERS)
+            return bl_err_set(err, BL_ENOTSUP, "--override-tensor: more than %d expert tiers", BL_PLAN_MAX_TIERS);
+        p->tier[k] = (bl_plan_tier_t){.device = d};
+        if (card)
+            p->tier[k].card = *card;
+        p->n_tiers++;
+    }
+    p->tier_of[l] = (uint8_t)(k + 1);
+    return 0;
 }
 
 /* Puts layer l's routed experts in the hosttier; a layer without them (a leading
@@ -314,6 +339,8 @@ static void ram_budget(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *
     if (a->moe && p->n_expert > 0 && cpu_experts > 0 && cpu_experts + p->host_bytes > budget) {
         for (int i = 0; i < p->n_stages; i++)
             for (int64_t l = p->stage[i].lb; local_cpu_stage(p, o, i) && l < p->stage[i].le; l++) {
+                if (p->tier_of[l]) /* on its tier's card */
+                    continue;
                 host_layer(p, a, l);
                 p->disk_moved += bl_arch_layer_moe(a, l);
             }
@@ -339,7 +366,7 @@ static uint64_t layer_kv_bytes(const bl_arch_t *a, const bl_place_opts_t *o, int
 static uint64_t layer_bytes(const bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s,
                             int64_t l)
 {
-    return s->dense[l] + (bl_plan_layer_host(p, l) ? 0 : s->experts[l]) + layer_kv_bytes(a, o, l);
+    return s->dense[l] + (bl_plan_layer_host(p, l) || p->tier_of[l] ? 0 : s->experts[l]) + layer_kv_bytes(a, o, l);
 }
 
 /* Fills each stage's sizes. */
@@ -358,10 +385,10 @@ static void size_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t 
         st->weight_bytes = st->expert_bytes = st->host_expert_bytes = 0;
         for (int64_t l = st->lb; l < st->le; l++) {
             st->weight_bytes += s->dense[l];
-            if (!bl_plan_layer_host(p, l))
-                st->expert_bytes += s->experts[l];
-            else
+            if (bl_plan_layer_host(p, l))
                 st->host_expert_bytes += s->experts[l];
+            else if (!p->tier_of[l])
+                st->expert_bytes += s->experts[l];
         }
         st->weight_bytes += st->expert_bytes;
         if (first)
@@ -380,6 +407,21 @@ static void size_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t 
             st->kv_bytes += layer_kv_bytes(a, o, a->n_layer);
         }
         st->scratch_bytes = st->device >= 0 ? cuda_scratch(a, o, s, p, st, last) : 0;
+    }
+    /* a tier's scratch: a call of n_batch rows' rows, choices, gate/up products and
+     * sums, on the card and pinned (the CUDA backend's alloc_only) */
+    const uint64_t B = (uint64_t)(o->n_batch > 0 ? o->n_batch : 512), E = (uint64_t)a->n_embd;
+    const uint64_t K = (uint64_t)(a->moe ? a->n_expert_used : 1), F = (uint64_t)(a->moe ? a->n_ff_exp : 1);
+    for (int k = 0; k < p->n_tiers; k++) {
+        bl_plan_tier_t *t = &p->tier[k];
+        t->n_layers = 0;
+        t->expert_bytes = 0;
+        for (int64_t l = 0; l < a->n_layer; l++)
+            if (p->tier_of[l] == k + 1) {
+                t->n_layers++;
+                t->expert_bytes += s->experts[l];
+            }
+        t->scratch_bytes = 4 * B * (3 * E + 2 * K + 2 * K * F + K * E);
     }
 }
 
@@ -779,11 +821,12 @@ static int stage_of(const bl_plan_t *p, int64_t l)
 }
 
 /* The overrides against every tensor of the file: the routed experts a pattern puts
- * in host RAM are marked; what a plan cannot do is refused by name. as_cpu: as if
+ * in host RAM are marked, those it puts on a card without a stage (of devs) make an
+ * expert tier there; what a plan cannot do is refused by name. as_cpu: as if
  * every stage were a CPU stage (what a hostfile's split counts before it has placed
  * the layers on their stages' cards): host RAM keeps a layer's experts with it. */
 static int apply_overrides(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl_place_opts_t *o,
-                           override_t *ov, int n_ov, int as_cpu, bl_err_t *err)
+                           const bl_device_t *devs, int n_devs, override_t *ov, int n_ov, int as_cpu, bl_err_t *err)
 {
     /* per layer: what the first expert tensor decided, to refuse a split of them */
     int *layer_buft = malloc(sizeof(int) * (size_t)a->n_layer);
@@ -820,10 +863,18 @@ static int apply_overrides(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a,
                                     "router's, whose routed experts in host RAM would need a hosttier there (not "
                                     "supported): keep them on its card, or compute them on the router's host with "
                                     "-ot ...=HOSTTIER", hit->flag, hit->text, name, dev, o->hosts[s].name);
-                else if (hit->buft == BUFT_CUDA && hit->cuda != dev)
-                    rc = bl_err_set(err, BL_ENOTSUP, "%s %s: %s belongs to a stage %s; routed experts on "
-                                    "another card than their layer's are not supported yet", hit->flag, hit->text,
-                                    name, dev >= 0 ? "on another card" : "on the CPU");
+                else if (hit->buft == BUFT_CUDA && hit->cuda != dev) {
+                    /* another card: an expert tier, if no stage is there */
+                    b = BUFT_TIER(hit->cuda);
+                    for (int j = 0; rc == 0 && j < p->n_stages; j++)
+                        if (p->stage[j].device == hit->cuda)
+                            rc = bl_err_set(err, BL_ENOTSUP, "%s %s: %s belongs to layer %lld's stage, and CUDA%d "
+                                            "holds layers %lld..%lld; routed experts go to another card than "
+                                            "their layer's only where that card holds no layers (an expert tier: "
+                                            "keep the layers off it with -dev or -sm none -mg)", hit->flag,
+                                            hit->text, name, (long long)l, hit->cuda, (long long)p->stage[j].lb,
+                                            (long long)p->stage[j].le - 1);
+                }
             }
             if (rc == 0 && layer_buft[l] >= 0 && layer_buft[l] != b)
                 rc = bl_err_set(err, BL_ENOTSUP, "%s: the routed experts of layer %lld would be split between "
@@ -847,9 +898,14 @@ static int apply_overrides(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a,
         if (ov[j].seen == 0 && !strcmp(ov[j].flag, "--override-tensor"))
             rc = bl_err_set(err, BL_ENOTSUP, "--override-tensor %s: the pattern matches no tensor of the model",
                             ov[j].text);
+    p->n_tiers = 0;
+    memset(p->tier_of, 0, (size_t)a->n_layer);
     for (int64_t l = 0; rc == 0 && l < a->n_layer; l++)
         if (layer_buft[l] == BUFT_HOSTTIER)
             host_layer(p, a, l);
+        else if (layer_buft[l] >= BUFT_TIER(0))
+            rc = tier_layer(p, a, l, layer_buft[l] - BUFT_TIER(0), device_of(devs, n_devs, layer_buft[l] - BUFT_TIER(0)),
+                            err);
     pcre2_match_data_free(md);
     free(layer_buft);
     return rc;
@@ -872,6 +928,18 @@ void bl_plan_fmt_size(char *b, size_t n, uint64_t bytes)
  * cannot fit is refused with the sizes, and a hostfile's card with its host. */
 static int refuse_over(const bl_plan_t *p, const bl_place_opts_t *o, uint64_t margin, bl_err_t *err)
 {
+    for (int k = 0; k < p->n_tiers; k++) {
+        const bl_plan_tier_t *t = &p->tier[k];
+        if (!t->card.free_bytes || t->expert_bytes + t->scratch_bytes + margin <= t->card.free_bytes)
+            continue;
+        char w[32], f[32];
+        bl_plan_fmt_size(w, sizeof w, t->expert_bytes + t->scratch_bytes);
+        bl_plan_fmt_size(f, sizeof f, t->card.free_bytes);
+        return bl_err_set(err, BL_ENOMEM, "plan: the routed experts of %d layers on CUDA%d (an expert tier) need %s "
+                          "with its scratch and -fitt %llu MiB kept free, but the card has %s free (fewer layers' "
+                          "experts on it with -ot, the others with their stage or in host RAM)", t->n_layers,
+                          t->device, w, (unsigned long long)(margin / MIB), f);
+    }
     for (int i = 0; i < p->n_stages; i++) {
         const bl_plan_stage_t *st = &p->stage[i];
         if (!cannot_fit(st))
@@ -1034,8 +1102,11 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
     p->n_expert = a->moe ? a->n_expert : 0;
     p->n_dense_lead = a->moe ? a->n_dense_lead : 0;
     p->host = calloc((size_t)(a->n_layer * (p->n_expert ? p->n_expert : 1)), 1);
-    if (!p->host)
+    p->tier_of = calloc((size_t)(a->n_layer > 0 ? a->n_layer : 1), 1);
+    if (!p->host || !p->tier_of) {
+        bl_plan_free(p);
         return bl_err_set(err, BL_ENOMEM, "out of memory for the plan");
+    }
     int n_gpus = 0, ngl_given = 0, rc = 0, n_ov = 0;
     override_t *ov = NULL;
     sizes_t sz = {0};
@@ -1064,7 +1135,7 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
      * leave it, and its scratch grows by at most one layer's). On CPU stages alone
      * both placements are one. */
     if (o->hosts && !o->stage_ends) {
-        if ((rc = apply_overrides(p, g, a, o, ov, n_ov, 1, err)) < 0 ||
+        if ((rc = apply_overrides(p, g, a, o, devs, n_devs, ov, n_ov, 1, err)) < 0 ||
             (rc = split_by_hosts(p, a, o, &sz, margin, err)) < 0)
             goto out;
         memset(p->host, 0, (size_t)(a->n_layer * (p->n_expert ? p->n_expert : 1)));
@@ -1072,7 +1143,7 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
             ov[j].hits = ov[j].seen = 0;
     }
     /* a dense model has no routed experts: --cpu-moe and -ncmoe change nothing there */
-    if ((rc = apply_overrides(p, g, a, o, ov, n_ov, 0, err)) < 0)
+    if ((rc = apply_overrides(p, g, a, o, devs, n_devs, ov, n_ov, 0, err)) < 0)
         goto out;
     size_stages(p, a, o, &sz);
     const int fit = !o->fit || !strcmp(o->fit, "on");
@@ -1183,6 +1254,15 @@ size_t bl_plan_format(const bl_plan_t *p, char *buf, size_t cap)
                      i, (long long)st->lb, (long long)st->le - 1, wb, eb, kb);
         }
     }
+    for (int k = 0; k < p->n_tiers; k++) {
+        const bl_plan_tier_t *t = &p->tier[k];
+        char xb[32], sb[32];
+        bl_plan_fmt_size(xb, sizeof xb, t->expert_bytes);
+        bl_plan_fmt_size(sb, sizeof sb, t->scratch_bytes);
+        card += t->expert_bytes;
+        at = put(buf, cap, at, "expert tier %d: routed experts of %d layers on CUDA%d (%s): %s, scratch ~%s\n", k,
+                 t->n_layers, t->device, t->card.name[0] ? t->card.name : "?", xb, sb);
+    }
     char cb[32], rb[32], hb[32];
     bl_plan_fmt_size(cb, sizeof cb, card);
     bl_plan_fmt_size(rb, sizeof rb, cpu);
@@ -1207,8 +1287,8 @@ size_t bl_plan_format(const bl_plan_t *p, char *buf, size_t cap)
             at = put(buf, cap, at, " 0-%lld: dense,", (long long)p->n_dense_lead - 1);
         int64_t l0 = p->n_dense_lead;
         for (int64_t l = l0 + 1; l <= p->n_layer; l++) {
-            const int h0 = bl_plan_layer_host(p, l0);
-            if (l < p->n_layer && bl_plan_layer_host(p, l) == h0)
+            const int h0 = bl_plan_layer_host(p, l0) || p->tier_of[l0];
+            if (l < p->n_layer && (bl_plan_layer_host(p, l) || p->tier_of[l]) == h0)
                 continue;
             at = put(buf, cap, at, " %lld-%lld: %lld", (long long)l0, (long long)l - 1,
                      (long long)(h0 ? 0 : p->n_expert));
@@ -1258,7 +1338,7 @@ int bl_plan_args(bl_arg_t *a, int *n, int cap, bl_place_flags_t *f)
          .metavar = "PATTERN=TYPE,...",
          .help = "tensors whose name the regex finds go to TYPE: CPU (host RAM), CUDAn, or HOSTTIER (the "
                  "hosttier process even beside a CPU worker); only routed experts may leave their layer's "
-                 "stage; repeatable"},
+                 "stage, to a card without layers an expert tier; repeatable"},
         {"-fit,--fit", "LLAMA_ARG_FIT", BL_ARG_STR, &f->fit, .metavar = "on|off",
          .help = "on (default): without -ngl N, --cpu-moe, -ncmoe or -ot, put the routed experts of as many "
                  "leading layers in host RAM (then leading layers on the CPU) as each card needs to keep "

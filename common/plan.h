@@ -5,7 +5,8 @@
  *   - stages: contiguous layer ranges, each on the CPU or on one CUDA device (of this
  *     machine, or with a hostfile, of the stage's host);
  *   - the expert table: for every (layer, routed expert), with its layer's stage
- *     (on that card, or in the CPU worker) or in host RAM (the hosttier).
+ *     (on that card, or in the CPU worker), in host RAM (the hosttier), or on an
+ *     expert tier's card.
  * The dense parts of a layer (attention, norms, router) and its KV cache always sit
  * with the layer's stage.
  *
@@ -21,7 +22,8 @@
  *   -ot RE=BUFT tensors whose name RE finds go to BUFT: CPU (host RAM), CUDAn (that
  *               card), or HOSTTIER (the hosttier even beside a CPU worker); the first
  *               pattern that finds a tensor decides it, -ot patterns before --cpu-moe's
- *               and -ncmoe's;
+ *               and -ncmoe's; routed experts on a card without a stage of its own make
+ *               it an expert tier (bl_plan_tier_t);
  *   --fit on|off  on (the default): when none of -ngl N, --cpu-moe, -ncmoe, -ot is
  *               given, the routed experts of as many leading layers as needed go to
  *               host RAM so that every card keeps -fitt MiB (default 1024) free, and
@@ -140,12 +142,29 @@ typedef struct bl_plan_stage {
     uint64_t scratch_bytes; /* an estimate of the backend's scratch (cards only) */
 } bl_plan_stage_t;
 
+/* An expert tier: a card of this host without a stage of its own that holds the
+ * routed experts of the layers -ot puts there (-ot ...exps=CUDA1 beside stages on
+ * CUDA0), computed for their stages by a worker of its own. */
+typedef struct bl_plan_tier {
+    int device;             /* a CUDA ordinal */
+    bl_device_t card;       /* as its host reported it */
+    int n_layers;           /* layers whose experts it holds */
+    uint64_t expert_bytes;  /* their routed experts */
+    uint64_t scratch_bytes; /* an estimate of its scratch: a call's rows, choices and products */
+} bl_plan_tier_t;
+
+#define BL_PLAN_MAX_TIERS 16
+
 typedef struct bl_plan {
     int n_stages;
     bl_plan_stage_t stage[BL_PLAN_MAX_STAGES];
     int64_t n_layer, n_expert;
     int64_t n_dense_lead;   /* leading layers without routed experts */
     uint8_t *host;          /* (n_layer * n_expert): 1 where the expert is in host RAM */
+    int n_tiers;
+    bl_plan_tier_t tier[BL_PLAN_MAX_TIERS];
+    uint8_t *tier_of;       /* (n_layer): k + 1 where tier k holds the layer's routed experts,
+                             * else 0 */
     uint64_t host_bytes;    /* routed experts in host RAM */
     int n_host_layers;      /* layers with an expert in host RAM */
     int hosttier;           /* a hosttier process computes the host experts */

@@ -36,13 +36,20 @@
 
 /* The ring fds a child finds open at start (the router dup2()s them there):
  * a worker reads its input at 3 and writes its output at 4; with a hosttier it
- * writes expert rows at 5 and reads their sums at 6. The hosttier reads worker i's
- * rows at 3 + 2i and writes the sums at 4 + 2i. */
+ * writes expert rows at 5 and reads their sums at 6; then, for each expert tier k
+ * of the plan (Plan.tiers), rows at bp_step_fd_tier(hosttier, k) and sums at the
+ * next. The hosttier, and each tier, reads worker i's rows at 3 + 2i and writes the
+ * sums at 4 + 2i. */
 #define BP_STEP_FD_IN 3
 #define BP_STEP_FD_OUT 4
 #define BP_STEP_FD_EXPERTS_OUT 5
 #define BP_STEP_FD_EXPERTS_IN 6
 #define BP_STEP_FD_HOSTTIER_BASE 3
+/* A worker's fd for the rows to expert tier k; hosttier: whether the plan has one. */
+static inline int bp_step_fd_tier(int hosttier, int k)
+{
+    return BP_STEP_FD_EXPERTS_OUT + 2 * ((hosttier ? 1 : 0) + k);
+}
 
 #define BP_STEP_MAGIC 0x50455453u /* "STEP" little-endian */
 /* Longest error text carried (longer text is cut). */

@@ -53,11 +53,12 @@
 #define MAX_FAILED_RESTARTS 3
 
 typedef struct child {
-    char name[24];     /* "worker 0", "hosttier": in errors */
+    char name[24];     /* "worker 0", "hosttier", "tier 0": in errors */
     char tag[24];      /* "worker0": its log name */
     char identity[40]; /* routing id, unique per start so a reconnect is never confused */
     pid_t pid;         /* 0 when not running */
     int hosttier;
+    int tier;          /* k + 1 for expert tier k (a worker in the tier role), else 0 */
     int hello, ready;
     /* a card link's offer for this worker that came before its Hello, packed (0 bytes:
      * none); relayed once it has said Hello */
@@ -88,8 +89,8 @@ struct rt_cluster {
     int n_files;
     char **file_paths;
     bl_file_id_t *file_ids;
-    int n_children; /* workers, then the hosttier */
-    child_t kids[MAX_WORKERS + 1];
+    int n_children; /* workers, then the hosttier, then the expert tiers */
+    child_t kids[MAX_WORKERS + 1 + RT_CLUSTER_MAX_TIERS];
     bl_progress_t load_bar; /* on a terminal: the children's weights loaded, summed */
     int64_t load_deadline;  /* ms: a start fails when no child moved on by then */
     bp_step_limits_t lim; /* what the router accepts from the last stage */
@@ -100,6 +101,8 @@ struct rt_cluster {
     bp_ring_t *to_first, *from_last;        /* the router's ends */
     bp_ring_t *links[MAX_WORKERS];          /* stage i -> stage i+1 */
     bp_ring_t *x_req[MAX_WORKERS], *x_rep[MAX_WORKERS]; /* worker i <-> hosttier */
+    bp_ring_t *t_req[RT_CLUSTER_MAX_TIERS][MAX_WORKERS]; /* worker i <-> tier k */
+    bp_ring_t *t_rep[RT_CLUSTER_MAX_TIERS][MAX_WORKERS];
 
     /* ---- supervisor thread */
     pthread_t sup;
@@ -268,6 +271,11 @@ static void destroy_rings(rt_cluster_t *c)
         bp_ring_destroy(c->x_req[i]);
         bp_ring_destroy(c->x_rep[i]);
         c->links[i] = c->x_req[i] = c->x_rep[i] = NULL;
+        for (int k = 0; k < RT_CLUSTER_MAX_TIERS; k++) {
+            bp_ring_destroy(c->t_req[k][i]);
+            bp_ring_destroy(c->t_rep[k][i]);
+            c->t_req[k][i] = c->t_rep[k][i] = NULL;
+        }
     }
 }
 
@@ -290,6 +298,15 @@ static int create_rings(rt_cluster_t *c, bl_err_t *err)
         if (rc == 0)
             rc = make_ring(&c->x_rep[i], "sums", i, xrep, BP_RING_PRODUCER, err);
     }
+    for (int t = 0; t < c->o.n_tiers; t++)
+        for (int i = 0; rc == 0 && i < nw; i++) {
+            char what[24];
+            snprintf(what, sizeof what, "tier%d-experts", t);
+            rc = make_ring(&c->t_req[t][i], what, i, xreq, BP_RING_PRODUCER, err);
+            snprintf(what, sizeof what, "tier%d-sums", t);
+            if (rc == 0)
+                rc = make_ring(&c->t_rep[t][i], what, i, xrep, BP_RING_PRODUCER, err);
+        }
     if (rc)
         destroy_rings(c);
     return rc;
@@ -302,12 +319,12 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
 {
     child_t *k = &c->kids[i];
     int nw = c->o.n_workers;
-    int src[2 * MAX_WORKERS];
+    int src[2 * (MAX_WORKERS + RT_CLUSTER_MAX_TIERS + 1)];
     int n_fds = 0;
-    if (k->hosttier) {
+    if (k->hosttier || k->tier) { /* a ring pair per worker (proto/step.h) */
         for (int w = 0; w < nw; w++) {
-            src[n_fds++] = bp_ring_fd(c->x_req[w]);
-            src[n_fds++] = bp_ring_fd(c->x_rep[w]);
+            src[n_fds++] = bp_ring_fd(k->tier ? c->t_req[k->tier - 1][w] : c->x_req[w]);
+            src[n_fds++] = bp_ring_fd(k->tier ? c->t_rep[k->tier - 1][w] : c->x_rep[w]);
         }
     } else {
         src[n_fds++] = bp_ring_fd(i == 0 ? c->to_first : c->links[i - 1]);
@@ -315,6 +332,10 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
         if (c->has_hosttier) {
             src[n_fds++] = bp_ring_fd(c->x_req[i]);
             src[n_fds++] = bp_ring_fd(c->x_rep[i]);
+        }
+        for (int t = 0; t < c->o.n_tiers; t++) { /* at bp_step_fd_tier(has_hosttier, t) */
+            src[n_fds++] = bp_ring_fd(c->t_req[t][i]);
+            src[n_fds++] = bp_ring_fd(c->t_rep[t][i]);
         }
     }
     int rc = 0;
@@ -324,7 +345,7 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
                                                                         : c->o.n_threads);
     char *argv[28];
     int a = 0;
-    const char *remote = !k->hosttier ? c->o.remote[i] : NULL;
+    const char *remote = !k->hosttier && !k->tier ? c->o.remote[i] : NULL;
     argv[a++] = k->hosttier ? c->hosttier_bin : remote ? c->node_bin : c->worker_bin;
     if (remote) { /* the stage's relay to the node on its host */
         argv[a++] = (char *)"--relay";
@@ -338,7 +359,7 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
     argv[a++] = k->identity;
     argv[a++] = (char *)"--parent";
     argv[a++] = parent;
-    const char *label = k->hosttier ? c->o.hosttier_name : c->o.stage_name[i];
+    const char *label = k->hosttier ? c->o.hosttier_name : k->tier ? NULL : c->o.stage_name[i];
     if (k->hosttier) {
         argv[a++] = (char *)"--threads";
         argv[a++] = threads;
@@ -553,6 +574,12 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
     for (int64_t l = 0; c->has_hosttier && l < c->n_layer; l++)
         p.host[l] = c->o.host_layers[l] != 0; /* every expert of it, computed by the hosttier */
     p.host_process = (uint32_t)nw;
+    /* the tiers' processes follow the hosttier's */
+    p.n_tiers = c->o.n_tiers;
+    for (int t = 0; t < c->o.n_tiers; t++)
+        p.tiers[t] = (bp_plan_tier_t){.process = (uint32_t)(nw + c->has_hosttier + t), .device = c->o.tier_device[t]};
+    for (int64_t l = 0; c->o.n_tiers && l < c->n_layer; l++)
+        p.tier[l] = c->o.tier_layers[l];
     p.kv_type = c->o.kv_type;
     p.n_ctx = (uint32_t)c->o.n_ctx_slot;
     p.kv_pool = (uint32_t)c->o.kv_pool;
@@ -692,7 +719,7 @@ static int on_message(rt_cluster_t *c, const bp_peer_t *from, const bp_msg_t *m,
         uint64_t nv, ne, nl;
         const char *kernels;
         bp_msg_ready_facts(m, &nv, &ne, &nl, &kernels);
-        if (!k->hosttier && (nv != (uint64_t)c->n_vocab || ne != (uint64_t)c->n_embd || nl != (uint64_t)c->n_layer)) {
+        if (!k->hosttier && !k->tier && (nv != (uint64_t)c->n_vocab || ne != (uint64_t)c->n_embd || nl != (uint64_t)c->n_layer)) {
             snprintf(err.msg, sizeof err.msg, "%s: reports n_vocab %llu, n_embd %llu, %llu layers; the file "
                      "says %lld, %lld, %lld", k->name, (unsigned long long)nv, (unsigned long long)ne,
                      (unsigned long long)nl, (long long)c->n_vocab, (long long)c->n_embd, (long long)c->n_layer);
@@ -732,7 +759,7 @@ static int on_message(rt_cluster_t *c, const bp_peer_t *from, const bp_msg_t *m,
         store_stats(c, k, m);
         return 0;
     case BP_MSG_CARD_LINK:
-        return k->hosttier ? 0 : relay_card(c, i, m);
+        return k->hosttier || k->tier ? 0 : relay_card(c, i, m);
     default:
         return 0;
     }
@@ -844,8 +871,11 @@ static int start_set(rt_cluster_t *c)
     atomic_fetch_add(&c->starts, 1);
     atomic_store(&c->broken, 0);
     atomic_store(&c->restart_req, 0);
-    BL_LOG(BL_LOG_INFO, "event=cluster_ready workers=%d hosttier=%d start=%llu", c->o.n_workers,
-           c->has_hosttier, (unsigned long long)atomic_load(&c->starts));
+    char tiers[24] = "";
+    if (c->o.n_tiers)
+        snprintf(tiers, sizeof tiers, " tiers=%d", c->o.n_tiers);
+    BL_LOG(BL_LOG_INFO, "event=cluster_ready workers=%d hosttier=%d start=%llu%s", c->o.n_workers, c->has_hosttier,
+           (unsigned long long)atomic_load(&c->starts), tiers);
     return 0;
 }
 
@@ -1025,6 +1055,20 @@ static int check_opts(const rt_cluster_opts_t *o, bl_err_t *err)
         if (o->stage_threads[i] < 0 || o->stage_threads[i] > 256)
             return bl_err_set(err, BL_EINVAL, "cluster: stage %d's threads %d is not 0 (as n_threads) or 1..256", i,
                               o->stage_threads[i]);
+    if (o->n_tiers < 0 || o->n_tiers > RT_CLUSTER_MAX_TIERS)
+        return bl_err_set(err, BL_EINVAL, "cluster: %d expert tiers (at most %d)", o->n_tiers, RT_CLUSTER_MAX_TIERS);
+    for (int k = 0; k < o->n_tiers; k++)
+        if (o->tier_device[k] < -1 || o->tier_device[k] > 255)
+            return bl_err_set(err, BL_EINVAL, "cluster: tier %d's device %d is not -1 or a CUDA ordinal", k,
+                              o->tier_device[k]);
+    for (int l = 0; o->n_tiers && l < RT_CLUSTER_MAX_LAYERS; l++)
+        if (o->tier_layers[l] > o->n_tiers || (o->tier_layers[l] && o->host_layers[l]))
+            return bl_err_set(err, BL_EINVAL, "cluster: layer %d's tier %u of %d%s", l, o->tier_layers[l], o->n_tiers,
+                              o->host_layers[l] ? ", and the hosttier's too" : "");
+    for (int s = 0; o->n_tiers && s < o->n_workers && s < RT_CLUSTER_MAX_STAGES; s++)
+        if (o->remote[s])
+            return bl_err_set(err, BL_EINVAL, "cluster: expert tiers serve the stages of this host, and stage %d is "
+                              "on another", s);
     if (o->n_slots < 1 || o->n_slots > 4096)
         return bl_err_set(err, BL_EINVAL, "cluster: n_slots %d is not in 1..4096", o->n_slots);
     if (o->n_ctx_slot < 1 || o->n_ctx_slot > (1 << 24))
@@ -1154,7 +1198,7 @@ int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_
         goto fail;
     snprintf(c->sock_path, sizeof c->sock_path, "%s", c->endpoint + strlen("ipc://"));
 
-    c->n_children = c->o.n_workers + (c->has_hosttier ? 1 : 0);
+    c->n_children = c->o.n_workers + (c->has_hosttier ? 1 : 0) + c->o.n_tiers;
     for (int i = 0; i < c->o.n_workers; i++) {
         snprintf(c->kids[i].name, sizeof c->kids[i].name, "worker %d", i);
         snprintf(c->kids[i].tag, sizeof c->kids[i].tag, "worker%d", i);
@@ -1164,6 +1208,12 @@ int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_
         snprintf(h->name, sizeof h->name, "hosttier");
         snprintf(h->tag, sizeof h->tag, "hosttier");
         h->hosttier = 1;
+    }
+    for (int t = 0; t < c->o.n_tiers; t++) {
+        child_t *k = &c->kids[c->o.n_workers + c->has_hosttier + t];
+        snprintf(k->name, sizeof k->name, "tier %d", t);
+        snprintf(k->tag, sizeof k->tag, "tier%d", t);
+        k->tier = t + 1;
     }
     /* Logits rows per step: one per slot for decode, a few more for a caller that wants
      * the last rows of a prompt; the ring is sized for this many. */

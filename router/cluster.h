@@ -23,6 +23,7 @@ typedef struct rt_cluster rt_cluster_t;
 
 #define RT_CLUSTER_MAX_STAGES 64
 #define RT_CLUSTER_MAX_LAYERS 4096
+#define RT_CLUSTER_MAX_TIERS 16 /* BP_PLAN_MAX_TIERS */
 
 typedef struct rt_cluster_opts {
     const char *model_path;  /* GGUF file (first part of a split file) */
@@ -69,6 +70,12 @@ typedef struct rt_cluster_opts {
     /* Layers whose routed experts the hosttier computes; a hosttier runs only when one
      * is set (else every expert stays with its layer's worker) */
     uint8_t host_layers[RT_CLUSTER_MAX_LAYERS];
+    /* Expert tiers (common/plan.h's bl_plan_tier_t): tier k, a worker on CUDA device
+     * tier_device[k] of this host, computes the routed experts of the layers whose
+     * tier_layers entry is k + 1, for whichever stage holds them */
+    int n_tiers;
+    int tier_device[RT_CLUSTER_MAX_TIERS];
+    uint8_t tier_layers[RT_CLUSTER_MAX_LAYERS];
     int flash_attn;          /* WK_FLASH_*: prompt attention on a card (-fa) */
     int no_mmap;             /* workers copy every weight into their memory (--no-mmap) */
     int mlock;               /* workers and hosttier lock their weights in RAM (--mlock) */

@@ -319,6 +319,12 @@ static void print_placement(FILE *f, const rt_dry_run_t *d)
             fprintf(f, "  stage %d runs on another host, through the node at %s (--hostfile)\n", i, d->remote[i]);
     if (d->hosts)
         print_hosts(f, d);
+    for (int k = 0; k < p->n_tiers; k++) {
+        const bl_plan_tier_t *tr = &p->tier[k];
+        fprintf(f, "  expert tier %d on CUDA%d (%s): the routed experts of %d layers, %s, scratch ~%s; a worker of "
+                "its own computes them for their stages\n", k, tr->device, tr->card.name[0] ? tr->card.name : "?",
+                tr->n_layers, size_str(s1, sizeof s1, tr->expert_bytes), size_str(s2, sizeof s2, tr->scratch_bytes));
+    }
     if (p->hosttier) {
         fprintf(f, "  hosttier: the routed experts of %d of %lld layers, %s: %s in host RAM", p->n_host_layers,
                 (long long)p->n_layer, size_str(s1, sizeof s1, p->host_bytes),
@@ -340,7 +346,7 @@ static void print_placement(FILE *f, const rt_dry_run_t *d)
                         size_str(s1, sizeof s1, (uint64_t)d->experts_vram));
         }
     } else {
-        fprintf(f, "  hosttier: none (no routed experts outside their stage)\n");
+        fprintf(f, "  hosttier: none (no routed experts in host RAM outside their stage)\n");
     }
     if (p->fit_moved || p->fit_cpu_layers)
         fprintf(f, "  --fit: the routed experts of %d leading layers in host RAM, %d layers moved to the CPU\n",

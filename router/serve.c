@@ -761,7 +761,19 @@ static json_t *placement_json(const bl_plan_t *p)
     for (int64_t l = 0; l < p->n_layer; l++)
         if (bl_plan_layer_host(p, l))
             json_array_append_new(host, json_integer(l));
-    return json_pack("{s:o,s:o,s:I,s:I,s:I,s:b,s:{s:i,s:i,s:I}}", "stages", stages, "host_expert_layers", host,
+    json_t *tiers = json_array();
+    for (int k = 0; k < p->n_tiers; k++) {
+        json_t *layers = json_array();
+        for (int64_t l = 0; l < p->n_layer; l++)
+            if (p->tier_of[l] == k + 1)
+                json_array_append_new(layers, json_integer(l));
+        char dev[16];
+        snprintf(dev, sizeof dev, "CUDA%d", p->tier[k].device);
+        json_array_append_new(tiers, json_pack("{s:s,s:o,s:I}", "device", dev, "expert_layers", layers,
+                                               "expert_bytes", (json_int_t)p->tier[k].expert_bytes));
+    }
+    return json_pack("{s:o,s:o,s:o,s:I,s:I,s:I,s:b,s:{s:i,s:i,s:I}}", "stages", stages, "expert_tiers", tiers,
+                     "host_expert_layers", host,
                      "host_expert_bytes", (json_int_t)p->host_bytes, "host_expert_ram_bytes",
                      (json_int_t)p->host_ram_bytes, "host_expert_disk_bytes", (json_int_t)p->host_disk_bytes,
                      "hosttier", p->hosttier, "fit", "expert_layers", p->fit_moved, "cpu_layers", p->fit_cpu_layers,
@@ -2392,8 +2404,13 @@ int main(int argc, char **argv)
     }
     co.hosttier_name = names.hosttier[0] ? names.hosttier : NULL;
     co.secret_path = o.cluster_secret;
-    for (int64_t l = 0; l < plan.n_layer && l < RT_CLUSTER_MAX_LAYERS; l++)
+    for (int64_t l = 0; l < plan.n_layer && l < RT_CLUSTER_MAX_LAYERS; l++) {
         co.host_layers[l] = (uint8_t)bl_plan_layer_host(&plan, l);
+        co.tier_layers[l] = plan.tier_of[l];
+    }
+    co.n_tiers = plan.n_tiers;
+    for (int k = 0; k < plan.n_tiers; k++)
+        co.tier_device[k] = plan.tier[k].device;
     if (rt_cluster_create(&cluster, &co, &err) != 0)
         goto fail;
     app->cluster = cluster;
@@ -2411,6 +2428,8 @@ int main(int argc, char **argv)
         dco.stage_end[0] = draft_layers;
         dco.stage_device[0] = draft_dev;
         memset(dco.host_layers, 0, sizeof dco.host_layers);
+        memset(dco.tier_layers, 0, sizeof dco.tier_layers);
+        dco.n_tiers = 0;
         dco.kv_pool = 0;
         dco.n_ctx_slot = kv_pool ? n_ctx / o.parallel : n_ctx_slot;
         dco.slot_dir = dco.cache_dir = NULL;

@@ -26,6 +26,7 @@
 #include "kvpart.h"
 #include "step.h"
 #include "wk.h"
+#include "xserve.h"
 #if BL_HAVE_CUDA
 #include "kcuda.h"
 #endif
@@ -71,7 +72,16 @@ typedef struct worker {
     int stage;          /* this stage's index in the plan */
     int64_t layer_begin, layer_end;
     int threads, threads_batch; /* the compute pool's, as the plan gave them */
-    bp_ring_t *in, *out, *x_out, *x_in;
+    bp_ring_t *in, *out;
+    /* where the routed experts of this stage's layers go that are not its own: [0]
+     * the hosttier, [k + 1] expert tier k (Plan.tiers), each with the count of calls
+     * made, the counter its answers echo */
+    struct xlink {
+        bp_ring_t *out, *in;
+        uint64_t call;
+        char who[16];
+    } xl[1 + BP_PLAN_MAX_TIERS];
+    uint8_t *xt;         /* (n_layer) the xl index of a layer's experts */
     /* the card links on in and out (Plan.stages[].card_next) where both ends set them
      * up; NULL: the ring carries the rows */
     bp_cardlink_t *card_in, *card_out;
@@ -88,7 +98,6 @@ typedef struct worker {
         size_t cap;
     } spare[8];
     int n_spare;
-    uint64_t x_call;     /* experts calls made: the counter the hosttier echoes */
     /* ---- shared: stop is set by either thread, read by both (relaxed is enough:
      * each side polls it at least every POLL_US) */
     _Atomic int stop;
@@ -128,21 +137,22 @@ static int peek(worker_t *w, bp_ring_t *r, const void **msg, size_t *n, bl_err_t
 
 /* ------------------------------------------------------------ experts */
 
-/* wk_experts_fn: the rows go to the hosttier, the sums come back. On the step thread,
- * inside wk_model_stage. */
+/* wk_experts_fn: the rows go to the layer's hosttier or expert tier, the sums come
+ * back. On the step thread, inside wk_model_stage. */
 static int experts_remote(void *ctx, int64_t layer, const float *xn, int64_t n, const int32_t *counts,
                           const int32_t *ids, const float *wts, float *out, bl_err_t *err)
 {
     worker_t *w = ctx;
     const bp_step_limits_t *lim = &w->lim;
-    uint64_t call = ++w->x_call;
+    struct xlink *x = &w->xl[w->xt[layer]];
+    uint64_t call = ++x->call;
     int64_t picks = 0;
     for (int64_t r = 0; r < n; r++)
         picks += counts ? counts[r] : lim->n_expert_used;
     bp_step_hdr_t h = {.kind = BP_STEP_EXPERTS, .step = call, .n_rows = (int32_t)n,
                        .width = lim->n_embd, .k = (int32_t)picks, .layer = (int32_t)layer};
     bp_step_out_t o;
-    int rc = reserve(w, w->x_out, NULL, &h, &o, err);
+    int rc = reserve(w, x->out, NULL, &h, &o, err);
     if (rc)
         return rc;
     memcpy(o.rows, xn, (size_t)n * (size_t)lim->n_embd * sizeof(float));
@@ -150,26 +160,25 @@ static int experts_remote(void *ctx, int64_t layer, const float *xn, int64_t n, 
         o.counts[r] = counts ? counts[r] : lim->n_expert_used;
     memcpy(o.ids, ids, (size_t)picks * sizeof(int32_t));
     memcpy(o.wts, wts, (size_t)picks * sizeof(float));
-    if ((rc = bp_ring_commit(w->x_out, o.nbytes, err)) != 0)
+    if ((rc = bp_ring_commit(x->out, o.nbytes, err)) != 0)
         return rc;
 
     const void *msg;
     size_t nbytes;
-    if ((rc = peek(w, w->x_in, &msg, &nbytes, err)) != 0)
-        return rc == BL_ECLOSED ? bl_err_set(err, BL_ECLOSED, "%s: the hosttier closed its ring",
-                                             w->ctl.label)
+    if ((rc = peek(w, x->in, &msg, &nbytes, err)) != 0)
+        return rc == BL_ECLOSED ? bl_err_set(err, BL_ECLOSED, "%s: the %s closed its ring", w->ctl.label, x->who)
                                 : rc;
     bp_step_in_t in = {0};
     rc = bp_step_parse(msg, nbytes, lim, BP_STEP_SUMS, call, &in, err);
     if (rc == 0 && in.hdr.kind == BP_STEP_ERROR)
         rc = bl_err_set(err, in.hdr.code, "%.*s", (int)in.hdr.text_len, in.text);
     else if (rc == 0 && (in.hdr.layer != layer || in.hdr.n_rows != n))
-        rc = bl_err_set(err, BL_EPROTO, "%s: the hosttier answered layer %d with %d rows for "
-                        "layer %lld with %lld", w->ctl.label, in.hdr.layer, in.hdr.n_rows,
+        rc = bl_err_set(err, BL_EPROTO, "%s: the %s answered layer %d with %d rows for "
+                        "layer %lld with %lld", w->ctl.label, x->who, in.hdr.layer, in.hdr.n_rows,
                         (long long)layer, (long long)n);
     else if (rc == 0)
         memcpy(out, in.rows, (size_t)n * (size_t)lim->n_embd * sizeof(float));
-    bp_ring_release(w->x_in);
+    bp_ring_release(x->in);
     return rc;
 }
 
@@ -750,11 +759,20 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     w->last = idx + 1 == p->n_stages;
     const int device = st->device >= 0 ? st->device : WK_DEVICE_CPU;
     w->device = device;
-    /* The layers of this stage whose routed experts the hosttier computes: those the
-     * placements list. */
-    int any = 0, rc;
-    for (uint32_t l = st->layer_begin; l < st->layer_end; l++)
-        any |= p->host[l];
+    /* The layers of this stage whose routed experts the hosttier or a tier computes:
+     * those the placements list; xt says which. */
+    int any = 0, rc, plan_host = 0;
+    int used[1 + BP_PLAN_MAX_TIERS] = {0};
+    if (!(w->xt = calloc(p->n_layers ? p->n_layers : 1, 1)))
+        return bl_err_set(err, BL_ENOMEM, "out of memory for %u layers", p->n_layers);
+    for (uint32_t l = 0; l < p->n_layers; l++) {
+        plan_host |= p->host[l];
+        w->xt[l] = p->tier[l];
+        if (l >= st->layer_begin && l < st->layer_end && (p->host[l] || p->tier[l])) {
+            any = 1;
+            used[p->tier[l]] = 1;
+        }
+    }
     w->remote = p->n_expert > 0 && any;
     w->layer_begin = st->layer_begin;
     w->layer_end = st->layer_end;
@@ -769,10 +787,26 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     if ((rc = attach(&w->in, BP_STEP_FD_IN, "stage-in", BP_RING_CONSUMER, err)) ||
         (rc = attach(&w->out, BP_STEP_FD_OUT, "stage-out", BP_RING_PRODUCER, err)))
         return rc;
-    if (w->remote &&
-        ((rc = attach(&w->x_out, BP_STEP_FD_EXPERTS_OUT, "experts-out", BP_RING_PRODUCER, err)) ||
-         (rc = attach(&w->x_in, BP_STEP_FD_EXPERTS_IN, "experts-in", BP_RING_CONSUMER, err))))
+    snprintf(w->xl[0].who, sizeof w->xl[0].who, "hosttier");
+    if (w->remote && used[0] &&
+        ((rc = attach(&w->xl[0].out, BP_STEP_FD_EXPERTS_OUT, "experts-out", BP_RING_PRODUCER, err)) ||
+         (rc = attach(&w->xl[0].in, BP_STEP_FD_EXPERTS_IN, "experts-in", BP_RING_CONSUMER, err))))
         return rc;
+    for (int k = 0; k < p->n_tiers; k++) {
+        struct xlink *x = &w->xl[k + 1];
+        snprintf(x->who, sizeof x->who, "tier %d", k);
+        const int fd = bp_step_fd_tier(plan_host, k);
+        if (used[k + 1] && ((rc = attach(&x->out, fd, "tier-out", BP_RING_PRODUCER, err)) ||
+                            (rc = attach(&x->in, fd + 1, "tier-in", BP_RING_CONSUMER, err))))
+            return rc;
+    }
+    /* what wk_model_opts_t.experts_host says of each layer: the host's RAM (which a
+     * card may copy from), another process's card, or here */
+    uint8_t *where = calloc(p->n_layers ? p->n_layers : 1, 1);
+    if (!where)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for %u layers", p->n_layers);
+    for (uint32_t l = 0; l < p->n_layers; l++)
+        where[l] = p->host[l] ? WK_EXPERTS_HOST_RAM : p->tier[l] ? WK_EXPERTS_TIER : 0;
 
     struct stat sb;
     uint64_t total = stat(p->model_path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
@@ -797,7 +831,7 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     o.layer_begin = st->layer_begin;
     o.layer_end = st->layer_end;
     o.experts = w->remote ? WK_EXPERTS_REMOTE : WK_EXPERTS_LOCAL;
-    o.experts_host = p->host;
+    o.experts_host = where;
     o.device = device;
     if (p->flash_attn > WK_FLASH_OFF)
         return bl_err_set(err, BL_EINVAL, "plan: flash_attn %u is not 0, 1 or 2", p->flash_attn);
@@ -812,7 +846,9 @@ static int load_stage(worker_t *w, const bp_plan_t *p, bl_err_t *err)
     o.residency = !p->no_residency;
     o.mtp = p->mtp;
     w->mtp = p->mtp && w->last;
-    if ((rc = wk_model_load(&w->m, p->model_path, &o, err)) != 0)
+    rc = wk_model_load(&w->m, p->model_path, &o, err);
+    free(where); /* copied at load */
+    if (rc != 0)
         return rc;
     const wk_config_t *cfg = wk_model_config(w->m);
     if (cfg->n_layer != p->n_layers)
@@ -1162,16 +1198,138 @@ static void worker_free(worker_t *w, uint32_t n_slots)
     wk_model_free(w->m); /* its card buffers with it */
     bp_ring_destroy(w->in);
     bp_ring_destroy(w->out);
-    bp_ring_destroy(w->x_out);
-    bp_ring_destroy(w->x_in);
+    for (int k = 0; k <= BP_PLAN_MAX_TIERS; k++) {
+        bp_ring_destroy(w->xl[k].out);
+        bp_ring_destroy(w->xl[k].in);
+    }
+    free(w->xt);
     bp_child_stop(&w->ctl);
+}
+
+/* ------------------------------------------------------------ an expert tier */
+
+/* A worker that is one of the plan's expert tiers: the routed experts of the layers
+ * the plan gives it, loaded alone on its card (WK_EXPERTS_ONLY), computed for every
+ * stage on that stage's ring pair by one thread (proto/xserve.h); the main thread
+ * keeps the control plane. */
+typedef struct tier {
+    bp_child_t *ctl;
+    wk_model_t *m;
+    bp_xserve_t xs;
+    _Atomic int stop;
+} tier_t;
+
+static int tier_experts(void *ctx, int32_t layer, const float *rows, int32_t n, const int32_t *counts,
+                        const int32_t *ids, const float *wts, float *out, bl_err_t *err)
+{
+    return wk_model_experts(ctx, layer, rows, n, counts, ids, wts, out, err);
+}
+
+static int tier_stats(void *ud, bp_counter_t *out, int cap)
+{
+    return bp_xserve_stats(&((tier_t *)ud)->xs, out, cap);
+}
+
+static int tier_load(tier_t *t, const bp_plan_t *p, int k, int cards_as_cpu, bl_err_t *err)
+{
+    const bp_plan_tier_t *tr = &p->tiers[k];
+    if (p->n_batch > 65536 || p->threads > 256 || p->poll > 100)
+        return bl_err_set(err, BL_EINVAL, "plan: n_batch %u, threads %u or poll %u out of range", p->n_batch,
+                          p->threads, p->poll);
+    bp_xserve_t *x = &t->xs;
+    snprintf(t->ctl->label, sizeof t->ctl->label, "tier %d", k);
+    x->who = t->ctl->label;
+    x->stop = &t->stop;
+    x->fn = tier_experts;
+    int rc = bp_xserve_attach(x, p->n_stages, err);
+    if (rc)
+        return rc;
+    uint8_t *mine = calloc(p->n_layers ? p->n_layers : 1, 1);
+    if (!mine)
+        return bl_err_set(err, BL_ENOMEM, "out of memory for %u layers", p->n_layers);
+    int any = 0;
+    for (uint32_t l = 0; l < p->n_layers; l++)
+        any |= mine[l] = p->tier[l] == k + 1;
+    struct stat sb;
+    const uint64_t total = stat(p->model_path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    wk_model_opts_t o;
+    wk_model_opts_default(&o);
+    t->ctl->copy_stage = "experts";
+    o.progress = bp_child_copy_progress;
+    o.progress_ud = t->ctl;
+    o.experts = WK_EXPERTS_ONLY;
+    o.experts_host = mine;
+    o.device = tr->device >= 0 && !cards_as_cpu ? tr->device : WK_DEVICE_CPU;
+    o.n_threads = p->threads ? (int)p->threads : 1;
+    if (p->n_batch)
+        o.n_batch = p->n_batch;
+    o.no_mmap = p->no_mmap;
+    o.mlock = p->mlock;
+    o.poll = (int)p->poll;
+    o.cpu_strict = p->cpu_strict;
+    rc = any ? wk_model_load(&t->m, p->model_path, &o, err)
+             : bl_err_set(err, BL_EINVAL, "plan: tier %d computes no layer's experts", k);
+    free(mine);
+    if (rc != 0)
+        return rc;
+    const wk_config_t *c = wk_model_config(t->m);
+    if (c->n_layer != p->n_layers)
+        return bl_err_set(err, BL_EINVAL, "plan: %u layers, the model has %lld", p->n_layers, (long long)c->n_layer);
+    x->ctx = t->m;
+    x->lim = (bp_step_limits_t){.n_slots = (int32_t)p->n_slots, .n_batch = (int32_t)o.n_batch, .n_ctx = p->n_ctx,
+                                .n_embd = (int32_t)c->n_embd, .n_vocab = (int32_t)c->n_vocab,
+                                .n_layer = (int32_t)c->n_layer, .n_expert = (int32_t)c->n_expert,
+                                .n_expert_used = (int32_t)c->n_expert_used};
+    if ((rc = bp_xserve_init(x, err)) != 0)
+        return rc;
+    bp_child_copy_done(t->ctl, total);
+    return 0;
+}
+
+static void tier_free(tier_t *t)
+{
+    bp_xserve_free(&t->xs);
+    wk_model_free(t->m);
+}
+
+/* The worker as tier k of plan p, until the router stops it; the exit status. */
+static int run_tier(bp_child_t *ctl, const bp_plan_t *p, int k, int cards_as_cpu)
+{
+    static tier_t t;
+    t.ctl = ctl;
+    ctl->process = p->you;
+    bl_err_t err = {0};
+    if (tier_load(&t, p, k, cards_as_cpu, &err) != 0) {
+        bp_child_fatal(ctl, &err);
+        tier_free(&t);
+        return 1;
+    }
+    const int device = p->tiers[k].device >= 0 && !cards_as_cpu ? p->tiers[k].device : -1;
+    char kernels[BP_MSG_MAX_KERNELS + 1];
+    if (device >= 0)
+        snprintf(kernels, sizeof kernels, "CUDA%d %s", device, wk_model_kernels(t.m));
+    else
+        snprintf(kernels, sizeof kernels, "CPU %s", wk_model_kernels(t.m));
+    bp_child_ready(ctl, 0, 0, 0, kernels);
+    BL_LOG(BL_LOG_INFO, "event=ready role=tier tier=%d stages=%d kernels=%s", k, t.xs.n_pairs, kernels);
+    pthread_t th;
+    if (pthread_create(&th, NULL, bp_xserve_main, &t.xs) != 0) {
+        bl_err_set(&err, BL_ENOMEM, "cannot start the ring thread");
+        bp_child_fatal(ctl, &err);
+        tier_free(&t);
+        return 1;
+    }
+    bp_child_control_loop(ctl, &t.stop, tier_stats, &t);
+    pthread_join(th, NULL);
+    tier_free(&t);
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
     const char *endpoint = NULL, *name = "worker", *identity = NULL;
     int64_t parent = 0;
-    int verbose = 0, quiet = 0, help = 0, colors = 0, devices = 0;
+    int verbose = 0, quiet = 0, help = 0, colors = 0, devices = 0, cards_as_cpu = 0;
     int64_t verbosity = -1;
     bl_arg_t args[] = {
         {"--control", NULL, BL_ARG_STR, &endpoint, .metavar = "ENDPOINT", .help = "the router's control socket"},
@@ -1183,6 +1341,7 @@ int main(int argc, char **argv)
         {"-lv,--verbosity", NULL, BL_ARG_I64, &verbosity, 0, 100, .metavar = "N", .help = "llama.cpp's log threshold: 1 error, 2 warning, 3 info, 4 debug"},
         {"--log-colors", NULL, BL_ARG_FLAG, &colors, .help = "colour the level names"},
         {"--list-devices", NULL, BL_ARG_FLAG, &devices, .help = "print this host's CUDA devices (index, bytes, free bytes, name) and exit"},
+        {"--cards-as-cpu", NULL, BL_ARG_FLAG, &cards_as_cpu, .help = "run the stage or expert tier the plan puts on a card on the CPU (tests of multi-card plans on a machine without cards)"},
     };
     int n_args = (int)(sizeof args / sizeof args[0]);
     bl_err_t err = {0};
@@ -1231,6 +1390,18 @@ int main(int argc, char **argv)
         worker_free(&w, 0);
         return 1;
     }
+    for (int k = 0; k < pl.n_tiers; k++)
+        if (pl.tiers[k].process == pl.you) {
+            rc = run_tier(&w.ctl, &pl, k, cards_as_cpu);
+            bp_msg_free(&plan);
+            worker_free(&w, 0);
+            return rc;
+        }
+    if (cards_as_cpu)
+        for (int i = 0; i < pl.n_stages; i++) {
+            pl.stages[i].device = -1;
+            pl.stages[i].card_next = 0;
+        }
     uint32_t n_slots = pl.n_slots;
     if ((rc = load_stage(&w, &pl, &err)) != 0) {
         bp_child_fatal(&w.ctl, &err);
@@ -1250,7 +1421,8 @@ int main(int argc, char **argv)
         snprintf(vram, sizeof vram, "%lld", (long long)pl.experts_vram);
     BL_LOG(BL_LOG_INFO, "event=ready layers=%lld..%lld threads=%d threads_batch=%d kernels=%s experts=%s "
            "residency=%s experts_vram=%s", (long long)w.layer_begin, (long long)w.layer_end, w.threads,
-           w.threads_batch, wk_model_kernels(w.m), w.remote ? "hosttier" : "local", pl.no_residency ? "off" : "on",
+           w.threads_batch, wk_model_kernels(w.m), !w.remote ? "local" : w.xl[0].out && pl.n_tiers ? "hosttier+tier"
+                                                   : w.xl[0].out ? "hosttier" : "tier", pl.no_residency ? "off" : "on",
            vram);
     bp_msg_free(&plan);
     char kernels[BP_MSG_MAX_KERNELS + 1];

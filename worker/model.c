@@ -374,7 +374,8 @@ int wk__place_ffn(wk_model_t *m, int64_t l, bl_err_t *err)
                           (rc = op->add(b, &L->sh_down, 0, err)) < 0 ||
                           (c->shexp_gate && (rc = op->add_vec(b, &L->sh_gate_inp, c->n_embd, err)) < 0)))
         return rc;
-    if (wk__layer_remote(m, l) && (rc = op->add_host(b, l, e, err)) < 0)
+    /* a tier's layers are its own: the card copies only what is in host RAM */
+    if (wk__layer_remote(m, l) && m->host[l] == WK_EXPERTS_HOST_RAM && (rc = op->add_host(b, l, e, err)) < 0)
         return rc;
     return 0;
 }
@@ -762,7 +763,7 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
         goto fail;
     }
     for (int64_t l = 0; l < m->cfg.n_layer; l++)
-        m->host[l] = m->opts.experts_host ? m->opts.experts_host[l] != 0 : 1;
+        m->host[l] = m->opts.experts_host ? m->opts.experts_host[l] : WK_EXPERTS_HOST_RAM;
     if (m->mtp_l >= 0)
         m->host[m->mtp_l] = 0; /* the NextN layer's experts are computed here */
     m->opts.experts_host = NULL; /* the copy is m->host */
@@ -1615,6 +1616,9 @@ int wk_place_one(const char *path, const bl_place_opts_t *o, wk_place_t *out, ch
         if (p.n_stages != 1)
             rc = bl_err_set(err, BL_ENOTSUP, "the plan has %d stages (layers on the CPU and on a card, or on "
                             "several cards); this program runs one, bloomery-serve runs them all", p.n_stages);
+        else if (p.n_tiers > 0)
+            rc = bl_err_set(err, BL_ENOTSUP, "the plan puts routed experts on CUDA%d, a card without their layers "
+                            "(an expert tier); bloomery-serve runs such a plan", p.tier[0].device);
         else if (a.n_layer > BL_ARCH_MAX_LAYERS)
             rc = bl_err_set(err, BL_ENOTSUP, "%s: %lld layers (at most %d here)", path, (long long)a.n_layer,
                             BL_ARCH_MAX_LAYERS);

@@ -45,9 +45,12 @@ typedef struct wk_model_opts {
                           * tokens, the last computes logits; wk_model_stage passes
                           * the hidden state between them */
     int experts;       /* WK_EXPERTS_*: where the routed experts are computed */
-    const uint8_t *experts_host; /* (n_layer) or NULL. WK_EXPERTS_REMOTE: 1 where a
-                        * layer's routed experts go to the callback, 0 where they stay
-                        * here (NULL: every layer's go); WK_EXPERTS_ONLY: the layers
+    const uint8_t *experts_host; /* (n_layer) or NULL. WK_EXPERTS_REMOTE: where a
+                        * layer's routed experts go to the callback, WK_EXPERTS_HOST_RAM
+                        * (the hosttier: a card may copy them from the file mapping for a
+                        * prompt or its slots) or WK_EXPERTS_TIER (another process's
+                        * card: only the callback); 0 where they stay here (NULL: every
+                        * layer's to the host); WK_EXPERTS_ONLY: nonzero for the layers
                         * whose experts this process loads (NULL: all). Copied at load */
     int device;        /* WK_DEVICE_CPU, or a CUDA ordinal: the stage's weights, scratch
                         * and KV caches live on that card and the forward pass runs
@@ -111,6 +114,10 @@ typedef struct wk_model_opts {
 #define WK_EXPERTS_ONLY 2   /* an expert tier (on the CPU or a card): only the routed
                              * experts' weights are loaded, and only wk_model_experts
                              * runs */
+
+/* wk_model_opts_t.experts_host's values for a layer whose experts go to the callback. */
+#define WK_EXPERTS_HOST_RAM 1
+#define WK_EXPERTS_TIER 2
 
 /* Defaults: fast path with act_terms 2, 1 thread, n_batch 512, n_ctx_max 0, every
  * layer, experts local, the CPU (graphs on, profile off for a device). */

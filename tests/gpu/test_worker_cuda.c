@@ -727,8 +727,9 @@ static wk_model_t *load_experts(const char *name, int device, int experts, int p
 /* An expert tier on the card (every routed expert loaded alone, WK_EXPERTS_ONLY):
  * (1) its sums for random rows, each with all its choices or fewer (the padded
  * form), against the CPU tier's, gated by the CPU's 8-bit pass as the logits are;
- * (2) a stage on the card whose experts all go to it, prompt and decode graphs,
- * against the CPU's precise pass (c, f: its and the 8-bit pass's logits of ids). */
+ * (2) a stage on the card whose experts all go to it (WK_EXPERTS_TIER: neither the
+ * prompt offload nor residency's slots copy them), prompt and decode graphs, against
+ * the CPU's precise pass (c, f: its and the 8-bit pass's logits of ids). */
 static void test_tier(const char *path, const char *name, const int32_t *ids, int64_t N, const float *c,
                       const float *f)
 {
@@ -789,8 +790,11 @@ static void test_tier(const char *path, const char *name, const int32_t *ids, in
     wk_model_opts_t o = test_opts(path, 1, p, sizeof p);
     o.device = 0;
     o.experts = WK_EXPERTS_REMOTE;
-    o.residency = 0;
-    o.no_op_offload = 1;
+    uint8_t where[256];
+    if (cf->n_layer > 256)
+        bail("more layers than the test's table", NULL);
+    memset(where, WK_EXPERTS_TIER, sizeof where); /* not host RAM: no offload, no slots */
+    o.experts_host = where;
     wk_model_t *st = NULL;
     if (wk_model_load(&st, p, &o, &err) != 0)
         bail(p, &err);

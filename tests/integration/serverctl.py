@@ -53,13 +53,17 @@ def gpu_present():
     return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
 
 
-def fake_devices_bin(folder, name, run_worker=False):
+def fake_devices_bin(folder, name, run_worker=False, cards_as_cpu=False):
     """A copy of program name (bloomery-serve, bloomery-node) in folder beside a
     bloomery-worker that writes each of its command lines to $FAKE_WORKER_LOG, answers
     --list-devices with $FAKE_DEVICES (lines "cuda INDEX TOTAL FREE [read_mbps=N] NAME"), and for
-    anything else runs the real worker (run_worker) or exits 3: the program of a host
-    with those cards. Returns the copy's path."""
+    anything else runs the real worker (run_worker; with cards_as_cpu, running what the
+    plan puts on a card on the CPU, and the real hosttier beside it) or exits 3: the
+    program of a host with those cards. Returns the copy's path."""
     shutil.copy2(program(name), os.path.join(folder, name))
+    if cards_as_cpu:
+        run_worker = True
+        os.symlink(program("bloomery-hosttier"), os.path.join(folder, "bloomery-hosttier"))
     w = os.path.join(folder, "bloomery-worker")
     with open(w, "w") as f:
         f.write('#!/bin/sh\n'
@@ -68,7 +72,8 @@ def fake_devices_bin(folder, name, run_worker=False):
                 '  [ -n "$FAKE_DEVICES" ] && printf "%%s\\n" "$FAKE_DEVICES"\n'
                 '  exit 0\n'
                 'fi\n'
-                '%s\n' % ('exec "%s" "$@"' % program("bloomery-worker") if run_worker else "exit 3"))
+                '%s\n' % ('exec "%s" "$@"%s' % (program("bloomery-worker"), " --cards-as-cpu" if cards_as_cpu else "")
+                           if run_worker else "exit 3"))
     os.chmod(w, 0o755)
     return os.path.join(folder, name)
 

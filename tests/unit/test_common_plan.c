@@ -1369,7 +1369,8 @@ static void test_plan_ot_card_for_experts_of_a_cpu_stage_is_refused(void **state
     o.gpu_layers = "4";
     o.override_tensor = ot;
     o.n_override_tensor = 1;
-    expect_refusal(MOE, big1, 1, &o, BL_ENOTSUP, "belongs to a stage on the CPU");
+    /* CUDA0 holds the last 4 layers: an expert tier is a card without layers */
+    expect_refusal(MOE, big1, 1, &o, BL_ENOTSUP, "and CUDA0 holds layers");
 }
 
 /* Fails with plan.c as it is: --cpu-moe finds no tensor (see above), so only the -ot
@@ -2242,9 +2243,9 @@ static void test_plan_two_h200s_main_gpu_takes_the_whole_model(void **state)
     bl_plan_free(p);
 }
 
-/* An expert tier on the second card: routed experts of the first card's layers
- * placed on the other card are refused (not supported yet); the second card's own
- * layers' experts named for it stay where they are. */
+/* Both cards holding layers (-ts 1,1): routed experts of the first card's layers
+ * placed on the other card are refused (an expert tier's card holds no layers); the
+ * second card's own layers' experts named for it stay where they are. */
 static void test_plan_two_h200s_experts_on_the_other_card_are_refused(void **state)
 {
     (void)state;
@@ -2258,7 +2259,7 @@ static void test_plan_two_h200s_experts_on_the_other_card_are_refused(void **sta
     bl_plan_t q;
     bl_err_t err = {0};
     assert_int_equal(bl_plan_build(&q, BIG.g, &BIG.a, d, 2, &o, &err), BL_ENOTSUP);
-    assert_non_null(strstr(err.msg, "another card than their layer's"));
+    assert_non_null(strstr(err.msg, "and CUDA1 holds layers 10..19"));
     ot[0] = "blk\\.1[5-9]\\.ffn_.*_exps=CUDA1";
     bl_plan_t *p = &g_plan;
     build_big(p, d, 2, &o);
@@ -2266,6 +2267,62 @@ static void test_plan_two_h200s_experts_on_the_other_card_are_refused(void **sta
     assert_true(p->stage[1].expert_bytes == 10 * BIG_X_BYTES);
     assert_int_equal(p->n_host_layers, 0);
     bl_plan_free(p);
+}
+
+/* An expert tier on the second card (the layers on CUDA0 with -dev, the experts of
+ * layers 0-9 on CUDA1): the stage holds the other layers' experts, the tier those ten,
+ * each card within its memory; with --cpu-moe beside it the rest go to host RAM; all
+ * twenty layers' experts (about 200 GB) do not fit the tier's card and are refused by
+ * name. */
+static void test_plan_two_h200s_an_expert_tier_on_the_second_card(void **state)
+{
+    (void)state;
+    const bl_device_t d[2] = {h200(0), h200(1)};
+    big_model();
+    bl_place_opts_t o = opts();
+    o.devices = "CUDA0";
+    const char *ot[1] = {"blk\\.[0-9]\\.ffn_.*_exps=CUDA1"};
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    bl_plan_t *p = &g_plan;
+    build_big(p, d, 2, &o);
+    assert_int_equal(p->n_stages, 1);
+    assert_stage(p, 0, 0, 0, BIG_LAYER);
+    assert_int_equal(p->n_tiers, 1);
+    assert_int_equal(p->tier[0].device, 1);
+    assert_string_equal(p->tier[0].card.name, "NVIDIA H200");
+    assert_int_equal(p->tier[0].n_layers, 10);
+    assert_true(p->tier[0].expert_bytes == 10 * BIG_X_BYTES);
+    assert_true(p->tier[0].scratch_bytes > 0);
+    assert_true(p->stage[0].expert_bytes == 10 * BIG_X_BYTES);
+    assert_true(p->stage[0].host_expert_bytes == 0);
+    for (int64_t l = 0; l < BIG_LAYER; l++)
+        assert_int_equal(p->tier_of[l], l < 10 ? 1 : 0);
+    assert_int_equal(p->n_host_layers, 0);
+    assert_int_equal(p->hosttier, 0);
+    assert_int_equal(bl_plan_stage_fit(p, 0), BL_PLAN_FITS);
+    char text[4096];
+    bl_plan_format(p, text, sizeof text);
+    assert_non_null(strstr(text, "expert tier 0: routed experts of 10 layers on CUDA1 (NVIDIA H200)"));
+    bl_plan_free(p);
+
+    o.cpu_moe = 1; /* -ot first: layers 0-9 on the tier, 10-19 in host RAM */
+    build_big(p, d, 2, &o);
+    assert_int_equal(p->n_tiers, 1);
+    assert_int_equal(p->tier[0].n_layers, 10);
+    assert_int_equal(p->n_host_layers, 10);
+    assert_true(p->stage[0].expert_bytes == 0);
+    assert_true(p->stage[0].host_expert_bytes == 10 * BIG_X_BYTES);
+    for (int64_t l = 0; l < BIG_LAYER; l++)
+        assert_int_equal(bl_plan_layer_host(p, l), l >= 10);
+    bl_plan_free(p);
+
+    o.cpu_moe = 0;
+    ot[0] = "ffn_.*_exps=CUDA1";
+    bl_plan_t q;
+    bl_err_t err = {0};
+    assert_int_equal(bl_plan_build(&q, BIG.g, &BIG.a, d, 2, &o, &err), BL_ENOMEM);
+    assert_non_null(strstr(err.msg, "the routed experts of 20 layers on CUDA1 (an expert tier)"));
 }
 
 /* --- a DGX Spark pair: a card on each of two hosts ------------------------------------ */
@@ -2412,6 +2469,7 @@ int main(void)
         T(test_plan_two_h200s_uneven_split_moves_experts_off_the_fuller_card),
         T(test_plan_two_h200s_main_gpu_takes_the_whole_model),
         T(test_plan_two_h200s_experts_on_the_other_card_are_refused),
+        T(test_plan_two_h200s_an_expert_tier_on_the_second_card),
         T(test_plan_spark_pair_splits_a_model_larger_than_one),
     };
     return cmocka_run_group_tests(tests, models_setup, models_teardown);

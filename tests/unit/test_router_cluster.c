@@ -229,7 +229,8 @@ static int through(rt_cluster_t *c, float *out, bl_err_t *err)
 }
 
 /* host: which layers' routed experts the hosttier computes: every layer (1), none
- * (0), or the odd ones (2). */
+ * (0), or the odd ones (2); 3: the odd ones, and the even ones an expert tier's (a
+ * worker in the tier role, on the CPU here). */
 static rt_cluster_t *start_host(const char *model, int n_workers, int host)
 {
     static rt_cluster_opts_t o;
@@ -237,8 +238,12 @@ static rt_cluster_t *start_host(const char *model, int n_workers, int host)
         .model_path = model, .bin_dir = g_bin, .runtime_dir = g_dir,
         .n_workers = n_workers, .n_threads = 1, .n_threads_batch = 1, .n_threads_hosttier = 1,
         .n_slots = N_SLOTS, .n_ctx_slot = N_CTX, .n_batch = N_BATCH, .kv_type = WK_KV_F16};
-    for (int l = 0; l < RT_CLUSTER_MAX_LAYERS; l++)
-        o.host_layers[l] = host == 1 || (host == 2 && l % 2 == 1);
+    for (int l = 0; l < RT_CLUSTER_MAX_LAYERS; l++) {
+        o.host_layers[l] = host == 1 || (host >= 2 && l % 2 == 1);
+        o.tier_layers[l] = host == 3 && l % 2 == 0;
+    }
+    o.n_tiers = host == 3;
+    o.tier_device[0] = -1;
     rt_cluster_t *c;
     bl_err_t err = {0};
     if (rt_cluster_create(&c, &o, &err) != 0)
@@ -323,6 +328,22 @@ static void test_cluster_experts_placed_by_layer(void **state)
     rt_cluster_destroy(c);
     assert_no_children();
     compare_host(g_moe, 2, 2);
+}
+
+/* An expert tier beside the hosttier: the even layers' experts go to a worker in the
+ * tier role, the odd ones' to the hosttier, from both stages; the bits are still the
+ * in-process pass's. */
+static void test_cluster_experts_on_a_tier(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    pid_t p[4];
+    rt_cluster_t *c = start_host(g_moe, 2, 3);
+    assert_int_equal(children("bloomery-hostti", p, 4), 1);
+    assert_int_equal(children("bloomery-worker", p, 4), 3); /* two stages and the tier */
+    rt_cluster_destroy(c);
+    assert_no_children();
+    compare_host(g_moe, 2, 3);
 }
 
 static void test_cluster_dense_model_runs_without_hosttier(void **state)
@@ -614,6 +635,21 @@ static void test_cluster_load_failure_names_the_child(void **state)
     o.stage_threads[0] = 257;
     assert_int_equal(rt_cluster_create(&c, &o, &err), BL_EINVAL);
     assert_non_null(strstr(err.msg, "stage 0's threads 257"));
+
+    /* A layer both the hosttier's and a tier's, a tier past the count, too many tiers. */
+    o.stage_threads[0] = 0;
+    o.n_tiers = 1;
+    o.tier_device[0] = 1;
+    o.host_layers[3] = o.tier_layers[3] = 1;
+    assert_int_equal(rt_cluster_create(&c, &o, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "layer 3's tier 1 of 1, and the hosttier's too"));
+    o.host_layers[3] = 0;
+    o.tier_layers[3] = 2;
+    assert_int_equal(rt_cluster_create(&c, &o, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "layer 3's tier 2 of 1"));
+    o.n_tiers = RT_CLUSTER_MAX_TIERS + 1;
+    assert_int_equal(rt_cluster_create(&c, &o, &err), BL_EINVAL);
+    assert_non_null(strstr(err.msg, "expert tiers"));
 }
 
 int main(void)
@@ -623,6 +659,7 @@ int main(void)
         cmocka_unit_test(test_cluster_two_workers_match_in_process),
         cmocka_unit_test(test_cluster_three_workers_match_in_process),
         cmocka_unit_test(test_cluster_experts_placed_by_layer),
+        cmocka_unit_test(test_cluster_experts_on_a_tier),
         cmocka_unit_test(test_cluster_dense_model_runs_without_hosttier),
         cmocka_unit_test(test_cluster_refuses_bad_steps),
         cmocka_unit_test(test_cluster_kill_worker_between_steps),
