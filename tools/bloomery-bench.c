@@ -702,10 +702,11 @@ int main(int argc, char **argv)
                     tg_best_depth = r->depth;
                     memcpy(tg_best_test, r->test, sizeof tg_best_test);
                 }
-                char backend[32];
-                snprintf(backend, sizeof backend, "%s%s",
-                         place.device >= 0 ? (pl.ex ? "CUDA+host" : "CUDA") : (pl.ex ? "CPU+host" : "CPU"),
-                         b.mtp ? "+NextN" : "");
+                char backend[48], tier[16] = "";
+                if (pl.tier)
+                    snprintf(tier, sizeof tier, "+CUDA%d", place.tier_device);
+                snprintf(backend, sizeof backend, "%s%s%s%s", place.device >= 0 ? "CUDA" : "CPU", tier,
+                         pl.ex ? "+host" : "", b.mtp ? "+NextN" : "");
                 if (md)
                     printf("| %s %.2fB %s | %.2f GiB | %.2f B | %s (%s) | %lld | %s | %.2f ± %.2f |\n",
                            arch, mb.params / 1e9, ftype, mb.total / (1 << 30), mb.params / 1e9, backend,

@@ -1616,9 +1616,9 @@ int wk_place_one(const char *path, const bl_place_opts_t *o, wk_place_t *out, ch
         if (p.n_stages != 1)
             rc = bl_err_set(err, BL_ENOTSUP, "the plan has %d stages (layers on the CPU and on a card, or on "
                             "several cards); this program runs one, bloomery-serve runs them all", p.n_stages);
-        else if (p.n_tiers > 0)
-            rc = bl_err_set(err, BL_ENOTSUP, "the plan puts routed experts on CUDA%d, a card without their layers "
-                            "(an expert tier); bloomery-serve runs such a plan", p.tier[0].device);
+        else if (p.n_tiers > 1)
+            rc = bl_err_set(err, BL_ENOTSUP, "the plan has %d expert tiers (CUDA%d, CUDA%d, ...); this program runs "
+                            "one, bloomery-serve runs them all", p.n_tiers, p.tier[0].device, p.tier[1].device);
         else if (a.n_layer > BL_ARCH_MAX_LAYERS)
             rc = bl_err_set(err, BL_ENOTSUP, "%s: %lld layers (at most %d here)", path, (long long)a.n_layer,
                             BL_ARCH_MAX_LAYERS);
@@ -1626,8 +1626,11 @@ int wk_place_one(const char *path, const bl_place_opts_t *o, wk_place_t *out, ch
             out->device = p.stage[0].device >= 0 ? p.stage[0].device : WK_DEVICE_CPU;
             out->n_layer = a.n_layer;
             out->experts_ram = p.host_disk_bytes ? p.experts_ram : 0;
-            for (int64_t l = 0; l < a.n_layer; l++)
+            out->tier_device = p.n_tiers ? p.tier[0].device : WK_DEVICE_CPU;
+            for (int64_t l = 0; l < a.n_layer; l++) {
                 out->host[l] = (uint8_t)bl_plan_layer_host(&p, l);
+                out->tier[l] = p.tier_of[l] != 0;
+            }
         }
     }
     bl_plan_free(&p);
@@ -1635,10 +1638,20 @@ int wk_place_one(const char *path, const bl_place_opts_t *o, wk_place_t *out, ch
     return rc;
 }
 
+/* Where a placed model's layers send their routed experts: the store or the tier. */
+struct wk_placed_route {
+    struct ht_store *ex;
+    wk_model_t *tier;
+    uint8_t on_tier[BL_ARCH_MAX_LAYERS];
+};
+
 static int placed_experts(void *ctx, int64_t layer, const float *xn, int64_t n, const int32_t *counts,
                           const int32_t *ids, const float *wts, float *out, bl_err_t *err)
 {
-    return ht_store_experts(ctx, layer, xn, n, counts, ids, wts, out, err);
+    const struct wk_placed_route *r = ctx;
+    if (r->on_tier[layer])
+        return wk_model_experts(r->tier, layer, xn, n, counts, ids, wts, out, err);
+    return ht_store_experts(r->ex, layer, xn, n, counts, ids, wts, out, err);
 }
 
 int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *opts, const wk_place_t *pl,
@@ -1646,33 +1659,58 @@ int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *op
 {
     memset(out, 0, sizeof *out);
     wk_model_opts_t o = *opts;
-    int any = 0;
-    for (int64_t l = 0; pl && l < pl->n_layer; l++)
-        any |= pl->host[l];
+    int any_host = 0, any_tier = 0;
+    uint8_t where[BL_ARCH_MAX_LAYERS];
+    for (int64_t l = 0; pl && l < pl->n_layer && l < BL_ARCH_MAX_LAYERS; l++) {
+        any_host |= pl->host[l];
+        any_tier |= pl->tier[l];
+        where[l] = pl->host[l] ? WK_EXPERTS_HOST_RAM : pl->tier[l] ? WK_EXPERTS_TIER : 0;
+    }
     if (pl)
         o.device = pl->device;
-    o.experts = any ? WK_EXPERTS_REMOTE : WK_EXPERTS_LOCAL;
-    o.experts_host = any ? pl->host : NULL;
-    if (!any)
+    o.experts = any_host || any_tier ? WK_EXPERTS_REMOTE : WK_EXPERTS_LOCAL;
+    o.experts_host = any_host || any_tier ? where : NULL;
+    if (!any_host && !any_tier)
         return wk_model_load(&out->m, path, &o, err);
-    const ht_store_opts_t so = {.progress = o.progress, .progress_ud = o.progress_ud,
-                                .path = path, .layers = pl->host, .n_threads = o.n_threads,
-                                .n_batch = o.n_batch, .no_mmap = o.no_mmap, .mlock = o.mlock, .poll = o.poll,
-                                .cpu_strict = o.cpu_strict, .ram_bytes = pl->experts_ram, .read_ahead = -1};
+    if (!(out->route = calloc(1, sizeof *out->route)))
+        return bl_err_set(err, BL_ENOMEM, "out of memory for the experts' routes");
     int rc;
-    if ((rc = ht_store_open(&out->ex, &so, err)) < 0 || (rc = wk_model_load(&out->m, path, &o, err)) < 0)
+    if (any_host) {
+        const ht_store_opts_t so = {.progress = o.progress, .progress_ud = o.progress_ud,
+                                    .path = path, .layers = pl->host, .n_threads = o.n_threads,
+                                    .n_batch = o.n_batch, .no_mmap = o.no_mmap, .mlock = o.mlock, .poll = o.poll,
+                                    .cpu_strict = o.cpu_strict, .ram_bytes = pl->experts_ram, .read_ahead = -1};
+        if ((rc = ht_store_open(&out->ex, &so, err)) < 0)
+            return rc;
+        if ((uint64_t)ht_store_arch(out->ex)->n_layer != (uint64_t)pl->n_layer)
+            return bl_err_set(err, BL_EINVAL, "%s: %lld layers planned, the file has %lld", path,
+                              (long long)pl->n_layer, (long long)ht_store_arch(out->ex)->n_layer);
+    }
+    if (any_tier) {
+        wk_model_opts_t t = *opts;
+        t.device = pl->tier_device;
+        t.experts = WK_EXPERTS_ONLY;
+        t.experts_host = pl->tier;
+        if ((rc = wk_model_load(&out->tier, path, &t, err)) < 0)
+            return rc;
+    }
+    if ((rc = wk_model_load(&out->m, path, &o, err)) < 0)
         return rc;
-    if ((uint64_t)ht_store_arch(out->ex)->n_layer != (uint64_t)pl->n_layer)
+    if (wk_model_config(out->m)->n_layer != pl->n_layer)
         return bl_err_set(err, BL_EINVAL, "%s: %lld layers planned, the file has %lld", path, (long long)pl->n_layer,
-                          (long long)ht_store_arch(out->ex)->n_layer);
-    wk_model_set_experts(out->m, placed_experts, out->ex);
+                          (long long)wk_model_config(out->m)->n_layer);
+    out->route->ex = out->ex;
+    out->route->tier = out->tier;
+    memcpy(out->route->on_tier, pl->tier, (size_t)pl->n_layer);
+    wk_model_set_experts(out->m, placed_experts, out->route);
     return 0;
 }
 
 void wk_placed_free(wk_placed_t *p)
 {
     wk_model_free(p->m);
+    wk_model_free(p->tier);
     ht_store_close(p->ex);
-    p->m = NULL;
-    p->ex = NULL;
+    free(p->route);
+    memset(p, 0, sizeof *p);
 }

@@ -481,23 +481,30 @@ typedef struct wk_place {
                                       * on the host (in RAM or paged from the file) */
     uint64_t experts_ram;            /* RAM for those experts: 0 holds them all; less
                                       * pages them from the file (hosttier/store.h) */
+    int tier_device;                 /* the expert tier's card (CUDA ordinal; WK_DEVICE_CPU
+                                      * for tests), where some tier[] is set */
+    uint8_t tier[BL_ARCH_MAX_LAYERS]; /* (n_layer): 1 where layer l's routed experts are on
+                                      * the expert tier */
 } wk_place_t;
 
 /* The placement plan (common/plan.c) for path under the flags o on this host's
  * devices, for a program that runs the model in one stage of its own (bloomery-cli,
- * bloomery-bench). The plan's lines go to text (cap bytes). A plan of several stages
- * is refused with BL_ENOTSUP (the server runs those); the plan's own errors as
- * bl_plan_build. */
+ * bloomery-bench), with at most one expert tier beside it. The plan's lines go to
+ * text (cap bytes). A plan of several stages or tiers is refused with BL_ENOTSUP (the
+ * server runs those); the plan's own errors as bl_plan_build. */
 int wk_place_one(const char *path, const bl_place_opts_t *o, wk_place_t *out, char *text, size_t cap,
                  bl_err_t *err) BL_WUR;
 
 /* A model placed by wk_place_one in this process: m runs the stage; where the plan
  * puts routed experts on the host, ex holds them (the hosttier's expert store, with
- * m's threads: in RAM, or paged from the file past the budget) and m calls it for
- * them, as a worker calls the hosttier. */
+ * m's threads: in RAM, or paged from the file past the budget), and where it puts
+ * them on an expert tier, tier holds them (a model of its experts only on the tier's
+ * card); m calls those for them, as a worker calls the hosttier and a tier. */
 typedef struct wk_placed {
     wk_model_t *m;
     struct ht_store *ex;
+    wk_model_t *tier;
+    struct wk_placed_route *route; /* what the experts callback reads */
 } wk_placed_t;
 
 /* Loads path as wk_place_one placed it (pl NULL: every layer on opts->device, experts

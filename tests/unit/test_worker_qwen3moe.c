@@ -1085,6 +1085,59 @@ static void test_qwen3moe_placed_in_process(void **state)
     assert_non_null(strstr(err.msg, "matches no tensor"));
 }
 
+/* An expert tier beside the stage in this process (wk_load_placed with a tier; on the
+ * CPU here, the card's form is tests/gpu's): layers 0 and 2's experts on the tier,
+ * layer 1's in the store, layer 3's with the stage; the logits of a prompt and a
+ * decode step equal the plain model's bit for bit. */
+static void test_qwen3moe_placed_with_a_tier(void **state)
+{
+    (void)state;
+    if (!shared_dir())
+        skip();
+    char path[1400];
+    snprintf(path, sizeof path, "%s/models/qwen3moe-trained-q8.gguf", g_shared);
+    wk_model_opts_t o;
+    wk_model_opts_default(&o);
+    o.n_threads = n_threads();
+    o.n_batch = 64;
+    o.n_ctx_max = 256;
+    bl_err_t err = {0};
+    wk_model_t *plain = NULL;
+    assert_int_equal(wk_model_load(&plain, path, &o, &err), 0);
+    const int64_t V = wk_model_config(plain)->n_vocab, L = wk_model_config(plain)->n_layer, n = 20;
+    assert_true(L >= 4);
+    static wk_place_t place;
+    memset(&place, 0, sizeof place);
+    place.device = WK_DEVICE_CPU;
+    place.tier_device = WK_DEVICE_CPU;
+    place.n_layer = L;
+    place.tier[0] = place.tier[2] = 1;
+    place.host[1] = 1;
+    wk_placed_t pl;
+    assert_int_equal(wk_load_placed(&pl, path, &o, &place, &err), 0);
+    assert_non_null(pl.tier);
+    assert_non_null(pl.ex);
+    int32_t toks[20];
+    for (int i = 0; i < n; i++)
+        toks[i] = (int32_t)((i * 6151 + 29) % V);
+    float *a = malloc(sizeof(float) * (size_t)(n * V)), *b = malloc(sizeof(float) * (size_t)(n * V));
+    wk_kv_t *ka = NULL, *kb = NULL;
+    assert_int_equal(wk_kv_create(&ka, plain, 64, WK_KV_F16, &err), 0);
+    assert_int_equal(wk_kv_create(&kb, pl.m, 64, WK_KV_F16, &err), 0);
+    assert_int_equal(wk_model_eval(plain, ka, toks, n, 0, n, a, &err), 0);
+    assert_int_equal(wk_model_eval(pl.m, kb, toks, n, 0, n, b, &err), 0);
+    assert_memory_equal(a, b, sizeof(float) * (size_t)(n * V));
+    assert_int_equal(wk_model_eval(plain, ka, toks, 1, n, 1, a, &err), 0);
+    assert_int_equal(wk_model_eval(pl.m, kb, toks, 1, n, 1, b, &err), 0);
+    assert_memory_equal(a, b, sizeof(float) * (size_t)V);
+    wk_kv_free(ka);
+    wk_kv_free(kb);
+    free(a);
+    free(b);
+    wk_placed_free(&pl);
+    wk_model_free(plain);
+}
+
 /* A CPU plan with --experts-ram below the routed experts' bytes, in this process: the
  * plan moves layers' experts to the store and pages the rest from the file; the
  * prompt's and a decode step's logits equal the plain model's bit for bit at budgets
@@ -1188,6 +1241,7 @@ int main(void)
         cmocka_unit_test(test_qwen3moe_stages_bitwise_equal_whole),
         cmocka_unit_test(test_qwen3moe_stage_refusals),
         cmocka_unit_test(test_qwen3moe_placed_in_process),
+        cmocka_unit_test(test_qwen3moe_placed_with_a_tier),
         cmocka_unit_test(test_qwen3moe_placed_paged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
