@@ -36,6 +36,8 @@ typedef struct override {
 typedef struct sizes {
     uint64_t *dense;   /* (n_layer) attention, norms, router, dense FFN */
     uint64_t *experts; /* (n_layer) the three expert tensors */
+    uint64_t *exp_f16; /* (n_layer) the largest of them in f16 where a card's prompt copies
+                        * it so (bl_type_gemm_via_f16), else 0 */
     uint64_t embd, head, out_norm;
     uint64_t nextn;    /* the first NextN layer's tensors (blk.n_layer.*) */
 } sizes_t;
@@ -208,11 +210,14 @@ static int read_overrides(const bl_place_opts_t *o, const bl_arch_t *a, const bl
     return 0;
 }
 
+static uint64_t max_u64(uint64_t x, uint64_t y) { return x > y ? x : y; }
+
 static int read_sizes(const bl_gguf_t *g, const bl_arch_t *a, sizes_t *s, bl_err_t *err)
 {
     s->dense = calloc((size_t)a->n_layer, sizeof *s->dense);
     s->experts = calloc((size_t)a->n_layer, sizeof *s->experts);
-    if (!s->dense || !s->experts)
+    s->exp_f16 = calloc((size_t)a->n_layer, sizeof *s->exp_f16);
+    if (!s->dense || !s->experts || !s->exp_f16)
         return bl_err_set(err, BL_ENOMEM, "out of memory for the plan of %lld layers", (long long)a->n_layer);
     char nextn[32];
     const int nextn_len = snprintf(nextn, sizeof nextn, "blk.%lld.", (long long)a->n_layer);
@@ -226,9 +231,15 @@ static int read_sizes(const bl_gguf_t *g, const bl_arch_t *a, sizes_t *s, bl_err
         case BL_ROLE_TOKEN_EMBD: s->embd = t->nbytes; break;
         case BL_ROLE_OUTPUT: s->head = t->nbytes; break;
         case BL_ROLE_OUTPUT_NORM: s->out_norm = t->nbytes; break;
-        case BL_ROLE_EXPERTS:
+        case BL_ROLE_EXPERTS: {
             s->experts[l] += t->nbytes;
+            uint64_t n = 1;
+            for (uint32_t d = 0; d < t->n_dims; d++)
+                n *= (uint64_t)t->ne[d];
+            if (bl_type_gemm_via_f16(t->type))
+                s->exp_f16[l] = max_u64(s->exp_f16[l], 2 * n);
             break;
+        }
         case BL_ROLE_ATTN: case BL_ROLE_NORM: case BL_ROLE_GATE_INP: case BL_ROLE_FFN:
             s->dense[l] += t->nbytes;
             break;
@@ -267,14 +278,14 @@ static void free_sizes(sizes_t *s)
 {
     free(s->dense);
     free(s->experts);
+    free(s->exp_f16);
 }
-
-static uint64_t max_u64(uint64_t x, uint64_t y) { return x > y ? x : y; }
 
 /* What backend_cuda.c allocates beside the weights for a stage: the activations and
  * scratch of n_batch rows, the prompt path's f16 buffers and the largest dense
- * matrix in f16, the attention scratch, the logits of the last stage. An estimate: cuBLAS and
- * the CUDA context come on top, which -fitt's margin is for. */
+ * matrix (or K-quant expert tensor) in f16, the attention scratch, the logits of the
+ * last stage. An estimate: cuBLAS and the CUDA context come on top, which -fitt's
+ * margin is for. */
 static uint64_t cuda_scratch(const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s,
                              const bl_plan_t *p, const bl_plan_stage_t *st, int last)
 {
@@ -288,12 +299,16 @@ static uint64_t cuda_scratch(const bl_arch_t *a, const bl_place_opts_t *o, const
     uint64_t bytes = 4 * f32;
     bytes += 2 * B * max_u64(max_u64(E, nq), ff) + 2 * B * K * max_u64(E, ff) + 4 * B * K * E;
     /* the f16 copy of the largest dense matrix a GEMM reads (bounded by the layer's
-     * dense bytes; the expert GEMMs read their weights as stored) */
+     * dense bytes), or expert tensor of a type the grouped GEMM reads through such a
+     * copy (the K-quants; the others are read as stored), the stage's or a host
+     * layer's */
     uint64_t w = 0, off = 0;
     for (int64_t l = st->lb; l < st->le; l++) {
+        w = max_u64(w, s->dense[l] * 4 / 3);
+        if (!p->tier_of[l])
+            w = max_u64(w, s->exp_f16[l]);
         /* a host layer's experts: a prompt step copies them in (the op offload) into
          * one buffer of a layer's experts */
-        w = max_u64(w, s->dense[l] * 4 / 3);
         if (bl_plan_layer_host(p, l))
             off = max_u64(off, s->experts[l]);
     }

@@ -58,6 +58,12 @@ const bl_type_info_t *bl_type_info(uint32_t type)
     return &type_table[type];
 }
 
+int bl_type_gemm_via_f16(uint32_t type)
+{
+    return type == BL_TYPE_Q2_K || type == BL_TYPE_Q3_K || type == BL_TYPE_Q4_K || type == BL_TYPE_Q5_K ||
+           type == BL_TYPE_Q6_K;
+}
+
 int bl_type_from_name(const char *name, bl_type_t *out)
 {
     if (!name)

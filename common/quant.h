@@ -60,6 +60,12 @@ typedef struct bl_type_info {
 /* The type's description, or NULL for an id that is not a known type. */
 const bl_type_info_t *bl_type_info(uint32_t type);
 
+/* Whether a card's grouped expert product (a prompt's experts) reads weights of this
+ * type through an f16 copy made first rather than dequantizing them inside its tiles:
+ * the K-quants, whose per-sub-block scales each tile would decode again. The CUDA
+ * backend decides by it and the plan counts the copy's scratch by it. */
+int bl_type_gemm_via_f16(uint32_t type);
+
 /* Looks a type up by name, case-insensitively ("q4_k" and "Q4_K" both work).
  * Returns 0 and sets *out, or BL_ENOENT. */
 int bl_type_from_name(const char *name, bl_type_t *out) BL_WUR;

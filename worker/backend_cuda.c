@@ -166,6 +166,8 @@ typedef struct cuda {
     int64_t offload_rows;
     uint8_t *d_off;       /* one layer's three expert tensors, 256-aligned */
     size_t off_bytes;
+    size_t off_f16;       /* the largest host expert tensor in f16 that goes through the
+                           * prompt's f16 copy (experts_want_f16) */
     void *ostage[2], *oev[2];
     void *pinned;         /* host memory pinned by cu_pin_host (the logits ring), or NULL */
     int oused[2];         /* a staging half's copy was enqueued (its event must be waited on) */
@@ -338,6 +340,11 @@ int wk_cuda_copy_rate(int device, size_t nbytes, double *bytes_per_s, bl_err_t *
     return rc;
 }
 
+/* How a prompt's grouped expert products read quantized weights: 0 by type
+ * (bl_type_gemm_via_f16), 1 as stored for every type, 2 through an f16 copy for every
+ * type (BLOOMERY_CUDA_EXPERT_GEMM=auto, stored, f16: the last two to measure). */
+static int g_expert_gemm;
+
 void wk_cuda_knobs_from_env(void)
 {
     static const struct {
@@ -356,6 +363,21 @@ void wk_cuda_knobs_from_env(void)
     const char *pdl_env = getenv("BLOOMERY_CUDA_PDL");
     if (pdl_env && strcmp(pdl_env, "0") == 0)
         (void)kcuda_set_pdl(0);
+    const char *eg = getenv("BLOOMERY_CUDA_EXPERT_GEMM");
+    g_expert_gemm = eg && !strcmp(eg, "stored") ? 1 : eg && !strcmp(eg, "f16") ? 2 : 0;
+}
+
+/* Whether a prompt's grouped product of an expert tensor of this type (f16 copy of
+ * f16_bytes) goes through the f16 weight scratch: by type, unless the knob says, and
+ * only where the scratch holds the copy. */
+static int experts_want_f16(uint32_t type)
+{
+    return type != BL_TYPE_F16 && (g_expert_gemm == 2 || (g_expert_gemm == 0 && bl_type_gemm_via_f16(type)));
+}
+
+static int experts_via_f16(const cuda_t *cu, uint32_t type, size_t f16_bytes)
+{
+    return experts_want_f16(type) && f16_bytes <= cu->wscr_bytes;
 }
 
 /* Every launch goes through OP: a failure returns, and a profiling step records an
@@ -697,9 +719,10 @@ static int prompt_shapes_ok(const wk_config_t *c)
 }
 
 /* The prompt path's scratch: f16 activations, the expert grouping, and one f16
- * weight buffer as large as the largest dense matrix a product reads; a
- * WK_ADD_PIECES matrix goes through it in pieces. Routed experts need none: the
- * grouped GEMM reads them as stored. */
+ * weight buffer as large as the largest dense matrix a product reads, or expert
+ * tensor that goes through an f16 copy (experts_want_f16: the K-quants'; the others'
+ * are read as stored), this stage's or a host layer's it copies in; a WK_ADD_PIECES
+ * matrix goes through it in pieces. */
 static int alloc_prompt(cuda_t *cu, bl_err_t *err)
 {
     const wk_config_t *c = cu->c;
@@ -710,11 +733,13 @@ static int alloc_prompt(cuda_t *cu, bl_err_t *err)
     size_t w = 0;
     for (size_t i = 0; i < cu->n_u; i++) {
         const upload_t *u = &cu->u[i];
-        if (!u->t || (u->flags & (WK_ADD_TABLE | WK_ADD_EXPERTS)))
+        if (!u->t || (u->flags & WK_ADD_TABLE) ||
+            ((u->flags & WK_ADD_EXPERTS) && !experts_want_f16(((const cw_t *)u->t->d)->m.type)))
             continue;
         const size_t s = kcuda_gemm_scratch_bytes(&((const cw_t *)u->t->d)->m);
         w = max_sz(w, (u->flags & WK_ADD_PIECES) && s > PIECE_BYTES ? PIECE_BYTES : s);
     }
+    w = max_sz(w, cu->off_f16);
     cu->wscr_bytes = w;
     int rc = kcuda_blas_create(&cu->blas, cu->stream, err);
     if (rc == BL_ENOTSUP) { /* no cuBLAS on this machine: prompts take the rows path */
@@ -845,6 +870,8 @@ static int cu_add_host(wk_backend_t *b, int64_t l, const wk_moe_t *e, bl_err_t *
                               cu->path, (long long)l);
         x->h[i] = *h[i];
         bytes = ((bytes + 255) & ~(size_t)255) + h[i]->row_bytes * (size_t)h[i]->nrows;
+        if (experts_want_f16(h[i]->type))
+            cu->off_f16 = max_sz(cu->off_f16, (size_t)h[i]->nrows * (size_t)h[i]->ncols * 2);
     }
     cu->off_bytes = max_sz(cu->off_bytes, bytes);
     return 0;
@@ -1964,10 +1991,31 @@ static int cu_experts(wk_backend_t *b, int64_t l, const wk_moe_t *e, const float
     return 0;
 }
 
+/* Expert tensor w (NE experts of `rows` rows) over a prompt's S gathered rows (the
+ * sort's counts, offsets and tiles in cu->srt) into y (S, rows): one grouped launch
+ * that dequantizes the weights' tiles inside it, or for the types experts_via_f16
+ * names, the chosen experts first into the f16 weight scratch and the launch over
+ * those halves. */
+static int experts_gemm(cuda_t *cu, const char *op, const kcuda_mat_t *w, int64_t NE, int64_t rows, int64_t S,
+                        float *y, bl_err_t *err)
+{
+    const int32_t *counts = cu->srt, *offsets = counts + NE, *tile0 = offsets + NE + 1;
+    kcuda_mat_t h;
+    if (experts_via_f16(cu, w->type, (size_t)w->nrows * (size_t)w->ncols * 2)) {
+        OP("ffn_moe_dequant", kcuda_dequant_f16_groups(w, rows, counts, cu->wscr, cu->stream, err));
+        const int rc = kcuda_mat_init(&h, cu->wscr, BL_TYPE_F16, w->ncols, w->nrows, err);
+        if (rc < 0)
+            return rc;
+        w = &h;
+    }
+    OP(op, kcuda_gemm_grouped(w, NE, rows, cu->xs16, offsets, tile0, S, y, rows, cu->stream, err));
+    return 0;
+}
+
 /* The same for a prompt (x16 holds xn in f16): router and top-k on the card, the
  * (row, choice) slots sorted by expert on the card, the gathered rows through each
- * expert matrix in one grouped launch (the chosen experts' weights read as stored,
- * dequantized inside it), then the weighted sum back in row order. */
+ * expert matrix in one grouped launch (experts_gemm), then the weighted sum back in
+ * row order. */
 static int moe_prompt(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, float *x, bl_err_t *err)
 {
     const int64_t E = cu->c->n_embd, F = e->n_ff, K = e->n_used, NE = e->n_expert, S = n * K;
@@ -1979,15 +2027,18 @@ static int moe_prompt(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n,
     OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, &route, cu->ids, cu->wts, st, err));
     OP("ffn_moe_sort", kcuda_moe_sort(cu->ids, S, NE, counts, offsets, tile0, perm, inv, st, err));
     OP("ffn_moe_gather", kcuda_moe_gather_f16(xn, E, perm, S, (int)K, E, cu->xs16, E, st, err));
-    OP("ffn_moe_gate", kcuda_gemm_grouped(M(&e->gate_exps), NE, F, cu->xs16, offsets, tile0, S, cu->g, F, st, err));
-    OP("ffn_moe_up", kcuda_gemm_grouped(M(&e->up_exps), NE, F, cu->xs16, offsets, tile0, S, cu->u_, F, st, err));
+    int rc;
+    if ((rc = experts_gemm(cu, "ffn_moe_gate", M(&e->gate_exps), NE, F, S, cu->g, err)) < 0 ||
+        (rc = experts_gemm(cu, "ffn_moe_up", M(&e->up_exps), NE, F, S, cu->u_, err)) < 0)
+        return rc;
     /* The SwiGLU output, in f16, takes the gathered rows' place. */
     if (plain_swiglu(e))
         OP("ffn_moe_swiglu", kcuda_swiglu_f16(cu->g, cu->u_, S * F, cu->xs16, st, err));
     else
         OP("ffn_moe_act", kcuda_experts_act(cu->g, cu->u_, F, cu->ids, perm, e->gate_b.p, e->up_b.p, S, F, NE, e->act,
                                             cu->xs16, st, err));
-    OP("ffn_moe_down", kcuda_gemm_grouped(M(&e->down_exps), NE, E, cu->xs16, offsets, tile0, S, cu->dg, E, st, err));
+    if ((rc = experts_gemm(cu, "ffn_moe_down", M(&e->down_exps), NE, E, S, cu->dg, err)) < 0)
+        return rc;
     OP("ffn_moe_combine", kcuda_moe_combine(cu->dg, E, inv, cu->wts, n, (int)K, E, x, E, 1, st, err));
     if (e->down_b.p)
         OP("ffn_moe_down_bias", kcuda_experts_bias_down(x, E, cu->ids, NULL, cu->wts, e->down_b.p, n, (int)K, E, NE, st,

@@ -109,13 +109,16 @@ static __device__ __forceinline__ void deq8(const uint8_t *row, uint32_t type, i
 
 /* A thread per 8 elements: out (nrows, ncols) f16 = rows row0.. of w. */
 static __global__ void dequant_f16_kernel(const uint8_t *w, uint32_t type, size_t row_bytes, int64_t ncols,
-                                          int64_t row0, int64_t nrows, __half *out)
+                                          int64_t row0, int64_t nrows, __half *out, const int32_t *counts,
+                                          int64_t rows_per_group)
 {
     const int64_t per_row = ncols / 8;
     const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= nrows * per_row)
         return;
     const int64_t r = g / per_row, k0 = (g % per_row) * 8;
+    if (counts && counts[(row0 + r) / rows_per_group] == 0)
+        return;
     float v[8];
     deq8(w + (size_t)(row0 + r) * row_bytes, type, k0, v);
     __align__(16) __half h[8];
@@ -124,21 +127,36 @@ static __global__ void dequant_f16_kernel(const uint8_t *w, uint32_t type, size_
     *(uint4 *)(out + r * ncols + k0) = *(const uint4 *)h;
 }
 
-int kcuda_dequant_f16(const kcuda_mat_t *w, int64_t row0, int64_t nrows, void *d_out, void *stream, bl_err_t *err)
+static int dequant_f16(const kcuda_mat_t *w, int64_t row0, int64_t nrows, void *d_out, const int32_t *d_counts,
+                       int64_t rows_per_group, void *stream, bl_err_t *err)
 {
     if (!kcuda_type_supported(w->type) || w->ncols % 8 != 0)
         return bl_err_set(err, BL_ENOTSUP, "dequant to f16: type %u with %lld columns (a multiple of 8)", w->type,
                           (long long)w->ncols);
-    if (row0 < 0 || nrows < 0 || row0 + nrows > w->nrows || (uintptr_t)d_out % 16 != 0)
-        return bl_err_set(err, BL_EINVAL, "dequant to f16: rows %lld..%lld of %lld, output %p", (long long)row0,
-                          (long long)(row0 + nrows), (long long)w->nrows, d_out);
+    if (row0 < 0 || nrows < 0 || row0 + nrows > w->nrows || (uintptr_t)d_out % 16 != 0 ||
+        (d_counts && (rows_per_group < 1 || w->nrows % rows_per_group != 0)))
+        return bl_err_set(err, BL_EINVAL, "dequant to f16: rows %lld..%lld of %lld (groups of %lld), output %p",
+                          (long long)row0, (long long)(row0 + nrows), (long long)w->nrows,
+                          (long long)rows_per_group, d_out);
     const int64_t total = nrows * (w->ncols / 8);
     if (total == 0)
         return 0;
     dequant_f16_kernel<<<(unsigned)kc_cdiv(total, 256), 256, 0, (cudaStream_t)stream>>>(
-        (const uint8_t *)w->data, w->type, w->row_bytes, w->ncols, row0, nrows, (__half *)d_out);
+        (const uint8_t *)w->data, w->type, w->row_bytes, w->ncols, row0, nrows, (__half *)d_out, d_counts,
+        rows_per_group);
     KCUDA_CHECK_LAUNCH(err);
     return 0;
+}
+
+int kcuda_dequant_f16(const kcuda_mat_t *w, int64_t row0, int64_t nrows, void *d_out, void *stream, bl_err_t *err)
+{
+    return dequant_f16(w, row0, nrows, d_out, NULL, 1, stream, err);
+}
+
+int kcuda_dequant_f16_groups(const kcuda_mat_t *w, int64_t rows_per_group, const int32_t *d_counts, void *d_out,
+                             void *stream, bl_err_t *err)
+{
+    return dequant_f16(w, 0, w->nrows, d_out, d_counts, rows_per_group, stream, err);
 }
 
 // --- activations to f16 ------------------------------------------------------------

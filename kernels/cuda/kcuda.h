@@ -646,6 +646,12 @@ int kcuda_mla_attention(const void *d_cache, const kcuda_kv_row_t *d_rows, int64
 int kcuda_dequant_f16(const kcuda_mat_t *w, int64_t row0, int64_t nrows, void *d_out, void *stream,
                       bl_err_t *err) BL_WUR;
 
+/* The same for a tensor of n_group groups of rows_per_group rows (a layer's experts),
+ * all its rows, skipping (leaving as they were) the groups whose d_counts entry is 0:
+ * the experts no row of a prompt chose. */
+int kcuda_dequant_f16_groups(const kcuda_mat_t *w, int64_t rows_per_group, const int32_t *d_counts, void *d_out,
+                             void *stream, bl_err_t *err) BL_WUR;
+
 /* y (n, ncols) f16, ldy halves apart = x (n, ncols) f32 rounded to nearest. ncols,
  * ldx, ldy multiples of 4. */
 int kcuda_to_f16(const float *d_x, int64_t ldx, int64_t n, int64_t ncols, void *d_y,

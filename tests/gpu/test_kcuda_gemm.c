@@ -91,6 +91,43 @@ static void case_dequant(rng_t *r, uint32_t type, int64_t ncols, int64_t rows)
     free_w(&w);
 }
 
+/* kcuda_dequant_f16_groups: the groups (experts) of `rows` rows whose count is not 0
+ * get the same f16 bits as kcuda_dequant_f16; the others are left as they were (the
+ * poison). Counts from a random draw, some 0, on the card. */
+static void case_dequant_groups(rng_t *r, uint32_t type, int64_t ncols, int64_t rows, int64_t groups)
+{
+    bl_err_t err = {0};
+    wmat_t w;
+    make_w(r, &w, type, ncols, rows * groups);
+    const int64_t n = rows * groups * ncols;
+    int32_t *counts = xmalloc(sizeof(int32_t) * (size_t)groups);
+    for (int64_t g = 0; g < groups; g++)
+        counts[g] = (int32_t)(rng_next(r) % 3); /* a third of them 0 */
+    int32_t *dc = d_upload(counts, sizeof(int32_t) * (size_t)groups);
+    void *d = d_poison(2 * (size_t)n);
+    float *poison = fetch_f16(d, n);
+    int ok = kcuda_dequant_f16_groups(&w.m, rows, dc, d, NULL, &err) == 0;
+    if (ok) {
+        float *got = fetch_f16(d, n);
+        for (int64_t i = 0; ok && i < n; i++) {
+            const float want = counts[i / (rows * ncols)] ? (float)f16r(w.deq[i]) : poison[i];
+            ok = memcmp(&got[i], &want, sizeof want) == 0 || (got[i] != got[i] && want != want);
+        }
+        free(got);
+    } else {
+        printf("#   %s\n", err.msg);
+    }
+    tap_ok(ok, "dequant f16 %s by groups: %lld experts of %lld x %lld, the unchosen left alone",
+           bl_type_info(type)->name, (long long)groups, (long long)rows, (long long)ncols);
+    ok = kcuda_dequant_f16_groups(&w.m, rows + 1, dc, d, NULL, &err) == BL_EINVAL;
+    tap_ok(ok, "dequant f16 by groups: groups that do not divide the rows are refused (%s)", err.msg);
+    free(poison);
+    free(counts);
+    kcuda_free(dc);
+    kcuda_free(d);
+    free_w(&w);
+}
+
 /* y (n, rows) = x w^T through kcuda_gemm; scratch of `scr_rows` rows forces pieces. */
 static void case_gemm(rng_t *r, void *blas, uint32_t type, int64_t ncols, int64_t rows, int64_t n, int acc,
                       int64_t scr_rows)
@@ -417,6 +454,8 @@ int main(void)
         if (!g_small)
             case_gemm(&r, blas, k_types[t], 2304, 1001, 130, 0, 1001);
     }
+    case_dequant_groups(&r, BL_TYPE_Q4_K, 256, 24, 9);
+    case_dequant_groups(&r, BL_TYPE_Q6_K, 512, 8, 16);
     /* mxfp4 at gpt-oss's row length (2880: 90 blocks of 17 bytes, unaligned rows) */
     case_dequant(&r, BL_TYPE_MXFP4, 2880, 7);
     case_gemm(&r, blas, BL_TYPE_MXFP4, 2880, 201, 19, 1, 64); /* 4 pieces */
