@@ -5,6 +5,7 @@
  * writes its forward pass over the backend ops; model.c calls it. */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1638,20 +1639,67 @@ int wk_place_one(const char *path, const bl_place_opts_t *o, wk_place_t *out, ch
     return rc;
 }
 
-/* Where a placed model's layers send their routed experts: the store or the tier. */
+/* Where a placed model's layers send their routed experts: the store or the tier. A
+ * card stage calls its experts hook from a host node of its stream, where no CUDA
+ * call may be made; so the tier's calls run on a thread of their own, the hook
+ * handing each over and waiting for it (as a stage waits for a tier's process). */
 struct wk_placed_route {
     struct ht_store *ex;
     wk_model_t *tier;
     uint8_t on_tier[BL_ARCH_MAX_LAYERS];
+    pthread_t th;
+    int th_on;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int pending, stop; /* under mu */
+    struct tier_call {
+        int64_t layer, n;
+        const float *xn, *wts;
+        const int32_t *counts, *ids;
+        float *out;
+        bl_err_t err;
+        int rc;
+    } call;
 };
+
+static void *tier_thread(void *arg)
+{
+    struct wk_placed_route *r = arg;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->pending && !r->stop)
+            pthread_cond_wait(&r->cv, &r->mu);
+        if (r->stop)
+            break;
+        struct tier_call *c = &r->call;
+        pthread_mutex_unlock(&r->mu);
+        c->rc = wk_model_experts(r->tier, c->layer, c->xn, c->n, c->counts, c->ids, c->wts, c->out, &c->err);
+        pthread_mutex_lock(&r->mu);
+        r->pending = 0;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
 
 static int placed_experts(void *ctx, int64_t layer, const float *xn, int64_t n, const int32_t *counts,
                           const int32_t *ids, const float *wts, float *out, bl_err_t *err)
 {
-    const struct wk_placed_route *r = ctx;
-    if (r->on_tier[layer])
-        return wk_model_experts(r->tier, layer, xn, n, counts, ids, wts, out, err);
-    return ht_store_experts(r->ex, layer, xn, n, counts, ids, wts, out, err);
+    struct wk_placed_route *r = ctx;
+    if (!r->on_tier[layer])
+        return ht_store_experts(r->ex, layer, xn, n, counts, ids, wts, out, err);
+    pthread_mutex_lock(&r->mu);
+    r->call = (struct tier_call){.layer = layer, .n = n, .xn = xn, .wts = wts, .counts = counts, .ids = ids,
+                                 .out = out};
+    r->pending = 1;
+    pthread_cond_broadcast(&r->cv);
+    while (r->pending)
+        pthread_cond_wait(&r->cv, &r->mu);
+    const int rc = r->call.rc;
+    if (rc < 0)
+        *err = r->call.err;
+    pthread_mutex_unlock(&r->mu);
+    return rc;
 }
 
 int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *opts, const wk_place_t *pl,
@@ -1674,6 +1722,8 @@ int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *op
         return wk_model_load(&out->m, path, &o, err);
     if (!(out->route = calloc(1, sizeof *out->route)))
         return bl_err_set(err, BL_ENOMEM, "out of memory for the experts' routes");
+    pthread_mutex_init(&out->route->mu, NULL);
+    pthread_cond_init(&out->route->cv, NULL);
     int rc;
     if (any_host) {
         const ht_store_opts_t so = {.progress = o.progress, .progress_ud = o.progress_ud,
@@ -1693,6 +1743,10 @@ int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *op
         t.experts_host = pl->tier;
         if ((rc = wk_model_load(&out->tier, path, &t, err)) < 0)
             return rc;
+        out->route->tier = out->tier;
+        if (pthread_create(&out->route->th, NULL, tier_thread, out->route) != 0)
+            return bl_err_set(err, BL_ENOMEM, "cannot start the expert tier's thread");
+        out->route->th_on = 1;
     }
     if ((rc = wk_model_load(&out->m, path, &o, err)) < 0)
         return rc;
@@ -1700,7 +1754,6 @@ int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *op
         return bl_err_set(err, BL_EINVAL, "%s: %lld layers planned, the file has %lld", path, (long long)pl->n_layer,
                           (long long)wk_model_config(out->m)->n_layer);
     out->route->ex = out->ex;
-    out->route->tier = out->tier;
     memcpy(out->route->on_tier, pl->tier, (size_t)pl->n_layer);
     wk_model_set_experts(out->m, placed_experts, out->route);
     return 0;
@@ -1709,8 +1762,20 @@ int wk_load_placed(wk_placed_t *out, const char *path, const wk_model_opts_t *op
 void wk_placed_free(wk_placed_t *p)
 {
     wk_model_free(p->m);
+    struct wk_placed_route *r = p->route;
+    if (r && r->th_on) {
+        pthread_mutex_lock(&r->mu);
+        r->stop = 1;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        pthread_join(r->th, NULL);
+    }
+    if (r) {
+        pthread_mutex_destroy(&r->mu);
+        pthread_cond_destroy(&r->cv);
+    }
     wk_model_free(p->tier);
     ht_store_close(p->ex);
-    free(p->route);
+    free(r);
     memset(p, 0, sizeof *p);
 }

@@ -701,13 +701,6 @@ static void multi_vs_alone(wk_model_t *m, const int32_t *ids, const char *name)
     free(b);
 }
 
-/* wk_experts_fn over an experts-only model: a stage's experts computed by a tier. */
-static int tier_experts(void *ctx, int64_t layer, const float *xn, int64_t n, const int32_t *counts,
-                        const int32_t *ids, const float *wts, float *out, bl_err_t *err)
-{
-    return wk_model_experts(ctx, layer, xn, n, counts, ids, wts, out, err);
-}
-
 static wk_model_t *load_experts(const char *name, int device, int experts, int precise)
 {
     char path[1400];
@@ -729,7 +722,8 @@ static wk_model_t *load_experts(const char *name, int device, int experts, int p
  * form), against the CPU tier's, gated by the CPU's 8-bit pass as the logits are;
  * (2) a stage on the card whose experts all go to it (WK_EXPERTS_TIER: neither the
  * prompt offload nor residency's slots copy them), prompt and decode graphs, against
- * the CPU's precise pass (c, f: its and the 8-bit pass's logits of ids). */
+ * the CPU's precise pass (c, f: its and the 8-bit pass's logits of ids). The tier's
+ * card is the stage's here; on two cards it is the other. */
 static void test_tier(const char *path, const char *name, const int32_t *ids, int64_t N, const float *c,
                       const float *f)
 {
@@ -786,31 +780,32 @@ static void test_tier(const char *path, const char *name, const int32_t *ids, in
     wk_model_free(ct);
     wk_model_free(ft);
 
+    const int64_t V = cf->n_vocab, L = cf->n_layer;
+    wk_model_free(gt);
+    /* the stage and a tier of every layer's experts on card 0, as bloomery-bench runs
+     * an expert tier (wk_load_placed: the tier's calls on a thread of their own, not
+     * inside the stage's host node) */
     char p[1400];
     wk_model_opts_t o = test_opts(path, 1, p, sizeof p);
-    o.device = 0;
-    o.experts = WK_EXPERTS_REMOTE;
-    uint8_t where[256];
-    if (cf->n_layer > 256)
-        bail("more layers than the test's table", NULL);
-    memset(where, WK_EXPERTS_TIER, sizeof where); /* not host RAM: no offload, no slots */
-    o.experts_host = where;
-    wk_model_t *st = NULL;
-    if (wk_model_load(&st, p, &o, &err) != 0)
+    static wk_place_t place;
+    memset(&place, 0, sizeof place);
+    place.device = 0;
+    place.tier_device = 0;
+    place.n_layer = L;
+    memset(place.tier, 1, (size_t)L);
+    wk_placed_t pl;
+    if (wk_load_placed(&pl, p, &o, &place, &err) != 0)
         bail(p, &err);
-    wk_model_set_experts(st, tier_experts, gt);
-    const int64_t V = cf->n_vocab;
     char what[160];
-    float *g = run_prompt(st, ids, N, WK_KV_F16);
+    float *g = run_prompt(pl.m, ids, N, WK_KV_F16);
     snprintf(what, sizeof what, "%s, a stage with its experts on a card tier, prompt", name);
     gate_vs_cpu(what, g, c, f, N, V);
     free(g);
-    g = run_decode(st, ids, N);
+    g = run_decode(pl.m, ids, N);
     snprintf(what, sizeof what, "%s, a stage with its experts on a card tier, decode graphs", name);
     gate_vs_cpu(what, g, c, f, N, V);
     free(g);
-    wk_model_free(st);
-    wk_model_free(gt);
+    wk_placed_free(&pl);
 }
 
 static void test_families(void)
