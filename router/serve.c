@@ -1957,8 +1957,9 @@ int main(int argc, char **argv)
     /* draft-mtp: the model's own NextN layer proposes (checked against the file and the
      * plan below) */
     const int mtp_on = o.spec_type && !strcmp(o.spec_type, "draft-mtp");
-    /* ngram-simple, ngram-mod: proposals from the slot's own tokens (router/ngram.h),
-     * llama.cpp's defaults; the engine's draft limits are the type's */
+    /* ngram-simple, ngram-map-k, ngram-mod: proposals from the slot's own tokens
+     * (router/ngram.h), llama.cpp's defaults; the engine's draft limits are the type's
+     * (--draft-max and --draft-min give way to them; event=draft says which hold) */
     const int ngram = !o.spec_type ? RT_NGRAM_NONE
                       : !strcmp(o.spec_type, "ngram-simple") ? RT_NGRAM_SIMPLE
                       : !strcmp(o.spec_type, "ngram-mod") ? RT_NGRAM_MOD
