@@ -1027,6 +1027,28 @@ static void test_qwen3moe_stage_refusals(void **state)
     wk_model_free(ht);
 }
 
+/* The logits of n tokens as a prompt, then of one decode step more, from m equal to
+ * plain's bit for bit (each with a cache of its own). */
+static void assert_same_as_plain(wk_model_t *plain, wk_model_t *m, const int32_t *toks, int64_t n)
+{
+    const int64_t V = wk_model_config(plain)->n_vocab;
+    bl_err_t err = {0};
+    float *a = malloc(sizeof(float) * (size_t)(n * V)), *b = malloc(sizeof(float) * (size_t)(n * V));
+    wk_kv_t *ka = NULL, *kb = NULL;
+    assert_int_equal(wk_kv_create(&ka, plain, 64, WK_KV_F16, &err), 0);
+    assert_int_equal(wk_kv_create(&kb, m, 64, WK_KV_F16, &err), 0);
+    assert_int_equal(wk_model_eval(plain, ka, toks, n, 0, n, a, &err), 0);
+    assert_int_equal(wk_model_eval(m, kb, toks, n, 0, n, b, &err), 0);
+    assert_memory_equal(a, b, sizeof(float) * (size_t)(n * V));
+    assert_int_equal(wk_model_eval(plain, ka, toks, 1, n, 1, a, &err), 0);
+    assert_int_equal(wk_model_eval(m, kb, toks, 1, n, 1, b, &err), 0);
+    assert_memory_equal(a, b, sizeof(float) * (size_t)V);
+    wk_kv_free(ka);
+    wk_kv_free(kb);
+    free(a);
+    free(b);
+}
+
 /* A plan whose -ot pattern puts two layers' routed experts in host RAM, loaded in
  * this process (wk_place_one, then wk_load_placed: the stage calls the hosttier's
  * expert store for them):
@@ -1061,21 +1083,7 @@ static void test_qwen3moe_placed_in_process(void **state)
     int32_t toks[24];
     for (int i = 0; i < n; i++)
         toks[i] = (int32_t)((i * 7919 + 13) % V);
-    float *a = malloc(sizeof(float) * (size_t)(n * V)), *b = malloc(sizeof(float) * (size_t)(n * V));
-    wk_kv_t *ka = NULL, *kb = NULL;
-    assert_int_equal(wk_kv_create(&ka, plain, 64, WK_KV_F16, &err), 0);
-    assert_int_equal(wk_kv_create(&kb, pl.m, 64, WK_KV_F16, &err), 0);
-    assert_int_equal(wk_model_eval(plain, ka, toks, n, 0, n, a, &err), 0);
-    assert_int_equal(wk_model_eval(pl.m, kb, toks, n, 0, n, b, &err), 0);
-    assert_memory_equal(a, b, sizeof(float) * (size_t)(n * V));
-    /* and one decode step more, through the same hook */
-    assert_int_equal(wk_model_eval(plain, ka, toks, 1, n, 1, a, &err), 0);
-    assert_int_equal(wk_model_eval(pl.m, kb, toks, 1, n, 1, b, &err), 0);
-    assert_memory_equal(a, b, sizeof(float) * (size_t)V);
-    wk_kv_free(ka);
-    wk_kv_free(kb);
-    free(a);
-    free(b);
+    assert_same_as_plain(plain, pl.m, toks, n); /* and one decode step more, through the same hook */
     wk_model_free(plain);
     wk_placed_free(&pl);
 
@@ -1120,20 +1128,7 @@ static void test_qwen3moe_placed_with_a_tier(void **state)
     int32_t toks[20];
     for (int i = 0; i < n; i++)
         toks[i] = (int32_t)((i * 6151 + 29) % V);
-    float *a = malloc(sizeof(float) * (size_t)(n * V)), *b = malloc(sizeof(float) * (size_t)(n * V));
-    wk_kv_t *ka = NULL, *kb = NULL;
-    assert_int_equal(wk_kv_create(&ka, plain, 64, WK_KV_F16, &err), 0);
-    assert_int_equal(wk_kv_create(&kb, pl.m, 64, WK_KV_F16, &err), 0);
-    assert_int_equal(wk_model_eval(plain, ka, toks, n, 0, n, a, &err), 0);
-    assert_int_equal(wk_model_eval(pl.m, kb, toks, n, 0, n, b, &err), 0);
-    assert_memory_equal(a, b, sizeof(float) * (size_t)(n * V));
-    assert_int_equal(wk_model_eval(plain, ka, toks, 1, n, 1, a, &err), 0);
-    assert_int_equal(wk_model_eval(pl.m, kb, toks, 1, n, 1, b, &err), 0);
-    assert_memory_equal(a, b, sizeof(float) * (size_t)V);
-    wk_kv_free(ka);
-    wk_kv_free(kb);
-    free(a);
-    free(b);
+    assert_same_as_plain(plain, pl.m, toks, n);
     wk_placed_free(&pl);
     wk_model_free(plain);
 }
