@@ -830,16 +830,33 @@ static int alloc_scratch(cuda_t *cu, bl_err_t *err)
     return 0;
 }
 
+/* The fewest rows of an expert tier's call that take a prompt's grouped GEMMs. */
+#define TIER_PROMPT_ROWS 32
+
 /* An experts-only model's scratch (an expert tier): a call's rows, choices and sums
- * for n_batch rows, on the card and pinned. */
+ * for n_batch rows, on the card and pinned, and where the prompt shapes allow, the
+ * grouped GEMMs' (the slots by expert, their f16 rows and down products, the f16
+ * copy of the largest expert tensor of a type that takes one). */
 static int alloc_only(cuda_t *cu, bl_err_t *err)
 {
     const wk_config_t *c = cu->c;
     const size_t B = (size_t)cu->o->n_batch, E = (size_t)c->n_embd, f = sizeof(float);
-    const size_t K = (size_t)c->n_expert_used, F = (size_t)c->n_ff_exp;
+    const size_t K = (size_t)c->n_expert_used, F = (size_t)c->n_ff_exp, NE = (size_t)c->n_expert;
     if (!c->moe)
         return bl_err_set(err, BL_EINVAL, "%s: %s has no routed experts to hold", cu->path, c->arch);
     int rc;
+    if (cu->pp_ok && B >= TIER_PROMPT_ROWS) {
+        size_t w = 0;
+        for (size_t i = 0; i < cu->n_u; i++) {
+            const upload_t *u = &cu->u[i];
+            if (u->t && (u->flags & WK_ADD_EXPERTS) && experts_want_f16(((const cw_t *)u->t->d)->m.type))
+                w = max_sz(w, kcuda_gemm_scratch_bytes(&((const cw_t *)u->t->d)->m));
+        }
+        cu->wscr_bytes = w;
+        if ((rc = dalloc(&cu->xs16, 2 * B * K * max_sz(E, F), err)) < 0 || (rc = dalloc(&cu->dg, f * B * K * E, err)) < 0 ||
+            (rc = dalloc(&cu->srt, 4 * (3 * NE + 2 + 2 * B * K), err)) < 0 || (w && (rc = dalloc(&cu->wscr, w, err)) < 0))
+            return rc;
+    }
     if ((rc = dalloc(&cu->ids, 4 * B * K, err)) < 0 || (rc = dalloc(&cu->wts, f * B * K, err)) < 0 ||
         (rc = dalloc(&cu->g, f * B * K * F, err)) < 0 || (rc = dalloc(&cu->u_, f * B * K * F, err)) < 0 ||
         (rc = dalloc(&cu->xg, f * B * E, err)) < 0 || (rc = dalloc(&cu->d_sums, f * B * E, err)) < 0 ||
@@ -1951,10 +1968,13 @@ static int moe_rows(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, f
     return experts_rows(cu, e, fused ? cu->rl : NULL, &route, xn, n, x, 1, err);
 }
 
+static int experts_prompt(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, float *x, bl_err_t *err);
+
 /* An expert tier's call (an experts-only model on this card): a stage's rows with
  * their choices, in host memory, through layer l's experts here, the sums into out.
- * A row with fewer than n_used choices is padded with id -1 (which adds nothing), so
- * the launches are a decode step's. Done on return. */
+ * A row with fewer than n_used choices is padded with id -1 (which adds nothing) and
+ * the launches are a decode step's; TIER_PROMPT_ROWS rows or more, each with all its
+ * choices, take a prompt's grouped GEMMs. Done on return. */
 static int cu_experts(wk_backend_t *b, int64_t l, const wk_moe_t *e, const float *xn, int64_t n,
                       const int32_t *counts, const int32_t *ids, const float *wts, float *out, bl_err_t *err)
 {
@@ -1968,8 +1988,10 @@ static int cu_experts(wk_backend_t *b, int64_t l, const wk_moe_t *e, const float
     if (n < 1 || n > cu->o->n_batch)
         return bl_err_set(err, BL_ERANGE, "%lld expert rows, outside 1..%lld", (long long)n,
                           (long long)cu->o->n_batch);
+    int whole = 1; /* every row with all its choices */
     for (int64_t r = 0, at = 0; r < n; r++) {
         const int64_t c = counts ? counts[r] : K;
+        whole &= c == K;
         for (int64_t j = 0; j < K; j++) {
             cu->h_ids[r * K + j] = j < c ? ids[at + j] : -1;
             cu->h_wts[r * K + j] = j < c ? wts[at + j] : 0.0f;
@@ -1978,12 +2000,16 @@ static int cu_experts(wk_backend_t *b, int64_t l, const wk_moe_t *e, const float
     }
     memcpy(cu->h_x, xn, f * (size_t)(n * E));
     void *st = cu->stream;
+    /* a prompt's rows through the grouped GEMMs, as a stage's own prompt experts */
+    const int prompt = whole && cu->xs16 && n >= TIER_PROMPT_ROWS;
     int rc;
     if ((rc = kcuda_set_device(cu->device, err)) < 0 ||
         (rc = kcuda_upload(cu->xg, cu->h_x, f * (size_t)(n * E), st, err)) < 0 ||
         (rc = kcuda_upload(cu->ids, cu->h_ids, sizeof(int32_t) * (size_t)(n * K), st, err)) < 0 ||
         (rc = kcuda_upload(cu->wts, cu->h_wts, f * (size_t)(n * K), st, err)) < 0 ||
-        (rc = experts_rows(cu, e, NULL, NULL, cu->xg, n, cu->d_sums, 0, err)) < 0 ||
+        (prompt && (rc = kcuda_memset(cu->d_sums, 0, f * (size_t)(n * E), st, err)) < 0) ||
+        (rc = prompt ? experts_prompt(cu, e, cu->xg, n, cu->d_sums, err)
+                     : experts_rows(cu, e, NULL, NULL, cu->xg, n, cu->d_sums, 0, err)) < 0 ||
         (rc = kcuda_download(cu->h_sums, cu->d_sums, f * (size_t)(n * E), st, err)) < 0 ||
         (rc = kcuda_sync(st, err)) < 0)
         return rc;
@@ -2016,15 +2042,15 @@ static int experts_gemm(cuda_t *cu, const char *op, const kcuda_mat_t *w, int64_
  * (row, choice) slots sorted by expert on the card, the gathered rows through each
  * expert matrix in one grouped launch (experts_gemm), then the weighted sum back in
  * row order. */
-static int moe_prompt(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, float *x, bl_err_t *err)
+/* The experts of n prompt rows of xn whose choices are in cu->ids and cu->wts (k a
+ * row, every id an expert's), added onto x: the slots sorted by expert, gathered,
+ * through the grouped products, back in row order. */
+static int experts_prompt(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, float *x, bl_err_t *err)
 {
     const int64_t E = cu->c->n_embd, F = e->n_ff, K = e->n_used, NE = e->n_expert, S = n * K;
     void *st = cu->stream;
     int32_t *counts = cu->srt, *offsets = counts + NE, *tile0 = offsets + NE + 1, *perm = tile0 + NE + 1;
     int32_t *inv = perm + cu->o->n_batch * K;
-    const kcuda_route_t route = route_of(e);
-    OP("ffn_gate_inp", pp_mm(cu, M(&e->gate_inp), xn, E, E, n, cu->rl, NE, 0, err));
-    OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, &route, cu->ids, cu->wts, st, err));
     OP("ffn_moe_sort", kcuda_moe_sort(cu->ids, S, NE, counts, offsets, tile0, perm, inv, st, err));
     OP("ffn_moe_gather", kcuda_moe_gather_f16(xn, E, perm, S, (int)K, E, cu->xs16, E, st, err));
     int rc;
@@ -2044,6 +2070,15 @@ static int moe_prompt(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n,
         OP("ffn_moe_down_bias", kcuda_experts_bias_down(x, E, cu->ids, NULL, cu->wts, e->down_b.p, n, (int)K, E, NE, st,
                                                         err));
     return 0;
+}
+
+static int moe_prompt(cuda_t *cu, const wk_moe_t *e, const float *xn, int64_t n, float *x, bl_err_t *err)
+{
+    const int64_t E = cu->c->n_embd, K = e->n_used, NE = e->n_expert;
+    const kcuda_route_t route = route_of(e);
+    OP("ffn_gate_inp", pp_mm(cu, M(&e->gate_inp), xn, E, E, n, cu->rl, NE, 0, err));
+    OP("ffn_route", kcuda_moe_route(cu->rl, n, NE, (int)K, &route, cu->ids, cu->wts, cu->stream, err));
+    return experts_prompt(cu, e, xn, n, x, err);
 }
 
 /* A host call of a layer with card slots: its choices are counted, those a slot

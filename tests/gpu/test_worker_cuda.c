@@ -61,7 +61,9 @@ static wk_model_opts_t test_opts(const char *name, int graphs, char *path, size_
     return o;
 }
 
-static wk_model_t *load_mode(const char *name, int device, int graphs, int64_t lb, int64_t le, int precise)
+/* experts: WK_EXPERTS_LOCAL, or WK_EXPERTS_ONLY (an expert tier of every layer) */
+static wk_model_t *load_as(const char *name, int device, int graphs, int64_t lb, int64_t le, int precise,
+                           int experts)
 {
     char path[1400];
     wk_model_opts_t o = test_opts(name, graphs, path, sizeof path);
@@ -71,11 +73,17 @@ static wk_model_t *load_mode(const char *name, int device, int graphs, int64_t l
     o.device = device;
     o.layer_begin = lb;
     o.layer_end = le;
+    o.experts = experts;
     wk_model_t *m = NULL;
     bl_err_t err = {0};
     if (wk_model_load(&m, path, &o, &err) != 0)
         bail(path, &err);
     return m;
+}
+
+static wk_model_t *load_mode(const char *name, int device, int graphs, int64_t lb, int64_t le, int precise)
+{
+    return load_as(name, device, graphs, lb, le, precise, WK_EXPERTS_LOCAL);
 }
 
 static wk_model_t *load(const char *name, int device, int graphs, int64_t lb, int64_t le)
@@ -701,22 +709,6 @@ static void multi_vs_alone(wk_model_t *m, const int32_t *ids, const char *name)
     free(b);
 }
 
-static wk_model_t *load_experts(const char *name, int device, int experts, int precise)
-{
-    char path[1400];
-    wk_model_opts_t o = test_opts(name, 1, path, sizeof path);
-    o.precise = precise;
-    if (!precise)
-        o.act_terms = 1;
-    o.device = device;
-    o.experts = experts;
-    wk_model_t *m = NULL;
-    bl_err_t err = {0};
-    if (wk_model_load(&m, path, &o, &err) != 0)
-        bail(path, &err);
-    return m;
-}
-
 /* An expert tier on the card (every routed expert loaded alone, WK_EXPERTS_ONLY):
  * (1) its sums for random rows, each with all its choices or fewer (the padded
  * form), against the CPU tier's, gated by the CPU's 8-bit pass as the logits are;
@@ -727,39 +719,52 @@ static wk_model_t *load_experts(const char *name, int device, int experts, int p
 static void test_tier(const char *path, const char *name, const int32_t *ids, int64_t N, const float *c,
                       const float *f)
 {
-    wk_model_t *gt = load_experts(path, 0, WK_EXPERTS_ONLY, 1);
-    wk_model_t *ct = load_experts(path, WK_DEVICE_CPU, WK_EXPERTS_ONLY, 1);
-    wk_model_t *ft = load_experts(path, WK_DEVICE_CPU, WK_EXPERTS_ONLY, 0);
+    wk_model_t *gt = load_as(path, 0, 1, 0, 0, 1, WK_EXPERTS_ONLY);
+    wk_model_t *ct = load_as(path, WK_DEVICE_CPU, 1, 0, 0, 1, WK_EXPERTS_ONLY);
+    wk_model_t *ft = load_as(path, WK_DEVICE_CPU, 1, 0, 0, 0, WK_EXPERTS_ONLY);
     const wk_config_t *cf = wk_model_config(gt);
-    const int64_t E = cf->n_embd, K = cf->n_expert_used, NE = cf->n_expert, R = 70;
+    const int64_t E = cf->n_embd, K = cf->n_expert_used, NE = cf->n_expert, R = 200;
     float *xn = malloc(sizeof(float) * (size_t)(R * E)), *wts = malloc(sizeof(float) * (size_t)(R * K));
     float *og = malloc(sizeof(float) * (size_t)(R * E)), *oc = malloc(sizeof(float) * (size_t)(R * E));
-    float *of = malloc(sizeof(float) * (size_t)(R * E));
+    float *of = malloc(sizeof(float) * (size_t)(R * E)), *wk = malloc(sizeof(float) * (size_t)(R * K));
     int32_t *xi = malloc(sizeof(int32_t) * (size_t)(R * K)), *cnt = malloc(sizeof(int32_t) * (size_t)R);
-    if (!xn || !wts || !og || !oc || !of || !xi || !cnt)
+    int32_t *xk = malloc(sizeof(int32_t) * (size_t)(R * K));
+    if (!xn || !wts || !og || !oc || !of || !xi || !cnt || !wk || !xk)
         bail("out of memory", NULL);
     rng_t r = rng_for(23);
     for (int64_t i = 0; i < R * E; i++)
         xn[i] = (float)((double)(rng_next(&r) % 20001) / 10000.0 - 1.0);
-    int64_t at = 0;
-    for (int64_t i = 0; i < R; i++) {
-        cnt[i] = i % 3 == 2 ? (int32_t)(1 + rng_next(&r) % (uint64_t)K) : (int32_t)K;
-        for (int32_t j = 0; j < cnt[i]; j++, at++) { /* distinct ids: a run from a random start */
-            xi[at] = (int32_t)((rng_next(&r) % (uint64_t)NE + (uint64_t)j) % (uint64_t)NE);
-            for (int32_t q = 0; q < j; q++)
-                if (xi[at - j + q] == xi[at])
-                    xi[at] = (xi[at] + 1) % (int32_t)NE, q = -1;
-            wts[at] = (float)(rng_next(&r) % 1000 + 1) / 1000.0f;
+    /* the same draws twice: rows with counts (some fewer than K) packed in xi, and
+     * rows of K choices each in xk */
+    for (int form = 0; form < 2; form++) {
+        int32_t *ii = form ? xk : xi;
+        float *ww = form ? wk : wts;
+        int64_t at = 0;
+        for (int64_t i = 0; i < R; i++) {
+            const int32_t ci = form ? (int32_t)K : i % 3 == 2 ? (int32_t)(1 + rng_next(&r) % (uint64_t)K) : (int32_t)K;
+            if (!form)
+                cnt[i] = ci;
+            for (int32_t j = 0; j < ci; j++, at++) { /* distinct ids: a run from a random start */
+                ii[at] = (int32_t)((rng_next(&r) % (uint64_t)NE + (uint64_t)j) % (uint64_t)NE);
+                for (int32_t q = 0; q < j; q++)
+                    if (ii[at - j + q] == ii[at])
+                        ii[at] = (ii[at] + 1) % (int32_t)NE, q = -1;
+                ww[at] = (float)(rng_next(&r) % 1000 + 1) / 1000.0f;
+            }
         }
     }
     bl_err_t err = {0};
-    const int64_t rows[3] = {1, 5, R};
-    for (int k = 0; k < 3; k++)
+    /* 1 and 70 rows with counts (decode launches, padded), 5 of K each (decode
+     * launches), 200 of K each (the card tier takes a prompt's grouped GEMMs) */
+    const int64_t rows[4] = {1, 5, 70, R};
+    for (int k = 0; k < 4; k++)
         for (int64_t l = cf->n_dense_lead; l < cf->n_layer; l++) {
-            const int32_t *cn = k == 1 ? NULL : cnt; /* 5 rows of K choices each, else the counts */
-            if (wk_model_experts(gt, l, xn, rows[k], cn, xi, wts, og, &err) != 0 ||
-                wk_model_experts(ct, l, xn, rows[k], cn, xi, wts, oc, &err) != 0 ||
-                wk_model_experts(ft, l, xn, rows[k], cn, xi, wts, of, &err) != 0)
+            const int full = k == 1 || k == 3;
+            const int32_t *cn = full ? NULL : cnt, *ii = full ? xk : xi;
+            const float *ww = full ? wk : wts;
+            if (wk_model_experts(gt, l, xn, rows[k], cn, ii, ww, og, &err) != 0 ||
+                wk_model_experts(ct, l, xn, rows[k], cn, ii, ww, oc, &err) != 0 ||
+                wk_model_experts(ft, l, xn, rows[k], cn, ii, ww, of, &err) != 0)
                 bail("wk_model_experts", &err);
             double sg = 0, sf = 0;
             for (int64_t i = 0; i < rows[k] * E; i++) {
@@ -774,9 +779,9 @@ static void test_tier(const char *path, const char *name, const int32_t *ids, in
                        "%.3g, %.3g)", name, (long long)l, (long long)rows[k], cn ? " with counts" : "", mg, xg, mf,
                        xf);
         }
-    int rc = wk_model_experts(gt, cf->n_dense_lead, xn, 513, NULL, xi, wts, og, &err);
+    int rc = wk_model_experts(gt, cf->n_dense_lead, xn, 513, NULL, xk, wk, og, &err);
     tap_ok(rc == BL_ERANGE, "%s: a tier call past n_batch rows is refused (%s)", name, err.msg);
-    free(xn), free(wts), free(og), free(oc), free(of), free(xi), free(cnt);
+    free(xn), free(wts), free(og), free(oc), free(of), free(xi), free(cnt), free(xk), free(wk);
     wk_model_free(ct);
     wk_model_free(ft);
 
