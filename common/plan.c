@@ -423,20 +423,26 @@ static void size_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t 
         }
         st->scratch_bytes = st->device >= 0 ? cuda_scratch(a, o, s, p, st, last) : 0;
     }
-    /* a tier's scratch: a call of n_batch rows' rows, choices, gate/up products and
-     * sums, on the card and pinned (the CUDA backend's alloc_only) */
+    /* a tier's scratch (the CUDA backend's alloc_only): a call of n_batch rows' rows,
+     * choices, gate/up products and sums, on the card and pinned, and a prompt's
+     * grouped GEMMs' (the rows by expert in f16, their down products, the sort, the
+     * f16 copy of the largest K-quant expert tensor it holds) */
     const uint64_t B = (uint64_t)(o->n_batch > 0 ? o->n_batch : 512), E = (uint64_t)a->n_embd;
     const uint64_t K = (uint64_t)(a->moe ? a->n_expert_used : 1), F = (uint64_t)(a->moe ? a->n_ff_exp : 1);
+    const uint64_t NE = (uint64_t)(a->moe ? a->n_expert : 1);
     for (int k = 0; k < p->n_tiers; k++) {
         bl_plan_tier_t *t = &p->tier[k];
+        uint64_t copy = 0;
         t->n_layers = 0;
         t->expert_bytes = 0;
         for (int64_t l = 0; l < a->n_layer; l++)
             if (p->tier_of[l] == k + 1) {
                 t->n_layers++;
                 t->expert_bytes += s->experts[l];
+                copy = max_u64(copy, s->exp_f16[l]);
             }
-        t->scratch_bytes = 4 * B * (3 * E + 2 * K + 2 * K * F + K * E);
+        t->scratch_bytes = 4 * B * (3 * E + 2 * K + 2 * K * F + K * E) + 2 * B * K * max_u64(E, F) + 4 * B * K * E +
+                           4 * (3 * NE + 2 + 2 * B * K) + copy;
     }
 }
 
