@@ -123,9 +123,10 @@ def test_refusals(model4, fake_bin, ot, why):
 
 def test_a_tier_gives_the_cpu_runs_tokens(cards, model4, servers):
     """One stage, every routed expert on tier 0; then layers 0-1's on the tier and
-    2-3's in the hosttier; then two stages (CUDA0, CUDA1) sending to a tier on CUDA2:
-    the same tokens and top log-probabilities as one CPU process, the tier's calls
-    counted in /metrics, the plan in /props."""
+    2-3's in the hosttier; then two stages (CUDA0, CUDA1) sending to a tier on CUDA2;
+    then a CPU stage (-ngl 0) with its experts on CUDA0: the same tokens and top
+    log-probabilities as one CPU process, the tier's calls counted in /metrics, the
+    plan in /props."""
     ref = answer(servers.start(["-t", "1", "-c", "1024", "-ngl", "0"], model=model4))
     srv = cards(["-ngl", "99", "-dev", "CUDA0", "-ot", "ffn_.*_exps=CUDA1"])
     assert answer(srv) == ref
@@ -146,6 +147,13 @@ def test_a_tier_gives_the_cpu_runs_tokens(cards, model4, servers):
     p = get(srv.url, "/props").json()["placement"]
     assert [s["device"] for s in p["stages"]] == ["CUDA0", "CUDA1"], p
     assert p["expert_tiers"][0]["device"] == "CUDA2", p
+    assert srv.stop() == []
+
+    # the layers on the CPU, their routed experts on a card
+    srv = cards(["-ngl", "0", "-ot", "ffn_.*_exps=CUDA0"])
+    assert answer(srv) == ref
+    p = get(srv.url, "/props").json()["placement"]
+    assert [s["device"] for s in p["stages"]] == ["CPU"] and p["expert_tiers"][0]["device"] == "CUDA0", p
 
 
 def test_a_killed_tier_fails_the_request_and_comes_back(cards):
