@@ -367,14 +367,15 @@ void wk_cuda_knobs_from_env(void)
     g_expert_gemm = eg && !strcmp(eg, "stored") ? 1 : eg && !strcmp(eg, "f16") ? 2 : 0;
 }
 
-/* Whether a prompt's grouped product of an expert tensor of this type (f16 copy of
- * f16_bytes) goes through the f16 weight scratch: by type, unless the knob says, and
- * only where the scratch holds the copy. */
+/* Whether a prompt's grouped products of expert tensors of this type want an f16
+ * copy first: by type, unless the knob says (what the scratch is sized for). */
 static int experts_want_f16(uint32_t type)
 {
     return type != BL_TYPE_F16 && (g_expert_gemm == 2 || (g_expert_gemm == 0 && bl_type_gemm_via_f16(type)));
 }
 
+/* Whether one of f16_bytes as f16 goes through the copy: wanted, and the scratch
+ * holds it (else it is read as stored). */
 static int experts_via_f16(const cuda_t *cu, uint32_t type, size_t f16_bytes)
 {
     return experts_want_f16(type) && f16_bytes <= cu->wscr_bytes;
