@@ -1416,12 +1416,15 @@ int main(int argc, char **argv)
         worker_free(&w, n_slots);
         return rc == BL_ECLOSED ? 0 : 1;
     }
+    int to_tier = 0; /* some layer of this stage sends its experts to a tier */
+    for (int k = 1; k <= pl.n_tiers; k++)
+        to_tier |= w.xl[k].out != NULL;
     char vram[24] = "auto";
     if (pl.experts_vram != WK_EXPERTS_VRAM_AUTO)
         snprintf(vram, sizeof vram, "%lld", (long long)pl.experts_vram);
     BL_LOG(BL_LOG_INFO, "event=ready layers=%lld..%lld threads=%d threads_batch=%d kernels=%s experts=%s "
            "residency=%s experts_vram=%s", (long long)w.layer_begin, (long long)w.layer_end, w.threads,
-           w.threads_batch, wk_model_kernels(w.m), !w.remote ? "local" : w.xl[0].out && pl.n_tiers ? "hosttier+tier"
+           w.threads_batch, wk_model_kernels(w.m), !w.remote ? "local" : w.xl[0].out && to_tier ? "hosttier+tier"
                                                    : w.xl[0].out ? "hosttier" : "tier", pl.no_residency ? "off" : "on",
            vram);
     bp_msg_free(&plan);
