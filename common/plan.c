@@ -62,7 +62,10 @@ int bl_plan_layer_host(const bl_plan_t *p, int64_t l)
 
 /* Layer l's routed experts on an expert tier on card d (made here at its first
  * layer); a layer without them stays as it is. */
-static int tier_layer(bl_plan_t *p, const bl_arch_t *a, int64_t l, int d, const bl_device_t *card, bl_err_t *err)
+static const bl_device_t *device_of(const bl_device_t *devs, int n, int index);
+
+static int tier_layer(bl_plan_t *p, const bl_arch_t *a, int64_t l, int d, const bl_device_t *devs, int n_devs,
+                      bl_err_t *err)
 {
     if (!bl_arch_layer_moe(a, l))
         return 0;
@@ -73,12 +76,19 @@ static int tier_layer(bl_plan_t *p, const bl_arch_t *a, int64_t l, int d, const 
         if (k == BL_PLAN_MAX_TIERS)
             return bl_err_set(err, BL_ENOTSUP, "--override-tensor: more than %d expert tiers", BL_PLAN_MAX_TIERS);
         p->tier[k] = (bl_plan_tier_t){.device = d};
+        const bl_device_t *card = device_of(devs, n_devs, d);
         if (card)
             p->tier[k].card = *card;
         p->n_tiers++;
     }
     p->tier_of[l] = (uint8_t)(k + 1);
     return 0;
+}
+
+/* Whether layer l's routed experts are apart from its stage: host RAM or a tier. */
+static int experts_apart(const bl_plan_t *p, int64_t l)
+{
+    return bl_plan_layer_host(p, l) || p->tier_of[l];
 }
 
 /* Puts layer l's routed experts in the hosttier; a layer without them (a leading
@@ -381,7 +391,7 @@ static uint64_t layer_kv_bytes(const bl_arch_t *a, const bl_place_opts_t *o, int
 static uint64_t layer_bytes(const bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s,
                             int64_t l)
 {
-    return s->dense[l] + (bl_plan_layer_host(p, l) || p->tier_of[l] ? 0 : s->experts[l]) + layer_kv_bytes(a, o, l);
+    return s->dense[l] + (experts_apart(p, l) ? 0 : s->experts[l]) + layer_kv_bytes(a, o, l);
 }
 
 /* Fills each stage's sizes. */
@@ -925,8 +935,7 @@ static int apply_overrides(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a,
         if (layer_buft[l] == BUFT_HOSTTIER)
             host_layer(p, a, l);
         else if (layer_buft[l] >= BUFT_TIER(0))
-            rc = tier_layer(p, a, l, layer_buft[l] - BUFT_TIER(0), device_of(devs, n_devs, layer_buft[l] - BUFT_TIER(0)),
-                            err);
+            rc = tier_layer(p, a, l, layer_buft[l] - BUFT_TIER(0), devs, n_devs, err);
     pcre2_match_data_free(md);
     free(layer_buft);
     return rc;
@@ -1308,8 +1317,8 @@ size_t bl_plan_format(const bl_plan_t *p, char *buf, size_t cap)
             at = put(buf, cap, at, " 0-%lld: dense,", (long long)p->n_dense_lead - 1);
         int64_t l0 = p->n_dense_lead;
         for (int64_t l = l0 + 1; l <= p->n_layer; l++) {
-            const int h0 = bl_plan_layer_host(p, l0) || p->tier_of[l0];
-            if (l < p->n_layer && (bl_plan_layer_host(p, l) || p->tier_of[l]) == h0)
+            const int h0 = experts_apart(p, l0);
+            if (l < p->n_layer && experts_apart(p, l) == h0)
                 continue;
             at = put(buf, cap, at, " %lld-%lld: %lld", (long long)l0, (long long)l - 1,
                      (long long)(h0 ? 0 : p->n_expert));

@@ -719,6 +719,19 @@ static int prompt_shapes_ok(const wk_config_t *c)
     return c->n_embd % 32 == 0 && nq % 8 == 0 && (!c->moe || c->n_ff_exp % 32 == 0) && dense_ff(c) % 8 == 0;
 }
 
+/* The f16 copy of the largest expert tensor registered here whose prompt products
+ * want one (experts_want_f16), 0 for none. */
+static size_t experts_copy_bytes(const cuda_t *cu)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < cu->n_u; i++) {
+        const upload_t *u = &cu->u[i];
+        if (u->t && (u->flags & WK_ADD_EXPERTS) && experts_want_f16(((const cw_t *)u->t->d)->m.type))
+            w = max_sz(w, kcuda_gemm_scratch_bytes(&((const cw_t *)u->t->d)->m));
+    }
+    return w;
+}
+
 /* The prompt path's scratch: f16 activations, the expert grouping, and one f16
  * weight buffer as large as the largest dense matrix a product reads, or expert
  * tensor that goes through an f16 copy (experts_want_f16: the K-quants'; the others'
@@ -731,16 +744,14 @@ static int alloc_prompt(cuda_t *cu, bl_err_t *err)
     const size_t nq = (size_t)(c->n_head * c->head_dim);
     const size_t K = (size_t)(c->moe ? c->n_expert_used : 1), ne = (size_t)(c->moe ? c->n_expert : 1);
     const size_t ff = (size_t)(c->moe ? c->n_ff_exp : c->n_ff);
-    size_t w = 0;
+    size_t w = max_sz(experts_copy_bytes(cu), cu->off_f16);
     for (size_t i = 0; i < cu->n_u; i++) {
         const upload_t *u = &cu->u[i];
-        if (!u->t || (u->flags & WK_ADD_TABLE) ||
-            ((u->flags & WK_ADD_EXPERTS) && !experts_want_f16(((const cw_t *)u->t->d)->m.type)))
+        if (!u->t || (u->flags & (WK_ADD_TABLE | WK_ADD_EXPERTS)))
             continue;
         const size_t s = kcuda_gemm_scratch_bytes(&((const cw_t *)u->t->d)->m);
         w = max_sz(w, (u->flags & WK_ADD_PIECES) && s > PIECE_BYTES ? PIECE_BYTES : s);
     }
-    w = max_sz(w, cu->off_f16);
     cu->wscr_bytes = w;
     int rc = kcuda_blas_create(&cu->blas, cu->stream, err);
     if (rc == BL_ENOTSUP) { /* no cuBLAS on this machine: prompts take the rows path */
@@ -847,13 +858,7 @@ static int alloc_only(cuda_t *cu, bl_err_t *err)
         return bl_err_set(err, BL_EINVAL, "%s: %s has no routed experts to hold", cu->path, c->arch);
     int rc;
     if (cu->pp_ok && B >= TIER_PROMPT_ROWS) {
-        size_t w = 0;
-        for (size_t i = 0; i < cu->n_u; i++) {
-            const upload_t *u = &cu->u[i];
-            if (u->t && (u->flags & WK_ADD_EXPERTS) && experts_want_f16(((const cw_t *)u->t->d)->m.type))
-                w = max_sz(w, kcuda_gemm_scratch_bytes(&((const cw_t *)u->t->d)->m));
-        }
-        cu->wscr_bytes = w;
+        const size_t w = cu->wscr_bytes = experts_copy_bytes(cu);
         if ((rc = dalloc(&cu->xs16, 2 * B * K * max_sz(E, F), err)) < 0 || (rc = dalloc(&cu->dg, f * B * K * E, err)) < 0 ||
             (rc = dalloc(&cu->srt, 4 * (3 * NE + 2 + 2 * B * K), err)) < 0 || (w && (rc = dalloc(&cu->wscr, w, err)) < 0))
             return rc;

@@ -342,6 +342,33 @@ int wk__place_io(wk_model_t *m, bl_err_t *err)
     return 0;
 }
 
+/* A layer's routed experts' biases (where the file has them), and its three expert
+ * tensors, registered with the backend. */
+static int add_expert_biases(wk_model_t *m, wk_moe_t *e, bl_err_t *err)
+{
+    const wk_config_t *c = &m->cfg;
+    wk_backend_t *b = m->be;
+    int rc;
+    if (!c->expert_biases)
+        return 0;
+    return (rc = b->op->add_vec(b, &e->gate_b, c->n_expert * c->n_ff_exp, err)) < 0 ||
+                   (rc = b->op->add_vec(b, &e->up_b, c->n_expert * c->n_ff_exp, err)) < 0 ||
+                   (rc = b->op->add_vec(b, &e->down_b, c->n_expert * c->n_embd, err)) < 0
+               ? rc
+               : 0;
+}
+
+static int add_experts(wk_model_t *m, wk_moe_t *e, bl_err_t *err)
+{
+    wk_backend_t *b = m->be;
+    int rc;
+    return (rc = b->op->add(b, &e->gate_exps, WK_ADD_EXPERTS, err)) < 0 ||
+                   (rc = b->op->add(b, &e->up_exps, WK_ADD_EXPERTS, err)) < 0 ||
+                   (rc = b->op->add(b, &e->down_exps, WK_ADD_EXPERTS, err)) < 0
+               ? rc
+               : 0;
+}
+
 int wk__place_ffn(wk_model_t *m, int64_t l, bl_err_t *err)
 {
     const wk_config_t *c = &m->cfg;
@@ -362,14 +389,8 @@ int wk__place_ffn(wk_model_t *m, int64_t l, bl_err_t *err)
         (c->router_bias && (rc = op->add_vec(b, &e->router_b, c->n_expert, err)) < 0) ||
         /* the biases also beside experts kept in host RAM: a card computes such a
          * layer's experts for a long prompt (the offload) and from its slots */
-        (c->expert_biases && (wk__layer_local_experts(m, l) || wk__layer_remote(m, l)) &&
-         ((rc = op->add_vec(b, &e->gate_b, c->n_expert * c->n_ff_exp, err)) < 0 ||
-          (rc = op->add_vec(b, &e->up_b, c->n_expert * c->n_ff_exp, err)) < 0 ||
-          (rc = op->add_vec(b, &e->down_b, c->n_expert * c->n_embd, err)) < 0)) ||
-        (wk__layer_local_experts(m, l) &&
-         ((rc = op->add(b, &e->gate_exps, WK_ADD_EXPERTS, err)) < 0 ||
-          (rc = op->add(b, &e->up_exps, WK_ADD_EXPERTS, err)) < 0 ||
-          (rc = op->add(b, &e->down_exps, WK_ADD_EXPERTS, err)) < 0)))
+        ((wk__layer_local_experts(m, l) || wk__layer_remote(m, l)) && (rc = add_expert_biases(m, e, err)) < 0) ||
+        (wk__layer_local_experts(m, l) && (rc = add_experts(m, e, err)) < 0))
         return rc;
     if (c->n_ff_shexp && ((rc = op->add(b, &L->sh_gate, 0, err)) < 0 || (rc = op->add(b, &L->sh_up, 0, err)) < 0 ||
                           (rc = op->add(b, &L->sh_down, 0, err)) < 0 ||
@@ -385,23 +406,14 @@ int wk__place_ffn(wk_model_t *m, int64_t l, bl_err_t *err)
  * experts of its layers and their biases are all the backend holds; no step runs. */
 static int place_experts_only(wk_model_t *m, bl_err_t *err)
 {
-    const wk_config_t *c = &m->cfg;
-    wk_backend_t *b = m->be;
-    const wk_backend_ops_t *op = b->op;
-    int rc = 0;
-    for (int64_t l = 0; rc == 0 && l < c->n_layer; l++) {
-        if (!wk__layer_local_experts(m, l))
-            continue;
+    int rc;
+    for (int64_t l = 0; l < m->cfg.n_layer; l++) {
         wk_moe_t *e = &m->w.layers[l].moe;
-        if ((c->expert_biases && ((rc = op->add_vec(b, &e->gate_b, c->n_expert * c->n_ff_exp, err)) < 0 ||
-                                  (rc = op->add_vec(b, &e->up_b, c->n_expert * c->n_ff_exp, err)) < 0 ||
-                                  (rc = op->add_vec(b, &e->down_b, c->n_expert * c->n_embd, err)) < 0)) ||
-            (rc = op->add(b, &e->gate_exps, WK_ADD_EXPERTS, err)) < 0 ||
-            (rc = op->add(b, &e->up_exps, WK_ADD_EXPERTS, err)) < 0 ||
-            (rc = op->add(b, &e->down_exps, WK_ADD_EXPERTS, err)) < 0)
+        if (wk__layer_local_experts(m, l) &&
+            ((rc = add_expert_biases(m, e, err)) < 0 || (rc = add_experts(m, e, err)) < 0))
             return rc;
     }
-    return op->commit(b, err);
+    return m->be->op->commit(m->be, err);
 }
 
 int wk__place_done(wk_model_t *m, int64_t q_width, int64_t k_width, int64_t att_width, int64_t extra_width,

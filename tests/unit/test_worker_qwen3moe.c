@@ -1049,6 +1049,21 @@ static void assert_same_as_plain(wk_model_t *plain, wk_model_t *m, const int32_t
     free(b);
 }
 
+/* The trained model's path, the options the placed-model tests load it with, and the
+ * plain model they compare with. */
+static wk_model_t *placed_plain(char *path, size_t cap, wk_model_opts_t *o)
+{
+    snprintf(path, cap, "%s/models/qwen3moe-trained-q8.gguf", g_shared);
+    wk_model_opts_default(o);
+    o->n_threads = n_threads();
+    o->n_batch = 64;
+    o->n_ctx_max = 256;
+    bl_err_t err = {0};
+    wk_model_t *plain = NULL;
+    assert_int_equal(wk_model_load(&plain, path, o, &err), 0);
+    return plain;
+}
+
 /* A plan whose -ot pattern puts two layers' routed experts in host RAM, loaded in
  * this process (wk_place_one, then wk_load_placed: the stage calls the hosttier's
  * expert store for them):
@@ -1060,12 +1075,8 @@ static void test_qwen3moe_placed_in_process(void **state)
     if (!shared_dir())
         skip();
     char path[1400];
-    snprintf(path, sizeof path, "%s/models/qwen3moe-trained-q8.gguf", g_shared);
     wk_model_opts_t o;
-    wk_model_opts_default(&o);
-    o.n_threads = n_threads();
-    o.n_batch = 64;
-    o.n_ctx_max = 256;
+    wk_model_t *plain = placed_plain(path, sizeof path, &o);
     const char *ot[1] = {"blk\\.[13]\\.ffn_(gate|up|down)_exps=HOSTTIER"};
     bl_place_opts_t po = {.devices = "none", .override_tensor = ot, .n_override_tensor = 1, .n_ctx_total = 256,
                           .kv_elem_bytes = 2, .n_batch = 64};
@@ -1077,8 +1088,6 @@ static void test_qwen3moe_placed_in_process(void **state)
     assert_int_equal(wk_load_placed(&pl, path, &o, &place, &err), 0);
     assert_non_null(pl.ex);
     assert_non_null(strstr(text, "2 of 4 layers"));
-    wk_model_t *plain = NULL;
-    assert_int_equal(wk_model_load(&plain, path, &o, &err), 0);
     const int64_t V = wk_model_config(plain)->n_vocab, n = 24;
     int32_t toks[24];
     for (int i = 0; i < n; i++)
@@ -1103,15 +1112,9 @@ static void test_qwen3moe_placed_with_a_tier(void **state)
     if (!shared_dir())
         skip();
     char path[1400];
-    snprintf(path, sizeof path, "%s/models/qwen3moe-trained-q8.gguf", g_shared);
     wk_model_opts_t o;
-    wk_model_opts_default(&o);
-    o.n_threads = n_threads();
-    o.n_batch = 64;
-    o.n_ctx_max = 256;
+    wk_model_t *plain = placed_plain(path, sizeof path, &o);
     bl_err_t err = {0};
-    wk_model_t *plain = NULL;
-    assert_int_equal(wk_model_load(&plain, path, &o, &err), 0);
     const int64_t V = wk_model_config(plain)->n_vocab, L = wk_model_config(plain)->n_layer, n = 20;
     assert_true(L >= 4);
     static wk_place_t place;
@@ -1143,15 +1146,9 @@ static void test_qwen3moe_placed_paged(void **state)
     if (!shared_dir())
         skip();
     char path[1400];
-    snprintf(path, sizeof path, "%s/models/qwen3moe-trained-q8.gguf", g_shared);
     wk_model_opts_t o;
-    wk_model_opts_default(&o);
-    o.n_threads = n_threads();
-    o.n_batch = 64;
-    o.n_ctx_max = 256;
+    wk_model_t *plain = placed_plain(path, sizeof path, &o);
     bl_err_t err = {0};
-    wk_model_t *plain = NULL;
-    assert_int_equal(wk_model_load(&plain, path, &o, &err), 0);
     const int64_t V = wk_model_config(plain)->n_vocab, n = 20;
     int32_t toks[20];
     for (int i = 0; i < n; i++)
