@@ -2,6 +2,10 @@
  * ring pair per worker at known fds (proto/step.h); it says Hello, takes the Plan,
  * loads only the experts' weights, reports Ready, then its ring thread serves every
  * worker (proto/xserve.h): pop rows, compute their experts (store.c), push the sums.
+ * With --stage I (a node's hosttier, beside a stage of another host than the
+ * router's: docs/deploy.md) it serves that one stage: a single ring pair, the host-RAM
+ * experts of that stage's layers only, all of them in RAM (--experts-ram is the
+ * router's host's budget).
  * The main thread is the control thread and owns the ZeroMQ socket. A bad request is
  * answered with an error message on that worker's ring, never an exit. */
 #include <pthread.h>
@@ -48,29 +52,43 @@ static void on_fill_progress(void *ud, uint64_t done, uint64_t total)
         bp_child_progress(ud, done, total, "fill");
 }
 
-static int load(hosttier_t *h, const bp_plan_t *p, int n_threads, bl_err_t *err)
+/* stage: -1 (every stage's pair, the layers the Plan puts in host RAM), or the one
+ * stage this hosttier serves (its pair first, its layers only). */
+static int load(hosttier_t *h, const bp_plan_t *p, int n_threads, int stage, bl_err_t *err)
 {
     if (p->n_batch > 65536 || p->threads > 256 || p->n_stages > 64 || p->poll > 100)
         return bl_err_set(err, BL_EINVAL, "plan: n_batch %u, threads %u, %zu stages or poll %u out of "
                           "range", p->n_batch, p->threads, (size_t)p->n_stages, p->poll);
+    if (stage >= (int)p->n_stages)
+        return bl_err_set(err, BL_EINVAL, "--stage %d: the plan has %zu stages", stage, (size_t)p->n_stages);
     h->ctl.process = p->you;
     bp_xserve_t *x = &h->xs;
     x->who = "hosttier";
     x->stop = &h->stop;
     x->fn = store_experts;
-    int rc = bp_xserve_attach(x, (int)p->n_stages, err);
+    int rc = bp_xserve_attach(x, stage >= 0 ? 1 : (int)p->n_stages, err);
     if (rc)
         return rc;
+    /* a stage's own: the host-RAM layers of its range */
+    static uint8_t mine[BP_PLAN_MAX_LAYERS];
+    const uint8_t *layers = p->host;
+    if (stage >= 0) {
+        memset(mine, 0, sizeof mine);
+        const bp_plan_stage_t *st = &p->stages[stage];
+        for (uint32_t l = st->layer_begin; l < st->layer_end && l < p->n_layers; l++)
+            mine[l] = p->host[l];
+        layers = mine;
+    }
     struct stat sb;
     uint64_t total = stat(p->model_path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     /* only the layers the placements put in host RAM */
     const int64_t n_batch = p->n_batch ? p->n_batch : 512;
     h->ctl.copy_stage = "experts"; /* the experts copied into RAM */
     h->n_threads = n_threads > 0 ? n_threads : (p->threads ? (int)p->threads : 1);
-    const ht_store_opts_t so = {.path = p->model_path, .layers = p->host, .n_threads = h->n_threads,
+    const ht_store_opts_t so = {.path = p->model_path, .layers = layers, .n_threads = h->n_threads,
                                 .n_batch = n_batch, .no_mmap = p->no_mmap, .mlock = p->mlock,
                                 .poll = (int)p->poll, .cpu_strict = p->cpu_strict,
-                                .ram_bytes = (uint64_t)p->experts_ram, .read_ahead = -1,
+                                .ram_bytes = stage >= 0 ? 0 : (uint64_t)p->experts_ram, .read_ahead = -1,
                                 .progress = bp_child_copy_progress, .fill_progress = on_fill_progress,
                                 .progress_ud = &h->ctl};
     if ((rc = ht_store_open(&h->store, &so, err)) != 0)
@@ -122,7 +140,7 @@ static void hosttier_free(hosttier_t *h)
 int main(int argc, char **argv)
 {
     const char *endpoint = NULL, *identity = "hosttier", *name = "hosttier";
-    int64_t parent = 0, n_threads = 0;
+    int64_t parent = 0, n_threads = 0, stage = -1;
     int verbose = 0, quiet = 0, help = 0, colors = 0;
     int64_t verbosity = -1;
     bl_arg_t args[] = {
@@ -131,6 +149,8 @@ int main(int argc, char **argv)
         {"--parent", NULL, BL_ARG_I64, &parent, 1, INT32_MAX, .metavar = "PID", .help = "the router's pid"},
         {"-t,--threads", NULL, BL_ARG_I64, &n_threads, 1, 256, .metavar = "N", .help = "expert pool threads (default: the plan's)"},
         {"--name", NULL, BL_ARG_STR, &name, .metavar = "NAME", .help = "this process in logs and errors (hosttier)"},
+        {"--stage", NULL, BL_ARG_I64, &stage, 0, 63, .metavar = "I",
+         .help = "serve stage I of the plan only, its ring pair the first (a node's hosttier)"},
         {"-v,--verbose", NULL, BL_ARG_FLAG, &verbose, .help = "log at DEBUG"},
         {"--log-disable", NULL, BL_ARG_FLAG, &quiet, .help = "write no log lines"},
         {"-lv,--verbosity", NULL, BL_ARG_I64, &verbosity, 0, 100, .metavar = "N", .help = "llama.cpp's log threshold: 1 error, 2 warning, 3 info, 4 debug"},
@@ -170,7 +190,7 @@ int main(int argc, char **argv)
     static bp_plan_t pl;
     rc = bp_plan_read(&plan, &pl, &err);
     if (rc == 0)
-        rc = load(&h, &pl, (int)n_threads, &err);
+        rc = load(&h, &pl, (int)n_threads, (int)stage, &err);
     bp_msg_free(&plan);
     if (rc) {
         bp_child_fatal(&h.ctl, &err);

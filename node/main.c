@@ -11,6 +11,9 @@
  *     started by bloomery-serve in the place of a stage's worker, with that worker's
  *     rings at proto/step.h's fds and its arguments: it connects to the node, and
  *     forwards control messages both ways and the rings' messages through link pumps.
+ *     With --node-hosttier the stage's routed experts in host RAM are computed on the
+ *     node's host: the node starts bloomery-hosttier for the stage beside its worker
+ *     on the experts rings, which then never cross the links.
  *
  * Three CURVE links (proto/link.h) per session, keys from the cluster's secret: the
  * control messages on PORT (an envelope byte, then a packed bp_msg or the setup), the
@@ -163,6 +166,7 @@ typedef struct relay {
     int n_rings;
     int rings_rc;         /* relay_rings' failure, reported once the control socket is up */
     bl_err_t rings_err;
+    int node_hosttier;    /* the experts rings stay on the node's host (held here, unused) */
 } relay_t;
 
 /* Attached before anything else opens a descriptor: fds 5 and 6 are the hosttier's
@@ -298,11 +302,18 @@ lost:
     return 1;
 }
 
+/* ht_threads < 0: no hosttier on the node's host; else its threads (0: the plan's)
+ * and ht_name its name (NULL: none). */
 static int relay_main(const char *node, const uint8_t key[32], const char *control, const char *identity,
-                      pid_t parent, const char *name, int32_t verbosity, uint32_t flags)
+                      pid_t parent, const char *name, int32_t verbosity, uint32_t flags, int ht_threads,
+                      const char *ht_name)
 {
     relay_t r = g_relay;
     bl_err_t err = {0};
+    r.node_hosttier = ht_threads >= 0;
+    if (r.rings_rc == 0 && r.node_hosttier && r.n_rings != 4)
+        r.rings_rc = bl_err_set(&r.rings_err, BL_EINVAL, "--node-hosttier: the router gave the stage no experts "
+                                "rings");
     int rc = r.rings_rc ? r.rings_rc : bp_child_start(&r.ctl, control, identity, parent, name, &err);
     if (rc) {
         BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"%s\"", r.rings_rc ? r.rings_err.msg : err.msg);
@@ -320,8 +331,16 @@ static int relay_main(const char *node, const uint8_t key[32], const char *contr
     s.n_rings = (uint32_t)r.n_rings;
     for (int i = 0; i < r.n_rings; i++)
         s.capacity[i] = bp_ring_capacity(r.r[i]);
+    if (r.node_hosttier) {
+        s.flags |= BP_NODE_HOSTTIER;
+        s.hosttier_threads = (uint32_t)ht_threads;
+        if (ht_name)
+            snprintf(s.hosttier_name, sizeof s.hosttier_name, "%s", ht_name);
+    }
+    /* the experts rings take the third link unless they stay on the node's host */
+    const int n_links = r.n_rings == 4 && !r.node_hosttier ? 3 : 2;
     char ep[300];
-    for (int i = 0; rc == 0 && i < (r.n_rings == 4 ? 3 : 2); i++)
+    for (int i = 0; rc == 0 && i < n_links; i++)
         if ((rc = endpoint_plus(ep, sizeof ep, node, i, &err)) == 0)
             rc = bp_link_connect(&r.l[i], ep, key, i == 0 ? BP_MSG_MAX_BYTES + 1 : data_max_msg(), NULL, &err);
     for (int i = 0; rc == 0 && i < N_LINKS && r.l[i]; i++)
@@ -336,14 +355,15 @@ static int relay_main(const char *node, const uint8_t key[32], const char *contr
      * requests come in and its replies go out on link 2 */
     if (rc == 0)
         rc = bp_link_pump(r.l[1], r.r[0], r.r[1], &err);
-    if (rc == 0 && r.n_rings == 4)
+    if (rc == 0 && n_links == 3)
         rc = bp_link_pump(r.l[2], r.r[3], r.r[2], &err);
     int status = 1;
     if (rc) {
         BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"%s\"", err.msg);
         bp_child_fatal(&r.ctl, &err);
     } else {
-        BL_LOG(BL_LOG_INFO, "event=relay_up node=%s rings=%d", node, r.n_rings);
+        BL_LOG(BL_LOG_INFO, "event=relay_up node=%s rings=%d%s", node, r.n_rings,
+               r.node_hosttier ? " hosttier=node" : "");
         status = relay_bridge(&r);
     }
     for (int i = 0; i < N_LINKS; i++)
@@ -367,6 +387,16 @@ typedef struct session {
     bp_node_file_t router_file; /* the router's model file, as the relay told it */
     int told_file;        /* router_file holds what the relay told since its last Plan */
     uint32_t process;     /* the stage's process id from the Plan */
+    int n_links;          /* links in use: control, the stage's rings, the experts rings
+                           * unless they stay here */
+    /* the stage's hosttier on this host (BP_NODE_HOSTTIER), started with the Plan */
+    pid_t ht_pid;
+    bp_peer_t ht;
+    int ht_hello, ht_ready;
+    bp_msg_t ht_plan;     /* the Plan, until its Hello says it listens */
+    int ht_has_plan;
+    bp_msg_t held_ready;  /* the worker's Ready, passed on once the hosttier's came */
+    int has_held_ready;
 } session_t;
 
 /* After the node's last words (a fatal Error): the relay passes them on and exits;
@@ -468,6 +498,24 @@ static int answer_probe(session_t *ss, const char *worker_bin, uint32_t flags, b
     return 0;
 }
 
+/* The relay's log settings as a child's arguments, at argv[a]: the new count (at
+ * most 5 more). lv holds the -lv value. */
+static int log_args(const session_t *ss, char **argv, int a, char *lv, size_t cap)
+{
+    if (ss->s.flags & BP_NODE_VERBOSE)
+        argv[a++] = (char *)"--verbose";
+    if (ss->s.flags & BP_NODE_QUIET)
+        argv[a++] = (char *)"--log-disable";
+    if (ss->s.flags & BP_NODE_COLORS)
+        argv[a++] = (char *)"--log-colors";
+    if (ss->s.verbosity >= 0) {
+        snprintf(lv, cap, "%d", (int)ss->s.verbosity);
+        argv[a++] = (char *)"-lv";
+        argv[a++] = lv;
+    }
+    return a;
+}
+
 /* The worker started on the session's rings, its control socket in s->dir. */
 static int spawn_worker(session_t *ss, const char *worker_bin, bl_err_t *err)
 {
@@ -493,23 +541,56 @@ static int spawn_worker(session_t *ss, const char *worker_bin, bl_err_t *err)
     argv[a++] = parent;
     argv[a++] = (char *)"--name";
     argv[a++] = ss->s.name;
-    if (ss->s.flags & BP_NODE_VERBOSE)
-        argv[a++] = (char *)"--verbose";
-    if (ss->s.flags & BP_NODE_QUIET)
-        argv[a++] = (char *)"--log-disable";
-    if (ss->s.flags & BP_NODE_COLORS)
-        argv[a++] = (char *)"--log-colors";
-    if (ss->s.verbosity >= 0) {
-        snprintf(lv, sizeof lv, "%d", (int)ss->s.verbosity);
-        argv[a++] = (char *)"-lv";
-        argv[a++] = lv;
-    }
+    a = log_args(ss, argv, a, lv, sizeof lv);
     argv[a] = NULL;
     if ((rc = bp_spawn(&ss->pid, argv, fds, n, 1, ss->s.name, err)) != 0)
         return rc;
     snprintf((char *)ss->worker.id, sizeof ss->worker.id, "%s", ss->s.identity);
     ss->worker.len = strlen(ss->s.identity);
     BL_LOG(BL_LOG_INFO, "event=child_started process=%s pid=%d", ss->s.name, (int)ss->pid);
+    return 0;
+}
+
+/* The stage's hosttier on this host, for stage `stage` of the Plan: its control
+ * socket the worker's, the experts rings' other ends at its first fds. */
+static int spawn_hosttier(session_t *ss, const char *ht_bin, int stage, bl_err_t *err)
+{
+    char ep[160], parent[24], threads[16], st[16], lv[16];
+    int rc = bp_chan_ipc_endpoint(ep, sizeof ep, ss->dir, "node", err);
+    if (rc)
+        return rc;
+    if (access(ht_bin, X_OK) != 0)
+        return bl_err_set(err, BL_ENOENT, "no bloomery-hosttier beside bloomery-node (%s)", ht_bin);
+    const int fds[2] = {bp_ring_fd(ss->r[2]), bp_ring_fd(ss->r[3])};
+    snprintf(parent, sizeof parent, "%d", (int)getpid());
+    snprintf(threads, sizeof threads, "%u", ss->s.hosttier_threads);
+    snprintf(st, sizeof st, "%d", stage);
+    char *argv[20];
+    int a = 0;
+    argv[a++] = (char *)ht_bin;
+    argv[a++] = (char *)"--control";
+    argv[a++] = ep;
+    argv[a++] = (char *)"--identity";
+    argv[a++] = (char *)"hosttier";
+    argv[a++] = (char *)"--parent";
+    argv[a++] = parent;
+    argv[a++] = (char *)"--stage";
+    argv[a++] = st;
+    if (ss->s.hosttier_threads > 0) {
+        argv[a++] = (char *)"--threads";
+        argv[a++] = threads;
+    }
+    if (ss->s.hosttier_name[0]) {
+        argv[a++] = (char *)"--name";
+        argv[a++] = ss->s.hosttier_name;
+    }
+    a = log_args(ss, argv, a, lv, sizeof lv);
+    argv[a] = NULL;
+    if ((rc = bp_spawn(&ss->ht_pid, argv, fds, 2, 1, "hosttier", err)) != 0)
+        return rc;
+    snprintf((char *)ss->ht.id, sizeof ss->ht.id, "hosttier");
+    ss->ht.len = strlen("hosttier");
+    BL_LOG(BL_LOG_INFO, "event=child_started process=hosttier stage=%d pid=%d", stage, (int)ss->ht_pid);
     return 0;
 }
 
@@ -589,22 +670,151 @@ static void worker_exited(session_t *ss, int status, bl_err_t *err)
     }
 }
 
-/* Bridges the worker's control socket and the link until a side goes. */
-static void node_bridge(session_t *ss)
+/* Whether a message came from the stage's hosttier (once started, also after it exited). */
+static int from_hosttier_peer(const session_t *ss, const bp_peer_t *from)
+{
+    return ss->ht.len > 0 && from->len == ss->ht.len && memcmp(from->id, ss->ht.id, from->len) == 0;
+}
+
+/* A message of the stage's hosttier on this host: its Hello lets the Plan go to it,
+ * its Ready lets the worker's Ready go on, a fatal Error ends the session as the
+ * stage's (its progress and counters stay here). Returns 1 when the session ends. */
+static int from_hosttier(session_t *ss, const bp_msg_t *m, bl_err_t *err)
+{
+    if (m->type == BP_MSG_HELLO) {
+        ss->ht_hello = 1;
+        if (ss->ht_has_plan) {
+            if (bp_chan_send(ss->chan, &ss->ht, &ss->ht_plan, 2000, err) != 0)
+                BL_LOG(BL_LOG_WARN, "event=control_send_failed process=hosttier reason=\"%s\"", err->msg);
+            bp_msg_free(&ss->ht_plan);
+            ss->ht_has_plan = 0;
+        }
+    } else if (m->type == BP_MSG_READY) {
+        ss->ht_ready = 1;
+        BL_LOG(BL_LOG_INFO, "event=hosttier_ready stage=%s", ss->s.name);
+        if (ss->has_held_ready) {
+            if (msg_send(ss->l[0], &ss->held_ready, err) != 0)
+                BL_LOG(BL_LOG_WARN, "event=control_send_failed reason=\"%s\"", err->msg);
+            bp_msg_free(&ss->held_ready);
+            ss->has_held_ready = 0;
+        }
+    } else if (m->type == BP_MSG_ERROR) {
+        int32_t code;
+        int fatal;
+        const char *text;
+        bp_msg_error_info(m, &code, &fatal, &text);
+        BL_LOG(fatal ? BL_LOG_ERROR : BL_LOG_WARN, "event=hosttier_error reason=\"%s\"", text ? text : "");
+        if (!fatal)
+            return 0;
+        char host[64] = "this host", why[1200];
+        (void)gethostname(host, sizeof host - 1);
+        snprintf(why, sizeof why, "%s's hosttier on %s: %s", ss->s.name, host, text ? text : "failed");
+        if (send_fatal(ss->l[0], ss->process, code ? code : BL_EIO, why, err) == 0)
+            await_relay(ss);
+        return 1;
+    }
+    return 0;
+}
+
+/* The stage's hosttier has exited with status: its last words first (a fatal Error
+ * says why better than its exit), then its exit as the stage's failure, unless the
+ * session is ending anyway (the router's Shutdown, or the worker gone with it).
+ * Returns 1: the session ends. */
+static int hosttier_exited(session_t *ss, int status, int shutting, bl_err_t *err)
+{
+    char how[64];
+    describe(status, how, sizeof how);
+    BL_LOG(BL_LOG_WARN, "event=child_exited process=hosttier %s", how);
+    ss->ht_pid = 0;
+    bp_peer_t from;
+    bp_msg_t m = {0};
+    while (bp_chan_recv(ss->chan, &from, &m, 50, err) == 0) {
+        const int end = from_hosttier_peer(ss, &from) ? from_hosttier(ss, &m, err) : msg_send(ss->l[0], &m, err) != 0;
+        bp_msg_free(&m);
+        if (end)
+            return 1;
+    }
+    bp_msg_free(&m);
+    if (shutting)
+        return 1;
+    int ws;
+    for (int64_t until = now_ms() + 500; now_ms() < until; usleep(10000))
+        if (waitpid(ss->pid, &ws, WNOHANG) == ss->pid) { /* the worker went first: its words */
+            worker_exited(ss, ws, err);
+            return 1;
+        }
+    char host[64] = "this host", text[256];
+    (void)gethostname(host, sizeof host - 1);
+    snprintf(text, sizeof text, "%s's hosttier on %s %s", ss->s.name, host, how);
+    if (send_fatal(ss->l[0], ss->process, BL_ECLOSED, text, err) == 0)
+        await_relay(ss);
+    return 1;
+}
+
+/* With a hosttier here, the Plan starts it for the Plan's stage of this worker; the
+ * Plan goes to it once it says Hello (the caller keeps m: 1 when m was taken). A
+ * failure to start it ends the session as the stage's (-1). */
+static int plan_to_hosttier(session_t *ss, bp_msg_t *m, const char *ht_bin)
+{
+    if (!(ss->s.flags & BP_NODE_HOSTTIER) || m->type != BP_MSG_PLAN || ss->ht_pid != 0 || ss->ht_has_plan)
+        return 0;
+    static bp_plan_t p; /* the node runs one session at a time */
+    bl_err_t err = {0};
+    if (bp_plan_read(m, &p, &err) != 0)
+        return 0; /* the worker refuses it with its own words */
+    int stage = -1;
+    for (int i = 0; i < p.n_stages; i++)
+        if (p.stages[i].process == p.you)
+            stage = i;
+    int rc = stage < 0 ? bl_err_set(&err, BL_EINVAL, "the Plan has no stage of process %u", p.you)
+                       : spawn_hosttier(ss, ht_bin, stage, &err);
+    if (rc) {
+        char text[sizeof err.msg + 64];
+        snprintf(text, sizeof text, "%s: %s", ss->s.name, err.msg);
+        BL_LOG(BL_LOG_ERROR, "event=session_failed reason=\"%s\"", text);
+        if (send_fatal(ss->l[0], p.you, rc, text, &err) == 0)
+            await_relay(ss);
+        return -1;
+    }
+    ss->ht_plan = *m; /* kept until its Hello */
+    ss->ht_has_plan = 1;
+    return 1;
+}
+
+/* Bridges the worker's control socket (and the hosttier's, when this host runs the
+ * stage's) and the link until a side goes. */
+static void node_bridge(session_t *ss, const char *ht_bin)
 {
     bl_err_t err = {0};
     uint8_t *buf = malloc(BP_MSG_MAX_BYTES + 1);
     if (!buf)
         return;
+    int shutting = 0;
     while (!g_stop) {
         int status;
         if (waitpid(ss->pid, &status, WNOHANG) == ss->pid) {
             worker_exited(ss, status, &err);
             break;
         }
+        if (ss->ht_pid > 0 && waitpid(ss->ht_pid, &status, WNOHANG) == ss->ht_pid &&
+            hosttier_exited(ss, status, shutting, &err))
+            break;
         bp_peer_t from;
         bp_msg_t m = {0};
         int rc = bp_chan_recv(ss->chan, &from, &m, TICK_MS, &err);
+        if (rc == 0 && from_hosttier_peer(ss, &from)) {
+            const int end = from_hosttier(ss, &m, &err);
+            bp_msg_free(&m);
+            if (end)
+                break;
+            continue;
+        }
+        if (rc == 0 && m.type == BP_MSG_READY && (ss->s.flags & BP_NODE_HOSTTIER) && !ss->ht_ready &&
+            !ss->has_held_ready) { /* the stage is ready when its hosttier is too */
+            ss->held_ready = m;
+            ss->has_held_ready = 1;
+            continue;
+        }
         if (rc == 0)
             rc = msg_send(ss->l[0], &m, &err);
         else if (rc == BL_ETIMEDOUT)
@@ -616,7 +826,7 @@ static void node_bridge(session_t *ss)
         rc = env_recv(ss->l[0], buf, BP_MSG_MAX_BYTES + 1, "FM", TICK_MS, "relay", &env, &err);
         if (rc == BL_ETIMEDOUT) {
             int lost = 0;
-            for (int i = 1; i < (ss->s.n_rings == 4 ? 3 : 2); i++)
+            for (int i = 1; i < ss->n_links; i++)
                 lost |= bp_link_pump_wait(ss->l[i], 0, &err) != BL_EAGAIN;
             /* a worker that exits closes its rings, which stops the pumps: its exit,
              * not the link, is then what ended the session, and it says why */
@@ -648,24 +858,44 @@ static void node_bridge(session_t *ss)
         }
         if (bp_chan_send(ss->chan, &ss->worker, &env.msg, 2000, &err) != 0)
             BL_LOG(BL_LOG_WARN, "event=control_send_failed reason=\"%s\"", err.msg);
-        bp_msg_free(&env.msg);
+        if (env.msg.type == BP_MSG_SHUTDOWN) {
+            shutting = 1;
+            if (ss->ht_pid > 0 && ss->ht_hello && bp_chan_send(ss->chan, &ss->ht, &env.msg, 2000, &err) != 0)
+                BL_LOG(BL_LOG_WARN, "event=control_send_failed process=hosttier reason=\"%s\"", err.msg);
+        }
+        const int taken = plan_to_hosttier(ss, &env.msg, ht_bin);
+        if (taken <= 0)
+            bp_msg_free(&env.msg);
+        if (taken < 0)
+            break;
     }
     free(buf);
 }
 
+/* A child still running: asked, then made to stop. */
+static void stop_child(pid_t pid)
+{
+    if (pid <= 0)
+        return;
+    kill(pid, SIGTERM);
+    const int64_t until = now_ms() + GRACE_MS;
+    int status;
+    while (waitpid(pid, &status, WNOHANG) == 0 && now_ms() < until)
+        usleep(10000);
+    if (waitpid(pid, &status, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        (void)waitpid(pid, &status, 0);
+    }
+}
+
 static void session_end(session_t *ss)
 {
-    if (ss->pid > 0) { /* a worker still running: asked, then made to stop */
-        kill(ss->pid, SIGTERM);
-        const int64_t until = now_ms() + GRACE_MS;
-        int status;
-        while (waitpid(ss->pid, &status, WNOHANG) == 0 && now_ms() < until)
-            usleep(10000);
-        if (waitpid(ss->pid, &status, WNOHANG) == 0) {
-            kill(ss->pid, SIGKILL);
-            (void)waitpid(ss->pid, &status, 0);
-        }
-    }
+    stop_child(ss->pid);
+    stop_child(ss->ht_pid);
+    if (ss->ht_has_plan)
+        bp_msg_free(&ss->ht_plan);
+    if (ss->has_held_ready)
+        bp_msg_free(&ss->held_ready);
     bp_chan_destroy(ss->chan);
     for (int i = 0; i < N_LINKS; i++)
         bp_link_close(ss->l[i]);
@@ -680,8 +910,9 @@ static void session_end(session_t *ss)
     memset(ss, 0, sizeof *ss);
 }
 
-/* One relay's session: the links, the setup, the rings, the worker, the bridge. */
-static int node_session(const char *listen, const uint8_t key[32], const char *worker_bin)
+/* One relay's session: the links, the setup, the rings, the worker (and the stage's
+ * hosttier, when the setup asks for one here), the bridge. */
+static int node_session(const char *listen, const uint8_t key[32], const char *worker_bin, const char *ht_bin)
 {
     static session_t ss;
     memset(&ss, 0, sizeof ss);
@@ -725,11 +956,13 @@ static int node_session(const char *listen, const uint8_t key[32], const char *w
         snprintf(name, sizeof name, "bloomery-node%u", i);
         rc = bp_ring_create(&ss.r[i], name, (size_t)ss.s.capacity[i], role[i], &err);
     }
-    for (int i = 1; rc == 0 && i < (ss.s.n_rings == 4 ? 3 : 2); i++)
+    /* the experts rings over the third link, unless they stay here with a hosttier */
+    ss.n_links = ss.s.n_rings == 4 && !(ss.s.flags & BP_NODE_HOSTTIER) ? 3 : 2;
+    for (int i = 1; rc == 0 && i < ss.n_links; i++)
         rc = bp_link_wait_up(ss.l[i], UP_MS, &err);
     if (rc == 0)
         rc = bp_link_pump(ss.l[1], ss.r[1], ss.r[0], &err);
-    if (rc == 0 && ss.s.n_rings == 4)
+    if (rc == 0 && ss.n_links == 3)
         rc = bp_link_pump(ss.l[2], ss.r[2], ss.r[3], &err);
     const char *tmp = getenv("TMPDIR");
     snprintf(ss.dir, sizeof ss.dir, "%s/bloomery-node.XXXXXX", tmp && *tmp && strlen(tmp) < 40 ? tmp : "/tmp");
@@ -748,16 +981,17 @@ static int node_session(const char *listen, const uint8_t key[32], const char *w
         if (send_fatal(ss.l[0], 0, rc, text, &err) == 0)
             await_relay(&ss);
     } else {
-        BL_LOG(BL_LOG_INFO, "event=session_started worker=%s rings=%u", ss.s.name, ss.s.n_rings);
-        node_bridge(&ss);
+        BL_LOG(BL_LOG_INFO, "event=session_started worker=%s rings=%u%s", ss.s.name, ss.s.n_rings,
+               ss.s.flags & BP_NODE_HOSTTIER ? " hosttier=here" : "");
+        node_bridge(&ss, ht_bin);
     }
     session_end(&ss);
     BL_LOG(BL_LOG_INFO, "event=session_ended");
     return 0;
 }
 
-/* bloomery-worker beside this program. */
-static int worker_path(char *out, size_t cap, const char *argv0)
+/* Program `prog` beside this one. */
+static int beside_path(char *out, size_t cap, const char *argv0, const char *prog)
 {
     char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -767,16 +1001,16 @@ static int worker_path(char *out, size_t cap, const char *argv0)
     }
     self[n] = 0;
     char *slash = strrchr(self, '/');
-    const int w = slash ? snprintf(out, cap, "%.*s/bloomery-worker", (int)(slash - self), self)
-                        : snprintf(out, cap, "bloomery-worker");
+    const int w = slash ? snprintf(out, cap, "%.*s/%s", (int)(slash - self), self, prog) : snprintf(out, cap, "%s", prog);
     return w > 0 && (size_t)w < cap && access(out, X_OK) == 0 ? 0 : -1;
 }
 
 int main(int argc, char **argv)
 {
     const char *listen = NULL, *relay = NULL, *secret = NULL, *control = NULL, *identity = NULL;
-    const char *name = "worker";
-    int64_t parent = 0, verbosity = -1;
+    const char *name = "worker", *ht_name = NULL;
+    int64_t parent = 0, verbosity = -1, ht_threads = 0;
+    int node_hosttier = 0;
     int verbose = 0, quiet = 0, colors = 0, help = 0;
     bl_arg_t args[] = {
         {"--listen", NULL, BL_ARG_STR, &listen, .metavar = "tcp://ADDR:PORT",
@@ -789,6 +1023,11 @@ int main(int argc, char **argv)
         {"--identity", NULL, BL_ARG_STR, &identity, .metavar = "ID", .help = "relay: the stage's routing id"},
         {"--parent", NULL, BL_ARG_I64, &parent, 1, INT32_MAX, .metavar = "PID", .help = "relay: the router's pid"},
         {"--name", NULL, BL_ARG_STR, &name, .metavar = "NAME", .help = "relay: the stage in logs and errors"},
+        {"--node-hosttier", NULL, BL_ARG_FLAG, &node_hosttier,
+         .help = "relay: the node starts a hosttier on its host for the stage's routed experts in host RAM"},
+        {"--hosttier-threads", NULL, BL_ARG_I64, &ht_threads, 0, BP_NODE_MAX_HOSTTIER_THREADS, .metavar = "N",
+         .help = "relay: that hosttier's threads (default 0: the plan's)"},
+        {"--hosttier-name", NULL, BL_ARG_STR, &ht_name, .metavar = "NAME", .help = "relay: that hosttier in logs"},
         {"-v,--verbose", NULL, BL_ARG_FLAG, &verbose, .help = "log at DEBUG (a relay's worker too)"},
         {"--log-disable", NULL, BL_ARG_FLAG, &quiet, .help = "write no log lines"},
         {"-lv,--verbosity", NULL, BL_ARG_I64, &verbosity, 0, 100, .metavar = "N",
@@ -823,19 +1062,22 @@ int main(int argc, char **argv)
     }
     if (relay) {
         const uint32_t flags = (verbose ? BP_NODE_VERBOSE : 0) | (quiet ? BP_NODE_QUIET : 0) | (colors ? BP_NODE_COLORS : 0);
-        return relay_main(relay, key, control, identity, (pid_t)parent, name, (int32_t)verbosity, flags);
+        return relay_main(relay, key, control, identity, (pid_t)parent, name, (int32_t)verbosity, flags,
+                          node_hosttier ? (int)ht_threads : -1, ht_name);
     }
-    char worker_bin[PATH_MAX];
-    if (worker_path(worker_bin, sizeof worker_bin, argv[0]) != 0) {
+    char worker_bin[PATH_MAX], ht_bin[PATH_MAX];
+    if (beside_path(worker_bin, sizeof worker_bin, argv[0], "bloomery-worker") != 0) {
         BL_LOG(BL_LOG_ERROR, "event=start_failed reason=\"no bloomery-worker beside this program\"");
         return 1;
     }
+    /* a session that asks for a hosttier here fails by name when there is none */
+    (void)beside_path(ht_bin, sizeof ht_bin, argv[0], "bloomery-hosttier");
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     while (!g_stop)
-        if (node_session(listen, key, worker_bin) != 0)
+        if (node_session(listen, key, worker_bin, ht_bin) != 0)
             return 1;
     BL_LOG(BL_LOG_INFO, "event=node_stopped");
     return 0;

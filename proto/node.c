@@ -12,7 +12,7 @@
 #include "ring.h"
 
 /* The wire layouts: both hosts little-endian, these sizes on either */
-_Static_assert(sizeof(bp_node_setup_t) == 152, "the setup is 152 bytes on the wire");
+_Static_assert(sizeof(bp_node_setup_t) == 176, "the setup is 176 bytes on the wire");
 _Static_assert(sizeof(bp_node_file_t) == 40, "the model file is 40 bytes on the wire");
 _Static_assert(sizeof(bp_node_probe_t) == 48, "the probe is 48 bytes on the wire");
 _Static_assert(sizeof(bp_node_device_t) == 88, "a device is 88 bytes on the wire");
@@ -29,6 +29,16 @@ static int word_ok(const char *s, size_t cap)
     for (const char *p = s; p < end; p++)
         if (!(*p == '_' || *p == '-' || *p == '.' || (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') ||
               (*p >= 'A' && *p <= 'Z')))
+            return 0;
+    return 1;
+}
+
+/* Whether the n bytes at p are all zero. */
+static int zeros(const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++)
+        if (b[i])
             return 0;
     return 1;
 }
@@ -71,9 +81,21 @@ int bp_node_setup_read(bp_node_setup_t *out, const uint8_t *p, size_t n, const c
                           "0-9 _ . -");
     if (s.n_rings != 2 && s.n_rings != 4)
         return bl_err_set(err, BL_EPROTO, "the relay's setup has %u rings (2 or 4)", s.n_rings);
-    if (s.verbosity < -1 || s.verbosity > 100 || (s.flags & ~(BP_NODE_VERBOSE | BP_NODE_QUIET | BP_NODE_COLORS)) ||
-        s.pad != 0)
-        return bl_err_set(err, BL_EPROTO, "the relay's setup has log settings or padding out of range");
+    if (s.verbosity < -1 || s.verbosity > 100 ||
+        (s.flags & ~(BP_NODE_VERBOSE | BP_NODE_QUIET | BP_NODE_COLORS | BP_NODE_HOSTTIER)))
+        return bl_err_set(err, BL_EPROTO, "the relay's setup has log settings or flags out of range");
+    if (s.flags & BP_NODE_HOSTTIER) {
+        if (s.n_rings != 4)
+            return bl_err_set(err, BL_EPROTO, "the relay's setup asks for a hosttier without the experts rings");
+        if (s.hosttier_threads > BP_NODE_MAX_HOSTTIER_THREADS)
+            return bl_err_set(err, BL_EPROTO, "the relay's setup gives the hosttier %u threads (0..%d)",
+                              s.hosttier_threads, BP_NODE_MAX_HOSTTIER_THREADS);
+        if (!zeros(s.hosttier_name, sizeof s.hosttier_name) && !word_ok(s.hosttier_name, sizeof s.hosttier_name))
+            return bl_err_set(err, BL_EPROTO, "the relay's setup names the hosttier outside 1-23 of A-Z a-z 0-9 "
+                              "_ . -");
+    } else if (s.hosttier_threads != 0 || !zeros(s.hosttier_name, sizeof s.hosttier_name)) {
+        return bl_err_set(err, BL_EPROTO, "the relay's setup gives hosttier settings without a hosttier");
+    }
     for (uint32_t i = 0; i < 4; i++) {
         const uint64_t c = s.capacity[i];
         const int ok = i < s.n_rings ? c >= BP_RING_MIN_CAPACITY && c <= BP_RING_MAX_CAPACITY && !(c & (c - 1))
@@ -114,16 +136,6 @@ int bp_node_probe_read(bp_node_probe_t *out, const uint8_t *p, size_t n, const c
     if (rc == 0 && (rc = same_version(q.version, version, err)) == 0)
         *out = q;
     return rc;
-}
-
-/* Whether the n bytes at p are all zero. */
-static int zeros(const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++)
-        if (b[i])
-            return 0;
-    return 1;
 }
 
 /* Device i of the node's answer h: an ordinal in range and not one of an earlier

@@ -28,27 +28,35 @@
 #define BP_NODE_ENV_HOST 'H'  /* the node's answer (bp_node_host_t) */
 #define BP_NODE_ENV_DONE 'D'  /* the router has the answer (no payload): the node ends the session */
 
-#define BP_NODE_SETUP_MAGIC "BLNODE1"
+#define BP_NODE_SETUP_MAGIC "BLNODE2"
 #define BP_NODE_PROBE_MAGIC "BLPROBE"
 #define BP_NODE_HOST_MAGIC "BLHOST3"
 
 /* The worker the node starts and its rings. On the wire as this struct, both hosts
- * little-endian (x86-64, aarch64). */
+ * little-endian (x86-64, aarch64). With BP_NODE_HOSTTIER the stage's experts rings
+ * stay on the node's host: the node starts bloomery-hosttier there on their other
+ * ends (its hosttier for this stage) instead of carrying them over a link. */
 typedef struct bp_node_setup {
     char magic[8];        /* BP_NODE_SETUP_MAGIC */
     char version[32];     /* the relay's bloomery version (BL_VERSION), NUL-terminated */
     char name[24];        /* the worker's --name: 1-23 of A-Z a-z 0-9 _ . - */
     char identity[40];    /* its routing id: 1-39 bytes of the same */
-    uint32_t n_rings;     /* 2, or 4 with the hosttier's */
+    uint32_t n_rings;     /* 2, or 4 with the experts rings (the router's hosttier's over
+                           * the links, or with BP_NODE_HOSTTIER the node's) */
     int32_t verbosity;    /* its -lv, -1..100 (-1: not given) */
-    uint32_t flags;       /* BP_NODE_VERBOSE | BP_NODE_QUIET | BP_NODE_COLORS */
-    uint32_t pad;         /* 0 */
+    uint32_t flags;       /* BP_NODE_VERBOSE | BP_NODE_QUIET | BP_NODE_COLORS | BP_NODE_HOSTTIER */
+    uint32_t hosttier_threads; /* with BP_NODE_HOSTTIER: its expert pool, 0 (the plan's)
+                           * ..256; else 0 */
     uint64_t capacity[4]; /* in, out, experts out, experts in (proto/step.h's fd order):
                            * ring capacities (ring.h's powers of two); past n_rings 0 */
+    char hosttier_name[24]; /* with BP_NODE_HOSTTIER: its --name, 1-23 of the name's set,
+                           * or all zeros (it logs as "hosttier"); else all zeros */
 } bp_node_setup_t;
 #define BP_NODE_VERBOSE 1u
 #define BP_NODE_QUIET 2u
 #define BP_NODE_COLORS 4u
+#define BP_NODE_HOSTTIER 8u /* a hosttier on the node's host computes the stage's host-RAM experts */
+#define BP_NODE_MAX_HOSTTIER_THREADS 256
 
 /* The router's model file as the relay tells it before each Plan: the node loads the
  * Plan's model only when its own file at that path has the same size and fingerprint
@@ -97,8 +105,9 @@ typedef struct bp_node_host {
 
 /* A setup from a payload of n bytes into *out. BL_EPROTO naming the field that is
  * wrong (size, magic, an unterminated or empty string, a byte outside a name's set,
- * ring count or capacity, log settings, padding); BL_EINVAL for another version
- * than version (naming both). */
+ * ring count or capacity, log settings and flags; a hosttier without the experts
+ * rings, its threads past 256, its name, or either given without the flag); BL_EINVAL
+ * for another version than version (naming both). */
 int bp_node_setup_read(bp_node_setup_t *out, const uint8_t *p, size_t n, const char *version,
                        bl_err_t *err) BL_WUR;
 

@@ -113,6 +113,16 @@ static void setup_holds(const bp_node_setup_t *s)
             check(c == 0, "a capacity past the rings accepted");
     }
     check(s->verbosity >= -1 && s->verbosity <= 100, "a verbosity accepted");
+    static const char zero[sizeof s->hosttier_name];
+    if (s->flags & BP_NODE_HOSTTIER) {
+        check(s->n_rings == 4, "a hosttier without the experts rings accepted");
+        check(s->hosttier_threads <= BP_NODE_MAX_HOSTTIER_THREADS, "a hosttier's threads accepted");
+        check(memcmp(s->hosttier_name, zero, sizeof zero) == 0 || name_ok(s->hosttier_name, sizeof s->hosttier_name),
+              "a hosttier's odd name accepted");
+    } else {
+        check(s->hosttier_threads == 0 && memcmp(s->hosttier_name, zero, sizeof zero) == 0,
+              "hosttier settings without a hosttier accepted");
+    }
 }
 
 static void file_holds(const bp_node_file_t *f)

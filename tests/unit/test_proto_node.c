@@ -2,7 +2,8 @@
  * refused by the field that is wrong (model file, probe, host facts and their CUDA
  * devices; the setup's own checks are fuzz_node's too), and bp_node_probe against a
  * made-up node over a loopback link: the facts it answers, its refusal passed on with
- * the endpoint, no node there, and a node of another cluster. */
+ * the endpoint, no node there, and a node of another cluster. The relay's setup: its
+ * hosttier on the node's host with its fields. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -61,6 +62,71 @@ static void test_node_file_refused_by_field(void **state)
     f = good_file();
     memset(f.fingerprint, 0, sizeof f.fingerprint);
     expect_file(&f, sizeof f, BL_EPROTO, "fingerprint of zeros");
+}
+
+static bp_node_setup_t good_setup(void)
+{
+    bp_node_setup_t s;
+    memset(&s, 0, sizeof s);
+    memcpy(s.magic, BP_NODE_SETUP_MAGIC, sizeof BP_NODE_SETUP_MAGIC);
+    snprintf(s.version, sizeof s.version, "%s", VERSION);
+    snprintf(s.name, sizeof s.name, "worker1");
+    snprintf(s.identity, sizeof s.identity, "worker1.7");
+    s.n_rings = 4;
+    s.verbosity = -1;
+    for (int i = 0; i < 4; i++)
+        s.capacity[i] = (uint64_t)1 << (20 + i);
+    return s;
+}
+
+static void expect_setup(const bp_node_setup_t *s, int code, const char *needle)
+{
+    bp_node_setup_t out;
+    bl_err_t err = {0};
+    assert_int_equal(bp_node_setup_read(&out, (const uint8_t *)s, sizeof *s, VERSION, &err), code);
+    if (code == 0) {
+        assert_memory_equal(&out, s, sizeof out);
+        return;
+    }
+    if (!strstr(err.msg, needle))
+        fail_msg("'%s' does not name '%s'", err.msg, needle);
+}
+
+/* A hosttier on the node's host: the flag with the four rings, its threads (0..256)
+ * and its name (empty, or a name); its fields without the flag are refused. */
+static void test_node_setup_hosttier_fields(void **state)
+{
+    (void)state;
+    bp_node_setup_t s = good_setup();
+    expect_setup(&s, 0, NULL);
+    s.flags = BP_NODE_HOSTTIER;
+    expect_setup(&s, 0, NULL);
+    s.hosttier_threads = 256;
+    snprintf(s.hosttier_name, sizeof s.hosttier_name, "far-ht.1");
+    expect_setup(&s, 0, NULL);
+    s.hosttier_threads = 257;
+    expect_setup(&s, BL_EPROTO, "gives the hosttier 257 threads");
+    s.hosttier_threads = 8;
+    snprintf(s.hosttier_name, sizeof s.hosttier_name, "far ht");
+    expect_setup(&s, BL_EPROTO, "names the hosttier outside");
+    memset(s.hosttier_name, 'a', sizeof s.hosttier_name); /* not ended inside its field */
+    expect_setup(&s, BL_EPROTO, "names the hosttier outside");
+    memset(s.hosttier_name, 0, sizeof s.hosttier_name);
+    s.n_rings = 2;
+    s.capacity[2] = s.capacity[3] = 0;
+    expect_setup(&s, BL_EPROTO, "a hosttier without the experts rings");
+    s = good_setup();
+    s.hosttier_threads = 4;
+    expect_setup(&s, BL_EPROTO, "hosttier settings without a hosttier");
+    s = good_setup();
+    s.hosttier_name[0] = 'h';
+    expect_setup(&s, BL_EPROTO, "hosttier settings without a hosttier");
+    s = good_setup();
+    s.flags = 16;
+    expect_setup(&s, BL_EPROTO, "flags out of range");
+    s = good_setup();
+    memcpy(s.magic, "BLNODE1", 8); /* the setup before the hosttier's fields */
+    expect_setup(&s, BL_EPROTO, "does not begin with BLNODE2");
 }
 
 static bp_node_probe_t good_probe(const char *version)
@@ -362,6 +428,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_node_file_refused_by_field),
+        cmocka_unit_test(test_node_setup_hosttier_fields),
         cmocka_unit_test(test_node_probe_refused_by_field),
         cmocka_unit_test(test_node_host_facts_refused_by_field),
         cmocka_unit_test(test_node_host_devices_refused_by_field),
