@@ -60,6 +60,16 @@ int bl_plan_layer_host(const bl_plan_t *p, int64_t l)
     return p->n_expert > 0 && p->host[l * p->n_expert] != 0;
 }
 
+int bl_plan_layer_node_hosttier(const bl_plan_t *p, int64_t l)
+{
+    if (!bl_plan_layer_host(p, l))
+        return 0;
+    for (int i = 0; i < p->n_stages; i++)
+        if (l >= p->stage[i].lb && l < p->stage[i].le)
+            return p->stage[i].node_hosttier;
+    return 0;
+}
+
 /* Layer l's routed experts on an expert tier on card d (made here at its first
  * layer); a layer without them stays as it is. */
 static const bl_device_t *device_of(const bl_device_t *devs, int n, int index);
@@ -397,23 +407,31 @@ static uint64_t layer_bytes(const bl_plan_t *p, const bl_arch_t *a, const bl_pla
 /* Fills each stage's sizes. */
 static void size_stages(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_t *o, const sizes_t *s)
 {
-    p->host_bytes = 0;
-    p->n_host_layers = 0;
-    for (int64_t l = 0; l < a->n_layer; l++)
-        if (bl_plan_layer_host(p, l)) {
-            p->n_host_layers++;
-            p->host_bytes += s->experts[l];
-        }
+    p->host_bytes = p->node_host_bytes = 0;
+    p->n_host_layers = p->n_node_host_layers = 0;
     for (int i = 0; i < p->n_stages; i++) {
         bl_plan_stage_t *st = &p->stage[i];
         const int first = st->lb == 0, last = st->le == a->n_layer;
+        /* a stage of another host whose host runs a hosttier: its host RAM is there */
+        st->node_hosttier = o->hosts && i < o->n_hosts && o->hosts[i].remote && o->hosts[i].hosttier;
         st->weight_bytes = st->expert_bytes = st->host_expert_bytes = 0;
+        int n_host = 0;
         for (int64_t l = st->lb; l < st->le; l++) {
             st->weight_bytes += s->dense[l];
-            if (bl_plan_layer_host(p, l))
+            if (bl_plan_layer_host(p, l)) {
                 st->host_expert_bytes += s->experts[l];
-            else if (!p->tier_of[l])
+                n_host++;
+            } else if (!p->tier_of[l]) {
                 st->expert_bytes += s->experts[l];
+            }
+        }
+        st->node_hosttier &= n_host > 0;
+        if (st->node_hosttier) {
+            p->node_host_bytes += st->host_expert_bytes;
+            p->n_node_host_layers += n_host;
+        } else {
+            p->host_bytes += st->host_expert_bytes;
+            p->n_host_layers += n_host;
         }
         st->weight_bytes += st->expert_bytes;
         if (first)
@@ -843,6 +861,44 @@ static int split_by_hosts(bl_plan_t *p, const bl_arch_t *a, const bl_place_opts_
     return rc;
 }
 
+/* Each other host whose hosttier keeps routed experts: those, beside its CPU stages'
+ * weights and caches, within its MemAvailable less the margin the workers keep
+ * (unknown memory: no check). BL_ENOMEM naming the host and the bytes. */
+static int node_hosttier_ram(const bl_plan_t *p, const bl_place_opts_t *o, bl_err_t *err)
+{
+    for (int i = 0; i < p->n_stages && o->hosts; i++) {
+        const bl_stage_host_t *h = &o->hosts[i];
+        if (!p->stage[i].node_hosttier || h->mem_avail == 0)
+            continue;
+        uint64_t experts = 0, cpu = 0;
+        for (int j = 0; j < p->n_stages && j < o->n_hosts; j++) {
+            if (!same_host(&o->hosts[j], h))
+                continue;
+            if (j < i && p->stage[j].node_hosttier) /* this host was checked at its first stage */
+                goto next;
+            if (p->stage[j].node_hosttier)
+                experts += p->stage[j].host_expert_bytes;
+            if (!o->hosts[j].card)
+                cpu += p->stage[j].weight_bytes + p->stage[j].kv_bytes;
+        }
+        const uint64_t margin = bl_mem_margin(h->mem_avail);
+        if (experts + cpu + margin > h->mem_avail) {
+            char e[32], c[32], have[32];
+            bl_plan_fmt_size(e, sizeof e, experts);
+            bl_plan_fmt_size(c, sizeof c, cpu);
+            bl_plan_fmt_size(have, sizeof have, h->mem_avail);
+            return bl_err_set(err, BL_ENOMEM, "plan: the hosttier of %s would keep %s of routed experts in its RAM "
+                              "(%llu bytes) beside %s of its CPU stages, and %s has %s available (MemAvailable, "
+                              "%llu bytes, less a margin of %llu): fewer of them in host RAM (-ncmoe, -ot), or more "
+                              "hosts", h->name ? h->name : "a host", e, (unsigned long long)experts, c,
+                              h->name ? h->name : "the host", have, (unsigned long long)h->mem_avail,
+                              (unsigned long long)margin);
+        }
+    next:;
+    }
+    return 0;
+}
+
 static int stage_of(const bl_plan_t *p, int64_t l)
 {
     for (int i = 0; i < p->n_stages; i++)
@@ -887,13 +943,14 @@ static int apply_overrides(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a,
                 hit->hits++;
                 if (hit->buft == BUFT_HOSTTIER || (hit->buft == BUFT_CPU && dev >= 0))
                     b = BUFT_HOSTTIER;
-                if (hit->buft == BUFT_CPU && dev >= 0 && o->hosts && o->hosts[s].remote)
-                    /* beside a card, host RAM is the hosttier's, which runs on the
-                     * router's host only */
+                if (hit->buft == BUFT_CPU && dev >= 0 && o->hosts && o->hosts[s].remote && !o->hosts[s].hosttier)
+                    /* beside a card, host RAM is a hosttier's: its host's, when the
+                     * hostfile runs one there */
                     rc = bl_err_set(err, BL_ENOTSUP, "%s %s: %s is on CUDA%d of %s, another host than the "
-                                    "router's, whose routed experts in host RAM would need a hosttier there (not "
-                                    "supported): keep them on its card, or compute them on the router's host with "
-                                    "-ot ...=HOSTTIER", hit->flag, hit->text, name, dev, o->hosts[s].name);
+                                    "router's, whose routed experts in host RAM need a hosttier there: add a line "
+                                    "'%s PORT hosttier' to the hostfile, keep them on its card, or compute them on "
+                                    "the router's host with -ot ...=HOSTTIER", hit->flag, hit->text, name, dev,
+                                    o->hosts[s].name, o->hosts[s].name);
                 else if (hit->buft == BUFT_CUDA && hit->cuda != dev) {
                     /* another card: an expert tier, if no stage is there */
                     b = BUFT_TIER(hit->cuda);
@@ -1236,6 +1293,7 @@ int bl_plan_build(bl_plan_t *p, const bl_gguf_t *g, const bl_arch_t *a, const bl
     }
     ram_budget(p, a, o, &sz);
     p->hosttier = p->n_host_layers > 0;
+    rc = node_hosttier_ram(p, o, err);
 out:
     if (ov)
         free_overrides(ov, n_ov);
@@ -1308,6 +1366,12 @@ size_t bl_plan_format(const bl_plan_t *p, char *buf, size_t cap)
     } else {
         at = put(buf, cap, at, "on the cards %s; in the CPU workers %s; routed experts in host RAM %s (%d of %lld "
                  "layers, the hosttier)\n", cb, rb, hb, p->n_host_layers, (long long)p->n_layer);
+    }
+    if (p->n_node_host_layers > 0) {
+        char nb[32];
+        bl_plan_fmt_size(nb, sizeof nb, p->node_host_bytes);
+        at = put(buf, cap, at, "routed experts in host RAM of other hosts %s (%d layers, each host's hosttier for its "
+                 "stages)\n", nb, p->n_node_host_layers);
     }
     if (p->n_expert > 0) {
         /* routed experts on a card per layer, as runs: "0-35: 0, 36-47: 128" (leading

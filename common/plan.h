@@ -72,6 +72,9 @@ typedef struct bl_stage_host {
     uint32_t read_mbps_all; /* CPUs, MB/s (bl_mem_read_mbps); 0: not known */
     const bl_device_t *card; /* the stage's card as its host reports it (borrowed), or NULL:
                               * the stage runs on that host's CPU */
+    int hosttier;         /* the hostfile runs a hosttier on this host: a remote stage's
+                           * routed experts in host RAM are that hosttier's (its node
+                           * starts it), not the router's */
 } bl_stage_host_t;
 
 /* What a card stage weighs in a hostfile's split against a CPU stage's threads where
@@ -137,8 +140,10 @@ typedef struct bl_plan_stage {
     uint64_t kv_bytes;      /* the cache: K/V rows of its attention layers and the
                              * recurrent states of its DeltaNet layers */
     uint64_t state_bytes;   /* of which recurrent states (every slot's) */
-    uint64_t host_expert_bytes; /* routed experts of its layers that the hosttier keeps
+    uint64_t host_expert_bytes; /* routed experts of its layers that a hosttier keeps
                                  * (not in weight_bytes) */
+    int node_hosttier;      /* those are kept by the hosttier of its own host, another than
+                             * the router's (bl_stage_host_t.hosttier), not in host_bytes */
     uint64_t scratch_bytes; /* an estimate of the backend's scratch (cards only) */
 } bl_plan_stage_t;
 
@@ -165,9 +170,12 @@ typedef struct bl_plan {
     bl_plan_tier_t tier[BL_PLAN_MAX_TIERS];
     uint8_t *tier_of;       /* (n_layer): k + 1 where tier k holds the layer's routed experts,
                              * else 0 */
-    uint64_t host_bytes;    /* routed experts in host RAM */
-    int n_host_layers;      /* layers with an expert in host RAM */
-    int hosttier;           /* a hosttier process computes the host experts */
+    uint64_t host_bytes;    /* routed experts in host RAM of this host (the hosttier's) */
+    int n_host_layers;      /* layers with an expert there */
+    int hosttier;           /* this host's hosttier process computes them */
+    uint64_t node_host_bytes; /* routed experts in host RAM of other hosts, their
+                             * hosttiers' (bl_plan_stage_t.node_hosttier) */
+    int n_node_host_layers; /* layers of those */
     uint64_t experts_ram;   /* the host experts' RAM budget (resolved; UINT64_MAX: none) */
     uint64_t ram_avail;     /* the available memory it was resolved from (0: unknown) */
     uint64_t host_ram_bytes, host_disk_bytes; /* host_bytes split by that budget */
@@ -248,8 +256,10 @@ int bl_plan_split_hosts(const uint64_t *bytes, int64_t n_layers, uint64_t first,
  * bl_plan_split_hosts weighs the stages by them rather than by threads. */
 int bl_plan_hosts_measured(const bl_stage_host_t *hosts, int n);
 
-/* Whether layer l has any expert in host RAM. */
+/* Whether layer l has any expert in host RAM (of this host, or of its stage's host). */
 int bl_plan_layer_host(const bl_plan_t *p, int64_t l);
+/* Whether layer l's experts in host RAM are another host's: its stage's hosttier's. */
+int bl_plan_layer_node_hosttier(const bl_plan_t *p, int64_t l);
 
 /* What a card stage takes of its card: weights, cache and scratch (what --fit and the
  * refusals hold against the free memory, less the -fitt margin). */

@@ -293,7 +293,11 @@ static int create_rings(rt_cluster_t *c, bl_err_t *err)
         rc = make_ring(&c->from_last, "logits", 0, logits, BP_RING_CONSUMER, err);
     for (int i = 0; rc == 0 && i + 1 < nw; i++)
         rc = make_ring(&c->links[i], "hidden", i, hidden, BP_RING_PRODUCER, err);
-    for (int i = 0; rc == 0 && c->has_hosttier && i < nw; i++) {
+    /* a stage's experts rings: to this host's hosttier, or, for a stage whose host
+     * runs its own, sized here for its relay to tell the node */
+    for (int i = 0; rc == 0 && i < nw; i++) {
+        if (!c->has_hosttier && !c->o.node_hosttier[i])
+            continue;
         rc = make_ring(&c->x_req[i], "experts", i, xreq, BP_RING_PRODUCER, err);
         if (rc == 0)
             rc = make_ring(&c->x_rep[i], "sums", i, xrep, BP_RING_PRODUCER, err);
@@ -329,7 +333,7 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
     } else {
         src[n_fds++] = bp_ring_fd(i == 0 ? c->to_first : c->links[i - 1]);
         src[n_fds++] = bp_ring_fd(i == nw - 1 ? c->from_last : c->links[i]);
-        if (c->has_hosttier) {
+        if (c->has_hosttier || c->o.node_hosttier[i]) {
             src[n_fds++] = bp_ring_fd(c->x_req[i]);
             src[n_fds++] = bp_ring_fd(c->x_rep[i]);
         }
@@ -339,11 +343,11 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
         }
     }
     int rc = 0;
-    char parent[24], threads[24];
+    char parent[24], threads[24], ht_threads[24];
     snprintf(parent, sizeof parent, "%d", (int)getpid());
     snprintf(threads, sizeof threads, "%d", c->o.n_threads_hosttier > 0 ? c->o.n_threads_hosttier
                                                                         : c->o.n_threads);
-    char *argv[28];
+    char *argv[34];
     int a = 0;
     const char *remote = !k->hosttier && !k->tier ? c->o.remote[i] : NULL;
     argv[a++] = k->hosttier ? c->hosttier_bin : remote ? c->node_bin : c->worker_bin;
@@ -352,6 +356,16 @@ static int spawn_child(rt_cluster_t *c, int i, bl_err_t *err)
         argv[a++] = (char *)remote;
         argv[a++] = (char *)"--secret";
         argv[a++] = c->secret_path;
+        if (c->o.node_hosttier[i]) { /* the stage's host-RAM experts on its own host */
+            snprintf(ht_threads, sizeof ht_threads, "%d", c->o.node_hosttier_threads[i]);
+            argv[a++] = (char *)"--node-hosttier";
+            argv[a++] = (char *)"--hosttier-threads";
+            argv[a++] = ht_threads;
+            if (c->o.node_hosttier_name[i]) {
+                argv[a++] = (char *)"--hosttier-name";
+                argv[a++] = (char *)c->o.node_hosttier_name[i];
+            }
+        }
     }
     argv[a++] = (char *)"--control";
     argv[a++] = c->endpoint;
@@ -546,6 +560,19 @@ static int relay_kept_offer(rt_cluster_t *c, child_t *k)
     return rc;
 }
 
+/* The stage that runs layer l: the plan's stages, or the even split send_plan makes. */
+static int stage_of_layer(const rt_cluster_t *c, int64_t l)
+{
+    const int nw = c->o.n_workers;
+    int64_t base = c->n_layer / nw, extra = c->n_layer % nw, at = 0;
+    for (int s = 0; s < nw; s++) {
+        at = c->o.n_stage_ends ? c->o.stage_end[s] : at + base + (s < extra ? 1 : 0);
+        if (l < at)
+            return s;
+    }
+    return nw - 1;
+}
+
 static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
 {
     /* on the stack (some 6 KiB, the host-layer table): a static one would be shared with
@@ -571,8 +598,11 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
     p.model_path = c->model_path;
     p.n_layers = (uint32_t)c->n_layer;
     p.n_expert = (uint32_t)c->n_expert;
-    for (int64_t l = 0; c->has_hosttier && l < c->n_layer; l++)
-        p.host[l] = c->o.host_layers[l] != 0; /* every expert of it, computed by the hosttier */
+    /* every expert of a host layer: computed by this host's hosttier, or by the
+     * hosttier a remote stage's node runs, which this host's must not load */
+    const int to_hosttier = c->kids[i].hosttier;
+    for (int64_t l = 0; l < c->n_layer; l++)
+        p.host[l] = to_hosttier ? c->o.host_layers[l] == 1 : c->o.host_layers[l] != 0;
     p.host_process = (uint32_t)nw;
     /* the tiers' processes follow the hosttier's */
     p.n_tiers = c->o.n_tiers;
@@ -1069,6 +1099,14 @@ static int check_opts(const rt_cluster_opts_t *o, bl_err_t *err)
         if (o->remote[s])
             return bl_err_set(err, BL_EINVAL, "cluster: expert tiers serve the stages of this host, and stage %d is "
                               "on another", s);
+    for (int s = 0; s < o->n_workers && s < RT_CLUSTER_MAX_STAGES; s++)
+        if (o->node_hosttier[s] > 1 || (o->node_hosttier[s] && !o->remote[s]) || o->node_hosttier_threads[s] < 0 ||
+            o->node_hosttier_threads[s] > 256)
+            return bl_err_set(err, BL_EINVAL, "cluster: stage %d's own hosttier (%u, %d threads) needs a stage on "
+                              "another host and 0..256 threads", s, o->node_hosttier[s], o->node_hosttier_threads[s]);
+    for (int l = 0; l < RT_CLUSTER_MAX_LAYERS; l++)
+        if (o->host_layers[l] > 2)
+            return bl_err_set(err, BL_EINVAL, "cluster: layer %d's host entry %u (0, 1 or 2)", l, o->host_layers[l]);
     if (o->n_slots < 1 || o->n_slots > 4096)
         return bl_err_set(err, BL_EINVAL, "cluster: n_slots %d is not in 1..4096", o->n_slots);
     if (o->n_ctx_slot < 1 || o->n_ctx_slot > (1 << 24))
@@ -1145,7 +1183,7 @@ int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_
      * dense model has none to send. */
     c->has_hosttier = 0;
     for (int64_t l = 0; c->n_expert > 0 && l < c->n_layer && l < RT_CLUSTER_MAX_LAYERS; l++)
-        c->has_hosttier |= c->o.host_layers[l] != 0;
+        c->has_hosttier |= c->o.host_layers[l] == 1;
     if (c->o.n_stage_ends) {
         int64_t prev = 0;
         for (int s = 0; s < c->o.n_workers; s++) {
@@ -1156,6 +1194,15 @@ int rt_cluster_create(rt_cluster_t **out, const rt_cluster_opts_t *opts, bl_err_
                 goto fail;
             }
             prev = c->o.stage_end[s];
+        }
+    }
+    /* a layer of a stage with its own hosttier is that hosttier's (2), and only those */
+    for (int64_t l = 0; l < c->n_layer; l++) {
+        const int s = stage_of_layer(c, l);
+        if (c->o.host_layers[l] && (c->o.host_layers[l] == 2) != (c->o.node_hosttier[s] != 0)) {
+            rc = bl_err_set(err, BL_EINVAL, "cluster: layer %lld's host entry %u, and its stage %d %s", (long long)l,
+                            c->o.host_layers[l], s, c->o.node_hosttier[s] ? "has a hosttier of its own" : "has none");
+            goto fail;
         }
     }
     if (c->has_hosttier && (rc = find_program(c->hosttier_bin, sizeof c->hosttier_bin,

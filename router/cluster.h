@@ -61,14 +61,22 @@ typedef struct rt_cluster_opts {
      * (bloomery-node in bin_dir) started in its place; NULL: on this host. The links'
      * keys come from secret_path (required when any stage is remote). */
     const char *remote[RT_CLUSTER_MAX_STAGES];
+    /* A remote stage whose host runs its own hosttier (a hostfile's hosttier line of
+     * that host): node_hosttier[i] 1, and its node starts bloomery-hosttier there for
+     * the stage's host layers (host_layers 2) with node_hosttier_threads[i] threads
+     * (0: the plan's) and node_hosttier_name[i] as its --name (NULL: none) */
+    uint8_t node_hosttier[RT_CLUSTER_MAX_STAGES];
+    int node_hosttier_threads[RT_CLUSTER_MAX_STAGES];
+    const char *node_hosttier_name[RT_CLUSTER_MAX_STAGES];
     /* A hostfile's name= labels (NULL: "worker<i>", "hosttier"): each stage's and the
      * hosttier's log name and error label, given to the process as --name; its routing
      * id, /metrics' process label and the router's process= fields keep the tag. */
     const char *stage_name[RT_CLUSTER_MAX_STAGES];
     const char *hosttier_name;
     const char *secret_path;
-    /* Layers whose routed experts the hosttier computes; a hosttier runs only when one
-     * is set (else every expert stays with its layer's worker) */
+    /* Layers whose routed experts are in host RAM: 1, computed by this host's hosttier,
+     * which runs only when one is 1; 2, by the hosttier of their stage's host (a
+     * node_hosttier stage's layers); 0, with their layer's worker */
     uint8_t host_layers[RT_CLUSTER_MAX_LAYERS];
     /* Expert tiers (common/plan.h's bl_plan_tier_t): tier k, a worker on CUDA device
      * tier_device[k] of this host, computes the routed experts of the layers whose

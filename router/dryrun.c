@@ -348,6 +348,12 @@ static void print_placement(FILE *f, const rt_dry_run_t *d)
     } else {
         fprintf(f, "  hosttier: none (no routed experts in host RAM outside their stage)\n");
     }
+    for (int i = 0; i < p->n_stages; i++)
+        if (p->stage[i].node_hosttier)
+            fprintf(f, "  stage %d's routed experts in host RAM of %s: %s, computed by a hosttier its node starts "
+                    "there (the hostfile's hosttier line of that host)\n", i,
+                    d->hosts && d->hosts[i].name ? d->hosts[i].name : "its host",
+                    size_str(s1, sizeof s1, p->stage[i].host_expert_bytes));
     if (p->fit_moved || p->fit_cpu_layers)
         fprintf(f, "  --fit: the routed experts of %d leading layers in host RAM, %d layers moved to the CPU\n",
                 p->fit_moved, p->fit_cpu_layers);

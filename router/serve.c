@@ -752,11 +752,13 @@ static json_t *placement_json(const bl_plan_t *p)
         const bl_plan_stage_t *st = &p->stage[i];
         char dev[16];
         snprintf(dev, sizeof dev, st->device >= 0 ? "CUDA%d" : "CPU", st->device);
-        json_array_append_new(stages, json_pack("{s:s,s:[I,I],s:I,s:I,s:I,s:I}", "device", dev, "layers",
+        json_array_append_new(stages, json_pack("{s:s,s:[I,I],s:I,s:I,s:I,s:I,s:I,s:b}", "device", dev, "layers",
                                                 (json_int_t)st->lb, (json_int_t)st->le - 1, "weight_bytes",
                                                 (json_int_t)st->weight_bytes, "expert_bytes",
                                                 (json_int_t)st->expert_bytes, "kv_bytes", (json_int_t)st->kv_bytes,
-                                                "scratch_bytes", (json_int_t)st->scratch_bytes));
+                                                "scratch_bytes", (json_int_t)st->scratch_bytes, "host_expert_bytes",
+                                                (json_int_t)st->host_expert_bytes, "node_hosttier",
+                                                st->node_hosttier));
     }
     for (int64_t l = 0; l < p->n_layer; l++)
         if (bl_plan_layer_host(p, l))
@@ -772,8 +774,8 @@ static json_t *placement_json(const bl_plan_t *p)
         json_array_append_new(tiers, json_pack("{s:s,s:o,s:I}", "device", dev, "expert_layers", layers,
                                                "expert_bytes", (json_int_t)p->tier[k].expert_bytes));
     }
-    return json_pack("{s:o,s:o,s:o,s:I,s:I,s:I,s:b,s:{s:i,s:i,s:I}}", "stages", stages, "expert_tiers", tiers,
-                     "host_expert_layers", host,
+    return json_pack("{s:o,s:o,s:o,s:I,s:I,s:I,s:I,s:b,s:{s:i,s:i,s:I}}", "stages", stages, "expert_tiers", tiers,
+                     "host_expert_layers", host, "node_host_expert_bytes", (json_int_t)p->node_host_bytes,
                      "host_expert_bytes", (json_int_t)p->host_bytes, "host_expert_ram_bytes",
                      (json_int_t)p->host_ram_bytes, "host_expert_disk_bytes", (json_int_t)p->host_disk_bytes,
                      "hosttier", p->hosttier, "fit", "expert_layers", p->fit_moved, "cpu_layers", p->fit_cpu_layers,
@@ -794,6 +796,10 @@ typedef struct hf_line {
     bl_device_t devs[BL_PLAN_MAX_DEVICES]; /* its host's, as its node (or this machine) reports */
     int n_devs;
     char name[BL_HOSTFILE_MAX_NAME + 1]; /* its name=, "" none */
+    /* another host's hosttier line: its stages' routed experts in host RAM go to a
+     * hosttier their nodes start there, with these threads= (0: -t) and name= */
+    int hosttier, ht_threads;
+    char ht_name[BL_HOSTFILE_MAX_NAME + 1];
 } hf_line_t;
 
 /* A hostfile's stage: a CPU worker line, or one card of a line. */
@@ -811,10 +817,11 @@ typedef struct hf_names {
 } hf_names_t;
 
 /* A hostfile's worker lines, in file order, into lines (*n_lines), the threads= of
- * its hosttier line into *ht_threads (0: none given, -t's), and the router's and
- * hosttier's name= into names. What this version does not take yet is refused by
- * line: a hosttier on another host; so is threads= above the 256 of a worker's or
- * the hosttier's pool. */
+ * the router's host's hosttier line into *ht_threads (0: none given, -t's), and the
+ * router's and that hosttier's name= into names; another host's hosttier line goes
+ * with that host's worker lines (hf_line_t.hosttier). threads= above the 256 of a
+ * worker's or a hosttier's pool is refused by line, and so is a hosttier line of a
+ * host without a worker line. */
 static int hostfile_lines(const opts_t *o, hf_line_t *lines, int *n_lines, int *has_ends, int *ht_threads,
                           hf_names_t *names, bl_err_t *err)
 {
@@ -826,22 +833,28 @@ static int hostfile_lines(const opts_t *o, hf_line_t *lines, int *n_lines, int *
     int n = 0, any_remote = 0;
     for (int i = 0; rc == 0 && i < hf.n; i++) {
         const bl_host_entry_t *e = &hf.e[i];
-        if (e->role == BL_HOST_HOSTTIER && strcasecmp(e->host, router->host) != 0) {
-            rc = bl_err_set(err, BL_ENOTSUP, "%s:%d: a hosttier on another host than the router's is not taken yet",
-                            o->hostfile, e->line);
-            break;
-        }
+        const int here = strcasecmp(e->host, router->host) == 0;
         if (e->role == BL_HOST_ROUTER)
             snprintf(names->router, sizeof names->router, "%s", e->name);
-        else if (e->role == BL_HOST_HOSTTIER)
+        else if (e->role == BL_HOST_HOSTTIER && here)
             snprintf(names->hosttier, sizeof names->hosttier, "%s", e->name);
         if (e->role != BL_HOST_ROUTER && e->threads > 256) { /* the hostfile takes up to 1024, a pool 256 */
             rc = bl_err_set(err, BL_EINVAL, "%s:%d: threads=%d: a %s runs at most 256 threads", o->hostfile, e->line,
                             e->threads, e->role == BL_HOST_HOSTTIER ? "hosttier" : "worker");
             break;
         }
-        if (e->role == BL_HOST_HOSTTIER)
-            *ht_threads = e->threads; /* the parser allows one a host, and it is this host's */
+        if (e->role == BL_HOST_HOSTTIER && here)
+            *ht_threads = e->threads; /* the parser allows one a host */
+        if (e->role == BL_HOST_HOSTTIER && !here) {
+            int workers = 0;
+            for (int j = 0; j < hf.n; j++)
+                workers += hf.e[j].role == BL_HOST_WORKER && strcasecmp(hf.e[j].host, e->host) == 0;
+            if (!workers) {
+                rc = bl_err_set(err, BL_EINVAL, "%s:%d: a hosttier on %s, where no worker line runs a stage (its "
+                                "stages' nodes start it)", o->hostfile, e->line, e->host);
+                break;
+            }
+        }
         if (e->role != BL_HOST_WORKER)
             continue;
         if (n == RT_CLUSTER_MAX_STAGES) {
@@ -864,6 +877,14 @@ static int hostfile_lines(const opts_t *o, hf_line_t *lines, int *n_lines, int *
             snprintf(h->remote, sizeof h->remote, strchr(e->host, ':') ? "tcp://[%s]:%u" : "tcp://%s:%u", e->host,
                      (unsigned)e->port);
             any_remote = 1;
+            for (int j = 0; j < hf.n; j++) { /* its host's hosttier line, if any (one a host) */
+                const bl_host_entry_t *t = &hf.e[j];
+                if (t->role != BL_HOST_HOSTTIER || strcasecmp(t->host, e->host) != 0)
+                    continue;
+                h->hosttier = 1;
+                h->ht_threads = t->threads;
+                snprintf(h->ht_name, sizeof h->ht_name, "%s", t->name);
+            }
         }
         n++;
     }
@@ -1010,7 +1031,7 @@ static int stage_hosts(const opts_t *o, hf_line_t *lines, int n_lines, const bl_
             *sh = (bl_stage_host_t){.name = h->host, .remote = h->remote[0] != 0,
                                     .threads = h->threads ? h->threads : (int)o->threads, .n_cpus = n_cpus[i],
                                     .mem_avail = avail[i], .mem_total = total[i], .read_mbps_one = one[i],
-                                    .read_mbps_all = all[i], .card = hs[k].card};
+                                    .read_mbps_all = all[i], .card = hs[k].card, .hosttier = h->hosttier};
             char card[200] = "cpu", name[160];
             if (sh->card)
                 snprintf(card, sizeof card, "CUDA%d card_free=%llu card_total=%llu card_name=\"%s\"", sh->card->index,
@@ -2402,11 +2423,16 @@ int main(int argc, char **argv)
         co.remote[i] = o.hostfile && hs[i].line->remote[0] ? hs[i].line->remote : NULL;
         co.stage_threads[i] = o.hostfile ? hs[i].line->threads : 0;
         co.stage_name[i] = o.hostfile ? stage_name(&names, hs, plan.n_stages, i) : NULL;
+        co.node_hosttier[i] = (uint8_t)plan.stage[i].node_hosttier; /* a hostfile's remote stage only */
+        if (co.node_hosttier[i]) {
+            co.node_hosttier_threads[i] = hs[i].line->ht_threads;
+            co.node_hosttier_name[i] = hs[i].line->ht_name[0] ? hs[i].line->ht_name : NULL;
+        }
     }
     co.hosttier_name = names.hosttier[0] ? names.hosttier : NULL;
     co.secret_path = o.cluster_secret;
     for (int64_t l = 0; l < plan.n_layer && l < RT_CLUSTER_MAX_LAYERS; l++) {
-        co.host_layers[l] = (uint8_t)bl_plan_layer_host(&plan, l);
+        co.host_layers[l] = (uint8_t)(bl_plan_layer_node_hosttier(&plan, l) ? 2 : bl_plan_layer_host(&plan, l));
         co.tier_layers[l] = plan.tier_of[l];
     }
     co.n_tiers = plan.n_tiers;
@@ -2423,6 +2449,7 @@ int main(int argc, char **argv)
         memset(dco.remote, 0, sizeof dco.remote); /* the draft runs on this host */
         memset(dco.stage_threads, 0, sizeof dco.stage_threads); /* with -td or -t */
         memset(dco.stage_name, 0, sizeof dco.stage_name);
+        memset(dco.node_hosttier, 0, sizeof dco.node_hosttier);
         dco.hosttier_name = NULL;
         dco.n_workers = 1;
         dco.n_stage_ends = draft_dev >= 0;

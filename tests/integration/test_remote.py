@@ -20,7 +20,10 @@ facts, here made up (a bloomery-worker beside a copy of bloomery-node answers
 the stage on the card the line names, the node's worker gets the card in its Plan and,
 this build or machine having no such card, fails the start with its reason. A card
 the node lacks, two cards on one line of another host, and host RAM beside that card
-are refused by name."""
+without a hosttier line of its host are refused by name. With that line (and the
+node's worker running the card's stage on the CPU) the node starts a hosttier there
+for the stage's routed experts in host RAM: the answers are one process's, and a
+killed hosttier fails its stage and comes back with the set."""
 import os
 import re
 import signal
@@ -30,7 +33,7 @@ import time
 import pytest
 
 import serverctl
-from sse import post
+from sse import get, post
 
 FAST = ["-np", "2", "-c", "1024", "-t", "1", "-tb", "1"]
 PROMPTS = ["The smith heats the iron", "Once upon a time in the village"]
@@ -375,8 +378,8 @@ def test_refusals(servers, tmp_path):
         ("127.0.0.1 1 router\n127.0.0.1 2 worker\n127.0.0.1 3 hosttier threads=300\n", [],
          r"hosts:3: threads=300: a hosttier runs at most 256"),
         ("127.0.0.1 1 router\nlocalhost 2 worker\n", [], r"need --cluster-secret"),
-        ("127.0.0.1 1 router\nlocalhost 2 worker\nlocalhost 9 hosttier\n", ["--cluster-secret", secret],
-         r"hosts:3: a hosttier on another host"),
+        ("127.0.0.1 1 router\nlocalhost 2 worker\nothers 9 hosttier\n", ["--cluster-secret", secret],
+         r"hosts:3: a hosttier on others, where no worker line runs a stage"),
         ("127.0.0.1 1 router\n127.0.0.1 2 wrker\n", [], r"hosts:2: role 'wrker'"),
         ("127.0.0.1 1 router name=a\n127.0.0.1 2 worker name=a\n", [], r"hosts:2: name=a is also line 1's"),
         ("127.0.0.1 1 router\nlocalhost 2 worker\n", ["--cluster-secret", secret_file(tmp_path / "open", mode=0o644)],
@@ -441,8 +444,8 @@ def test_remote_gpu_lines_refused_by_name(servers, nodes, tmp_path, fake_node):
     is refused at the start, naming the line, the host and the card: a GPU the node
     does not report, all on a host without one, two cards on one line of another host
     (its node serves one stage), layers= on a line of several GPUs here; host RAM beside
-    another host's card (--cpu-moe: a hosttier there, which runs on the router's host
-    only); a hosttier line of another host, as ever."""
+    another host's card without a hosttier line of that host (--cpu-moe); a host's
+    hosttier too large for its memory."""
     secret = secret_file(tmp_path / "secret")
     one = nodes(secret, exe=fake_node, env={"FAKE_DEVICES": GB10})
     two = nodes(secret, exe=fake_node, env={"FAKE_DEVICES": GB10 + "\n" + GB10.replace("cuda 0", "cuda 1")})
@@ -456,9 +459,8 @@ def test_remote_gpu_lines_refused_by_name(servers, nodes, tmp_path, fake_node):
          r"hosts:3: 2 GPUs of localhost on one line: its node serves one stage"),
         ("localhost %d worker all\n" % two.port, [], r"hosts:3: 2 GPUs of localhost on one line"),
         ("localhost %d worker 0\n" % one.port, ["--cpu-moe"],
-         r"is on CUDA0 of localhost, another host than the router's"),
+         r"is on CUDA0 of localhost, another host than the router's, .* add a line 'localhost PORT hosttier'"),
         ("localhost %d worker 0\n" % one.port, ["-dev", "cuda0"], r"--device cuda0: with a hostfile"),
-        ("localhost %d worker 0\nlocalhost 9100 hosttier\n" % one.port, [], r"hosts:4: a hosttier on another host"),
     ]
     for text, extra, want in cases:
         (tmp_path / "hosts").write_text(head + text)
@@ -492,3 +494,104 @@ def test_node_arguments_and_secret_checked(tmp_path):
     assert p.returncode == 1 and "tcp://HOST:PORT" in p.stderr, p.stderr
     p = subprocess.run([node, "--listen", "tcp://127.0.0.1:65534", "--secret", good], capture_output=True, text=True)
     assert p.returncode == 1 and "PORT 1..65533" in p.stderr, p.stderr
+
+
+@pytest.fixture(scope="module")
+def cards_node(tmp_path_factory):
+    """bloomery-node whose host has $FAKE_DEVICES, its worker running what the plan
+    puts on a card on the CPU, the real bloomery-hosttier beside it."""
+    return serverctl.fake_devices_bin(str(tmp_path_factory.mktemp("cardsnode")), "bloomery-node", cards_as_cpu=True)
+
+
+def hosttier_pid(node):
+    for pid, argv0, _ in serverctl.descendants(node.proc.pid):
+        if argv0 == "bloomery-hosttier":
+            return pid
+    return None
+
+
+def node_hosttier_cluster(servers, nodes, tmp_path, cards_node, extra, model=None):
+    """A CPU stage here (layers 0-1) and a card stage of another host (layers 2-3)
+    whose host has a hosttier line: the model (made when not given), the server, the
+    node."""
+    if not model:
+        model = serverctl.make_model(str(tmp_path / "layers4.gguf"), "--layers", "4")
+    ht_line = "localhost 9100 hosttier threads=1 name=far-ht"
+    secret = secret_file(tmp_path / "secret")
+    node = nodes(secret, exe=cards_node, env={"FAKE_DEVICES": GB10})
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 8090 router\n127.0.0.1 9000 worker threads=1 layers=0-2\n"
+                     "localhost %d worker 0 layers=2-4\n%s\n" % (node.port, ht_line))
+    srv = servers.start(FAST + extra + ["--hostfile", str(hosts), "--cluster-secret", secret], model=model)
+    return model, srv, node
+
+
+def test_a_remote_card_stage_uses_the_hosttier_of_its_host(servers, nodes, tmp_path, cards_node):
+    """--cpu-moe beside a card of another host whose host has a hosttier line: the
+    node starts bloomery-hosttier there (its line's threads= and name=) on the stage's
+    experts rings, which stay on that host (two links, not three); the router runs no
+    hosttier; the answers are one CPU process's, token and top log-probability. Then
+    -ot puts layer 0's experts in the router's hosttier as well: both run, each with
+    its own layers, and the answers stay the same."""
+    if serverctl.gpu_present():
+        pytest.skip("a real card here would take the made-up one's place")
+    model, srv, node = node_hosttier_cluster(servers, nodes, tmp_path, cards_node, ["--cpu-moe"])
+    ref = servers.start(FAST, model=model)
+    log = srv.log(100000)
+    assert "event=relay_up node=tcp://localhost:%d rings=4 hosttier=node" % node.port in log, log
+    assert "event=plan stage 1: layers 2..3 on CUDA0 (Fake GB10)" in log, log
+    assert "event=child_started process=hosttier" not in log, log  # none on the router's host
+    nlog = node.log()
+    assert "event=session_started worker=worker1 rings=4 hosttier=here" in nlog, nlog
+    assert re.search(r"event=child_started process=hosttier stage=1 pid=\d+", nlog), nlog
+    assert re.search(r" far-ht event=ready workers=1 threads=1 ", nlog), nlog
+    assert "event=hosttier_ready stage=worker1" in nlog, nlog
+    assert hosttier_pid(node)
+    p = get(srv.url, "/props").json()["placement"]
+    assert [s["node_hosttier"] for s in p["stages"]] == [False, True], p
+    assert p["hosttier"] is False and p["host_expert_bytes"] == 0 and p["node_host_expert_bytes"] > 0, p
+    assert p["stages"][1]["host_expert_bytes"] == p["node_host_expert_bytes"], p
+    for prompt in PROMPTS:
+        assert greedy(srv.url, prompt) == greedy(ref.url, prompt), prompt
+    srv.stop()
+    node.stop()
+
+    model, srv, node = node_hosttier_cluster(servers, nodes, tmp_path, cards_node,
+                                             ["-ot", r"blk\.0\.ffn_.*_exps=HOSTTIER", "--cpu-moe"], model)
+    log = srv.log(100000)
+    assert "event=child_started process=hosttier" in log, log
+    p = get(srv.url, "/props").json()["placement"]
+    assert p["host_expert_layers"] == [0, 2, 3] and p["hosttier"] is True, p
+    assert 0 < p["host_expert_bytes"] < p["node_host_expert_bytes"], p
+    for prompt in PROMPTS:
+        assert greedy(srv.url, prompt) == greedy(ref.url, prompt), prompt
+
+
+def test_a_killed_node_hosttier_fails_the_stage_and_the_set_restarts(servers, nodes, tmp_path, cards_node):
+    """kill -9 of the hosttier a node started: the node reports it as the stage's
+    failure, naming the host, the set restarts (a new session, a new hosttier) and
+    the next answer is the one before."""
+    if serverctl.gpu_present():
+        pytest.skip("a real card here would take the made-up one's place")
+    _, srv, node = node_hosttier_cluster(servers, nodes, tmp_path, cards_node, ["--cpu-moe"])
+    before = greedy(srv.url, PROMPTS[0])
+    pid = hosttier_pid(node)
+    assert pid, node.log()
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "hosttier on " not in srv.log(100000):
+        time.sleep(0.1)
+    assert re.search(r"worker1's hosttier on [^ ]+ killed by signal 9", srv.log(100000)), srv.log(100000)
+    deadline = time.monotonic() + 60
+    new = None
+    while time.monotonic() < deadline:
+        new = hosttier_pid(node)
+        if new and new != pid and "event=hosttier_ready" in node.log().split("killed by signal 9")[-1]:
+            break
+        time.sleep(0.1)
+    assert new and new != pid, node.log()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and get(srv.url, "/health").status_code != 200:
+        time.sleep(0.1)
+    assert greedy(srv.url, PROMPTS[0]) == before
+

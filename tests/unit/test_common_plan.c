@@ -290,7 +290,7 @@ static void assert_stage(const bl_plan_t *p, int i, int device, int64_t lb, int6
 static void assert_host(const bl_plan_t *p, const char *mask)
 {
     assert_int_equal(strlen(mask), p->n_layer);
-    int n = 0;
+    int n = 0, n_there = 0;
     for (int64_t l = 0; l < p->n_layer; l++) {
         const int want = mask[l] == '1';
         if (bl_plan_layer_host(p, l) != want)
@@ -298,11 +298,16 @@ static void assert_host(const bl_plan_t *p, const char *mask)
                      mask);
         for (int64_t e = 0; e < p->n_expert; e++)
             assert_int_equal(p->host[l * p->n_expert + e], want);
-        n += want;
+        /* this host's hosttier's, or another host's (its stage's) */
+        const int there = bl_plan_layer_node_hosttier(p, l);
+        n += want && !there;
+        n_there += want && there;
     }
     assert_int_equal(p->n_host_layers, n);
     assert_true(p->host_bytes == (uint64_t)n * X_BYTES);
     assert_int_equal(p->hosttier, n > 0);
+    assert_int_equal(p->n_node_host_layers, n_there);
+    assert_true(p->node_host_bytes == (uint64_t)n_there * X_BYTES);
 }
 
 /* Sizes of a stage: weights and experts exact, KV from the layer count, scratch only
@@ -890,7 +895,7 @@ static void test_plan_hosts_layers_given_on_cards(void **state)
 }
 
 /* The expert flags beside another host's card: host RAM there would be a hosttier's,
- * which runs on the router's host only, so --cpu-moe and -ncmoe that reach its layers
+ * and without a hosttier line of that host --cpu-moe and -ncmoe that reach its layers
  * are refused by name; beside this host's card they go to the hosttier as on one
  * host, on a CPU stage they stay in its worker, and HOSTTIER is taken for any stage.
  * The flags that choose cards are the hostfile's to give. */
@@ -904,6 +909,7 @@ static void test_plan_hosts_expert_flags_and_card_flags(void **state)
     o.cpu_moe = 1;
     expect_refusal(MOE, NULL, 0, &o, BL_ENOTSUP, "--cpu-moe \\.ffn_(up|down|gate)_exps=CPU: blk.2.ffn_");
     expect_refusal(MOE, NULL, 0, &o, BL_ENOTSUP, "is on CUDA1 of 10.0.0.2, another host than the router's");
+    expect_refusal(MOE, NULL, 0, &o, BL_ENOTSUP, "add a line '10.0.0.2 PORT hosttier' to the hostfile");
     o.cpu_moe = 0;
     o.n_cpu_moe = 2; /* the CPU stage's layers: they stay in its worker */
     build_ok(p, MOE, NULL, 0, &o);
@@ -955,6 +961,67 @@ static void test_plan_hosts_expert_flags_and_card_flags(void **state)
     expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "9 workers for 8 layers");
     o.n_hosts = 0;
     expect_refusal(MOE, NULL, 0, &o, BL_EINVAL, "0 stages of a hostfile");
+}
+
+/* A hosttier line of the card's host: --cpu-moe puts that stage's routed experts in
+ * its host's RAM, the hosttier there computes them (node_hosttier), and this host's
+ * hosttier has none of them (host_bytes, hosttier); -ot ...=HOSTTIER of that stage
+ * goes there too, while the CPU stage's HOSTTIER layers stay with this host's. Their
+ * bytes are held against that host's memory as its node reports it. */
+static void test_plan_hosts_a_hosttier_of_another_host(void **state)
+{
+    (void)state;
+    const bl_device_t d = card(1, 80 * GIB_BYTES);
+    bl_stage_host_t h[2];
+    bl_place_opts_t o = card_line_opts(h, &d);
+    h[1].hosttier = 1;
+    bl_plan_t *p = &g_plan;
+    o.cpu_moe = 1;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_stage(p, 1, 1, 2, N_LAYER);
+    assert_host(p, "00111111");
+    assert_int_equal(p->stage[0].node_hosttier, 0);
+    assert_int_equal(p->stage[1].node_hosttier, 1);
+    assert_true(p->stage[1].host_expert_bytes == 6 * X_BYTES);
+    assert_int_equal(p->hosttier, 0);
+    assert_true(p->host_bytes == 0 && p->n_host_layers == 0);
+    assert_true(p->node_host_bytes == 6 * X_BYTES && p->n_node_host_layers == 6);
+    assert_int_equal(bl_plan_layer_node_hosttier(p, 1), 0);
+    assert_int_equal(bl_plan_layer_node_hosttier(p, 2), 1);
+    assert_int_equal(bl_plan_layer_host(p, 2), 1);
+    char text[2048];
+    bl_plan_format(p, text, sizeof text);
+    assert_non_null(strstr(text, "routed experts in host RAM of other hosts"));
+    bl_plan_free(p);
+    o.cpu_moe = 0;
+
+    const char *ot[1] = {"blk\\.[0167]\\.ffn_.*_exps=HOSTTIER"};
+    o.override_tensor = ot;
+    o.n_override_tensor = 1;
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_host(p, "11000011");
+    assert_int_equal(p->stage[1].node_hosttier, 1);
+    assert_int_equal(p->hosttier, 1);
+    assert_true(p->host_bytes == 2 * X_BYTES && p->node_host_bytes == 2 * X_BYTES);
+    assert_int_equal(bl_plan_layer_node_hosttier(p, 0), 0);
+    assert_int_equal(bl_plan_layer_node_hosttier(p, 7), 1);
+    bl_plan_free(p);
+    o.n_override_tensor = 0;
+
+    /* no layer of it in host RAM: no hosttier there */
+    build_ok(p, MOE, NULL, 0, &o);
+    assert_int_equal(p->stage[1].node_hosttier, 0);
+    assert_true(p->node_host_bytes == 0);
+    bl_plan_free(p);
+
+    /* that host's memory: room for them with the margin, then one byte short */
+    o.cpu_moe = 1;
+    h[1].mem_avail = 64 * GIB_BYTES;
+    build_ok(p, MOE, NULL, 0, &o);
+    bl_plan_free(p);
+    h[1].mem_avail = 6 * X_BYTES + bl_mem_margin(6 * X_BYTES) - 1;
+    expect_refusal(MOE, NULL, 0, &o, BL_ENOMEM, "plan: the hosttier of 10.0.0.2 would keep");
+    expect_refusal(MOE, NULL, 0, &o, BL_ENOMEM, "and 10.0.0.2 has");
 }
 
 static void test_plan_one_device_defaults_put_every_layer_on_the_card(void **state)
@@ -2410,6 +2477,7 @@ int main(void)
         T(test_plan_hosts_put_a_card_line_on_its_card),
         T(test_plan_hosts_layers_given_on_cards),
         T(test_plan_hosts_expert_flags_and_card_flags),
+        T(test_plan_hosts_a_hosttier_of_another_host),
         T(test_plan_one_device_defaults_put_every_layer_on_the_card),
         T(test_plan_free_memory_not_known_is_not_checked),
         T(test_plan_ngl_zero_puts_every_layer_on_the_cpu),
