@@ -80,9 +80,6 @@ typedef struct mv_args {
     int64_t r1, r2;
     float *y1, *y2;
     int64_t ldy1, ldy2;
-    /* Plain mode: each output's bias (one value a row of it, added after the
-     * product, and after the accumulation), NULL for none. */
-    const float *pb, *pb1, *pb2;
     /* Expert mode with routing (kcuda_matvec_experts_swiglu_route): row b's router
      * logits at logits + b * n_expert (n_expert <= MV_ROUTE_MAX); each block routes
      * its row itself and block column 0 of choice 0 writes the row's ids and
@@ -92,6 +89,10 @@ typedef struct mv_args {
     int32_t *ids_out;
     float *wts_out;
     size_t route_off; /* where the warps' routing copies start in shared memory */
+    /* Plain mode: each output's bias (one value a row of it, added after the
+     * product, and after the accumulation), NULL for none; read only by the
+     * kernels built with them (mv_rows' B) */
+    const float *pb, *pb1, *pb2;
 } mv_args_t;
 
 /* Most experts the routed gate/up takes (logits per lane: MV_ROUTE_MAX / 32), and
@@ -836,8 +837,10 @@ static __device__ __forceinline__ void put_out(float *y, float o, int acc, const
 /* The warp's segments: decode each as it lands, keep MV_STAGES - 1 ahead, sum and
  * write each row when its last part ends. pend: the segments the prologue issued
  * (positions 0 .. MV_STAGES - 2), rotated as the walk goes; stage t % MV_STAGES
- * holds segment t. */
-template <int T, int NX>
+ * holds segment t. B: the plain outputs have biases (mv_launch's choice: a kernel
+ * without them keeps no bias pointer live across the walk, which costs the
+ * products without biases a few per cent). */
+template <int T, int NX, int B>
 static __device__ __forceinline__ void mv_rows(const mv_args_t &a, const mv_work_t &wk, const mv_x_t &xv,
                                                uint8_t *stg, int nseg, int64_t slot, int lane,
                                                mv_seg_t (&pend)[MV_STAGES - 1])
@@ -939,7 +942,7 @@ static __device__ __forceinline__ void mv_rows(const mv_args_t &a, const mv_work
                     }
                 }
                 const float o = !a.w2 ? v : a.act == KCUDA_ACT_SWIGLU_OAI ? kc_act_oai(v, u) : kc_silu_mul(v, u);
-                put_out(yo + (yrow + j) * ldo + ro, o, a.accumulate, out_bias(a, r));
+                put_out(yo + (yrow + j) * ldo + ro, o, a.accumulate, B ? out_bias(a, r) : NULL);
             }
             acc[j] = acc2[j] = 0.0f;
         }
@@ -950,7 +953,7 @@ static __device__ __forceinline__ void mv_rows(const mv_args_t &a, const mv_work
  * slots): slots = 1 (plain), n * k (expert), n (down). Dynamic shared memory: the
  * stages, then (block formats) the rounded activations: nx * terms rows of xs bytes,
  * then nx * terms * xs / 32 scales and as many sums. */
-template <int T, int NX>
+template <int T, int NX, int B>
 static __device__ __forceinline__ void mv_body(const mv_args_t &a, unsigned bx)
 {
     typedef fmt<T> F;
@@ -1043,26 +1046,26 @@ static __device__ __forceinline__ void mv_body(const mv_args_t &a, unsigned bx)
     if (nseg == 0)
         kc_cp_async_wait<0>();
     else
-        mv_rows<T, NX>(a, wk, xv, stg, nseg, slot, lane, pend);
+        mv_rows<T, NX, B>(a, wk, xv, stg, nseg, slot, lane, pend);
 }
 
-template <int T, int NX>
+template <int T, int NX, int B>
 __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS) mv_kernel(const mv_args_t a)
 {
-    mv_body<T, NX>(a, blockIdx.x);
+    mv_body<T, NX, B>(a, blockIdx.x);
 }
 
 /* Two plain products over the same activations in one launch (kcuda_matvec_split2):
  * block columns below nbx1 are a1's, the rest a2's; each block is what its own
  * launch would run, so the bits are those of the two launches. */
-template <int T1, int T2, int NX>
+template <int T1, int T2, int NX, int B>
 __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
 mv_kernel2(const mv_args_t a1, const mv_args_t a2, unsigned nbx1)
 {
     if (blockIdx.x < nbx1)
-        mv_body<T1, NX>(a1, blockIdx.x);
+        mv_body<T1, NX, B>(a1, blockIdx.x);
     else
-        mv_body<T2, NX>(a2, blockIdx.x - nbx1);
+        mv_body<T2, NX, B>(a2, blockIdx.x - nbx1);
 }
 
 // --- small f32 / f16 / bf16 matrices -------------------------------------------------------
@@ -1226,7 +1229,6 @@ typedef struct mq_args {
     int64_t r1, r2;        /* split outputs, as mv_args_t */
     float *y1, *y2;
     int64_t ldy1, ldy2;
-    const float *pb, *pb1, *pb2; /* their biases, as mv_args_t */
     const int32_t *ids;    /* experts: (n, k) */
     int n;                 /* plain: columns; experts: rows */
     int k;
@@ -1237,6 +1239,7 @@ typedef struct mq_args {
     const uint8_t *xq;     /* the R rounded rows (mq_x_t) */
     int R;
     const float4 *xds;
+    const float *pb, *pb1, *pb2; /* the split outputs' biases, as mv_args_t (mq_kernel's B) */
 } mq_args_t;
 
 static __device__ __forceinline__ void mma_s8_k32(int c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
@@ -1524,8 +1527,9 @@ __global__ void __launch_bounds__(256) mq_round_kernel(const float *x, int64_t l
         ds[j * R + v] = make_float4(d0, d1, sum, 0.0f);
 }
 
-/* grid (ceil(nrows / (16 * rt)), 1 or n * k): the rounded rows ready in a.xq. */
-template <int T, int PAIR>
+/* grid (ceil(nrows / (16 * rt)), 1 or n * k): the rounded rows ready in a.xq. B:
+ * the plain outputs have biases (as mv_rows' B). */
+template <int T, int PAIR, int B>
 __global__ void __launch_bounds__(MQ_THREADS) mq_kernel(const mq_args_t a)
 {
     __shared__ int cols[MQ_COLS];
@@ -1634,7 +1638,7 @@ __global__ void __launch_bounds__(MQ_THREADS) mq_kernel(const mq_args_t a)
         }
         int64_t ldo, ro;
         float *yo = out_row(a, r, &ldo, &ro);
-        put_out(yo + (int64_t)c * ldo + ro, out, a.accumulate, out_bias(a, r));
+        put_out(yo + (int64_t)c * ldo + ro, out, a.accumulate, B ? out_bias(a, r) : NULL);
     }
 }
 
@@ -1821,15 +1825,21 @@ static int sm_smem(int dev, int *out, bl_err_t *err)
     return 0;
 }
 
-template <int T, int NX>
+template <int T, int NX, int B>
 static int mv_go(const mv_args_t *a, dim3 grid, size_t smem, int dev, int optin, cudaStream_t st, bl_err_t *err)
 {
     static int done[KC_MAX_DEVICES]; /* one set per kernel instance and device */
-    int rc = kc_smem_prepare(mv_kernel<T, NX>, done, dev, optin, err);
+    int rc = kc_smem_prepare(mv_kernel<T, NX, B>, done, dev, optin, err);
     if (rc < 0)
         return rc;
-    KC_LAUNCH(err, mv_kernel<T, NX>, grid, MV_THREADS, smem, st, *a);
+    KC_LAUNCH(err, mv_kernel<T, NX, B>, grid, MV_THREADS, smem, st, *a);
     return 0;
+}
+
+/* Whether a plain product's outputs carry a bias (mv_rows' B). */
+static int mv_biased(const mv_args_t *a)
+{
+    return a->mode == MV_PLAIN && (a->pb || a->pb1 || a->pb2);
 }
 
 /* Bytes of shared memory nx rounded activation rows of ncols take (rows padded to
@@ -1924,7 +1934,12 @@ static int mv_launch(const kcuda_mat_t *w, mv_args_t *a, unsigned slots, int nx,
     a->rpw = mv_rpw(a->nrows * (int64_t)slots, smem, sms, smem_sm);
     const dim3 grid((unsigned)kc_cdiv(a->nrows, MV_WARPS * a->rpw), slots);
     cudaStream_t st = (cudaStream_t)stream;
-#define MV_GO(T) (one ? mv_go<T, 1>(a, grid, smem, dev, optin, st, err) : mv_go<T, MAXR>(a, grid, smem, dev, optin, st, err))
+    const int biased = mv_biased(a);
+#define MV_GO(T)                                                                                            \
+    (biased ? (one ? mv_go<T, 1, 1>(a, grid, smem, dev, optin, st, err)                                     \
+                   : mv_go<T, MAXR, 1>(a, grid, smem, dev, optin, st, err))                                 \
+            : (one ? mv_go<T, 1, 0>(a, grid, smem, dev, optin, st, err)                                     \
+                   : mv_go<T, MAXR, 0>(a, grid, smem, dev, optin, st, err)))
     switch (w->type) {
     case BL_TYPE_Q4_K: return MV_GO(BL_TYPE_Q4_K);
     case BL_TYPE_Q5_K: return MV_GO(BL_TYPE_Q5_K);
@@ -1939,15 +1954,15 @@ static int mv_launch(const kcuda_mat_t *w, mv_args_t *a, unsigned slots, int nx,
 #undef MV_GO
 }
 
-template <int T1, int T2, int NX>
+template <int T1, int T2, int NX, int B>
 static int mv_go2(const mv_args_t *a1, const mv_args_t *a2, unsigned nbx1, dim3 grid, size_t smem, int dev,
                   int optin, cudaStream_t st, bl_err_t *err)
 {
     static int done[KC_MAX_DEVICES];
-    int rc = kc_smem_prepare(mv_kernel2<T1, T2, NX>, done, dev, optin, err);
+    int rc = kc_smem_prepare(mv_kernel2<T1, T2, NX, B>, done, dev, optin, err);
     if (rc < 0)
         return rc;
-    KC_LAUNCH(err, mv_kernel2<T1, T2, NX>, grid, MV_THREADS, smem, st, *a1, *a2, nbx1);
+    KC_LAUNCH(err, mv_kernel2<T1, T2, NX, B>, grid, MV_THREADS, smem, st, *a1, *a2, nbx1);
     return 0;
 }
 
@@ -1975,9 +1990,12 @@ static int mv_launch2(const kcuda_mat_t *w1, mv_args_t *a1, const kcuda_mat_t *w
     const unsigned nbx1 = (unsigned)kc_cdiv(a1->nrows, MV_WARPS * a1->rpw);
     const dim3 grid(nbx1 + (unsigned)kc_cdiv(a2->nrows, MV_WARPS * a2->rpw));
     cudaStream_t st = (cudaStream_t)stream;
-#define MV_GO2(A, B)                                                                                        \
-    rc = one ? mv_go2<A, B, 1>(a1, a2, nbx1, grid, smem, dev, optin, st, err)                               \
-             : mv_go2<A, B, MAXR>(a1, a2, nbx1, grid, smem, dev, optin, st, err)
+    const int biased = mv_biased(a1) || mv_biased(a2);
+#define MV_GO2(A, C)                                                                                        \
+    rc = biased ? (one ? mv_go2<A, C, 1, 1>(a1, a2, nbx1, grid, smem, dev, optin, st, err)                  \
+                       : mv_go2<A, C, MAXR, 1>(a1, a2, nbx1, grid, smem, dev, optin, st, err))              \
+                : (one ? mv_go2<A, C, 1, 0>(a1, a2, nbx1, grid, smem, dev, optin, st, err)                  \
+                       : mv_go2<A, C, MAXR, 0>(a1, a2, nbx1, grid, smem, dev, optin, st, err))
     if (t1 == BL_TYPE_Q4_K && t2 == BL_TYPE_Q6_K)
         MV_GO2(BL_TYPE_Q4_K, BL_TYPE_Q6_K);
     else if (t1 == BL_TYPE_Q4_K && t2 == BL_TYPE_Q5_K)
@@ -2120,15 +2138,21 @@ static int mq_launch(const kcuda_mat_t *w, const kcuda_mat_t *w2, mq_args_t *a, 
         a->r1 = a->r2 = a->nrows;
     const dim3 grid((unsigned)kc_cdiv(a->nrows, 16 * (MQ_WARPS / a->kw)), slots);
     cudaStream_t st = (cudaStream_t)stream;
-#define MQ_GO(T, P) KC_LAUNCH(err, mq_kernel<T, P>, grid, MQ_THREADS, 0, st, *a)
+    /* biases: plain products only, never with the SwiGLU pair */
+    const int biased = a->mode == MQ_PLAIN && (a->pb || a->pb1 || a->pb2);
+#define MQ_GO(T, P, B) KC_LAUNCH(err, mq_kernel<T, P, B>, grid, MQ_THREADS, 0, st, *a)
     if (w->type == BL_TYPE_Q4_K && w2)
-        MQ_GO(BL_TYPE_Q4_K, 1);
+        MQ_GO(BL_TYPE_Q4_K, 1, 0);
+    else if (w->type == BL_TYPE_Q4_K && biased)
+        MQ_GO(BL_TYPE_Q4_K, 0, 1);
     else if (w->type == BL_TYPE_Q4_K)
-        MQ_GO(BL_TYPE_Q4_K, 0);
+        MQ_GO(BL_TYPE_Q4_K, 0, 0);
     else if (w2)
-        MQ_GO(BL_TYPE_Q6_K, 1);
+        MQ_GO(BL_TYPE_Q6_K, 1, 0);
+    else if (biased)
+        MQ_GO(BL_TYPE_Q6_K, 0, 1);
     else
-        MQ_GO(BL_TYPE_Q6_K, 0);
+        MQ_GO(BL_TYPE_Q6_K, 0, 0);
 #undef MQ_GO
     return 0;
 }
