@@ -787,6 +787,8 @@ static int alloc_scratch(cuda_t *cu, bl_err_t *err)
     int rc;
     cu->att_scratch_bytes = kcuda_attention_scratch_bytes(ATT_ROWS > GRAPH_MAX_ROWS ? ATT_ROWS : GRAPH_MAX_ROWS,
                                                           c->n_head, c->head_dim, att_cap(cu->o->n_ctx_max));
+    if (c->kv_lora > 0) /* latent attention: every split of two rows (more rows split less) */
+        cu->att_scratch_bytes = max_sz(cu->att_scratch_bytes, kcuda_mla_scratch_bytes(2, c->n_head, c->kv_lora));
     if ((rc = dalloc(&cu->rl, f * B * ne, err)) < 0 || (rc = dalloc(&cu->ids, 4 * B * K, err)) < 0 ||
         (rc = dalloc(&cu->wts, f * B * K, err)) < 0 || (rc = dalloc(&cu->g, f * B * gw, err)) < 0 ||
         (rc = dalloc(&cu->u_, f * B * gw, err)) < 0 || (rc = dalloc(&cu->xg, f * B * E, err)) < 0 ||
@@ -1901,7 +1903,8 @@ static int cu_mla(wk_backend_t *b, int64_t l, const wk_mla_t *a, float *q, float
         const size_t rb = st->seg[0].kv->row_bytes; /* every cache of a model has the same rows */
         OP("kv_store", kcuda_kv_store_rows(cu->d_rows, li, rb, c, c, D, n, D, s, err));
         OP("attention", kcuda_mla_attention(NULL, cu->d_rows, li, rb, 0, cu->mla_q, H * r, r, q + nope, H * hk, hk, n,
-                                            H, r, a->n_rot, a->scale, cu->mla_o, H * r, r, s, err));
+                                            H, r, a->n_rot, a->scale, cu->mla_o, H * r, r, cu->att_scratch,
+                                            cu->att_scratch_bytes, s, err));
     } else {
         for (int64_t j = 0; j < st->nseg; j++) {
             const wk_seg_t *sg = &st->seg[j];
@@ -1910,7 +1913,8 @@ static int cu_mla(wk_backend_t *b, int64_t l, const wk_mla_t *a, float *q, float
             OP("kv_store", kcuda_kv_store(&kv, c + r0 * D, c + r0 * D, D, sg->pos, sg->n, D, s, err));
             OP("attention", kcuda_mla_attention(kv.k, NULL, 0, kv.row_bytes, sg->pos, cu->mla_q + r0 * H * r, H * r, r,
                                                 q + r0 * H * hk + nope, H * hk, hk, sg->n, H, r, a->n_rot, a->scale,
-                                                cu->mla_o + r0 * H * r, H * r, r, s, err));
+                                                cu->mla_o + r0 * H * r, H * r, r, cu->att_scratch,
+                                                cu->att_scratch_bytes, s, err));
         }
     }
     OP("attn_v_b", kcuda_dequant_f16(M(a->wv_b), 0, H * hv, cu->mla_w16, s, err));

@@ -628,11 +628,16 @@ int kcuda_matvec_heads(const void *d_w16, int64_t n_head, int64_t R, int64_t C, 
  * softmax, and out[b, h] (kv_lora dims) = the probabilities times the rows' first
  * kv_lora dims. The cache: d_rows (the decode step's table, layer `layer`, each
  * row's position) or, when d_rows is NULL, d_cache with row b at position pos0 + b.
- * The rows' own latent rows must be stored first. kv_lora + n_rot <= 1024. */
+ * The rows' own latent rows must be stored first. kv_lora + n_rot <= 1024. Each
+ * cache row is read once per 8 heads; a row's positions split over several blocks
+ * (then combined) as far as d_scratch (scratch_bytes; NULL: no split) holds their
+ * partial sums, which kcuda_mla_scratch_bytes(n, ...) bytes always do. */
+size_t kcuda_mla_scratch_bytes(int64_t n, int64_t n_head, int64_t kv_lora);
 int kcuda_mla_attention(const void *d_cache, const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes,
                         int64_t pos0, const float *d_ql, int64_t ql_row, int64_t ql_head, const float *d_qp,
                         int64_t qp_row, int64_t qp_head, int64_t n, int64_t n_head, int64_t kv_lora, int64_t n_rot,
-                        float scale, float *d_out, int64_t o_row, int64_t o_head, void *stream, bl_err_t *err) BL_WUR;
+                        float scale, float *d_out, int64_t o_row, int64_t o_head, void *d_scratch,
+                        size_t scratch_bytes, void *stream, bl_err_t *err) BL_WUR;
 
 // --- prompts: tensor-core products, expert grouping, prefill attention (gemm.cu, prefill.cu)
 /* The path of steps with many rows per sequence. Weights are dequantized to f16

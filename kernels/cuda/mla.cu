@@ -4,9 +4,8 @@
  * kcuda_dequant_f16 first), and attention of every query head over the one latent
  * cache row per position, whose first kv_lora dims are also the value.
  *
- * These are the plain forms: a block per (row, head) reads the whole cache, so a
- * layer reads it n_head times; correct at every length, and the place to speed up
- * (a block per row for a group of heads reads it once per group). */
+ * The attention reads each cache row once per MLA_G heads (a block per row, group
+ * of heads and split of the positions), the splits' partial sums combined after. */
 #include <math.h>
 
 #include "kcuda_impl.cuh"
@@ -82,107 +81,206 @@ int kcuda_matvec_heads(const void *d_w16, int64_t n_head, int64_t R, int64_t C, 
     return 0;
 }
 
-#define MLA_THREADS 256
-#define MLA_TILE 512 /* positions scored per pass: the online softmax's tile */
+#define MLA_G 8            /* query heads per block, a warp each */
+#define MLA_T 16           /* cache rows per tile, read once for the block's heads */
 #define MLA_MAX_D 1024
+#define MLA_MIN_CHUNK 256  /* positions a split takes at the least */
+#define MLA_MAX_SPLITS 64
 
-/* grid (n_head, n): the block of (row b, head h). q = (q_lat[b, h] (r dims), q_pe[b,
- * h] (n_rot dims)) times scale into shared memory; over tiles of positions: the
- * scores (a warp per position, the dot over D in lane order), the tile's maximum,
- * the running sums rescaled, p * the latent value (thread per dimension pair).
- * Positions 0 .. len-1 with len the row's position + 1 (rows: the table's; else
- * pos0 + b + 1 over cache kc). out[b, h] (r dims) normalised. */
-static __global__ void __launch_bounds__(MLA_THREADS)
+/* grid (ceil(n_head / MLA_G), nsplit, n): the block of row b, heads g * MLA_G .., and
+ * split s of the row's positions 0 .. len-1 (len the row's position + 1: the rows
+ * table's, else pos0 + b + 1), cut into at most nsplit chunks of at least
+ * MLA_MIN_CHUNK, whole tiles. Each warp holds its head's query (q_lat, then q_pe,
+ * times scale) in registers, lane l dims l, l + 32, .. (PL of them: D <= 32 PL);
+ * tile by tile the block copies MLA_T cache rows into shared memory (16-byte loads
+ * where the rows allow), and each warp scores them (the dot in lane order, then the
+ * shuffle sum), keeps the online softmax and the sum of p * the rows' first r dims.
+ * nsplit 1: out[b, h] normalised; else the split's (m, l, unnormalised sum) into
+ * part for mla_combine_kernel. */
+template <int PL>
+static __global__ void __launch_bounds__(MLA_G * 32)
 mla_attention_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, int64_t layer, int64_t pos0,
                      const float *ql, int64_t ql_row, int64_t ql_head, const float *qp, int64_t qp_row,
-                     int64_t qp_head, int r, int n_rot, float scale, float *out, int64_t o_row, int64_t o_head)
+                     int64_t qp_head, int n_head, int r, int n_rot, float scale, float *out, int64_t o_row,
+                     int64_t o_head, float *part)
 {
     kc_wait_prior();
     kc_allow_next();
-    __shared__ float qs[MLA_MAX_D];
-    __shared__ float sc[MLA_TILE];
-    __shared__ float red[MLA_THREADS / 32];
-    const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    __shared__ __half tile[MLA_T][MLA_MAX_D];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
+    const int h = blockIdx.x * MLA_G + warp, s = blockIdx.y, nsplit = gridDim.y;
+    const int64_t b = blockIdx.z;
     const int D = r + n_rot;
+    const int live = h < n_head; /* a warp past the heads still loads its share of the tiles */
     int64_t len = pos0 + b + 1;
     if (rows) {
         const kcuda_kv_row_t rw = rows[b];
         kc = (const uint8_t *)(uintptr_t)(rw.k + (uint64_t)layer * rw.layer_bytes);
         len = (int64_t)rw.pos + 1;
     }
-    for (int d = tid; d < D; d += MLA_THREADS)
-        qs[d] = (d < r ? ql[b * ql_row + h * ql_head + d] : qp[b * qp_row + h * qp_head + d - r]) * scale;
-    __syncthreads();
-    float m = -INFINITY, l = 0.0f;
-    float acc[MLA_MAX_D / MLA_THREADS];
+    /* this split's positions */
+    int64_t active = (len + MLA_MIN_CHUNK - 1) / MLA_MIN_CHUNK;
+    active = active < nsplit ? active : nsplit;
+    const int64_t per = (len + active - 1) / active, chunk = (per + MLA_T - 1) / MLA_T * MLA_T;
+    const int64_t p0 = (int64_t)s * chunk, p1 = p0 + chunk < len ? p0 + chunk : len;
+    /* whole 16-byte pieces of each row: rows 16-byte aligned, D a multiple of 8 */
+    const int vec = ((uintptr_t)kc % 16 == 0) && rb % 16 == 0 && D % 8 == 0;
+    float q[PL], acc[PL];
 #pragma unroll
-    for (int i = 0; i < MLA_MAX_D / MLA_THREADS; i++)
+    for (int i = 0; i < PL; i++) {
+        const int d = lane + 32 * i;
+        q[i] = 0.0f;
         acc[i] = 0.0f;
-    for (int64_t t0 = 0; t0 < len; t0 += MLA_TILE) {
-        const int cnt = len - t0 < MLA_TILE ? (int)(len - t0) : MLA_TILE;
-        for (int t = warp; t < cnt; t += MLA_THREADS / 32) {
-            const __half *row = (const __half *)(kc + (size_t)(t0 + t) * rb);
-            float s = 0.0f;
-            for (int d = lane; d < D; d += 32)
-                s += qs[d] * __half2float(row[d]);
-            s = kc_warp_sum(s);
-            if (lane == 0)
-                sc[t] = s;
+        if (live && d < D)
+            q[i] = (d < r ? ql[b * ql_row + h * ql_head + d] : qp[b * qp_row + h * qp_head + d - r]) * scale;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t t0 = p0; t0 < p1; t0 += MLA_T) {
+        const int cnt = p1 - t0 < MLA_T ? (int)(p1 - t0) : MLA_T;
+        if (vec) {
+            const int per = D / 8; /* 16-byte pieces a row */
+            for (int e = tid; e < cnt * per; e += MLA_G * 32) {
+                const int t = e / per, k = e - t * per;
+                *(uint4 *)&tile[t][8 * k] = __ldg((const uint4 *)(kc + (size_t)(t0 + t) * rb) + k);
+            }
+        } else {
+            for (int e = tid; e < cnt * D; e += MLA_G * 32) {
+                const int t = e / D, d = e - t * D;
+                tile[t][d] = ((const __half *)(kc + (size_t)(t0 + t) * rb))[d];
+            }
         }
         __syncthreads();
-        float tm = -INFINITY;
-        for (int t = tid; t < cnt; t += MLA_THREADS)
-            tm = fmaxf(tm, sc[t]);
-        tm = kc_warp_max(tm);
-        if (lane == 0)
-            red[warp] = tm;
-        __syncthreads();
-        tm = red[0];
-        for (int w = 1; w < MLA_THREADS / 32; w++)
-            tm = fmaxf(tm, red[w]);
-        const float nm = fmaxf(m, tm), cf = expf(m - nm); /* m = -inf the first time: cf 0 */
-        __syncthreads(); /* red is read by all before it is reused */
-        float ts = 0.0f;
-        for (int t = tid; t < cnt; t += MLA_THREADS) {
-            const float p = expf(sc[t] - nm);
-            sc[t] = p;
-            ts += p;
-        }
-        ts = kc_warp_sum(ts);
-        if (lane == 0)
-            red[warp] = ts;
-        __syncthreads();
-        ts = 0.0f;
-        for (int w = 0; w < MLA_THREADS / 32; w++)
-            ts += red[w];
-        l = l * cf + ts;
-        m = nm;
+        if (live) {
+            float sc[MLA_T];
+            float tm = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < MLA_MAX_D / MLA_THREADS; i++) {
-            const int d = tid + i * MLA_THREADS;
+            for (int t = 0; t < MLA_T; t++) {
+                float v = 0.0f;
+#pragma unroll
+                for (int i = 0; i < PL; i++) {
+                    const int d = lane + 32 * i;
+                    if (d < D)
+                        v += q[i] * __half2float(tile[t][d]);
+                }
+                v = kc_warp_sum(v);
+                sc[t] = t < cnt ? v : -INFINITY;
+                tm = fmaxf(tm, sc[t]);
+            }
+            const float nm = fmaxf(m, tm), cf = expf(m - nm); /* m = -inf the first time: cf 0 */
+            float ts = 0.0f;
+#pragma unroll
+            for (int t = 0; t < MLA_T; t++) {
+                sc[t] = t < cnt ? expf(sc[t] - nm) : 0.0f;
+                ts += sc[t];
+            }
+            l = l * cf + ts;
+            m = nm;
+#pragma unroll
+            for (int i = 0; i < PL; i++) {
+                const int d = lane + 32 * i;
+                if (d >= r)
+                    break;
+                float a = acc[i] * cf;
+#pragma unroll
+                for (int t = 0; t < MLA_T; t++)
+                    if (t < cnt) /* the rows past cnt hold what the last tile left, or nothing */
+                        a += sc[t] * __half2float(tile[t][d]);
+                acc[i] = a;
+            }
+        }
+        __syncthreads(); /* the tile is rewritten by the next pass */
+    }
+    if (!live)
+        return;
+    if (nsplit == 1) {
+        const float inv = 1.0f / l;
+#pragma unroll
+        for (int i = 0; i < PL; i++) {
+            const int d = lane + 32 * i;
             if (d >= r)
                 break;
-            float a = acc[i] * cf;
-            for (int t = 0; t < cnt; t++)
-                a += sc[t] * __half2float(((const __half *)(kc + (size_t)(t0 + t) * rb))[d]);
-            acc[i] = a;
+            out[b * o_row + h * o_head + d] = acc[i] * inv;
         }
-        __syncthreads(); /* sc and red are rewritten by the next tile */
+        return;
     }
-    const float inv = 1.0f / l;
+    /* (m, l, the sums) of split s of (b, h); an empty split: m = -inf, l = 0 */
+    float *pp = part + (((size_t)b * n_head + h) * nsplit + s) * (size_t)(r + 2);
+    if (lane == 0) {
+        pp[0] = m;
+        pp[1] = l;
+    }
 #pragma unroll
-    for (int i = 0; i < MLA_MAX_D / MLA_THREADS; i++) {
-        const int d = tid + i * MLA_THREADS;
+    for (int i = 0; i < PL; i++) {
+        const int d = lane + 32 * i;
         if (d >= r)
             break;
-        out[b * o_row + h * o_head + d] = acc[i] * inv;
+        pp[2 + d] = acc[i];
     }
+}
+
+/* grid (n_head, n): the splits of (b, h) in order: out = sum_s e^(m_s - M) acc_s /
+ * sum_s e^(m_s - M) l_s, M the largest m_s (split 0 always has positions). */
+static __global__ void __launch_bounds__(256)
+mla_combine_kernel(const float *part, int nsplit, int n_head, int r, float *out, int64_t o_row, int64_t o_head)
+{
+    kc_wait_prior();
+    kc_allow_next();
+    const int h = blockIdx.x;
+    const int64_t b = blockIdx.y;
+    const float *pp = part + ((size_t)b * n_head + h) * nsplit * (size_t)(r + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < nsplit; s++)
+        M = fmaxf(M, pp[(size_t)s * (r + 2)]);
+    float L = 0.0f;
+    for (int s = 0; s < nsplit; s++) {
+        const float *q = pp + (size_t)s * (r + 2);
+        if (q[1] > 0.0f)
+            L += expf(q[0] - M) * q[1];
+    }
+    const float inv = 1.0f / L;
+    for (int d = threadIdx.x; d < r; d += blockDim.x) {
+        float a = 0.0f;
+        for (int s = 0; s < nsplit; s++) {
+            const float *q = pp + (size_t)s * (r + 2);
+            if (q[1] > 0.0f)
+                a += expf(q[0] - M) * q[2 + d];
+        }
+        out[b * o_row + h * o_head + d] = a * inv;
+    }
+}
+
+/* The splits a launch of n rows, n_head heads and kv_lora dims takes: enough blocks
+ * for four waves of the device's SMs, within the scratch and MLA_MAX_SPLITS, and
+ * within what max_len (0: not known, the rows table's) fills with MLA_MIN_CHUNK. */
+static int mla_splits(int64_t n, int64_t n_head, int64_t kv_lora, int64_t max_len, size_t scratch_bytes,
+                      int *out, bl_err_t *err)
+{
+    int dev = 0, sms = 0;
+    KCUDA_CHECK(cudaGetDevice(&dev), err);
+    KCUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), err);
+    const int64_t blocks = kc_cdiv(n_head, MLA_G) * n;
+    int64_t k = kc_cdiv(4 * (int64_t)sms, blocks);
+    const int64_t fit = (int64_t)(scratch_bytes / (sizeof(float) * (size_t)(n * n_head * (kv_lora + 2))));
+    k = k < fit ? k : fit;
+    k = k < MLA_MAX_SPLITS ? k : MLA_MAX_SPLITS;
+    if (max_len > 0 && kc_cdiv(max_len, MLA_MIN_CHUNK) < k)
+        k = kc_cdiv(max_len, MLA_MIN_CHUNK);
+    *out = k < 1 ? 1 : (int)k;
+    return 0;
+}
+
+size_t kcuda_mla_scratch_bytes(int64_t n, int64_t n_head, int64_t kv_lora)
+{
+    if (n < 1 || n_head < 1 || kv_lora < 1)
+        return 0;
+    return sizeof(float) * (size_t)n * (size_t)n_head * (size_t)(kv_lora + 2) * MLA_MAX_SPLITS;
 }
 
 int kcuda_mla_attention(const void *d_cache, const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes,
                         int64_t pos0, const float *d_ql, int64_t ql_row, int64_t ql_head, const float *d_qp,
                         int64_t qp_row, int64_t qp_head, int64_t n, int64_t n_head, int64_t kv_lora, int64_t n_rot,
-                        float scale, float *d_out, int64_t o_row, int64_t o_head, void *stream, bl_err_t *err)
+                        float scale, float *d_out, int64_t o_row, int64_t o_head, void *d_scratch,
+                        size_t scratch_bytes, void *stream, bl_err_t *err)
 {
     if ((!d_cache && !d_rows) || !d_ql || !d_qp || !d_out || n < 1 || n > 65535 || n_head < 1 || n_head > 65535 ||
         kv_lora < 1 || n_rot < 0 || kv_lora + n_rot > MLA_MAX_D || pos0 < 0 || layer < 0 ||
@@ -191,9 +289,26 @@ int kcuda_mla_attention(const void *d_cache, const kcuda_kv_row_t *d_rows, int64
                           "mla_attention: %lld rows, %lld heads, %lld + %lld dims (at most %d), cache rows of %zu "
                           "bytes", (long long)n, (long long)n_head, (long long)kv_lora, (long long)n_rot, MLA_MAX_D,
                           row_bytes);
-    const dim3 grid((unsigned)n_head, (unsigned)n);
-    KC_LAUNCH(err, mla_attention_kernel, grid, MLA_THREADS, 0, (cudaStream_t)stream, (const uint8_t *)d_cache,
-              row_bytes, d_rows, layer, pos0, d_ql, ql_row, ql_head, d_qp, qp_row, qp_head, (int)kv_lora, (int)n_rot,
-              scale, d_out, o_row, o_head);
+    int nsplit = 1;
+    int rc = mla_splits(n, n_head, kv_lora, d_rows ? 0 : pos0 + n, d_scratch ? scratch_bytes : 0, &nsplit, err);
+    if (rc < 0)
+        return rc;
+    cudaStream_t st = (cudaStream_t)stream;
+    const dim3 grid((unsigned)kc_cdiv(n_head, MLA_G), (unsigned)nsplit, (unsigned)n);
+    const int64_t D = kv_lora + n_rot;
+#define MLA_GO(PL)                                                                                           \
+    KC_LAUNCH(err, mla_attention_kernel<PL>, grid, MLA_G * 32, 0, st, (const uint8_t *)d_cache, row_bytes, d_rows, \
+              layer, pos0, d_ql, ql_row, ql_head, d_qp, qp_row, qp_head, (int)n_head, (int)kv_lora, (int)n_rot,     \
+              scale, d_out, o_row, o_head, (float *)d_scratch)
+    if (D <= 4 * 32) /* small test shapes */
+        MLA_GO(4);
+    else if (D <= 18 * 32) /* DeepSeek-V2/V3, Kimi-K2: 512 + 64 */
+        MLA_GO(18);
+    else
+        MLA_GO(MLA_MAX_D / 32);
+#undef MLA_GO
+    if (nsplit > 1)
+        KC_LAUNCH(err, mla_combine_kernel, dim3((unsigned)n_head, (unsigned)n), 256, 0, st, (const float *)d_scratch,
+                  nsplit, (int)n_head, (int)kv_lora, d_out, o_row, o_head);
     return 0;
 }

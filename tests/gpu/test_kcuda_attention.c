@@ -458,7 +458,9 @@ static void case_attention_qkv(rng_t *r, int64_t n, const int32_t *pos, int64_t 
 
 /* deepseek2's latent attention pieces (mla.cu): kcuda_mla_attention against
  * kcpu_attention with one cache head of kv_lora + n_rot dims whose rows are also the
- * values (the CPU's cpu_mla), through the decode rows table and the prompt form;
+ * values (the CPU's cpu_mla), through the decode rows table and the prompt form,
+ * each with the positions split over blocks (scratch given) and, in the prompt
+ * form, without;
  * kcuda_matvec_heads against a double product of the f16 weights; kcuda_rope_norm
  * against kcpu_rope_norm with a YaRN table. */
 static void case_mla(rng_t *r, int64_t n, int64_t pos0, int64_t H, int64_t R, int64_t nr)
@@ -498,15 +500,20 @@ static void case_mla(rng_t *r, int64_t n, int64_t pos0, int64_t H, int64_t R, in
     for (int64_t i = 0; i < n * H; i++)
         for (int64_t d = 0; d < R; d++)
             ref[i * R + d] = want[i * D + d];
-    int ok = kcuda_mla_attention(dc, NULL, 0, rb, pos0, dql, H * R, R, dqp + 8, H * (nr + 8), nr + 8, n, H, R, nr,
-                                 scale, dout, H * R, R, NULL, &err) == 0 &&
+    const size_t sb = kcuda_mla_scratch_bytes(n, H, R);
+    void *dscr = d_poison(sb);
+    int ok = 1;
+    for (int split = 0; split < 2; split++) {
+        ok = kcuda_mla_attention(dc, NULL, 0, rb, pos0, dql, H * R, R, dqp + 8, H * (nr + 8), nr + 8, n, H, R, nr,
+                                 scale, dout, H * R, R, split ? dscr : NULL, split ? sb : 0, NULL, &err) == 0 &&
              d_fetch(got, dout, sizeof(float) * (size_t)(n * H * R), &err) == 0;
-    if (!ok)
-        printf("#   %s\n", err.msg);
-    else
-        ok = check_close(got, H * R, ref, n, H * R, 2e-5, 1e-4);
-    tap_ok(ok, "mla_attention (prompt form): %lld rows at %lld, %lld heads, %lld + %lld dims", (long long)n,
-           (long long)pos0, (long long)H, (long long)R, (long long)nr);
+        if (!ok)
+            printf("#   %s\n", err.msg);
+        else
+            ok = check_close(got, H * R, ref, n, H * R, 2e-5, 1e-4);
+        tap_ok(ok, "mla_attention (prompt form%s): %lld rows at %lld, %lld heads, %lld + %lld dims",
+               split ? ", split" : "", (long long)n, (long long)pos0, (long long)H, (long long)R, (long long)nr);
+    }
     /* the rows table: each row's own position, the cache in layer 1 of two */
     kcuda_kv_row_t rows[64];
     uint8_t *dc2 = d_poison(2 * rb * (size_t)len);
@@ -516,7 +523,7 @@ static void case_mla(rng_t *r, int64_t n, int64_t pos0, int64_t H, int64_t R, in
                                    .pos = (int32_t)(pos0 + b)};
     kcuda_kv_row_t *drows = ok ? d_upload(rows, sizeof(kcuda_kv_row_t) * (size_t)n) : NULL;
     ok = ok && kcuda_mla_attention(NULL, drows, 1, rb, 0, dql, H * R, R, dqp + 8, H * (nr + 8), nr + 8, n, H, R, nr,
-                                   scale, dout, H * R, R, NULL, &err) == 0 &&
+                                   scale, dout, H * R, R, dscr, sb, NULL, &err) == 0 &&
          d_fetch(got, dout, sizeof(float) * (size_t)(n * H * R), &err) == 0;
     if (!ok)
         printf("#   %s\n", err.msg);
@@ -580,6 +587,7 @@ static void case_mla(rng_t *r, int64_t n, int64_t pos0, int64_t H, int64_t R, in
     }
     tap_ok(ok, "rope_norm with YaRN: %lld rows, %lld heads, %lld rotated", (long long)n, (long long)H, (long long)nr);
     kcuda_free(dc); kcuda_free(dc2); kcuda_free(dql); kcuda_free(dqp); kcuda_free(dout); kcuda_free(drows);
+    kcuda_free(dscr);
     kcuda_free(dw); kcuda_free(dx); kcuda_free(dpos); kcuda_free(dxa);
     free(cf); free(hc); free(q); free(want); free(ql); free(qp); free(got); free(ref); free(w16); free(x); free(y);
     free(pos); free(cs); free(xa); free(xb);
@@ -637,6 +645,8 @@ int main(void)
     case_mla(&r, 3, 40, 8, 64, 32);
     case_mla(&r, 5, 700, 16, 512, 64);  /* DeepSeek-V3's latent and rotated widths */
     case_mla(&r, 40, 0, 4, 64, 32);     /* a prompt from position 0 */
+    case_mla(&r, 1, 5000, 128, 512, 64); /* DeepSeek-V3's heads, one row deep: many splits */
+    case_mla(&r, 2, 3000, 20, 512, 64);  /* heads not a multiple of a block's 8 */
     const int64_t p1[1] = {0}, p3[3] = {5, 200, 129}, p5[5] = {127, 1, 1013, 300, 40};
     case_rows(&r, 1, p1, 8, 2, 128, 256);
     case_rows(&r, 3, p3, 32, 4, 128, 256);      /* a grid larger than two rows need */
