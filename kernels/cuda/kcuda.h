@@ -628,7 +628,8 @@ int kcuda_matvec_heads(const void *d_w16, int64_t n_head, int64_t R, int64_t C, 
  * softmax, and out[b, h] (kv_lora dims) = the probabilities times the rows' first
  * kv_lora dims. The cache: d_rows (the decode step's table, layer `layer`, each
  * row's position) or, when d_rows is NULL, d_cache with row b at position pos0 + b.
- * The rows' own latent rows must be stored first. kv_lora + n_rot <= 1024. Each
+ * The rows' own latent rows must be stored first. kv_lora and n_rot even, their sum
+ * at most 1024. Each
  * cache row is read once per 8 heads; a row's positions split over several blocks
  * (then combined) as far as d_scratch (scratch_bytes; NULL: no split) holds their
  * partial sums, which kcuda_mla_scratch_bytes(n, ...) bytes always do. */

@@ -84,20 +84,21 @@ int kcuda_matvec_heads(const void *d_w16, int64_t n_head, int64_t R, int64_t C, 
 #define MLA_G 8            /* query heads per block, a warp each */
 #define MLA_T 16           /* cache rows per tile, read once for the block's heads */
 #define MLA_MAX_D 1024
-#define MLA_MIN_CHUNK 256  /* positions a split takes at the least */
+#define MLA_MIN_CHUNK 64   /* positions a split takes at the least */
 #define MLA_MAX_SPLITS 64
 
 /* grid (ceil(n_head / MLA_G), nsplit, n): the block of row b, heads g * MLA_G .., and
  * split s of the row's positions 0 .. len-1 (len the row's position + 1: the rows
  * table's, else pos0 + b + 1), cut into at most nsplit chunks of at least
  * MLA_MIN_CHUNK, whole tiles. Each warp holds its head's query (q_lat, then q_pe,
- * times scale) in registers, lane l dims l, l + 32, .. (PL of them: D <= 32 PL);
- * tile by tile the block copies MLA_T cache rows into shared memory (16-byte loads
- * where the rows allow), and each warp scores them (the dot in lane order, then the
- * shuffle sum), keeps the online softmax and the sum of p * the rows' first r dims.
- * nsplit 1: out[b, h] normalised; else the split's (m, l, unnormalised sum) into
- * part for mla_combine_kernel. */
-template <int PL>
+ * times scale) in registers, lane l the dim pairs 2l, 2l + 1, then 64 on (P pairs:
+ * D <= 64 P); tile by tile the block copies MLA_T cache rows into shared memory (the
+ * next tile's 16-byte pieces load into registers while this one is scored: rows
+ * 16-byte aligned and D a multiple of 8, else half by half), and each warp scores
+ * them (the dot in lane order, then the shuffle sum), keeps the online softmax and
+ * the sum of p * the rows' first r dims. nsplit 1: out[b, h] normalised; else the
+ * split's (m, l, unnormalised sum) into part for mla_combine_kernel. D even. */
+template <int P>
 static __global__ void __launch_bounds__(MLA_G * 32)
 mla_attention_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, int64_t layer, int64_t pos0,
                      const float *ql, int64_t ql_row, int64_t ql_head, const float *qp, int64_t qp_row,
@@ -106,7 +107,7 @@ mla_attention_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, i
 {
     kc_wait_prior();
     kc_allow_next();
-    __shared__ __half tile[MLA_T][MLA_MAX_D];
+    __shared__ __align__(16) __half tile[MLA_T][MLA_MAX_D];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
     const int h = blockIdx.x * MLA_G + warp, s = blockIdx.y, nsplit = gridDim.y;
     const int64_t b = blockIdx.z;
@@ -123,25 +124,40 @@ mla_attention_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, i
     active = active < nsplit ? active : nsplit;
     const int64_t per = (len + active - 1) / active, chunk = (per + MLA_T - 1) / MLA_T * MLA_T;
     const int64_t p0 = (int64_t)s * chunk, p1 = p0 + chunk < len ? p0 + chunk : len;
-    /* whole 16-byte pieces of each row: rows 16-byte aligned, D a multiple of 8 */
     const int vec = ((uintptr_t)kc % 16 == 0) && rb % 16 == 0 && D % 8 == 0;
-    float q[PL], acc[PL];
+    const int pieces = D / 8; /* 16-byte pieces a row */
+    float2 q[P], acc[P];
 #pragma unroll
-    for (int i = 0; i < PL; i++) {
-        const int d = lane + 32 * i;
-        q[i] = 0.0f;
-        acc[i] = 0.0f;
-        if (live && d < D)
-            q[i] = (d < r ? ql[b * ql_row + h * ql_head + d] : qp[b * qp_row + h * qp_head + d - r]) * scale;
+    for (int i = 0; i < P; i++) {
+        const int d = 2 * lane + 64 * i;
+        q[i] = make_float2(0.0f, 0.0f);
+        acc[i] = make_float2(0.0f, 0.0f);
+        if (live && d < D) {
+            const float *src = d < r ? ql + b * ql_row + h * ql_head + d : qp + b * qp_row + h * qp_head + d - r;
+            q[i] = make_float2(src[0] * scale, src[1] * scale);
+        }
+    }
+    /* the first tile's pieces: NP 16-byte pieces a thread (a tile of D <= 64 P holds
+     * MLA_T * 8 P of them over MLA_G * 32 threads) */
+    constexpr int NP = (P + 1) / 2;
+    static_assert(MLA_T * 8 * P <= NP * MLA_G * 32, "a tile's pieces over the threads");
+    uint4 nxt[NP];
+    int cnt_n = p1 - p0 < MLA_T ? (int)(p1 - p0) : MLA_T;
+#pragma unroll
+    for (int k = 0; k < NP; k++) {
+        const int e = tid + k * MLA_G * 32, t = e / pieces, c = e - t * pieces;
+        if (vec && p0 < p1 && t < cnt_n)
+            nxt[k] = __ldg((const uint4 *)(kc + (size_t)(p0 + t) * rb) + c);
     }
     float m = -INFINITY, l = 0.0f;
     for (int64_t t0 = p0; t0 < p1; t0 += MLA_T) {
-        const int cnt = p1 - t0 < MLA_T ? (int)(p1 - t0) : MLA_T;
+        const int cnt = cnt_n;
         if (vec) {
-            const int per = D / 8; /* 16-byte pieces a row */
-            for (int e = tid; e < cnt * per; e += MLA_G * 32) {
-                const int t = e / per, k = e - t * per;
-                *(uint4 *)&tile[t][8 * k] = __ldg((const uint4 *)(kc + (size_t)(t0 + t) * rb) + k);
+#pragma unroll
+            for (int k = 0; k < NP; k++) {
+                const int e = tid + k * MLA_G * 32, t = e / pieces, c = e - t * pieces;
+                if (t < cnt)
+                    *(uint4 *)&tile[t][8 * c] = nxt[k];
             }
         } else {
             for (int e = tid; e < cnt * D; e += MLA_G * 32) {
@@ -150,6 +166,15 @@ mla_attention_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, i
             }
         }
         __syncthreads();
+        /* the next tile's pieces in flight while this one is scored */
+        const int64_t t1 = t0 + MLA_T;
+        cnt_n = p1 - t1 < MLA_T ? (int)(p1 - t1) : MLA_T;
+#pragma unroll
+        for (int k = 0; k < NP; k++) {
+            const int e = tid + k * MLA_G * 32, t = e / pieces, c = e - t * pieces;
+            if (vec && t1 < p1 && t < cnt_n)
+                nxt[k] = __ldg((const uint4 *)(kc + (size_t)(t1 + t) * rb) + c);
+        }
         if (live) {
             float sc[MLA_T];
             float tm = -INFINITY;
@@ -157,10 +182,12 @@ mla_attention_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, i
             for (int t = 0; t < MLA_T; t++) {
                 float v = 0.0f;
 #pragma unroll
-                for (int i = 0; i < PL; i++) {
-                    const int d = lane + 32 * i;
-                    if (d < D)
-                        v += q[i] * __half2float(tile[t][d]);
+                for (int i = 0; i < P; i++) {
+                    const int d = 2 * lane + 64 * i;
+                    if (d < D) {
+                        const float2 k2 = __half22float2(*(const __half2 *)&tile[t][d]);
+                        v += q[i].x * k2.x + q[i].y * k2.y;
+                    }
                 }
                 v = kc_warp_sum(v);
                 sc[t] = t < cnt ? v : -INFINITY;
@@ -176,15 +203,18 @@ mla_attention_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, i
             l = l * cf + ts;
             m = nm;
 #pragma unroll
-            for (int i = 0; i < PL; i++) {
-                const int d = lane + 32 * i;
+            for (int i = 0; i < P; i++) {
+                const int d = 2 * lane + 64 * i;
                 if (d >= r)
                     break;
-                float a = acc[i] * cf;
+                float2 a = make_float2(acc[i].x * cf, acc[i].y * cf);
 #pragma unroll
                 for (int t = 0; t < MLA_T; t++)
-                    if (t < cnt) /* the rows past cnt hold what the last tile left, or nothing */
-                        a += sc[t] * __half2float(tile[t][d]);
+                    if (t < cnt) { /* the rows past cnt hold what the last tile left, or nothing */
+                        const float2 v2 = __half22float2(*(const __half2 *)&tile[t][d]);
+                        a.x += sc[t] * v2.x;
+                        a.y += sc[t] * v2.y;
+                    }
                 acc[i] = a;
             }
         }
@@ -195,11 +225,12 @@ mla_attention_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, i
     if (nsplit == 1) {
         const float inv = 1.0f / l;
 #pragma unroll
-        for (int i = 0; i < PL; i++) {
-            const int d = lane + 32 * i;
+        for (int i = 0; i < P; i++) {
+            const int d = 2 * lane + 64 * i;
             if (d >= r)
                 break;
-            out[b * o_row + h * o_head + d] = acc[i] * inv;
+            out[b * o_row + h * o_head + d] = acc[i].x * inv;
+            out[b * o_row + h * o_head + d + 1] = acc[i].y * inv;
         }
         return;
     }
@@ -210,11 +241,12 @@ mla_attention_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, i
         pp[1] = l;
     }
 #pragma unroll
-    for (int i = 0; i < PL; i++) {
-        const int d = lane + 32 * i;
+    for (int i = 0; i < P; i++) {
+        const int d = 2 * lane + 64 * i;
         if (d >= r)
             break;
-        pp[2 + d] = acc[i];
+        pp[2 + d] = acc[i].x;
+        pp[3 + d] = acc[i].y;
     }
 }
 
@@ -283,11 +315,12 @@ int kcuda_mla_attention(const void *d_cache, const kcuda_kv_row_t *d_rows, int64
                         size_t scratch_bytes, void *stream, bl_err_t *err)
 {
     if ((!d_cache && !d_rows) || !d_ql || !d_qp || !d_out || n < 1 || n > 65535 || n_head < 1 || n_head > 65535 ||
-        kv_lora < 1 || n_rot < 0 || kv_lora + n_rot > MLA_MAX_D || pos0 < 0 || layer < 0 ||
+        kv_lora < 1 || kv_lora % 2 != 0 || n_rot < 0 || n_rot % 2 != 0 || kv_lora + n_rot > MLA_MAX_D || pos0 < 0 ||
+        layer < 0 ||
         row_bytes < (size_t)(kv_lora + n_rot) * 2)
         return bl_err_set(err, BL_EINVAL,
-                          "mla_attention: %lld rows, %lld heads, %lld + %lld dims (at most %d), cache rows of %zu "
-                          "bytes", (long long)n, (long long)n_head, (long long)kv_lora, (long long)n_rot, MLA_MAX_D,
+                          "mla_attention: %lld rows, %lld heads, %lld + %lld dims (even, at most %d), cache rows of "
+                          "%zu bytes", (long long)n, (long long)n_head, (long long)kv_lora, (long long)n_rot, MLA_MAX_D,
                           row_bytes);
     int nsplit = 1;
     int rc = mla_splits(n, n_head, kv_lora, d_rows ? 0 : pos0 + n, d_scratch ? scratch_bytes : 0, &nsplit, err);
@@ -300,12 +333,12 @@ int kcuda_mla_attention(const void *d_cache, const kcuda_kv_row_t *d_rows, int64
     KC_LAUNCH(err, mla_attention_kernel<PL>, grid, MLA_G * 32, 0, st, (const uint8_t *)d_cache, row_bytes, d_rows, \
               layer, pos0, d_ql, ql_row, ql_head, d_qp, qp_row, qp_head, (int)n_head, (int)kv_lora, (int)n_rot,     \
               scale, d_out, o_row, o_head, (float *)d_scratch)
-    if (D <= 4 * 32) /* small test shapes */
-        MLA_GO(4);
-    else if (D <= 18 * 32) /* DeepSeek-V2/V3, Kimi-K2: 512 + 64 */
-        MLA_GO(18);
+    if (D <= 2 * 64) /* small test shapes */
+        MLA_GO(2);
+    else if (D <= 9 * 64) /* DeepSeek-V2/V3, Kimi-K2: 512 + 64 */
+        MLA_GO(9);
     else
-        MLA_GO(MLA_MAX_D / 32);
+        MLA_GO(MLA_MAX_D / 64);
 #undef MLA_GO
     if (nsplit > 1)
         KC_LAUNCH(err, mla_combine_kernel, dim3((unsigned)n_head, (unsigned)n), 256, 0, st, (const float *)d_scratch,
