@@ -1,6 +1,7 @@
 /* N-gram speculation: the proposers (ngram.h). */
 #include "ngram.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,16 +39,34 @@ int rt_ngram_simple(const int32_t *toks, int64_t n, int size_n, int size_m, int3
 
 void rt_ngram_map_begin(rt_ngram_map_t *m, int size_n, int size_m, int64_t begin)
 {
+    /* the keys at or past `cut` go: none when the new prompt holds all the slot saw */
+    int64_t cut = m->begin;
+    if (cut > begin)
+        cut = begin > (int64_t)size_n + size_m ? begin - size_n - size_m : 0;
+    if (begin >= m->seen)
+        cut = INT64_MAX;
+    if (size_n != m->size_n)
+        cut = 0;
+    int k = 0;
+    for (int i = 0; i < m->n_keys; i++)
+        if (m->key_at[i] < cut) {
+            m->key_at[k] = m->key_at[i];
+            m->taken[k] = m->taken[i];
+            k++;
+        }
+    m->n_keys = k;
     m->size_n = size_n;
     m->size_m = size_m;
     m->begin = begin;
-    m->n_keys = 0;
+    m->seen = begin;
     m->last = -1;
 }
 
 int rt_ngram_map_draft(rt_ngram_map_t *m, const int32_t *toks, int64_t n, int32_t *out, int cap)
 {
     m->last = -1;
+    if (n > m->seen)
+        m->seen = n;
     const int sn = m->size_n, sm = m->size_m;
     const int64_t cur = n - 1; /* before the pending token */
     if (!toks || sn < 1 || sm < 1 || cap < 1 || cur < 2 * (int64_t)sn + sm)

@@ -27,10 +27,12 @@ int rt_ngram_simple(const int32_t *toks, int64_t n, int size_n, int size_m, int3
  * first and the reply after it, and a memory per key n-gram of how many of its
  * last proposals the model took: a key proposes that many next time (size_m at
  * first), so a key whose proposals failed proposes nothing again. One a slot,
- * emptied when a task starts. */
+ * kept across its tasks as rt_ngram_map_begin says. */
 typedef struct rt_ngram_map {
     int size_n, size_m;
     int64_t begin;      /* the task's prompt length: where its reply begins */
+    int64_t seen;       /* the longest sequence a proposal was asked for (through its
+                         * pending token) */
     int n_keys, cap;
     int64_t *key_at;    /* where each key n-gram was found */
     int16_t *taken;     /* how many of its last proposals were taken */
@@ -39,7 +41,13 @@ typedef struct rt_ngram_map {
 
 #define RT_NGRAM_MAP_KEYS 4096 /* keys a slot remembers; past them new keys propose nothing */
 
-/* A task of prompt length begin starts: the keys are forgotten. */
+/* A task of prompt length begin starts in the slot. A prompt at least as long as
+ * what the slot's last task saw (a chat that goes on: its prompt holds that text and
+ * more) keeps every key and what it learned; a shorter one keeps the keys found
+ * before the last task's prompt ended, those before its own last size_n + size_m
+ * tokens when it is shorter still; keys of another size_n go. A kept key proposes
+ * only where its n-gram still stands at its place (the lookup compares the tokens).
+ * As llama.cpp's ngram-map-k begins. */
 void rt_ngram_map_begin(rt_ngram_map_t *m, int size_n, int size_m, int64_t begin);
 /* Proposals for toks[0, n) (the pending token last) into out, at most cap; the
  * count, 0 without memory for a new key. */

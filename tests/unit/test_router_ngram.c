@@ -129,7 +129,26 @@ static void test_ngram_map_k_remembers_what_each_key_had_taken(void **state)
     assert_int_equal(out[0], 5);
     assert_int_equal(m.n_keys, 2);
     rt_ngram_map_accept(&m, 2);
-    /* a new task forgets the keys */
+    /* a new task whose prompt holds all the slot saw (a chat going on) keeps every
+     * key and what it learned */
+    rt_ngram_map_begin(&m, 2, 3, 16);
+    assert_int_equal(m.n_keys, 2);
+    assert_int_equal(rt_ngram_map_draft(&m, t, 16, out, 8), 0); /* still none: it took none */
+    assert_int_equal(rt_ngram_map_draft(&m, u, 16, out, 8), 2); /* still two */
+    /* a prompt shorter than what the slot saw (the last reply cut): the keys found
+     * before the last prompt's end stay, the ones of its reply go */
+    int32_t v[32] = {99, 1, 2, 7, 8, 9, 5, 6, 6, 6, 6, 6, 3, 3, 1, 2, 4, 4, 4, 4, 3, 3, 4, 4};
+    assert_int_equal(rt_ngram_map_draft(&m, v, 24, out, 8), 3); /* "4 4" at 17, in the reply */
+    assert_int_equal(m.n_keys, 3);
+    rt_ngram_map_begin(&m, 2, 3, 20);
+    assert_int_equal(m.n_keys, 2); /* the ones at 1 and 4 */
+    assert_int_equal(rt_ngram_map_draft(&m, t, 16, out, 8), 0);
+    /* shorter than the last prompt too: only the keys before its own last N + M tokens */
+    rt_ngram_map_begin(&m, 2, 3, 8);
+    assert_int_equal(m.n_keys, 1); /* at 1, not at 4 */
+    /* keys of another N mean nothing */
+    rt_ngram_map_begin(&m, 3, 3, 16);
+    assert_int_equal(m.n_keys, 0);
     rt_ngram_map_begin(&m, 2, 3, 12);
     assert_int_equal(m.n_keys, 0);
     assert_int_equal(rt_ngram_map_draft(&m, t, 16, out, 8), 3);
