@@ -39,6 +39,7 @@
 
 #include "args.h"
 #include "bl_config.h"
+#include "bloomery.pb-c.h"
 #include "chan.h"
 #include "child.h"
 #include "cpuset.h"
@@ -376,6 +377,8 @@ static int relay_main(const char *node, const uint8_t key[32], const char *contr
 
 // --- the node -------------------------------------------------------------------------
 
+#define HT_MAX_COUNTERS 16
+
 typedef struct session {
     bp_link_t *l[N_LINKS];
     bp_ring_t *r[4];      /* the node's ends: producer of in, consumer of out, ... */
@@ -397,6 +400,13 @@ typedef struct session {
     int ht_has_plan;
     bp_msg_t held_ready;  /* the worker's Ready, passed on once the hosttier's came */
     int has_held_ready;
+    /* its counters as its last Stats said them, named hosttier_<name>: they go with
+     * the worker's Stats (the stage's in the router's /metrics) */
+    struct {
+        char name[48];
+        uint64_t value;
+    } ht_count[HT_MAX_COUNTERS];
+    int n_ht_count;
 } session_t;
 
 /* After the node's last words (a fatal Error): the relay passes them on and exits;
@@ -698,6 +708,17 @@ static int from_hosttier(session_t *ss, const bp_msg_t *m, bl_err_t *err)
             bp_msg_free(&ss->held_ready);
             ss->has_held_ready = 0;
         }
+    } else if (m->type == BP_MSG_STATS) {
+        bp_msg_counter_t c[HT_MAX_COUNTERS];
+        uint64_t up = 0;
+        const int n = bp_msg_stats_read(m, &up, c, HT_MAX_COUNTERS);
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            const int w = snprintf(ss->ht_count[k].name, sizeof ss->ht_count[k].name, "hosttier_%s", c[i].name);
+            if (w > 0 && (size_t)w < sizeof ss->ht_count[k].name)
+                ss->ht_count[k++].value = c[i].value;
+        }
+        ss->n_ht_count = k;
     } else if (m->type == BP_MSG_ERROR) {
         int32_t code;
         int fatal;
@@ -714,6 +735,31 @@ static int from_hosttier(session_t *ss, const bp_msg_t *m, bl_err_t *err)
         return 1;
     }
     return 0;
+}
+
+/* The worker's Stats on the link, with the hosttier's counters of its last Stats
+ * after the worker's own (as many as fit BP_CHILD_MAX_COUNTERS). */
+static int send_stats(session_t *ss, const bp_msg_t *m, bl_err_t *err)
+{
+    if (!m->u.stats || ss->n_ht_count == 0)
+        return msg_send(ss->l[0], m, err);
+    Bloomery__Stats st = *m->u.stats;
+    Bloomery__Counter extra[HT_MAX_COUNTERS], *all[BP_CHILD_MAX_COUNTERS];
+    const size_t room = BP_CHILD_MAX_COUNTERS - (size_t)ss->n_ht_count;
+    size_t n = st.n_counters < room ? st.n_counters : room;
+    for (size_t i = 0; i < n; i++)
+        all[i] = st.counters[i];
+    for (int j = 0; j < ss->n_ht_count; j++) {
+        bloomery__counter__init(&extra[j]);
+        extra[j].name = ss->ht_count[j].name;
+        extra[j].value = ss->ht_count[j].value;
+        all[n++] = &extra[j];
+    }
+    st.counters = all;
+    st.n_counters = n;
+    bp_msg_t both = *m;
+    both.u.stats = &st;
+    return msg_send(ss->l[0], &both, err);
 }
 
 /* The stage's hosttier has exited with status: its last words first (a fatal Error
@@ -816,7 +862,7 @@ static void node_bridge(session_t *ss, const char *ht_bin)
             continue;
         }
         if (rc == 0)
-            rc = msg_send(ss->l[0], &m, &err);
+            rc = m.type == BP_MSG_STATS ? send_stats(ss, &m, &err) : msg_send(ss->l[0], &m, &err);
         else if (rc == BL_ETIMEDOUT)
             rc = 0;
         bp_msg_free(&m);
@@ -858,6 +904,9 @@ static void node_bridge(session_t *ss, const char *ht_bin)
         }
         if (bp_chan_send(ss->chan, &ss->worker, &env.msg, 2000, &err) != 0)
             BL_LOG(BL_LOG_WARN, "event=control_send_failed reason=\"%s\"", err.msg);
+        if (env.msg.type == BP_MSG_STATS && ss->ht_pid > 0 && ss->ht_hello &&
+            bp_chan_send(ss->chan, &ss->ht, &env.msg, 2000, &err) != 0) /* its counters for the next answer */
+            BL_LOG(BL_LOG_DEBUG, "event=control_send_failed process=hosttier reason=\"%s\"", err.msg);
         if (env.msg.type == BP_MSG_SHUTDOWN) {
             shutting = 1;
             if (ss->ht_pid > 0 && ss->ht_hello && bp_chan_send(ss->chan, &ss->ht, &env.msg, 2000, &err) != 0)

@@ -34,6 +34,7 @@ import pytest
 
 import serverctl
 from sse import get, post
+from test_tier import child_metric
 
 FAST = ["-np", "2", "-c", "1024", "-t", "1", "-tb", "1"]
 PROMPTS = ["The smith heats the iron", "Once upon a time in the village"]
@@ -530,7 +531,8 @@ def test_a_remote_card_stage_uses_the_hosttier_of_its_host(servers, nodes, tmp_p
     """--cpu-moe beside a card of another host whose host has a hosttier line: the
     node starts bloomery-hosttier there (its line's threads= and name=) on the stage's
     experts rings, which stay on that host (two links, not three); the router runs no
-    hosttier; the answers are one CPU process's, token and top log-probability. Then
+    hosttier; the answers are one CPU process's, token and top log-probability; its
+    calls show in /metrics with the stage's counters (hosttier_expert_calls). Then
     -ot puts layer 0's experts in the router's hosttier as well: both run, each with
     its own layers, and the answers stay the same."""
     if serverctl.gpu_present():
@@ -553,6 +555,8 @@ def test_a_remote_card_stage_uses_the_hosttier_of_its_host(servers, nodes, tmp_p
     assert p["stages"][1]["host_expert_bytes"] == p["node_host_expert_bytes"], p
     for prompt in PROMPTS:
         assert greedy(srv.url, prompt) == greedy(ref.url, prompt), prompt
+    # its calls in the router's /metrics, with the stage's counters
+    assert child_metric(srv.url, "child_hosttier_expert_calls", "worker1") > 0
     srv.stop()
     node.stop()
 
