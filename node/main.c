@@ -390,6 +390,7 @@ typedef struct session {
     bp_node_file_t router_file; /* the router's model file, as the relay told it */
     int told_file;        /* router_file holds what the relay told since its last Plan */
     uint32_t process;     /* the stage's process id from the Plan */
+    int stage;            /* its place among the Plan's stages; -1: none, or no Plan read */
     int n_links;          /* links in use: control, the stage's rings, the experts rings
                            * unless they stay here */
     /* the stage's hosttier on this host (BP_NODE_HOSTTIER), started with the Plan */
@@ -408,6 +409,14 @@ typedef struct session {
     } ht_count[HT_MAX_COUNTERS];
     int n_ht_count;
 } session_t;
+
+/* This host's name for messages ("this host" when it has none). */
+static void this_host(char *out, size_t cap)
+{
+    if (gethostname(out, cap - 1) != 0 || !out[0])
+        snprintf(out, cap, "this host");
+    out[cap - 1] = 0;
+}
 
 /* After the node's last words (a fatal Error): the relay passes them on and exits;
  * closing first could drop them with the connection. */
@@ -610,11 +619,15 @@ static int plan_refused(session_t *ss, const bp_msg_t *m)
 {
     bp_plan_t p;
     bl_err_t err = {0};
+    ss->stage = -1;
     if (bp_plan_read(m, &p, &err) != 0)
         return 0; /* the worker refuses it with its own words */
     ss->process = p.you;
-    char host[64] = "this host", text[1400];
-    (void)gethostname(host, sizeof host - 1);
+    for (int i = 0; i < p.n_stages; i++)
+        if (p.stages[i].process == p.you)
+            ss->stage = i;
+    char host[64], text[1400];
+    this_host(host, sizeof host);
     const int told = ss->told_file;
     ss->told_file = 0; /* each Plan comes after its own */
     uint8_t fp[BL_FINGERPRINT_BYTES];
@@ -668,9 +681,9 @@ static void worker_exited(session_t *ss, int status, bl_err_t *err)
             break;
     }
     bp_msg_free(&last);
-    char how[64], host[64] = "this host", text[256];
+    char how[64], host[64], text[256];
     describe(status, how, sizeof how);
-    (void)gethostname(host, sizeof host - 1);
+    this_host(host, sizeof host);
     ss->pid = 0;
     snprintf(text, sizeof text, "%s on %s %s", ss->s.name, host, how);
     BL_LOG(BL_LOG_WARN, "event=child_exited process=%s %s", ss->s.name, how);
@@ -727,8 +740,8 @@ static int from_hosttier(session_t *ss, const bp_msg_t *m, bl_err_t *err)
         BL_LOG(fatal ? BL_LOG_ERROR : BL_LOG_WARN, "event=hosttier_error reason=\"%s\"", text ? text : "");
         if (!fatal)
             return 0;
-        char host[64] = "this host", why[1200];
-        (void)gethostname(host, sizeof host - 1);
+        char host[64], why[1200];
+        this_host(host, sizeof host);
         snprintf(why, sizeof why, "%s's hosttier on %s: %s", ss->s.name, host, text ? text : "failed");
         if (send_fatal(ss->l[0], ss->process, code ? code : BL_EIO, why, err) == 0)
             await_relay(ss);
@@ -789,36 +802,30 @@ static int hosttier_exited(session_t *ss, int status, int shutting, bl_err_t *er
             worker_exited(ss, ws, err);
             return 1;
         }
-    char host[64] = "this host", text[256];
-    (void)gethostname(host, sizeof host - 1);
+    char host[64], text[256];
+    this_host(host, sizeof host);
     snprintf(text, sizeof text, "%s's hosttier on %s %s", ss->s.name, host, how);
     if (send_fatal(ss->l[0], ss->process, BL_ECLOSED, text, err) == 0)
         await_relay(ss);
     return 1;
 }
 
-/* With a hosttier here, the Plan starts it for the Plan's stage of this worker; the
- * Plan goes to it once it says Hello (the caller keeps m: 1 when m was taken). A
- * failure to start it ends the session as the stage's (-1). */
+/* With a hosttier here, the Plan (read by plan_refused, which found this worker's
+ * stage) starts it for that stage; the Plan goes to it once it says Hello (the
+ * caller keeps m: 1 when m was taken). A Plan without this worker's stage is the
+ * worker's to refuse. A failure to start it ends the session as the stage's (-1). */
 static int plan_to_hosttier(session_t *ss, bp_msg_t *m, const char *ht_bin)
 {
-    if (!(ss->s.flags & BP_NODE_HOSTTIER) || m->type != BP_MSG_PLAN || ss->ht_pid != 0 || ss->ht_has_plan)
+    if (!(ss->s.flags & BP_NODE_HOSTTIER) || m->type != BP_MSG_PLAN || ss->ht_pid != 0 || ss->ht_has_plan ||
+        ss->stage < 0)
         return 0;
-    static bp_plan_t p; /* the node runs one session at a time */
     bl_err_t err = {0};
-    if (bp_plan_read(m, &p, &err) != 0)
-        return 0; /* the worker refuses it with its own words */
-    int stage = -1;
-    for (int i = 0; i < p.n_stages; i++)
-        if (p.stages[i].process == p.you)
-            stage = i;
-    int rc = stage < 0 ? bl_err_set(&err, BL_EINVAL, "the Plan has no stage of process %u", p.you)
-                       : spawn_hosttier(ss, ht_bin, stage, &err);
+    const int rc = spawn_hosttier(ss, ht_bin, ss->stage, &err);
     if (rc) {
         char text[sizeof err.msg + 64];
         snprintf(text, sizeof text, "%s: %s", ss->s.name, err.msg);
         BL_LOG(BL_LOG_ERROR, "event=session_failed reason=\"%s\"", text);
-        if (send_fatal(ss->l[0], p.you, rc, text, &err) == 0)
+        if (send_fatal(ss->l[0], ss->process, rc, text, &err) == 0)
             await_relay(ss);
         return -1;
     }

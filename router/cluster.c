@@ -560,17 +560,23 @@ static int relay_kept_offer(rt_cluster_t *c, child_t *k)
     return rc;
 }
 
-/* The stage that runs layer l: the plan's stages, or the even split send_plan makes. */
+/* Where stage s's layers end: the plan's stages, or an even split, earlier stages
+ * taking the remainder. */
+static int64_t stage_end(const rt_cluster_t *c, int s)
+{
+    if (c->o.n_stage_ends)
+        return c->o.stage_end[s];
+    const int64_t base = c->n_layer / c->o.n_workers, extra = c->n_layer % c->o.n_workers;
+    return base * (s + 1) + (s + 1 < extra ? s + 1 : extra);
+}
+
+/* The stage that runs layer l. */
 static int stage_of_layer(const rt_cluster_t *c, int64_t l)
 {
-    const int nw = c->o.n_workers;
-    int64_t base = c->n_layer / nw, extra = c->n_layer % nw, at = 0;
-    for (int s = 0; s < nw; s++) {
-        at = c->o.n_stage_ends ? c->o.stage_end[s] : at + base + (s < extra ? 1 : 0);
-        if (l < at)
-            return s;
-    }
-    return nw - 1;
+    int s = 0;
+    while (s < c->o.n_workers - 1 && l >= stage_end(c, s))
+        s++;
+    return s;
 }
 
 static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
@@ -581,15 +587,12 @@ static int send_plan(rt_cluster_t *c, int i, const bp_peer_t *to, bl_err_t *err)
     bp_plan_t p;
     memset(&p, 0, sizeof p);
     const int nw = c->o.n_workers;
-    /* The plan's stages, or an even split, earlier stages taking the remainder. */
-    int64_t base = c->n_layer / nw, extra = c->n_layer % nw, at = 0;
     for (int s = 0; s < nw; s++) {
-        const int64_t lb = at;
-        at = c->o.n_stage_ends ? c->o.stage_end[s] : at + base + (s < extra ? 1 : 0);
+        const int64_t lb = s ? stage_end(c, s - 1) : 0, le = stage_end(c, s);
         const int dev = c->o.n_stage_ends ? c->o.stage_device[s] : -1;
         const uint32_t threads = (uint32_t)c->o.stage_threads[s];
         p.stages[s] = (bp_plan_stage_t){.process = (uint32_t)s, .layer_begin = (uint32_t)lb,
-                                        .layer_end = (uint32_t)at, .device = dev, .threads = threads,
+                                        .layer_end = (uint32_t)le, .device = dev, .threads = threads,
                                         .threads_batch = threads};
     }
     for (int s = 0; s + 1 < nw; s++)
