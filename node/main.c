@@ -410,14 +410,6 @@ typedef struct session {
     int n_ht_count;
 } session_t;
 
-/* This host's name for messages ("this host" when it has none). */
-static void this_host(char *out, size_t cap)
-{
-    if (gethostname(out, cap - 1) != 0 || !out[0])
-        snprintf(out, cap, "this host");
-    out[cap - 1] = 0;
-}
-
 /* After the node's last words (a fatal Error): the relay passes them on and exits;
  * closing first could drop them with the connection. */
 static void await_relay(session_t *ss)
@@ -427,9 +419,9 @@ static void await_relay(session_t *ss)
 }
 
 
-/* This host's name as the probe's answer carries it: the bytes a name may hold, others
- * as '-'. */
-static void host_name(char *out, size_t cap)
+/* This host's name as the probe's answer and the messages carry it: the bytes a name
+ * may hold, others as '-'; `none` when the host has no name. */
+static void host_name(char *out, size_t cap, const char *none)
 {
     char name[256] = "";
     (void)gethostname(name, sizeof name - 1); /* on failure the name stays empty */
@@ -443,7 +435,7 @@ static void host_name(char *out, size_t cap)
     }
     out[n] = 0;
     if (n == 0)
-        snprintf(out, cap, "unknown");
+        snprintf(out, cap, "%s", none);
 }
 
 /* This host's CUDA devices into h, as the workers started here would see them (the
@@ -475,7 +467,7 @@ static int answer_probe(session_t *ss, const char *worker_bin, uint32_t flags, b
     bp_node_host_t h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, BP_NODE_HOST_MAGIC, sizeof BP_NODE_HOST_MAGIC);
-    host_name(h.hostname, sizeof h.hostname);
+    host_name(h.hostname, sizeof h.hostname, "unknown");
     if ((rc = host_devices(&h, worker_bin, err)) != 0)
         return rc;
     const int cpus = bl_cpu_count(); /* the workers started here inherit this affinity */
@@ -627,7 +619,7 @@ static int plan_refused(session_t *ss, const bp_msg_t *m)
         if (p.stages[i].process == p.you)
             ss->stage = i;
     char host[64], text[1400];
-    this_host(host, sizeof host);
+    host_name(host, sizeof host, "this host");
     const int told = ss->told_file;
     ss->told_file = 0; /* each Plan comes after its own */
     uint8_t fp[BL_FINGERPRINT_BYTES];
@@ -683,7 +675,7 @@ static void worker_exited(session_t *ss, int status, bl_err_t *err)
     bp_msg_free(&last);
     char how[64], host[64], text[256];
     describe(status, how, sizeof how);
-    this_host(host, sizeof host);
+    host_name(host, sizeof host, "this host");
     ss->pid = 0;
     snprintf(text, sizeof text, "%s on %s %s", ss->s.name, host, how);
     BL_LOG(BL_LOG_WARN, "event=child_exited process=%s %s", ss->s.name, how);
@@ -741,7 +733,7 @@ static int from_hosttier(session_t *ss, const bp_msg_t *m, bl_err_t *err)
         if (!fatal)
             return 0;
         char host[64], why[1200];
-        this_host(host, sizeof host);
+        host_name(host, sizeof host, "this host");
         snprintf(why, sizeof why, "%s's hosttier on %s: %s", ss->s.name, host, text ? text : "failed");
         if (send_fatal(ss->l[0], ss->process, code ? code : BL_EIO, why, err) == 0)
             await_relay(ss);
@@ -803,7 +795,7 @@ static int hosttier_exited(session_t *ss, int status, int shutting, bl_err_t *er
             return 1;
         }
     char host[64], text[256];
-    this_host(host, sizeof host);
+    host_name(host, sizeof host, "this host");
     snprintf(text, sizeof text, "%s's hosttier on %s %s", ss->s.name, host, how);
     if (send_fatal(ss->l[0], ss->process, BL_ECLOSED, text, err) == 0)
         await_relay(ss);
