@@ -629,10 +629,14 @@ int kcuda_matvec_heads(const void *d_w16, int64_t n_head, int64_t R, int64_t C, 
  * kv_lora dims. The cache: d_rows (the decode step's table, layer `layer`, each
  * row's position) or, when d_rows is NULL, d_cache with row b at position pos0 + b.
  * The rows' own latent rows must be stored first. kv_lora and n_rot even, their sum
- * at most 1024. Each
- * cache row is read once per 8 heads; a row's positions split over several blocks
+ * at most 1024. Where kcuda_mla_mma says so (DeepSeek-V2/V3's and Kimi-K2's 512 +
+ * 64), the tensor-core form runs: 16 heads a cache read, the queries (times scale)
+ * and the probabilities rounded to f16, f32 sums; the rows must then be 16-byte
+ * aligned (d_cache is checked; a rows table's are the caller's). Else the f32 form:
+ * each cache row read once per 8 heads. A row's positions split over several blocks
  * (then combined) as far as d_scratch (scratch_bytes; NULL: no split) holds their
  * partial sums, which kcuda_mla_scratch_bytes(n, ...) bytes always do. */
+int kcuda_mla_mma(int64_t kv_lora, int64_t n_rot, size_t row_bytes);
 size_t kcuda_mla_scratch_bytes(int64_t n, int64_t n_head, int64_t kv_lora);
 int kcuda_mla_attention(const void *d_cache, const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes,
                         int64_t pos0, const float *d_ql, int64_t ql_row, int64_t ql_head, const float *d_qp,
