@@ -397,8 +397,8 @@ static void print_profile(wk_prof_op_t *ops, int n, int64_t steps, const char *w
  * per step, largest first; with P sequences (the largest -np) each step has a row
  * of each, after a prompt each. On a card each step is captured with an event node
  * after every launch and replayed (timestamps from the card, no host gaps); on the
- * CPU each op is timed on the clock, and the weights it read give its rate, and the
- * prompt's step (ctx rows) is broken down too. */
+ * CPU each op is timed on the clock, and the weights it read give its rate. The
+ * prompt (ctx rows) is broken down first, on a card by events between its launches. */
 static int profile_decode(wk_model_t *m, wk_kv_t **kv, int64_t P, int64_t ctx, float *logits, int cpu,
                           bl_err_t *err)
 {
@@ -411,12 +411,12 @@ static int profile_decode(wk_model_t *m, wk_kv_t **kv, int64_t P, int64_t ctx, f
         tok[i] = (int32_t)(rand() % cfg->n_vocab);
     wk_prof_op_t ops[64];
     (void)wk_model_profile(m, ops, 64, 1); /* drop anything before */
-    wk_model_set_profile(m, cpu);
+    wk_model_set_profile(m, 1);
     double t0 = now_s();
     int rc = 0;
     for (int64_t s = 0; rc == 0 && s < P; s++)
         rc = wk_model_eval(m, kv[s], tok + s * per, ctx, 0, 1, logits, err);
-    if (rc == 0 && cpu) {
+    if (rc == 0) {
         const double wall_us = (now_s() - t0) * 1e6 / (double)P;
         const int n = wk_model_profile(m, ops, 64, 1);
         char what[96];
@@ -496,7 +496,7 @@ int main(int argc, char **argv)
         {"--kernels", NULL, BL_ARG_FLAG, &b.kernels, .help = "no model: the rate each CPU kernel set streams routed experts' weights (q4_K, q5_K, q6_K, q8_0, mxfp4; 1 GiB each) beside the read bandwidth"},
         {"--kernel-rows", NULL, BL_ARG_FN, NULL, .fn = parse_list, .ud = &b.krows, .metavar = "N[,N...]", .help = "with --kernels: rows per expert to test (default 1,4,8)"},
         {"--disk", NULL, BL_ARG_FLAG, &b.disk, .help = "the model file's read rates through the disk pager's reader instead of a model run: sequential 1 MiB reads and random whole routed experts at depths 1, 4 and 16 (O_DIRECT where the file system takes it)"},
-        {"--profile", NULL, BL_ARG_FLAG, &b.profile, .help = "time each op of 32 decode steps and print the breakdown of one step (on the CPU with the weight bytes and rate of each op)"},
+        {"--profile", NULL, BL_ARG_FLAG, &b.profile, .help = "time each op of the prompt of the deepest -d (512 without one) and of 32 decode steps after it and print their breakdowns (on the CPU with the weight bytes and rate of each op)"},
         {"--attention", NULL, BL_ARG_FLAG, &b.attention, .help = "no model: the decode step's attention alone on the card (-mg), at each -d depth and -np rows, over --att-layers caches of --att-heads and --att-head-dim, -r replays of the layers' graph; the knobs BLOOMERY_CUDA_ATT_* apply"},
         {"--att-heads", NULL, BL_ARG_STR, &b.att_heads, .metavar = "Q,KV", .help = "with --attention: query heads and KV heads (default 32,4: Qwen3-30B-A3B's)"},
         {"--att-head-dim", NULL, BL_ARG_I64, &b.att_head_dim, 32, 256, .metavar = "N", .help = "with --attention: head size, 32, 64, 128 or 256 (default 128)"},
