@@ -1885,7 +1885,10 @@ static int cu_attention(wk_backend_t *b, int64_t l, const wk_attn_t *a, float *q
  * rotated parts of q and c rotated, each head's q_nope through its attn_k_b rows
  * (the weight dequantized to f16 per call), c stored as the position's cache row,
  * the heads' attention over the latent rows, each head's output through its
- * attn_v_b rows. */
+ * attn_v_b rows. The per-head products: in prompts one strided-batched GEMM each on
+ * tensor cores (the activations rounded to f16, as every prompt product: q's f16
+ * copy in mla_o before the attention writes it, the heads' outputs' in mla_q after
+ * the attention read it); in decode (and without cuBLAS) kcuda_matvec_heads. */
 static int cu_mla(wk_backend_t *b, int64_t l, const wk_mla_t *a, float *q, float *c, float *att, bl_err_t *err)
 {
     cuda_t *cu = (cuda_t *)b;
@@ -1897,8 +1900,15 @@ static int cu_mla(wk_backend_t *b, int64_t l, const wk_mla_t *a, float *q, float
     OP("attn_kv_a_norm", kcuda_rms_norm(c, c, a->kv_norm, n, r, D, a->eps, s, err));
     OP("attn_rope", kcuda_rope_norm(q + nope, cu->d_pos, n, H, H * hk, hk, &rope, s, err));
     OP("attn_rope", kcuda_rope_norm(c + r, cu->d_pos, n, 1, D, 0, &rope, s, err));
+    const int gemm = cu->mode == MODE_PROMPT && cu->blas && hk <= 2 * r && (H * hk) % 4 == 0 && (H * r) % 4 == 0;
     OP("attn_k_b", kcuda_dequant_f16(M(a->wk_b), 0, H * r, cu->mla_w16, s, err));
-    OP("attn_k_b", kcuda_matvec_heads(cu->mla_w16, H, r, nope, q, H * hk, hk, n, cu->mla_q, H * r, r, s, err));
+    if (gemm) {
+        OP("attn_k_b", kcuda_to_f16(q, H * hk, n, H * hk, cu->mla_o, H * hk, s, err));
+        OP("attn_k_b", kcuda_gemm_heads(cu->blas, cu->mla_w16, H, r, nope, cu->mla_o, H * hk, hk, n, cu->mla_q, H * r,
+                                        r, s, err));
+    } else {
+        OP("attn_k_b", kcuda_matvec_heads(cu->mla_w16, H, r, nope, q, H * hk, hk, n, cu->mla_q, H * r, r, s, err));
+    }
     if (cu->mode == MODE_DECODE) {
         const size_t rb = st->seg[0].kv->row_bytes; /* every cache of a model has the same rows */
         OP("kv_store", kcuda_kv_store_rows(cu->d_rows, li, rb, c, c, D, n, D, s, err));
@@ -1918,7 +1928,13 @@ static int cu_mla(wk_backend_t *b, int64_t l, const wk_mla_t *a, float *q, float
         }
     }
     OP("attn_v_b", kcuda_dequant_f16(M(a->wv_b), 0, H * hv, cu->mla_w16, s, err));
-    OP("attn_v_b", kcuda_matvec_heads(cu->mla_w16, H, hv, r, cu->mla_o, H * r, r, n, att, H * hv, hv, s, err));
+    if (gemm) {
+        OP("attn_v_b", kcuda_to_f16(cu->mla_o, H * r, n, H * r, cu->mla_q, H * r, s, err));
+        OP("attn_v_b", kcuda_gemm_heads(cu->blas, cu->mla_w16, H, hv, r, cu->mla_q, H * r, r, n, att, H * hv, hv, s,
+                                        err));
+    } else {
+        OP("attn_v_b", kcuda_matvec_heads(cu->mla_w16, H, hv, r, cu->mla_o, H * r, r, n, att, H * hv, hv, s, err));
+    }
     return 0;
 }
 

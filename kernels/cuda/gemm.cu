@@ -212,6 +212,10 @@ typedef struct blas_api {
     cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
                               const void *, cudaDataType, int, const void *, cudaDataType, int, const void *,
                               void *, cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+    cublasStatus_t (*gemm_batched)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                   const void *, const void *, cudaDataType, int, long long, const void *,
+                                   cudaDataType, int, long long, const void *, void *, cudaDataType, int, long long,
+                                   int, cublasComputeType_t, cublasGemmAlgo_t);
     decltype(&cublasSgemm_v2) sgemm;
     decltype(&cublasGetStatusString) status_string;
 } blas_api_t;
@@ -238,6 +242,7 @@ static void blas_open(void)
                 {(void **)&g_blas.set_stream, "cublasSetStream_v2"},
                 {(void **)&g_blas.set_math_mode, "cublasSetMathMode"},
                 {(void **)&g_blas.gemm_ex, "cublasGemmEx"},
+                {(void **)&g_blas.gemm_batched, "cublasGemmStridedBatchedEx"},
                 {(void **)&g_blas.sgemm, "cublasSgemm_v2"},
                 {(void **)&g_blas.status_string, "cublasGetStatusString"}};
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
@@ -352,6 +357,30 @@ int kcuda_gemm(void *blas, const kcuda_mat_t *w, const void *d_x16, int64_t ldx1
         if (rc < 0 || (rc = gemm_f16(h, d_wscratch, K, d_x16, ldx16, m, n, K, d_y + r, ldy, accumulate, err)) < 0)
             return rc;
     }
+    return 0;
+}
+
+int kcuda_gemm_heads(void *blas, const void *d_w16, int64_t n_head, int64_t R, int64_t C, const void *d_x16,
+                     int64_t ldx, int64_t x_head, int64_t n, float *d_y, int64_t ldy, int64_t y_head, void *stream,
+                     bl_err_t *err)
+{
+    cublasHandle_t h = (cublasHandle_t)blas;
+    if (!h || !d_w16 || !d_x16 || !d_y || n_head < 1 || n_head > INT32_MAX || R < 1 || R > INT32_MAX || C < 1 ||
+        C > INT32_MAX || n < 0 || n > INT32_MAX || ldx < C || ldx > INT32_MAX || ldy < R || ldy > INT32_MAX ||
+        x_head < 0 || y_head < 0)
+        return bl_err_set(err, BL_EINVAL, "gemm_heads: %lld heads of %lld x %lld, %lld rows, ldx %lld, ldy %lld",
+                          (long long)n_head, (long long)R, (long long)C, (long long)n, (long long)ldx,
+                          (long long)ldy);
+    if (n == 0)
+        return 0;
+    BLAS_CHECK(g_blas.set_stream(h, (cudaStream_t)stream), err);
+    /* column-major per head: Y_h (R x n, ldy) = W_h^T (C x R, lda C)^T X_h (C x n, ldx) */
+    const float alpha = 1.0f, beta = 0.0f;
+    BLAS_CHECK(g_blas.gemm_batched(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)R, (int)n, (int)C, &alpha, d_w16, CUDA_R_16F,
+                                   (int)C, (long long)(R * C), d_x16, CUDA_R_16F, (int)ldx, (long long)x_head, &beta,
+                                   d_y, CUDA_R_32F, (int)ldy, (long long)y_head, (int)n_head, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT),
+               err);
     return 0;
 }
 

@@ -686,6 +686,15 @@ int kcuda_gemm(void *blas, const kcuda_mat_t *w, const void *d_x16, int64_t ldx1
                int accumulate, void *d_wscratch, size_t wscratch_bytes, void *stream,
                bl_err_t *err) BL_WUR;
 
+/* Per-head products of n rows on tensor cores, one cuBLAS strided-batched launch:
+ * y[b, h, 0..R) = W_h x[b, h, 0..C) for heads h < n_head, W_h rows h R .. h R + R - 1
+ * of d_w16 (n_head R, C) f16 (kcuda_dequant_f16 of the file's tensor); x f16, head h
+ * of row b at d_x16 + b * ldx + h * x_head (halves); y f32 at d_y + b * ldy + h *
+ * y_head. f32 sums. */
+int kcuda_gemm_heads(void *blas, const void *d_w16, int64_t n_head, int64_t R, int64_t C, const void *d_x16,
+                     int64_t ldx, int64_t x_head, int64_t n, float *d_y, int64_t ldy, int64_t y_head, void *stream,
+                     bl_err_t *err) BL_WUR;
+
 /* Expert grouping of n_slots (row, choice) slots, d_ids (n_slots) as
  * kcuda_moe_route writes them: d_counts (n_expert) slots per expert, d_offsets
  * (n_expert + 1) where each expert's slots start in sorted order, d_tile0

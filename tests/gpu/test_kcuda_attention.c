@@ -561,6 +561,36 @@ static void case_mla(rng_t *r, int64_t n, int64_t pos0, int64_t H, int64_t R, in
         ok = check_close(y, H * R, ref, n, H * R, 1e-5, 1e-5);
     tap_ok(ok, "matvec_heads: %lld rows, %lld heads of %lld x %lld", (long long)n, (long long)H, (long long)R,
            (long long)C);
+    /* the same on tensor cores (the prompt's form): x rounded to f16, rows of H C + 8 halves */
+    const int64_t xr16 = H * C + 8;
+    uint16_t *x16 = xmalloc(sizeof(uint16_t) * (size_t)(n * xr16));
+    memset(x16, 0, sizeof(uint16_t) * (size_t)(n * xr16));
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t k = 0; k < C; k++)
+                x16[b * xr16 + h * C + k] = bl_fp32_to_fp16(x[b * xr + h * C + k]);
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t o = 0; o < R; o++) {
+                double a = 0;
+                for (int64_t k = 0; k < C; k++)
+                    a += (double)bl_fp16_to_fp32(w16[(h * R + o) * C + k]) *
+                         (double)bl_fp16_to_fp32(x16[b * xr16 + h * C + k]);
+                ref[(b * H + h) * R + o] = a;
+            }
+    void *blas = NULL, *dx16 = d_upload(x16, sizeof(uint16_t) * (size_t)(n * xr16));
+    ok = kcuda_blas_create(&blas, NULL, &err) == 0 &&
+         kcuda_gemm_heads(blas, dw, H, R, C, dx16, xr16, C, n, dout, H * R, R, NULL, &err) == 0 &&
+         d_fetch(y, dout, sizeof(float) * (size_t)(n * H * R), &err) == 0;
+    if (!ok)
+        printf("#   %s\n", err.msg);
+    else
+        ok = check_close(y, H * R, ref, n, H * R, 1e-4, 1e-4);
+    tap_ok(ok, "gemm_heads: %lld rows, %lld heads of %lld x %lld", (long long)n, (long long)H, (long long)R,
+           (long long)C);
+    kcuda_blas_destroy(blas);
+    kcuda_free(dx16);
+    free(x16);
 
     /* NORM RoPE with YaRN, heads strided inside rows */
     const kcpu_rope_t yr = {.n_rot = nr, .base = 10000.0f, .freq_scale = 0.025f, .ext_factor = 1.0f,
