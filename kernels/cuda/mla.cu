@@ -89,17 +89,26 @@ int kcuda_matvec_heads(const void *d_w16, int64_t n_head, int64_t R, int64_t C, 
 #define MLA_MIN_CHUNK 64   /* positions a split takes at the least */
 #define MLA_MAX_SPLITS 64
 
-/* Split s of nsplit of a row's positions 0 .. len - 1: at most nsplit chunks of at
- * least min_chunk positions, whole tiles of `tile`; [p0, p1), empty (p0 >= p1)
- * for the splits past the row's end. */
-static __device__ __forceinline__ void mla_row_span(int64_t len, int s, int nsplit, int tile, int min_chunk,
-                                                    int64_t *p0, int64_t *p1)
+/* Row b's cache (the rows table's entry for layer, else kc with row b at position
+ * pos0 + b) and split s of nsplit of its positions 0 .. len - 1 (len the row's
+ * position + 1): at most nsplit chunks of at least min_chunk positions, whole tiles
+ * of `tile`; [p0, p1), empty (p0 >= p1) for the splits past the row's end. */
+static __device__ __forceinline__ const uint8_t *mla_row(const uint8_t *kc, const kcuda_kv_row_t *rows,
+                                                         int64_t layer, int64_t pos0, int64_t b, int s, int nsplit,
+                                                         int tile, int min_chunk, int64_t *p0, int64_t *p1)
 {
+    int64_t len = pos0 + b + 1;
+    if (rows) {
+        const kcuda_kv_row_t rw = rows[b];
+        kc = (const uint8_t *)(uintptr_t)(rw.k + (uint64_t)layer * rw.layer_bytes);
+        len = (int64_t)rw.pos + 1;
+    }
     int64_t active = (len + min_chunk - 1) / min_chunk;
     active = active < nsplit ? active : nsplit;
     const int64_t per = (len + active - 1) / active, chunk = (per + tile - 1) / tile * tile;
     *p0 = (int64_t)s * chunk;
     *p1 = *p0 + chunk < len ? *p0 + chunk : len;
+    return kc;
 }
 
 /* grid (ceil(n_head / MLA_G), nsplit, n): the block of row b, heads g * MLA_G .., and
@@ -128,14 +137,8 @@ mla_attention_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, i
     const int64_t b = blockIdx.z;
     const int D = r + n_rot;
     const int live = h < n_head; /* a warp past the heads still loads its share of the tiles */
-    int64_t len = pos0 + b + 1;
-    if (rows) {
-        const kcuda_kv_row_t rw = rows[b];
-        kc = (const uint8_t *)(uintptr_t)(rw.k + (uint64_t)layer * rw.layer_bytes);
-        len = (int64_t)rw.pos + 1;
-    }
     int64_t p0, p1;
-    mla_row_span(len, s, nsplit, MLA_T, MLA_MIN_CHUNK, &p0, &p1);
+    kc = mla_row(kc, rows, layer, pos0, b, s, nsplit, MLA_T, MLA_MIN_CHUNK, &p0, &p1);
     const int vec = ((uintptr_t)kc % 16 == 0) && rb % 16 == 0 && D % 8 == 0;
     const int pieces = D / 8; /* 16-byte pieces a row */
     float2 q[P], acc[P];
@@ -345,7 +348,7 @@ static __device__ __forceinline__ void mla_mma_load(__half *dst, const uint8_t *
 }
 
 /* grid (ceil(n_head / MLA_MMA_H), nsplit, n): row b, heads h0 = 16 g .., split s
- * (mla_row_span with tiles of MLA_MMA_T), the same results as mla_attention_kernel
+ * (mla_row with tiles of MLA_MMA_T), the same results as mla_attention_kernel
  * with f16 queries (times scale) and probabilities. NT = kv_lora / 32 (even), KQ
  * the 16-dim steps a warp scores (ceil(D / 64), D = kv_lora + n_rot a multiple of
  * 16). Scores: S (16 heads, 32 positions) = Q K^T, warp w over its quarter of the
@@ -373,14 +376,8 @@ mla_mma_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, int64_t
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     const int h0 = blockIdx.x * MLA_MMA_H, s = blockIdx.y, nsplit = gridDim.y;
     const int64_t b = blockIdx.z;
-    int64_t len = pos0 + b + 1;
-    if (rows) {
-        const kcuda_kv_row_t rw = rows[b];
-        kc = (const uint8_t *)(uintptr_t)(rw.k + (uint64_t)layer * rw.layer_bytes);
-        len = (int64_t)rw.pos + 1;
-    }
     int64_t p0, p1;
-    mla_row_span(len, s, nsplit, MLA_MMA_T, MLA_MMA_MIN_CHUNK, &p0, &p1);
+    kc = mla_row(kc, rows, layer, pos0, b, s, nsplit, MLA_MMA_T, MLA_MMA_MIN_CHUNK, &p0, &p1);
     if (p0 >= p1) { /* an empty split (never the only one): m = -inf, l = 0 */
         if (tid < MLA_MMA_H && h0 + tid < n_head) {
             float *pp = part + (((size_t)b * n_head + h0 + tid) * nsplit + s) * (size_t)(r + 2);

@@ -456,6 +456,24 @@ static void case_attention_qkv(rng_t *r, int64_t n, const int32_t *pos, int64_t 
     case_attention_qkv_part(r, n, pos, n_head, n_kv, hd, max_len, 0, 1);
 }
 
+/* The per-head products in double: ref[b, h, o] = sum over k < C of W[h R + o, k]
+ * x[b ldx + h C + k], W f16 (H R, C), x rounded to f16 first where round16. */
+static void heads_ref(double *ref, const uint16_t *w16, const float *x, int64_t ldx, int round16, int64_t n,
+                      int64_t H, int64_t R, int64_t C)
+{
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t o = 0; o < R; o++) {
+                double a = 0;
+                for (int64_t k = 0; k < C; k++) {
+                    const float xv = x[b * ldx + h * C + k];
+                    a += (double)bl_fp16_to_fp32(w16[(h * R + o) * C + k]) *
+                         (double)(round16 ? bl_fp16_to_fp32(bl_fp32_to_fp16(xv)) : xv);
+                }
+                ref[(b * H + h) * R + o] = a;
+            }
+}
+
 /* deepseek2's latent attention pieces (mla.cu): kcuda_mla_attention against
  * kcpu_attention with one cache head of kv_lora + n_rot dims whose rows are also the
  * values (the CPU's cpu_mla), through the decode rows table and the prompt form,
@@ -543,14 +561,7 @@ static void case_mla(rng_t *r, int64_t n, int64_t pos0, int64_t H, int64_t R, in
     for (int64_t i = 0; i < H * R * C; i++)
         w16[i] = bl_fp32_to_fp16(rng_f(r, -1.0f, 1.0f));
     rand_fill(r, x, n * xr, 1.0f);
-    for (int64_t b = 0; b < n; b++)
-        for (int64_t h = 0; h < H; h++)
-            for (int64_t o = 0; o < R; o++) {
-                double a = 0;
-                for (int64_t k = 0; k < C; k++)
-                    a += (double)bl_fp16_to_fp32(w16[(h * R + o) * C + k]) * (double)x[b * xr + h * C + k];
-                ref[(b * H + h) * R + o] = a;
-            }
+    heads_ref(ref, w16, x, xr, 0, n, H, R, C);
     void *dw = d_upload(w16, sizeof(uint16_t) * (size_t)(H * R * C));
     float *dx = d_upload(x, sizeof(float) * (size_t)(n * xr));
     ok = kcuda_matvec_heads(dw, H, R, C, dx, xr, C, n, dout, H * R, R, NULL, &err) == 0 &&
@@ -569,15 +580,7 @@ static void case_mla(rng_t *r, int64_t n, int64_t pos0, int64_t H, int64_t R, in
         for (int64_t h = 0; h < H; h++)
             for (int64_t k = 0; k < C; k++)
                 x16[b * xr16 + h * C + k] = bl_fp32_to_fp16(x[b * xr + h * C + k]);
-    for (int64_t b = 0; b < n; b++)
-        for (int64_t h = 0; h < H; h++)
-            for (int64_t o = 0; o < R; o++) {
-                double a = 0;
-                for (int64_t k = 0; k < C; k++)
-                    a += (double)bl_fp16_to_fp32(w16[(h * R + o) * C + k]) *
-                         (double)bl_fp16_to_fp32(x16[b * xr16 + h * C + k]);
-                ref[(b * H + h) * R + o] = a;
-            }
+    heads_ref(ref, w16, x, xr, 1, n, H, R, C);
     void *blas = NULL, *dx16 = d_upload(x16, sizeof(uint16_t) * (size_t)(n * xr16));
     ok = kcuda_blas_create(&blas, NULL, &err) == 0 &&
          kcuda_gemm_heads(blas, dw, H, R, C, dx16, xr16, C, n, dout, H * R, R, NULL, &err) == 0 &&
