@@ -535,24 +535,31 @@ int kcuda_moe_combine(const float *d_d, int64_t ldd, const int32_t *d_inv, const
 
 // --- grouped GEMM over experts (mma.sync) --------------------------------------------
 
-/* Block: 4 warps, a 64 x 64 tile of one expert's output (sorted rows x outputs);
- * warp (wm, wn) owns 32 x 32. grid (ceil(rows_per_expert / 64), tile count bound);
- * block y finds its expert from tile0. K in steps of 32, two stages: the rows' f16
+/* Block: 4 warps, a BM x 64 tile of one expert's output (sorted rows x outputs),
+ * BM 64, 32 or 16 (kcuda_gemm_set_grouped_rows: a tile's rows past its expert's
+ * are products thrown away); warp (wm, wn) owns 16 MI x 8 NJ (64: 32 x 32;
+ * 32: 32 x 16; 16: 16 x 16). grid (ceil(rows_per_expert / 64), tile count bound x
+ * 64 / BM); block y / (64 / BM) finds its expert from tile0 (the sort's tiles of 64
+ * rows), y % (64 / BM) its part of that tile (none past the expert's rows: it
+ * returns). K in steps of 32, two stages: the rows' f16
  * tile by cp.async; the weights' tile by cp.async when they are f16, otherwise
  * dequantized by the threads (deq8, the reference's arithmetic, rounded to f16: the
  * same halves kcuda_dequant_f16 writes), the next step's into registers before the
  * current step's products and stored after them, so that the weights are read once,
  * as stored, and their load latency hides behind the tensor cores. */
-template <uint32_t T>
+template <uint32_t T, int BM>
 static __global__ void __launch_bounds__(128) gemm_grouped_kernel(const uint8_t *w, size_t row_bytes,
                                                                   int64_t rows_per_expert, int64_t K,
                                                                   const __half *x, const int32_t *offsets,
                                                                   const int32_t *tile0, int n_expert, float *y,
                                                                   int64_t ldy)
 {
-    __shared__ __align__(16) __half sa[2][GG_BM * GG_LDS];
+    constexpr int MI = BM == 16 ? 1 : 2, NJ = BM == 64 ? 4 : 2, WN = GG_BN / (8 * NJ), SUB = GG_BM / BM;
+    static_assert(BM == 64 || BM == 32 || BM == 16, "tile rows");
+    static_assert((BM / (16 * MI)) * WN == 4, "four warps cover the tile");
+    __shared__ __align__(16) __half sa[2][BM * GG_LDS];
     __shared__ __align__(16) __half sb[2][GG_BN * GG_LDS];
-    const int t = blockIdx.y;
+    const int t = blockIdx.y / SUB;
     if (t >= tile0[n_expert])
         return;
     int lo = 0, hi = n_expert; /* the expert e with tile0[e] <= t < tile0[e + 1] */
@@ -564,29 +571,34 @@ static __global__ void __launch_bounds__(128) gemm_grouped_kernel(const uint8_t 
             hi = mid;
     }
     const int e = lo;
-    const int64_t m0 = offsets[e] + (int64_t)(t - tile0[e]) * GG_BM;
+    const int64_t m0 = offsets[e] + (int64_t)(t - tile0[e]) * GG_BM + (int64_t)(blockIdx.y % SUB) * BM;
     const int64_t m_end = offsets[e + 1];
+    if (SUB > 1 && m0 >= m_end) /* a part past the expert's rows (a whole tile always has some) */
+        return;
     const int64_t n0 = (int64_t)blockIdx.x * GG_BN;
     const uint8_t *wb = w + (size_t)e * (size_t)rows_per_expert * row_bytes;
 
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 2, wn = warp % 2;
-    float acc[2][4][4];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / WN, wn = warp % WN;
+    float acc[MI][NJ][4];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < MI; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < NJ; j++)
 #pragma unroll
             for (int q = 0; q < 4; q++)
                 acc[i][j][q] = 0.0f;
 
-    /* Each thread copies 2 16-byte chunks of A (and of f16 B) per stage (64 rows x 4). */
+    /* A stage: BM rows x 4 16-byte chunks of A and 64 x 4 of f16 B, 2 of each a thread
+     * at most. */
     auto load = [&](int stage, int64_t k0) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int c = tid + 128 * i, r = c / 4, kc = (c % 4) * 8;
-            const int64_t ra = m0 + r;
-            const int oka = ra < m_end;
-            kc_cp_async16(&sa[stage][r * GG_LDS + kc], x + (oka ? ra : m0) * K + k0 + kc, oka ? 16 : 0);
+            if (BM == 64 || c < BM * 4) {
+                const int64_t ra = m0 + r;
+                const int oka = ra < m_end;
+                kc_cp_async16(&sa[stage][r * GG_LDS + kc], x + (oka ? ra : m0) * K + k0 + kc, oka ? 16 : 0);
+            }
             if (T == BL_TYPE_F16) {
                 const int64_t rb = n0 + r;
                 const int okb = rb < rows_per_expert;
@@ -639,18 +651,18 @@ static __global__ void __launch_bounds__(128) gemm_grouped_kernel(const uint8_t 
         __syncthreads();
 #pragma unroll
         for (int ks = 0; ks < GG_BK; ks += 16) {
-            unsigned a[2][4], b[2][4];
+            unsigned a[MI][4], b[NJ / 2][4];
 #pragma unroll
-            for (int i = 0; i < 2; i++)
-                kc_ldsm_x4(a[i], &sa[st][(wm * 32 + i * 16 + lane % 16) * GG_LDS + ks + (lane / 16) * 8]);
+            for (int i = 0; i < MI; i++)
+                kc_ldsm_x4(a[i], &sa[st][(wm * 16 * MI + i * 16 + lane % 16) * GG_LDS + ks + (lane / 16) * 8]);
 #pragma unroll
-            for (int j = 0; j < 2; j++)
-                kc_ldsm_x4(b[j], &sb[st][(wn * 32 + j * 16 + (lane & 7) + ((lane >> 4) << 3)) * GG_LDS + ks +
+            for (int j = 0; j < NJ / 2; j++)
+                kc_ldsm_x4(b[j], &sb[st][(wn * 8 * NJ + j * 16 + (lane & 7) + ((lane >> 4) << 3)) * GG_LDS + ks +
                                        ((lane >> 3) & 1) * 8]);
 #pragma unroll
-            for (int i = 0; i < 2; i++)
+            for (int i = 0; i < MI; i++)
 #pragma unroll
-                for (int j = 0; j < 4; j++)
+                for (int j = 0; j < NJ; j++)
                     kc_mma16816(acc[i][j], a[i], b[j / 2][(j % 2) * 2], b[j / 2][(j % 2) * 2 + 1]);
         }
         /* the other stage was last read before the previous barrier */
@@ -660,13 +672,13 @@ static __global__ void __launch_bounds__(128) gemm_grouped_kernel(const uint8_t 
     }
 
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < MI; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < NJ; j++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int64_t r = m0 + wm * 32 + i * 16 + lane / 4 + 8 * h;
-                const int64_t c = n0 + wn * 32 + j * 8 + 2 * (lane % 4);
+                const int64_t r = m0 + wm * 16 * MI + i * 16 + lane / 4 + 8 * h;
+                const int64_t c = n0 + wn * 8 * NJ + j * 8 + 2 * (lane % 4);
                 if (r >= m_end)
                     continue;
                 if (c < rows_per_expert)
@@ -674,6 +686,23 @@ static __global__ void __launch_bounds__(128) gemm_grouped_kernel(const uint8_t 
                 if (c + 1 < rows_per_expert)
                     y[r * ldy + c + 1] = acc[i][j][2 * h + 1];
             }
+}
+
+/* The grouped GEMM's tile rows: 64 unless kcuda_gemm_set_grouped_rows says 16 or 32.
+ * The smaller tiles are for prompts whose experts have few rows each (a 512-row
+ * prompt of gpt-oss-120b: 16 on average), where a 64-row tile's products are mostly
+ * thrown away; they become the default by the rows an expert has on average once
+ * they are measured on a card (docs/cuda.md). */
+static int g_gg_rows = 64;
+
+int kcuda_gemm_set_grouped_rows(int rows)
+{
+    const int old = g_gg_rows;
+    if (rows == 0)
+        g_gg_rows = 64;
+    else if (rows == 16 || rows == 32 || rows == 64)
+        g_gg_rows = rows;
+    return old;
 }
 
 int kcuda_gemm_grouped(const kcuda_mat_t *w, int64_t n_expert, int64_t rows_per_expert, const void *d_x16,
@@ -689,18 +718,27 @@ int kcuda_gemm_grouped(const kcuda_mat_t *w, int64_t n_expert, int64_t rows_per_
                           (long long)n_expert, (long long)w->nrows, (long long)ldy);
     if (n_sorted == 0)
         return 0;
-    /* Tiles: each expert's rows in pieces of GG_BM, at most n_sorted / GG_BM + n_expert. */
+    /* Tiles: each expert's rows in pieces of GG_BM, at most n_sorted / GG_BM + n_expert;
+     * each in 64 / bm blocks of bm rows */
     const int64_t tiles = n_sorted / GG_BM + n_expert;
-    if (tiles > 65535)
+    const int bm = g_gg_rows;
+    if (tiles * (GG_BM / bm) > 65535)
         return bl_err_set(err, BL_ERANGE, "grouped gemm: %lld rows", (long long)n_sorted);
-    const dim3 grid((unsigned)kc_cdiv(rows_per_expert, GG_BN), (unsigned)tiles);
+    const dim3 grid((unsigned)kc_cdiv(rows_per_expert, GG_BN), (unsigned)(tiles * (GG_BM / bm)));
     const uint8_t *wd = (const uint8_t *)w->data;
     const __half *x16 = (const __half *)d_x16;
     cudaStream_t s = (cudaStream_t)stream;
+#define GG_GO(TY, BMV)                                                                                          \
+    gemm_grouped_kernel<TY, BMV><<<grid, 128, 0, s>>>(wd, w->row_bytes, rows_per_expert, k, x16, d_offsets, d_tile0, \
+                                                      (int)n_expert, d_y, ldy)
 #define GG_CASE(TY)                                                                                            \
     case TY:                                                                                                   \
-        gemm_grouped_kernel<TY><<<grid, 128, 0, s>>>(wd, w->row_bytes, rows_per_expert, k, x16, d_offsets,    \
-                                                     d_tile0, (int)n_expert, d_y, ldy);                        \
+        if (bm == 16)                                                                                          \
+            GG_GO(TY, 16);                                                                                     \
+        else if (bm == 32)                                                                                     \
+            GG_GO(TY, 32);                                                                                     \
+        else                                                                                                   \
+            GG_GO(TY, 64);                                                                                     \
         break;
     switch (w->type) {
         GG_CASE(BL_TYPE_F32)
@@ -715,6 +753,7 @@ int kcuda_gemm_grouped(const kcuda_mat_t *w, int64_t n_expert, int64_t rows_per_
         return bl_err_set(err, BL_ENOTSUP, "grouped gemm: weights of type %u", w->type);
     }
 #undef GG_CASE
+#undef GG_GO
     KCUDA_CHECK_LAUNCH(err);
     return 0;
 }

@@ -717,15 +717,21 @@ int kcuda_moe_gather_f16(const float *d_x, int64_t ldx, const int32_t *d_perm, i
  * offsets) times expert e's rows of w (n_expert * rows_per_expert rows of w->ncols,
  * any type kcuda_type_supported takes, read as stored: the weights' tiles are
  * dequantized inside the launch to the halves kcuda_dequant_f16 writes). One launch
- * for all experts (tiles of 64 rows of one expert x 64 outputs, mma.sync, f32
- * accumulation in a fixed order: a row's result does not depend on the other rows,
- * and is the same bits for weights given quantized or as their f16 dequantization).
- * w->ncols a multiple of 32, w->data 16-byte aligned; d_offsets, d_tile0 from
- * kcuda_moe_sort. */
+ * for all experts (tiles of 64 rows of one expert, or 16 or 32 where
+ * kcuda_gemm_set_grouped_rows says, x 64 outputs, mma.sync, f32 accumulation in a
+ * fixed order: a row's
+ * result does not depend on the other rows or the tile size, and is the same bits
+ * for weights given quantized or as their f16 dequantization). w->ncols a multiple
+ * of 32, w->data 16-byte aligned; d_offsets, d_tile0 from kcuda_moe_sort. */
 int kcuda_gemm_grouped(const kcuda_mat_t *w, int64_t n_expert, int64_t rows_per_expert,
                        const void *d_x16, const int32_t *d_offsets, const int32_t *d_tile0,
                        int64_t n_sorted, float *d_y, int64_t ldy, void *stream,
                        bl_err_t *err) BL_WUR;
+
+/* Sets the grouped GEMM's tile rows (16, 32 or 64; 0: the default, 64), for tests
+ * and measurements (BLOOMERY_CUDA_GG_ROWS); returns the old setting. Other values
+ * leave it as it was. Not thread-safe: set before the launches. */
+int kcuda_gemm_set_grouped_rows(int rows);
 
 /* h (n) f16 = silu(g) * u. */
 int kcuda_swiglu_f16(const float *d_g, const float *d_u, int64_t n, void *d_h, void *stream,
