@@ -316,12 +316,8 @@ mla_combine_kernel(const float *part, int nsplit, int n_head, int r, float *out,
 #define MLA_MMA_T 32
 #define MLA_MMA_WARPS 4
 #define MLA_MMA_LS 40 /* the partial scores' and probabilities' row length, padded */
-#ifndef MLA_MMA_MIN_CHUNK
 #define MLA_MMA_MIN_CHUNK 128 /* positions a split takes at the least */
-#endif
-#ifndef MLA_MMA_WAVES
-#define MLA_MMA_WAVES 2 /* blocks an SM the splits aim at */
-#endif
+#define MLA_MMA_WAVES 2       /* blocks an SM the splits aim at */
 
 /* Its dynamic shared memory for D = kv_lora + n_rot dims: two tiles of rows of D + 8
  * halves (padded so the fragments' 4-byte reads and ldmatrix's rows fall on
