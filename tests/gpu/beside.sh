@@ -1,0 +1,187 @@
+#!/bin/bash
+# bloomery beside llama.cpp on a machine with a card, in one run: the benchmark files
+# written there by bloomery-mkmodel (into /dev/shm: the real shapes take 3-75 GiB and
+# such machines' disks are small; each file is removed after its shape), bloomery-bench
+# and llama-bench with the same tests one after the other, and with --serve
+# bloomery-serve against llama-server under tools/bloomery-load. Prints a table of
+# both and their ratio for each shape (docs/performance.md wants both from the same
+# machine and hour). Builds nothing: see tests/gpu/run.sh for the build.
+#
+#   tests/gpu/beside.sh --peer DIR [--build DIR] [--tests "ARGS"] [--serve N,...]
+#                       [--tokenizer DIR] [--threads N] [--dry-run] SHAPE...
+#
+# SHAPE: qwen3-30b-a3b (Qwen3-30B-A3B's shape, q4_K + q6_K, 18.44 GiB), deepseek-v3-4
+# (DeepSeek-V3's attention and widths, 4 layers, 16 experts, 2.78 GiB), gpt-oss-120b
+# (59.02 GiB), glm-4.5-air (74.25 GiB: more than an 80 GB card holds with its cache).
+#   --peer DIR      llama.cpp's programs (llama-bench, llama-server) and libraries
+#   --build DIR     a build with -Dgpu=enabled, programs in DIR/bin (make links them
+#                   there) and the libraries ../shared/device/bundle put in DIR/lib
+#                   (default build-gpu)
+#   --tests ARGS    the tests both benches run (default "-p 512 -n 128 -r 2"; -p, -n,
+#                   -d and -r mean the same to both)
+#   --serve N,...   also the servers with -np N, N streaming clients of 128 tokens for
+#                   20 s each (both get the same request body)
+#   --tokenizer DIR Qwen3's tokenizer files: the qwen3-30b-a3b file gets its real
+#                   vocabulary, and the servers' requests ban its tokens that are not
+#                   whole UTF-8 and its control tokens (llama-server's output parser
+#                   refuses a stream of pieces that are not whole UTF-8, which a random
+#                   model emits)
+#   --threads N     CPU threads for bloomery-mkmodel and bloomery-bench (default nproc)
+#   --dry-run       print the commands, run nothing
+# Exit status 1 when a program failed or printed no result.
+set -u
+cd "$(dirname "$0")/../.." || exit 2
+root=$PWD
+build=build-gpu peer='' tests="-p 512 -n 128 -r 2" serve='' tok='' dry=0 threads=$(nproc)
+shapes=()
+while [ $# -gt 0 ]; do
+    case $1 in
+    --peer) peer=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --tests) tests=$2; shift 2 ;;
+    --serve) serve=$2; shift 2 ;;
+    --tokenizer) tok=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
+    --dry-run) dry=1; shift ;;
+    -h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "beside: unknown option $1 (--help lists them)" >&2; exit 2 ;;
+    *) shapes+=("$1"); shift ;;
+    esac
+done
+if [ -z "$peer" ] || [ ${#shapes[@]} -eq 0 ]; then
+    echo "beside: give --peer DIR and at least one shape (--help)" >&2
+    exit 2
+fi
+case $serve in *[!0-9,]*) echo "beside: --serve takes stream counts such as 1,8,32" >&2; exit 2 ;; esac
+case $threads in '' | *[!0-9]*) echo "beside: --threads takes a number" >&2; exit 2 ;; esac
+
+# The mkmodel flags of a shape; empty for a name it does not know.
+shape_flags() {
+    case $1 in
+    qwen3-30b-a3b)
+        echo "--layers 48 --n-embd 2048 --heads 32 --kv-heads 4 --head-dim 128 --experts 128 --experts-used 8" \
+             "--expert-ff 768 --ff 6144 --ctx 40960${tok:+ --tokenizer $tok}" ;;
+    deepseek-v3-4) echo "--preset deepseek-v3 --layers 4 --experts 16" ;;
+    gpt-oss-120b) echo "--preset gpt-oss-120b" ;;
+    glm-4.5-air) echo "--preset glm-4.5-air" ;;
+    esac
+}
+for s in "${shapes[@]}"; do
+    [ -n "$(shape_flags "$s")" ] || { echo "beside: unknown shape $s (--help lists them)" >&2; exit 2; }
+done
+
+bin=$build/bin
+case $build in /*) lib=$build/lib ;; *) lib=$root/$build/lib ;; esac
+export LD_LIBRARY_PATH=$lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+peer_env="LD_LIBRARY_PATH=$peer:/usr/local/cuda/lib64"
+status=0
+out=/tmp
+[ $dry -eq 1 ] || out=$(mktemp -d /tmp/bloomery-beside.XXXXXX) || exit 1
+
+# run LOG CMD...: runs (or prints) a command, its output into LOG and on.
+run() {
+    local log=$1
+    shift
+    echo "+ $*"
+    [ $dry -eq 1 ] && return 0
+    eval "$*" >"$log" 2>&1
+    local rc=$?
+    [ $rc -eq 0 ] || { echo "beside: exit $rc: $*"; tail -5 "$log"; status=1; }
+    return $rc
+}
+
+# The (test, t/s) pairs of a bench's markdown table, by its header's column names.
+pairs() {
+    awk -F'|' '
+        !cols && /\| *test *\|/ { for (i = 1; i <= NF; i++) { h = $i; gsub(/ /, "", h); if (h == "test") t = i; if (h == "t/s") v = i } cols = 1; next }
+        cols && t && /^\|/ && $t !~ /^ *-+:? *$/ { a = $t; b = $v; gsub(/^ +| +$/, "", a); split(b, w, " "); if (w[1] != "") print a "\t" w[1] }' "$1"
+}
+
+# Requests' body for the servers: the tokenizer's bans, or nothing.
+body='{}'
+if [ -n "$serve" ] && [ -n "$tok" ] && [ $dry -eq 0 ]; then
+    body=$(python3 - "$tok/tokenizer.json" <<'EOF'
+import json, sys
+t = json.load(open(sys.argv[1]))
+# byte-level BPE: the printable stand-ins for the 256 byte values
+bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b)
+        cs.append(256 + n)
+        n += 1
+byte = {chr(c): b for b, c in zip(bs, cs)}
+ban = set(a["id"] for a in t.get("added_tokens", []))
+for piece, i in t["model"]["vocab"].items():
+    try:
+        bytes(byte[ch] for ch in piece).decode("utf-8")
+    except (KeyError, UnicodeDecodeError):
+        ban.add(i)
+print(json.dumps({"logit_bias": [[i, False] for i in sorted(ban)]}))
+EOF
+) || { echo "beside: no bans from $tok/tokenizer.json"; body='{}'; }
+fi
+
+# health PORT: waits up to 300 s for the server's /health.
+health() {
+    local _
+    for _ in $(seq 300); do
+        python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$1/health', timeout=2)" \
+            2>/dev/null && return 0
+        sleep 1
+    done
+    return 1
+}
+
+# serve NAME PORT N CMD...: starts a server, loads it with N clients, stops it;
+# prints its total tokens/s.
+serve_one() {
+    local name=$1 port=$2 n=$3
+    shift 3
+    echo "+ $* --port $port" >&2
+    if [ $dry -eq 1 ]; then
+        echo "+ tools/bloomery-load --url http://127.0.0.1:$port -c $n -d 20 -n 128 --ignore-eos --mode native --json" >&2
+        echo "-"
+        return
+    fi
+    eval "$* --port $port" >"$out/$name-$n.log" 2>&1 &
+    local pid=$!
+    local rate=-
+    if health "$port"; then
+        python3 tools/bloomery-load --url "http://127.0.0.1:$port" -c "$n" -d 20 -n 128 --ignore-eos --mode native \
+            --body "$body" --json >"$out/$name-$n.json" 2>&1
+        rate=$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.1f' % d['tokens_per_s'], d['errors'])" \
+            "$out/$name-$n.json" 2>/dev/null) || rate=-
+    fi
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    [ "$rate" != - ] || { echo "beside: $name at $n streams gave no rate ($out/$name-$n.log)" >&2; status=1; }
+    echo "$rate"
+}
+
+echo "beside: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1); logs in $out"
+for s in "${shapes[@]}"; do
+    f=/dev/shm/beside-$s.gguf
+    echo "== $s ($(date -u +%H:%M) UTC)"
+    run "$out/$s-mk.log" "$bin/bloomery-mkmodel -o $f $(shape_flags "$s") --bench-fill --threads $threads" || continue
+    run "$out/$s-bloomery.md" "$bin/bloomery-bench -m $f -ngl 99 $tests --no-roofline -t $threads"
+    run "$out/$s-llama.md" "$peer_env $peer/llama-bench -m $f -ngl 99 -fa 1 $tests"
+    if [ $dry -eq 0 ]; then
+        printf '| %s | bloomery | llama.cpp | ratio |\n|---|---:|---:|---:|\n' "$s"
+        join -t $'\t' -a 1 <(pairs "$out/$s-bloomery.md" | sort) <(pairs "$out/$s-llama.md" | sort) |
+            awk -F'\t' '{ r = ($3 > 0) ? sprintf("%.2f", $2 / $3) : "-"; printf "| %s | %s | %s | %s |\n", $1, $2, ($3 == "" ? "-" : $3), r }'
+        [ -n "$(pairs "$out/$s-bloomery.md")" ] || { echo "beside: bloomery-bench printed no result"; status=1; }
+    fi
+    if [ -n "$serve" ]; then
+        printf '| %s, streams | bloomery-serve tok/s, errors | llama-server tok/s, errors |\n|---|---:|---:|\n' "$s"
+        for n in ${serve//,/ }; do
+            ctx=$((n * 2048))
+            b=$(serve_one bloomery 8180 "$n" "$bin/bloomery-serve -m $f -ngl 99 -np $n -c $ctx")
+            l=$(serve_one llama 8181 "$n" "$peer_env $peer/llama-server -m $f -ngl 99 -fa on -np $n -c $ctx")
+            echo "| $n | $b | $l |"
+        done
+    fi
+    [ $dry -eq 1 ] || rm -f "$f"
+done
+exit $status

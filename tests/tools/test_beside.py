@@ -1,0 +1,101 @@
+"""tests/gpu/beside.sh, the side-by-side measurement on a card, run here over stand-ins
+for its programs: the commands it gives each, the table it makes of the two benches'
+outputs, and the refusals of what it cannot run."""
+import os
+import stat
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "tests", "gpu", "beside.sh")
+
+# A bench's table as each program prints it (bloomery-bench's, then llama-bench's).
+BLOOMERY = """bloomery-bench: plan: stage 0: layers 0..3 on CUDA0
+| model | size | params | backend | threads | test | t/s |
+| --- | ---: | ---: | --- | ---: | ---: | ---: |
+| deepseek2 4.54B Q4_K - Medium | 2.78 GiB | 4.54 B | CUDA | 16 | pp512 | 35835.37 ± 134.02 |
+| deepseek2 4.54B Q4_K - Medium | 2.78 GiB | 4.54 B | CUDA | 16 | tg32 @ d4096 | 539.16 ± 0.69 |
+| deepseek2 4.54B Q4_K - Medium | 2.78 GiB | 4.54 B | CUDA | 16 | tg32 | 575.93 ± 3.59 |
+"""
+LLAMA = """| model                          |       size | backend    | ngl |  fa |            test |                  t/s |
+| ------------------------------ | ---------: | ---------- | --: | --: | --------------: | -------------------: |
+| deepseek2 ?B Q4_K - Medium     |   2.78 GiB | CUDA       |  99 |   1 |           pp512 |   22490.56 ± 1868.99 |
+| deepseek2 ?B Q4_K - Medium     |   2.78 GiB | CUDA       |  99 |   1 |    tg32 @ d4096 |       549.01 ± 6.67 |
+
+build: d32676d77 (1)
+"""
+
+
+def program(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+
+
+def stand_ins(tmp_path, bench_rc=0):
+    """A build folder and a peer folder whose programs log their arguments and print
+    the tables above; the model maker writes an empty file."""
+    log = tmp_path / "calls"
+    build, peer = tmp_path / "build", tmp_path / "peer"
+    (build / "bin").mkdir(parents=True)
+    peer.mkdir()
+    program(build / "bin" / "bloomery-mkmodel",
+            '#!/bin/bash\necho "mkmodel $*" >> %s\n'
+            'while [ $# -gt 0 ]; do [ "$1" = -o ] && { : > "$2"; shift; }; shift; done\n' % log)
+    program(build / "bin" / "bloomery-bench",
+            "#!/bin/bash\necho \"bench $*\" >> %s\ncat <<'EOF'\n%sEOF\nexit %d\n" % (log, BLOOMERY, bench_rc))
+    program(peer / "llama-bench", "#!/bin/bash\necho \"llama $*\" >> %s\ncat <<'EOF'\n%sEOF\n" % (log, LLAMA))
+    return build, peer, log
+
+
+def beside(*args):
+    return subprocess.run([SCRIPT, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_the_two_benches_side_by_side_with_their_ratio(tmp_path):
+    build, peer, log = stand_ins(tmp_path)
+    r = beside("--build", str(build), "--peer", str(peer), "--threads", "3", "--tests", "-p 512 -n 32 -d 0,4096",
+               "deepseek-v3-4")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| deepseek-v3-4 | bloomery | llama.cpp | ratio |"
+    assert "| pp512 | 35835.37 | 22490.56 | 1.59 |" in rows
+    assert "| tg32 @ d4096 | 539.16 | 549.01 | 0.98 |" in rows
+    assert "| tg32 | 575.93 | - | - |" in rows  # a test only one bench printed
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith("mkmodel -o /dev/shm/beside-deepseek-v3-4.gguf --preset deepseek-v3 --layers 4 ")
+    assert "--bench-fill --threads 3" in calls[0]
+    assert calls[1] == "bench -m /dev/shm/beside-deepseek-v3-4.gguf -ngl 99 -p 512 -n 32 -d 0,4096 --no-roofline -t 3"
+    assert calls[2] == "llama -m /dev/shm/beside-deepseek-v3-4.gguf -ngl 99 -fa 1 -p 512 -n 32 -d 0,4096"
+    assert not os.path.exists("/dev/shm/beside-deepseek-v3-4.gguf")  # removed after its shape
+
+
+def test_a_failing_bench_fails_the_run(tmp_path):
+    build, peer, _ = stand_ins(tmp_path, bench_rc=3)
+    r = beside("--build", str(build), "--peer", str(peer), "gpt-oss-120b")
+    assert r.returncode == 1
+    assert "exit 3" in r.stdout
+
+
+def test_dry_run_prints_every_command_and_runs_none(tmp_path):
+    build, peer, log = stand_ins(tmp_path)
+    r = beside("--dry-run", "--build", str(build), "--peer", str(peer), "--serve", "1,8", "--tokenizer", "/tok",
+               "qwen3-30b-a3b")
+    assert r.returncode == 0, r.stderr
+    assert not log.exists()
+    text = r.stdout + r.stderr
+    assert "--ctx 40960 --tokenizer /tok --bench-fill" in text
+    assert "bloomery-serve -m /dev/shm/beside-qwen3-30b-a3b.gguf -ngl 99 -np 8 -c 16384 --port 8180" in text
+    assert "llama-server -m /dev/shm/beside-qwen3-30b-a3b.gguf -ngl 99 -fa on -np 8 -c 16384 --port 8181" in text
+    assert "bloomery-load --url http://127.0.0.1:8181 -c 8 -d 20 -n 128 --ignore-eos --mode native" in text
+
+
+def test_what_it_cannot_run_is_refused(tmp_path):
+    for args, says in ((["--peer", "/p", "llama-3"], "unknown shape llama-3"),
+                       (["deepseek-v3-4"], "give --peer DIR"),
+                       (["--peer", "/p"], "at least one shape"),
+                       (["--peer", "/p", "--serve", "8x", "glm-4.5-air"], "--serve takes stream counts"),
+                       (["--peer", "/p", "--threads", "many", "glm-4.5-air"], "--threads takes a number"),
+                       (["--peer", "/p", "--bogus", "glm-4.5-air"], "unknown option --bogus")):
+        r = beside(*args)
+        assert r.returncode == 2, args
+        assert says in r.stderr, (args, r.stderr)
