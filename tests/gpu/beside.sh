@@ -7,8 +7,8 @@
 # both and their ratio for each shape (docs/performance.md wants both from the same
 # machine and hour). Builds nothing: see tests/gpu/run.sh for the build.
 #
-#   tests/gpu/beside.sh --peer DIR [--build DIR] [--tests "ARGS"] [--serve N,...]
-#                       [--tokenizer DIR] [--threads N] [--dry-run] SHAPE...
+#   tests/gpu/beside.sh --peer DIR [--build DIR] [--tests "ARGS"] [--cpu-moe]
+#                       [--serve N,...] [--tokenizer DIR] [--threads N] [--dry-run] SHAPE...
 #
 # SHAPE: qwen3-30b-a3b (Qwen3-30B-A3B's shape, q4_K + q6_K, 18.44 GiB), deepseek-v3-4
 # (DeepSeek-V3's attention and widths, 4 layers, 16 experts, 2.78 GiB), gpt-oss-120b
@@ -19,6 +19,9 @@
 #                   (default build-gpu)
 #   --tests ARGS    the tests both benches run (default "-p 512 -n 128 -r 2"; -p, -n,
 #                   -d and -r mean the same to both)
+#   --cpu-moe       every routed expert in host RAM: bloomery-bench -cmoe
+#                   --no-residency (no expert copied to the card while it runs, as
+#                   llama.cpp) against llama-bench -ncmoe 999, both with --threads
 #   --serve N,...   also the servers with -np N, N streaming clients of 128 tokens for
 #                   20 s each (both get the same request body)
 #   --tokenizer DIR Qwen3's tokenizer files: the qwen3-30b-a3b file gets its real
@@ -32,7 +35,7 @@
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 root=$PWD
-build=build-gpu peer='' tests="-p 512 -n 128 -r 2" serve='' tok='' dry=0 threads=$(nproc)
+build=build-gpu peer='' tests="-p 512 -n 128 -r 2" serve='' tok='' dry=0 threads=$(nproc) cpu_moe=0
 shapes=()
 while [ $# -gt 0 ]; do
     case $1 in
@@ -42,6 +45,7 @@ while [ $# -gt 0 ]; do
     --serve) serve=$2; shift 2 ;;
     --tokenizer) tok=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
+    --cpu-moe) cpu_moe=1; shift ;;
     --dry-run) dry=1; shift ;;
     -h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "beside: unknown option $1 (--help lists them)" >&2; exit 2 ;;
@@ -165,10 +169,13 @@ for s in "${shapes[@]}"; do
     f=/dev/shm/beside-$s.gguf
     echo "== $s ($(date -u +%H:%M) UTC)"
     run "$out/$s-mk.log" "$bin/bloomery-mkmodel -o $f $(shape_flags "$s") --bench-fill --threads $threads" || continue
-    run "$out/$s-bloomery.md" "$bin/bloomery-bench -m $f -ngl 99 $tests --no-roofline -t $threads"
-    run "$out/$s-llama.md" "$peer_env $peer/llama-bench -m $f -ngl 99 -fa 1 $tests"
+    bplace='' lplace=''
+    [ $cpu_moe -eq 0 ] || { bplace=" -cmoe --no-residency"; lplace=" -ncmoe 999 -t $threads"; }
+    run "$out/$s-bloomery.md" "$bin/bloomery-bench -m $f -ngl 99$bplace $tests --no-roofline -t $threads"
+    run "$out/$s-llama.md" "$peer_env $peer/llama-bench -m $f -ngl 99$lplace -fa 1 $tests"
     if [ $dry -eq 0 ]; then
-        printf '| %s | bloomery | llama.cpp | ratio |\n|---|---:|---:|---:|\n' "$s"
+        printf '| %s%s | bloomery | llama.cpp | ratio |\n|---|---:|---:|---:|\n' "$s" \
+            "$([ $cpu_moe -eq 0 ] || echo ', routed experts in host RAM')"
         join -t $'\t' -a 1 <(pairs "$out/$s-bloomery.md" | sort) <(pairs "$out/$s-llama.md" | sort) |
             awk -F'\t' '{ r = ($3 > 0) ? sprintf("%.2f", $2 / $3) : "-"; printf "| %s | %s | %s | %s |\n", $1, $2, ($3 == "" ? "-" : $3), r }'
         [ -n "$(pairs "$out/$s-bloomery.md")" ] || { echo "beside: bloomery-bench printed no result"; status=1; }

@@ -69,6 +69,17 @@ def test_the_two_benches_side_by_side_with_their_ratio(tmp_path):
     assert not os.path.exists("/dev/shm/beside-deepseek-v3-4.gguf")  # removed after its shape
 
 
+def test_cpu_moe_puts_every_routed_expert_in_host_ram_in_both(tmp_path):
+    build, peer, log = stand_ins(tmp_path)
+    r = beside("--build", str(build), "--peer", str(peer), "--threads", "16", "--cpu-moe", "gpt-oss-120b")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "| gpt-oss-120b, routed experts in host RAM | bloomery | llama.cpp | ratio |" in r.stdout
+    calls = log.read_text().splitlines()
+    assert calls[1] == ("bench -m /dev/shm/beside-gpt-oss-120b.gguf -ngl 99 -cmoe --no-residency -p 512 -n 128 -r 2"
+                        " --no-roofline -t 16")
+    assert calls[2] == "llama -m /dev/shm/beside-gpt-oss-120b.gguf -ngl 99 -ncmoe 999 -t 16 -fa 1 -p 512 -n 128 -r 2"
+
+
 def test_a_failing_bench_fails_the_run(tmp_path):
     build, peer, _ = stand_ins(tmp_path, bench_rc=3)
     r = beside("--build", str(build), "--peer", str(peer), "gpt-oss-120b")
