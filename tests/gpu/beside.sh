@@ -14,9 +14,10 @@
 # (DeepSeek-V3's attention and widths, 4 layers, 16 experts, 2.78 GiB), gpt-oss-120b
 # (59.02 GiB), glm-4.5-air (74.25 GiB: more than an 80 GB card holds with its cache).
 #   --peer DIR      llama.cpp's programs (llama-bench, llama-server) and libraries
-#   --build DIR     a build with -Dgpu=enabled, programs in DIR/bin (make links them
-#                   there) and the libraries ../shared/device/bundle put in DIR/lib
-#                   (default build-gpu)
+#   --build DIR     a build with -Dgpu=enabled: its programs in DIR/bin (make links
+#                   them there) or meson's DIR/tools, router, worker, hosttier, and
+#                   the libraries ../shared/device/bundle put in DIR/lib (default
+#                   build-gpu)
 #   --tests ARGS    the tests both benches run (default "-p 512 -n 128 -r 2"; -p, -n,
 #                   -d and -r mean the same to both)
 #   --cpu-moe       every routed expert in host RAM: bloomery-bench -cmoe
@@ -74,7 +75,14 @@ for s in "${shapes[@]}"; do
     [ -n "$(shape_flags "$s")" ] || { echo "beside: unknown shape $s (--help lists them)" >&2; exit 2; }
 done
 
-bin=$build/bin
+# A program of the build: BUILD/bin (make links them there), else meson's folders.
+prog() {
+    local d
+    for d in bin tools router worker hosttier; do
+        [ -x "$build/$d/$1" ] && { echo "$build/$d/$1"; return; }
+    done
+    echo "$build/bin/$1"
+}
 case $build in /*) lib=$build/lib ;; *) lib=$root/$build/lib ;; esac
 export LD_LIBRARY_PATH=$lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 peer_env="LD_LIBRARY_PATH=$peer:/usr/local/cuda/lib64"
@@ -164,14 +172,18 @@ serve_one() {
     echo "$rate"
 }
 
-echo "beside: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1); logs in $out"
+if [ $dry -eq 1 ]; then
+    echo "beside: a dry run: the commands, none run"
+else
+    echo "beside: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1); logs in $out"
+fi
 for s in "${shapes[@]}"; do
     f=/dev/shm/beside-$s.gguf
     echo "== $s ($(date -u +%H:%M) UTC)"
-    run "$out/$s-mk.log" "$bin/bloomery-mkmodel -o $f $(shape_flags "$s") --bench-fill --threads $threads" || continue
+    run "$out/$s-mk.log" "$(prog bloomery-mkmodel) -o $f $(shape_flags "$s") --bench-fill --threads $threads" || continue
     bplace='' lplace=''
     [ $cpu_moe -eq 0 ] || { bplace=" -cmoe --no-residency"; lplace=" -ncmoe 999 -t $threads"; }
-    run "$out/$s-bloomery.md" "$bin/bloomery-bench -m $f -ngl 99$bplace $tests --no-roofline -t $threads"
+    run "$out/$s-bloomery.md" "$(prog bloomery-bench) -m $f -ngl 99$bplace $tests --no-roofline -t $threads"
     run "$out/$s-llama.md" "$peer_env $peer/llama-bench -m $f -ngl 99$lplace -fa 1 $tests"
     if [ $dry -eq 0 ]; then
         printf '| %s%s | bloomery | llama.cpp | ratio |\n|---|---:|---:|---:|\n' "$s" \
@@ -184,7 +196,7 @@ for s in "${shapes[@]}"; do
         printf '| %s, streams | bloomery-serve tok/s, errors | llama-server tok/s, errors |\n|---|---:|---:|\n' "$s"
         for n in ${serve//,/ }; do
             ctx=$((n * 2048))
-            b=$(serve_one bloomery 8180 "$n" "$bin/bloomery-serve -m $f -ngl 99 -np $n -c $ctx")
+            b=$(serve_one bloomery 8180 "$n" "$(prog bloomery-serve) -m $f -ngl 99 -np $n -c $ctx")
             l=$(serve_one llama 8181 "$n" "$peer_env $peer/llama-server -m $f -ngl 99 -fa on -np $n -c $ctx")
             echo "| $n | $b | $l |"
         done

@@ -80,6 +80,17 @@ def test_cpu_moe_puts_every_routed_expert_in_host_ram_in_both(tmp_path):
     assert calls[2] == "llama -m /dev/shm/beside-gpt-oss-120b.gguf -ngl 99 -ncmoe 999 -t 16 -fa 1 -p 512 -n 128 -r 2"
 
 
+def test_programs_in_meson_folders_are_found(tmp_path):
+    build, peer, log = stand_ins(tmp_path)
+    (build / "tools").mkdir()
+    for name in ("bloomery-mkmodel", "bloomery-bench"):
+        os.rename(build / "bin" / name, build / "tools" / name)
+    r = beside("--build", str(build), "--peer", str(peer), "deepseek-v3-4")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "+ %s/tools/bloomery-bench -m" % build in r.stdout
+    assert len(log.read_text().splitlines()) == 3
+
+
 def test_a_failing_bench_fails_the_run(tmp_path):
     build, peer, _ = stand_ins(tmp_path, bench_rc=3)
     r = beside("--build", str(build), "--peer", str(peer), "gpt-oss-120b")
