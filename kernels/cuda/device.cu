@@ -69,6 +69,28 @@ int kcuda__pdl_on(void)
     return g_cc_major[dev] >= 9;
 }
 
+/* Per device: SM count and the opt-in shared-memory limit per block (0: not read
+ * yet). Written once per device by whichever thread gets there first; every writer
+ * writes the same values. */
+static int g_sm_count[KC_MAX_DEVICES], g_smem_optin[KC_MAX_DEVICES];
+
+int kc_device_limits(int *dev, int *sms, int *optin, bl_err_t *err)
+{
+    KCUDA_CHECK(cudaGetDevice(dev), err);
+    if (*dev >= 0 && *dev < KC_MAX_DEVICES && g_sm_count[*dev] > 0) {
+        *sms = g_sm_count[*dev];
+        *optin = g_smem_optin[*dev];
+        return 0;
+    }
+    KCUDA_CHECK(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, *dev), err);
+    KCUDA_CHECK(cudaDeviceGetAttribute(optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, *dev), err);
+    if (*dev >= 0 && *dev < KC_MAX_DEVICES) {
+        g_smem_optin[*dev] = *optin;
+        g_sm_count[*dev] = *sms;
+    }
+    return 0;
+}
+
 int kcuda_init(int device, kcuda_device_info_t *info, bl_err_t *err)
 {
     int n = 0;

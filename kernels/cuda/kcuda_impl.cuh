@@ -458,6 +458,10 @@ static __device__ __forceinline__ void kc_allow_next(void)
 #define KC_STREAM_SCRATCH ((size_t)1 << 20)
 void *kc_stream_scratch(cudaStream_t st);
 
+/* The current device (dev), its SM count and its opt-in shared memory a block,
+ * asked of the driver once a device (device.cu). */
+int kc_device_limits(int *dev, int *sms, int *optin, bl_err_t *err);
+
 /* Whether kc_launch asks for programmatic serialization (device.cu). */
 int kcuda__pdl_on(void);
 

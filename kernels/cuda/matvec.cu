@@ -1789,28 +1789,6 @@ static int same_shape(const kcuda_mat_t *a, const kcuda_mat_t *b, const char *wh
 }
 
 
-/* Per device: SM count and the opt-in shared-memory limit per block (0: not read
- * yet). Written once per device by whichever thread gets there first; every writer
- * writes the same values. */
-static int g_sm_count[KC_MAX_DEVICES], g_smem_optin[KC_MAX_DEVICES];
-
-static int device_limits(int *dev, int *sms, int *optin, bl_err_t *err)
-{
-    KCUDA_CHECK(cudaGetDevice(dev), err);
-    if (*dev >= 0 && *dev < KC_MAX_DEVICES && g_sm_count[*dev] > 0) {
-        *sms = g_sm_count[*dev];
-        *optin = g_smem_optin[*dev];
-        return 0;
-    }
-    KCUDA_CHECK(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, *dev), err);
-    KCUDA_CHECK(cudaDeviceGetAttribute(optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, *dev), err);
-    if (*dev >= 0 && *dev < KC_MAX_DEVICES) {
-        g_smem_optin[*dev] = *optin;
-        g_sm_count[*dev] = *sms;
-    }
-    return 0;
-}
-
 /* Shared memory per SM (the blocks of a launch that can share one), per device. */
 static int sm_smem(int dev, int *out, bl_err_t *err)
 {
@@ -1924,7 +1902,7 @@ static int mv_rpw(int64_t rows, size_t smem, int sms, int smem_sm)
 static int mv_launch(const kcuda_mat_t *w, mv_args_t *a, unsigned slots, int nx, void *stream, bl_err_t *err)
 {
     int dev = 0, sms = 0, optin = 0, smem_sm = 0;
-    int rc = device_limits(&dev, &sms, &optin, err);
+    int rc = kc_device_limits(&dev, &sms, &optin, err);
     if (rc < 0 || (rc = sm_smem(dev, &smem_sm, err)) < 0)
         return rc;
     size_t smem = 0;
@@ -1978,7 +1956,7 @@ static int mv_launch2(const kcuda_mat_t *w1, mv_args_t *a1, const kcuda_mat_t *w
     if (!known)
         return 0;
     int dev = 0, sms = 0, optin = 0, smem_sm = 0;
-    int rc = device_limits(&dev, &sms, &optin, err);
+    int rc = kc_device_limits(&dev, &sms, &optin, err);
     if (rc < 0 || (rc = sm_smem(dev, &smem_sm, err)) < 0)
         return rc;
     size_t s1 = 0, s2 = 0;
@@ -2237,7 +2215,7 @@ static int matvec_plain(const kcuda_mat_t *w, const kcuda_mat_t *w2, const float
         return bl_err_set(err, BL_EINVAL, "matvec: %d rows (1..%d), ldy %lld for %lld outputs",
                           n, KCUDA_MV_MAX_ROWS, (long long)ldy, (long long)w->nrows);
     int dev = 0, sms = 0, optin = 0;
-    if ((rc = device_limits(&dev, &sms, &optin, err)) < 0)
+    if ((rc = kc_device_limits(&dev, &sms, &optin, err)) < 0)
         return rc;
     if (!w2 && !outs && small_ok(w, sms)) {
         mv_args_t a = {};
@@ -2328,7 +2306,7 @@ int kcuda_matvec_split2(const kcuda_mat_t *w, const kcuda_out_t *outs, int nouts
     float *d_y2 = out2->d_y;
     const int64_t ldy2 = out2->ldy;
     int dev = 0, sms = 0, optin = 0;
-    if ((rc = device_limits(&dev, &sms, &optin, err)) < 0)
+    if ((rc = kc_device_limits(&dev, &sms, &optin, err)) < 0)
         return rc;
     /* One launch when both take the n rows in one block and the pair of types is
      * one mv_launch2 knows; otherwise the two products one after the other (the

@@ -537,9 +537,10 @@ mla_mma_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, int64_t
 static int mla_splits(int64_t n, int64_t n_head, int64_t heads_a_block, int64_t waves, int64_t min_chunk,
                       int64_t kv_lora, int64_t max_len, size_t scratch_bytes, int *out, bl_err_t *err)
 {
-    int dev = 0, sms = 0;
-    KCUDA_CHECK(cudaGetDevice(&dev), err);
-    KCUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), err);
+    int dev = 0, sms = 0, optin = 0;
+    int rc = kc_device_limits(&dev, &sms, &optin, err);
+    if (rc < 0)
+        return rc;
     const int64_t blocks = kc_cdiv(n_head, heads_a_block) * n;
     int64_t k = kc_cdiv(waves * sms, blocks);
     const int64_t fit = (int64_t)(scratch_bytes / (sizeof(float) * (size_t)(n * n_head * (kv_lora + 2))));
@@ -564,9 +565,9 @@ static int mla_mma_nt(int64_t kv_lora, int64_t n_rot, size_t row_bytes)
     if ((kv_lora != 64 && kv_lora != 128 && kv_lora != 256 && kv_lora != 512) || n_rot < 0 || n_rot > 64 ||
         (kv_lora + n_rot) % 16 != 0 || row_bytes % 16 != 0)
         return 0;
-    int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    int dev = 0, sms = 0, optin = 0;
+    bl_err_t err;
+    if (kc_device_limits(&dev, &sms, &optin, &err) < 0) {
         (void)cudaGetLastError();
         return 0;
     }
