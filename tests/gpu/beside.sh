@@ -112,27 +112,7 @@ pairs() {
 # Requests' body for the servers: the tokenizer's bans, or nothing.
 body='{}'
 if [ -n "$serve" ] && [ -n "$tok" ] && [ $dry -eq 0 ]; then
-    body=$(python3 - "$tok/tokenizer.json" <<'EOF'
-import json, sys
-t = json.load(open(sys.argv[1]))
-# byte-level BPE: the printable stand-ins for the 256 byte values
-bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-cs, n = bs[:], 0
-for b in range(256):
-    if b not in bs:
-        bs.append(b)
-        cs.append(256 + n)
-        n += 1
-byte = {chr(c): b for b, c in zip(bs, cs)}
-ban = set(a["id"] for a in t.get("added_tokens", []))
-for piece, i in t["model"]["vocab"].items():
-    try:
-        bytes(byte[ch] for ch in piece).decode("utf-8")
-    except (KeyError, UnicodeDecodeError):
-        ban.add(i)
-print(json.dumps({"logit_bias": [[i, False] for i in sorted(ban)]}))
-EOF
-) || { echo "beside: no bans from $tok/tokenizer.json"; body='{}'; }
+    body=$(python3 "$root/tests/tools/bpe_bans.py" "$tok/tokenizer.json") || { echo "beside: no bans from $tok/tokenizer.json"; body='{}'; }
 fi
 
 # health PORT: waits up to 300 s for the server's /health.

@@ -1,6 +1,7 @@
 """tests/gpu/beside.sh, the side-by-side measurement on a card, run here over stand-ins
 for its programs: the commands it gives each, the table it makes of the two benches'
 outputs, and the refusals of what it cannot run."""
+import json
 import os
 import stat
 import subprocess
@@ -121,3 +122,26 @@ def test_what_it_cannot_run_is_refused(tmp_path):
         r = beside(*args)
         assert r.returncode == 2, args
         assert says in r.stderr, (args, r.stderr)
+
+
+def bans(tmp_path, tokenizer):
+    path = tmp_path / "tokenizer.json"
+    path.write_text(tokenizer if isinstance(tokenizer, str) else json.dumps(tokenizer), encoding="utf-8")
+    return subprocess.run(["python3", os.path.join(ROOT, "tests", "tools", "bpe_bans.py"), str(path)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_servers_bans_are_the_pieces_that_are_not_whole_utf8(tmp_path):
+    # "\u0120hi" is " hi"; "\u00c3" alone is the lead byte 0xc3 of a two-byte character,
+    # "\u00c3\u00a9" the whole of "é"; "\u00e2\u0122" two bytes of a three-byte one
+    vocab = {"\u0120hi": 0, "\u00c3": 1, "\u00c3\u00a9": 2, "\u00e2\u0122": 3, "x": 4, "\u4e00": 5}
+    r = bans(tmp_path, {"model": {"vocab": vocab}, "added_tokens": [{"id": 6, "content": "<|im_end|>"}]})
+    assert r.returncode == 0, r.stderr
+    # 5: a code point outside the byte alphabet is no piece of this vocabulary
+    assert json.loads(r.stdout) == {"logit_bias": [[1, False], [3, False], [5, False], [6, False]]}
+
+
+def test_a_tokenizer_file_it_cannot_read_is_refused_by_name(tmp_path):
+    for text in ("{", '{"model": {}}', "[]"):
+        r = bans(tmp_path, text)
+        assert r.returncode == 1 and "tokenizer.json" in r.stderr and r.stdout == "", (text, r.stderr)
