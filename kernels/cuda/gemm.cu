@@ -688,21 +688,26 @@ static __global__ void __launch_bounds__(128) gemm_grouped_kernel(const uint8_t 
             }
 }
 
-/* The grouped GEMM's tile rows: 64 unless kcuda_gemm_set_grouped_rows says 16 or 32.
- * The smaller tiles are for prompts whose experts have few rows each (a 512-row
- * prompt of gpt-oss-120b: 16 on average), where a 64-row tile's products are mostly
- * thrown away; they become the default by the rows an expert has on average once
- * they are measured on a card (docs/cuda.md). */
+/* The grouped GEMM's tile rows: 16, 32 or 64 as kcuda_gemm_set_grouped_rows says, or
+ * with 0 by the rows an expert has on average (n_sorted / n_expert: at most 16 -> 16,
+ * at most 32 -> 32, else 64). A 512-row prompt of gpt-oss-120b gives its experts 16
+ * rows each on average, where a 64-row tile's products are mostly thrown away. */
 static int g_gg_rows = 64;
 
 int kcuda_gemm_set_grouped_rows(int rows)
 {
     const int old = g_gg_rows;
-    if (rows == 0)
-        g_gg_rows = 64;
-    else if (rows == 16 || rows == 32 || rows == 64)
+    if (rows == 0 || rows == 16 || rows == 32 || rows == 64)
         g_gg_rows = rows;
     return old;
+}
+
+static int gg_tile_rows(int64_t n_sorted, int64_t n_expert)
+{
+    if (g_gg_rows != 0)
+        return g_gg_rows;
+    const int64_t avg = (n_sorted + n_expert - 1) / n_expert;
+    return avg <= 16 ? 16 : avg <= 32 ? 32 : 64;
 }
 
 int kcuda_gemm_grouped(const kcuda_mat_t *w, int64_t n_expert, int64_t rows_per_expert, const void *d_x16,
@@ -721,7 +726,7 @@ int kcuda_gemm_grouped(const kcuda_mat_t *w, int64_t n_expert, int64_t rows_per_
     /* Tiles: each expert's rows in pieces of GG_BM, at most n_sorted / GG_BM + n_expert;
      * each in 64 / bm blocks of bm rows */
     const int64_t tiles = n_sorted / GG_BM + n_expert;
-    const int bm = g_gg_rows;
+    const int bm = gg_tile_rows(n_sorted, n_expert);
     if (tiles * (GG_BM / bm) > 65535)
         return bl_err_set(err, BL_ERANGE, "grouped gemm: %lld rows", (long long)n_sorted);
     const dim3 grid((unsigned)kc_cdiv(rows_per_expert, GG_BN), (unsigned)(tiles * (GG_BM / bm)));

@@ -630,14 +630,19 @@ int kcuda_matvec_heads(const void *d_w16, int64_t n_head, int64_t R, int64_t C, 
  * row's position) or, when d_rows is NULL, d_cache with row b at position pos0 + b.
  * The rows' own latent rows must be stored first. kv_lora and n_rot even, their sum
  * at most 1024. Where kcuda_mla_mma says so (DeepSeek-V2/V3's and Kimi-K2's 512 +
- * 64), the tensor-core form runs: 16 heads a cache read, the queries (times scale)
- * and the probabilities rounded to f16, f32 sums; the rows must then be 16-byte
- * aligned (d_cache is checked; a rows table's are the caller's). Else the f32 form:
+ * 64), the tensor-core form runs: 16 heads a cache read (or 32, kcuda_mla_set_heads),
+ * the queries (times scale) and the probabilities rounded to f16, f32 sums; the rows
+ * must then be 16-byte aligned (d_cache is checked; a rows table's are the
+ * caller's). Else the f32 form:
  * each cache row read once per 8 heads. A row's positions split over several blocks
  * (then combined) as far as d_scratch (scratch_bytes; NULL: no split) holds their
  * partial sums, which kcuda_mla_scratch_bytes(n, ...) bytes always do. */
 int kcuda_mla_mma(int64_t kv_lora, int64_t n_rot, size_t row_bytes);
 size_t kcuda_mla_scratch_bytes(int64_t n, int64_t n_head, int64_t kv_lora);
+/* The tensor-core form's heads a block: 16 (the default), 32, or 0 to choose by the
+ * launch as above; for tests and measurements (BLOOMERY_CUDA_MLA_HEADS). Returns the
+ * old setting; other values (-1) leave it. Not thread-safe: set before the launches. */
+int kcuda_mla_set_heads(int heads);
 int kcuda_mla_attention(const void *d_cache, const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes,
                         int64_t pos0, const float *d_ql, int64_t ql_row, int64_t ql_head, const float *d_qp,
                         int64_t qp_row, int64_t qp_head, int64_t n, int64_t n_head, int64_t kv_lora, int64_t n_rot,
@@ -717,20 +722,21 @@ int kcuda_moe_gather_f16(const float *d_x, int64_t ldx, const int32_t *d_perm, i
  * offsets) times expert e's rows of w (n_expert * rows_per_expert rows of w->ncols,
  * any type kcuda_type_supported takes, read as stored: the weights' tiles are
  * dequantized inside the launch to the halves kcuda_dequant_f16 writes). One launch
- * for all experts (tiles of 64 rows of one expert, or 16 or 32 where
+ * for all experts (tiles of 64 rows of one expert, or 16 or 32 as
  * kcuda_gemm_set_grouped_rows says, x 64 outputs, mma.sync, f32 accumulation in a
- * fixed order: a row's
- * result does not depend on the other rows or the tile size, and is the same bits
- * for weights given quantized or as their f16 dequantization). w->ncols a multiple
- * of 32, w->data 16-byte aligned; d_offsets, d_tile0 from kcuda_moe_sort. */
+ * fixed order: a row's result does not depend on the other rows or the tile size,
+ * and is the same bits for weights given quantized or as their f16 dequantization).
+ * w->ncols a multiple of 32, w->data 16-byte aligned; d_offsets, d_tile0 from
+ * kcuda_moe_sort. */
 int kcuda_gemm_grouped(const kcuda_mat_t *w, int64_t n_expert, int64_t rows_per_expert,
                        const void *d_x16, const int32_t *d_offsets, const int32_t *d_tile0,
                        int64_t n_sorted, float *d_y, int64_t ldy, void *stream,
                        bl_err_t *err) BL_WUR;
 
-/* Sets the grouped GEMM's tile rows (16, 32 or 64; 0: the default, 64), for tests
- * and measurements (BLOOMERY_CUDA_GG_ROWS); returns the old setting. Other values
- * leave it as it was. Not thread-safe: set before the launches. */
+/* Sets the grouped GEMM's tile rows (16, 32 or 64; 0: by the rows an expert has on
+ * average, n_sorted / n_expert, at most 16 -> 16, at most 32 -> 32, else 64), for
+ * tests and measurements (BLOOMERY_CUDA_GG_ROWS); returns the old setting. Other
+ * values leave it as it was. Not thread-safe: set before the launches. */
 int kcuda_gemm_set_grouped_rows(int rows);
 
 /* h (n) f16 = silu(g) * u. */

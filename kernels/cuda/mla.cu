@@ -310,8 +310,8 @@ mla_combine_kernel(const float *part, int nsplit, int n_head, int r, float *out,
     }
 }
 
-/* The tensor-core form (mla_mma_kernel): MLA_MMA_H query heads a block (the 16
- * rows of mma m16n8k16), MLA_MMA_T cache rows a tile, 4 warps. */
+/* The tensor-core form (mla_mma_kernel): MT tiles of MLA_MMA_H query heads a block
+ * (the 16 rows of mma m16n8k16), MLA_MMA_T cache rows a tile, 4 warps a head tile. */
 #define MLA_MMA_H 16
 #define MLA_MMA_T 32
 #define MLA_MMA_WARPS 4
@@ -319,44 +319,48 @@ mla_combine_kernel(const float *part, int nsplit, int n_head, int r, float *out,
 #define MLA_MMA_MIN_CHUNK 128 /* positions a split takes at the least */
 #define MLA_MMA_WAVES 2       /* blocks an SM the splits aim at */
 
-/* Its dynamic shared memory for D = kv_lora + n_rot dims: two tiles of rows of D + 8
- * halves (padded so the fragments' 4-byte reads and ldmatrix's rows fall on
- * distinct banks), the warps' partial scores, the probabilities in f16, and per
- * head the rescale, m and l. */
-static size_t mla_mma_smem(int64_t D)
+/* Its dynamic shared memory for D = kv_lora + n_rot dims and mt head tiles: two
+ * tiles of rows of D + 8 halves (padded so the fragments' 4-byte reads and
+ * ldmatrix's rows fall on distinct banks), the warps' partial scores, the
+ * probabilities in f16, and per head the rescale, m and l. */
+static size_t mla_mma_smem(int64_t D, int mt)
 {
     return sizeof(__half) * 2 * MLA_MMA_T * (size_t)(D + 8) +
-           sizeof(float) * MLA_MMA_WARPS * MLA_MMA_H * MLA_MMA_LS + sizeof(__half) * MLA_MMA_H * MLA_MMA_LS +
-           sizeof(float) * 4 * MLA_MMA_H;
+           (size_t)mt * (sizeof(float) * MLA_MMA_WARPS * MLA_MMA_H * MLA_MMA_LS +
+                         sizeof(__half) * MLA_MMA_H * MLA_MMA_LS + sizeof(float) * 4 * MLA_MMA_H);
 }
 
 /* Rows t0 .. of a tile (n of them; the rest of MLA_MMA_T zero-filled) into dst by
- * 16-byte asynchronous copies: D / 8 pieces a row, rows ld halves apart. */
+ * 16-byte asynchronous copies of nth threads: D / 8 pieces a row, rows ld halves
+ * apart. */
 static __device__ __forceinline__ void mla_mma_load(__half *dst, const uint8_t *kc, size_t rb, int64_t t0, int n,
-                                                    int D, int ld, int tid)
+                                                    int D, int ld, int tid, int nth)
 {
     const int pc = D >> 3;
-    for (int i = tid; i < MLA_MMA_T * pc; i += MLA_MMA_WARPS * 32) {
+    for (int i = tid; i < MLA_MMA_T * pc; i += nth) {
         const int t = i / pc, c = i - t * pc;
         const bool in = t < n;
         kc_cp_async16(dst + t * ld + 8 * c, kc + (size_t)(t0 + (in ? t : 0)) * rb + 16 * (size_t)c, in ? 16 : 0);
     }
 }
 
-/* grid (ceil(n_head / MLA_MMA_H), nsplit, n): row b, heads h0 = 16 g .., split s
+/* grid (ceil(n_head / (16 MT)), nsplit, n): row b, heads 16 MT g .., split s
  * (mla_row with tiles of MLA_MMA_T), the same results as mla_attention_kernel
- * with f16 queries (times scale) and probabilities. NT = kv_lora / 32 (even), KQ
- * the 16-dim steps a warp scores (ceil(D / 64), D = kv_lora + n_rot a multiple of
- * 16). Scores: S (16 heads, 32 positions) = Q K^T, warp w over its quarter of the
- * D dims (its query fragments held in registers: rows gq, gq + 8 the heads), all
- * four 8-position tiles; the warps' partial sums meet in shared memory. Softmax:
- * warp w heads 4 w .. 4 w + 3, lane t position t, the probabilities rounded to f16
- * and l summed from the rounded values. P x V: warp w dims 8 NT w .. + 8 NT (NT
- * tiles of 8), O (16, 8) += P (16, 16 positions) V (16, 8), V the tile's first
- * kv_lora dims read transposed by ldmatrix. The next tile's rows load while this
- * one is used; rows past the split are zeros. Rows 16-byte aligned. */
-template <int NT, int KQ>
-static __global__ void __launch_bounds__(MLA_MMA_WARPS * 32, 2)
+ * with f16 queries (times scale) and probabilities. MT head tiles of 16 share each
+ * tile of cache rows (MT 2 halves what a prompt reads from L2), 4 warps each: warp
+ * w works on head tile mt = w / 4 as its quarter wq = w % 4. NT = kv_lora / 32
+ * (even), KQ the 16-dim steps a warp scores (ceil(D / 64), D = kv_lora + n_rot a
+ * multiple of 16). Scores: S (16 heads, 32 positions) = Q K^T, warp w over its
+ * quarter of the D dims (its query fragments held in registers: rows gq, gq + 8
+ * the heads), all four 8-position tiles; the head tile's four partial sums meet in
+ * shared memory. Softmax: warp w the block's heads 4 w .. 4 w + 3, lane t position
+ * t, the probabilities rounded to f16 and l summed from the rounded values. P x V:
+ * warp w dims 8 NT wq .. + 8 NT (NT tiles of 8), O (16, 8) += P (16, 16
+ * positions) V (16, 8), V the tile's first kv_lora dims read transposed by
+ * ldmatrix. The next tile's rows load while this one is used; rows past the split
+ * are zeros. Rows 16-byte aligned. */
+template <int NT, int KQ, int MT>
+static __global__ void __launch_bounds__(MT * MLA_MMA_WARPS * 32, 2 / MT)
 mla_mma_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, int64_t layer, int64_t pos0,
                const float *ql, int64_t ql_row, int64_t ql_head, const float *qp, int64_t qp_row, int64_t qp_head,
                int n_head, int r, int n_rot, float scale, float *out, int64_t o_row, int64_t o_head, float *part)
@@ -366,29 +370,31 @@ mla_mma_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, int64_t
     extern __shared__ float4 mla_smem4[];
     const int D = r + n_rot, ld = D + 8;
     __half *tiles = (__half *)mla_smem4;                                           /* 2 x (T, ld) */
-    float *red = (float *)(tiles + 2 * MLA_MMA_T * ld);                             /* (warps, 16, LS) */
-    __half *ps = (__half *)(red + MLA_MMA_WARPS * MLA_MMA_H * MLA_MMA_LS);         /* (16, LS) */
-    float *hs = (float *)(ps + MLA_MMA_H * MLA_MMA_LS);                            /* (16, 4) */
+    constexpr int NTH = MT * MLA_MMA_WARPS * 32, HB = MT * MLA_MMA_H; /* threads, heads */
+    float *red = (float *)(tiles + 2 * MLA_MMA_T * ld);                 /* (4 MT warps, 16, LS) */
+    __half *ps = (__half *)(red + MT * MLA_MMA_WARPS * MLA_MMA_H * MLA_MMA_LS); /* (16 MT, LS) */
+    float *hs = (float *)(ps + HB * MLA_MMA_LS);                        /* (16 MT, 4) */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-    const int h0 = blockIdx.x * MLA_MMA_H, s = blockIdx.y, nsplit = gridDim.y;
+    const int mt = warp / MLA_MMA_WARPS, wq = warp % MLA_MMA_WARPS;
+    const int hb0 = blockIdx.x * HB, h0 = hb0 + MLA_MMA_H * mt, s = blockIdx.y, nsplit = gridDim.y;
     const int64_t b = blockIdx.z;
     int64_t p0, p1;
     kc = mla_row(kc, rows, layer, pos0, b, s, nsplit, MLA_MMA_T, MLA_MMA_MIN_CHUNK, &p0, &p1);
     if (p0 >= p1) { /* an empty split (never the only one): m = -inf, l = 0 */
-        if (tid < MLA_MMA_H && h0 + tid < n_head) {
-            float *pp = part + (((size_t)b * n_head + h0 + tid) * nsplit + s) * (size_t)(r + 2);
+        if (tid < HB && hb0 + tid < n_head) {
+            float *pp = part + (((size_t)b * n_head + hb0 + tid) * nsplit + s) * (size_t)(r + 2);
             pp[0] = -INFINITY;
             pp[1] = 0.0f;
         }
         return;
     }
-    mla_mma_load(tiles, kc, rb, p0, p1 - p0 < MLA_MMA_T ? (int)(p1 - p0) : MLA_MMA_T, D, ld, tid);
+    mla_mma_load(tiles, kc, rb, p0, p1 - p0 < MLA_MMA_T ? (int)(p1 - p0) : MLA_MMA_T, D, ld, tid, NTH);
     kc_cp_async_commit();
 
     /* the A fragments of this warp's 16-dim steps k0w .. k0w + per - 1: a[0] head
      * gq dims 2 tq, + 1 of the step, a[1] head gq + 8, a[2] and a[3] the same 8 dims
      * on; heads past n_head zero */
-    const int nk = D >> 4, per = (nk + 3) >> 2, k0w = warp * per;
+    const int nk = D >> 4, per = (nk + 3) >> 2, k0w = wq * per;
     unsigned qa[KQ][4];
 #pragma unroll
     for (int i = 0; i < KQ; i++) {
@@ -423,7 +429,7 @@ mla_mma_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, int64_t
         const int64_t t1 = t0 + MLA_MMA_T;
         if (t1 < p1)
             mla_mma_load(tiles + (buf ^ 1) * MLA_MMA_T * ld, kc, rb, t1,
-                         p1 - t1 < MLA_MMA_T ? (int)(p1 - t1) : MLA_MMA_T, D, ld, tid);
+                         p1 - t1 < MLA_MMA_T ? (int)(p1 - t1) : MLA_MMA_T, D, ld, tid, NTH);
         kc_cp_async_commit();
         kc_cp_async_wait<1>(); /* this tile's rows (the next one's may be in flight) */
         __syncthreads();
@@ -454,8 +460,9 @@ mla_mma_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, int64_t
         }
         __syncthreads();
 
-        /* the online softmax of heads 4 warp .. (m = -inf the first time: the
-         * rescale is 0, and the tile has a position, so the new m is finite) */
+        /* the online softmax of the block's heads 4 warp .. (m = -inf the first
+         * time: the rescale is 0, and the tile has a position, so the new m is
+         * finite); head j's partial sums are those of its head tile's warps */
 #pragma unroll
         for (int jj = 0; jj < 4; jj++) {
             const int j = 4 * warp + jj;
@@ -464,7 +471,7 @@ mla_mma_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, int64_t
                 sv = 0.0f;
 #pragma unroll
                 for (int w = 0; w < MLA_MMA_WARPS; w++)
-                    sv += red[(w * MLA_MMA_H + j) * MLA_MMA_LS + lane];
+                    sv += red[((MLA_MMA_WARPS * mt + w) * MLA_MMA_H + j - MLA_MMA_H * mt) * MLA_MMA_LS + lane];
             }
             const float nm = fmaxf(m4[jj], kc_warp_max(sv)), a = expf(m4[jj] - nm);
             const __half ph = __float2half_rn(lane < cnt ? expf(sv - nm) : 0.0f);
@@ -477,7 +484,8 @@ mla_mma_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, int64_t
         __syncthreads();
 
         /* O += P V over the tile's two steps of 16 positions */
-        const float a0 = hs[4 * gq], a8 = hs[4 * (gq + 8)];
+        const int hj = MLA_MMA_H * mt + gq; /* this lane's heads hj, hj + 8 of the block */
+        const float a0 = hs[4 * hj], a8 = hs[4 * (hj + 8)];
 #pragma unroll
         for (int i = 0; i < NT; i++) {
             o[i][0] *= a0;
@@ -487,10 +495,10 @@ mla_mma_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, int64_t
         }
 #pragma unroll
         for (int kk = 0; kk < MLA_MMA_T / 16; kk++) {
-            const __half *pr = ps + gq * MLA_MMA_LS + 16 * kk + 2 * tq;
+            const __half *pr = ps + hj * MLA_MMA_LS + 16 * kk + 2 * tq;
             const unsigned pa[4] = {*(const unsigned *)pr, *(const unsigned *)(pr + 8 * MLA_MMA_LS),
                                     *(const unsigned *)(pr + 8), *(const unsigned *)(pr + 8 * MLA_MMA_LS + 8)};
-            const __half *vr = kt + (16 * kk + (mi & 1) * 8 + rr) * ld + 8 * (NT * warp + (mi >> 1));
+            const __half *vr = kt + (16 * kk + (mi & 1) * 8 + rr) * ld + 8 * (NT * wq + (mi >> 1));
 #pragma unroll
             for (int h2 = 0; h2 < NT / 2; h2++) {
                 unsigned bv[4];
@@ -513,18 +521,18 @@ mla_mma_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, int64_t
         const int j = gq + 8 * hh;
         if (h0 + j >= n_head)
             continue;
-        const float inv = nsplit == 1 ? 1.0f / hs[4 * j + 2] : 1.0f;
+        const float inv = nsplit == 1 ? 1.0f / hs[4 * (MLA_MMA_H * mt + j) + 2] : 1.0f;
         float *dst = nsplit == 1 ? out + b * o_row + (int64_t)(h0 + j) * o_head
                                  : part + (((size_t)b * n_head + h0 + j) * nsplit + s) * (size_t)(r + 2) + 2;
 #pragma unroll
         for (int i = 0; i < NT; i++) {
-            const int d = 8 * (NT * warp + i) + 2 * tq;
+            const int d = 8 * (NT * wq + i) + 2 * tq;
             dst[d] = o[i][2 * hh] * inv;
             dst[d + 1] = o[i][2 * hh + 1] * inv;
         }
     }
-    if (nsplit > 1 && tid < MLA_MMA_H && h0 + tid < n_head) {
-        float *pp = part + (((size_t)b * n_head + h0 + tid) * nsplit + s) * (size_t)(r + 2);
+    if (nsplit > 1 && tid < HB && hb0 + tid < n_head) {
+        float *pp = part + (((size_t)b * n_head + hb0 + tid) * nsplit + s) * (size_t)(r + 2);
         pp[0] = hs[4 * tid + 1];
         pp[1] = hs[4 * tid + 2];
     }
@@ -571,7 +579,7 @@ static int mla_mma_nt(int64_t kv_lora, int64_t n_rot, size_t row_bytes)
         (void)cudaGetLastError();
         return 0;
     }
-    return mla_mma_smem(kv_lora + n_rot) <= (size_t)optin ? (int)(kv_lora / 32) : 0;
+    return mla_mma_smem(kv_lora + n_rot, 1) <= (size_t)optin ? (int)(kv_lora / 32) : 0;
 }
 
 int kcuda_mla_mma(int64_t kv_lora, int64_t n_rot, size_t row_bytes)
@@ -579,9 +587,9 @@ int kcuda_mla_mma(int64_t kv_lora, int64_t n_rot, size_t row_bytes)
     return mla_mma_nt(kv_lora, n_rot, row_bytes) > 0;
 }
 
-/* Launches mla_mma_kernel<NT, NT / 2 + 1> (its 16-dim steps a warp: n_rot <= 64),
- * its shared-memory limit raised once per device to the largest D it takes. */
-template <int NT>
+/* Launches mla_mma_kernel<NT, NT / 2 + 1, MT> (its 16-dim steps a warp: n_rot <=
+ * 64), its shared-memory limit raised once per device to the largest D it takes. */
+template <int NT, int MT>
 static int mla_mma_go(dim3 grid, cudaStream_t st, const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows,
                       int64_t layer, int64_t pos0, const float *ql, int64_t ql_row, int64_t ql_head, const float *qp,
                       int64_t qp_row, int64_t qp_head, int n_head, int r, int n_rot, float scale, float *out,
@@ -590,13 +598,25 @@ static int mla_mma_go(dim3 grid, cudaStream_t st, const uint8_t *kc, size_t rb, 
     static int done[KC_MAX_DEVICES];
     int dev = 0;
     KCUDA_CHECK(cudaGetDevice(&dev), err);
-    int rc = kc_smem_prepare(mla_mma_kernel<NT, NT / 2 + 1>, done, dev, (int)mla_mma_smem(32 * NT + 64), err);
+    int rc = kc_smem_prepare(mla_mma_kernel<NT, NT / 2 + 1, MT>, done, dev, (int)mla_mma_smem(32 * NT + 64, MT), err);
     if (rc < 0)
         return rc;
-    KC_LAUNCH(err, mla_mma_kernel<NT, NT / 2 + 1>, grid, MLA_MMA_WARPS * 32, mla_mma_smem(r + n_rot), st, kc, rb,
-              rows, layer, pos0, ql, ql_row, ql_head, qp, qp_row, qp_head, n_head, r, n_rot, scale, out, o_row,
+    KC_LAUNCH(err, mla_mma_kernel<NT, NT / 2 + 1, MT>, grid, MT * MLA_MMA_WARPS * 32, mla_mma_smem(r + n_rot, MT), st,
+              kc, rb, rows, layer, pos0, ql, ql_row, ql_head, qp, qp_row, qp_head, n_head, r, n_rot, scale, out, o_row,
               o_head, part);
     return 0;
+}
+
+/* The tensor-core form's heads a block: 16, 32, or 0 to choose by the launch
+ * (kcuda_mla_set_heads). 16 until the choice is measured on a card. */
+static int g_mla_heads = 16;
+
+int kcuda_mla_set_heads(int heads)
+{
+    const int old = g_mla_heads;
+    if (heads == 0 || heads == 16 || heads == 32)
+        g_mla_heads = heads;
+    return old;
 }
 
 int kcuda_mla_attention(const void *d_cache, const kcuda_kv_row_t *d_rows, int64_t layer, size_t row_bytes,
@@ -614,9 +634,22 @@ int kcuda_mla_attention(const void *d_cache, const kcuda_kv_row_t *d_rows, int64
                           "%zu bytes", (long long)n, (long long)n_head, (long long)kv_lora, (long long)n_rot, MLA_MAX_D,
                           row_bytes);
     const int nt = d_cache && (uintptr_t)d_cache % 16 != 0 ? 0 : mla_mma_nt(kv_lora, n_rot, row_bytes);
-    const int64_t hb = nt ? MLA_MMA_H : MLA_G;
+    /* two head tiles a block where the rows alone fill the device (a prompt: each
+     * tile of cache rows read from L2 once for 32 heads), else one (decode: the
+     * splits fill it, and blocks of 4 warps fit two an SM) */
+    int mt = 1;
+    if (nt && n_head > MLA_MMA_H) {
+        int dev = 0, sms = 0, optin = 0;
+        int rc0 = kc_device_limits(&dev, &sms, &optin, err);
+        if (rc0 < 0)
+            return rc0;
+        mt = g_mla_heads ? g_mla_heads / MLA_MMA_H : kc_cdiv(n_head, 2 * MLA_MMA_H) * n >= sms ? 2 : 1;
+        if (mla_mma_smem(kv_lora + n_rot, mt) > (size_t)optin)
+            mt = 1;
+    }
+    const int64_t hb = nt ? mt * MLA_MMA_H : MLA_G;
     int nsplit = 1;
-    int rc = mla_splits(n, n_head, hb, nt ? MLA_MMA_WAVES : 4, nt ? MLA_MMA_MIN_CHUNK : MLA_MIN_CHUNK, kv_lora,
+    int rc = mla_splits(n, n_head, hb, nt ? MLA_MMA_WAVES / mt : 4, nt ? MLA_MMA_MIN_CHUNK : MLA_MIN_CHUNK, kv_lora,
                         d_rows ? 0 : pos0 + n, d_scratch ? scratch_bytes : 0, &nsplit, err);
     if (rc < 0)
         return rc;
@@ -625,10 +658,13 @@ int kcuda_mla_attention(const void *d_cache, const kcuda_kv_row_t *d_rows, int64
     const int64_t D = kv_lora + n_rot;
     if (nt) {
 #define MLA_MMA(NTV)                                                                                              \
-    mla_mma_go<NTV>(grid, st, (const uint8_t *)d_cache, row_bytes, d_rows, layer, pos0, d_ql, ql_row, ql_head, d_qp, \
-                    qp_row, qp_head, (int)n_head, (int)kv_lora, (int)n_rot, scale, d_out, o_row, o_head,           \
-                    (float *)d_scratch, err)
+    (mt == 2 ? MLA_MMA_MT(NTV, 2) : MLA_MMA_MT(NTV, 1))
+#define MLA_MMA_MT(NTV, MTV)                                                                                   \
+    mla_mma_go<NTV, MTV>(grid, st, (const uint8_t *)d_cache, row_bytes, d_rows, layer, pos0, d_ql, ql_row, ql_head, \
+                         d_qp, qp_row, qp_head, (int)n_head, (int)kv_lora, (int)n_rot, scale, d_out, o_row, o_head, \
+                         (float *)d_scratch, err)
         rc = nt == 2 ? MLA_MMA(2) : nt == 4 ? MLA_MMA(4) : nt == 8 ? MLA_MMA(8) : MLA_MMA(16);
+#undef MLA_MMA_MT
 #undef MLA_MMA
         if (rc < 0)
             return rc;

@@ -524,18 +524,24 @@ static void case_mla(rng_t *r, int64_t n, int64_t pos0, int64_t H, int64_t R, in
     const int mma = kcuda_mla_mma(R, nr, rb);
     const double atol = mma ? 4e-3 : 2e-5, rtol = mma ? 4e-3 : 1e-4;
     int ok = 1;
-    for (int split = 0; split < 2; split++) {
-        ok = kcuda_mla_attention(dc, NULL, 0, rb, pos0, dql, H * R, R, dqp + 8, H * (nr + 8), nr + 8, n, H, R, nr,
-                                 scale, dout, H * R, R, split ? dscr : NULL, split ? sb : 0, NULL, &err) == 0 &&
-             d_fetch(got, dout, sizeof(float) * (size_t)(n * H * R), &err) == 0;
-        if (!ok)
-            printf("#   %s\n", err.msg);
-        else
-            ok = check_close(got, H * R, ref, n, H * R, atol, rtol);
-        tap_ok(ok, "mla_attention (%s, prompt form%s): %lld rows at %lld, %lld heads, %lld + %lld dims",
-               mma ? "tensor cores" : "f32", split ? ", split" : "", (long long)n, (long long)pos0, (long long)H,
-               (long long)R, (long long)nr);
-    }
+    /* the tensor-core form's heads a block: as it chooses by the launch, then 16 and 32 */
+    const int heads_default = kcuda_mla_set_heads(-1);
+    static const int heads[] = {0, 16, 32};
+    for (int hi = 0; hi < (mma ? 3 : 1); hi++)
+        for (int split = 0; split < 2; split++) {
+            (void)kcuda_mla_set_heads(heads[hi]);
+            ok = kcuda_mla_attention(dc, NULL, 0, rb, pos0, dql, H * R, R, dqp + 8, H * (nr + 8), nr + 8, n, H, R,
+                                     nr, scale, dout, H * R, R, split ? dscr : NULL, split ? sb : 0, NULL, &err) == 0 &&
+                 d_fetch(got, dout, sizeof(float) * (size_t)(n * H * R), &err) == 0;
+            (void)kcuda_mla_set_heads(heads_default);
+            if (!ok)
+                printf("#   %s\n", err.msg);
+            else
+                ok = check_close(got, H * R, ref, n, H * R, atol, rtol);
+            tap_ok(ok, "mla_attention (%s, prompt form%s, heads a block %d): %lld rows at %lld, %lld heads, %lld + "
+                   "%lld dims", mma ? "tensor cores" : "f32", split ? ", split" : "", heads[hi], (long long)n,
+                   (long long)pos0, (long long)H, (long long)R, (long long)nr);
+        }
     /* the rows table: each row's own position, the cache in layer 1 of two */
     kcuda_kv_row_t rows[64];
     uint8_t *dc2 = d_poison(2 * rb * (size_t)len);
@@ -688,6 +694,7 @@ int main(void)
     case_mla(&r, 1, 33, 16, 128, 16);    /* tensor cores: a split ending 2 rows into its second tile */
     case_mla(&r, 3, 40, 8, 48, 16);      /* widths only the f32 form takes */
     case_mla(&r, 2, 3000, 20, 480, 64);
+    case_mla(&r, 40, 300, 128, 512, 64); /* a prompt of DeepSeek-V3's heads: 32 heads a block */
     const int64_t p1[1] = {0}, p3[3] = {5, 200, 129}, p5[5] = {127, 1, 1013, 300, 40};
     case_rows(&r, 1, p1, 8, 2, 128, 256);
     case_rows(&r, 3, p3, 32, 4, 128, 256);      /* a grid larger than two rows need */

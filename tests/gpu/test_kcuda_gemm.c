@@ -358,7 +358,7 @@ static void case_experts(rng_t *r, uint32_t type_up, uint32_t type_down, int64_t
     } else {
         printf("#   %s\n", err.msg);
     }
-    tap_ok(ok, "experts %s/%s: %lld rows, top %d of %lld, E %lld, F %lld (sorted, grouped in tiles of %d, combined)",
+    tap_ok(ok, "experts %s/%s: %lld rows, top %d of %lld, E %lld, F %lld (sorted, tiles of %d or by rows if 0, combined)",
            bl_type_info(type_up)->name, bl_type_info(type_down)->name, (long long)n, k, (long long)ne, (long long)E,
            (long long)F, kcuda_gemm_set_grouped_rows(-1) /* reads the setting */);
     void *bufs[] = {dx, dy, dids, dw, srt, xs16, wscr, g, u, dd};
@@ -459,8 +459,9 @@ int main(void)
     /* mxfp4 at gpt-oss's row length (2880: 90 blocks of 17 bytes, unaligned rows) */
     case_dequant(&r, BL_TYPE_MXFP4, 2880, 7);
     case_gemm(&r, blas, BL_TYPE_MXFP4, 2880, 201, 19, 1, 64); /* 4 pieces */
-    /* each tile size: an expert's rows in one tile or several */
-    static const int tile_rows[] = {64, 32, 16};
+    /* each tile size (0: by the rows an expert has): an expert's rows in one tile or several */
+    const int tile_default = kcuda_gemm_set_grouped_rows(-1);
+    static const int tile_rows[] = {64, 32, 16, 0};
     for (size_t i = 0; i < sizeof tile_rows / sizeof tile_rows[0]; i++) {
         (void)kcuda_gemm_set_grouped_rows(tile_rows[i]);
         case_experts(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 8, 256, 256, 37, 3);
@@ -471,7 +472,7 @@ int main(void)
         case_experts(&r, BL_TYPE_BF16, BL_TYPE_F32, 3, 64, 96, 150, 2);
         case_experts(&r, BL_TYPE_Q5_K, BL_TYPE_Q4_K, 2, 256, 512, 90, 2);
     }
-    (void)kcuda_gemm_set_grouped_rows(0);
+    (void)kcuda_gemm_set_grouped_rows(tile_default);
     if (!g_small) {
         case_experts(&r, BL_TYPE_Q4_K, BL_TYPE_Q6_K, 128, 512, 256, 200, 8);
         /* gpt-oss's expert shapes (E = F = 2880, top 4), 5 experts */
