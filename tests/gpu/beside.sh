@@ -8,7 +8,8 @@
 # machine and hour). Builds nothing: see tests/gpu/run.sh for the build.
 #
 #   tests/gpu/beside.sh --peer DIR [--build DIR] [--tests "ARGS"] [--cpu-moe]
-#                       [--serve N,...] [--tokenizer DIR] [--threads N] [--dry-run] SHAPE...
+#                       [--vary VAR=V1,V2,...] [--serve N,...] [--tokenizer DIR]
+#                       [--threads N] [--dry-run] SHAPE...
 #
 # SHAPE: qwen3-30b-a3b (Qwen3-30B-A3B's shape, q4_K + q6_K, 18.44 GiB), deepseek-v3-4
 # (DeepSeek-V3's attention and widths, 4 layers, 16 experts, 2.78 GiB), gpt-oss-120b
@@ -20,6 +21,9 @@
 #                   build-gpu)
 #   --tests ARGS    the tests both benches run (default "-p 512 -n 128 -r 2"; -p, -n,
 #                   -d and -r mean the same to both)
+#   --vary VAR=V,.. bloomery-bench once for each value of the environment variable
+#                   VAR (a knob such as BLOOMERY_CUDA_GG_ROWS), llama-bench once; a
+#                   table for each value against the same llama.cpp rows
 #   --cpu-moe       every routed expert in host RAM: bloomery-bench -cmoe
 #                   --no-residency (no expert copied to the card while it runs, as
 #                   llama.cpp) against llama-bench -ncmoe 999, both with --threads
@@ -36,7 +40,7 @@
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 root=$PWD
-build=build-gpu peer='' tests="-p 512 -n 128 -r 2" serve='' tok='' dry=0 threads=$(nproc) cpu_moe=0
+build=build-gpu peer='' tests="-p 512 -n 128 -r 2" serve='' tok='' dry=0 threads=$(nproc) cpu_moe=0 vary=
 shapes=()
 while [ $# -gt 0 ]; do
     case $1 in
@@ -47,6 +51,7 @@ while [ $# -gt 0 ]; do
     --tokenizer) tok=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --cpu-moe) cpu_moe=1; shift ;;
+    --vary) vary=$2; shift 2 ;;
     --dry-run) dry=1; shift ;;
     -h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "beside: unknown option $1 (--help lists them)" >&2; exit 2 ;;
@@ -59,6 +64,25 @@ if [ -z "$peer" ] || [ ${#shapes[@]} -eq 0 ]; then
 fi
 case $serve in *[!0-9,]*) echo "beside: --serve takes stream counts such as 1,8,32" >&2; exit 2 ;; esac
 case $threads in '' | *[!0-9]*) echo "beside: --threads takes a number" >&2; exit 2 ;; esac
+# --vary: the variable's name and its values (one empty value: the bench's own default)
+vary_var='' vary_vals=('')
+if [ -n "$vary" ]; then
+    vary_var=${vary%%=*}
+    case $vary in
+    *=*) ;;
+    *) vary_var='' ;;
+    esac
+    case $vary_var in '' | [0-9]* | *[!A-Za-z0-9_]*)
+        echo "beside: --vary takes VAR=V1,V2,... (a variable name, then values)" >&2; exit 2 ;;
+    esac
+    IFS=, read -r -a vary_vals <<<"${vary#*=}"
+    [ ${#vary_vals[@]} -gt 0 ] || { echo "beside: --vary $vary_var: no values" >&2; exit 2; }
+    for v in "${vary_vals[@]}"; do
+        case $v in '' | *[!A-Za-z0-9_.+-]*)
+            echo "beside: --vary $vary_var: the value '$v' is empty or not a plain word" >&2; exit 2 ;;
+        esac
+    done
+fi
 
 # The mkmodel flags of a shape; empty for a name it does not know.
 shape_flags() {
@@ -163,15 +187,19 @@ for s in "${shapes[@]}"; do
     run "$out/$s-mk.log" "$(prog bloomery-mkmodel) -o $f $(shape_flags "$s") --bench-fill --threads $threads" || continue
     bplace='' lplace=''
     [ $cpu_moe -eq 0 ] || { bplace=" -cmoe --no-residency"; lplace=" -ncmoe 999 -t $threads"; }
-    run "$out/$s-bloomery.md" "$(prog bloomery-bench) -m $f -ngl 99$bplace $tests --no-roofline -t $threads"
+    for i in "${!vary_vals[@]}"; do
+        v=${vary_vals[$i]}
+        run "$out/$s-bloomery$i.md" "${vary_var:+$vary_var=$v }$(prog bloomery-bench) -m $f -ngl 99$bplace $tests --no-roofline -t $threads"
+    done
     run "$out/$s-llama.md" "$peer_env $peer/llama-bench -m $f -ngl 99$lplace -fa 1 $tests"
-    if [ $dry -eq 0 ]; then
-        printf '| %s%s | bloomery | llama.cpp | ratio |\n|---|---:|---:|---:|\n' "$s" \
-            "$([ $cpu_moe -eq 0 ] || echo ', routed experts in host RAM')"
-        join -t $'\t' -a 1 <(pairs "$out/$s-bloomery.md" | sort) <(pairs "$out/$s-llama.md" | sort) |
+    for i in "${!vary_vals[@]}"; do
+        [ $dry -eq 0 ] || break
+        printf '| %s%s%s | bloomery | llama.cpp | ratio |\n|---|---:|---:|---:|\n' "$s" \
+            "$([ $cpu_moe -eq 0 ] || echo ', routed experts in host RAM')" "${vary_var:+, $vary_var=${vary_vals[$i]}}"
+        join -t $'\t' -a 1 <(pairs "$out/$s-bloomery$i.md" | sort) <(pairs "$out/$s-llama.md" | sort) |
             awk -F'\t' '{ r = ($3 > 0) ? sprintf("%.2f", $2 / $3) : "-"; printf "| %s | %s | %s | %s |\n", $1, $2, ($3 == "" ? "-" : $3), r }'
-        [ -n "$(pairs "$out/$s-bloomery.md")" ] || { echo "beside: bloomery-bench printed no result"; status=1; }
-    fi
+        [ -n "$(pairs "$out/$s-bloomery$i.md")" ] || { echo "beside: bloomery-bench printed no result"; status=1; }
+    done
     if [ -n "$serve" ]; then
         printf '| %s, streams | bloomery-serve tok/s, errors | llama-server tok/s, errors |\n|---|---:|---:|\n' "$s"
         for n in ${serve//,/ }; do

@@ -81,6 +81,24 @@ def test_cpu_moe_puts_every_routed_expert_in_host_ram_in_both(tmp_path):
     assert calls[2] == "llama -m /dev/shm/beside-gpt-oss-120b.gguf -ngl 99 -ncmoe 999 -t 16 -fa 1 -p 512 -n 128 -r 2"
 
 
+def test_vary_runs_the_bench_once_a_value_beside_one_llama_run(tmp_path):
+    build, peer, log = stand_ins(tmp_path)
+    # the stand-in bench logs the knob's value it was given
+    program(build / "bin" / "bloomery-bench",
+            "#!/bin/bash\necho \"bench GG=${BLOOMERY_CUDA_GG_ROWS:-unset} $*\" >> %s\ncat <<'EOF'\n%sEOF\n"
+            % (log, BLOOMERY))
+    r = beside("--build", str(build), "--peer", str(peer), "--threads", "4", "--tests", "-p 512 -n 0",
+               "--vary", "BLOOMERY_CUDA_GG_ROWS=64,16,0", "gpt-oss-120b")
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = log.read_text().splitlines()
+    bench = "-m /dev/shm/beside-gpt-oss-120b.gguf -ngl 99 -p 512 -n 0 --no-roofline -t 4"
+    assert calls[1:] == ["bench GG=64 " + bench, "bench GG=16 " + bench, "bench GG=0 " + bench,
+                         "llama -m /dev/shm/beside-gpt-oss-120b.gguf -ngl 99 -fa 1 -p 512 -n 0"]
+    for v in ("64", "16", "0"):
+        assert "| gpt-oss-120b, BLOOMERY_CUDA_GG_ROWS=%s | bloomery | llama.cpp | ratio |" % v in r.stdout
+    assert r.stdout.count("| pp512 | 35835.37 | 22490.56 | 1.59 |") == 3
+
+
 def test_programs_in_meson_folders_are_found(tmp_path):
     build, peer, log = stand_ins(tmp_path)
     (build / "tools").mkdir()
@@ -118,7 +136,12 @@ def test_what_it_cannot_run_is_refused(tmp_path):
                        (["--peer", "/p"], "at least one shape"),
                        (["--peer", "/p", "--serve", "8x", "glm-4.5-air"], "--serve takes stream counts"),
                        (["--peer", "/p", "--threads", "many", "glm-4.5-air"], "--threads takes a number"),
-                       (["--peer", "/p", "--bogus", "glm-4.5-air"], "unknown option --bogus")):
+                       (["--peer", "/p", "--bogus", "glm-4.5-air"], "unknown option --bogus"),
+                       (["--peer", "/p", "--vary", "GG_ROWS", "glm-4.5-air"], "--vary takes VAR=V1,V2"),
+                       (["--peer", "/p", "--vary", "1X=2", "glm-4.5-air"], "--vary takes VAR=V1,V2"),
+                       (["--peer", "/p", "--vary", "X=", "glm-4.5-air"], "--vary X: no values"),
+                       (["--peer", "/p", "--vary", "X=1,,2", "glm-4.5-air"], "the value '' is empty"),
+                       (["--peer", "/p", "--vary", "X=1;rm", "glm-4.5-air"], "not a plain word")):
         r = beside(*args)
         assert r.returncode == 2, args
         assert says in r.stderr, (args, r.stderr)
