@@ -13,7 +13,8 @@
 #
 # SHAPE: qwen3-30b-a3b (Qwen3-30B-A3B's shape, q4_K + q6_K, 18.44 GiB), deepseek-v3-4
 # (DeepSeek-V3's attention and widths, 4 layers, 16 experts, 2.78 GiB), gpt-oss-120b
-# (59.02 GiB), glm-4.5-air (74.25 GiB: more than an 80 GB card holds with its cache).
+# (59.02 GiB), glm-4.5-air (74.25 GiB: more than an 80 GB card holds with its cache),
+# qwen3.5-35b-a3b (qwen35moe: DeltaNet and attention layers, 256 experts, 21.45 GiB).
 #   --peer DIR      llama.cpp's programs (llama-bench, llama-server) and libraries
 #   --build DIR     a build with -Dgpu=enabled: its programs in DIR/bin (make links
 #                   them there) or meson's DIR/tools, router, worker, hosttier, and
@@ -93,6 +94,7 @@ shape_flags() {
     deepseek-v3-4) echo "--preset deepseek-v3 --layers 4 --experts 16" ;;
     gpt-oss-120b) echo "--preset gpt-oss-120b" ;;
     glm-4.5-air) echo "--preset glm-4.5-air" ;;
+    qwen3.5-35b-a3b) echo "--preset qwen3.5-35b-a3b" ;;
     esac
 }
 for s in "${shapes[@]}"; do
