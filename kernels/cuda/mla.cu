@@ -567,7 +567,9 @@ size_t kcuda_mla_scratch_bytes(int64_t n, int64_t n_head, int64_t kv_lora)
     return sizeof(float) * (size_t)n * (size_t)n_head * (size_t)(kv_lora + 2) * MLA_MAX_SPLITS;
 }
 
-/* The tensor-core form's NT (kv_lora / 32) when it takes this shape, else 0. */
+/* The tensor-core form's NT (kv_lora / 32) when it takes this shape, else 0. Its
+ * launches raise the shared-memory limit to what the widest rows of that kv_lora
+ * take (64 rotated dims: mla_mma_go), so that is what the card must allow. */
 static int mla_mma_nt(int64_t kv_lora, int64_t n_rot, size_t row_bytes)
 {
     if ((kv_lora != 64 && kv_lora != 128 && kv_lora != 256 && kv_lora != 512) || n_rot < 0 || n_rot > 64 ||
@@ -579,7 +581,7 @@ static int mla_mma_nt(int64_t kv_lora, int64_t n_rot, size_t row_bytes)
         (void)cudaGetLastError();
         return 0;
     }
-    return mla_mma_smem(kv_lora + n_rot, 1) <= (size_t)optin ? (int)(kv_lora / 32) : 0;
+    return mla_mma_smem(kv_lora + 64, 1) <= (size_t)optin ? (int)(kv_lora / 32) : 0;
 }
 
 int kcuda_mla_mma(int64_t kv_lora, int64_t n_rot, size_t row_bytes)
@@ -644,7 +646,7 @@ int kcuda_mla_attention(const void *d_cache, const kcuda_kv_row_t *d_rows, int64
         if (rc0 < 0)
             return rc0;
         mt = g_mla_heads ? g_mla_heads / MLA_MMA_H : kc_cdiv(n_head, 2 * MLA_MMA_H) * n >= sms ? 2 : 1;
-        if (mla_mma_smem(kv_lora + n_rot, mt) > (size_t)optin)
+        if (mla_mma_smem(kv_lora + 64, mt) > (size_t)optin) /* as mla_mma_nt */
             mt = 1;
     }
     const int64_t hb = nt ? mt * MLA_MMA_H : MLA_G;
