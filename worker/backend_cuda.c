@@ -356,7 +356,8 @@ void wk_cuda_knobs_from_env(void)
                  {"BLOOMERY_CUDA_MMA", kcuda_matvec_set_mma},
                  {"BLOOMERY_CUDA_GROUP", kcuda_matvec_set_group},
                  {"BLOOMERY_CUDA_GG_ROWS", kcuda_gemm_set_grouped_rows},
-                 {"BLOOMERY_CUDA_MLA_HEADS", kcuda_mla_set_heads}};
+                 {"BLOOMERY_CUDA_MLA_HEADS", kcuda_mla_set_heads},
+                 {"BLOOMERY_CUDA_DN_COLS", kcuda_deltanet_set_cols}};
     for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++) {
         const char *v = getenv(knobs[i].var);
         if (v && *v)

@@ -209,40 +209,90 @@ dn_l2_kernel(float *qkv, int64_t n, int ch, int S, int Hk, float eps)
         x[i] *= s;
 }
 
-/* grid (Hv, nseg), S * P threads: the delta rule of v head h over a sequence's
- * rows. Thread (j, p) holds part p of column j of the state (m[i] = M[h][p S/P +
- * i][j]; P lanes side by side share a column, so that S = 128 fits registers);
- * per row, with the decay e^g and beta: m *= decay, d = beta (v_j - m . k), m += k
- * d, o_j = m . q, the dots summed over the P lanes. The row's q and k go through
- * shared memory, two buffers so that one barrier a row orders them. out gets o
- * (the gated norm follows). */
-template <int S, int P>
-__global__ void __launch_bounds__(S * P)
+/* grid (Hv, nseg, S / C), C * P threads: the delta rule of v head h over a
+ * sequence's rows, columns z C .. z C + C - 1 of its state (a column's update needs
+ * only that column and the row's q and k, so a head's columns may take several
+ * blocks: the same arithmetic, more SMs). Thread (j, p) holds part p of column j
+ * of the state (m[i] = M[h][p S/P + i][j]; P lanes side by side share a column, so
+ * that S = 128 fits registers); per row, with the decay e^g and beta: m *= decay,
+ * d = beta (v_j - m . k), m += k d, o_j = m . q, the dots summed over the P lanes.
+ * The row's q and k go through shared memory, two buffers so that one barrier a
+ * row orders them; with PF each thread loads its share of the next row (q, k, v,
+ * the decay and beta) into registers while this row is computed. out gets o (the
+ * gated norm follows). */
+template <int S, int P, int C, bool PF>
+__global__ void __launch_bounds__(C * P)
 dn_rule_kernel(const kcuda_dn_seg_t *segs, int64_t off, const float *qkv, const float *beta, const float *g,
                float *out, int ch, int Hk, int Hv, int tiled)
 {
-    constexpr int R = S / P;
+    constexpr int R = S / P, NTH = C * P, E = (S + NTH - 1) / NTH;
     kc_wait_prior();
     kc_allow_next();
     __shared__ float sq[2][S], sk[2][S];
     const kcuda_dn_seg_t sg = segs[blockIdx.y];
-    const int h = blockIdx.x, j = threadIdx.x / P, p = threadIdx.x % P, i0 = p * R;
+    const int h = blockIdx.x;
+    int j = threadIdx.x / P;
+    if constexpr (C < S)
+        j += (int)blockIdx.z * C;
+    const int p = threadIdx.x % P, i0 = p * R;
     const int kh = tiled ? h % Hk : h / (Hv / Hk);
     float *M = (float *)(uintptr_t)sg.state + off + (int64_t)h * S * S;
     float m[R];
 #pragma unroll
     for (int i = 0; i < R; i++)
         m[i] = sg.pos > 0 ? M[(i0 + i) * S + j] : 0.0f;
+    /* PF: this thread's share of the next row */
+    float nq[E], nk[E], nv = 0.0f, nd = 1.0f, nb = 0.0f;
+    if constexpr (PF)
+        if (sg.n > 0) {
+            const int64_t row = sg.row0;
+            const float *x = qkv + row * ch;
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                if (threadIdx.x + e * NTH < S) {
+                    nq[e] = x[kh * S + threadIdx.x + e * NTH];
+                    nk[e] = x[(Hk + kh) * S + threadIdx.x + e * NTH];
+                }
+            nv = x[(2 * Hk + h) * S + j];
+            nd = expf(g[row * Hv + h]);
+            nb = beta[row * Hv + h];
+        }
     for (int t = 0; t < sg.n; t++) {
         const int64_t row = sg.row0 + t;
         const float *x = qkv + row * ch;
         const int b = t & 1;
-        for (int e = threadIdx.x; e < S; e += S * P) {
-            sq[b][e] = x[kh * S + e];
-            sk[b][e] = x[(Hk + kh) * S + e];
+        float v, decay, bt;
+        if constexpr (PF) {
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                if (threadIdx.x + e * NTH < S) {
+                    sq[b][threadIdx.x + e * NTH] = nq[e];
+                    sk[b][threadIdx.x + e * NTH] = nk[e];
+                }
+            v = nv;
+            decay = nd;
+            bt = nb;
+            if (t + 1 < sg.n) {
+                const float *xn = x + ch;
+#pragma unroll
+                for (int e = 0; e < E; e++)
+                    if (threadIdx.x + e * NTH < S) {
+                        nq[e] = xn[kh * S + threadIdx.x + e * NTH];
+                        nk[e] = xn[(Hk + kh) * S + threadIdx.x + e * NTH];
+                    }
+                nv = xn[(2 * Hk + h) * S + j];
+                nd = expf(g[(row + 1) * Hv + h]);
+                nb = beta[(row + 1) * Hv + h];
+            }
+        } else {
+            for (int e = threadIdx.x; e < S; e += NTH) {
+                sq[b][e] = x[kh * S + e];
+                sk[b][e] = x[(Hk + kh) * S + e];
+            }
+            v = x[(2 * Hk + h) * S + j];
+            decay = expf(g[row * Hv + h]);
+            bt = beta[row * Hv + h];
         }
-        const float v = x[(2 * Hk + h) * S + j];
-        const float decay = expf(g[row * Hv + h]), bt = beta[row * Hv + h];
         __syncthreads();
         float d = 0.0f;
 #pragma unroll
@@ -293,13 +343,42 @@ dn_out_kernel(float *out, const float *z, const float *norm, int64_t n, int S, i
         o[i] = o[i] * s * norm[i] * dn_silu(zr[i]);
 }
 
+/* The delta rule's columns a block (kcuda_deltanet_set_cols): 0, a whole head's
+ * with the row's loads in turn; 16, 32, 64 or 128, at most that many with the next
+ * row's loads ahead. */
+static int g_dn_cols;
+
+int kcuda_deltanet_set_cols(int cols)
+{
+    const int old = g_dn_cols;
+    if (cols == 0 || cols == 16 || cols == 32 || cols == 64 || cols == 128)
+        g_dn_cols = cols;
+    return old;
+}
+
+template <int S, int P, int C, bool PF>
+static int rule_go(const kcuda_dnet_t *d, const kcuda_dn_seg_t *segs, int64_t nseg, int64_t off, const float *qkv,
+                   const float *beta, const float *g, float *out, int ch, cudaStream_t st, bl_err_t *err)
+{
+    KC_LAUNCH(err, dn_rule_kernel<S, P, C, PF>, dim3((unsigned)d->Hv, (unsigned)nseg, (unsigned)(S / C)), C * P, 0,
+              st, segs, off, qkv, beta, g, out, ch, d->Hk, d->Hv, d->tiled);
+    return 0;
+}
+
 template <int S, int P>
 static int rule(const kcuda_dnet_t *d, const kcuda_dn_seg_t *segs, int64_t nseg, int64_t off, const float *qkv,
                 const float *beta, const float *g, float *out, int ch, cudaStream_t st, bl_err_t *err)
 {
-    KC_LAUNCH(err, dn_rule_kernel<S, P>, dim3((unsigned)d->Hv, (unsigned)nseg), S * P, 0, st, segs, off, qkv, beta, g, out,
-              ch, d->Hk, d->Hv, d->tiled);
-    return 0;
+    const int c = g_dn_cols == 0 ? 0 : g_dn_cols < S ? g_dn_cols : S;
+    if (c == 0)
+        return rule_go<S, P, S, false>(d, segs, nseg, off, qkv, beta, g, out, ch, st, err);
+    if (c == 16 || S == 16)
+        return rule_go<S, P, 16 < S ? 16 : S, true>(d, segs, nseg, off, qkv, beta, g, out, ch, st, err);
+    if (c == 32 || S == 32)
+        return rule_go<S, P, 32 < S ? 32 : S, true>(d, segs, nseg, off, qkv, beta, g, out, ch, st, err);
+    if (c == 64 || S == 64)
+        return rule_go<S, P, 64 < S ? 64 : S, true>(d, segs, nseg, off, qkv, beta, g, out, ch, st, err);
+    return rule_go<S, P, S, true>(d, segs, nseg, off, qkv, beta, g, out, ch, st, err);
 }
 
 int kcuda_deltanet(const kcuda_dnet_t *d, const kcuda_dn_seg_t *d_segs, int64_t nseg, int64_t state_off,

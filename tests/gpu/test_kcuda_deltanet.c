@@ -406,8 +406,9 @@ static void case_deltanet(rng_t *r, int S, int K, int Hk, int Hv, int tiled, int
     }
     char rs[128];
     rows_str(rs, sizeof rs, rows, nseg);
-    tap_ok(ok, "deltanet: S %d, K %d, %d k / %d v heads%s, rows %s (%d starting), state_off %lld, %s", S, K, Hk,
-           Hv, tiled ? " tiled" : "", rs, n_start, (long long)off, sep ? "a buffer each" : "one buffer");
+    tap_ok(ok, "deltanet: S %d, K %d, %d k / %d v heads%s, rows %s (%d starting), state_off %lld, %s, %d columns a "
+           "block (0: a head's)", S, K, Hk, Hv, tiled ? " tiled" : "", rs, n_start, (long long)off,
+           sep ? "a buffer each" : "one buffer", kcuda_deltanet_set_cols(-1));
     kcuda_free(dq); kcuda_free(dz); kcuda_free(dbeta); kcuda_free(dg); kcuda_free(dout); kcuda_free(dsegs);
     free(qkv); free(z); free(beta); free(g); free(out); free(got_out); free(got_qkv); free(want); free(segs);
     dn_states_free(&st);
@@ -667,6 +668,20 @@ int main(void)
         case_deltanet(&r, 128, 4, 16, 32, 0, SEGS(1, 1, 1, 1), (const int[]){0, 0, 1, 0}, 2 * sf, 0);
         case_deltanet(&r, 128, 4, 16, 32, 1, SEGS(1, 7, 33), (const int[]){1, 0, 0}, sf, 1);
     }
+
+    /* the delta rule's columns over several blocks with the next row's loads ahead
+     * (kcuda_deltanet_set_cols), and with a whole head's (128) */
+    static const int cols[] = {16, 32, 64, 128};
+    const int cols_default = kcuda_deltanet_set_cols(-1);
+    for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
+        (void)kcuda_deltanet_set_cols(cols[i]);
+        case_deltanet(&r, 16, 2, 1, 1, 0, SEGS(1, 7, 33), (const int[]){1, 0, 0}, 13, 0);
+        case_deltanet(&r, 32, 4, 2, 4, 1, SEGS(7, 1, 33), (const int[]){0, 1, 0}, 100, 1);
+        case_deltanet(&r, 64, 2, 1, 1, 0, SEGS(33, 7), (const int[]){0, 1}, 0, 1);
+        case_deltanet(&r, 128, 4, 2, 4, 1, SEGS(33, 1, 7), (const int[]){1, 0, 0}, 0, 1);
+        case_chain(&r, 128, 4, 2, 4, 0, 1, 2, 5);
+    }
+    (void)kcuda_deltanet_set_cols(cols_default);
 
     case_chain(&r, 16, 4, 2, 4, 0, 1, 3, 5);
     case_chain(&r, 64, 4, 4, 8, 1, 0, 2, 5);
