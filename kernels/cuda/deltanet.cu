@@ -220,6 +220,27 @@ dn_l2_kernel(float *qkv, int64_t n, int ch, int S, int Hk, float eps)
  * row orders them; with PF each thread loads its share of the next row (q, k, v,
  * the decay and beta) into registers while this row is computed. out gets o (the
  * gated norm follows). */
+/* Row `row`'s inputs of the delta rule held by thread tid of NTH (dn_rule_kernel with
+ * PF): its E elements of the row's q and k (tid, tid + NTH, ... below S), column j's
+ * v, the decay e^g and beta of v head h. */
+template <int S, int NTH, int E>
+static __device__ __forceinline__ void dn_row_ahead(const float *qkv, const float *beta, const float *g,
+                                                    int64_t row, int ch, int Hk, int Hv, int kh, int h, int j,
+                                                    float *q, float *k, float *v, float *decay, float *bt)
+{
+    const float *x = qkv + row * ch;
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int e = 0; e < E; e++)
+        if (tid + e * NTH < S) {
+            q[e] = x[kh * S + tid + e * NTH];
+            k[e] = x[(Hk + kh) * S + tid + e * NTH];
+        }
+    *v = x[(2 * Hk + h) * S + j];
+    *decay = expf(g[row * Hv + h]);
+    *bt = beta[row * Hv + h];
+}
+
 template <int S, int P, int C, bool PF>
 __global__ void __launch_bounds__(C * P)
 dn_rule_kernel(const kcuda_dn_seg_t *segs, int64_t off, const float *qkv, const float *beta, const float *g,
@@ -244,19 +265,8 @@ dn_rule_kernel(const kcuda_dn_seg_t *segs, int64_t off, const float *qkv, const 
     /* PF: this thread's share of the next row */
     float nq[E], nk[E], nv = 0.0f, nd = 1.0f, nb = 0.0f;
     if constexpr (PF)
-        if (sg.n > 0) {
-            const int64_t row = sg.row0;
-            const float *x = qkv + row * ch;
-#pragma unroll
-            for (int e = 0; e < E; e++)
-                if (threadIdx.x + e * NTH < S) {
-                    nq[e] = x[kh * S + threadIdx.x + e * NTH];
-                    nk[e] = x[(Hk + kh) * S + threadIdx.x + e * NTH];
-                }
-            nv = x[(2 * Hk + h) * S + j];
-            nd = expf(g[row * Hv + h]);
-            nb = beta[row * Hv + h];
-        }
+        if (sg.n > 0)
+            dn_row_ahead<S, NTH, E>(qkv, beta, g, sg.row0, ch, Hk, Hv, kh, h, j, nq, nk, &nv, &nd, &nb);
     for (int t = 0; t < sg.n; t++) {
         const int64_t row = sg.row0 + t;
         const float *x = qkv + row * ch;
@@ -272,18 +282,8 @@ dn_rule_kernel(const kcuda_dn_seg_t *segs, int64_t off, const float *qkv, const 
             v = nv;
             decay = nd;
             bt = nb;
-            if (t + 1 < sg.n) {
-                const float *xn = x + ch;
-#pragma unroll
-                for (int e = 0; e < E; e++)
-                    if (threadIdx.x + e * NTH < S) {
-                        nq[e] = xn[kh * S + threadIdx.x + e * NTH];
-                        nk[e] = xn[(Hk + kh) * S + threadIdx.x + e * NTH];
-                    }
-                nv = xn[(2 * Hk + h) * S + j];
-                nd = expf(g[(row + 1) * Hv + h]);
-                nb = beta[(row + 1) * Hv + h];
-            }
+            if (t + 1 < sg.n)
+                dn_row_ahead<S, NTH, E>(qkv, beta, g, row + 1, ch, Hk, Hv, kh, h, j, nq, nk, &nv, &nd, &nb);
         } else {
             for (int e = threadIdx.x; e < S; e += NTH) {
                 sq[b][e] = x[kh * S + e];
@@ -369,16 +369,16 @@ template <int S, int P>
 static int rule(const kcuda_dnet_t *d, const kcuda_dn_seg_t *segs, int64_t nseg, int64_t off, const float *qkv,
                 const float *beta, const float *g, float *out, int ch, cudaStream_t st, bl_err_t *err)
 {
-    const int c = g_dn_cols == 0 ? 0 : g_dn_cols < S ? g_dn_cols : S;
-    if (c == 0)
-        return rule_go<S, P, S, false>(d, segs, nseg, off, qkv, beta, g, out, ch, st, err);
-    if (c == 16 || S == 16)
-        return rule_go<S, P, 16 < S ? 16 : S, true>(d, segs, nseg, off, qkv, beta, g, out, ch, st, err);
-    if (c == 32 || S == 32)
-        return rule_go<S, P, 32 < S ? 32 : S, true>(d, segs, nseg, off, qkv, beta, g, out, ch, st, err);
-    if (c == 64 || S == 64)
-        return rule_go<S, P, 64 < S ? 64 : S, true>(d, segs, nseg, off, qkv, beta, g, out, ch, st, err);
-    return rule_go<S, P, S, true>(d, segs, nseg, off, qkv, beta, g, out, ch, st, err);
+#define DN_GO(C, PF) rule_go<S, P, C, PF>(d, segs, nseg, off, qkv, beta, g, out, ch, st, err)
+    /* a head's columns, at most the setting's (S is 16 at the least) */
+    switch (g_dn_cols == 0 ? 0 : g_dn_cols < S ? g_dn_cols : S) {
+    case 0: return DN_GO(S, false);
+    case 16: return DN_GO(16, true);
+    case 32: if constexpr (S > 32) return DN_GO(32, true); break;
+    case 64: if constexpr (S > 64) return DN_GO(64, true); break;
+    }
+    return DN_GO(S, true);
+#undef DN_GO
 }
 
 int kcuda_deltanet(const kcuda_dnet_t *d, const kcuda_dn_seg_t *d_segs, int64_t nseg, int64_t state_off,

@@ -539,16 +539,12 @@ mla_mma_kernel(const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows, int64_t
 }
 
 /* The splits a launch of n rows, n_head heads (heads_a_block a block) and kv_lora
- * dims takes: enough blocks for `waves` a device SM, within the scratch and
- * MLA_MAX_SPLITS, and within what max_len (0: not known, the rows table's) fills
- * with min_chunk positions a split. */
+ * dims takes on a device of sms SMs: enough blocks for `waves` an SM, within the
+ * scratch and MLA_MAX_SPLITS, and within what max_len (0: not known, the rows
+ * table's) fills with min_chunk positions a split. */
 static int mla_splits(int64_t n, int64_t n_head, int64_t heads_a_block, int64_t waves, int64_t min_chunk,
-                      int64_t kv_lora, int64_t max_len, size_t scratch_bytes, int *out, bl_err_t *err)
+                      int64_t kv_lora, int64_t max_len, size_t scratch_bytes, int sms)
 {
-    int dev = 0, sms = 0, optin = 0;
-    int rc = kc_device_limits(&dev, &sms, &optin, err);
-    if (rc < 0)
-        return rc;
     const int64_t blocks = kc_cdiv(n_head, heads_a_block) * n;
     int64_t k = kc_cdiv(waves * sms, blocks);
     const int64_t fit = (int64_t)(scratch_bytes / (sizeof(float) * (size_t)(n * n_head * (kv_lora + 2))));
@@ -556,8 +552,7 @@ static int mla_splits(int64_t n, int64_t n_head, int64_t heads_a_block, int64_t 
     k = k < MLA_MAX_SPLITS ? k : MLA_MAX_SPLITS;
     if (max_len > 0 && kc_cdiv(max_len, min_chunk) < k)
         k = kc_cdiv(max_len, min_chunk);
-    *out = k < 1 ? 1 : (int)k;
-    return 0;
+    return k < 1 ? 1 : (int)k;
 }
 
 size_t kcuda_mla_scratch_bytes(int64_t n, int64_t n_head, int64_t kv_lora)
@@ -567,39 +562,39 @@ size_t kcuda_mla_scratch_bytes(int64_t n, int64_t n_head, int64_t kv_lora)
     return sizeof(float) * (size_t)n * (size_t)n_head * (size_t)(kv_lora + 2) * MLA_MAX_SPLITS;
 }
 
-/* The tensor-core form's NT (kv_lora / 32) when it takes this shape, else 0. Its
- * launches raise the shared-memory limit to what the widest rows of that kv_lora
- * take (64 rotated dims: mla_mma_go), so that is what the card must allow. */
-static int mla_mma_nt(int64_t kv_lora, int64_t n_rot, size_t row_bytes)
+/* The tensor-core form's NT (kv_lora / 32) when it takes this shape on a device
+ * whose blocks may opt in to optin bytes of shared memory, else 0. Its launches
+ * raise the limit to what the widest rows of that kv_lora take (64 rotated dims:
+ * mla_mma_go), so that is what the card must allow. */
+static int mla_mma_nt(int64_t kv_lora, int64_t n_rot, size_t row_bytes, int optin)
 {
     if ((kv_lora != 64 && kv_lora != 128 && kv_lora != 256 && kv_lora != 512) || n_rot < 0 || n_rot > 64 ||
         (kv_lora + n_rot) % 16 != 0 || row_bytes % 16 != 0)
         return 0;
+    return mla_mma_smem(kv_lora + 64, 1) <= (size_t)optin ? (int)(kv_lora / 32) : 0;
+}
+
+int kcuda_mla_mma(int64_t kv_lora, int64_t n_rot, size_t row_bytes)
+{
     int dev = 0, sms = 0, optin = 0;
     bl_err_t err;
     if (kc_device_limits(&dev, &sms, &optin, &err) < 0) {
         (void)cudaGetLastError();
         return 0;
     }
-    return mla_mma_smem(kv_lora + 64, 1) <= (size_t)optin ? (int)(kv_lora / 32) : 0;
-}
-
-int kcuda_mla_mma(int64_t kv_lora, int64_t n_rot, size_t row_bytes)
-{
-    return mla_mma_nt(kv_lora, n_rot, row_bytes) > 0;
+    return mla_mma_nt(kv_lora, n_rot, row_bytes, optin) > 0;
 }
 
 /* Launches mla_mma_kernel<NT, NT / 2 + 1, MT> (its 16-dim steps a warp: n_rot <=
- * 64), its shared-memory limit raised once per device to the largest D it takes. */
+ * 64), its shared-memory limit raised once per device (dev, the current one) to
+ * the largest D it takes. */
 template <int NT, int MT>
-static int mla_mma_go(dim3 grid, cudaStream_t st, const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows,
+static int mla_mma_go(int dev, dim3 grid, cudaStream_t st, const uint8_t *kc, size_t rb, const kcuda_kv_row_t *rows,
                       int64_t layer, int64_t pos0, const float *ql, int64_t ql_row, int64_t ql_head, const float *qp,
                       int64_t qp_row, int64_t qp_head, int n_head, int r, int n_rot, float scale, float *out,
                       int64_t o_row, int64_t o_head, float *part, bl_err_t *err)
 {
     static int done[KC_MAX_DEVICES];
-    int dev = 0;
-    KCUDA_CHECK(cudaGetDevice(&dev), err);
     int rc = kc_smem_prepare(mla_mma_kernel<NT, NT / 2 + 1, MT>, done, dev, (int)mla_mma_smem(32 * NT + 64, MT), err);
     if (rc < 0)
         return rc;
@@ -635,26 +630,23 @@ int kcuda_mla_attention(const void *d_cache, const kcuda_kv_row_t *d_rows, int64
                           "mla_attention: %lld rows, %lld heads, %lld + %lld dims (even, at most %d), cache rows of "
                           "%zu bytes", (long long)n, (long long)n_head, (long long)kv_lora, (long long)n_rot, MLA_MAX_D,
                           row_bytes);
-    const int nt = d_cache && (uintptr_t)d_cache % 16 != 0 ? 0 : mla_mma_nt(kv_lora, n_rot, row_bytes);
+    int dev = 0, sms = 0, optin = 0;
+    int rc = kc_device_limits(&dev, &sms, &optin, err);
+    if (rc < 0)
+        return rc;
+    const int nt = d_cache && (uintptr_t)d_cache % 16 != 0 ? 0 : mla_mma_nt(kv_lora, n_rot, row_bytes, optin);
     /* two head tiles a block where the rows alone fill the device (a prompt: each
      * tile of cache rows read from L2 once for 32 heads), else one (decode: the
      * splits fill it, and blocks of 4 warps fit two an SM) */
     int mt = 1;
     if (nt && n_head > MLA_MMA_H) {
-        int dev = 0, sms = 0, optin = 0;
-        int rc0 = kc_device_limits(&dev, &sms, &optin, err);
-        if (rc0 < 0)
-            return rc0;
         mt = g_mla_heads ? g_mla_heads / MLA_MMA_H : kc_cdiv(n_head, 2 * MLA_MMA_H) * n >= sms ? 2 : 1;
         if (mla_mma_smem(kv_lora + 64, mt) > (size_t)optin) /* as mla_mma_nt */
             mt = 1;
     }
     const int64_t hb = nt ? mt * MLA_MMA_H : MLA_G;
-    int nsplit = 1;
-    int rc = mla_splits(n, n_head, hb, nt ? MLA_MMA_WAVES / mt : 4, nt ? MLA_MMA_MIN_CHUNK : MLA_MIN_CHUNK, kv_lora,
-                        d_rows ? 0 : pos0 + n, d_scratch ? scratch_bytes : 0, &nsplit, err);
-    if (rc < 0)
-        return rc;
+    const int nsplit = mla_splits(n, n_head, hb, nt ? MLA_MMA_WAVES / mt : 4, nt ? MLA_MMA_MIN_CHUNK : MLA_MIN_CHUNK,
+                                  kv_lora, d_rows ? 0 : pos0 + n, d_scratch ? scratch_bytes : 0, sms);
     cudaStream_t st = (cudaStream_t)stream;
     const dim3 grid((unsigned)kc_cdiv(n_head, hb), (unsigned)nsplit, (unsigned)n);
     const int64_t D = kv_lora + n_rot;
@@ -662,9 +654,9 @@ int kcuda_mla_attention(const void *d_cache, const kcuda_kv_row_t *d_rows, int64
 #define MLA_MMA(NTV)                                                                                              \
     (mt == 2 ? MLA_MMA_MT(NTV, 2) : MLA_MMA_MT(NTV, 1))
 #define MLA_MMA_MT(NTV, MTV)                                                                                   \
-    mla_mma_go<NTV, MTV>(grid, st, (const uint8_t *)d_cache, row_bytes, d_rows, layer, pos0, d_ql, ql_row, ql_head, \
-                         d_qp, qp_row, qp_head, (int)n_head, (int)kv_lora, (int)n_rot, scale, d_out, o_row, o_head, \
-                         (float *)d_scratch, err)
+    mla_mma_go<NTV, MTV>(dev, grid, st, (const uint8_t *)d_cache, row_bytes, d_rows, layer, pos0, d_ql, ql_row,   \
+                         ql_head, d_qp, qp_row, qp_head, (int)n_head, (int)kv_lora, (int)n_rot, scale, d_out, o_row, \
+                         o_head, (float *)d_scratch, err)
         rc = nt == 2 ? MLA_MMA(2) : nt == 4 ? MLA_MMA(4) : nt == 8 ? MLA_MMA(8) : MLA_MMA(16);
 #undef MLA_MMA_MT
 #undef MLA_MMA
