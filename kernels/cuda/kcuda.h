@@ -422,8 +422,8 @@ int kcuda_deltanet(const kcuda_dnet_t *d, const kcuda_dn_seg_t *d_segs, int64_t 
                    float *d_qkv, const float *d_z, const float *d_beta, const float *d_g, float *d_out, int64_t n,
                    void *stream, bl_err_t *err) BL_WUR;
 
-/* The delta rule's columns a block: 0 (the default) a whole head's, the row's loads
- * in turn; 16, 32, 64 or 128: at most that many (a head's columns over several
+/* The delta rule's columns a block: 0 a whole head's, the row's loads in turn; 16,
+ * 32 (the default), 64 or 128: at most that many (a head's columns over several
  * blocks, the same arithmetic and bits), the next row's loads ahead. For tests and
  * measurements (BLOOMERY_CUDA_DN_COLS); returns the old setting, other values (-1)
  * leave it. Not thread-safe: set before the launches. */
@@ -637,7 +637,8 @@ int kcuda_matvec_heads(const void *d_w16, int64_t n_head, int64_t R, int64_t C, 
  * row's position) or, when d_rows is NULL, d_cache with row b at position pos0 + b.
  * The rows' own latent rows must be stored first. kv_lora and n_rot even, their sum
  * at most 1024. Where kcuda_mla_mma says so (DeepSeek-V2/V3's and Kimi-K2's 512 +
- * 64), the tensor-core form runs: 16 heads a cache read (or 32, kcuda_mla_set_heads),
+ * 64), the tensor-core form runs: 16 heads a cache read, 32 where a prompt's rows
+ * fill the card alone (kcuda_mla_set_heads),
  * the queries (times scale) and the probabilities rounded to f16, f32 sums; the rows
  * must then be 16-byte aligned (d_cache is checked; a rows table's are the
  * caller's). Else the f32 form:
@@ -646,7 +647,7 @@ int kcuda_matvec_heads(const void *d_w16, int64_t n_head, int64_t R, int64_t C, 
  * partial sums, which kcuda_mla_scratch_bytes(n, ...) bytes always do. */
 int kcuda_mla_mma(int64_t kv_lora, int64_t n_rot, size_t row_bytes);
 size_t kcuda_mla_scratch_bytes(int64_t n, int64_t n_head, int64_t kv_lora);
-/* The tensor-core form's heads a block: 16 (the default), 32, or 0 to choose by the
+/* The tensor-core form's heads a block: 16, 32, or 0 (the default) to choose by the
  * launch as above; for tests and measurements (BLOOMERY_CUDA_MLA_HEADS). Returns the
  * old setting; other values (-1) leave it. Not thread-safe: set before the launches. */
 int kcuda_mla_set_heads(int heads);

@@ -604,9 +604,9 @@ static int mla_mma_go(int dev, dim3 grid, cudaStream_t st, const uint8_t *kc, si
     return 0;
 }
 
-/* The tensor-core form's heads a block: 16, 32, or 0 to choose by the launch
- * (kcuda_mla_set_heads). 16 until the choice is measured on a card. */
-static int g_mla_heads = 16;
+/* The tensor-core form's heads a block: 16, 32, or 0 (the default) to choose by
+ * the launch (kcuda_mla_set_heads; docs/cuda.md has the measurement). */
+static int g_mla_heads;
 
 int kcuda_mla_set_heads(int heads)
 {
