@@ -133,17 +133,21 @@ void bl_quantize_row_q8_K_ref(const float *src, void *dst, int64_t n);
  * value rounded to its nearest E2M1 code; NaN gives 0, Inf saturates (quant.c). */
 void bl_quantize_row_mxfp4_ref(const float *src, void *dst, int64_t n);
 
-/* The value of an MX E8M0 exponent byte halved, 2^(e - 128), as mxfp4 stores its
- * E2M1 table doubled (0xff, NaN in MX, gives 2^127 here as it does in GGUF tools).
- * Inline: the CPU's mxfp4 products take it once per 32 weights. */
-static inline float bl_e8m0_to_fp32_half(uint8_t e)
-{
-    /* e = 0 and 1 are float subnormals (2^-128, 2^-127) */
-    const uint32_t u = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+/* A float by its bits, for tables written as bit patterns. */
+typedef union bl_f32_bits {
+    uint32_t u;
     float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+} bl_f32_bits_t;
+
+/* The value of an MX E8M0 exponent byte halved, 2^(e - 128), as mxfp4 stores its
+ * E2M1 table doubled (0xff, NaN in MX, gives 2^127 here as it does in GGUF tools),
+ * by e (quant_iq.c; e = 0 and 1 are float subnormals). A table, not the shifts: the
+ * CPU's mxfp4 products take it once per 32 weights, and a vector broadcast from
+ * memory costs a load where the shifts and a move from a general register took a
+ * shuffle port the weights' unpacking needs. */
+extern const bl_f32_bits_t bl_e8m0_half[256];
+
+static inline float bl_e8m0_to_fp32_half(uint8_t e) { return bl_e8m0_half[e].f; }
 
 /* E2M1 (mxfp4) values doubled, so that they are integers, by their 4-bit code (sign
  * in bit 3); a block's value is this times bl_e8m0_to_fp32_half of its exponent. */

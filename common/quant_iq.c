@@ -723,6 +723,17 @@ const int8_t bl_e2m1_doubled[16] = {
     0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
 };
 
+/* 2^(e - 128) as float bits: below 2^-126 (e < 2) a subnormal's mantissa bit */
+#define E8H(e) {(e) < 2 ? 0x00200000u << (e) : (uint32_t)((e) - 1) << 23}
+#define E8H4(e) E8H(e), E8H((e) + 1), E8H((e) + 2), E8H((e) + 3)
+#define E8H16(e) E8H4(e), E8H4((e) + 4), E8H4((e) + 8), E8H4((e) + 12)
+#define E8H64(e) E8H16(e), E8H16((e) + 16), E8H16((e) + 32), E8H16((e) + 48)
+const bl_f32_bits_t bl_e8m0_half[256] = {E8H64(0), E8H64(64), E8H64(128), E8H64(192)};
+#undef E8H64
+#undef E8H16
+#undef E8H4
+#undef E8H
+
 void bl_dequantize_row_mxfp4_ref(const void *src, float *dst, int64_t n)
 {
     const bl_block_mxfp4 *b = src;

@@ -447,14 +447,16 @@ AVX2 void kcpu_quantize_row_q16_0_avx2(const float *x, kcpu_block_q16_0 *y, int6
 }
 
 /* Weight block i of a q8_0, q4_0 or mxfp4 row (whichever of a8, a4, am is given)
- * as int16: elements 0..15 in *w0, 16..31 in *w1; its scale in *dw. */
+ * as int16: elements 0..15 in *w0, 16..31 in *w1; its scale in every lane of *dw
+ * (mxfp4's broadcast from the exponent table: a load, where the scalar conversion
+ * and its broadcast from a register took the shuffle port twice a block). */
 AVX2 static INLINE void q16_0_weights(const bl_block_q8_0 *a8, const bl_block_q4_0 *a4, const bl_block_mxfp4 *am,
-                                      int64_t i, __m256i *w0, __m256i *w1, float *dw)
+                                      int64_t i, __m256i *w0, __m256i *w1, __m256 *dw)
 {
     if (a8) {
         *w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a8[i].qs));
         *w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(a8[i].qs + 16)));
-        *dw = _cvtsh_ss(a8[i].d);
+        *dw = _mm256_set1_ps(_cvtsh_ss(a8[i].d));
         return;
     }
     const __m128i m4 = _mm_set1_epi8(0xf);
@@ -463,12 +465,12 @@ AVX2 static INLINE void q16_0_weights(const bl_block_q8_0 *a8, const bl_block_q4
     if (a4) {
         l = _mm_sub_epi8(l, _mm_set1_epi8(8));
         h = _mm_sub_epi8(h, _mm_set1_epi8(8));
-        *dw = _cvtsh_ss(a4[i].d);
+        *dw = _mm256_set1_ps(_cvtsh_ss(a4[i].d));
     } else {
         const __m128i tab = _mm_loadu_si128((const __m128i *)bl_e2m1_doubled);
         l = _mm_shuffle_epi8(tab, l);
         h = _mm_shuffle_epi8(tab, h);
-        *dw = bl_e8m0_to_fp32_half(am[i].e);
+        *dw = _mm256_broadcast_ss(&bl_e8m0_half[am[i].e].f);
     }
     *w0 = _mm256_cvtepi8_epi16(l);
     *w1 = _mm256_cvtepi8_epi16(h);
@@ -478,9 +480,8 @@ AVX2 static INLINE void q16_0_weights(const bl_block_q8_0 *a8, const bl_block_q4
 #define Q16_0_BLOCK(NX, i, j)                                                                                    \
     do {                                                                                                         \
         __m256i w0, w1;                                                                                          \
-        float dw;                                                                                                \
-        q16_0_weights(a8, a4, am, (i), &w0, &w1, &dw);                                                           \
-        const __m256 vdw = _mm256_set1_ps(dw);                                                                   \
+        __m256 vdw;                                                                                              \
+        q16_0_weights(a8, a4, am, (i), &w0, &w1, &vdw);                                                          \
         for (int c = 0; c < (NX); c++) {                                                                         \
             const kcpu_block_q16_0 *b = x[c] + (i);                                                              \
             const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)b->q)), \

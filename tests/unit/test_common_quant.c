@@ -894,6 +894,8 @@ static void test_quant_e8m0_scales(void **state)
     assert_true(bl_e8m0_to_fp32_half(1) == ldexpf(1.0f, -127));
     assert_true(bl_e8m0_to_fp32_half(2) == ldexpf(1.0f, -126));
     assert_true(bl_e8m0_to_fp32_half(255) == ldexpf(1.0f, 127));
+    for (int e = 0; e < 256; e++) /* every entry of the table */
+        assert_true(bl_e8m0_to_fp32_half((uint8_t)e) == ldexpf(1.0f, e - 128));
 }
 
 // --- main ------------------------------------------------------------------------------
