@@ -344,9 +344,9 @@ dn_out_kernel(float *out, const float *z, const float *norm, int64_t n, int S, i
 }
 
 /* The delta rule's columns a block (kcuda_deltanet_set_cols): 0, a whole head's
- * with the row's loads in turn; 16, 32 (the default), 64 or 128, at most that many
+ * with the row's loads in turn; 16 (the default), 32, 64 or 128, at most that many
  * with the next row's loads ahead. */
-static int g_dn_cols = 32;
+static int g_dn_cols = 16;
 
 int kcuda_deltanet_set_cols(int cols)
 {

@@ -422,8 +422,8 @@ int kcuda_deltanet(const kcuda_dnet_t *d, const kcuda_dn_seg_t *d_segs, int64_t 
                    float *d_qkv, const float *d_z, const float *d_beta, const float *d_g, float *d_out, int64_t n,
                    void *stream, bl_err_t *err) BL_WUR;
 
-/* The delta rule's columns a block: 0 a whole head's, the row's loads in turn; 16,
- * 32 (the default), 64 or 128: at most that many (a head's columns over several
+/* The delta rule's columns a block: 0 a whole head's, the row's loads in turn; 16
+ * (the default), 32, 64 or 128: at most that many (a head's columns over several
  * blocks, the same arithmetic and bits), the next row's loads ahead. For tests and
  * measurements (BLOOMERY_CUDA_DN_COLS); returns the old setting, other values (-1)
  * leave it. Not thread-safe: set before the launches. */
