@@ -200,3 +200,36 @@ def test_load_tool_mix_flags():
                  ["--rss-every", "5"], ["--server-pid", "999999999"]):
         p, _ = run_tool(["--url", "http://127.0.0.1:9", "-d", "1"] + args, timeout=30)
         assert p.returncode == 2, (args, p.stdout, p.stderr)
+
+
+def test_load_tool_prefix_cache(servers):
+    """--prefix-cache: the third prompt of each round starts from the first one's
+    positions kept in host RAM (cache_n = the shared ids), the others from nothing;
+    a server of several slots, and one without the cache, are told apart."""
+    srv = servers.start(["-np", "1", "-c", "1024", "-t", "1"])
+    cmd = [TOOL, "--url", srv.url, "--prefix-cache", "200", "--rounds", "2", "-n", "2", "--ignore-eos",
+           "--json"]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = json.loads(p.stdout)
+    assert out["prefix_tokens"] == 200 and len(out["rounds"]) == 2
+    for g in out["rounds"]:
+        assert g["cold"]["cache_n"] == 0 and g["other"]["cache_n"] == 0, g
+        assert g["warm"]["cache_n"] == 200, g
+        assert g["cold"]["prompt_n"] == 216 and g["warm"]["prompt_n"] == 16, g
+        assert g["warm"]["ttft_ms"] > 0 and g["ratio"] > 0, g
+    assert out["ratio_median"] is not None
+    p = subprocess.run(cmd[:-1], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert p.returncode == 0 and "warm / cold time to first token" in p.stdout, p.stdout + p.stderr
+    srv = servers.start(["-np", "1", "-c", "1024", "-t", "1", "-cram", "0"])
+    p = subprocess.run([TOOL, "--url", srv.url, "--prefix-cache", "100", "--rounds", "1", "-n", "1", "--json"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads(p.stdout)["rounds"][0]["warm"]["cache_n"] == 0
+    srv = servers.start(["-np", "2", "-c", "1024", "-t", "1"])
+    p = subprocess.run([TOOL, "--url", srv.url, "--prefix-cache", "100", "--json"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=60)
+    assert p.returncode == 1 and "-np 1" in json.loads(p.stdout)["error"], p.stdout
+    p = subprocess.run([TOOL, "--url", srv.url, "--prefix-cache", "0"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=60)
+    assert p.returncode == 2 and "--prefix-cache" in p.stderr
