@@ -9,7 +9,7 @@
 #
 #   tests/gpu/beside.sh --peer DIR [--build DIR] [--tests "ARGS"] [--cpu-moe]
 #                       [--vary VAR=V1,V2,...] [--serve N,...] [--tokenizer DIR]
-#                       [--threads N] [--dry-run] SHAPE...
+#                       [--layers N] [--dir DIR] [--threads N] [--dry-run] SHAPE...
 #
 # SHAPE: qwen3-30b-a3b (Qwen3-30B-A3B's shape, q4_K + q6_K, 18.44 GiB), deepseek-v3-4
 # (DeepSeek-V3's attention and widths, 4 layers, 16 experts, 2.78 GiB), gpt-oss-120b
@@ -35,6 +35,15 @@
 #                   whole UTF-8 and its control tokens (llama-server's output parser
 #                   refuses a stream of pieces that are not whole UTF-8, which a random
 #                   model emits)
+#   --layers N      each shape cut to its first N layers (bloomery-mkmodel --layers):
+#                   with --cpu-moe, a file small enough that bloomery's hosttier may
+#                   copy its experts into huge pages beside the file (a tmpfs file of
+#                   more than about a third of the RAM leaves too little: the experts
+#                   are then read through the file's 4 KiB pages, at about half the
+#                   rate; llama.cpp reads them through the mapping either way)
+#   --dir DIR       where the files are written (default /dev/shm); a disk's page
+#                   cache can be given back, so a whole file there leaves room for
+#                   the copy
 #   --threads N     CPU threads for bloomery-mkmodel and bloomery-bench (default nproc)
 #   --dry-run       print the commands, run nothing
 # Exit status 1 when a program failed or printed no result.
@@ -42,6 +51,7 @@ set -u
 cd "$(dirname "$0")/../.." || exit 2
 root=$PWD
 build=build-gpu peer='' tests="-p 512 -n 128 -r 2" serve='' tok='' dry=0 threads=$(nproc) cpu_moe=0 vary=
+layers='' dir=/dev/shm
 shapes=()
 while [ $# -gt 0 ]; do
     case $1 in
@@ -53,6 +63,8 @@ while [ $# -gt 0 ]; do
     --threads) threads=$2; shift 2 ;;
     --cpu-moe) cpu_moe=1; shift ;;
     --vary) vary=$2; shift 2 ;;
+    --layers) layers=$2; shift 2 ;;
+    --dir) dir=$2; shift 2 ;;
     --dry-run) dry=1; shift ;;
     -h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "beside: unknown option $1 (--help lists them)" >&2; exit 2 ;;
@@ -65,6 +77,8 @@ if [ -z "$peer" ] || [ ${#shapes[@]} -eq 0 ]; then
 fi
 case $serve in *[!0-9,]*) echo "beside: --serve takes stream counts such as 1,8,32" >&2; exit 2 ;; esac
 case $threads in '' | *[!0-9]*) echo "beside: --threads takes a number" >&2; exit 2 ;; esac
+case $layers in *[!0-9]* | 0*) echo "beside: --layers takes a number of layers, at least 1" >&2; exit 2 ;; esac
+[ -d "$dir" ] || { echo "beside: --dir $dir: not a folder" >&2; exit 2; }
 # --vary: the variable's name and its values (one empty value: the bench's own default)
 vary_var='' vary_vals=('')
 if [ -n "$vary" ]; then
@@ -184,9 +198,9 @@ else
     echo "beside: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1); logs in $out"
 fi
 for s in "${shapes[@]}"; do
-    f=/dev/shm/beside-$s.gguf
+    f=$dir/beside-$s.gguf
     echo "== $s ($(date -u +%H:%M) UTC)"
-    run "$out/$s-mk.log" "$(prog bloomery-mkmodel) -o $f $(shape_flags "$s") --bench-fill --threads $threads" || continue
+    run "$out/$s-mk.log" "$(prog bloomery-mkmodel) -o $f $(shape_flags "$s")${layers:+ --layers $layers} --bench-fill --threads $threads" || continue
     bplace='' lplace=''
     [ $cpu_moe -eq 0 ] || { bplace=" -cmoe --no-residency"; lplace=" -ncmoe 999 -t $threads"; }
     for i in "${!vary_vals[@]}"; do
@@ -196,7 +210,7 @@ for s in "${shapes[@]}"; do
     run "$out/$s-llama.md" "$peer_env $peer/llama-bench -m $f -ngl 99$lplace -fa 1 $tests"
     for i in "${!vary_vals[@]}"; do
         [ $dry -eq 0 ] || break
-        printf '| %s%s%s | bloomery | llama.cpp | ratio |\n|---|---:|---:|---:|\n' "$s" \
+        printf '| %s%s%s%s | bloomery | llama.cpp | ratio |\n|---|---:|---:|---:|\n' "$s" "${layers:+ ($layers layers)}" \
             "$([ $cpu_moe -eq 0 ] || echo ', routed experts in host RAM')" "${vary_var:+, $vary_var=${vary_vals[$i]}}"
         join -t $'\t' -a 1 <(pairs "$out/$s-bloomery$i.md" | sort) <(pairs "$out/$s-llama.md" | sort) |
             awk -F'\t' '{ r = ($3 > 0) ? sprintf("%.2f", $2 / $3) : "-"; printf "| %s | %s | %s | %s |\n", $1, $2, ($3 == "" ? "-" : $3), r }'

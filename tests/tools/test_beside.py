@@ -81,6 +81,25 @@ def test_cpu_moe_puts_every_routed_expert_in_host_ram_in_both(tmp_path):
     assert calls[2] == "llama -m /dev/shm/beside-gpt-oss-120b.gguf -ngl 99 -ncmoe 999 -t 16 -fa 1 -p 512 -n 128 -r 2"
 
 
+def test_layers_and_dir_cut_the_file_and_place_it(tmp_path):
+    """--layers N cuts each shape (its own --layers, if any, comes first and gives way),
+    --dir puts the file there; the table's title says the cut."""
+    build, peer, log = stand_ins(tmp_path)
+    files = tmp_path / "files"
+    files.mkdir()
+    r = beside("--build", str(build), "--peer", str(peer), "--threads", "4", "--cpu-moe", "--layers", "18",
+               "--dir", str(files), "gpt-oss-120b", "deepseek-v3-4")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "| gpt-oss-120b (18 layers), routed experts in host RAM | bloomery | llama.cpp | ratio |" in r.stdout
+    calls = log.read_text().splitlines()
+    f = str(files / "beside-gpt-oss-120b.gguf")
+    assert calls[0] == "mkmodel -o %s --preset gpt-oss-120b --layers 18 --bench-fill --threads 4" % f
+    assert calls[1].startswith("bench -m %s -ngl 99 -cmoe" % f)
+    assert calls[3] == ("mkmodel -o %s --preset deepseek-v3 --layers 4 --experts 16 --layers 18 --bench-fill "
+                        "--threads 4" % (files / "beside-deepseek-v3-4.gguf"))
+    assert not list(files.iterdir())  # each file removed after its shape
+
+
 def test_vary_runs_the_bench_once_a_value_beside_one_llama_run(tmp_path):
     build, peer, log = stand_ins(tmp_path)
     # the stand-in bench logs the knob's value it was given
@@ -141,7 +160,10 @@ def test_what_it_cannot_run_is_refused(tmp_path):
                        (["--peer", "/p", "--vary", "1X=2", "glm-4.5-air"], "--vary takes VAR=V1,V2"),
                        (["--peer", "/p", "--vary", "X=", "glm-4.5-air"], "--vary X: no values"),
                        (["--peer", "/p", "--vary", "X=1,,2", "glm-4.5-air"], "the value '' is empty"),
-                       (["--peer", "/p", "--vary", "X=1;rm", "glm-4.5-air"], "not a plain word")):
+                       (["--peer", "/p", "--vary", "X=1;rm", "glm-4.5-air"], "not a plain word"),
+                       (["--peer", "/p", "--layers", "0", "glm-4.5-air"], "--layers takes a number"),
+                       (["--peer", "/p", "--layers", "2x", "glm-4.5-air"], "--layers takes a number"),
+                       (["--peer", "/p", "--dir", "/nowhere/at/all", "glm-4.5-air"], "not a folder")):
         r = beside(*args)
         assert r.returncode == 2, args
         assert says in r.stderr, (args, r.stderr)
