@@ -23,6 +23,20 @@ int bl_wmem_leaves_margin(uint64_t total, uint64_t avail, uint64_t ram)
     return avail == 0 || (total <= avail && avail - total >= bl_mem_margin(ram));
 }
 
+uint64_t bl_wmem_room(uint64_t want, uint64_t avail, uint64_t ram)
+{
+    const uint64_t huge = (uint64_t)2 << 20;
+    uint64_t room = want;
+    if (ram > 0 && room > ram / 2)
+        room = ram / 2;
+    if (avail > 0) {
+        const uint64_t margin = bl_mem_margin(ram);
+        const uint64_t left = avail > margin ? avail - margin : 0;
+        room = room < left ? room : left;
+    }
+    return room == want ? room : room & ~(huge - 1);
+}
+
 void *bl_wmem_alloc(uint64_t total, int force, size_t *len)
 {
     *len = 0;

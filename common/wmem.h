@@ -5,8 +5,9 @@
  * m8.gguf about +12%). Best effort: weights past half the physical memory, or more
  * than the available memory less a margin (a file in tmpfs is not available: a copy
  * would hold it twice), stay in the file mapping, which the page cache can evict and
- * a copy could not be, unless the caller forces the copy (--no-mmap). The worker's weights and the hosttier's experts
- * both go through here. */
+ * a copy could not be, unless the caller forces the copy (--no-mmap). The worker's
+ * weights and the hosttier's experts both go through here; the hosttier copies as
+ * many whole layers as bl_wmem_room allows and reads the rest from the mapping. */
 #ifndef BL_WMEM_H
 #define BL_WMEM_H
 
@@ -29,6 +30,13 @@ uint64_t bl_mem_margin(uint64_t of);
 /* Whether a copy of total bytes leaves a margin of avail (MemAvailable),
  * bl_mem_margin(ram); 1 when avail is unknown (0). */
 int bl_wmem_leaves_margin(uint64_t total, uint64_t avail, uint64_t ram);
+
+/* The most of `want` bytes a copy may take, unforced, beside avail (MemAvailable)
+ * and ram (MemTotal) bytes: at most half of ram and what leaves the margin of
+ * bl_wmem_leaves_margin, in whole huge pages; want whole when avail is unknown (0)
+ * and want fits half of ram. For a caller that can copy a part of its weights and
+ * read the rest from the file (the hosttier, a layer at a time). */
+uint64_t bl_wmem_room(uint64_t want, uint64_t avail, uint64_t ram);
 
 /* The kernel's estimate of the memory a new load can take without swapping
  * (MemAvailable of /proc/meminfo), in bytes; 0 when it cannot be read. */

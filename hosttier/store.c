@@ -88,6 +88,7 @@ struct ht_store {
     kcpu_experts_t *layers; /* (n_layer): views into the copy (or the mapping) */
     uint8_t *copy;          /* anonymous memory holding the experts, or NULL */
     size_t copy_len;
+    int64_t n_copied;   /* held layers in the copy */
     uint64_t bytes;
     kcpu_ctx_t *kc;
     kcpu_experts_scratch_t *xs;
@@ -164,6 +165,8 @@ const char *ht_store_kernels(const ht_store_t *s)
     return kcpu_variant_name();
 }
 uint64_t ht_store_bytes(const ht_store_t *s) { return s->bytes; }
+
+int64_t ht_store_layers_copied(const ht_store_t *s) { return s->n_copied; }
 
 /* The three expert tensors of layer l, checked. */
 static int find_layer(ht_store_t *s, int64_t l, const bl_gguf_tensor_t *t[3], bl_err_t *err)
@@ -807,24 +810,48 @@ int ht_store_open(ht_store_t **out, const ht_store_opts_t *o, bl_err_t *err)
             goto fail;
         total = 0;
     }
-    s->copy = total ? bl_wmem_alloc(total, o->no_mmap, &s->copy_len) : NULL;
+    /* Where the available memory holds less than all of them beside its margin (a
+     * tmpfs file of more than about a third of the RAM), as many whole layers as it
+     * does: each layer's experts are read at the rate of the memory they are in
+     * (about twice as fast from huge pages: docs/performance.md, 2026-12-07). Not
+     * with --mlock, which holds every expert in RAM: the copy or the mapping. */
+    uint64_t want = total;
+    if (want && !o->no_mmap && !o->mlock)
+        want = bl_wmem_room(total, bl_mem_available(), bl_mem_total());
+    if (o->copy_bytes && o->copy_bytes < want)
+        want = o->copy_bytes;
+    s->copy = want ? bl_wmem_alloc(want, o->no_mmap || want < total, &s->copy_len) : NULL;
     size_t used = 0;
     bl_wmem_job_t *jobs = s->copy ? calloc((size_t)a->n_layer * 3, sizeof *jobs) : NULL;
     size_t n_jobs = 0;
-    for (int64_t l = 0; jobs && l < a->n_layer; l++) {
+    int64_t n_held = 0, n_copied = 0;
+    for (int64_t l = 0; l < a->n_layer; l++) {
         kcpu_mat_t *m[3] = {&s->layers[l].gate, &s->layers[l].up, &s->layers[l].down};
-        for (int i = 0; s->held[l] && i < 3; i++) {
+        size_t layer = 0;
+        for (int i = 0; s->held[l] && i < 3; i++)
+            layer += (m[i]->row_bytes * (size_t)m[i]->nrows + 63) & ~(size_t)63;
+        n_held += s->held[l] != 0;
+        if (!jobs || !s->held[l] || layer > s->copy_len - used)
+            continue; /* stays in the file mapping */
+        for (int i = 0; i < 3; i++) {
             const size_t nbytes = m[i]->row_bytes * (size_t)m[i]->nrows;
             jobs[n_jobs++] = (bl_wmem_job_t){s->copy + used, m[i]->data, nbytes};
             m[i]->data = s->copy + used;
             used += (nbytes + 63) & ~(size_t)63;
         }
+        n_copied++;
     }
-    if (s->copy && !jobs) { /* no memory for the list: the file mapping it is */
+    if (s->copy && (!jobs || n_copied == 0)) { /* no memory for the list, or room for no layer */
         munmap(s->copy, s->copy_len);
         s->copy = NULL;
         s->copy_len = 0;
     }
+    s->n_copied = s->copy ? n_copied : 0;
+    if (total && s->n_copied < n_held)
+        BL_LOG(BL_LOG_INFO, "event=experts_copy layers=%lld of=%lld bytes=%zu of_bytes=%llu available=%llu "
+               "reason=\"the rest stays in the file's mapping: the copy keeps a margin of the available memory\"",
+               (long long)s->n_copied, (long long)n_held, s->copy ? used : 0, (unsigned long long)total,
+               (unsigned long long)bl_mem_available());
     /* several threads: the first touches dominate */
     bl_wmem_copy_many_progress(jobs, n_jobs, o->n_threads, o->progress, o->progress_ud);
     free(jobs);

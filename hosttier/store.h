@@ -23,6 +23,10 @@ typedef struct ht_store_opts {
     int n_threads;          /* 1..256 */
     int64_t n_batch;        /* most rows one call takes, 1..65536 */
     int no_mmap;            /* copy the experts even when they pass half the RAM */
+    uint64_t copy_bytes;    /* at most this many bytes of them copied, in whole layers
+                             * (the rest read from the file's mapping); 0: as many as
+                             * the available memory holds beside its margin
+                             * (bl_wmem_room), or all with no_mmap */
     int mlock;              /* lock them in RAM (a refusal is logged, as the workers do) */
     int poll;               /* the pool's idle wait, 0..100 (kcpu_pool_set_poll) */
     int cpu_strict;         /* each pool thread pinned to one CPU (kcpu_pool_pin_strict) */
@@ -64,8 +68,9 @@ typedef struct ht_store_pager_stats {
 } ht_store_pager_stats_t;
 
 /* Opens the file, checks each held layer's three expert tensors (shape, type, size)
- * and copies them into anonymous memory advised as huge pages (they stay in the file
- * mapping when they pass half the physical memory, unless no_mmap). Errors: the
+ * and copies them into anonymous memory advised as huge pages (as many whole layers as
+ * half the physical memory and the available memory's margin allow, unless no_mmap;
+ * the others stay in the file mapping). Errors: the
  * reader's and bl_arch_read's, BL_EINVAL (a dense model, bad options, a tensor of the
  * wrong shape), BL_ENOMEM. Caller frees with ht_store_close. */
 int ht_store_open(ht_store_t **out, const ht_store_opts_t *o, bl_err_t *err) BL_WUR;
@@ -76,6 +81,9 @@ const bl_arch_t *ht_store_arch(const ht_store_t *s);
 const char *ht_store_kernels(const ht_store_t *s);
 /* Bytes of expert weights the store holds. */
 uint64_t ht_store_bytes(const ht_store_t *s);
+/* Held layers whose experts were copied into anonymous memory (the others are read
+ * from the file's mapping, or paged). */
+int64_t ht_store_layers_copied(const ht_store_t *s);
 
 void ht_store_pager_stats(const ht_store_t *s, ht_store_pager_stats_t *out); /* any thread */
 

@@ -151,6 +151,24 @@ static void test_margin(void **state)
     }
 }
 
+/* The room for a copy that may take a part: the whole when it leaves the margin,
+ * else what does in whole huge pages, never past half the RAM, nothing when even the
+ * margin is not there. */
+static void test_room(void **state)
+{
+    (void)state;
+    const uint64_t G = (uint64_t)1 << 30, H = (uint64_t)2 << 20;
+    assert_int_equal(bl_wmem_room(40 * G, 62 * G, 125 * G), 40 * G);        /* fits: all of it */
+    assert_int_equal(bl_wmem_room(57 * G, 62 * G, 125 * G), 62 * G - 125 * G / 10); /* to the margin */
+    assert_int_equal(bl_wmem_room(57 * G, 62 * G, 125 * G) % H, 0);
+    assert_true(bl_wmem_room(57 * G, 62 * G, 125 * G) + 125 * G / 10 <= 62 * G);
+    assert_int_equal(bl_wmem_room(100 * G, 120 * G, 125 * G), 125 * G / 2 / H * H); /* half the RAM */
+    assert_int_equal(bl_wmem_room(5 * G, 2 * G, 8 * G), 0);                 /* under the margin */
+    assert_int_equal(bl_wmem_room(3 * G, 0, 8 * G), 3 * G);                 /* unknown: all of it */
+    assert_int_equal(bl_wmem_room(3 * G + 5, 0, 0), 3 * G + 5);
+    assert_int_equal(bl_wmem_room(0, 62 * G, 125 * G), 0);
+}
+
 /* The read rate is measured, not made up: some MB/s with one thread and with two,
  * below what any memory reads (10 TB/s); a thread count out of range is clamped. */
 static void test_read_rate(void **state)
@@ -172,6 +190,7 @@ int main(void)
         cmocka_unit_test(test_copy_progress),
         cmocka_unit_test(test_alloc_refusals),
         cmocka_unit_test(test_margin),
+        cmocka_unit_test(test_room),
         cmocka_unit_test(test_read_rate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -251,6 +251,50 @@ static void test_paged_store_is_bitwise_at_every_budget(void **state)
     free_calls(&c);
 }
 
+/* A copy of only some layers (the available memory's margin, here copy_bytes): the
+ * layers past it are read from the file's mapping, with the same bits. */
+static void test_partly_copied_store_is_bitwise(void **state)
+{
+    (void)state;
+    NEED_MODELS();
+    ht_store_t *s = NULL;
+    bl_err_t err = {0};
+    ht_store_opts_t so = {.path = g_moe, .n_threads = 2, .n_batch = 16};
+    assert_int_equal(ht_store_open(&s, &so, &err), 0);
+    const bl_arch_t *a = ht_store_arch(s);
+    const int64_t held = a->n_layer; /* the trained tiny model: every layer has experts */
+    assert_int_equal(ht_store_layers_copied(s), held);
+    const uint64_t all = ht_store_bytes(s);
+    rng_t r = rng_for(3);
+    calls_t c;
+    make_calls(&c, &r, a, 2 * a->n_layer);
+    const size_t out_n = (size_t)(c.n_calls * c.n * c.E);
+    float *want = malloc(sizeof(float) * out_n), *got = malloc(sizeof(float) * out_n);
+    assert_int_equal(run_calls(s, &c, want, &err), 0);
+    ht_store_close(s);
+    /* the copy in whole huge pages: a budget under 2 MiB copies no layer */
+    const uint64_t budgets[] = {1, all / 2 + ((uint64_t)2 << 20), all - all / held / 2};
+    for (int b = 0; b < 3; b++) {
+        so.copy_bytes = budgets[b];
+        assert_int_equal(ht_store_open(&s, &so, &err), 0);
+        const int64_t copied = ht_store_layers_copied(s);
+        printf("# copy of at most %llu of %llu bytes: %lld of %lld layers\n", (unsigned long long)budgets[b],
+               (unsigned long long)all, (long long)copied, (long long)held);
+        assert_true(copied < held);
+        if (b == 0)
+            assert_int_equal(copied, 0);
+        else
+            assert_true(copied >= 1);
+        memset(got, 0, sizeof(float) * out_n);
+        assert_int_equal(run_calls(s, &c, got, &err), 0);
+        assert_memory_equal(got, want, sizeof(float) * out_n);
+        ht_store_close(s);
+    }
+    free(want);
+    free(got);
+    free_calls(&c);
+}
+
 /* A copy of the model changed under a paged store: the next read refuses, naming
  * the file, and computes nothing. */
 static void test_paged_store_notices_a_changed_file(void **state)
@@ -318,6 +362,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_matches_the_worker),
         cmocka_unit_test(test_paged_store_is_bitwise_at_every_budget),
+        cmocka_unit_test(test_partly_copied_store_is_bitwise),
         cmocka_unit_test(test_paged_store_notices_a_changed_file),
         cmocka_unit_test(test_store_refusals),
     };
