@@ -184,6 +184,31 @@ static int run_calls(ht_store_t *s, const calls_t *c, float *out, bl_err_t *err)
     return 0;
 }
 
+/* The reference for the stores of the tests below: the shared model's store with
+ * every expert copied, per_layer calls a layer on fresh rows (seed k) into *c, their
+ * outputs into a new buffer (*out_n floats); *a its arch, *all its expert bytes. */
+static float *reference_outputs(int k, int per_layer, calls_t *c, size_t *out_n, bl_arch_t *a, uint64_t *all)
+{
+    ht_store_t *s = NULL;
+    bl_err_t err = {0};
+    const ht_store_opts_t so = {.path = g_moe, .n_threads = 2, .n_batch = 16};
+    assert_int_equal(ht_store_open(&s, &so, &err), 0);
+    *a = *ht_store_arch(s);
+    *all = ht_store_bytes(s);
+    assert_int_equal(ht_store_layers_copied(s), a->n_layer); /* every layer has experts */
+    rng_t r = rng_for(k);
+    make_calls(c, &r, a, per_layer * a->n_layer);
+    *out_n = (size_t)(c->n_calls * c->n * c->E);
+    float *want = malloc(sizeof(float) * *out_n);
+    assert_non_null(want);
+    assert_int_equal(run_calls(s, c, want, &err), 0);
+    ht_store_pager_stats_t st;
+    ht_store_pager_stats(s, &st);
+    assert_int_equal(st.paged, 0);
+    ht_store_close(s);
+    return want;
+}
+
 /* The paged store gives the all-RAM store's bits at every budget (one slot, a few,
  * half, all), through each reader (pread and auto, O_DIRECT and cached) and with
  * the read-ahead of the next layer's experts on (by the router and by heat); its
@@ -195,20 +220,14 @@ static void test_paged_store_is_bitwise_at_every_budget(void **state)
     ht_store_t *s = NULL;
     bl_err_t err = {0};
     ht_store_opts_t so = {.path = g_moe, .n_threads = 2, .n_batch = 16};
-    assert_int_equal(ht_store_open(&s, &so, &err), 0);
-    const bl_arch_t *a = ht_store_arch(s);
-    const uint64_t all = ht_store_bytes(s);
-    const int64_t experts = a->n_layer * a->n_expert;
-    rng_t r = rng_for(2);
+    bl_arch_t arch;
+    const bl_arch_t *a = &arch;
+    uint64_t all;
     calls_t c;
-    make_calls(&c, &r, a, 3 * a->n_layer);
-    const size_t out_n = (size_t)(c.n_calls * c.n * c.E);
-    float *want = malloc(sizeof(float) * out_n), *got = malloc(sizeof(float) * out_n);
-    assert_int_equal(run_calls(s, &c, want, &err), 0);
+    size_t out_n;
+    float *want = reference_outputs(2, 3, &c, &out_n, &arch, &all), *got = malloc(sizeof(float) * out_n);
+    const int64_t experts = a->n_layer * a->n_expert;
     ht_store_pager_stats_t st;
-    ht_store_pager_stats(s, &st);
-    assert_int_equal(st.paged, 0);
-    ht_store_close(s);
 
     const uint64_t per = all / (uint64_t)experts; /* about one expert's bytes */
     const uint64_t budgets[] = {1, 3 * per + per / 2, all / 2, all - 1};
@@ -260,18 +279,12 @@ static void test_partly_copied_store_is_bitwise(void **state)
     ht_store_t *s = NULL;
     bl_err_t err = {0};
     ht_store_opts_t so = {.path = g_moe, .n_threads = 2, .n_batch = 16};
-    assert_int_equal(ht_store_open(&s, &so, &err), 0);
-    const bl_arch_t *a = ht_store_arch(s);
-    const int64_t held = a->n_layer; /* the trained tiny model: every layer has experts */
-    assert_int_equal(ht_store_layers_copied(s), held);
-    const uint64_t all = ht_store_bytes(s);
-    rng_t r = rng_for(3);
+    bl_arch_t a;
+    uint64_t all;
     calls_t c;
-    make_calls(&c, &r, a, 2 * a->n_layer);
-    const size_t out_n = (size_t)(c.n_calls * c.n * c.E);
-    float *want = malloc(sizeof(float) * out_n), *got = malloc(sizeof(float) * out_n);
-    assert_int_equal(run_calls(s, &c, want, &err), 0);
-    ht_store_close(s);
+    size_t out_n;
+    float *want = reference_outputs(3, 2, &c, &out_n, &a, &all), *got = malloc(sizeof(float) * out_n);
+    const int64_t held = a.n_layer;
     /* the copy in whole huge pages: a budget under 2 MiB copies no layer */
     const uint64_t budgets[] = {1, all / 2 + ((uint64_t)2 << 20), all - all / held / 2};
     for (int b = 0; b < 3; b++) {
