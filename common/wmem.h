@@ -6,8 +6,9 @@
  * than the available memory less a margin (a file in tmpfs is not available: a copy
  * would hold it twice), stay in the file mapping, which the page cache can evict and
  * a copy could not be, unless the caller forces the copy (--no-mmap). The worker's
- * weights and the hosttier's experts both go through here; the hosttier copies as
- * many whole layers as bl_wmem_room allows and reads the rest from the mapping. */
+ * weights and the hosttier's experts both go through here; where the whole does not
+ * fit, both copy the part bl_wmem_room allows (the hosttier in whole layers) and
+ * read the rest from the mapping. */
 #ifndef BL_WMEM_H
 #define BL_WMEM_H
 

@@ -849,7 +849,8 @@ int ht_store_open(ht_store_t **out, const ht_store_opts_t *o, bl_err_t *err)
     s->n_copied = s->copy ? n_copied : 0;
     if (total && s->n_copied < n_held)
         BL_LOG(BL_LOG_INFO, "event=experts_copy layers=%lld of=%lld bytes=%zu of_bytes=%llu available=%llu "
-               "reason=\"the rest stays in the file's mapping: the copy keeps a margin of the available memory\"",
+               "reason=\"the rest stays in the file's mapping: the copy stops at the available memory's margin or its "
+               "cap\"",
                (long long)s->n_copied, (long long)n_held, s->copy ? used : 0, (unsigned long long)total,
                (unsigned long long)bl_mem_available());
     /* several threads: the first touches dominate */

@@ -73,19 +73,31 @@ int wk__find_mat(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, int6
             memcpy(m->arena + m->arena_used, t->data, t->nbytes);
         data = m->arena + m->arena_used;
         m->arena_used += (t->nbytes + 63) & ~(uint64_t)63;
+    } else if (use && m->arena) {
+        m->arena_missed += t->nbytes;
     }
     out->d = NULL;
     return kcpu_mat_init(&out->h, data, t->type, ne0, ne1 * ne2, err);
 }
 
 /* The matrices' copy in huge pages (common/wmem.h), sized for every tensor of the
- * file, which bounds the matrices' total. */
+ * file, which bounds the matrices' total; where the RAM's margin holds less, that
+ * much (bl_wmem_room), and the matrices past it stay in the file mapping (pages of
+ * the arena never written take no memory). With --mlock all or none, as it locks
+ * either the copy or the mapping. */
 static void weights_arena(wk_model_t *m)
 {
     uint64_t total = 0;
     for (uint64_t i = 0; i < bl_gguf_n_tensors(m->g); i++)
         total += (bl_gguf_tensor_at(m->g, i)->nbytes + 63) & ~(uint64_t)63;
-    m->arena = bl_wmem_alloc(total, m->opts.no_mmap, &m->arena_len);
+    if (m->opts.no_mmap || m->opts.mlock) {
+        m->arena = bl_wmem_alloc(total, m->opts.no_mmap, &m->arena_len);
+        return;
+    }
+    uint64_t room = bl_wmem_room(total, bl_mem_available(), bl_mem_total());
+    if (m->opts.copy_bytes && m->opts.copy_bytes < room)
+        room = m->opts.copy_bytes;
+    m->arena = room ? bl_wmem_alloc(room, room < total, &m->arena_len) : NULL;
 }
 
 int wk__find_vec2(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, wk_vec_t *out, bl_err_t *err)
@@ -788,6 +800,10 @@ int wk_model_load(wk_model_t **out, const char *path, const wk_model_opts_t *opt
     m->n_copies = m->cap_copies = 0;
     if (m->opts.mlock)
         bl_wmem_lock(m->arena, m->arena_used, m->g);
+    if (m->arena_missed)
+        BL_LOG(BL_LOG_INFO, "event=weights_copy bytes=%zu mapped=%llu available=%llu reason=\"the rest stays in "
+               "the file's mapping: the copy stops at the available memory's margin or its cap\"", m->arena_used,
+               (unsigned long long)m->arena_missed, (unsigned long long)bl_mem_available());
     if (m->opts.n_ctx_max <= 0)
         m->opts.n_ctx_max = m->cfg.n_ctx_train;
     if (m->opts.n_ctx_max > BL_ARCH_MAX_CTX) {

@@ -103,6 +103,8 @@ struct wk_model {
     bl_gguf_t *g;
     uint8_t *arena;   /* anonymous copy of the matrices (weights_arena), or NULL */
     size_t arena_len, arena_used;
+    uint64_t arena_missed; /* bytes of matrices this process reads that did not fit the
+                            * arena and stay in the file mapping */
     bl_heat_t *heat;       /* routing counts of a CPU stage's MoE layers (wk_model_heat), or NULL */
     bl_wmem_job_t *copies; /* the arena's copies, made together after the mapping */
     size_t n_copies, cap_copies;

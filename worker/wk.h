@@ -63,8 +63,11 @@ typedef struct wk_model_opts {
                         * score/softmax/value pieces (WK_FLASH_OFF), or flash where the
                         * head size has it (WK_FLASH_AUTO, the default) */
     int no_mmap;       /* CPU: copy every matrix into anonymous memory even when the
-                        * model is larger than half the RAM (default: such a model
-                        * stays in the file mapping, which the page cache can evict) */
+                        * model is larger than half the RAM (default: as many matrices
+                        * as half the RAM and the available memory's margin hold are
+                        * copied, the rest stay in the file mapping, which the page
+                        * cache can evict) */
+    uint64_t copy_bytes; /* CPU: at most this many bytes of matrices copied (0: as above) */
     int no_op_offload; /* device: never copy a layer's host-RAM experts to the card for a
                         * prompt step (llama.cpp's --no-op-offload); by default a step of
                         * at least WK_OP_OFFLOAD_ROWS rows computes them on the card */

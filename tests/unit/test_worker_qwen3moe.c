@@ -248,6 +248,46 @@ static void test_qwen3moe_threads_bitwise_equal(void **state)
     oracle_free(&ex);
 }
 
+/* Matrices partly copied into the arena (the rest read from the file's mapping, as
+ * where the available memory's margin holds less than the model) give the same bits
+ * as all copied. */
+static void test_qwen3moe_partly_copied_bitwise(void **state)
+{
+    (void)state;
+    if (!shared_dir())
+        skip();
+    oracle_t ex;
+    assert_int_equal(oracle_load(&ex, g_shared, "qwen3moe-tiny-q4k", "chat-code", 1), 0);
+    const int64_t n = ex.n < 16 ? ex.n : 16;
+    char path[1400];
+    snprintf(path, sizeof path, "%s/models/qwen3moe-tiny-q4k.gguf", g_shared);
+    float *ref = NULL;
+    static const uint64_t caps[] = {0, (uint64_t)2 << 20, 1};
+    for (int i = 0; i < 3; i++) {
+        wk_model_opts_t o;
+        wk_model_opts_default(&o);
+        o.n_threads = 2;
+        o.n_batch = 512;
+        o.n_ctx_max = 2048;
+        o.act_terms = g_act_terms;
+        o.copy_bytes = caps[i];
+        wk_model_t *m = NULL;
+        bl_err_t err = {0};
+        assert_int_equal(wk_model_load(&m, path, &o, &err), 0);
+        const int64_t nv = wk_model_config(m)->n_vocab;
+        float *l = run_prompt(m, ex.ids, n, WK_KV_F16);
+        if (!ref)
+            ref = l;
+        else {
+            assert_memory_equal(ref, l, sizeof(float) * (size_t)(n * nv));
+            free(l);
+        }
+        wk_model_free(m);
+    }
+    free(ref);
+    oracle_free(&ex);
+}
+
 /* The prompt as one batch, as chunks of a small n_batch, and token by token give the
  * same bits: every op works row by row. Also checks rewinding the cache. */
 static void test_qwen3moe_batch_equals_decode(void **state)
@@ -1222,6 +1262,7 @@ int main(void)
         cmocka_unit_test(test_qwen3moe_fast_no_worse_than_llamacpp),
         cmocka_unit_test(test_qwen3moe_fast8_near_llamacpp),
         cmocka_unit_test(test_qwen3moe_threads_bitwise_equal),
+        cmocka_unit_test(test_qwen3moe_partly_copied_bitwise),
         cmocka_unit_test(test_qwen3moe_kv_save_load),
         cmocka_unit_test(test_qwen3moe_kv_pool),
         cmocka_unit_test(test_qwen3moe_batch_equals_decode),
