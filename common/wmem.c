@@ -37,6 +37,17 @@ uint64_t bl_wmem_room(uint64_t want, uint64_t avail, uint64_t ram)
     return room == want ? room : room & ~(huge - 1);
 }
 
+void *bl_wmem_alloc_part(uint64_t total, uint64_t cap, int force, int whole, size_t *len)
+{
+    uint64_t want = total;
+    if (want && !force && !whole)
+        want = bl_wmem_room(total, bl_mem_available(), bl_mem_total());
+    if (cap && cap < want)
+        want = cap;
+    *len = 0;
+    return want ? bl_wmem_alloc(want, force || want < total, len) : NULL;
+}
+
 void *bl_wmem_alloc(uint64_t total, int force, size_t *len)
 {
     *len = 0;

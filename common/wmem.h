@@ -35,9 +35,15 @@ int bl_wmem_leaves_margin(uint64_t total, uint64_t avail, uint64_t ram);
 /* The most of `want` bytes a copy may take, unforced, beside avail (MemAvailable)
  * and ram (MemTotal) bytes: at most half of ram and what leaves the margin of
  * bl_wmem_leaves_margin, in whole huge pages; want whole when avail is unknown (0)
- * and want fits half of ram. For a caller that can copy a part of its weights and
- * read the rest from the file (the hosttier, a layer at a time). */
+ * and want fits half of ram. */
 uint64_t bl_wmem_room(uint64_t want, uint64_t avail, uint64_t ram);
+
+/* For a caller that can copy a part of its total bytes of weights and read the rest
+ * from the file (a CPU worker's matrices, the hosttier's experts): all of them when
+ * force (--no-mmap); all or none as bl_wmem_alloc when whole (--mlock, which locks
+ * the copy or the mapping); else the part bl_wmem_room allows now. At most cap bytes
+ * when cap is not 0. NULL and *len 0 when nothing is copied. */
+void *bl_wmem_alloc_part(uint64_t total, uint64_t cap, int force, int whole, size_t *len);
 
 /* The kernel's estimate of the memory a new load can take without swapping
  * (MemAvailable of /proc/meminfo), in bytes; 0 when it cannot be read. */

@@ -815,16 +815,11 @@ int ht_store_open(ht_store_t **out, const ht_store_opts_t *o, bl_err_t *err)
      * does: each layer's experts are read at the rate of the memory they are in
      * (about twice as fast from huge pages: docs/performance.md, 2026-12-07). Not
      * with --mlock, which holds every expert in RAM: the copy or the mapping. */
-    uint64_t want = total;
-    if (want && !o->no_mmap && !o->mlock)
-        want = bl_wmem_room(total, bl_mem_available(), bl_mem_total());
-    if (o->copy_bytes && o->copy_bytes < want)
-        want = o->copy_bytes;
-    s->copy = want ? bl_wmem_alloc(want, o->no_mmap || want < total, &s->copy_len) : NULL;
+    s->copy = bl_wmem_alloc_part(total, o->copy_bytes, o->no_mmap, o->mlock, &s->copy_len);
     size_t used = 0;
     bl_wmem_job_t *jobs = s->copy ? calloc((size_t)a->n_layer * 3, sizeof *jobs) : NULL;
     size_t n_jobs = 0;
-    int64_t n_held = 0, n_copied = 0;
+    int64_t n_held = 0;
     for (int64_t l = 0; l < a->n_layer; l++) {
         kcpu_mat_t *m[3] = {&s->layers[l].gate, &s->layers[l].up, &s->layers[l].down};
         size_t layer = 0;
@@ -839,19 +834,18 @@ int ht_store_open(ht_store_t **out, const ht_store_opts_t *o, bl_err_t *err)
             m[i]->data = s->copy + used;
             used += (nbytes + 63) & ~(size_t)63;
         }
-        n_copied++;
+        s->n_copied++;
     }
-    if (s->copy && (!jobs || n_copied == 0)) { /* no memory for the list, or room for no layer */
+    if (s->copy && (!jobs || s->n_copied == 0)) { /* no memory for the list, or room for no layer */
         munmap(s->copy, s->copy_len);
         s->copy = NULL;
         s->copy_len = 0;
     }
-    s->n_copied = s->copy ? n_copied : 0;
     if (total && s->n_copied < n_held)
         BL_LOG(BL_LOG_INFO, "event=experts_copy layers=%lld of=%lld bytes=%zu of_bytes=%llu available=%llu "
                "reason=\"the rest stays in the file's mapping: the copy stops at the available memory's margin or its "
                "cap\"",
-               (long long)s->n_copied, (long long)n_held, s->copy ? used : 0, (unsigned long long)total,
+               (long long)s->n_copied, (long long)n_held, used, (unsigned long long)total,
                (unsigned long long)bl_mem_available());
     /* several threads: the first touches dominate */
     bl_wmem_copy_many_progress(jobs, n_jobs, o->n_threads, o->progress, o->progress_ud);

@@ -25,8 +25,8 @@ typedef struct ht_store_opts {
     int no_mmap;            /* copy the experts even when they pass half the RAM */
     uint64_t copy_bytes;    /* at most this many bytes of them copied, in whole layers
                              * (the rest read from the file's mapping); 0: as many as
-                             * the available memory holds beside its margin
-                             * (bl_wmem_room), or all with no_mmap */
+                             * bl_wmem_alloc_part gives (the available memory's margin,
+                             * all with no_mmap) */
     int mlock;              /* lock them in RAM (a refusal is logged, as the workers do) */
     int poll;               /* the pool's idle wait, 0..100 (kcpu_pool_set_poll) */
     int cpu_strict;         /* each pool thread pinned to one CPU (kcpu_pool_pin_strict) */

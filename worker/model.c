@@ -82,22 +82,14 @@ int wk__find_mat(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, int6
 
 /* The matrices' copy in huge pages (common/wmem.h), sized for every tensor of the
  * file, which bounds the matrices' total; where the RAM's margin holds less, that
- * much (bl_wmem_room), and the matrices past it stay in the file mapping (pages of
- * the arena never written take no memory). With --mlock all or none, as it locks
- * either the copy or the mapping. */
+ * much (bl_wmem_alloc_part), and the matrices past it stay in the file mapping
+ * (pages of the arena never written take no memory). */
 static void weights_arena(wk_model_t *m)
 {
     uint64_t total = 0;
     for (uint64_t i = 0; i < bl_gguf_n_tensors(m->g); i++)
         total += (bl_gguf_tensor_at(m->g, i)->nbytes + 63) & ~(uint64_t)63;
-    if (m->opts.no_mmap || m->opts.mlock) {
-        m->arena = bl_wmem_alloc(total, m->opts.no_mmap, &m->arena_len);
-        return;
-    }
-    uint64_t room = bl_wmem_room(total, bl_mem_available(), bl_mem_total());
-    if (m->opts.copy_bytes && m->opts.copy_bytes < room)
-        room = m->opts.copy_bytes;
-    m->arena = room ? bl_wmem_alloc(room, room < total, &m->arena_len) : NULL;
+    m->arena = bl_wmem_alloc_part(total, m->opts.copy_bytes, m->opts.no_mmap, m->opts.mlock, &m->arena_len);
 }
 
 int wk__find_vec2(wk_model_t *m, const char *name, int64_t ne0, int64_t ne1, wk_vec_t *out, bl_err_t *err)

@@ -90,14 +90,25 @@ static int prompt_enabled(const char *prompt)
 
 static int g_act_terms = 2;
 
-static wk_model_t *load_tb(const char *name, int precise, int threads, int threads_batch);
+static wk_model_t *load_with(const char *name, int precise, int threads, int threads_batch, uint64_t copy_bytes);
 
 static wk_model_t *load(const char *name, int precise, int threads)
 {
-    return load_tb(name, precise, threads, 0);
+    return load_with(name, precise, threads, 0, 0);
 }
 
 static wk_model_t *load_tb(const char *name, int precise, int threads, int threads_batch)
+{
+    return load_with(name, precise, threads, threads_batch, 0);
+}
+
+/* At most copy_bytes of the matrices copied into the arena (0: as the memory allows). */
+static wk_model_t *load_capped(const char *name, int threads, uint64_t copy_bytes)
+{
+    return load_with(name, 0, threads, 0, copy_bytes);
+}
+
+static wk_model_t *load_with(const char *name, int precise, int threads, int threads_batch, uint64_t copy_bytes)
 {
     char path[1400];
     snprintf(path, sizeof path, "%s/models/%s.gguf", g_shared, name);
@@ -106,6 +117,7 @@ static wk_model_t *load_tb(const char *name, int precise, int threads, int threa
     o.precise = precise;
     o.n_threads = threads;
     o.n_threads_batch = threads_batch;
+    o.copy_bytes = copy_bytes;
     o.n_batch = 512;
     o.n_ctx_max = 2048;
     o.act_terms = g_act_terms;
@@ -221,6 +233,18 @@ static void test_qwen3moe_fast8_near_llamacpp(void **state)
     g_act_terms = 2;
 }
 
+/* The first logits of a comparison kept in *ref, each later one checked against them
+ * bit for bit and freed. */
+static void same_as_first(float **ref, float *l, int64_t n, int64_t nv)
+{
+    if (!*ref) {
+        *ref = l;
+        return;
+    }
+    assert_memory_equal(*ref, l, sizeof(float) * (size_t)(n * nv));
+    free(l);
+}
+
 /* Every output element is computed by one thread in a fixed order, so 1, 2 and 3
  * threads give the same bits. */
 static void test_qwen3moe_threads_bitwise_equal(void **state)
@@ -234,14 +258,7 @@ static void test_qwen3moe_threads_bitwise_equal(void **state)
     float *ref = NULL;
     for (int threads = 1; threads <= 3; threads++) {
         wk_model_t *m = load("qwen3moe-tiny-q4k", 0, threads);
-        const int64_t nv = wk_model_config(m)->n_vocab;
-        float *l = run_prompt(m, ex.ids, n, WK_KV_F16);
-        if (!ref)
-            ref = l;
-        else {
-            assert_memory_equal(ref, l, sizeof(float) * (size_t)(n * nv));
-            free(l);
-        }
+        same_as_first(&ref, run_prompt(m, ex.ids, n, WK_KV_F16), n, wk_model_config(m)->n_vocab);
         wk_model_free(m);
     }
     free(ref);
@@ -259,29 +276,11 @@ static void test_qwen3moe_partly_copied_bitwise(void **state)
     oracle_t ex;
     assert_int_equal(oracle_load(&ex, g_shared, "qwen3moe-tiny-q4k", "chat-code", 1), 0);
     const int64_t n = ex.n < 16 ? ex.n : 16;
-    char path[1400];
-    snprintf(path, sizeof path, "%s/models/qwen3moe-tiny-q4k.gguf", g_shared);
     float *ref = NULL;
     static const uint64_t caps[] = {0, (uint64_t)2 << 20, 1};
     for (int i = 0; i < 3; i++) {
-        wk_model_opts_t o;
-        wk_model_opts_default(&o);
-        o.n_threads = 2;
-        o.n_batch = 512;
-        o.n_ctx_max = 2048;
-        o.act_terms = g_act_terms;
-        o.copy_bytes = caps[i];
-        wk_model_t *m = NULL;
-        bl_err_t err = {0};
-        assert_int_equal(wk_model_load(&m, path, &o, &err), 0);
-        const int64_t nv = wk_model_config(m)->n_vocab;
-        float *l = run_prompt(m, ex.ids, n, WK_KV_F16);
-        if (!ref)
-            ref = l;
-        else {
-            assert_memory_equal(ref, l, sizeof(float) * (size_t)(n * nv));
-            free(l);
-        }
+        wk_model_t *m = load_capped("qwen3moe-tiny-q4k", 2, caps[i]);
+        same_as_first(&ref, run_prompt(m, ex.ids, n, WK_KV_F16), n, wk_model_config(m)->n_vocab);
         wk_model_free(m);
     }
     free(ref);
